@@ -1,0 +1,12 @@
+/* Thread-local error message shared by every entry point. */
+#ifndef DFL_ERROR_H
+#define DFL_ERROR_H
+
+#include "dflash.h"
+
+#define DFL_API __attribute__((visibility("default")))
+
+dfl_status dfl_fail(dfl_status status, const char * fmt, ...) __attribute__((format(printf, 2, 3)));
+void dfl_clear_error(void);
+
+#endif

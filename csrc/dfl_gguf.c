@@ -1,0 +1,272 @@
+#include "dfl_gguf.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void full_key(const dfl_gguf * g, const char * key, char * buf, size_t n) {
+    if (key[0] == '.') {
+        snprintf(buf, n, "%s%s", g->arch, key);
+    } else {
+        snprintf(buf, n, "%s", key);
+    }
+}
+
+dfl_status dfl_gguf_open(const char * path, dfl_gguf * g) {
+    memset(g, 0, sizeof *g);
+    snprintf(g->path, sizeof g->path, "%s", path);
+
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+        return dfl_fail(DFL_ERR_IO, "cannot open '%s': no such file", path);
+    }
+    g->file_size = (size_t) st.st_size;
+
+    struct gguf_init_params params = { .no_alloc = true, .ctx = &g->ctx };
+    g->meta = gguf_init_from_file(path, params);
+    if (!g->meta) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' is not a valid GGUF file (bad magic, corrupt or truncated header)", path);
+    }
+
+    int64_t k = gguf_find_key(g->meta, "general.architecture");
+    if (k < 0 || gguf_get_kv_type(g->meta, k) != GGUF_TYPE_STRING) {
+        dfl_gguf_close(g);
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' has no general.architecture key", path);
+    }
+    snprintf(g->arch, sizeof g->arch, "%s", gguf_get_val_str(g->meta, k));
+
+    const size_t data_off = gguf_get_data_offset(g->meta);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        const size_t end = data_off + gguf_get_tensor_offset(g->meta, i) + gguf_get_tensor_size(g->meta, i);
+        if (end > g->file_size) {
+            const char * name = gguf_get_tensor_name(g->meta, i);
+            dfl_gguf_close(g);
+            return dfl_fail(DFL_ERR_FORMAT,
+                            "'%s' is truncated: tensor '%s' ends at byte %zu but the file has %zu bytes",
+                            path, name, end, g->file_size);
+        }
+    }
+    return DFL_OK;
+}
+
+void dfl_gguf_close(dfl_gguf * g) {
+    for (int i = 0; i < g->n_buffers; i++) {
+        ggml_backend_buffer_free(g->buffers[i]);
+    }
+    g->n_buffers = 0;
+    if (g->map) {
+        munmap(g->map, g->file_size);
+        g->map = NULL;
+    }
+    if (g->ctx) {
+        ggml_free(g->ctx);
+        g->ctx = NULL;
+    }
+    if (g->meta) {
+        gguf_free(g->meta);
+        g->meta = NULL;
+    }
+}
+
+bool dfl_gguf_has(const dfl_gguf * g, const char * key) {
+    char k[256];
+    full_key(g, key, k, sizeof k);
+    return gguf_find_key(g->meta, k) >= 0;
+}
+
+static dfl_status find(const dfl_gguf * g, const char * key, bool required, int64_t * id, char * kbuf, size_t kn) {
+    full_key(g, key, kbuf, kn);
+    *id = gguf_find_key(g->meta, kbuf);
+    if (*id < 0 && required) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' lacks required key '%s'", g->path, kbuf);
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_gguf_u32(const dfl_gguf * g, const char * key, bool required, uint32_t def, uint32_t * out) {
+    char k[256];
+    int64_t id;
+    dfl_status st = find(g, key, required, &id, k, sizeof k);
+    if (st != DFL_OK) {
+        return st;
+    }
+    if (id < 0) {
+        *out = def;
+        return DFL_OK;
+    }
+    switch (gguf_get_kv_type(g->meta, id)) {
+        case GGUF_TYPE_UINT32: *out = gguf_get_val_u32(g->meta, id); return DFL_OK;
+        case GGUF_TYPE_INT32: {
+            const int32_t v = gguf_get_val_i32(g->meta, id);
+            if (v < 0) {
+                break;
+            }
+            *out = (uint32_t) v;
+            return DFL_OK;
+        }
+        case GGUF_TYPE_UINT64: {
+            const uint64_t v = gguf_get_val_u64(g->meta, id);
+            if (v > UINT32_MAX) {
+                break;
+            }
+            *out = (uint32_t) v;
+            return DFL_OK;
+        }
+        case GGUF_TYPE_UINT16: *out = gguf_get_val_u16(g->meta, id); return DFL_OK;
+        case GGUF_TYPE_UINT8: *out = gguf_get_val_u8(g->meta, id); return DFL_OK;
+        default: break;
+    }
+    return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' is not a valid unsigned integer", g->path, k);
+}
+
+dfl_status dfl_gguf_f32(const dfl_gguf * g, const char * key, bool required, float def, float * out) {
+    char k[256];
+    int64_t id;
+    dfl_status st = find(g, key, required, &id, k, sizeof k);
+    if (st != DFL_OK) {
+        return st;
+    }
+    if (id < 0) {
+        *out = def;
+        return DFL_OK;
+    }
+    switch (gguf_get_kv_type(g->meta, id)) {
+        case GGUF_TYPE_FLOAT32: *out = gguf_get_val_f32(g->meta, id); return DFL_OK;
+        case GGUF_TYPE_FLOAT64: *out = (float) gguf_get_val_f64(g->meta, id); return DFL_OK;
+        default: return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' is not a float", g->path, k);
+    }
+}
+
+dfl_status dfl_gguf_arr_i32(const dfl_gguf * g, const char * key, int32_t * out, int max_n, int * n_out) {
+    char k[256];
+    int64_t id;
+    dfl_status st = find(g, key, true, &id, k, sizeof k);
+    if (st != DFL_OK) {
+        return st;
+    }
+    if (gguf_get_kv_type(g->meta, id) != GGUF_TYPE_ARRAY) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' is not an array", g->path, k);
+    }
+    const enum gguf_type t = gguf_get_arr_type(g->meta, id);
+    const size_t n = gguf_get_arr_n(g->meta, id);
+    if (n > (size_t) max_n) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': array '%s' has %zu entries, at most %d expected", g->path, k, n, max_n);
+    }
+    const void * data = gguf_get_arr_data(g->meta, id);
+    for (size_t i = 0; i < n; i++) {
+        if (t == GGUF_TYPE_INT32) {
+            out[i] = ((const int32_t *) data)[i];
+        } else if (t == GGUF_TYPE_UINT32) {
+            out[i] = (int32_t) ((const uint32_t *) data)[i];
+        } else {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s': array '%s' is not of 32-bit integers", g->path, k);
+        }
+    }
+    *n_out = (int) n;
+    return DFL_OK;
+}
+
+dfl_status dfl_gguf_arr_bool(const dfl_gguf * g, const char * key, bool * out, int n) {
+    char k[256];
+    int64_t id;
+    dfl_status st = find(g, key, true, &id, k, sizeof k);
+    if (st != DFL_OK) {
+        return st;
+    }
+    if (gguf_get_kv_type(g->meta, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g->meta, id) != GGUF_TYPE_BOOL) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' is not an array of booleans", g->path, k);
+    }
+    if (gguf_get_arr_n(g->meta, id) < (size_t) n) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': array '%s' has %zu entries, %d expected", g->path, k,
+                        gguf_get_arr_n(g->meta, id), n);
+    }
+    const int8_t * data = gguf_get_arr_data(g->meta, id);
+    for (int i = 0; i < n; i++) {
+        out[i] = data[i] != 0;
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, const int64_t * ne, bool required,
+                           struct ggml_tensor ** out) {
+    struct ggml_tensor * t = ggml_get_tensor(g->ctx, name);
+    *out = NULL;
+    if (!t) {
+        if (required) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s' lacks tensor '%s'", g->path, name);
+        }
+        return DFL_OK;
+    }
+    for (int i = 0; i < GGML_MAX_DIMS; i++) {
+        const int64_t want = i < n_dims ? ne[i] : 1;
+        if (want != 0 && t->ne[i] != want) {
+            return dfl_fail(DFL_ERR_FORMAT,
+                            "'%s': tensor '%s' has shape [%lld, %lld, %lld, %lld], expected dimension %d = %lld",
+                            g->path, name, (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
+                            (long long) t->ne[3], i, (long long) want);
+        }
+    }
+    *out = t;
+    return DFL_OK;
+}
+
+dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev) {
+    const int fd = open(g->path, O_RDONLY);
+    if (fd < 0) {
+        return dfl_fail(DFL_ERR_IO, "cannot open '%s' for reading", g->path);
+    }
+    g->map = mmap(NULL, g->file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (g->map == MAP_FAILED) {
+        g->map = NULL;
+        return dfl_fail(DFL_ERR_IO, "cannot map '%s' into memory", g->path);
+    }
+
+    const size_t data_off = gguf_get_data_offset(g->meta);
+    char * base = (char *) g->map + data_off;
+    const size_t data_size = g->file_size - data_off;
+
+    struct ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(dev, &props);
+
+    if (props.caps.buffer_from_host_ptr) {
+        size_t max_tensor = 0;
+        for (struct ggml_tensor * t = ggml_get_first_tensor(g->ctx); t; t = ggml_get_next_tensor(g->ctx, t)) {
+            max_tensor = ggml_nbytes(t) > max_tensor ? ggml_nbytes(t) : max_tensor;
+        }
+        ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(dev, base, data_size, max_tensor);
+        if (!buf) {
+            return dfl_fail(DFL_ERR_BACKEND, "device %s cannot use the mapped weights of '%s'",
+                            ggml_backend_dev_name(dev), g->path);
+        }
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        g->buffers[g->n_buffers++] = buf;
+        for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+            struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+            enum ggml_status s = ggml_backend_tensor_alloc(buf, t, base + gguf_get_tensor_offset(g->meta, i));
+            if (s != GGML_STATUS_SUCCESS) {
+                return dfl_fail(DFL_ERR_BACKEND, "cannot place tensor '%s' of '%s'", t->name, g->path);
+            }
+        }
+        return DFL_OK;
+    }
+
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(g->ctx, ggml_backend_dev_buffer_type(dev));
+    if (!buf) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of device memory loading '%s' onto %s", g->path,
+                        ggml_backend_dev_name(dev));
+    }
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    g->buffers[g->n_buffers++] = buf;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+        ggml_backend_tensor_set(t, base + gguf_get_tensor_offset(g->meta, i), 0, ggml_nbytes(t));
+    }
+    /* the device holds its own copy now */
+    munmap(g->map, g->file_size);
+    g->map = NULL;
+    return DFL_OK;
+}

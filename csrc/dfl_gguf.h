@@ -1,0 +1,45 @@
+/* GGUF files as weight sources: validated metadata access and weight placement in
+ * backend buffers. */
+#ifndef DFL_GGUF_H
+#define DFL_GGUF_H
+
+#include "dfl_error.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "gguf.h"
+
+#include <stdbool.h>
+
+typedef struct dfl_gguf {
+    char path[1024];
+    struct gguf_context * meta;
+    struct ggml_context * ctx;      /* tensor metadata (no data) */
+    size_t file_size;
+    void * map;                     /* read-only mapping of the whole file */
+    ggml_backend_buffer_t buffers[2];
+    int n_buffers;
+    char arch[64];
+} dfl_gguf;
+
+dfl_status dfl_gguf_open(const char * path, dfl_gguf * g);
+void dfl_gguf_close(dfl_gguf * g);
+
+/* Typed key access; the key name gets "<arch>." prepended when it starts with '.'.
+ * Missing required keys and type mismatches are DFL_ERR_FORMAT. */
+dfl_status dfl_gguf_u32(const dfl_gguf * g, const char * key, bool required, uint32_t def, uint32_t * out);
+dfl_status dfl_gguf_f32(const dfl_gguf * g, const char * key, bool required, float def, float * out);
+dfl_status dfl_gguf_arr_i32(const dfl_gguf * g, const char * key, int32_t * out, int max_n, int * n_out);
+dfl_status dfl_gguf_arr_bool(const dfl_gguf * g, const char * key, bool * out, int n);
+bool dfl_gguf_has(const dfl_gguf * g, const char * key);
+
+/* A weight tensor with its expected shape (ne[i] == 0 means any); NULL result for an
+ * optional tensor that is absent. */
+dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, const int64_t * ne, bool required,
+                           struct ggml_tensor ** out);
+
+/* Place every tensor of the file in memory of `dev`: mapped directly from the file
+ * when the device can use host memory, otherwise copied once from the mapping. */
+dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev);
+
+#endif

@@ -1,0 +1,524 @@
+/* Target runtime: caches, one graph builder for decode and verify, and commit. */
+#include "dfl_target.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
+
+enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
+
+/* The attention window grows in steps so that graphs of consecutive steps share shapes. */
+#define KV_PAD 256
+
+DFL_API void dfl_target_default_params(dfl_target_params * p) {
+    memset(p, 0, sizeof *p);
+    p->n_ctx = 4096;
+    p->n_ubatch = 512;
+    p->n_verify = 16;
+    p->kv_type = GGML_TYPE_F16;
+}
+
+static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
+    if (p->n_ctx <= 0) p->n_ctx = 4096;
+    if (p->n_ubatch <= 0) p->n_ubatch = 512;
+    if (p->n_verify <= 0) p->n_verify = 16;
+    if (p->n_ubatch > p->n_ctx) p->n_ubatch = p->n_ctx;
+    if (p->n_verify > p->n_ctx) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "n_verify (%d) exceeds the context size (%d)", p->n_verify, p->n_ctx);
+    }
+    if (p->kv_type != GGML_TYPE_F32 && p->kv_type != GGML_TYPE_F16 && p->kv_type != GGML_TYPE_Q8_0 &&
+        p->kv_type != GGML_TYPE_Q4_0 && p->kv_type != GGML_TYPE_BF16) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "unsupported KV cache type %d (use f32, f16, bf16, q8_0 or q4_0)", p->kv_type);
+    }
+    if (p->kv_type == GGML_TYPE_Q8_0 || p->kv_type == GGML_TYPE_Q4_0) {
+        if (m->head_dim % ggml_blck_size((enum ggml_type) p->kv_type) != 0) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "KV type %s needs a head size multiple of %lld (model has %d)",
+                            ggml_type_name((enum ggml_type) p->kv_type),
+                            (long long) ggml_blck_size((enum ggml_type) p->kv_type), m->head_dim);
+        }
+    }
+    if (p->n_feature_layers < 0 || p->n_feature_layers > 16) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "between 0 and 16 feature layers are supported, got %d", p->n_feature_layers);
+    }
+    for (int i = 0; i < p->n_feature_layers; i++) {
+        const int L = p->feature_layers[i];
+        if (L < 1 || L > m->n_layer) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "feature layer %d is outside 1..%d", L, m->n_layer);
+        }
+    }
+    return DFL_OK;
+}
+
+static dfl_status alloc_state(dfl_target * t) {
+    const dfl_qwen35 * m = &t->m;
+    const int n_tensors = 4 * m->n_layer + 1;
+    struct ggml_init_params ip = { (size_t) n_tensors * ggml_tensor_overhead(), NULL, true };
+    t->ctx_state = ggml_init(ip);
+    if (!t->ctx_state) {
+        return dfl_fail(DFL_ERR_BACKEND, "cannot create the state context");
+    }
+    const int64_t kv_dim = (int64_t) m->head_dim * m->n_head_kv;
+    const int64_t state_size = (int64_t) m->head_v_dim * m->head_v_dim * m->n_v_heads;
+    for (int il = 0; il < m->n_layer; il++) {
+        if (m->layers[il].recurrent) {
+            t->conv_state[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
+            t->ssm_state[il] = ggml_new_tensor_1d(t->ctx_state, GGML_TYPE_F32, state_size);
+            t->snapshots[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, state_size, t->p.n_verify);
+            t->conv_scratch[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, m->d_conv - 1 + t->p.n_verify,
+                                                     m->conv_channels);
+        } else {
+            t->k_cache[il] = ggml_new_tensor_2d(t->ctx_state, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
+            t->v_cache[il] = ggml_new_tensor_2d(t->ctx_state, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
+        }
+    }
+    const int rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+    t->features = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32,
+                                     (int64_t) m->n_embd * (t->p.n_feature_layers > 0 ? t->p.n_feature_layers : 1), rows);
+    t->buf_state = ggml_backend_alloc_ctx_tensors_from_buft(t->ctx_state, ggml_backend_get_default_buffer_type(t->backend));
+    if (!t->buf_state) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of device memory for a context of %d tokens", t->p.n_ctx);
+    }
+    ggml_backend_buffer_clear(t->buf_state, 0);
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * params, dfl_target ** out) {
+    *out = NULL;
+    if (!path) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "no model path given");
+    }
+    dfl_target * t = calloc(1, sizeof *t);
+    if (!t) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    if (params) {
+        t->p = *params;
+    } else {
+        dfl_target_default_params(&t->p);
+    }
+    t->p.device = NULL; /* the caller's string is not ours to keep */
+
+    dfl_status st = dfl_qwen35_open(path, &t->m);
+    if (st != DFL_OK) {
+        free(t);
+        return st;
+    }
+    st = check_params(&t->m, &t->p);
+    if (st == DFL_OK) {
+        st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads);
+    }
+    if (st == DFL_OK) {
+        t->backend = t->rt.backend;
+        st = dfl_gguf_load_weights(&t->m.file, t->rt.dev);
+    }
+    if (st == DFL_OK) {
+        st = alloc_state(t);
+    }
+    if (st != DFL_OK) {
+        dfl_target_free(t);
+        return st;
+    }
+    *out = t;
+    return DFL_OK;
+}
+
+DFL_API void dfl_target_free(dfl_target * t) {
+    if (!t) {
+        return;
+    }
+    if (t->buf_state) ggml_backend_buffer_free(t->buf_state);
+    if (t->ctx_state) ggml_free(t->ctx_state);
+    dfl_runtime_free(&t->rt);
+    dfl_gguf_close(&t->m.file);
+    free(t->host_i32);
+    free(t->host_i64);
+    free(t->host_mask);
+    free(t);
+}
+
+DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * info) {
+    if (!t || !info) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    memset(info, 0, sizeof *info);
+    info->n_vocab = t->m.n_vocab;
+    info->n_embd = t->m.n_embd;
+    info->n_layer = t->m.n_layer;
+    info->n_ctx_train = t->m.n_ctx_train;
+    info->n_ctx = t->p.n_ctx;
+    info->n_ubatch = t->p.n_ubatch;
+    info->n_verify = t->p.n_verify;
+    info->n_past = t->n_past;
+    snprintf(info->device, sizeof info->device, "%s", ggml_backend_dev_name(t->rt.dev));
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_reset(dfl_target * t) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    ggml_backend_buffer_clear(t->buf_state, 0);
+    t->n_past = 0;
+    t->pending_verify = 0;
+    t->n_out = 0;
+    t->n_rows = 0;
+    return DFL_OK;
+}
+
+dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
+    if ((size_t) n > t->host_rows) {
+        free(t->host_i32);
+        free(t->host_i64);
+        t->host_i32 = malloc((size_t) n * sizeof(int32_t));
+        t->host_i64 = malloc((size_t) n * sizeof(int64_t));
+        t->host_rows = (size_t) n;
+    }
+    const size_t mask = (size_t) n * (size_t) n_kv;
+    if (mask > t->host_mask_size) {
+        free(t->host_mask);
+        t->host_mask = malloc(mask * sizeof(ggml_fp16_t));
+        t->host_mask_size = mask;
+    }
+    if (!t->host_i32 || !t->host_i64 || !t->host_mask) {
+        t->host_rows = t->host_mask_size = 0;
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    return DFL_OK;
+}
+
+/* ---- graph ---------------------------------------------------------------------- */
+
+static struct ggml_tensor * rms_norm(dfl_target * t, struct ggml_context * ctx, struct ggml_tensor * x,
+                                     struct ggml_tensor * w) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, t->m.eps), w);
+}
+
+/* x / sqrt(sum(x^2) + eps), the form transformers uses for the delta-net q/k. */
+static struct ggml_tensor * l2_norm(dfl_target * t, struct ggml_context * ctx, struct ggml_tensor * x) {
+    const float n = (float) x->ne[0];
+    return ggml_scale(ctx, ggml_rms_norm(ctx, x, t->m.eps / n), 1.0f / sqrtf(n));
+}
+
+typedef struct graph_inputs {
+    struct ggml_tensor * tokens;
+    struct ggml_tensor * pos;
+    struct ggml_tensor * slots;
+    struct ggml_tensor * mask;
+} graph_inputs;
+
+static struct ggml_tensor * build_attention(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                                            const graph_inputs * in, struct ggml_tensor * cur, int il, int n,
+                                            int n_kv) {
+    const dfl_qwen35 * m = &t->m;
+    const dfl_qwen35_layer * L = &m->layers[il];
+    const int hd = m->head_dim;
+    const size_t f32 = sizeof(float);
+
+    struct ggml_tensor * qg = ggml_mul_mat(ctx, L->wq, cur);
+    struct ggml_tensor * q = ggml_view_3d(ctx, qg, hd, m->n_head, n, 2 * hd * f32, qg->nb[1], 0);
+    struct ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, m->n_head, n, 2 * hd * f32, qg->nb[1], hd * f32);
+    q = rms_norm(t, ctx, q, L->q_norm);
+
+    struct ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, cur), hd, m->n_head_kv, n);
+    k = rms_norm(t, ctx, k, L->k_norm);
+    struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, cur);
+
+    /* Qwen3.5 uses interleaved multi-section RoPE; for text every section carries the same
+     * position, which makes it the NeoX rotation over the first n_rot dimensions. */
+    q = ggml_rope_ext(ctx, q, in->pos, NULL, m->n_rot, GGML_ROPE_TYPE_NEOX, m->n_ctx_train, m->rope_base, 1.0f,
+                      0.0f, 1.0f, 0.0f, 0.0f);
+    k = ggml_rope_ext(ctx, k, in->pos, NULL, m->n_rot, GGML_ROPE_TYPE_NEOX, m->n_ctx_train, m->rope_base, 1.0f,
+                      0.0f, 1.0f, 0.0f, 0.0f);
+
+    const int64_t kv_dim = (int64_t) hd * m->n_head_kv;
+    struct ggml_tensor * kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, kv_dim, n), in->slots);
+    struct ggml_tensor * vc = ggml_set_rows(ctx, t->v_cache[il], v, in->slots);
+    ggml_build_forward_expand(gf, kc);
+    ggml_build_forward_expand(gf, vc);
+
+    struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd, m->n_head_kv, n_kv, ggml_row_size(kc->type, hd), kc->nb[1], 0);
+    struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd, m->n_head_kv, n_kv, ggml_row_size(vc->type, hd), vc->nb[1], 0);
+    K = ggml_permute(ctx, K, 0, 2, 1, 3);
+    V = ggml_permute(ctx, V, 0, 2, 1, 3);
+    struct ggml_tensor * Q = ggml_permute(ctx, q, 0, 2, 1, 3);
+
+    struct ggml_tensor * o = ggml_flash_attn_ext(ctx, Q, K, V, in->mask, 1.0f / sqrtf((float) hd), 0.0f, 0.0f);
+    ggml_prec_set_acc(o, GGML_PREC_F32);
+    o = ggml_reshape_2d(ctx, o, (int64_t) hd * m->n_head, n);
+    o = ggml_mul(ctx, o, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, (int64_t) hd * m->n_head, n)));
+    return ggml_mul_mat(ctx, L->wo, o);
+}
+
+static struct ggml_tensor * build_delta_net(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                                            struct ggml_tensor * cur, int il, int n, bool verify) {
+    const dfl_qwen35 * m = &t->m;
+    const dfl_qwen35_layer * L = &m->layers[il];
+    const int64_t hk = m->head_k_dim, hv = m->head_v_dim, Hk = m->n_k_heads, Hv = m->n_v_heads;
+    const int64_t C = m->conv_channels, W = m->d_conv - 1;
+    const size_t f32 = sizeof(float);
+
+    struct ggml_tensor * qkv = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wqkv, cur), C, n, 1);
+    struct ggml_tensor * z = ggml_mul_mat(ctx, L->wz, cur);
+    struct ggml_tensor * beta = ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->w_beta, cur));
+    struct ggml_tensor * alpha = ggml_mul_mat(ctx, L->w_alpha, cur);
+    struct ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, alpha, L->dt_bias)), L->ssm_a);
+    beta = ggml_reshape_4d(ctx, beta, 1, Hv, n, 1);
+    g = ggml_reshape_4d(ctx, g, 1, Hv, n, 1);
+
+    /* conv input: the last W inputs of the committed context, then this call's inputs */
+    struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
+    struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);
+    if (verify) {
+        struct ggml_tensor * dst = ggml_view_3d(ctx, t->conv_scratch[il], W + n, C, 1, t->conv_scratch[il]->nb[1],
+                                                t->conv_scratch[il]->nb[1] * C, 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
+    } else {
+        struct ggml_tensor * last = ggml_view_3d(ctx, conv_in, W, C, 1, conv_in->nb[1], conv_in->nb[2], n * f32);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, last, conv_state));
+    }
+    struct ggml_tensor * conv = ggml_silu(ctx, ggml_ssm_conv(ctx, conv_in, L->conv1d));
+
+    struct ggml_tensor * q = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[1], conv->nb[2], 0);
+    struct ggml_tensor * k = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[1], conv->nb[2], hk * Hk * f32);
+    struct ggml_tensor * v = ggml_view_4d(ctx, conv, hv, Hv, n, 1, hv * f32, conv->nb[1], conv->nb[2],
+                                          2 * hk * Hk * f32);
+    q = l2_norm(t, ctx, q);
+    k = l2_norm(t, ctx, k);
+
+    const int64_t S = hv * hv * Hv;
+    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+    const int64_t K = verify ? n : 1;
+    struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, K);
+    const int64_t n_out = hv * Hv * n;
+    struct ggml_tensor * o = ggml_view_4d(ctx, r, hv, Hv, n, 1, hv * f32, hv * Hv * f32, n_out * f32, 0);
+    if (verify) {
+        struct ggml_tensor * snaps = ggml_view_2d(ctx, r, S, n, S * f32, n_out * f32);
+        struct ggml_tensor * dst = ggml_view_2d(ctx, t->snapshots[il], S, n, t->snapshots[il]->nb[1], 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, dst));
+    } else {
+        struct ggml_tensor * s1 = ggml_view_1d(ctx, r, S, n_out * f32);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, s1, t->ssm_state[il]));
+    }
+
+    o = rms_norm(t, ctx, o, L->ssm_norm);
+    o = ggml_mul(ctx, o, ggml_silu(ctx, ggml_reshape_4d(ctx, z, hv, Hv, n, 1)));
+    return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
+}
+
+static void capture_features(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                             struct ggml_tensor * x, int layer, int n) {
+    for (int f = 0; f < t->p.n_feature_layers; f++) {
+        if (t->p.feature_layers[f] == layer) {
+            struct ggml_tensor * dst = ggml_view_2d(ctx, t->features, t->m.n_embd, n, t->features->nb[1],
+                                                    (size_t) f * t->m.n_embd * sizeof(float));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, x, dst));
+        }
+    }
+}
+
+static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
+                                        int n_kv, bool verify, int logits) {
+    const dfl_qwen35 * m = &t->m;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+
+    in->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    in->pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    in->slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+    in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
+    ggml_set_input(in->tokens);
+    ggml_set_input(in->pos);
+    ggml_set_input(in->slots);
+    ggml_set_input(in->mask);
+
+    struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, in->tokens);
+    for (int il = 0; il < m->n_layer; il++) {
+        capture_features(t, ctx, gf, x, il, n);
+        const dfl_qwen35_layer * L = &m->layers[il];
+        struct ggml_tensor * cur = rms_norm(t, ctx, x, L->attn_norm);
+        cur = L->recurrent ? build_delta_net(t, ctx, gf, cur, il, n, verify)
+                           : build_attention(t, ctx, gf, in, cur, il, n, n_kv);
+        x = ggml_add(ctx, cur, x);
+        cur = rms_norm(t, ctx, x, L->post_norm);
+        cur = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, cur), ggml_mul_mat(ctx, L->ffn_up, cur));
+        x = ggml_add(ctx, ggml_mul_mat(ctx, L->ffn_down, cur), x);
+    }
+    capture_features(t, ctx, gf, x, m->n_layer, n);
+
+    t->out_logits = NULL;
+    t->out_argmax = NULL;
+    if (logits != LOGITS_NONE) {
+        if (logits == LOGITS_LAST && n > 1) {
+            x = ggml_view_2d(ctx, x, m->n_embd, 1, x->nb[1], (size_t) (n - 1) * x->nb[1]);
+        }
+        x = rms_norm(t, ctx, x, m->output_norm);
+        t->out_logits = ggml_mul_mat(ctx, m->output, x);
+        t->out_argmax = ggml_argmax(ctx, t->out_logits);
+        ggml_set_output(t->out_logits);
+        ggml_set_output(t->out_argmax);
+        ggml_build_forward_expand(gf, t->out_argmax);
+    }
+    ggml_build_forward_expand(gf, x);
+    return gf;
+}
+
+static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv) {
+    int32_t * pos = t->host_i32;
+    int64_t * slots = t->host_i64;
+    for (int i = 0; i < n; i++) {
+        pos[i] = t->n_past + i;
+        slots[i] = t->n_past + i;
+    }
+    ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+    ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
+    ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
+
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
+    const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
+    ggml_fp16_t * mask = t->host_mask;
+    for (int i = 0; i < n; i++) {
+        const int visible = t->n_past + i + 1;
+        for (int j = 0; j < n_kv; j++) {
+            mask[(size_t) i * n_kv + j] = j < visible ? zero : minf;
+        }
+    }
+    ggml_backend_tensor_set(in->mask, mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+}
+
+static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify, int logits) {
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= t->m.n_vocab) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "token id %d at index %d is outside the vocabulary (0..%d)", tokens[i],
+                            i, t->m.n_vocab - 1);
+        }
+    }
+    if (t->n_past + n > t->p.n_ctx) {
+        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: %d tokens in context + %d new > context size %d",
+                        t->n_past, n, t->p.n_ctx);
+    }
+    int n_kv = ((t->n_past + n + KV_PAD - 1) / KV_PAD) * KV_PAD;
+    if (n_kv > t->p.n_ctx) {
+        n_kv = t->p.n_ctx;
+    }
+    TRY(dfl_host_reserve(t, n, n_kv));
+
+    dfl_runtime_begin_graph(&t->rt);
+    graph_inputs in;
+    struct ggml_cgraph * gf = build_graph(t, t->rt.ctx_graph, &in, n, n_kv, verify, logits);
+    TRY(dfl_runtime_alloc(&t->rt, gf));
+    fill_chain_inputs(t, &in, tokens, n, n_kv);
+    TRY(dfl_runtime_compute(&t->rt, gf));
+
+    t->n_rows = n;
+    t->n_out = logits == LOGITS_NONE ? 0 : (logits == LOGITS_LAST ? 1 : n);
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_decode(dfl_target * t, const int32_t * tokens, int32_t n, int32_t logits) {
+    if (!t || !tokens || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "decode needs at least one token");
+    }
+    if (n > t->p.n_ubatch) {
+        return dfl_fail(DFL_ERR_CAPACITY, "decode of %d tokens exceeds the ubatch size %d", n, t->p.n_ubatch);
+    }
+    if (logits < LOGITS_NONE || logits > LOGITS_ALL) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "logits mode must be 0, 1 or 2");
+    }
+    if (t->pending_verify) {
+        return dfl_fail(DFL_ERR_STATE, "a verify is waiting for dfl_target_commit");
+    }
+    TRY(run(t, tokens, n, false, logits));
+    t->n_past += n;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int32_t n, int32_t full_logits) {
+    if (!t || !tokens || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "verify needs at least one token");
+    }
+    if (n > t->p.n_verify) {
+        return dfl_fail(DFL_ERR_CAPACITY, "verify of %d tokens exceeds n_verify %d", n, t->p.n_verify);
+    }
+    if (t->pending_verify) {
+        return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
+    }
+    TRY(run(t, tokens, n, true, LOGITS_ALL));
+    (void) full_logits;
+    t->pending_verify = n;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    const int n = t->pending_verify;
+    if (n == 0) {
+        return dfl_fail(DFL_ERR_STATE, "commit without a preceding verify");
+    }
+    if (n_keep < 0 || n_keep > n) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d verified tokens", n_keep, n);
+    }
+    t->pending_verify = 0;
+    if (n_keep == 0) {
+        return DFL_OK;
+    }
+    const dfl_qwen35 * m = &t->m;
+    dfl_runtime_begin_graph(&t->rt);
+    struct ggml_context * ctx = t->rt.ctx_graph;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    const size_t f32 = sizeof(float);
+    const int64_t W = m->d_conv - 1;
+    for (int il = 0; il < m->n_layer; il++) {
+        if (!m->layers[il].recurrent) {
+            continue;
+        }
+        /* snapshot slot s holds the state s tokens before the last one */
+        struct ggml_tensor * snap = t->snapshots[il];
+        struct ggml_tensor * src = ggml_view_1d(ctx, snap, snap->ne[0], (size_t) (n - n_keep) * snap->nb[1]);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, t->ssm_state[il]));
+        struct ggml_tensor * cs = t->conv_scratch[il];
+        struct ggml_tensor * win = ggml_view_2d(ctx, cs, W, m->conv_channels, cs->nb[1], (size_t) n_keep * f32);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, win, t->conv_state[il]));
+    }
+    TRY(dfl_runtime_alloc(&t->rt, gf));
+    TRY(dfl_runtime_compute(&t->rt, gf));
+    t->n_past += n_keep;
+    return DFL_OK;
+}
+
+static dfl_status check_rows(const dfl_target * t, int32_t row0, int32_t n_rows, int32_t have, const char * what) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > have) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "%s rows %d..%d requested, the last call produced %d", what, row0,
+                        row0 + n_rows, have);
+    }
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_logits(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
+    TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "logit"));
+    const size_t row = (size_t) t->m.n_vocab * sizeof(float);
+    ggml_backend_tensor_get(t->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_argmax(const dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
+    TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "argmax"));
+    ggml_backend_tensor_get(t->out_argmax, dst, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
+    TRY(check_rows(t, row0, n_rows, t ? t->n_rows : 0, "feature"));
+    if (t->p.n_feature_layers == 0) {
+        return dfl_fail(DFL_ERR_STATE, "the target was loaded without feature layers");
+    }
+    const size_t row = t->features->nb[1];
+    ggml_backend_tensor_get(t->features, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    return DFL_OK;
+}

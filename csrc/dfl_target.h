@@ -1,0 +1,42 @@
+/* Target runtime state (see dfl_target.c). */
+#ifndef DFL_TARGET_H
+#define DFL_TARGET_H
+
+#include "dfl_qwen35.h"
+#include "dfl_runtime.h"
+
+struct dfl_target {
+    dfl_qwen35 m;
+    dfl_target_params p;
+    dfl_runtime rt;
+    ggml_backend_t backend;
+
+    struct ggml_context * ctx_state;
+    ggml_backend_buffer_t buf_state;
+    struct ggml_tensor * k_cache[DFL_MAX_LAYERS];     /* [kv_dim, n_ctx] */
+    struct ggml_tensor * v_cache[DFL_MAX_LAYERS];
+    struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */
+    struct ggml_tensor * ssm_state[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v] */
+    struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v, n_verify] of the last verify */
+    struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [d_conv-1 + n_verify, channels] of the last verify */
+    struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */
+
+    /* host staging for graph inputs */
+    int32_t * host_i32;
+    int64_t * host_i64;
+    ggml_fp16_t * host_mask;
+    size_t host_rows, host_mask_size;
+
+    /* results of the last call */
+    struct ggml_tensor * out_logits;
+    struct ggml_tensor * out_argmax;
+    int n_out;
+    int n_rows;
+
+    int n_past;
+    int pending_verify;
+};
+
+dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv);
+
+#endif

@@ -1,0 +1,110 @@
+/*
+ * dflash.h - plain C interface of the dflash-gguf runtime.
+ *
+ * Every function that can fail returns a dfl_status; on failure a readable message is
+ * available from dfl_last_error() on the calling thread. No entry point aborts on bad
+ * input. Objects are opaque; create/free pairs own them.
+ *
+ * This header is also parsed by cffi (dflash_gguf/_native.py): keep it to plain
+ * declarations, one per line group, with no macros in declarations.
+ */
+#ifndef DFLASH_H
+#define DFLASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum dfl_status {
+    DFL_OK = 0,
+    DFL_ERR_ARGUMENT = 1,  /* invalid argument or setting */
+    DFL_ERR_IO = 2,        /* file missing or unreadable */
+    DFL_ERR_FORMAT = 3,    /* corrupt, truncated or unsupported GGUF / wrong architecture */
+    DFL_ERR_BACKEND = 4,   /* no usable device, allocation or compute failure */
+    DFL_ERR_CAPACITY = 5,  /* context or batch size exceeded */
+    DFL_ERR_STATE = 6      /* call not valid in the current state */
+} dfl_status;
+
+/* Message describing the last failure on this thread (never NULL). */
+const char * dfl_last_error(void);
+const char * dfl_version(void);
+
+/* ---- quantization (used by the converter) ------------------------------------ */
+
+/* Bytes needed for one row of n_per_row values stored as ggml type `type`. */
+dfl_status dfl_row_size(int type, int64_t n_per_row, size_t * out_size);
+
+/* Quantize nrows x n_per_row float32 values into ggml type `type` (dst must hold
+ * nrows * row size bytes). Uses ggml's reference quantizers. */
+dfl_status dfl_quantize(int type, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
+                        size_t * out_size);
+
+/* ---- devices ------------------------------------------------------------------- */
+
+/* Number of devices in ggml's backend registry, and a description of device i
+ * ("name|description|type", type one of cpu, gpu, igpu, accel). */
+int dfl_device_count(void);
+dfl_status dfl_device_describe(int i, char * buf, size_t buf_size);
+
+/* ---- target model (Qwen3.5 hybrid) ---------------------------------------------- */
+
+typedef struct dfl_target dfl_target;
+
+typedef struct dfl_target_params {
+    int32_t n_ctx;            /* tokens the context holds (prompt + generated); <= 0: 4096 */
+    int32_t n_ubatch;         /* most tokens in one decode call (prefill chunk); <= 0: 512 */
+    int32_t n_verify;         /* most tokens in one verify call; <= 0: 16 */
+    int32_t n_threads;        /* CPU threads; <= 0: ggml's default */
+    int32_t kv_type;          /* ggml type id of the attention cache: 0 f32, 1 f16, 8 q8_0, 2 q4_0 */
+    int32_t n_feature_layers; /* hidden states captured per token for a drafter */
+    int32_t feature_layers[16]; /* llama.cpp convention: L = the input of layer L (output of L-1) */
+    const char * device;      /* ggml device name; NULL: the first GPU, else the CPU */
+} dfl_target_params;
+
+typedef struct dfl_target_info {
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_ctx_train;
+    int32_t n_ctx;
+    int32_t n_ubatch;
+    int32_t n_verify;
+    int32_t n_past;
+    char device[128];
+} dfl_target_info;
+
+void dfl_target_default_params(dfl_target_params * params);
+dfl_status dfl_target_load(const char * path, const dfl_target_params * params, dfl_target ** out);
+void dfl_target_free(dfl_target * target);
+dfl_status dfl_target_get_info(const dfl_target * target, dfl_target_info * info);
+
+/* Forget the context (attention cache length and recurrent states back to empty). */
+dfl_status dfl_target_reset(dfl_target * target);
+
+/* Append n tokens (n <= n_ubatch) to the context and advance it.
+ * logits: 0 none, 1 the last row, 2 every row; the argmax of those rows is computed
+ * on the device. */
+dfl_status dfl_target_decode(dfl_target * target, const int32_t * tokens, int32_t n, int32_t logits);
+
+/* Evaluate n candidate tokens (n <= n_verify) as a chain after the context without
+ * committing them: logits (if full_logits) and argmax for every row, hidden features of
+ * every row, and per-token recurrent snapshots kept for dfl_target_commit. */
+dfl_status dfl_target_verify(dfl_target * target, const int32_t * tokens, int32_t n, int32_t full_logits);
+
+/* Keep the first n_keep tokens of the last verify (0 <= n_keep <= its length). */
+dfl_status dfl_target_commit(dfl_target * target, int32_t n_keep);
+
+/* Results of the last decode/verify: rows are in token order. */
+dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
+dfl_status dfl_target_argmax(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
+/* Captured features of the last call, [n_rows][n_feature_layers * n_embd] float32. */
+dfl_status dfl_target_features(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_H */

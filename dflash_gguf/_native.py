@@ -1,0 +1,52 @@
+"""cffi (ABI mode) binding of the C runtime declared in csrc/dflash.h.
+
+The header is installed next to the shared library and parsed at import, so the
+declarations have a single source of truth.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import cffi
+
+_HERE = Path(__file__).resolve().parent
+
+
+class DflashError(RuntimeError):
+    """A C entry point failed; the message is the runtime's own explanation."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _cdef_source(header: str) -> str:
+    # cffi's parser takes plain declarations: drop preprocessor lines and C++ guards.
+    text = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    text = "\n".join(lines)
+    text = text.replace('extern "C" {', "")
+    return re.sub(r"^\}\s*$", "", text, flags=re.M)
+
+
+def _load():
+    header = _HERE / "dflash.h"
+    lib_path = _HERE / "libdflash.so"
+    if not lib_path.exists() or not header.exists():
+        raise ImportError(
+            f"dflash_gguf's native library is missing from {_HERE}; install the package "
+            "(scripts/setup.sh) instead of importing it from the source tree"
+        )
+    ffi = cffi.FFI()
+    ffi.cdef(_cdef_source(header.read_text()))
+    return ffi, ffi.dlopen(str(lib_path))
+
+
+ffi, lib = _load()
+
+
+def check(status: int) -> None:
+    """Raise DflashError when a C call did not return DFL_OK."""
+    if status != 0:
+        raise DflashError(int(status), ffi.string(lib.dfl_last_error()).decode("utf-8", "replace"))

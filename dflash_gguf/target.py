@@ -1,0 +1,143 @@
+"""The Qwen3.5 target model on the C runtime: decode, verify, commit, and the
+results of the last call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ._native import check, ffi, lib
+
+LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
+
+KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
+
+
+@dataclass
+class TargetConfig:
+    """How a target is loaded. feature_layers use llama.cpp's convention (L is the
+    input of layer L, i.e. the output of HF layer L-1)."""
+
+    n_ctx: int = 4096
+    n_ubatch: int = 512
+    n_verify: int = 16
+    n_threads: int = 0
+    kv_type: str = "f16"
+    feature_layers: Sequence[int] = field(default_factory=tuple)
+    device: Optional[str] = None
+
+
+class Target:
+    def __init__(self, path: str, config: Optional[TargetConfig] = None):
+        cfg = config or TargetConfig()
+        if cfg.kv_type not in KV_TYPES:
+            raise ValueError(f"unknown KV cache type {cfg.kv_type!r}; choose one of {', '.join(KV_TYPES)}")
+        p = ffi.new("dfl_target_params *")
+        lib.dfl_target_default_params(p)
+        p.n_ctx, p.n_ubatch, p.n_verify, p.n_threads = cfg.n_ctx, cfg.n_ubatch, cfg.n_verify, cfg.n_threads
+        p.kv_type = KV_TYPES[cfg.kv_type]
+        layers = list(cfg.feature_layers)
+        if len(layers) > 16:
+            raise ValueError("at most 16 feature layers are supported")
+        p.n_feature_layers = len(layers)
+        for i, layer in enumerate(layers):
+            p.feature_layers[i] = int(layer)
+        device = ffi.new("char[]", cfg.device.encode()) if cfg.device else ffi.NULL
+        p.device = device
+        out = ffi.new("dfl_target **")
+        check(lib.dfl_target_load(str(path).encode(), p, out))
+        self._t = out[0]
+        self.path = str(path)
+        self.config = cfg
+        info = self.info()
+        self.n_vocab = info["n_vocab"]
+        self.n_embd = info["n_embd"]
+        self.n_ctx = info["n_ctx"]
+        self.n_ubatch = info["n_ubatch"]
+        self.n_verify = info["n_verify"]
+        self.n_features = len(layers)
+        self._argmax = np.zeros(max(self.n_ubatch, self.n_verify), dtype=np.int32)
+
+    # -- lifetime ---------------------------------------------------------------
+    def close(self) -> None:
+        if self._t is not None:
+            lib.dfl_target_free(self._t)
+            self._t = None
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _handle(self):
+        if self._t is None:
+            raise RuntimeError("the target was closed")
+        return self._t
+
+    # -- state --------------------------------------------------------------------
+    def info(self) -> dict:
+        info = ffi.new("dfl_target_info *")
+        check(lib.dfl_target_get_info(self._handle(), info))
+        return {
+            "n_vocab": info.n_vocab, "n_embd": info.n_embd, "n_layer": info.n_layer,
+            "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "n_ubatch": info.n_ubatch,
+            "n_verify": info.n_verify, "n_past": info.n_past,
+            "device": ffi.string(info.device).decode(),
+        }
+
+    @property
+    def n_past(self) -> int:
+        return self.info()["n_past"]
+
+    def reset(self) -> None:
+        check(lib.dfl_target_reset(self._handle()))
+
+    # -- evaluation -----------------------------------------------------------------
+    @staticmethod
+    def _tokens(tokens) -> np.ndarray:
+        return np.ascontiguousarray(tokens, dtype=np.int32)
+
+    def decode(self, tokens, logits: int = LOGITS_LAST) -> None:
+        """Append tokens (at most n_ubatch) to the context."""
+        arr = self._tokens(tokens)
+        check(lib.dfl_target_decode(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr), logits))
+
+    def prefill(self, tokens, logits: int = LOGITS_LAST, on_chunk=None) -> None:
+        """Append any number of tokens in ubatch-sized chunks. on_chunk(start, n) runs
+        after each chunk, e.g. to consume its features."""
+        arr = self._tokens(tokens)
+        for start in range(0, len(arr), self.n_ubatch):
+            chunk = arr[start:start + self.n_ubatch]
+            last = start + len(chunk) == len(arr)
+            self.decode(chunk, logits if last else (LOGITS_ALL if logits == LOGITS_ALL else LOGITS_NONE))
+            if on_chunk is not None:
+                on_chunk(start, len(chunk))
+
+    def verify(self, tokens) -> None:
+        """Evaluate a chain of candidate tokens without committing them."""
+        arr = self._tokens(tokens)
+        check(lib.dfl_target_verify(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr), 1))
+
+    def commit(self, n_keep: int) -> None:
+        check(lib.dfl_target_commit(self._handle(), int(n_keep)))
+
+    # -- results of the last call -------------------------------------------------------
+    def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
+        out = np.empty((n_rows, self.n_vocab), dtype=np.float32)
+        check(lib.dfl_target_logits(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
+        return out
+
+    def argmax(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
+        out = self._argmax[:n_rows]
+        check(lib.dfl_target_argmax(self._handle(), ffi.from_buffer("int32_t[]", out), row0, n_rows))
+        return out.copy()
+
+    def features(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
+        out = np.empty((n_rows, self.n_features, self.n_embd), dtype=np.float32)
+        check(lib.dfl_target_features(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
+        return out

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Creates or refreshes .venv/ for this checkout: llama-cpp-python built from source
+# (once; pip's wheel cache keeps the build), the project's dependencies, and the
+# project itself. Each step is skipped when its inputs have not changed.
+#   scripts/setup.sh         runtime only (what dflash-run needs)
+#   scripts/setup.sh test    runtime plus the test oracles
+set -euo pipefail
+
+mode="${1:-run}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+py="$venv/bin/python"
+stamps="$venv/.dflash-stamps"
+llama_cpp_python_version="0.3.36"
+
+say() { echo "[setup] $*" >&2; }
+
+if [ ! -x "$py" ]; then
+  say "creating virtualenv at $venv"
+  python3 -m venv "$venv"
+  "$py" -m pip install -q --upgrade pip
+fi
+mkdir -p "$stamps"
+pip_install() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
+
+have_llama=$("$py" -c 'import importlib.metadata as m
+try: print(m.version("llama-cpp-python"))
+except Exception: print("")' 2>/dev/null || true)
+if [ "$have_llama" != "$llama_cpp_python_version" ]; then
+  say "building llama-cpp-python $llama_cpp_python_version from source (several minutes on 2 cores, cached afterwards)"
+  # RPC is our stand-in for a remote device in tests; tools and examples are not needed.
+  # With CUDA: add -DGGML_CUDA=ON to CMAKE_ARGS (see README).
+  CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
+    pip_install "llama-cpp-python==$llama_cpp_python_version"
+fi
+
+build_deps="scikit-build-core>=0.11 cmake>=3.21 ninja cffi numpy gguf safetensors tqdm"
+if [ ! -f "$stamps/build-deps" ] || [ "$(cat "$stamps/build-deps")" != "$build_deps" ]; then
+  say "installing build and runtime dependencies"
+  # shellcheck disable=SC2086
+  pip_install $build_deps
+  echo "$build_deps" > "$stamps/build-deps"
+fi
+
+if [ "$mode" = "test" ]; then
+  want=$(sha256sum "$root/scripts/requirements-test.txt" | cut -c1-16)
+  if [ "$(cat "$stamps/test-deps" 2>/dev/null)" != "$want" ]; then
+    say "installing test oracles (torch CPU, transformers, z-lab dflash)"
+    pip_install -r "$root/scripts/requirements-test.txt"
+    pip_install --no-deps "dflash==0.1.0"
+    echo "$want" > "$stamps/test-deps"
+  fi
+fi
+
+# Reinstall the project only when its sources changed; the CMake build directory under
+# build/ is kept, so a rebuild recompiles only what changed.
+src_hash=$(cd "$root" && find pyproject.toml CMakeLists.txt csrc dflash_gguf convert -type f \
+            -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+if [ "$(cat "$stamps/project" 2>/dev/null)" != "$src_hash" ]; then
+  say "building and installing dflash-gguf"
+  (cd "$root" && pip_install --no-deps --no-build-isolation .)
+  echo "$src_hash" > "$stamps/project"
+fi
