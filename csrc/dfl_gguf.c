@@ -1,6 +1,7 @@
 #include "dfl_gguf.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -213,7 +214,74 @@ dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, co
     return DFL_OK;
 }
 
-dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev) {
+#define DFL_MAX_REPACK 4
+
+/* The first extra buffer type of dev that runs a matrix product with weight w. */
+static ggml_backend_buffer_type_t repack_buft(ggml_backend_dev_t dev, struct ggml_tensor * w) {
+    if (ggml_n_dims(w) != 2 || strcmp(w->name, "token_embd.weight") == 0) {
+        return NULL; /* the embedding is read with get_rows, which repacked layouts do not serve */
+    }
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    ggml_backend_dev_get_extra_bufts_t get_extra =
+        reg ? (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts")
+            : NULL;
+    if (!get_extra) {
+        return NULL;
+    }
+    struct ggml_init_params ip = { 4 * ggml_tensor_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512);
+    struct ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    ggml_backend_buffer_type_t found = NULL;
+    for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b && !found; b++) {
+        /* supports_op looks at the weight's buffer type: give it an empty buffer of that type */
+        w->buffer = ggml_backend_buft_alloc_buffer(*b, 0);
+        if (w->buffer && ggml_backend_dev_supports_op(dev, op)) {
+            found = *b;
+        }
+        if (w->buffer) {
+            ggml_backend_buffer_free(w->buffer);
+        }
+        w->buffer = NULL;
+    }
+    ggml_free(ctx);
+    return found;
+}
+
+/* Allocate every tensor marked with buft in one buffer and copy its data in (the
+ * buffer type converts the layout as the data arrives). */
+static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, ggml_backend_buffer_type_t * marks,
+                                const char * base) {
+    size_t total = 0;
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        if (marks[i] == buft) {
+            struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+        }
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total);
+    if (!buf) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of memory for %zu bytes of repacked weights", total);
+    }
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    g->buffers[g->n_buffers++] = buf;
+    char * p = ggml_backend_buffer_get_base(buf);
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        if (marks[i] != buft) {
+            continue;
+        }
+        struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+        if (ggml_backend_tensor_alloc(buf, t, p) != GGML_STATUS_SUCCESS) {
+            return dfl_fail(DFL_ERR_BACKEND, "cannot place tensor '%s' of '%s'", t->name, g->path);
+        }
+        ggml_backend_tensor_set(t, base + gguf_get_tensor_offset(g->meta, i), 0, ggml_nbytes(t));
+        p += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev, bool repack) {
     const int fd = open(g->path, O_RDONLY);
     if (fd < 0) {
         return dfl_fail(DFL_ERR_IO, "cannot open '%s' for reading", g->path);
@@ -233,12 +301,37 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev) {
     ggml_backend_dev_get_props(dev, &props);
 
     if (props.caps.buffer_from_host_ptr) {
+        /* matrices the device can run faster from a repacked layout (the CPU backend's
+         * extra buffer types) are copied there; everything else stays mapped */
+        ggml_backend_buffer_type_t bufts[DFL_MAX_REPACK];
+        int n_repack = 0;
+        const int64_t n_tensors = gguf_get_n_tensors(g->meta);
+        ggml_backend_buffer_type_t * marks = calloc((size_t) n_tensors + 1, sizeof *marks);
+        if (!marks) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        for (int64_t ti = 0; ti < n_tensors; ti++) {
+            struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, ti));
+            ggml_backend_buffer_type_t buft = repack ? repack_buft(dev, t) : NULL;
+            for (int i = 0; buft && i <= n_repack && i < DFL_MAX_REPACK; i++) {
+                if (i == n_repack) {
+                    bufts[n_repack++] = buft;
+                    break;
+                }
+                if (bufts[i] == buft) {
+                    break;
+                }
+            }
+            marks[ti] = buft;
+        }
+
         size_t max_tensor = 0;
         for (struct ggml_tensor * t = ggml_get_first_tensor(g->ctx); t; t = ggml_get_next_tensor(g->ctx, t)) {
             max_tensor = ggml_nbytes(t) > max_tensor ? ggml_nbytes(t) : max_tensor;
         }
         ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(dev, base, data_size, max_tensor);
         if (!buf) {
+            free(marks);
             return dfl_fail(DFL_ERR_BACKEND, "device %s cannot use the mapped weights of '%s'",
                             ggml_backend_dev_name(dev), g->path);
         }
@@ -246,12 +339,21 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev) {
         g->buffers[g->n_buffers++] = buf;
         for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
             struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+            if (marks[i]) {
+                continue;
+            }
             enum ggml_status s = ggml_backend_tensor_alloc(buf, t, base + gguf_get_tensor_offset(g->meta, i));
             if (s != GGML_STATUS_SUCCESS) {
+                free(marks);
                 return dfl_fail(DFL_ERR_BACKEND, "cannot place tensor '%s' of '%s'", t->name, g->path);
             }
         }
-        return DFL_OK;
+        dfl_status st = DFL_OK;
+        for (int r = 0; r < n_repack && st == DFL_OK; r++) {
+            st = place_in_buft(g, bufts[r], marks, base);
+        }
+        free(marks);
+        return st;
     }
 
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(g->ctx, ggml_backend_dev_buffer_type(dev));

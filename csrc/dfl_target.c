@@ -112,7 +112,7 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     }
     if (st == DFL_OK) {
         t->backend = t->rt.backend;
-        st = dfl_gguf_load_weights(&t->m.file, t->rt.dev);
+        st = dfl_gguf_load_weights(&t->m.file, t->rt.dev, !t->p.no_repack);
     }
     if (st == DFL_OK) {
         st = alloc_state(t);
@@ -462,6 +462,7 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d verified tokens", n_keep, n);
     }
     t->pending_verify = 0;
+    t->n_out = 0; /* the verify's logits live in graph memory the commit reuses */
     if (n_keep == 0) {
         return DFL_OK;
     }

@@ -61,6 +61,7 @@ typedef struct dfl_target_params {
     int32_t kv_type;          /* ggml type id of the attention cache: 0 f32, 1 f16, 8 q8_0, 2 q4_0 */
     int32_t n_feature_layers; /* hidden states captured per token for a drafter */
     int32_t feature_layers[16]; /* llama.cpp convention: L = the input of layer L (output of L-1) */
+    int32_t no_repack;        /* keep quantized matrices in file layout (no CPU repacking) */
     const char * device;      /* ggml device name; NULL: the first GPU, else the CPU */
 } dfl_target_params;
 
@@ -102,6 +103,49 @@ dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row
 dfl_status dfl_target_argmax(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
 /* Captured features of the last call, [n_rows][n_feature_layers * n_embd] float32. */
 dfl_status dfl_target_features(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
+
+/* ---- DFlash drafter ------------------------------------------------------------------ */
+
+typedef struct dfl_draft dfl_draft;
+
+typedef struct dfl_draft_params {
+    int32_t kv_type;   /* ggml type id of the drafter's context cache (f16 default) */
+    int32_t window;    /* attend to the last `window` context positions only; <= 0: all */
+    int32_t n_threads; /* CPU threads; <= 0: ggml's default */
+} dfl_draft_params;
+
+typedef struct dfl_draft_info {
+    int32_t block_size;
+    int32_t mask_token_id;
+    int32_t n_layer;
+    int32_t n_embd;
+    int32_t n_target_layers;
+    int32_t target_layers[16];  /* llama.cpp convention (HF id + 1) */
+    int32_t n_ctx_tokens;       /* context positions the drafter holds */
+} dfl_draft_info;
+
+void dfl_draft_default_params(dfl_draft_params * params);
+
+/* Load a DFlash drafter that reads `target`'s captured features and shares its token
+ * embedding and LM head. The target must have been loaded with feature_layers equal to
+ * the drafter's target_layers. The drafter must be freed before its target. */
+dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params, dfl_draft ** out);
+void dfl_draft_free(dfl_draft * draft);
+dfl_status dfl_draft_get_info(const dfl_draft * draft, dfl_draft_info * info);
+
+/* Forget the drafter context. */
+dfl_status dfl_draft_reset(dfl_draft * draft);
+
+/* Append the target features of rows[0..n) of the target's last call (a prefill chunk or
+ * the accepted rows of a verify) as the next n context positions. */
+dfl_status dfl_draft_append(dfl_draft * draft, const int32_t * rows, int32_t n);
+
+/* Draft a block after the context: input [bonus, MASK x (n_block-1)] at the next
+ * positions, greedy tokens for block positions 1..n_block-1 written to out_tokens. */
+dfl_status dfl_draft_propose(dfl_draft * draft, int32_t bonus, int32_t n_block, int32_t * out_tokens);
+
+/* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
+dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,15 @@ class GenerationStats:
     decode_seconds: float = 0.0
     stop_reason: str = ""
     accepted_lengths: List[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    commit_seconds: float = 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens produced per target pass (AL)."""
+        n = self.accepted_lengths
+        return sum(n) / len(n) if n else 0.0
 
     @property
     def prefill_tps(self) -> float:

@@ -26,6 +26,7 @@ class TargetConfig:
     kv_type: str = "f16"
     feature_layers: Sequence[int] = field(default_factory=tuple)
     device: Optional[str] = None
+    repack: bool = True  # let the CPU backend repack quantized matrices for speed
 
 
 class Target:
@@ -37,6 +38,7 @@ class Target:
         lib.dfl_target_default_params(p)
         p.n_ctx, p.n_ubatch, p.n_verify, p.n_threads = cfg.n_ctx, cfg.n_ubatch, cfg.n_verify, cfg.n_threads
         p.kv_type = KV_TYPES[cfg.kv_type]
+        p.no_repack = 0 if cfg.repack else 1
         layers = list(cfg.feature_layers)
         if len(layers) > 16:
             raise ValueError("at most 16 feature layers are supported")

@@ -21,17 +21,29 @@ if [ ! -x "$py" ]; then
   "$py" -m pip install -q --upgrade pip
 fi
 mkdir -p "$stamps"
+# One set-up at a time per checkout: concurrent runs would build the same things twice.
+exec 9>"$venv/.setup.lock"
+flock 9
 pip_install() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
 
-have_llama=$("$py" -c 'import importlib.metadata as m
-try: print(m.version("llama-cpp-python"))
-except Exception: print("")' 2>/dev/null || true)
-if [ "$have_llama" != "$llama_cpp_python_version" ]; then
-  say "building llama-cpp-python $llama_cpp_python_version from source (several minutes on 2 cores, cached afterwards)"
-  # RPC is our stand-in for a remote device in tests; tools and examples are not needed.
-  # With CUDA: add -DGGML_CUDA=ON to CMAKE_ARGS (see README).
-  CMAKE_ARGS="${CMAKE_ARGS:-} -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF" \
-    pip_install "llama-cpp-python==$llama_cpp_python_version"
+# llama-cpp-python is built from source with our flags into a wheelhouse keyed by those
+# flags, so a fresh virtualenv reuses the build and a flag change forces a new one.
+# AMX is left out: ggml's AMX kernels crash on small matrices on this CPU family (the
+# tiny test models), in llama.cpp itself as well as here.
+llama_flags="${CMAKE_ARGS:-} -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16 -DCMAKE_CXX_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16"
+llama_key=$(printf '%s %s' "$llama_cpp_python_version" "$llama_flags" | sha256sum | cut -c1-16)
+if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ]; then
+  wheelhouse="${DFLASH_WHEELHOUSE:-$HOME/.cache/dflash-gguf/wheels}/$llama_key"
+  if ! ls "$wheelhouse"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    say "building llama-cpp-python $llama_cpp_python_version from source (about 10 minutes on 2 cores, once per machine)"
+    # With CUDA: CMAKE_ARGS="-DGGML_CUDA=ON" scripts/setup.sh (see README).
+    mkdir -p "$wheelhouse"
+    CMAKE_ARGS="$llama_flags" "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
+      --no-binary llama-cpp-python -w "$wheelhouse" "llama-cpp-python==$llama_cpp_python_version"
+  fi
+  pip_install --force-reinstall --no-deps "$wheelhouse"/llama_cpp_python-*.whl
+  pip_install "llama-cpp-python==$llama_cpp_python_version" --find-links "$wheelhouse"
+  echo "$llama_key" > "$stamps/llama-cpp-python"
 fi
 
 build_deps="scikit-build-core>=0.11 cmake>=3.21 ninja cffi numpy gguf safetensors tqdm"

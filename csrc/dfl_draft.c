@@ -1,0 +1,470 @@
+/* DFlash block-diffusion drafter: a few Qwen3-style layers whose keys and values
+ * come from the target's hidden features (context) and from a block of
+ * [bonus, MASK...] embeddings (noise), attended non-causally. */
+#include "dfl_target.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
+#define DRAFT_KV_PAD 256
+#define DRAFT_MAX_LAYERS 64
+
+typedef struct draft_layer {
+    struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo, * q_norm, * k_norm;
+    struct ggml_tensor * ffn_norm, * ffn_gate, * ffn_up, * ffn_down;
+} draft_layer;
+
+struct dfl_draft {
+    dfl_gguf file;
+    dfl_target * target;
+    dfl_draft_params p;
+    dfl_runtime rt;
+
+    int n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_rot, block_size, mask_id;
+    int n_feat, target_layers[16];
+    float eps, rope_base, embd_scale, logit_scale, softcap;
+
+    struct ggml_tensor * fc, * hidden_norm, * out_norm, * tok_embd, * output;
+    draft_layer layers[DRAFT_MAX_LAYERS];
+
+    struct ggml_context * ctx_state;
+    ggml_backend_buffer_t buf_state;
+    struct ggml_tensor * k_cache[DRAFT_MAX_LAYERS];
+    struct ggml_tensor * v_cache[DRAFT_MAX_LAYERS];
+    int n_ctx;      /* capacity, the target's */
+    int n_tokens;   /* context positions filled */
+
+    struct ggml_tensor * out_logits;
+    struct ggml_tensor * out_argmax;
+    int n_out;
+
+    int32_t * host_i32;
+    int64_t * host_i64;
+    ggml_fp16_t * host_mask;
+    size_t host_rows, host_mask_size;
+};
+
+DFL_API void dfl_draft_default_params(dfl_draft_params * p) {
+    memset(p, 0, sizeof *p);
+    p->kv_type = GGML_TYPE_F16;
+}
+
+static dfl_status read_u32(const dfl_gguf * g, const char * key, bool required, uint32_t def, int * out) {
+    uint32_t v;
+    TRY(dfl_gguf_u32(g, key, required, def, &v));
+    if (v > (1u << 30)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s%s' has an invalid value %u", g->path, g->arch, key, v);
+    }
+    *out = (int) v;
+    return DFL_OK;
+}
+
+static dfl_status layer_tensor(dfl_draft * d, const char * name, int il, int64_t ne0, int64_t ne1,
+                               struct ggml_tensor ** out) {
+    char full[128];
+    snprintf(full, sizeof full, "blk.%d.%s", il, name);
+    const int64_t ne[2] = { ne0, ne1 };
+    return dfl_gguf_tensor(&d->file, full, ne1 > 0 ? 2 : 1, ne, true, out);
+}
+
+static dfl_status read_model(dfl_draft * d) {
+    const dfl_gguf * g = &d->file;
+    const dfl_qwen35 * tm = &d->target->m;
+
+    if (strcmp(g->arch, "dflash") != 0) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%s'; a drafter must be 'dflash'", g->path, g->arch);
+    }
+    if (dfl_gguf_has(g, ".conv_kernel_size") || ggml_get_tensor(g->ctx, "selector_hidden.weight")) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' is a DFlash2 drafter (dynamic convolution and candidate selector), "
+                        "which this version does not run yet; use a DFlash (v1) drafter", g->path);
+    }
+    TRY(read_u32(g, ".embedding_length", true, 0, &d->n_embd));
+    TRY(read_u32(g, ".block_count", true, 0, &d->n_layer));
+    TRY(read_u32(g, ".feed_forward_length", true, 0, &d->n_ff));
+    TRY(read_u32(g, ".attention.head_count", true, 0, &d->n_head));
+    TRY(read_u32(g, ".attention.head_count_kv", true, 0, &d->n_head_kv));
+    if (d->n_head <= 0 || d->n_head_kv <= 0 || d->n_head % d->n_head_kv != 0 || d->n_layer <= 0 ||
+        d->n_layer > DRAFT_MAX_LAYERS) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported drafter shape (%d layers, %d heads, %d kv heads)", g->path,
+                        d->n_layer, d->n_head, d->n_head_kv);
+    }
+    TRY(read_u32(g, ".attention.key_length", false, (uint32_t) (d->n_embd / d->n_head), &d->head_dim));
+    TRY(read_u32(g, ".rope.dimension_count", false, (uint32_t) d->head_dim, &d->n_rot));
+    TRY(read_u32(g, ".block_size", false, 16, &d->block_size));
+    TRY(dfl_gguf_f32(g, ".attention.layer_norm_rms_epsilon", true, 0.0f, &d->eps));
+    TRY(dfl_gguf_f32(g, ".rope.freq_base", false, 10000.0f, &d->rope_base));
+    TRY(dfl_gguf_f32(g, ".embedding_scale", false, 1.0f, &d->embd_scale));
+    TRY(dfl_gguf_f32(g, ".logit_scale", false, 1.0f, &d->logit_scale));
+    TRY(dfl_gguf_f32(g, ".final_logit_softcapping", false, 0.0f, &d->softcap));
+    TRY(read_u32(g, "tokenizer.ggml.mask_token_id", true, 0, &d->mask_id));
+    TRY(dfl_gguf_arr_i32(g, ".target_layers", d->target_layers, 16, &d->n_feat));
+    if (d->block_size < 2 || d->n_rot > d->head_dim || d->n_rot % 2 != 0) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid block size %d or rope dimensions %d", g->path, d->block_size,
+                        d->n_rot);
+    }
+
+    /* the drafter must fit its target */
+    if (d->n_embd != tm->n_embd) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "drafter hidden size %d does not match the target's %d: wrong target/drafter pair",
+                        d->n_embd, tm->n_embd);
+    }
+    if (d->mask_id < 0 || d->mask_id >= tm->n_vocab) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "drafter mask token %d is outside the target vocabulary (%d)", d->mask_id,
+                        tm->n_vocab);
+    }
+    const dfl_target_params * tp = &d->target->p;
+    bool same = tp->n_feature_layers == d->n_feat;
+    for (int i = 0; same && i < d->n_feat; i++) {
+        same = tp->feature_layers[i] == d->target_layers[i];
+    }
+    if (!same) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "the target captures different feature layers than the drafter reads "
+                        "(load the target with feature_layers = the drafter's dflash.target_layers)");
+    }
+    for (int i = 0; i < d->n_feat; i++) {
+        if (d->target_layers[i] < 1 || d->target_layers[i] > tm->n_layer) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "drafter reads target layer %d, but the target has %d layers",
+                            d->target_layers[i], tm->n_layer);
+        }
+    }
+
+    const int64_t E = d->n_embd, q_dim = (int64_t) d->head_dim * d->n_head, kv_dim = (int64_t) d->head_dim * d->n_head_kv;
+    TRY(dfl_gguf_tensor(g, "fc.weight", 2, (int64_t[]) { E * d->n_feat, E }, true, &d->fc));
+    TRY(dfl_gguf_tensor(g, "enc.output_norm.weight", 1, (int64_t[]) { E }, true, &d->hidden_norm));
+    TRY(dfl_gguf_tensor(g, "output_norm.weight", 1, (int64_t[]) { E }, true, &d->out_norm));
+    TRY(dfl_gguf_tensor(g, "token_embd.weight", 2, (int64_t[]) { E, tm->n_vocab }, false, &d->tok_embd));
+    TRY(dfl_gguf_tensor(g, "output.weight", 2, (int64_t[]) { E, tm->n_vocab }, false, &d->output));
+    if (!d->output) {
+        d->output = d->tok_embd ? d->tok_embd : tm->output;
+    }
+    if (!d->tok_embd) {
+        d->tok_embd = tm->tok_embd;
+    }
+    for (int il = 0; il < d->n_layer; il++) {
+        draft_layer * L = &d->layers[il];
+        char name[96];
+        snprintf(name, sizeof name, "blk.%d.post_attention_norm.weight", il);
+        if (ggml_get_tensor(g->ctx, name)) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s' uses post-attention norms, a drafter variant this version does not run",
+                            g->path);
+        }
+        TRY(layer_tensor(d, "attn_norm.weight", il, E, 0, &L->attn_norm));
+        TRY(layer_tensor(d, "attn_q.weight", il, E, q_dim, &L->wq));
+        TRY(layer_tensor(d, "attn_k.weight", il, E, kv_dim, &L->wk));
+        TRY(layer_tensor(d, "attn_v.weight", il, E, kv_dim, &L->wv));
+        TRY(layer_tensor(d, "attn_output.weight", il, q_dim, E, &L->wo));
+        TRY(layer_tensor(d, "attn_q_norm.weight", il, d->head_dim, 0, &L->q_norm));
+        TRY(layer_tensor(d, "attn_k_norm.weight", il, d->head_dim, 0, &L->k_norm));
+        TRY(layer_tensor(d, "ffn_norm.weight", il, E, 0, &L->ffn_norm));
+        TRY(layer_tensor(d, "ffn_gate.weight", il, E, d->n_ff, &L->ffn_gate));
+        TRY(layer_tensor(d, "ffn_up.weight", il, E, d->n_ff, &L->ffn_up));
+        TRY(layer_tensor(d, "ffn_down.weight", il, d->n_ff, E, &L->ffn_down));
+    }
+    return DFL_OK;
+}
+
+static dfl_status alloc_state(dfl_draft * d) {
+    struct ggml_init_params ip = { (size_t) (2 * d->n_layer + 1) * ggml_tensor_overhead(), NULL, true };
+    d->ctx_state = ggml_init(ip);
+    if (!d->ctx_state) {
+        return dfl_fail(DFL_ERR_BACKEND, "cannot create the drafter state context");
+    }
+    const int64_t kv_dim = (int64_t) d->head_dim * d->n_head_kv;
+    for (int il = 0; il < d->n_layer; il++) {
+        d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx);
+        d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx);
+    }
+    d->buf_state = ggml_backend_alloc_ctx_tensors_from_buft(d->ctx_state, ggml_backend_get_default_buffer_type(d->rt.backend));
+    if (!d->buf_state) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of device memory for the drafter context");
+    }
+    ggml_backend_buffer_clear(d->buf_state, 0);
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params,
+                                  dfl_draft ** out) {
+    *out = NULL;
+    if (!path || !target) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "a drafter needs a path and a loaded target");
+    }
+    dfl_draft * d = calloc(1, sizeof *d);
+    if (!d) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    d->target = target;
+    if (params) {
+        d->p = *params;
+    } else {
+        dfl_draft_default_params(&d->p);
+    }
+    d->n_ctx = target->p.n_ctx;
+    dfl_status st = DFL_OK;
+    if (d->p.kv_type != GGML_TYPE_F32 && d->p.kv_type != GGML_TYPE_F16 && d->p.kv_type != GGML_TYPE_BF16) {
+        st = dfl_fail(DFL_ERR_ARGUMENT, "drafter cache type %d is not supported (f32, f16, bf16)", d->p.kv_type);
+    }
+    if (st == DFL_OK) {
+        st = dfl_gguf_open(path, &d->file);
+        if (st != DFL_OK) {
+            free(d);
+            return st;
+        }
+    }
+    if (st == DFL_OK) st = read_model(d);
+    if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(target->rt.dev),
+                                            d->p.n_threads > 0 ? d->p.n_threads : target->p.n_threads);
+    if (st == DFL_OK) st = dfl_gguf_load_weights(&d->file, d->rt.dev, !d->target->p.no_repack);
+    if (st == DFL_OK) st = alloc_state(d);
+    if (st != DFL_OK) {
+        dfl_draft_free(d);
+        return st;
+    }
+    *out = d;
+    return DFL_OK;
+}
+
+DFL_API void dfl_draft_free(dfl_draft * d) {
+    if (!d) {
+        return;
+    }
+    if (d->buf_state) ggml_backend_buffer_free(d->buf_state);
+    if (d->ctx_state) ggml_free(d->ctx_state);
+    dfl_runtime_free(&d->rt);
+    dfl_gguf_close(&d->file);
+    free(d->host_i32);
+    free(d->host_i64);
+    free(d->host_mask);
+    free(d);
+}
+
+DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info) {
+    if (!d || !info) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
+    }
+    memset(info, 0, sizeof *info);
+    info->block_size = d->block_size;
+    info->mask_token_id = d->mask_id;
+    info->n_layer = d->n_layer;
+    info->n_embd = d->n_embd;
+    info->n_target_layers = d->n_feat;
+    memcpy(info->target_layers, d->target_layers, sizeof d->target_layers);
+    info->n_ctx_tokens = d->n_tokens;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_reset(dfl_draft * d) {
+    if (!d) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
+    }
+    d->n_tokens = 0;
+    d->n_out = 0;
+    return DFL_OK;
+}
+
+static dfl_status reserve(dfl_draft * d, int n, int n_kv) {
+    if ((size_t) n > d->host_rows) {
+        free(d->host_i32);
+        free(d->host_i64);
+        d->host_i32 = malloc((size_t) n * sizeof(int32_t));
+        d->host_i64 = malloc((size_t) n * sizeof(int64_t));
+        d->host_rows = (size_t) n;
+    }
+    if ((size_t) n * n_kv > d->host_mask_size) {
+        free(d->host_mask);
+        d->host_mask_size = (size_t) n * n_kv;
+        d->host_mask = malloc(d->host_mask_size * sizeof(ggml_fp16_t));
+    }
+    if (!d->host_i32 || !d->host_i64 || !d->host_mask) {
+        d->host_rows = d->host_mask_size = 0;
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    return DFL_OK;
+}
+
+static struct ggml_tensor * norm(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * x,
+                                 struct ggml_tensor * w) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, d->eps), w);
+}
+
+static struct ggml_tensor * rope(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * x,
+                                 struct ggml_tensor * pos) {
+    return ggml_rope_ext(ctx, x, pos, NULL, d->n_rot, GGML_ROPE_TYPE_NEOX, 0, d->rope_base, 1.0f, 0.0f, 1.0f, 0.0f,
+                         0.0f);
+}
+
+/* Project hidden states h [E, n] to this layer's keys/values and store them at `slots`. */
+static void store_kv(dfl_draft * d, struct ggml_context * ctx, struct ggml_cgraph * gf, int il, struct ggml_tensor * h,
+                     struct ggml_tensor * pos, struct ggml_tensor * slots, int n, struct ggml_tensor ** kc,
+                     struct ggml_tensor ** vc) {
+    const draft_layer * L = &d->layers[il];
+    struct ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, h), d->head_dim, d->n_head_kv, n);
+    k = rope(d, ctx, norm(d, ctx, k, L->k_norm), pos);
+    struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, h);
+    const int64_t kv_dim = (int64_t) d->head_dim * d->n_head_kv;
+    *kc = ggml_set_rows(ctx, d->k_cache[il], ggml_reshape_2d(ctx, k, kv_dim, n), slots);
+    *vc = ggml_set_rows(ctx, d->v_cache[il], v, slots);
+    ggml_build_forward_expand(gf, *kc);
+    ggml_build_forward_expand(gf, *vc);
+}
+
+static void set_positions(dfl_draft * d, struct ggml_tensor * pos, struct ggml_tensor * slots, int p0, int n) {
+    for (int i = 0; i < n; i++) {
+        d->host_i32[i] = p0 + i;
+        d->host_i64[i] = p0 + i;
+    }
+    ggml_backend_tensor_set(pos, d->host_i32, 0, (size_t) n * sizeof(int32_t));
+    ggml_backend_tensor_set(slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
+}
+
+DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t n) {
+    if (!d || !rows || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "append needs at least one feature row");
+    }
+    const dfl_target * t = d->target;
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < 0 || rows[i] >= t->n_rows) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "feature row %d is not among the %d rows of the target's last call",
+                            rows[i], t->n_rows);
+        }
+    }
+    if (d->n_tokens + n > d->n_ctx) {
+        return dfl_fail(DFL_ERR_CAPACITY, "drafter context overflow: %d + %d > %d", d->n_tokens, n, d->n_ctx);
+    }
+    TRY(reserve(d, n, 1));
+
+    dfl_runtime_begin_graph(&d->rt);
+    struct ggml_context * ctx = d->rt.ctx_graph;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    struct ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    struct ggml_tensor * pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    struct ggml_tensor * slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+    ggml_set_input(idx);
+    ggml_set_input(pos);
+    ggml_set_input(slots);
+
+    struct ggml_tensor * feat = ggml_get_rows(ctx, t->features, idx);
+    struct ggml_tensor * h = norm(d, ctx, ggml_mul_mat(ctx, d->fc, feat), d->hidden_norm);
+    for (int il = 0; il < d->n_layer; il++) {
+        struct ggml_tensor * kc, * vc;
+        store_kv(d, ctx, gf, il, h, pos, slots, n, &kc, &vc);
+    }
+    TRY(dfl_runtime_alloc(&d->rt, gf));
+    ggml_backend_tensor_set(idx, rows, 0, (size_t) n * sizeof(int32_t));
+    set_positions(d, pos, slots, d->n_tokens, n);
+    TRY(dfl_runtime_compute(&d->rt, gf));
+    d->n_tokens += n;
+    d->n_out = 0;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_propose(dfl_draft * d, int32_t bonus, int32_t n_block, int32_t * out_tokens) {
+    if (!d || !out_tokens) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
+    }
+    if (n_block < 2 || n_block > d->block_size) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "block size %d is outside 2..%d (the drafter's trained size)", n_block,
+                        d->block_size);
+    }
+    if (bonus < 0 || bonus >= d->target->m.n_vocab) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "token id %d is outside the vocabulary", bonus);
+    }
+    const int p = d->n_tokens, B = n_block;
+    if (p + B > d->n_ctx) {
+        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: drafting %d positions after %d exceeds %d", B, p, d->n_ctx);
+    }
+    int n_kv = ((p + B + DRAFT_KV_PAD - 1) / DRAFT_KV_PAD) * DRAFT_KV_PAD;
+    if (n_kv > d->n_ctx) {
+        n_kv = d->n_ctx;
+    }
+    TRY(reserve(d, B, n_kv));
+
+    dfl_runtime_begin_graph(&d->rt);
+    struct ggml_context * ctx = d->rt.ctx_graph;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    struct ggml_tensor * tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
+    struct ggml_tensor * pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
+    struct ggml_tensor * slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, B);
+    struct ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B);
+    ggml_set_input(tokens);
+    ggml_set_input(pos);
+    ggml_set_input(slots);
+    ggml_set_input(mask);
+
+    struct ggml_tensor * x = ggml_get_rows(ctx, d->tok_embd, tokens);
+    if (d->embd_scale != 1.0f) {
+        x = ggml_scale(ctx, x, d->embd_scale);
+    }
+    for (int il = 0; il < d->n_layer; il++) {
+        const draft_layer * L = &d->layers[il];
+        struct ggml_tensor * h = norm(d, ctx, x, L->attn_norm);
+        struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wq, h), d->head_dim, d->n_head, B);
+        q = rope(d, ctx, norm(d, ctx, q, L->q_norm), pos);
+        /* the block's own keys/values sit after the context; the next append overwrites them */
+        struct ggml_tensor * kc, * vc;
+        store_kv(d, ctx, gf, il, h, pos, slots, B, &kc, &vc);
+        struct ggml_tensor * K = ggml_view_3d(ctx, kc, d->head_dim, d->n_head_kv, n_kv,
+                                              ggml_row_size(kc->type, d->head_dim), kc->nb[1], 0);
+        struct ggml_tensor * V = ggml_view_3d(ctx, vc, d->head_dim, d->n_head_kv, n_kv,
+                                              ggml_row_size(vc->type, d->head_dim), vc->nb[1], 0);
+        struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, K, 0, 2, 1, 3),
+                                                     ggml_permute(ctx, V, 0, 2, 1, 3), mask,
+                                                     1.0f / sqrtf((float) d->head_dim), 0.0f, 0.0f);
+        ggml_prec_set_acc(o, GGML_PREC_F32);
+        o = ggml_reshape_2d(ctx, o, (int64_t) d->head_dim * d->n_head, B);
+        x = ggml_add(ctx, ggml_mul_mat(ctx, L->wo, o), x);
+        h = norm(d, ctx, x, L->ffn_norm);
+        h = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, h), ggml_mul_mat(ctx, L->ffn_up, h));
+        x = ggml_add(ctx, ggml_mul_mat(ctx, L->ffn_down, h), x);
+    }
+    /* block position 0 is the bonus token itself: only positions 1.. are drafts */
+    x = ggml_view_2d(ctx, x, d->n_embd, B - 1, x->nb[1], x->nb[1]);
+    x = norm(d, ctx, x, d->out_norm);
+    struct ggml_tensor * logits = ggml_mul_mat(ctx, d->output, x);
+    if (d->logit_scale != 1.0f) {
+        logits = ggml_scale(ctx, logits, d->logit_scale);
+    }
+    if (d->softcap > 0.0f) {
+        logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / d->softcap)), d->softcap);
+    }
+    d->out_logits = logits;
+    d->out_argmax = ggml_argmax(ctx, logits);
+    ggml_set_output(d->out_logits);
+    ggml_set_output(d->out_argmax);
+    ggml_build_forward_expand(gf, d->out_argmax);
+
+    TRY(dfl_runtime_alloc(&d->rt, gf));
+    d->host_i32[0] = bonus;
+    for (int i = 1; i < B; i++) {
+        d->host_i32[i] = d->mask_id;
+    }
+    ggml_backend_tensor_set(tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
+    set_positions(d, pos, slots, p, B);
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
+    const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0;
+    for (int i = 0; i < B; i++) {
+        for (int j = 0; j < n_kv; j++) {
+            d->host_mask[(size_t) i * n_kv + j] = (j >= first && j < p + B) ? zero : minf;
+        }
+    }
+    ggml_backend_tensor_set(mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
+    TRY(dfl_runtime_compute(&d->rt, gf));
+    ggml_backend_tensor_get(d->out_argmax, out_tokens, 0, (size_t) (B - 1) * sizeof(int32_t));
+    d->n_out = B - 1;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t row0, int32_t n_rows) {
+    if (!d || !dst) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
+    }
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > d->n_out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "drafter logit rows %d..%d requested, the last propose produced %d", row0,
+                        row0 + n_rows, d->n_out);
+    }
+    const size_t row = (size_t) d->target->m.n_vocab * sizeof(float);
+    ggml_backend_tensor_get(d->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    return DFL_OK;
+}

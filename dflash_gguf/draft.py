@@ -1,0 +1,117 @@
+"""The DFlash drafter on the C runtime. It reads the target's captured features and
+shares its token embedding and LM head, so it is loaded against a loaded Target."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+from ._native import check, ffi, lib
+from .target import KV_TYPES, Target
+
+
+@dataclass
+class DraftConfig:
+    kv_type: str = "f16"
+    window: int = 0  # attend to the last `window` context positions only; 0: all
+    n_threads: int = 0
+
+
+def read_draft_metadata(path: str) -> dict:
+    """Architecture, block size, mask token and target layers of a drafter GGUF, read
+    before anything is loaded (the target must capture these layers)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read drafter GGUF '{path}': {e}") from e
+
+    def field(name, default=None):
+        f = reader.fields.get(name)
+        return default if f is None else f.contents()
+
+    arch = field("general.architecture")
+    if arch != "dflash":
+        raise ValueError(f"'{path}' has architecture {arch!r}; a drafter must be 'dflash'")
+    layers = field("dflash.target_layers")
+    if not layers:
+        raise ValueError(f"'{path}' lacks dflash.target_layers")
+    return {
+        "arch": arch,
+        "block_size": int(field("dflash.block_size", 16)),
+        "mask_token_id": field("tokenizer.ggml.mask_token_id"),
+        "target_layers": [int(x) for x in layers],
+    }
+
+
+class Draft:
+    def __init__(self, path: str, target: Target, config: Optional[DraftConfig] = None):
+        cfg = config or DraftConfig()
+        if cfg.kv_type not in KV_TYPES:
+            raise ValueError(f"unknown drafter cache type {cfg.kv_type!r}")
+        p = ffi.new("dfl_draft_params *")
+        lib.dfl_draft_default_params(p)
+        p.kv_type = KV_TYPES[cfg.kv_type]
+        p.window = int(cfg.window)
+        p.n_threads = int(cfg.n_threads)
+        out = ffi.new("dfl_draft **")
+        check(lib.dfl_draft_load(str(path).encode(), target._handle(), p, out))
+        self._d = out[0]
+        self._target = target  # the drafter borrows the target's weights: keep it alive
+        self.path = str(path)
+        info = ffi.new("dfl_draft_info *")
+        check(lib.dfl_draft_get_info(self._d, info))
+        self.block_size = info.block_size
+        self.mask_token_id = info.mask_token_id
+        self.target_layers = [info.target_layers[i] for i in range(info.n_target_layers)]
+        self.n_vocab = target.n_vocab
+        self._out = np.zeros(self.block_size, dtype=np.int32)
+        self._rows = np.arange(max(target.n_ubatch, target.n_verify), dtype=np.int32)
+
+    def close(self) -> None:
+        if self._d is not None:
+            lib.dfl_draft_free(self._d)
+            self._d = None
+
+    def __enter__(self) -> "Draft":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _handle(self):
+        if self._d is None:
+            raise RuntimeError("the drafter was closed")
+        return self._d
+
+    @property
+    def n_ctx_tokens(self) -> int:
+        info = ffi.new("dfl_draft_info *")
+        check(lib.dfl_draft_get_info(self._handle(), info))
+        return info.n_ctx_tokens
+
+    def reset(self) -> None:
+        check(lib.dfl_draft_reset(self._handle()))
+
+    def append_rows(self, n: int, rows=None) -> None:
+        """Add the target's features of its last call as context: rows 0..n-1, or the
+        given row indices."""
+        arr = self._rows[:n] if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
+        check(lib.dfl_draft_append(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
+
+    def propose(self, bonus: int, n_block: Optional[int] = None) -> List[int]:
+        """Greedy drafts for block positions 1..n_block-1 after `bonus`."""
+        b = self.block_size if n_block is None else int(n_block)
+        out = self._out[: max(b - 1, 0)]
+        check(lib.dfl_draft_propose(self._handle(), int(bonus), b, ffi.from_buffer("int32_t[]", self._out)))
+        return out.tolist()
+
+    def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
+        out = np.empty((n_rows, self.n_vocab), dtype=np.float32)
+        check(lib.dfl_draft_logits(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
+        return out

@@ -1,0 +1,49 @@
+"""Tiny seeded DFlash drafters (z-lab's reference model class) and their conversion."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from fixtures import run_llama_cpp_converter
+
+
+def make_dflash(directory: str | os.PathLike, target_dir: str | os.PathLike, *, layers: int = 2,
+                target_layer_ids=(0, 2), block_size: int = 8, seed: int = 0, heads: int = 4,
+                kv_heads: int = 2, head_dim: int = 32, ffn: int = 256) -> Path:
+    """A DFlashDraftModel sized for the target in `target_dir`, random weights under `seed`,
+    saved with the target's tokenizer files so it converts stand-alone as well."""
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    target_cfg = target_cfg.get("text_config", target_cfg)
+    cfg = Qwen3Config(
+        vocab_size=target_cfg["vocab_size"], hidden_size=target_cfg["hidden_size"], intermediate_size=ffn,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        max_position_embeddings=4096, rope_theta=10_000_000.0, rms_norm_eps=1e-6,
+    )
+    mask_id = target_cfg["vocab_size"] - 5  # <|endoftext|> of the fixture tokenizer: never generated
+    cfg.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_id}
+    cfg.num_target_layers = target_cfg["num_hidden_layers"]
+    cfg.architectures = ["DFlashDraftModel"]
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    directory = Path(directory)
+    model.save_pretrained(str(directory))
+    return directory
+
+
+def convert_dflash_llama_cpp(draft_dir, target_dir, outfile, outtype: str = "f32") -> Path:
+    """The drafter converted by llama.cpp's own converter (tokenizer from the target)."""
+    return run_llama_cpp_converter(draft_dir, outfile, outtype, pre="qwen35",
+                                   extra_args=("--target-model-dir", str(target_dir)))
