@@ -75,8 +75,8 @@ static dfl_status read_hparams(dfl_qwen35 * m) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': linear-attention key and value head sizes differ (%d vs %d)",
                         g->path, m->head_k_dim, m->head_v_dim);
     }
-    if (m->d_conv < 2) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': convolution kernel %d is too short", g->path, m->d_conv);
+    if (m->d_conv < 2 || m->d_conv > 16) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported convolution kernel size %d (2..16)", g->path, m->d_conv);
     }
     m->conv_channels = m->d_inner + 2 * m->n_k_heads * m->head_k_dim;
 

@@ -66,7 +66,7 @@ static dfl_status alloc_state(dfl_target * t) {
         if (m->layers[il].recurrent) {
             t->conv_state[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(t->ctx_state, GGML_TYPE_F32, state_size);
-            t->snapshots[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, state_size, t->p.n_verify);
+            t->snapshots[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, state_size, t->p.n_verify + 1);
             t->conv_scratch[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, m->d_conv - 1 + t->p.n_verify,
                                                      m->conv_channels);
         } else {
@@ -207,6 +207,10 @@ typedef struct graph_inputs {
     struct ggml_tensor * pos;
     struct ggml_tensor * slots;
     struct ggml_tensor * mask;
+    /* tree verify only */
+    struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
+    struct ggml_tensor * parent_rows;  /* [n] state row of each node's parent (0: committed) */
+    struct ggml_tensor * node_rows;    /* [n] state row of each node (1 + i) */
 } graph_inputs;
 
 static struct ggml_tensor * build_attention(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
@@ -308,6 +312,72 @@ static struct ggml_tensor * build_delta_net(dfl_target * t, struct ggml_context 
     return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
 }
 
+/* Tree verify: every node continues its parent's recurrence. Nodes are ordered by
+ * depth, so one depth is a contiguous range: its parents' states are gathered from the
+ * per-node state buffer (row 0: the committed state, row 1+i: after node i), the
+ * nodes run as independent one-token sequences, and their states are scattered back.
+ * Conv windows are gathered along each node's ancestor chain. A chain-shaped tree does
+ * exactly the arithmetic of the chain path. */
+static struct ggml_tensor * build_delta_net_tree(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                                                 const graph_inputs * in, struct ggml_tensor * cur, int il, int n) {
+    const dfl_qwen35 * m = &t->m;
+    const dfl_qwen35_layer * L = &m->layers[il];
+    const tree_plan * tp = &t->tree;
+    const int64_t hk = m->head_k_dim, hv = m->head_v_dim, Hk = m->n_k_heads, Hv = m->n_v_heads;
+    const int64_t C = m->conv_channels, W = m->d_conv - 1;
+    const size_t f32 = sizeof(float);
+
+    struct ggml_tensor * qkv = ggml_mul_mat(ctx, L->wqkv, cur);
+    struct ggml_tensor * z = ggml_mul_mat(ctx, L->wz, cur);
+    struct ggml_tensor * beta = ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->w_beta, cur));
+    struct ggml_tensor * alpha = ggml_mul_mat(ctx, L->w_alpha, cur);
+    struct ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, alpha, L->dt_bias)), L->ssm_a);
+
+    /* [committed conv inputs | node inputs], one column per time step, kept for commit */
+    struct ggml_tensor * cat = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, t->conv_state[il])), qkv, 1);
+    struct ggml_tensor * saved = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, cat, saved));
+    struct ggml_tensor * win = ggml_get_rows(ctx, cat, in->conv_windows);            /* [C, (W+1) * n] */
+    win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, C, W + 1, n), 1, 0, 2, 3)); /* [W+1, C, n] */
+    struct ggml_tensor * conv = ggml_silu(ctx, ggml_ssm_conv(ctx, win, L->conv1d));    /* [C, 1, n] */
+
+    struct ggml_tensor * q = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[2], conv->nb[2] * n, 0);
+    struct ggml_tensor * k = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[2], conv->nb[2] * n, hk * Hk * f32);
+    struct ggml_tensor * v = ggml_view_4d(ctx, conv, hv, Hv, n, 1, hv * f32, conv->nb[2], conv->nb[2] * n,
+                                          2 * hk * Hk * f32);
+    q = l2_norm(t, ctx, q);
+    k = l2_norm(t, ctx, k);
+
+    const int64_t S = hv * hv * Hv;
+    struct ggml_tensor * states = t->snapshots[il];
+    /* graph order puts this copy before the first gather */
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, t->ssm_state[il], ggml_view_1d(ctx, states, S, 0)));
+    struct ggml_tensor * out = NULL;
+    for (int d = 0; d < tp->n_depths; d++) {
+        const int a = tp->depth_start[d], mcount = tp->depth_start[d + 1] - a;
+        struct ggml_tensor * qd = ggml_view_4d(ctx, q, hk, Hk, 1, mcount, q->nb[1], q->nb[2], q->nb[2], a * q->nb[2]);
+        struct ggml_tensor * kd = ggml_view_4d(ctx, k, hk, Hk, 1, mcount, k->nb[1], k->nb[2], k->nb[2], a * k->nb[2]);
+        struct ggml_tensor * vd = ggml_view_4d(ctx, v, hv, Hv, 1, mcount, v->nb[1], v->nb[2], v->nb[2], a * v->nb[2]);
+        struct ggml_tensor * gd = ggml_view_4d(ctx, g, 1, Hv, 1, mcount, f32, Hv * f32, Hv * f32, a * Hv * f32);
+        struct ggml_tensor * bd = ggml_view_4d(ctx, beta, 1, Hv, 1, mcount, f32, Hv * f32, Hv * f32, a * Hv * f32);
+        struct ggml_tensor * parents = ggml_view_1d(ctx, in->parent_rows, mcount, a * sizeof(int32_t));
+        struct ggml_tensor * s0 = ggml_reshape_4d(ctx, ggml_get_rows(ctx, states, parents), hv, hv, Hv, mcount);
+        struct ggml_tensor * r = ggml_gated_delta_net(ctx, qd, kd, vd, gd, bd, s0, 1);
+        const int64_t n_att = hv * Hv * mcount;
+        struct ggml_tensor * od = ggml_view_2d(ctx, r, hv * Hv, mcount, hv * Hv * f32, 0);
+        struct ggml_tensor * sd = ggml_view_2d(ctx, r, S, mcount, S * f32, n_att * f32);
+        struct ggml_tensor * rows = ggml_view_1d(ctx, in->node_rows, mcount, a * sizeof(int64_t));
+        states = ggml_set_rows(ctx, states, sd, rows);
+        out = out ? ggml_concat(ctx, out, od, 1) : od;
+    }
+    ggml_build_forward_expand(gf, states);
+
+    struct ggml_tensor * o = ggml_reshape_4d(ctx, ggml_cont(ctx, out), hv, Hv, n, 1);
+    o = rms_norm(t, ctx, o, L->ssm_norm);
+    o = ggml_mul(ctx, o, ggml_silu(ctx, ggml_reshape_4d(ctx, z, hv, Hv, n, 1)));
+    return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
+}
+
 static void capture_features(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
                              struct ggml_tensor * x, int layer, int n) {
     for (int f = 0; f < t->p.n_feature_layers; f++) {
@@ -320,7 +390,7 @@ static void capture_features(dfl_target * t, struct ggml_context * ctx, struct g
 }
 
 static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
-                                        int n_kv, bool verify, int logits) {
+                                        int n_kv, bool verify, bool tree, int logits) {
     const dfl_qwen35 * m = &t->m;
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
 
@@ -332,14 +402,27 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
     ggml_set_input(in->pos);
     ggml_set_input(in->slots);
     ggml_set_input(in->mask);
+    if (tree) {
+        in->conv_windows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) m->d_conv * n);
+        in->parent_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+        in->node_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+        ggml_set_input(in->conv_windows);
+        ggml_set_input(in->parent_rows);
+        ggml_set_input(in->node_rows);
+    }
 
     struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, in->tokens);
     for (int il = 0; il < m->n_layer; il++) {
         capture_features(t, ctx, gf, x, il, n);
         const dfl_qwen35_layer * L = &m->layers[il];
         struct ggml_tensor * cur = rms_norm(t, ctx, x, L->attn_norm);
-        cur = L->recurrent ? build_delta_net(t, ctx, gf, cur, il, n, verify)
-                           : build_attention(t, ctx, gf, in, cur, il, n, n_kv);
+        if (!L->recurrent) {
+            cur = build_attention(t, ctx, gf, in, cur, il, n, n_kv);
+        } else if (tree) {
+            cur = build_delta_net_tree(t, ctx, gf, in, cur, il, n);
+        } else {
+            cur = build_delta_net(t, ctx, gf, cur, il, n, verify);
+        }
         x = ggml_add(ctx, cur, x);
         cur = rms_norm(t, ctx, x, L->post_norm);
         cur = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, cur), ggml_mul_mat(ctx, L->ffn_up, cur));
@@ -387,7 +470,9 @@ static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int
     ggml_backend_tensor_set(in->mask, mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
 }
 
-static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify, int logits) {
+static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv);
+
+static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify, bool tree, int logits) {
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= t->m.n_vocab) {
             return dfl_fail(DFL_ERR_ARGUMENT, "token id %d at index %d is outside the vocabulary (0..%d)", tokens[i],
@@ -406,9 +491,13 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
 
     dfl_runtime_begin_graph(&t->rt);
     graph_inputs in;
-    struct ggml_cgraph * gf = build_graph(t, t->rt.ctx_graph, &in, n, n_kv, verify, logits);
+    struct ggml_cgraph * gf = build_graph(t, t->rt.ctx_graph, &in, n, n_kv, verify, tree, logits);
     TRY(dfl_runtime_alloc(&t->rt, gf));
-    fill_chain_inputs(t, &in, tokens, n, n_kv);
+    if (tree) {
+        fill_tree_inputs(t, &in, tokens, n, n_kv);
+    } else {
+        fill_chain_inputs(t, &in, tokens, n, n_kv);
+    }
     TRY(dfl_runtime_compute(&t->rt, gf));
 
     t->n_rows = n;
@@ -429,7 +518,7 @@ DFL_API dfl_status dfl_target_decode(dfl_target * t, const int32_t * tokens, int
     if (t->pending_verify) {
         return dfl_fail(DFL_ERR_STATE, "a verify is waiting for dfl_target_commit");
     }
-    TRY(run(t, tokens, n, false, logits));
+    TRY(run(t, tokens, n, false, false, logits));
     t->n_past += n;
     return DFL_OK;
 }
@@ -444,9 +533,10 @@ DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int
     if (t->pending_verify) {
         return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
     }
-    TRY(run(t, tokens, n, true, LOGITS_ALL));
+    TRY(run(t, tokens, n, true, false, LOGITS_ALL));
     (void) full_logits;
     t->pending_verify = n;
+    t->pending_tree = false;
     return DFL_OK;
 }
 
@@ -457,6 +547,9 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     const int n = t->pending_verify;
     if (n == 0) {
         return dfl_fail(DFL_ERR_STATE, "commit without a preceding verify");
+    }
+    if (t->pending_tree) {
+        return dfl_fail(DFL_ERR_STATE, "a tree verify is committed with dfl_target_commit_path");
     }
     if (n_keep < 0 || n_keep > n) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d verified tokens", n_keep, n);
@@ -483,6 +576,169 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         struct ggml_tensor * cs = t->conv_scratch[il];
         struct ggml_tensor * win = ggml_view_2d(ctx, cs, W, m->conv_channels, cs->nb[1], (size_t) n_keep * f32);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, win, t->conv_state[il]));
+    }
+    TRY(dfl_runtime_alloc(&t->rt, gf));
+    TRY(dfl_runtime_compute(&t->rt, gf));
+    t->n_past += n_keep;
+    return DFL_OK;
+}
+
+/* Validate a tree and derive what its graph needs on the host: depth ranges, positions,
+ * the ancestor mask, state rows and conv windows. */
+static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
+    tree_plan * tp = &t->tree;
+    const int W = t->m.d_conv - 1;
+    if (n > DFL_MAX_TREE) {
+        return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds the supported %d", n, DFL_MAX_TREE);
+    }
+    tp->n = n;
+    tp->n_depths = 0;
+    for (int i = 0; i < n; i++) {
+        const int p = parents[i];
+        if (i == 0 ? p != -1 : (p < 0 || p >= i)) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "tree node %d has parent %d: node 0 is the root (parent -1) and every "
+                            "other node's parent must come before it", i, p);
+        }
+        tp->parent[i] = p;
+        tp->depth[i] = i == 0 ? 0 : tp->depth[p] + 1;
+        tp->ancestors[i] = (i == 0 ? 0 : tp->ancestors[p]) | (1ull << i);
+        if (i > 0 && tp->depth[i] < tp->depth[i - 1]) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "tree nodes must be ordered by depth (node %d at depth %d follows depth %d)",
+                            i, tp->depth[i], tp->depth[i - 1]);
+        }
+        if (i == 0 || tp->depth[i] != tp->depth[i - 1]) {
+            tp->depth_start[tp->n_depths++] = i;
+        }
+        /* conv window: the last W+1 inputs along the path, oldest first; columns 0..W-1
+         * of the concatenation are the committed inputs, W+j is node j */
+        int32_t * w = &tp->windows[(size_t) i * (W + 1)];
+        int node = i;
+        for (int k = W; k >= 0; k--) {
+            if (node >= 0) {
+                w[k] = W + node;
+                node = tp->parent[node];
+            } else {
+                w[k] = w[k + 1] - 1; /* walked past the root: into the committed inputs */
+            }
+        }
+    }
+    tp->depth_start[tp->n_depths] = n;
+    return DFL_OK;
+}
+
+static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv) {
+    const tree_plan * tp = &t->tree;
+    int32_t * pos = t->host_i32;
+    int64_t * slots = t->host_i64;
+    for (int i = 0; i < n; i++) {
+        pos[i] = t->n_past + tp->depth[i];
+        slots[i] = t->n_past + i;
+    }
+    ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+    ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
+    ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
+
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
+    const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
+    for (int i = 0; i < n; i++) {
+        ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
+        for (int j = 0; j < n_kv; j++) {
+            const int node = j - t->n_past;
+            const bool visible = node < 0 || (node < n && (tp->ancestors[i] >> node & 1));
+            row[j] = visible ? zero : minf;
+        }
+    }
+    ggml_backend_tensor_set(in->mask, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+
+    int32_t parent_rows[DFL_MAX_TREE];
+    int64_t node_rows[DFL_MAX_TREE];
+    for (int i = 0; i < n; i++) {
+        parent_rows[i] = tp->parent[i] + 1;
+        node_rows[i] = i + 1;
+    }
+    ggml_backend_tensor_set(in->parent_rows, parent_rows, 0, (size_t) n * sizeof(int32_t));
+    ggml_backend_tensor_set(in->node_rows, node_rows, 0, (size_t) n * sizeof(int64_t));
+    ggml_backend_tensor_set(in->conv_windows, tp->windows, 0, (size_t) n * t->m.d_conv * sizeof(int32_t));
+}
+
+DFL_API dfl_status dfl_target_verify_tree(dfl_target * t, const int32_t * tokens, const int32_t * parents, int32_t n) {
+    if (!t || !tokens || !parents || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "tree verify needs at least one node");
+    }
+    if (n > t->p.n_verify) {
+        return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds n_verify %d", n, t->p.n_verify);
+    }
+    if (t->pending_verify) {
+        return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
+    }
+    TRY(plan_tree(t, parents, n));
+    TRY(run(t, tokens, n, true, true, LOGITS_ALL));
+    t->pending_verify = n;
+    t->pending_tree = true;
+    return DFL_OK;
+}
+
+/* Keep a root-to-node path of the last tree verify: its KV rows move to consecutive
+ * slots, the recurrent state becomes the last node's, the conv state the inputs along
+ * the path. */
+DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, int32_t n_keep) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    if (t->pending_verify == 0 || !t->pending_tree) {
+        return dfl_fail(DFL_ERR_STATE, "commit_path needs a preceding tree verify");
+    }
+    const tree_plan * tp = &t->tree;
+    if (n_keep < 0 || n_keep > tp->n || (n_keep > 0 && !path)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d tree nodes", n_keep, tp->n);
+    }
+    for (int k = 0; k < n_keep; k++) {
+        const bool ok = path[k] >= 0 && path[k] < tp->n && (k == 0 ? path[k] == 0 : tp->parent[path[k]] == path[k - 1]);
+        if (!ok) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "path entry %d (node %d) does not continue a root-to-node path", k, path[k]);
+        }
+    }
+    t->pending_verify = 0;
+    t->pending_tree = false;
+    t->n_out = 0;
+    if (n_keep == 0) {
+        return DFL_OK;
+    }
+    const dfl_qwen35 * m = &t->m;
+    const int W = m->d_conv - 1, last = path[n_keep - 1];
+    dfl_runtime_begin_graph(&t->rt);
+    struct ggml_context * ctx = t->rt.ctx_graph;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    for (int il = 0; il < m->n_layer; il++) {
+        if (!m->layers[il].recurrent) {
+            /* path nodes only move towards the root (path[k] >= k), in increasing order */
+            for (int k = 0; k < n_keep; k++) {
+                if (path[k] == k) {
+                    continue;
+                }
+                struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
+                for (int c = 0; c < 2; c++) {
+                    struct ggml_tensor * kv = caches[c];
+                    struct ggml_tensor * src = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (t->n_past + path[k]) * kv->nb[1]);
+                    struct ggml_tensor * dst = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (t->n_past + k) * kv->nb[1]);
+                    ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
+                }
+            }
+            continue;
+        }
+        struct ggml_tensor * snap = t->snapshots[il];
+        struct ggml_tensor * src = ggml_view_1d(ctx, snap, snap->ne[0], (size_t) (1 + last) * snap->nb[1]);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, t->ssm_state[il]));
+        /* conv state column j (oldest first) = window entry j+1 of the last node */
+        const int32_t * w = &tp->windows[(size_t) last * (W + 1)];
+        const int64_t C = m->conv_channels;
+        struct ggml_tensor * cs = t->conv_scratch[il];
+        for (int j = 0; j < W; j++) {
+            struct ggml_tensor * col = ggml_view_1d(ctx, cs, C, (size_t) w[j + 1] * C * sizeof(float));
+            struct ggml_tensor * dst = ggml_view_2d(ctx, t->conv_state[il], 1, C, t->conv_state[il]->nb[1],
+                                                    (size_t) j * sizeof(float));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, col, dst));
+        }
     }
     TRY(dfl_runtime_alloc(&t->rt, gf));
     TRY(dfl_runtime_compute(&t->rt, gf));

@@ -5,6 +5,18 @@
 #include "dfl_qwen35.h"
 #include "dfl_runtime.h"
 
+#define DFL_MAX_TREE 64
+
+typedef struct tree_plan {
+    int n;
+    int n_depths;
+    int depth_start[DFL_MAX_TREE + 1];
+    int32_t parent[DFL_MAX_TREE];
+    int32_t depth[DFL_MAX_TREE];
+    uint64_t ancestors[DFL_MAX_TREE];               /* bit j: node j is on the path to the root */
+    int32_t windows[DFL_MAX_TREE * 16];             /* conv window per node, d_conv entries */
+} tree_plan;
+
 struct dfl_target {
     dfl_qwen35 m;
     dfl_target_params p;
@@ -35,6 +47,8 @@ struct dfl_target {
 
     int n_past;
     int pending_verify;
+    bool pending_tree;
+    tree_plan tree;
 };
 
 dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv);

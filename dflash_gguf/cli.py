@@ -1,24 +1,26 @@
-"""dflash-run: generate text with a GGUF target model, streaming tokens to stdout and
-statistics to stderr. Flags follow llama.cpp's names for the same concepts."""
+"""dflash-run: generate text with a GGUF target model, optionally sped up by a DFlash
+drafter, streaming tokens to stdout and statistics to stderr. Flags follow llama.cpp's
+names for the same concepts."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections import Counter
 from typing import List, Optional
 
 from ._native import DflashError
 from .target import KV_TYPES
 
-EXIT_USAGE = 2
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dflash-run",
-        description="Generate text with a Qwen3.5 GGUF model. With no -m, runs the bundled demo.",
+        description="Generate text with a Qwen3.5 GGUF model, losslessly sped up by a DFlash drafter. "
+                    "With no -m, runs the bundled demo.",
     )
     p.add_argument("-m", "--model", help="target model GGUF (qwen35)")
+    p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")
     src.add_argument("-f", "--file", help="read the prompt from a file ('-' for stdin)")
@@ -28,10 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=sorted(KV_TYPES),
                    help="attention cache type (default f16)")
+    p.add_argument("--block-size", type=int, help="drafted block size (default: the drafter's trained size)")
+    p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
+    p.add_argument("--no-repack", action="store_true",
+                   help="keep quantized matrices in file layout: bit-identical results across batch shapes")
     p.add_argument("--device", help="ggml device name (default: first GPU, else CPU)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", help="system message for --chat")
-    p.add_argument("--json", action="store_true", help="print the statistics as JSON on stderr")
+    p.add_argument("--json", action="store_true", help="print the statistics as one JSON line on stderr")
     return p
 
 
@@ -60,16 +66,41 @@ def _validate(args, parser) -> None:
         parser.error("-ub/--ubatch-size must be > 0")
     if args.threads < 0:
         parser.error("-t/--threads must be >= 0")
+    if args.block_size is not None and args.block_size < 1:
+        parser.error("--block-size must be >= 1")
+    if args.system and not args.chat:
+        parser.error("--system needs --chat")
 
 
-def render_chat(template: Optional[str], prompt: str, system: Optional[str]) -> str:
-    import jinja2
+def _report(stats, mode: str) -> dict:
+    hist = Counter(stats.accepted_lengths)
+    return {
+        "mode": mode,
+        "prompt_tokens": stats.prompt_tokens,
+        "prefill_seconds": round(stats.prefill_seconds, 4),
+        "prefill_tokens_per_second": round(stats.prefill_tps, 2),
+        "generated_tokens": stats.generated_tokens,
+        "decode_seconds": round(stats.decode_seconds, 4),
+        "decode_tokens_per_second": round(stats.decode_tps, 2),
+        "mean_accepted_length": round(stats.mean_accepted, 3) if stats.accepted_lengths else None,
+        "accepted_length_histogram": {str(k): hist[k] for k in sorted(hist)},
+        "draft_seconds": round(stats.draft_seconds, 4),
+        "verify_seconds": round(stats.verify_seconds, 4),
+        "commit_seconds": round(stats.commit_seconds, 4),
+        "stop_reason": stats.stop_reason,
+    }
 
-    if not template:
-        raise ValueError("the model has no chat template (tokenizer.chat_template); drop --chat")
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    env = jinja2.Environment(trim_blocks=False, lstrip_blocks=False)
-    return env.from_string(template).render(messages=messages, add_generation_prompt=True)
+
+def _print_report(r: dict) -> None:
+    err = sys.stderr
+    print(f"\nprompt    {r['prompt_tokens']} tokens, {r['prefill_tokens_per_second']:.1f} tok/s", file=err)
+    print(f"generated {r['generated_tokens']} tokens, {r['decode_tokens_per_second']:.1f} tok/s "
+          f"({r['mode']}, stop: {r['stop_reason']})", file=err)
+    if r["mean_accepted_length"] is not None:
+        hist = " ".join(f"{k}:{v}" for k, v in r["accepted_length_histogram"].items())
+        print(f"accepted  mean {r['mean_accepted_length']:.2f} tokens per target pass | histogram {hist}", file=err)
+        print(f"time      draft {r['draft_seconds']:.3f}s, verify {r['verify_seconds']:.3f}s, "
+              f"commit {r['commit_seconds']:.3f}s", file=err)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -77,73 +108,63 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     _validate(args, parser)
 
-    from .generate import greedy_generate
-    from .target import Target, TargetConfig
-    from .tokenizer import Tokenizer
+    from .engine import Engine
+    from .generate import GenerationStats
 
-    model = args.model
-    prompt = _read_prompt(args, parser)
+    model, draft, prompt = args.model, args.model_draft, _read_prompt(args, parser)
     if model is None:
-        from .demo import DEMO_PROMPT, demo_target_path
+        from .demo import DEMO_PROMPT, demo_paths
 
-        print("dflash-run: no -m given, running the bundled demo (an untrained model: expect noise)",
-              file=sys.stderr)
-        model = str(demo_target_path())
+        model, draft_default = demo_paths()
+        draft = draft or draft_default
         prompt = prompt or DEMO_PROMPT
+        print(f"dflash-run: no -m given, running the bundled demo ({model})", file=sys.stderr)
     if not prompt:
         parser.error("no prompt: give -p, -f, or text on stdin")
+    if draft and args.block_size is not None and not args.no_spec:
+        from .draft import read_draft_metadata
+
+        try:
+            trained = read_draft_metadata(draft)["block_size"]
+        except ValueError as e:
+            print(f"dflash-run: error: {e}", file=sys.stderr)
+            return 1
+        if args.block_size > trained:
+            parser.error(f"--block-size {args.block_size} exceeds the drafter's trained block size {trained}")
 
     try:
-        tok = Tokenizer(model)
-        if args.chat:
-            prompt = render_chat(tok.chat_template, prompt, args.system)
-        tokens = tok.encode(prompt)
-        cfg = TargetConfig(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
-                           kv_type=args.cache_type_k, device=args.device)
-        target = Target(model, cfg)
+        engine = Engine(model, None if args.no_spec else draft, n_ctx=args.ctx_size, n_ubatch=args.ubatch_size,
+                        n_threads=args.threads, kv_type=args.cache_type_k, block_size=args.block_size,
+                        device=args.device, repack=not args.no_repack)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-run: error: {e}", file=sys.stderr)
         return 1
 
-    decoder = tok.stream_decoder()
-
-    def emit(new_tokens):
-        sys.stdout.write(decoder.push(new_tokens))
-        sys.stdout.flush()
-
-    interrupted = False
+    stats = GenerationStats()
+    mode = "speculative" if engine.draft is not None else "autoregressive"
+    status = 0
     try:
-        out, stats = greedy_generate(target, tokens, args.n_predict, tok.eog_ids, emit)
+        text = engine.chat_prompt(prompt, args.system) if args.chat else prompt
+        for piece in engine.stream(text, args.n_predict, stats=stats):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
     except KeyboardInterrupt:
-        interrupted = True
-        out, stats = [], None
+        stats.stop_reason = "interrupted"
+        status = 130
     except (DflashError, ValueError) as e:
         print(f"\ndflash-run: error: {e}", file=sys.stderr)
         return 1
     finally:
-        sys.stdout.write(decoder.flush())
         sys.stdout.write("\n")
         sys.stdout.flush()
-        target.close()
+        engine.close()
 
-    if stats is None:
-        print("dflash-run: interrupted", file=sys.stderr)
-        return 130 if interrupted else 1
-    report = {
-        "prompt_tokens": stats.prompt_tokens,
-        "prefill_tokens_per_second": round(stats.prefill_tps, 2),
-        "generated_tokens": stats.generated_tokens,
-        "decode_tokens_per_second": round(stats.decode_tps, 2),
-        "stop_reason": stats.stop_reason,
-        "mode": "autoregressive",
-    }
+    report = _report(stats, mode)
     if args.json:
         print(json.dumps(report), file=sys.stderr)
     else:
-        print(f"prompt: {stats.prompt_tokens} tokens, {stats.prefill_tps:.1f} tok/s | "
-              f"generated: {stats.generated_tokens} tokens, {stats.decode_tps:.1f} tok/s | "
-              f"stop: {stats.stop_reason}", file=sys.stderr)
-    return 0
+        _print_report(report)
+    return status
 
 
 if __name__ == "__main__":

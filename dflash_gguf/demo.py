@@ -1,5 +1,5 @@
-"""A small untrained qwen35 model written with numpy alone, so `dflash-run` has
-something to run before a trained demo pair ships. Its output is noise by design."""
+"""The demo `dflash-run` runs with no -m: the trained pair shipped in dflash_gguf/data
+when present, else a small untrained qwen35 model written with numpy alone (noise)."""
 from __future__ import annotations
 
 import os
@@ -21,6 +21,17 @@ def _byte_level_alphabet() -> list:
             chars[b] = chr(256 + extra)
             extra += 1
     return [chars[b] for b in range(256)]
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def demo_paths():
+    """(target, drafter or None) for the demo."""
+    target, draft = DATA / "demo-target.gguf", DATA / "demo-draft.gguf"
+    if target.exists() and draft.exists():
+        return str(target), str(draft)
+    return str(demo_target_path()), None
 
 
 def cache_dir() -> Path:

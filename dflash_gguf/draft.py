@@ -48,6 +48,7 @@ def read_draft_metadata(path: str) -> dict:
 
 class Draft:
     def __init__(self, path: str, target: Target, config: Optional[DraftConfig] = None):
+        self._d = None
         cfg = config or DraftConfig()
         if cfg.kv_type not in KV_TYPES:
             raise ValueError(f"unknown drafter cache type {cfg.kv_type!r}")

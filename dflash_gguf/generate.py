@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable, Iterator, List, Optional
 
 from .target import LOGITS_LAST, Target
 
@@ -36,38 +36,58 @@ class GenerationStats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def greedy_generate(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int] = (),
-                    on_tokens: Optional[Callable[[List[int]], None]] = None):
-    """Greedy tokens after `prompt` (the target is reset first). Returns (tokens, stats);
-    a stop token ends generation and is included in the result."""
-    if not prompt:
-        raise ValueError("the prompt is empty")
-    if max_tokens < 0:
-        raise ValueError("max_tokens must be >= 0")
+def greedy_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
+                 stats: GenerationStats) -> Iterator[List[int]]:
+    """Greedy decoding after `prompt` (the target is reset first), yielding each new
+    token as a one-element list; a stop token ends generation and is yielded."""
+    check_request(target, prompt, max_tokens, 0)
     stops = set(stop_tokens)
-    stats = GenerationStats(prompt_tokens=len(prompt))
-    if len(prompt) + max_tokens > target.n_ctx:
-        raise ValueError(f"prompt ({len(prompt)}) + max tokens ({max_tokens}) exceed the context size "
-                         f"({target.n_ctx}); raise n_ctx or generate fewer tokens")
+    stats.prompt_tokens = len(prompt)
     target.reset()
     t0 = time.perf_counter()
     target.prefill(prompt, LOGITS_LAST)
     stats.prefill_seconds = time.perf_counter() - t0
 
-    out: List[int] = []
     t0 = time.perf_counter()
     stats.stop_reason = "length"
-    while len(out) < max_tokens:
-        tok = int(target.argmax(0, 1)[0])
-        out.append(tok)
+    try:
+        while stats.generated_tokens < max_tokens:
+            tok = int(target.argmax(0, 1)[0])
+            stats.generated_tokens += 1
+            yield [tok]
+            if tok in stops:
+                stats.stop_reason = "stop"
+                break
+            if stats.generated_tokens == max_tokens:
+                break
+            target.decode([tok], LOGITS_LAST)
+    finally:
+        stats.decode_seconds = time.perf_counter() - t0
+
+
+def check_request(target: Target, prompt: List[int], max_tokens: int, lookahead: int) -> None:
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if max_tokens < 0:
+        raise ValueError("max_tokens must be >= 0")
+    if len(prompt) + max_tokens + lookahead > target.n_ctx:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + max tokens ({max_tokens})"
+                         + (f" + block ({lookahead})" if lookahead else "")
+                         + f" exceed the context size ({target.n_ctx}); raise n_ctx or generate fewer tokens")
+
+
+def collect(steps: Iterator[List[int]], on_tokens: Optional[Callable[[List[int]], None]] = None) -> List[int]:
+    out: List[int] = []
+    for new in steps:
+        out.extend(new)
         if on_tokens is not None:
-            on_tokens([tok])
-        if tok in stops:
-            stats.stop_reason = "stop"
-            break
-        if len(out) == max_tokens:
-            break
-        target.decode([tok], LOGITS_LAST)
-    stats.decode_seconds = time.perf_counter() - t0
-    stats.generated_tokens = len(out)
+            on_tokens(new)
+    return out
+
+
+def greedy_generate(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int] = (),
+                    on_tokens: Optional[Callable[[List[int]], None]] = None):
+    """Greedy tokens after `prompt`. Returns (tokens, stats)."""
+    stats = GenerationStats()
+    out = collect(greedy_steps(target, prompt, max_tokens, stop_tokens, stats), on_tokens)
     return out, stats

@@ -31,6 +31,7 @@ class TargetConfig:
 
 class Target:
     def __init__(self, path: str, config: Optional[TargetConfig] = None):
+        self._t = None
         cfg = config or TargetConfig()
         if cfg.kv_type not in KV_TYPES:
             raise ValueError(f"unknown KV cache type {cfg.kv_type!r}; choose one of {', '.join(KV_TYPES)}")
@@ -127,6 +128,21 @@ class Target:
 
     def commit(self, n_keep: int) -> None:
         check(lib.dfl_target_commit(self._handle(), int(n_keep)))
+
+    def verify_tree(self, tokens, parents) -> None:
+        """Evaluate a tree of candidate tokens without committing them: node 0 is the
+        root (parent -1), parents precede children, nodes are ordered by depth."""
+        arr = self._tokens(tokens)
+        par = np.ascontiguousarray(parents, dtype=np.int32)
+        if len(par) != len(arr):
+            raise ValueError("tokens and parents differ in length")
+        check(lib.dfl_target_verify_tree(self._handle(), ffi.from_buffer("int32_t[]", arr),
+                                         ffi.from_buffer("int32_t[]", par), len(arr)))
+
+    def commit_path(self, path) -> None:
+        """Keep the root-to-node path (node indices, starting at 0) of the last tree verify."""
+        arr = np.ascontiguousarray(path, dtype=np.int32)
+        check(lib.dfl_target_commit_path(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
     # -- results of the last call -------------------------------------------------------
     def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:

@@ -1,0 +1,24 @@
+"""Chat prompts from the GGUF's own template (tokenizer.chat_template)."""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def render_chat(template: Optional[str], prompt: str, system: Optional[str] = None) -> str:
+    """The user message (after an optional system message) rendered for generation."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if not template:
+        raise ValueError("the model has no chat template (tokenizer.chat_template)")
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True)
+    except TemplateError as e:
+        raise ValueError(f"the model's chat template failed: {e}") from e
