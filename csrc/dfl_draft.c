@@ -39,6 +39,8 @@ struct dfl_draft {
 
     struct ggml_tensor * out_logits;
     struct ggml_tensor * out_argmax;
+    struct ggml_tensor * out_topk;     /* [top_k, rows] token ids, unordered */
+    struct ggml_tensor * out_topk_lp;  /* [1, top_k, rows] their log-probabilities */
     int n_out;
 
     int32_t * host_i32;
@@ -203,7 +205,9 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     }
     d->n_ctx = target->p.n_ctx;
     dfl_status st = DFL_OK;
-    if (d->p.kv_type != GGML_TYPE_F32 && d->p.kv_type != GGML_TYPE_F16 && d->p.kv_type != GGML_TYPE_BF16) {
+    if (d->p.top_k < 0 || d->p.top_k > 64 || d->p.top_k > target->m.n_vocab) {
+        st = dfl_fail(DFL_ERR_ARGUMENT, "drafter top_k %d is outside 0..64", d->p.top_k);
+    } else if (d->p.kv_type != GGML_TYPE_F32 && d->p.kv_type != GGML_TYPE_F16 && d->p.kv_type != GGML_TYPE_BF16) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter cache type %d is not supported (f32, f16, bf16)", d->p.kv_type);
     }
     if (st == DFL_OK) {
@@ -434,6 +438,17 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, int32_t bonus, int32_t n_blo
     ggml_set_output(d->out_logits);
     ggml_set_output(d->out_argmax);
     ggml_build_forward_expand(gf, d->out_argmax);
+    d->out_topk = d->out_topk_lp = NULL;
+    if (d->p.top_k > 0) {
+        /* only top_k numbers per position cross to the host, never the vocabulary */
+        const int64_t V = logits->ne[0];
+        struct ggml_tensor * probs = ggml_soft_max(ctx, logits);
+        d->out_topk = ggml_top_k(ctx, logits, d->p.top_k);
+        d->out_topk_lp = ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, V, B - 1), d->out_topk));
+        ggml_set_output(d->out_topk);
+        ggml_set_output(d->out_topk_lp);
+        ggml_build_forward_expand(gf, d->out_topk_lp);
+    }
 
     TRY(dfl_runtime_alloc(&d->rt, gf));
     d->host_i32[0] = bonus;
@@ -466,5 +481,47 @@ DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t ro
     }
     const size_t row = (size_t) d->target->m.n_vocab * sizeof(float);
     ggml_backend_tensor_get(d->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    return DFL_OK;
+}
+
+typedef struct cand {
+    int32_t token;
+    float logprob;
+} cand;
+
+static int cand_order(const void * a, const void * b) {
+    const cand * x = a, * y = b;
+    if (x->logprob != y->logprob) {
+        return x->logprob > y->logprob ? -1 : 1;
+    }
+    return x->token < y->token ? -1 : x->token > y->token;
+}
+
+DFL_API dfl_status dfl_draft_topk(const dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {
+    if (!d || !tokens || !logprobs) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
+    }
+    if (!d->out_topk) {
+        return dfl_fail(DFL_ERR_STATE, "the drafter was loaded with top_k = 0");
+    }
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > d->n_out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "drafter rows %d..%d requested, the last propose produced %d", row0,
+                        row0 + n_rows, d->n_out);
+    }
+    const int K = d->p.top_k;
+    ggml_backend_tensor_get(d->out_topk, tokens, (size_t) row0 * K * sizeof(int32_t), (size_t) n_rows * K * sizeof(int32_t));
+    ggml_backend_tensor_get(d->out_topk_lp, logprobs, (size_t) row0 * K * sizeof(float), (size_t) n_rows * K * sizeof(float));
+    cand c[64];
+    for (int r = 0; r < n_rows; r++) {
+        for (int i = 0; i < K; i++) {
+            c[i].token = tokens[r * K + i];
+            c[i].logprob = logprobs[r * K + i];
+        }
+        qsort(c, (size_t) K, sizeof c[0], cand_order); /* ggml_top_k leaves them unordered */
+        for (int i = 0; i < K; i++) {
+            tokens[r * K + i] = c[i].token;
+            logprobs[r * K + i] = c[i].logprob;
+        }
+    }
     return DFL_OK;
 }

@@ -122,6 +122,7 @@ typedef struct dfl_draft_params {
     int32_t kv_type;   /* ggml type id of the drafter's context cache (f16 default) */
     int32_t window;    /* attend to the last `window` context positions only; <= 0: all */
     int32_t n_threads; /* CPU threads; <= 0: ggml's default */
+    int32_t top_k;     /* candidates per position computed on the device for tree building; 0: none */
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
@@ -153,6 +154,11 @@ dfl_status dfl_draft_append(dfl_draft * draft, const int32_t * rows, int32_t n);
 /* Draft a block after the context: input [bonus, MASK x (n_block-1)] at the next
  * positions, greedy tokens for block positions 1..n_block-1 written to out_tokens. */
 dfl_status dfl_draft_propose(dfl_draft * draft, int32_t bonus, int32_t n_block, int32_t * out_tokens);
+
+/* The top_k candidates per drafted position of the last propose: tokens and their
+ * log-probabilities (full-vocabulary log-softmax), [n_rows][top_k] each, best first
+ * (ties: lower token id first). */
+dfl_status dfl_draft_topk(const dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
 
 /* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
 dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);

@@ -16,6 +16,7 @@ class DraftConfig:
     kv_type: str = "f16"
     window: int = 0  # attend to the last `window` context positions only; 0: all
     n_threads: int = 0
+    top_k: int = 0  # candidates per drafted position for tree building; 0: greedy chain only
 
 
 def read_draft_metadata(path: str) -> dict:
@@ -57,6 +58,7 @@ class Draft:
         p.kv_type = KV_TYPES[cfg.kv_type]
         p.window = int(cfg.window)
         p.n_threads = int(cfg.n_threads)
+        p.top_k = int(cfg.top_k)
         out = ffi.new("dfl_draft **")
         check(lib.dfl_draft_load(str(path).encode(), target._handle(), p, out))
         self._d = out[0]
@@ -68,6 +70,7 @@ class Draft:
         self.mask_token_id = info.mask_token_id
         self.target_layers = [info.target_layers[i] for i in range(info.n_target_layers)]
         self.n_vocab = target.n_vocab
+        self.top_k = int(cfg.top_k)
         self._out = np.zeros(self.block_size, dtype=np.int32)
         self._rows = np.arange(max(target.n_ubatch, target.n_verify), dtype=np.int32)
 
@@ -111,6 +114,14 @@ class Draft:
         out = self._out[: max(b - 1, 0)]
         check(lib.dfl_draft_propose(self._handle(), int(bonus), b, ffi.from_buffer("int32_t[]", self._out)))
         return out.tolist()
+
+    def topk(self, n_rows: int):
+        """(tokens, logprobs), each [n_rows, top_k], best first, of the last propose."""
+        toks = np.empty((n_rows, self.top_k), dtype=np.int32)
+        lps = np.empty((n_rows, self.top_k), dtype=np.float32)
+        check(lib.dfl_draft_topk(self._handle(), 0, n_rows, ffi.from_buffer("int32_t[]", toks),
+                                 ffi.from_buffer("float[]", lps)))
+        return toks, lps
 
     def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
         out = np.empty((n_rows, self.n_vocab), dtype=np.float32)

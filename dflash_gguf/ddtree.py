@@ -1,0 +1,97 @@
+"""DDTree: the best-first draft tree over a block drafter's per-position candidates.
+
+A drafted block gives, for every depth d, candidate tokens with log-probabilities that
+do not depend on the path. A tree node is a prefix of candidate ranks (r_1, ..., r_d);
+its score is the sum of the log-probabilities along it. Scores only fall from a
+prefix to its first child or to its next sibling, so popping the best prefix from a
+max-heap and pushing those two successors yields the `budget` best prefixes in order
+of score: the tree that maximises the expected number of accepted tokens under the
+drafter's own marginals.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import numpy as np
+
+
+@dataclass
+class DraftTree:
+    """Nodes ordered by depth (parents first); node 0 is the root (the bonus token)."""
+
+    tokens: List[int]
+    parents: List[int]
+    depths: List[int]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self) -> List[dict]:
+        kids: List[dict] = [dict() for _ in self.tokens]
+        for i in range(1, len(self.tokens)):
+            kids[self.parents[i]].setdefault(self.tokens[i], i)
+        return kids
+
+    def ancestor_mask(self) -> np.ndarray:
+        """mask[i, j]: node j is node i or one of its ancestors."""
+        n = len(self.tokens)
+        mask = np.zeros((n, n), dtype=bool)
+        for i in range(n):
+            if i:
+                mask[i] = mask[self.parents[i]]
+            mask[i, i] = True
+        return mask
+
+
+def build_tree(root: int, cand_tokens: Sequence[Sequence[int]], cand_logprobs: Sequence[Sequence[float]],
+               budget: int, max_depth: int | None = None) -> DraftTree:
+    """The best-first tree of at most `budget` nodes below `root`.
+
+    cand_tokens[d][r] / cand_logprobs[d][r]: the rank-r candidate for depth d+1, best
+    first. Ties in score are broken by depth, then by rank sequence, so the result is
+    deterministic.
+    """
+    depth_limit = len(cand_tokens) if max_depth is None else min(max_depth, len(cand_tokens))
+    k = len(cand_tokens[0]) if depth_limit else 0
+    picked: List[tuple] = []  # (depth, order, ranks, score)
+    if depth_limit and k and budget > 0:
+        heap = [(-float(cand_logprobs[0][0]), 1, (0,))]
+        while heap and len(picked) < budget:
+            neg, depth, ranks = heapq.heappop(heap)
+            picked.append((depth, len(picked), ranks))
+            score = -neg
+            last = ranks[-1]
+            if last + 1 < k:  # next sibling
+                sib = score - cand_logprobs[depth - 1][last] + cand_logprobs[depth - 1][last + 1]
+                heapq.heappush(heap, (-float(sib), depth, ranks[:-1] + (last + 1,)))
+            if depth < depth_limit:  # first child
+                heapq.heappush(heap, (-float(score + cand_logprobs[depth][0]), depth + 1, ranks + (0,)))
+    picked.sort(key=lambda p: (p[0], p[1]))  # by depth; parents keep preceding children
+    index = {(): 0}
+    tokens, parents, depths = [int(root)], [-1], [0]
+    for depth, _, ranks in picked:
+        index[ranks] = len(tokens)
+        tokens.append(int(cand_tokens[depth - 1][ranks[-1]]))
+        parents.append(index[ranks[:-1]])
+        depths.append(depth)
+    return DraftTree(tokens, parents, depths)
+
+
+def chain_tree(root: int, drafts: Sequence[int]) -> DraftTree:
+    """A chain as a tree: one child per node."""
+    n = len(drafts) + 1
+    return DraftTree([int(root)] + [int(t) for t in drafts], list(range(-1, n - 1)), list(range(n)))
+
+
+def accept_path(tree: DraftTree, target_choice) -> List[int]:
+    """Walk from the root while the target's choice at a node is one of its children;
+    returns the accepted node path (root first)."""
+    kids = tree.children()
+    path = [0]
+    while True:
+        nxt = kids[path[-1]].get(int(target_choice[path[-1]]))
+        if nxt is None:
+            return path
+        path.append(nxt)
