@@ -1,0 +1,237 @@
+"""DDTree: the best-first tree builder, tree verification of the hybrid target against
+plain decoding along each node's path, and lossless tree speculative decoding."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from test_speculative import BLOCK, ScriptedDraft, assert_same_or_tie, pair, prompts  # noqa: F401 (fixture)
+
+from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
+from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.generate import greedy_generate
+from dflash_gguf.speculative import tree_generate
+from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
+
+
+# ---- builder ----------------------------------------------------------------------
+
+def brute_force_best(logprobs, budget):
+    """All rank prefixes with their scores, best `budget` of them."""
+    depth, k = logprobs.shape
+    prefixes = []
+    for d in range(1, depth + 1):
+        for ranks in itertools.product(range(k), repeat=d):
+            prefixes.append((sum(logprobs[i][r] for i, r in enumerate(ranks)), ranks))
+    prefixes.sort(key=lambda p: -p[0])
+    return prefixes[:budget]
+
+
+def tree_prefixes(tree, cand):
+    """The rank prefix of every non-root node."""
+    rank_of = []
+    for d in range(len(cand)):
+        rank_of.append({int(t): r for r, t in enumerate(cand[d])})
+    out = []
+    for i in range(1, len(tree)):
+        ranks, j = [], i
+        while j > 0:
+            ranks.append(rank_of[tree.depths[j] - 1][tree.tokens[j]])
+            j = tree.parents[j]
+        out.append(tuple(reversed(ranks)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_builder_picks_the_best_prefixes(seed):
+    rng = np.random.default_rng(seed)
+    depth, k = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    logits = rng.normal(size=(depth, 50))
+    lp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    order = np.argsort(-lp, axis=1, kind="stable")[:, :k]
+    cand = np.take_along_axis(np.arange(50)[None].repeat(depth, 0), order, 1)
+    cand_lp = np.take_along_axis(lp, order, 1)
+    n_all = sum(k ** d for d in range(1, depth + 1))
+    for budget in sorted({1, 2, 3, 5, 8, n_all, n_all + 3}):
+        tree = build_tree(7, cand, cand_lp, budget)
+        expect = brute_force_best(cand_lp, budget)
+        got = tree_prefixes(tree, cand)
+        assert len(got) == min(budget, n_all)
+        # same set of scores (ties may swap equal-score prefixes)
+        score = {ranks: sum(cand_lp[i][r] for i, r in enumerate(ranks)) for ranks in got}
+        assert sorted(score.values(), reverse=True) == pytest.approx([s for s, _ in expect])
+        # structure: root first, parents precede children, nodes ordered by depth
+        assert tree.tokens[0] == 7 and tree.parents[0] == -1 and tree.depths[0] == 0
+        for i in range(1, len(tree)):
+            assert 0 <= tree.parents[i] < i
+            assert tree.depths[i] == tree.depths[tree.parents[i]] + 1
+            assert tree.depths[i] >= tree.depths[i - 1]
+
+
+def test_ancestor_mask_and_accept_path():
+    tree = build_tree(1, [[10, 11], [20, 21], [30, 31]], [[-0.1, -1.0], [-0.2, -0.3], [-0.5, -3.0]], budget=6)
+    mask = tree.ancestor_mask()
+    for i in range(len(tree)):
+        expect, j = set(), i
+        while j >= 0:
+            expect.add(j)
+            j = tree.parents[j]
+        assert set(np.flatnonzero(mask[i])) == expect
+    # the target agrees with 10 then 21 then disagrees
+    choice = {0: 10}
+    kids = tree.children()
+    n10 = kids[0][10]
+    choice[n10] = 21
+    n21 = kids[n10][21]
+    choice[n21] = 99
+    full = [choice.get(i, -1) for i in range(len(tree))]
+    assert accept_path(tree, full) == [0, n10, n21]
+    assert chain_tree(5, [6, 7]).parents == [-1, 0, 1]
+
+
+# ---- tree verification on the hybrid target ---------------------------------------
+
+def random_depth_ordered_tree(rng, n):
+    parents, depths = [-1], [0]
+    for _ in range(1, n):
+        deepest = depths[-1]
+        allowed = [j for j in range(len(parents)) if depths[j] in (deepest, deepest - 1)]
+        p = int(rng.choice(allowed))
+        parents.append(p)
+        depths.append(depths[p] + 1)
+    return parents
+
+
+def root_path(parents, i):
+    path = []
+    while i >= 0:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]
+
+
+def test_tree_verify_equals_decoding_each_path(pair):
+    rng = np.random.default_rng(0)
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    prompt = rng.integers(0, 1000, 21).tolist()
+    for _ in range(4):
+        n = int(rng.integers(2, 17))
+        parents = random_depth_ordered_tree(rng, n)
+        tokens = rng.integers(0, 1000, n).tolist()
+        target.reset()
+        target.prefill(prompt, LOGITS_LAST)
+        target.verify_tree(tokens, parents)
+        tree_logits = target.logits(0, n)
+        for i in range(n):
+            plain.reset()
+            plain.prefill(prompt + [tokens[j] for j in root_path(parents, i)], LOGITS_LAST)
+            np.testing.assert_allclose(tree_logits[i], plain.logits()[0], rtol=0, atol=1e-5)
+        # the state after committing any node's path is that of decoding the path
+        leaf = int(rng.integers(0, n))
+        path = root_path(parents, leaf)
+        target.commit_path(path)
+        target.decode([3, 4, 5], LOGITS_ALL)
+        plain.reset()
+        plain.prefill(prompt + [tokens[j] for j in path], LOGITS_LAST)
+        plain.decode([3, 4, 5], LOGITS_ALL)
+        np.testing.assert_allclose(target.logits(0, 3), plain.logits(0, 3), rtol=0, atol=1e-5)
+
+
+def test_chain_shaped_tree_is_the_chain_path(pair):
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8))
+    prompt, tokens = list(range(50, 70)), list(range(300, 308))
+    target.prefill(prompt, LOGITS_LAST)
+    target.verify(tokens)
+    chain = target.logits(0, 8)
+    target.commit(0)
+    target.verify_tree(tokens, list(range(-1, 7)))
+    assert np.array_equal(target.logits(0, 8), chain)
+
+
+def test_tree_input_errors(pair):
+    target = Target(pair["target"], TargetConfig(n_ctx=64, n_verify=8))
+    target.prefill([1, 2, 3], LOGITS_LAST)
+    with pytest.raises(Exception, match="parent"):
+        target.verify_tree([1, 2, 3], [-1, 2, 0])
+    with pytest.raises(Exception, match="ordered by depth"):
+        target.verify_tree([1, 2, 3, 4], [-1, 0, 1, 0])
+    with pytest.raises(Exception, match="n_verify"):
+        target.verify_tree(list(range(9)), list(range(-1, 8)))
+    target.verify_tree([1, 2, 3], [-1, 0, 0])
+    with pytest.raises(Exception, match="path"):
+        target.commit_path([0, 2, 1])
+    with pytest.raises(Exception, match="commit_path"):
+        target.commit(1)
+
+
+# ---- lossless tree decoding -----------------------------------------------------------
+
+def load_tree(pair, target_gguf=None, kv="f32", budget=32, repack=True):
+    meta = read_draft_metadata(pair["draft"])
+    target = Target(target_gguf or pair["target"], TargetConfig(
+        n_ctx=512, n_ubatch=16, n_verify=budget + 1, kv_type=kv, feature_layers=meta["target_layers"],
+        repack=repack))
+    return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=4))
+
+
+def test_lossless_tree_f32(pair):
+    target, draft = load_tree(pair)
+    for prompt in prompts(10, seed=21):
+        ar, _ = greedy_generate(target, prompt, 128)
+        for budget in (4, 8, 16, 32):
+            out, stats = tree_generate(target, draft, prompt, 128, budget)
+            assert_same_or_tie(target, prompt, ar, out)
+            assert sum(stats.accepted_lengths) == len(out) - 1
+
+
+def test_lossless_tree_q8_0(pair, convert_model):
+    target, draft = load_tree(pair, convert_model(pair["target_dir"], "q8_0"), kv="f16", repack=False)
+    for prompt in prompts(3, seed=22):
+        ar, _ = greedy_generate(target, prompt, 128)
+        for budget in (4, 8, 16, 32):
+            out, _ = tree_generate(target, draft, prompt, 128, budget)
+            assert_same_or_tie(target, prompt, ar, out)
+
+
+class ScriptedTreeDraft(ScriptedDraft):
+    """Candidates per depth: the true continuation token at a seeded rank among
+    distractors, so accepted paths leave through non-first children."""
+
+    top_k = 3
+
+    def propose(self, bonus, n_block=None):
+        self._b = self.block_size if n_block is None else n_block
+        self._i = self.ctx - self.prompt_len
+        assert self.truth[self._i] == bonus
+        return []
+
+    def append_rows(self, n, rows=None):
+        self.ctx += n
+
+    def topk(self, n_rows):
+        rng = np.random.default_rng(self._i)
+        toks = np.zeros((n_rows, 3), dtype=np.int32)
+        lps = np.tile(np.array([-0.1, -1.0, -2.0], dtype=np.float32), (n_rows, 1))
+        for d in range(n_rows):
+            k = self._i + 1 + d
+            true = self.truth[k] if k < len(self.truth) else 0
+            distract = [(true + 1 + j) % 1000 for j in range(3)]
+            rank = int(rng.integers(0, 4))  # 3: missing
+            row = distract[:]
+            if rank < 3:
+                row[rank] = true
+            toks[d] = row
+        return toks, lps
+
+
+def test_lossless_tree_with_scripted_candidates(pair):
+    target, _ = load_tree(pair, budget=16)
+    for prompt in prompts(3, seed=23):
+        ar, _ = greedy_generate(target, prompt, 96)
+        fake = ScriptedTreeDraft(len(prompt), ar, BLOCK, 10**6)
+        out, stats = tree_generate(target, fake, prompt, 96, budget=16)
+        assert out == ar
+        assert max(stats.accepted_lengths) >= 3, stats.accepted_lengths
