@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=sorted(KV_TYPES),
                    help="attention cache type (default f16)")
     p.add_argument("--block-size", type=int, help="drafted block size (default: the drafter's trained size)")
+    p.add_argument("--tree-budget", metavar="N|auto",
+                   help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
+                        "for the best expected speed (verify cost measured once per model and machine)")
+    p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
     p.add_argument("--no-repack", action="store_true",
                    help="keep quantized matrices in file layout: bit-identical results across batch shapes")
@@ -70,6 +74,16 @@ def _validate(args, parser) -> None:
         parser.error("--block-size must be >= 1")
     if args.system and not args.chat:
         parser.error("--system needs --chat")
+    if args.tree_budget is not None and args.tree_budget != "auto":
+        try:
+            n = int(args.tree_budget)
+        except ValueError:
+            parser.error(f"--tree-budget takes a number or 'auto', got {args.tree_budget!r}")
+        if not 1 <= n <= 63:
+            parser.error("--tree-budget must be between 1 and 63")
+        args.tree_budget = n
+    if not 1 <= args.draft_top_k <= 64:
+        parser.error("--draft-top-k must be between 1 and 64")
 
 
 def _report(stats, mode: str) -> dict:
@@ -88,7 +102,15 @@ def _report(stats, mode: str) -> dict:
         "verify_seconds": round(stats.verify_seconds, 4),
         "commit_seconds": round(stats.commit_seconds, 4),
         "stop_reason": stats.stop_reason,
+        "mean_tree_nodes": round(sum(stats.tree_sizes) / len(stats.tree_sizes), 2) if stats.tree_sizes else None,
+        "peak_rss_mib": round(peak_rss_mib(), 1),
     }
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _print_report(r: dict) -> None:
@@ -101,6 +123,9 @@ def _print_report(r: dict) -> None:
         print(f"accepted  mean {r['mean_accepted_length']:.2f} tokens per target pass | histogram {hist}", file=err)
         print(f"time      draft {r['draft_seconds']:.3f}s, verify {r['verify_seconds']:.3f}s, "
               f"commit {r['commit_seconds']:.3f}s", file=err)
+    if r["mean_tree_nodes"] is not None:
+        print(f"tree      mean {r['mean_tree_nodes']:.1f} nodes per step", file=err)
+    print(f"memory    peak RSS {r['peak_rss_mib']:.0f} MiB", file=err)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -135,13 +160,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         engine = Engine(model, None if args.no_spec else draft, n_ctx=args.ctx_size, n_ubatch=args.ubatch_size,
                         n_threads=args.threads, kv_type=args.cache_type_k, block_size=args.block_size,
+                        tree_budget=args.tree_budget, draft_top_k=args.draft_top_k,
                         device=args.device, repack=not args.no_repack)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-run: error: {e}", file=sys.stderr)
         return 1
 
     stats = GenerationStats()
-    mode = "speculative" if engine.draft is not None else "autoregressive"
+    mode = "autoregressive" if engine.draft is None else (
+        f"tree (budget {args.tree_budget})" if engine.tree_budget else "chain")
     status = 0
     try:
         text = engine.chat_prompt(prompt, args.system) if args.chat else prompt

@@ -24,6 +24,28 @@ class DraftTree:
     tokens: List[int]
     parents: List[int]
     depths: List[int]
+    scores: List[float] = None  # path log-probability under the drafter (root: 0)
+    pick_order: List[int] = None  # non-root nodes in best-first order
+
+    def expected_accepted(self) -> np.ndarray:
+        """e[b]: expected tokens per pass if only the b best nodes were kept (e[0] = 1,
+        the target's own token), under the drafter's marginals."""
+        gains = np.exp([self.scores[i] for i in self.pick_order]) if self.pick_order else np.zeros(0)
+        return 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
+
+    def best(self, budget: int) -> "DraftTree":
+        """The tree of the `budget` best nodes (the tree build_tree gives for that budget)."""
+        keep = sorted(self.pick_order[:budget])
+        index = {0: 0}
+        tokens, parents, depths, scores = [self.tokens[0]], [-1], [0], [0.0]
+        for i in keep:
+            index[i] = len(tokens)
+            tokens.append(self.tokens[i])
+            parents.append(index[self.parents[i]])
+            depths.append(self.depths[i])
+            scores.append(self.scores[i])
+        order = [index[i] for i in self.pick_order[:budget]]
+        return DraftTree(tokens, parents, depths, scores, order)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -60,29 +82,33 @@ def build_tree(root: int, cand_tokens: Sequence[Sequence[int]], cand_logprobs: S
         heap = [(-float(cand_logprobs[0][0]), 1, (0,))]
         while heap and len(picked) < budget:
             neg, depth, ranks = heapq.heappop(heap)
-            picked.append((depth, len(picked), ranks))
             score = -neg
+            picked.append((depth, len(picked), ranks, score))
             last = ranks[-1]
             if last + 1 < k:  # next sibling
                 sib = score - cand_logprobs[depth - 1][last] + cand_logprobs[depth - 1][last + 1]
                 heapq.heappush(heap, (-float(sib), depth, ranks[:-1] + (last + 1,)))
             if depth < depth_limit:  # first child
                 heapq.heappush(heap, (-float(score + cand_logprobs[depth][0]), depth + 1, ranks + (0,)))
-    picked.sort(key=lambda p: (p[0], p[1]))  # by depth; parents keep preceding children
+    by_depth = sorted(picked, key=lambda p: (p[0], p[1]))  # parents keep preceding children
     index = {(): 0}
-    tokens, parents, depths = [int(root)], [-1], [0]
-    for depth, _, ranks in picked:
+    node_of_pick = [0] * len(picked)
+    tokens, parents, depths, scores = [int(root)], [-1], [0], [0.0]
+    for depth, order, ranks, score in by_depth:
         index[ranks] = len(tokens)
+        node_of_pick[order] = len(tokens)
         tokens.append(int(cand_tokens[depth - 1][ranks[-1]]))
         parents.append(index[ranks[:-1]])
         depths.append(depth)
-    return DraftTree(tokens, parents, depths)
+        scores.append(score)
+    return DraftTree(tokens, parents, depths, scores, node_of_pick)
 
 
 def chain_tree(root: int, drafts: Sequence[int]) -> DraftTree:
     """A chain as a tree: one child per node."""
     n = len(drafts) + 1
-    return DraftTree([int(root)] + [int(t) for t in drafts], list(range(-1, n - 1)), list(range(n)))
+    return DraftTree([int(root)] + [int(t) for t in drafts], list(range(-1, n - 1)), list(range(n)),
+                     [0.0] * n, list(range(1, n)))
 
 
 def accept_path(tree: DraftTree, target_choice) -> List[int]:

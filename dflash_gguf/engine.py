@@ -6,7 +6,8 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, collect, greedy_steps
-from .speculative import speculative_steps
+from .budget import VerifyCost
+from .speculative import speculative_steps, tree_steps
 from .target import Target, TargetConfig
 from .tokenizer import Tokenizer
 
@@ -21,24 +22,43 @@ class Result:
 class Engine:
     """A target model, its tokenizer and an optional drafter.
 
-    With a drafter, generation is chain speculative decoding with the drafter's block
-    size (or `block_size`); without one, plain autoregressive decoding. Both are greedy
-    and produce the same tokens.
+    With a drafter, generation is speculative: a chain of the drafter's block size (or
+    `block_size`), or with `tree_budget` a DDTree of that many nodes ("auto": sized
+    every step for the best expected speed, up to AUTO_MAX_BUDGET). Without one, plain
+    autoregressive decoding. All are greedy and produce the same tokens.
     """
+
+    AUTO_MAX_BUDGET = 32
 
     def __init__(self, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
                  n_threads: int = 0, kv_type: str = "f16", block_size: Optional[int] = None,
+                 tree_budget: Union[int, str, None] = None, draft_top_k: int = 8,
                  device: Optional[str] = None, repack: bool = True):
         meta = read_draft_metadata(draft) if draft else None
         if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
             raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
         self.block_size = (block_size or meta["block_size"]) if meta else None
+        self.auto_budget = tree_budget == "auto"
+        if tree_budget is not None and not self.auto_budget:
+            if isinstance(tree_budget, str) or not 1 <= int(tree_budget) <= 63:
+                raise ValueError(f"tree budget must be 1..63 or 'auto', got {tree_budget!r}")
+        self.tree_budget = (self.AUTO_MAX_BUDGET if self.auto_budget else tree_budget) if meta else None
+        if self.tree_budget is not None and not 1 <= draft_top_k <= 64:
+            raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
+        n_verify = max(self.block_size or 1, (self.tree_budget or 0) + 1)
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, TargetConfig(
-            n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=self.block_size or 1, n_threads=n_threads, kv_type=kv_type,
+            n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             feature_layers=meta["target_layers"] if meta else (), device=device, repack=repack))
         self.tokenizer = Tokenizer(model)
-        self.draft = Draft(draft, self.target, DraftConfig(n_threads=n_threads)) if draft else None
+        try:
+            top_k = draft_top_k if self.tree_budget else 0
+            self.draft = Draft(draft, self.target, DraftConfig(n_threads=n_threads, top_k=top_k)) if draft else None
+        except BaseException:
+            self.target.close()
+            raise
+        self.n_threads = n_threads
+        self._cost = None
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
@@ -66,6 +86,11 @@ class Engine:
     def _steps(self, prompt, max_tokens, stop_tokens, speculative, stats):
         tokens = self.encode(prompt)
         stops = self.tokenizer.eog_ids if stop_tokens is None else set(stop_tokens)
+        if speculative and self.draft is not None and self.tree_budget:
+            if self.auto_budget and self._cost is None:
+                self._cost = VerifyCost(self.target, self.n_threads)
+            return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
+                              stats, self._cost)
         if speculative and self.draft is not None:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats)
         return greedy_steps(self.target, tokens, max_tokens, stops, stats)

@@ -20,6 +20,7 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     commit_seconds: float = 0.0
+    tree_sizes: List[int] = field(default_factory=list)  # nodes below the root, per tree step
 
     @property
     def mean_accepted(self) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator, List, Optional
 
+from .budget import VerifyCost, choose_budget
 from .ddtree import accept_path, build_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect
@@ -86,11 +87,15 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
 
 
 def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
-               budget: int, block_size: Optional[int], stats: GenerationStats) -> Iterator[List[int]]:
+               budget: int, block_size: Optional[int], stats: GenerationStats,
+               cost: Optional[VerifyCost] = None) -> Iterator[List[int]]:
     """Greedy speculative decoding with DDTree verification: the drafter's per-position
     top-K candidates become a best-first tree of `budget` nodes below the bonus token,
     the target verifies all of them in one pass, and the longest path the target agrees
-    with is kept. Same tokens as plain greedy decoding."""
+    with is kept. Same tokens as plain greedy decoding.
+
+    With a verify cost model (`cost`), `budget` is the largest tree and every step uses
+    the size with the best expected tokens per second (budget.choose_budget)."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 2 <= B <= draft.block_size:
         raise ValueError(f"block size {B} is outside 2..{draft.block_size} (the drafter's trained block size)")
@@ -125,6 +130,10 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             draft.propose(bonus, B)
             cand, logp = draft.topk(B - 1)
             tree = build_tree(bonus, cand, logp, budget, max_depth=min(B - 1, remaining))
+            if cost is not None:
+                draft_time = (stats.draft_seconds / len(stats.accepted_lengths)) if stats.accepted_lengths else 0.0
+                tree = tree.best(choose_budget(tree.expected_accepted(), cost, draft_time))
+            stats.tree_sizes.append(len(tree) - 1)
             t1 = time.perf_counter()
             target.verify_tree(tree.tokens, tree.parents)
             choice = target.argmax(0, len(tree))
@@ -164,8 +173,9 @@ def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_to
 
 def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, budget: int,
                   stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
-                  on_tokens: Optional[Callable[[List[int]], None]] = None):
+                  on_tokens: Optional[Callable[[List[int]], None]] = None, cost: Optional[VerifyCost] = None):
     """Greedy DDTree speculative generation. Returns (tokens, stats)."""
     stats = GenerationStats()
-    out = collect(tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats), on_tokens)
+    out = collect(tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, cost),
+                  on_tokens)
     return out, stats
