@@ -428,7 +428,16 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
         cur = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, cur), ggml_mul_mat(ctx, L->ffn_up, cur));
         x = ggml_add(ctx, ggml_mul_mat(ctx, L->ffn_down, cur), x);
     }
-    capture_features(t, ctx, gf, x, m->n_layer, n);
+    /* layer n_layer is the final-normed state, as transformers' last hidden_states entry
+     * (what z-lab's drafters read for the last target layer) */
+    bool normed = false;
+    for (int f = 0; f < t->p.n_feature_layers; f++) {
+        if (t->p.feature_layers[f] == m->n_layer && !normed) {
+            x = rms_norm(t, ctx, x, m->output_norm);
+            normed = true;
+            capture_features(t, ctx, gf, x, m->n_layer, n);
+        }
+    }
 
     t->out_logits = NULL;
     t->out_argmax = NULL;
@@ -436,7 +445,9 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
         if (logits == LOGITS_LAST && n > 1) {
             x = ggml_view_2d(ctx, x, m->n_embd, 1, x->nb[1], (size_t) (n - 1) * x->nb[1]);
         }
-        x = rms_norm(t, ctx, x, m->output_norm);
+        if (!normed) {
+            x = rms_norm(t, ctx, x, m->output_norm);
+        }
         t->out_logits = ggml_mul_mat(ctx, m->output, x);
         t->out_argmax = ggml_argmax(ctx, t->out_logits);
         ggml_set_output(t->out_logits);

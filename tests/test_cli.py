@@ -1,0 +1,113 @@
+"""dflash-run end to end, and the Engine API it is built on."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_speculative import pair  # noqa: F401 (fixture)
+
+from dflash_gguf.engine import Engine
+from dflash_gguf.generate import GenerationStats
+
+RUN = str(Path(sys.executable).with_name("dflash-run"))
+
+
+def run(*args, stdin=None):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([RUN, *args], input=stdin, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_autoregressive_and_speculative_print_the_same_text(pair):
+    base = ["-m", str(pair["target"]), "-p", "def add(a, b):", "-n", "40", "-c", "512"]
+    plain = run(*base, "--no-spec", "-md", str(pair["draft"]))
+    chain = run(*base, "-md", str(pair["draft"]))
+    tree = run(*base, "-md", str(pair["draft"]), "--tree-budget", "8")
+    for res in (plain, chain, tree):
+        assert res.returncode == 0, res.stderr
+    assert plain.stdout == chain.stdout == tree.stdout
+    assert "autoregressive" in plain.stderr and "chain" in chain.stderr and "tree (budget 8)" in tree.stderr
+    assert "accepted  mean" in chain.stderr and "tok/s" in chain.stderr
+
+
+def test_json_stats_schema(pair):
+    res = run("-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "x = 1", "-n", "16", "--json",
+              "--tree-budget", "auto")
+    assert res.returncode == 0, res.stderr
+    stats = json.loads(res.stderr.strip().splitlines()[-1])
+    for key, kind in [("prompt_tokens", int), ("generated_tokens", int), ("decode_tokens_per_second", float),
+                      ("prefill_tokens_per_second", float), ("mean_accepted_length", float),
+                      ("accepted_length_histogram", dict), ("draft_seconds", float), ("verify_seconds", float),
+                      ("commit_seconds", float), ("stop_reason", str), ("peak_rss_mib", float), ("mode", str)]:
+        assert isinstance(stats[key], kind), key
+    assert stats["generated_tokens"] == 16
+    assert sum(stats["accepted_length_histogram"].values()) >= 1
+
+
+def test_prompt_from_stdin_and_file(pair, tmp_path):
+    a = run("-m", str(pair["target"]), "-n", "8", stdin="hello world")
+    f = tmp_path / "p.txt"
+    f.write_text("hello world")
+    b = run("-m", str(pair["target"]), "-n", "8", "-f", str(f))
+    c = run("-m", str(pair["target"]), "-n", "8", "-f", "-", stdin="hello world")
+    assert a.returncode == b.returncode == c.returncode == 0
+    assert a.stdout == b.stdout == c.stdout
+
+
+def test_chat_template_is_applied(pair):
+    with Engine(str(pair["target"])) as engine:
+        text = engine.chat_prompt("hi there", system="be brief")
+    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
+    res = run("-m", str(pair["target"]), "-p", "hi there", "--chat", "--system", "be brief", "-n", "4", "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stderr.strip().splitlines()[-1])["prompt_tokens"] > 5
+
+
+@pytest.mark.parametrize("args", [
+    ["-n", "-1"], ["-c", "0"], ["-t", "-2"], ["--tree-budget", "0"], ["--tree-budget", "many"],
+    ["--block-size", "0"], ["-ctk", "q2_k"], ["--draft-top-k", "0"], ["--system", "x"], ["--bogus"],
+])
+def test_bad_flags_exit_2(pair, args):
+    res = run("-m", str(pair["target"]), "-p", "x", *args)
+    assert res.returncode == 2
+    assert "error" in res.stderr
+
+
+def test_bad_files_are_clear_errors(pair, tmp_path):
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf at all" * 10)
+    for model, needle in [(tmp_path / "missing.gguf", "no such file"), (garbage, "not a valid GGUF"),
+                          (pair["draft"], "architecture")]:
+        res = run("-m", str(model), "-p", "x")
+        assert res.returncode == 1
+        assert needle in res.stderr
+        assert "Traceback" not in res.stderr
+    res = run("-m", str(pair["target"]), "-md", str(pair["target"]), "-p", "x")
+    assert res.returncode == 1 and "architecture" in res.stderr
+    res = run("-m", str(pair["target"]), "-p", "x", "-c", "16", "-n", "100")
+    assert res.returncode == 1 and "context" in res.stderr
+
+
+def test_engine_reuse_matches_fresh_loads(pair):
+    prompts = ["def f(x):", "import os\n", "class A:"]
+    with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512) as engine:
+        reused = [engine.generate(p, 24).tokens for p in prompts]
+        streamed = "".join(engine.stream(prompts[0], 24))
+    fresh = []
+    for p in prompts:
+        with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512) as engine:
+            fresh.append(engine.generate(p, 24).tokens)
+            if p == prompts[0]:
+                assert streamed == engine.generate(p, 24).text
+    assert reused == fresh
+
+
+def test_stream_collects_stats(pair):
+    stats = GenerationStats()
+    with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512, tree_budget=4) as engine:
+        text = "".join(engine.stream("x", 12, stats=stats))
+    assert stats.generated_tokens == 12 and stats.tree_sizes and isinstance(text, str)
