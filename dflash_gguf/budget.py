@@ -70,9 +70,26 @@ class VerifyCost:
         return np.interp(n_nodes, self.sizes, self.seconds)
 
 
-def choose_budget(expected: np.ndarray, cost: VerifyCost, draft_seconds: float) -> int:
+class AcceptanceCalibration:
+    """The drafter's probabilities are not the target's: the running ratio of accepted
+    drafted tokens to the drafter's expectation for the trees actually verified scales
+    the expectation of every candidate size."""
+
+    def __init__(self, smoothing: float = 0.1):
+        self.ratio = 1.0
+        self.smoothing = smoothing
+
+    def update(self, expected_drafts: float, accepted_drafts: int) -> None:
+        if expected_drafts > 1e-6:
+            observed = accepted_drafts / expected_drafts
+            self.ratio += self.smoothing * (min(observed, 4.0) - self.ratio)
+
+
+def choose_budget(expected: np.ndarray, cost: VerifyCost, draft_seconds: float,
+                  calibration: AcceptanceCalibration | None = None) -> int:
     """The budget b (0..len(expected)-1 nodes besides the root) with the best expected
-    tokens per second."""
+    tokens per second; expected[b] counts the target's own token (1) plus drafts."""
+    ratio = calibration.ratio if calibration is not None else 1.0
     b = np.arange(len(expected))
-    rate = expected / (draft_seconds + cost(b + 1))
+    rate = (1.0 + ratio * (expected - 1.0)) / (draft_seconds + cost(b + 1))
     return int(np.argmax(rate))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator, List, Optional
 
-from .budget import VerifyCost, choose_budget
+from .budget import AcceptanceCalibration, VerifyCost, choose_budget
 from .ddtree import accept_path, build_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect
@@ -106,6 +106,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     check_request(target, prompt, max_tokens, budget + 1)
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
+    calibration = AcceptanceCalibration()
 
     target.reset()
     draft.reset()
@@ -130,15 +131,20 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             draft.propose(bonus, B)
             cand, logp = draft.topk(B - 1)
             tree = build_tree(bonus, cand, logp, budget, max_depth=min(B - 1, remaining))
+            expected = None
             if cost is not None:
                 draft_time = (stats.draft_seconds / len(stats.accepted_lengths)) if stats.accepted_lengths else 0.0
-                tree = tree.best(choose_budget(tree.expected_accepted(), cost, draft_time))
+                expected = tree.expected_accepted()
+                size = choose_budget(expected, cost, draft_time, calibration)
+                tree, expected = tree.best(size), expected[size]
             stats.tree_sizes.append(len(tree) - 1)
             t1 = time.perf_counter()
             target.verify_tree(tree.tokens, tree.parents)
             choice = target.argmax(0, len(tree))
             t2 = time.perf_counter()
             path = accept_path(tree, choice)
+            if expected is not None:
+                calibration.update(expected - 1.0, len(path) - 1)
             new = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
             produced = min(len(new), remaining)
             for i in range(produced):

@@ -235,3 +235,32 @@ def test_lossless_tree_with_scripted_candidates(pair):
         out, stats = tree_generate(target, fake, prompt, 96, budget=16)
         assert out == ar
         assert max(stats.accepted_lengths) >= 3, stats.accepted_lengths
+
+
+# ---- budget choice ----------------------------------------------------------------------
+
+class _Cost:
+    """Verify time linear in the node count."""
+
+    def __init__(self, fixed, per_node):
+        self.fixed, self.per_node = fixed, per_node
+
+    def __call__(self, n):
+        return self.fixed + self.per_node * np.asarray(n, dtype=float)
+
+
+def test_auto_budget_trades_acceptance_for_verify_cost():
+    from dflash_gguf.budget import AcceptanceCalibration, choose_budget
+
+    tree = build_tree(0, [[1, 2], [3, 4], [5, 6]], [[-0.05, -3.0], [-0.1, -3.0], [-0.2, -3.0]], budget=14)
+    expected = tree.expected_accepted()
+    assert expected[0] == 1.0 and np.all(np.diff(expected) > 0)
+    # cheap nodes: take the whole tree; expensive nodes: only the confident chain
+    assert choose_budget(expected, _Cost(1.0, 1e-5), 0.0) == len(expected) - 1
+    assert choose_budget(expected, _Cost(1.0, 0.3), 0.0) == 3
+    assert choose_budget(expected, _Cost(1.0, 100.0), 0.0) == 0
+    # a drafter that is right less often than it believes shrinks the choice
+    cal = AcceptanceCalibration(smoothing=1.0)
+    cal.update(expected_drafts=3.0, accepted_drafts=0)
+    assert choose_budget(expected, _Cost(1.0, 0.3), 0.0, cal) == 0
+    assert tree.best(3).tokens == [0, 1, 3, 5]
