@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=sorted(KV_TYPES),
                    help="attention cache type (default f16)")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the most likely (default 0)")
+    p.add_argument("--seed", type=int, help="sampling seed (default: random)")
     p.add_argument("--block-size", type=int, help="drafted block size (default: the drafter's trained size)")
     p.add_argument("--tree-budget", metavar="N|auto",
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
@@ -84,6 +89,13 @@ def _validate(args, parser) -> None:
         args.tree_budget = n
     if not 1 <= args.draft_top_k <= 64:
         parser.error("--draft-top-k must be between 1 and 64")
+    from .sampling import SamplingParams
+
+    try:
+        args.sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.seed)
+    except ValueError as e:
+        parser.error(str(e).replace("temperature", "--temp").replace("top_k", "--top-k")
+                     .replace("top_p", "--top-p").replace("min_p", "--min-p"))
 
 
 def _report(stats, mode: str) -> dict:
@@ -172,7 +184,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     status = 0
     try:
         text = engine.chat_prompt(prompt, args.system) if args.chat else prompt
-        for piece in engine.stream(text, args.n_predict, stats=stats):
+        for piece in engine.stream(text, args.n_predict, sampling=args.sampling, stats=stats):
             sys.stdout.write(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .draft import Draft, DraftConfig, read_draft_metadata
-from .generate import GenerationStats, collect, greedy_steps
+from .generate import GenerationStats, autoregressive_steps, collect
+from .sampling import SamplingParams
 from .budget import VerifyCost
 from .speculative import speculative_steps, tree_steps
 from .target import Target, TargetConfig
@@ -83,36 +84,40 @@ class Engine:
 
         return render_chat(self.tokenizer.chat_template, user, system)
 
-    def _steps(self, prompt, max_tokens, stop_tokens, speculative, stats):
+    def _steps(self, prompt, max_tokens, stop_tokens, speculative, sampling, stats):
         tokens = self.encode(prompt)
         stops = self.tokenizer.eog_ids if stop_tokens is None else set(stop_tokens)
         if speculative and self.draft is not None and self.tree_budget:
             if self.auto_budget and self._cost is None:
                 self._cost = VerifyCost(self.target, self.n_threads)
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, self._cost)
+                              stats, self._cost, sampling)
         if speculative and self.draft is not None:
-            return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats)
-        return greedy_steps(self.target, tokens, max_tokens, stops, stats)
+            return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
+                                     sampling)
+        return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling)
 
     def generate(self, prompt: Union[str, Sequence[int]], max_tokens: int = 128, *,
                  stop_tokens: Optional[Iterable[int]] = None, speculative: bool = True,
+                 sampling: Optional[SamplingParams] = None,
                  on_tokens: Optional[Callable[[List[int]], None]] = None) -> Result:
-        """Greedy continuation of `prompt` (text or token ids). Generation ends at
-        max_tokens or at a stop token (default: the model's end-of-generation tokens),
-        which is included in the result."""
+        """Continuation of `prompt` (text or token ids): greedy, or sampled with
+        `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Generation
+        ends at max_tokens or at a stop token (default: the model's end-of-generation
+        tokens), which is included in the result."""
         stats = GenerationStats()
-        out = collect(self._steps(prompt, max_tokens, stop_tokens, speculative, stats), on_tokens)
+        out = collect(self._steps(prompt, max_tokens, stop_tokens, speculative, sampling, stats), on_tokens)
         return Result(self.tokenizer.decode(out), out, stats)
 
     def stream(self, prompt: Union[str, Sequence[int]], max_tokens: int = 128, *,
                stop_tokens: Optional[Iterable[int]] = None, speculative: bool = True,
+               sampling: Optional[SamplingParams] = None,
                stats: Optional[GenerationStats] = None) -> Iterator[str]:
         """Yield text pieces as tokens are committed, never splitting a UTF-8 character.
         Pass a GenerationStats to read the statistics afterwards."""
         stats = GenerationStats() if stats is None else stats
         decoder = self.tokenizer.stream_decoder()
-        for new in self._steps(prompt, max_tokens, stop_tokens, speculative, stats):
+        for new in self._steps(prompt, max_tokens, stop_tokens, speculative, sampling, stats):
             piece = decoder.push(new)
             if piece:
                 yield piece

@@ -1,11 +1,12 @@
-"""Plain autoregressive greedy decoding on the target: the baseline every speculative
-mode must reproduce token for token."""
+"""Plain autoregressive decoding on the target: the baseline every speculative mode
+must reproduce (token for token when greedy, in distribution when sampling)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, List, Optional
 
+from .sampling import Sampler, SamplingParams, distribution
 from .target import LOGITS_LAST, Target
 
 
@@ -37,11 +38,19 @@ class GenerationStats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def greedy_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
-                 stats: GenerationStats) -> Iterator[List[int]]:
-    """Greedy decoding after `prompt` (the target is reset first), yielding each new
+def first_token(target: Target, sampler: Optional[Sampler]) -> int:
+    """The token after the last decode, greedy or sampled."""
+    if sampler is None:
+        return int(target.argmax(0, 1)[0])
+    return sampler.draw(distribution(target.logits(0, 1), sampler.params)[0])
+
+
+def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
+                         stats: GenerationStats, sampling: Optional[SamplingParams] = None) -> Iterator[List[int]]:
+    """Plain decoding after `prompt` (the target is reset first), yielding each new
     token as a one-element list; a stop token ends generation and is yielded."""
     check_request(target, prompt, max_tokens, 0)
+    sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
     target.reset()
@@ -53,7 +62,7 @@ def greedy_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens
     stats.stop_reason = "length"
     try:
         while stats.generated_tokens < max_tokens:
-            tok = int(target.argmax(0, 1)[0])
+            tok = first_token(target, sampler)
             stats.generated_tokens += 1
             yield [tok]
             if tok in stops:
@@ -87,8 +96,10 @@ def collect(steps: Iterator[List[int]], on_tokens: Optional[Callable[[List[int]]
 
 
 def greedy_generate(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int] = (),
-                    on_tokens: Optional[Callable[[List[int]], None]] = None):
-    """Greedy tokens after `prompt`. Returns (tokens, stats)."""
+                    on_tokens: Optional[Callable[[List[int]], None]] = None,
+                    sampling: Optional[SamplingParams] = None):
+    """Plain decoding after `prompt` (greedy unless `sampling` says otherwise). Returns
+    (tokens, stats)."""
     stats = GenerationStats()
-    out = collect(greedy_steps(target, prompt, max_tokens, stop_tokens, stats), on_tokens)
+    out = collect(autoregressive_steps(target, prompt, max_tokens, stop_tokens, stats, sampling), on_tokens)
     return out, stats

@@ -1,0 +1,72 @@
+"""What every architecture converter provides to the command line."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFValueType
+
+from .hf import Checkpoint
+from .tensors import TensorSpec
+
+
+@dataclass(frozen=True)
+class KV:
+    """One GGUF metadata entry with its exact on-disk type."""
+
+    key: str
+    value: Any
+    type: GGUFValueType
+    sub_type: GGUFValueType | None = None
+
+
+def u32(key: str, value: int) -> KV:
+    return KV(key, int(value), GGUFValueType.UINT32)
+
+
+def f32(key: str, value: float) -> KV:
+    return KV(key, float(value), GGUFValueType.FLOAT32)
+
+
+def string(key: str, value: str) -> KV:
+    return KV(key, str(value), GGUFValueType.STRING)
+
+
+def boolean(key: str, value: bool) -> KV:
+    return KV(key, bool(value), GGUFValueType.BOOL)
+
+
+def array(key: str, values: list, sub_type: GGUFValueType) -> KV:
+    return KV(key, list(values), GGUFValueType.ARRAY, sub_type)
+
+
+class ModelConverter:
+    """Maps one Hugging Face architecture to one GGUF architecture.
+
+    Subclasses validate the config in __init__ (raising ConversionError), and describe
+    the output: metadata keys for the architecture, tensor recipes, and what was left
+    out of the checkpoint on purpose.
+    """
+
+    gguf_arch: str
+
+    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint):
+        self.model_dir = model_dir
+        self.config = config
+        self.checkpoint = checkpoint
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def metadata(self) -> list[KV]:
+        """Architecture keys (`{arch}.*`); general.* and tokenizer.* are added by the caller."""
+        raise NotImplementedError
+
+    def tensors(self) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    def skipped(self) -> dict[str, int]:
+        """Checkpoint tensors deliberately not converted: description -> count."""
+        return {}

@@ -1,0 +1,149 @@
+"""convert-hf-to-gguf: convert a Hugging Face checkpoint directory to one GGUF file.
+
+    convert-hf-to-gguf ./Qwen3.5-27B --outtype q4_k_m --outfile target.gguf
+
+Exit codes: 0 success, 2 bad input or options (a message, no traceback), 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from gguf import GGML_QUANT_VERSION, size_label
+
+from .base import KV, string, u32
+from .errors import ConversionError
+from .hf import Checkpoint, load_config
+from .quant import OUTTYPES, plan_types, tensor_bytes
+from .registry import converter_for
+from .vocab import load_vocab
+
+log = logging.getLogger("dflash_gguf.convert")
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is at the time (pytest swaps it per test)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
+def _setup_logging() -> None:
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="convert-hf-to-gguf",
+        description="Convert a Hugging Face safetensors checkpoint to GGUF (llama.cpp conventions).")
+    p.add_argument("model_dir", type=Path, help="checkpoint directory (config.json, *.safetensors, tokenizer)")
+    p.add_argument("--outfile", type=Path,
+                   help="output file (default: ./<model dir name>-<OUTTYPE>.gguf)")
+    p.add_argument("--outtype", choices=list(OUTTYPES), default="f16",
+                   help="tensor types: plain (f32, f16, bf16, q8_0, q4_0) or a llama.cpp mix "
+                        "(q4_k_m, q5_k_m, q6_k); default f16")
+    p.add_argument("--pre", metavar="NAME",
+                   help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre); overrides detection")
+    p.add_argument("--name", help="general.name (default: the model directory name)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="threads for reading and quantizing (default: all cores)")
+    p.add_argument("--dry-run", action="store_true", help="print the tensor plan and write nothing")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    return p
+
+
+def _fmt_bytes(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    _setup_logging()
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: 2 on bad options, 0 after --help
+        return e.code if isinstance(e.code, int) else 0
+    try:
+        return _run(args)
+    except ConversionError as e:
+        log.error("%s", e)
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    model_dir: Path = args.model_dir
+    config = load_config(model_dir)
+    converter_cls = converter_for(config)
+    outfile: Path = args.outfile or Path(f"{model_dir.resolve().name}-{args.outtype.upper()}.gguf")
+    if not args.dry_run:
+        if outfile.exists() and not args.force:
+            raise ConversionError(f"{str(outfile)!r} already exists; pass --force to overwrite it")
+        if outfile.is_dir():
+            raise ConversionError(f"{str(outfile)!r} is a directory")
+        if not outfile.parent.resolve().is_dir():
+            raise ConversionError(f"the output directory {str(outfile.parent)!r} does not exist")
+
+    checkpoint = Checkpoint(model_dir)
+    converter = converter_cls(model_dir, config, checkpoint)
+    for what, count in converter.skipped().items():
+        log.info("skipping %d tensor%s: %s", count, "" if count == 1 else "s", what)
+    vocab = load_vocab(model_dir, config, converter.vocab_size, args.pre)
+    log.info("pre-tokenizer %r (from %s)", vocab.pre, vocab.pre_source)
+
+    specs = converter.tensors()
+    types = plan_types([(s.name, s.shape) for s in specs], args.outtype)
+    plan = [(s, types[s.name]) for s in specs]
+    n_params = sum(s.numel for s in specs)
+    file_type = OUTTYPES[args.outtype][0]
+    kvs: list[KV] = [
+        string("general.type", "model"),
+        string("general.name", args.name or model_dir.resolve().name),
+        string("general.size_label", size_label(n_params, 0, 0, 0)),
+        *converter.metadata(),
+        u32("general.file_type", int(file_type)),
+        u32("general.quantization_version", GGML_QUANT_VERSION),
+        *vocab.metadata(),
+    ]
+    total = sum(tensor_bytes(t, s.shape) for s, t in plan)
+
+    if args.dry_run:
+        _print_plan(plan, args.outtype, total, n_params, len(kvs))
+        return 0
+
+    from .writer import write_gguf
+
+    log.info("writing %s: %d tensors, %s, %s", outfile, len(plan), _fmt_bytes(total), args.outtype)
+    size = write_gguf(outfile, converter.gguf_arch, kvs, plan, checkpoint, threads=max(1, args.threads))
+    log.info("wrote %s (%s)", outfile, _fmt_bytes(size))
+    return 0
+
+
+def _print_plan(plan, outtype: str, total: int, n_params: int, n_kvs: int) -> None:
+    rows = [(s.name, "{" + ", ".join(str(d) for d in reversed(s.shape)) + "}", t.name,
+             _fmt_bytes(tensor_bytes(t, s.shape))) for s, t in plan]
+    widths = [max(len(r[i]) for r in rows + [("tensor", "shape", "type", "size")]) for i in range(4)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths[:3]) + f"  {{:>{widths[3]}}}"
+    print(line.format("tensor", "shape", "type", "size"))
+    for r in rows:
+        print(line.format(*r))
+    counts: dict[str, int] = {}
+    for _, t in plan:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    mix = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+    print(f"total: {len(plan)} tensors, {n_params:,} parameters, {_fmt_bytes(total)} of tensor data "
+          f"({outtype}: {mix}); {n_kvs} metadata keys")

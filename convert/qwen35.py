@@ -1,0 +1,239 @@
+"""Qwen3.5 (hybrid Gated DeltaNet + gated attention) -> GGUF architecture `qwen35`.
+
+Names, keys and layouts are llama.cpp's, so the files also load in llama.cpp:
+- RMSNorm weights are applied as (1 + w) by transformers and stored +1; the GDN output
+  norm (linear_attn.norm) is a plain weight and is stored as is.
+- ssm_a = -exp(A_log); dt_bias becomes ssm_dt.bias; conv1d drops its singleton axis.
+- When there are fewer linear-attention key heads than value heads, every V-head axis is
+  reordered from grouped-by-key-head to tiled order, so that ggml's broadcasting repeat
+  lines value heads up with their key heads.
+- Attention q_proj keeps its packed per-head [query, gate] rows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFValueType
+
+from .base import KV, ModelConverter, array, f32, u32
+from .errors import ConversionError
+from .hf import Checkpoint, text_hparams
+from .tensors import TensorSpec, add_one, neg_exp
+
+ARCH = "qwen35"
+# llama.cpp's loader requires rope sections; this is Qwen3.5's default (transformers
+# falls back to the same [11, 11, 10]).
+DEFAULT_MROPE_SECTION = [11, 11, 10, 0]
+DEFAULT_FULL_ATTENTION_INTERVAL = 4
+DEFAULT_PARTIAL_ROTARY_FACTOR = 0.25
+
+_REQUIRED = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "rms_norm_eps", "linear_conv_kernel_dim", "linear_key_head_dim",
+             "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads"]
+
+
+def v_head_order(n_k_heads: int, n_v_heads: int, head_dim: int) -> np.ndarray:
+    """Gather index taking V heads from grouped order (per key head) to tiled order.
+
+    Grouped: [k0v0, k0v1, ..., k1v0, k1v1, ...]; tiled: [k0v0, k1v0, ..., k0v1, k1v1, ...].
+    Output element i is source element index[i]; heads are `head_dim` elements wide.
+    """
+    per_k = n_v_heads // n_k_heads
+    return np.arange(n_v_heads * head_dim).reshape(n_k_heads, per_k, head_dim).transpose(1, 0, 2).reshape(-1)
+
+
+class Qwen35Converter(ModelConverter):
+    gguf_arch = ARCH
+
+    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint):
+        super().__init__(model_dir, config, checkpoint)
+        hp = self.hp = text_hparams(config)
+        missing = [k for k in _REQUIRED if k not in hp]
+        if missing:
+            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a Qwen3.5 model")
+        if hp.get("attention_bias"):
+            raise ConversionError("attention_bias=true is not a Qwen3.5 layout llama.cpp's qwen35 loads")
+        if hp["linear_key_head_dim"] != hp["linear_value_head_dim"]:
+            raise ConversionError(
+                "linear_key_head_dim must equal linear_value_head_dim: the qwen35 GGUF layout stores one "
+                f"state size (got {hp['linear_key_head_dim']} and {hp['linear_value_head_dim']})")
+        if hp["linear_num_value_heads"] % hp["linear_num_key_heads"] != 0:
+            raise ConversionError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        self.n_layer = int(hp["num_hidden_layers"])
+        # transformers' Qwen3_5TextConfig default, which applies when config.json omits it.
+        self.head_dim = int(hp.get("head_dim", 256))
+        self.recurrent = self._recurrent_layers()
+
+        names = checkpoint.names()
+        self.prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in names) \
+            else "model."
+        self.tied = bool(hp.get("tie_word_embeddings", False))
+        self._specs = self._build_specs()
+        used = {s.source for s in self._specs}
+        self._skipped: dict[str, int] = {}
+        unexpected = []
+        for n in names:
+            if n in used:
+                continue
+            if n.startswith(("model.visual.", "visual.")):
+                self._count_skip("vision tower (model.visual.*)")
+            elif n.startswith(("mtp.", "model.mtp.")):
+                self._count_skip("multi-token-prediction head (mtp.*)")
+            elif n == "lm_head.weight" and self.tied:
+                self._count_skip("lm_head.weight (tie_word_embeddings: output uses token_embd)")
+            else:
+                unexpected.append(n)
+        if unexpected:
+            shown = ", ".join(unexpected[:8]) + (" ..." if len(unexpected) > 8 else "")
+            raise ConversionError(f"{len(unexpected)} checkpoint tensors have no qwen35 mapping: {shown}")
+
+    def _count_skip(self, what: str) -> None:
+        self._skipped[what] = self._skipped.get(what, 0) + 1
+
+    def _recurrent_layers(self) -> list[bool]:
+        types = self.hp.get("layer_types")
+        if types is None:
+            interval = int(self.hp.get("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL))
+            return [(i + 1) % interval != 0 for i in range(self.n_layer)]
+        if len(types) != self.n_layer:
+            raise ConversionError(f"layer_types has {len(types)} entries for {self.n_layer} layers")
+        bad = sorted({t for t in types if t not in ("linear_attention", "full_attention")})
+        if bad:
+            raise ConversionError(f"unknown layer types {bad}; Qwen3.5 has linear_attention and full_attention")
+        return [t == "linear_attention" for t in types]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hp["vocab_size"])
+
+    def _rope(self) -> dict:
+        rope = dict(self.hp.get("rope_parameters") or self.hp.get("rope_scaling") or {})
+        for key in ("rope_theta", "partial_rotary_factor"):
+            if key not in rope and key in self.hp:
+                rope[key] = self.hp[key]
+        return rope
+
+    def metadata(self) -> list[KV]:
+        hp, a = self.hp, ARCH
+        rope = self._rope()
+        n_v, d_v = int(hp["linear_num_value_heads"]), int(hp["linear_value_head_dim"])
+        kv = [
+            u32(f"{a}.block_count", self.n_layer),
+            u32(f"{a}.context_length", hp.get("max_position_embeddings", 32768)),
+            u32(f"{a}.embedding_length", hp["hidden_size"]),
+            u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
+            u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
+            u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
+        ]
+        kv += self._rope_scaling(rope)
+        sections = list(rope.get("mrope_section") or DEFAULT_MROPE_SECTION)
+        sections = (sections + [0] * 4)[:4]
+        kv.append(array(f"{a}.rope.dimension_sections", sections, GGUFValueType.INT32))
+        kv += [
+            f32(f"{a}.rope.freq_base", rope.get("rope_theta", 10000.0)),
+            f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
+            u32(f"{a}.attention.key_length", self.head_dim),
+            u32(f"{a}.attention.value_length", self.head_dim),
+            u32(f"{a}.ssm.conv_kernel", hp["linear_conv_kernel_dim"]),
+            u32(f"{a}.ssm.state_size", hp["linear_key_head_dim"]),
+            u32(f"{a}.ssm.group_count", hp["linear_num_key_heads"]),
+            u32(f"{a}.ssm.time_step_rank", n_v),
+            u32(f"{a}.ssm.inner_size", n_v * d_v),
+        ]
+        kv.append(array(f"{a}.attention.recurrent_layers", self.recurrent, GGUFValueType.BOOL))
+        kv.append(u32(f"{a}.full_attention_interval",
+                      hp.get("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL)))
+        partial = float(rope.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY_FACTOR))
+        kv.append(u32(f"{a}.rope.dimension_count", int(self.head_dim * partial)))
+        return kv
+
+    def _rope_scaling(self, rope: dict) -> list[KV]:
+        a = ARCH
+        kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+        if kind in (None, "default"):
+            return []
+        if kind == "linear" and factor is not None:
+            return [KV(f"{a}.rope.scaling.type", "linear", GGUFValueType.STRING),
+                    f32(f"{a}.rope.scaling.factor", factor)]
+        if kind == "yarn" and factor is not None:
+            kv = [KV(f"{a}.rope.scaling.type", "yarn", GGUFValueType.STRING),
+                  f32(f"{a}.rope.scaling.factor", factor),
+                  u32(f"{a}.rope.scaling.original_context_length", rope["original_max_position_embeddings"])]
+            optional = {"extrapolation_factor": "rope.scaling.yarn_ext_factor",
+                        "attention_factor": "rope.scaling.yarn_attn_factor",
+                        "beta_fast": "rope.scaling.yarn_beta_fast",
+                        "beta_slow": "rope.scaling.yarn_beta_slow"}
+            return kv + [f32(f"{a}.{key}", rope[name]) for name, key in optional.items() if name in rope]
+        raise ConversionError(f"rope type {kind!r} is not supported for qwen35 (default, linear and yarn are)")
+
+    def tensors(self) -> list[TensorSpec]:
+        return self._specs
+
+    def skipped(self) -> dict[str, int]:
+        return dict(self._skipped)
+
+    def _spec(self, name: str, source: str, shape: tuple[int, ...], **kw) -> TensorSpec:
+        t = self.checkpoint.tensors.get(source)
+        if t is None:
+            raise ConversionError(f"checkpoint tensor {source!r} (for {name}) is missing")
+        expected = int(np.prod(shape, dtype=np.int64))
+        if t.numel != expected or (len(shape) > 1 and t.shape[0] != shape[0]):
+            raise ConversionError(f"tensor {source!r} has shape {list(t.shape)}, but config.json implies "
+                                  f"{list(shape)}")
+        return TensorSpec(name, source, shape, **kw)
+
+    def _build_specs(self) -> list[TensorSpec]:
+        hp, p = self.hp, self.prefix
+        n_embd, n_ff, n_vocab = int(hp["hidden_size"]), int(hp["intermediate_size"]), self.vocab_size
+        n_head, n_head_kv, hd = int(hp["num_attention_heads"]), int(hp["num_key_value_heads"]), self.head_dim
+        n_k, n_v = int(hp["linear_num_key_heads"]), int(hp["linear_num_value_heads"])
+        d_k, d_v, k_conv = int(hp["linear_key_head_dim"]), int(hp["linear_value_head_dim"]), \
+            int(hp["linear_conv_kernel_dim"])
+        key_dim, value_dim = n_k * d_k, n_v * d_v
+        conv_dim = 2 * key_dim + value_dim
+
+        reorder = n_k != n_v
+        v_rows = v_head_order(n_k, n_v, d_v) if reorder else None
+        head_rows = v_head_order(n_k, n_v, 1) if reorder else None
+        qkv_rows = np.concatenate([np.arange(2 * key_dim), 2 * key_dim + v_rows]) if reorder else None
+
+        specs = [self._spec("token_embd.weight", p + "embed_tokens.weight", (n_vocab, n_embd))]
+        for i in range(self.n_layer):
+            lp, b = f"{p}layers.{i}.", f"blk.{i}."
+            specs.append(self._spec(b + "attn_norm.weight", lp + "input_layernorm.weight", (n_embd,),
+                                    transform=add_one))
+            if self.recurrent[i]:
+                la = lp + "linear_attn."
+                specs += [
+                    self._spec(b + "ssm_a", la + "A_log", (n_v,), cols=head_rows, transform=neg_exp),
+                    self._spec(b + "ssm_conv1d.weight", la + "conv1d.weight", (conv_dim, k_conv), rows=qkv_rows),
+                    self._spec(b + "ssm_dt.bias", la + "dt_bias", (n_v,), cols=head_rows),
+                    self._spec(b + "ssm_alpha.weight", la + "in_proj_a.weight", (n_v, n_embd), rows=head_rows),
+                    self._spec(b + "ssm_beta.weight", la + "in_proj_b.weight", (n_v, n_embd), rows=head_rows),
+                    self._spec(b + "attn_qkv.weight", la + "in_proj_qkv.weight", (conv_dim, n_embd), rows=qkv_rows),
+                    self._spec(b + "attn_gate.weight", la + "in_proj_z.weight", (value_dim, n_embd), rows=v_rows),
+                    self._spec(b + "ssm_norm.weight", la + "norm.weight", (d_v,)),
+                    self._spec(b + "ssm_out.weight", la + "out_proj.weight", (n_embd, value_dim), cols=v_rows),
+                ]
+            else:
+                sa = lp + "self_attn."
+                specs += [
+                    self._spec(b + "attn_q.weight", sa + "q_proj.weight", (n_head * hd * 2, n_embd)),
+                    self._spec(b + "attn_k.weight", sa + "k_proj.weight", (n_head_kv * hd, n_embd)),
+                    self._spec(b + "attn_v.weight", sa + "v_proj.weight", (n_head_kv * hd, n_embd)),
+                    self._spec(b + "attn_output.weight", sa + "o_proj.weight", (n_embd, n_head * hd)),
+                    self._spec(b + "attn_q_norm.weight", sa + "q_norm.weight", (hd,), transform=add_one),
+                    self._spec(b + "attn_k_norm.weight", sa + "k_norm.weight", (hd,), transform=add_one),
+                ]
+            specs += [
+                self._spec(b + "post_attention_norm.weight", lp + "post_attention_layernorm.weight", (n_embd,),
+                           transform=add_one),
+                self._spec(b + "ffn_gate.weight", lp + "mlp.gate_proj.weight", (n_ff, n_embd)),
+                self._spec(b + "ffn_up.weight", lp + "mlp.up_proj.weight", (n_ff, n_embd)),
+                self._spec(b + "ffn_down.weight", lp + "mlp.down_proj.weight", (n_embd, n_ff)),
+            ]
+        specs.append(self._spec("output_norm.weight", p + "norm.weight", (n_embd,), transform=add_one))
+        if not self.tied:
+            specs.append(self._spec("output.weight", "lm_head.weight", (n_vocab, n_embd)))
+        return specs

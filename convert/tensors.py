@@ -1,0 +1,64 @@
+"""Output tensors as recipes over checkpoint tensors, materialised in row chunks.
+
+A TensorSpec says which checkpoint tensor a GGUF tensor comes from and how: a row gather,
+a column gather and an elementwise transform. Each of these works on any subset of rows,
+so a tensor never has to be in memory whole.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hf import Checkpoint, to_float32
+
+
+@dataclass(frozen=True, eq=False)
+class TensorSpec:
+    """One GGUF tensor. `shape` is in numpy order (outermost first, row length last)."""
+
+    name: str
+    source: str
+    shape: tuple[int, ...]
+    rows: np.ndarray | None = None
+    cols: np.ndarray | None = None
+    transform: Callable[[np.ndarray], np.ndarray] | None = None
+
+    @property
+    def row_length(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def n_rows(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64))
+
+    @property
+    def numel(self) -> int:
+        return self.n_rows * self.row_length
+
+
+def add_one(x: np.ndarray) -> np.ndarray:
+    return x + np.float32(1.0)
+
+
+def neg_exp(x: np.ndarray) -> np.ndarray:
+    return -np.exp(x)
+
+
+def row_ranges(spec: TensorSpec, max_bytes: int = 16 << 20) -> list[tuple[int, int]]:
+    """Row intervals [r0, r1) covering the tensor, each at most `max_bytes` of float32."""
+    step = max(1, max_bytes // (4 * spec.row_length))
+    return [(r0, min(spec.n_rows, r0 + step)) for r0 in range(0, spec.n_rows, step)]
+
+
+def load_rows(ckpt: Checkpoint, spec: TensorSpec, r0: int, r1: int) -> np.ndarray:
+    """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array."""
+    src = ckpt.rows(spec.source, spec.n_rows)
+    block = src[spec.rows[r0:r1]] if spec.rows is not None else src[r0:r1]
+    block = to_float32(block, ckpt.is_bf16(spec.source))
+    if spec.cols is not None:
+        block = block[:, spec.cols]
+    if spec.transform is not None:
+        block = spec.transform(block)
+    return np.ascontiguousarray(block, dtype=np.float32)

@@ -1,0 +1,66 @@
+"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fixtures import QWEN35_SHAPES, LlamaCppConverter, llama_cpp_source, make_qwen35
+
+
+@pytest.fixture(scope="session")
+def qwen35_dir(tmp_path_factory):
+    """qwen35_dir(shape_name) -> checkpoint directory for a QWEN35_SHAPES entry."""
+    root = tmp_path_factory.mktemp("qwen35")
+    built: dict[str, Path] = {}
+
+    def get(shape: str) -> Path:
+        if shape not in built:
+            built[shape] = make_qwen35(root / shape, **QWEN35_SHAPES[shape])
+        return built[shape]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def convert_model(tmp_path_factory):
+    """convert_model(model_dir, outtype, *extra_args) -> GGUF path, converted once per session
+    with dflash_gguf.convert.cli.main."""
+    from dflash_gguf.convert.cli import main
+
+    root = tmp_path_factory.mktemp("gguf")
+    done: dict[tuple, Path] = {}
+
+    def convert(model_dir: Path, outtype: str = "f32", *extra: str) -> Path:
+        key = (str(model_dir), outtype, extra)
+        if key not in done:
+            out = root / f"{Path(model_dir).name}-{outtype}-{len(done)}.gguf"
+            rc = main([str(model_dir), "--outfile", str(out), "--outtype", outtype, *extra])
+            assert rc == 0, f"conversion of {model_dir} to {outtype} failed with exit code {rc}"
+            done[key] = out
+        return done[key]
+
+    return convert
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_convert(tmp_path_factory):
+    """llama_cpp_convert(model_dir, outtype) -> GGUF written by llama.cpp's own converter.
+
+    Skips when the llama.cpp sources cannot be found or downloaded.
+    """
+    if llama_cpp_source() is None:
+        pytest.skip("llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded")
+    root = tmp_path_factory.mktemp("llama_cpp_gguf")
+    oracle = LlamaCppConverter()
+    done: dict[tuple, Path] = {}
+
+    def convert(model_dir: Path, outtype: str = "f32", pre: str = "qwen35") -> Path:
+        key = (str(model_dir), outtype, pre)
+        if key not in done:
+            out = root / f"{Path(model_dir).name}-{outtype}-{len(done)}.gguf"
+            done[key] = oracle.convert(model_dir, out, outtype, pre=pre)
+        return done[key]
+
+    yield convert
+    oracle.close()

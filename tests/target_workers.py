@@ -1,0 +1,213 @@
+"""Work for tests/test_target.py that runs in a child process.
+
+Quantized GGUFs exercise CPU kernels (weight repacking, AMX) that have crashed on some
+machines; a crash there must fail one test, not end the session. Each function here runs
+in `python -c` via `run_isolated`, takes JSON-able arguments and returns a JSON-able result.
+No torch import: a child starts in about a second.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+class ChildCrashed(RuntimeError):
+    pass
+
+
+def run_isolated(func: str, *args, deny_amx: bool = False, timeout: float = 300) -> object:
+    """Run target_workers.<func>(*args) in a fresh interpreter and return its result.
+
+    deny_amx: refuse the process AMX tile permission before anything loads ggml, so ggml
+    does not offer its AMX buffer type (see deny_amx_permission). DFLASH_TEST_DENY_AMX=1
+    in the environment denies it to every child (to tell an AMX crash from others)."""
+    deny_amx = deny_amx or os.environ.get("DFLASH_TEST_DENY_AMX") == "1"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import target_workers as w; "
+            "w._child(sys.argv[2])")
+    payload = json.dumps({"func": func, "args": args, "deny_amx": deny_amx})
+    res = subprocess.run([sys.executable, "-c", code, str(_HERE), payload], capture_output=True, text=True, cwd=_HERE,
+                         timeout=timeout)
+    if res.returncode != 0:
+        how = (f"killed by signal {signal.Signals(-res.returncode).name}" if res.returncode < 0
+               else f"exit code {res.returncode}")
+        raise ChildCrashed(f"{func} {how}:\n{res.stderr[-3000:]}")
+    marker = "@@RESULT@@"
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith(marker))
+    return json.loads(line[len(marker):])
+
+
+def _child(payload: str) -> None:
+    req = json.loads(payload)
+    if req["deny_amx"]:
+        deny_amx_permission()
+    out = globals()[req["func"]](*req["args"])
+    print("@@RESULT@@" + json.dumps(out), flush=True)
+
+
+def deny_amx_permission() -> None:
+    """Install a seccomp filter that fails arch_prctl(ARCH_REQ_XCOMP_PERM) with EPERM.
+
+    ggml's CPU backend asks for AMX tile permission before it offers the AMX buffer type;
+    refused, it falls back to its other kernels (weight repacking where available). With
+    AMX compiled in (llama-cpp-python 0.3.36 built natively on an AMX CPU),
+    ggml_backend_amx_mul_mat dies with SIGSEGV for matrix products of more than one row
+    (ldtilecfg of a tile config with garbage in its colsb/rows bytes), in llama.cpp itself
+    as well; scripts/setup.sh now builds without AMX, and this keeps the oracle usable on
+    a build that has it. Linux x86-64 only; elsewhere a no-op.
+    """
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+    BPF_LD_W_ABS, BPF_JEQ_K, BPF_RET_K = 0x20, 0x15, 0x06
+    AUDIT_ARCH_X86_64, NR_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM = 0xC000003E, 158, 0x1023
+    RET_ALLOW, RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+    prog = [
+        SockFilter(BPF_LD_W_ABS, 0, 0, 4),                       # seccomp_data.arch
+        SockFilter(BPF_JEQ_K, 0, 5, AUDIT_ARCH_X86_64),
+        SockFilter(BPF_LD_W_ABS, 0, 0, 0),                       # seccomp_data.nr
+        SockFilter(BPF_JEQ_K, 0, 3, NR_ARCH_PRCTL),
+        SockFilter(BPF_LD_W_ABS, 0, 0, 16),                      # args[0], low word
+        SockFilter(BPF_JEQ_K, 0, 1, ARCH_REQ_XCOMP_PERM),
+        SockFilter(BPF_RET_K, 0, 0, RET_EPERM),
+        SockFilter(BPF_RET_K, 0, 0, RET_ALLOW),
+    ]
+    arr = (SockFilter * len(prog))(*prog)
+    fprog = SockFprog(len(prog), arr)
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
+            libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot install the seccomp filter that denies AMX")
+
+
+# ---- llama.cpp -----------------------------------------------------------------------------
+
+def open_llama(path: str, n_ctx: int, n_threads: int = 2, extra_bufts: bool = True, n_batch: int = 64):
+    """llama-cpp-python set up like our runtime: f16 KV cache, flash attention, all logits.
+    extra_bufts=False turns off weight repacking (llama.cpp's --no-repack)."""
+    import llama_cpp.llama_cpp as C
+    from llama_cpp import Llama
+
+    orig = C.llama_model_default_params
+
+    def params():
+        p = orig()
+        p.use_extra_bufts = extra_bufts
+        return p
+
+    C.llama_model_default_params = params
+    try:
+        return Llama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, logits_all=True, flash_attn=True,
+                     type_k=1, type_v=1, n_threads=n_threads, verbose=False)
+    finally:
+        C.llama_model_default_params = orig
+
+
+def _top2_gap(row) -> float:
+    import numpy as np
+
+    a, b = np.partition(np.asarray(row, np.float32), -2)[-2:]
+    return float(abs(a - b))
+
+
+def llama_greedy(path: str, prompts: list, n_new: int, n_ctx: int = 128) -> list:
+    """Greedy continuations: per prompt {"tokens": [...], "gaps": [top-2 gap per step]}."""
+    import numpy as np
+
+    llm = open_llama(path, n_ctx)
+    out = []
+    for prompt in prompts:
+        llm.reset()
+        llm.eval(prompt)
+        toks, gaps = [], []
+        for _ in range(n_new):
+            row = llm.scores[llm.n_tokens - 1]
+            tok = int(np.argmax(row))
+            toks.append(tok)
+            gaps.append(_top2_gap(row))
+            llm.eval([tok])
+        out.append({"tokens": toks, "gaps": gaps})
+    return out
+
+
+# ---- our runtime -----------------------------------------------------------------------------
+
+def ours_greedy(path: str, prompts: list, n_new: int, n_ctx: int = 128) -> list:
+    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+
+    out = []
+    with Target(path, TargetConfig(n_ctx=n_ctx, n_ubatch=64, kv_type="f16", n_threads=2)) as t:
+        for prompt in prompts:
+            t.reset()
+            t.prefill(prompt, LOGITS_LAST)
+            toks, gaps = [], []
+            for _ in range(n_new):
+                tok = int(t.argmax(0, 1)[0])
+                toks.append(tok)
+                gaps.append(_top2_gap(t.logits(0, 1)[0]))
+                t.decode([tok], LOGITS_LAST)
+            out.append({"tokens": toks, "gaps": gaps})
+    return out
+
+
+def ours_verify_vs_sequential(path: str, n_prefix: int, max_k: int, kv_type: str = "f32") -> dict:
+    """For every chain length k in 1..max_k: max |verify row - the row single-token decoding
+    gives|, and, after commit(j) for j in {0, k//2, k}, the same for decoding two more tokens.
+    The reference is what plain greedy decoding does: the prefix prefilled, then one token
+    per call."""
+    import numpy as np
+
+    from dflash_gguf.target import LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
+
+    cfg = TargetConfig(n_ctx=128, n_ubatch=64, n_verify=max_k, kv_type=kv_type, n_threads=2)
+    rng = np.random.default_rng(70)
+    out = {"rows": {}, "after_commit": {}, "argmax_equal": True, "greedy_equal": True}
+    with Target(path, cfg) as t:
+        prefix = rng.integers(0, t.n_vocab, size=n_prefix).tolist()
+        cands = rng.integers(0, t.n_vocab, size=max_k).tolist()
+        tail = rng.integers(0, t.n_vocab, size=2).tolist()
+
+        def one_by_one(toks):
+            rows = []
+            for tok in toks:
+                t.decode([tok], LOGITS_LAST)
+                rows.append(t.logits(0, 1)[0])
+            return np.stack(rows)
+
+        t.prefill(prefix, LOGITS_NONE)
+        seq = one_by_one(cands)
+        after_ref = {}
+        for j in range(max_k + 1):
+            t.reset()
+            t.prefill(prefix, LOGITS_NONE)
+            if j:
+                one_by_one(cands[:j])
+            after_ref[j] = one_by_one(tail)
+        for k in range(1, max_k + 1):
+            for j in sorted({0, k // 2, k}):
+                t.reset()
+                t.prefill(prefix, LOGITS_NONE)
+                t.verify(cands[:k])
+                rows = t.logits(0, k)
+                out["rows"][k] = max(out["rows"].get(k, 0.0), float(np.abs(rows - seq[:k]).max()))
+                out["argmax_equal"] &= list(t.argmax(0, k)) == list(np.argmax(rows, axis=1))
+                out["greedy_equal"] &= list(t.argmax(0, k)) == list(np.argmax(seq[:k], axis=1))
+                t.commit(j)
+                after = one_by_one(tail)
+                key = f"{k}/{j}"
+                out["after_commit"][key] = float(np.abs(after - after_ref[j]).max())
+    return out
