@@ -19,6 +19,7 @@ DFL_API void dfl_target_default_params(dfl_target_params * p) {
     p->n_ubatch = 512;
     p->n_verify = 16;
     p->kv_type = GGML_TYPE_F16;
+    p->kv_type_v = -1;
 }
 
 static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
@@ -29,15 +30,21 @@ static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
     if (p->n_verify > p->n_ctx) {
         return dfl_fail(DFL_ERR_ARGUMENT, "n_verify (%d) exceeds the context size (%d)", p->n_verify, p->n_ctx);
     }
-    if (p->kv_type != GGML_TYPE_F32 && p->kv_type != GGML_TYPE_F16 && p->kv_type != GGML_TYPE_Q8_0 &&
-        p->kv_type != GGML_TYPE_Q4_0 && p->kv_type != GGML_TYPE_BF16) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "unsupported KV cache type %d (use f32, f16, bf16, q8_0 or q4_0)", p->kv_type);
+    if (p->kv_type_v < 0) {
+        p->kv_type_v = p->kv_type;
     }
-    if (p->kv_type == GGML_TYPE_Q8_0 || p->kv_type == GGML_TYPE_Q4_0) {
-        if (m->head_dim % ggml_blck_size((enum ggml_type) p->kv_type) != 0) {
-            return dfl_fail(DFL_ERR_ARGUMENT, "KV type %s needs a head size multiple of %lld (model has %d)",
-                            ggml_type_name((enum ggml_type) p->kv_type),
-                            (long long) ggml_blck_size((enum ggml_type) p->kv_type), m->head_dim);
+    const int32_t types[2] = { p->kv_type, p->kv_type_v };
+    for (int i = 0; i < 2; i++) {
+        const int32_t kt = types[i];
+        if (kt != GGML_TYPE_F32 && kt != GGML_TYPE_F16 && kt != GGML_TYPE_Q8_0 && kt != GGML_TYPE_Q4_0 &&
+            kt != GGML_TYPE_BF16) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "unsupported %s cache type %d (use f32, f16, bf16, q8_0 or q4_0)",
+                            i == 0 ? "K" : "V", kt);
+        }
+        if ((kt == GGML_TYPE_Q8_0 || kt == GGML_TYPE_Q4_0) && m->head_dim % ggml_blck_size((enum ggml_type) kt) != 0) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "cache type %s needs a head size multiple of %lld (model has %d)",
+                            ggml_type_name((enum ggml_type) kt), (long long) ggml_blck_size((enum ggml_type) kt),
+                            m->head_dim);
         }
     }
     if (p->n_feature_layers < 0 || p->n_feature_layers > 16) {
@@ -71,7 +78,7 @@ static dfl_status alloc_state(dfl_target * t) {
                                                      m->conv_channels);
         } else {
             t->k_cache[il] = ggml_new_tensor_2d(t->ctx_state, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
-            t->v_cache[il] = ggml_new_tensor_2d(t->ctx_state, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
+            t->v_cache[il] = ggml_new_tensor_2d(t->ctx_state, (enum ggml_type) t->p.kv_type_v, kv_dim, t->p.n_ctx);
         }
     }
     const int rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;

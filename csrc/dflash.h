@@ -58,7 +58,8 @@ typedef struct dfl_target_params {
     int32_t n_ubatch;         /* most tokens in one decode call (prefill chunk); <= 0: 512 */
     int32_t n_verify;         /* most tokens in one verify call; <= 0: 16 */
     int32_t n_threads;        /* CPU threads; <= 0: ggml's default */
-    int32_t kv_type;          /* ggml type id of the attention cache: 0 f32, 1 f16, 8 q8_0, 2 q4_0 */
+    int32_t kv_type;          /* ggml type id of the attention K cache: 0 f32, 1 f16, 30 bf16, 8 q8_0, 2 q4_0 */
+    int32_t kv_type_v;        /* V cache type; < 0: the same as K */
     int32_t n_feature_layers; /* hidden states captured per token for a drafter */
     int32_t feature_layers[16]; /* llama.cpp convention: L = the input of layer L (output of L-1) */
     int32_t no_repack;        /* keep quantized matrices in file layout (no CPU repacking) */

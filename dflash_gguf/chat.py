@@ -1,11 +1,13 @@
 """Chat prompts from the GGUF's own template (tokenizer.chat_template)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 
-def render_chat(template: Optional[str], prompt: str, system: Optional[str] = None) -> str:
-    """The user message (after an optional system message) rendered for generation."""
+def render_chat(template: Optional[str], prompt: str, system: Optional[str] = None,
+                history: Sequence[dict] = ()) -> str:
+    """An optional system message, earlier messages, then the user message, rendered
+    for the assistant's reply."""
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -17,7 +19,8 @@ def render_chat(template: Optional[str], prompt: str, system: Optional[str] = No
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    messages = ([{"role": "system", "content": system}] if system else []) + list(history) + \
+        [{"role": "user", "content": prompt}]
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=True)
     except TemplateError as e:

@@ -28,8 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: ggml's choice)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
+    p.add_argument("-b", "--batch-size", type=int, help="prompt tokens per graph; alias of -ub (the smaller wins)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=sorted(KV_TYPES),
-                   help="attention cache type (default f16)")
+                   help="attention K cache type (default f16)")
+    p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_TYPES), help="attention V cache type (default: as K)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int,
+                   help="0: run on the CPU; any other value: all layers on the accelerator when one exists "
+                        "(partial offload is not supported)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -46,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="ggml device name (default: first GPU, else CPU)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", help="system message for --chat")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop generating at this text (repeatable; the text is not printed)")
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="chat in turns on the terminal, keeping the context (implies --chat)")
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON line on stderr")
     return p
 
@@ -73,10 +82,20 @@ def _validate(args, parser) -> None:
         parser.error("-c/--ctx-size must be > 0")
     if args.ubatch_size <= 0:
         parser.error("-ub/--ubatch-size must be > 0")
+    if args.batch_size is not None:
+        if args.batch_size <= 0:
+            parser.error("-b/--batch-size must be > 0")
+        args.ubatch_size = min(args.ubatch_size, args.batch_size)
+    if args.n_gpu_layers is not None and args.n_gpu_layers < -1:
+        parser.error("-ngl must be >= -1")
+    if args.n_gpu_layers == 0 and args.device is None:
+        args.device = "CPU"
     if args.threads < 0:
         parser.error("-t/--threads must be >= 0")
     if args.block_size is not None and args.block_size < 1:
         parser.error("--block-size must be >= 1")
+    if args.interactive:
+        args.chat = True
     if args.system and not args.chat:
         parser.error("--system needs --chat")
     if args.tree_budget is not None and args.tree_budget != "auto":
@@ -103,6 +122,7 @@ def _report(stats, mode: str) -> dict:
     return {
         "mode": mode,
         "prompt_tokens": stats.prompt_tokens,
+        "reused_prompt_tokens": stats.reused_tokens,
         "prefill_seconds": round(stats.prefill_seconds, 4),
         "prefill_tokens_per_second": round(stats.prefill_tps, 2),
         "generated_tokens": stats.generated_tokens,
@@ -127,7 +147,8 @@ def peak_rss_mib() -> float:
 
 def _print_report(r: dict) -> None:
     err = sys.stderr
-    print(f"\nprompt    {r['prompt_tokens']} tokens, {r['prefill_tokens_per_second']:.1f} tok/s", file=err)
+    reused = f" ({r['reused_prompt_tokens']} reused)" if r["reused_prompt_tokens"] else ""
+    print(f"\nprompt    {r['prompt_tokens']} tokens{reused}, {r['prefill_tokens_per_second']:.1f} tok/s", file=err)
     print(f"generated {r['generated_tokens']} tokens, {r['decode_tokens_per_second']:.1f} tok/s "
           f"({r['mode']}, stop: {r['stop_reason']})", file=err)
     if r["mean_accepted_length"] is not None:
@@ -148,7 +169,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .engine import Engine
     from .generate import GenerationStats
 
-    model, draft, prompt = args.model, args.model_draft, _read_prompt(args, parser)
+    model, draft = args.model, args.model_draft
+    # in interactive mode stdin carries the turns, not the prompt
+    prompt = (args.prompt or "") if args.interactive and args.file is None else _read_prompt(args, parser)
     if model is None:
         from .demo import DEMO_PROMPT, demo_paths
 
@@ -156,7 +179,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         draft = draft or draft_default
         prompt = prompt or DEMO_PROMPT
         print(f"dflash-run: no -m given, running the bundled demo ({model})", file=sys.stderr)
-    if not prompt:
+    if not prompt and not args.interactive:
         parser.error("no prompt: give -p, -f, or text on stdin")
     if draft and args.block_size is not None and not args.no_spec:
         from .draft import read_draft_metadata
@@ -171,20 +194,26 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         engine = Engine(model, None if args.no_spec else draft, n_ctx=args.ctx_size, n_ubatch=args.ubatch_size,
-                        n_threads=args.threads, kv_type=args.cache_type_k, block_size=args.block_size,
+                        n_threads=args.threads, kv_type=args.cache_type_k, kv_type_v=args.cache_type_v,
+                        block_size=args.block_size,
                         tree_budget=args.tree_budget, draft_top_k=args.draft_top_k,
                         device=args.device, repack=not args.no_repack)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-run: error: {e}", file=sys.stderr)
         return 1
 
-    stats = GenerationStats()
     mode = "autoregressive" if engine.draft is None else (
         f"tree (budget {args.tree_budget})" if engine.tree_budget else "chain")
+    if args.interactive:
+        try:
+            return _interactive(engine, args, prompt, mode)
+        finally:
+            engine.close()
+    stats = GenerationStats()
     status = 0
     try:
         text = engine.chat_prompt(prompt, args.system) if args.chat else prompt
-        for piece in engine.stream(text, args.n_predict, sampling=args.sampling, stats=stats):
+        for piece in engine.stream(text, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats):
             sys.stdout.write(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:
@@ -204,6 +233,56 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         _print_report(report)
     return status
+
+
+def _interactive(engine, args, first_prompt: str, mode: str) -> int:
+    """Turns read from stdin ('/exit' or end of input ends). Each turn's prompt is the
+    text already in context plus the template's rendering of the new turn, so the
+    engine continues the context instead of recomputing it."""
+    from .generate import GenerationStats
+
+    history, conv_text, conv_tokens = [], "", []
+    eog_texts = [engine.tokenizer.decode([t]) for t in engine.tokenizer.eog_ids]
+    interactive_tty = sys.stdin.isatty()
+    pending = first_prompt.strip() or None
+    while True:
+        if pending is None:
+            if interactive_tty:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            if not line or line.strip() == "/exit":
+                return 0
+            pending = line.rstrip("\n")
+        user, pending = pending, None
+        full = engine.chat_prompt(user, args.system, history)
+        if conv_text and full.startswith(conv_text):
+            tokens = conv_tokens + engine.encode(full[len(conv_text):])
+        else:
+            tokens = engine.encode(full)
+        stats = GenerationStats()
+        reply = []
+        try:
+            for piece in engine.stream(tokens, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats):
+                reply.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            stats.stop_reason = "interrupted"
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        text = "".join(reply)
+        content = text
+        for eog in eog_texts:
+            if eog and content.endswith(eog):
+                content = content[: -len(eog)]
+        history += [{"role": "user", "content": user}, {"role": "assistant", "content": content}]
+        conv_tokens = tokens + engine.last_tokens
+        conv_text = full + engine.tokenizer.decode(engine.last_tokens)
+        r = _report(stats, mode)
+        print(f"[{r['generated_tokens']} tokens, {r['decode_tokens_per_second']:.1f} tok/s, "
+              f"{r['reused_prompt_tokens']} of {r['prompt_tokens']} prompt tokens reused"
+              + (f", accepted {r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "") + "]",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
+from .budget import VerifyCost
 from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, autoregressive_steps, collect
 from .sampling import SamplingParams
-from .budget import VerifyCost
 from .speculative import speculative_steps, tree_steps
 from .target import Target, TargetConfig
 from .tokenizer import Tokenizer
+
+Prompt = Union[str, Sequence[int]]
 
 
 @dataclass
@@ -26,15 +28,19 @@ class Engine:
     With a drafter, generation is speculative: a chain of the drafter's block size (or
     `block_size`), or with `tree_budget` a DDTree of that many nodes ("auto": sized
     every step for the best expected speed, up to AUTO_MAX_BUDGET). Without one, plain
-    autoregressive decoding. All are greedy and produce the same tokens.
+    autoregressive decoding. Greedy output is the same in every mode; sampled output
+    has the same distribution.
+
+    Consecutive calls whose prompt extends the previous prompt and output (a chat that
+    goes on) continue the context instead of recomputing it.
     """
 
     AUTO_MAX_BUDGET = 32
 
     def __init__(self, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
-                 n_threads: int = 0, kv_type: str = "f16", block_size: Optional[int] = None,
-                 tree_budget: Union[int, str, None] = None, draft_top_k: int = 8,
-                 device: Optional[str] = None, repack: bool = True):
+                 n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
+                 block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
+                 draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True):
         meta = read_draft_metadata(draft) if draft else None
         if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
             raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
@@ -50,16 +56,20 @@ class Engine:
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
-            feature_layers=meta["target_layers"] if meta else (), device=device, repack=repack))
-        self.tokenizer = Tokenizer(model)
+            kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
+            repack=repack))
         try:
+            self.tokenizer = Tokenizer(model)
             top_k = draft_top_k if self.tree_budget else 0
             self.draft = Draft(draft, self.target, DraftConfig(n_threads=n_threads, top_k=top_k)) if draft else None
         except BaseException:
             self.target.close()
             raise
         self.n_threads = n_threads
-        self._cost = None
+        self._cost: Optional[VerifyCost] = None
+        self.last_tokens: List[int] = []  # every token the last call generated
+        self._context: List[int] = []  # tokens the target (and drafter) context holds
+        self._context_mode: Optional[bool] = None  # speculative or not, when it was filled
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
@@ -74,53 +84,115 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- generation -------------------------------------------------------------------
-    def encode(self, prompt: Union[str, Sequence[int]]) -> List[int]:
+    # -- prompts ----------------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> List[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
 
-    def chat_prompt(self, user: str, system: Optional[str] = None) -> str:
-        """`user` (and `system`) rendered with the model's chat template, ready to generate."""
+    def chat_prompt(self, user: str, system: Optional[str] = None, history: Sequence[dict] = ()) -> str:
+        """The conversation (`history` of {"role", "content"} messages, then `user`)
+        rendered with the model's chat template, ready for the assistant's reply."""
         from .chat import render_chat
 
-        return render_chat(self.tokenizer.chat_template, user, system)
+        return render_chat(self.tokenizer.chat_template, user, system, history)
 
-    def _steps(self, prompt, max_tokens, stop_tokens, speculative, sampling, stats):
-        tokens = self.encode(prompt)
+    # -- generation ---------------------------------------------------------------------
+    def _steps(self, tokens, max_tokens, stop_tokens, speculative, sampling, stats):
         stops = self.tokenizer.eog_ids if stop_tokens is None else set(stop_tokens)
-        if speculative and self.draft is not None and self.tree_budget:
+        use_draft = speculative and self.draft is not None
+        n = len(self._context)
+        reused = n if (self._context_mode == use_draft and 0 < n < len(tokens) and tokens[:n] == self._context) else 0
+        self._context, self._context_mode = [], None  # unknown until the run ends
+        if use_draft and self.tree_budget:
             if self.auto_budget and self._cost is None:
                 self._cost = VerifyCost(self.target, self.n_threads)
+                reused = 0  # measuring the cost used the target
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, self._cost, sampling)
-        if speculative and self.draft is not None:
+                              stats, self._cost, sampling, reused), use_draft
+        if use_draft:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
-                                     sampling)
-        return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling)
+                                     sampling, reused), use_draft
+        return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused), use_draft
 
-    def generate(self, prompt: Union[str, Sequence[int]], max_tokens: int = 128, *,
-                 stop_tokens: Optional[Iterable[int]] = None, speculative: bool = True,
-                 sampling: Optional[SamplingParams] = None,
-                 on_tokens: Optional[Callable[[List[int]], None]] = None) -> Result:
-        """Continuation of `prompt` (text or token ids): greedy, or sampled with
-        `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Generation
-        ends at max_tokens or at a stop token (default: the model's end-of-generation
-        tokens), which is included in the result."""
-        stats = GenerationStats()
-        out = collect(self._steps(prompt, max_tokens, stop_tokens, speculative, sampling, stats), on_tokens)
-        return Result(self.tokenizer.decode(out), out, stats)
+    def _finish(self, tokens: List[int], out: List[int], use_draft: bool) -> None:
+        self.last_tokens = list(out)
+        # every emitted token but the last is in context, unless a stop cut a pass short
+        context = tokens + out[:-1]
+        if out and self.target.n_past == len(context):
+            self._context, self._context_mode = context, use_draft
 
-    def stream(self, prompt: Union[str, Sequence[int]], max_tokens: int = 128, *,
-               stop_tokens: Optional[Iterable[int]] = None, speculative: bool = True,
-               sampling: Optional[SamplingParams] = None,
+    def stream(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
+               stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
                stats: Optional[GenerationStats] = None) -> Iterator[str]:
         """Yield text pieces as tokens are committed, never splitting a UTF-8 character.
-        Pass a GenerationStats to read the statistics afterwards."""
+        Generation ends at max_tokens, at a stop token (default: the model's
+        end-of-generation tokens, included in the text), or at a stop string (excluded;
+        text that could begin one is held back until it is decided). Pass a
+        GenerationStats to read the statistics afterwards."""
         stats = GenerationStats() if stats is None else stats
+        return self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, [])
+
+    def _stream(self, prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out: List[int]):
+        tokens = self.encode(prompt)
+        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats)
         decoder = self.tokenizer.stream_decoder()
-        for new in self._steps(prompt, max_tokens, stop_tokens, speculative, sampling, stats):
-            piece = decoder.push(new)
-            if piece:
-                yield piece
-        tail = decoder.flush()
-        if tail:
-            yield tail
+        pending = ""
+        try:
+            for new in steps:
+                out.extend(new)
+                pending += decoder.push(new)
+                cut = _find_stop(pending, stop)
+                if cut is not None:
+                    if pending[:cut]:
+                        yield pending[:cut]
+                    stats.stop_reason = "stop string"
+                    return
+                keep = _stop_prefix_len(pending, stop)
+                if len(pending) > keep:
+                    yield pending[:len(pending) - keep]
+                    pending = pending[len(pending) - keep:]
+            pending += decoder.flush()
+            cut = _find_stop(pending, stop)
+            if cut is not None:
+                stats.stop_reason = "stop string"
+                pending = pending[:cut]
+            if pending:
+                yield pending
+        finally:
+            steps.close()
+            self._finish(tokens, out, use_draft)
+
+    def generate(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
+                 stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
+                 on_tokens: Optional[Callable[[List[int]], None]] = None) -> Result:
+        """Continuation of `prompt` (text or token ids): greedy, or sampled with
+        `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Ends as
+        stream() does; the result's text stops before a stop string."""
+        stats = GenerationStats()
+        if stop:
+            out: List[int] = []
+            text = "".join(self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out))
+            return Result(text, out, stats)
+        tokens = self.encode(prompt)
+        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats)
+        out: List[int] = []
+        try:
+            out = collect(steps, on_tokens)
+        finally:
+            self._finish(tokens, out, use_draft)
+        return Result(self.tokenizer.decode(out), out, stats)
+
+
+def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

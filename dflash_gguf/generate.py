@@ -13,6 +13,7 @@ from .target import LOGITS_LAST, Target
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens already in context from the previous call
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -31,7 +32,8 @@ class GenerationStats:
 
     @property
     def prefill_tps(self) -> float:
-        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+        computed = self.prompt_tokens - self.reused_tokens
+        return computed / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
 
     @property
     def decode_tps(self) -> float:
@@ -46,16 +48,18 @@ def first_token(target: Target, sampler: Optional[Sampler]) -> int:
 
 
 def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
-                         stats: GenerationStats, sampling: Optional[SamplingParams] = None) -> Iterator[List[int]]:
-    """Plain decoding after `prompt` (the target is reset first), yielding each new
-    token as a one-element list; a stop token ends generation and is yielded."""
+                         stats: GenerationStats, sampling: Optional[SamplingParams] = None,
+                         reused: int = 0) -> Iterator[List[int]]:
+    """Plain decoding after `prompt`, yielding each new token as a one-element list; a
+    stop token ends generation and is yielded. The target is reset first unless its
+    context already holds the first `reused` prompt tokens."""
     check_request(target, prompt, max_tokens, 0)
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
-    target.reset()
     t0 = time.perf_counter()
-    target.prefill(prompt, LOGITS_LAST)
+    stats.reused_tokens = start_context(target, prompt, reused)
+    target.prefill(prompt[stats.reused_tokens:], LOGITS_LAST)
     stats.prefill_seconds = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -73,6 +77,18 @@ def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, sto
             target.decode([tok], LOGITS_LAST)
     finally:
         stats.decode_seconds = time.perf_counter() - t0
+
+
+def start_context(target: Target, prompt: List[int], reused: int, draft=None) -> int:
+    """Reset the target (and drafter) unless their context holds prompt[:reused];
+    returns how many prompt tokens are already in context."""
+    if reused and (not 0 < reused < len(prompt) or target.n_past != reused):
+        raise ValueError(f"cannot continue a context of {target.n_past} tokens with {reused} reused prompt tokens")
+    if not reused:
+        target.reset()
+        if draft is not None:
+            draft.reset()
+    return reused
 
 
 def check_request(target: Target, prompt: List[int], max_tokens: int, lookahead: int) -> None:

@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 from .budget import AcceptanceCalibration, VerifyCost, choose_budget
 from .ddtree import accept_path, build_tree
 from .draft import Draft
-from .generate import GenerationStats, check_request, collect, first_token
+from .generate import GenerationStats, check_request, collect, first_token, start_context
 from .sampling import Sampler, SamplingParams, distribution
 from .target import LOGITS_LAST, Target
 
@@ -25,17 +25,17 @@ def accepted_prefix(block: List[int], target_choice) -> int:
 
 def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                stats: GenerationStats, lookahead: int, sampler: Optional[Sampler],
-               step: Callable[[int, int], Tuple[List[int], float, float]]) -> Iterator[List[int]]:
+               step: Callable[[int, int], Tuple[List[int], float, float]], reused: int) -> Iterator[List[int]]:
     """The loop around `step(bonus, remaining) -> (tokens, draft_seconds, verify_seconds)`,
     which drafts, verifies and commits one pass and returns the accepted tokens followed
-    by the target's next token (the new bonus)."""
+    by the target's next token (the new bonus). Target and drafter are reset first unless
+    their context holds prompt[:reused]."""
     check_request(target, prompt, max_tokens, lookahead)
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
-    target.reset()
-    draft.reset()
     t0 = time.perf_counter()
-    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda start, n: draft.append_rows(n))
+    stats.reused_tokens = start_context(target, prompt, reused, draft)
+    target.prefill(prompt[stats.reused_tokens:], LOGITS_LAST, on_chunk=lambda start, n: draft.append_rows(n))
     stats.prefill_seconds = time.perf_counter() - t0
 
     stats.stop_reason = "length"
@@ -74,7 +74,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
 
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                       stop_tokens: Iterable[int], block_size: Optional[int], stats: GenerationStats,
-                      sampling: Optional[SamplingParams] = None) -> Iterator[List[int]]:
+                      sampling: Optional[SamplingParams] = None, reused: int = 0) -> Iterator[List[int]]:
     """Chain speculative decoding (target and drafter are reset first), yielding the
     tokens of each target pass; stats.accepted_lengths records their counts (the first
     token, from the prefill, is not a pass). With sampling, drafts are drawn from the
@@ -107,12 +107,13 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
         draft.append_rows(n_acc + 1)
         return drafts[:n_acc] + [nxt], t1 - t0, t2 - t1
 
-    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step)
+    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step, reused)
 
 
 def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                budget: int, block_size: Optional[int], stats: GenerationStats,
-               cost: Optional[VerifyCost] = None, sampling: Optional[SamplingParams] = None) -> Iterator[List[int]]:
+               cost: Optional[VerifyCost] = None, sampling: Optional[SamplingParams] = None,
+               reused: int = 0) -> Iterator[List[int]]:
     """DDTree speculative decoding: the drafter's per-position top-K candidates become a
     best-first tree of `budget` nodes below the bonus token, the target verifies all of
     them in one pass, and the longest path the target agrees with is kept.
@@ -163,7 +164,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         draft.append_rows(len(path), rows=path)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
-    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step)
+    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused)
 
 
 def _sampled_walk(tree, p, sampler: Sampler) -> List[int]:

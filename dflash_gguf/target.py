@@ -24,6 +24,7 @@ class TargetConfig:
     n_verify: int = 16
     n_threads: int = 0
     kv_type: str = "f16"
+    kv_type_v: Optional[str] = None  # None: the same as kv_type
     feature_layers: Sequence[int] = field(default_factory=tuple)
     device: Optional[str] = None
     repack: bool = True  # let the CPU backend repack quantized matrices for speed
@@ -33,12 +34,14 @@ class Target:
     def __init__(self, path: str, config: Optional[TargetConfig] = None):
         self._t = None
         cfg = config or TargetConfig()
-        if cfg.kv_type not in KV_TYPES:
-            raise ValueError(f"unknown KV cache type {cfg.kv_type!r}; choose one of {', '.join(KV_TYPES)}")
+        for kv in (cfg.kv_type, cfg.kv_type_v or cfg.kv_type):
+            if kv not in KV_TYPES:
+                raise ValueError(f"unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}")
         p = ffi.new("dfl_target_params *")
         lib.dfl_target_default_params(p)
         p.n_ctx, p.n_ubatch, p.n_verify, p.n_threads = cfg.n_ctx, cfg.n_ubatch, cfg.n_verify, cfg.n_threads
         p.kv_type = KV_TYPES[cfg.kv_type]
+        p.kv_type_v = KV_TYPES[cfg.kv_type_v or cfg.kv_type]
         p.no_repack = 0 if cfg.repack else 1
         layers = list(cfg.feature_layers)
         if len(layers) > 16:

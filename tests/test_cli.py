@@ -111,3 +111,47 @@ def test_stream_collects_stats(pair):
     with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512, tree_budget=4) as engine:
         text = "".join(engine.stream("x", 12, stats=stats))
     assert stats.generated_tokens == 12 and stats.tree_sizes and isinstance(text, str)
+
+
+def test_stop_strings_across_token_boundaries(pair):
+    with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512) as engine:
+        full = engine.generate("def f(x):", 40)
+        text = full.text
+        # a stop string that straddles the boundary between two generated tokens
+        pieces = [engine.tokenizer.decode([t]) for t in full.tokens]
+        k = next(i for i in range(1, len(pieces)) if len(pieces[i - 1]) >= 1 and len(pieces[i]) >= 1 and i > 3)
+        stop = pieces[k - 1][-1:] + pieces[k][:1]
+        start = "".join(pieces[:k - 1]) + pieces[k - 1][:-1]
+        expect = text[: text.find(stop)] if text.find(stop) < len(start) else start
+        cut = engine.generate("def f(x):", 40, stop=[stop])
+        assert cut.text == expect
+        assert cut.stats.stop_reason == "stop string"
+        streamed = "".join(engine.stream("def f(x):", 40, stop=[stop]))
+        assert streamed == expect
+
+
+def test_continuing_a_context_equals_a_fresh_run(pair):
+    with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512, tree_budget=6) as engine:
+        first = engine.generate("class Stack:", 20, stop_tokens=[])
+        follow = engine.encode("class Stack:") + first.tokens + engine.encode("\n    def pop(self):")
+        cont = engine.generate(follow, 20)
+        assert cont.stats.reused_tokens == len(follow) - len(engine.encode("\n    def pop(self):")) - 1
+    with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512, tree_budget=6) as fresh:
+        again = fresh.generate(follow, 20)
+        assert again.stats.reused_tokens == 0
+    assert cont.tokens == again.tokens
+
+
+def test_interactive_chat_keeps_the_context(pair):
+    res = run("-m", str(pair["target"]), "-md", str(pair["draft"]), "-i", "-n", "6", stdin="hello\nmore please\n/exit\n")
+    assert res.returncode == 0, res.stderr
+    turns = [ln for ln in res.stderr.splitlines() if ln.startswith("[")]
+    assert len(turns) == 2
+    assert "0 of" in turns[0] and "0 of" not in turns[1]
+
+
+def test_cache_type_and_device_flags(pair):
+    res = run("-m", str(pair["target"]), "-p", "x", "-n", "4", "-ctk", "q8_0", "-ctv", "f16", "-ngl", "0", "-b", "2")
+    assert res.returncode == 0, res.stderr
+    res = run("-m", str(pair["target"]), "-p", "x", "-n", "4", "--device", "NoSuchDevice")
+    assert res.returncode == 1 and "device" in res.stderr
