@@ -541,7 +541,7 @@ DFL_API dfl_status dfl_target_decode(dfl_target * t, const int32_t * tokens, int
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int32_t n, int32_t full_logits) {
+DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int32_t n) {
     if (!t || !tokens || n <= 0) {
         return dfl_fail(DFL_ERR_ARGUMENT, "verify needs at least one token");
     }
@@ -552,7 +552,6 @@ DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int
         return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
     }
     TRY(run(t, tokens, n, true, false, LOGITS_ALL));
-    (void) full_logits;
     t->pending_verify = n;
     t->pending_tree = false;
     return DFL_OK;

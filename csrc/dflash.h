@@ -92,9 +92,9 @@ dfl_status dfl_target_reset(dfl_target * target);
 dfl_status dfl_target_decode(dfl_target * target, const int32_t * tokens, int32_t n, int32_t logits);
 
 /* Evaluate n candidate tokens (n <= n_verify) as a chain after the context without
- * committing them: logits (if full_logits) and argmax for every row, hidden features of
+ * committing them: logits and argmax for every row (on the device; read what you need), features of
  * every row, and per-token recurrent snapshots kept for dfl_target_commit. */
-dfl_status dfl_target_verify(dfl_target * target, const int32_t * tokens, int32_t n, int32_t full_logits);
+dfl_status dfl_target_verify(dfl_target * target, const int32_t * tokens, int32_t n);
 
 /* Keep the first n_keep tokens of the last verify (0 <= n_keep <= its length). */
 dfl_status dfl_target_commit(dfl_target * target, int32_t n_keep);

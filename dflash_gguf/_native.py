@@ -50,3 +50,31 @@ def check(status: int) -> None:
     """Raise DflashError when a C call did not return DFL_OK."""
     if status != 0:
         raise DflashError(int(status), ffi.string(lib.dfl_last_error()).decode("utf-8", "replace"))
+
+
+class NativeObject:
+    """Owner of one C object: freed by close(), by the context manager's exit, or at
+    garbage collection, whichever comes first."""
+
+    _ptr = None
+    _what = "object"
+    _free = None  # the C function that frees it, set by each subclass
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            type(self)._free(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _handle(self):
+        if self._ptr is None:
+            raise RuntimeError(f"the {self._what} was closed")
+        return self._ptr

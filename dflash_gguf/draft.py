@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ._native import check, ffi, lib
+from ._native import NativeObject, check, ffi, lib
 from .target import KV_TYPES, Target
 
 
@@ -47,9 +47,11 @@ def read_draft_metadata(path: str) -> dict:
     }
 
 
-class Draft:
+class Draft(NativeObject):
+    _what = "drafter"
+    _free = staticmethod(lib.dfl_draft_free)
+
     def __init__(self, path: str, target: Target, config: Optional[DraftConfig] = None):
-        self._d = None
         cfg = config or DraftConfig()
         if cfg.kv_type not in KV_TYPES:
             raise ValueError(f"unknown drafter cache type {cfg.kv_type!r}")
@@ -61,11 +63,11 @@ class Draft:
         p.top_k = int(cfg.top_k)
         out = ffi.new("dfl_draft **")
         check(lib.dfl_draft_load(str(path).encode(), target._handle(), p, out))
-        self._d = out[0]
+        self._ptr = out[0]
         self._target = target  # the drafter borrows the target's weights: keep it alive
         self.path = str(path)
         info = ffi.new("dfl_draft_info *")
-        check(lib.dfl_draft_get_info(self._d, info))
+        check(lib.dfl_draft_get_info(self._ptr, info))
         self.block_size = info.block_size
         self.mask_token_id = info.mask_token_id
         self.target_layers = [info.target_layers[i] for i in range(info.n_target_layers)]
@@ -74,24 +76,9 @@ class Draft:
         self._out = np.zeros(self.block_size, dtype=np.int32)
         self._rows = np.arange(max(target.n_ubatch, target.n_verify), dtype=np.int32)
 
-    def close(self) -> None:
-        if self._d is not None:
-            lib.dfl_draft_free(self._d)
-            self._d = None
-
-    def __enter__(self) -> "Draft":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
     def _handle(self):
-        if self._d is None:
-            raise RuntimeError("the drafter was closed")
-        return self._d
+        self._target._handle()  # the drafter reads the target's weights and features
+        return super()._handle()
 
     @property
     def n_ctx_tokens(self) -> int:

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ._native import check, ffi, lib
+from ._native import NativeObject, check, ffi, lib
 
 LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
 
@@ -30,9 +30,11 @@ class TargetConfig:
     repack: bool = True  # let the CPU backend repack quantized matrices for speed
 
 
-class Target:
+class Target(NativeObject):
+    _what = "target"
+    _free = staticmethod(lib.dfl_target_free)
+
     def __init__(self, path: str, config: Optional[TargetConfig] = None):
-        self._t = None
         cfg = config or TargetConfig()
         for kv in (cfg.kv_type, cfg.kv_type_v or cfg.kv_type):
             if kv not in KV_TYPES:
@@ -53,7 +55,7 @@ class Target:
         p.device = device
         out = ffi.new("dfl_target **")
         check(lib.dfl_target_load(str(path).encode(), p, out))
-        self._t = out[0]
+        self._ptr = out[0]
         self.path = str(path)
         self.config = cfg
         info = self.info()
@@ -64,26 +66,6 @@ class Target:
         self.n_verify = info["n_verify"]
         self.n_features = len(layers)
         self._argmax = np.zeros(max(self.n_ubatch, self.n_verify), dtype=np.int32)
-
-    # -- lifetime ---------------------------------------------------------------
-    def close(self) -> None:
-        if self._t is not None:
-            lib.dfl_target_free(self._t)
-            self._t = None
-
-    def __enter__(self) -> "Target":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    def _handle(self):
-        if self._t is None:
-            raise RuntimeError("the target was closed")
-        return self._t
 
     # -- state --------------------------------------------------------------------
     def info(self) -> dict:
@@ -127,7 +109,7 @@ class Target:
     def verify(self, tokens) -> None:
         """Evaluate a chain of candidate tokens without committing them."""
         arr = self._tokens(tokens)
-        check(lib.dfl_target_verify(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr), 1))
+        check(lib.dfl_target_verify(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
     def commit(self, n_keep: int) -> None:
         check(lib.dfl_target_commit(self._handle(), int(n_keep)))
