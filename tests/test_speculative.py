@@ -265,3 +265,31 @@ def test_mismatched_pair_is_a_clear_error(pair, tmp_path):
     target = Target(pair["target"], TargetConfig(n_ctx=128, feature_layers=meta["target_layers"]))
     with pytest.raises(Exception, match="architecture"):
         Draft(pair["target"], target)
+
+
+def test_drafter_context_window_matches_reference_on_the_last_positions(pair):
+    from dflash.model import extract_context_feature
+
+    ref_target, ref_draft = reference_models(pair)
+    meta = read_draft_metadata(pair["draft"])
+    window = 9
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=16, n_verify=BLOCK, kv_type="f32",
+                                                 feature_layers=meta["target_layers"]))
+    draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", window=window))
+    prompt = prompts(1, seed=31)[0] + list(range(100, 130))
+    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+    bonus = int(target.argmax()[0])
+    draft.propose(bonus)
+    ours = draft.logits(0, BLOCK - 1)
+
+    p = len(prompt)
+    with torch.no_grad():
+        out = ref_target(torch.tensor([prompt]), output_hidden_states=True)
+        feats = extract_context_feature(out.hidden_states, ref_draft.target_layer_ids)[:, p - window:]
+        noise = ref_target.get_input_embeddings()(torch.tensor([[bonus] + [ref_draft.mask_token_id] * (BLOCK - 1)]))
+        pos = torch.arange(p - window, p + BLOCK)[None]
+        hidden = ref_draft(target_hidden=feats, noise_embedding=noise, position_ids=pos, use_cache=False)
+        ref = ref_draft.compute_logits(hidden[:, 1:], ref_target.lm_head)[0].numpy()
+    assert rel_err(ours, ref) < 1e-3
+    full = reference_draft_logits(ref_target, ref_draft, prompt, bonus)
+    assert rel_err(ours, full) > 1e-3  # the window made a difference
