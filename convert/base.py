@@ -50,11 +50,21 @@ class ModelConverter:
     """
 
     gguf_arch: str
+    # Drafters take their tokenizer (and shape checks) from the target checkpoint.
+    needs_target: bool = False
 
-    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint):
+    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, *, target_dir: Path | None = None):
         self.model_dir = model_dir
         self.config = config
         self.checkpoint = checkpoint
+        self.target_dir = target_dir
+
+    def vocab_source(self) -> tuple[Path, dict]:
+        """(directory holding tokenizer.json, config.json contents for special token ids)."""
+        return self.model_dir, self.config
+
+    def adjust_vocab(self, vocab) -> None:
+        """Architecture-specific changes to the tokenizer metadata (e.g. a drafter's mask token)."""
 
     @property
     def vocab_size(self) -> int:

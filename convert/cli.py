@@ -1,6 +1,7 @@
 """convert-hf-to-gguf: convert a Hugging Face checkpoint directory to one GGUF file.
 
     convert-hf-to-gguf ./Qwen3.5-27B --outtype q4_k_m --outfile target.gguf
+    convert-hf-to-gguf ./Qwen3.5-27B-DFlash --target-model-dir ./Qwen3.5-27B --outtype q8_0 --outfile draft.gguf
 
 Exit codes: 0 success, 2 bad input or options (a message, no traceback), 130 interrupted.
 """
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outtype", choices=list(OUTTYPES), default="f16",
                    help="tensor types: plain (f32, f16, bf16, q8_0, q4_0) or a llama.cpp mix "
                         "(q4_k_m, q5_k_m, q6_k); default f16")
+    p.add_argument("--target-model-dir", type=Path, metavar="DIR",
+                   help="for a DFlash drafter (required): the target model's checkpoint directory, "
+                        "whose tokenizer the drafter uses and against which it is checked")
     p.add_argument("--pre", metavar="NAME",
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre); overrides detection")
     p.add_argument("--name", help="general.name (default: the model directory name)")
@@ -98,12 +102,27 @@ def _run(args: argparse.Namespace) -> int:
         if not outfile.parent.resolve().is_dir():
             raise ConversionError(f"the output directory {str(outfile.parent)!r} does not exist")
 
+    target_dir: Path | None = args.target_model_dir
+    if converter_cls.needs_target:
+        if target_dir is None:
+            raise ConversionError(
+                f"{model_dir} is a drafter ({', '.join(config.get('architectures') or [])}): it uses its target's "
+                "tokenizer and embeddings, so pass --target-model-dir with the target model's checkpoint directory")
+        if not target_dir.is_dir():
+            raise ConversionError(f"--target-model-dir {str(target_dir)!r} is not a directory")
+    elif target_dir is not None:
+        raise ConversionError(f"--target-model-dir is for drafters; {model_dir} is a "
+                              f"{converter_cls.gguf_arch} model, which converts on its own")
+
     checkpoint = Checkpoint(model_dir)
-    converter = converter_cls(model_dir, config, checkpoint)
+    converter = converter_cls(model_dir, config, checkpoint, target_dir=target_dir)
     for what, count in converter.skipped().items():
         log.info("skipping %d tensor%s: %s", count, "" if count == 1 else "s", what)
-    vocab = load_vocab(model_dir, config, converter.vocab_size, args.pre)
-    log.info("pre-tokenizer %r (from %s)", vocab.pre, vocab.pre_source)
+    vocab_dir, vocab_config = converter.vocab_source()
+    vocab = load_vocab(vocab_dir, vocab_config, converter.vocab_size, args.pre)
+    converter.adjust_vocab(vocab)
+    log.info("pre-tokenizer %r (from %s%s)", vocab.pre, vocab.pre_source,
+             f", tokenizer of {vocab_dir}" if vocab_dir != model_dir else "")
 
     specs = converter.tensors()
     types = plan_types([(s.name, s.shape) for s in specs], args.outtype)

@@ -46,8 +46,8 @@ def v_head_order(n_k_heads: int, n_v_heads: int, head_dim: int) -> np.ndarray:
 class Qwen35Converter(ModelConverter):
     gguf_arch = ARCH
 
-    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint):
-        super().__init__(model_dir, config, checkpoint)
+    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
+        super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
         missing = [k for k in _REQUIRED if k not in hp]
         if missing:

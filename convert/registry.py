@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from .base import ModelConverter
+from .dflash import DFlashConverter
 from .errors import ConversionError
 from .qwen35 import Qwen35Converter
 
 CONVERTERS: dict[str, type[ModelConverter]] = {
     "Qwen3_5ForCausalLM": Qwen35Converter,
     "Qwen3_5ForConditionalGeneration": Qwen35Converter,
+    "DFlashDraftModel": DFlashConverter,
+    "DFlash2DraftModel": DFlashConverter,
 }
 
 

@@ -1,8 +1,8 @@
 """Output tensors as recipes over checkpoint tensors, materialised in row chunks.
 
 A TensorSpec says which checkpoint tensor a GGUF tensor comes from and how: a row gather,
-a column gather and an elementwise transform. Each of these works on any subset of rows,
-so a tensor never has to be in memory whole.
+a column gather, an elementwise transform and replacement rows. Each of these works on any
+subset of rows, so a tensor never has to be in memory whole.
 """
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ from .hf import Checkpoint, to_float32
 
 @dataclass(frozen=True, eq=False)
 class TensorSpec:
-    """One GGUF tensor. `shape` is in numpy order (outermost first, row length last)."""
+    """One GGUF tensor. `shape` is in numpy order (outermost first, row length last).
+
+    `checkpoint` names another checkpoint to read `source` from (a drafter's tensor built
+    from its target's weights); `patch` maps output row indices to replacement rows,
+    applied after every other step.
+    """
 
     name: str
     source: str
@@ -24,6 +29,8 @@ class TensorSpec:
     rows: np.ndarray | None = None
     cols: np.ndarray | None = None
     transform: Callable[[np.ndarray], np.ndarray] | None = None
+    checkpoint: Checkpoint | None = None
+    patch: dict[int, np.ndarray] | None = None
 
     @property
     def row_length(self) -> int:
@@ -54,6 +61,7 @@ def row_ranges(spec: TensorSpec, max_bytes: int = 16 << 20) -> list[tuple[int, i
 
 def load_rows(ckpt: Checkpoint, spec: TensorSpec, r0: int, r1: int) -> np.ndarray:
     """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array."""
+    ckpt = spec.checkpoint or ckpt
     src = ckpt.rows(spec.source, spec.n_rows)
     block = src[spec.rows[r0:r1]] if spec.rows is not None else src[r0:r1]
     block = to_float32(block, ckpt.is_bf16(spec.source))
@@ -61,4 +69,10 @@ def load_rows(ckpt: Checkpoint, spec: TensorSpec, r0: int, r1: int) -> np.ndarra
         block = block[:, spec.cols]
     if spec.transform is not None:
         block = spec.transform(block)
-    return np.ascontiguousarray(block, dtype=np.float32)
+    block = np.ascontiguousarray(block, dtype=np.float32)
+    if spec.patch:
+        block = block.copy() if not block.flags.writeable else block
+        for r, row in spec.patch.items():
+            if r0 <= r < r1:
+                block[r - r0] = row
+    return block

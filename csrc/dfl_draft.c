@@ -83,6 +83,15 @@ static dfl_status read_model(dfl_draft * d) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s' is a DFlash2 drafter (dynamic convolution and candidate selector), "
                         "which this version does not run yet; use a DFlash (v1) drafter", g->path);
     }
+    /* variants whose arithmetic this runtime does not implement: refuse rather than
+     * draft with the wrong model */
+    const char * unsupported[] = { ".attention.value_scale", ".attention.sliding_window", ".attention.causal" };
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        if (dfl_gguf_has(g, unsupported[i])) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s' sets %s%s, a drafter variant this version does not run", g->path,
+                            g->arch, unsupported[i]);
+        }
+    }
     TRY(read_u32(g, ".embedding_length", true, 0, &d->n_embd));
     TRY(read_u32(g, ".block_count", true, 0, &d->n_layer));
     TRY(read_u32(g, ".feed_forward_length", true, 0, &d->n_ff));

@@ -10,6 +10,8 @@
 
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 
+static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf);
+
 /* The attention window grows in steps so that graphs of consecutive steps share shapes. */
 #define KV_PAD 256
 
@@ -170,6 +172,7 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     ggml_backend_buffer_clear(t->buf_state, 0);
     t->n_past = 0;
     t->pending_verify = 0;
+    t->commit.active = false;
     t->n_out = 0;
     t->n_rows = 0;
     return DFL_OK;
@@ -400,6 +403,7 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
                                         int n_kv, bool verify, bool tree, int logits) {
     const dfl_qwen35 * m = &t->m;
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    add_pending_commit(t, ctx, gf);
 
     in->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
     in->pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
@@ -517,6 +521,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
         fill_chain_inputs(t, &in, tokens, n, n_kv);
     }
     TRY(dfl_runtime_compute(&t->rt, gf));
+    t->commit.active = false;
 
     t->n_rows = n;
     t->n_out = logits == LOGITS_NONE ? 0 : (logits == LOGITS_LAST ? 1 : n);
@@ -572,31 +577,19 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d verified tokens", n_keep, n);
     }
     t->pending_verify = 0;
-    t->n_out = 0; /* the verify's logits live in graph memory the commit reuses */
-    if (n_keep == 0) {
-        return DFL_OK;
-    }
-    const dfl_qwen35 * m = &t->m;
-    dfl_runtime_begin_graph(&t->rt);
-    struct ggml_context * ctx = t->rt.ctx_graph;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
-    const size_t f32 = sizeof(float);
-    const int64_t W = m->d_conv - 1;
-    for (int il = 0; il < m->n_layer; il++) {
-        if (!m->layers[il].recurrent) {
-            continue;
+    t->n_out = 0;
+    if (n_keep > 0) {
+        pending_commit * pc = &t->commit;
+        pc->active = true;
+        pc->tree = false;
+        pc->p0 = t->n_past;
+        pc->n_keep = n_keep;
+        pc->state_row = n - n_keep; /* snapshot slot s holds the state s tokens before the last one */
+        for (int j = 0; j < t->m.d_conv - 1; j++) {
+            pc->conv_cols[j] = n_keep + j;
         }
-        /* snapshot slot s holds the state s tokens before the last one */
-        struct ggml_tensor * snap = t->snapshots[il];
-        struct ggml_tensor * src = ggml_view_1d(ctx, snap, snap->ne[0], (size_t) (n - n_keep) * snap->nb[1]);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, t->ssm_state[il]));
-        struct ggml_tensor * cs = t->conv_scratch[il];
-        struct ggml_tensor * win = ggml_view_2d(ctx, cs, W, m->conv_channels, cs->nb[1], (size_t) n_keep * f32);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, win, t->conv_state[il]));
+        t->n_past += n_keep;
     }
-    TRY(dfl_runtime_alloc(&t->rt, gf));
-    TRY(dfl_runtime_compute(&t->rt, gf));
-    t->n_past += n_keep;
     return DFL_OK;
 }
 
@@ -718,49 +711,65 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
     t->pending_verify = 0;
     t->pending_tree = false;
     t->n_out = 0;
-    if (n_keep == 0) {
-        return DFL_OK;
+    if (n_keep > 0) {
+        const int W = t->m.d_conv - 1, last = path[n_keep - 1];
+        pending_commit * pc = &t->commit;
+        pc->active = true;
+        pc->tree = true;
+        pc->p0 = t->n_past;
+        pc->n_keep = n_keep;
+        memcpy(pc->path, path, (size_t) n_keep * sizeof(int32_t));
+        pc->state_row = 1 + last;
+        for (int j = 0; j < W; j++) {
+            pc->conv_cols[j] = tp->windows[(size_t) last * (W + 1) + j + 1];
+        }
+        t->n_past += n_keep;
+    }
+    return DFL_OK;
+}
+
+/* A commit is carried out at the start of the next graph, so a decoding step costs
+ * one target graph: the accepted path's attention rows move to consecutive slots, the
+ * recurrent state becomes the accepted token's snapshot, the conv state its window. */
+static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf) {
+    pending_commit * pc = &t->commit;
+    if (!pc->active) {
+        return;
     }
     const dfl_qwen35 * m = &t->m;
-    const int W = m->d_conv - 1, last = path[n_keep - 1];
-    dfl_runtime_begin_graph(&t->rt);
-    struct ggml_context * ctx = t->rt.ctx_graph;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    const int W = m->d_conv - 1;
+    const int64_t C = m->conv_channels;
     for (int il = 0; il < m->n_layer; il++) {
         if (!m->layers[il].recurrent) {
             /* path nodes only move towards the root (path[k] >= k), in increasing order */
-            for (int k = 0; k < n_keep; k++) {
-                if (path[k] == k) {
+            for (int k = 0; pc->tree && k < pc->n_keep; k++) {
+                if (pc->path[k] == k) {
                     continue;
                 }
                 struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
                 for (int c = 0; c < 2; c++) {
                     struct ggml_tensor * kv = caches[c];
-                    struct ggml_tensor * src = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (t->n_past + path[k]) * kv->nb[1]);
-                    struct ggml_tensor * dst = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (t->n_past + k) * kv->nb[1]);
+                    struct ggml_tensor * src = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (pc->p0 + pc->path[k]) * kv->nb[1]);
+                    struct ggml_tensor * dst = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (pc->p0 + k) * kv->nb[1]);
                     ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
                 }
             }
             continue;
         }
         struct ggml_tensor * snap = t->snapshots[il];
-        struct ggml_tensor * src = ggml_view_1d(ctx, snap, snap->ne[0], (size_t) (1 + last) * snap->nb[1]);
+        struct ggml_tensor * src = ggml_view_1d(ctx, snap, snap->ne[0], (size_t) pc->state_row * snap->nb[1]);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, src, t->ssm_state[il]));
-        /* conv state column j (oldest first) = window entry j+1 of the last node */
-        const int32_t * w = &tp->windows[(size_t) last * (W + 1)];
-        const int64_t C = m->conv_channels;
         struct ggml_tensor * cs = t->conv_scratch[il];
         for (int j = 0; j < W; j++) {
-            struct ggml_tensor * col = ggml_view_1d(ctx, cs, C, (size_t) w[j + 1] * C * sizeof(float));
+            /* chain verify keeps time-major conv inputs, tree verify node-major columns */
+            struct ggml_tensor * col = pc->tree
+                ? ggml_view_1d(ctx, cs, C, (size_t) pc->conv_cols[j] * C * sizeof(float))
+                : ggml_view_2d(ctx, cs, 1, C, cs->nb[1], (size_t) pc->conv_cols[j] * sizeof(float));
             struct ggml_tensor * dst = ggml_view_2d(ctx, t->conv_state[il], 1, C, t->conv_state[il]->nb[1],
                                                     (size_t) j * sizeof(float));
             ggml_build_forward_expand(gf, ggml_cpy(ctx, col, dst));
         }
     }
-    TRY(dfl_runtime_alloc(&t->rt, gf));
-    TRY(dfl_runtime_compute(&t->rt, gf));
-    t->n_past += n_keep;
-    return DFL_OK;
 }
 
 static dfl_status check_rows(const dfl_target * t, int32_t row0, int32_t n_rows, int32_t have, const char * what) {

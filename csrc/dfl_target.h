@@ -17,6 +17,17 @@ typedef struct tree_plan {
     int32_t windows[DFL_MAX_TREE * 16];             /* conv window per node, d_conv entries */
 } tree_plan;
 
+/* A commit waiting for the next graph (see add_pending_commit). */
+typedef struct pending_commit {
+    bool active;
+    bool tree;
+    int p0;                       /* context length before the commit */
+    int n_keep;
+    int32_t path[DFL_MAX_TREE];   /* tree: the kept node of each new position */
+    int state_row;                /* row of the snapshots buffer that becomes the state */
+    int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
+} pending_commit;
+
 struct dfl_target {
     dfl_qwen35 m;
     dfl_target_params p;
@@ -49,6 +60,7 @@ struct dfl_target {
     int pending_verify;
     bool pending_tree;
     tree_plan tree;
+    pending_commit commit;
 };
 
 dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv);

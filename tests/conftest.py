@@ -44,23 +44,55 @@ def convert_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def llama_cpp_convert(tmp_path_factory):
+def llama_cpp_oracle():
+    """() -> one LlamaCppConverter for the whole session, started on first use (torch and
+    transformers are imported once). Skips when the llama.cpp sources are unavailable."""
+    if llama_cpp_source() is None:
+        pytest.skip("llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded")
+    started: list[LlamaCppConverter] = []
+
+    def get() -> LlamaCppConverter:
+        if not started:
+            started.append(LlamaCppConverter())
+        return started[0]
+
+    yield get
+    for oracle in started:
+        oracle.close()
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_convert(tmp_path_factory, llama_cpp_oracle):
     """llama_cpp_convert(model_dir, outtype) -> GGUF written by llama.cpp's own converter.
 
     Skips when the llama.cpp sources cannot be found or downloaded.
     """
-    if llama_cpp_source() is None:
-        pytest.skip("llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded")
     root = tmp_path_factory.mktemp("llama_cpp_gguf")
-    oracle = LlamaCppConverter()
     done: dict[tuple, Path] = {}
 
     def convert(model_dir: Path, outtype: str = "f32", pre: str = "qwen35") -> Path:
         key = (str(model_dir), outtype, pre)
         if key not in done:
             out = root / f"{Path(model_dir).name}-{outtype}-{len(done)}.gguf"
-            done[key] = oracle.convert(model_dir, out, outtype, pre=pre)
+            done[key] = llama_cpp_oracle().convert(model_dir, out, outtype, pre=pre)
         return done[key]
 
-    yield convert
-    oracle.close()
+    return convert
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_convert_dflash(tmp_path_factory, llama_cpp_oracle):
+    """llama_cpp_convert_dflash(draft_dir, target_dir, outtype) -> drafter GGUF written by
+    llama.cpp's own converter (tokenizer from the target, pre-tokenizer qwen35)."""
+    root = tmp_path_factory.mktemp("llama_cpp_dflash_gguf")
+    done: dict[tuple, Path] = {}
+
+    def convert(draft_dir: Path, target_dir: Path, outtype: str = "f32") -> Path:
+        key = (str(draft_dir), str(target_dir), outtype)
+        if key not in done:
+            out = root / f"{Path(draft_dir).name}-{outtype}-{len(done)}.gguf"
+            done[key] = llama_cpp_oracle().convert(draft_dir, out, outtype, pre="qwen35",
+                                                   extra_args=("--target-model-dir", str(target_dir)))
+        return done[key]
+
+    return convert

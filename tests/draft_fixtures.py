@@ -12,10 +12,13 @@ from fixtures import run_llama_cpp_converter
 
 def make_dflash(directory: str | os.PathLike, target_dir: str | os.PathLike, *, layers: int = 2,
                 target_layer_ids=(0, 2), block_size: int = 8, seed: int = 0, heads: int = 4,
-                kv_heads: int = 2, head_dim: int = 32, ffn: int = 256) -> Path:
-    """A DFlashDraftModel sized for the target in `target_dir`, random weights under `seed`,
-    saved with the target's tokenizer files so it converts stand-alone as well."""
-    from dflash.model import DFlashDraftModel
+                kv_heads: int = 2, head_dim: int = 32, ffn: int = 256, dflash2: dict | None = None) -> Path:
+    """A DFlashDraftModel sized for the target in `target_dir`, random weights under `seed`.
+
+    `dflash2` (conv_kernel_size, conv_group_size, selector_rank, selector_top_k) makes a
+    DFlash2DraftModel instead, saved the way z-lab publishes them (selector codebooks
+    without the `.weight` suffix)."""
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from transformers import Qwen3Config
 
     target_cfg = json.loads((Path(target_dir) / "config.json").read_text())
@@ -26,11 +29,12 @@ def make_dflash(directory: str | os.PathLike, target_dir: str | os.PathLike, *, 
         max_position_embeddings=4096, rope_theta=10_000_000.0, rms_norm_eps=1e-6,
     )
     mask_id = target_cfg["vocab_size"] - 5  # <|endoftext|> of the fixture tokenizer: never generated
-    cfg.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_id}
+    cfg.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_id,
+                         **(dflash2 or {})}
     cfg.num_target_layers = target_cfg["num_hidden_layers"]
-    cfg.architectures = ["DFlashDraftModel"]
+    cfg.architectures = ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"]
     torch.manual_seed(seed)
-    model = DFlashDraftModel(cfg)
+    model = (DFlash2DraftModel if dflash2 else DFlashDraftModel)(cfg)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
@@ -40,6 +44,14 @@ def make_dflash(directory: str | os.PathLike, target_dir: str | os.PathLike, *, 
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
     directory = Path(directory)
     model.save_pretrained(str(directory))
+    if dflash2:
+        from safetensors.torch import load_file, save_file
+
+        path = directory / "model.safetensors"
+        tensors = load_file(str(path))
+        for name in ("predecessor_codebook", "successor_codebook"):
+            tensors[f"candidate_selector.{name}"] = tensors.pop(f"candidate_selector.{name}.weight")
+        save_file(tensors, str(path), metadata={"format": "pt"})
     return directory
 
 
