@@ -332,10 +332,13 @@ static void set_positions(dfl_draft * d, struct ggml_tensor * pos, struct ggml_t
     ggml_backend_tensor_set(slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
 }
 
-DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t n) {
-    if (!d || !rows || n <= 0) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "append needs at least one feature row");
-    }
+typedef struct append_inputs {
+    struct ggml_tensor * rows;
+    struct ggml_tensor * pos;
+    struct ggml_tensor * slots;
+} append_inputs;
+
+static dfl_status check_append(const dfl_draft * d, const int32_t * rows, int32_t n) {
     const dfl_target * t = d->target;
     for (int i = 0; i < n; i++) {
         if (rows[i] < 0 || rows[i] >= t->n_rows) {
@@ -346,36 +349,56 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     if (d->n_tokens + n > d->n_ctx) {
         return dfl_fail(DFL_ERR_CAPACITY, "drafter context overflow: %d + %d > %d", d->n_tokens, n, d->n_ctx);
     }
-    TRY(reserve(d, n, 1));
+    return DFL_OK;
+}
 
-    dfl_runtime_begin_graph(&d->rt);
-    struct ggml_context * ctx = d->rt.ctx_graph;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
-    struct ggml_tensor * idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-    struct ggml_tensor * pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-    struct ggml_tensor * slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
-    ggml_set_input(idx);
-    ggml_set_input(pos);
-    ggml_set_input(slots);
-
-    struct ggml_tensor * feat = ggml_get_rows(ctx, t->features, idx);
+/* Context rows: the target's features of the given rows, projected once per layer to
+ * keys and values stored at the next context positions. */
+static void build_append(dfl_draft * d, struct ggml_context * ctx, struct ggml_cgraph * gf, int n, append_inputs * in) {
+    in->rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    in->pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    in->slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
+    ggml_set_input(in->rows);
+    ggml_set_input(in->pos);
+    ggml_set_input(in->slots);
+    struct ggml_tensor * feat = ggml_get_rows(ctx, d->target->features, in->rows);
     struct ggml_tensor * h = norm(d, ctx, ggml_mul_mat(ctx, d->fc, feat), d->hidden_norm);
     for (int il = 0; il < d->n_layer; il++) {
         struct ggml_tensor * kc, * vc;
-        store_kv(d, ctx, gf, il, h, pos, slots, n, &kc, &vc);
+        store_kv(d, ctx, gf, il, h, in->pos, in->slots, n, &kc, &vc);
     }
+}
+
+static void set_append_inputs(dfl_draft * d, const append_inputs * in, const int32_t * rows, int n) {
+    ggml_backend_tensor_set(in->rows, rows, 0, (size_t) n * sizeof(int32_t));
+    set_positions(d, in->pos, in->slots, d->n_tokens, n);
+}
+
+DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t n) {
+    if (!d || !rows || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "append needs at least one feature row");
+    }
+    TRY(check_append(d, rows, n));
+    TRY(reserve(d, n, 1));
+    dfl_runtime_begin_graph(&d->rt);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(d->rt.ctx_graph, DFL_GRAPH_SIZE, false);
+    append_inputs in;
+    build_append(d, d->rt.ctx_graph, gf, n, &in);
     TRY(dfl_runtime_alloc(&d->rt, gf));
-    ggml_backend_tensor_set(idx, rows, 0, (size_t) n * sizeof(int32_t));
-    set_positions(d, pos, slots, d->n_tokens, n);
+    set_append_inputs(d, &in, rows, n);
     TRY(dfl_runtime_compute(&d->rt, gf));
     d->n_tokens += n;
     d->n_out = 0;
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_draft_propose(dfl_draft * d, int32_t bonus, int32_t n_block, int32_t * out_tokens) {
-    if (!d || !out_tokens) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
+DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
+                                     int32_t n_block, int32_t * out_tokens) {
+    if (!d || !out_tokens || n_rows < 0 || (n_rows > 0 && !rows)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter, rows or output");
+    }
+    if (n_rows > 0) {
+        TRY(check_append(d, rows, n_rows));
     }
     if (n_block < 2 || n_block > d->block_size) {
         return dfl_fail(DFL_ERR_ARGUMENT, "block size %d is outside 2..%d (the drafter's trained size)", n_block,
@@ -384,7 +407,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, int32_t bonus, int32_t n_blo
     if (bonus < 0 || bonus >= d->target->m.n_vocab) {
         return dfl_fail(DFL_ERR_ARGUMENT, "token id %d is outside the vocabulary", bonus);
     }
-    const int p = d->n_tokens, B = n_block;
+    const int p = d->n_tokens + n_rows, B = n_block;
     if (p + B > d->n_ctx) {
         return dfl_fail(DFL_ERR_CAPACITY, "context overflow: drafting %d positions after %d exceeds %d", B, p, d->n_ctx);
     }
@@ -392,11 +415,15 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, int32_t bonus, int32_t n_blo
     if (n_kv > d->n_ctx) {
         n_kv = d->n_ctx;
     }
-    TRY(reserve(d, B, n_kv));
+    TRY(reserve(d, B > n_rows ? B : n_rows, n_kv));
 
     dfl_runtime_begin_graph(&d->rt);
     struct ggml_context * ctx = d->rt.ctx_graph;
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    append_inputs app;
+    if (n_rows > 0) {
+        build_append(d, ctx, gf, n_rows, &app);
+    }
     struct ggml_tensor * tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
     struct ggml_tensor * pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
     struct ggml_tensor * slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, B);
@@ -460,6 +487,9 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, int32_t bonus, int32_t n_blo
     }
 
     TRY(dfl_runtime_alloc(&d->rt, gf));
+    if (n_rows > 0) {
+        set_append_inputs(d, &app, rows, n_rows);
+    }
     d->host_i32[0] = bonus;
     for (int i = 1; i < B; i++) {
         d->host_i32[i] = d->mask_id;
@@ -475,6 +505,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, int32_t bonus, int32_t n_blo
     }
     ggml_backend_tensor_set(mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
     TRY(dfl_runtime_compute(&d->rt, gf));
+    d->n_tokens += n_rows;
     ggml_backend_tensor_get(d->out_argmax, out_tokens, 0, (size_t) (B - 1) * sizeof(int32_t));
     d->n_out = B - 1;
     return DFL_OK;

@@ -153,8 +153,10 @@ dfl_status dfl_draft_reset(dfl_draft * draft);
 dfl_status dfl_draft_append(dfl_draft * draft, const int32_t * rows, int32_t n);
 
 /* Draft a block after the context: input [bonus, MASK x (n_block-1)] at the next
- * positions, greedy tokens for block positions 1..n_block-1 written to out_tokens. */
-dfl_status dfl_draft_propose(dfl_draft * draft, int32_t bonus, int32_t n_block, int32_t * out_tokens);
+ * positions, greedy tokens for block positions 1..n_block-1 written to out_tokens.
+ * rows[0..n_rows) are first appended as with dfl_draft_append, in the same graph. */
+dfl_status dfl_draft_propose(dfl_draft * draft, const int32_t * rows, int32_t n_rows, int32_t bonus,
+                             int32_t n_block, int32_t * out_tokens);
 
 /* The top_k candidates per drafted position of the last propose: tokens and their
  * log-probabilities (full-vocabulary log-softmax), [n_rows][top_k] each, best first

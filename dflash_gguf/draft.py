@@ -75,6 +75,7 @@ class Draft(NativeObject):
         self.top_k = int(cfg.top_k)
         self._out = np.zeros(self.block_size, dtype=np.int32)
         self._rows = np.arange(max(target.n_ubatch, target.n_verify), dtype=np.int32)
+        self._pending = None
 
     def _handle(self):
         self._target._handle()  # the drafter reads the target's weights and features
@@ -87,20 +88,36 @@ class Draft(NativeObject):
         return info.n_ctx_tokens
 
     def reset(self) -> None:
+        self._pending = None
         check(lib.dfl_draft_reset(self._handle()))
 
-    def append_rows(self, n: int, rows=None) -> None:
+    def append_rows(self, n: int, rows=None, defer: bool = False) -> None:
         """Add the target's features of its last call as context: rows 0..n-1, or the
-        given row indices."""
+        given row indices. Deferred rows ride along with the next propose (one graph
+        per step); flush() appends them on their own. They must be consumed before the
+        target runs its next graph, which overwrites its features."""
         arr = self._rows[:n] if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
+        self.flush()
+        if defer:
+            self._pending = arr.copy()
+            return
         check(lib.dfl_draft_append(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
+    def flush(self) -> None:
+        """Append deferred rows now."""
+        if self._pending is not None:
+            arr, self._pending = self._pending, None
+            check(lib.dfl_draft_append(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
+
     def propose(self, bonus: int, n_block: Optional[int] = None) -> List[int]:
-        """Greedy drafts for block positions 1..n_block-1 after `bonus`."""
+        """Greedy drafts for block positions 1..n_block-1 after `bonus` (deferred
+        context rows are appended first, in the same graph)."""
         b = self.block_size if n_block is None else int(n_block)
-        out = self._out[: max(b - 1, 0)]
-        check(lib.dfl_draft_propose(self._handle(), int(bonus), b, ffi.from_buffer("int32_t[]", self._out)))
-        return out.tolist()
+        rows, self._pending = self._pending, None
+        n_rows = 0 if rows is None else len(rows)
+        check(lib.dfl_draft_propose(self._handle(), ffi.from_buffer("int32_t[]", rows) if n_rows else ffi.NULL,
+                                    n_rows, int(bonus), b, ffi.from_buffer("int32_t[]", self._out)))
+        return self._out[: max(b - 1, 0)].tolist()
 
     def topk(self, n_rows: int):
         """(tokens, logprobs), each [n_rows, top_k], best first, of the last propose."""

@@ -69,6 +69,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                 return
             bonus = new[-1]
     finally:
+        draft.flush()  # the features it reads are gone after the target's next graph
         stats.decode_seconds = time.perf_counter() - t_start
 
 
@@ -89,7 +90,11 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
     def step(bonus: int, remaining: int):
         b = min(B, remaining + 1)
         t0 = time.perf_counter()
-        drafts = draft.propose(bonus, b) if b > 1 else []
+        if b > 1:
+            drafts = draft.propose(bonus, b)
+        else:
+            draft.flush()
+            drafts = []
         if sampler is not None and drafts:
             q = distribution(draft.logits(0, b - 1), sampler.params)
             drafts = [sampler.draw(row) for row in q]
@@ -104,7 +109,7 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
             n_acc, nxt = sampler.chain_accept(drafts, q if drafts else None, p)
         t2 = time.perf_counter()
         target.commit(n_acc + 1)
-        draft.append_rows(n_acc + 1)
+        draft.append_rows(n_acc + 1, defer=True)
         return drafts[:n_acc] + [nxt], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step, reused)
@@ -161,7 +166,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         if expected is not None:
             calibration.update(expected - 1.0, len(path) - 1)
         target.commit_path(path)
-        draft.append_rows(len(path), rows=path)
+        draft.append_rows(len(path), rows=path, defer=True)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused)

@@ -146,8 +146,11 @@ class ScriptedDraft:
     def reset(self):
         self.ctx = 0
 
-    def append_rows(self, n, rows=None):
+    def append_rows(self, n, rows=None, defer=False):
         self.ctx += n
+
+    def flush(self):
+        pass
 
     def propose(self, bonus, n_block=None):
         b = self.block_size if n_block is None else n_block
@@ -293,3 +296,14 @@ def test_drafter_context_window_matches_reference_on_the_last_positions(pair):
     assert rel_err(ours, ref) < 1e-3
     full = reference_draft_logits(ref_target, ref_draft, prompt, bonus)
     assert rel_err(ours, full) > 1e-3  # the window made a difference
+
+
+def test_block_size_one_and_deferred_context_rows(pair):
+    target, draft = load(pair)
+    prompt = prompts(1, seed=41)[0]
+    ar, _ = greedy_generate(target, prompt, 24)
+    for b in (1, 2, BLOCK):
+        out, _ = speculative_generate(target, draft, prompt, 24, block_size=b)
+        assert out == ar
+        # every committed token reached the drafter's context, the last deferred rows included
+        assert draft.n_ctx_tokens == target.n_past

@@ -208,8 +208,11 @@ class ScriptedTreeDraft(ScriptedDraft):
         assert self.truth[self._i] == bonus
         return []
 
-    def append_rows(self, n, rows=None):
+    def append_rows(self, n, rows=None, defer=False):
         self.ctx += n
+
+    def flush(self):
+        pass
 
     def topk(self, n_rows):
         rng = np.random.default_rng(self._i)
