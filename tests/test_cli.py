@@ -155,3 +155,21 @@ def test_cache_type_and_device_flags(pair):
     assert res.returncode == 0, res.stderr
     res = run("-m", str(pair["target"]), "-p", "x", "-n", "4", "--device", "NoSuchDevice")
     assert res.returncode == 1 and "device" in res.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_prints_stats(pair):
+    import signal
+    import time
+
+    proc = subprocess.Popen([RUN, "-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "x", "-n", "100000",
+                             "-c", "200000", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    first = proc.stdout.read(1)  # generation has started
+    assert first
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    stats = json.loads(err.strip().splitlines()[-1])
+    assert stats["stop_reason"] == "interrupted" and stats["generated_tokens"] > 0
+    assert "Traceback" not in err
