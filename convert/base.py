@@ -1,6 +1,7 @@
 """What every architecture converter provides to the command line."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ def array(key: str, values: list, sub_type: GGUFValueType) -> KV:
     return KV(key, list(values), GGUFValueType.ARRAY, sub_type)
 
 
-class ModelConverter:
+class ModelConverter(ABC):
     """Maps one Hugging Face architecture to one GGUF architecture.
 
     Subclasses validate the config in __init__ (raising ConversionError), and describe
@@ -67,15 +68,17 @@ class ModelConverter:
         """Architecture-specific changes to the tokenizer metadata (e.g. a drafter's mask token)."""
 
     @property
+    @abstractmethod
     def vocab_size(self) -> int:
-        raise NotImplementedError
+        """Rows of the token embedding."""
 
+    @abstractmethod
     def metadata(self) -> list[KV]:
         """Architecture keys (`{arch}.*`); general.* and tokenizer.* are added by the caller."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tensors(self) -> list[TensorSpec]:
-        raise NotImplementedError
+        """Every output tensor with the recipe that produces it."""
 
     def skipped(self) -> dict[str, int]:
         """Checkpoint tensors deliberately not converted: description -> count."""
