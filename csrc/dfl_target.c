@@ -173,6 +173,7 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     t->n_past = 0;
     t->pending_verify = 0;
     t->commit.active = false;
+    t->graph.valid = false;
     t->n_out = 0;
     t->n_rows = 0;
     return DFL_OK;
@@ -212,16 +213,7 @@ static struct ggml_tensor * l2_norm(dfl_target * t, struct ggml_context * ctx, s
     return ggml_scale(ctx, ggml_rms_norm(ctx, x, t->m.eps / n), 1.0f / sqrtf(n));
 }
 
-typedef struct graph_inputs {
-    struct ggml_tensor * tokens;
-    struct ggml_tensor * pos;
-    struct ggml_tensor * slots;
-    struct ggml_tensor * mask;
-    /* tree verify only */
-    struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
-    struct ggml_tensor * parent_rows;  /* [n] state row of each node's parent (0: committed) */
-    struct ggml_tensor * node_rows;    /* [n] state row of each node (1 + i) */
-} graph_inputs;
+
 
 static struct ggml_tensor * build_attention(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
                                             const graph_inputs * in, struct ggml_tensor * cur, int il, int n,
@@ -511,10 +503,27 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     }
     TRY(dfl_host_reserve(t, n, n_kv));
 
-    dfl_runtime_begin_graph(&t->rt);
-    graph_inputs in;
-    struct ggml_cgraph * gf = build_graph(t, t->rt.ctx_graph, &in, n, n_kv, verify, tree, logits);
-    TRY(dfl_runtime_alloc(&t->rt, gf));
+    /* consecutive steps of the same shape (plain decoding, above all) reuse the graph
+     * and its allocation: only the inputs change */
+    const graph_key key = { n, n_kv, logits, verify };
+    const bool reusable = !tree && !t->commit.active;
+    graph_cache * gc = &t->graph;
+    const bool same = gc->key.n == key.n && gc->key.n_kv == key.n_kv && gc->key.logits == key.logits &&
+                      gc->key.verify == key.verify;
+    if (!(reusable && gc->valid && same)) {
+        gc->valid = false;
+        dfl_runtime_begin_graph(&t->rt);
+        gc->gf = build_graph(t, t->rt.ctx_graph, &gc->in, n, n_kv, verify, tree, logits);
+        TRY(dfl_runtime_alloc(&t->rt, gc->gf));
+        gc->key = key;
+        gc->logits = t->out_logits;
+        gc->argmax = t->out_argmax;
+        gc->valid = reusable;
+    }
+    t->out_logits = gc->logits;
+    t->out_argmax = gc->argmax;
+    struct ggml_cgraph * gf = gc->gf;
+    const graph_inputs in = gc->in;
     if (tree) {
         fill_tree_inputs(t, &in, tokens, n, n_kv);
     } else {

@@ -17,6 +17,34 @@ typedef struct tree_plan {
     int32_t windows[DFL_MAX_TREE * 16];             /* conv window per node, d_conv entries */
 } tree_plan;
 
+typedef struct graph_inputs {
+    struct ggml_tensor * tokens;
+    struct ggml_tensor * pos;
+    struct ggml_tensor * slots;
+    struct ggml_tensor * mask;
+    /* tree verify only */
+    struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
+    struct ggml_tensor * parent_rows;  /* [n] state row of each node's parent (0: committed) */
+    struct ggml_tensor * node_rows;    /* [n] state row of each node (1 + i) */
+} graph_inputs;
+
+/* What makes two target graphs identical apart from their inputs. */
+typedef struct graph_key {
+    int n;
+    int n_kv;
+    int logits;
+    bool verify;
+} graph_key;
+
+typedef struct graph_cache {
+    bool valid;
+    graph_key key;
+    struct ggml_cgraph * gf;
+    graph_inputs in;
+    struct ggml_tensor * logits;
+    struct ggml_tensor * argmax;
+} graph_cache;
+
 /* A commit waiting for the next graph (see add_pending_commit). */
 typedef struct pending_commit {
     bool active;
@@ -61,6 +89,7 @@ struct dfl_target {
     bool pending_tree;
     tree_plan tree;
     pending_commit commit;
+    graph_cache graph;
 };
 
 dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv);
