@@ -388,6 +388,95 @@ def train_target(args, tok, train_stream, heldout_stream, out_dir: Path):
     return model, {"params": n_params, "heldout_loss": heldout_loss}
 
 
+# ---- 3b. on-policy data -------------------------------------------------------------
+
+_GENERATE = r"""
+import json, sys
+from dflash_gguf.generate import greedy_generate
+from dflash_gguf.target import Target, TargetConfig
+path, total = sys.argv[1], int(sys.argv[2])
+t = Target(path, TargetConfig(n_ctx=total + 16, n_threads=1))
+for line in sys.stdin:
+    prompt = json.loads(line)
+    out, _ = greedy_generate(t, prompt, total - len(prompt))
+    print(json.dumps(prompt + out), flush=True)
+"""
+
+
+def sample_prompts(tok, stream, n: int, rng, min_len: int, max_len: int) -> list[list[int]]:
+    """Prompts cut from the corpus: most start at a line start, some at a ChatML turn."""
+    import numpy as np
+
+    newline = np.array([("\n" in tok.decode([i])) for i in range(tok.get_vocab_size())])
+    line_starts = np.nonzero(newline[stream[:-max_len - 1]])[0] + 1
+    turns = np.nonzero(stream[:-max_len - 1] == tok.token_to_id("<|im_start|>"))[0]
+    prompts = []
+    for i in range(n):
+        pool = turns if (i % 5 == 0 and len(turns)) else line_starts
+        s = int(pool[rng.integers(0, len(pool))])
+        length = int(rng.integers(min_len, max_len + 1))
+        prompts.append(stream[s:s + length].tolist())
+    return prompts
+
+
+def generate_onpolicy(target_gguf: Path, prompts: list[list[int]], total: int, procs: int, what: str):
+    """The target's own greedy continuations of `prompts` up to `total` tokens, decoded
+    by the dflash_gguf runtime (the GGUF the drafter will serve, ~1-2K tokens/s per
+    process), in `procs` single-threaded worker processes."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    shards = [prompts[i::procs] for i in range(procs)]
+    workers = []
+    for shard in shards:
+        w = subprocess.Popen([sys.executable, "-c", _GENERATE, str(target_gguf), str(total)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        workers.append(w)
+    # feed everything, then read; one line out per line in (small pipes would block
+    # with many prompts, so write from a thread)
+    import threading
+
+    def feed(w, shard):
+        for p in shard:
+            w.stdin.write(json.dumps(p) + "\n")
+        w.stdin.close()
+
+    feeders = [threading.Thread(target=feed, args=(w, sh), daemon=True) for w, sh in zip(workers, shards)]
+    for f in feeders:
+        f.start()
+    results = [[] for _ in workers]
+
+    def drain(i, w):
+        for line in w.stdout:
+            results[i].append(json.loads(line))
+
+    drains = [threading.Thread(target=drain, args=(i, w), daemon=True) for i, w in enumerate(workers)]
+    for d in drains:
+        d.start()
+    step = max(1, len(prompts) // 10)
+    done_last = 0
+    while any(d.is_alive() for d in drains):
+        time.sleep(2)
+        done = sum(map(len, results))
+        if done - done_last >= step:
+            log(f"{what}: {done}/{len(prompts)} sequences, {time.perf_counter() - t0:.0f}s")
+            done_last = done
+    for w in workers:
+        if w.wait() != 0:
+            raise RuntimeError(f"{what}: generation worker failed (is dflash_gguf installed? scripts/setup.sh)")
+    seqs = [None] * len(prompts)
+    for i, res in enumerate(results):
+        for j, seq in enumerate(res):
+            seqs[i + j * procs] = seq
+    if any(s is None or len(s) != total for s in seqs):
+        raise RuntimeError(f"{what}: incomplete generation")
+    dt = time.perf_counter() - t0
+    n_new = sum(total - len(p) for p in prompts)
+    log(f"{what}: {len(prompts)} sequences, {n_new} generated tokens in {fmt_time(dt)} ({n_new / dt:.0f} tokens/s)")
+    return np.asarray(seqs, dtype=np.int32)
+
+
 # ---- 4. drafter ---------------------------------------------------------------------
 
 def make_drafter(args, target_cfg, mask_id: int):
@@ -443,7 +532,7 @@ def anchor_batch(x, greedy, n_anchors: int, block: int, mask_id: int, gen):
     return noise.reshape(S, -1), position_ids, mask, labels, exact
 
 
-def train_drafter(args, target, tok, train_stream, heldout_stream, out_dir: Path):
+def train_drafter(args, target, tok, train_stream, heldout_stream, gen_train, gen_heldout, out_dir: Path):
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -494,11 +583,16 @@ def train_drafter(args, target, tok, train_stream, heldout_stream, out_dir: Path
     gen = torch.Generator().manual_seed(args.seed + 3)
     if args.compile:
         log("drafter: compiling the target pass and the drafter step (first steps are slow)")
+    n_gen = round(args.onpolicy_frac * args.draft_batch) if gen_train is not None and len(gen_train) else 0
+    log(f"drafter: batches of {n_gen} on-policy sequences + {args.draft_batch - n_gen} corpus windows")
     prog = Progress("drafter", args.draft_steps, args.log_every)
     for step in range(args.draft_steps):
         for group in opt.param_groups:
             group["lr"] = sched(step)
-        x = windows(train_stream, rng, args.draft_batch, args.seq_len)
+        x = windows(train_stream, rng, args.draft_batch - n_gen, args.seq_len)
+        if n_gen:
+            pick = rng.integers(0, len(gen_train), size=n_gen)
+            x = torch.cat([torch.from_numpy(gen_train[pick].astype(np.int64)), x])
         with torch.no_grad():
             feats, greedy = c_target(x)
         batch = anchor_batch(x, greedy, A, B, mask_id, gen)
@@ -510,12 +604,17 @@ def train_drafter(args, target, tok, train_stream, heldout_stream, out_dir: Path
         prog.add(step, loss=loss.item(), acc1=acc[0].item(), acc4=acc[min(3, B - 2)].item())
 
     draft.eval()
-    metrics = evaluate_drafter(args, target_pass, draft_logits, heldout_stream, mask_id)
+    xs = fixed_windows(heldout_stream, 4 if args.quick else 32, args.seq_len)
+    metrics = {"corpus": evaluate_drafter(args, target_pass, draft_logits, xs, mask_id, "held-out corpus text")}
+    if gen_heldout is not None and len(gen_heldout):
+        xs = torch.from_numpy(gen_heldout.astype(np.int64))
+        metrics["onpolicy"] = evaluate_drafter(args, target_pass, draft_logits, xs, mask_id,
+                                               "the target's own greedy continuations of held-out prompts")
     draft.save_pretrained(str(out_dir))
     return draft, {"params": n_params, **metrics}
 
 
-def evaluate_drafter(args, target_pass, draft_logits, heldout_stream, mask_id):
+def evaluate_drafter(args, target_pass, draft_logits, xs, mask_id, what: str):
     """Per-position accuracy on held-out text, every anchor of 32 windows.
 
     acc_all[k]: draft k == target's greedy token on the corpus, over all anchors.
@@ -524,7 +623,6 @@ def evaluate_drafter(args, target_pass, draft_logits, heldout_stream, mask_id):
     import torch
 
     B = args.block_size
-    xs = fixed_windows(heldout_stream, 4 if args.quick else 32, args.seq_len)
     gen = torch.Generator().manual_seed(0)
     n_all = torch.zeros(B - 1)
     c_all = torch.zeros(B - 1)
@@ -549,10 +647,10 @@ def evaluate_drafter(args, target_pass, draft_logits, heldout_stream, mask_id):
     acc_exact = (c_exact / n_exact.clamp_min(1)).tolist()
     accept = (chain / n_anchor).tolist()
     est_al = 1 + sum(accept)
-    log("drafter: held-out per-position accuracy (k = 1.." + str(B - 1) + ")")
+    log(f"drafter: per-position accuracy (k = 1..{B - 1}) on {what}")
     log("  all labels  : " + " ".join(f"{a:.3f}" for a in acc_all))
     log("  exact labels: " + " ".join(f"{a:.3f}" for a in acc_exact))
-    log("  P(1..k ok)  : " + " ".join(f"{a:.3f}" for a in accept) + f"  -> corpus-context AL >= {est_al:.2f}")
+    log("  P(1..k ok)  : " + " ".join(f"{a:.3f}" for a in accept) + f"  -> AL >= {est_al:.2f}")
     return {"acc_all": acc_all, "acc_exact": acc_exact, "accept_chain": accept, "est_al_lower": est_al}
 
 
@@ -563,28 +661,41 @@ def converter_bin() -> str:
     return str(cand) if cand.exists() else "convert-hf-to-gguf"
 
 
-def convert_target(target_dir: Path, out: Path, outtype: str) -> None:
-    cmd = [converter_bin(), str(target_dir), "--outfile", str(out), "--outtype", outtype, "--force",
-           "--name", "dflash-gguf demo target", "--threads", "2"]
-    log("convert: " + " ".join(cmd))
+def run(cmd: list[str]) -> None:
+    log("run: " + " ".join(cmd))
     subprocess.run(cmd, check=True)
 
 
-def convert_drafter(draft_dir: Path, target_dir: Path, out: Path, outtype: str) -> str:
-    """Our converter when it knows DFlash drafters; else llama.cpp's own (temporary)."""
-    cmd = [converter_bin(), str(draft_dir), "--target-model-dir", str(target_dir), "--outfile", str(out),
-           "--outtype", outtype, "--force", "--name", "dflash-gguf demo drafter", "--threads", "2"]
-    log("convert: " + " ".join(cmd))
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stderr.write(res.stderr)
-    if res.returncode == 0:
-        return "convert-hf-to-gguf"
-    log("convert: our converter failed for the drafter; using llama.cpp's converter (tests/fixtures.py)")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fixtures import run_llama_cpp_converter
+def convert_target(target_dir: Path, out: Path, outtype: str) -> None:
+    run([converter_bin(), str(target_dir), "--outfile", str(out), "--outtype", outtype, "--force",
+         "--name", "dflash-gguf demo target", "--threads", "2"])
 
-    run_llama_cpp_converter(draft_dir, out, outtype, pre="qwen35", extra_args=("--target-model-dir", str(target_dir)))
-    return "llama.cpp convert_hf_to_gguf.py"
+
+def convert_drafter(draft_dir: Path, target_dir: Path, out: Path, outtype: str) -> None:
+    run([converter_bin(), str(draft_dir), "--target-model-dir", str(target_dir), "--outfile", str(out),
+         "--outtype", outtype, "--force", "--name", "dflash-gguf demo drafter", "--threads", "2"])
+
+
+def export_hf_pair(target_dir: Path, draft_dir: Path, dest: Path) -> int:
+    """bf16 copies of both HF checkpoints for the tests that compare against
+    transformers and PyPI `dflash` on a trained pair (bf16 values are exact in the f32
+    GGUF the tests convert them to, so both sides see the same weights)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    for src, name in ((target_dir, "target"), (draft_dir, "draft")):
+        out = dest / name
+        out.mkdir(parents=True)
+        for f in src.iterdir():
+            if f.suffix != ".safetensors":
+                shutil.copy2(f, out / f.name)
+        weights = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(src / "model.safetensors")).items()}
+        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+    log(f"wrote bf16 HF checkpoints of the pair to {dest} ({size / 1e6:.1f} MB)")
+    return size
 
 
 # ---- 6. verify ----------------------------------------------------------------------
@@ -631,24 +742,36 @@ def verify_runtime(target_gguf: Path, draft_gguf: Path, n_tokens: int, threads: 
 # ---- README -------------------------------------------------------------------------
 
 def write_readme(out_dir: Path, info: dict) -> None:
-    t, d = info["target"], info["drafter"]
-    B = info["args"]["block_size"]
+    t, d, a = info["target"], info["drafter"], info["args"]
+    B = a["block_size"]
     ks = " | ".join(str(k) for k in range(1, B))
+
+    def table(m):
+        return [
+            f"| k | {ks} |",
+            "|---|" + "---|" * (B - 1),
+            "| all labels | " + " | ".join(f"{x:.3f}" for x in m["acc_all"]) + " |",
+            "| exact labels | " + " | ".join(f"{x:.3f}" for x in m["acc_exact"]) + " |",
+            "| P(drafts 1..k all right) | " + " | ".join(f"{x:.3f}" for x in m["accept_chain"]) + " |",
+            "",
+        ]
+
     lines = [
         "# Bundled demo pair",
         "",
         "`dflash-run` with no `-m` runs this pair. Both models are tiny and trained on CPU in",
-        "well under an hour by `scripts/train_demo.py`; they write Python-flavoured text, not",
-        "good code. They exist so the speculative engine has something real to accelerate.",
+        "under an hour by `scripts/train_demo.py`; they write Python-flavoured text (often",
+        "looping), not good code. They exist so the speculative engine has something real to",
+        "accelerate and so acceptance lengths mean something.",
         "",
         "| file | what | size |",
         "|---|---|---|",
         f"| `demo-target.gguf` | Qwen3.5-architecture target (`qwen35`): {t['layers']} layers "
-        f"({', '.join(t['layer_types'])}), hidden {t['hidden']}, {t['params'] / 1e6:.2f}M parameters, "
-        f"{info['args']['target_outtype']} | {info['sizes']['target'] / 1e6:.2f} MB |",
-        f"| `demo-draft.gguf` | DFlash drafter (`dflash`): {info['args']['draft_layers']} layers, block size {B}, "
-        f"target layers (HF ids) {info['args']['target_layer_ids']}, mask token `<|mask|>`, "
-        f"{d['params'] / 1e6:.2f}M parameters, {info['args']['draft_outtype']} | {info['sizes']['draft'] / 1e6:.2f} MB |",
+        f"({', '.join(t['layer_types'])}), hidden {t['hidden']}, linear key/value heads 2/4, "
+        f"{t['params'] / 1e6:.2f}M parameters, {a['target_outtype']} | {info['sizes']['target'] / 1e6:.2f} MB |",
+        f"| `demo-draft.gguf` | DFlash drafter (`dflash`): {a['draft_layers']} layers, block size {B}, "
+        f"target layers (HF ids) {a['target_layer_ids']}, mask token `<|mask|>`, "
+        f"{d['params'] / 1e6:.2f}M parameters, {a['draft_outtype']} | {info['sizes']['draft'] / 1e6:.2f} MB |",
         "",
         "## Training data",
         "",
@@ -662,34 +785,37 @@ def write_readme(out_dir: Path, info: dict) -> None:
         "",
         "## Training",
         "",
-        f"- target: next-token cross-entropy, {info['args']['target_steps']} steps of "
-        f"{info['args']['target_batch']} x {info['args']['seq_len']} tokens, AdamW, cosine schedule; held-out loss "
-        f"{t['heldout_loss']:.3f} nats/token; {fmt_time(info['times']['target'])}.",
-        f"- drafter: distilled from the frozen target's own greedy predictions: for each sequence, "
-        f"{info['args']['anchors']} anchor blocks `[token, <|mask|> x {B - 1}]`, each attending to the target's "
-        "features of the positions before its anchor and to its own block; label k = the target's argmax at "
-        "position p+k; weighted by exp(-(k-1)/" + f"{info['args']['decay_gamma']:g}), labels that are not the "
-        "target's exact greedy continuation (the corpus left the target's path before them) weighted "
-        f"{info['args']['inexact_weight']:g}. {info['args']['draft_steps']} steps of {info['args']['draft_batch']} "
-        f"sequences; {fmt_time(info['times']['drafter'])}.",
-        f"- total wall time {fmt_time(info['times']['total'])} on {info['args']['threads']} CPU threads "
+        f"- target: next-token cross-entropy, {a['target_steps']} steps of {a['target_batch']} x {a['seq_len']} "
+        f"tokens, AdamW, cosine schedule; held-out loss {t['heldout_loss']:.3f} nats/token; "
+        f"{fmt_time(info['times']['target'])}.",
+        f"- on-policy data: the converted target (dflash_gguf runtime, greedy) continues {a['onpolicy_seqs']} "
+        f"corpus prompts of 16-{a['seq_len'] // 2} tokens to {a['seq_len']} tokens; "
+        f"{fmt_time(info['times']['generate'])}.",
+        f"- drafter: distilled from the frozen target's own greedy predictions. Each batch holds "
+        f"{a['draft_batch']} sequences ({a['onpolicy_frac']:.0%} on-policy, the rest corpus windows) with "
+        f"{a['anchors']} anchor blocks `[token, <|mask|> x {B - 1}]` each, all in one forward: a block attends "
+        "to the target's features of the positions before its anchor and to itself. Label k = the target's "
+        f"argmax at position p+k, weighted exp(-(k-1)/{a['decay_gamma']:g}); labels that are not the target's "
+        "exact greedy continuation from the anchor (the text left the target's greedy path in between) "
+        f"weighted {a['inexact_weight']:g}. {a['draft_steps']} steps; {fmt_time(info['times']['drafter'])}.",
+        f"- total wall time {fmt_time(info['times']['total'])} on {a['threads']} CPU threads "
         f"(torch {info['torch']}, transformers {info['transformers']}).",
         "",
         "## Measured",
         "",
-        "Held-out per-position draft accuracy (block position k = 1.." + str(B - 1) + "):",
-        "",
-        f"| k | {ks} |",
-        "|---|" + "---|" * (B - 1),
-        "| all labels | " + " | ".join(f"{a:.3f}" for a in d["acc_all"]) + " |",
-        "| exact labels | " + " | ".join(f"{a:.3f}" for a in d["acc_exact"]) + " |",
-        "| P(drafts 1..k accepted) | " + " | ".join(f"{a:.3f}" for a in d["accept_chain"]) + " |",
-        "",
-        "\"all labels\": against the target's argmax on the held-out text; \"exact labels\": only where that",
-        "argmax is the target's greedy continuation from the anchor. Chain acceptance on held-out text",
-        f"gives a mean acceptance length of at least {d['est_al_lower']:.2f}.",
+        f"Per-position draft accuracy, block position k = 1..{B - 1}, every anchor of held-out sequences. "
+        "\"all labels\": against the target's argmax; \"exact labels\": only where that argmax is the "
+        "target's greedy continuation from the anchor; the last row is chain acceptance.",
         "",
     ]
+    if "onpolicy" in d:
+        m = d["onpolicy"]
+        lines += ["On the target's own greedy continuations of held-out prompts (what decoding sees):", ""]
+        lines += table(m)
+        lines += [f"Estimated mean acceptance length: {m['est_al_lower']:.2f}.", ""]
+    m = d["corpus"]
+    lines += ["On held-out corpus text:", ""] + table(m)
+    lines += [f"Estimated mean acceptance length (a lower bound here): {m['est_al_lower']:.2f}.", ""]
     if info.get("verify"):
         lines += [
             f"With the dflash_gguf runtime (greedy, chain, block {B}, {info['verify_tokens']} new tokens; "
@@ -706,12 +832,16 @@ def write_readme(out_dir: Path, info: dict) -> None:
         "## Regenerating",
         "",
         "    .venv/bin/python scripts/train_demo.py      # writes dflash_gguf/data/, ~45 min on 2 cores",
+        "    .venv/bin/python scripts/train_demo.py --quick   # smoke run into .cache/train_demo_quick/out",
         "",
         "Needs the test extras (torch CPU, transformers 5.15, tokenizers, PyPI `dflash` 0.1.0:",
-        "`bash scripts/setup.sh test`). The result is seeded but depends on the Python version",
-        "(its standard library is the corpus) and, through floating point, on the CPU.",
-        f"This copy: seed {info['args']['seed']}, Python {info['python']}, drafter converted with "
-        f"{info['draft_converter']}.",
+        "`bash scripts/setup.sh test`) and the installed dflash_gguf runtime, which decodes the",
+        "on-policy data and checks the result. The run is seeded but depends on the Python version",
+        "(its standard library is the corpus) and, through floating point and compiled kernels, on",
+        f"the CPU. This copy: seed {a['seed']}, Python {info['python']}.",
+        "",
+        f"bf16 copies of both HF checkpoints ({info['hf_export_size'] / 1e6:.1f} MB) go to `tests/data/demo-hf/`;",
+        "the acceptance-parity test runs the reference `dflash_generate` loop on them.",
         "",
     ]
     (out_dir / "README.md").write_text("\n".join(lines), encoding="utf-8")
@@ -744,12 +874,18 @@ def parse_args(argv=None):
     p.add_argument("--draft-batch", type=int, default=16)
     p.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence and step")
     p.add_argument("--draft-lr", type=float, default=2e-3)
+    p.add_argument("--onpolicy-seqs", type=int, default=1536,
+                   help="corpus prompts the converted target continues greedily (runtime) for drafter data")
+    p.add_argument("--onpolicy-frac", type=float, default=0.75,
+                   help="share of each drafter batch taken from those on-policy sequences")
     p.add_argument("--decay-gamma", type=float, default=7.0, help="loss weight exp(-(k-1)/gamma) at block position k")
     p.add_argument("--inexact-weight", type=float, default=0.25,
                    help="loss weight of labels that are not the target's exact greedy continuation")
     p.add_argument("--target-outtype", default="q8_0")
     p.add_argument("--draft-outtype", default="q8_0")
     p.add_argument("--verify-tokens", type=int, default=128)
+    p.add_argument("--hf-export", type=Path, help="where bf16 HF copies of the pair go, for the tests "
+                   "(default: tests/data/demo-hf, or WORK_DIR/hf with --quick)")
     p.add_argument("--skip-target", action="store_true", help="reuse WORK_DIR/target (train the drafter only)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--no-bf16", dest="bf16", action="store_false", help="train in float32 (slow on CPU)")
@@ -759,12 +895,15 @@ def parse_args(argv=None):
         args.target_steps, args.draft_steps = 10, 10
         args.target_batch, args.draft_batch = 4, 4
         args.seq_len, args.anchors = 128, 16
+        args.onpolicy_seqs = 16
         args.compile = False
         args.log_every = 5
         args.verify_tokens = 32
         args.work_dir = args.work_dir.with_name(args.work_dir.name + "_quick")
     if args.out_dir is None:
         args.out_dir = args.work_dir / "out" if args.quick else DATA_DIR
+    if args.hf_export is None:
+        args.hf_export = args.work_dir / "hf" if args.quick else ROOT / "tests" / "data" / "demo-hf"
     if args.target_layers % 4:
         p.error("--target-layers must be a multiple of 4")
     if max(args.target_layer_ids) >= args.target_layers - 1:
@@ -825,21 +964,34 @@ def main(argv=None) -> int:
         (work / "target_info.json").write_text(json.dumps(tinfo))
     times["target"] = tinfo["seconds"]
 
+    tmp_t, tmp_d = args.out_dir / "demo-target.gguf.tmp", args.out_dir / "demo-draft.gguf.tmp"
+    convert_target(target_dir, tmp_t, args.target_outtype)
+
+    t0 = time.perf_counter()
+    gen_train = gen_heldout = None
+    if args.onpolicy_seqs:
+        rng = np.random.default_rng(args.seed + 4)
+        prompts = sample_prompts(tok, train_stream, args.onpolicy_seqs, rng, 16, args.seq_len // 2)
+        gen_train = generate_onpolicy(tmp_t, prompts, args.seq_len, args.threads, "on-policy data")
+        prompts = sample_prompts(tok, heldout_stream, 8 if args.quick else 32, rng, 16, args.seq_len // 2)
+        gen_heldout = generate_onpolicy(tmp_t, prompts, args.seq_len, args.threads, "on-policy held-out")
+    times["generate"] = time.perf_counter() - t0
+
     t0 = time.perf_counter()
     if draft_dir.exists():
         shutil.rmtree(draft_dir)
-    _, dinfo = train_drafter(args, target, tok, train_stream, heldout_stream, draft_dir)
+    _, dinfo = train_drafter(args, target, tok, train_stream, heldout_stream, gen_train, gen_heldout, draft_dir)
     times["drafter"] = time.perf_counter() - t0
     log(f"drafter: trained in {fmt_time(times['drafter'])}")
 
-    tmp_t, tmp_d = args.out_dir / "demo-target.gguf.tmp", args.out_dir / "demo-draft.gguf.tmp"
-    convert_target(target_dir, tmp_t, args.target_outtype)
-    draft_converter = convert_drafter(draft_dir, target_dir, tmp_d, args.draft_outtype)
+    convert_drafter(draft_dir, target_dir, tmp_d, args.draft_outtype)
+    hf_size = export_hf_pair(target_dir, draft_dir, args.hf_export) if args.hf_export else 0
     verify = verify_runtime(tmp_t, tmp_d, args.verify_tokens, args.threads)
     final_t, final_d = args.out_dir / "demo-target.gguf", args.out_dir / "demo-draft.gguf"
     tmp_t.replace(final_t)
     tmp_d.replace(final_d)
-    times["total"] = time.perf_counter() - t_start
+    # with --skip-target the target's training happened in an earlier run; count it
+    times["total"] = time.perf_counter() - t_start + (tinfo["seconds"] if args.skip_target else 0)
 
     cfg = target.config
     info = {
@@ -849,7 +1001,7 @@ def main(argv=None) -> int:
         "drafter": dinfo, "times": times, "verify": verify, "verify_tokens": args.verify_tokens,
         "sizes": {"target": final_t.stat().st_size, "draft": final_d.stat().st_size},
         "python": sysconfig.get_python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "draft_converter": draft_converter,
+        "transformers": transformers.__version__, "hf_export_size": hf_size,
     }
     (work / "train_info.json").write_text(json.dumps(info, indent=2))
     write_readme(args.out_dir, info)
