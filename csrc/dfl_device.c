@@ -4,7 +4,12 @@
 
 #include "ggml-backend.h"
 
+#include <netdb.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static const char * device_type_name(enum ggml_backend_dev_type t) {
     switch (t) {
@@ -26,5 +31,65 @@ DFL_API dfl_status dfl_device_describe(int i, char * buf, size_t buf_size) {
     ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) i);
     snprintf(buf, buf_size, "%s|%s|%s", ggml_backend_dev_name(dev), ggml_backend_dev_description(dev),
              device_type_name(ggml_backend_dev_type(dev)));
+    return DFL_OK;
+}
+
+/* Registered once per endpoint: ggml's RPC backend returns the same registration for
+ * an endpoint it already knows, and registering it twice would list its devices twice. */
+static bool registered(ggml_backend_reg_t reg) {
+    for (size_t i = 0; i < ggml_backend_reg_count(); i++) {
+        if (ggml_backend_reg_get(i) == reg) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ggml's RPC client aborts the process when it cannot connect: try first. */
+static bool reachable(const char * endpoint) {
+    char host[256];
+    const char * colon = strrchr(endpoint, ':');
+    if (!colon || colon == endpoint || (size_t) (colon - endpoint) >= sizeof host || !colon[1]) {
+        return false;
+    }
+    memcpy(host, endpoint, (size_t) (colon - endpoint));
+    host[colon - endpoint] = 0;
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+    struct addrinfo * res = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0) {
+        return false;
+    }
+    bool ok = false;
+    for (struct addrinfo * a = res; a && !ok; a = a->ai_next) {
+        const int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd >= 0) {
+            ok = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+            close(fd);
+        }
+    }
+    freeaddrinfo(res);
+    return ok;
+}
+
+DFL_API dfl_status dfl_rpc_add_server(const char * endpoint) {
+    if (!endpoint || !endpoint[0] || !strchr(endpoint, ':')) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "RPC endpoint must be host:port, got '%s'", endpoint ? endpoint : "");
+    }
+    ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+    typedef ggml_backend_reg_t (*add_server_fn)(const char * endpoint);
+    add_server_fn add = rpc ? (add_server_fn) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server") : NULL;
+    if (!add) {
+        return dfl_fail(DFL_ERR_BACKEND, "this ggml build has no RPC backend (build it with -DGGML_RPC=ON)");
+    }
+    if (!reachable(endpoint)) {
+        return dfl_fail(DFL_ERR_BACKEND, "cannot connect to a ggml RPC server at %s", endpoint);
+    }
+    ggml_backend_reg_t reg = add(endpoint);
+    if (!reg) {
+        return dfl_fail(DFL_ERR_BACKEND, "no ggml RPC server answers at %s", endpoint);
+    }
+    if (!registered(reg)) {
+        ggml_backend_register(reg);
+    }
     return DFL_OK;
 }

@@ -214,7 +214,7 @@ dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, co
     return DFL_OK;
 }
 
-#define DFL_MAX_REPACK 4
+#define DFL_MAX_BUFTS 4
 
 /* The first extra buffer type of dev that runs a matrix product with weight w. */
 static ggml_backend_buffer_type_t repack_buft(ggml_backend_dev_t dev, struct ggml_tensor * w) {
@@ -248,8 +248,8 @@ static ggml_backend_buffer_type_t repack_buft(ggml_backend_dev_t dev, struct ggm
     return found;
 }
 
-/* Allocate every tensor marked with buft in one buffer and copy its data in (the
- * buffer type converts the layout as the data arrives). */
+/* Allocate every tensor marked with buft in one buffer and copy its data in (a
+ * repacking buffer type converts the layout as the data arrives). */
 static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, ggml_backend_buffer_type_t * marks,
                                 const char * base) {
     size_t total = 0;
@@ -262,7 +262,8 @@ static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, g
     }
     ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total);
     if (!buf) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of memory for %zu bytes of repacked weights", total);
+        return dfl_fail(DFL_ERR_BACKEND, "out of %s memory for %zu bytes of weights of '%s'",
+                        ggml_backend_buft_name(buft), total, g->path);
     }
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     g->buffers[g->n_buffers++] = buf;
@@ -281,7 +282,51 @@ static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, g
     return DFL_OK;
 }
 
-dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev, bool repack) {
+static void add_unique(void ** set, int * n, void * x) {
+    for (int k = 0; k < *n; k++) {
+        if (set[k] == x) {
+            return;
+        }
+    }
+    if (*n < DFL_MAX_BUFTS) {
+        set[(*n)++] = x;
+    }
+}
+
+static bool maps_host_memory(ggml_backend_dev_t dev) {
+    struct ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(dev, &props);
+    return props.caps.buffer_from_host_ptr;
+}
+
+/* Wrap the mapping for dev and point the tensors of dev with no buffer type of their
+ * own (marks[i] == NULL) into it. */
+static dfl_status place_mapped(dfl_gguf * g, ggml_backend_dev_t dev, ggml_backend_dev_t const * dev_of,
+                               ggml_backend_buffer_type_t const * marks, char * base, size_t data_size) {
+    size_t max_tensor = 0;
+    for (struct ggml_tensor * t = ggml_get_first_tensor(g->ctx); t; t = ggml_get_next_tensor(g->ctx, t)) {
+        max_tensor = ggml_nbytes(t) > max_tensor ? ggml_nbytes(t) : max_tensor;
+    }
+    ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(dev, base, data_size, max_tensor);
+    if (!buf) {
+        return dfl_fail(DFL_ERR_BACKEND, "device %s cannot use the mapped weights of '%s'",
+                        ggml_backend_dev_name(dev), g->path);
+    }
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    g->buffers[g->n_buffers++] = buf;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        if (marks[i] || dev_of[i] != dev) {
+            continue;
+        }
+        struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+        if (ggml_backend_tensor_alloc(buf, t, base + gguf_get_tensor_offset(g->meta, i)) != GGML_STATUS_SUCCESS) {
+            return dfl_fail(DFL_ERR_BACKEND, "cannot place tensor '%s' of '%s'", t->name, g->path);
+        }
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of, bool repack) {
     const int fd = open(g->path, O_RDONLY);
     if (fd < 0) {
         return dfl_fail(DFL_ERR_IO, "cannot open '%s' for reading", g->path);
@@ -292,83 +337,62 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev, bool repa
         g->map = NULL;
         return dfl_fail(DFL_ERR_IO, "cannot map '%s' into memory", g->path);
     }
+    char * base = (char *) g->map + gguf_get_data_offset(g->meta);
+    const size_t data_size = g->file_size - gguf_get_data_offset(g->meta);
+    const int64_t n_tensors = gguf_get_n_tensors(g->meta);
 
-    const size_t data_off = gguf_get_data_offset(g->meta);
-    char * base = (char *) g->map + data_off;
-    const size_t data_size = g->file_size - data_off;
-
-    struct ggml_backend_dev_props props;
-    ggml_backend_dev_get_props(dev, &props);
-
-    if (props.caps.buffer_from_host_ptr) {
-        /* matrices the device can run faster from a repacked layout (the CPU backend's
-         * extra buffer types) are copied there; everything else stays mapped */
-        ggml_backend_buffer_type_t bufts[DFL_MAX_REPACK];
-        int n_repack = 0;
-        const int64_t n_tensors = gguf_get_n_tensors(g->meta);
-        ggml_backend_buffer_type_t * marks = calloc((size_t) n_tensors + 1, sizeof *marks);
-        if (!marks) {
-            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-        }
-        for (int64_t ti = 0; ti < n_tensors; ti++) {
-            struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, ti));
-            ggml_backend_buffer_type_t buft = repack ? repack_buft(dev, t) : NULL;
-            for (int i = 0; buft && i <= n_repack && i < DFL_MAX_REPACK; i++) {
-                if (i == n_repack) {
-                    bufts[n_repack++] = buft;
-                    break;
-                }
-                if (bufts[i] == buft) {
-                    break;
-                }
-            }
-            marks[ti] = buft;
-        }
-
-        size_t max_tensor = 0;
-        for (struct ggml_tensor * t = ggml_get_first_tensor(g->ctx); t; t = ggml_get_next_tensor(g->ctx, t)) {
-            max_tensor = ggml_nbytes(t) > max_tensor ? ggml_nbytes(t) : max_tensor;
-        }
-        ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(dev, base, data_size, max_tensor);
-        if (!buf) {
-            free(marks);
-            return dfl_fail(DFL_ERR_BACKEND, "device %s cannot use the mapped weights of '%s'",
-                            ggml_backend_dev_name(dev), g->path);
-        }
-        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        g->buffers[g->n_buffers++] = buf;
-        for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
-            struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
-            if (marks[i]) {
-                continue;
-            }
-            enum ggml_status s = ggml_backend_tensor_alloc(buf, t, base + gguf_get_tensor_offset(g->meta, i));
-            if (s != GGML_STATUS_SUCCESS) {
-                free(marks);
-                return dfl_fail(DFL_ERR_BACKEND, "cannot place tensor '%s' of '%s'", t->name, g->path);
-            }
-        }
-        dfl_status st = DFL_OK;
-        for (int r = 0; r < n_repack && st == DFL_OK; r++) {
-            st = place_in_buft(g, bufts[r], marks, base);
-        }
-        free(marks);
-        return st;
+    /* Each tensor gets a buffer type, or NULL to stay in the mapping: devices that can
+     * read host memory keep their tensors mapped, except matrices they run faster from
+     * a repacked layout (the CPU backend's extra buffer types); other devices get a
+     * copy in their own memory. */
+    ggml_backend_buffer_type_t * marks = calloc((size_t) n_tensors + 1, sizeof *marks);
+    void * bufts[DFL_MAX_BUFTS];  /* distinct buffer types in marks */
+    void * mapped[DFL_MAX_BUFTS]; /* distinct devices keeping tensors mapped */
+    int n_bufts = 0, n_mapped = 0;
+    if (!marks) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
-
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(g->ctx, ggml_backend_dev_buffer_type(dev));
-    if (!buf) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of device memory loading '%s' onto %s", g->path,
-                        ggml_backend_dev_name(dev));
-    }
-    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    g->buffers[g->n_buffers++] = buf;
-    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+    for (int64_t i = 0; i < n_tensors; i++) {
         struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
-        ggml_backend_tensor_set(t, base + gguf_get_tensor_offset(g->meta, i), 0, ggml_nbytes(t));
+        ggml_backend_buffer_type_t buft = NULL;
+        if (!maps_host_memory(dev_of[i])) {
+            buft = ggml_backend_dev_buffer_type(dev_of[i]);
+        } else if (repack) {
+            buft = repack_buft(dev_of[i], t);
+        }
+        marks[i] = buft;
+        if (buft) {
+            add_unique(bufts, &n_bufts, buft);
+        } else {
+            add_unique(mapped, &n_mapped, dev_of[i]);
+        }
     }
-    /* the device holds its own copy now */
-    munmap(g->map, g->file_size);
-    g->map = NULL;
-    return DFL_OK;
+    dfl_status st = DFL_OK;
+    for (int k = 0; k < n_mapped && st == DFL_OK; k++) {
+        st = place_mapped(g, (ggml_backend_dev_t) mapped[k], dev_of, marks, base, data_size);
+    }
+    for (int k = 0; k < n_bufts && st == DFL_OK; k++) {
+        st = place_in_buft(g, (ggml_backend_buffer_type_t) bufts[k], marks, base);
+    }
+    free(marks);
+    if (st == DFL_OK && n_mapped == 0) {
+        /* every device holds its own copy now */
+        munmap(g->map, g->file_size);
+        g->map = NULL;
+    }
+    return st;
+}
+
+dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool repack) {
+    const int64_t n = gguf_get_n_tensors(g->meta);
+    ggml_backend_dev_t * dev_of = malloc((size_t) (n + 1) * sizeof *dev_of);
+    if (!dev_of) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int64_t i = 0; i < n; i++) {
+        dev_of[i] = dev;
+    }
+    dfl_status st = dfl_gguf_load_weights(g, dev_of, repack);
+    free(dev_of);
+    return st;
 }

@@ -17,7 +17,7 @@ typedef struct dfl_gguf {
     struct ggml_context * ctx;      /* tensor metadata (no data) */
     size_t file_size;
     void * map;                     /* read-only mapping of the whole file */
-    ggml_backend_buffer_t buffers[6];
+    ggml_backend_buffer_t buffers[10];
     int n_buffers;
     char arch[64];
 } dfl_gguf;
@@ -38,9 +38,12 @@ bool dfl_gguf_has(const dfl_gguf * g, const char * key);
 dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, const int64_t * ne, bool required,
                            struct ggml_tensor ** out);
 
-/* Place every tensor of the file in memory of `dev`: mapped directly from the file
- * when the device can use host memory, otherwise copied once from the mapping. With
- * `repack`, matrices go to the device's faster repacked layouts where it has them. */
-dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t dev, bool repack);
+/* Place tensor i of the file (file order) in memory of dev_of[i]: mapped directly from
+ * the file when that device can use host memory, otherwise copied once from the
+ * mapping. With `repack`, matrices go to the device's faster repacked layouts where it
+ * has them. */
+dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of, bool repack);
+/* The same with every tensor on dev. */
+dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool repack);
 
 #endif

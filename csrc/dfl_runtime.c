@@ -55,6 +55,7 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
         }
         backends[n_backends++] = rt->backend_cpu;
     }
+    rt->dev_cpu = ggml_backend_get_device(rt->backend_cpu);
     set_threads(rt->backend_cpu, n_threads);
 
     rt->sched = ggml_backend_sched_new(backends, NULL, n_backends, DFL_GRAPH_SIZE, false, true);

@@ -13,6 +13,7 @@ typedef struct dfl_runtime {
     ggml_backend_dev_t dev;     /* where weights and state live */
     ggml_backend_t backend;     /* on dev */
     ggml_backend_t backend_cpu; /* fallback for ops dev cannot run; == backend on CPU */
+    ggml_backend_dev_t dev_cpu; /* host device: layers not offloaded to dev live here */
     ggml_backend_sched_t sched;
     void * graph_mem;
     size_t graph_mem_size;

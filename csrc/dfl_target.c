@@ -22,6 +22,7 @@ DFL_API void dfl_target_default_params(dfl_target_params * p) {
     p->n_verify = 16;
     p->kv_type = GGML_TYPE_F16;
     p->kv_type_v = -1;
+    p->n_gpu_layers = -1;
 }
 
 static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
@@ -61,36 +62,89 @@ static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
     return DFL_OK;
 }
 
+/* Layers il >= first_device_layer run on the device, the ones before on the CPU. */
+static int first_device_layer(const dfl_target * t) {
+    const int n_layer = t->m.n_layer;
+    if (t->rt.dev == t->rt.dev_cpu || t->p.n_gpu_layers < 0 || t->p.n_gpu_layers >= n_layer) {
+        return 0;
+    }
+    return n_layer - t->p.n_gpu_layers;
+}
+
+static ggml_backend_dev_t layer_device(const dfl_target * t, int il) {
+    return il >= first_device_layer(t) ? t->rt.dev : t->rt.dev_cpu;
+}
+
+static ggml_backend_dev_t output_device(const dfl_target * t) {
+    return t->p.n_gpu_layers < 0 || t->p.n_gpu_layers > t->m.n_layer ? t->rt.dev : t->rt.dev_cpu;
+}
+
+/* Device of each weight, in file order. As in llama.cpp, the token embedding stays on
+ * the CPU (it is only gathered from) unless it doubles as the LM head. */
+static dfl_status place_weights(dfl_target * t) {
+    dfl_gguf * g = &t->m.file;
+    const int64_t n = gguf_get_n_tensors(g->meta);
+    ggml_backend_dev_t * dev_of = malloc((size_t) (n + 1) * sizeof *dev_of);
+    if (!dev_of) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const char * name = gguf_get_tensor_name(g->meta, i);
+        int il = -1;
+        if (sscanf(name, "blk.%d.", &il) == 1) {
+            dev_of[i] = il < t->m.n_layer ? layer_device(t, il) : t->rt.dev_cpu;
+        } else if (strcmp(name, "token_embd.weight") == 0 && t->m.output != t->m.tok_embd) {
+            dev_of[i] = t->rt.dev_cpu;
+        } else {
+            dev_of[i] = output_device(t);
+        }
+    }
+    dfl_status st = dfl_gguf_load_weights(g, dev_of, !t->p.no_repack);
+    free(dev_of);
+    return st;
+}
+
+/* Caches and recurrent states live with their layer's weights: ctx_state[0] on the
+ * device, ctx_state[1] on the CPU. */
 static dfl_status alloc_state(dfl_target * t) {
     const dfl_qwen35 * m = &t->m;
     const int n_tensors = 4 * m->n_layer + 1;
-    struct ggml_init_params ip = { (size_t) n_tensors * ggml_tensor_overhead(), NULL, true };
-    t->ctx_state = ggml_init(ip);
-    if (!t->ctx_state) {
-        return dfl_fail(DFL_ERR_BACKEND, "cannot create the state context");
+    for (int k = 0; k < 2; k++) {
+        struct ggml_init_params ip = { (size_t) n_tensors * ggml_tensor_overhead(), NULL, true };
+        t->ctx_state[k] = ggml_init(ip);
+        if (!t->ctx_state[k]) {
+            return dfl_fail(DFL_ERR_BACKEND, "cannot create the state context");
+        }
     }
     const int64_t kv_dim = (int64_t) m->head_dim * m->n_head_kv;
     const int64_t state_size = (int64_t) m->head_v_dim * m->head_v_dim * m->n_v_heads;
     for (int il = 0; il < m->n_layer; il++) {
+        struct ggml_context * ctx = t->ctx_state[layer_device(t, il) == t->rt.dev ? 0 : 1];
         if (m->layers[il].recurrent) {
-            t->conv_state[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
-            t->ssm_state[il] = ggml_new_tensor_1d(t->ctx_state, GGML_TYPE_F32, state_size);
-            t->snapshots[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, state_size, t->p.n_verify + 1);
-            t->conv_scratch[il] = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32, m->d_conv - 1 + t->p.n_verify,
-                                                     m->conv_channels);
+            t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
+            t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
+            t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, state_size, t->p.n_verify + 1);
+            t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->d_conv - 1 + t->p.n_verify, m->conv_channels);
         } else {
-            t->k_cache[il] = ggml_new_tensor_2d(t->ctx_state, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
-            t->v_cache[il] = ggml_new_tensor_2d(t->ctx_state, (enum ggml_type) t->p.kv_type_v, kv_dim, t->p.n_ctx);
+            t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
+            t->v_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type_v, kv_dim, t->p.n_ctx);
         }
     }
     const int rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
-    t->features = ggml_new_tensor_2d(t->ctx_state, GGML_TYPE_F32,
+    t->features = ggml_new_tensor_2d(t->ctx_state[output_device(t) == t->rt.dev ? 0 : 1], GGML_TYPE_F32,
                                      (int64_t) m->n_embd * (t->p.n_feature_layers > 0 ? t->p.n_feature_layers : 1), rows);
-    t->buf_state = ggml_backend_alloc_ctx_tensors_from_buft(t->ctx_state, ggml_backend_get_default_buffer_type(t->backend));
-    if (!t->buf_state) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of device memory for a context of %d tokens", t->p.n_ctx);
+    const ggml_backend_dev_t devs[2] = { t->rt.dev, t->rt.dev_cpu };
+    for (int k = 0; k < 2; k++) {
+        if (!ggml_get_first_tensor(t->ctx_state[k])) {
+            continue;
+        }
+        t->buf_state[k] = ggml_backend_alloc_ctx_tensors_from_buft(t->ctx_state[k], ggml_backend_dev_buffer_type(devs[k]));
+        if (!t->buf_state[k]) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of %s memory for a context of %d tokens",
+                            ggml_backend_dev_name(devs[k]), t->p.n_ctx);
+        }
+        ggml_backend_buffer_clear(t->buf_state[k], 0);
     }
-    ggml_backend_buffer_clear(t->buf_state, 0);
     return DFL_OK;
 }
 
@@ -121,7 +175,7 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     }
     if (st == DFL_OK) {
         t->backend = t->rt.backend;
-        st = dfl_gguf_load_weights(&t->m.file, t->rt.dev, !t->p.no_repack);
+        st = place_weights(t);
     }
     if (st == DFL_OK) {
         st = alloc_state(t);
@@ -138,8 +192,10 @@ DFL_API void dfl_target_free(dfl_target * t) {
     if (!t) {
         return;
     }
-    if (t->buf_state) ggml_backend_buffer_free(t->buf_state);
-    if (t->ctx_state) ggml_free(t->ctx_state);
+    for (int k = 0; k < 2; k++) {
+        if (t->buf_state[k]) ggml_backend_buffer_free(t->buf_state[k]);
+        if (t->ctx_state[k]) ggml_free(t->ctx_state[k]);
+    }
     dfl_runtime_free(&t->rt);
     dfl_gguf_close(&t->m.file);
     free(t->host_i32);
@@ -161,6 +217,7 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_ubatch = t->p.n_ubatch;
     info->n_verify = t->p.n_verify;
     info->n_past = t->n_past;
+    info->n_gpu_layers = t->rt.dev == t->rt.dev_cpu ? 0 : t->m.n_layer - first_device_layer(t);
     snprintf(info->device, sizeof info->device, "%s", ggml_backend_dev_name(t->rt.dev));
     return DFL_OK;
 }
@@ -169,7 +226,9 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     if (!t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null target");
     }
-    ggml_backend_buffer_clear(t->buf_state, 0);
+    for (int k = 0; k < 2; k++) {
+        if (t->buf_state[k]) ggml_backend_buffer_clear(t->buf_state[k], 0);
+    }
     t->n_past = 0;
     t->pending_verify = 0;
     t->commit.active = false;

@@ -62,8 +62,8 @@ struct dfl_target {
     dfl_runtime rt;
     ggml_backend_t backend;
 
-    struct ggml_context * ctx_state;
-    ggml_backend_buffer_t buf_state;
+    struct ggml_context * ctx_state[2];   /* [0] on the device, [1] on the CPU (layers not offloaded) */
+    ggml_backend_buffer_t buf_state[2];
     struct ggml_tensor * k_cache[DFL_MAX_LAYERS];     /* [kv_dim, n_ctx] */
     struct ggml_tensor * v_cache[DFL_MAX_LAYERS];
     struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */

@@ -49,6 +49,10 @@ dfl_status dfl_quantize(int type, const float * src, void * dst, int64_t nrows, 
 int dfl_device_count(void);
 dfl_status dfl_device_describe(int i, char * buf, size_t buf_size);
 
+/* Add the devices of a ggml RPC server ("host:port", as llama.cpp's rpc-server serves
+ * them) to the registry; they are then named RPC0, RPC1, ... */
+dfl_status dfl_rpc_add_server(const char * endpoint);
+
 /* ---- target model (Qwen3.5 hybrid) ---------------------------------------------- */
 
 typedef struct dfl_target dfl_target;
@@ -64,6 +68,9 @@ typedef struct dfl_target_params {
     int32_t feature_layers[16]; /* llama.cpp convention: L = the input of layer L (output of L-1) */
     int32_t no_repack;        /* keep quantized matrices in file layout (no CPU repacking) */
     const char * device;      /* ggml device name; NULL: the first GPU, else the CPU */
+    int32_t n_gpu_layers;     /* when the device is not the CPU: the last n layers (weights and
+                                 caches) go on it, the rest stays on the CPU; the LM head too
+                                 when n > n_layer; < 0: everything (default) */
 } dfl_target_params;
 
 typedef struct dfl_target_info {
@@ -75,6 +82,7 @@ typedef struct dfl_target_info {
     int32_t n_ubatch;
     int32_t n_verify;
     int32_t n_past;
+    int32_t n_gpu_layers;     /* layers whose weights and caches are on a device other than the CPU */
     char device[128];
 } dfl_target_info;
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from ._native import DflashError
+from .devices import add_rpc_server, list_devices
 from .draft import Draft, DraftConfig, read_draft_metadata
 from .engine import Engine, Result
 from .generate import GenerationStats
@@ -17,5 +18,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DflashError", "Draft", "DraftConfig", "Engine", "GenerationStats", "Result", "SamplingParams", "Target",
-    "TargetConfig", "read_draft_metadata", "__version__",
+    "TargetConfig", "add_rpc_server", "list_devices", "read_draft_metadata", "__version__",
 ]

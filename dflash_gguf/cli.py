@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attention K cache type (default f16)")
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_TYPES), help="attention V cache type (default: as K)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int,
-                   help="0: run on the CPU; any other value: all layers on the accelerator when one exists "
-                        "(partial offload is not supported)")
+                   help="target layers on the accelerator when one exists: the last N layers go there, the rest "
+                        "stay on the CPU; N > layer count also moves the LM head; -1 = all (default); "
+                        "0 = run everything on the CPU")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -48,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
     p.add_argument("--no-repack", action="store_true",
                    help="keep quantized matrices in file layout: bit-identical results across batch shapes")
-    p.add_argument("--device", help="ggml device name (default: first GPU, else CPU)")
+    p.add_argument("--device", help="ggml device name (default: first GPU, else CPU); see --list-devices")
+    p.add_argument("--rpc", metavar="SERVERS",
+                   help="comma-separated ggml RPC servers (host:port) whose devices join the registry as RPC0, ...")
+    p.add_argument("--list-devices", action="store_true", help="print the available devices and exit")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", help="system message for --chat")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
@@ -161,9 +165,31 @@ def _print_report(r: dict) -> None:
     print(f"memory    peak RSS {r['peak_rss_mib']:.0f} MiB", file=err)
 
 
+def _setup_devices(args) -> bool:
+    """Register RPC servers and answer --list-devices; False when the run should end."""
+    from ._native import DflashError
+    from .devices import add_rpc_server, list_devices
+
+    for endpoint in filter(None, (args.rpc or "").split(",")):
+        try:
+            add_rpc_server(endpoint.strip())
+        except DflashError as e:
+            print(f"dflash-run: error: {e}", file=sys.stderr)
+            args.exit_code = 1
+            return False
+    if args.list_devices:
+        for d in list_devices():
+            print(f"{d['name']:<12} {d['type']:<6} {d['description']}")
+        args.exit_code = 0
+        return False
+    return True
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not _setup_devices(args):
+        return args.exit_code
     _validate(args, parser)
 
     from .engine import Engine
@@ -197,7 +223,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         n_threads=args.threads, kv_type=args.cache_type_k, kv_type_v=args.cache_type_v,
                         block_size=args.block_size,
                         tree_budget=args.tree_budget, draft_top_k=args.draft_top_k,
-                        device=args.device, repack=not args.no_repack)
+                        device=args.device, repack=not args.no_repack,
+                        n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-run: error: {e}", file=sys.stderr)
         return 1

@@ -40,7 +40,8 @@ class Engine:
     def __init__(self, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
                  n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
                  block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
-                 draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True):
+                 draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
+                 n_gpu_layers: int = -1):
         meta = read_draft_metadata(draft) if draft else None
         if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
             raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
@@ -57,7 +58,7 @@ class Engine:
         self.target = Target(model, TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
-            repack=repack))
+            repack=repack, n_gpu_layers=n_gpu_layers))
         try:
             self.tokenizer = Tokenizer(model)
             top_k = draft_top_k if self.tree_budget else 0

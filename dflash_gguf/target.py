@@ -28,6 +28,9 @@ class TargetConfig:
     feature_layers: Sequence[int] = field(default_factory=tuple)
     device: Optional[str] = None
     repack: bool = True  # let the CPU backend repack quantized matrices for speed
+    # with an accelerator: the last n layers (and the LM head when n > n_layer) on it,
+    # the rest on the CPU; -1: everything on the accelerator
+    n_gpu_layers: int = -1
 
 
 class Target(NativeObject):
@@ -45,6 +48,9 @@ class Target(NativeObject):
         p.kv_type = KV_TYPES[cfg.kv_type]
         p.kv_type_v = KV_TYPES[cfg.kv_type_v or cfg.kv_type]
         p.no_repack = 0 if cfg.repack else 1
+        if cfg.n_gpu_layers < -1:
+            raise ValueError(f"n_gpu_layers must be >= -1, got {cfg.n_gpu_layers}")
+        p.n_gpu_layers = cfg.n_gpu_layers
         layers = list(cfg.feature_layers)
         if len(layers) > 16:
             raise ValueError("at most 16 feature layers are supported")
@@ -74,7 +80,7 @@ class Target(NativeObject):
         return {
             "n_vocab": info.n_vocab, "n_embd": info.n_embd, "n_layer": info.n_layer,
             "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "n_ubatch": info.n_ubatch,
-            "n_verify": info.n_verify, "n_past": info.n_past,
+            "n_verify": info.n_verify, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
             "device": ffi.string(info.device).decode(),
         }
 

@@ -211,3 +211,43 @@ def ours_verify_vs_sequential(path: str, n_prefix: int, max_k: int, kv_type: str
                 key = f"{k}/{j}"
                 out["after_commit"][key] = float(np.abs(after - after_ref[j]).max())
     return out
+
+
+def offload_trace(endpoint: str, target_path: str, draft_path: str, placements: list) -> dict:
+    """For each placement {"device", "n_gpu_layers"}: the target's logits over a prefill,
+    a chain verify and commit, a tree verify and path commit, and a decode after it,
+    plus greedy chain and tree generations with the drafter on the same device."""
+    import numpy as np
+
+    from dflash_gguf.devices import add_rpc_server, list_devices
+    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.speculative import speculative_generate, tree_generate
+    from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+
+    add_rpc_server(endpoint)
+    layers = read_draft_metadata(draft_path)["target_layers"]
+    prompt = [(7 * i + 3) % 200 for i in range(37)]
+    out = {"devices": list_devices(), "runs": []}
+    for place in placements:
+        cfg = TargetConfig(n_ctx=256, n_ubatch=16, n_verify=16, kv_type="f32", feature_layers=layers,
+                           device=place["device"], n_gpu_layers=place["n_gpu_layers"])
+        with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(kv_type="f32", top_k=4)) as d:
+            run = {"info": t.info(), "logits": []}
+            t.prefill(prompt, LOGITS_ALL)
+            run["logits"].append(t.logits(0, len(prompt) % 16).tolist())
+            t.verify([5, 9, 11, 13])
+            run["logits"].append(t.logits(0, 4).tolist())
+            t.commit(2)
+            t.verify_tree([17, 19, 23, 29, 31], [-1, 0, 0, 1, 2])
+            run["logits"].append(t.logits(0, 5).tolist())
+            t.commit_path([0, 2, 4])
+            t.decode([37], LOGITS_ALL)
+            run["logits"].append(t.logits(0, 1).tolist())
+            t.reset()
+            d.reset()
+            run["chain"] = speculative_generate(t, d, prompt, 48)[0]
+            t.reset()
+            d.reset()
+            run["tree"] = tree_generate(t, d, prompt, 48, budget=8)[0]
+            out["runs"].append(run)
+    return out
