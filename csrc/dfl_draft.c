@@ -34,6 +34,7 @@ struct dfl_draft {
     ggml_backend_buffer_t buf_state;
     struct ggml_tensor * k_cache[DRAFT_MAX_LAYERS];
     struct ggml_tensor * v_cache[DRAFT_MAX_LAYERS];
+    struct ggml_tensor * block;  /* [block_size] the last proposed block, bonus first, for the target to read */
     int n_ctx;      /* capacity, the target's */
     int n_tokens;   /* context positions filled */
 
@@ -178,7 +179,7 @@ static dfl_status read_model(dfl_draft * d) {
 }
 
 static dfl_status alloc_state(dfl_draft * d) {
-    struct ggml_init_params ip = { (size_t) (2 * d->n_layer + 1) * ggml_tensor_overhead(), NULL, true };
+    struct ggml_init_params ip = { (size_t) (2 * d->n_layer + 2) * ggml_tensor_overhead(), NULL, true };
     d->ctx_state = ggml_init(ip);
     if (!d->ctx_state) {
         return dfl_fail(DFL_ERR_BACKEND, "cannot create the drafter state context");
@@ -188,6 +189,7 @@ static dfl_status alloc_state(dfl_draft * d) {
         d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx);
         d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx);
     }
+    d->block = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
     d->buf_state = ggml_backend_alloc_ctx_tensors_from_buft(d->ctx_state, ggml_backend_get_default_buffer_type(d->rt.backend));
     if (!d->buf_state) {
         return dfl_fail(DFL_ERR_BACKEND, "out of device memory for the drafter context");
@@ -394,8 +396,8 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
 
 DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
                                      int32_t n_block, int32_t * out_tokens) {
-    if (!d || !out_tokens || n_rows < 0 || (n_rows > 0 && !rows)) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter, rows or output");
+    if (!d || n_rows < 0 || (n_rows > 0 && !rows)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or rows");
     }
     if (n_rows > 0) {
         TRY(check_append(d, rows, n_rows));
@@ -473,7 +475,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     d->out_argmax = ggml_argmax(ctx, logits);
     ggml_set_output(d->out_logits);
     ggml_set_output(d->out_argmax);
-    ggml_build_forward_expand(gf, d->out_argmax);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, d->out_argmax, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
     d->out_topk = d->out_topk_lp = NULL;
     if (d->p.top_k > 0) {
         /* only top_k numbers per position cross to the host, never the vocabulary */
@@ -495,6 +497,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
         d->host_i32[i] = d->mask_id;
     }
     ggml_backend_tensor_set(tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
+    ggml_backend_tensor_set(d->block, &bonus, 0, sizeof(int32_t));
     set_positions(d, pos, slots, p, B);
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
     const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0;
@@ -506,9 +509,30 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     ggml_backend_tensor_set(mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
     TRY(dfl_runtime_compute(&d->rt, gf));
     d->n_tokens += n_rows;
-    ggml_backend_tensor_get(d->out_argmax, out_tokens, 0, (size_t) (B - 1) * sizeof(int32_t));
+    if (out_tokens) {
+        ggml_backend_tensor_get(d->out_argmax, out_tokens, 0, (size_t) (B - 1) * sizeof(int32_t));
+    }
     d->n_out = B - 1;
     return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_block(const dfl_draft * d, int32_t * dst, int32_t n) {
+    if (!d || !dst) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
+    }
+    if (n < 1 || n > d->n_out + 1) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "%d block tokens requested, the last propose made %d", n, d->n_out + 1);
+    }
+    ggml_backend_tensor_get(d->block, dst, 0, (size_t) n * sizeof(int32_t));
+    return DFL_OK;
+}
+
+struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int n) {
+    return d && n >= 1 && n <= d->n_out + 1 ? d->block : NULL;
+}
+
+const dfl_target * dfl_draft_target(const dfl_draft * d) {
+    return d->target;
 }
 
 DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t row0, int32_t n_rows) {

@@ -451,16 +451,22 @@ static void capture_features(dfl_target * t, struct ggml_context * ctx, struct g
 }
 
 static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
-                                        int n_kv, bool verify, bool tree, int logits) {
+                                        int n_kv, bool verify, bool tree, int logits, struct ggml_tensor * tokens_src) {
     const dfl_qwen35 * m = &t->m;
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
     add_pending_commit(t, ctx, gf);
 
-    in->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    in->tokens = NULL;
+    struct ggml_tensor * tokens;
+    if (tokens_src) {
+        tokens = ggml_view_1d(ctx, tokens_src, n, 0);
+    } else {
+        tokens = in->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+        ggml_set_input(in->tokens);
+    }
     in->pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
     in->slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
     in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
-    ggml_set_input(in->tokens);
     ggml_set_input(in->pos);
     ggml_set_input(in->slots);
     ggml_set_input(in->mask);
@@ -473,7 +479,7 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
         ggml_set_input(in->node_rows);
     }
 
-    struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, in->tokens);
+    struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, tokens);
     for (int il = 0; il < m->n_layer; il++) {
         capture_features(t, ctx, gf, x, il, n);
         const dfl_qwen35_layer * L = &m->layers[il];
@@ -527,7 +533,9 @@ static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int
         pos[i] = t->n_past + i;
         slots[i] = t->n_past + i;
     }
-    ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+    if (in->tokens) {
+        ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+    }
     ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
     ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
 
@@ -545,8 +553,10 @@ static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int
 
 static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv);
 
-static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify, bool tree, int logits) {
-    for (int i = 0; i < n; i++) {
+/* tokens come from the host, or (tokens == NULL) from the device tensor tokens_src */
+static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify, bool tree, int logits,
+                      struct ggml_tensor * tokens_src) {
+    for (int i = 0; tokens && i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= t->m.n_vocab) {
             return dfl_fail(DFL_ERR_ARGUMENT, "token id %d at index %d is outside the vocabulary (0..%d)", tokens[i],
                             i, t->m.n_vocab - 1);
@@ -564,15 +574,15 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
 
     /* consecutive steps of the same shape (plain decoding, above all) reuse the graph
      * and its allocation: only the inputs change */
-    const graph_key key = { n, n_kv, logits, verify };
+    const graph_key key = { n, n_kv, logits, verify, tokens_src };
     const bool reusable = !tree && !t->commit.active;
     graph_cache * gc = &t->graph;
     const bool same = gc->key.n == key.n && gc->key.n_kv == key.n_kv && gc->key.logits == key.logits &&
-                      gc->key.verify == key.verify;
+                      gc->key.verify == key.verify && gc->key.tokens_src == key.tokens_src;
     if (!(reusable && gc->valid && same)) {
         gc->valid = false;
         dfl_runtime_begin_graph(&t->rt);
-        gc->gf = build_graph(t, t->rt.ctx_graph, &gc->in, n, n_kv, verify, tree, logits);
+        gc->gf = build_graph(t, t->rt.ctx_graph, &gc->in, n, n_kv, verify, tree, logits, tokens_src);
         TRY(dfl_runtime_alloc(&t->rt, gc->gf));
         gc->key = key;
         gc->logits = t->out_logits;
@@ -609,25 +619,43 @@ DFL_API dfl_status dfl_target_decode(dfl_target * t, const int32_t * tokens, int
     if (t->pending_verify) {
         return dfl_fail(DFL_ERR_STATE, "a verify is waiting for dfl_target_commit");
     }
-    TRY(run(t, tokens, n, false, false, logits));
+    TRY(run(t, tokens, n, false, false, logits, NULL));
     t->n_past += n;
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int32_t n) {
-    if (!t || !tokens || n <= 0) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "verify needs at least one token");
-    }
+static dfl_status verify_chain(dfl_target * t, const int32_t * tokens, int32_t n, struct ggml_tensor * tokens_src) {
     if (n > t->p.n_verify) {
         return dfl_fail(DFL_ERR_CAPACITY, "verify of %d tokens exceeds n_verify %d", n, t->p.n_verify);
     }
     if (t->pending_verify) {
         return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
     }
-    TRY(run(t, tokens, n, true, false, LOGITS_ALL));
+    TRY(run(t, tokens, n, true, false, LOGITS_ALL, tokens_src));
     t->pending_verify = n;
     t->pending_tree = false;
     return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int32_t n) {
+    if (!t || !tokens || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "verify needs a target and at least one token");
+    }
+    return verify_chain(t, tokens, n, NULL);
+}
+
+DFL_API dfl_status dfl_target_verify_draft(dfl_target * t, const dfl_draft * d, int32_t n) {
+    if (!t || !d || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "verify needs a target, a drafter and at least one token");
+    }
+    if (dfl_draft_target(d) != t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "the drafter was loaded for another target");
+    }
+    struct ggml_tensor * block = dfl_draft_block_tensor(d, n);
+    if (!block) {
+        return dfl_fail(DFL_ERR_STATE, "the drafter's last block has fewer than %d tokens", n);
+    }
+    return verify_chain(t, NULL, n, block);
 }
 
 DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
@@ -712,7 +740,9 @@ static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int3
         pos[i] = t->n_past + tp->depth[i];
         slots[i] = t->n_past + i;
     }
-    ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+    if (in->tokens) {
+        ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+    }
     ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
     ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
 
@@ -750,7 +780,7 @@ DFL_API dfl_status dfl_target_verify_tree(dfl_target * t, const int32_t * tokens
         return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
     }
     TRY(plan_tree(t, parents, n));
-    TRY(run(t, tokens, n, true, true, LOGITS_ALL));
+    TRY(run(t, tokens, n, true, true, LOGITS_ALL, NULL));
     t->pending_verify = n;
     t->pending_tree = true;
     return DFL_OK;

@@ -34,6 +34,7 @@ typedef struct graph_key {
     int n_kv;
     int logits;
     bool verify;
+    struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
 } graph_key;
 
 typedef struct graph_cache {
@@ -93,5 +94,10 @@ struct dfl_target {
 };
 
 dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv);
+
+/* The drafter's device tensor holding its last block (NULL when it has fewer than n
+ * tokens), and the target it drafts for. */
+struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int n);
+const dfl_target * dfl_draft_target(const dfl_draft * d);
 
 #endif

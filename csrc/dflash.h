@@ -162,9 +162,19 @@ dfl_status dfl_draft_append(dfl_draft * draft, const int32_t * rows, int32_t n);
 
 /* Draft a block after the context: input [bonus, MASK x (n_block-1)] at the next
  * positions, greedy tokens for block positions 1..n_block-1 written to out_tokens.
- * rows[0..n_rows) are first appended as with dfl_draft_append, in the same graph. */
+ * rows[0..n_rows) are first appended as with dfl_draft_append, in the same graph.
+ * With out_tokens NULL nothing is read back: the block stays on the device for
+ * dfl_target_verify_draft, and dfl_draft_block reads it afterwards. */
 dfl_status dfl_draft_propose(dfl_draft * draft, const int32_t * rows, int32_t n_rows, int32_t bonus,
                              int32_t n_block, int32_t * out_tokens);
+
+/* The first n tokens of the last proposed block: the bonus, then the drafts. */
+dfl_status dfl_draft_block(const dfl_draft * draft, int32_t * dst, int32_t n);
+
+/* dfl_target_verify of the first n tokens of the drafter's last block, read on the
+ * device: drafting and verifying need no round trip through the host, so a greedy
+ * chain step reads results back once, after the verify. */
+dfl_status dfl_target_verify_draft(dfl_target * target, const dfl_draft * draft, int32_t n);
 
 /* The top_k candidates per drafted position of the last propose: tokens and their
  * log-probabilities (full-vocabulary log-softmax), [n_rows][top_k] each, best first

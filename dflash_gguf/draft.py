@@ -109,15 +109,28 @@ class Draft(NativeObject):
             arr, self._pending = self._pending, None
             check(lib.dfl_draft_append(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
-    def propose(self, bonus: int, n_block: Optional[int] = None) -> List[int]:
+    def propose(self, bonus: int, n_block: Optional[int] = None, read: bool = True) -> List[int]:
         """Greedy drafts for block positions 1..n_block-1 after `bonus` (deferred
-        context rows are appended first, in the same graph)."""
+        context rows are appended first, in the same graph). With read=False they stay
+        on the device for Target.verify_draft and [] is returned; block() reads them."""
         b = self.block_size if n_block is None else int(n_block)
         rows, self._pending = self._pending, None
         n_rows = 0 if rows is None else len(rows)
+        out = ffi.from_buffer("int32_t[]", self._out) if read else ffi.NULL
         check(lib.dfl_draft_propose(self._handle(), ffi.from_buffer("int32_t[]", rows) if n_rows else ffi.NULL,
-                                    n_rows, int(bonus), b, ffi.from_buffer("int32_t[]", self._out)))
-        return self._out[: max(b - 1, 0)].tolist()
+                                    n_rows, int(bonus), b, out))
+        return self._out[: max(b - 1, 0)].tolist() if read else []
+
+    def verify_block(self, target, n: int) -> None:
+        """target.verify() of the first n tokens of the last proposed block, which the
+        target reads on the device (see Target.verify_draft)."""
+        target.verify_draft(self, n)
+
+    def block(self, n: int) -> List[int]:
+        """The first n tokens of the last proposed block: the bonus, then the drafts."""
+        out = np.empty(n, dtype=np.int32)
+        check(lib.dfl_draft_block(self._handle(), ffi.from_buffer("int32_t[]", out), n))
+        return out.tolist()
 
     def topk(self, n_rows: int):
         """(tokens, logprobs), each [n_rows, top_k], best first, of the last propose."""

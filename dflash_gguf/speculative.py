@@ -87,31 +87,49 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
         raise ValueError(f"block size {B} exceeds the target's n_verify ({target.n_verify})")
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
 
-    def step(bonus: int, remaining: int):
+    def greedy_step(bonus: int, remaining: int):
+        # the block goes from the drafter to the target on the device; drafts and the
+        # target's choices come back together after the verify: one read per step
         b = min(B, remaining + 1)
         t0 = time.perf_counter()
         if b > 1:
-            drafts = draft.propose(bonus, b)
+            draft.propose(bonus, b, read=False)
         else:
             draft.flush()
-            drafts = []
-        if sampler is not None and drafts:
+        t1 = time.perf_counter()
+        if b > 1:
+            draft.verify_block(target, b)
+            block = draft.block(b)
+        else:
+            target.verify([bonus])
+            block = [bonus]
+        choice = target.argmax(0, b)
+        n_acc = accepted_prefix(block, choice)
+        t2 = time.perf_counter()
+        target.commit(n_acc + 1)
+        draft.append_rows(n_acc + 1, defer=True)
+        return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1
+
+    def sampled_step(bonus: int, remaining: int):
+        b = min(B, remaining + 1)
+        t0 = time.perf_counter()
+        if b > 1:
+            draft.propose(bonus, b)
             q = distribution(draft.logits(0, b - 1), sampler.params)
             drafts = [sampler.draw(row) for row in q]
+        else:
+            draft.flush()
+            q, drafts = None, []
         t1 = time.perf_counter()
         target.verify([bonus] + drafts)
-        if sampler is None:
-            choice = target.argmax(0, b)
-            n_acc = accepted_prefix([bonus] + drafts, choice)
-            nxt = int(choice[n_acc])
-        else:
-            p = distribution(target.logits(0, b), sampler.params)
-            n_acc, nxt = sampler.chain_accept(drafts, q if drafts else None, p)
+        p = distribution(target.logits(0, b), sampler.params)
+        n_acc, nxt = sampler.chain_accept(drafts, q, p)
         t2 = time.perf_counter()
         target.commit(n_acc + 1)
         draft.append_rows(n_acc + 1, defer=True)
         return drafts[:n_acc] + [nxt], t1 - t0, t2 - t1
 
+    step = greedy_step if sampler is None else sampled_step
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step, reused)
 
 

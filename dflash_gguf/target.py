@@ -117,6 +117,11 @@ class Target(NativeObject):
         arr = self._tokens(tokens)
         check(lib.dfl_target_verify(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
+    def verify_draft(self, draft, n: int) -> None:
+        """verify() of the first n tokens of the drafter's last block, taken from the
+        device (no round trip through the host between drafting and verifying)."""
+        check(lib.dfl_target_verify_draft(self._handle(), draft._handle(), int(n)))
+
     def commit(self, n_keep: int) -> None:
         check(lib.dfl_target_commit(self._handle(), int(n_keep)))
 

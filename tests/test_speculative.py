@@ -152,7 +152,7 @@ class ScriptedDraft:
     def flush(self):
         pass
 
-    def propose(self, bonus, n_block=None):
+    def propose(self, bonus, n_block=None, read=True):
         b = self.block_size if n_block is None else n_block
         i = self.ctx - self.prompt_len  # the bonus is continuation token i
         assert self.truth[i] == bonus
@@ -160,7 +160,14 @@ class ScriptedDraft:
         for k in range(i + 1, i + b):
             tok = self.truth[k] if k < len(self.truth) else 0
             drafts.append((tok + 1) % 1000 if k in self.wrong else tok)
-        return drafts
+        self._block = [bonus] + drafts
+        return drafts if read else []
+
+    def verify_block(self, target, n):
+        target.verify(self._block[:n])
+
+    def block(self, n):
+        return self._block[:n]
 
 
 def test_lossless_with_scripted_drafter_and_stops(pair):
