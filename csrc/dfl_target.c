@@ -10,7 +10,8 @@
 
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 
-static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf);
+static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in);
+static void fill_commit_inputs(dfl_target * t, const graph_inputs * in);
 
 /* The attention window grows in steps so that graphs of consecutive steps share shapes. */
 #define KV_PAD 256
@@ -124,7 +125,7 @@ static dfl_status alloc_state(dfl_target * t) {
             t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
             t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, state_size, t->p.n_verify + 1);
-            t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->d_conv - 1 + t->p.n_verify, m->conv_channels);
+            t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->conv_channels, m->d_conv - 1 + t->p.n_verify);
         } else {
             t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
             t->v_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type_v, kv_dim, t->p.n_ctx);
@@ -337,9 +338,8 @@ static struct ggml_tensor * build_delta_net(dfl_target * t, struct ggml_context 
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);
     if (verify) {
-        struct ggml_tensor * dst = ggml_view_3d(ctx, t->conv_scratch[il], W + n, C, 1, t->conv_scratch[il]->nb[1],
-                                                t->conv_scratch[il]->nb[1] * C, 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, conv_in, dst));
+        struct ggml_tensor * dst = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, ggml_reshape_2d(ctx, conv_in, W + n, C)), dst));
     } else {
         struct ggml_tensor * last = ggml_view_3d(ctx, conv_in, W, C, 1, conv_in->nb[1], conv_in->nb[2], n * f32);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, last, conv_state));
@@ -454,7 +454,7 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
                                         int n_kv, bool verify, bool tree, int logits, struct ggml_tensor * tokens_src) {
     const dfl_qwen35 * m = &t->m;
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
-    add_pending_commit(t, ctx, gf);
+    add_pending_commit(t, ctx, gf, in);
 
     in->tokens = NULL;
     struct ggml_tensor * tokens;
@@ -570,16 +570,23 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     if (n_kv > t->p.n_ctx) {
         n_kv = t->p.n_ctx;
     }
-    TRY(dfl_host_reserve(t, n, n_kv));
+    TRY(dfl_host_reserve(t, n > t->p.n_verify ? n : t->p.n_verify, n_kv)); /* commit inputs have n_verify rows */
 
-    /* consecutive steps of the same shape (plain decoding, above all) reuse the graph
-     * and its allocation: only the inputs change */
-    const graph_key key = { n, n_kv, logits, verify, tokens_src };
-    const bool reusable = !tree && !t->commit.active;
+    /* consecutive steps of the same shape reuse the graph and its allocation, only the
+     * inputs change: plain decoding, chain steps (the commit they carry is an input),
+     * and tree steps whose trees have as many nodes at every depth */
+    graph_key key = { n, n_kv, logits, verify, t->commit.active, tokens_src, tree, 0, { 0 } };
+    if (tree) {
+        key.n_depths = t->tree.n_depths;
+        memcpy(key.depth_start, t->tree.depth_start, (size_t) (t->tree.n_depths + 1) * sizeof(int));
+    }
     graph_cache * gc = &t->graph;
     const bool same = gc->key.n == key.n && gc->key.n_kv == key.n_kv && gc->key.logits == key.logits &&
-                      gc->key.verify == key.verify && gc->key.tokens_src == key.tokens_src;
-    if (!(reusable && gc->valid && same)) {
+                      gc->key.verify == key.verify && gc->key.commit == key.commit &&
+                      gc->key.tokens_src == key.tokens_src && gc->key.tree == key.tree &&
+                      gc->key.n_depths == key.n_depths &&
+                      memcmp(gc->key.depth_start, key.depth_start, sizeof key.depth_start) == 0;
+    if (!(gc->valid && same)) {
         gc->valid = false;
         dfl_runtime_begin_graph(&t->rt);
         gc->gf = build_graph(t, t->rt.ctx_graph, &gc->in, n, n_kv, verify, tree, logits, tokens_src);
@@ -587,12 +594,15 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
         gc->key = key;
         gc->logits = t->out_logits;
         gc->argmax = t->out_argmax;
-        gc->valid = reusable;
+        gc->valid = true;
     }
     t->out_logits = gc->logits;
     t->out_argmax = gc->argmax;
     struct ggml_cgraph * gf = gc->gf;
     const graph_inputs in = gc->in;
+    if (t->commit.active) {
+        fill_commit_inputs(t, &in);
+    }
     if (tree) {
         fill_tree_inputs(t, &in, tokens, n, n_kv);
     } else {
@@ -828,46 +838,59 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
 
 /* A commit is carried out at the start of the next graph, so a decoding step costs
  * one target graph: the accepted path's attention rows move to consecutive slots, the
- * recurrent state becomes the accepted token's snapshot, the conv state its window. */
-static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf) {
-    pending_commit * pc = &t->commit;
-    if (!pc->active) {
+ * recurrent state becomes the accepted token's snapshot, the conv state its window.
+ * Which rows and columns is an input, so the graph's shape does not depend on the
+ * accepted length and consecutive steps reuse it. Cache rows move through a gather
+ * and a scatter: every read happens before any write, and the round trip through f32
+ * is exact for every cache type (quantized rows requantize to the same bytes). */
+static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in) {
+    in->commit_state_row = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
+    if (!t->commit.active) {
         return;
     }
     const dfl_qwen35 * m = &t->m;
-    const int W = m->d_conv - 1;
+    const int W = m->d_conv - 1, M = t->p.n_verify;
     const int64_t C = m->conv_channels;
+    in->commit_state_row = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+    in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, W);
+    in->commit_kv_src = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, M);
+    in->commit_kv_dst = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, M);
+    ggml_set_input(in->commit_state_row);
+    ggml_set_input(in->commit_conv_cols);
+    ggml_set_input(in->commit_kv_src);
+    ggml_set_input(in->commit_kv_dst);
     for (int il = 0; il < m->n_layer; il++) {
         if (!m->layers[il].recurrent) {
-            /* path nodes only move towards the root (path[k] >= k), in increasing order */
-            for (int k = 0; pc->tree && k < pc->n_keep; k++) {
-                if (pc->path[k] == k) {
-                    continue;
-                }
-                struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
-                for (int c = 0; c < 2; c++) {
-                    struct ggml_tensor * kv = caches[c];
-                    struct ggml_tensor * src = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (pc->p0 + pc->path[k]) * kv->nb[1]);
-                    struct ggml_tensor * dst = ggml_view_1d(ctx, kv, kv->ne[0], (size_t) (pc->p0 + k) * kv->nb[1]);
-                    ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
-                }
+            struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
+            for (int c = 0; c < 2; c++) {
+                struct ggml_tensor * rows = ggml_get_rows(ctx, caches[c], in->commit_kv_src);
+                ggml_build_forward_expand(gf, ggml_set_rows(ctx, caches[c], rows, in->commit_kv_dst));
             }
             continue;
         }
-        struct ggml_tensor * snap = t->snapshots[il];
-        struct ggml_tensor * src = ggml_view_1d(ctx, snap, snap->ne[0], (size_t) pc->state_row * snap->nb[1]);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, src, t->ssm_state[il]));
-        struct ggml_tensor * cs = t->conv_scratch[il];
-        for (int j = 0; j < W; j++) {
-            /* chain verify keeps time-major conv inputs, tree verify node-major columns */
-            struct ggml_tensor * col = pc->tree
-                ? ggml_view_1d(ctx, cs, C, (size_t) pc->conv_cols[j] * C * sizeof(float))
-                : ggml_view_2d(ctx, cs, 1, C, cs->nb[1], (size_t) pc->conv_cols[j] * sizeof(float));
-            struct ggml_tensor * dst = ggml_view_2d(ctx, t->conv_state[il], 1, C, t->conv_state[il]->nb[1],
-                                                    (size_t) j * sizeof(float));
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, col, dst));
-        }
+        struct ggml_tensor * state = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], state->ne[0], 1)));
+        struct ggml_tensor * cols = ggml_get_rows(ctx, t->conv_scratch[il], in->commit_conv_cols); /* [C, W] */
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, cols), t->conv_state[il]));
     }
+}
+
+static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
+    const pending_commit * pc = &t->commit;
+    const int M = t->p.n_verify;
+    int32_t * src = t->host_i32;
+    int64_t * dst = t->host_i64;
+    /* unused entries copy row p0 onto itself (path[0] is always the root, already in place) */
+    for (int k = 0; k < M; k++) {
+        const bool moved = pc->tree && k < pc->n_keep;
+        src[k] = pc->p0 + (moved ? pc->path[k] : 0);
+        dst[k] = pc->p0 + (moved ? k : 0);
+    }
+    const int32_t state_row = pc->state_row;
+    ggml_backend_tensor_set(in->commit_state_row, &state_row, 0, sizeof state_row);
+    ggml_backend_tensor_set(in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.d_conv - 1) * sizeof(int32_t));
+    ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
+    ggml_backend_tensor_set(in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
 }
 
 static dfl_status check_rows(const dfl_target * t, int32_t row0, int32_t n_rows, int32_t have, const char * what) {

@@ -26,6 +26,11 @@ typedef struct graph_inputs {
     struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
     struct ggml_tensor * parent_rows;  /* [n] state row of each node's parent (0: committed) */
     struct ggml_tensor * node_rows;    /* [n] state row of each node (1 + i) */
+    /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit) */
+    struct ggml_tensor * commit_state_row; /* [1] row of the snapshots that becomes the state */
+    struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
+    struct ggml_tensor * commit_kv_src;    /* [n_verify] cache rows to move ... */
+    struct ggml_tensor * commit_kv_dst;    /* [n_verify] ... and where to */
 } graph_inputs;
 
 /* What makes two target graphs identical apart from their inputs. */
@@ -34,7 +39,11 @@ typedef struct graph_key {
     int n_kv;
     int logits;
     bool verify;
+    bool commit;                     /* carries a pending commit */
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
+    bool tree;                       /* a tree verify, with nodes per depth: */
+    int n_depths;
+    int depth_start[DFL_MAX_TREE + 1];
 } graph_key;
 
 typedef struct graph_cache {
@@ -70,7 +79,8 @@ struct dfl_target {
     struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */
     struct ggml_tensor * ssm_state[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v] */
     struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v, n_verify] of the last verify */
-    struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [d_conv-1 + n_verify, channels] of the last verify */
+    struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last
+                                                         verify, committed ones first, one column per step or node */
     struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */
 
     /* host staging for graph inputs */

@@ -201,7 +201,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if model is None:
         from .demo import DEMO_PROMPT, demo_paths
 
-        model, draft_default = demo_paths()
+        try:
+            model, draft_default = demo_paths()
+        except FileNotFoundError as e:
+            print(f"dflash-run: error: {e}", file=sys.stderr)
+            return 1
         draft = draft or draft_default
         prompt = prompt or DEMO_PROMPT
         print(f"dflash-run: no -m given, running the bundled demo ({model})", file=sys.stderr)

@@ -3,6 +3,8 @@ reference model, losslessness against our own autoregressive decoding, and accep
 lengths against the reference generate loop."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -229,7 +231,10 @@ class _RecomputingTarget:
         return SimpleNamespace(logits=out.logits[:, -keep:], hidden_states=hidden)
 
 
-def test_acceptance_lengths_match_reference_loop(pair, monkeypatch):
+def reference_parity(pair, prompt_list, monkeypatch, n_tokens=48):
+    """Run z-lab's dflash_generate and our chain on each prompt; assert the same tokens
+    and accepted lengths (or a floating-point tie where they part). Returns our
+    accepted lengths of the prompts that did not tie."""
     import time
 
     import dflash.model as ref
@@ -241,15 +246,49 @@ def test_acceptance_lengths_match_reference_loop(pair, monkeypatch):
     hf_target, ref_draft = reference_models(pair)
     ref_target = _RecomputingTarget(hf_target)
     target, draft = load(pair)
-    for prompt in prompts(4, seed=7):
-        res = ref.dflash_generate(ref_draft, ref_target, torch.tensor([prompt]), 48, None,
+    lengths = []
+    for prompt in prompt_list:
+        res = ref.dflash_generate(ref_draft, ref_target, torch.tensor([prompt]), n_tokens, None,
                                   temperature=0.0, return_stats=True)
         ref_tokens = res.output_ids[0, len(prompt):].tolist()
-        ours, stats = speculative_generate(target, draft, prompt, 48)
+        ours, stats = speculative_generate(target, draft, prompt, n_tokens)
         if ref_tokens != ours:
             assert_same_or_tie(target, prompt, ref_tokens, ours)
             continue  # after a tie the two runs follow different texts
         assert stats.accepted_lengths == list(res.acceptance_lengths)
+        lengths += stats.accepted_lengths
+    return lengths
+
+
+def test_acceptance_lengths_match_reference_loop(pair, monkeypatch):
+    reference_parity(pair, prompts(4, seed=7), monkeypatch)
+
+
+DEMO_HF = Path(__file__).resolve().parent / "data" / "demo-hf"
+
+
+@pytest.fixture(scope="module")
+def trained_pair(convert_model):
+    """The demo pair's HF checkpoints (bf16 copies written by scripts/train_demo.py),
+    converted to f32: a drafter that really accepts, for a meaningful parity check."""
+    target_dir, draft_dir = DEMO_HF / "target", DEMO_HF / "draft"
+    return {
+        "target_dir": target_dir,
+        "draft_dir": draft_dir,
+        "target": convert_model(target_dir, "f32"),
+        "draft": convert_model(draft_dir, "f32", "--target-model-dir", str(target_dir)),
+    }
+
+
+def test_acceptance_lengths_match_reference_loop_on_trained_pair(trained_pair, monkeypatch):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok = HFTokenizer.from_file(str(DEMO_HF / "target" / "tokenizer.json"))
+    texts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):",
+             "import os\nimport sys\n\n\ndef main():", "    for line in lines:\n"]
+    lengths = reference_parity(trained_pair, [tok.encode(t).ids for t in texts], monkeypatch, n_tokens=64)
+    assert len(lengths) >= 20, "too many prompts ended in a tie to compare"
+    assert np.mean(lengths) > 1.5, f"the trained pair accepts too little to mean anything: {lengths}"
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_k_m"])

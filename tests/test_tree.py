@@ -140,6 +140,36 @@ def test_tree_verify_equals_decoding_each_path(pair):
         np.testing.assert_allclose(target.logits(0, 3), plain.logits(0, 3), rtol=0, atol=1e-5)
 
 
+def test_consecutive_trees_of_one_shape_reuse_the_graph_exactly(pair):
+    """Trees with the same nodes per depth but other parents, tokens and accepted paths,
+    step after step (the graph is reused, the commit rides along as an input), against
+    decoding the committed text from scratch."""
+    rng = np.random.default_rng(5)
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    text = rng.integers(0, 1000, 19).tolist()
+    target.prefill(text, LOGITS_LAST)
+    shapes = [[-1, 0, 0, 1, 2, 3], [-1, 0, 0, 2, 1, 4], [-1, 0, 0, 1, 1, 3]]  # depths 0,1,1,2,2,3
+    for step in range(6):
+        parents = shapes[step % 3]
+        tokens = rng.integers(0, 1000, len(parents)).tolist()
+        target.verify_tree(tokens, parents)
+        got = target.logits(0, len(parents))
+        for i in range(len(parents)):
+            plain.reset()
+            plain.prefill(text + [tokens[j] for j in root_path(parents, i)], LOGITS_LAST)
+            np.testing.assert_allclose(got[i], plain.logits()[0], rtol=0, atol=1e-5, err_msg=f"step {step} node {i}")
+        path = root_path(parents, int(rng.integers(0, len(parents))))
+        target.commit_path(path)
+        text += [tokens[j] for j in path]
+    target.verify([1, 2, 3])
+    target.commit(2)
+    target.decode([4], LOGITS_ALL)
+    plain.reset()
+    plain.prefill(text + [1, 2, 4], LOGITS_LAST)
+    np.testing.assert_allclose(target.logits(0, 1), plain.logits(0, 1), rtol=0, atol=1e-5)
+
+
 def test_chain_shaped_tree_is_the_chain_path(pair):
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8))
     prompt, tokens = list(range(50, 70)), list(range(300, 308))
