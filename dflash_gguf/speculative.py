@@ -8,7 +8,7 @@ import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 from .budget import AcceptanceCalibration, VerifyCost, choose_budget
-from .ddtree import accept_path, build_tree
+from .ddtree import TreeShaper, accept_path, build_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, start_context
 from .sampling import Sampler, SamplingParams, distribution
@@ -158,6 +158,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     calibration = AcceptanceCalibration()
+    shaper = TreeShaper(target.n_verify)
 
     def step(bonus: int, remaining: int):
         t0 = time.perf_counter()
@@ -172,6 +173,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             size = choose_budget(expected, cost, draft_time, calibration)
             tree, expected = tree.best(size), expected[size]
         stats.tree_sizes.append(len(tree) - 1)
+        tree = shaper.fit(tree)
         t1 = time.perf_counter()
         target.verify_tree(tree.tokens, tree.parents)
         if sampler is None:

@@ -256,6 +256,9 @@ def resolve_pair(args) -> dict:
         t, d = DATA / "demo-target.gguf", DATA / "demo-draft.gguf"
         if t.exists() and d.exists():
             pair, name = {"target": str(t), "draft": str(d)}, "bundled demo pair"
+            hf = ROOT / "tests" / "data" / "demo-hf"  # bf16 copies of its HF checkpoints
+            if (hf / "target").is_dir() and (hf / "draft").is_dir():
+                pair["hf_target"], pair["hf_draft"] = str(hf / "target"), str(hf / "draft")
         else:
             log(f"the demo pair ({t.name}, {d.name} in {DATA}) is not there yet: using the tiny random test pair "
                 "(plumbing only; pass -m/-md for another pair)")

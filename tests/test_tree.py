@@ -9,7 +9,7 @@ import pytest
 
 from test_speculative import BLOCK, ScriptedDraft, assert_same_or_tie, pair, prompts  # noqa: F401 (fixture)
 
-from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
+from dflash_gguf.ddtree import TreeShaper, accept_path, build_tree, chain_tree
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import tree_generate
@@ -92,6 +92,55 @@ def test_ancestor_mask_and_accept_path():
 
 
 # ---- tree verification on the hybrid target ---------------------------------------
+
+def test_padded_trees_keep_every_path_and_never_accept_a_dummy():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        depth, k = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        lp = np.sort(np.log(rng.dirichlet(np.ones(9), size=depth)), axis=1)[:, ::-1][:, :k]
+        cand = rng.integers(0, 50, size=(depth, k))
+        tree = build_tree(7, cand, lp, int(rng.integers(1, 12)))
+        widths = [1] + [w + int(rng.integers(0, 3)) for w in tree.widths()[1:]] + [int(rng.integers(1, 3))]
+        pad = tree.padded(widths)
+        assert pad.widths() == widths
+        assert all(pad.parents[i] < i and pad.depths[i] == pad.depths[pad.parents[i]] + 1 for i in range(1, len(pad)))
+        real = [i for i in range(len(pad)) if not pad.dummy[i]]
+        assert len(real) == len(tree)
+
+        def text(t, i):
+            out = []
+            while i >= 0:
+                out.append(t.tokens[i])
+                i = t.parents[i]
+            return out
+
+        assert sorted(text(pad, i) for i in real) == sorted(text(tree, i) for i in range(len(tree)))
+        # a target that agrees with every dummy's token everywhere still walks real nodes only
+        path = accept_path(pad, [7] * len(pad))
+        assert not any(pad.dummy[i] for i in path)
+        assert [pad.tokens[i] for i in path] == [tree.tokens[i] for i in accept_path(tree, [7] * len(tree))]
+
+
+def test_tree_shaper_keeps_one_shape_while_the_padding_is_cheap():
+    shaper = TreeShaper(max_nodes=40, slack=0.25)
+    a = DraftTreeLike([-1, 0, 0, 1, 1, 2, 3, 5])           # widths 1,2,3,2
+    b = DraftTreeLike([-1, 0, 1, 1, 2, 2, 2, 4])           # widths 1,1,2,3,1
+    assert shaper.fit(a).widths() == [1, 2, 3, 2]
+    assert shaper.fit(b).widths() == [1, 2, 3, 3, 1]       # merged: 10 nodes for 8, within 8 + 2
+    assert shaper.fit(a).widths() == [1, 2, 3, 3, 1]       # the same shape again: graph reused
+    big = DraftTreeLike([-1] + [0] * 12)                   # widths 1,12: merging would cost too much
+    assert shaper.fit(big).widths() == [1, 12]
+
+
+def DraftTreeLike(parents):
+    from dflash_gguf.ddtree import DraftTree
+
+    depths = [0]
+    for p in parents[1:]:
+        depths.append(depths[p] + 1)
+    n = len(parents)
+    return DraftTree(list(range(100, 100 + n)), parents, depths, [0.0] * n, list(range(1, n)))
+
 
 def random_depth_ordered_tree(rng, n):
     parents, depths = [-1], [0]
