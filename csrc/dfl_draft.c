@@ -230,7 +230,7 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     }
     if (st == DFL_OK) st = read_model(d);
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(target->rt.dev),
-                                            d->p.n_threads > 0 ? d->p.n_threads : target->p.n_threads);
+                                            d->p.n_threads > 0 ? d->p.n_threads : target->p.n_threads, "drafter");
     if (st == DFL_OK) st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, !d->target->p.no_repack);
     if (st == DFL_OK) st = alloc_state(d);
     if (st != DFL_OK) {

@@ -1,7 +1,72 @@
 #include "dfl_runtime.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* DFLASH_PROFILE=1: every graph runs node by node through the scheduler's evaluation
+ * callback and the wall time of each node is added to its op's total, printed to stderr
+ * when the runtime is freed. Node-by-node execution adds a little overhead per op, so
+ * the totals are for finding hot spots, not for timing. */
+#define PROFILE_OPS 96
+
+typedef struct dfl_profile {
+    char name[32];
+    int n_graphs;
+    double t_last;
+    struct { char op[24]; double seconds; long count; } ops[PROFILE_OPS];
+    int n_ops;
+} dfl_profile;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double) ts.tv_sec + 1e-9 * (double) ts.tv_nsec;
+}
+
+static bool profile_node(struct ggml_tensor * t, bool ask, void * user_data) {
+    dfl_profile * p = user_data;
+    if (ask) {
+        return true; /* stop after every node */
+    }
+    const double t_now = now_seconds();
+    const char * op = ggml_op_desc(t);
+    int i = 0;
+    while (i < p->n_ops && strcmp(p->ops[i].op, op) != 0) i++;
+    if (i == p->n_ops && p->n_ops < PROFILE_OPS) {
+        snprintf(p->ops[p->n_ops++].op, sizeof p->ops[0].op, "%s", op);
+    }
+    if (i < p->n_ops) {
+        p->ops[i].seconds += t_now - p->t_last;
+        p->ops[i].count++;
+    }
+    p->t_last = t_now;
+    return true;
+}
+
+static int by_time(const void * a, const void * b) {
+    const double x = *(const double *) a, y = *(const double *) b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void profile_report(const dfl_profile * p) {
+    double total = 0;
+    for (int i = 0; i < p->n_ops; i++) total += p->ops[i].seconds;
+    fprintf(stderr, "[dflash profile] %s: %d graphs, %.3f s in nodes\n", p->name, p->n_graphs, total);
+    struct { double seconds; int i; } order[PROFILE_OPS];
+    for (int i = 0; i < p->n_ops; i++) {
+        order[i].seconds = p->ops[i].seconds;
+        order[i].i = i;
+    }
+    qsort(order, (size_t) p->n_ops, sizeof order[0], by_time);
+    for (int k = 0; k < p->n_ops; k++) {
+        const int i = order[k].i;
+        fprintf(stderr, "  %-22s %8.3f ms %5.1f%% %8ld nodes %8.1f us/node\n", p->ops[i].op, 1e3 * p->ops[i].seconds,
+                total > 0 ? 100 * p->ops[i].seconds / total : 0.0, p->ops[i].count,
+                p->ops[i].count ? 1e6 * p->ops[i].seconds / (double) p->ops[i].count : 0.0);
+    }
+}
 
 static ggml_backend_dev_t pick_device(const char * name) {
     if (name && name[0]) {
@@ -33,7 +98,7 @@ static void set_threads(ggml_backend_t backend, int n_threads) {
     }
 }
 
-dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads) {
+dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name) {
     memset(rt, 0, sizeof *rt);
     rt->dev = pick_device(device);
     if (!rt->dev) {
@@ -65,10 +130,22 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
         dfl_runtime_free(rt);
         return dfl_fail(DFL_ERR_BACKEND, "cannot create the graph scheduler");
     }
+    const char * prof = getenv("DFLASH_PROFILE");
+    if (prof && prof[0] && strcmp(prof, "0") != 0) {
+        rt->profile = calloc(1, sizeof *rt->profile);
+        if (rt->profile) {
+            snprintf(rt->profile->name, sizeof rt->profile->name, "%s", name);
+            ggml_backend_sched_set_eval_callback(rt->sched, profile_node, rt->profile);
+        }
+    }
     return DFL_OK;
 }
 
 void dfl_runtime_free(dfl_runtime * rt) {
+    if (rt->profile) {
+        profile_report(rt->profile);
+        free(rt->profile);
+    }
     if (rt->ctx_graph) ggml_free(rt->ctx_graph);
     if (rt->sched) ggml_backend_sched_free(rt->sched);
     if (rt->backend_cpu && rt->backend_cpu != rt->backend) ggml_backend_free(rt->backend_cpu);
@@ -94,6 +171,10 @@ dfl_status dfl_runtime_alloc(dfl_runtime * rt, struct ggml_cgraph * gf) {
 }
 
 dfl_status dfl_runtime_compute(dfl_runtime * rt, struct ggml_cgraph * gf) {
+    if (rt->profile) {
+        rt->profile->n_graphs++;
+        rt->profile->t_last = now_seconds();
+    }
     if (ggml_backend_sched_graph_compute(rt->sched, gf) != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
     }

@@ -18,9 +18,11 @@ typedef struct dfl_runtime {
     void * graph_mem;
     size_t graph_mem_size;
     struct ggml_context * ctx_graph;
+    struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
 } dfl_runtime;
 
-dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads);
+/* `name` labels the DFLASH_PROFILE report ("target", "drafter"). */
+dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name);
 void dfl_runtime_free(dfl_runtime * rt);
 
 /* Start a new graph in rt->ctx_graph (the previous one and its results are dropped). */

@@ -31,6 +31,9 @@ static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
     if (p->n_ubatch <= 0) p->n_ubatch = 512;
     if (p->n_verify <= 0) p->n_verify = 16;
     if (p->n_ubatch > p->n_ctx) p->n_ubatch = p->n_ctx;
+    if (p->n_verify > DFL_MAX_VERIFY) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "n_verify (%d) exceeds the supported %d", p->n_verify, DFL_MAX_VERIFY);
+    }
     if (p->n_verify > p->n_ctx) {
         return dfl_fail(DFL_ERR_ARGUMENT, "n_verify (%d) exceeds the context size (%d)", p->n_verify, p->n_ctx);
     }
@@ -61,6 +64,12 @@ static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
         }
     }
     return DFL_OK;
+}
+
+/* Per verified token, what a Gated DeltaNet layer needs to rerun its recurrence:
+ * q and k (l2-normalised), v, g and beta. */
+static int64_t replay_rows(const dfl_qwen35 * m) {
+    return 2 * (int64_t) m->head_k_dim * m->n_k_heads + (int64_t) m->head_v_dim * m->n_v_heads + 2 * m->n_v_heads;
 }
 
 /* Layers il >= first_device_layer run on the device, the ones before on the CPU. */
@@ -109,7 +118,7 @@ static dfl_status place_weights(dfl_target * t) {
  * device, ctx_state[1] on the CPU. */
 static dfl_status alloc_state(dfl_target * t) {
     const dfl_qwen35 * m = &t->m;
-    const int n_tensors = 4 * m->n_layer + 1;
+    const int n_tensors = 5 * m->n_layer + 1;
     for (int k = 0; k < 2; k++) {
         struct ggml_init_params ip = { (size_t) n_tensors * ggml_tensor_overhead(), NULL, true };
         t->ctx_state[k] = ggml_init(ip);
@@ -125,6 +134,7 @@ static dfl_status alloc_state(dfl_target * t) {
             t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
             t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, state_size, t->p.n_verify + 1);
+            t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, replay_rows(m), t->p.n_verify);
             t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->conv_channels, m->d_conv - 1 + t->p.n_verify);
         } else {
             t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
@@ -172,7 +182,7 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     }
     st = check_params(&t->m, &t->p);
     if (st == DFL_OK) {
-        st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads);
+        st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target");
     }
     if (st == DFL_OK) {
         t->backend = t->rt.backend;
@@ -355,14 +365,20 @@ static struct ggml_tensor * build_delta_net(dfl_target * t, struct ggml_context 
 
     const int64_t S = hv * hv * Hv;
     struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-    const int64_t K = verify ? n : 1;
-    struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, K);
+    struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, 1);
     const int64_t n_out = hv * Hv * n;
     struct ggml_tensor * o = ggml_view_4d(ctx, r, hv, Hv, n, 1, hv * f32, hv * Hv * f32, n_out * f32, 0);
     if (verify) {
-        struct ggml_tensor * snaps = ggml_view_2d(ctx, r, S, n, S * f32, n_out * f32);
-        struct ggml_tensor * dst = ggml_view_2d(ctx, t->snapshots[il], S, n, t->snapshots[il]->nb[1], 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, snaps, dst));
+        /* the state moves only at commit, by rerunning the kept tokens (add_pending_commit):
+         * cheaper than keeping a state per verified token */
+        struct ggml_tensor * rp = t->replay[il];
+        const int64_t parts[5][2] = { { 0, hk * Hk }, { hk * Hk, hk * Hk }, { 2 * hk * Hk, hv * Hv },
+                                      { 2 * hk * Hk + hv * Hv, Hv }, { 2 * hk * Hk + hv * Hv + Hv, Hv } };
+        struct ggml_tensor * srcs[5] = { q, k, v, g, beta };
+        for (int i = 0; i < 5; i++) {
+            struct ggml_tensor * dst = ggml_view_2d(ctx, rp, parts[i][1], n, rp->nb[1], (size_t) parts[i][0] * f32);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, srcs[i], dst));
+        }
     } else {
         struct ggml_tensor * s1 = ggml_view_1d(ctx, r, S, n_out * f32);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, s1, t->ssm_state[il]));
@@ -575,7 +591,8 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     /* consecutive steps of the same shape reuse the graph and its allocation, only the
      * inputs change: plain decoding, chain steps (the commit they carry is an input),
      * and tree steps whose trees have as many nodes at every depth */
-    graph_key key = { n, n_kv, logits, verify, t->commit.active, tokens_src, tree, 0, { 0 } };
+    const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
+    graph_key key = { n, n_kv, logits, verify, commit, tokens_src, tree, 0, { 0 } };
     if (tree) {
         key.n_depths = t->tree.n_depths;
         memcpy(key.depth_start, t->tree.depth_start, (size_t) (t->tree.n_depths + 1) * sizeof(int));
@@ -690,7 +707,6 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         pc->tree = false;
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
-        pc->state_row = n - n_keep; /* snapshot slot s holds the state s tokens before the last one */
         for (int j = 0; j < t->m.d_conv - 1; j++) {
             pc->conv_cols[j] = n_keep + j;
         }
@@ -838,24 +854,35 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
 
 /* A commit is carried out at the start of the next graph, so a decoding step costs
  * one target graph: the accepted path's attention rows move to consecutive slots, the
- * recurrent state becomes the accepted token's snapshot, the conv state its window.
- * Which rows and columns is an input, so the graph's shape does not depend on the
- * accepted length and consecutive steps reuse it. Cache rows move through a gather
- * and a scatter: every read happens before any write, and the round trip through f32
- * is exact for every cache type (quantized rows requantize to the same bytes). */
+ * conv state becomes the inputs before the next token, and the recurrent state that of
+ * the last kept token: after a chain, by rerunning the recurrence over the verified
+ * tokens from the committed state with the tokens after the kept ones made identity
+ * steps (decay exp(0) = 1, update weight 0: the state passes through unchanged, bit for
+ * bit); after a tree, the kept node's row of the per-node states. Which rows, columns
+ * and tokens is an input, so the graph's shape does not depend on the accepted length
+ * and consecutive steps reuse it. Cache rows move through a gather and a scatter: every
+ * read happens before any write, and the round trip through f32 is exact for every
+ * cache type (quantized rows requantize to the same bytes). */
 static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in) {
-    in->commit_state_row = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
+    in->commit_state_row = in->commit_keep = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
     if (!t->commit.active) {
         return;
     }
     const dfl_qwen35 * m = &t->m;
     const int W = m->d_conv - 1, M = t->p.n_verify;
-    const int64_t C = m->conv_channels;
-    in->commit_state_row = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+    const bool tree = t->commit.tree;
+    const int64_t hk = m->head_k_dim, hv = m->head_v_dim, Hk = m->n_k_heads, Hv = m->n_v_heads;
+    const size_t f32 = sizeof(float);
+    if (tree) {
+        in->commit_state_row = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+        ggml_set_input(in->commit_state_row);
+    } else {
+        in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, M, 1);
+        ggml_set_input(in->commit_keep);
+    }
     in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, W);
     in->commit_kv_src = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, M);
     in->commit_kv_dst = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, M);
-    ggml_set_input(in->commit_state_row);
     ggml_set_input(in->commit_conv_cols);
     ggml_set_input(in->commit_kv_src);
     ggml_set_input(in->commit_kv_dst);
@@ -868,8 +895,25 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
             }
             continue;
         }
-        struct ggml_tensor * state = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], state->ne[0], 1)));
+        struct ggml_tensor * state;
+        if (tree) {
+            state = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
+        } else {
+            struct ggml_tensor * rp = t->replay[il];
+            const size_t row = rp->nb[1];
+            const int64_t at_g = 2 * hk * Hk + hv * Hv;
+            struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, M, 1, hk * f32, row, row * M, 0);
+            struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, M, 1, hk * f32, row, row * M, hk * Hk * f32);
+            struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, M, 1, hv * f32, row, row * M, 2 * hk * Hk * f32);
+            struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, M, 1, f32, row, row * M, at_g * f32);
+            struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, M, 1, f32, row, row * M, (at_g + Hv) * f32);
+            g = ggml_mul(ctx, g, in->commit_keep);
+            b = ggml_mul(ctx, b, in->commit_keep);
+            struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+            struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
+            state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * M * f32);
+        }
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], hv * hv * Hv, 1)));
         struct ggml_tensor * cols = ggml_get_rows(ctx, t->conv_scratch[il], in->commit_conv_cols); /* [C, W] */
         ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, cols), t->conv_state[il]));
     }
@@ -886,8 +930,16 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
         src[k] = pc->p0 + (moved ? pc->path[k] : 0);
         dst[k] = pc->p0 + (moved ? k : 0);
     }
-    const int32_t state_row = pc->state_row;
-    ggml_backend_tensor_set(in->commit_state_row, &state_row, 0, sizeof state_row);
+    if (pc->tree) {
+        const int32_t state_row = pc->state_row;
+        ggml_backend_tensor_set(in->commit_state_row, &state_row, 0, sizeof state_row);
+    } else {
+        float keep[DFL_MAX_VERIFY];
+        for (int k = 0; k < M; k++) {
+            keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
+        }
+        ggml_backend_tensor_set(in->commit_keep, keep, 0, (size_t) M * sizeof(float));
+    }
     ggml_backend_tensor_set(in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.d_conv - 1) * sizeof(int32_t));
     ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
     ggml_backend_tensor_set(in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));

@@ -6,6 +6,7 @@
 #include "dfl_runtime.h"
 
 #define DFL_MAX_TREE 64
+#define DFL_MAX_VERIFY 256
 
 typedef struct tree_plan {
     int n;
@@ -27,7 +28,8 @@ typedef struct graph_inputs {
     struct ggml_tensor * parent_rows;  /* [n] state row of each node's parent (0: committed) */
     struct ggml_tensor * node_rows;    /* [n] state row of each node (1 + i) */
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit) */
-    struct ggml_tensor * commit_state_row; /* [1] row of the snapshots that becomes the state */
+    struct ggml_tensor * commit_state_row; /* tree: [1] row of the snapshots that becomes the state */
+    struct ggml_tensor * commit_keep;      /* chain: [n_verify] 1 for the kept tokens, 0 after */
     struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
     struct ggml_tensor * commit_kv_src;    /* [n_verify] cache rows to move ... */
     struct ggml_tensor * commit_kv_dst;    /* [n_verify] ... and where to */
@@ -39,7 +41,7 @@ typedef struct graph_key {
     int n_kv;
     int logits;
     bool verify;
-    bool commit;                     /* carries a pending commit */
+    int commit;                      /* carries a pending commit: 0 none, 1 chain, 2 tree */
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
     bool tree;                       /* a tree verify, with nodes per depth: */
     int n_depths;
@@ -62,7 +64,7 @@ typedef struct pending_commit {
     int p0;                       /* context length before the commit */
     int n_keep;
     int32_t path[DFL_MAX_TREE];   /* tree: the kept node of each new position */
-    int state_row;                /* row of the snapshots buffer that becomes the state */
+    int state_row;                /* tree: row of the snapshots buffer that becomes the state */
     int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
 } pending_commit;
 
@@ -78,7 +80,10 @@ struct dfl_target {
     struct ggml_tensor * v_cache[DFL_MAX_LAYERS];
     struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */
     struct ggml_tensor * ssm_state[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v] */
-    struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v, n_verify] of the last verify */
+    struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v, n_verify + 1] per-node states of the
+                                                         last tree verify (row 0: the committed state) */
+    struct ggml_tensor * replay[DFL_MAX_LAYERS];      /* [2 S_k H_k + S_v H_v + 2 H_v, n_verify] q, k, v, g, beta
+                                                         of the last chain verify, to rerun the accepted part */
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last
                                                          verify, committed ones first, one column per step or node */
     struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */

@@ -6,13 +6,19 @@
 """
 from __future__ import annotations
 
-from ._native import DflashError
-from .devices import add_rpc_server, list_devices
-from .draft import Draft, DraftConfig, read_draft_metadata
-from .engine import Engine, Result
-from .generate import GenerationStats
-from .sampling import SamplingParams
-from .target import Target, TargetConfig
+import os
+
+# numpy's OpenBLAS threads spin after a call and take a core from ggml's own threads;
+# nothing here needs a threaded BLAS. (No effect when numpy was imported before us.)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from ._native import DflashError  # noqa: E402
+from .devices import add_rpc_server, list_devices  # noqa: E402
+from .draft import Draft, DraftConfig, read_draft_metadata  # noqa: E402
+from .engine import Engine, Result  # noqa: E402
+from .generate import GenerationStats  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
+from .target import Target, TargetConfig  # noqa: E402
 
 __version__ = "0.1.0"
 
