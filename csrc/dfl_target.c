@@ -592,7 +592,8 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
      * inputs change: plain decoding, chain steps (the commit they carry is an input),
      * and tree steps whose trees have as many nodes at every depth */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
-    graph_key key = { n, n_kv, logits, verify, commit, tokens_src, tree, 0, { 0 } };
+    graph_key key = { n, n_kv, logits, verify, commit, commit == 1 ? t->commit.n_verified : 0, tokens_src, tree, 0,
+                      { 0 } };
     if (tree) {
         key.n_depths = t->tree.n_depths;
         memcpy(key.depth_start, t->tree.depth_start, (size_t) (t->tree.n_depths + 1) * sizeof(int));
@@ -600,6 +601,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     graph_cache * gc = &t->graph;
     const bool same = gc->key.n == key.n && gc->key.n_kv == key.n_kv && gc->key.logits == key.logits &&
                       gc->key.verify == key.verify && gc->key.commit == key.commit &&
+                      gc->key.commit_replay == key.commit_replay &&
                       gc->key.tokens_src == key.tokens_src && gc->key.tree == key.tree &&
                       gc->key.n_depths == key.n_depths &&
                       memcmp(gc->key.depth_start, key.depth_start, sizeof key.depth_start) == 0;
@@ -707,6 +709,7 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         pc->tree = false;
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
+        pc->n_verified = n;
         for (int j = 0; j < t->m.d_conv - 1; j++) {
             pc->conv_cols[j] = n_keep + j;
         }
@@ -877,7 +880,7 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         in->commit_state_row = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
         ggml_set_input(in->commit_state_row);
     } else {
-        in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, M, 1);
+        in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, t->commit.n_verified, 1);
         ggml_set_input(in->commit_keep);
     }
     in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, W);
@@ -901,17 +904,18 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         } else {
             struct ggml_tensor * rp = t->replay[il];
             const size_t row = rp->nb[1];
+            const int R = t->commit.n_verified;
             const int64_t at_g = 2 * hk * Hk + hv * Hv;
-            struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, M, 1, hk * f32, row, row * M, 0);
-            struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, M, 1, hk * f32, row, row * M, hk * Hk * f32);
-            struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, M, 1, hv * f32, row, row * M, 2 * hk * Hk * f32);
-            struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, M, 1, f32, row, row * M, at_g * f32);
-            struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, M, 1, f32, row, row * M, (at_g + Hv) * f32);
+            struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, 0);
+            struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, hk * Hk * f32);
+            struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, row, row * R, 2 * hk * Hk * f32);
+            struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, at_g * f32);
+            struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, (at_g + Hv) * f32);
             g = ggml_mul(ctx, g, in->commit_keep);
             b = ggml_mul(ctx, b, in->commit_keep);
             struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
             struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
-            state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * M * f32);
+            state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
         }
         ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], hv * hv * Hv, 1)));
         struct ggml_tensor * cols = ggml_get_rows(ctx, t->conv_scratch[il], in->commit_conv_cols); /* [C, W] */
@@ -935,10 +939,10 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
         ggml_backend_tensor_set(in->commit_state_row, &state_row, 0, sizeof state_row);
     } else {
         float keep[DFL_MAX_VERIFY];
-        for (int k = 0; k < M; k++) {
+        for (int k = 0; k < pc->n_verified; k++) {
             keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
         }
-        ggml_backend_tensor_set(in->commit_keep, keep, 0, (size_t) M * sizeof(float));
+        ggml_backend_tensor_set(in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
     }
     ggml_backend_tensor_set(in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.d_conv - 1) * sizeof(int32_t));
     ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));

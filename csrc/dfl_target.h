@@ -29,7 +29,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * node_rows;    /* [n] state row of each node (1 + i) */
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit) */
     struct ggml_tensor * commit_state_row; /* tree: [1] row of the snapshots that becomes the state */
-    struct ggml_tensor * commit_keep;      /* chain: [n_verify] 1 for the kept tokens, 0 after */
+    struct ggml_tensor * commit_keep;      /* chain: [verified tokens] 1 for the kept ones, 0 after */
     struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
     struct ggml_tensor * commit_kv_src;    /* [n_verify] cache rows to move ... */
     struct ggml_tensor * commit_kv_dst;    /* [n_verify] ... and where to */
@@ -42,6 +42,7 @@ typedef struct graph_key {
     int logits;
     bool verify;
     int commit;                      /* carries a pending commit: 0 none, 1 chain, 2 tree */
+    int commit_replay;               /* chain: tokens rerun */
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
     bool tree;                       /* a tree verify, with nodes per depth: */
     int n_depths;
@@ -63,6 +64,7 @@ typedef struct pending_commit {
     bool tree;
     int p0;                       /* context length before the commit */
     int n_keep;
+    int n_verified;               /* chain: tokens of the verify, rerun up to the kept ones */
     int32_t path[DFL_MAX_TREE];   /* tree: the kept node of each new position */
     int state_row;                /* tree: row of the snapshots buffer that becomes the state */
     int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
