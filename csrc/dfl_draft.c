@@ -52,7 +52,7 @@ struct dfl_draft {
 
 DFL_API void dfl_draft_default_params(dfl_draft_params * p) {
     memset(p, 0, sizeof *p);
-    p->kv_type = GGML_TYPE_F16;
+    p->kv_type = -1;
 }
 
 static dfl_status read_u32(const dfl_gguf * g, const char * key, bool required, uint32_t def, int * out) {
@@ -215,6 +215,11 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
         dfl_draft_default_params(&d->p);
     }
     d->n_ctx = target->p.n_ctx;
+    if (d->p.kv_type < 0) {
+        /* ggml's CPU flash attention converts every f16 key and value it reads: with the
+         * drafter's small cache, f32 is the faster choice there; devices keep f16 */
+        d->p.kv_type = target->rt.dev == target->rt.dev_cpu ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    }
     dfl_status st = DFL_OK;
     if (d->p.top_k < 0 || d->p.top_k > 64 || d->p.top_k > target->m.n_vocab) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter top_k %d is outside 0..64", d->p.top_k);

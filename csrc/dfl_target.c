@@ -229,6 +229,8 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_verify = t->p.n_verify;
     info->n_past = t->n_past;
     info->n_gpu_layers = t->rt.dev == t->rt.dev_cpu ? 0 : t->m.n_layer - first_device_layer(t);
+    info->n_graphs = t->n_graphs;
+    info->n_graph_builds = t->n_graph_builds;
     snprintf(info->device, sizeof info->device, "%s", ggml_backend_dev_name(t->rt.dev));
     return DFL_OK;
 }
@@ -605,7 +607,9 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
                       gc->key.tokens_src == key.tokens_src && gc->key.tree == key.tree &&
                       gc->key.n_depths == key.n_depths &&
                       memcmp(gc->key.depth_start, key.depth_start, sizeof key.depth_start) == 0;
+    t->n_graphs++;
     if (!(gc->valid && same)) {
+        t->n_graph_builds++;
         gc->valid = false;
         dfl_runtime_begin_graph(&t->rt);
         gc->gf = build_graph(t, t->rt.ctx_graph, &gc->in, n, n_kv, verify, tree, logits, tokens_src);

@@ -108,6 +108,7 @@ struct dfl_target {
     tree_plan tree;
     pending_commit commit;
     graph_cache graph;
+    int64_t n_graphs, n_graph_builds;
 };
 
 dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv);

@@ -83,6 +83,8 @@ typedef struct dfl_target_info {
     int32_t n_verify;
     int32_t n_past;
     int32_t n_gpu_layers;     /* layers whose weights and caches are on a device other than the CPU */
+    int64_t n_graphs;         /* target graphs run so far ... */
+    int64_t n_graph_builds;   /* ... and how many of them had to be built (the rest reused one) */
     char device[128];
 } dfl_target_info;
 
@@ -128,7 +130,8 @@ dfl_status dfl_target_features(const dfl_target * target, float * dst, int32_t r
 typedef struct dfl_draft dfl_draft;
 
 typedef struct dfl_draft_params {
-    int32_t kv_type;   /* ggml type id of the drafter's context cache (f16 default) */
+    int32_t kv_type;   /* ggml type id of the drafter's context cache: 0 f32, 1 f16, 30 bf16;
+                          < 0 (default): f32 on the CPU, f16 on other devices */
     int32_t window;    /* attend to the last `window` context positions only; <= 0: all */
     int32_t n_threads; /* CPU threads; <= 0: ggml's default */
     int32_t top_k;     /* candidates per position computed on the device for tree building; 0: none */

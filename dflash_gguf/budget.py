@@ -18,13 +18,17 @@ from typing import Dict, List
 
 import numpy as np
 
+from ._native import _HERE
 from .demo import cache_dir
 from .target import LOGITS_LAST, Target
 
 
 def _key(target: Target, n_threads: int) -> str:
+    # the model file, the runtime build that measured it, the device and threads
     st = os.stat(target.path)
-    raw = f"{os.path.abspath(target.path)}|{st.st_size}|{int(st.st_mtime)}|{target.info()['device']}|{n_threads}"
+    lib = os.stat(_HERE / "libdflash.so")
+    raw = (f"{os.path.abspath(target.path)}|{st.st_size}|{int(st.st_mtime)}|{lib.st_size}|{int(lib.st_mtime)}|"
+           f"{target.info()['device']}|{n_threads}")
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 

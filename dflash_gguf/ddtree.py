@@ -170,7 +170,7 @@ class TreeShaper:
     maximum of recent trees while that stays within the slack, and restart from the
     current tree when it does not."""
 
-    def __init__(self, max_nodes: int, slack: float = 0.25):
+    def __init__(self, max_nodes: int, slack: float = 0.5):
         self.max_nodes = max_nodes
         self.slack = slack
         self.widths: List[int] = []

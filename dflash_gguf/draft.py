@@ -13,7 +13,7 @@ from .target import KV_TYPES, Target
 
 @dataclass
 class DraftConfig:
-    kv_type: str = "f16"
+    kv_type: str = "auto"  # context cache type; auto: f32 on the CPU, f16 on other devices
     window: int = 0  # attend to the last `window` context positions only; 0: all
     n_threads: int = 0
     top_k: int = 0  # candidates per drafted position for tree building; 0: greedy chain only
@@ -53,11 +53,12 @@ class Draft(NativeObject):
 
     def __init__(self, path: str, target: Target, config: Optional[DraftConfig] = None):
         cfg = config or DraftConfig()
-        if cfg.kv_type not in KV_TYPES:
+        if cfg.kv_type != "auto" and cfg.kv_type not in KV_TYPES:
             raise ValueError(f"unknown drafter cache type {cfg.kv_type!r}")
         p = ffi.new("dfl_draft_params *")
         lib.dfl_draft_default_params(p)
-        p.kv_type = KV_TYPES[cfg.kv_type]
+        if cfg.kv_type != "auto":
+            p.kv_type = KV_TYPES[cfg.kv_type]
         p.window = int(cfg.window)
         p.n_threads = int(cfg.n_threads)
         p.top_k = int(cfg.top_k)

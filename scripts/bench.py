@@ -166,7 +166,17 @@ def build_llama_spec(jobs: int = 2) -> tuple[Path | None, str]:
     return exe, "built"
 
 
-def run_llama_spec(exe: Path, a: dict, text: str, debug: bool) -> dict:
+def run_llama_spec(exe: Path, a: dict, text: str, debug: bool, attempts: int = 3) -> dict:
+    """run_llama_spec_once, again when the summary is missing: llama.cpp logs from a
+    worker thread, and under heavy debug logging its last lines are sometimes lost."""
+    for _ in range(attempts):
+        out = run_llama_spec_once(exe, a, text, debug)
+        if not out.get("error", "").startswith("no 'decoded N tokens'"):
+            break
+    return out
+
+
+def run_llama_spec_once(exe: Path, a: dict, text: str, debug: bool) -> dict:
     """One llama-speculative-simple run on one prompt. Timing runs parse its own summary;
     a debug run (-lv 5) also counts target passes: one per committed round plus one per
     checkpoint restore (a hybrid target cannot drop rejected rows, so llama.cpp restores a
