@@ -353,3 +353,19 @@ def test_block_size_one_and_deferred_context_rows(pair):
         assert out == ar
         # every committed token reached the drafter's context, the last deferred rows included
         assert draft.n_ctx_tokens == target.n_past
+
+
+def test_chain_steps_reuse_one_target_graph(pair):
+    """The commit rides in the next verify as inputs, so the verify graph of one step
+    serves the next: only the prefill chunks, the first two verifies (without and with
+    a commit to carry) and the last blocks, which shrink to the tokens still wanted,
+    build a graph."""
+    target, draft = load(pair)
+    prompt = prompts(1, seed=51)[0]
+    before = target.info()
+    out, stats = speculative_generate(target, draft, prompt, 96)
+    after = target.info()
+    graphs = after["n_graphs"] - before["n_graphs"]
+    builds = after["n_graph_builds"] - before["n_graph_builds"]
+    assert graphs >= len(stats.accepted_lengths) >= 20
+    assert builds <= 2 + 2 + (BLOCK - 1), f"{builds} of {graphs} target graphs were built"
