@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEMO_PROMPT = "def quicksort(items):"
+DEMO_PROMPT = "def read_lines(path):\n    "
 DATA = Path(__file__).resolve().parent / "data"
 
 
