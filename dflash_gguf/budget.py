@@ -2,10 +2,12 @@
 tokens per second.
 
 Two ingredients: how long a verify of n nodes takes on this machine and model (measured
-once, cached per model file, device and thread count), and how many tokens a tree of
-b nodes is expected to yield (from the drafter's own probabilities along the best-first
-order, DraftTree.expected_accepted). The step's choice is
-    argmax_b  expected_accepted[b] / (draft_time + verify_time(b + 1)).
+once, cached per model file, runtime build, device and thread count), and how many
+tokens a tree of b nodes is expected to yield (from the drafter's own probabilities
+along the best-first order, DraftTree.expected_accepted). The step's choice is
+    argmax_b  expected_accepted[b] / (draft_time + verify_time(b + 1)),
+and the plain chain of the drafter's top choices competes with it at the chain verify's
+own (lower) cost, so `auto` is never expected to be slower than the chain.
 """
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ def _key(target: Target, n_threads: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
-def measure_verify_cost(target: Target, sizes: List[int], repeats: int = 3) -> Dict[int, float]:
-    """Median seconds of a chain-shaped tree verify of each size after a short context
-    (the target is reset afterwards)."""
+def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 3) -> Dict[int, float]:
+    """Median seconds of a verify of each size after a short context, as a tree
+    (chain-shaped) or as a chain; the target is reset afterwards."""
     cost = {}
     prompt = list(range(1, 65))
     for n in sizes:
@@ -42,18 +44,26 @@ def measure_verify_cost(target: Target, sizes: List[int], repeats: int = 3) -> D
         for _ in range(repeats + 1):
             target.reset()
             target.prefill(prompt, LOGITS_LAST)
+            tokens = list(range(2, 2 + n))
             t0 = time.perf_counter()
-            target.verify_tree(list(range(2, 2 + n)), list(range(-1, n - 1)))
+            if tree:
+                target.verify_tree(tokens, list(range(-1, n - 1)))
+            else:
+                target.verify(tokens)
             target.argmax(0, n)
             times.append(time.perf_counter() - t0)
-            target.commit_path([0])
+            if tree:
+                target.commit_path([0])
+            else:
+                target.commit(1)
         cost[n] = float(np.median(times[1:]))  # the first run warms caches
     target.reset()
     return cost
 
 
 class VerifyCost:
-    """Verify time as a function of node count, interpolated from a cached measurement."""
+    """Verify time as a function of node count, interpolated from a cached measurement:
+    cost(n) for a tree, cost.chain(n) for a chain."""
 
     def __init__(self, target: Target, n_threads: int = 0, cache: Path | None = None):
         max_n = target.n_verify
@@ -62,16 +72,22 @@ class VerifyCost:
         key = _key(target, n_threads)
         table = json.loads(path.read_text()) if path.exists() else {}
         entry = table.get(key)
-        if entry is None or sorted(int(k) for k in entry) != sizes:
-            entry = {str(k): v for k, v in measure_verify_cost(target, sizes).items()}
+        if not (isinstance(entry, dict) and all(sorted(int(k) for k in entry.get(kind, {})) == sizes
+                                                for kind in ("tree", "chain"))):
+            entry = {kind: {str(k): v for k, v in measure_verify_cost(target, sizes, kind == "tree").items()}
+                     for kind in ("tree", "chain")}
             table[key] = entry
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(table, indent=1))
-        self.sizes = np.array(sorted(int(k) for k in entry), dtype=float)
-        self.seconds = np.array([entry[str(int(k))] for k in self.sizes])
+        self.sizes = np.array(sizes, dtype=float)
+        self.tree_seconds = np.array([entry["tree"][str(k)] for k in sizes])
+        self.chain_seconds = np.array([entry["chain"][str(k)] for k in sizes])
 
     def __call__(self, n_nodes) -> np.ndarray:
-        return np.interp(n_nodes, self.sizes, self.seconds)
+        return np.interp(n_nodes, self.sizes, self.tree_seconds)
+
+    def chain(self, n_tokens) -> np.ndarray:
+        return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
 class AcceptanceCalibration:
@@ -89,11 +105,29 @@ class AcceptanceCalibration:
             self.ratio += self.smoothing * (min(observed, 4.0) - self.ratio)
 
 
+def _rate(expected, seconds, calibration: AcceptanceCalibration | None):
+    ratio = calibration.ratio if calibration is not None else 1.0
+    return (1.0 + ratio * (np.asarray(expected) - 1.0)) / seconds
+
+
 def choose_budget(expected: np.ndarray, cost: VerifyCost, draft_seconds: float,
                   calibration: AcceptanceCalibration | None = None) -> int:
     """The budget b (0..len(expected)-1 nodes besides the root) with the best expected
     tokens per second; expected[b] counts the target's own token (1) plus drafts."""
-    ratio = calibration.ratio if calibration is not None else 1.0
     b = np.arange(len(expected))
-    rate = (1.0 + ratio * (expected - 1.0)) / (draft_seconds + cost(b + 1))
-    return int(np.argmax(rate))
+    return int(np.argmax(_rate(expected, draft_seconds + cost(b + 1), calibration)))
+
+
+def chain_expected(top1_logprobs) -> float:
+    """Expected tokens of a pass verifying the chain of the drafter's top choices: the
+    target's own token plus each prefix's probability of being all right."""
+    return 1.0 + float(np.exp(np.cumsum(top1_logprobs)).sum())
+
+
+def chain_beats_tree(chain_exp: float, n_chain: int, tree_exp: float, n_tree: int, cost: VerifyCost,
+                     draft_seconds: float, calibration: AcceptanceCalibration | None = None) -> bool:
+    """Whether verifying the chain (n_chain tokens) promises more tokens per second than
+    the chosen tree (n_tree nodes)."""
+    chain = _rate(chain_exp, draft_seconds + cost.chain(n_chain), calibration)
+    tree = _rate(tree_exp, draft_seconds + cost(n_tree), calibration)
+    return bool(chain > tree)

@@ -139,6 +139,7 @@ def _report(stats, mode: str) -> dict:
         "commit_seconds": round(stats.commit_seconds, 4),
         "stop_reason": stats.stop_reason,
         "mean_tree_nodes": round(sum(stats.tree_sizes) / len(stats.tree_sizes), 2) if stats.tree_sizes else None,
+        "chain_steps": stats.chain_steps,
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
@@ -161,7 +162,8 @@ def _print_report(r: dict) -> None:
         print(f"time      draft {r['draft_seconds']:.3f}s, verify {r['verify_seconds']:.3f}s, "
               f"commit {r['commit_seconds']:.3f}s", file=err)
     if r["mean_tree_nodes"] is not None:
-        print(f"tree      mean {r['mean_tree_nodes']:.1f} nodes per step", file=err)
+        chains = f" ({r['chain_steps']} steps verified the plain chain)" if r["chain_steps"] else ""
+        print(f"tree      mean {r['mean_tree_nodes']:.1f} nodes per step{chains}", file=err)
     print(f"memory    peak RSS {r['peak_rss_mib']:.0f} MiB", file=err)
 
 

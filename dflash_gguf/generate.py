@@ -23,6 +23,7 @@ class GenerationStats:
     verify_seconds: float = 0.0
     commit_seconds: float = 0.0
     tree_sizes: List[int] = field(default_factory=list)  # nodes below the root, per tree step
+    chain_steps: int = 0  # tree-mode steps where `auto` verified the plain chain instead
 
     @property
     def mean_accepted(self) -> float:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
-from .budget import AcceptanceCalibration, VerifyCost, choose_budget
-from .ddtree import TreeShaper, accept_path, build_tree
+from .budget import AcceptanceCalibration, VerifyCost, chain_beats_tree, chain_expected, choose_budget
+from .ddtree import TreeShaper, accept_path, build_tree, chain_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, start_context
 from .sampling import Sampler, SamplingParams, distribution
@@ -142,7 +142,8 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     them in one pass, and the longest path the target agrees with is kept.
 
     With a verify cost model (`cost`), `budget` is the largest tree and every step uses
-    the size with the best expected tokens per second (budget.choose_budget).
+    the size with the best expected tokens per second (budget.choose_budget), or the
+    plain chain of top choices when that promises more (budget.chain_beats_tree).
 
     With sampling, the walk draws the target's token at each node from the target's own
     distribution there and moves on while that token is a child: every emitted token is
@@ -163,19 +164,29 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     def step(bonus: int, remaining: int):
         t0 = time.perf_counter()
         draft.propose(bonus, B)
+        depth = min(B - 1, remaining)
         cand, logp = draft.topk(B - 1)
-        tree = build_tree(bonus, cand, logp, budget, max_depth=min(B - 1, remaining))
-        expected = None
+        tree = build_tree(bonus, cand, logp, budget, max_depth=depth)
+        expected, chain = None, False
         if cost is not None:
             n_steps = len(stats.accepted_lengths)
             draft_time = stats.draft_seconds / n_steps if n_steps else 0.0
             expected = tree.expected_accepted()
             size = choose_budget(expected, cost, draft_time, calibration)
             tree, expected = tree.best(size), expected[size]
+            chain_exp = chain_expected(logp[:depth, 0])
+            if depth + 1 <= target.n_verify and chain_beats_tree(chain_exp, depth + 1, expected, len(tree), cost,
+                                                                 draft_time, calibration):
+                tree, expected, chain = chain_tree(bonus, cand[:depth, 0]), chain_exp, True
+                stats.chain_steps += 1
         stats.tree_sizes.append(len(tree) - 1)
-        tree = shaper.fit(tree)
+        if not chain:
+            tree = shaper.fit(tree)
         t1 = time.perf_counter()
-        target.verify_tree(tree.tokens, tree.parents)
+        if chain:
+            target.verify(tree.tokens)  # the chain verify: cheaper than the same nodes as a tree
+        else:
+            target.verify_tree(tree.tokens, tree.parents)
         if sampler is None:
             choice = target.argmax(0, len(tree))
         else:
@@ -185,7 +196,10 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         t2 = time.perf_counter()
         if expected is not None:
             calibration.update(expected - 1.0, len(path) - 1)
-        target.commit_path(path)
+        if chain:
+            target.commit(len(path))
+        else:
+            target.commit_path(path)
         draft.append_rows(len(path), rows=path, defer=True)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 

@@ -330,6 +330,44 @@ class _Cost:
     def __call__(self, n):
         return self.fixed + self.per_node * np.asarray(n, dtype=float)
 
+    def chain(self, n):
+        return self(n)
+
+
+def test_auto_takes_the_chain_when_its_verify_is_cheaper(pair):
+    from dflash_gguf.budget import chain_beats_tree, chain_expected
+
+    # a chain of 3 drafts the drafter is sure of, against a 3-node tree: equal price, the
+    # chain expects more; a chain priced far above the tree loses
+    sure = chain_expected(np.log([0.9, 0.9, 0.9]))
+    assert abs(sure - (1 + 0.9 + 0.81 + 0.729)) < 1e-9
+    assert chain_beats_tree(sure, 4, 2.5, 4, _Cost(1.0, 0.1), 0.0)
+    assert not chain_beats_tree(sure, 4, 2.5, 4, _CheapTree(), 0.0)
+
+    target, draft = load_tree(pair, budget=8)
+    prompt = prompts(1, seed=61)[0]
+    ar, _ = greedy_generate(target, prompt, 48)
+    for cost, chains in ((_CheapChain(), True), (_CheapTree(), False)):
+        out, stats = tree_generate(target, draft, prompt, 48, budget=8, cost=cost)
+        assert out == ar
+        assert (stats.chain_steps == len(stats.accepted_lengths)) if chains else stats.chain_steps == 0
+
+
+class _CheapChain(_Cost):
+    def __init__(self):
+        super().__init__(1.0, 0.01)
+
+    def chain(self, n):
+        return 1e-3 * np.asarray(n, dtype=float)
+
+
+class _CheapTree(_Cost):
+    def __init__(self):
+        super().__init__(1e-3, 1e-4)
+
+    def chain(self, n):
+        return 10.0 + np.asarray(n, dtype=float)
+
 
 def test_auto_budget_trades_acceptance_for_verify_cost():
     from dflash_gguf.budget import AcceptanceCalibration, choose_budget
