@@ -544,11 +544,14 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
     return gf;
 }
 
-static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv) {
+/* Tokens (unless they come from a device tensor), positions (n_past + depth; a chain's
+ * depth is its index) and cache slots (n_past + index). */
+static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n,
+                             const int32_t * depth) {
     int32_t * pos = t->host_i32;
     int64_t * slots = t->host_i64;
     for (int i = 0; i < n; i++) {
-        pos[i] = t->n_past + i;
+        pos[i] = t->n_past + (depth ? depth[i] : i);
         slots[i] = t->n_past + i;
     }
     if (in->tokens) {
@@ -556,6 +559,10 @@ static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int
     }
     ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
     ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
+}
+
+static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv) {
+    set_token_inputs(t, in, tokens, n, NULL);
 
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
     const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
@@ -767,17 +774,7 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
 
 static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv) {
     const tree_plan * tp = &t->tree;
-    int32_t * pos = t->host_i32;
-    int64_t * slots = t->host_i64;
-    for (int i = 0; i < n; i++) {
-        pos[i] = t->n_past + tp->depth[i];
-        slots[i] = t->n_past + i;
-    }
-    if (in->tokens) {
-        ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
-    }
-    ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
-    ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
+    set_token_inputs(t, in, tokens, n, tp->depth);
 
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
     const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);

@@ -345,67 +345,21 @@ def worker_llama(a: dict) -> dict:
     return {"prompts": [run(ids, a["n"]) for ids in a["prompts"]], "load_s": load_s}
 
 
-class _History:
-    """Stands in for the target's cache in z-lab's loop: the committed tokens
-    (as tests/test_speculative.py does)."""
-
-    def __init__(self):
-        self.tokens = []
-
-    def get_seq_length(self):
-        return len(self.tokens)
-
-    def crop(self, n):
-        if n < 0:
-            del self.tokens[n:]
-
-
-class _RecomputingTarget:
-    """The transformers target for z-lab's reference loop, recomputed from the full token
-    history at every call: transformers' cache crop does not roll back Gated DeltaNet
-    recurrent state, so the stock loop drifts from plain greedy on a Qwen3.5 target
-    (replicates tests/test_speculative.py)."""
-
-    def __init__(self, model):
-        import torch
-
-        self.model = model
-        self.config = model.config
-        self.device = torch.device("cpu")
-        self.lm_head = model.lm_head
-
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
-
-    def __call__(self, input_ids, past_key_values, logits_to_keep=0, output_hidden_states=False, **_):
-        from types import SimpleNamespace
-
-        import torch
-
-        new = input_ids[0].tolist()
-        past_key_values.tokens.extend(new)
-        with torch.no_grad():
-            out = self.model(torch.tensor([past_key_values.tokens]), output_hidden_states=output_hidden_states)
-        keep = logits_to_keep or len(new)
-        hidden = tuple(h[:, -len(new):] for h in out.hidden_states) if output_hidden_states else None
-        return SimpleNamespace(logits=out.logits[:, -keep:], hidden_states=hidden)
-
-
 def worker_zlab(a: dict) -> dict:
     import torch
     import dflash.model as ref
     from transformers import AutoModelForCausalLM
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from reference_loop import RecomputingTarget, exact_reference
+
     torch.set_num_threads(a["threads"])
-    ref._cuda_time = time.perf_counter  # the reference times with CUDA calls
-    make_cache = ref._make_cache
-    ref._make_cache = lambda cfg: _History() if "linear_attention" in (getattr(cfg, "layer_types", None) or []) \
-        else make_cache(cfg)
+    exact_reference(ref)
     target = AutoModelForCausalLM.from_pretrained(a["hf_target"], dtype=torch.float32).eval()
     arch = (json.loads((Path(a["hf_draft"]) / "config.json").read_text()).get("architectures") or [""])[0]
     cls = ref.DFlash2DraftModel if arch == "DFlash2DraftModel" else ref.DFlashDraftModel
     draft = cls.from_pretrained(a["hf_draft"], dtype=torch.float32).eval()
-    wrapped = _RecomputingTarget(target)
+    wrapped = RecomputingTarget(target)
     out = []
     for ids in a["prompts"]:
         t0 = time.perf_counter()

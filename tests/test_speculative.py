@@ -11,6 +11,7 @@ import torch
 
 from draft_fixtures import convert_dflash_llama_cpp, make_dflash
 from fixtures import make_qwen35
+from reference_loop import RecomputingTarget, exact_reference
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
@@ -190,61 +191,17 @@ def test_lossless_with_scripted_drafter_and_stops(pair):
         assert stats.stop_reason == "stop"
 
 
-class _History:
-    """Stands in for the target's cache in the reference loop: the committed tokens."""
-
-    def __init__(self):
-        self.tokens = []
-
-    def get_seq_length(self):
-        return len(self.tokens)
-
-    def crop(self, n):
-        if n < 0:
-            del self.tokens[n:]
-
-
-class _RecomputingTarget:
-    """The transformers target for z-lab's reference loop, recomputed from the full token
-    history at every call. transformers' cache crop does not roll back Gated DeltaNet
-    recurrent state (the stock loop leaves plain greedy within a few tokens on a Qwen3.5
-    target), so the oracle gets an exact target instead; the loop itself is untouched."""
-
-    def __init__(self, model):
-        self.model = model
-        self.config = model.config
-        self.device = torch.device("cpu")
-        self.lm_head = model.lm_head
-
-    def get_input_embeddings(self):
-        return self.model.get_input_embeddings()
-
-    def __call__(self, input_ids, past_key_values, logits_to_keep=0, output_hidden_states=False, **_):
-        from types import SimpleNamespace
-
-        new = input_ids[0].tolist()
-        past_key_values.tokens.extend(new)
-        with torch.no_grad():
-            out = self.model(torch.tensor([past_key_values.tokens]), output_hidden_states=output_hidden_states)
-        keep = logits_to_keep or len(new)
-        hidden = tuple(h[:, -len(new):] for h in out.hidden_states) if output_hidden_states else None
-        return SimpleNamespace(logits=out.logits[:, -keep:], hidden_states=hidden)
-
-
 def reference_parity(pair, prompt_list, monkeypatch, n_tokens=48):
     """Run z-lab's dflash_generate and our chain on each prompt; assert the same tokens
     and accepted lengths (or a floating-point tie where they part). Returns our
     accepted lengths of the prompts that did not tie."""
-    import time
-
     import dflash.model as ref
 
-    monkeypatch.setattr(ref, "_cuda_time", time.perf_counter)  # the reference times with CUDA calls
-    make_cache = ref._make_cache
-    monkeypatch.setattr(ref, "_make_cache", lambda cfg: _History() if hasattr(cfg, "layer_types") and
-                        "linear_attention" in (cfg.layer_types or []) else make_cache(cfg))
+    for name in ("_cuda_time", "_make_cache"):  # exact_reference patches these: undo after the test
+        monkeypatch.setattr(ref, name, getattr(ref, name))
+    exact_reference(ref)
     hf_target, ref_draft = reference_models(pair)
-    ref_target = _RecomputingTarget(hf_target)
+    ref_target = RecomputingTarget(hf_target)
     target, draft = load(pair)
     lengths = []
     for prompt in prompt_list:
