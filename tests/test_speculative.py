@@ -326,3 +326,28 @@ def test_chain_steps_reuse_one_target_graph(pair):
     builds = after["n_graph_builds"] - before["n_graph_builds"]
     assert graphs >= len(stats.accepted_lengths) >= 20
     assert builds <= 2 + 2 + (BLOCK - 1), f"{builds} of {graphs} target graphs were built"
+
+
+def test_device_block_handoff_errors(pair):
+    """verify_draft reads the drafter's block on the device: wrong pairings and reads
+    past the block are refused with a reason."""
+    target, draft = load(pair)
+    other, _ = load(pair)
+    target.prefill(prompts(1, seed=71)[0], LOGITS_LAST, on_chunk=lambda start, n: draft.append_rows(n))
+    with pytest.raises(Exception, match="fewer than"):
+        target.verify_draft(draft, 2)  # nothing proposed yet
+    draft.propose(5, 4, read=False)
+    with pytest.raises(Exception, match="another target"):
+        other.verify_draft(draft, 4)
+    with pytest.raises(Exception, match="fewer than"):
+        target.verify_draft(draft, 5)
+    with pytest.raises(Exception, match="block tokens requested"):
+        draft.block(6)
+    target.verify_draft(draft, 4)
+    block = draft.block(4)
+    assert block[0] == 5
+    # the same tokens verified from the host give the same logits
+    logits = target.logits(0, 4)
+    target.commit(0)
+    target.verify(block)
+    assert np.array_equal(target.logits(0, 4), logits)
