@@ -103,7 +103,8 @@ dfl_status dfl_target_decode(dfl_target * target, const int32_t * tokens, int32_
 
 /* Evaluate n candidate tokens (n <= n_verify) as a chain after the context without
  * committing them: logits and argmax for every row (on the device; read what you need), features of
- * every row, and per-token recurrent snapshots kept for dfl_target_commit. */
+ * every row; what dfl_target_commit needs to advance the recurrent state is kept (the
+ * tokens' inputs to the recurrence, rerun up to the kept ones at commit). */
 dfl_status dfl_target_verify(dfl_target * target, const int32_t * tokens, int32_t n);
 
 /* Keep the first n_keep tokens of the last verify (0 <= n_keep <= its length). */
