@@ -26,8 +26,8 @@ per-run throughput. Both engines use an f16 KV cache; llama.cpp runs with flash 
 (ours always does) and its default weight repacking. Verify: at a context of --prompt
 tokens, `verify(k)` + argmax + `commit(0)` for k in 1, 4, 8, 16, 32, --reps times each
 (interleaved), median, divided by the median decode step; for reference llama.cpp's time
-to decode a batch of k tokens at the same context (its prefill redone before each, not
-timed). On a loaded machine the numbers are noise: check the load average printed with
+to decode a batch of k tokens with logits for every row, as a verify needs them, at the
+same context (its prefill redone before each, not timed). On a loaded machine the numbers are noise: check the load average printed with
 the table.
 """
 from __future__ import annotations
@@ -168,8 +168,10 @@ def worker_llama(a: dict) -> dict:
 
     n_ctx = a["prompt"] + a["tokens"] + max(VERIFY_KS) + 8
     t0 = time.perf_counter()
+    # a verify needs logits for every row (llama.cpp's own speculative decoding asks for
+    # them too); plain decoding only for the last
     llm = Llama(a["gguf"], n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a["threads"],
-                n_threads_batch=a["threads"], flash_attn=True, logits_all=False, verbose=False)
+                n_threads_batch=a["threads"], flash_attn=True, logits_all=a["mode"] != "decode", verbose=False)
     load_s = time.perf_counter() - t0
     n_vocab = llm.n_vocab()
     ctx = llm._ctx.ctx
@@ -314,7 +316,7 @@ def main(argv=None) -> int:
     if "verify" in ours:
         print(f"\n### Verify cost relative to one decode step (context {args.prompt} tokens, "
               f"median of {args.reps}; one decode step = the median step of the decode runs)\n")
-        print("| k tokens | ours: verify+commit(0) ms | x one decode | llama.cpp: batch of k ms | x its decode |")
+        print("| k tokens | ours: verify+commit(0) ms | x one decode | llama.cpp: batch of k, all logits, ms | x its decode |")
         print("|---:|---:|---:|---:|---:|")
         for k in VERIFY_KS:
             v = ours["verify"][str(k)]
