@@ -166,6 +166,17 @@ def build_llama_spec(jobs: int = 2) -> tuple[Path | None, str]:
     return exe, "built"
 
 
+def run_llama_spec_prompts(exe: Path, a: dict, texts: list, debug: bool):
+    """run_llama_spec on every prompt: (results, None), or (those before, the error)."""
+    out = []
+    for text in texts:
+        r = run_llama_spec(exe, a, text, debug)
+        if "error" in r:
+            return out, r["error"]
+        out.append(r)
+    return out, None
+
+
 def run_llama_spec(exe: Path, a: dict, text: str, debug: bool, attempts: int = 3) -> dict:
     """run_llama_spec_once, again when the summary is missing: llama.cpp logs from a
     worker thread, and under heavy debug logging its last lines are sometimes lost."""
@@ -312,20 +323,10 @@ def worker_ours(a: dict) -> dict:
 
 
 def worker_llama(a: dict) -> dict:
-    import numpy as np
-    import llama_cpp
-    from llama_cpp import Llama
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_ar import open_llama
 
-    t0 = time.perf_counter()
-    llm = Llama(a["target"], n_ctx=a["n_ctx"], n_batch=512, n_ubatch=512, n_threads=a["threads"],
-                n_threads_batch=a["threads"], flash_attn=True, logits_all=False, verbose=False)
-    load_s = time.perf_counter() - t0
-    n_vocab = llm.n_vocab()
-    ctx = llm._ctx.ctx
-
-    def last_argmax() -> int:
-        ptr = llama_cpp.llama_get_logits_ith(ctx, -1)
-        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,))))
+    llm, last_argmax, load_s = open_llama(a["target"], a["n_ctx"], a["threads"], logits_all=False)
 
     def run(ids, n):
         llm.reset()
@@ -472,14 +473,7 @@ def run_bench(args, pair: dict) -> dict:
     spec_args = {**common, "draft": pair["draft"], "block": block}
     if exe is not None:
         log("llama.cpp DFlash: one debug run per prompt to count target passes ...")
-        stats = []
-        for text in texts:
-            r = run_llama_spec(exe, spec_args, text, debug=True)
-            if "error" in r:
-                spec.error = r["error"]
-                break
-            stats.append(r)
-        spec.stats = stats
+        spec.stats, spec.error = run_llama_spec_prompts(exe, spec_args, texts, debug=True)
 
     if not (pair.get("hf_target") and pair.get("hf_draft")):
         zlab.error = "skipped: needs --hf-target and --hf-draft (the HF checkpoints of the pair)"
@@ -492,13 +486,7 @@ def run_bench(args, pair: dict) -> dict:
             if row.error:
                 continue
             if row.kind == "spec":
-                res = []
-                for text in texts:
-                    r = run_llama_spec(exe, spec_args, text, debug=False)
-                    if "error" in r:
-                        row.error = r["error"]
-                        break
-                    res.append(r)
+                res, row.error = run_llama_spec_prompts(exe, spec_args, texts, debug=False)
                 if row.error:
                     continue
                 for r, st in zip(res, spec.stats):  # passes come from the debug run (greedy: the same)

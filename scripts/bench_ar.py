@@ -161,17 +161,16 @@ def worker_ours(a: dict) -> dict:
     return {"step": statistics.median(step), "verify": {k: statistics.median(v) for k, v in verify.items()}}
 
 
-def worker_llama(a: dict) -> dict:
+def open_llama(path: str, n_ctx: int, threads: int, logits_all: bool):
+    """llama-cpp-python on `path` as both benchmarks run it (flash attention, f16 KV
+    cache, the same threads for decode and batches): (llm, last_argmax(), load seconds)."""
     import numpy as np
     import llama_cpp
     from llama_cpp import Llama
 
-    n_ctx = a["prompt"] + a["tokens"] + max(VERIFY_KS) + 8
     t0 = time.perf_counter()
-    # a verify needs logits for every row (llama.cpp's own speculative decoding asks for
-    # them too); plain decoding only for the last
-    llm = Llama(a["gguf"], n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=a["threads"],
-                n_threads_batch=a["threads"], flash_attn=True, logits_all=a["mode"] != "decode", verbose=False)
+    llm = Llama(path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                flash_attn=True, logits_all=logits_all, verbose=False)
     load_s = time.perf_counter() - t0
     n_vocab = llm.n_vocab()
     ctx = llm._ctx.ctx
@@ -180,6 +179,15 @@ def worker_llama(a: dict) -> dict:
         ptr = llama_cpp.llama_get_logits_ith(ctx, -1)
         return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,))))
 
+    return llm, last_argmax, load_s
+
+
+def worker_llama(a: dict) -> dict:
+    n_ctx = a["prompt"] + a["tokens"] + max(VERIFY_KS) + 8
+    # a verify needs logits for every row (llama.cpp's own speculative decoding asks for
+    # them too); plain decoding only for the last
+    llm, last_argmax, load_s = open_llama(a["gguf"], n_ctx, a["threads"], logits_all=a["mode"] != "decode")
+    n_vocab = llm.n_vocab()
     prompts = _prompts(n_vocab, a["n_prompts"], a["prompt"])
 
     def decode_run(prompt, n):

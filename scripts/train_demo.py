@@ -165,15 +165,10 @@ def train_tokenizer(texts: list[str], directory: Path, vocab_size: int):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                    add_bos_token=False, model_max_length=4096, clean_up_tokenization_spaces=False)
     fast.chat_template = CHAT_TEMPLATE
-    directory.mkdir(parents=True, exist_ok=True)
-    fast.save_pretrained(str(directory))
-    # Qwen's own tokenizer.json carries a ByteLevel post-processor (transformers 5 would
-    # save a TemplateProcessing one); converters see the former in the wild.
-    path = directory / "tokenizer.json"
-    saved = json.loads(path.read_text(encoding="utf-8"))
-    saved["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                               "use_regex": False}
-    path.write_text(json.dumps(saved, ensure_ascii=False, indent=2), encoding="utf-8")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fixtures import save_qwen_style
+
+    save_qwen_style(fast, directory)
     return tok
 
 

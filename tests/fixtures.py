@@ -113,15 +113,21 @@ def make_tokenizer(directory: str | os.PathLike, *, vocab_size: int = 1024,
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
+    save_qwen_style(fast, directory)
+    return directory
+
+
+def save_qwen_style(fast, directory: Path) -> None:
+    """save_pretrained, then the post-processor Qwen's own tokenizer.json carries: a
+    ByteLevel one (transformers 5 saves TemplateProcessing; same ids), which is what
+    converters see in the wild."""
+    directory.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(directory))
-    # transformers 5 saves a TemplateProcessing post-processor; Qwen's own tokenizer.json
-    # has a ByteLevel one (same ids), which is what converters see in the wild.
     path = directory / "tokenizer.json"
     saved = json.loads(path.read_text(encoding="utf-8"))
     saved["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                                "use_regex": False}
     path.write_text(json.dumps(saved, ensure_ascii=False, indent=2), encoding="utf-8")
-    return directory
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:
