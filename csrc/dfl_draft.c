@@ -235,7 +235,8 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     }
     if (st == DFL_OK) st = read_model(d);
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(target->rt.dev),
-                                            d->p.n_threads > 0 ? d->p.n_threads : target->p.n_threads, "drafter");
+                                            d->p.n_threads > 0 ? d->p.n_threads : target->p.n_threads, "drafter",
+                                            DFL_GRAPH_SIZE);
     if (st == DFL_OK) st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, !d->target->p.no_repack);
     if (st == DFL_OK) st = alloc_state(d);
     if (st != DFL_OK) {
@@ -388,7 +389,7 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     TRY(check_append(d, rows, n));
     TRY(reserve(d, n, 1));
     dfl_runtime_begin_graph(&d->rt);
-    struct ggml_cgraph * gf = ggml_new_graph_custom(d->rt.ctx_graph, DFL_GRAPH_SIZE, false);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(d->rt.ctx_graph, d->rt.graph_size, false);
     append_inputs in;
     build_append(d, d->rt.ctx_graph, gf, n, &in);
     TRY(dfl_runtime_alloc(&d->rt, gf));
@@ -426,7 +427,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
 
     dfl_runtime_begin_graph(&d->rt);
     struct ggml_context * ctx = d->rt.ctx_graph;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
     append_inputs app;
     if (n_rows > 0) {
         build_append(d, ctx, gf, n_rows, &app);

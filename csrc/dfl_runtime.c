@@ -98,8 +98,10 @@ static void set_threads(ggml_backend_t backend, int n_threads) {
     }
 }
 
-dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name) {
+dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name,
+                           size_t graph_size) {
     memset(rt, 0, sizeof *rt);
+    rt->graph_size = graph_size > DFL_GRAPH_SIZE ? graph_size : DFL_GRAPH_SIZE;
     rt->dev = pick_device(device);
     if (!rt->dev) {
         return dfl_fail(DFL_ERR_BACKEND, "no ggml device named '%s' (see dfl_device_describe)", device ? device : "");
@@ -123,8 +125,8 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
     rt->dev_cpu = ggml_backend_get_device(rt->backend_cpu);
     set_threads(rt->backend_cpu, n_threads);
 
-    rt->sched = ggml_backend_sched_new(backends, NULL, n_backends, DFL_GRAPH_SIZE, false, true);
-    rt->graph_mem_size = ggml_tensor_overhead() * DFL_GRAPH_SIZE + ggml_graph_overhead_custom(DFL_GRAPH_SIZE, false);
+    rt->sched = ggml_backend_sched_new(backends, NULL, n_backends, rt->graph_size, false, true);
+    rt->graph_mem_size = ggml_tensor_overhead() * rt->graph_size + ggml_graph_overhead_custom(rt->graph_size, false);
     rt->graph_mem = malloc(rt->graph_mem_size);
     if (!rt->sched || !rt->graph_mem) {
         dfl_runtime_free(rt);

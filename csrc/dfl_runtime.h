@@ -7,6 +7,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+/* Graph nodes a runtime holds unless it asks for more (dfl_runtime_init). */
 #define DFL_GRAPH_SIZE 16384
 
 typedef struct dfl_runtime {
@@ -16,13 +17,16 @@ typedef struct dfl_runtime {
     ggml_backend_dev_t dev_cpu; /* host device: layers not offloaded to dev live here */
     ggml_backend_sched_t sched;
     void * graph_mem;
+    size_t graph_size;          /* nodes per graph */
     size_t graph_mem_size;
     struct ggml_context * ctx_graph;
     struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
 } dfl_runtime;
 
-/* `name` labels the DFLASH_PROFILE report ("target", "drafter"). */
-dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name);
+/* `name` labels the DFLASH_PROFILE report ("target", "drafter"); graphs hold up to
+ * graph_size nodes (at least DFL_GRAPH_SIZE). */
+dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name,
+                           size_t graph_size);
 void dfl_runtime_free(dfl_runtime * rt);
 
 /* Start a new graph in rt->ctx_graph (the previous one and its results are dropped). */

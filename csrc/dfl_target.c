@@ -72,6 +72,11 @@ static int64_t replay_rows(const dfl_qwen35 * m) {
     return 2 * (int64_t) m->head_k_dim * m->n_k_heads + (int64_t) m->head_v_dim * m->n_v_heads + 2 * m->n_v_heads;
 }
 
+/* Trees have at most 64 nodes (their ancestor sets are 64-bit masks) and n_verify. */
+static int max_tree_nodes(const dfl_target * t) {
+    return t->p.n_verify < DFL_MAX_TREE ? t->p.n_verify : DFL_MAX_TREE;
+}
+
 /* Layers il >= first_device_layer run on the device, the ones before on the CPU. */
 static int first_device_layer(const dfl_target * t) {
     const int n_layer = t->m.n_layer;
@@ -133,7 +138,8 @@ static dfl_status alloc_state(dfl_target * t) {
         if (m->layers[il].recurrent) {
             t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
-            t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, state_size, t->p.n_verify + 1);
+            const int64_t out_size = (int64_t) m->head_v_dim * m->n_v_heads;
+            t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, out_size + state_size, max_tree_nodes(t));
             t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, replay_rows(m), t->p.n_verify);
             t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->conv_channels, m->d_conv - 1 + t->p.n_verify);
         } else {
@@ -182,7 +188,9 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     }
     st = check_params(&t->m, &t->p);
     if (st == DFL_OK) {
-        st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target");
+        /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
+        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * (64 + 16 * (size_t) max_tree_nodes(t));
+        st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size);
     }
     if (st == DFL_OK) {
         t->backend = t->rt.backend;
@@ -391,17 +399,17 @@ static struct ggml_tensor * build_delta_net(dfl_target * t, struct ggml_context 
     return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
 }
 
-/* Tree verify: every node continues its parent's recurrence. Nodes are ordered by
- * depth, so one depth is a contiguous range: its parents' states are gathered from the
- * per-node state buffer (row 0: the committed state, row 1+i: after node i), the
- * nodes run as independent one-token sequences, and their states are scattered back.
- * Conv windows are gathered along each node's ancestor chain. A chain-shaped tree does
+/* Tree verify: every node continues its parent's recurrence, one node after another in
+ * the given order (parents first). Node j's step gathers its parent's state from the
+ * per-node rows (the root starts from the committed state), runs one token and
+ * scatters [output | state] to row j. Which row is whose parent is an input, so the
+ * graph depends only on the node count: every tree of a budget reuses one graph. Conv
+ * windows are gathered along each node's ancestor chain. A chain-shaped tree does
  * exactly the arithmetic of the chain path. */
 static struct ggml_tensor * build_delta_net_tree(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
                                                  const graph_inputs * in, struct ggml_tensor * cur, int il, int n) {
     const dfl_qwen35 * m = &t->m;
     const dfl_qwen35_layer * L = &m->layers[il];
-    const tree_plan * tp = &t->tree;
     const int64_t hk = m->head_k_dim, hv = m->head_v_dim, Hk = m->n_k_heads, Hv = m->n_v_heads;
     const int64_t C = m->conv_channels, W = m->d_conv - 1;
     const size_t f32 = sizeof(float);
@@ -427,32 +435,28 @@ static struct ggml_tensor * build_delta_net_tree(dfl_target * t, struct ggml_con
     q = l2_norm(t, ctx, q);
     k = l2_norm(t, ctx, k);
 
-    const int64_t S = hv * hv * Hv;
-    struct ggml_tensor * states = t->snapshots[il];
-    /* graph order puts this copy before the first gather */
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, t->ssm_state[il], ggml_view_1d(ctx, states, S, 0)));
-    struct ggml_tensor * out = NULL;
-    for (int d = 0; d < tp->n_depths; d++) {
-        const int a = tp->depth_start[d], mcount = tp->depth_start[d + 1] - a;
-        struct ggml_tensor * qd = ggml_view_4d(ctx, q, hk, Hk, 1, mcount, q->nb[1], q->nb[2], q->nb[2], a * q->nb[2]);
-        struct ggml_tensor * kd = ggml_view_4d(ctx, k, hk, Hk, 1, mcount, k->nb[1], k->nb[2], k->nb[2], a * k->nb[2]);
-        struct ggml_tensor * vd = ggml_view_4d(ctx, v, hv, Hv, 1, mcount, v->nb[1], v->nb[2], v->nb[2], a * v->nb[2]);
-        struct ggml_tensor * gd = ggml_view_4d(ctx, g, 1, Hv, 1, mcount, f32, Hv * f32, Hv * f32, a * Hv * f32);
-        struct ggml_tensor * bd = ggml_view_4d(ctx, beta, 1, Hv, 1, mcount, f32, Hv * f32, Hv * f32, a * Hv * f32);
-        struct ggml_tensor * parents = ggml_view_1d(ctx, in->parent_rows, mcount, a * sizeof(int32_t));
-        struct ggml_tensor * s0 = ggml_reshape_4d(ctx, ggml_get_rows(ctx, states, parents), hv, hv, Hv, mcount);
-        struct ggml_tensor * r = ggml_gated_delta_net(ctx, qd, kd, vd, gd, bd, s0, 1);
-        const int64_t n_att = hv * Hv * mcount;
-        struct ggml_tensor * od = ggml_view_2d(ctx, r, hv * Hv, mcount, hv * Hv * f32, 0);
-        struct ggml_tensor * sd = ggml_view_2d(ctx, r, S, mcount, S * f32, n_att * f32);
-        struct ggml_tensor * rows = ggml_view_1d(ctx, in->node_rows, mcount, a * sizeof(int64_t));
-        states = ggml_set_rows(ctx, states, sd, rows);
-        out = out ? ggml_concat(ctx, out, od, 1) : od;
+    const int64_t O = hv * Hv; /* output floats of a token; its state follows in the row */
+    struct ggml_tensor * rows = t->snapshots[il];
+    for (int j = 0; j < n; j++) {
+        struct ggml_tensor * s0;
+        if (j == 0) {
+            s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+        } else {
+            struct ggml_tensor * parent = ggml_get_rows(ctx, rows, in->parent_row[j]);
+            s0 = ggml_view_4d(ctx, parent, hv, hv, Hv, 1, hv * f32, hv * hv * f32, hv * hv * Hv * f32, O * f32);
+        }
+        struct ggml_tensor * qj = ggml_view_4d(ctx, q, hk, Hk, 1, 1, q->nb[1], q->nb[2], q->nb[2], j * q->nb[2]);
+        struct ggml_tensor * kj = ggml_view_4d(ctx, k, hk, Hk, 1, 1, k->nb[1], k->nb[2], k->nb[2], j * k->nb[2]);
+        struct ggml_tensor * vj = ggml_view_4d(ctx, v, hv, Hv, 1, 1, v->nb[1], v->nb[2], v->nb[2], j * v->nb[2]);
+        struct ggml_tensor * gj = ggml_view_4d(ctx, g, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
+        struct ggml_tensor * bj = ggml_view_4d(ctx, beta, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
+        struct ggml_tensor * r = ggml_gated_delta_net(ctx, qj, kj, vj, gj, bj, s0, 1); /* [output | state] */
+        rows = ggml_set_rows(ctx, rows, ggml_reshape_2d(ctx, r, ggml_nelements(r), 1), in->node_row[j]);
     }
-    ggml_build_forward_expand(gf, states);
+    ggml_build_forward_expand(gf, rows);
 
-    struct ggml_tensor * o = ggml_reshape_4d(ctx, ggml_cont(ctx, out), hv, Hv, n, 1);
-    o = rms_norm(t, ctx, o, L->ssm_norm);
+    struct ggml_tensor * o = ggml_cont(ctx, ggml_view_2d(ctx, rows, O, n, rows->nb[1], 0));
+    o = rms_norm(t, ctx, ggml_reshape_4d(ctx, o, hv, Hv, n, 1), L->ssm_norm);
     o = ggml_mul(ctx, o, ggml_silu(ctx, ggml_reshape_4d(ctx, z, hv, Hv, n, 1)));
     return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
 }
@@ -471,7 +475,7 @@ static void capture_features(dfl_target * t, struct ggml_context * ctx, struct g
 static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
                                         int n_kv, bool verify, bool tree, int logits, struct ggml_tensor * tokens_src) {
     const dfl_qwen35 * m = &t->m;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, t->rt.graph_size, false);
     add_pending_commit(t, ctx, gf, in);
 
     in->tokens = NULL;
@@ -490,11 +494,18 @@ static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ct
     ggml_set_input(in->mask);
     if (tree) {
         in->conv_windows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) m->d_conv * n);
-        in->parent_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
         in->node_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
         ggml_set_input(in->conv_windows);
-        ggml_set_input(in->parent_rows);
         ggml_set_input(in->node_rows);
+        /* the root starts from the committed state: only nodes 1.. have a parent row */
+        in->parent_rows = n > 1 ? ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n - 1) : NULL;
+        if (in->parent_rows) {
+            ggml_set_input(in->parent_rows);
+        }
+        for (int j = 0; j < n; j++) {
+            in->parent_row[j] = j ? ggml_view_1d(ctx, in->parent_rows, 1, (size_t) (j - 1) * sizeof(int32_t)) : NULL;
+            in->node_row[j] = ggml_view_1d(ctx, in->node_rows, 1, (size_t) j * sizeof(int64_t));
+        }
     }
 
     struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, tokens);
@@ -599,21 +610,14 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
 
     /* consecutive steps of the same shape reuse the graph and its allocation, only the
      * inputs change: plain decoding, chain steps (the commit they carry is an input),
-     * and tree steps whose trees have as many nodes at every depth */
+     * and tree steps with as many nodes, whatever the tree */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
-    graph_key key = { n, n_kv, logits, verify, commit, commit == 1 ? t->commit.n_verified : 0, tokens_src, tree, 0,
-                      { 0 } };
-    if (tree) {
-        key.n_depths = t->tree.n_depths;
-        memcpy(key.depth_start, t->tree.depth_start, (size_t) (t->tree.n_depths + 1) * sizeof(int));
-    }
+    graph_key key = { n, n_kv, logits, verify, commit, commit == 1 ? t->commit.n_verified : 0, tokens_src, tree };
     graph_cache * gc = &t->graph;
     const bool same = gc->key.n == key.n && gc->key.n_kv == key.n_kv && gc->key.logits == key.logits &&
                       gc->key.verify == key.verify && gc->key.commit == key.commit &&
                       gc->key.commit_replay == key.commit_replay &&
-                      gc->key.tokens_src == key.tokens_src && gc->key.tree == key.tree &&
-                      gc->key.n_depths == key.n_depths &&
-                      memcmp(gc->key.depth_start, key.depth_start, sizeof key.depth_start) == 0;
+                      gc->key.tokens_src == key.tokens_src && gc->key.tree == key.tree;
     t->n_graphs++;
     if (!(gc->valid && same)) {
         t->n_graph_builds++;
@@ -729,8 +733,8 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     return DFL_OK;
 }
 
-/* Validate a tree and derive what its graph needs on the host: depth ranges, positions,
- * the ancestor mask, state rows and conv windows. */
+/* Validate a tree and derive what its graph needs on the host: depths (positions), the
+ * ancestor mask and conv windows. */
 static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
     tree_plan * tp = &t->tree;
     const int W = t->m.d_conv - 1;
@@ -738,7 +742,6 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
         return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds the supported %d", n, DFL_MAX_TREE);
     }
     tp->n = n;
-    tp->n_depths = 0;
     for (int i = 0; i < n; i++) {
         const int p = parents[i];
         if (i == 0 ? p != -1 : (p < 0 || p >= i)) {
@@ -748,13 +751,6 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
         tp->parent[i] = p;
         tp->depth[i] = i == 0 ? 0 : tp->depth[p] + 1;
         tp->ancestors[i] = (i == 0 ? 0 : tp->ancestors[p]) | (1ull << i);
-        if (i > 0 && tp->depth[i] < tp->depth[i - 1]) {
-            return dfl_fail(DFL_ERR_ARGUMENT, "tree nodes must be ordered by depth (node %d at depth %d follows depth %d)",
-                            i, tp->depth[i], tp->depth[i - 1]);
-        }
-        if (i == 0 || tp->depth[i] != tp->depth[i - 1]) {
-            tp->depth_start[tp->n_depths++] = i;
-        }
         /* conv window: the last W+1 inputs along the path, oldest first; columns 0..W-1
          * of the concatenation are the committed inputs, W+j is node j */
         int32_t * w = &tp->windows[(size_t) i * (W + 1)];
@@ -768,7 +764,6 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
             }
         }
     }
-    tp->depth_start[tp->n_depths] = n;
     return DFL_OK;
 }
 
@@ -791,10 +786,12 @@ static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int3
     int32_t parent_rows[DFL_MAX_TREE];
     int64_t node_rows[DFL_MAX_TREE];
     for (int i = 0; i < n; i++) {
-        parent_rows[i] = tp->parent[i] + 1;
-        node_rows[i] = i + 1;
+        parent_rows[i] = i + 1 < n ? tp->parent[i + 1] : 0;
+        node_rows[i] = i;
     }
-    ggml_backend_tensor_set(in->parent_rows, parent_rows, 0, (size_t) n * sizeof(int32_t));
+    if (in->parent_rows) {
+        ggml_backend_tensor_set(in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
+    }
     ggml_backend_tensor_set(in->node_rows, node_rows, 0, (size_t) n * sizeof(int64_t));
     ggml_backend_tensor_set(in->conv_windows, tp->windows, 0, (size_t) n * t->m.d_conv * sizeof(int32_t));
 }
@@ -847,7 +844,7 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
         memcpy(pc->path, path, (size_t) n_keep * sizeof(int32_t));
-        pc->state_row = 1 + last;
+        pc->state_row = last;
         for (int j = 0; j < W; j++) {
             pc->conv_cols[j] = tp->windows[(size_t) last * (W + 1) + j + 1];
         }
@@ -901,7 +898,8 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         }
         struct ggml_tensor * state;
         if (tree) {
-            state = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
+            struct ggml_tensor * row = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
+            state = ggml_view_2d(ctx, row, hv * hv * Hv, 1, row->nb[1], hv * Hv * f32); /* after the output */
         } else {
             struct ggml_tensor * rp = t->replay[il];
             const size_t row = rp->nb[1];

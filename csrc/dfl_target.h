@@ -10,8 +10,6 @@
 
 typedef struct tree_plan {
     int n;
-    int n_depths;
-    int depth_start[DFL_MAX_TREE + 1];
     int32_t parent[DFL_MAX_TREE];
     int32_t depth[DFL_MAX_TREE];
     uint64_t ancestors[DFL_MAX_TREE];               /* bit j: node j is on the path to the root */
@@ -25,8 +23,10 @@ typedef struct graph_inputs {
     struct ggml_tensor * mask;
     /* tree verify only */
     struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
-    struct ggml_tensor * parent_rows;  /* [n] state row of each node's parent (0: committed) */
-    struct ggml_tensor * node_rows;    /* [n] state row of each node (1 + i) */
+    struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
+    struct ggml_tensor * node_rows;    /* [n] row of each node: 0, 1, ..., n-1 */
+    struct ggml_tensor * parent_row[DFL_MAX_TREE]; /* one-entry views of the two, per node */
+    struct ggml_tensor * node_row[DFL_MAX_TREE];
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit) */
     struct ggml_tensor * commit_state_row; /* tree: [1] row of the snapshots that becomes the state */
     struct ggml_tensor * commit_keep;      /* chain: [verified tokens] 1 for the kept ones, 0 after */
@@ -44,9 +44,7 @@ typedef struct graph_key {
     int commit;                      /* carries a pending commit: 0 none, 1 chain, 2 tree */
     int commit_replay;               /* chain: tokens rerun */
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
-    bool tree;                       /* a tree verify, with nodes per depth: */
-    int n_depths;
-    int depth_start[DFL_MAX_TREE + 1];
+    bool tree;                       /* a tree verify (its shape is an input) */
 } graph_key;
 
 typedef struct graph_cache {
@@ -82,8 +80,8 @@ struct dfl_target {
     struct ggml_tensor * v_cache[DFL_MAX_LAYERS];
     struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */
     struct ggml_tensor * ssm_state[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v] */
-    struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v, n_verify + 1] per-node states of the
-                                                         last tree verify (row 0: the committed state) */
+    struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * H_v + S_v * S_v * H_v, tree nodes]: per node of
+                                                         the last tree verify, its output and state */
     struct ggml_tensor * replay[DFL_MAX_LAYERS];      /* [2 S_k H_k + S_v H_v + 2 H_v, n_verify] q, k, v, g, beta
                                                          of the last chain verify, to rerun the accepted part */
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last

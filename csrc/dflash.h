@@ -111,10 +111,10 @@ dfl_status dfl_target_verify(dfl_target * target, const int32_t * tokens, int32_
 dfl_status dfl_target_commit(dfl_target * target, int32_t n_keep);
 
 /* Evaluate a tree of n candidate tokens (n <= n_verify, at most 64) after the context:
- * node 0 is the root (parents[0] = -1), every other node's parent comes before it, and
- * nodes are ordered by depth. Each node sees the context and its ancestors, sits at
- * position n_past + depth, and continues its parent's recurrent state. Logits and
- * argmax for every node, features for every node. */
+ * node 0 is the root (parents[0] = -1) and every other node's parent comes before it.
+ * Each node sees the context and its ancestors, sits at position n_past + depth, and
+ * continues its parent's recurrent state. Logits and argmax for every node, features
+ * for every node. The graph depends on n alone: trees of one size reuse it. */
 dfl_status dfl_target_verify_tree(dfl_target * target, const int32_t * tokens, const int32_t * parents, int32_t n);
 
 /* Keep a root-to-node path path[0..n_keep) (path[0] = 0) of the last tree verify. */

@@ -110,12 +110,20 @@ def _rate(expected, seconds, calibration: AcceptanceCalibration | None):
     return (1.0 + ratio * (np.asarray(expected) - 1.0)) / seconds
 
 
+def budget_sizes(largest: int) -> List[int]:
+    """The tree sizes `auto` chooses among, up to `largest`: a few sizes, so that the
+    verify graphs of consecutive steps mostly share their shape."""
+    return sorted({b for b in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48) if b < largest} | {largest})
+
+
 def choose_budget(expected: np.ndarray, cost: VerifyCost, draft_seconds: float,
-                  calibration: AcceptanceCalibration | None = None) -> int:
-    """The budget b (0..len(expected)-1 nodes besides the root) with the best expected
-    tokens per second; expected[b] counts the target's own token (1) plus drafts."""
-    b = np.arange(len(expected))
-    return int(np.argmax(_rate(expected, draft_seconds + cost(b + 1), calibration)))
+                  calibration: AcceptanceCalibration | None = None, sizes: List[int] | None = None) -> int:
+    """The budget b (nodes besides the root; any of `sizes`, default 0..len(expected)-1)
+    with the best expected tokens per second. expected[b] counts the target's own token
+    (1) plus drafts; a budget past the tree's own size is the whole tree, padded."""
+    b = np.arange(len(expected)) if sizes is None else np.asarray(sizes)
+    gain = np.asarray(expected)[np.minimum(b, len(expected) - 1)]
+    return int(b[np.argmax(_rate(gain, draft_seconds + cost(b + 1), calibration))])
 
 
 def chain_expected(top1_logprobs) -> float:

@@ -19,14 +19,15 @@ import numpy as np
 
 @dataclass
 class DraftTree:
-    """Nodes ordered by depth (parents first); node 0 is the root (the bonus token)."""
+    """Parents before children (build_tree orders nodes by depth); node 0 is the root
+    (the bonus token)."""
 
     tokens: List[int]
     parents: List[int]
     depths: List[int]
     scores: List[float] = None  # path log-probability under the drafter (root: 0)
     pick_order: List[int] = None  # non-root nodes in best-first order
-    dummy: List[bool] = None  # padding leaves (see TreeShaper): verified, never accepted
+    dummy: List[bool] = None  # padding leaves (see padded_to): verified, never accepted
 
     def expected_accepted(self) -> np.ndarray:
         """e[b]: expected tokens per pass if only the b best nodes were kept (e[0] = 1,
@@ -58,43 +59,18 @@ class DraftTree:
                 kids[self.parents[i]].setdefault(self.tokens[i], i)
         return kids
 
-    def widths(self) -> List[int]:
-        """Nodes per depth."""
-        out = [0] * (max(self.depths) + 1)
-        for d in self.depths:
-            out[d] += 1
-        return out
-
-    def padded(self, widths: Sequence[int]) -> "DraftTree":
-        """This tree with dummy leaves appended to each depth until depth d has widths[d]
-        nodes (widths[d] >= the real count). A dummy hangs under the first node of the
-        depth above and repeats the root token; nothing attends to it and no walk
-        enters it, so only the graph's shape changes."""
-        if widths[0] != 1 or any(w < c for w, c in zip(widths, self.widths())) or len(widths) < len(self.widths()):
-            raise ValueError(f"cannot pad a tree of widths {self.widths()} to {list(widths)}")
-        order = sorted(range(len(self)), key=lambda i: (self.depths[i], i))
-        index, first = {}, {}
-        tokens, parents, depths, scores, dummy = [], [], [], [], []
-        at = 0
-        for d, width in enumerate(widths):
-            first[d] = len(tokens)
-            while at < len(order) and self.depths[order[at]] == d:
-                i = order[at]
-                index[i] = len(tokens)
-                tokens.append(self.tokens[i])
-                parents.append(-1 if i == 0 else index[self.parents[i]])
-                depths.append(d)
-                scores.append(self.scores[i] if self.scores else 0.0)
-                dummy.append(bool(self.dummy and self.dummy[i]))
-                at += 1
-            while len(tokens) - first[d] < width:
-                tokens.append(self.tokens[0])
-                parents.append(first[d - 1])
-                depths.append(d)
-                scores.append(float("-inf"))
-                dummy.append(True)
-        order_out = [index[i] for i in self.pick_order] if self.pick_order else None
-        return DraftTree(tokens, parents, depths, scores, order_out, dummy)
+    def padded_to(self, n: int) -> "DraftTree":
+        """This tree with dummy leaves under the root until it has n nodes: the target's
+        verify graph depends only on the node count, so padding every tree of a budget
+        to one size lets consecutive steps reuse it. A dummy repeats the root token;
+        nothing attends to it and no walk enters it."""
+        if n < len(self):
+            raise ValueError(f"cannot pad a tree of {len(self)} nodes to {n}")
+        extra = n - len(self)
+        dummy = list(self.dummy) if self.dummy else [False] * len(self)
+        return DraftTree(self.tokens + [self.tokens[0]] * extra, self.parents + [0] * extra,
+                         self.depths + [1] * extra, (self.scores or [0.0] * len(self)) + [float("-inf")] * extra,
+                         self.pick_order, dummy + [True] * extra)
 
     def ancestor_mask(self) -> np.ndarray:
         """mask[i, j]: node j is node i or one of its ancestors."""
@@ -161,25 +137,3 @@ def accept_path(tree: DraftTree, target_choice) -> List[int]:
         if nxt is None:
             return path
         path.append(nxt)
-
-
-class TreeShaper:
-    """Pads trees to the nodes-per-depth of the verify before, when that costs at most
-    `slack` of the tree's size in dummy nodes: the target then reuses its verify graph
-    (and allocation) instead of building a new one. The widths follow the element-wise
-    maximum of recent trees while that stays within the slack, and restart from the
-    current tree when it does not."""
-
-    def __init__(self, max_nodes: int, slack: float = 0.5):
-        self.max_nodes = max_nodes
-        self.slack = slack
-        self.widths: List[int] = []
-
-    def fit(self, tree: DraftTree) -> DraftTree:
-        own = tree.widths()
-        merged = [max(a, b) for a, b in zip(own + [0] * len(self.widths), self.widths + [0] * len(own))]
-        while merged and merged[-1] == 0:
-            merged.pop()
-        allowed = len(tree) + max(2, int(self.slack * len(tree)))
-        self.widths = merged if sum(merged) <= min(allowed, self.max_nodes) else own
-        return tree if self.widths == own else tree.padded(self.widths)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
-from .budget import AcceptanceCalibration, VerifyCost, chain_beats_tree, chain_expected, choose_budget
-from .ddtree import TreeShaper, accept_path, build_tree, chain_tree
+from .budget import (AcceptanceCalibration, VerifyCost, budget_sizes, chain_beats_tree, chain_expected,
+                     choose_budget)
+from .ddtree import accept_path, build_tree, chain_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, start_context
 from .sampling import Sampler, SamplingParams, distribution
@@ -142,8 +143,12 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     them in one pass, and the longest path the target agrees with is kept.
 
     With a verify cost model (`cost`), `budget` is the largest tree and every step uses
-    the size with the best expected tokens per second (budget.choose_budget), or the
-    plain chain of top choices when that promises more (budget.chain_beats_tree).
+    the size with the best expected tokens per second (budget.choose_budget, among a few
+    sizes), or the plain chain of top choices when that promises more
+    (budget.chain_beats_tree).
+
+    Trees are padded with dummy leaves to their budget (or chosen size): the target's
+    verify graph depends only on the node count, so steps reuse it.
 
     With sampling, the walk draws the target's token at each node from the target's own
     distribution there and moves on while that token is a child: every emitted token is
@@ -159,7 +164,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     calibration = AcceptanceCalibration()
-    shaper = TreeShaper(target.n_verify)
+    sizes = budget_sizes(budget)
 
     def step(bonus: int, remaining: int):
         t0 = time.perf_counter()
@@ -172,8 +177,8 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             n_steps = len(stats.accepted_lengths)
             draft_time = stats.draft_seconds / n_steps if n_steps else 0.0
             expected = tree.expected_accepted()
-            size = choose_budget(expected, cost, draft_time, calibration)
-            tree, expected = tree.best(size), expected[size]
+            size = choose_budget(expected, cost, draft_time, calibration, sizes)
+            tree, expected = tree.best(size), expected[min(size, len(expected) - 1)]
             chain_exp = chain_expected(logp[:depth, 0])
             if depth + 1 <= target.n_verify and chain_beats_tree(chain_exp, depth + 1, expected, len(tree), cost,
                                                                  draft_time, calibration):
@@ -181,7 +186,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                 stats.chain_steps += 1
         stats.tree_sizes.append(len(tree) - 1)
         if not chain:
-            tree = shaper.fit(tree)
+            tree = tree.padded_to(1 + (budget if cost is None else size))
         t1 = time.perf_counter()
         if chain:
             target.verify(tree.tokens)  # the chain verify: cheaper than the same nodes as a tree

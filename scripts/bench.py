@@ -308,7 +308,9 @@ def worker_ours(a: dict) -> dict:
         eng.generate(WARMUP_TEXT, max_tokens=min(16, a["n"]), stop_tokens=())  # graphs, caches, verify cost
         out = []
         for ids in a["prompts"]:
+            before = eng.target.info()
             r = eng.generate(ids, max_tokens=a["n"], stop_tokens=())
+            after = eng.target.info()
             s = r.stats
             passes = len(s.accepted_lengths) if a.get("draft") else max(s.generated_tokens - 1, 0)
             # AL counts tokens per target pass after the prefill (whose token is not a pass)
@@ -316,7 +318,9 @@ def worker_ours(a: dict) -> dict:
             out.append({"tokens": r.tokens, "n": s.generated_tokens, "decode_s": s.decode_seconds, "tps": s.decode_tps,
                         "prefill_s": s.prefill_seconds, "al": al, "passes": passes,
                         "draft_s": s.draft_seconds, "verify_s": s.verify_seconds, "commit_s": s.commit_seconds,
-                        "tree": (sum(s.tree_sizes) / len(s.tree_sizes)) if s.tree_sizes else None})
+                        "tree": (sum(s.tree_sizes) / len(s.tree_sizes)) if s.tree_sizes else None,
+                        "graphs": after["n_graphs"] - before["n_graphs"],
+                        "builds": after["n_graph_builds"] - before["n_graph_builds"]})
     finally:
         eng.close()
     return {"prompts": out, "load_s": load_s}
@@ -594,6 +598,10 @@ def report(args, pair, res, load_start, load_end, started: _dt.datetime, ar08: s
             if d is not None and dec and (d + v) > 0:
                 notes.append(f"draft/verify/other {100 * d / dec:.0f}/{100 * v / dec:.0f}/"
                              f"{100 * (dec - d - v) / dec:.0f}%")
+            graphs = sum(x or 0 for x in r.per_prompt("graphs"))
+            if graphs:
+                builds = sum(x or 0 for x in r.per_prompt("builds"))
+                notes.append(f"target graphs built {100 * builds / graphs:.0f}% of {graphs}")
         if r.kind == "spec" and r.runs:
             tpr = median(r.per_prompt("tokens_per_round"))
             restores = sum(x or 0 for x in r.per_prompt("restores"))
