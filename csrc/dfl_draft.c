@@ -17,6 +17,24 @@ typedef struct draft_layer {
     struct ggml_tensor * ffn_norm, * ffn_gate, * ffn_up, * ffn_down;
 } draft_layer;
 
+typedef struct append_inputs {
+    struct ggml_tensor * rows;
+    struct ggml_tensor * pos;
+    struct ggml_tensor * slots;
+} append_inputs;
+
+/* The propose graph of the last call, reused while its shape holds: context rows padded
+ * to the block size (the rows past the real ones write to a scratch cache slot), the
+ * block size, and the attention window. */
+typedef struct propose_graph {
+    bool valid;
+    int n_rows, n_block, n_kv;
+    struct ggml_cgraph * gf;
+    append_inputs app;
+    struct ggml_tensor * tokens, * pos, * slots, * mask;
+    struct ggml_tensor * logits, * argmax, * topk, * topk_lp;
+} propose_graph;
+
 struct dfl_draft {
     dfl_gguf file;
     dfl_target * target;
@@ -35,7 +53,7 @@ struct dfl_draft {
     struct ggml_tensor * k_cache[DRAFT_MAX_LAYERS];
     struct ggml_tensor * v_cache[DRAFT_MAX_LAYERS];
     struct ggml_tensor * block;  /* [block_size] the last proposed block, bonus first, for the target to read */
-    int n_ctx;      /* capacity, the target's */
+    int n_ctx;      /* capacity, the target's; the caches have one more slot, for padding rows */
     int n_tokens;   /* context positions filled */
 
     struct ggml_tensor * out_logits;
@@ -43,6 +61,9 @@ struct dfl_draft {
     struct ggml_tensor * out_topk;     /* [top_k, rows] token ids, unordered */
     struct ggml_tensor * out_topk_lp;  /* [1, top_k, rows] their log-probabilities */
     int n_out;
+
+    propose_graph graph;
+    int64_t n_graphs, n_graph_builds;
 
     int32_t * host_i32;
     int64_t * host_i64;
@@ -186,8 +207,8 @@ static dfl_status alloc_state(dfl_draft * d) {
     }
     const int64_t kv_dim = (int64_t) d->head_dim * d->n_head_kv;
     for (int il = 0; il < d->n_layer; il++) {
-        d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx);
-        d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx);
+        d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx + 1);
+        d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx + 1);
     }
     d->block = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
     d->buf_state = ggml_backend_alloc_ctx_tensors_from_buft(d->ctx_state, ggml_backend_get_default_buffer_type(d->rt.backend));
@@ -273,6 +294,8 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     info->n_target_layers = d->n_feat;
     memcpy(info->target_layers, d->target_layers, sizeof d->target_layers);
     info->n_ctx_tokens = d->n_tokens;
+    info->n_graphs = d->n_graphs;
+    info->n_graph_builds = d->n_graph_builds;
     return DFL_OK;
 }
 
@@ -340,12 +363,6 @@ static void set_positions(dfl_draft * d, struct ggml_tensor * pos, struct ggml_t
     ggml_backend_tensor_set(slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
 }
 
-typedef struct append_inputs {
-    struct ggml_tensor * rows;
-    struct ggml_tensor * pos;
-    struct ggml_tensor * slots;
-} append_inputs;
-
 static dfl_status check_append(const dfl_draft * d, const int32_t * rows, int32_t n) {
     const dfl_target * t = d->target;
     for (int i = 0; i < n; i++) {
@@ -377,9 +394,19 @@ static void build_append(dfl_draft * d, struct ggml_context * ctx, struct ggml_c
     }
 }
 
+/* rows[0..n) at the next context positions; a graph built for more rows gets padding
+ * rows (feature row 0) that write to the scratch slot past the context */
 static void set_append_inputs(dfl_draft * d, const append_inputs * in, const int32_t * rows, int n) {
-    ggml_backend_tensor_set(in->rows, rows, 0, (size_t) n * sizeof(int32_t));
-    set_positions(d, in->pos, in->slots, d->n_tokens, n);
+    const int64_t R = in->rows->ne[0];
+    for (int i = 0; i < R; i++) {
+        d->host_i32[i] = i < n ? rows[i] : 0;
+    }
+    ggml_backend_tensor_set(in->rows, d->host_i32, 0, (size_t) R * sizeof(int32_t));
+    set_positions(d, in->pos, in->slots, d->n_tokens, (int) R);
+    for (int i = n; i < R; i++) {
+        d->host_i64[i] = d->n_ctx;
+    }
+    ggml_backend_tensor_set(in->slots, d->host_i64, 0, (size_t) R * sizeof(int64_t));
 }
 
 DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t n) {
@@ -388,6 +415,9 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     }
     TRY(check_append(d, rows, n));
     TRY(reserve(d, n, 1));
+    d->graph.valid = false; /* its graph memory is about to be reused */
+    d->n_graphs++;
+    d->n_graph_builds++;
     dfl_runtime_begin_graph(&d->rt);
     struct ggml_cgraph * gf = ggml_new_graph_custom(d->rt.ctx_graph, d->rt.graph_size, false);
     append_inputs in;
@@ -400,42 +430,17 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
-                                     int32_t n_block, int32_t * out_tokens) {
-    if (!d || n_rows < 0 || (n_rows > 0 && !rows)) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or rows");
-    }
-    if (n_rows > 0) {
-        TRY(check_append(d, rows, n_rows));
-    }
-    if (n_block < 2 || n_block > d->block_size) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "block size %d is outside 2..%d (the drafter's trained size)", n_block,
-                        d->block_size);
-    }
-    if (bonus < 0 || bonus >= d->target->m.n_vocab) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "token id %d is outside the vocabulary", bonus);
-    }
-    const int p = d->n_tokens + n_rows, B = n_block;
-    if (p + B > d->n_ctx) {
-        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: drafting %d positions after %d exceeds %d", B, p, d->n_ctx);
-    }
-    int n_kv = ((p + B + DRAFT_KV_PAD - 1) / DRAFT_KV_PAD) * DRAFT_KV_PAD;
-    if (n_kv > d->n_ctx) {
-        n_kv = d->n_ctx;
-    }
-    TRY(reserve(d, B > n_rows ? B : n_rows, n_kv));
-
-    dfl_runtime_begin_graph(&d->rt);
+/* The propose graph in d->graph: R context rows appended, then the block of B
+ * positions attending to the first n_kv cache slots. */
+static void build_propose(dfl_draft * d, int R, int B, int n_kv) {
+    propose_graph * g = &d->graph;
     struct ggml_context * ctx = d->rt.ctx_graph;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
-    append_inputs app;
-    if (n_rows > 0) {
-        build_append(d, ctx, gf, n_rows, &app);
-    }
-    struct ggml_tensor * tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
-    struct ggml_tensor * pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
-    struct ggml_tensor * slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, B);
-    struct ggml_tensor * mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B);
+    struct ggml_cgraph * gf = g->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
+    build_append(d, ctx, gf, R, &g->app);
+    struct ggml_tensor * tokens = g->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
+    struct ggml_tensor * pos = g->pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
+    struct ggml_tensor * slots = g->slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, B);
+    struct ggml_tensor * mask = g->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B);
     ggml_set_input(tokens);
     ggml_set_input(pos);
     ggml_set_input(slots);
@@ -477,34 +482,78 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     if (d->softcap > 0.0f) {
         logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / d->softcap)), d->softcap);
     }
-    d->out_logits = logits;
-    d->out_argmax = ggml_argmax(ctx, logits);
-    ggml_set_output(d->out_logits);
-    ggml_set_output(d->out_argmax);
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, d->out_argmax, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
-    d->out_topk = d->out_topk_lp = NULL;
+    g->logits = logits;
+    g->argmax = ggml_argmax(ctx, logits);
+    ggml_set_output(g->logits);
+    ggml_set_output(g->argmax);
+    ggml_build_forward_expand(gf, ggml_cpy(ctx, g->argmax, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
+    g->topk = g->topk_lp = NULL;
     if (d->p.top_k > 0) {
         /* only top_k numbers per position cross to the host, never the vocabulary */
         const int64_t V = logits->ne[0];
         struct ggml_tensor * probs = ggml_soft_max(ctx, logits);
-        d->out_topk = ggml_top_k(ctx, logits, d->p.top_k);
-        d->out_topk_lp = ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, V, B - 1), d->out_topk));
-        ggml_set_output(d->out_topk);
-        ggml_set_output(d->out_topk_lp);
-        ggml_build_forward_expand(gf, d->out_topk_lp);
+        g->topk = ggml_top_k(ctx, logits, d->p.top_k);
+        g->topk_lp = ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, V, B - 1), g->topk));
+        ggml_set_output(g->topk);
+        ggml_set_output(g->topk_lp);
+        ggml_build_forward_expand(gf, g->topk_lp);
     }
 
-    TRY(dfl_runtime_alloc(&d->rt, gf));
-    if (n_rows > 0) {
-        set_append_inputs(d, &app, rows, n_rows);
+}
+
+DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
+                                     int32_t n_block, int32_t * out_tokens) {
+    if (!d || n_rows < 0 || (n_rows > 0 && !rows)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or rows");
     }
+    if (n_rows > 0) {
+        TRY(check_append(d, rows, n_rows));
+    }
+    if (n_block < 2 || n_block > d->block_size) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "block size %d is outside 2..%d (the drafter's trained size)", n_block,
+                        d->block_size);
+    }
+    if (bonus < 0 || bonus >= d->target->m.n_vocab) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "token id %d is outside the vocabulary", bonus);
+    }
+    const int p = d->n_tokens + n_rows, B = n_block;
+    if (p + B > d->n_ctx) {
+        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: drafting %d positions after %d exceeds %d", B, p, d->n_ctx);
+    }
+    int n_kv = ((p + B + DRAFT_KV_PAD - 1) / DRAFT_KV_PAD) * DRAFT_KV_PAD;
+    if (n_kv > d->n_ctx) {
+        n_kv = d->n_ctx;
+    }
+    /* deferred context rows ride in the same graph, padded to the block size so that
+     * every step has the same shape */
+    const int R = n_rows <= d->block_size ? d->block_size : n_rows;
+    TRY(reserve(d, B > R ? B : R, n_kv));
+    propose_graph * g = &d->graph;
+    d->n_graphs++;
+    if (!(g->valid && g->n_rows == R && g->n_block == B && g->n_kv == n_kv)) {
+        d->n_graph_builds++;
+        g->valid = false;
+        dfl_runtime_begin_graph(&d->rt);
+        build_propose(d, R, B, n_kv);
+        TRY(dfl_runtime_alloc(&d->rt, g->gf));
+        g->n_rows = R;
+        g->n_block = B;
+        g->n_kv = n_kv;
+        g->valid = true;
+    }
+    d->out_logits = g->logits;
+    d->out_argmax = g->argmax;
+    d->out_topk = g->topk;
+    d->out_topk_lp = g->topk_lp;
+
+    set_append_inputs(d, &g->app, rows, n_rows);
     d->host_i32[0] = bonus;
     for (int i = 1; i < B; i++) {
         d->host_i32[i] = d->mask_id;
     }
-    ggml_backend_tensor_set(tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
+    ggml_backend_tensor_set(g->tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
     ggml_backend_tensor_set(d->block, &bonus, 0, sizeof(int32_t));
-    set_positions(d, pos, slots, p, B);
+    set_positions(d, g->pos, g->slots, p, B);
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
     const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0;
     for (int i = 0; i < B; i++) {
@@ -512,8 +561,8 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
             d->host_mask[(size_t) i * n_kv + j] = (j >= first && j < p + B) ? zero : minf;
         }
     }
-    ggml_backend_tensor_set(mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
-    TRY(dfl_runtime_compute(&d->rt, gf));
+    ggml_backend_tensor_set(g->mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
+    TRY(dfl_runtime_compute(&d->rt, g->gf));
     d->n_tokens += n_rows;
     if (out_tokens) {
         ggml_backend_tensor_get(d->out_argmax, out_tokens, 0, (size_t) (B - 1) * sizeof(int32_t));

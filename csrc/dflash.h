@@ -146,6 +146,8 @@ typedef struct dfl_draft_info {
     int32_t n_target_layers;
     int32_t target_layers[16];  /* llama.cpp convention (HF id + 1) */
     int32_t n_ctx_tokens;       /* context positions the drafter holds */
+    int64_t n_graphs;           /* graphs run so far ... */
+    int64_t n_graph_builds;     /* ... and how many of them were built, not reused */
 } dfl_draft_info;
 
 void dfl_draft_default_params(dfl_draft_params * params);

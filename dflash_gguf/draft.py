@@ -84,9 +84,13 @@ class Draft(NativeObject):
 
     @property
     def n_ctx_tokens(self) -> int:
+        return self.info()["n_ctx_tokens"]
+
+    def info(self) -> dict:
         info = ffi.new("dfl_draft_info *")
         check(lib.dfl_draft_get_info(self._handle(), info))
-        return info.n_ctx_tokens
+        return {"block_size": info.block_size, "n_ctx_tokens": info.n_ctx_tokens, "n_graphs": info.n_graphs,
+                "n_graph_builds": info.n_graph_builds}
 
     def reset(self) -> None:
         self._pending = None

@@ -316,16 +316,22 @@ def test_chain_steps_reuse_one_target_graph(pair):
     """The commit rides in the next verify as inputs, so the verify graph of one step
     serves the next: only the prefill chunks, the first two verifies (without and with
     a commit to carry) and the last blocks, which shrink to the tokens still wanted,
-    build a graph."""
+    build a graph. The drafter's accepted context rows ride in its next propose, padded
+    to the block size, so its propose graph is reused as well."""
     target, draft = load(pair)
     prompt = prompts(1, seed=51)[0]
-    before = target.info()
+    before, draft_before = target.info(), draft.info()
     out, stats = speculative_generate(target, draft, prompt, 96)
-    after = target.info()
+    after, draft_after = target.info(), draft.info()
     graphs = after["n_graphs"] - before["n_graphs"]
     builds = after["n_graph_builds"] - before["n_graph_builds"]
     assert graphs >= len(stats.accepted_lengths) >= 20
     assert builds <= 2 + 2 + (BLOCK - 1), f"{builds} of {graphs} target graphs were built"
+    graphs = draft_after["n_graphs"] - draft_before["n_graphs"]
+    builds = draft_after["n_graph_builds"] - draft_before["n_graph_builds"]
+    # the prefill's context appends and the final flush build their own graphs
+    assert graphs >= len(stats.accepted_lengths) >= 20
+    assert builds <= 2 + 1 + (BLOCK - 1) + 1, f"{builds} of {graphs} drafter graphs were built"
 
 
 def test_device_block_handoff_errors(pair):
