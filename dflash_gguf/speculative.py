@@ -180,7 +180,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             size = choose_budget(expected, cost, draft_time, calibration, sizes)
             tree, expected = tree.best(size), expected[min(size, len(expected) - 1)]
             chain_exp = chain_expected(logp[:depth, 0])
-            if depth + 1 <= target.n_verify and chain_beats_tree(chain_exp, depth + 1, expected, len(tree), cost,
+            if depth + 1 <= target.n_verify and chain_beats_tree(chain_exp, depth + 1, expected, 1 + size, cost,
                                                                  draft_time, calibration):
                 tree, expected, chain = chain_tree(bonus, cand[:depth, 0]), chain_exp, True
                 stats.chain_steps += 1
