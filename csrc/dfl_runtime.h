@@ -16,6 +16,7 @@ typedef struct dfl_runtime {
     ggml_backend_t backend_cpu; /* fallback for ops dev cannot run; == backend on CPU */
     ggml_backend_dev_t dev_cpu; /* host device: layers not offloaded to dev live here */
     ggml_backend_sched_t sched;
+    int n_threads;              /* CPU threads (the CPU backend's, also when dev is another) */
     void * graph_mem;
     size_t graph_size;          /* nodes per graph */
     size_t graph_mem_size;

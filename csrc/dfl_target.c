@@ -240,6 +240,7 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_graphs = t->n_graphs;
     info->n_graph_builds = t->n_graph_builds;
     snprintf(info->device, sizeof info->device, "%s", ggml_backend_dev_name(t->rt.dev));
+    info->n_threads = t->rt.n_threads;
     return DFL_OK;
 }
 

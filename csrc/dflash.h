@@ -61,7 +61,7 @@ typedef struct dfl_target_params {
     int32_t n_ctx;            /* tokens the context holds (prompt + generated); <= 0: 4096 */
     int32_t n_ubatch;         /* most tokens in one decode call (prefill chunk); <= 0: 512 */
     int32_t n_verify;         /* most tokens in one verify call; <= 0: 16 */
-    int32_t n_threads;        /* CPU threads; <= 0: ggml's default */
+    int32_t n_threads;        /* CPU threads; <= 0: as many as the CPUs this process may use */
     int32_t kv_type;          /* ggml type id of the attention K cache: 0 f32, 1 f16, 30 bf16, 8 q8_0, 2 q4_0 */
     int32_t kv_type_v;        /* V cache type; < 0: the same as K */
     int32_t n_feature_layers; /* hidden states captured per token for a drafter */
@@ -86,6 +86,7 @@ typedef struct dfl_target_info {
     int64_t n_graphs;         /* target graphs run so far ... */
     int64_t n_graph_builds;   /* ... and how many of them had to be built (the rest reused one) */
     char device[128];
+    int32_t n_threads;        /* CPU threads */
 } dfl_target_info;
 
 void dfl_target_default_params(dfl_target_params * params);
@@ -134,7 +135,7 @@ typedef struct dfl_draft_params {
     int32_t kv_type;   /* ggml type id of the drafter's context cache: 0 f32, 1 f16, 30 bf16;
                           < 0 (default): f32 on the CPU, f16 on other devices */
     int32_t window;    /* attend to the last `window` context positions only; <= 0: all */
-    int32_t n_threads; /* CPU threads; <= 0: ggml's default */
+    int32_t n_threads; /* CPU threads; <= 0: the target's */
     int32_t top_k;     /* candidates per position computed on the device for tree building; 0: none */
 } dfl_draft_params;
 

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("-f", "--file", help="read the prompt from a file ('-' for stdin)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
-    p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: ggml's choice)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
     p.add_argument("-b", "--batch-size", type=int, help="prompt tokens per graph; alias of -ub (the smaller wins)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=sorted(KV_TYPES),

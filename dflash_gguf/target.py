@@ -81,7 +81,7 @@ class Target(NativeObject):
             "n_vocab": info.n_vocab, "n_embd": info.n_embd, "n_layer": info.n_layer,
             "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "n_ubatch": info.n_ubatch,
             "n_verify": info.n_verify, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
-            "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds,
+            "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds, "n_threads": info.n_threads,
             "device": ffi.string(info.device).decode(),
         }
 

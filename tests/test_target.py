@@ -7,6 +7,7 @@ Error measure used throughout: the relative error of a set of rows is
 """
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -455,6 +456,15 @@ def test_load_errors(case, bad_files):
 def test_bad_settings(cfg, exc, gguf):
     with pytest.raises(exc):
         Target(gguf("base"), TargetConfig(**cfg))
+
+
+def test_default_threads_are_the_cpus_we_may_use(gguf):
+    """ggml's own default is 4 threads, whatever the machine: on 2 cores the spinning
+    workers starved each other (tree verify 4x slower)."""
+    with Target(gguf("base"), TargetConfig(n_ctx=32)) as t:
+        assert t.info()["n_threads"] == len(os.sched_getaffinity(0))
+    with Target(gguf("base"), TargetConfig(n_ctx=32, n_threads=1)) as t:
+        assert t.info()["n_threads"] == 1
 
 
 def test_runtime_errors(gguf):
