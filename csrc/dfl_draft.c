@@ -257,7 +257,7 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     if (st == DFL_OK) st = read_model(d);
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(target->rt.dev),
                                             d->p.n_threads > 0 ? d->p.n_threads : target->p.n_threads, "drafter",
-                                            DFL_GRAPH_SIZE);
+                                            DFL_GRAPH_SIZE, 1);
     if (st == DFL_OK) st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, !d->target->p.no_repack);
     if (st == DFL_OK) st = alloc_state(d);
     if (st != DFL_OK) {
@@ -418,13 +418,13 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     d->graph.valid = false; /* its graph memory is about to be reused */
     d->n_graphs++;
     d->n_graph_builds++;
-    dfl_runtime_begin_graph(&d->rt);
-    struct ggml_cgraph * gf = ggml_new_graph_custom(d->rt.ctx_graph, d->rt.graph_size, false);
+    struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 0);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
     append_inputs in;
-    build_append(d, d->rt.ctx_graph, gf, n, &in);
-    TRY(dfl_runtime_alloc(&d->rt, gf));
+    build_append(d, ctx, gf, n, &in);
+    TRY(dfl_runtime_alloc(&d->rt, 0, gf));
     set_append_inputs(d, &in, rows, n);
-    TRY(dfl_runtime_compute(&d->rt, gf));
+    TRY(dfl_runtime_compute(&d->rt, 0, gf));
     d->n_tokens += n;
     d->n_out = 0;
     return DFL_OK;
@@ -432,9 +432,8 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
 
 /* The propose graph in d->graph: R context rows appended, then the block of B
  * positions attending to the first n_kv cache slots. */
-static void build_propose(dfl_draft * d, int R, int B, int n_kv) {
+static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B, int n_kv) {
     propose_graph * g = &d->graph;
-    struct ggml_context * ctx = d->rt.ctx_graph;
     struct ggml_cgraph * gf = g->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
     build_append(d, ctx, gf, R, &g->app);
     struct ggml_tensor * tokens = g->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
@@ -533,9 +532,8 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     if (!(g->valid && g->n_rows == R && g->n_block == B && g->n_kv == n_kv)) {
         d->n_graph_builds++;
         g->valid = false;
-        dfl_runtime_begin_graph(&d->rt);
-        build_propose(d, R, B, n_kv);
-        TRY(dfl_runtime_alloc(&d->rt, g->gf));
+        build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), R, B, n_kv);
+        TRY(dfl_runtime_alloc(&d->rt, 0, g->gf));
         g->n_rows = R;
         g->n_block = B;
         g->n_kv = n_kv;
@@ -562,7 +560,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
         }
     }
     ggml_backend_tensor_set(g->mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
-    TRY(dfl_runtime_compute(&d->rt, g->gf));
+    TRY(dfl_runtime_compute(&d->rt, 0, g->gf));
     d->n_tokens += n_rows;
     if (out_tokens) {
         ggml_backend_tensor_get(d->out_argmax, out_tokens, 0, (size_t) (B - 1) * sizeof(int32_t));

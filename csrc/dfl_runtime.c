@@ -113,9 +113,10 @@ static void set_threads(ggml_backend_t backend, int n_threads) {
 }
 
 dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name,
-                           size_t graph_size) {
+                           size_t graph_size, int n_slots) {
     memset(rt, 0, sizeof *rt);
     rt->graph_size = graph_size > DFL_GRAPH_SIZE ? graph_size : DFL_GRAPH_SIZE;
+    rt->n_slots = n_slots < 1 ? 1 : n_slots > DFL_MAX_GRAPH_SLOTS ? DFL_MAX_GRAPH_SLOTS : n_slots;
     rt->dev = pick_device(device);
     if (!rt->dev) {
         return dfl_fail(DFL_ERR_BACKEND, "no ggml device named '%s' (see dfl_device_describe)", device ? device : "");
@@ -140,19 +141,24 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
     rt->n_threads = n_threads > 0 ? n_threads : available_cpus();
     set_threads(rt->backend_cpu, rt->n_threads);
 
-    rt->sched = ggml_backend_sched_new(backends, NULL, n_backends, rt->graph_size, false, true);
     rt->graph_mem_size = ggml_tensor_overhead() * rt->graph_size + ggml_graph_overhead_custom(rt->graph_size, false);
-    rt->graph_mem = malloc(rt->graph_mem_size);
-    if (!rt->sched || !rt->graph_mem) {
-        dfl_runtime_free(rt);
-        return dfl_fail(DFL_ERR_BACKEND, "cannot create the graph scheduler");
+    for (int i = 0; i < rt->n_slots; i++) {
+        dfl_graph_slot * s = &rt->slots[i];
+        s->sched = ggml_backend_sched_new(backends, NULL, n_backends, rt->graph_size, false, true);
+        s->mem = malloc(rt->graph_mem_size);
+        if (!s->sched || !s->mem) {
+            dfl_runtime_free(rt);
+            return dfl_fail(DFL_ERR_BACKEND, "cannot create the graph scheduler");
+        }
     }
     const char * prof = getenv("DFLASH_PROFILE");
     if (prof && prof[0] && strcmp(prof, "0") != 0) {
         rt->profile = calloc(1, sizeof *rt->profile);
         if (rt->profile) {
             snprintf(rt->profile->name, sizeof rt->profile->name, "%s", name);
-            ggml_backend_sched_set_eval_callback(rt->sched, profile_node, rt->profile);
+            for (int i = 0; i < rt->n_slots; i++) {
+                ggml_backend_sched_set_eval_callback(rt->slots[i].sched, profile_node, rt->profile);
+            }
         }
     }
     return DFL_OK;
@@ -163,36 +169,41 @@ void dfl_runtime_free(dfl_runtime * rt) {
         profile_report(rt->profile);
         free(rt->profile);
     }
-    if (rt->ctx_graph) ggml_free(rt->ctx_graph);
-    if (rt->sched) ggml_backend_sched_free(rt->sched);
+    for (int i = 0; i < rt->n_slots; i++) {
+        dfl_graph_slot * s = &rt->slots[i];
+        if (s->ctx) ggml_free(s->ctx);
+        if (s->sched) ggml_backend_sched_free(s->sched);
+        free(s->mem);
+    }
     if (rt->backend_cpu && rt->backend_cpu != rt->backend) ggml_backend_free(rt->backend_cpu);
     if (rt->backend) ggml_backend_free(rt->backend);
-    free(rt->graph_mem);
     memset(rt, 0, sizeof *rt);
 }
 
-void dfl_runtime_begin_graph(dfl_runtime * rt) {
-    if (rt->ctx_graph) {
-        ggml_free(rt->ctx_graph);
+struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot) {
+    dfl_graph_slot * s = &rt->slots[slot];
+    if (s->ctx) {
+        ggml_free(s->ctx);
     }
-    struct ggml_init_params ip = { rt->graph_mem_size, rt->graph_mem, true };
-    rt->ctx_graph = ggml_init(ip);
-    ggml_backend_sched_reset(rt->sched);
+    struct ggml_init_params ip = { rt->graph_mem_size, s->mem, true };
+    s->ctx = ggml_init(ip);
+    ggml_backend_sched_reset(s->sched);
+    return s->ctx;
 }
 
-dfl_status dfl_runtime_alloc(dfl_runtime * rt, struct ggml_cgraph * gf) {
-    if (!ggml_backend_sched_alloc_graph(rt->sched, gf)) {
+dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
+    if (!ggml_backend_sched_alloc_graph(rt->slots[slot].sched, gf)) {
         return dfl_fail(DFL_ERR_BACKEND, "cannot allocate compute memory for a graph of %d nodes", ggml_graph_n_nodes(gf));
     }
     return DFL_OK;
 }
 
-dfl_status dfl_runtime_compute(dfl_runtime * rt, struct ggml_cgraph * gf) {
+dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
     if (rt->profile) {
         rt->profile->n_graphs++;
         rt->profile->t_last = now_seconds();
     }
-    if (ggml_backend_sched_graph_compute(rt->sched, gf) != GGML_STATUS_SUCCESS) {
+    if (ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf) != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
     }
     return DFL_OK;

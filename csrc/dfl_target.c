@@ -190,7 +190,8 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     if (st == DFL_OK) {
         /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
         const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * (64 + 16 * (size_t) max_tree_nodes(t));
-        st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size);
+        st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
+                              DFL_MAX_GRAPH_SLOTS);
     }
     if (st == DFL_OK) {
         t->backend = t->rt.backend;
@@ -254,7 +255,9 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     t->n_past = 0;
     t->pending_verify = 0;
     t->commit.active = false;
-    t->graph.valid = false;
+    for (int i = 0; i < DFL_MAX_GRAPH_SLOTS; i++) {
+        t->graphs[i].valid = false;
+    }
     t->n_out = 0;
     t->n_rows = 0;
     return DFL_OK;
@@ -590,6 +593,37 @@ static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int
 
 static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv);
 
+static bool same_key(const graph_key * a, const graph_key * b) {
+    return a->n == b->n && a->n_kv == b->n_kv && a->logits == b->logits && a->verify == b->verify &&
+           a->commit == b->commit && a->commit_replay == b->commit_replay && a->tokens_src == b->tokens_src &&
+           a->tree == b->tree;
+}
+
+/* The slot holding a graph of this key, or the one to build it in (marked invalid):
+ * graphs larger than a verify (prefill chunks) always take slot 0, so that the other
+ * slots' compute memory stays verify-sized; the rest take the least recently used. */
+static int graph_slot(dfl_target * t, const graph_key * key) {
+    const int n_slots = t->rt.n_slots;
+    for (int i = 0; i < n_slots; i++) {
+        if (t->graphs[i].valid && same_key(&t->graphs[i].key, key)) {
+            return i;
+        }
+    }
+    int slot = 0;
+    if (key->n <= t->p.n_verify) {
+        uint64_t oldest = UINT64_MAX;
+        for (int i = 1; i < n_slots; i++) {
+            const uint64_t used = t->graphs[i].valid ? t->graphs[i].last_use : 0;
+            if (used < oldest) {
+                oldest = used;
+                slot = i;
+            }
+        }
+    }
+    t->graphs[slot].valid = false;
+    return slot;
+}
+
 /* tokens come from the host, or (tokens == NULL) from the device tensor tokens_src */
 static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify, bool tree, int logits,
                       struct ggml_tensor * tokens_src) {
@@ -609,28 +643,27 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     }
     TRY(dfl_host_reserve(t, n > t->p.n_verify ? n : t->p.n_verify, n_kv)); /* commit inputs have n_verify rows */
 
-    /* consecutive steps of the same shape reuse the graph and its allocation, only the
-     * inputs change: plain decoding, chain steps (the commit they carry is an input),
-     * and tree steps with as many nodes, whatever the tree */
+    /* steps of a shape seen lately reuse its graph and allocation, only the inputs
+     * change: plain decoding, chain steps (the commit they carry is an input), tree
+     * steps with as many nodes whatever the tree, and `auto` going back and forth
+     * between the chain and a few tree sizes */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
-    graph_key key = { n, n_kv, logits, verify, commit, commit == 1 ? t->commit.n_verified : 0, tokens_src, tree };
-    graph_cache * gc = &t->graph;
-    const bool same = gc->key.n == key.n && gc->key.n_kv == key.n_kv && gc->key.logits == key.logits &&
-                      gc->key.verify == key.verify && gc->key.commit == key.commit &&
-                      gc->key.commit_replay == key.commit_replay &&
-                      gc->key.tokens_src == key.tokens_src && gc->key.tree == key.tree;
+    const graph_key key = { n, n_kv, logits, verify, commit, commit == 1 ? t->commit.n_verified : 0, tokens_src,
+                            tree };
+    const int slot = graph_slot(t, &key);
+    graph_cache * gc = &t->graphs[slot];
     t->n_graphs++;
-    if (!(gc->valid && same)) {
+    if (!gc->valid) {
         t->n_graph_builds++;
-        gc->valid = false;
-        dfl_runtime_begin_graph(&t->rt);
-        gc->gf = build_graph(t, t->rt.ctx_graph, &gc->in, n, n_kv, verify, tree, logits, tokens_src);
-        TRY(dfl_runtime_alloc(&t->rt, gc->gf));
+        gc->gf = build_graph(t, dfl_runtime_begin_graph(&t->rt, slot), &gc->in, n, n_kv, verify, tree, logits,
+                             tokens_src);
+        TRY(dfl_runtime_alloc(&t->rt, slot, gc->gf));
         gc->key = key;
         gc->logits = t->out_logits;
         gc->argmax = t->out_argmax;
         gc->valid = true;
     }
+    gc->last_use = ++t->graph_clock;
     t->out_logits = gc->logits;
     t->out_argmax = gc->argmax;
     struct ggml_cgraph * gf = gc->gf;
@@ -643,7 +676,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     } else {
         fill_chain_inputs(t, &in, tokens, n, n_kv);
     }
-    TRY(dfl_runtime_compute(&t->rt, gf));
+    TRY(dfl_runtime_compute(&t->rt, slot, gf));
     t->commit.active = false;
 
     t->n_rows = n;

@@ -49,6 +49,7 @@ typedef struct graph_key {
 
 typedef struct graph_cache {
     bool valid;
+    uint64_t last_use;
     graph_key key;
     struct ggml_cgraph * gf;
     graph_inputs in;
@@ -105,7 +106,8 @@ struct dfl_target {
     bool pending_tree;
     tree_plan tree;
     pending_commit commit;
-    graph_cache graph;
+    graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
+    uint64_t graph_clock;
     int64_t n_graphs, n_graph_builds;
 };
 

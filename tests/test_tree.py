@@ -189,6 +189,36 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
     np.testing.assert_allclose(target.logits(0, 1), plain.logits(0, 1), rtol=0, atol=1e-5)
 
 
+def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
+    """`auto` goes back and forth between the chain and a few tree sizes: the target
+    keeps several graphs, so after one round every kind of step finds its own; the
+    results stay those of decoding the committed text from scratch."""
+    rng = np.random.default_rng(9)
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    text = rng.integers(0, 1000, 17).tolist()
+    target.prefill(text, LOGITS_LAST)
+    builds = []
+    for step in range(9):
+        tokens = rng.integers(0, 1000, 6).tolist()
+        if step % 3 == 2:
+            target.verify(tokens)
+            keep = int(rng.integers(1, 7))
+            target.commit(keep)
+            text += tokens[:keep]
+        else:
+            parents = random_tree(rng, 6 if step % 3 == 0 else 4)
+            target.verify_tree(tokens[:len(parents)], parents)
+            path = root_path(parents, int(rng.integers(0, len(parents))))
+            target.commit_path(path)
+            text += [tokens[j] for j in path]
+        builds.append(target.info()["n_graph_builds"])
+    assert builds[-1] == builds[5], builds
+    target.decode([5], LOGITS_ALL)
+    plain.prefill(text + [5], LOGITS_LAST)
+    np.testing.assert_allclose(target.logits(0, 1), plain.logits(0, 1), rtol=0, atol=1e-5)
+
+
 def test_chain_shaped_tree_is_the_chain_path(pair):
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8))
     prompt, tokens = list(range(50, 70)), list(range(300, 308))
