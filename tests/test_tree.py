@@ -391,6 +391,28 @@ class _CheapTree(_Cost):
         return 10.0 + np.asarray(n, dtype=float)
 
 
+def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
+    """The cost curve times verifies whose graph is already built and which carry the
+    previous step's commit: a graph build in the timed runs would make big trees look
+    dearer than they are. Measured once, then read from the cache."""
+    from dflash_gguf.budget import VerifyCost
+
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=8, kv_type="f32"))
+    before = target.info()
+    cost = VerifyCost(target, cache=tmp_path / "cost.json")
+    after = target.info()
+    sizes, kinds = 4, 2  # 1, 2, 4, 8 nodes; tree and chain
+    # per size and kind: the prefill and two verifies build (without and with a commit to
+    # carry), three timed verifies reuse
+    assert after["n_graphs"] - before["n_graphs"] == sizes * kinds * (1 + 5)
+    assert after["n_graph_builds"] - before["n_graph_builds"] == sizes * kinds * 3
+    assert after["n_past"] == 0
+    assert np.all(cost.tree_seconds > 0) and np.all(cost.chain_seconds > 0)
+    again = VerifyCost(target, cache=tmp_path / "cost.json")
+    assert target.info()["n_graphs"] == after["n_graphs"]
+    assert np.array_equal(again.tree_seconds, cost.tree_seconds)
+
+
 def test_auto_budget_trades_acceptance_for_verify_cost():
     from dflash_gguf.budget import AcceptanceCalibration, budget_sizes, choose_budget
 
