@@ -497,7 +497,6 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
         ggml_set_output(g->topk_lp);
         ggml_build_forward_expand(gf, g->topk_lp);
     }
-
 }
 
 DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
