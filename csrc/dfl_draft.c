@@ -1,6 +1,8 @@
 /* DFlash block-diffusion drafter: a few Qwen3-style layers whose keys and values
  * come from the target's hidden features (context) and from a block of
  * [bonus, MASK...] embeddings (noise), attended non-causally. */
+#include "dfl_gguf.h"
+#include "dfl_runtime.h"
 #include "dfl_target.h"
 
 #include <math.h>
@@ -96,7 +98,8 @@ static dfl_status layer_tensor(dfl_draft * d, const char * name, int il, int64_t
 
 static dfl_status read_model(dfl_draft * d) {
     const dfl_gguf * g = &d->file;
-    const dfl_qwen35 * tm = &d->target->m;
+    const dfl_target * t = d->target;
+    const int n_vocab = dfl_target_n_vocab(t), n_layer = dfl_target_n_layer(t);
 
     if (strcmp(g->arch, "dflash") != 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%s'; a drafter must be 'dflash'", g->path, g->arch);
@@ -140,27 +143,27 @@ static dfl_status read_model(dfl_draft * d) {
     }
 
     /* the drafter must fit its target */
-    if (d->n_embd != tm->n_embd) {
+    if (d->n_embd != dfl_target_n_embd(t)) {
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter hidden size %d does not match the target's %d: wrong target/drafter pair",
-                        d->n_embd, tm->n_embd);
+                        d->n_embd, dfl_target_n_embd(t));
     }
-    if (d->mask_id < 0 || d->mask_id >= tm->n_vocab) {
+    if (d->mask_id < 0 || d->mask_id >= n_vocab) {
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter mask token %d is outside the target vocabulary (%d)", d->mask_id,
-                        tm->n_vocab);
+                        n_vocab);
     }
-    const dfl_target_params * tp = &d->target->p;
-    bool same = tp->n_feature_layers == d->n_feat;
+    int32_t captured[16];
+    bool same = dfl_target_feature_layers(t, captured, 16) == d->n_feat;
     for (int i = 0; same && i < d->n_feat; i++) {
-        same = tp->feature_layers[i] == d->target_layers[i];
+        same = captured[i] == d->target_layers[i];
     }
     if (!same) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the target captures different feature layers than the drafter reads "
                         "(load the target with feature_layers = the drafter's dflash.target_layers)");
     }
     for (int i = 0; i < d->n_feat; i++) {
-        if (d->target_layers[i] < 1 || d->target_layers[i] > tm->n_layer) {
+        if (d->target_layers[i] < 1 || d->target_layers[i] > n_layer) {
             return dfl_fail(DFL_ERR_ARGUMENT, "drafter reads target layer %d, but the target has %d layers",
-                            d->target_layers[i], tm->n_layer);
+                            d->target_layers[i], n_layer);
         }
     }
 
@@ -168,13 +171,13 @@ static dfl_status read_model(dfl_draft * d) {
     TRY(dfl_gguf_tensor(g, "fc.weight", 2, (int64_t[]) { E * d->n_feat, E }, true, &d->fc));
     TRY(dfl_gguf_tensor(g, "enc.output_norm.weight", 1, (int64_t[]) { E }, true, &d->hidden_norm));
     TRY(dfl_gguf_tensor(g, "output_norm.weight", 1, (int64_t[]) { E }, true, &d->out_norm));
-    TRY(dfl_gguf_tensor(g, "token_embd.weight", 2, (int64_t[]) { E, tm->n_vocab }, false, &d->tok_embd));
-    TRY(dfl_gguf_tensor(g, "output.weight", 2, (int64_t[]) { E, tm->n_vocab }, false, &d->output));
+    TRY(dfl_gguf_tensor(g, "token_embd.weight", 2, (int64_t[]) { E, n_vocab }, false, &d->tok_embd));
+    TRY(dfl_gguf_tensor(g, "output.weight", 2, (int64_t[]) { E, n_vocab }, false, &d->output));
     if (!d->output) {
-        d->output = d->tok_embd ? d->tok_embd : tm->output;
+        d->output = d->tok_embd ? d->tok_embd : dfl_target_lm_head(t);
     }
     if (!d->tok_embd) {
-        d->tok_embd = tm->tok_embd;
+        d->tok_embd = dfl_target_tok_embd(t);
     }
     for (int il = 0; il < d->n_layer; il++) {
         draft_layer * L = &d->layers[il];
@@ -235,14 +238,14 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     } else {
         dfl_draft_default_params(&d->p);
     }
-    d->n_ctx = target->p.n_ctx;
+    d->n_ctx = dfl_target_n_ctx(target);
     if (d->p.kv_type < 0) {
         /* ggml's CPU flash attention converts every f16 key and value it reads: with the
          * drafter's small cache, f32 is the faster choice there; devices keep f16 */
-        d->p.kv_type = target->rt.dev == target->rt.dev_cpu ? GGML_TYPE_F32 : GGML_TYPE_F16;
+        d->p.kv_type = dfl_target_on_cpu(target) ? GGML_TYPE_F32 : GGML_TYPE_F16;
     }
     dfl_status st = DFL_OK;
-    if (d->p.top_k < 0 || d->p.top_k > 64 || d->p.top_k > target->m.n_vocab) {
+    if (d->p.top_k < 0 || d->p.top_k > 64 || d->p.top_k > dfl_target_n_vocab(target)) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter top_k %d is outside 0..64", d->p.top_k);
     } else if (d->p.kv_type != GGML_TYPE_F32 && d->p.kv_type != GGML_TYPE_F16 && d->p.kv_type != GGML_TYPE_BF16) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter cache type %d is not supported (f32, f16, bf16)", d->p.kv_type);
@@ -255,10 +258,10 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
         }
     }
     if (st == DFL_OK) st = read_model(d);
-    if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(target->rt.dev),
-                                            d->p.n_threads > 0 ? d->p.n_threads : target->p.n_threads, "drafter",
+    if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
+                                            d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
                                             DFL_GRAPH_SIZE, 1);
-    if (st == DFL_OK) st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, !d->target->p.no_repack);
+    if (st == DFL_OK) st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, dfl_target_repack(d->target));
     if (st == DFL_OK) st = alloc_state(d);
     if (st != DFL_OK) {
         dfl_draft_free(d);
@@ -366,9 +369,9 @@ static void set_positions(dfl_draft * d, struct ggml_tensor * pos, struct ggml_t
 static dfl_status check_append(const dfl_draft * d, const int32_t * rows, int32_t n) {
     const dfl_target * t = d->target;
     for (int i = 0; i < n; i++) {
-        if (rows[i] < 0 || rows[i] >= t->n_rows) {
+        if (rows[i] < 0 || rows[i] >= dfl_target_feature_rows(t)) {
             return dfl_fail(DFL_ERR_ARGUMENT, "feature row %d is not among the %d rows of the target's last call",
-                            rows[i], t->n_rows);
+                            rows[i], dfl_target_feature_rows(t));
         }
     }
     if (d->n_tokens + n > d->n_ctx) {
@@ -386,7 +389,7 @@ static void build_append(dfl_draft * d, struct ggml_context * ctx, struct ggml_c
     ggml_set_input(in->rows);
     ggml_set_input(in->pos);
     ggml_set_input(in->slots);
-    struct ggml_tensor * feat = ggml_get_rows(ctx, d->target->features, in->rows);
+    struct ggml_tensor * feat = ggml_get_rows(ctx, dfl_target_feature_tensor(d->target), in->rows);
     struct ggml_tensor * h = norm(d, ctx, ggml_mul_mat(ctx, d->fc, feat), d->hidden_norm);
     for (int il = 0; il < d->n_layer; il++) {
         struct ggml_tensor * kc, * vc;
@@ -511,7 +514,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
         return dfl_fail(DFL_ERR_ARGUMENT, "block size %d is outside 2..%d (the drafter's trained size)", n_block,
                         d->block_size);
     }
-    if (bonus < 0 || bonus >= d->target->m.n_vocab) {
+    if (bonus < 0 || bonus >= dfl_target_n_vocab(d->target)) {
         return dfl_fail(DFL_ERR_ARGUMENT, "token id %d is outside the vocabulary", bonus);
     }
     const int p = d->n_tokens + n_rows, B = n_block;
@@ -595,7 +598,7 @@ DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t ro
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter logit rows %d..%d requested, the last propose produced %d", row0,
                         row0 + n_rows, d->n_out);
     }
-    const size_t row = (size_t) d->target->m.n_vocab * sizeof(float);
+    const size_t row = (size_t) dfl_target_n_vocab(d->target) * sizeof(float);
     ggml_backend_tensor_get(d->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }

@@ -1,5 +1,8 @@
-/* Target runtime: caches, one graph builder for decode and verify, and commit. */
-#include "dfl_target.h"
+/* Target runtime: loading and placement, caches and recurrent state, the calls
+ * (decode, chain and tree verify, commits) and graph reuse. Graphs themselves are
+ * built in dfl_target_graph.c over the architecture's layer builders (dfl_model.h):
+ * nothing here depends on the architecture, only on the kinds of its layers. */
+#include "dfl_target_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -7,11 +10,6 @@
 #include <string.h>
 
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
-enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
-
-static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in);
-static void fill_commit_inputs(dfl_target * t, const graph_inputs * in);
 
 /* The attention window grows in steps so that graphs of consecutive steps share shapes. */
 #define KV_PAD 256
@@ -26,7 +24,7 @@ DFL_API void dfl_target_default_params(dfl_target_params * p) {
     p->n_gpu_layers = -1;
 }
 
-static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
+static dfl_status check_params(const dfl_model * m, dfl_target_params * p) {
     if (p->n_ctx <= 0) p->n_ctx = 4096;
     if (p->n_ubatch <= 0) p->n_ubatch = 512;
     if (p->n_verify <= 0) p->n_verify = 16;
@@ -48,10 +46,13 @@ static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
             return dfl_fail(DFL_ERR_ARGUMENT, "unsupported %s cache type %d (use f32, f16, bf16, q8_0 or q4_0)",
                             i == 0 ? "K" : "V", kt);
         }
-        if ((kt == GGML_TYPE_Q8_0 || kt == GGML_TYPE_Q4_0) && m->head_dim % ggml_blck_size((enum ggml_type) kt) != 0) {
-            return dfl_fail(DFL_ERR_ARGUMENT, "cache type %s needs a head size multiple of %lld (model has %d)",
-                            ggml_type_name((enum ggml_type) kt), (long long) ggml_blck_size((enum ggml_type) kt),
-                            m->head_dim);
+        for (int il = 0; il < m->n_layer; il++) {
+            const int hd = i == 0 ? m->attn[il].head_dim_k : m->attn[il].head_dim_v;
+            if (m->kind[il] == DFL_LAYER_ATTENTION && hd % ggml_blck_size((enum ggml_type) kt) != 0) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "cache type %s needs a head size multiple of %lld (layer %d has %d)",
+                                ggml_type_name((enum ggml_type) kt), (long long) ggml_blck_size((enum ggml_type) kt),
+                                il, hd);
+            }
         }
     }
     if (p->n_feature_layers < 0 || p->n_feature_layers > 16) {
@@ -64,12 +65,6 @@ static dfl_status check_params(const dfl_qwen35 * m, dfl_target_params * p) {
         }
     }
     return DFL_OK;
-}
-
-/* Per verified token, what a Gated DeltaNet layer needs to rerun its recurrence:
- * q and k (l2-normalised), v, g and beta. */
-static int64_t replay_rows(const dfl_qwen35 * m) {
-    return 2 * (int64_t) m->head_k_dim * m->n_k_heads + (int64_t) m->head_v_dim * m->n_v_heads + 2 * m->n_v_heads;
 }
 
 /* Trees have at most 64 nodes (their ancestor sets are 64-bit masks) and n_verify. */
@@ -122,7 +117,8 @@ static dfl_status place_weights(dfl_target * t) {
 /* Caches and recurrent states live with their layer's weights: ctx_state[0] on the
  * device, ctx_state[1] on the CPU. */
 static dfl_status alloc_state(dfl_target * t) {
-    const dfl_qwen35 * m = &t->m;
+    const dfl_model * m = &t->m;
+    const dfl_recurrent_geometry * r = &m->rec;
     const int n_tensors = 5 * m->n_layer + 1;
     for (int k = 0; k < 2; k++) {
         struct ggml_init_params ip = { (size_t) n_tensors * ggml_tensor_overhead(), NULL, true };
@@ -131,20 +127,22 @@ static dfl_status alloc_state(dfl_target * t) {
             return dfl_fail(DFL_ERR_BACKEND, "cannot create the state context");
         }
     }
-    const int64_t kv_dim = (int64_t) m->head_dim * m->n_head_kv;
-    const int64_t state_size = (int64_t) m->head_v_dim * m->head_v_dim * m->n_v_heads;
+    const int64_t state_size = (int64_t) r->head_v_dim * r->head_v_dim * r->n_v_heads;
     for (int il = 0; il < m->n_layer; il++) {
         struct ggml_context * ctx = t->ctx_state[layer_device(t, il) == t->rt.dev ? 0 : 1];
-        if (m->layers[il].recurrent) {
-            t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->d_conv - 1, m->conv_channels);
+        if (m->kind[il] == DFL_LAYER_RECURRENT) {
+            t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->d_conv - 1, r->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
-            const int64_t out_size = (int64_t) m->head_v_dim * m->n_v_heads;
+            const int64_t out_size = (int64_t) r->head_v_dim * r->n_v_heads;
             t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, out_size + state_size, max_tree_nodes(t));
-            t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, replay_rows(m), t->p.n_verify);
-            t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m->conv_channels, m->d_conv - 1 + t->p.n_verify);
+            t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_replay_rows(m), t->p.n_verify);
+            t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + t->p.n_verify);
         } else {
-            t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, kv_dim, t->p.n_ctx);
-            t->v_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type_v, kv_dim, t->p.n_ctx);
+            const dfl_attention_geometry * a = &m->attn[il];
+            t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, (int64_t) a->head_dim_k * a->n_head_kv,
+                                                t->p.n_ctx);
+            t->v_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type_v, (int64_t) a->head_dim_v * a->n_head_kv,
+                                                t->p.n_ctx);
         }
     }
     const int rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
@@ -181,7 +179,7 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     }
     t->p.device = NULL; /* the caller's string is not ours to keep */
 
-    dfl_status st = dfl_qwen35_open(path, &t->m);
+    dfl_status st = dfl_model_open(path, &t->m);
     if (st != DFL_OK) {
         free(t);
         return st;
@@ -189,12 +187,12 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     st = check_params(&t->m, &t->p);
     if (st == DFL_OK) {
         /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
-        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * (64 + 16 * (size_t) max_tree_nodes(t));
+        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 +
+                                  (size_t) t->m.n_recurrent * 16 * (size_t) max_tree_nodes(t);
         st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
                               DFL_MAX_GRAPH_SLOTS);
     }
     if (st == DFL_OK) {
-        t->backend = t->rt.backend;
         st = place_weights(t);
     }
     if (st == DFL_OK) {
@@ -217,7 +215,7 @@ DFL_API void dfl_target_free(dfl_target * t) {
         if (t->ctx_state[k]) ggml_free(t->ctx_state[k]);
     }
     dfl_runtime_free(&t->rt);
-    dfl_gguf_close(&t->m.file);
+    dfl_model_close(&t->m);
     free(t->host_i32);
     free(t->host_i64);
     free(t->host_mask);
@@ -284,315 +282,6 @@ dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
     return DFL_OK;
 }
 
-/* ---- graph ---------------------------------------------------------------------- */
-
-static struct ggml_tensor * rms_norm(dfl_target * t, struct ggml_context * ctx, struct ggml_tensor * x,
-                                     struct ggml_tensor * w) {
-    return ggml_mul(ctx, ggml_rms_norm(ctx, x, t->m.eps), w);
-}
-
-/* x / sqrt(sum(x^2) + eps), the form transformers uses for the delta-net q/k. */
-static struct ggml_tensor * l2_norm(dfl_target * t, struct ggml_context * ctx, struct ggml_tensor * x) {
-    const float n = (float) x->ne[0];
-    return ggml_scale(ctx, ggml_rms_norm(ctx, x, t->m.eps / n), 1.0f / sqrtf(n));
-}
-
-
-
-static struct ggml_tensor * build_attention(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
-                                            const graph_inputs * in, struct ggml_tensor * cur, int il, int n,
-                                            int n_kv) {
-    const dfl_qwen35 * m = &t->m;
-    const dfl_qwen35_layer * L = &m->layers[il];
-    const int hd = m->head_dim;
-    const size_t f32 = sizeof(float);
-
-    struct ggml_tensor * qg = ggml_mul_mat(ctx, L->wq, cur);
-    struct ggml_tensor * q = ggml_view_3d(ctx, qg, hd, m->n_head, n, 2 * hd * f32, qg->nb[1], 0);
-    struct ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, m->n_head, n, 2 * hd * f32, qg->nb[1], hd * f32);
-    q = rms_norm(t, ctx, q, L->q_norm);
-
-    struct ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, cur), hd, m->n_head_kv, n);
-    k = rms_norm(t, ctx, k, L->k_norm);
-    struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, cur);
-
-    /* Qwen3.5 uses interleaved multi-section RoPE; for text every section carries the same
-     * position, which makes it the NeoX rotation over the first n_rot dimensions. */
-    q = ggml_rope_ext(ctx, q, in->pos, NULL, m->n_rot, GGML_ROPE_TYPE_NEOX, m->n_ctx_train, m->rope_base, 1.0f,
-                      0.0f, 1.0f, 0.0f, 0.0f);
-    k = ggml_rope_ext(ctx, k, in->pos, NULL, m->n_rot, GGML_ROPE_TYPE_NEOX, m->n_ctx_train, m->rope_base, 1.0f,
-                      0.0f, 1.0f, 0.0f, 0.0f);
-
-    const int64_t kv_dim = (int64_t) hd * m->n_head_kv;
-    struct ggml_tensor * kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, kv_dim, n), in->slots);
-    struct ggml_tensor * vc = ggml_set_rows(ctx, t->v_cache[il], v, in->slots);
-    ggml_build_forward_expand(gf, kc);
-    ggml_build_forward_expand(gf, vc);
-
-    struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd, m->n_head_kv, n_kv, ggml_row_size(kc->type, hd), kc->nb[1], 0);
-    struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd, m->n_head_kv, n_kv, ggml_row_size(vc->type, hd), vc->nb[1], 0);
-    K = ggml_permute(ctx, K, 0, 2, 1, 3);
-    V = ggml_permute(ctx, V, 0, 2, 1, 3);
-    struct ggml_tensor * Q = ggml_permute(ctx, q, 0, 2, 1, 3);
-
-    struct ggml_tensor * o = ggml_flash_attn_ext(ctx, Q, K, V, in->mask, 1.0f / sqrtf((float) hd), 0.0f, 0.0f);
-    ggml_prec_set_acc(o, GGML_PREC_F32);
-    o = ggml_reshape_2d(ctx, o, (int64_t) hd * m->n_head, n);
-    o = ggml_mul(ctx, o, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, (int64_t) hd * m->n_head, n)));
-    return ggml_mul_mat(ctx, L->wo, o);
-}
-
-static struct ggml_tensor * build_delta_net(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
-                                            struct ggml_tensor * cur, int il, int n, bool verify) {
-    const dfl_qwen35 * m = &t->m;
-    const dfl_qwen35_layer * L = &m->layers[il];
-    const int64_t hk = m->head_k_dim, hv = m->head_v_dim, Hk = m->n_k_heads, Hv = m->n_v_heads;
-    const int64_t C = m->conv_channels, W = m->d_conv - 1;
-    const size_t f32 = sizeof(float);
-
-    struct ggml_tensor * qkv = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wqkv, cur), C, n, 1);
-    struct ggml_tensor * z = ggml_mul_mat(ctx, L->wz, cur);
-    struct ggml_tensor * beta = ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->w_beta, cur));
-    struct ggml_tensor * alpha = ggml_mul_mat(ctx, L->w_alpha, cur);
-    struct ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, alpha, L->dt_bias)), L->ssm_a);
-    beta = ggml_reshape_4d(ctx, beta, 1, Hv, n, 1);
-    g = ggml_reshape_4d(ctx, g, 1, Hv, n, 1);
-
-    /* conv input: the last W inputs of the committed context, then this call's inputs */
-    struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
-    struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, qkv), 0);
-    if (verify) {
-        struct ggml_tensor * dst = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, ggml_reshape_2d(ctx, conv_in, W + n, C)), dst));
-    } else {
-        struct ggml_tensor * last = ggml_view_3d(ctx, conv_in, W, C, 1, conv_in->nb[1], conv_in->nb[2], n * f32);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, last, conv_state));
-    }
-    struct ggml_tensor * conv = ggml_silu(ctx, ggml_ssm_conv(ctx, conv_in, L->conv1d));
-
-    struct ggml_tensor * q = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[1], conv->nb[2], 0);
-    struct ggml_tensor * k = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[1], conv->nb[2], hk * Hk * f32);
-    struct ggml_tensor * v = ggml_view_4d(ctx, conv, hv, Hv, n, 1, hv * f32, conv->nb[1], conv->nb[2],
-                                          2 * hk * Hk * f32);
-    q = l2_norm(t, ctx, q);
-    k = l2_norm(t, ctx, k);
-
-    const int64_t S = hv * hv * Hv;
-    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-    struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, beta, s0, 1);
-    const int64_t n_out = hv * Hv * n;
-    struct ggml_tensor * o = ggml_view_4d(ctx, r, hv, Hv, n, 1, hv * f32, hv * Hv * f32, n_out * f32, 0);
-    if (verify) {
-        /* the state moves only at commit, by rerunning the kept tokens (add_pending_commit):
-         * cheaper than keeping a state per verified token */
-        struct ggml_tensor * rp = t->replay[il];
-        const int64_t parts[5][2] = { { 0, hk * Hk }, { hk * Hk, hk * Hk }, { 2 * hk * Hk, hv * Hv },
-                                      { 2 * hk * Hk + hv * Hv, Hv }, { 2 * hk * Hk + hv * Hv + Hv, Hv } };
-        struct ggml_tensor * srcs[5] = { q, k, v, g, beta };
-        for (int i = 0; i < 5; i++) {
-            struct ggml_tensor * dst = ggml_view_2d(ctx, rp, parts[i][1], n, rp->nb[1], (size_t) parts[i][0] * f32);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, srcs[i], dst));
-        }
-    } else {
-        struct ggml_tensor * s1 = ggml_view_1d(ctx, r, S, n_out * f32);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, s1, t->ssm_state[il]));
-    }
-
-    o = rms_norm(t, ctx, o, L->ssm_norm);
-    o = ggml_mul(ctx, o, ggml_silu(ctx, ggml_reshape_4d(ctx, z, hv, Hv, n, 1)));
-    return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
-}
-
-/* Tree verify: every node continues its parent's recurrence, one node after another in
- * the given order (parents first). Node j's step gathers its parent's state from the
- * per-node rows (the root starts from the committed state), runs one token and
- * scatters [output | state] to row j. Which row is whose parent is an input, so the
- * graph depends only on the node count: every tree of a budget reuses one graph. Conv
- * windows are gathered along each node's ancestor chain. A chain-shaped tree does
- * exactly the arithmetic of the chain path. */
-static struct ggml_tensor * build_delta_net_tree(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
-                                                 const graph_inputs * in, struct ggml_tensor * cur, int il, int n) {
-    const dfl_qwen35 * m = &t->m;
-    const dfl_qwen35_layer * L = &m->layers[il];
-    const int64_t hk = m->head_k_dim, hv = m->head_v_dim, Hk = m->n_k_heads, Hv = m->n_v_heads;
-    const int64_t C = m->conv_channels, W = m->d_conv - 1;
-    const size_t f32 = sizeof(float);
-
-    struct ggml_tensor * qkv = ggml_mul_mat(ctx, L->wqkv, cur);
-    struct ggml_tensor * z = ggml_mul_mat(ctx, L->wz, cur);
-    struct ggml_tensor * beta = ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->w_beta, cur));
-    struct ggml_tensor * alpha = ggml_mul_mat(ctx, L->w_alpha, cur);
-    struct ggml_tensor * g = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, alpha, L->dt_bias)), L->ssm_a);
-
-    /* [committed conv inputs | node inputs], one column per time step, kept for commit */
-    struct ggml_tensor * cat = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, t->conv_state[il])), qkv, 1);
-    struct ggml_tensor * saved = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, cat, saved));
-    struct ggml_tensor * win = ggml_get_rows(ctx, cat, in->conv_windows);            /* [C, (W+1) * n] */
-    win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, C, W + 1, n), 1, 0, 2, 3)); /* [W+1, C, n] */
-    struct ggml_tensor * conv = ggml_silu(ctx, ggml_ssm_conv(ctx, win, L->conv1d));    /* [C, 1, n] */
-
-    struct ggml_tensor * q = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[2], conv->nb[2] * n, 0);
-    struct ggml_tensor * k = ggml_view_4d(ctx, conv, hk, Hk, n, 1, hk * f32, conv->nb[2], conv->nb[2] * n, hk * Hk * f32);
-    struct ggml_tensor * v = ggml_view_4d(ctx, conv, hv, Hv, n, 1, hv * f32, conv->nb[2], conv->nb[2] * n,
-                                          2 * hk * Hk * f32);
-    q = l2_norm(t, ctx, q);
-    k = l2_norm(t, ctx, k);
-
-    const int64_t O = hv * Hv; /* output floats of a token; its state follows in the row */
-    struct ggml_tensor * rows = t->snapshots[il];
-    for (int j = 0; j < n; j++) {
-        struct ggml_tensor * s0;
-        if (j == 0) {
-            s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-        } else {
-            struct ggml_tensor * parent = ggml_get_rows(ctx, rows, in->parent_row[j]);
-            s0 = ggml_view_4d(ctx, parent, hv, hv, Hv, 1, hv * f32, hv * hv * f32, hv * hv * Hv * f32, O * f32);
-        }
-        struct ggml_tensor * qj = ggml_view_4d(ctx, q, hk, Hk, 1, 1, q->nb[1], q->nb[2], q->nb[2], j * q->nb[2]);
-        struct ggml_tensor * kj = ggml_view_4d(ctx, k, hk, Hk, 1, 1, k->nb[1], k->nb[2], k->nb[2], j * k->nb[2]);
-        struct ggml_tensor * vj = ggml_view_4d(ctx, v, hv, Hv, 1, 1, v->nb[1], v->nb[2], v->nb[2], j * v->nb[2]);
-        struct ggml_tensor * gj = ggml_view_4d(ctx, g, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
-        struct ggml_tensor * bj = ggml_view_4d(ctx, beta, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
-        struct ggml_tensor * r = ggml_gated_delta_net(ctx, qj, kj, vj, gj, bj, s0, 1); /* [output | state] */
-        rows = ggml_set_rows(ctx, rows, ggml_reshape_2d(ctx, r, ggml_nelements(r), 1), in->node_row[j]);
-    }
-    ggml_build_forward_expand(gf, rows);
-
-    struct ggml_tensor * o = ggml_cont(ctx, ggml_view_2d(ctx, rows, O, n, rows->nb[1], 0));
-    o = rms_norm(t, ctx, ggml_reshape_4d(ctx, o, hv, Hv, n, 1), L->ssm_norm);
-    o = ggml_mul(ctx, o, ggml_silu(ctx, ggml_reshape_4d(ctx, z, hv, Hv, n, 1)));
-    return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
-}
-
-static void capture_features(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
-                             struct ggml_tensor * x, int layer, int n) {
-    for (int f = 0; f < t->p.n_feature_layers; f++) {
-        if (t->p.feature_layers[f] == layer) {
-            struct ggml_tensor * dst = ggml_view_2d(ctx, t->features, t->m.n_embd, n, t->features->nb[1],
-                                                    (size_t) f * t->m.n_embd * sizeof(float));
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, x, dst));
-        }
-    }
-}
-
-static struct ggml_cgraph * build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
-                                        int n_kv, bool verify, bool tree, int logits, struct ggml_tensor * tokens_src) {
-    const dfl_qwen35 * m = &t->m;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, t->rt.graph_size, false);
-    add_pending_commit(t, ctx, gf, in);
-
-    in->tokens = NULL;
-    struct ggml_tensor * tokens;
-    if (tokens_src) {
-        tokens = ggml_view_1d(ctx, tokens_src, n, 0);
-    } else {
-        tokens = in->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-        ggml_set_input(in->tokens);
-    }
-    in->pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-    in->slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
-    in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
-    ggml_set_input(in->pos);
-    ggml_set_input(in->slots);
-    ggml_set_input(in->mask);
-    if (tree) {
-        in->conv_windows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) m->d_conv * n);
-        in->node_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n);
-        ggml_set_input(in->conv_windows);
-        ggml_set_input(in->node_rows);
-        /* the root starts from the committed state: only nodes 1.. have a parent row */
-        in->parent_rows = n > 1 ? ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n - 1) : NULL;
-        if (in->parent_rows) {
-            ggml_set_input(in->parent_rows);
-        }
-        for (int j = 0; j < n; j++) {
-            in->parent_row[j] = j ? ggml_view_1d(ctx, in->parent_rows, 1, (size_t) (j - 1) * sizeof(int32_t)) : NULL;
-            in->node_row[j] = ggml_view_1d(ctx, in->node_rows, 1, (size_t) j * sizeof(int64_t));
-        }
-    }
-
-    struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, tokens);
-    for (int il = 0; il < m->n_layer; il++) {
-        capture_features(t, ctx, gf, x, il, n);
-        const dfl_qwen35_layer * L = &m->layers[il];
-        struct ggml_tensor * cur = rms_norm(t, ctx, x, L->attn_norm);
-        if (!L->recurrent) {
-            cur = build_attention(t, ctx, gf, in, cur, il, n, n_kv);
-        } else if (tree) {
-            cur = build_delta_net_tree(t, ctx, gf, in, cur, il, n);
-        } else {
-            cur = build_delta_net(t, ctx, gf, cur, il, n, verify);
-        }
-        x = ggml_add(ctx, cur, x);
-        cur = rms_norm(t, ctx, x, L->post_norm);
-        cur = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, cur), ggml_mul_mat(ctx, L->ffn_up, cur));
-        x = ggml_add(ctx, ggml_mul_mat(ctx, L->ffn_down, cur), x);
-    }
-    /* layer n_layer is the final-normed state, as transformers' last hidden_states entry
-     * (what z-lab's drafters read for the last target layer) */
-    bool normed = false;
-    for (int f = 0; f < t->p.n_feature_layers; f++) {
-        if (t->p.feature_layers[f] == m->n_layer && !normed) {
-            x = rms_norm(t, ctx, x, m->output_norm);
-            normed = true;
-            capture_features(t, ctx, gf, x, m->n_layer, n);
-        }
-    }
-
-    t->out_logits = NULL;
-    t->out_argmax = NULL;
-    if (logits != LOGITS_NONE) {
-        if (logits == LOGITS_LAST && n > 1) {
-            x = ggml_view_2d(ctx, x, m->n_embd, 1, x->nb[1], (size_t) (n - 1) * x->nb[1]);
-        }
-        if (!normed) {
-            x = rms_norm(t, ctx, x, m->output_norm);
-        }
-        t->out_logits = ggml_mul_mat(ctx, m->output, x);
-        t->out_argmax = ggml_argmax(ctx, t->out_logits);
-        ggml_set_output(t->out_logits);
-        ggml_set_output(t->out_argmax);
-        ggml_build_forward_expand(gf, t->out_argmax);
-    }
-    ggml_build_forward_expand(gf, x);
-    return gf;
-}
-
-/* Tokens (unless they come from a device tensor), positions (n_past + depth; a chain's
- * depth is its index) and cache slots (n_past + index). */
-static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n,
-                             const int32_t * depth) {
-    int32_t * pos = t->host_i32;
-    int64_t * slots = t->host_i64;
-    for (int i = 0; i < n; i++) {
-        pos[i] = t->n_past + (depth ? depth[i] : i);
-        slots[i] = t->n_past + i;
-    }
-    if (in->tokens) {
-        ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
-    }
-    ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
-    ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
-}
-
-static void fill_chain_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv) {
-    set_token_inputs(t, in, tokens, n, NULL);
-
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
-    const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
-    ggml_fp16_t * mask = t->host_mask;
-    for (int i = 0; i < n; i++) {
-        const int visible = t->n_past + i + 1;
-        for (int j = 0; j < n_kv; j++) {
-            mask[(size_t) i * n_kv + j] = j < visible ? zero : minf;
-        }
-    }
-    ggml_backend_tensor_set(in->mask, mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
-}
-
-static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv);
-
 static bool same_key(const graph_key * a, const graph_key * b) {
     return a->n == b->n && a->n_kv == b->n_kv && a->logits == b->logits && a->verify == b->verify &&
            a->commit == b->commit && a->commit_replay == b->commit_replay && a->tokens_src == b->tokens_src &&
@@ -655,8 +344,8 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     t->n_graphs++;
     if (!gc->valid) {
         t->n_graph_builds++;
-        gc->gf = build_graph(t, dfl_runtime_begin_graph(&t->rt, slot), &gc->in, n, n_kv, verify, tree, logits,
-                             tokens_src);
+        gc->gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(&t->rt, slot), &gc->in, n, n_kv, verify, tree,
+                                        logits, tokens_src);
         TRY(dfl_runtime_alloc(&t->rt, slot, gc->gf));
         gc->key = key;
         gc->logits = t->out_logits;
@@ -667,15 +356,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     t->out_logits = gc->logits;
     t->out_argmax = gc->argmax;
     struct ggml_cgraph * gf = gc->gf;
-    const graph_inputs in = gc->in;
-    if (t->commit.active) {
-        fill_commit_inputs(t, &in);
-    }
-    if (tree) {
-        fill_tree_inputs(t, &in, tokens, n, n_kv);
-    } else {
-        fill_chain_inputs(t, &in, tokens, n, n_kv);
-    }
+    dfl_target_fill_inputs(t, &gc->in, tokens, n, n_kv, tree);
     TRY(dfl_runtime_compute(&t->rt, slot, gf));
     t->commit.active = false;
 
@@ -752,18 +433,19 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     }
     t->pending_verify = 0;
     t->n_out = 0;
-    if (n_keep > 0) {
+    /* a chain's attention rows are already in place: only recurrent layers have work */
+    if (n_keep > 0 && t->m.n_recurrent > 0) {
         pending_commit * pc = &t->commit;
         pc->active = true;
         pc->tree = false;
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
         pc->n_verified = n;
-        for (int j = 0; j < t->m.d_conv - 1; j++) {
+        for (int j = 0; j < t->m.rec.d_conv - 1; j++) {
             pc->conv_cols[j] = n_keep + j;
         }
-        t->n_past += n_keep;
     }
+    t->n_past += n_keep;
     return DFL_OK;
 }
 
@@ -771,7 +453,7 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
  * ancestor mask and conv windows. */
 static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
     tree_plan * tp = &t->tree;
-    const int W = t->m.d_conv - 1;
+    const int W = t->m.rec.d_conv - 1; /* -1 without recurrent layers: no windows */
     if (n > DFL_MAX_TREE) {
         return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds the supported %d", n, DFL_MAX_TREE);
     }
@@ -799,35 +481,6 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
         }
     }
     return DFL_OK;
-}
-
-static void fill_tree_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv) {
-    const tree_plan * tp = &t->tree;
-    set_token_inputs(t, in, tokens, n, tp->depth);
-
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
-    const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
-    for (int i = 0; i < n; i++) {
-        ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
-        for (int j = 0; j < n_kv; j++) {
-            const int node = j - t->n_past;
-            const bool visible = node < 0 || (node < n && (tp->ancestors[i] >> node & 1));
-            row[j] = visible ? zero : minf;
-        }
-    }
-    ggml_backend_tensor_set(in->mask, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
-
-    int32_t parent_rows[DFL_MAX_TREE];
-    int64_t node_rows[DFL_MAX_TREE];
-    for (int i = 0; i < n; i++) {
-        parent_rows[i] = i + 1 < n ? tp->parent[i + 1] : 0;
-        node_rows[i] = i;
-    }
-    if (in->parent_rows) {
-        ggml_backend_tensor_set(in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
-    }
-    ggml_backend_tensor_set(in->node_rows, node_rows, 0, (size_t) n * sizeof(int64_t));
-    ggml_backend_tensor_set(in->conv_windows, tp->windows, 0, (size_t) n * t->m.d_conv * sizeof(int32_t));
 }
 
 DFL_API dfl_status dfl_target_verify_tree(dfl_target * t, const int32_t * tokens, const int32_t * parents, int32_t n) {
@@ -871,7 +524,7 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
     t->pending_tree = false;
     t->n_out = 0;
     if (n_keep > 0) {
-        const int W = t->m.d_conv - 1, last = path[n_keep - 1];
+        const int W = t->m.rec.d_conv - 1, last = path[n_keep - 1];
         pending_commit * pc = &t->commit;
         pc->active = true;
         pc->tree = true;
@@ -885,101 +538,6 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
         t->n_past += n_keep;
     }
     return DFL_OK;
-}
-
-/* A commit is carried out at the start of the next graph, so a decoding step costs
- * one target graph: the accepted path's attention rows move to consecutive slots, the
- * conv state becomes the inputs before the next token, and the recurrent state that of
- * the last kept token: after a chain, by rerunning the recurrence over the verified
- * tokens from the committed state with the tokens after the kept ones made identity
- * steps (decay exp(0) = 1, update weight 0: the state passes through unchanged, bit for
- * bit); after a tree, the kept node's row of the per-node states. Which rows, columns
- * and tokens is an input, so the graph's shape does not depend on the accepted length
- * and consecutive steps reuse it. Cache rows move through a gather and a scatter: every
- * read happens before any write, and the round trip through f32 is exact for every
- * cache type (quantized rows requantize to the same bytes). */
-static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in) {
-    in->commit_state_row = in->commit_keep = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
-    if (!t->commit.active) {
-        return;
-    }
-    const dfl_qwen35 * m = &t->m;
-    const int W = m->d_conv - 1, M = t->p.n_verify;
-    const bool tree = t->commit.tree;
-    const int64_t hk = m->head_k_dim, hv = m->head_v_dim, Hk = m->n_k_heads, Hv = m->n_v_heads;
-    const size_t f32 = sizeof(float);
-    if (tree) {
-        in->commit_state_row = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
-        ggml_set_input(in->commit_state_row);
-    } else {
-        in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, t->commit.n_verified, 1);
-        ggml_set_input(in->commit_keep);
-    }
-    in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, W);
-    in->commit_kv_src = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, M);
-    in->commit_kv_dst = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, M);
-    ggml_set_input(in->commit_conv_cols);
-    ggml_set_input(in->commit_kv_src);
-    ggml_set_input(in->commit_kv_dst);
-    for (int il = 0; il < m->n_layer; il++) {
-        if (!m->layers[il].recurrent) {
-            struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
-            for (int c = 0; c < 2; c++) {
-                struct ggml_tensor * rows = ggml_get_rows(ctx, caches[c], in->commit_kv_src);
-                ggml_build_forward_expand(gf, ggml_set_rows(ctx, caches[c], rows, in->commit_kv_dst));
-            }
-            continue;
-        }
-        struct ggml_tensor * state;
-        if (tree) {
-            struct ggml_tensor * row = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
-            state = ggml_view_2d(ctx, row, hv * hv * Hv, 1, row->nb[1], hv * Hv * f32); /* after the output */
-        } else {
-            struct ggml_tensor * rp = t->replay[il];
-            const size_t row = rp->nb[1];
-            const int R = t->commit.n_verified;
-            const int64_t at_g = 2 * hk * Hk + hv * Hv;
-            struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, 0);
-            struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, hk * Hk * f32);
-            struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, row, row * R, 2 * hk * Hk * f32);
-            struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, at_g * f32);
-            struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, (at_g + Hv) * f32);
-            g = ggml_mul(ctx, g, in->commit_keep);
-            b = ggml_mul(ctx, b, in->commit_keep);
-            struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-            struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
-            state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
-        }
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], hv * hv * Hv, 1)));
-        struct ggml_tensor * cols = ggml_get_rows(ctx, t->conv_scratch[il], in->commit_conv_cols); /* [C, W] */
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, cols), t->conv_state[il]));
-    }
-}
-
-static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
-    const pending_commit * pc = &t->commit;
-    const int M = t->p.n_verify;
-    int32_t * src = t->host_i32;
-    int64_t * dst = t->host_i64;
-    /* unused entries copy row p0 onto itself (path[0] is always the root, already in place) */
-    for (int k = 0; k < M; k++) {
-        const bool moved = pc->tree && k < pc->n_keep;
-        src[k] = pc->p0 + (moved ? pc->path[k] : 0);
-        dst[k] = pc->p0 + (moved ? k : 0);
-    }
-    if (pc->tree) {
-        const int32_t state_row = pc->state_row;
-        ggml_backend_tensor_set(in->commit_state_row, &state_row, 0, sizeof state_row);
-    } else {
-        float keep[DFL_MAX_VERIFY];
-        for (int k = 0; k < pc->n_verified; k++) {
-            keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
-        }
-        ggml_backend_tensor_set(in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
-    }
-    ggml_backend_tensor_set(in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.d_conv - 1) * sizeof(int32_t));
-    ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
-    ggml_backend_tensor_set(in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
 }
 
 static dfl_status check_rows(const dfl_target * t, int32_t row0, int32_t n_rows, int32_t have, const char * what) {
@@ -1014,4 +572,25 @@ DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_
     const size_t row = t->features->nb[1];
     ggml_backend_tensor_get(t->features, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
+}
+
+/* ---- what the drafter may read ------------------------------------------------------- */
+
+int dfl_target_n_vocab(const dfl_target * t) { return t->m.n_vocab; }
+int dfl_target_n_embd(const dfl_target * t) { return t->m.n_embd; }
+int dfl_target_n_layer(const dfl_target * t) { return t->m.n_layer; }
+int dfl_target_n_ctx(const dfl_target * t) { return t->p.n_ctx; }
+int dfl_target_n_threads(const dfl_target * t) { return t->rt.n_threads; }
+bool dfl_target_repack(const dfl_target * t) { return !t->p.no_repack; }
+ggml_backend_dev_t dfl_target_device(const dfl_target * t) { return t->rt.dev; }
+bool dfl_target_on_cpu(const dfl_target * t) { return t->rt.dev == t->rt.dev_cpu; }
+struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t) { return t->m.tok_embd; }
+struct ggml_tensor * dfl_target_lm_head(const dfl_target * t) { return t->m.output; }
+struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->features; }
+int dfl_target_feature_rows(const dfl_target * t) { return t->n_rows; }
+
+int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n) {
+    const int n = t->p.n_feature_layers < max_n ? t->p.n_feature_layers : max_n;
+    memcpy(layers, t->p.feature_layers, (size_t) n * sizeof(int32_t));
+    return t->p.n_feature_layers;
 }

@@ -1,0 +1,206 @@
+/* Architecture registry, loader helpers and building blocks shared by model files. */
+#include "dfl_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
+
+extern const dfl_arch dfl_arch_qwen35;
+extern const dfl_arch dfl_arch_qwen35moe;
+extern const dfl_arch dfl_arch_qwen3;
+
+static const dfl_arch * const ARCHS[] = {
+    &dfl_arch_qwen35,
+    &dfl_arch_qwen35moe,
+    &dfl_arch_qwen3,
+};
+#define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
+
+const char * dfl_model_arch_names(void) {
+    static char names[256];
+    if (!names[0]) {
+        size_t at = 0;
+        for (size_t i = 0; i < N_ARCHS && at < sizeof names; i++) {
+            at += (size_t) snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", ARCHS[i]->name);
+        }
+    }
+    return names;
+}
+
+/* Every builder rotates with the plain frequencies: a file asking for scaled RoPE would
+ * run with wrong positions past the trained context, so it is refused by name. */
+static dfl_status check_rope_scaling(const dfl_model * m) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->file.arch);
+    const int64_t k = gguf_find_key(m->file.meta, key);
+    if (k < 0) {
+        return DFL_OK;
+    }
+    const char * type = gguf_get_kv_type(m->file.meta, k) == GGUF_TYPE_STRING ? gguf_get_val_str(m->file.meta, k) : "?";
+    if (strcmp(type, "none") != 0) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' uses RoPE scaling '%s', which this version does not implement",
+                        m->file.path, type);
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_model_open(const char * path, dfl_model * m) {
+    memset(m, 0, sizeof *m);
+    TRY(dfl_gguf_open(path, &m->file));
+    for (size_t i = 0; i < N_ARCHS; i++) {
+        if (strcmp(m->file.arch, ARCHS[i]->name) == 0) {
+            m->arch = ARCHS[i];
+        }
+    }
+    dfl_status st = DFL_OK;
+    if (!m->arch) {
+        st = dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%s'; a target model must be one of: %s", path,
+                      m->file.arch, dfl_model_arch_names());
+    }
+    if (st == DFL_OK) {
+        st = check_rope_scaling(m);
+    }
+    if (st == DFL_OK) {
+        m->embd_scale = 1.0f;
+        st = m->arch->load(m);
+    }
+    if (st == DFL_OK) {
+        for (int il = 0; il < m->n_layer; il++) {
+            if (m->kind[il] == DFL_LAYER_RECURRENT) {
+                m->n_recurrent++;
+            } else {
+                m->n_attention++;
+            }
+        }
+    }
+    if (st != DFL_OK) {
+        dfl_model_close(m);
+    }
+    return st;
+}
+
+void dfl_model_close(dfl_model * m) {
+    dfl_gguf_close(&m->file);
+    free(m->weights);
+    m->weights = NULL;
+}
+
+/* ---- loader helpers ----------------------------------------------------------------- */
+
+dfl_status dfl_model_key_or(const dfl_model * m, const char * key, int def, int * out) {
+    uint32_t v;
+    TRY(dfl_gguf_u32(&m->file, key, false, (uint32_t) def, &v));
+    if (v > (1u << 30)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s%s' has an invalid value %u", m->file.path, m->file.arch, key, v);
+    }
+    *out = (int) v;
+    return DFL_OK;
+}
+
+dfl_status dfl_model_key(const dfl_model * m, const char * key, int * out) {
+    uint32_t v;
+    TRY(dfl_gguf_u32(&m->file, key, true, 0, &v));
+    if (v == 0 || v > (1u << 30)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s%s' has an invalid value %u", m->file.path, m->file.arch, key, v);
+    }
+    *out = (int) v;
+    return DFL_OK;
+}
+
+dfl_status dfl_model_tensor(const dfl_model * m, const char * name, int il, int64_t ne0, int64_t ne1, int64_t ne2,
+                            bool required, struct ggml_tensor ** out) {
+    char full[128];
+    if (il >= 0) {
+        snprintf(full, sizeof full, "blk.%d.%s", il, name);
+    } else {
+        snprintf(full, sizeof full, "%s", name);
+    }
+    const int64_t ne[3] = { ne0, ne1, ne2 };
+    const int n_dims = ne2 > 0 ? 3 : ne1 > 0 ? 2 : 1;
+    return dfl_gguf_tensor(&m->file, full, n_dims, ne, required, out);
+}
+
+dfl_status dfl_model_load_io(dfl_model * m) {
+    const int64_t E = m->n_embd;
+    TRY(dfl_gguf_tensor(&m->file, "token_embd.weight", 2, (int64_t[]) { E, 0 }, true, &m->tok_embd));
+    if (m->tok_embd->ne[1] < 1 || m->tok_embd->ne[1] > (1 << 24)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': token_embd.weight has an invalid shape", m->file.path);
+    }
+    m->n_vocab = (int) m->tok_embd->ne[1];
+    TRY(dfl_model_tensor(m, "output_norm.weight", -1, E, 0, 0, true, &m->output_norm));
+    TRY(dfl_model_tensor(m, "output.weight", -1, E, m->n_vocab, 0, false, &m->output));
+    if (!m->output) {
+        m->output = m->tok_embd;
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_model_hybrid_layout(dfl_model * m) {
+    bool recurrent[DFL_MAX_LAYERS];
+    if (dfl_gguf_has(&m->file, ".attention.recurrent_layers")) {
+        TRY(dfl_gguf_arr_bool(&m->file, ".attention.recurrent_layers", recurrent, m->n_layer));
+    } else {
+        int interval = 0;
+        TRY(dfl_model_key_or(m, ".full_attention_interval", 4, &interval));
+        if (interval == 0) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s': full_attention_interval is 0", m->file.path);
+        }
+        for (int il = 0; il < m->n_layer; il++) {
+            recurrent[il] = (il + 1) % interval != 0;
+        }
+    }
+    for (int il = 0; il < m->n_layer; il++) {
+        m->kind[il] = recurrent[il] ? DFL_LAYER_RECURRENT : DFL_LAYER_ATTENTION;
+    }
+    return DFL_OK;
+}
+
+/* ---- building blocks ---------------------------------------------------------------- */
+
+struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
+}
+
+/* the form transformers uses for the delta-net q/k: rms_norm with eps / n, then scaled */
+struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor * x, float eps) {
+    const float n = (float) x->ne[0];
+    return ggml_scale(ctx, ggml_rms_norm(ctx, x, eps / n), 1.0f / sqrtf(n));
+}
+
+struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * gate,
+                                    struct ggml_tensor * up, struct ggml_tensor * down) {
+    return ggml_mul_mat(ctx, down, ggml_swiglu_split(ctx, ggml_mul_mat(ctx, gate, x), ggml_mul_mat(ctx, up, x)));
+}
+
+struct ggml_tensor * dfl_moe_ffn(struct ggml_context * ctx, struct ggml_tensor * x, const dfl_moe_weights * w) {
+    const int64_t E = x->ne[0], n = x->ne[1], k = w->n_used;
+    struct ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul_mat(ctx, w->router, x)); /* [n_expert, n] */
+    struct ggml_tensor * chosen = ggml_top_k(ctx, probs, (int) k);                   /* [k, n] */
+    struct ggml_tensor * weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, w->n_expert, n), chosen);
+    weights = ggml_reshape_2d(ctx, weights, k, n);
+    weights = ggml_div(ctx, weights, ggml_sum_rows(ctx, weights)); /* renormalised over the chosen */
+    weights = ggml_reshape_3d(ctx, weights, 1, k, n);
+
+    struct ggml_tensor * xr = ggml_reshape_3d(ctx, x, E, 1, n);
+    struct ggml_tensor * gate, * up;
+    if (w->gate_up) {
+        struct ggml_tensor * gu = ggml_mul_mat_id(ctx, w->gate_up, xr, chosen); /* [2 n_ff, k, n] */
+        const int64_t F = gu->ne[0] / 2;
+        gate = ggml_view_3d(ctx, gu, F, k, n, gu->nb[1], gu->nb[2], 0);
+        up = ggml_view_3d(ctx, gu, F, k, n, gu->nb[1], gu->nb[2], (size_t) F * ggml_element_size(gu));
+    } else {
+        gate = ggml_mul_mat_id(ctx, w->gate, xr, chosen);
+        up = ggml_mul_mat_id(ctx, w->up, xr, chosen);
+    }
+    struct ggml_tensor * h = ggml_swiglu_split(ctx, gate, up);
+    struct ggml_tensor * out = ggml_mul_mat_id(ctx, w->down, h, chosen); /* [E, k, n] */
+    out = ggml_mul(ctx, out, weights);
+    struct ggml_tensor * sum = ggml_view_2d(ctx, out, E, n, out->nb[2], 0);
+    for (int64_t i = 1; i < k; i++) {
+        sum = ggml_add(ctx, sum, ggml_view_2d(ctx, out, E, n, out->nb[2], (size_t) i * out->nb[1]));
+    }
+    return sum;
+}

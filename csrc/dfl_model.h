@@ -1,0 +1,130 @@
+/* The model interface: what an architecture tells the generic runtime, and the graph
+ * services the runtime offers its layer builders.
+ *
+ * One file per architecture (csrc/models/<arch>.c) reads its hyperparameters and
+ * weights from the GGUF and builds one transformer block at a time. The runtime
+ * (dfl_target.c) owns everything that depends on the decoding step rather than on the
+ * architecture: caches and recurrent state, graph reuse, verify inputs and masks,
+ * commits and feature capture. It knows layers only by kind. */
+#ifndef DFL_MODEL_H
+#define DFL_MODEL_H
+
+#include "dfl_gguf.h"
+
+#define DFL_MAX_LAYERS 256
+
+typedef enum dfl_layer_kind {
+    DFL_LAYER_ATTENTION = 0, /* KV-cached attention: rollback is truncation */
+    DFL_LAYER_RECURRENT = 1  /* Gated DeltaNet with a short convolution: state and conv window */
+} dfl_layer_kind;
+
+/* KV cache geometry of an attention layer. */
+typedef struct dfl_attention_geometry {
+    int head_dim_k, head_dim_v, n_head_kv;
+} dfl_attention_geometry;
+
+/* Shape of every recurrent layer of a model: a short causal convolution over
+ * conv_channels inputs, then a gated delta rule with n_v_heads square states. */
+typedef struct dfl_recurrent_geometry {
+    int d_conv, conv_channels;
+    int head_k_dim, n_k_heads, head_v_dim, n_v_heads;
+} dfl_recurrent_geometry;
+
+typedef struct dfl_model dfl_model;
+typedef struct dfl_graph dfl_graph;
+
+typedef struct dfl_arch {
+    const char * name;   /* general.architecture */
+    const char * family; /* for messages */
+    /* Hyperparameters, weights and their validation; the file is open, m->arch set. */
+    dfl_status (*load)(dfl_model * m);
+    /* One block: x [n_embd, n] in, the residual stream after the block out. */
+    struct ggml_tensor * (*build_layer)(const dfl_model * m, dfl_graph * g, int il, struct ggml_tensor * x);
+} dfl_arch;
+
+struct dfl_model {
+    const dfl_arch * arch;
+    dfl_gguf file;
+    int n_vocab, n_embd, n_layer, n_ctx_train;
+    float eps;           /* of the final norm */
+    float embd_scale;    /* token embeddings are multiplied by it (1: not scaled) */
+    float logit_softcap; /* logits = c * tanh(logits / c) when > 0 */
+    dfl_layer_kind kind[DFL_MAX_LAYERS];
+    dfl_attention_geometry attn[DFL_MAX_LAYERS]; /* attention layers */
+    dfl_recurrent_geometry rec;                  /* when n_recurrent > 0 */
+    int n_attention, n_recurrent;
+    struct ggml_tensor * tok_embd;
+    struct ggml_tensor * output_norm;
+    struct ggml_tensor * output; /* the token embedding when tied */
+    void * weights;              /* the architecture's own layer weights (freed with the model) */
+};
+
+/* Open a GGUF, pick its architecture and load its description (no weight data is read). */
+dfl_status dfl_model_open(const char * path, dfl_model * m);
+void dfl_model_close(dfl_model * m);
+/* Comma-separated names of the architectures this build runs. */
+const char * dfl_model_arch_names(void);
+
+/* ---- graph services for layer builders ------------------------------------------ */
+
+struct dfl_graph {
+    struct ggml_context * ctx;
+    struct ggml_cgraph * gf;
+    int n;                    /* rows: tokens of a decode or chain, nodes of a tree */
+    struct ggml_tensor * pos; /* [n] I32 position of each row */
+    void * runtime;           /* the runtime's own state for this graph */
+};
+
+/* Attention over the cache and this graph's rows with the runtime's mask (causal, or
+ * ancestors only in a tree): stores k and v at the rows' cache slots.
+ * q [hd_k, n_head, n], k [hd_k, n_head_kv, n], v [hd_v * n_head_kv, n] -> [hd_v * n_head, n]. */
+struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                         struct ggml_tensor * v, float scale);
+
+/* The layer's short causal convolution (before activation) over x [conv_channels, n]
+ * with kernel [d_conv, conv_channels]: each row sees the inputs before it (along the
+ * tree path in a tree). -> [conv_channels, n] */
+struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel);
+
+/* The layer's gated delta rule from its committed state: q, k [head_k_dim, n_k_heads, n]
+ * (normalised), v [head_v_dim, n_v_heads, n], log-decay g and beta [n_v_heads, n].
+ * -> output [head_v_dim, n_v_heads, n] */
+struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                         struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta);
+
+/* ---- shared building blocks -------------------------------------------------------- */
+
+struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps);
+/* x / sqrt(sum(x^2) + eps) per row */
+struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor * x, float eps);
+/* down(silu(gate x) * up x) */
+struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * gate,
+                                    struct ggml_tensor * up, struct ggml_tensor * down);
+
+/* Routed experts: softmax over the router's logits, the n_used best experts per row with
+ * their probabilities renormalised to sum to 1, each a SwiGLU FFN. gate_up (when not
+ * NULL) holds gate and up fused [n_embd, 2 n_ff, n_expert]; else gate and up apart. */
+typedef struct dfl_moe_weights {
+    struct ggml_tensor * router;  /* [n_embd, n_expert] */
+    struct ggml_tensor * gate, * up, * gate_up, * down;
+    int n_expert, n_used;
+} dfl_moe_weights;
+struct ggml_tensor * dfl_moe_ffn(struct ggml_context * ctx, struct ggml_tensor * x, const dfl_moe_weights * w);
+
+/* ---- loader helpers ----------------------------------------------------------------- */
+
+/* A required u32 key ("." prefix: the architecture's) in 1..2^30. */
+dfl_status dfl_model_key(const dfl_model * m, const char * key, int * out);
+/* An optional u32 key with a default. */
+dfl_status dfl_model_key_or(const dfl_model * m, const char * key, int def, int * out);
+/* Tensor "blk.<il>.<name>" (il < 0: "<name>") of shape [ne0, ne1, ne2]: trailing zeros
+ * end the shape (ne1 = 0: a vector), every dimension after it must be 1. */
+dfl_status dfl_model_tensor(const dfl_model * m, const char * name, int il, int64_t ne0, int64_t ne1, int64_t ne2,
+                            bool required, struct ggml_tensor ** out);
+/* token_embd, output_norm and output (tied when absent); sets n_vocab. */
+dfl_status dfl_model_load_io(dfl_model * m);
+/* Which layers are recurrent: the attention.recurrent_layers array, or else every
+ * layer but each full_attention_interval-th. */
+dfl_status dfl_model_hybrid_layout(dfl_model * m);
+
+#endif

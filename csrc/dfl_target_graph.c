@@ -1,0 +1,416 @@
+/* Target graphs: the layer loop over the architecture's builders, the graph services
+ * those builders call (attention over the cache, short convolution and delta rule with
+ * their state), the pending commit carried at the start of a graph, and the inputs. */
+#include "dfl_target_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+/* What the graph services need to know about the graph being built. */
+typedef struct graph_build {
+    dfl_target * t;
+    graph_inputs * in;
+    int n_kv;
+    bool verify; /* a chain verify: state moves only at commit */
+    bool tree;   /* a tree verify: rows follow their parents */
+} graph_build;
+
+int64_t dfl_target_replay_rows(const dfl_model * m) {
+    const dfl_recurrent_geometry * r = &m->rec;
+    return 2 * (int64_t) r->head_k_dim * r->n_k_heads + (int64_t) r->head_v_dim * r->n_v_heads + 2 * r->n_v_heads;
+}
+
+/* ---- graph services ------------------------------------------------------------------ */
+
+struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                         struct ggml_tensor * v, float scale) {
+    const graph_build * b = g->runtime;
+    dfl_target * t = b->t;
+    struct ggml_context * ctx = g->ctx;
+    const int n = g->n, n_kv = b->n_kv;
+    const int64_t hd_k = k->ne[0], n_head_kv = k->ne[1], hd_v = v->ne[0] / n_head_kv;
+
+    struct ggml_tensor * kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, hd_k * n_head_kv, n), b->in->slots);
+    struct ggml_tensor * vc = ggml_set_rows(ctx, t->v_cache[il], v, b->in->slots);
+    ggml_build_forward_expand(g->gf, kc);
+    ggml_build_forward_expand(g->gf, vc);
+
+    struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd_k, n_head_kv, n_kv, ggml_row_size(kc->type, hd_k), kc->nb[1], 0);
+    struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd_v, n_head_kv, n_kv, ggml_row_size(vc->type, hd_v), vc->nb[1], 0);
+    struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, K, 0, 2, 1, 3),
+                                                 ggml_permute(ctx, V, 0, 2, 1, 3), b->in->mask, scale, 0.0f, 0.0f);
+    ggml_prec_set_acc(o, GGML_PREC_F32);
+    return ggml_reshape_2d(ctx, o, hd_v * q->ne[1], n);
+}
+
+/* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
+ * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
+ * gathers each node's window along its ancestors instead. */
+struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
+    const graph_build * b = g->runtime;
+    dfl_target * t = b->t;
+    struct ggml_context * ctx = g->ctx;
+    const int64_t C = t->m.rec.conv_channels, W = t->m.rec.d_conv - 1, n = g->n;
+    const size_t f32 = sizeof(float);
+
+    if (b->tree) {
+        /* [committed conv inputs | node inputs], one column per time step, kept for commit */
+        struct ggml_tensor * cat = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, t->conv_state[il])), x, 1);
+        struct ggml_tensor * saved = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
+        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, cat, saved));
+        struct ggml_tensor * win = ggml_get_rows(ctx, cat, b->in->conv_windows);                   /* [C, (W+1) n] */
+        win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, C, W + 1, n), 1, 0, 2, 3)); /* [W+1, C, n] */
+        return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
+    }
+    struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
+    struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
+    if (b->verify) {
+        struct ggml_tensor * dst = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
+        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, ggml_transpose(ctx, ggml_reshape_2d(ctx, conv_in, W + n, C)), dst));
+    } else {
+        struct ggml_tensor * last = ggml_view_3d(ctx, conv_in, W, C, 1, conv_in->nb[1], conv_in->nb[2], n * f32);
+        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, last, conv_state));
+    }
+    return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, conv_in, kernel), C, n);
+}
+
+/* [ne0, ne1, n] (any strides) as the 4-D single-sequence layout ggml_gated_delta_net takes */
+static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_tensor * x, int64_t ne0, int64_t ne1,
+                                        int64_t n) {
+    if (ggml_is_contiguous(x)) {
+        return ggml_reshape_4d(ctx, x, ne0, ne1, n, 1);
+    }
+    return ggml_view_4d(ctx, x, ne0, ne1, n, 1, x->nb[1], x->nb[2], x->nb[2] * n, 0);
+}
+
+/* Tree verify: every node continues its parent's recurrence, one node after another in
+ * the given order (parents first). Node j's step gathers its parent's state from the
+ * per-node rows (the root starts from the committed state), runs one token and
+ * scatters [output | state] to row j. Which row is whose parent is an input, so the
+ * graph depends only on the node count: every tree of a budget reuses one graph. A
+ * chain-shaped tree does exactly the arithmetic of the chain path. */
+static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                           struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
+    const graph_build * b = g->runtime;
+    dfl_target * t = b->t;
+    struct ggml_context * ctx = g->ctx;
+    const dfl_recurrent_geometry * r = &t->m.rec;
+    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
+    const size_t f32 = sizeof(float);
+    const int64_t O = hv * Hv; /* output floats of a token; its state follows in the row */
+
+    struct ggml_tensor * rows = t->snapshots[il];
+    for (int j = 0; j < n; j++) {
+        struct ggml_tensor * s0;
+        if (j == 0) {
+            s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+        } else {
+            struct ggml_tensor * parent = ggml_get_rows(ctx, rows, b->in->parent_row[j]);
+            s0 = ggml_view_4d(ctx, parent, hv, hv, Hv, 1, hv * f32, hv * hv * f32, hv * hv * Hv * f32, O * f32);
+        }
+        struct ggml_tensor * qj = ggml_view_4d(ctx, q, hk, Hk, 1, 1, q->nb[1], q->nb[2], q->nb[2], j * q->nb[2]);
+        struct ggml_tensor * kj = ggml_view_4d(ctx, k, hk, Hk, 1, 1, k->nb[1], k->nb[2], k->nb[2], j * k->nb[2]);
+        struct ggml_tensor * vj = ggml_view_4d(ctx, v, hv, Hv, 1, 1, v->nb[1], v->nb[2], v->nb[2], j * v->nb[2]);
+        struct ggml_tensor * gj = ggml_view_4d(ctx, gate, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
+        struct ggml_tensor * bj = ggml_view_4d(ctx, beta, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
+        struct ggml_tensor * res = ggml_gated_delta_net(ctx, qj, kj, vj, gj, bj, s0, 1); /* [output | state] */
+        rows = ggml_set_rows(ctx, rows, ggml_reshape_2d(ctx, res, ggml_nelements(res), 1), b->in->node_row[j]);
+    }
+    ggml_build_forward_expand(g->gf, rows);
+    struct ggml_tensor * o = ggml_cont(ctx, ggml_view_2d(ctx, rows, O, n, rows->nb[1], 0));
+    return ggml_reshape_3d(ctx, o, hv, Hv, n);
+}
+
+struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                         struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
+    const graph_build * b = g->runtime;
+    dfl_target * t = b->t;
+    struct ggml_context * ctx = g->ctx;
+    const dfl_recurrent_geometry * r = &t->m.rec;
+    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
+    const size_t f32 = sizeof(float);
+
+    q = as_sequence(ctx, q, hk, Hk, n);
+    k = as_sequence(ctx, k, hk, Hk, n);
+    v = as_sequence(ctx, v, hv, Hv, n);
+    gate = ggml_reshape_4d(ctx, gate, 1, Hv, n, 1);
+    beta = ggml_reshape_4d(ctx, beta, 1, Hv, n, 1);
+    if (b->tree) {
+        return delta_net_tree(g, il, q, k, v, gate, beta);
+    }
+    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+    struct ggml_tensor * res = ggml_gated_delta_net(ctx, q, k, v, gate, beta, s0, 1);
+    const int64_t n_out = hv * Hv * n;
+    if (b->verify) {
+        /* the state moves only at commit, by rerunning the kept tokens (add_pending_commit):
+         * cheaper than keeping a state per verified token */
+        struct ggml_tensor * rp = t->replay[il];
+        const int64_t parts[5][2] = { { 0, hk * Hk }, { hk * Hk, hk * Hk }, { 2 * hk * Hk, hv * Hv },
+                                      { 2 * hk * Hk + hv * Hv, Hv }, { 2 * hk * Hk + hv * Hv + Hv, Hv } };
+        struct ggml_tensor * srcs[5] = { q, k, v, gate, beta };
+        for (int i = 0; i < 5; i++) {
+            struct ggml_tensor * dst = ggml_view_2d(ctx, rp, parts[i][1], n, rp->nb[1], (size_t) parts[i][0] * f32);
+            ggml_build_forward_expand(g->gf, ggml_cpy(ctx, srcs[i], dst));
+        }
+    } else {
+        struct ggml_tensor * s1 = ggml_view_1d(ctx, res, hv * hv * Hv, n_out * f32);
+        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, s1, t->ssm_state[il]));
+    }
+    return ggml_view_3d(ctx, res, hv, Hv, n, hv * f32, hv * Hv * f32, 0);
+}
+
+/* ---- the pending commit ---------------------------------------------------------------- */
+
+/* A commit is carried out at the start of the next graph, so a decoding step costs
+ * one target graph. Attention: after a tree, the accepted path's rows move to
+ * consecutive slots (a chain's are already in place). Recurrent layers: the conv state
+ * becomes the inputs before the next token, and the recurrent state that of the last
+ * kept token: after a chain, by rerunning the recurrence over the verified tokens from
+ * the committed state with the tokens after the kept ones made identity steps (decay
+ * exp(0) = 1, update weight 0: the state passes through unchanged, bit for bit); after a
+ * tree, the kept node's row of the per-node states. Which rows, columns and tokens is
+ * an input, so the graph's shape does not depend on the accepted length and
+ * consecutive steps reuse it. Cache rows move through a gather and a scatter: every
+ * read happens before any write, and the round trip through f32 is exact for every
+ * cache type (quantized rows requantize to the same bytes). */
+static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in) {
+    in->commit_state_row = in->commit_keep = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
+    if (!t->commit.active) {
+        return;
+    }
+    const dfl_model * m = &t->m;
+    const bool tree = t->commit.tree;
+    if (tree && m->n_attention > 0) {
+        in->commit_kv_src = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, t->p.n_verify);
+        in->commit_kv_dst = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, t->p.n_verify);
+        ggml_set_input(in->commit_kv_src);
+        ggml_set_input(in->commit_kv_dst);
+    }
+    if (m->n_recurrent > 0) {
+        if (tree) {
+            in->commit_state_row = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
+            ggml_set_input(in->commit_state_row);
+        } else {
+            in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, t->commit.n_verified, 1);
+            ggml_set_input(in->commit_keep);
+        }
+        in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, m->rec.d_conv - 1);
+        ggml_set_input(in->commit_conv_cols);
+    }
+    const int64_t hk = m->rec.head_k_dim, hv = m->rec.head_v_dim, Hk = m->rec.n_k_heads, Hv = m->rec.n_v_heads;
+    const size_t f32 = sizeof(float);
+    for (int il = 0; il < m->n_layer; il++) {
+        if (m->kind[il] == DFL_LAYER_ATTENTION) {
+            if (tree) {
+                struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
+                for (int c = 0; c < 2; c++) {
+                    struct ggml_tensor * rows = ggml_get_rows(ctx, caches[c], in->commit_kv_src);
+                    ggml_build_forward_expand(gf, ggml_set_rows(ctx, caches[c], rows, in->commit_kv_dst));
+                }
+            }
+            continue;
+        }
+        struct ggml_tensor * state;
+        if (tree) {
+            struct ggml_tensor * row = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
+            state = ggml_view_2d(ctx, row, hv * hv * Hv, 1, row->nb[1], hv * Hv * f32); /* after the output */
+        } else {
+            struct ggml_tensor * rp = t->replay[il];
+            const size_t row = rp->nb[1];
+            const int R = t->commit.n_verified;
+            const int64_t at_g = 2 * hk * Hk + hv * Hv;
+            struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, 0);
+            struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, hk * Hk * f32);
+            struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, row, row * R, 2 * hk * Hk * f32);
+            struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, at_g * f32);
+            struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, (at_g + Hv) * f32);
+            g = ggml_mul(ctx, g, in->commit_keep);
+            b = ggml_mul(ctx, b, in->commit_keep);
+            struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+            struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
+            state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
+        }
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], hv * hv * Hv, 1)));
+        struct ggml_tensor * cols = ggml_get_rows(ctx, t->conv_scratch[il], in->commit_conv_cols); /* [C, W] */
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, cols), t->conv_state[il]));
+    }
+}
+
+static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
+    const pending_commit * pc = &t->commit;
+    if (in->commit_kv_src) {
+        const int M = t->p.n_verify;
+        int32_t * src = t->host_i32;
+        int64_t * dst = t->host_i64;
+        /* unused entries copy row p0 onto itself (path[0] is always the root, already in place) */
+        for (int k = 0; k < M; k++) {
+            src[k] = pc->p0 + (k < pc->n_keep ? pc->path[k] : 0);
+            dst[k] = pc->p0 + (k < pc->n_keep ? k : 0);
+        }
+        ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
+        ggml_backend_tensor_set(in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
+    }
+    if (in->commit_state_row) {
+        const int32_t state_row = pc->state_row;
+        ggml_backend_tensor_set(in->commit_state_row, &state_row, 0, sizeof state_row);
+    }
+    if (in->commit_keep) {
+        float keep[DFL_MAX_VERIFY];
+        for (int k = 0; k < pc->n_verified; k++) {
+            keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
+        }
+        ggml_backend_tensor_set(in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
+    }
+    if (in->commit_conv_cols) {
+        ggml_backend_tensor_set(in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.rec.d_conv - 1) * sizeof(int32_t));
+    }
+}
+
+/* ---- the graph --------------------------------------------------------------------- */
+
+static void capture_features(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                             struct ggml_tensor * x, int layer, int n) {
+    for (int f = 0; f < t->p.n_feature_layers; f++) {
+        if (t->p.feature_layers[f] == layer) {
+            struct ggml_tensor * dst = ggml_view_2d(ctx, t->features, t->m.n_embd, n, t->features->nb[1],
+                                                    (size_t) f * t->m.n_embd * sizeof(float));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, x, dst));
+        }
+    }
+}
+
+static struct ggml_tensor * new_input(struct ggml_context * ctx, enum ggml_type type, int64_t n) {
+    struct ggml_tensor * x = ggml_new_tensor_1d(ctx, type, n);
+    ggml_set_input(x);
+    return x;
+}
+
+struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
+                                            int n_kv, bool verify, bool tree, int logits,
+                                            struct ggml_tensor * tokens_src) {
+    const dfl_model * m = &t->m;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, t->rt.graph_size, false);
+    add_pending_commit(t, ctx, gf, in);
+
+    in->tokens = tokens_src ? NULL : new_input(ctx, GGML_TYPE_I32, n);
+    struct ggml_tensor * tokens = tokens_src ? ggml_view_1d(ctx, tokens_src, n, 0) : in->tokens;
+    in->pos = new_input(ctx, GGML_TYPE_I32, n);
+    in->slots = new_input(ctx, GGML_TYPE_I64, n);
+    in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
+    ggml_set_input(in->mask);
+    in->conv_windows = in->parent_rows = in->node_rows = NULL;
+    if (tree && m->n_recurrent > 0) {
+        in->conv_windows = new_input(ctx, GGML_TYPE_I32, (int64_t) m->rec.d_conv * n);
+        in->node_rows = new_input(ctx, GGML_TYPE_I64, n);
+        /* the root starts from the committed state: only nodes 1.. have a parent row */
+        in->parent_rows = n > 1 ? new_input(ctx, GGML_TYPE_I32, n - 1) : NULL;
+        for (int j = 0; j < n; j++) {
+            in->parent_row[j] = j ? ggml_view_1d(ctx, in->parent_rows, 1, (size_t) (j - 1) * sizeof(int32_t)) : NULL;
+            in->node_row[j] = ggml_view_1d(ctx, in->node_rows, 1, (size_t) j * sizeof(int64_t));
+        }
+    }
+
+    graph_build b = { t, in, n_kv, verify && !tree, tree };
+    dfl_graph g = { ctx, gf, n, in->pos, &b };
+    struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, tokens);
+    if (m->embd_scale != 1.0f) {
+        x = ggml_scale(ctx, x, m->embd_scale);
+    }
+    for (int il = 0; il < m->n_layer; il++) {
+        capture_features(t, ctx, gf, x, il, n);
+        x = m->arch->build_layer(m, &g, il, x);
+    }
+    /* layer n_layer is the final-normed state, as transformers' last hidden_states entry
+     * (what z-lab's drafters read for the last target layer) */
+    bool normed = false;
+    for (int f = 0; f < t->p.n_feature_layers && !normed; f++) {
+        if (t->p.feature_layers[f] == m->n_layer) {
+            x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
+            normed = true;
+            capture_features(t, ctx, gf, x, m->n_layer, n);
+        }
+    }
+
+    t->out_logits = NULL;
+    t->out_argmax = NULL;
+    if (logits != LOGITS_NONE) {
+        if (logits == LOGITS_LAST && n > 1) {
+            x = ggml_view_2d(ctx, x, m->n_embd, 1, x->nb[1], (size_t) (n - 1) * x->nb[1]);
+        }
+        if (!normed) {
+            x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
+        }
+        struct ggml_tensor * out = ggml_mul_mat(ctx, m->output, x);
+        if (m->logit_softcap > 0.0f) {
+            out = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, out, 1.0f / m->logit_softcap)), m->logit_softcap);
+        }
+        t->out_logits = out;
+        t->out_argmax = ggml_argmax(ctx, out);
+        ggml_set_output(t->out_logits);
+        ggml_set_output(t->out_argmax);
+        ggml_build_forward_expand(gf, t->out_argmax);
+    }
+    ggml_build_forward_expand(gf, x);
+    return gf;
+}
+
+/* ---- inputs ---------------------------------------------------------------------------- */
+
+/* Tokens (unless they come from a device tensor), positions (n_past + depth; a chain's
+ * depth is its index) and cache slots (n_past + index). */
+static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n,
+                             const int32_t * depth) {
+    int32_t * pos = t->host_i32;
+    int64_t * slots = t->host_i64;
+    for (int i = 0; i < n; i++) {
+        pos[i] = t->n_past + (depth ? depth[i] : i);
+        slots[i] = t->n_past + i;
+    }
+    if (in->tokens) {
+        ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+    }
+    ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
+    ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
+}
+
+/* Causal for a chain; a tree node sees the context and its ancestors. */
+static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, bool tree) {
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
+    const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
+    const tree_plan * tp = &t->tree;
+    for (int i = 0; i < n; i++) {
+        ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
+        for (int j = 0; j < n_kv; j++) {
+            const int node = j - t->n_past;
+            const bool visible = tree ? node < 0 || (node < n && (tp->ancestors[i] >> node & 1)) : node <= i;
+            row[j] = visible ? zero : minf;
+        }
+    }
+    ggml_backend_tensor_set(in->mask, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+}
+
+static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
+    const tree_plan * tp = &t->tree;
+    int32_t parent_rows[DFL_MAX_TREE];
+    int64_t node_rows[DFL_MAX_TREE];
+    for (int i = 0; i < n; i++) {
+        parent_rows[i] = i + 1 < n ? tp->parent[i + 1] : 0;
+        node_rows[i] = i;
+    }
+    if (in->parent_rows) {
+        ggml_backend_tensor_set(in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
+    }
+    ggml_backend_tensor_set(in->node_rows, node_rows, 0, (size_t) n * sizeof(int64_t));
+    ggml_backend_tensor_set(in->conv_windows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
+}
+
+void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {
+    if (t->commit.active) {
+        fill_commit_inputs(t, in);
+    }
+    set_token_inputs(t, in, tokens, n, tree ? t->tree.depth : NULL);
+    set_mask(t, in, n, n_kv, tree);
+    if (in->conv_windows) {
+        set_tree_rows(t, in, n);
+    }
+}

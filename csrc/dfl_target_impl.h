@@ -1,0 +1,130 @@
+/* The target runtime's state, shared by its two halves: dfl_target.c (loading, calls,
+ * commits' bookkeeping, graph reuse) and dfl_target_graph.c (graph building). */
+#ifndef DFL_TARGET_IMPL_H
+#define DFL_TARGET_IMPL_H
+
+#include "dfl_model.h"
+#include "dfl_runtime.h"
+#include "dfl_target.h"
+
+#define DFL_MAX_TREE 64
+#define DFL_MAX_VERIFY 256
+
+enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
+
+typedef struct tree_plan {
+    int n;
+    int32_t parent[DFL_MAX_TREE];
+    int32_t depth[DFL_MAX_TREE];
+    uint64_t ancestors[DFL_MAX_TREE];               /* bit j: node j is on the path to the root */
+    int32_t windows[DFL_MAX_TREE * 16];             /* conv window per node, d_conv entries */
+} tree_plan;
+
+typedef struct graph_inputs {
+    struct ggml_tensor * tokens;
+    struct ggml_tensor * pos;
+    struct ggml_tensor * slots;
+    struct ggml_tensor * mask;
+    /* tree verify of a model with recurrent layers */
+    struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
+    struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
+    struct ggml_tensor * node_rows;    /* [n] row of each node: 0, 1, ..., n-1 */
+    struct ggml_tensor * parent_row[DFL_MAX_TREE]; /* one-entry views of the two, per node */
+    struct ggml_tensor * node_row[DFL_MAX_TREE];
+    /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
+     * NULL when the model has nothing of that kind to commit */
+    struct ggml_tensor * commit_state_row; /* tree: [1] row of the snapshots that becomes the state */
+    struct ggml_tensor * commit_keep;      /* chain: [verified tokens] 1 for the kept ones, 0 after */
+    struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
+    struct ggml_tensor * commit_kv_src;    /* tree: [n_verify] cache rows to move ... */
+    struct ggml_tensor * commit_kv_dst;    /* ... and where to */
+} graph_inputs;
+
+/* What makes two target graphs identical apart from their inputs. */
+typedef struct graph_key {
+    int n;
+    int n_kv;
+    int logits;
+    bool verify;
+    int commit;                      /* carries a pending commit: 0 none, 1 chain, 2 tree */
+    int commit_replay;               /* chain: tokens rerun */
+    struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
+    bool tree;                       /* a tree verify (its shape is an input) */
+} graph_key;
+
+typedef struct graph_cache {
+    bool valid;
+    uint64_t last_use;
+    graph_key key;
+    struct ggml_cgraph * gf;
+    graph_inputs in;
+    struct ggml_tensor * logits;
+    struct ggml_tensor * argmax;
+} graph_cache;
+
+/* A commit waiting for the next graph (see add_pending_commit). */
+typedef struct pending_commit {
+    bool active;
+    bool tree;
+    int p0;                       /* context length before the commit */
+    int n_keep;
+    int n_verified;               /* chain: tokens of the verify, rerun up to the kept ones */
+    int32_t path[DFL_MAX_TREE];   /* tree: the kept node of each new position */
+    int state_row;                /* tree: row of the snapshots buffer that becomes the state */
+    int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
+} pending_commit;
+
+struct dfl_target {
+    dfl_model m;
+    dfl_target_params p;
+    dfl_runtime rt;
+
+    struct ggml_context * ctx_state[2];   /* [0] on the device, [1] on the CPU (layers not offloaded) */
+    ggml_backend_buffer_t buf_state[2];
+    /* attention layers */
+    struct ggml_tensor * k_cache[DFL_MAX_LAYERS];     /* [kv_dim, n_ctx] */
+    struct ggml_tensor * v_cache[DFL_MAX_LAYERS];
+    /* recurrent layers */
+    struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */
+    struct ggml_tensor * ssm_state[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v] */
+    struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * H_v + S_v * S_v * H_v, tree nodes]: per node of
+                                                         the last tree verify, its output and state */
+    struct ggml_tensor * replay[DFL_MAX_LAYERS];      /* [2 S_k H_k + S_v H_v + 2 H_v, n_verify] q, k, v, g, beta
+                                                         of the last chain verify, to rerun the accepted part */
+    struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last
+                                                         verify, committed ones first, one column per step or node */
+    struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */
+
+    /* host staging for graph inputs */
+    int32_t * host_i32;
+    int64_t * host_i64;
+    ggml_fp16_t * host_mask;
+    size_t host_rows, host_mask_size;
+
+    /* results of the last call */
+    struct ggml_tensor * out_logits;
+    struct ggml_tensor * out_argmax;
+    int n_out;
+    int n_rows;
+
+    int n_past;
+    int pending_verify;
+    bool pending_tree;
+    tree_plan tree;
+    pending_commit commit;
+    graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
+    uint64_t graph_clock;
+    int64_t n_graphs, n_graph_builds;
+};
+
+/* dfl_target_graph.c */
+struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
+                                            int n_kv, bool verify, bool tree, int logits,
+                                            struct ggml_tensor * tokens_src);
+void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree);
+
+/* Per verified token, what a recurrent layer keeps to rerun its recurrence at commit:
+ * q and k (normalised), v, g and beta. */
+int64_t dfl_target_replay_rows(const dfl_model * m);
+
+#endif
