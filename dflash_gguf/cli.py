@@ -16,10 +16,10 @@ from .target import KV_TYPES
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dflash-run",
-        description="Generate text with a Qwen3.5 GGUF model, losslessly sped up by a DFlash drafter. "
+        description="Generate text with a Qwen3 / Qwen3.5 GGUF model, losslessly sped up by a DFlash drafter. "
                     "With no -m, runs the bundled demo.",
     )
-    p.add_argument("-m", "--model", help="target model GGUF (qwen35)")
+    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe or qwen3)")
     p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")

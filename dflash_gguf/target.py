@@ -1,5 +1,5 @@
-"""The Qwen3.5 target model on the C runtime: decode, verify, commit, and the
-results of the last call."""
+"""A target model on the C runtime (qwen35, qwen35moe or qwen3): decode, verify,
+commit, and the results of the last call."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
