@@ -8,14 +8,14 @@
 
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
-extern const dfl_arch dfl_arch_qwen35;
-extern const dfl_arch dfl_arch_qwen35moe;
-extern const dfl_arch dfl_arch_qwen3;
+#define DFL_ARCH(name) extern const dfl_arch dfl_arch_##name;
+#include "models/registry.def"
+#undef DFL_ARCH
 
 static const dfl_arch * const ARCHS[] = {
-    &dfl_arch_qwen35,
-    &dfl_arch_qwen35moe,
-    &dfl_arch_qwen3,
+#define DFL_ARCH(name) &dfl_arch_##name,
+#include "models/registry.def"
+#undef DFL_ARCH
 };
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
 

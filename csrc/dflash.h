@@ -53,7 +53,7 @@ dfl_status dfl_device_describe(int i, char * buf, size_t buf_size);
  * them) to the registry; they are then named RPC0, RPC1, ... */
 dfl_status dfl_rpc_add_server(const char * endpoint);
 
-/* ---- target model (Qwen3.5 hybrid) ---------------------------------------------- */
+/* ---- target model (any registered architecture: qwen35, qwen35moe, qwen3) ------- */
 
 typedef struct dfl_target dfl_target;
 
