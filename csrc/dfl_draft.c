@@ -55,7 +55,9 @@ struct dfl_draft {
     struct ggml_tensor * k_cache[DRAFT_MAX_LAYERS];
     struct ggml_tensor * v_cache[DRAFT_MAX_LAYERS];
     struct ggml_tensor * block;  /* [block_size] the last proposed block, bonus first, for the target to read */
-    int n_ctx;      /* capacity, the target's; the caches have one more slot, for padding rows */
+    int n_ctx;      /* context positions it can hold: the target's */
+    int ring;       /* cache slots: position p lives in slot p % ring; slot `ring` takes padding rows.
+                       n_ctx, or with a window W only W + block_size: the window and the block */
     int n_tokens;   /* context positions filled */
 
     struct ggml_tensor * out_logits;
@@ -203,6 +205,7 @@ static dfl_status read_model(dfl_draft * d) {
 }
 
 static dfl_status alloc_state(dfl_draft * d) {
+    d->ring = d->p.window > 0 && d->p.window + d->block_size < d->n_ctx ? d->p.window + d->block_size : d->n_ctx;
     struct ggml_init_params ip = { (size_t) (2 * d->n_layer + 2) * ggml_tensor_overhead(), NULL, true };
     d->ctx_state = ggml_init(ip);
     if (!d->ctx_state) {
@@ -210,8 +213,8 @@ static dfl_status alloc_state(dfl_draft * d) {
     }
     const int64_t kv_dim = (int64_t) d->head_dim * d->n_head_kv;
     for (int il = 0; il < d->n_layer; il++) {
-        d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx + 1);
-        d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->n_ctx + 1);
+        d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->ring + 1);
+        d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->ring + 1);
     }
     d->block = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
     d->buf_state = ggml_backend_alloc_ctx_tensors_from_buft(d->ctx_state, ggml_backend_get_default_buffer_type(d->rt.backend));
@@ -360,7 +363,7 @@ static void store_kv(dfl_draft * d, struct ggml_context * ctx, struct ggml_cgrap
 static void set_positions(dfl_draft * d, struct ggml_tensor * pos, struct ggml_tensor * slots, int p0, int n) {
     for (int i = 0; i < n; i++) {
         d->host_i32[i] = p0 + i;
-        d->host_i64[i] = p0 + i;
+        d->host_i64[i] = (p0 + i) % d->ring;
     }
     ggml_backend_tensor_set(pos, d->host_i32, 0, (size_t) n * sizeof(int32_t));
     ggml_backend_tensor_set(slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
@@ -398,7 +401,8 @@ static void build_append(dfl_draft * d, struct ggml_context * ctx, struct ggml_c
 }
 
 /* rows[0..n) at the next context positions; a graph built for more rows gets padding
- * rows (feature row 0) that write to the scratch slot past the context */
+ * rows (feature row 0) that write to the scratch slot past the ring. So do rows that a
+ * later row of the same call replaces in the ring: one scatter never writes a slot twice. */
 static void set_append_inputs(dfl_draft * d, const append_inputs * in, const int32_t * rows, int n) {
     const int64_t R = in->rows->ne[0];
     for (int i = 0; i < R; i++) {
@@ -406,8 +410,10 @@ static void set_append_inputs(dfl_draft * d, const append_inputs * in, const int
     }
     ggml_backend_tensor_set(in->rows, d->host_i32, 0, (size_t) R * sizeof(int32_t));
     set_positions(d, in->pos, in->slots, d->n_tokens, (int) R);
-    for (int i = n; i < R; i++) {
-        d->host_i64[i] = d->n_ctx;
+    for (int i = 0; i < R; i++) {
+        if (i >= n || i < n - d->ring) {
+            d->host_i64[i] = d->ring;
+        }
     }
     ggml_backend_tensor_set(in->slots, d->host_i64, 0, (size_t) R * sizeof(int64_t));
 }
@@ -522,8 +528,8 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
         return dfl_fail(DFL_ERR_CAPACITY, "context overflow: drafting %d positions after %d exceeds %d", B, p, d->n_ctx);
     }
     int n_kv = ((p + B + DRAFT_KV_PAD - 1) / DRAFT_KV_PAD) * DRAFT_KV_PAD;
-    if (n_kv > d->n_ctx) {
-        n_kv = d->n_ctx;
+    if (n_kv > d->ring) {
+        n_kv = d->ring;
     }
     /* deferred context rows ride in the same graph, padded to the block size so that
      * every step has the same shape */
@@ -555,11 +561,15 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     ggml_backend_tensor_set(d->block, &bonus, 0, sizeof(int32_t));
     set_positions(d, g->pos, g->slots, p, B);
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
-    const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0;
-    for (int i = 0; i < B; i++) {
-        for (int j = 0; j < n_kv; j++) {
-            d->host_mask[(size_t) i * n_kv + j] = (j >= first && j < p + B) ? zero : minf;
-        }
+    /* slot j holds the latest position below p + B that maps to it: visible when that
+     * position is in the window (an older or stale one is out of it by construction) */
+    const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0, end = p + B;
+    for (int j = 0; j < n_kv; j++) {
+        const int pos = j < end ? j + d->ring * ((end - 1 - j) / d->ring) : -1;
+        d->host_mask[j] = pos >= first ? zero : minf;
+    }
+    for (int i = 1; i < B; i++) {
+        memcpy(d->host_mask + (size_t) i * n_kv, d->host_mask, (size_t) n_kv * sizeof(ggml_fp16_t));
     }
     ggml_backend_tensor_set(g->mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
     TRY(dfl_runtime_compute(&d->rt, 0, g->gf));

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
                         "for the best expected speed (verify cost measured once per model and machine)")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
+    p.add_argument("--draft-window", type=int, default=0, metavar="W",
+                   help="the drafter attends to the last W context positions only and keeps only those "
+                        "in its cache (default 0: the whole context)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
     p.add_argument("--no-repack", action="store_true",
                    help="keep quantized matrices in file layout: bit-identical results across batch shapes")
@@ -112,6 +115,8 @@ def _validate(args, parser) -> None:
         args.tree_budget = n
     if not 1 <= args.draft_top_k <= 64:
         parser.error("--draft-top-k must be between 1 and 64")
+    if args.draft_window < 0:
+        parser.error("--draft-window must be >= 0")
     from .sampling import SamplingParams
 
     try:
@@ -230,7 +235,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         block_size=args.block_size,
                         tree_budget=args.tree_budget, draft_top_k=args.draft_top_k,
                         device=args.device, repack=not args.no_repack,
-                        n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers)
+                        n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
+                        draft_window=args.draft_window)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-run: error: {e}", file=sys.stderr)
         return 1

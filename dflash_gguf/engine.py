@@ -41,7 +41,7 @@ class Engine:
                  n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
                  block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
                  draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
-                 n_gpu_layers: int = -1):
+                 n_gpu_layers: int = -1, draft_window: int = 0):
         meta = read_draft_metadata(draft) if draft else None
         if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
             raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
@@ -51,6 +51,8 @@ class Engine:
             if isinstance(tree_budget, str) or not 1 <= int(tree_budget) <= 63:
                 raise ValueError(f"tree budget must be 1..63 or 'auto', got {tree_budget!r}")
         self.tree_budget = (self.AUTO_MAX_BUDGET if self.auto_budget else tree_budget) if meta else None
+        if draft_window < 0:
+            raise ValueError(f"draft window must be >= 0 (0: the whole context), got {draft_window}")
         if self.tree_budget is not None and not 1 <= draft_top_k <= 64:
             raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
         n_verify = max(self.block_size or 1, (self.tree_budget or 0) + 1)
@@ -62,7 +64,8 @@ class Engine:
         try:
             self.tokenizer = Tokenizer(model)
             top_k = draft_top_k if self.tree_budget else 0
-            self.draft = Draft(draft, self.target, DraftConfig(n_threads=n_threads, top_k=top_k)) if draft else None
+            self.draft = Draft(draft, self.target, DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window)) \
+                if draft else None
         except BaseException:
             self.target.close()
             raise

@@ -357,3 +357,52 @@ def test_device_block_handoff_errors(pair):
     target.commit(0)
     target.verify(block)
     assert np.array_equal(target.logits(0, 4), logits)
+
+
+def window_reference_logits(ref_target, ref_draft, context, bonus, window):
+    """z-lab's drafter on the last `window` context positions only."""
+    from dflash.model import extract_context_feature
+
+    p = len(context)
+    with torch.no_grad():
+        out = ref_target(torch.tensor([context]), output_hidden_states=True)
+        feats = extract_context_feature(out.hidden_states, ref_draft.target_layer_ids)[:, max(0, p - window):]
+        noise = ref_target.get_input_embeddings()(torch.tensor([[bonus] + [ref_draft.mask_token_id] * (BLOCK - 1)]))
+        pos = torch.arange(max(0, p - window), p + BLOCK)[None]
+        hidden = ref_draft(target_hidden=feats, noise_embedding=noise, position_ids=pos, use_cache=False)
+        return ref_draft.compute_logits(hidden[:, 1:], ref_target.lm_head)[0].numpy()
+
+
+@pytest.mark.parametrize("n_ubatch", [8, 32])
+def test_drafter_ring_window_matches_reference_across_wraparound(pair, n_ubatch):
+    """With a window W the drafter keeps W + block positions in a ring: every step,
+    after the ring has wrapped several times (and with prefill chunks longer than the
+    ring), its logits equal the reference drafter run on the last W positions."""
+    ref_target, ref_draft = reference_models(pair)
+    meta = read_draft_metadata(pair["draft"])
+    window = 9
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=n_ubatch, n_verify=BLOCK, kv_type="f32",
+                                                 feature_layers=meta["target_layers"]))
+    draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", window=window))
+    context = prompts(1, seed=32)[0] + list(range(300, 330))
+    target.prefill(context, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+    bonus = int(target.argmax()[0])
+    for step, keep in enumerate([1, 3, 8, 2, 5, 8, 1, 4]):
+        block = [bonus] + draft.propose(bonus)
+        ref = window_reference_logits(ref_target, ref_draft, context, bonus, window)
+        assert rel_err(draft.logits(0, BLOCK - 1), ref) < 1e-3, f"step {step}"
+        target.verify(block)
+        bonus = int(target.argmax(0, BLOCK)[keep - 1])
+        target.commit(keep)
+        draft.append_rows(keep)
+        context += block[:keep]
+
+
+def test_lossless_with_a_drafter_window_shorter_than_the_prompt(pair):
+    target, _ = load(pair)
+    draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", window=6))
+    for prompt in prompts(3, seed=33):
+        prompt = prompt + list(range(400, 420))
+        ar, _ = greedy_generate(target, prompt, 64)
+        spec, _ = speculative_generate(target, draft, prompt, 64)
+        assert_same_or_tie(target, prompt, ar, spec)
