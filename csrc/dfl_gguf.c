@@ -248,27 +248,36 @@ static ggml_backend_buffer_type_t repack_buft(ggml_backend_dev_t dev, struct ggm
     return found;
 }
 
-/* Allocate every tensor marked with buft in one buffer and copy its data in (a
- * repacking buffer type converts the layout as the data arrives). */
-static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, ggml_backend_buffer_type_t * marks,
-                                const char * base) {
-    size_t total = 0;
-    const size_t align = ggml_backend_buft_get_alignment(buft);
-    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
-        if (marks[i] == buft) {
-            struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
-            total += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
-        }
+/* The largest buffer of buft to put weights in: the device's limit, or less when
+ * DFLASH_WEIGHT_BUFFER_MIB asks for it (to exercise device limits on any machine). */
+static size_t max_weight_buffer(ggml_backend_buffer_type_t buft) {
+    size_t max = ggml_backend_buft_get_max_size(buft);
+    const char * env = getenv("DFLASH_WEIGHT_BUFFER_MIB");
+    if (env && atol(env) > 0 && (size_t) atol(env) << 20 < max) {
+        max = (size_t) atol(env) << 20;
     }
-    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, total);
+    return max;
+}
+
+/* One buffer of buft for `size` bytes holding tensors [i0, i1) of those marked with
+ * it, their data copied in (a repacking buffer type converts the layout as the data
+ * arrives). */
+static dfl_status fill_buffer(dfl_gguf * g, ggml_backend_buffer_type_t buft, ggml_backend_buffer_type_t * marks,
+                              const char * base, int64_t i0, int64_t i1, size_t size) {
+    if (g->n_buffers == DFL_MAX_WEIGHT_BUFFERS) {
+        return dfl_fail(DFL_ERR_BACKEND, "'%s' needs more than %d weight buffers on %s", g->path,
+                        DFL_MAX_WEIGHT_BUFFERS, ggml_backend_buft_name(buft));
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, size);
     if (!buf) {
         return dfl_fail(DFL_ERR_BACKEND, "out of %s memory for %zu bytes of weights of '%s'",
-                        ggml_backend_buft_name(buft), total, g->path);
+                        ggml_backend_buft_name(buft), size, g->path);
     }
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     g->buffers[g->n_buffers++] = buf;
+    const size_t align = ggml_backend_buft_get_alignment(buft);
     char * p = ggml_backend_buffer_get_base(buf);
-    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+    for (int64_t i = i0; i < i1; i++) {
         if (marks[i] != buft) {
             continue;
         }
@@ -280,6 +289,37 @@ static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, g
         p += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
     }
     return DFL_OK;
+}
+
+/* Every tensor marked with buft, in file order, in as few buffers as the device's
+ * largest allocation allows. */
+static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, ggml_backend_buffer_type_t * marks,
+                                const char * base) {
+    const size_t align = ggml_backend_buft_get_alignment(buft), max = max_weight_buffer(buft);
+    const int64_t n = gguf_get_n_tensors(g->meta);
+    int64_t first = 0;
+    size_t size = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (marks[i] != buft) {
+            continue;
+        }
+        struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+        const size_t need = GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+        if (need > max) {
+            return dfl_fail(DFL_ERR_BACKEND, "tensor '%s' of '%s' (%zu bytes) exceeds the largest buffer %s allows (%zu)",
+                            t->name, g->path, need, ggml_backend_buft_name(buft), max);
+        }
+        if (size + need > max) {
+            dfl_status st = fill_buffer(g, buft, marks, base, first, i, size);
+            if (st != DFL_OK) {
+                return st;
+            }
+            first = i;
+            size = 0;
+        }
+        size += need;
+    }
+    return size > 0 ? fill_buffer(g, buft, marks, base, first, n, size) : DFL_OK;
 }
 
 static void add_unique(void ** set, int * n, void * x) {

@@ -11,13 +11,17 @@
 
 #include <stdbool.h>
 
+/* Weights go into buffers no larger than their device allows (GPU APIs cap single
+ * allocations), so a large model takes several. */
+#define DFL_MAX_WEIGHT_BUFFERS 1024
+
 typedef struct dfl_gguf {
     char path[1024];
     struct gguf_context * meta;
     struct ggml_context * ctx;      /* tensor metadata (no data) */
     size_t file_size;
     void * map;                     /* read-only mapping of the whole file */
-    ggml_backend_buffer_t buffers[10];
+    ggml_backend_buffer_t buffers[DFL_MAX_WEIGHT_BUFFERS];
     int n_buffers;
     char arch[64];
 } dfl_gguf;

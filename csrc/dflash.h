@@ -87,6 +87,8 @@ typedef struct dfl_target_info {
     int64_t n_graph_builds;   /* ... and how many of them had to be built (the rest reused one) */
     char device[128];
     int32_t n_threads;        /* CPU threads */
+    int32_t n_weight_buffers; /* backend buffers holding the weights (devices cap their size) */
+    char arch[32];            /* general.architecture of the model */
 } dfl_target_info;
 
 void dfl_target_default_params(dfl_target_params * params);

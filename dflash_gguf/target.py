@@ -82,7 +82,8 @@ class Target(NativeObject):
             "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "n_ubatch": info.n_ubatch,
             "n_verify": info.n_verify, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
             "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds, "n_threads": info.n_threads,
-            "device": ffi.string(info.device).decode(),
+            "device": ffi.string(info.device).decode(), "n_weight_buffers": info.n_weight_buffers,
+            "arch": ffi.string(info.arch).decode(),
         }
 
     @property

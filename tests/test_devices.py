@@ -60,6 +60,19 @@ def test_partial_offload_matches_the_cpu(pair, rpc_endpoint):
         assert r["chain"] == cpu["chain"] and r["tree"] == cpu["tree"], place
 
 
+def test_weights_split_into_buffers_the_device_allows(pair, rpc_endpoint, monkeypatch):
+    """A device caps single allocations (Vulkan, Metal): weights then take several
+    buffers. DFLASH_WEIGHT_BUFFER_MIB lowers the cap to show it on any device."""
+    placements = [{"device": "CPU", "n_gpu_layers": -1}, {"device": "RPC0", "n_gpu_layers": -1}]
+    monkeypatch.setenv("DFLASH_WEIGHT_BUFFER_MIB", "1")
+    res = run_isolated("offload_trace", rpc_endpoint, str(pair["target"]), str(pair["draft"]), placements)
+    cpu, rpc = res["runs"]
+    assert rpc["info"]["n_weight_buffers"] >= 3, rpc["info"]
+    for a, b in zip(rpc["logits"], cpu["logits"]):
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() < 1e-4
+    assert rpc["chain"] == cpu["chain"] and rpc["tree"] == cpu["tree"]
+
+
 def test_cli_rpc_offload_and_device_list(pair, rpc_endpoint):
     listed = run("--rpc", rpc_endpoint, "--list-devices")
     assert listed.returncode == 0 and "RPC0" in listed.stdout and "CPU" in listed.stdout
