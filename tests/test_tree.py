@@ -12,7 +12,7 @@ from test_speculative import BLOCK, ScriptedDraft, assert_same_or_tie, pair, pro
 from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import tree_generate
+from dflash_gguf.speculative import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 
 
@@ -270,6 +270,20 @@ def test_lossless_tree_q8_0(pair, convert_model):
         ar, _ = greedy_generate(target, prompt, 128)
         for budget in (4, 8, 16, 32):
             out, _ = tree_generate(target, draft, prompt, 128, budget)
+            assert_same_or_tie(target, prompt, ar, out)
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_lossless_with_quantized_kv_cache(pair, kv):
+    """Quantized attention caches through tree verifies and path commits (rows move in
+    quantized form) and chain commits: the same tokens as plain decoding with that cache."""
+    target, draft = load_tree(pair, kv=kv)
+    for prompt in prompts(3, seed=23):
+        ar, _ = greedy_generate(target, prompt, 96)
+        chain, _ = speculative_generate(target, draft, prompt, 96)
+        assert_same_or_tie(target, prompt, ar, chain)
+        for budget in (8, 32):
+            out, _ = tree_generate(target, draft, prompt, 96, budget)
             assert_same_or_tie(target, prompt, ar, out)
 
 
