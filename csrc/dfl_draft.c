@@ -3,6 +3,7 @@
  * [bonus, MASK...] embeddings (noise), attended non-causally. */
 #include "dfl_gguf.h"
 #include "dfl_runtime.h"
+#include "dfl_plan.h"
 #include "dfl_target.h"
 
 #include <math.h>
@@ -204,7 +205,7 @@ static dfl_status read_model(dfl_draft * d) {
     return DFL_OK;
 }
 
-static dfl_status alloc_state(dfl_draft * d) {
+static dfl_status define_state(dfl_draft * d) {
     d->ring = d->p.window > 0 && d->p.window + d->block_size < d->n_ctx ? d->p.window + d->block_size : d->n_ctx;
     struct ggml_init_params ip = { (size_t) (2 * d->n_layer + 2) * ggml_tensor_overhead(), NULL, true };
     d->ctx_state = ggml_init(ip);
@@ -217,6 +218,11 @@ static dfl_status alloc_state(dfl_draft * d) {
         d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->ring + 1);
     }
     d->block = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
+    return DFL_OK;
+}
+
+static dfl_status alloc_state(dfl_draft * d) {
+    TRY(define_state(d));
     d->buf_state = ggml_backend_alloc_ctx_tensors_from_buft(d->ctx_state, ggml_backend_get_default_buffer_type(d->rt.backend));
     if (!d->buf_state) {
         return dfl_fail(DFL_ERR_BACKEND, "out of device memory for the drafter context");
@@ -225,8 +231,9 @@ static dfl_status alloc_state(dfl_draft * d) {
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params,
-                                  dfl_draft ** out) {
+/* Everything before the weights: the drafter's description checked against its
+ * target, and its device. */
+static dfl_status open_draft(const char * path, dfl_target * target, const dfl_draft_params * params, dfl_draft ** out) {
     *out = NULL;
     if (!path || !target) {
         return dfl_fail(DFL_ERR_ARGUMENT, "a drafter needs a path and a loaded target");
@@ -264,7 +271,20 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
                                             d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
                                             DFL_GRAPH_SIZE, 1);
-    if (st == DFL_OK) st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, dfl_target_repack(d->target));
+    if (st != DFL_OK) {
+        dfl_draft_free(d);
+        return st;
+    }
+    *out = d;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params,
+                                  dfl_draft ** out) {
+    dfl_draft * d;
+    TRY(open_draft(path, target, params, &d));
+    *out = NULL;
+    dfl_status st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, dfl_target_repack(d->target));
     if (st == DFL_OK) st = alloc_state(d);
     if (st != DFL_OK) {
         dfl_draft_free(d);
@@ -302,6 +322,7 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     info->n_ctx_tokens = d->n_tokens;
     info->n_graphs = d->n_graphs;
     info->n_graph_builds = d->n_graph_builds;
+    info->compute_bytes = dfl_runtime_compute_bytes(&d->rt);
     return DFL_OK;
 }
 
@@ -653,4 +674,50 @@ DFL_API dfl_status dfl_draft_topk(const dfl_draft * d, int32_t row0, int32_t n_r
         }
     }
     return DFL_OK;
+}
+
+/* ---- memory plan ---------------------------------------------------------------------- */
+
+dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draft_params * params,
+                          dfl_part_sizes * out) {
+    memset(out, 0, sizeof *out);
+    dfl_draft * d;
+    TRY(open_draft(path, target, params, &d));
+    dfl_status st = define_state(d);
+    ggml_backend_buffer_t dummy = st == DFL_OK ? dfl_plan_dummy_buffer(d->rt.dev) : NULL;
+    if (st == DFL_OK && !dummy) {
+        st = dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", ggml_backend_dev_name(d->rt.dev));
+    }
+    if (st == DFL_OK) {
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d->rt.dev);
+        for (struct ggml_tensor * w = ggml_get_first_tensor(d->file.ctx); w; w = ggml_get_next_tensor(d->file.ctx, w)) {
+            out->weights += ggml_backend_buft_get_alloc_size(buft, w);
+            dfl_plan_place(w, dummy);
+        }
+        for (struct ggml_tensor * c = ggml_get_first_tensor(d->ctx_state); c; c = ggml_get_next_tensor(d->ctx_state, c)) {
+            out->cache += ggml_backend_buft_get_alloc_size(buft, c);
+            dfl_plan_place(c, dummy);
+        }
+        /* its one graph slot holds the larger of a prefill chunk's context append and a
+         * propose over the whole attention span */
+        const int B = d->block_size, n_kv = d->ring < d->n_ctx ? d->ring : d->n_ctx;
+        build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), B, B, n_kv);
+        size_t propose[2] = { 0, 0 }, append[2] = { 0, 0 };
+        st = dfl_plan_reserve(&d->rt, 0, d->graph.gf, propose);
+        if (st == DFL_OK) {
+            struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 0);
+            struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
+            append_inputs in;
+            build_append(d, ctx, gf, dfl_target_n_ubatch(target), &in);
+            st = dfl_plan_reserve(&d->rt, 0, gf, append);
+        }
+        for (int k = 0; k < 2; k++) {
+            out->compute[k] = propose[k] > append[k] ? propose[k] : append[k];
+        }
+    }
+    if (dummy) {
+        ggml_backend_buffer_free(dummy);
+    }
+    dfl_draft_free(d);
+    return st;
 }

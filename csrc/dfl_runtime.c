@@ -208,3 +208,14 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     }
     return DFL_OK;
 }
+
+size_t dfl_runtime_compute_bytes(const dfl_runtime * rt) {
+    size_t total = 0;
+    for (int i = 0; i < rt->n_slots; i++) {
+        ggml_backend_sched_t sched = rt->slots[i].sched;
+        for (int b = 0; b < ggml_backend_sched_get_n_backends(sched); b++) {
+            total += ggml_backend_sched_get_buffer_size(sched, ggml_backend_sched_get_backend(sched, b));
+        }
+    }
+    return total;
+}

@@ -45,5 +45,7 @@ void dfl_runtime_free(dfl_runtime * rt);
 struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot);
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
 dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
+/* Compute memory the slots' schedulers hold now, over every backend. */
+size_t dfl_runtime_compute_bytes(const dfl_runtime * rt);
 
 #endif

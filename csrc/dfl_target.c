@@ -68,7 +68,7 @@ static dfl_status check_params(const dfl_model * m, dfl_target_params * p) {
 }
 
 /* Trees have at most 64 nodes (their ancestor sets are 64-bit masks) and n_verify. */
-static int max_tree_nodes(const dfl_target * t) {
+int dfl_target_max_tree_nodes(const dfl_target * t) {
     return t->p.n_verify < DFL_MAX_TREE ? t->p.n_verify : DFL_MAX_TREE;
 }
 
@@ -89,14 +89,15 @@ static ggml_backend_dev_t output_device(const dfl_target * t) {
     return t->p.n_gpu_layers < 0 || t->p.n_gpu_layers > t->m.n_layer ? t->rt.dev : t->rt.dev_cpu;
 }
 
-/* Device of each weight, in file order. As in llama.cpp, the token embedding stays on
- * the CPU (it is only gathered from) unless it doubles as the LM head. */
-static dfl_status place_weights(dfl_target * t) {
-    dfl_gguf * g = &t->m.file;
+/* Device of each weight, in file order (NULL when out of host memory). As in
+ * llama.cpp, the token embedding stays on the CPU (it is only gathered from) unless it
+ * doubles as the LM head. */
+ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t) {
+    const dfl_gguf * g = &t->m.file;
     const int64_t n = gguf_get_n_tensors(g->meta);
     ggml_backend_dev_t * dev_of = malloc((size_t) (n + 1) * sizeof *dev_of);
     if (!dev_of) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        return NULL;
     }
     for (int64_t i = 0; i < n; i++) {
         const char * name = gguf_get_tensor_name(g->meta, i);
@@ -109,14 +110,22 @@ static dfl_status place_weights(dfl_target * t) {
             dev_of[i] = output_device(t);
         }
     }
-    dfl_status st = dfl_gguf_load_weights(g, dev_of, !t->p.no_repack);
+    return dev_of;
+}
+
+static dfl_status place_weights(dfl_target * t) {
+    ggml_backend_dev_t * dev_of = dfl_target_weight_devices(t);
+    if (!dev_of) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    dfl_status st = dfl_gguf_load_weights(&t->m.file, dev_of, !t->p.no_repack);
     free(dev_of);
     return st;
 }
 
 /* Caches and recurrent states live with their layer's weights: ctx_state[0] on the
- * device, ctx_state[1] on the CPU. */
-static dfl_status alloc_state(dfl_target * t) {
+ * device, ctx_state[1] on the CPU. Tensors only: alloc_state gives them memory. */
+dfl_status dfl_target_define_state(dfl_target * t) {
     const dfl_model * m = &t->m;
     const dfl_recurrent_geometry * r = &m->rec;
     const int n_tensors = 5 * m->n_layer + 1;
@@ -134,7 +143,7 @@ static dfl_status alloc_state(dfl_target * t) {
             t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->d_conv - 1, r->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
             const int64_t out_size = (int64_t) r->head_v_dim * r->n_v_heads;
-            t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, out_size + state_size, max_tree_nodes(t));
+            t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, out_size + state_size, dfl_target_max_tree_nodes(t));
             t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_replay_rows(m), t->p.n_verify);
             t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + t->p.n_verify);
         } else {
@@ -148,6 +157,11 @@ static dfl_status alloc_state(dfl_target * t) {
     const int rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
     t->features = ggml_new_tensor_2d(t->ctx_state[output_device(t) == t->rt.dev ? 0 : 1], GGML_TYPE_F32,
                                      (int64_t) m->n_embd * (t->p.n_feature_layers > 0 ? t->p.n_feature_layers : 1), rows);
+    return DFL_OK;
+}
+
+static dfl_status alloc_state(dfl_target * t) {
+    TRY(dfl_target_define_state(t));
     const ggml_backend_dev_t devs[2] = { t->rt.dev, t->rt.dev_cpu };
     for (int k = 0; k < 2; k++) {
         if (!ggml_get_first_tensor(t->ctx_state[k])) {
@@ -163,7 +177,8 @@ static dfl_status alloc_state(dfl_target * t) {
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * params, dfl_target ** out) {
+/* Everything before the weights: the model's description, checked parameters, devices. */
+dfl_status dfl_target_open(const char * path, const dfl_target_params * params, dfl_target ** out) {
     *out = NULL;
     if (!path) {
         return dfl_fail(DFL_ERR_ARGUMENT, "no model path given");
@@ -188,13 +203,23 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     if (st == DFL_OK) {
         /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
         const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 +
-                                  (size_t) t->m.n_recurrent * 16 * (size_t) max_tree_nodes(t);
+                                  (size_t) t->m.n_recurrent * 16 * (size_t) dfl_target_max_tree_nodes(t);
         st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
                               DFL_MAX_GRAPH_SLOTS);
     }
-    if (st == DFL_OK) {
-        st = place_weights(t);
+    if (st != DFL_OK) {
+        dfl_target_free(t);
+        return st;
     }
+    *out = t;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * params, dfl_target ** out) {
+    dfl_target * t;
+    TRY(dfl_target_open(path, params, &t));
+    *out = NULL;
+    dfl_status st = place_weights(t);
     if (st == DFL_OK) {
         st = alloc_state(t);
     }
@@ -241,6 +266,7 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     snprintf(info->device, sizeof info->device, "%s", ggml_backend_dev_name(t->rt.dev));
     info->n_threads = t->rt.n_threads;
     info->n_weight_buffers = t->m.file.n_buffers;
+    info->compute_bytes = dfl_runtime_compute_bytes(&t->rt);
     snprintf(info->arch, sizeof info->arch, "%s", t->m.arch->name);
     return DFL_OK;
 }
@@ -582,6 +608,7 @@ int dfl_target_n_vocab(const dfl_target * t) { return t->m.n_vocab; }
 int dfl_target_n_embd(const dfl_target * t) { return t->m.n_embd; }
 int dfl_target_n_layer(const dfl_target * t) { return t->m.n_layer; }
 int dfl_target_n_ctx(const dfl_target * t) { return t->p.n_ctx; }
+int dfl_target_n_ubatch(const dfl_target * t) { return t->p.n_ubatch; }
 int dfl_target_n_threads(const dfl_target * t) { return t->rt.n_threads; }
 bool dfl_target_repack(const dfl_target * t) { return !t->p.no_repack; }
 ggml_backend_dev_t dfl_target_device(const dfl_target * t) { return t->rt.dev; }

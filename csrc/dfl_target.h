@@ -13,6 +13,7 @@ int dfl_target_n_vocab(const dfl_target * t);
 int dfl_target_n_embd(const dfl_target * t);
 int dfl_target_n_layer(const dfl_target * t);
 int dfl_target_n_ctx(const dfl_target * t);
+int dfl_target_n_ubatch(const dfl_target * t);
 int dfl_target_n_threads(const dfl_target * t);
 bool dfl_target_repack(const dfl_target * t);
 /* The device the target runs on, and whether that is the CPU. */

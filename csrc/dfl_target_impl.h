@@ -117,6 +117,12 @@ struct dfl_target {
     int64_t n_graphs, n_graph_builds;
 };
 
+/* dfl_target.c: loading in steps, for the memory planner (dfl_plan.c) */
+dfl_status dfl_target_open(const char * path, const dfl_target_params * params, dfl_target ** out);
+ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t);
+dfl_status dfl_target_define_state(dfl_target * t);
+int dfl_target_max_tree_nodes(const dfl_target * t);
+
 /* dfl_target_graph.c */
 struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
                                             int n_kv, bool verify, bool tree, int logits,

@@ -89,6 +89,7 @@ typedef struct dfl_target_info {
     int32_t n_threads;        /* CPU threads */
     int32_t n_weight_buffers; /* backend buffers holding the weights (devices cap their size) */
     char arch[32];            /* general.architecture of the model */
+    uint64_t compute_bytes;   /* compute memory its graph slots hold now */
 } dfl_target_info;
 
 void dfl_target_default_params(dfl_target_params * params);
@@ -151,6 +152,7 @@ typedef struct dfl_draft_info {
     int32_t n_ctx_tokens;       /* context positions the drafter holds */
     int64_t n_graphs;           /* graphs run so far ... */
     int64_t n_graph_builds;     /* ... and how many of them were built, not reused */
+    uint64_t compute_bytes;     /* compute memory its graph slot holds now */
 } dfl_draft_info;
 
 void dfl_draft_default_params(dfl_draft_params * params);
@@ -192,6 +194,33 @@ dfl_status dfl_draft_topk(const dfl_draft * draft, int32_t row0, int32_t n_rows,
 
 /* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
 dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);
+
+/* ---- memory plan ------------------------------------------------------------------------ */
+
+/* What a configuration needs on one device, in bytes. */
+typedef struct dfl_plan_device {
+    char name[64];
+    uint64_t free;            /* memory the device reports free, and its total */
+    uint64_t total;
+    uint64_t target_weights;  /* target weights placed on this device */
+    uint64_t draft_weights;   /* drafter weights (it shares the target's embedding and LM head) */
+    uint64_t kv_cache;        /* attention K and V for n_ctx tokens */
+    uint64_t recurrent_state; /* recurrent and conv states */
+    uint64_t verify_scratch;  /* a verify's per-node states, replay inputs and conv inputs; features */
+    uint64_t draft_cache;     /* the drafter's context cache (n_ctx positions, or its window) */
+    uint64_t target_compute;  /* the target's graph slots, as ggml's allocator reserves them */
+    uint64_t draft_compute;   /* the drafter's graph slot */
+} dfl_plan_device;
+
+typedef struct dfl_plan {
+    int32_t n_devices;           /* the target's device, then the CPU when that is another */
+    dfl_plan_device devices[2];
+} dfl_plan;
+
+/* Plan a target (and a drafter when draft_path is not NULL) with these parameters
+ * without allocating anything: only metadata is read, graphs are measured, not run. */
+dfl_status dfl_plan_memory(const char * target_path, const dfl_target_params * target_params,
+                           const char * draft_path, const dfl_draft_params * draft_params, dfl_plan * plan);
 
 #ifdef __cplusplus
 }

@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--interactive", action="store_true",
                    help="chat in turns on the terminal, keeping the context (implies --chat)")
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON line on stderr")
+    p.add_argument("--print-memory", action="store_true",
+                   help="print the memory plan of this configuration per device (nothing is loaded) and exit; "
+                        "with --json as JSON on stdout")
+    p.add_argument("--memory-limit", type=int, metavar="MIB",
+                   help="refuse, before loading, a configuration that needs more than MIB MiB on any device "
+                        "(a device's free memory is always a limit)")
     return p
 
 
@@ -117,6 +123,8 @@ def _validate(args, parser) -> None:
         parser.error("--draft-top-k must be between 1 and 64")
     if args.draft_window < 0:
         parser.error("--draft-window must be >= 0")
+    if args.memory_limit is not None and args.memory_limit <= 0:
+        parser.error("--memory-limit must be a positive number of MiB")
     from .sampling import SamplingParams
 
     try:
@@ -192,6 +200,32 @@ def _setup_devices(args) -> bool:
     return True
 
 
+def _print_memory(model: str, draft: Optional[str], options: dict, args) -> int:
+    """--print-memory: the plan of this configuration, nothing loaded; exit 2 when it
+    does not fit (the device's free memory, or --memory-limit)."""
+    from .engine import EngineSetup
+    from .memory import MIB, plan_memory, what_fits
+
+    try:
+        setup = EngineSetup.of(model, draft, **options)
+        plan = plan_memory(model, draft, setup.target_config, setup.draft_config)
+        limit = args.memory_limit * MIB if args.memory_limit else None
+        over = plan.over(limit)
+        ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan, limit) if over else []
+    except (DflashError, ValueError, OSError) as e:
+        print(f"dflash-run: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({**plan.to_json(), "fits": not over, "over": over, "would_fit": ideas}))
+    else:
+        print(plan.format())
+        for line in over:
+            print(f"does not fit: {line}")
+        for idea in ideas:
+            print(f"would fit: {idea}")
+    return 2 if over else 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -204,7 +238,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     model, draft = args.model, args.model_draft
     # in interactive mode stdin carries the turns, not the prompt
-    prompt = (args.prompt or "") if args.interactive and args.file is None else _read_prompt(args, parser)
+    prompt = (args.prompt or "") if (args.interactive and args.file is None) or args.print_memory \
+        else _read_prompt(args, parser)
     if model is None:
         from .demo import DEMO_PROMPT, demo_paths
 
@@ -216,7 +251,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         draft = draft or draft_default
         prompt = prompt or DEMO_PROMPT
         print(f"dflash-run: no -m given, running the bundled demo ({model})", file=sys.stderr)
-    if not prompt and not args.interactive:
+    if not prompt and not args.interactive and not args.print_memory:
         parser.error("no prompt: give -p, -f, or text on stdin")
     if draft and args.block_size is not None and not args.no_spec:
         from .draft import read_draft_metadata
@@ -229,14 +264,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.block_size > trained:
             parser.error(f"--block-size {args.block_size} exceeds the drafter's trained block size {trained}")
 
+    draft = None if args.no_spec else draft
+    options = dict(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+                   kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
+                   tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
+                   repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
+                   draft_window=args.draft_window)
+    if args.print_memory:
+        return _print_memory(model, draft, options, args)
+    from .memory import MemoryPlanError
+
     try:
-        engine = Engine(model, None if args.no_spec else draft, n_ctx=args.ctx_size, n_ubatch=args.ubatch_size,
-                        n_threads=args.threads, kv_type=args.cache_type_k, kv_type_v=args.cache_type_v,
-                        block_size=args.block_size,
-                        tree_budget=args.tree_budget, draft_top_k=args.draft_top_k,
-                        device=args.device, repack=not args.no_repack,
-                        n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
-                        draft_window=args.draft_window)
+        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, **options)
+    except MemoryPlanError as e:
+        print(f"dflash-run: error: {e}", file=sys.stderr)
+        return 2
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-run: error: {e}", file=sys.stderr)
         return 1

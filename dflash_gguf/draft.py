@@ -47,21 +47,27 @@ def read_draft_metadata(path: str) -> dict:
     }
 
 
+def draft_params(cfg: DraftConfig):
+    """The C runtime's dfl_draft_params for a config (checked)."""
+    if cfg.kv_type != "auto" and cfg.kv_type not in KV_TYPES:
+        raise ValueError(f"unknown drafter cache type {cfg.kv_type!r}")
+    p = ffi.new("dfl_draft_params *")
+    lib.dfl_draft_default_params(p)
+    if cfg.kv_type != "auto":
+        p.kv_type = KV_TYPES[cfg.kv_type]
+    p.window = int(cfg.window)
+    p.n_threads = int(cfg.n_threads)
+    p.top_k = int(cfg.top_k)
+    return p
+
+
 class Draft(NativeObject):
     _what = "drafter"
     _free = staticmethod(lib.dfl_draft_free)
 
     def __init__(self, path: str, target: Target, config: Optional[DraftConfig] = None):
         cfg = config or DraftConfig()
-        if cfg.kv_type != "auto" and cfg.kv_type not in KV_TYPES:
-            raise ValueError(f"unknown drafter cache type {cfg.kv_type!r}")
-        p = ffi.new("dfl_draft_params *")
-        lib.dfl_draft_default_params(p)
-        if cfg.kv_type != "auto":
-            p.kv_type = KV_TYPES[cfg.kv_type]
-        p.window = int(cfg.window)
-        p.n_threads = int(cfg.n_threads)
-        p.top_k = int(cfg.top_k)
+        p = draft_params(cfg)
         out = ffi.new("dfl_draft **")
         check(lib.dfl_draft_load(str(path).encode(), target._handle(), p, out))
         self._ptr = out[0]
@@ -90,7 +96,7 @@ class Draft(NativeObject):
         info = ffi.new("dfl_draft_info *")
         check(lib.dfl_draft_get_info(self._handle(), info))
         return {"block_size": info.block_size, "n_ctx_tokens": info.n_ctx_tokens, "n_graphs": info.n_graphs,
-                "n_graph_builds": info.n_graph_builds}
+                "n_graph_builds": info.n_graph_builds, "compute_bytes": info.compute_bytes}
 
     def reset(self) -> None:
         self._pending = None

@@ -7,6 +7,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 from .budget import VerifyCost
 from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, autoregressive_steps, collect
+from .memory import check_fits
 from .sampling import SamplingParams
 from .speculative import speculative_steps, tree_steps
 from .target import Target, TargetConfig
@@ -20,6 +21,47 @@ class Result:
     text: str
     tokens: List[int]
     stats: GenerationStats
+
+
+@dataclass
+class EngineSetup:
+    """What an Engine loads, derived and checked from its options before anything is
+    loaded (also what the memory plan is made of)."""
+
+    block_size: Optional[int]
+    tree_budget: Optional[int]
+    auto_budget: bool
+    target_config: TargetConfig
+    draft_config: Optional[DraftConfig]
+    n_threads: int
+
+    @classmethod
+    def of(cls, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
+           n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
+           block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
+           draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
+           n_gpu_layers: int = -1, draft_window: int = 0) -> "EngineSetup":
+        meta = read_draft_metadata(draft) if draft else None
+        if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
+            raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
+        block = (block_size or meta["block_size"]) if meta else None
+        auto = tree_budget == "auto"
+        if tree_budget is not None and not auto:
+            if isinstance(tree_budget, str) or not 1 <= int(tree_budget) <= 63:
+                raise ValueError(f"tree budget must be 1..63 or 'auto', got {tree_budget!r}")
+        budget = (Engine.AUTO_MAX_BUDGET if auto else tree_budget) if meta else None
+        if draft_window < 0:
+            raise ValueError(f"draft window must be >= 0 (0: the whole context), got {draft_window}")
+        if budget is not None and not 1 <= draft_top_k <= 64:
+            raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
+        n_verify = max(block or 1, (budget or 0) + 1)
+        target_config = TargetConfig(
+            n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
+            kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
+            repack=repack, n_gpu_layers=n_gpu_layers)
+        draft_config = DraftConfig(n_threads=n_threads, top_k=draft_top_k if budget else 0, window=draft_window) \
+            if draft else None
+        return cls(block, budget, auto, target_config, draft_config, n_threads)
 
 
 class Engine:
@@ -37,35 +79,22 @@ class Engine:
 
     AUTO_MAX_BUDGET = 32
 
-    def __init__(self, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
-                 n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
-                 block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
-                 draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
-                 n_gpu_layers: int = -1, draft_window: int = 0):
-        meta = read_draft_metadata(draft) if draft else None
-        if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
-            raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
-        self.block_size = (block_size or meta["block_size"]) if meta else None
-        self.auto_budget = tree_budget == "auto"
-        if tree_budget is not None and not self.auto_budget:
-            if isinstance(tree_budget, str) or not 1 <= int(tree_budget) <= 63:
-                raise ValueError(f"tree budget must be 1..63 or 'auto', got {tree_budget!r}")
-        self.tree_budget = (self.AUTO_MAX_BUDGET if self.auto_budget else tree_budget) if meta else None
-        if draft_window < 0:
-            raise ValueError(f"draft window must be >= 0 (0: the whole context), got {draft_window}")
-        if self.tree_budget is not None and not 1 <= draft_top_k <= 64:
-            raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
-        n_verify = max(self.block_size or 1, (self.tree_budget or 0) + 1)
+    def __init__(self, model: str, draft: Optional[str] = None, *, memory_limit_mib: Optional[int] = None,
+                 **options):
+        """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
+        block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window."""
+        setup = EngineSetup.of(model, draft, **options)
+        self.setup = setup
+        self.block_size, self.tree_budget, self.auto_budget = setup.block_size, setup.tree_budget, setup.auto_budget
+        target_config, draft_config, n_threads = setup.target_config, setup.draft_config, setup.n_threads
+        # planned from metadata before anything is allocated: a configuration that does
+        # not fit the device (or memory_limit_mib) is refused with what would fit
+        self.memory_plan = check_fits(model, draft, target_config, draft_config, memory_limit_mib)
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
-        self.target = Target(model, TargetConfig(
-            n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
-            kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
-            repack=repack, n_gpu_layers=n_gpu_layers))
+        self.target = Target(model, target_config)
         try:
             self.tokenizer = Tokenizer(model)
-            top_k = draft_top_k if self.tree_budget else 0
-            self.draft = Draft(draft, self.target, DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window)) \
-                if draft else None
+            self.draft = Draft(draft, self.target, draft_config) if draft else None
         except BaseException:
             self.target.close()
             raise

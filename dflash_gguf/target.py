@@ -33,32 +33,40 @@ class TargetConfig:
     n_gpu_layers: int = -1
 
 
+def target_params(cfg: TargetConfig):
+    """The C runtime's dfl_target_params for a config (checked); keep the result alive
+    while the C side may read its device string."""
+    for kv in (cfg.kv_type, cfg.kv_type_v or cfg.kv_type):
+        if kv not in KV_TYPES:
+            raise ValueError(f"unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}")
+    p = ffi.new("dfl_target_params *")
+    lib.dfl_target_default_params(p)
+    p.n_ctx, p.n_ubatch, p.n_verify, p.n_threads = cfg.n_ctx, cfg.n_ubatch, cfg.n_verify, cfg.n_threads
+    p.kv_type = KV_TYPES[cfg.kv_type]
+    p.kv_type_v = KV_TYPES[cfg.kv_type_v or cfg.kv_type]
+    p.no_repack = 0 if cfg.repack else 1
+    if cfg.n_gpu_layers < -1:
+        raise ValueError(f"n_gpu_layers must be >= -1, got {cfg.n_gpu_layers}")
+    p.n_gpu_layers = cfg.n_gpu_layers
+    layers = list(cfg.feature_layers)
+    if len(layers) > 16:
+        raise ValueError("at most 16 feature layers are supported")
+    p.n_feature_layers = len(layers)
+    for i, layer in enumerate(layers):
+        p.feature_layers[i] = int(layer)
+    device = ffi.new("char[]", cfg.device.encode()) if cfg.device else ffi.NULL
+    p.device = device
+    return p, device
+
+
 class Target(NativeObject):
     _what = "target"
     _free = staticmethod(lib.dfl_target_free)
 
     def __init__(self, path: str, config: Optional[TargetConfig] = None):
         cfg = config or TargetConfig()
-        for kv in (cfg.kv_type, cfg.kv_type_v or cfg.kv_type):
-            if kv not in KV_TYPES:
-                raise ValueError(f"unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}")
-        p = ffi.new("dfl_target_params *")
-        lib.dfl_target_default_params(p)
-        p.n_ctx, p.n_ubatch, p.n_verify, p.n_threads = cfg.n_ctx, cfg.n_ubatch, cfg.n_verify, cfg.n_threads
-        p.kv_type = KV_TYPES[cfg.kv_type]
-        p.kv_type_v = KV_TYPES[cfg.kv_type_v or cfg.kv_type]
-        p.no_repack = 0 if cfg.repack else 1
-        if cfg.n_gpu_layers < -1:
-            raise ValueError(f"n_gpu_layers must be >= -1, got {cfg.n_gpu_layers}")
-        p.n_gpu_layers = cfg.n_gpu_layers
+        p, _device = target_params(cfg)
         layers = list(cfg.feature_layers)
-        if len(layers) > 16:
-            raise ValueError("at most 16 feature layers are supported")
-        p.n_feature_layers = len(layers)
-        for i, layer in enumerate(layers):
-            p.feature_layers[i] = int(layer)
-        device = ffi.new("char[]", cfg.device.encode()) if cfg.device else ffi.NULL
-        p.device = device
         out = ffi.new("dfl_target **")
         check(lib.dfl_target_load(str(path).encode(), p, out))
         self._ptr = out[0]
@@ -83,7 +91,7 @@ class Target(NativeObject):
             "n_verify": info.n_verify, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
             "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds, "n_threads": info.n_threads,
             "device": ffi.string(info.device).decode(), "n_weight_buffers": info.n_weight_buffers,
-            "arch": ffi.string(info.arch).decode(),
+            "arch": ffi.string(info.arch).decode(), "compute_bytes": info.compute_bytes,
         }
 
     @property

@@ -1,0 +1,168 @@
+/* Memory plan of a target and its drafter, before anything is allocated: the same
+ * placement, state tensors and graphs as a real load, with every weight and state
+ * tensor on a zero-size placeholder buffer so that ggml's allocator measures the graphs'
+ * compute memory without allocating it. */
+#include "dfl_plan.h"
+#include "dfl_target_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
+
+ggml_backend_buffer_t dfl_plan_dummy_buffer(ggml_backend_dev_t dev) {
+    return ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), 0);
+}
+
+/* The scheduler and allocator take a tensor with a buffer for an allocated one; its data
+ * is never touched because the graphs are only measured. */
+void dfl_plan_place(struct ggml_tensor * t, ggml_backend_buffer_t dummy) {
+    t->buffer = dummy;
+}
+
+dfl_status dfl_plan_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, size_t sizes[2]) {
+    sizes[0] = sizes[1] = 0;
+    ggml_backend_sched_reserve_size(rt->slots[slot].sched, gf, sizes);
+    return DFL_OK;
+}
+
+typedef enum { PART_KV, PART_RECURRENT, PART_SCRATCH } state_part;
+
+static state_part part_of(const dfl_target * t, const struct ggml_tensor * c) {
+    for (int il = 0; il < t->m.n_layer; il++) {
+        if (c == t->k_cache[il] || c == t->v_cache[il]) {
+            return PART_KV;
+        }
+        if (c == t->conv_state[il] || c == t->ssm_state[il]) {
+            return PART_RECURRENT;
+        }
+    }
+    return PART_SCRATCH;
+}
+
+static void max_into(size_t dst[2], const size_t a[2]) {
+    for (int k = 0; k < 2; k++) {
+        dst[k] = a[k] > dst[k] ? a[k] : dst[k];
+    }
+}
+
+/* The target's graph slots: slot 0 takes prefill chunks, the others decode steps and
+ * verifies (chain or tree, each carrying the previous step's commit), all at the full
+ * context. */
+static dfl_status target_compute(dfl_target * t, size_t out[2]) {
+    dfl_runtime * rt = &t->rt;
+    graph_inputs in;
+    size_t prefill[2], verify[2] = { 0, 0 }, sizes[2];
+    const int n_ctx = t->p.n_ctx;
+
+    t->n_past = n_ctx - t->p.n_ubatch;
+    t->commit.active = false;
+    struct ggml_cgraph * gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 0), &in, t->p.n_ubatch, n_ctx,
+                                                     false, false, LOGITS_LAST, NULL);
+    TRY(dfl_plan_reserve(rt, 0, gf, prefill));
+
+    t->n_past = n_ctx - t->p.n_verify;
+    t->commit = (pending_commit) { .active = true, .tree = true, .n_keep = 1, .n_verified = t->p.n_verify };
+    gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, dfl_target_max_tree_nodes(t), n_ctx, true,
+                                true, LOGITS_ALL, NULL);
+    TRY(dfl_plan_reserve(rt, 1, gf, sizes));
+    max_into(verify, sizes);
+
+    t->commit.tree = false;
+    t->commit.active = t->m.n_recurrent > 0; /* a chain commit has nothing to do otherwise */
+    gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, t->p.n_verify, n_ctx, true, false,
+                                LOGITS_ALL, NULL);
+    TRY(dfl_plan_reserve(rt, 1, gf, sizes));
+    max_into(verify, sizes);
+
+    t->commit.active = false;
+    t->n_past = 0;
+    for (int k = 0; k < 2; k++) {
+        out[k] = prefill[k] + (size_t) (rt->n_slots - 1) * verify[k];
+    }
+    return DFL_OK;
+}
+
+static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_draft_params * draft_params,
+                            ggml_backend_buffer_t dummies[2], dfl_plan * plan) {
+    const ggml_backend_dev_t devs[2] = { t->rt.dev, t->rt.dev_cpu };
+    const int n_dev = t->rt.dev == t->rt.dev_cpu ? 1 : 2;
+    plan->n_devices = n_dev;
+    for (int k = 0; k < n_dev; k++) {
+        dfl_plan_device * pd = &plan->devices[k];
+        snprintf(pd->name, sizeof pd->name, "%s", ggml_backend_dev_name(devs[k]));
+        size_t free_mem = 0, total = 0;
+        ggml_backend_dev_memory(devs[k], &free_mem, &total);
+        pd->free = free_mem;
+        pd->total = total;
+        dummies[k] = dfl_plan_dummy_buffer(devs[k]);
+        if (!dummies[k]) {
+            return dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", pd->name);
+        }
+    }
+
+    const dfl_gguf * g = &t->m.file;
+    ggml_backend_dev_t * dev_of = dfl_target_weight_devices(t);
+    if (!dev_of) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+        const int k = dev_of[i] == devs[0] ? 0 : 1;
+        plan->devices[k].target_weights += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);
+        dfl_plan_place(w, dummies[k]);
+    }
+    free(dev_of);
+
+    TRY(dfl_target_define_state(t));
+    for (int k = 0; k < n_dev; k++) {
+        dfl_plan_device * pd = &plan->devices[k];
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(devs[k]);
+        for (struct ggml_tensor * c = ggml_get_first_tensor(t->ctx_state[k]); c;
+             c = ggml_get_next_tensor(t->ctx_state[k], c)) {
+            const size_t size = ggml_backend_buft_get_alloc_size(buft, c);
+            switch (part_of(t, c)) {
+                case PART_KV: pd->kv_cache += size; break;
+                case PART_RECURRENT: pd->recurrent_state += size; break;
+                case PART_SCRATCH: pd->verify_scratch += size; break;
+            }
+            dfl_plan_place(c, dummies[k]);
+        }
+    }
+
+    size_t compute[2];
+    TRY(target_compute(t, compute));
+    for (int k = 0; k < n_dev; k++) {
+        plan->devices[k].target_compute = compute[k];
+    }
+    if (draft_path) {
+        dfl_part_sizes d;
+        TRY(dfl_draft_plan(draft_path, t, draft_params, &d));
+        plan->devices[0].draft_weights = d.weights;
+        plan->devices[0].draft_cache = d.cache;
+        for (int k = 0; k < n_dev; k++) {
+            plan->devices[k].draft_compute = d.compute[k];
+        }
+    }
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_plan_memory(const char * target_path, const dfl_target_params * target_params,
+                                   const char * draft_path, const dfl_draft_params * draft_params, dfl_plan * plan) {
+    if (!plan) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null plan");
+    }
+    memset(plan, 0, sizeof *plan);
+    dfl_target * t;
+    TRY(dfl_target_open(target_path, target_params, &t));
+    ggml_backend_buffer_t dummies[2] = { NULL, NULL };
+    const dfl_status st = plan_with(t, draft_path, draft_params, dummies, plan);
+    dfl_target_free(t);
+    for (int k = 0; k < 2; k++) {
+        if (dummies[k]) {
+            ggml_backend_buffer_free(dummies[k]);
+        }
+    }
+    return st;
+}

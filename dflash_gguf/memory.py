@@ -1,0 +1,134 @@
+"""Memory plan: what a target (and drafter) configuration needs on each device,
+computed by the C runtime before anything is allocated (dfl_plan_memory): the same
+placement, caches and graphs as a real load, the graphs measured by ggml's allocator."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional
+
+from ._native import check, ffi, lib
+from .draft import DraftConfig, draft_params
+from .target import TargetConfig, target_params
+
+PARTS = {
+    "target_weights": "target weights",
+    "draft_weights": "drafter weights",
+    "kv_cache": "attention KV cache",
+    "recurrent_state": "recurrent + conv state",
+    "verify_scratch": "verify scratch + features",
+    "draft_cache": "drafter context cache",
+    "target_compute": "target compute buffers",
+    "draft_compute": "drafter compute buffers",
+}
+MIB = 1 << 20
+
+
+@dataclass
+class DevicePlan:
+    name: str
+    free: int
+    total: int
+    parts: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def need(self) -> int:
+        return sum(self.parts.values())
+
+
+@dataclass
+class MemoryPlan:
+    devices: List[DevicePlan]
+
+    def to_json(self) -> dict:
+        return {"devices": [{"name": d.name, "free": d.free, "total": d.total, "need": d.need, **d.parts}
+                            for d in self.devices]}
+
+    def format(self) -> str:
+        names = [d.name for d in self.devices]
+        rows = [f"{'part':<28}" + "".join(f"{n:>14}" for n in names)]
+        for key, label in PARTS.items():
+            rows.append(f"{label:<28}" + "".join(f"{d.parts[key] / MIB:>10.1f} MiB" for d in self.devices))
+        rows.append(f"{'total':<28}" + "".join(f"{d.need / MIB:>10.1f} MiB" for d in self.devices))
+        rows.append(f"{'device free / total':<28}" +
+                    "".join(f"{d.free / MIB:>6.0f}/{d.total / MIB:.0f}".rjust(14) for d in self.devices))
+        return "\n".join(rows)
+
+    def over(self, limit: Optional[int] = None, check_free: bool = True) -> List[str]:
+        """Devices whose need exceeds `limit` bytes, or (check_free) their reported free
+        memory when they are not the CPU, whose weights are mapped from the file."""
+        out = []
+        for d in self.devices:
+            cap = [c for c in (limit, d.free if check_free and d.name != "CPU" and d.free else None) if c]
+            if cap and d.need > min(cap):
+                out.append(f"{d.name} needs {d.need / MIB:.0f} MiB of {min(cap) / MIB:.0f} MiB "
+                           f"(largest: {self.largest(d)})")
+        return out
+
+    @staticmethod
+    def largest(d: DevicePlan, n: int = 3) -> str:
+        top = sorted(d.parts.items(), key=lambda kv: -kv[1])[:n]
+        return ", ".join(f"{PARTS[k]} {v / MIB:.0f} MiB" for k, v in top if v)
+
+
+def plan_memory(model: str, draft: Optional[str], target_config: TargetConfig,
+                draft_config: Optional[DraftConfig] = None) -> MemoryPlan:
+    tp, _device = target_params(target_config)
+    dp = draft_params(draft_config or DraftConfig()) if draft else ffi.NULL
+    plan = ffi.new("dfl_plan *")
+    check(lib.dfl_plan_memory(str(model).encode(), tp, str(draft).encode() if draft else ffi.NULL, dp, plan))
+    devices = []
+    for k in range(plan.n_devices):
+        d = plan.devices[k]
+        devices.append(DevicePlan(ffi.string(d.name).decode(), int(d.free), int(d.total),
+                                  {key: int(getattr(d, key)) for key in PARTS}))
+    return MemoryPlan(devices)
+
+
+def what_fits(model: str, draft: Optional[str], target_config: TargetConfig, draft_config: Optional[DraftConfig],
+              plan: MemoryPlan, limit: Optional[int], check_free: bool = True) -> List[str]:
+    """Single changes to the configuration that would fit: a quantized KV cache, a
+    smaller context, a smaller tree budget, a drafter window, fewer layers on the device."""
+    def fits(tc, dc):
+        return not plan_memory(model, draft, tc, dc).over(limit, check_free)
+
+    ideas = []
+    for kv in ("q8_0", "q4_0"):
+        if target_config.kv_type in ("f32", "f16", "bf16") or (kv == "q4_0" and target_config.kv_type == "q8_0"):
+            if fits(replace(target_config, kv_type=kv, kv_type_v=kv), draft_config):
+                ideas.append(f"-ctk {kv} (quantized KV cache)")
+                break
+    n_ctx = target_config.n_ctx // 2
+    while n_ctx >= 1024:
+        if fits(replace(target_config, n_ctx=n_ctx, n_ubatch=min(target_config.n_ubatch, n_ctx)), draft_config):
+            ideas.append(f"-c {n_ctx} (a smaller context)")
+            break
+        n_ctx //= 2
+    if draft and draft_config is not None and draft_config.window == 0:
+        dc = replace(draft_config, window=4096)
+        if fits(target_config, dc):
+            ideas.append("--draft-window 4096 (the drafter keeps the last 4096 positions)")
+    if target_config.n_verify > 17 and fits(replace(target_config, n_verify=17), draft_config):
+        ideas.append("--tree-budget 16 (a smaller tree)")
+    if len(plan.devices) > 1 and target_config.n_gpu_layers != 0:
+        for ngl in range(64, -1, -4):
+            if fits(replace(target_config, n_gpu_layers=ngl), draft_config):
+                ideas.append(f"-ngl {ngl} (fewer layers on {plan.devices[0].name})")
+                break
+    return ideas
+
+
+class MemoryPlanError(ValueError):
+    """A configuration that does not fit, refused before anything was allocated."""
+
+
+def check_fits(model: str, draft: Optional[str], target_config: TargetConfig, draft_config: Optional[DraftConfig],
+               limit_mib: Optional[int] = None) -> MemoryPlan:
+    """The plan, or MemoryPlanError naming the biggest parts and what would fit."""
+    limit = limit_mib * MIB if limit_mib else None
+    plan = plan_memory(model, draft, target_config, draft_config)
+    over = plan.over(limit)
+    if over:
+        ideas = what_fits(model, draft, target_config, draft_config, plan, limit)
+        hint = f"; would fit: {'; or '.join(ideas)}" if ideas else "; no single smaller setting fits"
+        raise MemoryPlanError("not enough memory: " + "; ".join(over) + hint)
+    return plan

@@ -1,0 +1,145 @@
+"""The memory planner: every part of a plan against numbers computed here by hand from
+the published shapes (metadata-only GGUFs of Qwen3.5-27B with its DFlash drafter, and
+Qwen3.5-35B-A3B), the plan against what a real load uses, and refusal before loading."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_cli import run
+from shape_models import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table, write_shape_gguf
+
+from dflash_gguf.demo import demo_paths
+from dflash_gguf.draft import DraftConfig
+from dflash_gguf.engine import Engine, EngineSetup
+from dflash_gguf.memory import MemoryPlanError, plan_memory
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    return {
+        "27b": write_shape_gguf(root / "qwen35-27b-q4_k_m.gguf", QWEN35_27B, "q4_k_m"),
+        "27b-draft": write_shape_gguf(root / "qwen35-27b-dflash-q8_0.gguf", QWEN35_27B_DFLASH, "q8_0"),
+        "35b-a3b": write_shape_gguf(root / "qwen35-35b-a3b-q4_k_m.gguf", QWEN35_35B_A3B, "q4_k_m"),
+    }
+
+
+def weights_bytes(c, outtype):
+    return sum(tensor_nbytes(shape, qtype) for _, shape, qtype in tensor_table(c, outtype))
+
+
+def recurrent_layers(c):
+    return sum(1 for il in range(c["layers"]) if (il + 1) % c["interval"])
+
+
+def test_plan_of_qwen35_27b_with_its_drafter(shapes):
+    c, d = QWEN35_27B, QWEN35_27B_DFLASH
+    n_ctx, budget = 131072, 16
+    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=n_ctx, kv_type="q8_0",
+                           tree_budget=budget)
+    plan = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config, setup.draft_config)
+    assert [dev.name for dev in plan.devices] == ["CPU"]
+    p = plan.devices[0].parts
+
+    n_attn = c["layers"] - recurrent_layers(c)
+    n_rec = recurrent_layers(c)
+    kv_row = c["kv_heads"] * c["head_dim"]                 # K and V elements per token and layer
+    q8_0 = 34 / 32                                         # bytes per element of q8_0 blocks
+    assert p["kv_cache"] == n_attn * 2 * kv_row * n_ctx * q8_0
+
+    hk = hv = c["lin_dim"]
+    Hk, Hv = c["lin_k_heads"], c["lin_v_heads"]
+    conv_ch = 2 * Hk * hk + Hv * hv
+    state = hv * hv * Hv
+    assert p["recurrent_state"] == n_rec * 4 * ((c["conv"] - 1) * conv_ch + state)
+
+    nodes = n_verify = budget + 1                          # the tree's root plus its budget
+    replay = 2 * Hk * hk + Hv * hv + 2 * Hv                # q, k, v, g, beta of a token
+    per_layer = (hv * Hv + state) * nodes + replay * n_verify + conv_ch * (c["conv"] - 1 + n_verify)
+    features = len(d["target_layers"]) * c["hidden"] * 512  # the default prefill chunk of rows
+    assert p["verify_scratch"] == 4 * (n_rec * per_layer + features)
+
+    draft_kv_row = d["kv_heads"] * d["head_dim"]
+    # f32 on the CPU; the last slot takes padding rows; the block handed to the target
+    assert p["draft_cache"] == d["layers"] * 2 * draft_kv_row * (n_ctx + 1) * 4 + d["block"] * 4
+
+    assert p["target_weights"] == weights_bytes(c, "q4_k_m")
+    assert p["draft_weights"] == weights_bytes(d, "q8_0")
+    assert 0 < p["target_compute"] < 2048 * MIB and 0 < p["draft_compute"] < 512 * MIB
+
+
+def test_drafter_window_and_quantized_cache_shrink_the_plan(shapes):
+    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=131072, kv_type="q4_0",
+                           tree_budget=16, draft_window=4096)
+    plan = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config, setup.draft_config)
+    p = plan.devices[0].parts
+    d = QWEN35_27B_DFLASH
+    ring = 4096 + d["block"]
+    assert p["draft_cache"] == d["layers"] * 2 * d["kv_heads"] * d["head_dim"] * (ring + 1) * 4 + d["block"] * 4
+    assert p["kv_cache"] == 16 * 2 * 1024 * 131072 * 18 // 32  # q4_0: 18 bytes per 32 elements
+
+
+def test_plan_of_qwen35_35b_a3b(shapes):
+    c = QWEN35_35B_A3B
+    setup = EngineSetup.of(str(shapes["35b-a3b"]), None, n_ctx=65536, kv_type="f16")
+    p = plan_memory(str(shapes["35b-a3b"]), None, setup.target_config, None).devices[0].parts
+    n_attn = c["layers"] - recurrent_layers(c)
+    assert p["kv_cache"] == n_attn * 2 * c["kv_heads"] * c["head_dim"] * 65536 * 2
+    assert p["target_weights"] == weights_bytes(c, "q4_k_m")
+    assert p["draft_weights"] == p["draft_cache"] == p["draft_compute"] == 0
+
+
+def test_plan_covers_what_a_real_load_uses():
+    """On the demo pair: weights and caches as planned, and the compute memory the
+    graph slots hold after prefilling the whole context and verifying there stays
+    within the plan."""
+    target_path, draft_path = demo_paths()
+    n_ctx = 512
+    with Engine(str(target_path), str(draft_path), n_ctx=n_ctx, n_ubatch=64, tree_budget=8) as engine:
+        plan = engine.memory_plan.devices[0].parts
+        engine.generate(list(range(10, 10 + n_ctx - 40)), max_tokens=30)
+        used = engine.target.info()["compute_bytes"] + engine.draft.info()["compute_bytes"]
+    assert 0 < used <= plan["target_compute"] + plan["draft_compute"]
+
+
+def test_engine_refuses_a_plan_over_the_limit_before_loading(shapes):
+    with pytest.raises(MemoryPlanError, match=r"needs .* MiB of 24576 MiB.*would fit: -ctk q4_0.*-c 32768"):
+        Engine(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=131072, tree_budget=8, draft_window=4096,
+               memory_limit_mib=24576)
+
+
+def run_cli(*args):
+    return run(*args, stdin="")
+
+
+def test_cli_print_memory(shapes):
+    res = run_cli("-m", str(shapes["27b"]), "-md", str(shapes["27b-draft"]), "-c", "32768", "--tree-budget", "8",
+                  "--print-memory", "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["fits"] and plan["devices"][0]["kv_cache"] == 16 * 2 * 1024 * 32768 * 2
+    res = run_cli("-m", str(shapes["27b"]), "-md", str(shapes["27b-draft"]), "-c", "131072", "--print-memory",
+                  "--memory-limit", "20000")
+    assert res.returncode == 2
+    assert "does not fit: CPU needs" in res.stdout and "target weights" in res.stdout
+
+
+def test_cli_refuses_before_loading_with_exit_2(shapes):
+    res = run_cli("-m", str(shapes["27b"]), "-md", str(shapes["27b-draft"]), "-c", "131072", "-p", "hi",
+                  "--memory-limit", "16000")
+    assert res.returncode == 2
+    assert "not enough memory" in res.stderr and "largest:" in res.stderr
+
+
+def test_window_plan_uses_the_ring(shapes):
+    """The drafter's cache is sized by its window, not the context."""
+    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=8192)
+    small = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config,
+                        DraftConfig(window=1024)).devices[0].parts["draft_cache"]
+    full = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config,
+                       DraftConfig()).devices[0].parts["draft_cache"]
+    assert small < full / 6
