@@ -29,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
     p.add_argument("-b", "--batch-size", type=int, help="prompt tokens per graph; alias of -ub (the smaller wins)")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=sorted(KV_TYPES),
-                   help="attention K cache type (default f16)")
+    p.add_argument("-ctk", "--cache-type-k", default="auto", choices=["auto", *sorted(KV_TYPES)],
+                   help="attention K cache type (default auto: f16, or q8_0/q4_0 when f16 does not fit the "
+                        "device or --memory-limit)")
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_TYPES), help="attention V cache type (default: as K)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int,
                    help="target layers on the accelerator when one exists: the last N layers go there, the rest "
@@ -46,9 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
                         "for the best expected speed (verify cost measured once per model and machine)")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
-    p.add_argument("--draft-window", type=int, default=0, metavar="W",
+    p.add_argument("--draft-window", default="auto", metavar="W",
                    help="the drafter attends to the last W context positions only and keeps only those "
-                        "in its cache (default 0: the whole context)")
+                        "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
+                        "that does not fit)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
     p.add_argument("--no-repack", action="store_true",
                    help="keep quantized matrices in file layout: bit-identical results across batch shapes")
@@ -121,8 +123,13 @@ def _validate(args, parser) -> None:
         args.tree_budget = n
     if not 1 <= args.draft_top_k <= 64:
         parser.error("--draft-top-k must be between 1 and 64")
-    if args.draft_window < 0:
-        parser.error("--draft-window must be >= 0")
+    if args.draft_window != "auto":
+        try:
+            args.draft_window = int(args.draft_window)
+        except ValueError:
+            parser.error(f"--draft-window takes a number or 'auto', got {args.draft_window!r}")
+        if args.draft_window < 0:
+            parser.error("--draft-window must be >= 0")
     if args.memory_limit is not None and args.memory_limit <= 0:
         parser.error("--memory-limit must be a positive number of MiB")
     from .sampling import SamplingParams
@@ -203,21 +210,23 @@ def _setup_devices(args) -> bool:
 def _print_memory(model: str, draft: Optional[str], options: dict, args) -> int:
     """--print-memory: the plan of this configuration, nothing loaded; exit 2 when it
     does not fit (the device's free memory, or --memory-limit)."""
-    from .engine import EngineSetup
-    from .memory import MIB, plan_memory, what_fits
+    from .memory import MIB, settle, what_fits
 
     try:
-        setup = EngineSetup.of(model, draft, **options)
-        plan = plan_memory(model, draft, setup.target_config, setup.draft_config)
+        setup, plan, over = settle(model, draft, options, args.memory_limit)
         limit = args.memory_limit * MIB if args.memory_limit else None
-        over = plan.over(limit)
         ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan, limit) if over else []
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-run: error: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({**plan.to_json(), "fits": not over, "over": over, "would_fit": ideas}))
+        print(json.dumps({**plan.to_json(), "fits": not over, "over": over, "would_fit": ideas,
+                          "kv_type": setup.target_config.kv_type,
+                          "draft_window": setup.draft_config.window if setup.draft_config else None}))
     else:
+        window = setup.draft_config.window if setup.draft_config else None
+        print(f"KV cache {setup.target_config.kv_type}, context {setup.target_config.n_ctx}"
+              + (f", drafter window {window or 'all'}" if setup.draft_config else ""))
         print(plan.format())
         for line in over:
             print(f"does not fit: {line}")

@@ -7,7 +7,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 from .budget import VerifyCost
 from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, autoregressive_steps, collect
-from .memory import check_fits
+from .memory import refusal, settle
 from .sampling import SamplingParams
 from .speculative import speculative_steps, tree_steps
 from .target import Target, TargetConfig
@@ -82,14 +82,17 @@ class Engine:
     def __init__(self, model: str, draft: Optional[str] = None, *, memory_limit_mib: Optional[int] = None,
                  **options):
         """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
-        block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window."""
-        setup = EngineSetup.of(model, draft, **options)
+        block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window;
+        kv_type and draft_window default to "auto" (see memory.settle)."""
+        # planned from metadata before anything is allocated: "auto" options are chosen
+        # to fit, and a configuration that does not fit the device (or memory_limit_mib)
+        # is refused with what would fit
+        setup, self.memory_plan, over = settle(model, draft, options, memory_limit_mib)
+        if over:
+            raise refusal(model, draft, setup, self.memory_plan, over, memory_limit_mib)
         self.setup = setup
         self.block_size, self.tree_budget, self.auto_budget = setup.block_size, setup.tree_budget, setup.auto_budget
         target_config, draft_config, n_threads = setup.target_config, setup.draft_config, setup.n_threads
-        # planned from metadata before anything is allocated: a configuration that does
-        # not fit the device (or memory_limit_mib) is refused with what would fit
-        self.memory_plan = check_fits(model, draft, target_config, draft_config, memory_limit_mib)
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, target_config)
         try:

@@ -121,14 +121,38 @@ class MemoryPlanError(ValueError):
     """A configuration that does not fit, refused before anything was allocated."""
 
 
-def check_fits(model: str, draft: Optional[str], target_config: TargetConfig, draft_config: Optional[DraftConfig],
-               limit_mib: Optional[int] = None) -> MemoryPlan:
-    """The plan, or MemoryPlanError naming the biggest parts and what would fit."""
+AUTO_DRAFT_WINDOW = 4096
+
+
+def settle(model: str, draft: Optional[str], options: dict, limit_mib: Optional[int] = None):
+    """Choose the "auto" options (kv_type, draft_window) so that the plan fits the
+    devices and the limit, preferring what changes the output least: the whole drafter
+    context with an f16 cache, then a drafter window (still lossless), then q8_0 and
+    q4_0 caches. Returns (setup, plan, what does not fit: empty when it fits)."""
+    from .engine import EngineSetup
+
     limit = limit_mib * MIB if limit_mib else None
-    plan = plan_memory(model, draft, target_config, draft_config)
-    over = plan.over(limit)
-    if over:
-        ideas = what_fits(model, draft, target_config, draft_config, plan, limit)
-        hint = f"; would fit: {'; or '.join(ideas)}" if ideas else "; no single smaller setting fits"
-        raise MemoryPlanError("not enough memory: " + "; ".join(over) + hint)
-    return plan
+    kv_auto = options.get("kv_type", "auto") == "auto"
+    window_auto = options.get("draft_window", "auto") == "auto"
+    kvs = ["f16", "q8_0", "q4_0"] if kv_auto else [options["kv_type"]]
+    windows = [0, AUTO_DRAFT_WINDOW] if window_auto and draft else [0 if window_auto else options["draft_window"]]
+    first = None
+    for kv in kvs:
+        for window in windows:
+            setup = EngineSetup.of(model, draft, **{**options, "kv_type": kv, "draft_window": window})
+            plan = plan_memory(model, draft, setup.target_config, setup.draft_config)
+            over = plan.over(limit)
+            if not over:
+                return setup, plan, []
+            first = first or (setup, plan, over)
+    return first
+
+
+def refusal(model: str, draft: Optional[str], setup, plan: MemoryPlan, over: List[str],
+            limit_mib: Optional[int]) -> MemoryPlanError:
+    """The error for a plan that does not fit: what is over, its biggest parts, and single
+    changes that would fit."""
+    ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan,
+                      limit_mib * MIB if limit_mib else None)
+    hint = f"; would fit: {'; or '.join(ideas)}" if ideas else "; no single smaller setting fits"
+    return MemoryPlanError("not enough memory: " + "; ".join(over) + hint)

@@ -13,7 +13,7 @@ from shape_models import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_n
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.draft import DraftConfig
 from dflash_gguf.engine import Engine, EngineSetup
-from dflash_gguf.memory import MemoryPlanError, plan_memory
+from dflash_gguf.memory import MemoryPlanError, plan_memory, settle
 
 MIB = 1 << 20
 
@@ -108,8 +108,22 @@ def test_plan_covers_what_a_real_load_uses():
 
 def test_engine_refuses_a_plan_over_the_limit_before_loading(shapes):
     with pytest.raises(MemoryPlanError, match=r"needs .* MiB of 24576 MiB.*would fit: -ctk q4_0.*-c 32768"):
-        Engine(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=131072, tree_budget=8, draft_window=4096,
-               memory_limit_mib=24576)
+        Engine(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=131072, tree_budget=8, kv_type="f16",
+               draft_window=4096, memory_limit_mib=24576)
+
+
+def test_auto_settings_make_128k_fit_a_24_gib_budget(shapes):
+    """kv_type and draft_window "auto": the whole drafter context and f16 when they fit,
+    else a drafter window, then q8_0, then q4_0."""
+    target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
+    options = dict(n_ctx=131072, tree_budget=16)
+    setup, plan, over = settle(target, draft, options, 24000)
+    assert not over and plan.devices[0].need <= 24000 * MIB
+    assert (setup.target_config.kv_type, setup.draft_config.window) == ("q4_0", 4096)
+    setup, _, over = settle(target, draft, {**options, "n_ctx": 16384}, 24000)
+    assert not over and (setup.target_config.kv_type, setup.draft_config.window) == ("f16", 0)
+    setup, _, over = settle(target, draft, {**options, "n_ctx": 65536}, 24000)
+    assert not over and setup.target_config.kv_type in ("f16", "q8_0") and setup.draft_config.window == 4096
 
 
 def run_cli(*args):
