@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""What fits on a 24 GB card: the memory planner over Qwen3.5-27B Q4_K_M with its DFlash
+drafter (q8_0), and Qwen3.5-35B-A3B Q4_K_M, from their published shapes (metadata-only
+GGUFs, tests/shape_models.py), for KV type x context x tree budget.
+
+    .venv/bin/python scripts/memory_table.py            # markdown on stdout and in results/
+
+The plan is made for this machine's CPU device and counted as a GPU gets it: the token
+embedding stays in host memory (it is only gathered from) and the drafter's cache is
+f16, as on every non-CPU device. Weights, caches, states and scratch are exact; compute
+buffers are what ggml's allocator reserves for the graphs when one device runs every op
+(as CUDA does), measured on the CPU backend. Usable memory: 24 GiB less 0.5 GiB for the
+driver's context.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from shape_models import (QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table,  # noqa: E402
+                          write_shape_gguf)
+
+USABLE_MIB = 24 * 1024 - 512
+GIB = 1 << 30
+CONTEXTS = (32768, 65536, 131072)
+KV_TYPES = ("f16", "q8_0", "q4_0")
+BUDGETS = (None, 8, 16, 32)  # None: the plain chain
+
+
+EMBEDDING = {}  # target path -> bytes of its token embedding, which stays in host memory
+
+
+class OnCard:
+    def __init__(self, need: int):
+        self.need = need
+
+
+def plan(target: str, draft: str | None, n_ctx: int, kv: str, budget: int | None, window: int) -> OnCard:
+    from dataclasses import replace
+
+    from dflash_gguf.engine import EngineSetup
+    from dflash_gguf.memory import plan_memory
+
+    setup = EngineSetup.of(target, draft, n_ctx=n_ctx, kv_type=kv, tree_budget=budget, draft_window=window)
+    draft_config = replace(setup.draft_config, kv_type="f16") if setup.draft_config else None
+    need = plan_memory(target, draft, setup.target_config, draft_config).devices[0].need
+    return OnCard(need - EMBEDDING[target])
+
+
+def largest_context(target, draft, kv, budget, window) -> int:
+    lo, hi = 0, 262144 // 4096
+    while lo < hi:  # the largest multiple of 4096 that fits
+        mid = (lo + hi + 1) // 2
+        if plan(target, draft, mid * 4096, kv, budget, window).need <= USABLE_MIB << 20:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * 4096
+
+
+def table(name: str, target: str, draft: str | None) -> list[str]:
+    window = 4096 if draft else 0
+    budgets = BUDGETS if draft else (None,)
+    lines = [f"### {name}", "",
+             "GiB on the card (target on the device, token embedding on the host"
+             + (f", drafter window {window}" if draft else "") + f"); fits = at most {USABLE_MIB / 1024:.1f} GiB.", ""]
+    head = "| KV | " + " | ".join(f"{c // 1024}K {'chain' if b is None else f'tree {b}'}"
+                                    for c in CONTEXTS for b in budgets) + " |"
+    lines += [head, "|---|" + "---:|" * (len(CONTEXTS) * len(budgets))]
+    for kv in KV_TYPES:
+        cells = []
+        for c in CONTEXTS:
+            for b in budgets:
+                need = plan(target, draft, c, kv, b, window).need
+                cells.append(f"{need / GIB:.1f} {'✓' if need <= USABLE_MIB << 20 else '✗'}")
+        lines.append(f"| {kv} | " + " | ".join(cells) + " |")
+    lines += ["", "Largest context that fits:", "",
+              "| KV | " + " | ".join("chain" if b is None else f"tree {b}" for b in budgets) + " |",
+              "|---|" + "---:|" * len(budgets)]
+    for kv in KV_TYPES:
+        lines.append(f"| {kv} | " + " | ".join(f"{largest_context(target, draft, kv, b, window) // 1024}K"
+                                                for b in budgets) + " |")
+    return lines + [""]
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        t27 = str(write_shape_gguf(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))
+        d27 = str(write_shape_gguf(Path(tmp) / "27b-dflash.gguf", QWEN35_27B_DFLASH, "q8_0"))
+        moe = str(write_shape_gguf(Path(tmp) / "35b-a3b.gguf", QWEN35_35B_A3B, "q4_k_m"))
+        for path, shape in ((t27, QWEN35_27B), (moe, QWEN35_35B_A3B)):
+            EMBEDDING[path] = next(tensor_nbytes(s, q) for n, s, q in tensor_table(shape, "q4_k_m")
+                                   if n == "token_embd.weight")
+        out = [f"## Memory on a 24 GB card ({_dt.date.today()}, scripts/memory_table.py)", ""]
+        out += table("Qwen3.5-27B Q4_K_M + DFlash drafter q8_0", t27, d27)
+        out += table("Qwen3.5-35B-A3B Q4_K_M, plain decoding", moe, None)
+    text = "\n".join(out)
+    print(text)
+    dest = ROOT / "results" / f"memory-24gb-{_dt.date.today()}.md"
+    dest.write_text(text + "\n")
+    print(f"\n(saved to {dest.relative_to(ROOT)})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
