@@ -142,8 +142,6 @@ dfl_status dfl_target_define_state(dfl_target * t) {
         if (m->kind[il] == DFL_LAYER_RECURRENT) {
             t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->d_conv - 1, r->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
-            const int64_t out_size = (int64_t) r->head_v_dim * r->n_v_heads;
-            t->snapshots[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, out_size + state_size, dfl_target_max_tree_nodes(t));
             t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_replay_rows(m), t->p.n_verify);
             t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + t->p.n_verify);
         } else {
@@ -365,7 +363,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
      * steps with as many nodes whatever the tree, and `auto` going back and forth
      * between the chain and a few tree sizes */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
-    const graph_key key = { n, n_kv, logits, verify, commit, commit == 1 ? t->commit.n_verified : 0, tokens_src,
+    const graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_verified : 0, tokens_src,
                             tree };
     const int slot = graph_slot(t, &key);
     graph_cache * gc = &t->graphs[slot];
@@ -469,6 +467,9 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
         pc->n_verified = n;
+        for (int k = 0; k < n_keep; k++) {
+            pc->path[k] = k;
+        }
         for (int j = 0; j < t->m.rec.d_conv - 1; j++) {
             pc->conv_cols[j] = n_keep + j;
         }
@@ -558,8 +559,8 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
         pc->tree = true;
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
+        pc->n_verified = tp->n;
         memcpy(pc->path, path, (size_t) n_keep * sizeof(int32_t));
-        pc->state_row = last;
         for (int j = 0; j < W; j++) {
             pc->conv_cols[j] = tp->windows[(size_t) last * (W + 1) + j + 1];
         }

@@ -88,7 +88,9 @@ static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_t
  * per-node rows (the root starts from the committed state), runs one token and
  * scatters [output | state] to row j. Which row is whose parent is an input, so the
  * graph depends only on the node count: every tree of a budget reuses one graph. A
- * chain-shaped tree does exactly the arithmetic of the chain path. */
+ * chain-shaped tree does exactly the arithmetic of the chain path. The rows live in the
+ * graph's compute memory for one layer at a time (they start as copies of the root's
+ * result, so nothing is allocated up front): the commit reruns the accepted path. */
 static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                            struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
     const graph_build * b = g->runtime;
@@ -99,7 +101,7 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
     const size_t f32 = sizeof(float);
     const int64_t O = hv * Hv; /* output floats of a token; its state follows in the row */
 
-    struct ggml_tensor * rows = t->snapshots[il];
+    struct ggml_tensor * rows = NULL;
     for (int j = 0; j < n; j++) {
         struct ggml_tensor * s0;
         if (j == 0) {
@@ -114,7 +116,8 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
         struct ggml_tensor * gj = ggml_view_4d(ctx, gate, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
         struct ggml_tensor * bj = ggml_view_4d(ctx, beta, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
         struct ggml_tensor * res = ggml_gated_delta_net(ctx, qj, kj, vj, gj, bj, s0, 1); /* [output | state] */
-        rows = ggml_set_rows(ctx, rows, ggml_reshape_2d(ctx, res, ggml_nelements(res), 1), b->in->node_row[j]);
+        res = ggml_reshape_2d(ctx, res, ggml_nelements(res), 1);
+        rows = j == 0 ? ggml_repeat_4d(ctx, res, res->ne[0], n, 1, 1) : ggml_set_rows(ctx, rows, res, b->in->node_row[j]);
     }
     ggml_build_forward_expand(g->gf, rows);
     struct ggml_tensor * o = ggml_cont(ctx, ggml_view_2d(ctx, rows, O, n, rows->nb[1], 0));
@@ -135,15 +138,9 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
     v = as_sequence(ctx, v, hv, Hv, n);
     gate = ggml_reshape_4d(ctx, gate, 1, Hv, n, 1);
     beta = ggml_reshape_4d(ctx, beta, 1, Hv, n, 1);
-    if (b->tree) {
-        return delta_net_tree(g, il, q, k, v, gate, beta);
-    }
-    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-    struct ggml_tensor * res = ggml_gated_delta_net(ctx, q, k, v, gate, beta, s0, 1);
-    const int64_t n_out = hv * Hv * n;
-    if (b->verify) {
-        /* the state moves only at commit, by rerunning the kept tokens (add_pending_commit):
-         * cheaper than keeping a state per verified token */
+    if (b->verify || b->tree) {
+        /* the state moves only at commit, by rerunning the kept path (add_pending_commit):
+         * cheaper than keeping a state per verified row */
         struct ggml_tensor * rp = t->replay[il];
         const int64_t parts[5][2] = { { 0, hk * Hk }, { hk * Hk, hk * Hk }, { 2 * hk * Hk, hv * Hv },
                                       { 2 * hk * Hk + hv * Hv, Hv }, { 2 * hk * Hk + hv * Hv + Hv, Hv } };
@@ -152,7 +149,14 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
             struct ggml_tensor * dst = ggml_view_2d(ctx, rp, parts[i][1], n, rp->nb[1], (size_t) parts[i][0] * f32);
             ggml_build_forward_expand(g->gf, ggml_cpy(ctx, srcs[i], dst));
         }
-    } else {
+    }
+    if (b->tree) {
+        return delta_net_tree(g, il, q, k, v, gate, beta);
+    }
+    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+    struct ggml_tensor * res = ggml_gated_delta_net(ctx, q, k, v, gate, beta, s0, 1);
+    const int64_t n_out = hv * Hv * n;
+    if (!b->verify) {
         struct ggml_tensor * s1 = ggml_view_1d(ctx, res, hv * hv * Hv, n_out * f32);
         ggml_build_forward_expand(g->gf, ggml_cpy(ctx, s1, t->ssm_state[il]));
     }
@@ -165,16 +169,15 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
  * one target graph. Attention: after a tree, the accepted path's rows move to
  * consecutive slots (a chain's are already in place). Recurrent layers: the conv state
  * becomes the inputs before the next token, and the recurrent state that of the last
- * kept token: after a chain, by rerunning the recurrence over the verified tokens from
- * the committed state with the tokens after the kept ones made identity steps (decay
- * exp(0) = 1, update weight 0: the state passes through unchanged, bit for bit); after a
- * tree, the kept node's row of the per-node states. Which rows, columns and tokens is
- * an input, so the graph's shape does not depend on the accepted length and
- * consecutive steps reuse it. Cache rows move through a gather and a scatter: every
+ * kept row, by rerunning the recurrence from the committed state over the verify's
+ * rows gathered in path order (a chain's in order), the rows after the kept ones made
+ * identity steps (decay exp(0) = 1, update weight 0: the state passes through
+ * unchanged, bit for bit). Which rows, columns and tokens is an input, so the graph's
+ * shape does not depend on the accepted length and consecutive steps reuse it. Cache rows move through a gather and a scatter: every
  * read happens before any write, and the round trip through f32 is exact for every
  * cache type (quantized rows requantize to the same bytes). */
 static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in) {
-    in->commit_state_row = in->commit_keep = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
+    in->commit_rows = in->commit_keep = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
     if (!t->commit.active) {
         return;
     }
@@ -186,15 +189,15 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         ggml_set_input(in->commit_kv_src);
         ggml_set_input(in->commit_kv_dst);
     }
+    const int R = t->commit.n_verified;
     if (m->n_recurrent > 0) {
         if (tree) {
-            in->commit_state_row = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
-            ggml_set_input(in->commit_state_row);
-        } else {
-            in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, t->commit.n_verified, 1);
-            ggml_set_input(in->commit_keep);
+            in->commit_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, R);
+            ggml_set_input(in->commit_rows);
         }
+        in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, R, 1);
         in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, m->rec.d_conv - 1);
+        ggml_set_input(in->commit_keep);
         ggml_set_input(in->commit_conv_cols);
     }
     const int64_t hk = m->rec.head_k_dim, hv = m->rec.head_v_dim, Hk = m->rec.n_k_heads, Hv = m->rec.n_v_heads;
@@ -210,26 +213,20 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
             }
             continue;
         }
-        struct ggml_tensor * state;
-        if (tree) {
-            struct ggml_tensor * row = ggml_get_rows(ctx, t->snapshots[il], in->commit_state_row);
-            state = ggml_view_2d(ctx, row, hv * hv * Hv, 1, row->nb[1], hv * Hv * f32); /* after the output */
-        } else {
-            struct ggml_tensor * rp = t->replay[il];
-            const size_t row = rp->nb[1];
-            const int R = t->commit.n_verified;
-            const int64_t at_g = 2 * hk * Hk + hv * Hv;
-            struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, 0);
-            struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, hk * Hk * f32);
-            struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, row, row * R, 2 * hk * Hk * f32);
-            struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, at_g * f32);
-            struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, (at_g + Hv) * f32);
-            g = ggml_mul(ctx, g, in->commit_keep);
-            b = ggml_mul(ctx, b, in->commit_keep);
-            struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-            struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
-            state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
-        }
+        /* a chain's rows are in order already: the gather is only a tree's */
+        struct ggml_tensor * rp = tree ? ggml_get_rows(ctx, t->replay[il], in->commit_rows) : t->replay[il];
+        const size_t row = rp->nb[1];
+        const int64_t at_g = 2 * hk * Hk + hv * Hv;
+        struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, 0);
+        struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, hk * Hk * f32);
+        struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, row, row * R, 2 * hk * Hk * f32);
+        struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, at_g * f32);
+        struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, (at_g + Hv) * f32);
+        g = ggml_mul(ctx, g, in->commit_keep);
+        b = ggml_mul(ctx, b, in->commit_keep);
+        struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+        struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
+        struct ggml_tensor * state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
         ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], hv * hv * Hv, 1)));
         struct ggml_tensor * cols = ggml_get_rows(ctx, t->conv_scratch[il], in->commit_conv_cols); /* [C, W] */
         ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, cols), t->conv_state[il]));
@@ -250,16 +247,17 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
         ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
         ggml_backend_tensor_set(in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
     }
-    if (in->commit_state_row) {
-        const int32_t state_row = pc->state_row;
-        ggml_backend_tensor_set(in->commit_state_row, &state_row, 0, sizeof state_row);
-    }
     if (in->commit_keep) {
         float keep[DFL_MAX_VERIFY];
+        int32_t rows[DFL_MAX_VERIFY];
         for (int k = 0; k < pc->n_verified; k++) {
             keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
+            rows[k] = k < pc->n_keep ? pc->path[k] : 0; /* identity steps: any row */
         }
         ggml_backend_tensor_set(in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
+        if (in->commit_rows) {
+            ggml_backend_tensor_set(in->commit_rows, rows, 0, (size_t) pc->n_verified * sizeof(int32_t));
+        }
     }
     if (in->commit_conv_cols) {
         ggml_backend_tensor_set(in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.rec.d_conv - 1) * sizeof(int32_t));
@@ -301,12 +299,13 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
     in->conv_windows = in->parent_rows = in->node_rows = NULL;
     if (tree && m->n_recurrent > 0) {
         in->conv_windows = new_input(ctx, GGML_TYPE_I32, (int64_t) m->rec.d_conv * n);
-        in->node_rows = new_input(ctx, GGML_TYPE_I64, n);
-        /* the root starts from the committed state: only nodes 1.. have a parent row */
+        /* the root starts from the committed state and fills every row: only nodes 1..
+         * have a parent row and a row to write */
         in->parent_rows = n > 1 ? new_input(ctx, GGML_TYPE_I32, n - 1) : NULL;
-        for (int j = 0; j < n; j++) {
-            in->parent_row[j] = j ? ggml_view_1d(ctx, in->parent_rows, 1, (size_t) (j - 1) * sizeof(int32_t)) : NULL;
-            in->node_row[j] = ggml_view_1d(ctx, in->node_rows, 1, (size_t) j * sizeof(int64_t));
+        in->node_rows = n > 1 ? new_input(ctx, GGML_TYPE_I64, n - 1) : NULL;
+        for (int j = 1; j < n; j++) {
+            in->parent_row[j] = ggml_view_1d(ctx, in->parent_rows, 1, (size_t) (j - 1) * sizeof(int32_t));
+            in->node_row[j] = ggml_view_1d(ctx, in->node_rows, 1, (size_t) (j - 1) * sizeof(int64_t));
         }
     }
 
@@ -393,14 +392,14 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
     const tree_plan * tp = &t->tree;
     int32_t parent_rows[DFL_MAX_TREE];
     int64_t node_rows[DFL_MAX_TREE];
-    for (int i = 0; i < n; i++) {
-        parent_rows[i] = i + 1 < n ? tp->parent[i + 1] : 0;
-        node_rows[i] = i;
+    for (int i = 1; i < n; i++) {
+        parent_rows[i - 1] = tp->parent[i];
+        node_rows[i - 1] = i;
     }
-    if (in->parent_rows) {
+    if (n > 1) {
         ggml_backend_tensor_set(in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
+        ggml_backend_tensor_set(in->node_rows, node_rows, 0, (size_t) (n - 1) * sizeof(int64_t));
     }
-    ggml_backend_tensor_set(in->node_rows, node_rows, 0, (size_t) n * sizeof(int64_t));
     ggml_backend_tensor_set(in->conv_windows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
 }
 

@@ -28,13 +28,13 @@ typedef struct graph_inputs {
     /* tree verify of a model with recurrent layers */
     struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
     struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
-    struct ggml_tensor * node_rows;    /* [n] row of each node: 0, 1, ..., n-1 */
+    struct ggml_tensor * node_rows;    /* [n-1] row of nodes 1..: 1, 2, ..., n-1 */
     struct ggml_tensor * parent_row[DFL_MAX_TREE]; /* one-entry views of the two, per node */
     struct ggml_tensor * node_row[DFL_MAX_TREE];
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
      * NULL when the model has nothing of that kind to commit */
-    struct ggml_tensor * commit_state_row; /* tree: [1] row of the snapshots that becomes the state */
-    struct ggml_tensor * commit_keep;      /* chain: [verified tokens] 1 for the kept ones, 0 after */
+    struct ggml_tensor * commit_rows;      /* [verified] replay columns to rerun: the kept path, then any */
+    struct ggml_tensor * commit_keep;      /* [verified] 1 for the kept ones, 0 after */
     struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
     struct ggml_tensor * commit_kv_src;    /* tree: [n_verify] cache rows to move ... */
     struct ggml_tensor * commit_kv_dst;    /* ... and where to */
@@ -47,7 +47,7 @@ typedef struct graph_key {
     int logits;
     bool verify;
     int commit;                      /* carries a pending commit: 0 none, 1 chain, 2 tree */
-    int commit_replay;               /* chain: tokens rerun */
+    int commit_replay;               /* tokens rerun by the commit */
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
     bool tree;                       /* a tree verify (its shape is an input) */
 } graph_key;
@@ -68,9 +68,8 @@ typedef struct pending_commit {
     bool tree;
     int p0;                       /* context length before the commit */
     int n_keep;
-    int n_verified;               /* chain: tokens of the verify, rerun up to the kept ones */
-    int32_t path[DFL_MAX_TREE];   /* tree: the kept node of each new position */
-    int state_row;                /* tree: row of the snapshots buffer that becomes the state */
+    int n_verified;               /* rows of the verify, rerun up to the kept ones */
+    int32_t path[DFL_MAX_VERIFY]; /* the kept row of each new position (a chain's: 0, 1, ...) */
     int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
 } pending_commit;
 
@@ -87,10 +86,9 @@ struct dfl_target {
     /* recurrent layers */
     struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */
     struct ggml_tensor * ssm_state[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v] */
-    struct ggml_tensor * snapshots[DFL_MAX_LAYERS];   /* [S_v * H_v + S_v * S_v * H_v, tree nodes]: per node of
-                                                         the last tree verify, its output and state */
     struct ggml_tensor * replay[DFL_MAX_LAYERS];      /* [2 S_k H_k + S_v H_v + 2 H_v, n_verify] q, k, v, g, beta
-                                                         of the last chain verify, to rerun the accepted part */
+                                                         of each row of the last verify (chain or tree), to
+                                                         rerun the accepted path at commit */
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last
                                                          verify, committed ones first, one column per step or node */
     struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */

@@ -57,9 +57,9 @@ def test_plan_of_qwen35_27b_with_its_drafter(shapes):
     state = hv * hv * Hv
     assert p["recurrent_state"] == n_rec * 4 * ((c["conv"] - 1) * conv_ch + state)
 
-    nodes = n_verify = budget + 1                          # the tree's root plus its budget
-    replay = 2 * Hk * hk + Hv * hv + 2 * Hv                # q, k, v, g, beta of a token
-    per_layer = (hv * Hv + state) * nodes + replay * n_verify + conv_ch * (c["conv"] - 1 + n_verify)
+    n_verify = budget + 1                                  # the tree's root plus its budget
+    replay = 2 * Hk * hk + Hv * hv + 2 * Hv                # q, k, v, g, beta of a row, rerun at commit
+    per_layer = replay * n_verify + conv_ch * (c["conv"] - 1 + n_verify)
     features = len(d["target_layers"]) * c["hidden"] * 512  # the default prefill chunk of rows
     assert p["verify_scratch"] == 4 * (n_rec * per_layer + features)
 
@@ -107,7 +107,7 @@ def test_plan_covers_what_a_real_load_uses():
 
 
 def test_engine_refuses_a_plan_over_the_limit_before_loading(shapes):
-    with pytest.raises(MemoryPlanError, match=r"needs .* MiB of 24576 MiB.*would fit: -ctk q4_0.*-c 32768"):
+    with pytest.raises(MemoryPlanError, match=r"needs .* MiB of 24576 MiB.*would fit: -ctk q8_0.*-c 65536"):
         Engine(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=131072, tree_budget=8, kv_type="f16",
                draft_window=4096, memory_limit_mib=24576)
 
@@ -119,7 +119,7 @@ def test_auto_settings_make_128k_fit_a_24_gib_budget(shapes):
     options = dict(n_ctx=131072, tree_budget=16)
     setup, plan, over = settle(target, draft, options, 24000)
     assert not over and plan.devices[0].need <= 24000 * MIB
-    assert (setup.target_config.kv_type, setup.draft_config.window) == ("q4_0", 4096)
+    assert (setup.target_config.kv_type, setup.draft_config.window) == ("q8_0", 4096)
     setup, _, over = settle(target, draft, {**options, "n_ctx": 16384}, 24000)
     assert not over and (setup.target_config.kv_type, setup.draft_config.window) == ("f16", 0)
     setup, _, over = settle(target, draft, {**options, "n_ctx": 65536}, 24000)
