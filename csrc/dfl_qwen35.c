@@ -15,6 +15,17 @@ static dfl_status req_u32(const dfl_gguf * g, const char * key, int * out) {
     return DFL_OK;
 }
 
+/* An optional key with a default, bounded (values past `max` are corrupt, not large). */
+static dfl_status opt_u32(const dfl_gguf * g, const char * key, uint32_t def, uint32_t max, int * out) {
+    uint32_t v;
+    TRY(dfl_gguf_u32(g, key, false, def, &v));
+    if (v > max) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s%s' has an invalid value %u", g->path, g->arch, key, v);
+    }
+    *out = (int) v;
+    return DFL_OK;
+}
+
 static dfl_status tensor(const dfl_gguf * g, const char * name, int il, int64_t ne0, int64_t ne1, bool required,
                          struct ggml_tensor ** out) {
     char full[128];
@@ -29,13 +40,11 @@ static dfl_status tensor(const dfl_gguf * g, const char * name, int il, int64_t 
 
 static dfl_status read_hparams(dfl_qwen35 * m) {
     const dfl_gguf * g = &m->file;
-    uint32_t v;
-    int block_count, n_nextn;
+    int block_count = 0, n_nextn = 0, v_dim = 0;
 
     TRY(req_u32(g, ".embedding_length", &m->n_embd));
     TRY(req_u32(g, ".block_count", &block_count));
-    TRY(dfl_gguf_u32(g, ".nextn_predict_layers", false, 0, &v));
-    n_nextn = (int) v;
+    TRY(opt_u32(g, ".nextn_predict_layers", 0, DFL_MAX_LAYERS, &n_nextn));
     m->n_layer = block_count - n_nextn;
     if (m->n_layer <= 0 || m->n_layer > DFL_MAX_LAYERS) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported layer count %d", g->path, m->n_layer);
@@ -43,18 +52,19 @@ static dfl_status read_hparams(dfl_qwen35 * m) {
     TRY(req_u32(g, ".feed_forward_length", &m->n_ff));
     TRY(req_u32(g, ".attention.head_count", &m->n_head));
     TRY(req_u32(g, ".attention.head_count_kv", &m->n_head_kv));
-    TRY(dfl_gguf_u32(g, ".context_length", false, 0, &v));
-    m->n_ctx_train = (int) v;
-    TRY(dfl_gguf_u32(g, ".attention.key_length", false, (uint32_t) (m->n_embd / m->n_head), &v));
-    m->head_dim = (int) v;
-    TRY(dfl_gguf_u32(g, ".attention.value_length", false, (uint32_t) m->head_dim, &v));
-    if ((int) v != m->head_dim) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': key and value head sizes differ (%d vs %u)", g->path, m->head_dim, v);
+    TRY(opt_u32(g, ".context_length", 0, 1u << 30, &m->n_ctx_train));
+    TRY(opt_u32(g, ".attention.key_length", (uint32_t) (m->n_embd / m->n_head), 1u << 16, &m->head_dim));
+    TRY(opt_u32(g, ".attention.value_length", (uint32_t) m->head_dim, 1u << 16, &v_dim));
+    if (v_dim != m->head_dim) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key and value head sizes differ (%d vs %d)", g->path, m->head_dim, v_dim);
     }
-    TRY(dfl_gguf_u32(g, ".rope.dimension_count", false, (uint32_t) m->head_dim, &v));
-    m->n_rot = (int) v;
+    TRY(opt_u32(g, ".rope.dimension_count", (uint32_t) m->head_dim, 1u << 16, &m->n_rot));
     TRY(dfl_gguf_f32(g, ".attention.layer_norm_rms_epsilon", true, 0.0f, &m->eps));
     TRY(dfl_gguf_f32(g, ".rope.freq_base", false, 10000.0f, &m->rope_base));
+    if (m->eps < 0.0f || m->rope_base <= 0.0f) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid norm epsilon %g or rope base %g", g->path, (double) m->eps,
+                        (double) m->rope_base);
+    }
 
     TRY(req_u32(g, ".ssm.conv_kernel", &m->d_conv));
     TRY(req_u32(g, ".ssm.inner_size", &m->d_inner));
@@ -62,7 +72,7 @@ static dfl_status read_hparams(dfl_qwen35 * m) {
     TRY(req_u32(g, ".ssm.time_step_rank", &m->n_v_heads));
     TRY(req_u32(g, ".ssm.group_count", &m->n_k_heads));
 
-    if (m->n_head % m->n_head_kv != 0 || m->n_rot > m->head_dim || m->n_rot % 2 != 0) {
+    if (m->n_head % m->n_head_kv != 0 || m->head_dim == 0 || m->n_rot > m->head_dim || m->n_rot % 2 != 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': inconsistent attention shape (heads %d, kv heads %d, rope dims %d, head size %d)",
                         g->path, m->n_head, m->n_head_kv, m->n_rot, m->head_dim);
     }
@@ -101,6 +111,11 @@ static dfl_status read_hparams(dfl_qwen35 * m) {
             m->n_attn_layers++;
         }
     }
+    if (m->n_attn_layers == 0) {
+        /* a hybrid has full-attention layers; the runtime's graphs assume at least one */
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': none of its %d layers is a full-attention layer (block_count, "
+                        "recurrent_layers or full_attention_interval is wrong)", g->path, m->n_layer);
+    }
     return DFL_OK;
 }
 
@@ -109,6 +124,9 @@ static dfl_status read_tensors(dfl_qwen35 * m) {
     const int64_t E = m->n_embd;
 
     TRY(dfl_gguf_tensor(g, "token_embd.weight", 2, (int64_t[]) { E, 0 }, true, &m->tok_embd));
+    if (m->tok_embd->ne[1] < 1 || m->tok_embd->ne[1] > (1 << 30)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': token embedding has %lld rows", g->path, (long long) m->tok_embd->ne[1]);
+    }
     m->n_vocab = (int) m->tok_embd->ne[1];
     TRY(tensor(g, "output_norm.weight", -1, E, 0, true, &m->output_norm));
     TRY(tensor(g, "output.weight", -1, E, m->n_vocab, false, &m->output));
