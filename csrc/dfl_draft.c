@@ -1,6 +1,7 @@
 /* DFlash block-diffusion drafter: a few Qwen3-style layers whose keys and values
  * come from the target's hidden features (context) and from a block of
  * [bonus, MASK...] embeddings (noise), attended non-causally. */
+#include "dfl_pair.h"
 #include "dfl_target.h"
 
 #include <math.h>
@@ -139,6 +140,7 @@ static dfl_status read_model(dfl_draft * d) {
                         d->n_rot);
     }
 
+    TRY(dfl_pair_check(g, &d->target->m.file, tm->n_vocab, tm->n_embd));
     /* the drafter must fit its target */
     if (d->n_embd != tm->n_embd) {
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter hidden size %d does not match the target's %d: wrong target/drafter pair",

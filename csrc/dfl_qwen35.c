@@ -1,4 +1,5 @@
 #include "dfl_qwen35.h"
+#include "dfl_pair.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -181,6 +182,9 @@ dfl_status dfl_qwen35_open(const char * path, dfl_qwen35 * m) {
     }
     if (st == DFL_OK) {
         st = read_tensors(m);
+    }
+    if (st == DFL_OK) {
+        st = dfl_vocab_check(&m->file, m->n_vocab); /* before llama.cpp reads the vocabulary */
     }
     if (st != DFL_OK) {
         dfl_gguf_close(&m->file);
