@@ -146,9 +146,9 @@ def test_index_problems_are_one_clear_line(qwen35_dir, tmp_path, capsys):
     out = tmp_path / "x.gguf"
     index = model / "model.safetensors.index.json"
     content = json.loads(index.read_text())
+    extra = {**content["weight_map"], "model.extra.weight": "model-00009-of-00009.safetensors"}
     for bad, needle in [({"weight_map": ["a", "b"]}, "weight_map"), ({"metadata": {}}, "weight map"),
-                        ({"weight_map": {**content["weight_map"], "model.extra.weight": "model-00009-of-00009.safetensors"}},
-                         "missing: model-00009-of-00009")]:
+                        ({"weight_map": extra}, "missing: model-00009-of-00009")]:
         index.unlink()
         index.write_text(json.dumps(bad))
         assert_one_clear_line(*convert(model, out, capsys), out, needle)

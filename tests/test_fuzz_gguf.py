@@ -115,7 +115,8 @@ def _aligned_16(L) -> bytes:
 NORM, BETA, ATTN_K = "blk.1.post_attention_norm.weight", "blk.1.ssm_beta.weight", "blk.3.attn_k.weight"
 EPS_T, EPS_D = "qwen35.attention.layer_norm_rms_epsilon", "dflash.attention.layer_norm_rms_epsilon"
 
-# name: (file mutated, how, what the error says). The comment: what happened before the fix.
+# name: (file mutated, how, what the error says). The comment: what loading the file did
+# before these checks (measured on the sources of commit 9fedaa9).
 CRAFTED = {
     "duplicate token": ("target", lambda T, D: _duplicate_token(T), "same text"),  # abort in llama.cpp's vocab
     "vector retyped i32": ("target", lambda T, D: _retyped(T, NORM, 26), "vectors must be f32"),  # abort in ggml_mul
@@ -124,14 +125,14 @@ CRAFTED = {
     "matrix retyped i8": ("target", lambda T, D: _retyped(T, ATTN_K, 24), "not a weight type"),  # segfault
     "negative epsilon": ("target", lambda T, D: _set(T, EPS_T, "<f", -1e-6), "epsilon"),  # GGML_ASSERT(eps >= 0)
     "drafter negative epsilon": ("draft", lambda T, D: _set(D, EPS_D, "<f", -1e-6), "epsilon"),  # same
-    "infinite epsilon": ("target", lambda T, D: _set(T, EPS_T, "<f", float("inf")), "finite"),
-    "alignment 16": ("target", lambda T, D: _aligned_16(T), "align"),  # segfault
+    "infinite epsilon": ("target", lambda T, D: _set(T, EPS_T, "<f", float("inf")), "finite"),  # NaN logits
+    "alignment 16": ("target", lambda T, D: _aligned_16(T), "align"),  # GGML_ASSERT: unaligned host buffer
     "no attention layer": ("target", lambda T, D: _set(T, "qwen35.block_count", "<I", 3),
                            "full-attention"),  # GGML_ASSERT(buf != NULL) at the first decode
     "rope dims wrap": ("target", lambda T, D: _set(T, "qwen35.rope.dimension_count", "<I", 2**32 - 16),
                        "invalid value"),  # hang: negative rope dimensions
     "drafter block size 2^30": ("draft", lambda T, D: _set(D, "dflash.block_size", "<I", 1 << 30),
-                                "block size"),  # a 4 GiB block buffer
+                                "block size"),  # Draft(): a 4 GiB block buffer
     "drafter truncated header": ("draft", lambda T, D: D.data[:99170], "valid GGUF"),  # IndexError in gguf-py
     "drafter key type": ("draft", lambda T, D: _kind(D, "dflash.attention.head_count", STR), "GGUF"),  # IndexError
     "drafter array length": ("draft", lambda T, D: _arr_len(D, "dflash.target_layers", 4095), "GGUF"),  # IndexError
@@ -166,8 +167,9 @@ def test_unused_tensors_are_not_loaded(demo, tmp_path):
     """A tensor the model does not use (e.g. MTP layers) is never placed or read: junk there
     does not matter."""
     T = demo["T"]
-    extra = ("blk.7.nextn.weight", [32, 4], 26, bytes(512))  # an i32 matrix: no layer would accept it
+    extra = [("blk.7.nextn.weight", [32, 4], 26, bytes(512)),  # an i32 matrix: no layer would accept it
+             ("extra", [0, 5], 8, b"")]  # empty rows: GGML_ASSERT in ggml_mul_mat when it was placed (9fedaa9)
     path = tmp_path / "extra.gguf"
-    path.write_bytes(build(_kvs(T), _tensors(T) + [extra]))
+    path.write_bytes(build(_kvs(T), _tensors(T) + extra))
     (r,) = gguf_fuzz.run_files([(path, demo["draft"], "extra tensor")])
     assert r["outcome"] == "ok", r["message"]
