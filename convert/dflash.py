@@ -11,6 +11,11 @@ architecture `dflash`, with llama.cpp's keys, tensor names and layouts.
   only, written as the degenerate sections [head_dim/2, 0, 0, 0].
 - DFlash2 adds per-layer grouped dynamic convolutions around attention and MLP and a
   low-rank candidate selector; they convert here, although our runtime does not run them.
+- `dflash.target.*` (ours; llama.cpp ignores unknown keys) records the target the drafter
+  is converted for: its directory name, tokenizer fingerprint (sha256 of tokens, merges
+  and special ids) and embedding shape. The runtime refuses the drafter with any other
+  target; drafters without these keys (llama.cpp's converter) are checked by shape and
+  by the vocabulary they carry.
 - `mask_embedding.pt` (a trained mask-token vector shipped next to some drafters) becomes
   a drafter-owned token embedding: the target's table with the mask row replaced, plus
   the target's output head, as llama.cpp writes it.
@@ -25,7 +30,7 @@ from gguf import GGUFValueType
 
 from .base import KV, ModelConverter, array, boolean, f32, string, u32
 from .errors import ConversionError
-from .hf import Checkpoint, load_config, text_hparams
+from .hf import Checkpoint, check_hparams, load_config, text_hparams
 from .tensors import TensorSpec
 
 log = logging.getLogger("dflash_gguf.convert")
@@ -106,6 +111,9 @@ class DFlashConverter(ModelConverter):
         missing = [k for k in _REQUIRED if k not in hp]
         if missing:
             raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a DFlash drafter")
+        check_hparams(hp, _REQUIRED + ["num_key_value_heads", "head_dim", "max_position_embeddings",
+                                       "num_target_layers", "block_size"], ["rms_norm_eps", "rope_theta"])
+        check_hparams(self.dcfg, ["block_size", "num_target_layers"], where="config.json dflash_config")
         if hp.get("attention_bias"):
             raise ConversionError("attention_bias=true: the dflash GGUF layout has no attention biases")
         act = hp.get("hidden_act", "silu")
@@ -161,6 +169,7 @@ class DFlashConverter(ModelConverter):
         t_embd, t_vocab, t_layers = thp.get("hidden_size"), thp.get("vocab_size"), thp.get("num_hidden_layers")
         if not all(isinstance(v, int) for v in (t_embd, t_vocab, t_layers)):
             raise ConversionError(f"{where}: config.json lacks hidden_size, vocab_size or num_hidden_layers")
+        self.target_shape = (t_vocab, t_embd)
         if t_embd != self.n_embd:
             raise ConversionError(
                 f"the drafter's hidden size {self.n_embd} does not match the target's {t_embd} "
@@ -193,6 +202,8 @@ class DFlashConverter(ModelConverter):
         return self.target_dir, self.target_config
 
     def adjust_vocab(self, vocab) -> None:
+        # the tokenizer is the target's: its fingerprint, taken before the mask id joins it
+        self._tokenizer_sha256 = vocab.fingerprint()
         vocab.special_ids["mask"] = self.mask_token_id
 
     # ---- metadata ------------------------------------------------------------------------
@@ -277,6 +288,14 @@ class DFlashConverter(ModelConverter):
             put(boolean(f"{a}.attention.causal", bool(causal)))
         if self._target_uses_mrope():
             put(array(f"{a}.rope.dimension_sections", [self.head_dim // 2, 0, 0, 0], GGUFValueType.INT32))
+        # Ours, not llama.cpp's (which ignores them): the target this drafter is converted
+        # for, checked when the pair is loaded (csrc/dfl_pair.c).
+        sha = getattr(self, "_tokenizer_sha256", None)
+        if sha is not None:
+            put(string(f"{a}.target.name", self.target_dir.resolve().name))
+            put(string(f"{a}.target.tokenizer_sha256", sha))
+            put(u32(f"{a}.target.embedding_length", self.target_shape[1]))
+            put(u32(f"{a}.target.vocab_size", self.target_shape[0]))
         return list(kv.values())
 
     def _rope_scaling(self, rope: dict) -> list[KV]:

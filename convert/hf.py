@@ -8,6 +8,7 @@ hand bfloat16 to numpy and torch is not a runtime dependency.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,19 @@ def load_config(model_dir: Path) -> dict:
     return config
 
 
+def check_hparams(hp: dict, ints=(), floats=(), where: str = "config.json") -> None:
+    """The keys present among `ints` are positive integers and among `floats` positive
+    finite numbers: one clear line instead of an arithmetic error later on."""
+    for key in ints:
+        v = hp.get(key)
+        if key in hp and not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            raise ConversionError(f"{where}: {key} is {v!r}; a positive integer is expected")
+    for key in floats:
+        v = hp.get(key)
+        if key in hp and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")):
+            raise ConversionError(f"{where}: {key} is {v!r}; a positive number is expected")
+
+
 def text_hparams(config: dict) -> dict:
     """The language model's hyperparameters: a multimodal config's text_config over its root."""
     text = config.get("text_config")
@@ -68,6 +82,8 @@ def _read_header(path: Path) -> tuple[dict, int]:
             if len(head) != 8:
                 raise ConversionError(f"{path} is not a safetensors file (truncated header)")
             (n,) = struct.unpack("<Q", head)
+            if n > path.stat().st_size - 8:  # never ask read() for a corrupt length's worth of memory
+                raise ConversionError(f"{path} is not a safetensors file (header length {n} exceeds the file)")
             raw = f.read(n)
     except OSError as e:
         raise ConversionError(f"cannot read {path}: {e}") from e
@@ -97,6 +113,7 @@ class Checkpoint:
                 raise ConversionError(
                     f"no safetensors weights in {str(model_dir)!r} (expected {SINGLE_FILE} or {INDEX_FILE}; "
                     "PyTorch .bin checkpoints are not supported)")
+            _check_shard_set(files)
             for path in files:
                 self._add_file(path)
 
@@ -105,6 +122,8 @@ class Checkpoint:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConversionError(f"cannot read the weight map in {index}: {e}") from e
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ConversionError(f"{index}: weight_map must map tensor names to shard file names")
         files = sorted(set(weight_map.values()))
         missing_files = [f for f in files if not (self.model_dir / f).is_file()]
         if missing_files:
@@ -119,19 +138,30 @@ class Checkpoint:
 
     def _add_file(self, path: Path) -> None:
         header, data_start = _read_header(path)
+        if not isinstance(header, dict):
+            raise ConversionError(f"{path} has a corrupt safetensors header (not a JSON object)")
         file_size = path.stat().st_size
-        self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
             try:
-                dtype, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
+                dtype, shape = str(entry["dtype"]), tuple(int(d) for d in entry["shape"])
                 begin, end = (int(x) for x in entry["data_offsets"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ConversionError(f"{path}: malformed header entry for {name!r}") from e
             if data_start + end > file_size:
                 raise ConversionError(f"{path} is truncated: tensor {name!r} extends past the end of the file")
+            numel = int(np.prod(shape, dtype=np.int64))
+            itemsize = _NUMPY_DTYPES[dtype].itemsize if dtype in _NUMPY_DTYPES else None
+            if begin < 0 or end < begin or min(shape, default=1) < 0 or \
+                    (itemsize is not None and end - begin != numel * itemsize):
+                raise ConversionError(f"{path}: tensor {name!r} has {end - begin} bytes at offsets {begin}..{end}, "
+                                      f"which does not fit its dtype {dtype} and shape {list(shape)}")
+            if name in self.tensors:
+                raise ConversionError(f"tensor {name!r} is in two shards: {self.tensors[name].path.name} and "
+                                      f"{path.name}")
             self.tensors[name] = SourceTensor(name, path, dtype, shape, data_start + begin, end - begin)
+        self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r") if file_size > 0 else np.zeros(0, np.uint8)
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -153,6 +183,27 @@ class Checkpoint:
 
     def is_bf16(self, name: str) -> bool:
         return self.tensors[name].dtype == "BF16"
+
+
+_SHARD_NAME = re.compile(r"^model-(\d+)-of-(\d+)\.safetensors$")
+
+
+def _check_shard_set(files: list[Path]) -> None:
+    """Shards found without an index must be a complete model-XXXXX-of-NNNNN set."""
+    totals: dict[int, set[int]] = {}
+    for f in files:
+        m = _SHARD_NAME.match(f.name)
+        if m:
+            totals.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    if len(totals) > 1:
+        raise ConversionError(f"shard files from different sets ({', '.join(f'of {n}' for n in sorted(totals))}) "
+                              f"are mixed in {files[0].parent}")
+    for total, have in totals.items():
+        missing = sorted(set(range(1, total + 1)) - have)
+        if missing:
+            shown = ", ".join(f"model-{i:05d}-of-{total:05d}.safetensors" for i in missing[:4])
+            raise ConversionError(f"{len(missing)} of {total} shard files are missing: {shown}"
+                                  + (" ..." if len(missing) > 4 else ""))
 
 
 def to_float32(raw: np.ndarray, bf16: bool) -> np.ndarray:

@@ -18,7 +18,7 @@ from gguf import GGUFValueType
 
 from .base import KV, ModelConverter, array, f32, u32
 from .errors import ConversionError
-from .hf import Checkpoint, text_hparams
+from .hf import Checkpoint, check_hparams, text_hparams
 from .tensors import TensorSpec, add_one, neg_exp
 
 ARCH = "qwen35"
@@ -52,6 +52,19 @@ class Qwen35Converter(ModelConverter):
         missing = [k for k in _REQUIRED if k not in hp]
         if missing:
             raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a Qwen3.5 model")
+        check_hparams(hp, [k for k in _REQUIRED if k != "rms_norm_eps"]
+                      + ["head_dim", "full_attention_interval", "max_position_embeddings"], ["rms_norm_eps"])
+        if "layer_types" in hp and not isinstance(hp["layer_types"], list):
+            raise ConversionError(f"config.json: layer_types is {hp['layer_types']!r}; a list is expected")
+        rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise ConversionError(f"config.json: rope_parameters is {rope!r}; an object is expected")
+        check_hparams(rope, floats=["rope_theta", "partial_rotary_factor", "factor"],
+                      where="config.json rope_parameters")
+        section = rope.get("mrope_section")
+        if section is not None and not (isinstance(section, list) and len(section) <= 4
+                                        and all(isinstance(x, int) and x >= 0 for x in section)):
+            raise ConversionError(f"config.json: mrope_section is {section!r}; up to 4 section sizes are expected")
         if hp.get("attention_bias"):
             raise ConversionError("attention_bias=true is not a Qwen3.5 layout llama.cpp's qwen35 loads")
         if hp["linear_key_head_dim"] != hp["linear_value_head_dim"]:

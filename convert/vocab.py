@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -72,6 +73,9 @@ class Vocab:
     add_special: dict[str, bool] = field(default_factory=dict)
     chat_template: str | list[dict] | None = None
 
+    def fingerprint(self) -> str:
+        return tokenizer_sha256(self.tokens, self.merges, self.special_ids)
+
     def metadata(self) -> list[KV]:
         kv = [
             string("tokenizer.ggml.model", "gpt2"),
@@ -85,6 +89,24 @@ class Vocab:
         kv += [boolean(f"tokenizer.ggml.add_{t}_token", v) for t, v in self.add_special.items()]
         kv += _chat_template_kv(self.chat_template)
         return kv
+
+
+FINGERPRINT_SPECIALS = ("bos", "eos", "unk", "sep", "pad")
+
+
+def tokenizer_sha256(tokens: list[str], merges: list[str], special_ids: dict[str, int]) -> str:
+    """The tokenizer fingerprint a drafter records of its target: sha256 over the token
+    list, the merges and the bos/eos/unk/sep/pad ids, exactly as the runtime computes it
+    from a GGUF's metadata (csrc/dfl_pair.c, dfl_tokenizer_sha256)."""
+    h = sha256(b"dflash-tokenizer-v1\n")
+    for entries in (tokens, merges):
+        h.update(struct.pack("<Q", len(entries)))
+        for entry in entries:
+            b = entry.encode("utf-8").split(b"\0")[0]  # the runtime reads C strings
+            h.update(struct.pack("<I", len(b)) + b)
+    for kind in FINGERPRINT_SPECIALS:
+        h.update(struct.pack("<i", int(special_ids.get(kind, -1))))
+    return h.hexdigest()
 
 
 def _chat_template_kv(template: str | list[dict] | None) -> list[KV]:

@@ -2,8 +2,9 @@
  * come from the target's hidden features (context) and from a block of
  * [bonus, MASK...] embeddings (noise), attended non-causally. */
 #include "dfl_gguf.h"
-#include "dfl_runtime.h"
+#include "dfl_pair.h"
 #include "dfl_plan.h"
+#include "dfl_runtime.h"
 #include "dfl_target.h"
 
 #include <math.h>
@@ -145,6 +146,7 @@ static dfl_status read_model(dfl_draft * d) {
                         d->n_rot);
     }
 
+    TRY(dfl_pair_check(g, dfl_target_file(t), n_vocab, dfl_target_n_embd(t)));
     /* the drafter must fit its target */
     if (d->n_embd != dfl_target_n_embd(t)) {
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter hidden size %d does not match the target's %d: wrong target/drafter pair",
@@ -690,9 +692,12 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
     }
     if (st == DFL_OK) {
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d->rt.dev);
-        for (struct ggml_tensor * w = ggml_get_first_tensor(d->file.ctx); w; w = ggml_get_next_tensor(d->file.ctx, w)) {
-            out->weights += ggml_backend_buft_get_alloc_size(buft, w);
-            dfl_plan_place(w, dummy);
+        for (int64_t i = 0; i < gguf_get_n_tensors(d->file.meta); i++) {
+            if (d->file.used[i]) {
+                struct ggml_tensor * w = ggml_get_tensor(d->file.ctx, gguf_get_tensor_name(d->file.meta, i));
+                out->weights += ggml_backend_buft_get_alloc_size(buft, w);
+                dfl_plan_place(w, dummy);
+            }
         }
         for (struct ggml_tensor * c = ggml_get_first_tensor(d->ctx_state); c; c = ggml_get_next_tensor(d->ctx_state, c)) {
             out->cache += ggml_backend_buft_get_alloc_size(buft, c);

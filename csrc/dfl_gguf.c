@@ -1,12 +1,16 @@
 #include "dfl_gguf.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* ggml's CPU buffers want 32-byte aligned data (TENSOR_ALIGNMENT), GGUF's default alignment */
+#define DFL_TENSOR_ALIGN 32
 
 static void full_key(const dfl_gguf * g, const char * key, char * buf, size_t n) {
     if (key[0] == '.') {
@@ -20,11 +24,11 @@ dfl_status dfl_gguf_open(const char * path, dfl_gguf * g) {
     memset(g, 0, sizeof *g);
     snprintf(g->path, sizeof g->path, "%s", path);
 
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+    struct stat info;
+    if (stat(path, &info) != 0 || !S_ISREG(info.st_mode)) {
         return dfl_fail(DFL_ERR_IO, "cannot open '%s': no such file", path);
     }
-    g->file_size = (size_t) st.st_size;
+    g->file_size = (size_t) info.st_size;
 
     struct gguf_init_params params = { .no_alloc = true, .ctx = &g->ctx };
     g->meta = gguf_init_from_file(path, params);
@@ -39,16 +43,36 @@ dfl_status dfl_gguf_open(const char * path, dfl_gguf * g) {
     }
     snprintf(g->arch, sizeof g->arch, "%s", gguf_get_val_str(g->meta, k));
 
+    /* gguf has checked that the tensors are laid out one after the other; what it cannot
+     * know is the file size (it reads no data), and ggml wants tensor data aligned */
     const size_t data_off = gguf_get_data_offset(g->meta);
-    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
-        const size_t end = data_off + gguf_get_tensor_offset(g->meta, i) + gguf_get_tensor_size(g->meta, i);
-        if (end > g->file_size) {
-            const char * name = gguf_get_tensor_name(g->meta, i);
-            dfl_gguf_close(g);
-            return dfl_fail(DFL_ERR_FORMAT,
-                            "'%s' is truncated: tensor '%s' ends at byte %zu but the file has %zu bytes",
-                            path, name, end, g->file_size);
+    const int64_t n_tensors = gguf_get_n_tensors(g->meta);
+    if (n_tensors > 0 && data_off % DFL_TENSOR_ALIGN != 0) {
+        const size_t alignment = gguf_get_alignment(g->meta);
+        dfl_gguf_close(g);
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': tensor data starts at byte %zu, not a multiple of %d "
+                        "(general.alignment %zu is not supported)", path, data_off, DFL_TENSOR_ALIGN, alignment);
+    }
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const size_t off = gguf_get_tensor_offset(g->meta, i), size = gguf_get_tensor_size(g->meta, i);
+        const char * name = gguf_get_tensor_name(g->meta, i);
+        dfl_status st = DFL_OK;
+        if (off % DFL_TENSOR_ALIGN != 0) {
+            st = dfl_fail(DFL_ERR_FORMAT, "'%s': tensor '%s' data is not aligned to %d bytes", path, name,
+                          DFL_TENSOR_ALIGN);
+        } else if (data_off > g->file_size || off > g->file_size - data_off || size > g->file_size - data_off - off) {
+            st = dfl_fail(DFL_ERR_FORMAT, "'%s' is truncated: tensor '%s' needs bytes %zu..%zu but the file has %zu "
+                          "bytes", path, name, data_off + off, data_off + off + size, g->file_size);
         }
+        if (st != DFL_OK) {
+            dfl_gguf_close(g); /* after the message: the name belongs to the metadata */
+            return st;
+        }
+    }
+    g->used = calloc((size_t) n_tensors + 1, sizeof *g->used);
+    if (!g->used) {
+        dfl_gguf_close(g);
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     return DFL_OK;
 }
@@ -70,6 +94,8 @@ void dfl_gguf_close(dfl_gguf * g) {
         gguf_free(g->meta);
         g->meta = NULL;
     }
+    free(g->used);
+    g->used = NULL;
 }
 
 bool dfl_gguf_has(const dfl_gguf * g, const char * key) {
@@ -135,10 +161,14 @@ dfl_status dfl_gguf_f32(const dfl_gguf * g, const char * key, bool required, flo
         return DFL_OK;
     }
     switch (gguf_get_kv_type(g->meta, id)) {
-        case GGUF_TYPE_FLOAT32: *out = gguf_get_val_f32(g->meta, id); return DFL_OK;
-        case GGUF_TYPE_FLOAT64: *out = (float) gguf_get_val_f64(g->meta, id); return DFL_OK;
+        case GGUF_TYPE_FLOAT32: *out = gguf_get_val_f32(g->meta, id); break;
+        case GGUF_TYPE_FLOAT64: *out = (float) gguf_get_val_f64(g->meta, id); break;
         default: return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' is not a float", g->path, k);
     }
+    if (!isfinite(*out)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' is %g, not a finite number", g->path, k, (double) *out);
+    }
+    return DFL_OK;
 }
 
 dfl_status dfl_gguf_arr_i32(const dfl_gguf * g, const char * key, int32_t * out, int max_n, int * n_out) {
@@ -191,6 +221,22 @@ dfl_status dfl_gguf_arr_bool(const dfl_gguf * g, const char * key, bool * out, i
     return DFL_OK;
 }
 
+/* Types a weight matrix may have: float, or a quantization whose rows ggml dequantizes
+ * and dot-multiplies on every backend (not the activation-only types q8_1 and q8_k). */
+static bool matrix_type(enum ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
+        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+        case GGML_TYPE_IQ2_XXS: case GGML_TYPE_IQ2_XS: case GGML_TYPE_IQ3_XXS: case GGML_TYPE_IQ1_S:
+        case GGML_TYPE_IQ4_NL: case GGML_TYPE_IQ3_S: case GGML_TYPE_IQ2_S: case GGML_TYPE_IQ4_XS:
+        case GGML_TYPE_IQ1_M: case GGML_TYPE_TQ1_0: case GGML_TYPE_TQ2_0: case GGML_TYPE_MXFP4:
+            return true;
+        default:
+            return false;
+    }
+}
+
 dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, const int64_t * ne, bool required,
                            struct ggml_tensor ** out) {
     struct ggml_tensor * t = ggml_get_tensor(g->ctx, name);
@@ -201,6 +247,14 @@ dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, co
         }
         return DFL_OK;
     }
+    if (n_dims == 1 && t->type != GGML_TYPE_F32) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': tensor '%s' has type %s; vectors must be f32", g->path, name,
+                        ggml_type_name(t->type));
+    }
+    if (n_dims > 1 && !matrix_type(t->type)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': tensor '%s' has type %s, which is not a weight type ggml multiplies",
+                        g->path, name, ggml_type_name(t->type));
+    }
     for (int i = 0; i < GGML_MAX_DIMS; i++) {
         const int64_t want = i < n_dims ? ne[i] : 1;
         if (want != 0 && t->ne[i] != want) {
@@ -209,6 +263,10 @@ dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, co
                             g->path, name, (long long) t->ne[0], (long long) t->ne[1], (long long) t->ne[2],
                             (long long) t->ne[3], i, (long long) want);
         }
+    }
+    const int64_t id = gguf_find_tensor(g->meta, name);
+    if (id >= 0) {
+        g->used[id] = true;
     }
     *out = t;
     return DFL_OK;
@@ -278,7 +336,7 @@ static dfl_status fill_buffer(dfl_gguf * g, ggml_backend_buffer_type_t buft, ggm
     const size_t align = ggml_backend_buft_get_alignment(buft);
     char * p = ggml_backend_buffer_get_base(buf);
     for (int64_t i = i0; i < i1; i++) {
-        if (marks[i] != buft) {
+        if (!g->used[i] || marks[i] != buft) {
             continue;
         }
         struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
@@ -300,7 +358,7 @@ static dfl_status place_in_buft(dfl_gguf * g, ggml_backend_buffer_type_t buft, g
     int64_t first = 0;
     size_t size = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (marks[i] != buft) {
+        if (!g->used[i] || marks[i] != buft) {
             continue;
         }
         struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
@@ -355,7 +413,7 @@ static dfl_status place_mapped(dfl_gguf * g, ggml_backend_dev_t dev, ggml_backen
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     g->buffers[g->n_buffers++] = buf;
     for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
-        if (marks[i] || dev_of[i] != dev) {
+        if (!g->used[i] || marks[i] || dev_of[i] != dev) {
             continue;
         }
         struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
@@ -393,6 +451,9 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     for (int64_t i = 0; i < n_tensors; i++) {
+        if (!g->used[i]) {
+            continue; /* not part of the model (e.g. MTP layers): never placed */
+        }
         struct ggml_tensor * t = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
         ggml_backend_buffer_type_t buft = NULL;
         if (!maps_host_memory(dev_of[i])) {

@@ -21,6 +21,7 @@ typedef struct dfl_gguf {
     struct ggml_context * ctx;      /* tensor metadata (no data) */
     size_t file_size;
     void * map;                     /* read-only mapping of the whole file */
+    bool * used;                    /* per tensor (file order): asked for by the model; only these load */
     ggml_backend_buffer_t buffers[DFL_MAX_WEIGHT_BUFFERS];
     int n_buffers;
     char arch[64];
@@ -38,11 +39,13 @@ dfl_status dfl_gguf_arr_bool(const dfl_gguf * g, const char * key, bool * out, i
 bool dfl_gguf_has(const dfl_gguf * g, const char * key);
 
 /* A weight tensor with its expected shape (ne[i] == 0 means any); NULL result for an
- * optional tensor that is absent. */
+ * optional tensor that is absent. Vectors (n_dims 1) must be f32, matrices of a type
+ * ggml multiplies (float or a quantization with a dot product). Marks it used. */
 dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, const int64_t * ne, bool required,
                            struct ggml_tensor ** out);
 
-/* Place tensor i of the file (file order) in memory of dev_of[i]: mapped directly from
+/* Place tensor i of the file (file order) in memory of dev_of[i] (tensors the model did
+ * not ask for through dfl_gguf_tensor are left out): mapped directly from
  * the file when that device can use host memory, otherwise copied once from the
  * mapping. With `repack`, matrices go to the device's faster repacked layouts where it
  * has them. */

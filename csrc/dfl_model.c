@@ -1,5 +1,6 @@
 /* Architecture registry, loader helpers and building blocks shared by model files. */
 #include "dfl_model.h"
+#include "dfl_pair.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -68,6 +69,9 @@ dfl_status dfl_model_open(const char * path, dfl_model * m) {
         st = m->arch->load(m);
     }
     if (st == DFL_OK) {
+        st = dfl_vocab_check(&m->file, m->n_vocab); /* before llama.cpp reads the vocabulary */
+    }
+    if (st == DFL_OK) {
         for (int il = 0; il < m->n_layer; il++) {
             if (m->kind[il] == DFL_LAYER_RECURRENT) {
                 m->n_recurrent++;
@@ -75,6 +79,11 @@ dfl_status dfl_model_open(const char * path, dfl_model * m) {
                 m->n_attention++;
             }
         }
+    }
+    if (st == DFL_OK && m->n_attention == 0) {
+        /* every architecture here has attention layers; none means a corrupt layer pattern */
+        st = dfl_fail(DFL_ERR_FORMAT, "'%s': none of its %d layers is an attention layer (block_count, "
+                      "recurrent_layers or full_attention_interval is wrong)", path, m->n_layer);
     }
     if (st != DFL_OK) {
         dfl_model_close(m);

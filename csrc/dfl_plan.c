@@ -108,6 +108,9 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        if (!g->used[i]) {
+            continue; /* not loaded: the model does not ask for it */
+        }
         struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
         const int k = dev_of[i] == devs[0] ? 0 : 1;
         plan->devices[k].target_weights += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);

@@ -605,6 +605,7 @@ DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_
 
 /* ---- what the drafter may read ------------------------------------------------------- */
 
+const dfl_gguf * dfl_target_file(const dfl_target * t) { return &t->m.file; }
 int dfl_target_n_vocab(const dfl_target * t) { return t->m.n_vocab; }
 int dfl_target_n_embd(const dfl_target * t) { return t->m.n_embd; }
 int dfl_target_n_layer(const dfl_target * t) { return t->m.n_layer; }

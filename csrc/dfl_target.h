@@ -2,13 +2,15 @@
 #ifndef DFL_TARGET_H
 #define DFL_TARGET_H
 
-#include "dfl_error.h"
+#include "dfl_gguf.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
 
 #include <stdbool.h>
 
+/* The target's file, for checks of a drafter against it. */
+const dfl_gguf * dfl_target_file(const dfl_target * t);
 int dfl_target_n_vocab(const dfl_target * t);
 int dfl_target_n_embd(const dfl_target * t);
 int dfl_target_n_layer(const dfl_target * t);

@@ -155,6 +155,27 @@ typedef struct dfl_draft_info {
     uint64_t compute_bytes;     /* compute memory its graph slot holds now */
 } dfl_draft_info;
 
+/* What a drafter file says about itself, read (and bounded) without loading it. */
+typedef struct dfl_draft_meta {
+    int32_t block_size;        /* trained block size (2..256; 16 when the file has none) */
+    int32_t mask_token_id;     /* -1 when the file has none */
+    int32_t n_embd;
+    int32_t n_target_layers;
+    int32_t target_layers[16]; /* llama.cpp convention (HF id + 1) */
+    int32_t has_fingerprint;   /* converted by dflash-gguf: the target it was made for is recorded */
+    int32_t target_n_embd;     /* ... that target's embedding shape */
+    int32_t target_n_vocab;
+    char name[128];            /* general.name (or the file name) */
+    char target_name[128];     /* the recorded target's name */
+    char target_tokenizer_sha256[65];
+} dfl_draft_meta;
+
+dfl_status dfl_draft_read_meta(const char * path, dfl_draft_meta * meta);
+
+/* sha256 (hex, 64 characters and a NUL) of a GGUF's tokenizer: its tokens, merges and
+ * bos/eos/unk/sep/pad ids -- the fingerprint a converted drafter records of its target. */
+dfl_status dfl_tokenizer_fingerprint(const char * path, char * hex, size_t size);
+
 void dfl_draft_default_params(dfl_draft_params * params);
 
 /* Load a DFlash drafter that reads `target`'s captured features and shares its token

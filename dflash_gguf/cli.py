@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop generating at this text (repeatable; the text is not printed)")
     p.add_argument("-i", "--interactive", action="store_true",
                    help="chat in turns on the terminal, keeping the context (implies --chat)")
+    p.add_argument("--context-full", choices=["error", "stop"], default="error",
+                   help="when prompt + -n could overflow the context (-c): 'error' refuses upfront (default), "
+                        "'stop' generates until the context is full and stops there (stop reason 'context')")
     p.add_argument("--json", action="store_true", help="print the statistics as one JSON line on stderr")
     p.add_argument("--print-memory", action="store_true",
                    help="print the memory plan of this configuration per device (nothing is loaded) and exit; "
@@ -303,7 +306,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     status = 0
     try:
         text = engine.chat_prompt(prompt, args.system) if args.chat else prompt
-        for piece in engine.stream(text, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats):
+        for piece in engine.stream(text, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats,
+                                   context_full=args.context_full):
             sys.stdout.write(piece)
             sys.stdout.flush()
     except KeyboardInterrupt:
@@ -352,12 +356,16 @@ def _interactive(engine, args, first_prompt: str, mode: str) -> int:
         stats = GenerationStats()
         reply = []
         try:
-            for piece in engine.stream(tokens, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats):
+            for piece in engine.stream(tokens, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats,
+                                       context_full=args.context_full):
                 reply.append(piece)
                 sys.stdout.write(piece)
                 sys.stdout.flush()
         except KeyboardInterrupt:
             stats.stop_reason = "interrupted"
+        except (DflashError, ValueError) as e:  # this turn fails; the conversation goes on without it
+            print(f"\ndflash-run: error: {e}", file=sys.stderr)
+            continue
         sys.stdout.write("\n")
         sys.stdout.flush()
         text = "".join(reply)

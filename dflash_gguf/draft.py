@@ -20,30 +20,28 @@ class DraftConfig:
 
 
 def read_draft_metadata(path: str) -> dict:
-    """Architecture, block size, mask token and target layers of a drafter GGUF, read
-    before anything is loaded (the target must capture these layers)."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read drafter GGUF '{path}': {e}") from e
-
-    def field(name, default=None):
-        f = reader.fields.get(name)
-        return default if f is None else f.contents()
-
-    arch = field("general.architecture")
-    if arch != "dflash":
-        raise ValueError(f"'{path}' has architecture {arch!r}; a drafter must be 'dflash'")
-    layers = field("dflash.target_layers")
-    if not layers:
-        raise ValueError(f"'{path}' lacks dflash.target_layers")
+    """What a drafter GGUF says about itself, read before anything is loaded (the target
+    must capture its layers): block size, mask token, target layers, names, and the
+    fingerprint of the target it was converted for (None for drafters converted by
+    llama.cpp). The C runtime parses and bounds the file: a corrupt one is a ValueError
+    with the runtime's message, never a traceback from a GGUF reader."""
+    meta = ffi.new("dfl_draft_meta *")
+    status = lib.dfl_draft_read_meta(str(path).encode(), meta)
+    if status != 0:
+        raise ValueError(ffi.string(lib.dfl_last_error()).decode("utf-8", "replace"))
+    fingerprint = None
+    if meta.has_fingerprint:
+        fingerprint = {"target_name": _text(meta.target_name),
+                       "tokenizer_sha256": _text(meta.target_tokenizer_sha256),
+                       "embedding": (meta.target_n_vocab, meta.target_n_embd)}
     return {
-        "arch": arch,
-        "block_size": int(field("dflash.block_size", 16)),
-        "mask_token_id": field("tokenizer.ggml.mask_token_id"),
-        "target_layers": [int(x) for x in layers],
+        "arch": "dflash",
+        "name": _text(meta.name),
+        "block_size": int(meta.block_size),
+        "mask_token_id": None if meta.mask_token_id < 0 else int(meta.mask_token_id),
+        "n_embd": int(meta.n_embd),
+        "target_layers": [int(meta.target_layers[i]) for i in range(meta.n_target_layers)],
+        "target": fingerprint,
     }
 
 
@@ -59,6 +57,18 @@ def draft_params(cfg: DraftConfig):
     p.n_threads = int(cfg.n_threads)
     p.top_k = int(cfg.top_k)
     return p
+
+
+def tokenizer_fingerprint(path: str) -> str:
+    """sha256 of a GGUF's tokenizer (tokens, merges, special ids): what a converted
+    drafter records of its target."""
+    out = ffi.new("char[]", 65)
+    check(lib.dfl_tokenizer_fingerprint(str(path).encode(), out, 65))
+    return _text(out)
+
+
+def _text(chars) -> str:
+    return ffi.string(chars).decode("utf-8", "replace")
 
 
 class Draft(NativeObject):
@@ -113,6 +123,11 @@ class Draft(NativeObject):
             self._pending = arr.copy()
             return
         check(lib.dfl_draft_append(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
+
+    def drop_pending(self) -> None:
+        """Forget deferred rows without appending them (their features may be gone): the
+        drafter context must then be reset before it is used again."""
+        self._pending = None
 
     def flush(self) -> None:
         """Append deferred rows now."""

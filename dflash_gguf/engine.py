@@ -75,6 +75,16 @@ class Engine:
 
     Consecutive calls whose prompt extends the previous prompt and output (a chat that
     goes on) continue the context instead of recomputing it.
+
+    A call interrupted by an exception or Ctrl-C (KeyboardInterrupt) at any point leaves
+    the engine usable: the next call starts from a clean context and gives what a fresh
+    engine gives.
+
+    `stage_hook`, when set, is called with the name of each stage of decoding as it is
+    completed: "prefilled" after the prompt, then per step "drafted", "verified",
+    "committed" (speculative) or "decoded" (plain). It is for tests and
+    instrumentation: an exception it raises ends the call like any error inside the
+    step would.
     """
 
     AUTO_MAX_BUDGET = 32
@@ -106,6 +116,7 @@ class Engine:
         self.last_tokens: List[int] = []  # every token the last call generated
         self._context: List[int] = []  # tokens the target (and drafter) context holds
         self._context_mode: Optional[bool] = None  # speculative or not, when it was filled
+        self.stage_hook: Optional[Callable[[str], None]] = None
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
@@ -132,8 +143,9 @@ class Engine:
         return render_chat(self.tokenizer.chat_template, user, system, history)
 
     # -- generation ---------------------------------------------------------------------
-    def _steps(self, tokens, max_tokens, stop_tokens, speculative, sampling, stats):
+    def _steps(self, tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full):
         stops = self.tokenizer.eog_ids if stop_tokens is None else set(stop_tokens)
+        hook = self.stage_hook
         use_draft = speculative and self.draft is not None
         n = len(self._context)
         reused = n if (self._context_mode == use_draft and 0 < n < len(tokens) and tokens[:n] == self._context) else 0
@@ -143,14 +155,19 @@ class Engine:
                 self._cost = VerifyCost(self.target, self.n_threads)
                 reused = 0  # measuring the cost used the target
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, self._cost, sampling, reused), use_draft
+                              stats, self._cost, sampling, reused, context_full, hook), use_draft
         if use_draft:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
-                                     sampling, reused), use_draft
-        return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused), use_draft
+                                     sampling, reused, context_full, hook), use_draft
+        return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused, context_full,
+                                    hook), use_draft
 
-    def _finish(self, tokens: List[int], out: List[int], use_draft: bool) -> None:
+    def _finish(self, tokens: List[int], out: List[int], use_draft: bool, failed: bool) -> None:
         self.last_tokens = list(out)
+        if failed:
+            # the step may have stopped anywhere (a verify not committed, drafter rows not
+            # appended): the context stays unknown, so the next call resets it
+            return
         # every emitted token but the last is in context, unless a stop cut a pass short
         context = tokens + out[:-1]
         if out and self.target.n_past == len(context):
@@ -158,20 +175,26 @@ class Engine:
 
     def stream(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
-               stats: Optional[GenerationStats] = None) -> Iterator[str]:
+               stats: Optional[GenerationStats] = None, context_full: str = "error") -> Iterator[str]:
         """Yield text pieces as tokens are committed, never splitting a UTF-8 character.
         Generation ends at max_tokens, at a stop token (default: the model's
         end-of-generation tokens, included in the text), or at a stop string (excluded;
         text that could begin one is held back until it is decided). Pass a
-        GenerationStats to read the statistics afterwards."""
-        stats = GenerationStats() if stats is None else stats
-        return self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, [])
+        GenerationStats to read the statistics afterwards.
 
-    def _stream(self, prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out: List[int]):
+        context_full: "error" (default) refuses upfront a request whose prompt plus
+        max_tokens could overflow the context; "stop" generates until the context is
+        full and ends there with stats.stop_reason "context"."""
+        stats = GenerationStats() if stats is None else stats
+        return self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, [], context_full)
+
+    def _stream(self, prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out: List[int],
+                context_full="error"):
         tokens = self.encode(prompt)
-        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats)
+        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full)
         decoder = self.tokenizer.stream_decoder()
         pending = ""
+        failed = False
         try:
             for new in steps:
                 out.extend(new)
@@ -193,28 +216,37 @@ class Engine:
                 pending = pending[:cut]
             if pending:
                 yield pending
+        except GeneratorExit:  # the consumer stopped at a yield, between steps
+            raise
+        except BaseException:
+            failed = True
+            raise
         finally:
             steps.close()
-            self._finish(tokens, out, use_draft)
+            self._finish(tokens, out, use_draft, failed)
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                  stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
-                 on_tokens: Optional[Callable[[List[int]], None]] = None) -> Result:
+                 on_tokens: Optional[Callable[[List[int]], None]] = None, context_full: str = "error") -> Result:
         """Continuation of `prompt` (text or token ids): greedy, or sampled with
         `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Ends as
-        stream() does; the result's text stops before a stop string."""
+        stream() does (context_full too); the result's text stops before a stop string."""
         stats = GenerationStats()
         if stop:
             out: List[int] = []
-            text = "".join(self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out))
+            text = "".join(self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out,
+                                        context_full))
             return Result(text, out, stats)
         tokens = self.encode(prompt)
-        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats)
+        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full)
         out: List[int] = []
+        failed = True
         try:
             out = collect(steps, on_tokens)
+            failed = False
         finally:
-            self._finish(tokens, out, use_draft)
+            steps.close()
+            self._finish(tokens, out, use_draft, failed)
         return Result(self.tokenizer.decode(out), out, stats)
 
 

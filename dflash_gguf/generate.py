@@ -50,11 +50,13 @@ def first_token(target: Target, sampler: Optional[Sampler]) -> int:
 
 def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                          stats: GenerationStats, sampling: Optional[SamplingParams] = None,
-                         reused: int = 0) -> Iterator[List[int]]:
+                         reused: int = 0, context_full: str = "error",
+                         on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
     """Plain decoding after `prompt`, yielding each new token as a one-element list; a
     stop token ends generation and is yielded. The target is reset first unless its
-    context already holds the first `reused` prompt tokens."""
-    check_request(target, prompt, max_tokens, 0)
+    context already holds the first `reused` prompt tokens. context_full and on_stage
+    as in speculative decoding ("prefilled", then "decoded" after each token's decode)."""
+    check_request(target, prompt, max_tokens, 0, context_full)
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
@@ -62,9 +64,12 @@ def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, sto
     stats.reused_tokens = start_context(target, prompt, reused)
     target.prefill(prompt[stats.reused_tokens:], LOGITS_LAST)
     stats.prefill_seconds = time.perf_counter() - t0
+    if on_stage:
+        on_stage("prefilled")
 
     t0 = time.perf_counter()
     stats.stop_reason = "length"
+    n_past = len(prompt)
     try:
         while stats.generated_tokens < max_tokens:
             tok = first_token(target, sampler)
@@ -75,7 +80,13 @@ def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, sto
                 break
             if stats.generated_tokens == max_tokens:
                 break
+            if n_past >= target.n_ctx:
+                stats.stop_reason = "context"
+                break
             target.decode([tok], LOGITS_LAST)
+            n_past += 1
+            if on_stage:
+                on_stage("decoded")
     finally:
         stats.decode_seconds = time.perf_counter() - t0
 
@@ -92,15 +103,30 @@ def start_context(target: Target, prompt: List[int], reused: int, draft=None) ->
     return reused
 
 
-def check_request(target: Target, prompt: List[int], max_tokens: int, lookahead: int) -> None:
+CONTEXT_FULL = ("error", "stop")
+
+
+def check_request(target: Target, prompt: List[int], max_tokens: int, lookahead: int,
+                  context_full: str = "error") -> None:
+    """Refuse what cannot run: with context_full="error", a request whose prompt, tokens
+    and verify lookahead could overflow the context; with "stop" (generation ends when
+    the context is full), only a prompt that does not fit."""
+    if context_full not in CONTEXT_FULL:
+        raise ValueError(f"context_full must be one of {', '.join(CONTEXT_FULL)}, got {context_full!r}")
     if not prompt:
         raise ValueError("the prompt is empty")
     if max_tokens < 0:
         raise ValueError("max_tokens must be >= 0")
+    if context_full == "stop":
+        if len(prompt) > target.n_ctx:
+            raise ValueError(f"the prompt ({len(prompt)} tokens) exceeds the context size ({target.n_ctx})")
+        return
     if len(prompt) + max_tokens + lookahead > target.n_ctx:
         raise ValueError(f"prompt ({len(prompt)} tokens) + max tokens ({max_tokens})"
                          + (f" + block ({lookahead})" if lookahead else "")
-                         + f" exceed the context size ({target.n_ctx}); raise n_ctx or generate fewer tokens")
+                         + f" exceed the context size ({target.n_ctx}); raise n_ctx, generate fewer tokens, "
+                         "or let generation stop when the context is full (context_full='stop', "
+                         "dflash-run --context-full stop)")
 
 
 def collect(steps: Iterator[List[int]], on_tokens: Optional[Callable[[List[int]], None]] = None) -> List[int]:

@@ -24,14 +24,28 @@ def accepted_prefix(block: List[int], target_choice) -> int:
     return n
 
 
+def _no_stage(stage: str) -> None:
+    pass
+
+
 def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                stats: GenerationStats, lookahead: int, sampler: Optional[Sampler],
-               step: Callable[[int, int], Tuple[List[int], float, float]], reused: int) -> Iterator[List[int]]:
-    """The loop around `step(bonus, remaining) -> (tokens, draft_seconds, verify_seconds)`,
-    which drafts, verifies and commits one pass and returns the accepted tokens followed
-    by the target's next token (the new bonus). Target and drafter are reset first unless
-    their context holds prompt[:reused]."""
-    check_request(target, prompt, max_tokens, lookahead)
+               step: Callable[[int, int, int], Tuple[List[int], float, float]], reused: int,
+               context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
+    """The loop around `step(bonus, remaining, room) -> (tokens, draft_seconds,
+    verify_seconds)`, which drafts, verifies and commits one pass of at most `room`
+    tokens (the context positions left) and returns the accepted tokens followed by the
+    target's next token (the new bonus). Target and drafter are reset first unless their
+    context holds prompt[:reused].
+
+    context_full: "error" refuses upfront a request that could overflow the context;
+    "stop" ends generation with stop_reason "context" when it is full. on_stage (see
+    Engine.stage_hook) is called with "prefilled", then each step's stages. When the
+    loop is left by an exception, the drafter's deferred rows are dropped, not appended
+    (the target may have run a graph since): target and drafter must be reset before
+    their next use, as a new run (reused=0) does."""
+    stage = on_stage or _no_stage
+    check_request(target, prompt, max_tokens, lookahead, context_full)
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
@@ -41,19 +55,31 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
 
     stats.stop_reason = "length"
     t_start = time.perf_counter()
+    n_past = len(prompt)  # context positions filled (the bonus is not among them)
+    clean = False
     try:
+        stage("prefilled")
         if max_tokens == 0:
+            clean = True
             return
         bonus = first_token(target, sampler)
         stats.generated_tokens = 1
+        clean = True
         yield [bonus]
+        clean = False
         if bonus in stops:
             stats.stop_reason = "stop"
+            clean = True
             return
         while stats.generated_tokens < max_tokens:
             remaining = max_tokens - stats.generated_tokens
+            room = target.n_ctx - n_past
+            if room < 1:
+                stats.stop_reason = "context"
+                break
             t0 = time.perf_counter()
-            new, t_draft, t_verify = step(bonus, remaining)
+            new, t_draft, t_verify = step(bonus, remaining, room)
+            n_past += len(new)  # the accepted drafts and the old bonus
             stats.draft_seconds += t_draft
             stats.verify_seconds += t_verify
             stats.commit_seconds += time.perf_counter() - t0 - t_draft - t_verify
@@ -65,18 +91,28 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                     break
             stats.accepted_lengths.append(produced)
             stats.generated_tokens += produced
+            clean = True
             yield new[:produced]
+            clean = False
             if stats.stop_reason == "stop":
-                return
+                break
             bonus = new[-1]
+        clean = True
+    except GeneratorExit:  # the consumer stopped at a yield: nothing is half done
+        clean = True
+        raise
     finally:
-        draft.flush()  # the features it reads are gone after the target's next graph
+        if clean:
+            draft.flush()  # the features it reads are gone after the target's next graph
+        else:
+            draft.drop_pending()
         stats.decode_seconds = time.perf_counter() - t_start
 
 
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                       stop_tokens: Iterable[int], block_size: Optional[int], stats: GenerationStats,
-                      sampling: Optional[SamplingParams] = None, reused: int = 0) -> Iterator[List[int]]:
+                      sampling: Optional[SamplingParams] = None, reused: int = 0, context_full: str = "error",
+                      on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
     """Chain speculative decoding (target and drafter are reset first), yielding the
     tokens of each target pass; stats.accepted_lengths records their counts (the first
     token, from the prefill, is not a pass). With sampling, drafts are drawn from the
@@ -87,16 +123,18 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
     if B > target.n_verify:
         raise ValueError(f"block size {B} exceeds the target's n_verify ({target.n_verify})")
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
+    stage = on_stage or _no_stage
 
-    def greedy_step(bonus: int, remaining: int):
+    def greedy_step(bonus: int, remaining: int, room: int):
         # the block goes from the drafter to the target on the device; drafts and the
         # target's choices come back together after the verify: one read per step
-        b = min(B, remaining + 1)
+        b = min(B, remaining + 1, room)
         t0 = time.perf_counter()
         if b > 1:
             draft.propose(bonus, b, read=False)
         else:
             draft.flush()
+        stage("drafted")
         t1 = time.perf_counter()
         if b > 1:
             draft.verify_block(target, b)
@@ -107,12 +145,14 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
         choice = target.argmax(0, b)
         n_acc = accepted_prefix(block, choice)
         t2 = time.perf_counter()
+        stage("verified")
         target.commit(n_acc + 1)
         draft.append_rows(n_acc + 1, defer=True)
+        stage("committed")
         return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1
 
-    def sampled_step(bonus: int, remaining: int):
-        b = min(B, remaining + 1)
+    def sampled_step(bonus: int, remaining: int, room: int):
+        b = min(B, remaining + 1, room)
         t0 = time.perf_counter()
         if b > 1:
             draft.propose(bonus, b)
@@ -121,23 +161,28 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
         else:
             draft.flush()
             q, drafts = None, []
+        stage("drafted")
         t1 = time.perf_counter()
         target.verify([bonus] + drafts)
         p = distribution(target.logits(0, b), sampler.params)
         n_acc, nxt = sampler.chain_accept(drafts, q, p)
         t2 = time.perf_counter()
+        stage("verified")
         target.commit(n_acc + 1)
         draft.append_rows(n_acc + 1, defer=True)
+        stage("committed")
         return drafts[:n_acc] + [nxt], t1 - t0, t2 - t1
 
     step = greedy_step if sampler is None else sampled_step
-    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step, reused)
+    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step, reused,
+                      context_full, on_stage)
 
 
 def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                budget: int, block_size: Optional[int], stats: GenerationStats,
                cost: Optional[VerifyCost] = None, sampling: Optional[SamplingParams] = None,
-               reused: int = 0) -> Iterator[List[int]]:
+               reused: int = 0, context_full: str = "error",
+               on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
     """DDTree speculative decoding: the drafter's per-position top-K candidates become a
     best-first tree of `budget` nodes below the bonus token, the target verifies all of
     them in one pass, and the longest path the target agrees with is kept.
@@ -166,11 +211,27 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     calibration = AcceptanceCalibration()
     sizes = budget_sizes(budget)
 
-    def step(bonus: int, remaining: int):
+    stage = on_stage or _no_stage
+
+    def step(bonus: int, remaining: int, room: int):
         t0 = time.perf_counter()
-        draft.propose(bonus, B)
-        depth = min(B - 1, remaining)
-        cand, logp = draft.topk(B - 1)
+        b = min(B, room)  # near a full context the block (and the tree's depth) shrinks
+        if b < 2:  # room for the bonus alone
+            draft.flush()
+            stage("drafted")
+            t1 = time.perf_counter()
+            target.verify([bonus])
+            choice = target.argmax(0, 1) if sampler is None else \
+                [sampler.draw(distribution(target.logits(0, 1), sampler.params)[0])]
+            t2 = time.perf_counter()
+            stage("verified")
+            target.commit(1)
+            draft.append_rows(1, defer=True)
+            stage("committed")
+            return [int(choice[0])], t1 - t0, t2 - t1
+        draft.propose(bonus, b)
+        depth = min(b - 1, remaining)
+        cand, logp = draft.topk(b - 1)
         tree = build_tree(bonus, cand, logp, budget, max_depth=depth)
         expected, chain = None, False
         if cost is not None:
@@ -184,9 +245,13 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                                                                  draft_time, calibration):
                 tree, expected, chain = chain_tree(bonus, cand[:depth, 0]), chain_exp, True
                 stats.chain_steps += 1
+        padded = 1 + (budget if cost is None else size)
+        if not chain and padded > room:  # the padded tree does not fit: the chain of top choices does
+            tree, expected, chain = chain_tree(bonus, cand[:depth, 0]), None, True
         stats.tree_sizes.append(len(tree) - 1)
         if not chain:
-            tree = tree.padded_to(1 + (budget if cost is None else size))
+            tree = tree.padded_to(padded)
+        stage("drafted")
         t1 = time.perf_counter()
         if chain:
             target.verify(tree.tokens)  # the chain verify: cheaper than the same nodes as a tree
@@ -199,6 +264,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             choice = _sampled_walk(tree, p, sampler)
         path = accept_path(tree, choice)
         t2 = time.perf_counter()
+        stage("verified")
         if expected is not None:
             calibration.update(expected - 1.0, len(path) - 1)
         if chain:
@@ -206,9 +272,11 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         else:
             target.commit_path(path)
         draft.append_rows(len(path), rows=path, defer=True)
+        stage("committed")
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
-    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused)
+    return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,
+                      context_full, on_stage)
 
 
 def _sampled_walk(tree, p, sampler: Sampler) -> List[int]:

@@ -25,8 +25,12 @@ class Tokenizer:
     def __init__(self, gguf_path: str):
         from llama_cpp import Llama
 
-        with _quiet_stderr():
-            self._llama = Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+        try:
+            with _quiet_stderr():
+                self._llama = Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+        except ValueError as e:  # llama.cpp refused the file; it says why only in its log
+            raise ValueError(f"llama.cpp cannot load the tokenizer of '{gguf_path}' (a corrupt or unsupported "
+                             f"vocabulary or pre-tokenizer): {e}") from None
         self.eos_id: int = self._llama.token_eos()
         self.bos_id: int = self._llama.token_bos()
         meta = self._llama.metadata

@@ -36,7 +36,12 @@ static dfl_status load(dfl_model * m) {
     TRY(dfl_model_key_or(m, ".rope.dimension_count", head_dim, &n_rot));
     TRY(dfl_gguf_f32(&m->file, ".attention.layer_norm_rms_epsilon", true, 0.0f, &eps));
     TRY(dfl_gguf_f32(&m->file, ".rope.freq_base", false, 10000.0f, &rope_base));
-    if (head_dim <= 0 || head_dim_v != head_dim || n_head % n_head_kv != 0 || n_rot > head_dim || n_rot % 2 != 0) {
+    if (eps < 0.0f || rope_base <= 0.0f) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid norm epsilon %g or rope base %g", m->file.path, (double) eps,
+                        (double) rope_base);
+    }
+    if (head_dim <= 0 || head_dim > 65536 || head_dim_v != head_dim || n_head % n_head_kv != 0 || n_rot > head_dim ||
+        n_rot % 2 != 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': inconsistent attention shape (heads %d, kv heads %d, head sizes %d/%d, rope dims %d)",
                         m->file.path, n_head, n_head_kv, head_dim, head_dim_v, n_rot);
     }

@@ -14,6 +14,9 @@ dfl_status qwen35_read_hparams(dfl_model * m, qwen35_hparams * hp) {
     TRY(dfl_model_key(m, ".embedding_length", &m->n_embd));
     TRY(dfl_model_key(m, ".block_count", &block_count));
     TRY(dfl_model_key_or(m, ".nextn_predict_layers", 0, &n_nextn));
+    if (n_nextn > DFL_MAX_LAYERS) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid nextn_predict_layers %d", path, n_nextn);
+    }
     m->n_layer = block_count - n_nextn; /* multi-token-prediction layers come last and are not run */
     if (m->n_layer <= 0 || m->n_layer > DFL_MAX_LAYERS) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported layer count %d", path, m->n_layer);
@@ -31,7 +34,12 @@ dfl_status qwen35_read_hparams(dfl_model * m, qwen35_hparams * hp) {
     TRY(dfl_gguf_f32(&m->file, ".attention.layer_norm_rms_epsilon", true, 0.0f, &hp->eps));
     TRY(dfl_gguf_f32(&m->file, ".rope.freq_base", false, 10000.0f, &hp->rope_base));
     m->eps = hp->eps;
-    if (hp->head_dim <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
+    if (hp->eps < 0.0f || hp->rope_base <= 0.0f) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid norm epsilon %g or rope base %g", path, (double) hp->eps,
+                        (double) hp->rope_base);
+    }
+    if (hp->head_dim <= 0 || hp->head_dim > 65536 || hp->n_head % hp->n_head_kv != 0 || hp->n_rot > hp->head_dim ||
+        hp->n_rot % 2 != 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': inconsistent attention shape (heads %d, kv heads %d, rope dims %d, head size %d)",
                         path, hp->n_head, hp->n_head_kv, hp->n_rot, hp->head_dim);
     }
