@@ -50,6 +50,7 @@ def stays_f32(name: str, shape: Sequence[int]) -> bool:
     """Vectors, norms, the short convolution and non-weight parameters (ssm_a, biases)
     are float32 in every llama.cpp file type."""
     return (len(shape) <= 1 or name.endswith("_norm.weight") or "ssm_conv1d" in name
+            or "ffn_gate_inp" in name  # expert routers (and the shared expert's gate) stay f32
             or not name.endswith(".weight"))
 
 
@@ -103,6 +104,10 @@ def plan_types(tensors: Sequence[tuple[str, Sequence[int]]], outtype: str) -> di
     n_layer = max(layers) + 1 if layers else 0
     k_mix = ftype in (LlamaFileType.MOSTLY_Q4_K_M, LlamaFileType.MOSTLY_Q5_K_M)
     i_attn_v = i_ffn_down = 0
+    # mixtures of experts: a layer's ffn_down tensors (routed and shared) take the
+    # layer's choice, read from the name, and 8-expert models keep attention at higher
+    # precision, as llama-quantize does
+    n_expert = next((int(s[0]) for n, s in tensors if n.endswith("ffn_gate_exps.weight")), 1)
 
     # llama-quantize walks tensors by layer (non-layer tensors first), then by name; the
     # attn_v and ffn_down counters follow that order.
@@ -123,9 +128,16 @@ def plan_types(tensors: Sequence[tuple[str, Sequence[int]]], outtype: str) -> di
         elif cat in ("attn_qkv.weight", "attn_kv_b.weight", "attn_v.weight"):
             if k_mix and _use_more_bits(i_attn_v, n_attn_v):
                 t = T.Q6_K
+            if n_expert == 8:
+                t = T.Q8_0
             i_attn_v += 1
+        elif cat == "attn_k.weight" and n_expert == 8:
+            t = T.Q8_0
+        elif cat == "attn_output.weight" and n_expert == 8 and ftype == LlamaFileType.MOSTLY_Q4_K_M:
+            t = T.Q5_K
         elif cat == "ffn_down":
-            if k_mix and _use_more_bits(i_ffn_down, n_layer):
+            layer = int(_LAYER.match(name).group(1)) if n_expert > 1 else i_ffn_down
+            if k_mix and _use_more_bits(layer, n_layer):
                 t = T.Q6_K
             i_ffn_down += 1
         plan[name] = _with_fallback(t, shape[-1])

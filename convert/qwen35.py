@@ -45,14 +45,16 @@ def v_head_order(n_k_heads: int, n_v_heads: int, head_dim: int) -> np.ndarray:
 
 class Qwen35Converter(ModelConverter):
     gguf_arch = ARCH
+    family = "Qwen3.5"
+    required = _REQUIRED
 
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
         super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
-        missing = [k for k in _REQUIRED if k not in hp]
+        missing = [k for k in self.required if k not in hp]
         if missing:
-            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a Qwen3.5 model")
-        check_hparams(hp, [k for k in _REQUIRED if k != "rms_norm_eps"]
+            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a {self.family} model")
+        check_hparams(hp, [k for k in self.required if k != "rms_norm_eps"]
                       + ["head_dim", "full_attention_interval", "max_position_embeddings"], ["rms_norm_eps"])
         if "layer_types" in hp and not isinstance(hp["layer_types"], list):
             raise ConversionError(f"config.json: layer_types is {hp['layer_types']!r}; a list is expected")
@@ -66,7 +68,7 @@ class Qwen35Converter(ModelConverter):
                                         and all(isinstance(x, int) and x >= 0 for x in section)):
             raise ConversionError(f"config.json: mrope_section is {section!r}; up to 4 section sizes are expected")
         if hp.get("attention_bias"):
-            raise ConversionError("attention_bias=true is not a Qwen3.5 layout llama.cpp's qwen35 loads")
+            raise ConversionError(f"attention_bias=true is not a {self.family} layout llama.cpp's {self.gguf_arch} loads")
         if hp["linear_key_head_dim"] != hp["linear_value_head_dim"]:
             raise ConversionError(
                 "linear_key_head_dim must equal linear_value_head_dim: the qwen35 GGUF layout stores one "
@@ -83,7 +85,7 @@ class Qwen35Converter(ModelConverter):
             else "model."
         self.tied = bool(hp.get("tie_word_embeddings", False))
         self._specs = self._build_specs()
-        used = {s.source for s in self._specs}
+        used = {src for s in self._specs for src in (s.stack or (s.source,))}
         self._skipped: dict[str, int] = {}
         unexpected = []
         for n in names:
@@ -99,7 +101,7 @@ class Qwen35Converter(ModelConverter):
                 unexpected.append(n)
         if unexpected:
             shown = ", ".join(unexpected[:8]) + (" ..." if len(unexpected) > 8 else "")
-            raise ConversionError(f"{len(unexpected)} checkpoint tensors have no qwen35 mapping: {shown}")
+            raise ConversionError(f"{len(unexpected)} checkpoint tensors have no {self.gguf_arch} mapping: {shown}")
 
     def _count_skip(self, what: str) -> None:
         self._skipped[what] = self._skipped.get(what, 0) + 1
@@ -128,14 +130,14 @@ class Qwen35Converter(ModelConverter):
         return rope
 
     def metadata(self) -> list[KV]:
-        hp, a = self.hp, ARCH
+        hp, a = self.hp, self.gguf_arch
         rope = self._rope()
         n_v, d_v = int(hp["linear_num_value_heads"]), int(hp["linear_value_head_dim"])
         kv = [
             u32(f"{a}.block_count", self.n_layer),
             u32(f"{a}.context_length", hp.get("max_position_embeddings", 32768)),
             u32(f"{a}.embedding_length", hp["hidden_size"]),
-            u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
+            *self._ffn_metadata(),
             u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
             u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
         ]
@@ -161,8 +163,11 @@ class Qwen35Converter(ModelConverter):
         kv.append(u32(f"{a}.rope.dimension_count", int(self.head_dim * partial)))
         return kv
 
+    def _ffn_metadata(self) -> list[KV]:
+        return [u32(f"{self.gguf_arch}.feed_forward_length", self.hp["intermediate_size"])]
+
     def _rope_scaling(self, rope: dict) -> list[KV]:
-        a = ARCH
+        a = self.gguf_arch
         kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
         if kind in (None, "default"):
             return []
@@ -178,13 +183,22 @@ class Qwen35Converter(ModelConverter):
                         "beta_fast": "rope.scaling.yarn_beta_fast",
                         "beta_slow": "rope.scaling.yarn_beta_slow"}
             return kv + [f32(f"{a}.{key}", rope[name]) for name, key in optional.items() if name in rope]
-        raise ConversionError(f"rope type {kind!r} is not supported for qwen35 (default, linear and yarn are)")
+        raise ConversionError(f"rope type {kind!r} is not supported for {self.gguf_arch} (default, linear and yarn are)")
 
     def tensors(self) -> list[TensorSpec]:
         return self._specs
 
     def skipped(self) -> dict[str, int]:
         return dict(self._skipped)
+
+    def _ffn_specs(self, mlp: str, b: str) -> list[TensorSpec]:
+        """The feed-forward block of one layer: `mlp` the checkpoint prefix, `b` the GGUF one."""
+        n_embd, n_ff = int(self.hp["hidden_size"]), int(self.hp["intermediate_size"])
+        return [
+            self._spec(b + "ffn_gate.weight", mlp + "gate_proj.weight", (n_ff, n_embd)),
+            self._spec(b + "ffn_up.weight", mlp + "up_proj.weight", (n_ff, n_embd)),
+            self._spec(b + "ffn_down.weight", mlp + "down_proj.weight", (n_embd, n_ff)),
+        ]
 
     def _spec(self, name: str, source: str, shape: tuple[int, ...], **kw) -> TensorSpec:
         t = self.checkpoint.tensors.get(source)
@@ -198,7 +212,7 @@ class Qwen35Converter(ModelConverter):
 
     def _build_specs(self) -> list[TensorSpec]:
         hp, p = self.hp, self.prefix
-        n_embd, n_ff, n_vocab = int(hp["hidden_size"]), int(hp["intermediate_size"]), self.vocab_size
+        n_embd, n_vocab = int(hp["hidden_size"]), self.vocab_size
         n_head, n_head_kv, hd = int(hp["num_attention_heads"]), int(hp["num_key_value_heads"]), self.head_dim
         n_k, n_v = int(hp["linear_num_key_heads"]), int(hp["linear_num_value_heads"])
         d_k, d_v, k_conv = int(hp["linear_key_head_dim"]), int(hp["linear_value_head_dim"]), \
@@ -239,13 +253,9 @@ class Qwen35Converter(ModelConverter):
                     self._spec(b + "attn_q_norm.weight", sa + "q_norm.weight", (hd,), transform=add_one),
                     self._spec(b + "attn_k_norm.weight", sa + "k_norm.weight", (hd,), transform=add_one),
                 ]
-            specs += [
-                self._spec(b + "post_attention_norm.weight", lp + "post_attention_layernorm.weight", (n_embd,),
-                           transform=add_one),
-                self._spec(b + "ffn_gate.weight", lp + "mlp.gate_proj.weight", (n_ff, n_embd)),
-                self._spec(b + "ffn_up.weight", lp + "mlp.up_proj.weight", (n_ff, n_embd)),
-                self._spec(b + "ffn_down.weight", lp + "mlp.down_proj.weight", (n_embd, n_ff)),
-            ]
+            specs.append(self._spec(b + "post_attention_norm.weight", lp + "post_attention_layernorm.weight",
+                                    (n_embd,), transform=add_one))
+            specs += self._ffn_specs(lp + "mlp.", b)
         specs.append(self._spec("output_norm.weight", p + "norm.weight", (n_embd,), transform=add_one))
         if not self.tied:
             specs.append(self._spec("output.weight", "lm_head.weight", (n_vocab, n_embd)))

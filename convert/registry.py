@@ -4,11 +4,16 @@ from __future__ import annotations
 from .base import ModelConverter
 from .dflash import DFlashConverter
 from .errors import ConversionError
+from .qwen3 import Qwen3Converter
 from .qwen35 import Qwen35Converter
+from .qwen35moe import Qwen35MoeConverter
 
 CONVERTERS: dict[str, type[ModelConverter]] = {
     "Qwen3_5ForCausalLM": Qwen35Converter,
     "Qwen3_5ForConditionalGeneration": Qwen35Converter,
+    "Qwen3_5MoeForCausalLM": Qwen35MoeConverter,
+    "Qwen3_5MoeForConditionalGeneration": Qwen35MoeConverter,
+    "Qwen3ForCausalLM": Qwen3Converter,
     "DFlashDraftModel": DFlashConverter,
     "DFlash2DraftModel": DFlashConverter,
 }

@@ -20,7 +20,9 @@ class TensorSpec:
 
     `checkpoint` names another checkpoint to read `source` from (a drafter's tensor built
     from its target's weights); `patch` maps output row indices to replacement rows,
-    applied after every other step.
+    applied after every other step. `stack` builds the tensor from several checkpoint
+    tensors of one shape, one after the other (per-expert matrices -> one 3-D tensor);
+    `source` is then the first of them.
     """
 
     name: str
@@ -31,6 +33,7 @@ class TensorSpec:
     transform: Callable[[np.ndarray], np.ndarray] | None = None
     checkpoint: Checkpoint | None = None
     patch: dict[int, np.ndarray] | None = None
+    stack: tuple[str, ...] | None = None
 
     @property
     def row_length(self) -> int:
@@ -62,9 +65,17 @@ def row_ranges(spec: TensorSpec, max_bytes: int = 16 << 20) -> list[tuple[int, i
 def load_rows(ckpt: Checkpoint, spec: TensorSpec, r0: int, r1: int) -> np.ndarray:
     """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array."""
     ckpt = spec.checkpoint or ckpt
-    src = ckpt.rows(spec.source, spec.n_rows)
-    block = src[spec.rows[r0:r1]] if spec.rows is not None else src[r0:r1]
-    block = to_float32(block, ckpt.is_bf16(spec.source))
+    if spec.stack:
+        per = spec.n_rows // len(spec.stack)
+        pieces = []
+        for k in range(r0 // per, (r1 - 1) // per + 1):
+            a, b = max(r0, k * per) - k * per, min(r1, (k + 1) * per) - k * per
+            pieces.append(to_float32(ckpt.rows(spec.stack[k], per)[a:b], ckpt.is_bf16(spec.stack[k])))
+        block = np.concatenate(pieces)
+    else:
+        src = ckpt.rows(spec.source, spec.n_rows)
+        block = src[spec.rows[r0:r1]] if spec.rows is not None else src[r0:r1]
+        block = to_float32(block, ckpt.is_bf16(spec.source))
     if spec.cols is not None:
         block = block[:, spec.cols]
     if spec.transform is not None:

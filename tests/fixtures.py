@@ -247,6 +247,89 @@ def make_qwen35(directory: str | os.PathLike, *, vocab_size: int | None = None, 
     return directory
 
 
+def _tiny_model_dir(directory, tokenizer_regex: str, vocab_size: int | None):
+    """Directory with a fresh tokenizer; (path, vocabulary size, eos id, pad id)."""
+    directory = Path(directory)
+    make_tokenizer(directory, regex=tokenizer_regex)
+    n_tokens = len(json.loads((directory / "tokenizer.json").read_text())["model"]["vocab"]) \
+        + len(SPECIAL_TOKENS) + len(PLAIN_ADDED_TOKENS)
+    eos_id = n_tokens - len(PLAIN_ADDED_TOKENS) - 1
+    return directory, vocab_size or n_tokens, eos_id, eos_id - 2
+
+
+def make_qwen3(directory: str | os.PathLike, *, vocab_size: int | None = None, hidden: int = 128, layers: int = 3,
+               heads: int = 4, kv_heads: int = 2, head_dim: int = 32, ffn: int = 256, tie: bool = False,
+               seed: int = 0, dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen2") -> Path:
+    """A tiny seeded Qwen3ForCausalLM (with tokenizer) saved in `directory`. Qwen3's norms
+    are plain weights: they are randomised around 1."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    directory, vocab_size, eos_id, pad_id = _tiny_model_dir(directory, tokenizer_regex, vocab_size)
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=4096, tie_word_embeddings=tie, eos_token_id=eos_id,
+                      pad_token_id=pad_id, rope_theta=1_000_000.0, dtype=dtype)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    _randomize(model, seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(1.0)
+    if tie:
+        model.tie_weights()
+    model.to(dtype).eval().save_pretrained(str(directory))
+    return directory
+
+
+def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = None, hidden: int = 128,
+                   layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 32, lin_k_heads: int = 2,
+                   lin_v_heads: int = 4, lin_k_dim: int = 16, lin_v_dim: int = 16, experts: int = 8,
+                   experts_used: int = 4, expert_ffn: int = 64, shared_ffn: int = 96, tie: bool = False,
+                   seed: int = 0, dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen35") -> Path:
+    """A tiny seeded Qwen3_5MoeForCausalLM (with tokenizer) saved in `directory`: the
+    router's logits spread about 1 apart, so that tokens pick many different experts
+    with clear margins and the softmax over them is far from one-hot."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    directory, vocab_size, eos_id, pad_id = _tiny_model_dir(directory, tokenizer_regex, vocab_size)
+    cfg = Qwen3_5MoeTextConfig(
+        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=head_dim, linear_num_key_heads=lin_k_heads,
+        linear_num_value_heads=lin_v_heads, linear_key_head_dim=lin_k_dim, linear_value_head_dim=lin_v_dim,
+        moe_intermediate_size=expert_ffn, shared_expert_intermediate_size=shared_ffn, num_experts=experts,
+        num_experts_per_tok=experts_used, max_position_embeddings=4096, tie_word_embeddings=tie,
+        eos_token_id=eos_id, pad_token_id=pad_id, dtype=dtype)
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(cfg)
+    _randomize(model, seed)
+    gen = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.15)
+    if tie:
+        model.tie_weights()
+    model.to(dtype).eval().save_pretrained(str(directory))
+    return directory
+
+
+QWEN3_SHAPES: dict[str, dict] = {
+    # GQA, untied, Qwen2-style pre-tokenizer (as Qwen3's tokenizer)
+    "base": {},
+    # tied embeddings, MQA, and rows multiple of 256 for K-quants
+    "k256": dict(hidden=256, ffn=512, head_dim=64, kv_heads=1, tie=True, seed=1),
+}
+
+QWEN35MOE_SHAPES: dict[str, dict] = {
+    # 8 experts (llama-quantize's 8-expert rules apply), 4 used, a shared expert, V-head reorder
+    "base": {},
+    # rows multiple of 256 for K-quants, 16 experts of which 2 are used
+    "k256": dict(hidden=256, head_dim=64, lin_k_dim=64, lin_v_dim=64, expert_ffn=256, shared_ffn=256,
+                 experts=16, experts_used=2, seed=1),
+}
+
+
 def _config_with_interval_only(directory: Path, interval: int, multimodal: bool) -> None:
     """Rewrite config.json with `full_attention_interval` and no `layer_types`, the older
     form of the layer pattern (transformers always saves the expanded list)."""
@@ -419,8 +502,12 @@ class LlamaCppConverter:
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def convert(self, model_dir: str | os.PathLike, outfile: str | os.PathLike, outtype: str = "f32", *,
-                pre: str | None = None, extra_args: tuple[str, ...] = ("--no-mtp",)) -> Path:
-        """Convert; raises RuntimeError with the converter's log on failure."""
+                pre: str | None = None, extra_args: tuple[str, ...] | None = None) -> Path:
+        """Convert; raises RuntimeError with the converter's log on failure. By default
+        Qwen3.5 checkpoints (which may carry MTP layers) are converted with --no-mtp."""
+        if extra_args is None:
+            archs = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or []
+            extra_args = ("--no-mtp",) if any(a.startswith("Qwen3_5") for a in archs) else ()
         args = [str(model_dir), "--outfile", str(outfile), "--outtype", outtype, *extra_args]
         self._proc.stdin.write(json.dumps({"args": args, "pre": pre}) + "\n")
         self._proc.stdin.flush()
@@ -437,7 +524,7 @@ class LlamaCppConverter:
 
 
 def run_llama_cpp_converter(model_dir: str | os.PathLike, outfile: str | os.PathLike, outtype: str = "f32", *,
-                            pre: str | None = None, extra_args: tuple[str, ...] = ("--no-mtp",)) -> Path:
+                            pre: str | None = None, extra_args: tuple[str, ...] | None = None) -> Path:
     """One conversion with llama.cpp's own converter (see LlamaCppConverter)."""
     oracle = LlamaCppConverter()
     try:
@@ -492,3 +579,30 @@ def llama_cpp_quantize(src: str | os.PathLike, dst: str | os.PathLike, ftype: in
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize failed ({rc}) for {src}")
     return Path(dst)
+
+
+def hf_model(model_dir: str | os.PathLike):
+    """The transformers model saved in `model_dir`, in float32, of the class its
+    config.json names."""
+    import transformers
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    cls = getattr(transformers, config["architectures"][0])
+    return cls.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def llama_greedy(path: str | os.PathLike, prompt: list[int], n: int) -> list[int]:
+    """`n` greedy tokens after `prompt` from llama-cpp-python (libllama), one eval per token."""
+    import numpy as np
+
+    llm = open_llama(path, logits_all=True, n_ctx=max(64, len(prompt) + n), n_threads=2)
+    try:
+        out = []
+        llm.eval(prompt)
+        for _ in range(n):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(tok)
+            llm.eval([tok])
+        return out
+    finally:
+        llm.close()

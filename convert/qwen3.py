@@ -1,0 +1,107 @@
+"""Qwen3 dense -> GGUF architecture `qwen3` (llama.cpp's layout): attention with per-head
+RMSNorm on q and k, SwiGLU FFN. Qwen3's norms are plain weights, stored as they are."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .base import KV, ModelConverter, f32, u32
+from .errors import ConversionError
+from .hf import Checkpoint, check_hparams, text_hparams
+from .tensors import TensorSpec
+
+ARCH = "qwen3"
+_REQUIRED = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "rms_norm_eps"]
+
+
+class Qwen3Converter(ModelConverter):
+    gguf_arch = ARCH
+
+    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
+        super().__init__(model_dir, config, checkpoint, **kwargs)
+        hp = self.hp = text_hparams(config)
+        missing = [k for k in _REQUIRED if k not in hp]
+        if missing:
+            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a Qwen3 model")
+        check_hparams(hp, [k for k in _REQUIRED if k != "rms_norm_eps"] + ["head_dim", "max_position_embeddings"],
+                      ["rms_norm_eps"])
+        if hp.get("attention_bias"):
+            raise ConversionError("attention_bias=true is not a Qwen3 layout llama.cpp's qwen3 loads")
+        rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise ConversionError(f"config.json: rope_parameters is {rope!r}; an object is expected")
+        kind = rope.get("rope_type", rope.get("type"))
+        if kind not in (None, "default"):
+            raise ConversionError(f"rope type {kind!r} is not supported for qwen3 (default RoPE is)")
+        self.rope_theta = float(rope.get("rope_theta", hp.get("rope_theta", 10000.0)))
+        self.n_layer = int(hp["num_hidden_layers"])
+        self.head_dim = int(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
+        self.tied = bool(hp.get("tie_word_embeddings", False))
+        self._specs = self._build_specs()
+        used = {s.source for s in self._specs}
+        unexpected = [n for n in checkpoint.names() if n not in used and not (n == "lm_head.weight" and self.tied)]
+        if unexpected:
+            shown = ", ".join(unexpected[:8]) + (" ..." if len(unexpected) > 8 else "")
+            raise ConversionError(f"{len(unexpected)} checkpoint tensors have no qwen3 mapping: {shown}")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hp["vocab_size"])
+
+    def metadata(self) -> list[KV]:
+        hp, a = self.hp, ARCH
+        return [
+            u32(f"{a}.block_count", self.n_layer),
+            u32(f"{a}.context_length", hp.get("max_position_embeddings", 40960)),
+            u32(f"{a}.embedding_length", hp["hidden_size"]),
+            u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
+            u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
+            u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
+            f32(f"{a}.rope.freq_base", self.rope_theta),
+            f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
+            u32(f"{a}.attention.key_length", self.head_dim),
+            u32(f"{a}.attention.value_length", self.head_dim),
+        ]
+
+    def tensors(self) -> list[TensorSpec]:
+        return self._specs
+
+    def skipped(self) -> dict[str, int]:
+        return {"lm_head.weight (tie_word_embeddings: output uses token_embd)": 1} \
+            if self.tied and "lm_head.weight" in self.checkpoint else {}
+
+    def _spec(self, name: str, source: str, shape: tuple[int, ...]) -> TensorSpec:
+        t = self.checkpoint.tensors.get(source)
+        if t is None:
+            raise ConversionError(f"checkpoint tensor {source!r} (for {name}) is missing")
+        if t.numel != int(np.prod(shape, dtype=np.int64)) or (len(shape) > 1 and t.shape[0] != shape[0]):
+            raise ConversionError(f"tensor {source!r} has shape {list(t.shape)}, but config.json implies {list(shape)}")
+        return TensorSpec(name, source, shape)
+
+    def _build_specs(self) -> list[TensorSpec]:
+        hp = self.hp
+        E, F, V = int(hp["hidden_size"]), int(hp["intermediate_size"]), self.vocab_size
+        H, Hkv, hd = int(hp["num_attention_heads"]), int(hp["num_key_value_heads"]), self.head_dim
+        specs = [self._spec("token_embd.weight", "model.embed_tokens.weight", (V, E))]
+        for i in range(self.n_layer):
+            lp, b = f"model.layers.{i}.", f"blk.{i}."
+            sa, mlp = lp + "self_attn.", lp + "mlp."
+            specs += [
+                self._spec(b + "attn_norm.weight", lp + "input_layernorm.weight", (E,)),
+                self._spec(b + "attn_q.weight", sa + "q_proj.weight", (H * hd, E)),
+                self._spec(b + "attn_k.weight", sa + "k_proj.weight", (Hkv * hd, E)),
+                self._spec(b + "attn_v.weight", sa + "v_proj.weight", (Hkv * hd, E)),
+                self._spec(b + "attn_output.weight", sa + "o_proj.weight", (E, H * hd)),
+                self._spec(b + "attn_q_norm.weight", sa + "q_norm.weight", (hd,)),
+                self._spec(b + "attn_k_norm.weight", sa + "k_norm.weight", (hd,)),
+                self._spec(b + "ffn_norm.weight", lp + "post_attention_layernorm.weight", (E,)),
+                self._spec(b + "ffn_gate.weight", mlp + "gate_proj.weight", (F, E)),
+                self._spec(b + "ffn_up.weight", mlp + "up_proj.weight", (F, E)),
+                self._spec(b + "ffn_down.weight", mlp + "down_proj.weight", (E, F)),
+            ]
+        specs.append(self._spec("output_norm.weight", "model.norm.weight", (E,)))
+        if not self.tied:
+            specs.append(self._spec("output.weight", "lm_head.weight", (V, E)))
+        return specs
