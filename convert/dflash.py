@@ -10,7 +10,7 @@ architecture `dflash`, with llama.cpp's keys, tensor names and layouts.
 - A Qwen3.5 target ropes in sections (M-RoPE); its drafter ropes on the temporal section
   only, written as the degenerate sections [head_dim/2, 0, 0, 0].
 - DFlash2 adds per-layer grouped dynamic convolutions around attention and MLP and a
-  low-rank candidate selector; they convert here, although our runtime does not run them.
+  low-rank candidate selector.
 - `dflash.target.*` (ours; llama.cpp ignores unknown keys) records the target the drafter
   is converted for: its directory name, tokenizer fingerprint (sha256 of tokens, merges
   and special ids) and embedding shape. The runtime refuses the drafter with any other

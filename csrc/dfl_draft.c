@@ -19,6 +19,8 @@
 typedef struct draft_layer {
     struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo, * q_norm, * k_norm;
     struct ggml_tensor * ffn_norm, * ffn_gate, * ffn_up, * ffn_down;
+    /* DFlash2: grouped dynamic causal convolutions around attention and FFN */
+    struct ggml_tensor * attn_conv_base, * attn_conv_proj, * ffn_conv_base, * ffn_conv_proj;
 } draft_layer;
 
 typedef struct append_inputs {
@@ -48,6 +50,9 @@ struct dfl_draft {
     int n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_rot, block_size, mask_id;
     int n_feat, target_layers[16];
     float eps, rope_base, embd_scale, logit_scale, softcap;
+    /* DFlash2 (conv_k > 0): convolution kernel and group sizes, candidate selector */
+    int conv_k, conv_group, sel_rank, sel_top_k;
+    struct ggml_tensor * sel_pred, * sel_succ, * sel_hidden;
 
     struct ggml_tensor * fc, * hidden_norm, * out_norm, * tok_embd, * output;
     draft_layer layers[DRAFT_MAX_LAYERS];
@@ -100,6 +105,53 @@ static dfl_status layer_tensor(dfl_draft * d, const char * name, int il, int64_t
     return dfl_gguf_tensor(&d->file, full, ne1 > 0 ? 2 : 1, ne, true, out);
 }
 
+/* DFlash2's convolutions (per layer: base kernels [E, K, 2], kernel projection to
+ * 2 x K x groups) and its candidate selector (codebooks [rank, vocab], hidden
+ * projection [E, rank]); nothing for a DFlash (v1) drafter. */
+static dfl_status read_dflash2(dfl_draft * d) {
+    const dfl_gguf * g = &d->file;
+    if (!dfl_gguf_has(g, ".conv_kernel_size")) {
+        if (ggml_get_tensor(g->ctx, "selector_hidden.weight")) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s' has DFlash2 selector tensors but no dflash.conv_kernel_size", g->path);
+        }
+        return DFL_OK;
+    }
+    uint32_t v;
+    TRY(dfl_gguf_u32(g, ".conv_kernel_size", true, 0, &v));
+    d->conv_k = (int) v;
+    TRY(dfl_gguf_u32(g, ".conv_group_size", true, 0, &v));
+    d->conv_group = (int) v;
+    TRY(dfl_gguf_u32(g, ".selector_rank", true, 0, &v));
+    d->sel_rank = (int) v;
+    TRY(dfl_gguf_u32(g, ".selector_top_k", true, 0, &v));
+    d->sel_top_k = (int) v;
+    const int64_t E = d->n_embd, V = dfl_target_n_vocab(d->target);
+    if (d->conv_k < 1 || d->conv_k > d->block_size || d->conv_group < 1 || E % d->conv_group != 0 ||
+        d->sel_rank < 1 || d->sel_rank > 65536 || d->sel_top_k < 1 || d->sel_top_k > 64 || d->sel_top_k > V) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid DFlash2 settings (kernel %d, group %d, selector rank %d, top-k %d)",
+                        g->path, d->conv_k, d->conv_group, d->sel_rank, d->sel_top_k);
+    }
+    const int64_t proj = 2 * (int64_t) d->conv_k * (E / d->conv_group);
+    for (int il = 0; il < d->n_layer; il++) {
+        draft_layer * L = &d->layers[il];
+        char name[96];
+        const int64_t base[3] = { E, d->conv_k, 2 };
+        snprintf(name, sizeof name, "blk.%d.attn_conv_base", il);
+        TRY(dfl_gguf_tensor(g, name, 3, base, true, &L->attn_conv_base));
+        snprintf(name, sizeof name, "blk.%d.ffn_conv_base", il);
+        TRY(dfl_gguf_tensor(g, name, 3, base, true, &L->ffn_conv_base));
+        TRY(layer_tensor(d, "attn_conv_proj.weight", il, E, proj, &L->attn_conv_proj));
+        TRY(layer_tensor(d, "ffn_conv_proj.weight", il, E, proj, &L->ffn_conv_proj));
+        if (L->attn_conv_base->type != GGML_TYPE_F32 || L->ffn_conv_base->type != GGML_TYPE_F32) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s': layer %d convolution base kernels must be f32", g->path, il);
+        }
+    }
+    TRY(dfl_gguf_tensor(g, "selector_predecessor.weight", 2, (int64_t[]) { d->sel_rank, V }, true, &d->sel_pred));
+    TRY(dfl_gguf_tensor(g, "selector_successor.weight", 2, (int64_t[]) { d->sel_rank, V }, true, &d->sel_succ));
+    TRY(dfl_gguf_tensor(g, "selector_hidden.weight", 2, (int64_t[]) { E, d->sel_rank }, true, &d->sel_hidden));
+    return DFL_OK;
+}
+
 static dfl_status read_model(dfl_draft * d) {
     const dfl_gguf * g = &d->file;
     const dfl_target * t = d->target;
@@ -107,10 +159,6 @@ static dfl_status read_model(dfl_draft * d) {
 
     if (strcmp(g->arch, "dflash") != 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%s'; a drafter must be 'dflash'", g->path, g->arch);
-    }
-    if (dfl_gguf_has(g, ".conv_kernel_size") || ggml_get_tensor(g->ctx, "selector_hidden.weight")) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s' is a DFlash2 drafter (dynamic convolution and candidate selector), "
-                        "which this version does not run yet; use a DFlash (v1) drafter", g->path);
     }
     /* variants whose arithmetic this runtime does not implement: refuse rather than
      * draft with the wrong model */
@@ -204,7 +252,7 @@ static dfl_status read_model(dfl_draft * d) {
         TRY(layer_tensor(d, "ffn_up.weight", il, E, d->n_ff, &L->ffn_up));
         TRY(layer_tensor(d, "ffn_down.weight", il, d->n_ff, E, &L->ffn_down));
     }
-    return DFL_OK;
+    return read_dflash2(d);
 }
 
 static dfl_status define_state(dfl_draft * d) {
@@ -464,6 +512,61 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
 
 /* The propose graph in d->graph: R context rows appended, then the block of B
  * positions attending to the first n_kv cache slots. */
+/* DFlash2's grouped dynamic causal convolution over the block's rows x [E, B]: row t
+ * becomes sum over offsets o of (base[o] + dyn[t, o, group]) * x[t - o], zero before the
+ * block's start. `dyn` is the kernel projection [groups, K, 2, B] of the layer's normed
+ * input; `phase` 0 is applied before attention or FFN, 1 after. */
+static struct ggml_tensor * dynamic_conv(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * x,
+                                         struct ggml_tensor * dyn, struct ggml_tensor * base, int phase) {
+    const int64_t E = d->n_embd, gs = d->conv_group, G = E / gs, K = d->conv_k, B = x->ne[1];
+    const size_t f32 = sizeof(float);
+    struct ggml_tensor * x3 = ggml_reshape_3d(ctx, ggml_cont(ctx, x), gs, G, B);
+    struct ggml_tensor * out = NULL;
+    for (int64_t o = 0; o < K && o < B; o++) {
+        struct ggml_tensor * shifted = o == 0 ? x3 :
+            ggml_pad_ext(ctx, ggml_view_3d(ctx, x3, gs, G, B - o, x3->nb[1], x3->nb[2], 0), 0, 0, 0, 0, (int) o, 0, 0, 0);
+        struct ggml_tensor * b = ggml_reshape_3d(ctx, ggml_view_1d(ctx, base, E, (size_t) ((phase * K + o) * E) * f32),
+                                                 gs, G, 1);
+        struct ggml_tensor * k = ggml_cont(ctx, ggml_view_3d(ctx, dyn, 1, G, B, f32, dyn->nb[3],
+                                                             (size_t) ((phase * K + o) * G) * f32));
+        struct ggml_tensor * term = ggml_add(ctx, ggml_mul(ctx, shifted, b), ggml_mul(ctx, shifted, k));
+        out = out ? ggml_add(ctx, out, term) : term;
+    }
+    return ggml_reshape_2d(ctx, out, E, B);
+}
+
+static struct ggml_tensor * conv_kernels(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * proj,
+                                         struct ggml_tensor * h) {
+    const int64_t G = d->n_embd / d->conv_group;
+    return ggml_reshape_4d(ctx, ggml_mul_mat(ctx, proj, h), G, d->conv_k, 2, h->ne[1]);
+}
+
+/* DFlash2's candidate selector, greedy: per drafted position the top sel_top_k tokens of
+ * the logits, scored by their logit plus a low-rank bilinear term between the previous
+ * chosen token (the bonus first) and the candidate, weighted by the projected hidden
+ * state; the best of each position becomes the next position's predecessor. The chain
+ * is B-1 short steps in the graph; each chosen token goes to block[1 + p]. */
+static void build_selector(dfl_draft * d, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                           struct ggml_tensor * logits, struct ggml_tensor * hidden, struct ggml_tensor * tokens) {
+    const int64_t V = logits->ne[0], P = logits->ne[1], Kc = d->sel_top_k, R = d->sel_rank;
+    const size_t f32 = sizeof(float), i32 = sizeof(int32_t);
+    struct ggml_tensor * cand = ggml_top_k(ctx, logits, (int) Kc);                                    /* [Kc, P] */
+    struct ggml_tensor * unary = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, P), cand);      /* [1, Kc, P] */
+    struct ggml_tensor * hp = ggml_mul_mat(ctx, d->sel_hidden, hidden);                               /* [R, P] */
+    struct ggml_tensor * succ = ggml_get_rows(ctx, d->sel_succ, ggml_reshape_1d(ctx, cand, Kc * P)); /* [R, Kc P] */
+    struct ggml_tensor * pred = ggml_view_1d(ctx, tokens, 1, 0);
+    for (int64_t p = 0; p < P; p++) {
+        struct ggml_tensor * w = ggml_mul(ctx, ggml_get_rows(ctx, d->sel_pred, pred),
+                                          ggml_view_2d(ctx, hp, R, 1, hp->nb[1], (size_t) p * hp->nb[1]));
+        struct ggml_tensor * s = ggml_mul_mat(ctx, ggml_view_2d(ctx, succ, R, Kc, succ->nb[1], (size_t) (p * Kc) * succ->nb[1]), w);
+        s = ggml_add(ctx, s, ggml_view_2d(ctx, unary, Kc, 1, Kc * f32, (size_t) (p * Kc) * f32));
+        struct ggml_tensor * best = ggml_argmax(ctx, ggml_reshape_2d(ctx, s, Kc, 1));                  /* [1] */
+        struct ggml_tensor * row = ggml_view_2d(ctx, cand, 1, Kc, i32, (size_t) (p * Kc) * i32);
+        pred = ggml_reshape_1d(ctx, ggml_get_rows(ctx, ggml_cont(ctx, row), best), 1);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, pred, ggml_view_1d(ctx, d->block, 1, (size_t) (1 + p) * i32)));
+    }
+}
+
 static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B, int n_kv) {
     propose_graph * g = &d->graph;
     struct ggml_cgraph * gf = g->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
@@ -484,6 +587,11 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     for (int il = 0; il < d->n_layer; il++) {
         const draft_layer * L = &d->layers[il];
         struct ggml_tensor * h = norm(d, ctx, x, L->attn_norm);
+        struct ggml_tensor * kernels = NULL;
+        if (d->conv_k > 0) {
+            kernels = conv_kernels(d, ctx, L->attn_conv_proj, h);
+            h = dynamic_conv(d, ctx, h, kernels, L->attn_conv_base, 0);
+        }
         struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wq, h), d->head_dim, d->n_head, B);
         q = rope(d, ctx, norm(d, ctx, q, L->q_norm), pos);
         /* the block's own keys/values sit after the context; the next append overwrites them */
@@ -498,10 +606,22 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
                                                      1.0f / sqrtf((float) d->head_dim), 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
         o = ggml_reshape_2d(ctx, o, (int64_t) d->head_dim * d->n_head, B);
-        x = ggml_add(ctx, ggml_mul_mat(ctx, L->wo, o), x);
+        o = ggml_mul_mat(ctx, L->wo, o);
+        if (kernels) {
+            o = dynamic_conv(d, ctx, o, kernels, L->attn_conv_base, 1);
+        }
+        x = ggml_add(ctx, o, x);
         h = norm(d, ctx, x, L->ffn_norm);
+        if (kernels) {
+            kernels = conv_kernels(d, ctx, L->ffn_conv_proj, h);
+            h = dynamic_conv(d, ctx, h, kernels, L->ffn_conv_base, 0);
+        }
         h = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, h), ggml_mul_mat(ctx, L->ffn_up, h));
-        x = ggml_add(ctx, ggml_mul_mat(ctx, L->ffn_down, h), x);
+        h = ggml_mul_mat(ctx, L->ffn_down, h);
+        if (kernels) {
+            h = dynamic_conv(d, ctx, h, kernels, L->ffn_conv_base, 1);
+        }
+        x = ggml_add(ctx, h, x);
     }
     /* block position 0 is the bonus token itself: only positions 1.. are drafts */
     x = ggml_view_2d(ctx, x, d->n_embd, B - 1, x->nb[1], x->nb[1]);
@@ -517,7 +637,11 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     g->argmax = ggml_argmax(ctx, logits);
     ggml_set_output(g->logits);
     ggml_set_output(g->argmax);
-    ggml_build_forward_expand(gf, ggml_cpy(ctx, g->argmax, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
+    if (d->conv_k > 0) {
+        build_selector(d, ctx, gf, logits, x, tokens); /* the block holds the selector's path */
+    } else {
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, g->argmax, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
+    }
     g->topk = g->topk_lp = NULL;
     if (d->p.top_k > 0) {
         /* only top_k numbers per position cross to the host, never the vocabulary */
@@ -598,7 +722,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     TRY(dfl_runtime_compute(&d->rt, 0, g->gf));
     d->n_tokens += n_rows;
     if (out_tokens) {
-        ggml_backend_tensor_get(d->out_argmax, out_tokens, 0, (size_t) (B - 1) * sizeof(int32_t));
+        ggml_backend_tensor_get(d->block, out_tokens, sizeof(int32_t), (size_t) (B - 1) * sizeof(int32_t));
     }
     d->n_out = B - 1;
     return DFL_OK;
