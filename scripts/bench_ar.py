@@ -5,6 +5,7 @@ verify of k tokens relative to one decode step.
 
     .venv/bin/python scripts/bench_ar.py            # Qwen3.5-0.8B shape, q4_k_m, 2 threads
     .venv/bin/python scripts/bench_ar.py --quick    # tiny model, a sanity run in seconds
+    .venv/bin/python scripts/bench_ar.py --arch all # one table per target family (qwen35, qwen3, qwen35moe)
     .venv/bin/python scripts/bench_ar.py -t 4 --runs 5 --tokens 128
 
 The model is random-weight with the text shape of Qwen3.5-0.8B (taken from its
@@ -52,13 +53,33 @@ ROPE_THETA_08B = 10_000_000.0
 # --quick: every matrix row a multiple of 256 so K-quants apply, small enough to build in seconds
 QUICK = dict(hidden=256, layers=4, ffn=512, heads=4, kv_heads=2, head_dim=64, lin_k_heads=2,
              lin_v_heads=4, lin_k_dim=64, lin_v_dim=64, tie=True, vocab_size=2048)
+# Qwen3-0.6B (config.json): attention only
+QWEN3_06B = dict(hidden=1024, layers=28, ffn=3072, heads=16, kv_heads=8, head_dim=128, tie=True, vocab_size=151936)
+QWEN3_QUICK = dict(hidden=256, layers=4, ffn=512, heads=4, kv_heads=2, head_dim=64, tie=True, vocab_size=2048)
+# Qwen3.5-35B-A3B's layer structure (hybrid, 256-wide expert FFNs, 8 routed + a shared
+# expert, vocabulary) at a width and depth that builds in minutes: hidden 1024, 24 layers,
+# 32 experts
+QWEN35MOE_SMALL = dict(hidden=1024, layers=24, heads=8, kv_heads=2, head_dim=256, lin_k_heads=16, lin_v_heads=16,
+                       lin_k_dim=128, lin_v_dim=128, experts=32, experts_used=8, expert_ffn=512, shared_ffn=512,
+                       vocab_size=248320)
+QWEN35MOE_QUICK = dict(hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, lin_k_heads=2, lin_v_heads=4,
+                       lin_k_dim=64, lin_v_dim=64, experts=8, experts_used=2, expert_ffn=256, shared_ffn=256,
+                       vocab_size=2048)
+# arch -> (fixture builder name, full shape, name, quick shape)
+ARCHS = {
+    "qwen35": ("make_qwen35", QWEN35_08B, "Qwen3.5-0.8B shape", QUICK),
+    "qwen3": ("make_qwen3", QWEN3_06B, "Qwen3-0.6B shape", QWEN3_QUICK),
+    "qwen35moe": ("make_qwen35moe", QWEN35MOE_SMALL, "Qwen3.5-35B-A3B structure, 1024 wide, 24 layers, 32 experts",
+                  QWEN35MOE_QUICK),
+}
 
 VERIFY_KS = (1, 4, 8, 16, 32)
 
 
 # ---- model ---------------------------------------------------------------------------------
 
-def build_gguf(name: str, shape: dict, outtype: str, rope_theta: float | None, keep_hf: bool) -> Path:
+def build_gguf(name: str, shape: dict, outtype: str, rope_theta: float | None, keep_hf: bool,
+               builder: str = "make_qwen35") -> Path:
     """The cached GGUF for a shape, building the checkpoint and converting it when missing."""
     CACHE.mkdir(parents=True, exist_ok=True)
     gguf = CACHE / f"{name}-{outtype}.gguf"
@@ -69,11 +90,11 @@ def build_gguf(name: str, shape: dict, outtype: str, rope_theta: float | None, k
         sys.path.insert(0, str(ROOT / "tests"))
         import torch
 
-        from fixtures import make_qwen35  # tests/fixtures.py: seeded random Qwen3.5 + tokenizer
+        import fixtures  # tests/fixtures.py: seeded random checkpoints + tokenizer
 
         print(f"[bench] building a random {name} checkpoint in {hf_dir} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        make_qwen35(hf_dir, dtype=torch.bfloat16, seed=0, **shape)
+        getattr(fixtures, builder)(hf_dir, dtype=torch.bfloat16, seed=0, **shape)
         if rope_theta is not None:
             cfg_path = hf_dir / "config.json"
             cfg = json.loads(cfg_path.read_text())
@@ -271,6 +292,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=64, help="prompt length (prefilled, not timed)")
     p.add_argument("--reps", type=int, default=9, help="repetitions of each verify timing")
     p.add_argument("--quick", action="store_true", help="tiny model, few steps: a sanity run")
+    p.add_argument("--arch", choices=[*ARCHS, "all"], default="qwen35",
+                   help="target family of the random shape model (default qwen35; all: one table each)")
     p.add_argument("--keep-hf", action="store_true", help="keep the generated HF checkpoint in .cache/bench")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("worker_args", nargs="?", help=argparse.SUPPRESS)
@@ -285,12 +308,21 @@ def main(argv=None) -> int:
         args.runs, args.tokens, args.prompt, args.reps = min(args.runs, 3), min(args.tokens, 24), \
             min(args.prompt, 32), min(args.reps, 5)
     if args.gguf:
-        gguf, shape_name = args.gguf.resolve(), args.gguf.name
-    elif args.quick:
-        gguf, shape_name = build_gguf("quick", QUICK, args.outtype, None, args.keep_hf), "tiny (hidden 256, 4 layers)"
-    else:
-        gguf, shape_name = build_gguf("qwen35-0.8b-shape", QWEN35_08B, args.outtype, ROPE_THETA_08B,
-                                      args.keep_hf), "Qwen3.5-0.8B shape, random weights"
+        return bench_one(args, args.gguf.resolve(), args.gguf.name)
+    for arch in (ARCHS if args.arch == "all" else [args.arch]):
+        builder, shape, label, quick = ARCHS[arch]
+        if args.quick:
+            gguf = build_gguf(f"quick-{arch}", quick, args.outtype, None, args.keep_hf, builder)
+            label = f"{arch}, tiny (hidden 256, 4 layers)"
+        else:
+            gguf = build_gguf(f"{arch}-bench-shape", shape, args.outtype, ROPE_THETA_08B if arch == "qwen35" else None,
+                              args.keep_hf, builder)
+            label += ", random weights"
+        bench_one(args, gguf, label)
+    return 0
+
+
+def bench_one(args, gguf: Path, shape_name: str) -> int:
     CACHE.mkdir(parents=True, exist_ok=True)
     wargs = {"gguf": str(gguf), "threads": args.threads, "tokens": args.tokens, "prompt": args.prompt,
              "reps": args.reps, "n_prompts": args.runs}
