@@ -286,11 +286,14 @@ def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = Non
                    layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 32, lin_k_heads: int = 2,
                    lin_v_heads: int = 4, lin_k_dim: int = 16, lin_v_dim: int = 16, experts: int = 8,
                    experts_used: int = 4, expert_ffn: int = 64, shared_ffn: int = 96, tie: bool = False,
-                   seed: int = 0, dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen35") -> Path:
+                   seed: int = 0, dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen35",
+                   multimodal: bool = False) -> Path:
     """A tiny seeded Qwen3_5MoeForCausalLM (with tokenizer) saved in `directory`: the
     router's logits spread about 1 apart, so that tokens pick many different experts
-    with clear margins and the softmax over them is far from one-hot."""
-    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    with clear margins and the softmax over them is far from one-hot. `multimodal=True`
+    saves the Qwen3_5MoeForConditionalGeneration layout (a one-block vision tower)."""
+    from transformers import (Qwen3_5MoeConfig, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration,
+                              Qwen3_5MoeTextConfig)
 
     directory, vocab_size, eos_id, pad_id = _tiny_model_dir(directory, tokenizer_regex, vocab_size)
     cfg = Qwen3_5MoeTextConfig(
@@ -301,7 +304,14 @@ def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = Non
         num_experts_per_tok=experts_used, max_position_embeddings=4096, tie_word_embeddings=tie,
         eos_token_id=eos_id, pad_token_id=pad_id, dtype=dtype)
     torch.manual_seed(seed)
-    model = Qwen3_5MoeForCausalLM(cfg)
+    if multimodal:
+        cfg = Qwen3_5MoeConfig(
+            text_config=cfg.to_dict(), vision_config=_tiny_vision_config(hidden), tie_word_embeddings=tie,
+            image_token_id=vocab_size - 1, video_token_id=vocab_size - 2, vision_start_token_id=vocab_size - 3,
+            vision_end_token_id=vocab_size - 4)
+        model = Qwen3_5MoeForConditionalGeneration(cfg)
+    else:
+        model = Qwen3_5MoeForCausalLM(cfg)
     _randomize(model, seed)
     gen = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():

@@ -215,3 +215,17 @@ def test_partial_offload_matches_the_cpu(pair, rpc_endpoint):  # noqa: F811
             err = np.abs(np.asarray(a) - np.asarray(b)).max()
             assert err < 1e-4, f"ngl {place['n_gpu_layers']}, stage {stage}: logits differ by {err}"
         assert r["chain"] == cpu["chain"] and r["tree"] == cpu["tree"], place
+
+
+def test_moe_text_tower_of_the_multimodal_checkpoint(tmp_path, convert_model, llama_cpp_convert):
+    """Qwen3_5MoeForConditionalGeneration: the text tower converts to the same qwen35moe
+    file as llama.cpp's converter writes, and runs with transformers' logits."""
+    d = make_qwen35moe(tmp_path / "mm", multimodal=True, seed=2)
+    ours = convert_model(d, "f32")
+    ours_kv, ours_t = read_gguf(ours)
+    ref_kv, ref_t = read_gguf(llama_cpp_convert(d, "f32", "qwen35"))
+    assert set(ours_t) == set(ref_t) and ours_kv["general.architecture"] == ref_kv["general.architecture"]
+    tokens = prompts(1, seed=12)[0]
+    with torch.no_grad():
+        ref = hf_model(d)(input_ids=torch.tensor([tokens])).logits[0].float().numpy()
+    assert rel_err(our_logits(ours, tokens), ref) < 1e-3
