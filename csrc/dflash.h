@@ -227,7 +227,7 @@ typedef struct dfl_plan_device {
     uint64_t draft_weights;   /* drafter weights (it shares the target's embedding and LM head) */
     uint64_t kv_cache;        /* attention K and V for n_ctx tokens */
     uint64_t recurrent_state; /* recurrent and conv states */
-    uint64_t verify_scratch;  /* a verify's per-node states, replay inputs and conv inputs; features */
+    uint64_t verify_scratch;  /* a verify's kept recurrence inputs and conv inputs per row; features */
     uint64_t draft_cache;     /* the drafter's context cache (n_ctx positions, or its window) */
     uint64_t target_compute;  /* the target's graph slots, as ggml's allocator reserves them */
     uint64_t draft_compute;   /* the drafter's graph slot */
