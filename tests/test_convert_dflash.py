@@ -13,7 +13,6 @@ import pytest
 import torch
 from gguf import LlamaFileType
 
-from dflash_gguf._native import DflashError
 from dflash_gguf.convert.cli import main
 from dflash_gguf.convert.dflash import interleaved_to_neox
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
@@ -263,14 +262,18 @@ def test_runtime_runs_q4_k_m_drafter(ckpt, ours, convert_model):
     assert np.corrcoef(quant.ravel(), exact.ravel())[0, 1] > 0.95
 
 
-def test_runtime_refuses_dflash2(ours, ckpt, convert_model):
+def test_runtime_runs_converted_dflash2(ours, ckpt, convert_model):
+    """The converted DFlash2 file loads and drafts (its arithmetic against z-lab's is
+    tests/test_dflash2.py's)."""
     path = ours("dflash2")
     target = Target(convert_model(ckpt("target"), "f32"),
                     TargetConfig(n_ctx=64, n_ubatch=16, n_verify=BLOCK, kv_type="f32",
                                  feature_layers=read_draft_metadata(path)["target_layers"]))
     try:
-        with pytest.raises(DflashError, match="DFlash2"):
-            Draft(path, target, DraftConfig(kv_type="f32"))
+        with Draft(path, target, DraftConfig(kv_type="f32")) as draft:
+            target.prefill(list(range(5, 25)), LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+            drafts = draft.propose(int(target.argmax()[0]))
+            assert len(drafts) == draft.block_size - 1 and all(0 <= t < target.n_vocab for t in drafts)
     finally:
         target.close()
 
