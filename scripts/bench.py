@@ -50,12 +50,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -63,20 +61,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_cpp_build import build_llama, llama_binary  # noqa: E402  (scripts/llama_cpp_build.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "dflash_gguf" / "data"
 RESULTS = ROOT / "results"
 CACHE = ROOT / ".cache" / "bench"
 TINY = CACHE / "tiny-pair"
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-LLAMA_BUILD_ROOT = ROOT / ".cache" / "llama-cpp-build"
 LLAMA_SPEC_TARGET = "llama-speculative-simple"
-_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # ggml's AMX kernels crash on small matrices here
-LLAMA_CMAKE_FLAGS = [
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}",
-    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
-]
 BUDGETS = ("4", "8", "16", "32", "auto")
 WARMUP_TEXT = "import os\nimport sys\n\n\ndef main():\n"
 
@@ -107,63 +100,16 @@ def median(xs):
 
 # ---- llama.cpp's own speculative decoder (built from the pinned llama-cpp-python sdist) ------
 
-def llama_build_dir() -> Path:
-    key = hashlib.sha256(" ".join([LLAMA_CPP_PYTHON_VERSION, *LLAMA_CMAKE_FLAGS]).encode()).hexdigest()[:12]
-    return LLAMA_BUILD_ROOT / f"{LLAMA_CPP_PYTHON_VERSION}-{key}"
-
-
 def llama_spec_binary() -> Path | None:
     """The cached llama-speculative-simple binary, or None when not built yet."""
-    exe = llama_build_dir() / "bin" / LLAMA_SPEC_TARGET
-    return exe if exe.is_file() and os.access(exe, os.X_OK) else None
-
-
-def llama_cpp_source() -> Path | None:
-    """llama.cpp as vendored in the llama-cpp-python sdist (tests/fixtures.py finds it in
-    known places or downloads the sdist from PyPI with pip)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from fixtures import llama_cpp_source as find
-    except ImportError as e:  # torch/transformers missing: look in the usual place only
-        log(f"tests/fixtures.py unavailable ({e}); looking in /tmp/src only")
-        cand = Path(f"/tmp/src/llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp")
-        return cand if (cand / "CMakeLists.txt").is_file() else None
-    finally:
-        sys.path.remove(str(ROOT / "tests"))
-    return find()
+    return llama_binary(LLAMA_SPEC_TARGET)
 
 
 def build_llama_spec(jobs: int = 2) -> tuple[Path | None, str]:
-    """Builds llama-speculative-simple once (nice 10, `jobs` parallel compiles) into
-    .cache/llama-cpp-build/<version>-<flags hash>/. Returns (binary or None, note)."""
-    exe = llama_spec_binary()
-    if exe:
-        return exe, "cached"
-    src = llama_cpp_source()
-    if src is None:
-        return None, f"llama.cpp sources (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist) not found or downloadable"
-    build = llama_build_dir()
-    build.mkdir(parents=True, exist_ok=True)
-    logfile = build / "build.log"
-    log(f"building {LLAMA_SPEC_TARGET} from {src} into {build} (nice 10, -j{jobs}; ~10+ minutes on 2 cores; "
-        f"log: {logfile})")
-    t0 = time.perf_counter()
-    nice = ["nice", "-n", "10"] if shutil.which("nice") else []
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    with open(logfile, "w") as fh:
-        for cmd in ([*nice, "cmake", "-S", str(src), "-B", str(build), *gen, *LLAMA_CMAKE_FLAGS],
-                    [*nice, "cmake", "--build", str(build), "--target", LLAMA_SPEC_TARGET, "-j", str(jobs)]):
-            fh.write("$ " + " ".join(cmd) + "\n")
-            fh.flush()
-            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
-            if rc != 0:
-                tail = logfile.read_text(errors="replace").strip().splitlines()[-3:]
-                return None, f"build failed (exit {rc}, see {logfile}): " + " | ".join(tail)
-    exe = llama_spec_binary()
-    if exe is None:
-        return None, f"build finished but {LLAMA_SPEC_TARGET} is missing (see {logfile})"
-    log(f"built {exe} in {time.perf_counter() - t0:.0f} s")
-    return exe, "built"
+    """Builds llama-speculative-simple once (scripts/llama_cpp_build.py: nice 10, `jobs`
+    parallel compiles, into .cache/llama-cpp-build/<version>-<flags hash>/, the build
+    directory llama-bench shares). Returns (binary or None, note)."""
+    return build_llama(LLAMA_SPEC_TARGET, jobs)
 
 
 def run_llama_spec_prompts(exe: Path, a: dict, texts: list, debug: bool):
@@ -326,10 +272,28 @@ def worker_ours(a: dict) -> dict:
     return {"prompts": out, "load_s": load_s}
 
 
-def worker_llama(a: dict) -> dict:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_ar import open_llama
+def open_llama(path: str, n_ctx: int, threads: int, logits_all: bool):
+    """llama-cpp-python on `path` (flash attention, f16 KV cache, the same threads for
+    decode and batches): (llm, last_argmax(), load seconds)."""
+    import numpy as np
+    import llama_cpp
+    from llama_cpp import Llama
 
+    t0 = time.perf_counter()
+    llm = Llama(path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
+                flash_attn=True, logits_all=logits_all, verbose=False)
+    load_s = time.perf_counter() - t0
+    n_vocab = llm.n_vocab()
+    ctx = llm._ctx.ctx
+
+    def last_argmax() -> int:
+        ptr = llama_cpp.llama_get_logits_ith(ctx, -1)
+        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,))))
+
+    return llm, last_argmax, load_s
+
+
+def worker_llama(a: dict) -> dict:
     llm, last_argmax, load_s = open_llama(a["target"], a["n_ctx"], a["threads"], logits_all=False)
 
     def run(ids, n):
@@ -632,9 +596,12 @@ def report(args, pair, res, load_start, load_end, started: _dt.datetime, ar08: s
         L.append(f"| {r.label} | " + " | ".join(cells) + " |")
     if ar08:
         L.append("")
-        L.append("### AR decode and verify cost on the Qwen3.5-0.8B shape (scripts/bench_ar.py)")
+        L.append("### AR decode and verify cost vs llama-bench on the Qwen3.5-0.8B shape (scripts/bench_ar.py)")
         L.append("")
-        L.append(ar08.strip().replace("\n### ", "\n#### "))
+        lines = ar08.strip().splitlines()
+        if lines and lines[0].startswith("## "):  # bench_ar's own title: replaced by the one above
+            lines = lines[1:]
+        L.append("\n".join(("#" + ln if ln.startswith("### ") else ln) for ln in lines).strip())
     return "\n".join(L) + "\n"
 
 
@@ -680,11 +647,12 @@ def plot(res, path: Path) -> str:
 
 
 def run_ar_08b(args) -> str:
-    """scripts/bench_ar.py (AR ours vs llama.cpp on the random-weight Qwen3.5-0.8B shape,
+    """scripts/bench_ar.py (AR ours vs llama-bench on the random-weight Qwen3.5-0.8B shape,
     q4_k_m, plus the verify cost curve): its markdown tables."""
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_ar.py"), "-t", str(args.threads)]
-    if args.quick:
-        cmd += ["--runs", "2", "--tokens", "24", "--reps", "3"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_ar.py"), "--arch", "qwen35", "--no-save",
+           "-t", str(args.threads)]
+    if args.quick:  # llama-bench only if already built, as llama.cpp's decoder
+        cmd += ["--runs", "2", "--tokens", "24", "--reps", "3", "--no-build"]
     log("running scripts/bench_ar.py (Qwen3.5-0.8B shape) ...")
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
     if res.returncode != 0:
