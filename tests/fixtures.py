@@ -448,8 +448,10 @@ def llama_cpp_source(download: bool = True) -> Path | None:
     dl.mkdir(parents=True, exist_ok=True)
     sdist = dl / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
     if not sdist.exists():
+        # only this package as source: ":all:" would also build its build dependencies
+        # (cmake itself) from source, a quarter of an hour on a fresh machine
         res = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
              "--dest", str(dl), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
             capture_output=True, text=True)
         if res.returncode != 0 or not sdist.exists():
