@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +20,7 @@ from openai import OpenAI
 
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
+from dflash_gguf.serving import Job, Scheduler, ShuttingDown
 
 N_CTX = 2048
 UBATCH = 32
@@ -250,6 +252,37 @@ def test_concurrent_clients_are_all_answered_correctly(server, engine):
     for p in prompts:
         assert answers[p] == [want[p]] * 3
     assert server.metrics()["dflash_queue_depth"] == 0
+
+
+def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
+    """serving.Scheduler in-process: six jobs submitted at once run in submission
+    order, each after the previous one ended; a cancelled queued job ends untouched."""
+    scheduler = Scheduler(engine, max_queue=8)
+    events, finished = [], threading.Event()
+
+    def sink_for(i):
+        def sink(kind, value):
+            if kind in ("done", "error"):
+                events.append((i, kind))
+                if len(events) == 6:
+                    finished.set()
+        return sink
+
+    jobs = [Job(tokens=engine.encode(f"def f{i}(x):\n"), max_tokens=4, sink=sink_for(i)) for i in range(6)]
+    try:
+        for job in jobs:
+            scheduler.submit(job)
+        jobs[4].cancel()
+        assert finished.wait(300)
+    finally:
+        scheduler.close()
+    assert events == [(i, "done") for i in range(6)]
+    for a, b in zip(jobs, jobs[1:]):
+        assert a.queued_at <= b.queued_at and a.finished_at <= b.started_at
+    assert jobs[4].stats.generated_tokens == 0 and jobs[5].stats.generated_tokens == 4
+    assert scheduler.totals.requests == 6 and scheduler.totals.cancelled == 1
+    with pytest.raises(ShuttingDown):
+        scheduler.submit(jobs[0])
 
 
 @pytest.mark.parametrize("path,body,needle", [
