@@ -14,6 +14,8 @@ from dflash_gguf.generate import GenerationStats, autoregressive_steps, collect,
 from dflash_gguf.speculative import speculative_steps, tree_steps
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
+from target_workers import run_isolated
+from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
 TEXT = '''import os
 
@@ -233,3 +235,19 @@ def test_store_evicts_least_recently_used_by_bytes(tokenizer):
     assert store.positions(70, 69) == []
     store.clear()
     assert len(store) == 0 and store.nbytes == 0
+
+
+@pytest.mark.parametrize("placement", [{"device": "RPC0", "n_gpu_layers": 2},
+                                       {"device": "RPC0", "n_gpu_layers": -1, "window": 12}])
+def test_checkpoints_on_another_device(rpc_endpoint, tokenizer, placement):
+    """Target split between the CPU and a device (a ggml RPC server: memory that is not
+    host memory), or all on the device with a drafter window: the checkpoint goes
+    through the backends both ways and the continuation is a cold run's."""
+    prompt, other = tokenizer.encode(TEXT), tokenizer.encode(OTHER)
+    target_path, draft_path = demo_paths()
+    res = run_isolated("checkpoint_trace", rpc_endpoint, target_path, draft_path, placement, prompt, other, 64, 40)
+    assert res["info"]["device"] == "RPC0"
+    assert res["info"]["n_gpu_layers"] == (2 if placement["n_gpu_layers"] == 2 else res["info"]["n_layer"])
+    assert res["warm"]["reused"] == 64
+    assert res["warm"]["tokens"] == res["cold"]["tokens"]
+    assert res["warm"]["accepted"] == res["cold"]["accepted"]
