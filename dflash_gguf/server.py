@@ -28,12 +28,14 @@ from .serving import Job, QueueFull, Scheduler, ShuttingDown
 
 RETRY_AFTER_SECONDS = 1
 MAX_STOPS = 16
+MAX_BODY_BYTES = 64 << 20  # far above any prompt a context holds
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: Optional[str] = None):
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400):
         super().__init__(message)
         self.param = param
+        self.status = status
 
 
 @dataclass
@@ -279,7 +281,13 @@ def create_app(server: Server):
                             status_code=status, headers=headers)
 
     async def read_body(request: Request) -> dict:
-        raw = await request.body()
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise BadRequest(f"the request body exceeds {MAX_BODY_BYTES >> 20} MiB", status=413)
+            parts.append(part)
+        raw = b"".join(parts)
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
@@ -308,7 +316,7 @@ def create_app(server: Server):
 
             job = server.make_job(body, tokens, sink)
         except BadRequest as e:
-            return error(400, str(e), param=e.param)
+            return error(e.status, str(e), param=e.param)
         try:
             server.scheduler.submit(job)
         except QueueFull as e:
@@ -445,7 +453,7 @@ def create_app(server: Server):
 def _uvicorn_server_class():
     import uvicorn
 
-    class Quiet(uvicorn.Server):
+    class GracefulServer(uvicorn.Server):
         """uvicorn's server, except that after a graceful stop on Ctrl-C or SIGTERM it
         returns instead of raising the signal again, so that the engine is closed and
         the process exits with status 0. A second Ctrl-C still forces the stop."""
@@ -459,7 +467,7 @@ def _uvicorn_server_class():
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    return Quiet
+    return GracefulServer
 
 
 def build_parser() -> argparse.ArgumentParser:

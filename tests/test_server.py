@@ -5,7 +5,6 @@ input (400), a full queue (503) and a SIGTERM that drains."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -322,6 +321,11 @@ def test_over_the_context_the_message_gives_the_limits(server, engine):
     assert f"{N_CTX - 10} prompt tokens" in message and "max_tokens 100" in message
     r = server.http.post("/v1/completions", json={"prompt": prompt[:N_CTX + 5]})
     assert r.status_code == 400 and "does not fit" in r.json()["error"]["message"]
+
+
+def test_an_oversized_body_gets_413(server):
+    r = server.http.post("/v1/completions", content=b" " * (65 << 20), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
 
 
 def test_unknown_routes_and_methods(server):
