@@ -267,8 +267,8 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
 
     add_rpc_server(endpoint)
     layers = read_draft_metadata(draft_path)["target_layers"]
-    cfg = TargetConfig(n_ctx=512, n_ubatch=16, n_verify=16, feature_layers=layers, device=placement["device"],
-                       n_gpu_layers=placement["n_gpu_layers"])
+    cfg = TargetConfig(n_ctx=512, n_ubatch=16, n_verify=16, n_threads=1, feature_layers=layers,
+                       device=placement["device"], n_gpu_layers=placement["n_gpu_layers"])
     with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(window=placement.get("window", 0))) as d:
         def generate(tokens, reused=0):
             stats = GenerationStats()

@@ -83,7 +83,7 @@ def load(window: int):
     target_path, draft_path = demo_paths()
     meta = read_draft_metadata(draft_path)
     target = Target(target_path, TargetConfig(n_ctx=512, n_ubatch=UBATCH, n_verify=max(meta["block_size"], BUDGET + 1),
-                                              n_threads=2, feature_layers=meta["target_layers"]))
+                                              n_threads=1, feature_layers=meta["target_layers"]))
     return target, Draft(draft_path, target, DraftConfig(window=window, top_k=8))
 
 
@@ -178,7 +178,7 @@ def test_engine_resumes_a_shared_prefix_from_a_checkpoint(tokenizer, tree):
     acceptance; a prompt extending an earlier one resumes at that one's end (before
     its last token, whose logits began that reply)."""
     target_path, draft_path = demo_paths()
-    options = dict(n_ctx=512, n_ubatch=UBATCH, n_threads=2, tree_budget=BUDGET if tree else None)
+    options = dict(n_ctx=512, n_ubatch=UBATCH, n_threads=1, tree_budget=BUDGET if tree else None)
     base = tokenizer.encode(TEXT)
     first, second = base, base[:100] + tokenizer.encode(OTHER)[:30]
     third = second + tokenizer.encode("\n\ndef push(self, item):\n")

@@ -23,7 +23,7 @@ from dflash_gguf.serving import Job, Scheduler, ShuttingDown
 
 N_CTX = 2048
 UBATCH = 32
-SERVER_FLAGS = ["-c", str(N_CTX), "-ub", str(UBATCH), "-t", "2", "--checkpoint-every", str(UBATCH),
+SERVER_FLAGS = ["-c", str(N_CTX), "-ub", str(UBATCH), "-t", "1", "--checkpoint-every", str(UBATCH),
                 "--checkpoint-mib", "64"]
 
 CODE = '''import os
@@ -127,7 +127,7 @@ def server(tmp_path_factory):
 def engine():
     """The reference: the same pair and options, no checkpoints, no server."""
     target, draft = demo_paths()
-    with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=2) as e:
+    with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1) as e:
         eog = sorted({t for t in (e.tokenizer.decode([i]) for i in e.tokenizer.eog_ids) if t})
 
         def generate(prompt, max_tokens):
