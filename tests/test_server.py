@@ -334,6 +334,27 @@ def test_unknown_routes_and_methods(server):
     assert "error" in server.http.get("/v1/nothing").json()
 
 
+def test_tree_decoding_server_equals_engine_generate(tmp_path):
+    """--tree-budget: the reply, its acceptance lengths and tree sizes are the engine's,
+    also when the prompt resumes from a checkpoint."""
+    s = ServerProcess(tmp_path, *SERVER_FLAGS, "--tree-budget", "4")
+    try:
+        target, draft = demo_paths()
+        with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1, tree_budget=4) as e:
+            eog = sorted({t for t in (e.tokenizer.decode([i]) for i in e.tokenizer.eog_ids) if t})
+            for prompt in (CODE, CODE + "    def pop(self):\n"):
+                e.generate("x", 1)
+                want = e.generate(prompt, 32, stop=eog)
+                resp = s.client.completions.create(model="x", prompt=prompt, max_tokens=32, temperature=0)
+                ext = resp.model_extra["dflash"]
+                assert resp.choices[0].text == want.text
+                assert ext["accepted_lengths"] == want.stats.accepted_lengths
+                assert ext["tree_sizes"] == want.stats.tree_sizes and ext["mean_tree_nodes"] > 0
+        assert ext["reused_prompt_tokens"] > 0
+    finally:
+        s.stop()
+
+
 def test_a_full_queue_gets_503_and_sigterm_drains(tmp_path):
     """--queue 0: while one request runs, the next is refused with 503 and Retry-After.
     SIGTERM lets the running request finish, then the server exits with status 0."""
