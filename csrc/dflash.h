@@ -216,6 +216,29 @@ dfl_status dfl_draft_topk(const dfl_draft * draft, int32_t row0, int32_t n_rows,
 /* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
 dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);
 
+/* ---- prefix checkpoints ----------------------------------------------------------------- */
+
+typedef struct dfl_checkpoint dfl_checkpoint;
+
+/* Copy the decoding state at the target's current position to host memory: attention
+ * K/V rows 0..n_past-1, recurrent and conv states, and (with a drafter) the drafter's
+ * context positions a later draft can still attend to (its window). Taken after a
+ * decode (e.g. the end of a prefill), never between a verify and the graph that
+ * carries its commit; the drafter must hold as many positions as the target. */
+dfl_status dfl_checkpoint_save(dfl_target * target, dfl_draft * draft, dfl_checkpoint ** out);
+
+/* The host memory dfl_checkpoint_save would take now, in bytes. */
+dfl_status dfl_checkpoint_measure(const dfl_target * target, const dfl_draft * draft, uint64_t * bytes);
+
+/* Put the target (and drafter, when not NULL) back at the checkpoint's position: the
+ * next decode continues from there exactly as from the original context. Only into
+ * the target and drafter it was taken from. */
+dfl_status dfl_checkpoint_restore(const dfl_checkpoint * checkpoint, dfl_target * target, dfl_draft * draft);
+
+int32_t dfl_checkpoint_n_past(const dfl_checkpoint * checkpoint);
+uint64_t dfl_checkpoint_bytes(const dfl_checkpoint * checkpoint);
+void dfl_checkpoint_free(dfl_checkpoint * checkpoint);
+
 /* ---- memory plan ------------------------------------------------------------------------ */
 
 /* What a configuration needs on one device, in bytes. */

@@ -19,12 +19,31 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate text with a Qwen3 / Qwen3.5 GGUF model, losslessly sped up by a DFlash drafter. "
                     "With no -m, runs the bundled demo.",
     )
-    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe or qwen3)")
-    p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")
     src.add_argument("-f", "--file", help="read the prompt from a file ('-' for stdin)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    add_engine_args(p)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--system", help="system message for --chat")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop generating at this text (repeatable; the text is not printed)")
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="chat in turns on the terminal, keeping the context (implies --chat)")
+    p.add_argument("--context-full", choices=["error", "stop"], default="error",
+                   help="when prompt + -n could overflow the context (-c): 'error' refuses upfront (default), "
+                        "'stop' generates until the context is full and stops there (stop reason 'context')")
+    p.add_argument("--json", action="store_true", help="print the statistics as one JSON line on stderr")
+    p.add_argument("--print-memory", action="store_true",
+                   help="print the memory plan of this configuration per device (nothing is loaded) and exit; "
+                        "with --json as JSON on stdout")
+    return p
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The model, placement and decoding flags dflash-run and dflash-server share."""
+    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe or qwen3)")
+    p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
@@ -58,23 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rpc", metavar="SERVERS",
                    help="comma-separated ggml RPC servers (host:port) whose devices join the registry as RPC0, ...")
     p.add_argument("--list-devices", action="store_true", help="print the available devices and exit")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--system", help="system message for --chat")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop generating at this text (repeatable; the text is not printed)")
-    p.add_argument("-i", "--interactive", action="store_true",
-                   help="chat in turns on the terminal, keeping the context (implies --chat)")
-    p.add_argument("--context-full", choices=["error", "stop"], default="error",
-                   help="when prompt + -n could overflow the context (-c): 'error' refuses upfront (default), "
-                        "'stop' generates until the context is full and stops there (stop reason 'context')")
-    p.add_argument("--json", action="store_true", help="print the statistics as one JSON line on stderr")
-    p.add_argument("--print-memory", action="store_true",
-                   help="print the memory plan of this configuration per device (nothing is loaded) and exit; "
-                        "with --json as JSON on stdout")
     p.add_argument("--memory-limit", type=int, metavar="MIB",
                    help="refuse, before loading, a configuration that needs more than MIB MiB on any device "
                         "(a device's free memory is always a limit)")
-    return p
 
 
 def _read_prompt(args, parser) -> str:
@@ -96,6 +101,16 @@ def _read_prompt(args, parser) -> str:
 def _validate(args, parser) -> None:
     if args.n_predict < 0:
         parser.error("-n/--n-predict must be >= 0")
+    if args.interactive:
+        args.chat = True
+    if args.system and not args.chat:
+        parser.error("--system needs --chat")
+    validate_engine_args(args, parser)
+
+
+def validate_engine_args(args, parser) -> None:
+    """Check and normalise add_engine_args' flags (parser.error on a bad value); sets
+    args.sampling."""
     if args.ctx_size <= 0:
         parser.error("-c/--ctx-size must be > 0")
     if args.ubatch_size <= 0:
@@ -112,10 +127,6 @@ def _validate(args, parser) -> None:
         parser.error("-t/--threads must be >= 0")
     if args.block_size is not None and args.block_size < 1:
         parser.error("--block-size must be >= 1")
-    if args.interactive:
-        args.chat = True
-    if args.system and not args.chat:
-        parser.error("--system needs --chat")
     if args.tree_budget is not None and args.tree_budget != "auto":
         try:
             n = int(args.tree_budget)
@@ -190,7 +201,7 @@ def _print_report(r: dict) -> None:
     print(f"memory    peak RSS {r['peak_rss_mib']:.0f} MiB", file=err)
 
 
-def _setup_devices(args) -> bool:
+def setup_devices(args, prog: str = "dflash-run") -> bool:
     """Register RPC servers and answer --list-devices; False when the run should end."""
     from ._native import DflashError
     from .devices import add_rpc_server, list_devices
@@ -199,7 +210,7 @@ def _setup_devices(args) -> bool:
         try:
             add_rpc_server(endpoint.strip())
         except DflashError as e:
-            print(f"dflash-run: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {e}", file=sys.stderr)
             args.exit_code = 1
             return False
     if args.list_devices:
@@ -238,10 +249,19 @@ def _print_memory(model: str, draft: Optional[str], options: dict, args) -> int:
     return 2 if over else 0
 
 
+def engine_options(args) -> dict:
+    """Engine keyword options from add_engine_args' flags."""
+    return dict(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+                kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
+                tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
+                repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
+                draft_window=args.draft_window)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not _setup_devices(args):
+    if not setup_devices(args):
         return args.exit_code
     _validate(args, parser)
 
@@ -277,11 +297,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             parser.error(f"--block-size {args.block_size} exceeds the drafter's trained block size {trained}")
 
     draft = None if args.no_spec else draft
-    options = dict(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
-                   kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
-                   tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
-                   repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
-                   draft_window=args.draft_window)
+    options = engine_options(args)
     if args.print_memory:
         return _print_memory(model, draft, options, args)
     from .memory import MemoryPlanError

@@ -5,8 +5,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .budget import VerifyCost
+from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .draft import Draft, DraftConfig, read_draft_metadata
-from .generate import GenerationStats, autoregressive_steps, collect
+from .generate import GenerationStats, autoregressive_steps, check_request, collect
 from .memory import refusal, settle
 from .sampling import SamplingParams
 from .speculative import speculative_steps, tree_steps
@@ -74,7 +75,10 @@ class Engine:
     has the same distribution.
 
     Consecutive calls whose prompt extends the previous prompt and output (a chat that
-    goes on) continue the context instead of recomputing it.
+    goes on) continue the context instead of recomputing it. With `checkpoints` set (a
+    checkpoints.PrefixCheckpoints), any prompt sharing a prefix with an earlier one
+    resumes from the longest checkpoint of that prefix: prompts are checkpointed at
+    their end and every `checkpoints.every` tokens. Output is the same as without.
 
     A call interrupted by an exception or Ctrl-C (KeyboardInterrupt) at any point leaves
     the engine usable: the next call starts from a clean context and gives what a fresh
@@ -117,9 +121,12 @@ class Engine:
         self._context: List[int] = []  # tokens the target (and drafter) context holds
         self._context_mode: Optional[bool] = None  # speculative or not, when it was filled
         self.stage_hook: Optional[Callable[[str], None]] = None
+        self.checkpoints: Optional[PrefixCheckpoints] = None
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
         if self.draft is not None:
             self.draft.close()
             self.draft = None
@@ -142,6 +149,25 @@ class Engine:
 
         return render_chat(self.tokenizer.chat_template, user, system, history)
 
+    def render_messages(self, messages: Sequence[dict], **template_kwargs) -> str:
+        """A whole conversation ({"role", "content"} messages) rendered with the model's
+        chat template for the assistant's reply; template_kwargs reach the template
+        (e.g. enable_thinking=False for Qwen3 / Qwen3.5)."""
+        from .chat import render_messages
+
+        return render_messages(self.tokenizer.chat_template, messages, **template_kwargs)
+
+    def check_request(self, prompt: Prompt, max_tokens: int, *, speculative: bool = True,
+                      context_full: str = "error") -> List[int]:
+        """The prompt's tokens, or the ValueError generate() would raise for this request
+        (an empty prompt, prompt + max_tokens over the context), without running it."""
+        tokens = self.encode(prompt)
+        lookahead = 0
+        if speculative and self.draft is not None:
+            lookahead = self.tree_budget + 1 if self.tree_budget else (self.block_size or self.draft.block_size)
+        check_request(self.target, tokens, max_tokens, lookahead, context_full)
+        return tokens
+
     # -- generation ---------------------------------------------------------------------
     def _steps(self, tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full):
         stops = self.tokenizer.eog_ids if stop_tokens is None else set(stop_tokens)
@@ -150,17 +176,37 @@ class Engine:
         n = len(self._context)
         reused = n if (self._context_mode == use_draft and 0 < n < len(tokens) and tokens[:n] == self._context) else 0
         self._context, self._context_mode = [], None  # unknown until the run ends
+        if use_draft and self.tree_budget and self.auto_budget and self._cost is None:
+            self._cost = VerifyCost(self.target, self.n_threads)
+            reused = 0  # measuring the cost used the target
+        saver = None
+        if self.checkpoints is not None and tokens:
+            reused = self._resume(tokens, reused, use_draft)
+            saver = self._saver(tokens, reused, use_draft)
         if use_draft and self.tree_budget:
-            if self.auto_budget and self._cost is None:
-                self._cost = VerifyCost(self.target, self.n_threads)
-                reused = 0  # measuring the cost used the target
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, self._cost, sampling, reused, context_full, hook), use_draft
+                              stats, self._cost, sampling, reused, context_full, hook, saver), use_draft
         if use_draft:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
-                                     sampling, reused, context_full, hook), use_draft
+                                     sampling, reused, context_full, hook, saver), use_draft
         return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused, context_full,
-                                    hook), use_draft
+                                    hook, saver), use_draft
+
+    def _resume(self, tokens: List[int], reused: int, use_draft: bool) -> int:
+        """Restore the longest checkpointed prefix of `tokens` that beats the context
+        already held (at least one prompt token is left to compute: the first new
+        token comes from its logits); returns the prompt tokens now in context."""
+        draft = self.draft if use_draft else None
+        found = self.checkpoints.lookup(tokens, len(tokens) - 1, use_draft, above=reused)
+        if found is None:
+            return reused
+        found.restore(self.target, draft)
+        return found.n_past
+
+    def _saver(self, tokens: List[int], start: int, use_draft: bool) -> PrefillSaver:
+        draft = self.draft if use_draft else None
+        return PrefillSaver(self.checkpoints.positions(len(tokens), start),
+                            lambda n: self.checkpoints.save(tokens[:n], self.target, draft))
 
     def _finish(self, tokens: List[int], out: List[int], use_draft: bool, failed: bool) -> None:
         self.last_tokens = list(out)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, List, Optional
 
 from .sampling import Sampler, SamplingParams, distribution
-from .target import LOGITS_LAST, Target
+from .target import LOGITS_LAST, LOGITS_NONE, Target
 
 
 @dataclass
@@ -51,18 +51,20 @@ def first_token(target: Target, sampler: Optional[Sampler]) -> int:
 def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                          stats: GenerationStats, sampling: Optional[SamplingParams] = None,
                          reused: int = 0, context_full: str = "error",
-                         on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
+                         on_stage: Optional[Callable[[str], None]] = None,
+                         saver=None) -> Iterator[List[int]]:
     """Plain decoding after `prompt`, yielding each new token as a one-element list; a
     stop token ends generation and is yielded. The target is reset first unless its
-    context already holds the first `reused` prompt tokens. context_full and on_stage
-    as in speculative decoding ("prefilled", then "decoded" after each token's decode)."""
+    context already holds the first `reused` prompt tokens. context_full, on_stage and
+    saver as in speculative decoding ("prefilled", then "decoded" after each token's
+    decode)."""
     check_request(target, prompt, max_tokens, 0, context_full)
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     stats.reused_tokens = start_context(target, prompt, reused)
-    target.prefill(prompt[stats.reused_tokens:], LOGITS_LAST)
+    prefill_prompt(target, prompt, stats.reused_tokens, saver=saver)
     stats.prefill_seconds = time.perf_counter() - t0
     if on_stage:
         on_stage("prefilled")
@@ -101,6 +103,20 @@ def start_context(target: Target, prompt: List[int], reused: int, draft=None) ->
         if draft is not None:
             draft.reset()
     return reused
+
+
+def prefill_prompt(target: Target, prompt: List[int], start: int, draft=None, saver=None) -> None:
+    """Put prompt[start:] into the context, the drafter (when given) taking each chunk's
+    features; with a checkpoints.PrefillSaver, chunks also end at its positions, where
+    it takes a checkpoint."""
+    on_chunk = (lambda _start, n: draft.append_rows(n)) if draft is not None else None
+    marks = [p for p in (saver.positions if saver else ()) if start < p <= len(prompt)]
+    pos = start
+    for end in sorted(set(marks) | {len(prompt)}):
+        target.prefill(prompt[pos:end], LOGITS_LAST if end == len(prompt) else LOGITS_NONE, on_chunk=on_chunk)
+        pos = end
+        if end in marks:
+            saver.save(end)
 
 
 CONTEXT_FULL = ("error", "stop")

@@ -11,7 +11,7 @@ from .budget import (AcceptanceCalibration, VerifyCost, budget_sizes, chain_beat
                      choose_budget)
 from .ddtree import accept_path, build_tree, chain_tree
 from .draft import Draft
-from .generate import GenerationStats, check_request, collect, first_token, start_context
+from .generate import GenerationStats, check_request, collect, first_token, prefill_prompt, start_context
 from .sampling import Sampler, SamplingParams, distribution
 from .target import LOGITS_LAST, Target
 
@@ -31,7 +31,8 @@ def _no_stage(stage: str) -> None:
 def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                stats: GenerationStats, lookahead: int, sampler: Optional[Sampler],
                step: Callable[[int, int, int], Tuple[List[int], float, float]], reused: int,
-               context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
+               context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None,
+               saver=None) -> Iterator[List[int]]:
     """The loop around `step(bonus, remaining, room) -> (tokens, draft_seconds,
     verify_seconds)`, which drafts, verifies and commits one pass of at most `room`
     tokens (the context positions left) and returns the accepted tokens followed by the
@@ -43,14 +44,17 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     Engine.stage_hook) is called with "prefilled", then each step's stages. When the
     loop is left by an exception, the drafter's deferred rows are dropped, not appended
     (the target may have run a graph since): target and drafter must be reset before
-    their next use, as a new run (reused=0) does."""
+    their next use, as a new run (reused=0) does.
+
+    saver (a checkpoints.PrefillSaver): the prefill stops at its positions for it to
+    take checkpoints of target and drafter."""
     stage = on_stage or _no_stage
     check_request(target, prompt, max_tokens, lookahead, context_full)
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     stats.reused_tokens = start_context(target, prompt, reused, draft)
-    target.prefill(prompt[stats.reused_tokens:], LOGITS_LAST, on_chunk=lambda start, n: draft.append_rows(n))
+    prefill_prompt(target, prompt, stats.reused_tokens, draft, saver)
     stats.prefill_seconds = time.perf_counter() - t0
 
     stats.stop_reason = "length"
@@ -112,7 +116,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                       stop_tokens: Iterable[int], block_size: Optional[int], stats: GenerationStats,
                       sampling: Optional[SamplingParams] = None, reused: int = 0, context_full: str = "error",
-                      on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
+                      on_stage: Optional[Callable[[str], None]] = None, saver=None) -> Iterator[List[int]]:
     """Chain speculative decoding (target and drafter are reset first), yielding the
     tokens of each target pass; stats.accepted_lengths records their counts (the first
     token, from the prefill, is not a pass). With sampling, drafts are drawn from the
@@ -175,14 +179,14 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
 
     step = greedy_step if sampler is None else sampled_step
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step, reused,
-                      context_full, on_stage)
+                      context_full, on_stage, saver)
 
 
 def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                budget: int, block_size: Optional[int], stats: GenerationStats,
                cost: Optional[VerifyCost] = None, sampling: Optional[SamplingParams] = None,
                reused: int = 0, context_full: str = "error",
-               on_stage: Optional[Callable[[str], None]] = None) -> Iterator[List[int]]:
+               on_stage: Optional[Callable[[str], None]] = None, saver=None) -> Iterator[List[int]]:
     """DDTree speculative decoding: the drafter's per-position top-K candidates become a
     best-first tree of `budget` nodes below the bonus token, the target verifies all of
     them in one pass, and the longest path the target agrees with is kept.
@@ -276,7 +280,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,
-                      context_full, on_stage)
+                      context_full, on_stage, saver)
 
 
 def _sampled_walk(tree, p, sampler: Sampler) -> List[int]:

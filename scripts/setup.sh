@@ -54,6 +54,16 @@ if [ ! -f "$stamps/build-deps" ] || [ "$(cat "$stamps/build-deps")" != "$build_d
   echo "$build_deps" > "$stamps/build-deps"
 fi
 
+# dflash-server's HTTP stack (the project's [server] extra; the project itself is
+# installed with --no-deps below)
+server_deps="starlette>=0.37 uvicorn>=0.30 jinja2"
+if [ "$(cat "$stamps/server-deps" 2>/dev/null)" != "$server_deps" ]; then
+  say "installing the server's dependencies"
+  # shellcheck disable=SC2086
+  pip_install $server_deps
+  echo "$server_deps" > "$stamps/server-deps"
+fi
+
 if [ "$mode" = "test" ]; then
   want=$(sha256sum "$root/scripts/requirements-test.txt" | cut -c1-16)
   if [ "$(cat "$stamps/test-deps" 2>/dev/null)" != "$want" ]; then

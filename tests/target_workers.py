@@ -251,3 +251,35 @@ def offload_trace(endpoint: str, target_path: str, draft_path: str, placements: 
             run["tree"] = tree_generate(t, d, prompt, 48, budget=8)[0]
             out["runs"].append(run)
     return out
+
+
+def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement: dict, prompt: list, other: list,
+                     cut: int, n_tokens: int) -> dict:
+    """On a target placed per {"device", "n_gpu_layers"} (its drafter on the same
+    device): a cold chain generation after `prompt`, then the same after a checkpoint
+    of prompt[:cut] restored once `other` has been generated from."""
+    from dflash_gguf.checkpoints import Checkpoint
+    from dflash_gguf.devices import add_rpc_server
+    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.generate import GenerationStats, collect, prefill_prompt
+    from dflash_gguf.speculative import speculative_steps
+    from dflash_gguf.target import Target, TargetConfig
+
+    add_rpc_server(endpoint)
+    layers = read_draft_metadata(draft_path)["target_layers"]
+    cfg = TargetConfig(n_ctx=512, n_ubatch=16, n_verify=16, n_threads=1, feature_layers=layers,
+                       device=placement["device"], n_gpu_layers=placement["n_gpu_layers"])
+    with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(window=placement.get("window", 0))) as d:
+        def generate(tokens, reused=0):
+            stats = GenerationStats()
+            out = collect(speculative_steps(t, d, tokens, n_tokens, (), None, stats, reused=reused))
+            return {"tokens": out, "accepted": stats.accepted_lengths, "reused": stats.reused_tokens}
+
+        cold = generate(prompt)
+        t.reset()
+        d.reset()
+        prefill_prompt(t, prompt[:cut], 0, d)
+        checkpoint = Checkpoint(t, d)
+        generate(other)
+        checkpoint.restore(t, d)
+        return {"info": t.info(), "cold": cold, "warm": generate(prompt, reused=cut)}

@@ -1,0 +1,170 @@
+"""Load test of dflash-server on loopback: C concurrent clients, each sending R streamed
+completion requests in turn; reports throughput and latency percentiles (time to the
+first token, whole request) and FIFO fairness (requests started on the engine out of
+their sending order).
+
+    .venv/bin/python scripts/bench_server.py                      # starts a demo server itself
+    .venv/bin/python scripts/bench_server.py --clients 8 --requests 4 --max-tokens 64
+    .venv/bin/python scripts/bench_server.py --url http://127.0.0.1:8080 --json
+
+Only loopback addresses are accepted, and the load is bounded (at most 64 clients,
+1000 requests in all, every request with a timeout).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+import httpx
+
+PROMPTS = [
+    "def read_lines(path):\n    ",
+    "class Stack:\n    def __init__(self):\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "    for line in lines:\n",
+    "def fibonacci(n):\n",
+    "class Queue:\n    \"\"\"A first-in first-out queue.\"\"\"\n",
+]
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def fifo_inversions(results, margin=0.005):
+    """Pairs of requests where one was sent clearly before the other (by `margin`
+    seconds) but started on the engine clearly after it: 0 for a FIFO server. A
+    request's start is its send time plus the queue wait the server reports."""
+    timed = [(r["arrival"], r["arrival"] + r["queue"]) for r in results]
+    return sum(1 for a_sent, a_start in timed for b_sent, b_start in timed
+               if a_sent + margin < b_sent and a_start > b_start + margin)
+
+
+def start_server(extra):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.server", "--port", str(port), *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=tempfile.gettempdir())  # the installed package, not a source tree
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    with httpx.Client(trust_env=False) as http:
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server exited with status {proc.returncode}")
+            try:
+                if http.get(url + "/health").status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline:
+                proc.kill()
+                raise SystemExit("the server did not start within 120 s")
+            time.sleep(0.2)
+
+
+def one_request(http, url, prompt, max_tokens):
+    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    t0 = arrival = time.perf_counter()
+    first = None
+    final = None
+    with http.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "arrival": arrival}
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                first = time.perf_counter() - t0
+            if "dflash" in chunk:
+                final = chunk
+    total = time.perf_counter() - t0
+    ext = final["dflash"] if final else {}
+    return {"status": 200, "arrival": arrival, "ttft": first if first is not None else total, "total": total,
+            "tokens": ext.get("generated_tokens", 0), "queue": ext.get("queue_seconds", 0.0),
+            "al": ext.get("mean_accepted_length")}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", help="a running server (loopback only); default: start the demo server")
+    p.add_argument("--clients", type=int, default=8, help="concurrent clients (1..64, default 8)")
+    p.add_argument("--requests", type=int, default=3, help="requests per client (default 3)")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens per request (default 64)")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout in seconds (default 300)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("server_args", nargs="*", help="flags for the started server (after --)")
+    args = p.parse_args(argv)
+    if not 1 <= args.clients <= 64 or args.requests < 1 or args.clients * args.requests > 1000:
+        p.error("1..64 clients and at most 1000 requests in all")
+    proc = None
+    if args.url:
+        host = urlparse(args.url).hostname
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            p.error("only loopback servers are benchmarked (127.0.0.1, localhost, ::1)")
+        url = args.url.rstrip("/")
+    else:
+        proc, url = start_server(["-t", "2", "--queue", str(args.clients), *args.server_args])
+    try:
+        with httpx.Client(trust_env=False, timeout=args.timeout,
+                          limits=httpx.Limits(max_connections=args.clients)) as http:
+            def client(i):
+                return [one_request(http, url, PROMPTS[(i + r) % len(PROMPTS)], args.max_tokens)
+                        for r in range(args.requests)]
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(args.clients) as pool:
+                results = [r for rs in pool.map(client, range(args.clients)) for r in rs]
+            wall = time.perf_counter() - t0
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+    ok = [r for r in results if r["status"] == 200]
+    tokens = sum(r["tokens"] for r in ok)
+    summary = {
+        "clients": args.clients, "requests": len(results), "ok": len(ok),
+        "refused": sum(r["status"] == 503 for r in results),
+        "wall_seconds": round(wall, 3), "generated_tokens": tokens,
+        "throughput_tokens_per_second": round(tokens / wall, 1) if wall > 0 else None,
+        "requests_per_second": round(len(ok) / wall, 2) if wall > 0 else None,
+        "ttft_p50": round(percentile([r["ttft"] for r in ok], 0.5), 4),
+        "ttft_p90": round(percentile([r["ttft"] for r in ok], 0.9), 4),
+        "ttft_p99": round(percentile([r["ttft"] for r in ok], 0.99), 4),
+        "latency_p50": round(percentile([r["total"] for r in ok], 0.5), 4),
+        "latency_p90": round(percentile([r["total"] for r in ok], 0.9), 4),
+        "latency_p99": round(percentile([r["total"] for r in ok], 0.99), 4),
+        "queue_p50": round(percentile([r["queue"] for r in ok], 0.5), 4),
+        "queue_max": round(max((r["queue"] for r in ok), default=0.0), 4),
+        "mean_accepted_length": round(statistics.mean([r["al"] for r in ok if r["al"]]), 3)
+        if any(r["al"] for r in ok) else None,
+        "fifo_inversions": fifo_inversions(ok),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for k, v in summary.items():
+            print(f"{k:32} {v}")
+    return 0 if len(ok) == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

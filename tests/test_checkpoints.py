@@ -1,0 +1,253 @@
+"""Prefix checkpoints (csrc/dfl_checkpoint.c, dflash_gguf/checkpoints.py): target and
+drafter restored at a prefix continue exactly as a cold run does, token for token and in
+acceptance, on the hybrid demo pair (Gated DeltaNet + attention target), chain and tree,
+with the whole drafter context and with a drafter window shorter than the prompt."""
+from __future__ import annotations
+
+import pytest
+
+from dflash_gguf.checkpoints import Checkpoint, PrefixCheckpoints, checkpoint_bytes
+from dflash_gguf.demo import demo_paths
+from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.engine import Engine
+from dflash_gguf.generate import GenerationStats, autoregressive_steps, collect, prefill_prompt
+from dflash_gguf.speculative import speculative_steps, tree_steps
+from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.tokenizer import Tokenizer
+from target_workers import run_isolated
+from test_devices import rpc_endpoint  # noqa: F401 (fixture)
+
+TEXT = '''import os
+
+
+def read_lines(path):
+    """Return the lines of a file without their line endings."""
+    with open(path) as f:
+        return [line.rstrip("\\n") for line in f]
+
+
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def peek(self):
+        """The item on top, left on the stack."""
+        if not self.items:
+            raise IndexError("peek at an empty stack")
+        return self.items[-1]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def count_words(text):
+    counts = {}
+    for word in text.split():
+        counts[word] = counts.get(word, 0) + 1
+    return counts
+
+    def pop(self):
+        return self.items.pop()
+'''
+OTHER = '''class Queue:
+    """A first-in first-out queue."""
+
+    def __init__(self, items=()):
+        self.items = list(items)
+
+    def get(self):
+        return self.items.pop(0)
+
+    def put(self, item):
+        self.items.append(item)
+
+
+def main(argv):
+    for name in sorted(os.listdir(argv[1])):
+        print(name)
+'''
+UBATCH = 32
+BUDGET = 6
+N = 48
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer(demo_paths()[0])
+
+
+def load(window: int):
+    target_path, draft_path = demo_paths()
+    meta = read_draft_metadata(draft_path)
+    target = Target(target_path, TargetConfig(n_ctx=512, n_ubatch=UBATCH, n_verify=max(meta["block_size"], BUDGET + 1),
+                                              n_threads=1, feature_layers=meta["target_layers"]))
+    return target, Draft(draft_path, target, DraftConfig(window=window, top_k=8))
+
+
+def run(target, draft, prompt, mode, reused=0):
+    stats = GenerationStats()
+    if mode == "chain":
+        steps = speculative_steps(target, draft, prompt, N, (), None, stats, reused=reused)
+    elif mode == "tree":
+        steps = tree_steps(target, draft, prompt, N, (), BUDGET, None, stats, reused=reused)
+    else:
+        steps = autoregressive_steps(target, prompt, N, (), stats, reused=reused)
+    return collect(steps), stats
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree", "plain"])
+@pytest.mark.parametrize("window", [0, 12])
+def test_restored_prefix_decodes_like_a_cold_run(tokenizer, mode, window):
+    """Checkpoint at a prefix, dirty every state with another prompt (KV rows past the
+    prefix, recurrent and conv states, the drafter's ring wrapped several times), then
+    restore: the continuation equals a cold run's, and so do the acceptance lengths."""
+    target, draft = load(window)
+    prompt, other = tokenizer.encode(TEXT), tokenizer.encode(OTHER)
+    cut = 3 * UBATCH  # a chunk boundary of the cold prefill: both runs compute the same chunks
+    assert len(prompt) > cut + UBATCH and window < cut
+    cold, cold_stats = run(target, draft, prompt, mode)
+    assert mode == "plain" or cold_stats.mean_accepted > 1.5  # the drafter helps: its context matters
+
+    target.reset()
+    draft.reset()
+    spec = mode != "plain"
+    prefill_prompt(target, prompt[:cut], 0, draft if spec else None)
+    checkpoint = Checkpoint(target, draft if spec else None)
+    assert checkpoint.n_past == cut and checkpoint.nbytes > 0
+    run(target, draft, other, mode)
+    assert target.n_past > cut + UBATCH
+
+    checkpoint.restore(target, draft if spec else None)
+    assert target.n_past == cut and (not spec or draft.n_ctx_tokens == cut)
+    warm, warm_stats = run(target, draft, prompt, mode, reused=cut)
+    assert warm_stats.reused_tokens == cut
+    assert warm == cold
+    assert warm_stats.accepted_lengths == cold_stats.accepted_lengths
+    assert warm_stats.tree_sizes == cold_stats.tree_sizes
+
+
+def test_a_window_keeps_the_checkpoint_small(tokenizer):
+    """With a window the drafter's part holds the window's positions, not the prefix's."""
+    prompt = tokenizer.encode(TEXT)[:96]
+    sizes = {}
+    for window in (0, 12):
+        target, draft = load(window)
+        prefill_prompt(target, prompt, 0, draft)
+        sizes[window] = Checkpoint(target, draft).nbytes
+        target_only = Checkpoint(target).nbytes
+        assert sizes[window] > target_only
+        assert checkpoint_bytes(target, draft) == sizes[window] and checkpoint_bytes(target) == target_only
+    assert sizes[12] < sizes[0]
+
+
+def test_checkpoint_misuse_is_refused(tokenizer):
+    target, draft = load(0)
+    other_target, other_draft = load(0)
+    prompt = tokenizer.encode(TEXT)[:40]
+    with pytest.raises(Exception, match="empty"):
+        Checkpoint(target, draft)
+    prefill_prompt(target, prompt, 0, draft)
+    target_only = Checkpoint(target)
+    with pytest.raises(Exception, match="no drafter context"):
+        target_only.restore(target, draft)
+    full = Checkpoint(target, draft)
+    with pytest.raises(Exception, match="another target"):
+        full.restore(other_target, None)
+    with pytest.raises(Exception, match="another drafter"):
+        full.restore(target, other_draft)
+    target.verify([1, 2, 3])
+    with pytest.raises(Exception, match="between a verify and its commit"):
+        Checkpoint(target)
+    target.commit(2)
+    with pytest.raises(Exception, match="between a verify and its commit"):
+        Checkpoint(target)  # the recurrent state is committed by the next graph only
+    target.decode([4])
+    with pytest.raises(Exception, match="drafter holds"):
+        Checkpoint(target, draft)
+    full.restore(target, draft)
+    assert target.n_past == len(prompt) and draft.n_ctx_tokens == len(prompt)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_engine_resumes_a_shared_prefix_from_a_checkpoint(tokenizer, tree):
+    """An Engine with PrefixCheckpoints: a prompt sharing a long prefix with an earlier
+    one prefills only what follows the checkpoint, with a fresh engine's output and
+    acceptance; a prompt extending an earlier one resumes at that one's end (before
+    its last token, whose logits began that reply)."""
+    target_path, draft_path = demo_paths()
+    options = dict(n_ctx=512, n_ubatch=UBATCH, n_threads=1, tree_budget=BUDGET if tree else None)
+    base = tokenizer.encode(TEXT)
+    first, second = base, base[:100] + tokenizer.encode(OTHER)[:30]
+    third = second + tokenizer.encode("\n\ndef push(self, item):\n")
+    with Engine(target_path, draft_path, **options) as fresh:
+        want = {}
+        for i, p in enumerate((first, second, third)):
+            want[i] = fresh.generate(p, N, stop_tokens=[])
+            fresh.generate(OTHER, 4)  # no continuation of the previous context
+    with Engine(target_path, draft_path, **options) as engine:
+        engine.checkpoints = PrefixCheckpoints(64 << 20, every=UBATCH)
+        got = {}
+        for i, p in enumerate((first, second, third)):
+            got[i] = engine.generate(p, N, stop_tokens=[])
+            engine.generate(OTHER, 4)
+        assert got[0].stats.reused_tokens == 0
+        assert got[1].stats.reused_tokens == 96  # the last checkpoint at or before the 100 shared tokens
+        assert got[2].stats.reused_tokens == len(second) - 1  # the end of the second prompt
+        again = engine.generate(third, N, stop_tokens=[])  # the same prompt again: all but its last token
+        assert again.stats.reused_tokens == len(third) - 1 and again.tokens == want[2].tokens
+        for i in got:
+            assert got[i].tokens == want[i].tokens, f"prompt {i}"
+            assert got[i].stats.accepted_lengths == want[i].stats.accepted_lengths, f"prompt {i}"
+        assert engine.checkpoints.hits >= 2 and engine.checkpoints.saved > 6
+        assert engine.checkpoints.nbytes <= 64 << 20
+
+
+def test_store_evicts_least_recently_used_by_bytes(tokenizer):
+    target, draft = load(0)
+    prompt = tokenizer.encode(TEXT)
+    probe = PrefixCheckpoints(1 << 30)
+    for n in (32, 64):
+        target.reset()
+        draft.reset()
+        prefill_prompt(target, prompt[:n], 0, draft)
+        probe.save(prompt[:n], target, draft)
+    sizes = [e.checkpoint.nbytes for e in probe._entries.values()]
+    probe.clear()
+    store = PrefixCheckpoints(sizes[0] + sizes[1], every=32)  # room for the 32- and the 64-token ones
+    for n in (32, 64):
+        target.reset()
+        draft.reset()
+        prefill_prompt(target, prompt[:n], 0, draft)
+        assert store.save(prompt[:n], target, draft)
+    assert store.lookup(prompt, 40, True).n_past == 32  # now the most recently used
+    target.reset()
+    draft.reset()
+    prefill_prompt(target, prompt[:33], 0, draft)
+    assert store.save(prompt[:33], target, draft)  # evicts the 64-token one
+    assert store.evicted == 1 and len(store) == 2 and store.nbytes <= store.budget_bytes
+    assert store.lookup(prompt, 100, True).n_past == 33
+    assert store.lookup(prompt[:10] + [0] * 50, 100, True) is None
+    assert not store.save(prompt[:33], target, draft)  # already kept
+    assert store.positions(100, 0) == [32, 64, 96, 99] and store.positions(70, 40) == [64, 69]
+    assert store.positions(70, 69) == []
+    store.clear()
+    assert len(store) == 0 and store.nbytes == 0
+
+
+@pytest.mark.parametrize("placement", [{"device": "RPC0", "n_gpu_layers": 2},
+                                       {"device": "RPC0", "n_gpu_layers": -1, "window": 12}])
+def test_checkpoints_on_another_device(rpc_endpoint, tokenizer, placement):
+    """Target split between the CPU and a device (a ggml RPC server: memory that is not
+    host memory), or all on the device with a drafter window: the checkpoint goes
+    through the backends both ways and the continuation is a cold run's."""
+    prompt, other = tokenizer.encode(TEXT), tokenizer.encode(OTHER)
+    target_path, draft_path = demo_paths()
+    res = run_isolated("checkpoint_trace", rpc_endpoint, target_path, draft_path, placement, prompt, other, 64, 40)
+    assert res["info"]["device"] == "RPC0"
+    assert res["info"]["n_gpu_layers"] == (2 if placement["n_gpu_layers"] == 2 else res["info"]["n_layer"])
+    assert res["warm"]["reused"] == 64
+    assert res["warm"]["tokens"] == res["cold"]["tokens"]
+    assert res["warm"]["accepted"] == res["cold"]["accepted"]

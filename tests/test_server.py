@@ -1,0 +1,387 @@
+"""dflash-server against the real OpenAI Python client, on a free loopback port with the
+bundled demo pair: completions and chat, streamed and not, equal to Engine.generate
+(greedy); prefix checkpoints; a client leaving mid-stream; concurrent clients; bad
+input (400), a full queue (503) and a SIGTERM that drains."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from dflash_gguf.demo import demo_paths
+from dflash_gguf.engine import Engine
+from dflash_gguf.serving import Job, Scheduler, ShuttingDown
+
+N_CTX = 2048
+UBATCH = 32
+SERVER_FLAGS = ["-c", str(N_CTX), "-ub", str(UBATCH), "-t", "1", "--checkpoint-every", str(UBATCH),
+                "--checkpoint-mib", "64"]
+
+CODE = '''import os
+
+
+def read_lines(path):
+    """Return the lines of a file without their line endings."""
+    with open(path) as f:
+        return [line.rstrip("\\n") for line in f]
+
+
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def peek(self):
+        """The item on top, left on the stack."""
+        if not self.items:
+            raise IndexError("peek at an empty stack")
+        return self.items[-1]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def count_words(text):
+    counts = {}
+    for word in text.split():
+        counts[word] = counts.get(word, 0) + 1
+    return counts
+
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, tmp_path, *flags: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(tmp_path / f"server-{self.port}.log", "w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.server", "--port", str(self.port), *flags],
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=tmp_path)  # not the source tree
+        self.http = httpx.Client(base_url=self.url, trust_env=False, timeout=120)
+        deadline = time.time() + 120
+        while True:
+            assert self.proc.poll() is None, f"the server exited: {self.output()}"
+            try:
+                if self.http.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, f"the server did not start: {self.output()}"
+            time.sleep(0.2)
+        self.client = OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
+                             http_client=httpx.Client(trust_env=False, timeout=120))
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def metrics(self) -> dict:
+        out = {}
+        for line in self.http.get("/metrics").text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.split()
+                out[name] = float(value)
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.http.close()
+        self.text = self.output()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = ServerProcess(tmp_path_factory.mktemp("server"), *SERVER_FLAGS, "--queue", "16")
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0, s.text
+    assert "Traceback" not in s.text, s.text
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The reference: the same pair and options, no checkpoints, no server."""
+    target, draft = demo_paths()
+    with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1) as e:
+        eog = sorted({t for t in (e.tokenizer.decode([i]) for i in e.tokenizer.eog_ids) if t})
+
+        def generate(prompt, max_tokens):
+            e.generate("x", 1)  # never continue the previous request's context
+            return e.generate(prompt, max_tokens, stop=eog)
+
+        e.reference = generate
+        yield e
+
+
+def test_models_and_health(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == ["demo-target.gguf"]
+    health = server.http.get("/health").json()
+    assert health["status"] == "ok"
+
+
+def test_completion_streamed_and_not_equal_engine_generate(server, engine):
+    prompt = "def read_lines(path):\n    "
+    want = engine.reference(prompt, 48)
+    resp = server.client.completions.create(model="demo-target.gguf", prompt=prompt, max_tokens=48, temperature=0)
+    assert resp.choices[0].text == want.text
+    assert resp.usage.prompt_tokens == len(engine.encode(prompt))
+    assert resp.usage.completion_tokens == want.stats.generated_tokens
+    ext = resp.model_extra["dflash"]
+    assert ext["accepted_lengths"] == want.stats.accepted_lengths and ext["mean_accepted_length"] > 1
+    pieces, finish = [], None
+    for chunk in server.client.completions.create(model="x", prompt=prompt, max_tokens=48, temperature=0,
+                                                  stream=True):
+        pieces.append(chunk.choices[0].text)
+        finish = chunk.choices[0].finish_reason or finish
+    assert "".join(pieces) == want.text
+    assert len(pieces) > 3  # streamed step by step, not at the end
+    assert finish == resp.choices[0].finish_reason == "length"
+
+
+def test_chat_streamed_and_not_equal_engine_generate(server, engine):
+    messages = [{"role": "system", "content": "You write Python."},
+                {"role": "user", "content": "A function that reads a file's lines."}]
+    want = engine.reference(engine.render_messages(messages, enable_thinking=False), 40)
+    extra = {"chat_template_kwargs": {"enable_thinking": False}}
+    resp = server.client.chat.completions.create(model="x", messages=messages, max_tokens=40, temperature=0,
+                                                 extra_body=extra)
+    assert resp.choices[0].message.content == want.text
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.model_extra["dflash"]["accepted_lengths"] == want.stats.accepted_lengths
+    pieces, usage = [], None
+    stream = server.client.chat.completions.create(model="x", messages=messages, max_tokens=40, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body=extra)
+    for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        usage = chunk.usage or usage
+    assert "".join(pieces) == want.text
+    assert usage.completion_tokens == want.stats.generated_tokens
+
+
+def test_sampling_fields_are_applied(server):
+    kwargs = dict(model="x", prompt="class Stack:\n", max_tokens=12, temperature=0.9, top_p=0.95, seed=11,
+                  extra_body={"top_k": 40, "min_p": 0.05})
+    a = server.client.completions.create(**kwargs).choices[0].text
+    b = server.client.completions.create(**kwargs).choices[0].text
+    c = server.client.completions.create(**{**kwargs, "seed": 12}).choices[0].text
+    assert a == b and a != c
+
+
+def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
+    """The second prompt shares its first ~150 tokens with the first: it prefills only
+    what follows the last checkpoint in the shared part, and its output and acceptance
+    are a cold run's."""
+    first = engine.encode(CODE + "    def pop(self):\n")
+    second = first[:150] + engine.encode("\n\ndef write_lines(path, lines):\n")
+    assert len(first) > 160
+    server.client.completions.create(model="x", prompt=first, max_tokens=8, temperature=0)
+    want = engine.reference(second, 40)
+    resp = server.client.completions.create(model="x", prompt=second, max_tokens=40, temperature=0)
+    ext = resp.model_extra["dflash"]
+    assert ext["reused_prompt_tokens"] == 150 // UBATCH * UBATCH
+    assert ext["prefilled_tokens"] == len(second) - 150 // UBATCH * UBATCH
+    assert resp.usage.prompt_tokens_details.cached_tokens == ext["reused_prompt_tokens"]
+    assert resp.choices[0].text == want.text
+    assert ext["accepted_lengths"] == want.stats.accepted_lengths
+    assert server.metrics()["dflash_checkpoint_hits_total"] >= 1
+
+
+def test_a_client_leaving_mid_stream_stops_its_generation(server, engine):
+    before = server.metrics()
+    body = {"model": "x", "prompt": CODE, "max_tokens": 1500, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, trust_env=False, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    break
+    deadline = time.time() + 30
+    while (after := server.metrics())["dflash_requests_total"] == before["dflash_requests_total"]:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert after["dflash_requests_cancelled_total"] == before["dflash_requests_cancelled_total"] + 1
+    assert after["dflash_generated_tokens_total"] - before["dflash_generated_tokens_total"] < 1500
+    # the engine is consistent: the next request is answered as a fresh engine would
+    want = engine.reference("def write_lines(path, lines):\n", 32)
+    resp = server.client.completions.create(model="x", prompt="def write_lines(path, lines):\n", max_tokens=32,
+                                            temperature=0)
+    assert resp.choices[0].text == want.text
+    assert resp.model_extra["dflash"]["accepted_lengths"] == want.stats.accepted_lengths
+
+
+def test_concurrent_clients_are_all_answered_correctly(server, engine):
+    prompts = [f"def function_{i}(value):\n    " for i in range(8)]
+    want = {p: engine.reference(p, 12).text for p in prompts}
+
+    def client_session(prompt):
+        return [server.client.completions.create(model="x", prompt=prompt, max_tokens=12, temperature=0)
+                .choices[0].text for _ in range(3)]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = dict(zip(prompts, pool.map(client_session, prompts)))
+    for p in prompts:
+        assert answers[p] == [want[p]] * 3
+    assert server.metrics()["dflash_queue_depth"] == 0
+
+
+def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
+    """serving.Scheduler in-process: six jobs submitted at once run in submission
+    order, each after the previous one ended; a cancelled queued job ends untouched."""
+    scheduler = Scheduler(engine, max_queue=8)
+    events, finished = [], threading.Event()
+
+    def sink_for(i):
+        def sink(kind, value):
+            if kind in ("done", "error"):
+                events.append((i, kind))
+                if len(events) == 6:
+                    finished.set()
+        return sink
+
+    jobs = [Job(tokens=engine.encode(f"def f{i}(x):\n"), max_tokens=4, sink=sink_for(i)) for i in range(6)]
+    try:
+        for job in jobs:
+            scheduler.submit(job)
+        jobs[4].cancel()
+        assert finished.wait(300)
+    finally:
+        scheduler.close()
+    assert events == [(i, "done") for i in range(6)]
+    for a, b in zip(jobs, jobs[1:]):
+        assert a.queued_at <= b.queued_at and a.finished_at <= b.started_at
+    assert jobs[4].stats.generated_tokens == 0 and jobs[5].stats.generated_tokens == 4
+    assert scheduler.totals.requests == 6 and scheduler.totals.cancelled == 1
+    with pytest.raises(ShuttingDown):
+        scheduler.submit(jobs[0])
+
+
+@pytest.mark.parametrize("path,body,needle", [
+    ("/v1/completions", b"{not json", "not valid JSON"),
+    ("/v1/completions", b"[1, 2]", "JSON object"),
+    ("/v1/completions", {"prompt": 5}, "'prompt'"),
+    ("/v1/completions", {"prompt": ""}, "empty"),
+    ("/v1/completions", {"prompt": [1, 99999999]}, "outside the vocabulary"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}, "'max_tokens' must be an integer"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "'max_tokens' must be >= 0"),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "'top_p'"),
+    ("/v1/completions", {"prompt": "x", "stop": 3}, "'stop'"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n=1"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "'stream'"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, f"context size {N_CTX}"),
+    ("/v1/chat/completions", {"messages": "hi"}, "'messages'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, "content"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": 1},
+     "chat_template_kwargs"),
+])
+def test_bad_requests_get_400_with_the_reason(server, path, body, needle):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = server.http.post(path, headers={"Content-Type": "application/json"}, **kwargs)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert needle in err["message"]
+    assert "Traceback" not in r.text
+
+
+def test_over_the_context_the_message_gives_the_limits(server, engine):
+    prompt = engine.encode(CODE) * 20
+    r = server.http.post("/v1/completions", json={"prompt": prompt[:N_CTX - 10], "max_tokens": 100})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert f"{N_CTX - 10} prompt tokens" in message and "max_tokens 100" in message
+    r = server.http.post("/v1/completions", json={"prompt": prompt[:N_CTX + 5]})
+    assert r.status_code == 400 and "does not fit" in r.json()["error"]["message"]
+
+
+def test_an_oversized_body_gets_413(server):
+    r = server.http.post("/v1/completions", content=b" " * (65 << 20), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
+
+
+def test_unknown_routes_and_methods(server):
+    assert server.http.get("/v1/nothing").status_code == 404
+    assert server.http.get("/v1/completions").status_code == 405
+    assert "error" in server.http.get("/v1/nothing").json()
+
+
+def test_tree_decoding_server_equals_engine_generate(tmp_path):
+    """--tree-budget: the reply, its acceptance lengths and tree sizes are the engine's,
+    also when the prompt resumes from a checkpoint."""
+    s = ServerProcess(tmp_path, *SERVER_FLAGS, "--tree-budget", "4")
+    try:
+        target, draft = demo_paths()
+        with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1, tree_budget=4) as e:
+            eog = sorted({t for t in (e.tokenizer.decode([i]) for i in e.tokenizer.eog_ids) if t})
+            for prompt in (CODE, CODE + "    def pop(self):\n"):
+                e.generate("x", 1)
+                want = e.generate(prompt, 32, stop=eog)
+                resp = s.client.completions.create(model="x", prompt=prompt, max_tokens=32, temperature=0)
+                ext = resp.model_extra["dflash"]
+                assert resp.choices[0].text == want.text
+                assert ext["accepted_lengths"] == want.stats.accepted_lengths
+                assert ext["tree_sizes"] == want.stats.tree_sizes and ext["mean_tree_nodes"] > 0
+        assert ext["reused_prompt_tokens"] > 0
+    finally:
+        s.stop()
+
+
+def test_a_full_queue_gets_503_and_sigterm_drains(tmp_path):
+    """--queue 0: while one request runs, the next is refused with 503 and Retry-After.
+    SIGTERM lets the running request finish, then the server exits with status 0."""
+    s = ServerProcess(tmp_path, *SERVER_FLAGS, "--queue", "0")
+    try:
+        with httpx.Client(base_url=s.url, trust_env=False, timeout=120) as http:
+            long = {"model": "x", "prompt": CODE, "max_tokens": 1500, "temperature": 0, "stream": True}
+            with http.stream("POST", "/v1/completions", json=long) as r:
+                assert next(line for line in r.iter_lines() if line.startswith("data: "))
+                busy = s.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
+            assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
+            assert "busy" in busy.json()["error"]["message"]
+            deadline = time.time() + 30
+            while s.http.get("/health").json()["running"]:  # the client left: its request ends
+                assert time.time() < deadline
+                time.sleep(0.05)
+            short = {**long, "max_tokens": 24}
+            with http.stream("POST", "/v1/completions", json=short) as r:
+                lines = r.iter_lines()
+                assert next(line for line in lines if line.startswith("data: "))
+                s.proc.send_signal(signal.SIGTERM)
+                rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        final = json.loads(rest[-2][len("data: "):])
+        assert final["choices"][0]["finish_reason"] == "length"
+        assert final["dflash"]["generated_tokens"] == 24
+        assert s.proc.wait(60) == 0
+        assert "stopped" in s.output()
+    finally:
+        s.stop()
