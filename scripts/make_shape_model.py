@@ -124,7 +124,8 @@ def random_data(name: str, qtype: T, n_rows: int, row_len: int, rng: np.random.G
     if qtype == T.F16:
         return (0.02 * rng.standard_normal(n, dtype=np.float32)).astype(np.float16).view(np.uint8)
     if qtype == T.BF16:
-        return ((0.02 * rng.standard_normal(n, dtype=np.float32)).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        bits = (0.02 * rng.standard_normal(n, dtype=np.float32)).view(np.uint32) >> 16  # truncated to bf16
+        return bits.astype(np.uint16).view(np.uint8)
     if qtype not in _SCALES:
         raise SystemExit(f"error: no random block recipe for {qtype.name} ({name})")
     block, size = GGML_QUANT_SIZES[qtype]

@@ -16,14 +16,15 @@ least --min-avail-gib; the script polls once a minute until it is, or gives up a
 --wait-until (HH:MM UTC). One model process at a time.
 
 Ours runs in a child process (so that its peak RSS is its own): VmRSS before loading
-(interpreter, libraries), then Engine(...) timed, then a 512-token prefill, --tokens plain
-steps and --tokens speculative (chain) steps, greedy. Peak RSS is VmHWM of that process;
-the plan is dflash_gguf.memory.plan_memory for the same options (the CPU device's total).
-Theirs: `llama-bench -m TARGET -n TOKENS -p 0 -r 1` and `llama-bench -m TARGET -p 512 -n 0
--r 1 --no-warmup` (its warm-up would be a whole second prefill; ours is timed on its first
-512-token prefill too, after the plain steps), same thread count, peak RSS from wait4. Random weights: tokens are noise, the
-drafter's acceptance means nothing, only times and memory do. Timings on a shared machine
-are noisy: the load average is recorded with every figure.
+(interpreter, libraries), then Engine(...) timed, a warm-up (graphs built), --tokens
+plain steps, --tokens speculative (chain) steps and a 512-token prefill, greedy. Peak RSS
+is VmHWM of that process; the plan is dflash_gguf.memory.plan_memory for the same options
+(the CPU device's total). Theirs: `llama-bench -m TARGET -n TOKENS -p 0 -r 1` and
+`llama-bench -m TARGET -p 512 -n 0 -r 1 --no-warmup` (its warm-up would be a whole second
+prefill; ours is timed on its first 512-token prefill too), the same thread count, peak
+RSS from wait4. Random weights: tokens are noise, the drafter's acceptance means nothing,
+only times and memory do. Timings on a shared machine are noisy: the load average is
+recorded with every figure.
 """
 from __future__ import annotations
 
@@ -108,7 +109,12 @@ def worker(a: dict) -> dict:
     out = {"plan": plan.to_json(), "status_start": before, "status_imported": imported, "status_loaded": loaded,
            "load_seconds": load_s, "loadavg_load": loadavg()}
 
-    # plain steps first: they also page in what the mapping holds, before the prefill is timed
+    # warm-up, untimed: the decode, verify and drafter graphs are built, the mapped weights
+    # paged in
+    engine.generate(prompt_ids(16, seed=3), max_tokens=2, speculative=False)
+    if engine.draft is not None:
+        engine.generate(prompt_ids(16, seed=4), max_tokens=2, speculative=True)
+    out["status_warm"] = status()
     res = engine.generate(prompt_ids(32, seed=1), max_tokens=a["tokens"], speculative=False)
     out["plain"] = {"tokens": res.stats.generated_tokens, "seconds": res.stats.decode_seconds,
                     "tps": res.stats.decode_tps, "loadavg": loadavg()}
@@ -263,10 +269,6 @@ def main() -> int:
         now = _dt.datetime.now(_dt.timezone.utc)
         until = now.replace(hour=h, minute=m, second=0, microsecond=0)
     exe = None
-    if not a.no_llama_bench:
-        exe, note = build_llama("llama-bench")
-        if exe is None:
-            raise SystemExit(f"llama-bench: {note}")
     if a.make:
         target, draft = make_files(a.outdir, a.layers, a.outtype)
     else:
@@ -279,7 +281,10 @@ def main() -> int:
         r["ours"] = run_ours({"target": str(target), "draft": str(draft) if draft else None, "ctx": a.ctx,
                               "kv": a.kv, "threads": a.threads, "prompt": a.prompt, "tokens": a.tokens})
         log(f"ours: load {r['ours']['load_seconds']:.1f} s, peak RSS {r['ours']['status_end']['VmHWM'] / GIB:.2f} GiB")
-        if exe:
+        if not a.no_llama_bench:
+            exe, note = build_llama("llama-bench")
+            if exe is None:
+                raise SystemExit(f"llama-bench: {note}")
             wait_for_memory(int(a.min_avail_gib * GIB), until)
             r["llama_bench_tg"] = run_llama_bench(exe, str(target), ["-n", str(a.tokens), "-p", "0"], a.threads)
             wait_for_memory(int(a.min_avail_gib * GIB), until)
