@@ -193,6 +193,12 @@ def make_files(outdir: Path, layers: int | None, outtype: str) -> tuple[Path, Pa
     return target, draft
 
 
+def embedding_bytes(path: Path) -> int:
+    from gguf import GGUFReader
+
+    return int(next(t.n_bytes for t in GGUFReader(str(path)).tensors if t.name == "token_embd.weight"))
+
+
 # ---- report ----------------------------------------------------------------------------------------
 
 def report(r: dict) -> str:
@@ -200,6 +206,7 @@ def report(r: dict) -> str:
     base = o["status_imported"]["VmRSS"]
     peak = o["status_end"]["VmHWM"]
     need = plan["need"]
+    r.setdefault("embedding_bytes", embedding_bytes(Path(r["target"])))
     lines = [f"# Real-size run {r['date']}", "",
              f"target `{r['target']}` ({Path(r['target']).stat().st_size / GIB:.2f} GiB), drafter `{r['draft']}`; "
              f"{r['threads']} threads, context {r['ctx']}, KV {r['kv']}; load average at start {r['loadavg_start']} "
@@ -215,7 +222,11 @@ def report(r: dict) -> str:
               f"({o['status_loaded']['RssAnon'] / MIB:.1f} / {o['status_loaded']['RssFile'] / MIB:.1f}) |",
               f"| peak RSS (VmHWM) | {peak / MIB:.1f} |",
               f"| peak RSS - RSS before loading | {(peak - base) / MIB:.1f} "
-              f"({100 * (peak - base - need) / need:+.1f}% of plan) |",
+              f"({100 * (peak - base - need) / need:+.1f}% against the plan) |",
+              f"| plan without the token embedding (kept in the file mapping: only the rows of tokens "
+              f"read become resident) | {(need - r['embedding_bytes']) / MIB:.1f} "
+              f"({100 * (peak - base - need + r['embedding_bytes']) / (need - r['embedding_bytes']):+.1f}% "
+              f"peak against it) |",
               f"| compute buffers held at the end | {o['compute_bytes'] / MIB:.1f} |", "",
               f"Load: {o['load_seconds']:.1f} s (load average {o['loadavg_load']}).", "",
               "## Speed (random weights: times only)", "",
@@ -242,6 +253,9 @@ def report(r: dict) -> str:
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         print("@@" + json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
+        return 0
+    if len(sys.argv) == 3 and sys.argv[1] == "--report":  # the markdown of a saved run
+        print(report(json.loads(Path(sys.argv[2]).read_text())))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -274,13 +288,17 @@ def main() -> int:
     else:
         target, draft = Path(a.target), Path(a.draft) if a.draft else None
     r = {"date": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC", "target": str(target),
+         "embedding_bytes": embedding_bytes(target),
          "draft": str(draft) if draft else None, "threads": a.threads, "ctx": a.ctx, "kv": a.kv,
          "loadavg_start": loadavg(), "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+    out = ROOT / "results" / f"realsize-{stamp}"
     try:
         wait_for_memory(int(a.min_avail_gib * GIB), until)
         r["ours"] = run_ours({"target": str(target), "draft": str(draft) if draft else None, "ctx": a.ctx,
                               "kv": a.kv, "threads": a.threads, "prompt": a.prompt, "tokens": a.tokens})
         log(f"ours: load {r['ours']['load_seconds']:.1f} s, peak RSS {r['ours']['status_end']['VmHWM'] / GIB:.2f} GiB")
+        out.with_suffix(".json").write_text(json.dumps(r, indent=1))  # kept should llama-bench not run
         if not a.no_llama_bench:
             exe, note = build_llama("llama-bench")
             if exe is None:
@@ -296,8 +314,6 @@ def main() -> int:
             for f in (target, draft):
                 f.unlink(missing_ok=True)
             log("deleted the shape models")
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
-    out = ROOT / "results" / f"realsize-{stamp}"
     out.with_suffix(".json").write_text(json.dumps(r, indent=1))
     if exe:
         text = report(r)
