@@ -32,10 +32,13 @@ import argparse
 import datetime as _dt
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_cpp_build import build_llama  # noqa: E402  (scripts/llama_cpp_build.py)
@@ -138,16 +141,6 @@ def worker(a: dict) -> dict:
     return out
 
 
-def run_ours(a: dict) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(a)]
-    log("ours: " + " ".join(cmd[:2]) + " --worker ...")
-    res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd="/")
-    if res.returncode != 0:
-        raise SystemExit(f"ours failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
-    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("@@"))
-    return json.loads(line[2:])
-
-
 # ---- theirs --------------------------------------------------------------------------------------
 
 def run_llama_bench(exe: Path, target: str, args: list[str], threads: int) -> dict:
@@ -228,31 +221,95 @@ def report(r: dict) -> str:
               f"({100 * (peak - base - need + r['embedding_bytes']) / (need - r['embedding_bytes']):+.1f}% "
               f"peak against it) |",
               f"| compute buffers held at the end | {o['compute_bytes'] / MIB:.1f} |", "",
-              f"Load: {o['load_seconds']:.1f} s (load average {o['loadavg_load']}).", "",
-              "## Speed (random weights: times only)", "",
-              "| | ours | llama-bench |", "|---|---:|---:|"]
-    lb_pp = next(x for x in r["llama_bench_pp"]["results"] if x["n_prompt"])
-    lb_tg = next(x for x in r["llama_bench_tg"]["results"] if x["n_gen"])
+              "## Speed (random weights: times only)", ""]
+    peer = r.get("peer")
+    name = peer["name"] if peer else "llama.cpp (not run)"
+    lines += [f"| | ours | {name} |", "|---|---:|---:|"]
+
+    def theirs(key, f):
+        return f(peer[key]) if peer and key in peer else ""
+
+    lines.append(f"| load, s | {o['load_seconds']:.1f} | {theirs('load_seconds', lambda v: f'{v:.1f}')} |")
     lines.append(f"| prefill {o['prefill']['tokens']} tokens, tok/s | {o['prefill']['tps']:.2f} | "
-                 f"{lb_pp['avg_ts']:.2f} |")
+                 f"{theirs('pp_tps', lambda v: f'{v:.2f}')} |")
     lines.append(f"| plain step (1 token), s | {o['plain']['seconds'] / max(1, o['plain']['tokens']):.2f} | "
-                 f"{1 / lb_tg['avg_ts']:.2f} |")
+                 f"{theirs('tg_tps', lambda v: f'{1 / v:.2f}')} |")
     sp = o.get("speculative")
     if sp:
         lines.append(f"| speculative step (draft {sp['block']} + verify + commit), s | {sp['step_seconds']:.2f} | |")
-    lines += ["", f"llama-bench peak RSS: {r['llama_bench_tg']['max_rss'] / MIB:.0f} MiB (-n), "
-              f"{r['llama_bench_pp']['max_rss'] / MIB:.0f} MiB (-p 512).", "",
-              "Commands:", "", f"    {r['command']}", f"    {r['llama_bench_tg']['cmd']}",
-              f"    {r['llama_bench_pp']['cmd']}", "",
-              f"Load averages: ours prefill {o['prefill']['loadavg']}, plain {o['plain']['loadavg']}"
-              + (f", speculative {sp['loadavg']}" if sp else "")
-              + f"; llama-bench -n {r['llama_bench_tg']['loadavg']}, -p {r['llama_bench_pp']['loadavg']}."]
+    lines.append(f"| peak RSS, MiB | {o.get('max_rss', peak) / MIB:.0f} | {theirs('max_rss', lambda v: f'{v / MIB:.0f}')} |")
+    cmds = [r["command"]] + ([r.get("command_peer")] if r.get("command_peer") else []) + \
+        (peer["cmd"] if peer and "cmd" in peer else [])
+    lines += ["", "Commands:", "", *[f"    {c}" for c in cmds], "",
+              f"Load averages: ours load {o['loadavg_load']}, plain {o['plain']['loadavg']}"
+              + (f", speculative {sp['loadavg']}" if sp else "") + f", prefill {o['prefill']['loadavg']}"
+              + (f"; {name} {peer['loadavg']}" if peer else "") + "."]
     return "\n".join(lines) + "\n"
 
 
+def run_peer(a: argparse.Namespace, target: str) -> dict:
+    """llama.cpp on the same file: llama-bench, or (--peer llama-cpp-python) the same ggml
+    through llama-cpp-python, timed the same way as ours."""
+    wait = lambda: wait_for_memory(int(a.min_avail_gib * GIB), a.until)  # noqa: E731
+    if a.peer == "llama-cpp-python":
+        wait()
+        return {"name": "llama-cpp-python", **run_child(["--peer-worker", json.dumps(
+            {"target": target, "ctx": a.ctx, "threads": a.threads, "prompt": a.prompt, "tokens": a.tokens})])}
+    exe, note = build_llama("llama-bench")
+    if exe is None:
+        raise SystemExit(f"llama-bench: {note}")
+    wait()
+    tg = run_llama_bench(exe, target, ["-n", str(a.tokens), "-p", "0"], a.threads)
+    wait()
+    # no warm-up run: llama-bench's would be a whole second prefill (ours is timed on its first)
+    pp = run_llama_bench(exe, target, ["-p", str(a.prompt), "-n", "0", "--no-warmup"], a.threads)
+    return {"name": "llama-bench", "cmd": [tg["cmd"], pp["cmd"]], "max_rss": max(tg["max_rss"], pp["max_rss"]),
+            "tg_tps": next(x["avg_ts"] for x in tg["results"] if x["n_gen"]),
+            "pp_tps": next(x["avg_ts"] for x in pp["results"] if x["n_prompt"]),
+            "loadavg": [tg["loadavg"], pp["loadavg"]], "raw": [tg, pp]}
+
+
+def peer_worker(a: dict) -> dict:
+    from llama_cpp import Llama
+
+    t0 = time.perf_counter()
+    llm = Llama(a["target"], n_ctx=a["ctx"], n_batch=512, n_ubatch=512, n_threads=a["threads"],
+                n_threads_batch=a["threads"], verbose=False)
+    out = {"load_seconds": time.perf_counter() - t0}
+    llm.eval(prompt_ids(16, seed=3))  # warm-up, untimed
+    llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    llm.reset()
+    llm.eval(prompt_ids(32, seed=1))
+    t0 = time.perf_counter()
+    for _ in range(a["tokens"]):
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    out["tg_tps"] = a["tokens"] / (time.perf_counter() - t0)
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt_ids(a["prompt"]))
+    out["pp_tps"] = a["prompt"] / (time.perf_counter() - t0)
+    out["loadavg"] = loadavg()
+    return out
+
+
+def run_child(args: list[str]) -> dict:
+    """A worker of this script in a child process: its result and its peak RSS."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+    log(" ".join(cmd[:3]) + " ...")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{args[0]} failed (exit {proc.returncode}):\n{err.decode(errors='replace')[-2000:]}")
+    line = next(ln for ln in out.decode().splitlines() if ln.startswith("@@"))
+    return json.loads(line[2:])
+
+
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        print("@@" + json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
+    if len(sys.argv) == 3 and sys.argv[1] in ("--worker", "--peer-worker"):
+        work = worker if sys.argv[1] == "--worker" else peer_worker
+        result = work(json.loads(sys.argv[2]))
+        result["max_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print("@@" + json.dumps(result), flush=True)
         return 0
     if len(sys.argv) == 3 and sys.argv[1] == "--report":  # the markdown of a saved run
         print(report(json.loads(Path(sys.argv[2]).read_text())))
@@ -273,54 +330,48 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=4)
     p.add_argument("--min-avail-gib", type=float, default=19.0)
     p.add_argument("--wait-until", help="HH:MM UTC: give up waiting for memory then")
-    p.add_argument("--no-llama-bench", action="store_true")
+    p.add_argument("--peer", choices=["llama-bench", "llama-cpp-python", "none"], default="llama-bench",
+                   help="llama.cpp measured as: its llama-bench tool (built once), or the same ggml as ours "
+                        "through llama-cpp-python, or not at all")
+    p.add_argument("--resume", type=Path, help="a saved run (JSON) whose ours part is kept: run the peer only")
     a = p.parse_args()
-    if not a.make and not a.target:
-        p.error("give --target (and --draft) or --make")
-    until = None
+    if not (a.make or a.target or a.resume):
+        p.error("give --target (and --draft), --make or --resume")
+    a.until = None
     if a.wait_until:
         h, m = map(int, a.wait_until.split(":"))
-        now = _dt.datetime.now(_dt.timezone.utc)
-        until = now.replace(hour=h, minute=m, second=0, microsecond=0)
-    exe = None
-    if a.make:
-        target, draft = make_files(a.outdir, a.layers, a.outtype)
+        a.until = _dt.datetime.now(_dt.timezone.utc).replace(hour=h, minute=m, second=0, microsecond=0)
+    if a.resume:
+        r, out = json.loads(a.resume.read_text()), a.resume.with_suffix("")
+        target, draft = Path(r["target"]), Path(r["draft"]) if r["draft"] else None
+        r["command_peer"] = " ".join([Path(sys.executable).name, *sys.argv])
     else:
-        target, draft = Path(a.target), Path(a.draft) if a.draft else None
-    r = {"date": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC", "target": str(target),
-         "embedding_bytes": embedding_bytes(target),
-         "draft": str(draft) if draft else None, "threads": a.threads, "ctx": a.ctx, "kv": a.kv,
-         "loadavg_start": loadavg(), "command": " ".join([Path(sys.executable).name, *sys.argv])}
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
-    out = ROOT / "results" / f"realsize-{stamp}"
+        target, draft = make_files(a.outdir, a.layers, a.outtype) if a.make else \
+            (Path(a.target), Path(a.draft) if a.draft else None)
+        r = {"date": f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC", "target": str(target),
+             "embedding_bytes": embedding_bytes(target), "draft": str(draft) if draft else None,
+             "threads": a.threads, "ctx": a.ctx, "kv": a.kv, "loadavg_start": loadavg(),
+             "command": " ".join([Path(sys.executable).name, *sys.argv])}
+        out = ROOT / "results" / f"realsize-{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d-%H%M}"
     try:
-        wait_for_memory(int(a.min_avail_gib * GIB), until)
-        r["ours"] = run_ours({"target": str(target), "draft": str(draft) if draft else None, "ctx": a.ctx,
-                              "kv": a.kv, "threads": a.threads, "prompt": a.prompt, "tokens": a.tokens})
-        log(f"ours: load {r['ours']['load_seconds']:.1f} s, peak RSS {r['ours']['status_end']['VmHWM'] / GIB:.2f} GiB")
-        out.with_suffix(".json").write_text(json.dumps(r, indent=1))  # kept should llama-bench not run
-        if not a.no_llama_bench:
-            exe, note = build_llama("llama-bench")
-            if exe is None:
-                raise SystemExit(f"llama-bench: {note}")
-            wait_for_memory(int(a.min_avail_gib * GIB), until)
-            r["llama_bench_tg"] = run_llama_bench(exe, str(target), ["-n", str(a.tokens), "-p", "0"], a.threads)
-            wait_for_memory(int(a.min_avail_gib * GIB), until)
-            # no warm-up run: llama-bench's would be a whole second prefill (ours is timed on its first)
-            r["llama_bench_pp"] = run_llama_bench(exe, str(target), ["-p", str(a.prompt), "-n", "0", "--no-warmup"],
-                                                  a.threads)
+        if "ours" not in r:
+            wait_for_memory(int(a.min_avail_gib * GIB), a.until)
+            r["ours"] = run_child(["--worker", json.dumps(
+                {"target": str(target), "draft": str(draft) if draft else None, "ctx": a.ctx, "kv": a.kv,
+                 "threads": a.threads, "prompt": a.prompt, "tokens": a.tokens})])
+            log(f"ours: load {r['ours']['load_seconds']:.1f} s, peak RSS {r['ours']['max_rss'] / GIB:.2f} GiB")
+            out.with_suffix(".json").write_text(json.dumps(r, indent=1))  # kept should the peer fail
+        if a.peer != "none":
+            r["peer"] = run_peer(a, str(target))
     finally:
         if a.make and not a.keep:
             for f in (target, draft):
                 f.unlink(missing_ok=True)
             log("deleted the shape models")
     out.with_suffix(".json").write_text(json.dumps(r, indent=1))
-    if exe:
-        text = report(r)
-        out.with_suffix(".md").write_text(text)
-        print(text)
-    else:
-        print(json.dumps(r, indent=1))
+    text = report(r)
+    out.with_suffix(".md").write_text(text)
+    print(text)
     return 0
 
 
