@@ -254,7 +254,7 @@ def run_peer(a: argparse.Namespace, target: str) -> dict:
     if a.peer == "llama-cpp-python":
         wait()
         return {"name": "llama-cpp-python", **run_child(["--peer-worker", json.dumps(
-            {"target": target, "ctx": a.ctx, "threads": a.threads, "prompt": a.prompt, "tokens": a.tokens})])}
+            {"target": target, "ctx": a.ctx, "threads": a.threads, "prompt": a.peer_prompt, "tokens": a.tokens})])}
     exe, note = build_llama("llama-bench")
     if exe is None:
         raise SystemExit(f"llama-bench: {note}")
@@ -276,6 +276,7 @@ def peer_worker(a: dict) -> dict:
     llm = Llama(a["target"], n_ctx=a["ctx"], n_batch=512, n_ubatch=512, n_threads=a["threads"],
                 n_threads_batch=a["threads"], verbose=False)
     out = {"load_seconds": time.perf_counter() - t0}
+    log(f"peer: loaded in {out['load_seconds']:.1f} s")
     llm.eval(prompt_ids(16, seed=3))  # warm-up, untimed
     llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
     llm.reset()
@@ -284,10 +285,12 @@ def peer_worker(a: dict) -> dict:
     for _ in range(a["tokens"]):
         llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
     out["tg_tps"] = a["tokens"] / (time.perf_counter() - t0)
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(prompt_ids(a["prompt"]))
-    out["pp_tps"] = a["prompt"] / (time.perf_counter() - t0)
+    log(f"peer: {a['tokens']} plain steps at {out['tg_tps']:.3f} tok/s (load average {loadavg()})")
+    if a["prompt"]:
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt_ids(a["prompt"]))
+        out["pp_tps"] = a["prompt"] / (time.perf_counter() - t0)
     out["loadavg"] = loadavg()
     return out
 
@@ -333,10 +336,13 @@ def main() -> int:
     p.add_argument("--peer", choices=["llama-bench", "llama-cpp-python", "none"], default="llama-bench",
                    help="llama.cpp measured as: its llama-bench tool (built once), or the same ggml as ours "
                         "through llama-cpp-python, or not at all")
+    p.add_argument("--peer-prompt", type=int, help="llama-cpp-python peer: prefill this many tokens (default: "
+                   "--prompt; 0: no prefill, when time is short)")
     p.add_argument("--resume", type=Path, help="a saved run (JSON) whose ours part is kept: run the peer only")
     a = p.parse_args()
     if not (a.make or a.target or a.resume):
         p.error("give --target (and --draft), --make or --resume")
+    a.peer_prompt = a.prompt if a.peer_prompt is None else a.peer_prompt
     a.until = None
     if a.wait_until:
         h, m = map(int, a.wait_until.split(":"))
