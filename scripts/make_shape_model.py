@@ -9,9 +9,9 @@ model, written straight to the file tensor by tensor: no checkpoint, bounded mem
     .venv/bin/python scripts/make_shape_model.py qwen35-27b --set hidden=256 --set vocab=4096 ... (tiny)
 
 Configs (dflash_gguf.convert.shapes, from the published config.json files):
-  qwen35-27b         Qwen/Qwen3.5-27B text model (64 layers, hidden 5120; Q4_K_M ~16 GB)
-  qwen35-35b-a3b     Qwen/Qwen3.5-35B-A3B text model (40 layers, 256 experts; Q4_K_M ~20 GB)
-  qwen35-27b-dflash  z-lab/Qwen3.5-27B-DFlash drafter (5 layers over the 27B's features)
+  qwen35-27b         Qwen/Qwen3.5-27B text model (64 layers, hidden 5120; Q4_K_M 16.5 GB)
+  qwen35-35b-a3b     Qwen/Qwen3.5-35B-A3B text model (40 layers, 256 experts; Q4_K_M 21.2 GB)
+  qwen35-27b-dflash  z-lab/Qwen3.5-27B-DFlash drafter (5 layers over the 27B's features); q8_0 1.8 GB
 `--layers N` keeps a target's hybrid pattern with fewer layers (a drafter's
 `target_layers` must then be set to layers that exist); `--set KEY=VALUE` replaces any
 config entry (lists comma-separated), for small files of the same structure.
