@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -317,6 +318,19 @@ static size_t max_weight_buffer(ggml_backend_buffer_type_t buft) {
     return max;
 }
 
+/* The mapped pages of a tensor whose data was copied out are never read again: unmap
+ * them from this process (whole pages inside [src, src + n) only; the mapping stays
+ * valid and would fault them back from the page cache). Without this every copied
+ * weight counts twice in the resident set, once as the copy and once as file pages. */
+static void drop_mapped_pages(const char * src, size_t n) {
+    const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t) src + page - 1) & ~(page - 1);
+    const uintptr_t hi = ((uintptr_t) src + n) & ~(page - 1);
+    if (hi > lo) {
+        madvise((void *) lo, hi - lo, MADV_DONTNEED);
+    }
+}
+
 /* One buffer of buft for `size` bytes holding tensors [i0, i1) of those marked with
  * it, their data copied in (a repacking buffer type converts the layout as the data
  * arrives). */
@@ -344,6 +358,7 @@ static dfl_status fill_buffer(dfl_gguf * g, ggml_backend_buffer_type_t buft, ggm
             return dfl_fail(DFL_ERR_BACKEND, "cannot place tensor '%s' of '%s'", t->name, g->path);
         }
         ggml_backend_tensor_set(t, base + gguf_get_tensor_offset(g->meta, i), 0, ggml_nbytes(t));
+        drop_mapped_pages(base + gguf_get_tensor_offset(g->meta, i), ggml_nbytes(t));
         p += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
     }
     return DFL_OK;

@@ -1,0 +1,146 @@
+"""Published model shapes: the tensor table and metadata of a real-size GGUF, from the
+model's published config, in llama.cpp's names, layouts and keys (as our converter writes
+them). Shared by tests/shape_models.py (weightless shape files for the memory planner)
+and scripts/make_shape_model.py (random-weight files that run).
+
+A config is a plain dict; `shrunk` derives smaller ones of the same structure."""
+from __future__ import annotations
+
+from gguf import GGML_QUANT_SIZES, GGUFValueType
+
+from .quant import OUTTYPES, plan_types
+
+# Qwen/Qwen3.5-27B text_config
+QWEN35_27B = dict(arch="qwen35", vocab=248320, hidden=5120, layers=64, ffn=17408, heads=24, kv_heads=4,
+                  head_dim=256, lin_k_heads=16, lin_v_heads=48, lin_dim=128, conv=4, interval=4,
+                  rope_theta=1e7, rot=64, sections=[11, 11, 10, 0], ctx=262144)
+# Qwen/Qwen3.5-35B-A3B text_config: 256 experts, 8 routed + a shared expert
+QWEN35_35B_A3B = dict(arch="qwen35moe", vocab=248320, hidden=2048, layers=40, heads=16, kv_heads=2, head_dim=256,
+                      lin_k_heads=16, lin_v_heads=32, lin_dim=128, conv=4, interval=4, rope_theta=1e7, rot=64,
+                      sections=[11, 11, 10, 0], ctx=262144, experts=256, experts_used=8, expert_ffn=512,
+                      shared_ffn=512)
+# z-lab/Qwen3.5-27B-DFlash: 5 Qwen3 layers over 5 target layers (llama.cpp's +1 convention),
+# block 16 (3.2 GiB in bf16); its target uses multi-section RoPE, so its own RoPE is
+# written as one section over the whole head, as the converters do
+QWEN35_27B_DFLASH = dict(arch="dflash", hidden=5120, layers=5, ffn=17408, heads=32, kv_heads=8, head_dim=128,
+                         block=16, target_layers=[2, 17, 32, 47, 62], vocab=248320, rope_theta=1e7, ctx=262144)
+
+CONFIGS = {"qwen35-27b": QWEN35_27B, "qwen35-35b-a3b": QWEN35_35B_A3B, "qwen35-27b-dflash": QWEN35_27B_DFLASH}
+
+
+def target_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(GGUF name, numpy-order shape) of every tensor of a qwen35/qwen35moe target."""
+    E, V = c["hidden"], c["vocab"]
+    hd, H, Hkv = c["head_dim"], c["heads"], c["kv_heads"]
+    Hk, Hv, d = c["lin_k_heads"], c["lin_v_heads"], c["lin_dim"]
+    conv_ch = 2 * Hk * d + Hv * d
+    out = [("token_embd.weight", (V, E))]
+    for il in range(c["layers"]):
+        b = f"blk.{il}."
+        out += [(b + "attn_norm.weight", (E,)), (b + "post_attention_norm.weight", (E,))]
+        if is_recurrent(c, il):
+            out += [(b + "attn_qkv.weight", (conv_ch, E)), (b + "attn_gate.weight", (Hv * d, E)),
+                    (b + "ssm_conv1d.weight", (conv_ch, c["conv"])), (b + "ssm_dt.bias", (Hv,)),
+                    (b + "ssm_a", (Hv,)), (b + "ssm_beta.weight", (Hv, E)), (b + "ssm_alpha.weight", (Hv, E)),
+                    (b + "ssm_norm.weight", (d,)), (b + "ssm_out.weight", (E, Hv * d))]
+        else:
+            out += [(b + "attn_q.weight", (2 * H * hd, E)), (b + "attn_k.weight", (Hkv * hd, E)),
+                    (b + "attn_v.weight", (Hkv * hd, E)), (b + "attn_output.weight", (E, H * hd)),
+                    (b + "attn_q_norm.weight", (hd,)), (b + "attn_k_norm.weight", (hd,))]
+        if c["arch"] == "qwen35moe":
+            X, F, S = c["experts"], c["expert_ffn"], c["shared_ffn"]
+            out += [(b + "ffn_gate_inp.weight", (X, E)), (b + "ffn_gate_exps.weight", (X, F, E)),
+                    (b + "ffn_up_exps.weight", (X, F, E)), (b + "ffn_down_exps.weight", (X, E, F)),
+                    (b + "ffn_gate_inp_shexp.weight", (E,)), (b + "ffn_gate_shexp.weight", (S, E)),
+                    (b + "ffn_up_shexp.weight", (S, E)), (b + "ffn_down_shexp.weight", (E, S))]
+        else:
+            F = c["ffn"]
+            out += [(b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F))]
+    return out + [("output_norm.weight", (E,)), ("output.weight", (V, E))]
+
+
+def draft_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """The DFlash drafter's own tensors (it shares the target's embedding and LM head)."""
+    E, F, hd = c["hidden"], c["ffn"], c["head_dim"]
+    out = [("fc.weight", (E, E * len(c["target_layers"]))), ("enc.output_norm.weight", (E,)),
+           ("output_norm.weight", (E,))]
+    for il in range(c["layers"]):
+        b = f"blk.{il}."
+        out += [(b + "attn_norm.weight", (E,)), (b + "attn_q.weight", (c["heads"] * hd, E)),
+                (b + "attn_k.weight", (c["kv_heads"] * hd, E)), (b + "attn_v.weight", (c["kv_heads"] * hd, E)),
+                (b + "attn_output.weight", (E, c["heads"] * hd)), (b + "attn_q_norm.weight", (hd,)),
+                (b + "attn_k_norm.weight", (hd,)), (b + "ffn_norm.weight", (E,)), (b + "ffn_gate.weight", (F, E)),
+                (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F))]
+    return out
+
+
+def is_recurrent(c: dict, il: int) -> bool:
+    return (il + 1) % c["interval"] != 0
+
+
+def metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
+    """Architecture keys (`{arch}.*`) and the drafter's mask token; tokenizer.* and
+    general.* are the writer's."""
+    a, u32, f32, i32 = c["arch"], GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.INT32
+    kv = [(f"{a}.embedding_length", c["hidden"], u32), (f"{a}.block_count", c["layers"], u32),
+          (f"{a}.context_length", c["ctx"], u32),
+          (f"{a}.attention.head_count", c["heads"], u32), (f"{a}.attention.head_count_kv", c["kv_heads"], u32),
+          (f"{a}.attention.key_length", c["head_dim"], u32), (f"{a}.attention.value_length", c["head_dim"], u32),
+          (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, f32), (f"{a}.rope.freq_base", c["rope_theta"], f32)]
+    if a == "dflash":
+        return kv + [(f"{a}.feed_forward_length", c["ffn"], u32), (f"{a}.block_size", c["block"], u32),
+                     (f"{a}.target_layers", c["target_layers"], i32),
+                     (f"{a}.rope.dimension_sections", [c["head_dim"] // 2, 0, 0, 0], i32),
+                     ("tokenizer.ggml.mask_token_id", c["vocab"] - 1, u32)]
+    kv += [(f"{a}.rope.dimension_count", c["rot"], u32), (f"{a}.rope.dimension_sections", c["sections"], i32),
+           (f"{a}.ssm.conv_kernel", c["conv"], u32), (f"{a}.ssm.state_size", c["lin_dim"], u32),
+           (f"{a}.ssm.group_count", c["lin_k_heads"], u32), (f"{a}.ssm.time_step_rank", c["lin_v_heads"], u32),
+           (f"{a}.ssm.inner_size", c["lin_v_heads"] * c["lin_dim"], u32),
+           (f"{a}.attention.recurrent_layers", [is_recurrent(c, il) for il in range(c["layers"])],
+            GGUFValueType.BOOL),
+           (f"{a}.full_attention_interval", c["interval"], u32)]
+    if a == "qwen35moe":
+        kv += [(f"{a}.expert_count", c["experts"], u32), (f"{a}.expert_used_count", c["experts_used"], u32),
+               (f"{a}.expert_feed_forward_length", c["expert_ffn"], u32),
+               (f"{a}.expert_shared_feed_forward_length", c["shared_ffn"], u32)]
+    else:
+        kv.append((f"{a}.feed_forward_length", c["ffn"], u32))
+    return kv
+
+
+def tensor_table(c: dict, outtype: str) -> list[tuple[str, tuple[int, ...], object]]:
+    """(name, numpy-order shape, ggml type) of every tensor, typed as our converter's
+    `outtype` (llama.cpp's choices per tensor) would type them."""
+    tensors = draft_tensors(c) if c["arch"] == "dflash" else target_tensors(c)
+    types = plan_types(tensors, outtype)
+    return [(name, shape, types[name]) for name, shape in tensors]
+
+
+def tensor_nbytes(shape: tuple[int, ...], qtype) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return n * (shape[-1] // block) * size
+
+
+def file_type(outtype: str) -> int:
+    return int(OUTTYPES[outtype][0])
+
+
+def shrunk(c: dict, layers: int | None = None, **overrides) -> dict:
+    """The config with fewer layers (a target keeps its recurrent:attention pattern; a
+    drafter's target layers must then be given) and any other entries replaced."""
+    unknown = set(overrides) - set(c)
+    if unknown:
+        raise ValueError(f"unknown config entries for {c['arch']}: {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(c))})")
+    out = {**c, **overrides}
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers}")
+        out["layers"] = layers
+    if out["arch"] != "dflash" and out["layers"] < out["interval"]:
+        raise ValueError(f"a {out['arch']} target needs at least {out['interval']} layers (one full-attention "
+                         f"layer every {out['interval']}), got {out['layers']}")
+    return out

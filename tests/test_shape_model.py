@@ -1,0 +1,101 @@
+"""scripts/make_shape_model.py: random-weight GGUFs of published configs, shrunk here to
+seconds. The files must carry exactly the planner's tensor table (names, shapes, types),
+load and run in our runtime (plain and speculative greedy agree) and in llama.cpp."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from dflash_gguf.convert.shapes import (QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, shrunk, tensor_nbytes,
+                                        tensor_table)
+from dflash_gguf.engine import Engine, EngineSetup
+from dflash_gguf.memory import plan_memory
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from make_shape_model import main as make_main, write_model  # noqa: E402
+
+# the structures of the published configs at hidden 256 (every row a whole number of
+# K-quant blocks), the demo tokenizer's vocabulary (4096 tokens)
+SMALL = dict(hidden=256, vocab=4096, heads=4, kv_heads=2, head_dim=64, rot=16, sections=[3, 3, 2, 0])
+LINEAR = dict(lin_k_heads=2, lin_v_heads=4, lin_dim=64)
+TINY_27B = shrunk(QWEN35_27B, 4, ffn=512, **SMALL, **LINEAR)
+TINY_A3B = shrunk(QWEN35_35B_A3B, 4, experts=4, experts_used=2, expert_ffn=256, shared_ffn=256, **SMALL, **LINEAR)
+TINY_DRAFT = shrunk(QWEN35_27B_DFLASH, 1, hidden=256, vocab=4096, ffn=512, heads=4, kv_heads=2, head_dim=64,
+                    target_layers=[1, 3])
+
+
+def table_of(path: Path) -> list[tuple[str, tuple[int, ...], object]]:
+    r = GGUFReader(str(path))
+    return [(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), t.tensor_type) for t in r.tensors]
+
+
+@pytest.mark.parametrize("config,outtype", [(TINY_27B, "q4_k_m"), (TINY_A3B, "q4_k_m"), (TINY_27B, "q8_0"),
+                                            (TINY_27B, "f16"), (TINY_DRAFT, "q8_0")])
+def test_file_has_the_planned_tensor_table(tmp_path, config, outtype):
+    path = write_model(config, outtype, tmp_path / "m.gguf", progress=False)
+    want = [(name, tuple(shape), qtype) for name, shape, qtype in tensor_table(config, outtype)]
+    assert table_of(path) == want
+    if outtype == "q4_k_m":  # llama-quantize's mix, not one type
+        assert {q.name for _, _, q in want} >= {"Q4_K", "Q6_K", "F32"}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shape-pair")
+    target, draft = root / "target.gguf", root / "draft.gguf"
+    assert make_main(["qwen35-27b", "--outtype", "q4_k_m", "--outfile", str(target), "--layers", "4", "--quiet",
+                      *[f"--set={k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                        for k, v in {**SMALL, **LINEAR, "ffn": 512}.items()]]) == 0
+    write_model(TINY_DRAFT, "q8_0", draft, progress=False)
+    return str(target), str(draft)
+
+
+def test_runs_in_our_runtime_as_planned(pair):
+    target, draft = pair
+    options = dict(n_ctx=256, kv_type="f16", draft_window=0, n_threads=2)
+    setup = EngineSetup.of(target, draft, **options)
+    plan = plan_memory(target, draft, setup.target_config, setup.draft_config).devices[0].parts
+    assert plan["target_weights"] == sum(tensor_nbytes(s, q) for _, s, q in tensor_table(TINY_27B, "q4_k_m"))
+    assert plan["draft_weights"] == sum(tensor_nbytes(s, q) for _, s, q in tensor_table(TINY_DRAFT, "q8_0"))
+    prompt = list(range(10, 60))
+    with Engine(target, draft, **options) as engine:
+        plain = engine.generate(prompt, max_tokens=12, speculative=False).tokens
+        spec = engine.generate(prompt, max_tokens=12, speculative=True).tokens
+        engine.target.reset()
+        engine.target.prefill(prompt)
+        logits = engine.target.logits(0, 1)
+    assert np.isfinite(logits).all() and logits.std() > 0
+    assert spec == plain
+
+
+def test_loads_in_llama_cpp(pair):
+    from llama_cpp import Llama
+
+    llm = Llama(pair[0], n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    llm.eval(list(range(10, 30)))
+    scores = np.asarray(llm.scores[:20])
+    assert scores.shape == (20, 4096) and np.isfinite(scores).all()
+
+
+def test_refuses_a_file_system_too_small(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import make_shape_model
+
+    monkeypatch.setattr(make_shape_model.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 40, 0, 1 << 30))
+    with pytest.raises(SystemExit, match=r"1\.0 GiB free; the model needs 1[5-7]\.\d GiB"):
+        make_shape_model.main(["qwen35-27b", "--outfile", str(tmp_path / "big.gguf")])
+    assert not list(tmp_path.iterdir())
+
+
+def test_bad_options_are_clear_errors(tmp_path, capsys):
+    for argv, msg in ((["--set", "widht=3"], "unknown config entry 'widht'"),
+                      (["--layers", "2"], "needs at least 4 layers"),
+                      (["--set", "hidden=x"], "bad value for hidden")):
+        with pytest.raises(SystemExit):
+            make_main(["qwen35-27b", "--outfile", str(tmp_path / "x.gguf"), *argv])
+        assert msg in capsys.readouterr().err
