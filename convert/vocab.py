@@ -72,21 +72,27 @@ class Vocab:
     special_ids: dict[str, int] = field(default_factory=dict)
     add_special: dict[str, bool] = field(default_factory=dict)
     chat_template: str | list[dict] | None = None
+    model: str = "gpt2"                   # tokenizer.ggml.model
+    scores: list[float] | None = None
+    add_space_prefix: bool | None = None
 
     def fingerprint(self) -> str:
         return tokenizer_sha256(self.tokens, self.merges, self.special_ids)
 
     def metadata(self) -> list[KV]:
-        kv = [
-            string("tokenizer.ggml.model", "gpt2"),
-            string("tokenizer.ggml.pre", self.pre),
-            array("tokenizer.ggml.tokens", self.tokens, GGUFValueType.STRING),
-            array("tokenizer.ggml.token_type", self.types, GGUFValueType.INT32),
-        ]
+        kv = [string("tokenizer.ggml.model", self.model)]
+        if self.pre:
+            kv.append(string("tokenizer.ggml.pre", self.pre))
+        kv.append(array("tokenizer.ggml.tokens", self.tokens, GGUFValueType.STRING))
+        if self.scores is not None:
+            kv.append(array("tokenizer.ggml.scores", self.scores, GGUFValueType.FLOAT32))
+        kv.append(array("tokenizer.ggml.token_type", self.types, GGUFValueType.INT32))
         if self.merges:
             kv.append(array("tokenizer.ggml.merges", self.merges, GGUFValueType.STRING))
         kv += [u32(_SPECIAL_KEYS[t], i) for t, i in self.special_ids.items()]
         kv += [boolean(f"tokenizer.ggml.add_{t}_token", v) for t, v in self.add_special.items()]
+        if self.add_space_prefix is not None:
+            kv.append(boolean("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
         kv += _chat_template_kv(self.chat_template)
         return kv
 
@@ -240,8 +246,17 @@ def _chat_template(model_dir: Path, tokenizer_config: dict) -> str | list[dict] 
     return data.get("chat_template") if data else None
 
 
+def text_model_type(config: dict) -> str | None:
+    text = config.get("text_config")
+    return (text.get("model_type") if isinstance(text, dict) else None) or config.get("model_type")
+
+
 def load_vocab(model_dir: Path, config: dict, n_vocab: int, pre_override: str | None = None) -> Vocab:
     """Read tokenizer.json / tokenizer_config.json / config.json into GGUF vocab form."""
+    if text_model_type(config) in ("gemma4", "gemma4_text"):
+        from .vocab_gemma4 import load_gemma4_vocab  # its own tokenizer kind, 'gemma4'
+
+        return load_gemma4_vocab(model_dir, config, n_vocab)
     tokenizer_file = model_dir / "tokenizer.json"
     tokenizer = _read_json(tokenizer_file)
     if tokenizer is None:
@@ -278,6 +293,20 @@ def load_vocab(model_dir: Path, config: dict, n_vocab: int, pre_override: str | 
 
     pre, how = choose_pre(tokenizer_file, tokenizer, pre_override)
 
+    special_ids, add_special = special_tokens(tokenizer, tokenizer_config, config, n_vocab)
+
+    return Vocab(tokens=tokens, types=types, merges=_merges(model), pre=pre, pre_source=how,
+                 special_ids=special_ids, add_special=add_special,
+                 chat_template=_chat_template(model_dir, tokenizer_config))
+
+
+def special_tokens(tokenizer: dict, tokenizer_config: dict, config: dict,
+                   n_vocab: int) -> tuple[dict[str, int], dict[str, bool]]:
+    """Special token ids (named in tokenizer_config.json and found among the added
+    tokens, else config.json's *_token_id) and the add_bos/add_eos flags, as llama.cpp's
+    SpecialVocab reads them."""
+    added = {int(t["id"]): t for t in tokenizer.get("added_tokens", [])}
+
     def content(entry):
         return entry.get("content") if isinstance(entry, dict) else entry
 
@@ -305,6 +334,4 @@ def load_vocab(model_dir: Path, config: dict, n_vocab: int, pre_override: str | 
         if isinstance(flag, bool):
             add_special.setdefault(typ, flag)
 
-    return Vocab(tokens=tokens, types=types, merges=_merges(model), pre=pre, pre_source=how,
-                 special_ids=special_ids, add_special=add_special,
-                 chat_template=_chat_template(model_dir, tokenizer_config))
+    return special_ids, add_special

@@ -144,7 +144,7 @@ dfl_status dfl_target_define_state(dfl_target * t) {
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
             t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_replay_rows(m), t->p.n_verify);
             t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + t->p.n_verify);
-        } else {
+        } else if (!m->attn[il].shares_kv) {
             const dfl_attention_geometry * a = &m->attn[il];
             t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, (int64_t) a->head_dim_k * a->n_head_kv,
                                                 t->p.n_ctx);
@@ -198,6 +198,11 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
         return st;
     }
     st = check_params(&t->m, &t->p);
+    for (int il = 0; il < t->m.n_layer; il++) {
+        if (t->m.kind[il] == DFL_LAYER_ATTENTION && t->m.attn[il].window > 0) {
+            t->swa_window = t->m.attn[il].window;
+        }
+    }
     if (st == DFL_OK) {
         /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
         const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 +

@@ -27,18 +27,29 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
     struct ggml_context * ctx = g->ctx;
+    const dfl_attention_geometry * a = &t->m.attn[il];
     const int n = g->n, n_kv = b->n_kv;
-    const int64_t hd_k = k->ne[0], n_head_kv = k->ne[1], hd_v = v->ne[0] / n_head_kv;
+    const int src = a->shares_kv ? a->kv_layer : il;
+    const int64_t hd_k = t->m.attn[src].head_dim_k, hd_v = t->m.attn[src].head_dim_v, n_head_kv = t->m.attn[src].n_head_kv;
 
-    struct ggml_tensor * kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, hd_k * n_head_kv, n), b->in->slots);
-    struct ggml_tensor * vc = ggml_set_rows(ctx, t->v_cache[il], v, b->in->slots);
-    ggml_build_forward_expand(g->gf, kc);
-    ggml_build_forward_expand(g->gf, vc);
+    struct ggml_tensor * kc, * vc;
+    if (a->shares_kv) {
+        kc = t->k_stored[src];
+        vc = t->v_stored[src];
+    } else {
+        kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, hd_k * n_head_kv, n), b->in->slots);
+        vc = ggml_set_rows(ctx, t->v_cache[il], ggml_reshape_2d(ctx, v, hd_v * n_head_kv, n), b->in->slots);
+        ggml_build_forward_expand(g->gf, kc);
+        ggml_build_forward_expand(g->gf, vc);
+        t->k_stored[il] = kc;
+        t->v_stored[il] = vc;
+    }
 
     struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd_k, n_head_kv, n_kv, ggml_row_size(kc->type, hd_k), kc->nb[1], 0);
     struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd_v, n_head_kv, n_kv, ggml_row_size(vc->type, hd_v), vc->nb[1], 0);
+    struct ggml_tensor * mask = a->window > 0 ? b->in->mask_swa : b->in->mask;
     struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, K, 0, 2, 1, 3),
-                                                 ggml_permute(ctx, V, 0, 2, 1, 3), b->in->mask, scale, 0.0f, 0.0f);
+                                                 ggml_permute(ctx, V, 0, 2, 1, 3), mask, scale, 0.0f, 0.0f);
     ggml_prec_set_acc(o, GGML_PREC_F32);
     return ggml_reshape_2d(ctx, o, hd_v * q->ne[1], n);
 }
@@ -204,7 +215,7 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
     const size_t f32 = sizeof(float);
     for (int il = 0; il < m->n_layer; il++) {
         if (m->kind[il] == DFL_LAYER_ATTENTION) {
-            if (tree) {
+            if (tree && !m->attn[il].shares_kv) {
                 struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
                 for (int c = 0; c < 2; c++) {
                     struct ggml_tensor * rows = ggml_get_rows(ctx, caches[c], in->commit_kv_src);
@@ -296,6 +307,11 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
     in->slots = new_input(ctx, GGML_TYPE_I64, n);
     in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
     ggml_set_input(in->mask);
+    in->mask_swa = NULL;
+    if (t->swa_window > 0) {
+        in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
+        ggml_set_input(in->mask_swa);
+    }
     in->conv_windows = in->parent_rows = in->node_rows = NULL;
     if (tree && m->n_recurrent > 0) {
         in->conv_windows = new_input(ctx, GGML_TYPE_I32, (int64_t) m->rec.d_conv * n);
@@ -372,20 +388,35 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int3
     ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
 }
 
-/* Causal for a chain; a tree node sees the context and its ancestors. */
-static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, bool tree) {
+/* Causal for a chain; a tree node sees the context and its ancestors. The sliding
+ * window's mask hides, in addition, keys window or more positions behind the row (a
+ * node's position is p + depth). */
+static void fill_mask(dfl_target * t, struct ggml_tensor * dst, int n, int n_kv, bool tree, int window) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
     const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
     const tree_plan * tp = &t->tree;
+    const int p = t->n_past;
     for (int i = 0; i < n; i++) {
         ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
+        const int pos_i = p + (tree ? tp->depth[i] : i);
         for (int j = 0; j < n_kv; j++) {
-            const int node = j - t->n_past;
-            const bool visible = tree ? node < 0 || (node < n && (tp->ancestors[i] >> node & 1)) : node <= i;
+            const int node = j - p;
+            bool visible = tree ? node < 0 || (node < n && (tp->ancestors[i] >> node & 1)) : node <= i;
+            if (visible && window > 0) {
+                const int pos_j = node < 0 ? j : p + (tree ? tp->depth[node] : node);
+                visible = pos_i - pos_j < window;
+            }
             row[j] = visible ? zero : minf;
         }
     }
-    ggml_backend_tensor_set(in->mask, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+    ggml_backend_tensor_set(dst, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+}
+
+static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, bool tree) {
+    fill_mask(t, in->mask, n, n_kv, tree, 0);
+    if (in->mask_swa) {
+        fill_mask(t, in->mask_swa, n, n_kv, tree, t->swa_window);
+    }
 }
 
 static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {

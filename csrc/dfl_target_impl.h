@@ -25,6 +25,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * pos;
     struct ggml_tensor * slots;
     struct ggml_tensor * mask;
+    struct ggml_tensor * mask_swa;     /* the same within the sliding window, when layers have one */
     /* tree verify of a model with recurrent layers */
     struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
     struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
@@ -92,12 +93,16 @@ struct dfl_target {
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last
                                                          verify, committed ones first, one column per step or node */
     struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */
+    /* while a graph is built: each attention layer's cache after this graph's rows are
+     * stored in it, what the layers sharing that cache read */
+    struct ggml_tensor * k_stored[DFL_MAX_LAYERS], * v_stored[DFL_MAX_LAYERS];
 
     /* host staging for graph inputs */
     int32_t * host_i32;
     int64_t * host_i64;
     ggml_fp16_t * host_mask;
     size_t host_rows, host_mask_size;
+    int swa_window; /* the window of the model's sliding layers (0: none) */
 
     /* results of the last call */
     struct ggml_tensor * out_logits;
