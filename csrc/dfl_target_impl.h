@@ -25,7 +25,10 @@ typedef struct graph_inputs {
     struct ggml_tensor * pos;
     struct ggml_tensor * slots;
     struct ggml_tensor * mask;
-    struct ggml_tensor * mask_swa;     /* the same within the sliding window, when layers have one */
+    /* sliding-window layers: their cache is a ring of swa_ring rows (position p in row
+     * p % swa_ring), with its own slots and mask */
+    struct ggml_tensor * slots_swa;
+    struct ggml_tensor * mask_swa;
     /* tree verify of a model with recurrent layers */
     struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
     struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
@@ -39,6 +42,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
     struct ggml_tensor * commit_kv_src;    /* tree: [n_verify] cache rows to move ... */
     struct ggml_tensor * commit_kv_dst;    /* ... and where to */
+    struct ggml_tensor * commit_kv_src_swa, * commit_kv_dst_swa; /* the same in the sliding layers' rings */
 } graph_inputs;
 
 /* What makes two target graphs identical apart from their inputs. */
@@ -103,6 +107,7 @@ struct dfl_target {
     ggml_fp16_t * host_mask;
     size_t host_rows, host_mask_size;
     int swa_window; /* the window of the model's sliding layers (0: none) */
+    int swa_ring;   /* rows of their caches: the window and the largest call, at most n_ctx */
 
     /* results of the last call */
     struct ggml_tensor * out_logits;

@@ -77,7 +77,7 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def gemma4_text_config(vocab_size: int, *, moe: bool = False, layers: int = 6, window: int = 8,
-                       shared_kv_layers: int = 2, softcap: float = 5.0) -> dict:
+                       shared_kv_layers: int = 2, softcap: float = 5.0, **extra) -> dict:
     cfg = dict(
         vocab_size=vocab_size, hidden_size=128, intermediate_size=192, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
@@ -86,6 +86,7 @@ def gemma4_text_config(vocab_size: int, *, moe: bool = False, layers: int = 6, w
         final_logit_softcapping=softcap, max_position_embeddings=4096, tie_word_embeddings=True,
         pad_token_id=0, eos_token_id=1, bos_token_id=2,
     )
+    cfg.update(extra)
     if moe:
         cfg.update(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=48)
     return cfg
