@@ -158,7 +158,7 @@ class Gemma4Converter(ModelConverter):
             kv.append(u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]))
         else:
             heads = [int(hp["num_key_value_heads"]) if s else self.kv_heads_full for s in self.swa]
-            kv.append(array(f"{a}.attention.head_count_kv", heads, GGUFValueType.UINT32))
+            kv.append(array(f"{a}.attention.head_count_kv", heads, GGUFValueType.INT32))
         if hp.get("final_logit_softcapping"):
             kv.append(f32(f"{a}.final_logit_softcapping", hp["final_logit_softcapping"]))
         if self.moe:

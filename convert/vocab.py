@@ -208,7 +208,8 @@ def _merges(model: dict) -> list[str]:
     return list(merges)
 
 
-def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None) -> dict[str, bool]:
+def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None,
+                          sep: str | None = None) -> dict[str, bool]:
     flags: dict[str, bool] = {}
     if not post:
         return flags
@@ -221,6 +222,7 @@ def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None) -
             flags.update(bos=True, eos=True, sep=True)
         elif kind == "TemplateProcessing":
             single = proc.get("single", [])
+            first = last = None
             if len(single) > 1:
                 first = single[0].get("SpecialToken", {}).get("id")
                 last = single[-1].get("SpecialToken", {}).get("id")
@@ -228,7 +230,29 @@ def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None) -
                     flags["bos"] = first == bos
                 if last:
                     flags["eos"] = last == eos
+            _pair_sep_flag(proc.get("pair", []), first, last, sep, eos, flags)
     return flags
+
+
+def _pair_sep_flag(pair: list, first: str | None, last: str | None, sep: str | None, eos: str | None,
+                   flags: dict[str, bool]) -> None:
+    """A pair template "[first] A <middle> B [last]": a separator is added when the
+    middle is sep or eos (after A, or second), as llama.cpp's SpecialVocab reads it."""
+    def special(entry):
+        return entry.get("SpecialToken", {}).get("id")
+
+    start = 1 if first and pair and special(pair[0]) == first else 0
+    stop = -1 if last and pair and special(pair[-1]) == last else None
+    pair = pair[slice(start, stop)]
+    if not pair or pair[0].get("Sequence", {}).get("id") != "A" or pair[-1].get("Sequence", {}).get("id") != "B":
+        return
+    middle = pair[1:-1]
+    if not middle:
+        return
+    add = bool(special(middle[0]) in (sep, eos) and not last)
+    if len(middle) == 2 and special(middle[1]) in (sep, eos):
+        add = True
+    flags["sep"] = add
 
 
 def _chat_template(model_dir: Path, tokenizer_config: dict) -> str | list[dict] | None:
@@ -328,7 +352,7 @@ def special_tokens(tokenizer: dict, tokenizer_config: dict, config: dict,
         if typ not in special_ids and isinstance(tid, int) and 0 <= tid < n_vocab:
             special_ids[typ] = tid
 
-    add_special = _post_processor_flags(tokenizer.get("post_processor"), names["bos"], names["eos"])
+    add_special = _post_processor_flags(tokenizer.get("post_processor"), names["bos"], names["eos"], names["sep"])
     for typ in _SPECIAL_KEYS:
         flag = tokenizer_config.get(f"add_{typ}_token")
         if isinstance(flag, bool):

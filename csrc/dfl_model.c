@@ -211,6 +211,12 @@ struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor *
     return ggml_scale(ctx, ggml_rms_norm(ctx, x, eps / n), 1.0f / sqrtf(n));
 }
 
+struct ggml_tensor * dfl_gelu_tanh(struct ggml_context * ctx, struct ggml_tensor * x) {
+    struct ggml_tensor * inner = ggml_add(ctx, x, ggml_scale(ctx, ggml_mul(ctx, ggml_sqr(ctx, x), x), 0.044715f));
+    struct ggml_tensor * t = ggml_tanh(ctx, ggml_scale(ctx, inner, 0.7978845608028654f)); /* sqrt(2 / pi) */
+    return ggml_mul(ctx, ggml_scale(ctx, x, 0.5f), ggml_scale_bias(ctx, t, 1.0f, 1.0f));
+}
+
 struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * gate,
                                     struct ggml_tensor * up, struct ggml_tensor * down) {
     return ggml_mul_mat(ctx, down, ggml_swiglu_split(ctx, ggml_mul_mat(ctx, gate, x), ggml_mul_mat(ctx, up, x)));
@@ -246,7 +252,7 @@ struct ggml_tensor * dfl_moe_ffn_routed(struct ggml_context * ctx, struct ggml_t
         gate = ggml_mul_mat_id(ctx, w->gate, xr, chosen);
         up = ggml_mul_mat_id(ctx, w->up, xr, chosen);
     }
-    struct ggml_tensor * h = w->gelu ? ggml_geglu_split(ctx, gate, up) : ggml_swiglu_split(ctx, gate, up);
+    struct ggml_tensor * h = w->gelu ? ggml_mul(ctx, dfl_gelu_tanh(ctx, gate), up) : ggml_swiglu_split(ctx, gate, up);
     struct ggml_tensor * out = ggml_mul_mat_id(ctx, w->down, h, chosen); /* [E, k, n] */
     out = ggml_mul(ctx, out, weights);
     struct ggml_tensor * sum = ggml_view_2d(ctx, out, E, n, out->nb[2], 0);

@@ -102,6 +102,8 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
 struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps);
 /* x / sqrt(sum(x^2) + eps) per row */
 struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor * x, float eps);
+/* GELU, tanh form, in f32 (ggml_gelu reads an f16-indexed table on the CPU: ~1e-3 off) */
+struct ggml_tensor * dfl_gelu_tanh(struct ggml_context * ctx, struct ggml_tensor * x);
 /* down(silu(gate x) * up x) */
 struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * gate,
                                     struct ggml_tensor * up, struct ggml_tensor * down);

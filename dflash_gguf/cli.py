@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate text with a Qwen3 / Qwen3.5 GGUF model, losslessly sped up by a DFlash drafter. "
                     "With no -m, runs the bundled demo.",
     )
-    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe or qwen3)")
+    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3 or gemma4)")
     p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")

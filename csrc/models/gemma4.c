@@ -241,7 +241,7 @@ static struct ggml_tensor * attention(const dfl_model * m, dfl_graph * g, int il
 }
 
 static struct ggml_tensor * ffn_geglu(struct ggml_context * ctx, const gemma4_layer * L, struct ggml_tensor * x) {
-    struct ggml_tensor * h = ggml_geglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, x), ggml_mul_mat(ctx, L->ffn_up, x));
+    struct ggml_tensor * h = ggml_mul(ctx, dfl_gelu_tanh(ctx, ggml_mul_mat(ctx, L->ffn_gate, x)), ggml_mul_mat(ctx, L->ffn_up, x));
     return ggml_mul_mat(ctx, L->ffn_down, h);
 }
 
