@@ -212,6 +212,9 @@ struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor *
 }
 
 struct ggml_tensor * dfl_gelu_tanh(struct ggml_context * ctx, struct ggml_tensor * x) {
+    if (!ggml_is_contiguous(x)) {
+        x = ggml_cont(ctx, x); /* ggml_scale needs it (the gate half of a fused gate_up) */
+    }
     struct ggml_tensor * inner = ggml_add(ctx, x, ggml_scale(ctx, ggml_mul(ctx, ggml_sqr(ctx, x), x), 0.044715f));
     struct ggml_tensor * t = ggml_tanh(ctx, ggml_scale(ctx, inner, 0.7978845608028654f)); /* sqrt(2 / pi) */
     return ggml_mul(ctx, ggml_scale(ctx, x, 0.5f), ggml_scale_bias(ctx, t, 1.0f, 1.0f));
