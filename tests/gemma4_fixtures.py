@@ -21,8 +21,10 @@ from fixtures import _training_corpus
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 MASK_ID = 4
 
-LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention",
-               "sliding_attention", "sliding_attention", "full_attention"]
+# the last two layers with their own KV are sliding then full: transformers shares the
+# last earlier cache of a layer's type, llama.cpp assumes those two (E2B's layout)
+LAYER_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention",
+               "full_attention", "sliding_attention", "full_attention"]
 
 GEMMA4_SHAPES: dict[str, dict] = {
     "dense": {},

@@ -77,7 +77,7 @@ def load(pair, n_ctx=512, n_verify=BLOCK, n_ubatch=16):
 
 
 def our_logits(path, tokens):
-    target = Target(str(path), TargetConfig(n_ctx=256, n_ubatch=64, kv_type="f32"))
+    target = Target(str(path), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32"))
     target.decode(tokens, LOGITS_ALL)
     return target.logits(0, len(tokens))
 
