@@ -229,3 +229,18 @@ def test_unsupported_options_are_refused_by_name(tmp_path, capfd):
     d = make_gemma4(tmp_path / "ple", layers=3, shared_kv_layers=0, hidden_size_per_layer_input=16)
     assert main([str(d), "--outfile", str(tmp_path / "x.gguf")]) != 0
     assert "hidden_size_per_layer_input" in capfd.readouterr().err
+
+
+def test_text_tower_of_the_multimodal_checkpoint(tmp_path, convert_model, llama_cpp_convert):
+    """Gemma4ForConditionalGeneration (model.language_model.*): the text tower converts to
+    the same gemma4 file as llama.cpp's converter writes, and runs with transformers' logits."""
+    d = make_gemma4(tmp_path / "mm", multimodal=True, seed=2)
+    ours_kv, ours_t = read_gguf(convert_model(d, "f32"))
+    ref_kv, ref_t = read_gguf(llama_cpp_convert(d, "f32", None))
+    assert set(ours_kv) == set(ref_kv) and set(ours_t) == set(ref_t)
+    for key in set(ref_kv) - {"general.name", "general.size_label"}:
+        assert ours_kv[key] == ref_kv[key], key
+    tokens = prompts(1, seed=12)[0]
+    with torch.no_grad():
+        ref = hf_model(d)(input_ids=torch.tensor([tokens])).logits[0].float().numpy()
+    assert rel_err(our_logits(convert_model(d, "f32"), tokens), ref) < 1e-3
