@@ -159,6 +159,9 @@ class Gemma4Converter(ModelConverter):
         else:
             heads = [int(hp["num_key_value_heads"]) if s else self.kv_heads_full for s in self.swa]
             kv.append(array(f"{a}.attention.head_count_kv", heads, GGUFValueType.INT32))
+        scale = self._embedding_scale()
+        if scale is not None:
+            kv.append(f32(f"{a}.embedding_scale", scale))
         if hp.get("final_logit_softcapping"):
             kv.append(f32(f"{a}.final_logit_softcapping", hp["final_logit_softcapping"]))
         if self.moe:
@@ -166,6 +169,20 @@ class Gemma4Converter(ModelConverter):
                    u32(f"{a}.expert_used_count", hp["top_k_experts"]),
                    u32(f"{a}.expert_feed_forward_length", hp["moe_intermediate_size"])]
         return kv
+
+    def _embedding_scale(self) -> float | None:
+        """transformers multiplies the embeddings by sqrt(hidden_size) cast to the weights'
+        dtype: 16-bit checkpoints run with a rounded scale (sqrt(3072) = 55.43 becomes 55.5
+        in bf16). llama.cpp always scales by sqrtf(n_embd) and ignores this key; the
+        runtime reads it. f32 checkpoints need no key (the runtime's default is exact)."""
+        dtype = self.checkpoint.tensors[f"{self.prefix}embed_tokens.weight"].dtype
+        exact = np.float32(float(self.hp["hidden_size"]) ** 0.5)
+        if dtype == "BF16":
+            bits = exact.view(np.uint32)
+            return float((((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32))
+        if dtype == "F16":
+            return float(np.float32(np.float16(exact)))
+        return None
 
     def tensors(self) -> list[TensorSpec]:
         return self._specs

@@ -244,3 +244,28 @@ def test_text_tower_of_the_multimodal_checkpoint(tmp_path, convert_model, llama_
     with torch.no_grad():
         ref = hf_model(d)(input_ids=torch.tensor([tokens])).logits[0].float().numpy()
     assert rel_err(our_logits(convert_model(d, "f32"), tokens), ref) < 1e-3
+
+
+def test_bf16_checkpoint_records_the_rounded_embedding_scale(tmp_path, convert_model):
+    """transformers scales bf16 embeddings by sqrt(hidden) cast to bf16; the file says so."""
+    from transformers import Gemma4ForCausalLM
+
+    d = make_gemma4(tmp_path / "f32", layers=3, shared_kv_layers=0)
+    Gemma4ForCausalLM.from_pretrained(str(d), dtype=torch.bfloat16).save_pretrained(str(tmp_path / "bf16"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "bf16" / name).write_bytes((d / name).read_bytes())
+    kv, _ = read_gguf(convert_model(tmp_path / "bf16", "f32"))
+    assert kv["gemma4.embedding_scale"][1] == torch.tensor(128 ** 0.5).to(torch.bfloat16).item()
+    assert "gemma4.embedding_scale" not in read_gguf(convert_model(d, "f32"))[0]
+
+
+def test_sliding_layers_keep_only_their_window(pair):
+    """Own caches: three sliding layers (32-wide heads, 2 KV heads) in rings of window +
+    ubatch rows, one full layer (64-wide, 1 KV head) over the whole context; the two
+    shared layers have none."""
+    from dflash_gguf.memory import plan_memory
+
+    n_ctx, n_ubatch = 4096, 64
+    plan = plan_memory(pair["target"], None, TargetConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=16, kv_type="f32"))
+    row = 2 * 64 * 4  # K and V rows of 64 f32 values, in either kind of layer
+    assert sum(d.parts["kv_cache"] for d in plan.devices) == row * (3 * (WINDOW + n_ubatch) + n_ctx)
