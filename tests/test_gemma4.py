@@ -269,3 +269,17 @@ def test_sliding_layers_keep_only_their_window(pair):
     plan = plan_memory(pair["target"], None, TargetConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=16, kv_type="f32"))
     row = 2 * 64 * 4  # K and V rows of 64 f32 values, in either kind of layer
     assert sum(d.parts["kv_cache"] for d in plan.devices) == row * (3 * (WINDOW + n_ubatch) + n_ctx)
+
+
+def test_drafter_sliding_layers_without_a_window_are_refused(tmp_path, capfd):
+    """The reference drafter runs layers marked sliding causally even without
+    use_sliding_window; llama.cpp's keys cannot say that, so the converter says no."""
+    from dflash_gguf.convert.cli import main
+
+    target = make_gemma4(tmp_path / "target", layers=4, shared_kv_layers=0)
+    d = make_gemma_drafter(tmp_path / "draft", target)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["use_sliding_window"] = False
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert main([str(d), "--target-model-dir", str(target), "--outfile", str(tmp_path / "d.gguf")]) != 0
+    assert "use_sliding_window" in capfd.readouterr().err
