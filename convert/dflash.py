@@ -122,6 +122,13 @@ class DFlashConverter(ModelConverter):
         experts = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if hp.get(k)]
         if experts:
             raise ConversionError("mixture-of-experts drafters are not supported")
+        sliding = "sliding_attention" in (hp.get("layer_types") or [])
+        windowed = hp.get("use_sliding_window") or self.dcfg.get("use_swa")
+        if sliding and not windowed and hp.get("is_causal") is None and self.dcfg.get("causal") is None:
+            # the reference drafter runs such layers causally without a window; the GGUF
+            # (llama.cpp's keys) can say causal only for all layers or with a window
+            raise ConversionError("layer_types marks sliding_attention layers but use_sliding_window is false: "
+                                  "set use_sliding_window (and sliding_window) or is_causal")
 
         self.n_layer = int(hp["num_hidden_layers"])
         self.n_embd = int(hp["hidden_size"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .base import ModelConverter
 from .dflash import DFlashConverter
 from .errors import ConversionError
+from .gemma4 import Gemma4Converter
 from .qwen3 import Qwen3Converter
 from .qwen35 import Qwen35Converter
 from .qwen35moe import Qwen35MoeConverter
@@ -14,6 +15,8 @@ CONVERTERS: dict[str, type[ModelConverter]] = {
     "Qwen3_5MoeForCausalLM": Qwen35MoeConverter,
     "Qwen3_5MoeForConditionalGeneration": Qwen35MoeConverter,
     "Qwen3ForCausalLM": Qwen3Converter,
+    "Gemma4ForCausalLM": Gemma4Converter,
+    "Gemma4ForConditionalGeneration": Gemma4Converter,
     "DFlashDraftModel": DFlashConverter,
     "DFlash2DraftModel": DFlashConverter,
 }

@@ -72,21 +72,27 @@ class Vocab:
     special_ids: dict[str, int] = field(default_factory=dict)
     add_special: dict[str, bool] = field(default_factory=dict)
     chat_template: str | list[dict] | None = None
+    model: str = "gpt2"                   # tokenizer.ggml.model
+    scores: list[float] | None = None
+    add_space_prefix: bool | None = None
 
     def fingerprint(self) -> str:
         return tokenizer_sha256(self.tokens, self.merges, self.special_ids)
 
     def metadata(self) -> list[KV]:
-        kv = [
-            string("tokenizer.ggml.model", "gpt2"),
-            string("tokenizer.ggml.pre", self.pre),
-            array("tokenizer.ggml.tokens", self.tokens, GGUFValueType.STRING),
-            array("tokenizer.ggml.token_type", self.types, GGUFValueType.INT32),
-        ]
+        kv = [string("tokenizer.ggml.model", self.model)]
+        if self.pre:
+            kv.append(string("tokenizer.ggml.pre", self.pre))
+        kv.append(array("tokenizer.ggml.tokens", self.tokens, GGUFValueType.STRING))
+        if self.scores is not None:
+            kv.append(array("tokenizer.ggml.scores", self.scores, GGUFValueType.FLOAT32))
+        kv.append(array("tokenizer.ggml.token_type", self.types, GGUFValueType.INT32))
         if self.merges:
             kv.append(array("tokenizer.ggml.merges", self.merges, GGUFValueType.STRING))
         kv += [u32(_SPECIAL_KEYS[t], i) for t, i in self.special_ids.items()]
         kv += [boolean(f"tokenizer.ggml.add_{t}_token", v) for t, v in self.add_special.items()]
+        if self.add_space_prefix is not None:
+            kv.append(boolean("tokenizer.ggml.add_space_prefix", self.add_space_prefix))
         kv += _chat_template_kv(self.chat_template)
         return kv
 
@@ -202,7 +208,8 @@ def _merges(model: dict) -> list[str]:
     return list(merges)
 
 
-def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None) -> dict[str, bool]:
+def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None,
+                          sep: str | None = None) -> dict[str, bool]:
     flags: dict[str, bool] = {}
     if not post:
         return flags
@@ -215,6 +222,7 @@ def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None) -
             flags.update(bos=True, eos=True, sep=True)
         elif kind == "TemplateProcessing":
             single = proc.get("single", [])
+            first = last = None
             if len(single) > 1:
                 first = single[0].get("SpecialToken", {}).get("id")
                 last = single[-1].get("SpecialToken", {}).get("id")
@@ -222,7 +230,29 @@ def _post_processor_flags(post: dict | None, bos: str | None, eos: str | None) -
                     flags["bos"] = first == bos
                 if last:
                     flags["eos"] = last == eos
+            _pair_sep_flag(proc.get("pair", []), first, last, sep, eos, flags)
     return flags
+
+
+def _pair_sep_flag(pair: list, first: str | None, last: str | None, sep: str | None, eos: str | None,
+                   flags: dict[str, bool]) -> None:
+    """A pair template "[first] A <middle> B [last]": a separator is added when the
+    middle is sep or eos (after A, or second), as llama.cpp's SpecialVocab reads it."""
+    def special(entry):
+        return entry.get("SpecialToken", {}).get("id")
+
+    start = 1 if first and pair and special(pair[0]) == first else 0
+    stop = -1 if last and pair and special(pair[-1]) == last else None
+    pair = pair[slice(start, stop)]
+    if not pair or pair[0].get("Sequence", {}).get("id") != "A" or pair[-1].get("Sequence", {}).get("id") != "B":
+        return
+    middle = pair[1:-1]
+    if not middle:
+        return
+    add = bool(special(middle[0]) in (sep, eos) and not last)
+    if len(middle) == 2 and special(middle[1]) in (sep, eos):
+        add = True
+    flags["sep"] = add
 
 
 def _chat_template(model_dir: Path, tokenizer_config: dict) -> str | list[dict] | None:
@@ -240,8 +270,17 @@ def _chat_template(model_dir: Path, tokenizer_config: dict) -> str | list[dict] 
     return data.get("chat_template") if data else None
 
 
+def text_model_type(config: dict) -> str | None:
+    text = config.get("text_config")
+    return (text.get("model_type") if isinstance(text, dict) else None) or config.get("model_type")
+
+
 def load_vocab(model_dir: Path, config: dict, n_vocab: int, pre_override: str | None = None) -> Vocab:
     """Read tokenizer.json / tokenizer_config.json / config.json into GGUF vocab form."""
+    if text_model_type(config) in ("gemma4", "gemma4_text"):
+        from .vocab_gemma4 import load_gemma4_vocab  # its own tokenizer kind, 'gemma4'
+
+        return load_gemma4_vocab(model_dir, config, n_vocab)
     tokenizer_file = model_dir / "tokenizer.json"
     tokenizer = _read_json(tokenizer_file)
     if tokenizer is None:
@@ -278,6 +317,20 @@ def load_vocab(model_dir: Path, config: dict, n_vocab: int, pre_override: str | 
 
     pre, how = choose_pre(tokenizer_file, tokenizer, pre_override)
 
+    special_ids, add_special = special_tokens(tokenizer, tokenizer_config, config, n_vocab)
+
+    return Vocab(tokens=tokens, types=types, merges=_merges(model), pre=pre, pre_source=how,
+                 special_ids=special_ids, add_special=add_special,
+                 chat_template=_chat_template(model_dir, tokenizer_config))
+
+
+def special_tokens(tokenizer: dict, tokenizer_config: dict, config: dict,
+                   n_vocab: int) -> tuple[dict[str, int], dict[str, bool]]:
+    """Special token ids (named in tokenizer_config.json and found among the added
+    tokens, else config.json's *_token_id) and the add_bos/add_eos flags, as llama.cpp's
+    SpecialVocab reads them."""
+    added = {int(t["id"]): t for t in tokenizer.get("added_tokens", [])}
+
     def content(entry):
         return entry.get("content") if isinstance(entry, dict) else entry
 
@@ -299,12 +352,10 @@ def load_vocab(model_dir: Path, config: dict, n_vocab: int, pre_override: str | 
         if typ not in special_ids and isinstance(tid, int) and 0 <= tid < n_vocab:
             special_ids[typ] = tid
 
-    add_special = _post_processor_flags(tokenizer.get("post_processor"), names["bos"], names["eos"])
+    add_special = _post_processor_flags(tokenizer.get("post_processor"), names["bos"], names["eos"], names["sep"])
     for typ in _SPECIAL_KEYS:
         flag = tokenizer_config.get(f"add_{typ}_token")
         if isinstance(flag, bool):
             add_special.setdefault(typ, flag)
 
-    return Vocab(tokens=tokens, types=types, merges=_merges(model), pre=pre, pre_source=how,
-                 special_ids=special_ids, add_special=add_special,
-                 chat_template=_chat_template(model_dir, tokenizer_config))
+    return special_ids, add_special

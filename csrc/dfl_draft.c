@@ -38,6 +38,7 @@ typedef struct propose_graph {
     struct ggml_cgraph * gf;
     append_inputs app;
     struct ggml_tensor * tokens, * pos, * slots, * mask;
+    struct ggml_tensor * mask_swa; /* the sliding layers' mask, when there are any */
     struct ggml_tensor * logits, * argmax, * topk, * topk_lp;
 } propose_graph;
 
@@ -50,6 +51,11 @@ struct dfl_draft {
     int n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_rot, block_size, mask_id;
     int n_feat, target_layers[16];
     float eps, rope_base, embd_scale, logit_scale, softcap;
+    /* sliding layers attend within swa_window positions; `causal` (-1: not set) makes every
+     * layer causal inside the block or none; unset, sliding layers are and full ones are
+     * not (z-lab's reference drafter) */
+    int swa_window, causal;
+    bool swa[DRAFT_MAX_LAYERS];
     /* DFlash2 (conv_k > 0): convolution kernel and group sizes, candidate selector */
     int conv_k, conv_group, sel_rank, sel_top_k;
     struct ggml_tensor * sel_pred, * sel_succ, * sel_hidden;
@@ -152,6 +158,26 @@ static dfl_status read_dflash2(dfl_draft * d) {
     return DFL_OK;
 }
 
+/* Sliding layers (window and per-layer pattern) and the causal flag. */
+static dfl_status read_attention_pattern(dfl_draft * d) {
+    const dfl_gguf * g = &d->file;
+    TRY(read_u32(g, ".attention.sliding_window", false, 0, &d->swa_window));
+    if (d->swa_window > 0) {
+        TRY(dfl_gguf_arr_bool(g, ".attention.sliding_window_pattern", d->swa, d->n_layer));
+    }
+    d->causal = -1;
+    char key[96];
+    snprintf(key, sizeof key, "%s.attention.causal", g->arch);
+    const int64_t id = gguf_find_key(g->meta, key);
+    if (id >= 0) {
+        if (gguf_get_kv_type(g->meta, id) != GGUF_TYPE_BOOL) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' is not a boolean", g->path, key);
+        }
+        d->causal = gguf_get_val_bool(g->meta, id) ? 1 : 0;
+    }
+    return DFL_OK;
+}
+
 static dfl_status read_model(dfl_draft * d) {
     const dfl_gguf * g = &d->file;
     const dfl_target * t = d->target;
@@ -162,7 +188,7 @@ static dfl_status read_model(dfl_draft * d) {
     }
     /* variants whose arithmetic this runtime does not implement: refuse rather than
      * draft with the wrong model */
-    const char * unsupported[] = { ".attention.value_scale", ".attention.sliding_window", ".attention.causal" };
+    const char * unsupported[] = { ".attention.value_scale" };
     for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
         if (dfl_gguf_has(g, unsupported[i])) {
             return dfl_fail(DFL_ERR_FORMAT, "'%s' sets %s%s, a drafter variant this version does not run", g->path,
@@ -188,6 +214,7 @@ static dfl_status read_model(dfl_draft * d) {
     TRY(dfl_gguf_f32(g, ".logit_scale", false, 1.0f, &d->logit_scale));
     TRY(dfl_gguf_f32(g, ".final_logit_softcapping", false, 0.0f, &d->softcap));
     TRY(read_u32(g, "tokenizer.ggml.mask_token_id", true, 0, &d->mask_id));
+    TRY(read_attention_pattern(d));
     TRY(dfl_gguf_arr_i32(g, ".target_layers", d->target_layers, 16, &d->n_feat));
     if (d->block_size < 2 || d->n_rot > d->head_dim || d->n_rot % 2 != 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid block size %d or rope dimensions %d", g->path, d->block_size,
@@ -623,6 +650,13 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     ggml_set_input(pos);
     ggml_set_input(slots);
     ggml_set_input(mask);
+    g->mask_swa = NULL;
+    for (int il = 0; il < d->n_layer && !g->mask_swa; il++) {
+        if (d->swa_window > 0 && d->swa[il]) {
+            g->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B);
+            ggml_set_input(g->mask_swa);
+        }
+    }
 
     struct ggml_tensor * x = ggml_get_rows(ctx, d->tok_embd, tokens);
     if (d->embd_scale != 1.0f) {
@@ -646,7 +680,8 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
         struct ggml_tensor * V = ggml_view_3d(ctx, vc, d->head_dim, d->n_head_kv, n_kv,
                                               ggml_row_size(vc->type, d->head_dim), vc->nb[1], 0);
         struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, K, 0, 2, 1, 3),
-                                                     ggml_permute(ctx, V, 0, 2, 1, 3), mask,
+                                                     ggml_permute(ctx, V, 0, 2, 1, 3),
+                                                     d->swa_window > 0 && d->swa[il] ? g->mask_swa : mask,
                                                      1.0f / sqrtf((float) d->head_dim), 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
         o = ggml_reshape_2d(ctx, o, (int64_t) d->head_dim * d->n_head, B);
@@ -697,6 +732,26 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
         ggml_set_output(g->topk_lp);
         ggml_build_forward_expand(gf, g->topk_lp);
     }
+}
+
+/* The block's mask over n_kv cache slots: slot j holds the latest position below p + B
+ * that maps to it, visible when that position is in the drafter's context window (an
+ * older or stale one is out of it by construction); causal: not after the row's
+ * position; window: fewer than `window` positions from it. */
+static void fill_mask(dfl_draft * d, struct ggml_tensor * dst, int p, int B, int n_kv, bool causal, int window) {
+    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
+    const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0, end = p + B;
+    for (int i = 0; i < B; i++) {
+        const int q = p + i;
+        for (int j = 0; j < n_kv; j++) {
+            const int pos = j < end ? j + d->ring * ((end - 1 - j) / d->ring) : -1;
+            bool visible = pos >= first;
+            visible = visible && (!causal || pos <= q);
+            visible = visible && (window <= 0 || (q - pos < window && (causal || pos - q < window)));
+            d->host_mask[(size_t) i * n_kv + j] = visible ? zero : minf;
+        }
+    }
+    ggml_backend_tensor_set(dst, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
 }
 
 DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
@@ -751,18 +806,10 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     ggml_backend_tensor_set(g->tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
     ggml_backend_tensor_set(d->block, &bonus, 0, sizeof(int32_t));
     set_positions(d, g->pos, g->slots, p, B);
-    const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
-    /* slot j holds the latest position below p + B that maps to it: visible when that
-     * position is in the window (an older or stale one is out of it by construction) */
-    const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0, end = p + B;
-    for (int j = 0; j < n_kv; j++) {
-        const int pos = j < end ? j + d->ring * ((end - 1 - j) / d->ring) : -1;
-        d->host_mask[j] = pos >= first ? zero : minf;
+    fill_mask(d, g->mask, p, B, n_kv, d->causal == 1, 0);
+    if (g->mask_swa) {
+        fill_mask(d, g->mask_swa, p, B, n_kv, d->causal != 0, d->swa_window);
     }
-    for (int i = 1; i < B; i++) {
-        memcpy(d->host_mask + (size_t) i * n_kv, d->host_mask, (size_t) n_kv * sizeof(ggml_fp16_t));
-    }
-    ggml_backend_tensor_set(g->mask, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
     TRY(dfl_runtime_compute(&d->rt, 0, g->gf));
     d->n_tokens += n_rows;
     if (out_tokens) {

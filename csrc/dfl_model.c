@@ -48,6 +48,35 @@ static dfl_status check_rope_scaling(const dfl_model * m) {
     return DFL_OK;
 }
 
+/* One sliding window per model (the runtime keeps one mask for it), and every shared
+ * cache is an earlier layer's own, of the same geometry. */
+static dfl_status check_attention(const dfl_model * m) {
+    int window = 0;
+    for (int il = 0; il < m->n_layer; il++) {
+        const dfl_attention_geometry * a = &m->attn[il];
+        if (m->kind[il] != DFL_LAYER_ATTENTION) {
+            continue;
+        }
+        if (a->window < 0 || (a->window > 0 && window > 0 && a->window != window)) {
+            return dfl_fail(DFL_ERR_FORMAT, "'%s': layer %d has sliding window %d; one window size per model is "
+                            "supported (another layer has %d)", m->file.path, il, a->window, window);
+        }
+        if (a->window > 0) {
+            window = a->window;
+        }
+        if (a->shares_kv) {
+            const int src = a->kv_layer;
+            const dfl_attention_geometry * s = src >= 0 && src < il ? &m->attn[src] : NULL;
+            if (!s || m->kind[src] != DFL_LAYER_ATTENTION || s->shares_kv || s->head_dim_k != a->head_dim_k ||
+                s->head_dim_v != a->head_dim_v || s->n_head_kv != a->n_head_kv || s->window != a->window) {
+                return dfl_fail(DFL_ERR_FORMAT, "'%s': layer %d shares the KV cache of layer %d, which is not an "
+                                "earlier attention layer of the same kind with its own cache", m->file.path, il, src);
+            }
+        }
+    }
+    return DFL_OK;
+}
+
 dfl_status dfl_model_open(const char * path, dfl_model * m) {
     memset(m, 0, sizeof *m);
     TRY(dfl_gguf_open(path, &m->file));
@@ -79,6 +108,9 @@ dfl_status dfl_model_open(const char * path, dfl_model * m) {
                 m->n_attention++;
             }
         }
+    }
+    if (st == DFL_OK) {
+        st = check_attention(m);
     }
     if (st == DFL_OK && m->n_attention == 0) {
         /* every architecture here has attention layers; none means a corrupt layer pattern */
@@ -179,18 +211,37 @@ struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor *
     return ggml_scale(ctx, ggml_rms_norm(ctx, x, eps / n), 1.0f / sqrtf(n));
 }
 
+struct ggml_tensor * dfl_gelu_tanh(struct ggml_context * ctx, struct ggml_tensor * x) {
+    if (!ggml_is_contiguous(x)) {
+        x = ggml_cont(ctx, x); /* ggml_scale needs it (the gate half of a fused gate_up) */
+    }
+    struct ggml_tensor * inner = ggml_add(ctx, x, ggml_scale(ctx, ggml_mul(ctx, ggml_sqr(ctx, x), x), 0.044715f));
+    struct ggml_tensor * t = ggml_tanh(ctx, ggml_scale(ctx, inner, 0.7978845608028654f)); /* sqrt(2 / pi) */
+    return ggml_mul(ctx, ggml_scale(ctx, x, 0.5f), ggml_scale_bias(ctx, t, 1.0f, 1.0f));
+}
+
 struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * gate,
                                     struct ggml_tensor * up, struct ggml_tensor * down) {
     return ggml_mul_mat(ctx, down, ggml_swiglu_split(ctx, ggml_mul_mat(ctx, gate, x), ggml_mul_mat(ctx, up, x)));
 }
 
 struct ggml_tensor * dfl_moe_ffn(struct ggml_context * ctx, struct ggml_tensor * x, const dfl_moe_weights * w) {
+    return dfl_moe_ffn_routed(ctx, x, ggml_mul_mat(ctx, w->router, x), w);
+}
+
+struct ggml_tensor * dfl_moe_ffn_routed(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * logits,
+                                        const dfl_moe_weights * w) {
     const int64_t E = x->ne[0], n = x->ne[1], k = w->n_used;
-    struct ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul_mat(ctx, w->router, x)); /* [n_expert, n] */
+    struct ggml_tensor * probs = ggml_soft_max(ctx, logits); /* [n_expert, n] */
     struct ggml_tensor * chosen = ggml_top_k(ctx, probs, (int) k);                   /* [k, n] */
     struct ggml_tensor * weights = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, w->n_expert, n), chosen);
     weights = ggml_reshape_2d(ctx, weights, k, n);
     weights = ggml_div(ctx, weights, ggml_sum_rows(ctx, weights)); /* renormalised over the chosen */
+    if (w->expert_scale) {
+        struct ggml_tensor * scale = ggml_get_rows(ctx, ggml_reshape_2d(ctx, w->expert_scale, 1, w->n_expert),
+                                                   ggml_reshape_1d(ctx, chosen, k * n)); /* [1, k n] */
+        weights = ggml_mul(ctx, weights, ggml_reshape_2d(ctx, scale, k, n));
+    }
     weights = ggml_reshape_3d(ctx, weights, 1, k, n);
 
     struct ggml_tensor * xr = ggml_reshape_3d(ctx, x, E, 1, n);
@@ -204,7 +255,7 @@ struct ggml_tensor * dfl_moe_ffn(struct ggml_context * ctx, struct ggml_tensor *
         gate = ggml_mul_mat_id(ctx, w->gate, xr, chosen);
         up = ggml_mul_mat_id(ctx, w->up, xr, chosen);
     }
-    struct ggml_tensor * h = ggml_swiglu_split(ctx, gate, up);
+    struct ggml_tensor * h = w->gelu ? ggml_mul(ctx, dfl_gelu_tanh(ctx, gate), up) : ggml_swiglu_split(ctx, gate, up);
     struct ggml_tensor * out = ggml_mul_mat_id(ctx, w->down, h, chosen); /* [E, k, n] */
     out = ggml_mul(ctx, out, weights);
     struct ggml_tensor * sum = ggml_view_2d(ctx, out, E, n, out->nb[2], 0);

@@ -18,9 +18,12 @@ typedef enum dfl_layer_kind {
     DFL_LAYER_RECURRENT = 1  /* Gated DeltaNet with a short convolution: state and conv window */
 } dfl_layer_kind;
 
-/* KV cache geometry of an attention layer. */
+/* KV cache geometry of an attention layer, and what it attends to. */
 typedef struct dfl_attention_geometry {
     int head_dim_k, head_dim_v, n_head_kv;
+    int window;      /* > 0: sliding window, a row at position p sees keys at positions > p - window */
+    bool shares_kv;  /* reads the cache of layer kv_layer (an earlier one) and stores nothing */
+    int kv_layer;
 } dfl_attention_geometry;
 
 /* Shape of every recurrent layer of a model: a short causal convolution over
@@ -76,7 +79,9 @@ struct dfl_graph {
 };
 
 /* Attention over the cache and this graph's rows with the runtime's mask (causal, or
- * ancestors only in a tree): stores k and v at the rows' cache slots.
+ * ancestors only in a tree; within the layer's window when it has one): stores k and v
+ * at the rows' cache slots. A layer sharing another's cache passes k = v = NULL and
+ * attends to what that layer stored.
  * q [hd_k, n_head, n], k [hd_k, n_head_kv, n], v [hd_v * n_head_kv, n] -> [hd_v * n_head, n]. */
 struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                          struct ggml_tensor * v, float scale);
@@ -97,19 +102,27 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
 struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps);
 /* x / sqrt(sum(x^2) + eps) per row */
 struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor * x, float eps);
+/* GELU, tanh form, in f32 (ggml_gelu reads an f16-indexed table on the CPU: ~1e-3 off) */
+struct ggml_tensor * dfl_gelu_tanh(struct ggml_context * ctx, struct ggml_tensor * x);
 /* down(silu(gate x) * up x) */
 struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * gate,
                                     struct ggml_tensor * up, struct ggml_tensor * down);
 
 /* Routed experts: softmax over the router's logits, the n_used best experts per row with
- * their probabilities renormalised to sum to 1, each a SwiGLU FFN. gate_up (when not
- * NULL) holds gate and up fused [n_embd, 2 n_ff, n_expert]; else gate and up apart. */
+ * their probabilities renormalised to sum to 1 (then times expert_scale of the expert
+ * when given), each a gated FFN (SiLU, or GELU-tanh when gelu). gate_up (when not NULL)
+ * holds gate and up fused [n_embd, 2 n_ff, n_expert]; else gate and up apart. */
 typedef struct dfl_moe_weights {
     struct ggml_tensor * router;  /* [n_embd, n_expert] */
     struct ggml_tensor * gate, * up, * gate_up, * down;
+    struct ggml_tensor * expert_scale; /* [n_expert] or NULL */
     int n_expert, n_used;
+    bool gelu;
 } dfl_moe_weights;
 struct ggml_tensor * dfl_moe_ffn(struct ggml_context * ctx, struct ggml_tensor * x, const dfl_moe_weights * w);
+/* The same with the router's logits [n_expert, n] computed by the caller (from another input). */
+struct ggml_tensor * dfl_moe_ffn_routed(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * logits,
+                                        const dfl_moe_weights * w);
 
 /* ---- loader helpers ----------------------------------------------------------------- */
 

@@ -144,12 +144,13 @@ dfl_status dfl_target_define_state(dfl_target * t) {
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
             t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_replay_rows(m), t->p.n_verify);
             t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + t->p.n_verify);
-        } else {
+        } else if (!m->attn[il].shares_kv) {
             const dfl_attention_geometry * a = &m->attn[il];
+            const int64_t n_rows = a->window > 0 ? t->swa_ring : t->p.n_ctx;
             t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, (int64_t) a->head_dim_k * a->n_head_kv,
-                                                t->p.n_ctx);
+                                                n_rows);
             t->v_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type_v, (int64_t) a->head_dim_v * a->n_head_kv,
-                                                t->p.n_ctx);
+                                                n_rows);
         }
     }
     const int rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
@@ -198,6 +199,15 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
         return st;
     }
     st = check_params(&t->m, &t->p);
+    for (int il = 0; il < t->m.n_layer; il++) {
+        if (t->m.kind[il] == DFL_LAYER_ATTENTION && t->m.attn[il].window > 0) {
+            t->swa_window = t->m.attn[il].window;
+        }
+    }
+    /* a call's rows must not take the ring rows of positions still inside any of its
+     * rows' windows: window - 1 + rows at least */
+    const int64_t rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+    t->swa_ring = t->swa_window > 0 && t->swa_window + rows < t->p.n_ctx ? (int) (t->swa_window + rows) : t->p.n_ctx;
     if (st == DFL_OK) {
         /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
         const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 +

@@ -11,6 +11,7 @@ typedef struct graph_build {
     dfl_target * t;
     graph_inputs * in;
     int n_kv;
+    int n_kv_swa; /* ring rows the sliding layers attend over */
     bool verify; /* a chain verify: state moves only at commit */
     bool tree;   /* a tree verify: rows follow their parents */
 } graph_build;
@@ -27,18 +28,31 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
     struct ggml_context * ctx = g->ctx;
-    const int n = g->n, n_kv = b->n_kv;
-    const int64_t hd_k = k->ne[0], n_head_kv = k->ne[1], hd_v = v->ne[0] / n_head_kv;
+    const dfl_attention_geometry * a = &t->m.attn[il];
+    const bool ring = a->window > 0;
+    const int n = g->n, n_kv = ring ? b->n_kv_swa : b->n_kv;
+    struct ggml_tensor * slots = ring ? b->in->slots_swa : b->in->slots;
+    const int src = a->shares_kv ? a->kv_layer : il;
+    const int64_t hd_k = t->m.attn[src].head_dim_k, hd_v = t->m.attn[src].head_dim_v, n_head_kv = t->m.attn[src].n_head_kv;
 
-    struct ggml_tensor * kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, hd_k * n_head_kv, n), b->in->slots);
-    struct ggml_tensor * vc = ggml_set_rows(ctx, t->v_cache[il], v, b->in->slots);
-    ggml_build_forward_expand(g->gf, kc);
-    ggml_build_forward_expand(g->gf, vc);
+    struct ggml_tensor * kc, * vc;
+    if (a->shares_kv) {
+        kc = t->k_stored[src];
+        vc = t->v_stored[src];
+    } else {
+        kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, hd_k * n_head_kv, n), slots);
+        vc = ggml_set_rows(ctx, t->v_cache[il], ggml_reshape_2d(ctx, v, hd_v * n_head_kv, n), slots);
+        ggml_build_forward_expand(g->gf, kc);
+        ggml_build_forward_expand(g->gf, vc);
+        t->k_stored[il] = kc;
+        t->v_stored[il] = vc;
+    }
 
     struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd_k, n_head_kv, n_kv, ggml_row_size(kc->type, hd_k), kc->nb[1], 0);
     struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd_v, n_head_kv, n_kv, ggml_row_size(vc->type, hd_v), vc->nb[1], 0);
+    struct ggml_tensor * mask = ring ? b->in->mask_swa : b->in->mask;
     struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, K, 0, 2, 1, 3),
-                                                 ggml_permute(ctx, V, 0, 2, 1, 3), b->in->mask, scale, 0.0f, 0.0f);
+                                                 ggml_permute(ctx, V, 0, 2, 1, 3), mask, scale, 0.0f, 0.0f);
     ggml_prec_set_acc(o, GGML_PREC_F32);
     return ggml_reshape_2d(ctx, o, hd_v * q->ne[1], n);
 }
@@ -178,6 +192,7 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
  * cache type (quantized rows requantize to the same bytes). */
 static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in) {
     in->commit_rows = in->commit_keep = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
+    in->commit_kv_src_swa = in->commit_kv_dst_swa = NULL;
     if (!t->commit.active) {
         return;
     }
@@ -188,6 +203,12 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         in->commit_kv_dst = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, t->p.n_verify);
         ggml_set_input(in->commit_kv_src);
         ggml_set_input(in->commit_kv_dst);
+        if (t->swa_window > 0) {
+            in->commit_kv_src_swa = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, t->p.n_verify);
+            in->commit_kv_dst_swa = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, t->p.n_verify);
+            ggml_set_input(in->commit_kv_src_swa);
+            ggml_set_input(in->commit_kv_dst_swa);
+        }
     }
     const int R = t->commit.n_verified;
     if (m->n_recurrent > 0) {
@@ -204,11 +225,14 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
     const size_t f32 = sizeof(float);
     for (int il = 0; il < m->n_layer; il++) {
         if (m->kind[il] == DFL_LAYER_ATTENTION) {
-            if (tree) {
+            if (tree && !m->attn[il].shares_kv) {
+                const bool ring = m->attn[il].window > 0;
+                struct ggml_tensor * src = ring ? in->commit_kv_src_swa : in->commit_kv_src;
+                struct ggml_tensor * dst = ring ? in->commit_kv_dst_swa : in->commit_kv_dst;
                 struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
                 for (int c = 0; c < 2; c++) {
-                    struct ggml_tensor * rows = ggml_get_rows(ctx, caches[c], in->commit_kv_src);
-                    ggml_build_forward_expand(gf, ggml_set_rows(ctx, caches[c], rows, in->commit_kv_dst));
+                    struct ggml_tensor * rows = ggml_get_rows(ctx, caches[c], src);
+                    ggml_build_forward_expand(gf, ggml_set_rows(ctx, caches[c], rows, dst));
                 }
             }
             continue;
@@ -246,6 +270,14 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
         }
         ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
         ggml_backend_tensor_set(in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
+        if (in->commit_kv_src_swa) {
+            for (int k = 0; k < M; k++) {
+                src[k] %= t->swa_ring;
+                dst[k] %= t->swa_ring;
+            }
+            ggml_backend_tensor_set(in->commit_kv_src_swa, src, 0, (size_t) M * sizeof(int32_t));
+            ggml_backend_tensor_set(in->commit_kv_dst_swa, dst, 0, (size_t) M * sizeof(int64_t));
+        }
     }
     if (in->commit_keep) {
         float keep[DFL_MAX_VERIFY];
@@ -296,6 +328,13 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
     in->slots = new_input(ctx, GGML_TYPE_I64, n);
     in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
     ggml_set_input(in->mask);
+    const int n_kv_swa = n_kv < t->swa_ring ? n_kv : t->swa_ring;
+    in->slots_swa = in->mask_swa = NULL;
+    if (t->swa_window > 0) {
+        in->slots_swa = new_input(ctx, GGML_TYPE_I64, n);
+        in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv_swa, n);
+        ggml_set_input(in->mask_swa);
+    }
     in->conv_windows = in->parent_rows = in->node_rows = NULL;
     if (tree && m->n_recurrent > 0) {
         in->conv_windows = new_input(ctx, GGML_TYPE_I32, (int64_t) m->rec.d_conv * n);
@@ -309,7 +348,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         }
     }
 
-    graph_build b = { t, in, n_kv, verify && !tree, tree };
+    graph_build b = { t, in, n_kv, n_kv_swa, verify && !tree, tree };
     dfl_graph g = { ctx, gf, n, in->pos, &b };
     struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, tokens);
     if (m->embd_scale != 1.0f) {
@@ -370,22 +409,49 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int3
     }
     ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
     ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
+    if (in->slots_swa) {
+        for (int i = 0; i < n; i++) {
+            slots[i] %= t->swa_ring;
+        }
+        ggml_backend_tensor_set(in->slots_swa, slots, 0, (size_t) n * sizeof(int64_t));
+    }
 }
 
-/* Causal for a chain; a tree node sees the context and its ancestors. */
-static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, bool tree) {
+/* Causal for a chain; a tree node sees the context and its ancestors. In a sliding
+ * layer's ring of R rows, row j holds this call's row (j - p) mod R when that is below
+ * n, else position j - p mod R + p - R (none when negative); its mask hides, in addition,
+ * keys `window` or more positions behind the row's own (a node's position is p + depth). */
+static void fill_mask(dfl_target * t, struct ggml_tensor * dst, int n, int n_kv, bool tree, int window, int ring) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
     const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
     const tree_plan * tp = &t->tree;
+    const int p = t->n_past;
     for (int i = 0; i < n; i++) {
         ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
+        const int pos_i = p + (tree ? tp->depth[i] : i);
         for (int j = 0; j < n_kv; j++) {
-            const int node = j - t->n_past;
-            const bool visible = tree ? node < 0 || (node < n && (tp->ancestors[i] >> node & 1)) : node <= i;
+            const int node = ((j - p) % ring + ring) % ring; /* this call's row, when below n */
+            const int pos_j = node < n ? p + (tree ? tp->depth[node] : node) : p + node - ring;
+            bool visible;
+            if (node < n) {
+                visible = tree ? (tp->ancestors[i] >> node & 1) != 0 : node <= i;
+            } else {
+                visible = pos_j >= 0;
+            }
+            if (visible && window > 0) {
+                visible = pos_i - pos_j < window;
+            }
             row[j] = visible ? zero : minf;
         }
     }
-    ggml_backend_tensor_set(in->mask, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+    ggml_backend_tensor_set(dst, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+}
+
+static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, bool tree) {
+    fill_mask(t, in->mask, n, n_kv, tree, 0, t->p.n_ctx);
+    if (in->mask_swa) {
+        fill_mask(t, in->mask_swa, n, (int) in->mask_swa->ne[0], tree, t->swa_window, t->swa_ring);
+    }
 }
 
 static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {

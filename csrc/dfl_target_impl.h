@@ -25,6 +25,10 @@ typedef struct graph_inputs {
     struct ggml_tensor * pos;
     struct ggml_tensor * slots;
     struct ggml_tensor * mask;
+    /* sliding-window layers: their cache is a ring of swa_ring rows (position p in row
+     * p % swa_ring), with its own slots and mask */
+    struct ggml_tensor * slots_swa;
+    struct ggml_tensor * mask_swa;
     /* tree verify of a model with recurrent layers */
     struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
     struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
@@ -38,6 +42,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
     struct ggml_tensor * commit_kv_src;    /* tree: [n_verify] cache rows to move ... */
     struct ggml_tensor * commit_kv_dst;    /* ... and where to */
+    struct ggml_tensor * commit_kv_src_swa, * commit_kv_dst_swa; /* the same in the sliding layers' rings */
 } graph_inputs;
 
 /* What makes two target graphs identical apart from their inputs. */
@@ -92,12 +97,17 @@ struct dfl_target {
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last
                                                          verify, committed ones first, one column per step or node */
     struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */
+    /* while a graph is built: each attention layer's cache after this graph's rows are
+     * stored in it, what the layers sharing that cache read */
+    struct ggml_tensor * k_stored[DFL_MAX_LAYERS], * v_stored[DFL_MAX_LAYERS];
 
     /* host staging for graph inputs */
     int32_t * host_i32;
     int64_t * host_i64;
     ggml_fp16_t * host_mask;
     size_t host_rows, host_mask_size;
+    int swa_window; /* the window of the model's sliding layers (0: none) */
+    int swa_ring;   /* rows of their caches: the window and the largest call, at most n_ctx */
 
     /* results of the last call */
     struct ggml_tensor * out_logits;
