@@ -82,7 +82,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             n_past += len(new)  # the accepted drafts and the old bonus
             stats.draft_seconds += t_draft
             stats.verify_seconds += t_verify
-            stats.commit_seconds += time.perf_counter() - t0 - t_draft - t_verify
+            stats.other_seconds += time.perf_counter() - t0 - t_draft - t_verify
             produced = min(len(new), remaining)
             for i in range(produced):
                 if new[i] in stops:
