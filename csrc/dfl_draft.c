@@ -523,7 +523,8 @@ static struct ggml_tensor * dynamic_conv(dfl_draft * d, struct ggml_context * ct
                                          struct ggml_tensor * dyn, struct ggml_tensor * base, int phase) {
     const int64_t E = d->n_embd, gs = d->conv_group, G = E / gs, K = d->conv_k, B = x->ne[1];
     const size_t f32 = sizeof(float);
-    struct ggml_tensor * x3 = ggml_reshape_3d(ctx, ggml_cont(ctx, x), gs, G, B);
+    /* x (a norm's or a matmul's result) is contiguous: a cont would only copy it */
+    struct ggml_tensor * x3 = ggml_reshape_3d(ctx, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), gs, G, B);
     struct ggml_tensor * out = NULL;
     for (int64_t o = 0; o < K && o < B; o++) {
         struct ggml_tensor * shifted = o == 0 ? x3 :

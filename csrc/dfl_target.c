@@ -199,7 +199,9 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     }
     st = check_params(&t->m, &t->p);
     if (st == DFL_OK) {
-        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64;
+        /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
+        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 +
+                                  (size_t) t->m.n_recurrent * 16 * (size_t) dfl_target_max_tree_nodes(t);
         st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
                               DFL_MAX_GRAPH_SLOTS);
     }
@@ -312,7 +314,7 @@ dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
 static bool same_key(const graph_key * a, const graph_key * b) {
     return a->n == b->n && a->n_kv == b->n_kv && a->logits == b->logits && a->verify == b->verify &&
            a->commit == b->commit && a->commit_replay == b->commit_replay && a->tokens_src == b->tokens_src &&
-           a->tree == b->tree && a->tree_paths == b->tree_paths && a->tree_path_len == b->tree_path_len;
+           a->tree == b->tree;
 }
 
 /* The slot holding a graph of this key, or the one to build it in (marked invalid):
@@ -365,7 +367,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
      * between the chain and a few tree sizes */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
     const graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_verified : 0, tokens_src,
-                            tree, tree ? t->tree.n_paths : 0, tree ? t->tree.path_len : 0 };
+                            tree };
     const int slot = graph_slot(t, &key);
     graph_cache * gc = &t->graphs[slot];
     t->n_graphs++;
@@ -479,70 +481,8 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     return DFL_OK;
 }
 
-/* The paths' op is padded to a power of two of paths (the states it copies; at least 2,
- * so that a chain-shaped tree does not take a graph of its own) and, per node count, to
- * the longest path seen so far (its steps): trees of a budget then share a few graphs
- * whatever their shape (a deep tree fixes the length early in decoding, and the number
- * of leaves takes one of a few values). */
-static int pow2_at_most(int x, int n) {
-    int s = 2;
-    while (s < x) {
-        s *= 2;
-    }
-    return s < n ? s : n;
-}
-
-/* Every tree of n nodes fits: at most n - 1 leaves (n = 1: the root), paths of n nodes. */
-void dfl_tree_worst_shape(int n, int * n_paths, int * path_len) {
-    *n_paths = pow2_at_most(n > 1 ? n - 1 : 1, n);
-    *path_len = n;
-}
-
-/* The tree's root-to-leaf paths, leaves in node order, padded with repeats of the leaf
- * (and padding paths with the root): each node's output is read from the first path
- * through it. */
-static void plan_paths(dfl_target * t, tree_plan * tp) {
-    const int n = tp->n;
-    bool inner[DFL_MAX_TREE] = { false };
-    int leaves = 0, len = 1;
-    for (int i = 1; i < n; i++) {
-        inner[tp->parent[i]] = true;
-    }
-    for (int i = 0; i < n; i++) {
-        leaves += !inner[i];
-        len = tp->depth[i] + 1 > len ? tp->depth[i] + 1 : len;
-    }
-    tp->n_paths = pow2_at_most(leaves, n);
-    if (t->tree_path_len[n] < len) {
-        t->tree_path_len[n] = len;
-    }
-    const int D = tp->path_len = t->tree_path_len[n];
-    bool placed[DFL_MAX_TREE] = { false };
-    int p = 0;
-    for (int leaf = 0; leaf < n; leaf++) {
-        if (inner[leaf]) {
-            continue;
-        }
-        int32_t * steps = &tp->path_nodes[p * D];
-        for (int node = leaf; node >= 0; node = tp->parent[node]) {
-            steps[tp->depth[node]] = node;
-            if (!placed[node]) {
-                placed[node] = true;
-                tp->out_row[node] = p * D + tp->depth[node];
-            }
-        }
-        for (int s = tp->depth[leaf] + 1; s < D; s++) {
-            steps[s] = leaf;
-        }
-        p++;
-    }
-    for (int s = p * D; s < tp->n_paths * D; s++) {
-        tp->path_nodes[s] = 0;
-    }
-}
-
 /* Validate a tree and derive what its graph needs on the host: depths (positions), the
- * ancestor mask, conv windows and the paths of its recurrence. */
+ * ancestor mask and conv windows. */
 static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
     tree_plan * tp = &t->tree;
     const int W = t->m.rec.d_conv - 1; /* -1 without recurrent layers: no windows */
@@ -572,7 +512,6 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
             }
         }
     }
-    plan_paths(t, tp);
     return DFL_OK;
 }
 

@@ -83,13 +83,14 @@ static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_t
     return ggml_view_4d(ctx, x, ne0, ne1, n, 1, x->nb[1], x->nb[2], x->nb[2] * n, 0);
 }
 
-/* Tree verify: the tree cut into root-to-leaf paths, each path one sequence of a single
- * delta-rule op starting from the committed state, and each node's output taken from
- * the first path through it. Paths are padded to one length with whatever steps: they
- * come after the path's last node, and the paths' final states are never read (the
- * commit reruns the accepted path). Steps and output rows are inputs, so the graph
- * depends only on the padded (paths, length): trees of a budget share a few graphs. A
- * chain-shaped tree is one path, the chain's own arithmetic. No per-node state exists. */
+/* Tree verify: every node continues its parent's recurrence, one node after another in
+ * the given order (parents first). Node j's step gathers its parent's state from the
+ * per-node rows (the root starts from the committed state), runs one token and
+ * scatters [output | state] to row j. Which row is whose parent is an input, so the
+ * graph depends only on the node count: every tree of a budget reuses one graph. A
+ * chain-shaped tree does exactly the arithmetic of the chain path. The rows live in the
+ * graph's compute memory for one layer at a time (they start as copies of the root's
+ * result, so nothing is allocated up front): the commit reruns the accepted path. */
 static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                            struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
     const graph_build * b = g->runtime;
@@ -97,25 +98,29 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
     struct ggml_context * ctx = g->ctx;
     const dfl_recurrent_geometry * r = &t->m.rec;
     const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
-    const int64_t P = t->tree.n_paths, D = t->tree.path_len;
-    struct ggml_tensor * steps = b->in->path_nodes;
+    const size_t f32 = sizeof(float);
+    const int64_t O = hv * Hv; /* output floats of a token; its state follows in the row */
 
-    /* [features, n] rows gathered into path order: [features, D * P] */
-    struct ggml_tensor * qs = ggml_get_rows(ctx, ggml_view_2d(ctx, q, hk * Hk, n, q->nb[2], 0), steps);
-    struct ggml_tensor * ks = ggml_get_rows(ctx, ggml_view_2d(ctx, k, hk * Hk, n, k->nb[2], 0), steps);
-    struct ggml_tensor * vs = ggml_get_rows(ctx, ggml_view_2d(ctx, v, hv * Hv, n, v->nb[2], 0), steps);
-    struct ggml_tensor * gs = ggml_get_rows(ctx, ggml_reshape_2d(ctx, gate, Hv, n), steps);
-    struct ggml_tensor * bs = ggml_get_rows(ctx, ggml_reshape_2d(ctx, beta, Hv, n), steps);
-    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-    if (P > 1) {
-        s0 = ggml_repeat_4d(ctx, s0, hv, hv, Hv, P);
+    struct ggml_tensor * rows = NULL;
+    for (int j = 0; j < n; j++) {
+        struct ggml_tensor * s0;
+        if (j == 0) {
+            s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+        } else {
+            struct ggml_tensor * parent = ggml_get_rows(ctx, rows, b->in->parent_row[j]);
+            s0 = ggml_view_4d(ctx, parent, hv, hv, Hv, 1, hv * f32, hv * hv * f32, hv * hv * Hv * f32, O * f32);
+        }
+        struct ggml_tensor * qj = ggml_view_4d(ctx, q, hk, Hk, 1, 1, q->nb[1], q->nb[2], q->nb[2], j * q->nb[2]);
+        struct ggml_tensor * kj = ggml_view_4d(ctx, k, hk, Hk, 1, 1, k->nb[1], k->nb[2], k->nb[2], j * k->nb[2]);
+        struct ggml_tensor * vj = ggml_view_4d(ctx, v, hv, Hv, 1, 1, v->nb[1], v->nb[2], v->nb[2], j * v->nb[2]);
+        struct ggml_tensor * gj = ggml_view_4d(ctx, gate, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
+        struct ggml_tensor * bj = ggml_view_4d(ctx, beta, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
+        struct ggml_tensor * res = ggml_gated_delta_net(ctx, qj, kj, vj, gj, bj, s0, 1); /* [output | state] */
+        res = ggml_reshape_2d(ctx, res, ggml_nelements(res), 1);
+        rows = j == 0 ? ggml_repeat_4d(ctx, res, res->ne[0], n, 1, 1) : ggml_set_rows(ctx, rows, res, b->in->node_row[j]);
     }
-    struct ggml_tensor * res = ggml_gated_delta_net(ctx, ggml_reshape_4d(ctx, qs, hk, Hk, D, P),
-                                                    ggml_reshape_4d(ctx, ks, hk, Hk, D, P),
-                                                    ggml_reshape_4d(ctx, vs, hv, Hv, D, P),
-                                                    ggml_reshape_4d(ctx, gs, 1, Hv, D, P),
-                                                    ggml_reshape_4d(ctx, bs, 1, Hv, D, P), s0, 1);
-    struct ggml_tensor * o = ggml_get_rows(ctx, ggml_view_2d(ctx, res, hv * Hv, D * P, res->nb[1], 0), b->in->out_rows);
+    ggml_build_forward_expand(g->gf, rows);
+    struct ggml_tensor * o = ggml_cont(ctx, ggml_view_2d(ctx, rows, O, n, rows->nb[1], 0));
     return ggml_reshape_3d(ctx, o, hv, Hv, n);
 }
 
@@ -291,11 +296,17 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
     in->slots = new_input(ctx, GGML_TYPE_I64, n);
     in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
     ggml_set_input(in->mask);
-    in->conv_windows = in->path_nodes = in->out_rows = NULL;
+    in->conv_windows = in->parent_rows = in->node_rows = NULL;
     if (tree && m->n_recurrent > 0) {
         in->conv_windows = new_input(ctx, GGML_TYPE_I32, (int64_t) m->rec.d_conv * n);
-        in->path_nodes = new_input(ctx, GGML_TYPE_I32, (int64_t) t->tree.n_paths * t->tree.path_len);
-        in->out_rows = new_input(ctx, GGML_TYPE_I32, n);
+        /* the root starts from the committed state and fills every row: only nodes 1..
+         * have a parent row and a row to write */
+        in->parent_rows = n > 1 ? new_input(ctx, GGML_TYPE_I32, n - 1) : NULL;
+        in->node_rows = n > 1 ? new_input(ctx, GGML_TYPE_I64, n - 1) : NULL;
+        for (int j = 1; j < n; j++) {
+            in->parent_row[j] = ggml_view_1d(ctx, in->parent_rows, 1, (size_t) (j - 1) * sizeof(int32_t));
+            in->node_row[j] = ggml_view_1d(ctx, in->node_rows, 1, (size_t) (j - 1) * sizeof(int64_t));
+        }
     }
 
     graph_build b = { t, in, n_kv, verify && !tree, tree };
@@ -379,8 +390,16 @@ static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, b
 
 static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
     const tree_plan * tp = &t->tree;
-    dfl_runtime_set(&t->rt, in->path_nodes, tp->path_nodes, 0, (size_t) tp->n_paths * tp->path_len * sizeof(int32_t));
-    dfl_runtime_set(&t->rt, in->out_rows, tp->out_row, 0, (size_t) n * sizeof(int32_t));
+    int32_t parent_rows[DFL_MAX_TREE];
+    int64_t node_rows[DFL_MAX_TREE];
+    for (int i = 1; i < n; i++) {
+        parent_rows[i - 1] = tp->parent[i];
+        node_rows[i - 1] = i;
+    }
+    if (n > 1) {
+        dfl_runtime_set(&t->rt, in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->node_rows, node_rows, 0, (size_t) (n - 1) * sizeof(int64_t));
+    }
     dfl_runtime_set(&t->rt, in->conv_windows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
 }
 

@@ -12,18 +12,12 @@
 
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 
-/* A tree verify's recurrence runs over the tree cut into root-to-leaf paths, padded to
- * n_paths paths of path_len steps (see plan_paths in dfl_target.c): one sequence per
- * path, every node's output taken from the first path through it. */
 typedef struct tree_plan {
     int n;
     int32_t parent[DFL_MAX_TREE];
     int32_t depth[DFL_MAX_TREE];
     uint64_t ancestors[DFL_MAX_TREE];               /* bit j: node j is on the path to the root */
     int32_t windows[DFL_MAX_TREE * 16];             /* conv window per node, d_conv entries */
-    int n_paths, path_len;
-    int32_t path_nodes[DFL_MAX_TREE * DFL_MAX_TREE]; /* [n_paths][path_len] node of each step */
-    int32_t out_row[DFL_MAX_TREE];                  /* node i's step in that layout: path * path_len + depth */
 } tree_plan;
 
 typedef struct graph_inputs {
@@ -33,8 +27,10 @@ typedef struct graph_inputs {
     struct ggml_tensor * mask;
     /* tree verify of a model with recurrent layers */
     struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
-    struct ggml_tensor * path_nodes;   /* [n_paths * path_len] node of each step of each path */
-    struct ggml_tensor * out_rows;     /* [n] step of each node's output in the paths' result */
+    struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
+    struct ggml_tensor * node_rows;    /* [n-1] row of nodes 1..: 1, 2, ..., n-1 */
+    struct ggml_tensor * parent_row[DFL_MAX_TREE]; /* one-entry views of the two, per node */
+    struct ggml_tensor * node_row[DFL_MAX_TREE];
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
      * NULL when the model has nothing of that kind to commit */
     struct ggml_tensor * commit_rows;      /* [verified] replay columns to rerun: the kept path, then any */
@@ -53,8 +49,7 @@ typedef struct graph_key {
     int commit;                      /* carries a pending commit: 0 none, 1 chain, 2 tree */
     int commit_replay;               /* tokens rerun by the commit */
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
-    bool tree;                       /* a tree verify (its shape is an input) ... */
-    int tree_paths, tree_path_len;   /* ... up to its paths' padded sizes */
+    bool tree;                       /* a tree verify (its shape is an input) */
 } graph_key;
 
 typedef struct graph_cache {
@@ -118,7 +113,6 @@ struct dfl_target {
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
     uint64_t graph_clock;
     int64_t n_graphs, n_graph_builds;
-    int tree_path_len[DFL_MAX_TREE + 1]; /* per node count: the padded path length of tree graphs (only grows) */
 };
 
 /* dfl_target.c: loading in steps, for the memory planner (dfl_plan.c) */
@@ -126,8 +120,6 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
 ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t);
 dfl_status dfl_target_define_state(dfl_target * t);
 int dfl_target_max_tree_nodes(const dfl_target * t);
-/* The largest padded (paths, steps) a tree of n nodes can take. */
-void dfl_tree_worst_shape(int n, int * n_paths, int * path_len);
 
 /* dfl_target_graph.c */
 struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,

@@ -229,7 +229,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             draft.append_rows(1, defer=True)
             stage("committed")
             return [int(choice[0])], t1 - t0, t2 - t1
-        draft.propose(bonus, b)
+        draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         depth = min(b - 1, remaining)
         cand, logp = draft.topk(b - 1)
         tree = build_tree(bonus, cand, logp, budget, max_depth=depth)
