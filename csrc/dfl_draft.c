@@ -400,6 +400,9 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     info->n_graphs = d->n_graphs;
     info->n_graph_builds = d->n_graph_builds;
     info->compute_bytes = dfl_runtime_compute_bytes(&d->rt);
+    info->n_last_nodes = d->rt.n_last_nodes;
+    info->n_host_writes = d->rt.traffic->writes;
+    info->n_host_reads = d->rt.traffic->reads;
     return DFL_OK;
 }
 
@@ -507,8 +510,8 @@ static void set_positions(dfl_draft * d, struct ggml_tensor * pos, struct ggml_t
         d->host_i32[i] = p0 + i;
         d->host_i64[i] = (p0 + i) % d->ring;
     }
-    ggml_backend_tensor_set(pos, d->host_i32, 0, (size_t) n * sizeof(int32_t));
-    ggml_backend_tensor_set(slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
+    dfl_runtime_set(&d->rt, pos, d->host_i32, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_set(&d->rt, slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
 }
 
 static dfl_status check_append(const dfl_draft * d, const int32_t * rows, int32_t n) {
@@ -550,14 +553,14 @@ static void set_append_inputs(dfl_draft * d, const append_inputs * in, const int
     for (int i = 0; i < R; i++) {
         d->host_i32[i] = i < n ? rows[i] : 0;
     }
-    ggml_backend_tensor_set(in->rows, d->host_i32, 0, (size_t) R * sizeof(int32_t));
+    dfl_runtime_set(&d->rt, in->rows, d->host_i32, 0, (size_t) R * sizeof(int32_t));
     set_positions(d, in->pos, in->slots, d->n_tokens, (int) R);
     for (int i = 0; i < R; i++) {
         if (i >= n || i < n - d->ring) {
             d->host_i64[i] = d->ring;
         }
     }
-    ggml_backend_tensor_set(in->slots, d->host_i64, 0, (size_t) R * sizeof(int64_t));
+    dfl_runtime_set(&d->rt, in->slots, d->host_i64, 0, (size_t) R * sizeof(int64_t));
 }
 
 DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t n) {
@@ -591,7 +594,8 @@ static struct ggml_tensor * dynamic_conv(dfl_draft * d, struct ggml_context * ct
                                          struct ggml_tensor * dyn, struct ggml_tensor * base, int phase) {
     const int64_t E = d->n_embd, gs = d->conv_group, G = E / gs, K = d->conv_k, B = x->ne[1];
     const size_t f32 = sizeof(float);
-    struct ggml_tensor * x3 = ggml_reshape_3d(ctx, ggml_cont(ctx, x), gs, G, B);
+    /* x (a norm's or a matmul's result) is contiguous: a cont would only copy it */
+    struct ggml_tensor * x3 = ggml_reshape_3d(ctx, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), gs, G, B);
     struct ggml_tensor * out = NULL;
     for (int64_t o = 0; o < K && o < B; o++) {
         struct ggml_tensor * shifted = o == 0 ? x3 :
@@ -751,7 +755,7 @@ static void fill_mask(dfl_draft * d, struct ggml_tensor * dst, int p, int B, int
             d->host_mask[(size_t) i * n_kv + j] = visible ? zero : minf;
         }
     }
-    ggml_backend_tensor_set(dst, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
+    dfl_runtime_set(&d->rt, dst, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
 }
 
 DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
@@ -803,8 +807,8 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     for (int i = 1; i < B; i++) {
         d->host_i32[i] = d->mask_id;
     }
-    ggml_backend_tensor_set(g->tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
-    ggml_backend_tensor_set(d->block, &bonus, 0, sizeof(int32_t));
+    dfl_runtime_set(&d->rt, g->tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
+    dfl_runtime_set(&d->rt, d->block, &bonus, 0, sizeof(int32_t));
     set_positions(d, g->pos, g->slots, p, B);
     fill_mask(d, g->mask, p, B, n_kv, d->causal == 1, 0);
     if (g->mask_swa) {
@@ -813,7 +817,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     TRY(dfl_runtime_compute(&d->rt, 0, g->gf));
     d->n_tokens += n_rows;
     if (out_tokens) {
-        ggml_backend_tensor_get(d->block, out_tokens, sizeof(int32_t), (size_t) (B - 1) * sizeof(int32_t));
+        dfl_runtime_get(&d->rt, d->block, out_tokens, sizeof(int32_t), (size_t) (B - 1) * sizeof(int32_t));
     }
     d->n_out = B - 1;
     return DFL_OK;
@@ -826,7 +830,7 @@ DFL_API dfl_status dfl_draft_block(const dfl_draft * d, int32_t * dst, int32_t n
     if (n < 1 || n > d->n_out + 1) {
         return dfl_fail(DFL_ERR_ARGUMENT, "%d block tokens requested, the last propose made %d", n, d->n_out + 1);
     }
-    ggml_backend_tensor_get(d->block, dst, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_get(&d->rt, d->block, dst, 0, (size_t) n * sizeof(int32_t));
     return DFL_OK;
 }
 
@@ -847,7 +851,7 @@ DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t ro
                         row0 + n_rows, d->n_out);
     }
     const size_t row = (size_t) dfl_target_n_vocab(d->target) * sizeof(float);
-    ggml_backend_tensor_get(d->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    dfl_runtime_get(&d->rt, d->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
 
@@ -876,8 +880,8 @@ DFL_API dfl_status dfl_draft_topk(const dfl_draft * d, int32_t row0, int32_t n_r
                         row0 + n_rows, d->n_out);
     }
     const int K = d->p.top_k;
-    ggml_backend_tensor_get(d->out_topk, tokens, (size_t) row0 * K * sizeof(int32_t), (size_t) n_rows * K * sizeof(int32_t));
-    ggml_backend_tensor_get(d->out_topk_lp, logprobs, (size_t) row0 * K * sizeof(float), (size_t) n_rows * K * sizeof(float));
+    dfl_runtime_get(&d->rt, d->out_topk, tokens, (size_t) row0 * K * sizeof(int32_t), (size_t) n_rows * K * sizeof(int32_t));
+    dfl_runtime_get(&d->rt, d->out_topk_lp, logprobs, (size_t) row0 * K * sizeof(float), (size_t) n_rows * K * sizeof(float));
     cand c[64];
     for (int r = 0; r < n_rows; r++) {
         for (int i = 0; i < K; i++) {

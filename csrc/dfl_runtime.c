@@ -151,6 +151,11 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
             return dfl_fail(DFL_ERR_BACKEND, "cannot create the graph scheduler");
         }
     }
+    rt->traffic = calloc(1, sizeof *rt->traffic);
+    if (!rt->traffic) {
+        dfl_runtime_free(rt);
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
     const char * prof = getenv("DFLASH_PROFILE");
     if (prof && prof[0] && strcmp(prof, "0") != 0) {
         rt->profile = calloc(1, sizeof *rt->profile);
@@ -175,6 +180,7 @@ void dfl_runtime_free(dfl_runtime * rt) {
         if (s->sched) ggml_backend_sched_free(s->sched);
         free(s->mem);
     }
+    free(rt->traffic);
     if (rt->backend_cpu && rt->backend_cpu != rt->backend) ggml_backend_free(rt->backend_cpu);
     if (rt->backend) ggml_backend_free(rt->backend);
     memset(rt, 0, sizeof *rt);
@@ -203,10 +209,22 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
         rt->profile->n_graphs++;
         rt->profile->t_last = now_seconds();
     }
+    rt->traffic->computes++;
+    rt->n_last_nodes = ggml_graph_n_nodes(gf);
     if (ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf) != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
     }
     return DFL_OK;
+}
+
+void dfl_runtime_set(const dfl_runtime * rt, struct ggml_tensor * t, const void * src, size_t offset, size_t size) {
+    rt->traffic->writes++;
+    ggml_backend_tensor_set(t, src, offset, size);
+}
+
+void dfl_runtime_get(const dfl_runtime * rt, const struct ggml_tensor * t, void * dst, size_t offset, size_t size) {
+    rt->traffic->reads++;
+    ggml_backend_tensor_get(t, dst, offset, size);
 }
 
 size_t dfl_runtime_compute_bytes(const dfl_runtime * rt) {

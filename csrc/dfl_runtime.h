@@ -31,7 +31,16 @@ typedef struct dfl_runtime {
     int n_slots;
     dfl_graph_slot slots[DFL_MAX_GRAPH_SLOTS];
     struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
+    struct dfl_traffic * traffic; /* host <-> device transfers so far (see dfl_runtime_set/get) */
+    int n_last_nodes;             /* nodes of the last graph computed */
 } dfl_runtime;
+
+/* What the host did with the device so far: graphs computed, and blocking transfers
+ * (on a device each one waits for it: ggml copies synchronously) of inputs written and
+ * results read. */
+typedef struct dfl_traffic {
+    int64_t computes, writes, reads;
+} dfl_traffic;
 
 /* `name` labels the DFLASH_PROFILE report ("target", "drafter"); graphs hold up to
  * graph_size nodes (at least DFL_GRAPH_SIZE); n_slots graphs (1..DFL_MAX_GRAPH_SLOTS)
@@ -45,6 +54,10 @@ void dfl_runtime_free(dfl_runtime * rt);
 struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot);
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
 dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
+/* Graph inputs in, results out: ggml_backend_tensor_set/get, counted. The runtime may be
+ * reached through a const handle (reading results does not change a model). */
+void dfl_runtime_set(const dfl_runtime * rt, struct ggml_tensor * t, const void * src, size_t offset, size_t size);
+void dfl_runtime_get(const dfl_runtime * rt, const struct ggml_tensor * t, void * dst, size_t offset, size_t size);
 /* Compute memory the slots' schedulers hold now, over every backend. */
 size_t dfl_runtime_compute_bytes(const dfl_runtime * rt);
 

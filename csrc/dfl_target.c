@@ -276,6 +276,9 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_weight_buffers = t->m.file.n_buffers;
     info->compute_bytes = dfl_runtime_compute_bytes(&t->rt);
     snprintf(info->arch, sizeof info->arch, "%s", t->m.arch->name);
+    info->n_last_nodes = t->rt.n_last_nodes;
+    info->n_host_writes = t->rt.traffic->writes;
+    info->n_host_reads = t->rt.traffic->reads;
     return DFL_OK;
 }
 
@@ -593,13 +596,13 @@ static dfl_status check_rows(const dfl_target * t, int32_t row0, int32_t n_rows,
 DFL_API dfl_status dfl_target_logits(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
     TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "logit"));
     const size_t row = (size_t) t->m.n_vocab * sizeof(float);
-    ggml_backend_tensor_get(t->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    dfl_runtime_get(&t->rt, t->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
 
 DFL_API dfl_status dfl_target_argmax(const dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
     TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "argmax"));
-    ggml_backend_tensor_get(t->out_argmax, dst, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
+    dfl_runtime_get(&t->rt, t->out_argmax, dst, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
     return DFL_OK;
 }
 
@@ -609,7 +612,7 @@ DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_
         return dfl_fail(DFL_ERR_STATE, "the target was loaded without feature layers");
     }
     const size_t row = t->features->nb[1];
-    ggml_backend_tensor_get(t->features, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    dfl_runtime_get(&t->rt, t->features, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
 

@@ -268,15 +268,15 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
             src[k] = pc->p0 + (k < pc->n_keep ? pc->path[k] : 0);
             dst[k] = pc->p0 + (k < pc->n_keep ? k : 0);
         }
-        ggml_backend_tensor_set(in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
-        ggml_backend_tensor_set(in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
+        dfl_runtime_set(&t->rt, in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
         if (in->commit_kv_src_swa) {
             for (int k = 0; k < M; k++) {
                 src[k] %= t->swa_ring;
                 dst[k] %= t->swa_ring;
             }
-            ggml_backend_tensor_set(in->commit_kv_src_swa, src, 0, (size_t) M * sizeof(int32_t));
-            ggml_backend_tensor_set(in->commit_kv_dst_swa, dst, 0, (size_t) M * sizeof(int64_t));
+            dfl_runtime_set(&t->rt, in->commit_kv_src_swa, src, 0, (size_t) M * sizeof(int32_t));
+            dfl_runtime_set(&t->rt, in->commit_kv_dst_swa, dst, 0, (size_t) M * sizeof(int64_t));
         }
     }
     if (in->commit_keep) {
@@ -286,13 +286,13 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
             keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
             rows[k] = k < pc->n_keep ? pc->path[k] : 0; /* identity steps: any row */
         }
-        ggml_backend_tensor_set(in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
+        dfl_runtime_set(&t->rt, in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
         if (in->commit_rows) {
-            ggml_backend_tensor_set(in->commit_rows, rows, 0, (size_t) pc->n_verified * sizeof(int32_t));
+            dfl_runtime_set(&t->rt, in->commit_rows, rows, 0, (size_t) pc->n_verified * sizeof(int32_t));
         }
     }
     if (in->commit_conv_cols) {
-        ggml_backend_tensor_set(in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.rec.d_conv - 1) * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.rec.d_conv - 1) * sizeof(int32_t));
     }
 }
 
@@ -405,15 +405,15 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int3
         slots[i] = t->n_past + i;
     }
     if (in->tokens) {
-        ggml_backend_tensor_set(in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
     }
-    ggml_backend_tensor_set(in->pos, pos, 0, (size_t) n * sizeof(int32_t));
-    ggml_backend_tensor_set(in->slots, slots, 0, (size_t) n * sizeof(int64_t));
+    dfl_runtime_set(&t->rt, in->pos, pos, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_set(&t->rt, in->slots, slots, 0, (size_t) n * sizeof(int64_t));
     if (in->slots_swa) {
         for (int i = 0; i < n; i++) {
             slots[i] %= t->swa_ring;
         }
-        ggml_backend_tensor_set(in->slots_swa, slots, 0, (size_t) n * sizeof(int64_t));
+        dfl_runtime_set(&t->rt, in->slots_swa, slots, 0, (size_t) n * sizeof(int64_t));
     }
 }
 
@@ -444,7 +444,7 @@ static void fill_mask(dfl_target * t, struct ggml_tensor * dst, int n, int n_kv,
             row[j] = visible ? zero : minf;
         }
     }
-    ggml_backend_tensor_set(dst, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
+    dfl_runtime_set(&t->rt, dst, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
 }
 
 static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, bool tree) {
@@ -463,10 +463,10 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
         node_rows[i - 1] = i;
     }
     if (n > 1) {
-        ggml_backend_tensor_set(in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
-        ggml_backend_tensor_set(in->node_rows, node_rows, 0, (size_t) (n - 1) * sizeof(int64_t));
+        dfl_runtime_set(&t->rt, in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->node_rows, node_rows, 0, (size_t) (n - 1) * sizeof(int64_t));
     }
-    ggml_backend_tensor_set(in->conv_windows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
+    dfl_runtime_set(&t->rt, in->conv_windows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {

@@ -90,6 +90,9 @@ typedef struct dfl_target_info {
     int32_t n_weight_buffers; /* backend buffers holding the weights (devices cap their size) */
     char arch[32];            /* general.architecture of the model */
     uint64_t compute_bytes;   /* compute memory its graph slots hold now */
+    int32_t n_last_nodes;     /* nodes of the last graph run */
+    int64_t n_host_writes;    /* input writes to the device so far (each a blocking copy on a device) */
+    int64_t n_host_reads;     /* result reads back to the host so far (each waits for the device) */
 } dfl_target_info;
 
 void dfl_target_default_params(dfl_target_params * params);
@@ -153,6 +156,9 @@ typedef struct dfl_draft_info {
     int64_t n_graphs;           /* graphs run so far ... */
     int64_t n_graph_builds;     /* ... and how many of them were built, not reused */
     uint64_t compute_bytes;     /* compute memory its graph slot holds now */
+    int32_t n_last_nodes;       /* nodes of the last graph run */
+    int64_t n_host_writes;      /* input writes to the device so far */
+    int64_t n_host_reads;       /* result reads back to the host so far */
 } dfl_draft_info;
 
 /* What a drafter file says about itself, read (and bounded) without loading it. */

@@ -106,7 +106,9 @@ class Draft(NativeObject):
         info = ffi.new("dfl_draft_info *")
         check(lib.dfl_draft_get_info(self._handle(), info))
         return {"block_size": info.block_size, "n_ctx_tokens": info.n_ctx_tokens, "n_graphs": info.n_graphs,
-                "n_graph_builds": info.n_graph_builds, "compute_bytes": info.compute_bytes}
+                "n_graph_builds": info.n_graph_builds, "compute_bytes": info.compute_bytes,
+                "n_last_nodes": info.n_last_nodes, "n_host_writes": info.n_host_writes,
+                "n_host_reads": info.n_host_reads}
 
     def reset(self) -> None:
         self._pending = None

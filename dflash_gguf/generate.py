@@ -19,9 +19,13 @@ class GenerationStats:
     decode_seconds: float = 0.0
     stop_reason: str = ""
     accepted_lengths: List[int] = field(default_factory=list)
+    # per speculative step: drafting (the drafter's graph, its candidates, the tree),
+    # verifying (the target's graph, which also carries out the previous step's commit,
+    # and reading its choices back) and the host's other work in the step (the commit
+    # calls only record what the next verify graph does)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
-    commit_seconds: float = 0.0
+    other_seconds: float = 0.0
     tree_sizes: List[int] = field(default_factory=list)  # nodes below the root, per tree step
     chain_steps: int = 0  # tree-mode steps where `auto` verified the plain chain instead
 

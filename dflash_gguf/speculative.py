@@ -86,7 +86,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             n_past += len(new)  # the accepted drafts and the old bonus
             stats.draft_seconds += t_draft
             stats.verify_seconds += t_verify
-            stats.commit_seconds += time.perf_counter() - t0 - t_draft - t_verify
+            stats.other_seconds += time.perf_counter() - t0 - t_draft - t_verify
             produced = min(len(new), remaining)
             for i in range(produced):
                 if new[i] in stops:
@@ -233,7 +233,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             draft.append_rows(1, defer=True)
             stage("committed")
             return [int(choice[0])], t1 - t0, t2 - t1
-        draft.propose(bonus, b)
+        draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         depth = min(b - 1, remaining)
         cand, logp = draft.topk(b - 1)
         tree = build_tree(bonus, cand, logp, budget, max_depth=depth)

@@ -35,7 +35,11 @@ decoder its own "decoded N tokens in T seconds" line). Every run of a row is a f
 process that loads the models, warms up on a separate prompt, then generates every prompt
 once; the rows take turns run by run (order rotated) so that load changes on a shared
 machine hit all alike. Reported: the median over runs per prompt, then the median over
-prompts; speed-ups are ratios of those medians. "same output" counts the prompts whose
+prompts; speed-ups are ratios of those medians. Our rows also note the time split (draft /
+verify / other; a commit runs inside the next verify graph, so it counts as verify), the
+graph nodes of the target's verify (or decode) and of the drafter's propose, and the host
+synchronisations per step: graphs computed, results read back and inputs written (each a
+blocking transfer on a device), target and drafter together. "same output" counts the prompts whose
 continuation equals our AR output token for token (llama.cpp DFlash: by text). Generation
 never stops early: ours and llama.cpp AR ignore end-of-generation tokens; llama.cpp's
 decoder runs with --ignore-eos (which bans them instead, so a prompt whose greedy
@@ -252,21 +256,43 @@ def worker_ours(a: dict) -> dict:
     load_s = time.perf_counter() - t0
     try:
         eng.generate(WARMUP_TEXT, max_tokens=min(16, a["n"]), stop_tokens=())  # graphs, caches, verify cost
+        nodes = {"target": [], "drafter": []}
+
+        def graph_nodes(stage):
+            # the graph each stage just ran: the drafter's propose, the target's verify or decode
+            if stage == "drafted":
+                nodes["drafter"].append(eng.draft.info()["n_last_nodes"])
+            elif stage in ("verified", "decoded"):
+                nodes["target"].append(eng.target.info()["n_last_nodes"])
+
+        eng.stage_hook = graph_nodes
         out = []
+        models = lambda: [eng.target] + ([eng.draft] if eng.draft is not None else [])  # noqa: E731
         for ids in a["prompts"]:
             before = eng.target.info()
+            io0 = [m.info() for m in models()]
             r = eng.generate(ids, max_tokens=a["n"], stop_tokens=())
             after = eng.target.info()
+            io1 = [m.info() for m in models()]
             s = r.stats
             passes = len(s.accepted_lengths) if a.get("draft") else max(s.generated_tokens - 1, 0)
             # AL counts tokens per target pass after the prefill (whose token is not a pass)
             al = s.mean_accepted if a.get("draft") else 1.0
+            # host synchronisations per step: graphs computed, result reads and input writes
+            # (each blocking on a device), target and drafter together, prefill included
+            io = {k: sum(y[k] - x[k] for x, y in zip(io0, io1)) / max(passes, 1)
+                  for k in ("n_graphs", "n_host_reads", "n_host_writes")}
             out.append({"tokens": r.tokens, "n": s.generated_tokens, "decode_s": s.decode_seconds, "tps": s.decode_tps,
                         "prefill_s": s.prefill_seconds, "al": al, "passes": passes,
-                        "draft_s": s.draft_seconds, "verify_s": s.verify_seconds, "commit_s": s.commit_seconds,
+                        "draft_s": s.draft_seconds, "verify_s": s.verify_seconds, "other_s": s.other_seconds,
                         "tree": (sum(s.tree_sizes) / len(s.tree_sizes)) if s.tree_sizes else None,
                         "graphs": after["n_graphs"] - before["n_graphs"],
-                        "builds": after["n_graph_builds"] - before["n_graph_builds"]})
+                        "builds": after["n_graph_builds"] - before["n_graph_builds"],
+                        "target_nodes": statistics.median(nodes["target"]) if nodes["target"] else None,
+                        "drafter_nodes": statistics.median(nodes["drafter"]) if nodes["drafter"] else None,
+                        "computes_per_step": io["n_graphs"], "reads_per_step": io["n_host_reads"],
+                        "writes_per_step": io["n_host_writes"]})
+            nodes = {"target": [], "drafter": []}
     finally:
         eng.close()
     return {"prompts": out, "load_s": load_s}
@@ -557,11 +583,18 @@ def report(args, pair, res, load_start, load_end, started: _dt.datetime, ar08: s
             trees = [x for x in r.per_prompt("tree") if x is not None]
             if trees:
                 notes.append(f"mean tree {statistics.mean(trees):.1f} nodes")
-            d, v, c = (median(r.per_prompt(k)) for k in ("draft_s", "verify_s", "commit_s"))
+            d, v = (median(r.per_prompt(k)) for k in ("draft_s", "verify_s"))
             dec = median(r.per_prompt("decode_s"))
             if d is not None and dec and (d + v) > 0:
+                # the commit runs inside the next verify graph: it is part of "verify"
                 notes.append(f"draft/verify/other {100 * d / dec:.0f}/{100 * v / dec:.0f}/"
                              f"{100 * (dec - d - v) / dec:.0f}%")
+            tn, dn = median(r.per_prompt("target_nodes")), median(r.per_prompt("drafter_nodes"))
+            if tn is not None:
+                notes.append(f"graph nodes target {tn:.0f}" + (f", drafter {dn:.0f}" if dn is not None else ""))
+            c, rd, w = (median(r.per_prompt(k)) for k in ("computes_per_step", "reads_per_step", "writes_per_step"))
+            if c is not None:
+                notes.append(f"per step {c:.1f} graphs, {rd:.1f} reads, {w:.1f} input writes")
             graphs = sum(x or 0 for x in r.per_prompt("graphs"))
             if graphs:
                 builds = sum(x or 0 for x in r.per_prompt("builds"))

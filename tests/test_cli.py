@@ -42,7 +42,7 @@ def test_json_stats_schema(pair):
     for key, kind in [("prompt_tokens", int), ("generated_tokens", int), ("decode_tokens_per_second", float),
                       ("prefill_tokens_per_second", float), ("mean_accepted_length", float),
                       ("accepted_length_histogram", dict), ("draft_seconds", float), ("verify_seconds", float),
-                      ("commit_seconds", float), ("stop_reason", str), ("peak_rss_mib", float), ("mode", str)]:
+                      ("other_seconds", float), ("stop_reason", str), ("peak_rss_mib", float), ("mode", str)]:
         assert isinstance(stats[key], kind), key
     assert stats["generated_tokens"] == 16
     assert sum(stats["accepted_length_histogram"].values()) >= 1
