@@ -132,7 +132,7 @@ def worker(a: dict) -> dict:
                               "steps": steps, "mean_accepted": st.mean_accepted,
                               "step_seconds": st.decode_seconds / steps if steps else None,
                               "draft_seconds": st.draft_seconds, "verify_seconds": st.verify_seconds,
-                              "commit_seconds": st.commit_seconds, "block": engine.block_size,
+                              "other_seconds": st.other_seconds, "block": engine.block_size,
                               "loadavg": loadavg()}
     out["compute_bytes"] = engine.target.info()["compute_bytes"] + (
         engine.draft.info()["compute_bytes"] if engine.draft is not None else 0)
