@@ -293,7 +293,7 @@ class ScriptedTreeDraft(ScriptedDraft):
 
     top_k = 3
 
-    def propose(self, bonus, n_block=None):
+    def propose(self, bonus, n_block=None, read=True):
         self._b = self.block_size if n_block is None else n_block
         self._i = self.ctx - self.prompt_len
         assert self.truth[self._i] == bonus
