@@ -376,6 +376,13 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     return DFL_OK;
 }
 
+DFL_API dfl_status dfl_draft_last_placement(const dfl_draft * d, dfl_placement * out) {
+    if (!d || !out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
+    }
+    return dfl_runtime_placement(&d->rt, out);
+}
+
 DFL_API dfl_status dfl_draft_reset(dfl_draft * d) {
     if (!d) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");

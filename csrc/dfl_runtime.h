@@ -31,6 +31,8 @@ typedef struct dfl_runtime {
     int n_slots;
     dfl_graph_slot slots[DFL_MAX_GRAPH_SLOTS];
     struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
+    int last_slot;              /* slot and graph of the last compute (-1: none yet) */
+    struct ggml_cgraph * last_graph;
 } dfl_runtime;
 
 /* `name` labels the DFLASH_PROFILE report ("target", "drafter"); graphs hold up to
@@ -45,6 +47,8 @@ void dfl_runtime_free(dfl_runtime * rt);
 struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot);
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
 dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
+/* Where the scheduler placed the nodes of the graph computed last (see dfl_placement). */
+dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out);
 /* Compute memory the slots' schedulers hold now, over every backend. */
 size_t dfl_runtime_compute_bytes(const dfl_runtime * rt);
 

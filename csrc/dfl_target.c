@@ -269,6 +269,13 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     return DFL_OK;
 }
 
+DFL_API dfl_status dfl_target_last_placement(const dfl_target * t, dfl_placement * out) {
+    if (!t || !out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    return dfl_runtime_placement(&t->rt, out);
+}
+
 DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     if (!t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null target");
