@@ -633,7 +633,7 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     /* block position 0 is the bonus token itself: only positions 1.. are drafts */
     x = ggml_view_2d(ctx, x, d->n_embd, B - 1, x->nb[1], x->nb[1]);
     x = norm(d, ctx, x, d->out_norm);
-    struct ggml_tensor * logits = ggml_mul_mat(ctx, d->output, x);
+    struct ggml_tensor * logits = dfl_mul_mat_sliced(ctx, d->output, x);
     if (d->logit_scale != 1.0f) {
         logits = ggml_scale(ctx, logits, d->logit_scale);
     }

@@ -94,8 +94,9 @@ typedef struct dfl_target_info {
 
 /* Where ggml's scheduler placed the nodes of the last graph a target or drafter computed:
  * on a device other than the CPU, nodes that stayed on the CPU (the token embedding
- * lookup, ops the device cannot run, layers not offloaded) and how many splits (runs on one
- * backend between copies) the graph took. */
+ * lookup, ops the device cannot run, layers not offloaded; inputs and views of them are
+ * data, not counted) and how many splits (runs on one backend between copies) the graph
+ * took. */
 typedef struct dfl_placement {
     int32_t n_nodes;
     int32_t n_splits;

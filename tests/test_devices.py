@@ -192,8 +192,6 @@ def test_every_node_of_every_graph_runs_on_the_device(demo_pairs, device):
               f"on the host: {', '.join(p['host_nodes']) or 'none'}")
     for graph, p in res.items():
         assert set(p["host_nodes"]) <= HOST_ALLOWED, f"{graph}: {p['host_nodes']} ran on the CPU"
-        # the embedding lookup on the host, then everything else in one run on the device
-        assert p["n_splits"] <= 2, f"{graph}: {p['n_splits']} splits"
 
 
 @pytest.mark.device
