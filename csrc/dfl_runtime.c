@@ -212,39 +212,6 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     return DFL_OK;
 }
 
-/* GPU APIs bind a limited span of a buffer to one shader (Vulkan's maxStorageBufferRange:
- * 128 MiB on Mesa's lavapipe, 4 GiB at most anywhere), and ggml's backends refuse larger
- * operands: a large vocabulary's LM head (Qwen3.5's 248320 rows) would then run on the
- * CPU, its weight copied to the host at every step. Slices of whole 256-row blocks keep
- * each view's offset aligned for any device. Weights not yet in a buffer (the memory
- * planner's graphs) take one product. */
-#define SLICE_ROWS 256
-#define MAX_SLICES 64
-
-struct ggml_tensor * dfl_mul_mat_sliced(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x) {
-    struct ggml_tensor * whole = ggml_mul_mat(ctx, w, x);
-    ggml_backend_dev_t dev = w->buffer ? ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w->buffer)) : NULL;
-    if (!dev || ggml_backend_dev_supports_op(dev, whole) || !ggml_is_contiguous(w) || ggml_n_dims(w) != 2) {
-        return whole;
-    }
-    const int64_t n_rows = w->ne[1];
-    for (int n_slices = 2; n_slices <= MAX_SLICES; n_slices++) {
-        const int64_t per = ((n_rows + n_slices - 1) / n_slices + SLICE_ROWS - 1) / SLICE_ROWS * SLICE_ROWS;
-        struct ggml_tensor * first = ggml_mul_mat(ctx, ggml_view_2d(ctx, w, w->ne[0], per, w->nb[1], 0), x);
-        if (!ggml_backend_dev_supports_op(dev, first)) {
-            continue;
-        }
-        struct ggml_tensor * out = first;
-        for (int64_t r0 = per; r0 < n_rows; r0 += per) {
-            const int64_t rows = n_rows - r0 < per ? n_rows - r0 : per;
-            struct ggml_tensor * part = ggml_view_2d(ctx, w, w->ne[0], rows, w->nb[1], (size_t) r0 * w->nb[1]);
-            out = ggml_concat(ctx, out, ggml_mul_mat(ctx, part, x), 0);
-        }
-        return out;
-    }
-    return whole;
-}
-
 dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out) {
     memset(out, 0, sizeof *out);
     if (rt->last_slot < 0) {

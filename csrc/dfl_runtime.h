@@ -47,9 +47,6 @@ void dfl_runtime_free(dfl_runtime * rt);
 struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot);
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
 dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
-/* w x for a weight matrix w: one product when the device holding w runs it, else the
- * products of the fewest row slices of w it runs, concatenated (see dfl_runtime.c). */
-struct ggml_tensor * dfl_mul_mat_sliced(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * x);
 /* Where the scheduler placed the nodes of the graph computed last (see dfl_placement). */
 dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out);
 /* Compute memory the slots' schedulers hold now, over every backend. */
