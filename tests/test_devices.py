@@ -38,12 +38,8 @@ class Device:
         return ["--rpc", self.rpc] if self.rpc else []
 
 
-@pytest.fixture(scope="module")
-def device(request):
-    name = request.config.getoption("--device-under-test") or os.environ.get("DFLASH_TEST_DEVICE") or "RPC"
-    if name != "RPC":
-        yield Device(name, None)
-        return
+def _rpc_server():
+    """A ggml RPC server serving the CPU backend on a free loopback port: yields host:port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -60,9 +56,24 @@ def device(request):
                 server.kill()
                 pytest.fail("the ggml RPC test server did not start")
             time.sleep(0.2)
-    yield Device("RPC0", endpoint)
+    yield endpoint
     server.kill()
     server.wait()
+
+
+@pytest.fixture(scope="module")
+def rpc_endpoint():
+    yield from _rpc_server()
+
+
+@pytest.fixture(scope="module")
+def device(request):
+    name = request.config.getoption("--device-under-test") or os.environ.get("DFLASH_TEST_DEVICE") or "RPC"
+    if name != "RPC":
+        yield Device(name, None)
+        return
+    for endpoint in _rpc_server():
+        yield Device("RPC0", endpoint)
 
 
 # Vulkan's f32 matrix products sum in another order than the CPU's (and lavapipe's
