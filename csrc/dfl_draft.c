@@ -406,6 +406,13 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     return DFL_OK;
 }
 
+DFL_API dfl_status dfl_draft_last_placement(const dfl_draft * d, dfl_placement * out) {
+    if (!d || !out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
+    }
+    return dfl_runtime_placement(&d->rt, out);
+}
+
 DFL_API dfl_status dfl_draft_reset(dfl_draft * d) {
     if (!d) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
@@ -709,7 +716,8 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     /* block position 0 is the bonus token itself: only positions 1.. are drafts */
     x = ggml_view_2d(ctx, x, d->n_embd, B - 1, x->nb[1], x->nb[1]);
     x = norm(d, ctx, x, d->out_norm);
-    struct ggml_tensor * logits = ggml_mul_mat(ctx, d->output, x);
+    const dfl_gguf * owner = d->output == dfl_target_lm_head(d->target) ? dfl_target_file(d->target) : &d->file;
+    struct ggml_tensor * logits = dfl_gguf_mul_mat(owner, ctx, d->output, x);
     if (d->logit_scale != 1.0f) {
         logits = ggml_scale(ctx, logits, d->logit_scale);
     }

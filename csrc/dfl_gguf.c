@@ -91,6 +91,11 @@ void dfl_gguf_close(dfl_gguf * g) {
         ggml_free(g->ctx);
         g->ctx = NULL;
     }
+    if (g->ctx_slices) {
+        ggml_free(g->ctx_slices);
+        g->ctx_slices = NULL;
+    }
+    g->n_sliced = 0;
     if (g->meta) {
         gguf_free(g->meta);
         g->meta = NULL;
@@ -439,6 +444,70 @@ static dfl_status place_mapped(dfl_gguf * g, ggml_backend_dev_t dev, ggml_backen
     return DFL_OK;
 }
 
+/* GPU APIs bind a limited span of a buffer to one shader (Vulkan's maxStorageBufferRange:
+ * 128 MiB on Mesa's lavapipe), and ggml's scheduler aborts on a weight its device will
+ * not take as an operand — a large vocabulary's LM head (248320 rows on Qwen3.5) exceeds
+ * it. Such a matrix gets row slices: tensors of whole 256-row blocks (aligned offsets on
+ * any device) over the same memory, which graphs use instead (dfl_gguf_mul_mat). */
+#define SLICE_ROWS 256
+
+static dfl_status slice_for_device(dfl_gguf * g, struct ggml_tensor * t) {
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+    if (!dev || ggml_backend_dev_supports_op(dev, t)) {
+        return DFL_OK;
+    }
+    if (ggml_n_dims(t) == 2 && g->n_sliced < DFL_MAX_SLICED) {
+        const int64_t n_rows = t->ne[1];
+        for (int n = 2; n <= DFL_MAX_SLICES; n++) {
+            const int64_t per = ((n_rows + n - 1) / n + SLICE_ROWS - 1) / SLICE_ROWS * SLICE_ROWS;
+            struct ggml_tensor probe = *t; /* a slice's shape: supports_op reads shape and type */
+            probe.ne[1] = per;
+            probe.nb[2] = probe.nb[3] = (size_t) per * t->nb[1];
+            if (!ggml_backend_dev_supports_op(dev, &probe)) {
+                continue;
+            }
+            if (!g->ctx_slices) {
+                struct ggml_init_params ip = { DFL_MAX_SLICED * DFL_MAX_SLICES * ggml_tensor_overhead(), NULL, true };
+                g->ctx_slices = ggml_init(ip);
+                if (!g->ctx_slices) {
+                    return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+                }
+            }
+            dfl_sliced * sl = &g->sliced[g->n_sliced++];
+            sl->whole = t;
+            sl->n = 0;
+            for (int64_t r0 = 0; r0 < n_rows; r0 += per) {
+                const int64_t rows = n_rows - r0 < per ? n_rows - r0 : per;
+                struct ggml_tensor * part = ggml_new_tensor_2d(g->ctx_slices, t->type, t->ne[0], rows);
+                ggml_format_name(part, "%.50s#%d", t->name, sl->n);
+                if (ggml_backend_tensor_alloc(t->buffer, part, (char *) t->data + (size_t) r0 * t->nb[1]) !=
+                    GGML_STATUS_SUCCESS) {
+                    return dfl_fail(DFL_ERR_BACKEND, "cannot slice tensor '%s' of '%s'", t->name, g->path);
+                }
+                sl->part[sl->n++] = part;
+            }
+            return DFL_OK;
+        }
+    }
+    return dfl_fail(DFL_ERR_BACKEND, "tensor '%s' of '%s' (%zu bytes) is larger than device %s takes in one operation; "
+                    "keep its layer on the CPU (-ngl)", t->name, g->path, ggml_nbytes(t), ggml_backend_dev_name(dev));
+}
+
+struct ggml_tensor * dfl_gguf_mul_mat(const dfl_gguf * g, struct ggml_context * ctx, struct ggml_tensor * w,
+                                      struct ggml_tensor * x) {
+    for (int i = 0; i < g->n_sliced; i++) {
+        const dfl_sliced * sl = &g->sliced[i];
+        if (sl->whole == w) {
+            struct ggml_tensor * out = ggml_mul_mat(ctx, sl->part[0], x);
+            for (int k = 1; k < sl->n; k++) {
+                out = ggml_concat(ctx, out, ggml_mul_mat(ctx, sl->part[k], x), 0);
+            }
+            return out;
+        }
+    }
+    return ggml_mul_mat(ctx, w, x);
+}
+
 dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of, bool repack) {
     const int fd = open(g->path, O_RDONLY);
     if (fd < 0) {
@@ -491,6 +560,11 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of
         st = place_in_buft(g, (ggml_backend_buffer_type_t) bufts[k], marks, base);
     }
     free(marks);
+    for (int64_t i = 0; i < n_tensors && st == DFL_OK; i++) {
+        if (g->used[i]) {
+            st = slice_for_device(g, ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i)));
+        }
+    }
     if (st == DFL_OK && n_mapped == 0) {
         /* every device holds its own copy now */
         munmap(g->map, g->file_size);

@@ -14,6 +14,15 @@
 /* Weights go into buffers no larger than their device allows (GPU APIs cap single
  * allocations), so a large model takes several. */
 #define DFL_MAX_WEIGHT_BUFFERS 1024
+/* Matrices too large for their device to take in one operation (see dfl_gguf_mul_mat). */
+#define DFL_MAX_SLICED 4
+#define DFL_MAX_SLICES 64
+
+typedef struct dfl_sliced {
+    const struct ggml_tensor * whole;
+    int n;
+    struct ggml_tensor * part[DFL_MAX_SLICES]; /* consecutive row blocks over whole's memory */
+} dfl_sliced;
 
 typedef struct dfl_gguf {
     char path[1024];
@@ -24,6 +33,9 @@ typedef struct dfl_gguf {
     bool * used;                    /* per tensor (file order): asked for by the model; only these load */
     ggml_backend_buffer_t buffers[DFL_MAX_WEIGHT_BUFFERS];
     int n_buffers;
+    struct ggml_context * ctx_slices;
+    dfl_sliced sliced[DFL_MAX_SLICED];
+    int n_sliced;
     char arch[64];
 } dfl_gguf;
 
@@ -50,6 +62,10 @@ dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, co
  * mapping. With `repack`, matrices go to the device's faster repacked layouts where it
  * has them. */
 dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of, bool repack);
+/* w x for a weight w of g: one product, or one per row slice of w concatenated when w
+ * was too large for its device to take whole. */
+struct ggml_tensor * dfl_gguf_mul_mat(const dfl_gguf * g, struct ggml_context * ctx, struct ggml_tensor * w,
+                                      struct ggml_tensor * x);
 /* The same with every tensor on dev. */
 dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool repack);
 

@@ -141,6 +141,7 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
     rt->n_threads = n_threads > 0 ? n_threads : available_cpus();
     set_threads(rt->backend_cpu, rt->n_threads);
 
+    rt->last_slot = -1;
     rt->graph_mem_size = ggml_tensor_overhead() * rt->graph_size + ggml_graph_overhead_custom(rt->graph_size, false);
     for (int i = 0; i < rt->n_slots; i++) {
         dfl_graph_slot * s = &rt->slots[i];
@@ -213,6 +214,35 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     rt->n_last_nodes = ggml_graph_n_nodes(gf);
     if (ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf) != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
+    }
+    rt->last_slot = slot;
+    rt->last_graph = gf;
+    return DFL_OK;
+}
+
+dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out) {
+    memset(out, 0, sizeof *out);
+    if (rt->last_slot < 0) {
+        return dfl_fail(DFL_ERR_STATE, "no graph has been computed yet");
+    }
+    ggml_backend_sched_t sched = rt->slots[rt->last_slot].sched;
+    struct ggml_cgraph * gf = rt->last_graph;
+    out->n_nodes = ggml_graph_n_nodes(gf);
+    out->n_splits = ggml_backend_sched_get_n_splits(sched);
+    size_t used = 0;
+    for (int i = 0; i < out->n_nodes && rt->backend_cpu != rt->backend; i++) {
+        struct ggml_tensor * node = ggml_graph_node(gf, i);
+        /* views of inputs are input data, not work */
+        const bool input = node->view_src && (node->view_src->flags & GGML_TENSOR_FLAG_INPUT);
+        if (input || ggml_backend_sched_get_tensor_backend(sched, node) != rt->backend_cpu) {
+            continue;
+        }
+        out->n_host_nodes++;
+        const int w = snprintf(out->host_nodes + used, sizeof out->host_nodes - used, "%s%s(%s)", used ? "," : "",
+                               ggml_op_desc(node), node->src[0] ? ggml_get_name(node->src[0]) : "");
+        if (w > 0 && used + (size_t) w < sizeof out->host_nodes) {
+            used += (size_t) w;
+        }
     }
     return DFL_OK;
 }

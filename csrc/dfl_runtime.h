@@ -33,6 +33,8 @@ typedef struct dfl_runtime {
     struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
     struct dfl_traffic * traffic; /* host <-> device transfers so far (see dfl_runtime_set/get) */
     int n_last_nodes;             /* nodes of the last graph computed */
+    int last_slot;              /* slot and graph of the last compute (-1: none yet) */
+    struct ggml_cgraph * last_graph;
 } dfl_runtime;
 
 /* What the host did with the device so far: graphs computed, and blocking transfers
@@ -58,6 +60,8 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
  * reached through a const handle (reading results does not change a model). */
 void dfl_runtime_set(const dfl_runtime * rt, struct ggml_tensor * t, const void * src, size_t offset, size_t size);
 void dfl_runtime_get(const dfl_runtime * rt, const struct ggml_tensor * t, void * dst, size_t offset, size_t size);
+/* Where the scheduler placed the nodes of the graph computed last (see dfl_placement). */
+dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out);
 /* Compute memory the slots' schedulers hold now, over every backend. */
 size_t dfl_runtime_compute_bytes(const dfl_runtime * rt);
 

@@ -120,6 +120,14 @@ static dfl_status place_weights(dfl_target * t) {
     }
     dfl_status st = dfl_gguf_load_weights(&t->m.file, dev_of, !t->p.no_repack);
     free(dev_of);
+    /* a sliced matrix is multiplied slice by slice; the embedding lookup takes it whole */
+    for (int i = 0; st == DFL_OK && i < t->m.file.n_sliced; i++) {
+        if (t->m.file.sliced[i].whole == t->m.tok_embd) {
+            st = dfl_fail(DFL_ERR_BACKEND, "the token embedding of '%s', tied to the LM head, is larger than %s takes in "
+                          "one operation; keep the LM head on the CPU (-ngl %d or less)", t->m.file.path,
+                          ggml_backend_dev_name(t->rt.dev), t->m.n_layer);
+        }
+    }
     return st;
 }
 
@@ -280,6 +288,13 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_host_writes = t->rt.traffic->writes;
     info->n_host_reads = t->rt.traffic->reads;
     return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_last_placement(const dfl_target * t, dfl_placement * out) {
+    if (!t || !out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    return dfl_runtime_placement(&t->rt, out);
 }
 
 DFL_API dfl_status dfl_target_reset(dfl_target * t) {

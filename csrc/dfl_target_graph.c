@@ -378,7 +378,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         if (!normed) {
             x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
         }
-        struct ggml_tensor * out = ggml_mul_mat(ctx, m->output, x);
+        struct ggml_tensor * out = dfl_gguf_mul_mat(&m->file, ctx, m->output, x);
         if (m->logit_softcap > 0.0f) {
             out = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, out, 1.0f / m->logit_softcap)), m->logit_softcap);
         }

@@ -95,10 +95,23 @@ typedef struct dfl_target_info {
     int64_t n_host_reads;     /* result reads back to the host so far (each waits for the device) */
 } dfl_target_info;
 
+/* Where ggml's scheduler placed the nodes of the last graph a target or drafter computed:
+ * on a device other than the CPU, nodes that stayed on the CPU (the token embedding
+ * lookup, ops the device cannot run, layers not offloaded; inputs and views of them are
+ * data, not counted) and how many splits (runs on one backend between copies) the graph
+ * took. */
+typedef struct dfl_placement {
+    int32_t n_nodes;
+    int32_t n_splits;
+    int32_t n_host_nodes;   /* nodes on the CPU backend while the device is another (0 on the CPU) */
+    char host_nodes[1024];  /* their "OP(first source's name)", comma-separated (cut short when long) */
+} dfl_placement;
+
 void dfl_target_default_params(dfl_target_params * params);
 dfl_status dfl_target_load(const char * path, const dfl_target_params * params, dfl_target ** out);
 void dfl_target_free(dfl_target * target);
 dfl_status dfl_target_get_info(const dfl_target * target, dfl_target_info * info);
+dfl_status dfl_target_last_placement(const dfl_target * target, dfl_placement * out);
 
 /* Forget the context (attention cache length and recurrent states back to empty). */
 dfl_status dfl_target_reset(dfl_target * target);
@@ -190,6 +203,7 @@ void dfl_draft_default_params(dfl_draft_params * params);
 dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params, dfl_draft ** out);
 void dfl_draft_free(dfl_draft * draft);
 dfl_status dfl_draft_get_info(const dfl_draft * draft, dfl_draft_info * info);
+dfl_status dfl_draft_last_placement(const dfl_draft * draft, dfl_placement * out);
 
 /* Forget the drafter context. */
 dfl_status dfl_draft_reset(dfl_draft * draft);

@@ -78,3 +78,15 @@ class NativeObject:
         if self._ptr is None:
             raise RuntimeError(f"the {self._what} was closed")
         return self._ptr
+
+    _last_placement = None  # the C function reporting the last graph's placement
+
+    def placement(self) -> dict:
+        """Where ggml's scheduler put the nodes of the last graph computed: node and split
+        counts, and the nodes left on the CPU while the device is another, as
+        "OP(first source)", e.g. "GET_ROWS(token_embd.weight)"."""
+        p = ffi.new("dfl_placement *")
+        check(type(self)._last_placement(self._handle(), p))
+        host = ffi.string(p.host_nodes).decode("utf-8", "replace")
+        return {"n_nodes": p.n_nodes, "n_splits": p.n_splits, "n_host_nodes": p.n_host_nodes,
+                "host_nodes": host.split(",") if host else []}

@@ -74,6 +74,7 @@ def _text(chars) -> str:
 class Draft(NativeObject):
     _what = "drafter"
     _free = staticmethod(lib.dfl_draft_free)
+    _last_placement = staticmethod(lib.dfl_draft_last_placement)
 
     def __init__(self, path: str, target: Target, config: Optional[DraftConfig] = None):
         cfg = config or DraftConfig()

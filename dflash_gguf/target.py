@@ -62,6 +62,7 @@ def target_params(cfg: TargetConfig):
 class Target(NativeObject):
     _what = "target"
     _free = staticmethod(lib.dfl_target_free)
+    _last_placement = staticmethod(lib.dfl_target_last_placement)
 
     def __init__(self, path: str, config: Optional[TargetConfig] = None):
         cfg = config or TargetConfig()

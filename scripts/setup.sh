@@ -4,11 +4,13 @@
 # project itself. Each step is skipped when its inputs have not changed.
 #   scripts/setup.sh         runtime only (what dflash-run needs)
 #   scripts/setup.sh test    runtime plus the test oracles
+# DFLASH_VENV=DIR puts the set-up in another virtualenv (scripts/setup-vulkan.sh does, with
+# CMAKE_ARGS for a Vulkan build of ggml); the project then builds in build/<venv name>/.
 set -euo pipefail
 
 mode="${1:-run}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.venv"
+venv="${DFLASH_VENV:-$root/.venv}"
 py="$venv/bin/python"
 stamps="$venv/.dflash-stamps"
 llama_cpp_python_version="0.3.36"
@@ -80,6 +82,8 @@ src_hash=$(cd "$root" && find pyproject.toml CMakeLists.txt csrc dflash_gguf con
             -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 if [ "$(cat "$stamps/project" 2>/dev/null)" != "$src_hash" ]; then
   say "building and installing dflash-gguf"
-  (cd "$root" && pip_install --no-deps --no-build-isolation .)
+  build_dir="build/{wheel_tag}"
+  [ "$venv" = "$root/.venv" ] || build_dir="build/$(basename "$venv")/{wheel_tag}"
+  (cd "$root" && pip_install --no-deps --no-build-isolation --config-settings=build-dir="$build_dir" .)
   echo "$src_hash" > "$stamps/project"
 fi

@@ -8,6 +8,12 @@ import pytest
 from fixtures import QWEN35_SHAPES, LlamaCppConverter, llama_cpp_source, make_qwen35
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device-under-test", default=None,
+                     help="ggml device for the tests marked `device` (default: $DFLASH_TEST_DEVICE, else RPC: "
+                          "a local ggml RPC server serving the CPU backend)")
+
+
 @pytest.fixture(scope="session")
 def qwen35_dir(tmp_path_factory):
     """qwen35_dir(shape_name) -> checkpoint directory for a QWEN35_SHAPES entry."""

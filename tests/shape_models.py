@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gguf import GGUFWriter
 
-from dflash_gguf.convert.shapes import (QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, metadata,  # noqa: F401
+from dflash_gguf.convert.shapes import (QWEN35_0_8B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, metadata,  # noqa: F401
                                         tensor_nbytes, tensor_table)
 
 

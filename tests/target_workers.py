@@ -213,21 +213,27 @@ def ours_verify_vs_sequential(path: str, n_prefix: int, max_k: int, kv_type: str
     return out
 
 
-def offload_trace(endpoint: str, target_path: str, draft_path: str, placements: list) -> dict:
+def _devices(endpoint):
+    """The device list, after adding the RPC server at endpoint (None: local devices only)."""
+    from dflash_gguf.devices import add_rpc_server, list_devices
+
+    if endpoint:
+        add_rpc_server(endpoint)
+    return list_devices()
+
+
+def offload_trace(endpoint, target_path: str, draft_path: str, placements: list) -> dict:
     """For each placement {"device", "n_gpu_layers"}: the target's logits over a prefill,
     a chain verify and commit, a tree verify and path commit, and a decode after it,
     plus greedy chain and tree generations with the drafter on the same device."""
-    import numpy as np
-
-    from dflash_gguf.devices import add_rpc_server, list_devices
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.speculative import speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
-    add_rpc_server(endpoint)
+    devices = _devices(endpoint)
     layers = read_draft_metadata(draft_path)["target_layers"]
     prompt = [(7 * i + 3) % 200 for i in range(37)]
-    out = {"devices": list_devices(), "runs": []}
+    out = {"devices": devices, "runs": []}
     for place in placements:
         cfg = TargetConfig(n_ctx=256, n_ubatch=16, n_verify=16, kv_type="f32", feature_layers=layers,
                            device=place["device"], n_gpu_layers=place["n_gpu_layers"])
@@ -283,3 +289,99 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
         generate(other)
         checkpoint.restore(t, d)
         return {"info": t.info(), "cold": cold, "warm": generate(prompt, reused=cut)}
+
+
+def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list, prompts: list, n_new: int,
+                      budget: int) -> dict:
+    """Per device: plain, chain and tree greedy continuations of each prompt (matrices in
+    file layout, f32 caches), and the last prompt row's logits."""
+    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.generate import greedy_generate
+    from dflash_gguf.speculative import speculative_generate, tree_generate
+    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+
+    _devices(endpoint)
+    layers = read_draft_metadata(draft_path)["target_layers"]
+    out = {}
+    for dev in devices:
+        cfg = TargetConfig(n_ctx=512, n_verify=budget + 1, kv_type="f32", feature_layers=layers, device=dev,
+                           repack=False)
+        with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(kv_type="f32", top_k=8)) as d:
+            runs = []
+            for prompt in prompts:
+                t.reset()
+                t.prefill(prompt, LOGITS_LAST)
+                logits = t.logits(0, 1)[0].tolist()
+                t.reset()
+                plain = greedy_generate(t, prompt, n_new)[0]
+                t.reset()
+                d.reset()
+                chain = speculative_generate(t, d, prompt, n_new)[0]
+                t.reset()
+                d.reset()
+                tree = tree_generate(t, d, prompt, n_new, budget=budget)[0]
+                runs.append({"plain": plain, "chain": chain, "tree": tree, "logits": logits})
+            out[dev] = runs
+    return out
+
+
+def top2_gap_after(endpoint, target_path: str, device: str, tokens: list) -> float:
+    """The gap between the two largest logits of the next token after `tokens`."""
+    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+
+    _devices(endpoint)
+    with Target(target_path, TargetConfig(n_ctx=512, kv_type="f32", device=device, repack=False)) as t:
+        t.prefill(tokens, LOGITS_LAST)
+        return _top2_gap(t.logits(0, 1)[0])
+
+
+def placement_trace(endpoint, target_path: str, draft_path: str, device: str) -> dict:
+    """The scheduler's placement of every kind of graph a decode runs, target and
+    drafter on `device` with every layer offloaded."""
+    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
+
+    _devices(endpoint)
+    layers = read_draft_metadata(draft_path)["target_layers"]
+    prompt = [(7 * i + 3) % 200 for i in range(37)]
+    cfg = TargetConfig(n_ctx=256, n_ubatch=64, n_verify=16, kv_type="f16", feature_layers=layers, device=device)
+    out = {}
+    with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(top_k=8)) as d:
+        t.prefill(prompt, LOGITS_LAST)
+        out["target prefill"] = t.placement()
+        d.append_rows(len(prompt))
+        out["drafter context append"] = d.placement()
+        block = d.propose(int(t.argmax(0, 1)[0]))
+        out["drafter propose"] = d.placement()
+        t.verify(block[:4])
+        out["target chain verify"] = t.placement()
+        t.commit(2)
+        t.verify_tree([17, 19, 23, 29, 31], [-1, 0, 0, 1, 2])
+        out["target tree verify (+ chain commit)"] = t.placement()
+        t.commit_path([0, 2, 4])
+        t.decode([37], LOGITS_ALL)
+        out["target decode (+ tree commit)"] = t.placement()
+    return out
+
+
+def shape_model_steps(endpoint, path: str, device: str) -> dict:
+    """A weightless published-shape model (tests/shape_models.py) on `device`: a short
+    prefill, a chain verify and a decode, with the placement of each graph."""
+    import numpy as np
+
+    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+
+    _devices(endpoint)
+    out = {}
+    with Target(path, TargetConfig(n_ctx=256, n_ubatch=8, n_verify=8, kv_type="f16", device=device)) as t:
+        out["info"] = t.info()
+        t.prefill([1, 2, 3, 4, 5], LOGITS_LAST)
+        out["prefill"] = t.placement()
+        t.verify([6, 7, 8, 9])
+        out["verify"] = t.placement()
+        out["finite"] = bool(np.isfinite(t.logits(0, 4)).all())
+        t.commit(4)
+        t.decode([10], LOGITS_LAST)
+        out["decode"] = t.placement()
+        out["finite"] = out["finite"] and bool(np.isfinite(t.logits(0, 1)).all())
+    return out

@@ -1,7 +1,11 @@
-"""Device placement: partial offload (-ngl) splits the target between the CPU and a
-second device. This machine has no GPU, so the second device is a ggml RPC server
-serving the CPU backend (tests/rpc_server.py): its memory is not host memory and every
-tensor crossing between layers on different devices really is copied."""
+"""Device placement and results on a device other than the CPU.
+
+The device under test is chosen with DFLASH_TEST_DEVICE (or pytest --device-under-test):
+by default `RPC`, a ggml RPC server serving the CPU backend (tests/rpc_server.py) — its
+memory is not host memory, so every tensor crossing between devices really is copied,
+but it runs the CPU's kernels. `Vulkan0` (scripts/test-vulkan.sh, Mesa's lavapipe) runs
+ggml's Vulkan shaders under a GPU API's rules; CUDA0 or Metal work the same way. The
+tests marked `device` are the ones scripts/test-vulkan.sh runs."""
 from __future__ import annotations
 
 import os
@@ -9,20 +13,33 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
 
+from shape_models import QWEN35_0_8B, write_shape_gguf
 from target_workers import run_isolated
 from test_cli import run
 from test_speculative import pair  # noqa: F401 (fixture)
 
 HERE = Path(__file__).resolve().parent
+DEMO_HF = HERE / "data" / "demo-hf"
 
 
-@pytest.fixture(scope="module")
-def rpc_endpoint():
+@dataclass
+class Device:
+    name: str                # ggml device name, e.g. RPC0, Vulkan0
+    rpc: Optional[str]       # host:port of the RPC server providing it, if any
+
+    def cli(self) -> list:
+        return ["--rpc", self.rpc] if self.rpc else []
+
+
+def _rpc_server():
+    """A ggml RPC server serving the CPU backend on a free loopback port: yields host:port."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -44,42 +61,65 @@ def rpc_endpoint():
     server.wait()
 
 
-def test_partial_offload_matches_the_cpu(pair, rpc_endpoint):
+@pytest.fixture(scope="module")
+def rpc_endpoint():
+    yield from _rpc_server()
+
+
+@pytest.fixture(scope="module")
+def device(request):
+    name = request.config.getoption("--device-under-test") or os.environ.get("DFLASH_TEST_DEVICE") or "RPC"
+    if name != "RPC":
+        yield Device(name, None)
+        return
+    for endpoint in _rpc_server():
+        yield Device("RPC0", endpoint)
+
+
+# Vulkan's f32 matrix products sum in another order than the CPU's (and lavapipe's
+# exp/tanh differ in the last bits): logits of the tiny f32 pair agree to ~1e-5.
+LOGIT_TOL = 2e-4
+
+
+@pytest.mark.device
+def test_partial_offload_matches_the_cpu(pair, device):
     placements = [{"device": "CPU", "n_gpu_layers": -1}] + [
-        {"device": "RPC0", "n_gpu_layers": n} for n in (0, 1, 2, 4, 5, -1)]
-    res = run_isolated("offload_trace", rpc_endpoint, str(pair["target"]), str(pair["draft"]), placements)
-    assert any(d["name"] == "RPC0" and d["type"] == "gpu" for d in res["devices"])
+        {"device": device.name, "n_gpu_layers": n} for n in (0, 1, 2, 4, 5, -1)]
+    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements)
+    assert any(d["name"] == device.name and d["type"] in ("gpu", "igpu") for d in res["devices"]), res["devices"]
     cpu, *offloaded = res["runs"]
     assert cpu["info"]["n_gpu_layers"] == 0
     assert [r["info"]["n_gpu_layers"] for r in offloaded] == [0, 1, 2, 4, 4, 4]
     for place, r in zip(placements[1:], offloaded):
-        assert r["info"]["device"] == "RPC0"
+        assert r["info"]["device"] == device.name
         for stage, (a, b) in enumerate(zip(r["logits"], cpu["logits"])):
             err = np.abs(np.asarray(a) - np.asarray(b)).max()
-            assert err < 1e-4, f"ngl {place['n_gpu_layers']}, stage {stage}: logits differ by {err}"
+            assert err < LOGIT_TOL, f"ngl {place['n_gpu_layers']}, stage {stage}: logits differ by {err}"
         assert r["chain"] == cpu["chain"] and r["tree"] == cpu["tree"], place
 
 
-def test_weights_split_into_buffers_the_device_allows(pair, rpc_endpoint, monkeypatch):
+@pytest.mark.device
+def test_weights_split_into_buffers_the_device_allows(pair, device, monkeypatch):
     """A device caps single allocations (Vulkan, Metal): weights then take several
     buffers. DFLASH_WEIGHT_BUFFER_MIB lowers the cap to show it on any device."""
-    placements = [{"device": "CPU", "n_gpu_layers": -1}, {"device": "RPC0", "n_gpu_layers": -1}]
+    placements = [{"device": "CPU", "n_gpu_layers": -1}, {"device": device.name, "n_gpu_layers": -1}]
     monkeypatch.setenv("DFLASH_WEIGHT_BUFFER_MIB", "1")
-    res = run_isolated("offload_trace", rpc_endpoint, str(pair["target"]), str(pair["draft"]), placements)
-    cpu, rpc = res["runs"]
-    assert rpc["info"]["n_weight_buffers"] >= 3, rpc["info"]
-    for a, b in zip(rpc["logits"], cpu["logits"]):
-        assert np.abs(np.asarray(a) - np.asarray(b)).max() < 1e-4
-    assert rpc["chain"] == cpu["chain"] and rpc["tree"] == cpu["tree"]
+    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements)
+    cpu, dev = res["runs"]
+    assert dev["info"]["n_weight_buffers"] >= 3, dev["info"]
+    for a, b in zip(dev["logits"], cpu["logits"]):
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() < LOGIT_TOL
+    assert dev["chain"] == cpu["chain"] and dev["tree"] == cpu["tree"]
 
 
-def test_cli_rpc_offload_and_device_list(pair, rpc_endpoint):
-    listed = run("--rpc", rpc_endpoint, "--list-devices")
-    assert listed.returncode == 0 and "RPC0" in listed.stdout and "CPU" in listed.stdout
+@pytest.mark.device
+def test_cli_offload_and_device_list(pair, device):
+    listed = run(*device.cli(), "--list-devices")
+    assert listed.returncode == 0 and device.name in listed.stdout and "CPU" in listed.stdout
     base = ["-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "def f(x):", "-n", "24",
             "--tree-budget", "6"]
     cpu = run(*base, "--device", "CPU")
-    split = run(*base, "--rpc", rpc_endpoint, "-ngl", "2")
+    split = run(*base, *device.cli(), "--device", device.name, "-ngl", "2")
     assert cpu.returncode == 0 and split.returncode == 0, split.stderr
     assert split.stdout == cpu.stdout
 
@@ -92,3 +132,88 @@ def test_unreachable_rpc_server_is_a_clear_error():
     assert res.returncode == 1 and "cannot connect to a ggml RPC server" in res.stderr
     res = run("--rpc", "no-port-here", "--list-devices")
     assert res.returncode == 1 and "host:port" in res.stderr
+
+
+# ---- the demo pair on the device --------------------------------------------------------
+
+DEMO_PROMPTS = [[(37 * i + 11 * k) % 4000 for i in range(n)] for k, n in enumerate((9, 23, 40))]
+N_NEW, BUDGET = 40, 8
+
+
+@pytest.fixture(scope="module")
+def demo_pairs(convert_model):
+    """The bundled demo pair as shipped (q8_0) and converted again from its checkpoints."""
+    from dflash_gguf.demo import demo_paths
+
+    pairs = {"q8_0": demo_paths()}
+    for outtype in ("f32", "f16"):
+        target = convert_model(DEMO_HF / "target", outtype)
+        draft = convert_model(DEMO_HF / "draft", outtype, "--target-model-dir", str(DEMO_HF / "target"))
+        pairs[outtype] = (str(target), str(draft))
+    return pairs
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("outtype", ["f32", "f16"])
+def test_demo_pair_greedy_equals_the_cpu(demo_pairs, device, outtype):
+    target, draft = demo_pairs[outtype]
+    res = run_isolated("greedy_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
+                       BUDGET, timeout=1800)
+    for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
+        assert cpu["plain"] == cpu["chain"] == cpu["tree"], f"prompt {k}: CPU speculation is not lossless"
+        assert dev["plain"] == cpu["plain"], f"prompt {k}: plain greedy differs from the CPU's"
+        assert dev["chain"] == cpu["chain"], f"prompt {k}: chain differs from the CPU's"
+        assert dev["tree"] == cpu["tree"], f"prompt {k}: tree differs from the CPU's"
+
+
+@pytest.mark.device
+def test_demo_pair_quantized_is_lossless_on_the_device(demo_pairs, device):
+    """q8_0 (the shipped demo pair): the CPU quantizes activations to q8_0 before its
+    integer dot products, Vulkan without integer dot products (lavapipe) multiplies the
+    dequantized weights with f32 activations. Logits differ by the activation rounding, so
+    greedy text may part from the CPU's where the top two logits are that close; on the
+    device chain and tree must still equal the device's own plain greedy decoding."""
+    target, draft = demo_pairs["q8_0"]
+    res = run_isolated("greedy_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
+                       BUDGET, timeout=1800)
+    for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
+        assert dev["plain"] == dev["chain"] == dev["tree"], f"prompt {k}: speculation on the device is not lossless"
+        err = np.abs(np.asarray(dev["logits"]) - np.asarray(cpu["logits"])).max()
+        assert err < 0.05, f"prompt {k}: q8_0 logits differ from the CPU's by {err}"
+        if dev["plain"] != cpu["plain"]:
+            i = next(j for j, (a, b) in enumerate(zip(dev["plain"], cpu["plain"])) if a != b)
+            gap = run_isolated("top2_gap_after", device.rpc, target, "CPU", DEMO_PROMPTS[k] + cpu["plain"][:i])
+            print(f"prompt {k}: q8_0 greedy parts from the CPU's at token {i}, CPU top-2 gap {gap:.4f}")
+            assert gap < 2 * err, f"prompt {k}: parts at token {i} where the CPU's top two logits are {gap} apart"
+
+
+# ---- placement: every node on the device -----------------------------------------------
+
+# What may stay on the host: the token embedding lookup (the table lives on the CPU, as
+# in llama.cpp), nothing else.
+HOST_ALLOWED = {"GET_ROWS(token_embd.weight)"}
+
+
+@pytest.mark.device
+def test_every_node_of_every_graph_runs_on_the_device(demo_pairs, device):
+    target, draft = demo_pairs["f16"]
+    res = run_isolated("placement_trace", device.rpc, target, draft, device.name)
+    for graph, p in res.items():
+        print(f"{device.name} {graph}: {p['n_nodes']} nodes, {p['n_splits']} splits, "
+              f"on the host: {', '.join(p['host_nodes']) or 'none'}")
+    for graph, p in res.items():
+        assert set(p["host_nodes"]) <= HOST_ALLOWED, f"{graph}: {p['host_nodes']} ran on the CPU"
+
+
+@pytest.mark.device
+def test_a_0_8b_shape_model_loads_and_runs_on_the_device(tmp_path, device):
+    """Qwen3.5-0.8B's shapes (weights all zero): its LM head alone (248320 x 1024) is
+    larger than one Vulkan storage buffer on lavapipe (128 MiB)."""
+    path = write_shape_gguf(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
+    res = run_isolated("shape_model_steps", device.rpc, str(path), device.name, timeout=1800)
+    assert res["info"]["device"] == device.name and res["finite"]
+    for graph in ("prefill", "verify", "decode"):
+        p = res[graph]
+        print(f"{device.name} 0.8B {graph}: {p['n_nodes']} nodes, {p['n_splits']} splits, "
+              f"on the host: {', '.join(p['host_nodes']) or 'none'}")
+        assert set(p["host_nodes"]) <= HOST_ALLOWED, f"{graph}: {p['host_nodes']} ran on the CPU"
