@@ -69,6 +69,43 @@ _CORPUS_MODULES = [
 ]
 
 
+# Python source the demo pair (trained on code) continues well: a prompt for the
+# checkpoint and server tests
+CODE_PROMPT = '''import os
+
+
+def read_lines(path):
+    """Return the lines of a file without their line endings."""
+    with open(path) as f:
+        return [line.rstrip("\\n") for line in f]
+
+
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def peek(self):
+        """The item on top, left on the stack."""
+        if not self.items:
+            raise IndexError("peek at an empty stack")
+        return self.items[-1]
+
+    def __len__(self):
+        return len(self.items)
+
+
+def count_words(text):
+    counts = {}
+    for word in text.split():
+        counts[word] = counts.get(word, 0) + 1
+    return counts
+
+'''
+
+
 def _training_corpus() -> list[str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts = [(stdlib / name).read_text(encoding="utf-8") for name in _CORPUS_MODULES]

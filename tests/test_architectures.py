@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from arch_checks import assert_chain_and_tree_lossless, assert_tree_verify_matches_each_path, our_logits, rel_err
 from draft_fixtures import make_dflash
 from fixtures import (QWEN3_SHAPES, QWEN35MOE_SHAPES, hf_model, llama_cpp_quantize, llama_greedy, make_qwen3,
                       make_qwen35moe, read_gguf)
@@ -18,9 +19,9 @@ from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate, tree_generate
+from dflash_gguf.speculative import speculative_generate
 from dflash_gguf.convert.quant import OUTTYPES
-from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+from dflash_gguf.target import Target, TargetConfig
 
 BLOCK = 8
 ARCHS = {
@@ -29,9 +30,6 @@ ARCHS = {
 }
 PRE = {"qwen3": "qwen2", "qwen35moe": "qwen35"}  # the fixtures' pre-tokenizers
 
-
-def rel_err(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def prompts(n, seed=0, vocab=1000):
@@ -62,11 +60,6 @@ def load(pair, n_ctx=512, n_verify=BLOCK, **kw):
                                                  feature_layers=meta["target_layers"], **kw))
     return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=4))
 
-
-def our_logits(path, tokens):
-    target = Target(str(path), TargetConfig(n_ctx=256, n_ubatch=64, kv_type="f32"))
-    target.decode(tokens, LOGITS_ALL)
-    return target.logits(0, len(tokens))
 
 
 def test_logits_match_transformers(pair):
@@ -128,33 +121,12 @@ def test_tree_verify_matches_decoding_each_path(pair):
     """Nodes of a tree see only their ancestors; committing a path leaves the cache as
     if the path had been decoded."""
     target, _ = load(pair)
-    prompt = prompts(1, seed=4)[0]
-    target.prefill(prompt, LOGITS_ALL)
-    tokens, parents = [11, 12, 13, 14, 15, 16, 17], [-1, 0, 0, 1, 2, 3, 1]
-    target.verify_tree(tokens, parents)
-    tree_logits = target.logits(0, len(tokens))
-    for leaf in (4, 5, 6):
-        path = [leaf]
-        while parents[path[-1]] >= 0:
-            path.append(parents[path[-1]])
-        path.reverse()
-        plain = our_logits(pair["target"], prompt + [tokens[i] for i in path])[len(prompt):]
-        assert rel_err(tree_logits[path], plain) < 1e-4
-    target.commit_path([0, 2, 4])
-    target.decode([21, 22], LOGITS_ALL)
-    plain = our_logits(pair["target"], prompt + [11, 13, 15, 21, 22])[-2:]
-    assert rel_err(target.logits(0, 2), plain) < 1e-4
+    assert_tree_verify_matches_each_path(target, pair["target"], prompts(1, seed=4)[0], [11, 12, 13, 14, 15, 16, 17], [21, 22])
 
 
 def test_chain_and_tree_are_lossless(pair):
     target, draft = load(pair, n_verify=9)
-    for prompt in prompts(3, seed=5):
-        ar, _ = greedy_generate(target, prompt, 48)
-        chain, _ = speculative_generate(target, draft, prompt, 48)
-        assert chain == ar
-        for budget in (4, 8):
-            tree, _ = tree_generate(target, draft, prompt, 48, budget)
-            assert tree == ar
+    assert_chain_and_tree_lossless(target, draft, prompts(3, seed=5))
 
 
 def test_acceptance_lengths_match_reference_loop(pair, monkeypatch):

@@ -14,44 +14,13 @@ from dflash_gguf.generate import GenerationStats, autoregressive_steps, collect,
 from dflash_gguf.speculative import speculative_steps, tree_steps
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
+from fixtures import CODE_PROMPT
 from target_workers import run_isolated
 from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
-TEXT = '''import os
-
-
-def read_lines(path):
-    """Return the lines of a file without their line endings."""
-    with open(path) as f:
-        return [line.rstrip("\\n") for line in f]
-
-
-class Stack:
-    def __init__(self):
-        self.items = []
-
-    def push(self, item):
-        self.items.append(item)
-
-    def peek(self):
-        """The item on top, left on the stack."""
-        if not self.items:
-            raise IndexError("peek at an empty stack")
-        return self.items[-1]
-
-    def __len__(self):
-        return len(self.items)
-
-
-def count_words(text):
-    counts = {}
-    for word in text.split():
-        counts[word] = counts.get(word, 0) + 1
-    return counts
-
-    def pop(self):
+TEXT = CODE_PROMPT + """    def pop(self):
         return self.items.pop()
-'''
+"""
 OTHER = '''class Queue:
     """A first-in first-out queue."""
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from arch_checks import assert_chain_and_tree_lossless, assert_tree_verify_matches_each_path, our_logits, rel_err
 from draft_fixtures import make_dflash
 from fixtures import hf_model, llama_greedy, read_gguf
 from gemma4_fixtures import GEMMA4_SHAPES, MASK_ID, make_gemma4
@@ -22,16 +23,13 @@ from reference_loop import History, RecomputingTarget
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate, tree_generate
-from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.speculative import speculative_generate
+from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 BLOCK = 8
 WINDOW = 8
 DRAFT_WINDOW = 5
 
-
-def rel_err(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def prompts(n, seed=0, vocab=1000, lo=12, hi=40):
@@ -76,11 +74,6 @@ def load(pair, n_ctx=512, n_verify=BLOCK, n_ubatch=16):
     return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=4))
 
 
-def our_logits(path, tokens):
-    target = Target(str(path), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32"))
-    target.decode(tokens, LOGITS_ALL)
-    return target.logits(0, len(tokens))
-
 
 def test_logits_match_transformers(pair):
     tokens = prompts(1, seed=1)[0] + list(range(400, 440))
@@ -122,33 +115,12 @@ def test_tree_verify_matches_decoding_each_path(pair):
     """Tree nodes see only their ancestors, sliding layers only the window behind each
     node's position p + depth; committing a path leaves the caches as if decoded."""
     target, _ = load(pair)
-    prompt = prompts(1, seed=4)[0]
-    target.prefill(prompt, LOGITS_ALL)
-    tokens, parents = [311, 312, 313, 314, 315, 316, 317], [-1, 0, 0, 1, 2, 3, 1]
-    target.verify_tree(tokens, parents)
-    tree_logits = target.logits(0, len(tokens))
-    for leaf in (4, 5, 6):
-        path = [leaf]
-        while parents[path[-1]] >= 0:
-            path.append(parents[path[-1]])
-        path.reverse()
-        plain = our_logits(pair["target"], prompt + [tokens[i] for i in path])[len(prompt):]
-        assert rel_err(tree_logits[path], plain) < 1e-4
-    target.commit_path([0, 2, 4])
-    target.decode([321, 322], LOGITS_ALL)
-    plain = our_logits(pair["target"], prompt + [311, 313, 315, 321, 322])[-2:]
-    assert rel_err(target.logits(0, 2), plain) < 1e-4
+    assert_tree_verify_matches_each_path(target, pair["target"], prompts(1, seed=4)[0], [311, 312, 313, 314, 315, 316, 317], [321, 322])
 
 
 def test_chain_and_tree_are_lossless(pair):
     target, draft = load(pair, n_verify=9)
-    for prompt in prompts(3, seed=5):
-        ar, _ = greedy_generate(target, prompt, 48)
-        chain, _ = speculative_generate(target, draft, prompt, 48)
-        assert chain == ar
-        for budget in (4, 8):
-            tree, _ = tree_generate(target, draft, prompt, 48, budget)
-            assert tree == ar
+    assert_chain_and_tree_lossless(target, draft, prompts(3, seed=5))
 
 
 def reference_pair(pair):

@@ -17,6 +17,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from fixtures import CODE_PROMPT as CODE
+
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.serving import Job, Scheduler, ShuttingDown
@@ -26,39 +28,6 @@ UBATCH = 32
 SERVER_FLAGS = ["-c", str(N_CTX), "-ub", str(UBATCH), "-t", "1", "--checkpoint-every", str(UBATCH),
                 "--checkpoint-mib", "64"]
 
-CODE = '''import os
-
-
-def read_lines(path):
-    """Return the lines of a file without their line endings."""
-    with open(path) as f:
-        return [line.rstrip("\\n") for line in f]
-
-
-class Stack:
-    def __init__(self):
-        self.items = []
-
-    def push(self, item):
-        self.items.append(item)
-
-    def peek(self):
-        """The item on top, left on the stack."""
-        if not self.items:
-            raise IndexError("peek at an empty stack")
-        return self.items[-1]
-
-    def __len__(self):
-        return len(self.items)
-
-
-def count_words(text):
-    counts = {}
-    for word in text.split():
-        counts[word] = counts.get(word, 0) + 1
-    return counts
-
-'''
 
 
 def free_port() -> int:

@@ -1,0 +1,52 @@
+"""Checks every target architecture passes, shared by the per-architecture test files
+(test_architectures.py, test_gemma4.py): each takes a loaded target and drafter and the
+architecture's own tokens."""
+from __future__ import annotations
+
+import numpy as np
+
+from dflash_gguf.generate import greedy_generate
+from dflash_gguf.speculative import speculative_generate, tree_generate
+from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+
+
+def rel_err(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def our_logits(path, tokens):
+    """Every row's logits of one plain decode of `tokens` on a fresh target."""
+    target = Target(str(path), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32"))
+    target.decode(tokens, LOGITS_ALL)
+    return target.logits(0, len(tokens))
+
+
+def assert_tree_verify_matches_each_path(target, target_path, prompt, tokens, after):
+    """A 7-node tree over `tokens`: every leaf's path has the logits of decoding that
+    path; committing the path 0-2-4 and decoding `after` gives the logits of decoding
+    it all in order."""
+    parents = [-1, 0, 0, 1, 2, 3, 1]
+    target.prefill(prompt, LOGITS_ALL)
+    target.verify_tree(tokens, parents)
+    tree_logits = target.logits(0, len(tokens))
+    for leaf in (4, 5, 6):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        plain = our_logits(target_path, prompt + [tokens[i] for i in path])[len(prompt):]
+        assert rel_err(tree_logits[path], plain) < 1e-4
+    target.commit_path([0, 2, 4])
+    target.decode(after, LOGITS_ALL)
+    plain = our_logits(target_path, prompt + [tokens[0], tokens[2], tokens[4], *after])[-len(after):]
+    assert rel_err(target.logits(0, len(after)), plain) < 1e-4
+
+
+def assert_chain_and_tree_lossless(target, draft, prompts, n_new=48, budgets=(4, 8)):
+    for prompt in prompts:
+        ar, _ = greedy_generate(target, prompt, n_new)
+        chain, _ = speculative_generate(target, draft, prompt, n_new)
+        assert chain == ar
+        for budget in budgets:
+            tree, _ = tree_generate(target, draft, prompt, n_new, budget)
+            assert tree == ar
