@@ -152,11 +152,10 @@ def test_acceptance_lengths_match_reference_loop(pair, monkeypatch):
     assert compared == 3
 
 
+@pytest.mark.parametrize("pair", ["qwen35moe"], indirect=True)
 def test_moe_routing_uses_several_experts(pair):
     """The fixture's router spreads rows over experts with a clear margin, so the test
     prompts exercise many experts and no routing tie decides a token."""
-    if pair["arch"] != "qwen35moe":
-        pytest.skip("dense model")
     model = hf_model(pair["target_dir"])
     tokens = torch.tensor([prompts(1, seed=8)[0] + list(range(200, 230))])
     chosen, margins = set(), []

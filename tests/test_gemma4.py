@@ -178,9 +178,8 @@ def test_acceptance_lengths_match_reference_loop(pair, monkeypatch):
         assert stats.accepted_lengths == list(res.acceptance_lengths)
 
 
+@pytest.mark.parametrize("pair", ["moe"], indirect=True)
 def test_moe_routing_uses_several_experts(pair):
-    if pair["kind"] != "moe":
-        pytest.skip("dense model")
     model = hf_model(pair["target_dir"])
     chosen = set()
 
