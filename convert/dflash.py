@@ -30,7 +30,7 @@ from gguf import GGUFValueType
 
 from .base import KV, ModelConverter, array, boolean, f32, string, u32
 from .errors import ConversionError
-from .hf import Checkpoint, check_hparams, load_config, text_hparams
+from .hf import Checkpoint, check_hparams, load_config, require_hparams, text_hparams
 from .tensors import TensorSpec
 
 log = logging.getLogger("dflash_gguf.convert")
@@ -108,9 +108,7 @@ class DFlashConverter(ModelConverter):
         hp = self.hp = text_hparams(config)
         dcfg = hp.get("dflash_config")
         self.dcfg = dict(dcfg) if isinstance(dcfg, dict) else {}
-        missing = [k for k in _REQUIRED if k not in hp]
-        if missing:
-            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a DFlash drafter")
+        require_hparams(hp, _REQUIRED, "a DFlash drafter")
         check_hparams(hp, _REQUIRED + ["num_key_value_heads", "head_dim", "max_position_embeddings",
                                        "num_target_layers", "block_size"], ["rms_norm_eps", "rope_theta"])
         check_hparams(self.dcfg, ["block_size", "num_target_layers"], where="config.json dflash_config")

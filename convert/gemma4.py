@@ -21,7 +21,7 @@ from gguf import GGUFValueType
 
 from .base import KV, ModelConverter, array, f32, u32
 from .errors import ConversionError
-from .hf import Checkpoint, check_hparams, text_hparams
+from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec
 
 ARCH = "gemma4"
@@ -42,9 +42,7 @@ class Gemma4Converter(ModelConverter):
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
         super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
-        missing = [k for k in _REQUIRED if k not in hp]
-        if missing:
-            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a Gemma 4 model")
+        require_hparams(hp, _REQUIRED, "a Gemma 4 model")
         check_hparams(hp, [k for k in _REQUIRED if k not in ("rms_norm_eps", "layer_types")], ["rms_norm_eps"])
         for key, what in _REFUSED.items():
             if hp.get(key):

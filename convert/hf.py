@@ -40,6 +40,13 @@ def load_config(model_dir: Path) -> dict:
     return config
 
 
+def require_hparams(hp: dict, keys, what: str) -> None:
+    """Every key of `keys` is in the config, or one line naming the missing ones."""
+    missing = [k for k in keys if k not in hp]
+    if missing:
+        raise ConversionError(f"config.json lacks {', '.join(missing)} needed for {what}")
+
+
 def check_hparams(hp: dict, ints=(), floats=(), where: str = "config.json") -> None:
     """The keys present among `ints` are positive integers and among `floats` positive
     finite numbers: one clear line instead of an arithmetic error later on."""

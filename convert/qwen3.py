@@ -8,7 +8,7 @@ import numpy as np
 
 from .base import KV, ModelConverter, f32, u32
 from .errors import ConversionError
-from .hf import Checkpoint, check_hparams, text_hparams
+from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec
 
 ARCH = "qwen3"
@@ -22,9 +22,7 @@ class Qwen3Converter(ModelConverter):
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
         super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
-        missing = [k for k in _REQUIRED if k not in hp]
-        if missing:
-            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a Qwen3 model")
+        require_hparams(hp, _REQUIRED, "a Qwen3 model")
         check_hparams(hp, [k for k in _REQUIRED if k != "rms_norm_eps"] + ["head_dim", "max_position_embeddings"],
                       ["rms_norm_eps"])
         if hp.get("attention_bias"):

@@ -18,7 +18,7 @@ from gguf import GGUFValueType
 
 from .base import KV, ModelConverter, array, f32, u32
 from .errors import ConversionError
-from .hf import Checkpoint, check_hparams, text_hparams
+from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec, add_one, neg_exp
 
 ARCH = "qwen35"
@@ -51,9 +51,7 @@ class Qwen35Converter(ModelConverter):
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
         super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
-        missing = [k for k in self.required if k not in hp]
-        if missing:
-            raise ConversionError(f"config.json lacks {', '.join(missing)} needed for a {self.family} model")
+        require_hparams(hp, self.required, f"a {self.family} model")
         check_hparams(hp, [k for k in self.required if k != "rms_norm_eps"]
                       + ["head_dim", "full_attention_interval", "max_position_embeddings"], ["rms_norm_eps"])
         if "layer_types" in hp and not isinstance(hp["layer_types"], list):

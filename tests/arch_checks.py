@@ -4,6 +4,7 @@ architecture's own tokens."""
 from __future__ import annotations
 
 import numpy as np
+from fixtures import llama_greedy
 
 from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import speculative_generate, tree_generate
@@ -40,6 +41,14 @@ def assert_tree_verify_matches_each_path(target, target_path, prompt, tokens, af
     target.decode(after, LOGITS_ALL)
     plain = our_logits(target_path, prompt + [tokens[0], tokens[2], tokens[4], *after])[-len(after):]
     assert rel_err(target.logits(0, len(after)), plain) < 1e-4
+
+
+def assert_greedy_equals_llama_cpp(target_path, prompts, n_new=24):
+    """Our plain greedy continuation of each prompt is llama.cpp's on the same file."""
+    target = Target(str(target_path), TargetConfig(n_ctx=256, kv_type="f32"))
+    for prompt in prompts:
+        ours, _ = greedy_generate(target, prompt, n_new)
+        assert llama_greedy(target_path, prompt, n_new) == ours
 
 
 def assert_chain_and_tree_lossless(target, draft, prompts, n_new=48, budgets=(4, 8)):

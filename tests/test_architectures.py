@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import assert_chain_and_tree_lossless, assert_tree_verify_matches_each_path, our_logits, rel_err
+from arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp,
+                         assert_tree_verify_matches_each_path, our_logits, rel_err)
 from draft_fixtures import make_dflash
-from fixtures import (QWEN3_SHAPES, QWEN35MOE_SHAPES, hf_model, llama_cpp_quantize, llama_greedy, make_qwen3,
+from fixtures import (QWEN3_SHAPES, QWEN35MOE_SHAPES, hf_model, llama_cpp_quantize, make_qwen3,
                       make_qwen35moe, read_gguf)
 from reference_loop import RecomputingTarget, exact_reference
 from target_workers import run_isolated
 from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import speculative_generate
 from dflash_gguf.convert.quant import OUTTYPES
 from dflash_gguf.target import Target, TargetConfig
@@ -111,17 +111,15 @@ def test_k_quant_mix_matches_llama_quantize(pair, outtype, convert_model, tmp_pa
 
 
 def test_our_file_runs_in_llama_cpp_with_the_same_greedy_output(pair):
-    target = Target(pair["target"], TargetConfig(n_ctx=256, kv_type="f32"))
-    for prompt in prompts(2, seed=3):
-        ours, _ = greedy_generate(target, prompt, 24)
-        assert llama_greedy(pair["target"], prompt, 24) == ours
+    assert_greedy_equals_llama_cpp(pair["target"], prompts(2, seed=3))
 
 
 def test_tree_verify_matches_decoding_each_path(pair):
     """Nodes of a tree see only their ancestors; committing a path leaves the cache as
     if the path had been decoded."""
     target, _ = load(pair)
-    assert_tree_verify_matches_each_path(target, pair["target"], prompts(1, seed=4)[0], [11, 12, 13, 14, 15, 16, 17], [21, 22])
+    assert_tree_verify_matches_each_path(target, pair["target"], prompts(1, seed=4)[0],
+                                         [11, 12, 13, 14, 15, 16, 17], [21, 22])
 
 
 def test_chain_and_tree_are_lossless(pair):

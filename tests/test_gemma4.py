@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arch_checks import assert_chain_and_tree_lossless, assert_tree_verify_matches_each_path, our_logits, rel_err
+from arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp,
+                         assert_tree_verify_matches_each_path, our_logits, rel_err)
 from draft_fixtures import make_dflash
-from fixtures import hf_model, llama_greedy, read_gguf
+from fixtures import hf_model, read_gguf
 from gemma4_fixtures import GEMMA4_SHAPES, MASK_ID, make_gemma4
 from reference_loop import History, RecomputingTarget
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import speculative_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
@@ -105,17 +105,15 @@ def test_llama_cpp_converted_file_loads_and_agrees(pair, llama_cpp_convert):
 
 
 def test_our_file_runs_in_llama_cpp_with_the_same_greedy_output(pair):
-    target = Target(pair["target"], TargetConfig(n_ctx=256, kv_type="f32"))
-    for prompt in prompts(2, seed=3):
-        ours, _ = greedy_generate(target, prompt, 24)
-        assert llama_greedy(pair["target"], prompt, 24) == ours
+    assert_greedy_equals_llama_cpp(pair["target"], prompts(2, seed=3))
 
 
 def test_tree_verify_matches_decoding_each_path(pair):
     """Tree nodes see only their ancestors, sliding layers only the window behind each
     node's position p + depth; committing a path leaves the caches as if decoded."""
     target, _ = load(pair)
-    assert_tree_verify_matches_each_path(target, pair["target"], prompts(1, seed=4)[0], [311, 312, 313, 314, 315, 316, 317], [321, 322])
+    assert_tree_verify_matches_each_path(target, pair["target"], prompts(1, seed=4)[0],
+                                         [311, 312, 313, 314, 315, 316, 317], [321, 322])
 
 
 def test_chain_and_tree_are_lossless(pair):
