@@ -8,11 +8,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct ggml_tensor;
+
 int dfl_draft_n_tokens(const dfl_draft * d);
+/* The first context position a later draft may attend to: the window's start, or 0. */
 int dfl_draft_first_visible(const dfl_draft * d);
-size_t dfl_draft_context_bytes(const dfl_draft * d, int first, int end);
-/* to_cache: host -> the drafter's cache (and the drafter then holds `end` positions);
- * otherwise the cache -> host. */
-void dfl_draft_context_copy(dfl_draft * d, uint8_t * host, int first, int end, bool to_cache);
+int dfl_draft_n_layers(const dfl_draft * d);
+/* Layer il's context keys (v = 0) or values (v = 1): position p in row p % ring. */
+struct ggml_tensor * dfl_draft_cache(const dfl_draft * d, int il, int v);
+int dfl_draft_ring(const dfl_draft * d);
+/* After a restore: the drafter holds positions up to n (its cache rows were written). */
+void dfl_draft_set_n_tokens(dfl_draft * d, int n);
 
 #endif

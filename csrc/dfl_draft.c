@@ -426,44 +426,19 @@ DFL_API dfl_status dfl_draft_reset(dfl_draft * d) {
 
 int dfl_draft_n_tokens(const dfl_draft * d) { return d->n_tokens; }
 
-/* The first context position a later draft may attend to: the window's start, or 0. */
 int dfl_draft_first_visible(const dfl_draft * d) {
     return d->p.window > 0 && d->n_tokens > d->p.window ? d->n_tokens - d->p.window : 0;
 }
 
-size_t dfl_draft_context_bytes(const dfl_draft * d, int first, int end) {
-    size_t bytes = 0;
-    for (int il = 0; il < d->n_layer; il++) {
-        bytes += (d->k_cache[il]->nb[1] + d->v_cache[il]->nb[1]) * (size_t) (end - first);
-    }
-    return bytes;
-}
+int dfl_draft_n_layers(const dfl_draft * d) { return d->n_layer; }
 
-/* Context positions [first, end) between the cache and host memory, in position order
- * on the host; position p lives in slot p % ring, so the positions are at most two runs
- * of consecutive slots. */
-void dfl_draft_context_copy(dfl_draft * d, uint8_t * host, int first, int end, bool to_cache) {
-    for (int il = 0; il < d->n_layer; il++) {
-        for (int kv = 0; kv < 2; kv++) {
-            struct ggml_tensor * cache = kv ? d->v_cache[il] : d->k_cache[il];
-            const size_t row = cache->nb[1];
-            for (int pos = first; pos < end;) {
-                const int slot = pos % d->ring;
-                const int run = d->ring - slot < end - pos ? d->ring - slot : end - pos;
-                if (to_cache) {
-                    ggml_backend_tensor_set(cache, host, (size_t) slot * row, (size_t) run * row);
-                } else {
-                    ggml_backend_tensor_get(cache, host, (size_t) slot * row, (size_t) run * row);
-                }
-                host += (size_t) run * row;
-                pos += run;
-            }
-        }
-    }
-    if (to_cache) {
-        d->n_tokens = end;
-        d->n_out = 0;
-    }
+struct ggml_tensor * dfl_draft_cache(const dfl_draft * d, int il, int v) { return v ? d->v_cache[il] : d->k_cache[il]; }
+
+int dfl_draft_ring(const dfl_draft * d) { return d->ring; }
+
+void dfl_draft_set_n_tokens(dfl_draft * d, int n) {
+    d->n_tokens = n;
+    d->n_out = 0;
 }
 
 static dfl_status reserve(dfl_draft * d, int n, int n_kv) {

@@ -240,15 +240,28 @@ dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, 
 
 typedef struct dfl_checkpoint dfl_checkpoint;
 
-/* Copy the decoding state at the target's current position to host memory: attention
- * K/V rows 0..n_past-1, recurrent and conv states, and (with a drafter) the drafter's
- * context positions a later draft can still attend to (its window). Taken after a
- * decode (e.g. the end of a prefill), never between a verify and the graph that
- * carries its commit; the drafter must hold as many positions as the target. */
-dfl_status dfl_checkpoint_save(dfl_target * target, dfl_draft * draft, dfl_checkpoint ** out);
+/* Copy the decoding state at the target's current position: attention K/V rows, the
+ * recurrent and conv states, and (with a drafter) the drafter's context positions a
+ * later draft can still attend to (its window). Taken after a decode (e.g. the end of
+ * a prefill), never between a verify and the graph that carries its commit; the
+ * drafter must hold as many positions as the target.
+ *
+ * on_device != 0: state that lives on a device is copied into that device's memory
+ * (device to device, no transfer; host memory when the device has no room); 0: into
+ * host memory. State in host memory is always copied to host memory.
+ *
+ * parent (or NULL): a checkpoint of the same target and drafter at an earlier position
+ * whose tokens are a prefix of the current context's (the caller vouches for that).
+ * The new checkpoint then keeps per-position rows only from the parent's position on,
+ * and restoring it reads the parent's rows too: the parent's state stays alive, even
+ * after dfl_checkpoint_free of its handle, until its last child is freed. */
+dfl_status dfl_checkpoint_save(dfl_target * target, dfl_draft * draft, dfl_checkpoint * parent, int32_t on_device,
+                               dfl_checkpoint ** out);
 
-/* The host memory dfl_checkpoint_save would take now, in bytes. */
-dfl_status dfl_checkpoint_measure(const dfl_target * target, const dfl_draft * draft, uint64_t * bytes);
+/* The bytes dfl_checkpoint_save(target, draft, parent, 1) would copy now: of state on a
+ * device, and of state in host memory. */
+dfl_status dfl_checkpoint_measure(const dfl_target * target, const dfl_draft * draft, const dfl_checkpoint * parent,
+                                  uint64_t * device_bytes, uint64_t * host_bytes);
 
 /* Put the target (and drafter, when not NULL) back at the checkpoint's position: the
  * next decode continues from there exactly as from the original context. Only into
@@ -256,7 +269,13 @@ dfl_status dfl_checkpoint_measure(const dfl_target * target, const dfl_draft * d
 dfl_status dfl_checkpoint_restore(const dfl_checkpoint * checkpoint, dfl_target * target, dfl_draft * draft);
 
 int32_t dfl_checkpoint_n_past(const dfl_checkpoint * checkpoint);
-uint64_t dfl_checkpoint_bytes(const dfl_checkpoint * checkpoint);
+/* The position of the parent whose rows it reads (0: it holds all its rows itself). */
+int32_t dfl_checkpoint_parent_n_past(const dfl_checkpoint * checkpoint);
+/* What the checkpoint holds itself (not its parent's part), by where it lives: device
+ * memory, host memory. Tensor data bytes; buffers add their alignment. */
+uint64_t dfl_checkpoint_device_bytes(const dfl_checkpoint * checkpoint);
+uint64_t dfl_checkpoint_host_bytes(const dfl_checkpoint * checkpoint);
+/* Releases the caller's handle (the state lives on while a child checkpoint needs it). */
 void dfl_checkpoint_free(dfl_checkpoint * checkpoint);
 
 /* ---- memory plan ------------------------------------------------------------------------ */

@@ -2,8 +2,12 @@
 prompt sharing the prefix resumes there instead of prefilling it again.
 
 A checkpoint (csrc/dfl_checkpoint.c) holds everything the position needs: attention
-K/V rows, recurrent and conv states, and the drafter's context (its window). The store
-keeps them in host memory under a byte budget, least recently used first out."""
+K/V rows, recurrent and conv states, and the drafter's context (its window). State on a
+device is kept in that device's memory (copied device to device) while the store's
+device budget allows, in host memory otherwise. Checkpoints of one long prompt share
+its prefix: each keeps the rows from its parent checkpoint's position on, plus the
+fixed-size recurrent and conv states. The store keeps them under a byte budget, least
+recently used first out, never dropping a checkpoint a kept one reads from."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -13,42 +17,71 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from ._native import NativeObject, check, ffi, lib
 
 
-def checkpoint_bytes(target, draft=None) -> int:
-    """What a Checkpoint of target (and drafter) would take now."""
-    out = ffi.new("uint64_t *")
-    check(lib.dfl_checkpoint_measure(target._handle(), draft._handle() if draft is not None else ffi.NULL, out))
-    return int(out[0])
+def _handle(obj):
+    return obj._handle() if obj is not None else ffi.NULL
+
+
+def measure(target, draft=None, parent: Optional["Checkpoint"] = None) -> Tuple[int, int]:
+    """What a Checkpoint of target (and drafter) on top of `parent` would hold now, kept
+    where its state lives: (bytes of device state, bytes of host state)."""
+    device, host = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    check(lib.dfl_checkpoint_measure(target._handle(), _handle(draft), _handle(parent), device, host))
+    return int(device[0]), int(host[0])
+
+
+def checkpoint_bytes(target, draft=None, parent: Optional["Checkpoint"] = None) -> int:
+    """The bytes a Checkpoint of target (and drafter) on top of `parent` would take now."""
+    return sum(measure(target, draft, parent))
 
 
 class Checkpoint(NativeObject):
-    """The state of a target (and drafter) at their current position, in host memory."""
+    """The state of a target (and drafter) at their current position. `parent`: an
+    earlier checkpoint of a prefix of the same tokens, whose rows this one then reads
+    instead of copying them again. `on_device`: keep the copy of device state on that
+    device (False: in host memory)."""
 
     _what = "checkpoint"
     _free = staticmethod(lib.dfl_checkpoint_free)
 
-    def __init__(self, target, draft=None):
+    def __init__(self, target, draft=None, parent: Optional["Checkpoint"] = None, on_device: bool = True):
         if draft is not None and draft._pending is not None:
             raise RuntimeError("the drafter has deferred context rows: flush them before taking a checkpoint")
+        if parent is not None and parent.has_draft != (draft is not None):
+            raise ValueError("the parent checkpoint was taken with another drafter (or none)")
         out = ffi.new("dfl_checkpoint **")
-        check(lib.dfl_checkpoint_save(target._handle(), draft._handle() if draft is not None else ffi.NULL, out))
+        check(lib.dfl_checkpoint_save(target._handle(), _handle(draft), _handle(parent), int(on_device), out))
         self._ptr = out[0]
         self.has_draft = draft is not None
         self.n_past = int(lib.dfl_checkpoint_n_past(self._ptr))
-        self.nbytes = int(lib.dfl_checkpoint_bytes(self._ptr))
+        self.parent_n_past = int(lib.dfl_checkpoint_parent_n_past(self._ptr))  # 0: no parent read
+        self.device_bytes = int(lib.dfl_checkpoint_device_bytes(self._ptr))
+        self.host_bytes = int(lib.dfl_checkpoint_host_bytes(self._ptr))
+        self.nbytes = self.device_bytes + self.host_bytes
 
     def restore(self, target, draft=None) -> None:
         """Put target (and drafter) back at this position; their next decode continues
         from it exactly as from the original context."""
         if draft is not None:
             draft.drop_pending()
-        check(lib.dfl_checkpoint_restore(self._handle(), target._handle(),
-                                         draft._handle() if draft is not None else ffi.NULL))
+        check(lib.dfl_checkpoint_restore(self._handle(), target._handle(), _handle(draft)))
+
+
+DEVICE_MARGIN = 512 << 20
+
+
+def device_room(plan, margin: int = DEVICE_MARGIN) -> int:
+    """Device memory a memory.MemoryPlan leaves for checkpoints: what each device other
+    than the CPU reported free before loading, less what the plan puts there and a
+    margin (the CPU's checkpoints are host memory, counted in the whole budget)."""
+    return sum(max(0, d.free - d.need - margin) for d in plan.devices if d.name != "CPU" and d.free)
 
 
 @dataclass
 class _Entry:
     tokens: Tuple[int, ...]
     checkpoint: Checkpoint
+    parent: Optional[Tuple[bool, Tuple[int, ...]]]  # the key of the entry it reads rows from
+    children: int = 0  # kept entries reading rows from this one
 
 
 @dataclass
@@ -61,26 +94,41 @@ class PrefillSaver:
 
 
 class PrefixCheckpoints:
-    """Checkpoints of prompt prefixes for one Engine, at most `budget_bytes` of them
-    (host memory), evicted least recently used first. Taken at the end of every prompt
-    (before its last token) and every `every` tokens of long prompts."""
+    """Checkpoints of prompt prefixes for one Engine, at most `budget_bytes` of them,
+    evicted least recently used first (a checkpoint another kept one reads from stays
+    until that one goes). Taken at the end of every prompt (before its last token) and
+    every `every` tokens of long prompts. Of the budget, at most `device_budget_bytes`
+    (default: all of it) is device memory: a checkpoint goes to the device while that
+    room lasts (or the device allocation succeeds), to host memory otherwise."""
 
-    def __init__(self, budget_bytes: int, every: int = 512):
+    def __init__(self, budget_bytes: int, every: int = 512, device_budget_bytes: Optional[int] = None):
         if budget_bytes < 0:
             raise ValueError(f"the checkpoint budget must be >= 0 bytes, got {budget_bytes}")
         if every < 1:
             raise ValueError(f"checkpoints are taken every N >= 1 prompt tokens, got {every}")
+        if device_budget_bytes is not None and device_budget_bytes < 0:
+            raise ValueError(f"the device checkpoint budget must be >= 0 bytes, got {device_budget_bytes}")
         self.budget_bytes = int(budget_bytes)
         self.every = int(every)
+        self.device_budget_bytes = self.budget_bytes if device_budget_bytes is None else int(device_budget_bytes)
         self._entries: "OrderedDict[Tuple[bool, Tuple[int, ...]], _Entry]" = OrderedDict()
-        self.nbytes = 0
+        self.device_nbytes = 0
+        self.host_nbytes = 0
         self.hits = 0
         self.misses = 0
         self.saved = 0
         self.evicted = 0
 
+    @property
+    def nbytes(self) -> int:
+        return self.device_nbytes + self.host_nbytes
+
     def __len__(self) -> int:
         return len(self._entries)
+
+    def checkpoints(self) -> List[Checkpoint]:
+        """The kept checkpoints, least recently used first."""
+        return [e.checkpoint for e in self._entries.values()]
 
     def positions(self, prompt_len: int, start: int) -> List[int]:
         """Prompt positions after `start` where the prefill takes a checkpoint: every
@@ -90,19 +138,26 @@ class PrefixCheckpoints:
         marks = list(range((start // self.every + 1) * self.every, end, self.every))
         return marks + [end] if end > start else marks
 
-    def lookup(self, tokens: Sequence[int], limit: int, with_draft: bool, above: int = 0) -> Optional[Checkpoint]:
-        """The longest checkpoint of a prefix of `tokens` longer than `above` and no
-        longer than `limit` (with a drafter context when with_draft), counted as a hit
-        or a miss."""
-        best: Optional[Tuple[Tuple[bool, Tuple[int, ...]], _Entry]] = None
+    def _longest(self, tokens: Sequence[int], limit: int, with_draft: bool, above: int = 0,
+                 exact_draft: bool = False):
+        best = None
         for key, entry in self._entries.items():
             n = len(entry.tokens)
             if not above < n <= limit or (with_draft and not entry.checkpoint.has_draft):
+                continue
+            if exact_draft and entry.checkpoint.has_draft != with_draft:
                 continue
             if best is not None and n <= len(best[1].tokens):
                 continue
             if tuple(tokens[:n]) == entry.tokens:
                 best = (key, entry)
+        return best
+
+    def lookup(self, tokens: Sequence[int], limit: int, with_draft: bool, above: int = 0) -> Optional[Checkpoint]:
+        """The longest checkpoint of a prefix of `tokens` longer than `above` and no
+        longer than `limit` (with a drafter context when with_draft), counted as a hit
+        or a miss."""
+        best = self._longest(tokens, limit, with_draft, above)
         if best is None:
             self.misses += 1
             return None
@@ -110,26 +165,59 @@ class PrefixCheckpoints:
         self._entries.move_to_end(best[0])
         return best[1].checkpoint
 
+    def chain_bytes(self, checkpoint: Checkpoint) -> Tuple[int, int]:
+        """(device, host) bytes a restore of `checkpoint` reads: its own and those of
+        the kept checkpoints it reads rows from."""
+        entry = next(e for e in self._entries.values() if e.checkpoint is checkpoint)
+        device = host = 0
+        while entry is not None:
+            device += entry.checkpoint.device_bytes
+            host += entry.checkpoint.host_bytes
+            entry = self._entries[entry.parent] if entry.parent is not None else None
+        return device, host
+
+    def _evict_one(self, keep) -> bool:
+        """Drop the least recently used checkpoint nothing kept reads from (not `keep`)."""
+        for key, entry in self._entries.items():
+            if entry.children == 0 and key != keep:
+                del self._entries[key]
+                self.device_nbytes -= entry.checkpoint.device_bytes
+                self.host_nbytes -= entry.checkpoint.host_bytes
+                entry.checkpoint.close()
+                if entry.parent is not None:
+                    self._entries[entry.parent].children -= 1
+                self.evicted += 1
+                return True
+        return False
+
     def save(self, tokens: Sequence[int], target, draft=None) -> bool:
-        """Checkpoint the current state as the state after `tokens`; False when it is
-        already kept or larger than the whole budget."""
+        """Checkpoint the current state as the state after `tokens`, on top of the
+        longest kept checkpoint of a prefix of them; False when it is already kept or
+        does not fit the budget."""
         key = (draft is not None, tuple(tokens))
         if key in self._entries:
             self._entries.move_to_end(key)
             return False
-        if checkpoint_bytes(target, draft) > self.budget_bytes:
+        found = self._longest(tokens, len(tokens) - 1, draft is not None, exact_draft=True)
+        parent_key, parent = (found[0], found[1].checkpoint) if found else (None, None)
+        device, host = measure(target, draft, parent)
+        if device + host > self.budget_bytes:
             return False
-        checkpoint = Checkpoint(target, draft)
+        while self.nbytes + device + host > self.budget_bytes:
+            if not self._evict_one(keep=parent_key):
+                return False
+        on_device = self.device_nbytes + device <= self.device_budget_bytes
+        checkpoint = Checkpoint(target, draft, parent, on_device)
         if checkpoint.n_past != len(tokens):
             checkpoint.close()
             raise ValueError(f"the context holds {checkpoint.n_past} tokens, not the {len(tokens)} given")
-        while self._entries and self.nbytes + checkpoint.nbytes > self.budget_bytes:
-            _, old = self._entries.popitem(last=False)
-            self.nbytes -= old.checkpoint.nbytes
-            old.checkpoint.close()
-            self.evicted += 1
-        self._entries[key] = _Entry(key[1], checkpoint)
-        self.nbytes += checkpoint.nbytes
+        if not checkpoint.parent_n_past:
+            parent_key = None  # it holds every row itself
+        if parent_key is not None:
+            self._entries[parent_key].children += 1
+        self._entries[key] = _Entry(key[1], checkpoint, parent_key)
+        self.device_nbytes += checkpoint.device_bytes
+        self.host_nbytes += checkpoint.host_bytes
         self.saved += 1
         return True
 
@@ -137,4 +225,4 @@ class PrefixCheckpoints:
         for entry in self._entries.values():
             entry.checkpoint.close()
         self._entries.clear()
-        self.nbytes = 0
+        self.device_nbytes = self.host_nbytes = 0

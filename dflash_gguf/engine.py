@@ -181,7 +181,7 @@ class Engine:
             reused = 0  # measuring the cost used the target
         saver = None
         if self.checkpoints is not None and tokens:
-            reused = self._resume(tokens, reused, use_draft)
+            reused = self._resume(tokens, reused, use_draft, stats)
             saver = self._saver(tokens, reused, use_draft)
         if use_draft and self.tree_budget:
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
@@ -192,7 +192,7 @@ class Engine:
         return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused, context_full,
                                     hook, saver), use_draft
 
-    def _resume(self, tokens: List[int], reused: int, use_draft: bool) -> int:
+    def _resume(self, tokens: List[int], reused: int, use_draft: bool, stats: GenerationStats) -> int:
         """Restore the longest checkpointed prefix of `tokens` that beats the context
         already held (at least one prompt token is left to compute: the first new
         token comes from its logits); returns the prompt tokens now in context."""
@@ -201,6 +201,8 @@ class Engine:
         if found is None:
             return reused
         found.restore(self.target, draft)
+        device, host = self.checkpoints.chain_bytes(found)
+        stats.checkpoint = {"position": found.n_past, "device_bytes": device, "host_bytes": host}
         return found.n_past
 
     def _saver(self, tokens: List[int], start: int, use_draft: bool) -> PrefillSaver:

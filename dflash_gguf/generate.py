@@ -28,6 +28,9 @@ class GenerationStats:
     other_seconds: float = 0.0
     tree_sizes: List[int] = field(default_factory=list)  # nodes below the root, per tree step
     chain_steps: int = 0  # tree-mode steps where `auto` verified the plain chain instead
+    # the prefix checkpoint the prompt resumed from: {"position", "device_bytes",
+    # "host_bytes"} (what it and the checkpoints it reads from hold where), or None
+    checkpoint: Optional[dict] = None
 
     @property
     def mean_accepted(self) -> float:

@@ -218,6 +218,7 @@ class Server:
             "prompt_tokens": s.prompt_tokens,
             "reused_prompt_tokens": s.reused_tokens,
             "prefilled_tokens": s.prompt_tokens - s.reused_tokens,
+            "checkpoint": s.checkpoint,
             "generated_tokens": s.generated_tokens,
             "target_passes": len(s.accepted_lengths),
             "mean_accepted_length": round(s.mean_accepted, 4) if s.accepted_lengths else None,
@@ -261,7 +262,12 @@ class Server:
         metric("checkpoint_misses_total", "counter", "Prompts with no usable prefix checkpoint.",
                ck.misses if ck else 0)
         metric("checkpoints", "gauge", "Prefix checkpoints kept.", len(ck) if ck else 0)
-        metric("checkpoint_bytes", "gauge", "Host memory the prefix checkpoints hold.", ck.nbytes if ck else 0)
+        lines.extend(["# HELP dflash_checkpoint_bytes Memory the prefix checkpoints hold, by where it is.",
+                      "# TYPE dflash_checkpoint_bytes gauge",
+                      f'dflash_checkpoint_bytes{{where="device"}} {ck.device_nbytes if ck else 0}',
+                      f'dflash_checkpoint_bytes{{where="host"}} {ck.host_nbytes if ck else 0}'])
+        metric("checkpoint_device_budget_bytes", "gauge", "Device memory the prefix checkpoints may take.",
+               ck.device_budget_bytes if ck else 0)
         metric("checkpoint_evictions_total", "counter", "Checkpoints dropped to stay in the budget.",
                ck.evicted if ck else 0)
         return "\n".join(lines) + "\n"
@@ -487,7 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for the engine; more get 503 with Retry-After (default 16)")
     p.add_argument("--checkpoint-mib", type=int, default=1024,
-                   help="host memory for prefix checkpoints, in MiB (default 1024; 0: none)")
+                   help="memory for prefix checkpoints, device and host together, in MiB (default 1024; 0: none)")
+    p.add_argument("--checkpoint-device-mib", default="auto",
+                   help="how much of it may be device memory, in MiB, or auto (default): what the memory plan "
+                        "leaves free on the device, less 512 MiB; beyond it checkpoints go to host memory")
     p.add_argument("--checkpoint-every", type=int, default=512,
                    help="checkpoint long prompts every N tokens, besides their end (default 512)")
     p.add_argument("--alias", help="model name reported by /v1/models and in responses (default: the file name)")
@@ -500,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from ._native import DflashError
-    from .checkpoints import PrefixCheckpoints
+    from .checkpoints import PrefixCheckpoints, device_room
     from .cli import engine_options, setup_devices, validate_engine_args
     from .memory import MemoryPlanError
 
@@ -517,6 +526,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--checkpoint-mib must be >= 0")
     if args.checkpoint_every < 1:
         parser.error("--checkpoint-every must be >= 1")
+    device_mib = None
+    if args.checkpoint_device_mib != "auto":
+        try:
+            device_mib = int(args.checkpoint_device_mib)
+        except ValueError:
+            device_mib = -1
+        if device_mib < 0:
+            parser.error(f"--checkpoint-device-mib takes MiB >= 0 or auto, got {args.checkpoint_device_mib!r}")
     if args.n_predict is not None and args.n_predict < 0:
         parser.error("-n/--n-predict must be >= 0")
     try:
@@ -547,15 +564,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"dflash-server: error: {e}", file=sys.stderr)
         return 1
     if args.checkpoint_mib:
-        engine.checkpoints = PrefixCheckpoints(args.checkpoint_mib << 20, args.checkpoint_every)
+        budget = args.checkpoint_mib << 20
+        device_budget = device_room(engine.memory_plan) if device_mib is None else device_mib << 20
+        engine.checkpoints = PrefixCheckpoints(budget, args.checkpoint_every, min(device_budget, budget))
     scheduler = Scheduler(engine, args.queue)
     model_id = args.alias or os.path.basename(model)
     server = Server(scheduler, model_id, Defaults(args.sampling, args.n_predict))
     config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "info")
     mode = "plain" if engine.draft is None else (f"tree budget {args.tree_budget}" if engine.tree_budget else "chain")
+    on_device = engine.checkpoints.device_budget_bytes >> 20 if engine.checkpoints else 0
     print(f"dflash-server: serving {model_id} ({mode}, context {engine.target.n_ctx}, queue {args.queue}, "
-          f"checkpoints {args.checkpoint_mib} MiB) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+          f"checkpoints {args.checkpoint_mib} MiB, up to {on_device} MiB of it on the device) "
+          f"on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
     try:
         _uvicorn_server_class()(config).run()
     finally:

@@ -260,11 +260,14 @@ def offload_trace(endpoint, target_path: str, draft_path: str, placements: list)
 
 
 def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement: dict, prompt: list, other: list,
-                     cut: int, n_tokens: int) -> dict:
+                     cut: int, n_tokens: int, device_budget: int) -> dict:
     """On a target placed per {"device", "n_gpu_layers"} (its drafter on the same
-    device): a cold chain generation after `prompt`, then the same after a checkpoint
-    of prompt[:cut] restored once `other` has been generated from."""
-    from dflash_gguf.checkpoints import Checkpoint
+    device): a cold chain generation after `prompt`, then the same after restoring the
+    end of a chain of checkpoints of prompt[:cut] (one at cut // 2, one at cut on top of
+    it) kept by a PrefixCheckpoints store with `device_budget` bytes of device memory,
+    once `other` has been generated from. Reports what the store and the checkpoints
+    hold where."""
+    from dflash_gguf.checkpoints import PrefixCheckpoints, measure
     from dflash_gguf.devices import add_rpc_server
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.generate import GenerationStats, collect, prefill_prompt
@@ -284,11 +287,21 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
         cold = generate(prompt)
         t.reset()
         d.reset()
-        prefill_prompt(t, prompt[:cut], 0, d)
-        checkpoint = Checkpoint(t, d)
+        store = PrefixCheckpoints(1 << 30, every=cut // 2, device_budget_bytes=device_budget)
+        measured = []
+        prefill_prompt(t, prompt[:cut // 2], 0, d)
+        measured.append(measure(t, d))
+        store.save(prompt[:cut // 2], t, d)
+        prefill_prompt(t, prompt[:cut], cut // 2, d)
+        measured.append(measure(t, d, store.checkpoints()[0]))
+        store.save(prompt[:cut], t, d)
         generate(other)
-        checkpoint.restore(t, d)
-        return {"info": t.info(), "cold": cold, "warm": generate(prompt, reused=cut)}
+        end = store.lookup(prompt, cut, True)
+        end.restore(t, d)
+        kept = [{"n_past": c.n_past, "parent": c.parent_n_past, "device": c.device_bytes, "host": c.host_bytes}
+                for c in store.checkpoints()]
+        return {"info": t.info(), "cold": cold, "warm": generate(prompt, reused=cut), "kept": kept,
+                "measured": measured, "store": {"device": store.device_nbytes, "host": store.host_nbytes}}
 
 
 def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list, prompts: list, n_new: int,

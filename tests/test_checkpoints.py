@@ -206,17 +206,34 @@ def test_store_evicts_least_recently_used_by_bytes(tokenizer):
     assert len(store) == 0 and store.nbytes == 0
 
 
+@pytest.mark.parametrize("where", ["device", "host"])
 @pytest.mark.parametrize("placement", [{"device": "RPC0", "n_gpu_layers": 2},
                                        {"device": "RPC0", "n_gpu_layers": -1, "window": 12}])
-def test_checkpoints_on_another_device(rpc_endpoint, tokenizer, placement):
+def test_checkpoints_on_another_device(rpc_endpoint, tokenizer, placement, where):
     """Target split between the CPU and a device (a ggml RPC server: memory that is not
-    host memory), or all on the device with a drafter window: the checkpoint goes
-    through the backends both ways and the continuation is a cold run's."""
+    host memory), or all on the device with a drafter window. A chain of two
+    checkpoints kept in the device's memory (copied device to device), or in host
+    memory when the store's device budget is 0: the end of the chain restores to a cold
+    run's continuation, and every byte is counted where it lives."""
     prompt, other = tokenizer.encode(TEXT), tokenizer.encode(OTHER)
     target_path, draft_path = demo_paths()
-    res = run_isolated("checkpoint_trace", rpc_endpoint, target_path, draft_path, placement, prompt, other, 64, 40)
+    budget = 1 << 30 if where == "device" else 0
+    res = run_isolated("checkpoint_trace", rpc_endpoint, target_path, draft_path, placement, prompt, other, 64, 40,
+                       budget)
     assert res["info"]["device"] == "RPC0"
-    assert res["info"]["n_gpu_layers"] == (2 if placement["n_gpu_layers"] == 2 else res["info"]["n_layer"])
+    split = placement["n_gpu_layers"] == 2
+    assert res["info"]["n_gpu_layers"] == (2 if split else res["info"]["n_layer"])
     assert res["warm"]["reused"] == 64
     assert res["warm"]["tokens"] == res["cold"]["tokens"]
     assert res["warm"]["accepted"] == res["cold"]["accepted"]
+
+    first, second = res["kept"]
+    assert (first["n_past"], first["parent"], second["n_past"], second["parent"]) == (32, 0, 64, 32)
+    for kept, (device, host) in zip(res["kept"], res["measured"]):
+        # measured: device and host state; kept: where the copies went
+        assert device > 0 and (host > 0) == split
+        if where == "device":
+            assert (kept["device"], kept["host"]) == (device, host)
+        else:
+            assert (kept["device"], kept["host"]) == (0, device + host)
+    assert res["store"] == {"device": sum(k["device"] for k in res["kept"]), "host": sum(k["host"] for k in res["kept"])}
