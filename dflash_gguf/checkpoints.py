@@ -176,36 +176,47 @@ class PrefixCheckpoints:
             entry = self._entries[entry.parent] if entry.parent is not None else None
         return device, host
 
+    def _evict(self, key) -> None:
+        entry = self._entries.pop(key)
+        self.device_nbytes -= entry.checkpoint.device_bytes
+        self.host_nbytes -= entry.checkpoint.host_bytes
+        entry.checkpoint.close()
+        if entry.parent is not None:
+            self._entries[entry.parent].children -= 1
+        self.evicted += 1
+
     def _evict_one(self, keep) -> bool:
-        """Drop the least recently used checkpoint nothing kept reads from (not `keep`)."""
+        """Drop the least recently used checkpoint nothing kept reads from, other than
+        `keep`: a chain is shortened from its end, so a shared prefix outlives the
+        prompts that branch off it."""
         for key, entry in self._entries.items():
             if entry.children == 0 and key != keep:
-                del self._entries[key]
-                self.device_nbytes -= entry.checkpoint.device_bytes
-                self.host_nbytes -= entry.checkpoint.host_bytes
-                entry.checkpoint.close()
-                if entry.parent is not None:
-                    self._entries[entry.parent].children -= 1
-                self.evicted += 1
+                self._evict(key)
                 return True
         return False
 
     def save(self, tokens: Sequence[int], target, draft=None) -> bool:
         """Checkpoint the current state as the state after `tokens`, on top of the
         longest kept checkpoint of a prefix of them; False when it is already kept or
-        does not fit the budget."""
+        does not fit the budget. When only that parent could make room, it goes and the
+        new one holds its rows instead (the newest position of a prompt is the one a
+        follow-up needs)."""
         key = (draft is not None, tuple(tokens))
         if key in self._entries:
             self._entries.move_to_end(key)
             return False
-        found = self._longest(tokens, len(tokens) - 1, draft is not None, exact_draft=True)
-        parent_key, parent = (found[0], found[1].checkpoint) if found else (None, None)
-        device, host = measure(target, draft, parent)
-        if device + host > self.budget_bytes:
-            return False
-        while self.nbytes + device + host > self.budget_bytes:
-            if not self._evict_one(keep=parent_key):
+        while True:
+            found = self._longest(tokens, len(tokens) - 1, draft is not None, exact_draft=True)
+            parent_key, parent = (found[0], found[1].checkpoint) if found else (None, None)
+            device, host = measure(target, draft, parent)
+            if device + host > self.budget_bytes:
                 return False
+            if self.nbytes + device + host <= self.budget_bytes:
+                break
+            if not self._evict_one(keep=parent_key):
+                if parent_key is None or self._entries[parent_key].children:
+                    return False
+                self._evict(parent_key)
         on_device = self.device_nbytes + device <= self.device_budget_bytes
         checkpoint = Checkpoint(target, draft, parent, on_device)
         if checkpoint.n_past != len(tokens):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_gguf.checkpoints import Checkpoint, PrefixCheckpoints, checkpoint_bytes
+from dflash_gguf.checkpoints import Checkpoint, PrefillSaver, PrefixCheckpoints, checkpoint_bytes
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
@@ -41,6 +41,31 @@ def main(argv):
 UBATCH = 32
 BUDGET = 6
 N = 48
+
+
+@pytest.fixture(scope="module")
+def geometry():
+    """Bytes of the demo pair's state, from its GGUF metadata: per context position (the
+    target's attention K/V rows in the f16 cache, the drafter's projected context in its
+    f32 CPU cache) and per checkpoint whatever the position (the recurrent layers' conv
+    and Gated DeltaNet states, f32)."""
+    from gguf import GGUFReader
+
+    def fields(path, arch):
+        r = GGUFReader(path)
+        return {k[len(arch) + 1:]: int(f.parts[f.data[0]][0]) for k, f in r.fields.items()
+                if k.startswith(arch + ".") and len(f.data) == 1}
+
+    target_path, draft_path = demo_paths()
+    t, d = fields(target_path, "qwen35"), fields(draft_path, "dflash")
+    n_attention = sum((il + 1) % t["full_attention_interval"] == 0 for il in range(t["block_count"]))
+    conv = (t["ssm.conv_kernel"] - 1) * (t["ssm.inner_size"] + 2 * t["ssm.group_count"] * t["ssm.state_size"]) * 4
+    head_v = t["ssm.inner_size"] // t["ssm.time_step_rank"]
+    delta = head_v * head_v * t["ssm.time_step_rank"] * 4
+    kv = t["attention.head_count_kv"] * (t["attention.key_length"] + t["attention.value_length"]) * 2
+    draft_kv = d["attention.head_count_kv"] * (d["attention.key_length"] + d["attention.value_length"]) * 4
+    return {"row": n_attention * kv + d["block_count"] * draft_kv,
+            "fixed": (t["block_count"] - n_attention) * (conv + delta)}
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +262,100 @@ def test_checkpoints_on_another_device(rpc_endpoint, tokenizer, placement, where
         else:
             assert (kept["device"], kept["host"]) == (0, device + host)
     assert res["store"] == {"device": sum(k["device"] for k in res["kept"]), "host": sum(k["host"] for k in res["kept"])}
+
+
+def prefill_with_checkpoints(target, draft, store, prompt):
+    target.reset()
+    draft.reset()
+    marks = store.positions(len(prompt), 0)
+    prefill_prompt(target, prompt, 0, draft, PrefillSaver(marks, lambda n: store.save(prompt[:n], target, draft)))
+    return marks
+
+
+def assert_restores_exactly(target, draft, checkpoint, prompt, cold):
+    """`checkpoint` (of a prefix of prompt), restored after another prompt dirtied every
+    state, continues as the cold run `cold` (tokens, accepted lengths)."""
+    n = checkpoint.n_past
+    run(target, draft, OTHER_TOKENS, "chain")
+    checkpoint.restore(target, draft)
+    warm, warm_stats = run(target, draft, prompt, "chain", reused=n)
+    assert warm == cold[0], f"restored at {n}"
+    assert warm_stats.accepted_lengths == cold[1].accepted_lengths, f"restored at {n}"
+
+
+OTHER_TOKENS: list = []
+
+
+@pytest.fixture(autouse=True)
+def other_tokens(tokenizer):
+    OTHER_TOKENS[:] = tokenizer.encode(OTHER)
+
+
+def test_checkpoints_of_a_long_prompt_keep_its_prefix_once(tokenizer, geometry):
+    """Checkpoints every UBATCH tokens of one prompt: each keeps the rows from the
+    previous one's position on, so together they hold the prefix's rows once plus one
+    set of recurrent states each, not every prefix again. Restored from the middle or
+    the end of the chain, the continuation is a cold run's."""
+    target, draft = load(0)
+    prompt = tokenizer.encode(TEXT)
+    cold = run(target, draft, prompt, "chain")
+    store = PrefixCheckpoints(1 << 30, every=UBATCH)
+    marks = prefill_with_checkpoints(target, draft, store, prompt)
+    assert len(marks) >= 5 and len(store) == len(marks)
+    assert [c.parent_n_past for c in store.checkpoints()] == [0] + marks[:-1]
+    assert store.nbytes == marks[-1] * geometry["row"] + len(marks) * geometry["fixed"]
+    assert store.host_nbytes == store.nbytes and store.device_nbytes == 0  # the CPU's state is host memory
+    every_prefix = sum(n * geometry["row"] + geometry["fixed"] for n in marks)  # what copying prefixes took
+    assert every_prefix - store.nbytes > 2 * marks[-1] * geometry["row"]
+    for n in (marks[len(marks) // 2], marks[-1]):
+        found = store.lookup(prompt, n, True)
+        assert found.n_past == n
+        assert_restores_exactly(target, draft, found, prompt, cold)
+
+
+def test_eviction_keeps_every_kept_checkpoint_restorable(tokenizer, geometry):
+    """A budget far below the chains of two prompts that share a prefix: evictions
+    shorten chains from their ends (a checkpoint another kept one reads from stays),
+    the bytes stay counted right, and every checkpoint left restores exactly."""
+    target, draft = load(0)
+    first = tokenizer.encode(TEXT)
+    second = first[:40] + OTHER_TOKENS[:60]
+    colds = {id(p): run(target, draft, p, "chain") for p in (first, second)}
+    row, fixed = geometry["row"], geometry["fixed"]
+    store = PrefixCheckpoints(2 * len(first) * row + 5 * fixed, every=UBATCH)
+    for prompt in (first, second):
+        prefill_with_checkpoints(target, draft, store, prompt)
+    assert store.evicted > 0 and store.nbytes <= store.budget_bytes
+    kept = store.checkpoints()
+    owners = [second if store.lookup(second, c.n_past, True) is c else first for c in kept]
+    assert {len(first) - 1, len(second) - 1} & {c.n_past for c in kept}  # a prompt end survives
+    assert any(o is first and c.n_past > 40 for c, o in zip(kept, owners))  # both branches have some
+    assert any(o is second and c.n_past > 40 for c, o in zip(kept, owners))
+    assert store.nbytes == sum((c.n_past - c.parent_n_past) * row + fixed for c in kept)
+    for c, prompt in zip(kept, owners):
+        assert c.parent_n_past == 0 or c.parent_n_past in {k.n_past for k in kept}  # what it reads from is kept
+        assert_restores_exactly(target, draft, c, prompt, colds[id(prompt)])
+
+
+def test_a_chain_is_refused_across_pairs_and_after_free(tokenizer):
+    target, draft = load(0)
+    other_target, other_draft = load(0)
+    prompt = tokenizer.encode(TEXT)[:64]
+    prefill_prompt(target, prompt[:32], 0, draft)
+    parent = Checkpoint(target, draft)
+    prefill_prompt(other_target, prompt[:40], 0, other_draft)
+    with pytest.raises(Exception, match="parent checkpoint was taken from another target"):
+        Checkpoint(other_target, other_draft, parent)
+    with pytest.raises(Exception, match="another drafter"):
+        Checkpoint(target, None, parent)
+    with pytest.raises(Exception, match="not before the context"):
+        Checkpoint(target, draft, parent)  # the same position
+    prefill_prompt(target, prompt, 32, draft)
+    child = Checkpoint(target, draft, parent)
+    assert child.parent_n_past == 32 and child.nbytes < Checkpoint(target, draft).nbytes
+    parent.close()  # the child keeps what it reads alive
+    with pytest.raises(Exception, match="closed"):
+        Checkpoint(target, draft, parent)
+    run(target, draft, OTHER_TOKENS, "chain")
+    child.restore(target, draft)
+    assert target.n_past == 64 and draft.n_ctx_tokens == 64
