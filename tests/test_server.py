@@ -22,6 +22,7 @@ from fixtures import CODE_PROMPT as CODE
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.serving import Job, Scheduler, ShuttingDown
+from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
 N_CTX = 2048
 UBATCH = 32
@@ -180,7 +181,14 @@ def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
     assert resp.usage.prompt_tokens_details.cached_tokens == ext["reused_prompt_tokens"]
     assert resp.choices[0].text == want.text
     assert ext["accepted_lengths"] == want.stats.accepted_lengths
-    assert server.metrics()["dflash_checkpoint_hits_total"] >= 1
+    # the CPU's state is host memory, so are its checkpoints: the chain read covers the
+    # rows of every position restored, each checkpoint of it its recurrent states
+    assert ext["checkpoint"]["position"] == ext["reused_prompt_tokens"]
+    assert ext["checkpoint"]["device_bytes"] == 0 and ext["checkpoint"]["host_bytes"] > 0
+    metrics = server.metrics()
+    assert metrics["dflash_checkpoint_hits_total"] >= 1
+    assert metrics['dflash_checkpoint_bytes{where="device"}'] == 0
+    assert metrics['dflash_checkpoint_bytes{where="host"}'] >= ext["checkpoint"]["host_bytes"]
 
 
 def test_a_client_leaving_mid_stream_stops_its_generation(server, engine):
@@ -322,6 +330,43 @@ def test_tree_decoding_server_equals_engine_generate(tmp_path):
         assert ext["reused_prompt_tokens"] > 0
     finally:
         s.stop()
+
+
+def test_checkpoints_on_the_device_of_the_target(tmp_path, rpc_endpoint):
+    """The target and drafter on a device (a ggml RPC server): checkpoints go to its
+    memory while --checkpoint-device-mib lasts, then to host memory, and a prompt
+    resuming from either replies as the engine does."""
+    flags = [*SERVER_FLAGS, "--rpc", rpc_endpoint, "--device", "RPC0", "--checkpoint-device-mib", "1"]
+    s = ServerProcess(tmp_path, *flags)
+    try:
+        target, draft = demo_paths()
+        first = CODE + "    def pop(self):\n"
+        with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1) as e:
+            eog = sorted({t for t in (e.tokenizer.decode([i]) for i in e.tokenizer.eog_ids) if t})
+            tokens = e.encode(first)
+            second = tokens[:150] + e.encode("\n\ndef write_lines(path, lines):\n")
+            s.client.completions.create(model="x", prompt=first, max_tokens=8, temperature=0)
+            e.generate("x", 1)
+            want = e.generate(second, 32, stop=eog)
+        metrics = s.metrics()
+        assert metrics["dflash_checkpoint_device_budget_bytes"] == 1 << 20
+        device, host = metrics['dflash_checkpoint_bytes{where="device"}'], metrics['dflash_checkpoint_bytes{where="host"}']
+        assert 0 < device <= 1 << 20 and host > 0  # the first ones fit in 1 MiB of the device, not all of them
+        resp = s.client.completions.create(model="x", prompt=second, max_tokens=32, temperature=0)
+        ext = resp.model_extra["dflash"]
+        assert ext["reused_prompt_tokens"] == 150 // UBATCH * UBATCH and ext["checkpoint"]["device_bytes"] > 0
+        assert resp.choices[0].text == want.text
+        assert ext["accepted_lengths"] == want.stats.accepted_lengths
+    finally:
+        s.stop()
+    assert "Traceback" not in s.text, s.text
+
+
+def test_bad_checkpoint_flags_exit_2(tmp_path):
+    for flags in (["--checkpoint-device-mib", "lots"], ["--checkpoint-device-mib", "-1"], ["--checkpoint-mib", "-1"]):
+        res = subprocess.run([sys.executable, "-m", "dflash_gguf.server", *flags], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=60)
+        assert res.returncode == 2 and "checkpoint" in res.stderr, res.stderr
 
 
 def test_a_full_queue_gets_503_and_sigterm_drains(tmp_path):
