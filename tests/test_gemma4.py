@@ -252,3 +252,40 @@ def test_drafter_sliding_layers_without_a_window_are_refused(tmp_path, capfd):
     (d / "config.json").write_text(json.dumps(cfg))
     assert main([str(d), "--target-model-dir", str(target), "--outfile", str(tmp_path / "d.gguf")]) != 0
     assert "use_sliding_window" in capfd.readouterr().err
+
+
+def test_checkpoint_chain_restores_sliding_and_shared_caches(pair):
+    """Checkpoints every 16 tokens of a prompt several windows long, each on top of the
+    previous one: sliding layers keep only the positions still inside their window (in
+    ring rows), layers sharing another's cache keep nothing of their own. Restored from
+    the middle and the end of the chain after another prompt, the continuation (chain
+    decoding, drafter window included) and its acceptance are a cold run's."""
+    from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
+    from dflash_gguf.generate import GenerationStats, collect, prefill_prompt
+    from dflash_gguf.speculative import speculative_steps
+
+    prompt, other = prompts(1, seed=21, lo=60, hi=61)[0], prompts(1, seed=22, lo=40, hi=41)[0]
+    target, draft = load(pair)
+
+    def run(reused=0):
+        stats = GenerationStats()
+        return collect(speculative_steps(target, draft, prompt, 24, (), None, stats, reused=reused)), stats
+
+    cold, cold_stats = run()
+    target.reset()
+    draft.reset()
+    store = PrefixCheckpoints(1 << 30, every=16)
+    marks = store.positions(len(prompt), 0)
+    prefill_prompt(target, prompt, 0, draft, PrefillSaver(marks, lambda n: store.save(prompt[:n], target, draft)))
+    assert marks == [16, 32, 48, 59]
+    assert [c.parent_n_past for c in store.checkpoints()] == [0, 16, 32, 48]
+    for n in (32, 59):
+        target.reset()
+        draft.reset()
+        speculative_generate(target, draft, other, 16)
+        found = store.lookup(prompt, n, True)
+        assert found.n_past == n
+        found.restore(target, draft)
+        warm, warm_stats = run(reused=n)
+        assert warm == cold, f"restored at {n}"
+        assert warm_stats.accepted_lengths == cold_stats.accepted_lengths, f"restored at {n}"
