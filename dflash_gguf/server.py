@@ -476,6 +476,15 @@ def _uvicorn_server_class():
     return GracefulServer
 
 
+def _mib_or_auto(value: str) -> Optional[int]:
+    """MiB >= 0, or None for auto."""
+    if value == "auto":
+        return None
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"takes MiB >= 0 or auto, got {value!r}")
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .cli import add_engine_args
 
@@ -494,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests that may wait for the engine; more get 503 with Retry-After (default 16)")
     p.add_argument("--checkpoint-mib", type=int, default=1024,
                    help="memory for prefix checkpoints, device and host together, in MiB (default 1024; 0: none)")
-    p.add_argument("--checkpoint-device-mib", default="auto",
+    p.add_argument("--checkpoint-device-mib", type=_mib_or_auto, default=None, metavar="MIB|auto",
                    help="how much of it may be device memory, in MiB, or auto (default): what the memory plan "
                         "leaves free on the device, less 512 MiB; beyond it checkpoints go to host memory")
     p.add_argument("--checkpoint-every", type=int, default=512,
@@ -526,14 +535,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--checkpoint-mib must be >= 0")
     if args.checkpoint_every < 1:
         parser.error("--checkpoint-every must be >= 1")
-    device_mib = None
-    if args.checkpoint_device_mib != "auto":
-        try:
-            device_mib = int(args.checkpoint_device_mib)
-        except ValueError:
-            device_mib = -1
-        if device_mib < 0:
-            parser.error(f"--checkpoint-device-mib takes MiB >= 0 or auto, got {args.checkpoint_device_mib!r}")
     if args.n_predict is not None and args.n_predict < 0:
         parser.error("-n/--n-predict must be >= 0")
     try:
@@ -565,6 +566,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     if args.checkpoint_mib:
         budget = args.checkpoint_mib << 20
+        device_mib = args.checkpoint_device_mib
         device_budget = device_room(engine.memory_plan) if device_mib is None else device_mib << 20
         engine.checkpoints = PrefixCheckpoints(budget, args.checkpoint_every, min(device_budget, budget))
     scheduler = Scheduler(engine, args.queue)
