@@ -88,6 +88,12 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
     return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, conv_in, kernel), C, n);
 }
 
+/* What a verify keeps of a recurrent layer's rows: a tensor [width, n] written at column `at` of its replay rows. */
+typedef struct replay_part {
+    struct ggml_tensor * src;
+    int64_t at, width;
+} replay_part;
+
 /* [ne0, ne1, n] (any strides) as the 4-D single-sequence layout ggml_gated_delta_net takes */
 static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_tensor * x, int64_t ne0, int64_t ne1,
                                         int64_t n) {
@@ -147,6 +153,12 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
     const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
     const size_t f32 = sizeof(float);
 
+    /* q and k as the architectures make them: one tensor holding both, rows [q | k] */
+    struct ggml_tensor * qk = NULL;
+    if (q->view_src && k->view_src == q->view_src && k->view_offs == q->view_offs + (size_t) (hk * Hk) * f32 &&
+        q->nb[1] == hk * f32 && k->nb[1] == q->nb[1] && k->nb[2] == q->nb[2] && q->nb[2] == (size_t) (2 * hk * Hk) * f32) {
+        qk = ggml_view_2d(ctx, q->view_src, 2 * hk * Hk, n, q->nb[2], q->view_offs);
+    }
     q = as_sequence(ctx, q, hk, Hk, n);
     k = as_sequence(ctx, k, hk, Hk, n);
     v = as_sequence(ctx, v, hv, Hv, n);
@@ -156,12 +168,17 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
         /* the state moves only at commit, by rerunning the kept path (add_pending_commit):
          * cheaper than keeping a state per verified row */
         struct ggml_tensor * rp = t->replay[il];
-        const int64_t parts[5][2] = { { 0, hk * Hk }, { hk * Hk, hk * Hk }, { 2 * hk * Hk, hv * Hv },
-                                      { 2 * hk * Hk + hv * Hv, Hv }, { 2 * hk * Hk + hv * Hv + Hv, Hv } };
-        struct ggml_tensor * srcs[5] = { q, k, v, gate, beta };
-        for (int i = 0; i < 5; i++) {
-            struct ggml_tensor * dst = ggml_view_2d(ctx, rp, parts[i][1], n, rp->nb[1], (size_t) parts[i][0] * f32);
-            ggml_build_forward_expand(g->gf, ggml_cpy(ctx, srcs[i], dst));
+        const int64_t at_v = 2 * hk * Hk, at_g = at_v + hv * Hv;
+        replay_part parts[5] = {
+            { q, 0, hk * Hk }, { k, hk * Hk, hk * Hk }, { v, at_v, hv * Hv }, { gate, at_g, Hv }, { beta, at_g + Hv, Hv } };
+        int first = 0;
+        if (qk) { /* q and k in one copy */
+            parts[1] = (replay_part) { qk, 0, 2 * hk * Hk };
+            first = 1;
+        }
+        for (int i = first; i < 5; i++) {
+            struct ggml_tensor * dst = ggml_view_2d(ctx, rp, parts[i].width, n, rp->nb[1], (size_t) parts[i].at * f32);
+            ggml_build_forward_expand(g->gf, ggml_cpy(ctx, parts[i].src, dst));
         }
     }
     if (b->tree) {
@@ -216,7 +233,7 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
             in->commit_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, R);
             ggml_set_input(in->commit_rows);
         }
-        in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, R, 1);
+        in->commit_keep = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, R, 1);
         in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, m->rec.d_conv - 1);
         ggml_set_input(in->commit_keep);
         ggml_set_input(in->commit_conv_cols);
@@ -244,10 +261,12 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, 0);
         struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, hk * Hk * f32);
         struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, row, row * R, 2 * hk * Hk * f32);
-        struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, at_g * f32);
-        struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, (at_g + Hv) * f32);
-        g = ggml_mul(ctx, g, in->commit_keep);
-        b = ggml_mul(ctx, b, in->commit_keep);
+        /* decay and update weight of every row times keep in one product laid out [Hv, R]
+         * decays, then [Hv, R] weights: each a contiguous tensor */
+        struct ggml_tensor * gb = ggml_view_3d(ctx, rp, Hv, R, 2, row, Hv * f32, at_g * f32);
+        gb = ggml_mul(ctx, gb, in->commit_keep);
+        struct ggml_tensor * g = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, 0);
+        struct ggml_tensor * b = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, Hv * R * f32);
         struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
         struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
         struct ggml_tensor * state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
