@@ -46,7 +46,7 @@ def run_ours(args) -> None:
     ks = [int(x) for x in args.k.split(",")] if args.k else []
     layers = read_draft_metadata(args.draft)["target_layers"] if args.draft else ()
     n_verify = max(ks + [args.block or 8])
-    t = Target(args.gguf, TargetConfig(n_ctx=args.prompt + 4 * (args.steps + args.warmup) * n_verify + 512,
+    t = Target(args.gguf, TargetConfig(n_ctx=args.prompt + (args.steps + args.warmup) * n_verify + 512,
                                        n_ubatch=64, n_verify=n_verify, n_threads=args.threads, kv_type="f16",
                                        feature_layers=layers))
     d = Draft(args.draft, t, DraftConfig(n_threads=args.threads)) if args.draft else None
@@ -85,6 +85,18 @@ def run_ours(args) -> None:
             t.commit(min(2, k))  # every verify carries a commit of the same size
         dump(f"verify{k}")
         rows[f"verify{k}"] = {"nodes": t.info()["n_last_nodes"], **info_delta(i0, t.info())}
+    if "batch" in args.phases:
+        # like llama-bench -p k: k tokens appended, logits of the last row only
+        for k in ks:
+            fresh()
+            tokens = [10 + (7 * i) % 900 for i in range(k)]
+            for rep in range(args.warmup + args.steps):
+                if rep == args.warmup:
+                    i0 = t.info()
+                    dump("pre")
+                t.decode(tokens, LOGITS_LAST)
+            dump(f"batch{k}")
+            rows[f"batch{k}"] = {"nodes": t.info()["n_last_nodes"], **info_delta(i0, t.info())}
     if d is not None and "propose" in args.phases:
         fresh()
         B = args.block or d.block_size
@@ -175,7 +187,7 @@ def main(argv=None) -> int:
         s.add_argument("--prompt", type=int, default=64, help="context before each phase (default 64)")
         s.add_argument("--steps", type=int, default=16, help="counted steps per phase (default 16)")
         s.add_argument("--k", default="1,8,16", help="chain verify / batch sizes (default 1,8,16; '' for none)")
-        s.add_argument("--phases", default="decode,propose", help="decode, propose (default both)")
+        s.add_argument("--phases", default="decode,propose", help="of decode, batch (k tokens, last-row logits), propose (default decode,propose)")
         if name == "ours":
             s.add_argument("--draft", help="drafter GGUF (for the propose phase)")
             s.add_argument("--block", type=int, help="drafted block (default the drafter's)")
