@@ -150,7 +150,7 @@ dfl_status dfl_target_define_state(dfl_target * t) {
         if (m->kind[il] == DFL_LAYER_RECURRENT) {
             t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->d_conv - 1, r->conv_channels);
             t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
-            t->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_replay_rows(m), t->p.n_verify);
+            t->replay[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, dfl_target_replay_floats(m, t->p.n_verify));
             t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + t->p.n_verify);
         } else if (!m->attn[il].shares_kv) {
             const dfl_attention_geometry * a = &m->attn[il];

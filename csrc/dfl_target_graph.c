@@ -16,9 +16,31 @@ typedef struct graph_build {
     bool tree;   /* a tree verify: rows follow their parents */
 } graph_build;
 
-int64_t dfl_target_replay_rows(const dfl_model * m) {
+/* A recurrent layer's replay memory: what a verify keeps of its rows for the commit's
+ * rerun, in four planes of n_verify + 1 columns, the last column always zero (a tree
+ * commit's identity steps gather it: decay 0, update weight 0):
+ *   conv  [conv_channels]  the activated convolution output: raw q and k, then v
+ *   qk    [2 S_k H_k]      q and k normalised
+ *   g     [H_v]            log-decay
+ *   beta  [H_v]            update weight (right after g: the chain commit masks both at once)
+ * The ops that make these write into their plane themselves (dfl_graph_delta_net). */
+typedef struct replay_planes {
+    int64_t cols;                 /* columns per plane */
+    int64_t conv, qk, g, beta;    /* offsets in floats */
+} replay_planes;
+
+static replay_planes replay_planes_of(const dfl_model * m, int n_verify) {
     const dfl_recurrent_geometry * r = &m->rec;
-    return 2 * (int64_t) r->head_k_dim * r->n_k_heads + (int64_t) r->head_v_dim * r->n_v_heads + 2 * r->n_v_heads;
+    const int64_t cols = n_verify + 1, qk = 2 * (int64_t) r->head_k_dim * r->n_k_heads;
+    replay_planes P = { cols, 0, r->conv_channels * cols, 0, 0 };
+    P.g = P.qk + qk * cols;
+    P.beta = P.g + r->n_v_heads * cols;
+    return P;
+}
+
+int64_t dfl_target_replay_floats(const dfl_model * m, int n_verify) {
+    const replay_planes P = replay_planes_of(m, n_verify);
+    return P.beta + m->rec.n_v_heads * P.cols;
 }
 
 /* ---- graph services ------------------------------------------------------------------ */
@@ -57,6 +79,24 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
     return ggml_reshape_2d(ctx, o, hd_v * q->ne[1], n);
 }
 
+/* An op's result written straight into runtime memory (the start of a state tensor on
+ * the same device) instead of the graph's compute memory: no copy node. The address is
+ * only handed to ggml, never dereferenced here. The memory planner's placeholder state
+ * has no addresses: there the result stays in compute memory, which it then measures. */
+static void write_into(struct ggml_tensor * node, struct ggml_tensor * dst, size_t offset) {
+    GGML_ASSERT(ggml_is_contiguous(node) && offset + ggml_nbytes(node) <= ggml_nbytes(dst));
+    if (dst->data) {
+        ggml_backend_tensor_alloc(dst->buffer, node, (char *) dst->data + offset);
+    }
+}
+
+/* An op result of n elements that can be written into runtime memory: not a view, not
+ * placed yet, contiguous. */
+static bool placeable(const struct ggml_tensor * node, int64_t n) {
+    return node && node->op != GGML_OP_NONE && !node->view_src && !node->data && !node->buffer &&
+           ggml_is_contiguous(node) && ggml_nelements(node) == n;
+}
+
 /* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
  * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
  * gathers each node's window along its ancestors instead. */
@@ -69,9 +109,8 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
 
     if (b->tree) {
         /* [committed conv inputs | node inputs], one column per time step, kept for commit */
-        struct ggml_tensor * cat = ggml_concat(ctx, ggml_cont(ctx, ggml_transpose(ctx, t->conv_state[il])), x, 1);
-        struct ggml_tensor * saved = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
-        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, cat, saved));
+        struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
+        write_into(cat, t->conv_scratch[il], 0);
         struct ggml_tensor * win = ggml_get_rows(ctx, cat, b->in->conv_windows);                   /* [C, (W+1) n] */
         win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, C, W + 1, n), 1, 0, 2, 3)); /* [W+1, C, n] */
         return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
@@ -79,13 +118,65 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
     if (b->verify) {
-        struct ggml_tensor * dst = ggml_view_2d(ctx, t->conv_scratch[il], C, W + n, C * f32, 0);
-        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, ggml_transpose(ctx, ggml_reshape_2d(ctx, conv_in, W + n, C)), dst));
+        /* the same inputs, one column per time step, kept for the commit */
+        struct ggml_tensor * saved = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
+        write_into(saved, t->conv_scratch[il], 0);
+        ggml_build_forward_expand(g->gf, saved);
     } else {
         struct ggml_tensor * last = ggml_view_3d(ctx, conv_in, W, C, 1, conv_in->nb[1], conv_in->nb[2], n * f32);
         ggml_build_forward_expand(g->gf, ggml_cpy(ctx, last, conv_state));
     }
     return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, conv_in, kernel), C, n);
+}
+
+/* Keep x (its elements in order: n columns of `width` floats) in columns 0..n-1 of a
+ * replay plane of `rows` rows, from row `row`: by a copy, for what its op could not write there. */
+static void keep_copy(dfl_graph * g, struct ggml_tensor * rp, int64_t plane, int64_t rows, int64_t row,
+                      struct ggml_tensor * x, int64_t width) {
+    const size_t f32 = sizeof(float);
+    struct ggml_tensor * dst = ggml_view_2d(g->ctx, rp, width, g->n, rows * f32, (size_t) (plane + row) * f32);
+    ggml_build_forward_expand(g->gf, ggml_cpy(g->ctx, x, dst));
+}
+
+/* What the commit's rerun reads of a verify's rows, kept in the layer's replay planes:
+ * the ops that make v (a view of the convolution output, as the architectures make it),
+ * q and k (side by side in one result), the decay and the update weight write into
+ * their planes directly; anything else is copied there. */
+static void keep_for_commit(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                            struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
+    const graph_build * b = g->runtime;
+    dfl_target * t = b->t;
+    const dfl_recurrent_geometry * r = &t->m.rec;
+    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
+    const int64_t C = r->conv_channels, QK = 2 * hk * Hk;
+    const size_t f32 = sizeof(float);
+    const replay_planes P = replay_planes_of(&t->m, t->p.n_verify);
+    struct ggml_tensor * rp = t->replay[il];
+
+    struct ggml_tensor * conv = v->view_src;
+    if (placeable(conv, C * n) && v->view_offs == (size_t) QK * f32 && v->nb[1] == hv * f32 && v->nb[2] == C * f32) {
+        write_into(conv, rp, (size_t) P.conv * f32);
+    } else {
+        keep_copy(g, rp, P.conv, C, QK, v, hv * Hv);
+    }
+    struct ggml_tensor * qk = q->view_src;
+    if (placeable(qk, QK * n) && k->view_src == qk && q->view_offs == 0 && k->view_offs == (size_t) (hk * Hk) * f32 &&
+        q->nb[1] == hk * f32 && k->nb[1] == q->nb[1] && q->nb[2] == QK * f32 && k->nb[2] == q->nb[2]) {
+        write_into(qk, rp, (size_t) P.qk * f32);
+    } else {
+        keep_copy(g, rp, P.qk, QK, 0, q, hk * Hk);
+        keep_copy(g, rp, P.qk, QK, hk * Hk, k, hk * Hk);
+    }
+    if (placeable(gate, Hv * n)) {
+        write_into(gate, rp, (size_t) P.g * f32);
+    } else {
+        keep_copy(g, rp, P.g, Hv, 0, gate, Hv);
+    }
+    if (placeable(beta, Hv * n)) {
+        write_into(beta, rp, (size_t) P.beta * f32);
+    } else {
+        keep_copy(g, rp, P.beta, Hv, 0, beta, Hv);
+    }
 }
 
 /* [ne0, ne1, n] (any strides) as the 4-D single-sequence layout ggml_gated_delta_net takes */
@@ -147,23 +238,16 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
     const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
     const size_t f32 = sizeof(float);
 
+    if (b->verify || b->tree) {
+        /* the state moves only at commit, by rerunning the kept path (add_pending_commit):
+         * cheaper than keeping a state per verified row */
+        keep_for_commit(g, il, q, k, v, gate, beta);
+    }
     q = as_sequence(ctx, q, hk, Hk, n);
     k = as_sequence(ctx, k, hk, Hk, n);
     v = as_sequence(ctx, v, hv, Hv, n);
     gate = ggml_reshape_4d(ctx, gate, 1, Hv, n, 1);
     beta = ggml_reshape_4d(ctx, beta, 1, Hv, n, 1);
-    if (b->verify || b->tree) {
-        /* the state moves only at commit, by rerunning the kept path (add_pending_commit):
-         * cheaper than keeping a state per verified row */
-        struct ggml_tensor * rp = t->replay[il];
-        const int64_t parts[5][2] = { { 0, hk * Hk }, { hk * Hk, hk * Hk }, { 2 * hk * Hk, hv * Hv },
-                                      { 2 * hk * Hk + hv * Hv, Hv }, { 2 * hk * Hk + hv * Hv + Hv, Hv } };
-        struct ggml_tensor * srcs[5] = { q, k, v, gate, beta };
-        for (int i = 0; i < 5; i++) {
-            struct ggml_tensor * dst = ggml_view_2d(ctx, rp, parts[i][1], n, rp->nb[1], (size_t) parts[i][0] * f32);
-            ggml_build_forward_expand(g->gf, ggml_cpy(ctx, srcs[i], dst));
-        }
-    }
     if (b->tree) {
         return delta_net_tree(g, il, q, k, v, gate, beta);
     }
@@ -215,14 +299,17 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         if (tree) {
             in->commit_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, R);
             ggml_set_input(in->commit_rows);
+        } else {
+            in->commit_keep = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, R, 1);
+            ggml_set_input(in->commit_keep);
         }
-        in->commit_keep = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 1, 1, R, 1);
         in->commit_conv_cols = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, m->rec.d_conv - 1);
-        ggml_set_input(in->commit_keep);
         ggml_set_input(in->commit_conv_cols);
     }
     const int64_t hk = m->rec.head_k_dim, hv = m->rec.head_v_dim, Hk = m->rec.n_k_heads, Hv = m->rec.n_v_heads;
+    const int64_t C = m->rec.conv_channels, QK = 2 * hk * Hk;
     const size_t f32 = sizeof(float);
+    const replay_planes P = replay_planes_of(m, t->p.n_verify);
     for (int il = 0; il < m->n_layer; il++) {
         if (m->kind[il] == DFL_LAYER_ATTENTION) {
             if (tree && !m->attn[il].shares_kv) {
@@ -237,17 +324,34 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
             }
             continue;
         }
-        /* a chain's rows are in order already: the gather is only a tree's */
-        struct ggml_tensor * rp = tree ? ggml_get_rows(ctx, t->replay[il], in->commit_rows) : t->replay[il];
-        const size_t row = rp->nb[1];
-        const int64_t at_g = 2 * hk * Hk + hv * Hv;
-        struct ggml_tensor * q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, 0);
-        struct ggml_tensor * k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, row, row * R, hk * Hk * f32);
-        struct ggml_tensor * v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, row, row * R, 2 * hk * Hk * f32);
-        struct ggml_tensor * g = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, at_g * f32);
-        struct ggml_tensor * b = ggml_view_4d(ctx, rp, 1, Hv, R, 1, f32, row, row * R, (at_g + Hv) * f32);
-        g = ggml_mul(ctx, g, in->commit_keep);
-        b = ggml_mul(ctx, b, in->commit_keep);
+        struct ggml_tensor * rp = t->replay[il];
+        struct ggml_tensor * q, * k, * v, * g, * b;
+        if (tree) {
+            /* the path's columns of every plane, in path order; identity steps take the
+             * zero column (decay 0, update weight 0) */
+            struct ggml_tensor * planes[4];
+            const int64_t at[4] = { P.conv, P.qk, P.g, P.beta }, rows[4] = { C, QK, Hv, Hv };
+            for (int i = 0; i < 4; i++) {
+                struct ggml_tensor * plane = ggml_view_2d(ctx, rp, rows[i], P.cols, rows[i] * f32, (size_t) at[i] * f32);
+                planes[i] = ggml_get_rows(ctx, plane, in->commit_rows);
+            }
+            v = ggml_view_4d(ctx, planes[0], hv, Hv, R, 1, hv * f32, C * f32, C * R * f32, (size_t) QK * f32);
+            q = ggml_view_4d(ctx, planes[1], hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, 0);
+            k = ggml_view_4d(ctx, planes[1], hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, hk * Hk * f32);
+            g = ggml_reshape_4d(ctx, planes[2], 1, Hv, R, 1);
+            b = ggml_reshape_4d(ctx, planes[3], 1, Hv, R, 1);
+        } else {
+            /* a chain's rows are in order already; the decay and update weight of every row
+             * times keep, in one product: [Hv, R] decays, then [Hv, R] weights */
+            v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, C * f32, C * R * f32, (size_t) (P.conv + QK) * f32);
+            q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, (size_t) P.qk * f32);
+            k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, (size_t) (P.qk + hk * Hk) * f32);
+            struct ggml_tensor * gb = ggml_view_3d(ctx, rp, Hv, R, 2, Hv * f32, (size_t) (P.beta - P.g) * f32,
+                                                   (size_t) P.g * f32);
+            gb = ggml_mul(ctx, gb, in->commit_keep);
+            g = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, 0);
+            b = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, Hv * R * f32);
+        }
         struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
         struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
         struct ggml_tensor * state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
@@ -281,15 +385,17 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
     }
     if (in->commit_keep) {
         float keep[DFL_MAX_VERIFY];
-        int32_t rows[DFL_MAX_VERIFY];
         for (int k = 0; k < pc->n_verified; k++) {
             keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
-            rows[k] = k < pc->n_keep ? pc->path[k] : 0; /* identity steps: any row */
         }
         dfl_runtime_set(&t->rt, in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
-        if (in->commit_rows) {
-            dfl_runtime_set(&t->rt, in->commit_rows, rows, 0, (size_t) pc->n_verified * sizeof(int32_t));
+    }
+    if (in->commit_rows) {
+        int32_t rows[DFL_MAX_VERIFY];
+        for (int k = 0; k < pc->n_verified; k++) {
+            rows[k] = k < pc->n_keep ? pc->path[k] : t->p.n_verify; /* identity steps: the zero column */
         }
+        dfl_runtime_set(&t->rt, in->commit_rows, rows, 0, (size_t) pc->n_verified * sizeof(int32_t));
     }
     if (in->commit_conv_cols) {
         dfl_runtime_set(&t->rt, in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.rec.d_conv - 1) * sizeof(int32_t));

@@ -91,9 +91,9 @@ struct dfl_target {
     /* recurrent layers */
     struct ggml_tensor * conv_state[DFL_MAX_LAYERS];  /* [d_conv-1, channels]: last inputs, oldest first */
     struct ggml_tensor * ssm_state[DFL_MAX_LAYERS];   /* [S_v * S_v * H_v] */
-    struct ggml_tensor * replay[DFL_MAX_LAYERS];      /* [2 S_k H_k + S_v H_v + 2 H_v, n_verify] q, k, v, g, beta
-                                                         of each row of the last verify (chain or tree), to
-                                                         rerun the accepted path at commit */
+    struct ggml_tensor * replay[DFL_MAX_LAYERS];      /* what the last verify (chain or tree) kept of each row to
+                                                         rerun the accepted path at commit: planes of conv output,
+                                                         q and k, g, beta (dfl_target_graph.c) */
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS];/* [channels, d_conv-1 + n_verify]: conv inputs of the last
                                                          verify, committed ones first, one column per step or node */
     struct ggml_tensor * features;                    /* [n_feat * n_embd, rows] of the last call */
@@ -137,8 +137,8 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
                                             struct ggml_tensor * tokens_src);
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree);
 
-/* Per verified token, what a recurrent layer keeps to rerun its recurrence at commit:
- * q and k (normalised), v, g and beta. */
-int64_t dfl_target_replay_rows(const dfl_model * m);
+/* Floats of a recurrent layer's replay memory: what a verify of up to n_verify rows keeps
+ * to rerun the accepted path at commit. */
+int64_t dfl_target_replay_floats(const dfl_model * m, int n_verify);
 
 #endif

@@ -58,8 +58,10 @@ def test_plan_of_qwen35_27b_with_its_drafter(shapes):
     assert p["recurrent_state"] == n_rec * 4 * ((c["conv"] - 1) * conv_ch + state)
 
     n_verify = budget + 1                                  # the tree's root plus its budget
-    replay = 2 * Hk * hk + Hv * hv + 2 * Hv                # q, k, v, g, beta of a row, rerun at commit
-    per_layer = replay * n_verify + conv_ch * (c["conv"] - 1 + n_verify)
+    # what the commit reruns of a row: the activated conv output (raw q, k and v), q and k
+    # normalised, g and beta, each a plane of n_verify columns and an always-zero one
+    replay = (conv_ch + 2 * Hk * hk + 2 * Hv) * (n_verify + 1)
+    per_layer = replay + conv_ch * (c["conv"] - 1 + n_verify)
     features = len(d["target_layers"]) * c["hidden"] * 512  # the default prefill chunk of rows
     assert p["verify_scratch"] == 4 * (n_rec * per_layer + features)
 

@@ -148,11 +148,12 @@ static struct ggml_tensor * build_delta_net(const dfl_model * m, const qwen35_hp
     struct ggml_tensor * conv = dfl_graph_short_conv(g, il, ggml_mul_mat(ctx, L->wqkv, cur), L->conv1d);
     conv = ggml_silu(ctx, conv);
     const size_t row = conv->nb[1];
-    struct ggml_tensor * q = ggml_view_3d(ctx, conv, hk, Hk, n, hk * f32, row, 0);
-    struct ggml_tensor * k = ggml_view_3d(ctx, conv, hk, Hk, n, hk * f32, row, hk * Hk * f32);
+    /* q and k heads sit side by side in each row: one norm over all their heads (a
+     * per-head operation, the same arithmetic as two) */
+    struct ggml_tensor * qk = dfl_l2_norm(ctx, ggml_view_3d(ctx, conv, hk, 2 * Hk, n, hk * f32, row, 0), hp->eps);
+    struct ggml_tensor * q = ggml_view_3d(ctx, qk, hk, Hk, n, qk->nb[1], qk->nb[2], 0);
+    struct ggml_tensor * k = ggml_view_3d(ctx, qk, hk, Hk, n, qk->nb[1], qk->nb[2], Hk * qk->nb[1]);
     struct ggml_tensor * v = ggml_view_3d(ctx, conv, hv, Hv, n, hv * f32, row, 2 * hk * Hk * f32);
-    q = dfl_l2_norm(ctx, q, hp->eps);
-    k = dfl_l2_norm(ctx, k, hp->eps);
 
     struct ggml_tensor * o = dfl_graph_delta_net(g, il, q, k, v, decay, beta);
     o = dfl_rms_norm(ctx, o, L->ssm_norm, hp->eps);
