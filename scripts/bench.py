@@ -122,10 +122,14 @@ def median(xs):
 
 # ---- llama.cpp's tools -------------------------------------------------------------------
 
-def parse_graph_nodes(log_text: str) -> list[int]:
-    """Graph nodes of each context llama.cpp created, in order, from its "graph: nodes = N"
-    (or "nodes = PP / TG" when the prompt and token graphs differ: TG is taken) lines."""
-    return [int(m.group(2) or m.group(1)) for m in re.finditer(r"graph[^\n]*?: nodes = (\d+)(?: / (\d+))?", log_text)]
+def parse_graph_nodes(log_text: str) -> list[tuple[int, int]]:
+    """(batch graph, one-token graph) nodes of each graph reservation llama.cpp logged
+    ("graph: nodes = N", or "nodes = PP / TG" when they differ), in order (seen at -lv 4).
+    A context reserves again when its outputs change (llama-speculative-simple: target,
+    drafter, target again once feature capture is on, drafter again): the first line is
+    the target's, the last one the drafter's final graph."""
+    return [(int(m.group(1)), int(m.group(2) or m.group(1)))
+            for m in re.finditer(r"graph[^\n]*?: nodes = (\d+)(?: / (\d+))?", log_text)]
 
 
 def parse_completion(err: str) -> dict:
@@ -143,7 +147,7 @@ def parse_completion(err: str) -> dict:
         out["sampling_s"] = float(m.group(1)) / 1e3
     nodes = parse_graph_nodes(err)
     if nodes:
-        out["target_nodes"] = nodes[0]
+        out["target_nodes"] = nodes[0][1]  # plain decoding runs the one-token graph
     return out
 
 
@@ -162,10 +166,8 @@ def parse_spec(err: str) -> dict:
         if m:
             out[key] = int(m.group(1))
     nodes = parse_graph_nodes(err)
-    if nodes:
-        out["target_nodes"] = nodes[0]
-        if len(nodes) > 1:
-            out["drafter_nodes"] = nodes[1]
+    if len(nodes) > 1:  # verify batches and drafted blocks: batch graphs
+        out["target_nodes"], out["drafter_nodes"] = nodes[0][0], nodes[-1][0]
     rounds = len(re.findall(r"accepted \d+/\d+ draft tokens", err))
     if rounds:
         restores = len(re.findall(r"partial acceptance: ", err))
@@ -195,16 +197,20 @@ def common_flags(a: dict) -> list[str]:
             "-ctv", "f16", "--temp", "0", "--seed", "0", "--ignore-eos", "-n", str(a["n"])]
 
 
-def run_completion(exe: Path, a: dict, text: str) -> dict:
-    cmd = [str(exe), "-m", a["target"], "-p", text, "-no-cnv", "--no-display-prompt", *common_flags(a)]
-    err, out, log_text = run_tool(cmd)
-    if err:
-        return {"error": err}
-    r = parse_completion(log_text)
-    if "tps" not in r:
-        return {"error": f"no 'eval time' line in llama-completion's output: {log_text[-300:]}"}
-    r["text"] = out.rstrip("\n")
-    return r
+def run_completion(exe: Path, a: dict, text: str, attempts: int = 3) -> dict:
+    """One llama-completion run on one prompt, retried when its timings are missing
+    (llama.cpp logs from a worker thread, which sometimes loses the last lines at exit)."""
+    # -lv 4 logs the graph reservations (nodes); nothing more is logged while decoding
+    cmd = [str(exe), "-m", a["target"], "-p", text, "-no-cnv", "--no-display-prompt", "-lv", "4", *common_flags(a)]
+    for _ in range(attempts):
+        err, out, log_text = run_tool(cmd)
+        if err:
+            return {"error": err}
+        r = parse_completion(log_text)
+        if "tps" in r:
+            r["text"] = out.rstrip("\n")
+            return r
+    return {"error": f"no 'eval time' line in llama-completion's output: {log_text[-300:]}"}
 
 
 def run_spec(exe: Path, a: dict, text: str, debug: bool, attempts: int = 3) -> dict:
@@ -726,18 +732,18 @@ def ar_table(summaries: list) -> list[str]:
 
 
 def trees_table(trees: dict) -> list[str]:
-    L = ["| target | N | chain verify, ms | line tree / chain | ddtree / chain | bushy / chain | ddtree nodes graph |",
-         "|---|---:|---:|---:|---:|---:|---:|"]
+    L = ["| target | N | chain verify, ms | ddtree / chain | bushy / chain | graph nodes chain / ddtree / bushy |",
+         "|---|---:|---:|---:|---:|---|"]
     for name, rows in trees.items():
         if isinstance(rows, str):
-            L.append(f"| {name} | | | | | | {rows} |")
+            L.append(f"| {name} | | | | | {rows} |")
             continue
         for n in sorted({r["n"] for r in rows}):
             at = {r["shape"]: r for r in rows if r["n"] == n}
             ch = at.get("chain", {}).get("wall_ms")
             rel = lambda s: fmt(at[s]["wall_ms"] / ch if s in at and ch else None, ".2fx")  # noqa: E731
-            L.append(f"| {name} | {n} | {fmt(ch)} | {rel('line')} | {rel('ddtree')} | {rel('bushy')} | "
-                     f"{at.get('ddtree', {}).get('nodes', '–')} |")
+            nodes = " / ".join(str(at.get(s, {}).get("nodes", "–")) for s in ("chain", "ddtree", "bushy"))
+            L.append(f"| {name} | {n} | {fmt(ch)} | {rel('ddtree')} | {rel('bushy')} | {nodes} |")
     return L
 
 
@@ -773,8 +779,8 @@ def report(args, started, load0, load1, e2e, ar, trees, figs) -> tuple[str, str]
     L += ["", "### Tree verify against chain verify (scripts/verify_count.py)", ""]
     L += trees_table(trees)
     L += ["", f"Median wall time of {args.tree_reps} verifies (+ argmax of every row, the previous step's commit "
-          "inside) after 2 untimed ones; line = the chain as a tree; ddtree / bushy = best-first trees of a "
-          "confident / unsure drafter with exactly N nodes."]
+          "inside) after 2 untimed ones; ddtree / bushy = best-first trees of a confident / unsure drafter "
+          "with exactly N nodes (scripts/verify_count.py)."]
     L += ["", ar["text"].replace("\n## ", "\n### ", 1) if ar["text"].startswith("## ") else ar["text"]]
     return "\n".join(L) + "\n", readme
 
@@ -950,8 +956,10 @@ def main(argv=None) -> int:
             bench_exe, [("Qwen3.5-0.8B shape", "Qwen3.5-0.8B shape, random weights", g)],
             {**base, "runs": args.ar_runs_08b, "reps": 3, "ks": args.ks_08b, "outtype": "q4_k_m"})
         sections, summaries, raw, info = sections + s2, summaries + sm2, {**raw, **raw2}, info2 or info
-        log("figure 4 on the 0.8B shape ...")
-        trees["Qwen3.5-0.8B shape"] = run_tree_vs_chain(g, argparse.Namespace(**{**vars(args), "tree_reps": 3}))
+        if not args.quick:  # a tree verify on the 0.8B shape takes seconds on a loaded machine
+            log("figure 4 on the 0.8B shape ...")
+            trees["Qwen3.5-0.8B shape"] = run_tree_vs_chain(
+                g, argparse.Namespace(**{**vars(args), "tree_reps": min(args.tree_reps, 3)}))
     ar = {"summaries": summaries, "info": info,
           "text": "## Plain decode and verify against llama-bench (scripts/bench_ar.py)\n\n" + "\n".join(sections)}
 

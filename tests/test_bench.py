@@ -24,8 +24,10 @@ common_perf_print:       total time =     140.00 ms /   160 tokens
 """
 
 SPEC_LOG = """\
-llama_context: graph: nodes = 287, splits = 1, input objects = 8, input tensors = 11
-llama_context: graph: nodes = 95, splits = 1, input objects = 5, input tensors = 6
+sched_reserve: graph: nodes = 304, splits = 1, input objects = 4, input tensors = 7
+sched_reserve: graph: nodes = 74, splits = 1, input objects = 3, input tensors = 5
+sched_reserve: graph: nodes = 304, splits = 1, input objects = 4, input tensors = 7
+sched_reserve: graph (pp bs=512, tg bs=1): nodes = 115 / 80, splits = 1 / 1, input objects = 4 / 4, input tensors = 5 / 5
 accepted 3/7 draft tokens, the last target token is: (12)
 partial acceptance: 3 < 7, restoring checkpoint
 accepted 7/7 draft tokens, the last target token is: (40)
@@ -38,9 +40,9 @@ n_accept  = 10
 """
 
 
-def test_graph_nodes_take_the_token_graph():
-    assert bench.parse_graph_nodes(COMPLETION_LOG) == [287]
-    assert bench.parse_graph_nodes(SPEC_LOG) == [287, 95]
+def test_graph_nodes_of_every_reservation():
+    assert bench.parse_graph_nodes(COMPLETION_LOG) == [(301, 287)]
+    assert bench.parse_graph_nodes(SPEC_LOG) == [(304, 304), (74, 74), (304, 304), (115, 80)]
 
 
 def test_completion_log():
@@ -57,7 +59,7 @@ def test_spec_log_counts_restores_as_passes():
     assert (r["tokens"], r["n_drafted"], r["n_accept"]) == (12, 14, 10)
     assert (r["rounds"], r["restores"], r["passes"]) == (2, 1, 3)
     assert r["al"] == pytest.approx(4.0)
-    assert (r["target_nodes"], r["drafter_nodes"]) == (287, 95)
+    assert (r["target_nodes"], r["drafter_nodes"]) == (304, 115)
 
 
 def make_row(key, kind, pair, tps):
