@@ -781,7 +781,7 @@ def report(args, started, load0, load1, e2e, ar, trees, figs) -> tuple[str, str]
     L += ["", f"Median wall time of {args.tree_reps} verifies (+ argmax of every row, the previous step's commit "
           "inside) after 2 untimed ones; ddtree / bushy = best-first trees of a confident / unsure drafter "
           "with exactly N nodes (scripts/verify_count.py)."]
-    L += ["", ar["text"].replace("\n## ", "\n### ", 1) if ar["text"].startswith("## ") else ar["text"]]
+    L += ["", ar["text"]]
     return "\n".join(L) + "\n", readme
 
 
@@ -867,7 +867,8 @@ def parse_args(argv=None):
     p.add_argument("--tree-reps", type=int, default=7, help="timed verifies per shape and N (default 7)")
     p.add_argument("--zlab", action="store_true", help="also run z-lab's reference loop for AL (demo pair)")
     p.add_argument("--quick", action="store_true",
-                   help="plumbing check: 1 prompt, 1 run, 32 tokens, budgets 4,auto, short bench_ar and trees")
+                   help="plumbing check: 1 prompt, 1 run, 32 tokens, budgets 4,auto, the first --spec-p-min, "
+                        "short bench_ar and trees")
     p.add_argument("--build-llama-cpp", action="store_true", help="only build llama.cpp's tools and exit")
     p.add_argument("--no-build", action="store_true", help="never build llama.cpp's tools (rows without them say so)")
     p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for that build (default 2)")
@@ -885,7 +886,7 @@ def parse_args(argv=None):
     args.pairs = [x.strip() for x in args.pairs.split(",") if x.strip()]
     args.types = [x.strip() for x in args.types.split(",") if x.strip()]
     args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
-    args.spec_p_min = [x.strip() for x in args.spec_p_min.split(",") if x.strip()]
+    args.spec_p_min = [x.strip() for x in args.spec_p_min.split(",") if x.strip()][: 1 if args.quick else None]
     for x in args.pairs:
         if x not in PAIRS:
             p.error(f"unknown pair {x!r} (of {', '.join(PAIRS)})")
