@@ -14,7 +14,7 @@ compiled library.)
 Models. Two pairs over one target, each with the target in f32 and q8_0:
   demo   the bundled demo pair's drafter (dflash_gguf/data/demo-draft.gguf), chain AL ~4.5
   weak   dflash_gguf/data/demo-draft-weak.gguf (scripts/train_weak_drafter.py: the same
-         recipe and architecture stopped early), chain AL ~2: the fixed cost per step decides
+         recipe and architecture stopped early), chain AL ~1.4: the fixed cost per step decides
 The q8_0 target is the bundled demo-target.gguf; the f32 one is converted (once, cached in
 .cache/bench/) from its bf16 HF copy in tests/data/demo-hf/target. Both drafters are q8_0.
 Figures 1 and 2 add the Qwen3.5-0.8B shape (random weights, q4_k_m, written once into
