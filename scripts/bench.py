@@ -775,7 +775,8 @@ def report(args, started, load0, load1, e2e, ar, trees, figs) -> tuple[str, str]
           "the commit (all-row LM head, as speculative decoding needs) against `llama-bench -d 64 -p k` (one batch, "
           "last-row logits only); like for like: our plain batch of k with last-row logits. llama-bench runs with "
           "flash attention off and on, the faster counts."]
-    readme = "\n".join(L) + "\n"
+    # inside README's "## Benchmarks": every heading one level down
+    readme = "\n".join("#" + ln if ln.startswith("##") else ln for ln in L) + "\n"
     L += ["", "### Tree verify against chain verify (scripts/verify_count.py)", ""]
     L += trees_table(trees)
     L += ["", f"Median wall time of {args.tree_reps} verifies (+ argmax of every row, the previous step's commit "
