@@ -1,53 +1,63 @@
 #!/usr/bin/env python3
-"""Speculative decoding benchmark: dflash-gguf against its peers on one target/drafter
-GGUF pair, with the same prompts, the same thread count, several runs and medians.
+"""dflash-gguf against llama.cpp's own C++ tools, on llama.cpp's ground: the same GGUFs,
+threads and prompts, every figure of issue #13 printed as a ratio with its threshold.
 
-    cd /tmp && /work/main/.venv/bin/python /work/main/scripts/bench.py            # the demo pair
-    .venv/bin/python scripts/bench.py --quick                 # 1 prompt, 1 run, 32 tokens
-    .venv/bin/python scripts/bench.py -m target.gguf -md draft.gguf --hf-target T --hf-draft D
-    .venv/bin/python scripts/bench.py --tiny                  # a tiny random pair (plumbing only)
-    .venv/bin/python scripts/bench.py --ar-0.8b               # also scripts/bench_ar.py's tables
-    .venv/bin/python scripts/bench.py --build-llama-cpp       # only build llama.cpp's decoder
+    cd /tmp && /work/main/.venv/bin/python /work/main/scripts/bench.py                 # full run, < 20 min idle
+    cd /tmp && /work/main/.venv/bin/python /work/main/scripts/bench.py --write-readme  # and README's tables
+    .venv/bin/python scripts/bench.py --quick         # plumbing check: a few minutes
+    .venv/bin/python scripts/bench.py --build-llama-cpp   # only build llama.cpp's tools
 
 (Run it from outside the checkout's root, or by its path as above: the repository root on
 sys.path would shadow the installed package with the source tree, which lacks the
 compiled library.)
 
-Rows (each one the same greedy continuation of the same prompt token ids):
-  ours AR           dflash_gguf Engine(target) - plain decoding on our runtime
-  ours chain        Engine(target, draft) - one drafted block verified as a chain
-  ours tree N/auto  Engine(target, draft, tree_budget=N|"auto") - DDTree verification
-  llama.cpp AR      llama-cpp-python (same pinned version): eval + argmax loop, flash
-                    attention, f16 KV cache, its default weight repacking
-  llama.cpp DFlash  llama.cpp's own DFlash speculative decoding: `llama-speculative-simple
-                    --spec-type draft-dflash`, built once from the llama-cpp-python sdist
-                    into .cache/llama-cpp-build/ (skipped, with a note, when the build fails;
-                    --quick never starts the build)
-  z-lab reference   dflash.model.dflash_generate (transformers target + reference drafter),
-                    acceptance length only; needs --hf-target/--hf-draft (the HF checkpoints
-                    of the pair). Its target recomputes from the token history (see
-                    tests/test_speculative.py: transformers' cache crop does not roll back
-                    Gated DeltaNet state)
+Models. Two pairs over one target, each with the target in f32 and q8_0:
+  demo   the bundled demo pair's drafter (dflash_gguf/data/demo-draft.gguf), chain AL ~4.5
+  weak   dflash_gguf/data/demo-draft-weak.gguf (scripts/train_weak_drafter.py: the same
+         recipe and architecture stopped early), chain AL ~1.4: the fixed cost per step decides
+The q8_0 target is the bundled demo-target.gguf; the f32 one is converted (once, cached in
+.cache/bench/) from its bf16 HF copy in tests/data/demo-hf/target. Both drafters are q8_0.
+Figures 1 and 2 add the Qwen3.5-0.8B shape (random weights, q4_k_m, written once into
+.cache/bench/ by scripts/make_shape_model.py's writer): speed there depends on shapes only.
 
-Measured per row: AL = generated tokens per target forward pass (AR: 1), and decode
-tokens/second = generated tokens / decode wall time (prefill excluded; for llama.cpp's
-decoder its own "decoded N tokens in T seconds" line). Every run of a row is a fresh child
-process that loads the models, warms up on a separate prompt, then generates every prompt
-once; the rows take turns run by run (order rotated) so that load changes on a shared
-machine hit all alike. Reported: the median over runs per prompt, then the median over
-prompts; speed-ups are ratios of those medians. Our rows also note the time split (draft /
-verify / other; a commit runs inside the next verify graph, so it counts as verify), the
-graph nodes of the target's verify (or decode) and of the drafter's propose, and the host
-synchronisations per step: graphs computed, results read back and inputs written (each a
-blocking transfer on a device), target and drafter together. "same output" counts the prompts whose
-continuation equals our AR output token for token (llama.cpp DFlash: by text). Generation
-never stops early: ours and llama.cpp AR ignore end-of-generation tokens; llama.cpp's
-decoder runs with --ignore-eos (which bans them instead, so a prompt whose greedy
-continuation contains one differs there).
+Peers, all built from the pinned llama-cpp-python sdist by scripts/llama_cpp_build.py:
+  llama-bench               -n (plain decode) and -p k (one batch of k tokens), through
+                            scripts/bench_ar.py; run with flash attention off and on, the
+                            faster setting counts per test
+  llama-completion          end-to-end greedy decoding (--temp 0 --ignore-eos, -no-cnv);
+                            its own "eval time" (decode steps only: sampling, which it
+                            times apart, is left out in its favour)
+  llama-speculative-simple  --spec-type draft-dflash --spec-draft-n-max <block-1>, once per
+                            --spec-p-min value (llama.cpp stops a draft at the first token
+                            below that probability); the best of them counts
+f16 KV cache and the same thread count everywhere; flash attention on for our runtime,
+llama-completion and llama-speculative-simple (llama.cpp's CPU default, "auto", turns it on).
 
-Results: a markdown table on stdout, written to results/bench-<date>.md and
-results/latest.md, and a plot of tok/s and AL per tree budget to results/bench-<date>.png
-(needs matplotlib, not a runtime dependency: `.venv/bin/pip install matplotlib`).
+Figures (issue #13), each a ratio with pass/fail:
+  1  plain decode tok/s, ours / llama-bench -n, every target          >= 1.00
+  2  verify time of k tokens with its commit, llama-bench -p k / ours, k = 1..32, every
+     target; the LM head over the k-1 rows llama-bench skips is given as a share of the gap
+                                                                      >= 1.00
+  3  chain tok/s, ours / llama.cpp DFlash, both pairs, f32 and q8_0   >= 1.00
+  4  tree verify of N nodes / chain verify of N tokens (scripts/verify_count.py; the
+     DDTree shapes of a confident and of an unsure drafter), N up to 32 <= 1.05
+  5  --tree-budget auto tok/s / the best of the chain and every fixed budget, both pairs,
+     f32 and q8_0                                                     >= 0.97
+Besides: graph nodes per target and drafter graph and host synchronisations per step
+(our runtime's counters; llama.cpp's graph nodes from its own log), and the load average
+at the start and the end.
+
+End-to-end method. Every run of a row is a fresh child process that loads the models,
+warms up on a separate prompt, then generates every prompt once (greedy, end-of-generation
+ignored); the rows of a target take turns run by run (order rotated) so that load changes
+hit all alike. Reported: the median over runs per prompt, then the median over prompts.
+AL = generated tokens per target pass (a llama.cpp checkpoint restore, which re-evaluates
+the accepted tokens in a second pass, counts as a pass). "same" counts prompts whose output
+equals our plain greedy output (llama.cpp: by text).
+
+Results: markdown on stdout, results/bench-<date>[-quick].md and .json, results/latest.md,
+and with --write-readme the block between the bench markers of README.md. A plot of tok/s
+and AL per tree budget goes to results/bench-<date>.png when matplotlib is installed.
 Timing on a busy machine is noise: the load average is printed and recorded.
 """
 from __future__ import annotations
@@ -66,16 +76,24 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_cpp_build import build_llama, llama_binary  # noqa: E402  (scripts/llama_cpp_build.py)
+import bench_ar  # noqa: E402  (scripts/bench_ar.py)
+from llama_cpp_build import LLAMA_CPP_PYTHON_VERSION, build_llama, llama_binary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "dflash_gguf" / "data"
+HF_DEMO = ROOT / "tests" / "data" / "demo-hf"
 RESULTS = ROOT / "results"
+README = ROOT / "README.md"
 CACHE = ROOT / ".cache" / "bench"
-TINY = CACHE / "tiny-pair"
-LLAMA_SPEC_TARGET = "llama-speculative-simple"
+LLAMA_TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
+PAIRS = {"demo": DATA / "demo-draft.gguf", "weak": DATA / "demo-draft-weak.gguf"}
+TYPES = ("f32", "q8_0")
 BUDGETS = ("4", "8", "16", "32", "auto")
+SPEC_P_MIN = ("0", "0.5")
 WARMUP_TEXT = "import os\nimport sys\n\n\ndef main():\n"
+README_BEGIN, README_END = "<!-- bench.py --write-readme: begin -->", "<!-- bench.py --write-readme: end -->"
+# thresholds of issue #13
+DECODE_MIN, VERIFY_MIN, CHAIN_MIN, TREE_MAX, AUTO_MIN = 1.0, 1.0, 1.0, 1.05, 0.97
 
 # Python code completion in the style of the standard library (what the demo pair is
 # trained on), and two prose-like docstring/comment openings.
@@ -102,67 +120,44 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-# ---- llama.cpp's own speculative decoder (built from the pinned llama-cpp-python sdist) ------
+# ---- llama.cpp's tools -------------------------------------------------------------------
 
-def llama_spec_binary() -> Path | None:
-    """The cached llama-speculative-simple binary, or None when not built yet."""
-    return llama_binary(LLAMA_SPEC_TARGET)
-
-
-def build_llama_spec(jobs: int = 2) -> tuple[Path | None, str]:
-    """Builds llama-speculative-simple once (scripts/llama_cpp_build.py: nice 10, `jobs`
-    parallel compiles, into .cache/llama-cpp-build/<version>-<flags hash>/, the build
-    directory llama-bench shares). Returns (binary or None, note)."""
-    return build_llama(LLAMA_SPEC_TARGET, jobs)
+def parse_graph_nodes(log_text: str) -> list[tuple[int, int]]:
+    """(batch graph, one-token graph) nodes of each graph reservation llama.cpp logged
+    ("graph: nodes = N", or "nodes = PP / TG" when they differ), in order (seen at -lv 4).
+    A context reserves again when its outputs change (llama-speculative-simple: target,
+    drafter, target again once feature capture is on, drafter again): the first line is
+    the target's, the last one the drafter's final graph."""
+    return [(int(m.group(1)), int(m.group(2) or m.group(1)))
+            for m in re.finditer(r"graph[^\n]*?: nodes = (\d+)(?: / (\d+))?", log_text)]
 
 
-def run_llama_spec_prompts(exe: Path, a: dict, texts: list, debug: bool):
-    """run_llama_spec on every prompt: (results, None), or (those before, the error)."""
-    out = []
-    for text in texts:
-        r = run_llama_spec(exe, a, text, debug)
-        if "error" in r:
-            return out, r["error"]
-        out.append(r)
-    return out, None
-
-
-def run_llama_spec(exe: Path, a: dict, text: str, debug: bool, attempts: int = 3) -> dict:
-    """run_llama_spec_once, again when the summary is missing: llama.cpp logs from a
-    worker thread, and under heavy debug logging its last lines are sometimes lost."""
-    for _ in range(attempts):
-        out = run_llama_spec_once(exe, a, text, debug)
-        if not out.get("error", "").startswith("no 'decoded N tokens'"):
-            break
+def parse_completion(err: str) -> dict:
+    """llama-completion's own timings: eval (decode steps), prompt eval, sampling."""
+    out = {}
+    m = re.search(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs", err)
+    if m:
+        out["decode_s"], out["runs"] = float(m.group(1)) / 1e3, int(m.group(2))
+        out["tps"] = out["runs"] / out["decode_s"] if out["decode_s"] > 0 else None
+    m = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", err)
+    if m:
+        out["prefill_s"], out["prompt_tokens"] = float(m.group(1)) / 1e3, int(m.group(2))
+    m = re.search(r"sampling time =\s*([\d.]+) ms", err)
+    if m:
+        out["sampling_s"] = float(m.group(1)) / 1e3
+    nodes = parse_graph_nodes(err)
+    if nodes:
+        out["target_nodes"] = nodes[0][1]  # plain decoding runs the one-token graph
     return out
 
 
-def run_llama_spec_once(exe: Path, a: dict, text: str, debug: bool) -> dict:
-    """One llama-speculative-simple run on one prompt. Timing runs parse its own summary;
-    a debug run (-lv 5) also counts target passes: one per committed round plus one per
-    checkpoint restore (a hybrid target cannot drop rejected rows, so llama.cpp restores a
-    checkpoint and re-evaluates the accepted tokens in a second pass)."""
-    cmd = [str(exe), "-m", a["target"], "-md", a["draft"], "--spec-type", "draft-dflash",
-           "--spec-draft-n-max", str(a["block"] - 1), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
-           "-p", text, "-n", str(a["n"]), "-c", str(a["n_ctx"]), "-b", "512", "-ub", "512",
-           "-t", str(a["threads"]), "-tb", str(a["threads"]), "-td", str(a["threads"]), "-tbd", str(a["threads"]),
-           "-fa", "on", "--temp", "0", "--top-k", "1", "--seed", "0", "--ignore-eos"]
-    if debug:
-        cmd += ["-lv", "5"]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=1800)
-    except subprocess.TimeoutExpired:
-        return {"error": "timed out"}
-    err = res.stderr
-    if res.returncode != 0:
-        how = f"signal {-res.returncode}" if res.returncode < 0 else f"exit code {res.returncode}"
-        tail = [ln for ln in err.strip().splitlines() if ln.strip()][-2:]
-        return {"error": f"{LLAMA_SPEC_TARGET} failed ({how}): " + " | ".join(tail)}
+def parse_spec(err: str) -> dict:
+    """llama-speculative-simple's summary (and, at -lv 5, its rounds and restores)."""
+    out = {}
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
-    if not m:
-        return {"error": f"no 'decoded N tokens' line in the output: {err[-300:]}"}
-    out = {"tokens": int(m.group(1)), "decode_s": float(m.group(2))}
-    out["tps"] = out["tokens"] / out["decode_s"] if out["decode_s"] > 0 else None
+    if m:
+        out["tokens"], out["decode_s"] = int(m.group(1)), float(m.group(2))
+        out["tps"] = out["tokens"] / out["decode_s"] if out["decode_s"] > 0 else None
     m = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", err)
     if m:
         out["prompt_tokens"], out["prefill_s"] = int(m.group(1)), float(m.group(2))
@@ -170,81 +165,117 @@ def run_llama_spec_once(exe: Path, a: dict, text: str, debug: bool) -> dict:
         m = re.search(rf"{key}\s*=\s*(\d+)", err)
         if m:
             out[key] = int(m.group(1))
-    # the continuation: stdout holds "\n\n" + prompt pieces + generated pieces + "\n\n"
-    text_out = res.stdout
-    i = text_out.find(text)
-    out["text"] = text_out[i + len(text):].rstrip("\n") if i >= 0 else None
-    if debug:
-        rounds = len(re.findall(r"accepted \d+/\d+ draft tokens", err))
+    nodes = parse_graph_nodes(err)
+    if len(nodes) > 1:  # verify batches and drafted blocks: batch graphs
+        out["target_nodes"], out["drafter_nodes"] = nodes[0][0], nodes[-1][0]
+    rounds = len(re.findall(r"accepted \d+/\d+ draft tokens", err))
+    if rounds:
         restores = len(re.findall(r"partial acceptance: ", err))
-        out["rounds"], out["restores"] = rounds, restores
-        out["passes"] = rounds + restores
-        if out["passes"]:
+        out.update(rounds=rounds, restores=restores, passes=rounds + restores)
+        if "tokens" in out:
             out["al"] = out["tokens"] / out["passes"]
-            out["tokens_per_round"] = out["tokens"] / rounds if rounds else None
+            out["tokens_per_round"] = out["tokens"] / rounds
     return out
 
 
-# ---- the pair --------------------------------------------------------------------------
+def run_tool(cmd: list[str], timeout: float = 1800) -> tuple[str | None, str, str]:
+    """(error or None, stdout, stderr) of one llama.cpp tool run."""
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"{Path(cmd[0]).name} timed out", "", ""
+    if res.returncode != 0:
+        how = f"signal {-res.returncode}" if res.returncode < 0 else f"exit code {res.returncode}"
+        tail = [ln for ln in res.stderr.strip().splitlines() if ln.strip()][-2:]
+        return f"{Path(cmd[0]).name} failed ({how}): " + " | ".join(tail), res.stdout, res.stderr
+    return None, res.stdout, res.stderr
 
-def build_tiny_pair() -> dict:
-    """A tiny random Qwen3.5 target (our converter, f32) and DFlash drafter (llama.cpp's
-    converter, f32), as in tests/test_speculative.py, cached in .cache/bench/tiny-pair/.
-    Random weights: AL stays near 1; it exercises every row, it measures nothing."""
-    paths = {"target": TINY / "target-f32.gguf", "draft": TINY / "draft-f32.gguf",
-             "hf_target": TINY / "target-hf", "hf_draft": TINY / "draft-hf"}
-    if all(p.exists() for p in paths.values()):
-        return {k: str(v) for k, v in paths.items()}
-    log(f"building the tiny test pair in {TINY} ...")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from draft_fixtures import convert_dflash_llama_cpp, make_dflash
-    from fixtures import make_qwen35
 
+def common_flags(a: dict) -> list[str]:
+    t = str(a["threads"])
+    return ["-c", str(a["n_ctx"]), "-b", "512", "-ub", "512", "-t", t, "-tb", t, "-fa", "on", "-ctk", "f16",
+            "-ctv", "f16", "--temp", "0", "--seed", "0", "--ignore-eos", "-n", str(a["n"])]
+
+
+def run_completion(exe: Path, a: dict, text: str, attempts: int = 3) -> dict:
+    """One llama-completion run on one prompt, retried when its timings are missing
+    (llama.cpp logs from a worker thread, which sometimes loses the last lines at exit)."""
+    # -lv 4 logs the graph reservations (nodes); nothing more is logged while decoding
+    cmd = [str(exe), "-m", a["target"], "-p", text, "-no-cnv", "--no-display-prompt", "-lv", "4", *common_flags(a)]
+    for _ in range(attempts):
+        err, out, log_text = run_tool(cmd)
+        if err:
+            return {"error": err}
+        r = parse_completion(log_text)
+        if "tps" in r:
+            r["text"] = out.rstrip("\n")
+            return r
+    return {"error": f"no 'eval time' line in llama-completion's output: {log_text[-300:]}"}
+
+
+def run_spec(exe: Path, a: dict, text: str, debug: bool, attempts: int = 3) -> dict:
+    """One llama-speculative-simple run on one prompt; a debug run (-lv 5) also counts
+    target passes. Retried when the summary is missing: llama.cpp logs from a worker
+    thread, and under heavy debug logging its last lines are sometimes lost."""
+    cmd = [str(exe), "-m", a["target"], "-md", a["draft"], "--spec-type", "draft-dflash",
+           "--spec-draft-n-max", str(a["block"] - 1), "--spec-draft-n-min", "0", "--spec-draft-p-min", a["p_min"],
+           "-p", text, "-td", str(a["threads"]), "-tbd", str(a["threads"]), *common_flags(a)]
+    if debug:
+        cmd += ["-lv", "5"]
+    for _ in range(attempts):
+        err, out, log_text = run_tool(cmd)
+        if err:
+            return {"error": err}
+        r = parse_spec(log_text)
+        if "tps" in r:
+            break
+    else:
+        return {"error": f"no 'decoded N tokens' line in the output: {log_text[-300:]}"}
+    # stdout: "\n\n" + prompt pieces + generated pieces + "\n\n"
+    i = out.find(text)
+    r["text"] = out[i + len(text):].rstrip("\n") if i >= 0 else None
+    return r
+
+
+# ---- models ------------------------------------------------------------------------------
+
+def convert_f32_target() -> Path:
+    """The demo target in f32, from its bf16 HF copy (cached)."""
+    out = CACHE / "demo-target-f32.gguf"
+    if out.exists():
+        return out
     from dflash_gguf.convert.cli import main as convert
 
-    TINY.mkdir(parents=True, exist_ok=True)
-    if not (paths["hf_target"] / "config.json").exists():
-        make_qwen35(paths["hf_target"], hidden=128, layers=4, seed=3)
-    if not (paths["hf_draft"] / "config.json").exists():
-        make_dflash(paths["hf_draft"], paths["hf_target"], target_layer_ids=(0, 2), block_size=8, seed=4)
-    if not paths["target"].exists():
-        rc = convert([str(paths["hf_target"]), "--outtype", "f32", "--outfile", str(paths["target"]), "--force"])
-        if rc != 0:
-            raise SystemExit(f"converting the tiny target failed ({rc})")
-    if not paths["draft"].exists():
-        convert_dflash_llama_cpp(paths["hf_draft"], paths["hf_target"], paths["draft"])
-    return {k: str(v) for k, v in paths.items()}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    log(f"converting {HF_DEMO / 'target'} to {out} (f32) ...")
+    tmp = out.with_suffix(".tmp.gguf")
+    if convert([str(HF_DEMO / "target"), "--outtype", "f32", "--outfile", str(tmp), "--force"]) != 0:
+        raise SystemExit("converting the demo target to f32 failed")
+    tmp.rename(out)
+    return out
 
 
-def resolve_pair(args) -> dict:
-    if args.tiny:
-        pair, name = build_tiny_pair(), "tiny random test pair"
-    elif args.model:
-        if not args.draft:
-            raise SystemExit("-m needs -md (the DFlash drafter GGUF)")
-        pair, name = {"target": str(Path(args.model).resolve()), "draft": str(Path(args.draft).resolve())}, "given"
-    else:
-        t, d = DATA / "demo-target.gguf", DATA / "demo-draft.gguf"
-        if t.exists() and d.exists():
-            pair, name = {"target": str(t), "draft": str(d)}, "bundled demo pair"
-            hf = ROOT / "tests" / "data" / "demo-hf"  # bf16 copies of its HF checkpoints
-            if (hf / "target").is_dir() and (hf / "draft").is_dir():
-                pair["hf_target"], pair["hf_draft"] = str(hf / "target"), str(hf / "draft")
-        else:
-            log(f"the demo pair ({t.name}, {d.name} in {DATA}) is not there yet: using the tiny random test pair "
-                "(plumbing only; pass -m/-md for another pair)")
-            pair, name = build_tiny_pair(), "tiny random test pair (demo pair absent)"
-    for k, v in (("hf_target", args.hf_target), ("hf_draft", args.hf_draft)):
-        if v:
-            pair[k] = str(Path(v).resolve())
-    for k in ("target", "draft"):
-        if not Path(pair[k]).is_file():
-            raise SystemExit(f"{k} GGUF not found: {pair[k]}")
-    pair["name"] = name
-    return pair
+def demo_targets(types) -> dict[str, Path]:
+    paths = {"q8_0": DATA / "demo-target.gguf"}
+    if "f32" in types:
+        paths["f32"] = convert_f32_target()
+    return {t: paths[t] for t in types}
 
 
-# ---- workers (child processes) -----------------------------------------------------------------
+def shape_08b() -> Path:
+    """The Qwen3.5-0.8B shape, random weights, q4_k_m (cached)."""
+    out = CACHE / "qwen35-0.8b-shape-q4_k_m.gguf"
+    if not out.exists():
+        import make_shape_model  # scripts/make_shape_model.py
+        from dflash_gguf.convert.shapes import QWEN35_0_8B
+
+        CACHE.mkdir(parents=True, exist_ok=True)
+        log(f"writing the Qwen3.5-0.8B shape to {out} ...")
+        make_shape_model.write_model(QWEN35_0_8B, "q4_k_m", out, progress=False)
+    return out
+
+
+# ---- our rows (child processes) ----------------------------------------------------------
 
 def worker_ours(a: dict) -> dict:
     from dflash_gguf.engine import Engine
@@ -298,48 +329,6 @@ def worker_ours(a: dict) -> dict:
     return {"prompts": out, "load_s": load_s}
 
 
-def open_llama(path: str, n_ctx: int, threads: int, logits_all: bool):
-    """llama-cpp-python on `path` (flash attention, f16 KV cache, the same threads for
-    decode and batches): (llm, last_argmax(), load seconds)."""
-    import numpy as np
-    import llama_cpp
-    from llama_cpp import Llama
-
-    t0 = time.perf_counter()
-    llm = Llama(path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
-                flash_attn=True, logits_all=logits_all, verbose=False)
-    load_s = time.perf_counter() - t0
-    n_vocab = llm.n_vocab()
-    ctx = llm._ctx.ctx
-
-    def last_argmax() -> int:
-        ptr = llama_cpp.llama_get_logits_ith(ctx, -1)
-        return int(np.argmax(np.ctypeslib.as_array(ptr, shape=(n_vocab,))))
-
-    return llm, last_argmax, load_s
-
-
-def worker_llama(a: dict) -> dict:
-    llm, last_argmax, load_s = open_llama(a["target"], a["n_ctx"], a["threads"], logits_all=False)
-
-    def run(ids, n):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        prefill_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        toks = [last_argmax()]  # timed like ours: from the end of the prefill to the n-th token
-        while len(toks) < n:
-            llm.eval([toks[-1]])
-            toks.append(last_argmax())
-        decode_s = time.perf_counter() - t0
-        return {"tokens": toks, "n": len(toks), "decode_s": decode_s, "tps": len(toks) / decode_s,
-                "prefill_s": prefill_s, "al": 1.0, "passes": len(toks) - 1}
-
-    run(llm.tokenize(WARMUP_TEXT.encode(), add_bos=False, special=True), min(16, a["n"]))
-    return {"prompts": [run(ids, a["n"]) for ids in a["prompts"]], "load_s": load_s}
-
-
 def worker_zlab(a: dict) -> dict:
     import torch
     import dflash.model as ref
@@ -351,23 +340,20 @@ def worker_zlab(a: dict) -> dict:
     torch.set_num_threads(a["threads"])
     exact_reference(ref)
     target = AutoModelForCausalLM.from_pretrained(a["hf_target"], dtype=torch.float32).eval()
-    arch = (json.loads((Path(a["hf_draft"]) / "config.json").read_text()).get("architectures") or [""])[0]
-    cls = ref.DFlash2DraftModel if arch == "DFlash2DraftModel" else ref.DFlashDraftModel
-    draft = cls.from_pretrained(a["hf_draft"], dtype=torch.float32).eval()
+    draft = ref.DFlashDraftModel.from_pretrained(a["hf_draft"], dtype=torch.float32).eval()
     wrapped = RecomputingTarget(target)
     out = []
     for ids in a["prompts"]:
-        t0 = time.perf_counter()
         res = ref.dflash_generate(draft, wrapped, torch.tensor([ids]), a["n"], None, temperature=0.0,
                                   return_stats=True)
         lens = list(res.acceptance_lengths)
         toks = res.output_ids[0, len(ids):].tolist()
         out.append({"tokens": toks, "n": len(toks), "al": sum(lens) / len(lens) if lens else None,
-                    "passes": len(lens), "wall_s": time.perf_counter() - t0})
+                    "passes": len(lens)})
     return {"prompts": out}
 
 
-WORKERS = {"ours": worker_ours, "llama": worker_llama, "zlab": worker_zlab}
+WORKERS = {"ours": worker_ours, "zlab": worker_zlab}
 
 
 def run_worker(kind: str, args: dict, timeout: float = 3600) -> dict:
@@ -392,15 +378,19 @@ def run_worker(kind: str, args: dict, timeout: float = 3600) -> dict:
     return json.loads(line[2:])
 
 
-# ---- the benchmark ---------------------------------------------------------------------
+# ---- end-to-end decoding -------------------------------------------------------------------
 
 class Row:
-    def __init__(self, key: str, label: str, kind: str, extra: dict | None = None, timed: bool = True):
-        self.key, self.label, self.kind, self.extra, self.timed = key, label, kind, extra or {}, timed
-        self.runs: list[list[dict]] = []  # per run: per prompt results
+    """One decoder on one target type (and pair): its runs, each a list of per-prompt dicts."""
+
+    def __init__(self, key: str, label: str, kind: str, pair: str | None = None, extra: dict | None = None,
+                 timed: bool = True):
+        self.key, self.label, self.kind, self.pair = key, label, kind, pair
+        self.extra, self.timed = extra or {}, timed
+        self.runs: list[list[dict]] = []
         self.error: str | None = None
-        self.note = ""
-        self.load_s: list[float] = []
+        self.same: tuple[int, int] | None = None
+        self.debug: list[dict] = []  # llama.cpp DFlash: the -lv 5 run per prompt (pass counts)
 
     def per_prompt(self, field: str) -> list:
         """Median over runs of `field`, per prompt."""
@@ -414,11 +404,9 @@ class Row:
     def al(self):
         return median(self.per_prompt("al"))
 
-
-def read_draft_block(draft: str) -> int:
-    from dflash_gguf.draft import read_draft_metadata
-
-    return int(read_draft_metadata(draft)["block_size"])
+    def to_json(self) -> dict:
+        return {"key": self.key, "label": self.label, "kind": self.kind, "pair": self.pair, "error": self.error,
+                "tps": self.tps(), "al": self.al(), "same": self.same, "runs": self.runs, "debug": self.debug}
 
 
 def encode_prompts(target: str, texts: list[str]) -> list[list[int]]:
@@ -435,42 +423,52 @@ def decode_tokens(target: str, seqs: list[list[int]]) -> list[str]:
     return [tok.decode(s) for s in seqs]
 
 
-def run_bench(args, pair: dict) -> dict:
+def e2e_rows(args, block: int, pairs: list[str], tools: dict) -> list[Row]:
+    rows = [Row("ours-ar", "ours AR", "ours"),
+            Row("llama-ar", "llama.cpp AR (llama-completion)", "completion")]
+    for pair in pairs:
+        draft = {"draft": str(PAIRS[pair])}
+        rows.append(Row(f"{pair}/ours-chain", f"ours chain (block {block})", "ours", pair, draft))
+        for b in args.budgets:
+            rows.append(Row(f"{pair}/ours-tree-{b}", f"ours tree, budget {b}", "ours", pair, {**draft, "budget": b}))
+        for p in args.spec_p_min:
+            rows.append(Row(f"{pair}/llama-dflash-{p}", f"llama.cpp DFlash (n-max {block - 1}, p-min {p})", "spec",
+                            pair, {**draft, "block": block, "p_min": p}))
+    if args.zlab and "demo" in pairs:
+        rows.append(Row("demo/zlab", "z-lab reference loop (AL only)", "zlab", "demo",
+                        {"hf_target": str(HF_DEMO / "target"), "hf_draft": str(HF_DEMO / "draft")}, timed=False))
+    for r in rows:
+        if r.kind in ("completion", "spec"):
+            exe = tools.get("llama-completion" if r.kind == "completion" else "llama-speculative-simple")
+            if isinstance(exe, str):
+                r.error = exe  # why it is missing
+    return rows
+
+
+def run_e2e(args, ttype: str, target: Path) -> dict:
+    """Every decoder on one target type: both pairs, same prompts, rotated runs."""
+    from dflash_gguf.draft import read_draft_metadata
+
     prompts = PROMPTS[: args.prompts]
     texts = [t for _, t in prompts]
-    ids = encode_prompts(pair["target"], texts)
-    block = read_draft_block(pair["draft"])
+    ids = encode_prompts(str(target), texts)
+    blocks = {int(read_draft_metadata(str(PAIRS[p]))["block_size"]) for p in args.pairs}
+    if len(blocks) != 1:
+        raise SystemExit(f"the pairs' drafters have different block sizes: {sorted(blocks)}")
+    block = blocks.pop()
     n_ctx = max(len(x) for x in ids) + args.n_predict + 2 * max(block, 64) + 16
-    common = {"target": pair["target"], "threads": args.threads, "n": args.n_predict, "n_ctx": n_ctx, "prompts": ids}
+    common = {"target": str(target), "threads": args.threads, "n": args.n_predict, "n_ctx": n_ctx, "prompts": ids}
+    rows = e2e_rows(args, block, args.pairs, args.tools)
 
-    rows = [Row("ours-ar", "ours AR", "ours"),
-            Row("ours-chain", f"ours chain (block {block})", "ours", {"draft": pair["draft"]})]
-    for b in args.budgets:
-        rows.append(Row(f"ours-tree-{b}", f"ours tree, budget {b}", "ours", {"draft": pair["draft"], "budget": b}))
-    rows.append(Row("llama-ar", "llama.cpp AR (llama-cpp-python)", "llama"))
-    spec = Row("llama-dflash", f"llama.cpp DFlash (block {block}, chain)", "spec")
-    rows.append(spec)
-    zlab = Row("zlab", "z-lab reference loop (AL only)", "zlab", timed=False)
-    rows.append(zlab)
-
-    exe = None
-    if args.no_llama_spec:
-        spec.error = "skipped (--no-llama-spec)"
-    else:
-        exe = llama_spec_binary()
-        if exe is None and args.quick:
-            spec.error = f"skipped: not built yet and --quick does not build it (run with --build-llama-cpp)"
-        elif exe is None:
-            exe, note = build_llama_spec(args.jobs)
-            if exe is None:
-                spec.error = f"skipped: {note}"
-    spec_args = {**common, "draft": pair["draft"], "block": block}
-    if exe is not None:
-        log("llama.cpp DFlash: one debug run per prompt to count target passes ...")
-        spec.stats, spec.error = run_llama_spec_prompts(exe, spec_args, texts, debug=True)
-
-    if not (pair.get("hf_target") and pair.get("hf_draft")):
-        zlab.error = "skipped: needs --hf-target and --hf-draft (the HF checkpoints of the pair)"
+    for row in rows:  # one -lv 5 run per prompt counts llama.cpp DFlash's target passes
+        if row.kind == "spec" and not row.error:
+            exe = args.tools["llama-speculative-simple"]
+            for text in texts:
+                r = run_spec(exe, {**common, **row.extra}, text, debug=True)
+                if "error" in r:
+                    row.error = r["error"]
+                    break
+                row.debug.append(r)
 
     timed = [r for r in rows if r.timed]
     for run in range(args.runs):
@@ -479,26 +477,36 @@ def run_bench(args, pair: dict) -> dict:
         for row in order:
             if row.error:
                 continue
-            if row.kind == "spec":
-                res, row.error = run_llama_spec_prompts(exe, spec_args, texts, debug=False)
-                if row.error:
-                    continue
-                for r, st in zip(res, spec.stats):  # passes come from the debug run (greedy: the same)
-                    r.update({k: st.get(k) for k in ("al", "passes", "rounds", "restores", "tokens_per_round")})
-                row.runs.append(res)
+            if row.kind in ("completion", "spec"):
+                res = []
+                for i, text in enumerate(texts):
+                    a = {**common, **row.extra}
+                    r = (run_completion(args.tools["llama-completion"], a, text) if row.kind == "completion"
+                         else run_spec(args.tools["llama-speculative-simple"], a, text, debug=False))
+                    if "error" in r:
+                        row.error = r["error"]
+                        break
+                    if row.kind == "spec":  # greedy: the debug run made the same passes
+                        r.update({k: row.debug[i].get(k) for k in ("al", "passes", "rounds", "restores",
+                                                                    "tokens_per_round")})
+                    else:
+                        r["al"] = 1.0
+                    res.append(r)
+                if not row.error:
+                    row.runs.append(res)
                 continue
             r = run_worker(row.kind, {**common, **row.extra})
             if "error" in r:
                 row.error = r["error"]
                 continue
             row.runs.append(r["prompts"])
-            row.load_s.append(r["load_s"])
-        log(f"run {run + 1}/{args.runs} done in {time.perf_counter() - t_run:.0f} s "
+        log(f"{ttype}: run {run + 1}/{args.runs} done in {time.perf_counter() - t_run:.0f} s "
             f"(load average {os.getloadavg()[0]:.2f})")
 
-    if not zlab.error:
+    zlab = next((r for r in rows if r.kind == "zlab"), None)
+    if zlab is not None and not zlab.error:
         log("z-lab reference loop (AL only) ...")
-        r = run_worker("zlab", {**common, "hf_target": pair["hf_target"], "hf_draft": pair["hf_draft"]})
+        r = run_worker("zlab", {**common, **zlab.extra})
         if "error" in r:
             zlab.error = r["error"]
         else:
@@ -506,18 +514,104 @@ def run_bench(args, pair: dict) -> dict:
 
     # same output as our AR, per prompt
     ref = rows[0].runs[0] if rows[0].runs else None
-    ref_text = decode_tokens(pair["target"], [p["tokens"] for p in ref]) if ref else None
+    ref_text = decode_tokens(str(target), [p["tokens"] for p in ref]) if ref else None
     for row in rows:
         if not row.runs or ref is None:
-            row.same = None
             continue
-        if row.kind == "spec":
+        if row.kind in ("completion", "spec"):
             same = [r.get("text") is not None and (r["text"].startswith(t) or t.startswith(r["text"]))
                     for r, t in zip(row.runs[0], ref_text)]
         else:
             same = [r["tokens"][: len(p["tokens"])] == p["tokens"] for r, p in zip(row.runs[0], ref)]
         row.same = (sum(same), len(same))
-    return {"rows": rows, "block": block, "ids": ids, "prompts": prompts, "n_ctx": n_ctx}
+    return {"type": ttype, "target": str(target), "rows": rows, "block": block, "ids": ids, "n_ctx": n_ctx}
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+def figure(num: int, case: str, value, threshold: float, higher_is_better: bool, detail: str = "") -> dict:
+    if value is None:
+        ok = None
+    else:
+        ok = value >= threshold if higher_is_better else value <= threshold
+    return {"figure": num, "case": case, "value": value, "threshold": threshold,
+            "op": ">=" if higher_is_better else "<=", "pass": ok, "detail": detail}
+
+
+def e2e_figures(e2e: list[dict]) -> list[dict]:
+    """Figures 3 (chain vs llama.cpp DFlash) and 5 (auto vs the best fixed choice)."""
+    out = []
+    for res in e2e:
+        by = {r.key: r for r in res["rows"]}
+        pairs = sorted({r.pair for r in res["rows"] if r.pair}, key=list(PAIRS).index)
+        for pair in pairs:
+            case = f"{pair} pair, {res['type']} target"
+            chain = by.get(f"{pair}/ours-chain")
+            specs = [r for r in res["rows"] if r.pair == pair and r.kind == "spec" and r.tps()]
+            best = max(specs, key=lambda r: r.tps(), default=None)
+            c = chain.tps() if chain else None
+            out.append(figure(3, case, c / best.tps() if c and best else None, CHAIN_MIN, True,
+                              f"ours {c:.1f} vs {best.tps():.1f} tok/s ({best.label})" if c and best else
+                              "missing: " + "; ".join(r.error for r in (chain, *specs) if r and r.error)))
+            auto = by.get(f"{pair}/ours-tree-auto")
+            fixed = [r for r in res["rows"] if r.pair == pair and r.kind == "ours" and r.key != f"{pair}/ours-tree-auto"
+                     and r.tps()]
+            top = max(fixed, key=lambda r: r.tps(), default=None)
+            a = auto.tps() if auto else None
+            out.append(figure(5, case, a / top.tps() if a and top else None, AUTO_MIN, True,
+                              f"auto {a:.1f} vs {top.tps():.1f} tok/s ({top.label})" if a and top else "missing"))
+    return out
+
+
+def ar_figures(ar: dict) -> list[dict]:
+    """Figures 1 (decode) and 2 (verify of k, the worst k) per target, from bench_ar."""
+    out = []
+    for name, sm in ar["summaries"]:
+        out.append(figure(1, name, sm["decode"], DECODE_MIN, True, "ours / llama-bench -n"))
+        ks = [k for k, v in sm["verify"].items() if v]
+        if not ks:
+            out.append(figure(2, name, None, VERIFY_MIN, True, "missing"))
+            continue
+        worst = min(ks, key=lambda k: sm["verify"][k])
+        failing = [k for k in ks if sm["verify"][k] < VERIFY_MIN]
+        lm, gap = sm["lm_gap"].get(worst, (None, None))
+        lm_note = (f"; LM head over the other rows {1000 * lm:.2f} ms of the {1000 * gap:.2f} ms gap"
+                   if lm is not None and gap and gap > 0 else "")
+        out.append(figure(2, name, sm["verify"][worst], VERIFY_MIN, True,
+                          f"worst k={worst}; below 1 at k={','.join(map(str, failing)) or 'none'}{lm_note}"))
+    return out
+
+
+def tree_figures(trees: dict) -> list[dict]:
+    """Figure 4: tree verify of N nodes over chain verify of N tokens, the worst N and shape."""
+    out = []
+    for name, rows in trees.items():
+        if isinstance(rows, str):
+            out.append(figure(4, name, None, TREE_MAX, False, rows))
+            continue
+        chain = {r["n"]: r["wall_ms"] for r in rows if r["shape"] == "chain"}
+        ratios = [(r["wall_ms"] / chain[r["n"]], r["shape"], r["n"]) for r in rows
+                  if r["shape"] != "chain" and chain.get(r["n"])]
+        if not ratios:
+            out.append(figure(4, name, None, TREE_MAX, False, "missing"))
+            continue
+        worst = max(ratios)
+        over = sorted({n for v, _, n in ratios if v > TREE_MAX})
+        out.append(figure(4, name, worst[0], TREE_MAX, False,
+                          f"worst {worst[1]} N={worst[2]}; over at N={','.join(map(str, over)) or 'none'}"))
+    return out
+
+
+# ---- tree vs chain verify (scripts/verify_count.py) --------------------------------------------
+
+def run_tree_vs_chain(gguf: Path, args) -> list[dict] | str:
+    cmd = [sys.executable, str(ROOT / "scripts" / "verify_count.py"), str(gguf), "--n", args.tree_n,
+           "--shapes", "chain,ddtree,bushy", "--reps", str(args.tree_reps), "--threads", str(args.threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=tempfile.gettempdir())
+    if res.returncode != 0:
+        tail = [ln for ln in res.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
+        return f"verify_count.py failed (exit {res.returncode}): {tail[0][:300]}"
+    return [json.loads(ln[5:]) for ln in res.stdout.splitlines() if ln.startswith("@row ")]
 
 
 # ---- report ----------------------------------------------------------------------------
@@ -549,96 +643,161 @@ def cpu_name() -> str:
     return platform.processor() or "?"
 
 
-def report(args, pair, res, load_start, load_end, started: _dt.datetime, ar08: str | None) -> str:
-    import llama_cpp
+def figures_table(figs: list[dict]) -> list[str]:
+    names = {1: "plain decode, ours / llama-bench -n", 2: "verify k=1..32 with commit, llama-bench -p k / ours",
+             3: "chain, ours / llama.cpp DFlash", 4: "tree verify N nodes / chain verify N, N<=32",
+             5: "tree-budget auto / best of chain and fixed budgets"}
+    L = ["| # | figure | case | ratio | threshold | result | detail |", "|---:|---|---|---:|---:|---|---|"]
+    for f in figs:
+        res = {True: "pass", False: "**FAIL**", None: "not measured"}[f["pass"]]
+        L.append(f"| {f['figure']} | {names[f['figure']]} | {f['case']} | {fmt(f['value'], '.2fx')} | "
+                 f"{f['op']} {f['threshold']:.2f} | {res} | {f['detail']} |")
+    return L
 
+
+def e2e_table(res: dict) -> list[str]:
     rows = res["rows"]
-    by = {r.key: r for r in rows}
-    ar, lar = by["ours-ar"].tps(), by["llama-ar"].tps()
-    size = lambda p: Path(p).stat().st_size / 2**20
-    L = []
-    L.append(f"## dflash-gguf benchmark, {started:%Y-%m-%d %H:%M}" + (" (--quick)" if args.quick else ""))
-    L.append("")
-    L.append(f"Pair ({pair['name']}): target `{Path(pair['target']).name}` ({size(pair['target']):.1f} MiB), "
-             f"drafter `{Path(pair['draft']).name}` ({size(pair['draft']):.1f} MiB, block {res['block']}). "
-             f"{len(res['prompts'])} prompts ({', '.join(n for n, _ in res['prompts'])}; "
-             f"{min(map(len, res['ids']))}..{max(map(len, res['ids']))} tokens), {args.n_predict} greedy tokens each, "
-             f"{args.runs} run(s), {args.threads} threads; f16 KV cache, flash attention everywhere.")
-    L.append(f"Machine: {cpu_name()}, {os.cpu_count()} CPUs; load average {load_start[0]:.2f} at the start, "
-             f"{load_end[0]:.2f} at the end (1-minute). dflash-gguf {git_describe()}, llama-cpp-python "
-             f"{llama_cpp.__version__}.")
-    L.append("")
-    L.append("| decoder | AL (tokens / target pass) | decode tok/s | vs ours AR | vs llama.cpp AR | same output as ours AR |"
-             " notes |")
-    L.append("|---|---:|---:|---:|---:|---:|---|")
+    ar = next((r.tps() for r in rows if r.key == "ours-ar"), None)
+    lar = next((r.tps() for r in rows if r.key == "llama-ar"), None)
+    L = [f"| pair | decoder | AL | decode tok/s | vs ours AR | vs llama.cpp AR | same output | notes |",
+         "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
+        pair = r.pair or "–"
         if r.error and not r.runs:
-            L.append(f"| {r.label} | | | | | | {r.error} |")
+            L.append(f"| {pair} | {r.label} | | | | | | {r.error} |")
             continue
         tps, al = r.tps(), r.al()
-        notes = []
-        if r.error:
-            notes.append(f"incomplete: {r.error}")
-        if r.kind == "ours" and r.runs:
-            trees = [x for x in r.per_prompt("tree") if x is not None]
-            if trees:
-                notes.append(f"mean tree {statistics.mean(trees):.1f} nodes")
-            d, v = (median(r.per_prompt(k)) for k in ("draft_s", "verify_s"))
-            dec = median(r.per_prompt("decode_s"))
-            if d is not None and dec and (d + v) > 0:
-                # the commit runs inside the next verify graph: it is part of "verify"
-                notes.append(f"draft/verify/other {100 * d / dec:.0f}/{100 * v / dec:.0f}/"
-                             f"{100 * (dec - d - v) / dec:.0f}%")
-            tn, dn = median(r.per_prompt("target_nodes")), median(r.per_prompt("drafter_nodes"))
-            if tn is not None:
-                notes.append(f"graph nodes target {tn:.0f}" + (f", drafter {dn:.0f}" if dn is not None else ""))
-            c, rd, w = (median(r.per_prompt(k)) for k in ("computes_per_step", "reads_per_step", "writes_per_step"))
-            if c is not None:
-                notes.append(f"per step {c:.1f} graphs, {rd:.1f} reads, {w:.1f} input writes")
-            graphs = sum(x or 0 for x in r.per_prompt("graphs"))
-            if graphs:
-                builds = sum(x or 0 for x in r.per_prompt("builds"))
-                notes.append(f"target graphs built {100 * builds / graphs:.0f}% of {graphs}")
-        if r.kind == "spec" and r.runs:
-            tpr = median(r.per_prompt("tokens_per_round"))
-            restores = sum(x or 0 for x in r.per_prompt("restores"))
-            rounds = sum(x or 0 for x in r.per_prompt("rounds"))
+        L.append(f"| {pair} | {r.label} | {fmt(al)} | {fmt(tps, '.1f')} | {fmt(tps / ar if tps and ar else None, '.2fx')}"
+                 f" | {fmt(tps / lar if tps and lar else None, '.2fx')} | "
+                 f"{f'{r.same[0]}/{r.same[1]}' if r.same else '–'} | {'; '.join(row_notes(r))} |")
+    return L
+
+
+def row_notes(r: Row) -> list[str]:
+    notes = []
+    if r.error:
+        notes.append(f"incomplete: {r.error}")
+    if r.kind == "ours" and r.runs:
+        trees = [x for x in r.per_prompt("tree") if x is not None]
+        if trees:
+            notes.append(f"mean tree {statistics.mean(trees):.1f} nodes")
+        d, v, dec = (median(r.per_prompt(k)) for k in ("draft_s", "verify_s", "decode_s"))
+        if d is not None and dec and (d + v) > 0:
+            # the commit runs inside the next verify graph: it is part of "verify"
+            notes.append(f"draft/verify/other {100 * d / dec:.0f}/{100 * v / dec:.0f}/{100 * (dec - d - v) / dec:.0f}%")
+        graphs = sum(x or 0 for x in r.per_prompt("graphs"))
+        if graphs:
+            builds = sum(x or 0 for x in r.per_prompt("builds"))
+            notes.append(f"target graphs built {100 * builds / graphs:.0f}% of {graphs}")
+    if r.kind == "spec" and r.debug:
+        tpr = median([d.get("tokens_per_round") for d in r.debug])
+        restores = sum(d.get("restores", 0) for d in r.debug)
+        rounds = sum(d.get("rounds", 0) for d in r.debug)
+        if tpr is not None:
             notes.append(f"{tpr:.2f} tokens per drafted block; {restores} of {rounds} blocks needed a checkpoint "
-                         "restore + second target pass" if tpr is not None else "")
-        if r.kind == "zlab":
-            notes.append("transformers f32, target recomputed from history; AL should equal ours chain")
-        same = f"{r.same[0]}/{r.same[1]}" if getattr(r, "same", None) else "–"
-        L.append(f"| {r.label} | {fmt(al)} | {fmt(tps, '.1f')} | {fmt(tps / ar if tps and ar else None, '.2fx')} | "
-                 f"{fmt(tps / lar if tps and lar else None, '.2fx')} | {same} | {'; '.join(n for n in notes if n)} |")
-    L.append("")
-    L.append("AL and tok/s: median over runs per prompt, then median over prompts. AR rows have AL 1 by definition. "
-             "Decode time excludes the prefill (llama.cpp DFlash: its own 'decoded' timer, which also covers the "
-             "last prompt token, evaluated together with the first draft).")
-    # per-prompt detail
-    L.append("")
-    L.append("Per prompt, decode tok/s (AL):")
-    L.append("")
-    L.append("| decoder | " + " | ".join(n for n, _ in res["prompts"]) + " |")
-    L.append("|---|" + "---:|" * len(res["prompts"]))
-    for r in rows:
-        if not r.runs:
+                         "restore + second target pass")
+    if r.kind == "completion" and r.runs:
+        s, dec = median(r.per_prompt("sampling_s")), median(r.per_prompt("decode_s"))
+        if s is not None and dec:
+            notes.append(f"its sampling ({1000 * s:.1f} ms, {100 * s / dec:.0f}% of the decode time) left out")
+    if r.kind == "zlab":
+        notes.append("transformers f32 from the bf16 HF copies, target recomputed from history")
+    return notes
+
+
+def sync_table(e2e: list[dict]) -> list[str]:
+    """Graph nodes and host synchronisations per step, ours beside llama.cpp's."""
+    L = ["| target | pair | decoder | target graph nodes | drafter graph nodes | graphs / step | host reads / step | "
+         "host writes / step |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for res in e2e:
+        for r in res["rows"]:
+            if not r.runs or r.kind == "zlab" or (r.kind == "ours" and "tree-" in r.key and not r.key.endswith("auto")):
+                continue
+            src = r.debug if r.kind == "spec" else [p for run in r.runs for p in run]
+            tn, dn = median([p.get("target_nodes") for p in src]), median([p.get("drafter_nodes") for p in src])
+            c, rd, w = (median(r.per_prompt(k)) for k in ("computes_per_step", "reads_per_step", "writes_per_step"))
+            L.append(f"| {res['type']} | {r.pair or '–'} | {r.label} | {fmt(tn, '.0f')} | {fmt(dn, '.0f')} | "
+                     f"{fmt(c, '.1f')} | {fmt(rd, '.1f')} | {fmt(w, '.1f')} |")
+    return L
+
+
+def ar_table(summaries: list) -> list[str]:
+    ks = sorted({k for _, sm in summaries for k in sm["verify"]})
+    L = ["| target | decode | " + " | ".join(f"verify k={k}" for k in ks) + " | like for like k=8 | k=32 |",
+         "|---|---:|" + "---:|" * len(ks) + "---:|---:|"]
+    for name, sm in summaries:
+        L.append(f"| {name} | {fmt(sm['decode'], '.2fx')} | " + " | ".join(fmt(sm["verify"].get(k), ".2fx") for k in ks)
+                 + f" | {fmt(sm['like'].get(8), '.2fx')} | {fmt(sm['like'].get(32), '.2fx')} |")
+    return L
+
+
+def trees_table(trees: dict) -> list[str]:
+    L = ["| target | N | chain verify, ms | ddtree / chain | bushy / chain | graph nodes chain / ddtree / bushy |",
+         "|---|---:|---:|---:|---:|---|"]
+    for name, rows in trees.items():
+        if isinstance(rows, str):
+            L.append(f"| {name} | | | | | {rows} |")
             continue
-        tps, al = r.per_prompt("tps"), r.per_prompt("al")
-        cells = [(f"{t:.1f}" if t is not None else "–") + (f" ({a:.2f})" if a is not None else "")
-                 for t, a in zip(tps or [None] * len(al), al)]
-        L.append(f"| {r.label} | " + " | ".join(cells) + " |")
-    if ar08:
-        L.append("")
-        L.append("### AR decode and verify cost vs llama-bench on the Qwen3.5-0.8B shape (scripts/bench_ar.py)")
-        L.append("")
-        lines = ar08.strip().splitlines()
-        if lines and lines[0].startswith("## "):  # bench_ar's own title: replaced by the one above
-            lines = lines[1:]
-        L.append("\n".join(("#" + ln if ln.startswith("### ") else ln) for ln in lines).strip())
-    return "\n".join(L) + "\n"
+        for n in sorted({r["n"] for r in rows}):
+            at = {r["shape"]: r for r in rows if r["n"] == n}
+            ch = at.get("chain", {}).get("wall_ms")
+            rel = lambda s: fmt(at[s]["wall_ms"] / ch if s in at and ch else None, ".2fx")  # noqa: E731
+            nodes = " / ".join(str(at.get(s, {}).get("nodes", "–")) for s in ("chain", "ddtree", "bushy"))
+            L.append(f"| {name} | {n} | {fmt(ch)} | {rel('ddtree')} | {rel('bushy')} | {nodes} |")
+    return L
 
 
-def plot(res, path: Path) -> str:
+def report(args, started, load0, load1, e2e, ar, trees, figs) -> tuple[str, str]:
+    """(the full markdown report, the part that goes into the README)."""
+    L = [f"## dflash-gguf vs llama.cpp, {started:%Y-%m-%d %H:%M}" + (" (--quick)" if args.quick else ""), ""]
+    L.append(f"Machine: {cpu_name()}, {os.cpu_count()} CPUs; load average (1 min) **{load0:.2f} at the start, "
+             f"{load1:.2f} at the end**. {args.threads} threads everywhere. dflash-gguf {git_describe()}; "
+             f"llama.cpp tools built from the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist "
+             f"(build {ar['info'].get('build_commit', '?')}). {len(args.prompt_names)} prompts "
+             f"({', '.join(args.prompt_names)}), {args.n_predict} greedy tokens each, {args.runs} run(s) per row.")
+    L.append("")
+    L.append("### Figures (issue #13)")
+    L.append("")
+    L += figures_table(figs)
+    for res in e2e:
+        L += ["", f"### End-to-end decoding, {res['type']} target (`{Path(res['target']).name}`)", ""]
+        L += e2e_table(res)
+    L += ["", "AL and tok/s: median over runs per prompt, then over prompts. Decode time excludes the prefill "
+          "(llama-completion: its \"eval time\"; llama-speculative-simple: its \"decoded\" timer)."]
+    L += ["", "### Graph nodes and host synchronisations per step", ""]
+    L += sync_table(e2e)
+    L += ["", "Ours: the runtime's counters (n_last_nodes of the last target/drafter graph; graphs computed, "
+          "results read and inputs written per step, target and drafter together). llama.cpp: the graph nodes it "
+          "logs for each context (target, then drafter); its host transfers are not counted by the tool."]
+    L += ["", "### Plain decode and verify, speed ratios ours / llama-bench", ""]
+    L += ar_table(ar["summaries"])
+    L += ["", "Decode: tok/s over `llama-bench -d 64 -n N`. Verify k: ours verify of k tokens + argmax of every row + "
+          "the commit (all-row LM head, as speculative decoding needs) against `llama-bench -d 64 -p k` (one batch, "
+          "last-row logits only); like for like: our plain batch of k with last-row logits. llama-bench runs with "
+          "flash attention off and on, the faster counts."]
+    # inside README's "## Benchmarks": every heading one level down
+    readme = "\n".join("#" + ln if ln.startswith("##") else ln for ln in L) + "\n"
+    L += ["", "### Tree verify against chain verify (scripts/verify_count.py)", ""]
+    L += trees_table(trees)
+    L += ["", f"Median wall time of {args.tree_reps} verifies (+ argmax of every row, the previous step's commit "
+          "inside) after 2 untimed ones; ddtree / bushy = best-first trees of a confident / unsure drafter "
+          "with exactly N nodes (scripts/verify_count.py)."]
+    L += ["", ar["text"]]
+    return "\n".join(L) + "\n", readme
+
+
+def write_readme(block: str, started, args) -> None:
+    text = README.read_text()
+    i, j = text.find(README_BEGIN), text.find(README_END)
+    if i < 0 or j < i:
+        raise SystemExit(f"README.md has no {README_BEGIN} ... {README_END} block")
+    body = (f"{README_BEGIN}\n<!-- generated by scripts/bench.py{' --quick' if args.quick else ''} --write-readme "
+            f"on {started:%Y-%m-%d %H:%M}; do not edit by hand -->\n\n{block.strip()}\n\n")
+    README.write_text(text[:i] + body + text[j:])
+    log(f"updated {README}")
+
+
+def plot(e2e: list[dict], path: Path) -> str:
     try:
         import matplotlib
 
@@ -646,118 +805,186 @@ def plot(res, path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "no plot: matplotlib is not installed (`.venv/bin/pip install matplotlib`; not a runtime dependency)"
-    by = {r.key: r for r in res["rows"]}
-    budgets = [k[len("ours-tree-"):] for k in by if k.startswith("ours-tree-")]
-    xs = list(range(len(budgets)))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    refs = [("ours-chain", "ours chain", "C0", "--"), ("ours-ar", "ours AR", "C0", ":"),
-            ("llama-dflash", "llama.cpp DFlash", "C3", "--"), ("llama-ar", "llama.cpp AR", "C3", ":"),
-            ("zlab", "z-lab reference", "C2", "-.")]
-    for ax, what, ylabel in ((ax1, "tps", "decode tokens / s"), (ax2, "al", "AL (tokens / target pass)")):
-        ys = [(by[f"ours-tree-{b}"].tps() if what == "tps" else by[f"ours-tree-{b}"].al()) for b in budgets]
-        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="C1", label="ours tree")
-        for key, label, color, style in refs:
-            r = by.get(key)
-            if r is None or not r.runs or (what == "al" and key.endswith("-ar")):
-                continue
-            y = r.tps() if what == "tps" else r.al()
-            if y is not None:
-                ax.axhline(y, color=color, linestyle=style, label=label)
-        ax.set_xticks(xs)
-        ax.set_xticklabels(budgets)
-        ax.set_xlabel("tree budget (nodes)")
+    for res in e2e:
+        by = {r.key: r for r in res["rows"]}
+        for pair in sorted({r.pair for r in res["rows"] if r.pair}):
+            labels, tps, al = ["chain"], [by[f"{pair}/ours-chain"].tps()], [by[f"{pair}/ours-chain"].al()]
+            for r in res["rows"]:
+                if r.pair == pair and r.key.startswith(f"{pair}/ours-tree-"):
+                    labels.append(r.key.rsplit("-", 1)[1])
+                    tps.append(r.tps())
+                    al.append(r.al())
+            for ax, ys in ((ax1, tps), (ax2, al)):
+                pts = [(x, y) for x, y in enumerate(ys) if y is not None]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{pair}, {res['type']}")
+                ax.set_xticks(range(len(labels)))
+                ax.set_xticklabels(labels)
+    for ax, ylabel in ((ax1, "decode tokens / s"), (ax2, "AL (tokens / target pass)")):
+        ax.set_xlabel("ours: chain, then tree budget (nodes)")
         ax.set_ylabel(ylabel)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle("dflash-gguf: DDTree budget vs chain and peers (medians)")
+    fig.suptitle("dflash-gguf: chain and DDTree budgets per pair and target type (medians)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"plot: {path}"
 
 
-def run_ar_08b(args) -> str:
-    """scripts/bench_ar.py (AR ours vs llama-bench on the random-weight Qwen3.5-0.8B shape,
-    q4_k_m, plus the verify cost curve): its markdown tables."""
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_ar.py"), "--arch", "qwen35", "--no-save",
-           "-t", str(args.threads)]
-    if args.quick:  # llama-bench only if already built, as llama.cpp's decoder
-        cmd += ["--runs", "2", "--tokens", "24", "--reps", "3", "--no-build"]
-    log("running scripts/bench_ar.py (Qwen3.5-0.8B shape) ...")
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tempfile.gettempdir())
-    if res.returncode != 0:
-        return f"scripts/bench_ar.py failed (exit {res.returncode}): {res.stderr.strip()[-500:]}"
-    return res.stdout
+# ---- main ------------------------------------------------------------------------------
+
+def find_tools(build: bool, jobs: int) -> dict:
+    """name -> binary, or -> the reason it is missing (a string)."""
+    out = {}
+    for name in LLAMA_TOOLS:
+        exe = llama_binary(name)
+        if exe is None and build:
+            exe, note = build_llama(name, jobs)
+            out[name] = exe or f"{name} unavailable: {note}"
+        else:
+            out[name] = exe or f"{name} not built (run scripts/bench.py --build-llama-cpp)"
+    return out
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--model", help="target GGUF (qwen35); default: the bundled demo pair")
-    p.add_argument("-md", "--draft", help="DFlash drafter GGUF")
-    p.add_argument("--hf-target", help="HF checkpoint of the target (for the z-lab reference row)")
-    p.add_argument("--hf-draft", help="HF checkpoint of the drafter (for the z-lab reference row)")
-    p.add_argument("--tiny", action="store_true", help="use a tiny random pair (built and cached in .cache/bench)")
+    p.add_argument("--pairs", default=",".join(PAIRS), help=f"of {', '.join(PAIRS)} (default both)")
+    p.add_argument("--types", default=",".join(TYPES), help="target types (default f32,q8_0)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("-t", "--threads", type=int, default=2, help="CPU threads for every engine (default 2)")
-    p.add_argument("--runs", type=int, default=3, help="runs per row (default 3)")
+    p.add_argument("--runs", type=int, default=3, help="runs per end-to-end row (default 3)")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     p.add_argument("--budgets", default=",".join(BUDGETS), help="tree budgets (default 4,8,16,32,auto)")
-    p.add_argument("--no-llama-spec", action="store_true", help="skip llama.cpp's DFlash decoder")
-    p.add_argument("--build-llama-cpp", action="store_true", help="only build llama.cpp's decoder and exit")
-    p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for that build (default 2)")
-    p.add_argument("--ar-0.8b", dest="ar08", action="store_true",
-                   help="also run scripts/bench_ar.py (Qwen3.5-0.8B shape) and include its tables")
+    p.add_argument("--spec-p-min", default=",".join(SPEC_P_MIN),
+                   help="llama.cpp DFlash --spec-draft-p-min values, one row each (default 0,0.5)")
+    p.add_argument("--ar-runs", type=int, default=5, help="bench_ar rounds on the demo targets (default 5)")
+    p.add_argument("--ar-runs-08b", type=int, default=2, help="bench_ar rounds on the 0.8B shape (default 2)")
+    p.add_argument("--ks-08b", default="1,2,4,8,16,32", help="verify sizes on the 0.8B shape (default 1,2,4,8,16,32)")
+    p.add_argument("--no-08b", action="store_true", help="leave the Qwen3.5-0.8B shape out of figures 1 and 2")
+    p.add_argument("--tree-n", default="4,8,16,32", help="figure 4's node counts (default 4,8,16,32)")
+    p.add_argument("--tree-reps", type=int, default=7, help="timed verifies per shape and N (default 7)")
+    p.add_argument("--zlab", action="store_true", help="also run z-lab's reference loop for AL (demo pair)")
     p.add_argument("--quick", action="store_true",
-                   help="1 prompt, 1 run, 32 tokens; llama.cpp's decoder only if already built")
+                   help="plumbing check: 1 prompt, 1 run, 32 tokens, budgets 4,auto, the first --spec-p-min, "
+                        "short bench_ar and trees")
+    p.add_argument("--build-llama-cpp", action="store_true", help="only build llama.cpp's tools and exit")
+    p.add_argument("--no-build", action="store_true", help="never build llama.cpp's tools (rows without them say so)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for that build (default 2)")
+    p.add_argument("--write-readme", action="store_true", help="replace README.md's generated benchmark block")
     p.add_argument("--out", type=Path, default=RESULTS, help="results directory (default results/)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("worker_args", nargs="?", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker or args.build_llama_cpp:
+        return args
+    if args.quick:
+        args.prompts, args.runs, args.n_predict = 1, 1, min(args.n_predict, 32)
+        args.budgets, args.ar_runs, args.ar_runs_08b = "4,auto", 1, 1
+        args.ks_08b, args.tree_n, args.tree_reps = "1,8,32", "4,32", 2
+    args.pairs = [x.strip() for x in args.pairs.split(",") if x.strip()]
+    args.types = [x.strip() for x in args.types.split(",") if x.strip()]
+    args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    args.spec_p_min = [x.strip() for x in args.spec_p_min.split(",") if x.strip()][: 1 if args.quick else None]
+    for x in args.pairs:
+        if x not in PAIRS:
+            p.error(f"unknown pair {x!r} (of {', '.join(PAIRS)})")
+        if not PAIRS[x].exists():
+            p.error(f"{PAIRS[x]} is missing" + (" (scripts/train_weak_drafter.py makes it)" if x == "weak" else ""))
+    for x in args.types:
+        if x not in TYPES:
+            p.error(f"unknown target type {x!r} (of {', '.join(TYPES)})")
+    for b in args.budgets:
+        if b != "auto" and not (b.isdigit() and 1 <= int(b) <= 63):
+            p.error(f"bad tree budget {b!r} (1..63 or auto)")
+    for x in args.spec_p_min:
+        try:
+            if not 0 <= float(x) <= 1:
+                raise ValueError
+        except ValueError:
+            p.error(f"bad --spec-p-min value {x!r} (0..1)")
+    if not 1 <= args.prompts <= len(PROMPTS):
+        p.error(f"--prompts must be 1..{len(PROMPTS)}")
+    args.ks_08b = bench_ar.parse_ks(args.ks_08b, p.error)
+    args.prompt_names = [n for n, _ in PROMPTS[: args.prompts]]
+    return args
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     if args.worker:
         a = json.loads(Path(args.worker_args).read_text())
         print("@@" + json.dumps(WORKERS[args.worker](a)), flush=True)
         return 0
     if args.build_llama_cpp:
-        exe, note = build_llama_spec(args.jobs)
-        print(exe or note)
-        return 0 if exe else 1
-
-    if args.quick:
-        args.prompts, args.runs, args.n_predict = 1, 1, min(args.n_predict, 32)
-    args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
-    for b in args.budgets:
-        if b != "auto" and not (b.isdigit() and 1 <= int(b) <= 63):
-            p.error(f"bad tree budget {b!r} (1..63 or auto)")
-    if not 1 <= args.prompts <= len(PROMPTS):
-        p.error(f"--prompts must be 1..{len(PROMPTS)}")
+        tools = find_tools(True, args.jobs)
+        for name, exe in tools.items():
+            print(exe)
+        return 0 if all(isinstance(x, Path) for x in tools.values()) else 1
 
     started = _dt.datetime.now()
-    load_start = os.getloadavg()
-    log(f"load average {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} on {os.cpu_count()} CPUs")
-    if load_start[0] > 0.5:
-        log(f"WARNING: the machine is busy (1-minute load {load_start[0]:.2f} > 0.5): timings will be noisy")
-    pair = resolve_pair(args)
-    log(f"pair: {pair['target']} + {pair['draft']}")
-    res = run_bench(args, pair)
-    ar08 = run_ar_08b(args) if args.ar08 else None
-    load_end = os.getloadavg()
-    text = report(args, pair, res, load_start, load_end, started, ar08)
-    print(text)
+    t_start = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    log(f"load average {load0:.2f} on {os.cpu_count()} CPUs"
+        + (" -- the machine is busy: timings will be noise" if load0 > 0.5 else ""))
+    args.tools = find_tools(not (args.quick or args.no_build), args.jobs)
+    for name, exe in args.tools.items():
+        if not isinstance(exe, Path):
+            log(exe)
+    targets = demo_targets(args.types)
 
+    e2e = []
+    for ttype, target in targets.items():
+        log(f"end-to-end, {ttype} target: {len(args.pairs)} pair(s), {args.runs} run(s) ...")
+        e2e.append(run_e2e(args, ttype, target))
+
+    log("figures 1 and 2: plain decode and verify against llama-bench ...")
+    bench_exe = args.tools["llama-bench"] if isinstance(args.tools["llama-bench"], Path) else None
+    base = {"threads": args.threads, "tokens": 16 if args.quick else 64, "prompt": 64, "reps": 3 if args.quick else 5,
+            "fa": "0,1", "llama_bench_note": args.tools["llama-bench"] if bench_exe is None else "cached"}
+    sections, summaries, raw, info = [], [], {}, {}
+    for t, path in targets.items():
+        s1, sm1, raw1, info1 = bench_ar.bench_targets(
+            bench_exe, [(f"demo target {t}", f"demo target, {t}", path)],
+            {**base, "runs": args.ar_runs, "ks": list(bench_ar.VERIFY_KS), "outtype": t})
+        sections, summaries, raw, info = sections + s1, summaries + sm1, {**raw, **raw1}, info1 or info
+    log("figure 4: tree verify against chain verify ...")
+    trees = {f"demo target {t}": run_tree_vs_chain(p, args) for t, p in targets.items()}
+    if not args.no_08b:
+        g = shape_08b()
+        s2, sm2, raw2, info2 = bench_ar.bench_targets(
+            bench_exe, [("Qwen3.5-0.8B shape", "Qwen3.5-0.8B shape, random weights", g)],
+            {**base, "runs": args.ar_runs_08b, "reps": 3, "ks": args.ks_08b, "outtype": "q4_k_m"})
+        sections, summaries, raw, info = sections + s2, summaries + sm2, {**raw, **raw2}, info2 or info
+        if not args.quick:  # a tree verify on the 0.8B shape takes seconds on a loaded machine
+            log("figure 4 on the 0.8B shape ...")
+            trees["Qwen3.5-0.8B shape"] = run_tree_vs_chain(
+                g, argparse.Namespace(**{**vars(args), "tree_reps": min(args.tree_reps, 3)}))
+    ar = {"summaries": summaries, "info": info,
+          "text": "## Plain decode and verify against llama-bench (scripts/bench_ar.py)\n\n" + "\n".join(sections)}
+
+    figs = sorted(ar_figures(ar) + tree_figures(trees) + e2e_figures(e2e), key=lambda f: f["figure"])
+    load1 = os.getloadavg()[0]
+    full, readme = report(args, started, load0, load1, e2e, ar, trees, figs)
+    print(full)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"bench-{started:%Y-%m-%d-%H%M}" + ("-quick" if args.quick else "")
-    md = args.out / f"{stem}.md"
-    md.write_text(text)
-    (args.out / "latest.md").write_text(text)
-    log(f"wrote {md} and {args.out / 'latest.md'}")
-    log(plot(res, args.out / f"{stem}.png"))
-    if load_end[0] > 0.5 or load_start[0] > 0.5:
-        log(f"note: load average was {load_start[0]:.2f} at the start and {load_end[0]:.2f} at the end")
+    (args.out / f"{stem}.md").write_text(full)
+    (args.out / "latest.md").write_text(full)
+    dump = {"args": {k: (str(v) if not isinstance(v, (int, float, list, bool)) else v)
+                     for k, v in vars(args).items() if k != "tools"},
+            "load": [load0, load1], "figures": figs, "trees": trees, "bench_ar": raw,
+            "e2e": [{**{k: v for k, v in res.items() if k != "rows"}, "rows": [r.to_json() for r in res["rows"]]}
+                    for res in e2e]}
+    (args.out / f"{stem}.json").write_text(json.dumps(dump, indent=1, default=str))
+    log(f"wrote {args.out / (stem + '.md')}, .json and {args.out / 'latest.md'}")
+    log(plot(e2e, args.out / f"{stem}.png"))
+    if args.write_readme:
+        write_readme(readme, started, args)
+    log(f"done in {(time.perf_counter() - t_start) / 60:.1f} min; load average {load0:.2f} at the start, "
+        f"{load1:.2f} at the end")
     return 0
 
 

@@ -14,8 +14,9 @@ source tree never shadows the installed package.)
 The peer is llama.cpp measured at its best: `llama-bench`, built from the pinned
 llama-cpp-python sdist (the same ggml) into .cache/llama-cpp-build/ by
 scripts/llama_cpp_build.py (once; nice 10, -j2, ~10+ minutes on 2 cores), never a Python
-loop around its library. Both engines: f16 KV cache, flash attention, CPU weight
-repacking on, --threads threads, the same GGUF.
+loop around its library. Both engines: f16 KV cache, CPU weight repacking on (llama.cpp's
+default), --threads threads, the same GGUF. Ours always uses flash attention; llama-bench
+runs with flash attention off and on (--fa 0,1) and the faster setting counts, per test.
 
 Models: random weights with published shapes (work per token depends only on shapes),
 built with tests/fixtures.py and converted with our converter (--outtype, default
@@ -39,14 +40,15 @@ llama-bench invocation), so that load changes on a shared machine hit both alike
           each, the last prompt token through the one-token graph: not timed); theirs: `llama-bench -d PROMPT -n TOKENS -p 0 -r REPS`
           (restores the prefilled state before each rep, not timed, then times TOKENS
           single-token decodes). tok/s = TOKENS / the median rep time over all reps.
-  verify  at a context of --prompt tokens, for k in 1, 4, 8, 16, 32, grouped by k (one
+  verify  at a context of --prompt tokens, for k in --ks (default 1, 2, 3, 4, 6, 8, 12, 16,
+          24, 32: the sizes --tree-budget auto picks among), grouped by k (one
           graph per shape, reused as in decoding): ours `verify(k)` + argmax of all k rows
           + `commit(0)` (the LM head over all k rows, as speculative decoding needs), and
           for a like-for-like reading a plain batch of k tokens with last-row logits and
           with all-row logits (successive batches from that context while the attention
           span stays in its 256-row KV padding, the span both engines compute over; a
           fresh context and an untimed batch otherwise); theirs
-          `llama-bench -d PROMPT -p 1,4,8,16,32 -n 0 -r REPS` (one batch of k tokens per
+          `llama-bench -d PROMPT -p K1,K2,... -n 0 -r REPS` (one batch of k tokens per
           rep; llama-bench asks for logits of the LAST row only). Median over all reps.
 Ours never builds a graph inside a timed section (checked and reported). Ratios are
 speed ratios, ours over theirs (>1: ours faster). Rep times are sums, so on a loaded
@@ -79,7 +81,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "bench"
 RESULTS = ROOT / "results"
 LLAMA_BENCH = "llama-bench"
-VERIFY_KS = (1, 4, 8, 16, 32)
+# the verify sizes: every tree size `--tree-budget auto` picks among, plus one more node for
+# the root (a chain of block 8 verifies 8 tokens)
+VERIFY_KS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 # csrc/dfl_target.c: attention spans the used context rounded up to this (at most n_ctx);
 # llama.cpp pads both its n_ctx and its attention span to 256 as well
 KV_PAD = 256
@@ -224,8 +228,9 @@ def worker_ours(a: dict) -> dict:
     from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
 
     # as llama.cpp sizes its context (n_ctx padded to 256): the attention spans match
-    n_ctx = pad(a["prompt"] + max(a["tokens"], max(VERIFY_KS)))
-    cfg = TargetConfig(n_ctx=n_ctx, n_ubatch=512, n_verify=max(VERIFY_KS), n_threads=a["threads"], kv_type="f16",
+    ks = a["ks"]
+    n_ctx = pad(a["prompt"] + max(a["tokens"], max(ks)))
+    cfg = TargetConfig(n_ctx=n_ctx, n_ubatch=512, n_verify=max(ks), n_threads=a["threads"], kv_type="f16",
                        repack=True)
     t = Target(a["gguf"], cfg)
     info = t.info()
@@ -264,7 +269,7 @@ def worker_ours(a: dict) -> dict:
     # at a context of `prompt` tokens, grouped by k so that each shape's graph is built
     # once (untimed) and reused, as in decoding
     res = {}
-    for k in VERIFY_KS:
+    for k in ks:
         cands = list(range(10, 10 + k))
         r = {"verify": [], "batch_last": [], "batch_all": [], "graph_builds": 0}
         # verify(k) + argmax of the k rows + commit(0), which keeps nothing: every rep
@@ -318,11 +323,11 @@ def run_worker(args: dict, timeout: float = 3600) -> dict:
 # ---- theirs: llama-bench ----------------------------------------------------------------------
 
 def llama_bench_cmd(exe: Path, gguf: Path, a: dict, mode: str) -> list[str]:
-    common = ["-d", str(a["prompt"]), "-t", str(a["threads"]), "-fa", "1", "-ctk", "f16", "-ctv", "f16",
+    common = ["-d", str(a["prompt"]), "-t", str(a["threads"]), "-fa", a["fa"], "-ctk", "f16", "-ctv", "f16",
               "-r", str(a["reps"]), "-o", "json"]
     if mode == "decode":
         return [str(exe), "-m", str(gguf), "-p", "0", "-n", str(a["tokens"]), *common]
-    return [str(exe), "-m", str(gguf), "-p", ",".join(map(str, VERIFY_KS)), "-n", "0", *common]
+    return [str(exe), "-m", str(gguf), "-p", ",".join(map(str, a["ks"])), "-n", "0", *common]
 
 
 def run_llama_bench(cmd: list[str], timeout: float = 3600) -> dict:
@@ -351,9 +356,11 @@ def median(xs):
 def bench_arch(exe: Path | None, gguf: Path, a: dict) -> dict:
     """Rounds of [ours decode, llama-bench decode, ours verify, llama-bench verify], the
     engines' order flipped every round. Returns the samples and the commands."""
-    ours = {"decode": [], "k": {str(k): {"verify": [], "batch_last": [], "batch_all": []} for k in VERIFY_KS},
+    ks = a["ks"]
+    ours = {"decode": [], "k": {str(k): {"verify": [], "batch_last": [], "batch_all": []} for k in ks},
             "graph_builds": 0, "error": None}
-    theirs = {"decode": [], "k": {str(k): [] for k in VERIFY_KS}, "error": None, "info": {}}
+    # theirs: samples per flash-attention setting ("0"/"1"); the report takes the faster one
+    theirs = {"decode_fa": {}, "k_fa": {str(k): {} for k in ks}, "error": None, "info": {}}
     cmds = {m: llama_bench_cmd(exe, gguf, a, m) for m in ("decode", "verify")} if exe else {}
     if exe is None:
         theirs["error"] = a["llama_bench_note"]
@@ -383,17 +390,29 @@ def bench_arch(exe: Path | None, gguf: Path, a: dict) -> dict:
                         continue
                     for test in r["tests"]:
                         samples = [ns / 1e9 for ns in test["samples_ns"]]
-                        if test["n_gen"] > 0:
-                            theirs["decode"] += samples
-                        else:
-                            theirs["k"][str(test["n_prompt"])] += samples
+                        fa = "1" if test.get("flash_attn") in (True, 1, "1", "on", "enabled") else "0"
+                        where = theirs["decode_fa"] if test["n_gen"] > 0 else theirs["k_fa"][str(test["n_prompt"])]
+                        where.setdefault(fa, []).extend(samples)
                         theirs["info"] = {key: test.get(key) for key in
                                           ("build_commit", "build_number", "cpu_info", "backends", "n_threads",
                                            "model_type", "type_k", "type_v", "flash_attn", "n_ubatch", "n_batch",
                                            "repack")}
         load.append(os.getloadavg()[0])
         log(f"{Path(gguf).name}: round {i + 1}/{a['runs']} done (load average {load[-1]:.2f})")
+    theirs["decode"], theirs["decode_best_fa"] = best_fa(theirs["decode_fa"])
+    theirs["k"], theirs["k_best_fa"] = {}, {}
+    for k, by_fa in theirs["k_fa"].items():
+        theirs["k"][k], theirs["k_best_fa"][k] = best_fa(by_fa)
     return {"ours": ours, "theirs": theirs, "cmds": cmds, "load": load}
+
+
+def best_fa(by_fa: dict) -> tuple[list, str | None]:
+    """llama.cpp at its best: the samples of the flash-attention setting with the lower
+    median time, and that setting."""
+    if not by_fa:
+        return [], None
+    fa = min(by_fa, key=lambda f: median(by_fa[f]))
+    return by_fa[fa], fa
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -446,6 +465,8 @@ def report_arch(arch: str, label: str, gguf: Path, work: dict, res: dict, a: dic
     L.append("")
     L.append(f"Decode speed ratio dflash-gguf / llama-bench: **{fmt(r, '.2f')}x**" if r else
              "Decode speed ratio: –")
+    if theirs.get("decode_best_fa") is not None:
+        L.append(f" (llama-bench's faster flash-attention setting: -fa {theirs['decode_best_fa']})")
     L.append("")
 
     # verify
@@ -457,10 +478,10 @@ def report_arch(arch: str, label: str, gguf: Path, work: dict, res: dict, a: dic
     L.append("| k | ours verify (all-row logits) | ours batch, last-row logits | ours batch, all-row logits | "
              "llama-bench -p k (last-row logits) | verify speed ratio | like-for-like speed ratio | "
              "ours: LM head over the k-1 other rows | of the verify gap to llama-bench | "
-             "all-row LM head extra work (FLOPs) |")
-    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    summary = {"decode": r, "verify": {}, "like": {}}
-    for k in VERIFY_KS:
+             "all-row LM head extra work (FLOPs) | llama-bench -fa |")
+    L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    summary = {"decode": r, "verify": {}, "like": {}, "lm_gap": {}}
+    for k in a["ks"]:
         ok = ours["k"][str(k)]
         v, bl, ba = median(ok["verify"]), median(ok["batch_last"]), median(ok["batch_all"])
         tk = median(theirs["k"][str(k)])
@@ -476,7 +497,9 @@ def report_arch(arch: str, label: str, gguf: Path, work: dict, res: dict, a: dic
         ms = lambda x: fmt(1000 * x if x is not None else None, ".2f")  # noqa: E731
         summary["verify"][k], summary["like"][k] = ratio(v, tk), ratio(bl, tk)
         L.append(f"| {k} | {ms(v)} | {ms(bl)} | {ms(ba)} | {ms(tk)} | {fmt(ratio(v, tk), '.2f')}x | "
-                 f"{fmt(ratio(bl, tk), '.2f')}x | {ms(lm_extra)} | {of_gap} | +{100 * flops_extra:.0f}% |")
+                 f"{fmt(ratio(bl, tk), '.2f')}x | {ms(lm_extra)} | {of_gap} | +{100 * flops_extra:.0f}% | "
+                 f"{theirs.get('k_best_fa', {}).get(str(k)) or '–'} |")
+        summary["lm_gap"][k] = (lm_extra, gap)
     L.append("")
     L.append(f"LM head (`{work['lm_tensor']}`): {work['lm_macs'] / 1e6:.0f} M multiply-adds per row, "
              f"{100 * lm_share:.0f}% of a row's weight matmuls ({(work['lm_macs'] + work['body_macs']) / 1e6:.0f} M); "
@@ -516,7 +539,8 @@ def report(args, sections: list[str], summaries: list, exe: Path | None, info: d
              f"{LLAMA_CPP_PYTHON_VERSION} sdist (build {info.get('build_commit', '?')}, "
              f"{info.get('backends', '?')}), static, {exe if exe else 'not available'}.")
     L.append("")
-    L.append(f"Both: the same GGUF, f16 KV cache, flash attention, CPU weight repacking; context {args.prompt} "
+    L.append(f"Both: the same GGUF, f16 KV cache, CPU weight repacking; flash attention for ours, llama-bench run "
+             f"with -fa {args.fa} and the faster setting kept per test; context {args.prompt} "
              f"tokens prefilled before every timed section (not timed). Decode: {args.tokens} tokens per rep. "
              f"{args.runs} rounds alternating the engines (order flipped each round), {args.reps} reps per process; "
              "medians over all reps. Speed ratios are ours / llama-bench (>1: ours faster).")
@@ -535,16 +559,46 @@ def report(args, sections: list[str], summaries: list, exe: Path | None, info: d
     L.append("Summary: speed ratios ours / llama-bench (>1: ours faster); verify = ours verify(k) with all-row "
              "logits vs `-p k`; like for like = ours plain batch of k with last-row logits vs `-p k`.")
     L.append("")
-    L.append("| arch | decode | " + " | ".join(f"verify k={k}" for k in VERIFY_KS) + " | "
-             + " | ".join(f"like for like k={k}" for k in VERIFY_KS) + " |")
-    L.append("|---|" + "---:|" * (1 + 2 * len(VERIFY_KS)))
+    ks = args.ks
+    L.append("| arch | decode | " + " | ".join(f"verify k={k}" for k in ks) + " | "
+             + " | ".join(f"like for like k={k}" for k in ks) + " |")
+    L.append("|---|" + "---:|" * (1 + 2 * len(ks)))
     for arch, sm in summaries:
         x = lambda v: f"{v:.2f}x" if v else "–"  # noqa: E731
-        L.append(f"| {arch} | {x(sm['decode'])} | " + " | ".join(x(sm["verify"][k]) for k in VERIFY_KS) + " | "
-                 + " | ".join(x(sm["like"][k]) for k in VERIFY_KS) + " |")
+        L.append(f"| {arch} | {x(sm['decode'])} | " + " | ".join(x(sm["verify"][k]) for k in ks) + " | "
+                 + " | ".join(x(sm["like"][k]) for k in ks) + " |")
     L.append("")
     L.extend(sections)
     return "\n".join(L) + "\n"
+
+
+def parse_ks(text: str, error) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        error(f"bad verify sizes {text!r} (comma-separated integers)")
+    if not ks or ks[0] < 1 or ks[-1] > 64:
+        error(f"verify sizes must be 1..64, got {text!r}")
+    return ks
+
+
+def bench_targets(exe: Path | None, targets: list, a: dict) -> tuple[list, list, dict, dict]:
+    """bench_arch and report_arch over (name, label, gguf) targets with the options `a`:
+    (report sections, (name, summary) pairs, raw results by name, llama-bench's build info)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    sections, summaries, raw, info = [], [], {}, {}
+    for name, label, gguf in targets:
+        work = matmul_work(gguf)
+        if name == "given":
+            name = work["arch"]
+        log(f"{name}: {gguf.name}, {a['runs']} rounds ...")
+        res = bench_arch(exe, gguf, {**a, "gguf": str(gguf)})
+        info = res["theirs"]["info"] or info
+        text, summary = report_arch(name, label, gguf, work, res, a)
+        sections.append(text)
+        summaries.append((name, summary))
+        raw[name] = {"gguf": str(gguf), "work": work, **res}
+    return sections, summaries, raw, info
 
 
 def main(argv=None) -> int:
@@ -558,6 +612,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="timed reps per process (llama-bench -r; default 5)")
     p.add_argument("--tokens", type=int, default=64, help="decode tokens per rep (llama-bench -n; default 64)")
     p.add_argument("--prompt", type=int, default=64, help="context before the timed part (llama-bench -d; default 64)")
+    p.add_argument("--ks", default=",".join(map(str, VERIFY_KS)),
+                   help=f"verify sizes k (default {','.join(map(str, VERIFY_KS))})")
+    p.add_argument("--fa", default="0,1", help="llama-bench -fa settings; the faster one counts (default 0,1)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, 2 rounds, 3 reps, 16 tokens: a sanity run")
     p.add_argument("--keep-hf", action="store_true", help="keep the generated HF checkpoints in .cache/bench")
     p.add_argument("--llama-bench", type=Path, help="use this llama-bench binary instead of building one")
@@ -572,6 +629,7 @@ def main(argv=None) -> int:
         print("@@" + json.dumps(worker_ours(json.loads(args.worker))), flush=True)
         return 0
 
+    args.ks = parse_ks(args.ks, p.error)
     if args.quick:
         args.runs, args.reps, args.tokens, args.prompt = min(args.runs, 2), min(args.reps, 3), \
             min(args.tokens, 16), min(args.prompt, 32)
@@ -598,21 +656,9 @@ def main(argv=None) -> int:
             label = "tiny shape (hidden 256, 4 layers, vocab 2048)" if args.quick else ARCHS[arch][2] + ", random weights"
             targets.append((arch, label, build_gguf(arch, args.quick, args.outtype, args.keep_hf)))
 
-    CACHE.mkdir(parents=True, exist_ok=True)
     a = {"threads": args.threads, "tokens": args.tokens, "prompt": args.prompt, "reps": args.reps, "runs": args.runs,
-         "outtype": args.outtype if not args.gguf else "given", "llama_bench_note": note}
-    sections, summaries, raw, info = [], [], {}, {}
-    for arch, label, gguf in targets:
-        work = matmul_work(gguf)
-        if arch == "given":
-            arch = work["arch"]
-        log(f"{arch}: {gguf.name}, {args.runs} rounds ...")
-        res = bench_arch(exe, gguf, {**a, "gguf": str(gguf)})
-        info = res["theirs"]["info"] or info
-        text, summary = report_arch(arch, label, gguf, work, res, a)
-        sections.append(text)
-        summaries.append((arch, summary))
-        raw[arch] = {"gguf": str(gguf), "work": work, **res}
+         "ks": args.ks, "fa": args.fa, "outtype": args.outtype if not args.gguf else "given", "llama_bench_note": note}
+    sections, summaries, raw, info = bench_targets(exe, targets, a)
     text = report(args, sections, summaries, exe, info, started, load0, os.getloadavg()[0])
     print(text)
     if not args.no_save:
