@@ -207,8 +207,10 @@ def test_every_node_of_every_graph_runs_on_the_device(demo_pairs, device):
 
 @pytest.mark.device
 def test_a_0_8b_shape_model_loads_and_runs_on_the_device(tmp_path, device):
-    """Qwen3.5-0.8B's shapes (weights all zero): its LM head alone (248320 x 1024) is
-    larger than one Vulkan storage buffer on lavapipe (128 MiB)."""
+    """Qwen3.5-0.8B's shapes (weights all zero): its LM head, tied to the token embedding
+    as in the published model (248320 x 1024, 258 MiB in q8_0), is larger than one Vulkan
+    storage buffer on lavapipe (128 MiB): the device multiplies it in row slices and the
+    token lookup gathers from a host copy."""
     path = write_shape_gguf(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
     res = run_isolated("shape_model_steps", device.rpc, str(path), device.name, timeout=1800)
     assert res["info"]["device"] == device.name and res["finite"]
