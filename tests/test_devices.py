@@ -42,8 +42,9 @@ class Device:
         """How far f32 logits (f32 weights and caches) may be from the CPU's. The RPC
         stand-in runs the CPU's kernels: only the split between devices can differ, ~1e-5.
         ggml's Vulkan flash attention holds Q and K in f16 on devices with f16 arithmetic
-        (lavapipe has it), whatever the cache type: ~1e-3 on the demo pair's logits."""
-        return 2e-4 if self.rpc else 5e-3
+        (lavapipe has it), whatever the cache type: on lavapipe ~2e-3 on the demo pair's
+        logits, 1.3e-2 on the random tiny pair's (measured)."""
+        return 2e-4 if self.rpc else 3e-2
 
 
 def _rpc_server():
@@ -184,7 +185,8 @@ def test_demo_pair_quantized_is_lossless_on_the_device(demo_pairs, device):
     for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
         assert dev["plain"] == dev["chain"] == dev["tree"], f"prompt {k}: speculation on the device is not lossless"
         err = np.abs(np.asarray(dev["logits"]) - np.asarray(cpu["logits"])).max()
-        assert err < 0.05, f"prompt {k}: q8_0 logits differ from the CPU's by {err}"
+        # lavapipe: 0.098 at most (measured), with f16 Q and K in its flash attention too
+        assert err < 0.15, f"prompt {k}: q8_0 logits differ from the CPU's by {err}"
         if dev["plain"] != cpu["plain"]:
             i = next(j for j, (a, b) in enumerate(zip(dev["plain"], cpu["plain"])) if a != b)
             gap = run_isolated("top2_gap_after", device.rpc, target, "CPU", DEMO_PROMPTS[k] + cpu["plain"][:i])
