@@ -14,11 +14,10 @@ from .quant import OUTTYPES, plan_types
 QWEN35_27B = dict(arch="qwen35", vocab=248320, hidden=5120, layers=64, ffn=17408, heads=24, kv_heads=4,
                   head_dim=256, lin_k_heads=16, lin_v_heads=48, lin_dim=128, conv=4, interval=4,
                   rope_theta=1e7, rot=64, sections=[11, 11, 10, 0], ctx=262144)
-# Qwen/Qwen3.5-0.8B text_config (the published model ties the LM head to the embedding;
-# written untied here, like the larger shapes)
+# Qwen/Qwen3.5-0.8B text_config: the LM head is the token embedding (no output.weight)
 QWEN35_0_8B = dict(arch="qwen35", vocab=248320, hidden=1024, layers=24, ffn=3584, heads=8, kv_heads=2,
                    head_dim=256, lin_k_heads=16, lin_v_heads=16, lin_dim=128, conv=4, interval=4,
-                   rope_theta=1e7, rot=64, sections=[11, 11, 10, 0], ctx=262144)
+                   rope_theta=1e7, rot=64, sections=[11, 11, 10, 0], ctx=262144, tied=True)
 # Qwen/Qwen3.5-35B-A3B text_config: 256 experts, 8 routed + a shared expert
 QWEN35_35B_A3B = dict(arch="qwen35moe", vocab=248320, hidden=2048, layers=40, heads=16, kv_heads=2, head_dim=256,
                       lin_k_heads=16, lin_v_heads=32, lin_dim=128, conv=4, interval=4, rope_theta=1e7, rot=64,
@@ -61,7 +60,8 @@ def target_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
         else:
             F = c["ffn"]
             out += [(b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F))]
-    return out + [("output_norm.weight", (E,)), ("output.weight", (V, E))]
+    out.append(("output_norm.weight", (E,)))
+    return out if c.get("tied") else out + [("output.weight", (V, E))]
 
 
 def draft_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:

@@ -48,6 +48,22 @@ static bool profile_node(struct ggml_tensor * t, bool ask, void * user_data) {
     return true;
 }
 
+/* Mesa's lavapipe (Vulkan on the CPU, Mesa 22.3) corrupts the host heap now and then
+ * when ggml's Vulkan backend records several of our nodes into one submission: the
+ * process dies in the driver's queue thread (SIGSEGV) or in malloc ("unsorted double
+ * linked list corrupted") one graph later. Seen with a chain verify after plain decoding,
+ * f32 and f16 caches alike; serialized submissions (GGML_VK_SERIALIZE_SUBMISSIONS) do
+ * not prevent it, submissions of up to 8 nodes and one node at a time do. On that
+ * driver, whose device is the host's own CPU, graphs run one node per submission (the
+ * scheduler stops after every node), which costs little there. */
+static bool one_node_at_a_time(struct ggml_tensor * t, bool ask, void * user_data) {
+    return true;
+}
+
+static bool is_lavapipe(ggml_backend_dev_t dev) {
+    return strstr(ggml_backend_dev_description(dev), "llvmpipe") != NULL;
+}
+
 static int by_time(const void * a, const void * b) {
     const double x = *(const double *) a, y = *(const double *) b;
     return x < y ? 1 : x > y ? -1 : 0;
@@ -165,6 +181,11 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
             for (int i = 0; i < rt->n_slots; i++) {
                 ggml_backend_sched_set_eval_callback(rt->slots[i].sched, profile_node, rt->profile);
             }
+        }
+    }
+    if (!rt->profile && is_lavapipe(rt->dev)) {
+        for (int i = 0; i < rt->n_slots; i++) {
+            ggml_backend_sched_set_eval_callback(rt->slots[i].sched, one_node_at_a_time, NULL);
         }
     }
     return DFL_OK;

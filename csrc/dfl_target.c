@@ -113,6 +113,29 @@ ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t) {
     return dev_of;
 }
 
+/* A token embedding tied to the LM head lives with the LM head. When the device takes it
+ * only in row slices (dfl_gguf_mul_mat), the lookup cannot gather from it whole: it gets
+ * a copy in host memory, where an untied embedding would have stayed anyway. */
+static dfl_status copy_lookup_to_host(dfl_target * t) {
+    const struct ggml_tensor * w = t->m.tok_embd;
+    struct ggml_init_params ip = { ggml_tensor_overhead(), NULL, true };
+    t->ctx_lookup = ggml_init(ip);
+    if (!t->ctx_lookup) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    struct ggml_tensor * copy = ggml_new_tensor_2d(t->ctx_lookup, w->type, w->ne[0], w->ne[1]);
+    ggml_set_name(copy, ggml_get_name(w));
+    t->buf_lookup = ggml_backend_alloc_ctx_tensors_from_buft(t->ctx_lookup, ggml_backend_dev_buffer_type(t->rt.dev_cpu));
+    if (!t->buf_lookup) {
+        return dfl_fail(DFL_ERR_BACKEND, "cannot allocate a host copy of the token embedding of '%s' (%zu bytes)",
+                        t->m.file.path, ggml_nbytes(w));
+    }
+    ggml_backend_buffer_set_usage(t->buf_lookup, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_tensor_copy(t->m.tok_embd, copy);
+    t->tok_lookup = copy;
+    return DFL_OK;
+}
+
 static dfl_status place_weights(dfl_target * t) {
     ggml_backend_dev_t * dev_of = dfl_target_weight_devices(t);
     if (!dev_of) {
@@ -120,12 +143,9 @@ static dfl_status place_weights(dfl_target * t) {
     }
     dfl_status st = dfl_gguf_load_weights(&t->m.file, dev_of, !t->p.no_repack);
     free(dev_of);
-    /* a sliced matrix is multiplied slice by slice; the embedding lookup takes it whole */
     for (int i = 0; st == DFL_OK && i < t->m.file.n_sliced; i++) {
         if (t->m.file.sliced[i].whole == t->m.tok_embd) {
-            st = dfl_fail(DFL_ERR_BACKEND, "the token embedding of '%s', tied to the LM head, is larger than %s takes in "
-                          "one operation; keep the LM head on the CPU (-ngl %d or less)", t->m.file.path,
-                          ggml_backend_dev_name(t->rt.dev), t->m.n_layer);
+            st = copy_lookup_to_host(t);
         }
     }
     return st;
@@ -206,6 +226,7 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
         free(t);
         return st;
     }
+    t->tok_lookup = t->m.tok_embd;
     st = check_params(&t->m, &t->p);
     for (int il = 0; il < t->m.n_layer; il++) {
         if (t->m.kind[il] == DFL_LAYER_ATTENTION && t->m.attn[il].window > 0) {
@@ -255,6 +276,8 @@ DFL_API void dfl_target_free(dfl_target * t) {
         if (t->buf_state[k]) ggml_backend_buffer_free(t->buf_state[k]);
         if (t->ctx_state[k]) ggml_free(t->ctx_state[k]);
     }
+    if (t->buf_lookup) ggml_backend_buffer_free(t->buf_lookup);
+    if (t->ctx_lookup) ggml_free(t->ctx_lookup);
     dfl_runtime_free(&t->rt);
     dfl_model_close(&t->m);
     free(t->host_i32);
@@ -643,7 +666,7 @@ int dfl_target_n_threads(const dfl_target * t) { return t->rt.n_threads; }
 bool dfl_target_repack(const dfl_target * t) { return !t->p.no_repack; }
 ggml_backend_dev_t dfl_target_device(const dfl_target * t) { return t->rt.dev; }
 bool dfl_target_on_cpu(const dfl_target * t) { return t->rt.dev == t->rt.dev_cpu; }
-struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t) { return t->m.tok_embd; }
+struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t) { return t->tok_lookup; }
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t) { return t->m.output; }
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->features; }
 int dfl_target_feature_rows(const dfl_target * t) { return t->n_rows; }

@@ -21,7 +21,8 @@ bool dfl_target_repack(const dfl_target * t);
 /* The device the target runs on, and whether that is the CPU. */
 ggml_backend_dev_t dfl_target_device(const dfl_target * t);
 bool dfl_target_on_cpu(const dfl_target * t);
-/* Token embedding and LM head (the same tensor when tied), shared with a drafter. */
+/* The token embedding lookups gather from (a host copy when a tied LM head is sliced on
+ * its device) and the LM head, shared with a drafter. */
 struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t);
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t);
 /* Feature layers captured (llama.cpp convention), their count returned. */

@@ -456,7 +456,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
 
     graph_build b = { t, in, n_kv, n_kv_swa, verify && !tree, tree };
     dfl_graph g = { ctx, gf, n, in->pos, &b };
-    struct ggml_tensor * x = ggml_get_rows(ctx, m->tok_embd, tokens);
+    struct ggml_tensor * x = ggml_get_rows(ctx, t->tok_lookup, tokens);
     if (m->embd_scale != 1.0f) {
         x = ggml_scale(ctx, x, m->embd_scale);
     }

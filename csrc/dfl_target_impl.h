@@ -85,6 +85,11 @@ struct dfl_target {
 
     struct ggml_context * ctx_state[2];   /* [0] on the device, [1] on the CPU (layers not offloaded) */
     ggml_backend_buffer_t buf_state[2];
+    /* what the token lookup gathers from: the token embedding, or a host copy of it when
+     * it is also an LM head too large for its device to take whole (see place_weights) */
+    struct ggml_tensor * tok_lookup;
+    struct ggml_context * ctx_lookup;
+    ggml_backend_buffer_t buf_lookup;
     /* attention layers */
     struct ggml_tensor * k_cache[DFL_MAX_LAYERS];     /* [kv_dim, n_ctx] */
     struct ggml_tensor * v_cache[DFL_MAX_LAYERS];

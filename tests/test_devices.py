@@ -37,6 +37,15 @@ class Device:
     def cli(self) -> list:
         return ["--rpc", self.rpc] if self.rpc else []
 
+    @property
+    def logit_tol(self) -> float:
+        """How far f32 logits (f32 weights and caches) may be from the CPU's. The RPC
+        stand-in runs the CPU's kernels: only the split between devices can differ, ~1e-5.
+        ggml's Vulkan flash attention holds Q and K in f16 on devices with f16 arithmetic
+        (lavapipe has it), whatever the cache type: on lavapipe ~2e-3 on the demo pair's
+        logits, 1.3e-2 on the random tiny pair's (measured)."""
+        return 2e-4 if self.rpc else 3e-2
+
 
 def _rpc_server():
     """A ggml RPC server serving the CPU backend on a free loopback port: yields host:port."""
@@ -76,16 +85,12 @@ def device(request):
         yield Device("RPC0", endpoint)
 
 
-# Vulkan's f32 matrix products sum in another order than the CPU's (and lavapipe's
-# exp/tanh differ in the last bits): logits of the tiny f32 pair agree to ~1e-5.
-LOGIT_TOL = 2e-4
-
-
 @pytest.mark.device
 def test_partial_offload_matches_the_cpu(pair, device):
     placements = [{"device": "CPU", "n_gpu_layers": -1}] + [
         {"device": device.name, "n_gpu_layers": n} for n in (0, 1, 2, 4, 5, -1)]
-    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements)
+    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements,
+                       timeout=3600)
     assert any(d["name"] == device.name and d["type"] in ("gpu", "igpu") for d in res["devices"]), res["devices"]
     cpu, *offloaded = res["runs"]
     assert cpu["info"]["n_gpu_layers"] == 0
@@ -94,7 +99,7 @@ def test_partial_offload_matches_the_cpu(pair, device):
         assert r["info"]["device"] == device.name
         for stage, (a, b) in enumerate(zip(r["logits"], cpu["logits"])):
             err = np.abs(np.asarray(a) - np.asarray(b)).max()
-            assert err < LOGIT_TOL, f"ngl {place['n_gpu_layers']}, stage {stage}: logits differ by {err}"
+            assert err < device.logit_tol, f"ngl {place['n_gpu_layers']}, stage {stage}: logits differ by {err}"
         assert r["chain"] == cpu["chain"] and r["tree"] == cpu["tree"], place
 
 
@@ -104,11 +109,12 @@ def test_weights_split_into_buffers_the_device_allows(pair, device, monkeypatch)
     buffers. DFLASH_WEIGHT_BUFFER_MIB lowers the cap to show it on any device."""
     placements = [{"device": "CPU", "n_gpu_layers": -1}, {"device": device.name, "n_gpu_layers": -1}]
     monkeypatch.setenv("DFLASH_WEIGHT_BUFFER_MIB", "1")
-    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements)
+    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements,
+                       timeout=1800)
     cpu, dev = res["runs"]
     assert dev["info"]["n_weight_buffers"] >= 3, dev["info"]
     for a, b in zip(dev["logits"], cpu["logits"]):
-        assert np.abs(np.asarray(a) - np.asarray(b)).max() < LOGIT_TOL
+        assert np.abs(np.asarray(a) - np.asarray(b)).max() < device.logit_tol
     assert dev["chain"] == cpu["chain"] and dev["tree"] == cpu["tree"]
 
 
@@ -179,7 +185,8 @@ def test_demo_pair_quantized_is_lossless_on_the_device(demo_pairs, device):
     for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
         assert dev["plain"] == dev["chain"] == dev["tree"], f"prompt {k}: speculation on the device is not lossless"
         err = np.abs(np.asarray(dev["logits"]) - np.asarray(cpu["logits"])).max()
-        assert err < 0.05, f"prompt {k}: q8_0 logits differ from the CPU's by {err}"
+        # lavapipe: 0.098 at most (measured), with f16 Q and K in its flash attention too
+        assert err < 0.15, f"prompt {k}: q8_0 logits differ from the CPU's by {err}"
         if dev["plain"] != cpu["plain"]:
             i = next(j for j, (a, b) in enumerate(zip(dev["plain"], cpu["plain"])) if a != b)
             gap = run_isolated("top2_gap_after", device.rpc, target, "CPU", DEMO_PROMPTS[k] + cpu["plain"][:i])
@@ -207,8 +214,10 @@ def test_every_node_of_every_graph_runs_on_the_device(demo_pairs, device):
 
 @pytest.mark.device
 def test_a_0_8b_shape_model_loads_and_runs_on_the_device(tmp_path, device):
-    """Qwen3.5-0.8B's shapes (weights all zero): its LM head alone (248320 x 1024) is
-    larger than one Vulkan storage buffer on lavapipe (128 MiB)."""
+    """Qwen3.5-0.8B's shapes (weights all zero): its LM head, tied to the token embedding
+    as in the published model (248320 x 1024, 258 MiB in q8_0), is larger than one Vulkan
+    storage buffer on lavapipe (128 MiB): the device multiplies it in row slices and the
+    token lookup gathers from a host copy."""
     path = write_shape_gguf(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
     res = run_isolated("shape_model_steps", device.rpc, str(path), device.name, timeout=1800)
     assert res["info"]["device"] == device.name and res["finite"]
