@@ -259,10 +259,11 @@ def run_peer(a: argparse.Namespace, target: str) -> dict:
     if exe is None:
         raise SystemExit(f"llama-bench: {note}")
     wait()
-    tg = run_llama_bench(exe, target, ["-n", str(a.tokens), "-p", "0"], a.threads)
+    load = ["-lm", a.peer_load_mode]
+    tg = run_llama_bench(exe, target, ["-n", str(a.tokens), "-p", "0", *load], a.threads)
     wait()
     # no warm-up run: llama-bench's would be a whole second prefill (ours is timed on its first)
-    pp = run_llama_bench(exe, target, ["-p", str(a.prompt), "-n", "0", "--no-warmup"], a.threads)
+    pp = run_llama_bench(exe, target, ["-p", str(a.prompt), "-n", "0", "--no-warmup", *load], a.threads)
     return {"name": "llama-bench", "cmd": [tg["cmd"], pp["cmd"]], "max_rss": max(tg["max_rss"], pp["max_rss"]),
             "tg_tps": next(x["avg_ts"] for x in tg["results"] if x["n_gen"]),
             "pp_tps": next(x["avg_ts"] for x in pp["results"] if x["n_prompt"]),
@@ -338,6 +339,9 @@ def main() -> int:
                         "through llama-cpp-python, or not at all")
     p.add_argument("--peer-prompt", type=int, help="llama-cpp-python peer: prefill this many tokens (default: "
                    "--prompt; 0: no prefill, when time is short)")
+    p.add_argument("--peer-load-mode", default="none", choices=["none", "mmap", "auto"],
+                   help="llama-bench -lm (default none: weights read into memory; with a mapping, a model that "
+                        "nearly fills RAM has mapped weights evicted and read again every token)")
     p.add_argument("--resume", type=Path, help="a saved run (JSON) whose ours part is kept: run the peer only")
     a = p.parse_args()
     if not (a.make or a.target or a.resume):
