@@ -108,6 +108,19 @@ def _validate(args, parser) -> None:
     validate_engine_args(args, parser)
 
 
+def demo_models(prog: str, draft):
+    """The bundled demo pair when no -m is given (draft: an -md given anyway), or None
+    after saying why it is missing."""
+    from .demo import demo_paths
+
+    try:
+        model, demo_draft = demo_paths()
+    except FileNotFoundError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return None
+    return model, draft or demo_draft
+
+
 def validate_engine_args(args, parser) -> None:
     """Check and normalise add_engine_args' flags (parser.error on a bad value); sets
     args.sampling."""
@@ -273,14 +286,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     prompt = (args.prompt or "") if (args.interactive and args.file is None) or args.print_memory \
         else _read_prompt(args, parser)
     if model is None:
-        from .demo import DEMO_PROMPT, demo_paths
+        from .demo import DEMO_PROMPT
 
-        try:
-            model, draft_default = demo_paths()
-        except FileNotFoundError as e:
-            print(f"dflash-run: error: {e}", file=sys.stderr)
+        paths = demo_models("dflash-run", draft)
+        if paths is None:
             return 1
-        draft = draft or draft_default
+        model, draft = paths
         prompt = prompt or DEMO_PROMPT
         print(f"dflash-run: no -m given, running the bundled demo ({model})", file=sys.stderr)
     if not prompt and not args.interactive and not args.print_memory:

@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from ._native import DflashError
     from .checkpoints import PrefixCheckpoints, device_room
-    from .cli import engine_options, setup_devices, validate_engine_args
+    from .cli import demo_models, engine_options, setup_devices, validate_engine_args
     from .memory import MemoryPlanError
 
     parser = build_parser()
@@ -547,14 +547,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     model, draft = args.model, args.model_draft
     if model is None:
-        from .demo import demo_paths
-
-        try:
-            model, demo_draft = demo_paths()
-        except FileNotFoundError as e:
-            print(f"dflash-server: error: {e}", file=sys.stderr)
+        paths = demo_models("dflash-server", draft)
+        if paths is None:
             return 1
-        draft = draft or demo_draft
+        model, draft = paths
     try:
         engine = Engine(model, None if args.no_spec else draft, memory_limit_mib=args.memory_limit,
                         **engine_options(args))

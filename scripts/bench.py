@@ -197,20 +197,31 @@ def common_flags(a: dict) -> list[str]:
             "-ctv", "f16", "--temp", "0", "--seed", "0", "--ignore-eos", "-n", str(a["n"])]
 
 
+def run_parsed(cmd: list, parse, attempts: int):
+    """run_tool(cmd) until parse(log) has its timings ("tps"): llama.cpp logs from a worker
+    thread, which sometimes loses the last lines at exit. Returns (error, parsed, stdout, log)."""
+    for _ in range(attempts):
+        err, out, log_text = run_tool(cmd)
+        if err:
+            return err, {}, out, log_text
+        r = parse(log_text)
+        if "tps" in r:
+            break
+    return None, r, out, log_text
+
+
 def run_completion(exe: Path, a: dict, text: str, attempts: int = 3) -> dict:
     """One llama-completion run on one prompt, retried when its timings are missing
     (llama.cpp logs from a worker thread, which sometimes loses the last lines at exit)."""
     # -lv 4 logs the graph reservations (nodes); nothing more is logged while decoding
     cmd = [str(exe), "-m", a["target"], "-p", text, "-no-cnv", "--no-display-prompt", "-lv", "4", *common_flags(a)]
-    for _ in range(attempts):
-        err, out, log_text = run_tool(cmd)
-        if err:
-            return {"error": err}
-        r = parse_completion(log_text)
-        if "tps" in r:
-            r["text"] = out.rstrip("\n")
-            return r
-    return {"error": f"no 'eval time' line in llama-completion's output: {log_text[-300:]}"}
+    err, r, out, log_text = run_parsed(cmd, parse_completion, attempts)
+    if err:
+        return {"error": err}
+    if "tps" not in r:
+        return {"error": f"no 'eval time' line in llama-completion's output: {log_text[-300:]}"}
+    r["text"] = out.rstrip("\n")
+    return r
 
 
 def run_spec(exe: Path, a: dict, text: str, debug: bool, attempts: int = 3) -> dict:
@@ -222,14 +233,10 @@ def run_spec(exe: Path, a: dict, text: str, debug: bool, attempts: int = 3) -> d
            "-p", text, "-td", str(a["threads"]), "-tbd", str(a["threads"]), *common_flags(a)]
     if debug:
         cmd += ["-lv", "5"]
-    for _ in range(attempts):
-        err, out, log_text = run_tool(cmd)
-        if err:
-            return {"error": err}
-        r = parse_spec(log_text)
-        if "tps" in r:
-            break
-    else:
+    err, r, out, log_text = run_parsed(cmd, parse_spec, attempts)
+    if err:
+        return {"error": err}
+    if "tps" not in r:
         return {"error": f"no 'decoded N tokens' line in the output: {log_text[-300:]}"}
     # stdout: "\n\n" + prompt pieces + generated pieces + "\n\n"
     i = out.find(text)

@@ -62,55 +62,54 @@ def run_ours(args) -> None:
     def info_delta(before, after):
         return {k: (after[k] - before[k]) / args.steps for k in ("n_host_writes", "n_host_reads", "n_graphs")}
 
-    if "decode" in args.phases:
-        fresh()
-        tok = int(t.argmax(0, 1)[0])
+    def timed(name, step, who=t):
+        """args.warmup untimed steps, then args.steps counted ones (the dumps bracket them);
+        step(rep) runs one, who's counters are read."""
         for rep in range(args.warmup + args.steps):
             if rep == args.warmup:
-                i0 = t.info()
+                i0 = who.info()
                 dump("pre")
-            t.decode([tok], LOGITS_LAST)
-            tok = (int(t.argmax(0, 1)[0]) + 1) % 900  # a varied input
-        dump("decode")
-        rows["decode"] = {"nodes": t.info()["n_last_nodes"], **info_delta(i0, t.info())}
+            step(rep)
+        dump(name)
+        rows[name] = {"nodes": who.info()["n_last_nodes"], **info_delta(i0, who.info())}
+
+    if "decode" in args.phases:
+        fresh()
+        last = [int(t.argmax(0, 1)[0])]
+
+        def decode_one(_rep):
+            t.decode(last, LOGITS_LAST)
+            last[0] = (int(t.argmax(0, 1)[0]) + 1) % 900  # a varied input
+
+        timed("decode", decode_one)
     for k in ks:
         fresh()
         tokens = [10 + (7 * i) % 900 for i in range(k)]
-        for rep in range(args.warmup + args.steps):
-            if rep == args.warmup:
-                i0 = t.info()
-                dump("pre")
+
+        def verify_k(_rep, tokens=tokens, k=k):
             t.verify(tokens)
             t.argmax(0, k)
             t.commit(min(2, k))  # every verify carries a commit of the same size
-        dump(f"verify{k}")
-        rows[f"verify{k}"] = {"nodes": t.info()["n_last_nodes"], **info_delta(i0, t.info())}
+
+        timed(f"verify{k}", verify_k)
     if "batch" in args.phases:
         # like llama-bench -p k: k tokens appended, logits of the last row only
         for k in ks:
             fresh()
             tokens = [10 + (7 * i) % 900 for i in range(k)]
-            for rep in range(args.warmup + args.steps):
-                if rep == args.warmup:
-                    i0 = t.info()
-                    dump("pre")
-                t.decode(tokens, LOGITS_LAST)
-            dump(f"batch{k}")
-            rows[f"batch{k}"] = {"nodes": t.info()["n_last_nodes"], **info_delta(i0, t.info())}
+            timed(f"batch{k}", lambda _rep, tokens=tokens: t.decode(tokens, LOGITS_LAST))
     if d is not None and "propose" in args.phases:
         fresh()
         B = args.block or d.block_size
-        for rep in range(args.warmup + args.steps):
-            if rep == args.warmup:
-                i0 = d.info()
-                dump("pre")
+
+        def propose(rep):
             d.propose(5 + rep % 50, B, read=False)
             d.block(B)
             # the target's verify is not counted: its features are the prefill's last rows
             d.append_rows(2, defer=True)
-        dump("propose")
+
+        timed("propose", propose, who=d)
         d.drop_pending()
-        rows["propose"] = {"nodes": d.info()["n_last_nodes"], **info_delta(i0, d.info())}
     print("@rows " + json.dumps({"steps": args.steps, "rows": rows}), flush=True)
 
 
