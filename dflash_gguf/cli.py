@@ -271,6 +271,22 @@ def engine_options(args) -> dict:
                 draft_window=args.draft_window)
 
 
+def open_engine(prog: str, model: str, draft, args):
+    """The Engine for the parsed options, or the exit code after saying why not: 2 when
+    the memory plan refuses it (the user can change limits or options), 1 otherwise."""
+    from .engine import Engine
+    from .memory import MemoryPlanError
+
+    try:
+        return Engine(model, draft, memory_limit_mib=args.memory_limit, **engine_options(args))
+    except MemoryPlanError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except (DflashError, ValueError, OSError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -278,7 +294,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.exit_code
     _validate(args, parser)
 
-    from .engine import Engine
     from .generate import GenerationStats
 
     model, draft = args.model, args.model_draft
@@ -308,19 +323,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             parser.error(f"--block-size {args.block_size} exceeds the drafter's trained block size {trained}")
 
     draft = None if args.no_spec else draft
-    options = engine_options(args)
     if args.print_memory:
-        return _print_memory(model, draft, options, args)
-    from .memory import MemoryPlanError
-
-    try:
-        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, **options)
-    except MemoryPlanError as e:
-        print(f"dflash-run: error: {e}", file=sys.stderr)
-        return 2
-    except (DflashError, ValueError, OSError) as e:
-        print(f"dflash-run: error: {e}", file=sys.stderr)
-        return 1
+        return _print_memory(model, draft, engine_options(args), args)
+    engine = open_engine("dflash-run", model, draft, args)
+    if isinstance(engine, int):
+        return engine
 
     mode = "autoregressive" if engine.draft is None else (
         f"tree (budget {args.tree_budget})" if engine.tree_budget else "chain")

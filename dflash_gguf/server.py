@@ -517,10 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from ._native import DflashError
     from .checkpoints import PrefixCheckpoints, device_room
-    from .cli import demo_models, engine_options, setup_devices, validate_engine_args
-    from .memory import MemoryPlanError
+    from .cli import demo_models, open_engine, setup_devices, validate_engine_args
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -551,15 +549,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if paths is None:
             return 1
         model, draft = paths
-    try:
-        engine = Engine(model, None if args.no_spec else draft, memory_limit_mib=args.memory_limit,
-                        **engine_options(args))
-    except MemoryPlanError as e:
-        print(f"dflash-server: error: {e}", file=sys.stderr)
-        return 2
-    except (DflashError, ValueError, OSError) as e:
-        print(f"dflash-server: error: {e}", file=sys.stderr)
-        return 1
+    engine = open_engine("dflash-server", model, None if args.no_spec else draft, args)
+    if isinstance(engine, int):
+        return engine
     if args.checkpoint_mib:
         budget = args.checkpoint_mib << 20
         device_mib = args.checkpoint_device_mib
