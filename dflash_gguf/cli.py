@@ -234,27 +234,34 @@ def setup_devices(args, prog: str = "dflash-run") -> bool:
     return True
 
 
-def _print_memory(model: str, draft: Optional[str], options: dict, args) -> int:
+def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=None) -> int:
     """--print-memory: the plan of this configuration, nothing loaded; exit 2 when it
-    does not fit (the device's free memory, or --memory-limit)."""
+    does not fit (the device's free memory, or --memory-limit). `checkpoints(plan)`, when
+    given, is (total, device) bytes of the server's prefix checkpoints under that plan:
+    they are not part of the plan, since their store evicts to stay within its budget."""
     from .memory import MIB, settle, what_fits
 
     try:
-        setup, plan, over = settle(model, draft, options, args.memory_limit)
+        setup, plan, over = settle(model, draft, engine_options(args), args.memory_limit)
         limit = args.memory_limit * MIB if args.memory_limit else None
         ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan, limit) if over else []
     except (DflashError, ValueError, OSError) as e:
-        print(f"dflash-run: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
+    total, device = checkpoints(plan) if checkpoints else (0, 0)
     if args.json:
         print(json.dumps({**plan.to_json(), "fits": not over, "over": over, "would_fit": ideas,
                           "kv_type": setup.target_config.kv_type,
-                          "draft_window": setup.draft_config.window if setup.draft_config else None}))
+                          "draft_window": setup.draft_config.window if setup.draft_config else None,
+                          **({"checkpoints": {"total": total, "device": device}} if checkpoints else {})}))
     else:
         window = setup.draft_config.window if setup.draft_config else None
         print(f"KV cache {setup.target_config.kv_type}, context {setup.target_config.n_ctx}"
               + (f", drafter window {window or 'all'}" if setup.draft_config else ""))
         print(plan.format())
+        if checkpoints:
+            print(f"prefix checkpoints: up to {total / MIB:.0f} MiB besides the plan, up to {device / MIB:.0f} MiB "
+                  "of it in device memory, the rest in host memory")
         for line in over:
             print(f"does not fit: {line}")
         for idea in ideas:
@@ -324,7 +331,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     draft = None if args.no_spec else draft
     if args.print_memory:
-        return _print_memory(model, draft, engine_options(args), args)
+        return print_memory("dflash-run", model, draft, args)
     engine = open_engine("dflash-run", model, draft, args)
     if isinstance(engine, int):
         return engine

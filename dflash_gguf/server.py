@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .engine import Engine
 from .sampling import SamplingParams
@@ -485,6 +485,16 @@ def _mib_or_auto(value: str) -> Optional[int]:
     return int(value)
 
 
+def checkpoint_budget(args, plan) -> Tuple[int, int]:
+    """(total, device) bytes for prefix checkpoints: --checkpoint-mib, and of it
+    --checkpoint-device-mib, or with auto what the memory plan leaves on the devices."""
+    from .checkpoints import device_room
+
+    total = args.checkpoint_mib << 20
+    device = device_room(plan) if args.checkpoint_device_mib is None else args.checkpoint_device_mib << 20
+    return total, min(device, total)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .cli import add_engine_args
 
@@ -511,14 +521,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alias", help="model name reported by /v1/models and in responses (default: the file name)")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="on Ctrl-C / SIGTERM, seconds to let running and queued requests finish (default 60)")
+    p.add_argument("--print-memory", action="store_true",
+                   help="print the memory plan of this configuration per device and the prefix checkpoints' "
+                        "share (nothing is loaded) and exit; with --json as JSON on stdout")
+    p.add_argument("--json", action="store_true", help="--print-memory as JSON")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning; info logs every request)")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .checkpoints import PrefixCheckpoints, device_room
-    from .cli import demo_models, open_engine, setup_devices, validate_engine_args
+    from .checkpoints import PrefixCheckpoints
+    from .cli import demo_models, open_engine, print_memory, setup_devices, validate_engine_args
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -549,14 +563,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if paths is None:
             return 1
         model, draft = paths
+    if args.print_memory:
+        return print_memory("dflash-server", model, None if args.no_spec else draft, args,
+                            lambda plan: checkpoint_budget(args, plan))
     engine = open_engine("dflash-server", model, None if args.no_spec else draft, args)
     if isinstance(engine, int):
         return engine
     if args.checkpoint_mib:
-        budget = args.checkpoint_mib << 20
-        device_mib = args.checkpoint_device_mib
-        device_budget = device_room(engine.memory_plan) if device_mib is None else device_mib << 20
-        engine.checkpoints = PrefixCheckpoints(budget, args.checkpoint_every, min(device_budget, budget))
+        total, device = checkpoint_budget(args, engine.memory_plan)
+        engine.checkpoints = PrefixCheckpoints(total, args.checkpoint_every, device)
     scheduler = Scheduler(engine, args.queue)
     model_id = args.alias or os.path.basename(model)
     server = Server(scheduler, model_id, Defaults(args.sampling, args.n_predict))

@@ -369,6 +369,25 @@ def test_bad_checkpoint_flags_exit_2(tmp_path):
         assert res.returncode == 2 and "checkpoint" in res.stderr, res.stderr
 
 
+def test_print_memory_reports_the_checkpoint_budget(tmp_path):
+    """--print-memory loads nothing and says how much of the checkpoint budget may be
+    device memory: what is asked, capped by the total; auto on a CPU-only machine is none."""
+    def plan(*flags):
+        res = subprocess.run([sys.executable, "-m", "dflash_gguf.server", "--print-memory", *flags],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    got = json.loads(plan("--json", "--checkpoint-mib", "64", "--checkpoint-device-mib", "16"))
+    assert got["fits"] and got["checkpoints"] == {"total": 64 << 20, "device": 16 << 20}
+    assert got["devices"][0]["need"] > 0
+    got = json.loads(plan("--json", "--checkpoint-mib", "8", "--checkpoint-device-mib", "16"))
+    assert got["checkpoints"] == {"total": 8 << 20, "device": 8 << 20}
+    got = json.loads(plan("--json", "--checkpoint-mib", "32"))
+    assert got["checkpoints"] == {"total": 32 << 20, "device": 0}
+    assert "prefix checkpoints: up to 1024 MiB besides the plan, up to 0 MiB" in plan()
+
+
 def test_a_full_queue_gets_503_and_sigterm_drains(tmp_path):
     """--queue 0: while one request runs, the next is refused with 503 and Retry-After.
     SIGTERM lets the running request finish, then the server exits with status 0."""
