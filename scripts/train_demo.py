@@ -736,6 +736,9 @@ def verify_runtime(target_gguf: Path, draft_gguf: Path, n_tokens: int, threads: 
 
 # ---- README -------------------------------------------------------------------------
 
+WEAK_SECTION = "## Weak drafter"
+
+
 def write_readme(out_dir: Path, info: dict) -> None:
     t, d, a = info["target"], info["drafter"], info["args"]
     B = a["block_size"]
@@ -839,7 +842,10 @@ def write_readme(out_dir: Path, info: dict) -> None:
         "the acceptance-parity test runs the reference `dflash_generate` loop on them.",
         "",
     ]
-    (out_dir / "README.md").write_text("\n".join(lines), encoding="utf-8")
+    readme = out_dir / "README.md"
+    old = readme.read_text(encoding="utf-8") if readme.exists() else ""
+    kept = old[old.index(WEAK_SECTION):] if WEAK_SECTION in old else ""  # scripts/train_weak_drafter.py's
+    readme.write_text("\n".join(lines) + ("\n" + kept if kept else ""), encoding="utf-8")
 
 
 # ---- main ---------------------------------------------------------------------------
