@@ -451,9 +451,13 @@ static dfl_status place_mapped(dfl_gguf * g, ggml_backend_dev_t dev, ggml_backen
  * any device) over the same memory, which graphs use instead (dfl_gguf_mul_mat). */
 #define SLICE_ROWS 256
 
+bool dfl_gguf_needs_slices(ggml_backend_dev_t dev, const struct ggml_tensor * w) {
+    return dev && !ggml_backend_dev_supports_op(dev, w);
+}
+
 static dfl_status slice_for_device(dfl_gguf * g, struct ggml_tensor * t) {
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
-    if (!dev || ggml_backend_dev_supports_op(dev, t)) {
+    if (!dfl_gguf_needs_slices(dev, t)) {
         return DFL_OK;
     }
     if (ggml_n_dims(t) == 2 && g->n_sliced < DFL_MAX_SLICED) {

@@ -114,6 +114,11 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
         const int k = dev_of[i] == devs[0] ? 0 : 1;
         plan->devices[k].target_weights += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);
+        if (k == 0 && n_dev == 2 && w == t->m.tok_embd && dfl_gguf_needs_slices(devs[0], w)) {
+            /* a tied embedding the device takes only in row slices: the token lookup
+             * gathers from a host copy of it (made at load) */
+            plan->devices[1].target_weights += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[1]), w);
+        }
         dfl_plan_place(w, dummies[k]);
     }
     free(dev_of);
