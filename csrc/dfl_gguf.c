@@ -451,13 +451,9 @@ static dfl_status place_mapped(dfl_gguf * g, ggml_backend_dev_t dev, ggml_backen
  * any device) over the same memory, which graphs use instead (dfl_gguf_mul_mat). */
 #define SLICE_ROWS 256
 
-bool dfl_gguf_needs_slices(ggml_backend_dev_t dev, const struct ggml_tensor * w) {
-    return dev && !ggml_backend_dev_supports_op(dev, w);
-}
-
 static dfl_status slice_for_device(dfl_gguf * g, struct ggml_tensor * t) {
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
-    if (!dfl_gguf_needs_slices(dev, t)) {
+    if (!dev || ggml_backend_dev_supports_op(dev, t)) {
         return DFL_OK;
     }
     if (ggml_n_dims(t) == 2 && g->n_sliced < DFL_MAX_SLICED) {
@@ -484,8 +480,10 @@ static dfl_status slice_for_device(dfl_gguf * g, struct ggml_tensor * t) {
                 const int64_t rows = n_rows - r0 < per ? n_rows - r0 : per;
                 struct ggml_tensor * part = ggml_new_tensor_2d(g->ctx_slices, t->type, t->ne[0], rows);
                 ggml_format_name(part, "%.50s#%d", t->name, sl->n);
-                if (ggml_backend_tensor_alloc(t->buffer, part, (char *) t->data + (size_t) r0 * t->nb[1]) !=
-                    GGML_STATUS_SUCCESS) {
+                if (!t->data) {
+                    part->buffer = t->buffer; /* a memory plan's placeholder: measured, never computed */
+                } else if (ggml_backend_tensor_alloc(t->buffer, part, (char *) t->data + (size_t) r0 * t->nb[1]) !=
+                           GGML_STATUS_SUCCESS) {
                     return dfl_fail(DFL_ERR_BACKEND, "cannot slice tensor '%s' of '%s'", t->name, g->path);
                 }
                 sl->part[sl->n++] = part;
@@ -495,6 +493,16 @@ static dfl_status slice_for_device(dfl_gguf * g, struct ggml_tensor * t) {
     }
     return dfl_fail(DFL_ERR_BACKEND, "tensor '%s' of '%s' (%zu bytes) is larger than device %s takes in one operation; "
                     "keep its layer on the CPU (-ngl)", t->name, g->path, ggml_nbytes(t), ggml_backend_dev_name(dev));
+}
+
+dfl_status dfl_gguf_slice_weights(dfl_gguf * g) {
+    dfl_status st = DFL_OK;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta) && st == DFL_OK; i++) {
+        if (g->used[i]) {
+            st = slice_for_device(g, ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i)));
+        }
+    }
+    return st;
 }
 
 struct ggml_tensor * dfl_gguf_mul_mat(const dfl_gguf * g, struct ggml_context * ctx, struct ggml_tensor * w,
@@ -564,10 +572,8 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of
         st = place_in_buft(g, (ggml_backend_buffer_type_t) bufts[k], marks, base);
     }
     free(marks);
-    for (int64_t i = 0; i < n_tensors && st == DFL_OK; i++) {
-        if (g->used[i]) {
-            st = slice_for_device(g, ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i)));
-        }
+    if (st == DFL_OK) {
+        st = dfl_gguf_slice_weights(g);
     }
     if (st == DFL_OK && n_mapped == 0) {
         /* every device holds its own copy now */
