@@ -480,8 +480,10 @@ static dfl_status slice_for_device(dfl_gguf * g, struct ggml_tensor * t) {
                 const int64_t rows = n_rows - r0 < per ? n_rows - r0 : per;
                 struct ggml_tensor * part = ggml_new_tensor_2d(g->ctx_slices, t->type, t->ne[0], rows);
                 ggml_format_name(part, "%.50s#%d", t->name, sl->n);
-                if (ggml_backend_tensor_alloc(t->buffer, part, (char *) t->data + (size_t) r0 * t->nb[1]) !=
-                    GGML_STATUS_SUCCESS) {
+                if (!t->data) {
+                    part->buffer = t->buffer; /* a memory plan's placeholder: measured, never computed */
+                } else if (ggml_backend_tensor_alloc(t->buffer, part, (char *) t->data + (size_t) r0 * t->nb[1]) !=
+                           GGML_STATUS_SUCCESS) {
                     return dfl_fail(DFL_ERR_BACKEND, "cannot slice tensor '%s' of '%s'", t->name, g->path);
                 }
                 sl->part[sl->n++] = part;
@@ -491,6 +493,16 @@ static dfl_status slice_for_device(dfl_gguf * g, struct ggml_tensor * t) {
     }
     return dfl_fail(DFL_ERR_BACKEND, "tensor '%s' of '%s' (%zu bytes) is larger than device %s takes in one operation; "
                     "keep its layer on the CPU (-ngl)", t->name, g->path, ggml_nbytes(t), ggml_backend_dev_name(dev));
+}
+
+dfl_status dfl_gguf_slice_weights(dfl_gguf * g) {
+    dfl_status st = DFL_OK;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta) && st == DFL_OK; i++) {
+        if (g->used[i]) {
+            st = slice_for_device(g, ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i)));
+        }
+    }
+    return st;
 }
 
 struct ggml_tensor * dfl_gguf_mul_mat(const dfl_gguf * g, struct ggml_context * ctx, struct ggml_tensor * w,
@@ -560,10 +572,8 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of
         st = place_in_buft(g, (ggml_backend_buffer_type_t) bufts[k], marks, base);
     }
     free(marks);
-    for (int64_t i = 0; i < n_tensors && st == DFL_OK; i++) {
-        if (g->used[i]) {
-            st = slice_for_device(g, ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i)));
-        }
+    if (st == DFL_OK) {
+        st = dfl_gguf_slice_weights(g);
     }
     if (st == DFL_OK && n_mapped == 0) {
         /* every device holds its own copy now */

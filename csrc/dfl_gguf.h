@@ -62,6 +62,9 @@ dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, co
  * mapping. With `repack`, matrices go to the device's faster repacked layouts where it
  * has them. */
 dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of, bool repack);
+/* Row slices of every placed weight its device takes only in slices (done by
+ * dfl_gguf_load_weights; a memory plan calls it over placeholder buffers). */
+dfl_status dfl_gguf_slice_weights(dfl_gguf * g);
 /* w x for a weight w of g: one product, or one per row slice of w concatenated when w
  * was too large for its device to take whole. */
 struct ggml_tensor * dfl_gguf_mul_mat(const dfl_gguf * g, struct ggml_context * ctx, struct ggml_tensor * w,

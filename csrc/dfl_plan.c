@@ -84,6 +84,20 @@ static dfl_status target_compute(dfl_target * t, size_t out[2]) {
     return DFL_OK;
 }
 
+/* As at load: a tied embedding its device takes only in row slices is gathered from a
+ * copy in host memory. */
+static dfl_status plan_host_lookup(dfl_target * t, ggml_backend_buffer_t host) {
+    struct ggml_init_params ip = { ggml_tensor_overhead(), NULL, true };
+    t->ctx_lookup = ggml_init(ip);
+    if (!t->ctx_lookup) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    t->tok_lookup = ggml_dup_tensor(t->ctx_lookup, t->m.tok_embd);
+    ggml_set_name(t->tok_lookup, ggml_get_name(t->m.tok_embd));
+    dfl_plan_place(t->tok_lookup, host);
+    return DFL_OK;
+}
+
 static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_draft_params * draft_params,
                             ggml_backend_buffer_t dummies[2], dfl_plan * plan) {
     const ggml_backend_dev_t devs[2] = { t->rt.dev, t->rt.dev_cpu };
@@ -117,6 +131,14 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         dfl_plan_place(w, dummies[k]);
     }
     free(dev_of);
+    TRY(dfl_gguf_slice_weights(&t->m.file));
+    for (int i = 0; i < g->n_sliced; i++) {
+        if (g->sliced[i].whole == t->m.tok_embd) {
+            TRY(plan_host_lookup(t, dummies[1]));
+            plan->devices[1].target_weights +=
+                ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[1]), t->tok_lookup);
+        }
+    }
 
     TRY(dfl_target_define_state(t));
     for (int k = 0; k < n_dev; k++) {

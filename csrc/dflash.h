@@ -285,7 +285,8 @@ typedef struct dfl_plan_device {
     char name[64];
     uint64_t free;            /* memory the device reports free, and its total */
     uint64_t total;
-    uint64_t target_weights;  /* target weights placed on this device */
+    uint64_t target_weights;  /* target weights placed on this device; on the CPU also the host copy
+                                 of a tied embedding the device takes only in row slices */
     uint64_t draft_weights;   /* drafter weights (it shares the target's embedding and LM head) */
     uint64_t kv_cache;        /* attention K and V for n_ctx tokens */
     uint64_t recurrent_state; /* recurrent and conv states */

@@ -222,11 +222,14 @@ def _devices(endpoint):
     return list_devices()
 
 
-def offload_trace(endpoint, target_path: str, draft_path: str, placements: list) -> dict:
-    """For each placement {"device", "n_gpu_layers"}: the target's logits over a prefill,
-    a chain verify and commit, a tree verify and path commit, and a decode after it,
-    plus greedy chain and tree generations with the drafter on the same device."""
+def offload_trace(endpoint, target_path: str, draft_path: str, placements: list, n_new: int = 48) -> dict:
+    """For each placement {"device", "n_gpu_layers"[, "weight_buffer_mib"]}: the target's
+    logits over a prefill, a chain verify and commit, a tree verify and path commit, and a
+    decode after it, plus greedy plain, chain and tree generations of n_new tokens with the
+    drafter on the same device. weight_buffer_mib caps the weight buffers of that load
+    (DFLASH_WEIGHT_BUFFER_MIB)."""
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.generate import greedy_generate
     from dflash_gguf.speculative import speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
@@ -235,6 +238,9 @@ def offload_trace(endpoint, target_path: str, draft_path: str, placements: list)
     prompt = [(7 * i + 3) % 200 for i in range(37)]
     out = {"devices": devices, "runs": []}
     for place in placements:
+        os.environ.pop("DFLASH_WEIGHT_BUFFER_MIB", None)
+        if "weight_buffer_mib" in place:
+            os.environ["DFLASH_WEIGHT_BUFFER_MIB"] = str(place["weight_buffer_mib"])
         cfg = TargetConfig(n_ctx=256, n_ubatch=16, n_verify=16, kv_type="f32", feature_layers=layers,
                            device=place["device"], n_gpu_layers=place["n_gpu_layers"])
         with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(kv_type="f32", top_k=4)) as d:
@@ -250,11 +256,13 @@ def offload_trace(endpoint, target_path: str, draft_path: str, placements: list)
             t.decode([37], LOGITS_ALL)
             run["logits"].append(t.logits(0, 1).tolist())
             t.reset()
-            d.reset()
-            run["chain"] = speculative_generate(t, d, prompt, 48)[0]
+            run["plain"] = greedy_generate(t, prompt, n_new)[0]
             t.reset()
             d.reset()
-            run["tree"] = tree_generate(t, d, prompt, 48, budget=8)[0]
+            run["chain"] = speculative_generate(t, d, prompt, n_new)[0]
+            t.reset()
+            d.reset()
+            run["tree"] = tree_generate(t, d, prompt, n_new, budget=8)[0]
             out["runs"].append(run)
     return out
 
@@ -378,15 +386,17 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
 
 
 def shape_model_steps(endpoint, path: str, device: str) -> dict:
-    """A weightless published-shape model (tests/shape_models.py) on `device`: a short
-    prefill, a chain verify and a decode, with the placement of each graph."""
+    """A weightless published-shape model (tests/shape_models.py) on `device`: its memory
+    plan, a short prefill, a chain verify and a decode, with the placement of each graph."""
     import numpy as np
 
+    from dflash_gguf.memory import plan_memory
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
-    out = {}
-    with Target(path, TargetConfig(n_ctx=256, n_ubatch=8, n_verify=8, kv_type="f16", device=device)) as t:
+    cfg = TargetConfig(n_ctx=256, n_ubatch=8, n_verify=8, kv_type="f16", device=device)
+    out = {"plan": plan_memory(path, None, cfg).to_json()}
+    with Target(path, cfg) as t:
         out["info"] = t.info()
         t.prefill([1, 2, 3, 4, 5], LOGITS_LAST)
         out["prefill"] = t.placement()

@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 import pytest
+from gguf import GGUFReader
 
 from shape_models import QWEN35_0_8B, write_shape_gguf
 from target_workers import run_isolated
@@ -85,37 +86,38 @@ def device(request):
         yield Device("RPC0", endpoint)
 
 
+# Tokens each offload placement generates (plain, chain, tree): several verify steps and
+# commits on the random tiny pair, whose drafter accepts about one token per step.
+OFFLOAD_TOKENS = 16
+
+
 @pytest.mark.device
 def test_partial_offload_matches_the_cpu(pair, device):
+    """Every -ngl split between the CPU and the device: none of the layers, some, all
+    layers but the LM head, everything — the last with its weights in 1 MiB buffers,
+    as a device that caps single allocations (Vulkan, Metal) makes them. The logits
+    stay within the device's tolerance of the CPU's; speculation on each split equals
+    that split's own plain greedy decoding (the lossless property: greedy tokens
+    themselves may part from the CPU's at a near tie, as the logits may differ)."""
     placements = [{"device": "CPU", "n_gpu_layers": -1}] + [
-        {"device": device.name, "n_gpu_layers": n} for n in (0, 1, 2, 4, 5, -1)]
+        {"device": device.name, "n_gpu_layers": n} for n in (0, 2, 4)] + [
+        {"device": device.name, "n_gpu_layers": -1, "weight_buffer_mib": 1}]
     res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements,
-                       timeout=3600)
+                       OFFLOAD_TOKENS, timeout=3600)
     assert any(d["name"] == device.name and d["type"] in ("gpu", "igpu") for d in res["devices"]), res["devices"]
     cpu, *offloaded = res["runs"]
     assert cpu["info"]["n_gpu_layers"] == 0
-    assert [r["info"]["n_gpu_layers"] for r in offloaded] == [0, 1, 2, 4, 4, 4]
+    assert [r["info"]["n_gpu_layers"] for r in offloaded] == [0, 2, 4, 4]
+    assert offloaded[-1]["info"]["n_weight_buffers"] >= 3, offloaded[-1]["info"]
+    assert cpu["plain"] == cpu["chain"] == cpu["tree"]
     for place, r in zip(placements[1:], offloaded):
         assert r["info"]["device"] == device.name
         for stage, (a, b) in enumerate(zip(r["logits"], cpu["logits"])):
             err = np.abs(np.asarray(a) - np.asarray(b)).max()
-            assert err < device.logit_tol, f"ngl {place['n_gpu_layers']}, stage {stage}: logits differ by {err}"
-        assert r["chain"] == cpu["chain"] and r["tree"] == cpu["tree"], place
-
-
-@pytest.mark.device
-def test_weights_split_into_buffers_the_device_allows(pair, device, monkeypatch):
-    """A device caps single allocations (Vulkan, Metal): weights then take several
-    buffers. DFLASH_WEIGHT_BUFFER_MIB lowers the cap to show it on any device."""
-    placements = [{"device": "CPU", "n_gpu_layers": -1}, {"device": device.name, "n_gpu_layers": -1}]
-    monkeypatch.setenv("DFLASH_WEIGHT_BUFFER_MIB", "1")
-    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements,
-                       timeout=1800)
-    cpu, dev = res["runs"]
-    assert dev["info"]["n_weight_buffers"] >= 3, dev["info"]
-    for a, b in zip(dev["logits"], cpu["logits"]):
-        assert np.abs(np.asarray(a) - np.asarray(b)).max() < device.logit_tol
-    assert dev["chain"] == cpu["chain"] and dev["tree"] == cpu["tree"]
+            assert err < device.logit_tol, f"{place}, stage {stage}: logits differ by {err}"
+        assert r["chain"] == r["plain"] and r["tree"] == r["plain"], f"{place}: speculation is not lossless"
+        if device.rpc:  # the CPU's own kernels: the very same tokens
+            assert r["plain"] == cpu["plain"], place
 
 
 @pytest.mark.device
@@ -142,8 +144,10 @@ def test_unreachable_rpc_server_is_a_clear_error():
 
 # ---- the demo pair on the device --------------------------------------------------------
 
-DEMO_PROMPTS = [[(37 * i + 11 * k) % 4000 for i in range(n)] for k, n in enumerate((9, 23, 40))]
-N_NEW, BUDGET = 40, 8
+# A short and a long prompt; 24 new tokens take several verify steps and commits even
+# with the trained demo drafter.
+DEMO_PROMPTS = [[(37 * i + 11 * k) % 4000 for i in range(n)] for k, n in enumerate((9, 40))]
+N_NEW, BUDGET = 24, 8
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +225,15 @@ def test_a_0_8b_shape_model_loads_and_runs_on_the_device(tmp_path, device):
     path = write_shape_gguf(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
     res = run_isolated("shape_model_steps", device.rpc, str(path), device.name, timeout=1800)
     assert res["info"]["device"] == device.name and res["finite"]
+    # The memory plan counts the host copy the lookup gathers from (none when the device
+    # takes the embedding whole and gathers from it there).
+    embd = next(int(w.n_bytes) for w in GGUFReader(path).tensors if w.name == "token_embd.weight")
+    on_device, host = res["plan"]["devices"]
+    assert on_device["name"] == device.name and host["name"] == "CPU"
+    if "GET_ROWS(token_embd.weight)" in res["prefill"]["host_nodes"]:
+        assert embd <= host["target_weights"] < embd + (1 << 20), (embd, host)
+    else:
+        assert host["target_weights"] == 0, host
     for graph in ("prefill", "verify", "decode"):
         p = res[graph]
         print(f"{device.name} 0.8B {graph}: {p['n_nodes']} nodes, {p['n_splits']} splits, "
