@@ -94,52 +94,145 @@ class VerifyCost:
         return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
-class AcceptanceCalibration:
-    """The drafter's probabilities are not the target's: the running ratio of accepted
-    drafted tokens to the drafter's expectation for the trees actually verified scales
-    the expectation of every candidate size."""
-
-    def __init__(self, smoothing: float = 0.1):
-        self.ratio = 1.0
-        self.smoothing = smoothing
-
-    def update(self, expected_drafts: float, accepted_drafts: int) -> None:
-        if expected_drafts > 1e-6:
-            observed = accepted_drafts / expected_drafts
-            self.ratio += self.smoothing * (min(observed, 4.0) - self.ratio)
-
-
-def _rate(expected, seconds, calibration: AcceptanceCalibration | None):
-    ratio = calibration.ratio if calibration is not None else 1.0
-    return (1.0 + ratio * (np.asarray(expected) - 1.0)) / seconds
-
-
-def budget_sizes(largest: int) -> List[int]:
-    """The tree sizes `auto` chooses among, up to `largest`: a few sizes, so that the
-    verify graphs of consecutive steps mostly share their shape."""
-    return sorted({b for b in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48) if b < largest} | {largest})
-
-
-def choose_budget(expected: np.ndarray, cost: VerifyCost, draft_seconds: float,
-                  calibration: AcceptanceCalibration | None = None, sizes: List[int] | None = None) -> int:
-    """The budget b (nodes besides the root; any of `sizes`, default 0..len(expected)-1)
-    with the best expected tokens per second. expected[b] counts the target's own token
-    (1) plus drafts; a budget past the tree's own size is the whole tree, padded."""
-    b = np.arange(len(expected)) if sizes is None else np.asarray(sizes)
-    gain = np.asarray(expected)[np.minimum(b, len(expected) - 1)]
-    return int(b[np.argmax(_rate(gain, draft_seconds + cost(b + 1), calibration))])
-
-
 def chain_expected(top1_logprobs) -> float:
     """Expected tokens of a pass verifying the chain of the drafter's top choices: the
     target's own token plus each prefix's probability of being all right."""
     return 1.0 + float(np.exp(np.cumsum(top1_logprobs)).sum())
 
 
-def chain_beats_tree(chain_exp: float, n_chain: int, tree_exp: float, n_tree: int, cost: VerifyCost,
-                     draft_seconds: float, calibration: AcceptanceCalibration | None = None) -> bool:
-    """Whether verifying the chain (n_chain tokens) promises more tokens per second than
-    the chosen tree (n_tree nodes)."""
-    chain = _rate(chain_exp, draft_seconds + cost.chain(n_chain), calibration)
-    tree = _rate(tree_exp, draft_seconds + cost(n_tree), calibration)
-    return bool(chain > tree)
+CHAIN = 0  # AutoBudget's arm for the chain of the drafter's top choices (a chain verify)
+TREE_SIZES = (4, 8, 16, 32)  # its tree arms, up to the largest budget
+
+
+def auto_arms(largest: int) -> List[int]:
+    """The arms `auto` chooses among: the chain and a few tree sizes up to `largest`.
+    Few, so that their verify graphs stay cached (a graph's shape is its node count and
+    the previous step's), and the fixed budgets a user would try, so that the best of
+    them is among the arms."""
+    return [CHAIN] + sorted({s for s in TREE_SIZES if s < largest} | {largest})
+
+
+class AutoBudget:
+    """`--tree-budget auto`: which arm (the chain, or a tree of one of a few sizes) the
+    next step verifies. Kept across requests, so that what one request learnt serves
+    the next. Each arm's score is the tokens per second it is expected to give now:
+
+        rate(a) = (1 + r_a * drafts_a) / seconds_a
+
+    drafts_a   the drafter's expected accepted drafts for arm a (its own probabilities
+               along the best-first tree, or the chain's prefix products), averaged
+               over recent steps, whichever arm ran them (`survey`);
+    r_a        accepted / expected drafts over the steps arm a ran: the drafter's
+               probabilities are not the target's, and not equally wrong for every
+               shape (a chain leans on the top choices, a tree on the runners-up);
+    seconds_a  arm a's measured step time (drafting, verify, host work) on steps that
+               built no graph. An arm not yet run is priced from the verify cost table:
+               a measured arm's step time with its verify swapped for arm a's. A step
+               that builds a graph is not timed: builds come from switching, which the
+               rules below keep rare.
+
+    The arm in use runs until another promises SWITCH_GAIN more; a newly chosen arm
+    runs at least PROBE steps, so that it gets measured. Every REFRESH steps the
+    runner-up, when within REFRESH_WITHIN of the best, runs PROBE steps, so that the
+    figures of arms not in use follow the machine and the text. The choice only picks
+    the shape verified: the output is the target's, whatever the arm."""
+
+    SWITCH_GAIN = 1.03
+    PROBE = 3
+    REFRESH = 64
+    REFRESH_WITHIN = 0.85
+    SURVEY_EVERY = 8  # steps between full surveys (the largest tree built for every arm's expectation)
+    DECAY = 0.95  # per own step, for each arm's acceptance ratio
+    SMOOTH = 0.2  # weight of the newest step in the running averages
+
+    def __init__(self, cost: VerifyCost, largest: int, block: int):
+        self.cost = cost
+        self.block = block
+        self.arms = auto_arms(largest)
+        self.largest = self.arms[-1]
+        self.drafts = {a: None for a in self.arms}  # running expected drafts per arm
+        self.accepted = {a: 0.0 for a in self.arms}  # decayed accepted drafts on the arm's steps
+        self.expected = {a: 0.0 for a in self.arms}  # decayed expected drafts on the same steps
+        self.seconds = {a: None for a in self.arms}  # running step seconds on steps without builds
+        self.current = CHAIN
+        self.hold = 0  # steps the current arm still runs whatever the scores
+        self.steps = 0
+        self.last_refresh = 0
+
+    # ---- scores -------------------------------------------------------------------------
+    def verify_seconds(self, arm: int) -> float:
+        """The cost table's verify time of an arm (chain: a block of `block` tokens)."""
+        return float(self.cost.chain(self.block) if arm == CHAIN else self.cost(arm + 1))
+
+    def step_seconds(self, arm: int) -> float:
+        if self.seconds[arm] is not None:
+            return self.seconds[arm]
+        timed = [a for a in self.arms if self.seconds[a] is not None]
+        if not timed:
+            return self.verify_seconds(arm)
+        ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
+        return max(self.seconds[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
+
+    def ratio(self, arm: int) -> float:
+        """Accepted / expected drafts for the arm, shrunk towards the pooled ratio of all
+        arms by a prior worth PRIOR expected drafts."""
+        prior = 2.0
+        pooled_e = sum(self.expected.values())
+        pooled = sum(self.accepted.values()) / pooled_e if pooled_e > 1e-9 else 1.0
+        return (self.accepted[arm] + prior * pooled) / (self.expected[arm] + prior)
+
+    def rate(self, arm: int) -> float:
+        drafts = self.drafts[arm] or 0.0
+        return (1.0 + self.ratio(arm) * drafts) / self.step_seconds(arm)
+
+    # ---- the loop's calls ---------------------------------------------------------------
+    def choose(self) -> int:
+        """The arm of the next step."""
+        self.steps += 1
+        if self.hold > 0:
+            self.hold -= 1
+            return self.current
+        if all(d is None for d in self.drafts.values()):
+            return self.current  # nothing surveyed yet: the chain
+        rates = {a: self.rate(a) for a in self.arms}
+        best = max(self.arms, key=rates.get)
+        if rates[best] > self.SWITCH_GAIN * rates[self.current]:
+            self._run(best)
+        elif self.steps - self.last_refresh >= self.REFRESH:
+            self.last_refresh = self.steps
+            runner_up = max((a for a in self.arms if a != self.current), key=rates.get)
+            if rates[runner_up] >= self.REFRESH_WITHIN * rates[self.current]:
+                self._run(runner_up)
+        return self.current
+
+    def _run(self, arm: int) -> None:
+        self.current = arm
+        self.hold = self.PROBE - 1
+
+    def wants_survey(self) -> bool:
+        """Whether this step should build the largest tree to update every arm's
+        expectation (the first step, then every SURVEY_EVERY steps)."""
+        return self.steps % self.SURVEY_EVERY == 1 or all(d is None for d in self.drafts.values())
+
+    def survey(self, tree_expected: np.ndarray, chain_exp: float) -> None:
+        """Every arm's expected tokens this step: tree_expected[b] of the largest tree (a
+        size past the tree's own is the whole tree), chain_exp of the chain."""
+        for arm in self.arms:
+            e = chain_exp if arm == CHAIN else float(tree_expected[min(arm, len(tree_expected) - 1)])
+            self._average(arm, e - 1.0)
+
+    def _average(self, arm: int, drafts: float) -> None:
+        old = self.drafts[arm]
+        self.drafts[arm] = drafts if old is None else old + self.SMOOTH * (drafts - old)
+
+    def observe(self, arm: int, expected: float | None, accepted_drafts: int, seconds: float, built: bool) -> None:
+        """What a step of `arm` gave: the drafter's expected tokens for it (None: not
+        known this step), the drafts the target accepted, the step's seconds, and
+        whether it built a graph (then its time says nothing about the arm)."""
+        if expected is not None:
+            self._average(arm, expected - 1.0)
+            self.accepted[arm] = self.DECAY * self.accepted[arm] + accepted_drafts
+            self.expected[arm] = self.DECAY * self.expected[arm] + (expected - 1.0)
+        if not built:
+            old = self.seconds[arm]
+            self.seconds[arm] = seconds if old is None else old + self.SMOOTH * (seconds - old)
