@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Dict, List
 
@@ -125,8 +126,9 @@ class AutoBudget:
     r_a        accepted / expected drafts over the steps arm a ran: the drafter's
                probabilities are not the target's, and not equally wrong for every
                shape (a chain leans on the top choices, a tree on the runners-up);
-    seconds_a  arm a's measured step time (drafting, verify, host work) on steps that
-               built no graph. An arm not yet run is priced from the verify cost table:
+    seconds_a  arm a's measured step time (drafting, verify, host work): the median of
+               its last TIMED steps that built no graph (a median, so that a step
+               descheduled by another process does not move it). An arm not yet run is priced from the verify cost table:
                a measured arm's step time with its verify swapped for arm a's. A step
                that builds a graph is not timed: builds come from switching, which the
                rules below keep rare.
@@ -137,13 +139,14 @@ class AutoBudget:
     figures of arms not in use follow the machine and the text. The choice only picks
     the shape verified: the output is the target's, whatever the arm."""
 
-    SWITCH_GAIN = 1.03
-    PROBE = 3
-    REFRESH = 64
-    REFRESH_WITHIN = 0.85
+    SWITCH_GAIN = 1.05
+    PROBE = 4  # a switch builds about two graphs (the arm's verify after the old arm's commit, then its own)
+    REFRESH = 96
+    REFRESH_WITHIN = 0.9
+    TIMED = 15
     SURVEY_EVERY = 8  # steps between full surveys (the largest tree built for every arm's expectation)
     DECAY = 0.95  # per own step, for each arm's acceptance ratio
-    SMOOTH = 0.2  # weight of the newest step in the running averages
+    SMOOTH = 0.2  # weight of the newest step in the running expectations
 
     def __init__(self, cost: VerifyCost, largest: int, block: int):
         self.cost = cost
@@ -153,7 +156,7 @@ class AutoBudget:
         self.drafts = {a: None for a in self.arms}  # running expected drafts per arm
         self.accepted = {a: 0.0 for a in self.arms}  # decayed accepted drafts on the arm's steps
         self.expected = {a: 0.0 for a in self.arms}  # decayed expected drafts on the same steps
-        self.seconds = {a: None for a in self.arms}  # running step seconds on steps without builds
+        self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of steps without builds
         self.current = CHAIN
         self.hold = 0  # steps the current arm still runs whatever the scores
         self.steps = 0
@@ -165,13 +168,13 @@ class AutoBudget:
         return float(self.cost.chain(self.block) if arm == CHAIN else self.cost(arm + 1))
 
     def step_seconds(self, arm: int) -> float:
-        if self.seconds[arm] is not None:
-            return self.seconds[arm]
-        timed = [a for a in self.arms if self.seconds[a] is not None]
+        if self.times[arm]:
+            return float(np.median(self.times[arm]))
+        timed = [a for a in self.arms if self.times[a]]
         if not timed:
             return self.verify_seconds(arm)
         ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
-        return max(self.seconds[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
+        return max(float(np.median(self.times[ref])) - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
 
     def ratio(self, arm: int) -> float:
         """Accepted / expected drafts for the arm, shrunk towards the pooled ratio of all
@@ -234,5 +237,4 @@ class AutoBudget:
             self.accepted[arm] = self.DECAY * self.accepted[arm] + accepted_drafts
             self.expected[arm] = self.DECAY * self.expected[arm] + (expected - 1.0)
         if not built:
-            old = self.seconds[arm]
-            self.seconds[arm] = seconds if old is None else old + self.SMOOTH * (seconds - old)
+            self.times[arm].append(seconds)
