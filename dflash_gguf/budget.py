@@ -27,7 +27,7 @@ from .target import LOGITS_LAST, Target
 
 
 # bumped when measure_verify_cost changes what it measures
-MEASURE_VERSION = 2
+MEASURE_VERSION = 3
 
 
 def _key(target: Target, n_threads: int) -> str:
@@ -39,8 +39,9 @@ def _key(target: Target, n_threads: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
-def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 3) -> Dict[int, float]:
-    """Median seconds of a verify of each size as decoding sees it, as a tree
+def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 5) -> Dict[int, float]:
+    """Least seconds of a verify of each size as decoding sees it (the least: other
+    processes on the machine only ever add to a time), as a tree
     (chain-shaped) or as a chain: its graph already built and the previous step's commit
     riding along. The target is reset afterwards."""
     cost = {}
@@ -61,7 +62,7 @@ def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: i
                 target.commit_path([0])
             else:
                 target.commit(1)
-        cost[n] = float(np.median(times[2:]))
+        cost[n] = float(min(times[2:]))
     target.reset()
     return cost
 
@@ -95,10 +96,17 @@ class VerifyCost:
         return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
-def chain_expected(top1_logprobs) -> float:
-    """Expected tokens of a pass verifying the chain of the drafter's top choices: the
-    target's own token plus each prefix's probability of being all right."""
-    return 1.0 + float(np.exp(np.cumsum(top1_logprobs)).sum())
+def chain_probs(top1_logprobs) -> np.ndarray:
+    """The drafter's probability that each prefix of the chain of its top choices is all
+    right (the chain's nodes, root excluded)."""
+    return np.exp(np.cumsum(top1_logprobs))
+
+
+def tree_probs(tree) -> np.ndarray:
+    """The drafter's path probability of each node of a best-first tree, in the order
+    the nodes were picked: the first b are the tree of budget b."""
+    return np.exp(np.asarray(tree.scores, dtype=float)[np.asarray(tree.pick_order, dtype=int)]) \
+        if tree.pick_order else np.zeros(0)
 
 
 CHAIN = 0  # AutoBudget's arm for the chain of the drafter's top choices (a chain verify)
@@ -113,52 +121,89 @@ def auto_arms(largest: int) -> List[int]:
     return [CHAIN] + sorted({s for s in TREE_SIZES if s < largest} | {largest})
 
 
+class Calibration:
+    """How often the target accepts a drafted node, as a function of the drafter's own
+    probability for it (its path probability): the drafter is neither right as often
+    as it believes nor equally wrong at every confidence. Nodes of every verified chain
+    and tree count alike, binned by probability; each bin maps p to p times its
+    observed / predicted ratio (decayed, shrunk to 1 by a prior of PRIOR predicted
+    nodes)."""
+
+    EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97])
+    PRIOR = 2.0
+    DECAY = 0.99  # per verified step
+
+    def __init__(self):
+        self.predicted = np.zeros(len(self.EDGES))
+        self.accepted = np.zeros(len(self.EDGES))
+
+    def _bins(self, probs) -> np.ndarray:
+        return np.searchsorted(self.EDGES, np.asarray(probs, dtype=float), side="right") - 1
+
+    def __call__(self, probs) -> np.ndarray:
+        """The calibrated acceptance probability of nodes the drafter gives `probs`."""
+        probs = np.asarray(probs, dtype=float)
+        b = self._bins(probs)
+        ratio = (self.accepted[b] + self.PRIOR) / (self.predicted[b] + self.PRIOR)
+        return np.minimum(probs * ratio, 1.0)
+
+    def update(self, probs, accepted) -> None:
+        """One verified step: each node's drafter probability and whether the target
+        accepted it (it lies on the accepted path)."""
+        self.predicted *= self.DECAY
+        self.accepted *= self.DECAY
+        b = self._bins(probs)
+        np.add.at(self.predicted, b, np.asarray(probs, dtype=float))
+        np.add.at(self.accepted, b, np.asarray(accepted, dtype=float))
+
+
 class AutoBudget:
     """`--tree-budget auto`: which arm (the chain, or a tree of one of a few sizes) the
     next step verifies. Kept across requests, so that what one request learnt serves
     the next. Each arm's score is the tokens per second it is expected to give now:
 
-        rate(a) = (1 + r_a * drafts_a) / seconds_a
+        rate(a) = (1 + drafts_a) / seconds_a
 
-    drafts_a   the drafter's expected accepted drafts for arm a (its own probabilities
-               along the best-first tree, or the chain's prefix products), averaged
-               over recent steps, whichever arm ran them (`survey`);
-    r_a        accepted / expected drafts over the steps arm a ran: the drafter's
-               probabilities are not the target's, and not equally wrong for every
-               shape (a chain leans on the top choices, a tree on the runners-up);
+    drafts_a   the expected accepted drafts of arm a: its nodes' drafter probabilities
+               through the Calibration learnt from every verified node, summed, and
+               averaged over recent steps (the arm in use every step, every arm on a
+               survey step, which builds the largest tree);
     seconds_a  arm a's measured step time (drafting, verify, host work): the median of
                its last TIMED steps that built no graph (a median, so that a step
-               descheduled by another process does not move it). An arm not yet run is priced from the verify cost table:
-               a measured arm's step time with its verify swapped for arm a's. A step
-               that builds a graph is not timed: builds come from switching, which the
-               rules below keep rare.
+               descheduled by another process does not move it). An arm not yet run
+               is priced from the verify cost table: a measured arm's step time with
+               its verify swapped for arm a's. A step that builds a graph is not
+               timed: builds come from switching, which the rules below keep rare.
 
-    The arm in use runs until another promises SWITCH_GAIN more; a newly chosen arm
-    runs at least PROBE steps, so that it gets measured. Every REFRESH steps the
+    The chain runs first; an arm not yet run is tried (PROBE steps) once its priced
+    rate, times EXPLORE_OPTIMISM, reaches the best (the price of an arm never run comes
+    from the cost table, which may be off). Then the arm in use runs until another
+    promises SWITCH_GAIN more; a newly chosen arm runs at least PROBE steps, so that
+    it gets measured. Every REFRESH steps the
     runner-up, when within REFRESH_WITHIN of the best, runs PROBE steps, so that the
-    figures of arms not in use follow the machine and the text. The choice only picks
-    the shape verified: the output is the target's, whatever the arm."""
+    figures of arms not in use follow the machine. The choice only picks the shape
+    verified: the output is the target's, whatever the arm."""
 
-    SWITCH_GAIN = 1.05
+    SWITCH_GAIN = 1.1
     PROBE = 4  # a switch builds about two graphs (the arm's verify after the old arm's commit, then its own)
     REFRESH = 96
     REFRESH_WITHIN = 0.9
     TIMED = 15
-    SURVEY_EVERY = 8  # steps between full surveys (the largest tree built for every arm's expectation)
-    DECAY = 0.95  # per own step, for each arm's acceptance ratio
-    SMOOTH = 0.2  # weight of the newest step in the running expectations
+    EXPLORE_OPTIMISM = 1.5
+    SURVEY_EVERY = 4  # steps between surveys
+    SMOOTH = 0.15  # weight of the newest step in the running expectations
 
     def __init__(self, cost: VerifyCost, largest: int, block: int):
         self.cost = cost
         self.block = block
         self.arms = auto_arms(largest)
         self.largest = self.arms[-1]
-        self.drafts = {a: None for a in self.arms}  # running expected drafts per arm
-        self.accepted = {a: 0.0 for a in self.arms}  # decayed accepted drafts on the arm's steps
-        self.expected = {a: 0.0 for a in self.arms}  # decayed expected drafts on the same steps
+        self.calibration = Calibration()
+        self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
         self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of steps without builds
+        self.tried = {CHAIN}
         self.current = CHAIN
-        self.hold = 0  # steps the current arm still runs whatever the scores
+        self.hold = self.PROBE - 1  # steps the current arm still runs whatever the scores
         self.steps = 0
         self.last_refresh = 0
 
@@ -176,17 +221,8 @@ class AutoBudget:
         ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
         return max(float(np.median(self.times[ref])) - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
 
-    def ratio(self, arm: int) -> float:
-        """Accepted / expected drafts for the arm, shrunk towards the pooled ratio of all
-        arms by a prior worth PRIOR expected drafts."""
-        prior = 2.0
-        pooled_e = sum(self.expected.values())
-        pooled = sum(self.accepted.values()) / pooled_e if pooled_e > 1e-9 else 1.0
-        return (self.accepted[arm] + prior * pooled) / (self.expected[arm] + prior)
-
     def rate(self, arm: int) -> float:
-        drafts = self.drafts[arm] or 0.0
-        return (1.0 + self.ratio(arm) * drafts) / self.step_seconds(arm)
+        return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
 
     # ---- the loop's calls ---------------------------------------------------------------
     def choose(self) -> int:
@@ -195,11 +231,16 @@ class AutoBudget:
         if self.hold > 0:
             self.hold -= 1
             return self.current
-        if all(d is None for d in self.drafts.values()):
-            return self.current  # nothing surveyed yet: the chain
+        if any(d is None for d in self.drafts.values()):
+            return self.current  # nothing surveyed yet
         rates = {a: self.rate(a) for a in self.arms}
         best = max(self.arms, key=rates.get)
-        if rates[best] > self.SWITCH_GAIN * rates[self.current]:
+        untried = [a for a in self.arms if a not in self.tried and
+                   self.EXPLORE_OPTIMISM * rates[a] >= rates[best]]
+        if untried:
+            self.tried.add(untried[0])
+            self._run(untried[0])
+        elif rates[best] > self.SWITCH_GAIN * rates[self.current]:
             self._run(best)
         elif self.steps - self.last_refresh >= self.REFRESH:
             self.last_refresh = self.steps
@@ -213,28 +254,31 @@ class AutoBudget:
         self.hold = self.PROBE - 1
 
     def wants_survey(self) -> bool:
-        """Whether this step should build the largest tree to update every arm's
-        expectation (the first step, then every SURVEY_EVERY steps)."""
-        return self.steps % self.SURVEY_EVERY == 1 or all(d is None for d in self.drafts.values())
+        """Whether this step should build the largest tree, to update every arm's
+        expectation (until every arm has one, then every SURVEY_EVERY steps)."""
+        return self.steps % self.SURVEY_EVERY == 1 or any(d is None for d in self.drafts.values())
 
-    def survey(self, tree_expected: np.ndarray, chain_exp: float) -> None:
-        """Every arm's expected tokens this step: tree_expected[b] of the largest tree (a
-        size past the tree's own is the whole tree), chain_exp of the chain."""
+    def survey(self, largest_tree_probs: np.ndarray, chain_node_probs: np.ndarray) -> None:
+        """Every arm's expectation this step, from the largest tree's node probabilities
+        in pick order (a size past the tree's own is the whole tree) and the chain's."""
+        gains = np.concatenate([[0.0], np.cumsum(self.calibration(largest_tree_probs))])
         for arm in self.arms:
-            e = chain_exp if arm == CHAIN else float(tree_expected[min(arm, len(tree_expected) - 1)])
-            self._average(arm, e - 1.0)
+            e = float(self.calibration(chain_node_probs).sum()) if arm == CHAIN else float(gains[min(arm, len(gains) - 1)])
+            self._average(arm, e)
 
     def _average(self, arm: int, drafts: float) -> None:
         old = self.drafts[arm]
         self.drafts[arm] = drafts if old is None else old + self.SMOOTH * (drafts - old)
 
-    def observe(self, arm: int, expected: float | None, accepted_drafts: int, seconds: float, built: bool) -> None:
-        """What a step of `arm` gave: the drafter's expected tokens for it (None: not
-        known this step), the drafts the target accepted, the step's seconds, and
-        whether it built a graph (then its time says nothing about the arm)."""
-        if expected is not None:
-            self._average(arm, expected - 1.0)
-            self.accepted[arm] = self.DECAY * self.accepted[arm] + accepted_drafts
-            self.expected[arm] = self.DECAY * self.expected[arm] + (expected - 1.0)
+    def observe(self, arm: int, node_probs: np.ndarray, accepted, seconds: float, built: bool,
+                surveyed: bool) -> None:
+        """What a step of `arm` gave: the drafter probabilities of the nodes verified,
+        whether the target accepted each (it lies on the accepted path), the step's
+        seconds and whether it built a graph (then its time says nothing about the
+        arm). `surveyed`: this step's expectation of the arm is already in."""
+        node_probs = np.asarray(node_probs, dtype=float)
+        if not surveyed:
+            self._average(arm, float(self.calibration(node_probs).sum()))
+        self.calibration.update(node_probs, accepted)
         if not built:
             self.times[arm].append(seconds)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
-from .budget import CHAIN, AutoBudget, chain_expected
+import numpy as np
+
+from .budget import CHAIN, AutoBudget, chain_probs, tree_probs
 from .ddtree import accept_path, build_tree, chain_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, prefill_prompt, start_context
@@ -262,28 +264,22 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             stats.tree_sizes.append(depth)
             stats.chain_steps += 1
             cand, logp = draft.topk(depth)
-            expected = chain_expected(logp[:, 0])
+            probs = chain_probs(logp[:, 0])
             if survey:
-                auto.survey(build_tree(bonus, cand, logp, auto.largest, max_depth=depth).expected_accepted(),
-                            expected)
-            auto.observe(CHAIN, expected, n_acc, time.perf_counter() - t0, _graph_builds(target, draft) != builds)
+                auto.survey(tree_probs(build_tree(bonus, cand, logp, auto.largest, max_depth=depth)), probs)
+            auto.observe(CHAIN, probs, np.arange(depth) < n_acc, time.perf_counter() - t0,
+                         _graph_builds(target, draft) != builds, survey)
             return out, t_draft, t_verify
         draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         cand, logp = draft.topk(b - 1)
-        chain = arm == CHAIN
+        chain = arm == CHAIN or 1 + arm > room  # a padded tree that does not fit: the chain does
+        if survey or not chain:
+            tree = build_tree(bonus, cand, logp, auto.largest if survey else arm, max_depth=depth)
+            if survey:
+                auto.survey(tree_probs(tree), chain_probs(logp[:depth, 0]))
+                tree = tree.best(arm)
         if chain:
             tree = chain_tree(bonus, cand[:depth, 0])
-            expected = chain_expected(logp[:depth, 0])
-        else:
-            tree = build_tree(bonus, cand, logp, auto.largest if survey else arm, max_depth=depth)
-            gains = tree.expected_accepted()
-            expected = float(gains[min(arm, len(gains) - 1)])
-            if survey:
-                auto.survey(gains, chain_expected(logp[:depth, 0]))
-                tree = tree.best(arm)
-        if not chain and 1 + arm > room:  # the padded tree does not fit: the chain of top choices does
-            tree, chain = chain_tree(bonus, cand[:depth, 0]), True
-        if chain:
             stats.chain_steps += 1
         stats.tree_sizes.append(len(tree) - 1)
         if not chain:
@@ -309,8 +305,13 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         draft.append_rows(len(path), rows=path, defer=True)
         stage("committed")
         if auto is not None:
-            auto.observe(CHAIN if chain else arm, expected, len(path) - 1, time.perf_counter() - t0,
-                         _graph_builds(target, draft) != builds)
+            if chain:
+                probs, accepted = chain_probs(logp[:depth, 0]), np.arange(depth) < len(path) - 1
+            else:
+                on_path = set(path)
+                probs, accepted = tree_probs(tree), [i in on_path for i in tree.pick_order]
+            auto.observe(CHAIN if chain else arm, probs, accepted, time.perf_counter() - t0,
+                         _graph_builds(target, draft) != builds, survey)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,
