@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 import time
 from collections import deque
 from pathlib import Path
@@ -201,6 +202,7 @@ class AutoBudget:
         self.calibration = Calibration()
         self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
         self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of steps without builds
+        self.median = {a: None for a in self.arms}  # of times, kept current by observe
         self.tried = {CHAIN}
         self.current = CHAIN
         self.hold = self.PROBE - 1  # steps the current arm still runs whatever the scores
@@ -213,13 +215,13 @@ class AutoBudget:
         return float(self.cost.chain(self.block) if arm == CHAIN else self.cost(arm + 1))
 
     def step_seconds(self, arm: int) -> float:
-        if self.times[arm]:
-            return float(np.median(self.times[arm]))
-        timed = [a for a in self.arms if self.times[a]]
+        if self.median[arm] is not None:
+            return self.median[arm]
+        timed = [a for a in self.arms if self.median[a] is not None]
         if not timed:
             return self.verify_seconds(arm)
         ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
-        return max(float(np.median(self.times[ref])) - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
+        return max(self.median[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
 
     def rate(self, arm: int) -> float:
         return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
@@ -282,3 +284,4 @@ class AutoBudget:
         self.calibration.update(node_probs, accepted)
         if not built:
             self.times[arm].append(seconds)
+            self.median[arm] = statistics.median(self.times[arm])
