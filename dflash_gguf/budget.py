@@ -1,13 +1,11 @@
-"""`--tree-budget auto`: choose, at every step, the tree size that maximises expected
-tokens per second.
+"""`--tree-budget auto`: which shape each step verifies, the chain of the drafter's top
+choices or a tree of one of a few sizes, chosen for the most tokens per second.
 
-Two ingredients: how long a verify of n nodes takes on this machine and model (measured
-once, cached per model file, runtime build, device and thread count), and how many
-tokens a tree of b nodes is expected to yield (from the drafter's own probabilities
-along the best-first order, DraftTree.expected_accepted). The step's choice is
-    argmax_b  expected_accepted[b] / (draft_time + verify_time(b + 1)),
-and the plain chain of the drafter's top choices competes with it at the chain verify's
-own (lower) cost, so `auto` is never expected to be slower than the chain.
+Three ingredients: a verify cost table (how long a verify of n nodes takes on this
+machine and model: measured once, cached per model file, runtime build, device and
+thread count), which only prices arms not yet run; each arm's measured step time; and
+each arm's expected accepted tokens, from the drafter's own probabilities through a
+calibration learnt from every verified node (AutoBudget, Calibration).
 """
 from __future__ import annotations
 
@@ -176,13 +174,15 @@ class AutoBudget:
                its verify swapped for arm a's. A step that builds a graph is not
                timed: builds come from switching, which the rules below keep rare.
 
-    The chain runs first; an arm not yet run is tried (PROBE steps) once its priced
-    rate, times EXPLORE_OPTIMISM, reaches the best (the price of an arm never run comes
-    from the cost table, which may be off). Then the arm in use runs until another
-    promises SWITCH_GAIN more; a newly chosen arm runs at least PROBE steps, so that
-    it gets measured. Every REFRESH steps the
-    runner-up, when within REFRESH_WITHIN of the best, runs PROBE steps, so that the
-    figures of arms not in use follow the machine. The choice only picks the shape
+    The chain runs first, then every other arm is tried once (PROBE steps), the most
+    promising first: the price of an arm never run comes from the cost table, which
+    may be off (measured on a busy machine, or before the runtime changed), and a
+    trial costs a few steps once. After a trial the best arm runs; it keeps
+    running until another promises SWITCH_GAIN more (a switch builds graphs; small
+    differences are noise). A newly chosen arm runs at least PROBE steps, so that it
+    gets measured. Every REFRESH steps the runner-up, when within REFRESH_WITHIN of
+    the arm in use, is tried, so that the figures of arms not in use follow the
+    machine and an arm a little better than the one in use is found. The choice only picks the shape
     verified: the output is the target's, whatever the arm."""
 
     SWITCH_GAIN = 1.1
@@ -190,7 +190,6 @@ class AutoBudget:
     REFRESH = 96
     REFRESH_WITHIN = 0.9
     TIMED = 15
-    EXPLORE_OPTIMISM = 1.5
     SURVEY_EVERY = 4  # steps between surveys
     SMOOTH = 0.15  # weight of the newest step in the running expectations
 
@@ -206,6 +205,7 @@ class AutoBudget:
         self.tried = {CHAIN}
         self.current = CHAIN
         self.hold = self.PROBE - 1  # steps the current arm still runs whatever the scores
+        self.probing = True  # the current arm runs to be measured: when its hold ends, take the best
         self.steps = 0
         self.last_refresh = 0
 
@@ -237,23 +237,25 @@ class AutoBudget:
             return self.current  # nothing surveyed yet
         rates = {a: self.rate(a) for a in self.arms}
         best = max(self.arms, key=rates.get)
-        untried = [a for a in self.arms if a not in self.tried and
-                   self.EXPLORE_OPTIMISM * rates[a] >= rates[best]]
+        untried = [a for a in self.arms if a not in self.tried]
         if untried:
-            self.tried.add(untried[0])
-            self._run(untried[0])
-        elif rates[best] > self.SWITCH_GAIN * rates[self.current]:
-            self._run(best)
+            arm = max(untried, key=rates.get)
+            self.tried.add(arm)
+            self._run(arm, probe=True)
+        elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
+            self._run(best)  # after a probe, fresh figures: straight to the best
         elif self.steps - self.last_refresh >= self.REFRESH:
             self.last_refresh = self.steps
             runner_up = max((a for a in self.arms if a != self.current), key=rates.get)
             if rates[runner_up] >= self.REFRESH_WITHIN * rates[self.current]:
-                self._run(runner_up)
+                self._run(runner_up, probe=True)
         return self.current
 
-    def _run(self, arm: int) -> None:
-        self.current = arm
-        self.hold = self.PROBE - 1
+    def _run(self, arm: int, probe: bool = False) -> None:
+        self.probing = probe
+        if arm != self.current:
+            self.current = arm
+            self.hold = self.PROBE - 1
 
     def wants_survey(self) -> bool:
         """Whether this step should build the largest tree, to update every arm's
