@@ -95,17 +95,26 @@ class VerifyCost:
         return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
-def chain_probs(top1_logprobs) -> np.ndarray:
-    """The drafter's probability that each prefix of the chain of its top choices is all
-    right (the chain's nodes, root excluded)."""
-    return np.exp(np.cumsum(top1_logprobs))
+def chain_nodes(top1_logprobs):
+    """The chain of the drafter's top choices as (probabilities, spine): each prefix's
+    drafter probability of being all right, and all of them on the spine."""
+    probs = np.exp(np.cumsum(np.asarray(top1_logprobs, dtype=float)))
+    return probs, np.ones(len(probs), dtype=bool)
 
 
-def tree_probs(tree) -> np.ndarray:
-    """The drafter's path probability of each node of a best-first tree, in the order
-    the nodes were picked: the first b are the tree of budget b."""
-    return np.exp(np.asarray(tree.scores, dtype=float)[np.asarray(tree.pick_order, dtype=int)]) \
-        if tree.pick_order else np.zeros(0)
+def tree_nodes(tree, top1_logprobs):
+    """A best-first tree's nodes in the order they were picked (the first b are the tree
+    of budget b) as (probabilities, spine): each node's drafter path probability, and
+    whether it lies on the spine (the chain of top choices, which a tree holds as far
+    as it is likely; the other nodes are branches)."""
+    if not tree.pick_order:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    order = np.asarray(tree.pick_order, dtype=int)
+    scores = np.asarray(tree.scores, dtype=float)[order]
+    depths = np.asarray(tree.depths, dtype=int)[order]
+    spine_scores = np.cumsum(np.asarray(top1_logprobs, dtype=float))
+    # a spine node's score is the sum of the top choices' log-probabilities to its depth
+    return np.exp(scores), np.abs(scores - spine_scores[depths - 1]) < 1e-5
 
 
 CHAIN = 0  # AutoBudget's arm for the chain of the drafter's top choices (a chain verify)
@@ -123,10 +132,12 @@ def auto_arms(largest: int) -> List[int]:
 class Calibration:
     """How often the target accepts a drafted node, as a function of the drafter's own
     probability for it (its path probability): the drafter is neither right as often
-    as it believes nor equally wrong at every confidence. Nodes of every verified chain
-    and tree count alike, binned by probability; each bin maps p to p times its
-    observed / predicted ratio (decayed, shrunk to 1 by a prior of PRIOR predicted
-    nodes)."""
+    as it believes nor equally wrong at every confidence. Nodes are binned by
+    probability; each bin maps p to p times its observed / predicted ratio (decayed,
+    shrunk to 1 by a prior of PRIOR predicted nodes). AutoBudget keeps one for spine
+    nodes and one for branches: at equal drafter probability a deep spine node (the
+    drafter right several times over, and its errors come in runs) is accepted far more
+    often than a sibling of the top choice."""
 
     EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97])
     PRIOR = 2.0
@@ -135,25 +146,23 @@ class Calibration:
     def __init__(self):
         self.predicted = np.zeros(len(self.EDGES))
         self.accepted = np.zeros(len(self.EDGES))
-
-    def _bins(self, probs) -> np.ndarray:
-        return np.searchsorted(self.EDGES, np.asarray(probs, dtype=float), side="right") - 1
+        self.ratio = np.ones(len(self.EDGES))
 
     def __call__(self, probs) -> np.ndarray:
         """The calibrated acceptance probability of nodes the drafter gives `probs`."""
         probs = np.asarray(probs, dtype=float)
-        b = self._bins(probs)
-        ratio = (self.accepted[b] + self.PRIOR) / (self.predicted[b] + self.PRIOR)
-        return np.minimum(probs * ratio, 1.0)
+        return np.minimum(probs * self.ratio[np.searchsorted(self.EDGES, probs, side="right") - 1], 1.0)
 
-    def update(self, probs, accepted) -> None:
-        """One verified step: each node's drafter probability and whether the target
-        accepted it (it lies on the accepted path)."""
-        self.predicted *= self.DECAY
-        self.accepted *= self.DECAY
-        b = self._bins(probs)
-        np.add.at(self.predicted, b, np.asarray(probs, dtype=float))
-        np.add.at(self.accepted, b, np.asarray(accepted, dtype=float))
+    def update(self, probs, accepted, n_steps: int = 1) -> None:
+        """Verified nodes of n_steps steps: each node's drafter probability and whether
+        the target accepted it (it lies on the accepted path)."""
+        probs = np.asarray(probs, dtype=float)
+        b = np.searchsorted(self.EDGES, probs, side="right") - 1
+        n = len(self.EDGES)
+        decay = self.DECAY ** n_steps
+        self.predicted = decay * self.predicted + np.bincount(b, weights=probs, minlength=n)
+        self.accepted = decay * self.accepted + np.bincount(b, weights=np.asarray(accepted, dtype=float), minlength=n)
+        self.ratio = (self.accepted + self.PRIOR) / (self.predicted + self.PRIOR)
 
 
 class AutoBudget:
@@ -164,9 +173,11 @@ class AutoBudget:
         rate(a) = (1 + drafts_a) / seconds_a
 
     drafts_a   the expected accepted drafts of arm a: its nodes' drafter probabilities
-               through the Calibration learnt from every verified node, summed, and
-               averaged over recent steps (the arm in use every step, every arm on a
-               survey step, which builds the largest tree);
+               through the Calibrations learnt from every verified node (spine nodes
+               and branches apart), summed, and
+               averaged over recent steps (the chain and the trees up to the arm in
+               use every step, every arm on a survey step, which builds the largest
+               tree);
     seconds_a  arm a's measured step time (drafting, verify, host work): the median of
                its last TIMED steps that built no graph (a median, so that a step
                descheduled by another process does not move it). An arm not yet run
@@ -190,15 +201,16 @@ class AutoBudget:
     REFRESH = 96
     REFRESH_WITHIN = 0.9
     TIMED = 15
-    SURVEY_EVERY = 4  # steps between surveys
-    SMOOTH = 0.15  # weight of the newest step in the running expectations
+    SURVEY_EVERY = 4  # steps between surveys (and calibration updates)
+    SMOOTH = 0.3  # weight of the newest step in the running expectations
 
     def __init__(self, cost: VerifyCost, largest: int, block: int):
         self.cost = cost
         self.block = block
         self.arms = auto_arms(largest)
         self.largest = self.arms[-1]
-        self.calibration = Calibration()
+        self.spine, self.branch = Calibration(), Calibration()
+        self.verified = ([], [], [], 0)  # nodes (probabilities, spine, accepted) and steps not yet calibrated
         self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
         self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of steps without builds
         self.median = {a: None for a in self.arms}  # of times, kept current by observe
@@ -262,28 +274,45 @@ class AutoBudget:
         expectation (until every arm has one, then every SURVEY_EVERY steps)."""
         return self.steps % self.SURVEY_EVERY == 1 or any(d is None for d in self.drafts.values())
 
-    def survey(self, largest_tree_probs: np.ndarray, chain_node_probs: np.ndarray) -> None:
-        """Every arm's expectation this step, from the largest tree's node probabilities
-        in pick order (a size past the tree's own is the whole tree) and the chain's."""
-        gains = np.concatenate([[0.0], np.cumsum(self.calibration(largest_tree_probs))])
-        for arm in self.arms:
-            e = float(self.calibration(chain_node_probs).sum()) if arm == CHAIN else float(gains[min(arm, len(gains) - 1)])
-            self._average(arm, e)
+    def gains(self, nodes) -> np.ndarray:
+        """Each node's calibrated acceptance probability; nodes: (probabilities, spine)."""
+        probs, spine = nodes
+        return np.where(spine, self.spine(probs), self.branch(probs))
+
+    def survey(self, tree, chain, upto: int | None = None) -> None:
+        """This step's expectation of the chain and of every tree arm up to `upto` nodes
+        (default: all), from the nodes of a tree built for that size, in pick order
+        (tree_nodes: the first b are the tree of budget b; a size past the tree's own
+        is the whole tree), and the chain's (chain_nodes). A tree step surveys the arms
+        up to its own for the price of its tree, a survey step all of them."""
+        upto = self.largest if upto is None else upto
+        gains = np.concatenate([[0.0], np.cumsum(self.gains(tree))])
+        self._average(CHAIN, float(self.gains(chain).sum()))
+        for arm in self.arms[1:]:
+            if arm <= upto:
+                self._average(arm, float(gains[min(arm, len(gains) - 1)]))
 
     def _average(self, arm: int, drafts: float) -> None:
         old = self.drafts[arm]
         self.drafts[arm] = drafts if old is None else old + self.SMOOTH * (drafts - old)
 
-    def observe(self, arm: int, node_probs: np.ndarray, accepted, seconds: float, built: bool,
-                surveyed: bool) -> None:
-        """What a step of `arm` gave: the drafter probabilities of the nodes verified,
+    def observe(self, arm: int, nodes, accepted, seconds: float, built: bool, surveyed: bool) -> None:
+        """What a step of `arm` gave: the nodes verified (chain_nodes / tree_nodes),
         whether the target accepted each (it lies on the accepted path), the step's
         seconds and whether it built a graph (then its time says nothing about the
         arm). `surveyed`: this step's expectation of the arm is already in."""
-        node_probs = np.asarray(node_probs, dtype=float)
         if not surveyed:
-            self._average(arm, float(self.calibration(node_probs).sum()))
-        self.calibration.update(node_probs, accepted)
+            self._average(arm, float(self.gains(nodes).sum()))
+        probs, spines, oks, n = self.verified
+        probs.append(nodes[0])
+        spines.append(nodes[1])
+        oks.append(np.asarray(accepted, dtype=bool))
+        self.verified = (probs, spines, oks, n + 1)
+        if n + 1 >= self.SURVEY_EVERY:  # in batches: the calibration moves slowly anyway
+            p, on, ok = np.concatenate(probs), np.concatenate(spines), np.concatenate(oks)
+            self.spine.update(p[on], ok[on], n + 1)
+            self.branch.update(p[~on], ok[~on], n + 1)
+            self.verified = ([], [], [], 0)
         if not built:
             self.times[arm].append(seconds)
             self.median[arm] = statistics.median(self.times[arm])

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .budget import CHAIN, AutoBudget, chain_probs, tree_probs
+from .budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 from .ddtree import accept_path, build_tree, chain_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, prefill_prompt, start_context
@@ -250,6 +250,15 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         stage("committed")
         return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1, n_acc
 
+    builds = [target.info()["n_graph_builds"]]
+
+    def built() -> bool:
+        # whether the target built a graph since the last step (this step's graphs, or
+        # the prefill's before a request's first step): such a step is not timed
+        n = target.info()["n_graph_builds"]
+        changed, builds[0] = n != builds[0], n
+        return changed
+
     def step(bonus: int, remaining: int, room: int):
         t0 = time.perf_counter()
         b = min(B, room)  # near a full context the block (and the tree's depth) shrinks
@@ -257,26 +266,27 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             return bonus_only(bonus, t0)
         arm = budget if auto is None else auto.choose()
         survey = auto is not None and auto.wants_survey()
-        builds = _graph_builds(target, draft) if auto is not None else 0
         depth = min(b - 1, remaining)
         if arm == CHAIN and sampler is None:
             out, t_draft, t_verify, n_acc = device_chain(bonus, depth + 1, t0)
             stats.tree_sizes.append(depth)
             stats.chain_steps += 1
             cand, logp = draft.topk(depth)
-            probs = chain_probs(logp[:, 0])
+            nodes = chain_nodes(logp[:, 0])
             if survey:
-                auto.survey(tree_probs(build_tree(bonus, cand, logp, auto.largest, max_depth=depth)), probs)
-            auto.observe(CHAIN, probs, np.arange(depth) < n_acc, time.perf_counter() - t0,
-                         _graph_builds(target, draft) != builds, survey)
+                auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.largest, max_depth=depth), logp[:, 0]),
+                            nodes)
+            auto.observe(CHAIN, nodes, np.arange(depth) < n_acc, time.perf_counter() - t0, built(), survey)
             return out, t_draft, t_verify
         draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         cand, logp = draft.topk(b - 1)
         chain = arm == CHAIN or 1 + arm > room  # a padded tree that does not fit: the chain does
         if survey or not chain:
             tree = build_tree(bonus, cand, logp, auto.largest if survey else arm, max_depth=depth)
+            if auto is not None:
+                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:depth, 0]),
+                            None if survey else arm)
             if survey:
-                auto.survey(tree_probs(tree), chain_probs(logp[:depth, 0]))
                 tree = tree.best(arm)
         if chain:
             tree = chain_tree(bonus, cand[:depth, 0])
@@ -306,21 +316,16 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         stage("committed")
         if auto is not None:
             if chain:
-                probs, accepted = chain_probs(logp[:depth, 0]), np.arange(depth) < len(path) - 1
+                nodes, accepted = chain_nodes(logp[:depth, 0]), np.arange(depth) < len(path) - 1
             else:
                 on_path = set(path)
-                probs, accepted = tree_probs(tree), [i in on_path for i in tree.pick_order]
-            auto.observe(CHAIN if chain else arm, probs, accepted, time.perf_counter() - t0,
-                         _graph_builds(target, draft) != builds, survey)
+                nodes, accepted = tree_nodes(tree, logp[:depth, 0]), [i in on_path for i in tree.pick_order]
+            auto.observe(CHAIN if chain else arm, nodes, accepted, time.perf_counter() - t0, built(),
+                         survey or not chain)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,
                       context_full, on_stage, saver)
-
-
-def _graph_builds(target: Target, draft: Draft) -> int:
-    """Graphs built so far by target and drafter: a step that builds one is not timed."""
-    return target.info()["n_graph_builds"] + draft.info()["n_graph_builds"]
 
 
 def _sampled_walk(tree, p, sampler: Sampler) -> List[int]:

@@ -378,7 +378,7 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
     accepts each drafted node with probability accept(node's drafter probability), and
     an arm's step takes step_seconds[arm] (a switch builds a graph: that step is not
     timed). Returns the arm of every step."""
-    from dflash_gguf.budget import CHAIN, AutoBudget, chain_probs, tree_probs
+    from dflash_gguf.budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 
     rng = np.random.default_rng(seed)
     auto = AutoBudget(cost or _Cost(1e-3, 1e-4), largest, depth + 1)
@@ -392,9 +392,9 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
         survey = auto.wants_survey()
         full = build_tree(0, cand, logp, largest)
         if survey:
-            auto.survey(tree_probs(full), chain_probs(logp[:, 0]))
+            auto.survey(tree_nodes(full, logp[:, 0]), chain_nodes(logp[:, 0]))
         if arm == CHAIN:
-            probs = chain_probs(logp[:, 0])
+            nodes = chain_nodes(logp[:, 0])
             ok = rng.random(depth) < accept(np.full(depth, 0.6))  # each depth's top choice right or not
             accepted = np.cumprod(ok).astype(bool)
         else:
@@ -409,8 +409,8 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
                     break
                 path.add(nxt)
                 node = nxt
-            probs, accepted = tree_probs(tree), [i in path for i in tree.pick_order]
-        auto.observe(arm, probs, accepted, step_seconds[arm], arm != previous, survey)
+            nodes, accepted = tree_nodes(tree, logp[:, 0]), [i in path for i in tree.pick_order]
+        auto.observe(arm, nodes, accepted, step_seconds[arm], arm != previous, survey)
         arms.append(arm)
         previous = arm
     return arms
@@ -456,6 +456,21 @@ def test_auto_calibrates_an_overconfident_drafter():
     assert float(Calibration()(np.array([0.6]))[0]) == pytest.approx(0.6)
 
 
+def test_auto_calibrates_spine_and_branches_apart():
+    """At the same drafter probability a deep node on the chain of top choices (right
+    when the drafter is on a run) and a sibling of a top choice are accepted at very
+    different rates: auto learns each from what it verifies."""
+    from dflash_gguf.budget import AutoBudget
+
+    auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
+    rng = np.random.default_rng(4)
+    nodes = (np.array([0.1, 0.1]), np.array([True, False]))
+    for _ in range(400):
+        auto.observe(4, nodes, [rng.random() < 0.5, rng.random() < 0.01], 1e-3, False, False)
+    spine, branch = auto.gains(nodes)
+    assert spine > 0.3 and branch < 0.05
+
+
 def test_auto_switches_rarely():
     """Each switch builds graphs: over a long run of a steady pair auto settles; it
     leaves its arm only to check the runner-up now and then."""
@@ -495,9 +510,12 @@ class _ScriptedAuto:
     def survey(self, *a):
         self.real.survey(*a)
 
-    def observe(self, arm, probs, accepted, seconds, built, surveyed):
-        assert len(probs) == len(accepted) and np.all((0 <= np.asarray(probs)) & (np.asarray(probs) <= 1))
-        self.real.observe(arm, probs, accepted, seconds, built, surveyed)
+    def observe(self, arm, nodes, accepted, seconds, built, surveyed):
+        probs, spine = nodes
+        assert len(probs) == len(spine) == len(accepted) and np.all((0 <= probs) & (probs <= 1))
+        # the chain is all spine; a tree's first node is the drafter's top choice
+        assert spine.all() if arm == 0 else spine[0]
+        self.real.observe(arm, nodes, accepted, seconds, built, surveyed)
 
 
 def test_lossless_auto_mixing_chain_and_trees(pair):
