@@ -141,7 +141,7 @@ class Calibration:
 
     EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97])
     PRIOR = 2.0
-    DECAY = 0.99  # per verified step
+    DECAY = 0.995  # per step (surveys come every few steps)
 
     def __init__(self):
         self.predicted = np.zeros(len(self.EDGES))
@@ -173,36 +173,38 @@ class AutoBudget:
         rate(a) = (1 + drafts_a) / seconds_a
 
     drafts_a   the expected accepted drafts of arm a: its nodes' drafter probabilities
-               through the Calibrations learnt from every verified node (spine nodes
-               and branches apart), summed, and
-               averaged over recent steps (the chain and the trees up to the arm in
-               use every step, every arm on a survey step, which builds the largest
-               tree);
+               through the Calibrations learnt from verified nodes (spine nodes and
+               branches apart), summed, and averaged over recent survey steps;
     seconds_a  arm a's measured step time (drafting, verify, host work): the median of
-               its last TIMED steps that built no graph (a median, so that a step
-               descheduled by another process does not move it). An arm not yet run
-               is priced from the verify cost table: a measured arm's step time with
-               its verify swapped for arm a's. A step that builds a graph is not
-               timed: builds come from switching, which the rules below keep rare.
+               its last TIMED steps (a median, so that a step descheduled by another
+               process does not move it), leaving out the first steps after a switch
+               or a request's start, which build graphs. An arm not yet run is priced
+               from the verify cost table: a measured arm's step time with its verify
+               swapped for arm a's.
 
-    The chain runs first, then every other arm is tried once (PROBE steps), the most
-    promising first: the price of an arm never run comes from the cost table, which
-    may be off (measured on a busy machine, or before the runtime changed), and a
-    trial costs a few steps once. After a trial the best arm runs; it keeps
-    running until another promises SWITCH_GAIN more (a switch builds graphs; small
-    differences are noise). A newly chosen arm runs at least PROBE steps, so that it
-    gets measured. Every REFRESH steps the runner-up, when within REFRESH_WITHIN of
-    the arm in use, is tried, so that the figures of arms not in use follow the
-    machine and an arm a little better than the one in use is found. The choice only picks the shape
-    verified: the output is the target's, whatever the arm."""
+    The bookkeeping costs host time, which on a small model is a visible part of a
+    step: only every SURVEY_EVERY-th step is a survey (the largest tree is built for
+    every arm's expectation, the verified nodes go into the calibration) and a
+    decision; the steps between run the chosen arm as a fixed budget would, plus a
+    clock reading.
+
+    The chain runs first, then every other arm is tried once, the most promising first:
+    the price of an arm never run comes from the cost table, which may be off (measured
+    on a busy machine, or before the runtime changed), and a trial costs a few steps
+    once. After a trial the best arm runs; it keeps running until another promises
+    SWITCH_GAIN more (a switch builds graphs; small differences are noise). Every
+    REFRESH steps the runner-up, when within REFRESH_WITHIN of the arm in use, is tried,
+    so that the figures of arms not in use follow the machine and an arm a little
+    better than the one in use is found. The choice only picks the shape verified: the
+    output is the target's, whatever the arm."""
 
     SWITCH_GAIN = 1.1
-    PROBE = 4  # a switch builds about two graphs (the arm's verify after the old arm's commit, then its own)
     REFRESH = 96
     REFRESH_WITHIN = 0.9
     TIMED = 15
-    SURVEY_EVERY = 4  # steps between surveys (and calibration updates)
-    SMOOTH = 0.3  # weight of the newest step in the running expectations
+    SETTLE = 2  # steps after a switch (or a request's start) that are not timed: they build graphs
+    SURVEY_EVERY = 4  # steps between surveys and decisions
+    SMOOTH = 0.4  # weight of the newest survey in the running expectations
 
     def __init__(self, cost: VerifyCost, largest: int, block: int):
         self.cost = cost
@@ -210,15 +212,14 @@ class AutoBudget:
         self.arms = auto_arms(largest)
         self.largest = self.arms[-1]
         self.spine, self.branch = Calibration(), Calibration()
-        self.verified = ([], [], [], 0)  # nodes (probabilities, spine, accepted) and steps not yet calibrated
         self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
-        self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of steps without builds
+        self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of settled steps
         self.median = {a: None for a in self.arms}  # of times, kept current by observe
         self.tried = {CHAIN}
         self.current = CHAIN
-        self.hold = self.PROBE - 1  # steps the current arm still runs whatever the scores
-        self.probing = True  # the current arm runs to be measured: when its hold ends, take the best
+        self.probing = True  # the current arm runs to be measured: at the next decision, take the best
         self.steps = 0
+        self.run = 0  # steps of the current arm since a switch or a request's start
         self.last_refresh = 0
 
     # ---- scores -------------------------------------------------------------------------
@@ -238,15 +239,30 @@ class AutoBudget:
     def rate(self, arm: int) -> float:
         return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
 
+    def gains(self, nodes) -> np.ndarray:
+        """Each node's calibrated acceptance probability; nodes: (probabilities, spine)."""
+        probs, spine = nodes
+        return np.where(spine, self.spine(probs), self.branch(probs))
+
     # ---- the loop's calls ---------------------------------------------------------------
+    def start_request(self) -> None:
+        """A new request: its first steps build graphs (the prefill took a slot, and the
+        first verify carries no commit)."""
+        self.run = 0
+
     def choose(self) -> int:
         """The arm of the next step."""
         self.steps += 1
-        if self.hold > 0:
-            self.hold -= 1
-            return self.current
-        if any(d is None for d in self.drafts.values()):
-            return self.current  # nothing surveyed yet
+        if self.steps % self.SURVEY_EVERY == 1 and all(d is not None for d in self.drafts.values()):
+            self._decide()
+        return self.current
+
+    def wants_survey(self) -> bool:
+        """Whether this step is a survey: build the largest tree for every arm's
+        expectation and report the verified nodes (the step that chose the arm)."""
+        return self.steps % self.SURVEY_EVERY == 1
+
+    def _decide(self) -> None:
         rates = {a: self.rate(a) for a in self.arms}
         best = max(self.arms, key=rates.get)
         untried = [a for a in self.arms if a not in self.tried]
@@ -255,64 +271,40 @@ class AutoBudget:
             self.tried.add(arm)
             self._run(arm, probe=True)
         elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
-            self._run(best)  # after a probe, fresh figures: straight to the best
+            self._run(best)  # after a trial, fresh figures: straight to the best
         elif self.steps - self.last_refresh >= self.REFRESH:
             self.last_refresh = self.steps
             runner_up = max((a for a in self.arms if a != self.current), key=rates.get)
             if rates[runner_up] >= self.REFRESH_WITHIN * rates[self.current]:
                 self._run(runner_up, probe=True)
-        return self.current
 
     def _run(self, arm: int, probe: bool = False) -> None:
         self.probing = probe
         if arm != self.current:
             self.current = arm
-            self.hold = self.PROBE - 1
+            self.run = 0
 
-    def wants_survey(self) -> bool:
-        """Whether this step should build the largest tree, to update every arm's
-        expectation (until every arm has one, then every SURVEY_EVERY steps)."""
-        return self.steps % self.SURVEY_EVERY == 1 or any(d is None for d in self.drafts.values())
-
-    def gains(self, nodes) -> np.ndarray:
-        """Each node's calibrated acceptance probability; nodes: (probabilities, spine)."""
-        probs, spine = nodes
-        return np.where(spine, self.spine(probs), self.branch(probs))
-
-    def survey(self, tree, chain, upto: int | None = None) -> None:
-        """This step's expectation of the chain and of every tree arm up to `upto` nodes
-        (default: all), from the nodes of a tree built for that size, in pick order
-        (tree_nodes: the first b are the tree of budget b; a size past the tree's own
-        is the whole tree), and the chain's (chain_nodes). A tree step surveys the arms
-        up to its own for the price of its tree, a survey step all of them."""
-        upto = self.largest if upto is None else upto
+    def survey(self, tree, chain) -> None:
+        """A survey step's expectation of every arm, from the nodes of the largest tree in
+        pick order (tree_nodes: the first b are the tree of budget b; a size past the
+        tree's own is the whole tree) and the chain's (chain_nodes)."""
         gains = np.concatenate([[0.0], np.cumsum(self.gains(tree))])
-        self._average(CHAIN, float(self.gains(chain).sum()))
-        for arm in self.arms[1:]:
-            if arm <= upto:
-                self._average(arm, float(gains[min(arm, len(gains) - 1)]))
+        for arm in self.arms:
+            drafts = float(self.gains(chain).sum()) if arm == CHAIN else float(gains[min(arm, len(gains) - 1)])
+            old = self.drafts[arm]
+            self.drafts[arm] = drafts if old is None else old + self.SMOOTH * (drafts - old)
 
-    def _average(self, arm: int, drafts: float) -> None:
-        old = self.drafts[arm]
-        self.drafts[arm] = drafts if old is None else old + self.SMOOTH * (drafts - old)
+    def verified(self, nodes, accepted) -> None:
+        """A survey step's verified nodes (chain_nodes / tree_nodes) and whether the
+        target accepted each (it lies on the accepted path)."""
+        probs, spine = nodes
+        ok = np.asarray(accepted, dtype=bool)
+        self.spine.update(probs[spine], ok[spine], self.SURVEY_EVERY)
+        self.branch.update(probs[~spine], ok[~spine], self.SURVEY_EVERY)
 
-    def observe(self, arm: int, nodes, accepted, seconds: float, built: bool, surveyed: bool) -> None:
-        """What a step of `arm` gave: the nodes verified (chain_nodes / tree_nodes),
-        whether the target accepted each (it lies on the accepted path), the step's
-        seconds and whether it built a graph (then its time says nothing about the
-        arm). `surveyed`: this step's expectation of the arm is already in."""
-        if not surveyed:
-            self._average(arm, float(self.gains(nodes).sum()))
-        probs, spines, oks, n = self.verified
-        probs.append(nodes[0])
-        spines.append(nodes[1])
-        oks.append(np.asarray(accepted, dtype=bool))
-        self.verified = (probs, spines, oks, n + 1)
-        if n + 1 >= self.SURVEY_EVERY:  # in batches: the calibration moves slowly anyway
-            p, on, ok = np.concatenate(probs), np.concatenate(spines), np.concatenate(oks)
-            self.spine.update(p[on], ok[on], n + 1)
-            self.branch.update(p[~on], ok[~on], n + 1)
-            self.verified = ([], [], [], 0)
-        if not built:
+    def timed(self, arm: int, seconds: float) -> None:
+        """Every step's time; settled steps of the arm chosen count."""
+        self.run += 1
+        if arm == self.current and self.run > self.SETTLE:
             self.times[arm].append(seconds)
             self.median[arm] = statistics.median(self.times[arm])

@@ -250,14 +250,8 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         stage("committed")
         return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1, n_acc
 
-    builds = [target.info()["n_graph_builds"]]
-
-    def built() -> bool:
-        # whether the target built a graph since the last step (this step's graphs, or
-        # the prefill's before a request's first step): such a step is not timed
-        n = target.info()["n_graph_builds"]
-        changed, builds[0] = n != builds[0], n
-        return changed
+    if auto is not None:
+        auto.start_request()
 
     def step(bonus: int, remaining: int, room: int):
         t0 = time.perf_counter()
@@ -271,22 +265,21 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             out, t_draft, t_verify, n_acc = device_chain(bonus, depth + 1, t0)
             stats.tree_sizes.append(depth)
             stats.chain_steps += 1
-            cand, logp = draft.topk(depth)
-            nodes = chain_nodes(logp[:, 0])
             if survey:
+                cand, logp = draft.topk(depth)
+                nodes = chain_nodes(logp[:, 0])
                 auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.largest, max_depth=depth), logp[:, 0]),
                             nodes)
-            auto.observe(CHAIN, nodes, np.arange(depth) < n_acc, time.perf_counter() - t0, built(), survey)
+                auto.verified(nodes, np.arange(depth) < n_acc)
+            auto.timed(CHAIN, time.perf_counter() - t0)
             return out, t_draft, t_verify
         draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         cand, logp = draft.topk(b - 1)
         chain = arm == CHAIN or 1 + arm > room  # a padded tree that does not fit: the chain does
         if survey or not chain:
             tree = build_tree(bonus, cand, logp, auto.largest if survey else arm, max_depth=depth)
-            if auto is not None:
-                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:depth, 0]),
-                            None if survey else arm)
             if survey:
+                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:depth, 0]))
                 tree = tree.best(arm)
         if chain:
             tree = chain_tree(bonus, cand[:depth, 0])
@@ -314,14 +307,14 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             target.commit_path(path)
         draft.append_rows(len(path), rows=path, defer=True)
         stage("committed")
-        if auto is not None:
+        if survey:
             if chain:
-                nodes, accepted = chain_nodes(logp[:depth, 0]), np.arange(depth) < len(path) - 1
+                auto.verified(chain_nodes(logp[:depth, 0]), np.arange(depth) < len(path) - 1)
             else:
                 on_path = set(path)
-                nodes, accepted = tree_nodes(tree, logp[:depth, 0]), [i in on_path for i in tree.pick_order]
-            auto.observe(CHAIN if chain else arm, nodes, accepted, time.perf_counter() - t0, built(),
-                         survey or not chain)
+                auto.verified(tree_nodes(tree, logp[:depth, 0]), [i in on_path for i in tree.pick_order])
+        if auto is not None:
+            auto.timed(CHAIN if chain else arm, time.perf_counter() - t0)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,

@@ -376,13 +376,12 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
     """AutoBudget driven by a simulated pair: every step the drafter gives its top-4
     candidates per depth (the top one at 0.6, the others sharing the rest), the target
     accepts each drafted node with probability accept(node's drafter probability), and
-    an arm's step takes step_seconds[arm] (a switch builds a graph: that step is not
-    timed). Returns the arm of every step."""
+    an arm's step takes step_seconds[arm]. Returns the arm of every step."""
     from dflash_gguf.budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 
     rng = np.random.default_rng(seed)
     auto = AutoBudget(cost or _Cost(1e-3, 1e-4), largest, depth + 1)
-    arms, previous = [], None
+    arms = []
     cand = np.arange(depth * 4).reshape(depth, 4)
     logp = np.log(np.tile([0.6, 0.2, 0.12, 0.08], (depth, 1)))
     accept_rank = accept(np.exp(logp[0]))
@@ -410,9 +409,10 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
                 path.add(nxt)
                 node = nxt
             nodes, accepted = tree_nodes(tree, logp[:, 0]), [i in path for i in tree.pick_order]
-        auto.observe(arm, nodes, accepted, step_seconds[arm], arm != previous, survey)
+        if survey:
+            auto.verified(nodes, accepted)
+        auto.timed(arm, step_seconds[arm])
         arms.append(arm)
-        previous = arm
     return arms
 
 
@@ -466,7 +466,7 @@ def test_auto_calibrates_spine_and_branches_apart():
     rng = np.random.default_rng(4)
     nodes = (np.array([0.1, 0.1]), np.array([True, False]))
     for _ in range(400):
-        auto.observe(4, nodes, [rng.random() < 0.5, rng.random() < 0.01], 1e-3, False, False)
+        auto.verified(nodes, [rng.random() < 0.5, rng.random() < 0.01])
     spine, branch = auto.gains(nodes)
     assert spine > 0.3 and branch < 0.05
 
@@ -496,7 +496,7 @@ class _ScriptedAuto:
         from dflash_gguf.budget import AutoBudget
 
         self.real = AutoBudget(_Cost(1e-3, 1e-4), largest, BLOCK)
-        self.largest, self.script, self.seen = largest, list(arms), []
+        self.largest, self.script, self.seen, self.surveyed = largest, list(arms), [], 0
 
     def choose(self):
         self.real.choose()
@@ -507,15 +507,23 @@ class _ScriptedAuto:
     def wants_survey(self):
         return len(self.seen) % 3 == 1
 
+    def start_request(self):
+        self.real.start_request()
+
     def survey(self, *a):
         self.real.survey(*a)
 
-    def observe(self, arm, nodes, accepted, seconds, built, surveyed):
+    def verified(self, nodes, accepted):
         probs, spine = nodes
         assert len(probs) == len(spine) == len(accepted) and np.all((0 <= probs) & (probs <= 1))
         # the chain is all spine; a tree's first node is the drafter's top choice
-        assert spine.all() if arm == 0 else spine[0]
-        self.real.observe(arm, nodes, accepted, seconds, built, surveyed)
+        assert spine.all() if self.seen[-1] == 0 else spine[0]
+        self.surveyed += 1
+        self.real.verified(nodes, accepted)
+
+    def timed(self, arm, seconds):
+        assert arm == self.seen[-1] and seconds > 0
+        self.real.timed(arm, seconds)
 
 
 def test_lossless_auto_mixing_chain_and_trees(pair):
@@ -529,6 +537,7 @@ def test_lossless_auto_mixing_chain_and_trees(pair):
         out, stats = tree_generate(target, draft, prompt, 64, budget=16, auto=auto)
         assert out == ar
         assert stats.chain_steps > 0 and stats.chain_steps < len(stats.accepted_lengths)
+        assert auto.surveyed > 0
 
 
 def test_lossless_auto(pair):
