@@ -7,6 +7,8 @@ for the demo drafter).
     .venv/bin/python scripts/train_weak_drafter.py --out /tmp/weak-120.gguf     # 120 steps, ~10 min
     .venv/bin/python scripts/train_weak_drafter.py --steps 150 --resume .cache/train_weak_drafter/draft \
         --work-dir .cache/train_weak_drafter2            # 150 more: dflash_gguf/data/demo-draft-weak.gguf
+    .venv/bin/python scripts/train_weak_drafter.py --steps 150 --lr 5e-4 \
+        --resume-gguf dflash_gguf/data/demo-draft-weak.gguf --out /tmp/weak-more.gguf   # more, from the bundled file
 
 Why a weak pair: with a strong drafter every engine amortises its fixed per-step cost
 (drafting, graph launches, host syncs) over many accepted tokens; with AL about 2 that
@@ -58,10 +60,14 @@ def main(argv=None) -> int:
                    "WORK_DIR/draft) instead of random weights: a second leg of training, with its own schedule")
     p.add_argument("--resume-gguf", type=Path, help="start from the weights of this drafter GGUF (e.g. the bundled "
                    "one; q8_0 matrices are dequantized) when its checkpoint is gone")
+    p.add_argument("--lr", type=float, default=2e-3,
+                   help="peak learning rate (default 2e-3, the demo's; a resumed leg at the full rate first loses "
+                        "ground: from the bundled file, the loss rose from 1.6 to 2.4 over its first 30 steps)")
     a = p.parse_args(argv)
     a.out = a.out.resolve()  # the runtime check runs from /
 
-    args = demo.parse_args(["--draft-steps", str(a.steps), "--onpolicy-seqs", str(a.onpolicy_seqs),
+    args = demo.parse_args(["--draft-steps", str(a.steps), "--draft-lr", str(a.lr),
+                            "--onpolicy-seqs", str(a.onpolicy_seqs),
                             "--threads", str(a.threads), "--work-dir", str(a.work_dir), "--log-every", "10"]
                            + ([] if a.compile else ["--no-compile"]) + ([] if a.bf16 else ["--no-bf16"]))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
