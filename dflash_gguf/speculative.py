@@ -195,8 +195,8 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     With `auto` (budget.AutoBudget, `budget` its largest tree), every step verifies
     the arm it chooses: the plain chain of the drafter's top choices (verified as the
     chain decoder does, the block going from the drafter to the target on the device)
-    or a tree of one of a few sizes; each step's expectations, acceptance and time go
-    back to it.
+    or a tree of one of a few sizes; each step's time goes back to it, and on its
+    survey steps the nodes verified and the expectations of every arm.
 
     Trees are padded with dummy leaves to their budget (or the arm's size): the target's
     verify graph depends only on the node count, so steps reuse it.
@@ -235,7 +235,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
 
     def device_chain(bonus: int, b: int, t0: float):
         # the chain arm, greedy: the chain decoder's step (the block never visits the
-        # host before the verify); the drafter's top-1 log-probs are read afterwards
+        # host before the verify; a survey reads the drafter's top-K afterwards)
         draft.propose(bonus, b, read=False)
         stage("drafted")
         t1 = time.perf_counter()
