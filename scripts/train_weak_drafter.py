@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     verify = demo.verify_runtime(DEMO_TARGET_GGUF, tmp, args.verify_tokens, args.threads)
     tmp.replace(a.out)
     al = [r["mean_accepted"] for r in verify] if verify else []
-    info = {"steps": a.steps, "resumed_from": str(a.resume or a.resume_gguf) if a.resume or a.resume_gguf else None, "onpolicy_seqs": a.onpolicy_seqs,
+    resumed = a.resume or a.resume_gguf
+    info = {"steps": a.steps, "resumed_from": str(resumed) if resumed else None, "onpolicy_seqs": a.onpolicy_seqs,
             "train_seconds": train_s,
             "total_seconds": time.perf_counter() - t_start, "drafter": dinfo,
             "runtime_al": al, "runtime_al_mean": sum(al) / len(al) if al else None,
