@@ -1,20 +1,20 @@
-"""`--tree-budget auto`: choose, at every step, the tree size that maximises expected
-tokens per second.
+"""`--tree-budget auto`: which shape each step verifies, the chain of the drafter's top
+choices or a tree of one of a few sizes, chosen for the most tokens per second.
 
-Two ingredients: how long a verify of n nodes takes on this machine and model (measured
-once, cached per model file, runtime build, device and thread count), and how many
-tokens a tree of b nodes is expected to yield (from the drafter's own probabilities
-along the best-first order, DraftTree.expected_accepted). The step's choice is
-    argmax_b  expected_accepted[b] / (draft_time + verify_time(b + 1)),
-and the plain chain of the drafter's top choices competes with it at the chain verify's
-own (lower) cost, so `auto` is never expected to be slower than the chain.
+Three ingredients: a verify cost table (how long a verify of n nodes takes on this
+machine and model: measured once, cached per model file, runtime build, device and
+thread count), which only prices arms not yet run; each arm's measured step time; and
+each arm's expected accepted tokens, from the drafter's own probabilities through a
+calibration learnt from every verified node (AutoBudget, Calibration).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import statistics
 import time
+from collections import deque
 from pathlib import Path
 from typing import Dict, List
 
@@ -26,7 +26,7 @@ from .target import LOGITS_LAST, Target
 
 
 # bumped when measure_verify_cost changes what it measures
-MEASURE_VERSION = 2
+MEASURE_VERSION = 3
 
 
 def _key(target: Target, n_threads: int) -> str:
@@ -38,8 +38,9 @@ def _key(target: Target, n_threads: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
-def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 3) -> Dict[int, float]:
-    """Median seconds of a verify of each size as decoding sees it, as a tree
+def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 5) -> Dict[int, float]:
+    """Least seconds of a verify of each size as decoding sees it (the least: other
+    processes on the machine only ever add to a time), as a tree
     (chain-shaped) or as a chain: its graph already built and the previous step's commit
     riding along. The target is reset afterwards."""
     cost = {}
@@ -60,7 +61,7 @@ def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: i
                 target.commit_path([0])
             else:
                 target.commit(1)
-        cost[n] = float(np.median(times[2:]))
+        cost[n] = float(min(times[2:]))
     target.reset()
     return cost
 
@@ -94,52 +95,216 @@ class VerifyCost:
         return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
-class AcceptanceCalibration:
-    """The drafter's probabilities are not the target's: the running ratio of accepted
-    drafted tokens to the drafter's expectation for the trees actually verified scales
-    the expectation of every candidate size."""
-
-    def __init__(self, smoothing: float = 0.1):
-        self.ratio = 1.0
-        self.smoothing = smoothing
-
-    def update(self, expected_drafts: float, accepted_drafts: int) -> None:
-        if expected_drafts > 1e-6:
-            observed = accepted_drafts / expected_drafts
-            self.ratio += self.smoothing * (min(observed, 4.0) - self.ratio)
+def chain_nodes(top1_logprobs):
+    """The chain of the drafter's top choices as (probabilities, spine): each prefix's
+    drafter probability of being all right, and all of them on the spine."""
+    probs = np.exp(np.cumsum(np.asarray(top1_logprobs, dtype=float)))
+    return probs, np.ones(len(probs), dtype=bool)
 
 
-def _rate(expected, seconds, calibration: AcceptanceCalibration | None):
-    ratio = calibration.ratio if calibration is not None else 1.0
-    return (1.0 + ratio * (np.asarray(expected) - 1.0)) / seconds
+def tree_nodes(tree, top1_logprobs):
+    """A best-first tree's nodes in the order they were picked (the first b are the tree
+    of budget b) as (probabilities, spine): each node's drafter path probability, and
+    whether it lies on the spine (the chain of top choices, which a tree holds as far
+    as it is likely; the other nodes are branches)."""
+    if not tree.pick_order:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    order = np.asarray(tree.pick_order, dtype=int)
+    scores = np.asarray(tree.scores, dtype=float)[order]
+    depths = np.asarray(tree.depths, dtype=int)[order]
+    spine_scores = np.cumsum(np.asarray(top1_logprobs, dtype=float))
+    # a spine node's score is the sum of the top choices' log-probabilities to its depth
+    return np.exp(scores), np.abs(scores - spine_scores[depths - 1]) < 1e-5
 
 
-def budget_sizes(largest: int) -> List[int]:
-    """The tree sizes `auto` chooses among, up to `largest`: a few sizes, so that the
-    verify graphs of consecutive steps mostly share their shape."""
-    return sorted({b for b in (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48) if b < largest} | {largest})
+CHAIN = 0  # AutoBudget's arm for the chain of the drafter's top choices (a chain verify)
+TREE_SIZES = (4, 8, 16, 32)  # its tree arms, up to the largest budget
 
 
-def choose_budget(expected: np.ndarray, cost: VerifyCost, draft_seconds: float,
-                  calibration: AcceptanceCalibration | None = None, sizes: List[int] | None = None) -> int:
-    """The budget b (nodes besides the root; any of `sizes`, default 0..len(expected)-1)
-    with the best expected tokens per second. expected[b] counts the target's own token
-    (1) plus drafts; a budget past the tree's own size is the whole tree, padded."""
-    b = np.arange(len(expected)) if sizes is None else np.asarray(sizes)
-    gain = np.asarray(expected)[np.minimum(b, len(expected) - 1)]
-    return int(b[np.argmax(_rate(gain, draft_seconds + cost(b + 1), calibration))])
+def auto_arms(largest: int) -> List[int]:
+    """The arms `auto` chooses among: the chain and a few tree sizes up to `largest`.
+    Few, so that their verify graphs stay cached (a graph's shape is its node count and
+    the previous step's), and the fixed budgets a user would try, so that the best of
+    them is among the arms."""
+    return [CHAIN] + sorted({s for s in TREE_SIZES if s < largest} | {largest})
 
 
-def chain_expected(top1_logprobs) -> float:
-    """Expected tokens of a pass verifying the chain of the drafter's top choices: the
-    target's own token plus each prefix's probability of being all right."""
-    return 1.0 + float(np.exp(np.cumsum(top1_logprobs)).sum())
+class Calibration:
+    """How often the target accepts a drafted node, as a function of the drafter's own
+    probability for it (its path probability): the drafter is neither right as often
+    as it believes nor equally wrong at every confidence. Nodes are binned by
+    probability; each bin maps p to p times its observed / predicted ratio (decayed,
+    shrunk to 1 by a prior of PRIOR predicted nodes). AutoBudget keeps one for spine
+    nodes and one for branches: at equal drafter probability a deep spine node (the
+    drafter right several times over, and its errors come in runs) is accepted far more
+    often than a sibling of the top choice."""
+
+    EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97])
+    PRIOR = 2.0
+    DECAY = 0.995  # per step (surveys come every few steps)
+
+    def __init__(self):
+        self.predicted = np.zeros(len(self.EDGES))
+        self.accepted = np.zeros(len(self.EDGES))
+        self.ratio = np.ones(len(self.EDGES))
+
+    def __call__(self, probs) -> np.ndarray:
+        """The calibrated acceptance probability of nodes the drafter gives `probs`."""
+        probs = np.asarray(probs, dtype=float)
+        return np.minimum(probs * self.ratio[np.searchsorted(self.EDGES, probs, side="right") - 1], 1.0)
+
+    def update(self, probs, accepted, n_steps: int = 1) -> None:
+        """Verified nodes of n_steps steps: each node's drafter probability and whether
+        the target accepted it (it lies on the accepted path)."""
+        probs = np.asarray(probs, dtype=float)
+        b = np.searchsorted(self.EDGES, probs, side="right") - 1
+        n = len(self.EDGES)
+        decay = self.DECAY ** n_steps
+        self.predicted = decay * self.predicted + np.bincount(b, weights=probs, minlength=n)
+        self.accepted = decay * self.accepted + np.bincount(b, weights=np.asarray(accepted, dtype=float), minlength=n)
+        self.ratio = (self.accepted + self.PRIOR) / (self.predicted + self.PRIOR)
 
 
-def chain_beats_tree(chain_exp: float, n_chain: int, tree_exp: float, n_tree: int, cost: VerifyCost,
-                     draft_seconds: float, calibration: AcceptanceCalibration | None = None) -> bool:
-    """Whether verifying the chain (n_chain tokens) promises more tokens per second than
-    the chosen tree (n_tree nodes)."""
-    chain = _rate(chain_exp, draft_seconds + cost.chain(n_chain), calibration)
-    tree = _rate(tree_exp, draft_seconds + cost(n_tree), calibration)
-    return bool(chain > tree)
+class AutoBudget:
+    """`--tree-budget auto`: which arm (the chain, or a tree of one of a few sizes) the
+    next step verifies. Kept across requests, so that what one request learnt serves
+    the next. Each arm's score is the tokens per second it is expected to give now:
+
+        rate(a) = (1 + drafts_a) / seconds_a
+
+    drafts_a   the expected accepted drafts of arm a: its nodes' drafter probabilities
+               through the Calibrations learnt from verified nodes (spine nodes and
+               branches apart), summed, and averaged over recent survey steps;
+    seconds_a  arm a's measured step time (drafting, verify, host work): the median of
+               its last TIMED steps (a median, so that a step descheduled by another
+               process does not move it), leaving out the first steps after a switch
+               or a request's start, which build graphs. An arm not yet run is priced
+               from the verify cost table: a measured arm's step time with its verify
+               swapped for arm a's.
+
+    The bookkeeping costs host time, which on a small model is a visible part of a
+    step: only every SURVEY_EVERY-th step is a survey (the largest tree is built for
+    every arm's expectation, the verified nodes go into the calibration) and a
+    decision; the steps between run the chosen arm as a fixed budget would, plus a
+    clock reading.
+
+    The chain runs first, then every other arm is tried once, the most promising first:
+    the price of an arm never run comes from the cost table, which may be off (measured
+    on a busy machine, or before the runtime changed), and a trial costs a few steps
+    once. After a trial the best arm runs; it keeps running until another promises
+    SWITCH_GAIN more (a switch builds graphs; small differences are noise). Every
+    REFRESH steps the runner-up, when within REFRESH_WITHIN of the arm in use, is tried,
+    so that the figures of arms not in use follow the machine and an arm a little
+    better than the one in use is found. The choice only picks the shape verified: the
+    output is the target's, whatever the arm."""
+
+    SWITCH_GAIN = 1.1
+    REFRESH = 96
+    REFRESH_WITHIN = 0.9
+    TIMED = 15
+    SETTLE = 2  # steps after a switch (or a request's start) that are not timed: they build graphs
+    SURVEY_EVERY = 4  # steps between surveys and decisions
+    SMOOTH = 0.4  # weight of the newest survey in the running expectations
+
+    def __init__(self, cost: VerifyCost, largest: int, block: int):
+        self.cost = cost
+        self.block = block
+        self.arms = auto_arms(largest)
+        self.largest = self.arms[-1]
+        self.spine, self.branch = Calibration(), Calibration()
+        self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
+        self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of settled steps
+        self.median = {a: None for a in self.arms}  # of times, kept current by observe
+        self.tried = {CHAIN}
+        self.current = CHAIN
+        self.probing = True  # the current arm runs to be measured: at the next decision, take the best
+        self.steps = 0
+        self.run = 0  # steps of the current arm since a switch or a request's start
+        self.last_refresh = 0
+
+    # ---- scores -------------------------------------------------------------------------
+    def verify_seconds(self, arm: int) -> float:
+        """The cost table's verify time of an arm (chain: a block of `block` tokens)."""
+        return float(self.cost.chain(self.block) if arm == CHAIN else self.cost(arm + 1))
+
+    def step_seconds(self, arm: int) -> float:
+        if self.median[arm] is not None:
+            return self.median[arm]
+        timed = [a for a in self.arms if self.median[a] is not None]
+        if not timed:
+            return self.verify_seconds(arm)
+        ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
+        return max(self.median[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
+
+    def rate(self, arm: int) -> float:
+        return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
+
+    def gains(self, nodes) -> np.ndarray:
+        """Each node's calibrated acceptance probability; nodes: (probabilities, spine)."""
+        probs, spine = nodes
+        return np.where(spine, self.spine(probs), self.branch(probs))
+
+    # ---- the loop's calls ---------------------------------------------------------------
+    def start_request(self) -> None:
+        """A new request: its first steps build graphs (the prefill took a slot, and the
+        first verify carries no commit)."""
+        self.run = 0
+
+    def choose(self) -> int:
+        """The arm of the next step."""
+        self.steps += 1
+        if self.steps % self.SURVEY_EVERY == 1 and all(d is not None for d in self.drafts.values()):
+            self._decide()
+        return self.current
+
+    def wants_survey(self) -> bool:
+        """Whether this step is a survey: build the largest tree for every arm's
+        expectation and report the verified nodes (the step that chose the arm)."""
+        return self.steps % self.SURVEY_EVERY == 1
+
+    def _decide(self) -> None:
+        rates = {a: self.rate(a) for a in self.arms}
+        best = max(self.arms, key=rates.get)
+        untried = [a for a in self.arms if a not in self.tried]
+        if untried:
+            arm = max(untried, key=rates.get)
+            self.tried.add(arm)
+            self._run(arm, probe=True)
+        elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
+            self._run(best)  # after a trial, fresh figures: straight to the best
+        elif self.steps - self.last_refresh >= self.REFRESH:
+            self.last_refresh = self.steps
+            runner_up = max((a for a in self.arms if a != self.current), key=rates.get)
+            if rates[runner_up] >= self.REFRESH_WITHIN * rates[self.current]:
+                self._run(runner_up, probe=True)
+
+    def _run(self, arm: int, probe: bool = False) -> None:
+        self.probing = probe
+        if arm != self.current:
+            self.current = arm
+            self.run = 0
+
+    def survey(self, tree, chain) -> None:
+        """A survey step's expectation of every arm, from the nodes of the largest tree in
+        pick order (tree_nodes: the first b are the tree of budget b; a size past the
+        tree's own is the whole tree) and the chain's (chain_nodes)."""
+        gains = np.concatenate([[0.0], np.cumsum(self.gains(tree))])
+        for arm in self.arms:
+            drafts = float(self.gains(chain).sum()) if arm == CHAIN else float(gains[min(arm, len(gains) - 1)])
+            old = self.drafts[arm]
+            self.drafts[arm] = drafts if old is None else old + self.SMOOTH * (drafts - old)
+
+    def verified(self, nodes, accepted) -> None:
+        """A survey step's verified nodes (chain_nodes / tree_nodes) and whether the
+        target accepted each (it lies on the accepted path)."""
+        probs, spine = nodes
+        ok = np.asarray(accepted, dtype=bool)
+        self.spine.update(probs[spine], ok[spine], self.SURVEY_EVERY)
+        self.branch.update(probs[~spine], ok[~spine], self.SURVEY_EVERY)
+
+    def timed(self, arm: int, seconds: float) -> None:
+        """Every step's time; settled steps of the arm chosen count."""
+        self.run += 1
+        if arm == self.current and self.run > self.SETTLE:
+            self.times[arm].append(seconds)
+            self.median[arm] = statistics.median(self.times[arm])

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
-from .budget import VerifyCost
+from .budget import AutoBudget, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, autoregressive_steps, check_request, collect
@@ -116,7 +116,7 @@ class Engine:
             self.target.close()
             raise
         self.n_threads = n_threads
-        self._cost: Optional[VerifyCost] = None
+        self._auto: Optional[AutoBudget] = None  # what `auto` learnt, kept across requests
         self.last_tokens: List[int] = []  # every token the last call generated
         self._context: List[int] = []  # tokens the target (and drafter) context holds
         self._context_mode: Optional[bool] = None  # speculative or not, when it was filled
@@ -176,8 +176,9 @@ class Engine:
         n = len(self._context)
         reused = n if (self._context_mode == use_draft and 0 < n < len(tokens) and tokens[:n] == self._context) else 0
         self._context, self._context_mode = [], None  # unknown until the run ends
-        if use_draft and self.tree_budget and self.auto_budget and self._cost is None:
-            self._cost = VerifyCost(self.target, self.n_threads)
+        if use_draft and self.tree_budget and self.auto_budget and self._auto is None:
+            self._auto = AutoBudget(VerifyCost(self.target, self.n_threads), self.tree_budget,
+                                    self.block_size or self.draft.block_size)
             reused = 0  # measuring the cost used the target
         saver = None
         if self.checkpoints is not None and tokens:
@@ -185,7 +186,7 @@ class Engine:
             saver = self._saver(tokens, reused, use_draft)
         if use_draft and self.tree_budget:
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, self._cost, sampling, reused, context_full, hook, saver), use_draft
+                              stats, self._auto, sampling, reused, context_full, hook, saver), use_draft
         if use_draft:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
                                      sampling, reused, context_full, hook, saver), use_draft

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
-from .budget import (AcceptanceCalibration, VerifyCost, budget_sizes, chain_beats_tree, chain_expected,
-                     choose_budget)
+import numpy as np
+
+from .budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 from .ddtree import accept_path, build_tree, chain_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, prefill_prompt, start_context
@@ -184,19 +185,20 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
 
 def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                budget: int, block_size: Optional[int], stats: GenerationStats,
-               cost: Optional[VerifyCost] = None, sampling: Optional[SamplingParams] = None,
+               auto: Optional[AutoBudget] = None, sampling: Optional[SamplingParams] = None,
                reused: int = 0, context_full: str = "error",
                on_stage: Optional[Callable[[str], None]] = None, saver=None) -> Iterator[List[int]]:
     """DDTree speculative decoding: the drafter's per-position top-K candidates become a
     best-first tree of `budget` nodes below the bonus token, the target verifies all of
     them in one pass, and the longest path the target agrees with is kept.
 
-    With a verify cost model (`cost`), `budget` is the largest tree and every step uses
-    the size with the best expected tokens per second (budget.choose_budget, among a few
-    sizes), or the plain chain of top choices when that promises more
-    (budget.chain_beats_tree).
+    With `auto` (budget.AutoBudget, `budget` its largest tree), every step verifies
+    the arm it chooses: the plain chain of the drafter's top choices (verified as the
+    chain decoder does, the block going from the drafter to the target on the device)
+    or a tree of one of a few sizes; each step's time goes back to it, and on its
+    survey steps the nodes verified and the expectations of every arm.
 
-    Trees are padded with dummy leaves to their budget (or chosen size): the target's
+    Trees are padded with dummy leaves to their budget (or the arm's size): the target's
     verify graph depends only on the node count, so steps reuse it.
 
     With sampling, the walk draws the target's token at each node from the target's own
@@ -211,50 +213,80 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         raise ValueError("tree decoding needs a drafter loaded with top_k >= 1")
     if not 1 <= budget or budget + 1 > target.n_verify:
         raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
+    if auto is not None and auto.largest != budget:
+        raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
-    calibration = AcceptanceCalibration()
-    sizes = budget_sizes(budget)
-
     stage = on_stage or _no_stage
+
+    def bonus_only(bonus: int, t0: float):
+        # room for the bonus alone
+        draft.flush()
+        stage("drafted")
+        t1 = time.perf_counter()
+        target.verify([bonus])
+        choice = target.argmax(0, 1) if sampler is None else \
+            [sampler.draw(distribution(target.logits(0, 1), sampler.params)[0])]
+        t2 = time.perf_counter()
+        stage("verified")
+        target.commit(1)
+        draft.append_rows(1, defer=True)
+        stage("committed")
+        return [int(choice[0])], t1 - t0, t2 - t1
+
+    def device_chain(bonus: int, b: int, t0: float):
+        # the chain arm, greedy: the chain decoder's step (the block never visits the
+        # host before the verify; a survey reads the drafter's top-K afterwards)
+        draft.propose(bonus, b, read=False)
+        stage("drafted")
+        t1 = time.perf_counter()
+        draft.verify_block(target, b)
+        block = draft.block(b)
+        choice = target.argmax(0, b)
+        n_acc = accepted_prefix(block, choice)
+        t2 = time.perf_counter()
+        stage("verified")
+        target.commit(n_acc + 1)
+        draft.append_rows(n_acc + 1, defer=True)
+        stage("committed")
+        return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1, n_acc
+
+    if auto is not None:
+        auto.start_request()
 
     def step(bonus: int, remaining: int, room: int):
         t0 = time.perf_counter()
         b = min(B, room)  # near a full context the block (and the tree's depth) shrinks
-        if b < 2:  # room for the bonus alone
-            draft.flush()
-            stage("drafted")
-            t1 = time.perf_counter()
-            target.verify([bonus])
-            choice = target.argmax(0, 1) if sampler is None else \
-                [sampler.draw(distribution(target.logits(0, 1), sampler.params)[0])]
-            t2 = time.perf_counter()
-            stage("verified")
-            target.commit(1)
-            draft.append_rows(1, defer=True)
-            stage("committed")
-            return [int(choice[0])], t1 - t0, t2 - t1
-        draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
+        if b < 2:
+            return bonus_only(bonus, t0)
+        arm = budget if auto is None else auto.choose()
+        survey = auto is not None and auto.wants_survey()
         depth = min(b - 1, remaining)
+        if arm == CHAIN and sampler is None:
+            out, t_draft, t_verify, n_acc = device_chain(bonus, depth + 1, t0)
+            stats.tree_sizes.append(depth)
+            stats.chain_steps += 1
+            if survey:
+                cand, logp = draft.topk(depth)
+                nodes = chain_nodes(logp[:, 0])
+                auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.largest, max_depth=depth), logp[:, 0]),
+                            nodes)
+                auto.verified(nodes, np.arange(depth) < n_acc)
+            auto.timed(CHAIN, time.perf_counter() - t0)
+            return out, t_draft, t_verify
+        draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         cand, logp = draft.topk(b - 1)
-        tree = build_tree(bonus, cand, logp, budget, max_depth=depth)
-        expected, chain = None, False
-        if cost is not None:
-            n_steps = len(stats.accepted_lengths)
-            draft_time = stats.draft_seconds / n_steps if n_steps else 0.0
-            expected = tree.expected_accepted()
-            size = choose_budget(expected, cost, draft_time, calibration, sizes)
-            tree, expected = tree.best(size), expected[min(size, len(expected) - 1)]
-            chain_exp = chain_expected(logp[:depth, 0])
-            if depth + 1 <= target.n_verify and chain_beats_tree(chain_exp, depth + 1, expected, 1 + size, cost,
-                                                                 draft_time, calibration):
-                tree, expected, chain = chain_tree(bonus, cand[:depth, 0]), chain_exp, True
-                stats.chain_steps += 1
-        padded = 1 + (budget if cost is None else size)
-        if not chain and padded > room:  # the padded tree does not fit: the chain of top choices does
-            tree, expected, chain = chain_tree(bonus, cand[:depth, 0]), None, True
+        chain = arm == CHAIN or 1 + arm > room  # a padded tree that does not fit: the chain does
+        if survey or not chain:
+            tree = build_tree(bonus, cand, logp, auto.largest if survey else arm, max_depth=depth)
+            if survey:
+                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:depth, 0]))
+                tree = tree.best(arm)
+        if chain:
+            tree = chain_tree(bonus, cand[:depth, 0])
+            stats.chain_steps += 1
         stats.tree_sizes.append(len(tree) - 1)
         if not chain:
-            tree = tree.padded_to(padded)
+            tree = tree.padded_to(1 + arm)
         stage("drafted")
         t1 = time.perf_counter()
         if chain:
@@ -269,14 +301,20 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         path = accept_path(tree, choice)
         t2 = time.perf_counter()
         stage("verified")
-        if expected is not None:
-            calibration.update(expected - 1.0, len(path) - 1)
         if chain:
             target.commit(len(path))
         else:
             target.commit_path(path)
         draft.append_rows(len(path), rows=path, defer=True)
         stage("committed")
+        if survey:
+            if chain:
+                auto.verified(chain_nodes(logp[:depth, 0]), np.arange(depth) < len(path) - 1)
+            else:
+                on_path = set(path)
+                auto.verified(tree_nodes(tree, logp[:depth, 0]), [i in on_path for i in tree.pick_order])
+        if auto is not None:
+            auto.timed(CHAIN if chain else arm, time.perf_counter() - t0)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,
@@ -309,9 +347,10 @@ def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_to
 
 def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, budget: int,
                   stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
-                  on_tokens: Optional[Callable[[List[int]], None]] = None, cost: Optional[VerifyCost] = None,
+                  on_tokens: Optional[Callable[[List[int]], None]] = None, auto: Optional[AutoBudget] = None,
                   sampling: Optional[SamplingParams] = None):
-    """DDTree speculative generation. Returns (tokens, stats)."""
+    """DDTree speculative generation (with `auto`: each step's arm chosen by it).
+    Returns (tokens, stats)."""
     stats = GenerationStats()
-    steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, cost, sampling)
+    steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, auto, sampling)
     return collect(steps, on_tokens), stats

@@ -7,6 +7,8 @@ for the demo drafter).
     .venv/bin/python scripts/train_weak_drafter.py --out /tmp/weak-120.gguf     # 120 steps, ~10 min
     .venv/bin/python scripts/train_weak_drafter.py --steps 150 --resume .cache/train_weak_drafter/draft \
         --work-dir .cache/train_weak_drafter2            # 150 more: dflash_gguf/data/demo-draft-weak.gguf
+    .venv/bin/python scripts/train_weak_drafter.py --steps 150 --lr 5e-4 \
+        --resume-gguf dflash_gguf/data/demo-draft-weak.gguf --out /tmp/weak-more.gguf   # more, from the bundled file
 
 Why a weak pair: with a strong drafter every engine amortises its fixed per-step cost
 (drafting, graph launches, host syncs) over many accepted tokens; with AL about 2 that
@@ -56,10 +58,16 @@ def main(argv=None) -> int:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (fast only when compiled)")
     p.add_argument("--resume", type=Path, help="start from this drafter checkpoint (an earlier run's "
                    "WORK_DIR/draft) instead of random weights: a second leg of training, with its own schedule")
+    p.add_argument("--resume-gguf", type=Path, help="start from the weights of this drafter GGUF (e.g. the bundled "
+                   "one; q8_0 matrices are dequantized) when its checkpoint is gone")
+    p.add_argument("--lr", type=float, default=2e-3,
+                   help="peak learning rate (default 2e-3, the demo's; a resumed leg at the full rate first loses "
+                        "ground: from the bundled file, the loss rose from 1.6 to 2.4 over its first 30 steps)")
     a = p.parse_args(argv)
     a.out = a.out.resolve()  # the runtime check runs from /
 
-    args = demo.parse_args(["--draft-steps", str(a.steps), "--onpolicy-seqs", str(a.onpolicy_seqs),
+    args = demo.parse_args(["--draft-steps", str(a.steps), "--draft-lr", str(a.lr),
+                            "--onpolicy-seqs", str(a.onpolicy_seqs),
                             "--threads", str(a.threads), "--work-dir", str(a.work_dir), "--log-every", "10"]
                            + ([] if a.compile else ["--no-compile"]) + ([] if a.bf16 else ["--no-bf16"]))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -97,6 +105,13 @@ def main(argv=None) -> int:
     prompts = demo.sample_prompts(tok, heldout_stream, 8, rng, 16, args.seq_len // 2)
     gen_heldout = demo.generate_onpolicy(DEMO_TARGET_GGUF, prompts, args.seq_len, args.threads, "on-policy held-out")
 
+    if a.resume and a.resume_gguf:
+        raise SystemExit("give --resume or --resume-gguf, not both")
+    if a.resume_gguf:
+        fresh = demo.make_drafter
+        source = a.resume_gguf.resolve()
+        demo.make_drafter = lambda *args_: drafter_from_gguf(fresh(*args_), source)
+        demo.log(f"drafter: resuming from the weights of {source}")
     if a.resume:
         from dflash.model import DFlashDraftModel
 
@@ -121,7 +136,8 @@ def main(argv=None) -> int:
     verify = demo.verify_runtime(DEMO_TARGET_GGUF, tmp, args.verify_tokens, args.threads)
     tmp.replace(a.out)
     al = [r["mean_accepted"] for r in verify] if verify else []
-    info = {"steps": a.steps, "resumed_from": str(a.resume) if a.resume else None, "onpolicy_seqs": a.onpolicy_seqs,
+    resumed = a.resume or a.resume_gguf
+    info = {"steps": a.steps, "resumed_from": str(resumed) if resumed else None, "onpolicy_seqs": a.onpolicy_seqs,
             "train_seconds": train_s,
             "total_seconds": time.perf_counter() - t_start, "drafter": dinfo,
             "runtime_al": al, "runtime_al_mean": sum(al) / len(al) if al else None,
@@ -130,6 +146,44 @@ def main(argv=None) -> int:
     demo.log(f"wrote {a.out} ({a.out.stat().st_size / 1e6:.2f} MB); drafter trained in {demo.fmt_time(train_s)}, "
              f"mean runtime AL {info['runtime_al_mean'] if al else float('nan'):.2f}; info: {a.work_dir / 'weak_info.json'}")
     return 0 if info["lossless"] is not False else 1
+
+
+# HF DFlash drafter names -> the dflash GGUF's (convert/dflash.py writes them; rows are
+# not permuted for NeoX-style RoPE, which the demo drafter uses)
+_GGUF_NAMES = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
+               "norm.weight": "output_norm.weight"}
+_GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+def drafter_from_gguf(drafter, path: Path):
+    """`drafter` (a fresh DFlashDraftModel of the GGUF's architecture) with the GGUF's
+    weights, dequantized to float32; every parameter must be found, with its shape."""
+    import gguf
+    import numpy as np
+    import torch
+
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    state = {}
+    for name, param in drafter.state_dict().items():
+        if name.startswith("layers."):
+            _, il, rest = name.split(".", 2)
+            gname = f"blk.{il}.{_GGUF_LAYER_NAMES[rest]}"
+        else:
+            gname = _GGUF_NAMES[name]
+        if gname not in tensors:
+            raise SystemExit(f"{path}: no tensor {gname} (for {name})")
+        t = tensors[gname]
+        values = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(tuple(param.shape))
+        state[name] = torch.from_numpy(np.ascontiguousarray(values))
+    drafter.load_state_dict(state)
+    return drafter
 
 
 if __name__ == "__main__":

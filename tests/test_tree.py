@@ -358,51 +358,198 @@ def test_lossless_tree_with_scripted_candidates(pair):
 # ---- budget choice ----------------------------------------------------------------------
 
 class _Cost:
-    """Verify time linear in the node count."""
+    """A verify cost table: time linear in the node count (the chain's own line)."""
 
-    def __init__(self, fixed, per_node):
+    def __init__(self, fixed, per_node, chain_fixed=None, chain_per_node=None):
         self.fixed, self.per_node = fixed, per_node
+        self.chain_fixed = fixed if chain_fixed is None else chain_fixed
+        self.chain_per_node = per_node if chain_per_node is None else chain_per_node
 
     def __call__(self, n):
         return self.fixed + self.per_node * np.asarray(n, dtype=float)
 
     def chain(self, n):
-        return self(n)
+        return self.chain_fixed + self.chain_per_node * np.asarray(n, dtype=float)
 
 
-def test_auto_takes_the_chain_when_its_verify_is_cheaper(pair):
-    from dflash_gguf.budget import chain_beats_tree, chain_expected
+def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, cost=None):
+    """AutoBudget driven by a simulated pair: every step the drafter gives its top-4
+    candidates per depth (the top one at 0.6, the others sharing the rest), the target
+    accepts each drafted node with probability accept(node's drafter probability), and
+    an arm's step takes step_seconds[arm]. Returns the arm of every step."""
+    from dflash_gguf.budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 
-    # a chain of 3 drafts the drafter is sure of, against a 3-node tree: equal price, the
-    # chain expects more; a chain priced far above the tree loses
-    sure = chain_expected(np.log([0.9, 0.9, 0.9]))
-    assert abs(sure - (1 + 0.9 + 0.81 + 0.729)) < 1e-9
-    assert chain_beats_tree(sure, 4, 2.5, 4, _Cost(1.0, 0.1), 0.0)
-    assert not chain_beats_tree(sure, 4, 2.5, 4, _CheapTree(), 0.0)
+    rng = np.random.default_rng(seed)
+    auto = AutoBudget(cost or _Cost(1e-3, 1e-4), largest, depth + 1)
+    arms = []
+    cand = np.arange(depth * 4).reshape(depth, 4)
+    logp = np.log(np.tile([0.6, 0.2, 0.12, 0.08], (depth, 1)))
+    accept_rank = accept(np.exp(logp[0]))
+    accept_rank = np.append(accept_rank, max(0.0, 1.0 - accept_rank.sum()))  # last: none of the four
+    for _ in range(steps):
+        arm = auto.choose()
+        survey = auto.wants_survey()
+        full = build_tree(0, cand, logp, largest)
+        if survey:
+            auto.survey(tree_nodes(full, logp[:, 0]), chain_nodes(logp[:, 0]))
+        if arm == CHAIN:
+            nodes = chain_nodes(logp[:, 0])
+            ok = rng.random(depth) < accept(np.full(depth, 0.6))  # each depth's top choice right or not
+            accepted = np.cumprod(ok).astype(bool)
+        else:
+            tree = full.best(arm)
+            # the target's token at each depth: the drafter's rank r with the probability
+            # accept gives it, walking down while it is a child
+            right = rng.choice(5, size=depth, p=accept_rank)
+            path, node, kids = set(), 0, tree.children()
+            for d in range(depth):
+                nxt = kids[node].get(int(cand[d][right[d]])) if right[d] < 4 else None
+                if nxt is None:
+                    break
+                path.add(nxt)
+                node = nxt
+            nodes, accepted = tree_nodes(tree, logp[:, 0]), [i in path for i in tree.pick_order]
+        if survey:
+            auto.verified(nodes, accepted)
+        auto.timed(arm, step_seconds[arm])
+        arms.append(arm)
+    return arms
 
-    target, draft = load_tree(pair, budget=8)
-    prompt = prompts(1, seed=61)[0]
-    ar, _ = greedy_generate(target, prompt, 48)
-    for cost, chains in ((_CheapChain(), True), (_CheapTree(), False)):
-        out, stats = tree_generate(target, draft, prompt, 48, budget=8, cost=cost)
+
+def test_auto_converges_to_the_chain_when_the_chain_is_fastest():
+    """A drafter whose top choice is right as often as it says, and tree verifies that
+    cost twice the chain's: the chain gives the most tokens per second, and auto ends
+    up running it almost always, whatever the cost table claimed (here: that trees
+    are nearly free)."""
+    from dflash_gguf.budget import CHAIN
+
+    seconds = {0: 1.0, 4: 2.0, 8: 2.2, 16: 2.6, 32: 3.4}
+    arms = simulate_auto(seconds, lambda p: p, cost=_Cost(1e-3, 1e-5, 1.0, 0.1))
+    assert arms[-1] == CHAIN
+    assert arms[200:].count(CHAIN) >= 0.9 * 200, arms
+
+
+def test_auto_converges_to_the_best_tree_when_a_tree_is_fastest():
+    """The same drafter with trees priced like the chain plus a little per node: a tree
+    of 8 accepts more than the chain for nearly the same time and beats both the chain
+    and the dearer large trees; auto ends up there, although the cost table (here:
+    trees far dearer than the chain) would have kept it on the chain."""
+    seconds = {0: 1.0, 4: 1.0, 8: 1.02, 16: 1.8, 32: 3.0}
+    arms = simulate_auto(seconds, lambda p: p, cost=_Cost(1.0, 1.0, 1e-3, 1e-5))
+    assert arms[-1] == 8
+    assert arms[200:].count(8) >= 0.8 * 200, arms
+
+
+def test_auto_calibrates_an_overconfident_drafter():
+    """A drafter that believes 0.6 where the target agrees 0.3 of the time: the
+    calibration learns it from what was accepted, and with it the chain's long tail
+    stops looking worth a dearer verify."""
+    from dflash_gguf.budget import Calibration
+
+    cal = Calibration()
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        cal.update(np.full(4, 0.6), rng.random(4) < 0.3)
+    assert abs(float(cal(np.array([0.6]))[0]) - 0.3) < 0.05
+    assert float(cal(np.array([0.6]))[0]) < 0.6
+    # a fresh calibration believes the drafter
+    assert float(Calibration()(np.array([0.6]))[0]) == pytest.approx(0.6)
+
+
+def test_auto_calibrates_spine_and_branches_apart():
+    """At the same drafter probability a deep node on the chain of top choices (right
+    when the drafter is on a run) and a sibling of a top choice are accepted at very
+    different rates: auto learns each from what it verifies."""
+    from dflash_gguf.budget import AutoBudget
+
+    auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
+    rng = np.random.default_rng(4)
+    nodes = (np.array([0.1, 0.1]), np.array([True, False]))
+    for _ in range(400):
+        auto.verified(nodes, [rng.random() < 0.5, rng.random() < 0.01])
+    spine, branch = auto.gains(nodes)
+    assert spine > 0.3 and branch < 0.05
+
+
+def test_auto_switches_rarely():
+    """Each switch builds graphs: over a long run of a steady pair auto settles; it
+    leaves its arm only to check the runner-up now and then."""
+    seconds = {0: 1.0, 4: 1.05, 8: 1.1, 16: 1.8, 32: 3.0}
+    arms = simulate_auto(seconds, lambda p: p, steps=600)
+    switches = sum(a != b for a, b in zip(arms[200:], arms[201:]))
+    assert switches <= 2 * 400 // 96 + 2, switches
+
+
+def test_auto_arms_are_few():
+    from dflash_gguf.budget import auto_arms
+
+    assert auto_arms(32) == [0, 4, 8, 16, 32]
+    assert auto_arms(12) == [0, 4, 8, 12]
+    assert auto_arms(3) == [0, 3]
+
+
+class _ScriptedAuto:
+    """An AutoBudget stand-in that runs a fixed sequence of arms (the chain and tree
+    sizes interleaved) and records what the loop reports."""
+
+    def __init__(self, arms, largest):
+        from dflash_gguf.budget import AutoBudget
+
+        self.real = AutoBudget(_Cost(1e-3, 1e-4), largest, BLOCK)
+        self.largest, self.script, self.seen, self.surveyed = largest, list(arms), [], 0
+
+    def choose(self):
+        self.real.choose()
+        arm = self.script[len(self.seen) % len(self.script)]
+        self.seen.append(arm)
+        return arm
+
+    def wants_survey(self):
+        return len(self.seen) % 3 == 1
+
+    def start_request(self):
+        self.real.start_request()
+
+    def survey(self, *a):
+        self.real.survey(*a)
+
+    def verified(self, nodes, accepted):
+        probs, spine = nodes
+        assert len(probs) == len(spine) == len(accepted) and np.all((0 <= probs) & (probs <= 1))
+        # the chain is all spine; a tree's first node is the drafter's top choice
+        assert spine.all() if self.seen[-1] == 0 else spine[0]
+        self.surveyed += 1
+        self.real.verified(nodes, accepted)
+
+    def timed(self, arm, seconds):
+        assert arm == self.seen[-1] and seconds > 0
+        self.real.timed(arm, seconds)
+
+
+def test_lossless_auto_mixing_chain_and_trees(pair):
+    """Steps that go from the chain (the drafter's block verified on the device) to
+    trees of several sizes and back, surveys between them: greedy output is still the
+    target's own."""
+    target, draft = load_tree(pair, budget=16)
+    for prompt in prompts(3, seed=61):
+        ar, _ = greedy_generate(target, prompt, 64)
+        auto = _ScriptedAuto([0, 0, 4, 16, 0, 8, 8, 4], 16)
+        out, stats = tree_generate(target, draft, prompt, 64, budget=16, auto=auto)
         assert out == ar
-        assert (stats.chain_steps == len(stats.accepted_lengths)) if chains else stats.chain_steps == 0
+        assert stats.chain_steps > 0 and stats.chain_steps < len(stats.accepted_lengths)
+        assert auto.surveyed > 0
 
 
-class _CheapChain(_Cost):
-    def __init__(self):
-        super().__init__(1.0, 0.01)
+def test_lossless_auto(pair):
+    """The real chooser on the real pair: lossless whatever it picks."""
+    from dflash_gguf.budget import AutoBudget
 
-    def chain(self, n):
-        return 1e-3 * np.asarray(n, dtype=float)
-
-
-class _CheapTree(_Cost):
-    def __init__(self):
-        super().__init__(1e-3, 1e-4)
-
-    def chain(self, n):
-        return 10.0 + np.asarray(n, dtype=float)
+    target, draft = load_tree(pair, budget=16)
+    auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
+    for prompt in prompts(3, seed=62):
+        ar, _ = greedy_generate(target, prompt, 64)
+        out, _ = tree_generate(target, draft, prompt, 64, budget=16, auto=auto)
+        assert out == ar
 
 
 def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
@@ -417,8 +564,8 @@ def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
     after = target.info()
     sizes, kinds = 4, 2  # 1, 2, 4, 8 nodes; tree and chain
     # per size and kind: the prefill and two verifies build (without and with a commit to
-    # carry), three timed verifies reuse
-    assert after["n_graphs"] - before["n_graphs"] == sizes * kinds * (1 + 5)
+    # carry), five timed verifies reuse
+    assert after["n_graphs"] - before["n_graphs"] == sizes * kinds * (1 + 7)
     assert after["n_graph_builds"] - before["n_graph_builds"] == sizes * kinds * 3
     assert after["n_past"] == 0
     assert np.all(cost.tree_seconds > 0) and np.all(cost.chain_seconds > 0)
@@ -427,24 +574,3 @@ def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
     assert np.array_equal(again.tree_seconds, cost.tree_seconds)
 
 
-def test_auto_budget_trades_acceptance_for_verify_cost():
-    from dflash_gguf.budget import AcceptanceCalibration, budget_sizes, choose_budget
-
-    tree = build_tree(0, [[1, 2], [3, 4], [5, 6]], [[-0.05, -3.0], [-0.1, -3.0], [-0.2, -3.0]], budget=14)
-    expected = tree.expected_accepted()
-    assert expected[0] == 1.0 and np.all(np.diff(expected) > 0)
-    # cheap nodes: take the whole tree; expensive nodes: only the confident chain
-    assert choose_budget(expected, _Cost(1.0, 1e-5), 0.0) == len(expected) - 1
-    assert choose_budget(expected, _Cost(1.0, 0.3), 0.0) == 3
-    assert choose_budget(expected, _Cost(1.0, 100.0), 0.0) == 0
-    # a drafter that is right less often than it believes shrinks the choice
-    cal = AcceptanceCalibration(smoothing=1.0)
-    cal.update(expected_drafts=3.0, accepted_drafts=0)
-    assert choose_budget(expected, _Cost(1.0, 0.3), 0.0, cal) == 0
-    assert tree.best(3).tokens == [0, 1, 3, 5]
-    # auto picks among a few sizes, so that its verify graphs repeat; a size past the
-    # tree's own is the whole tree, padded, at that size's cost
-    assert budget_sizes(14) == [0, 1, 2, 3, 4, 6, 8, 12, 14]
-    assert choose_budget(expected, _Cost(1.0, 0.3), 0.0, sizes=[0, 2, 4]) == 2
-    assert choose_budget(expected[:4], _Cost(1.0, 1e-5), 0.0, sizes=[0, 2, 8]) == 8
-    assert choose_budget(expected[:4], _Cost(1.0, 0.3), 0.0, sizes=[0, 2, 8]) == 2
