@@ -12,9 +12,10 @@ sys.path would shadow the installed package with the source tree, which lacks th
 compiled library.)
 
 Models. Two pairs over one target, each with the target in f32 and q8_0:
-  demo   the bundled demo pair's drafter (dflash_gguf/data/demo-draft.gguf), chain AL ~4.5
-  weak   dflash_gguf/data/demo-draft-weak.gguf (scripts/train_weak_drafter.py: the same
-         recipe and architecture stopped early), chain AL ~1.4: the fixed cost per step decides
+  demo   the bundled demo pair's drafter (dflash_gguf/data/demo-draft.gguf), chain AL ~3.5
+  weak   dflash_gguf/data/demo-draft-weak.gguf (an early-stopped drafter of the same recipe,
+         scripts/train_weak_drafter.py, blended halfway with the demo drafter by
+         scripts/mix_drafters.py), chain AL ~2: the fixed cost per step decides
 The q8_0 target is the bundled demo-target.gguf; the f32 one is converted (once, cached in
 .cache/bench/) from its bf16 HF copy in tests/data/demo-hf/target. Both drafters are q8_0.
 Figures 1 and 2 add the Qwen3.5-0.8B shape (random weights, q4_k_m, written once into
@@ -899,7 +900,7 @@ def parse_args(argv=None):
         if x not in PAIRS:
             p.error(f"unknown pair {x!r} (of {', '.join(PAIRS)})")
         if not PAIRS[x].exists():
-            p.error(f"{PAIRS[x]} is missing" + (" (scripts/train_weak_drafter.py makes it)" if x == "weak" else ""))
+            p.error(f"{PAIRS[x]} is missing" + (" (dflash_gguf/data/README.md says how it is made)" if x == "weak" else ""))
     for x in args.types:
         if x not in TYPES:
             p.error(f"unknown target type {x!r} (of {', '.join(TYPES)})")
