@@ -104,23 +104,22 @@ def run_ours(args) -> None:
 
         timed(f"verify{k}", verify_k)
     if "batch" in args.phases:
-        # like llama-bench -p k: k tokens appended, logits of the last row only. llama-bench
-        # restores its depth before each repetition; here batches follow one another while
-        # the attention span (the cache rows up to the next multiple of 256, which both
-        # engines attend over) stays the prompt's, then the context starts again, with an
-        # uncounted batch that rebuilds the graph a reset drops
-        def span(n):
-            return -(-n // 256) * 256
-
+        # like llama-bench -p k: k tokens appended at a context of --prompt tokens, logits of
+        # the last row only. llama-bench restores that context before each repetition (a
+        # longer one would attend over more rows); here every counted batch follows an
+        # uncounted one of the same k that ends the prompt (it rebuilds the graph a reset
+        # drops), so each starts from the same --prompt tokens
         for k in ks:
+            if k > args.prompt:
+                raise SystemExit(f"batch of {k} needs --prompt >= {k}")
             tokens = [10 + (7 * i) % 900 for i in range(k)]
 
-            def same_span(tokens=tokens, k=k):
-                if t.n_past == 0 or span(t.n_past + k) != span(args.prompt + k):
-                    fresh()
-                    t.decode(tokens, LOGITS_LAST)
+            def at_depth(k=k):
+                t.reset()
+                t.prefill(prompt[:-k], LOGITS_LAST)
+                t.decode(prompt[-k:], LOGITS_LAST)
 
-            timed(f"batch{k}", lambda _rep, tokens=tokens: t.decode(tokens, LOGITS_LAST), setup=same_span)
+            timed(f"batch{k}", lambda _rep, tokens=tokens: t.decode(tokens, LOGITS_LAST), setup=at_depth)
     if d is not None and "propose" in args.phases:
         fresh()
         B = args.block or d.block_size
