@@ -6,6 +6,7 @@ threads and prompts, every figure of issue #13 printed as a ratio with its thres
     cd /tmp && /work/main/.venv/bin/python /work/main/scripts/bench.py --write-readme  # and README's tables
     .venv/bin/python scripts/bench.py --quick         # plumbing check: a few minutes
     .venv/bin/python scripts/bench.py --build-llama-cpp   # only build llama.cpp's tools
+    .venv/bin/python scripts/bench.py -m target.gguf -md draft.gguf   # your own pair
 
 (Run it from outside the checkout's root, or by its path as above: the repository root on
 sys.path would shadow the installed package with the source tree, which lacks the
@@ -20,6 +21,9 @@ The q8_0 target is the bundled demo-target.gguf; the f32 one is converted (once,
 .cache/bench/) from its bf16 HF copy in tests/data/demo-hf/target. Both drafters are q8_0.
 Figures 1 and 2 add the Qwen3.5-0.8B shape (random weights, q4_k_m, written once into
 .cache/bench/ by scripts/make_shape_model.py's writer): speed there depends on shapes only.
+With -m TARGET [-md DRAFT] the bench runs on that target and drafter instead (one pair
+named "given", the target under its file name; no 0.8B shape): every row and figure as
+above, the chain and tree rows only with a drafter.
 
 Peers, all built from the pinned llama-cpp-python sdist by scripts/llama_cpp_build.py:
   llama-bench               -n (plain decode) and -p k (one batch of k tokens), through
@@ -88,6 +92,7 @@ README = ROOT / "README.md"
 CACHE = ROOT / ".cache" / "bench"
 LLAMA_TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 PAIRS = {"demo": DATA / "demo-draft.gguf", "weak": DATA / "demo-draft-weak.gguf"}
+GIVEN = "given"  # the pair of -m/-md
 TYPES = ("f32", "q8_0")
 BUDGETS = ("4", "8", "16", "32", "auto")
 SPEC_P_MIN = ("0", "0.5")
@@ -270,6 +275,27 @@ def demo_targets(types) -> dict[str, Path]:
     return {t: paths[t] for t in types}
 
 
+def gguf_file_type(path: Path) -> str:
+    """The tensor type a GGUF declares (general.file_type), as llama.cpp names it: q4_k_m, f16, ..."""
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+    if field is None:
+        return "unknown type"
+    value = int(field.parts[-1][0])
+    try:
+        return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_").lower()
+    except ValueError:
+        return f"file type {value}"
+
+
+def bench_targets(args) -> list[tuple[str, str, Path]]:
+    """(type, name in the figures, GGUF) of every target benched: the demo targets, or -m."""
+    if args.model is not None:
+        return [(gguf_file_type(args.model), args.model.name, args.model)]
+    return [(t, f"demo target {t}", path) for t, path in demo_targets(args.types).items()]
+
+
 def shape_08b() -> Path:
     """The Qwen3.5-0.8B shape, random weights, q4_k_m (cached)."""
     out = CACHE / "qwen35-0.8b-shape-q4_k_m.gguf"
@@ -321,7 +347,10 @@ def worker_ours(a: dict) -> dict:
             # (each blocking on a device), target and drafter together, prefill included
             io = {k: sum(y[k] - x[k] for x, y in zip(io0, io1)) / max(passes, 1)
                   for k in ("n_graphs", "n_host_reads", "n_host_writes")}
-            out.append({"tokens": r.tokens, "n": s.generated_tokens, "decode_s": s.decode_seconds, "tps": s.decode_tps,
+            # tokens the timed steps produced: the first one is the prefill's (llama-completion
+            # divides by its decode runs, llama-speculative-simple times the pass that makes it)
+            tps = (s.generated_tokens - 1) / s.decode_seconds if s.decode_seconds > 0 else 0.0
+            out.append({"tokens": r.tokens, "n": s.generated_tokens, "decode_s": s.decode_seconds, "tps": tps,
                         "prefill_s": s.prefill_seconds, "al": al, "passes": passes,
                         "draft_s": s.draft_seconds, "verify_s": s.verify_seconds, "other_s": s.other_seconds,
                         "tree": (sum(s.tree_sizes) / len(s.tree_sizes)) if s.tree_sizes else None,
@@ -435,7 +464,7 @@ def e2e_rows(args, block: int, pairs: list[str], tools: dict) -> list[Row]:
     rows = [Row("ours-ar", "ours AR", "ours"),
             Row("llama-ar", "llama.cpp AR (llama-completion)", "completion")]
     for pair in pairs:
-        draft = {"draft": str(PAIRS[pair])}
+        draft = {"draft": str(args.pair_files[pair])}
         rows.append(Row(f"{pair}/ours-chain", f"ours chain (block {block})", "ours", pair, draft))
         for b in args.budgets:
             rows.append(Row(f"{pair}/ours-tree-{b}", f"ours tree, budget {b}", "ours", pair, {**draft, "budget": b}))
@@ -460,10 +489,10 @@ def run_e2e(args, ttype: str, target: Path) -> dict:
     prompts = PROMPTS[: args.prompts]
     texts = [t for _, t in prompts]
     ids = encode_prompts(str(target), texts)
-    blocks = {int(read_draft_metadata(str(PAIRS[p]))["block_size"]) for p in args.pairs}
-    if len(blocks) != 1:
+    blocks = {int(read_draft_metadata(str(args.pair_files[p]))["block_size"]) for p in args.pairs}
+    if len(blocks) > 1:
         raise SystemExit(f"the pairs' drafters have different block sizes: {sorted(blocks)}")
-    block = blocks.pop()
+    block = blocks.pop() if blocks else 1  # no drafter: plain decoding rows only
     n_ctx = max(len(x) for x in ids) + args.n_predict + 2 * max(block, 64) + 16
     common = {"target": str(target), "threads": args.threads, "n": args.n_predict, "n_ctx": n_ctx, "prompts": ids}
     rows = e2e_rows(args, block, args.pairs, args.tools)
@@ -551,7 +580,7 @@ def e2e_figures(e2e: list[dict]) -> list[dict]:
     out = []
     for res in e2e:
         by = {r.key: r for r in res["rows"]}
-        pairs = sorted({r.pair for r in res["rows"] if r.pair}, key=list(PAIRS).index)
+        pairs = list(dict.fromkeys(r.pair for r in res["rows"] if r.pair))  # in row order
         for pair in pairs:
             case = f"{pair} pair, {res['type']} target"
             chain = by.get(f"{pair}/ours-chain")
@@ -771,7 +800,8 @@ def report(args, started, load0, load1, e2e, ar, trees, figs) -> tuple[str, str]
         L += ["", f"### End-to-end decoding, {res['type']} target (`{Path(res['target']).name}`)", ""]
         L += e2e_table(res)
     L += ["", "AL and tok/s: median over runs per prompt, then over prompts. Decode time excludes the prefill "
-          "(llama-completion: its \"eval time\"; llama-speculative-simple: its \"decoded\" timer)."]
+          "(llama-completion: its \"eval time\"; llama-speculative-simple: its \"decoded\" timer); ours counts the "
+          "tokens its timed steps produce (not the first, which is the prefill's)."]
     L += ["", "### Graph nodes and host synchronisations per step", ""]
     L += sync_table(e2e)
     L += ["", "Ours: the runtime's counters (n_last_nodes of the last target/drafter graph; graphs computed, "
@@ -859,8 +889,11 @@ def find_tools(build: bool, jobs: int) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", default=",".join(PAIRS), help=f"of {', '.join(PAIRS)} (default both)")
-    p.add_argument("--types", default=",".join(TYPES), help="target types (default f32,q8_0)")
+    p.add_argument("-m", "--model", type=Path, help="your target GGUF instead of the demo targets")
+    p.add_argument("-md", "--draft", type=Path, help="your DFlash drafter GGUF for -m (without it: plain decoding "
+                   "rows and figures 1, 2 and 4 only)")
+    p.add_argument("--pairs", help=f"of {', '.join(PAIRS)} (default both; not with -m)")
+    p.add_argument("--types", help="demo target types (default f32,q8_0; not with -m)")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("-t", "--threads", type=int, default=2, help="CPU threads for every engine (default 2)")
     p.add_argument("--runs", type=int, default=3, help="runs per end-to-end row (default 3)")
@@ -868,7 +901,7 @@ def parse_args(argv=None):
     p.add_argument("--budgets", default=",".join(BUDGETS), help="tree budgets (default 4,8,16,32,auto)")
     p.add_argument("--spec-p-min", default=",".join(SPEC_P_MIN),
                    help="llama.cpp DFlash --spec-draft-p-min values, one row each (default 0,0.5)")
-    p.add_argument("--ar-runs", type=int, default=5, help="bench_ar rounds on the demo targets (default 5)")
+    p.add_argument("--ar-runs", type=int, default=5, help="bench_ar rounds per target (default 5)")
     p.add_argument("--ar-runs-08b", type=int, default=2, help="bench_ar rounds on the 0.8B shape (default 2)")
     p.add_argument("--ks-08b", default="1,2,4,8,16,32", help="verify sizes on the 0.8B shape (default 1,2,4,8,16,32)")
     p.add_argument("--no-08b", action="store_true", help="leave the Qwen3.5-0.8B shape out of figures 1 and 2")
@@ -892,15 +925,29 @@ def parse_args(argv=None):
         args.prompts, args.runs, args.n_predict = 1, 1, min(args.n_predict, 32)
         args.budgets, args.ar_runs, args.ar_runs_08b = "4,auto", 1, 1
         args.ks_08b, args.tree_n, args.tree_reps = "1,8,32", "4,32", 2
-    args.pairs = [x.strip() for x in args.pairs.split(",") if x.strip()]
-    args.types = [x.strip() for x in args.types.split(",") if x.strip()]
+    if args.model is None:
+        if args.draft is not None:
+            p.error("-md needs -m (the target its drafter was converted for)")
+        args.pair_files = PAIRS
+        args.pairs = [x.strip() for x in (args.pairs or ",".join(PAIRS)).split(",") if x.strip()]
+        args.types = [x.strip() for x in (args.types or ",".join(TYPES)).split(",") if x.strip()]
+    else:
+        if args.pairs is not None or args.types is not None:
+            p.error("--pairs and --types choose among the demo pairs; -m/-md bench your own pair")
+        for f in (args.model, args.draft):
+            if f is not None and not f.is_file():
+                p.error(f"{f} does not exist")
+        args.model = args.model.resolve()
+        args.pair_files = {GIVEN: args.draft.resolve()} if args.draft is not None else {}
+        args.pairs, args.types, args.no_08b = list(args.pair_files), [], True
     args.budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     args.spec_p_min = [x.strip() for x in args.spec_p_min.split(",") if x.strip()][: 1 if args.quick else None]
     for x in args.pairs:
-        if x not in PAIRS:
+        if x not in args.pair_files:
             p.error(f"unknown pair {x!r} (of {', '.join(PAIRS)})")
-        if not PAIRS[x].exists():
-            p.error(f"{PAIRS[x]} is missing" + (" (dflash_gguf/data/README.md says how it is made)" if x == "weak" else ""))
+        if not args.pair_files[x].exists():
+            p.error(f"{args.pair_files[x]} is missing"
+                    + (" (dflash_gguf/data/README.md says how it is made)" if x == "weak" else ""))
     for x in args.types:
         if x not in TYPES:
             p.error(f"unknown target type {x!r} (of {', '.join(TYPES)})")
@@ -941,10 +988,10 @@ def main(argv=None) -> int:
     for name, exe in args.tools.items():
         if not isinstance(exe, Path):
             log(exe)
-    targets = demo_targets(args.types)
+    targets = bench_targets(args)
 
     e2e = []
-    for ttype, target in targets.items():
+    for ttype, _, target in targets:
         log(f"end-to-end, {ttype} target: {len(args.pairs)} pair(s), {args.runs} run(s) ...")
         e2e.append(run_e2e(args, ttype, target))
 
@@ -953,13 +1000,13 @@ def main(argv=None) -> int:
     base = {"threads": args.threads, "tokens": 16 if args.quick else 64, "prompt": 64, "reps": 3 if args.quick else 5,
             "fa": "0,1", "llama_bench_note": args.tools["llama-bench"] if bench_exe is None else "cached"}
     sections, summaries, raw, info = [], [], {}, {}
-    for t, path in targets.items():
+    for t, name, path in targets:
         s1, sm1, raw1, info1 = bench_ar.bench_targets(
-            bench_exe, [(f"demo target {t}", f"demo target, {t}", path)],
+            bench_exe, [(name, f"{name}, {t}", path)],
             {**base, "runs": args.ar_runs, "ks": list(bench_ar.VERIFY_KS), "outtype": t})
         sections, summaries, raw, info = sections + s1, summaries + sm1, {**raw, **raw1}, info1 or info
     log("figure 4: tree verify against chain verify ...")
-    trees = {f"demo target {t}": run_tree_vs_chain(p, args) for t, p in targets.items()}
+    trees = {name: run_tree_vs_chain(path, args) for _, name, path in targets}
     if not args.no_08b:
         g = shape_08b()
         s2, sm2, raw2, info2 = bench_ar.bench_targets(

@@ -52,6 +52,10 @@ def run_ours(args) -> None:
     d = Draft(args.draft, t, DraftConfig(n_threads=args.threads)) if args.draft else None
     prompt = [(13 * i) % 900 + 5 for i in range(args.prompt)]
     rows = {}
+    # a window with nothing in it: what a dump itself costs inside the process (the fork
+    # of callgrind_control), taken off every counted window by `read`
+    dump("pre")
+    dump("overhead")
 
     def fresh():
         t.reset()
@@ -62,16 +66,23 @@ def run_ours(args) -> None:
     def info_delta(before, after):
         return {k: (after[k] - before[k]) / args.steps for k in ("n_host_writes", "n_host_reads", "n_graphs")}
 
-    def timed(name, step, who=t):
+    def timed(name, step, who=t, setup=None):
         """args.warmup untimed steps, then args.steps counted ones (the dumps bracket them);
-        step(rep) runs one, who's counters are read."""
+        step(rep) runs one, who's counters are read. setup(), when given, runs before every
+        step outside the counted windows (then each step has its own pair of dumps)."""
+        counts = {k: 0 for k in ("n_host_writes", "n_host_reads", "n_graphs")}
         for rep in range(args.warmup + args.steps):
-            if rep == args.warmup:
+            if setup is not None:
+                setup()
+            if rep >= args.warmup and (setup is not None or rep == args.warmup):
                 i0 = who.info()
                 dump("pre")
             step(rep)
-        dump(name)
-        rows[name] = {"nodes": who.info()["n_last_nodes"], **info_delta(i0, who.info())}
+            if rep >= args.warmup and (setup is not None or rep == args.warmup + args.steps - 1):
+                dump(name)
+                d = info_delta(i0, who.info())
+                counts = {k: counts[k] + d[k] for k in counts}
+        rows[name] = {"nodes": who.info()["n_last_nodes"], **counts}
 
     if "decode" in args.phases:
         fresh()
@@ -93,11 +104,22 @@ def run_ours(args) -> None:
 
         timed(f"verify{k}", verify_k)
     if "batch" in args.phases:
-        # like llama-bench -p k: k tokens appended, logits of the last row only
+        # like llama-bench -p k: k tokens appended at a context of --prompt tokens, logits of
+        # the last row only. llama-bench restores that context before each repetition (a
+        # longer one would attend over more rows); here every counted batch follows an
+        # uncounted one of the same k that ends the prompt (it rebuilds the graph a reset
+        # drops), so each starts from the same --prompt tokens
         for k in ks:
-            fresh()
+            if k > args.prompt:
+                raise SystemExit(f"batch of {k} needs --prompt >= {k}")
             tokens = [10 + (7 * i) % 900 for i in range(k)]
-            timed(f"batch{k}", lambda _rep, tokens=tokens: t.decode(tokens, LOGITS_LAST))
+
+            def at_depth(k=k):
+                t.reset()
+                t.prefill(prompt[:-k], LOGITS_LAST)
+                t.decode(prompt[-k:], LOGITS_LAST)
+
+            timed(f"batch{k}", lambda _rep, tokens=tokens: t.decode(tokens, LOGITS_LAST), setup=at_depth)
     if d is not None and "propose" in args.phases:
         fresh()
         B = args.block or d.block_size
@@ -129,12 +151,18 @@ def read_ours(prefix: str, log: str) -> None:
     labels = [ln.split()[1] for ln in lines if ln.startswith("@dump")]
     meta = json.loads(next(ln for ln in lines if ln.startswith("@rows "))[6:])
     steps = meta["steps"]
+    per_label, windows = {}, {}
+    for label, c in zip(labels, counts):
+        if label != "pre":
+            per_label[label] = per_label.get(label, 0) + c
+            windows[label] = windows.get(label, 0) + 1
+    overhead = per_label.pop("overhead", 0)
+    print(f"(a dump costs {overhead / 1e6:.3f} M instructions in the process; taken off each counted window)")
     print("| step | instructions per step | graph nodes | input writes | result reads |")
     print("|---|---:|---:|---:|---:|")
-    for label, c in zip(labels, counts):
-        if label == "pre":
-            continue
+    for label, c in per_label.items():
         r = meta["rows"].get(label, {})
+        c -= windows[label] * overhead
         print(f"| {label} | {c / steps / 1e6:.3f} M | {r.get('nodes', '')} | {r.get('n_host_writes', 0):.1f} | "
               f"{r.get('n_host_reads', 0):.1f} |")
 

@@ -105,3 +105,57 @@ def test_write_readme_replaces_only_the_block(tmp_path, monkeypatch):
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit):
         bench.write_readme("| new |\n", dt.datetime(2026, 1, 1), types.SimpleNamespace(quick=True))
+
+
+def test_own_pair_replaces_the_demo_pairs(tmp_path):
+    target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    target.write_bytes(b"")
+    draft.write_bytes(b"")
+    args = bench.parse_args(["-m", str(target), "-md", str(draft)])
+    assert args.pairs == [bench.GIVEN] and args.pair_files == {bench.GIVEN: draft.resolve()}
+    assert args.model == target.resolve() and args.types == [] and args.no_08b
+    args = bench.parse_args(["-m", str(target)])  # plain decoding only
+    assert args.pairs == [] and args.pair_files == {}
+    args = bench.parse_args([])
+    assert args.pairs == list(bench.PAIRS) and args.types == list(bench.TYPES) and args.model is None
+
+
+@pytest.mark.parametrize("argv", [["-md", "d.gguf"], ["-m", "missing.gguf"], ["-m", "t.gguf", "-md", "missing.gguf"],
+                                  ["-m", "t.gguf", "--pairs", "demo"], ["-m", "t.gguf", "--types", "f32"]])
+def test_own_pair_bad_options(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.gguf").write_bytes(b"")
+    (tmp_path / "d.gguf").write_bytes(b"")
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_own_target_is_named_by_file_and_type(tmp_path):
+    import gguf
+
+    path = tmp_path / "my-target.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    args = bench.parse_args(["-m", str(path)])
+    assert bench.bench_targets(args) == [("q4_k_m", "my-target.gguf", path.resolve())]
+
+
+def test_rows_of_the_given_pair(tmp_path):
+    import types
+
+    args = types.SimpleNamespace(pair_files={bench.GIVEN: tmp_path / "d.gguf"}, budgets=["4", "auto"],
+                                 spec_p_min=["0"], zlab=False)
+    tools = {"llama-completion": Path("x"), "llama-speculative-simple": Path("y")}
+    rows = bench.e2e_rows(args, 8, [bench.GIVEN], tools)
+    keys = [r.key for r in rows]
+    assert keys == ["ours-ar", "llama-ar", "given/ours-chain", "given/ours-tree-4", "given/ours-tree-auto",
+                    "given/llama-dflash-0"]
+    assert rows[2].extra["draft"] == str(tmp_path / "d.gguf")
+    assert rows[-1].extra == {"draft": str(tmp_path / "d.gguf"), "block": 8, "p_min": "0"}
+    rows = bench.e2e_rows(args, 1, [], {})
+    assert [r.key for r in rows] == ["ours-ar", "llama-ar"]
