@@ -696,7 +696,7 @@ def e2e_table(res: dict) -> list[str]:
     rows = res["rows"]
     ar = next((r.tps() for r in rows if r.key == "ours-ar"), None)
     lar = next((r.tps() for r in rows if r.key == "llama-ar"), None)
-    L = [f"| pair | decoder | AL | decode tok/s | vs ours AR | vs llama.cpp AR | same output | notes |",
+    L = ["| pair | decoder | AL | decode tok/s | vs ours AR | vs llama.cpp AR | same output | notes |",
          "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         pair = r.pair or "–"
