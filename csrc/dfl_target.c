@@ -534,10 +534,11 @@ static int max_int(int a, int b) {
     return a > b ? a : b;
 }
 
-/* n = 1: the root alone. Otherwise the spine has at least two nodes, so at most n - 2
- * nodes are off it. */
+/* Each size at its largest over the trees of n nodes: the spine has at least two nodes
+ * when n > 1, so at most n - 2 leaves are off it; a branch of L steps leaves a spine
+ * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. */
 tree_shape dfl_tree_worst_shape(int n) {
-    return n < 3 ? (tree_shape) { n, 0, 0 } : (tree_shape) { n, n - 2, n - 2 };
+    return n < 3 ? (tree_shape) { n, 0, 0 } : (tree_shape) { n, n - 2, (n - 1) / 2 };
 }
 
 /* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
