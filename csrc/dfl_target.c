@@ -624,6 +624,25 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
             steps[sh.spine + b * sh.steps + s] = 0;
         }
     }
+    /* conv inputs: a sequence's first step's window, then the inputs of its steps */
+    const int W = t->m.rec.d_conv - 1;
+    int32_t * rows = tp->conv_rows;
+    for (int k = 0; k < W; k++) {
+        rows[k] = k;
+    }
+    for (int s = 0; s < sh.spine; s++) {
+        rows[W + s] = W + steps[s];
+    }
+    for (b = 0; b < sh.branches; b++) {
+        const int32_t * bs = &steps[sh.spine + b * sh.steps];
+        int32_t * br = &rows[W + sh.spine + b * (W + sh.steps)];
+        for (int k = 0; k < W; k++) {
+            br[k] = tp->windows[(size_t) bs[0] * (W + 1) + k];
+        }
+        for (int s = 0; s < sh.steps; s++) {
+            br[W + s] = W + bs[s];
+        }
+    }
 }
 
 /* Validate a tree and derive what its graph needs on the host: depths (positions), the

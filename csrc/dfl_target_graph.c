@@ -99,7 +99,7 @@ static bool placeable(const struct ggml_tensor * node, int64_t n) {
 
 /* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
  * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
- * gathers each node's window along its ancestors instead. */
+ * runs its spine and branches as sequences, whose steps follow the ancestors. */
 struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
@@ -108,12 +108,24 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
     const size_t f32 = sizeof(float);
 
     if (b->tree) {
-        /* [committed conv inputs | node inputs], one column per time step, kept for commit */
+        /* [committed conv inputs | node inputs], one column per time step, kept for commit;
+         * the spine and the branches as sequences of their own (see tree_plan), the
+         * outputs gathered back in node order */
+        const tree_shape sh = t->tree.shape;
         struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
         write_into(cat, t->conv_scratch[il], 0);
-        struct ggml_tensor * win = ggml_get_rows(ctx, cat, b->in->conv_windows);                   /* [C, (W+1) n] */
-        win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, C, W + 1, n), 1, 0, 2, 3)); /* [W+1, C, n] */
-        return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
+        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
+        const size_t row = rows->nb[1];
+        struct ggml_tensor * spine = ggml_cont(ctx, ggml_transpose(ctx, ggml_view_2d(ctx, rows, C, W + sh.spine, row, 0)));
+        spine = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, spine, W + sh.spine, C, 1), kernel);
+        struct ggml_tensor * out = ggml_reshape_2d(ctx, spine, C, sh.spine);
+        if (sh.branches > 0) {
+            struct ggml_tensor * br = ggml_view_3d(ctx, rows, C, W + sh.steps, sh.branches, row, row * (W + sh.steps),
+                                                   row * (W + sh.spine));
+            br = ggml_ssm_conv(ctx, ggml_cont(ctx, ggml_permute(ctx, br, 1, 0, 2, 3)), kernel); /* [C, steps, branches] */
+            out = ggml_concat(ctx, out, ggml_reshape_2d(ctx, br, C, sh.steps * sh.branches), 1);
+        }
+        return ggml_get_rows(ctx, out, b->in->out_rows);
     }
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
@@ -454,10 +466,11 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv_swa, n);
         ggml_set_input(in->mask_swa);
     }
-    in->conv_windows = in->tree_steps = in->branch_from = in->out_rows = NULL;
+    in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = NULL;
     if (tree && m->n_recurrent > 0) {
         const tree_shape sh = t->tree.shape;
-        in->conv_windows = new_input(ctx, GGML_TYPE_I32, (int64_t) m->rec.d_conv * n);
+        const int64_t W = m->rec.d_conv - 1;
+        in->conv_rows = new_input(ctx, GGML_TYPE_I32, W + sh.spine + (int64_t) sh.branches * (W + sh.steps));
         in->tree_steps = new_input(ctx, GGML_TYPE_I32, (int64_t) sh.spine + (int64_t) sh.branches * sh.steps);
         in->branch_from = sh.branches > 0 ? new_input(ctx, GGML_TYPE_I32, sh.branches) : NULL;
         in->out_rows = new_input(ctx, GGML_TYPE_I32, n);
@@ -577,7 +590,9 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
         dfl_runtime_set(&t->rt, in->branch_from, tp->branch_from, 0, (size_t) sh.branches * sizeof(int32_t));
     }
     dfl_runtime_set(&t->rt, in->out_rows, tp->out_rows, 0, (size_t) n * sizeof(int32_t));
-    dfl_runtime_set(&t->rt, in->conv_windows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
+    const size_t W = (size_t) t->m.rec.d_conv - 1;
+    dfl_runtime_set(&t->rt, in->conv_rows, tp->conv_rows, 0,
+                    (W + (size_t) sh.spine + (size_t) sh.branches * (W + (size_t) sh.steps)) * sizeof(int32_t));
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {
@@ -586,7 +601,7 @@ void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32
     }
     set_token_inputs(t, in, tokens, n, tree ? t->tree.depth : NULL);
     set_mask(t, in, n, n_kv, tree);
-    if (in->conv_windows) {
+    if (in->conv_rows) {
         set_tree_rows(t, in, n);
     }
 }

@@ -34,6 +34,9 @@ typedef struct tree_plan {
     int32_t steps[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
     int32_t branch_from[DFL_MAX_TREE];              /* [shape.branches] spine snapshot each branch starts from */
     int32_t out_rows[DFL_MAX_TREE];                 /* node i's output: its first step */
+    /* the conv inputs of each sequence: columns of [committed conv inputs | nodes], the
+     * spine's W + shape.spine, then each branch's W + shape.steps (W = d_conv - 1) */
+    int32_t conv_rows[(DFL_MAX_TREE + 1) * (DFL_MAX_TREE + 16)];
 } tree_plan;
 
 typedef struct graph_inputs {
@@ -46,8 +49,8 @@ typedef struct graph_inputs {
     struct ggml_tensor * slots_swa;
     struct ggml_tensor * mask_swa;
     /* tree verify of a model with recurrent layers */
-    struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
-    struct ggml_tensor * tree_steps;   /* the tree_plan's index tables, as inputs */
+    struct ggml_tensor * conv_rows;    /* the tree_plan's index tables, as inputs */
+    struct ggml_tensor * tree_steps;
     struct ggml_tensor * branch_from;
     struct ggml_tensor * out_rows;
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
