@@ -238,9 +238,9 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     const int64_t rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
     t->swa_ring = t->swa_window > 0 && t->swa_window + rows < t->p.n_ctx ? (int) (t->swa_window + rows) : t->p.n_ctx;
     if (st == DFL_OK) {
-        /* a tree verify takes about a dozen graph nodes per node and recurrent layer */
-        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 +
-                                  (size_t) t->m.n_recurrent * 16 * (size_t) dfl_target_max_tree_nodes(t);
+        /* a tree verify's recurrence adds a few dozen graph nodes per recurrent layer,
+         * whatever the tree's size */
+        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 + (size_t) t->m.n_recurrent * 48;
         st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
                               DFL_MAX_GRAPH_SLOTS);
     }
@@ -362,7 +362,8 @@ dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
 static bool same_key(const graph_key * a, const graph_key * b) {
     return a->n == b->n && a->n_kv == b->n_kv && a->logits == b->logits && a->verify == b->verify &&
            a->commit == b->commit && a->commit_replay == b->commit_replay && a->tokens_src == b->tokens_src &&
-           a->tree == b->tree;
+           a->tree == b->tree && a->shape.spine == b->shape.spine && a->shape.branches == b->shape.branches &&
+           a->shape.steps == b->shape.steps;
 }
 
 /* The slot holding a graph of this key, or the one to build it in (marked invalid):
@@ -415,7 +416,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
      * between the chain and a few tree sizes */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
     const graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_verified : 0, tokens_src,
-                            tree };
+                            tree, tree ? t->tree.shape : (tree_shape) { 0, 0, 0 } };
     const int slot = graph_slot(t, &key);
     graph_cache * gc = &t->graphs[slot];
     t->n_graphs++;
@@ -529,8 +530,123 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     return DFL_OK;
 }
 
+static int max_int(int a, int b) {
+    return a > b ? a : b;
+}
+
+/* Each size at its largest over the trees of n nodes: the spine has at least two nodes
+ * when n > 1, so at most n - 2 leaves are off it; a branch of L steps leaves a spine
+ * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. */
+tree_shape dfl_tree_worst_shape(int n) {
+    return n < 3 ? (tree_shape) { n, 0, 0 } : (tree_shape) { n, n - 2, (n - 1) / 2 };
+}
+
+/* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
+ * with the longest path below it (the first such child), so branches are short; a
+ * branch is the path from the spine to a leaf off it. The padded shape grows to the
+ * largest of each size seen for this node count and never shrinks, so trees of a
+ * budget share one graph once a few steps have set it. Padding steps repeat a real
+ * node after the last one read (their results are never read), padding branches run
+ * the root from the first snapshot. */
+static void plan_recurrence(dfl_target * t, tree_plan * tp) {
+    const int n = tp->n;
+    int height[DFL_MAX_TREE], down[DFL_MAX_TREE], spine_step[DFL_MAX_TREE];
+    bool inner[DFL_MAX_TREE];
+    for (int i = 0; i < n; i++) {
+        height[i] = 1;
+        down[i] = -1;
+        spine_step[i] = -1;
+        inner[i] = false;
+    }
+    for (int i = n - 1; i > 0; i--) {
+        const int p = tp->parent[i];
+        inner[p] = true;
+        if (height[i] + 1 >= height[p]) { /* ties: the child that comes first */
+            height[p] = height[i] + 1;
+            down[p] = i;
+        }
+    }
+    tree_shape need = { height[0], 0, 0 };
+    for (int x = 0, s = 0; x >= 0; x = down[x], s++) {
+        spine_step[x] = s;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!inner[i] && spine_step[i] < 0) {
+            int x = i;
+            while (spine_step[x] < 0) {
+                x = tp->parent[x];
+            }
+            need.branches++;
+            need.steps = max_int(need.steps, tp->depth[i] - tp->depth[x]);
+        }
+    }
+    tree_shape * seen = &t->tree_shapes[n];
+    seen->spine = max_int(seen->spine, need.spine);
+    seen->branches = max_int(seen->branches, need.branches);
+    seen->steps = max_int(seen->steps, need.steps);
+    const tree_shape sh = tp->shape = *seen;
+
+    int32_t * steps = tp->steps;
+    int last = 0;
+    for (int x = 0; x >= 0; x = down[x]) {
+        steps[spine_step[x]] = last = x;
+        tp->out_rows[x] = spine_step[x];
+    }
+    for (int s = need.spine; s < sh.spine; s++) {
+        steps[s] = last;
+    }
+    int b = 0;
+    for (int i = 0; i < n; i++) {
+        if (inner[i] || spine_step[i] >= 0) {
+            continue;
+        }
+        int x = i;
+        while (spine_step[x] < 0) {
+            x = tp->parent[x];
+        }
+        const int d0 = tp->depth[x], row0 = sh.spine + b * sh.steps;
+        tp->branch_from[b] = sh.spine - 1 - spine_step[x]; /* snapshot slot s: the state s steps before the last */
+        for (int y = i; y != x; y = tp->parent[y]) {
+            const int row = row0 + tp->depth[y] - d0 - 1;
+            steps[row] = y;
+            if (tp->out_rows[y] < 0) {
+                tp->out_rows[y] = row;
+            }
+        }
+        for (int s = tp->depth[i] - d0; s < sh.steps; s++) {
+            steps[row0 + s] = i;
+        }
+        b++;
+    }
+    for (; b < sh.branches; b++) {
+        tp->branch_from[b] = 0;
+        for (int s = 0; s < sh.steps; s++) {
+            steps[sh.spine + b * sh.steps + s] = 0;
+        }
+    }
+    /* conv inputs: a sequence's first step's window, then the inputs of its steps */
+    const int W = t->m.rec.d_conv - 1;
+    int32_t * rows = tp->conv_rows;
+    for (int k = 0; k < W; k++) {
+        rows[k] = k;
+    }
+    for (int s = 0; s < sh.spine; s++) {
+        rows[W + s] = W + steps[s];
+    }
+    for (b = 0; b < sh.branches; b++) {
+        const int32_t * bs = &steps[sh.spine + b * sh.steps];
+        int32_t * br = &rows[W + sh.spine + b * (W + sh.steps)];
+        for (int k = 0; k < W; k++) {
+            br[k] = tp->windows[(size_t) bs[0] * (W + 1) + k];
+        }
+        for (int s = 0; s < sh.steps; s++) {
+            br[W + s] = W + bs[s];
+        }
+    }
+}
+
 /* Validate a tree and derive what its graph needs on the host: depths (positions), the
- * ancestor mask and conv windows. */
+ * ancestor mask, conv windows and the layout of its recurrence. */
 static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
     tree_plan * tp = &t->tree;
     const int W = t->m.rec.d_conv - 1; /* -1 without recurrent layers: no windows */
@@ -559,6 +675,10 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
                 w[k] = w[k + 1] - 1; /* walked past the root: into the committed inputs */
             }
         }
+        tp->out_rows[i] = -1;
+    }
+    if (t->m.n_recurrent > 0) {
+        plan_recurrence(t, tp);
     }
     return DFL_OK;
 }

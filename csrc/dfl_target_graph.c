@@ -99,7 +99,7 @@ static bool placeable(const struct ggml_tensor * node, int64_t n) {
 
 /* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
  * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
- * gathers each node's window along its ancestors instead. */
+ * runs its spine and branches as sequences, whose steps follow the ancestors. */
 struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
@@ -108,12 +108,24 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
     const size_t f32 = sizeof(float);
 
     if (b->tree) {
-        /* [committed conv inputs | node inputs], one column per time step, kept for commit */
+        /* [committed conv inputs | node inputs], one column per time step, kept for commit;
+         * the spine and the branches as sequences of their own (see tree_plan), the
+         * outputs gathered back in node order */
+        const tree_shape sh = t->tree.shape;
         struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
         write_into(cat, t->conv_scratch[il], 0);
-        struct ggml_tensor * win = ggml_get_rows(ctx, cat, b->in->conv_windows);                   /* [C, (W+1) n] */
-        win = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, win, C, W + 1, n), 1, 0, 2, 3)); /* [W+1, C, n] */
-        return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
+        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
+        const size_t row = rows->nb[1];
+        struct ggml_tensor * spine = ggml_cont(ctx, ggml_transpose(ctx, ggml_view_2d(ctx, rows, C, W + sh.spine, row, 0)));
+        spine = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, spine, W + sh.spine, C, 1), kernel);
+        struct ggml_tensor * out = ggml_reshape_2d(ctx, spine, C, sh.spine);
+        if (sh.branches > 0) {
+            struct ggml_tensor * br = ggml_view_3d(ctx, rows, C, W + sh.steps, sh.branches, row, row * (W + sh.steps),
+                                                   row * (W + sh.spine));
+            br = ggml_ssm_conv(ctx, ggml_cont(ctx, ggml_permute(ctx, br, 1, 0, 2, 3)), kernel); /* [C, steps, branches] */
+            out = ggml_concat(ctx, out, ggml_reshape_2d(ctx, br, C, sh.steps * sh.branches), 1);
+        }
+        return ggml_get_rows(ctx, out, b->in->out_rows);
     }
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
@@ -188,45 +200,58 @@ static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_t
     return ggml_view_4d(ctx, x, ne0, ne1, n, 1, x->nb[1], x->nb[2], x->nb[2] * n, 0);
 }
 
-/* Tree verify: every node continues its parent's recurrence, one node after another in
- * the given order (parents first). Node j's step gathers its parent's state from the
- * per-node rows (the root starts from the committed state), runs one token and
- * scatters [output | state] to row j. Which row is whose parent is an input, so the
- * graph depends only on the node count: every tree of a budget reuses one graph. A
- * chain-shaped tree does exactly the arithmetic of the chain path. The rows live in the
- * graph's compute memory for one layer at a time (they start as copies of the root's
- * result, so nothing is allocated up front): the commit reruns the accepted path. */
+/* [ne0, ne1, n] rows gathered into step order: the spine's [ne0, ne1, spine, 1] and the
+ * branches' [ne0, ne1, steps, branches], views of one result */
+static void gather_steps(dfl_graph * g, struct ggml_tensor * x, int64_t ne0, int64_t ne1, struct ggml_tensor ** spine,
+                         struct ggml_tensor ** branches) {
+    const graph_build * b = g->runtime;
+    const tree_shape sh = b->t->tree.shape;
+    struct ggml_context * ctx = g->ctx;
+    struct ggml_tensor * rows = ggml_get_rows(ctx, ggml_view_2d(ctx, x, ne0 * ne1, g->n, x->nb[2], 0), b->in->tree_steps);
+    const size_t row = rows->nb[1];
+    *spine = ggml_view_4d(ctx, rows, ne0, ne1, sh.spine, 1, rows->nb[0] * ne0, row, row * sh.spine, 0);
+    *branches = sh.branches == 0 ? NULL
+                                 : ggml_view_4d(ctx, rows, ne0, ne1, sh.steps, sh.branches, rows->nb[0] * ne0, row,
+                                                row * sh.steps, row * sh.spine);
+}
+
+/* Tree verify (see tree_plan): one delta-rule op over the spine from the committed state,
+ * keeping its state after every step; one over the branches, each starting from the
+ * spine's state where it leaves the spine; each node's output gathered from its first
+ * step. Every sequence runs the very steps of the chain along its path, so each node
+ * gets the arithmetic of verifying its root path as a chain, bit for bit. Steps, the
+ * branches' snapshots and output rows are inputs: the graph depends only on the node
+ * count and the padded shape. No per-node state is kept: the commit reruns the
+ * accepted path. */
 static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                            struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
     struct ggml_context * ctx = g->ctx;
     const dfl_recurrent_geometry * r = &t->m.rec;
-    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
+    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads;
+    const tree_shape sh = t->tree.shape;
+    const int64_t O = hv * Hv, S = hv * hv * Hv; /* output and state floats of a step */
     const size_t f32 = sizeof(float);
-    const int64_t O = hv * Hv; /* output floats of a token; its state follows in the row */
 
-    struct ggml_tensor * rows = NULL;
-    for (int j = 0; j < n; j++) {
-        struct ggml_tensor * s0;
-        if (j == 0) {
-            s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-        } else {
-            struct ggml_tensor * parent = ggml_get_rows(ctx, rows, b->in->parent_row[j]);
-            s0 = ggml_view_4d(ctx, parent, hv, hv, Hv, 1, hv * f32, hv * hv * f32, hv * hv * Hv * f32, O * f32);
-        }
-        struct ggml_tensor * qj = ggml_view_4d(ctx, q, hk, Hk, 1, 1, q->nb[1], q->nb[2], q->nb[2], j * q->nb[2]);
-        struct ggml_tensor * kj = ggml_view_4d(ctx, k, hk, Hk, 1, 1, k->nb[1], k->nb[2], k->nb[2], j * k->nb[2]);
-        struct ggml_tensor * vj = ggml_view_4d(ctx, v, hv, Hv, 1, 1, v->nb[1], v->nb[2], v->nb[2], j * v->nb[2]);
-        struct ggml_tensor * gj = ggml_view_4d(ctx, gate, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
-        struct ggml_tensor * bj = ggml_view_4d(ctx, beta, 1, Hv, 1, 1, f32, Hv * f32, Hv * f32, j * Hv * f32);
-        struct ggml_tensor * res = ggml_gated_delta_net(ctx, qj, kj, vj, gj, bj, s0, 1); /* [output | state] */
-        res = ggml_reshape_2d(ctx, res, ggml_nelements(res), 1);
-        rows = j == 0 ? ggml_repeat_4d(ctx, res, res->ne[0], n, 1, 1) : ggml_set_rows(ctx, rows, res, b->in->node_row[j]);
+    struct ggml_tensor * qs, * ks, * vs, * gs, * bs, * qb, * kb, * vb, * gb, * bb;
+    gather_steps(g, q, hk, Hk, &qs, &qb);
+    gather_steps(g, k, hk, Hk, &ks, &kb);
+    gather_steps(g, v, hv, Hv, &vs, &vb);
+    gather_steps(g, gate, 1, Hv, &gs, &gb);
+    gather_steps(g, beta, 1, Hv, &bs, &bb);
+    const int64_t snapshots = sh.branches > 0 ? sh.spine : 1;
+    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+    struct ggml_tensor * spine = ggml_gated_delta_net(ctx, qs, ks, vs, gs, bs, s0, snapshots);
+    struct ggml_tensor * out = ggml_view_2d(ctx, spine, O, sh.spine, spine->nb[1], 0);
+    if (sh.branches > 0) {
+        struct ggml_tensor * states = ggml_view_2d(ctx, spine, S, snapshots, S * f32, sh.spine * spine->nb[1]);
+        struct ggml_tensor * s1 = ggml_reshape_4d(ctx, ggml_get_rows(ctx, states, b->in->branch_from), hv, hv, Hv,
+                                                  sh.branches);
+        struct ggml_tensor * branches = ggml_gated_delta_net(ctx, qb, kb, vb, gb, bb, s1, 1);
+        out = ggml_concat(ctx, out, ggml_view_2d(ctx, branches, O, sh.steps * sh.branches, branches->nb[1], 0), 1);
     }
-    ggml_build_forward_expand(g->gf, rows);
-    struct ggml_tensor * o = ggml_cont(ctx, ggml_view_2d(ctx, rows, O, n, rows->nb[1], 0));
-    return ggml_reshape_3d(ctx, o, hv, Hv, n);
+    return ggml_reshape_3d(ctx, ggml_get_rows(ctx, out, b->in->out_rows), hv, Hv, g->n);
 }
 
 struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
@@ -441,17 +466,14 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv_swa, n);
         ggml_set_input(in->mask_swa);
     }
-    in->conv_windows = in->parent_rows = in->node_rows = NULL;
+    in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = NULL;
     if (tree && m->n_recurrent > 0) {
-        in->conv_windows = new_input(ctx, GGML_TYPE_I32, (int64_t) m->rec.d_conv * n);
-        /* the root starts from the committed state and fills every row: only nodes 1..
-         * have a parent row and a row to write */
-        in->parent_rows = n > 1 ? new_input(ctx, GGML_TYPE_I32, n - 1) : NULL;
-        in->node_rows = n > 1 ? new_input(ctx, GGML_TYPE_I64, n - 1) : NULL;
-        for (int j = 1; j < n; j++) {
-            in->parent_row[j] = ggml_view_1d(ctx, in->parent_rows, 1, (size_t) (j - 1) * sizeof(int32_t));
-            in->node_row[j] = ggml_view_1d(ctx, in->node_rows, 1, (size_t) (j - 1) * sizeof(int64_t));
-        }
+        const tree_shape sh = t->tree.shape;
+        const int64_t W = m->rec.d_conv - 1;
+        in->conv_rows = new_input(ctx, GGML_TYPE_I32, W + sh.spine + (int64_t) sh.branches * (W + sh.steps));
+        in->tree_steps = new_input(ctx, GGML_TYPE_I32, (int64_t) sh.spine + (int64_t) sh.branches * sh.steps);
+        in->branch_from = sh.branches > 0 ? new_input(ctx, GGML_TYPE_I32, sh.branches) : NULL;
+        in->out_rows = new_input(ctx, GGML_TYPE_I32, n);
     }
 
     graph_build b = { t, in, n_kv, n_kv_swa, verify && !tree, tree };
@@ -562,17 +584,15 @@ static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, b
 
 static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
     const tree_plan * tp = &t->tree;
-    int32_t parent_rows[DFL_MAX_TREE];
-    int64_t node_rows[DFL_MAX_TREE];
-    for (int i = 1; i < n; i++) {
-        parent_rows[i - 1] = tp->parent[i];
-        node_rows[i - 1] = i;
+    const tree_shape sh = tp->shape;
+    dfl_runtime_set(&t->rt, in->tree_steps, tp->steps, 0, ((size_t) sh.spine + (size_t) sh.branches * sh.steps) * sizeof(int32_t));
+    if (in->branch_from) {
+        dfl_runtime_set(&t->rt, in->branch_from, tp->branch_from, 0, (size_t) sh.branches * sizeof(int32_t));
     }
-    if (n > 1) {
-        dfl_runtime_set(&t->rt, in->parent_rows, parent_rows, 0, (size_t) (n - 1) * sizeof(int32_t));
-        dfl_runtime_set(&t->rt, in->node_rows, node_rows, 0, (size_t) (n - 1) * sizeof(int64_t));
-    }
-    dfl_runtime_set(&t->rt, in->conv_windows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
+    dfl_runtime_set(&t->rt, in->out_rows, tp->out_rows, 0, (size_t) n * sizeof(int32_t));
+    const size_t W = (size_t) t->m.rec.d_conv - 1;
+    dfl_runtime_set(&t->rt, in->conv_rows, tp->conv_rows, 0,
+                    (W + (size_t) sh.spine + (size_t) sh.branches * (W + (size_t) sh.steps)) * sizeof(int32_t));
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {
@@ -581,7 +601,7 @@ void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32
     }
     set_token_inputs(t, in, tokens, n, tree ? t->tree.depth : NULL);
     set_mask(t, in, n, n_kv, tree);
-    if (in->conv_windows) {
+    if (in->conv_rows) {
         set_tree_rows(t, in, n);
     }
 }

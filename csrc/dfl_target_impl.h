@@ -12,12 +12,31 @@
 
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 
+/* The padded shape of a tree verify's recurrence (see plan_recurrence in dfl_target.c):
+ * the spine's steps, then branches x steps of the paths off it. */
+typedef struct tree_shape {
+    int spine, branches, steps;
+} tree_shape;
+
+/* A tree verify's recurrence runs in two delta-rule ops per layer: the spine (the
+ * longest root path) as one sequence keeping the state after each of its steps, then
+ * every other leaf's path from where it leaves the spine, one sequence each, starting
+ * from the spine's state there. Each node's output is read from the first sequence
+ * through it. */
 typedef struct tree_plan {
     int n;
     int32_t parent[DFL_MAX_TREE];
     int32_t depth[DFL_MAX_TREE];
     uint64_t ancestors[DFL_MAX_TREE];               /* bit j: node j is on the path to the root */
     int32_t windows[DFL_MAX_TREE * 16];             /* conv window per node, d_conv entries */
+    tree_shape shape;                               /* padded sizes (the graph's) */
+    /* node of each step: the spine's, then [shape.branches][shape.steps] the branches' */
+    int32_t steps[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
+    int32_t branch_from[DFL_MAX_TREE];              /* [shape.branches] spine snapshot each branch starts from */
+    int32_t out_rows[DFL_MAX_TREE];                 /* node i's output: its first step */
+    /* the conv inputs of each sequence: columns of [committed conv inputs | nodes], the
+     * spine's W + shape.spine, then each branch's W + shape.steps (W = d_conv - 1) */
+    int32_t conv_rows[(DFL_MAX_TREE + 1) * (DFL_MAX_TREE + 16)];
 } tree_plan;
 
 typedef struct graph_inputs {
@@ -30,11 +49,10 @@ typedef struct graph_inputs {
     struct ggml_tensor * slots_swa;
     struct ggml_tensor * mask_swa;
     /* tree verify of a model with recurrent layers */
-    struct ggml_tensor * conv_windows; /* [(d_conv) * n] columns of [committed conv inputs | nodes] */
-    struct ggml_tensor * parent_rows;  /* [n-1] row of the parent of nodes 1.. in the per-node states */
-    struct ggml_tensor * node_rows;    /* [n-1] row of nodes 1..: 1, 2, ..., n-1 */
-    struct ggml_tensor * parent_row[DFL_MAX_TREE]; /* one-entry views of the two, per node */
-    struct ggml_tensor * node_row[DFL_MAX_TREE];
+    struct ggml_tensor * conv_rows;    /* the tree_plan's index tables, as inputs */
+    struct ggml_tensor * tree_steps;
+    struct ggml_tensor * branch_from;
+    struct ggml_tensor * out_rows;
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
      * NULL when the model has nothing of that kind to commit */
     struct ggml_tensor * commit_rows;      /* [verified] replay columns to rerun: the kept path, then any */
@@ -54,7 +72,8 @@ typedef struct graph_key {
     int commit;                      /* carries a pending commit: 0 none, 1 chain, 2 tree */
     int commit_replay;               /* tokens rerun by the commit */
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
-    bool tree;                       /* a tree verify (its shape is an input) */
+    bool tree;                       /* a tree verify (its shape is an input) ... */
+    tree_shape shape;                /* ... its recurrence padded to this */
 } graph_key;
 
 typedef struct graph_cache {
@@ -128,6 +147,7 @@ struct dfl_target {
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
     uint64_t graph_clock;
     int64_t n_graphs, n_graph_builds;
+    tree_shape tree_shapes[DFL_MAX_TREE + 1]; /* per node count: the padded shape of tree graphs (only grows) */
 };
 
 /* dfl_target.c: loading in steps, for the memory planner (dfl_plan.c) */
@@ -135,6 +155,8 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
 ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t);
 dfl_status dfl_target_define_state(dfl_target * t);
 int dfl_target_max_tree_nodes(const dfl_target * t);
+/* The largest padded recurrence shape a tree of n nodes can take. */
+tree_shape dfl_tree_worst_shape(int n);
 
 /* dfl_target_graph.c */
 struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,

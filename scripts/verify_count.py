@@ -8,8 +8,10 @@ carrying the previous step's commit as decoding does.
         .venv/bin/python scripts/verify_count.py TARGET.gguf --n 16 --reps 3 --threads 1 --dumps > /tmp/vc.log
     .venv/bin/python scripts/verify_count.py --callgrind /tmp/vc.<pid> --log /tmp/vc.log
 
-Wall times on a shared machine are noise (the load average is printed); instruction
-counts with one thread are repeatable. With --dumps the run asks callgrind (through
+Wall times on a shared machine are noise (the load average is printed); with one thread
+the graph runs on the calling thread, whose CPU time (cpu_ms) a loaded machine disturbs
+less; instruction counts with one thread are repeatable (but count a large memcpy's
+`rep movsb` once per byte, so they overweight big copies). With --dumps the run asks callgrind (through
 callgrind_control) for a dump before and after each verify call (the verify and the
 argmax read of its rows: the commit carried from the previous step runs inside it);
 --callgrind reads the dumps back in the order of the run's @dump lines and reports the
@@ -86,7 +88,7 @@ def run(args) -> None:
         for shape in shapes:
             parents = None if shape == "chain" else tree_parents(shape, n)
             tokens = rng_tokens[:n]
-            walls, nodes = [], None
+            walls, cpus, nodes = [], [], None
             t.reset()
             t.prefill(prompt, LOGITS_LAST)
             b0 = t.info()["n_graph_builds"]
@@ -95,16 +97,17 @@ def run(args) -> None:
                 if timed and rep == args.warmup:
                     b0 = t.info()["n_graph_builds"]
                 dump(args, "pre")
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 if parents is None:
                     t.verify(tokens)
                 else:
                     t.verify_tree(tokens, parents)
                 t.argmax(0, n)
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
                 dump(args, f"verify {shape} {n} {'timed' if timed else 'warmup'}")
                 if timed:
                     walls.append(wall)
+                    cpus.append(cpu)
                 nodes = t.info()["n_last_nodes"]
                 # keep the root and one child: every verify carries a commit of the same size
                 if parents is None:
@@ -115,7 +118,8 @@ def run(args) -> None:
             builds = t.info()["n_graph_builds"] - b0
             pd = paths_and_depth(parents) if parents else (1, n)
             row = {"shape": shape, "n": n, "nodes": nodes, "paths": pd[0], "depth": pd[1],
-                   "wall_ms": 1000 * statistics.median(walls), "timed_builds": builds}
+                   "wall_ms": 1000 * statistics.median(walls), "cpu_ms": 1000 * statistics.median(cpus),
+                   "timed_builds": builds}
             rows.append(row)
             print("@row " + json.dumps(row), flush=True)
     print(f"# load average {os.getloadavg()[0]:.2f}", flush=True)

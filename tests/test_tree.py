@@ -157,14 +157,17 @@ def test_tree_verify_equals_decoding_each_path(pair):
 
 def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
     """Trees of one node count but any shape, order, tokens and accepted path, step
-    after step: one graph is built and reused (the commit rides along as an input), and
-    every node's logits match decoding its text from scratch."""
+    after step: the graph's recurrence is padded to the largest spine, branch count and
+    branch length seen for the node count, so once trees of those sizes have run (for 6
+    nodes: the chain, the star and a spine of 4 with a branch of 2), one graph is built
+    and reused (the commit rides along as an input), and every node's logits match
+    decoding its text from scratch."""
     rng = np.random.default_rng(5)
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     text = rng.integers(0, 1000, 19).tolist()
     target.prefill(text, LOGITS_LAST)
-    shapes = [[-1, 0, 0, 1, 2, 3], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 0, 0, 0], [-1, 0, 1, 0, 2, 3]]
+    shapes = [[-1, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 1, 2, 3], [-1, 0, 1, 0, 2, 3]]
     builds = []
     for step in range(8):
         parents = shapes[step % 4] if step < 4 else random_tree(rng, 6)
@@ -179,8 +182,9 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
         path = root_path(parents, int(rng.integers(0, len(parents))))
         target.commit_path(path)
         text += [tokens[j] for j in path]
-    # the second step carries the first one's commit: a new graph; from then on, one
-    assert builds[-1] == builds[1]
+    # the second step carries the first one's commit and the third grows the branches'
+    # length to the largest 6 nodes allow: new graphs; from then on, one
+    assert builds[-1] == builds[2]
     target.verify([1, 2, 3])
     target.commit(2)
     target.decode([4], LOGITS_ALL)
@@ -217,6 +221,33 @@ def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
     target.decode([5], LOGITS_ALL)
     plain.prefill(text + [5], LOGITS_LAST)
     np.testing.assert_allclose(target.logits(0, 1), plain.logits(0, 1), rtol=0, atol=1e-5)
+
+
+def test_tree_verify_graph_does_not_grow_with_the_tree(pair):
+    """A tree's recurrence runs in two delta-rule ops per layer (its spine, then the
+    branches off it), whatever its node count: the verify graph of 4 to 16 nodes has as
+    many nodes as any other, a fixed few dozen per layer more than the chain's."""
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    target.prefill(list(range(40, 60)), LOGITS_LAST)
+    layers = target.info()["n_layer"]
+
+    def nodes(n, parents):
+        # the second verify of a size: it carries the previous one's commit, as in decoding
+        for _ in range(2):
+            if parents is None:
+                target.verify(list(range(300, 300 + n)))
+                target.commit(1)
+            else:
+                target.verify_tree(list(range(300, 300 + n)), parents)
+                target.commit_path([0])
+        return target.info()["n_last_nodes"]
+
+    sizes = (4, 8, 16)
+    chain = {n: nodes(n, None) for n in sizes}
+    comb = {n: nodes(n, [-1] + [2 * ((i - 1) // 2) for i in range(1, n)]) for n in sizes}  # a spine, a leaf on each
+    bushy = {n: nodes(n, [-1] + [(i - 1) // 3 for i in range(1, n)]) for n in sizes}
+    assert len(set(chain.values())) == 1 and len(set(comb.values())) == 1 and comb == bushy, (chain, comb, bushy)
+    assert 0 < comb[4] - chain[4] <= 40 * layers, (chain, comb, layers)
 
 
 def test_chain_shaped_tree_is_the_chain_path(pair):
@@ -323,9 +354,10 @@ class ScriptedTreeDraft(ScriptedDraft):
 
 def test_tree_steps_reuse_one_target_graph(pair):
     """Every tree is padded to its budget and the verify graph depends only on the node
-    count, so trees of any shape share it: only the prefill, the first two verifies
-    (without and with a commit to carry) and a crossing of the attention window's
-    256-token step build a graph."""
+    count and its recurrence's padded shape, which only grows (to the largest spine,
+    branch count and branch length seen), so trees of any shape share it: only the
+    prefill, the first two verifies (without and with a commit to carry), a crossing of
+    the attention window's 256-token step and a few early growths build a graph."""
     target, draft = load_tree(pair, budget=8)
     prompt = prompts(1, seed=71)[0]
     shapes = set()
@@ -342,7 +374,7 @@ def test_tree_steps_reuse_one_target_graph(pair):
     graphs = after["n_graphs"] - before["n_graphs"]
     builds = after["n_graph_builds"] - before["n_graph_builds"]
     assert len(stats.accepted_lengths) >= 20 and len(shapes) >= 5
-    assert builds <= 2 + 2 + 1, f"{builds} of {graphs} target graphs were built for {len(shapes)} tree shapes"
+    assert builds <= 2 + 2 + 1 + 3, f"{builds} of {graphs} target graphs were built for {len(shapes)} tree shapes"
 
 
 def test_lossless_tree_with_scripted_candidates(pair):
