@@ -530,6 +530,8 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     return DFL_OK;
 }
 
+#define TREE_SHAPE_RESET 64
+
 static int max_int(int a, int b) {
     return a > b ? a : b;
 }
@@ -544,8 +546,10 @@ tree_shape dfl_tree_worst_shape(int n) {
 /* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
  * with the longest path below it (the first such child), so branches are short; a
  * branch is the path from the spine to a leaf off it. The padded shape grows to the
- * largest of each size seen for this node count and never shrinks, so trees of a
- * budget share one graph once a few steps have set it. Padding steps repeat a real
+ * largest of each size seen for this node count, so trees of a budget share one graph
+ * once a few steps have set it; every TREE_SHAPE_RESET trees it restarts from the
+ * current tree's, so that a rare odd tree does not pad every later one (at most one
+ * graph rebuild per reset). Padding steps repeat a real
  * node after the last one read (their results are never read), padding branches run
  * the root from the first snapshot. */
 static void plan_recurrence(dfl_target * t, tree_plan * tp) {
@@ -581,6 +585,10 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
         }
     }
     tree_shape * seen = &t->tree_shapes[n];
+    if (++t->tree_shape_age[n] >= TREE_SHAPE_RESET) {
+        t->tree_shape_age[n] = 0;
+        *seen = need;
+    }
     seen->spine = max_int(seen->spine, need.spine);
     seen->branches = max_int(seen->branches, need.branches);
     seen->steps = max_int(seen->steps, need.steps);

@@ -147,7 +147,8 @@ struct dfl_target {
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
     uint64_t graph_clock;
     int64_t n_graphs, n_graph_builds;
-    tree_shape tree_shapes[DFL_MAX_TREE + 1]; /* per node count: the padded shape of tree graphs (only grows) */
+    tree_shape tree_shapes[DFL_MAX_TREE + 1]; /* per node count: the padded shape of tree graphs */
+    int tree_shape_age[DFL_MAX_TREE + 1];     /* trees planned with it since it was last reset */
 };
 
 /* dfl_target.c: loading in steps, for the memory planner (dfl_plan.c) */

@@ -193,6 +193,30 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
     np.testing.assert_allclose(target.logits(0, 1), plain.logits(0, 1), rtol=0, atol=1e-5)
 
 
+def test_an_odd_tree_pads_later_trees_only_for_a_while(pair):
+    """A star of 6 nodes pads the recurrence of the chain-shaped trees of 6 after it
+    (four branches); after 64 trees of that size the padding restarts from the tree at
+    hand: one more graph, then the chains reuse it, and their logits stay exact."""
+    rng = np.random.default_rng(9)
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    text = rng.integers(0, 1000, 9).tolist()
+    target.prefill(text, LOGITS_LAST)
+    builds = []
+    for step in range(80):
+        parents = [-1, 0, 0, 0, 0, 0] if step == 0 else [-1, 0, 1, 2, 3, 4]
+        tokens = rng.integers(0, 1000, 6).tolist()
+        target.verify_tree(tokens, parents)
+        builds.append(target.info()["n_graph_builds"])
+        got, context = target.logits(0, 6), list(text)
+        target.commit_path([0])
+        text.append(tokens[0])
+    assert builds[-1] - builds[2] == 1 and builds[70] == builds[-1]
+    plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    plain.prefill(context, LOGITS_LAST)
+    plain.decode(tokens, LOGITS_ALL)
+    np.testing.assert_allclose(got, plain.logits(0, 6), rtol=0, atol=1e-5)
+
+
 def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
     """`auto` goes back and forth between the chain and a few tree sizes: the target
     keeps several graphs, so after one round every kind of step finds its own; the
