@@ -215,8 +215,6 @@ class AutoBudget:
         self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
         self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of settled steps
         self.median = {a: None for a in self.arms}  # of times, kept current by observe
-        self.yields = {a: deque(maxlen=self.TIMED) for a in self.arms}  # tokens of those steps
-        self.promised = {a: deque(maxlen=self.TIMED) for a in self.arms}  # 1 + expected drafts then
         self.tried = {CHAIN}
         self.current = CHAIN
         self.probing = True  # the current arm runs to be measured: at the next decision, take the best
@@ -238,15 +236,8 @@ class AutoBudget:
         ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
         return max(self.median[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
 
-    def yield_factor(self, arm: int) -> float:
-        """Tokens an arm's settled steps gave over what its expectation promised then:
-        corrects what the calibrations get wrong about one arm (a tree's branches, say)."""
-        if len(self.yields[arm]) < self.TIMED // 3:
-            return 1.0
-        return sum(self.yields[arm]) / sum(self.promised[arm])
-
     def rate(self, arm: int) -> float:
-        return (1.0 + (self.drafts[arm] or 0.0)) * self.yield_factor(arm) / self.step_seconds(arm)
+        return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
 
     def gains(self, nodes) -> np.ndarray:
         """Each node's calibrated acceptance probability; nodes: (probabilities, spine)."""
@@ -311,12 +302,9 @@ class AutoBudget:
         self.spine.update(probs[spine], ok[spine], self.SURVEY_EVERY)
         self.branch.update(probs[~spine], ok[~spine], self.SURVEY_EVERY)
 
-    def timed(self, arm: int, seconds: float, tokens: int) -> None:
-        """Every step's time and the tokens it gave; settled steps of the arm chosen count."""
+    def timed(self, arm: int, seconds: float) -> None:
+        """Every step's time; settled steps of the arm chosen count."""
         self.run += 1
         if arm == self.current and self.run > self.SETTLE:
             self.times[arm].append(seconds)
             self.median[arm] = statistics.median(self.times[arm])
-            if self.drafts[arm] is not None:
-                self.yields[arm].append(tokens)
-                self.promised[arm].append(1.0 + self.drafts[arm])

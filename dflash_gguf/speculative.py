@@ -271,7 +271,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                 auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.largest, max_depth=depth), logp[:, 0]),
                             nodes)
                 auto.verified(nodes, np.arange(depth) < n_acc)
-            auto.timed(CHAIN, time.perf_counter() - t0, len(out))
+            auto.timed(CHAIN, time.perf_counter() - t0)
             return out, t_draft, t_verify
         draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         cand, logp = draft.topk(b - 1)
@@ -314,7 +314,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                 on_path = set(path)
                 auto.verified(tree_nodes(tree, logp[:depth, 0]), [i in on_path for i in tree.pick_order])
         if auto is not None:
-            auto.timed(CHAIN if chain else arm, time.perf_counter() - t0, len(path))
+            auto.timed(CHAIN if chain else arm, time.perf_counter() - t0)
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,
