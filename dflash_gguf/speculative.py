@@ -14,7 +14,7 @@ from .ddtree import accept_path, build_tree, chain_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, prefill_prompt, start_context
 from .sampling import Sampler, SamplingParams, distribution
-from .target import LOGITS_LAST, Target
+from .target import Target
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
@@ -114,6 +114,28 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         stats.decode_seconds = time.perf_counter() - t_start
 
 
+def _greedy_pass(target: Target, draft: Draft, bonus: int, b: int, t0: float, stage):
+    """The greedy chain's target pass over a block of b the drafter proposed on the
+    device (b = 1: the bonus token alone): verified, its longest agreed prefix committed
+    on both sides. Returns the pass's tokens, the drafting and the verify seconds."""
+    stage("drafted")
+    t1 = time.perf_counter()
+    if b > 1:
+        draft.verify_block(target, b)
+        block = draft.block(b)
+    else:
+        target.verify([bonus])
+        block = [bonus]
+    choice = target.argmax(0, b)
+    n_acc = accepted_prefix(block, choice)
+    t2 = time.perf_counter()
+    stage("verified")
+    target.commit(n_acc + 1)
+    draft.append_rows(n_acc + 1, defer=True)
+    stage("committed")
+    return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1
+
+
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                       stop_tokens: Iterable[int], block_size: Optional[int], stats: GenerationStats,
                       sampling: Optional[SamplingParams] = None, reused: int = 0, context_full: str = "error",
@@ -139,22 +161,7 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
             draft.propose(bonus, b, read=False)
         else:
             draft.flush()
-        stage("drafted")
-        t1 = time.perf_counter()
-        if b > 1:
-            draft.verify_block(target, b)
-            block = draft.block(b)
-        else:
-            target.verify([bonus])
-            block = [bonus]
-        choice = target.argmax(0, b)
-        n_acc = accepted_prefix(block, choice)
-        t2 = time.perf_counter()
-        stage("verified")
-        target.commit(n_acc + 1)
-        draft.append_rows(n_acc + 1, defer=True)
-        stage("committed")
-        return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1
+        return _greedy_pass(target, draft, bonus, b, t0, stage)
 
     def sampled_step(bonus: int, remaining: int, room: int):
         b = min(B, remaining + 1, room)
@@ -237,18 +244,8 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         # the chain arm, greedy: the chain decoder's step (the block never visits the
         # host before the verify; a survey reads the drafter's top-K afterwards)
         draft.propose(bonus, b, read=False)
-        stage("drafted")
-        t1 = time.perf_counter()
-        draft.verify_block(target, b)
-        block = draft.block(b)
-        choice = target.argmax(0, b)
-        n_acc = accepted_prefix(block, choice)
-        t2 = time.perf_counter()
-        stage("verified")
-        target.commit(n_acc + 1)
-        draft.append_rows(n_acc + 1, defer=True)
-        stage("committed")
-        return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1, n_acc
+        out, t_draft, t_verify = _greedy_pass(target, draft, bonus, b, t0, stage)
+        return out, t_draft, t_verify, len(out) - 1
 
     if auto is not None:
         auto.start_request()
