@@ -45,6 +45,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFReader, GGUFVa
 from dflash_gguf.convert.quant import OUTTYPES
 from dflash_gguf.convert.shapes import CONFIGS, file_type, metadata, shrunk, tensor_nbytes, tensor_table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_fields import field_value  # noqa: E402  (scripts/gguf_fields.py)
+
 ALIGN = 32
 CHUNK_BYTES = 64 << 20  # bytes generated and written at a time
 MARGIN = 256 << 20      # free space left on the file system after writing
@@ -68,23 +71,8 @@ def demo_tokenizer() -> list[tuple[str, object, GGUFValueType, GGUFValueType | N
     from dflash_gguf.demo import demo_paths
 
     r = GGUFReader(str(demo_paths()[0]))
-    out = []
-    for key, f in r.fields.items():
-        if not key.startswith("tokenizer.") or key == "tokenizer.ggml.mask_token_id":
-            continue
-        vtype = f.types[0]
-        if vtype == GGUFValueType.ARRAY:
-            sub = f.types[1]
-            if sub == GGUFValueType.STRING:
-                value = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-            else:
-                value = [f.parts[i][0].item() for i in f.data]
-            out.append((key, value, vtype, sub))
-        elif vtype == GGUFValueType.STRING:
-            out.append((key, bytes(f.parts[f.data[0]]).decode("utf-8"), vtype, None))
-        else:
-            out.append((key, f.parts[f.data[0]][0].item(), vtype, None))
-    return out
+    return [(key, *field_value(f)) for key, f in r.fields.items()
+            if key.startswith("tokenizer.") and key != "tokenizer.ggml.mask_token_id"]
 
 
 def padded_tokenizer(n_vocab: int):

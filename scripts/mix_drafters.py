@@ -18,24 +18,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 
-
-def _value(field):
-    kind = field.types[0]
-    if kind == GGUFValueType.ARRAY:
-        if field.types[-1] == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode() for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    if kind == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode()
-    return field.parts[field.data[0]].tolist()[0]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_fields import field_value  # noqa: E402  (scripts/gguf_fields.py)
 
 
 def mix(a_path: Path, b_path: Path, alpha: float, out: Path) -> None:
     a, b = GGUFReader(a_path), GGUFReader(b_path)
-    arch = _value(a.fields["general.architecture"])
-    if _value(b.fields["general.architecture"]) != arch:
+    arch = field_value(a.fields["general.architecture"])[0]
+    if field_value(b.fields["general.architecture"])[0] != arch:
         raise ValueError(f"{b_path} is not a {arch} model")
     b_tensors = {t.name: t for t in b.tensors}
     mismatched = [t.name for t in a.tensors
@@ -47,9 +39,8 @@ def mix(a_path: Path, b_path: Path, alpha: float, out: Path) -> None:
     for field in a.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
-        w.add_key_value(field.name, _value(field), kind, sub_type=sub)
+        value, kind, sub = field_value(field)
+        w.add_key_value(field.name, value, kind, sub_type=sub)
     for t in a.tensors:
         u = b_tensors[t.name]
         blend = ((1.0 - alpha) * quants.dequantize(t.data, t.tensor_type)
