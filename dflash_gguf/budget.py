@@ -188,17 +188,22 @@ class AutoBudget:
     decision; the steps between run the chosen arm as a fixed budget would, plus a
     clock reading.
 
-    The chain runs first, then every other arm is tried once, the most promising first:
-    the price of an arm never run comes from the cost table, which may be off (measured
-    on a busy machine, or before the runtime changed), and a trial costs a few steps
-    once. After a trial the best arm runs; it keeps running until another promises
-    SWITCH_GAIN more (a switch builds graphs; small differences are noise). Every
-    REFRESH steps the runner-up, when within REFRESH_WITHIN of the arm in use, is tried,
-    so that the figures of arms not in use follow the machine and an arm a little
-    better than the one in use is found. The choice only picks the shape verified: the
-    output is the target's, whatever the arm."""
+    The chain runs first; then the tree sizes are tried in increasing order, climbing
+    while the largest one tried is (within CLIMB_WITHIN) the best so far. Tokens per
+    second rise with the tree size to one peak and fall past it (a larger tree accepts
+    more at a dearer verify), so the climb stops at the first size past the peak, and
+    sizes further on, which would cost many slow steps to try, are never run. Trials,
+    not the cost table, decide: the table may be off (measured on a busy machine, or
+    before the runtime changed). After a trial the best arm tried runs; it
+    keeps running until another promises SWITCH_GAIN more (a switch builds graphs;
+    small differences are noise). Every REFRESH steps the better neighbour of the arm in
+    use (the next size down or up), when within REFRESH_WITHIN of it, is tried, so that
+    the figures follow the machine and the text and the peak is found again when it
+    moves. The choice only picks the shape verified: the output is the target's,
+    whatever the arm."""
 
     SWITCH_GAIN = 1.1
+    CLIMB_WITHIN = 0.97
     REFRESH = 96
     REFRESH_WITHIN = 0.9
     TIMED = 15
@@ -264,19 +269,28 @@ class AutoBudget:
 
     def _decide(self) -> None:
         rates = {a: self.rate(a) for a in self.arms}
-        best = max(self.arms, key=rates.get)
-        untried = [a for a in self.arms if a not in self.tried]
-        if untried:
-            arm = max(untried, key=rates.get)
-            self.tried.add(arm)
-            self._run(arm, probe=True)
+        best = max(self.tried, key=rates.get)
+        climb = self._next_size(rates, best)
+        if climb is not None:
+            self.tried.add(climb)
+            self._run(climb, probe=True)
         elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
             self._run(best)  # after a trial, fresh figures: straight to the best
         elif self.steps - self.last_refresh >= self.REFRESH:
             self.last_refresh = self.steps
-            runner_up = max((a for a in self.arms if a != self.current), key=rates.get)
-            if rates[runner_up] >= self.REFRESH_WITHIN * rates[self.current]:
-                self._run(runner_up, probe=True)
+            i = self.arms.index(self.current)
+            near = max(self.arms[max(i - 1, 0):i] + self.arms[i + 1:i + 2], key=rates.get)
+            if rates[near] >= self.REFRESH_WITHIN * rates[self.current]:
+                self.tried.add(near)
+                self._run(near, probe=True)
+
+    def _next_size(self, rates, best: int):
+        """The arm the climb tries next, if any: the size after the largest tried."""
+        top = max(self.tried)
+        if top == self.largest:
+            return None
+        nxt = self.arms[self.arms.index(top) + 1]
+        return nxt if rates[top] >= self.CLIMB_WITHIN * rates[best] else None
 
     def _run(self, arm: int, probe: bool = False) -> None:
         self.probing = probe

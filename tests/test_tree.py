@@ -496,6 +496,16 @@ def test_auto_converges_to_the_best_tree_when_a_tree_is_fastest():
     assert arms[200:].count(8) >= 0.8 * 200, arms
 
 
+def test_auto_never_runs_sizes_past_the_peak():
+    """Tokens per second peak at one tree size: auto climbs the sizes from the chain and
+    stops at the first one past the peak, so the dear large trees, whose trial steps
+    alone would cost more than the rest of a short request gains, never run."""
+    chain_best = simulate_auto({0: 1.0, 4: 2.0, 8: 2.2, 16: 2.6, 32: 3.4}, lambda p: p)
+    assert set(chain_best) == {0, 4}, sorted(set(chain_best))
+    eight_best = simulate_auto({0: 1.0, 4: 1.0, 8: 1.02, 16: 1.8, 32: 3.0}, lambda p: p)
+    assert 32 not in eight_best and eight_best[-1] == 8, sorted(set(eight_best))
+
+
 def test_auto_calibrates_an_overconfident_drafter():
     """A drafter that believes 0.6 where the target agrees 0.3 of the time: the
     calibration learns it from what was accepted, and with it the chain's long tail
