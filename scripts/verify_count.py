@@ -78,49 +78,53 @@ def run(args) -> None:
     shapes = args.shapes.split(",")
     # every (shape, n) starts from the same context and stays in one 256-row attention span
     steps = args.warmup + args.reps
-    t = Target(args.gguf, TargetConfig(n_ctx=args.prompt + 2 * steps + max(ns) + 256, n_ubatch=64,
-                                       n_verify=max(ns), n_threads=args.threads, kv_type="f16"))
+    config = TargetConfig(n_ctx=args.prompt + 2 * steps + max(ns) + 256, n_ubatch=64, n_verify=max(ns),
+                          n_threads=args.threads, kv_type="f16")
+    # one target per shape, the shapes taking turns rep by rep: a machine that slows down
+    # for a while slows every shape alike (and no shape's graphs are evicted by another's)
+    targets = {shape: Target(args.gguf, config) for shape in shapes}
     rng_tokens = [10 + (7 * i) % 900 for i in range(64)]
     prompt = [(13 * i) % 900 + 5 for i in range(args.prompt)]
-    print(f"# load average {os.getloadavg()[0]:.2f}; threads {t.info()['n_threads']}", flush=True)
-    rows = []
+    first = next(iter(targets.values()))
+    print(f"# load average {os.getloadavg()[0]:.2f}; threads {first.info()['n_threads']}", flush=True)
     for n in ns:
-        for shape in shapes:
-            parents = None if shape == "chain" else tree_parents(shape, n)
-            tokens = rng_tokens[:n]
-            walls, cpus, nodes = [], [], None
+        parents = {shape: None if shape == "chain" else tree_parents(shape, n) for shape in shapes}
+        tokens = rng_tokens[:n]
+        walls = {shape: [] for shape in shapes}
+        cpus = {shape: [] for shape in shapes}
+        nodes, b0 = {}, {}
+        for shape, t in targets.items():
             t.reset()
             t.prefill(prompt, LOGITS_LAST)
-            b0 = t.info()["n_graph_builds"]
-            for rep in range(steps):
-                timed = rep >= args.warmup
-                if timed and rep == args.warmup:
-                    b0 = t.info()["n_graph_builds"]
+        for rep in range(steps):
+            timed = rep >= args.warmup
+            for shape, t in targets.items():
+                if rep == args.warmup:
+                    b0[shape] = t.info()["n_graph_builds"]
                 dump(args, "pre")
                 t0, c0 = time.perf_counter(), time.thread_time()
-                if parents is None:
+                if parents[shape] is None:
                     t.verify(tokens)
                 else:
-                    t.verify_tree(tokens, parents)
+                    t.verify_tree(tokens, parents[shape])
                 t.argmax(0, n)
                 wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
                 dump(args, f"verify {shape} {n} {'timed' if timed else 'warmup'}")
                 if timed:
-                    walls.append(wall)
-                    cpus.append(cpu)
-                nodes = t.info()["n_last_nodes"]
+                    walls[shape].append(wall)
+                    cpus[shape].append(cpu)
+                nodes[shape] = t.info()["n_last_nodes"]
                 # keep the root and one child: every verify carries a commit of the same size
-                if parents is None:
+                if parents[shape] is None:
                     t.commit(2 if n > 1 else 1)
                 else:
-                    child = parents.index(0) if 0 in parents else None
+                    child = parents[shape].index(0) if 0 in parents[shape] else None
                     t.commit_path([0] if child is None else [0, child])
-            builds = t.info()["n_graph_builds"] - b0
-            pd = paths_and_depth(parents) if parents else (1, n)
-            row = {"shape": shape, "n": n, "nodes": nodes, "paths": pd[0], "depth": pd[1],
-                   "wall_ms": 1000 * statistics.median(walls), "cpu_ms": 1000 * statistics.median(cpus),
-                   "timed_builds": builds}
-            rows.append(row)
+        for shape, t in targets.items():
+            pd = paths_and_depth(parents[shape]) if parents[shape] else (1, n)
+            row = {"shape": shape, "n": n, "nodes": nodes[shape], "paths": pd[0], "depth": pd[1],
+                   "wall_ms": 1000 * statistics.median(walls[shape]), "cpu_ms": 1000 * statistics.median(cpus[shape]),
+                   "timed_builds": t.info()["n_graph_builds"] - b0.get(shape, t.info()["n_graph_builds"])}
             print("@row " + json.dumps(row), flush=True)
     print(f"# load average {os.getloadavg()[0]:.2f}", flush=True)
 
