@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import time
 from collections import deque
 from pathlib import Path
@@ -175,9 +174,11 @@ class AutoBudget:
     drafts_a   the expected accepted drafts of arm a: its nodes' drafter probabilities
                through the Calibrations learnt from verified nodes (spine nodes and
                branches apart), summed, and averaged over recent survey steps;
-    seconds_a  arm a's measured step time (drafting, verify, host work): the median of
-               its last TIMED steps (a median, so that a step descheduled by another
-               process does not move it), leaving out the first steps after a switch
+    seconds_a  arm a's measured step time (drafting, verify, host work): the lower
+               quartile of its last TIMED steps (other processes only ever add to a
+               step's time: a quartile is not moved by the steps they slowed, where a
+               median of a trial's few steps taken in a busy spell would condemn the
+               arm for good), leaving out the first steps after a switch
                or a request's start, which build graphs. An arm not yet run is priced
                from the verify cost table: a measured arm's step time with its verify
                swapped for arm a's.
@@ -208,6 +209,7 @@ class AutoBudget:
     REFRESH_WITHIN = 0.9
     TIMED = 15
     SETTLE = 2  # steps after a switch (or a request's start) that are not timed: they build graphs
+    PROBE_TIMED = 4  # settled steps an arm on trial runs before it is judged
     SURVEY_EVERY = 4  # steps between surveys and decisions
     SMOOTH = 0.4  # weight of the newest survey in the running expectations
 
@@ -219,7 +221,7 @@ class AutoBudget:
         self.spine, self.branch = Calibration(), Calibration()
         self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
         self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of settled steps
-        self.median = {a: None for a in self.arms}  # of times, kept current by observe
+        self.seconds = {a: None for a in self.arms}  # lower quartile of times, kept current by timed
         self.tried = {CHAIN}
         self.current = CHAIN
         self.probing = True  # the current arm runs to be measured: at the next decision, take the best
@@ -233,13 +235,13 @@ class AutoBudget:
         return float(self.cost.chain(self.block) if arm == CHAIN else self.cost(arm + 1))
 
     def step_seconds(self, arm: int) -> float:
-        if self.median[arm] is not None:
-            return self.median[arm]
-        timed = [a for a in self.arms if self.median[a] is not None]
+        if self.seconds[arm] is not None:
+            return self.seconds[arm]
+        timed = [a for a in self.arms if self.seconds[a] is not None]
         if not timed:
             return self.verify_seconds(arm)
         ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
-        return max(self.median[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
+        return max(self.seconds[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
 
     def rate(self, arm: int) -> float:
         return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
@@ -268,6 +270,8 @@ class AutoBudget:
         return self.steps % self.SURVEY_EVERY == 1
 
     def _decide(self) -> None:
+        if self.probing and self.run < self.SETTLE + self.PROBE_TIMED:
+            return  # an arm on trial is judged by a few settled steps of its own, not one or two
         rates = {a: self.rate(a) for a in self.arms}
         best = max(self.tried, key=rates.get)
         climb = self._next_size(rates, best)
@@ -321,4 +325,4 @@ class AutoBudget:
         self.run += 1
         if arm == self.current and self.run > self.SETTLE:
             self.times[arm].append(seconds)
-            self.median[arm] = statistics.median(self.times[arm])
+            self.seconds[arm] = float(np.percentile(self.times[arm], 25))
