@@ -190,7 +190,7 @@ class AutoBudget:
     clock reading.
 
     The chain runs first; then the tree sizes are tried in increasing order, climbing
-    while the largest one tried is (within CLIMB_WITHIN) the best so far. Tokens per
+    while the largest one tried is the best so far. Tokens per
     second rise with the tree size to one peak and fall past it (a larger tree accepts
     more at a dearer verify), so the climb stops at the first size past the peak, and
     sizes further on, which would cost many slow steps to try, are never run. Trials,
@@ -204,7 +204,6 @@ class AutoBudget:
     whatever the arm."""
 
     SWITCH_GAIN = 1.1
-    CLIMB_WITHIN = 0.97
     REFRESH = 96
     REFRESH_WITHIN = 0.9
     TIMED = 15
@@ -260,7 +259,8 @@ class AutoBudget:
     def choose(self) -> int:
         """The arm of the next step."""
         self.steps += 1
-        if self.steps % self.SURVEY_EVERY == 1 and all(d is not None for d in self.drafts.values()):
+        judged = self.probing and self.run == self.SETTLE + self.PROBE_TIMED  # a trial ends on time
+        if (judged or self.steps % self.SURVEY_EVERY == 1) and all(d is not None for d in self.drafts.values()):
             self._decide()
         return self.current
 
@@ -294,7 +294,7 @@ class AutoBudget:
         if top == self.largest:
             return None
         nxt = self.arms[self.arms.index(top) + 1]
-        return nxt if rates[top] >= self.CLIMB_WITHIN * rates[best] else None
+        return nxt if top == best else None
 
     def _run(self, arm: int, probe: bool = False) -> None:
         self.probing = probe
