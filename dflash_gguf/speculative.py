@@ -265,7 +265,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             if survey:
                 cand, logp = draft.topk(depth)
                 nodes = chain_nodes(logp[:, 0])
-                auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.largest, max_depth=depth), logp[:, 0]),
+                auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.survey_size(), max_depth=depth), logp[:, 0]),
                             nodes)
                 auto.verified(nodes, np.arange(depth) < n_acc)
             auto.timed(CHAIN, time.perf_counter() - t0)
@@ -274,7 +274,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         cand, logp = draft.topk(b - 1)
         chain = arm == CHAIN or 1 + arm > room  # a padded tree that does not fit: the chain does
         if survey or not chain:
-            tree = build_tree(bonus, cand, logp, auto.largest if survey else arm, max_depth=depth)
+            tree = build_tree(bonus, cand, logp, auto.survey_size() if survey else arm, max_depth=depth)
             if survey:
                 auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:depth, 0]))
                 tree = tree.best(arm)

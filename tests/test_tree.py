@@ -573,6 +573,9 @@ class _ScriptedAuto:
     def wants_survey(self):
         return len(self.seen) % 3 == 1
 
+    def survey_size(self):
+        return self.largest  # every size runs
+
     def start_request(self):
         self.real.start_request()
 
