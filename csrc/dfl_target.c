@@ -718,6 +718,17 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
             b++;
         }
     }
+    const int W = t->m.rec.d_conv - 1;
+    if (tree_branches(&sh) == 0) {
+        for (int k = 0; k < W; k++) {
+            tp->conv_rows[k] = k;
+        }
+        for (int s = 0; s < n; s++) {
+            tp->conv_rows[W + s] = W + steps[s];
+        }
+    } else {
+        memcpy(tp->conv_rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
+    }
 }
 
 /* Validate a tree and derive what its graph needs on the host: depths (positions), the

@@ -119,12 +119,20 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
     if (b->tree) {
         /* [committed conv inputs | node inputs], one column per time step, kept for
          * commit; each node's window gathered from it (its ancestors' inputs, oldest
-         * first) and convolved as a sequence of one step: the chain's arithmetic */
-        const int64_t D = W + 1;
+         * first) and convolved as a sequence of one step: the chain's arithmetic. A
+         * tree without branches is one sequence: its committed inputs and its nodes
+         * in spine order, convolved as the chain, then put in node order. */
+        const bool line = tree_branches(&t->tree.shape) == 0;
         struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
         write_into(cat, t->conv_scratch[il], 0);
-        struct ggml_tensor * win = ggml_reshape_3d(ctx, ggml_get_rows(ctx, cat, b->in->conv_rows), C, D, n);
-        win = ggml_cont(ctx, ggml_permute(ctx, win, 1, 0, 2, 3)); /* [D, C, n] */
+        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
+        if (line) {
+            struct ggml_tensor * seq = ggml_cont(ctx, ggml_transpose(ctx, rows)); /* [W + n, C] */
+            seq = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, seq, W + n, C, 1), kernel);
+            return ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, n), b->in->out_rows);
+        }
+        struct ggml_tensor * win = ggml_reshape_3d(ctx, rows, C, W + 1, n);
+        win = ggml_cont(ctx, ggml_permute(ctx, win, 1, 0, 2, 3)); /* [W + 1, C, n] */
         return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
     }
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
@@ -482,7 +490,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
     if (tree && m->n_recurrent > 0) {
         const tree_shape sh = t->tree.shape;
         const int n_branches = tree_branches(&sh);
-        in->conv_rows = new_input(ctx, GGML_TYPE_I32, (int64_t) n * m->rec.d_conv);
+        in->conv_rows = new_input(ctx, GGML_TYPE_I32, tree_conv_rows(&sh, n, m->rec.d_conv));
         in->tree_steps = new_input(ctx, GGML_TYPE_I32, tree_steps(&sh));
         in->branch_from = n_branches > 0 ? new_input(ctx, GGML_TYPE_I32, n_branches) : NULL;
         in->out_rows = new_input(ctx, GGML_TYPE_I32, n);
@@ -603,7 +611,8 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
                         (size_t) (tree_branches(&sh)) * sizeof(int32_t));
     }
     dfl_runtime_set(&t->rt, in->out_rows, tp->out_rows, 0, (size_t) n * sizeof(int32_t));
-    dfl_runtime_set(&t->rt, in->conv_rows, tp->windows, 0, (size_t) n * t->m.rec.d_conv * sizeof(int32_t));
+    dfl_runtime_set(&t->rt, in->conv_rows, tp->conv_rows, 0,
+                    (size_t) tree_conv_rows(&sh, n, t->m.rec.d_conv) * sizeof(int32_t));
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {

@@ -49,7 +49,15 @@ typedef struct tree_plan {
     int32_t steps[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
     int32_t branch_from[DFL_MAX_TREE];              /* per branch, groups in order: the spine snapshot it starts from */
     int32_t out_rows[DFL_MAX_TREE];                 /* node i's output: its first step */
+    /* the conv's columns of [committed conv inputs | nodes]: each node's window, or
+     * for a tree without branches, the committed inputs then the nodes in spine order */
+    int32_t conv_rows[DFL_MAX_TREE * 16];
 } tree_plan;
+
+/* Entries of a tree_plan's conv_rows. */
+static inline int64_t tree_conv_rows(const tree_shape * sh, int n, int d_conv) {
+    return tree_branches(sh) == 0 ? (int64_t) d_conv - 1 + n : (int64_t) n * d_conv;
+}
 
 typedef struct graph_inputs {
     struct ggml_tensor * tokens;
@@ -61,7 +69,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * slots_swa;
     struct ggml_tensor * mask_swa;
     /* tree verify of a model with recurrent layers */
-    struct ggml_tensor * conv_rows;    /* the tree_plan's index tables, as inputs (conv_rows: its windows) */
+    struct ggml_tensor * conv_rows;    /* the tree_plan's index tables, as inputs */
     struct ggml_tensor * tree_steps;
     struct ggml_tensor * branch_from;
     struct ggml_tensor * out_rows;
