@@ -362,8 +362,7 @@ dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
 static bool same_key(const graph_key * a, const graph_key * b) {
     return a->n == b->n && a->n_kv == b->n_kv && a->logits == b->logits && a->verify == b->verify &&
            a->commit == b->commit && a->commit_replay == b->commit_replay && a->tokens_src == b->tokens_src &&
-           a->tree == b->tree && a->shape.spine == b->shape.spine && a->shape.branches == b->shape.branches &&
-           a->shape.steps == b->shape.steps;
+           a->tree == b->tree && memcmp(&a->shape, &b->shape, sizeof a->shape) == 0;
 }
 
 /* The slot holding a graph of this key, or the one to build it in (marked invalid):
@@ -416,7 +415,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
      * between the chain and a few tree sizes */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
     const graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_verified : 0, tokens_src,
-                            tree, tree ? t->tree.shape : (tree_shape) { 0, 0, 0 } };
+                            tree, tree ? t->tree.shape : (tree_shape) { 0 } };
     const int slot = graph_slot(t, &key);
     graph_cache * gc = &t->graphs[slot];
     t->n_graphs++;
@@ -538,23 +537,76 @@ static int max_int(int a, int b) {
 
 /* Each size at its largest over the trees of n nodes: the spine has at least two nodes
  * when n > 1, so at most n - 2 leaves are off it; a branch of L steps leaves a spine
- * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. */
+ * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. plan_recurrence
+ * keeps every shape within n - 2 branches in all, so this one-group shape bounds the
+ * memory of every tree graph of n nodes. */
 tree_shape dfl_tree_worst_shape(int n) {
-    return n < 3 ? (tree_shape) { n, 0, 0 } : (tree_shape) { n, n - 2, (n - 1) / 2 };
+    tree_shape sh = { n, 0, { 0 }, { 0 } };
+    if (n >= 3) {
+        sh.snapshots = n;
+        sh.branches[DFL_TREE_GROUPS - 1] = n - 2;
+        sh.steps[DFL_TREE_GROUPS - 1] = (n - 1) / 2;
+    }
+    return sh;
+}
+
+/* What a shape costs, in delta-rule steps: its padded steps, the states it copies (a
+ * spine snapshot; per branch, the gather of its start and the op's own copy of it)
+ * and one step's worth per op. A state copy costs about a step (both touch the whole
+ * state once or twice). */
+static int shape_cost(const tree_shape * sh) {
+    int cost = sh->spine + sh->snapshots;
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        if (sh->branches[g] > 0) {
+            cost += sh->branches[g] * (sh->steps[g] + 2) + 1;
+        }
+    }
+    return cost;
+}
+
+/* The spine step the first branch leaves from (the spine's length when none does). */
+static int first_departure(const tree_shape * sh) {
+    return sh->spine - sh->snapshots;
+}
+
+/* Each size at the larger of two shapes'; the snapshots reach back to the earlier of
+ * their first branches, counted from the end of the longer spine. */
+static tree_shape max_shape(tree_shape a, const tree_shape * b) {
+    const int first = first_departure(&a) < first_departure(b) ? first_departure(&a) : first_departure(b);
+    a.spine = max_int(a.spine, b->spine);
+    a.snapshots = a.spine - first;
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        a.branches[g] = max_int(a.branches[g], b->branches[g]);
+        a.steps[g] = max_int(a.steps[g], b->steps[g]);
+    }
+    return a;
+}
+
+/* The branches sorted by length, split at k: the k shortest in group `lo`, the rest in
+ * the other (DFL_TREE_GROUPS is 2). */
+static tree_shape split_shape(int spine, int snapshots, const int * len, int n_branches, int k, int lo) {
+    tree_shape sh = { spine, snapshots, { 0 }, { 0 } };
+    sh.branches[lo] = k;
+    sh.steps[lo] = k > 0 ? len[k - 1] : 0;
+    sh.branches[1 - lo] = n_branches - k;
+    sh.steps[1 - lo] = n_branches > k ? len[n_branches - 1] : 0;
+    return sh;
 }
 
 /* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
  * with the longest path below it (the first such child), so branches are short; a
- * branch is the path from the spine to a leaf off it. The padded shape grows to the
- * largest of each size seen for this node count, so trees of a budget share one graph
- * once a few steps have set it; every TREE_SHAPE_RESET trees it restarts from the
+ * branch is the path from the spine to a leaf off it. Branches sorted by length are
+ * split in two groups (the short ones in either) where that costs least (shape_cost). The padded shape grows to
+ * the largest of each size seen for this node count (the split is chosen for the
+ * cheapest such shape, within n - 2 branches in all), so trees of a budget share one
+ * graph once a few steps have set it; every TREE_SHAPE_RESET trees it restarts from the
  * current tree's, so that a rare odd tree does not pad every later one (at most one
- * graph rebuild per reset). Padding steps repeat a real
- * node after the last one read (their results are never read), padding branches run
- * the root from the first snapshot. */
+ * graph rebuild per reset). Padding steps repeat a real node after the last one read
+ * (their results are never read), padding branches run the root from the last state. */
 static void plan_recurrence(dfl_target * t, tree_plan * tp) {
     const int n = tp->n;
     int height[DFL_MAX_TREE], down[DFL_MAX_TREE], spine_step[DFL_MAX_TREE];
+    int leaf[DFL_MAX_TREE], from[DFL_MAX_TREE], len[DFL_MAX_TREE];
     bool inner[DFL_MAX_TREE];
     for (int i = 0; i < n; i++) {
         height[i] = 1;
@@ -570,40 +622,12 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
             down[p] = i;
         }
     }
-    tree_shape need = { height[0], 0, 0 };
+    const int spine = height[0];
     for (int x = 0, s = 0; x >= 0; x = down[x], s++) {
         spine_step[x] = s;
     }
-    for (int i = 0; i < n; i++) {
-        if (!inner[i] && spine_step[i] < 0) {
-            int x = i;
-            while (spine_step[x] < 0) {
-                x = tp->parent[x];
-            }
-            need.branches++;
-            need.steps = max_int(need.steps, tp->depth[i] - tp->depth[x]);
-        }
-    }
-    tree_shape * seen = &t->tree_shapes[n];
-    if (++t->tree_shape_age[n] >= TREE_SHAPE_RESET) {
-        t->tree_shape_age[n] = 0;
-        *seen = need;
-    }
-    seen->spine = max_int(seen->spine, need.spine);
-    seen->branches = max_int(seen->branches, need.branches);
-    seen->steps = max_int(seen->steps, need.steps);
-    const tree_shape sh = tp->shape = *seen;
-
-    int32_t * steps = tp->steps;
-    int last = 0;
-    for (int x = 0; x >= 0; x = down[x]) {
-        steps[spine_step[x]] = last = x;
-        tp->out_rows[x] = spine_step[x];
-    }
-    for (int s = need.spine; s < sh.spine; s++) {
-        steps[s] = last;
-    }
-    int b = 0;
+    /* branches, by length (insertion sort: stable, at most 62 of them) */
+    int nb = 0, first_from = spine;
     for (int i = 0; i < n; i++) {
         if (inner[i] || spine_step[i] >= 0) {
             continue;
@@ -612,44 +636,98 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
         while (spine_step[x] < 0) {
             x = tp->parent[x];
         }
-        const int d0 = tp->depth[x], row0 = sh.spine + b * sh.steps;
-        tp->branch_from[b] = sh.spine - 1 - spine_step[x]; /* snapshot slot s: the state s steps before the last */
-        for (int y = i; y != x; y = tp->parent[y]) {
-            const int row = row0 + tp->depth[y] - d0 - 1;
-            steps[row] = y;
-            if (tp->out_rows[y] < 0) {
-                tp->out_rows[y] = row;
+        const int l = tp->depth[i] - tp->depth[x];
+        int j = nb++;
+        for (; j > 0 && len[j - 1] > l; j--) {
+            leaf[j] = leaf[j - 1];
+            from[j] = from[j - 1];
+            len[j] = len[j - 1];
+        }
+        leaf[j] = i;
+        from[j] = spine_step[x];
+        len[j] = l;
+        first_from = from[j] < first_from ? from[j] : first_from;
+    }
+
+    tree_shape * seen = &t->tree_shapes[n];
+    const bool reset = ++t->tree_shape_age[n] >= TREE_SHAPE_RESET || seen->spine == 0;
+    if (reset) {
+        t->tree_shape_age[n] = 0;
+    }
+    tree_shape best = { 0 };
+    int best_cost = -1, k_best = 0, lo_best = 0;
+    for (int pass = reset ? 1 : 0; pass < 2 && best_cost < 0; pass++) {
+        /* pass 0 within the shape seen, pass 1 (a reset, or no split fits n - 2
+         * branches in all) from this tree alone; the short ones in either group */
+        for (int k = 0; k <= nb; k++) {
+            for (int lo = 0; lo < 2; lo++) {
+                tree_shape sh = split_shape(spine, spine - first_from, len, nb, k, lo);
+                if (pass == 0) {
+                    sh = max_shape(sh, seen);
+                    if (tree_branches(&sh) > max_int(n - 2, 0)) {
+                        continue;
+                    }
+                }
+                const int cost = shape_cost(&sh);
+                if (best_cost < 0 || cost < best_cost) {
+                    best = sh;
+                    best_cost = cost;
+                    k_best = k;
+                    lo_best = lo;
+                }
             }
         }
-        for (int s = tp->depth[i] - d0; s < sh.steps; s++) {
-            steps[row0 + s] = i;
-        }
-        b++;
     }
-    for (; b < sh.branches; b++) {
-        tp->branch_from[b] = 0;
-        for (int s = 0; s < sh.steps; s++) {
-            steps[sh.spine + b * sh.steps + s] = 0;
+    const tree_shape sh = tp->shape = *seen = best;
+
+    int32_t * steps = tp->steps;
+    int last = 0;
+    for (int x = 0; x >= 0; x = down[x]) {
+        steps[spine_step[x]] = last = x;
+        tp->out_rows[x] = spine_step[x];
+    }
+    for (int s = spine; s < sh.spine; s++) {
+        steps[s] = last;
+    }
+    int row0 = sh.spine, seq = 0;
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        /* the short branches, 0 .. k_best - 1, in group lo_best; the rest in the other */
+        int b = g == lo_best ? 0 : k_best;
+        const int end = g == lo_best ? k_best : nb;
+        for (int j = 0; j < sh.branches[g]; j++, seq++, row0 += sh.steps[g]) {
+            if (b == end) { /* padding */
+                tp->branch_from[seq] = 0;
+                for (int s = 0; s < sh.steps[g]; s++) {
+                    steps[row0 + s] = 0;
+                }
+                continue;
+            }
+            const int i = leaf[b], d0 = tp->depth[i] - len[b];
+            /* snapshot slot s: the state s steps before the spine's last */
+            tp->branch_from[seq] = sh.spine - 1 - from[b];
+            for (int y = i; tp->depth[y] > d0; y = tp->parent[y]) {
+                const int row = row0 + tp->depth[y] - d0 - 1;
+                steps[row] = y;
+                if (tp->out_rows[y] < 0) {
+                    tp->out_rows[y] = row;
+                }
+            }
+            for (int s = len[b]; s < sh.steps[g]; s++) {
+                steps[row0 + s] = i;
+            }
+            b++;
         }
     }
-    /* conv inputs: a sequence's first step's window, then the inputs of its steps */
     const int W = t->m.rec.d_conv - 1;
-    int32_t * rows = tp->conv_rows;
-    for (int k = 0; k < W; k++) {
-        rows[k] = k;
-    }
-    for (int s = 0; s < sh.spine; s++) {
-        rows[W + s] = W + steps[s];
-    }
-    for (b = 0; b < sh.branches; b++) {
-        const int32_t * bs = &steps[sh.spine + b * sh.steps];
-        int32_t * br = &rows[W + sh.spine + b * (W + sh.steps)];
+    if (tree_branches(&sh) == 0) {
         for (int k = 0; k < W; k++) {
-            br[k] = tp->windows[(size_t) bs[0] * (W + 1) + k];
+            tp->conv_rows[k] = k;
         }
-        for (int s = 0; s < sh.steps; s++) {
-            br[W + s] = W + bs[s];
+        for (int s = 0; s < n; s++) {
+            tp->conv_rows[W + s] = W + steps[s];
         }
+    } else {
+        memcpy(tp->conv_rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
     }
 }
 

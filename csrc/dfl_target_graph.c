@@ -43,6 +43,15 @@ int64_t dfl_target_replay_floats(const dfl_model * m, int n_verify) {
     return P.beta + m->rec.n_v_heads * P.cols;
 }
 
+/* Steps of a tree's recurrence: the spine's and every group's. */
+static int64_t tree_steps(const tree_shape * sh) {
+    int64_t n = sh->spine;
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        n += (int64_t) sh->branches[g] * sh->steps[g];
+    }
+    return n;
+}
+
 /* ---- graph services ------------------------------------------------------------------ */
 
 struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
@@ -108,24 +117,23 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
     const size_t f32 = sizeof(float);
 
     if (b->tree) {
-        /* [committed conv inputs | node inputs], one column per time step, kept for commit;
-         * the spine and the branches as sequences of their own (see tree_plan), the
-         * outputs gathered back in node order */
-        const tree_shape sh = t->tree.shape;
+        /* [committed conv inputs | node inputs], one column per time step, kept for
+         * commit; each node's window gathered from it (its ancestors' inputs, oldest
+         * first) and convolved as a sequence of one step: the chain's arithmetic. A
+         * tree without branches is one sequence: its committed inputs and its nodes
+         * in spine order, convolved as the chain, then put in node order. */
+        const bool line = tree_branches(&t->tree.shape) == 0;
         struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
         write_into(cat, t->conv_scratch[il], 0);
         struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
-        const size_t row = rows->nb[1];
-        struct ggml_tensor * spine = ggml_cont(ctx, ggml_transpose(ctx, ggml_view_2d(ctx, rows, C, W + sh.spine, row, 0)));
-        spine = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, spine, W + sh.spine, C, 1), kernel);
-        struct ggml_tensor * out = ggml_reshape_2d(ctx, spine, C, sh.spine);
-        if (sh.branches > 0) {
-            struct ggml_tensor * br = ggml_view_3d(ctx, rows, C, W + sh.steps, sh.branches, row, row * (W + sh.steps),
-                                                   row * (W + sh.spine));
-            br = ggml_ssm_conv(ctx, ggml_cont(ctx, ggml_permute(ctx, br, 1, 0, 2, 3)), kernel); /* [C, steps, branches] */
-            out = ggml_concat(ctx, out, ggml_reshape_2d(ctx, br, C, sh.steps * sh.branches), 1);
+        if (line) {
+            struct ggml_tensor * seq = ggml_cont(ctx, ggml_transpose(ctx, rows)); /* [W + n, C] */
+            seq = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, seq, W + n, C, 1), kernel);
+            return ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, n), b->in->out_rows);
         }
-        return ggml_get_rows(ctx, out, b->in->out_rows);
+        struct ggml_tensor * win = ggml_reshape_3d(ctx, rows, C, W + 1, n);
+        win = ggml_cont(ctx, ggml_permute(ctx, win, 1, 0, 2, 3)); /* [W + 1, C, n] */
+        return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
     }
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
@@ -200,23 +208,27 @@ static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_t
     return ggml_view_4d(ctx, x, ne0, ne1, n, 1, x->nb[1], x->nb[2], x->nb[2] * n, 0);
 }
 
-/* [ne0, ne1, n] rows gathered into step order: the spine's [ne0, ne1, spine, 1] and the
- * branches' [ne0, ne1, steps, branches], views of one result */
-static void gather_steps(dfl_graph * g, struct ggml_tensor * x, int64_t ne0, int64_t ne1, struct ggml_tensor ** spine,
-                         struct ggml_tensor ** branches) {
+/* [ne0, ne1, n] rows gathered into step order, one result: the spine's [ne0, ne1, spine, 1],
+ * then each group's [ne0, ne1, steps, branches] (NULL when it has none), as views */
+static struct ggml_tensor * gather_steps(dfl_graph * g, struct ggml_tensor * x, int64_t ne0, int64_t ne1,
+                                         struct ggml_tensor ** groups) {
     const graph_build * b = g->runtime;
     const tree_shape sh = b->t->tree.shape;
     struct ggml_context * ctx = g->ctx;
     struct ggml_tensor * rows = ggml_get_rows(ctx, ggml_view_2d(ctx, x, ne0 * ne1, g->n, x->nb[2], 0), b->in->tree_steps);
-    const size_t row = rows->nb[1];
-    *spine = ggml_view_4d(ctx, rows, ne0, ne1, sh.spine, 1, rows->nb[0] * ne0, row, row * sh.spine, 0);
-    *branches = sh.branches == 0 ? NULL
-                                 : ggml_view_4d(ctx, rows, ne0, ne1, sh.steps, sh.branches, rows->nb[0] * ne0, row,
-                                                row * sh.steps, row * sh.spine);
+    const size_t row = rows->nb[1], col = rows->nb[0] * ne0;
+    size_t at = row * sh.spine;
+    for (int k = 0; k < DFL_TREE_GROUPS; k++) {
+        groups[k] = sh.branches[k] == 0 ? NULL
+                                        : ggml_view_4d(ctx, rows, ne0, ne1, sh.steps[k], sh.branches[k], col, row,
+                                                       row * sh.steps[k], at);
+        at += row * sh.steps[k] * sh.branches[k];
+    }
+    return ggml_view_4d(ctx, rows, ne0, ne1, sh.spine, 1, col, row, row * sh.spine, 0);
 }
 
 /* Tree verify (see tree_plan): one delta-rule op over the spine from the committed state,
- * keeping its state after every step; one over the branches, each starting from the
+ * keeping its last states; one per group of branches, each branch starting from the
  * spine's state where it leaves the spine; each node's output gathered from its first
  * step. Every sequence runs the very steps of the chain along its path, so each node
  * gets the arithmetic of verifying its root path as a chain, bit for bit. Steps, the
@@ -234,22 +246,30 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
     const int64_t O = hv * Hv, S = hv * hv * Hv; /* output and state floats of a step */
     const size_t f32 = sizeof(float);
 
-    struct ggml_tensor * qs, * ks, * vs, * gs, * bs, * qb, * kb, * vb, * gb, * bb;
-    gather_steps(g, q, hk, Hk, &qs, &qb);
-    gather_steps(g, k, hk, Hk, &ks, &kb);
-    gather_steps(g, v, hv, Hv, &vs, &vb);
-    gather_steps(g, gate, 1, Hv, &gs, &gb);
-    gather_steps(g, beta, 1, Hv, &bs, &bb);
-    const int64_t snapshots = sh.branches > 0 ? sh.spine : 1;
+    struct ggml_tensor * qg[DFL_TREE_GROUPS], * kg[DFL_TREE_GROUPS], * vg[DFL_TREE_GROUPS], * gg[DFL_TREE_GROUPS],
+                       * bg[DFL_TREE_GROUPS];
+    struct ggml_tensor * qs = gather_steps(g, q, hk, Hk, qg), * ks = gather_steps(g, k, hk, Hk, kg);
+    struct ggml_tensor * vs = gather_steps(g, v, hv, Hv, vg), * gs = gather_steps(g, gate, 1, Hv, gg);
+    struct ggml_tensor * bs = gather_steps(g, beta, 1, Hv, bg);
+    const int64_t snapshots = sh.snapshots > 0 ? sh.snapshots : 1;
     struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
     struct ggml_tensor * spine = ggml_gated_delta_net(ctx, qs, ks, vs, gs, bs, s0, snapshots);
     struct ggml_tensor * out = ggml_view_2d(ctx, spine, O, sh.spine, spine->nb[1], 0);
-    if (sh.branches > 0) {
+    const int n_branches = tree_branches(&sh);
+    if (n_branches > 0) {
         struct ggml_tensor * states = ggml_view_2d(ctx, spine, S, snapshots, S * f32, sh.spine * spine->nb[1]);
-        struct ggml_tensor * s1 = ggml_reshape_4d(ctx, ggml_get_rows(ctx, states, b->in->branch_from), hv, hv, Hv,
-                                                  sh.branches);
-        struct ggml_tensor * branches = ggml_gated_delta_net(ctx, qb, kb, vb, gb, bb, s1, 1);
-        out = ggml_concat(ctx, out, ggml_view_2d(ctx, branches, O, sh.steps * sh.branches, branches->nb[1], 0), 1);
+        struct ggml_tensor * starts = ggml_get_rows(ctx, states, b->in->branch_from); /* [S, branches] */
+        int64_t first = 0;
+        for (int j = 0; j < DFL_TREE_GROUPS; j++) {
+            if (sh.branches[j] == 0) {
+                continue;
+            }
+            struct ggml_tensor * s1 = ggml_view_4d(ctx, starts, hv, hv, Hv, sh.branches[j], hv * f32, hv * hv * f32,
+                                                   S * f32, first * starts->nb[1]);
+            struct ggml_tensor * res = ggml_gated_delta_net(ctx, qg[j], kg[j], vg[j], gg[j], bg[j], s1, 1);
+            out = ggml_concat(ctx, out, ggml_view_2d(ctx, res, O, (int64_t) sh.steps[j] * sh.branches[j], res->nb[1], 0), 1);
+            first += sh.branches[j];
+        }
     }
     return ggml_reshape_3d(ctx, ggml_get_rows(ctx, out, b->in->out_rows), hv, Hv, g->n);
 }
@@ -469,10 +489,10 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
     in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = NULL;
     if (tree && m->n_recurrent > 0) {
         const tree_shape sh = t->tree.shape;
-        const int64_t W = m->rec.d_conv - 1;
-        in->conv_rows = new_input(ctx, GGML_TYPE_I32, W + sh.spine + (int64_t) sh.branches * (W + sh.steps));
-        in->tree_steps = new_input(ctx, GGML_TYPE_I32, (int64_t) sh.spine + (int64_t) sh.branches * sh.steps);
-        in->branch_from = sh.branches > 0 ? new_input(ctx, GGML_TYPE_I32, sh.branches) : NULL;
+        const int n_branches = tree_branches(&sh);
+        in->conv_rows = new_input(ctx, GGML_TYPE_I32, tree_conv_rows(&sh, n, m->rec.d_conv));
+        in->tree_steps = new_input(ctx, GGML_TYPE_I32, tree_steps(&sh));
+        in->branch_from = n_branches > 0 ? new_input(ctx, GGML_TYPE_I32, n_branches) : NULL;
         in->out_rows = new_input(ctx, GGML_TYPE_I32, n);
     }
 
@@ -585,14 +605,14 @@ static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, b
 static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
     const tree_plan * tp = &t->tree;
     const tree_shape sh = tp->shape;
-    dfl_runtime_set(&t->rt, in->tree_steps, tp->steps, 0, ((size_t) sh.spine + (size_t) sh.branches * sh.steps) * sizeof(int32_t));
+    dfl_runtime_set(&t->rt, in->tree_steps, tp->steps, 0, (size_t) tree_steps(&sh) * sizeof(int32_t));
     if (in->branch_from) {
-        dfl_runtime_set(&t->rt, in->branch_from, tp->branch_from, 0, (size_t) sh.branches * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->branch_from, tp->branch_from, 0,
+                        (size_t) (tree_branches(&sh)) * sizeof(int32_t));
     }
     dfl_runtime_set(&t->rt, in->out_rows, tp->out_rows, 0, (size_t) n * sizeof(int32_t));
-    const size_t W = (size_t) t->m.rec.d_conv - 1;
     dfl_runtime_set(&t->rt, in->conv_rows, tp->conv_rows, 0,
-                    (W + (size_t) sh.spine + (size_t) sh.branches * (W + (size_t) sh.steps)) * sizeof(int32_t));
+                    (size_t) tree_conv_rows(&sh, n, t->m.rec.d_conv) * sizeof(int32_t));
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {

@@ -12,32 +12,52 @@
 
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 
+/* Branches of a tree verify run in this many delta-rule ops, each padded on its own. */
+#define DFL_TREE_GROUPS 2
+
 /* The padded shape of a tree verify's recurrence (see plan_recurrence in dfl_target.c):
- * the spine's steps, then branches x steps of the paths off it. */
+ * the spine's steps and how many of its last states the branches may start from, then
+ * per group of branches, branches x steps. */
 typedef struct tree_shape {
-    int spine, branches, steps;
+    int spine, snapshots;
+    int branches[DFL_TREE_GROUPS], steps[DFL_TREE_GROUPS];
 } tree_shape;
 
-/* A tree verify's recurrence runs in two delta-rule ops per layer: the spine (the
- * longest root path) as one sequence keeping the state after each of its steps, then
- * every other leaf's path from where it leaves the spine, one sequence each, starting
- * from the spine's state there. Each node's output is read from the first sequence
- * through it. */
+static inline int tree_branches(const tree_shape * sh) {
+    int n = 0;
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        n += sh->branches[g];
+    }
+    return n;
+}
+
+/* A tree verify's recurrence runs in 1 + DFL_TREE_GROUPS delta-rule ops per layer (empty
+ * groups have none): the spine (the longest root path) as one sequence keeping its
+ * last states, then each group of the other leaves' paths from where they leave the
+ * spine, one sequence each, starting from the spine's state there. Branches are
+ * grouped by length, so short ones are not padded to the longest. Each node's output
+ * is read from the first sequence through it; its convolution reads its own window. */
 typedef struct tree_plan {
     int n;
     int32_t parent[DFL_MAX_TREE];
     int32_t depth[DFL_MAX_TREE];
     uint64_t ancestors[DFL_MAX_TREE];               /* bit j: node j is on the path to the root */
-    int32_t windows[DFL_MAX_TREE * 16];             /* conv window per node, d_conv entries */
+    /* conv window per node, d_conv columns of [committed conv inputs | nodes], oldest first */
+    int32_t windows[DFL_MAX_TREE * 16];
     tree_shape shape;                               /* padded sizes (the graph's) */
-    /* node of each step: the spine's, then [shape.branches][shape.steps] the branches' */
+    /* node of each step: the spine's, then each group's [branches][steps] */
     int32_t steps[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
-    int32_t branch_from[DFL_MAX_TREE];              /* [shape.branches] spine snapshot each branch starts from */
+    int32_t branch_from[DFL_MAX_TREE];              /* per branch, groups in order: the spine snapshot it starts from */
     int32_t out_rows[DFL_MAX_TREE];                 /* node i's output: its first step */
-    /* the conv inputs of each sequence: columns of [committed conv inputs | nodes], the
-     * spine's W + shape.spine, then each branch's W + shape.steps (W = d_conv - 1) */
-    int32_t conv_rows[(DFL_MAX_TREE + 1) * (DFL_MAX_TREE + 16)];
+    /* the conv's columns of [committed conv inputs | nodes]: each node's window, or
+     * for a tree without branches, the committed inputs then the nodes in spine order */
+    int32_t conv_rows[DFL_MAX_TREE * 16];
 } tree_plan;
+
+/* Entries of a tree_plan's conv_rows. */
+static inline int64_t tree_conv_rows(const tree_shape * sh, int n, int d_conv) {
+    return tree_branches(sh) == 0 ? (int64_t) d_conv - 1 + n : (int64_t) n * d_conv;
+}
 
 typedef struct graph_inputs {
     struct ggml_tensor * tokens;

@@ -247,10 +247,22 @@ def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
     np.testing.assert_allclose(target.logits(0, 1), plain.logits(0, 1), rtol=0, atol=1e-5)
 
 
+def two_length_tree(n):
+    """A spine of n/2 nodes, a branch of n/4 off the root and n/4 leaves on the root: from
+    12 nodes on, the recurrence runs the leaves and the long branch in a group each (a
+    single group would pad every leaf to the long branch)."""
+    spine, long = n // 2, n // 4
+    parents = [-1] + list(range(spine - 1))
+    parents += [0] + list(range(spine, spine + long - 1))
+    return parents + [0] * (n - len(parents))
+
+
 def test_tree_verify_graph_does_not_grow_with_the_tree(pair):
-    """A tree's recurrence runs in two delta-rule ops per layer (its spine, then the
-    branches off it), whatever its node count: the verify graph of 4 to 16 nodes has as
-    many nodes as any other, a fixed few dozen per layer more than the chain's."""
+    """A tree's recurrence runs in a few delta-rule ops per layer (its spine, then the
+    branches off it in at most two groups by length), whatever its node count: the
+    verify graph of 4 to 16 nodes has as many nodes as any other of its number of
+    groups, a fixed few dozen per layer more than the chain's, and a second group adds
+    a handful per layer."""
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     target.prefill(list(range(40, 60)), LOGITS_LAST)
     layers = target.info()["n_layer"]
@@ -269,9 +281,44 @@ def test_tree_verify_graph_does_not_grow_with_the_tree(pair):
     sizes = (4, 8, 16)
     chain = {n: nodes(n, None) for n in sizes}
     comb = {n: nodes(n, [-1] + [2 * ((i - 1) // 2) for i in range(1, n)]) for n in sizes}  # a spine, a leaf on each
+    two = {n: nodes(n, two_length_tree(n)) for n in (12, 16)}
     bushy = {n: nodes(n, [-1] + [(i - 1) // 3 for i in range(1, n)]) for n in sizes}
-    assert len(set(chain.values())) == 1 and len(set(comb.values())) == 1 and comb == bushy, (chain, comb, bushy)
-    assert 0 < comb[4] - chain[4] <= 40 * layers, (chain, comb, layers)
+    assert len(set(chain.values())) == 1 and len(set(comb.values())) == 1 and len(set(two.values())) == 1, (
+        chain, comb, two)
+    one_group, two_groups = comb[4], two[12]
+    assert set(bushy.values()) <= {one_group, two_groups}, (bushy, one_group, two_groups)
+    assert 0 < one_group - chain[4] <= 40 * layers, (chain, comb, layers)
+    assert 0 < two_groups - one_group <= 12 * layers, (comb, two, layers)
+
+
+def test_a_tree_in_two_groups_equals_its_paths_verified_as_chains(pair):
+    """Leaves and a long branch run in two delta-rule ops of their own lengths; the next
+    tree (a longer spine, three leaves and a shorter branch) pads both groups: a padding
+    branch among the leaves, padding steps on the branch. Every node's logits are those
+    of verifying its root path as a chain."""
+    rng = np.random.default_rng(13)
+    config = TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32")
+    target, plain, single = Target(pair["target"], config), Target(pair["target"], config), Target(pair["target"], config)
+    prompt = rng.integers(0, 1000, 15).tolist()
+    single.prefill(prompt, LOGITS_LAST)
+    single.verify_tree(list(range(16)), [-1] + [2 * ((i - 1) // 2) for i in range(1, 16)])
+    target.prefill(prompt, LOGITS_LAST)
+    for step, parents in enumerate([two_length_tree(16), [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 1, 2, 0]]):
+        tokens = rng.integers(0, 1000, 16).tolist()
+        target.verify_tree(tokens, parents)
+        if step == 0:
+            assert target.info()["n_last_nodes"] > single.info()["n_last_nodes"]
+        got = target.logits(0, 16)
+        for i in range(16):
+            path = root_path(parents, i)
+            plain.reset()
+            plain.prefill(prompt, LOGITS_LAST)
+            plain.verify([tokens[j] for j in path])
+            np.testing.assert_allclose(got[i], plain.logits(len(path) - 1, 1)[0], rtol=0, atol=1e-5,
+                                       err_msg=f"step {step} node {i}")
+        path = root_path(parents, 15)
+        target.commit_path(path)
+        prompt += [tokens[j] for j in path]
 
 
 def test_chain_shaped_tree_is_the_chain_path(pair):
