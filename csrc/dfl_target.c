@@ -596,10 +596,10 @@ static tree_shape split_shape(int spine, int snapshots, const int * len, int n_b
 /* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
  * with the longest path below it (the first such child), so branches are short; a
  * branch is the path from the spine to a leaf off it. Branches sorted by length are
- * split in two groups (the short ones in either) where that costs least (shape_cost). The padded shape grows to
- * the largest of each size seen for this node count (the split is chosen for the
- * cheapest such shape, within n - 2 branches in all), so trees of a budget share one
- * graph once a few steps have set it; every TREE_SHAPE_RESET trees it restarts from the
+ * split in two groups (the short ones in either) where that costs least (shape_cost).
+ * The padded shape grows to the largest of each size seen for this node count (the
+ * split is chosen for the cheapest such shape, within n - 2 branches in all), so trees
+ * of a budget share one graph once a few steps have set it; every TREE_SHAPE_RESET trees it restarts from the
  * current tree's, so that a rare odd tree does not pad every later one (at most one
  * graph rebuild per reset). Padding steps repeat a real node after the last one read
  * (their results are never read), padding branches run the root from the last state. */

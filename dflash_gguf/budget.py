@@ -178,27 +178,25 @@ class AutoBudget:
                quartile of its last TIMED steps (other processes only ever add to a
                step's time: a quartile is not moved by the steps they slowed, where a
                median of a trial's few steps taken in a busy spell would condemn the
-               arm for good), leaving out the first steps after a switch
-               or a request's start, which build graphs. An arm not yet run is priced
+               arm for good), leaving out the first steps after a switch or a
+               request's start, which build graphs. An arm not yet run is priced
                from the verify cost table: a measured arm's step time with its verify
                swapped for arm a's.
 
     The bookkeeping costs host time, which on a small model is a visible part of a
     step: only every SURVEY_EVERY-th step is a survey (a tree up to the size the climb
     would try next is built for the arms' expectations, the verified nodes go into the
-    calibration) and a
-    decision; the steps between run the chosen arm as a fixed budget would, plus a
-    clock reading.
+    calibration) and a decision; the steps between run the chosen arm as a fixed
+    budget would, plus a clock reading.
 
     The chain runs first; then the tree sizes are tried in increasing order, climbing
-    while the largest one tried is the best so far. Tokens per
-    second rise with the tree size to one peak and fall past it (a larger tree accepts
-    more at a dearer verify), so the climb stops at the first size past the peak, and
-    sizes further on, which would cost many slow steps to try, are never run. Trials,
-    not the cost table, decide: the table may be off (measured on a busy machine, or
-    before the runtime changed). After a trial the best arm tried runs; it
-    keeps running until another promises SWITCH_GAIN more (a switch builds graphs;
-    small differences are noise). Every REFRESH steps the better neighbour of the arm in
+    while the largest one tried is the best so far. Tokens per second rise with the
+    tree size to one peak and fall past it (a larger tree accepts more at a dearer
+    verify), so the climb stops at the first size past the peak, and sizes further on,
+    which would cost many slow steps to try, are never run. Trials, not the cost table,
+    decide: the table may be off (measured on a busy machine, or before the runtime
+    changed). After a trial the best arm tried runs; it keeps running until another
+    promises SWITCH_GAIN more (a switch builds graphs; small differences are noise). Every REFRESH steps the better neighbour of the arm in
     use (the next size down or up), when within REFRESH_WITHIN of it, is tried, so that
     the figures follow the machine and the text and the peak is found again when it
     moves. The choice only picks the shape verified: the output is the target's,
@@ -265,12 +263,16 @@ class AutoBudget:
             self._decide()
         return self.current
 
+    def _above_tried(self):
+        """The size after the largest tried (None once the largest was tried)."""
+        top = max(self.tried)
+        return None if top == self.largest else self.arms[self.arms.index(top) + 1]
+
     def survey_size(self) -> int:
         """The tree a survey builds: up to the size the climb would try next (building
         the largest tree on every survey costs a small model's step a few percent; sizes
         past the next one are not candidates, and their expectations are not needed)."""
-        top = max(self.tried)
-        return self.largest if top == self.largest else self.arms[self.arms.index(top) + 1]
+        return self._above_tried() or self.largest
 
     def wants_survey(self) -> bool:
         """Whether this step is a survey: build the survey tree (survey_size) for the
@@ -282,7 +284,8 @@ class AutoBudget:
             return  # an arm on trial is judged by a few settled steps of its own, not one or two
         rates = {a: self.rate(a) for a in self.arms}
         best = max(self.tried, key=rates.get)
-        climb = self._next_size(rates, best)
+        # climb while the largest size tried is the best
+        climb = self._above_tried() if max(self.tried) == best else None
         if climb is not None:
             self.tried.add(climb)
             self._run(climb, probe=True)
@@ -295,14 +298,6 @@ class AutoBudget:
             if rates[near] >= self.REFRESH_WITHIN * rates[self.current]:
                 self.tried.add(near)
                 self._run(near, probe=True)
-
-    def _next_size(self, rates, best: int):
-        """The arm the climb tries next, if any: the size after the largest tried."""
-        top = max(self.tried)
-        if top == self.largest:
-            return None
-        nxt = self.arms[self.arms.index(top) + 1]
-        return nxt if top == best else None
 
     def _run(self, arm: int, probe: bool = False) -> None:
         self.probing = probe
