@@ -39,8 +39,19 @@ typedef struct propose_graph {
     append_inputs app;
     struct ggml_tensor * tokens, * pos, * slots, * mask;
     struct ggml_tensor * mask_swa; /* the sliding layers' mask, when there are any */
-    struct ggml_tensor * logits, * argmax, * topk, * topk_lp;
+    struct ggml_tensor * logits, * argmax;
 } propose_graph;
+
+/* The top_k candidates of the last propose, in a graph of their own (slot 1) over the
+ * propose graph's logits, run when they are first read: a chain step never reads them,
+ * and the softmax and top-K over the vocabulary are a few percent of its propose. */
+typedef struct rank_graph {
+    bool valid; /* built over the current propose graph's logits */
+    bool fresh; /* run since the last propose */
+    struct ggml_cgraph * gf;
+    struct ggml_tensor * topk;    /* [top_k, rows] token ids, unordered */
+    struct ggml_tensor * topk_lp; /* [1, top_k, rows] their log-probabilities */
+} rank_graph;
 
 struct dfl_draft {
     dfl_gguf file;
@@ -75,11 +86,11 @@ struct dfl_draft {
 
     struct ggml_tensor * out_logits;
     struct ggml_tensor * out_argmax;
-    struct ggml_tensor * out_topk;     /* [top_k, rows] token ids, unordered */
-    struct ggml_tensor * out_topk_lp;  /* [1, top_k, rows] their log-probabilities */
     int n_out;
 
     propose_graph graph;
+    rank_graph rank;
+    int n_step_nodes; /* the last propose's nodes, and its rank graph's once that ran */
     int64_t n_graphs, n_graph_builds;
 
     int32_t * host_i32;
@@ -347,7 +358,7 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
     if (st == DFL_OK) st = read_model(d);
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
                                             d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
-                                            DFL_GRAPH_SIZE, 1);
+                                            DFL_GRAPH_SIZE, d->p.top_k > 0 ? 2 : 1);
     if (st != DFL_OK) {
         dfl_draft_free(d);
         return st;
@@ -400,7 +411,7 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     info->n_graphs = d->n_graphs;
     info->n_graph_builds = d->n_graph_builds;
     info->compute_bytes = dfl_runtime_compute_bytes(&d->rt);
-    info->n_last_nodes = d->rt.n_last_nodes;
+    info->n_last_nodes = d->n_step_nodes;
     info->n_host_writes = d->rt.traffic->writes;
     info->n_host_reads = d->rt.traffic->reads;
     return DFL_OK;
@@ -551,7 +562,7 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     }
     TRY(check_append(d, rows, n));
     TRY(reserve(d, n, 1));
-    d->graph.valid = false; /* its graph memory is about to be reused */
+    d->graph.valid = d->rank.valid = false; /* its graph memory is about to be reused */
     d->n_graphs++;
     d->n_graph_builds++;
     struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 0);
@@ -561,6 +572,7 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     TRY(dfl_runtime_alloc(&d->rt, 0, gf));
     set_append_inputs(d, &in, rows, n);
     TRY(dfl_runtime_compute(&d->rt, 0, gf));
+    d->n_step_nodes = d->rt.n_last_nodes;
     d->n_tokens += n;
     d->n_out = 0;
     return DFL_OK;
@@ -708,17 +720,48 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     } else {
         ggml_build_forward_expand(gf, ggml_cpy(ctx, g->argmax, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
     }
-    g->topk = g->topk_lp = NULL;
-    if (d->p.top_k > 0) {
-        /* only top_k numbers per position cross to the host, never the vocabulary */
-        const int64_t V = logits->ne[0];
-        struct ggml_tensor * probs = ggml_soft_max(ctx, logits);
-        g->topk = ggml_top_k(ctx, logits, d->p.top_k);
-        g->topk_lp = ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, V, B - 1), g->topk));
-        ggml_set_output(g->topk);
-        ggml_set_output(g->topk_lp);
-        ggml_build_forward_expand(gf, g->topk_lp);
+}
+
+/* The rank graph over `logits` [V, rows], a leaf of ctx that holds (or stands for) the
+ * propose graph's logits: only top_k numbers per position cross to the host, never the
+ * vocabulary. */
+static void build_rank(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * logits) {
+    rank_graph * r = &d->rank;
+    r->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
+    const int64_t V = logits->ne[0], rows = logits->ne[1];
+    struct ggml_tensor * probs = ggml_soft_max(ctx, logits);
+    r->topk = ggml_top_k(ctx, logits, d->p.top_k);
+    r->topk_lp = ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, V, rows), r->topk));
+    ggml_set_output(r->topk);
+    ggml_set_output(r->topk_lp);
+    ggml_build_forward_expand(r->gf, r->topk_lp);
+}
+
+/* The last propose's candidates on the device, ranked once per propose: the rank graph
+ * reads the propose graph's logits where that graph left them (slot 0 keeps its memory
+ * until the next propose or append). */
+static dfl_status rank_last_propose(dfl_draft * d) {
+    rank_graph * r = &d->rank;
+    if (r->fresh) {
+        return DFL_OK;
     }
+    if (!r->valid) {
+        const struct ggml_tensor * logits = d->graph.logits;
+        struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
+        struct ggml_tensor * in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, logits->ne[0], logits->ne[1]);
+        if (ggml_backend_tensor_alloc(logits->buffer, in, logits->data) != GGML_STATUS_SUCCESS) {
+            return dfl_fail(DFL_ERR_BACKEND, "cannot read the drafter's logits in place");
+        }
+        build_rank(d, ctx, in);
+        d->n_graph_builds++;
+        TRY(dfl_runtime_alloc(&d->rt, 1, r->gf));
+        r->valid = true;
+    }
+    d->n_graphs++;
+    TRY(dfl_runtime_compute(&d->rt, 1, r->gf));
+    d->n_step_nodes += d->rt.n_last_nodes;
+    r->fresh = true;
+    return DFL_OK;
 }
 
 /* The block's mask over n_kv cache slots: slot j holds the latest position below p + B
@@ -773,6 +816,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     if (!(g->valid && g->n_rows == R && g->n_block == B && g->n_kv == n_kv)) {
         d->n_graph_builds++;
         g->valid = false;
+        d->rank.valid = false;
         build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), R, B, n_kv);
         TRY(dfl_runtime_alloc(&d->rt, 0, g->gf));
         g->n_rows = R;
@@ -782,8 +826,6 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     }
     d->out_logits = g->logits;
     d->out_argmax = g->argmax;
-    d->out_topk = g->topk;
-    d->out_topk_lp = g->topk_lp;
 
     set_append_inputs(d, &g->app, rows, n_rows);
     d->host_i32[0] = bonus;
@@ -798,6 +840,8 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
         fill_mask(d, g->mask_swa, p, B, n_kv, d->causal != 0, d->swa_window);
     }
     TRY(dfl_runtime_compute(&d->rt, 0, g->gf));
+    d->n_step_nodes = d->rt.n_last_nodes;
+    d->rank.fresh = false;
     d->n_tokens += n_rows;
     if (out_tokens) {
         dfl_runtime_get(&d->rt, d->block, out_tokens, sizeof(int32_t), (size_t) (B - 1) * sizeof(int32_t));
@@ -851,20 +895,21 @@ static int cand_order(const void * a, const void * b) {
     return x->token < y->token ? -1 : x->token > y->token;
 }
 
-DFL_API dfl_status dfl_draft_topk(const dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {
+DFL_API dfl_status dfl_draft_topk(dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {
     if (!d || !tokens || !logprobs) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
     }
-    if (!d->out_topk) {
+    if (d->p.top_k == 0) {
         return dfl_fail(DFL_ERR_STATE, "the drafter was loaded with top_k = 0");
     }
     if (row0 < 0 || n_rows < 0 || row0 + n_rows > d->n_out) {
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter rows %d..%d requested, the last propose produced %d", row0,
                         row0 + n_rows, d->n_out);
     }
+    TRY(rank_last_propose(d));
     const int K = d->p.top_k;
-    dfl_runtime_get(&d->rt, d->out_topk, tokens, (size_t) row0 * K * sizeof(int32_t), (size_t) n_rows * K * sizeof(int32_t));
-    dfl_runtime_get(&d->rt, d->out_topk_lp, logprobs, (size_t) row0 * K * sizeof(float), (size_t) n_rows * K * sizeof(float));
+    dfl_runtime_get(&d->rt, d->rank.topk, tokens, (size_t) row0 * K * sizeof(int32_t), (size_t) n_rows * K * sizeof(int32_t));
+    dfl_runtime_get(&d->rt, d->rank.topk_lp, logprobs, (size_t) row0 * K * sizeof(float), (size_t) n_rows * K * sizeof(float));
     cand c[64];
     for (int r = 0; r < n_rows; r++) {
         for (int i = 0; i < K; i++) {
@@ -905,11 +950,11 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
             out->cache += ggml_backend_buft_get_alloc_size(buft, c);
             dfl_plan_place(c, dummy);
         }
-        /* its one graph slot holds the larger of a prefill chunk's context append and a
-         * propose over the whole attention span */
+        /* slot 0 holds the larger of a prefill chunk's context append and a propose over
+         * the whole attention span; slot 1 the rank graph over that propose's logits */
         const int B = d->block_size, n_kv = d->ring < d->n_ctx ? d->ring : d->n_ctx;
         build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), B, B, n_kv);
-        size_t propose[2] = { 0, 0 }, append[2] = { 0, 0 };
+        size_t propose[2] = { 0, 0 }, append[2] = { 0, 0 }, rank[2] = { 0, 0 };
         st = dfl_plan_reserve(&d->rt, 0, d->graph.gf, propose);
         if (st == DFL_OK) {
             struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 0);
@@ -918,8 +963,15 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
             build_append(d, ctx, gf, dfl_target_n_ubatch(target), &in);
             st = dfl_plan_reserve(&d->rt, 0, gf, append);
         }
+        if (st == DFL_OK && d->p.top_k > 0) {
+            struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
+            struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_n_vocab(target), B - 1);
+            dfl_plan_place(logits, dummy); /* slot 0's, counted there */
+            build_rank(d, ctx, logits);
+            st = dfl_plan_reserve(&d->rt, 1, d->rank.gf, rank);
+        }
         for (int k = 0; k < 2; k++) {
-            out->compute[k] = propose[k] > append[k] ? propose[k] : append[k];
+            out->compute[k] = (propose[k] > append[k] ? propose[k] : append[k]) + rank[k];
         }
     }
     if (dummy) {

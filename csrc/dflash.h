@@ -168,8 +168,8 @@ typedef struct dfl_draft_info {
     int32_t n_ctx_tokens;       /* context positions the drafter holds */
     int64_t n_graphs;           /* graphs run so far ... */
     int64_t n_graph_builds;     /* ... and how many of them were built, not reused */
-    uint64_t compute_bytes;     /* compute memory its graph slot holds now */
-    int32_t n_last_nodes;       /* nodes of the last graph run */
+    uint64_t compute_bytes;     /* compute memory its graph slots hold now */
+    int32_t n_last_nodes;       /* nodes of the last propose (with its ranking, once run) or append */
     int64_t n_host_writes;      /* input writes to the device so far */
     int64_t n_host_reads;       /* result reads back to the host so far */
 } dfl_draft_info;
@@ -230,8 +230,10 @@ dfl_status dfl_target_verify_draft(dfl_target * target, const dfl_draft * draft,
 
 /* The top_k candidates per drafted position of the last propose: tokens and their
  * log-probabilities (full-vocabulary log-softmax), [n_rows][top_k] each, best first
- * (ties: lower token id first). */
-dfl_status dfl_draft_topk(const dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
+ * (ties: lower token id first). The first call after a propose ranks its logits on the
+ * device (a graph of its own, so that a propose whose candidates are never read does
+ * not pay for them). */
+dfl_status dfl_draft_topk(dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
 
 /* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
 dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);
@@ -293,7 +295,7 @@ typedef struct dfl_plan_device {
     uint64_t verify_scratch;  /* a verify's kept recurrence inputs and conv inputs per row; features */
     uint64_t draft_cache;     /* the drafter's context cache (n_ctx positions, or its window) */
     uint64_t target_compute;  /* the target's graph slots, as ggml's allocator reserves them */
-    uint64_t draft_compute;   /* the drafter's graph slot */
+    uint64_t draft_compute;   /* the drafter's graph slots (propose or append; ranking) */
 } dfl_plan_device;
 
 typedef struct dfl_plan {

@@ -184,9 +184,13 @@ class AutoBudget:
                swapped for arm a's.
 
     The bookkeeping costs host time, which on a small model is a visible part of a
-    step: only every SURVEY_EVERY-th step is a survey (a tree up to the size the climb
-    would try next is built for the arms' expectations, the verified nodes go into the
-    calibration) and a decision; the steps between run the chosen arm as a fixed
+    step: only some steps are surveys (the drafter's candidates are ranked and a tree
+    up to the size the climb would try next is built for the arms' expectations, the
+    verified nodes go into the calibration) and decisions: every step of a trial (its
+    few steps are all that is learnt of its nodes before the verdict), every
+    SURVEY_EVERY-th step while the arm in use is close to a neighbour (the calibration
+    must learn fast enough to tell them apart), every SURVEY_SETTLED-th once it leads
+    both neighbours by SWITCH_GAIN. The steps between run the chosen arm as a fixed
     budget would, plus a clock reading.
 
     The chain runs first; then the tree sizes are tried in increasing order, climbing
@@ -208,7 +212,8 @@ class AutoBudget:
     TIMED = 15
     SETTLE = 2  # steps after a switch (or a request's start) that are not timed: they build graphs
     PROBE_TIMED = 4  # settled steps an arm on trial runs before it is judged
-    SURVEY_EVERY = 4  # steps between surveys and decisions
+    SURVEY_EVERY = 4  # steps between surveys and decisions while learning
+    SURVEY_SETTLED = 16  # ... and once settled (a survey is a few percent of a small model's step)
     SMOOTH = 0.4  # weight of the newest survey in the running expectations
 
     def __init__(self, cost: VerifyCost, largest: int, block: int):
@@ -226,6 +231,11 @@ class AutoBudget:
         self.steps = 0
         self.run = 0  # steps of the current arm since a switch or a request's start
         self.last_refresh = 0
+        self.settled = False  # no trial is on and the arm in use leads its neighbours: surveys may be rarer
+        self.next_survey = 1  # the step of the next survey
+        self.last_survey = 1 - self.SURVEY_EVERY
+        self.survey_gap = self.SURVEY_EVERY  # steps from the previous survey to this one
+        self.survey_due = False
 
     # ---- scores -------------------------------------------------------------------------
     def verify_seconds(self, arm: int) -> float:
@@ -258,9 +268,15 @@ class AutoBudget:
     def choose(self) -> int:
         """The arm of the next step."""
         self.steps += 1
+        # every step of a trial is a survey: branches are calibrated only from verified
+        # trees, and a trial's few steps are all that is learnt of them before its verdict
+        self.survey_due = self.steps >= self.next_survey or self.probing
         judged = self.probing and self.run == self.SETTLE + self.PROBE_TIMED  # a trial ends on time
-        if (judged or self.steps % self.SURVEY_EVERY == 1) and all(d is not None for d in self.drafts.values()):
+        if (judged or self.survey_due) and all(d is not None for d in self.drafts.values()):
             self._decide()
+        if self.survey_due:
+            self.survey_gap, self.last_survey = self.steps - self.last_survey, self.steps
+            self.next_survey = self.steps + (self.SURVEY_SETTLED if self.settled else self.SURVEY_EVERY)
         return self.current
 
     def _above_tried(self):
@@ -277,7 +293,7 @@ class AutoBudget:
     def wants_survey(self) -> bool:
         """Whether this step is a survey: build the survey tree (survey_size) for the
         arms' expectations and report the verified nodes (the step that chose the arm)."""
-        return self.steps % self.SURVEY_EVERY == 1
+        return self.survey_due
 
     def _decide(self) -> None:
         if self.probing and self.run < self.SETTLE + self.PROBE_TIMED:
@@ -293,11 +309,17 @@ class AutoBudget:
             self._run(best)  # after a trial, fresh figures: straight to the best
         elif self.steps - self.last_refresh >= self.REFRESH:
             self.last_refresh = self.steps
-            i = self.arms.index(self.current)
-            near = max(self.arms[max(i - 1, 0):i] + self.arms[i + 1:i + 2], key=rates.get)
+            near = max(self._neighbours(self.current), key=rates.get)
             if rates[near] >= self.REFRESH_WITHIN * rates[self.current]:
                 self.tried.add(near)
                 self._run(near, probe=True)
+        self.settled = not self.probing and all(rates[self.current] >= self.SWITCH_GAIN * rates[a]
+                                                for a in self._neighbours(self.current))
+
+    def _neighbours(self, arm: int) -> List[int]:
+        """The next size down and up."""
+        i = self.arms.index(arm)
+        return self.arms[max(i - 1, 0):i] + self.arms[i + 1:i + 2]
 
     def _run(self, arm: int, probe: bool = False) -> None:
         self.probing = probe
@@ -321,8 +343,8 @@ class AutoBudget:
         target accepted each (it lies on the accepted path)."""
         probs, spine = nodes
         ok = np.asarray(accepted, dtype=bool)
-        self.spine.update(probs[spine], ok[spine], self.SURVEY_EVERY)
-        self.branch.update(probs[~spine], ok[~spine], self.SURVEY_EVERY)
+        self.spine.update(probs[spine], ok[spine], self.survey_gap)
+        self.branch.update(probs[~spine], ok[~spine], self.survey_gap)
 
     def timed(self, arm: int, seconds: float) -> None:
         """Every step's time; settled steps of the arm chosen count."""

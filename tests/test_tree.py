@@ -448,6 +448,42 @@ def test_tree_steps_reuse_one_target_graph(pair):
     assert builds <= 2 + 2 + 1 + 3, f"{builds} of {graphs} target graphs were built for {len(shapes)} tree shapes"
 
 
+def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair):
+    """The drafter's top-K runs in a graph of its own over the propose's logits, the
+    first time they are read: a chain step's propose is one graph, a tree step's two,
+    and the candidates are the log-softmax top-K of the logits of the propose just
+    made, also after the propose graph is rebuilt (its context crossed a padding
+    step, or an append ran between)."""
+    target, draft = load_tree(pair, budget=8)
+    prompt = prompts(1, seed=5)[0]
+    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+    bonus = int(target.argmax()[0])
+    for step in range(24):
+        before = draft.info()
+        block = [bonus] + draft.propose(bonus)
+        assert draft.info()["n_graphs"] - before["n_graphs"] == 1
+        if step % 3 == 1:  # a chain step: the candidates are never read
+            keep = 1 + step % 5
+        else:
+            toks, lps = draft.topk(BLOCK - 1)
+            assert draft.info()["n_graphs"] - before["n_graphs"] == 2
+            again = draft.topk(BLOCK - 1)
+            assert draft.info()["n_graphs"] - before["n_graphs"] == 2  # ranked once
+            assert np.array_equal(again[0], toks) and np.array_equal(again[1], lps)
+            logits = draft.logits(0, BLOCK - 1).astype(np.float64)
+            logp = logits - logits.max(1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+            for r in range(BLOCK - 1):
+                assert toks[r, 0] == block[1 + r]
+                assert np.allclose(lps[r], logp[r, toks[r]], atol=1e-4)
+                assert np.allclose(lps[r], np.sort(logp[r])[::-1][:draft.top_k], atol=1e-4)
+            keep = 1 + step % 4
+        target.verify(block)
+        bonus = int(target.argmax(0, BLOCK)[keep - 1])
+        target.commit(keep)
+        draft.append_rows(keep, defer=step % 4 != 0)  # an append of its own rebuilds the propose graph
+
+
 def test_lossless_tree_with_scripted_candidates(pair):
     target, _ = load_tree(pair, budget=16)
     for prompt in prompts(3, seed=23):
@@ -475,11 +511,12 @@ class _Cost:
         return self.chain_fixed + self.chain_per_node * np.asarray(n, dtype=float)
 
 
-def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, cost=None):
+def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, cost=None, surveys=None):
     """AutoBudget driven by a simulated pair: every step the drafter gives its top-4
     candidates per depth (the top one at 0.6, the others sharing the rest), the target
     accepts each drafted node with probability accept(node's drafter probability), and
-    an arm's step takes step_seconds[arm]. Returns the arm of every step."""
+    an arm's step takes step_seconds[arm]. Returns the arm of every step (and appends
+    the index of every survey step to `surveys`)."""
     from dflash_gguf.budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 
     rng = np.random.default_rng(seed)
@@ -492,6 +529,8 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
     for _ in range(steps):
         arm = auto.choose()
         survey = auto.wants_survey()
+        if survey and surveys is not None:
+            surveys.append(len(arms))
         full = build_tree(0, cand, logp, largest)
         if survey:
             auto.survey(tree_nodes(full, logp[:, 0]), chain_nodes(logp[:, 0]))
@@ -551,6 +590,22 @@ def test_auto_never_runs_sizes_past_the_peak():
     assert set(chain_best) == {0, 4}, sorted(set(chain_best))
     eight_best = simulate_auto({0: 1.0, 4: 1.0, 8: 1.02, 16: 1.8, 32: 3.0}, lambda p: p)
     assert 32 not in eight_best and eight_best[-1] == 8, sorted(set(eight_best))
+
+
+def test_auto_surveys_rarely_once_an_arm_leads_clearly():
+    """A survey (ranking the drafter's candidates, building a tree, calibrating) costs
+    a small model's step a few percent: once the arm in use leads its neighbours by the
+    switching margin they come every SURVEY_SETTLED steps; while it is a close call
+    (the chain against a tree of 4 that accepts about as much for the same time, after
+    the first trials) every SURVEY_EVERY steps, so that the calibration learns fast
+    enough to tell them apart."""
+    from dflash_gguf.budget import AutoBudget
+
+    clear, close = [], []
+    simulate_auto({0: 1.0, 4: 2.0, 8: 2.2, 16: 2.6, 32: 3.4}, lambda p: p, surveys=clear)
+    simulate_auto({0: 1.0, 4: 1.0, 8: 1.02, 16: 1.8, 32: 3.0}, lambda p: p, surveys=close)
+    assert sum(s >= 200 for s in clear) <= 200 // AutoBudget.SURVEY_SETTLED + 2, clear
+    assert sum(12 <= s < 60 for s in close) >= 48 // AutoBudget.SURVEY_EVERY - 1, close
 
 
 def test_auto_calibrates_an_overconfident_drafter():
