@@ -200,14 +200,17 @@ class AutoBudget:
     which would cost many slow steps to try, are never run. Trials, not the cost table,
     decide: the table may be off (measured on a busy machine, or before the runtime
     changed). After a trial the best arm tried runs; it keeps running until another
-    promises SWITCH_GAIN more (a switch builds graphs; small differences are noise). Every REFRESH steps the better neighbour of the arm in
-    use (the next size down or up), when within REFRESH_WITHIN of it, is tried, so that
-    the figures follow the machine and the text and the peak is found again when it
-    moves. The choice only picks the shape verified: the output is the target's,
-    whatever the arm."""
+    promises SWITCH_GAIN more (a switch builds graphs; small differences are noise).
+    Every REFRESH steps the better neighbour of the arm in use (the next size down or
+    up), when within REFRESH_WITHIN of it, is tried, so that the figures follow the
+    machine and the text and the peak is found again when it moves; each such trial
+    that confirms the arm in use doubles the interval, up to REFRESH_MAX (a trial of a
+    slower arm costs its steps). The choice only picks the shape verified: the output is
+    the target's, whatever the arm."""
 
     SWITCH_GAIN = 1.1
     REFRESH = 96
+    REFRESH_MAX = 384
     REFRESH_WITHIN = 0.9
     TIMED = 15
     SETTLE = 2  # steps after a switch (or a request's start) that are not timed: they build graphs
@@ -231,6 +234,8 @@ class AutoBudget:
         self.steps = 0
         self.run = 0  # steps of the current arm since a switch or a request's start
         self.last_refresh = 0
+        self.refresh_every = self.REFRESH
+        self.refreshed_from = None  # the arm in use when a refresh trial started
         self.settled = False  # no trial is on and the arm in use leads its neighbours: surveys may be rarer
         self.next_survey = 1  # the step of the next survey
         self.last_survey = 1 - self.SURVEY_EVERY
@@ -306,12 +311,16 @@ class AutoBudget:
             self.tried.add(climb)
             self._run(climb, probe=True)
         elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
+            confirmed = self.probing and best == self.refreshed_from
+            self.refresh_every = min(2 * self.refresh_every, self.REFRESH_MAX) if confirmed else self.REFRESH
+            self.refreshed_from = None
             self._run(best)  # after a trial, fresh figures: straight to the best
-        elif self.steps - self.last_refresh >= self.REFRESH:
+        elif self.steps - self.last_refresh >= self.refresh_every:
             self.last_refresh = self.steps
             near = max(self._neighbours(self.current), key=rates.get)
             if rates[near] >= self.REFRESH_WITHIN * rates[self.current]:
                 self.tried.add(near)
+                self.refreshed_from = self.current
                 self._run(near, probe=True)
         self.settled = not self.probing and all(rates[self.current] >= self.SWITCH_GAIN * rates[a]
                                                 for a in self._neighbours(self.current))

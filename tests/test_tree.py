@@ -648,6 +648,16 @@ def test_auto_switches_rarely():
     assert switches <= 2 * 400 // 96 + 2, switches
 
 
+def test_auto_refreshes_less_often_while_refreshes_confirm_the_arm():
+    """A refresh trial of a neighbour that loses costs its slower steps: each one that
+    confirms the arm in use doubles the interval to the next, so a steady pair runs a
+    few of them over a long run, not one every REFRESH steps."""
+    for seed in range(3):
+        arms = simulate_auto({0: 1.0, 4: 1.05, 8: 1.1, 16: 1.8, 32: 3.0}, lambda p: p, steps=1200, seed=seed)
+        switches = sum(a != b for a, b in zip(arms[12:], arms[13:]))
+        assert switches <= 10, (seed, switches)
+
+
 def test_auto_arms_are_few():
     from dflash_gguf.budget import auto_arms
 
