@@ -82,6 +82,19 @@ def test_e2e_figures_pick_the_best_peer_and_the_best_fixed_choice():
     assert auto["value"] == pytest.approx(93 / 95) and auto["pass"] is True
 
 
+def test_auto_figure_comes_from_the_side_by_side_run_when_there_is_one():
+    rows = [make_row("demo/ours-chain", "ours", "demo", 90.0),
+            make_row("demo/ours-tree-auto", "ours", "demo", 50.0)]
+    side = {"tps": {"auto": 96.0, "chain": 100.0, "4": 80.0}, "ratio": 0.96, "choices": [0, 0, 4]}
+    figs = bench.e2e_figures([{"type": "f32", "rows": rows, "auto": {"demo": side}}])
+    auto = next(f for f in figs if f["figure"] == 5)
+    assert auto["value"] == pytest.approx(0.96) and auto["pass"] is False
+    assert "side by side" in auto["detail"] and "chain: 2, 4: 1" in auto["detail"]
+    figs = bench.e2e_figures([{"type": "f32", "rows": rows, "auto": {"demo": {"error": "worker failed"}}}])
+    auto = next(f for f in figs if f["figure"] == 5)
+    assert auto["value"] is None and "worker failed" in auto["detail"]
+
+
 def test_tree_figure_is_the_worst_ratio():
     rows = [{"shape": "chain", "n": 4, "wall_ms": 1.0}, {"shape": "ddtree", "n": 4, "wall_ms": 1.02},
             {"shape": "chain", "n": 32, "wall_ms": 2.0}, {"shape": "bushy", "n": 32, "wall_ms": 2.2}]
