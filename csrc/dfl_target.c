@@ -593,6 +593,28 @@ static tree_shape split_shape(int spine, int snapshots, const int * len, int n_b
     return sh;
 }
 
+/* Lay the path from the first node above `leaf` not yet covered down to `leaf` into the
+ * conv's columns from `col`, after the W inputs before that node (its window's); returns
+ * the next free column. A node's conv output is the one ending at its column. */
+static int conv_path(tree_plan * tp, int W, int leaf, bool * covered, int col) {
+    int top = leaf;
+    while (top > 0 && !covered[tp->parent[top]]) {
+        top = tp->parent[top];
+    }
+    memcpy(&tp->conv_rows[col], &tp->windows[(size_t) top * (W + 1)], (size_t) W * sizeof(int32_t));
+    col += W;
+    for (int y = leaf;; y = tp->parent[y]) {
+        const int c = col + tp->depth[y] - tp->depth[top];
+        tp->conv_rows[c] = W + y;
+        tp->conv_out[y] = c - W;
+        covered[y] = true;
+        if (y == top) {
+            break;
+        }
+    }
+    return col + tp->depth[leaf] - tp->depth[top] + 1;
+}
+
 /* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
  * with the longest path below it (the first such child), so branches are short; a
  * branch is the path from the spine to a leaf off it. Branches sorted by length are
@@ -604,7 +626,7 @@ static tree_shape split_shape(int spine, int snapshots, const int * len, int n_b
  * graph rebuild per reset). Padding steps repeat a real node after the last one read
  * (their results are never read), padding branches run the root from the last state. */
 static void plan_recurrence(dfl_target * t, tree_plan * tp) {
-    const int n = tp->n;
+    const int n = tp->n, W = t->m.rec.d_conv - 1;
     int height[DFL_MAX_TREE], down[DFL_MAX_TREE], spine_step[DFL_MAX_TREE];
     int leaf[DFL_MAX_TREE], from[DFL_MAX_TREE], len[DFL_MAX_TREE];
     bool inner[DFL_MAX_TREE];
@@ -718,16 +740,13 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
             b++;
         }
     }
-    const int W = t->m.rec.d_conv - 1;
-    if (tree_branches(&sh) == 0) {
-        for (int k = 0; k < W; k++) {
-            tp->conv_rows[k] = k;
-        }
-        for (int s = 0; s < n; s++) {
-            tp->conv_rows[W + s] = W + steps[s];
-        }
-    } else {
-        memcpy(tp->conv_rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
+    bool covered[DFL_MAX_TREE] = { false };
+    int col = conv_path(tp, W, last, covered, 0);
+    for (int j = 0; j < nb; j++) {
+        col = conv_path(tp, W, leaf[j], covered, col);
+    }
+    for (; col < tree_conv_rows(&sh, n, W + 1); col++) {
+        tp->conv_rows[col] = 0;
     }
 }
 

@@ -108,7 +108,7 @@ static bool placeable(const struct ggml_tensor * node, int64_t n) {
 
 /* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
  * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
- * runs its spine and branches as sequences, whose steps follow the ancestors. */
+ * runs its root-to-leaf paths as sequences, whose steps follow the ancestors. */
 struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
@@ -118,22 +118,17 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
 
     if (b->tree) {
         /* [committed conv inputs | node inputs], one column per time step, kept for
-         * commit; each node's window gathered from it (its ancestors' inputs, oldest
-         * first) and convolved as a sequence of one step: the chain's arithmetic. A
-         * tree without branches is one sequence: its committed inputs and its nodes
-         * in spine order, convolved as the chain, then put in node order. */
-        const bool line = tree_branches(&t->tree.shape) == 0;
+         * commit; the tree's paths gathered from it end to end, each after the inputs
+         * before its first node, and convolved as one sequence: each node's output is
+         * the chain's arithmetic over its ancestors' inputs (outputs across two paths
+         * are never read), put in node order */
         struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
         write_into(cat, t->conv_scratch[il], 0);
-        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
-        if (line) {
-            struct ggml_tensor * seq = ggml_cont(ctx, ggml_transpose(ctx, rows)); /* [W + n, C] */
-            seq = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, seq, W + n, C, 1), kernel);
-            return ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, n), b->in->out_rows);
-        }
-        struct ggml_tensor * win = ggml_reshape_3d(ctx, rows, C, W + 1, n);
-        win = ggml_cont(ctx, ggml_permute(ctx, win, 1, 0, 2, 3)); /* [W + 1, C, n] */
-        return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
+        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows); /* [C, T] */
+        const int64_t T = rows->ne[1];
+        struct ggml_tensor * seq = ggml_cont(ctx, ggml_transpose(ctx, rows));
+        seq = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, seq, T, C, 1), kernel); /* [C, T - W, 1] */
+        return ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, T - W), b->in->conv_out);
     }
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
@@ -486,7 +481,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv_swa, n);
         ggml_set_input(in->mask_swa);
     }
-    in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = NULL;
+    in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = in->conv_out = NULL;
     if (tree && m->n_recurrent > 0) {
         const tree_shape sh = t->tree.shape;
         const int n_branches = tree_branches(&sh);
@@ -494,6 +489,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         in->tree_steps = new_input(ctx, GGML_TYPE_I32, tree_steps(&sh));
         in->branch_from = n_branches > 0 ? new_input(ctx, GGML_TYPE_I32, n_branches) : NULL;
         in->out_rows = new_input(ctx, GGML_TYPE_I32, n);
+        in->conv_out = new_input(ctx, GGML_TYPE_I32, n);
     }
 
     graph_build b = { t, in, n_kv, n_kv_swa, verify && !tree, tree };
@@ -613,6 +609,7 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
     dfl_runtime_set(&t->rt, in->out_rows, tp->out_rows, 0, (size_t) n * sizeof(int32_t));
     dfl_runtime_set(&t->rt, in->conv_rows, tp->conv_rows, 0,
                     (size_t) tree_conv_rows(&sh, n, t->m.rec.d_conv) * sizeof(int32_t));
+    dfl_runtime_set(&t->rt, in->conv_out, tp->conv_out, 0, (size_t) n * sizeof(int32_t));
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {

@@ -36,7 +36,8 @@ static inline int tree_branches(const tree_shape * sh) {
  * last states, then each group of the other leaves' paths from where they leave the
  * spine, one sequence each, starting from the spine's state there. Branches are
  * grouped by length, so short ones are not padded to the longest. Each node's output
- * is read from the first sequence through it; its convolution reads its own window. */
+ * is read from the first sequence through it. The short convolution runs over the tree
+ * cut into paths laid end to end, each after its own window's inputs. */
 typedef struct tree_plan {
     int n;
     int32_t parent[DFL_MAX_TREE];
@@ -49,14 +50,17 @@ typedef struct tree_plan {
     int32_t steps[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
     int32_t branch_from[DFL_MAX_TREE];              /* per branch, groups in order: the spine snapshot it starts from */
     int32_t out_rows[DFL_MAX_TREE];                 /* node i's output: its first step */
-    /* the conv's columns of [committed conv inputs | nodes]: each node's window, or
-     * for a tree without branches, the committed inputs then the nodes in spine order */
+    /* the conv's columns of [committed conv inputs | nodes]: the tree cut into paths
+     * (the spine, then each branch from where it leaves the paths before it), each
+     * after the W inputs before its first node; padded with column 0 */
     int32_t conv_rows[DFL_MAX_TREE * 16];
+    int32_t conv_out[DFL_MAX_TREE];                 /* node i's conv output: its column - W */
 } tree_plan;
 
-/* Entries of a tree_plan's conv_rows. */
+/* Entries of a tree_plan's conv_rows: its nodes and W inputs before each of at most
+ * 1 + branches paths. */
 static inline int64_t tree_conv_rows(const tree_shape * sh, int n, int d_conv) {
-    return tree_branches(sh) == 0 ? (int64_t) d_conv - 1 + n : (int64_t) n * d_conv;
+    return n + (int64_t) (d_conv - 1) * (1 + tree_branches(sh));
 }
 
 typedef struct graph_inputs {
@@ -73,6 +77,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * tree_steps;
     struct ggml_tensor * branch_from;
     struct ggml_tensor * out_rows;
+    struct ggml_tensor * conv_out;
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
      * NULL when the model has nothing of that kind to commit */
     struct ggml_tensor * commit_rows;      /* [verified] replay columns to rerun: the kept path, then any */
