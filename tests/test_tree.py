@@ -157,20 +157,21 @@ def test_tree_verify_equals_decoding_each_path(pair):
 
 def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
     """Trees of one node count but any shape, order, tokens and accepted path, step
-    after step: the graph's recurrence is padded to the largest spine, branch count and
-    branch length seen for the node count, so once trees of those sizes have run (for 6
-    nodes: the chain, the star and a spine of 4 with a branch of 2), one graph is built
-    and reused (the commit rides along as an input), and every node's logits match
-    decoding its text from scratch."""
+    after step: the graph's recurrence is padded to the largest spine, branch count,
+    branch length and last branch start seen for the node count, so once trees of those
+    sizes have run (for 6 nodes: the chain, the star, a spine of 4 with a branch of 2
+    and a spine of 5 with a leaf on its fourth node), one graph is built and reused (the
+    commit rides along as an input), and every node's logits match decoding its text
+    from scratch."""
     rng = np.random.default_rng(5)
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     text = rng.integers(0, 1000, 19).tolist()
     target.prefill(text, LOGITS_LAST)
-    shapes = [[-1, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 1, 2, 3], [-1, 0, 1, 0, 2, 3]]
+    shapes = [[-1, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 1, 2, 3], [-1, 0, 1, 0, 2, 3], [-1, 0, 1, 2, 3, 3]]
     builds = []
-    for step in range(8):
-        parents = shapes[step % 4] if step < 4 else random_tree(rng, 6)
+    for step in range(9):
+        parents = shapes[step] if step < len(shapes) else random_tree(rng, 6)
         tokens = rng.integers(0, 1000, len(parents)).tolist()
         target.verify_tree(tokens, parents)
         builds.append(target.info()["n_graph_builds"])
@@ -182,9 +183,10 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
         path = root_path(parents, int(rng.integers(0, len(parents))))
         target.commit_path(path)
         text += [tokens[j] for j in path]
-    # the second step carries the first one's commit and the third grows the branches'
-    # length to the largest 6 nodes allow: new graphs; from then on, one
-    assert builds[-1] == builds[2]
+    # the second step carries the first one's commit, the third grows the branches'
+    # length and the fifth the last branch start to the largest 6 nodes allow: new
+    # graphs; from then on, one
+    assert builds[-1] == builds[4]
     target.verify([1, 2, 3])
     target.commit(2)
     target.decode([4], LOGITS_ALL)
