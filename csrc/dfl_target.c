@@ -539,12 +539,13 @@ static int max_int(int a, int b) {
  * when n > 1, so at most n - 2 leaves are off it; a branch of L steps leaves a spine
  * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. plan_recurrence
  * keeps every shape within n - 2 branches in all, so this one-group shape, keeping a
- * state of every spine step, bounds the memory of every tree graph of n nodes. */
+ * state of every spine step and n - 2 nodes off it, bounds the memory of every tree graph of n nodes. */
 tree_shape dfl_tree_worst_shape(int n) {
-    tree_shape sh = { n, 0, DFL_MAX_TREE, { 0 }, { 0 } };
+    tree_shape sh = { n, 0, DFL_MAX_TREE, 0, { 0 }, { 0 } };
     if (n >= 3) {
         sh.split = n;
         sh.first = 0;
+        sh.off = n - 2;
         sh.branches[DFL_TREE_GROUPS - 1] = n - 2;
         sh.steps[DFL_TREE_GROUPS - 1] = (n - 1) / 2;
     }
@@ -574,6 +575,7 @@ static tree_shape max_shape(tree_shape a, const tree_shape * b) {
     a.spine = max_int(a.spine, b->spine);
     a.split = max_int(a.split, b->split);
     a.first = a.first < b->first ? a.first : b->first;
+    a.off = max_int(a.off, b->off);
     for (int g = 0; g < DFL_TREE_GROUPS; g++) {
         a.branches[g] = max_int(a.branches[g], b->branches[g]);
         a.steps[g] = max_int(a.steps[g], b->steps[g]);
@@ -583,35 +585,14 @@ static tree_shape max_shape(tree_shape a, const tree_shape * b) {
 
 /* The branches sorted by length, split at k: the k shortest in group `lo`, the rest in
  * the other (DFL_TREE_GROUPS is 2). */
-static tree_shape split_shape(int spine, int split, int first, const int * len, int n_branches, int k, int lo) {
-    tree_shape sh = { spine, split, first, { 0 }, { 0 } };
+static tree_shape split_shape(int spine, int split, int first, int off, const int * len, int n_branches, int k,
+                              int lo) {
+    tree_shape sh = { spine, split, first, off, { 0 }, { 0 } };
     sh.branches[lo] = k;
     sh.steps[lo] = k > 0 ? len[k - 1] : 0;
     sh.branches[1 - lo] = n_branches - k;
     sh.steps[1 - lo] = n_branches > k ? len[n_branches - 1] : 0;
     return sh;
-}
-
-/* Lay the path from the first node above `leaf` not yet covered down to `leaf` into the
- * conv's columns from `col`, after the W inputs before that node (its window's); returns
- * the next free column. A node's conv output is the one ending at its column. */
-static int conv_path(tree_plan * tp, int W, int leaf, bool * covered, int col) {
-    int top = leaf;
-    while (top > 0 && !covered[tp->parent[top]]) {
-        top = tp->parent[top];
-    }
-    memcpy(&tp->conv_rows[col], &tp->windows[(size_t) top * (W + 1)], (size_t) W * sizeof(int32_t));
-    col += W;
-    for (int y = leaf;; y = tp->parent[y]) {
-        const int c = col + tp->depth[y] - tp->depth[top];
-        tp->conv_rows[c] = W + y;
-        tp->conv_out[y] = c - W;
-        covered[y] = true;
-        if (y == top) {
-            break;
-        }
-    }
-    return col + tp->depth[leaf] - tp->depth[top] + 1;
 }
 
 /* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
@@ -683,7 +664,7 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
          * branches in all) from this tree alone; the short ones in either group */
         for (int k = 0; k <= nb; k++) {
             for (int lo = 0; lo < 2; lo++) {
-                tree_shape sh = split_shape(spine, last_from + 1, first_from, len, nb, k, lo);
+                tree_shape sh = split_shape(spine, last_from + 1, first_from, n - spine, len, nb, k, lo);
                 if (pass == 0) {
                     sh = max_shape(sh, seen);
                     if (tree_branches(&sh) > max_int(n - 2, 0)) {
@@ -760,13 +741,34 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
     for (int i = n; i < n + tree_spare_rows(&sh); i++) {
         tp->out_rows[i] = 0;
     }
-    bool covered[DFL_MAX_TREE] = { false };
-    int col = conv_path(tp, W, last, covered, 0);
-    for (int j = 0; j < nb; j++) {
-        col = conv_path(tp, W, leaf[j], covered, col);
+    /* conv: the committed inputs and the spine, then a window per node off it; or a
+     * window per node */
+    int32_t * rows = tp->conv_rows;
+    if (!tree_conv_spine(&sh, n, W + 1)) {
+        memcpy(rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
+        return;
     }
-    for (; col < tree_conv_rows(&sh, n, W + 1); col++) {
-        tp->conv_rows[col] = 0;
+    for (int k = 0; k < W; k++) {
+        rows[k] = k;
+    }
+    for (int s = 0; s < sh.spine; s++) {
+        rows[W + s] = W + steps[s];
+    }
+    int off = 0;
+    for (int i = 0; i < n; i++) {
+        tp->conv_out[i] = spine_step[i] >= 0 ? spine_step[i] : 0;
+        if (spine_step[i] < 0) {
+            memcpy(&rows[W + sh.spine + off * (W + 1)], &tp->windows[(size_t) i * (W + 1)],
+                   (size_t) (W + 1) * sizeof(int32_t));
+            tp->conv_scatter[off++] = i;
+        }
+    }
+    for (; off < sh.off; off++) {
+        memcpy(&rows[W + sh.spine + off * (W + 1)], tp->windows, (size_t) (W + 1) * sizeof(int32_t));
+        tp->conv_scatter[off] = n + off;
+    }
+    for (int i = n; i < n + sh.off; i++) {
+        tp->conv_out[i] = 0;
     }
 }
 

@@ -97,6 +97,16 @@ static bool placeable(const struct ggml_tensor * node, int64_t n) {
            ggml_is_contiguous(node) && ggml_nelements(node) == n;
 }
 
+/* x [C, L, m] (C channels a column, any column and sequence strides) as [L, C, m], time
+ * along rows as ssm_conv reads it: one concat of its first W columns and the rest, both
+ * permuted, copies element by element where ggml_cont of the permutation would call
+ * memcpy for every element (half the instructions on the CPU backend). */
+static struct ggml_tensor * time_major(struct ggml_context * ctx, struct ggml_tensor * x, int64_t W) {
+    struct ggml_tensor * a = ggml_view_3d(ctx, x, x->ne[0], W, x->ne[2], x->nb[1], x->nb[2], 0);
+    struct ggml_tensor * b = ggml_view_3d(ctx, x, x->ne[0], x->ne[1] - W, x->ne[2], x->nb[1], x->nb[2], W * x->nb[1]);
+    return ggml_concat(ctx, ggml_permute(ctx, a, 1, 0, 2, 3), ggml_permute(ctx, b, 1, 0, 2, 3), 0);
+}
+
 /* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
  * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
  * runs its root-to-leaf paths as sequences, whose steps follow the ancestors. */
@@ -109,17 +119,29 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
 
     if (b->tree) {
         /* [committed conv inputs | node inputs], one column per time step, kept for
-         * commit; the tree's paths gathered from it end to end, each after the inputs
-         * before its first node, and convolved as one sequence: each node's output is
-         * the chain's arithmetic over its ancestors' inputs (outputs across two paths
-         * are never read), put in node order */
+         * commit; gathered from it (tree_conv_spine): the committed inputs and the
+         * spine, convolved as one sequence as the chain is, then each node off the spine
+         * on its own window (its ancestors' inputs, oldest first), a sequence of one
+         * step; or every node on its own window. Every node gets the chain's
+         * arithmetic; the outputs are put in node order. */
+        const tree_shape sh = t->tree.shape;
         struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
         write_into(cat, t->conv_scratch[il], 0);
-        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows); /* [C, T] */
-        const int64_t T = rows->ne[1];
-        struct ggml_tensor * seq = ggml_cont(ctx, ggml_transpose(ctx, rows));
-        seq = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, seq, T, C, 1), kernel); /* [C, T - W, 1] */
-        return ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, T - W), b->in->conv_out);
+        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
+        if (!b->in->conv_out) {
+            struct ggml_tensor * win = time_major(ctx, ggml_reshape_3d(ctx, rows, C, W + 1, n), W);
+            return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
+        }
+        const size_t col = rows->nb[1];
+        struct ggml_tensor * seq = ggml_view_3d(ctx, rows, C, W + sh.spine, 1, col, (W + sh.spine) * col, 0);
+        seq = ggml_ssm_conv(ctx, time_major(ctx, seq, W), kernel);
+        struct ggml_tensor * out = ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, sh.spine), b->in->conv_out);
+        if (sh.off > 0) {
+            struct ggml_tensor * win = ggml_view_3d(ctx, rows, C, W + 1, sh.off, col, (W + 1) * col, (W + sh.spine) * col);
+            win = ggml_ssm_conv(ctx, time_major(ctx, win, W), kernel);
+            out = ggml_set_rows(ctx, out, ggml_reshape_2d(ctx, win, C, sh.off), b->in->conv_scatter);
+        }
+        return ggml_view_2d(ctx, out, C, n, out->nb[1], 0);
     }
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
@@ -510,6 +532,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         ggml_set_input(in->mask_swa);
     }
     in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = in->scatter = in->conv_out = NULL;
+    in->conv_scatter = NULL;
     if (tree && m->n_recurrent > 0) {
         const tree_shape sh = t->tree.shape;
         const int n_branches = tree_branches(&sh);
@@ -518,7 +541,10 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         in->branch_from = n_branches > 0 ? new_input(ctx, GGML_TYPE_I32, n_branches) : NULL;
         in->out_rows = new_input(ctx, GGML_TYPE_I32, n + tree_spare_rows(&sh));
         in->scatter = n_branches > 0 ? new_input(ctx, GGML_TYPE_I32, tree_steps(&sh) - tree_head_rows(&sh)) : NULL;
-        in->conv_out = new_input(ctx, GGML_TYPE_I32, n);
+        if (tree_conv_spine(&sh, n, m->rec.d_conv)) {
+            in->conv_out = new_input(ctx, GGML_TYPE_I32, n + sh.off);
+            in->conv_scatter = sh.off > 0 ? new_input(ctx, GGML_TYPE_I32, sh.off) : NULL;
+        }
     }
 
     graph_build b = { t, in, n_kv, n_kv_swa, verify && !tree, tree };
@@ -642,7 +668,12 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
     }
     dfl_runtime_set(&t->rt, in->conv_rows, tp->conv_rows, 0,
                     (size_t) tree_conv_rows(&sh, n, t->m.rec.d_conv) * sizeof(int32_t));
-    dfl_runtime_set(&t->rt, in->conv_out, tp->conv_out, 0, (size_t) n * sizeof(int32_t));
+    if (in->conv_out) {
+        dfl_runtime_set(&t->rt, in->conv_out, tp->conv_out, 0, (size_t) (n + sh.off) * sizeof(int32_t));
+    }
+    if (in->conv_scatter) {
+        dfl_runtime_set(&t->rt, in->conv_scatter, tp->conv_scatter, 0, (size_t) sh.off * sizeof(int32_t));
+    }
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {

@@ -17,10 +17,11 @@ enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 
 /* The padded shape of a tree verify's recurrence (see plan_recurrence in dfl_target.c):
  * the spine's steps, the steps of its first part (up to the last step a branch leaves
- * from) and the first step a branch leaves from, then per group of branches,
- * branches x steps. A shape without branches has split 0 and first DFL_MAX_TREE. */
+ * from) and the first step a branch leaves from, the nodes off the spine (the short
+ * convolution's windows of their own), then per group of branches, branches x steps.
+ * A shape without branches has split 0 and first DFL_MAX_TREE. */
 typedef struct tree_shape {
-    int spine, split, first;
+    int spine, split, first, off;
     int branches[DFL_TREE_GROUPS], steps[DFL_TREE_GROUPS];
 } tree_shape;
 
@@ -38,8 +39,9 @@ static inline int tree_branches(const tree_shape * sh) {
  * start) keeping none; then each group of the other leaves' paths from where they
  * leave the spine, one sequence each, starting from the spine's state there. Branches are
  * grouped by length, so short ones are not padded to the longest. Each node's output
- * is read from the first sequence through it. The short convolution runs over the tree
- * cut into paths laid end to end, each after its own window's inputs. */
+ * is read from the first sequence through it. The short convolution runs the spine as
+ * one sequence (as the chain does) and each node off it on its own window, or every
+ * node on its own window (tree_conv_spine). */
 typedef struct tree_plan {
     int n;
     int32_t parent[DFL_MAX_TREE];
@@ -56,11 +58,15 @@ typedef struct tree_plan {
      * the node it computes first, or a spare row of its own (n + its index in the op) */
     int32_t out_rows[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
     int32_t scatter[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
-    /* the conv's columns of [committed conv inputs | nodes]: the tree cut into paths
-     * (the spine, then each branch from where it leaves the paths before it), each
-     * after the W inputs before its first node; padded with column 0 */
-    int32_t conv_rows[DFL_MAX_TREE * 16];
-    int32_t conv_out[DFL_MAX_TREE];                 /* node i's conv output: its column - W */
+    /* the conv's columns of [committed conv inputs | nodes] (see tree_conv_spine): the
+     * committed ones and the spine's nodes (padded with its last), then the window of
+     * each node off the spine (padded with the root's); or every node's window */
+    int32_t conv_rows[DFL_MAX_TREE * 18];
+    /* with the spine as a sequence, conv outputs: node i's step on the spine (0 for spare
+     * rows and nodes off it); then each off-spine window's node, or a spare row of its
+     * own (n + its index) */
+    int32_t conv_out[2 * DFL_MAX_TREE];
+    int32_t conv_scatter[DFL_MAX_TREE];
 } tree_plan;
 
 /* Steps of a tree's recurrence: the spine's and every group's. */
@@ -92,10 +98,19 @@ static inline int64_t tree_spare_rows(const tree_shape * sh) {
     return d;
 }
 
-/* Entries of a tree_plan's conv_rows: its nodes and W inputs before each of at most
- * 1 + branches paths. */
+/* Whether a tree's conv runs its spine as a sequence and each node off it on its own
+ * window, or every node on its own window: whichever moves fewer columns through the
+ * gather and transpose (a column) and computes fewer outputs (an output costs about 1.6
+ * columns on the CPU backend) for the padded shape. */
+static inline bool tree_conv_spine(const tree_shape * sh, int n, int d_conv) {
+    const int64_t W = d_conv - 1;
+    const int64_t spine = 5 * (W + sh->spine + (W + 1) * sh->off) + 8 * (sh->spine + sh->off);
+    return spine <= 5 * (W + 1) * n + 8 * n;
+}
+
+/* Entries of a tree_plan's conv_rows. */
 static inline int64_t tree_conv_rows(const tree_shape * sh, int n, int d_conv) {
-    return n + (int64_t) (d_conv - 1) * (1 + tree_branches(sh));
+    return tree_conv_spine(sh, n, d_conv) ? d_conv - 1 + sh->spine + (int64_t) sh->off * d_conv : (int64_t) n * d_conv;
 }
 
 typedef struct graph_inputs {
@@ -114,6 +129,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * out_rows;
     struct ggml_tensor * scatter;
     struct ggml_tensor * conv_out;
+    struct ggml_tensor * conv_scatter;
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
      * NULL when the model has nothing of that kind to commit */
     struct ggml_tensor * commit_rows;      /* [verified] replay columns to rerun: the kept path, then any */

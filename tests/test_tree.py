@@ -263,8 +263,8 @@ def test_tree_verify_graph_does_not_grow_with_the_tree(pair):
     """A tree's recurrence runs in a few delta-rule ops per layer (its spine, then the
     branches off it in at most two groups by length), whatever its node count: the
     verify graph of 4 to 16 nodes has as many nodes as any other of its number of
-    groups, a fixed few dozen per layer more than the chain's, and a second group adds
-    a handful per layer."""
+    groups (and conv form), a fixed few dozen per layer more than the chain's, and a
+    second group adds a handful per layer."""
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     target.prefill(list(range(40, 60)), LOGITS_LAST)
     layers = target.info()["n_layer"]
@@ -288,8 +288,10 @@ def test_tree_verify_graph_does_not_grow_with_the_tree(pair):
     assert len(set(chain.values())) == 1 and len(set(comb.values())) == 1 and len(set(two.values())) == 1, (
         chain, comb, two)
     one_group, two_groups = comb[4], two[12]
-    assert set(bushy.values()) <= {one_group, two_groups}, (bushy, one_group, two_groups)
-    assert 0 < one_group - chain[4] <= 40 * layers, (chain, comb, layers)
+    # give or take a node per layer: a padded shape may run its conv on windows alone
+    assert all(min(abs(v - one_group), abs(v - two_groups)) <= layers for v in bushy.values()), (
+        bushy, one_group, two_groups)
+    assert 0 < one_group - chain[4] <= 50 * layers, (chain, comb, layers)
     assert 0 < two_groups - one_group <= 12 * layers, (comb, two, layers)
 
 
