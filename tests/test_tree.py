@@ -336,6 +336,44 @@ def test_chain_shaped_tree_is_the_chain_path(pair):
     assert np.array_equal(target.logits(0, 8), chain)
 
 
+def test_both_conv_forms_verify_each_path_as_the_chain(pair):
+    """A tree's short convolution runs its spine as one sequence and each node off it on
+    its own window (a fresh tree of a spine of 5 and 3 nodes off it), or every node on
+    its own window when the padded shape makes that cheaper (after a star and a chain of
+    8 nodes pad the spine to 8 and the nodes off it to 6): either way each node's logits
+    are those of verifying its root path as a chain, and the chain-shaped tree's are the
+    chain's, bit for bit."""
+    rng = np.random.default_rng(21)
+    config = TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8, kv_type="f32")
+    fresh, padded, plain = Target(pair["target"], config), Target(pair["target"], config), Target(pair["target"], config)
+    prompt = rng.integers(0, 1000, 17).tolist()
+    tree, tokens = [-1, 0, 1, 2, 3, 1, 5, 2], rng.integers(0, 1000, 8).tolist()
+
+    def paths_as_chains(got):
+        for i in range(8):
+            path = root_path(tree, i)
+            plain.reset()
+            plain.prefill(prompt, LOGITS_LAST)
+            plain.verify([tokens[j] for j in path])
+            np.testing.assert_allclose(got[i], plain.logits(len(path) - 1, 1)[0], rtol=0, atol=1e-5, err_msg=f"node {i}")
+
+    fresh.prefill(prompt, LOGITS_LAST)
+    fresh.verify_tree(tokens, tree)
+    paths_as_chains(fresh.logits(0, 8))
+
+    padded.prefill(prompt, LOGITS_LAST)
+    padded.verify_tree(tokens, [-1] + [0] * 7)
+    padded.commit_path([])
+    padded.verify(tokens)
+    chain = padded.logits(0, 8)
+    padded.commit(0)
+    padded.verify_tree(tokens, list(range(-1, 7)))
+    assert np.array_equal(padded.logits(0, 8), chain)
+    padded.commit_path([])
+    padded.verify_tree(tokens, tree)
+    paths_as_chains(padded.logits(0, 8))
+
+
 def test_tree_input_errors(pair):
     target = Target(pair["target"], TargetConfig(n_ctx=64, n_verify=8))
     target.prefill([1, 2, 3], LOGITS_LAST)
