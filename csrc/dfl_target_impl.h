@@ -99,13 +99,13 @@ static inline int64_t tree_spare_rows(const tree_shape * sh) {
 }
 
 /* Whether a tree's conv runs its spine as a sequence and each node off it on its own
- * window, or every node on its own window: whichever moves fewer columns through the
- * gather and transpose (a column) and computes fewer outputs (an output costs about 1.6
- * columns on the CPU backend) for the padded shape. */
+ * window, or every node on its own window: whichever costs less for the padded shape,
+ * counting the columns gathered and transposed and the outputs computed (an output
+ * costs about 3.5 columns in instructions on the CPU backend). */
 static inline bool tree_conv_spine(const tree_shape * sh, int n, int d_conv) {
     const int64_t W = d_conv - 1;
-    const int64_t spine = 5 * (W + sh->spine + (W + 1) * sh->off) + 8 * (sh->spine + sh->off);
-    return spine <= 5 * (W + 1) * n + 8 * n;
+    const int64_t spine = 2 * (W + sh->spine + (W + 1) * sh->off) + 7 * (sh->spine + sh->off);
+    return spine <= 2 * (W + 1) * n + 7 * n;
 }
 
 /* Entries of a tree_plan's conv_rows. */

@@ -288,8 +288,9 @@ def test_tree_verify_graph_does_not_grow_with_the_tree(pair):
     assert len(set(chain.values())) == 1 and len(set(comb.values())) == 1 and len(set(two.values())) == 1, (
         chain, comb, two)
     one_group, two_groups = comb[4], two[12]
-    # give or take a node per layer: a padded shape may run its conv on windows alone
-    assert all(min(abs(v - one_group), abs(v - two_groups)) <= layers for v in bushy.values()), (
+    # give or take the conv's form (a padded shape may run it on windows alone: a dozen
+    # nodes fewer per layer)
+    assert all(min(abs(v - one_group), abs(v - two_groups)) <= 12 * layers for v in bushy.values()), (
         bushy, one_group, two_groups)
     assert 0 < one_group - chain[4] <= 50 * layers, (chain, comb, layers)
     assert 0 < two_groups - one_group <= 12 * layers, (comb, two, layers)
