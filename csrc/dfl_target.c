@@ -539,7 +539,8 @@ static int max_int(int a, int b) {
  * when n > 1, so at most n - 2 leaves are off it; a branch of L steps leaves a spine
  * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. plan_recurrence
  * keeps every shape within n - 2 branches in all, so this one-group shape, keeping a
- * state of every spine step and n - 2 nodes off it, bounds the memory of every tree graph of n nodes. */
+ * state of every spine step and n - 2 nodes off it, bounds the memory of every tree
+ * graph of n nodes. */
 tree_shape dfl_tree_worst_shape(int n) {
     tree_shape sh = { n, 0, DFL_MAX_TREE, 0, { 0 }, { 0 } };
     if (n >= 3) {

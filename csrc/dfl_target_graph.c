@@ -109,7 +109,7 @@ static struct ggml_tensor * time_major(struct ggml_context * ctx, struct ggml_te
 
 /* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
  * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
- * runs its root-to-leaf paths as sequences, whose steps follow the ancestors. */
+ * runs its spine as a sequence and the nodes off it on windows of their ancestors. */
 struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
