@@ -538,12 +538,15 @@ static int max_int(int a, int b) {
 /* Each size at its largest over the trees of n nodes: the spine has at least two nodes
  * when n > 1, so at most n - 2 leaves are off it; a branch of L steps leaves a spine
  * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. plan_recurrence
- * keeps every shape within n - 2 branches in all, so this one-group shape bounds the
- * memory of every tree graph of n nodes. */
+ * keeps every shape within n - 2 branches in all, so this one-group shape, keeping a
+ * state of every spine step and n - 2 nodes off it, bounds the memory of every tree
+ * graph of n nodes. */
 tree_shape dfl_tree_worst_shape(int n) {
-    tree_shape sh = { n, 0, { 0 }, { 0 } };
+    tree_shape sh = { n, 0, DFL_MAX_TREE, 0, { 0 }, { 0 } };
     if (n >= 3) {
-        sh.snapshots = n;
+        sh.split = n;
+        sh.first = 0;
+        sh.off = n - 2;
         sh.branches[DFL_TREE_GROUPS - 1] = n - 2;
         sh.steps[DFL_TREE_GROUPS - 1] = (n - 1) / 2;
     }
@@ -551,11 +554,14 @@ tree_shape dfl_tree_worst_shape(int n) {
 }
 
 /* What a shape costs, in delta-rule steps: its padded steps, the states it copies (a
- * spine snapshot; per branch, the gather of its start and the op's own copy of it)
- * and one step's worth per op. A state copy costs about a step (both touch the whole
- * state once or twice). */
+ * kept spine state; the second part's start; per branch, the gather of its start and
+ * the op's own copy of it) and one step's worth per branch op. A state copy costs
+ * about a step (both touch the whole state once or twice). */
 static int shape_cost(const tree_shape * sh) {
-    int cost = sh->spine + sh->snapshots;
+    int cost = sh->spine;
+    if (tree_branches(sh) > 0) {
+        cost += sh->split - sh->first + (sh->split < sh->spine ? 1 : 0);
+    }
     for (int g = 0; g < DFL_TREE_GROUPS; g++) {
         if (sh->branches[g] > 0) {
             cost += sh->branches[g] * (sh->steps[g] + 2) + 1;
@@ -564,17 +570,13 @@ static int shape_cost(const tree_shape * sh) {
     return cost;
 }
 
-/* The spine step the first branch leaves from (the spine's length when none does). */
-static int first_departure(const tree_shape * sh) {
-    return sh->spine - sh->snapshots;
-}
-
-/* Each size at the larger of two shapes'; the snapshots reach back to the earlier of
- * their first branches, counted from the end of the longer spine. */
+/* Each size at the larger of two shapes'; the spine's kept states reach from the
+ * earlier first branch to the later last one. */
 static tree_shape max_shape(tree_shape a, const tree_shape * b) {
-    const int first = first_departure(&a) < first_departure(b) ? first_departure(&a) : first_departure(b);
     a.spine = max_int(a.spine, b->spine);
-    a.snapshots = a.spine - first;
+    a.split = max_int(a.split, b->split);
+    a.first = a.first < b->first ? a.first : b->first;
+    a.off = max_int(a.off, b->off);
     for (int g = 0; g < DFL_TREE_GROUPS; g++) {
         a.branches[g] = max_int(a.branches[g], b->branches[g]);
         a.steps[g] = max_int(a.steps[g], b->steps[g]);
@@ -584,8 +586,9 @@ static tree_shape max_shape(tree_shape a, const tree_shape * b) {
 
 /* The branches sorted by length, split at k: the k shortest in group `lo`, the rest in
  * the other (DFL_TREE_GROUPS is 2). */
-static tree_shape split_shape(int spine, int snapshots, const int * len, int n_branches, int k, int lo) {
-    tree_shape sh = { spine, snapshots, { 0 }, { 0 } };
+static tree_shape split_shape(int spine, int split, int first, int off, const int * len, int n_branches, int k,
+                              int lo) {
+    tree_shape sh = { spine, split, first, off, { 0 }, { 0 } };
     sh.branches[lo] = k;
     sh.steps[lo] = k > 0 ? len[k - 1] : 0;
     sh.branches[1 - lo] = n_branches - k;
@@ -604,7 +607,7 @@ static tree_shape split_shape(int spine, int snapshots, const int * len, int n_b
  * graph rebuild per reset). Padding steps repeat a real node after the last one read
  * (their results are never read), padding branches run the root from the last state. */
 static void plan_recurrence(dfl_target * t, tree_plan * tp) {
-    const int n = tp->n;
+    const int n = tp->n, W = t->m.rec.d_conv - 1;
     int height[DFL_MAX_TREE], down[DFL_MAX_TREE], spine_step[DFL_MAX_TREE];
     int leaf[DFL_MAX_TREE], from[DFL_MAX_TREE], len[DFL_MAX_TREE];
     bool inner[DFL_MAX_TREE];
@@ -627,7 +630,7 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
         spine_step[x] = s;
     }
     /* branches, by length (insertion sort: stable, at most 62 of them) */
-    int nb = 0, first_from = spine;
+    int nb = 0, first_from = DFL_MAX_TREE, last_from = -1;
     for (int i = 0; i < n; i++) {
         if (inner[i] || spine_step[i] >= 0) {
             continue;
@@ -647,6 +650,7 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
         from[j] = spine_step[x];
         len[j] = l;
         first_from = from[j] < first_from ? from[j] : first_from;
+        last_from = max_int(last_from, from[j]);
     }
 
     tree_shape * seen = &t->tree_shapes[n];
@@ -661,7 +665,7 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
          * branches in all) from this tree alone; the short ones in either group */
         for (int k = 0; k <= nb; k++) {
             for (int lo = 0; lo < 2; lo++) {
-                tree_shape sh = split_shape(spine, spine - first_from, len, nb, k, lo);
+                tree_shape sh = split_shape(spine, last_from + 1, first_from, n - spine, len, nb, k, lo);
                 if (pass == 0) {
                     sh = max_shape(sh, seen);
                     if (tree_branches(&sh) > max_int(n - 2, 0)) {
@@ -703,8 +707,8 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
                 continue;
             }
             const int i = leaf[b], d0 = tp->depth[i] - len[b];
-            /* snapshot slot s: the state s steps before the spine's last */
-            tp->branch_from[seq] = sh.spine - 1 - from[b];
+            /* kept state s: s steps before the end of the spine's first part */
+            tp->branch_from[seq] = sh.split - 1 - from[b];
             for (int y = i; tp->depth[y] > d0; y = tp->parent[y]) {
                 const int row = row0 + tp->depth[y] - d0 - 1;
                 steps[row] = y;
@@ -718,16 +722,54 @@ static void plan_recurrence(dfl_target * t, tree_plan * tp) {
             b++;
         }
     }
-    const int W = t->m.rec.d_conv - 1;
-    if (tree_branches(&sh) == 0) {
-        for (int k = 0; k < W; k++) {
-            tp->conv_rows[k] = k;
+    /* rows of later ops: spare rows first, then the nodes they compute first */
+    const int head = tree_head_rows(&sh);
+    int bound[2 + DFL_TREE_GROUPS] = { head, sh.spine };
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        bound[g + 2] = bound[g + 1] + sh.branches[g] * sh.steps[g];
+    }
+    for (int o = 0; o <= DFL_TREE_GROUPS; o++) {
+        for (int r = bound[o]; r < bound[o + 1]; r++) {
+            tp->scatter[r - head] = n + r - bound[o];
         }
-        for (int s = 0; s < n; s++) {
-            tp->conv_rows[W + s] = W + steps[s];
+    }
+    for (int i = 0; i < n; i++) {
+        if (tp->out_rows[i] >= head) {
+            tp->scatter[tp->out_rows[i] - head] = i;
+            tp->out_rows[i] = 0;
         }
-    } else {
-        memcpy(tp->conv_rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
+    }
+    for (int i = n; i < n + tree_spare_rows(&sh); i++) {
+        tp->out_rows[i] = 0;
+    }
+    /* conv: the committed inputs and the spine, then a window per node off it; or a
+     * window per node */
+    int32_t * rows = tp->conv_rows;
+    if (!tree_conv_spine(&sh, n, W + 1)) {
+        memcpy(rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
+        return;
+    }
+    for (int k = 0; k < W; k++) {
+        rows[k] = k;
+    }
+    for (int s = 0; s < sh.spine; s++) {
+        rows[W + s] = W + steps[s];
+    }
+    int off = 0;
+    for (int i = 0; i < n; i++) {
+        tp->conv_out[i] = spine_step[i] >= 0 ? spine_step[i] : 0;
+        if (spine_step[i] < 0) {
+            memcpy(&rows[W + sh.spine + off * (W + 1)], &tp->windows[(size_t) i * (W + 1)],
+                   (size_t) (W + 1) * sizeof(int32_t));
+            tp->conv_scatter[off++] = i;
+        }
+    }
+    for (; off < sh.off; off++) {
+        memcpy(&rows[W + sh.spine + off * (W + 1)], tp->windows, (size_t) (W + 1) * sizeof(int32_t));
+        tp->conv_scatter[off] = n + off;
+    }
+    for (int i = n; i < n + sh.off; i++) {
+        tp->conv_out[i] = 0;
     }
 }
 

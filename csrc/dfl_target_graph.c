@@ -43,15 +43,6 @@ int64_t dfl_target_replay_floats(const dfl_model * m, int n_verify) {
     return P.beta + m->rec.n_v_heads * P.cols;
 }
 
-/* Steps of a tree's recurrence: the spine's and every group's. */
-static int64_t tree_steps(const tree_shape * sh) {
-    int64_t n = sh->spine;
-    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
-        n += (int64_t) sh->branches[g] * sh->steps[g];
-    }
-    return n;
-}
-
 /* ---- graph services ------------------------------------------------------------------ */
 
 struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
@@ -106,9 +97,19 @@ static bool placeable(const struct ggml_tensor * node, int64_t n) {
            ggml_is_contiguous(node) && ggml_nelements(node) == n;
 }
 
+/* x [C, L, m] (C channels a column, any column and sequence strides) as [L, C, m], time
+ * along rows as ssm_conv reads it: one concat of its first W columns and the rest, both
+ * permuted, copies element by element where ggml_cont of the permutation would call
+ * memcpy for every element (half the instructions on the CPU backend). */
+static struct ggml_tensor * time_major(struct ggml_context * ctx, struct ggml_tensor * x, int64_t W) {
+    struct ggml_tensor * a = ggml_view_3d(ctx, x, x->ne[0], W, x->ne[2], x->nb[1], x->nb[2], 0);
+    struct ggml_tensor * b = ggml_view_3d(ctx, x, x->ne[0], x->ne[1] - W, x->ne[2], x->nb[1], x->nb[2], W * x->nb[1]);
+    return ggml_concat(ctx, ggml_permute(ctx, a, 1, 0, 2, 3), ggml_permute(ctx, b, 1, 0, 2, 3), 0);
+}
+
 /* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
  * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
- * runs its spine and branches as sequences, whose steps follow the ancestors. */
+ * runs its spine as a sequence and the nodes off it on windows of their ancestors. */
 struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
@@ -118,22 +119,29 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
 
     if (b->tree) {
         /* [committed conv inputs | node inputs], one column per time step, kept for
-         * commit; each node's window gathered from it (its ancestors' inputs, oldest
-         * first) and convolved as a sequence of one step: the chain's arithmetic. A
-         * tree without branches is one sequence: its committed inputs and its nodes
-         * in spine order, convolved as the chain, then put in node order. */
-        const bool line = tree_branches(&t->tree.shape) == 0;
+         * commit; gathered from it (tree_conv_spine): the committed inputs and the
+         * spine, convolved as one sequence as the chain is, then each node off the spine
+         * on its own window (its ancestors' inputs, oldest first), a sequence of one
+         * step; or every node on its own window. Every node gets the chain's
+         * arithmetic; the outputs are put in node order. */
+        const tree_shape sh = t->tree.shape;
         struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
         write_into(cat, t->conv_scratch[il], 0);
         struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
-        if (line) {
-            struct ggml_tensor * seq = ggml_cont(ctx, ggml_transpose(ctx, rows)); /* [W + n, C] */
-            seq = ggml_ssm_conv(ctx, ggml_reshape_3d(ctx, seq, W + n, C, 1), kernel);
-            return ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, n), b->in->out_rows);
+        if (!b->in->conv_out) {
+            struct ggml_tensor * win = time_major(ctx, ggml_reshape_3d(ctx, rows, C, W + 1, n), W);
+            return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
         }
-        struct ggml_tensor * win = ggml_reshape_3d(ctx, rows, C, W + 1, n);
-        win = ggml_cont(ctx, ggml_permute(ctx, win, 1, 0, 2, 3)); /* [W + 1, C, n] */
-        return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
+        const size_t col = rows->nb[1];
+        struct ggml_tensor * seq = ggml_view_3d(ctx, rows, C, W + sh.spine, 1, col, (W + sh.spine) * col, 0);
+        seq = ggml_ssm_conv(ctx, time_major(ctx, seq, W), kernel);
+        struct ggml_tensor * out = ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, sh.spine), b->in->conv_out);
+        if (sh.off > 0) {
+            struct ggml_tensor * win = ggml_view_3d(ctx, rows, C, W + 1, sh.off, col, (W + 1) * col, (W + sh.spine) * col);
+            win = ggml_ssm_conv(ctx, time_major(ctx, win, W), kernel);
+            out = ggml_set_rows(ctx, out, ggml_reshape_2d(ctx, win, C, sh.off), b->in->conv_scatter);
+        }
+        return ggml_view_2d(ctx, out, C, n, out->nb[1], 0);
     }
     struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
@@ -227,14 +235,29 @@ static struct ggml_tensor * gather_steps(dfl_graph * g, struct ggml_tensor * x, 
     return ggml_view_4d(ctx, rows, ne0, ne1, sh.spine, 1, col, row, row * sh.spine, 0);
 }
 
-/* Tree verify (see tree_plan): one delta-rule op over the spine from the committed state,
- * keeping its last states; one per group of branches, each branch starting from the
- * spine's state where it leaves the spine; each node's output gathered from its first
- * step. Every sequence runs the very steps of the chain along its path, so each node
- * gets the arithmetic of verifying its root path as a chain, bit for bit. Steps, the
- * branches' snapshots and output rows are inputs: the graph depends only on the node
- * count and the padded shape. No per-node state is kept: the commit reruns the
- * accepted path. */
+/* Steps [at, at + n) of a spine's [ne0, ne1, steps, 1] */
+static struct ggml_tensor * view_steps(struct ggml_context * ctx, struct ggml_tensor * x, int64_t at, int64_t n) {
+    return ggml_view_4d(ctx, x, x->ne[0], x->ne[1], n, 1, x->nb[1], x->nb[2], x->nb[2] * n, at * x->nb[2]);
+}
+
+/* The first `rows` output rows of a delta-rule op written over `out` where the tree's
+ * scatter input (from entry *at on) sends them */
+static struct ggml_tensor * scatter_rows(dfl_graph * g, struct ggml_tensor * out, struct ggml_tensor * res,
+                                         int64_t rows, int64_t * at) {
+    const graph_build * b = g->runtime;
+    struct ggml_tensor * idx = ggml_view_1d(g->ctx, b->in->scatter, rows, (size_t) *at * sizeof(int32_t));
+    *at += rows;
+    return ggml_set_rows(g->ctx, out, ggml_view_2d(g->ctx, res, res->ne[0], rows, res->nb[1], 0), idx);
+}
+
+/* Tree verify (see tree_plan): the spine from the committed state in two delta-rule
+ * ops, the first keeping the states the branches start from; one op per group of
+ * branches, each branch starting from the spine's state where it leaves the spine;
+ * each node's output gathered from its first step. Every sequence runs the very steps
+ * of the chain along its path, so each node gets the arithmetic of verifying its root
+ * path as a chain, bit for bit. Steps, the branches' starts and output rows are inputs:
+ * the graph depends only on the node count and the padded shape. No per-node state is
+ * kept: the commit reruns the accepted path. */
 static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                            struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
     const graph_build * b = g->runtime;
@@ -251,27 +274,49 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
     struct ggml_tensor * qs = gather_steps(g, q, hk, Hk, qg), * ks = gather_steps(g, k, hk, Hk, kg);
     struct ggml_tensor * vs = gather_steps(g, v, hv, Hv, vg), * gs = gather_steps(g, gate, 1, Hv, gg);
     struct ggml_tensor * bs = gather_steps(g, beta, 1, Hv, bg);
-    const int64_t snapshots = sh.snapshots > 0 ? sh.snapshots : 1;
     struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
-    struct ggml_tensor * spine = ggml_gated_delta_net(ctx, qs, ks, vs, gs, bs, s0, snapshots);
-    struct ggml_tensor * out = ggml_view_2d(ctx, spine, O, sh.spine, spine->nb[1], 0);
     const int n_branches = tree_branches(&sh);
-    if (n_branches > 0) {
-        struct ggml_tensor * states = ggml_view_2d(ctx, spine, S, snapshots, S * f32, sh.spine * spine->nb[1]);
-        struct ggml_tensor * starts = ggml_get_rows(ctx, states, b->in->branch_from); /* [S, branches] */
-        int64_t first = 0;
-        for (int j = 0; j < DFL_TREE_GROUPS; j++) {
-            if (sh.branches[j] == 0) {
-                continue;
-            }
-            struct ggml_tensor * s1 = ggml_view_4d(ctx, starts, hv, hv, Hv, sh.branches[j], hv * f32, hv * hv * f32,
-                                                   S * f32, first * starts->nb[1]);
-            struct ggml_tensor * res = ggml_gated_delta_net(ctx, qg[j], kg[j], vg[j], gg[j], bg[j], s1, 1);
-            out = ggml_concat(ctx, out, ggml_view_2d(ctx, res, O, (int64_t) sh.steps[j] * sh.branches[j], res->nb[1], 0), 1);
-            first += sh.branches[j];
-        }
+    if (n_branches == 0) {
+        struct ggml_tensor * spine = ggml_gated_delta_net(ctx, qs, ks, vs, gs, bs, s0, 1);
+        return ggml_reshape_3d(ctx, ggml_get_rows(ctx, ggml_view_2d(ctx, spine, O, sh.spine, spine->nb[1], 0),
+                                                  b->in->out_rows), hv, Hv, g->n);
     }
-    return ggml_reshape_3d(ctx, ggml_get_rows(ctx, out, b->in->out_rows), hv, Hv, g->n);
+    /* the spine up to its last branch's start, keeping its states from the first
+     * branch's start on; the rest of it from there, keeping none */
+    const int64_t kept = sh.split - sh.first, rest = sh.spine - sh.split;
+    struct ggml_tensor * head = ggml_gated_delta_net(ctx, view_steps(ctx, qs, 0, sh.split),
+                                                     view_steps(ctx, ks, 0, sh.split),
+                                                     view_steps(ctx, vs, 0, sh.split),
+                                                     view_steps(ctx, gs, 0, sh.split),
+                                                     view_steps(ctx, bs, 0, sh.split), s0, kept);
+    /* [O, n + spare]: the nodes' rows of the head, then the later ops' rows over them */
+    struct ggml_tensor * out = ggml_get_rows(ctx, ggml_view_2d(ctx, head, O, sh.split, head->nb[1], 0),
+                                             b->in->out_rows);
+    int64_t at = 0;
+    struct ggml_tensor * states = ggml_view_2d(ctx, head, S, kept, S * f32, sh.split * head->nb[1]);
+    if (rest > 0) {
+        struct ggml_tensor * s1 = ggml_view_4d(ctx, head, hv, hv, Hv, 1, hv * f32, hv * hv * f32, S * f32,
+                                               sh.split * head->nb[1]);
+        struct ggml_tensor * tail = ggml_gated_delta_net(ctx, view_steps(ctx, qs, sh.split, rest),
+                                                         view_steps(ctx, ks, sh.split, rest),
+                                                         view_steps(ctx, vs, sh.split, rest),
+                                                         view_steps(ctx, gs, sh.split, rest),
+                                                         view_steps(ctx, bs, sh.split, rest), s1, 1);
+        out = scatter_rows(g, out, tail, rest, &at);
+    }
+    struct ggml_tensor * starts = ggml_get_rows(ctx, states, b->in->branch_from); /* [S, branches] */
+    int64_t first = 0;
+    for (int j = 0; j < DFL_TREE_GROUPS; j++) {
+        if (sh.branches[j] == 0) {
+            continue;
+        }
+        struct ggml_tensor * s1 = ggml_view_4d(ctx, starts, hv, hv, Hv, sh.branches[j], hv * f32, hv * hv * f32,
+                                               S * f32, first * starts->nb[1]);
+        struct ggml_tensor * res = ggml_gated_delta_net(ctx, qg[j], kg[j], vg[j], gg[j], bg[j], s1, 1);
+        out = scatter_rows(g, out, res, (int64_t) sh.steps[j] * sh.branches[j], &at);
+        first += sh.branches[j];
+    }
+    return ggml_reshape_3d(ctx, ggml_view_2d(ctx, out, O, g->n, out->nb[1], 0), hv, Hv, g->n);
 }
 
 struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
@@ -486,14 +531,20 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv_swa, n);
         ggml_set_input(in->mask_swa);
     }
-    in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = NULL;
+    in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = in->scatter = in->conv_out = NULL;
+    in->conv_scatter = NULL;
     if (tree && m->n_recurrent > 0) {
         const tree_shape sh = t->tree.shape;
         const int n_branches = tree_branches(&sh);
         in->conv_rows = new_input(ctx, GGML_TYPE_I32, tree_conv_rows(&sh, n, m->rec.d_conv));
         in->tree_steps = new_input(ctx, GGML_TYPE_I32, tree_steps(&sh));
         in->branch_from = n_branches > 0 ? new_input(ctx, GGML_TYPE_I32, n_branches) : NULL;
-        in->out_rows = new_input(ctx, GGML_TYPE_I32, n);
+        in->out_rows = new_input(ctx, GGML_TYPE_I32, n + tree_spare_rows(&sh));
+        in->scatter = n_branches > 0 ? new_input(ctx, GGML_TYPE_I32, tree_steps(&sh) - tree_head_rows(&sh)) : NULL;
+        if (tree_conv_spine(&sh, n, m->rec.d_conv)) {
+            in->conv_out = new_input(ctx, GGML_TYPE_I32, n + sh.off);
+            in->conv_scatter = sh.off > 0 ? new_input(ctx, GGML_TYPE_I32, sh.off) : NULL;
+        }
     }
 
     graph_build b = { t, in, n_kv, n_kv_swa, verify && !tree, tree };
@@ -610,9 +661,19 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
         dfl_runtime_set(&t->rt, in->branch_from, tp->branch_from, 0,
                         (size_t) (tree_branches(&sh)) * sizeof(int32_t));
     }
-    dfl_runtime_set(&t->rt, in->out_rows, tp->out_rows, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_set(&t->rt, in->out_rows, tp->out_rows, 0, (size_t) (n + tree_spare_rows(&sh)) * sizeof(int32_t));
+    if (in->scatter) {
+        dfl_runtime_set(&t->rt, in->scatter, tp->scatter, 0,
+                        (size_t) (tree_steps(&sh) - tree_head_rows(&sh)) * sizeof(int32_t));
+    }
     dfl_runtime_set(&t->rt, in->conv_rows, tp->conv_rows, 0,
                     (size_t) tree_conv_rows(&sh, n, t->m.rec.d_conv) * sizeof(int32_t));
+    if (in->conv_out) {
+        dfl_runtime_set(&t->rt, in->conv_out, tp->conv_out, 0, (size_t) (n + sh.off) * sizeof(int32_t));
+    }
+    if (in->conv_scatter) {
+        dfl_runtime_set(&t->rt, in->conv_scatter, tp->conv_scatter, 0, (size_t) sh.off * sizeof(int32_t));
+    }
 }
 
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {

@@ -16,10 +16,12 @@ enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 #define DFL_TREE_GROUPS 2
 
 /* The padded shape of a tree verify's recurrence (see plan_recurrence in dfl_target.c):
- * the spine's steps and how many of its last states the branches may start from, then
- * per group of branches, branches x steps. */
+ * the spine's steps, the steps of its first part (up to the last step a branch leaves
+ * from) and the first step a branch leaves from, the nodes off the spine (the short
+ * convolution's windows of their own), then per group of branches, branches x steps.
+ * A shape without branches has split 0 and first DFL_MAX_TREE. */
 typedef struct tree_shape {
-    int spine, snapshots;
+    int spine, split, first, off;
     int branches[DFL_TREE_GROUPS], steps[DFL_TREE_GROUPS];
 } tree_shape;
 
@@ -31,12 +33,15 @@ static inline int tree_branches(const tree_shape * sh) {
     return n;
 }
 
-/* A tree verify's recurrence runs in 1 + DFL_TREE_GROUPS delta-rule ops per layer (empty
- * groups have none): the spine (the longest root path) as one sequence keeping its
- * last states, then each group of the other leaves' paths from where they leave the
- * spine, one sequence each, starting from the spine's state there. Branches are
+/* A tree verify's recurrence runs in up to 2 + DFL_TREE_GROUPS delta-rule ops per layer:
+ * the spine (the longest root path) as one sequence in two parts, the first keeping
+ * its states from the first branch's start on, the rest (after the last branch's
+ * start) keeping none; then each group of the other leaves' paths from where they
+ * leave the spine, one sequence each, starting from the spine's state there. Branches are
  * grouped by length, so short ones are not padded to the longest. Each node's output
- * is read from the first sequence through it; its convolution reads its own window. */
+ * is read from the first sequence through it. The short convolution runs the spine as
+ * one sequence (as the chain does) and each node off it on its own window, or every
+ * node on its own window (tree_conv_spine). */
 typedef struct tree_plan {
     int n;
     int32_t parent[DFL_MAX_TREE];
@@ -48,15 +53,64 @@ typedef struct tree_plan {
     /* node of each step: the spine's, then each group's [branches][steps] */
     int32_t steps[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
     int32_t branch_from[DFL_MAX_TREE];              /* per branch, groups in order: the spine snapshot it starts from */
-    int32_t out_rows[DFL_MAX_TREE];                 /* node i's output: its first step */
-    /* the conv's columns of [committed conv inputs | nodes]: each node's window, or
-     * for a tree without branches, the committed inputs then the nodes in spine order */
-    int32_t conv_rows[DFL_MAX_TREE * 16];
+    /* outputs: node i's row of the first op (the spine's first part), 0 for spare rows
+     * and nodes first computed by a later op; then each later op's rows, in step order:
+     * the node it computes first, or a spare row of its own (n + its index in the op) */
+    int32_t out_rows[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
+    int32_t scatter[DFL_MAX_TREE * (DFL_MAX_TREE + 1)];
+    /* the conv's columns of [committed conv inputs | nodes] (see tree_conv_spine): the
+     * committed ones and the spine's nodes (padded with its last), then the window of
+     * each node off the spine (padded with the root's); or every node's window */
+    int32_t conv_rows[DFL_MAX_TREE * 18];
+    /* with the spine as a sequence, conv outputs: node i's step on the spine (0 for spare
+     * rows and nodes off it); then each off-spine window's node, or a spare row of its
+     * own (n + its index) */
+    int32_t conv_out[2 * DFL_MAX_TREE];
+    int32_t conv_scatter[DFL_MAX_TREE];
 } tree_plan;
+
+/* Steps of a tree's recurrence: the spine's and every group's. */
+static inline int64_t tree_steps(const tree_shape * sh) {
+    int64_t n = sh->spine;
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        n += (int64_t) sh->branches[g] * sh->steps[g];
+    }
+    return n;
+}
+
+/* Rows of a tree's first delta-rule op: the spine's first part (all of it without
+ * branches); the later ops' rows are scattered over those gathered from it. */
+static inline int tree_head_rows(const tree_shape * sh) {
+    return tree_branches(sh) > 0 ? sh->split : sh->spine;
+}
+
+/* Spare output rows: the most rows of a later op (each of its rows that is not a
+ * node's first is written to a spare row of its own). */
+static inline int64_t tree_spare_rows(const tree_shape * sh) {
+    if (tree_branches(sh) == 0) {
+        return 0;
+    }
+    int64_t d = sh->spine - sh->split;
+    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
+        const int64_t rows = (int64_t) sh->branches[g] * sh->steps[g];
+        d = rows > d ? rows : d;
+    }
+    return d;
+}
+
+/* Whether a tree's conv runs its spine as a sequence and each node off it on its own
+ * window, or every node on its own window: whichever costs less for the padded shape,
+ * counting the columns gathered and transposed and the outputs computed (an output
+ * costs about 3.5 columns in instructions on the CPU backend). */
+static inline bool tree_conv_spine(const tree_shape * sh, int n, int d_conv) {
+    const int64_t W = d_conv - 1;
+    const int64_t spine = 2 * (W + sh->spine + (W + 1) * sh->off) + 7 * (sh->spine + sh->off);
+    return spine <= 2 * (W + 1) * n + 7 * n;
+}
 
 /* Entries of a tree_plan's conv_rows. */
 static inline int64_t tree_conv_rows(const tree_shape * sh, int n, int d_conv) {
-    return tree_branches(sh) == 0 ? (int64_t) d_conv - 1 + n : (int64_t) n * d_conv;
+    return tree_conv_spine(sh, n, d_conv) ? d_conv - 1 + sh->spine + (int64_t) sh->off * d_conv : (int64_t) n * d_conv;
 }
 
 typedef struct graph_inputs {
@@ -73,6 +127,9 @@ typedef struct graph_inputs {
     struct ggml_tensor * tree_steps;
     struct ggml_tensor * branch_from;
     struct ggml_tensor * out_rows;
+    struct ggml_tensor * scatter;
+    struct ggml_tensor * conv_out;
+    struct ggml_tensor * conv_scatter;
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
      * NULL when the model has nothing of that kind to commit */
     struct ggml_tensor * commit_rows;      /* [verified] replay columns to rerun: the kept path, then any */
