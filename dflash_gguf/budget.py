@@ -226,6 +226,7 @@ class AutoBudget:
         self.largest = self.arms[-1]
         self.spine, self.branch = Calibration(), Calibration()
         self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
+        self.chain_drafts = float(block - 1)  # running drafts a chain verifies (a confidence cut shortens it)
         self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of settled steps
         self.seconds = {a: None for a in self.arms}  # lower quartile of times, kept current by timed
         self.tried = {CHAIN}
@@ -244,8 +245,9 @@ class AutoBudget:
 
     # ---- scores -------------------------------------------------------------------------
     def verify_seconds(self, arm: int) -> float:
-        """The cost table's verify time of an arm (chain: a block of `block` tokens)."""
-        return float(self.cost.chain(self.block) if arm == CHAIN else self.cost(arm + 1))
+        """The cost table's verify time of an arm (chain: the bonus and the drafts the
+        chain verified lately, on average)."""
+        return float(self.cost.chain(1 + self.chain_drafts) if arm == CHAIN else self.cost(arm + 1))
 
     def step_seconds(self, arm: int) -> float:
         if self.seconds[arm] is not None:
@@ -340,8 +342,10 @@ class AutoBudget:
         """A survey step's expectation of every arm, from the nodes of the survey tree
         (survey_size) in pick order (tree_nodes: the first b are the tree of budget b; a
         size past the tree's own gets the whole tree, an underestimate for sizes past
-        the survey's, which are not candidates) and the chain's (chain_nodes)."""
+        the survey's, which are not candidates) and the chain's (chain_nodes: the
+        drafts a chain step would verify)."""
         gains = np.concatenate([[0.0], np.cumsum(self.gains(tree))])
+        self.chain_drafts += self.SMOOTH * (len(chain[0]) - self.chain_drafts)
         for arm in self.arms:
             drafts = float(self.gains(chain).sum()) if arm == CHAIN else float(gains[min(arm, len(gains) - 1)])
             old = self.drafts[arm]

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import List, Optional
 
 from ._native import DflashError
+from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
 
@@ -66,6 +67,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
                         "for the best expected speed (verify cost measured once per model and machine)")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
+    p.add_argument("--draft-p-min", type=float, default=DEFAULT_DRAFT_P_MIN, metavar="P",
+                   help="greedy chain: verify the drafts up to the first one the drafter gives less than P "
+                        f"(at least one); 0 verifies the whole block (default {DEFAULT_DRAFT_P_MIN})")
     p.add_argument("--draft-window", default="auto", metavar="W",
                    help="the drafter attends to the last W context positions only and keeps only those "
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
@@ -150,6 +154,8 @@ def validate_engine_args(args, parser) -> None:
         args.tree_budget = n
     if not 1 <= args.draft_top_k <= 64:
         parser.error("--draft-top-k must be between 1 and 64")
+    if not 0 <= args.draft_p_min < 1:
+        parser.error("--draft-p-min must be at least 0 and below 1")
     if args.draft_window != "auto":
         try:
             args.draft_window = int(args.draft_window)
@@ -275,7 +281,7 @@ def engine_options(args) -> dict:
                 kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
                 tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
                 repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
-                draft_window=args.draft_window)
+                draft_window=args.draft_window, draft_p_min=args.draft_p_min)
 
 
 def open_engine(prog: str, model: str, draft, args):

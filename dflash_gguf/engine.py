@@ -10,7 +10,7 @@ from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, autoregressive_steps, check_request, collect
 from .memory import refusal, settle
 from .sampling import SamplingParams
-from .speculative import speculative_steps, tree_steps
+from .speculative import DEFAULT_DRAFT_P_MIN, check_p_min, speculative_steps, tree_steps
 from .target import Target, TargetConfig
 from .tokenizer import Tokenizer
 
@@ -35,13 +35,15 @@ class EngineSetup:
     target_config: TargetConfig
     draft_config: Optional[DraftConfig]
     n_threads: int
+    draft_p_min: float = 0.0
 
     @classmethod
     def of(cls, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
            n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
            block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
            draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
-           n_gpu_layers: int = -1, draft_window: int = 0) -> "EngineSetup":
+           n_gpu_layers: int = -1, draft_window: int = 0,
+           draft_p_min: float = DEFAULT_DRAFT_P_MIN) -> "EngineSetup":
         meta = read_draft_metadata(draft) if draft else None
         if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
             raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
@@ -55,14 +57,16 @@ class EngineSetup:
             raise ValueError(f"draft window must be >= 0 (0: the whole context), got {draft_window}")
         if budget is not None and not 1 <= draft_top_k <= 64:
             raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
+        check_p_min(draft_p_min)
         n_verify = max(block or 1, (budget or 0) + 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
             repack=repack, n_gpu_layers=n_gpu_layers)
-        draft_config = DraftConfig(n_threads=n_threads, top_k=draft_top_k if budget else 0, window=draft_window) \
-            if draft else None
-        return cls(block, budget, auto, target_config, draft_config, n_threads)
+        # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
+        top_k = draft_top_k if budget else (1 if draft_p_min > 0 else 0)
+        draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
+        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min)
 
 
 class Engine:
@@ -70,8 +74,10 @@ class Engine:
 
     With a drafter, generation is speculative: a chain of the drafter's block size (or
     `block_size`), or with `tree_budget` a DDTree of that many nodes ("auto": sized
-    every step for the best expected speed, up to AUTO_MAX_BUDGET). Without one, plain
-    autoregressive decoding. Greedy output is the same in every mode; sampled output
+    every step for the best expected speed, up to AUTO_MAX_BUDGET). A greedy chain
+    (also auto's) stops before the first draft the drafter gives less than
+    `draft_p_min` (speculative.chain_length; 0: the whole block). Without a drafter,
+    plain autoregressive decoding. Greedy output is the same in every mode; sampled output
     has the same distribution.
 
     Consecutive calls whose prompt extends the previous prompt and output (a chat that
@@ -96,7 +102,8 @@ class Engine:
     def __init__(self, model: str, draft: Optional[str] = None, *, memory_limit_mib: Optional[int] = None,
                  **options):
         """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
-        block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window;
+        block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
+        draft_p_min;
         kv_type and draft_window default to "auto" (see memory.settle)."""
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
@@ -186,10 +193,11 @@ class Engine:
             saver = self._saver(tokens, reused, use_draft)
         if use_draft and self.tree_budget:
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, self._auto, sampling, reused, context_full, hook, saver), use_draft
+                              stats, self._auto, sampling, reused, context_full, hook, saver,
+                              self.setup.draft_p_min), use_draft
         if use_draft:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
-                                     sampling, reused, context_full, hook, saver), use_draft
+                                     sampling, reused, context_full, hook, saver, self.setup.draft_p_min), use_draft
         return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused, context_full,
                                     hook, saver), use_draft
 

@@ -4,6 +4,7 @@ drafter's top candidates. Greedy output equals plain greedy decoding token for t
 with sampling, the output is distributed exactly as the target's own sampling."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
@@ -23,6 +24,30 @@ def accepted_prefix(block: List[int], target_choice) -> int:
     while n < len(block) - 1 and block[n + 1] == int(target_choice[n]):
         n += 1
     return n
+
+
+# the greedy chain's confidence cut by default (chain_length): the best of a sweep on
+# this project's CPU benchmark pairs (scripts/p_min_sweep.py)
+DEFAULT_DRAFT_P_MIN = 0.3
+
+
+def chain_length(top1_logprobs, p_min: float) -> int:
+    """How many of a greedy chain's drafts to verify: those before the first the drafter
+    gives less than p_min, and at least one (drafting is paid for already, and a verify
+    of two rows costs little more than one). Past an unlikely draft the chain's rows
+    rarely survive, and where a verify's cost grows with its rows (a compute-bound
+    device) they cost more than they bring."""
+    if p_min > 0:
+        floor = math.log(p_min)
+        for i, lp in enumerate(np.asarray(top1_logprobs).tolist()):  # a few numbers: plain Python is quickest
+            if lp < floor:
+                return max(i, 1)
+    return len(top1_logprobs)
+
+
+def check_p_min(p_min: float) -> None:
+    if not 0 <= p_min < 1:
+        raise ValueError(f"draft p-min must be at least 0 and below 1, got {p_min}")
 
 
 def _no_stage(stage: str) -> None:
@@ -139,26 +164,35 @@ def _greedy_pass(target: Target, draft: Draft, bonus: int, b: int, t0: float, st
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                       stop_tokens: Iterable[int], block_size: Optional[int], stats: GenerationStats,
                       sampling: Optional[SamplingParams] = None, reused: int = 0, context_full: str = "error",
-                      on_stage: Optional[Callable[[str], None]] = None, saver=None) -> Iterator[List[int]]:
+                      on_stage: Optional[Callable[[str], None]] = None, saver=None,
+                      p_min: float = 0.0) -> Iterator[List[int]]:
     """Chain speculative decoding (target and drafter are reset first), yielding the
     tokens of each target pass; stats.accepted_lengths records their counts (the first
     token, from the prefill, is not a pass). With sampling, drafts are drawn from the
-    drafter's distribution and kept by speculative rejection sampling."""
+    drafter's distribution and kept by speculative rejection sampling. Greedy, with
+    p_min > 0 (the drafter loaded with top_k >= 1), each pass verifies the chain_length
+    of its block."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 1 <= B <= draft.block_size:
         raise ValueError(f"block size {B} is outside 1..{draft.block_size} (the drafter's trained block size)")
     if B > target.n_verify:
         raise ValueError(f"block size {B} exceeds the target's n_verify ({target.n_verify})")
+    check_p_min(p_min)
+    if p_min > 0 and draft.top_k < 1:
+        raise ValueError("a chain with p_min > 0 needs a drafter loaded with top_k >= 1")
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     stage = on_stage or _no_stage
 
     def greedy_step(bonus: int, remaining: int, room: int):
         # the block goes from the drafter to the target on the device; drafts and the
-        # target's choices come back together after the verify: one read per step
+        # target's choices come back together after the verify (with p_min, the
+        # drafter's top choices' probabilities come back before it)
         b = min(B, remaining + 1, room)
         t0 = time.perf_counter()
         if b > 1:
             draft.propose(bonus, b, read=False)
+            if p_min > 0 and b > 2:
+                b = 1 + chain_length(draft.topk(b - 1)[1][:, 0], p_min)
         else:
             draft.flush()
         return _greedy_pass(target, draft, bonus, b, t0, stage)
@@ -194,16 +228,18 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                budget: int, block_size: Optional[int], stats: GenerationStats,
                auto: Optional[AutoBudget] = None, sampling: Optional[SamplingParams] = None,
                reused: int = 0, context_full: str = "error",
-               on_stage: Optional[Callable[[str], None]] = None, saver=None) -> Iterator[List[int]]:
+               on_stage: Optional[Callable[[str], None]] = None, saver=None,
+               p_min: float = 0.0) -> Iterator[List[int]]:
     """DDTree speculative decoding: the drafter's per-position top-K candidates become a
     best-first tree of `budget` nodes below the bonus token, the target verifies all of
     them in one pass, and the longest path the target agrees with is kept.
 
     With `auto` (budget.AutoBudget, `budget` its largest tree), every step verifies
     the arm it chooses: the plain chain of the drafter's top choices (verified as the
-    chain decoder does, the block going from the drafter to the target on the device)
-    or a tree of one of a few sizes; each step's time goes back to it, and on its
-    survey steps the nodes verified and the expectations of every arm.
+    chain decoder does, the block going from the drafter to the target on the device,
+    a greedy chain cut to its chain_length by p_min) or a tree of one of a few sizes;
+    each step's time goes back to it, and on its survey steps the nodes verified and
+    the expectations of every arm.
 
     Trees are padded with dummy leaves to their budget (or the arm's size): the target's
     verify graph depends only on the node count, so steps reuse it.
@@ -222,6 +258,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
     if auto is not None and auto.largest != budget:
         raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
+    check_p_min(p_min)
     sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
     stage = on_stage or _no_stage
 
@@ -240,12 +277,17 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         stage("committed")
         return [int(choice[0])], t1 - t0, t2 - t1
 
-    def device_chain(bonus: int, b: int, t0: float):
-        # the chain arm, greedy: the chain decoder's step (the block never visits the
-        # host before the verify; a survey reads the drafter's top-K afterwards)
+    def device_chain(bonus: int, b: int, t0: float, survey: bool):
+        # the chain arm, greedy: the chain decoder's step (the block goes from the
+        # drafter to the target on the device), cut by p_min; a survey reads the
+        # drafter's top-K as well. Returns what _greedy_pass does, the drafts verified
+        # and accepted, and the top-K when read.
         draft.propose(bonus, b, read=False)
+        ranked = draft.topk(b - 1) if survey or (p_min > 0 and b > 2) else None
+        if p_min > 0 and b > 2:
+            b = 1 + chain_length(ranked[1][:, 0], p_min)
         out, t_draft, t_verify = _greedy_pass(target, draft, bonus, b, t0, stage)
-        return out, t_draft, t_verify, len(out) - 1
+        return out, t_draft, t_verify, b - 1, len(out) - 1, ranked
 
     if auto is not None:
         auto.start_request()
@@ -259,15 +301,15 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         survey = auto is not None and auto.wants_survey()
         depth = min(b - 1, remaining)
         if arm == CHAIN and sampler is None:
-            out, t_draft, t_verify, n_acc = device_chain(bonus, depth + 1, t0)
-            stats.tree_sizes.append(depth)
+            out, t_draft, t_verify, n_drafts, n_acc, ranked = device_chain(bonus, depth + 1, t0, survey)
+            stats.tree_sizes.append(n_drafts)
             stats.chain_steps += 1
             if survey:
-                cand, logp = draft.topk(depth)
-                nodes = chain_nodes(logp[:, 0])
+                cand, logp = ranked
+                nodes = chain_nodes(logp[:n_drafts, 0])
                 auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.survey_size(), max_depth=depth), logp[:, 0]),
                             nodes)
-                auto.verified(nodes, np.arange(depth) < n_acc)
+                auto.verified(nodes, np.arange(n_drafts) < n_acc)
             auto.timed(CHAIN, time.perf_counter() - t0)
             return out, t_draft, t_verify
         draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
@@ -276,7 +318,8 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         if survey or not chain:
             tree = build_tree(bonus, cand, logp, auto.survey_size() if survey else arm, max_depth=depth)
             if survey:
-                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:depth, 0]))
+                cut = chain_length(logp[:depth, 0], p_min) if sampler is None else depth
+                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:cut, 0]))
                 tree = tree.best(arm)
         if chain:
             tree = chain_tree(bonus, cand[:depth, 0])
@@ -335,19 +378,22 @@ def _sampled_walk(tree, p, sampler: Sampler) -> List[int]:
 def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                          stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
                          on_tokens: Optional[Callable[[List[int]], None]] = None,
-                         sampling: Optional[SamplingParams] = None):
-    """Chain speculative generation. Returns (tokens, stats)."""
+                         sampling: Optional[SamplingParams] = None, p_min: float = 0.0):
+    """Chain speculative generation (greedy with p_min > 0: see chain_length). Returns
+    (tokens, stats)."""
     stats = GenerationStats()
-    steps = speculative_steps(target, draft, prompt, max_tokens, stop_tokens, block_size, stats, sampling)
+    steps = speculative_steps(target, draft, prompt, max_tokens, stop_tokens, block_size, stats, sampling,
+                              p_min=p_min)
     return collect(steps, on_tokens), stats
 
 
 def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, budget: int,
                   stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
                   on_tokens: Optional[Callable[[List[int]], None]] = None, auto: Optional[AutoBudget] = None,
-                  sampling: Optional[SamplingParams] = None):
-    """DDTree speculative generation (with `auto`: each step's arm chosen by it).
-    Returns (tokens, stats)."""
+                  sampling: Optional[SamplingParams] = None, p_min: float = 0.0):
+    """DDTree speculative generation (with `auto`: each step's arm chosen by it, its
+    greedy chains cut by p_min). Returns (tokens, stats)."""
     stats = GenerationStats()
-    steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, auto, sampling)
+    steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, auto, sampling,
+                       p_min=p_min)
     return collect(steps, on_tokens), stats

@@ -41,11 +41,36 @@ def parse_arms(text: str) -> list:
     return arms
 
 
-def compare(target: str, draft: str, arms: list, rounds: int, max_tokens: int, threads: int, prompts) -> dict:
-    """{arm: tok/s}, plus "ratio" (auto / the best fixed arm) and "choices" (auto's arms)."""
+def side_by_side(target: str, draft: str, options: dict, rounds: int, max_tokens: int, threads: int,
+                 prompts, warmed=lambda: None) -> dict:
+    """{arm: decode tok/s} of one engine per arm (options: arm -> Engine options), the
+    arms taking turns prompt by prompt over `rounds` rounds after one warm-up each
+    (then `warmed` is called)."""
     from bench import WARMUP_TEXT
-    from dflash_gguf import budget
     from dflash_gguf.engine import Engine
+
+    engines = {a: Engine(target, draft, n_ctx=2048, n_threads=threads, **o) for a, o in options.items()}
+    try:
+        for e in engines.values():
+            e.generate(WARMUP_TEXT, max_tokens=16, stop_tokens=())
+        warmed()
+        totals = {a: [0, 0.0] for a in options}
+        for _ in range(rounds):
+            for text in prompts:
+                for a, e in engines.items():
+                    s = e.generate(text, max_tokens=max_tokens, stop_tokens=()).stats
+                    totals[a][0] += max(s.generated_tokens - 1, 0)
+                    totals[a][1] += s.decode_seconds
+    finally:
+        for e in engines.values():
+            e.close()
+    return {a: n / s if s > 0 else 0.0 for a, (n, s) in totals.items()}
+
+
+def compare(target: str, draft: str, arms: list, rounds: int, max_tokens: int, threads: int, prompts) -> dict:
+    """{arm: tok/s}, plus "ratio" (auto / the best fixed arm) and "choices" (auto's arms
+    after its warm-up)."""
+    from dflash_gguf import budget
 
     choices = []
     choose = budget.AutoBudget.choose
@@ -57,25 +82,10 @@ def compare(target: str, draft: str, arms: list, rounds: int, max_tokens: int, t
 
     budget.AutoBudget.choose = recording_choose
     try:
-        engines = {a: Engine(target, draft, n_ctx=2048, n_threads=threads,
-                             tree_budget=None if a == "chain" else a) for a in arms}
-        try:
-            for e in engines.values():
-                e.generate(WARMUP_TEXT, max_tokens=16, stop_tokens=())
-            choices.clear()
-            totals = {a: [0, 0.0] for a in arms}
-            for _ in range(rounds):
-                for text in prompts:
-                    for a, e in engines.items():
-                        s = e.generate(text, max_tokens=max_tokens, stop_tokens=()).stats
-                        totals[a][0] += max(s.generated_tokens - 1, 0)
-                        totals[a][1] += s.decode_seconds
-        finally:
-            for e in engines.values():
-                e.close()
+        out = side_by_side(target, draft, {a: {"tree_budget": None if a == "chain" else a} for a in arms},
+                           rounds, max_tokens, threads, prompts, choices.clear)
     finally:
         budget.AutoBudget.choose = choose
-    out = {a: n / s if s > 0 else 0.0 for a, (n, s) in totals.items()}
     best = max(v for a, v in out.items() if a != "auto")
     return {"tps": out, "ratio": out["auto"] / best if best > 0 else 0.0, "choices": list(choices)}
 

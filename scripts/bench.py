@@ -473,11 +473,14 @@ def decode_tokens(target: str, seqs: list[list[int]]) -> list[str]:
 
 
 def e2e_rows(args, block: int, pairs: list[str], tools: dict) -> list[Row]:
+    from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
+
     rows = [Row("ours-ar", "ours AR", "ours"),
             Row("llama-ar", "llama.cpp AR (llama-completion)", "completion")]
     for pair in pairs:
         draft = {"draft": str(args.pair_files[pair])}
-        rows.append(Row(f"{pair}/ours-chain", f"ours chain (block {block})", "ours", pair, draft))
+        rows.append(Row(f"{pair}/ours-chain", f"ours chain (block {block}, p-min {DEFAULT_DRAFT_P_MIN})", "ours",
+                        pair, draft))
         for b in args.budgets:
             rows.append(Row(f"{pair}/ours-tree-{b}", f"ours tree, budget {b}", "ours", pair, {**draft, "budget": b}))
         for p in args.spec_p_min:

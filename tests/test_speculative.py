@@ -15,7 +15,7 @@ from reference_loop import RecomputingTarget, exact_reference
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate
+from dflash_gguf.speculative import chain_length, speculative_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 BLOCK = 8
@@ -35,12 +35,12 @@ def pair(tmp_path_factory, convert_model):
     }
 
 
-def load(pair, target_gguf=None, kv="f32", n_ubatch=16, n_ctx=512, repack=True):
+def load(pair, target_gguf=None, kv="f32", n_ubatch=16, n_ctx=512, repack=True, top_k=0):
     meta = read_draft_metadata(pair["draft"])
     target = Target(target_gguf or pair["target"], TargetConfig(
         n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=BLOCK, kv_type=kv, feature_layers=meta["target_layers"],
         repack=repack))
-    return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32"))
+    return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=top_k))
 
 
 def prompts(n, seed=0, vocab=1000):
@@ -246,6 +246,50 @@ def test_acceptance_lengths_match_reference_loop_on_trained_pair(trained_pair, m
     lengths = reference_parity(trained_pair, [tok.encode(t).ids for t in texts], monkeypatch, n_tokens=64)
     assert len(lengths) >= 20, "too many prompts ended in a tie to compare"
     assert np.mean(lengths) > 1.5, f"the trained pair accepts too little to mean anything: {lengths}"
+
+
+def test_chain_length_stops_before_the_first_unlikely_draft():
+    lp = np.log([0.9, 0.5, 0.2, 0.9])
+    assert chain_length(lp, 0.0) == 4  # no cut
+    assert chain_length(lp, 0.1) == 4
+    assert chain_length(lp, 0.3) == 2
+    assert chain_length(lp, 0.6) == 1
+    assert chain_length(np.log([0.1, 0.9]), 0.3) == 1  # at least one draft
+
+
+def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(trained_pair):
+    """With p_min, each step verifies the drafts before the first one the drafter gives
+    less than p_min (read from its ranked candidates before the verify): blocks of many
+    lengths, the target's graphs for each, output still the target's own."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok = HFTokenizer.from_file(str(DEMO_HF / "target" / "tokenizer.json"))
+    target, draft = load(trained_pair, top_k=1)
+    seen, ranked = [], {}
+    real_topk, real_verify = draft.topk, draft.verify_block
+
+    def topk(n):
+        out = real_topk(n)
+        ranked["lp"] = out[1][:, 0]
+        return out
+
+    def verify_block(t, n):
+        seen.append((n - 1, chain_length(ranked.pop("lp"), p_min) if "lp" in ranked else None))
+        real_verify(t, n)
+
+    draft.topk, draft.verify_block = topk, verify_block
+    for p_min in (0.3, 0.7):
+        lengths = []
+        for text in ("def fibonacci(n):", "class Stack:\n    def __init__(self):"):
+            prompt = tok.encode(text).ids
+            ar, _ = greedy_generate(target, prompt, 64)
+            seen.clear()
+            out, _ = speculative_generate(target, draft, prompt, 64, p_min=p_min)
+            assert_same_or_tie(target, prompt, ar, out)
+            cut = [(n, expect) for n, expect in seen if expect is not None]
+            assert len(cut) >= len(seen) - 2 and all(n == expect for n, expect in cut), seen
+            lengths += [n for n, _ in cut]
+        assert min(lengths) < BLOCK - 1 and len(set(lengths)) >= 3, lengths  # the cut moved
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_k_m"])

@@ -764,6 +764,20 @@ def test_lossless_auto_mixing_chain_and_trees(pair):
         assert auto.surveyed > 0
 
 
+def test_auto_chain_arm_is_cut_by_p_min(pair):
+    """auto's chain steps verify the drafts chain_length keeps (here one: the random
+    drafter is never that sure), greedy output unchanged; the trees are not cut."""
+    target, draft = load_tree(pair, budget=16)
+    for prompt in prompts(2, seed=63):
+        ar, _ = greedy_generate(target, prompt, 48)
+        auto = _ScriptedAuto([0, 0, 8, 0], 16)
+        out, stats = tree_generate(target, draft, prompt, 48, budget=16, auto=auto, p_min=0.999)
+        assert out == ar
+        sizes = [n for n, arm in zip(stats.tree_sizes, auto.seen) if arm == 0]
+        assert sizes and set(sizes) == {1}, stats.tree_sizes
+        assert max(n for n, arm in zip(stats.tree_sizes, auto.seen) if arm == 8) == 8
+
+
 def test_lossless_auto(pair):
     """The real chooser on the real pair: lossless whatever it picks."""
     from dflash_gguf.budget import AutoBudget
