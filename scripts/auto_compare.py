@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -45,7 +46,9 @@ def side_by_side(target: str, draft: str, options: dict, rounds: int, max_tokens
                  prompts, warmed=lambda: None) -> dict:
     """{arm: decode tok/s} of one engine per arm (options: arm -> Engine options), the
     arms taking turns prompt by prompt over `rounds` rounds after one warm-up each
-    (then `warmed` is called)."""
+    (then `warmed` is called). Their order is shuffled (seeded) on each prompt, so that
+    none always runs first, or right after the same other one, whose memory traffic
+    the caches remember."""
     from bench import WARMUP_TEXT
     from dflash_gguf.engine import Engine
 
@@ -55,12 +58,13 @@ def side_by_side(target: str, draft: str, options: dict, rounds: int, max_tokens
             e.generate(WARMUP_TEXT, max_tokens=16, stop_tokens=())
         warmed()
         totals = {a: [0, 0.0] for a in options}
-        for _ in range(rounds):
-            for text in prompts:
-                for a, e in engines.items():
-                    s = e.generate(text, max_tokens=max_tokens, stop_tokens=()).stats
-                    totals[a][0] += max(s.generated_tokens - 1, 0)
-                    totals[a][1] += s.decode_seconds
+        order, shuffle = list(engines), random.Random(0).shuffle
+        for text in list(prompts) * rounds:
+            shuffle(order)
+            for a in order:
+                s = engines[a].generate(text, max_tokens=max_tokens, stop_tokens=()).stats
+                totals[a][0] += max(s.generated_tokens - 1, 0)
+                totals[a][1] += s.decode_seconds
     finally:
         for e in engines.values():
             e.close()
