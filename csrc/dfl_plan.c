@@ -63,7 +63,7 @@ static dfl_status target_compute(dfl_target * t, size_t out[2]) {
     TRY(dfl_plan_reserve(rt, 0, gf, prefill));
 
     t->n_past = n_ctx - t->p.n_verify;
-    t->commit = (pending_commit) { .active = true, .tree = true, .n_keep = 1, .n_verified = t->p.n_verify };
+    t->commit = (pending_commit) { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
     const int n_tree = dfl_target_max_tree_nodes(t);
     t->tree.shape = dfl_tree_worst_shape(n_tree);
     gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, n_tree, n_ctx, true, true, LOGITS_ALL, NULL);

@@ -308,6 +308,7 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->compute_bytes = dfl_runtime_compute_bytes(&t->rt);
     snprintf(info->arch, sizeof info->arch, "%s", t->m.arch->name);
     info->n_last_nodes = t->rt.n_last_nodes;
+    info->n_last_replay = t->n_last_replay;
     info->n_host_writes = t->rt.traffic->writes;
     info->n_host_reads = t->rt.traffic->reads;
     return DFL_OK;
@@ -330,6 +331,7 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     t->n_past = 0;
     t->pending_verify = 0;
     t->commit.active = false;
+    t->n_last_replay = 0;
     for (int i = 0; i < DFL_MAX_GRAPH_SLOTS; i++) {
         t->graphs[i].valid = false;
     }
@@ -414,7 +416,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
      * steps with as many nodes whatever the tree, and `auto` going back and forth
      * between the chain and a few tree sizes */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
-    const graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_verified : 0, tokens_src,
+    const graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_replay : 0, tokens_src,
                             tree, tree ? t->tree.shape : (tree_shape) { 0 } };
     const int slot = graph_slot(t, &key);
     graph_cache * gc = &t->graphs[slot];
@@ -435,6 +437,7 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
     struct ggml_cgraph * gf = gc->gf;
     dfl_target_fill_inputs(t, &gc->in, tokens, n, n_kv, tree);
     TRY(dfl_runtime_compute(&t->rt, slot, gf));
+    t->n_last_replay = commit && t->m.n_recurrent > 0 ? t->commit.n_replay : 0;
     t->commit.active = false;
 
     t->n_rows = n;
@@ -517,7 +520,7 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         pc->tree = false;
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
-        pc->n_verified = n;
+        pc->n_replay = n;
         for (int k = 0; k < n_keep; k++) {
             pc->path[k] = k;
         }
@@ -858,7 +861,9 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
         pc->tree = true;
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
-        pc->n_verified = tp->n;
+        /* the kept path is no longer than the spine: a larger tree's other rows would be
+         * identity steps, each as dear as a real one */
+        pc->n_replay = t->m.n_recurrent > 0 ? t->tree.shape.spine : tp->n;
         memcpy(pc->path, path, (size_t) n_keep * sizeof(int32_t));
         for (int j = 0; j < W; j++) {
             pc->conv_cols[j] = tp->windows[(size_t) last * (W + 1) + j + 1];

@@ -384,7 +384,7 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
             ggml_set_input(in->commit_kv_dst_swa);
         }
     }
-    const int R = t->commit.n_verified;
+    const int R = t->commit.n_replay;
     if (m->n_recurrent > 0) {
         if (tree) {
             in->commit_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, R);
@@ -475,17 +475,17 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
     }
     if (in->commit_keep) {
         float keep[DFL_MAX_VERIFY];
-        for (int k = 0; k < pc->n_verified; k++) {
+        for (int k = 0; k < pc->n_replay; k++) {
             keep[k] = k < pc->n_keep ? 1.0f : 0.0f;
         }
-        dfl_runtime_set(&t->rt, in->commit_keep, keep, 0, (size_t) pc->n_verified * sizeof(float));
+        dfl_runtime_set(&t->rt, in->commit_keep, keep, 0, (size_t) pc->n_replay * sizeof(float));
     }
     if (in->commit_rows) {
         int32_t rows[DFL_MAX_VERIFY];
-        for (int k = 0; k < pc->n_verified; k++) {
+        for (int k = 0; k < pc->n_replay; k++) {
             rows[k] = k < pc->n_keep ? pc->path[k] : t->p.n_verify; /* identity steps: the zero column */
         }
-        dfl_runtime_set(&t->rt, in->commit_rows, rows, 0, (size_t) pc->n_verified * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->commit_rows, rows, 0, (size_t) pc->n_replay * sizeof(int32_t));
     }
     if (in->commit_conv_cols) {
         dfl_runtime_set(&t->rt, in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.rec.d_conv - 1) * sizeof(int32_t));

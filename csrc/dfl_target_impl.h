@@ -169,7 +169,9 @@ typedef struct pending_commit {
     bool tree;
     int p0;                       /* context length before the commit */
     int n_keep;
-    int n_verified;               /* rows of the verify, rerun up to the kept ones */
+    int n_replay;                 /* rows the commit reruns, identity steps after the kept ones: a
+                                   * chain verify's every row; a tree's padded spine (no root path
+                                   * is longer) */
     int32_t path[DFL_MAX_VERIFY]; /* the kept row of each new position (a chain's: 0, 1, ...) */
     int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
 } pending_commit;
@@ -224,6 +226,7 @@ struct dfl_target {
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
     uint64_t graph_clock;
     int64_t n_graphs, n_graph_builds;
+    int n_last_replay; /* see dfl_target_info */
     tree_shape tree_shapes[DFL_MAX_TREE + 1]; /* per node count: the padded shape of tree graphs */
     int tree_shape_age[DFL_MAX_TREE + 1];     /* trees planned with it since it was last reset */
 };

@@ -93,6 +93,7 @@ typedef struct dfl_target_info {
     int32_t n_last_nodes;     /* nodes of the last graph run */
     int64_t n_host_writes;    /* input writes to the device so far (each a blocking copy on a device) */
     int64_t n_host_reads;     /* result reads back to the host so far (each waits for the device) */
+    int32_t n_last_replay;    /* recurrent steps the commit carried by the last graph reran (0: none) */
 } dfl_target_info;
 
 /* Where ggml's scheduler placed the nodes of the last graph a target or drafter computed:

@@ -93,7 +93,7 @@ class Target(NativeObject):
             "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds, "n_threads": info.n_threads,
             "device": ffi.string(info.device).decode(), "n_weight_buffers": info.n_weight_buffers,
             "arch": ffi.string(info.arch).decode(), "compute_bytes": info.compute_bytes,
-            "n_last_nodes": info.n_last_nodes, "n_host_writes": info.n_host_writes,
+            "n_last_nodes": info.n_last_nodes, "n_last_replay": info.n_last_replay, "n_host_writes": info.n_host_writes,
             "n_host_reads": info.n_host_reads,
         }
 

@@ -155,6 +155,33 @@ def test_tree_verify_equals_decoding_each_path(pair):
         np.testing.assert_allclose(target.logits(0, 3), plain.logits(0, 3), rtol=0, atol=1e-5)
 
 
+def test_a_tree_commit_reruns_only_as_many_steps_as_the_longest_path(pair):
+    """The commit reruns the recurrence over the kept path from the committed state, the
+    steps after it being identity steps as dear as real ones: a chain's every verified
+    row, but a tree's no more than its longest root path (its spine), whatever its node
+    count. Keeping the whole spine still leaves the state of decoding it."""
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
+    prompt = list(range(7, 30))
+    # a spine 0-1-2-3-4 and eleven leaves hanging off its first three nodes
+    parents = [-1, 0, 1, 2, 3] + [i % 3 for i in range(11)]
+    tokens = list(range(100, 116))
+    target.prefill(prompt, LOGITS_LAST)
+    target.verify_tree(tokens, parents)
+    target.commit_path([0, 1, 2, 3, 4])
+    target.decode([3, 4, 5], LOGITS_ALL)
+    assert target.info()["n_last_replay"] == 5
+    plain.prefill(prompt + tokens[:5], LOGITS_LAST)
+    plain.decode([3, 4, 5], LOGITS_ALL)
+    np.testing.assert_allclose(target.logits(0, 3), plain.logits(0, 3), rtol=0, atol=1e-5)
+    target.verify(tokens[:8])
+    target.commit(3)
+    target.decode([6], LOGITS_LAST)
+    assert target.info()["n_last_replay"] == 8
+    target.decode([7], LOGITS_LAST)
+    assert target.info()["n_last_replay"] == 0
+
+
 def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
     """Trees of one node count but any shape, order, tokens and accepted path, step
     after step: the graph's recurrence is padded to the largest spine, branch count,
