@@ -14,6 +14,10 @@
 /* The attention window grows in steps so that graphs of consecutive steps share shapes. */
 #define KV_PAD 256
 
+/* Chain verifies of one length in a row after which their commits rerun every verified
+ * row again (see dfl_target_commit). */
+#define CHAIN_STEADY 8
+
 DFL_API void dfl_target_default_params(dfl_target_params * p) {
     memset(p, 0, sizeof *p);
     p->n_ctx = 4096;
@@ -214,6 +218,7 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     if (!t) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
+    t->chain_steady = CHAIN_STEADY;
     if (params) {
         t->p = *params;
     } else {
@@ -332,6 +337,8 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     t->pending_verify = 0;
     t->commit.active = false;
     t->n_last_replay = 0;
+    t->last_chain = 0;
+    t->chain_steady = CHAIN_STEADY;
     for (int i = 0; i < DFL_MAX_GRAPH_SLOTS; i++) {
         t->graphs[i].valid = false;
     }
@@ -513,6 +520,8 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     }
     t->pending_verify = 0;
     t->n_out = 0;
+    t->chain_steady = n == t->last_chain || t->last_chain == 0 ? t->chain_steady + 1 : 0;
+    t->last_chain = n;
     /* a chain's attention rows are already in place: only recurrent layers have work */
     if (n_keep > 0 && t->m.n_recurrent > 0) {
         pending_commit * pc = &t->commit;
@@ -520,7 +529,10 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
         pc->tree = false;
         pc->p0 = t->n_past;
         pc->n_keep = n_keep;
-        pc->n_replay = n;
+        /* chain verifies of one length reuse one graph when their commits rerun every
+         * verified row; while the lengths vary (a confidence cut), the graphs differ
+         * anyway and only the kept rows are rerun, sparing the identity steps */
+        pc->n_replay = t->chain_steady >= CHAIN_STEADY ? n : n_keep;
         for (int k = 0; k < n_keep; k++) {
             pc->path[k] = k;
         }

@@ -170,8 +170,9 @@ typedef struct pending_commit {
     int p0;                       /* context length before the commit */
     int n_keep;
     int n_replay;                 /* rows the commit reruns, identity steps after the kept ones: a
-                                   * chain verify's every row; a tree's padded spine (no root path
-                                   * is longer) */
+                                   * chain verify's every row (only the kept ones while chain
+                                   * lengths vary); a tree's padded spine
+                                   * (no root path is longer) */
     int32_t path[DFL_MAX_VERIFY]; /* the kept row of each new position (a chain's: 0, 1, ...) */
     int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
 } pending_commit;
@@ -227,6 +228,8 @@ struct dfl_target {
     uint64_t graph_clock;
     int64_t n_graphs, n_graph_builds;
     int n_last_replay; /* see dfl_target_info */
+    int last_chain;    /* rows of the last chain verify committed (0: none since the reset) */
+    int chain_steady;  /* chain commits in a row of that length (a fresh target counts as steady) */
     tree_shape tree_shapes[DFL_MAX_TREE + 1]; /* per node count: the padded shape of tree graphs */
     int tree_shape_age[DFL_MAX_TREE + 1];     /* trees planned with it since it was last reset */
 };

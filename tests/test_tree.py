@@ -155,11 +155,14 @@ def test_tree_verify_equals_decoding_each_path(pair):
         np.testing.assert_allclose(target.logits(0, 3), plain.logits(0, 3), rtol=0, atol=1e-5)
 
 
-def test_a_tree_commit_reruns_only_as_many_steps_as_the_longest_path(pair):
+def test_a_commit_reruns_only_the_steps_its_graph_needs(pair):
     """The commit reruns the recurrence over the kept path from the committed state, the
-    steps after it being identity steps as dear as real ones: a chain's every verified
-    row, but a tree's no more than its longest root path (its spine), whatever its node
-    count. Keeping the whole spine still leaves the state of decoding it."""
+    steps after it being identity steps as dear as real ones. A tree's commit reruns no
+    more than its longest root path (its spine), whatever its node count, and keeping
+    the whole spine still leaves the state of decoding it. A chain's reruns every
+    verified row while chain verifies keep one length (the next graph is the last one
+    again), and only the kept rows for a while once the length changes (graphs change
+    anyway while lengths vary)."""
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     prompt = list(range(7, 30))
@@ -174,10 +177,13 @@ def test_a_tree_commit_reruns_only_as_many_steps_as_the_longest_path(pair):
     plain.prefill(prompt + tokens[:5], LOGITS_LAST)
     plain.decode([3, 4, 5], LOGITS_ALL)
     np.testing.assert_allclose(target.logits(0, 3), plain.logits(0, 3), rtol=0, atol=1e-5)
-    target.verify(tokens[:8])
-    target.commit(3)
-    target.decode([6], LOGITS_LAST)
-    assert target.info()["n_last_replay"] == 8
+    replays = []
+    for n, keep in ((8, 3), (8, 3), (5, 2), (5, 5), (5, 1)):
+        target.verify(tokens[:n])
+        target.commit(keep)
+        target.decode([6], LOGITS_LAST)
+        replays.append(target.info()["n_last_replay"])
+    assert replays == [8, 8, 2, 5, 1]
     target.decode([7], LOGITS_LAST)
     assert target.info()["n_last_replay"] == 0
 
