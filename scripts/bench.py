@@ -38,7 +38,8 @@ Peers, all built from the pinned llama-cpp-python sdist by scripts/llama_cpp_bui
 f16 KV cache and the same thread count everywhere; flash attention on for our runtime,
 llama-completion and llama-speculative-simple (llama.cpp's CPU default, "auto", turns it on).
 
-Figures (issue #13), each a ratio with pass/fail:
+Figures (issue #13), each a ratio with pass/fail (times of figures 1, 2 and 4: the lower
+quartile of the reps, both engines alike; other processes only ever add time):
   1  plain decode tok/s, ours / llama-bench -n, every target          >= 1.00
   2  verify time of k tokens with its commit, llama-bench -p k / ours, k = 1..32, every
      target; the LM head over the k-1 rows llama-bench skips is given as a share of the gap
@@ -860,7 +861,7 @@ def report(args, started, load0, load1, e2e, ar, trees, figs) -> tuple[str, str]
     readme = "\n".join("#" + ln if ln.startswith("##") else ln for ln in L) + "\n"
     L += ["", "### Tree verify against chain verify (scripts/verify_count.py)", ""]
     L += trees_table(trees)
-    L += ["", f"Median wall time of {args.tree_reps} verifies ({min(args.tree_reps, 5)} on the 0.8B shape; + argmax "
+    L += ["", f"Typical wall time (the lower quartile: other processes only ever add time) of {args.tree_reps} verifies ({min(args.tree_reps, 5)} on the 0.8B shape; + argmax "
           "of every row, the previous step's commit inside) after 2 untimed ones, the shapes taking turns (one "
           "target each); ddtree / bushy = best-first trees of a confident / unsure drafter with exactly N nodes "
           "(scripts/verify_count.py)."]

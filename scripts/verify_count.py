@@ -37,6 +37,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ar import typical  # noqa: E402  (scripts/bench_ar.py: the lower quartile of rep times)
+
 SHAPES = ("chain", "line", "ddtree", "bushy")
 PROFILES = {"ddtree": (0.6, 0.2, 0.1, 0.05), "bushy": (0.3, 0.25, 0.2, 0.15)}
 
@@ -123,7 +126,7 @@ def run(args) -> None:
         for shape, t in targets.items():
             pd = paths_and_depth(parents[shape]) if parents[shape] else (1, n)
             row = {"shape": shape, "n": n, "nodes": nodes[shape], "paths": pd[0], "depth": pd[1],
-                   "wall_ms": 1000 * statistics.median(walls[shape]), "cpu_ms": 1000 * statistics.median(cpus[shape]),
+                   "wall_ms": 1000 * typical(walls[shape]), "cpu_ms": 1000 * typical(cpus[shape]),
                    "timed_builds": t.info()["n_graph_builds"] - b0.get(shape, t.info()["n_graph_builds"])}
             print("@row " + json.dumps(row), flush=True)
     print(f"# load average {os.getloadavg()[0]:.2f}", flush=True)
