@@ -107,34 +107,44 @@ def report(name: str, res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_pair_args(p: argparse.ArgumentParser) -> None:
+    """The pairs and the run's size, as this script and scripts/p_min_sweep.py take them."""
     p.add_argument("-m", "--model", help="target GGUF")
     p.add_argument("-md", "--model-draft", help="drafter GGUF")
     p.add_argument("--demo", action="store_true", help="the bundled demo and weak pairs, f32 and q8_0 targets")
-    p.add_argument("--arms", type=parse_arms, default=parse_arms("auto,chain,4,8"),
-                   help="auto and the fixed arms beside it (default auto,chain,4,8)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over the prompts (default 2)")
     p.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
     p.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
-    p.add_argument("--prompts", type=int, default=0, help="use only the first N bench prompts (default all)")
-    args = p.parse_args(argv)
+
+
+def pairs_of(p: argparse.ArgumentParser, args) -> list:
+    """[(name, target, drafter)] of add_pair_args' flags (p.error when they do not add up)."""
     if args.demo == bool(args.model or args.model_draft) or (args.model is None) != (args.model_draft is None):
         p.error("give either --demo or both -m and -md")
     if args.rounds < 1 or args.max_tokens < 2:
         p.error("--rounds must be >= 1 and --max-tokens >= 2")
+    import bench
+
+    if not args.demo:
+        return [(f"{Path(args.model).name} + {Path(args.model_draft).name}", args.model, args.model_draft)]
+    return [(f"{pair} pair, {t} target", str(path), str(bench.DATA / f"{draft}.gguf"))
+            for t, path in bench.demo_targets(("f32", "q8_0")).items()
+            for pair, draft in (("demo", "demo-draft"), ("weak", "demo-draft-weak"))]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_pair_args(p)
+    p.add_argument("--arms", type=parse_arms, default=parse_arms("auto,chain,4,8"),
+                   help="auto and the fixed arms beside it (default auto,chain,4,8)")
+    p.add_argument("--prompts", type=int, default=0, help="use only the first N bench prompts (default all)")
+    args = p.parse_args(argv)
+    pairs = pairs_of(p, args)
 
     import bench
 
     prompts = [text for _, text in bench.PROMPTS]
     prompts = prompts[:args.prompts] if args.prompts > 0 else prompts
-    if args.demo:
-        targets = bench.demo_targets(("f32", "q8_0"))
-        pairs = [(f"{pair} pair, {t} target", str(path), str(bench.DATA / f"{draft}.gguf"))
-                 for t, path in targets.items()
-                 for pair, draft in (("demo", "demo-draft"), ("weak", "demo-draft-weak"))]
-    else:
-        pairs = [(f"{Path(args.model).name} + {Path(args.model_draft).name}", args.model, args.model_draft)]
     print(f"# load average {os.getloadavg()[0]:.2f}; {args.threads} threads; {len(prompts)} prompts x "
           f"{args.rounds} rounds, {args.max_tokens} tokens each; arms take turns prompt by prompt\n", flush=True)
     for name, target, draft in pairs:

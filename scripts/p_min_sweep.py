@@ -31,31 +31,18 @@ def p_min_list(text: str) -> list:
 
 
 def main(argv=None) -> int:
+    from auto_compare import add_pair_args, pairs_of, side_by_side
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("-m", "--model", help="target GGUF")
-    p.add_argument("-md", "--model-draft", help="drafter GGUF")
-    p.add_argument("--demo", action="store_true", help="the bundled demo and weak pairs, f32 and q8_0 targets")
+    add_pair_args(p)
     p.add_argument("--p-min", type=p_min_list, default=p_min_list("0.1,0.2,0.3,0.4,0.5"),
                    help="values to compare (0 is always added; default 0.1,0.2,0.3,0.4,0.5)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds over the prompts (default 2)")
-    p.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per prompt (default 128)")
-    p.add_argument("-t", "--threads", type=int, default=2, help="threads (default 2)")
     args = p.parse_args(argv)
-    if args.demo == bool(args.model or args.model_draft) or (args.model is None) != (args.model_draft is None):
-        p.error("give either --demo or both -m and -md")
-    if args.rounds < 1 or args.max_tokens < 2:
-        p.error("--rounds must be >= 1 and --max-tokens >= 2")
+    pairs = pairs_of(p, args)
 
     import bench
-    from auto_compare import side_by_side
 
     prompts = [text for _, text in bench.PROMPTS]
-    if args.demo:
-        pairs = [(f"{pair} pair, {t} target", str(path), str(bench.DATA / f"{draft}.gguf"))
-                 for t, path in bench.demo_targets(("f32", "q8_0")).items()
-                 for pair, draft in (("demo", "demo-draft"), ("weak", "demo-draft-weak"))]
-    else:
-        pairs = [(f"{Path(args.model).name} + {Path(args.model_draft).name}", args.model, args.model_draft)]
     print(f"# load average {os.getloadavg()[0]:.2f}; {args.threads} threads; {len(prompts)} prompts x "
           f"{args.rounds} rounds, {args.max_tokens} tokens each\n", flush=True)
     print("| pair | " + " | ".join(f"p-min {v:g}" for v in args.p_min) + " |")
