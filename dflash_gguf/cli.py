@@ -67,9 +67,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
                         "for the best expected speed (verify cost measured once per model and machine)")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
-    p.add_argument("--draft-p-min", type=float, default=DEFAULT_DRAFT_P_MIN, metavar="P",
+    p.add_argument("--draft-p-min", type=float, metavar="P",
                    help="greedy chain: verify the drafts up to the first one the drafter gives less than P "
-                        f"(at least one); 0 verifies the whole block (default {DEFAULT_DRAFT_P_MIN})")
+                        f"(at least one); 0 verifies the whole block (default: {DEFAULT_DRAFT_P_MIN} when the "
+                        "target computes on the CPU, 0 when an accelerator holds all its layers)")
     p.add_argument("--draft-window", default="auto", metavar="W",
                    help="the drafter attends to the last W context positions only and keeps only those "
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
@@ -154,7 +155,7 @@ def validate_engine_args(args, parser) -> None:
         args.tree_budget = n
     if not 1 <= args.draft_top_k <= 64:
         parser.error("--draft-top-k must be between 1 and 64")
-    if not 0 <= args.draft_p_min < 1:
+    if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
         parser.error("--draft-p-min must be at least 0 and below 1")
     if args.draft_window != "auto":
         try:

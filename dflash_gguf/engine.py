@@ -10,7 +10,7 @@ from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, autoregressive_steps, check_request, collect
 from .memory import refusal, settle
 from .sampling import SamplingParams
-from .speculative import DEFAULT_DRAFT_P_MIN, check_p_min, speculative_steps, tree_steps
+from .speculative import check_p_min, default_p_min, speculative_steps, tree_steps
 from .target import Target, TargetConfig
 from .tokenizer import Tokenizer
 
@@ -35,7 +35,7 @@ class EngineSetup:
     target_config: TargetConfig
     draft_config: Optional[DraftConfig]
     n_threads: int
-    draft_p_min: float = 0.0
+    draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
 
     @classmethod
     def of(cls, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
@@ -43,7 +43,7 @@ class EngineSetup:
            block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
            draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
            n_gpu_layers: int = -1, draft_window: int = 0,
-           draft_p_min: float = DEFAULT_DRAFT_P_MIN) -> "EngineSetup":
+           draft_p_min: Optional[float] = None) -> "EngineSetup":
         meta = read_draft_metadata(draft) if draft else None
         if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
             raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
@@ -57,14 +57,15 @@ class EngineSetup:
             raise ValueError(f"draft window must be >= 0 (0: the whole context), got {draft_window}")
         if budget is not None and not 1 <= draft_top_k <= 64:
             raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
-        check_p_min(draft_p_min)
+        if draft_p_min is not None:
+            check_p_min(draft_p_min)
         n_verify = max(block or 1, (budget or 0) + 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
             repack=repack, n_gpu_layers=n_gpu_layers)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
-        top_k = draft_top_k if budget else (1 if draft_p_min > 0 else 0)
+        top_k = draft_top_k if budget else (0 if draft_p_min == 0 else 1)
         draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min)
 
@@ -76,8 +77,9 @@ class Engine:
     `block_size`), or with `tree_budget` a DDTree of that many nodes ("auto": sized
     every step for the best expected speed, up to AUTO_MAX_BUDGET). A greedy chain
     (also auto's) stops before the first draft the drafter gives less than
-    `draft_p_min` (speculative.chain_length; 0: the whole block). Without a drafter,
-    plain autoregressive decoding. Greedy output is the same in every mode; sampled output
+    `draft_p_min` (speculative.chain_length; 0: the whole block; None: as
+    speculative.default_p_min chooses for the device). Without a drafter, plain
+    autoregressive decoding. Greedy output is the same in every mode; sampled output
     has the same distribution.
 
     Consecutive calls whose prompt extends the previous prompt and output (a chat that
@@ -123,6 +125,7 @@ class Engine:
             self.target.close()
             raise
         self.n_threads = n_threads
+        self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
         self._auto: Optional[AutoBudget] = None  # what `auto` learnt, kept across requests
         self.last_tokens: List[int] = []  # every token the last call generated
         self._context: List[int] = []  # tokens the target (and drafter) context holds
@@ -194,10 +197,10 @@ class Engine:
         if use_draft and self.tree_budget:
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
                               stats, self._auto, sampling, reused, context_full, hook, saver,
-                              self.setup.draft_p_min), use_draft
+                              self.draft_p_min), use_draft
         if use_draft:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
-                                     sampling, reused, context_full, hook, saver, self.setup.draft_p_min), use_draft
+                                     sampling, reused, context_full, hook, saver, self.draft_p_min), use_draft
         return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused, context_full,
                                     hook, saver), use_draft
 

@@ -26,9 +26,19 @@ def accepted_prefix(block: List[int], target_choice) -> int:
     return n
 
 
-# the greedy chain's confidence cut by default (chain_length): the best of a sweep on
-# this project's CPU benchmark pairs (scripts/p_min_sweep.py)
+# the greedy chain's confidence cut (chain_length) where the target computes on the CPU:
+# the best of a sweep on this project's CPU benchmark pairs (scripts/p_min_sweep.py)
 DEFAULT_DRAFT_P_MIN = 0.3
+
+
+def default_p_min(target: Target) -> float:
+    """The cut for a loaded target: DEFAULT_DRAFT_P_MIN where it computes on the CPU,
+    wholly or in part (a verify's cost grows with its rows there); none where an
+    accelerator holds all its layers (a verify is bound by reading the weights, and
+    the whole block costs about what two rows do)."""
+    info = target.info()
+    on_device = info["device"] != "CPU" and info["n_gpu_layers"] >= info["n_layer"]
+    return 0.0 if on_device else DEFAULT_DRAFT_P_MIN
 
 
 def chain_length(top1_logprobs, p_min: float) -> int:

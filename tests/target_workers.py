@@ -314,11 +314,12 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
 
 def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list, prompts: list, n_new: int,
                       budget: int) -> dict:
-    """Per device: plain, chain and tree greedy continuations of each prompt (matrices in
-    file layout, f32 caches), and the last prompt row's logits."""
+    """Per device: plain, chain, chain cut by a p-min and tree greedy continuations of
+    each prompt (matrices in file layout, f32 caches), the last prompt row's logits, and
+    the device's default p-min."""
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.generate import greedy_generate
-    from dflash_gguf.speculative import speculative_generate, tree_generate
+    from dflash_gguf.speculative import default_p_min, speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
@@ -340,8 +341,12 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
                 chain = speculative_generate(t, d, prompt, n_new)[0]
                 t.reset()
                 d.reset()
+                cut = speculative_generate(t, d, prompt, n_new, p_min=0.3)[0]
+                t.reset()
+                d.reset()
                 tree = tree_generate(t, d, prompt, n_new, budget=budget)[0]
-                runs.append({"plain": plain, "chain": chain, "tree": tree, "logits": logits})
+                runs.append({"plain": plain, "chain": chain, "cut": cut, "tree": tree, "logits": logits,
+                             "default_p_min": default_p_min(t)})
             out[dev] = runs
     return out
 

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
+from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
+
 from shape_models import QWEN35_0_8B, write_shape_gguf
 from target_workers import run_isolated
 from test_cli import run
@@ -170,10 +172,13 @@ def test_demo_pair_greedy_equals_the_cpu(demo_pairs, device, outtype):
     res = run_isolated("greedy_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
                        BUDGET, timeout=1800)
     for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
-        assert cpu["plain"] == cpu["chain"] == cpu["tree"], f"prompt {k}: CPU speculation is not lossless"
+        assert cpu["plain"] == cpu["chain"] == cpu["cut"] == cpu["tree"], f"prompt {k}: CPU speculation is not lossless"
         assert dev["plain"] == cpu["plain"], f"prompt {k}: plain greedy differs from the CPU's"
         assert dev["chain"] == cpu["chain"], f"prompt {k}: chain differs from the CPU's"
+        assert dev["cut"] == cpu["cut"], f"prompt {k}: the chain cut by p-min differs from the CPU's"
         assert dev["tree"] == cpu["tree"], f"prompt {k}: tree differs from the CPU's"
+        # the device holds every layer: a verify costs about the same for any block, no cut
+        assert (cpu["default_p_min"], dev["default_p_min"]) == (DEFAULT_DRAFT_P_MIN, 0.0)
 
 
 @pytest.mark.device
@@ -187,7 +192,8 @@ def test_demo_pair_quantized_is_lossless_on_the_device(demo_pairs, device):
     res = run_isolated("greedy_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
                        BUDGET, timeout=1800)
     for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
-        assert dev["plain"] == dev["chain"] == dev["tree"], f"prompt {k}: speculation on the device is not lossless"
+        assert dev["plain"] == dev["chain"] == dev["cut"] == dev["tree"], \
+            f"prompt {k}: speculation on the device is not lossless"
         err = np.abs(np.asarray(dev["logits"]) - np.asarray(cpu["logits"])).max()
         # lavapipe: 0.098 at most (measured), with f16 Q and K in its flash attention too
         assert err < 0.15, f"prompt {k}: q8_0 logits differ from the CPU's by {err}"

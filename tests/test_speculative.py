@@ -257,6 +257,32 @@ def test_chain_length_stops_before_the_first_unlikely_draft():
     assert chain_length(np.log([0.1, 0.9]), 0.3) == 1  # at least one draft
 
 
+def test_the_cut_by_default_is_on_where_the_target_computes_on_the_cpu(pair):
+    """Where a verify's cost grows with its rows (the CPU computes the target, wholly or
+    in part) the chain is cut at DEFAULT_DRAFT_P_MIN; an accelerator holding every layer
+    verifies the whole block for about the cost of two rows: no cut. An explicit value
+    wins; 0 loads the drafter without a ranking."""
+    from dflash_gguf.engine import Engine
+    from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN, default_p_min
+
+    class Placed:
+        def __init__(self, device, n_gpu_layers):
+            self.placed = {"device": device, "n_gpu_layers": n_gpu_layers, "n_layer": 4}
+
+        def info(self):
+            return self.placed
+
+    assert default_p_min(Placed("CPU", 0)) == DEFAULT_DRAFT_P_MIN
+    assert default_p_min(Placed("RPC0", 2)) == DEFAULT_DRAFT_P_MIN
+    assert default_p_min(Placed("RPC0", 4)) == 0.0
+    with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=256) as engine:
+        assert engine.draft_p_min == DEFAULT_DRAFT_P_MIN and engine.draft.top_k == 1
+    with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=256, draft_p_min=0.0) as engine:
+        assert engine.draft_p_min == 0.0 and engine.draft.top_k == 0
+    with pytest.raises(ValueError, match="p-min"):
+        Engine(str(pair["target"]), str(pair["draft"]), n_ctx=256, draft_p_min=1.0)
+
+
 def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(trained_pair):
     """With p_min, each step verifies the drafts before the first one the drafter gives
     less than p_min (read from its ranked candidates before the verify): blocks of many
