@@ -40,11 +40,14 @@ typedef struct propose_graph {
     struct ggml_tensor * tokens, * pos, * slots, * mask;
     struct ggml_tensor * mask_swa; /* the sliding layers' mask, when there are any */
     struct ggml_tensor * logits, * argmax;
+    struct ggml_tensor * argmax_lp; /* [1, 1, B-1] with top_k 1: the top choices' log-probabilities */
 } propose_graph;
 
-/* The top_k candidates of the last propose, in a graph of their own (slot 1) over the
- * propose graph's logits, run when they are first read: a chain step never reads them,
- * and the softmax and top-K over the vocabulary are a few percent of its propose. */
+/* The top_k candidates of the last propose, with top_k > 1 in a graph of their own (slot 1)
+ * over the propose graph's logits, run when they are first read: a chain step never
+ * reads them, and the softmax and top-K over the vocabulary are a few percent of its
+ * propose. With top_k 1 (a chain cut by confidence, which reads them on nearly every
+ * step) the propose graph ranks its own argmax: one graph launch a step, not two. */
 typedef struct rank_graph {
     bool valid; /* built over the current propose graph's logits */
     bool fresh; /* run since the last propose */
@@ -358,7 +361,7 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
     if (st == DFL_OK) st = read_model(d);
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
                                             d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
-                                            DFL_GRAPH_SIZE, d->p.top_k > 0 ? 2 : 1);
+                                            DFL_GRAPH_SIZE, d->p.top_k > 1 ? 2 : 1);
     if (st != DFL_OK) {
         dfl_draft_free(d);
         return st;
@@ -578,6 +581,12 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     return DFL_OK;
 }
 
+/* [1, K, rows]: the full-vocabulary log-softmax of logits [V, rows] at ids [K, rows] */
+static struct ggml_tensor * top_logprobs(struct ggml_context * ctx, struct ggml_tensor * logits, struct ggml_tensor * ids) {
+    struct ggml_tensor * probs = ggml_soft_max(ctx, logits);
+    return ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, logits->ne[0], logits->ne[1]), ids));
+}
+
 /* The propose graph in d->graph: R context rows appended, then the block of B
  * positions attending to the first n_kv cache slots. */
 /* DFlash2's grouped dynamic causal convolution over the block's rows x [E, B]: row t
@@ -715,6 +724,11 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     g->argmax = ggml_argmax(ctx, logits);
     ggml_set_output(g->logits);
     ggml_set_output(g->argmax);
+    g->argmax_lp = d->p.top_k == 1 ? top_logprobs(ctx, logits, ggml_reshape_2d(ctx, g->argmax, 1, B - 1)) : NULL;
+    if (g->argmax_lp) {
+        ggml_set_output(g->argmax_lp);
+        ggml_build_forward_expand(gf, g->argmax_lp);
+    }
     if (d->conv_k > 0) {
         build_selector(d, ctx, gf, logits, x, tokens); /* the block holds the selector's path */
     } else {
@@ -728,10 +742,8 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
 static void build_rank(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * logits) {
     rank_graph * r = &d->rank;
     r->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
-    const int64_t V = logits->ne[0], rows = logits->ne[1];
-    struct ggml_tensor * probs = ggml_soft_max(ctx, logits);
     r->topk = ggml_top_k(ctx, logits, d->p.top_k);
-    r->topk_lp = ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, V, rows), r->topk));
+    r->topk_lp = top_logprobs(ctx, logits, r->topk);
     ggml_set_output(r->topk);
     ggml_set_output(r->topk_lp);
     ggml_build_forward_expand(r->gf, r->topk_lp);
@@ -906,8 +918,14 @@ DFL_API dfl_status dfl_draft_topk(dfl_draft * d, int32_t row0, int32_t n_rows, i
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter rows %d..%d requested, the last propose produced %d", row0,
                         row0 + n_rows, d->n_out);
     }
-    TRY(rank_last_propose(d));
     const int K = d->p.top_k;
+    if (K == 1) {
+        dfl_runtime_get(&d->rt, d->out_argmax, tokens, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
+        dfl_runtime_get(&d->rt, d->graph.argmax_lp, logprobs, (size_t) row0 * sizeof(float),
+                        (size_t) n_rows * sizeof(float));
+        return DFL_OK;
+    }
+    TRY(rank_last_propose(d));
     dfl_runtime_get(&d->rt, d->rank.topk, tokens, (size_t) row0 * K * sizeof(int32_t), (size_t) n_rows * K * sizeof(int32_t));
     dfl_runtime_get(&d->rt, d->rank.topk_lp, logprobs, (size_t) row0 * K * sizeof(float), (size_t) n_rows * K * sizeof(float));
     cand c[64];
@@ -951,7 +969,8 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
             dfl_plan_place(c, dummy);
         }
         /* slot 0 holds the larger of a prefill chunk's context append and a propose over
-         * the whole attention span; slot 1 the rank graph over that propose's logits */
+         * the whole attention span (ranking its own argmax with top_k 1); slot 1 the rank
+         * graph over that propose's logits (top_k > 1) */
         const int B = d->block_size, n_kv = d->ring < d->n_ctx ? d->ring : d->n_ctx;
         build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), B, B, n_kv);
         size_t propose[2] = { 0, 0 }, append[2] = { 0, 0 }, rank[2] = { 0, 0 };
@@ -963,7 +982,7 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
             build_append(d, ctx, gf, dfl_target_n_ubatch(target), &in);
             st = dfl_plan_reserve(&d->rt, 0, gf, append);
         }
-        if (st == DFL_OK && d->p.top_k > 0) {
+        if (st == DFL_OK && d->p.top_k > 1) {
             struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
             struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_n_vocab(target), B - 1);
             dfl_plan_place(logits, dummy); /* slot 0's, counted there */

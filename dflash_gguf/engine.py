@@ -1,7 +1,7 @@
 """Load a target (and optionally a DFlash drafter) once, generate many times."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .budget import AutoBudget, VerifyCost
@@ -118,6 +118,10 @@ class Engine:
         target_config, draft_config, n_threads = setup.target_config, setup.draft_config, setup.n_threads
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, target_config)
+        self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
+        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0:
+            # a chain that is never cut reads no probabilities: its proposes rank nothing
+            draft_config = replace(draft_config, top_k=0)
         try:
             self.tokenizer = Tokenizer(model)
             self.draft = Draft(draft, self.target, draft_config) if draft else None
@@ -125,7 +129,6 @@ class Engine:
             self.target.close()
             raise
         self.n_threads = n_threads
-        self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
         self._auto: Optional[AutoBudget] = None  # what `auto` learnt, kept across requests
         self.last_tokens: List[int] = []  # every token the last call generated
         self._context: List[int] = []  # tokens the target (and drafter) context holds

@@ -315,9 +315,11 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
 def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list, prompts: list, n_new: int,
                       budget: int) -> dict:
     """Per device: plain, chain, chain cut by a p-min and tree greedy continuations of
-    each prompt (matrices in file layout, f32 caches), the last prompt row's logits, and
-    the device's default p-min."""
+    each prompt (matrices in file layout, f32 caches; the cut chain's drafter ranks inside
+    its proposes, top_k 1), the last prompt row's logits, the device's default p-min, and
+    ("<device> chain top_k") the top_k an Engine's chain drafter gets there."""
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.engine import Engine
     from dflash_gguf.generate import greedy_generate
     from dflash_gguf.speculative import default_p_min, speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
@@ -328,7 +330,8 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
     for dev in devices:
         cfg = TargetConfig(n_ctx=512, n_verify=budget + 1, kv_type="f32", feature_layers=layers, device=dev,
                            repack=False)
-        with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(kv_type="f32", top_k=8)) as d:
+        with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(kv_type="f32", top_k=8)) as d, \
+                Draft(draft_path, t, DraftConfig(kv_type="f32", top_k=1)) as d1:  # ranks inside its proposes
             runs = []
             for prompt in prompts:
                 t.reset()
@@ -340,14 +343,16 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
                 d.reset()
                 chain = speculative_generate(t, d, prompt, n_new)[0]
                 t.reset()
-                d.reset()
-                cut = speculative_generate(t, d, prompt, n_new, p_min=0.3)[0]
+                d1.reset()
+                cut = speculative_generate(t, d1, prompt, n_new, p_min=0.3)[0]
                 t.reset()
                 d.reset()
                 tree = tree_generate(t, d, prompt, n_new, budget=budget)[0]
                 runs.append({"plain": plain, "chain": chain, "cut": cut, "tree": tree, "logits": logits,
                              "default_p_min": default_p_min(t)})
             out[dev] = runs
+        with Engine(target_path, draft_path, n_ctx=256, device=dev) as engine:
+            out[dev + " chain top_k"] = engine.draft.top_k
     return out
 
 

@@ -179,6 +179,8 @@ def test_demo_pair_greedy_equals_the_cpu(demo_pairs, device, outtype):
         assert dev["tree"] == cpu["tree"], f"prompt {k}: tree differs from the CPU's"
         # the device holds every layer: a verify costs about the same for any block, no cut
         assert (cpu["default_p_min"], dev["default_p_min"]) == (DEFAULT_DRAFT_P_MIN, 0.0)
+    # ... so an engine's chain drafter there ranks nothing; on the CPU it ranks its top choice
+    assert (res["CPU chain top_k"], res[f"{device.name} chain top_k"]) == (1, 0)
 
 
 @pytest.mark.device

@@ -424,12 +424,12 @@ def test_tree_input_errors(pair):
 
 # ---- lossless tree decoding -----------------------------------------------------------
 
-def load_tree(pair, target_gguf=None, kv="f32", budget=32, repack=True):
+def load_tree(pair, target_gguf=None, kv="f32", budget=32, repack=True, top_k=4):
     meta = read_draft_metadata(pair["draft"])
     target = Target(target_gguf or pair["target"], TargetConfig(
         n_ctx=512, n_ubatch=16, n_verify=budget + 1, kv_type=kv, feature_layers=meta["target_layers"],
         repack=repack))
-    return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=4))
+    return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=top_k))
 
 
 def test_lossless_tree_f32(pair):
@@ -524,13 +524,16 @@ def test_tree_steps_reuse_one_target_graph(pair):
     assert builds <= 2 + 2 + 1 + 3, f"{builds} of {graphs} target graphs were built for {len(shapes)} tree shapes"
 
 
-def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair):
-    """The drafter's top-K runs in a graph of its own over the propose's logits, the
-    first time they are read: a chain step's propose is one graph, a tree step's two,
-    and the candidates are the log-softmax top-K of the logits of the propose just
-    made, also after the propose graph is rebuilt (its context crossed a padding
-    step, or an append ran between)."""
-    target, draft = load_tree(pair, budget=8)
+@pytest.mark.parametrize("top_k", [4, 1])
+def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_k):
+    """With top_k > 1 the drafter's top-K runs in a graph of its own over the propose's
+    logits, the first time they are read: a chain step's propose is one graph, a tree
+    step's two; with top_k 1 (the confidence cut's) the propose ranks its own argmax,
+    one graph either way. The candidates are the log-softmax top-K of the logits of the
+    propose just made, also after the propose graph is rebuilt (its context crossed a
+    padding step, or an append ran between)."""
+    target, draft = load_tree(pair, budget=8, top_k=top_k)
+    rank_graphs = 1 if top_k > 1 else 0
     prompt = prompts(1, seed=5)[0]
     target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
     bonus = int(target.argmax()[0])
@@ -542,9 +545,10 @@ def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair):
             keep = 1 + step % 5
         else:
             toks, lps = draft.topk(BLOCK - 1)
-            assert draft.info()["n_graphs"] - before["n_graphs"] == 2
+            assert toks.shape == lps.shape == (BLOCK - 1, top_k)
+            assert draft.info()["n_graphs"] - before["n_graphs"] == 1 + rank_graphs
             again = draft.topk(BLOCK - 1)
-            assert draft.info()["n_graphs"] - before["n_graphs"] == 2  # ranked once
+            assert draft.info()["n_graphs"] - before["n_graphs"] == 1 + rank_graphs  # ranked once
             assert np.array_equal(again[0], toks) and np.array_equal(again[1], lps)
             logits = draft.logits(0, BLOCK - 1).astype(np.float64)
             logp = logits - logits.max(1, keepdims=True)
