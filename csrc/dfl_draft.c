@@ -40,14 +40,15 @@ typedef struct propose_graph {
     struct ggml_tensor * tokens, * pos, * slots, * mask;
     struct ggml_tensor * mask_swa; /* the sliding layers' mask, when there are any */
     struct ggml_tensor * logits, * argmax;
-    struct ggml_tensor * argmax_lp; /* [1, 1, B-1] with top_k 1: the top choices' log-probabilities */
+    /* with top_k >= 1: the softmax of the logits and the log-probabilities of the
+     * argmax, [1, 1, B-1], which a chain cut by confidence reads on nearly every step */
+    struct ggml_tensor * probs, * argmax_lp;
 } propose_graph;
 
-/* The top_k candidates of the last propose, with top_k > 1 in a graph of their own (slot 1)
- * over the propose graph's logits, run when they are first read: a chain step never
- * reads them, and the softmax and top-K over the vocabulary are a few percent of its
- * propose. With top_k 1 (a chain cut by confidence, which reads them on nearly every
- * step) the propose graph ranks its own argmax: one graph launch a step, not two. */
+/* The top_k candidates of the last propose (top_k > 1), in a graph of their own (slot 1)
+ * over the propose graph's logits and softmax, run when they are first read: a chain
+ * step reads only the top choices (or nothing), and the top-K over the vocabulary is
+ * a few percent of its propose. */
 typedef struct rank_graph {
     bool valid; /* built over the current propose graph's logits */
     bool fresh; /* run since the last propose */
@@ -581,10 +582,9 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     return DFL_OK;
 }
 
-/* [1, K, rows]: the full-vocabulary log-softmax of logits [V, rows] at ids [K, rows] */
-static struct ggml_tensor * top_logprobs(struct ggml_context * ctx, struct ggml_tensor * logits, struct ggml_tensor * ids) {
-    struct ggml_tensor * probs = ggml_soft_max(ctx, logits);
-    return ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, logits->ne[0], logits->ne[1]), ids));
+/* [1, K, rows]: the log of probs [V, rows] at ids [K, rows] */
+static struct ggml_tensor * log_probs_at(struct ggml_context * ctx, struct ggml_tensor * probs, struct ggml_tensor * ids) {
+    return ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, probs->ne[0], probs->ne[1]), ids));
 }
 
 /* The propose graph in d->graph: R context rows appended, then the block of B
@@ -724,8 +724,11 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     g->argmax = ggml_argmax(ctx, logits);
     ggml_set_output(g->logits);
     ggml_set_output(g->argmax);
-    g->argmax_lp = d->p.top_k == 1 ? top_logprobs(ctx, logits, ggml_reshape_2d(ctx, g->argmax, 1, B - 1)) : NULL;
-    if (g->argmax_lp) {
+    g->probs = g->argmax_lp = NULL;
+    if (d->p.top_k > 0) {
+        g->probs = ggml_soft_max(ctx, logits);
+        g->argmax_lp = log_probs_at(ctx, g->probs, ggml_reshape_2d(ctx, g->argmax, 1, B - 1));
+        ggml_set_output(g->probs); /* the rank graph reads it */
         ggml_set_output(g->argmax_lp);
         ggml_build_forward_expand(gf, g->argmax_lp);
     }
@@ -736,35 +739,40 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     }
 }
 
-/* The rank graph over `logits` [V, rows], a leaf of ctx that holds (or stands for) the
- * propose graph's logits: only top_k numbers per position cross to the host, never the
- * vocabulary. */
-static void build_rank(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * logits) {
+/* The rank graph over `logits` and `probs` [V, rows], leaves of ctx that hold (or stand
+ * for) the propose graph's: only top_k numbers per position cross to the host, never
+ * the vocabulary. */
+static void build_rank(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * logits, struct ggml_tensor * probs) {
     rank_graph * r = &d->rank;
     r->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
     r->topk = ggml_top_k(ctx, logits, d->p.top_k);
-    r->topk_lp = top_logprobs(ctx, logits, r->topk);
+    r->topk_lp = log_probs_at(ctx, probs, r->topk);
     ggml_set_output(r->topk);
     ggml_set_output(r->topk_lp);
     ggml_build_forward_expand(r->gf, r->topk_lp);
 }
 
+/* A leaf of ctx over a [V, rows] result of the propose graph, where that graph left it */
+static struct ggml_tensor * in_place(struct ggml_context * ctx, const struct ggml_tensor * x) {
+    struct ggml_tensor * in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, x->ne[0], x->ne[1]);
+    return ggml_backend_tensor_alloc(x->buffer, in, x->data) == GGML_STATUS_SUCCESS ? in : NULL;
+}
+
 /* The last propose's candidates on the device, ranked once per propose: the rank graph
- * reads the propose graph's logits where that graph left them (slot 0 keeps its memory
- * until the next propose or append). */
+ * reads the propose graph's logits and softmax where that graph left them (slot 0 keeps
+ * its memory until the next propose or append). */
 static dfl_status rank_last_propose(dfl_draft * d) {
     rank_graph * r = &d->rank;
     if (r->fresh) {
         return DFL_OK;
     }
     if (!r->valid) {
-        const struct ggml_tensor * logits = d->graph.logits;
         struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
-        struct ggml_tensor * in = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, logits->ne[0], logits->ne[1]);
-        if (ggml_backend_tensor_alloc(logits->buffer, in, logits->data) != GGML_STATUS_SUCCESS) {
+        struct ggml_tensor * logits = in_place(ctx, d->graph.logits), * probs = in_place(ctx, d->graph.probs);
+        if (!logits || !probs) {
             return dfl_fail(DFL_ERR_BACKEND, "cannot read the drafter's logits in place");
         }
-        build_rank(d, ctx, in);
+        build_rank(d, ctx, logits, probs);
         d->n_graph_builds++;
         TRY(dfl_runtime_alloc(&d->rt, 1, r->gf));
         r->valid = true;
@@ -907,7 +915,8 @@ static int cand_order(const void * a, const void * b) {
     return x->token < y->token ? -1 : x->token > y->token;
 }
 
-DFL_API dfl_status dfl_draft_topk(dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {
+static dfl_status check_ranked_rows(const dfl_draft * d, int32_t row0, int32_t n_rows, const int32_t * tokens,
+                                    const float * logprobs) {
     if (!d || !tokens || !logprobs) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
     }
@@ -918,12 +927,24 @@ DFL_API dfl_status dfl_draft_topk(dfl_draft * d, int32_t row0, int32_t n_rows, i
         return dfl_fail(DFL_ERR_ARGUMENT, "drafter rows %d..%d requested, the last propose produced %d", row0,
                         row0 + n_rows, d->n_out);
     }
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_top1(const dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {
+    static int32_t unread;
+    TRY(check_ranked_rows(d, row0, n_rows, tokens ? tokens : &unread, logprobs));
+    if (tokens) {
+        dfl_runtime_get(&d->rt, d->out_argmax, tokens, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
+    }
+    dfl_runtime_get(&d->rt, d->graph.argmax_lp, logprobs, (size_t) row0 * sizeof(float), (size_t) n_rows * sizeof(float));
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_topk(dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {
+    TRY(check_ranked_rows(d, row0, n_rows, tokens, logprobs));
     const int K = d->p.top_k;
     if (K == 1) {
-        dfl_runtime_get(&d->rt, d->out_argmax, tokens, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
-        dfl_runtime_get(&d->rt, d->graph.argmax_lp, logprobs, (size_t) row0 * sizeof(float),
-                        (size_t) n_rows * sizeof(float));
-        return DFL_OK;
+        return dfl_draft_top1(d, row0, n_rows, tokens, logprobs);
     }
     TRY(rank_last_propose(d));
     dfl_runtime_get(&d->rt, d->rank.topk, tokens, (size_t) row0 * K * sizeof(int32_t), (size_t) n_rows * K * sizeof(int32_t));
@@ -969,8 +990,8 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
             dfl_plan_place(c, dummy);
         }
         /* slot 0 holds the larger of a prefill chunk's context append and a propose over
-         * the whole attention span (ranking its own argmax with top_k 1); slot 1 the rank
-         * graph over that propose's logits (top_k > 1) */
+         * the whole attention span (with its softmax when top_k >= 1); slot 1 the rank
+         * graph over that propose's logits and softmax (top_k > 1) */
         const int B = d->block_size, n_kv = d->ring < d->n_ctx ? d->ring : d->n_ctx;
         build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), B, B, n_kv);
         size_t propose[2] = { 0, 0 }, append[2] = { 0, 0 }, rank[2] = { 0, 0 };
@@ -985,8 +1006,10 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
         if (st == DFL_OK && d->p.top_k > 1) {
             struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
             struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_n_vocab(target), B - 1);
+            struct ggml_tensor * probs = ggml_dup_tensor(ctx, logits);
             dfl_plan_place(logits, dummy); /* slot 0's, counted there */
-            build_rank(d, ctx, logits);
+            dfl_plan_place(probs, dummy);
+            build_rank(d, ctx, logits, probs);
             st = dfl_plan_reserve(&d->rt, 1, d->rank.gf, rank);
         }
         for (int k = 0; k < 2; k++) {

@@ -156,8 +156,8 @@ typedef struct dfl_draft_params {
                           < 0 (default): f32 on the CPU, f16 on other devices */
     int32_t window;    /* attend to the last `window` context positions only; <= 0: all */
     int32_t n_threads; /* CPU threads; <= 0: the target's */
-    int32_t top_k;     /* candidates per position computed on the device (tree building; 1: the
-                          chain's confidence cut, ranked inside every propose); 0: none */
+    int32_t top_k;     /* candidates per position computed on the device for tree building
+                          (>= 1: every propose also ranks its top choices); 0: none */
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
@@ -233,9 +233,15 @@ dfl_status dfl_target_verify_draft(dfl_target * target, const dfl_draft * draft,
 /* The top_k candidates per drafted position of the last propose: tokens and their
  * log-probabilities (full-vocabulary log-softmax), [n_rows][top_k] each, best first
  * (ties: lower token id first). With top_k > 1 the first call after a propose ranks its
- * logits on the device (a graph of its own, so that a propose whose candidates are never
- * read does not pay for them); with top_k 1 the propose itself ranked them. */
+ * logits on the device (a graph of its own, so that a propose whose candidates are only
+ * read as far as the top choice does not pay for the top-K). */
 dfl_status dfl_draft_topk(dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
+
+/* The top choice per drafted position of the last propose and its log-probability,
+ * [n_rows] each (tokens may be NULL: log-probabilities only): topk's first column, which
+ * every propose of a drafter loaded with top_k >= 1 computes (a chain cut by confidence
+ * reads it on nearly every step). */
+dfl_status dfl_draft_top1(const dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
 
 /* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
 dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);

@@ -169,6 +169,13 @@ class Draft(NativeObject):
                                  ffi.from_buffer("float[]", lps)))
         return toks, lps
 
+    def top1_logprobs(self, n_rows: int) -> np.ndarray:
+        """[n_rows] log-probabilities of the last propose's top choices (topk's first
+        column, computed by the propose itself: no ranking graph runs)."""
+        lps = np.empty(n_rows, dtype=np.float32)
+        check(lib.dfl_draft_top1(self._handle(), 0, n_rows, ffi.NULL, ffi.from_buffer("float[]", lps)))
+        return lps
+
     def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
         out = np.empty((n_rows, self.n_vocab), dtype=np.float32)
         check(lib.dfl_draft_logits(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))

@@ -202,7 +202,7 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
         if b > 1:
             draft.propose(bonus, b, read=False)
             if p_min > 0 and b > 2:
-                b = 1 + chain_length(draft.topk(b - 1)[1][:, 0], p_min)
+                b = 1 + chain_length(draft.top1_logprobs(b - 1), p_min)
         else:
             draft.flush()
         return _greedy_pass(target, draft, bonus, b, t0, stage)
@@ -293,9 +293,9 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         # drafter's top-K as well. Returns what _greedy_pass does, the drafts verified
         # and accepted, and the top-K when read.
         draft.propose(bonus, b, read=False)
-        ranked = draft.topk(b - 1) if survey or (p_min > 0 and b > 2) else None
+        ranked = draft.topk(b - 1) if survey else None
         if p_min > 0 and b > 2:
-            b = 1 + chain_length(ranked[1][:, 0], p_min)
+            b = 1 + chain_length(ranked[1][:, 0] if survey else draft.top1_logprobs(b - 1), p_min)
         out, t_draft, t_verify = _greedy_pass(target, draft, bonus, b, t0, stage)
         return out, t_draft, t_verify, b - 1, len(out) - 1, ranked
 

@@ -13,6 +13,7 @@ from draft_fixtures import convert_dflash_llama_cpp, make_dflash
 from fixtures import make_qwen35
 from reference_loop import RecomputingTarget, exact_reference
 
+from dflash_gguf import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import chain_length, speculative_generate
@@ -279,6 +280,8 @@ def test_the_cut_by_default_is_on_where_the_target_computes_on_the_cpu(pair):
         assert engine.draft_p_min == DEFAULT_DRAFT_P_MIN and engine.draft.top_k == 1
     with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=256, draft_p_min=0.0) as engine:
         assert engine.draft_p_min == 0.0 and engine.draft.top_k == 0
+        with pytest.raises(DflashError, match="top_k = 0"):  # nothing ranked: a clear error
+            engine.draft.top1_logprobs(1)
     with pytest.raises(ValueError, match="p-min"):
         Engine(str(pair["target"]), str(pair["draft"]), n_ctx=256, draft_p_min=1.0)
 
@@ -292,18 +295,17 @@ def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(tr
     tok = HFTokenizer.from_file(str(DEMO_HF / "target" / "tokenizer.json"))
     target, draft = load(trained_pair, top_k=1)
     seen, ranked = [], {}
-    real_topk, real_verify = draft.topk, draft.verify_block
+    real_top1, real_verify = draft.top1_logprobs, draft.verify_block
 
-    def topk(n):
-        out = real_topk(n)
-        ranked["lp"] = out[1][:, 0]
-        return out
+    def top1_logprobs(n):
+        ranked["lp"] = real_top1(n)
+        return ranked["lp"]
 
     def verify_block(t, n):
         seen.append((n - 1, chain_length(ranked.pop("lp"), p_min) if "lp" in ranked else None))
         real_verify(t, n)
 
-    draft.topk, draft.verify_block = topk, verify_block
+    draft.top1_logprobs, draft.verify_block = top1_logprobs, verify_block
     for p_min in (0.3, 0.7):
         lengths = []
         for text in ("def fibonacci(n):", "class Stack:\n    def __init__(self):"):

@@ -526,14 +526,21 @@ def test_tree_steps_reuse_one_target_graph(pair):
 
 @pytest.mark.parametrize("top_k", [4, 1])
 def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_k):
-    """With top_k > 1 the drafter's top-K runs in a graph of its own over the propose's
-    logits, the first time they are read: a chain step's propose is one graph, a tree
-    step's two; with top_k 1 (the confidence cut's) the propose ranks its own argmax,
-    one graph either way. The candidates are the log-softmax top-K of the logits of the
-    propose just made, also after the propose graph is rebuilt (its context crossed a
-    padding step, or an append ran between)."""
+    """Every propose computes its top choices' log-probabilities; with top_k > 1 the
+    drafter's top-K runs in a graph of its own over the propose's logits and softmax,
+    the first time they are read: a chain step's propose (reading the top choices or
+    nothing) is one graph, a tree step's two; with top_k 1 one graph either way. The
+    candidates are the log-softmax top-K of the logits of the propose just made, also
+    after the propose graph is rebuilt (its context crossed a padding step, or an
+    append ran between)."""
     target, draft = load_tree(pair, budget=8, top_k=top_k)
     rank_graphs = 1 if top_k > 1 else 0
+
+    def log_softmax():
+        logits = draft.logits(0, BLOCK - 1).astype(np.float64)
+        logp = logits - logits.max(1, keepdims=True)
+        return logp - np.log(np.exp(logp).sum(1, keepdims=True))
+
     prompt = prompts(1, seed=5)[0]
     target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
     bonus = int(target.argmax()[0])
@@ -541,7 +548,11 @@ def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_
         before = draft.info()
         block = [bonus] + draft.propose(bonus)
         assert draft.info()["n_graphs"] - before["n_graphs"] == 1
-        if step % 3 == 1:  # a chain step: the candidates are never read
+        if step % 3 == 1:  # a chain step: at most the top choices are read
+            if step % 2:
+                top1 = draft.top1_logprobs(BLOCK - 1)
+                assert np.allclose(top1, log_softmax()[np.arange(BLOCK - 1), block[1:]], atol=1e-4)
+            assert draft.info()["n_graphs"] - before["n_graphs"] == 1
             keep = 1 + step % 5
         else:
             toks, lps = draft.topk(BLOCK - 1)
@@ -550,9 +561,8 @@ def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_
             again = draft.topk(BLOCK - 1)
             assert draft.info()["n_graphs"] - before["n_graphs"] == 1 + rank_graphs  # ranked once
             assert np.array_equal(again[0], toks) and np.array_equal(again[1], lps)
-            logits = draft.logits(0, BLOCK - 1).astype(np.float64)
-            logp = logits - logits.max(1, keepdims=True)
-            logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+            assert np.array_equal(draft.top1_logprobs(BLOCK - 1), lps[:, 0])
+            logp = log_softmax()
             for r in range(BLOCK - 1):
                 assert toks[r, 0] == block[1 + r]
                 assert np.allclose(lps[r], logp[r, toks[r]], atol=1e-4)
