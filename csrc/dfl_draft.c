@@ -362,7 +362,8 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
     if (st == DFL_OK) st = read_model(d);
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
                                             d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
-                                            DFL_GRAPH_SIZE, d->p.top_k > 1 ? 2 : 1);
+                                            DFL_GRAPH_SIZE + (size_t) d->n_layer * DFL_GRAPH_NODES_PER_LAYER,
+                                            d->p.top_k > 1 ? 2 : 1);
     if (st != DFL_OK) {
         dfl_draft_free(d);
         return st;

@@ -7,8 +7,12 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
-/* Graph nodes a runtime holds unless it asks for more (dfl_runtime_init). */
-#define DFL_GRAPH_SIZE 16384
+/* Graph nodes a runtime holds unless it asks for more (dfl_runtime_init), and what a
+ * model asks for per layer (the most any architecture's layer builds, with room to
+ * spare). Not more: every graph build clears hash tables of this size, which on a
+ * small model is a visible part of a step. */
+#define DFL_GRAPH_SIZE 2048
+#define DFL_GRAPH_NODES_PER_LAYER 384
 #define DFL_MAX_GRAPH_SLOTS 4
 
 /* A graph kept for reuse: its scheduler (and so its compute memory) and the context

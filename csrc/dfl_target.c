@@ -245,7 +245,8 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     if (st == DFL_OK) {
         /* a tree verify's recurrence adds a few dozen graph nodes per recurrent layer,
          * whatever the tree's size */
-        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * 64 + (size_t) t->m.n_recurrent * 48;
+        const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * DFL_GRAPH_NODES_PER_LAYER +
+                                  (size_t) t->m.n_recurrent * 48;
         st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
                               DFL_MAX_GRAPH_SLOTS);
     }

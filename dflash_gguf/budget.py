@@ -179,8 +179,13 @@ class AutoBudget:
                step's time: a quartile is not moved by the steps they slowed, where a
                median of a trial's few steps taken in a busy spell would condemn the
                arm for good), leaving out the first steps after a switch or a
-               request's start, which build graphs. An arm not yet run is priced
-               from the verify cost table: a measured arm's step time with its verify
+               request's start, which build graphs. The chain's verify length
+               follows the text (a confidence cut, the drafter's run of luck): its
+               steps are kept less the cost table's verify of the length they
+               verified, and priced with the verify of the length it verifies
+               lately; else a chain timed on easy text would be judged by those
+               long verifies on hard text. An arm not yet run is priced from the
+               verify cost table: a measured arm's step time with its verify
                swapped for arm a's.
 
     The bookkeeping costs host time, which on a small model is a visible part of a
@@ -249,14 +254,19 @@ class AutoBudget:
         chain verified lately, on average)."""
         return float(self.cost.chain(1 + self.chain_drafts) if arm == CHAIN else self.cost(arm + 1))
 
+    def _measured(self, arm: int) -> float:
+        """A timed arm's step seconds (the chain's: its steps less their verifies, with
+        the verify of its recent length)."""
+        return self.seconds[arm] + (self.verify_seconds(CHAIN) if arm == CHAIN else 0.0)
+
     def step_seconds(self, arm: int) -> float:
-        if self.seconds[arm] is not None:
-            return self.seconds[arm]
         timed = [a for a in self.arms if self.seconds[a] is not None]
         if not timed:
             return self.verify_seconds(arm)
+        if arm in timed:
+            return max(self._measured(arm), 1e-6)
         ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
-        return max(self.seconds[ref] - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
+        return max(self._measured(ref) - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
 
     def rate(self, arm: int) -> float:
         return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
@@ -359,9 +369,12 @@ class AutoBudget:
         self.spine.update(probs[spine], ok[spine], self.survey_gap)
         self.branch.update(probs[~spine], ok[~spine], self.survey_gap)
 
-    def timed(self, arm: int, seconds: float) -> None:
-        """Every step's time; settled steps of the arm chosen count."""
+    def timed(self, arm: int, seconds: float, n_verified: int) -> None:
+        """Every step's time and the tokens it verified (the bonus and the drafts);
+        settled steps of the arm chosen count."""
         self.run += 1
         if arm == self.current and self.run > self.SETTLE:
+            if arm == CHAIN:
+                seconds -= float(self.cost.chain(n_verified))
             self.times[arm].append(seconds)
             self.seconds[arm] = sorted(self.times[arm])[len(self.times[arm]) // 4]  # np.percentile: 0.1 ms a step

@@ -320,7 +320,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                 auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.survey_size(), max_depth=depth), logp[:, 0]),
                             nodes)
                 auto.verified(nodes, np.arange(n_drafts) < n_acc)
-            auto.timed(CHAIN, time.perf_counter() - t0)
+            auto.timed(CHAIN, time.perf_counter() - t0, 1 + n_drafts)
             return out, t_draft, t_verify
         draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         cand, logp = draft.topk(b - 1)
@@ -364,7 +364,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                 on_path = set(path)
                 auto.verified(tree_nodes(tree, logp[:depth, 0]), [i in on_path for i in tree.pick_order])
         if auto is not None:
-            auto.timed(CHAIN if chain else arm, time.perf_counter() - t0)
+            auto.timed(CHAIN if chain else arm, time.perf_counter() - t0, len(tree))
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1
 
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, budget + 1, sampler, step, reused,

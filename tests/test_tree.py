@@ -643,7 +643,7 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
             nodes, accepted = tree_nodes(tree, logp[:, 0]), [i in path for i in tree.pick_order]
         if survey:
             auto.verified(nodes, accepted)
-        auto.timed(arm, step_seconds[arm])
+        auto.timed(arm, step_seconds[arm], 1 + (depth if arm == CHAIN else arm))
         arms.append(arm)
     return arms
 
@@ -792,9 +792,9 @@ class _ScriptedAuto:
         self.surveyed += 1
         self.real.verified(nodes, accepted)
 
-    def timed(self, arm, seconds):
-        assert arm == self.seen[-1] and seconds > 0
-        self.real.timed(arm, seconds)
+    def timed(self, arm, seconds, n_verified):
+        assert arm == self.seen[-1] and seconds > 0 and n_verified >= 1
+        self.real.timed(arm, seconds, n_verified)
 
 
 def test_lossless_auto_mixing_chain_and_trees(pair):
