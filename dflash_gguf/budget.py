@@ -264,15 +264,7 @@ class AutoBudget:
         if not timed:
             return self.verify_seconds(arm)
         if arm in timed:
-            own = self._measured(arm)
-            if arm == CHAIN and self.current in timed and self.current != CHAIN:
-                # a chain step is a tree step less the ranking, the tree building and
-                # the tree verify: at most the arm in use's time with the verify
-                # swapped. The bound keeps a chain timed in a cold or busy spell (the
-                # engine's first steps, all building graphs) from being shunned for good.
-                own = min(own, self._measured(self.current) - self.verify_seconds(self.current)
-                          + self.verify_seconds(CHAIN))
-            return max(own, 1e-6)
+            return max(self._measured(arm), 1e-6)
         ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
         return max(self._measured(ref) - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
 

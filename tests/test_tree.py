@@ -767,26 +767,6 @@ def test_auto_prices_the_chain_at_the_verify_length_it_runs_lately():
     assert auto.step_seconds(CHAIN) == pytest.approx(1e-3 + float(cost.chain(2)), rel=1e-3)
 
 
-def test_auto_prices_a_chain_timed_in_a_slow_spell_no_dearer_than_the_tree_in_use():
-    """A chain step is a tree step less its ranking, tree building and tree verify: a
-    chain timed only in a slow spell (the engine's first steps build graphs) is priced
-    at most at the tree in use's measured time with the verify swapped, so that auto
-    comes back to it instead of shunning it for good."""
-    from dflash_gguf.budget import CHAIN, AutoBudget
-
-    cost = _Cost(1e-3, 1e-4, 0.5e-3, 0.2e-3)
-    auto = AutoBudget(cost, 8, 8)
-    for _ in range(8):
-        auto.choose()
-        auto.timed(CHAIN, 10e-3, 8)  # a cold chain: ten times its real step
-    auto.current, auto.run = 4, 0
-    for _ in range(8):
-        auto.timed(4, 2e-3, 5)
-    bound = 2e-3 - auto.verify_seconds(4) + auto.verify_seconds(CHAIN)
-    assert auto.step_seconds(CHAIN) == pytest.approx(bound)
-    assert auto.step_seconds(CHAIN) < 10e-3 - float(cost.chain(8)) + auto.verify_seconds(CHAIN)
-
-
 def test_auto_arms_are_few():
     from dflash_gguf.budget import auto_arms
 
