@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections import deque
@@ -195,8 +196,11 @@ class AutoBudget:
     few steps are all that is learnt of its nodes before the verdict), every
     SURVEY_EVERY-th step while the arm in use is close to a neighbour (the calibration
     must learn fast enough to tell them apart), every SURVEY_SETTLED-th once it leads
-    both neighbours by SWITCH_GAIN. The steps between run the chosen arm as a fixed
-    budget would, plus a clock reading.
+    both neighbours by SWITCH_GAIN; and never so often that the surveys' measured
+    work (surveyed) exceeds SURVEY_SHARE of the arm in use's step time: on a small
+    model a survey costs a fifth of a step, and every fourth step a survey would cost
+    5%, more than a close call between two arms is worth. The steps between run the
+    chosen arm as a fixed budget would, plus a clock reading.
 
     The chain runs first; then the tree sizes are tried in increasing order, climbing
     while the largest one tried is the best so far. Tokens per second rise with the
@@ -222,6 +226,8 @@ class AutoBudget:
     PROBE_TIMED = 4  # settled steps an arm on trial runs before it is judged
     SURVEY_EVERY = 4  # steps between surveys and decisions while learning
     SURVEY_SETTLED = 16  # ... and once settled (a survey is a few percent of a small model's step)
+    SURVEY_SHARE = 0.01  # the most of the decoding time surveys may take
+    SURVEY_COSTS = 9  # surveys whose work is kept for its median
     SMOOTH = 0.4  # weight of the newest survey in the running expectations
 
     def __init__(self, cost: VerifyCost, largest: int, block: int):
@@ -247,6 +253,7 @@ class AutoBudget:
         self.last_survey = 1 - self.SURVEY_EVERY
         self.survey_gap = self.SURVEY_EVERY  # steps from the previous survey to this one
         self.survey_due = False
+        self.survey_costs = deque(maxlen=self.SURVEY_COSTS)  # seconds of work of recent surveys
 
     # ---- scores -------------------------------------------------------------------------
     def verify_seconds(self, arm: int) -> float:
@@ -293,8 +300,17 @@ class AutoBudget:
             self._decide()
         if self.survey_due:
             self.survey_gap, self.last_survey = self.steps - self.last_survey, self.steps
-            self.next_survey = self.steps + (self.SURVEY_SETTLED if self.settled else self.SURVEY_EVERY)
+            self.next_survey = self.steps + self._survey_gap()
         return self.current
+
+    def _survey_gap(self) -> int:
+        """Steps to the next survey: the learning rate's, or more when surveys would
+        take more than SURVEY_SHARE of the time."""
+        gap = self.SURVEY_SETTLED if self.settled else self.SURVEY_EVERY
+        if not self.survey_costs:
+            return gap
+        cost = sorted(self.survey_costs)[len(self.survey_costs) // 2]
+        return max(gap, math.ceil(cost / (self.SURVEY_SHARE * self.step_seconds(self.current))))
 
     def _above_tried(self):
         """The size after the largest tried (None once the largest was tried)."""
@@ -368,6 +384,11 @@ class AutoBudget:
         ok = np.asarray(accepted, dtype=bool)
         self.spine.update(probs[spine], ok[spine], self.survey_gap)
         self.branch.update(probs[~spine], ok[~spine], self.survey_gap)
+
+    def surveyed(self, seconds: float) -> None:
+        """The work a survey step added (ranking the candidates where the arm does
+        not, the survey tree, the expectations, the calibration)."""
+        self.survey_costs.append(seconds)
 
     def timed(self, arm: int, seconds: float, n_verified: int) -> None:
         """Every step's time and the tokens it verified (the bonus and the drafts);

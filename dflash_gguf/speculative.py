@@ -291,13 +291,15 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         # the chain arm, greedy: the chain decoder's step (the block goes from the
         # drafter to the target on the device), cut by p_min; a survey reads the
         # drafter's top-K as well. Returns what _greedy_pass does, the drafts verified
-        # and accepted, and the top-K when read.
+        # and accepted, and the top-K when read with the seconds that took.
         draft.propose(bonus, b, read=False)
+        t_rank = time.perf_counter()
         ranked = draft.topk(b - 1) if survey else None
+        t_rank = time.perf_counter() - t_rank
         if p_min > 0 and b > 2:
             b = 1 + chain_length(ranked[1][:, 0] if survey else draft.top1_logprobs(b - 1), p_min)
         out, t_draft, t_verify = _greedy_pass(target, draft, bonus, b, t0, stage)
-        return out, t_draft, t_verify, b - 1, len(out) - 1, ranked
+        return out, t_draft, t_verify, b - 1, len(out) - 1, ranked, t_rank
 
     if auto is not None:
         auto.start_request()
@@ -311,26 +313,31 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         survey = auto is not None and auto.wants_survey()
         depth = min(b - 1, remaining)
         if arm == CHAIN and sampler is None:
-            out, t_draft, t_verify, n_drafts, n_acc, ranked = device_chain(bonus, depth + 1, t0, survey)
+            out, t_draft, t_verify, n_drafts, n_acc, ranked, t_rank = device_chain(bonus, depth + 1, t0, survey)
             stats.tree_sizes.append(n_drafts)
             stats.chain_steps += 1
             if survey:
+                t_survey = time.perf_counter()
                 cand, logp = ranked
                 nodes = chain_nodes(logp[:n_drafts, 0])
                 auto.survey(tree_nodes(build_tree(bonus, cand, logp, auto.survey_size(), max_depth=depth), logp[:, 0]),
                             nodes)
                 auto.verified(nodes, np.arange(n_drafts) < n_acc)
+                auto.surveyed(t_rank + time.perf_counter() - t_survey)
             auto.timed(CHAIN, time.perf_counter() - t0, 1 + n_drafts)
             return out, t_draft, t_verify
         draft.propose(bonus, b, read=False)  # the tree is built from the top-K alone
         cand, logp = draft.topk(b - 1)
         chain = arm == CHAIN or 1 + arm > room  # a padded tree that does not fit: the chain does
+        t_survey = 0.0  # the survey's work: its tree (in full: a little more than its extra), expectations, calibration
         if survey or not chain:
+            t_build = time.perf_counter()
             tree = build_tree(bonus, cand, logp, auto.survey_size() if survey else arm, max_depth=depth)
             if survey:
                 cut = chain_length(logp[:depth, 0], p_min) if sampler is None else depth
                 auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:cut, 0]))
                 tree = tree.best(arm)
+                t_survey = time.perf_counter() - t_build
         if chain:
             tree = chain_tree(bonus, cand[:depth, 0])
             stats.chain_steps += 1
@@ -358,11 +365,13 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         draft.append_rows(len(path), rows=path, defer=True)
         stage("committed")
         if survey:
+            t_calibrate = time.perf_counter()
             if chain:
                 auto.verified(chain_nodes(logp[:depth, 0]), np.arange(depth) < len(path) - 1)
             else:
                 on_path = set(path)
                 auto.verified(tree_nodes(tree, logp[:depth, 0]), [i in on_path for i in tree.pick_order])
+            auto.surveyed(t_survey + time.perf_counter() - t_calibrate)
         if auto is not None:
             auto.timed(CHAIN if chain else arm, time.perf_counter() - t0, len(tree))
         return [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])], t1 - t0, t2 - t1

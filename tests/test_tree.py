@@ -119,6 +119,14 @@ def random_tree(rng, n):
     return [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
 
 
+def random_branching_tree(rng, n):
+    """random_tree, never a path (the runtime verifies a path as the chain)."""
+    parents = random_tree(rng, n)
+    if parents == list(range(-1, n - 1)):
+        parents[-1] = parents[-2]
+    return parents
+
+
 def root_path(parents, i):
     path = []
     while i >= 0:
@@ -192,19 +200,19 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
     """Trees of one node count but any shape, order, tokens and accepted path, step
     after step: the graph's recurrence is padded to the largest spine, branch count,
     branch length and last branch start seen for the node count, so once trees of those
-    sizes have run (for 6 nodes: the chain, the star, a spine of 4 with a branch of 2
-    and a spine of 5 with a leaf on its fourth node), one graph is built and reused (the
-    commit rides along as an input), and every node's logits match decoding its text
-    from scratch."""
+    sizes have run (for 6 nodes: the star, a spine of 5 with a leaf on the root, a
+    spine of 4 with a branch of 2 and a spine of 5 with a leaf on its fourth node), one
+    graph is built and reused (the commit rides along as an input), and every node's
+    logits match decoding its text from scratch."""
     rng = np.random.default_rng(5)
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     text = rng.integers(0, 1000, 19).tolist()
     target.prefill(text, LOGITS_LAST)
-    shapes = [[-1, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 1, 2, 3], [-1, 0, 1, 0, 2, 3], [-1, 0, 1, 2, 3, 3]]
+    shapes = [[-1, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 0], [-1, 0, 0, 1, 2, 3], [-1, 0, 1, 0, 2, 3], [-1, 0, 1, 2, 3, 3]]
     builds = []
     for step in range(9):
-        parents = shapes[step] if step < len(shapes) else random_tree(rng, 6)
+        parents = shapes[step] if step < len(shapes) else random_branching_tree(rng, 6)
         tokens = rng.integers(0, 1000, len(parents)).tolist()
         target.verify_tree(tokens, parents)
         builds.append(target.info()["n_graph_builds"])
@@ -229,16 +237,17 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
 
 
 def test_an_odd_tree_pads_later_trees_only_for_a_while(pair):
-    """A star of 6 nodes pads the recurrence of the chain-shaped trees of 6 after it
-    (four branches); after 64 trees of that size the padding restarts from the tree at
-    hand: one more graph, then the chains reuse it, and their logits stay exact."""
+    """A star of 6 nodes pads the recurrence of the trees of 6 after it (a spine of 5
+    with a leaf on the root: one branch, padded to four); after 64 trees of that size
+    the padding restarts from the tree at hand: one more graph, then those trees reuse
+    it, and their logits stay exact."""
     rng = np.random.default_rng(9)
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     text = rng.integers(0, 1000, 9).tolist()
     target.prefill(text, LOGITS_LAST)
     builds = []
     for step in range(80):
-        parents = [-1, 0, 0, 0, 0, 0] if step == 0 else [-1, 0, 1, 2, 3, 4]
+        parents = [-1, 0, 0, 0, 0, 0] if step == 0 else [-1, 0, 1, 2, 3, 0]
         tokens = rng.integers(0, 1000, 6).tolist()
         target.verify_tree(tokens, parents)
         builds.append(target.info()["n_graph_builds"])
@@ -248,8 +257,8 @@ def test_an_odd_tree_pads_later_trees_only_for_a_while(pair):
     assert builds[-1] - builds[2] == 1 and builds[70] == builds[-1]
     plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     plain.prefill(context, LOGITS_LAST)
-    plain.decode(tokens, LOGITS_ALL)
-    np.testing.assert_allclose(got, plain.logits(0, 6), rtol=0, atol=1e-5)
+    plain.decode(tokens[:5], LOGITS_ALL)  # the spine
+    np.testing.assert_allclose(got[:5], plain.logits(0, 5), rtol=0, atol=1e-5)
 
 
 def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
@@ -270,7 +279,7 @@ def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
             target.commit(keep)
             text += tokens[:keep]
         else:
-            parents = random_tree(rng, 6 if step % 3 == 0 else 4)
+            parents = random_branching_tree(rng, 6 if step % 3 == 0 else 4)
             target.verify_tree(tokens[:len(parents)], parents)
             path = root_path(parents, int(rng.integers(0, len(parents))))
             target.commit_path(path)
@@ -359,24 +368,42 @@ def test_a_tree_in_two_groups_equals_its_paths_verified_as_chains(pair):
         prompt += [tokens[j] for j in path]
 
 
-def test_chain_shaped_tree_is_the_chain_path(pair):
-    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8))
-    prompt, tokens = list(range(50, 70)), list(range(300, 308))
-    target.prefill(prompt, LOGITS_LAST)
-    target.verify(tokens)
-    chain = target.logits(0, 8)
-    target.commit(0)
-    target.verify_tree(tokens, list(range(-1, 7)))
-    assert np.array_equal(target.logits(0, 8), chain)
+def test_a_path_is_verified_as_the_chain(pair):
+    """A tree that is one path (parents[i] = i - 1) is verified as the chain of its
+    tokens: the chain's graph (no build), its logits, and commit_path keeps a prefix as
+    commit does. A path with a leaf off its root runs the tree's own machinery, which
+    gives the path's nodes the chain's logits bit for bit."""
+    config = TargetConfig(n_ctx=256, n_ubatch=32, n_verify=9, kv_type="f32")
+    tree, chain = Target(pair["target"], config), Target(pair["target"], config)
+    prompt, tokens, more = list(range(50, 70)), list(range(300, 308)), list(range(400, 408))
+    for t in (tree, chain):
+        t.prefill(prompt, LOGITS_LAST)
+    chain.verify(tokens)
+    tree.verify(tokens)
+    tree.commit(0)
+    builds = tree.info()["n_graph_builds"]
+    tree.verify_tree(tokens, list(range(-1, 7)))
+    assert np.array_equal(tree.logits(0, 8), chain.logits(0, 8))
+    assert tree.info()["n_graph_builds"] == builds
+    with pytest.raises(Exception, match="path"):
+        tree.commit_path([0, 2])
+    with pytest.raises(Exception, match="commit_path"):
+        tree.commit(3)
+    tree.commit_path([0, 1, 2])
+    chain.commit(3)
+    chain.verify(more)
+    tree.verify_tree(more + [9], list(range(-1, 7)) + [0])
+    assert tree.info()["n_graph_builds"] > builds
+    assert np.array_equal(tree.logits(0, 8), chain.logits(0, 8))
 
 
 def test_both_conv_forms_verify_each_path_as_the_chain(pair):
     """A tree's short convolution runs its spine as one sequence and each node off it on
     its own window (a fresh tree of a spine of 5 and 3 nodes off it), or every node on
-    its own window when the padded shape makes that cheaper (after a star and a chain of
-    8 nodes pad the spine to 8 and the nodes off it to 6): either way each node's logits
-    are those of verifying its root path as a chain, and the chain-shaped tree's are the
-    chain's, bit for bit."""
+    its own window when the padded shape makes that cheaper (after a star and a path of 7
+    with a leaf off its root pad the spine to 7 and the nodes off it to 6): either way
+    each node's logits are those of verifying its root path as a chain, and the path's
+    (a path alone would run as the chain verify itself) are the chain's, bit for bit."""
     rng = np.random.default_rng(21)
     config = TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8, kv_type="f32")
     fresh, padded, plain = Target(pair["target"], config), Target(pair["target"], config), Target(pair["target"], config)
@@ -401,8 +428,8 @@ def test_both_conv_forms_verify_each_path_as_the_chain(pair):
     padded.verify(tokens)
     chain = padded.logits(0, 8)
     padded.commit(0)
-    padded.verify_tree(tokens, list(range(-1, 7)))
-    assert np.array_equal(padded.logits(0, 8), chain)
+    padded.verify_tree(tokens[:7] + [tokens[0]], list(range(-1, 6)) + [0])  # a path and a leaf: the tree's machinery
+    assert np.array_equal(padded.logits(0, 7), chain[:7])
     padded.commit_path([])
     padded.verify_tree(tokens, tree)
     paths_as_chains(padded.logits(0, 8))
@@ -601,12 +628,14 @@ class _Cost:
         return self.chain_fixed + self.chain_per_node * np.asarray(n, dtype=float)
 
 
-def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, cost=None, surveys=None):
+def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, cost=None, surveys=None,
+                  survey_seconds=None):
     """AutoBudget driven by a simulated pair: every step the drafter gives its top-4
     candidates per depth (the top one at 0.6, the others sharing the rest), the target
     accepts each drafted node with probability accept(node's drafter probability), and
-    an arm's step takes step_seconds[arm]. Returns the arm of every step (and appends
-    the index of every survey step to `surveys`)."""
+    an arm's step takes step_seconds[arm] (a survey's work survey_seconds more, when
+    given). Returns the arm of every step (and appends the index of every survey step
+    to `surveys`)."""
     from dflash_gguf.budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 
     rng = np.random.default_rng(seed)
@@ -641,9 +670,13 @@ def simulate_auto(step_seconds, accept, steps=400, seed=0, depth=7, largest=32, 
                 path.add(nxt)
                 node = nxt
             nodes, accepted = tree_nodes(tree, logp[:, 0]), [i in path for i in tree.pick_order]
+        extra = 0.0
         if survey:
             auto.verified(nodes, accepted)
-        auto.timed(arm, step_seconds[arm], 1 + (depth if arm == CHAIN else arm))
+            if survey_seconds is not None:
+                extra = survey_seconds
+                auto.surveyed(survey_seconds)
+        auto.timed(arm, step_seconds[arm] + extra, 1 + (depth if arm == CHAIN else arm))
         arms.append(arm)
     return arms
 
@@ -696,6 +729,27 @@ def test_auto_surveys_rarely_once_an_arm_leads_clearly():
     simulate_auto({0: 1.0, 4: 1.0, 8: 1.02, 16: 1.8, 32: 3.0}, lambda p: p, surveys=close)
     assert sum(s >= 200 for s in clear) <= 200 // AutoBudget.SURVEY_SETTLED + 2, clear
     assert sum(12 <= s < 60 for s in close) >= 48 // AutoBudget.SURVEY_EVERY - 1, close
+
+
+def test_auto_spaces_surveys_that_cost_a_visible_part_of_a_step():
+    """On a small model a survey's work is a fifth of a step or more: at the learning
+    rate of a close call (a survey every SURVEY_EVERY steps) that would be 5% of the
+    decoding time. auto measures the surveys' work and spaces them so that it stays
+    near SURVEY_SHARE of the time (trials, which survey every step, apart); a survey
+    that costs next to nothing, as on a large model, leaves the rate as it was."""
+    from dflash_gguf.budget import AutoBudget
+
+    close = {0: 1.0, 4: 1.0, 8: 1.02, 16: 1.8, 32: 3.0}
+    free, cheap, dear = [], [], []
+    simulate_auto(close, lambda p: p, surveys=free)
+    simulate_auto(close, lambda p: p, surveys=cheap, survey_seconds=1e-4)
+    arms = simulate_auto(close, lambda p: p, surveys=dear, survey_seconds=0.25)
+    assert cheap == free
+    later = [s for s in dear if s >= 100]
+    share = 0.25 * len(later) / sum(close[a] for a in arms[100:])
+    assert share <= 1.2 * AutoBudget.SURVEY_SHARE, dear
+    assert 0.25 * sum(s >= 100 for s in free) / sum(close[a] for a in arms[100:]) > 1.5 * AutoBudget.SURVEY_SHARE
+    assert min(b - a for a, b in zip(later, later[1:])) >= 0.25 / (AutoBudget.SURVEY_SHARE * 1.02), later
 
 
 def test_auto_calibrates_an_overconfident_drafter():
@@ -783,7 +837,7 @@ class _ScriptedAuto:
         from dflash_gguf.budget import AutoBudget
 
         self.real = AutoBudget(_Cost(1e-3, 1e-4), largest, BLOCK)
-        self.largest, self.script, self.seen, self.surveyed = largest, list(arms), [], 0
+        self.largest, self.script, self.seen, self.n_verified, self.survey_costs = largest, list(arms), [], 0, []
 
     def choose(self):
         self.real.choose()
@@ -808,8 +862,13 @@ class _ScriptedAuto:
         assert len(probs) == len(spine) == len(accepted) and np.all((0 <= probs) & (probs <= 1))
         # the chain is all spine; a tree's first node is the drafter's top choice
         assert spine.all() if self.seen[-1] == 0 else spine[0]
-        self.surveyed += 1
+        self.n_verified += 1
         self.real.verified(nodes, accepted)
+
+    def surveyed(self, seconds):
+        assert seconds > 0
+        self.survey_costs.append(seconds)
+        self.real.surveyed(seconds)
 
     def timed(self, arm, seconds, n_verified):
         assert arm == self.seen[-1] and seconds > 0 and n_verified >= 1
@@ -827,7 +886,7 @@ def test_lossless_auto_mixing_chain_and_trees(pair):
         out, stats = tree_generate(target, draft, prompt, 64, budget=16, auto=auto)
         assert out == ar
         assert stats.chain_steps > 0 and stats.chain_steps < len(stats.accepted_lengths)
-        assert auto.surveyed > 0
+        assert auto.n_verified > 0 and len(auto.survey_costs) == auto.n_verified
 
 
 def test_auto_chain_arm_is_cut_by_p_min(pair):
