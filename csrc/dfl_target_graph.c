@@ -22,7 +22,7 @@ typedef struct graph_build {
  *   conv  [conv_channels]  the activated convolution output: raw q and k, then v
  *   qk    [2 S_k H_k]      q and k normalised
  *   g     [H_v]            log-decay
- *   beta  [H_v]            update weight (right after g: the chain commit masks both at once)
+ *   beta  [H_v]            update weight (right after g: a commit masks or gathers both at once)
  * The ops that make these write into their plane themselves (dfl_graph_delta_net). */
 typedef struct replay_planes {
     int64_t cols;                 /* columns per plane */
@@ -166,6 +166,17 @@ static void keep_copy(dfl_graph * g, struct ggml_tensor * rp, int64_t plane, int
     ggml_build_forward_expand(g->gf, ggml_cpy(g->ctx, x, dst));
 }
 
+/* The tensor q and k are views of when they sit side by side in its rows, [q heads | k
+ * heads] (as the architectures make them: one norm over both), else NULL. */
+static struct ggml_tensor * qk_rows(const struct ggml_tensor * q, const struct ggml_tensor * k, int64_t hk, int64_t Hk) {
+    const size_t f32 = sizeof(float);
+    struct ggml_tensor * qk = q->view_src;
+    const bool side_by_side = qk && k->view_src == qk && q->view_offs == 0 && k->view_offs == (size_t) (hk * Hk) * f32 &&
+                              q->nb[1] == hk * f32 && k->nb[1] == q->nb[1] && q->nb[2] == (size_t) (2 * hk * Hk) * f32 &&
+                              k->nb[2] == q->nb[2];
+    return side_by_side ? qk : NULL;
+}
+
 /* What the commit's rerun reads of a verify's rows, kept in the layer's replay planes:
  * the ops that make v (a view of the convolution output, as the architectures make it),
  * q and k (side by side in one result), the decay and the update weight write into
@@ -187,9 +198,8 @@ static void keep_for_commit(dfl_graph * g, int il, struct ggml_tensor * q, struc
     } else {
         keep_copy(g, rp, P.conv, C, QK, v, hv * Hv);
     }
-    struct ggml_tensor * qk = q->view_src;
-    if (placeable(qk, QK * n) && k->view_src == qk && q->view_offs == 0 && k->view_offs == (size_t) (hk * Hk) * f32 &&
-        q->nb[1] == hk * f32 && k->nb[1] == q->nb[1] && q->nb[2] == QK * f32 && k->nb[2] == q->nb[2]) {
+    struct ggml_tensor * qk = qk_rows(q, k, hk, Hk);
+    if (placeable(qk, QK * n)) {
         write_into(qk, rp, (size_t) P.qk * f32);
     } else {
         keep_copy(g, rp, P.qk, QK, 0, q, hk * Hk);
@@ -216,23 +226,35 @@ static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_t
     return ggml_view_4d(ctx, x, ne0, ne1, n, 1, x->nb[1], x->nb[2], x->nb[2] * n, 0);
 }
 
-/* [ne0, ne1, n] rows gathered into step order, one result: the spine's [ne0, ne1, spine, 1],
- * then each group's [ne0, ne1, steps, branches] (NULL when it has none), as views */
-static struct ggml_tensor * gather_steps(dfl_graph * g, struct ggml_tensor * x, int64_t ne0, int64_t ne1,
-                                         struct ggml_tensor ** groups) {
+/* Rows gathered into step order (gather_rows), [ne0, ne1] of each from byte `offset`:
+ * the spine's [ne0, ne1, spine, 1], then each group's [ne0, ne1, steps, branches] (NULL
+ * when it has none), as views */
+static struct ggml_tensor * split_steps(dfl_graph * g, struct ggml_tensor * rows, int64_t ne0, int64_t ne1,
+                                        size_t offset, struct ggml_tensor ** groups) {
     const graph_build * b = g->runtime;
     const tree_shape sh = b->t->tree.shape;
     struct ggml_context * ctx = g->ctx;
-    struct ggml_tensor * rows = ggml_get_rows(ctx, ggml_view_2d(ctx, x, ne0 * ne1, g->n, x->nb[2], 0), b->in->tree_steps);
     const size_t row = rows->nb[1], col = rows->nb[0] * ne0;
-    size_t at = row * sh.spine;
+    size_t at = row * sh.spine + offset;
     for (int k = 0; k < DFL_TREE_GROUPS; k++) {
         groups[k] = sh.branches[k] == 0 ? NULL
                                         : ggml_view_4d(ctx, rows, ne0, ne1, sh.steps[k], sh.branches[k], col, row,
                                                        row * sh.steps[k], at);
         at += row * sh.steps[k] * sh.branches[k];
     }
-    return ggml_view_4d(ctx, rows, ne0, ne1, sh.spine, 1, col, row, row * sh.spine, 0);
+    return ggml_view_4d(ctx, rows, ne0, ne1, sh.spine, 1, col, row, row * sh.spine, offset);
+}
+
+/* The n rows of x (`width` floats, any row stride) in step order: one row a step */
+static struct ggml_tensor * gather_rows(dfl_graph * g, struct ggml_tensor * x, int64_t width, size_t stride) {
+    const graph_build * b = g->runtime;
+    return ggml_get_rows(g->ctx, ggml_view_2d(g->ctx, x, width, g->n, stride, 0), b->in->tree_steps);
+}
+
+/* [ne0, ne1, n] rows in step order, split as split_steps does */
+static struct ggml_tensor * gather_steps(dfl_graph * g, struct ggml_tensor * x, int64_t ne0, int64_t ne1,
+                                         struct ggml_tensor ** groups) {
+    return split_steps(g, gather_rows(g, x, ne0 * ne1, x->nb[2]), ne0, ne1, 0, groups);
 }
 
 /* Steps [at, at + n) of a spine's [ne0, ne1, steps, 1] */
@@ -258,8 +280,9 @@ static struct ggml_tensor * scatter_rows(dfl_graph * g, struct ggml_tensor * out
  * path as a chain, bit for bit. Steps, the branches' starts and output rows are inputs:
  * the graph depends only on the node count and the padded shape. No per-node state is
  * kept: the commit reruns the accepted path. */
-static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
-                                           struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
+static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * qk, struct ggml_tensor * q,
+                                           struct ggml_tensor * k, struct ggml_tensor * v, struct ggml_tensor * gate,
+                                           struct ggml_tensor * beta) {
     const graph_build * b = g->runtime;
     dfl_target * t = b->t;
     struct ggml_context * ctx = g->ctx;
@@ -271,7 +294,15 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
 
     struct ggml_tensor * qg[DFL_TREE_GROUPS], * kg[DFL_TREE_GROUPS], * vg[DFL_TREE_GROUPS], * gg[DFL_TREE_GROUPS],
                        * bg[DFL_TREE_GROUPS];
-    struct ggml_tensor * qs = gather_steps(g, q, hk, Hk, qg), * ks = gather_steps(g, k, hk, Hk, kg);
+    struct ggml_tensor * qs, * ks;
+    if (qk) { /* side by side: one gather */
+        struct ggml_tensor * rows = gather_rows(g, qk, 2 * hk * Hk, q->nb[2]);
+        qs = split_steps(g, rows, hk, Hk, 0, qg);
+        ks = split_steps(g, rows, hk, Hk, (size_t) (hk * Hk) * f32, kg);
+    } else {
+        qs = gather_steps(g, q, hk, Hk, qg);
+        ks = gather_steps(g, k, hk, Hk, kg);
+    }
     struct ggml_tensor * vs = gather_steps(g, v, hv, Hv, vg), * gs = gather_steps(g, gate, 1, Hv, gg);
     struct ggml_tensor * bs = gather_steps(g, beta, 1, Hv, bg);
     struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
@@ -333,13 +364,14 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
          * cheaper than keeping a state per verified row */
         keep_for_commit(g, il, q, k, v, gate, beta);
     }
+    struct ggml_tensor * qk = qk_rows(q, k, hk, Hk);
     q = as_sequence(ctx, q, hk, Hk, n);
     k = as_sequence(ctx, k, hk, Hk, n);
     v = as_sequence(ctx, v, hv, Hv, n);
     gate = ggml_reshape_4d(ctx, gate, 1, Hv, n, 1);
     beta = ggml_reshape_4d(ctx, beta, 1, Hv, n, 1);
     if (b->tree) {
-        return delta_net_tree(g, il, q, k, v, gate, beta);
+        return delta_net_tree(g, il, qk, q, k, v, gate, beta);
     }
     struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
     struct ggml_tensor * res = ggml_gated_delta_net(ctx, q, k, v, gate, beta, s0, 1);
@@ -387,7 +419,7 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
     const int R = t->commit.n_replay;
     if (m->n_recurrent > 0) {
         if (tree) {
-            in->commit_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, R);
+            in->commit_rows = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, R, 2); /* twice: see below */
             ggml_set_input(in->commit_rows);
         } else {
             in->commit_keep = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, R, 1);
@@ -418,18 +450,23 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         struct ggml_tensor * q, * k, * v, * g, * b;
         if (tree) {
             /* the path's columns of every plane, in path order; identity steps take the
-             * zero column (decay 0, update weight 0) */
-            struct ggml_tensor * planes[4];
-            const int64_t at[4] = { P.conv, P.qk, P.g, P.beta }, rows[4] = { C, QK, Hv, Hv };
-            for (int i = 0; i < 4; i++) {
+             * zero column (decay 0, update weight 0). The decay and update weight planes,
+             * of one width, in one gather: its index holds the columns once per plane. */
+            struct ggml_tensor * cols = ggml_view_1d(ctx, in->commit_rows, R, 0);
+            struct ggml_tensor * planes[2];
+            const int64_t at[2] = { P.conv, P.qk }, rows[2] = { C, QK };
+            for (int i = 0; i < 2; i++) {
                 struct ggml_tensor * plane = ggml_view_2d(ctx, rp, rows[i], P.cols, rows[i] * f32, (size_t) at[i] * f32);
-                planes[i] = ggml_get_rows(ctx, plane, in->commit_rows);
+                planes[i] = ggml_get_rows(ctx, plane, cols);
             }
+            struct ggml_tensor * gb = ggml_view_3d(ctx, rp, Hv, P.cols, 2, Hv * f32, (size_t) (P.beta - P.g) * f32,
+                                                   (size_t) P.g * f32);
+            gb = ggml_get_rows(ctx, gb, in->commit_rows); /* [Hv, R, 2] */
             v = ggml_view_4d(ctx, planes[0], hv, Hv, R, 1, hv * f32, C * f32, C * R * f32, (size_t) QK * f32);
             q = ggml_view_4d(ctx, planes[1], hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, 0);
             k = ggml_view_4d(ctx, planes[1], hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, hk * Hk * f32);
-            g = ggml_reshape_4d(ctx, planes[2], 1, Hv, R, 1);
-            b = ggml_reshape_4d(ctx, planes[3], 1, Hv, R, 1);
+            g = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, 0);
+            b = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, Hv * R * f32);
         } else {
             /* a chain's rows are in order already; the decay and update weight of every row
              * times keep, in one product: [Hv, R] decays, then [Hv, R] weights */
@@ -481,11 +518,12 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
         dfl_runtime_set(&t->rt, in->commit_keep, keep, 0, (size_t) pc->n_replay * sizeof(float));
     }
     if (in->commit_rows) {
-        int32_t rows[DFL_MAX_VERIFY];
-        for (int k = 0; k < pc->n_replay; k++) {
-            rows[k] = k < pc->n_keep ? pc->path[k] : t->p.n_verify; /* identity steps: the zero column */
+        int32_t rows[2 * DFL_MAX_VERIFY];
+        const int R = pc->n_replay;
+        for (int k = 0; k < R; k++) {
+            rows[k] = rows[R + k] = k < pc->n_keep ? pc->path[k] : t->p.n_verify; /* identity steps: the zero column */
         }
-        dfl_runtime_set(&t->rt, in->commit_rows, rows, 0, (size_t) pc->n_replay * sizeof(int32_t));
+        dfl_runtime_set(&t->rt, in->commit_rows, rows, 0, (size_t) 2 * R * sizeof(int32_t));
     }
     if (in->commit_conv_cols) {
         dfl_runtime_set(&t->rt, in->commit_conv_cols, pc->conv_cols, 0, (size_t) (t->m.rec.d_conv - 1) * sizeof(int32_t));

@@ -132,7 +132,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * conv_scatter;
     /* the pending commit, when the graph carries one (fixed shapes: see add_pending_commit);
      * NULL when the model has nothing of that kind to commit */
-    struct ggml_tensor * commit_rows;      /* [verified] replay columns to rerun: the kept path, then any */
+    struct ggml_tensor * commit_rows;      /* [verified, 2] replay columns to rerun (the kept path, then any), twice */
     struct ggml_tensor * commit_keep;      /* [verified] 1 for the kept ones, 0 after */
     struct ggml_tensor * commit_conv_cols; /* [d_conv-1] columns of the conv scratch that become the conv state */
     struct ggml_tensor * commit_kv_src;    /* tree: [n_verify] cache rows to move ... */
