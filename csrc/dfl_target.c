@@ -481,7 +481,6 @@ static dfl_status verify_chain(dfl_target * t, const int32_t * tokens, int32_t n
     TRY(run(t, tokens, n, true, false, LOGITS_ALL, tokens_src));
     t->pending_verify = n;
     t->pending_tree = false;
-    t->pending_line = false;
     return DFL_OK;
 }
 
@@ -506,8 +505,6 @@ DFL_API dfl_status dfl_target_verify_draft(dfl_target * t, const dfl_draft * d, 
     return verify_chain(t, NULL, n, block);
 }
 
-static void commit_chain(dfl_target * t, int n, int n_keep);
-
 DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     if (!t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null target");
@@ -522,14 +519,7 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
     if (n_keep < 0 || n_keep > n) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d verified tokens", n_keep, n);
     }
-    commit_chain(t, n, n_keep);
-    return DFL_OK;
-}
-
-/* Keep the first n_keep rows of the last verify, a chain of n rows. */
-static void commit_chain(dfl_target * t, int n, int n_keep) {
     t->pending_verify = 0;
-    t->pending_tree = false;
     t->n_out = 0;
     t->chain_steady = n == t->last_chain || t->last_chain == 0 ? t->chain_steady + 1 : 0;
     t->last_chain = n;
@@ -552,6 +542,7 @@ static void commit_chain(dfl_target * t, int n, int n_keep) {
         }
     }
     t->n_past += n_keep;
+    return DFL_OK;
 }
 
 #define TREE_SHAPE_RESET 64
@@ -836,16 +827,6 @@ static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
     return DFL_OK;
 }
 
-/* Whether a tree of n nodes is one path in node order: a chain. */
-static bool is_path(const int32_t * parents, int n) {
-    for (int i = 0; i < n; i++) {
-        if (parents[i] != i - 1) {
-            return false;
-        }
-    }
-    return true;
-}
-
 DFL_API dfl_status dfl_target_verify_tree(dfl_target * t, const int32_t * tokens, const int32_t * parents, int32_t n) {
     if (!t || !tokens || !parents || n <= 0) {
         return dfl_fail(DFL_ERR_ARGUMENT, "tree verify needs at least one node");
@@ -856,21 +837,10 @@ DFL_API dfl_status dfl_target_verify_tree(dfl_target * t, const int32_t * tokens
     if (t->pending_verify) {
         return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
     }
-    if (n <= DFL_MAX_TREE && is_path(parents, n)) {
-        /* a path is a chain: verified as one, its graphs and its cost (the tree's
-         * arithmetic is the chain's bit for bit, so the results are the same) */
-        TRY(verify_chain(t, tokens, n, NULL));
-        tree_plan * tp = &t->tree;
-        tp->n = n;
-        memcpy(tp->parent, parents, (size_t) n * sizeof(int32_t));
-        t->pending_tree = t->pending_line = true;
-        return DFL_OK;
-    }
     TRY(plan_tree(t, parents, n));
     TRY(run(t, tokens, n, true, true, LOGITS_ALL, NULL));
     t->pending_verify = n;
     t->pending_tree = true;
-    t->pending_line = false;
     return DFL_OK;
 }
 
@@ -893,10 +863,6 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
         if (!ok) {
             return dfl_fail(DFL_ERR_ARGUMENT, "path entry %d (node %d) does not continue a root-to-node path", k, path[k]);
         }
-    }
-    if (t->pending_line) {
-        commit_chain(t, t->pending_verify, n_keep); /* a path's prefix: the first n_keep rows */
-        return DFL_OK;
     }
     t->pending_verify = 0;
     t->pending_tree = false;

@@ -222,7 +222,6 @@ struct dfl_target {
     int n_past;
     int pending_verify;
     bool pending_tree;
-    bool pending_line; /* the tree verified was a path, run as a chain verify (set by every verify) */
     tree_plan tree;
     pending_commit commit;
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */

@@ -135,9 +135,7 @@ dfl_status dfl_target_commit(dfl_target * target, int32_t n_keep);
  * node 0 is the root (parents[0] = -1) and every other node's parent comes before it.
  * Each node sees the context and its ancestors, sits at position n_past + depth, and
  * continues its parent's recurrent state. Logits and argmax for every node, features
- * for every node. The graph depends on n alone: trees of one size reuse it. A path
- * (parents[i] = i - 1 for every node) runs as dfl_target_verify of its tokens would, at
- * a chain's cost; it is still committed with dfl_target_commit_path. */
+ * for every node. The graph depends on n alone: trees of one size reuse it. */
 dfl_status dfl_target_verify_tree(dfl_target * target, const int32_t * tokens, const int32_t * parents, int32_t n);
 
 /* Keep a root-to-node path path[0..n_keep) (path[0] = 0) of the last tree verify. */

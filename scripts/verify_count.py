@@ -20,8 +20,7 @@ build graphs, are left out).
 
 Shapes (every tree has exactly n nodes):
   chain    dfl_target_verify of n tokens (the chain verify)
-  line     the same n tokens as a chain-shaped tree (the runtime verifies a path as the
-           chain: this row is the chain's, through verify_tree)
+  line     the same n tokens as a chain-shaped tree
   ddtree   the best-first tree of a confident drafter (top-4 candidates per depth with
            probabilities 0.6, 0.2, 0.1, 0.05; depth at most 15): a spine with branches
   bushy    the best-first tree of an unsure drafter (0.3, 0.25, 0.2, 0.15)

@@ -119,14 +119,6 @@ def random_tree(rng, n):
     return [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
 
 
-def random_branching_tree(rng, n):
-    """random_tree, never a path (the runtime verifies a path as the chain)."""
-    parents = random_tree(rng, n)
-    if parents == list(range(-1, n - 1)):
-        parents[-1] = parents[-2]
-    return parents
-
-
 def root_path(parents, i):
     path = []
     while i >= 0:
@@ -200,19 +192,19 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
     """Trees of one node count but any shape, order, tokens and accepted path, step
     after step: the graph's recurrence is padded to the largest spine, branch count,
     branch length and last branch start seen for the node count, so once trees of those
-    sizes have run (for 6 nodes: the star, a spine of 5 with a leaf on the root, a
-    spine of 4 with a branch of 2 and a spine of 5 with a leaf on its fourth node), one
-    graph is built and reused (the commit rides along as an input), and every node's
-    logits match decoding its text from scratch."""
+    sizes have run (for 6 nodes: the chain, the star, a spine of 4 with a branch of 2
+    and a spine of 5 with a leaf on its fourth node), one graph is built and reused (the
+    commit rides along as an input), and every node's logits match decoding its text
+    from scratch."""
     rng = np.random.default_rng(5)
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     text = rng.integers(0, 1000, 19).tolist()
     target.prefill(text, LOGITS_LAST)
-    shapes = [[-1, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 0], [-1, 0, 0, 1, 2, 3], [-1, 0, 1, 0, 2, 3], [-1, 0, 1, 2, 3, 3]]
+    shapes = [[-1, 0, 0, 0, 0, 0], [-1, 0, 1, 2, 3, 4], [-1, 0, 0, 1, 2, 3], [-1, 0, 1, 0, 2, 3], [-1, 0, 1, 2, 3, 3]]
     builds = []
     for step in range(9):
-        parents = shapes[step] if step < len(shapes) else random_branching_tree(rng, 6)
+        parents = shapes[step] if step < len(shapes) else random_tree(rng, 6)
         tokens = rng.integers(0, 1000, len(parents)).tolist()
         target.verify_tree(tokens, parents)
         builds.append(target.info()["n_graph_builds"])
@@ -237,17 +229,16 @@ def test_consecutive_trees_of_one_size_reuse_the_graph_exactly(pair):
 
 
 def test_an_odd_tree_pads_later_trees_only_for_a_while(pair):
-    """A star of 6 nodes pads the recurrence of the trees of 6 after it (a spine of 5
-    with a leaf on the root: one branch, padded to four); after 64 trees of that size
-    the padding restarts from the tree at hand: one more graph, then those trees reuse
-    it, and their logits stay exact."""
+    """A star of 6 nodes pads the recurrence of the chain-shaped trees of 6 after it
+    (four branches); after 64 trees of that size the padding restarts from the tree at
+    hand: one more graph, then the chains reuse it, and their logits stay exact."""
     rng = np.random.default_rng(9)
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     text = rng.integers(0, 1000, 9).tolist()
     target.prefill(text, LOGITS_LAST)
     builds = []
     for step in range(80):
-        parents = [-1, 0, 0, 0, 0, 0] if step == 0 else [-1, 0, 1, 2, 3, 0]
+        parents = [-1, 0, 0, 0, 0, 0] if step == 0 else [-1, 0, 1, 2, 3, 4]
         tokens = rng.integers(0, 1000, 6).tolist()
         target.verify_tree(tokens, parents)
         builds.append(target.info()["n_graph_builds"])
@@ -257,8 +248,8 @@ def test_an_odd_tree_pads_later_trees_only_for_a_while(pair):
     assert builds[-1] - builds[2] == 1 and builds[70] == builds[-1]
     plain = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=16, kv_type="f32"))
     plain.prefill(context, LOGITS_LAST)
-    plain.decode(tokens[:5], LOGITS_ALL)  # the spine
-    np.testing.assert_allclose(got[:5], plain.logits(0, 5), rtol=0, atol=1e-5)
+    plain.decode(tokens, LOGITS_ALL)
+    np.testing.assert_allclose(got, plain.logits(0, 6), rtol=0, atol=1e-5)
 
 
 def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
@@ -279,7 +270,7 @@ def test_alternating_chain_and_tree_verifies_keep_their_graphs(pair):
             target.commit(keep)
             text += tokens[:keep]
         else:
-            parents = random_branching_tree(rng, 6 if step % 3 == 0 else 4)
+            parents = random_tree(rng, 6 if step % 3 == 0 else 4)
             target.verify_tree(tokens[:len(parents)], parents)
             path = root_path(parents, int(rng.integers(0, len(parents))))
             target.commit_path(path)
@@ -368,42 +359,24 @@ def test_a_tree_in_two_groups_equals_its_paths_verified_as_chains(pair):
         prompt += [tokens[j] for j in path]
 
 
-def test_a_path_is_verified_as_the_chain(pair):
-    """A tree that is one path (parents[i] = i - 1) is verified as the chain of its
-    tokens: the chain's graph (no build), its logits, and commit_path keeps a prefix as
-    commit does. A path with a leaf off its root runs the tree's own machinery, which
-    gives the path's nodes the chain's logits bit for bit."""
-    config = TargetConfig(n_ctx=256, n_ubatch=32, n_verify=9, kv_type="f32")
-    tree, chain = Target(pair["target"], config), Target(pair["target"], config)
-    prompt, tokens, more = list(range(50, 70)), list(range(300, 308)), list(range(400, 408))
-    for t in (tree, chain):
-        t.prefill(prompt, LOGITS_LAST)
-    chain.verify(tokens)
-    tree.verify(tokens)
-    tree.commit(0)
-    builds = tree.info()["n_graph_builds"]
-    tree.verify_tree(tokens, list(range(-1, 7)))
-    assert np.array_equal(tree.logits(0, 8), chain.logits(0, 8))
-    assert tree.info()["n_graph_builds"] == builds
-    with pytest.raises(Exception, match="path"):
-        tree.commit_path([0, 2])
-    with pytest.raises(Exception, match="commit_path"):
-        tree.commit(3)
-    tree.commit_path([0, 1, 2])
-    chain.commit(3)
-    chain.verify(more)
-    tree.verify_tree(more + [9], list(range(-1, 7)) + [0])
-    assert tree.info()["n_graph_builds"] > builds
-    assert np.array_equal(tree.logits(0, 8), chain.logits(0, 8))
+def test_chain_shaped_tree_is_the_chain_path(pair):
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8))
+    prompt, tokens = list(range(50, 70)), list(range(300, 308))
+    target.prefill(prompt, LOGITS_LAST)
+    target.verify(tokens)
+    chain = target.logits(0, 8)
+    target.commit(0)
+    target.verify_tree(tokens, list(range(-1, 7)))
+    assert np.array_equal(target.logits(0, 8), chain)
 
 
 def test_both_conv_forms_verify_each_path_as_the_chain(pair):
     """A tree's short convolution runs its spine as one sequence and each node off it on
     its own window (a fresh tree of a spine of 5 and 3 nodes off it), or every node on
-    its own window when the padded shape makes that cheaper (after a star and a path of 7
-    with a leaf off its root pad the spine to 7 and the nodes off it to 6): either way
-    each node's logits are those of verifying its root path as a chain, and the path's
-    (a path alone would run as the chain verify itself) are the chain's, bit for bit."""
+    its own window when the padded shape makes that cheaper (after a star and a chain of
+    8 nodes pad the spine to 8 and the nodes off it to 6): either way each node's logits
+    are those of verifying its root path as a chain, and the chain-shaped tree's are the
+    chain's, bit for bit."""
     rng = np.random.default_rng(21)
     config = TargetConfig(n_ctx=256, n_ubatch=32, n_verify=8, kv_type="f32")
     fresh, padded, plain = Target(pair["target"], config), Target(pair["target"], config), Target(pair["target"], config)
@@ -428,8 +401,8 @@ def test_both_conv_forms_verify_each_path_as_the_chain(pair):
     padded.verify(tokens)
     chain = padded.logits(0, 8)
     padded.commit(0)
-    padded.verify_tree(tokens[:7] + [tokens[0]], list(range(-1, 6)) + [0])  # a path and a leaf: the tree's machinery
-    assert np.array_equal(padded.logits(0, 7), chain[:7])
+    padded.verify_tree(tokens, list(range(-1, 7)))
+    assert np.array_equal(padded.logits(0, 8), chain)
     padded.commit_path([])
     padded.verify_tree(tokens, tree)
     paths_as_chains(padded.logits(0, 8))
