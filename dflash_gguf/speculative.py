@@ -293,9 +293,11 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         # drafter's top-K as well. Returns what _greedy_pass does, the drafts verified
         # and accepted, and the top-K when read with the seconds that took.
         draft.propose(bonus, b, read=False)
-        t_rank = time.perf_counter()
-        ranked = draft.topk(b - 1) if survey else None
-        t_rank = time.perf_counter() - t_rank
+        ranked, t_rank = None, 0.0
+        if survey:
+            t_rank = time.perf_counter()
+            ranked = draft.topk(b - 1)
+            t_rank = time.perf_counter() - t_rank
         if p_min > 0 and b > 2:
             b = 1 + chain_length(ranked[1][:, 0] if survey else draft.top1_logprobs(b - 1), p_min)
         out, t_draft, t_verify = _greedy_pass(target, draft, bonus, b, t0, stage)
@@ -331,7 +333,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         chain = arm == CHAIN or 1 + arm > room  # a padded tree that does not fit: the chain does
         t_survey = 0.0  # the survey's work: its tree (in full: a little more than its extra), expectations, calibration
         if survey or not chain:
-            t_build = time.perf_counter()
+            t_build = time.perf_counter() if survey else 0.0
             tree = build_tree(bonus, cand, logp, auto.survey_size() if survey else arm, max_depth=depth)
             if survey:
                 cut = chain_length(logp[:depth, 0], p_min) if sampler is None else depth
