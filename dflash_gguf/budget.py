@@ -208,8 +208,11 @@ class AutoBudget:
     verify), so the climb stops at the first size past the peak, and sizes further on,
     which would cost many slow steps to try, are never run. Trials, not the cost table,
     decide: the table may be off (measured on a busy machine, or before the runtime
-    changed). After a trial the best arm tried runs; it keeps running until another
-    promises SWITCH_GAIN more (a switch builds graphs; small differences are noise).
+    changed). When trials beat the arm in use before them, that arm is timed again
+    first: its figures predate them, and a process's first steps, which run cold,
+    would otherwise condemn the chain for good. After a trial the best arm tried runs;
+    it keeps running until another promises SWITCH_GAIN more (a switch builds graphs;
+    small differences are noise).
     Every REFRESH steps the better neighbour of the arm in use (the next size down or
     up), when within REFRESH_WITHIN of it, is tried, so that the figures follow the
     machine and the text and the peak is found again when it moves; each such trial
@@ -248,6 +251,8 @@ class AutoBudget:
         self.last_refresh = 0
         self.refresh_every = self.REFRESH
         self.refreshed_from = None  # the arm in use when a refresh trial started
+        self.incumbent = CHAIN  # the arm in use before the trials under way
+        self.retimed = False  # the incumbent was timed again after those trials
         self.settled = False  # no trial is on and the arm in use leads its neighbours: surveys may be rarer
         self.next_survey = 1  # the step of the next survey
         self.last_survey = 1 - self.SURVEY_EVERY
@@ -338,6 +343,12 @@ class AutoBudget:
         if climb is not None:
             self.tried.add(climb)
             self._run(climb, probe=True)
+        elif self.probing and best != self.incumbent and not self.retimed:
+            # the trials beat figures of the incumbent taken before them, maybe in a
+            # slower spell (a process's first steps run cold): time it again, then judge
+            self.retimed = True
+            self.times[self.incumbent].clear()
+            self._run(self.incumbent, probe=True)
         elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
             confirmed = self.probing and best == self.refreshed_from
             self.refresh_every = min(2 * self.refresh_every, self.REFRESH_MAX) if confirmed else self.REFRESH
@@ -359,6 +370,10 @@ class AutoBudget:
         return self.arms[max(i - 1, 0):i] + self.arms[i + 1:i + 2]
 
     def _run(self, arm: int, probe: bool = False) -> None:
+        if probe and not self.probing:
+            self.incumbent = self.current
+        if not probe:
+            self.retimed = False
         self.probing = probe
         if arm != self.current:
             self.current = arm
