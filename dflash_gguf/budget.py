@@ -16,7 +16,7 @@ import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -241,8 +241,11 @@ class AutoBudget:
         self.spine, self.branch = Calibration(), Calibration()
         self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
         self.chain_drafts = float(block - 1)  # running drafts a chain verifies (a confidence cut shortens it)
-        self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}  # seconds of settled steps
-        self.seconds = {a: None for a in self.arms}  # lower quartile of times, kept current by timed
+        # (seconds, tokens verified) of settled steps; the figures drawn from them are
+        # worked out when a decision reads them, not on every step (a step's host work
+        # shows on a small model)
+        self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}
+        self._settled = {}  # settled_seconds of each arm since its times last changed
         self.tried = {CHAIN}
         self.current = CHAIN
         self.probing = True  # the current arm runs to be measured: at the next decision, take the best
@@ -266,13 +269,26 @@ class AutoBudget:
         chain verified lately, on average)."""
         return float(self.cost.chain(1 + self.chain_drafts) if arm == CHAIN else self.cost(arm + 1))
 
+    def settled_seconds(self, arm: int) -> Optional[float]:
+        """The lower quartile of an arm's settled steps (the chain's less the cost
+        table's verify of the tokens each verified), None before any."""
+        if arm not in self._settled:
+            times, value = self.times[arm], None
+            if times:
+                seconds = np.array([t for t, _ in times])
+                if arm == CHAIN:
+                    seconds -= self.cost.chain(np.array([n for _, n in times], dtype=float))
+                value = float(np.sort(seconds)[len(seconds) // 4])
+            self._settled[arm] = value
+        return self._settled[arm]
+
     def _measured(self, arm: int) -> float:
         """A timed arm's step seconds (the chain's: its steps less their verifies, with
         the verify of its recent length)."""
-        return self.seconds[arm] + (self.verify_seconds(CHAIN) if arm == CHAIN else 0.0)
+        return self.settled_seconds(arm) + (self.verify_seconds(CHAIN) if arm == CHAIN else 0.0)
 
     def step_seconds(self, arm: int) -> float:
-        timed = [a for a in self.arms if self.seconds[a] is not None]
+        timed = [a for a in self.arms if self.times[a]]
         if not timed:
             return self.verify_seconds(arm)
         if arm in timed:
@@ -348,6 +364,7 @@ class AutoBudget:
             # slower spell (a process's first steps run cold): time it again, then judge
             self.retimed = True
             self.times[self.incumbent].clear()
+            self._settled.pop(self.incumbent, None)
             self._run(self.incumbent, probe=True)
         elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
             confirmed = self.probing and best == self.refreshed_from
@@ -410,7 +427,5 @@ class AutoBudget:
         settled steps of the arm chosen count."""
         self.run += 1
         if arm == self.current and self.run > self.SETTLE:
-            if arm == CHAIN:
-                seconds -= float(self.cost.chain(n_verified))
-            self.times[arm].append(seconds)
-            self.seconds[arm] = sorted(self.times[arm])[len(self.times[arm]) // 4]  # np.percentile: 0.1 ms a step
+            self.times[arm].append((seconds, n_verified))
+            self._settled.pop(arm, None)
