@@ -5,6 +5,7 @@
 #include "dfl_pair.h"
 #include "dfl_plan.h"
 #include "dfl_runtime.h"
+#include "dfl_sampler.h"
 #include "dfl_target.h"
 
 #include <math.h>
@@ -43,6 +44,9 @@ typedef struct propose_graph {
     /* with top_k >= 1: the softmax of the logits and the log-probabilities of the
      * argmax, [1, 1, B-1], which a chain cut by confidence reads on nearly every step */
     struct ggml_tensor * probs, * argmax_lp;
+    /* drafts drawn by the sampling (temperature > 0): they fill the block instead of the argmax */
+    dfl_sampler_key samp;
+    dfl_sampler_graph sampled;
 } propose_graph;
 
 /* The top_k candidates of the last propose (top_k > 1), in a graph of their own (slot 1)
@@ -92,6 +96,7 @@ struct dfl_draft {
     struct ggml_tensor * out_argmax;
     int n_out;
 
+    dfl_sampler sampler; /* how drafts are chosen: the argmax, or drawn */
     propose_graph graph;
     rank_graph rank;
     int n_step_nodes; /* the last propose's nodes, and its rank graph's once that ran */
@@ -334,6 +339,7 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
     if (!d) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
+    dfl_sampler_init(&d->sampler);
     d->target = target;
     if (params) {
         d->p = *params;
@@ -395,6 +401,7 @@ DFL_API void dfl_draft_free(dfl_draft * d) {
     if (d->ctx_state) ggml_free(d->ctx_state);
     dfl_runtime_free(&d->rt);
     dfl_gguf_close(&d->file);
+    dfl_sampler_free(&d->sampler);
     free(d->host_i32);
     free(d->host_i64);
     free(d->host_mask);
@@ -419,6 +426,8 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     info->n_last_nodes = d->n_step_nodes;
     info->n_host_writes = d->rt.traffic->writes;
     info->n_host_reads = d->rt.traffic->reads;
+    info->n_host_write_bytes = d->rt.traffic->write_bytes;
+    info->n_host_read_bytes = d->rt.traffic->read_bytes;
     return DFL_OK;
 }
 
@@ -733,10 +742,16 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
         ggml_set_output(g->argmax_lp);
         ggml_build_forward_expand(gf, g->argmax_lp);
     }
+    struct ggml_tensor * drafts = g->argmax;
+    if (g->samp.pick != DFL_PICK_ARGMAX) {
+        drafts = dfl_sampler_build(ctx, gf, logits, &g->samp, &g->sampled);
+    } else {
+        memset(&g->sampled, 0, sizeof g->sampled);
+    }
     if (d->conv_k > 0) {
         build_selector(d, ctx, gf, logits, x, tokens); /* the block holds the selector's path */
     } else {
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, g->argmax, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, drafts, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
     }
 }
 
@@ -833,11 +848,15 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     const int R = n_rows <= d->block_size ? d->block_size : n_rows;
     TRY(reserve(d, B > R ? B : R, n_kv));
     propose_graph * g = &d->graph;
+    dfl_sampler_key samp;
+    TRY(dfl_sampler_key_for(&d->sampler, B - 1, dfl_target_n_vocab(d->target), &samp));
     d->n_graphs++;
-    if (!(g->valid && g->n_rows == R && g->n_block == B && g->n_kv == n_kv)) {
+    if (!(g->valid && g->n_rows == R && g->n_block == B && g->n_kv == n_kv &&
+          memcmp(&g->samp, &samp, sizeof samp) == 0)) {
         d->n_graph_builds++;
         g->valid = false;
         d->rank.valid = false;
+        g->samp = samp;
         build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), R, B, n_kv);
         TRY(dfl_runtime_alloc(&d->rt, 0, g->gf));
         g->n_rows = R;
@@ -860,6 +879,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_
     if (g->mask_swa) {
         fill_mask(d, g->mask_swa, p, B, n_kv, d->causal != 0, d->swa_window);
     }
+    TRY(dfl_sampler_fill(&d->sampler, &d->rt, &g->sampled, &samp, B - 1, dfl_target_n_vocab(d->target)));
     TRY(dfl_runtime_compute(&d->rt, 0, g->gf));
     d->n_step_nodes = d->rt.n_last_nodes;
     d->rank.fresh = false;
@@ -901,6 +921,31 @@ DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t ro
     const size_t row = (size_t) dfl_target_n_vocab(d->target) * sizeof(float);
     dfl_runtime_get(&d->rt, d->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_set_sampling(dfl_draft * d, const dfl_sampling * s) {
+    if (!d || !s) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or settings");
+    }
+    if (s->temperature > 0.0f && d->conv_k > 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "a drafter with a candidate selector (DFlash2) drafts greedily only");
+    }
+    return dfl_sampler_set(&d->sampler, s);
+}
+
+DFL_API dfl_status dfl_draft_set_uniforms(dfl_draft * d, const float * u, int32_t n) {
+    if (!d) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
+    }
+    return dfl_sampler_stage_uniforms(&d->sampler, u, n);
+}
+
+DFL_API dfl_status dfl_draft_candidates(const dfl_draft * d, int32_t row0, int32_t n_rows, int32_t k,
+                                        int32_t * tokens, float * probs) {
+    if (!d || d->n_out == 0) {
+        return dfl_fail(DFL_ERR_STATE, "candidates: no propose yet");
+    }
+    return dfl_sampler_candidates(&d->rt, &d->graph.sampled, d->n_out, row0, n_rows, k, tokens, probs);
 }
 
 typedef struct cand {

@@ -49,31 +49,34 @@ static void max_into(size_t dst[2], const size_t a[2]) {
 
 /* The target's graph slots: slot 0 takes prefill chunks, the others decode steps and
  * verifies (chain or tree, each carrying the previous step's commit), all at the full
- * context. */
+ * context, their rows sampled over the whole vocabulary (the sampling stage that holds
+ * the most: a few vocabulary-wide intermediates per row). */
 static dfl_status target_compute(dfl_target * t, size_t out[2]) {
     dfl_runtime * rt = &t->rt;
     graph_inputs in;
+    const dfl_sampler_key sampled = { .pick = DFL_PICK_FULL };
     size_t prefill[2], verify[2] = { 0, 0 }, sizes[2];
     const int n_ctx = t->p.n_ctx;
 
     t->n_past = n_ctx - t->p.n_ubatch;
     t->commit.active = false;
     struct ggml_cgraph * gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 0), &in, t->p.n_ubatch, n_ctx,
-                                                     false, false, LOGITS_LAST, NULL);
+                                                     false, false, LOGITS_LAST, NULL, &sampled);
     TRY(dfl_plan_reserve(rt, 0, gf, prefill));
 
     t->n_past = n_ctx - t->p.n_verify;
     t->commit = (pending_commit) { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
     const int n_tree = dfl_target_max_tree_nodes(t);
     t->tree.shape = dfl_tree_worst_shape(n_tree);
-    gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, n_tree, n_ctx, true, true, LOGITS_ALL, NULL);
+    gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, n_tree, n_ctx, true, true, LOGITS_ALL, NULL,
+                                &sampled);
     TRY(dfl_plan_reserve(rt, 1, gf, sizes));
     max_into(verify, sizes);
 
     t->commit.tree = false;
     t->commit.active = t->m.n_recurrent > 0; /* a chain commit has nothing to do otherwise */
     gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, t->p.n_verify, n_ctx, true, false,
-                                LOGITS_ALL, NULL);
+                                LOGITS_ALL, NULL, &sampled);
     TRY(dfl_plan_reserve(rt, 1, gf, sizes));
     max_into(verify, sizes);
 

@@ -270,11 +270,13 @@ dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out) {
 
 void dfl_runtime_set(const dfl_runtime * rt, struct ggml_tensor * t, const void * src, size_t offset, size_t size) {
     rt->traffic->writes++;
+    rt->traffic->write_bytes += (int64_t) size;
     ggml_backend_tensor_set(t, src, offset, size);
 }
 
 void dfl_runtime_get(const dfl_runtime * rt, const struct ggml_tensor * t, void * dst, size_t offset, size_t size) {
     rt->traffic->reads++;
+    rt->traffic->read_bytes += (int64_t) size;
     ggml_backend_tensor_get(t, dst, offset, size);
 }
 

@@ -46,6 +46,7 @@ typedef struct dfl_runtime {
  * results read. */
 typedef struct dfl_traffic {
     int64_t computes, writes, reads;
+    int64_t write_bytes, read_bytes;
 } dfl_traffic;
 
 /* `name` labels the DFLASH_PROFILE report ("target", "drafter"); graphs hold up to

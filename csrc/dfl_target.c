@@ -219,6 +219,7 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     t->chain_steady = CHAIN_STEADY;
+    dfl_sampler_init(&t->sampler);
     if (params) {
         t->p = *params;
     } else {
@@ -286,6 +287,7 @@ DFL_API void dfl_target_free(dfl_target * t) {
     if (t->ctx_lookup) ggml_free(t->ctx_lookup);
     dfl_runtime_free(&t->rt);
     dfl_model_close(&t->m);
+    dfl_sampler_free(&t->sampler);
     free(t->host_i32);
     free(t->host_i64);
     free(t->host_mask);
@@ -317,6 +319,8 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_last_replay = t->n_last_replay;
     info->n_host_writes = t->rt.traffic->writes;
     info->n_host_reads = t->rt.traffic->reads;
+    info->n_host_write_bytes = t->rt.traffic->write_bytes;
+    info->n_host_read_bytes = t->rt.traffic->read_bytes;
     return DFL_OK;
 }
 
@@ -345,6 +349,8 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     }
     t->n_out = 0;
     t->n_rows = 0;
+    t->sampler.n_u = 0;
+    t->sampler.pen_rows = 0;
     return DFL_OK;
 }
 
@@ -372,7 +378,8 @@ dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
 static bool same_key(const graph_key * a, const graph_key * b) {
     return a->n == b->n && a->n_kv == b->n_kv && a->logits == b->logits && a->verify == b->verify &&
            a->commit == b->commit && a->commit_replay == b->commit_replay && a->tokens_src == b->tokens_src &&
-           a->tree == b->tree && memcmp(&a->shape, &b->shape, sizeof a->shape) == 0;
+           a->tree == b->tree && memcmp(&a->shape, &b->shape, sizeof a->shape) == 0 &&
+           memcmp(&a->samp, &b->samp, sizeof a->samp) == 0;
 }
 
 /* The slot holding a graph of this key, or the one to build it in (marked invalid):
@@ -424,32 +431,38 @@ static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify
      * steps with as many nodes whatever the tree, and `auto` going back and forth
      * between the chain and a few tree sizes */
     const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
-    const graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_replay : 0, tokens_src,
-                            tree, tree ? t->tree.shape : (tree_shape) { 0 } };
+    const int n_out = logits == LOGITS_NONE ? 0 : (logits == LOGITS_LAST ? 1 : n);
+    graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_replay : 0, tokens_src,
+                      tree, tree ? t->tree.shape : (tree_shape) { 0 }, { 0 } };
+    if (n_out > 0) {
+        TRY(dfl_sampler_key_for(&t->sampler, n_out, t->m.n_vocab, &key.samp));
+    }
     const int slot = graph_slot(t, &key);
     graph_cache * gc = &t->graphs[slot];
     t->n_graphs++;
     if (!gc->valid) {
         t->n_graph_builds++;
         gc->gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(&t->rt, slot), &gc->in, n, n_kv, verify, tree,
-                                        logits, tokens_src);
+                                        logits, tokens_src, &key.samp);
         TRY(dfl_runtime_alloc(&t->rt, slot, gc->gf));
         gc->key = key;
         gc->logits = t->out_logits;
-        gc->argmax = t->out_argmax;
         gc->valid = true;
     }
     gc->last_use = ++t->graph_clock;
     t->out_logits = gc->logits;
-    t->out_argmax = gc->argmax;
+    t->out_samp = &gc->in.samp;
     struct ggml_cgraph * gf = gc->gf;
     dfl_target_fill_inputs(t, &gc->in, tokens, n, n_kv, tree);
+    if (n_out > 0) {
+        TRY(dfl_sampler_fill(&t->sampler, &t->rt, &gc->in.samp, &key.samp, n_out, t->m.n_vocab));
+    }
     TRY(dfl_runtime_compute(&t->rt, slot, gf));
     t->n_last_replay = commit && t->m.n_recurrent > 0 ? t->commit.n_replay : 0;
     t->commit.active = false;
 
     t->n_rows = n;
-    t->n_out = logits == LOGITS_NONE ? 0 : (logits == LOGITS_LAST ? 1 : n);
+    t->n_out = n_out;
     return DFL_OK;
 }
 
@@ -904,10 +917,40 @@ DFL_API dfl_status dfl_target_logits(const dfl_target * t, float * dst, int32_t 
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_argmax(const dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
-    TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "argmax"));
-    dfl_runtime_get(&t->rt, t->out_argmax, dst, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
+DFL_API dfl_status dfl_target_choices(const dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
+    TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "choices"));
+    dfl_runtime_get(&t->rt, t->out_samp->choice, dst, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
     return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_candidates(const dfl_target * t, int32_t row0, int32_t n_rows, int32_t k,
+                                        int32_t * tokens, float * probs) {
+    if (!t || t->n_out == 0) {
+        return dfl_fail(DFL_ERR_STATE, "candidates: the last call computed no logits");
+    }
+    return dfl_sampler_candidates(&t->rt, t->out_samp, t->n_out, row0, n_rows, k, tokens, probs);
+}
+
+DFL_API dfl_status dfl_target_set_sampling(dfl_target * t, const dfl_sampling * s) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    return dfl_sampler_set(&t->sampler, s);
+}
+
+DFL_API dfl_status dfl_target_set_uniforms(dfl_target * t, const float * u, int32_t n) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    return dfl_sampler_stage_uniforms(&t->sampler, u, n);
+}
+
+DFL_API dfl_status dfl_target_set_penalties(dfl_target * t, const int32_t * tokens, const float * counts,
+                                           int32_t n_rows, int32_t per_row) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    return dfl_sampler_stage_penalties(&t->sampler, tokens, counts, n_rows, per_row, t->m.n_vocab);
 }
 
 DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {

@@ -551,7 +551,7 @@ static struct ggml_tensor * new_input(struct ggml_context * ctx, enum ggml_type 
 
 struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
                                             int n_kv, bool verify, bool tree, int logits,
-                                            struct ggml_tensor * tokens_src) {
+                                            struct ggml_tensor * tokens_src, const dfl_sampler_key * samp) {
     const dfl_model * m = &t->m;
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, t->rt.graph_size, false);
     add_pending_commit(t, ctx, gf, in);
@@ -607,7 +607,7 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
     }
 
     t->out_logits = NULL;
-    t->out_argmax = NULL;
+    memset(&in->samp, 0, sizeof in->samp);
     if (logits != LOGITS_NONE) {
         if (logits == LOGITS_LAST && n > 1) {
             x = ggml_view_2d(ctx, x, m->n_embd, 1, x->nb[1], (size_t) (n - 1) * x->nb[1]);
@@ -620,10 +620,8 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
             out = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, out, 1.0f / m->logit_softcap)), m->logit_softcap);
         }
         t->out_logits = out;
-        t->out_argmax = ggml_argmax(ctx, out);
         ggml_set_output(t->out_logits);
-        ggml_set_output(t->out_argmax);
-        ggml_build_forward_expand(gf, t->out_argmax);
+        dfl_sampler_build(ctx, gf, out, samp, &in->samp);
     }
     ggml_build_forward_expand(gf, x);
     return gf;

@@ -5,6 +5,7 @@
 
 #include "dfl_model.h"
 #include "dfl_runtime.h"
+#include "dfl_sampler.h"
 #include "dfl_target.h"
 
 #define DFL_MAX_TREE 64
@@ -138,6 +139,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * commit_kv_src;    /* tree: [n_verify] cache rows to move ... */
     struct ggml_tensor * commit_kv_dst;    /* ... and where to */
     struct ggml_tensor * commit_kv_src_swa, * commit_kv_dst_swa; /* the same in the sliding layers' rings */
+    dfl_sampler_graph samp;                /* the choice of each logits row (its inputs and outputs) */
 } graph_inputs;
 
 /* What makes two target graphs identical apart from their inputs. */
@@ -151,6 +153,7 @@ typedef struct graph_key {
     struct ggml_tensor * tokens_src; /* tokens read from this device tensor, not an input */
     bool tree;                       /* a tree verify (its shape is an input) ... */
     tree_shape shape;                /* ... its recurrence padded to this */
+    dfl_sampler_key samp;            /* how its logits rows choose */
 } graph_key;
 
 typedef struct graph_cache {
@@ -160,7 +163,6 @@ typedef struct graph_cache {
     struct ggml_cgraph * gf;
     graph_inputs in;
     struct ggml_tensor * logits;
-    struct ggml_tensor * argmax;
 } graph_cache;
 
 /* A commit waiting for the next graph (see add_pending_commit). */
@@ -213,9 +215,11 @@ struct dfl_target {
     int swa_window; /* the window of the model's sliding layers (0: none) */
     int swa_ring;   /* rows of their caches: the window and the largest call, at most n_ctx */
 
+    dfl_sampler sampler; /* the sampling settings, and what is staged for the next call */
+
     /* results of the last call */
     struct ggml_tensor * out_logits;
-    struct ggml_tensor * out_argmax;
+    const dfl_sampler_graph * out_samp; /* its choices (and candidates) */
     int n_out;
     int n_rows;
 
@@ -245,7 +249,7 @@ tree_shape dfl_tree_worst_shape(int n);
 /* dfl_target_graph.c */
 struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
                                             int n_kv, bool verify, bool tree, int logits,
-                                            struct ggml_tensor * tokens_src);
+                                            struct ggml_tensor * tokens_src, const dfl_sampler_key * samp);
 void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree);
 
 /* Floats of a recurrent layer's replay memory: what a verify of up to n_verify rows keeps

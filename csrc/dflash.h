@@ -93,6 +93,8 @@ typedef struct dfl_target_info {
     int32_t n_last_nodes;     /* nodes of the last graph run */
     int64_t n_host_writes;    /* input writes to the device so far (each a blocking copy on a device) */
     int64_t n_host_reads;     /* result reads back to the host so far (each waits for the device) */
+    int64_t n_host_write_bytes; /* ... and their bytes */
+    int64_t n_host_read_bytes;
     int32_t n_last_replay;    /* recurrent steps the commit carried by the last graph reran (0: none) */
 } dfl_target_info;
 
@@ -141,11 +143,59 @@ dfl_status dfl_target_verify_tree(dfl_target * target, const int32_t * tokens, c
 /* Keep a root-to-node path path[0..n_keep) (path[0] = 0) of the last tree verify. */
 dfl_status dfl_target_commit_path(dfl_target * target, const int32_t * path, int32_t n_keep);
 
-/* Results of the last decode/verify: rows are in token order. */
+/* Results of the last decode/verify: rows are in token order. The logits are after the
+ * penalties staged for the call (dfl_target_set_penalties), if any. */
 dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
-dfl_status dfl_target_argmax(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
+/* The target's choice at each row, made on the device by its sampling settings: the
+ * argmax (greedy), or the draw with the row's uniform; -1 for a row whose kept set may
+ * reach past the candidates ranked on the device (see dfl_sampling.n_candidates): draw it
+ * from its logits. */
+dfl_status dfl_target_choices(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
 /* Captured features of the last call, [n_rows][n_feature_layers * n_embd] float32. */
 dfl_status dfl_target_features(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
+
+/* ---- sampling, on the device ---------------------------------------------------------------- */
+
+/* How a model chooses a row's token from its logits, inside the graph that computes
+ * them, in llama.cpp's sampler order: the penalties (over the token counts staged for
+ * the row), top-k, then top-p and min-p on the probabilities at temperature 1, then the
+ * temperature, then a draw with the row's uniform. Only token ids (and, with top_k, the
+ * kept candidates' probabilities) come back to the host. */
+typedef struct dfl_sampling {
+    float temperature;        /* <= 0: the argmax (greedy; the penalties still apply) */
+    int32_t top_k;            /* keep the k most likely; 0: all */
+    float top_p;              /* then the fewest most likely whose probability reaches top_p; 1: all */
+    float min_p;              /* then those at least min_p times as likely as the most likely; 0: all */
+    float repeat_penalty;     /* a seen token's logit divided by it when positive, else multiplied; 1: off */
+    float frequency_penalty;  /* a seen token's logit less its count times this; 0: off */
+    float presence_penalty;   /* a seen token's logit less this; 0: off */
+    int32_t n_candidates;     /* top_k 0 with top_p < 1 or min_p > 0: tokens ranked per row on the device
+                                 (<= 0: 256); a row whose kept set may reach past them chooses -1 */
+} dfl_sampling;
+
+void dfl_sampling_default(dfl_sampling * s);
+
+/* The target's sampling from its next call on (until set again); checked. */
+dfl_status dfl_target_set_sampling(dfl_target * target, const dfl_sampling * s);
+
+/* Uniforms in [0, 1), one per row that the next call computes logits for, when it
+ * samples (temperature > 0): the draws' randomness, from the caller's seeded generator.
+ * Consumed by that call. */
+dfl_status dfl_target_set_uniforms(dfl_target * target, const float * u, int32_t n);
+
+/* Token counts for the penalties of the rows of the next call that computes logits:
+ * per row, per_row (token, count) entries, [n_rows][per_row] each, tokens distinct within
+ * a row (pad with unseen tokens and count 0). A row's counts are of its own context: the
+ * tokens before it, in the window the penalties look at, its own path included (a chain
+ * row's prefix, a tree node's ancestors). Consumed by that call. */
+dfl_status dfl_target_set_penalties(dfl_target * target, const int32_t * tokens, const float * counts,
+                                    int32_t n_rows, int32_t per_row);
+
+/* With top_k > 0: the kept candidates of the last call's rows, most likely first, and the
+ * probabilities they were drawn with (0 for those the filters cut), [n_rows][k] each,
+ * k = min(top_k, n_vocab). */
+dfl_status dfl_target_candidates(const dfl_target * target, int32_t row0, int32_t n_rows, int32_t k,
+                                 int32_t * tokens, float * probs);
 
 /* ---- DFlash drafter ------------------------------------------------------------------ */
 
@@ -174,6 +224,8 @@ typedef struct dfl_draft_info {
     int32_t n_last_nodes;       /* nodes of the last propose (with its ranking, once run) or append */
     int64_t n_host_writes;      /* input writes to the device so far */
     int64_t n_host_reads;       /* result reads back to the host so far */
+    int64_t n_host_write_bytes; /* ... and their bytes */
+    int64_t n_host_read_bytes;
 } dfl_draft_info;
 
 /* What a drafter file says about itself, read (and bounded) without loading it. */
@@ -215,7 +267,8 @@ dfl_status dfl_draft_reset(dfl_draft * draft);
 dfl_status dfl_draft_append(dfl_draft * draft, const int32_t * rows, int32_t n);
 
 /* Draft a block after the context: input [bonus, MASK x (n_block-1)] at the next
- * positions, greedy tokens for block positions 1..n_block-1 written to out_tokens.
+ * positions, tokens for block positions 1..n_block-1 (greedy, or drawn by the drafter's
+ * sampling) written to out_tokens.
  * rows[0..n_rows) are first appended as with dfl_draft_append, in the same graph.
  * With out_tokens NULL nothing is read back: the block stays on the device for
  * dfl_target_verify_draft, and dfl_draft_block reads it afterwards. */
@@ -242,6 +295,20 @@ dfl_status dfl_draft_topk(dfl_draft * draft, int32_t row0, int32_t n_rows, int32
  * every propose of a drafter loaded with top_k >= 1 computes (a chain cut by confidence
  * reads it on nearly every step). */
 dfl_status dfl_draft_top1(const dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
+
+/* The drafter's sampling for the next proposes: with temperature > 0, each drafted
+ * position's token is drawn on the device (penalties are not applied to drafts), and
+ * dfl_draft_candidates gives the distribution it was drawn from. A drafter with a
+ * candidate selector (DFlash2) drafts greedily only. */
+dfl_status dfl_draft_set_sampling(dfl_draft * draft, const dfl_sampling * s);
+
+/* One uniform per drafted position (n_block - 1) for the next propose, when it samples. */
+dfl_status dfl_draft_set_uniforms(dfl_draft * draft, const float * u, int32_t n);
+
+/* With sampling and top_k > 0: the kept candidates of the last propose's drafted
+ * positions and their probabilities, as dfl_target_candidates. */
+dfl_status dfl_draft_candidates(const dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t k,
+                                int32_t * tokens, float * probs);
 
 /* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
 dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);

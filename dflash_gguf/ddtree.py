@@ -72,6 +72,13 @@ class DraftTree:
                          self.depths + [1] * extra, (self.scores or [0.0] * len(self)) + [float("-inf")] * extra,
                          self.pick_order, dummy + [True] * extra)
 
+    def paths(self) -> List[List[int]]:
+        """Per node, the tokens from the root's child down to it (the root's: none)."""
+        out: List[List[int]] = [[]]
+        for i in range(1, len(self.tokens)):
+            out.append(out[self.parents[i]] + [self.tokens[i]])
+        return out
+
     def ancestor_mask(self) -> np.ndarray:
         """mask[i, j]: node j is node i or one of its ancestors."""
         n = len(self.tokens)

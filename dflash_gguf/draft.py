@@ -109,7 +109,8 @@ class Draft(NativeObject):
         return {"block_size": info.block_size, "n_ctx_tokens": info.n_ctx_tokens, "n_graphs": info.n_graphs,
                 "n_graph_builds": info.n_graph_builds, "compute_bytes": info.compute_bytes,
                 "n_last_nodes": info.n_last_nodes, "n_host_writes": info.n_host_writes,
-                "n_host_reads": info.n_host_reads}
+                "n_host_reads": info.n_host_reads, "n_host_write_bytes": info.n_host_write_bytes,
+                "n_host_read_bytes": info.n_host_read_bytes}
 
     def reset(self) -> None:
         self._pending = None
@@ -175,6 +176,23 @@ class Draft(NativeObject):
         lps = np.empty(n_rows, dtype=np.float32)
         check(lib.dfl_draft_top1(self._handle(), 0, n_rows, ffi.NULL, ffi.from_buffer("float[]", lps)))
         return lps
+
+    def set_sampling(self, native) -> None:
+        """How the next proposes draft: the argmax, or drawn (SamplingParams.native())."""
+        check(lib.dfl_draft_set_sampling(self._handle(), native))
+
+    def set_uniforms(self, u: np.ndarray) -> None:
+        arr = np.ascontiguousarray(u, dtype=np.float32)
+        check(lib.dfl_draft_set_uniforms(self._handle(), ffi.from_buffer("float[]", arr), len(arr)))
+
+    def candidates(self, n_rows: int, k: int):
+        """(tokens, probabilities), [n_rows, k] each: what the last propose's drafts
+        were drawn from (sampling with top_k = k)."""
+        toks = np.empty((n_rows, k), dtype=np.int32)
+        probs = np.empty((n_rows, k), dtype=np.float32)
+        check(lib.dfl_draft_candidates(self._handle(), 0, n_rows, k, ffi.from_buffer("int32_t[]", toks),
+                                       ffi.from_buffer("float[]", probs)))
+        return toks, probs
 
     def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
         out = np.empty((n_rows, self.n_vocab), dtype=np.float32)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, List, Optional
 
-from .sampling import Sampler, SamplingParams, distribution
+from .sampling import Sampler, SamplingParams
 from .target import LOGITS_LAST, LOGITS_NONE, Target
 
 
@@ -48,11 +48,9 @@ class GenerationStats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def first_token(target: Target, sampler: Optional[Sampler]) -> int:
-    """The token after the last decode, greedy or sampled."""
-    if sampler is None:
-        return int(target.argmax(0, 1)[0])
-    return sampler.draw(distribution(target.logits(0, 1), sampler.params)[0])
+def first_token(target: Target, sampler: Sampler) -> int:
+    """The token the last decode's row chose (on the device: greedy or sampled)."""
+    return int(sampler.choices(target, 0, 1)[0])
 
 
 def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
@@ -66,11 +64,13 @@ def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, sto
     saver as in speculative decoding ("prefilled", then "decoded" after each token's
     decode)."""
     check_request(target, prompt, max_tokens, 0, context_full)
-    sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
+    sampler = Sampler(sampling, prompt)
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     stats.reused_tokens = start_context(target, prompt, reused)
+    sampler.apply(target)
+    sampler.prepare(target, 1)  # the prompt's last row chooses the first token
     prefill_prompt(target, prompt, stats.reused_tokens, saver=saver)
     stats.prefill_seconds = time.perf_counter() - t0
     if on_stage:
@@ -92,6 +92,8 @@ def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, sto
             if n_past >= target.n_ctx:
                 stats.stop_reason = "context"
                 break
+            sampler.accept([tok])
+            sampler.prepare(target, 1)
             target.decode([tok], LOGITS_LAST)
             n_past += 1
             if on_stage:

@@ -1,16 +1,37 @@
-"""Sampling the target's distribution, and the speculative rules that keep it exact.
+"""Sampling the target's distribution, on the device, and the speculative rules that keep
+it exact.
 
-The distribution of a logits row: keep the top_k largest logits (0: all), divide by the
-temperature, softmax, keep the smallest set of most likely tokens whose mass reaches
-top_p, drop tokens below min_p times the most likely one, renormalise. Temperature 0 is
-greedy decoding.
+A row's distribution, in llama.cpp's sampler order: the penalties change the logits of
+the tokens in the row's window (the last repeat_last_n tokens before it), top_k keeps
+the k largest logits, top_p then keeps the fewest most likely tokens whose probability
+at temperature 1 reaches top_p, min_p drops those less than min_p times as likely as the
+most likely, and only then does the temperature divide the logits of what is left.
+(vLLM and transformers apply the temperature first, so that top_p and min_p see the
+tempered probabilities; llama.cpp's order is kept here because llama.cpp is what users
+of GGUF files compare against, and its speculative decoders sample so.) Temperature 0 is
+the argmax, after the penalties.
+
+The graphs choose each row's token themselves (csrc/dfl_sampler.c): the host hands them
+one uniform per row from the request's seeded generator and, with penalties, each row's
+token counts, and reads token ids back. `distribution` is the same rule in numpy: the
+reference the tests compare against, and the fallback for the rare row whose kept set
+reaches past the candidates the device ranks (top_k 0 with top_p or min_p).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
+
+from ._native import ffi, lib
+
+
+def _finite(params, *names):
+    for name in names:
+        value = getattr(params, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -20,8 +41,17 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: Optional[int] = None
+    # llama.cpp's penalties over the last repeat_last_n tokens (the prompt's included;
+    # -1: the whole context, 0: none): a seen token's logit is divided by repeat_penalty
+    # when positive and multiplied when not, less frequency_penalty times its count and
+    # presence_penalty once
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_last_n: int = 64
 
     def __post_init__(self):
+        _finite(self, "temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -30,55 +60,176 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p < 1:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if not self.repeat_penalty > 0:
+            raise ValueError(f"repeat_penalty must be > 0 (1: off), got {self.repeat_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1 (-1: the whole context, 0: no penalties), "
+                             f"got {self.repeat_last_n}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1 or self.frequency_penalty != 0
+                                            or self.presence_penalty != 0)
+
+    def native(self, penalties: bool = True):
+        """dfl_sampling for these settings (without the penalties: a drafter's)."""
+        s = ffi.new("dfl_sampling *")
+        lib.dfl_sampling_default(s)
+        s.temperature, s.top_k, s.top_p, s.min_p = self.temperature, self.top_k, self.top_p, self.min_p
+        if penalties and self.penalized:
+            s.repeat_penalty = self.repeat_penalty
+            s.frequency_penalty = self.frequency_penalty
+            s.presence_penalty = self.presence_penalty
+        return s
+
+
+GREEDY = SamplingParams()
+
+
+def penalize(logits: np.ndarray, tokens: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """A logits row after llama.cpp's penalties for the window `tokens` (float64)."""
+    x = np.array(logits, dtype=np.float64)
+    if not params.penalized or len(tokens) == 0:
+        return x
+    seen, counts = np.unique(np.asarray(tokens), return_counts=True)
+    v = x[seen]
+    v = np.where(v <= 0, v * params.repeat_penalty, v / params.repeat_penalty)
+    x[seen] = v - counts * params.frequency_penalty - params.presence_penalty
+    return x
+
 
 def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Probabilities (float64) of each row of `logits` under `params` (not greedy)."""
+    """Probabilities (float64) of each row of `logits` (penalties already applied) under
+    `params` (not greedy), in llama.cpp's order."""
     x = np.atleast_2d(np.asarray(logits, dtype=np.float64))
     if 0 < params.top_k < x.shape[1]:
         kth = np.partition(x, -params.top_k, axis=1)[:, -params.top_k][:, None]
         x = np.where(x >= kth, x, -np.inf)
-    x = x / params.temperature
-    x = x - x.max(axis=1, keepdims=True)
-    p = np.exp(x)
+    z = x - x.max(axis=1, keepdims=True)
+    p = np.exp(z)
     p /= p.sum(axis=1, keepdims=True)
+    keep = p > 0
     if params.top_p < 1:
         order = np.argsort(-p, axis=1, kind="stable")
         sorted_p = np.take_along_axis(p, order, axis=1)
         keep_sorted = np.cumsum(sorted_p, axis=1) - sorted_p < params.top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=1)
-        p = np.where(keep, p, 0.0)
+        np.put_along_axis(keep, order, keep_sorted & np.take_along_axis(keep, order, axis=1), axis=1)
     if params.min_p > 0:
-        p = np.where(p >= params.min_p * p.max(axis=1, keepdims=True), p, 0.0)
-    return p / p.sum(axis=1, keepdims=True)
+        keep &= p >= params.min_p * p.max(axis=1, keepdims=True)
+    w = np.where(keep, np.exp(z / params.temperature), 0.0)
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def draw(p: np.ndarray, u: float) -> int:
+    """The inverse-CDF draw from the probability vector p with the uniform u."""
+    return int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right").clip(0, len(p) - 1))
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams):
-        self.params = params
-        self.rng = np.random.default_rng(params.seed)
+    """One request's sampling, host side: the settings it gives the target (and, for
+    drafted samples, the drafter), the uniforms of its seeded generator, and the window
+    of tokens its penalties count. `history` is every token so far: the prompt, then each
+    token emitted (accept)."""
 
-    def draw(self, p: np.ndarray) -> int:
-        """A token from the probability vector p."""
-        return int(np.searchsorted(np.cumsum(p), self.rng.random() * p.sum(), side="right").clip(0, len(p) - 1))
+    def __init__(self, params: Optional[SamplingParams] = None, history: Sequence[int] = ()):
+        self.params = params or GREEDY
+        self.rng = np.random.default_rng(self.params.seed)
+        self.history = list(history)
+        self._u = np.zeros(0, dtype=np.float32)
+        self._native = self.params.native()
+        self._native_draft = self.params.native(penalties=False)
 
-    def chain_accept(self, drafts: Sequence[int], q: np.ndarray, p: np.ndarray) -> Tuple[int, int]:
-        """Speculative rejection sampling of a drafted chain: drafts[i] was drawn from
-        q[i]; p[i] is the target's distribution at that position and p[len(drafts)]
-        after the last draft. Accept drafts[i] with probability min(1, p/q); at the
-        first rejection draw from the normalised residual max(0, p - q) instead.
-        Returns (accepted count, the token that follows them); the result is
-        distributed exactly as the target's own sampling."""
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    @property
+    def penalized(self) -> bool:
+        return self.params.penalized
+
+    def apply(self, target, draft=None, drafted_samples: bool = False) -> None:
+        """Give the target (and the drafter) this request's settings: the drafter samples
+        its drafts only for the chain's rejection rule, else it drafts its argmax."""
+        target.set_sampling(self._native)
+        if draft is not None:
+            draft.set_sampling(self._native_draft if drafted_samples else GREEDY.native())
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        """Tokens emitted: later rows' penalty windows include them."""
+        if self.penalized:
+            self.history.extend(int(t) for t in tokens)
+
+    def uniforms(self, n: int) -> np.ndarray:
+        return self.rng.random(n, dtype=np.float32)
+
+    def prepare(self, target, n_rows: int, paths: Optional[Callable[[], Sequence[Sequence[int]]]] = None) -> None:
+        """Stage what the target's next call needs to choose its n_rows rows: a uniform
+        per row, and with penalties each row's counts over its window, the history
+        followed by paths()[i], the tokens row i sees after it (a chain row's drafts so
+        far, a tree node's ancestors below the root; called only with penalties, which
+        is when a chain reads its block back before the verify)."""
+        if not self.greedy:
+            self._u = self.uniforms(n_rows)
+            target.set_uniforms(self._u)
+        if self.penalized:
+            rows = paths() if paths is not None else [[]] * n_rows
+            target.set_penalties(*self.window_counts(rows))
+
+    def window_counts(self, paths: Sequence[Sequence[int]]) -> Tuple[np.ndarray, np.ndarray]:
+        """Per row, the distinct tokens of its window and their counts, [rows, M] each,
+        padded with unseen tokens of count 0 to a width that changes rarely (the graph's
+        shape depends on it)."""
+        last_n = self.params.repeat_last_n
+        base = self.history if last_n < 0 else self.history[-last_n:] if last_n else []
+        windows = []
+        for path in paths:
+            seq = base + [int(t) for t in path]
+            windows.append(np.unique(np.asarray(seq[-last_n:] if last_n > 0 else seq, dtype=np.int64),
+                                     return_counts=True))
+        width = max([len(w[0]) for w in windows] + [1])
+        width = 1 << max(3, (width - 1).bit_length())  # powers of two from 8
+        tokens = np.empty((len(paths), width), dtype=np.int32)
+        counts = np.zeros((len(paths), width), dtype=np.float32)
+        for i, (seen, n) in enumerate(windows):
+            pad = np.setdiff1d(np.arange(width + len(seen)), seen)[: width - len(seen)]
+            tokens[i] = np.concatenate([seen, pad])
+            counts[i, : len(seen)] = n
+        return tokens, counts
+
+    def choices(self, target, row0: int, n_rows: int) -> np.ndarray:
+        """The target's choices for rows row0.. of its last call; a row the device could
+        not decide (-1: its kept set reaches past the ranked candidates) is drawn here from
+        its logits (the penalties already applied) with the same uniform."""
+        out = target.choices(row0, n_rows)
+        for i in np.flatnonzero(out < 0):
+            row = row0 + int(i)
+            out[i] = draw(distribution(target.logits(row, 1), self.params)[0], float(self._u[row]))
+        return out
+
+    def reject_accept(self, drafts: Sequence[int], q: Tuple[np.ndarray, np.ndarray],
+                      p: Tuple[np.ndarray, np.ndarray], last: int) -> Tuple[int, int]:
+        """Speculative rejection sampling of drafts[i] drawn from the drafter's q[i]
+        (candidates, probabilities); p[i] is the target's distribution at that position
+        as candidates and probabilities, and `last` the target's own draw after the last
+        draft. Keep drafts[i] with probability min(1, p/q); at the first rejection draw
+        from the normalised residual max(0, p - q) instead. Returns (drafts kept, the
+        token that follows them), distributed exactly as the target's own sampling."""
+        q_ids, q_p = q
+        p_ids, p_p = p
         for i, tok in enumerate(drafts):
-            pi, qi = p[i][tok], q[i][tok]
+            pi = float(p_p[i][p_ids[i] == tok].sum())
+            qi = float(q_p[i][q_ids[i] == tok].sum())
             if qi > 0 and self.rng.random() * qi < pi:
                 continue
-            residual = np.maximum(p[i] - q[i], 0.0)
-            mass = residual.sum()
-            return i, self.draw(residual if mass > 0 else p[i])
-        return len(drafts), self.draw(p[len(drafts)])
+            q_at_p = (p_ids[i][:, None] == q_ids[i][None, :]) @ q_p[i]
+            residual = np.maximum(p_p[i] - q_at_p, 0.0)
+            weights = residual if residual.sum() > 0 else p_p[i]
+            return i, int(p_ids[i][draw(weights, self.rng.random())])
+        return len(drafts), int(last)

@@ -14,7 +14,7 @@ from .budget import CHAIN, AutoBudget, chain_nodes, tree_nodes
 from .ddtree import accept_path, build_tree, chain_tree
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect, first_token, prefill_prompt, start_context
-from .sampling import Sampler, SamplingParams, distribution
+from .sampling import Sampler, SamplingParams
 from .target import Target
 
 
@@ -65,10 +65,10 @@ def _no_stage(stage: str) -> None:
 
 
 def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
-               stats: GenerationStats, lookahead: int, sampler: Optional[Sampler],
+               stats: GenerationStats, lookahead: int, sampler: Sampler,
                step: Callable[[int, int, int], Tuple[List[int], float, float]], reused: int,
                context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None,
-               saver=None) -> Iterator[List[int]]:
+               saver=None, drafted_samples: bool = False) -> Iterator[List[int]]:
     """The loop around `step(bonus, remaining, room) -> (tokens, draft_seconds,
     verify_seconds)`, which drafts, verifies and commits one pass of at most `room`
     tokens (the context positions left) and returns the accepted tokens followed by the
@@ -83,13 +83,16 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     their next use, as a new run (reused=0) does.
 
     saver (a checkpoints.PrefillSaver): the prefill stops at its positions for it to
-    take checkpoints of target and drafter."""
+    take checkpoints of target and drafter. sampler: the request's (its settings go to
+    the target, and to the drafter when it draws its drafts: drafted_samples)."""
     stage = on_stage or _no_stage
     check_request(target, prompt, max_tokens, lookahead, context_full)
     stops = set(stop_tokens)
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     stats.reused_tokens = start_context(target, prompt, reused, draft)
+    sampler.apply(target, draft, drafted_samples)
+    sampler.prepare(target, 1)  # the prompt's last row chooses the first token
     prefill_prompt(target, prompt, stats.reused_tokens, draft, saver)
     stats.prefill_seconds = time.perf_counter() - t0
 
@@ -104,6 +107,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             return
         bonus = first_token(target, sampler)
         stats.generated_tokens = 1
+        sampler.accept([bonus])
         clean = True
         yield [bonus]
         clean = False
@@ -131,6 +135,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                     break
             stats.accepted_lengths.append(produced)
             stats.generated_tokens += produced
+            sampler.accept(new[:produced])
             clean = True
             yield new[:produced]
             clean = False
@@ -149,39 +154,62 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
         stats.decode_seconds = time.perf_counter() - t_start
 
 
-def _greedy_pass(target: Target, draft: Draft, bonus: int, b: int, t0: float, stage):
-    """The greedy chain's target pass over a block of b the drafter proposed on the
-    device (b = 1: the bonus token alone): verified, its longest agreed prefix committed
-    on both sides. Returns the pass's tokens, the drafting and the verify seconds."""
+def _chain_paths(block: List[int]) -> List[List[int]]:
+    """Per verified row of a chain block, the drafts it sees after the bonus."""
+    return [block[1:i + 1] for i in range(len(block))]
+
+
+def _chain_pass(target: Target, draft: Draft, sampler: Sampler, bonus: int, b: int, t0: float, stage,
+                top_k: int = 0):
+    """The chain's target pass over a block of b the drafter proposed on the device (b = 1:
+    the bonus token alone): verified, each row's token chosen on the device, the agreed
+    drafts committed on both sides. The drafts are kept while the target's choice after
+    each equals the next (greedy: its argmax; sampling: its draw, exact for drafts fixed
+    in advance), or, when the drafter drew them (top_k > 0: its candidates and the
+    target's are read back), by speculative rejection sampling. Returns the pass's
+    tokens, the drafting and the verify seconds."""
     stage("drafted")
     t1 = time.perf_counter()
     if b > 1:
+        sampler.prepare(target, b, lambda: _chain_paths(draft.block(b)))
         draft.verify_block(target, b)
         block = draft.block(b)
     else:
+        sampler.prepare(target, 1)
         target.verify([bonus])
         block = [bonus]
-    choice = target.argmax(0, b)
-    n_acc = accepted_prefix(block, choice)
+    choice = sampler.choices(target, 0, b)
+    if top_k and b > 1:
+        n_acc, nxt = sampler.reject_accept(block[1:], draft.candidates(b - 1, top_k),
+                                           target.candidates(0, b, top_k), choice[b - 1])
+    else:
+        n_acc = accepted_prefix(block, choice)
+        nxt = int(choice[n_acc])
     t2 = time.perf_counter()
     stage("verified")
     target.commit(n_acc + 1)
     draft.append_rows(n_acc + 1, defer=True)
     stage("committed")
-    return block[1:n_acc + 1] + [int(choice[n_acc])], t1 - t0, t2 - t1
+    return block[1:n_acc + 1] + [nxt], t1 - t0, t2 - t1
+
+
+CHAIN_RULES = ("argmax", "reject")
 
 
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                       stop_tokens: Iterable[int], block_size: Optional[int], stats: GenerationStats,
                       sampling: Optional[SamplingParams] = None, reused: int = 0, context_full: str = "error",
                       on_stage: Optional[Callable[[str], None]] = None, saver=None,
-                      p_min: float = 0.0) -> Iterator[List[int]]:
+                      p_min: float = 0.0, chain_rule: str = "argmax") -> Iterator[List[int]]:
     """Chain speculative decoding (target and drafter are reset first), yielding the
     tokens of each target pass; stats.accepted_lengths records their counts (the first
-    token, from the prefill, is not a pass). With sampling, drafts are drawn from the
-    drafter's distribution and kept by speculative rejection sampling. Greedy, with
-    p_min > 0 (the drafter loaded with top_k >= 1), each pass verifies the chain_length
-    of its block."""
+    token, from the prefill, is not a pass). The drafter's block goes to the target on
+    the device and every row's token is chosen there (see _chain_pass). With sampling,
+    chain_rule "argmax" drafts the drafter's argmax and keeps each draft while the
+    target's draw equals it; "reject" draws the drafts from the drafter's distribution
+    and keeps them by speculative rejection sampling (it needs top_k > 0: both
+    distributions cross to the host as their top_k candidates). With p_min > 0 (the
+    drafter loaded with top_k >= 1), each pass verifies the chain_length of its block."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 1 <= B <= draft.block_size:
         raise ValueError(f"block size {B} is outside 1..{draft.block_size} (the drafter's trained block size)")
@@ -190,48 +218,39 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
     check_p_min(p_min)
     if p_min > 0 and draft.top_k < 1:
         raise ValueError("a chain with p_min > 0 needs a drafter loaded with top_k >= 1")
-    sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
+    sampler = Sampler(sampling, prompt)
+    rejection = check_chain_rule(chain_rule, sampler.params) == "reject" and not sampler.greedy
+    top_k = sampler.params.top_k if rejection else 0
     stage = on_stage or _no_stage
 
-    def greedy_step(bonus: int, remaining: int, room: int):
+    def step(bonus: int, remaining: int, room: int):
         # the block goes from the drafter to the target on the device; drafts and the
         # target's choices come back together after the verify (with p_min, the
         # drafter's top choices' probabilities come back before it)
         b = min(B, remaining + 1, room)
         t0 = time.perf_counter()
         if b > 1:
+            if rejection:
+                draft.set_uniforms(sampler.uniforms(b - 1))
             draft.propose(bonus, b, read=False)
             if p_min > 0 and b > 2:
                 b = 1 + chain_length(draft.top1_logprobs(b - 1), p_min)
         else:
             draft.flush()
-        return _greedy_pass(target, draft, bonus, b, t0, stage)
+        return _chain_pass(target, draft, sampler, bonus, b, t0, stage, top_k)
 
-    def sampled_step(bonus: int, remaining: int, room: int):
-        b = min(B, remaining + 1, room)
-        t0 = time.perf_counter()
-        if b > 1:
-            draft.propose(bonus, b)
-            q = distribution(draft.logits(0, b - 1), sampler.params)
-            drafts = [sampler.draw(row) for row in q]
-        else:
-            draft.flush()
-            q, drafts = None, []
-        stage("drafted")
-        t1 = time.perf_counter()
-        target.verify([bonus] + drafts)
-        p = distribution(target.logits(0, b), sampler.params)
-        n_acc, nxt = sampler.chain_accept(drafts, q, p)
-        t2 = time.perf_counter()
-        stage("verified")
-        target.commit(n_acc + 1)
-        draft.append_rows(n_acc + 1, defer=True)
-        stage("committed")
-        return drafts[:n_acc] + [nxt], t1 - t0, t2 - t1
-
-    step = greedy_step if sampler is None else sampled_step
     return _speculate(target, draft, prompt, max_tokens, stop_tokens, stats, B, sampler, step, reused,
-                      context_full, on_stage, saver)
+                      context_full, on_stage, saver, drafted_samples=rejection)
+
+
+def check_chain_rule(rule: str, sampling: SamplingParams) -> str:
+    """The chain's accept rule when sampling (see speculative_steps), checked."""
+    if rule not in CHAIN_RULES:
+        raise ValueError(f"chain rule must be one of {', '.join(CHAIN_RULES)}, got {rule!r}")
+    if rule == "reject" and not sampling.greedy and sampling.top_k == 0:
+        raise ValueError("the rejection rule needs top_k > 0 (the distributions cross to the host as their "
+                         "top_k candidates); use the argmax rule with top_k 0")
+    return rule
 
 
 def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
@@ -254,11 +273,12 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     Trees are padded with dummy leaves to their budget (or the arm's size): the target's
     verify graph depends only on the node count, so steps reuse it.
 
-    With sampling, the walk draws the target's token at each node from the target's own
-    distribution there and moves on while that token is a child: every emitted token is
-    a draw from the target's conditional, so the output is distributed exactly as plain
-    sampling, whatever the tree. (Recursive rejection over siblings would accept more
-    often; this rule needs no drafter probabilities to stay exact.)"""
+    With sampling, every node's token is drawn on the device from the target's own
+    distribution there (a uniform of its own per node), and the walk moves on while the
+    draw is a child: every emitted token is a draw from the target's conditional, so the
+    output is distributed exactly as plain sampling, whatever the tree. (Recursive
+    rejection over siblings would accept more often; this rule needs no drafter
+    probabilities to stay exact.) auto's chain arm keeps its drafts by the same rule."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 2 <= B <= draft.block_size:
         raise ValueError(f"block size {B} is outside 2..{draft.block_size} (the drafter's trained block size)")
@@ -269,29 +289,14 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     if auto is not None and auto.largest != budget:
         raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
     check_p_min(p_min)
-    sampler = Sampler(sampling) if sampling is not None and not sampling.greedy else None
+    sampler = Sampler(sampling, prompt)
     stage = on_stage or _no_stage
 
-    def bonus_only(bonus: int, t0: float):
-        # room for the bonus alone
-        draft.flush()
-        stage("drafted")
-        t1 = time.perf_counter()
-        target.verify([bonus])
-        choice = target.argmax(0, 1) if sampler is None else \
-            [sampler.draw(distribution(target.logits(0, 1), sampler.params)[0])]
-        t2 = time.perf_counter()
-        stage("verified")
-        target.commit(1)
-        draft.append_rows(1, defer=True)
-        stage("committed")
-        return [int(choice[0])], t1 - t0, t2 - t1
-
     def device_chain(bonus: int, b: int, t0: float, survey: bool):
-        # the chain arm, greedy: the chain decoder's step (the block goes from the
-        # drafter to the target on the device), cut by p_min; a survey reads the
-        # drafter's top-K as well. Returns what _greedy_pass does, the drafts verified
-        # and accepted, and the top-K when read with the seconds that took.
+        # the chain arm: the chain decoder's step (the block goes from the drafter to
+        # the target on the device), cut by p_min; a survey reads the drafter's top-K as
+        # well. Returns what _chain_pass does, the drafts verified and accepted, and the
+        # top-K when read with the seconds that took.
         draft.propose(bonus, b, read=False)
         ranked, t_rank = None, 0.0
         if survey:
@@ -300,7 +305,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             t_rank = time.perf_counter() - t_rank
         if p_min > 0 and b > 2:
             b = 1 + chain_length(ranked[1][:, 0] if survey else draft.top1_logprobs(b - 1), p_min)
-        out, t_draft, t_verify = _greedy_pass(target, draft, bonus, b, t0, stage)
+        out, t_draft, t_verify = _chain_pass(target, draft, sampler, bonus, b, t0, stage)
         return out, t_draft, t_verify, b - 1, len(out) - 1, ranked, t_rank
 
     if auto is not None:
@@ -309,12 +314,13 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     def step(bonus: int, remaining: int, room: int):
         t0 = time.perf_counter()
         b = min(B, room)  # near a full context the block (and the tree's depth) shrinks
-        if b < 2:
-            return bonus_only(bonus, t0)
+        if b < 2:  # room for the bonus alone
+            draft.flush()
+            return _chain_pass(target, draft, sampler, bonus, 1, t0, stage)
         arm = budget if auto is None else auto.choose()
         survey = auto is not None and auto.wants_survey()
         depth = min(b - 1, remaining)
-        if arm == CHAIN and sampler is None:
+        if arm == CHAIN:
             out, t_draft, t_verify, n_drafts, n_acc, ranked, t_rank = device_chain(bonus, depth + 1, t0, survey)
             stats.tree_sizes.append(n_drafts)
             stats.chain_steps += 1
@@ -336,7 +342,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             t_build = time.perf_counter() if survey else 0.0
             tree = build_tree(bonus, cand, logp, auto.survey_size() if survey else arm, max_depth=depth)
             if survey:
-                cut = chain_length(logp[:depth, 0], p_min) if sampler is None else depth
+                cut = chain_length(logp[:depth, 0], p_min)
                 auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:cut, 0]))
                 tree = tree.best(arm)
                 t_survey = time.perf_counter() - t_build
@@ -348,15 +354,12 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
             tree = tree.padded_to(1 + arm)
         stage("drafted")
         t1 = time.perf_counter()
+        sampler.prepare(target, len(tree), tree.paths)
         if chain:
             target.verify(tree.tokens)  # the chain verify: cheaper than the same nodes as a tree
         else:
             target.verify_tree(tree.tokens, tree.parents)
-        if sampler is None:
-            choice = target.argmax(0, len(tree))
-        else:
-            p = distribution(target.logits(0, len(tree)), sampler.params)
-            choice = _sampled_walk(tree, p, sampler)
+        choice = sampler.choices(target, 0, len(tree))
         path = accept_path(tree, choice)
         t2 = time.perf_counter()
         stage("verified")
@@ -382,29 +385,16 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                       context_full, on_stage, saver)
 
 
-def _sampled_walk(tree, p, sampler: Sampler) -> List[int]:
-    """The target's sampled token at each node on the walk from the root (other nodes
-    are never looked at)."""
-    kids = tree.children()
-    choice = [-1] * len(tree)
-    node = 0
-    while True:
-        choice[node] = sampler.draw(p[node])
-        nxt = kids[node].get(choice[node])
-        if nxt is None:
-            return choice
-        node = nxt
-
-
 def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                          stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
                          on_tokens: Optional[Callable[[List[int]], None]] = None,
-                         sampling: Optional[SamplingParams] = None, p_min: float = 0.0):
-    """Chain speculative generation (greedy with p_min > 0: see chain_length). Returns
-    (tokens, stats)."""
+                         sampling: Optional[SamplingParams] = None, p_min: float = 0.0,
+                         chain_rule: str = "argmax"):
+    """Chain speculative generation (with p_min > 0: see chain_length; chain_rule: see
+    speculative_steps). Returns (tokens, stats)."""
     stats = GenerationStats()
     steps = speculative_steps(target, draft, prompt, max_tokens, stop_tokens, block_size, stats, sampling,
-                              p_min=p_min)
+                              p_min=p_min, chain_rule=chain_rule)
     return collect(steps, on_tokens), stats
 
 
@@ -413,7 +403,7 @@ def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: i
                   on_tokens: Optional[Callable[[List[int]], None]] = None, auto: Optional[AutoBudget] = None,
                   sampling: Optional[SamplingParams] = None, p_min: float = 0.0):
     """DDTree speculative generation (with `auto`: each step's arm chosen by it, its
-    greedy chains cut by p_min). Returns (tokens, stats)."""
+    chains cut by p_min). Returns (tokens, stats)."""
     stats = GenerationStats()
     steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, auto, sampling,
                        p_min=p_min)

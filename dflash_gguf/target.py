@@ -80,7 +80,7 @@ class Target(NativeObject):
         self.n_ubatch = info["n_ubatch"]
         self.n_verify = info["n_verify"]
         self.n_features = len(layers)
-        self._argmax = np.zeros(max(self.n_ubatch, self.n_verify), dtype=np.int32)
+        self._choices = np.zeros(max(self.n_ubatch, self.n_verify), dtype=np.int32)
 
     # -- state --------------------------------------------------------------------
     def info(self) -> dict:
@@ -94,7 +94,8 @@ class Target(NativeObject):
             "device": ffi.string(info.device).decode(), "n_weight_buffers": info.n_weight_buffers,
             "arch": ffi.string(info.arch).decode(), "compute_bytes": info.compute_bytes,
             "n_last_nodes": info.n_last_nodes, "n_last_replay": info.n_last_replay, "n_host_writes": info.n_host_writes,
-            "n_host_reads": info.n_host_reads,
+            "n_host_reads": info.n_host_reads, "n_host_write_bytes": info.n_host_write_bytes,
+            "n_host_read_bytes": info.n_host_read_bytes,
         }
 
     @property
@@ -159,10 +160,37 @@ class Target(NativeObject):
         check(lib.dfl_target_logits(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
         return out
 
-    def argmax(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
-        out = self._argmax[:n_rows]
-        check(lib.dfl_target_argmax(self._handle(), ffi.from_buffer("int32_t[]", out), row0, n_rows))
+    def choices(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
+        """The token chosen on the device at each row: the argmax (greedy), or the draw
+        of the sampling settings; -1 where it could not decide (see
+        sampling.Sampler.choices)."""
+        out = self._choices[:n_rows]
+        check(lib.dfl_target_choices(self._handle(), ffi.from_buffer("int32_t[]", out), row0, n_rows))
         return out.copy()
+
+    def candidates(self, row0: int, n_rows: int, k: int):
+        """(tokens, probabilities), [n_rows, k] each: the kept candidates of the last
+        call's rows as they were drawn (sampling with top_k = k)."""
+        toks = np.empty((n_rows, k), dtype=np.int32)
+        probs = np.empty((n_rows, k), dtype=np.float32)
+        check(lib.dfl_target_candidates(self._handle(), row0, n_rows, k, ffi.from_buffer("int32_t[]", toks),
+                                        ffi.from_buffer("float[]", probs)))
+        return toks, probs
+
+    # -- sampling (sampling.Sampler drives these) ---------------------------------------
+    def set_sampling(self, native) -> None:
+        """The dfl_sampling of the calls from now on (SamplingParams.native())."""
+        check(lib.dfl_target_set_sampling(self._handle(), native))
+
+    def set_uniforms(self, u: np.ndarray) -> None:
+        arr = np.ascontiguousarray(u, dtype=np.float32)
+        check(lib.dfl_target_set_uniforms(self._handle(), ffi.from_buffer("float[]", arr), len(arr)))
+
+    def set_penalties(self, tokens: np.ndarray, counts: np.ndarray) -> None:
+        toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        cnt = np.ascontiguousarray(counts, dtype=np.float32)
+        check(lib.dfl_target_set_penalties(self._handle(), ffi.from_buffer("int32_t[]", toks),
+                                           ffi.from_buffer("float[]", cnt), toks.shape[0], toks.shape[1]))
 
     def features(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
         out = np.empty((n_rows, self.n_features, self.n_embd), dtype=np.float32)

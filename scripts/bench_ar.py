@@ -251,19 +251,19 @@ def worker_ours(a: dict) -> dict:
     t.reset()
     t.prefill(prompt[:16], LOGITS_LAST)
     for _ in range(4):
-        t.decode([int(t.argmax(0, 1)[0])], LOGITS_LAST)
+        t.decode([int(t.choices(0, 1)[0])], LOGITS_LAST)
 
     out = {"n_threads": info["n_threads"], "arch": info["arch"]}
     if a["mode"] == "decode":
         reps, rebuilt = [], 0
         for _ in range(a["reps"]):
             at_depth()
-            tok = int(t.argmax(0, 1)[0])
+            tok = int(t.choices(0, 1)[0])
             b0 = builds()
             t0 = time.perf_counter()
             for _ in range(a["tokens"]):
                 t.decode([tok], LOGITS_LAST)
-                tok = int(t.argmax(0, 1)[0])
+                tok = int(t.choices(0, 1)[0])
             reps.append(time.perf_counter() - t0)
             rebuilt += builds() - b0
         return {**out, "reps": reps, "graph_builds": rebuilt}
@@ -283,7 +283,7 @@ def worker_ours(a: dict) -> dict:
         for _ in range(a["reps"]):
             t0 = time.perf_counter()
             t.verify(cands)
-            t.argmax(0, k)
+            t.choices(0, k)
             t.commit(0)
             r["verify"].append(time.perf_counter() - t0)
         r["graph_builds"] += builds() - b0

@@ -86,11 +86,11 @@ def run_ours(args) -> None:
 
     if "decode" in args.phases:
         fresh()
-        last = [int(t.argmax(0, 1)[0])]
+        last = [int(t.choices(0, 1)[0])]
 
         def decode_one(_rep):
             t.decode(last, LOGITS_LAST)
-            last[0] = (int(t.argmax(0, 1)[0]) + 1) % 900  # a varied input
+            last[0] = (int(t.choices(0, 1)[0]) + 1) % 900  # a varied input
 
         timed("decode", decode_one)
     for k in ks:
@@ -99,7 +99,7 @@ def run_ours(args) -> None:
 
         def verify_k(_rep, tokens=tokens, k=k):
             t.verify(tokens)
-            t.argmax(0, k)
+            t.choices(0, k)
             t.commit(min(2, k))  # every verify carries a commit of the same size
 
         timed(f"verify{k}", verify_k)

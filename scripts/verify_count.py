@@ -110,7 +110,7 @@ def run(args) -> None:
                     t.verify(tokens)
                 else:
                     t.verify_tree(tokens, parents[shape])
-                t.argmax(0, n)
+                t.choices(0, n)
                 wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
                 dump(args, f"verify {shape} {n} {'timed' if timed else 'warmup'}")
                 if timed:

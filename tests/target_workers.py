@@ -156,7 +156,7 @@ def ours_greedy(path: str, prompts: list, n_new: int, n_ctx: int = 128) -> list:
             t.prefill(prompt, LOGITS_LAST)
             toks, gaps = [], []
             for _ in range(n_new):
-                tok = int(t.argmax(0, 1)[0])
+                tok = int(t.choices(0, 1)[0])
                 toks.append(tok)
                 gaps.append(_top2_gap(t.logits(0, 1)[0]))
                 t.decode([tok], LOGITS_LAST)
@@ -204,8 +204,8 @@ def ours_verify_vs_sequential(path: str, n_prefix: int, max_k: int, kv_type: str
                 t.verify(cands[:k])
                 rows = t.logits(0, k)
                 out["rows"][k] = max(out["rows"].get(k, 0.0), float(np.abs(rows - seq[:k]).max()))
-                out["argmax_equal"] &= list(t.argmax(0, k)) == list(np.argmax(rows, axis=1))
-                out["greedy_equal"] &= list(t.argmax(0, k)) == list(np.argmax(seq[:k], axis=1))
+                out["argmax_equal"] &= list(t.choices(0, k)) == list(np.argmax(rows, axis=1))
+                out["greedy_equal"] &= list(t.choices(0, k)) == list(np.argmax(seq[:k], axis=1))
                 t.commit(j)
                 after = one_by_one(tail)
                 key = f"{k}/{j}"
@@ -382,7 +382,7 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
         out["target prefill"] = t.placement()
         d.append_rows(len(prompt))
         out["drafter context append"] = d.placement()
-        block = d.propose(int(t.argmax(0, 1)[0]))
+        block = d.propose(int(t.choices(0, 1)[0]))
         out["drafter propose"] = d.placement()
         t.verify(block[:4])
         out["target chain verify"] = t.placement()

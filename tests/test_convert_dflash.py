@@ -221,7 +221,7 @@ def run_drafter(target_gguf: Path, draft_gguf: Path, prompt: list[int]):
     draft = Draft(draft_gguf, target, DraftConfig(kv_type="f32"))
     try:
         target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
-        bonus = int(target.argmax()[0])
+        bonus = int(target.choices()[0])
         draft.propose(bonus)
         return draft.logits(0, BLOCK - 1), bonus
     finally:
@@ -272,7 +272,7 @@ def test_runtime_runs_converted_dflash2(ours, ckpt, convert_model):
     try:
         with Draft(path, target, DraftConfig(kv_type="f32")) as draft:
             target.prefill(list(range(5, 25)), LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
-            drafts = draft.propose(int(target.argmax()[0]))
+            drafts = draft.propose(int(target.choices()[0]))
             assert len(drafts) == draft.block_size - 1 and all(0 <= t < target.n_vocab for t in drafts)
     finally:
         target.close()

@@ -138,7 +138,7 @@ def test_drafter_applies_embedding_scale_once_softcap_and_sliding_layers(pair):
     target, draft = load(pair, n_ubatch=8)
     prompt = prompts(1, seed=1)[0]
     target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
-    bonus = int(target.argmax()[0])
+    bonus = int(target.choices()[0])
     block = [bonus] + draft.propose(bonus)
     with torch.no_grad():
         out = ref_target(torch.tensor([prompt]), output_hidden_states=True)

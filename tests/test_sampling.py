@@ -1,20 +1,28 @@
-"""Sampling: the target distribution's filters, and speculative sampling (chain
-rejection sampling, tree walks) producing exactly the target's distribution."""
+"""Sampling on the device: the distribution rule against llama.cpp's own sampler chain,
+the rejection rule on synthetic distributions, and every decoding mode (plain, the
+chain with either accept rule, the tree, auto) producing exactly the target's own
+sampled distribution on the bundled demo pair, with truncation, without, with min-p and
+with each penalty."""
 from __future__ import annotations
 
-import itertools
+import ctypes
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from test_speculative import pair  # noqa: F401 (fixture)
-
+from dflash_gguf import DflashError
+from dflash_gguf.budget import AutoBudget
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
-from dflash_gguf.sampling import Sampler, SamplingParams, distribution
+from dflash_gguf.sampling import Sampler, SamplingParams, distribution, penalize
 from dflash_gguf.speculative import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.tokenizer import Tokenizer
+
+DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
 
 
 def chi2_critical(df: int, z: float = 3.09) -> float:
@@ -24,19 +32,22 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
 
 
 def chi2_stat(counts: dict, probs: dict, n: int):
-    """Chi-square statistic and degrees of freedom, cells with expected < 5 pooled."""
+    """Chi-square statistic and degrees of freedom of observed `counts` against `probs`
+    (which may hold an "other" cell for the mass not enumerated: every observation
+    outside `probs` counts there), cells with expected < 5 pooled."""
     cells = sorted(probs, key=lambda c: -probs[c])
     obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
     for c in cells:
         e = probs[c] * n
+        o = counts.get(c, 0) + (sum(v for k, v in counts.items() if k not in probs) if c == "other" else 0)
         if e >= 5:
-            obs.append(counts.get(c, 0))
+            obs.append(o)
             exp.append(e)
         else:
-            pool_o += counts.get(c, 0)
+            pool_o += o
             pool_e += e
-    unexpected = sum(v for c, v in counts.items() if c not in probs)
-    pool_o += unexpected
+    if "other" not in probs:
+        pool_o += sum(v for k, v in counts.items() if k not in probs)
     if pool_e > 0 or pool_o > 0:
         obs.append(pool_o)
         exp.append(max(pool_e, 1e-9))
@@ -44,7 +55,61 @@ def chi2_stat(counts: dict, probs: dict, n: int):
     return stat, len(obs) - 1
 
 
-# ---- the distribution ----------------------------------------------------------------
+# ---- the rule, against llama.cpp's sampler chain --------------------------------------------
+
+def llama_cpp_distribution(logits, params: SamplingParams, window=()):
+    """The probabilities llama.cpp's default sampler chain (penalties, top-k, top-p,
+    min-p, temperature) leaves over a logits row: its samplers applied to the row, then
+    the softmax of what is left (what its dist sampler draws from)."""
+    import llama_cpp as lc
+
+    V = len(logits)
+    data = (lc.llama_token_data * V)(*[lc.llama_token_data(i, float(x), 0.0) for i, x in enumerate(logits)])
+    arr = lc.llama_token_data_array(data, V, -1, False)
+    chain = [lc.llama_sampler_init_penalties(V, params.repeat_last_n, params.repeat_penalty,
+                                             params.frequency_penalty, params.presence_penalty)]
+    if params.top_k > 0:
+        chain.append(lc.llama_sampler_init_top_k(params.top_k))
+    chain += [lc.llama_sampler_init_top_p(params.top_p, 1), lc.llama_sampler_init_min_p(params.min_p, 1),
+              lc.llama_sampler_init_temp(params.temperature)]
+    for tok in window:
+        lc.llama_sampler_accept(chain[0], int(tok))
+    for smpl in chain:
+        lc.llama_sampler_apply(smpl, ctypes.byref(arr))
+    out = np.zeros(V)
+    kept = [(arr.data[i].id, arr.data[i].logit) for i in range(arr.size)]
+    x = np.array([lg for _, lg in kept], dtype=np.float64)
+    p = np.exp(x - x.max())
+    out[[t for t, _ in kept]] = p / p.sum()
+    for smpl in chain:
+        lc.llama_sampler_free(smpl)
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(0.6, 20, 0.95),
+    SamplingParams(0.7, 20, 0.8),
+    SamplingParams(1.0),
+    SamplingParams(1.3, top_p=0.5),
+    SamplingParams(0.8, min_p=0.1),
+    SamplingParams(0.5, 7, 0.9, 0.2),
+    SamplingParams(0.9, 30, presence_penalty=1.5),
+    SamplingParams(1.0, frequency_penalty=0.7, repeat_last_n=16),
+    SamplingParams(0.6, 20, 0.95, repeat_penalty=1.3, presence_penalty=-0.5),
+], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}-r{p.repeat_penalty}"
+                 f"-f{p.frequency_penalty}-pr{p.presence_penalty}")
+def test_rule_matches_llama_cpp_sampler_chain(params):
+    rng = np.random.default_rng(0)
+    V = 300
+    for trial in range(4):
+        logits = rng.normal(0, 2.5, V) + np.where(rng.random(V) < 0.05, 6.0, 0.0)
+        window = rng.integers(0, 40, size=int(rng.integers(1, 80))).tolist()  # seen tokens, repeats among them
+        last = window[-params.repeat_last_n:] if params.repeat_last_n > 0 else window
+        ours = distribution(penalize(logits, last, params), params)[0]
+        theirs = llama_cpp_distribution(logits, params, window)
+        assert np.array_equal(ours > 0, theirs > 0), (trial, np.flatnonzero(ours > 0), np.flatnonzero(theirs > 0))
+        assert np.allclose(ours, theirs, atol=2e-6), (trial, np.abs(ours - theirs).max())
+
 
 def test_distribution_filters():
     logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
@@ -56,101 +121,243 @@ def test_distribution_filters():
     assert np.allclose(p, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85)
     p = distribution(logits, SamplingParams(temperature=1.0, min_p=0.3))[0]  # >= 0.15
     assert np.allclose(p, np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85)
+    # llama.cpp's order: top-p looks at the probabilities at temperature 1, not the tempered ones
+    p = distribution(logits, SamplingParams(temperature=0.3, top_p=0.6))[0]
+    assert np.count_nonzero(p) == 2
     hot = distribution(logits, SamplingParams(temperature=2.0))[0]
     assert hot[4] > 0.05 and np.isclose(hot.sum(), 1)
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-1), dict(top_p=0), dict(top_p=1.5),
-                                 dict(min_p=1.0), dict(min_p=-0.1)])
+                                 dict(min_p=1.0), dict(min_p=-0.1), dict(temperature=float("nan")),
+                                 dict(repeat_penalty=0), dict(repeat_penalty=-1.0), dict(presence_penalty=2.5),
+                                 dict(frequency_penalty=-3), dict(frequency_penalty=float("inf")),
+                                 dict(repeat_last_n=-2)])
 def test_invalid_settings(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
 
 
-def test_chain_rejection_sampling_is_exact_on_synthetic_distributions():
+def test_rejection_rule_is_exact_on_synthetic_distributions():
+    """Drafts drawn from q (top-4 candidates) kept by the rejection rule give the target's
+    p (top-5 candidates, a different set) at the first position; keeping every draft
+    gives q instead (the test can fail)."""
     rng = np.random.default_rng(0)
-    V, n = 5, 20000
-    p = rng.dirichlet(np.ones(V), size=3)
-    q = rng.dirichlet(np.ones(V) * 0.5, size=2)
+    n = 20000
+    p_ids = np.array([[3, 1, 4, 0, 2]] * 3)
+    p_p = rng.dirichlet(np.ones(5), size=3)
+    q_ids = np.array([[1, 5, 3, 6]] * 2)
+    q_p = rng.dirichlet(np.ones(4) * 0.5, size=2)
     sampler = Sampler(SamplingParams(temperature=1.0, seed=1))
-    counts = {}
+    counts, naive = {}, {}
     for _ in range(n):
-        drafts = [sampler.draw(q[0]), sampler.draw(q[1])]
-        k, nxt = sampler.chain_accept(drafts, q, p)
+        drafts = [int(q_ids[i][np.searchsorted(np.cumsum(q_p[i]), sampler.rng.random())]) for i in range(2)]
+        last = int(p_ids[2][np.searchsorted(np.cumsum(p_p[2]), sampler.rng.random())])
+        k, nxt = sampler.reject_accept(drafts, (q_ids, q_p), (p_ids, p_p), last)
         first = drafts[0] if k >= 1 else nxt
         counts[first] = counts.get(first, 0) + 1
-    stat, df = chi2_stat(counts, {t: p[0][t] for t in range(V)}, n)
+        naive[drafts[0]] = naive.get(drafts[0], 0) + 1
+    want = {int(t): float(p) for t, p in zip(p_ids[0], p_p[0])}
+    stat, df = chi2_stat(counts, want, n)
     assert stat < chi2_critical(df), (stat, df)
-
-    # the test has power: keeping every draft gives the drafter's distribution instead
-    naive = {}
-    for _ in range(n):
-        first = sampler.draw(q[0])
-        naive[first] = naive.get(first, 0) + 1
-    stat, df = chi2_stat(naive, {t: p[0][t] for t in range(V)}, n)
+    stat, df = chi2_stat(naive, want, n)
     assert stat > chi2_critical(df)
 
 
-# ---- end to end on a tiny model ---------------------------------------------------------
+# ---- every mode against the target's own sampling, on the demo pair --------------------------
 
-PARAMS = dict(temperature=1.3, top_k=3)
+@pytest.fixture(scope="module")
+def demo():
+    meta = read_draft_metadata(str(DATA / "demo-draft.gguf"))
+    target = Target(str(DATA / "demo-target.gguf"), TargetConfig(
+        n_ctx=256, n_ubatch=64, n_verify=17, kv_type="f32", feature_layers=meta["target_layers"], n_threads=2))
+    draft = Draft(str(DATA / "demo-draft.gguf"), target, DraftConfig(kv_type="f32", top_k=4))
+    return target, draft
 
 
-def exact_joint(target, prompt, params, depth):
-    """P(t1..t_depth) of plain sampling from the target, by enumeration."""
-    probs = {}
+@pytest.fixture(scope="module")
+def prompt():
+    # code the demo pair was trained on, whose continuations repeat what it has seen (so
+    # that the penalties change the distribution)
+    return Tokenizer(str(DATA / "demo-target.gguf")).encode("    def __init__(self, name):\n        self.name = name\n"
+                                                            "        self.", add_bos=False)
+
+
+def exact_joint(target, prompt, params, depth, floor=2e-4):
+    """P(t1..t_depth) of the target's own sampling after `prompt` (penalties over the
+    prompt and the prefix), enumerated down to prefixes of probability `floor`; the mass
+    below it is the "other" cell."""
+    probs = {"other": 0.0}
 
     def rec(prefix, prob):
         if len(prefix) == depth:
             probs[tuple(prefix)] = prob
             return
         target.reset()
+        target.set_sampling(SamplingParams().native())
         target.prefill(prompt + prefix, LOGITS_LAST)
-        p = distribution(target.logits(0, 1), params)[0]
+        seen = prompt + prefix
+        window = seen[-params.repeat_last_n:] if params.repeat_last_n > 0 else seen
+        p = distribution(penalize(target.logits(0, 1)[0], window, params), params)[0]
         for tok in np.flatnonzero(p > 0):
-            rec(prefix + [int(tok)], prob * p[tok])
+            if prob * p[tok] < floor:
+                probs["other"] += prob * p[tok]
+            else:
+                rec(prefix + [int(tok)], prob * p[tok])
 
     rec([], 1.0)
     return probs
 
 
-@pytest.fixture(scope="module")
-def sampling_pair(pair):
-    meta = read_draft_metadata(pair["draft"])
-    target = Target(pair["target"], TargetConfig(n_ctx=128, n_ubatch=32, n_verify=8, kv_type="f32",
-                                                 feature_layers=meta["target_layers"]))
-    draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=3))
-    return target, draft
+class _LinearCost:
+    def __call__(self, n):
+        return 1e-3 + 1e-4 * np.asarray(n, dtype=float)
+
+    def chain(self, n):
+        return self(n)
 
 
-@pytest.mark.parametrize("mode", ["plain", "chain", "tree"])
-def test_speculative_sampling_matches_target_distribution(sampling_pair, mode):
-    target, draft = sampling_pair
-    prompt = [101, 202, 303, 404, 505, 606]
-    depth, n = 3, 1500
-    exact = exact_joint(target, prompt, SamplingParams(**PARAMS), depth)
+def run_mode(target, draft, prompt, mode, params, depth):
+    if mode == "plain":
+        return greedy_generate(target, prompt, depth, sampling=params)[0]
+    if mode in ("chain", "reject"):
+        return speculative_generate(target, draft, prompt, depth, sampling=params, chain_rule=
+                                    "reject" if mode == "reject" else "argmax", p_min=0.3)[0]
+    if mode == "tree":
+        return tree_generate(target, draft, prompt, depth, budget=6, sampling=params)[0]
+    auto = AutoBudget(_LinearCost(), 16, draft.block_size)
+    return tree_generate(target, draft, prompt, depth, budget=16, sampling=params, auto=auto, p_min=0.3)[0]
+
+
+SETTINGS = {
+    "qwen": SamplingParams(0.6, 20, 0.95),
+    "full": SamplingParams(1.0),
+    "min_p": SamplingParams(0.9, min_p=0.05),
+    "presence": SamplingParams(0.8, 20, presence_penalty=1.5),
+    "frequency": SamplingParams(1.0, 40, frequency_penalty=1.0, repeat_last_n=8),
+    "repeat": SamplingParams(0.7, 30, 0.9, repeat_penalty=1.5),
+}
+
+
+@pytest.mark.parametrize("setting,mode", [
+    ("qwen", "plain"), ("qwen", "chain"), ("qwen", "reject"), ("qwen", "tree"), ("qwen", "auto"),
+    ("full", "plain"), ("full", "chain"), ("full", "tree"),
+    ("min_p", "chain"), ("min_p", "tree"),
+    ("presence", "chain"), ("frequency", "tree"), ("repeat", "plain"), ("repeat", "reject"),
+])
+def test_every_mode_samples_the_targets_distribution(demo, prompt, setting, mode):
+    target, draft = demo
+    params, depth, n = SETTINGS[setting], 3, 1200
+    exact = exact_joint(target, prompt, params, depth)
     counts = {}
     for seed in range(n):
-        params = SamplingParams(**PARAMS, seed=seed)
-        if mode == "plain":
-            out, _ = greedy_generate(target, prompt, depth, sampling=params)
-        elif mode == "chain":
-            out, _ = speculative_generate(target, draft, prompt, depth, sampling=params)
-        else:
-            out, _ = tree_generate(target, draft, prompt, depth, budget=6, sampling=params)
+        out = run_mode(target, draft, prompt, mode, replace(params, seed=seed), depth)
         counts[tuple(out)] = counts.get(tuple(out), 0) + 1
     stat, df = chi2_stat(counts, exact, n)
-    assert stat < chi2_critical(df), (mode, stat, df)
+    assert df >= 4, "too few cells for the test to say anything"
+    assert stat < chi2_critical(df), (setting, mode, stat, df)
 
 
-def test_seeded_sampling_is_reproducible_and_greedy_is_unchanged(sampling_pair):
-    target, draft = sampling_pair
+def test_a_penalty_changes_the_distribution(demo, prompt):
+    """The test above has power: sampling without the penalty fails it."""
+    target, draft = demo
+    params, depth, n = SETTINGS["presence"], 3, 1200
+    exact = exact_joint(target, prompt, params, depth)
+    plain = SamplingParams(params.temperature, params.top_k)
+    counts = {}
+    for seed in range(n):
+        out = tuple(run_mode(target, draft, prompt, "chain", replace(plain, seed=seed), depth))
+        counts[out] = counts.get(out, 0) + 1
+    stat, df = chi2_stat(counts, exact, n)
+    assert stat > chi2_critical(df)
+
+
+def test_seeded_sampling_is_reproducible_and_greedy_is_unchanged(demo):
+    target, draft = demo
     prompt = list(range(40, 52))
-    params = SamplingParams(temperature=0.9, top_p=0.9, seed=7)
-    a, _ = speculative_generate(target, draft, prompt, 40, sampling=params)
-    b, _ = speculative_generate(target, draft, prompt, 40, sampling=params)
-    assert a == b
+    for params in (SamplingParams(0.9, top_p=0.9, seed=7), SamplingParams(0.6, 20, 0.95, seed=3, presence_penalty=1.0)):
+        a, _ = speculative_generate(target, draft, prompt, 40, sampling=params)
+        b, _ = speculative_generate(target, draft, prompt, 40, sampling=params)
+        c, _ = tree_generate(target, draft, prompt, 40, budget=6, sampling=params)
+        d, _ = tree_generate(target, draft, prompt, 40, budget=6, sampling=params)
+        assert a == b and c == d
     greedy, _ = greedy_generate(target, prompt, 40)
     zero, _ = speculative_generate(target, draft, prompt, 40, sampling=SamplingParams(temperature=0.0, seed=3))
     tree0, _ = tree_generate(target, draft, prompt, 40, budget=6, sampling=SamplingParams(temperature=0.0))
     assert greedy == zero == tree0
+
+
+def test_greedy_with_penalties_equals_the_penalised_argmax(demo):
+    """Greedy decoding with a penalty takes each step's argmax after the penalty, in every
+    mode: the reference recomputes it from the logits."""
+    target, draft = demo
+    params = SamplingParams(0.0, repeat_penalty=1.3, presence_penalty=0.8, repeat_last_n=16)
+    prompt = list(range(300, 312))
+    plain, _ = greedy_generate(target, prompt, 24, sampling=params)
+    ref = []
+    for _ in range(24):
+        target.reset()
+        target.set_sampling(SamplingParams().native())
+        target.prefill(prompt + ref, LOGITS_LAST)
+        seen = (prompt + ref)[-16:]
+        ref.append(int(np.argmax(penalize(target.logits(0, 1)[0], seen, params))))
+    assert plain == ref
+    chain, _ = speculative_generate(target, draft, prompt, 24, sampling=params)
+    tree, _ = tree_generate(target, draft, prompt, 24, budget=6, sampling=params)
+    assert chain == tree == ref
+
+
+def test_device_and_host_choose_alike_and_only_token_ids_come_back(demo, prompt):
+    """The device's draw for a row, given its uniform, is the draw the host rule makes with
+    that uniform (up to rows where float rounding puts the uniform on a boundary); a
+    sampled verify reads back token ids, not logits rows."""
+    target, _ = demo
+    params = SamplingParams(0.8, 30, 0.9, 0.02)
+    target.reset()
+    target.set_sampling(params.native())
+    target.set_uniforms(np.zeros(1, dtype=np.float32))
+    target.prefill(prompt, LOGITS_LAST)
+    tokens = list(range(500, 516))
+    u = np.random.default_rng(1).random(len(tokens), dtype=np.float32)
+    target.set_uniforms(u)
+    reads = target.info()["n_host_reads"]
+    target.verify(tokens)
+    got = target.choices(0, len(tokens))
+    assert target.info()["n_host_reads"] == reads + 1
+    p = distribution(target.logits(0, len(tokens)), params)
+    want = []
+    for row, ui in zip(p, u):  # the device draws over the candidates, most likely first
+        order = np.argsort(-row, kind="stable")
+        cum = np.cumsum(row[order])
+        want.append(int(order[np.searchsorted(cum, ui * cum[-1], side="right")]))
+    assert sum(g == w for g, w in zip(got.tolist(), want)) >= len(tokens) - 1, (got, want)
+    toks, probs = target.candidates(0, len(tokens), 30)
+    for i in range(len(tokens)):
+        assert np.allclose(probs[i], p[i][toks[i]], atol=1e-5)
+    target.commit(1)
+
+
+def test_sampling_calls_are_checked(demo, prompt):
+    target, draft = demo
+    target.reset()
+    target.set_sampling(SamplingParams(0.7).native())
+    with pytest.raises(DflashError, match="uniform"):
+        target.prefill(prompt, LOGITS_LAST)  # no uniform for the row it chooses
+    with pytest.raises(DflashError, match="outside"):
+        target.set_uniforms(np.array([1.0], dtype=np.float32))
+    with pytest.raises(DflashError, match="twice"):
+        target.set_penalties(np.array([[5, 5]], dtype=np.int32), np.array([[1, 1]], dtype=np.float32))
+    with pytest.raises(DflashError, match="vocabulary"):
+        target.set_penalties(np.array([[10 ** 7]], dtype=np.int32), np.array([[1]], dtype=np.float32))
+    target.set_penalties(np.array([[5], [6]], dtype=np.int32), np.array([[1], [2]], dtype=np.float32))
+    target.set_uniforms(np.array([0.5], dtype=np.float32))
+    with pytest.raises(DflashError, match="staged for 2 rows"):
+        target.prefill(prompt, LOGITS_LAST)
+    bad = SamplingParams(0.7).native()
+    bad.top_p = 0.0
+    with pytest.raises(DflashError, match="top_p"):
+        target.set_sampling(bad)
+    with pytest.raises(ValueError, match="top_k > 0"):
+        speculative_generate(target, draft, prompt, 4, sampling=SamplingParams(0.7), chain_rule="reject")
+    target.set_sampling(SamplingParams().native())
+    target.reset()

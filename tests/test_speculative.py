@@ -86,7 +86,7 @@ def test_drafter_logits_match_reference(pair):
     prompt = prompts(1, seed=1)[0] + list(range(40, 60))  # longer than one ubatch
 
     target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
-    bonus = int(target.argmax()[0])
+    bonus = int(target.choices()[0])
     block = [bonus] + draft.propose(bonus)
     ours = draft.logits(0, BLOCK - 1)
     ref = reference_draft_logits(ref_target, ref_draft, prompt, bonus)
@@ -96,7 +96,7 @@ def test_drafter_logits_match_reference(pair):
     # a later step: the context grew by a verified block of which 3 tokens were kept
     target.verify(block)
     keep = 3
-    next_bonus = int(target.argmax(0, BLOCK)[keep - 1])
+    next_bonus = int(target.choices(0, BLOCK)[keep - 1])
     target.commit(keep)
     draft.append_rows(keep)
     draft.propose(next_bonus)
@@ -155,6 +155,9 @@ class ScriptedDraft:
 
     def flush(self):
         pass
+
+    def set_sampling(self, native):
+        assert native.temperature <= 0, "the scripted drafter drafts its known continuation only"
 
     def propose(self, bonus, n_block=None, read=True):
         b = self.block_size if n_block is None else n_block
@@ -356,7 +359,7 @@ def test_drafter_context_window_matches_reference_on_the_last_positions(pair):
     draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", window=window))
     prompt = prompts(1, seed=31)[0] + list(range(100, 130))
     target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
-    bonus = int(target.argmax()[0])
+    bonus = int(target.choices()[0])
     draft.propose(bonus)
     ours = draft.logits(0, BLOCK - 1)
 
@@ -458,13 +461,13 @@ def test_drafter_ring_window_matches_reference_across_wraparound(pair, n_ubatch)
     draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", window=window))
     context = prompts(1, seed=32)[0] + list(range(300, 330))
     target.prefill(context, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
-    bonus = int(target.argmax()[0])
+    bonus = int(target.choices()[0])
     for step, keep in enumerate([1, 3, 8, 2, 5, 8, 1, 4]):
         block = [bonus] + draft.propose(bonus)
         ref = window_reference_logits(ref_target, ref_draft, context, bonus, window)
         assert rel_err(draft.logits(0, BLOCK - 1), ref) < 1e-3, f"step {step}"
         target.verify(block)
-        bonus = int(target.argmax(0, BLOCK)[keep - 1])
+        bonus = int(target.choices(0, BLOCK)[keep - 1])
         target.commit(keep)
         draft.append_rows(keep)
         context += block[:keep]

@@ -138,7 +138,7 @@ def test_logits_match_transformers(shape, kv_type, n_ubatch, gguf, hf):
         ours = run_prefill_then_decode(t, toks, N_PROMPT)
         assert t.n_past == len(toks)
         # argmax on the device agrees with the host's over the same logits
-        assert int(t.argmax(0, 1)[0]) == int(np.argmax(ours[-1]))
+        assert int(t.choices(0, 1)[0]) == int(np.argmax(ours[-1]))
     err = rel_err(ours, ref[N_PROMPT - 1:])
     assert err < REL_TOL, f"{shape} kv={kv_type} ubatch={n_ubatch}: relative logit error {err:.2e}"
 
@@ -154,7 +154,7 @@ def test_prefill_logits_all_rows(gguf, hf):
         ours = t.logits(0, 3)
         with pytest.raises(DflashError):
             t.logits(0, 4)
-        assert list(t.argmax(0, 3)) == list(np.argmax(ours, axis=1))
+        assert list(t.choices(0, 3)) == list(np.argmax(ours, axis=1))
     assert rel_err(ours, ref[20:]) < REL_TOL
 
 
@@ -261,7 +261,7 @@ def test_verify_commit_equals_sequential_decode(shape, gguf):
             # a batch of queries may take another attention kernel than one query: f32 rounding
             diff = float(np.abs(rows - seq).max())
             assert diff <= 3e-5, f"{shape}: verify rows differ from sequential decode by {diff:.2e}"
-            assert list(t.argmax(0, K)) == list(np.argmax(rows, axis=1))
+            assert list(t.choices(0, K)) == list(np.argmax(rows, axis=1))
             assert t.n_past == len(prefix)            # nothing committed yet
             t.commit(j)
             assert t.n_past == len(prefix) + j

@@ -543,7 +543,7 @@ def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_
 
     prompt = prompts(1, seed=5)[0]
     target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
-    bonus = int(target.argmax()[0])
+    bonus = int(target.choices()[0])
     for step in range(24):
         before = draft.info()
         block = [bonus] + draft.propose(bonus)
@@ -569,7 +569,7 @@ def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_
                 assert np.allclose(lps[r], np.sort(logp[r])[::-1][:draft.top_k], atol=1e-4)
             keep = 1 + step % 4
         target.verify(block)
-        bonus = int(target.argmax(0, BLOCK)[keep - 1])
+        bonus = int(target.choices(0, BLOCK)[keep - 1])
         target.commit(keep)
         draft.append_rows(keep, defer=step % 4 != 0)  # an append of its own rebuilds the propose graph
 

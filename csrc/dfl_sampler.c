@@ -1,0 +1,358 @@
+/* The sampling stage (see dfl_sampler.h). */
+#include "dfl_sampler.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_CANDIDATES 256
+
+DFL_API void dfl_sampling_default(dfl_sampling * s) {
+    memset(s, 0, sizeof *s);
+    s->top_p = 1.0f;
+    s->repeat_penalty = 1.0f;
+}
+
+void dfl_sampler_init(dfl_sampler * smp) {
+    memset(smp, 0, sizeof *smp);
+    dfl_sampling_default(&smp->s);
+}
+
+void dfl_sampler_free(dfl_sampler * smp) {
+    free(smp->u);
+    free(smp->pen_tok);
+    free(smp->pen_cnt);
+    free(smp->host_params);
+    free(smp->host_idx);
+    memset(smp, 0, sizeof *smp);
+}
+
+dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s) {
+    if (!s) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null sampling settings");
+    }
+    if (!isfinite(s->temperature)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "temperature must be a finite number, got %g", s->temperature);
+    }
+    if (s->top_k < 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "top_k must be >= 0, got %d", s->top_k);
+    }
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "top_p must be in (0, 1], got %g", s->top_p);
+    }
+    if (!(s->min_p >= 0.0f && s->min_p < 1.0f)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "min_p must be in [0, 1), got %g", s->min_p);
+    }
+    if (!(s->repeat_penalty > 0.0f && isfinite(s->repeat_penalty))) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "repeat_penalty must be a positive number, got %g", s->repeat_penalty);
+    }
+    if (!isfinite(s->frequency_penalty) || !isfinite(s->presence_penalty)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "frequency and presence penalties must be finite numbers");
+    }
+    smp->s = *s;
+    smp->n_u = 0;
+    smp->pen_rows = 0;
+    return DFL_OK;
+}
+
+/* Grows *buf to hold n elements of `size` bytes (cap in elements). */
+static bool reserve(void ** buf, int * cap, int n, size_t size) {
+    if (n <= *cap) {
+        return true;
+    }
+    void * grown = realloc(*buf, (size_t) n * size);
+    if (!grown) {
+        return false;
+    }
+    *buf = grown;
+    *cap = n;
+    return true;
+}
+
+dfl_status dfl_sampler_stage_uniforms(dfl_sampler * smp, const float * u, int n) {
+    if (!u || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "uniforms: need at least one");
+    }
+    for (int i = 0; i < n; i++) {
+        if (!(u[i] >= 0.0f && u[i] < 1.0f)) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "uniform %d is %g, outside [0, 1)", i, u[i]);
+        }
+    }
+    if (!reserve((void **) &smp->u, &smp->cap_u, n, sizeof(float))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    memcpy(smp->u, u, (size_t) n * sizeof(float));
+    smp->n_u = n;
+    return DFL_OK;
+}
+
+static int cmp_i32(const void * a, const void * b) {
+    const int32_t x = *(const int32_t *) a, y = *(const int32_t *) b;
+    return (x > y) - (x < y);
+}
+
+dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens, const float * counts, int n_rows,
+                                       int per_row, int n_vocab) {
+    if (!tokens || !counts || n_rows <= 0 || per_row <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "penalties: need tokens and counts for at least one row and entry");
+    }
+    if ((int64_t) n_rows * per_row > (int64_t) 1 << 26) {
+        return dfl_fail(DFL_ERR_CAPACITY, "penalties: %d rows x %d entries is too many", n_rows, per_row);
+    }
+    const int n = n_rows * per_row;
+    if (!reserve((void **) &smp->pen_tok, &smp->cap_pen_tok, n, sizeof(int32_t)) ||
+        !reserve((void **) &smp->pen_cnt, &smp->cap_pen_cnt, n, sizeof(float))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "penalties: token %d is outside the vocabulary (0..%d)", tokens[i],
+                            n_vocab - 1);
+        }
+        if (!(counts[i] >= 0.0f && isfinite(counts[i]))) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "penalties: count %g is not a count", counts[i]);
+        }
+    }
+    /* a row's entries are written back to its logits at once: a token twice would race */
+    memcpy(smp->pen_tok, tokens, (size_t) n * sizeof(int32_t));
+    for (int r = 0; r < n_rows; r++) {
+        int32_t * row = smp->pen_tok + (size_t) r * per_row;
+        qsort(row, (size_t) per_row, sizeof(int32_t), cmp_i32);
+        for (int j = 1; j < per_row; j++) {
+            if (row[j] == row[j - 1]) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "penalties: token %d appears twice in row %d", row[j], r);
+            }
+        }
+    }
+    memcpy(smp->pen_tok, tokens, (size_t) n * sizeof(int32_t));
+    memcpy(smp->pen_cnt, counts, (size_t) n * sizeof(float));
+    smp->pen_rows = n_rows;
+    smp->pen_per_row = per_row;
+    return DFL_OK;
+}
+
+dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab, dfl_sampler_key * key) {
+    const dfl_sampling * s = &smp->s;
+    memset(key, 0, sizeof *key);
+    if (smp->pen_rows > 0) {
+        if (smp->pen_rows != n_rows) {
+            return dfl_fail(DFL_ERR_STATE, "penalties were staged for %d rows, the call computes %d", smp->pen_rows,
+                            n_rows);
+        }
+        key->n_penalty = smp->pen_per_row;
+    }
+    if (s->temperature <= 0.0f) {
+        key->pick = DFL_PICK_ARGMAX;
+        return DFL_OK;
+    }
+    if (smp->n_u < n_rows) {
+        return dfl_fail(DFL_ERR_STATE, "sampling needs a uniform for each of the %d rows of this call (%d staged)",
+                        n_rows, smp->n_u);
+    }
+    if (s->top_k == 0 && s->top_p >= 1.0f && s->min_p <= 0.0f) {
+        key->pick = DFL_PICK_FULL;
+        return DFL_OK;
+    }
+    key->pick = DFL_PICK_RANKED;
+    const int want = s->top_k > 0 ? s->top_k : (s->n_candidates > 0 ? s->n_candidates : DEFAULT_CANDIDATES);
+    key->n_cand = want < n_vocab ? want : n_vocab;
+    key->capped = s->top_k == 0 && key->n_cand < n_vocab;
+    return DFL_OK;
+}
+
+/* ---- the graph ------------------------------------------------------------------------- */
+
+/* Setting `which` of every row, [1, n] (contiguous: the input holds one column per setting). */
+static struct ggml_tensor * setting(struct ggml_context * ctx, struct ggml_tensor * params, int which) {
+    const int64_t n = params->ne[0];
+    return ggml_view_2d(ctx, params, 1, n, sizeof(float), (size_t) which * n * sizeof(float));
+}
+
+/* Column `col` of x [K, n] as [1, n]. */
+static struct ggml_tensor * column(struct ggml_context * ctx, struct ggml_tensor * x, int64_t col) {
+    return ggml_view_2d(ctx, x, 1, x->ne[1], x->nb[1], (size_t) col * x->nb[0]);
+}
+
+/* Logits of the tokens each row has seen, changed as llama.cpp's penalties change them:
+ * divided by repeat when positive, multiplied when not, less count x frequency and, once
+ * seen, presence; written back in place. Pad entries (count 0) are left as they are. */
+static struct ggml_tensor * penalize(struct ggml_context * ctx, struct ggml_tensor * logits, int64_t M,
+                                     dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1];
+    out->pen_idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, M * n);
+    out->pen_cnt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, M, n);
+    ggml_set_input(out->pen_idx);
+    ggml_set_input(out->pen_cnt);
+    struct ggml_tensor * flat = ggml_reshape_2d(ctx, logits, 1, V * n);
+    struct ggml_tensor * seen = ggml_reshape_2d(ctx, ggml_get_rows(ctx, flat, out->pen_idx), M, n);
+    struct ggml_tensor * active = ggml_step(ctx, out->pen_cnt);
+    /* the repeat factor less one: repeat - 1 for logits <= 0, 1 / repeat - 1 above */
+    struct ggml_tensor * factor = ggml_add(ctx, ggml_mul(ctx, ggml_step(ctx, seen), setting(ctx, out->params, DFL_SP_REP_FLIP)),
+                                           setting(ctx, out->params, DFL_SP_REP_M1));
+    struct ggml_tensor * x = ggml_add(ctx, seen, ggml_mul(ctx, ggml_mul(ctx, seen, factor), active));
+    struct ggml_tensor * less = ggml_add(ctx, ggml_mul(ctx, out->pen_cnt, setting(ctx, out->params, DFL_SP_FREQ)),
+                                         ggml_mul(ctx, active, setting(ctx, out->params, DFL_SP_PRESENT)));
+    x = ggml_sub(ctx, x, less);
+    flat = ggml_set_rows(ctx, flat, ggml_reshape_2d(ctx, x, 1, M * n), out->pen_idx);
+    return ggml_reshape_2d(ctx, flat, V, n);
+}
+
+/* The inverse-CDF draw over cumulative weights cw [K, n]: per row, how many of them lie at
+ * or below u x their total, i.e. the index of the first that exceeds it, as [1, n] f32. */
+static struct ggml_tensor * draw(struct ggml_context * ctx, struct ggml_tensor * cw, struct ggml_tensor * u) {
+    const int64_t K = cw->ne[0];
+    struct ggml_tensor * x = ggml_mul(ctx, column(ctx, cw, K - 1), u);
+    struct ggml_tensor * above = ggml_step(ctx, ggml_sub(ctx, cw, x));
+    return ggml_scale_bias(ctx, ggml_sum_rows(ctx, above), -1.0f, (float) K);
+}
+
+/* No truncation: a draw over the whole vocabulary at the row's temperature; the index is
+ * the token. */
+static struct ggml_tensor * pick_full(struct ggml_context * ctx, struct ggml_tensor * logits, dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1];
+    struct ggml_tensor * p = ggml_soft_max(ctx, ggml_mul(ctx, logits, setting(ctx, out->params, DFL_SP_INV_TEMP)));
+    struct ggml_tensor * idx = ggml_clamp(ctx, draw(ctx, ggml_cumsum(ctx, p), setting(ctx, out->params, DFL_SP_U)), 0.0f,
+                                          (float) (V - 1));
+    return ggml_reshape_1d(ctx, ggml_cast(ctx, idx, GGML_TYPE_I32), n);
+}
+
+/* Truncation: the K most likely (the row's top_k, or K as a cap), most likely first;
+ * top-p and min-p on their probabilities at temperature 1 (within the K for top_k, of
+ * the vocabulary for a cap), then the temperature, then the draw. */
+static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                        const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1], K = key->n_cand;
+    struct ggml_tensor * sv, * si;
+    if (K < V) {
+        struct ggml_tensor * top = ggml_top_k(ctx, logits, (int) K); /* [K, n], in no particular order */
+        struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top);
+        struct ggml_tensor * order = ggml_argsort(ctx, ggml_reshape_2d(ctx, vals, K, n), GGML_SORT_ORDER_DESC);
+        sv = ggml_reshape_2d(ctx, ggml_get_rows(ctx, vals, order), K, n);
+        si = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, top, 1, K, n), order), K, n);
+    } else {
+        si = ggml_argsort(ctx, logits, GGML_SORT_ORDER_DESC);
+        sv = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), si), K, n);
+    }
+    struct ggml_tensor * l0 = column(ctx, sv, 0);
+    struct ggml_tensor * z = ggml_sub(ctx, sv, l0); /* <= 0, the most likely's 0 */
+    struct ggml_tensor * e = ggml_exp(ctx, z);
+    struct ggml_tensor * mass = key->capped ? ggml_sum_rows(ctx, ggml_exp(ctx, ggml_sub(ctx, logits, l0))) :
+                                              ggml_sum_rows(ctx, e);
+    struct ggml_tensor * p = ggml_div(ctx, e, mass);
+    struct ggml_tensor * cum = ggml_cumsum(ctx, p);
+    /* top-p keeps a candidate while the mass before it is below top_p; min-p while its
+     * log-probability ratio to the most likely is above log(min_p) */
+    struct ggml_tensor * top_p = setting(ctx, out->params, DFL_SP_TOP_P);
+    struct ggml_tensor * keep_p = ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, ggml_sub(ctx, cum, p), top_p)));
+    struct ggml_tensor * keep_m = ggml_step(ctx, ggml_sub(ctx, z, setting(ctx, out->params, DFL_SP_LOG_MIN_P)));
+    struct ggml_tensor * keep = ggml_mul(ctx, keep_p, keep_m);
+    struct ggml_tensor * w = ggml_mul(ctx, ggml_exp(ctx, ggml_mul(ctx, z, setting(ctx, out->params, DFL_SP_INV_TEMP))),
+                                      keep);
+    struct ggml_tensor * cw = ggml_cumsum(ctx, w);
+    /* rounding can put u x total at the total: take the last kept candidate then */
+    struct ggml_tensor * idx = draw(ctx, cw, setting(ctx, out->params, DFL_SP_U));
+    struct ggml_tensor * last = ggml_scale_bias(ctx, ggml_sum_rows(ctx, keep), 1.0f, -1.0f);
+    idx = ggml_sub(ctx, idx, ggml_relu(ctx, ggml_sub(ctx, idx, last)));
+    struct ggml_tensor * choice = ggml_get_rows(ctx, ggml_reshape_3d(ctx, si, 1, K, n),
+                                                ggml_reshape_2d(ctx, ggml_cast(ctx, idx, GGML_TYPE_I32), 1, n));
+    choice = ggml_reshape_1d(ctx, choice, n);
+    if (key->capped) {
+        /* the kept set may reach past the K when the top-p cut lies beyond them (their
+         * mass is below top_p) and min-p does not cut before (the K-th still passes it) */
+        struct ggml_tensor * beyond = ggml_mul(ctx, ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, column(ctx, cum, K - 1), top_p))),
+                                               column(ctx, keep_m, K - 1));
+        struct ggml_tensor * c = ggml_reshape_2d(ctx, ggml_cast(ctx, choice, GGML_TYPE_F32), 1, n);
+        c = ggml_sub(ctx, c, ggml_mul(ctx, beyond, ggml_scale_bias(ctx, c, 1.0f, 1.0f))); /* -1 there */
+        choice = ggml_reshape_1d(ctx, ggml_cast(ctx, c, GGML_TYPE_I32), n);
+    }
+    out->cand = si;
+    out->cand_p = ggml_div(ctx, w, column(ctx, cw, K - 1));
+    ggml_set_output(out->cand);
+    ggml_set_output(out->cand_p);
+    return choice;
+}
+
+struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cgraph * gf, struct ggml_tensor * logits,
+                                       const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    memset(out, 0, sizeof *out);
+    const int64_t n = logits->ne[1];
+    if (key->pick != DFL_PICK_ARGMAX || key->n_penalty > 0) {
+        out->params = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, DFL_SAMPLER_PARAMS);
+        ggml_set_input(out->params);
+    }
+    if (key->n_penalty > 0) {
+        logits = penalize(ctx, logits, key->n_penalty, out);
+    }
+    switch (key->pick) {
+        case DFL_PICK_FULL: out->choice = pick_full(ctx, logits, out); break;
+        case DFL_PICK_RANKED: out->choice = pick_ranked(ctx, logits, key, out); break;
+        default: out->choice = ggml_argmax(ctx, logits); break;
+    }
+    ggml_set_output(out->choice);
+    ggml_build_forward_expand(gf, out->choice);
+    if (out->cand_p) {
+        ggml_build_forward_expand(gf, out->cand_p);
+    }
+    return out->choice;
+}
+
+dfl_status dfl_sampler_fill(dfl_sampler * smp, const dfl_runtime * rt, const dfl_sampler_graph * g,
+                            const dfl_sampler_key * key, int n_rows, int n_vocab) {
+    if (g->params) {
+        const dfl_sampling * s = &smp->s;
+        if (!reserve((void **) &smp->host_params, &smp->cap_params, n_rows * DFL_SAMPLER_PARAMS, sizeof(float))) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        const float rep = s->repeat_penalty;
+        const float values[DFL_SAMPLER_PARAMS] = {
+            [DFL_SP_U] = 0.0f,
+            [DFL_SP_INV_TEMP] = s->temperature > 0.0f ? 1.0f / s->temperature : 1.0f,
+            /* top_p 1 keeps all: above any mass rounding may sum to */
+            [DFL_SP_TOP_P] = s->top_p < 1.0f ? s->top_p : 2.0f,
+            [DFL_SP_LOG_MIN_P] = s->min_p > 0.0f ? logf(s->min_p) : -FLT_MAX,
+            [DFL_SP_REP_M1] = rep - 1.0f,
+            [DFL_SP_REP_FLIP] = 1.0f / rep - rep,
+            [DFL_SP_FREQ] = s->frequency_penalty,
+            [DFL_SP_PRESENT] = s->presence_penalty,
+        };
+        for (int k = 0; k < DFL_SAMPLER_PARAMS; k++) {
+            for (int r = 0; r < n_rows; r++) {
+                smp->host_params[k * n_rows + r] = k == DFL_SP_U && key->pick != DFL_PICK_ARGMAX ? smp->u[r] : values[k];
+            }
+        }
+        dfl_runtime_set(rt, g->params, smp->host_params, 0, (size_t) n_rows * DFL_SAMPLER_PARAMS * sizeof(float));
+    }
+    if (g->pen_idx) {
+        const int n = n_rows * key->n_penalty;
+        if (!reserve((void **) &smp->host_idx, &smp->cap_idx, n, sizeof(int32_t))) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        for (int i = 0; i < n; i++) {
+            smp->host_idx[i] = (i / key->n_penalty) * n_vocab + smp->pen_tok[i];
+        }
+        dfl_runtime_set(rt, g->pen_idx, smp->host_idx, 0, (size_t) n * sizeof(int32_t));
+        dfl_runtime_set(rt, g->pen_cnt, smp->pen_cnt, 0, (size_t) n * sizeof(float));
+    }
+    smp->n_u = 0;
+    smp->pen_rows = 0;
+    return DFL_OK;
+}
+
+dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_graph * g, int n_out, int32_t row0,
+                                  int32_t n_rows, int32_t k, int32_t * tokens, float * probs) {
+    if (!g->cand) {
+        return dfl_fail(DFL_ERR_STATE, "the last call did not rank candidates (sampling with top_k > 0 does)");
+    }
+    if (k != g->cand->ne[0]) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "the last call ranked %d candidates per row, not %d", (int) g->cand->ne[0], k);
+    }
+    if (!tokens || !probs || row0 < 0 || n_rows <= 0 || row0 + n_rows > n_out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "candidates: rows %d..%d are outside the last call's %d", row0,
+                        row0 + n_rows - 1, n_out);
+    }
+    const size_t row_i = (size_t) k * sizeof(int32_t), row_f = (size_t) k * sizeof(float);
+    dfl_runtime_get(rt, g->cand, tokens, (size_t) row0 * row_i, (size_t) n_rows * row_i);
+    dfl_runtime_get(rt, g->cand_p, probs, (size_t) row0 * row_f, (size_t) n_rows * row_f);
+    return DFL_OK;
+}

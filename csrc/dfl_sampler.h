@@ -1,0 +1,81 @@
+/* The sampling stage of a graph: one token per row of logits [V, n], chosen on the
+ * device with stock ggml ops (any backend runs it), so that only token ids (and, for an
+ * accept rule, a few candidates' probabilities) come back to the host.
+ *
+ * Order, as llama.cpp's default sampler chain: penalties on the logits (the row's own
+ * token counts, given by the host), top-k, top-p and min-p on the probabilities at
+ * temperature 1, the temperature, then the draw: the first candidate whose cumulative
+ * weight exceeds the row's uniform times the total. Greedy rows take the argmax (after
+ * the penalties). */
+#ifndef DFL_SAMPLER_H
+#define DFL_SAMPLER_H
+
+#include "dfl_runtime.h"
+
+#include <stdbool.h>
+
+/* A stage's per-row settings, an input [n, DFL_SAMPLER_PARAMS] (one column of n per
+ * setting): the row's uniform, 1 / temperature, top_p, log(min_p), and the penalties as
+ * the logit arithmetic uses them (repeat - 1, 1 / repeat - repeat, frequency, presence). */
+enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1, DFL_SP_REP_FLIP, DFL_SP_FREQ,
+       DFL_SP_PRESENT, DFL_SAMPLER_PARAMS };
+
+/* How a graph picks: fixed when it is built, part of its key. */
+enum { DFL_PICK_ARGMAX = 0, DFL_PICK_FULL = 1, DFL_PICK_RANKED = 2 };
+
+typedef struct dfl_sampler_key {
+    int pick;      /* DFL_PICK_*; FULL: no truncation, the draw runs over the vocabulary */
+    int n_cand;    /* RANKED: candidates ranked per row (top_k, or n_candidates when top_k is 0) */
+    int capped;    /* RANKED with top_k 0: probabilities are against the whole vocabulary, and a
+                      row whose kept set may reach past the candidates chooses -1 */
+    int n_penalty; /* penalty entries per row (0: no penalties in this graph) */
+} dfl_sampler_key;
+
+/* A built sampling stage: its inputs and outputs. */
+typedef struct dfl_sampler_graph {
+    struct ggml_tensor * params;  /* [n, DFL_SAMPLER_PARAMS] per-row settings and uniform */
+    struct ggml_tensor * pen_idx; /* [n_penalty * n] i32: row * V + token */
+    struct ggml_tensor * pen_cnt; /* [n_penalty, n] f32: the token's count (0: a pad entry) */
+    struct ggml_tensor * choice;  /* [n] i32 */
+    struct ggml_tensor * cand;    /* RANKED: [n_cand, n] i32 candidates, most likely first ... */
+    struct ggml_tensor * cand_p;  /* ... and their probabilities as drawn (0 for those cut) */
+} dfl_sampler_graph;
+
+/* A model's sampling settings and what the host staged for its next graph that samples. */
+typedef struct dfl_sampler {
+    dfl_sampling s;
+    float * u;                  /* uniforms for the next call's rows ... */
+    int n_u;                    /* ... how many (0: none staged) */
+    int32_t * pen_tok;          /* penalty entries for the next call's rows */
+    float * pen_cnt;
+    int pen_rows, pen_per_row;  /* (0: none staged) */
+    int cap_u, cap_pen_tok, cap_pen_cnt; /* staging capacities */
+    float * host_params;        /* input staging */
+    int32_t * host_idx;
+    int cap_params, cap_idx;
+} dfl_sampler;
+
+void dfl_sampler_init(dfl_sampler * smp);
+void dfl_sampler_free(dfl_sampler * smp);
+dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s);
+dfl_status dfl_sampler_stage_uniforms(dfl_sampler * smp, const float * u, int n);
+dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens, const float * counts, int n_rows,
+                                       int per_row, int n_vocab);
+
+/* The key of a graph that samples n rows of a vocabulary of n_vocab now; fails when what
+ * it needs was not staged. */
+dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab, dfl_sampler_key * key);
+
+/* Builds the stage over logits [V, n] (contiguous) into gf; returns out->choice. */
+struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cgraph * gf, struct ggml_tensor * logits,
+                                       const dfl_sampler_key * key, dfl_sampler_graph * out);
+
+/* Writes the stage's inputs for n rows and consumes what was staged. */
+dfl_status dfl_sampler_fill(dfl_sampler * smp, const dfl_runtime * rt, const dfl_sampler_graph * g,
+                            const dfl_sampler_key * key, int n_rows, int n_vocab);
+
+/* Reads rows [row0, row0 + n_rows) of a RANKED stage's candidates and their probabilities. */
+dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_graph * g, int n_out, int32_t row0,
+                                  int32_t n_rows, int32_t k, int32_t * tokens, float * probs);
+
+#endif
