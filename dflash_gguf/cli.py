@@ -45,7 +45,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The model, placement and decoding flags dflash-run and dflash-server share."""
     p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3 or gemma4)")
     p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096,
+                   help="context size in tokens (default 4096; 0: the model's trained context)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
     p.add_argument("-b", "--batch-size", type=int, help="prompt tokens per graph; alias of -ub (the smaller wins)")
@@ -57,6 +58,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="target layers on the accelerator when one exists: the last N layers go there, the rest "
                         "stay on the CPU; N > layer count also moves the LM head; -1 = all (default); "
                         "0 = run everything on the CPU")
+    p.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", metavar="N|auto|all",
+                   help="accepted for llama.cpp habits: the drafter always runs whole on the device of the "
+                        "target's LM head (it shares the target's embedding and LM head and reads its features "
+                        "there); 0 is refused unless the target runs on the CPU (-ngl 0)")
+    p.add_argument("-devd", "--device-draft", metavar="DEVICE",
+                   help="the drafter's device, which is always the target's here: alone it places both "
+                        "(as --device); with a different --device it is refused")
+    p.add_argument("-fa", "--flash-attn", nargs="?", const="on", choices=["on", "off", "auto"],
+                   help="accepted for llama.cpp habits: attention here is always ggml's fused flash-attention "
+                        "op, so 'off' changes nothing")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -129,8 +140,22 @@ def demo_models(prog: str, draft):
 def validate_engine_args(args, parser) -> None:
     """Check and normalise add_engine_args' flags (parser.error on a bad value); sets
     args.sampling."""
-    if args.ctx_size <= 0:
-        parser.error("-c/--ctx-size must be > 0")
+    if args.ctx_size < 0:
+        parser.error("-c/--ctx-size must be > 0, or 0 for the model's trained context")
+    if args.device_draft is not None:
+        if args.device is not None and args.device != args.device_draft:
+            parser.error(f"-devd {args.device_draft}: the drafter runs on the target's device ({args.device}); "
+                         "it reads the target's features and shares its embedding and LM head there")
+        args.device = args.device_draft
+    if args.gpu_layers_draft is not None:
+        value = args.gpu_layers_draft
+        if value not in ("auto", "all") and not (value.lstrip("-").isdigit() and int(value) >= -1):
+            parser.error(f"-ngld takes a number >= -1, auto or all, got {value!r}")
+        if value == "0" and args.n_gpu_layers != 0 and args.device != "CPU":
+            parser.error("-ngld 0: the drafter runs on the device of the target's LM head; put the target on the "
+                         "CPU too (-ngl 0) to run both there")
+    if args.flash_attn == "off":
+        print("note: -fa off changes nothing: attention here is always ggml's flash-attention op", file=sys.stderr)
     if args.ubatch_size <= 0:
         parser.error("-ub/--ubatch-size must be > 0")
     if args.batch_size is not None:
@@ -274,6 +299,27 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
         for idea in ideas:
             print(f"would fit: {idea}")
     return 2 if over else 0
+
+
+def trained_context(model: str) -> int:
+    """The context length the model was trained for ({arch}.context_length in the GGUF)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(model).fields
+    arch = fields["general.architecture"].contents()
+    return int(fields[f"{arch}.context_length"].contents())
+
+
+def resolve_context(prog: str, model: str, args) -> bool:
+    """-c 0: the model's trained context. False (after saying why) when it cannot be read."""
+    if args.ctx_size:
+        return True
+    try:
+        args.ctx_size = trained_context(model)
+    except (KeyError, ValueError, OSError) as e:
+        print(f"{prog}: error: -c 0: cannot read the trained context length of {model}: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def engine_options(args) -> dict:

@@ -93,7 +93,8 @@ class Engine:
     engine gives.
 
     `stage_hook`, when set, is called with the name of each stage of decoding as it is
-    completed: "prefilled" after the prompt, then per step "drafted", "verified",
+    completed: "prefill chunk" after each chunk of the prompt, "prefilled" after
+    the prompt, then per step "drafted", "verified",
     "committed" (speculative) or "decoded" (plain). It is for tests and
     instrumentation: an exception it raises ends the call like any error inside the
     step would.
@@ -299,7 +300,7 @@ class Engine:
                 if cut is not None:
                     if pending[:cut]:
                         yield pending[:cut]
-                    stats.stop_reason = "stop string"
+                    stats.stop_reason, stats.stop_string = "stop string", _stop_at(pending, cut, stop)
                     return
                 keep = _stop_prefix_len(pending, stop)
                 if len(pending) > keep:
@@ -308,7 +309,7 @@ class Engine:
             pending += decoder.flush()
             cut = _find_stop(pending, stop)
             if cut is not None:
-                stats.stop_reason = "stop string"
+                stats.stop_reason, stats.stop_string = "stop string", _stop_at(pending, cut, stop)
                 pending = pending[:cut]
             if pending:
                 yield pending
@@ -349,6 +350,11 @@ class Engine:
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
     hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(hits) if hits else None
+
+
+def _stop_at(text: str, cut: int, stops: Sequence[str]) -> str:
+    """The stop string found at text[cut:] (the longest, when several start there)."""
+    return max((s for s in stops if s and text.startswith(s, cut)), key=len)
 
 
 def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:

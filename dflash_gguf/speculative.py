@@ -90,7 +90,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     stats.prompt_tokens = len(prompt)
     t0 = time.perf_counter()
     stats.reused_tokens = start_context(target, prompt, reused, draft)
-    prefill_prompt(target, prompt, stats.reused_tokens, draft, saver)
+    prefill_prompt(target, prompt, stats.reused_tokens, draft, saver, stage)
     stats.prefill_seconds = time.perf_counter() - t0
 
     stats.stop_reason = "length"

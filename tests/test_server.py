@@ -274,7 +274,6 @@ def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
     ("/v1/completions", {"prompt": "x", "stop": 3}, "'stop'"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n=1"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "'stream'"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, f"context size {N_CTX}"),
     ("/v1/chat/completions", {"messages": "hi"}, "'messages'"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, "content"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "role"),
@@ -290,13 +289,14 @@ def test_bad_requests_get_400_with_the_reason(server, path, body, needle):
     assert "Traceback" not in r.text
 
 
-def test_over_the_context_the_message_gives_the_limits(server, engine):
-    prompt = engine.encode(CODE) * 20
-    r = server.http.post("/v1/completions", json={"prompt": prompt[:N_CTX - 10], "max_tokens": 100})
-    assert r.status_code == 400
-    message = r.json()["error"]["message"]
-    assert f"{N_CTX - 10} prompt tokens" in message and "max_tokens 100" in message
-    r = server.http.post("/v1/completions", json={"prompt": prompt[:N_CTX + 5]})
+def test_max_tokens_past_the_context_is_clamped_to_the_room_left(server, engine):
+    """As llama-server does: the reply stops where the context ends, with finish_reason
+    "length"; only a prompt that leaves no room is refused."""
+    prompt = (engine.encode(CODE) * 20)[:N_CTX - 10]
+    resp = server.client.completions.create(model="x", prompt=prompt, max_tokens=100, temperature=0)
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.prompt_tokens == N_CTX - 10 and 0 < resp.usage.completion_tokens <= 10
+    r = server.http.post("/v1/completions", json={"prompt": (engine.encode(CODE) * 20)[:N_CTX], "max_tokens": 4})
     assert r.status_code == 400 and "does not fit" in r.json()["error"]["message"]
 
 
