@@ -68,9 +68,12 @@ def test_chat_template_is_applied(pair):
 
 
 @pytest.mark.parametrize("args", [
-    ["-n", "-1"], ["-c", "0"], ["-t", "-2"], ["--tree-budget", "0"], ["--tree-budget", "many"],
+    ["-n", "-2"], ["-c", "-1"], ["-t", "-2"], ["--tree-budget", "0"], ["--tree-budget", "many"],
     ["--block-size", "0"], ["-ctk", "q2_k"], ["--draft-top-k", "0"], ["--system", "x"], ["--bogus"],
     ["--draft-p-min", "1"], ["--draft-p-min", "-0.1"], ["--draft-p-min", "nan"],
+    ["--chat", "--reasoning-budget", "100"], ["--chat", "--chat-template-kwargs", "{bad"],
+    ["--chat", "--chat-template-kwargs", "[1]"], ["--chat", "--chat-template-file", "/nonexistent.jinja"],
+    ["-ngld", "some"], ["-fa", "maybe"], ["--device", "CPU", "-devd", "RPC0"],
 ])
 def test_bad_flags_exit_2(pair, args):
     res = run("-m", str(pair["target"]), "-p", "x", *args)
