@@ -53,7 +53,7 @@ class ReplyParser:
             for event in self._calls.finish():
                 self._event(event, out)
         if final and self._space and not self.reply.tool_calls:
-            self._content(self._space, out, hold=False)
+            self._content("", out, hold=False)  # the whitespace ending a reply without calls is its own
         return out
 
     def _event(self, event: tuple, out: List[tuple]) -> None:

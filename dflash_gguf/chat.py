@@ -63,8 +63,8 @@ class ChatTemplate:
 
     @classmethod
     def of_tokenizer(cls, tokenizer, source: str, name: str = DEFAULT) -> "ChatTemplate":
-        return cls(source, bos_token=tokenizer.special_text(tokenizer.bos_id),
-                   eos_token=tokenizer.special_text(tokenizer.eos_id), strip_bos=tokenizer.add_bos, name=name)
+        return cls(source, bos_token=tokenizer.bos_text, eos_token=tokenizer.eos_text, strip_bos=tokenizer.add_bos,
+                   name=name)
 
     def render(self, messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
                add_generation_prompt: bool = True, **template_kwargs) -> str:

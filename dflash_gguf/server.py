@@ -249,7 +249,7 @@ class Server:
             "chat_template_tool_use": templates.get("tool_use"),
             "chat_template_kwargs": d.template_kwargs,
             "reasoning_format": d.reasoning_format,
-            "bos_token": tok.special_text(tok.bos_id), "eos_token": tok.special_text(tok.eos_id),
+            "bos_token": tok.bos_text, "eos_token": tok.eos_text,
             "modalities": {"vision": False, "audio": False},
             "speculative": {"drafter": engine.draft is not None and d.speculative,
                             "block_size": engine.block_size, "tree_budget": engine.tree_budget,

@@ -64,6 +64,16 @@ class Tokenizer:
         """The text of a special token (bos, eos, ...); "" for none (-1)."""
         return self.decode([token]) if 0 <= token < self.n_vocab else ""
 
+    @property
+    def bos_text(self) -> str:
+        """The BOS token's text; "" when the GGUF names none (llama.cpp then reports a
+        default id that is an ordinary token)."""
+        return self.special_text(self.bos_id) if "tokenizer.ggml.bos_token_id" in self.metadata else ""
+
+    @property
+    def eos_text(self) -> str:
+        return self.special_text(self.eos_id) if "tokenizer.ggml.eos_token_id" in self.metadata else ""
+
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
 

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from chat_fixtures import CALLS, TOOLS, assistant_text, history, transformers_render, with_results
 from fixtures import CHAT_TEMPLATE
 
 from dflash_gguf.assistant import prepare_turn
@@ -23,51 +24,9 @@ TEMPLATES = {  # published template -> tool-call format it teaches
     "google-gemma-4-31B-it": "gemma4",
 }
 
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather for a city (uses <b>live</b> data & more)",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "city name"},
-            "days": {"type": "integer"},
-            "options": {"type": "object", "properties": {"units": {"type": "string"}}},
-            "hours": {"type": "array", "items": {"type": "integer"}}},
-            "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "search", "description": "Web search",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
-]
-
-CALLS = [
-    ("get_weather", {"city": "São Paulo, \"BR\"", "days": 3, "options": {"units": "metric"}, "hours": [6, 12]}),
-    ("search", {"query": "multi-line\nquery with {braces}: and, commas"}),
-]
-
-
-def history(calls=CALLS, reasoning=None):
-    call_msgs = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-                 for i, (n, a) in enumerate(calls)]
-    assistant = {"role": "assistant", "content": "", "tool_calls": call_msgs}
-    if reasoning:
-        assistant["reasoning_content"] = reasoning
-    return [{"role": "system", "content": "You are terse."},
-            {"role": "user", "content": "Weather in São Paulo, then search."}, assistant]
-
-
-def with_results(messages):
-    return messages + [{"role": "tool", "tool_call_id": "call_0", "content": "{\"temp\": 21}"},
-                       {"role": "tool", "tool_call_id": "call_1", "content": "nothing found"}]
-
-
 @pytest.fixture(scope="module")
 def template(published_template):
     return lambda name: ChatTemplate(published_template(name), bos_token="<bos>", eos_token="<eos>")
-
-
-def transformers_render(source, messages, tools, **kwargs):
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    return render_jinja_template(conversations=[messages], tools=tools, chat_template=source,
-                                 add_generation_prompt=True, bos_token="<bos>", eos_token="<eos>", **kwargs)[0][0]
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -84,18 +43,6 @@ def test_rendering_equals_transformers(template, name, thinking):
 def test_the_tool_call_format_is_read_from_the_template(template, name):
     assert format_of(template(name)) == TEMPLATES[name]
     assert format_of(ChatTemplate(CHAT_TEMPLATE)) == "generic"
-
-
-def assistant_text(t, messages, **kwargs):
-    """What the template writes for the last (assistant) message: the text a model
-    trained on it generates after the prompt for its turn."""
-    prompt = t.render(messages[:-1], **kwargs)
-    full = t.render(messages, add_generation_prompt=False, **kwargs)
-    assert full.startswith(prompt)
-    text = full[len(prompt):]
-    for end in ("<|im_end|>\n", "<|tool_response>", "<turn|>\n"):
-        text = text.removesuffix(end)
-    return prompt, text
 
 
 def parse(turn, text, step):
