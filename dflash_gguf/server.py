@@ -32,7 +32,6 @@ from . import anthropic_api, openai_api
 from .api_errors import BadRequest
 from .assistant import Turn, prepare_turn
 from .engine import Engine
-from .reasoning import REASONING_FORMATS
 from .sampling import SamplingParams
 from .serving import Job, QueueFull, Scheduler, ShuttingDown
 from .toolcalls import SYNTAX
