@@ -1,34 +1,101 @@
-"""Chat prompts from the GGUF's own template (tokenizer.chat_template)."""
+"""Chat prompts from Jinja chat templates: the GGUF's own (tokenizer.chat_template and
+the named ones, tokenizer.chat_template.NAME such as tool_use) or a template file.
+
+Templates are rendered by the conventions the published templates are written for
+(Hugging Face's apply_chat_template, which llama.cpp follows too): a sandboxed Jinja
+environment with trim_blocks / lstrip_blocks and loop controls, a `tojson` that does
+not escape HTML characters, the globals `raise_exception` and `strftime_now`, and the
+variables `messages`, `tools`, `add_generation_prompt`, `bos_token`, `eos_token` plus
+any template kwargs (enable_thinking, ...).
+"""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import json
+from datetime import datetime
+from typing import Dict, Optional, Sequence
+
+DEFAULT = "default"
 
 
-def render_chat(template: Optional[str], prompt: str, system: Optional[str] = None,
-                history: Sequence[dict] = ()) -> str:
-    """An optional system message, earlier messages, then the user message, rendered
-    for the assistant's reply."""
-    messages = ([{"role": "system", "content": system}] if system else []) + list(history) + \
-        [{"role": "user", "content": prompt}]
-    return render_messages(template, messages)
-
-
-def render_messages(template: Optional[str], messages: Sequence[dict], **template_kwargs) -> str:
-    """The messages rendered for the assistant's reply; template_kwargs are variables
-    the template may read (enable_thinking, ...)."""
+def _environment():
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if not template:
-        raise ValueError("the model has no chat template (tokenizer.chat_template)")
 
     def raise_exception(message):
         raise TemplateError(message)
 
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # Jinja's own tojson escapes <, > and & for HTML: a tool's description would reach
+        # the model as \u003c...; the templates expect plain JSON
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(**{**template_kwargs, "messages": list(messages),
-                                                   "add_generation_prompt": True})
-    except TemplateError as e:
-        raise ValueError(f"the model's chat template failed: {e}") from e
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+class ChatTemplate:
+    """One Jinja chat template, compiled once. `bos_token` / `eos_token` are the texts of
+    the tokenizer's special tokens; with `strip_bos` (the tokenizer adds BOS itself), a
+    BOS the template writes at the start is dropped so the prompt does not get two."""
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", strip_bos: bool = False,
+                 name: str = DEFAULT):
+        from jinja2 import meta
+        from jinja2.exceptions import TemplateSyntaxError
+
+        self.source, self.name = source, name
+        self.bos_token, self.eos_token, self.strip_bos = bos_token, eos_token, strip_bos
+        env = _environment()
+        try:
+            self._template = env.from_string(source)
+            variables = meta.find_undeclared_variables(env.parse(source))
+        except TemplateSyntaxError as e:
+            raise ValueError(f"the chat template '{name}' is not valid Jinja: {e} (line {e.lineno})") from None
+        # a template that never reads `tools` cannot show them to the model (see toolcalls.py)
+        self.reads_tools = "tools" in variables
+
+    @classmethod
+    def of_tokenizer(cls, tokenizer, source: str, name: str = DEFAULT) -> "ChatTemplate":
+        return cls(source, bos_token=tokenizer.bos_text, eos_token=tokenizer.eos_text, strip_bos=tokenizer.add_bos,
+                   name=name)
+
+    def render(self, messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
+               add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The messages (and tools, OpenAI's function schemas) rendered, ready for the
+        assistant's reply; template_kwargs are variables the template may read."""
+        from jinja2.exceptions import TemplateError
+
+        variables = {**template_kwargs, "messages": list(messages), "add_generation_prompt": add_generation_prompt,
+                     "bos_token": self.bos_token, "eos_token": self.eos_token}
+        if tools:
+            variables["tools"] = list(tools)
+        try:
+            text = self._template.render(**variables)
+        except TemplateError as e:
+            raise ValueError(f"the model's chat template failed: {e}") from e
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+            # a template reading a field in a way these messages did not allow for
+            raise ValueError(f"the model's chat template failed on these messages: {type(e).__name__}: {e}") from e
+        if self.strip_bos and self.bos_token and text.startswith(self.bos_token):
+            text = text[len(self.bos_token):]
+        return text
+
+
+def gguf_templates(tokenizer) -> Dict[str, str]:
+    """The GGUF's chat templates by name: 'default' (tokenizer.chat_template) and each
+    named one (tokenizer.chat_template.NAME, e.g. tool_use)."""
+    found = {}
+    if tokenizer.chat_template:
+        found[DEFAULT] = tokenizer.chat_template
+    prefix = "tokenizer.chat_template."
+    for key, value in tokenizer.metadata.items():
+        if key.startswith(prefix) and isinstance(value, str):
+            found[key[len(prefix):]] = value
+    return found

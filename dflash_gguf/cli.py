@@ -10,6 +10,7 @@ from collections import Counter
 from typing import List, Optional
 
 from ._native import DflashError
+from .chat_flags import add_chat_args, set_chat_template, validate_chat_args
 from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
@@ -23,10 +24,14 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", help="prompt text")
     src.add_argument("-f", "--file", help="read the prompt from a file ('-' for stdin)")
-    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("-n", "--n-predict", type=int, default=128,
+                   help="tokens to generate (default 128; -1: until the end of generation or a full context)")
     add_engine_args(p)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--system", help="system message for --chat")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the model's chat template; the reply goes to stdout, its thoughts "
+                        "(see --reasoning-format) to stderr")
+    p.add_argument("-sys", "--system", "--system-prompt", dest="system", help="system message for --chat")
+    add_chat_args(p)
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop generating at this text (repeatable; the text is not printed)")
     p.add_argument("-i", "--interactive", action="store_true",
@@ -45,7 +50,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The model, placement and decoding flags dflash-run and dflash-server share."""
     p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3 or gemma4)")
     p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096,
+                   help="context size in tokens (default 4096; 0: the model's trained context)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
     p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
     p.add_argument("-b", "--batch-size", type=int, help="prompt tokens per graph; alias of -ub (the smaller wins)")
@@ -57,6 +63,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="target layers on the accelerator when one exists: the last N layers go there, the rest "
                         "stay on the CPU; N > layer count also moves the LM head; -1 = all (default); "
                         "0 = run everything on the CPU")
+    p.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", metavar="N|auto|all",
+                   help="accepted for llama.cpp habits: the drafter always runs whole on the device of the "
+                        "target's LM head (it shares the target's embedding and LM head and reads its features "
+                        "there); 0 is refused unless the target runs on the CPU (-ngl 0)")
+    p.add_argument("-devd", "--device-draft", metavar="DEVICE",
+                   help="the drafter's device, which is always the target's here: alone it places both "
+                        "(as --device); with a different --device it is refused")
+    p.add_argument("-fa", "--flash-attn", nargs="?", const="on", choices=["on", "off", "auto"],
+                   help="accepted for llama.cpp habits: attention here is always ggml's fused flash-attention "
+                        "op, so 'off' changes nothing")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -104,13 +120,16 @@ def _read_prompt(args, parser) -> str:
 
 
 def _validate(args, parser) -> None:
-    if args.n_predict < 0:
-        parser.error("-n/--n-predict must be >= 0")
+    if args.n_predict < -1:
+        parser.error("-n/--n-predict must be >= 0, or -1 for no limit")
+    if args.n_predict == -1:
+        args.context_full = "stop"  # no limit: until the end of generation or of the context
     if args.interactive:
         args.chat = True
     if args.system and not args.chat:
         parser.error("--system needs --chat")
     validate_engine_args(args, parser)
+    validate_chat_args(args, parser)
 
 
 def demo_models(prog: str, draft):
@@ -129,8 +148,22 @@ def demo_models(prog: str, draft):
 def validate_engine_args(args, parser) -> None:
     """Check and normalise add_engine_args' flags (parser.error on a bad value); sets
     args.sampling."""
-    if args.ctx_size <= 0:
-        parser.error("-c/--ctx-size must be > 0")
+    if args.ctx_size < 0:
+        parser.error("-c/--ctx-size must be > 0, or 0 for the model's trained context")
+    if args.device_draft is not None:
+        if args.device is not None and args.device != args.device_draft:
+            parser.error(f"-devd {args.device_draft}: the drafter runs on the target's device ({args.device}); "
+                         "it reads the target's features and shares its embedding and LM head there")
+        args.device = args.device_draft
+    if args.gpu_layers_draft is not None:
+        value = args.gpu_layers_draft
+        if value not in ("auto", "all") and not (value.lstrip("-").isdigit() and int(value) >= -1):
+            parser.error(f"-ngld takes a number >= -1, auto or all, got {value!r}")
+        if value == "0" and args.n_gpu_layers != 0 and args.device != "CPU":
+            parser.error("-ngld 0: the drafter runs on the device of the target's LM head; put the target on the "
+                         "CPU too (-ngl 0) to run both there")
+    if args.flash_attn == "off":
+        print("note: -fa off changes nothing: attention here is always ggml's flash-attention op", file=sys.stderr)
     if args.ubatch_size <= 0:
         parser.error("-ub/--ubatch-size must be > 0")
     if args.batch_size is not None:
@@ -276,6 +309,27 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
     return 2 if over else 0
 
 
+def trained_context(model: str) -> int:
+    """The context length the model was trained for ({arch}.context_length in the GGUF)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(model).fields
+    arch = fields["general.architecture"].contents()
+    return int(fields[f"{arch}.context_length"].contents())
+
+
+def resolve_context(prog: str, model: str, args) -> bool:
+    """-c 0: the model's trained context. False (after saying why) when it cannot be read."""
+    if args.ctx_size:
+        return True
+    try:
+        args.ctx_size = trained_context(model)
+    except (KeyError, ValueError, OSError) as e:
+        print(f"{prog}: error: -c 0: cannot read the trained context length of {model}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def engine_options(args) -> dict:
     """Engine keyword options from add_engine_args' flags."""
     return dict(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
@@ -337,11 +391,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             parser.error(f"--block-size {args.block_size} exceeds the drafter's trained block size {trained}")
 
     draft = None if args.no_spec else draft
+    if not resolve_context("dflash-run", model, args):
+        return 1
     if args.print_memory:
         return print_memory("dflash-run", model, draft, args)
     engine = open_engine("dflash-run", model, draft, args)
     if isinstance(engine, int):
         return engine
+    try:
+        set_chat_template(engine, args)
+    except ValueError as e:
+        engine.close()
+        print(f"dflash-run: error: {e}", file=sys.stderr)
+        return 2
 
     mode = "autoregressive" if engine.draft is None else (
         f"tree (budget {args.tree_budget})" if engine.tree_budget else "chain")
@@ -353,11 +415,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     stats = GenerationStats()
     status = 0
     try:
-        text = engine.chat_prompt(prompt, args.system) if args.chat else prompt
-        for piece in engine.stream(text, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats,
-                                   context_full=args.context_full):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+        if args.chat:
+            turn = _turn(engine, args, [{"role": "user", "content": prompt}])
+            _chat_reply(engine, args, turn, turn.prompt, stats)
+        else:
+            for piece in engine.stream(prompt, _max_tokens(engine, args), stop=args.stop, sampling=args.sampling,
+                                       stats=stats, context_full=args.context_full):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
     except KeyboardInterrupt:
         stats.stop_reason = "interrupted"
         status = 130
@@ -377,6 +442,38 @@ def main(argv: Optional[List[str]] = None) -> int:
     return status
 
 
+def _max_tokens(engine, args) -> int:
+    # -n -1: the whole context is the limit (with --context-full stop, set by _validate)
+    return engine.target.n_ctx if args.n_predict < 0 else args.n_predict
+
+
+def _turn(engine, args, messages: List[dict]):
+    """The assistant's turn after `messages` (with --system first), by the chat flags."""
+    from .assistant import prepare_turn
+
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    return prepare_turn(engine.chat_template(), system + messages, template_kwargs=args.template_kwargs,
+                        reasoning_format=args.reasoning_format)
+
+
+def _chat_reply(engine, args, turn, prompt, stats):
+    """Generate the turn's reply to `prompt` (its text or tokens): the reply on stdout,
+    its thoughts on stderr, as they come. Returns the assistant.Reply."""
+    parser = turn.parser()
+
+    def show(deltas) -> None:
+        for kind, text in deltas:
+            out = sys.stderr if kind == "reasoning" else sys.stdout
+            out.write(text)
+            out.flush()
+
+    for piece in engine.stream(prompt, _max_tokens(engine, args), stop=args.stop, sampling=args.sampling,
+                               stats=stats, context_full=args.context_full):
+        show(parser.feed(piece))
+    show(parser.finish())
+    return parser.reply
+
+
 def _interactive(engine, args, first_prompt: str, mode: str) -> int:
     """Turns read from stdin ('/exit' or end of input ends). Each turn's prompt is the
     text already in context plus the template's rendering of the new turn, so the
@@ -384,7 +481,6 @@ def _interactive(engine, args, first_prompt: str, mode: str) -> int:
     from .generate import GenerationStats
 
     history, conv_text, conv_tokens = [], "", []
-    eog_texts = [engine.tokenizer.decode([t]) for t in engine.tokenizer.eog_ids]
     interactive_tty = sys.stdin.isatty()
     pending = first_prompt.strip() or None
     while True:
@@ -396,31 +492,25 @@ def _interactive(engine, args, first_prompt: str, mode: str) -> int:
                 return 0
             pending = line.rstrip("\n")
         user, pending = pending, None
-        full = engine.chat_prompt(user, args.system, history)
+        turn = _turn(engine, args, history + [{"role": "user", "content": user}])
+        full = turn.prompt
         if conv_text and full.startswith(conv_text):
             tokens = conv_tokens + engine.encode(full[len(conv_text):])
         else:
             tokens = engine.encode(full)
         stats = GenerationStats()
-        reply = []
         try:
-            for piece in engine.stream(tokens, args.n_predict, stop=args.stop, sampling=args.sampling, stats=stats,
-                                       context_full=args.context_full):
-                reply.append(piece)
-                sys.stdout.write(piece)
-                sys.stdout.flush()
+            reply = _chat_reply(engine, args, turn, tokens, stats)
         except KeyboardInterrupt:
             stats.stop_reason = "interrupted"
+            reply = None
         except (DflashError, ValueError) as e:  # this turn fails; the conversation goes on without it
             print(f"\ndflash-run: error: {e}", file=sys.stderr)
             continue
         sys.stdout.write("\n")
         sys.stdout.flush()
-        text = "".join(reply)
-        content = text
-        for eog in eog_texts:
-            if eog and content.endswith(eog):
-                content = content[: -len(eog)]
+        # an interrupted reply is kept as far as it went
+        content = reply.content if reply is not None else engine.tokenizer.decode(engine.last_tokens)
         history += [{"role": "user", "content": user}, {"role": "assistant", "content": content}]
         conv_tokens = tokens + engine.last_tokens
         conv_text = full + engine.tokenizer.decode(engine.last_tokens)

@@ -93,7 +93,8 @@ class Engine:
     engine gives.
 
     `stage_hook`, when set, is called with the name of each stage of decoding as it is
-    completed: "prefilled" after the prompt, then per step "drafted", "verified",
+    completed: "prefill chunk" after each chunk of the prompt, "prefilled" after
+    the prompt, then per step "drafted", "verified",
     "committed" (speculative) or "decoded" (plain). It is for tests and
     instrumentation: an exception it raises ends the call like any error inside the
     step would.
@@ -135,6 +136,8 @@ class Engine:
         self._context_mode: Optional[bool] = None  # speculative or not, when it was filled
         self.stage_hook: Optional[Callable[[str], None]] = None
         self.checkpoints: Optional[PrefixCheckpoints] = None
+        self._chat_template = None  # set_chat_template's
+        self._gguf_templates: dict = {}  # compiled on first use
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
@@ -155,20 +158,43 @@ class Engine:
     def encode(self, prompt: Prompt) -> List[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
 
-    def chat_prompt(self, user: str, system: Optional[str] = None, history: Sequence[dict] = ()) -> str:
+    def chat_template(self, tools: bool = False):
+        """The chat.ChatTemplate prompts are rendered with: the one set with
+        set_chat_template, else the GGUF's (its named template tool_use, when it has
+        one, for conversations that offer tools). ValueError when there is none."""
+        from .chat import DEFAULT, ChatTemplate, gguf_templates
+
+        if self._chat_template is not None:
+            return self._chat_template
+        found = gguf_templates(self.tokenizer)
+        name = "tool_use" if tools and "tool_use" in found else DEFAULT
+        if name not in found:
+            raise ValueError("the model has no chat template (tokenizer.chat_template); give one "
+                             "(dflash-run / dflash-server --chat-template-file)")
+        if name not in self._gguf_templates:
+            self._gguf_templates[name] = ChatTemplate.of_tokenizer(self.tokenizer, found[name], name)
+        return self._gguf_templates[name]
+
+    def set_chat_template(self, source: str, name: str = "custom") -> None:
+        """Render chats with this template (Jinja source) instead of the GGUF's."""
+        from .chat import ChatTemplate
+
+        self._chat_template = ChatTemplate.of_tokenizer(self.tokenizer, source, name)
+
+    def chat_prompt(self, user: str, system: Optional[str] = None, history: Sequence[dict] = (),
+                    **template_kwargs) -> str:
         """The conversation (`history` of {"role", "content"} messages, then `user`)
-        rendered with the model's chat template, ready for the assistant's reply."""
-        from .chat import render_chat
+        rendered with the chat template, ready for the assistant's reply."""
+        messages = ([{"role": "system", "content": system}] if system else []) + list(history) + \
+            [{"role": "user", "content": user}]
+        return self.render_messages(messages, **template_kwargs)
 
-        return render_chat(self.tokenizer.chat_template, user, system, history)
-
-    def render_messages(self, messages: Sequence[dict], **template_kwargs) -> str:
-        """A whole conversation ({"role", "content"} messages) rendered with the model's
-        chat template for the assistant's reply; template_kwargs reach the template
-        (e.g. enable_thinking=False for Qwen3 / Qwen3.5)."""
-        from .chat import render_messages
-
-        return render_messages(self.tokenizer.chat_template, messages, **template_kwargs)
+    def render_messages(self, messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
+                        **template_kwargs) -> str:
+        """A whole conversation ({"role", "content"} messages; `tools` as OpenAI function
+        schemas) rendered with the chat template for the assistant's reply;
+        template_kwargs reach the template (e.g. enable_thinking=False for Qwen3 / Qwen3.5)."""
+        return self.chat_template(bool(tools)).render(messages, tools=tools, **template_kwargs)
 
     def check_request(self, prompt: Prompt, max_tokens: int, *, speculative: bool = True,
                       context_full: str = "error") -> List[int]:
@@ -182,8 +208,15 @@ class Engine:
         return tokens
 
     # -- generation ---------------------------------------------------------------------
+    def _stops(self, stop_tokens: Optional[Iterable[int]]) -> set:
+        return self.tokenizer.eog_ids if stop_tokens is None else set(stop_tokens)
+
+    def _text_tokens(self, tokens: List[int], stops: set) -> List[int]:
+        """The tokens whose text is the reply: a stop token ends it without being part of it."""
+        return tokens[:-1] if tokens and tokens[-1] in stops else tokens
+
     def _steps(self, tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full):
-        stops = self.tokenizer.eog_ids if stop_tokens is None else set(stop_tokens)
+        stops = self._stops(stop_tokens)
         hook = self.stage_hook
         use_draft = speculative and self.draft is not None
         n = len(self._context)
@@ -241,7 +274,7 @@ class Engine:
                stats: Optional[GenerationStats] = None, context_full: str = "error") -> Iterator[str]:
         """Yield text pieces as tokens are committed, never splitting a UTF-8 character.
         Generation ends at max_tokens, at a stop token (default: the model's
-        end-of-generation tokens, included in the text), or at a stop string (excluded;
+        end-of-generation tokens; it ends the tokens, its text is not part of the reply), or at a stop string (excluded;
         text that could begin one is held back until it is decided). Pass a
         GenerationStats to read the statistics afterwards.
 
@@ -255,18 +288,19 @@ class Engine:
                 context_full="error"):
         tokens = self.encode(prompt)
         steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full)
+        stops = self._stops(stop_tokens)
         decoder = self.tokenizer.stream_decoder()
         pending = ""
         failed = False
         try:
             for new in steps:
                 out.extend(new)
-                pending += decoder.push(new)
+                pending += decoder.push(self._text_tokens(new, stops))
                 cut = _find_stop(pending, stop)
                 if cut is not None:
                     if pending[:cut]:
                         yield pending[:cut]
-                    stats.stop_reason = "stop string"
+                    stats.stop_reason, stats.stop_string = "stop string", _stop_at(pending, cut, stop)
                     return
                 keep = _stop_prefix_len(pending, stop)
                 if len(pending) > keep:
@@ -275,7 +309,7 @@ class Engine:
             pending += decoder.flush()
             cut = _find_stop(pending, stop)
             if cut is not None:
-                stats.stop_reason = "stop string"
+                stats.stop_reason, stats.stop_string = "stop string", _stop_at(pending, cut, stop)
                 pending = pending[:cut]
             if pending:
                 yield pending
@@ -310,12 +344,17 @@ class Engine:
         finally:
             steps.close()
             self._finish(tokens, out, use_draft, failed)
-        return Result(self.tokenizer.decode(out), out, stats)
+        return Result(self.tokenizer.decode(self._text_tokens(out, self._stops(stop_tokens))), out, stats)
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
     hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
     return min(hits) if hits else None
+
+
+def _stop_at(text: str, cut: int, stops: Sequence[str]) -> str:
+    """The stop string found at text[cut:] (the longest, when several start there)."""
+    return max((s for s in stops if s and text.startswith(s, cut)), key=len)
 
 
 def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:

@@ -18,6 +18,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     stop_reason: str = ""
+    stop_string: Optional[str] = None  # the stop string that ended generation (stop_reason "stop string")
     accepted_lengths: List[int] = field(default_factory=list)
     # per speculative step: drafting (the drafter's graph, its candidates, the tree),
     # verifying (the target's graph, which also carries out the previous step's commit,
@@ -71,7 +72,7 @@ def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, sto
     stats.reused_tokens = start_context(target, prompt, reused)
     sampler.apply(target)
     sampler.prepare(target, 1)  # the prompt's last row chooses the first token
-    prefill_prompt(target, prompt, stats.reused_tokens, saver=saver)
+    prefill_prompt(target, prompt, stats.reused_tokens, saver=saver, on_stage=on_stage)
     stats.prefill_seconds = time.perf_counter() - t0
     if on_stage:
         on_stage("prefilled")
@@ -114,11 +115,18 @@ def start_context(target: Target, prompt: List[int], reused: int, draft=None) ->
     return reused
 
 
-def prefill_prompt(target: Target, prompt: List[int], start: int, draft=None, saver=None) -> None:
+def prefill_prompt(target: Target, prompt: List[int], start: int, draft=None, saver=None,
+                   on_stage: Optional[Callable[[str], None]] = None) -> None:
     """Put prompt[start:] into the context, the drafter (when given) taking each chunk's
     features; with a checkpoints.PrefillSaver, chunks also end at its positions, where
-    it takes a checkpoint."""
-    on_chunk = (lambda _start, n: draft.append_rows(n)) if draft is not None else None
+    it takes a checkpoint. on_stage("prefill chunk") follows each chunk (an exception it
+    raises stops the prefill there)."""
+    def on_chunk(_start: int, n: int) -> None:
+        if draft is not None:
+            draft.append_rows(n)
+        if on_stage is not None:
+            on_stage("prefill chunk")
+
     marks = [p for p in (saver.positions if saver else ()) if start < p <= len(prompt)]
     pos = start
     for end in sorted(set(marks) | {len(prompt)}):

@@ -1,17 +1,23 @@
-"""dflash-server: an OpenAI-compatible HTTP server over one Engine (Starlette + uvicorn).
+"""dflash-server: an OpenAI- and Anthropic-compatible HTTP server over one Engine
+(Starlette + uvicorn), with the endpoints and habits of llama-server.
 
-POST /v1/chat/completions and /v1/completions (streamed as server-sent events or not),
-GET /v1/models, /health and /metrics (Prometheus text). Requests wait in a bounded FIFO
-queue (serving.Scheduler); prompts sharing a prefix with earlier ones resume from a
-prefix checkpoint (checkpoints.PrefixCheckpoints). Bad input gets a 400 with the
-reason, a full queue a 503 with Retry-After; a client that goes away stops its
-generation at the end of the step in progress.
+POST /v1/chat/completions and /v1/completions (OpenAI; streamed as server-sent events
+or not), POST /v1/messages and /v1/messages/count_tokens (Anthropic), GET /v1/models,
+/props, /health and /metrics (Prometheus text), POST /tokenize and /detokenize. Chats
+take tools and return tool calls and reasoning in the template's own formats
+(assistant.py). Requests wait in a bounded FIFO queue (serving.Scheduler), streamed
+ones with SSE keep-alive comments; prompts sharing a prefix with earlier ones resume
+from a prefix checkpoint (checkpoints.PrefixCheckpoints). Bad input gets a 400 in the
+API's own error shape, a full queue a 503 with Retry-After; a client that goes away
+stops its generation at the end of the prompt chunk or step in progress. Templating
+and tokenizing run off the event loop.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import hmac
 import json
 import math
 import os
@@ -19,23 +25,21 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
+from . import anthropic_api, openai_api
+from .api_errors import BadRequest
+from .assistant import Turn, prepare_turn
 from .engine import Engine
 from .sampling import SamplingParams
 from .serving import Job, QueueFull, Scheduler, ShuttingDown
+from .toolcalls import SYNTAX
 
 RETRY_AFTER_SECONDS = 1
 MAX_STOPS = 16
 MAX_BODY_BYTES = 64 << 20  # far above any prompt a context holds
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, param: Optional[str] = None, status: int = 400):
-        super().__init__(message)
-        self.param = param
-        self.status = status
+PUBLIC_PATHS = ("/health",)  # answered without an API key
 
 
 @dataclass
@@ -45,6 +49,9 @@ class Defaults:
     sampling: SamplingParams
     max_tokens: Optional[int] = None  # None: until an end-of-generation token or the full context
     speculative: bool = True
+    template_kwargs: dict = field(default_factory=dict)  # --chat-template-kwargs (and --reasoning-budget 0)
+    reasoning_format: str = "auto"
+    system_prompt: Optional[str] = None  # -sys: for chats that have no system message
 
 
 # -- request fields ------------------------------------------------------------------------
@@ -102,105 +109,151 @@ def _check_n(body: dict) -> None:
         raise BadRequest("only n=1 is supported", "n")
 
 
-def _message_text(message: Any, i: int) -> dict:
-    if not isinstance(message, dict):
-        raise BadRequest(f"messages[{i}] must be an object with 'role' and 'content'", "messages")
-    role, content = message.get("role"), message.get("content")
-    if not isinstance(role, str) or not role:
-        raise BadRequest(f"messages[{i}].role must be a non-empty string", "messages")
-    if content is None:
-        content = ""
-    elif isinstance(content, list):  # content parts: only text ones can be read by a text model
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise BadRequest(f"messages[{i}].content parts must be {{'type': 'text', 'text': ...}}", "messages")
-            texts.append(part["text"])
-        content = "".join(texts)
-    elif not isinstance(content, str):
-        raise BadRequest(f"messages[{i}].content must be a string or a list of text parts", "messages")
-    return {**message, "role": role, "content": content}
-
-
 # -- the application -------------------------------------------------------------------------
+
+@dataclass
+class Prepared:
+    """A request made ready for the engine: its prompt tokens and, for a chat, the
+    assistant's turn (how to read the reply) and the options it asked for."""
+
+    body: dict
+    tokens: List[int]
+    turn: Optional[Turn] = None
+    options: Optional[openai_api.ChatOptions] = None
+
 
 class Server:
     """Request handling over a Scheduler and its Engine."""
 
-    def __init__(self, scheduler: Scheduler, model_id: str, defaults: Defaults):
+    def __init__(self, scheduler: Scheduler, model_id: str, defaults: Defaults, api_keys: Sequence[str] = (),
+                 sse_ping_seconds: float = 30.0, model_path: str = ""):
         self.scheduler = scheduler
         self.engine: Engine = scheduler.engine
         self.model_id = model_id
+        self.model_path = model_path
         self.defaults = defaults
+        self.api_keys = list(api_keys)
+        self.sse_ping_seconds = sse_ping_seconds
         self.started = int(time.time())
         self.shutting_down = False
-        tok = self.engine.tokenizer
-        # end-of-generation tokens end a reply; their text is not part of it
-        self.eog_texts = sorted({t for t in (tok.decode([i]) for i in tok.eog_ids) if t})
 
-    # -- prompts -----------------------------------------------------------------------------
-    def completion_prompt(self, body: dict) -> List[int]:
+    # -- prompts (run off the event loop: templates and tokenizers take time on big prompts) ---
+    def completion_prompt(self, body: dict) -> Prepared:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             if not prompt:
                 raise BadRequest("'prompt' is empty", "prompt")
-            return self.engine.encode(prompt)
+            return Prepared(body, self.engine.encode(prompt))
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            n_vocab = self.engine.target.n_vocab
-            bad = [t for t in prompt if not 0 <= t < n_vocab]
-            if bad:
-                raise BadRequest(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})", "prompt")
-            return list(prompt)
+            self.check_token_ids(prompt, "prompt")
+            return Prepared(body, list(prompt))
         raise BadRequest("'prompt' must be a non-empty string or a list of token ids (one prompt: n=1, no batches)",
                          "prompt")
 
-    def chat_prompt(self, body: dict) -> List[int]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list", "messages")
-        messages = [_message_text(m, i) for i, m in enumerate(messages)]
-        kwargs = body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    def check_token_ids(self, tokens: list, param: str) -> None:
+        n_vocab = self.engine.target.n_vocab
+        bad = [t for t in tokens if not 0 <= t < n_vocab]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})", param)
+
+    def chat_prompt(self, body: dict) -> Prepared:
+        """An OpenAI chat request (or an Anthropic one read as such) made ready."""
+        options = openai_api.chat_options(body, self.defaults.template_kwargs, self.defaults.reasoning_format)
+        if self.defaults.system_prompt is not None and options.messages[0]["role"] != "system":
+            options.messages.insert(0, {"role": "system", "content": self.defaults.system_prompt})
         try:
-            text = self.engine.render_messages(messages, **kwargs)
+            template = self.engine.chat_template(bool(options.tools))
+            turn = prepare_turn(template, options.messages, tools=options.tools, tool_choice=options.tool_choice,
+                                template_kwargs=options.template_kwargs, reasoning_format=options.reasoning_format)
         except ValueError as e:
             raise BadRequest(str(e), "messages") from None
-        except Exception as e:  # a template reading a field in a way the request did not allow for
-            raise BadRequest(f"the model's chat template failed on these messages: {e}", "messages") from None
-        return self.engine.encode(text)
+        except RecursionError:  # a structure nested deeper than any template walks
+            raise BadRequest("the messages or tools are nested too deeply", "messages") from None
+        return Prepared(body, self.engine.encode(turn.prompt), turn, options)
 
-    def make_job(self, body: dict, tokens: List[int], sink) -> Job:
+    def make_job(self, prepared: Prepared, sink) -> Job:
+        body, tokens = prepared.body, prepared.tokens
         _check_n(body)
-        unsupported = {"echo": body.get("echo") not in (None, False), "logprobs": body.get("logprobs") not in
-                       (None, False, 0), "best_of": body.get("best_of") not in (None, 1),
-                       "suffix": body.get("suffix") not in (None, ""), "tools": body.get("tools") not in (None, [])}
-        for name, asked in unsupported.items():
-            if asked:
-                raise BadRequest(f"'{name}' is not supported by this server", name)
+        openai_api.refuse_unsupported(body)
         sampling = _sampling(body, self.defaults.sampling)
         stops = _stops(body)
+        turn, options = prepared.turn, prepared.options
+        if turn is not None and turn.tool_format and not options.parallel_tool_calls:
+            stops.append(SYNTAX[turn.tool_format].close)  # one call: generation ends where it closes
         n_ctx = self.engine.target.n_ctx
-        field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = _number(body, field, self.defaults.max_tokens, kind=int, lo=0)
-        speculative = self.defaults.speculative
-        if max_tokens is None:
-            # no limit given: until the end of generation or of the context
-            if len(tokens) >= n_ctx:
-                raise BadRequest(f"the prompt ({len(tokens)} tokens) does not fit the context ({n_ctx} tokens), "
-                                 "which leaves no room to generate", "messages" if "messages" in body else "prompt")
-            max_tokens, context_full = n_ctx - len(tokens), "stop"
-        else:
-            context_full = "error"
+        field_ = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        asked = _number(body, field_, self.defaults.max_tokens, kind=int, lo=0)
+        room = n_ctx - len(tokens)
+        if room <= 0:
+            raise BadRequest(f"the prompt ({len(tokens)} tokens) does not fit the context ({n_ctx} tokens), which "
+                             "leaves no room to generate", "messages" if "messages" in body else "prompt")
+        # as llama-server does: a limit past the context's end is clamped to the room left,
+        # and a reply that reaches the end stops there with finish_reason "length"
+        max_tokens = room if asked is None else min(asked, room)
         try:
-            self.engine.check_request(tokens, max_tokens, speculative=speculative, context_full=context_full)
+            self.engine.check_request(tokens, max_tokens, speculative=self.defaults.speculative, context_full="stop")
         except ValueError as e:
-            raise BadRequest(f"{e} (context size {n_ctx} tokens; this request: {len(tokens)} prompt tokens, "
-                             f"max_tokens {max_tokens})", field) from None
-        return Job(tokens=tokens, max_tokens=max_tokens, sink=sink, stop=stops + self.eog_texts, sampling=sampling,
-                   speculative=speculative, context_full=context_full)
+            raise BadRequest(str(e), field_) from None
+        return Job(tokens=tokens, max_tokens=max_tokens, sink=sink, stop=stops, sampling=sampling,
+                   speculative=self.defaults.speculative, context_full="stop")
+
+    def tokenize(self, body: dict) -> dict:
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise BadRequest("'content' must be a string", "content")
+        add_special = _bool(body, "add_special", False)
+        parse_special = _bool(body, "parse_special", True)
+        tok = self.engine.tokenizer
+        ids = tok.encode(content, add_bos=add_special, special=parse_special)
+        if not _bool(body, "with_pieces", False):
+            return {"tokens": ids}
+        pieces = []
+        for t in ids:
+            raw = tok.token_bytes([t])
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character: its bytes, as llama-server gives them
+                piece = list(raw)
+            pieces.append({"id": t, "piece": piece})
+        return {"tokens": pieces}
+
+    def detokenize(self, body: dict) -> dict:
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise BadRequest("'tokens' must be a list of token ids", "tokens")
+        self.check_token_ids(tokens, "tokens")
+        return {"content": self.engine.tokenizer.decode(tokens)}
+
+    def props(self) -> dict:
+        """What the server runs, as llama-server's /props says it (with our own additions)."""
+        from .chat import gguf_templates
+
+        engine, d = self.engine, self.defaults
+        tok = engine.tokenizer
+        templates = gguf_templates(tok)
+        try:
+            template = engine.chat_template().source
+        except ValueError:
+            template = None
+        s = d.sampling
+        return {
+            "model_alias": self.model_id, "model_path": self.model_path, "total_slots": 1,
+            "default_generation_settings": {
+                "n_ctx": engine.target.n_ctx,
+                "params": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+                           "seed": s.seed, "n_predict": -1 if d.max_tokens is None else d.max_tokens}},
+            "chat_template": template,
+            "chat_template_tool_use": templates.get("tool_use"),
+            "chat_template_kwargs": d.template_kwargs,
+            "reasoning_format": d.reasoning_format,
+            "bos_token": tok.bos_text, "eos_token": tok.eos_text,
+            "modalities": {"vision": False, "audio": False},
+            "speculative": {"drafter": engine.draft is not None and d.speculative,
+                            "block_size": engine.block_size, "tree_budget": engine.tree_budget,
+                            "auto_budget": engine.auto_budget},
+        }
 
     # -- responses ---------------------------------------------------------------------------
     @staticmethod
@@ -252,6 +305,8 @@ class Server:
                t.reused_tokens)
         metric("generated_tokens_total", "counter", "Tokens generated.", t.generated_tokens)
         metric("prefill_seconds_total", "counter", "Time spent computing prompts.", round(t.prefill_seconds, 6))
+        metric("prefill_chunks_total", "counter", "Prompt chunks computed (of up to -ub tokens each).",
+               t.prefill_chunks)
         metric("decode_seconds_total", "counter", "Time spent generating.", round(t.decode_seconds, 6))
         metric("decode_tokens_per_second", "gauge", "Generated tokens per second of generation, over all requests.",
                round(t.generated_tokens / t.decode_seconds, 3) if t.decode_seconds > 0 else 0)
@@ -273,16 +328,28 @@ class Server:
         return "\n".join(lines) + "\n"
 
 
+def _chunk(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
 def create_app(server: Server):
     """The Starlette application serving `server`."""
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    def is_anthropic(path: str) -> bool:
+        return path.startswith("/v1/messages")
+
     def error(status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None,
-              headers: Optional[dict] = None) -> JSONResponse:
+              headers: Optional[dict] = None, anthropic: bool = False) -> JSONResponse:
+        if anthropic:
+            return JSONResponse(anthropic_api.error_json(status, message), status_code=status, headers=headers)
         return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
                             status_code=status, headers=headers)
 
@@ -295,19 +362,73 @@ def create_app(server: Server):
             parts.append(part)
         raw = b"".join(parts)
         try:
-            body = json.loads(raw)
+            body = await run_in_threadpool(json.loads, raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise BadRequest("the request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
         return body
 
-    async def generate(request: Request, chat: bool) -> Response:
+    async def cancel_on_disconnect(request: Request, job: Job) -> None:
+        """The body has been read: what the connection says next is that the client left."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel()  # it stops at the end of the prompt chunk or step in progress
+
+    async def job_events(request: Request, job: Job, events: asyncio.Queue, ping: bool):
+        """The job's events, ("text", piece) ... then ("done", job) or ("error", e); with
+        `ping`, ("ping", None) whenever the job has been silent for --sse-ping-interval
+        seconds (waiting in the queue, a long prefill)."""
+        watch = asyncio.ensure_future(cancel_on_disconnect(request, job))
+        interval = server.sse_ping_seconds if ping and server.sse_ping_seconds > 0 else None
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(events.get(), interval)
+                except asyncio.TimeoutError:
+                    yield "ping", None
+                    continue
+                yield kind, value
+                if kind != "text":
+                    return
+        finally:
+            watch.cancel()
+            job.cancel()  # the client went away (or the job is over, where this changes nothing)
+
+    async def outcome(request: Request, job: Job, events: asyncio.Queue) -> tuple:
+        """How the job ended: ("done", job) or ("error", e)."""
+        stream = job_events(request, job, events, ping=False)
+        try:
+            async for kind, value in stream:
+                if kind != "text":
+                    return kind, value
+        finally:
+            await stream.aclose()
+
+    def engine_error(e: BaseException, anthropic: bool = False) -> JSONResponse:
+        if isinstance(e, ValueError):
+            return error(400, str(e), anthropic=anthropic)
+        return error(500, f"generation failed: {e}", "server_error", anthropic=anthropic)
+
+    def stream_error(e: BaseException) -> dict:
+        status = 400 if isinstance(e, ValueError) else 500
+        return {"message": str(e), "code": status,
+                "type": "invalid_request_error" if status == 400 else "server_error"}
+
+    async def generate(request: Request, kind: str) -> Response:
+        """kind: "completion", "chat" (OpenAI) or "messages" (Anthropic)."""
+        anthropic = kind == "messages"
         try:
             body = await read_body(request)
-            tokens = server.chat_prompt(body) if chat else server.completion_prompt(body)
-            stream = _bool(body, "stream", False)
-            options = body.get("stream_options") or {}
+            if kind == "completion":
+                prepared = await run_in_threadpool(server.completion_prompt, body)
+            else:
+                prepared = await run_in_threadpool(
+                    lambda: server.chat_prompt(anthropic_api.to_openai(body) if anthropic else body))
+            stream = _bool(prepared.body, "stream", False)
+            options = prepared.body.get("stream_options") or {}
             if not isinstance(options, dict):
                 raise BadRequest("'stream_options' must be an object", "stream_options")
             include_usage = _bool(options, "include_usage", False)
@@ -320,106 +441,182 @@ def create_app(server: Server):
                 except RuntimeError:  # the event loop is gone: nobody is listening any more
                     job.cancel()
 
-            job = server.make_job(body, tokens, sink)
+            job = server.make_job(prepared, sink)
         except BadRequest as e:
-            return error(e.status, str(e), param=e.param)
+            return error(e.status, str(e), param=e.param, anthropic=anthropic)
         try:
             server.scheduler.submit(job)
         except QueueFull as e:
             return error(503, f"the server is busy: {e}; retry later", "server_busy",
-                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)}, anthropic=anthropic)
         except ShuttingDown as e:
-            return error(503, str(e), "server_shutting_down", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+            return error(503, str(e), "server_shutting_down", headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                         anthropic=anthropic)
         created = int(time.time())
+        if anthropic:
+            args = (request, job, events, prepared, anthropic_api.new_id())
+            if stream:
+                return StreamingResponse(messages_stream(*args), media_type="text/event-stream", headers=SSE_HEADERS)
+            return await messages_reply(*args)
+        args = (request, job, events, prepared, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24],
+                created)
         if stream:
-            return StreamingResponse(sse(request, job, events, rid, created, chat, include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await complete(request, job, events, rid, created, chat)
+            sse = chat_stream(*args, include_usage) if kind == "chat" else completion_stream(*args, include_usage)
+            return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS)
+        return await (chat_reply if kind == "chat" else completion_reply)(*args)
 
-    async def cancel_on_disconnect(request: Request, job: Job) -> None:
-        """The body has been read: what the connection says next is that the client left."""
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        job.cancel()  # it stops at the end of the step in progress
+    SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-    async def complete(request: Request, job: Job, events: asyncio.Queue, rid: str, created: int, chat: bool):
-        watch = asyncio.ensure_future(cancel_on_disconnect(request, job))
-        try:
-            while True:
-                kind, value = await events.get()
-                if kind != "text":
-                    break
-        finally:
-            watch.cancel()
-            job.cancel()  # harmless once the job has ended; stops it if this handler was cancelled
+    # -- OpenAI ----------------------------------------------------------------------------------
+    def response(rid: str, created: int, obj: str, choice: dict, job: Job) -> JSONResponse:
+        return JSONResponse({"id": rid, "object": obj, "created": created, "model": server.model_id,
+                             "choices": [choice], "usage": server.usage(job), "dflash": server.extension(job)})
+
+    async def completion_reply(request, job, events, prepared, rid, created):
+        kind, value = await outcome(request, job, events)
         if kind == "error":
             return engine_error(value)
-        choice = {"index": 0, "finish_reason": job.finish_reason, "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": job.text}
-        else:
-            choice["text"] = job.text
-        return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                             "created": created, "model": server.model_id, "choices": [choice],
-                             "usage": server.usage(job), "dflash": server.extension(job)})
+        return response(rid, created, "text_completion",
+                        {"index": 0, "text": job.text, "finish_reason": job.finish_reason, "logprobs": None}, job)
 
-    def engine_error(e: BaseException) -> JSONResponse:
-        if isinstance(e, ValueError):
-            return error(400, str(e))
-        return error(500, f"generation failed: {e}", "server_error")
+    async def chat_reply(request, job, events, prepared, rid, created):
+        kind, value = await outcome(request, job, events)
+        if kind == "error":
+            return engine_error(value)
+        parser = prepared.turn.parser()
+        parser.feed(job.text)
+        parser.finish()
+        reply = parser.reply
+        return response(rid, created, "chat.completion",
+                        {"index": 0, "message": openai_api.message_json(reply), "logprobs": None,
+                         "finish_reason": openai_api.finish_reason(reply, job.finish_reason)}, job)
 
-    async def sse(request: Request, job: Job, events: asyncio.Queue, rid: str, created: int, chat: bool,
-                  include_usage: bool):
-        obj = "chat.completion.chunk" if chat else "text_completion"
+    def stream_end(job: Job, rid: str, created: int, obj: str, last_choice: dict, include_usage: bool):
+        yield _chunk({"id": rid, "object": obj, "created": created, "model": server.model_id,
+                      "choices": [last_choice], "dflash": server.extension(job),
+                      **({} if include_usage else {"usage": server.usage(job)})})
+        if include_usage:
+            yield _chunk({"id": rid, "object": obj, "created": created, "model": server.model_id, "choices": [],
+                          "usage": server.usage(job)})
+        yield "data: [DONE]\n\n"
 
-        def chunk(text: Optional[str], finish: Optional[str] = None, role: bool = False, **extra) -> str:
-            if chat:
-                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    async def completion_stream(request, job, events, prepared, rid, created, include_usage):
+        def chunk(text: str) -> str:
+            return _chunk({"id": rid, "object": "text_completion", "created": created, "model": server.model_id,
+                           "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}]})
+
+        async for kind, value in job_events(request, job, events, ping=True):
+            if kind == "ping":
+                yield ": keep-alive\n\n"
+            elif kind == "text":
+                yield chunk(value)
+            elif kind == "done":
+                last = {"index": 0, "text": "", "finish_reason": job.finish_reason, "logprobs": None}
+                for line in stream_end(job, rid, created, "text_completion", last, include_usage):
+                    yield line
             else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-            payload = {"id": rid, "object": obj, "created": created, "model": server.model_id, "choices": [choice],
-                       **extra}
-            return f"data: {json.dumps(payload)}\n\n"
+                yield _chunk({"error": stream_error(value)})
 
-        watch = asyncio.ensure_future(cancel_on_disconnect(request, job))
+    async def chat_stream(request, job, events, prepared, rid, created, include_usage):
+        def chunk(delta: dict) -> str:
+            return _chunk({"id": rid, "object": "chat.completion.chunk", "created": created,
+                           "model": server.model_id,
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
+
+        parser = prepared.turn.parser()
+        yield chunk({"role": "assistant", "content": ""})
+        async for kind, value in job_events(request, job, events, ping=True):
+            if kind == "ping":
+                yield ": keep-alive\n\n"
+            elif kind in ("text", "done"):
+                for d in parser.feed(value) if kind == "text" else parser.finish():
+                    for delta in openai_api.deltas_json(d):
+                        yield chunk(delta)
+                if kind == "done":
+                    finish = openai_api.finish_reason(parser.reply, job.finish_reason)
+                    last = {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
+                    for line in stream_end(job, rid, created, "chat.completion.chunk", last, include_usage):
+                        yield line
+            else:
+                yield _chunk({"error": stream_error(value)})
+
+    # -- Anthropic ---------------------------------------------------------------------------------
+    def anthropic_end(job: Job, prepared: Prepared, reply) -> tuple:
+        stop_sequence = job.stats.stop_string if job.stats.stop_string in _stops(prepared.body) else None
+        s = job.stats
+        return (anthropic_api.stop_reason(reply, job.finish_reason, stop_sequence), stop_sequence,
+                anthropic_api.usage_json(s.prompt_tokens, s.reused_tokens, s.generated_tokens))
+
+    async def messages_reply(request, job, events, prepared, rid):
+        kind, value = await outcome(request, job, events)
+        if kind == "error":
+            return engine_error(value, anthropic=True)
+        parser = prepared.turn.parser(anthropic_api.tool_use_id)
+        parser.feed(job.text)
+        parser.finish()
+        return JSONResponse(anthropic_api.message_json(rid, server.model_id, parser.reply,
+                                                       *anthropic_end(job, prepared, parser.reply)))
+
+    async def messages_stream(request, job, events, prepared, rid):
+        parser = prepared.turn.parser(anthropic_api.tool_use_id)
+        out = anthropic_api.EventStream(rid, server.model_id, len(prepared.tokens))
+        yield out.start()
+        async for kind, value in job_events(request, job, events, ping=True):
+            if kind == "ping":
+                yield anthropic_api.sse("ping", {"type": "ping"})
+            elif kind in ("text", "done"):
+                for d in parser.feed(value) if kind == "text" else parser.finish():
+                    for line in out.deltas(d):
+                        yield line
+                if kind == "done":
+                    for line in out.stop(*anthropic_end(job, prepared, parser.reply)):
+                        yield line
+            else:
+                status = 400 if isinstance(value, ValueError) else 500
+                yield anthropic_api.sse("error", anthropic_api.error_json(status, str(value)))
+
+    async def count_tokens(request: Request) -> Response:
         try:
-            if chat:
-                yield chunk(None, role=True)
-            while True:
-                kind, value = await events.get()
-                if kind == "text":
-                    yield chunk(value)
-                elif kind == "done":
-                    yield chunk(None, job.finish_reason, dflash=server.extension(job),
-                                **({} if include_usage else {"usage": server.usage(job)}))
-                    if include_usage:
-                        yield "data: " + json.dumps({"id": rid, "object": obj, "created": created,
-                                                     "model": server.model_id, "choices": [],
-                                                     "usage": server.usage(job)}) + "\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
-                else:
-                    status = 400 if isinstance(value, ValueError) else 500
-                    yield "data: " + json.dumps({"error": {"message": str(value), "code": status,
-                                                           "type": "invalid_request_error" if status == 400
-                                                           else "server_error"}}) + "\n\n"
-                    return
-        finally:
-            watch.cancel()
-            job.cancel()  # the client went away (or the job is over, where this changes nothing)
+            body = await read_body(request)
+            prepared = await run_in_threadpool(
+                lambda: server.chat_prompt(anthropic_api.to_openai({"max_tokens": 1, **body})))
+        except BadRequest as e:
+            return error(e.status, str(e), param=e.param, anthropic=True)
+        return JSONResponse({"input_tokens": len(prepared.tokens)})
 
+    # -- the rest ------------------------------------------------------------------------------
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, chat=True)
+        return await generate(request, "chat")
 
     async def completions(request: Request) -> Response:
-        return await generate(request, chat=False)
+        return await generate(request, "completion")
+
+    async def messages(request: Request) -> Response:
+        return await generate(request, "messages")
+
+    def tokenizer_route(method):
+        async def route(request: Request) -> Response:
+            try:
+                body = await read_body(request)
+                return JSONResponse(await run_in_threadpool(method, body))
+            except BadRequest as e:
+                return error(e.status, str(e), param=e.param)
+        return route
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": server.model_id, "object": "model",
-                                                          "created": server.started, "owned_by": "dflash-gguf"}]})
+        # the OpenAI shape, with the Anthropic one's fields and the context length beside
+        n_ctx = server.engine.target.n_ctx
+        info = server.engine.target.info()
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(server.started))
+        model = {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "dflash-gguf",
+                 "type": "model", "display_name": server.model_id, "created_at": created,
+                 "max_model_len": n_ctx,
+                 "meta": {"n_ctx": n_ctx, "n_ctx_train": info["n_ctx_train"], "n_vocab": info["n_vocab"]}}
+        return JSONResponse({"object": "list", "data": [model], "has_more": False, "first_id": server.model_id,
+                             "last_id": server.model_id})
+
+    async def props(request: Request) -> Response:
+        return JSONResponse(server.props())
 
     async def health(request: Request) -> Response:
         if server.shutting_down:
@@ -432,10 +629,35 @@ def create_app(server: Server):
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return error(exc.status_code, exc.detail or "error", "not_found" if exc.status_code == 404 else
-                     "invalid_request_error", headers=getattr(exc, "headers", None))
+                     "invalid_request_error", headers=getattr(exc, "headers", None),
+                     anthropic=is_anthropic(request.url.path))
 
     async def internal_error(request: Request, exc: Exception) -> Response:
-        return error(500, f"internal error ({type(exc).__name__})", "server_error")
+        return error(500, f"internal error ({type(exc).__name__})", "server_error",
+                     anthropic=is_anthropic(request.url.path))
+
+    class RequireApiKey:
+        """--api-key: requests other than PUBLIC_PATHS and CORS preflights carry one of
+        the keys, as "Authorization: Bearer KEY" (OpenAI clients) or "x-api-key: KEY"
+        (Anthropic clients); others get 401."""
+
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
+                headers = dict(scope["headers"])
+                auth = headers.get(b"authorization", b"").decode("latin-1")
+                given = auth[7:].strip() if auth[:7].lower() == "bearer " else \
+                    headers.get(b"x-api-key", b"").decode("latin-1")
+                if not any(hmac.compare_digest(given.encode("latin-1"), key.encode("latin-1"))
+                           for key in server.api_keys):
+                    reply = error(401, "invalid or missing API key (give 'Authorization: Bearer KEY' or "
+                                       "'x-api-key: KEY')", "authentication_error",
+                                  anthropic=is_anthropic(scope["path"]))
+                    await reply(scope, receive, send)
+                    return
+            await self.app(scope, receive, send)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -446,11 +668,21 @@ def create_app(server: Server):
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/tokenize", tokenizer_route(server.tokenize), methods=["POST"]),
+        Route("/detokenize", tokenizer_route(server.detokenize), methods=["POST"]),
+        Route("/props", props, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
+    # browser clients (a web UI on another origin) may call the API: CORS outermost, so
+    # preflights and refusals carry its headers too
+    middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])]
+    if server.api_keys:
+        middleware.append(Middleware(RequireApiKey))
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                      exception_handlers={HTTPException: http_error, Exception: internal_error})
 
 
@@ -496,19 +728,29 @@ def checkpoint_budget(args, plan) -> Tuple[int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .chat_flags import add_chat_args
     from .cli import add_engine_args
 
     p = argparse.ArgumentParser(
         prog="dflash-server",
-        description="Serve a GGUF model, sped up by a DFlash drafter, over the OpenAI HTTP API "
-                    "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics). "
-                    "With no -m, serves the bundled demo.")
+        description="Serve a GGUF model, sped up by a DFlash drafter, over the OpenAI and Anthropic HTTP APIs "
+                    "(/v1/chat/completions, /v1/completions, /v1/messages, /v1/models, /props, /tokenize, "
+                    "/detokenize, /health, /metrics). With no -m, serves the bundled demo. See docs/serving.md.")
     add_engine_args(p)
+    add_chat_args(p)
+    p.add_argument("-sys", "--system-prompt", metavar="TEXT",
+                   help="system message for chats that have none")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("-n", "--n-predict", type=int,
-                   help="max_tokens of a request that gives none (default: until the end of generation or a "
-                        "full context)")
+                   help="max_tokens of a request that gives none (default, or -1: until the end of generation or "
+                        "a full context)")
+    p.add_argument("--api-key", metavar="KEY[,KEY...]",
+                   help="require one of these keys ('Authorization: Bearer KEY' or 'x-api-key: KEY'); other "
+                        "requests get 401 (/health stays open)")
+    p.add_argument("--sse-ping-interval", type=float, default=30.0, metavar="SECONDS",
+                   help="a streamed reply that has sent nothing for this long (waiting in the queue, a long "
+                        "prefill) gets a keep-alive comment (default 30; 0 or less: none)")
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for the engine; more get 503 with Retry-After (default 16)")
     p.add_argument("--checkpoint-mib", type=int, default=1024,
@@ -531,14 +773,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from .chat_flags import set_chat_template, validate_chat_args
     from .checkpoints import PrefixCheckpoints
-    from .cli import demo_models, open_engine, print_memory, setup_devices, validate_engine_args
+    from .cli import demo_models, open_engine, print_memory, resolve_context, setup_devices, validate_engine_args
 
     parser = build_parser()
     args = parser.parse_args(argv)
     if not setup_devices(args, "dflash-server"):
         return args.exit_code
     validate_engine_args(args, parser)
+    validate_chat_args(args, parser)
+    api_keys = [k.strip() for k in (args.api_key or "").split(",") if k.strip()]
+    if args.api_key is not None and not api_keys:
+        parser.error("--api-key needs at least one key")
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0..65535")
     if args.queue < 0:
@@ -547,8 +794,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--checkpoint-mib must be >= 0")
     if args.checkpoint_every < 1:
         parser.error("--checkpoint-every must be >= 1")
-    if args.n_predict is not None and args.n_predict < 0:
-        parser.error("-n/--n-predict must be >= 0")
+    if args.n_predict is not None and args.n_predict < -1:
+        parser.error("-n/--n-predict must be >= 0, or -1 for no limit")
+    if args.n_predict == -1:
+        args.n_predict = None
     try:
         import uvicorn
         import starlette  # noqa: F401
@@ -563,25 +812,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if paths is None:
             return 1
         model, draft = paths
+    if not resolve_context("dflash-server", model, args):
+        return 1
     if args.print_memory:
         return print_memory("dflash-server", model, None if args.no_spec else draft, args,
                             lambda plan: checkpoint_budget(args, plan))
     engine = open_engine("dflash-server", model, None if args.no_spec else draft, args)
     if isinstance(engine, int):
         return engine
+    try:
+        set_chat_template(engine, args)
+    except ValueError as e:
+        engine.close()
+        print(f"dflash-server: error: {e}", file=sys.stderr)
+        return 2
     if args.checkpoint_mib:
         total, device = checkpoint_budget(args, engine.memory_plan)
         engine.checkpoints = PrefixCheckpoints(total, args.checkpoint_every, device)
     scheduler = Scheduler(engine, args.queue)
     model_id = args.alias or os.path.basename(model)
-    server = Server(scheduler, model_id, Defaults(args.sampling, args.n_predict))
+    defaults = Defaults(args.sampling, args.n_predict, template_kwargs=args.template_kwargs,
+                        reasoning_format=args.reasoning_format, system_prompt=args.system_prompt)
+    server = Server(scheduler, model_id, defaults, api_keys, args.sse_ping_interval, model)
     config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "info")
     mode = "plain" if engine.draft is None else (f"tree budget {args.tree_budget}" if engine.tree_budget else "chain")
     on_device = engine.checkpoints.device_budget_bytes >> 20 if engine.checkpoints else 0
     print(f"dflash-server: serving {model_id} ({mode}, context {engine.target.n_ctx}, queue {args.queue}, "
-          f"checkpoints {args.checkpoint_mib} MiB, up to {on_device} MiB of it on the device) "
-          f"on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+          f"checkpoints {args.checkpoint_mib} MiB, up to {on_device} MiB of it on the device"
+          + (", API key required" if api_keys else "") + f") on http://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
     try:
         _uvicorn_server_class()(config).run()
     finally:

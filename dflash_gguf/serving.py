@@ -52,6 +52,7 @@ class Job:
     started_at: Optional[float] = None
     finished_at: Optional[float] = None
     finish_reason: str = ""
+    prefill_chunks: int = 0  # prompt chunks computed (of up to n_ubatch tokens)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -85,6 +86,7 @@ class Totals:
     decode_seconds: float = 0.0
     target_passes: int = 0
     accepted_tokens: int = 0
+    prefill_chunks: int = 0
 
 
 class Scheduler:
@@ -157,8 +159,9 @@ class Scheduler:
         engine = self.engine
         job.started_at = time.perf_counter()
 
-        def stage(_name: str) -> None:
-            if job.cancelled:
+        def stage(name: str) -> None:
+            job.prefill_chunks += name == "prefill chunk"
+            if job.cancelled:  # a client gone during the prompt costs at most the chunk in progress
                 raise Cancelled()
 
         pieces: List[str] = []
@@ -202,3 +205,4 @@ class Scheduler:
         t.decode_seconds += s.decode_seconds
         t.target_passes += len(s.accepted_lengths)
         t.accepted_tokens += sum(s.accepted_lengths)
+        t.prefill_chunks += job.prefill_chunks

@@ -93,7 +93,7 @@ def _speculate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     stats.reused_tokens = start_context(target, prompt, reused, draft)
     sampler.apply(target, draft, drafted_samples)
     sampler.prepare(target, 1)  # the prompt's last row chooses the first token
-    prefill_prompt(target, prompt, stats.reused_tokens, draft, saver)
+    prefill_prompt(target, prompt, stats.reused_tokens, draft, saver, stage)
     stats.prefill_seconds = time.perf_counter() - t0
 
     stats.stop_reason = "length"

@@ -34,6 +34,7 @@ class Tokenizer:
         self.eos_id: int = self._llama.token_eos()
         self.bos_id: int = self._llama.token_bos()
         meta = self._llama.metadata
+        self.metadata: dict = dict(meta)
         self.add_bos: bool = meta.get("tokenizer.ggml.add_bos_token", "false") == "true"
         self.chat_template: Optional[str] = meta.get("tokenizer.chat_template")
         self.n_vocab: int = self._llama.n_vocab()
@@ -58,6 +59,20 @@ class Tokenizer:
 
     def decode(self, tokens: Iterable[int]) -> str:
         return self.token_bytes(tokens).decode("utf-8", errors="replace")
+
+    def special_text(self, token: int) -> str:
+        """The text of a special token (bos, eos, ...); "" for none (-1)."""
+        return self.decode([token]) if 0 <= token < self.n_vocab else ""
+
+    @property
+    def bos_text(self) -> str:
+        """The BOS token's text; "" when the GGUF names none (llama.cpp then reports a
+        default id that is an ordinary token)."""
+        return self.special_text(self.bos_id) if "tokenizer.ggml.bos_token_id" in self.metadata else ""
+
+    @property
+    def eos_text(self) -> str:
+        return self.special_text(self.eos_id) if "tokenizer.ggml.eos_token_id" in self.metadata else ""
 
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)

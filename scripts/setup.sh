@@ -48,7 +48,7 @@ if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ]; then
   echo "$llama_key" > "$stamps/llama-cpp-python"
 fi
 
-build_deps="scikit-build-core>=0.11 cmake>=3.21 ninja cffi numpy gguf safetensors tqdm tokenizers"
+build_deps="scikit-build-core>=0.11 cmake>=3.21 ninja cffi numpy gguf safetensors tqdm tokenizers jinja2>=3.1"
 if [ ! -f "$stamps/build-deps" ] || [ "$(cat "$stamps/build-deps")" != "$build_deps" ]; then
   say "installing build and runtime dependencies"
   # shellcheck disable=SC2086
@@ -58,7 +58,7 @@ fi
 
 # dflash-server's HTTP stack (the project's [server] extra; the project itself is
 # installed with --no-deps below)
-server_deps="starlette>=0.37 uvicorn>=0.30 jinja2"
+server_deps="starlette>=0.37 uvicorn>=0.30"
 if [ "$(cat "$stamps/server-deps" 2>/dev/null)" != "$server_deps" ]; then
   say "installing the server's dependencies"
   # shellcheck disable=SC2086

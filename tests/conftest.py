@@ -1,6 +1,7 @@
 """Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,16 @@ def llama_cpp_convert_dflash(tmp_path_factory, llama_cpp_oracle):
         return done[key]
 
     return convert
+
+
+@pytest.fixture(scope="session")
+def published_template():
+    """published_template(name) -> the source of models/templates/<name>.jinja, a chat
+    template as its model publishes it, from the pinned llama.cpp sources."""
+    src = llama_cpp_source()
+    if src is None:
+        message = "llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return lambda name: (src / "models" / "templates" / f"{name}.jinja").read_text(encoding="utf-8")

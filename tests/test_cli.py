@@ -68,9 +68,12 @@ def test_chat_template_is_applied(pair):
 
 
 @pytest.mark.parametrize("args", [
-    ["-n", "-1"], ["-c", "0"], ["-t", "-2"], ["--tree-budget", "0"], ["--tree-budget", "many"],
+    ["-n", "-2"], ["-c", "-1"], ["-t", "-2"], ["--tree-budget", "0"], ["--tree-budget", "many"],
     ["--block-size", "0"], ["-ctk", "q2_k"], ["--draft-top-k", "0"], ["--system", "x"], ["--bogus"],
     ["--draft-p-min", "1"], ["--draft-p-min", "-0.1"], ["--draft-p-min", "nan"],
+    ["--chat", "--reasoning-budget", "100"], ["--chat", "--chat-template-kwargs", "{bad"],
+    ["--chat", "--chat-template-kwargs", "[1]"], ["--chat", "--chat-template-file", "/nonexistent.jinja"],
+    ["-ngld", "some"], ["-fa", "maybe"], ["--device", "CPU", "-devd", "RPC0"],
 ])
 def test_bad_flags_exit_2(pair, args):
     res = run("-m", str(pair["target"]), "-p", "x", *args)
@@ -174,3 +177,51 @@ def test_ctrl_c_stops_cleanly_and_prints_stats(pair):
     stats = json.loads(err.strip().splitlines()[-1])
     assert stats["stop_reason"] == "interrupted" and stats["generated_tokens"] > 0
     assert "Traceback" not in err
+
+
+def test_chat_thinking_switches(pair, published_template, tmp_path):
+    """--chat with the published Qwen3.5 template (which opens a thinking block): with
+    thinking on, the untrained model's reply is all thoughts, printed on stderr;
+    --reasoning-budget 0 (or enable_thinking false in --chat-template-kwargs) closes
+    the block in the prompt and the reply is on stdout, as Engine.generate gives it."""
+    template = tmp_path / "qwen35.jinja"
+    template.write_text(published_template("Qwen3.5-4B"))
+    base = ["-m", str(pair["target"]), "-p", "hi", "-n", "12", "-c", "512", "--chat",
+            "--chat-template-file", str(template), "-sys", "Be brief."]
+    with Engine(str(pair["target"]), n_ctx=512) as engine:
+        engine.set_chat_template(template.read_text())
+        prompt = engine.chat_prompt("hi", "Be brief.", enable_thinking=False)
+        assert prompt.endswith("<think>\n\n</think>\n\n")
+        want = engine.generate(prompt, 12).text
+    off = run(*base, "--reasoning-budget", "0", "--no-spec")
+    kwargs = run(*base, "--chat-template-kwargs", '{"enable_thinking": false}', "--no-spec")
+    on = run(*base, "--no-spec")
+    for res in (off, kwargs, on):
+        assert res.returncode == 0, res.stderr
+    assert off.stdout == kwargs.stdout == want.lstrip() + "\n"
+    assert on.stdout == "\n" and len(on.stderr) > len(off.stderr)  # the thoughts went to stderr
+    none = run(*base, "--no-spec", "--reasoning-format", "none")
+    assert none.returncode == 0 and none.stdout.strip()  # no split: the thoughts are the reply
+
+
+def test_context_zero_is_the_trained_context_and_n_minus_one_has_no_limit(pair):
+    from dflash_gguf.cli import trained_context
+
+    res = run("-m", str(pair["target"]), "-c", "0", "--print-memory")
+    assert res.returncode == 0 and f"context {trained_context(str(pair['target']))}" in res.stdout
+    res = run("-m", str(pair["target"]), "-p", "x", "-c", "64", "-n", "-1", "--json", "-fa", "--jinja")
+    assert res.returncode == 0, res.stderr
+    stats = json.loads(res.stderr.strip().splitlines()[-1])
+    assert stats["prompt_tokens"] + stats["generated_tokens"] >= 64 or stats["stop_reason"] == "stop"
+
+
+def test_a_stop_token_ends_the_tokens_not_the_text(pair):
+    """The end-of-generation token (any stop token) ends the reply's tokens; its text is
+    not part of the reply, in generate() and stream() alike."""
+    with Engine(str(pair["target"]), n_ctx=512) as engine:
+        free = engine.generate("def add(a, b):", 24, stop_tokens=[])
+        stop = free.tokens[6]
+        got = engine.generate("def add(a, b):", 24, stop_tokens=[stop])
+        assert got.tokens == free.tokens[:free.tokens.index(stop) + 1] and got.stats.stop_reason == "stop"
+        assert got.text == engine.tokenizer.decode(got.tokens[:-1])
+        assert "".join(engine.stream("def add(a, b):", 24, stop_tokens=[stop])) == got.text
