@@ -344,9 +344,8 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     t->n_last_replay = 0;
     t->last_chain = 0;
     t->chain_steady = CHAIN_STEADY;
-    for (int i = 0; i < DFL_MAX_GRAPH_SLOTS; i++) {
-        t->graphs[i].valid = false;
-    }
+    /* the graphs stay: a graph's key holds everything its shape depends on (the context
+     * length enters through inputs), so a new request reuses them */
     t->n_out = 0;
     t->n_rows = 0;
     t->sampler.n_u = 0;

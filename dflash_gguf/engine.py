@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .budget import AutoBudget, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
@@ -10,7 +10,7 @@ from .draft import Draft, DraftConfig, read_draft_metadata
 from .generate import GenerationStats, autoregressive_steps, check_request, collect
 from .memory import refusal, settle
 from .sampling import SamplingParams
-from .speculative import check_p_min, default_p_min, speculative_steps, tree_steps
+from .speculative import DEFAULT_CHAIN_RULE, check_chain_rule, check_p_min, default_p_min, speculative_steps, tree_steps
 from .target import Target, TargetConfig
 from .tokenizer import Tokenizer
 
@@ -36,6 +36,7 @@ class EngineSetup:
     draft_config: Optional[DraftConfig]
     n_threads: int
     draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
+    chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.speculative_steps)
 
     @classmethod
     def of(cls, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
@@ -43,7 +44,7 @@ class EngineSetup:
            block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
            draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
            n_gpu_layers: int = -1, draft_window: int = 0,
-           draft_p_min: Optional[float] = None) -> "EngineSetup":
+           draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE) -> "EngineSetup":
         meta = read_draft_metadata(draft) if draft else None
         if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
             raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
@@ -59,6 +60,7 @@ class EngineSetup:
             raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
         if draft_p_min is not None:
             check_p_min(draft_p_min)
+        check_chain_rule(chain_rule)
         n_verify = max(block or 1, (budget or 0) + 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
@@ -67,7 +69,7 @@ class EngineSetup:
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 else 1)
         draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
-        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min)
+        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule)
 
 
 class Engine:
@@ -106,7 +108,7 @@ class Engine:
                  **options):
         """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
-        draft_p_min;
+        draft_p_min, chain_rule;
         kv_type and draft_window default to "auto" (see memory.settle)."""
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
@@ -130,7 +132,10 @@ class Engine:
             self.target.close()
             raise
         self.n_threads = n_threads
-        self._auto: Optional[AutoBudget] = None  # what `auto` learnt, kept across requests
+        self.chain_rule = setup.chain_rule
+        # what `auto` learnt, kept across requests: per sampling setting, whose acceptance
+        # (and step cost) differ from greedy's
+        self._autos: Dict[Optional[tuple], AutoBudget] = {}
         self.last_tokens: List[int] = []  # every token the last call generated
         self._context: List[int] = []  # tokens the target (and drafter) context holds
         self._context_mode: Optional[bool] = None  # speculative or not, when it was filled
@@ -222,21 +227,28 @@ class Engine:
         n = len(self._context)
         reused = n if (self._context_mode == use_draft and 0 < n < len(tokens) and tokens[:n] == self._context) else 0
         self._context, self._context_mode = [], None  # unknown until the run ends
-        if use_draft and self.tree_budget and self.auto_budget and self._auto is None:
-            self._auto = AutoBudget(VerifyCost(self.target, self.n_threads), self.tree_budget,
-                                    self.block_size or self.draft.block_size)
-            reused = 0  # measuring the cost used the target
+        auto = None
+        if use_draft and self.tree_budget and self.auto_budget:
+            key = _sampling_regime(sampling)
+            if key not in self._autos:
+                cost = next(iter(self._autos.values())).cost if self._autos else None
+                if cost is None:
+                    cost = VerifyCost(self.target, self.n_threads)
+                    reused = 0  # measuring the cost used the target
+                self._autos[key] = AutoBudget(cost, self.tree_budget, self.block_size or self.draft.block_size)
+            auto = self._autos[key]
         saver = None
         if self.checkpoints is not None and tokens:
             reused = self._resume(tokens, reused, use_draft, stats)
             saver = self._saver(tokens, reused, use_draft)
         if use_draft and self.tree_budget:
             return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, self._auto, sampling, reused, context_full, hook, saver,
+                              stats, auto, sampling, reused, context_full, hook, saver,
                               self.draft_p_min), use_draft
         if use_draft:
             return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
-                                     sampling, reused, context_full, hook, saver, self.draft_p_min), use_draft
+                                     sampling, reused, context_full, hook, saver, self.draft_p_min,
+                                     self.chain_rule), use_draft
         return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused, context_full,
                                     hook, saver), use_draft
 
@@ -345,6 +357,14 @@ class Engine:
             steps.close()
             self._finish(tokens, out, use_draft, failed)
         return Result(self.tokenizer.decode(self._text_tokens(out, self._stops(stop_tokens))), out, stats)
+
+
+def _sampling_regime(sampling: Optional[SamplingParams]) -> Optional[tuple]:
+    """What `auto`'s expectations depend on in a request's sampling: greedy (None), or
+    the filters and temperature that shape the target's draws."""
+    if sampling is None or sampling.greedy:
+        return None
+    return (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:

@@ -194,6 +194,7 @@ def _chain_pass(target: Target, draft: Draft, sampler: Sampler, bonus: int, b: i
 
 
 CHAIN_RULES = ("argmax", "reject")
+DEFAULT_CHAIN_RULE = "argmax"
 
 
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
@@ -207,8 +208,8 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
     the device and every row's token is chosen there (see _chain_pass). With sampling,
     chain_rule "argmax" drafts the drafter's argmax and keeps each draft while the
     target's draw equals it; "reject" draws the drafts from the drafter's distribution
-    and keeps them by speculative rejection sampling (it needs top_k > 0: both
-    distributions cross to the host as their top_k candidates). With p_min > 0 (the
+    and keeps them by speculative rejection sampling (with top_k > 0, whose candidates
+    carry both distributions to the host; without, the argmax rule runs). With p_min > 0 (the
     drafter loaded with top_k >= 1), each pass verifies the chain_length of its block."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 1 <= B <= draft.block_size:
@@ -219,7 +220,7 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
     if p_min > 0 and draft.top_k < 1:
         raise ValueError("a chain with p_min > 0 needs a drafter loaded with top_k >= 1")
     sampler = Sampler(sampling, prompt)
-    rejection = check_chain_rule(chain_rule, sampler.params) == "reject" and not sampler.greedy
+    rejection = check_chain_rule(chain_rule) == "reject" and not sampler.greedy and sampler.params.top_k > 0
     top_k = sampler.params.top_k if rejection else 0
     stage = on_stage or _no_stage
 
@@ -243,13 +244,10 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
                       context_full, on_stage, saver, drafted_samples=rejection)
 
 
-def check_chain_rule(rule: str, sampling: SamplingParams) -> str:
+def check_chain_rule(rule: str) -> str:
     """The chain's accept rule when sampling (see speculative_steps), checked."""
     if rule not in CHAIN_RULES:
         raise ValueError(f"chain rule must be one of {', '.join(CHAIN_RULES)}, got {rule!r}")
-    if rule == "reject" and not sampling.greedy and sampling.top_k == 0:
-        raise ValueError("the rejection rule needs top_k > 0 (the distributions cross to the host as their "
-                         "top_k candidates); use the argmax rule with top_k 0")
     return rule
 
 

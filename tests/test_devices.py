@@ -206,6 +206,27 @@ def test_demo_pair_quantized_is_lossless_on_the_device(demo_pairs, device):
             assert gap < 2 * err, f"prompt {k}: parts at token {i} where the CPU's top two logits are {gap} apart"
 
 
+@pytest.mark.device
+def test_demo_pair_sampling_on_the_device(demo_pairs, device):
+    """Sampling runs in the graphs, so on a device it runs there; with the same seed the
+    device draws what the CPU draws where their kernels are the same (the RPC stand-in
+    runs the CPU's): every mode, with top-k and a penalty, and with no truncation. On
+    another device its logits differ in the last bits, and a draw may fall the other
+    side of a boundary: there only the lengths are checked and the agreement printed."""
+    target, draft = demo_pairs["f32"]
+    res = run_isolated("sampled_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
+                       BUDGET, timeout=1800)
+    same = total = 0
+    for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
+        for mode in ("plain", "chain", "reject", "tree"):
+            assert len(dev[mode]) == N_NEW, (k, mode)
+            total += 1
+            same += dev[mode] == cpu[mode]
+            if device.rpc:
+                assert dev[mode] == cpu[mode], f"run {k} ({cpu['setting']}): sampled {mode} differs from the CPU's"
+    print(f"{device.name}: {same} of {total} sampled continuations equal the CPU's")
+
+
 # ---- placement: every node on the device -----------------------------------------------
 
 # What may stay on the host: the token embedding lookup (the table lives on the CPU, as
