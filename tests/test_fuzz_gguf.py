@@ -8,7 +8,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,6 @@ def demo():
 
 
 def test_fuzzed_loads_end_in_clear_errors_or_correct_loads(demo):
-    t0 = time.monotonic()
     results = gguf_fuzz.run(demo["target"], demo["draft"], SEED, [-1] + list(range(COUNT)), jobs=2)
     assert len(results) == COUNT + 1
     failures = gguf_fuzz.describe_failures(results)
@@ -40,7 +38,6 @@ def test_fuzzed_loads_end_in_clear_errors_or_correct_loads(demo):
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     # the harness is alive: some mutants still load (reordered keys, harmless values), most are refused
     assert counts.get("ok", 0) >= COUNT // 10 and counts.get("error", 0) >= COUNT // 2, counts
-    assert time.monotonic() - t0 < 120
 
 
 def test_mutants_are_reproducible(demo):
