@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from parity import Parity
 from test_cli import run
 
 from dflash_gguf.demo import DATA, demo_paths
@@ -22,7 +23,6 @@ PROMPTS = [
     '<|im_start|>user\nWrite a function that reverses a list.<|im_end|>\n<|im_start|>assistant\n',
 ]
 N_TOKENS = 96
-TIE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +36,6 @@ def demo():
     return target, draft, Tokenizer(target_path)
 
 
-def same_or_tie(target, prompt, ref, out):
-    """out == ref, or they part where the target's top two logits are within TIE."""
-    if out == ref:
-        return True
-    i = next(k for k, (a, b) in enumerate(zip(ref, out)) if a != b)
-    target.reset()
-    target.prefill(prompt + ref[:i])
-    top2 = np.sort(target.logits(0, 1)[0])[-2:]
-    return float(top2[1] - top2[0]) < TIE
-
-
 def test_demo_pair_ships_in_the_package():
     target, draft = demo_paths()
     assert target.startswith(str(DATA)) and draft.startswith(str(DATA))
@@ -58,14 +47,15 @@ def test_demo_pair_ships_in_the_package():
 def test_tree_accepts_more_than_chain_and_both_are_lossless(demo):
     target, draft, tok = demo
     rows = []
-    for text in PROMPTS:
-        prompt = tok.encode(text)
-        ar, _ = greedy_generate(target, prompt, N_TOKENS)
-        chain, chain_stats = speculative_generate(target, draft, prompt, N_TOKENS)
-        tree, tree_stats = tree_generate(target, draft, prompt, N_TOKENS, budget=16)
-        assert same_or_tie(target, prompt, ar, chain), f"chain output differs from greedy for {text!r}"
-        assert same_or_tie(target, prompt, ar, tree), f"tree output differs from greedy for {text!r}"
-        rows.append((text, chain_stats.mean_accepted, tree_stats.mean_accepted))
+    with Parity(target) as parity:
+        for text in PROMPTS:
+            prompt = tok.encode(text)
+            ar, _ = greedy_generate(target, prompt, N_TOKENS)
+            chain, chain_stats = speculative_generate(target, draft, prompt, N_TOKENS)
+            tree, tree_stats = tree_generate(target, draft, prompt, N_TOKENS, budget=16)
+            parity.check(prompt, ar, chain)
+            parity.check(prompt, ar, tree)
+            rows.append((text, chain_stats.mean_accepted, tree_stats.mean_accepted))
     print("\nprompt | chain AL | tree(16) AL")
     for text, c, t in rows:
         print(f"{text[:40]!r} | {c:.2f} | {t:.2f}")
