@@ -74,24 +74,6 @@ if [ "$mode" = "test" ]; then
     pip_install --no-deps "dflash==0.1.0"
     echo "$want" > "$stamps/test-deps"
   fi
-  # llama.cpp's own sources, from the sdist of the same llama-cpp-python: its converter,
-  # conversion tables and chat templates are test oracles, and scripts/llama_cpp_build.py
-  # builds its C++ tools from them. Fetched here, once per machine (dflash_gguf/llama_cpp_tree.py
-  # finds them), so that the tests never download anything.
-  cache="${DFLASH_CACHE:-$HOME/.cache/dflash-gguf}"
-  sdist_dir="$cache/src/llama_cpp_python-$llama_cpp_python_version"
-  if [ ! -f "$sdist_dir/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
-    say "fetching llama.cpp's sources (the llama-cpp-python $llama_cpp_python_version sdist) for the test oracles"
-    mkdir -p "$cache/src"
-    tmp=$(mktemp -d "$cache/src/.fetch.XXXXXX")
-    # only this package as source: ":all:" would also build its build dependencies
-    "$py" -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
-      --dest "$tmp" "llama-cpp-python==$llama_cpp_python_version"
-    tar -xzf "$tmp/llama_cpp_python-$llama_cpp_python_version.tar.gz" -C "$tmp"
-    rm -rf "$sdist_dir"
-    mv "$tmp/llama_cpp_python-$llama_cpp_python_version" "$sdist_dir"
-    rm -rf "$tmp"
-  fi
 fi
 
 # Reinstall the project only when its sources changed; the CMake build directory under
@@ -104,4 +86,11 @@ if [ "$(cat "$stamps/project" 2>/dev/null)" != "$src_hash" ]; then
   [ "$venv" = "$root/.venv" ] || build_dir="build/$(basename "$venv")/{wheel_tag}"
   (cd "$root" && pip_install --no-deps --no-build-isolation --config-settings=build-dir="$build_dir" .)
   echo "$src_hash" > "$stamps/project"
+fi
+
+# llama.cpp's own sources, from the sdist of the same llama-cpp-python: its converter,
+# conversion tables and chat templates are test oracles. Fetched here, once per machine
+# (under ${DFLASH_CACHE:-~/.cache/dflash-gguf}/src/), so that the tests never download.
+if [ "$mode" = "test" ]; then
+  "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
 fi
