@@ -1,8 +1,8 @@
 """Published model shapes: the tensor table and metadata of a real-size GGUF, in
 llama.cpp's names, layouts and keys (as our converter writes them), derived from the
 model's published config.json, whose entries published_configs.json records with their
-source. Shared by tests/shape_models.py (weightless shape files for the memory planner)
-and dflash_gguf.convert.shape_model (random-weight files that run).
+source. dflash_gguf.convert.shape_model writes them as files: weightless for the memory
+planner, or with random weights that run.
 
 A shape is a plain dict; `shrunk` derives smaller ones of the same structure."""
 from __future__ import annotations

@@ -394,8 +394,9 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
 
 
 def shape_model_steps(endpoint, path: str, device: str) -> dict:
-    """A weightless published-shape model (tests/shape_models.py) on `device`: its memory
-    plan, a short prefill, a chain verify and a decode, with the placement of each graph."""
+    """A weightless published-shape model (convert.shape_model.write_header_only) on
+    `device`: its memory plan, a short prefill, a chain verify and a decode, with the
+    placement of each graph."""
     import numpy as np
 
     from dflash_gguf.memory import plan_memory
