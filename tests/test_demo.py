@@ -1,4 +1,4 @@
-"""The bundled demo pair (dflash_gguf/data, trained by scripts/train_demo.py): it ships,
+"""The bundled demo pair (dflash_gguf/data, trained by training/train_demo.py): it ships,
 it runs by default, and it accepts: chain speculation beats one token per target pass and
 a DDTree beats the chain, with the output still equal to plain greedy decoding."""
 from __future__ import annotations

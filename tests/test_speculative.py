@@ -208,7 +208,7 @@ DEMO_HF = Path(__file__).resolve().parent / "data" / "demo-hf"
 
 @pytest.fixture(scope="module")
 def trained_pair(convert_model):
-    """The demo pair's HF checkpoints (bf16 copies written by scripts/train_demo.py),
+    """The demo pair's HF checkpoints (bf16 copies written by training/train_demo.py),
     converted to f32: a drafter that really accepts, for a meaningful parity check."""
     target_dir, draft_dir = DEMO_HF / "target", DEMO_HF / "draft"
     return {
