@@ -164,6 +164,16 @@ def test_the_table_without_json(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_a_chain_row_per_confidence_cut(tmp_path):
+    res = bench("--modes", "plain,chain,tree", "--tree-budgets", "4", "--draft-p-min", "0,0.5", "--temp", "0",
+                "--no-llama-cpp", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = {r["mode"]: r for r in json.loads(res.stdout)["rows"]}
+    assert set(rows) == {"plain", "chain p-min 0", "chain p-min 0.5", "tree 4"}
+    # the cut changes what is verified, never the output
+    assert rows["chain p-min 0"]["same_output"] == rows["chain p-min 0.5"]["same_output"] == [2, 2]
+
+
 FAKE_TOOL = """#!{python}
 import json, sys
 from pathlib import Path

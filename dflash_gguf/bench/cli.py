@@ -66,7 +66,9 @@ def parser() -> argparse.ArgumentParser:
                    help="of plain, chain, tree, auto (default all)")
     p.add_argument("--tree-budgets", type=_list(int, "--tree-budgets"), default=[4, 8, 16, 32],
                    help="tree budgets of the tree mode (default 4,8,16,32)")
-    p.add_argument("--draft-p-min", type=float, help="our chain's confidence cut (default: as dflash-run)")
+    p.add_argument("--draft-p-min", type=_list(float, "--draft-p-min"), default=[],
+                   help="our greedy chain's confidence cut; several values: a chain row each, auto and trees take "
+                        "the first (default: as dflash-run)")
     p.add_argument("--temp", type=_list(float, "--temp"), default=[0.0, 0.6],
                    help="temperatures, 0 for greedy (default 0,0.6)")
     p.add_argument("--top-k", type=int, default=20, help="top-k of sampled runs (default 20; 0: off)")
@@ -112,8 +114,8 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error("--temp must be >= 0")
     if args.top_k < 0 or not 0 < args.top_p <= 1 or not 0 <= args.min_p < 1:
         p.error("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1)")
-    if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
-        p.error("--draft-p-min must be in [0, 1)")
+    if any(not 0 <= x < 1 for x in args.draft_p_min):
+        p.error("--draft-p-min values must be in [0, 1)")
     if any(not 0 <= x <= 1 for x in args.spec_draft_p_min):
         p.error("--spec-draft-p-min values must be in [0, 1]")
     if args.llama_cpp is not None and not args.llama_cpp.is_dir():
@@ -148,12 +150,12 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
             f"{run.tokens / run.decode_s if run.decode_s > 0 else 0:.1f} tok/s, AL "
             f"{run.tokens / run.passes if run.passes else 0:.2f}")
 
-    options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device,
-               "draft_p_min": args.draft_p_min}
+    options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
     if args.n_gpu_layers is not None:
         options["n_gpu_layers"] = args.n_gpu_layers
-    ours.run_modes(ours.modes(args.modes, args.tree_budgets, draft is not None), target, draft, options, prompts,
-                   args.n_predict, samplings, args.repetitions, args.interleave, keep)
+    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None)
+    ours.run_modes(modes, target, draft, options, prompts, args.n_predict, samplings, args.repetitions,
+                   args.interleave, keep)
 
     info = {"tools": {}}
     if args.no_llama_cpp:

@@ -18,10 +18,14 @@ class Mode:
     name: str                                 # plain, chain, tree N, auto
     speculative: bool = True
     tree_budget: Union[int, str, None] = None  # None: the chain
+    p_min: Optional[float] = None             # the greedy chain's confidence cut (None: the engine's default)
 
 
-def modes(names: Sequence[str], budgets: Sequence[int], with_draft: bool) -> List[Mode]:
-    """The modes named (MODE_NAMES), "tree" once per budget; without a drafter only plain."""
+def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float], with_draft: bool) -> List[Mode]:
+    """The modes named (MODE_NAMES): "tree" once per budget, "chain" once per confidence cut
+    in p_mins (the first of which auto's chain takes; none given: the engine's default).
+    Without a drafter only plain."""
+    first = p_mins[0] if p_mins else None
     out = []
     for name in names:
         if name == "plain":
@@ -29,18 +33,20 @@ def modes(names: Sequence[str], budgets: Sequence[int], with_draft: bool) -> Lis
         elif not with_draft:
             continue
         elif name == "chain":
-            out.append(Mode("chain"))
+            out += ([Mode(f"chain p-min {p:g}", p_min=p) for p in p_mins] if len(p_mins) > 1
+                    else [Mode("chain", p_min=first)])
         elif name == "tree":
-            out += [Mode(f"tree {b}", tree_budget=b) for b in budgets]
+            out += [Mode(f"tree {b}", tree_budget=b, p_min=first) for b in budgets]
         elif name == "auto":
-            out.append(Mode("auto", tree_budget="auto"))
+            out.append(Mode("auto", tree_budget="auto", p_min=first))
     return out
 
 
 def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) -> Engine:
     """An engine for the mode (plain decoding loads no drafter), warmed up: its graphs,
     caches and (auto) verify cost table exist before anything is timed."""
-    engine = Engine(target, draft if mode.speculative else None, tree_budget=mode.tree_budget, **options)
+    engine = Engine(target, draft if mode.speculative else None, tree_budget=mode.tree_budget,
+                    draft_p_min=mode.p_min, **options)
     try:
         engine.generate(WARMUP, max_tokens=16, stop_tokens=())
     except BaseException:
