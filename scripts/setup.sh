@@ -38,7 +38,7 @@ if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ]; then
   wheelhouse="${DFLASH_WHEELHOUSE:-$HOME/.cache/dflash-gguf/wheels}/$llama_key"
   if ! ls "$wheelhouse"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     say "building llama-cpp-python $llama_cpp_python_version from source (about 10 minutes on 2 cores, once per machine)"
-    # With CUDA: CMAKE_ARGS="-DGGML_CUDA=ON" scripts/setup.sh (see README).
+    # With CUDA: CMAKE_ARGS="-DGGML_CUDA=ON" scripts/setup.sh (see docs/devices.md).
     mkdir -p "$wheelhouse"
     CMAKE_ARGS="$llama_flags" "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
       --no-binary llama-cpp-python -w "$wheelhouse" "llama-cpp-python==$llama_cpp_python_version"

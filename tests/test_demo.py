@@ -29,7 +29,7 @@ N_TOKENS = 96
 def demo():
     target_path, draft_path = demo_paths()
     meta = read_draft_metadata(draft_path)
-    # matrices in file layout: one rounding for one row and for many (README "Exactness")
+    # matrices in file layout: one rounding for one row and for many (docs/exactness.md)
     target = Target(target_path, TargetConfig(n_ctx=1024, n_verify=17, feature_layers=meta["target_layers"],
                                               repack=False))
     draft = Draft(draft_path, target, DraftConfig(top_k=8))

@@ -306,7 +306,7 @@ def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(tr
 def test_quantized_target_speculative_equals_autoregressive(pair, convert_model, outtype):
     # The CPU backend's repacked K-quant kernels round differently for one row (decode)
     # than for several (verify), so bit-exact agreement holds with matrices in file
-    # layout; see README "Exactness".
+    # layout; see docs/exactness.md.
     gguf_path = convert_model(pair["target_dir"], outtype)
     target, draft = load(pair, target_gguf=gguf_path, kv="f16", repack=False)
     with Parity(target) as parity:
