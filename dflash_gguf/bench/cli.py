@@ -138,7 +138,9 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     from ..tokenizer import Tokenizer
 
     block = int(read_draft_metadata(draft)["block_size"]) if draft else 1
-    longest = max(len(ids) for ids in (Tokenizer(target).encode(text) for _, text in prompts))
+    tokenizer = Tokenizer(target)
+    lengths = [len(tokenizer.encode(text)) for _, text in prompts]
+    longest = max(lengths)
     widest = max([block, *(b + 1 for b in args.tree_budgets)]) if draft else 1
     n_ctx = -(-(longest + args.n_predict + 2 * widest + 64) // 256) * 256  # both engines get this context
 
@@ -168,7 +170,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft, args.n_gpu_layers)
     try:
         if "llama-bench" in tools.found:
-            depth = round(sum(len(Tokenizer(target).encode(t)) for _, t in prompts) / len(prompts))
+            depth = round(sum(lengths) / len(lengths))  # llama-bench decodes after as much context
             bench, info["llama_bench"] = llama_cpp.bench_runs(tools.found["llama-bench"], setup, depth,
                                                               args.repetitions)
             for run in bench:
