@@ -110,6 +110,7 @@ def test_headline_pits_our_fastest_mode_against_llama_cpp_s_fastest_dflash():
     (["-n", "1"], "at least 2"),
     (["--prompts", "9"], "--prompts"),
     (["--llama-cpp", "/nonexistent"], "no such directory"),
+    (["-p", "  "], "a prompt is empty"),
 ])
 def test_bad_options_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -122,9 +122,16 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--llama-cpp {args.llama_cpp}: no such directory")
 
 
-def prompts_of(args) -> List[tuple]:
+def prompts_of(p: argparse.ArgumentParser, args) -> List[tuple]:
+    """(name, text) of the prompts given, else of the built-in ones."""
     given = [(f"prompt {i + 1}", text) for i, text in enumerate(args.prompt or ())]
-    given += [(f.name, f.read_text(encoding="utf-8")) for f in args.file or ()]
+    for f in args.file or ():
+        try:
+            given.append((f.name, f.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as e:
+            p.error(f"{f}: {e}")
+    if any(not text.strip() for _, text in given):
+        p.error("a prompt is empty")
     return given or PROMPTS[: args.prompts or len(PROMPTS)]
 
 
@@ -197,7 +204,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     check(p, args)
     target, draft = (args.model, args.model_draft) if args.model else demo_paths()
-    prompts = prompts_of(args)
+    prompts = prompts_of(p, args)
     samplings = [Sampling(t, args.top_k, args.top_p, args.min_p, args.seed) if t > 0 else Sampling()
                  for t in dict.fromkeys(args.temp)]
 
