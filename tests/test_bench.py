@@ -92,6 +92,14 @@ def test_rows_aggregate_each_repetition_then_take_the_median():
     assert chain.same == (1, 2) and llama.same == (1, 2)  # ours by token ids, llama.cpp by text
 
 
+def test_llama_cpp_text_may_run_past_our_last_token_only_when_we_stopped_at_n():
+    at_n = Run("ours", "plain", "greedy", 0, "a", 10, 15, 0.1, 15, text="def f(x):", extra={"stop_reason": "length"})
+    at_eog = Run("ours", "plain", "greedy", 0, "a", 10, 9, 0.1, 9, text="def f(x):", extra={"stop_reason": "stop"})
+    assert report.same_text("def f(x):\n", at_n) and report.same_text("def f(x):\n    return", at_n)
+    assert report.same_text("def f(x):", at_eog) and not report.same_text("def f(x):\n    return", at_eog)
+    assert not report.same_text("def g(x):", at_n) and not report.same_text(None, at_n)
+
+
 def test_headline_pits_our_fastest_mode_against_llama_cpp_s_fastest_dflash():
     runs = [run("ours", "chain", 0, "a", 100, 0.5, 50), run("ours", "tree 4", 0, "a", 100, 1.0, 40),
             run("llama.cpp", "DFlash (llama-speculative-simple, p-min 0)", 0, "a", 100, 1.0, 50),

@@ -47,6 +47,15 @@ def per_rep(runs: Sequence[Run]) -> tuple:
     return Spread.of(tps), Spread.of(al)
 
 
+def same_text(theirs: Optional[str], plain: Run) -> bool:
+    """llama.cpp's text is our plain decoder's; where ours stopped at -n tokens it may go on
+    (llama-speculative-simple finishes its last drafted block past -n)."""
+    if theirs is None:
+        return False
+    ours = plain.text.rstrip()
+    return theirs.rstrip() == ours or (plain.extra.get("stop_reason") == "length" and theirs.startswith(ours))
+
+
 def same_output(runs: Sequence[Run], plain: Sequence[Run]) -> Optional[tuple]:
     """Prompts of the first repetition whose output is the plain decoder's: token ids for
     ours, text for llama.cpp (whose tools print text)."""
@@ -57,7 +66,7 @@ def same_output(runs: Sequence[Run], plain: Sequence[Run]) -> Optional[tuple]:
     if runs[0].engine == "ours":
         same = [r.token_ids == p.token_ids for r, p in pairs]
     else:
-        same = [r.text is not None and r.text.rstrip() == p.text.rstrip() for r, p in pairs]
+        same = [same_text(r.text, p) for r, p in pairs]
     return sum(same), len(same)
 
 
