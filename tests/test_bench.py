@@ -69,6 +69,20 @@ def test_sampling_flags_match_our_sampler():
                      "--samplers", "top_k;temperature;top_p;min_p"]
 
 
+def test_a_log_that_lost_its_summary_is_run_again(tmp_path):
+    """llama.cpp logs from a worker thread that sometimes loses the last lines at exit."""
+    calls, exe = tmp_path / "calls", tmp_path / "tool"
+    exe.write_text(f"#!{sys.executable}\nimport sys\nfrom pathlib import Path\ncalls = Path({str(calls)!r})\n"
+                   f"calls.write_text(calls.read_text() + 'x' if calls.exists() else 'x')\n"
+                   f"if len(calls.read_text()) >= int(sys.argv[1]):\n    print({COMPLETION_LOG!r}, file=sys.stderr)\n")
+    exe.chmod(0o755)
+    _, parsed = llama_cpp.run_parsed([str(exe), "2"], llama_cpp.parse_completion, "decode_s")
+    assert parsed["runs"] == 127 and calls.read_text() == "xx"
+    calls.unlink()
+    with pytest.raises(llama_cpp.ToolError, match="no summary in 3 runs"):
+        llama_cpp.run_parsed([str(exe), "9"], llama_cpp.parse_completion, "decode_s")
+
+
 def run(engine, mode, rep, prompt, tokens, seconds, passes, sampling="greedy", ids=None, text=None):
     return Run(engine=engine, mode=mode, sampling=sampling, rep=rep, prompt=prompt, prompt_tokens=10, tokens=tokens,
                decode_s=seconds, passes=passes, token_ids=ids, text=text)

@@ -96,6 +96,17 @@ def run_tool(cmd: List[str], timeout: float = 3600) -> tuple:
     return res.stdout, res.stderr
 
 
+def run_parsed(cmd: List[str], parse, needed: str, attempts: int = 3) -> tuple:
+    """(stdout, parsed log) of a run whose log has `needed`, retried when it has not:
+    llama.cpp logs from a worker thread, which sometimes loses the last lines at exit."""
+    for _ in range(attempts):
+        stdout, log = run_tool(cmd)
+        parsed = parse(log)
+        if needed in parsed:
+            return stdout, parsed
+    raise ToolError(f"{Path(cmd[0]).name} logged no summary in {attempts} runs: {log[-300:]}")
+
+
 # ---- reading the logs ---------------------------------------------------------------------
 
 def parse_completion(log: str) -> dict:
@@ -155,10 +166,7 @@ def completion_runs(exe: Path, setup: Setup, prompts, sampling: Sampling, rep: i
     runs = []
     for name, text in prompts:
         cmd = [str(exe), *setup.common(), "-p", text, "-no-cnv", "--no-display-prompt", *sampling_flags(sampling)]
-        stdout, log = run_tool(cmd)
-        r = parse_completion(log)
-        if "decode_s" not in r:
-            raise ToolError(f"no 'eval time' line in llama-completion's log: {log[-300:]}")
+        stdout, r = run_parsed(cmd, parse_completion, "decode_s")
         runs.append(Run(engine="llama.cpp", mode="plain (llama-completion)", sampling=sampling.label, rep=rep,
                         prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
                         decode_s=r["decode_s"], passes=r["runs"], prefill_s=r.get("prefill_s"),
@@ -177,12 +185,9 @@ def speculative_runs(exe: Path, setup: Setup, block: int, p_min: float, prompts,
         cmd = [str(exe), *setup.common(), "-md", setup.draft, "-td", str(setup.threads), "-tbd", str(setup.threads),
                "--spec-type", "draft-dflash", "--spec-draft-n-max", str(block - 1), "--spec-draft-n-min", "0",
                "--spec-draft-p-min", repr(p_min), "-p", text, *sampling_flags(sampling)]
-        stdout, log = run_tool(cmd)
-        r = parse_speculative(log)
+        stdout, r = run_parsed(cmd, parse_speculative, "rounds")
         if r["checkpoints"]:
-            r["restores"] = parse_speculative(run_tool(cmd + ["-lv", "5"])[1])["restores"]
-        if "decode_s" not in r or "rounds" not in r:
-            raise ToolError(f"no 'decoded N tokens' summary in llama-speculative-simple's log: {log[-300:]}")
+            r["restores"] = run_parsed(cmd + ["-lv", "5"], parse_speculative, "rounds")[1]["restores"]
         runs.append(Run(engine="llama.cpp", mode=f"DFlash (llama-speculative-simple, p-min {p_min:g})",
                         sampling=sampling.label, rep=rep, prompt=name, prompt_tokens=r.get("prompt_tokens", 0),
                         tokens=r["tokens"], decode_s=r["decode_s"], passes=r["rounds"] + r["restores"],
