@@ -6,13 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import QWEN35_SHAPES, LlamaCppConverter, llama_cpp_source, make_qwen35
+from fixtures import QWEN35_SHAPES, LlamaCppConverter, llama_cpp_source, make_qwen35, missing_oracle
 
 
 def pytest_addoption(parser):
     parser.addoption("--device-under-test", default=None,
                      help="ggml device for the tests marked `device` (default: $DFLASH_TEST_DEVICE, else RPC: "
                           "a local ggml RPC server serving the CPU backend)")
+    parser.addoption("--fuzz-count", type=int, default=320,
+                     help="mutants of the GGUF fuzz run in tests/test_fuzz_gguf.py (default 320)")
+    parser.addoption("--fuzz-seed", type=int, default=14, help="seed of that run (default 14)")
+    parser.addoption("--fuzz-only", type=int, action="append",
+                     help="run only this mutant of --fuzz-seed (repeatable): a failure's replay")
 
 
 @pytest.fixture(scope="session")
@@ -53,9 +58,10 @@ def convert_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_cpp_oracle():
     """() -> one LlamaCppConverter for the whole session, started on first use (torch and
-    transformers are imported once). Skips when the llama.cpp sources are unavailable."""
+    transformers are imported once). Skips when the llama.cpp sources are missing (fails
+    under CI=true)."""
     if llama_cpp_source() is None:
-        pytest.skip("llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded")
+        missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
     started: list[LlamaCppConverter] = []
 
     def get() -> LlamaCppConverter:
@@ -72,7 +78,7 @@ def llama_cpp_oracle():
 def llama_cpp_convert(tmp_path_factory, llama_cpp_oracle):
     """llama_cpp_convert(model_dir, outtype) -> GGUF written by llama.cpp's own converter.
 
-    Skips when the llama.cpp sources cannot be found or downloaded.
+    Skips when the llama.cpp sources are missing (fails under CI=true).
     """
     root = tmp_path_factory.mktemp("llama_cpp_gguf")
     done: dict[tuple, Path] = {}

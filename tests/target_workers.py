@@ -2,7 +2,7 @@
 
 Quantized GGUFs exercise CPU kernels (weight repacking, AMX) that have crashed on some
 machines; a crash there must fail one test, not end the session. Each function here runs
-in `python -c` via `run_isolated`, takes JSON-able arguments and returns a JSON-able result.
+in a child interpreter running this file, via `run_isolated`, takes JSON-able arguments and returns a JSON-able result.
 No torch import: a child starts in about a second.
 """
 from __future__ import annotations
@@ -29,11 +29,9 @@ def run_isolated(func: str, *args, deny_amx: bool = False, timeout: float = 300)
     does not offer its AMX buffer type (see deny_amx_permission). DFLASH_TEST_DENY_AMX=1
     in the environment denies it to every child (to tell an AMX crash from others)."""
     deny_amx = deny_amx or os.environ.get("DFLASH_TEST_DENY_AMX") == "1"
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import target_workers as w; "
-            "w._child(sys.argv[2])")
     payload = json.dumps({"func": func, "args": args, "deny_amx": deny_amx})
-    res = subprocess.run([sys.executable, "-c", code, str(_HERE), payload], capture_output=True, text=True, cwd=_HERE,
-                         timeout=timeout)
+    res = subprocess.run([sys.executable, str(_HERE / "target_workers.py"), payload], capture_output=True, text=True,
+                         cwd=_HERE, timeout=timeout)
     if res.returncode != 0:
         how = (f"killed by signal {signal.Signals(-res.returncode).name}" if res.returncode < 0
                else f"exit code {res.returncode}")
@@ -452,8 +450,9 @@ def sampled_on_devices(endpoint, target_path: str, draft_path: str, devices: lis
 
 
 def shape_model_steps(endpoint, path: str, device: str) -> dict:
-    """A weightless published-shape model (tests/shape_models.py) on `device`: its memory
-    plan, a short prefill, a chain verify and a decode, with the placement of each graph."""
+    """A weightless published-shape model (convert.shape_model.write_header_only) on
+    `device`: its memory plan, a short prefill, a chain verify and a decode, with the
+    placement of each graph."""
     import numpy as np
 
     from dflash_gguf.memory import plan_memory
@@ -474,3 +473,7 @@ def shape_model_steps(endpoint, path: str, device: str) -> dict:
         out["decode"] = t.placement()
         out["finite"] = out["finite"] and bool(np.isfinite(t.logits(0, 1)).all())
     return out
+
+
+if __name__ == "__main__":  # the child of run_isolated
+    _child(sys.argv[1])

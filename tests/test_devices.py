@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
-
-from shape_models import QWEN35_0_8B, write_shape_gguf
 from target_workers import run_isolated
 from test_cli import run
 from test_speculative import pair  # noqa: F401 (fixture)
+
+from dflash_gguf.convert.shape_model import write_header_only
+from dflash_gguf.convert.shapes import QWEN35_0_8B
+from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
 
 HERE = Path(__file__).resolve().parent
 DEMO_HF = HERE / "data" / "demo-hf"
@@ -251,7 +252,7 @@ def test_a_0_8b_shape_model_loads_and_runs_on_the_device(tmp_path, device):
     as in the published model (248320 x 1024, 258 MiB in q8_0), is larger than one Vulkan
     storage buffer on lavapipe (128 MiB): the device multiplies it in row slices and the
     token lookup gathers from a host copy."""
-    path = write_shape_gguf(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
+    path = write_header_only(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
     res = run_isolated("shape_model_steps", device.rpc, str(path), device.name, timeout=1800)
     assert res["info"]["device"] == device.name and res["finite"]
     # The memory plan counts the host copy the lookup gathers from (none when the device

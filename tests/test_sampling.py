@@ -378,3 +378,25 @@ def test_sampling_calls_are_checked(demo, prompt):
         speculative_generate(target, draft, prompt, 4, sampling=SamplingParams(0.7), chain_rule="rejection")
     target.set_sampling(SamplingParams().native())
     target.reset()
+
+
+def test_auto_learns_per_sampling_setting():
+    """`--tree-budget auto` keeps what it learns per sampling setting: a sampled request
+    does not reuse (or disturb) what greedy requests taught it, and requests at the same
+    setting share what they learn."""
+    from dflash_gguf.engine import Engine
+
+    with Engine(str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf"), tree_budget="auto", n_ctx=512,
+                n_threads=1) as engine:
+        prompt = "class Stack:\n    def __init__(self):\n"
+        engine.generate(prompt, 24)
+        greedy = dict(engine._autos)
+        assert list(greedy) == [None]
+        steps = greedy[None].steps
+        qwen = SamplingParams(0.6, 20, 0.95, seed=1)
+        engine.generate(prompt, 24, sampling=qwen)
+        engine.generate(prompt, 24, sampling=replace(qwen, seed=2))
+        assert set(engine._autos) == {None, (0.6, 20, 0.95, 0.0)}
+        assert engine._autos[None] is greedy[None] and engine._autos[None].steps == steps
+        assert engine._autos[(0.6, 20, 0.95, 0.0)].steps > 0
+        assert engine._autos[(0.6, 20, 0.95, 0.0)].cost is greedy[None].cost  # measured once per engine
