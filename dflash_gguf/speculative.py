@@ -27,7 +27,7 @@ def accepted_prefix(block: List[int], target_choice) -> int:
 
 
 # the greedy chain's confidence cut (chain_length) where the target computes on the CPU:
-# the best of a sweep on this project's CPU benchmark pairs (scripts/p_min_sweep.py)
+# the best of a sweep on this project's CPU benchmark pairs (dflash-bench --draft-p-min with several values)
 DEFAULT_DRAFT_P_MIN = 0.3
 
 

@@ -2,7 +2,7 @@
 """What sampling costs a target pass at Qwen3.5's vocabulary (issue #34's figure 3).
 
 A random-weight target with Qwen3.5's 248,320-token vocabulary and a few small layers
-(scripts/make_shape_model.py: qwen35-27b's structure, 4 layers, hidden 256, q8_0) and a
+(dflash_gguf.convert.shape_model: qwen35-27b's structure, 4 layers, hidden 256, q8_0) and a
 random drafter of its shape. Times the target pass of a chain step (the drafter's whole
 block of 16 verified, handed over on the device) and of a 16-node tree step (17 nodes
 with the root), each greedy and sampled (T 0.6 / top-k 20 / top-p 0.95, on the device),
@@ -44,7 +44,7 @@ TREE_NODES = 17  # 16 nodes and the root
 
 def make_files() -> tuple[Path, Path]:
     target, draft = CACHE / "vocab248k-target-q8_0.gguf", CACHE / "vocab248k-draft-q8_0.gguf"
-    make = [sys.executable, str(ROOT / "scripts" / "make_shape_model.py")]
+    make = [sys.executable, "-m", "dflash_gguf.convert.shape_model"]
     CACHE.mkdir(parents=True, exist_ok=True)
     if not target.exists():
         subprocess.run(make + ["qwen35-27b", "--outtype", "q8_0", "--layers", "4", "--outfile", str(target),
