@@ -1,11 +1,13 @@
-"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once."""
+"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once.
+
+tests/fixtures.py (torch, transformers) is imported by the fixtures that use it, not
+here: the device tests (tests/test_devices.py) run where neither is installed, such as
+the lent GPU machine (scripts/cuda/test.sh)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from fixtures import QWEN35_SHAPES, LlamaCppConverter, llama_cpp_source, make_qwen35
 
 
 def pytest_addoption(parser):
@@ -17,6 +19,8 @@ def pytest_addoption(parser):
 @pytest.fixture(scope="session")
 def qwen35_dir(tmp_path_factory):
     """qwen35_dir(shape_name) -> checkpoint directory for a QWEN35_SHAPES entry."""
+    from fixtures import QWEN35_SHAPES, make_qwen35
+
     root = tmp_path_factory.mktemp("qwen35")
     built: dict[str, Path] = {}
 
@@ -53,6 +57,8 @@ def convert_model(tmp_path_factory):
 def llama_cpp_oracle():
     """() -> one LlamaCppConverter for the whole session, started on first use (torch and
     transformers are imported once). Skips when the llama.cpp sources are unavailable."""
+    from fixtures import LlamaCppConverter, llama_cpp_source
+
     if llama_cpp_source() is None:
         pytest.skip("llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded")
     started: list[LlamaCppConverter] = []
