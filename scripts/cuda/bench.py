@@ -488,7 +488,7 @@ def greedy_agreement(row: dict) -> str:
 
 def render(res: dict) -> str:
     h = res["header"]
-    lines = [f"# dflash-gguf on {h['device_description']} ({h['device']}) against llama.cpp's CUDA tools", "",
+    lines = [f"# dflash-gguf on {h['device_description']} ({h['device']}) against llama.cpp's tools", "",
              f"{h['date']}, commit {h['commit']}, driver {h['driver']}, {h['gpu']}; {h['cpu_count']} CPU cores", "",
              "```", h["build"], "```", ""]
     if "pairs" in res:

@@ -5,6 +5,7 @@ download: it has no network, and it receives only the working tree plus the path
 
     .venv/bin/python scripts/cuda/pack.py                      # sdist from .cache/sdist (or PyPI)
     .venv/bin/python scripts/cuda/pack.py --sdist /path/to/llama_cpp_python-X.tar.gz
+    .venv/bin/python scripts/cuda/pack.py --check                  # only the sizes (after adding built/)
 
 What goes in:
   llama-cpp-python-src.tar.gz   the pinned llama-cpp-python sdist (77 MB) without what a
@@ -128,12 +129,29 @@ def tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
+def report(out: Path) -> int:
+    """Prints what travels; 1 when it is over the limit."""
+    tree, pack, built = travelling_bytes(), tree_bytes(out), tree_bytes(out / "built")
+    if built:
+        print(f"saved build (built/): {built / MIB:.1f} MiB")
+    print(f"working tree {tree / MIB:.1f} MiB + pack {pack / MIB:.1f} MiB = {(tree + pack) / MIB:.1f} MiB "
+          f"of {LIMIT / MIB:.0f} MiB a call carries")
+    if tree + pack > LIMIT:
+        print(f"error: {(tree + pack) / MIB:.1f} MiB is over the {LIMIT / MIB:.0f} MiB limit: drop built/ (the GPU "
+              "machine then builds again) or untracked files", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sdist", type=Path, help="the llama-cpp-python sdist (default: .cache/sdist/, else PyPI)")
     p.add_argument("--out", type=Path, default=PACK, help="pack directory (default: .cuda-pack/)")
     p.add_argument("--python-version", default="3.12", help="wheels for this Python (the GPU machine's: 3.12)")
+    p.add_argument("--check", action="store_true", help="only print the sizes and check the limit")
     a = p.parse_args(argv)
+    if a.check:
+        return report(a.out)
     version = pinned_version()
     sdist = find_sdist(version, a.sdist)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -145,20 +163,10 @@ def main(argv=None) -> int:
     (a.out / "pack.txt").write_text(f"llama-cpp-python {version} from {sdist.name}\nwheels (Python "
                                     f"{a.python_version}): {' '.join(pins)}\n")
 
-    tree, built = travelling_bytes(), tree_bytes(a.out / "built")
-    total = tree + tree_bytes(a.out)
     print(f"sdist {sdist.name}: {sdist.stat().st_size / MIB:.1f} MiB; pruned sources {src.stat().st_size / MIB:.1f} "
           f"MiB ({kept} entries kept, {dropped} dropped)")
     print(f"wheels ({a.python_version}): {tree_bytes(wheels) / MIB:.2f} MiB: {', '.join(pins)}")
-    if built:
-        print(f"saved build (built/): {built / MIB:.1f} MiB")
-    print(f"working tree {tree / MIB:.1f} MiB + pack {tree_bytes(a.out) / MIB:.1f} MiB = {total / MIB:.1f} MiB "
-          f"of {LIMIT / MIB:.0f} MiB a call carries")
-    if total > LIMIT:
-        print(f"error: {total / MIB:.1f} MiB is over the {LIMIT / MIB:.0f} MiB limit: drop built/ or untracked files",
-              file=sys.stderr)
-        return 1
-    return 0
+    return report(a.out)
 
 
 if __name__ == "__main__":
