@@ -22,6 +22,7 @@
 #   save     the built llama-cpp-python and tools as llama-<mode>.tar.{zst,xz}.NN parts of
 #            at most 15 MiB in $OUT (the run tool's return folder; else .cuda-build/<mode>/save):
 #            copied to .cuda-pack/built/ here, a later cold machine restores them in seconds
+#   flags    only print the CMake flags (with the cuBLAS and driver libraries found)
 # The flags and each step's time go to .cuda-build/<mode>/build-info.txt (bench.py's header).
 # --cpu builds the same with -DGGML_CUDA=OFF (mode "cpu"): the proof of the steps on a
 # machine without CUDA. $PYTHON (default python3) is the interpreter whose packages the venv
@@ -38,7 +39,7 @@ while [ $# -gt 0 ]; do
     --cpu) mode=cpu ;;
     -j) jobs="$2"; shift ;;
     -j*) jobs="${1#-j}" ;;
-    env|llama|tools|project|save) steps+=("$1") ;;
+    env|llama|tools|project|save|flags) steps+=("$1") ;;
     -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -58,8 +59,44 @@ say() { echo "[cuda-build $(date +%H:%M:%S)] $*" >&2; }
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 flags=(-DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
        -DLLAMA_OPENSSL=OFF "-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx")
+# What ggml-cuda links besides the runtime: cuBLAS and the driver library. A CUDA toolkit
+# put together from NVIDIA's pip wheels (this workplace's images: nvcc, the runtime and
+# CCCL, no cuBLAS) leaves CMake to find cuBLAS in the Python packages (PyTorch's
+# nvidia-cublas: site-packages/nvidia/cu13) and the driver's libcuda.so.1 where the driver
+# is mounted. The cuBLAS headers come in through a folder of links to them alone, so that
+# the other NVIDIA headers beside them cannot shadow the toolkit's own; the libraries'
+# folders end up in the RPATH (llama-cpp-python installs with its link path).
+cuda_flags() {
+  local root sp lib hdr drv
+  root=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  if ! find "$root"/ -name 'libcublas.so*' 2>/dev/null | grep -q .; then
+    sp=$("${PYTHON:-python3}" -c "import site; print(' '.join(site.getsitepackages()))")
+    # shellcheck disable=SC2086
+    lib=$( (find $sp -path '*nvidia*' -name 'libcublas.so*' 2>/dev/null || true) | sort | head -n 1)
+    # shellcheck disable=SC2086
+    hdr=$( (find $sp -path '*nvidia*' -name cublas_v2.h 2>/dev/null || true) | head -n 1)
+    if [ -n "$lib" ] && [ -n "$hdr" ]; then
+      mkdir -p "$build/cublas-include"
+      ln -sf "$(dirname "$hdr")"/cublas*.h "$build/cublas-include/"
+      echo "-DCUDA_cublas_LIBRARY=$lib"
+      echo "-DCUDA_cublasLt_LIBRARY=$(dirname "$lib")/$(basename "$lib" | sed 's/libcublas/libcublasLt/')"
+      echo "-DCMAKE_CUDA_FLAGS=-I$build/cublas-include"
+    fi
+  fi
+  if ! find "$root"/ -name 'libcuda.so' 2>/dev/null | grep -q .; then
+    drv=$( (ldconfig -p 2>/dev/null || true) | awk '/libcuda\.so(\.1)? /{print $NF; exit}')
+    [ -n "$drv" ] || drv=$( (find /usr/local/nvidia /usr/lib/x86_64-linux-gnu /usr/lib64 -name 'libcuda.so*' 2>/dev/null \
+                             || true) | head -n 1)
+    # without the driver library at link time, ggml's memory pool goes without virtual memory
+    if [ -n "$drv" ]; then echo "-DCUDA_cuda_driver_LIBRARY=$drv"; else echo "-DGGML_CUDA_NO_VMM=ON"; fi
+  fi
+}
+
 if [ "$mode" = cuda ]; then
-  flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_GRAPHS=ON)
+  command -v nvcc >/dev/null || { echo "build.sh: no nvcc on PATH" >&2; exit 1; }
+  mkdir -p "$build"
+  mapfile -t found < <(cuda_flags)
+  flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_GRAPHS=ON "${found[@]}")
 else
   flags+=(-DGGML_CUDA=OFF)
 fi
@@ -196,6 +233,7 @@ for s in "${steps[@]}"; do
     tools) timed "tools" step_tools ;;
     project) timed "project" step_project ;;
     save) step_save ;;
+    flags) printf '%s\n' "${flags[@]}" ;;
   esac
 done
 say "done in $((SECONDS - t_all)) s; use: source $build/env.sh"
