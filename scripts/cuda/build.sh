@@ -163,8 +163,10 @@ step_llama() {
   mkdir -p "$build"
   { echo "llama-cpp-python $(basename "$(src_dir)"), flags: ${flags[*]}"
     if [ "$mode" = cuda ]; then nvcc --version | tail -n 2 | head -n 1; fi; } > "$build/build-info.txt"
+  # -v: CMake's and ninja's progress in the log, to tell how far a build cut off at the
+  # call's time limit had come
   CMAKE_ARGS="${flags[*]@Q} -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
-    built "llama-cpp-python build" "$vpy" -m pip install -q --disable-pip-version-check --no-index --no-deps \
+    built "llama-cpp-python build" "$vpy" -m pip install -v --disable-pip-version-check --no-index --no-deps \
     --no-build-isolation --config-settings=build-dir="$build/llama-build" "$(src_dir)"
   rm -rf "$tools"  # built against an older library
   echo "$key" > "$venv/.dflash-llama"
