@@ -1,12 +1,13 @@
-"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once."""
+"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once.
+
+tests/fixtures.py (torch, transformers) is imported by the fixtures that use it, not
+here: the device tests (tests/test_devices.py) run where neither is installed, such as
+the lent GPU machine (scripts/cuda/test.sh)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-from fixtures import QWEN35_SHAPES, LlamaCppConverter, llama_cpp_source, make_qwen35, missing_oracle
 
 
 def pytest_addoption(parser):
@@ -23,6 +24,8 @@ def pytest_addoption(parser):
 @pytest.fixture(scope="session")
 def qwen35_dir(tmp_path_factory):
     """qwen35_dir(shape_name) -> checkpoint directory for a QWEN35_SHAPES entry."""
+    from fixtures import QWEN35_SHAPES, make_qwen35
+
     root = tmp_path_factory.mktemp("qwen35")
     built: dict[str, Path] = {}
 
@@ -60,6 +63,8 @@ def llama_cpp_oracle():
     """() -> one LlamaCppConverter for the whole session, started on first use (torch and
     transformers are imported once). Skips when the llama.cpp sources are missing (fails
     under CI=true)."""
+    from fixtures import LlamaCppConverter, llama_cpp_source, missing_oracle
+
     if llama_cpp_source() is None:
         missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
     started: list[LlamaCppConverter] = []
@@ -115,10 +120,9 @@ def llama_cpp_convert_dflash(tmp_path_factory, llama_cpp_oracle):
 def published_template():
     """published_template(name) -> the source of models/templates/<name>.jinja, a chat
     template as its model publishes it, from the pinned llama.cpp sources."""
+    from fixtures import llama_cpp_source, missing_oracle
+
     src = llama_cpp_source()
     if src is None:
-        message = "llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
     return lambda name: (src / "models" / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
