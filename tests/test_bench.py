@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.bench import cli, llama_cpp, report
+from dflash_gguf.bench import cli, llama_cpp, ours, report
 from dflash_gguf.bench.runs import Run, Sampling
 
 BENCH = str(Path(sys.executable).with_name("dflash-bench"))
@@ -249,3 +249,12 @@ def test_llama_cpp_runs_with_our_settings(tmp_path):
     assert rows[(report.LLAMA_PLAIN[1], "greedy")]["decode_tok_s"]["median"] == pytest.approx(1270.0)
     assert out["llama_cpp"]["llama_bench"]["build_commit"] == "abc"
     assert os.path.isabs(out["models"]["target"])
+
+
+def test_a_chain_row_per_confidence_cut_and_accept_rule():
+    names = [m.name for m in ours.modes(["plain", "chain"], [8], [0.0, 0.3], True, ["argmax", "reject"])]
+    assert names == ["plain", "chain p-min 0 argmax rule", "chain p-min 0 reject rule", "chain p-min 0.3 argmax rule",
+                     "chain p-min 0.3 reject rule"]
+    (one,) = ours.modes(["chain"], [8], [], True, ["reject"])
+    assert one == ours.Mode("chain", p_min=None, chain_rule="reject")
+    assert ours.modes(["chain", "tree"], [4], [], False) == []

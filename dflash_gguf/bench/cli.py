@@ -24,6 +24,7 @@ from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
 from ..demo import demo_paths
+from ..speculative import CHAIN_RULES
 from . import llama_cpp, ours, provenance, report
 from .prompts import PROMPTS
 from .runs import Run, Sampling
@@ -69,6 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-p-min", type=_list(float, "--draft-p-min"), default=[],
                    help="our greedy chain's confidence cut; several values: a chain row each, auto and trees take "
                         "the first (default: as dflash-run)")
+    p.add_argument("--chain-rule", type=_list(str, "--chain-rule"), default=[],
+                   help="our sampled chain's accept rule, argmax or reject; both: a chain row each (default: as "
+                        "dflash-run)")
     p.add_argument("--temp", type=_list(float, "--temp"), default=[0.0, 0.6],
                    help="temperatures, 0 for greedy (default 0,0.6)")
     p.add_argument("--top-k", type=int, default=20, help="top-k of sampled runs (default 20; 0: off)")
@@ -116,6 +120,8 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1)")
     if any(not 0 <= x < 1 for x in args.draft_p_min):
         p.error("--draft-p-min values must be in [0, 1)")
+    if any(rule not in CHAIN_RULES for rule in args.chain_rule):
+        p.error(f"--chain-rule values must be of {', '.join(CHAIN_RULES)}")
     if any(not 0 <= x <= 1 for x in args.spec_draft_p_min):
         p.error("--spec-draft-p-min values must be in [0, 1]")
     if args.llama_cpp is not None and not args.llama_cpp.is_dir():
@@ -162,7 +168,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
     if args.n_gpu_layers is not None:
         options["n_gpu_layers"] = args.n_gpu_layers
-    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None)
+    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None, args.chain_rule)
     ours.run_modes(modes, target, draft, options, prompts, args.n_predict, samplings, args.repetitions,
                    args.interleave, keep)
 
@@ -235,6 +241,7 @@ def main(argv=None) -> int:
         "settings": {"prompts": [name for name, _ in prompts], "n_predict": args.n_predict,
                      "repetitions": args.repetitions, "threads": args.threads, "cache_type": args.cache_type_k,
                      "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
+                     "chain_rule": args.chain_rule,
                      "samplings": [s.label for s in samplings], "interleave": args.interleave,
                      "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min},
         "rows": [r.to_json() for r in table],

@@ -19,12 +19,14 @@ class Mode:
     speculative: bool = True
     tree_budget: Union[int, str, None] = None  # None: the chain
     p_min: Optional[float] = None             # the greedy chain's confidence cut (None: the engine's default)
+    chain_rule: Optional[str] = None          # a sampled chain's accept rule (None: the engine's default)
 
 
-def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float], with_draft: bool) -> List[Mode]:
+def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float], with_draft: bool,
+          chain_rules: Sequence[str] = ()) -> List[Mode]:
     """The modes named (MODE_NAMES): "tree" once per budget, "chain" once per confidence cut
-    in p_mins (the first of which auto's chain takes; none given: the engine's default).
-    Without a drafter only plain."""
+    in p_mins (the first of which auto's chain takes; none given: the engine's default)
+    and per sampled chain accept rule in chain_rules. Without a drafter only plain."""
     first = p_mins[0] if p_mins else None
     out = []
     for name in names:
@@ -33,8 +35,11 @@ def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float],
         elif not with_draft:
             continue
         elif name == "chain":
-            out += ([Mode(f"chain p-min {p:g}", p_min=p) for p in p_mins] if len(p_mins) > 1
-                    else [Mode("chain", p_min=first)])
+            for p in p_mins if len(p_mins) > 1 else [first]:
+                for rule in chain_rules or [None]:
+                    label = "chain" + (f" p-min {p:g}" if len(p_mins) > 1 else "") + \
+                        (f" {rule} rule" if len(chain_rules) > 1 else "")
+                    out.append(Mode(label, p_min=p, chain_rule=rule))
         elif name == "tree":
             out += [Mode(f"tree {b}", tree_budget=b, p_min=first) for b in budgets]
         elif name == "auto":
@@ -45,8 +50,9 @@ def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float],
 def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) -> Engine:
     """An engine for the mode (plain decoding loads no drafter), warmed up: its graphs,
     caches and (auto) verify cost table exist before anything is timed."""
+    rule = {"chain_rule": mode.chain_rule} if mode.chain_rule else {}
     engine = Engine(target, draft if mode.speculative else None, tree_budget=mode.tree_budget,
-                    draft_p_min=mode.p_min, **options)
+                    draft_p_min=mode.p_min, **rule, **options)
     try:
         engine.generate(WARMUP, max_tokens=16, stop_tokens=())
     except BaseException:
