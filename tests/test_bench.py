@@ -63,8 +63,8 @@ def test_completion_text_leaves_out_the_end_of_text_mark():
 
 
 def test_sampling_flags_match_our_sampler():
-    assert llama_cpp.sampling_flags(Sampling()) == ["--temp", "0"]
-    flags = llama_cpp.sampling_flags(Sampling(0.6, 20, 0.95, 0.05, 7))
+    assert llama_cpp.sampling_flags(Sampling(), 2) == ["--temp", "0"]
+    flags = llama_cpp.sampling_flags(Sampling(0.6, 20, 0.95, 0.05, 5), 2)
     assert flags == ["--temp", "0.6", "--top-k", "20", "--top-p", "0.95", "--min-p", "0.05", "--seed", "7",
                      "--samplers", "top_k;top_p;min_p;temperature"]
 

@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=20, help="top-k of sampled runs (default 20; 0: off)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p of sampled runs (default 0.95; 1: off)")
     p.add_argument("--min-p", type=float, default=0.0, help="min-p of sampled runs (default 0: off)")
-    p.add_argument("-s", "--seed", type=int, default=1, help="seed of sampled runs, the same for every run (default 1)")
+    p.add_argument("-s", "--seed", type=int, default=1, help="seed of sampled runs' first repetition; repetition r draws with seed + r, in both engines (default 1)")
     p.add_argument("-ctk", "--cache-type-k", default="f16", choices=KV_TYPES,
                    help="attention cache type of both engines (default f16)")
     p.add_argument("--device", help="ggml device of our engine (default: the first GPU, else the CPU)")

@@ -76,11 +76,11 @@ class Setup:
         return args
 
 
-def sampling_flags(s: Sampling) -> List[str]:
+def sampling_flags(s: Sampling, rep: int) -> List[str]:
     if s.greedy:
         return ["--temp", "0"]
     return ["--temp", repr(s.temperature), "--top-k", str(s.top_k), "--top-p", repr(s.top_p),
-            "--min-p", repr(s.min_p), "--seed", str(s.seed), "--samplers", SAMPLER_ORDER]
+            "--min-p", repr(s.min_p), "--seed", str(s.seed_at(rep)), "--samplers", SAMPLER_ORDER]
 
 
 def run_tool(cmd: List[str], timeout: float = 3600) -> tuple:
@@ -165,7 +165,7 @@ def completion_runs(exe: Path, setup: Setup, prompts, sampling: Sampling, rep: i
     """One llama-completion run per prompt."""
     runs = []
     for name, text in prompts:
-        cmd = [str(exe), *setup.common(), "-p", text, "-no-cnv", "--no-display-prompt", *sampling_flags(sampling)]
+        cmd = [str(exe), *setup.common(), "-p", text, "-no-cnv", "--no-display-prompt", *sampling_flags(sampling, rep)]
         stdout, r = run_parsed(cmd, parse_completion, "decode_s")
         runs.append(Run(engine="llama.cpp", mode="plain (llama-completion)", sampling=sampling.label, rep=rep,
                         prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
@@ -184,7 +184,7 @@ def speculative_runs(exe: Path, setup: Setup, block: int, p_min: float, prompts,
     for name, text in prompts:
         cmd = [str(exe), *setup.common(), "-md", setup.draft, "-td", str(setup.threads), "-tbd", str(setup.threads),
                "--spec-type", "draft-dflash", "--spec-draft-n-max", str(block - 1), "--spec-draft-n-min", "0",
-               "--spec-draft-p-min", repr(p_min), "-p", text, *sampling_flags(sampling)]
+               "--spec-draft-p-min", repr(p_min), "-p", text, *sampling_flags(sampling, rep)]
         stdout, r = run_parsed(cmd, parse_speculative, "rounds")
         if r["checkpoints"]:
             r["restores"] = run_parsed(cmd + ["-lv", "5"], parse_speculative, "rounds")[1]["restores"]

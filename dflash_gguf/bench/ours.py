@@ -65,7 +65,7 @@ def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sa
              rep: int) -> Run:
     """One prompt, stopping at max_tokens or the model's end of generation (as llama.cpp's
     tools do without --ignore-eos)."""
-    result = engine.generate(ids, max_tokens=n, sampling=sampling.params())
+    result = engine.generate(ids, max_tokens=n, sampling=sampling.params(rep))
     s = result.stats
     tokens = max(s.generated_tokens - 1, 0)  # the first comes from the prefill
     passes = len(s.accepted_lengths) if engine.draft is not None else tokens

@@ -27,14 +27,19 @@ class Sampling:
         if self.greedy:
             return "greedy"
         return (f"temp {self.temperature:g}, top-k {self.top_k}, top-p {self.top_p:g}, min-p {self.min_p:g}, "
-                f"seed {self.seed}")
+                f"seed {self.seed} + rep")
 
-    def params(self) -> Optional[SamplingParams]:
-        """Our engine's settings (None: greedy)."""
+    def seed_at(self, rep: int) -> int:
+        """Repetition `rep`'s seed, the same in both engines: a sampled text's AL varies a
+        lot from draw to draw, and repetitions that drew the same text would only repeat it."""
+        return self.seed + rep
+
+    def params(self, rep: int) -> Optional[SamplingParams]:
+        """Our engine's settings for repetition `rep` (None: greedy)."""
         if self.greedy:
             return None
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              seed=self.seed)
+                              seed=self.seed_at(rep))
 
 
 @dataclass
