@@ -1,33 +1,59 @@
-"""Published model shapes: the tensor table and metadata of a real-size GGUF, from the
-model's published config, in llama.cpp's names, layouts and keys (as our converter writes
-them). Shared by tests/shape_models.py (weightless shape files for the memory planner)
-and scripts/make_shape_model.py (random-weight files that run).
+"""Published model shapes: the tensor table and metadata of a real-size GGUF, in
+llama.cpp's names, layouts and keys (as our converter writes them), derived from the
+model's published config.json, whose entries published_configs.json records with their
+source. dflash_gguf.convert.shape_model writes them as files: weightless for the memory
+planner, or with random weights that run.
 
-A config is a plain dict; `shrunk` derives smaller ones of the same structure."""
+A shape is a plain dict; `shrunk` derives smaller ones of the same structure."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGUFValueType
 
 from .quant import OUTTYPES, plan_types
 
-# Qwen/Qwen3.5-27B text_config
-QWEN35_27B = dict(arch="qwen35", vocab=248320, hidden=5120, layers=64, ffn=17408, heads=24, kv_heads=4,
-                  head_dim=256, lin_k_heads=16, lin_v_heads=48, lin_dim=128, conv=4, interval=4,
-                  rope_theta=1e7, rot=64, sections=[11, 11, 10, 0], ctx=262144)
-# Qwen/Qwen3.5-0.8B text_config: the LM head is the token embedding (no output.weight)
-QWEN35_0_8B = dict(arch="qwen35", vocab=248320, hidden=1024, layers=24, ffn=3584, heads=8, kv_heads=2,
-                   head_dim=256, lin_k_heads=16, lin_v_heads=16, lin_dim=128, conv=4, interval=4,
-                   rope_theta=1e7, rot=64, sections=[11, 11, 10, 0], ctx=262144, tied=True)
-# Qwen/Qwen3.5-35B-A3B text_config: 256 experts, 8 routed + a shared expert
-QWEN35_35B_A3B = dict(arch="qwen35moe", vocab=248320, hidden=2048, layers=40, heads=16, kv_heads=2, head_dim=256,
-                      lin_k_heads=16, lin_v_heads=32, lin_dim=128, conv=4, interval=4, rope_theta=1e7, rot=64,
-                      sections=[11, 11, 10, 0], ctx=262144, experts=256, experts_used=8, expert_ffn=512,
-                      shared_ffn=512)
-# z-lab/Qwen3.5-27B-DFlash: 5 Qwen3 layers over 5 target layers (llama.cpp's +1 convention),
-# block 16 (3.2 GiB in bf16); its target uses multi-section RoPE, so its own RoPE is
-# written as one section over the whole head, as the converters do
-QWEN35_27B_DFLASH = dict(arch="dflash", hidden=5120, layers=5, ffn=17408, heads=32, kv_heads=8, head_dim=128,
-                         block=16, target_layers=[2, 17, 32, 47, 62], vocab=248320, rope_theta=1e7, ctx=262144)
+PUBLISHED = {name: entry for name, entry in
+             json.loads((Path(__file__).with_name("published_configs.json")).read_text(encoding="utf-8")).items()
+             if not name.startswith("_")}
+
+
+def _rope(cfg: dict) -> dict:
+    return cfg.get("rope_parameters") or {"rope_theta": cfg["rope_theta"]}
+
+
+def shape_of(entry: dict) -> dict:
+    """The shape dict of a published config entry, mapped as the converter maps config.json."""
+    cfg, arch = entry["config"], entry["architecture"]
+    rope = _rope(cfg)
+    c = dict(arch=arch, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
+             heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
+             rope_theta=float(rope["rope_theta"]), ctx=cfg["max_position_embeddings"])
+    if arch == "dflash":
+        # llama.cpp's convention: dflash.target_layers holds the HF ids + 1 (the input of the
+        # next layer); the target's multi-section RoPE becomes one section over the whole head
+        draft = cfg["dflash_config"]
+        return {**c, "ffn": cfg["intermediate_size"], "block": draft["block_size"],
+                "target_layers": [i + 1 for i in draft["target_layer_ids"]]}
+    c.update(lin_k_heads=cfg["linear_num_key_heads"], lin_v_heads=cfg["linear_num_value_heads"],
+             lin_dim=cfg["linear_key_head_dim"], conv=cfg["linear_conv_kernel_dim"],
+             interval=cfg["full_attention_interval"], rot=int(cfg["head_dim"] * rope["partial_rotary_factor"]),
+             sections=(list(rope["mrope_section"]) + [0] * 4)[:4])
+    if cfg.get("tie_word_embeddings"):
+        c["tied"] = True  # the LM head is the token embedding: no output.weight
+    if arch == "qwen35moe":
+        c.update(experts=cfg["num_experts"], experts_used=cfg["num_experts_per_tok"],
+                 expert_ffn=cfg["moe_intermediate_size"], shared_ffn=cfg["shared_expert_intermediate_size"])
+    else:
+        c["ffn"] = cfg["intermediate_size"]
+    return c
+
+
+QWEN35_27B = shape_of(PUBLISHED["qwen35-27b"])
+QWEN35_0_8B = shape_of(PUBLISHED["qwen35-0.8b"])
+QWEN35_35B_A3B = shape_of(PUBLISHED["qwen35-35b-a3b"])
+QWEN35_27B_DFLASH = shape_of(PUBLISHED["qwen35-27b-dflash"])  # block 16, 3.2 GiB in bf16
 
 CONFIGS = {"qwen35-27b": QWEN35_27B, "qwen35-35b-a3b": QWEN35_35B_A3B, "qwen35-27b-dflash": QWEN35_27B_DFLASH}
 

@@ -318,9 +318,8 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     }
     dfl_memory_clear(&t->mem);
     t->n_last_replay = 0;
-    for (int i = 0; i < DFL_MAX_GRAPH_SLOTS; i++) {
-        t->graphs[i].valid = false;
-    }
+    /* the graphs stay: a graph's key holds everything its shape depends on (the context
+     * length enters through inputs), so a new request reuses them */
     dfl_target_drop_results(t);
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
         t->sampler[s].n_u = 0;

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from ._native import DflashError
 from .chat_flags import add_chat_args, set_chat_template, validate_chat_args
-from .config import ConfigError
+from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError
 from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
@@ -79,6 +79,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the most likely (default 0)")
     p.add_argument("--seed", type=int, help="sampling seed (default: random)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="penalize tokens seen in the last --repeat-last-n: a positive logit is divided by it, "
+                        "a negative one multiplied (1.0 = off, default)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from the logit of every token seen in the last --repeat-last-n "
+                        "(-2..2; 0 = off, default)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times its count from the logit of every token seen in the last "
+                        "--repeat-last-n (-2..2; 0 = off, default)")
+    p.add_argument("--repeat-last-n", type=int, default=64,
+                   help="tokens the penalties look back over, the prompt's included (default 64; -1: the whole "
+                        "context; 0: no penalties)")
+    p.add_argument("--chain-rule", choices=CHAIN_RULES, default=DEFAULT_CHAIN_RULE,
+                   help="sampled chain: keep the drafter's argmax while the target's draws equal it (argmax), or "
+                        "draw the drafts from the drafter and keep them by rejection sampling (reject; with --top-k > 0, "
+                        f"else argmax) (default {DEFAULT_CHAIN_RULE}); both are exact"),
     p.add_argument("--block-size", type=int, help="drafted block size (default: the drafter's trained size)")
     p.add_argument("--tree-budget", metavar="N|auto",
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
@@ -189,10 +205,18 @@ def validate_engine_args(args, parser) -> None:
     from .sampling import SamplingParams
 
     try:
-        args.sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.seed)
+        args.sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.seed,
+                                       repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
+                                       presence_penalty=args.presence_penalty, repeat_last_n=args.repeat_last_n)
     except ValueError as e:
-        parser.error(str(e).replace("temperature", "--temp").replace("top_k", "--top-k")
-                     .replace("top_p", "--top-p").replace("min_p", "--min-p"))
+        message = str(e)
+        for field, flag in (("temperature", "--temp"), ("top_k", "--top-k"), ("top_p", "--top-p"),
+                            ("min_p", "--min-p"), ("repeat_penalty", "--repeat-penalty"),
+                            ("frequency_penalty", "--frequency-penalty"), ("presence_penalty", "--presence-penalty"),
+                            ("repeat_last_n", "--repeat-last-n")):
+            message = message.replace(field, flag)
+        parser.error(message)
+
 
 
 def _report(stats, mode: str) -> dict:
@@ -323,7 +347,8 @@ def resolve_context(prog: str, model: str, args) -> bool:
 FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads": "-t/--threads",
          "n_gpu_layers": "-ngl/--n-gpu-layers", "n_seq": "-np/--parallel", "kv_type": "-ctk/--cache-type-k",
          "kv_type_v": "-ctv/--cache-type-v", "block_size": "--block-size", "tree_budget": "--tree-budget",
-         "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min"}
+         "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
+         "chain_rule": "--chain-rule"}
 
 
 def config_error(prog: str, e: ConfigError) -> int:
@@ -341,7 +366,8 @@ def engine_options(args) -> dict:
                 kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
                 tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
                 repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
-                draft_window=args.draft_window, draft_p_min=args.draft_p_min, n_seq=n_seq)
+                draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule,
+                n_seq=n_seq)
 
 
 def open_engine(prog: str, model: str, draft, args):

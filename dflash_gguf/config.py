@@ -26,6 +26,18 @@ class ConfigError(ValueError):
         self.option = option
 
 
+# a sampled chain's accept rules (proposers.ChainProposer)
+CHAIN_RULES = ("argmax", "reject")
+DEFAULT_CHAIN_RULE = "argmax"
+
+
+def check_chain_rule(rule: str) -> str:
+    """The chain's accept rule when sampling (see speculative.speculative_steps), checked."""
+    if rule not in CHAIN_RULES:
+        raise ConfigError("chain_rule", f"chain rule must be one of {', '.join(CHAIN_RULES)}, got {rule!r}")
+    return rule
+
+
 def check_p_min(p_min: float) -> None:
     if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0 <= p_min < 1:
         raise ConfigError("draft_p_min", f"draft p-min must be at least 0 and below 1, got {p_min}")
@@ -50,6 +62,7 @@ class EngineSetup:
     draft_config: Optional[DraftConfig]
     n_threads: int
     draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
+    chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.speculative_steps)
 
     @property
     def n_seq(self) -> int:
@@ -61,7 +74,8 @@ class EngineSetup:
            block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
            draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
            n_gpu_layers: int = -1, draft_window: int = 0,
-           draft_p_min: Optional[float] = None, n_seq: int = 1) -> "EngineSetup":
+           draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE,
+           n_seq: int = 1) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -86,6 +100,7 @@ class EngineSetup:
             if isinstance(draft_p_min, float) and math.isnan(draft_p_min):
                 raise ConfigError("draft_p_min", "draft p-min must be a number")
             check_p_min(draft_p_min)
+        check_chain_rule(chain_rule)
         n_verify = max(block or 1, (budget or 0) + 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
@@ -94,4 +109,4 @@ class EngineSetup:
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 else 1)
         draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
-        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min)
+        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule)

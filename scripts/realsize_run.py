@@ -7,7 +7,7 @@ and speculative steps, and the same target file under llama.cpp's `llama-bench`.
     .venv/bin/python scripts/realsize_run.py --target t.gguf --draft d.gguf      # given files, kept
     .venv/bin/python scripts/realsize_run.py --make --layers 16 --outtype q4_0   # a smaller stand-in
 
---make writes the files with scripts/make_shape_model.py (random quant blocks; see there)
+--make writes the files with dflash_gguf.convert.shape_model (random quant blocks; see there)
 and deletes them at the end unless --keep. With --layers N the target keeps its hybrid
 pattern with N layers and the drafter reads N-proportional layers.
 
@@ -40,8 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llama_cpp_build import build_llama  # noqa: E402  (scripts/llama_cpp_build.py)
+from dflash_gguf.llama_cpp_tree import tool
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -168,8 +167,7 @@ def run_llama_bench(exe: Path, target: str, args: list[str], threads: int) -> di
 def make_files(outdir: Path, layers: int | None, outtype: str) -> tuple[Path, Path]:
     from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from make_shape_model import main as make
+    from dflash_gguf.convert.shape_model import main as make
 
     n = layers or QWEN35_27B["layers"]
     tag = f"{n}l-" if layers else ""
@@ -177,15 +175,17 @@ def make_files(outdir: Path, layers: int | None, outtype: str) -> tuple[Path, Pa
     draft = outdir / f"qwen35-27b-dflash-{tag}q8_0.gguf"
     if not target.exists():
         log(f"writing {target}")
-        make(["qwen35-27b", "--outtype", outtype, "--outfile", str(target),
-              *(["--layers", str(layers)] if layers else [])])
+        if make(["qwen35-27b", "--outtype", outtype, "--outfile", str(target),
+                 *(["--layers", str(layers)] if layers else [])]) != 0:
+            raise SystemExit(f"writing {target} failed")
     if not draft.exists():
         # the drafter reads the same relative depths of a shorter target
         full = QWEN35_27B["layers"]
         ids = [max(1, min(n - 1, round(t * n / full))) for t in QWEN35_27B_DFLASH["target_layers"]]
         log(f"writing {draft}")
-        make(["qwen35-27b-dflash", "--outtype", "q8_0", "--outfile", str(draft),
-              *(["--set", "target_layers=" + ",".join(map(str, ids))] if layers else [])])
+        if make(["qwen35-27b-dflash", "--outtype", "q8_0", "--outfile", str(draft),
+                 *(["--set", "target_layers=" + ",".join(map(str, ids))] if layers else [])]) != 0:
+            raise SystemExit(f"writing {draft} failed")
     return target, draft
 
 
@@ -258,9 +258,9 @@ def run_peer(a: argparse.Namespace, target: str) -> dict:
         wait()
         return {"name": "llama-cpp-python", **run_child(["--peer-worker", json.dumps(
             {"target": target, "ctx": a.ctx, "threads": a.threads, "prompt": a.peer_prompt, "tokens": a.tokens})])}
-    exe, note = build_llama("llama-bench")
+    exe = tool("llama-bench")
     if exe is None:
-        raise SystemExit(f"llama-bench: {note}")
+        raise SystemExit("llama-bench is not built: .venv/bin/python scripts/llama_cpp_build.py llama-bench")
     wait()
     load = ["-lm", a.peer_load_mode]
     tg = run_llama_bench(exe, target, ["-n", str(a.tokens), "-p", "0", *load], a.threads)

@@ -38,7 +38,7 @@ if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ]; then
   wheelhouse="${DFLASH_WHEELHOUSE:-$HOME/.cache/dflash-gguf/wheels}/$llama_key"
   if ! ls "$wheelhouse"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     say "building llama-cpp-python $llama_cpp_python_version from source (about 10 minutes on 2 cores, once per machine)"
-    # With CUDA: CMAKE_ARGS="-DGGML_CUDA=ON" scripts/setup.sh (see README).
+    # With CUDA: CMAKE_ARGS="-DGGML_CUDA=ON" scripts/setup.sh (see docs/devices.md).
     mkdir -p "$wheelhouse"
     CMAKE_ARGS="$llama_flags" "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
       --no-binary llama-cpp-python -w "$wheelhouse" "llama-cpp-python==$llama_cpp_python_version"
@@ -86,4 +86,11 @@ if [ "$(cat "$stamps/project" 2>/dev/null)" != "$src_hash" ]; then
   [ "$venv" = "$root/.venv" ] || build_dir="build/$(basename "$venv")/{wheel_tag}"
   (cd "$root" && pip_install --no-deps --no-build-isolation --config-settings=build-dir="$build_dir" .)
   echo "$src_hash" > "$stamps/project"
+fi
+
+# llama.cpp's own sources, from the sdist of the same llama-cpp-python: its converter,
+# conversion tables and chat templates are test oracles. Fetched here, once per machine
+# (under ${DFLASH_CACHE:-~/.cache/dflash-gguf}/src/), so that the tests never download.
+if [ "$mode" = "test" ]; then
+  "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
 fi

@@ -1,23 +1,31 @@
-"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once."""
+"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once.
+
+tests/fixtures.py (torch, transformers) is imported by the fixtures that use it, not
+here: the device tests (tests/test_devices.py) run where neither is installed, such as
+the lent GPU machine (scripts/cuda/test.sh)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-from fixtures import QWEN35_SHAPES, LlamaCppConverter, llama_cpp_source, make_qwen35
 
 
 def pytest_addoption(parser):
     parser.addoption("--device-under-test", default=None,
                      help="ggml device for the tests marked `device` (default: $DFLASH_TEST_DEVICE, else RPC: "
                           "a local ggml RPC server serving the CPU backend)")
+    parser.addoption("--fuzz-count", type=int, default=320,
+                     help="mutants of the GGUF fuzz run in tests/test_fuzz_gguf.py (default 320)")
+    parser.addoption("--fuzz-seed", type=int, default=14, help="seed of that run (default 14)")
+    parser.addoption("--fuzz-only", type=int, action="append",
+                     help="run only this mutant of --fuzz-seed (repeatable): a failure's replay")
 
 
 @pytest.fixture(scope="session")
 def qwen35_dir(tmp_path_factory):
     """qwen35_dir(shape_name) -> checkpoint directory for a QWEN35_SHAPES entry."""
+    from fixtures import QWEN35_SHAPES, make_qwen35
+
     root = tmp_path_factory.mktemp("qwen35")
     built: dict[str, Path] = {}
 
@@ -53,9 +61,12 @@ def convert_model(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_cpp_oracle():
     """() -> one LlamaCppConverter for the whole session, started on first use (torch and
-    transformers are imported once). Skips when the llama.cpp sources are unavailable."""
+    transformers are imported once). Skips when the llama.cpp sources are missing (fails
+    under CI=true)."""
+    from fixtures import LlamaCppConverter, llama_cpp_source, missing_oracle
+
     if llama_cpp_source() is None:
-        pytest.skip("llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded")
+        missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
     started: list[LlamaCppConverter] = []
 
     def get() -> LlamaCppConverter:
@@ -72,7 +83,7 @@ def llama_cpp_oracle():
 def llama_cpp_convert(tmp_path_factory, llama_cpp_oracle):
     """llama_cpp_convert(model_dir, outtype) -> GGUF written by llama.cpp's own converter.
 
-    Skips when the llama.cpp sources cannot be found or downloaded.
+    Skips when the llama.cpp sources are missing (fails under CI=true).
     """
     root = tmp_path_factory.mktemp("llama_cpp_gguf")
     done: dict[tuple, Path] = {}
@@ -109,10 +120,9 @@ def llama_cpp_convert_dflash(tmp_path_factory, llama_cpp_oracle):
 def published_template():
     """published_template(name) -> the source of models/templates/<name>.jinja, a chat
     template as its model publishes it, from the pinned llama.cpp sources."""
+    from fixtures import llama_cpp_source, missing_oracle
+
     src = llama_cpp_source()
     if src is None:
-        message = "llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
     return lambda name: (src / "models" / "templates" / f"{name}.jinja").read_text(encoding="utf-8")

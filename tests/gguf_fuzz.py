@@ -16,9 +16,10 @@ any other Python exception (a traceback), an attempt at an absurd allocation ("o
 Every load runs in a child forked from a worker process that has imported the package
 but loaded nothing (no threads yet), so an abort is seen as a signal and costs one fork.
 Mutant i is a function of (seed, i) alone: a failure is reproduced with
-`scripts/fuzz_gguf.py --seed S --only i`.
+`pytest tests/test_fuzz_gguf.py --fuzz-seed S --fuzz-only i`.
 
-Used by tests/test_fuzz_gguf.py (bounded run) and scripts/fuzz_gguf.py (long run).
+Used by tests/test_fuzz_gguf.py: a bounded run by default, longer ones with its options
+(`--fuzz-count N --fuzz-seed S`).
 """
 from __future__ import annotations
 
@@ -664,13 +665,12 @@ def _run_workers(specs: List[dict], tmpdir: str, on_result) -> List[dict]:
     for j, spec in enumerate(specs):
         path = Path(tmpdir) / f"spec-{j}.json"
         path.write_text(json.dumps({**spec, "tmpdir": tmpdir}))
-        # cwd: the temporary directory, so a source checkout does not shadow the installed package
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
-                f"import gguf_fuzz; gguf_fuzz.serve({str(path)!r})")
+        # this file run as the worker; cwd: the temporary directory, so a source checkout
+        # does not shadow the installed package
         # no gdb backtraces from ggml's abort handler: an abort is reported by its signal
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "GGML_NO_BACKTRACE": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=env, cwd=tmpdir))
+        procs.append(subprocess.Popen([sys.executable, str(Path(__file__).resolve()), str(path)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmpdir))
 
     def drain(p):
         for line in p.stdout:
@@ -724,3 +724,7 @@ def summary(results: List[dict]) -> str:
 def describe_failures(results: List[dict]) -> str:
     bad = [r for r in results if r["outcome"] in FAILURES or (r["index"] < 0 and r["outcome"] != "ok")]
     return "\n".join(f"#{r['index']} {r['which']} [{r['outcome']}] {r['desc']}: {r['message'][:800]}" for r in bad)
+
+
+if __name__ == "__main__":  # a worker of _run_workers
+    serve(sys.argv[1])

@@ -1,5 +1,5 @@
 """Helpers for running z-lab's reference loop (dflash.model.dflash_generate) exactly on a
-Qwen3.5 target; used by tests/test_speculative.py and scripts/bench.py."""
+Qwen3.5 target; used by the tests that compare with the reference loop."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -2,7 +2,7 @@
 
 Quantized GGUFs exercise CPU kernels (weight repacking, AMX) that have crashed on some
 machines; a crash there must fail one test, not end the session. Each function here runs
-in `python -c` via `run_isolated`, takes JSON-able arguments and returns a JSON-able result.
+in a child interpreter running this file, via `run_isolated`, takes JSON-able arguments and returns a JSON-able result.
 No torch import: a child starts in about a second.
 """
 from __future__ import annotations
@@ -29,11 +29,9 @@ def run_isolated(func: str, *args, deny_amx: bool = False, timeout: float = 300)
     does not offer its AMX buffer type (see deny_amx_permission). DFLASH_TEST_DENY_AMX=1
     in the environment denies it to every child (to tell an AMX crash from others)."""
     deny_amx = deny_amx or os.environ.get("DFLASH_TEST_DENY_AMX") == "1"
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import target_workers as w; "
-            "w._child(sys.argv[2])")
     payload = json.dumps({"func": func, "args": args, "deny_amx": deny_amx})
-    res = subprocess.run([sys.executable, "-c", code, str(_HERE), payload], capture_output=True, text=True, cwd=_HERE,
-                         timeout=timeout)
+    res = subprocess.run([sys.executable, str(_HERE / "target_workers.py"), payload], capture_output=True, text=True,
+                         cwd=_HERE, timeout=timeout)
     if res.returncode != 0:
         how = (f"killed by signal {signal.Signals(-res.returncode).name}" if res.returncode < 0
                else f"exit code {res.returncode}")
@@ -368,8 +366,11 @@ def top2_gap_after(endpoint, target_path: str, device: str, tokens: list) -> flo
 
 def placement_trace(endpoint, target_path: str, draft_path: str, device: str) -> dict:
     """The scheduler's placement of every kind of graph a decode runs, target and
-    drafter on `device` with every layer offloaded."""
+    drafter on `device` with every layer offloaded; sampled verifies and proposes too."""
+    import numpy as np
+
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.sampling import SamplingParams
     from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
@@ -392,12 +393,66 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
         t.commit_path([0, 2, 4])
         t.decode([37], LOGITS_ALL)
         out["target decode (+ tree commit)"] = t.placement()
+        # sampling on the device: top-k with penalties, no truncation, and drafted samples
+        rng = np.random.default_rng(0)
+        t.set_sampling(SamplingParams(0.7, 20, 0.9, presence_penalty=1.0).native())
+        t.set_uniforms(rng.random(4, dtype=np.float32))
+        t.set_penalties(np.array([[3, 5], [3, 7], [5, 9], [1, 2]], dtype=np.int32), np.ones((4, 2), dtype=np.float32))
+        t.verify(block[:4])
+        out["target sampled chain verify (top-k, penalties)"] = t.placement()
+        t.commit(1)
+        t.set_sampling(SamplingParams(1.0).native())
+        t.set_uniforms(rng.random(5, dtype=np.float32))
+        t.verify_tree([17, 19, 23, 29, 31], [-1, 0, 0, 1, 2])
+        out["target sampled tree verify (no truncation)"] = t.placement()
+        t.commit_path([0, 1])
+        d.set_sampling(SamplingParams(0.7, 20).native(penalties=False))
+        d.set_uniforms(rng.random(d.block_size - 1, dtype=np.float32))
+        d.propose(41)
+        out["drafter sampled propose"] = d.placement()
+    return out
+
+
+def sampled_on_devices(endpoint, target_path: str, draft_path: str, devices: list, prompts: list, n_new: int,
+                       budget: int) -> dict:
+    """Per device and prompt: sampled continuations (seeded) in every mode: plain, the
+    chain by either accept rule, the tree; at T 0.8 / top-k 20 / top-p 0.95 with a
+    presence penalty, and at T 1 with no truncation."""
+    from dataclasses import replace
+
+    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.sampling import SamplingParams
+    from dflash_gguf.generate import greedy_generate
+    from dflash_gguf.speculative import speculative_generate, tree_generate
+    from dflash_gguf.target import Target, TargetConfig
+
+    _devices(endpoint)
+    layers = read_draft_metadata(draft_path)["target_layers"]
+    settings = {"qwen+presence": SamplingParams(0.8, 20, 0.95, presence_penalty=0.5), "full": SamplingParams(1.0)}
+    out = {}
+    for dev in devices:
+        cfg = TargetConfig(n_ctx=512, n_verify=budget + 1, kv_type="f32", feature_layers=layers, device=dev,
+                           repack=False)
+        with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(kv_type="f32", top_k=8)) as d:
+            runs = []
+            for k, prompt in enumerate(prompts):
+                for name, params in settings.items():
+                    params = replace(params, seed=k)
+                    runs.append({
+                        "setting": name,
+                        "plain": greedy_generate(t, prompt, n_new, sampling=params)[0],
+                        "chain": speculative_generate(t, d, prompt, n_new, sampling=params)[0],
+                        "reject": speculative_generate(t, d, prompt, n_new, sampling=params, chain_rule="reject")[0],
+                        "tree": tree_generate(t, d, prompt, n_new, budget=budget, sampling=params)[0],
+                    })
+            out[dev] = runs
     return out
 
 
 def shape_model_steps(endpoint, path: str, device: str) -> dict:
-    """A weightless published-shape model (tests/shape_models.py) on `device`: its memory
-    plan, a short prefill, a chain verify and a decode, with the placement of each graph."""
+    """A weightless published-shape model (convert.shape_model.write_header_only) on
+    `device`: its memory plan, a short prefill, a chain verify and a decode, with the
+    placement of each graph."""
     import numpy as np
 
     from dflash_gguf.memory import plan_memory
@@ -418,3 +473,7 @@ def shape_model_steps(endpoint, path: str, device: str) -> dict:
         out["decode"] = t.placement()
         out["finite"] = out["finite"] and bool(np.isfinite(t.logits(0, 1)).all())
     return out
+
+
+if __name__ == "__main__":  # the child of run_isolated
+    _child(sys.argv[1])

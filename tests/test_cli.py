@@ -74,11 +74,20 @@ def test_chat_template_is_applied(pair):
     ["--chat", "--reasoning-budget", "100"], ["--chat", "--chat-template-kwargs", "{bad"],
     ["--chat", "--chat-template-kwargs", "[1]"], ["--chat", "--chat-template-file", "/nonexistent.jinja"],
     ["-ngld", "some"], ["-fa", "maybe"], ["--device", "CPU", "-devd", "RPC0"],
+    ["--presence-penalty", "3"], ["--frequency-penalty", "-2.5"], ["--repeat-penalty", "0"],
+    ["--repeat-last-n", "-2"], ["--temp", "-1"], ["--top-p", "0"], ["--chain-rule", "sometimes"],
 ])
 def test_bad_flags_exit_2(pair, args):
     res = run("-m", str(pair["target"]), "-p", "x", *args)
     assert res.returncode == 2
     assert "error" in res.stderr
+
+
+def test_penalty_flags_are_named_in_their_errors(pair):
+    res = run("-m", str(pair["target"]), "-p", "x", "--presence-penalty", "3")
+    assert "--presence-penalty" in res.stderr
+    res = run("-m", str(pair["target"]), "-p", "x", "--repeat-penalty", "-1")
+    assert "--repeat-penalty" in res.stderr
 
 
 def test_bad_files_are_clear_errors(pair, tmp_path):

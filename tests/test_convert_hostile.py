@@ -205,11 +205,12 @@ def test_inconsistent_config_is_one_clear_line(edit, needle, qwen35_dir, tmp_pat
 def test_interrupted_conversion_leaves_no_output(exc, code, threads, qwen35_dir, tmp_path, capsys, monkeypatch):
     real = writer.encode_rows
     calls = []
+    partial_seen = []  # checked here, not inside the converter, whose `except Exception` would swallow it
 
     def failing(rows, t):
         calls.append(1)
         if len(calls) == 5:  # a few tensors in: the partial file exists by now
-            assert any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+            partial_seen.append(any(p.name.endswith(".partial") for p in tmp_path.iterdir()))
             raise exc("No space left on device") if exc is OSError else exc()
         return real(rows, t)
 
@@ -217,14 +218,19 @@ def test_interrupted_conversion_leaves_no_output(exc, code, threads, qwen35_dir,
     out = tmp_path / "x.gguf"
     rc, err = convert(qwen35_dir("base"), out, capsys, "--threads", threads)
     assert rc == code, err
+    assert partial_seen == [True], "the conversion was not interrupted while writing its .partial file"
     assert "Traceback" not in err
+    if exc is OSError:  # the error reported is the one raised, in one line
+        assert "No space left on device" in err, err
     assert not out.exists() and not (tmp_path / "x.gguf.partial").exists()
 
     # over an existing file (--force): the old file stays whole until the new one is complete
     out.write_bytes(b"precious")
     calls.clear()
+    partial_seen.clear()
     rc, err = convert(qwen35_dir("base"), out, capsys, "--threads", threads, "--force")
     assert rc == code and out.read_bytes() == b"precious"
+    assert partial_seen == [True], "the conversion was not interrupted while writing its .partial file"
     assert not (tmp_path / "x.gguf.partial").exists()
 
 

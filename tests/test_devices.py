@@ -4,8 +4,12 @@ The device under test is chosen with DFLASH_TEST_DEVICE (or pytest --device-unde
 by default `RPC`, a ggml RPC server serving the CPU backend (tests/rpc_server.py) — its
 memory is not host memory, so every tensor crossing between devices really is copied,
 but it runs the CPU's kernels. `Vulkan0` (scripts/test-vulkan.sh, Mesa's lavapipe) runs
-ggml's Vulkan shaders under a GPU API's rules; CUDA0 or Metal work the same way. The
-tests marked `device` are the ones scripts/test-vulkan.sh runs."""
+ggml's Vulkan shaders under a GPU API's rules; CUDA0 (scripts/cuda/test.sh) or Metal work
+the same way. The tests marked `device` are the ones scripts/test-vulkan.sh runs.
+
+Every model here is a bundled demo pair (shipped, or converted again from its HF copy by
+our converter): this module needs neither torch nor transformers, which the lent GPU
+machine lacks."""
 from __future__ import annotations
 
 import os
@@ -21,15 +25,22 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
-
-from shape_models import QWEN35_0_8B, write_shape_gguf
 from target_workers import run_isolated
-from test_cli import run
-from test_speculative import pair  # noqa: F401 (fixture)
+
+from dflash_gguf.convert.shape_model import write_header_only
+from dflash_gguf.convert.shapes import QWEN35_0_8B
+from dflash_gguf.demo import DATA, demo_paths
+from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
 
 HERE = Path(__file__).resolve().parent
 DEMO_HF = HERE / "data" / "demo-hf"
+DFLASH_RUN = str(Path(sys.executable).with_name("dflash-run"))
+
+
+def run(*args):
+    """dflash-run of the installation running the tests."""
+    return subprocess.run([DFLASH_RUN, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @dataclass
@@ -88,24 +99,39 @@ def device(request):
         yield Device("RPC0", endpoint)
 
 
+@pytest.fixture(scope="module")
+def demo_pairs(convert_model):
+    """The bundled pairs as shipped (q8_0): "demo", the demo target with its drafter, and
+    "weak", with the weak drafter (chain AL ~2, dflash_gguf/data/README.md); and the demo
+    pair converted again from its checkpoints, "f32" and "f16"."""
+    target, draft = demo_paths()
+    pairs = {"demo": (target, draft), "weak": (target, str(DATA / "demo-draft-weak.gguf"))}
+    for outtype in ("f32", "f16"):
+        target = convert_model(DEMO_HF / "target", outtype)
+        draft = convert_model(DEMO_HF / "draft", outtype, "--target-model-dir", str(DEMO_HF / "target"))
+        pairs[outtype] = (str(target), str(draft))
+    return pairs
+
+
 # Tokens each offload placement generates (plain, chain, tree): several verify steps and
-# commits on the random tiny pair, whose drafter accepts about one token per step.
-OFFLOAD_TOKENS = 16
+# commits with the demo drafter, which accepts 3-5 tokens per step.
+OFFLOAD_TOKENS = 24
 
 
 @pytest.mark.device
-def test_partial_offload_matches_the_cpu(pair, device):
+def test_partial_offload_matches_the_cpu(demo_pairs, device):
     """Every -ngl split between the CPU and the device: none of the layers, some, all
-    layers but the LM head, everything — the last with its weights in 1 MiB buffers,
-    as a device that caps single allocations (Vulkan, Metal) makes them. The logits
+    layers but the LM head, everything — the last with its weights in 8 MiB buffers
+    (the largest tensors, the f32 token embedding and LM head, are 4 MiB), as a device
+    that caps single allocations (Vulkan, Metal) makes them. The logits
     stay within the device's tolerance of the CPU's; speculation on each split equals
     that split's own plain greedy decoding (the lossless property: greedy tokens
     themselves may part from the CPU's at a near tie, as the logits may differ)."""
     placements = [{"device": "CPU", "n_gpu_layers": -1}] + [
         {"device": device.name, "n_gpu_layers": n} for n in (0, 2, 4)] + [
-        {"device": device.name, "n_gpu_layers": -1, "weight_buffer_mib": 1}]
-    res = run_isolated("offload_trace", device.rpc, str(pair["target"]), str(pair["draft"]), placements,
-                       OFFLOAD_TOKENS, timeout=3600)
+        {"device": device.name, "n_gpu_layers": -1, "weight_buffer_mib": 8}]
+    target, draft = demo_pairs["f32"]
+    res = run_isolated("offload_trace", device.rpc, target, draft, placements, OFFLOAD_TOKENS, timeout=3600)
     assert any(d["name"] == device.name and d["type"] in ("gpu", "igpu") for d in res["devices"]), res["devices"]
     cpu, *offloaded = res["runs"]
     assert cpu["info"]["n_gpu_layers"] == 0
@@ -123,10 +149,11 @@ def test_partial_offload_matches_the_cpu(pair, device):
 
 
 @pytest.mark.device
-def test_cli_offload_and_device_list(pair, device):
+def test_cli_offload_and_device_list(demo_pairs, device):
     listed = run(*device.cli(), "--list-devices")
     assert listed.returncode == 0 and device.name in listed.stdout and "CPU" in listed.stdout
-    base = ["-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "def f(x):", "-n", "24",
+    target, draft = demo_pairs["f32"]
+    base = ["-m", target, "-md", draft, "-p", "def f(x):", "-n", "24",
             "--tree-budget", "6"]
     cpu = run(*base, "--device", "CPU")
     split = run(*base, *device.cli(), "--device", device.name, "-ngl", "2")
@@ -152,19 +179,6 @@ DEMO_PROMPTS = [[(37 * i + 11 * k) % 4000 for i in range(n)] for k, n in enumera
 N_NEW, BUDGET = 24, 8
 
 
-@pytest.fixture(scope="module")
-def demo_pairs(convert_model):
-    """The bundled demo pair as shipped (q8_0) and converted again from its checkpoints."""
-    from dflash_gguf.demo import demo_paths
-
-    pairs = {"q8_0": demo_paths()}
-    for outtype in ("f32", "f16"):
-        target = convert_model(DEMO_HF / "target", outtype)
-        draft = convert_model(DEMO_HF / "draft", outtype, "--target-model-dir", str(DEMO_HF / "target"))
-        pairs[outtype] = (str(target), str(draft))
-    return pairs
-
-
 @pytest.mark.device
 @pytest.mark.parametrize("outtype", ["f32", "f16"])
 def test_demo_pair_greedy_equals_the_cpu(demo_pairs, device, outtype):
@@ -184,13 +198,15 @@ def test_demo_pair_greedy_equals_the_cpu(demo_pairs, device, outtype):
 
 
 @pytest.mark.device
-def test_demo_pair_quantized_is_lossless_on_the_device(demo_pairs, device):
-    """q8_0 (the shipped demo pair): the CPU quantizes activations to q8_0 before its
-    integer dot products, Vulkan without integer dot products (lavapipe) multiplies the
-    dequantized weights with f32 activations. Logits differ by the activation rounding, so
-    greedy text may part from the CPU's where the top two logits are that close; on the
-    device chain and tree must still equal the device's own plain greedy decoding."""
-    target, draft = demo_pairs["q8_0"]
+@pytest.mark.parametrize("drafter", ["demo", "weak"])
+def test_bundled_pairs_are_lossless_on_the_device(demo_pairs, device, drafter):
+    """The shipped pairs (q8_0; the weak drafter's short accepted runs make more verify
+    steps and commits): the CPU quantizes activations to q8_0 before its integer dot
+    products, Vulkan without integer dot products (lavapipe) multiplies the dequantized
+    weights with f32 activations. Logits differ by the activation rounding, so greedy
+    text may part from the CPU's where the top two logits are that close; on the device
+    chain and tree must still equal the device's own plain greedy decoding."""
+    target, draft = demo_pairs[drafter]
     res = run_isolated("greedy_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
                        BUDGET, timeout=1800)
     for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
@@ -204,6 +220,27 @@ def test_demo_pair_quantized_is_lossless_on_the_device(demo_pairs, device):
             gap = run_isolated("top2_gap_after", device.rpc, target, "CPU", DEMO_PROMPTS[k] + cpu["plain"][:i])
             print(f"prompt {k}: q8_0 greedy parts from the CPU's at token {i}, CPU top-2 gap {gap:.4f}")
             assert gap < 2 * err, f"prompt {k}: parts at token {i} where the CPU's top two logits are {gap} apart"
+
+
+@pytest.mark.device
+def test_demo_pair_sampling_on_the_device(demo_pairs, device):
+    """Sampling runs in the graphs, so on a device it runs there; with the same seed the
+    device draws what the CPU draws where their kernels are the same (the RPC stand-in
+    runs the CPU's): every mode, with top-k and a penalty, and with no truncation. On
+    another device its logits differ in the last bits, and a draw may fall the other
+    side of a boundary: there only the lengths are checked and the agreement printed."""
+    target, draft = demo_pairs["f32"]
+    res = run_isolated("sampled_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
+                       BUDGET, timeout=1800)
+    same = total = 0
+    for k, (cpu, dev) in enumerate(zip(res["CPU"], res[device.name])):
+        for mode in ("plain", "chain", "reject", "tree"):
+            assert len(dev[mode]) == N_NEW, (k, mode)
+            total += 1
+            same += dev[mode] == cpu[mode]
+            if device.rpc:
+                assert dev[mode] == cpu[mode], f"run {k} ({cpu['setting']}): sampled {mode} differs from the CPU's"
+    print(f"{device.name}: {same} of {total} sampled continuations equal the CPU's")
 
 
 # ---- placement: every node on the device -----------------------------------------------
@@ -230,7 +267,7 @@ def test_a_0_8b_shape_model_loads_and_runs_on_the_device(tmp_path, device):
     as in the published model (248320 x 1024, 258 MiB in q8_0), is larger than one Vulkan
     storage buffer on lavapipe (128 MiB): the device multiplies it in row slices and the
     token lookup gathers from a host copy."""
-    path = write_shape_gguf(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
+    path = write_header_only(tmp_path / "qwen35-0.8b-q8_0.gguf", QWEN35_0_8B, "q8_0")
     res = run_isolated("shape_model_steps", device.rpc, str(path), device.name, timeout=1800)
     assert res["info"]["device"] == device.name and res["finite"]
     # The memory plan counts the host copy the lookup gathers from (none when the device

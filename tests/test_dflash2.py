@@ -11,7 +11,8 @@ import torch
 from draft_fixtures import convert_dflash_llama_cpp, make_dflash
 from fixtures import make_qwen35
 from reference_loop import RecomputingTarget, exact_reference
-from test_speculative import assert_same_or_tie, prompts, rel_err
+from parity import Parity
+from test_speculative import prompts, rel_err
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
@@ -100,9 +101,10 @@ def test_chain_acceptance_matches_reference_loop(pair2, monkeypatch):
 
 def test_chain_and_tree_are_lossless(pair2):
     target, draft = load(pair2, n_verify=9, top_k=4)
-    for prompt in prompts(3, seed=9):
-        ar, _ = greedy_generate(target, prompt, 64)
-        chain, _ = speculative_generate(target, draft, prompt, 64)
-        assert_same_or_tie(target, prompt, ar, chain)
-        tree, _ = tree_generate(target, draft, prompt, 64, 8)
-        assert_same_or_tie(target, prompt, ar, tree)
+    with Parity(target) as parity:
+        for prompt in prompts(3, seed=9):
+            ar, _ = greedy_generate(target, prompt, 64)
+            chain, _ = speculative_generate(target, draft, prompt, 64)
+            parity.check(prompt, ar, chain)
+            tree, _ = tree_generate(target, draft, prompt, 64, 8)
+            parity.check(prompt, ar, tree)

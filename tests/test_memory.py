@@ -8,8 +8,9 @@ import json
 import pytest
 
 from test_cli import run
-from shape_models import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table, write_shape_gguf
 
+from dflash_gguf.convert.shape_model import write_header_only
+from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.draft import DraftConfig
 from dflash_gguf.engine import Engine, EngineSetup
@@ -22,9 +23,9 @@ MIB = 1 << 20
 def shapes(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes")
     return {
-        "27b": write_shape_gguf(root / "qwen35-27b-q4_k_m.gguf", QWEN35_27B, "q4_k_m"),
-        "27b-draft": write_shape_gguf(root / "qwen35-27b-dflash-q8_0.gguf", QWEN35_27B_DFLASH, "q8_0"),
-        "35b-a3b": write_shape_gguf(root / "qwen35-35b-a3b-q4_k_m.gguf", QWEN35_35B_A3B, "q4_k_m"),
+        "27b": write_header_only(root / "qwen35-27b-q4_k_m.gguf", QWEN35_27B, "q4_k_m"),
+        "27b-draft": write_header_only(root / "qwen35-27b-dflash-q8_0.gguf", QWEN35_27B_DFLASH, "q8_0"),
+        "35b-a3b": write_header_only(root / "qwen35-35b-a3b-q4_k_m.gguf", QWEN35_35B_A3B, "q4_k_m"),
     }
 
 

@@ -22,7 +22,7 @@ from dflash_gguf._native import DflashError
 from dflash_gguf.convert.vocab import load_vocab
 from dflash_gguf.draft import Draft, read_draft_metadata, tokenizer_fingerprint
 from dflash_gguf.engine import Engine
-from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +120,28 @@ def test_embedding_shape_mismatch_names_both_models(ours, convert_model, tmp_pat
     assert "wide-target" in msg and meta["target"]["target_name"] in msg and "embedding" in msg
 
 
+def _first_block(target_path, draft_path, meta) -> list[int]:
+    """The block a drafter proposes after a fixed prompt next to a target."""
+    prompt = list(range(40, 70))
+    with _target(target_path, meta) as target, Draft(draft_path, target) as draft:
+        target.prefill(prompt, LOGITS_LAST, on_chunk=lambda _start, n: draft.append_rows(n))
+        return draft.propose(int(target.choices()[0]))
+
+
 def test_right_pair_loads_either_way(pair, ours):
+    """Our conversion of the drafter and llama.cpp's both load next to their target, and
+    being the same weights they draft the same full block."""
     meta = read_draft_metadata(pair["draft"])
-    with _target(pair["target"], meta) as target:
-        for path in (ours, pair["draft"]):
-            Draft(path, target).close()
+    ours_block = _first_block(pair["target"], ours, meta)
+    theirs_block = _first_block(pair["target"], pair["draft"], meta)
+    assert len(ours_block) == meta["block_size"] - 1
+    assert ours_block == theirs_block
 
 
 def test_target_without_a_tokenizer_is_checked_by_shape(pair, ours, tmp_path):
+    """A target with token ids only leaves nothing to compare the fingerprint with: our
+    drafter loads by shape and drafts what it drafts next to the full target."""
     bare = _rewrite(Path(pair["target"]), tmp_path / "bare.gguf", "bare", drop_tokenizer=True)
+    assert not any(k.startswith("tokenizer.") for k in read_gguf(bare)[0])
     meta = read_draft_metadata(ours)
-    with _target(bare, meta) as target:  # token ids only: nothing to compare the fingerprint with
-        Draft(ours, target).close()
+    assert _first_block(bare, ours, meta) == _first_block(pair["target"], ours, meta)

@@ -169,8 +169,9 @@ def test_rejection_rule_is_exact_on_synthetic_distributions():
 @pytest.fixture(scope="module")
 def demo():
     meta = read_draft_metadata(str(DATA / "demo-draft.gguf"))
+    # one thread: thousands of short runs, whose graphs are too small for a second thread to pay
     target = Target(str(DATA / "demo-target.gguf"), TargetConfig(
-        n_ctx=256, n_ubatch=64, n_verify=17, kv_type="f32", feature_layers=meta["target_layers"], n_threads=2))
+        n_ctx=256, n_ubatch=64, n_verify=17, kv_type="f32", feature_layers=meta["target_layers"], n_threads=1))
     draft = Draft(str(DATA / "demo-draft.gguf"), target, DraftConfig(kv_type="f32", top_k=4))
     return target, draft
 
@@ -239,16 +240,32 @@ SETTINGS = {
 }
 
 
+DEPTH = 3
+
+
+@pytest.fixture(scope="module")
+def exact(demo, prompt):
+    """exact_joint of a setting (computed once per module: every mode compares against it)."""
+    cache = {}
+
+    def get(setting):
+        if setting not in cache:
+            cache[setting] = exact_joint(demo[0], prompt, SETTINGS[setting], DEPTH,
+                                         floor=1e-3 if setting == "full" else 2e-4)
+        return cache[setting]
+    return get
+
+
 @pytest.mark.parametrize("setting,mode", [
     ("qwen", "plain"), ("qwen", "chain"), ("qwen", "reject"), ("qwen", "tree"), ("qwen", "auto"),
     ("full", "plain"), ("full", "chain"), ("full", "tree"),
     ("min_p", "chain"), ("min_p", "tree"),
     ("presence", "chain"), ("frequency", "tree"), ("repeat", "plain"), ("repeat", "reject"),
 ])
-def test_every_mode_samples_the_targets_distribution(demo, prompt, setting, mode):
+def test_every_mode_samples_the_targets_distribution(demo, prompt, exact, setting, mode):
     target, draft = demo
-    params, depth, n = SETTINGS[setting], 3, 1200
-    exact = exact_joint(target, prompt, params, depth)
+    params, depth, n = SETTINGS[setting], DEPTH, 1000
+    exact = exact(setting)
     counts = {}
     for seed in range(n):
         out = run_mode(target, draft, prompt, mode, replace(params, seed=seed), depth)
@@ -258,11 +275,11 @@ def test_every_mode_samples_the_targets_distribution(demo, prompt, setting, mode
     assert stat < chi2_critical(df), (setting, mode, stat, df)
 
 
-def test_a_penalty_changes_the_distribution(demo, prompt):
+def test_a_penalty_changes_the_distribution(demo, prompt, exact):
     """The test above has power: sampling without the penalty fails it."""
     target, draft = demo
-    params, depth, n = SETTINGS["presence"], 3, 1200
-    exact = exact_joint(target, prompt, params, depth)
+    params, depth, n = SETTINGS["presence"], DEPTH, 1000
+    exact = exact("presence")
     plain = SamplingParams(params.temperature, params.top_k)
     counts = {}
     for seed in range(n):
@@ -357,7 +374,29 @@ def test_sampling_calls_are_checked(demo, prompt):
     bad.top_p = 0.0
     with pytest.raises(DflashError, match="top_p"):
         target.set_sampling(bad)
-    with pytest.raises(ValueError, match="top_k > 0"):
-        speculative_generate(target, draft, prompt, 4, sampling=SamplingParams(0.7), chain_rule="reject")
+    with pytest.raises(ValueError, match="chain rule"):
+        speculative_generate(target, draft, prompt, 4, sampling=SamplingParams(0.7), chain_rule="rejection")
     target.set_sampling(SamplingParams().native())
     target.reset()
+
+
+def test_auto_learns_per_sampling_setting():
+    """`--tree-budget auto` keeps what it learns per sampling setting: a sampled request
+    does not reuse (or disturb) what greedy requests taught it, and requests at the same
+    setting share what they learn."""
+    from dflash_gguf.engine import Engine
+
+    with Engine(str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf"), tree_budget="auto", n_ctx=512,
+                n_threads=1) as engine:
+        prompt = "class Stack:\n    def __init__(self):\n"
+        engine.generate(prompt, 24)
+        greedy = dict(engine._autos)
+        assert list(greedy) == [None]
+        steps = greedy[None].steps
+        qwen = SamplingParams(0.6, 20, 0.95, seed=1)
+        engine.generate(prompt, 24, sampling=qwen)
+        engine.generate(prompt, 24, sampling=replace(qwen, seed=2))
+        assert set(engine._autos) == {None, (0.6, 20, 0.95, 0.0)}
+        assert engine._autos[None] is greedy[None] and engine._autos[None].steps == steps
+        assert engine._autos[(0.6, 20, 0.95, 0.0)].steps > 0
+        assert engine._autos[(0.6, 20, 0.95, 0.0)].cost is greedy[None].cost  # measured once per engine

@@ -24,6 +24,7 @@ from dflash_gguf import openai_api
 from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
+from dflash_gguf.sampling import SamplingParams
 from dflash_gguf.serving import Job, Scheduler, ShuttingDown
 from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
@@ -170,6 +171,22 @@ def test_sampling_fields_are_applied(server):
     assert a == b and a != c
 
 
+def test_penalty_fields_take_effect_as_the_engine_applies_them(server, engine):
+    """Greedy with a strong repetition penalty, under either name, gives the engine's
+    penalised output, which differs from the unpenalised one (the fields are not
+    ignored)."""
+    prompt = "def read_lines(path):\n    with open(path) as f:\n        return [line for line in f"
+    base = dict(model="x", prompt=prompt, max_tokens=24, temperature=0)
+    plain = server.client.completions.create(**base).choices[0].text
+    want = engine.generate(prompt, 24, sampling=SamplingParams(repeat_penalty=1.8, presence_penalty=1.0,
+                                                               repeat_last_n=32)).text
+    for name in ("repetition_penalty", "repeat_penalty"):
+        got = server.client.completions.create(**base, presence_penalty=1.0,
+                                               extra_body={name: 1.8, "repeat_last_n": 32}).choices[0].text
+        assert got == want
+    assert want != plain
+
+
 def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
     """The second prompt shares its first ~150 tokens with the first: it prefills only
     what follows the last checkpoint in the shared part, and its output and acceptance
@@ -276,6 +293,11 @@ def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
     ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "'max_tokens' must be >= 0"),
     ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "'temperature' must be a number"),
     ("/v1/completions", {"prompt": "x", "top_p": 0}, "'top_p'"),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 2.5}, "'presence_penalty' must be <= 2"),
+    ("/v1/completions", {"prompt": "x", "frequency_penalty": "much"}, "'frequency_penalty' must be a number"),
+    ("/v1/completions", {"prompt": "x", "repeat_penalty": 0}, "'repeat_penalty' must be > 0"),
+    ("/v1/completions", {"prompt": "x", "repetition_penalty": 1.1, "repeat_penalty": 1.2}, "name the same"),
+    ("/v1/completions", {"prompt": "x", "repeat_last_n": -2}, "'repeat_last_n' must be >= -1"),
     ("/v1/completions", {"prompt": "x", "stop": 3}, "'stop'"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n=1"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "'stream'"),

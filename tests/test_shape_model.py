@@ -1,22 +1,20 @@
-"""scripts/make_shape_model.py: random-weight GGUFs of published configs, shrunk here to
+"""dflash_gguf.convert.shape_model: random-weight GGUFs of published configs, shrunk here to
 seconds. The files must carry exactly the planner's tensor table (names, shapes, types),
 load and run in our runtime (plain and speculative greedy agree) and in llama.cpp."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGUFReader
 
+from dflash_gguf.convert import shape_model
+from dflash_gguf.convert.shape_model import main as make_main, write_model
 from dflash_gguf.convert.shapes import (QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, shrunk, tensor_nbytes,
                                         tensor_table)
 from dflash_gguf.engine import Engine, EngineSetup
 from dflash_gguf.memory import plan_memory
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from make_shape_model import main as make_main, write_model  # noqa: E402
 
 # the structures of the published configs at hidden 256 (every row a whole number of
 # K-quant blocks), the demo tokenizer's vocabulary (4096 tokens)
@@ -82,13 +80,12 @@ def test_loads_in_llama_cpp(pair):
 
 
 def test_refuses_a_file_system_too_small(tmp_path, monkeypatch, capsys):
+    import re
     import shutil
 
-    import make_shape_model
-
-    monkeypatch.setattr(make_shape_model.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 40, 0, 1 << 30))
-    with pytest.raises(SystemExit, match=r"1\.0 GiB free; the model needs 1[5-7]\.\d GiB"):
-        make_shape_model.main(["qwen35-27b", "--outfile", str(tmp_path / "big.gguf")])
+    monkeypatch.setattr(shape_model.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 40, 0, 1 << 30))
+    assert make_main(["qwen35-27b", "--outfile", str(tmp_path / "big.gguf")]) == 1
+    assert re.search(r"error: .* 1\.0 GiB free; the model needs 1[5-7]\.\d GiB", capsys.readouterr().err)
     assert not list(tmp_path.iterdir())
 
 

@@ -13,7 +13,7 @@ from gguf import TokenType
 from dflash_gguf.convert import vocab
 from dflash_gguf.convert.cli import main
 from fixtures import (CHAT_TEMPLATE, PLAIN_ADDED_TOKENS, SAMPLE_TEXT, SPECIAL_TOKENS, llama_cpp_source,
-                      make_qwen35, open_llama, read_gguf)
+                      make_qwen35, missing_oracle, open_llama, read_gguf)
 
 TEXTS = [
     SAMPLE_TEXT,
@@ -94,7 +94,7 @@ def test_check_hash_is_llama_cpp_fingerprint(qwen35_dir, hf_tokenizer):
 def test_hash_table_entries_come_from_llama_cpp():
     src = llama_cpp_source()
     if src is None:
-        pytest.skip("llama.cpp sources (llama-cpp-python sdist) are not available and could not be downloaded")
+        missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
     text = (src / "conversion" / "base.py").read_text(encoding="utf-8")
     for digest, name in vocab.KNOWN_HASHES.items():
         at = text.index(f'chkhsh == "{digest}"')

@@ -1,5 +1,5 @@
-"""A GGUF metadata field as GGUFWriter.add_key_value takes it back, for the scripts that
-copy metadata from one file into another (make_shape_model.py, mix_drafters.py)."""
+"""A GGUF metadata field as GGUFWriter.add_key_value takes it back, for copying metadata
+from one file into another (shape_model.py's tokenizer, training/mix_drafters.py)."""
 from __future__ import annotations
 
 from gguf import GGUFValueType

@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""Train the benchmark's weak drafter: the demo drafter's recipe (scripts/train_demo.py)
+"""Train the benchmark's weak drafter: the demo drafter's recipe (training/train_demo.py)
 stopped early, against the bundled demo target, so that chain acceptance is low (the
 bundled one: 1.35 tokens per target pass on train_demo.py's check prompts, against 4.5
 for the demo drafter).
 
-    .venv/bin/python scripts/train_weak_drafter.py --out /tmp/weak-120.gguf     # 120 steps, ~10 min
-    .venv/bin/python scripts/train_weak_drafter.py --steps 150 --resume .cache/train_weak_drafter/draft \
+    .venv/bin/python training/train_weak_drafter.py --out /tmp/weak-120.gguf     # 120 steps, ~10 min
+    .venv/bin/python training/train_weak_drafter.py --steps 150 --resume .cache/train_weak_drafter/draft \
         --work-dir .cache/train_weak_drafter2            # 150 more: dflash_gguf/data/demo-draft-weak.gguf
-    .venv/bin/python scripts/train_weak_drafter.py --steps 150 --lr 5e-4 \
+    .venv/bin/python training/train_weak_drafter.py --steps 150 --lr 5e-4 \
         --resume-gguf dflash_gguf/data/demo-draft-weak.gguf --out /tmp/weak-more.gguf   # more, from the bundled file
 
 Why a weak pair: with a strong drafter every engine amortises its fixed per-step cost
 (drafting, graph launches, host syncs) over many accepted tokens; with AL about 2 that
-cost decides who is faster. scripts/bench.py runs both pairs.
+cost decides who is faster. dflash-bench measures any pair; docs/benchmarks.md names the runs on both.
 
 The drafter has the demo drafter's architecture (2 layers, block 8, target layers
 0, 1, 2), so its propose costs the same; only its training is shorter: --steps optimizer
@@ -33,8 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_demo as demo  # noqa: E402  (scripts/train_demo.py)
+import train_demo as demo  # training/train_demo.py, beside this file
 
 ROOT = demo.ROOT
 HF_TARGET = ROOT / "tests" / "data" / "demo-hf" / "target"

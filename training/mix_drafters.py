@@ -3,12 +3,12 @@
 (1 - alpha) * A + alpha * B, quantized back to A's type, with A's metadata.
 
 The benchmark's weak drafter is made this way: the early-stopped drafter of
-scripts/train_weak_drafter.py (chain AL about 1.5 on the bench prompts) blended halfway
+training/train_weak_drafter.py (chain AL about 1.5 on the bench prompts) blended halfway
 with the demo drafter (about 3.3). Both were trained by one recipe from one seeded
 initialisation, so the weights in between stay a working drafter whose acceptance lies
 between the two; alpha sets it without another training run.
 
-    .venv/bin/python scripts/mix_drafters.py EARLY.gguf dflash_gguf/data/demo-draft.gguf 0.5 \\
+    .venv/bin/python training/mix_drafters.py EARLY.gguf dflash_gguf/data/demo-draft.gguf 0.5 \\
         dflash_gguf/data/demo-draft-weak.gguf
 """
 from __future__ import annotations
@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gguf_fields import field_value  # noqa: E402  (scripts/gguf_fields.py)
+from dflash_gguf.convert.gguf_fields import field_value
 
 
 def mix(a_path: Path, b_path: Path, alpha: float, out: Path) -> None:

@@ -1,14 +1,14 @@
-#!/usr/bin/env python3
-"""A random-weight GGUF with the exact tensor shapes, types and metadata of a published
-model, written straight to the file tensor by tensor: no checkpoint, bounded memory.
+"""GGUF files with the exact tensor shapes, types and metadata of a published model,
+without its checkpoint: random weights written straight to the file tensor by tensor
+(bounded memory), or no weights at all (a header whose data region is a hole).
 
-    .venv/bin/python scripts/make_shape_model.py qwen35-27b --outtype q4_k_m --outfile 27b-q4_k_m.gguf
-    .venv/bin/python scripts/make_shape_model.py qwen35-27b-dflash --outtype q8_0 --outfile draft.gguf
-    .venv/bin/python scripts/make_shape_model.py qwen35-35b-a3b --outtype q4_k_m --outfile a3b.gguf
-    .venv/bin/python scripts/make_shape_model.py qwen35-27b --outtype q4_0 --layers 16 --outfile 27b-16l.gguf
-    .venv/bin/python scripts/make_shape_model.py qwen35-27b --set hidden=256 --set vocab=4096 ... (tiny)
+    python -m dflash_gguf.convert.shape_model qwen35-27b --outtype q4_k_m --outfile 27b-q4_k_m.gguf
+    python -m dflash_gguf.convert.shape_model qwen35-27b-dflash --outtype q8_0 --outfile draft.gguf
+    python -m dflash_gguf.convert.shape_model qwen35-35b-a3b --outtype q4_k_m --outfile a3b.gguf
+    python -m dflash_gguf.convert.shape_model qwen35-27b --outtype q4_0 --layers 16 --outfile 27b-16l.gguf
+    python -m dflash_gguf.convert.shape_model qwen35-27b --set hidden=256 --set vocab=4096 ... (tiny)
 
-Configs (dflash_gguf.convert.shapes, from the published config.json files):
+Configs (shapes.py, from the published config.json entries in published_configs.json):
   qwen35-27b         Qwen/Qwen3.5-27B text model (64 layers, hidden 5120; Q4_K_M 16.5 GB)
   qwen35-35b-a3b     Qwen/Qwen3.5-35B-A3B text model (40 layers, 256 experts; Q4_K_M 21.2 GB)
   qwen35-27b-dflash  z-lab/Qwen3.5-27B-DFlash drafter (5 layers over the 27B's features); q8_0 1.8 GB
@@ -16,9 +16,9 @@ Configs (dflash_gguf.convert.shapes, from the published config.json files):
 `target_layers` must then be set to layers that exist); `--set KEY=VALUE` replaces any
 config entry (lists comma-separated), for small files of the same structure.
 
-Tensor types follow `--outtype` exactly as our converter (convert/quant.py) types them:
-q4_k_m is llama-quantize's Q4_K_M mix (Q6_K LM head and some attn_v/ffn_down, Q4_K
-elsewhere, f32 norms and vectors), q8_0 and f16 the converter's own choices.
+Tensor types follow `--outtype` exactly as our converter (quant.py) types them: q4_k_m is
+llama-quantize's Q4_K_M mix (Q6_K LM head and some attn_v/ffn_down, Q4_K elsewhere, f32
+norms and vectors), q8_0 and f16 the converter's own choices.
 
 Weights are NOT quantized floats: a quantized tensor is random block bytes with every
 block's f16 scale fields (d, and dmin/m where the type has one) overwritten by a fixed
@@ -35,6 +35,7 @@ checked before anything is written.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -42,11 +43,9 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFReader, GGUFValueType, GGUFWriter, TokenType
 
-from dflash_gguf.convert.quant import OUTTYPES
-from dflash_gguf.convert.shapes import CONFIGS, file_type, metadata, shrunk, tensor_nbytes, tensor_table
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gguf_fields import field_value  # noqa: E402  (scripts/gguf_fields.py)
+from .gguf_fields import field_value
+from .quant import OUTTYPES
+from .shapes import CONFIGS, file_type, metadata, shrunk, tensor_nbytes, tensor_table
 
 ALIGN = 32
 CHUNK_BYTES = 64 << 20  # bytes generated and written at a time
@@ -79,7 +78,7 @@ def padded_tokenizer(n_vocab: int):
     kvs = demo_tokenizer()
     tokens = next(v for k, v, *_ in kvs if k == "tokenizer.ggml.tokens")
     if len(tokens) > n_vocab:
-        raise SystemExit(f"error: vocab {n_vocab} is smaller than the demo tokenizer's {len(tokens)} tokens")
+        raise ValueError(f"vocab {n_vocab} is smaller than the demo tokenizer's {len(tokens)} tokens")
     n_pad = n_vocab - len(tokens)
     out = []
     for key, value, vtype, sub in kvs:
@@ -115,7 +114,7 @@ def random_data(name: str, qtype: T, n_rows: int, row_len: int, rng: np.random.G
         bits = (0.02 * rng.standard_normal(n, dtype=np.float32)).view(np.uint32) >> 16  # truncated to bf16
         return bits.astype(np.uint16).view(np.uint8)
     if qtype not in _SCALES:
-        raise SystemExit(f"error: no random block recipe for {qtype.name} ({name})")
+        raise ValueError(f"no random block recipe for {qtype.name} ({name})")
     block, size = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(n // block, size), dtype=np.uint8)
     for offset, value in _SCALES[qtype]:
@@ -129,7 +128,7 @@ def write_model(c: dict, outtype: str, outfile: Path, seed: int = 0, progress: b
     outfile.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(outfile.parent).free
     if data_bytes + MARGIN > free:
-        raise SystemExit(f"error: {outfile.parent} has {free / 2**30:.1f} GiB free; the model needs "
+        raise ValueError(f"{outfile.parent} has {free / 2**30:.1f} GiB free; the model needs "
                          f"{data_bytes / 2**30:.1f} GiB (+{MARGIN >> 20} MiB margin)")
     part = outfile.with_name(outfile.name + ".part")
     w = GGUFWriter(str(part), c["arch"])
@@ -175,6 +174,33 @@ def write_model(c: dict, outtype: str, outfile: Path, seed: int = 0, progress: b
     return outfile
 
 
+def write_header_only(path: str | os.PathLike, c: dict, outtype: str) -> Path:
+    """The model's GGUF with its data region a hole (a sparse file: nothing is written or
+    read): header, metadata, tensor table. Enough for what reads metadata only, such as
+    the memory planner."""
+    path = Path(path)
+    w = GGUFWriter(str(path), c["arch"])
+    for key, value, vtype in metadata(c):
+        if isinstance(value, list):
+            w.add_array(key, value)
+        else:
+            w.add_key_value(key, value, vtype)
+    for name, shape, qtype in tensor_table(c, outtype):
+        w.add_tensor_info(name, shape, qtype.name.lower(), tensor_nbytes(shape, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    # the data region: every tensor at its aligned offset, as a hole
+    size = path.stat().st_size
+    data = 0
+    for _, shape, qtype in tensor_table(c, outtype):
+        data = (data + ALIGN - 1) // ALIGN * ALIGN + tensor_nbytes(shape, qtype)
+    with open(path, "r+b") as f:
+        f.truncate((size + ALIGN - 1) // ALIGN * ALIGN + data)
+    return path
+
+
 def parse_value(text: str, like):
     if isinstance(like, list):
         return [int(x) for x in text.split(",") if x]
@@ -186,7 +212,8 @@ def parse_value(text: str, like):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m dflash_gguf.convert.shape_model",
+                                description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", choices=sorted(CONFIGS))
     p.add_argument("--outtype", default="q4_k_m", choices=sorted(OUTTYPES))
@@ -216,7 +243,11 @@ def main(argv=None) -> int:
         p.error(str(e))
     if a.outfile.exists() and not a.force:
         p.error(f"{a.outfile} exists (--force to overwrite)")
-    out = write_model(c, a.outtype, a.outfile, a.seed, progress=not a.quiet)
+    try:
+        out = write_model(c, a.outtype, a.outfile, a.seed, progress=not a.quiet)
+    except ValueError as e:
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return 1
     print(out)
     return 0
 

@@ -3,8 +3,8 @@
 distilled from it, on CPU, from text every machine has (the Python standard library's
 own source), then convert both to GGUF for `dflash-run`.
 
-    .venv/bin/python scripts/train_demo.py            # full run, ~45 min on 2 cores
-    .venv/bin/python scripts/train_demo.py --quick    # 1-2 min smoke run (into the work dir)
+    .venv/bin/python training/train_demo.py            # full run, ~45 min on 2 cores
+    .venv/bin/python training/train_demo.py --quick    # 1-2 min smoke run (into the work dir)
 
 Stages (each prints progress):
   1. corpus     stdlib *.py files (tests excluded) plus ChatML "write function X" pairs
@@ -44,7 +44,8 @@ import textwrap
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 DATA_DIR = ROOT / "dflash_gguf" / "data"
 
 # Pre-tokenizer regex exactly as in Qwen3.5's tokenizer.json (llama.cpp pre "qwen35").
@@ -165,11 +166,21 @@ def train_tokenizer(texts: list[str], directory: Path, vocab_size: int):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                    add_bos_token=False, model_max_length=4096, clean_up_tokenization_spaces=False)
     fast.chat_template = CHAT_TEMPLATE
-    sys.path.insert(0, str(ROOT / "tests"))
-    from fixtures import save_qwen_style
-
     save_qwen_style(fast, directory)
     return tok
+
+
+def save_qwen_style(fast, directory: Path) -> None:
+    """save_pretrained, then the post-processor Qwen's own tokenizer.json carries: a
+    ByteLevel one (transformers 5 saves TemplateProcessing; same ids), which is what
+    converters see in the wild."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(directory))
+    path = directory / "tokenizer.json"
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    saved["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                               "use_regex": False}
+    path.write_text(json.dumps(saved, ensure_ascii=False, indent=2), encoding="utf-8")
 
 
 def encode_stream(tok, docs: list[str], seed: int):
@@ -385,19 +396,6 @@ def train_target(args, tok, train_stream, heldout_stream, out_dir: Path):
 
 # ---- 3b. on-policy data -------------------------------------------------------------
 
-_GENERATE = r"""
-import json, sys
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.target import Target, TargetConfig
-path, total = sys.argv[1], int(sys.argv[2])
-t = Target(path, TargetConfig(n_ctx=total + 16, n_threads=1))
-for line in sys.stdin:
-    prompt = json.loads(line)
-    out, _ = greedy_generate(t, prompt, total - len(prompt))
-    print(json.dumps(prompt + out), flush=True)
-"""
-
-
 def sample_prompts(tok, stream, n: int, rng, min_len: int, max_len: int) -> list[list[int]]:
     """Prompts cut from the corpus: most start at a line start, some at a ChatML turn."""
     import numpy as np
@@ -424,7 +422,7 @@ def generate_onpolicy(target_gguf: Path, prompts: list[list[int]], total: int, p
     shards = [prompts[i::procs] for i in range(procs)]
     workers = []
     for shard in shards:
-        w = subprocess.Popen([sys.executable, "-c", _GENERATE, str(target_gguf), str(total)],
+        w = subprocess.Popen([sys.executable, str(HERE / "onpolicy_worker.py"), str(target_gguf), str(total)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
                              env={**os.environ, "OMP_NUM_THREADS": "1"})
         workers.append(w)
@@ -695,36 +693,11 @@ def export_hf_pair(target_dir: Path, draft_dir: Path, dest: Path) -> int:
 
 # ---- 6. verify ----------------------------------------------------------------------
 
-_VERIFY = r"""
-import json, sys
-from dflash_gguf.draft import Draft, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate
-from dflash_gguf.target import Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
-target_path, draft_path, n, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-prompts = json.loads(sys.stdin.read())
-meta = read_draft_metadata(draft_path)
-t = Target(target_path, TargetConfig(n_ctx=2048, n_verify=meta["block_size"], feature_layers=meta["target_layers"],
-                                     n_threads=threads))
-d = Draft(draft_path, t)
-tok = Tokenizer(target_path)
-rows = []
-for p in prompts:
-    ids = tok.encode(p)
-    out, stats = speculative_generate(t, d, ids, n)
-    ar, _ = greedy_generate(t, ids, n)
-    rows.append({"prompt": p, "mean_accepted": stats.mean_accepted, "accepted_lengths": stats.accepted_lengths,
-                 "lossless": out == ar, "text": tok.decode(out)})
-print(json.dumps(rows))
-"""
-
-
 def verify_runtime(target_gguf: Path, draft_gguf: Path, n_tokens: int, threads: int):
     env = dict(os.environ)
-    res = subprocess.run([sys.executable, "-c", _VERIFY, str(target_gguf), str(draft_gguf), str(n_tokens),
-                          str(threads)], input=json.dumps(EVAL_PROMPTS), capture_output=True, text=True,
-                         cwd="/", env=env)
+    res = subprocess.run([sys.executable, str(HERE / "check_pair.py"), str(target_gguf), str(draft_gguf),
+                          str(n_tokens), str(threads)], input=json.dumps(EVAL_PROMPTS), capture_output=True,
+                         text=True, cwd="/", env=env)
     if res.returncode != 0:
         log("verify: dflash_gguf runtime check failed or unavailable:\n" + res.stderr[-3000:])
         return None
@@ -758,7 +731,7 @@ def write_readme(out_dir: Path, info: dict) -> None:
         "# Bundled demo pair",
         "",
         "`dflash-run` with no `-m` runs this pair. Both models are tiny and trained on CPU in",
-        "under an hour by `scripts/train_demo.py`; they write Python-flavoured text (often",
+        "under an hour by `training/train_demo.py`; they write Python-flavoured text (often",
         "looping), not good code. They exist so the speculative engine has something real to",
         "accelerate and so acceptance lengths mean something.",
         "",
@@ -829,8 +802,8 @@ def write_readme(out_dir: Path, info: dict) -> None:
     lines += [
         "## Regenerating",
         "",
-        "    .venv/bin/python scripts/train_demo.py      # writes dflash_gguf/data/, ~45 min on 2 cores",
-        "    .venv/bin/python scripts/train_demo.py --quick   # smoke run into .cache/train_demo_quick/out",
+        "    .venv/bin/python training/train_demo.py      # writes dflash_gguf/data/, ~45 min on 2 cores",
+        "    .venv/bin/python training/train_demo.py --quick   # smoke run into .cache/train_demo_quick/out",
         "",
         "Needs the test extras (torch CPU, transformers 5.15, tokenizers, PyPI `dflash` 0.1.0:",
         "`bash scripts/setup.sh test`) and the installed dflash_gguf runtime, which decodes the",
@@ -844,7 +817,7 @@ def write_readme(out_dir: Path, info: dict) -> None:
     ]
     readme = out_dir / "README.md"
     old = readme.read_text(encoding="utf-8") if readme.exists() else ""
-    kept = old[old.index(WEAK_SECTION):] if WEAK_SECTION in old else ""  # scripts/train_weak_drafter.py's
+    kept = old[old.index(WEAK_SECTION):] if WEAK_SECTION in old else ""  # training/train_weak_drafter.py's
     readme.write_text("\n".join(lines) + ("\n" + kept if kept else ""), encoding="utf-8")
 
 

@@ -1,0 +1,268 @@
+"""dflash-bench: measure a target/drafter pair in every decoding mode, greedy and sampled,
+beside llama.cpp's own tools on the same GGUF, and keep every repetition.
+
+    dflash-bench                                      # the bundled demo pair
+    dflash-bench -m target.gguf -md draft.gguf -n 256 -r 5 --temp 0,0.6 --top-k 20 --top-p 0.95
+    dflash-bench -m target.gguf -md draft.gguf --json -o my-gpu.json   # results/my-gpu.json
+
+Each mode runs in an engine of its own, loaded once and warmed up; every prompt is
+generated once per repetition, stopping at -n tokens or at the model's end of generation
+(llama.cpp's tools are run without --ignore-eos, so both decode by the same rule). Decode
+tok/s counts the timed decode steps (the prefill and its token apart); AL is tokens per
+target pass. llama.cpp's tools run when built (python scripts/llama_cpp_build.py) with
+the same threads, cache type, context, prompts and sampling.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from .. import DflashError, llama_cpp_tree
+from ..demo import demo_paths
+from ..speculative import CHAIN_RULES
+from . import llama_cpp, ours, provenance, report
+from .prompts import PROMPTS
+from .runs import Run, Sampling
+
+RESULTS = Path("results")
+KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")
+
+
+def log(msg: str) -> None:
+    print(f"[dflash-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _list(kind, name: str):
+    """An argparse type: a comma-separated list of `kind` (llama-bench's style)."""
+    def parse(text: str):
+        try:
+            values = [kind(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: a comma-separated list is expected, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"{name}: empty list")
+        return values
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash-bench", description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--model", help="target GGUF (default: the bundled demo pair)")
+    p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (without it: plain decoding only)")
+    p.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable; default: the built-in prompts)")
+    p.add_argument("-f", "--file", action="append", type=Path, help="a file whose text is a prompt (repeatable)")
+    p.add_argument("--prompts", type=int, help=f"the first N of the {len(PROMPTS)} built-in prompts")
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per prompt at most (default 128)")
+    p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions of every prompt (default 3)")
+    p.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="CPU threads for every engine (default: the CPUs this process may use)")
+    p.add_argument("--modes", type=_list(str, "--modes"), default=list(ours.MODE_NAMES),
+                   help="of plain, chain, tree, auto (default all)")
+    p.add_argument("--tree-budgets", type=_list(int, "--tree-budgets"), default=[4, 8, 16, 32],
+                   help="tree budgets of the tree mode (default 4,8,16,32)")
+    p.add_argument("--draft-p-min", type=_list(float, "--draft-p-min"), default=[],
+                   help="our greedy chain's confidence cut; several values: a chain row each, auto and trees take "
+                        "the first (default: as dflash-run)")
+    p.add_argument("--chain-rule", type=_list(str, "--chain-rule"), default=[],
+                   help="our sampled chain's accept rule, argmax or reject; both: a chain row each (default: as "
+                        "dflash-run)")
+    p.add_argument("--temp", type=_list(float, "--temp"), default=[0.0, 0.6],
+                   help="temperatures, 0 for greedy (default 0,0.6)")
+    p.add_argument("--top-k", type=int, default=20, help="top-k of sampled runs (default 20; 0: off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p of sampled runs (default 0.95; 1: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p of sampled runs (default 0: off)")
+    p.add_argument("-s", "--seed", type=int, default=1, help="seed of sampled runs' first repetition; repetition r draws with seed + r, in both engines (default 1)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=KV_TYPES,
+                   help="attention cache type of both engines (default f16)")
+    p.add_argument("--device", help="ggml device of our engine (default: the first GPU, else the CPU)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, help="target layers on the GPU, for both engines")
+    p.add_argument("--interleave", action="store_true",
+                   help="load every mode at once and take turns prompt by prompt (needs memory for one model per "
+                        "mode; steadier ratios on a busy machine)")
+    p.add_argument("--llama-cpp", type=Path, metavar="DIR",
+                   help="directory of llama.cpp's tools (default: where scripts/llama_cpp_build.py builds them)")
+    p.add_argument("--no-llama-cpp", action="store_true", help="do not run llama.cpp's tools")
+    p.add_argument("--spec-draft-p-min", type=_list(float, "--spec-draft-p-min"), default=[0.0, 0.5],
+                   help="llama.cpp DFlash's draft cut, one row each (default 0,0.5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (provenance, rows, every run)")
+    p.add_argument("-o", "--output", type=Path,
+                   help="also write the JSON to FILE (a bare file name goes under results/)")
+    return p
+
+
+def check(p: argparse.ArgumentParser, args) -> None:
+    if args.model_draft and not args.model:
+        p.error("-md needs -m (the target its drafter was converted for)")
+    for f in (args.model, args.model_draft, *(args.file or ())):
+        if f and not Path(f).is_file():
+            p.error(f"{f}: no such file")
+    if args.n_predict < 2:
+        p.error("-n must be at least 2 (the first token is the prefill's)")
+    if args.repetitions < 1 or args.threads < 1:
+        p.error("-r and -t must be at least 1")
+    if args.prompts is not None and not 1 <= args.prompts <= len(PROMPTS):
+        p.error(f"--prompts must be 1..{len(PROMPTS)}")
+    unknown = set(args.modes) - set(ours.MODE_NAMES)
+    if unknown:
+        p.error(f"unknown mode(s) {', '.join(sorted(unknown))} (of {', '.join(ours.MODE_NAMES)})")
+    if any(not 1 <= b <= 63 for b in args.tree_budgets):
+        p.error("tree budgets must be 1..63")
+    if any(t < 0 for t in args.temp):
+        p.error("--temp must be >= 0")
+    if args.top_k < 0 or not 0 < args.top_p <= 1 or not 0 <= args.min_p < 1:
+        p.error("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1)")
+    if any(not 0 <= x < 1 for x in args.draft_p_min):
+        p.error("--draft-p-min values must be in [0, 1)")
+    if any(rule not in CHAIN_RULES for rule in args.chain_rule):
+        p.error(f"--chain-rule values must be of {', '.join(CHAIN_RULES)}")
+    if any(not 0 <= x <= 1 for x in args.spec_draft_p_min):
+        p.error("--spec-draft-p-min values must be in [0, 1]")
+    if args.llama_cpp is not None and not args.llama_cpp.is_dir():
+        p.error(f"--llama-cpp {args.llama_cpp}: no such directory")
+
+
+def prompts_of(p: argparse.ArgumentParser, args) -> List[tuple]:
+    """(name, text) of the prompts given, else of the built-in ones."""
+    given = [(f"prompt {i + 1}", text) for i, text in enumerate(args.prompt or ())]
+    for f in args.file or ():
+        try:
+            given.append((f.name, f.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as e:
+            p.error(f"{f}: {e}")
+    if any(not text.strip() for _, text in given):
+        p.error("a prompt is empty")
+    return given or PROMPTS[: args.prompts or len(PROMPTS)]
+
+
+def output_path(path: Path) -> Path:
+    return RESULTS / path if path.parent == Path(".") else path
+
+
+def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling]) -> tuple:
+    """Every run (ours, then llama.cpp's) and llama.cpp's build info."""
+    from ..draft import read_draft_metadata
+    from ..tokenizer import Tokenizer
+
+    block = int(read_draft_metadata(draft)["block_size"]) if draft else 1
+    tokenizer = Tokenizer(target)
+    lengths = [len(tokenizer.encode(text)) for _, text in prompts]
+    longest = max(lengths)
+    widest = max([block, *(b + 1 for b in args.tree_budgets)]) if draft else 1
+    n_ctx = -(-(longest + args.n_predict + 2 * widest + 64) // 256) * 256  # both engines get this context
+
+    runs: List[Run] = []
+
+    def keep(run: Run) -> None:
+        runs.append(run)
+        log(f"{run.engine} {run.mode}, {run.sampling}, rep {run.rep + 1}, {run.prompt or 'random tokens'}: "
+            f"{run.tokens / run.decode_s if run.decode_s > 0 else 0:.1f} tok/s, AL "
+            f"{run.tokens / run.passes if run.passes else 0:.2f}")
+
+    options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
+    if args.n_gpu_layers is not None:
+        options["n_gpu_layers"] = args.n_gpu_layers
+    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None, args.chain_rule)
+    ours.run_modes(modes, target, draft, options, prompts, args.n_predict, samplings, args.repetitions,
+                   args.interleave, keep)
+
+    info = {"tools": {}}
+    if args.no_llama_cpp:
+        return runs, info
+    tools = llama_cpp.Tools.find(args.llama_cpp)
+    info["tools"] = {name: str(exe) for name, exe in tools.found.items()}
+    info["missing"] = tools.missing
+    for why in tools.missing.values():
+        log(why)
+    setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft, args.n_gpu_layers)
+    try:
+        if "llama-bench" in tools.found:
+            depth = round(sum(lengths) / len(lengths))  # llama-bench decodes after as much context
+            bench, info["llama_bench"] = llama_cpp.bench_runs(tools.found["llama-bench"], setup, depth,
+                                                              args.repetitions)
+            for run in bench:
+                keep(run)
+        for sampling in samplings:
+            for rep in range(args.repetitions):
+                if "llama-completion" in tools.found:
+                    for run in llama_cpp.completion_runs(tools.found["llama-completion"], setup, prompts,
+                                                         sampling, rep):
+                        keep(run)
+                if draft and "llama-speculative-simple" in tools.found:
+                    for p_min in args.spec_draft_p_min:
+                        for run in llama_cpp.speculative_runs(tools.found["llama-speculative-simple"], setup, block,
+                                                              p_min, prompts, sampling, rep):
+                            keep(run)
+    except llama_cpp.ToolError as e:
+        log(f"llama.cpp: {e}")
+        info["error"] = str(e)
+    return runs, info
+
+
+def main(argv=None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    check(p, args)
+    target, draft = (args.model, args.model_draft) if args.model else demo_paths()
+    prompts = prompts_of(p, args)
+    samplings = [Sampling(t, args.top_k, args.top_p, args.min_p, args.seed) if t > 0 else Sampling()
+                 for t in dict.fromkeys(args.temp)]
+
+    started, load_before = _dt.datetime.now(_dt.timezone.utc), provenance.load_average()
+    log(f"load average {load_before[0]:.2f} on {os.cpu_count()} CPUs"
+        + (": other processes are running, timings will show it" if load_before[0] > 0.5 else ""))
+    try:
+        runs, llama_info = measure(args, target, draft, prompts, samplings)
+    except (DflashError, ValueError, OSError) as e:
+        print(f"dflash-bench: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dflash-bench: interrupted", file=sys.stderr)
+        return 130
+    load_after = provenance.load_average()
+
+    table = report.rows(runs)
+    devices = sorted({r.extra["device"] for r in runs if "device" in r.extra})
+    result = {
+        "tool": "dflash-bench", "started": started.isoformat(timespec="seconds"),
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "checkout": provenance.checkout(), "versions": provenance.versions(),
+        "llama_cpp": {**llama_info, "sources": str(llama_cpp_tree.sdist_dir())},
+        "machine": provenance.machine(args.threads, ", ".join(devices)),
+        "load_average": {"before": load_before, "after": load_after},
+        "models": {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None,
+                   "demo": args.model is None},
+        "settings": {"prompts": [name for name, _ in prompts], "n_predict": args.n_predict,
+                     "repetitions": args.repetitions, "threads": args.threads, "cache_type": args.cache_type_k,
+                     "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
+                     "chain_rule": args.chain_rule,
+                     "samplings": [s.label for s in samplings], "interleave": args.interleave,
+                     "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min},
+        "rows": [r.to_json() for r in table],
+        "headline": report.headline(table),
+        "runs": [r.to_json() for r in runs],
+    }
+    if args.output is not None:
+        path = output_path(args.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        log(f"wrote {path}")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    machine = result["machine"]
+    print(f"dflash-bench: {Path(target).name} + {Path(draft).name if draft else 'no drafter'}"
+          f"{' (the bundled demo pair)' if args.model is None else ''}; {len(prompts)} prompts x at most "
+          f"{args.n_predict} tokens, {args.repetitions} reps; {args.threads} threads on {machine['cpu']} "
+          f"({result['machine']['device']}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print()
+    print(report.table_text(table, args.repetitions))
+    for line in result["headline"]:
+        print(line)
+    return 0

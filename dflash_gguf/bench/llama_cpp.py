@@ -1,0 +1,216 @@
+"""llama.cpp's own C++ tools as the benchmark's peers, run on the same GGUF with the same
+threads, cache type, prompts and sampling settings, and their logs read back:
+
+  llama-bench               plain decoding (`-n N` at a depth of the prompts' length), one
+                            sample per repetition from its JSON output
+  llama-completion          plain end-to-end generation of each prompt: its "eval time"
+                            (the decode steps; sampling is timed apart and left out)
+  llama-speculative-simple  `--spec-type draft-dflash`, llama.cpp's DFlash: its "decoded"
+                            timer and its draft counts
+
+The tools are those `scripts/llama_cpp_build.py` builds from the installed llama-cpp-python's
+sdist (dflash_gguf.llama_cpp_tree), or any directory given.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from .. import llama_cpp_tree
+from .runs import Run, Sampling
+
+TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
+# The order dflash_gguf.sampling applies its truncations in: llama.cpp's default chain less
+# the samplers we do not have (DRY, top-n-sigma, typical, XTC) and the penalties the bench
+# leaves off, given explicitly so that both engines draw from one distribution.
+SAMPLER_ORDER = "top_k;top_p;min_p;temperature"
+END_OF_TEXT = " [end of text]"  # llama-completion's mark of an end-of-generation token
+
+
+class ToolError(RuntimeError):
+    pass
+
+
+@dataclass
+class Tools:
+    """The tools found, and why the others are missing."""
+
+    found: dict = field(default_factory=dict)
+    missing: dict = field(default_factory=dict)
+
+    @classmethod
+    def find(cls, directory: Optional[Path]) -> "Tools":
+        tools = cls()
+        for name in TOOLS:
+            exe = llama_cpp_tree.tool(name, directory)
+            if exe is not None:
+                tools.found[name] = exe
+            else:
+                where = directory or llama_cpp_tree.build_dir() / "bin"
+                tools.missing[name] = f"{name} is not in {where} (build it: python scripts/llama_cpp_build.py)"
+        return tools
+
+
+@dataclass
+class Setup:
+    """What every llama.cpp run shares with ours."""
+
+    target: str
+    threads: int
+    n_ctx: int
+    n_predict: int
+    kv_type: str
+    draft: Optional[str] = None
+    n_gpu_layers: Optional[int] = None
+
+    def common(self) -> List[str]:
+        t = str(self.threads)
+        args = ["-m", self.target, "-c", str(self.n_ctx), "-b", "512", "-ub", "512", "-t", t, "-tb", t,
+                "-fa", "on", "-ctk", self.kv_type, "-ctv", self.kv_type, "-n", str(self.n_predict)]
+        if self.n_gpu_layers is not None:
+            args += ["-ngl", str(self.n_gpu_layers)]
+        return args
+
+
+def sampling_flags(s: Sampling, rep: int) -> List[str]:
+    if s.greedy:
+        return ["--temp", "0"]
+    return ["--temp", repr(s.temperature), "--top-k", str(s.top_k), "--top-p", repr(s.top_p),
+            "--min-p", repr(s.min_p), "--seed", str(s.seed_at(rep)), "--samplers", SAMPLER_ORDER]
+
+
+def run_tool(cmd: List[str], timeout: float = 3600) -> tuple:
+    """(stdout, stderr) of one run; ToolError with the last lines of its log on failure."""
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"{Path(cmd[0]).name} timed out after {timeout:.0f} s") from None
+    if res.returncode != 0:
+        how = f"signal {-res.returncode}" if res.returncode < 0 else f"exit status {res.returncode}"
+        tail = [ln for ln in res.stderr.strip().splitlines() if ln.strip()][-2:]
+        raise ToolError(f"{Path(cmd[0]).name} failed ({how}): " + " | ".join(tail))
+    return res.stdout, res.stderr
+
+
+def run_parsed(cmd: List[str], parse, needed: str, attempts: int = 3) -> tuple:
+    """(stdout, parsed log) of a run whose log has `needed`, retried when it has not:
+    llama.cpp logs from a worker thread, which sometimes loses the last lines at exit."""
+    for _ in range(attempts):
+        stdout, log = run_tool(cmd)
+        parsed = parse(log)
+        if needed in parsed:
+            return stdout, parsed
+    raise ToolError(f"{Path(cmd[0]).name} logged no summary in {attempts} runs: {log[-300:]}")
+
+
+# ---- reading the logs ---------------------------------------------------------------------
+
+def parse_completion(log: str) -> dict:
+    """llama-completion's own timings (common_perf_print): the decode steps ("eval time",
+    one run per token after the prompt's), the prompt and the sampling."""
+    out = {}
+    m = re.search(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) runs", log)
+    if m:
+        out["decode_s"], out["runs"] = float(m.group(1)) / 1e3, int(m.group(2))
+    m = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", log)
+    if m:
+        out["prefill_s"], out["prompt_tokens"] = float(m.group(1)) / 1e3, int(m.group(2))
+    m = re.search(r"sampling time =\s*([\d.]+) ms", log)
+    if m:
+        out["sampling_s"] = float(m.group(1)) / 1e3
+    return out
+
+
+def parse_speculative(log: str) -> dict:
+    """llama-speculative-simple's summary. Each committed round is one target pass and
+    yields its accepted drafts plus one token, so rounds = n_predict - n_accept; a round
+    whose partial acceptance restores a checkpoint (logged at -lv 5 only) evaluates again."""
+    out = {}
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    if m:
+        out["tokens"], out["decode_s"] = int(m.group(1)), float(m.group(2))
+    m = re.search(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    if m:
+        out["prompt_tokens"], out["prefill_s"] = int(m.group(1)), float(m.group(2))
+    for key in ("n_drafted", "n_accept", "n_predict"):
+        m = re.search(rf"{key}\s*=\s*(\d+)", log)
+        if m:
+            out[key] = int(m.group(1))
+    if "n_predict" in out and "n_accept" in out:
+        out["rounds"] = out["n_predict"] - out["n_accept"]
+    out["checkpoints"] = "will use checkpoints" in log
+    out["restores"] = len(re.findall(r"partial acceptance: ", log))
+    return out
+
+
+def completion_text(stdout: str) -> str:
+    """The generated text llama-completion printed (--no-display-prompt)."""
+    text = stdout.rstrip("\n")
+    return text[:-len(END_OF_TEXT)] if text.endswith(END_OF_TEXT) else text
+
+
+def speculative_text(stdout: str, prompt: str) -> Optional[str]:
+    """llama-speculative-simple prints the prompt, then the generated text."""
+    i = stdout.find(prompt)
+    return stdout[i + len(prompt):].rstrip("\n") if i >= 0 else None
+
+
+# ---- the runs -----------------------------------------------------------------------------
+
+def completion_runs(exe: Path, setup: Setup, prompts, sampling: Sampling, rep: int) -> List[Run]:
+    """One llama-completion run per prompt."""
+    runs = []
+    for name, text in prompts:
+        cmd = [str(exe), *setup.common(), "-p", text, "-no-cnv", "--no-display-prompt", *sampling_flags(sampling, rep)]
+        stdout, r = run_parsed(cmd, parse_completion, "decode_s")
+        runs.append(Run(engine="llama.cpp", mode="plain (llama-completion)", sampling=sampling.label, rep=rep,
+                        prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
+                        decode_s=r["decode_s"], passes=r["runs"], prefill_s=r.get("prefill_s"),
+                        text=completion_text(stdout), extra={"sampling_s": r.get("sampling_s")}))
+    return runs
+
+
+def speculative_runs(exe: Path, setup: Setup, block: int, p_min: float, prompts, sampling: Sampling,
+                     rep: int) -> List[Run]:
+    """One llama-speculative-simple (DFlash) run per prompt, drafting blocks of the drafter's
+    size (the bonus token plus block - 1 drafts). When the target needs checkpoints (it
+    cannot drop a rejected tail), the run is made at -lv 5 to count the restores, each a
+    second target pass (the timing stays the quiet run's; the same seed draws the same)."""
+    runs = []
+    for name, text in prompts:
+        cmd = [str(exe), *setup.common(), "-md", setup.draft, "-td", str(setup.threads), "-tbd", str(setup.threads),
+               "--spec-type", "draft-dflash", "--spec-draft-n-max", str(block - 1), "--spec-draft-n-min", "0",
+               "--spec-draft-p-min", repr(p_min), "-p", text, *sampling_flags(sampling, rep)]
+        stdout, r = run_parsed(cmd, parse_speculative, "rounds")
+        if r["checkpoints"]:
+            r["restores"] = run_parsed(cmd + ["-lv", "5"], parse_speculative, "rounds")[1]["restores"]
+        runs.append(Run(engine="llama.cpp", mode=f"DFlash (llama-speculative-simple, p-min {p_min:g})",
+                        sampling=sampling.label, rep=rep, prompt=name, prompt_tokens=r.get("prompt_tokens", 0),
+                        tokens=r["tokens"], decode_s=r["decode_s"], passes=r["rounds"] + r["restores"],
+                        prefill_s=r.get("prefill_s"), text=speculative_text(stdout, text),
+                        extra={k: r.get(k) for k in ("n_drafted", "n_accept", "restores")}))
+    return runs
+
+
+def bench_runs(exe: Path, setup: Setup, depth: int, reps: int) -> tuple:
+    """llama-bench's plain decoding: `-n` tokens after `depth` tokens of context, `reps`
+    repetitions, one Run each. Returns (runs, its build info)."""
+    t = str(setup.threads)
+    cmd = [str(exe), "-m", setup.target, "-p", "0", "-n", str(setup.n_predict), "-d", str(depth), "-r", str(reps),
+           "-t", t, "-fa", "1", "-ctk", setup.kv_type, "-ctv", setup.kv_type, "-o", "json"]
+    if setup.n_gpu_layers is not None:
+        cmd += ["-ngl", str(setup.n_gpu_layers)]
+    stdout, _ = run_tool(cmd)
+    try:
+        (test,) = json.loads(stdout)
+    except ValueError:
+        raise ToolError(f"llama-bench printed no JSON test result: {stdout[-300:]}") from None
+    runs = [Run(engine="llama.cpp", mode=f"plain (llama-bench -n {setup.n_predict} -d {depth})", sampling="-",
+                rep=rep, prompt="", prompt_tokens=depth, tokens=test["n_gen"], decode_s=ns / 1e9, passes=test["n_gen"])
+            for rep, ns in enumerate(test["samples_ns"])]
+    info = {k: test.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends")}
+    return runs, info

@@ -1,0 +1,75 @@
+"""Where a benchmark ran: the code (commit), the machine (CPU, devices), the versions of
+everything that computes, and how loaded the machine was. A number without these cannot
+be compared with another."""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+from ..devices import list_devices
+
+
+def load_average() -> list:
+    """The 1, 5 and 15 minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def checkout() -> Optional[dict]:
+    """The git commit of the dflash-gguf checkout this runs from: the one holding the
+    virtualenv (scripts/setup.sh makes .venv inside the checkout), else the working
+    directory's. None outside a checkout."""
+    for where in (Path(sys.prefix).parent, Path.cwd()):
+        pyproject = where / "pyproject.toml"
+        if not (pyproject.is_file() and 'name = "dflash-gguf"' in pyproject.read_text(errors="replace")):
+            continue
+        try:
+            sha = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return {"commit": sha, "uncommitted_changes": bool(dirty), "path": str(where)}
+    return None
+
+
+def ggml_version() -> dict:
+    """The version and commit of the ggml this process runs (llama-cpp-python's)."""
+    import llama_cpp
+
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    out = {}
+    for name in ("ggml_version", "ggml_commit"):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_char_p
+        out[name.removeprefix("ggml_")] = fn().decode()
+    return out
+
+
+def versions() -> dict:
+    from .. import __version__
+
+    out = {"dflash_gguf": __version__, "llama_cpp_python": metadata.version("llama_cpp_python"),
+           "ggml": ggml_version(), "python": platform.python_version(), "numpy": metadata.version("numpy")}
+    return out
+
+
+def machine(threads: int, device: str) -> dict:
+    return {"cpu": cpu_name(), "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(), "devices": list_devices(), "device": device, "threads": threads}

@@ -1,0 +1,70 @@
+"""What one benchmark run is: one prompt generated once by one engine in one mode, with
+the numbers every table is made of."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
+
+from ..sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy (temperature 0) or sampled with these settings (llama.cpp's flag names)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def label(self) -> str:
+        if self.greedy:
+            return "greedy"
+        return (f"temp {self.temperature:g}, top-k {self.top_k}, top-p {self.top_p:g}, min-p {self.min_p:g}, "
+                f"seed {self.seed} + rep")
+
+    def seed_at(self, rep: int) -> int:
+        """Repetition `rep`'s seed, the same in both engines: a sampled text's AL varies a
+        lot from draw to draw, and repetitions that drew the same text would only repeat it."""
+        return self.seed + rep
+
+    def params(self, rep: int) -> Optional[SamplingParams]:
+        """Our engine's settings for repetition `rep` (None: greedy)."""
+        if self.greedy:
+            return None
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              seed=self.seed_at(rep))
+
+
+@dataclass
+class Run:
+    """One generation. `tokens` and `decode_s` cover the timed decode steps only (the
+    prefill, which yields the first token, is apart); `passes` counts the target's passes
+    over them, so tokens / passes is the acceptance length (AL) and 1 for plain decoding."""
+
+    engine: str          # "ours" or "llama.cpp"
+    mode: str            # ours: plain, chain, tree 8, auto; llama.cpp: the tool and its setting
+    sampling: str        # Sampling.label
+    rep: int
+    prompt: str          # the prompt's name ("" for llama-bench's random tokens)
+    prompt_tokens: int
+    tokens: int
+    decode_s: float
+    passes: int
+    prefill_s: Optional[float] = None
+    text: Optional[str] = None            # the generated text
+    token_ids: Optional[List[int]] = None  # ours: the generated tokens
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def row(self) -> tuple:
+        return self.engine, self.mode, self.sampling
+
+    def to_json(self) -> dict:
+        return asdict(self)

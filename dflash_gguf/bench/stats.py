@@ -1,0 +1,43 @@
+"""Medians and spread of repeated measurements, and the rows of a result table."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+
+@dataclass
+class Spread:
+    """Median, extremes and quartiles of one quantity over the repetitions."""
+
+    median: float
+    low: float
+    high: float
+    q1: float
+    q3: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Optional["Spread"]:
+        xs = sorted(v for v in values if v is not None)
+        if not xs:
+            return None
+        if len(xs) == 1:
+            q1 = q3 = xs[0]
+        else:
+            q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+        return cls(statistics.median(xs), xs[0], xs[-1], q1, q3, len(xs))
+
+    def text(self, fmt: str = ".1f") -> str:
+        """'median [low-high]' (the median alone when every value is the same)."""
+        if self.low == self.high:
+            return format(self.median, fmt)
+        return f"{self.median:{fmt}} [{self.low:{fmt}}-{self.high:{fmt}}]"
+
+    def to_json(self) -> dict:
+        return {"median": self.median, "min": self.low, "max": self.high, "q1": self.q1, "q3": self.q3, "n": self.n}
+
+
+def ratio(a: Optional[Spread], b: Optional[Spread]) -> Optional[float]:
+    """a's median over b's."""
+    return a.median / b.median if a is not None and b is not None and b.median > 0 else None

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""What sampling costs a target pass at Qwen3.5's vocabulary (issue #34's figure 3).
+
+A random-weight target with Qwen3.5's 248,320-token vocabulary and a few small layers
+(dflash_gguf.convert.shape_model: qwen35-27b's structure, 4 layers, hidden 256, q8_0) and a
+random drafter of its shape. Times the target pass of a chain step (the drafter's whole
+block of 16 verified, handed over on the device) and of a 16-node tree step (17 nodes
+with the root), each greedy and sampled (T 0.6 / top-k 20 / top-p 0.95, on the device),
+alternating greedy and sampled passes so that drift hits both alike; reports the median
+pass of each, the sampled / greedy ratio, and the bytes the host writes and reads per
+pass. For scale, it also times what host sampling over the same rows costs (reading the
+logits rows back and numpy's distribution), which the device sampling replaced.
+
+    .venv/bin/python scripts/sampling_cost.py [--threads 2] [--reps 40] [--out results/]
+
+The model files go to .cache/bench/ (about 70 MB). Time only on an idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.sampling import GREEDY, Sampler, SamplingParams, distribution
+from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "bench"
+SMALL = ["hidden=256", "heads=4", "kv_heads=2", "head_dim=64", "rot=16", "sections=3,3,2,0", "lin_k_heads=2",
+         "lin_v_heads=4", "lin_dim=64", "ffn=512"]
+SAMPLED = SamplingParams(0.6, 20, 0.95, seed=0)
+TREE_NODES = 17  # 16 nodes and the root
+
+
+def make_files() -> tuple[Path, Path]:
+    target, draft = CACHE / "vocab248k-target-q8_0.gguf", CACHE / "vocab248k-draft-q8_0.gguf"
+    make = [sys.executable, "-m", "dflash_gguf.convert.shape_model"]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        subprocess.run(make + ["qwen35-27b", "--outtype", "q8_0", "--layers", "4", "--outfile", str(target),
+                               "--quiet", *[f"--set={s}" for s in SMALL]], check=True)
+    if not draft.exists():
+        subprocess.run(make + ["qwen35-27b-dflash", "--outtype", "q8_0", "--outfile", str(draft), "--quiet",
+                               "--layers", "1", "--set=target_layers=1,3",
+                               *[f"--set={s}" for s in SMALL if not s.startswith(("rot", "sections", "lin"))]],
+                       check=True)
+    return target, draft
+
+
+def best_first_tree(n: int) -> list:
+    """Parents of a bushy 16-node tree (each node's children ordered, depth-first)."""
+    return [-1] + [(i - 1) // 3 for i in range(1, n)]
+
+
+def pass_seconds(target: Target, draft: Draft, sampler: Sampler, tree: bool) -> tuple[float, int, int]:
+    """One target pass as decoding runs it: staging, verify (carrying the last commit),
+    the choices read back; then a commit of one row for the next pass to carry."""
+    info = target.info()
+    w0, r0 = info["n_host_write_bytes"], info["n_host_read_bytes"]
+    rows = TREE_NODES if tree else draft.block_size
+    t0 = time.perf_counter()
+    sampler.prepare(target, rows)
+    if tree:
+        target.verify_tree(list(range(500, 500 + rows)), best_first_tree(rows))
+    else:
+        draft.verify_block(target, rows)
+    sampler.choices(target, 0, rows)
+    dt = time.perf_counter() - t0
+    info = target.info()
+    if tree:
+        target.commit_path([0])
+    else:
+        target.commit(1)
+    return dt, info["n_host_write_bytes"] - w0, info["n_host_read_bytes"] - r0
+
+
+def measure(target: Target, draft: Draft, reps: int) -> dict:
+    prompt = list(range(1000, 1064))
+    out = {}
+    for tree in (False, True):
+        samplers = {"greedy": Sampler(GREEDY), "sampled": Sampler(SAMPLED)}
+        times = {k: [] for k in samplers}
+        traffic = {}
+        target.reset()
+        draft.reset()
+        target.set_sampling(GREEDY.native())
+        target.prefill(prompt, LOGITS_LAST)
+        draft.append_rows(len(prompt))
+        draft.propose(7, draft.block_size, read=False)
+        for rep in range(reps + 3):  # the first passes build graphs
+            for kind, sampler in samplers.items():
+                sampler.apply(target)
+                dt, wrote, read = pass_seconds(target, draft, sampler, tree)
+                if rep >= 3:
+                    times[kind].append(dt)
+                    traffic[kind] = {"write_bytes": wrote, "read_bytes": read}
+        name = "tree16" if tree else "chain16"
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out[name] = {"rows": TREE_NODES if tree else draft.block_size, "median_seconds": med, "ratio": med["sampled"] / med["greedy"],
+                     "host_bytes_per_pass": traffic, "seconds": times}
+    # host sampling as it was: the logits rows read back and numpy's rule over them
+    target.reset()
+    target.set_sampling(GREEDY.native())
+    target.prefill(prompt, LOGITS_LAST)
+    target.verify(list(range(500, 500 + TREE_NODES)))
+    host = []
+    for _ in range(max(3, reps // 4)):
+        t0 = time.perf_counter()
+        distribution(target.logits(0, TREE_NODES), SAMPLED)
+        host.append(time.perf_counter() - t0)
+    target.commit(1)
+    out["host_sampling_seconds"] = statistics.median(host)
+    out["host_logits_bytes"] = TREE_NODES * target.n_vocab * 4
+    return out
+
+
+def provenance(threads: int) -> dict:
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    return {"commit": commit, "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": "CPU",
+            "cpu": cpu, "threads": threads, "loadavg_before": os.getloadavg()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=40, help="passes timed per kind (default 40)")
+    p.add_argument("--out", default=str(ROOT / "results"), help="folder for the results file")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.threads < 1:
+        p.error("--reps and --threads must be >= 1")
+    target_path, draft_path = make_files()
+    prov = provenance(args.threads)
+    meta = read_draft_metadata(str(draft_path))
+    with Target(str(target_path), TargetConfig(n_ctx=512, n_ubatch=64, n_verify=TREE_NODES, kv_type="f16",
+                                               feature_layers=meta["target_layers"], n_threads=args.threads)) as t, \
+            Draft(str(draft_path), t, DraftConfig(top_k=4)) as d:
+        res = measure(t, d, args.reps)
+    prov["loadavg_after"] = os.getloadavg()
+    doc = {"what": "sampled vs greedy target pass at a 248,320-token vocabulary (issue #34 figure 3)",
+           "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+           "model": {"target": target_path.name, "draft": draft_path.name, "vocab": 248320},
+           "sampling": SAMPLED.__dict__, **prov, "results": res}
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    out = Path(args.out) / f"sampling-cost-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    for name in ("chain16", "tree16"):
+        r = res[name]
+        print(f"{name}: greedy {r['median_seconds']['greedy'] * 1e3:.2f} ms, sampled "
+              f"{r['median_seconds']['sampled'] * 1e3:.2f} ms, ratio {r['ratio']:.3f}; host bytes per pass "
+              f"(sampled) written {r['host_bytes_per_pass']['sampled']['write_bytes']}, read "
+              f"{r['host_bytes_per_pass']['sampled']['read_bytes']}")
+    print(f"host sampling of {TREE_NODES} rows (for scale): {res['host_sampling_seconds'] * 1e3:.1f} ms and "
+          f"{res['host_logits_bytes']} bytes of logits read")
+    print(f"load average {prov['loadavg_before'][0]:.2f} -> {prov['loadavg_after'][0]:.2f}; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

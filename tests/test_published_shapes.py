@@ -1,0 +1,99 @@
+"""The published shapes (convert/published_configs.json, read by dflash_gguf.convert.shapes)
+against what llama.cpp's pinned sources know of the same models: the quantization-type
+snapshot of the 27B (tests/snapshots/qwen3.6-27b.schema: its hyperparameters, which
+layers are attention layers, every quantizable tensor's name and the type llama-quantize
+gives it) and the model-size switches of src/models/qwen35*.cpp. The 27B drafter's config
+appears nowhere in those sources and is checked against nothing here."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fixtures import llama_cpp_source, missing_oracle
+
+from dflash_gguf.convert.shapes import (PUBLISHED, QWEN35_0_8B, QWEN35_27B, QWEN35_35B_A3B, is_recurrent,
+                                        tensor_table)
+
+SNAPSHOT_27B = Path("tests/snapshots/qwen3.6-27b.schema")
+# llama.cpp's quantization type names -> our converter's --outtype, where it has them
+OUTTYPES = {"F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K_M": "q4_k_m", "Q5_K_M": "q5_k_m",
+            "Q6_K": "q6_k"}
+
+
+@pytest.fixture(scope="module")
+def src() -> Path:
+    src = llama_cpp_source()
+    if src is None:
+        missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
+    return src
+
+
+@pytest.fixture(scope="module")
+def snapshot(src):
+    """(header {key: int}, {type name: (default type, {tensor: type})}) of the 27B snapshot."""
+    header, sections, current = {}, {}, None
+    for line in (src / SNAPSHOT_27B).read_text().splitlines():
+        if line.startswith("# n_embd="):
+            header = {k: int(v) for k, v in (kv.split("=") for kv in line[2:].split(", "))}
+        elif m := re.fullmatch(r"\[(\w+)\] (\w+)", line):
+            current = m.group(1)
+            sections[current] = (m.group(2).lower(), {})
+        elif current and line.strip():
+            name, qtype = line.split()
+            sections[current][1][name] = qtype.lower()
+    assert header and len(sections) > 10, "the snapshot's format changed"
+    return header, sections
+
+
+def test_every_published_entry_names_its_source():
+    for name, entry in PUBLISHED.items():
+        assert entry["source"].startswith(f"https://huggingface.co/{entry['model']}/"), name
+        assert entry["architecture"] in ("qwen35", "qwen35moe", "dflash"), name
+
+
+def test_27b_hyperparameters_are_llama_cpp_s(snapshot, src):
+    header, _ = snapshot
+    assert (src / SNAPSHOT_27B).read_text().startswith("# Model: Qwen3.5-27B\n")
+    c = QWEN35_27B
+    assert header == {"n_embd": c["hidden"], "n_ff": c["ffn"], "n_vocab": c["vocab"], "n_layer": c["layers"],
+                      "n_head": c["heads"], "n_head_kv": c["kv_heads"]}
+
+
+def test_27b_attention_layers_are_llama_cpp_s(snapshot):
+    """Gated DeltaNet layers carry attn_qkv, attention layers attn_v: the snapshot's names
+    give the layer pattern."""
+    names = {n for _, types in snapshot[1].values() for n in types}
+    recurrent = {int(m.group(1)) for n in names if (m := re.fullmatch(r"blk\.(\d+)\.attn_qkv\.weight", n))}
+    attention = {int(m.group(1)) for n in names if (m := re.fullmatch(r"blk\.(\d+)\.attn_v\.weight", n))}
+    assert recurrent | attention == set(range(QWEN35_27B["layers"])) and not recurrent & attention
+    assert recurrent == {il for il in range(QWEN35_27B["layers"]) if is_recurrent(QWEN35_27B, il)}
+
+
+@pytest.mark.parametrize("llama_type", sorted(OUTTYPES))
+def test_27b_tensor_types_are_llama_quantize_s(snapshot, llama_type):
+    """Every quantizable tensor the snapshot names is in our table, typed as llama-quantize
+    types it (the snapshot lists the tensors that differ from the type's default)."""
+    default, overrides = snapshot[1][llama_type]
+    known = {n for _, types in snapshot[1].values() for n in types}
+    ours = {name: qtype.name.lower() for name, _, qtype in tensor_table(QWEN35_27B, OUTTYPES[llama_type])}
+    assert known <= set(ours), sorted(known - set(ours))[:5]
+    wrong = {n: (ours[n], overrides.get(n, default)) for n in known if ours[n] != overrides.get(n, default)}
+    assert not wrong, f"{len(wrong)} tensors typed otherwise, e.g. {sorted(wrong.items())[:5]}"
+
+
+def _size_cases(text: str) -> str:
+    return text[text.index("switch (hparams.n_layer())"):]
+
+
+def test_smaller_and_moe_shapes_are_the_sizes_llama_cpp_names(src):
+    dense = _size_cases((src / "src" / "models" / "qwen35.cpp").read_text())
+    assert re.search(rf"case {QWEN35_0_8B['layers']}: type = hparams\.n_embd == {QWEN35_0_8B['hidden']} \? "
+                     r"LLM_TYPE_0_8B", dense)
+    assert re.search(rf"case {QWEN35_27B['layers']}: type = LLM_TYPE_27B", dense)
+    moe = _size_cases((src / "src" / "models" / "qwen35moe.cpp").read_text())
+    assert re.search(rf"case {QWEN35_35B_A3B['layers']}: type = LLM_TYPE_35B_A3B", moe)
+    conversion = (src / "conversion" / "qwen.py").read_text()
+    at = conversion.index('@ModelBase.example("Qwen/Qwen3.5-35B-A3B")')
+    assert "model_arch = gguf.MODEL_ARCH.QWEN35MOE" in conversion[at:at + 200]
