@@ -278,6 +278,10 @@ class Batch:
         out = []
         if self.joining:
             seq, chunks = self.joining[0]
+            if self.draft is not None:
+                # the running sequences' deferred drafter rows read the target's features of
+                # the last step, which the chunk's graph overwrites: appended first
+                self.draft.flush()
             try:
                 if next(chunks, _END) is _END or seq.prefilled:
                     for _ in chunks:  # the prompt is in: the rest is bookkeeping, no graph

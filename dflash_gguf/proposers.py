@@ -48,6 +48,12 @@ def chain_length(top1_logprobs, p_min: float) -> int:
     return len(top1_logprobs)
 
 
+def _kept_rows(seq, rows) -> List[int]:
+    """The step's feature rows of a sequence's kept rows (its rows follow the step's
+    earlier sequences' rows, from seq.row0)."""
+    return [seq.row0 + int(r) for r in rows]
+
+
 def _chain_paths(block: List[int]) -> List[List[int]]:
     """Per verified row of a chain block, the drafts it sees after the bonus."""
     return [block[1:i + 1] for i in range(len(block))]
@@ -135,7 +141,7 @@ class ChainProposer:
             nxt = int(choice[n_acc])
         seq.stage("verified")
         seq.target.commit(n_acc + 1, **_slot(seq))
-        self.draft.append_rows(n_acc + 1, defer=True, **_slot(seq))
+        self.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
         return block[1:n_acc + 1] + [nxt]
 
 
@@ -260,7 +266,7 @@ class TreeProposer:
             n_acc = accepted_prefix(block, choice)
             seq.stage("verified")
             seq.target.commit(n_acc + 1, **_slot(seq))
-            draft.append_rows(n_acc + 1, defer=True, **_slot(seq))
+            draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
             out = block[1:n_acc + 1] + [int(choice[n_acc])]
             if auto is not None and st.b >= 2:
                 record = StepRecord(CHAIN, 0.0, 1 + st.n_drafts, survey_seconds=st.t_survey)
@@ -282,7 +288,7 @@ class TreeProposer:
             seq.target.commit(len(path), **_slot(seq))
         else:
             seq.target.commit_path(path, **_slot(seq))
-        draft.append_rows(len(path), rows=path, defer=True, **_slot(seq))
+        draft.append_rows(len(path), rows=_kept_rows(seq, path), defer=True, **_slot(seq))
         out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
         if auto is not None:
             record = StepRecord(CHAIN if chain else st.arm, 0.0, len(tree), survey_seconds=st.t_survey)
