@@ -807,8 +807,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--port must be 0..65535")
     if args.queue < 0:
         parser.error("--queue must be >= 0")
-    if args.parallel < 1:
-        parser.error("-np/--parallel must be >= 1")
     if args.checkpoint_mib < 0:
         parser.error("--checkpoint-mib must be >= 0")
     if args.checkpoint_every < 1:
