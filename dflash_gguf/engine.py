@@ -7,7 +7,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 from .budget import AutoBudget, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, EngineSetup
-from .decoding import Sequence as Decoding, sequence_steps
+from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect
 from .memory import refusal, settle
@@ -235,6 +235,11 @@ class Engine:
         return Decoding(self.target, self.draft if use_draft else None, proposer, tokens, max_tokens, stops, stats,
                         sampling, slot=slot, reused=reused, context_full=context_full, on_stage=on_stage,
                         saver=saver)
+
+    def batch(self) -> Batch:
+        """An empty decoding.Batch over the engine's target and drafter, where sequences
+        from sequence(), each in a slot of its own, run together (dflash-server -np)."""
+        return Batch(self.target, self.draft)
 
     def _resume(self, tokens: List[int], reused: int, use_draft: bool, stats: GenerationStats, slot: int) -> int:
         """Restore the longest checkpointed prefix of `tokens` that beats the context

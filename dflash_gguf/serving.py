@@ -150,7 +150,7 @@ class Scheduler:
 
     # -- worker side --------------------------------------------------------------------
     def _work(self) -> None:
-        batch = Batch(self.engine.target, self.engine.draft)
+        batch = self.engine.batch()
         while True:
             with self._lock:
                 while not self._queue and not self._running and not self._closing:
