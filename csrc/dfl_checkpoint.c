@@ -15,7 +15,11 @@
  * the same prefix rows again. A checkpoint saved on top of a parent (an earlier
  * checkpoint of a prefix of the same tokens) keeps only the rows from the parent's
  * position on, plus the fixed-size recurrent and conv states; restoring it copies the
- * rows of the whole chain. A parent stays alive while a child needs it. */
+ * rows of the whole chain. A parent stays alive while a child needs it.
+ *
+ * A checkpoint is of one sequence slot and restores into any slot of the same target
+ * (and drafter): the parts of a slot's state are listed by the memory layer in the same
+ * order for every slot. */
 #include "dfl_checkpoint.h"
 #include "dfl_target_impl.h"
 
@@ -28,17 +32,18 @@
 #define MAX_BUFFERS 4
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
-/* One piece of state. Per-position caches (attention K or V, the drafter's K or V) keep
- * positions [first, end) in position order, position p being row p % ring of the live
- * cache; fixed-size states (ring 0) are copied whole. */
-typedef struct part {
-    struct ggml_tensor * live;
-    int ring;
+/* One piece of a checkpoint: a copy of a part of a slot's state (dfl_memory_part): of
+ * a per-position cache, positions [first, end) in position order; of a fixed-size state,
+ * all of it. */
+typedef struct held {
+    int ring;               /* 0: a fixed-size state */
     int need;               /* the first position the checkpoint's position needs */
     int first, end;         /* the positions this checkpoint holds itself */
+    size_t bytes;           /* a fixed-size state's */
+    size_t row_bytes;       /* a per-position cache's rows' */
     struct ggml_tensor * copy;
     int buffer;             /* which of the checkpoint's buffers holds the copy */
-} part;
+} held;
 
 struct dfl_checkpoint {
     const dfl_target * target; /* the pair it was taken from, and the only one it restores into */
@@ -48,7 +53,7 @@ struct dfl_checkpoint {
     int released;              /* the caller freed its handle (children keep the state alive) */
     int32_t n_past;
     int n_parts;
-    part * parts;
+    held * parts;
     /* one buffer per buffer type the copies live in, and the context of its tensors */
     int n_buffers;
     struct ggml_context * ctxs[MAX_BUFFERS];
@@ -56,39 +61,19 @@ struct dfl_checkpoint {
     size_t device_bytes, host_bytes;
 };
 
-/* Every piece of state of target (and drafter) at position n_past, in a fixed order:
- * a child's parts match its parent's index by index. Returns the count; parts may be
- * NULL to count only. */
-static int list_parts(const dfl_target * t, const dfl_draft * d, int n_past, part * parts) {
-    int n = 0;
-    for (int il = 0; il < t->m.n_layer; il++) {
-        struct ggml_tensor * pair[2];
-        int ring = 0, need = 0;
-        if (t->m.kind[il] == DFL_LAYER_RECURRENT) {
-            pair[0] = t->conv_state[il];
-            pair[1] = t->ssm_state[il];
-        } else if (t->k_cache[il]) { /* layers sharing another layer's cache have none */
-            pair[0] = t->k_cache[il];
-            pair[1] = t->v_cache[il];
-            const int window = t->m.attn[il].window;
-            ring = window > 0 ? t->swa_ring : t->p.n_ctx;
-            need = window > 0 && n_past > window ? n_past - window : 0;
-        } else {
-            continue;
-        }
-        for (int k = 0; k < 2; k++, n++) {
-            if (parts) {
-                parts[n] = (part) { pair[k], ring, need, need, n_past, NULL, 0 };
-            }
-        }
-    }
+/* Every part of slot seq's state at position n_past, target's then drafter's, in a fixed
+ * order (the same for every slot): a child's parts match its parent's index by index.
+ * Returns the count; parts may be NULL to count only. */
+static int list_parts(const dfl_target * t, const dfl_draft * d, int seq, int n_past, dfl_memory_part * parts) {
+    int n = dfl_memory_seq_parts(&t->mem, &t->m, seq, n_past, parts);
     if (d) {
         const int ring = dfl_draft_ring(d);
-        const int need = dfl_draft_first_visible(d);
+        const int need = dfl_draft_first_visible(d, seq);
         for (int il = 0; il < dfl_draft_n_layers(d); il++) {
             for (int k = 0; k < 2; k++, n++) {
                 if (parts) {
-                    parts[n] = (part) { dfl_draft_cache(d, il, k), ring, need, need, n_past, NULL, 0 };
+                    parts[n] = (dfl_memory_part) { dfl_draft_cache(d, il, k), dfl_draft_cache_base(d, seq), ring, need,
+                                                   0, 0 };
                 }
             }
         }
@@ -96,34 +81,45 @@ static int list_parts(const dfl_target * t, const dfl_draft * d, int n_past, par
     return n;
 }
 
-static size_t part_bytes(const part * p) {
-    return p->ring ? p->live->nb[1] * (size_t) (p->end - p->first) : ggml_nbytes(p->live);
+static size_t held_bytes(const held * h) {
+    return h->ring ? h->row_bytes * (size_t) (h->end - h->first) : h->bytes;
 }
 
-/* The parts a checkpoint at the current position holds itself: with a parent, the rows
- * of per-position caches from the parent's position on. Sets *needs_parent when some
- * part needs rows only the parent's chain holds. */
-static dfl_status own_parts(const dfl_target * t, const dfl_draft * d, const dfl_checkpoint * parent, part ** out,
-                            int * n_out, int * needs_parent) {
-    const int n = list_parts(t, d, t->n_past, NULL);
-    part * parts = calloc((size_t) (n > 0 ? n : 1), sizeof *parts);
+static dfl_status new_parts(const dfl_target * t, const dfl_draft * d, int seq, int n_past, dfl_memory_part ** out,
+                            int * n_out) {
+    const int n = list_parts(t, d, seq, n_past, NULL);
+    *out = calloc((size_t) (n > 0 ? n : 1), sizeof **out);
+    if (!*out) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    list_parts(t, d, seq, n_past, *out);
+    *n_out = n;
+    return DFL_OK;
+}
+
+/* What a checkpoint of these parts at n_past holds itself: with a parent, the rows of
+ * per-position caches from the parent's position on. Sets *needs_parent when some part
+ * needs rows only the parent's chain holds. */
+static dfl_status own_parts(const dfl_memory_part * live, int n, int n_past, const dfl_checkpoint * parent,
+                            held ** out, int * needs_parent) {
+    held * parts = calloc((size_t) (n > 0 ? n : 1), sizeof *parts);
     if (!parts) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
-    list_parts(t, d, t->n_past, parts);
     *needs_parent = 0;
-    for (int i = 0; parent && i < n; i++) {
-        if (parts[i].ring && parts[i].first < parent->n_past) {
+    for (int i = 0; i < n; i++) {
+        const dfl_memory_part * p = &live[i];
+        parts[i] = (held) { p->ring, p->need, p->need, n_past, p->bytes, p->tensor->nb[1], NULL, 0 };
+        if (parent && p->ring && parts[i].first < parent->n_past) {
             parts[i].first = parent->n_past;
             *needs_parent = 1;
         }
     }
     *out = parts;
-    *n_out = n;
     return DFL_OK;
 }
 
-static dfl_status check_parent(const dfl_target * t, const dfl_draft * d, const dfl_checkpoint * parent) {
+static dfl_status check_parent(const dfl_target * t, const dfl_draft * d, int seq, const dfl_checkpoint * parent) {
     if (!parent) {
         return DFL_OK;
     }
@@ -136,69 +132,50 @@ static dfl_status check_parent(const dfl_target * t, const dfl_draft * d, const 
     if (parent->draft != d) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the parent checkpoint was taken with another drafter (or none)");
     }
-    if (parent->n_past >= t->n_past) {
+    if (parent->n_past >= t->mem.seq[seq].n_past) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the parent checkpoint is at position %d, not before the context's %d",
-                        parent->n_past, t->n_past);
+                        parent->n_past, t->mem.seq[seq].n_past);
     }
     return DFL_OK;
 }
 
-static bool on_host(const part * p) { return ggml_backend_buffer_is_host(p->live->buffer); }
+static dfl_status check_target_seq(const dfl_target * t, int seq) {
+    if (seq < 0 || seq >= t->mem.n_seq) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d is outside 0..%d", seq, t->mem.n_seq - 1);
+    }
+    return DFL_OK;
+}
 
-DFL_API dfl_status dfl_checkpoint_measure(const dfl_target * t, const dfl_draft * d, const dfl_checkpoint * parent,
-                                          uint64_t * device_bytes, uint64_t * host_bytes) {
+static bool on_host(const dfl_memory_part * p) { return ggml_backend_buffer_is_host(p->tensor->buffer); }
+
+DFL_API dfl_status dfl_checkpoint_measure(const dfl_target * t, const dfl_draft * d, int32_t seq,
+                                          const dfl_checkpoint * parent, uint64_t * device_bytes, uint64_t * host_bytes) {
     if (!t || !device_bytes || !host_bytes) {
         return dfl_fail(DFL_ERR_ARGUMENT, "measuring a checkpoint needs a target and two results");
     }
-    TRY(check_parent(t, d, parent));
-    part * parts;
+    TRY(check_target_seq(t, seq));
+    TRY(check_parent(t, d, seq, parent));
+    const int n_past = t->mem.seq[seq].n_past;
+    dfl_memory_part * live;
+    held * parts;
     int n, needs_parent;
-    TRY(own_parts(t, d, parent, &parts, &n, &needs_parent));
-    *device_bytes = *host_bytes = 0;
-    for (int i = 0; i < n; i++) {
-        *(on_host(&parts[i]) ? host_bytes : device_bytes) += part_bytes(&parts[i]);
-    }
-    free(parts);
-    return DFL_OK;
-}
-
-/* Positions [first, end) between a per-position cache and the copy of `holder` (which
- * holds positions from holder->first on), through row views: at most two runs, since a
- * ring wraps at most once over the positions one checkpoint needs. */
-static dfl_status copy_rows(const part * live_part, const part * holder, int first, int end, bool to_live) {
-    struct ggml_init_params ip = { 8 * ggml_tensor_overhead(), NULL, true };
-    struct ggml_context * ctx = ggml_init(ip);
-    if (!ctx) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-    }
-    struct ggml_tensor * cache = live_part->live;
-    const size_t row = cache->nb[1];
-    const int ring = live_part->ring;
-    dfl_status st = DFL_OK;
-    for (int pos = first, runs = 0; pos < end && st == DFL_OK; runs++) {
-        const int slot = pos % ring;
-        const int run = ring - slot < end - pos ? ring - slot : end - pos;
-        struct ggml_tensor * live = ggml_view_2d(ctx, cache, cache->ne[0], run, row, (size_t) slot * row);
-        struct ggml_tensor * copy = ggml_view_2d(ctx, holder->copy, cache->ne[0], run, row,
-                                                 (size_t) (pos - holder->first) * row);
-        if (runs == 2 || ggml_backend_view_init(live) != GGML_STATUS_SUCCESS ||
-            ggml_backend_view_init(copy) != GGML_STATUS_SUCCESS) {
-            st = dfl_fail(DFL_ERR_BACKEND, "cannot view the rows of a checkpoint");
-        } else if (to_live) {
-            ggml_backend_tensor_copy(copy, live);
-        } else {
-            ggml_backend_tensor_copy(live, copy);
+    TRY(new_parts(t, d, seq, n_past, &live, &n));
+    dfl_status st = own_parts(live, n, n_past, parent, &parts, &needs_parent);
+    if (st == DFL_OK) {
+        *device_bytes = *host_bytes = 0;
+        for (int i = 0; i < n; i++) {
+            *(on_host(&live[i]) ? host_bytes : device_bytes) += held_bytes(&parts[i]);
         }
-        pos += run;
+        free(parts);
     }
-    ggml_free(ctx);
+    free(live);
     return st;
 }
 
 /* Give every part's copy memory: state on a device in a buffer of the same type when
  * on_device (host memory when that allocation fails), everything else in host memory;
  * one buffer per buffer type. */
-static dfl_status alloc_copies(dfl_checkpoint * c, bool on_device) {
+static dfl_status alloc_copies(dfl_checkpoint * c, const dfl_memory_part * live, bool on_device) {
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
     if (!cpu) {
         return dfl_fail(DFL_ERR_BACKEND, "no CPU device for the host copies of a checkpoint");
@@ -207,11 +184,12 @@ static dfl_status alloc_copies(dfl_checkpoint * c, bool on_device) {
     ggml_backend_buffer_type_t types[MAX_BUFFERS];
     struct ggml_init_params ip = { (size_t) c->n_parts * ggml_tensor_overhead(), NULL, true };
     for (int i = 0; i < c->n_parts; i++) {
-        part * p = &c->parts[i];
-        if (part_bytes(p) == 0) {
+        held * p = &c->parts[i];
+        if (held_bytes(p) == 0) {
             continue;
         }
-        ggml_backend_buffer_type_t type = on_device || on_host(p) ? ggml_backend_buffer_get_type(p->live->buffer) : host;
+        const struct ggml_tensor * t = live[i].tensor;
+        ggml_backend_buffer_type_t type = on_device || on_host(&live[i]) ? ggml_backend_buffer_get_type(t->buffer) : host;
         int k = 0;
         while (k < c->n_buffers && types[k] != type) {
             k++;
@@ -228,8 +206,8 @@ static dfl_status alloc_copies(dfl_checkpoint * c, bool on_device) {
             c->n_buffers++;
         }
         p->buffer = k;
-        p->copy = ggml_new_tensor_2d(c->ctxs[k], p->live->type, p->live->ne[0],
-                                     p->ring ? p->end - p->first : ggml_nelements(p->live) / p->live->ne[0]);
+        p->copy = p->ring ? ggml_new_tensor_2d(c->ctxs[k], t->type, t->ne[0], p->end - p->first)
+                          : ggml_new_tensor_1d(c->ctxs[k], t->type, (int64_t) (p->bytes / ggml_type_size(t->type)));
     }
     for (int k = 0; k < c->n_buffers; k++) {
         c->buffers[k] = ggml_backend_alloc_ctx_tensors_from_buft(c->ctxs[k], types[k]);
@@ -244,7 +222,7 @@ static dfl_status alloc_copies(dfl_checkpoint * c, bool on_device) {
     for (int i = 0; i < c->n_parts; i++) {
         if (c->parts[i].copy) {
             const bool host_buffer = ggml_backend_buffer_is_host(c->buffers[c->parts[i].buffer]);
-            *(host_buffer ? &c->host_bytes : &c->device_bytes) += part_bytes(&c->parts[i]);
+            *(host_buffer ? &c->host_bytes : &c->device_bytes) += held_bytes(&c->parts[i]);
         }
     }
     return DFL_OK;
@@ -263,29 +241,43 @@ static void release(dfl_checkpoint * c) {
     free(c);
 }
 
-DFL_API dfl_status dfl_checkpoint_save(dfl_target * t, dfl_draft * d, dfl_checkpoint * parent, int32_t on_device,
-                                       dfl_checkpoint ** out) {
+static dfl_status save_parts(dfl_checkpoint * c, const dfl_memory_part * live, bool on_device) {
+    TRY(alloc_copies(c, live, on_device));
+    for (int i = 0; i < c->n_parts; i++) {
+        const held * p = &c->parts[i];
+        if (p->copy) {
+            TRY(p->ring ? dfl_memory_copy_rows(&live[i], p->copy, 0, p->first, p->end, false)
+                        : dfl_memory_copy_slice(&live[i], p->copy, false));
+        }
+    }
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_checkpoint_save(dfl_target * t, dfl_draft * d, int32_t seq, dfl_checkpoint * parent,
+                                       int32_t on_device, dfl_checkpoint ** out) {
     if (!t || !out) {
         return dfl_fail(DFL_ERR_ARGUMENT, "a checkpoint needs a target");
     }
     *out = NULL;
+    TRY(check_target_seq(t, seq));
     if (d && dfl_draft_target(d) != t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the drafter was loaded for another target");
     }
+    const dfl_seq * q = &t->mem.seq[seq];
     /* between a verify and the graph that carries its commit, the recurrent state is
      * not yet the committed position's */
-    if (t->pending_verify || t->commit.active) {
+    if (q->pending_verify || q->commit.active) {
         return dfl_fail(DFL_ERR_STATE, "the target is between a verify and its commit: checkpoints are taken "
                         "after a decode (a prefill)");
     }
-    if (t->n_past == 0) {
+    if (q->n_past == 0) {
         return dfl_fail(DFL_ERR_STATE, "the context is empty: nothing to checkpoint");
     }
-    if (d && dfl_draft_n_tokens(d) != t->n_past) {
+    if (d && dfl_draft_n_tokens(d, seq) != q->n_past) {
         return dfl_fail(DFL_ERR_STATE, "the drafter holds %d context positions, the target %d: append the target's "
-                        "features before taking a checkpoint", dfl_draft_n_tokens(d), t->n_past);
+                        "features before taking a checkpoint", dfl_draft_n_tokens(d, seq), q->n_past);
     }
-    TRY(check_parent(t, d, parent));
+    TRY(check_parent(t, d, seq, parent));
     dfl_checkpoint * c = calloc(1, sizeof *c);
     if (!c) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
@@ -293,23 +285,17 @@ DFL_API dfl_status dfl_checkpoint_save(dfl_target * t, dfl_draft * d, dfl_checkp
     c->target = t;
     c->draft = d;
     c->refs = 1;
-    c->n_past = t->n_past;
+    c->n_past = q->n_past;
+    dfl_memory_part * live = NULL;
     int needs_parent = 0;
-    dfl_status st = own_parts(t, d, parent, &c->parts, &c->n_parts, &needs_parent);
+    dfl_status st = new_parts(t, d, seq, c->n_past, &live, &c->n_parts);
     if (st == DFL_OK) {
-        st = alloc_copies(c, on_device != 0);
+        st = own_parts(live, c->n_parts, c->n_past, parent, &c->parts, &needs_parent);
     }
-    for (int i = 0; st == DFL_OK && i < c->n_parts; i++) {
-        const part * p = &c->parts[i];
-        if (!p->copy) {
-            continue;
-        }
-        if (p->ring) {
-            st = copy_rows(p, p, p->first, p->end, false);
-        } else {
-            ggml_backend_tensor_copy(p->live, p->copy);
-        }
+    if (st == DFL_OK) {
+        st = save_parts(c, live, on_device != 0);
     }
+    free(live);
     if (st != DFL_OK) {
         release(c);
         return st;
@@ -322,7 +308,25 @@ DFL_API dfl_status dfl_checkpoint_save(dfl_target * t, dfl_draft * d, dfl_checkp
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_checkpoint_restore(const dfl_checkpoint * c, dfl_target * t, dfl_draft * d) {
+/* The rows of part i at positions from its `need` on, from the chain of holders. */
+static dfl_status restore_rows(const dfl_checkpoint * c, int i, const dfl_memory_part * live) {
+    const held * p = &c->parts[i];
+    /* oldest rows last would be wrong in a ring only if two positions shared a row,
+     * which the positions one checkpoint needs never do */
+    for (const dfl_checkpoint * holder = c; holder; holder = holder->parent) {
+        const held * h = &holder->parts[i];
+        const int first = h->first > p->need ? h->first : p->need;
+        if (first < h->end) {
+            TRY(dfl_memory_copy_rows(live, h->copy, first - h->first, first, h->end, true));
+        }
+        if (h->first <= p->need) {
+            break;
+        }
+    }
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_checkpoint_restore(const dfl_checkpoint * c, dfl_target * t, dfl_draft * d, int32_t seq) {
     if (!c || !t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "restoring needs a checkpoint and a target");
     }
@@ -336,38 +340,26 @@ DFL_API dfl_status dfl_checkpoint_restore(const dfl_checkpoint * c, dfl_target *
         return dfl_fail(DFL_ERR_ARGUMENT, c->draft ? "the checkpoint was taken with another drafter"
                                                    : "the checkpoint holds no drafter context");
     }
+    TRY(check_target_seq(t, seq));
     /* a target-only restore of a checkpoint with drafter context restores the target's
      * parts, which come first */
-    const int n_parts = d ? c->n_parts : list_parts(t, NULL, c->n_past, NULL);
-    for (int i = 0; i < n_parts; i++) {
-        const part * p = &c->parts[i];
-        if (!p->ring) {
-            if (p->copy) {
-                ggml_backend_tensor_copy(p->copy, p->live);
-            }
-            continue;
-        }
-        /* oldest rows last would be wrong in a ring only if two positions shared a slot,
-         * which the positions one checkpoint needs never do */
-        for (const dfl_checkpoint * holder = c; holder; holder = holder->parent) {
-            const part * h = &holder->parts[i];
-            const int first = h->first > p->need ? h->first : p->need;
-            if (first < h->end) {
-                TRY(copy_rows(p, h, first, h->end, true));
-            }
-            if (h->first <= p->need) {
-                break;
-            }
+    dfl_memory_part * live;
+    int n_parts;
+    TRY(new_parts(t, d, seq, c->n_past, &live, &n_parts));
+    dfl_status st = DFL_OK;
+    for (int i = 0; i < n_parts && st == DFL_OK; i++) {
+        if (c->parts[i].ring) {
+            st = restore_rows(c, i, &live[i]);
+        } else if (c->parts[i].copy) {
+            st = dfl_memory_copy_slice(&live[i], c->parts[i].copy, true);
         }
     }
-    t->n_past = c->n_past;
-    t->pending_verify = 0;
-    t->pending_tree = false;
-    t->commit.active = false;
-    t->n_out = 0;
-    t->n_rows = 0; /* the features of the last call belong to another context */
+    free(live);
+    TRY(st);
+    dfl_memory_seq_restored(&t->mem, seq, c->n_past);
+    dfl_target_drop_results(t);
     if (d) {
-        dfl_draft_set_n_tokens(d, c->n_past);
+        dfl_draft_set_n_tokens(d, seq, c->n_past);
     }
     return DFL_OK;
 }

@@ -10,14 +10,16 @@
 
 struct ggml_tensor;
 
-int dfl_draft_n_tokens(const dfl_draft * d);
-/* The first context position a later draft may attend to: the window's start, or 0. */
-int dfl_draft_first_visible(const dfl_draft * d);
+int dfl_draft_n_tokens(const dfl_draft * d, int seq);
+/* The first context position a later draft of sequence seq may attend to: the window's start, or 0. */
+int dfl_draft_first_visible(const dfl_draft * d, int seq);
 int dfl_draft_n_layers(const dfl_draft * d);
-/* Layer il's context keys (v = 0) or values (v = 1): position p in row p % ring. */
+/* Layer il's context keys (v = 0) or values (v = 1): position p of sequence s in row
+ * dfl_draft_cache_base(d, s) + p % ring. */
 struct ggml_tensor * dfl_draft_cache(const dfl_draft * d, int il, int v);
 int dfl_draft_ring(const dfl_draft * d);
-/* After a restore: the drafter holds positions up to n (its cache rows were written). */
-void dfl_draft_set_n_tokens(dfl_draft * d, int n);
+int64_t dfl_draft_cache_base(const dfl_draft * d, int seq);
+/* After a restore: sequence seq holds positions up to n (its cache rows were written). */
+void dfl_draft_set_n_tokens(dfl_draft * d, int seq, int n);
 
 #endif

@@ -30,22 +30,31 @@ typedef struct append_inputs {
     struct ggml_tensor * slots;
 } append_inputs;
 
-/* The propose graph of the last call, reused while its shape holds: context rows padded
- * to the block size (the rows past the real ones write to a scratch cache slot), the
- * block size, and the attention window. */
+/* One sequence's part of a propose: its context rows appended first (padded to the
+ * block size; the rows past the real ones write to its scratch cache row), its block,
+ * and its attention span. */
+typedef struct propose_part {
+    int seq, n_rows, n_block, n_kv;
+} propose_part;
+
+/* The propose graph of the last call, reused while its shape holds: its parts and how
+ * its drafts are chosen. */
 typedef struct propose_graph {
     bool valid;
-    int n_rows, n_block, n_kv;
+    int n_parts;
+    propose_part part[DFL_MAX_SEQ];
+    dfl_sampler_key samp;
     struct ggml_cgraph * gf;
     append_inputs app;
-    struct ggml_tensor * tokens, * pos, * slots, * mask;
-    struct ggml_tensor * mask_swa; /* the sliding layers' mask, when there are any */
+    struct ggml_tensor * tokens, * pos, * slots;
+    struct ggml_tensor * mask[DFL_MAX_SEQ];
+    struct ggml_tensor * mask_swa[DFL_MAX_SEQ]; /* the sliding layers' masks, when there are any */
+    struct ggml_tensor * out_idx;               /* the drafted rows, when the parts are several */
     struct ggml_tensor * logits, * argmax;
     /* with top_k >= 1: the softmax of the logits and the log-probabilities of the
-     * argmax, [1, 1, B-1], which a chain cut by confidence reads on nearly every step */
+     * argmax, [1, 1, rows], which a chain cut by confidence reads on nearly every step */
     struct ggml_tensor * probs, * argmax_lp;
     /* drafts drawn by the sampling (temperature > 0): they fill the block instead of the argmax */
-    dfl_sampler_key samp;
     dfl_sampler_graph sampled;
 } propose_graph;
 
@@ -82,21 +91,23 @@ struct dfl_draft {
     struct ggml_tensor * fc, * hidden_norm, * out_norm, * tok_embd, * output;
     draft_layer layers[DRAFT_MAX_LAYERS];
 
+    /* the context caches of every sequence (its slot: the target's), position p of slot s
+     * in row s * (ring + 1) + p % ring; row s * (ring + 1) + ring takes padding rows.
+     * ring: n_ctx, or with a window W only W + block_size: the window and the block */
     struct ggml_context * ctx_state;
     ggml_backend_buffer_t buf_state;
     struct ggml_tensor * k_cache[DRAFT_MAX_LAYERS];
     struct ggml_tensor * v_cache[DRAFT_MAX_LAYERS];
-    struct ggml_tensor * block;  /* [block_size] the last proposed block, bonus first, for the target to read */
-    int n_ctx;      /* context positions it can hold: the target's */
-    int ring;       /* cache slots: position p lives in slot p % ring; slot `ring` takes padding rows.
-                       n_ctx, or with a window W only W + block_size: the window and the block */
-    int n_tokens;   /* context positions filled */
+    struct ggml_tensor * block[DFL_MAX_SEQ]; /* [block_size] each sequence's last block, bonus first, for the target */
+    int n_seq;
+    int n_ctx;      /* context positions a sequence can hold: the target's */
+    int ring;
+    int n_tokens[DFL_MAX_SEQ]; /* context positions each sequence filled */
+    int n_block[DFL_MAX_SEQ];  /* tokens of each sequence's last block (0: none since its context changed) */
 
-    struct ggml_tensor * out_logits;
-    struct ggml_tensor * out_argmax;
-    int n_out;
+    int n_out; /* drafted rows of the last propose */
 
-    dfl_sampler sampler; /* how drafts are chosen: the argmax, or drawn */
+    dfl_sampler sampler[DFL_MAX_SEQ]; /* how each sequence's drafts are chosen: the argmax, or drawn */
     propose_graph graph;
     rank_graph rank;
     int n_step_nodes; /* the last propose's nodes, and its rank graph's once that ran */
@@ -304,17 +315,19 @@ static dfl_status read_model(dfl_draft * d) {
 
 static dfl_status define_state(dfl_draft * d) {
     d->ring = d->p.window > 0 && d->p.window + d->block_size < d->n_ctx ? d->p.window + d->block_size : d->n_ctx;
-    struct ggml_init_params ip = { (size_t) (2 * d->n_layer + 2) * ggml_tensor_overhead(), NULL, true };
+    struct ggml_init_params ip = { (size_t) (2 * d->n_layer + d->n_seq + 1) * ggml_tensor_overhead(), NULL, true };
     d->ctx_state = ggml_init(ip);
     if (!d->ctx_state) {
         return dfl_fail(DFL_ERR_BACKEND, "cannot create the drafter state context");
     }
-    const int64_t kv_dim = (int64_t) d->head_dim * d->n_head_kv;
+    const int64_t kv_dim = (int64_t) d->head_dim * d->n_head_kv, rows = (int64_t) (d->ring + 1) * d->n_seq;
     for (int il = 0; il < d->n_layer; il++) {
-        d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->ring + 1);
-        d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, d->ring + 1);
+        d->k_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, rows);
+        d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, rows);
     }
-    d->block = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
+    for (int s = 0; s < d->n_seq; s++) {
+        d->block[s] = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
+    }
     return DFL_OK;
 }
 
@@ -339,7 +352,9 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
     if (!d) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
-    dfl_sampler_init(&d->sampler);
+    for (int s = 0; s < DFL_MAX_SEQ; s++) {
+        dfl_sampler_init(&d->sampler[s]);
+    }
     d->target = target;
     if (params) {
         d->p = *params;
@@ -347,6 +362,7 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
         dfl_draft_default_params(&d->p);
     }
     d->n_ctx = dfl_target_n_ctx(target);
+    d->n_seq = dfl_target_n_seq(target);
     if (d->p.kv_type < 0) {
         /* ggml's CPU flash attention converts every f16 key and value it reads: with the
          * drafter's small cache, f32 is the faster choice there; devices keep f16 */
@@ -366,10 +382,14 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
         }
     }
     if (st == DFL_OK) st = read_model(d);
+    /* every further sequence in a propose adds its attention per layer, and a DFlash2
+     * drafter its convolutions and selector */
+    const size_t graph_size = DFL_GRAPH_SIZE + (size_t) d->n_layer * DFL_GRAPH_NODES_PER_LAYER +
+                              (size_t) (d->n_seq - 1) * ((size_t) d->n_layer * DFL_GRAPH_NODES_PER_SEQ +
+                                                         (size_t) 16 * d->block_size);
     if (st == DFL_OK) st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
                                             d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
-                                            DFL_GRAPH_SIZE + (size_t) d->n_layer * DFL_GRAPH_NODES_PER_LAYER,
-                                            d->p.top_k > 1 ? 2 : 1);
+                                            graph_size, d->p.top_k > 1 ? 2 : 1);
     if (st != DFL_OK) {
         dfl_draft_free(d);
         return st;
@@ -401,7 +421,9 @@ DFL_API void dfl_draft_free(dfl_draft * d) {
     if (d->ctx_state) ggml_free(d->ctx_state);
     dfl_runtime_free(&d->rt);
     dfl_gguf_close(&d->file);
-    dfl_sampler_free(&d->sampler);
+    for (int s = 0; s < DFL_MAX_SEQ; s++) {
+        dfl_sampler_free(&d->sampler[s]);
+    }
     free(d->host_i32);
     free(d->host_i64);
     free(d->host_mask);
@@ -419,7 +441,7 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     info->n_embd = d->n_embd;
     info->n_target_layers = d->n_feat;
     memcpy(info->target_layers, d->target_layers, sizeof d->target_layers);
-    info->n_ctx_tokens = d->n_tokens;
+    info->n_ctx_tokens = d->n_tokens[0];
     info->n_graphs = d->n_graphs;
     info->n_graph_builds = d->n_graph_builds;
     info->compute_bytes = dfl_runtime_compute_bytes(&d->rt);
@@ -438,21 +460,46 @@ DFL_API dfl_status dfl_draft_last_placement(const dfl_draft * d, dfl_placement *
     return dfl_runtime_placement(&d->rt, out);
 }
 
+static dfl_status check_seq(const dfl_draft * d, int32_t seq) {
+    if (!d) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
+    }
+    if (seq < 0 || seq >= d->n_seq) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d is outside 0..%d (the target has %d sequence slots)", seq,
+                        d->n_seq - 1, d->n_seq);
+    }
+    return DFL_OK;
+}
+
 DFL_API dfl_status dfl_draft_reset(dfl_draft * d) {
     if (!d) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
     }
-    d->n_tokens = 0;
+    for (int s = 0; s < d->n_seq; s++) {
+        d->n_tokens[s] = 0;
+        d->n_block[s] = 0;
+    }
     d->n_out = 0;
     return DFL_OK;
 }
 
+DFL_API dfl_status dfl_draft_seq_reset(dfl_draft * d, int32_t seq) {
+    TRY(check_seq(d, seq));
+    d->n_tokens[seq] = 0;
+    d->n_block[seq] = 0;
+    return DFL_OK;
+}
+
+DFL_API int32_t dfl_draft_n_past(const dfl_draft * d, int32_t seq) {
+    return d && seq >= 0 && seq < d->n_seq ? d->n_tokens[seq] : -1;
+}
+
 /* ---- checkpoints (dfl_checkpoint.c) ----------------------------------------------- */
 
-int dfl_draft_n_tokens(const dfl_draft * d) { return d->n_tokens; }
+int dfl_draft_n_tokens(const dfl_draft * d, int seq) { return d->n_tokens[seq]; }
 
-int dfl_draft_first_visible(const dfl_draft * d) {
-    return d->p.window > 0 && d->n_tokens > d->p.window ? d->n_tokens - d->p.window : 0;
+int dfl_draft_first_visible(const dfl_draft * d, int seq) {
+    return d->p.window > 0 && d->n_tokens[seq] > d->p.window ? d->n_tokens[seq] - d->p.window : 0;
 }
 
 int dfl_draft_n_layers(const dfl_draft * d) { return d->n_layer; }
@@ -461,12 +508,15 @@ struct ggml_tensor * dfl_draft_cache(const dfl_draft * d, int il, int v) { retur
 
 int dfl_draft_ring(const dfl_draft * d) { return d->ring; }
 
-void dfl_draft_set_n_tokens(dfl_draft * d, int n) {
-    d->n_tokens = n;
+int64_t dfl_draft_cache_base(const dfl_draft * d, int seq) { return (int64_t) seq * (d->ring + 1); }
+
+void dfl_draft_set_n_tokens(dfl_draft * d, int seq, int n) {
+    d->n_tokens[seq] = n;
+    d->n_block[seq] = 0;
     d->n_out = 0;
 }
 
-static dfl_status reserve(dfl_draft * d, int n, int n_kv) {
+static dfl_status reserve(dfl_draft * d, int n, size_t mask) {
     if ((size_t) n > d->host_rows) {
         free(d->host_i32);
         free(d->host_i64);
@@ -474,9 +524,9 @@ static dfl_status reserve(dfl_draft * d, int n, int n_kv) {
         d->host_i64 = malloc((size_t) n * sizeof(int64_t));
         d->host_rows = (size_t) n;
     }
-    if ((size_t) n * n_kv > d->host_mask_size) {
+    if (mask > d->host_mask_size) {
         free(d->host_mask);
-        d->host_mask_size = (size_t) n * n_kv;
+        d->host_mask_size = mask;
         d->host_mask = malloc(d->host_mask_size * sizeof(ggml_fp16_t));
     }
     if (!d->host_i32 || !d->host_i64 || !d->host_mask) {
@@ -512,16 +562,16 @@ static void store_kv(dfl_draft * d, struct ggml_context * ctx, struct ggml_cgrap
     ggml_build_forward_expand(gf, *vc);
 }
 
-static void set_positions(dfl_draft * d, struct ggml_tensor * pos, struct ggml_tensor * slots, int p0, int n) {
+/* Positions p0.. of sequence seq and their cache rows, for n rows from host row `at`. */
+static void stage_positions(dfl_draft * d, int seq, int p0, int n, int at) {
+    const int64_t base = dfl_draft_cache_base(d, seq);
     for (int i = 0; i < n; i++) {
-        d->host_i32[i] = p0 + i;
-        d->host_i64[i] = (p0 + i) % d->ring;
+        d->host_i32[at + i] = p0 + i;
+        d->host_i64[at + i] = base + (p0 + i) % d->ring;
     }
-    dfl_runtime_set(&d->rt, pos, d->host_i32, 0, (size_t) n * sizeof(int32_t));
-    dfl_runtime_set(&d->rt, slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
 }
 
-static dfl_status check_append(const dfl_draft * d, const int32_t * rows, int32_t n) {
+static dfl_status check_append(const dfl_draft * d, int seq, const int32_t * rows, int32_t n) {
     const dfl_target * t = d->target;
     for (int i = 0; i < n; i++) {
         if (rows[i] < 0 || rows[i] >= dfl_target_feature_rows(t)) {
@@ -529,8 +579,8 @@ static dfl_status check_append(const dfl_draft * d, const int32_t * rows, int32_
                             rows[i], dfl_target_feature_rows(t));
         }
     }
-    if (d->n_tokens + n > d->n_ctx) {
-        return dfl_fail(DFL_ERR_CAPACITY, "drafter context overflow: %d + %d > %d", d->n_tokens, n, d->n_ctx);
+    if (d->n_tokens[seq] + n > d->n_ctx) {
+        return dfl_fail(DFL_ERR_CAPACITY, "drafter context overflow: %d + %d > %d", d->n_tokens[seq], n, d->n_ctx);
     }
     return DFL_OK;
 }
@@ -552,29 +602,31 @@ static void build_append(dfl_draft * d, struct ggml_context * ctx, struct ggml_c
     }
 }
 
-/* rows[0..n) at the next context positions; a graph built for more rows gets padding
- * rows (feature row 0) that write to the scratch slot past the ring. So do rows that a
- * later row of the same call replaces in the ring: one scatter never writes a slot twice. */
-static void set_append_inputs(dfl_draft * d, const append_inputs * in, const int32_t * rows, int n) {
-    const int64_t R = in->rows->ne[0];
+/* Sequence seq's rows[0..n) at its next context positions, in R host rows from `at`: rows
+ * past n are padding (feature row 0) that write to the sequence's scratch cache row. So
+ * do rows that a later row of the same call replaces in the ring: one scatter never
+ * writes a row twice. */
+static void stage_append(dfl_draft * d, int seq, const int32_t * rows, int n, int R, int at) {
     for (int i = 0; i < R; i++) {
-        d->host_i32[i] = i < n ? rows[i] : 0;
+        d->host_i32[at + i] = i < n ? rows[i] : 0;
     }
-    dfl_runtime_set(&d->rt, in->rows, d->host_i32, 0, (size_t) R * sizeof(int32_t));
-    set_positions(d, in->pos, in->slots, d->n_tokens, (int) R);
-    for (int i = 0; i < R; i++) {
-        if (i >= n || i < n - d->ring) {
-            d->host_i64[i] = d->ring;
-        }
-    }
-    dfl_runtime_set(&d->rt, in->slots, d->host_i64, 0, (size_t) R * sizeof(int64_t));
 }
 
-DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t n) {
-    if (!d || !rows || n <= 0) {
+static void stage_append_slots(dfl_draft * d, int seq, int n, int R, int at) {
+    stage_positions(d, seq, d->n_tokens[seq], R, at);
+    for (int i = 0; i < R; i++) {
+        if (i >= n || i < n - d->ring) {
+            d->host_i64[at + i] = dfl_draft_cache_base(d, seq) + d->ring;
+        }
+    }
+}
+
+DFL_API dfl_status dfl_draft_append(dfl_draft * d, int32_t seq, const int32_t * rows, int32_t n) {
+    TRY(check_seq(d, seq));
+    if (!rows || n <= 0) {
         return dfl_fail(DFL_ERR_ARGUMENT, "append needs at least one feature row");
     }
-    TRY(check_append(d, rows, n));
+    TRY(check_append(d, seq, rows, n));
     TRY(reserve(d, n, 1));
     d->graph.valid = d->rank.valid = false; /* its graph memory is about to be reused */
     d->n_graphs++;
@@ -584,10 +636,15 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, const int32_t * rows, int32_t
     append_inputs in;
     build_append(d, ctx, gf, n, &in);
     TRY(dfl_runtime_alloc(&d->rt, 0, gf));
-    set_append_inputs(d, &in, rows, n);
+    stage_append(d, seq, rows, n, n, 0);
+    dfl_runtime_set(&d->rt, in.rows, d->host_i32, 0, (size_t) n * sizeof(int32_t));
+    stage_append_slots(d, seq, n, n, 0);
+    dfl_runtime_set(&d->rt, in.pos, d->host_i32, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_set(&d->rt, in.slots, d->host_i64, 0, (size_t) n * sizeof(int64_t));
     TRY(dfl_runtime_compute(&d->rt, 0, gf));
     d->n_step_nodes = d->rt.n_last_nodes;
-    d->n_tokens += n;
+    d->n_tokens[seq] += n;
+    d->n_block[seq] = 0;
     d->n_out = 0;
     return DFL_OK;
 }
@@ -597,9 +654,7 @@ static struct ggml_tensor * log_probs_at(struct ggml_context * ctx, struct ggml_
     return ggml_log(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, probs->ne[0], probs->ne[1]), ids));
 }
 
-/* The propose graph in d->graph: R context rows appended, then the block of B
- * positions attending to the first n_kv cache slots. */
-/* DFlash2's grouped dynamic causal convolution over the block's rows x [E, B]: row t
+/* DFlash2's grouped dynamic causal convolution over a block's rows x [E, B]: row t
  * becomes sum over offsets o of (base[o] + dyn[t, o, group]) * x[t - o], zero before the
  * block's start. `dyn` is the kernel projection [groups, K, 2, B] of the layer's normed
  * input; `phase` 0 is applied before attention or FFN, 1 after. */
@@ -629,20 +684,45 @@ static struct ggml_tensor * conv_kernels(dfl_draft * d, struct ggml_context * ct
     return ggml_reshape_4d(ctx, ggml_mul_mat(ctx, proj, h), G, d->conv_k, 2, h->ne[1]);
 }
 
+/* Rows [row0, row0 + n) of x [ne0, rows] (x itself when they are all of it). */
+static struct ggml_tensor * rows_of(struct ggml_context * ctx, struct ggml_tensor * x, int64_t row0, int64_t n) {
+    return row0 == 0 && n == x->ne[1] ? x : ggml_view_2d(ctx, x, x->ne[0], n, x->nb[1], (size_t) row0 * x->nb[1]);
+}
+
+static struct ggml_tensor * join(struct ggml_context * ctx, struct ggml_tensor * acc, struct ggml_tensor * x) {
+    return acc ? ggml_concat(ctx, acc, x, 1) : x;
+}
+
+/* The grouped dynamic convolution of every part's block rows of x, each on its own. */
+static struct ggml_tensor * dynamic_conv_parts(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * x,
+                                               struct ggml_tensor * dyn, struct ggml_tensor * base, int phase) {
+    const propose_graph * g = &d->graph;
+    struct ggml_tensor * out = NULL;
+    for (int i = 0, row0 = 0; i < g->n_parts; row0 += g->part[i].n_block, i++) {
+        const int64_t B = g->part[i].n_block;
+        struct ggml_tensor * k = g->n_parts == 1 ? dyn :
+            ggml_view_4d(ctx, dyn, dyn->ne[0], dyn->ne[1], dyn->ne[2], B, dyn->nb[1], dyn->nb[2], dyn->nb[3],
+                         (size_t) row0 * dyn->nb[3]);
+        out = join(ctx, out, dynamic_conv(d, ctx, rows_of(ctx, x, row0, B), k, base, phase));
+    }
+    return out;
+}
+
 /* DFlash2's candidate selector, greedy: per drafted position the top sel_top_k tokens of
  * the logits, scored by their logit plus a low-rank bilinear term between the previous
  * chosen token (the bonus first) and the candidate, weighted by the projected hidden
  * state; the best of each position becomes the next position's predecessor. The chain
- * is B-1 short steps in the graph; each chosen token goes to block[1 + p]. */
+ * is P short steps in the graph; each chosen token goes to block[1 + p]. */
 static void build_selector(dfl_draft * d, struct ggml_context * ctx, struct ggml_cgraph * gf,
-                           struct ggml_tensor * logits, struct ggml_tensor * hidden, struct ggml_tensor * tokens) {
+                           struct ggml_tensor * logits, struct ggml_tensor * hidden, struct ggml_tensor * bonus,
+                           struct ggml_tensor * block) {
     const int64_t V = logits->ne[0], P = logits->ne[1], Kc = d->sel_top_k, R = d->sel_rank;
     const size_t f32 = sizeof(float), i32 = sizeof(int32_t);
     struct ggml_tensor * cand = ggml_top_k(ctx, logits, (int) Kc);                                    /* [Kc, P] */
     struct ggml_tensor * unary = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, P), cand);      /* [1, Kc, P] */
     struct ggml_tensor * hp = ggml_mul_mat(ctx, d->sel_hidden, hidden);                               /* [R, P] */
     struct ggml_tensor * succ = ggml_get_rows(ctx, d->sel_succ, ggml_reshape_1d(ctx, cand, Kc * P)); /* [R, Kc P] */
-    struct ggml_tensor * pred = ggml_view_1d(ctx, tokens, 1, 0);
+    struct ggml_tensor * pred = bonus;
     for (int64_t p = 0; p < P; p++) {
         struct ggml_tensor * w = ggml_mul(ctx, ggml_get_rows(ctx, d->sel_pred, pred),
                                           ggml_view_2d(ctx, hp, R, 1, hp->nb[1], (size_t) p * hp->nb[1]));
@@ -651,27 +731,39 @@ static void build_selector(dfl_draft * d, struct ggml_context * ctx, struct ggml
         struct ggml_tensor * best = ggml_argmax(ctx, ggml_reshape_2d(ctx, s, Kc, 1));                  /* [1] */
         struct ggml_tensor * row = ggml_view_2d(ctx, cand, 1, Kc, i32, (size_t) (p * Kc) * i32);
         pred = ggml_reshape_1d(ctx, ggml_get_rows(ctx, ggml_cont(ctx, row), best), 1);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, pred, ggml_view_1d(ctx, d->block, 1, (size_t) (1 + p) * i32)));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, pred, ggml_view_1d(ctx, block, 1, (size_t) (1 + p) * i32)));
     }
 }
 
-static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B, int n_kv) {
+/* The propose graph of d->graph's parts: their context rows appended, then their blocks,
+ * each attending to its own sequence's first n_kv cache rows. */
+static void build_propose(dfl_draft * d, struct ggml_context * ctx) {
     propose_graph * g = &d->graph;
     struct ggml_cgraph * gf = g->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
+    int R = 0, B = 0, D = 0;
+    for (int i = 0; i < g->n_parts; i++) {
+        R += g->part[i].n_rows;
+        B += g->part[i].n_block;
+        D += g->part[i].n_block - 1;
+    }
     build_append(d, ctx, gf, R, &g->app);
     struct ggml_tensor * tokens = g->tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
     struct ggml_tensor * pos = g->pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
     struct ggml_tensor * slots = g->slots = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, B);
-    struct ggml_tensor * mask = g->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B);
     ggml_set_input(tokens);
     ggml_set_input(pos);
     ggml_set_input(slots);
-    ggml_set_input(mask);
-    g->mask_swa = NULL;
-    for (int il = 0; il < d->n_layer && !g->mask_swa; il++) {
-        if (d->swa_window > 0 && d->swa[il]) {
-            g->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, B);
-            ggml_set_input(g->mask_swa);
+    bool sliding = false;
+    for (int il = 0; il < d->n_layer; il++) {
+        sliding = sliding || (d->swa_window > 0 && d->swa[il]);
+    }
+    for (int i = 0; i < g->n_parts; i++) {
+        g->mask[i] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, g->part[i].n_kv, g->part[i].n_block);
+        ggml_set_input(g->mask[i]);
+        g->mask_swa[i] = NULL;
+        if (sliding) {
+            g->mask_swa[i] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, g->part[i].n_kv, g->part[i].n_block);
+            ggml_set_input(g->mask_swa[i]);
         }
     }
 
@@ -685,42 +777,57 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
         struct ggml_tensor * kernels = NULL;
         if (d->conv_k > 0) {
             kernels = conv_kernels(d, ctx, L->attn_conv_proj, h);
-            h = dynamic_conv(d, ctx, h, kernels, L->attn_conv_base, 0);
+            h = dynamic_conv_parts(d, ctx, h, kernels, L->attn_conv_base, 0);
         }
         struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wq, h), d->head_dim, d->n_head, B);
         q = rope(d, ctx, norm(d, ctx, q, L->q_norm), pos);
-        /* the block's own keys/values sit after the context; the next append overwrites them */
+        /* the blocks' own keys/values sit after their contexts; the next append overwrites them */
         struct ggml_tensor * kc, * vc;
         store_kv(d, ctx, gf, il, h, pos, slots, B, &kc, &vc);
-        struct ggml_tensor * K = ggml_view_3d(ctx, kc, d->head_dim, d->n_head_kv, n_kv,
-                                              ggml_row_size(kc->type, d->head_dim), kc->nb[1], 0);
-        struct ggml_tensor * V = ggml_view_3d(ctx, vc, d->head_dim, d->n_head_kv, n_kv,
-                                              ggml_row_size(vc->type, d->head_dim), vc->nb[1], 0);
-        struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, K, 0, 2, 1, 3),
-                                                     ggml_permute(ctx, V, 0, 2, 1, 3),
-                                                     d->swa_window > 0 && d->swa[il] ? g->mask_swa : mask,
-                                                     1.0f / sqrtf((float) d->head_dim), 0.0f, 0.0f);
-        ggml_prec_set_acc(o, GGML_PREC_F32);
-        o = ggml_reshape_2d(ctx, o, (int64_t) d->head_dim * d->n_head, B);
+        struct ggml_tensor * o = NULL;
+        for (int i = 0, row0 = 0; i < g->n_parts; row0 += g->part[i].n_block, i++) {
+            const propose_part * part = &g->part[i];
+            const size_t base = (size_t) dfl_draft_cache_base(d, part->seq) * kc->nb[1];
+            struct ggml_tensor * K = ggml_view_3d(ctx, kc, d->head_dim, d->n_head_kv, part->n_kv,
+                                                  ggml_row_size(kc->type, d->head_dim), kc->nb[1], base);
+            struct ggml_tensor * V = ggml_view_3d(ctx, vc, d->head_dim, d->n_head_kv, part->n_kv,
+                                                  ggml_row_size(vc->type, d->head_dim), vc->nb[1], base);
+            struct ggml_tensor * qs = g->n_parts == 1 ? q :
+                ggml_view_3d(ctx, q, q->ne[0], q->ne[1], part->n_block, q->nb[1], q->nb[2], (size_t) row0 * q->nb[2]);
+            struct ggml_tensor * oi = ggml_flash_attn_ext(ctx, ggml_permute(ctx, qs, 0, 2, 1, 3),
+                                                          ggml_permute(ctx, K, 0, 2, 1, 3),
+                                                          ggml_permute(ctx, V, 0, 2, 1, 3),
+                                                          d->swa_window > 0 && d->swa[il] ? g->mask_swa[i] : g->mask[i],
+                                                          1.0f / sqrtf((float) d->head_dim), 0.0f, 0.0f);
+            ggml_prec_set_acc(oi, GGML_PREC_F32);
+            o = join(ctx, o, ggml_reshape_2d(ctx, oi, (int64_t) d->head_dim * d->n_head, part->n_block));
+        }
         o = ggml_mul_mat(ctx, L->wo, o);
         if (kernels) {
-            o = dynamic_conv(d, ctx, o, kernels, L->attn_conv_base, 1);
+            o = dynamic_conv_parts(d, ctx, o, kernels, L->attn_conv_base, 1);
         }
         x = ggml_add(ctx, o, x);
         h = norm(d, ctx, x, L->ffn_norm);
         if (kernels) {
             kernels = conv_kernels(d, ctx, L->ffn_conv_proj, h);
-            h = dynamic_conv(d, ctx, h, kernels, L->ffn_conv_base, 0);
+            h = dynamic_conv_parts(d, ctx, h, kernels, L->ffn_conv_base, 0);
         }
         h = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, h), ggml_mul_mat(ctx, L->ffn_up, h));
         h = ggml_mul_mat(ctx, L->ffn_down, h);
         if (kernels) {
-            h = dynamic_conv(d, ctx, h, kernels, L->ffn_conv_base, 1);
+            h = dynamic_conv_parts(d, ctx, h, kernels, L->ffn_conv_base, 1);
         }
         x = ggml_add(ctx, h, x);
     }
     /* block position 0 is the bonus token itself: only positions 1.. are drafts */
-    x = ggml_view_2d(ctx, x, d->n_embd, B - 1, x->nb[1], x->nb[1]);
+    g->out_idx = NULL;
+    if (g->n_parts == 1) {
+        x = ggml_view_2d(ctx, x, d->n_embd, B - 1, x->nb[1], x->nb[1]);
+    } else {
+        g->out_idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, D);
+        ggml_set_input(g->out_idx);
+        x = ggml_get_rows(ctx, x, g->out_idx);
+    }
     x = norm(d, ctx, x, d->out_norm);
     const dfl_gguf * owner = d->output == dfl_target_lm_head(d->target) ? dfl_target_file(d->target) : &d->file;
     struct ggml_tensor * logits = dfl_gguf_mul_mat(owner, ctx, d->output, x);
@@ -737,7 +844,7 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     g->probs = g->argmax_lp = NULL;
     if (d->p.top_k > 0) {
         g->probs = ggml_soft_max(ctx, logits);
-        g->argmax_lp = log_probs_at(ctx, g->probs, ggml_reshape_2d(ctx, g->argmax, 1, B - 1));
+        g->argmax_lp = log_probs_at(ctx, g->probs, ggml_reshape_2d(ctx, g->argmax, 1, D));
         ggml_set_output(g->probs); /* the rank graph reads it */
         ggml_set_output(g->argmax_lp);
         ggml_build_forward_expand(gf, g->argmax_lp);
@@ -748,10 +855,17 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx, int R, int B
     } else {
         memset(&g->sampled, 0, sizeof g->sampled);
     }
-    if (d->conv_k > 0) {
-        build_selector(d, ctx, gf, logits, x, tokens); /* the block holds the selector's path */
-    } else {
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, drafts, ggml_view_1d(ctx, d->block, B - 1, sizeof(int32_t))));
+    for (int i = 0, row0 = 0, brow0 = 0; i < g->n_parts; brow0 += g->part[i].n_block, row0 += g->part[i].n_block - 1, i++) {
+        const int n = g->part[i].n_block - 1;
+        struct ggml_tensor * block = d->block[g->part[i].seq];
+        if (d->conv_k > 0) {
+            /* the block holds the selector's path */
+            build_selector(d, ctx, gf, rows_of(ctx, logits, row0, n), rows_of(ctx, x, row0, n),
+                           ggml_view_1d(ctx, tokens, 1, (size_t) brow0 * sizeof(int32_t)), block);
+        } else {
+            struct ggml_tensor * part = ggml_view_1d(ctx, drafts, n, (size_t) row0 * sizeof(int32_t));
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, part, ggml_view_1d(ctx, block, n, sizeof(int32_t))));
+        }
     }
 }
 
@@ -800,10 +914,10 @@ static dfl_status rank_last_propose(dfl_draft * d) {
     return DFL_OK;
 }
 
-/* The block's mask over n_kv cache slots: slot j holds the latest position below p + B
- * that maps to it, visible when that position is in the drafter's context window (an
- * older or stale one is out of it by construction); causal: not after the row's
- * position; window: fewer than `window` positions from it. */
+/* A block's mask over n_kv cache rows of its sequence: row j holds the latest position
+ * below p + B that maps to it, visible when that position is in the drafter's context
+ * window (an older or stale one is out of it by construction); causal: not after the
+ * row's position; window: fewer than `window` positions from it. */
 static void fill_mask(dfl_draft * d, struct ggml_tensor * dst, int p, int B, int n_kv, bool causal, int window) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
     const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0, end = p + B;
@@ -820,90 +934,172 @@ static void fill_mask(dfl_draft * d, struct ggml_tensor * dst, int p, int B, int
     dfl_runtime_set(&d->rt, dst, d->host_mask, 0, (size_t) B * n_kv * sizeof(ggml_fp16_t));
 }
 
-DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const int32_t * rows, int32_t n_rows, int32_t bonus,
-                                     int32_t n_block, int32_t * out_tokens) {
-    if (!d || n_rows < 0 || (n_rows > 0 && !rows)) {
+static dfl_status check_block(const dfl_draft * d, const dfl_block * b, const bool * seen) {
+    TRY(check_seq(d, b->seq));
+    if (seen[b->seq]) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d appears twice in one propose", b->seq);
+    }
+    if (b->n_rows < 0 || (b->n_rows > 0 && !b->rows)) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or rows");
     }
-    if (n_rows > 0) {
-        TRY(check_append(d, rows, n_rows));
+    if (b->n_rows > 0) {
+        TRY(check_append(d, b->seq, b->rows, b->n_rows));
     }
-    if (n_block < 2 || n_block > d->block_size) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "block size %d is outside 2..%d (the drafter's trained size)", n_block,
+    if (b->n_block < 2 || b->n_block > d->block_size) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "block size %d is outside 2..%d (the drafter's trained size)", b->n_block,
                         d->block_size);
     }
-    if (bonus < 0 || bonus >= dfl_target_n_vocab(d->target)) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "token id %d is outside the vocabulary", bonus);
+    if (b->bonus < 0 || b->bonus >= dfl_target_n_vocab(d->target)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "token id %d is outside the vocabulary", b->bonus);
     }
-    const int p = d->n_tokens + n_rows, B = n_block;
-    if (p + B > d->n_ctx) {
-        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: drafting %d positions after %d exceeds %d", B, p, d->n_ctx);
+    const int p = d->n_tokens[b->seq] + b->n_rows;
+    if (p + b->n_block > d->n_ctx) {
+        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: drafting %d positions after %d exceeds %d", b->n_block, p,
+                        d->n_ctx);
     }
-    int n_kv = ((p + B + DRAFT_KV_PAD - 1) / DRAFT_KV_PAD) * DRAFT_KV_PAD;
-    if (n_kv > d->ring) {
-        n_kv = d->ring;
+    return DFL_OK;
+}
+
+/* How the propose's drafted rows choose: each part's sequence's sampling, merged. */
+static dfl_status propose_sampling(dfl_draft * d, const propose_graph * shape, dfl_sampler_key * key) {
+    for (int i = 0; i < shape->n_parts; i++) {
+        dfl_sampler_key k;
+        TRY(dfl_sampler_key_for(&d->sampler[shape->part[i].seq], shape->part[i].n_block - 1,
+                                dfl_target_n_vocab(d->target), &k));
+        if (i == 0) {
+            *key = k;
+        } else {
+            dfl_sampler_key_merge(key, &k);
+        }
     }
-    /* deferred context rows ride in the same graph, padded to the block size so that
-     * every step has the same shape */
-    const int R = n_rows <= d->block_size ? d->block_size : n_rows;
-    TRY(reserve(d, B > R ? B : R, n_kv));
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, int32_t n) {
+    if (!d || !blocks || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "a propose needs a drafter and at least one block");
+    }
+    if (n > d->n_seq) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "a propose of %d blocks exceeds the %d sequence slots", n, d->n_seq);
+    }
+    bool seen[DFL_MAX_SEQ] = { false };
+    propose_graph shape = { 0 };
+    shape.n_parts = n;
+    int rows = 0;
+    size_t mask = 0;
+    for (int i = 0; i < n; i++) {
+        const dfl_block * b = &blocks[i];
+        TRY(check_block(d, b, seen));
+        seen[b->seq] = true;
+        const int p = d->n_tokens[b->seq] + b->n_rows, B = b->n_block;
+        int n_kv = ((p + B + DRAFT_KV_PAD - 1) / DRAFT_KV_PAD) * DRAFT_KV_PAD;
+        if (n_kv > d->ring) {
+            n_kv = d->ring;
+        }
+        /* deferred context rows ride in the same graph, padded to the block size so that
+         * every step has the same shape */
+        const int R = b->n_rows <= d->block_size ? d->block_size : b->n_rows;
+        shape.part[i] = (propose_part) { b->seq, R, B, n_kv };
+        rows += R > B ? R : B;
+        if ((size_t) B * n_kv > mask) {
+            mask = (size_t) B * n_kv;
+        }
+    }
+    TRY(reserve(d, rows, mask));
+    TRY(propose_sampling(d, &shape, &shape.samp));
     propose_graph * g = &d->graph;
-    dfl_sampler_key samp;
-    TRY(dfl_sampler_key_for(&d->sampler, B - 1, dfl_target_n_vocab(d->target), &samp));
     d->n_graphs++;
-    if (!(g->valid && g->n_rows == R && g->n_block == B && g->n_kv == n_kv &&
-          memcmp(&g->samp, &samp, sizeof samp) == 0)) {
+    if (!(g->valid && g->n_parts == n && memcmp(g->part, shape.part, (size_t) n * sizeof shape.part[0]) == 0 &&
+          memcmp(&g->samp, &shape.samp, sizeof shape.samp) == 0)) {
         d->n_graph_builds++;
-        g->valid = false;
         d->rank.valid = false;
-        g->samp = samp;
-        build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), R, B, n_kv);
+        g->valid = false;
+        g->n_parts = n;
+        memcpy(g->part, shape.part, sizeof shape.part);
+        g->samp = shape.samp;
+        build_propose(d, dfl_runtime_begin_graph(&d->rt, 0));
         TRY(dfl_runtime_alloc(&d->rt, 0, g->gf));
-        g->n_rows = R;
-        g->n_block = B;
-        g->n_kv = n_kv;
         g->valid = true;
     }
-    d->out_logits = g->logits;
-    d->out_argmax = g->argmax;
 
-    set_append_inputs(d, &g->app, rows, n_rows);
-    d->host_i32[0] = bonus;
-    for (int i = 1; i < B; i++) {
-        d->host_i32[i] = d->mask_id;
+    /* the context rows */
+    for (int i = 0, at = 0; i < n; at += g->part[i].n_rows, i++) {
+        stage_append(d, blocks[i].seq, blocks[i].rows, blocks[i].n_rows, g->part[i].n_rows, at);
+    }
+    int R = 0, B = 0, D = 0;
+    for (int i = 0; i < n; i++) {
+        R += g->part[i].n_rows;
+        B += g->part[i].n_block;
+        D += g->part[i].n_block - 1;
+    }
+    dfl_runtime_set(&d->rt, g->app.rows, d->host_i32, 0, (size_t) R * sizeof(int32_t));
+    for (int i = 0, at = 0; i < n; at += g->part[i].n_rows, i++) {
+        stage_append_slots(d, blocks[i].seq, blocks[i].n_rows, g->part[i].n_rows, at);
+    }
+    dfl_runtime_set(&d->rt, g->app.pos, d->host_i32, 0, (size_t) R * sizeof(int32_t));
+    dfl_runtime_set(&d->rt, g->app.slots, d->host_i64, 0, (size_t) R * sizeof(int64_t));
+    /* the blocks: [bonus, MASK...] at the positions after each context */
+    for (int i = 0, at = 0; i < n; at += g->part[i].n_block, i++) {
+        d->host_i32[at] = blocks[i].bonus;
+        for (int j = 1; j < g->part[i].n_block; j++) {
+            d->host_i32[at + j] = d->mask_id;
+        }
+        dfl_runtime_set(&d->rt, d->block[blocks[i].seq], &blocks[i].bonus, 0, sizeof(int32_t));
     }
     dfl_runtime_set(&d->rt, g->tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
-    dfl_runtime_set(&d->rt, d->block, &bonus, 0, sizeof(int32_t));
-    set_positions(d, g->pos, g->slots, p, B);
-    fill_mask(d, g->mask, p, B, n_kv, d->causal == 1, 0);
-    if (g->mask_swa) {
-        fill_mask(d, g->mask_swa, p, B, n_kv, d->causal != 0, d->swa_window);
+    for (int i = 0, at = 0; i < n; at += g->part[i].n_block, i++) {
+        stage_positions(d, blocks[i].seq, d->n_tokens[blocks[i].seq] + blocks[i].n_rows, g->part[i].n_block, at);
     }
-    TRY(dfl_sampler_fill(&d->sampler, &d->rt, &g->sampled, &samp, B - 1, dfl_target_n_vocab(d->target)));
+    dfl_runtime_set(&d->rt, g->pos, d->host_i32, 0, (size_t) B * sizeof(int32_t));
+    dfl_runtime_set(&d->rt, g->slots, d->host_i64, 0, (size_t) B * sizeof(int64_t));
+    for (int i = 0; i < n; i++) {
+        const int p = d->n_tokens[blocks[i].seq] + blocks[i].n_rows;
+        fill_mask(d, g->mask[i], p, g->part[i].n_block, g->part[i].n_kv, d->causal == 1, 0);
+        if (g->mask_swa[i]) {
+            fill_mask(d, g->mask_swa[i], p, g->part[i].n_block, g->part[i].n_kv, d->causal != 0, d->swa_window);
+        }
+    }
+    if (g->out_idx) {
+        for (int i = 0, at = 0, k = 0; i < n; at += g->part[i].n_block, i++) {
+            for (int j = 1; j < g->part[i].n_block; j++) {
+                d->host_i32[k++] = at + j;
+            }
+        }
+        dfl_runtime_set(&d->rt, g->out_idx, d->host_i32, 0, (size_t) D * sizeof(int32_t));
+    }
+    if (g->samp.pick != DFL_PICK_ARGMAX) {
+        /* each part's rows of the stage's inputs, from its sequence's sampler */
+        dfl_sampler_part parts[DFL_MAX_SEQ];
+        for (int i = 0; i < n; i++) {
+            parts[i] = (dfl_sampler_part) { &d->sampler[blocks[i].seq], g->part[i].n_block - 1 };
+        }
+        TRY(dfl_sampler_fill_parts(parts, n, &d->rt, &g->sampled, &g->samp, dfl_target_n_vocab(d->target)));
+    }
     TRY(dfl_runtime_compute(&d->rt, 0, g->gf));
     d->n_step_nodes = d->rt.n_last_nodes;
     d->rank.fresh = false;
-    d->n_tokens += n_rows;
-    if (out_tokens) {
-        dfl_runtime_get(&d->rt, d->block, out_tokens, sizeof(int32_t), (size_t) (B - 1) * sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        d->n_tokens[blocks[i].seq] += blocks[i].n_rows;
+        d->n_block[blocks[i].seq] = blocks[i].n_block;
     }
-    d->n_out = B - 1;
+    d->n_out = D;
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_draft_block(const dfl_draft * d, int32_t * dst, int32_t n) {
-    if (!d || !dst) {
+DFL_API dfl_status dfl_draft_block(const dfl_draft * d, int32_t seq, int32_t * dst, int32_t n) {
+    TRY(check_seq(d, seq));
+    if (!dst) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
     }
-    if (n < 1 || n > d->n_out + 1) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "%d block tokens requested, the last propose made %d", n, d->n_out + 1);
+    if (n < 1 || n > d->n_block[seq]) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "%d block tokens requested, the last propose made %d", n, d->n_block[seq]);
     }
-    dfl_runtime_get(&d->rt, d->block, dst, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_get(&d->rt, d->block[seq], dst, 0, (size_t) n * sizeof(int32_t));
     return DFL_OK;
 }
 
-struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int n) {
-    return d && n >= 1 && n <= d->n_out + 1 ? d->block : NULL;
+struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int seq, int n) {
+    return d && seq >= 0 && seq < d->n_seq && n >= 1 && n <= d->n_block[seq] ? d->block[seq] : NULL;
 }
 
 const dfl_target * dfl_draft_target(const dfl_draft * d) {
@@ -919,25 +1115,24 @@ DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t ro
                         row0 + n_rows, d->n_out);
     }
     const size_t row = (size_t) dfl_target_n_vocab(d->target) * sizeof(float);
-    dfl_runtime_get(&d->rt, d->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    dfl_runtime_get(&d->rt, d->graph.logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_draft_set_sampling(dfl_draft * d, const dfl_sampling * s) {
-    if (!d || !s) {
+DFL_API dfl_status dfl_draft_set_sampling(dfl_draft * d, int32_t seq, const dfl_sampling * s) {
+    TRY(check_seq(d, seq));
+    if (!s) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or settings");
     }
     if (s->temperature > 0.0f && d->conv_k > 0) {
         return dfl_fail(DFL_ERR_ARGUMENT, "a drafter with a candidate selector (DFlash2) drafts greedily only");
     }
-    return dfl_sampler_set(&d->sampler, s);
+    return dfl_sampler_set(&d->sampler[seq], s);
 }
 
-DFL_API dfl_status dfl_draft_set_uniforms(dfl_draft * d, const float * u, int32_t n) {
-    if (!d) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
-    }
-    return dfl_sampler_stage_uniforms(&d->sampler, u, n);
+DFL_API dfl_status dfl_draft_set_uniforms(dfl_draft * d, int32_t seq, const float * u, int32_t n) {
+    TRY(check_seq(d, seq));
+    return dfl_sampler_stage_uniforms(&d->sampler[seq], u, n);
 }
 
 DFL_API dfl_status dfl_draft_candidates(const dfl_draft * d, int32_t row0, int32_t n_rows, int32_t k,
@@ -980,7 +1175,7 @@ DFL_API dfl_status dfl_draft_top1(const dfl_draft * d, int32_t row0, int32_t n_r
     static int32_t unread;
     TRY(check_ranked_rows(d, row0, n_rows, tokens ? tokens : &unread, logprobs));
     if (tokens) {
-        dfl_runtime_get(&d->rt, d->out_argmax, tokens, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
+        dfl_runtime_get(&d->rt, d->graph.argmax, tokens, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
     }
     dfl_runtime_get(&d->rt, d->graph.argmax_lp, logprobs, (size_t) row0 * sizeof(float), (size_t) n_rows * sizeof(float));
     return DFL_OK;
@@ -1035,11 +1230,17 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
             out->cache += ggml_backend_buft_get_alloc_size(buft, c);
             dfl_plan_place(c, dummy);
         }
-        /* slot 0 holds the larger of a prefill chunk's context append and a propose over
-         * the whole attention span (with its softmax when top_k >= 1); slot 1 the rank
-         * graph over that propose's logits and softmax (top_k > 1) */
+        /* slot 0 holds the larger of a prefill chunk's context append and a propose of
+         * every sequence over the whole attention span (with its softmax when
+         * top_k >= 1); slot 1 the rank graph over that propose's logits and softmax
+         * (top_k > 1) */
         const int B = d->block_size, n_kv = d->ring < d->n_ctx ? d->ring : d->n_ctx;
-        build_propose(d, dfl_runtime_begin_graph(&d->rt, 0), B, B, n_kv);
+        propose_graph * g = &d->graph;
+        g->n_parts = d->n_seq;
+        for (int i = 0; i < d->n_seq; i++) {
+            g->part[i] = (propose_part) { i, B, B, n_kv };
+        }
+        build_propose(d, dfl_runtime_begin_graph(&d->rt, 0));
         size_t propose[2] = { 0, 0 }, append[2] = { 0, 0 }, rank[2] = { 0, 0 };
         st = dfl_plan_reserve(&d->rt, 0, d->graph.gf, propose);
         if (st == DFL_OK) {
@@ -1051,7 +1252,8 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
         }
         if (st == DFL_OK && d->p.top_k > 1) {
             struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
-            struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_n_vocab(target), B - 1);
+            struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_n_vocab(target),
+                                                             (int64_t) (B - 1) * d->n_seq);
             struct ggml_tensor * probs = ggml_dup_tensor(ctx, logits);
             dfl_plan_place(logits, dummy); /* slot 0's, counted there */
             dfl_plan_place(probs, dummy);

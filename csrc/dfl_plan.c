@@ -30,11 +30,12 @@ dfl_status dfl_plan_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf,
 typedef enum { PART_KV, PART_RECURRENT, PART_SCRATCH } state_part;
 
 static state_part part_of(const dfl_target * t, const struct ggml_tensor * c) {
+    const dfl_memory * mem = &t->mem;
     for (int il = 0; il < t->m.n_layer; il++) {
-        if (c == t->k_cache[il] || c == t->v_cache[il]) {
+        if (c == mem->k[il] || c == mem->v[il]) {
             return PART_KV;
         }
-        if (c == t->conv_state[il] || c == t->ssm_state[il]) {
+        if (c == mem->conv[il] || c == mem->ssm[il]) {
             return PART_RECURRENT;
         }
     }
@@ -47,41 +48,66 @@ static void max_into(size_t dst[2], const size_t a[2]) {
     }
 }
 
-/* The target's graph slots: slot 0 takes prefill chunks, the others decode steps and
- * verifies (chain or tree, each carrying the previous step's commit), all at the full
- * context, their rows sampled over the whole vocabulary (the sampling stage that holds
- * the most: a few vocabulary-wide intermediates per row). */
+/* A step of every sequence's rows of one kind at the end of a full context, each
+ * carrying a commit (commit NULL: none), its rows sampled over the whole vocabulary
+ * (the sampling stage that holds the most: a few vocabulary-wide intermediates per
+ * row). */
+static dfl_step full_step(const dfl_target * t, int kind, int n, const tree_plan * tree, const pending_commit * commit) {
+    dfl_step step;
+    memset(&step, 0, sizeof step);
+    step.n_seg = t->mem.n_seq;
+    step.n_rows = step.n_out = n * t->mem.n_seq;
+    step.samp.pick = DFL_PICK_FULL;
+    for (int s = 0; s < step.n_seg; s++) {
+        step.seg[s] = (dfl_segment) { s, kind, n, s * n, t->p.n_ctx - n, t->p.n_ctx, LOGITS_ALL, tree, commit, NULL,
+                                      tree ? tree->shape : (tree_shape) { 0 }, commit ? (commit->tree ? 2 : 1) : 0,
+                                      commit ? commit->n_replay : 0 };
+    }
+    return step;
+}
+
+/* The target's graph slots: slot 0 takes prefill chunks, the others steps of every
+ * sequence (chain or tree verifies, each carrying the previous step's commit), all at
+ * the full context. */
 static dfl_status target_compute(dfl_target * t, size_t out[2]) {
     dfl_runtime * rt = &t->rt;
     graph_inputs in;
-    const dfl_sampler_key sampled = { .pick = DFL_PICK_FULL };
     size_t prefill[2], verify[2] = { 0, 0 }, sizes[2];
     const int n_ctx = t->p.n_ctx;
 
-    t->n_past = n_ctx - t->p.n_ubatch;
-    t->commit.active = false;
-    struct ggml_cgraph * gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 0), &in, t->p.n_ubatch, n_ctx,
-                                                     false, false, LOGITS_LAST, NULL, &sampled);
+    dfl_step step;
+    memset(&step, 0, sizeof step);
+    step.n_seg = 1;
+    step.n_rows = t->p.n_ubatch;
+    step.n_out = 1;
+    step.samp.pick = DFL_PICK_FULL;
+    step.seg[0] = (dfl_segment) { 0, DFL_STEP_DECODE, t->p.n_ubatch, 0, n_ctx - t->p.n_ubatch, n_ctx, LOGITS_LAST,
+                                  NULL, NULL, NULL, { 0 }, 0, 0 };
+    struct ggml_cgraph * gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 0), &in);
     TRY(dfl_plan_reserve(rt, 0, gf, prefill));
 
-    t->n_past = n_ctx - t->p.n_verify;
-    t->commit = (pending_commit) { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
+    tree_plan * worst = calloc(1, sizeof *worst);
+    if (!worst) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
     const int n_tree = dfl_target_max_tree_nodes(t);
-    t->tree.shape = dfl_tree_worst_shape(n_tree);
-    gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, n_tree, n_ctx, true, true, LOGITS_ALL, NULL,
-                                &sampled);
+    worst->n = n_tree;
+    worst->shape = dfl_tree_worst_shape(n_tree);
+    const pending_commit tree_commit = { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
+    step = full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit);
+    gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
+    dfl_status st = dfl_plan_reserve(rt, 1, gf, sizes);
+    free(worst);
+    TRY(st);
+    max_into(verify, sizes);
+
+    /* a chain commit has nothing to do without recurrent layers */
+    const pending_commit chain_commit = { .active = true, .tree = false, .n_keep = 1, .n_replay = t->p.n_verify };
+    step = full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL);
+    gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
     TRY(dfl_plan_reserve(rt, 1, gf, sizes));
     max_into(verify, sizes);
 
-    t->commit.tree = false;
-    t->commit.active = t->m.n_recurrent > 0; /* a chain commit has nothing to do otherwise */
-    gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(rt, 1), &in, t->p.n_verify, n_ctx, true, false,
-                                LOGITS_ALL, NULL, &sampled);
-    TRY(dfl_plan_reserve(rt, 1, gf, sizes));
-    max_into(verify, sizes);
-
-    t->commit.active = false;
-    t->n_past = 0;
     for (int k = 0; k < 2; k++) {
         out[k] = prefill[k] + (size_t) (rt->n_slots - 1) * verify[k];
     }
@@ -148,8 +174,8 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
     for (int k = 0; k < n_dev; k++) {
         dfl_plan_device * pd = &plan->devices[k];
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(devs[k]);
-        for (struct ggml_tensor * c = ggml_get_first_tensor(t->ctx_state[k]); c;
-             c = ggml_get_next_tensor(t->ctx_state[k], c)) {
+        for (struct ggml_tensor * c = ggml_get_first_tensor(t->mem.ctx[k]); c;
+             c = ggml_get_next_tensor(t->mem.ctx[k], c)) {
             const size_t size = ggml_backend_buft_get_alloc_size(buft, c);
             switch (part_of(t, c)) {
                 case PART_KV: pd->kv_cache += size; break;

@@ -13,7 +13,13 @@
  * small model is a visible part of a step. */
 #define DFL_GRAPH_SIZE 2048
 #define DFL_GRAPH_NODES_PER_LAYER 384
+/* ... and per layer for every further sequence in a step (its attention, convolution and
+ * delta rule of its own) */
+#define DFL_GRAPH_NODES_PER_SEQ 160
 #define DFL_MAX_GRAPH_SLOTS 4
+
+/* Sequences a target holds at most, each in a slot of its memory. */
+#define DFL_MAX_SEQ 16
 
 /* A graph kept for reuse: its scheduler (and so its compute memory) and the context
  * holding its tensors. Graphs in different slots are allocated apart and can be run

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #define DEFAULT_CANDIDATES 256
+#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 DFL_API void dfl_sampling_default(dfl_sampling * s) {
     memset(s, 0, sizeof *s);
@@ -25,6 +26,7 @@ void dfl_sampler_free(dfl_sampler * smp) {
     free(smp->pen_cnt);
     free(smp->host_params);
     free(smp->host_idx);
+    free(smp->host_cnt);
     memset(smp, 0, sizeof *smp);
 }
 
@@ -161,6 +163,27 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
     return DFL_OK;
 }
 
+void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
+    const int n_penalty = acc->n_penalty > k->n_penalty ? acc->n_penalty : k->n_penalty;
+    const bool same = acc->pick == k->pick && acc->n_cand == k->n_cand && acc->capped == k->capped &&
+                      acc->full == k->full && acc->ranked == k->ranked;
+    if (!same) {
+        dfl_sampler_key m = { DFL_PICK_MIXED, 0, 0, 0, 0, 0 };
+        const dfl_sampler_key * both[2] = { acc, k };
+        for (int i = 0; i < 2; i++) {
+            const dfl_sampler_key * x = both[i];
+            m.full = m.full || x->pick == DFL_PICK_FULL || x->full;
+            if (x->pick == DFL_PICK_RANKED || x->ranked) {
+                m.ranked = 1;
+                m.n_cand = x->n_cand > m.n_cand ? x->n_cand : m.n_cand;
+                m.capped = m.capped || x->capped;
+            }
+        }
+        *acc = m;
+    }
+    acc->n_penalty = n_penalty;
+}
+
 /* ---- the graph ------------------------------------------------------------------------- */
 
 /* Setting `which` of every row, [1, n] (contiguous: the input holds one column per setting). */
@@ -223,6 +246,7 @@ static struct ggml_tensor * pick_full(struct ggml_context * ctx, struct ggml_ten
 static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_tensor * logits,
                                         const dfl_sampler_key * key, dfl_sampler_graph * out) {
     const int64_t V = logits->ne[0], n = logits->ne[1], K = key->n_cand;
+    const bool mixed = key->pick == DFL_PICK_MIXED;
     struct ggml_tensor * sv, * si;
     if (K < V) {
         struct ggml_tensor * top = ggml_top_k(ctx, logits, (int) K); /* [K, n], in no particular order */
@@ -237,8 +261,23 @@ static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_t
     struct ggml_tensor * l0 = column(ctx, sv, 0);
     struct ggml_tensor * z = ggml_sub(ctx, sv, l0); /* <= 0, the most likely's 0 */
     struct ggml_tensor * e = ggml_exp(ctx, z);
-    struct ggml_tensor * mass = key->capped ? ggml_sum_rows(ctx, ggml_exp(ctx, ggml_sub(ctx, logits, l0))) :
-                                              ggml_sum_rows(ctx, e);
+    struct ggml_tensor * capped = mixed ? setting(ctx, out->params, DFL_SP_CAPPED) : NULL;
+    struct ggml_tensor * keep_k = NULL;
+    if (mixed) {
+        /* a row ranking fewer than K keeps its own first top_k */
+        struct ggml_tensor * idx = ggml_arange(ctx, 0.0f, (float) K, 1.0f);
+        struct ggml_tensor * room = ggml_sub(ctx, ggml_repeat(ctx, setting(ctx, out->params, DFL_SP_TOP_K), sv), idx);
+        keep_k = ggml_step(ctx, ggml_scale_bias(ctx, room, 1.0f, -0.5f));
+        e = ggml_mul(ctx, e, keep_k);
+    }
+    struct ggml_tensor * mass;
+    if (mixed && key->capped) { /* capped rows against the vocabulary, the others their candidates */
+        struct ggml_tensor * whole = ggml_sum_rows(ctx, ggml_exp(ctx, ggml_sub(ctx, logits, l0)));
+        struct ggml_tensor * own = ggml_sum_rows(ctx, e);
+        mass = ggml_add(ctx, ggml_mul(ctx, whole, capped), ggml_sub(ctx, own, ggml_mul(ctx, own, capped)));
+    } else {
+        mass = key->capped ? ggml_sum_rows(ctx, ggml_exp(ctx, ggml_sub(ctx, logits, l0))) : ggml_sum_rows(ctx, e);
+    }
     struct ggml_tensor * p = ggml_div(ctx, e, mass);
     struct ggml_tensor * cum = ggml_cumsum(ctx, p);
     /* top-p keeps a candidate while the mass before it is below top_p; min-p while its
@@ -247,6 +286,9 @@ static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_t
     struct ggml_tensor * keep_p = ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, ggml_sub(ctx, cum, p), top_p)));
     struct ggml_tensor * keep_m = ggml_step(ctx, ggml_sub(ctx, z, setting(ctx, out->params, DFL_SP_LOG_MIN_P)));
     struct ggml_tensor * keep = ggml_mul(ctx, keep_p, keep_m);
+    if (keep_k) {
+        keep = ggml_mul(ctx, keep, keep_k); /* what the row's top_k left out stays out */
+    }
     struct ggml_tensor * w = ggml_mul(ctx, ggml_exp(ctx, ggml_mul(ctx, z, setting(ctx, out->params, DFL_SP_INV_TEMP))),
                                       keep);
     struct ggml_tensor * cw = ggml_cumsum(ctx, w);
@@ -262,6 +304,9 @@ static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_t
          * mass is below top_p) and min-p does not cut before (the K-th still passes it) */
         struct ggml_tensor * beyond = ggml_mul(ctx, ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, column(ctx, cum, K - 1), top_p))),
                                                column(ctx, keep_m, K - 1));
+        if (capped) {
+            beyond = ggml_mul(ctx, beyond, capped);
+        }
         struct ggml_tensor * c = ggml_reshape_2d(ctx, ggml_cast(ctx, choice, GGML_TYPE_F32), 1, n);
         c = ggml_sub(ctx, c, ggml_mul(ctx, beyond, ggml_scale_bias(ctx, c, 1.0f, 1.0f))); /* -1 there */
         choice = ggml_reshape_1d(ctx, ggml_cast(ctx, c, GGML_TYPE_I32), n);
@@ -271,6 +316,34 @@ static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_t
     ggml_set_output(out->cand);
     ggml_set_output(out->cand_p);
     return choice;
+}
+
+/* Rows of several picks: each row's own (its pick setting: 0 the argmax, 1 the full draw,
+ * 2 the ranked draw), selected by arithmetic on the token ids (exact in f32: ids are
+ * below 2^24), the argmax computed for every row. */
+static struct ggml_tensor * pick_mixed(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                       const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    const int64_t n = logits->ne[1];
+    struct ggml_tensor * pick = setting(ctx, out->params, DFL_SP_PICK);
+    struct ggml_tensor * as_f32[3] = { ggml_cast(ctx, ggml_argmax(ctx, logits), GGML_TYPE_F32), NULL, NULL };
+    if (key->full) {
+        as_f32[1] = ggml_cast(ctx, pick_full(ctx, logits, out), GGML_TYPE_F32);
+    }
+    if (key->ranked) {
+        as_f32[2] = ggml_cast(ctx, pick_ranked(ctx, logits, key, out), GGML_TYPE_F32);
+    }
+    struct ggml_tensor * c = NULL;
+    for (int k = 0; k < 3; k++) {
+        if (!as_f32[k]) {
+            continue;
+        }
+        /* 1 where the row's pick is k: the steps at k - 0.5 and k + 0.5 differ */
+        struct ggml_tensor * is_k = ggml_sub(ctx, ggml_step(ctx, ggml_scale_bias(ctx, pick, 1.0f, 0.5f - (float) k)),
+                                             ggml_step(ctx, ggml_scale_bias(ctx, pick, 1.0f, -0.5f - (float) k)));
+        struct ggml_tensor * term = ggml_mul(ctx, ggml_reshape_2d(ctx, as_f32[k], 1, n), is_k);
+        c = c ? ggml_add(ctx, c, term) : term;
+    }
+    return ggml_reshape_1d(ctx, ggml_cast(ctx, c, GGML_TYPE_I32), n);
 }
 
 struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cgraph * gf, struct ggml_tensor * logits,
@@ -287,6 +360,7 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
     switch (key->pick) {
         case DFL_PICK_FULL: out->choice = pick_full(ctx, logits, out); break;
         case DFL_PICK_RANKED: out->choice = pick_ranked(ctx, logits, key, out); break;
+        case DFL_PICK_MIXED: out->choice = pick_mixed(ctx, logits, key, out); break;
         default: out->choice = ggml_argmax(ctx, logits); break;
     }
     ggml_set_output(out->choice);
@@ -297,45 +371,97 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
     return out->choice;
 }
 
-dfl_status dfl_sampler_fill(dfl_sampler * smp, const dfl_runtime * rt, const dfl_sampler_graph * g,
-                            const dfl_sampler_key * key, int n_rows, int n_vocab) {
-    if (g->params) {
-        const dfl_sampling * s = &smp->s;
-        if (!reserve((void **) &smp->host_params, &smp->cap_params, n_rows * DFL_SAMPLER_PARAMS, sizeof(float))) {
-            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-        }
-        const float rep = s->repeat_penalty;
-        const float values[DFL_SAMPLER_PARAMS] = {
-            [DFL_SP_U] = 0.0f,
-            [DFL_SP_INV_TEMP] = s->temperature > 0.0f ? 1.0f / s->temperature : 1.0f,
-            /* top_p 1 keeps all: above any mass rounding may sum to */
-            [DFL_SP_TOP_P] = s->top_p < 1.0f ? s->top_p : 2.0f,
-            [DFL_SP_LOG_MIN_P] = s->min_p > 0.0f ? logf(s->min_p) : -FLT_MAX,
-            [DFL_SP_REP_M1] = rep - 1.0f,
-            [DFL_SP_REP_FLIP] = 1.0f / rep - rep,
-            [DFL_SP_FREQ] = s->frequency_penalty,
-            [DFL_SP_PRESENT] = s->presence_penalty,
-        };
-        for (int k = 0; k < DFL_SAMPLER_PARAMS; k++) {
-            for (int r = 0; r < n_rows; r++) {
-                smp->host_params[k * n_rows + r] = k == DFL_SP_U && key->pick != DFL_PICK_ARGMAX ? smp->u[r] : values[k];
+/* The j-th pad entry of a row whose staged entries (if any) are row r's: the j-th token
+ * not among them, so that a row's entries stay distinct. */
+static int32_t pad_token(const dfl_sampler * smp, int r, int j, int n_vocab) {
+    int32_t tok = -1;
+    for (int k = 0; k <= j; k++) {
+        bool taken = true;
+        while (taken) {
+            tok = (tok + 1) % n_vocab;
+            taken = false;
+            for (int m = 0; smp->pen_rows > 0 && m < smp->pen_per_row && !taken; m++) {
+                taken = smp->pen_tok[r * smp->pen_per_row + m] == tok;
             }
         }
-        dfl_runtime_set(rt, g->params, smp->host_params, 0, (size_t) n_rows * DFL_SAMPLER_PARAMS * sizeof(float));
     }
-    if (g->pen_idx) {
-        const int n = n_rows * key->n_penalty;
-        if (!reserve((void **) &smp->host_idx, &smp->cap_idx, n, sizeof(int32_t))) {
+    return tok;
+}
+
+dfl_status dfl_sampler_fill(dfl_sampler * smp, const dfl_runtime * rt, const dfl_sampler_graph * g,
+                            const dfl_sampler_key * key, int n_rows, int n_vocab) {
+    const dfl_sampler_part part = { smp, n_rows };
+    return dfl_sampler_fill_parts(&part, 1, rt, g, key, n_vocab);
+}
+
+dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, const dfl_runtime * rt,
+                                  const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab) {
+    dfl_sampler * host = parts[0].smp; /* its staging buffers hold the inputs */
+    int n_rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        n_rows += parts[i].n_rows;
+    }
+    if (g->params) {
+        if (!reserve((void **) &host->host_params, &host->cap_params, n_rows * DFL_SAMPLER_PARAMS, sizeof(float))) {
             return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
-        for (int i = 0; i < n; i++) {
-            smp->host_idx[i] = (i / key->n_penalty) * n_vocab + smp->pen_tok[i];
+        for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
+            const dfl_sampler * smp = parts[i].smp;
+            const dfl_sampling * s = &smp->s;
+            const float rep = s->repeat_penalty;
+            dfl_sampler_key own;
+            TRY(dfl_sampler_key_for(smp, parts[i].n_rows, n_vocab, &own));
+            const float values[DFL_SAMPLER_PARAMS] = {
+                [DFL_SP_U] = 0.0f,
+                [DFL_SP_INV_TEMP] = s->temperature > 0.0f ? 1.0f / s->temperature : 1.0f,
+                /* top_p 1 keeps all: above any mass rounding may sum to */
+                [DFL_SP_TOP_P] = s->top_p < 1.0f ? s->top_p : 2.0f,
+                [DFL_SP_LOG_MIN_P] = s->min_p > 0.0f ? logf(s->min_p) : -FLT_MAX,
+                [DFL_SP_REP_M1] = rep - 1.0f,
+                [DFL_SP_REP_FLIP] = 1.0f / rep - rep,
+                [DFL_SP_FREQ] = s->frequency_penalty,
+                [DFL_SP_PRESENT] = s->presence_penalty,
+                [DFL_SP_PICK] = (float) own.pick,
+                /* a row that does not rank runs the ranked draw over every candidate (unread) */
+                [DFL_SP_TOP_K] = (float) (own.pick == DFL_PICK_RANKED ? own.n_cand : key->n_cand),
+                [DFL_SP_CAPPED] = (float) own.capped,
+            };
+            for (int k = 0; k < DFL_SAMPLER_PARAMS; k++) {
+                for (int r = 0; r < parts[i].n_rows; r++) {
+                    const bool drawn = k == DFL_SP_U && key->pick != DFL_PICK_ARGMAX && smp->n_u > 0;
+                    host->host_params[k * n_rows + r0 + r] = drawn ? smp->u[r] : values[k];
+                }
+            }
         }
-        dfl_runtime_set(rt, g->pen_idx, smp->host_idx, 0, (size_t) n * sizeof(int32_t));
-        dfl_runtime_set(rt, g->pen_cnt, smp->pen_cnt, 0, (size_t) n * sizeof(float));
+        dfl_runtime_set(rt, g->params, host->host_params, 0, (size_t) n_rows * DFL_SAMPLER_PARAMS * sizeof(float));
     }
-    smp->n_u = 0;
-    smp->pen_rows = 0;
+    if (g->pen_idx) {
+        const int M = key->n_penalty, n = n_rows * M;
+        if (!reserve((void **) &host->host_idx, &host->cap_idx, n, sizeof(int32_t)) ||
+            !reserve((void **) &host->host_cnt, &host->cap_cnt, n, sizeof(float))) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
+            const dfl_sampler * smp = parts[i].smp;
+            for (int r = 0; r < parts[i].n_rows; r++) {
+                for (int j = 0; j < M; j++) {
+                    /* a part without penalties (or narrower ones) gets pad entries: distinct
+                     * tokens of count 0 */
+                    const bool staged = smp->pen_rows > 0 && j < smp->pen_per_row;
+                    const int at = (r0 + r) * M + j;
+                    const int32_t tok = staged ? smp->pen_tok[r * smp->pen_per_row + j] : -1;
+                    host->host_idx[at] = (r0 + r) * n_vocab + (staged ? tok : pad_token(smp, r, j, n_vocab));
+                    host->host_cnt[at] = staged ? smp->pen_cnt[r * smp->pen_per_row + j] : 0.0f;
+                }
+            }
+        }
+        dfl_runtime_set(rt, g->pen_idx, host->host_idx, 0, (size_t) n * sizeof(int32_t));
+        dfl_runtime_set(rt, g->pen_cnt, host->host_cnt, 0, (size_t) n * sizeof(float));
+    }
+    for (int i = 0; i < n_parts; i++) {
+        parts[i].smp->n_u = 0;
+        parts[i].smp->pen_rows = 0;
+    }
     return DFL_OK;
 }
 
@@ -344,15 +470,23 @@ dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_grap
     if (!g->cand) {
         return dfl_fail(DFL_ERR_STATE, "the last call did not rank candidates (sampling with top_k > 0 does)");
     }
-    if (k != g->cand->ne[0]) {
+    if (k < 1 || k > g->cand->ne[0]) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the last call ranked %d candidates per row, not %d", (int) g->cand->ne[0], k);
     }
     if (!tokens || !probs || row0 < 0 || n_rows <= 0 || row0 + n_rows > n_out) {
         return dfl_fail(DFL_ERR_ARGUMENT, "candidates: rows %d..%d are outside the last call's %d", row0,
                         row0 + n_rows - 1, n_out);
     }
+    const int64_t K = g->cand->ne[0];
     const size_t row_i = (size_t) k * sizeof(int32_t), row_f = (size_t) k * sizeof(float);
-    dfl_runtime_get(rt, g->cand, tokens, (size_t) row0 * row_i, (size_t) n_rows * row_i);
-    dfl_runtime_get(rt, g->cand_p, probs, (size_t) row0 * row_f, (size_t) n_rows * row_f);
+    if (k == K) {
+        dfl_runtime_get(rt, g->cand, tokens, (size_t) row0 * row_i, (size_t) n_rows * row_i);
+        dfl_runtime_get(rt, g->cand_p, probs, (size_t) row0 * row_f, (size_t) n_rows * row_f);
+        return DFL_OK;
+    }
+    for (int r = 0; r < n_rows; r++) { /* the first k of each row of K */
+        dfl_runtime_get(rt, g->cand, tokens + (size_t) r * k, (size_t) (row0 + r) * K * sizeof(int32_t), row_i);
+        dfl_runtime_get(rt, g->cand_p, probs + (size_t) r * k, (size_t) (row0 + r) * K * sizeof(float), row_f);
+    }
     return DFL_OK;
 }

@@ -16,12 +16,18 @@
 
 /* A stage's per-row settings, an input [n, DFL_SAMPLER_PARAMS] (one column of n per
  * setting): the row's uniform, 1 / temperature, top_p, log(min_p), and the penalties as
- * the logit arithmetic uses them (repeat - 1, 1 / repeat - repeat, frequency, presence). */
+ * the logit arithmetic uses them (repeat - 1, 1 / repeat - repeat, frequency, presence);
+ * in a stage whose rows pick differently (DFL_PICK_MIXED), the row's pick, its candidate
+ * count and whether it is capped (see dfl_sampler_key). */
 enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1, DFL_SP_REP_FLIP, DFL_SP_FREQ,
-       DFL_SP_PRESENT, DFL_SAMPLER_PARAMS };
+       DFL_SP_PRESENT, DFL_SP_PICK, DFL_SP_TOP_K, DFL_SP_CAPPED, DFL_SAMPLER_PARAMS };
 
-/* How a graph picks: fixed when it is built, part of its key. */
-enum { DFL_PICK_ARGMAX = 0, DFL_PICK_FULL = 1, DFL_PICK_RANKED = 2 };
+/* How a graph picks: fixed when it is built, part of its key. MIXED: rows of several
+ * sequences that pick differently, each by its own pick (a per-row setting): the argmax
+ * of every row is computed (a greedy row takes it, exactly), the full draw when some row
+ * draws over the vocabulary, the ranked draw when some row ranks candidates (the most
+ * any row ranks, each row keeping its own top_k of them). */
+enum { DFL_PICK_ARGMAX = 0, DFL_PICK_FULL = 1, DFL_PICK_RANKED = 2, DFL_PICK_MIXED = 3 };
 
 typedef struct dfl_sampler_key {
     int pick;      /* DFL_PICK_*; FULL: no truncation, the draw runs over the vocabulary */
@@ -29,6 +35,8 @@ typedef struct dfl_sampler_key {
     int capped;    /* RANKED with top_k 0: probabilities are against the whole vocabulary, and a
                       row whose kept set may reach past the candidates chooses -1 */
     int n_penalty; /* penalty entries per row (0: no penalties in this graph) */
+    int full;      /* MIXED: some row draws over the vocabulary */
+    int ranked;    /* MIXED: some row ranks candidates (n_cand of them at most; capped: some row is) */
 } dfl_sampler_key;
 
 /* A built sampling stage: its inputs and outputs. */
@@ -52,7 +60,8 @@ typedef struct dfl_sampler {
     int cap_u, cap_pen_tok, cap_pen_cnt; /* staging capacities */
     float * host_params;        /* input staging */
     int32_t * host_idx;
-    int cap_params, cap_idx;
+    float * host_cnt;
+    int cap_params, cap_idx, cap_cnt;
 } dfl_sampler;
 
 void dfl_sampler_init(dfl_sampler * smp);
@@ -66,6 +75,10 @@ dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens
  * it needs was not staged. */
 dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab, dfl_sampler_key * key);
 
+/* The key of a graph whose rows are those of `acc` and then those of `k`: the same pick
+ * when both pick alike, else MIXED; the most penalty entries and candidates. */
+void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k);
+
 /* Builds the stage over logits [V, n] (contiguous) into gf; returns out->choice. */
 struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cgraph * gf, struct ggml_tensor * logits,
                                        const dfl_sampler_key * key, dfl_sampler_graph * out);
@@ -74,7 +87,18 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
 dfl_status dfl_sampler_fill(dfl_sampler * smp, const dfl_runtime * rt, const dfl_sampler_graph * g,
                             const dfl_sampler_key * key, int n_rows, int n_vocab);
 
-/* Reads rows [row0, row0 + n_rows) of a RANKED stage's candidates and their probabilities. */
+/* A graph's rows from several samplers (sequences), in order: each part's n_rows. */
+typedef struct dfl_sampler_part {
+    dfl_sampler * smp;
+    int n_rows;
+} dfl_sampler_part;
+
+/* dfl_sampler_fill of rows from several samplers, one part after another. */
+dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, const dfl_runtime * rt,
+                                  const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab);
+
+/* Reads rows [row0, row0 + n_rows) of a RANKED (or MIXED) stage's candidates and their
+ * probabilities, the first k of each row (k at most the stage's candidates). */
 dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_graph * g, int n_out, int32_t row0,
                                   int32_t n_rows, int32_t k, int32_t * tokens, float * probs);
 

@@ -1,7 +1,8 @@
-/* Target runtime: loading and placement, caches and recurrent state, the calls
- * (decode, chain and tree verify, commits) and graph reuse. Graphs themselves are
- * built in dfl_target_graph.c over the architecture's layer builders (dfl_model.h):
- * nothing here depends on the architecture, only on the kinds of its layers. */
+/* Target runtime: loading and placement, the steps (decodes, chain and tree verifies
+ * of one or several sequences in one graph), commits and graph reuse. The state lives
+ * in the memory layer (dfl_memory.h); graphs are built in dfl_target_graph.c from the
+ * step's descriptor over the architecture's layer builders (dfl_model.h): nothing here
+ * depends on the architecture, only on the kinds of its layers. */
 #include "dfl_target_impl.h"
 
 #include <math.h>
@@ -14,9 +15,17 @@
 /* The attention window grows in steps so that graphs of consecutive steps share shapes. */
 #define KV_PAD 256
 
-/* Chain verifies of one length in a row after which their commits rerun every verified
- * row again (see dfl_target_commit). */
-#define CHAIN_STEADY 8
+
+static dfl_status check_seq(const dfl_target * t, int32_t seq) {
+    if (!t) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
+    }
+    if (seq < 0 || seq >= t->mem.n_seq) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d is outside 0..%d (the target has %d sequence slots)", seq,
+                        t->mem.n_seq - 1, t->mem.n_seq);
+    }
+    return DFL_OK;
+}
 
 DFL_API void dfl_target_default_params(dfl_target_params * p) {
     memset(p, 0, sizeof *p);
@@ -30,6 +39,10 @@ DFL_API void dfl_target_default_params(dfl_target_params * p) {
 
 static dfl_status check_params(const dfl_model * m, dfl_target_params * p) {
     if (p->n_ctx <= 0) p->n_ctx = 4096;
+    if (p->n_seq <= 0) p->n_seq = 1;
+    if (p->n_seq > DFL_MAX_SEQ) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "n_seq (%d) exceeds the supported %d sequences", p->n_seq, DFL_MAX_SEQ);
+    }
     if (p->n_ubatch <= 0) p->n_ubatch = 512;
     if (p->n_verify <= 0) p->n_verify = 16;
     if (p->n_ubatch > p->n_ctx) p->n_ubatch = p->n_ctx;
@@ -155,57 +168,24 @@ static dfl_status place_weights(dfl_target * t) {
     return st;
 }
 
-/* Caches and recurrent states live with their layer's weights: ctx_state[0] on the
- * device, ctx_state[1] on the CPU. Tensors only: alloc_state gives them memory. */
+/* Caches and recurrent states live with their layer's weights (the memory's tensors on
+ * the device or on the CPU), the features with the output. Tensors only: alloc_state
+ * gives them memory. */
 dfl_status dfl_target_define_state(dfl_target * t) {
-    const dfl_model * m = &t->m;
-    const dfl_recurrent_geometry * r = &m->rec;
-    const int n_tensors = 5 * m->n_layer + 1;
-    for (int k = 0; k < 2; k++) {
-        struct ggml_init_params ip = { (size_t) n_tensors * ggml_tensor_overhead(), NULL, true };
-        t->ctx_state[k] = ggml_init(ip);
-        if (!t->ctx_state[k]) {
-            return dfl_fail(DFL_ERR_BACKEND, "cannot create the state context");
-        }
+    bool on_device[DFL_MAX_LAYERS];
+    for (int il = 0; il < t->m.n_layer; il++) {
+        on_device[il] = layer_device(t, il) == t->rt.dev;
     }
-    const int64_t state_size = (int64_t) r->head_v_dim * r->head_v_dim * r->n_v_heads;
-    for (int il = 0; il < m->n_layer; il++) {
-        struct ggml_context * ctx = t->ctx_state[layer_device(t, il) == t->rt.dev ? 0 : 1];
-        if (m->kind[il] == DFL_LAYER_RECURRENT) {
-            t->conv_state[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->d_conv - 1, r->conv_channels);
-            t->ssm_state[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, state_size);
-            t->replay[il] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, dfl_target_replay_floats(m, t->p.n_verify));
-            t->conv_scratch[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + t->p.n_verify);
-        } else if (!m->attn[il].shares_kv) {
-            const dfl_attention_geometry * a = &m->attn[il];
-            const int64_t n_rows = a->window > 0 ? t->swa_ring : t->p.n_ctx;
-            t->k_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type, (int64_t) a->head_dim_k * a->n_head_kv,
-                                                n_rows);
-            t->v_cache[il] = ggml_new_tensor_2d(ctx, (enum ggml_type) t->p.kv_type_v, (int64_t) a->head_dim_v * a->n_head_kv,
-                                                n_rows);
-        }
-    }
-    const int rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
-    t->features = ggml_new_tensor_2d(t->ctx_state[output_device(t) == t->rt.dev ? 0 : 1], GGML_TYPE_F32,
-                                     (int64_t) m->n_embd * (t->p.n_feature_layers > 0 ? t->p.n_feature_layers : 1), rows);
-    return DFL_OK;
+    const dfl_memory_params mp = { t->p.n_seq, t->p.n_ctx, t->p.n_ubatch, t->p.n_verify,
+                                   (enum ggml_type) t->p.kv_type, (enum ggml_type) t->p.kv_type_v,
+                                   t->p.n_feature_layers, on_device, output_device(t) == t->rt.dev };
+    return dfl_memory_define(&t->mem, &t->m, &mp);
 }
 
 static dfl_status alloc_state(dfl_target * t) {
     TRY(dfl_target_define_state(t));
     const ggml_backend_dev_t devs[2] = { t->rt.dev, t->rt.dev_cpu };
-    for (int k = 0; k < 2; k++) {
-        if (!ggml_get_first_tensor(t->ctx_state[k])) {
-            continue;
-        }
-        t->buf_state[k] = ggml_backend_alloc_ctx_tensors_from_buft(t->ctx_state[k], ggml_backend_dev_buffer_type(devs[k]));
-        if (!t->buf_state[k]) {
-            return dfl_fail(DFL_ERR_BACKEND, "out of %s memory for a context of %d tokens",
-                            ggml_backend_dev_name(devs[k]), t->p.n_ctx);
-        }
-        ggml_backend_buffer_clear(t->buf_state[k], 0);
-    }
-    return DFL_OK;
+    return dfl_memory_alloc(&t->mem, devs);
 }
 
 /* Everything before the weights: the model's description, checked parameters, devices. */
@@ -218,8 +198,9 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     if (!t) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
-    t->chain_steady = CHAIN_STEADY;
-    dfl_sampler_init(&t->sampler);
+    for (int s = 0; s < DFL_MAX_SEQ; s++) {
+        dfl_sampler_init(&t->sampler[s]);
+    }
     if (params) {
         t->p = *params;
     } else {
@@ -234,20 +215,14 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     }
     t->tok_lookup = t->m.tok_embd;
     st = check_params(&t->m, &t->p);
-    for (int il = 0; il < t->m.n_layer; il++) {
-        if (t->m.kind[il] == DFL_LAYER_ATTENTION && t->m.attn[il].window > 0) {
-            t->swa_window = t->m.attn[il].window;
-        }
-    }
-    /* a call's rows must not take the ring rows of positions still inside any of its
-     * rows' windows: window - 1 + rows at least */
-    const int64_t rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
-    t->swa_ring = t->swa_window > 0 && t->swa_window + rows < t->p.n_ctx ? (int) (t->swa_window + rows) : t->p.n_ctx;
     if (st == DFL_OK) {
         /* a tree verify's recurrence adds a few dozen graph nodes per recurrent layer,
-         * whatever the tree's size */
+         * whatever the tree's size; every further sequence in a step its own attention,
+         * convolution and delta rule per layer */
+        const size_t n_seq = (size_t) t->p.n_seq;
         const size_t graph_size = DFL_GRAPH_SIZE + (size_t) t->m.n_layer * DFL_GRAPH_NODES_PER_LAYER +
-                                  (size_t) t->m.n_recurrent * 48;
+                                  (n_seq - 1) * (size_t) t->m.n_layer * DFL_GRAPH_NODES_PER_SEQ +
+                                  n_seq * (size_t) t->m.n_recurrent * 48;
         st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
                               DFL_MAX_GRAPH_SLOTS);
     }
@@ -279,15 +254,14 @@ DFL_API void dfl_target_free(dfl_target * t) {
     if (!t) {
         return;
     }
-    for (int k = 0; k < 2; k++) {
-        if (t->buf_state[k]) ggml_backend_buffer_free(t->buf_state[k]);
-        if (t->ctx_state[k]) ggml_free(t->ctx_state[k]);
-    }
+    dfl_memory_free(&t->mem);
     if (t->buf_lookup) ggml_backend_buffer_free(t->buf_lookup);
     if (t->ctx_lookup) ggml_free(t->ctx_lookup);
     dfl_runtime_free(&t->rt);
     dfl_model_close(&t->m);
-    dfl_sampler_free(&t->sampler);
+    for (int s = 0; s < DFL_MAX_SEQ; s++) {
+        dfl_sampler_free(&t->sampler[s]);
+    }
     free(t->host_i32);
     free(t->host_i64);
     free(t->host_mask);
@@ -306,7 +280,8 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_ctx = t->p.n_ctx;
     info->n_ubatch = t->p.n_ubatch;
     info->n_verify = t->p.n_verify;
-    info->n_past = t->n_past;
+    info->n_seq = t->mem.n_seq;
+    info->n_past = t->mem.seq[0].n_past;
     info->n_gpu_layers = t->rt.dev == t->rt.dev_cpu ? 0 : t->m.n_layer - first_device_layer(t);
     info->n_graphs = t->n_graphs;
     info->n_graph_builds = t->n_graph_builds;
@@ -331,29 +306,47 @@ DFL_API dfl_status dfl_target_last_placement(const dfl_target * t, dfl_placement
     return dfl_runtime_placement(&t->rt, out);
 }
 
+/* The results of the last step are gone (its features belong to a context that moved). */
+void dfl_target_drop_results(dfl_target * t) {
+    t->n_out = 0;
+    t->n_rows = 0;
+}
+
 DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     if (!t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null target");
     }
-    for (int k = 0; k < 2; k++) {
-        if (t->buf_state[k]) ggml_backend_buffer_clear(t->buf_state[k], 0);
-    }
-    t->n_past = 0;
-    t->pending_verify = 0;
-    t->commit.active = false;
+    dfl_memory_clear(&t->mem);
     t->n_last_replay = 0;
-    t->last_chain = 0;
-    t->chain_steady = CHAIN_STEADY;
     /* the graphs stay: a graph's key holds everything its shape depends on (the context
      * length enters through inputs), so a new request reuses them */
-    t->n_out = 0;
-    t->n_rows = 0;
-    t->sampler.n_u = 0;
-    t->sampler.pen_rows = 0;
+    dfl_target_drop_results(t);
+    for (int s = 0; s < DFL_MAX_SEQ; s++) {
+        t->sampler[s].n_u = 0;
+        t->sampler[s].pen_rows = 0;
+    }
     return DFL_OK;
 }
 
-dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
+DFL_API dfl_status dfl_target_seq_reset(dfl_target * t, int32_t seq) {
+    TRY(check_seq(t, seq));
+    dfl_memory_seq_clear(&t->mem, &t->m, seq);
+    t->sampler[seq].n_u = 0;
+    t->sampler[seq].pen_rows = 0;
+    return DFL_OK;
+}
+
+DFL_API dfl_status dfl_target_seq_copy(dfl_target * t, int32_t src, int32_t dst) {
+    TRY(check_seq(t, src));
+    TRY(check_seq(t, dst));
+    return dfl_memory_seq_copy(&t->mem, &t->m, src, dst);
+}
+
+DFL_API int32_t dfl_target_n_past(const dfl_target * t, int32_t seq) {
+    return t && seq >= 0 && seq < t->mem.n_seq ? t->mem.seq[seq].n_past : -1;
+}
+
+static dfl_status host_reserve(dfl_target * t, int n, size_t mask) {
     if ((size_t) n > t->host_rows) {
         free(t->host_i32);
         free(t->host_i64);
@@ -361,7 +354,6 @@ dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
         t->host_i64 = malloc((size_t) n * sizeof(int64_t));
         t->host_rows = (size_t) n;
     }
-    const size_t mask = (size_t) n * (size_t) n_kv;
     if (mask > t->host_mask_size) {
         free(t->host_mask);
         t->host_mask = malloc(mask * sizeof(ggml_fp16_t));
@@ -374,25 +366,46 @@ dfl_status dfl_host_reserve(dfl_target * t, int n, int n_kv) {
     return DFL_OK;
 }
 
-static bool same_key(const graph_key * a, const graph_key * b) {
-    return a->n == b->n && a->n_kv == b->n_kv && a->logits == b->logits && a->verify == b->verify &&
-           a->commit == b->commit && a->commit_replay == b->commit_replay && a->tokens_src == b->tokens_src &&
-           a->tree == b->tree && memcmp(&a->shape, &b->shape, sizeof a->shape) == 0 &&
-           memcmp(&a->samp, &b->samp, sizeof a->samp) == 0;
+/* Whether two steps build the same graph (only their inputs differ). */
+static bool same_shape(const dfl_step * a, const dfl_step * b) {
+    if (a->n_seg != b->n_seg || memcmp(&a->samp, &b->samp, sizeof a->samp) != 0) {
+        return false;
+    }
+    for (int i = 0; i < a->n_seg; i++) {
+        const dfl_segment * x = &a->seg[i], * y = &b->seg[i];
+        const bool same = x->seq == y->seq && x->kind == y->kind && x->n == y->n && x->n_kv == y->n_kv &&
+                          x->logits == y->logits && x->tokens_src == y->tokens_src &&
+                          x->commit_kind == y->commit_kind && x->commit_replay == y->commit_replay &&
+                          memcmp(&x->shape, &y->shape, sizeof x->shape) == 0;
+        if (!same) {
+            return false;
+        }
+    }
+    return true;
 }
 
-/* The slot holding a graph of this key, or the one to build it in (marked invalid):
- * graphs larger than a verify (prefill chunks) always take slot 0, so that the other
- * slots' compute memory stays verify-sized; the rest take the least recently used. */
-static int graph_slot(dfl_target * t, const graph_key * key) {
+/* A step with a prefill chunk (a decode longer than a verify). */
+static bool large_step(const dfl_target * t, const dfl_step * step) {
+    for (int i = 0; i < step->n_seg; i++) {
+        if (step->seg[i].n > t->p.n_verify) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The slot holding a graph of this step's shape, or the one to build it in (marked
+ * invalid): graphs with a prefill chunk always take slot 0, so that the other slots'
+ * compute memory stays verify-sized; the rest take the least recently used. */
+static int graph_slot(dfl_target * t, const dfl_step * step) {
     const int n_slots = t->rt.n_slots;
     for (int i = 0; i < n_slots; i++) {
-        if (t->graphs[i].valid && same_key(&t->graphs[i].key, key)) {
+        if (t->graphs[i].valid && same_shape(&t->graphs[i].key, step)) {
             return i;
         }
     }
     int slot = 0;
-    if (key->n <= t->p.n_verify) {
+    if (!large_step(t, step)) {
         uint64_t oldest = UINT64_MAX;
         for (int i = 1; i < n_slots; i++) {
             const uint64_t used = t->graphs[i].valid ? t->graphs[i].last_use : 0;
@@ -406,146 +419,251 @@ static int graph_slot(dfl_target * t, const graph_key * key) {
     return slot;
 }
 
-/* tokens come from the host, or (tokens == NULL) from the device tensor tokens_src */
-static dfl_status run(dfl_target * t, const int32_t * tokens, int n, bool verify, bool tree, int logits,
-                      struct ggml_tensor * tokens_src) {
-    for (int i = 0; tokens && i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= t->m.n_vocab) {
-            return dfl_fail(DFL_ERR_ARGUMENT, "token id %d at index %d is outside the vocabulary (0..%d)", tokens[i],
-                            i, t->m.n_vocab - 1);
+/* How the step's logits rows choose: each segment's sequence's sampling, merged (rows of
+ * sequences that pick differently each pick their own way: see dfl_sampler_key). */
+static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
+    memset(&step->samp, 0, sizeof step->samp);
+    bool first = true;
+    for (int i = 0; i < step->n_seg; i++) {
+        const dfl_segment * s = &step->seg[i];
+        const int n_out = s->logits == LOGITS_NONE ? 0 : (s->logits == LOGITS_LAST ? 1 : s->n);
+        if (n_out == 0) {
+            continue;
+        }
+        dfl_sampler_key key;
+        TRY(dfl_sampler_key_for(&t->sampler[s->seq], n_out, t->m.n_vocab, &key));
+        if (first) {
+            step->samp = key;
+        } else {
+            dfl_sampler_key_merge(&step->samp, &key);
+        }
+        first = false;
+    }
+    return DFL_OK;
+}
+
+static dfl_status fill_sampling(dfl_target * t, const dfl_step * step, const graph_inputs * in) {
+    dfl_sampler_part parts[DFL_MAX_SEQ];
+    int n = 0;
+    for (int i = 0; i < step->n_seg; i++) {
+        const dfl_segment * s = &step->seg[i];
+        const int n_out = s->logits == LOGITS_NONE ? 0 : (s->logits == LOGITS_LAST ? 1 : s->n);
+        if (n_out > 0) {
+            parts[n++] = (dfl_sampler_part) { &t->sampler[s->seq], n_out };
         }
     }
-    if (t->n_past + n > t->p.n_ctx) {
-        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: %d tokens in context + %d new > context size %d",
-                        t->n_past, n, t->p.n_ctx);
+    return n > 0 ? dfl_sampler_fill_parts(parts, n, &t->rt, &in->samp, &step->samp, t->m.n_vocab) : DFL_OK;
+}
+
+/* Run a step whose segments are set (sequence, kind, rows, length, logits, tree plan,
+ * commit, token source): their rows, attention spans, the logits rows and the sampling
+ * are worked out here; the graph of a step of this shape is reused when one is kept. */
+static dfl_status run_step(dfl_target * t, dfl_step * step, const int32_t * const * tokens) {
+    int rows = 0, n_out = 0;
+    size_t mask = 0;
+    for (int i = 0; i < step->n_seg; i++) {
+        dfl_segment * s = &step->seg[i];
+        s->row0 = rows;
+        rows += s->n;
+        s->shape = s->kind == DFL_STEP_TREE ? s->tree->shape : (tree_shape) { 0 };
+        s->commit_kind = s->commit ? (s->commit->tree ? 2 : 1) : 0;
+        s->commit_replay = s->commit ? s->commit->n_replay : 0;
+        s->n_kv = ((s->n_past + s->n + KV_PAD - 1) / KV_PAD) * KV_PAD;
+        if (s->n_kv > t->p.n_ctx) {
+            s->n_kv = t->p.n_ctx;
+        }
+        n_out += s->logits == LOGITS_NONE ? 0 : (s->logits == LOGITS_LAST ? 1 : s->n);
+        if ((size_t) s->n * (size_t) s->n_kv > mask) {
+            mask = (size_t) s->n * (size_t) s->n_kv;
+        }
     }
-    int n_kv = ((t->n_past + n + KV_PAD - 1) / KV_PAD) * KV_PAD;
-    if (n_kv > t->p.n_ctx) {
-        n_kv = t->p.n_ctx;
+    step->n_rows = rows;
+    step->n_out = n_out;
+    if (rows > t->mem.step_rows) {
+        return dfl_fail(DFL_ERR_CAPACITY, "a step of %d rows exceeds the %d a step may have", rows, t->mem.step_rows);
     }
-    TRY(dfl_host_reserve(t, n > t->p.n_verify ? n : t->p.n_verify, n_kv)); /* commit inputs have n_verify rows */
+    /* commit inputs have n_verify rows */
+    TRY(host_reserve(t, rows > t->p.n_verify ? rows : t->p.n_verify, mask));
+    TRY(step_sampling(t, step));
 
     /* steps of a shape seen lately reuse its graph and allocation, only the inputs
      * change: plain decoding, chain steps (the commit they carry is an input), tree
      * steps with as many nodes whatever the tree, and `auto` going back and forth
      * between the chain and a few tree sizes */
-    const int commit = t->commit.active ? (t->commit.tree ? 2 : 1) : 0;
-    const int n_out = logits == LOGITS_NONE ? 0 : (logits == LOGITS_LAST ? 1 : n);
-    graph_key key = { n, n_kv, logits, verify, commit, commit ? t->commit.n_replay : 0, tokens_src,
-                      tree, tree ? t->tree.shape : (tree_shape) { 0 }, { 0 } };
-    if (n_out > 0) {
-        TRY(dfl_sampler_key_for(&t->sampler, n_out, t->m.n_vocab, &key.samp));
-    }
-    const int slot = graph_slot(t, &key);
+    const int slot = graph_slot(t, step);
     graph_cache * gc = &t->graphs[slot];
     t->n_graphs++;
     if (!gc->valid) {
         t->n_graph_builds++;
-        gc->gf = dfl_target_build_graph(t, dfl_runtime_begin_graph(&t->rt, slot), &gc->in, n, n_kv, verify, tree,
-                                        logits, tokens_src, &key.samp);
+        gc->gf = dfl_target_build_graph(t, step, dfl_runtime_begin_graph(&t->rt, slot), &gc->in);
         TRY(dfl_runtime_alloc(&t->rt, slot, gc->gf));
-        gc->key = key;
-        gc->logits = t->out_logits;
+        gc->key = *step;
         gc->valid = true;
     }
     gc->last_use = ++t->graph_clock;
-    t->out_logits = gc->logits;
-    t->out_samp = &gc->in.samp;
-    struct ggml_cgraph * gf = gc->gf;
-    dfl_target_fill_inputs(t, &gc->in, tokens, n, n_kv, tree);
-    if (n_out > 0) {
-        TRY(dfl_sampler_fill(&t->sampler, &t->rt, &gc->in.samp, &key.samp, n_out, t->m.n_vocab));
+    t->out = gc;
+    dfl_target_fill_inputs(t, &gc->in, step, tokens);
+    TRY(fill_sampling(t, step, &gc->in));
+    TRY(dfl_runtime_compute(&t->rt, slot, gc->gf));
+    t->n_last_replay = 0;
+    for (int i = 0; i < step->n_seg; i++) {
+        const pending_commit * pc = step->seg[i].commit;
+        if (pc && t->m.n_recurrent > 0 && pc->n_replay > t->n_last_replay) {
+            t->n_last_replay = pc->n_replay;
+        }
     }
-    TRY(dfl_runtime_compute(&t->rt, slot, gf));
-    t->n_last_replay = commit && t->m.n_recurrent > 0 ? t->commit.n_replay : 0;
-    t->commit.active = false;
-
-    t->n_rows = n;
+    t->n_rows = rows;
     t->n_out = n_out;
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_decode(dfl_target * t, const int32_t * tokens, int32_t n, int32_t logits) {
-    if (!t || !tokens || n <= 0) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "decode needs at least one token");
+/* An entry of a step, checked against its sequence's state; its device token source. */
+static dfl_status check_entry(const dfl_target * t, const dfl_draft * d, const dfl_rows * r, int n_entries,
+                              struct ggml_tensor ** tokens_src) {
+    TRY(check_seq(t, r->seq));
+    const dfl_seq * q = &t->mem.seq[r->seq];
+    *tokens_src = NULL;
+    switch (r->kind) {
+        case DFL_STEP_DECODE:
+            if (r->n <= 0 || !r->tokens) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "decode needs at least one token");
+            }
+            if (r->n > t->p.n_ubatch) {
+                return dfl_fail(DFL_ERR_CAPACITY, "decode of %d tokens exceeds the ubatch size %d", r->n, t->p.n_ubatch);
+            }
+            if (r->n > t->p.n_verify && n_entries > 1) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "a decode of %d tokens (more than n_verify %d) runs in a step of its own",
+                                r->n, t->p.n_verify);
+            }
+            if (r->logits < LOGITS_NONE || r->logits > LOGITS_ALL) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "logits mode must be 0, 1 or 2");
+            }
+            if (q->pending_verify) {
+                return dfl_fail(DFL_ERR_STATE, "a verify is waiting for dfl_target_commit");
+            }
+            break;
+        case DFL_STEP_CHAIN:
+            if (r->n <= 0) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "verify needs a target and at least one token");
+            }
+            if (r->n > t->p.n_verify) {
+                return dfl_fail(DFL_ERR_CAPACITY, "verify of %d tokens exceeds n_verify %d", r->n, t->p.n_verify);
+            }
+            if (!r->tokens) {
+                if (!d) {
+                    return dfl_fail(DFL_ERR_ARGUMENT, "verify needs tokens or a drafter whose block to read");
+                }
+                if (dfl_draft_target(d) != t) {
+                    return dfl_fail(DFL_ERR_ARGUMENT, "the drafter was loaded for another target");
+                }
+                *tokens_src = dfl_draft_block_tensor(d, r->seq, r->n);
+                if (!*tokens_src) {
+                    return dfl_fail(DFL_ERR_STATE, "the drafter's last block has fewer than %d tokens", r->n);
+                }
+            }
+            if (q->pending_verify) {
+                return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
+            }
+            break;
+        case DFL_STEP_TREE:
+            if (r->n <= 0 || !r->tokens || !r->parents) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "tree verify needs at least one node");
+            }
+            if (r->n > t->p.n_verify) {
+                return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds n_verify %d", r->n, t->p.n_verify);
+            }
+            if (q->pending_verify) {
+                return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
+            }
+            break;
+        default:
+            return dfl_fail(DFL_ERR_ARGUMENT, "unknown step kind %d", r->kind);
     }
-    if (n > t->p.n_ubatch) {
-        return dfl_fail(DFL_ERR_CAPACITY, "decode of %d tokens exceeds the ubatch size %d", n, t->p.n_ubatch);
+    for (int i = 0; r->tokens && i < r->n; i++) {
+        if (r->tokens[i] < 0 || r->tokens[i] >= t->m.n_vocab) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "token id %d at index %d is outside the vocabulary (0..%d)", r->tokens[i],
+                            i, t->m.n_vocab - 1);
+        }
     }
-    if (logits < LOGITS_NONE || logits > LOGITS_ALL) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "logits mode must be 0, 1 or 2");
+    if (q->n_past + r->n > t->p.n_ctx) {
+        return dfl_fail(DFL_ERR_CAPACITY, "context overflow: %d tokens in context + %d new > context size %d",
+                        q->n_past, r->n, t->p.n_ctx);
     }
-    if (t->pending_verify) {
-        return dfl_fail(DFL_ERR_STATE, "a verify is waiting for dfl_target_commit");
-    }
-    TRY(run(t, tokens, n, false, false, logits, NULL));
-    t->n_past += n;
     return DFL_OK;
 }
 
-static dfl_status verify_chain(dfl_target * t, const int32_t * tokens, int32_t n, struct ggml_tensor * tokens_src) {
-    if (n > t->p.n_verify) {
-        return dfl_fail(DFL_ERR_CAPACITY, "verify of %d tokens exceeds n_verify %d", n, t->p.n_verify);
+DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_draft * d, const dfl_rows * rows, int32_t n) {
+    if (!t || !rows || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "a step needs a target and at least one sequence's rows");
     }
-    if (t->pending_verify) {
-        return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
+    if (n > t->mem.n_seq) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "a step of %d sequences exceeds the target's %d slots", n, t->mem.n_seq);
     }
-    TRY(run(t, tokens, n, true, false, LOGITS_ALL, tokens_src));
-    t->pending_verify = n;
-    t->pending_tree = false;
+    dfl_step step;
+    memset(&step, 0, sizeof step);
+    step.n_seg = n;
+    const int32_t * tokens[DFL_MAX_SEQ];
+    bool seen[DFL_MAX_SEQ] = { false };
+    for (int i = 0; i < n; i++) {
+        const dfl_rows * r = &rows[i];
+        struct ggml_tensor * src;
+        TRY(check_entry(t, d, r, n, &src));
+        if (seen[r->seq]) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d appears twice in one step", r->seq);
+        }
+        seen[r->seq] = true;
+        dfl_seq * q = &t->mem.seq[r->seq];
+        if (r->kind == DFL_STEP_TREE) {
+            TRY(dfl_tree_plan(&q->tree, &t->tree_shapes, r->parents, r->n, t->m.n_recurrent > 0 ? t->m.rec.d_conv : 0));
+        }
+        step.seg[i] = (dfl_segment) { r->seq, r->kind, r->n, 0, q->n_past, 0,
+                                      r->kind == DFL_STEP_DECODE ? r->logits : LOGITS_ALL,
+                                      r->kind == DFL_STEP_TREE ? &q->tree : NULL,
+                                      q->commit.active ? &q->commit : NULL, src, { 0 }, 0, 0 };
+        tokens[i] = r->tokens;
+    }
+    TRY(run_step(t, &step, tokens));
+    for (int i = 0; i < n; i++) {
+        const dfl_segment * s = &step.seg[i];
+        dfl_seq * q = &t->mem.seq[s->seq];
+        q->commit.active = false;
+        if (s->kind == DFL_STEP_DECODE) {
+            q->n_past += s->n;
+        } else {
+            q->pending_verify = s->n;
+            q->pending_tree = s->kind == DFL_STEP_TREE;
+        }
+    }
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_verify(dfl_target * t, const int32_t * tokens, int32_t n) {
-    if (!t || !tokens || n <= 0) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "verify needs a target and at least one token");
-    }
-    return verify_chain(t, tokens, n, NULL);
-}
-
-DFL_API dfl_status dfl_target_verify_draft(dfl_target * t, const dfl_draft * d, int32_t n) {
-    if (!t || !d || n <= 0) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "verify needs a target, a drafter and at least one token");
-    }
-    if (dfl_draft_target(d) != t) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "the drafter was loaded for another target");
-    }
-    struct ggml_tensor * block = dfl_draft_block_tensor(d, n);
-    if (!block) {
-        return dfl_fail(DFL_ERR_STATE, "the drafter's last block has fewer than %d tokens", n);
-    }
-    return verify_chain(t, NULL, n, block);
-}
-
-DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
-    if (!t) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
-    }
-    const int n = t->pending_verify;
+DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t seq, int32_t n_keep) {
+    TRY(check_seq(t, seq));
+    dfl_seq * q = &t->mem.seq[seq];
+    const int n = q->pending_verify;
     if (n == 0) {
         return dfl_fail(DFL_ERR_STATE, "commit without a preceding verify");
     }
-    if (t->pending_tree) {
+    if (q->pending_tree) {
         return dfl_fail(DFL_ERR_STATE, "a tree verify is committed with dfl_target_commit_path");
     }
     if (n_keep < 0 || n_keep > n) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d verified tokens", n_keep, n);
     }
-    t->pending_verify = 0;
-    t->n_out = 0;
-    t->chain_steady = n == t->last_chain || t->last_chain == 0 ? t->chain_steady + 1 : 0;
-    t->last_chain = n;
+    q->pending_verify = 0;
+    q->chain_steady = n == q->last_chain || q->last_chain == 0 ? q->chain_steady + 1 : 0;
+    q->last_chain = n;
     /* a chain's attention rows are already in place: only recurrent layers have work */
     if (n_keep > 0 && t->m.n_recurrent > 0) {
-        pending_commit * pc = &t->commit;
+        pending_commit * pc = &q->commit;
         pc->active = true;
         pc->tree = false;
-        pc->p0 = t->n_past;
+        pc->p0 = q->n_past;
         pc->n_keep = n_keep;
         /* chain verifies of one length reuse one graph when their commits rerun every
          * verified row; while the lengths vary (a confidence cut), the graphs differ
          * anyway and only the kept rows are rerun, sparing the identity steps */
-        pc->n_replay = t->chain_steady >= CHAIN_STEADY ? n : n_keep;
+        pc->n_replay = q->chain_steady >= DFL_CHAIN_STEADY ? n : n_keep;
         for (int k = 0; k < n_keep; k++) {
             pc->path[k] = k;
         }
@@ -553,320 +671,20 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t n_keep) {
             pc->conv_cols[j] = n_keep + j;
         }
     }
-    t->n_past += n_keep;
-    return DFL_OK;
-}
-
-#define TREE_SHAPE_RESET 64
-
-static int max_int(int a, int b) {
-    return a > b ? a : b;
-}
-
-/* Each size at its largest over the trees of n nodes: the spine has at least two nodes
- * when n > 1, so at most n - 2 leaves are off it; a branch of L steps leaves a spine
- * of more than L nodes (the spine is a longest path), so 2 L + 1 <= n. plan_recurrence
- * keeps every shape within n - 2 branches in all, so this one-group shape, keeping a
- * state of every spine step and n - 2 nodes off it, bounds the memory of every tree
- * graph of n nodes. */
-tree_shape dfl_tree_worst_shape(int n) {
-    tree_shape sh = { n, 0, DFL_MAX_TREE, 0, { 0 }, { 0 } };
-    if (n >= 3) {
-        sh.split = n;
-        sh.first = 0;
-        sh.off = n - 2;
-        sh.branches[DFL_TREE_GROUPS - 1] = n - 2;
-        sh.steps[DFL_TREE_GROUPS - 1] = (n - 1) / 2;
-    }
-    return sh;
-}
-
-/* What a shape costs, in delta-rule steps: its padded steps, the states it copies (a
- * kept spine state; the second part's start; per branch, the gather of its start and
- * the op's own copy of it) and one step's worth per branch op. A state copy costs
- * about a step (both touch the whole state once or twice). */
-static int shape_cost(const tree_shape * sh) {
-    int cost = sh->spine;
-    if (tree_branches(sh) > 0) {
-        cost += sh->split - sh->first + (sh->split < sh->spine ? 1 : 0);
-    }
-    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
-        if (sh->branches[g] > 0) {
-            cost += sh->branches[g] * (sh->steps[g] + 2) + 1;
-        }
-    }
-    return cost;
-}
-
-/* Each size at the larger of two shapes'; the spine's kept states reach from the
- * earlier first branch to the later last one. */
-static tree_shape max_shape(tree_shape a, const tree_shape * b) {
-    a.spine = max_int(a.spine, b->spine);
-    a.split = max_int(a.split, b->split);
-    a.first = a.first < b->first ? a.first : b->first;
-    a.off = max_int(a.off, b->off);
-    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
-        a.branches[g] = max_int(a.branches[g], b->branches[g]);
-        a.steps[g] = max_int(a.steps[g], b->steps[g]);
-    }
-    return a;
-}
-
-/* The branches sorted by length, split at k: the k shortest in group `lo`, the rest in
- * the other (DFL_TREE_GROUPS is 2). */
-static tree_shape split_shape(int spine, int split, int first, int off, const int * len, int n_branches, int k,
-                              int lo) {
-    tree_shape sh = { spine, split, first, off, { 0 }, { 0 } };
-    sh.branches[lo] = k;
-    sh.steps[lo] = k > 0 ? len[k - 1] : 0;
-    sh.branches[1 - lo] = n_branches - k;
-    sh.steps[1 - lo] = n_branches > k ? len[n_branches - 1] : 0;
-    return sh;
-}
-
-/* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
- * with the longest path below it (the first such child), so branches are short; a
- * branch is the path from the spine to a leaf off it. Branches sorted by length are
- * split in two groups (the short ones in either) where that costs least (shape_cost).
- * The padded shape grows to the largest of each size seen for this node count (the
- * split is chosen for the cheapest such shape, within n - 2 branches in all), so trees
- * of a budget share one graph once a few steps have set it; every TREE_SHAPE_RESET trees it restarts from the
- * current tree's, so that a rare odd tree does not pad every later one (at most one
- * graph rebuild per reset). Padding steps repeat a real node after the last one read
- * (their results are never read), padding branches run the root from the last state. */
-static void plan_recurrence(dfl_target * t, tree_plan * tp) {
-    const int n = tp->n, W = t->m.rec.d_conv - 1;
-    int height[DFL_MAX_TREE], down[DFL_MAX_TREE], spine_step[DFL_MAX_TREE];
-    int leaf[DFL_MAX_TREE], from[DFL_MAX_TREE], len[DFL_MAX_TREE];
-    bool inner[DFL_MAX_TREE];
-    for (int i = 0; i < n; i++) {
-        height[i] = 1;
-        down[i] = -1;
-        spine_step[i] = -1;
-        inner[i] = false;
-    }
-    for (int i = n - 1; i > 0; i--) {
-        const int p = tp->parent[i];
-        inner[p] = true;
-        if (height[i] + 1 >= height[p]) { /* ties: the child that comes first */
-            height[p] = height[i] + 1;
-            down[p] = i;
-        }
-    }
-    const int spine = height[0];
-    for (int x = 0, s = 0; x >= 0; x = down[x], s++) {
-        spine_step[x] = s;
-    }
-    /* branches, by length (insertion sort: stable, at most 62 of them) */
-    int nb = 0, first_from = DFL_MAX_TREE, last_from = -1;
-    for (int i = 0; i < n; i++) {
-        if (inner[i] || spine_step[i] >= 0) {
-            continue;
-        }
-        int x = i;
-        while (spine_step[x] < 0) {
-            x = tp->parent[x];
-        }
-        const int l = tp->depth[i] - tp->depth[x];
-        int j = nb++;
-        for (; j > 0 && len[j - 1] > l; j--) {
-            leaf[j] = leaf[j - 1];
-            from[j] = from[j - 1];
-            len[j] = len[j - 1];
-        }
-        leaf[j] = i;
-        from[j] = spine_step[x];
-        len[j] = l;
-        first_from = from[j] < first_from ? from[j] : first_from;
-        last_from = max_int(last_from, from[j]);
-    }
-
-    tree_shape * seen = &t->tree_shapes[n];
-    const bool reset = ++t->tree_shape_age[n] >= TREE_SHAPE_RESET || seen->spine == 0;
-    if (reset) {
-        t->tree_shape_age[n] = 0;
-    }
-    tree_shape best = { 0 };
-    int best_cost = -1, k_best = 0, lo_best = 0;
-    for (int pass = reset ? 1 : 0; pass < 2 && best_cost < 0; pass++) {
-        /* pass 0 within the shape seen, pass 1 (a reset, or no split fits n - 2
-         * branches in all) from this tree alone; the short ones in either group */
-        for (int k = 0; k <= nb; k++) {
-            for (int lo = 0; lo < 2; lo++) {
-                tree_shape sh = split_shape(spine, last_from + 1, first_from, n - spine, len, nb, k, lo);
-                if (pass == 0) {
-                    sh = max_shape(sh, seen);
-                    if (tree_branches(&sh) > max_int(n - 2, 0)) {
-                        continue;
-                    }
-                }
-                const int cost = shape_cost(&sh);
-                if (best_cost < 0 || cost < best_cost) {
-                    best = sh;
-                    best_cost = cost;
-                    k_best = k;
-                    lo_best = lo;
-                }
-            }
-        }
-    }
-    const tree_shape sh = tp->shape = *seen = best;
-
-    int32_t * steps = tp->steps;
-    int last = 0;
-    for (int x = 0; x >= 0; x = down[x]) {
-        steps[spine_step[x]] = last = x;
-        tp->out_rows[x] = spine_step[x];
-    }
-    for (int s = spine; s < sh.spine; s++) {
-        steps[s] = last;
-    }
-    int row0 = sh.spine, seq = 0;
-    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
-        /* the short branches, 0 .. k_best - 1, in group lo_best; the rest in the other */
-        int b = g == lo_best ? 0 : k_best;
-        const int end = g == lo_best ? k_best : nb;
-        for (int j = 0; j < sh.branches[g]; j++, seq++, row0 += sh.steps[g]) {
-            if (b == end) { /* padding */
-                tp->branch_from[seq] = 0;
-                for (int s = 0; s < sh.steps[g]; s++) {
-                    steps[row0 + s] = 0;
-                }
-                continue;
-            }
-            const int i = leaf[b], d0 = tp->depth[i] - len[b];
-            /* kept state s: s steps before the end of the spine's first part */
-            tp->branch_from[seq] = sh.split - 1 - from[b];
-            for (int y = i; tp->depth[y] > d0; y = tp->parent[y]) {
-                const int row = row0 + tp->depth[y] - d0 - 1;
-                steps[row] = y;
-                if (tp->out_rows[y] < 0) {
-                    tp->out_rows[y] = row;
-                }
-            }
-            for (int s = len[b]; s < sh.steps[g]; s++) {
-                steps[row0 + s] = i;
-            }
-            b++;
-        }
-    }
-    /* rows of later ops: spare rows first, then the nodes they compute first */
-    const int head = tree_head_rows(&sh);
-    int bound[2 + DFL_TREE_GROUPS] = { head, sh.spine };
-    for (int g = 0; g < DFL_TREE_GROUPS; g++) {
-        bound[g + 2] = bound[g + 1] + sh.branches[g] * sh.steps[g];
-    }
-    for (int o = 0; o <= DFL_TREE_GROUPS; o++) {
-        for (int r = bound[o]; r < bound[o + 1]; r++) {
-            tp->scatter[r - head] = n + r - bound[o];
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        if (tp->out_rows[i] >= head) {
-            tp->scatter[tp->out_rows[i] - head] = i;
-            tp->out_rows[i] = 0;
-        }
-    }
-    for (int i = n; i < n + tree_spare_rows(&sh); i++) {
-        tp->out_rows[i] = 0;
-    }
-    /* conv: the committed inputs and the spine, then a window per node off it; or a
-     * window per node */
-    int32_t * rows = tp->conv_rows;
-    if (!tree_conv_spine(&sh, n, W + 1)) {
-        memcpy(rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
-        return;
-    }
-    for (int k = 0; k < W; k++) {
-        rows[k] = k;
-    }
-    for (int s = 0; s < sh.spine; s++) {
-        rows[W + s] = W + steps[s];
-    }
-    int off = 0;
-    for (int i = 0; i < n; i++) {
-        tp->conv_out[i] = spine_step[i] >= 0 ? spine_step[i] : 0;
-        if (spine_step[i] < 0) {
-            memcpy(&rows[W + sh.spine + off * (W + 1)], &tp->windows[(size_t) i * (W + 1)],
-                   (size_t) (W + 1) * sizeof(int32_t));
-            tp->conv_scatter[off++] = i;
-        }
-    }
-    for (; off < sh.off; off++) {
-        memcpy(&rows[W + sh.spine + off * (W + 1)], tp->windows, (size_t) (W + 1) * sizeof(int32_t));
-        tp->conv_scatter[off] = n + off;
-    }
-    for (int i = n; i < n + sh.off; i++) {
-        tp->conv_out[i] = 0;
-    }
-}
-
-/* Validate a tree and derive what its graph needs on the host: depths (positions), the
- * ancestor mask, conv windows and the layout of its recurrence. */
-static dfl_status plan_tree(dfl_target * t, const int32_t * parents, int n) {
-    tree_plan * tp = &t->tree;
-    const int W = t->m.rec.d_conv - 1; /* -1 without recurrent layers: no windows */
-    if (n > DFL_MAX_TREE) {
-        return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds the supported %d", n, DFL_MAX_TREE);
-    }
-    tp->n = n;
-    for (int i = 0; i < n; i++) {
-        const int p = parents[i];
-        if (i == 0 ? p != -1 : (p < 0 || p >= i)) {
-            return dfl_fail(DFL_ERR_ARGUMENT, "tree node %d has parent %d: node 0 is the root (parent -1) and every "
-                            "other node's parent must come before it", i, p);
-        }
-        tp->parent[i] = p;
-        tp->depth[i] = i == 0 ? 0 : tp->depth[p] + 1;
-        tp->ancestors[i] = (i == 0 ? 0 : tp->ancestors[p]) | (1ull << i);
-        /* conv window: the last W+1 inputs along the path, oldest first; columns 0..W-1
-         * of the concatenation are the committed inputs, W+j is node j */
-        int32_t * w = &tp->windows[(size_t) i * (W + 1)];
-        int node = i;
-        for (int k = W; k >= 0; k--) {
-            if (node >= 0) {
-                w[k] = W + node;
-                node = tp->parent[node];
-            } else {
-                w[k] = w[k + 1] - 1; /* walked past the root: into the committed inputs */
-            }
-        }
-        tp->out_rows[i] = -1;
-    }
-    if (t->m.n_recurrent > 0) {
-        plan_recurrence(t, tp);
-    }
-    return DFL_OK;
-}
-
-DFL_API dfl_status dfl_target_verify_tree(dfl_target * t, const int32_t * tokens, const int32_t * parents, int32_t n) {
-    if (!t || !tokens || !parents || n <= 0) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "tree verify needs at least one node");
-    }
-    if (n > t->p.n_verify) {
-        return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds n_verify %d", n, t->p.n_verify);
-    }
-    if (t->pending_verify) {
-        return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
-    }
-    TRY(plan_tree(t, parents, n));
-    TRY(run(t, tokens, n, true, true, LOGITS_ALL, NULL));
-    t->pending_verify = n;
-    t->pending_tree = true;
+    q->n_past += n_keep;
     return DFL_OK;
 }
 
 /* Keep a root-to-node path of the last tree verify: its KV rows move to consecutive
- * slots, the recurrent state becomes the last node's, the conv state the inputs along
+ * cells, the recurrent state becomes the last node's, the conv state the inputs along
  * the path. */
-DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, int32_t n_keep) {
-    if (!t) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
-    }
-    if (t->pending_verify == 0 || !t->pending_tree) {
+DFL_API dfl_status dfl_target_commit_path(dfl_target * t, int32_t seq, const int32_t * path, int32_t n_keep) {
+    TRY(check_seq(t, seq));
+    dfl_seq * q = &t->mem.seq[seq];
+    if (q->pending_verify == 0 || !q->pending_tree) {
         return dfl_fail(DFL_ERR_STATE, "commit_path needs a preceding tree verify");
     }
-    const tree_plan * tp = &t->tree;
+    const tree_plan * tp = &q->tree;
     if (n_keep < 0 || n_keep > tp->n || (n_keep > 0 && !path)) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d tree nodes", n_keep, tp->n);
     }
@@ -876,24 +694,23 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, const int32_t * path, 
             return dfl_fail(DFL_ERR_ARGUMENT, "path entry %d (node %d) does not continue a root-to-node path", k, path[k]);
         }
     }
-    t->pending_verify = 0;
-    t->pending_tree = false;
-    t->n_out = 0;
+    q->pending_verify = 0;
+    q->pending_tree = false;
     if (n_keep > 0) {
         const int W = t->m.rec.d_conv - 1, last = path[n_keep - 1];
-        pending_commit * pc = &t->commit;
+        pending_commit * pc = &q->commit;
         pc->active = true;
         pc->tree = true;
-        pc->p0 = t->n_past;
+        pc->p0 = q->n_past;
         pc->n_keep = n_keep;
         /* the kept path is no longer than the spine: a larger tree's other rows would be
          * identity steps, each as dear as a real one */
-        pc->n_replay = t->m.n_recurrent > 0 ? t->tree.shape.spine : tp->n;
+        pc->n_replay = t->m.n_recurrent > 0 ? tp->shape.spine : tp->n;
         memcpy(pc->path, path, (size_t) n_keep * sizeof(int32_t));
         for (int j = 0; j < W; j++) {
             pc->conv_cols[j] = tp->windows[(size_t) last * (W + 1) + j + 1];
         }
-        t->n_past += n_keep;
+        q->n_past += n_keep;
     }
     return DFL_OK;
 }
@@ -912,13 +729,14 @@ static dfl_status check_rows(const dfl_target * t, int32_t row0, int32_t n_rows,
 DFL_API dfl_status dfl_target_logits(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
     TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "logit"));
     const size_t row = (size_t) t->m.n_vocab * sizeof(float);
-    dfl_runtime_get(&t->rt, t->out_logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    dfl_runtime_get(&t->rt, t->out->in.logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
 
 DFL_API dfl_status dfl_target_choices(const dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
     TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "choices"));
-    dfl_runtime_get(&t->rt, t->out_samp->choice, dst, (size_t) row0 * sizeof(int32_t), (size_t) n_rows * sizeof(int32_t));
+    dfl_runtime_get(&t->rt, t->out->in.samp.choice, dst, (size_t) row0 * sizeof(int32_t),
+                    (size_t) n_rows * sizeof(int32_t));
     return DFL_OK;
 }
 
@@ -927,29 +745,23 @@ DFL_API dfl_status dfl_target_candidates(const dfl_target * t, int32_t row0, int
     if (!t || t->n_out == 0) {
         return dfl_fail(DFL_ERR_STATE, "candidates: the last call computed no logits");
     }
-    return dfl_sampler_candidates(&t->rt, t->out_samp, t->n_out, row0, n_rows, k, tokens, probs);
+    return dfl_sampler_candidates(&t->rt, &t->out->in.samp, t->n_out, row0, n_rows, k, tokens, probs);
 }
 
-DFL_API dfl_status dfl_target_set_sampling(dfl_target * t, const dfl_sampling * s) {
-    if (!t) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
-    }
-    return dfl_sampler_set(&t->sampler, s);
+DFL_API dfl_status dfl_target_set_sampling(dfl_target * t, int32_t seq, const dfl_sampling * s) {
+    TRY(check_seq(t, seq));
+    return dfl_sampler_set(&t->sampler[seq], s);
 }
 
-DFL_API dfl_status dfl_target_set_uniforms(dfl_target * t, const float * u, int32_t n) {
-    if (!t) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
-    }
-    return dfl_sampler_stage_uniforms(&t->sampler, u, n);
+DFL_API dfl_status dfl_target_set_uniforms(dfl_target * t, int32_t seq, const float * u, int32_t n) {
+    TRY(check_seq(t, seq));
+    return dfl_sampler_stage_uniforms(&t->sampler[seq], u, n);
 }
 
-DFL_API dfl_status dfl_target_set_penalties(dfl_target * t, const int32_t * tokens, const float * counts,
+DFL_API dfl_status dfl_target_set_penalties(dfl_target * t, int32_t seq, const int32_t * tokens, const float * counts,
                                            int32_t n_rows, int32_t per_row) {
-    if (!t) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
-    }
-    return dfl_sampler_stage_penalties(&t->sampler, tokens, counts, n_rows, per_row, t->m.n_vocab);
+    TRY(check_seq(t, seq));
+    return dfl_sampler_stage_penalties(&t->sampler[seq], tokens, counts, n_rows, per_row, t->m.n_vocab);
 }
 
 DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
@@ -957,8 +769,8 @@ DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_
     if (t->p.n_feature_layers == 0) {
         return dfl_fail(DFL_ERR_STATE, "the target was loaded without feature layers");
     }
-    const size_t row = t->features->nb[1];
-    dfl_runtime_get(&t->rt, t->features, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    const size_t row = t->mem.features->nb[1];
+    dfl_runtime_get(&t->rt, t->mem.features, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
 
@@ -969,6 +781,7 @@ int dfl_target_n_vocab(const dfl_target * t) { return t->m.n_vocab; }
 int dfl_target_n_embd(const dfl_target * t) { return t->m.n_embd; }
 int dfl_target_n_layer(const dfl_target * t) { return t->m.n_layer; }
 int dfl_target_n_ctx(const dfl_target * t) { return t->p.n_ctx; }
+int dfl_target_n_seq(const dfl_target * t) { return t->mem.n_seq; }
 int dfl_target_n_ubatch(const dfl_target * t) { return t->p.n_ubatch; }
 int dfl_target_n_threads(const dfl_target * t) { return t->rt.n_threads; }
 bool dfl_target_repack(const dfl_target * t) { return !t->p.no_repack; }
@@ -976,7 +789,7 @@ ggml_backend_dev_t dfl_target_device(const dfl_target * t) { return t->rt.dev; }
 bool dfl_target_on_cpu(const dfl_target * t) { return t->rt.dev == t->rt.dev_cpu; }
 struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t) { return t->tok_lookup; }
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t) { return t->m.output; }
-struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->features; }
+struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->mem.features; }
 int dfl_target_feature_rows(const dfl_target * t) { return t->n_rows; }
 
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n) {

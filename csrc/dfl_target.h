@@ -15,6 +15,7 @@ int dfl_target_n_vocab(const dfl_target * t);
 int dfl_target_n_embd(const dfl_target * t);
 int dfl_target_n_layer(const dfl_target * t);
 int dfl_target_n_ctx(const dfl_target * t);
+int dfl_target_n_seq(const dfl_target * t);
 int dfl_target_n_ubatch(const dfl_target * t);
 int dfl_target_n_threads(const dfl_target * t);
 bool dfl_target_repack(const dfl_target * t);
@@ -27,13 +28,13 @@ struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t);
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t);
 /* Feature layers captured (llama.cpp convention), their count returned. */
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n);
-/* [n_feature_layers * n_embd, rows] features of the last call, and how many rows it made. */
+/* [n_feature_layers * n_embd, rows] features of the last step, and how many rows it made. */
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t);
 int dfl_target_feature_rows(const dfl_target * t);
 
-/* The drafter's device tensor holding its last block (NULL when it has fewer than n
- * tokens), and the target it drafts for. */
-struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int n);
+/* The drafter's device tensor holding a sequence's last block (NULL when it has fewer
+ * than n tokens), and the target it drafts for. */
+struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int seq, int n);
 const dfl_target * dfl_draft_target(const dfl_draft * d);
 
 #endif

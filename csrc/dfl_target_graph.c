@@ -1,6 +1,12 @@
 /* Target graphs: the layer loop over the architecture's builders, the graph services
  * those builders call (attention over the cache, short convolution and delta rule with
- * their state), the pending commit carried at the start of a graph, and the inputs. */
+ * their state), the pending commits carried at the start of a graph, and the inputs.
+ *
+ * A graph is a function of the model, the memory and the step's descriptor (dfl_step):
+ * nothing here writes to the target. The rows of every segment (sequence) of a step go
+ * through the weights together; attention, the short convolution and the delta rule
+ * run per segment, each on its own sequence's cache and states, so that a sequence's
+ * rows see exactly what they would see alone. */
 #include "dfl_target_impl.h"
 
 #include <math.h>
@@ -8,79 +14,95 @@
 
 /* What the graph services need to know about the graph being built. */
 typedef struct graph_build {
-    dfl_target * t;
+    const dfl_target * t;
+    const dfl_step * step;
     graph_inputs * in;
-    int n_kv;
-    int n_kv_swa; /* ring rows the sliding layers attend over */
-    bool verify; /* a chain verify: state moves only at commit */
-    bool tree;   /* a tree verify: rows follow their parents */
+    /* each attention layer's cache after this graph's rows are stored in it, what the
+     * layers sharing that cache read */
+    struct ggml_tensor * k_stored[DFL_MAX_LAYERS], * v_stored[DFL_MAX_LAYERS];
 } graph_build;
 
-/* A recurrent layer's replay memory: what a verify keeps of its rows for the commit's
- * rerun, in four planes of n_verify + 1 columns, the last column always zero (a tree
- * commit's identity steps gather it: decay 0, update weight 0):
- *   conv  [conv_channels]  the activated convolution output: raw q and k, then v
- *   qk    [2 S_k H_k]      q and k normalised
- *   g     [H_v]            log-decay
- *   beta  [H_v]            update weight (right after g: a commit masks or gathers both at once)
- * The ops that make these write into their plane themselves (dfl_graph_delta_net). */
-typedef struct replay_planes {
-    int64_t cols;                 /* columns per plane */
-    int64_t conv, qk, g, beta;    /* offsets in floats */
-} replay_planes;
+/* One segment's part of a service: its rows, its inputs, its sequence. */
+typedef struct seg_build {
+    const graph_build * b;
+    const dfl_segment * s;
+    const seg_inputs * in;
+    bool whole; /* the segment is the step's only one: its rows are the graph's rows */
+} seg_build;
 
-static replay_planes replay_planes_of(const dfl_model * m, int n_verify) {
-    const dfl_recurrent_geometry * r = &m->rec;
-    const int64_t cols = n_verify + 1, qk = 2 * (int64_t) r->head_k_dim * r->n_k_heads;
-    replay_planes P = { cols, 0, r->conv_channels * cols, 0, 0 };
-    P.g = P.qk + qk * cols;
-    P.beta = P.g + r->n_v_heads * cols;
-    return P;
+static seg_build segment(const dfl_graph * g, int i) {
+    const graph_build * b = g->runtime;
+    return (seg_build) { b, &b->step->seg[i], &b->in->seg[i], b->step->n_seg == 1 };
 }
 
-int64_t dfl_target_replay_floats(const dfl_model * m, int n_verify) {
-    const replay_planes P = replay_planes_of(m, n_verify);
-    return P.beta + m->rec.n_v_heads * P.cols;
+/* Rows [s.row0, s.row0 + s.n) of x along dimension `dim` (x itself when the segment is
+ * the whole step). */
+static struct ggml_tensor * seg_rows(struct ggml_context * ctx, const seg_build * s, struct ggml_tensor * x, int dim) {
+    if (s->whole) {
+        return x;
+    }
+    const size_t at = (size_t) s->s->row0 * x->nb[dim];
+    switch (dim) {
+        case 1: return ggml_view_2d(ctx, x, x->ne[0], s->s->n, x->nb[1], at);
+        default: return ggml_view_3d(ctx, x, x->ne[0], x->ne[1], s->s->n, x->nb[1], x->nb[2], at);
+    }
+}
+
+/* The segments' results joined along dimension `dim`, in step order. */
+static struct ggml_tensor * join(struct ggml_context * ctx, struct ggml_tensor * acc, struct ggml_tensor * x, int dim) {
+    return acc ? ggml_concat(ctx, acc, x, dim) : x;
 }
 
 /* ---- graph services ------------------------------------------------------------------ */
 
 struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                          struct ggml_tensor * v, float scale) {
-    const graph_build * b = g->runtime;
-    dfl_target * t = b->t;
+    graph_build * b = g->runtime;
+    const dfl_target * t = b->t;
+    const dfl_memory * mem = &t->mem;
     struct ggml_context * ctx = g->ctx;
     const dfl_attention_geometry * a = &t->m.attn[il];
     const bool ring = a->window > 0;
-    const int n = g->n, n_kv = ring ? b->n_kv_swa : b->n_kv;
-    struct ggml_tensor * slots = ring ? b->in->slots_swa : b->in->slots;
+    const int n = g->n;
     const int src = a->shares_kv ? a->kv_layer : il;
     const int64_t hd_k = t->m.attn[src].head_dim_k, hd_v = t->m.attn[src].head_dim_v, n_head_kv = t->m.attn[src].n_head_kv;
 
     struct ggml_tensor * kc, * vc;
     if (a->shares_kv) {
-        kc = t->k_stored[src];
-        vc = t->v_stored[src];
+        kc = b->k_stored[src];
+        vc = b->v_stored[src];
     } else {
-        kc = ggml_set_rows(ctx, t->k_cache[il], ggml_reshape_2d(ctx, k, hd_k * n_head_kv, n), slots);
-        vc = ggml_set_rows(ctx, t->v_cache[il], ggml_reshape_2d(ctx, v, hd_v * n_head_kv, n), slots);
+        struct ggml_tensor * slots = ring ? b->in->slots_swa : b->in->slots;
+        kc = ggml_set_rows(ctx, mem->k[il], ggml_reshape_2d(ctx, k, hd_k * n_head_kv, n), slots);
+        vc = ggml_set_rows(ctx, mem->v[il], ggml_reshape_2d(ctx, v, hd_v * n_head_kv, n), slots);
         ggml_build_forward_expand(g->gf, kc);
         ggml_build_forward_expand(g->gf, vc);
-        t->k_stored[il] = kc;
-        t->v_stored[il] = vc;
+        b->k_stored[il] = kc;
+        b->v_stored[il] = vc;
     }
 
-    struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd_k, n_head_kv, n_kv, ggml_row_size(kc->type, hd_k), kc->nb[1], 0);
-    struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd_v, n_head_kv, n_kv, ggml_row_size(vc->type, hd_v), vc->nb[1], 0);
-    struct ggml_tensor * mask = ring ? b->in->mask_swa : b->in->mask;
-    struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3), ggml_permute(ctx, K, 0, 2, 1, 3),
-                                                 ggml_permute(ctx, V, 0, 2, 1, 3), mask, scale, 0.0f, 0.0f);
-    ggml_prec_set_acc(o, GGML_PREC_F32);
-    return ggml_reshape_2d(ctx, o, hd_v * q->ne[1], n);
+    const int64_t rows = dfl_memory_kv_rows(mem, &t->m, src);
+    struct ggml_tensor * out = NULL;
+    for (int i = 0; i < b->step->n_seg; i++) {
+        const seg_build s = segment(g, i);
+        const int n_kv = ring && s.s->n_kv > mem->swa_ring ? mem->swa_ring : s.s->n_kv;
+        const size_t base = (size_t) (s.s->seq * rows) * kc->nb[1];
+        struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd_k, n_head_kv, n_kv, ggml_row_size(kc->type, hd_k), kc->nb[1],
+                                              base);
+        struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd_v, n_head_kv, n_kv, ggml_row_size(vc->type, hd_v), vc->nb[1],
+                                              base);
+        struct ggml_tensor * qs = seg_rows(ctx, &s, q, 2);
+        struct ggml_tensor * o = ggml_flash_attn_ext(ctx, ggml_permute(ctx, qs, 0, 2, 1, 3),
+                                                     ggml_permute(ctx, K, 0, 2, 1, 3), ggml_permute(ctx, V, 0, 2, 1, 3),
+                                                     ring ? s.in->mask_swa : s.in->mask, scale, 0.0f, 0.0f);
+        ggml_prec_set_acc(o, GGML_PREC_F32);
+        out = join(ctx, out, ggml_reshape_2d(ctx, o, hd_v * q->ne[1], s.s->n), 1);
+    }
+    return out;
 }
 
-/* An op's result written straight into runtime memory (the start of a state tensor on
- * the same device) instead of the graph's compute memory: no copy node. The address is
+/* An op's result written straight into runtime memory (within a state tensor on the
+ * same device) instead of the graph's compute memory: no copy node. The address is
  * only handed to ggml, never dereferenced here. The memory planner's placeholder state
  * has no addresses: there the result stays in compute memory, which it then measures. */
 static void write_into(struct ggml_tensor * node, struct ggml_tensor * dst, size_t offset) {
@@ -107,48 +129,53 @@ static struct ggml_tensor * time_major(struct ggml_context * ctx, struct ggml_te
     return ggml_concat(ctx, ggml_permute(ctx, a, 1, 0, 2, 3), ggml_permute(ctx, b, 1, 0, 2, 3), 0);
 }
 
-/* Decode and chain verify: [last W committed inputs | this call's inputs] along time.
- * A decode moves the conv state on; a verify keeps the inputs for its commit. A tree
- * runs its spine as a sequence and the nodes off it on windows of their ancestors. */
-struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
-    const graph_build * b = g->runtime;
-    dfl_target * t = b->t;
+/* One segment's short convolution over its rows x [C, n]. Decode and chain verify:
+ * [last W committed inputs | this call's inputs] along time. A decode moves the conv
+ * state on; a verify keeps the inputs for its commit. A tree runs its spine as a
+ * sequence and the nodes off it on windows of their ancestors. */
+static struct ggml_tensor * short_conv(dfl_graph * g, const seg_build * s, int il, struct ggml_tensor * x,
+                                       struct ggml_tensor * kernel) {
+    const dfl_target * t = s->b->t;
+    const dfl_memory * mem = &t->mem;
     struct ggml_context * ctx = g->ctx;
-    const int64_t C = t->m.rec.conv_channels, W = t->m.rec.d_conv - 1, n = g->n;
+    const int64_t C = t->m.rec.conv_channels, W = t->m.rec.d_conv - 1, n = s->s->n;
+    const int seq = s->s->seq;
     const size_t f32 = sizeof(float);
+    struct ggml_tensor * state = dfl_memory_slice(ctx, &t->mem, mem->conv[il], seq); /* [W, C] */
+    const size_t scratch_at = dfl_memory_slice_offset(mem, mem->conv_scratch[il], seq);
 
-    if (b->tree) {
+    if (s->s->kind == DFL_STEP_TREE) {
         /* [committed conv inputs | node inputs], one column per time step, kept for
          * commit; gathered from it (tree_conv_spine): the committed inputs and the
          * spine, convolved as one sequence as the chain is, then each node off the spine
          * on its own window (its ancestors' inputs, oldest first), a sequence of one
          * step; or every node on its own window. Every node gets the chain's
          * arithmetic; the outputs are put in node order. */
-        const tree_shape sh = t->tree.shape;
-        struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
-        write_into(cat, t->conv_scratch[il], 0);
-        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, b->in->conv_rows);
-        if (!b->in->conv_out) {
+        const tree_shape sh = s->s->shape;
+        struct ggml_tensor * cat = ggml_concat(ctx, ggml_transpose(ctx, state), x, 1);
+        write_into(cat, mem->conv_scratch[il], scratch_at);
+        struct ggml_tensor * rows = ggml_get_rows(ctx, cat, s->in->conv_rows);
+        if (!s->in->conv_out) {
             struct ggml_tensor * win = time_major(ctx, ggml_reshape_3d(ctx, rows, C, W + 1, n), W);
             return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, win, kernel), C, n);
         }
         const size_t col = rows->nb[1];
-        struct ggml_tensor * seq = ggml_view_3d(ctx, rows, C, W + sh.spine, 1, col, (W + sh.spine) * col, 0);
-        seq = ggml_ssm_conv(ctx, time_major(ctx, seq, W), kernel);
-        struct ggml_tensor * out = ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq, C, sh.spine), b->in->conv_out);
+        struct ggml_tensor * seq_in = ggml_view_3d(ctx, rows, C, W + sh.spine, 1, col, (W + sh.spine) * col, 0);
+        seq_in = ggml_ssm_conv(ctx, time_major(ctx, seq_in, W), kernel);
+        struct ggml_tensor * out = ggml_get_rows(ctx, ggml_reshape_2d(ctx, seq_in, C, sh.spine), s->in->conv_out);
         if (sh.off > 0) {
             struct ggml_tensor * win = ggml_view_3d(ctx, rows, C, W + 1, sh.off, col, (W + 1) * col, (W + sh.spine) * col);
             win = ggml_ssm_conv(ctx, time_major(ctx, win, W), kernel);
-            out = ggml_set_rows(ctx, out, ggml_reshape_2d(ctx, win, C, sh.off), b->in->conv_scatter);
+            out = ggml_set_rows(ctx, out, ggml_reshape_2d(ctx, win, C, sh.off), s->in->conv_scatter);
         }
         return ggml_view_2d(ctx, out, C, n, out->nb[1], 0);
     }
-    struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, t->conv_state[il], W, C, 1);
+    struct ggml_tensor * conv_state = ggml_reshape_3d(ctx, state, W, C, 1);
     struct ggml_tensor * conv_in = ggml_concat(ctx, conv_state, ggml_transpose(ctx, ggml_reshape_3d(ctx, x, C, n, 1)), 0);
-    if (b->verify) {
+    if (s->s->kind == DFL_STEP_CHAIN) {
         /* the same inputs, one column per time step, kept for the commit */
-        struct ggml_tensor * saved = ggml_concat(ctx, ggml_transpose(ctx, t->conv_state[il]), x, 1);
-        write_into(saved, t->conv_scratch[il], 0);
+        struct ggml_tensor * saved = ggml_concat(ctx, ggml_transpose(ctx, state), x, 1);
+        write_into(saved, mem->conv_scratch[il], scratch_at);
         ggml_build_forward_expand(g->gf, saved);
     } else {
         struct ggml_tensor * last = ggml_view_3d(ctx, conv_in, W, C, 1, conv_in->nb[1], conv_in->nb[2], n * f32);
@@ -157,12 +184,23 @@ struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_ten
     return ggml_reshape_2d(ctx, ggml_ssm_conv(ctx, conv_in, kernel), C, n);
 }
 
+struct ggml_tensor * dfl_graph_short_conv(dfl_graph * g, int il, struct ggml_tensor * x, struct ggml_tensor * kernel) {
+    const graph_build * b = g->runtime;
+    struct ggml_tensor * out = NULL;
+    for (int i = 0; i < b->step->n_seg; i++) {
+        const seg_build s = segment(g, i);
+        out = join(g->ctx, out, short_conv(g, &s, il, seg_rows(g->ctx, &s, x, 1), kernel), 1);
+    }
+    return out;
+}
+
 /* Keep x (its elements in order: n columns of `width` floats) in columns 0..n-1 of a
- * replay plane of `rows` rows, from row `row`: by a copy, for what its op could not write there. */
-static void keep_copy(dfl_graph * g, struct ggml_tensor * rp, int64_t plane, int64_t rows, int64_t row,
-                      struct ggml_tensor * x, int64_t width) {
+ * replay plane of `rows` rows, from row `row`, in the slice from byte `slice`: by a
+ * copy, for what its op could not write there. */
+static void keep_copy(dfl_graph * g, struct ggml_tensor * rp, size_t slice, int64_t plane, int64_t rows, int64_t row,
+                      struct ggml_tensor * x, int64_t width, int64_t n) {
     const size_t f32 = sizeof(float);
-    struct ggml_tensor * dst = ggml_view_2d(g->ctx, rp, width, g->n, rows * f32, (size_t) (plane + row) * f32);
+    struct ggml_tensor * dst = ggml_view_2d(g->ctx, rp, width, n, rows * f32, slice + (size_t) (plane + row) * f32);
     ggml_build_forward_expand(g->gf, ggml_cpy(g->ctx, x, dst));
 }
 
@@ -177,43 +215,46 @@ static struct ggml_tensor * qk_rows(const struct ggml_tensor * q, const struct g
     return side_by_side ? qk : NULL;
 }
 
-/* What the commit's rerun reads of a verify's rows, kept in the layer's replay planes:
- * the ops that make v (a view of the convolution output, as the architectures make it),
- * q and k (side by side in one result), the decay and the update weight write into
- * their planes directly; anything else is copied there. */
-static void keep_for_commit(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+/* What the commit's rerun reads of a segment's verified rows, kept in its sequence's
+ * replay planes: the ops that make v (a view of the convolution output, as the
+ * architectures make it), q and k (side by side in one result), the decay and the
+ * update weight write into their planes directly when the segment is the whole step;
+ * anything else is copied there. */
+static void keep_for_commit(dfl_graph * g, const seg_build * s, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                             struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
-    const graph_build * b = g->runtime;
-    dfl_target * t = b->t;
+    const dfl_target * t = s->b->t;
+    struct ggml_context * ctx = g->ctx;
     const dfl_recurrent_geometry * r = &t->m.rec;
-    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
+    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = s->s->n;
     const int64_t C = r->conv_channels, QK = 2 * hk * Hk;
     const size_t f32 = sizeof(float);
-    const replay_planes P = replay_planes_of(&t->m, t->p.n_verify);
-    struct ggml_tensor * rp = t->replay[il];
+    const replay_planes P = dfl_replay_planes(&t->m, t->p.n_verify);
+    struct ggml_tensor * rp = t->mem.replay[il];
+    const size_t at = dfl_memory_slice_offset(&t->mem, rp, s->s->seq);
 
     struct ggml_tensor * conv = v->view_src;
-    if (placeable(conv, C * n) && v->view_offs == (size_t) QK * f32 && v->nb[1] == hv * f32 && v->nb[2] == C * f32) {
-        write_into(conv, rp, (size_t) P.conv * f32);
+    if (s->whole && placeable(conv, C * n) && v->view_offs == (size_t) QK * f32 && v->nb[1] == hv * f32 &&
+        v->nb[2] == C * f32) {
+        write_into(conv, rp, at + (size_t) P.conv * f32);
     } else {
-        keep_copy(g, rp, P.conv, C, QK, v, hv * Hv);
+        keep_copy(g, rp, at, P.conv, C, QK, seg_rows(ctx, s, v, 2), hv * Hv, n);
     }
     struct ggml_tensor * qk = qk_rows(q, k, hk, Hk);
-    if (placeable(qk, QK * n)) {
-        write_into(qk, rp, (size_t) P.qk * f32);
+    if (s->whole && placeable(qk, QK * n)) {
+        write_into(qk, rp, at + (size_t) P.qk * f32);
     } else {
-        keep_copy(g, rp, P.qk, QK, 0, q, hk * Hk);
-        keep_copy(g, rp, P.qk, QK, hk * Hk, k, hk * Hk);
+        keep_copy(g, rp, at, P.qk, QK, 0, seg_rows(ctx, s, q, 2), hk * Hk, n);
+        keep_copy(g, rp, at, P.qk, QK, hk * Hk, seg_rows(ctx, s, k, 2), hk * Hk, n);
     }
-    if (placeable(gate, Hv * n)) {
-        write_into(gate, rp, (size_t) P.g * f32);
+    if (s->whole && placeable(gate, Hv * n)) {
+        write_into(gate, rp, at + (size_t) P.g * f32);
     } else {
-        keep_copy(g, rp, P.g, Hv, 0, gate, Hv);
+        keep_copy(g, rp, at, P.g, Hv, 0, seg_rows(ctx, s, gate, 1), Hv, n);
     }
-    if (placeable(beta, Hv * n)) {
-        write_into(beta, rp, (size_t) P.beta * f32);
+    if (s->whole && placeable(beta, Hv * n)) {
+        write_into(beta, rp, at + (size_t) P.beta * f32);
     } else {
-        keep_copy(g, rp, P.beta, Hv, 0, beta, Hv);
+        keep_copy(g, rp, at, P.beta, Hv, 0, seg_rows(ctx, s, beta, 1), Hv, n);
     }
 }
 
@@ -229,10 +270,9 @@ static struct ggml_tensor * as_sequence(struct ggml_context * ctx, struct ggml_t
 /* Rows gathered into step order (gather_rows), [ne0, ne1] of each from byte `offset`:
  * the spine's [ne0, ne1, spine, 1], then each group's [ne0, ne1, steps, branches] (NULL
  * when it has none), as views */
-static struct ggml_tensor * split_steps(dfl_graph * g, struct ggml_tensor * rows, int64_t ne0, int64_t ne1,
-                                        size_t offset, struct ggml_tensor ** groups) {
-    const graph_build * b = g->runtime;
-    const tree_shape sh = b->t->tree.shape;
+static struct ggml_tensor * split_steps(dfl_graph * g, const seg_build * s, struct ggml_tensor * rows, int64_t ne0,
+                                        int64_t ne1, size_t offset, struct ggml_tensor ** groups) {
+    const tree_shape sh = s->s->shape;
     struct ggml_context * ctx = g->ctx;
     const size_t row = rows->nb[1], col = rows->nb[0] * ne0;
     size_t at = row * sh.spine + offset;
@@ -246,15 +286,15 @@ static struct ggml_tensor * split_steps(dfl_graph * g, struct ggml_tensor * rows
 }
 
 /* The n rows of x (`width` floats, any row stride) in step order: one row a step */
-static struct ggml_tensor * gather_rows(dfl_graph * g, struct ggml_tensor * x, int64_t width, size_t stride) {
-    const graph_build * b = g->runtime;
-    return ggml_get_rows(g->ctx, ggml_view_2d(g->ctx, x, width, g->n, stride, 0), b->in->tree_steps);
+static struct ggml_tensor * gather_rows(dfl_graph * g, const seg_build * s, struct ggml_tensor * x, int64_t width,
+                                        size_t stride) {
+    return ggml_get_rows(g->ctx, ggml_view_2d(g->ctx, x, width, s->s->n, stride, 0), s->in->tree_steps);
 }
 
 /* [ne0, ne1, n] rows in step order, split as split_steps does */
-static struct ggml_tensor * gather_steps(dfl_graph * g, struct ggml_tensor * x, int64_t ne0, int64_t ne1,
-                                         struct ggml_tensor ** groups) {
-    return split_steps(g, gather_rows(g, x, ne0 * ne1, x->nb[2]), ne0, ne1, 0, groups);
+static struct ggml_tensor * gather_steps(dfl_graph * g, const seg_build * s, struct ggml_tensor * x, int64_t ne0,
+                                         int64_t ne1, struct ggml_tensor ** groups) {
+    return split_steps(g, s, gather_rows(g, s, x, ne0 * ne1, x->nb[2]), ne0, ne1, 0, groups);
 }
 
 /* Steps [at, at + n) of a spine's [ne0, ne1, steps, 1] */
@@ -264,10 +304,9 @@ static struct ggml_tensor * view_steps(struct ggml_context * ctx, struct ggml_te
 
 /* The first `rows` output rows of a delta-rule op written over `out` where the tree's
  * scatter input (from entry *at on) sends them */
-static struct ggml_tensor * scatter_rows(dfl_graph * g, struct ggml_tensor * out, struct ggml_tensor * res,
-                                         int64_t rows, int64_t * at) {
-    const graph_build * b = g->runtime;
-    struct ggml_tensor * idx = ggml_view_1d(g->ctx, b->in->scatter, rows, (size_t) *at * sizeof(int32_t));
+static struct ggml_tensor * scatter_rows(dfl_graph * g, const seg_build * s, struct ggml_tensor * out,
+                                         struct ggml_tensor * res, int64_t rows, int64_t * at) {
+    struct ggml_tensor * idx = ggml_view_1d(g->ctx, s->in->scatter, rows, (size_t) *at * sizeof(int32_t));
     *at += rows;
     return ggml_set_rows(g->ctx, out, ggml_view_2d(g->ctx, res, res->ne[0], rows, res->nb[1], 0), idx);
 }
@@ -280,15 +319,14 @@ static struct ggml_tensor * scatter_rows(dfl_graph * g, struct ggml_tensor * out
  * path as a chain, bit for bit. Steps, the branches' starts and output rows are inputs:
  * the graph depends only on the node count and the padded shape. No per-node state is
  * kept: the commit reruns the accepted path. */
-static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_tensor * qk, struct ggml_tensor * q,
-                                           struct ggml_tensor * k, struct ggml_tensor * v, struct ggml_tensor * gate,
-                                           struct ggml_tensor * beta) {
-    const graph_build * b = g->runtime;
-    dfl_target * t = b->t;
+static struct ggml_tensor * delta_net_tree(dfl_graph * g, const seg_build * s, int il, struct ggml_tensor * qk,
+                                           struct ggml_tensor * q, struct ggml_tensor * k, struct ggml_tensor * v,
+                                           struct ggml_tensor * gate, struct ggml_tensor * beta) {
+    const dfl_target * t = s->b->t;
     struct ggml_context * ctx = g->ctx;
     const dfl_recurrent_geometry * r = &t->m.rec;
-    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads;
-    const tree_shape sh = t->tree.shape;
+    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = s->s->n;
+    const tree_shape sh = s->s->shape;
     const int64_t O = hv * Hv, S = hv * hv * Hv; /* output and state floats of a step */
     const size_t f32 = sizeof(float);
 
@@ -296,21 +334,21 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
                        * bg[DFL_TREE_GROUPS];
     struct ggml_tensor * qs, * ks;
     if (qk) { /* side by side: one gather */
-        struct ggml_tensor * rows = gather_rows(g, qk, 2 * hk * Hk, q->nb[2]);
-        qs = split_steps(g, rows, hk, Hk, 0, qg);
-        ks = split_steps(g, rows, hk, Hk, (size_t) (hk * Hk) * f32, kg);
+        struct ggml_tensor * rows = gather_rows(g, s, qk, 2 * hk * Hk, q->nb[2]);
+        qs = split_steps(g, s, rows, hk, Hk, 0, qg);
+        ks = split_steps(g, s, rows, hk, Hk, (size_t) (hk * Hk) * f32, kg);
     } else {
-        qs = gather_steps(g, q, hk, Hk, qg);
-        ks = gather_steps(g, k, hk, Hk, kg);
+        qs = gather_steps(g, s, q, hk, Hk, qg);
+        ks = gather_steps(g, s, k, hk, Hk, kg);
     }
-    struct ggml_tensor * vs = gather_steps(g, v, hv, Hv, vg), * gs = gather_steps(g, gate, 1, Hv, gg);
-    struct ggml_tensor * bs = gather_steps(g, beta, 1, Hv, bg);
-    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+    struct ggml_tensor * vs = gather_steps(g, s, v, hv, Hv, vg), * gs = gather_steps(g, s, gate, 1, Hv, gg);
+    struct ggml_tensor * bs = gather_steps(g, s, beta, 1, Hv, bg);
+    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, dfl_memory_slice(ctx, &t->mem, t->mem.ssm[il], s->s->seq), hv, hv, Hv, 1);
     const int n_branches = tree_branches(&sh);
     if (n_branches == 0) {
         struct ggml_tensor * spine = ggml_gated_delta_net(ctx, qs, ks, vs, gs, bs, s0, 1);
         return ggml_reshape_3d(ctx, ggml_get_rows(ctx, ggml_view_2d(ctx, spine, O, sh.spine, spine->nb[1], 0),
-                                                  b->in->out_rows), hv, Hv, g->n);
+                                                  s->in->out_rows), hv, Hv, n);
     }
     /* the spine up to its last branch's start, keeping its states from the first
      * branch's start on; the rest of it from there, keeping none */
@@ -322,7 +360,7 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
                                                      view_steps(ctx, bs, 0, sh.split), s0, kept);
     /* [O, n + spare]: the nodes' rows of the head, then the later ops' rows over them */
     struct ggml_tensor * out = ggml_get_rows(ctx, ggml_view_2d(ctx, head, O, sh.split, head->nb[1], 0),
-                                             b->in->out_rows);
+                                             s->in->out_rows);
     int64_t at = 0;
     struct ggml_tensor * states = ggml_view_2d(ctx, head, S, kept, S * f32, sh.split * head->nb[1]);
     if (rest > 0) {
@@ -333,9 +371,9 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
                                                          view_steps(ctx, vs, sh.split, rest),
                                                          view_steps(ctx, gs, sh.split, rest),
                                                          view_steps(ctx, bs, sh.split, rest), s1, 1);
-        out = scatter_rows(g, out, tail, rest, &at);
+        out = scatter_rows(g, s, out, tail, rest, &at);
     }
-    struct ggml_tensor * starts = ggml_get_rows(ctx, states, b->in->branch_from); /* [S, branches] */
+    struct ggml_tensor * starts = ggml_get_rows(ctx, states, s->in->branch_from); /* [S, branches] */
     int64_t first = 0;
     for (int j = 0; j < DFL_TREE_GROUPS; j++) {
         if (sh.branches[j] == 0) {
@@ -344,79 +382,102 @@ static struct ggml_tensor * delta_net_tree(dfl_graph * g, int il, struct ggml_te
         struct ggml_tensor * s1 = ggml_view_4d(ctx, starts, hv, hv, Hv, sh.branches[j], hv * f32, hv * hv * f32,
                                                S * f32, first * starts->nb[1]);
         struct ggml_tensor * res = ggml_gated_delta_net(ctx, qg[j], kg[j], vg[j], gg[j], bg[j], s1, 1);
-        out = scatter_rows(g, out, res, (int64_t) sh.steps[j] * sh.branches[j], &at);
+        out = scatter_rows(g, s, out, res, (int64_t) sh.steps[j] * sh.branches[j], &at);
         first += sh.branches[j];
     }
-    return ggml_reshape_3d(ctx, ggml_view_2d(ctx, out, O, g->n, out->nb[1], 0), hv, Hv, g->n);
+    return ggml_reshape_3d(ctx, ggml_view_2d(ctx, out, O, n, out->nb[1], 0), hv, Hv, n);
 }
 
-struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
-                                         struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
-    const graph_build * b = g->runtime;
-    dfl_target * t = b->t;
+/* One segment's delta rule over its rows (q, k, v [., ., n], gate and beta [Hv, n]); qk:
+ * the tensor its q and k sit side by side in, or NULL. */
+static struct ggml_tensor * delta_net(dfl_graph * g, const seg_build * s, int il, struct ggml_tensor * qk,
+                                      struct ggml_tensor * q, struct ggml_tensor * k, struct ggml_tensor * v,
+                                      struct ggml_tensor * gate, struct ggml_tensor * beta) {
+    const dfl_target * t = s->b->t;
     struct ggml_context * ctx = g->ctx;
     const dfl_recurrent_geometry * r = &t->m.rec;
-    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
+    const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = s->s->n;
     const size_t f32 = sizeof(float);
 
-    if (b->verify || b->tree) {
-        /* the state moves only at commit, by rerunning the kept path (add_pending_commit):
-         * cheaper than keeping a state per verified row */
-        keep_for_commit(g, il, q, k, v, gate, beta);
-    }
-    struct ggml_tensor * qk = qk_rows(q, k, hk, Hk);
     q = as_sequence(ctx, q, hk, Hk, n);
     k = as_sequence(ctx, k, hk, Hk, n);
     v = as_sequence(ctx, v, hv, Hv, n);
     gate = ggml_reshape_4d(ctx, gate, 1, Hv, n, 1);
     beta = ggml_reshape_4d(ctx, beta, 1, Hv, n, 1);
-    if (b->tree) {
-        return delta_net_tree(g, il, qk, q, k, v, gate, beta);
+    if (s->s->kind == DFL_STEP_TREE) {
+        return delta_net_tree(g, s, il, qk, q, k, v, gate, beta);
     }
-    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+    struct ggml_tensor * state = dfl_memory_slice(ctx, &t->mem, t->mem.ssm[il], s->s->seq);
+    struct ggml_tensor * s0 = ggml_reshape_4d(ctx, state, hv, hv, Hv, 1);
     struct ggml_tensor * res = ggml_gated_delta_net(ctx, q, k, v, gate, beta, s0, 1);
     const int64_t n_out = hv * Hv * n;
-    if (!b->verify) {
+    if (s->s->kind == DFL_STEP_DECODE) {
         struct ggml_tensor * s1 = ggml_view_1d(ctx, res, hv * hv * Hv, n_out * f32);
-        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, s1, t->ssm_state[il]));
+        ggml_build_forward_expand(g->gf, ggml_cpy(ctx, s1, state));
     }
     return ggml_view_3d(ctx, res, hv, Hv, n, hv * f32, hv * Hv * f32, 0);
 }
 
-/* ---- the pending commit ---------------------------------------------------------------- */
+struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                         struct ggml_tensor * v, struct ggml_tensor * gate, struct ggml_tensor * beta) {
+    const graph_build * b = g->runtime;
+    const dfl_recurrent_geometry * r = &b->t->m.rec;
+    const int64_t hk = r->head_k_dim, Hk = r->n_k_heads;
+    struct ggml_tensor * qk = qk_rows(q, k, hk, Hk);
+    struct ggml_tensor * out = NULL;
+    for (int i = 0; i < b->step->n_seg; i++) {
+        const seg_build s = segment(g, i);
+        if (s.s->kind != DFL_STEP_DECODE) {
+            /* the state moves only at commit, by rerunning the kept path (add_pending_commit):
+             * cheaper than keeping a state per verified row */
+            keep_for_commit(g, &s, il, q, k, v, gate, beta);
+        }
+        struct ggml_tensor * qk_s = qk && !s.whole ? seg_rows(g->ctx, &s, qk, 2) : qk;
+        struct ggml_tensor * o = delta_net(g, &s, il, qk_s, seg_rows(g->ctx, &s, q, 2), seg_rows(g->ctx, &s, k, 2),
+                                           seg_rows(g->ctx, &s, v, 2), seg_rows(g->ctx, &s, gate, 1),
+                                           seg_rows(g->ctx, &s, beta, 1));
+        out = join(g->ctx, out, o, 2);
+    }
+    return out;
+}
 
-/* A commit is carried out at the start of the next graph, so a decoding step costs
- * one target graph. Attention: after a tree, the accepted path's rows move to
- * consecutive slots (a chain's are already in place). Recurrent layers: the conv state
- * becomes the inputs before the next token, and the recurrent state that of the last
- * kept row, by rerunning the recurrence from the committed state over the verify's
- * rows gathered in path order (a chain's in order), the rows after the kept ones made
- * identity steps (decay exp(0) = 1, update weight 0: the state passes through
+/* ---- the pending commits ---------------------------------------------------------------- */
+
+/* A sequence's commit is carried out at the start of the next graph it is in, so a
+ * decoding step costs one target graph. Attention: after a tree, the accepted path's
+ * rows move to consecutive cells (a chain's are already in place). Recurrent layers: the
+ * conv state becomes the inputs before the next token, and the recurrent state that of
+ * the last kept row, by rerunning the recurrence from the committed state over the
+ * verify's rows gathered in path order (a chain's in order), the rows after the kept
+ * ones made identity steps (decay exp(0) = 1, update weight 0: the state passes through
  * unchanged, bit for bit). Which rows, columns and tokens is an input, so the graph's
- * shape does not depend on the accepted length and consecutive steps reuse it. Cache rows move through a gather and a scatter: every
- * read happens before any write, and the round trip through f32 is exact for every
- * cache type (quantized rows requantize to the same bytes). */
-static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf, graph_inputs * in) {
+ * shape does not depend on the accepted length and consecutive steps reuse it. Cache
+ * rows move through a gather and a scatter: every read happens before any write, and
+ * the round trip through f32 is exact for every cache type (quantized rows requantize
+ * to the same bytes). */
+static void add_pending_commit(const dfl_target * t, const dfl_segment * seg, struct ggml_context * ctx,
+                               struct ggml_cgraph * gf, seg_inputs * in) {
     in->commit_rows = in->commit_keep = in->commit_conv_cols = in->commit_kv_src = in->commit_kv_dst = NULL;
     in->commit_kv_src_swa = in->commit_kv_dst_swa = NULL;
-    if (!t->commit.active) {
+    if (!seg->commit_kind) {
         return;
     }
     const dfl_model * m = &t->m;
-    const bool tree = t->commit.tree;
+    const dfl_memory * mem = &t->mem;
+    const bool tree = seg->commit_kind == 2;
     if (tree && m->n_attention > 0) {
         in->commit_kv_src = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, t->p.n_verify);
         in->commit_kv_dst = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, t->p.n_verify);
         ggml_set_input(in->commit_kv_src);
         ggml_set_input(in->commit_kv_dst);
-        if (t->swa_window > 0) {
+        if (mem->swa_window > 0) {
             in->commit_kv_src_swa = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, t->p.n_verify);
             in->commit_kv_dst_swa = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, t->p.n_verify);
             ggml_set_input(in->commit_kv_src_swa);
             ggml_set_input(in->commit_kv_dst_swa);
         }
     }
-    const int R = t->commit.n_replay;
+    const int R = seg->commit_replay;
     if (m->n_recurrent > 0) {
         if (tree) {
             in->commit_rows = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, R, 2); /* twice: see below */
@@ -431,14 +492,14 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
     const int64_t hk = m->rec.head_k_dim, hv = m->rec.head_v_dim, Hk = m->rec.n_k_heads, Hv = m->rec.n_v_heads;
     const int64_t C = m->rec.conv_channels, QK = 2 * hk * Hk;
     const size_t f32 = sizeof(float);
-    const replay_planes P = replay_planes_of(m, t->p.n_verify);
+    const replay_planes P = dfl_replay_planes(m, t->p.n_verify);
     for (int il = 0; il < m->n_layer; il++) {
         if (m->kind[il] == DFL_LAYER_ATTENTION) {
             if (tree && !m->attn[il].shares_kv) {
                 const bool ring = m->attn[il].window > 0;
                 struct ggml_tensor * src = ring ? in->commit_kv_src_swa : in->commit_kv_src;
                 struct ggml_tensor * dst = ring ? in->commit_kv_dst_swa : in->commit_kv_dst;
-                struct ggml_tensor * caches[2] = { t->k_cache[il], t->v_cache[il] };
+                struct ggml_tensor * caches[2] = { mem->k[il], mem->v[il] };
                 for (int c = 0; c < 2; c++) {
                     struct ggml_tensor * rows = ggml_get_rows(ctx, caches[c], src);
                     ggml_build_forward_expand(gf, ggml_set_rows(ctx, caches[c], rows, dst));
@@ -446,7 +507,8 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
             }
             continue;
         }
-        struct ggml_tensor * rp = t->replay[il];
+        const size_t at = dfl_memory_slice_offset(mem, mem->replay[il], seg->seq);
+        struct ggml_tensor * rp = mem->replay[il];
         struct ggml_tensor * q, * k, * v, * g, * b;
         if (tree) {
             /* the path's columns of every plane, in path order; identity steps take the
@@ -454,13 +516,14 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
              * of one width, in one gather: its index holds the columns once per plane. */
             struct ggml_tensor * cols = ggml_view_1d(ctx, in->commit_rows, R, 0);
             struct ggml_tensor * planes[2];
-            const int64_t at[2] = { P.conv, P.qk }, rows[2] = { C, QK };
+            const int64_t first[2] = { P.conv, P.qk }, rows[2] = { C, QK };
             for (int i = 0; i < 2; i++) {
-                struct ggml_tensor * plane = ggml_view_2d(ctx, rp, rows[i], P.cols, rows[i] * f32, (size_t) at[i] * f32);
+                struct ggml_tensor * plane = ggml_view_2d(ctx, rp, rows[i], P.cols, rows[i] * f32,
+                                                          at + (size_t) first[i] * f32);
                 planes[i] = ggml_get_rows(ctx, plane, cols);
             }
             struct ggml_tensor * gb = ggml_view_3d(ctx, rp, Hv, P.cols, 2, Hv * f32, (size_t) (P.beta - P.g) * f32,
-                                                   (size_t) P.g * f32);
+                                                   at + (size_t) P.g * f32);
             gb = ggml_get_rows(ctx, gb, in->commit_rows); /* [Hv, R, 2] */
             v = ggml_view_4d(ctx, planes[0], hv, Hv, R, 1, hv * f32, C * f32, C * R * f32, (size_t) QK * f32);
             q = ggml_view_4d(ctx, planes[1], hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, 0);
@@ -470,44 +533,49 @@ static void add_pending_commit(dfl_target * t, struct ggml_context * ctx, struct
         } else {
             /* a chain's rows are in order already; the decay and update weight of every row
              * times keep, in one product: [Hv, R] decays, then [Hv, R] weights */
-            v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, C * f32, C * R * f32, (size_t) (P.conv + QK) * f32);
-            q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, (size_t) P.qk * f32);
-            k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, (size_t) (P.qk + hk * Hk) * f32);
+            v = ggml_view_4d(ctx, rp, hv, Hv, R, 1, hv * f32, C * f32, C * R * f32, at + (size_t) (P.conv + QK) * f32);
+            q = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32, at + (size_t) P.qk * f32);
+            k = ggml_view_4d(ctx, rp, hk, Hk, R, 1, hk * f32, QK * f32, QK * R * f32,
+                             at + (size_t) (P.qk + hk * Hk) * f32);
             struct ggml_tensor * gb = ggml_view_3d(ctx, rp, Hv, R, 2, Hv * f32, (size_t) (P.beta - P.g) * f32,
-                                                   (size_t) P.g * f32);
+                                                   at + (size_t) P.g * f32);
             gb = ggml_mul(ctx, gb, in->commit_keep);
             g = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, 0);
             b = ggml_view_4d(ctx, gb, 1, Hv, R, 1, f32, Hv * f32, Hv * R * f32, Hv * R * f32);
         }
-        struct ggml_tensor * s0 = ggml_reshape_4d(ctx, t->ssm_state[il], hv, hv, Hv, 1);
+        struct ggml_tensor * ssm = dfl_memory_slice(ctx, &t->mem, mem->ssm[il], seg->seq);
+        struct ggml_tensor * s0 = ggml_reshape_4d(ctx, ssm, hv, hv, Hv, 1);
         struct ggml_tensor * r = ggml_gated_delta_net(ctx, q, k, v, g, b, s0, 1);
         struct ggml_tensor * state = ggml_view_2d(ctx, r, hv * hv * Hv, 1, hv * hv * Hv * f32, hv * Hv * R * f32);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, t->ssm_state[il], hv * hv * Hv, 1)));
-        struct ggml_tensor * cols = ggml_get_rows(ctx, t->conv_scratch[il], in->commit_conv_cols); /* [C, W] */
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, cols), t->conv_state[il]));
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, state, ggml_reshape_2d(ctx, ssm, hv * hv * Hv, 1)));
+        struct ggml_tensor * scratch = dfl_memory_slice(ctx, &t->mem, mem->conv_scratch[il], seg->seq);
+        struct ggml_tensor * cols = ggml_get_rows(ctx, scratch, in->commit_conv_cols); /* [C, W] */
+        struct ggml_tensor * conv = dfl_memory_slice(ctx, mem, mem->conv[il], seg->seq);
+        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_transpose(ctx, cols), conv));
     }
 }
 
-static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
-    const pending_commit * pc = &t->commit;
+static void fill_commit_inputs(dfl_target * t, const dfl_segment * seg, const seg_inputs * in) {
+    const pending_commit * pc = seg->commit;
+    const dfl_memory * mem = &t->mem;
     if (in->commit_kv_src) {
         const int M = t->p.n_verify;
         int32_t * src = t->host_i32;
         int64_t * dst = t->host_i64;
-        /* unused entries copy row p0 onto itself (path[0] is always the root, already in place) */
-        for (int k = 0; k < M; k++) {
-            src[k] = pc->p0 + (k < pc->n_keep ? pc->path[k] : 0);
-            dst[k] = pc->p0 + (k < pc->n_keep ? k : 0);
-        }
-        dfl_runtime_set(&t->rt, in->commit_kv_src, src, 0, (size_t) M * sizeof(int32_t));
-        dfl_runtime_set(&t->rt, in->commit_kv_dst, dst, 0, (size_t) M * sizeof(int64_t));
-        if (in->commit_kv_src_swa) {
-            for (int k = 0; k < M; k++) {
-                src[k] %= t->swa_ring;
-                dst[k] %= t->swa_ring;
+        /* unused entries copy position p0 onto itself (path[0] is always the root, already in place) */
+        for (int ring = 0; ring < 2; ring++) {
+            struct ggml_tensor * src_in = ring ? in->commit_kv_src_swa : in->commit_kv_src;
+            struct ggml_tensor * dst_in = ring ? in->commit_kv_dst_swa : in->commit_kv_dst;
+            if (!src_in) {
+                continue;
             }
-            dfl_runtime_set(&t->rt, in->commit_kv_src_swa, src, 0, (size_t) M * sizeof(int32_t));
-            dfl_runtime_set(&t->rt, in->commit_kv_dst_swa, dst, 0, (size_t) M * sizeof(int64_t));
+            const int R = ring ? mem->swa_ring : mem->n_ctx;
+            for (int k = 0; k < M; k++) {
+                src[k] = seg->seq * R + (pc->p0 + (k < pc->n_keep ? pc->path[k] : 0)) % R;
+                dst[k] = (int64_t) seg->seq * R + (pc->p0 + (k < pc->n_keep ? k : 0)) % R;
+            }
+            dfl_runtime_set(&t->rt, src_in, src, 0, (size_t) M * sizeof(int32_t));
+            dfl_runtime_set(&t->rt, dst_in, dst, 0, (size_t) M * sizeof(int64_t));
         }
     }
     if (in->commit_keep) {
@@ -532,11 +600,12 @@ static void fill_commit_inputs(dfl_target * t, const graph_inputs * in) {
 
 /* ---- the graph --------------------------------------------------------------------- */
 
-static void capture_features(dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
+static void capture_features(const dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
                              struct ggml_tensor * x, int layer, int n) {
+    struct ggml_tensor * features = t->mem.features;
     for (int f = 0; f < t->p.n_feature_layers; f++) {
         if (t->p.feature_layers[f] == layer) {
-            struct ggml_tensor * dst = ggml_view_2d(ctx, t->features, t->m.n_embd, n, t->features->nb[1],
+            struct ggml_tensor * dst = ggml_view_2d(ctx, features, t->m.n_embd, n, features->nb[1],
                                                     (size_t) f * t->m.n_embd * sizeof(float));
             ggml_build_forward_expand(gf, ggml_cpy(ctx, x, dst));
         }
@@ -549,30 +618,23 @@ static struct ggml_tensor * new_input(struct ggml_context * ctx, enum ggml_type 
     return x;
 }
 
-struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context * ctx, graph_inputs * in, int n,
-                                            int n_kv, bool verify, bool tree, int logits,
-                                            struct ggml_tensor * tokens_src, const dfl_sampler_key * samp) {
+/* A segment's masks and tree tables. */
+static void add_segment_inputs(const dfl_target * t, const dfl_segment * seg, struct ggml_context * ctx,
+                               seg_inputs * in) {
     const dfl_model * m = &t->m;
-    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, t->rt.graph_size, false);
-    add_pending_commit(t, ctx, gf, in);
-
-    in->tokens = tokens_src ? NULL : new_input(ctx, GGML_TYPE_I32, n);
-    struct ggml_tensor * tokens = tokens_src ? ggml_view_1d(ctx, tokens_src, n, 0) : in->tokens;
-    in->pos = new_input(ctx, GGML_TYPE_I32, n);
-    in->slots = new_input(ctx, GGML_TYPE_I64, n);
-    in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n);
+    const int n = seg->n;
+    in->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, seg->n_kv, n);
     ggml_set_input(in->mask);
-    const int n_kv_swa = n_kv < t->swa_ring ? n_kv : t->swa_ring;
-    in->slots_swa = in->mask_swa = NULL;
-    if (t->swa_window > 0) {
-        in->slots_swa = new_input(ctx, GGML_TYPE_I64, n);
+    in->mask_swa = NULL;
+    if (t->mem.swa_window > 0) {
+        const int n_kv_swa = seg->n_kv < t->mem.swa_ring ? seg->n_kv : t->mem.swa_ring;
         in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv_swa, n);
         ggml_set_input(in->mask_swa);
     }
     in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = in->scatter = in->conv_out = NULL;
     in->conv_scatter = NULL;
-    if (tree && m->n_recurrent > 0) {
-        const tree_shape sh = t->tree.shape;
+    if (seg->kind == DFL_STEP_TREE && m->n_recurrent > 0) {
+        const tree_shape sh = seg->shape;
         const int n_branches = tree_branches(&sh);
         in->conv_rows = new_input(ctx, GGML_TYPE_I32, tree_conv_rows(&sh, n, m->rec.d_conv));
         in->tree_steps = new_input(ctx, GGML_TYPE_I32, tree_steps(&sh));
@@ -584,10 +646,69 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
             in->conv_scatter = sh.off > 0 ? new_input(ctx, GGML_TYPE_I32, sh.off) : NULL;
         }
     }
+}
 
-    graph_build b = { t, in, n_kv, n_kv_swa, verify && !tree, tree };
+/* The step's token embeddings: one lookup over a host input when every segment's tokens
+ * come from the host, else a lookup per segment joined. */
+static struct ggml_tensor * embed(const dfl_target * t, const dfl_step * step, struct ggml_context * ctx,
+                                  graph_inputs * in) {
+    bool host = true;
+    for (int i = 0; i < step->n_seg; i++) {
+        host = host && !step->seg[i].tokens_src;
+        in->seg[i].tokens = NULL;
+    }
+    in->tokens = NULL;
+    if (host) {
+        in->tokens = new_input(ctx, GGML_TYPE_I32, step->n_rows);
+        return ggml_get_rows(ctx, t->tok_lookup, in->tokens);
+    }
+    struct ggml_tensor * x = NULL;
+    for (int i = 0; i < step->n_seg; i++) {
+        const dfl_segment * s = &step->seg[i];
+        struct ggml_tensor * tokens;
+        if (s->tokens_src) {
+            tokens = ggml_view_1d(ctx, s->tokens_src, s->n, 0);
+        } else {
+            tokens = in->seg[i].tokens = new_input(ctx, GGML_TYPE_I32, s->n);
+        }
+        x = join(ctx, x, ggml_get_rows(ctx, t->tok_lookup, tokens), 1);
+    }
+    return x;
+}
+
+/* The rows with logits: every row, one segment's last, or gathered by an input. */
+static struct ggml_tensor * logits_rows(const dfl_step * step, struct ggml_context * ctx, graph_inputs * in,
+                                        struct ggml_tensor * x) {
+    in->out_idx = NULL;
+    if (step->n_out == step->n_rows) {
+        return x;
+    }
+    if (step->n_seg == 1) { /* its last row */
+        return ggml_view_2d(ctx, x, x->ne[0], 1, x->nb[1], (size_t) (step->n_rows - 1) * x->nb[1]);
+    }
+    in->out_idx = new_input(ctx, GGML_TYPE_I32, step->n_out);
+    return ggml_get_rows(ctx, x, in->out_idx);
+}
+
+struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step * step, struct ggml_context * ctx,
+                                            graph_inputs * in) {
+    const dfl_model * m = &t->m;
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, t->rt.graph_size, false);
+    for (int i = 0; i < step->n_seg; i++) {
+        add_pending_commit(t, &step->seg[i], ctx, gf, &in->seg[i]);
+    }
+
+    const int n = step->n_rows;
+    struct ggml_tensor * x = embed(t, step, ctx, in);
+    in->pos = new_input(ctx, GGML_TYPE_I32, n);
+    in->slots = new_input(ctx, GGML_TYPE_I64, n);
+    in->slots_swa = t->mem.swa_window > 0 ? new_input(ctx, GGML_TYPE_I64, n) : NULL;
+    for (int i = 0; i < step->n_seg; i++) {
+        add_segment_inputs(t, &step->seg[i], ctx, &in->seg[i]);
+    }
+
+    graph_build b = { t, step, in, { NULL }, { NULL } };
     dfl_graph g = { ctx, gf, n, in->pos, &b };
-    struct ggml_tensor * x = ggml_get_rows(ctx, t->tok_lookup, tokens);
     if (m->embd_scale != 1.0f) {
         x = ggml_scale(ctx, x, m->embd_scale);
     }
@@ -606,12 +727,11 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         }
     }
 
-    t->out_logits = NULL;
+    in->logits = NULL;
+    in->out_idx = NULL;
     memset(&in->samp, 0, sizeof in->samp);
-    if (logits != LOGITS_NONE) {
-        if (logits == LOGITS_LAST && n > 1) {
-            x = ggml_view_2d(ctx, x, m->n_embd, 1, x->nb[1], (size_t) (n - 1) * x->nb[1]);
-        }
+    if (step->n_out > 0) {
+        x = logits_rows(step, ctx, in, x);
         if (!normed) {
             x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
         }
@@ -619,9 +739,9 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
         if (m->logit_softcap > 0.0f) {
             out = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, out, 1.0f / m->logit_softcap)), m->logit_softcap);
         }
-        t->out_logits = out;
-        ggml_set_output(t->out_logits);
-        dfl_sampler_build(ctx, gf, out, samp, &in->samp);
+        in->logits = out;
+        ggml_set_output(out);
+        dfl_sampler_build(ctx, gf, out, &step->samp, &in->samp);
     }
     ggml_build_forward_expand(gf, x);
     return gf;
@@ -630,25 +750,39 @@ struct ggml_cgraph * dfl_target_build_graph(dfl_target * t, struct ggml_context 
 /* ---- inputs ---------------------------------------------------------------------------- */
 
 /* Tokens (unless they come from a device tensor), positions (n_past + depth; a chain's
- * depth is its index) and cache slots (n_past + index). */
-static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n,
-                             const int32_t * depth) {
+ * depth is its index) and cache rows (of position n_past + index) of every row. */
+static void set_token_inputs(dfl_target * t, const graph_inputs * in, const dfl_step * step,
+                             const int32_t * const * tokens) {
+    const dfl_memory * mem = &t->mem;
     int32_t * pos = t->host_i32;
     int64_t * slots = t->host_i64;
-    for (int i = 0; i < n; i++) {
-        pos[i] = t->n_past + (depth ? depth[i] : i);
-        slots[i] = t->n_past + i;
-    }
-    if (in->tokens) {
-        dfl_runtime_set(&t->rt, in->tokens, tokens, 0, (size_t) n * sizeof(int32_t));
-    }
-    dfl_runtime_set(&t->rt, in->pos, pos, 0, (size_t) n * sizeof(int32_t));
-    dfl_runtime_set(&t->rt, in->slots, slots, 0, (size_t) n * sizeof(int64_t));
-    if (in->slots_swa) {
-        for (int i = 0; i < n; i++) {
-            slots[i] %= t->swa_ring;
+    for (int i = 0; i < step->n_seg; i++) {
+        const dfl_segment * s = &step->seg[i];
+        const int32_t * depth = s->kind == DFL_STEP_TREE ? s->tree->depth : NULL;
+        for (int j = 0; j < s->n; j++) {
+            pos[s->row0 + j] = s->n_past + (depth ? depth[j] : j);
         }
-        dfl_runtime_set(&t->rt, in->slots_swa, slots, 0, (size_t) n * sizeof(int64_t));
+        if (in->tokens) {
+            dfl_runtime_set(&t->rt, in->tokens, tokens[i], (size_t) s->row0 * sizeof(int32_t),
+                            (size_t) s->n * sizeof(int32_t));
+        } else if (in->seg[i].tokens) {
+            dfl_runtime_set(&t->rt, in->seg[i].tokens, tokens[i], 0, (size_t) s->n * sizeof(int32_t));
+        }
+    }
+    dfl_runtime_set(&t->rt, in->pos, pos, 0, (size_t) step->n_rows * sizeof(int32_t));
+    for (int ring = 0; ring < 2; ring++) {
+        struct ggml_tensor * dst = ring ? in->slots_swa : in->slots;
+        if (!dst) {
+            continue;
+        }
+        const int R = ring ? mem->swa_ring : mem->n_ctx;
+        for (int i = 0; i < step->n_seg; i++) {
+            const dfl_segment * s = &step->seg[i];
+            for (int j = 0; j < s->n; j++) {
+                slots[s->row0 + j] = (int64_t) s->seq * R + (s->n_past + j) % R;
+            }
+        }
+        dfl_runtime_set(&t->rt, dst, slots, 0, (size_t) step->n_rows * sizeof(int64_t));
     }
 }
 
@@ -656,11 +790,12 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const int3
  * layer's ring of R rows, row j holds this call's row (j - p) mod R when that is below
  * n, else position j - p mod R + p - R (none when negative); its mask hides, in addition,
  * keys `window` or more positions behind the row's own (a node's position is p + depth). */
-static void fill_mask(dfl_target * t, struct ggml_tensor * dst, int n, int n_kv, bool tree, int window, int ring) {
+static void fill_mask(dfl_target * t, const dfl_segment * s, struct ggml_tensor * dst, int window, int ring) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
     const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
-    const tree_plan * tp = &t->tree;
-    const int p = t->n_past;
+    const bool tree = s->kind == DFL_STEP_TREE;
+    const tree_plan * tp = s->tree;
+    const int p = s->n_past, n = s->n, n_kv = (int) dst->ne[0];
     for (int i = 0; i < n; i++) {
         ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
         const int pos_i = p + (tree ? tp->depth[i] : i);
@@ -682,16 +817,10 @@ static void fill_mask(dfl_target * t, struct ggml_tensor * dst, int n, int n_kv,
     dfl_runtime_set(&t->rt, dst, t->host_mask, 0, (size_t) n * n_kv * sizeof(ggml_fp16_t));
 }
 
-static void set_mask(dfl_target * t, const graph_inputs * in, int n, int n_kv, bool tree) {
-    fill_mask(t, in->mask, n, n_kv, tree, 0, t->p.n_ctx);
-    if (in->mask_swa) {
-        fill_mask(t, in->mask_swa, n, (int) in->mask_swa->ne[0], tree, t->swa_window, t->swa_ring);
-    }
-}
-
-static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
-    const tree_plan * tp = &t->tree;
+static void set_tree_rows(dfl_target * t, const dfl_segment * s, const seg_inputs * in) {
+    const tree_plan * tp = s->tree;
     const tree_shape sh = tp->shape;
+    const int n = s->n;
     dfl_runtime_set(&t->rt, in->tree_steps, tp->steps, 0, (size_t) tree_steps(&sh) * sizeof(int32_t));
     if (in->branch_from) {
         dfl_runtime_set(&t->rt, in->branch_from, tp->branch_from, 0,
@@ -712,13 +841,42 @@ static void set_tree_rows(dfl_target * t, const graph_inputs * in, int n) {
     }
 }
 
-void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const int32_t * tokens, int n, int n_kv, bool tree) {
-    if (t->commit.active) {
-        fill_commit_inputs(t, in);
+/* Which rows have logits: each segment's last, or all of its rows. */
+static void set_logits_rows(dfl_target * t, const graph_inputs * in, const dfl_step * step) {
+    int32_t * idx = t->host_i32;
+    int k = 0;
+    for (int i = 0; i < step->n_seg; i++) {
+        const dfl_segment * s = &step->seg[i];
+        if (s->logits == LOGITS_LAST) {
+            idx[k++] = s->row0 + s->n - 1;
+        } else if (s->logits == LOGITS_ALL) {
+            for (int j = 0; j < s->n; j++) {
+                idx[k++] = s->row0 + j;
+            }
+        }
     }
-    set_token_inputs(t, in, tokens, n, tree ? t->tree.depth : NULL);
-    set_mask(t, in, n, n_kv, tree);
-    if (in->conv_rows) {
-        set_tree_rows(t, in, n);
+    dfl_runtime_set(&t->rt, in->out_idx, idx, 0, (size_t) k * sizeof(int32_t));
+}
+
+void dfl_target_fill_inputs(dfl_target * t, const graph_inputs * in, const dfl_step * step,
+                            const int32_t * const * tokens) {
+    for (int i = 0; i < step->n_seg; i++) {
+        if (step->seg[i].commit) {
+            fill_commit_inputs(t, &step->seg[i], &in->seg[i]);
+        }
+    }
+    set_token_inputs(t, in, step, tokens);
+    for (int i = 0; i < step->n_seg; i++) {
+        const dfl_segment * s = &step->seg[i];
+        fill_mask(t, s, in->seg[i].mask, 0, t->mem.n_ctx);
+        if (in->seg[i].mask_swa) {
+            fill_mask(t, s, in->seg[i].mask_swa, t->mem.swa_window, t->mem.swa_ring);
+        }
+        if (in->seg[i].conv_rows) {
+            set_tree_rows(t, s, &in->seg[i]);
+        }
+    }
+    if (in->out_idx) {
+        set_logits_rows(t, in, step);
     }
 }

@@ -56,6 +56,7 @@ dfl_status dfl_rpc_add_server(const char * endpoint);
 /* ---- target model (any registered architecture: qwen35, qwen35moe, qwen3) ------- */
 
 typedef struct dfl_target dfl_target;
+typedef struct dfl_draft dfl_draft;
 
 typedef struct dfl_target_params {
     int32_t n_ctx;            /* tokens the context holds (prompt + generated); <= 0: 4096 */
@@ -71,6 +72,7 @@ typedef struct dfl_target_params {
     int32_t n_gpu_layers;     /* when the device is not the CPU: the last n layers (weights and
                                  caches) go on it, the rest stays on the CPU; the LM head too
                                  when n > n_layer; < 0: everything (default) */
+    int32_t n_seq;            /* sequence slots, each of n_ctx positions (1..16); <= 0: 1 */
 } dfl_target_params;
 
 typedef struct dfl_target_info {
@@ -81,7 +83,8 @@ typedef struct dfl_target_info {
     int32_t n_ctx;
     int32_t n_ubatch;
     int32_t n_verify;
-    int32_t n_past;
+    int32_t n_seq;
+    int32_t n_past;           /* of sequence 0 (dfl_target_n_past: of any) */
     int32_t n_gpu_layers;     /* layers whose weights and caches are on a device other than the CPU */
     int64_t n_graphs;         /* target graphs run so far ... */
     int64_t n_graph_builds;   /* ... and how many of them had to be built (the rest reused one) */
@@ -116,35 +119,71 @@ void dfl_target_free(dfl_target * target);
 dfl_status dfl_target_get_info(const dfl_target * target, dfl_target_info * info);
 dfl_status dfl_target_last_placement(const dfl_target * target, dfl_placement * out);
 
-/* Forget the context (attention cache length and recurrent states back to empty). */
+/* Forget every sequence's context (attention cache length and recurrent states back to empty). */
 dfl_status dfl_target_reset(dfl_target * target);
 
-/* Append n tokens (n <= n_ubatch) to the context and advance it.
- * logits: 0 none, 1 the last row, 2 every row; the argmax of those rows is computed
- * on the device. */
-dfl_status dfl_target_decode(dfl_target * target, const int32_t * tokens, int32_t n, int32_t logits);
+/* ---- sequences and steps ----------------------------------------------------------------
+ *
+ * A target holds n_seq sequences, each in a slot of its own (0..n_seq-1) with its own
+ * context. A step runs rows of one or several sequences in one graph:
+ *   DFL_STEP_DECODE  append n tokens (n <= n_ubatch) to the sequence's context and
+ *                    advance it; logits: 0 none, 1 the last row, 2 every row. A decode
+ *                    of more than n_verify tokens (a prefill chunk) runs in a step of
+ *                    its own.
+ *   DFL_STEP_CHAIN   evaluate n candidate tokens (n <= n_verify) as a chain after the
+ *                    context without committing them: logits for every row, features of
+ *                    every row; dfl_target_commit keeps the first ones. tokens NULL: the
+ *                    first n tokens of the drafter's last block for this sequence, read on
+ *                    the device (drafting and verifying need no round trip through the
+ *                    host).
+ *   DFL_STEP_TREE    evaluate a tree of n candidate tokens (n <= n_verify, at most 64):
+ *                    node 0 is the root (parents[0] = -1) and every other node's parent
+ *                    comes before it. Each node sees the context and its ancestors, sits at
+ *                    position n_past + depth, and continues its parent's recurrent state.
+ *                    Logits and features for every node; dfl_target_commit_path keeps a
+ *                    path. Trees of one size reuse a graph.
+ * A sequence's rows see exactly what they would see in a step of their own. The results
+ * (logits, choices, candidates, features) are rows in step order: each entry's rows
+ * after the previous entries' (a decode's logits rows: none, its last, or all). A commit
+ * is carried out by the next step the sequence is in. */
 
-/* Evaluate n candidate tokens (n <= n_verify) as a chain after the context without
- * committing them: logits and argmax for every row (on the device; read what you need), features of
- * every row; what dfl_target_commit needs to advance the recurrent state is kept (the
- * tokens' inputs to the recurrence, rerun up to the kept ones at commit). */
-dfl_status dfl_target_verify(dfl_target * target, const int32_t * tokens, int32_t n);
+typedef enum dfl_step_kind {
+    DFL_STEP_DECODE = 0,
+    DFL_STEP_CHAIN = 1,
+    DFL_STEP_TREE = 2
+} dfl_step_kind;
 
-/* Keep the first n_keep tokens of the last verify (0 <= n_keep <= its length). */
-dfl_status dfl_target_commit(dfl_target * target, int32_t n_keep);
+typedef struct dfl_rows {
+    int32_t seq;             /* the sequence's slot */
+    int32_t kind;            /* dfl_step_kind */
+    int32_t n;               /* tokens, or tree nodes */
+    const int32_t * tokens;  /* NULL for a chain of the drafter's block */
+    const int32_t * parents; /* a tree's */
+    int32_t logits;          /* a decode's: 0 none, 1 the last row, 2 every row */
+} dfl_rows;
 
-/* Evaluate a tree of n candidate tokens (n <= n_verify, at most 64) after the context:
- * node 0 is the root (parents[0] = -1) and every other node's parent comes before it.
- * Each node sees the context and its ancestors, sits at position n_past + depth, and
- * continues its parent's recurrent state. Logits and argmax for every node, features
- * for every node. The graph depends on n alone: trees of one size reuse it. */
-dfl_status dfl_target_verify_tree(dfl_target * target, const int32_t * tokens, const int32_t * parents, int32_t n);
+/* One step over rows[0..n) of distinct sequences; draft: the drafter whose blocks chain
+ * entries without tokens read (NULL when none does). */
+dfl_status dfl_target_step(dfl_target * target, const dfl_draft * draft, const dfl_rows * rows, int32_t n);
 
-/* Keep a root-to-node path path[0..n_keep) (path[0] = 0) of the last tree verify. */
-dfl_status dfl_target_commit_path(dfl_target * target, const int32_t * path, int32_t n_keep);
+/* Keep the first n_keep tokens of the sequence's last chain verify (0 <= n_keep <= its length). */
+dfl_status dfl_target_commit(dfl_target * target, int32_t seq, int32_t n_keep);
 
-/* Results of the last decode/verify: rows are in token order. The logits are after the
- * penalties staged for the call (dfl_target_set_penalties), if any. */
+/* Keep a root-to-node path path[0..n_keep) (path[0] = 0) of the sequence's last tree verify. */
+dfl_status dfl_target_commit_path(dfl_target * target, int32_t seq, const int32_t * path, int32_t n_keep);
+
+/* Positions the sequence holds (-1: no such sequence). */
+int32_t dfl_target_n_past(const dfl_target * target, int32_t seq);
+
+/* Empty one sequence's slot (its context, a pending verify and commit, staged sampling input). */
+dfl_status dfl_target_seq_reset(dfl_target * target, int32_t seq);
+
+/* Slot dst holds what slot src holds (its positions, recurrent and conv state, length);
+ * src must have no verify or commit pending (copy after a decode). */
+dfl_status dfl_target_seq_copy(dfl_target * target, int32_t src, int32_t dst);
+
+/* Results of the last step: rows in step order. The logits are after the penalties
+ * staged for the rows (dfl_target_set_penalties), if any. */
 dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
 /* The target's choice at each row, made on the device by its sampling settings: the
  * argmax (greedy), or the draw with the row's uniform; -1 for a row whose kept set may
@@ -153,6 +192,49 @@ dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row
 dfl_status dfl_target_choices(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
 /* Captured features of the last call, [n_rows][n_feature_layers * n_embd] float32. */
 dfl_status dfl_target_features(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
+
+/* ---- tree verify layout (for tools and tests) ----------------------------------------------
+ *
+ * How a tree verify runs (dfl_tree.c): each node's depth and ancestors, the short
+ * convolution's window of each node, and the recurrence's layout: the spine (a longest
+ * root path) as one sequence in two delta-rule ops, the first (steps [0, split)) keeping
+ * its states from step `first` on, the rest after it; then each group of branches (the
+ * other leaves' paths from where they leave the spine), `branches[g]` sequences of
+ * `steps[g]` steps, each starting from the spine's kept state `branch_from` (s: s steps
+ * before the end of the first op). Outputs: node i's row of the first op is out_rows[i]
+ * (rows n.. are spare); each later op's rows, in step order, go to rows scatter[..]. The
+ * convolution runs the committed inputs and the spine as a sequence (conv_spine; outputs
+ * gathered by conv_out, then each off-spine node's window, its result to row
+ * conv_scatter[k]), or every node on its own window (conv_rows: d_conv columns each). */
+
+typedef struct dfl_tree_layout {
+    int32_t n;
+    int32_t depth[64];
+    uint64_t ancestors[64];       /* bit j: node j is on node i's root path (node i included) */
+    int32_t windows[64 * 16];     /* per node, d_conv columns of [d_conv - 1 committed inputs | nodes], oldest first */
+    int32_t spine, split, first, off;
+    int32_t branches[2], steps[2];
+    int32_t n_steps;              /* the node of each step: the spine's, then each group's [branches][steps] */
+    int32_t step_node[64 * 65];
+    int32_t n_branches;
+    int32_t branch_from[64];
+    int32_t n_out_rows;
+    int32_t out_rows[64 * 65];
+    int32_t n_scatter;
+    int32_t scatter[64 * 65];
+    int32_t conv_spine;
+    int32_t n_conv_rows;
+    int32_t conv_rows[64 * 18];
+    int32_t n_conv_out;
+    int32_t conv_out[128];
+    int32_t n_conv_scatter;
+    int32_t conv_scatter[64];
+} dfl_tree_layout;
+
+/* The layout of a tree of n nodes (parents as dfl_target_step takes them) on a model whose
+ * recurrent layers have a convolution of d_conv (2..16), planned on its own (not padded to
+ * earlier trees' shapes). */
+dfl_status dfl_tree_describe(const int32_t * parents, int32_t n, int32_t d_conv, dfl_tree_layout * out);
 
 /* ---- sampling, on the device ---------------------------------------------------------------- */
 
@@ -175,20 +257,20 @@ typedef struct dfl_sampling {
 
 void dfl_sampling_default(dfl_sampling * s);
 
-/* The target's sampling from its next call on (until set again); checked. */
-dfl_status dfl_target_set_sampling(dfl_target * target, const dfl_sampling * s);
+/* A sequence's sampling from its next step on (until set again); checked. */
+dfl_status dfl_target_set_sampling(dfl_target * target, int32_t seq, const dfl_sampling * s);
 
-/* Uniforms in [0, 1), one per row that the next call computes logits for, when it
- * samples (temperature > 0): the draws' randomness, from the caller's seeded generator.
- * Consumed by that call. */
-dfl_status dfl_target_set_uniforms(dfl_target * target, const float * u, int32_t n);
+/* Uniforms in [0, 1), one per row the sequence's next step computes logits for, when
+ * it samples (temperature > 0): the draws' randomness, from the caller's seeded
+ * generator. Consumed by that step. */
+dfl_status dfl_target_set_uniforms(dfl_target * target, int32_t seq, const float * u, int32_t n);
 
-/* Token counts for the penalties of the rows of the next call that computes logits:
+/* Token counts for the penalties of the sequence's rows with logits in its next step:
  * per row, per_row (token, count) entries, [n_rows][per_row] each, tokens distinct within
  * a row (pad with unseen tokens and count 0). A row's counts are of its own context: the
  * tokens before it, in the window the penalties look at, its own path included (a chain
- * row's prefix, a tree node's ancestors). Consumed by that call. */
-dfl_status dfl_target_set_penalties(dfl_target * target, const int32_t * tokens, const float * counts,
+ * row's prefix, a tree node's ancestors). Consumed by that step. */
+dfl_status dfl_target_set_penalties(dfl_target * target, int32_t seq, const int32_t * tokens, const float * counts,
                                     int32_t n_rows, int32_t per_row);
 
 /* With top_k > 0: the kept candidates of the last call's rows, most likely first, and the
@@ -198,8 +280,6 @@ dfl_status dfl_target_candidates(const dfl_target * target, int32_t row0, int32_
                                  int32_t * tokens, float * probs);
 
 /* ---- DFlash drafter ------------------------------------------------------------------ */
-
-typedef struct dfl_draft dfl_draft;
 
 typedef struct dfl_draft_params {
     int32_t kv_type;   /* ggml type id of the drafter's context cache: 0 f32, 1 f16, 30 bf16;
@@ -259,29 +339,36 @@ void dfl_draft_free(dfl_draft * draft);
 dfl_status dfl_draft_get_info(const dfl_draft * draft, dfl_draft_info * info);
 dfl_status dfl_draft_last_placement(const dfl_draft * draft, dfl_placement * out);
 
-/* Forget the drafter context. */
+/* Forget every sequence's drafter context. */
 dfl_status dfl_draft_reset(dfl_draft * draft);
+/* Forget one sequence's drafter context. */
+dfl_status dfl_draft_seq_reset(dfl_draft * draft, int32_t seq);
+/* Context positions the drafter holds for a sequence (-1: no such sequence). */
+int32_t dfl_draft_n_past(const dfl_draft * draft, int32_t seq);
 
-/* Append the target features of rows[0..n) of the target's last call (a prefill chunk or
- * the accepted rows of a verify) as the next n context positions. */
-dfl_status dfl_draft_append(dfl_draft * draft, const int32_t * rows, int32_t n);
+/* Append the target features of rows[0..n) of the target's last step (a prefill chunk or
+ * the accepted rows of a verify) as the sequence's next n context positions. */
+dfl_status dfl_draft_append(dfl_draft * draft, int32_t seq, const int32_t * rows, int32_t n);
 
-/* Draft a block after the context: input [bonus, MASK x (n_block-1)] at the next
- * positions, tokens for block positions 1..n_block-1 (greedy, or drawn by the drafter's
- * sampling) written to out_tokens.
- * rows[0..n_rows) are first appended as with dfl_draft_append, in the same graph.
- * With out_tokens NULL nothing is read back: the block stays on the device for
- * dfl_target_verify_draft, and dfl_draft_block reads it afterwards. */
-dfl_status dfl_draft_propose(dfl_draft * draft, const int32_t * rows, int32_t n_rows, int32_t bonus,
-                             int32_t n_block, int32_t * out_tokens);
+/* One sequence's block in a propose: rows[0..n_rows) of the target's last step first
+ * appended to its context (as with dfl_draft_append), then the block
+ * [bonus, MASK x (n_block-1)] drafted at the next positions. */
+typedef struct dfl_block {
+    int32_t seq;
+    const int32_t * rows;
+    int32_t n_rows;
+    int32_t bonus;
+    int32_t n_block;
+} dfl_block;
 
-/* The first n tokens of the last proposed block: the bonus, then the drafts. */
-dfl_status dfl_draft_block(const dfl_draft * draft, int32_t * dst, int32_t n);
+/* Draft blocks of distinct sequences in one graph: each block's tokens for its positions
+ * 1..n_block-1 (greedy, or drawn by the sequence's sampling) stay on the device, for
+ * dfl_target_step's chain entries to read; dfl_draft_block reads them. The drafted rows
+ * of the results (top1, topk, candidates, logits) are in block order, n_block - 1 each. */
+dfl_status dfl_draft_propose(dfl_draft * draft, const dfl_block * blocks, int32_t n);
 
-/* dfl_target_verify of the first n tokens of the drafter's last block, read on the
- * device: drafting and verifying need no round trip through the host, so a greedy
- * chain step reads results back once, after the verify. */
-dfl_status dfl_target_verify_draft(dfl_target * target, const dfl_draft * draft, int32_t n);
+/* The first n tokens of the sequence's last proposed block: the bonus, then the drafts. */
+dfl_status dfl_draft_block(const dfl_draft * draft, int32_t seq, int32_t * dst, int32_t n);
 
 /* The top_k candidates per drafted position of the last propose: tokens and their
  * log-probabilities (full-vocabulary log-softmax), [n_rows][top_k] each, best first
@@ -296,14 +383,14 @@ dfl_status dfl_draft_topk(dfl_draft * draft, int32_t row0, int32_t n_rows, int32
  * reads it on nearly every step). */
 dfl_status dfl_draft_top1(const dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
 
-/* The drafter's sampling for the next proposes: with temperature > 0, each drafted
+/* A sequence's drafter sampling for its next proposes: with temperature > 0, each drafted
  * position's token is drawn on the device (penalties are not applied to drafts), and
  * dfl_draft_candidates gives the distribution it was drawn from. A drafter with a
  * candidate selector (DFlash2) drafts greedily only. */
-dfl_status dfl_draft_set_sampling(dfl_draft * draft, const dfl_sampling * s);
+dfl_status dfl_draft_set_sampling(dfl_draft * draft, int32_t seq, const dfl_sampling * s);
 
-/* One uniform per drafted position (n_block - 1) for the next propose, when it samples. */
-dfl_status dfl_draft_set_uniforms(dfl_draft * draft, const float * u, int32_t n);
+/* One uniform per drafted position (n_block - 1) of the sequence's next block, when it samples. */
+dfl_status dfl_draft_set_uniforms(dfl_draft * draft, int32_t seq, const float * u, int32_t n);
 
 /* With sampling and top_k > 0: the kept candidates of the last propose's drafted
  * positions and their probabilities, as dfl_target_candidates. */
@@ -317,8 +404,8 @@ dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, 
 
 typedef struct dfl_checkpoint dfl_checkpoint;
 
-/* Copy the decoding state at the target's current position: attention K/V rows, the
- * recurrent and conv states, and (with a drafter) the drafter's context positions a
+/* Copy the decoding state of sequence seq at its current position: attention K/V rows,
+ * the recurrent and conv states, and (with a drafter) the drafter's context positions a
  * later draft can still attend to (its window). Taken after a decode (e.g. the end of
  * a prefill), never between a verify and the graph that carries its commit; the
  * drafter must hold as many positions as the target.
@@ -332,18 +419,20 @@ typedef struct dfl_checkpoint dfl_checkpoint;
  * The new checkpoint then keeps per-position rows only from the parent's position on,
  * and restoring it reads the parent's rows too: the parent's state stays alive, even
  * after dfl_checkpoint_free of its handle, until its last child is freed. */
-dfl_status dfl_checkpoint_save(dfl_target * target, dfl_draft * draft, dfl_checkpoint * parent, int32_t on_device,
-                               dfl_checkpoint ** out);
+dfl_status dfl_checkpoint_save(dfl_target * target, dfl_draft * draft, int32_t seq, dfl_checkpoint * parent,
+                               int32_t on_device, dfl_checkpoint ** out);
 
-/* The bytes dfl_checkpoint_save(target, draft, parent, 1) would copy now: of state on a
- * device, and of state in host memory. */
-dfl_status dfl_checkpoint_measure(const dfl_target * target, const dfl_draft * draft, const dfl_checkpoint * parent,
-                                  uint64_t * device_bytes, uint64_t * host_bytes);
+/* The bytes dfl_checkpoint_save(target, draft, seq, parent, 1) would copy now: of state
+ * on a device, and of state in host memory. */
+dfl_status dfl_checkpoint_measure(const dfl_target * target, const dfl_draft * draft, int32_t seq,
+                                  const dfl_checkpoint * parent, uint64_t * device_bytes, uint64_t * host_bytes);
 
-/* Put the target (and drafter, when not NULL) back at the checkpoint's position: the
- * next decode continues from there exactly as from the original context. Only into
- * the target and drafter it was taken from. */
-dfl_status dfl_checkpoint_restore(const dfl_checkpoint * checkpoint, dfl_target * target, dfl_draft * draft);
+/* Put sequence seq of the target (and drafter, when not NULL) at the checkpoint's
+ * position, whichever sequence it was taken from: the next decode continues from there
+ * exactly as from the original context. Only into the target and drafter it was taken
+ * from. */
+dfl_status dfl_checkpoint_restore(const dfl_checkpoint * checkpoint, dfl_target * target, dfl_draft * draft,
+                                  int32_t seq);
 
 int32_t dfl_checkpoint_n_past(const dfl_checkpoint * checkpoint);
 /* The position of the parent whose rows it reads (0: it holds all its rows itself). */

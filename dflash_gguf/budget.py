@@ -432,3 +432,13 @@ class AutoBudget:
         if arm == self.current and self.run > self.SETTLE:
             self.times[arm].append((seconds, n_verified))
             self._settled.pop(arm, None)
+
+
+def observe(auto: AutoBudget, record) -> None:
+    """A step's record (proposers.StepRecord) reported to `auto`: on a survey step its
+    verified nodes go into the calibration and its survey time is counted; its time goes
+    to its arm."""
+    if record.nodes is not None:
+        auto.verified(record.nodes, record.accepted)
+        auto.surveyed(record.survey_seconds)
+    auto.timed(record.arm, record.seconds, record.n_verified)

@@ -21,35 +21,38 @@ def _handle(obj):
     return obj._handle() if obj is not None else ffi.NULL
 
 
-def measure(target, draft=None, parent: Optional["Checkpoint"] = None) -> Tuple[int, int]:
-    """What a Checkpoint of target (and drafter) on top of `parent` would hold now, kept
-    where its state lives: (bytes of device state, bytes of host state)."""
+def measure(target, draft=None, parent: Optional["Checkpoint"] = None, seq: int = 0) -> Tuple[int, int]:
+    """What a Checkpoint of the sequence in target (and drafter) on top of `parent` would
+    hold now, kept where its state lives: (bytes of device state, bytes of host state)."""
     device, host = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-    check(lib.dfl_checkpoint_measure(target._handle(), _handle(draft), _handle(parent), device, host))
+    check(lib.dfl_checkpoint_measure(target._handle(), _handle(draft), int(seq), _handle(parent), device, host))
     return int(device[0]), int(host[0])
 
 
-def checkpoint_bytes(target, draft=None, parent: Optional["Checkpoint"] = None) -> int:
-    """The bytes a Checkpoint of target (and drafter) on top of `parent` would take now."""
-    return sum(measure(target, draft, parent))
+def checkpoint_bytes(target, draft=None, parent: Optional["Checkpoint"] = None, seq: int = 0) -> int:
+    """The bytes a Checkpoint of the sequence in target (and drafter) on top of `parent`
+    would take now."""
+    return sum(measure(target, draft, parent, seq))
 
 
 class Checkpoint(NativeObject):
-    """The state of a target (and drafter) at their current position. `parent`: an
-    earlier checkpoint of a prefix of the same tokens, whose rows this one then reads
-    instead of copying them again. `on_device`: keep the copy of device state on that
-    device (False: in host memory)."""
+    """The state of a sequence of a target (and drafter) at its current position, which
+    restores into any of their sequence slots. `parent`: an earlier checkpoint of a
+    prefix of the same tokens, whose rows this one then reads instead of copying them
+    again. `on_device`: keep the copy of device state on that device (False: in host
+    memory)."""
 
     _what = "checkpoint"
     _free = staticmethod(lib.dfl_checkpoint_free)
 
-    def __init__(self, target, draft=None, parent: Optional["Checkpoint"] = None, on_device: bool = True):
-        if draft is not None and draft._pending is not None:
+    def __init__(self, target, draft=None, parent: Optional["Checkpoint"] = None, on_device: bool = True,
+                 seq: int = 0):
+        if draft is not None and draft.has_pending(seq):
             raise RuntimeError("the drafter has deferred context rows: flush them before taking a checkpoint")
         if parent is not None and parent.has_draft != (draft is not None):
             raise ValueError("the parent checkpoint was taken with another drafter (or none)")
         out = ffi.new("dfl_checkpoint **")
-        check(lib.dfl_checkpoint_save(target._handle(), _handle(draft), _handle(parent), int(on_device), out))
+        check(lib.dfl_checkpoint_save(target._handle(), _handle(draft), int(seq), _handle(parent), int(on_device), out))
         self._ptr = out[0]
         self.has_draft = draft is not None
         self.n_past = int(lib.dfl_checkpoint_n_past(self._ptr))
@@ -58,12 +61,12 @@ class Checkpoint(NativeObject):
         self.host_bytes = int(lib.dfl_checkpoint_host_bytes(self._ptr))
         self.nbytes = self.device_bytes + self.host_bytes
 
-    def restore(self, target, draft=None) -> None:
-        """Put target (and drafter) back at this position; their next decode continues
-        from it exactly as from the original context."""
+    def restore(self, target, draft=None, seq: int = 0) -> None:
+        """Put the sequence of target (and drafter) at this position; its next decode
+        continues from it exactly as from the original context."""
         if draft is not None:
-            draft.drop_pending()
-        check(lib.dfl_checkpoint_restore(self._handle(), target._handle(), _handle(draft)))
+            draft.drop_pending(seq)
+        check(lib.dfl_checkpoint_restore(self._handle(), target._handle(), _handle(draft), int(seq)))
 
 
 DEVICE_MARGIN = 512 << 20
@@ -195,8 +198,8 @@ class PrefixCheckpoints:
                 return True
         return False
 
-    def save(self, tokens: Sequence[int], target, draft=None) -> bool:
-        """Checkpoint the current state as the state after `tokens`, on top of the
+    def save(self, tokens: Sequence[int], target, draft=None, seq: int = 0) -> bool:
+        """Checkpoint the sequence's state as the state after `tokens`, on top of the
         longest kept checkpoint of a prefix of them; False when it is already kept or
         does not fit the budget. When only that parent could make room, it goes and the
         new one holds its rows instead (the newest position of a prompt is the one a
@@ -208,7 +211,7 @@ class PrefixCheckpoints:
         while True:
             found = self._longest(tokens, len(tokens) - 1, draft is not None, exact_draft=True)
             parent_key, parent = (found[0], found[1].checkpoint) if found else (None, None)
-            device, host = measure(target, draft, parent)
+            device, host = measure(target, draft, parent, seq)
             if device + host > self.budget_bytes:
                 return False
             if self.nbytes + device + host <= self.budget_bytes:
@@ -218,7 +221,7 @@ class PrefixCheckpoints:
                     return False
                 self._evict(parent_key)
         on_device = self.device_nbytes + device <= self.device_budget_bytes
-        checkpoint = Checkpoint(target, draft, parent, on_device)
+        checkpoint = Checkpoint(target, draft, parent, on_device, seq)
         if checkpoint.n_past != len(tokens):
             checkpoint.close()
             raise ValueError(f"the context holds {checkpoint.n_past} tokens, not the {len(tokens)} given")

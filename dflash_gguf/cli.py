@@ -11,7 +11,8 @@ from typing import List, Optional
 
 from ._native import DflashError
 from .chat_flags import add_chat_args, set_chat_template, validate_chat_args
-from .speculative import CHAIN_RULES, DEFAULT_CHAIN_RULE, DEFAULT_DRAFT_P_MIN
+from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError
+from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
 
@@ -162,8 +163,9 @@ def demo_models(prog: str, draft):
 
 
 def validate_engine_args(args, parser) -> None:
-    """Check and normalise add_engine_args' flags (parser.error on a bad value); sets
-    args.sampling."""
+    """Check and normalise add_engine_args' flags that the Engine's options do not cover
+    (parser.error on a bad value; the options' ranges are config.EngineSetup's, see
+    config_error); sets args.sampling."""
     if args.ctx_size < 0:
         parser.error("-c/--ctx-size must be > 0, or 0 for the model's trained context")
     if args.device_draft is not None:
@@ -186,33 +188,18 @@ def validate_engine_args(args, parser) -> None:
         if args.batch_size <= 0:
             parser.error("-b/--batch-size must be > 0")
         args.ubatch_size = min(args.ubatch_size, args.batch_size)
-    if args.n_gpu_layers is not None and args.n_gpu_layers < -1:
-        parser.error("-ngl must be >= -1")
     if args.n_gpu_layers == 0 and args.device is None:
         args.device = "CPU"
-    if args.threads < 0:
-        parser.error("-t/--threads must be >= 0")
-    if args.block_size is not None and args.block_size < 1:
-        parser.error("--block-size must be >= 1")
     if args.tree_budget is not None and args.tree_budget != "auto":
         try:
-            n = int(args.tree_budget)
+            args.tree_budget = int(args.tree_budget)
         except ValueError:
             parser.error(f"--tree-budget takes a number or 'auto', got {args.tree_budget!r}")
-        if not 1 <= n <= 63:
-            parser.error("--tree-budget must be between 1 and 63")
-        args.tree_budget = n
-    if not 1 <= args.draft_top_k <= 64:
-        parser.error("--draft-top-k must be between 1 and 64")
-    if args.draft_p_min is not None and not 0 <= args.draft_p_min < 1:
-        parser.error("--draft-p-min must be at least 0 and below 1")
     if args.draft_window != "auto":
         try:
             args.draft_window = int(args.draft_window)
         except ValueError:
             parser.error(f"--draft-window takes a number or 'auto', got {args.draft_window!r}")
-        if args.draft_window < 0:
-            parser.error("--draft-window must be >= 0")
     if args.memory_limit is not None and args.memory_limit <= 0:
         parser.error("--memory-limit must be a positive number of MiB")
     from .sampling import SamplingParams
@@ -309,6 +296,8 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
         setup, plan, over = settle(model, draft, engine_options(args), args.memory_limit)
         limit = args.memory_limit * MIB if args.memory_limit else None
         ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan, limit) if over else []
+    except ConfigError as e:
+        return config_error(prog, e)
     except (DflashError, ValueError, OSError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
@@ -354,13 +343,31 @@ def resolve_context(prog: str, model: str, args) -> bool:
     return True
 
 
+# the flag of each Engine option, for its errors
+FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads": "-t/--threads",
+         "n_gpu_layers": "-ngl/--n-gpu-layers", "n_seq": "-np/--parallel", "kv_type": "-ctk/--cache-type-k",
+         "kv_type_v": "-ctv/--cache-type-v", "block_size": "--block-size", "tree_budget": "--tree-budget",
+         "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
+         "chain_rule": "--chain-rule"}
+
+
+def config_error(prog: str, e: ConfigError) -> int:
+    """An option out of range, said with its flag: exit status 2."""
+    print(f"{prog}: error: {FLAGS.get(e.option, e.option)}: {e}", file=sys.stderr)
+    return 2
+
+
 def engine_options(args) -> dict:
-    """Engine keyword options from add_engine_args' flags."""
-    return dict(n_ctx=args.ctx_size, n_ubatch=args.ubatch_size, n_threads=args.threads,
+    """Engine keyword options from add_engine_args' flags (with dflash-server's -np N, as
+    llama-server does: N sequence slots sharing -c, each of -c / N positions)."""
+    n_seq = getattr(args, "parallel", 1)
+    return dict(n_ctx=args.ctx_size // n_seq if n_seq >= 1 else args.ctx_size, n_ubatch=args.ubatch_size,
+                n_threads=args.threads,
                 kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
                 tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
                 repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
-                draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule)
+                draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule,
+                n_seq=n_seq)
 
 
 def open_engine(prog: str, model: str, draft, args):
@@ -371,6 +378,8 @@ def open_engine(prog: str, model: str, draft, args):
 
     try:
         return Engine(model, draft, memory_limit_mib=args.memory_limit, **engine_options(args))
+    except ConfigError as e:
+        return config_error(prog, e)
     except MemoryPlanError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -403,17 +412,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"dflash-run: no -m given, running the bundled demo ({model})", file=sys.stderr)
     if not prompt and not args.interactive and not args.print_memory:
         parser.error("no prompt: give -p, -f, or text on stdin")
-    if draft and args.block_size is not None and not args.no_spec:
-        from .draft import read_draft_metadata
-
-        try:
-            trained = read_draft_metadata(draft)["block_size"]
-        except ValueError as e:
-            print(f"dflash-run: error: {e}", file=sys.stderr)
-            return 1
-        if args.block_size > trained:
-            parser.error(f"--block-size {args.block_size} exceeds the drafter's trained block size {trained}")
-
     draft = None if args.no_spec else draft
     if not resolve_context("dflash-run", model, args):
         return 1

@@ -3,7 +3,7 @@ shares its token embedding and LM head, so it is loaded against a loaded Target.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -91,9 +91,9 @@ class Draft(NativeObject):
         self.target_layers = [info.target_layers[i] for i in range(info.n_target_layers)]
         self.n_vocab = target.n_vocab
         self.top_k = int(cfg.top_k)
-        self._out = np.zeros(self.block_size, dtype=np.int32)
-        self._rows = np.arange(max(target.n_ubatch, target.n_verify), dtype=np.int32)
-        self._pending = None
+        self._rows = np.arange(max(target.n_ubatch, target.n_seq * target.n_verify), dtype=np.int32)
+        self._pending: Dict[int, np.ndarray] = {}  # per sequence: context rows deferred to its next propose
+        self._row0: Dict[int, int] = {}  # per sequence: its first drafted row in the last propose's results
 
     def _handle(self):
         self._target._handle()  # the drafter reads the target's weights and features
@@ -101,7 +101,14 @@ class Draft(NativeObject):
 
     @property
     def n_ctx_tokens(self) -> int:
-        return self.info()["n_ctx_tokens"]
+        """Context positions sequence 0 holds (n_past: any sequence's)."""
+        return self.n_past(0)
+
+    def n_past(self, seq: int = 0) -> int:
+        n = lib.dfl_draft_n_past(self._handle(), int(seq))
+        if n < 0:
+            raise ValueError(f"sequence {seq} is outside the target's slots")
+        return int(n)
 
     def info(self) -> dict:
         info = ffi.new("dfl_draft_info *")
@@ -113,84 +120,121 @@ class Draft(NativeObject):
                 "n_host_read_bytes": info.n_host_read_bytes}
 
     def reset(self) -> None:
-        self._pending = None
+        """Forget every sequence's context."""
+        self._pending.clear()
         check(lib.dfl_draft_reset(self._handle()))
 
-    def append_rows(self, n: int, rows=None, defer: bool = False) -> None:
-        """Add the target's features of its last call as context: rows 0..n-1, or the
-        given row indices. Deferred rows ride along with the next propose (one graph
-        per step); flush() appends them on their own. They must be consumed before the
-        target runs its next graph, which overwrites its features."""
+    def seq_reset(self, seq: int) -> None:
+        """Forget one sequence's context."""
+        self._pending.pop(seq, None)
+        check(lib.dfl_draft_seq_reset(self._handle(), int(seq)))
+
+    def has_pending(self, seq: int = 0) -> bool:
+        return seq in self._pending
+
+    def append_rows(self, n: int, rows=None, defer: bool = False, seq: int = 0) -> None:
+        """Add the target's features of its last step as the sequence's context: rows
+        0..n-1, or the given row indices. Deferred rows ride along with the sequence's
+        next propose (one graph per step); flush() appends them on their own. They must
+        be consumed before the target runs its next graph, which overwrites its features."""
         arr = self._rows[:n] if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
-        self.flush()
+        self.flush(seq)
         if defer:
-            self._pending = arr.copy()
+            self._pending[seq] = arr.copy()
             return
-        check(lib.dfl_draft_append(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
+        check(lib.dfl_draft_append(self._handle(), int(seq), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
-    def drop_pending(self) -> None:
-        """Forget deferred rows without appending them (their features may be gone): the
-        drafter context must then be reset before it is used again."""
-        self._pending = None
+    def drop_pending(self, seq: Optional[int] = None) -> None:
+        """Forget deferred rows (of one sequence, or of all) without appending them (their
+        features may be gone): the drafter context must then be reset before it is used again."""
+        if seq is None:
+            self._pending.clear()
+        else:
+            self._pending.pop(seq, None)
 
-    def flush(self) -> None:
-        """Append deferred rows now."""
-        if self._pending is not None:
-            arr, self._pending = self._pending, None
-            check(lib.dfl_draft_append(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
+    def flush(self, seq: Optional[int] = None) -> None:
+        """Append deferred rows (of one sequence, or of all) now."""
+        for s in ([seq] if seq is not None else list(self._pending)):
+            arr = self._pending.pop(s, None)
+            if arr is not None:
+                check(lib.dfl_draft_append(self._handle(), int(s), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
-    def propose(self, bonus: int, n_block: Optional[int] = None, read: bool = True) -> List[int]:
+    def propose(self, bonus: int, n_block: Optional[int] = None, read: bool = True, seq: int = 0) -> List[int]:
         """Greedy drafts for block positions 1..n_block-1 after `bonus` (deferred
         context rows are appended first, in the same graph). With read=False they stay
         on the device for Target.verify_draft and [] is returned; block() reads them."""
         b = self.block_size if n_block is None else int(n_block)
-        rows, self._pending = self._pending, None
-        n_rows = 0 if rows is None else len(rows)
-        out = ffi.from_buffer("int32_t[]", self._out) if read else ffi.NULL
-        check(lib.dfl_draft_propose(self._handle(), ffi.from_buffer("int32_t[]", rows) if n_rows else ffi.NULL,
-                                    n_rows, int(bonus), b, out))
-        return self._out[: max(b - 1, 0)].tolist() if read else []
+        self.propose_many([(seq, bonus, b)])
+        return self.block(b, seq)[1:] if read else []
 
-    def verify_block(self, target, n: int) -> None:
+    def propose_many(self, blocks: Sequence[Tuple[int, int, int]]) -> None:
+        """One graph drafting a block for each (seq, bonus, n_block), each sequence's
+        deferred context rows appended first; the drafts stay on the device (block()
+        reads them; Target.step's chain rows of the drafter's block verify them), and the
+        drafted rows of the results (topk, top1_logprobs, candidates, logits) are the
+        blocks' n_block - 1 rows in this order (row0() tells where a sequence's start)."""
+        entries = ffi.new("dfl_block[]", len(blocks))
+        keep = []
+        row0 = 0
+        self._row0 = {}
+        for e, (seq, bonus, n_block) in zip(entries, blocks):
+            rows = self._pending.pop(seq, None)
+            e.seq, e.bonus, e.n_block = int(seq), int(bonus), int(n_block)
+            if rows is not None:
+                keep.append(rows)
+                e.rows, e.n_rows = ffi.from_buffer("int32_t[]", rows), len(rows)
+            else:
+                e.rows, e.n_rows = ffi.NULL, 0
+            self._row0[seq] = row0
+            row0 += max(int(n_block) - 1, 0)
+        check(lib.dfl_draft_propose(self._handle(), entries, len(blocks)))
+
+    def row0(self, seq: int = 0) -> int:
+        """The first drafted row of the sequence's block in the last propose's results
+        (0 when it had none: the runtime then refuses the rows)."""
+        return self._row0.get(seq, 0)
+
+    def verify_block(self, target, n: int, seq: int = 0) -> None:
         """target.verify() of the first n tokens of the last proposed block, which the
         target reads on the device (see Target.verify_draft)."""
-        target.verify_draft(self, n)
+        target.verify_draft(self, n, seq)
 
-    def block(self, n: int) -> List[int]:
-        """The first n tokens of the last proposed block: the bonus, then the drafts."""
+    def block(self, n: int, seq: int = 0) -> List[int]:
+        """The first n tokens of the sequence's last proposed block: the bonus, then the drafts."""
         out = np.empty(n, dtype=np.int32)
-        check(lib.dfl_draft_block(self._handle(), ffi.from_buffer("int32_t[]", out), n))
+        check(lib.dfl_draft_block(self._handle(), int(seq), ffi.from_buffer("int32_t[]", out), n))
         return out.tolist()
 
-    def topk(self, n_rows: int):
-        """(tokens, logprobs), each [n_rows, top_k], best first, of the last propose."""
+    def topk(self, n_rows: int, seq: int = 0):
+        """(tokens, logprobs), each [n_rows, top_k], best first, of the sequence's block in
+        the last propose."""
         toks = np.empty((n_rows, self.top_k), dtype=np.int32)
         lps = np.empty((n_rows, self.top_k), dtype=np.float32)
-        check(lib.dfl_draft_topk(self._handle(), 0, n_rows, ffi.from_buffer("int32_t[]", toks),
+        check(lib.dfl_draft_topk(self._handle(), self.row0(seq), n_rows, ffi.from_buffer("int32_t[]", toks),
                                  ffi.from_buffer("float[]", lps)))
         return toks, lps
 
-    def top1_logprobs(self, n_rows: int) -> np.ndarray:
-        """[n_rows] log-probabilities of the last propose's top choices (topk's first
-        column, computed by the propose itself: no ranking graph runs)."""
+    def top1_logprobs(self, n_rows: int, seq: int = 0) -> np.ndarray:
+        """[n_rows] log-probabilities of the top choices of the sequence's block in the last
+        propose (topk's first column, computed by the propose itself: no ranking graph runs)."""
         lps = np.empty(n_rows, dtype=np.float32)
-        check(lib.dfl_draft_top1(self._handle(), 0, n_rows, ffi.NULL, ffi.from_buffer("float[]", lps)))
+        check(lib.dfl_draft_top1(self._handle(), self.row0(seq), n_rows, ffi.NULL, ffi.from_buffer("float[]", lps)))
         return lps
 
-    def set_sampling(self, native) -> None:
-        """How the next proposes draft: the argmax, or drawn (SamplingParams.native())."""
-        check(lib.dfl_draft_set_sampling(self._handle(), native))
+    def set_sampling(self, native, seq: int = 0) -> None:
+        """How the sequence's next proposes draft: the argmax, or drawn (SamplingParams.native())."""
+        check(lib.dfl_draft_set_sampling(self._handle(), int(seq), native))
 
-    def set_uniforms(self, u: np.ndarray) -> None:
+    def set_uniforms(self, u: np.ndarray, seq: int = 0) -> None:
         arr = np.ascontiguousarray(u, dtype=np.float32)
-        check(lib.dfl_draft_set_uniforms(self._handle(), ffi.from_buffer("float[]", arr), len(arr)))
+        check(lib.dfl_draft_set_uniforms(self._handle(), int(seq), ffi.from_buffer("float[]", arr), len(arr)))
 
-    def candidates(self, n_rows: int, k: int):
-        """(tokens, probabilities), [n_rows, k] each: what the last propose's drafts
-        were drawn from (sampling with top_k = k)."""
+    def candidates(self, n_rows: int, k: int, seq: int = 0):
+        """(tokens, probabilities), [n_rows, k] each: what the sequence's drafts in the last
+        propose were drawn from (sampling with top_k = k)."""
         toks = np.empty((n_rows, k), dtype=np.int32)
         probs = np.empty((n_rows, k), dtype=np.float32)
-        check(lib.dfl_draft_candidates(self._handle(), 0, n_rows, k, ffi.from_buffer("int32_t[]", toks),
+        check(lib.dfl_draft_candidates(self._handle(), self.row0(seq), n_rows, k, ffi.from_buffer("int32_t[]", toks),
                                        ffi.from_buffer("float[]", probs)))
         return toks, probs
 

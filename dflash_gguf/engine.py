@@ -6,13 +6,18 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 
 from .budget import AutoBudget, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
-from .draft import Draft, DraftConfig, read_draft_metadata
-from .generate import GenerationStats, autoregressive_steps, check_request, collect
+from .config import AUTO_MAX_BUDGET, EngineSetup
+from .decoding import Batch, Sequence as Decoding, sequence_steps
+from .draft import Draft
+from .generate import GenerationStats, check_request, collect
 from .memory import refusal, settle
+from .proposers import PlainProposer
 from .sampling import SamplingParams
-from .speculative import DEFAULT_CHAIN_RULE, check_chain_rule, check_p_min, default_p_min, speculative_steps, tree_steps
-from .target import Target, TargetConfig
+from .speculative import chain_proposer, default_p_min, tree_proposer
+from .target import Target
 from .tokenizer import Tokenizer
+
+__all__ = ["Engine", "EngineSetup", "Result"]
 
 Prompt = Union[str, Sequence[int]]
 
@@ -22,54 +27,6 @@ class Result:
     text: str
     tokens: List[int]
     stats: GenerationStats
-
-
-@dataclass
-class EngineSetup:
-    """What an Engine loads, derived and checked from its options before anything is
-    loaded (also what the memory plan is made of)."""
-
-    block_size: Optional[int]
-    tree_budget: Optional[int]
-    auto_budget: bool
-    target_config: TargetConfig
-    draft_config: Optional[DraftConfig]
-    n_threads: int
-    draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
-    chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.speculative_steps)
-
-    @classmethod
-    def of(cls, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
-           n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
-           block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
-           draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
-           n_gpu_layers: int = -1, draft_window: int = 0,
-           draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE) -> "EngineSetup":
-        meta = read_draft_metadata(draft) if draft else None
-        if meta and block_size is not None and not 1 <= block_size <= meta["block_size"]:
-            raise ValueError(f"block size {block_size} is outside 1..{meta['block_size']} (the drafter's trained size)")
-        block = (block_size or meta["block_size"]) if meta else None
-        auto = tree_budget == "auto"
-        if tree_budget is not None and not auto:
-            if isinstance(tree_budget, str) or not 1 <= int(tree_budget) <= 63:
-                raise ValueError(f"tree budget must be 1..63 or 'auto', got {tree_budget!r}")
-        budget = (Engine.AUTO_MAX_BUDGET if auto else tree_budget) if meta else None
-        if draft_window < 0:
-            raise ValueError(f"draft window must be >= 0 (0: the whole context), got {draft_window}")
-        if budget is not None and not 1 <= draft_top_k <= 64:
-            raise ValueError(f"draft top-k must be 1..64, got {draft_top_k}")
-        if draft_p_min is not None:
-            check_p_min(draft_p_min)
-        check_chain_rule(chain_rule)
-        n_verify = max(block or 1, (budget or 0) + 1)
-        target_config = TargetConfig(
-            n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
-            kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
-            repack=repack, n_gpu_layers=n_gpu_layers)
-        # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
-        top_k = draft_top_k if budget else (0 if draft_p_min == 0 else 1)
-        draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
-        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule)
 
 
 class Engine:
@@ -102,13 +59,14 @@ class Engine:
     step would.
     """
 
-    AUTO_MAX_BUDGET = 32
+    AUTO_MAX_BUDGET = AUTO_MAX_BUDGET
 
     def __init__(self, model: str, draft: Optional[str] = None, *, memory_limit_mib: Optional[int] = None,
                  **options):
         """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
-        draft_p_min, chain_rule;
+        draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
+        positions: see sequence());
         kv_type and draft_window default to "auto" (see memory.settle)."""
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
@@ -133,12 +91,13 @@ class Engine:
             raise
         self.n_threads = n_threads
         self.chain_rule = setup.chain_rule
-        # what `auto` learnt, kept across requests: per sampling setting, whose acceptance
-        # (and step cost) differ from greedy's
+        # what `auto` learnt, kept across requests: the verify cost table, and per sampling
+        # setting (whose acceptance and step cost differ from greedy's) its AutoBudget
+        self._verify_cost: Optional[VerifyCost] = None
         self._autos: Dict[Optional[tuple], AutoBudget] = {}
         self.last_tokens: List[int] = []  # every token the last call generated
-        self._context: List[int] = []  # tokens the target (and drafter) context holds
-        self._context_mode: Optional[bool] = None  # speculative or not, when it was filled
+        # per slot: the tokens its context holds, and whether it was filled speculatively
+        self._contexts: List[tuple] = [([], None) for _ in range(self.target.n_seq)]
         self.stage_hook: Optional[Callable[[str], None]] = None
         self.checkpoints: Optional[PrefixCheckpoints] = None
         self._chat_template = None  # set_chat_template's
@@ -220,66 +179,97 @@ class Engine:
         """The tokens whose text is the reply: a stop token ends it without being part of it."""
         return tokens[:-1] if tokens and tokens[-1] in stops else tokens
 
-    def _steps(self, tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full):
+    def prepare_auto(self) -> None:
+        """Measure what `--tree-budget auto` needs (the verify cost table, cached per model
+        file) now: measuring runs graphs on the target, which empties every slot."""
+        if self.draft is not None and self.tree_budget and self.auto_budget and self._verify_cost is None:
+            self._verify_cost = VerifyCost(self.target, self.n_threads)
+            self._contexts = [([], None) for _ in self._contexts]
+
+    def _auto_for(self, sampling: Optional[SamplingParams]) -> Optional[AutoBudget]:
+        """`auto`'s learning for a request's sampling setting (None when the tree budget is
+        fixed); prepare_auto has measured the verify cost."""
+        if not (self.tree_budget and self.auto_budget):
+            return None
+        key = _sampling_regime(sampling)
+        if key not in self._autos:
+            self._autos[key] = AutoBudget(self._verify_cost, self.tree_budget,
+                                          self.block_size or self.draft.block_size)
+        return self._autos[key]
+
+    def held(self, slot: int) -> List[int]:
+        """The tokens the slot's context holds (a later prompt extending them continues it)."""
+        return self._contexts[slot][0]
+
+    def sequence(self, tokens: List[int], max_tokens: int, *, stop_tokens: Optional[Iterable[int]] = None,
+                 speculative: bool = True, sampling: Optional[SamplingParams] = None,
+                 stats: Optional[GenerationStats] = None, context_full: str = "error", slot: int = 0,
+                 on_stage: Optional[Callable[[str], None]] = None) -> Decoding:
+        """A request to decode in the given slot of the target's (and drafter's) memory,
+        continuing the context the slot holds when the prompt extends it, else resuming the
+        longest checkpointed prefix; run it alone (sequence_steps) or with others
+        (decoding.step). end_sequence records what it left in the slot."""
+        stats = GenerationStats() if stats is None else stats
         stops = self._stops(stop_tokens)
-        hook = self.stage_hook
         use_draft = speculative and self.draft is not None
-        n = len(self._context)
-        reused = n if (self._context_mode == use_draft and 0 < n < len(tokens) and tokens[:n] == self._context) else 0
-        self._context, self._context_mode = [], None  # unknown until the run ends
-        auto = None
-        if use_draft and self.tree_budget and self.auto_budget:
-            key = _sampling_regime(sampling)
-            if key not in self._autos:
-                cost = next(iter(self._autos.values())).cost if self._autos else None
-                if cost is None:
-                    cost = VerifyCost(self.target, self.n_threads)
-                    reused = 0  # measuring the cost used the target
-                self._autos[key] = AutoBudget(cost, self.tree_budget, self.block_size or self.draft.block_size)
-            auto = self._autos[key]
+        self.last_tokens = []
+        held, mode = self._contexts[slot]
+        n = len(held)
+        reused = n if (mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) else 0
+        self._contexts[slot] = ([], None)  # unknown until the run ends
+        if use_draft and self.tree_budget and self.auto_budget and self._verify_cost is None:
+            self.prepare_auto()
+            reused = 0  # measuring the cost used the target
         saver = None
         if self.checkpoints is not None and tokens:
-            reused = self._resume(tokens, reused, use_draft, stats)
-            saver = self._saver(tokens, reused, use_draft)
-        if use_draft and self.tree_budget:
-            return tree_steps(self.target, self.draft, tokens, max_tokens, stops, self.tree_budget, self.block_size,
-                              stats, auto, sampling, reused, context_full, hook, saver,
-                              self.draft_p_min), use_draft
-        if use_draft:
-            return speculative_steps(self.target, self.draft, tokens, max_tokens, stops, self.block_size, stats,
-                                     sampling, reused, context_full, hook, saver, self.draft_p_min,
-                                     self.chain_rule), use_draft
-        return autoregressive_steps(self.target, tokens, max_tokens, stops, stats, sampling, reused, context_full,
-                                    hook, saver), use_draft
+            reused = self._resume(tokens, reused, use_draft, stats, slot)
+            saver = self._saver(tokens, reused, use_draft, slot)
+        if not use_draft:
+            proposer = PlainProposer()
+        elif self.tree_budget:
+            proposer = tree_proposer(self.target, self.draft, self.tree_budget, self.block_size,
+                                     self._auto_for(sampling), self.draft_p_min)
+        else:
+            proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min,
+                                      self.chain_rule)
+        return Decoding(self.target, self.draft if use_draft else None, proposer, tokens, max_tokens, stops, stats,
+                        sampling, slot=slot, reused=reused, context_full=context_full, on_stage=on_stage,
+                        saver=saver)
 
-    def _resume(self, tokens: List[int], reused: int, use_draft: bool, stats: GenerationStats) -> int:
+    def batch(self) -> Batch:
+        """An empty decoding.Batch over the engine's target and drafter, where sequences
+        from sequence(), each in a slot of its own, run together (dflash-server -np)."""
+        return Batch(self.target, self.draft)
+
+    def _resume(self, tokens: List[int], reused: int, use_draft: bool, stats: GenerationStats, slot: int) -> int:
         """Restore the longest checkpointed prefix of `tokens` that beats the context
         already held (at least one prompt token is left to compute: the first new
-        token comes from its logits); returns the prompt tokens now in context."""
+        token comes from its logits) into the slot; returns the prompt tokens now in context."""
         draft = self.draft if use_draft else None
         found = self.checkpoints.lookup(tokens, len(tokens) - 1, use_draft, above=reused)
         if found is None:
             return reused
-        found.restore(self.target, draft)
+        found.restore(self.target, draft, slot)
         device, host = self.checkpoints.chain_bytes(found)
         stats.checkpoint = {"position": found.n_past, "device_bytes": device, "host_bytes": host}
         return found.n_past
 
-    def _saver(self, tokens: List[int], start: int, use_draft: bool) -> PrefillSaver:
+    def _saver(self, tokens: List[int], start: int, use_draft: bool, slot: int) -> PrefillSaver:
         draft = self.draft if use_draft else None
         return PrefillSaver(self.checkpoints.positions(len(tokens), start),
-                            lambda n: self.checkpoints.save(tokens[:n], self.target, draft))
+                            lambda n: self.checkpoints.save(tokens[:n], self.target, draft, slot))
 
-    def _finish(self, tokens: List[int], out: List[int], use_draft: bool, failed: bool) -> None:
+    def end_sequence(self, seq: Decoding, out: List[int], failed: bool) -> None:
+        """A sequence's run ended with `out` emitted: its slot's context is known for the
+        next request unless it failed midway (a verify not committed, drafter rows not
+        appended: the next request in the slot starts afresh)."""
         self.last_tokens = list(out)
         if failed:
-            # the step may have stopped anywhere (a verify not committed, drafter rows not
-            # appended): the context stays unknown, so the next call resets it
             return
         # every emitted token but the last is in context, unless a stop cut a pass short
-        context = tokens + out[:-1]
-        if out and self.target.n_past == len(context):
-            self._context, self._context_mode = context, use_draft
+        context = seq.prompt + out[:-1]
+        if out and self.target.seq_n_past(seq.slot) == len(context):
+            self._contexts[seq.slot] = (context, seq.speculative)
 
     def stream(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
@@ -296,35 +286,31 @@ class Engine:
         stats = GenerationStats() if stats is None else stats
         return self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, [], context_full)
 
+    def text_stream(self, stop: Sequence[str] = (), stop_tokens: Optional[Iterable[int]] = None) -> "TextStream":
+        """The text of a request's tokens as they come (see TextStream)."""
+        return TextStream(self.tokenizer.stream_decoder(), stop, self._stops(stop_tokens))
+
     def _stream(self, prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out: List[int],
                 context_full="error"):
         tokens = self.encode(prompt)
-        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full)
-        stops = self._stops(stop_tokens)
-        decoder = self.tokenizer.stream_decoder()
-        pending = ""
+        seq = self.sequence(tokens, max_tokens, stop_tokens=stop_tokens, speculative=speculative, sampling=sampling,
+                            stats=stats, context_full=context_full, on_stage=self.stage_hook)
+        steps = sequence_steps(seq)
+        text = self.text_stream(stop, stop_tokens)
         failed = False
         try:
             for new in steps:
                 out.extend(new)
-                pending += decoder.push(self._text_tokens(new, stops))
-                cut = _find_stop(pending, stop)
-                if cut is not None:
-                    if pending[:cut]:
-                        yield pending[:cut]
-                    stats.stop_reason, stats.stop_string = "stop string", _stop_at(pending, cut, stop)
-                    return
-                keep = _stop_prefix_len(pending, stop)
-                if len(pending) > keep:
-                    yield pending[:len(pending) - keep]
-                    pending = pending[len(pending) - keep:]
-            pending += decoder.flush()
-            cut = _find_stop(pending, stop)
-            if cut is not None:
-                stats.stop_reason, stats.stop_string = "stop string", _stop_at(pending, cut, stop)
-                pending = pending[:cut]
-            if pending:
-                yield pending
+                piece = text.push(new)
+                if piece:
+                    yield piece
+                if text.stopped:
+                    break
+            piece = text.end()
+            if piece:
+                yield piece
+            if text.stop_string is not None:
+                stats.stop_reason, stats.stop_string = "stop string", text.stop_string
         except GeneratorExit:  # the consumer stopped at a yield, between steps
             raise
         except BaseException:
@@ -332,7 +318,7 @@ class Engine:
             raise
         finally:
             steps.close()
-            self._finish(tokens, out, use_draft, failed)
+            self.end_sequence(seq, out, failed)
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                  stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
@@ -347,7 +333,9 @@ class Engine:
                                         context_full))
             return Result(text, out, stats)
         tokens = self.encode(prompt)
-        steps, use_draft = self._steps(tokens, max_tokens, stop_tokens, speculative, sampling, stats, context_full)
+        seq = self.sequence(tokens, max_tokens, stop_tokens=stop_tokens, speculative=speculative, sampling=sampling,
+                            stats=stats, context_full=context_full, on_stage=self.stage_hook)
+        steps = sequence_steps(seq)
         out: List[int] = []
         failed = True
         try:
@@ -355,8 +343,53 @@ class Engine:
             failed = False
         finally:
             steps.close()
-            self._finish(tokens, out, use_draft, failed)
+            self.end_sequence(seq, out, failed)
         return Result(self.tokenizer.decode(self._text_tokens(out, self._stops(stop_tokens))), out, stats)
+
+
+class TextStream:
+    """The text of a request's tokens as they come, never splitting a UTF-8 character: a
+    stop token ends the tokens (its text is not part of the reply), a stop string ends
+    the text (excluded), and text that could begin a stop string is held back until it
+    is decided."""
+
+    def __init__(self, decoder, stop: Sequence[str], stop_tokens: set):
+        self.decoder, self.stop, self.stop_tokens = decoder, stop, stop_tokens
+        self.pending = ""
+        self.stop_string: Optional[str] = None  # the stop string that ended it
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_string is not None
+
+    def push(self, tokens: List[int]) -> str:
+        """The text the tokens complete that is sure to be part of the reply."""
+        if self.stopped:
+            return ""
+        if tokens and tokens[-1] in self.stop_tokens:
+            tokens = tokens[:-1]
+        self.pending += self.decoder.push(tokens)
+        cut = _find_stop(self.pending, self.stop)
+        if cut is not None:
+            self.stop_string = _stop_at(self.pending, cut, self.stop)
+            out, self.pending = self.pending[:cut], ""
+            return out
+        keep = _stop_prefix_len(self.pending, self.stop)
+        out = self.pending[:len(self.pending) - keep]
+        self.pending = self.pending[len(self.pending) - keep:]
+        return out
+
+    def end(self) -> str:
+        """The rest, once the tokens have ended."""
+        if self.stopped:
+            return ""
+        self.pending += self.decoder.flush()
+        cut = _find_stop(self.pending, self.stop)
+        if cut is not None:
+            self.stop_string = _stop_at(self.pending, cut, self.stop)
+            self.pending = self.pending[:cut]
+        out, self.pending = self.pending, ""
+        return out
 
 
 def _sampling_regime(sampling: Optional[SamplingParams]) -> Optional[tuple]:

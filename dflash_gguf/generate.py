@@ -2,11 +2,10 @@
 must reproduce (token for token when greedy, in distribution when sampling)."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, List, Optional
 
-from .sampling import Sampler, SamplingParams
+from .sampling import SamplingParams
 from .target import LOGITS_LAST, LOGITS_NONE, Target
 
 
@@ -49,11 +48,6 @@ class GenerationStats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def first_token(target: Target, sampler: Sampler) -> int:
-    """The token the last decode's row chose (on the device: greedy or sampled)."""
-    return int(sampler.choices(target, 0, 1)[0])
-
-
 def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                          stats: GenerationStats, sampling: Optional[SamplingParams] = None,
                          reused: int = 0, context_full: str = "error",
@@ -64,76 +58,64 @@ def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, sto
     context already holds the first `reused` prompt tokens. context_full, on_stage and
     saver as in speculative decoding ("prefilled", then "decoded" after each token's
     decode)."""
-    check_request(target, prompt, max_tokens, 0, context_full)
-    sampler = Sampler(sampling, prompt)
-    stops = set(stop_tokens)
-    stats.prompt_tokens = len(prompt)
-    t0 = time.perf_counter()
-    stats.reused_tokens = start_context(target, prompt, reused)
-    sampler.apply(target)
-    sampler.prepare(target, 1)  # the prompt's last row chooses the first token
-    prefill_prompt(target, prompt, stats.reused_tokens, saver=saver, on_stage=on_stage)
-    stats.prefill_seconds = time.perf_counter() - t0
-    if on_stage:
-        on_stage("prefilled")
+    from .decoding import Sequence, sequence_steps  # the step loop builds on this module
+    from .proposers import PlainProposer
 
-    t0 = time.perf_counter()
-    stats.stop_reason = "length"
-    n_past = len(prompt)
-    try:
-        while stats.generated_tokens < max_tokens:
-            tok = first_token(target, sampler)
-            stats.generated_tokens += 1
-            yield [tok]
-            if tok in stops:
-                stats.stop_reason = "stop"
-                break
-            if stats.generated_tokens == max_tokens:
-                break
-            if n_past >= target.n_ctx:
-                stats.stop_reason = "context"
-                break
-            sampler.accept([tok])
-            sampler.prepare(target, 1)
-            target.decode([tok], LOGITS_LAST)
-            n_past += 1
-            if on_stage:
-                on_stage("decoded")
-    finally:
-        stats.decode_seconds = time.perf_counter() - t0
+    yield from sequence_steps(Sequence(target, None, PlainProposer(), prompt, max_tokens, stop_tokens, stats,
+                                       sampling, reused=reused, context_full=context_full, on_stage=on_stage,
+                                       saver=saver))
 
 
-def start_context(target: Target, prompt: List[int], reused: int, draft=None) -> int:
-    """Reset the target (and drafter) unless their context holds prompt[:reused];
-    returns how many prompt tokens are already in context."""
-    if reused and (not 0 < reused < len(prompt) or target.n_past != reused):
-        raise ValueError(f"cannot continue a context of {target.n_past} tokens with {reused} reused prompt tokens")
+def start_context(target: Target, prompt: List[int], reused: int, draft=None, seq: int = 0) -> int:
+    """Empty the sequence's slot of the target (and drafter) unless it holds
+    prompt[:reused] (a target of one slot is reset whole); returns how many prompt tokens
+    are already in context."""
+    if reused and (not 0 < reused < len(prompt) or target.seq_n_past(seq) != reused):
+        raise ValueError(f"cannot continue a context of {target.seq_n_past(seq)} tokens with {reused} reused "
+                         "prompt tokens")
     if not reused:
-        target.reset()
-        if draft is not None:
-            draft.reset()
+        if target.n_seq == 1:
+            target.reset()
+            if draft is not None:
+                draft.reset()
+        else:
+            target.seq_reset(seq)
+            if draft is not None:
+                draft.seq_reset(seq)
     return reused
 
 
-def prefill_prompt(target: Target, prompt: List[int], start: int, draft=None, saver=None,
-                   on_stage: Optional[Callable[[str], None]] = None) -> None:
-    """Put prompt[start:] into the context, the drafter (when given) taking each chunk's
-    features; with a checkpoints.PrefillSaver, chunks also end at its positions, where
-    it takes a checkpoint. on_stage("prefill chunk") follows each chunk (an exception it
-    raises stops the prefill there)."""
-    def on_chunk(_start: int, n: int) -> None:
-        if draft is not None:
-            draft.append_rows(n)
-        if on_stage is not None:
-            on_stage("prefill chunk")
-
+def prefill_chunks(target: Target, prompt: List[int], start: int, draft=None, saver=None,
+                   on_stage: Optional[Callable[[str], None]] = None, seq: int = 0) -> Iterator[None]:
+    """Put prompt[start:] into the sequence's context a chunk at a time (yielding after
+    each), the drafter (when given) taking each chunk's features; with a
+    checkpoints.PrefillSaver, chunks also end at its positions, where it takes a
+    checkpoint. on_stage("prefill chunk") follows each chunk (an exception it raises
+    stops the prefill there)."""
     marks = [p for p in (saver.positions if saver else ()) if start < p <= len(prompt)]
+    slot = {"seq": seq} if seq else {}  # slot 0's calls are the single-sequence ones
     pos = start
     for end in sorted(set(marks) | {len(prompt)}):
-        target.prefill(prompt[pos:end], LOGITS_LAST if end == len(prompt) else LOGITS_NONE, on_chunk=on_chunk)
+        tokens = prompt[pos:end]
+        for at in range(0, len(tokens), target.n_ubatch):
+            chunk = tokens[at:at + target.n_ubatch]
+            last = end == len(prompt) and at + len(chunk) == len(tokens)
+            target.decode(chunk, LOGITS_LAST if last else LOGITS_NONE, **slot)
+            if draft is not None:
+                draft.append_rows(len(chunk), **slot)
+            if on_stage is not None:
+                on_stage("prefill chunk")
+            yield
         pos = end
         if end in marks:
             saver.save(end)
+
+
+def prefill_prompt(target: Target, prompt: List[int], start: int, draft=None, saver=None,
+                   on_stage: Optional[Callable[[str], None]] = None, seq: int = 0) -> None:
+    """prefill_chunks, all of them."""
+    for _ in prefill_chunks(target, prompt, start, draft, saver, on_stage, seq):
+        pass
 
 
 CONTEXT_FULL = ("error", "stop")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from ._native import check, ffi, lib
+from .config import EngineSetup
 from .draft import DraftConfig, draft_params
 from .target import TargetConfig, target_params
 
@@ -87,7 +88,8 @@ def plan_memory(model: str, draft: Optional[str], target_config: TargetConfig,
 def what_fits(model: str, draft: Optional[str], target_config: TargetConfig, draft_config: Optional[DraftConfig],
               plan: MemoryPlan, limit: Optional[int], check_free: bool = True) -> List[str]:
     """Single changes to the configuration that would fit: a quantized KV cache, a
-    smaller context, a smaller tree budget, a drafter window, fewer layers on the device."""
+    smaller context, a smaller tree budget, a drafter window, fewer sequences at once,
+    fewer layers on the device."""
     def fits(tc, dc):
         return not plan_memory(model, draft, tc, dc).over(limit, check_free)
 
@@ -109,6 +111,12 @@ def what_fits(model: str, draft: Optional[str], target_config: TargetConfig, dra
             ideas.append("--draft-window 4096 (the drafter keeps the last 4096 positions)")
     if target_config.n_verify > 17 and fits(replace(target_config, n_verify=17), draft_config):
         ideas.append("--tree-budget 16 (a smaller tree)")
+    if target_config.n_seq > 1:
+        total = target_config.n_ctx * target_config.n_seq  # -np shares -c
+        for n_seq in range(target_config.n_seq - 1, 0, -1):
+            if fits(replace(target_config, n_seq=n_seq, n_ctx=total // n_seq), draft_config):
+                ideas.append(f"-np {n_seq} (fewer sequences at once)")
+                break
     if len(plan.devices) > 1 and target_config.n_gpu_layers != 0:
         for ngl in range(64, -1, -4):
             if fits(replace(target_config, n_gpu_layers=ngl), draft_config):
@@ -129,8 +137,6 @@ def settle(model: str, draft: Optional[str], options: dict, limit_mib: Optional[
     devices and the limit, preferring what changes the output least: the whole drafter
     context with an f16 cache, then a drafter window (still lossless), then q8_0 and
     q4_0 caches. Returns (setup, plan, what does not fit: empty when it fits)."""
-    from .engine import EngineSetup
-
     limit = limit_mib * MIB if limit_mib else None
     kv_auto = options.get("kv_type", "auto") == "auto"
     window_auto = options.get("draft_window", "auto") == "auto"

@@ -154,12 +154,14 @@ class Sampler:
     def penalized(self) -> bool:
         return self.params.penalized
 
-    def apply(self, target, draft=None, drafted_samples: bool = False) -> None:
-        """Give the target (and the drafter) this request's settings: the drafter samples
-        its drafts only for the chain's rejection rule, else it drafts its argmax."""
-        target.set_sampling(self._native)
+    def apply(self, target, draft=None, drafted_samples: bool = False, seq: int = 0) -> None:
+        """Give the target (and the drafter) this request's settings for its sequence slot:
+        the drafter samples its drafts only for the chain's rejection rule, else it drafts
+        its argmax."""
+        slot = {"seq": seq} if seq else {}  # slot 0's calls are the single-sequence ones
+        target.set_sampling(self._native, **slot)
         if draft is not None:
-            draft.set_sampling(self._native_draft if drafted_samples else GREEDY.native())
+            draft.set_sampling(self._native_draft if drafted_samples else GREEDY.native(), **slot)
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Tokens emitted: later rows' penalty windows include them."""
@@ -169,18 +171,20 @@ class Sampler:
     def uniforms(self, n: int) -> np.ndarray:
         return self.rng.random(n, dtype=np.float32)
 
-    def prepare(self, target, n_rows: int, paths: Optional[Callable[[], Sequence[Sequence[int]]]] = None) -> None:
+    def prepare(self, target, n_rows: int, paths: Optional[Callable[[], Sequence[Sequence[int]]]] = None,
+                seq: int = 0) -> None:
         """Stage what the target's next call needs to choose its n_rows rows: a uniform
         per row, and with penalties each row's counts over its window, the history
         followed by paths()[i], the tokens row i sees after it (a chain row's drafts so
         far, a tree node's ancestors below the root; called only with penalties, which
         is when a chain reads its block back before the verify)."""
+        slot = {"seq": seq} if seq else {}
         if not self.greedy:
             self._u = self.uniforms(n_rows)
-            target.set_uniforms(self._u)
+            target.set_uniforms(self._u, **slot)
         if self.penalized:
             rows = paths() if paths is not None else [[]] * n_rows
-            target.set_penalties(*self.window_counts(rows))
+            target.set_penalties(*self.window_counts(rows), **slot)
 
     def window_counts(self, paths: Sequence[Sequence[int]]) -> Tuple[np.ndarray, np.ndarray]:
         """Per row, the distinct tokens of its window and their counts, [rows, M] each,
@@ -204,13 +208,15 @@ class Sampler:
         return tokens, counts
 
     def choices(self, target, row0: int, n_rows: int) -> np.ndarray:
-        """The target's choices for rows row0.. of its last call; a row the device could
-        not decide (-1: its kept set reaches past the ranked candidates) is drawn here from
-        its logits (the penalties already applied) with the same uniform."""
-        out = target.choices(row0, n_rows)
+        """The target's choices for this request's rows row0.. of its last call; a row the
+        device could not decide (-1: its kept set reaches past the ranked candidates) is
+        drawn here from its logits (the penalties already applied) with the same uniform."""
+        return self.resolve(target, target.choices(row0, n_rows), row0)
+
+    def resolve(self, target, out: np.ndarray, row0: int) -> np.ndarray:
+        """choices() of rows already read (out, this request's rows from row0)."""
         for i in np.flatnonzero(out < 0):
-            row = row0 + int(i)
-            out[i] = draw(distribution(target.logits(row, 1), self.params)[0], float(self._u[row]))
+            out[i] = draw(distribution(target.logits(row0 + int(i), 1), self.params)[0], float(self._u[int(i)]))
         return out
 
     def reject_accept(self, drafts: Sequence[int], q: Tuple[np.ndarray, np.ndarray],

@@ -250,7 +250,7 @@ class Server:
             template = None
         s = d.sampling
         return {
-            "model_alias": self.model_id, "model_path": self.model_path, "total_slots": 1,
+            "model_alias": self.model_id, "model_path": self.model_path, "total_slots": self.scheduler.n_slots,
             "default_generation_settings": {
                 "n_ctx": engine.target.n_ctx,
                 "params": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
@@ -312,6 +312,7 @@ class Server:
         metric("requests_refused_total", "counter", "Requests refused because the queue was full.", t.refused)
         metric("queue_depth", "gauge", "Requests waiting for the engine.", self.scheduler.queue_depth)
         metric("requests_running", "gauge", "Requests on the engine.", self.scheduler.running)
+        metric("slots", "gauge", "Requests the engine runs at once (-np).", self.scheduler.n_slots)
         metric("prompt_tokens_total", "counter", "Prompt tokens received.", t.prompt_tokens)
         metric("prompt_tokens_reused_total", "counter", "Prompt tokens not computed (a checkpoint or the context).",
                t.reused_tokens)
@@ -763,8 +764,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sse-ping-interval", type=float, default=30.0, metavar="SECONDS",
                    help="a streamed reply that has sent nothing for this long (waiting in the queue, a long "
                         "prefill) gets a keep-alive comment (default 30; 0 or less: none)")
+    p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
+                   help="requests decoded at once, in N sequence slots sharing the -c context (each -c / N "
+                        "positions, as llama-server's -np), batched into one drafter and one target graph per "
+                        "step; a new request joins at a step boundary (default 1)")
     p.add_argument("--queue", type=int, default=16,
-                   help="requests that may wait for the engine; more get 503 with Retry-After (default 16)")
+                   help="requests that may wait for a free slot; more get 503 with Retry-After (default 16)")
     p.add_argument("--checkpoint-mib", type=int, default=1024,
                    help="memory for prefix checkpoints, device and host together, in MiB (default 1024; 0: none)")
     p.add_argument("--checkpoint-device-mib", type=_mib_or_auto, default=None, metavar="MIB|auto",
@@ -850,7 +855,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "info")
     mode = "plain" if engine.draft is None else (f"tree budget {args.tree_budget}" if engine.tree_budget else "chain")
     on_device = engine.checkpoints.device_budget_bytes >> 20 if engine.checkpoints else 0
-    print(f"dflash-server: serving {model_id} ({mode}, context {engine.target.n_ctx}, queue {args.queue}, "
+    slots = f"{engine.target.n_seq} slots of context {engine.target.n_ctx}" if engine.target.n_seq > 1 \
+        else f"context {engine.target.n_ctx}"
+    print(f"dflash-server: serving {model_id} ({mode}, {slots}, queue {args.queue}, "
           f"checkpoints {args.checkpoint_mib} MiB, up to {on_device} MiB of it on the device"
           + (", API key required" if api_keys else "") + f") on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)

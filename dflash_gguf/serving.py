@@ -1,14 +1,15 @@
-"""Request scheduling for a server: one Engine, one worker thread, a bounded FIFO queue.
+"""Request scheduling for a server: one Engine, one worker thread, a bounded FIFO queue,
+and as many requests running at once as the Engine has sequence slots (continuous
+batching: dflash-server -np N).
 
-Requests are admitted (or refused when the queue is full) on the caller's thread and
-run in arrival order on the worker thread, which owns the Engine. A job's text pieces
-go to a sink the caller chooses (an asyncio queue for the HTTP server). A cancelled
-job (its client went away) stops at the end of the step in progress, through the
-Engine's stage hook, which leaves the Engine consistent.
-
-The worker takes its work through `_next_batch`, which today returns one job: batched
-decoding of several sequences in one verify graph plugs in there, the queue and the
-job interface staying as they are.
+Requests are admitted (or refused when the queue is full) on the caller's thread; the
+worker thread, which owns the Engine, moves a waiting request into a free slot at the
+next step boundary and runs every running request in one decoding.Batch: each round,
+one chunk of a joining request's prompt, then one step of all the others together
+(one drafter graph, one target graph). A job's text pieces go to a sink the caller
+chooses (an asyncio queue for the HTTP server). A cancelled job (its client went away)
+leaves the batch at the next round boundary, within a prompt chunk or a step, the
+others going on.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, List, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence
 
-from .engine import Engine
+from .decoding import Batch, Sequence
+from .engine import Engine, TextStream
 from .generate import GenerationStats
 from .sampling import SamplingParams
 
@@ -29,10 +31,6 @@ class QueueFull(Exception):
 
 class ShuttingDown(Exception):
     """The scheduler no longer takes requests."""
-
-
-class Cancelled(Exception):
-    """Raised inside the Engine's step to end a cancelled job."""
 
 
 @dataclass
@@ -53,6 +51,7 @@ class Job:
     finished_at: Optional[float] = None
     finish_reason: str = ""
     prefill_chunks: int = 0  # prompt chunks computed (of up to n_ubatch tokens)
+    slot: Optional[int] = None  # the Engine's sequence slot it ran in
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -89,18 +88,33 @@ class Totals:
     prefill_chunks: int = 0
 
 
+@dataclass
+class _Running:
+    """A job in the batch: its sequence, the tokens it emitted and their text."""
+
+    job: Job
+    seq: Sequence
+    text: TextStream
+    out: List[int] = field(default_factory=list)
+    pieces: List[str] = field(default_factory=list)
+
+
 class Scheduler:
-    """The single worker over an Engine, fed from a FIFO queue of at most `max_queue`
-    waiting jobs (the running one is not counted)."""
+    """The worker over an Engine, fed from a FIFO queue of at most `max_queue` waiting
+    jobs (the running ones are not counted), running up to one job per sequence slot of
+    the Engine at once."""
 
     def __init__(self, engine: Engine, max_queue: int = 16):
         if max_queue < 0:
             raise ValueError(f"the queue size must be >= 0, got {max_queue}")
         self.engine = engine
         self.max_queue = max_queue
+        self.n_slots = engine.target.n_seq
+        # what `auto` measures runs graphs on the target: before any request holds a slot
+        engine.prepare_auto()
         self.totals = Totals()
         self._queue: Deque[Job] = deque()
-        self._running: Optional[Job] = None
+        self._running: Dict[int, _Running] = {}  # by slot
         self._closing = False
         self._lock = threading.Condition()
         self._thread = threading.Thread(target=self._work, name="dflash-engine", daemon=True)
@@ -112,7 +126,7 @@ class Scheduler:
         with self._lock:
             if self._closing:
                 raise ShuttingDown("the server is shutting down")
-            if len(self._queue) >= self.max_queue and (self._running is not None or self._queue):
+            if len(self._queue) >= self.max_queue and (len(self._running) >= self.n_slots or self._queue):
                 self.totals.refused += 1
                 raise QueueFull(f"{len(self._queue)} requests are waiting (--queue {self.max_queue})")
             job.queued_at = time.perf_counter()
@@ -125,68 +139,115 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return 1 if self._running is not None else 0
+        return len(self._running)
 
     def close(self, timeout: Optional[float] = None) -> None:
-        """Refuse new jobs, finish the queued ones, stop the worker."""
+        """Refuse new jobs, finish the queued and running ones, stop the worker."""
         with self._lock:
             self._closing = True
             self._lock.notify_all()
         self._thread.join(timeout)
 
     # -- worker side --------------------------------------------------------------------
-    def _next_batch(self) -> List[Job]:
-        with self._lock:
-            while not self._queue and not self._closing:
-                self._lock.wait()
-            if not self._queue:
-                return []
-            job = self._queue.popleft()
-            self._running = job
-            return [job]
-
     def _work(self) -> None:
+        batch = self.engine.batch()
         while True:
-            batch = self._next_batch()
-            if not batch:
-                return
-            for job in batch:
-                self._run(job)
             with self._lock:
-                self._running = None
+                while not self._queue and not self._running and not self._closing:
+                    self._lock.wait()
+                if not self._queue and not self._running:
+                    return
+                admitted = self._admit()
+            try:
+                self._round(batch, admitted)
+            except Exception as e:  # noqa: BLE001 - a fault of the round fails its requests, not the server
+                for run in list(self._running.values()):
+                    batch.drop(run.seq, clean=False)
+                    self._end(run, e)
 
-    def _run(self, job: Job) -> None:
+    def _round(self, batch: Batch, admitted: List[Job]) -> None:
+        """Admitted jobs join the batch, cancelled ones leave it, then one round of it: a
+        prompt chunk and a step; each job gets its text as it comes."""
+        for job in admitted:
+            self._start(job, batch)
+        for run in [r for r in self._running.values() if r.job.cancelled]:
+            batch.drop(run.seq)
+            self._end(run, None)
+        if not len(batch):
+            return
+        for seq, new in batch.advance():
+            run = self._running[seq.slot]
+            if seq.error is not None:
+                self._end(run, seq.error)
+                continue
+            self._emit(run, new)
+            if run.text.stopped and not seq.done:  # a stop string: no more tokens wanted
+                seq.done = True
+                batch.drop(seq)
+            if seq.done:
+                self._end(run, None)
+
+    def _admit(self) -> List[Job]:
+        """Waiting jobs moved into free slots (called with the lock held)."""
+        admitted = []
+        while self._queue and len(self._running) + len(admitted) < self.n_slots:
+            job = self._queue.popleft()
+            job.started_at = time.perf_counter()
+            admitted.append(job)
+        return admitted
+
+    def _slot_for(self, job: Job) -> int:
+        """A free slot, the one whose context the job's prompt extends the furthest first."""
+        free = [s for s in range(self.n_slots) if s not in self._running]
+
+        def held(slot: int) -> int:
+            tokens = self.engine.held(slot)
+            return len(tokens) if 0 < len(tokens) < len(job.tokens) and job.tokens[:len(tokens)] == tokens else 0
+
+        return max(free, key=held)
+
+    def _start(self, job: Job, batch: Batch) -> None:
         engine = self.engine
-        job.started_at = time.perf_counter()
+        if job.cancelled:  # its client left while it waited: it ends untouched
+            self._account(job, None)
+            job.finished_at = time.perf_counter()
+            job.finish_reason = "stop"
+            job.sink("done", job)
+            return
+        job.slot = self._slot_for(job)
 
         def stage(name: str) -> None:
             job.prefill_chunks += name == "prefill chunk"
-            if job.cancelled:  # a client gone during the prompt costs at most the chunk in progress
-                raise Cancelled()
 
-        pieces: List[str] = []
-        error: Optional[BaseException] = None
-        engine.stage_hook = stage
-        stream = engine.stream(job.tokens, job.max_tokens, stop=job.stop, speculative=job.speculative,
-                               sampling=job.sampling, stats=job.stats, context_full=job.context_full)
         try:
-            if job.cancelled:
-                raise Cancelled()
-            for piece in stream:
-                pieces.append(piece)
-                job.sink("text", piece)
-                if job.cancelled:
-                    break
-        except Cancelled:
-            pass
-        except Exception as e:  # a failed request is reported to its client; the engine resets itself
-            error = e
-        finally:
-            stream.close()  # a generation left between steps: the engine keeps its context
-            engine.stage_hook = None
+            seq = engine.sequence(job.tokens, job.max_tokens, speculative=job.speculative, sampling=job.sampling,
+                                  stats=job.stats, context_full=job.context_full, slot=job.slot, on_stage=stage)
+        except Exception as e:  # noqa: BLE001 - a request the engine refuses is reported to its client
+            self._account(job, e)
+            job.finished_at = time.perf_counter()
+            job.sink("error", e)
+            return
+        self._running[job.slot] = _Running(job, seq, engine.text_stream(job.stop))
+        batch.add(seq)
+
+    def _emit(self, run: _Running, new: List[int]) -> None:
+        run.out.extend(new)
+        piece = run.text.push(new)
+        if run.seq.done:
+            piece += run.text.end()
+        if piece:
+            run.pieces.append(piece)
+            run.job.sink("text", piece)
+
+    def _end(self, run: _Running, error: Optional[BaseException]) -> None:
+        job, stats = run.job, run.job.stats
+        if run.text.stop_string is not None:
+            stats.stop_reason, stats.stop_string = "stop string", run.text.stop_string
+        self.engine.end_sequence(run.seq, run.out, failed=error is not None or not run.seq.done)
+        del self._running[job.slot]
         job.finished_at = time.perf_counter()
-        job.text = "".join(pieces)
-        job.finish_reason = FINISH_REASONS.get(job.stats.stop_reason, "stop")
+        job.text = "".join(run.pieces)
+        job.finish_reason = FINISH_REASONS.get(stats.stop_reason, "stop")
         self._account(job, error)
         if error is not None:
             job.sink("error", error)

@@ -10,6 +10,33 @@ import numpy as np
 from ._native import NativeObject, check, ffi, lib
 
 LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
+DECODE, CHAIN, TREE = lib.DFL_STEP_DECODE, lib.DFL_STEP_CHAIN, lib.DFL_STEP_TREE
+
+
+@dataclass
+class Rows:
+    """One sequence's rows in a Target.step: a decode (append `tokens`, with logits for
+    none, the last or every row), a chain verify (`tokens`, or None for the first n
+    tokens of the drafter's last block for this sequence) or a tree verify (`tokens`
+    with their `parents`)."""
+
+    seq: int
+    kind: int
+    tokens: Optional[Sequence[int]] = None
+    parents: Optional[Sequence[int]] = None
+    logits: int = LOGITS_ALL
+    n: Optional[int] = None  # a chain of the drafter's block: its length
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.tokens) if self.tokens is not None else int(self.n)
+
+    @property
+    def n_out(self) -> int:
+        """Its rows with logits (and choices) in the step's results."""
+        if self.kind != DECODE:
+            return self.n_rows
+        return {LOGITS_NONE: 0, LOGITS_LAST: 1}.get(self.logits, self.n_rows)
 
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
 
@@ -31,6 +58,7 @@ class TargetConfig:
     # with an accelerator: the last n layers (and the LM head when n > n_layer) on it,
     # the rest on the CPU; -1: everything on the accelerator
     n_gpu_layers: int = -1
+    n_seq: int = 1  # sequence slots, each of n_ctx positions
 
 
 def target_params(cfg: TargetConfig):
@@ -48,6 +76,7 @@ def target_params(cfg: TargetConfig):
     if cfg.n_gpu_layers < -1:
         raise ValueError(f"n_gpu_layers must be >= -1, got {cfg.n_gpu_layers}")
     p.n_gpu_layers = cfg.n_gpu_layers
+    p.n_seq = int(cfg.n_seq)
     layers = list(cfg.feature_layers)
     if len(layers) > 16:
         raise ValueError("at most 16 feature layers are supported")
@@ -79,8 +108,9 @@ class Target(NativeObject):
         self.n_ctx = info["n_ctx"]
         self.n_ubatch = info["n_ubatch"]
         self.n_verify = info["n_verify"]
+        self.n_seq = info["n_seq"]
         self.n_features = len(layers)
-        self._choices = np.zeros(max(self.n_ubatch, self.n_verify), dtype=np.int32)
+        self._choices = np.zeros(max(self.n_ubatch, self.n_seq * self.n_verify), dtype=np.int32)
 
     # -- state --------------------------------------------------------------------
     def info(self) -> dict:
@@ -89,7 +119,7 @@ class Target(NativeObject):
         return {
             "n_vocab": info.n_vocab, "n_embd": info.n_embd, "n_layer": info.n_layer,
             "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "n_ubatch": info.n_ubatch,
-            "n_verify": info.n_verify, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
+            "n_verify": info.n_verify, "n_seq": info.n_seq, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
             "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds, "n_threads": info.n_threads,
             "device": ffi.string(info.device).decode(), "n_weight_buffers": info.n_weight_buffers,
             "arch": ffi.string(info.arch).decode(), "compute_bytes": info.compute_bytes,
@@ -100,59 +130,92 @@ class Target(NativeObject):
 
     @property
     def n_past(self) -> int:
-        return self.info()["n_past"]
+        """Positions sequence 0 holds (seq_n_past: any sequence's)."""
+        return self.seq_n_past(0)
+
+    def seq_n_past(self, seq: int) -> int:
+        n = lib.dfl_target_n_past(self._handle(), int(seq))
+        if n < 0:
+            raise ValueError(f"sequence {seq} is outside 0..{self.n_seq - 1}")
+        return int(n)
 
     def reset(self) -> None:
+        """Forget every sequence's context."""
         check(lib.dfl_target_reset(self._handle()))
+
+    def seq_reset(self, seq: int) -> None:
+        """Forget one sequence's context (its slot is free)."""
+        check(lib.dfl_target_seq_reset(self._handle(), int(seq)))
+
+    def seq_copy(self, src: int, dst: int) -> None:
+        """Slot dst holds what slot src holds (after a decode: no verify pending)."""
+        check(lib.dfl_target_seq_copy(self._handle(), int(src), int(dst)))
 
     # -- evaluation -----------------------------------------------------------------
     @staticmethod
     def _tokens(tokens) -> np.ndarray:
         return np.ascontiguousarray(tokens, dtype=np.int32)
 
-    def decode(self, tokens, logits: int = LOGITS_LAST) -> None:
-        """Append tokens (at most n_ubatch) to the context."""
-        arr = self._tokens(tokens)
-        check(lib.dfl_target_decode(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr), logits))
+    def step(self, rows: Sequence[Rows], draft=None) -> None:
+        """One graph over the rows of several sequences (each at most once); the results
+        (logits, choices, candidates, features) are their rows in this order."""
+        entries = ffi.new("dfl_rows[]", len(rows))
+        keep = []
+        for e, r in zip(entries, rows):
+            e.seq, e.kind, e.logits = int(r.seq), int(r.kind), int(r.logits)
+            if r.tokens is not None:
+                arr = self._tokens(r.tokens)
+                keep.append(arr)
+                e.tokens = ffi.from_buffer("int32_t[]", arr)
+                e.n = len(arr)
+            else:
+                e.tokens = ffi.NULL
+                e.n = int(r.n)
+            if r.parents is not None:
+                par = np.ascontiguousarray(r.parents, dtype=np.int32)
+                if len(par) != e.n:
+                    raise ValueError("tokens and parents differ in length")
+                keep.append(par)
+                e.parents = ffi.from_buffer("int32_t[]", par)
+        check(lib.dfl_target_step(self._handle(), draft._handle() if draft is not None else ffi.NULL, entries,
+                                  len(rows)))
 
-    def prefill(self, tokens, logits: int = LOGITS_LAST, on_chunk=None) -> None:
+    def decode(self, tokens, logits: int = LOGITS_LAST, seq: int = 0) -> None:
+        """Append tokens (at most n_ubatch) to the context."""
+        self.step([Rows(seq, DECODE, tokens, logits=logits)])
+
+    def prefill(self, tokens, logits: int = LOGITS_LAST, on_chunk=None, seq: int = 0) -> None:
         """Append any number of tokens in ubatch-sized chunks. on_chunk(start, n) runs
         after each chunk, e.g. to consume its features."""
         arr = self._tokens(tokens)
         for start in range(0, len(arr), self.n_ubatch):
             chunk = arr[start:start + self.n_ubatch]
             last = start + len(chunk) == len(arr)
-            self.decode(chunk, logits if last else (LOGITS_ALL if logits == LOGITS_ALL else LOGITS_NONE))
+            self.decode(chunk, logits if last else (LOGITS_ALL if logits == LOGITS_ALL else LOGITS_NONE), seq)
             if on_chunk is not None:
                 on_chunk(start, len(chunk))
 
-    def verify(self, tokens) -> None:
+    def verify(self, tokens, seq: int = 0) -> None:
         """Evaluate a chain of candidate tokens without committing them."""
-        arr = self._tokens(tokens)
-        check(lib.dfl_target_verify(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
+        self.step([Rows(seq, CHAIN, tokens)])
 
-    def verify_draft(self, draft, n: int) -> None:
+    def verify_draft(self, draft, n: int, seq: int = 0) -> None:
         """verify() of the first n tokens of the drafter's last block, taken from the
         device (no round trip through the host between drafting and verifying)."""
-        check(lib.dfl_target_verify_draft(self._handle(), draft._handle(), int(n)))
+        self.step([Rows(seq, CHAIN, n=n)], draft)
 
-    def commit(self, n_keep: int) -> None:
-        check(lib.dfl_target_commit(self._handle(), int(n_keep)))
+    def commit(self, n_keep: int, seq: int = 0) -> None:
+        check(lib.dfl_target_commit(self._handle(), int(seq), int(n_keep)))
 
-    def verify_tree(self, tokens, parents) -> None:
+    def verify_tree(self, tokens, parents, seq: int = 0) -> None:
         """Evaluate a tree of candidate tokens without committing them: node 0 is the
         root (parent -1), parents precede children, nodes are ordered by depth."""
-        arr = self._tokens(tokens)
-        par = np.ascontiguousarray(parents, dtype=np.int32)
-        if len(par) != len(arr):
-            raise ValueError("tokens and parents differ in length")
-        check(lib.dfl_target_verify_tree(self._handle(), ffi.from_buffer("int32_t[]", arr),
-                                         ffi.from_buffer("int32_t[]", par), len(arr)))
+        self.step([Rows(seq, TREE, tokens, parents)])
 
-    def commit_path(self, path) -> None:
+    def commit_path(self, path, seq: int = 0) -> None:
         """Keep the root-to-node path (node indices, starting at 0) of the last tree verify."""
         arr = np.ascontiguousarray(path, dtype=np.int32)
-        check(lib.dfl_target_commit_path(self._handle(), ffi.from_buffer("int32_t[]", arr), len(arr)))
+        check(lib.dfl_target_commit_path(self._handle(), int(seq), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
     # -- results of the last call -------------------------------------------------------
     def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
@@ -178,18 +241,18 @@ class Target(NativeObject):
         return toks, probs
 
     # -- sampling (sampling.Sampler drives these) ---------------------------------------
-    def set_sampling(self, native) -> None:
-        """The dfl_sampling of the calls from now on (SamplingParams.native())."""
-        check(lib.dfl_target_set_sampling(self._handle(), native))
+    def set_sampling(self, native, seq: int = 0) -> None:
+        """The sequence's dfl_sampling from its next step on (SamplingParams.native())."""
+        check(lib.dfl_target_set_sampling(self._handle(), int(seq), native))
 
-    def set_uniforms(self, u: np.ndarray) -> None:
+    def set_uniforms(self, u: np.ndarray, seq: int = 0) -> None:
         arr = np.ascontiguousarray(u, dtype=np.float32)
-        check(lib.dfl_target_set_uniforms(self._handle(), ffi.from_buffer("float[]", arr), len(arr)))
+        check(lib.dfl_target_set_uniforms(self._handle(), int(seq), ffi.from_buffer("float[]", arr), len(arr)))
 
-    def set_penalties(self, tokens: np.ndarray, counts: np.ndarray) -> None:
+    def set_penalties(self, tokens: np.ndarray, counts: np.ndarray, seq: int = 0) -> None:
         toks = np.ascontiguousarray(tokens, dtype=np.int32)
         cnt = np.ascontiguousarray(counts, dtype=np.float32)
-        check(lib.dfl_target_set_penalties(self._handle(), ffi.from_buffer("int32_t[]", toks),
+        check(lib.dfl_target_set_penalties(self._handle(), int(seq), ffi.from_buffer("int32_t[]", toks),
                                            ffi.from_buffer("float[]", cnt), toks.shape[0], toks.shape[1]))
 
     def features(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:

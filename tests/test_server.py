@@ -592,3 +592,102 @@ def test_a_prefill_abandoned_by_its_client_stops_within_a_chunk(tmp_path, engine
         assert computed < chunks, (computed, chunks)
     finally:
         s.stop()
+
+
+# ---- -np N: sequence slots and continuous batching ------------------------------------------
+
+def test_scheduler_with_slots_runs_jobs_together_each_as_alone(engine):
+    """serving.Scheduler in-process over an Engine of two slots: queued jobs run two at
+    a time, a waiting job joining as soon as a slot frees (at a step boundary); each
+    greedy reply and its acceptance lengths are what the engine gives it alone; a job
+    cancelled while it runs leaves, the others going on."""
+    target, draft = demo_paths()
+    prompts = [f"def function_{i}(value):\n    " for i in range(5)]
+    want = [engine.reference(p, 24) for p in prompts]
+    ended, streaming = {}, threading.Event()
+    all_ended = threading.Event()
+
+    def sink_for(i):
+        def sink(kind, value):
+            if kind == "text" and i == 1:
+                streaming.set()
+            if kind in ("done", "error"):
+                ended[i] = (kind, value)
+                if len(ended) == len(prompts) + 1:
+                    all_ended.set()
+        return sink
+
+    with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1, n_seq=2) as e2:
+        tokens = [e2.encode(p) for p in prompts]
+        tokens.insert(1, e2.encode(CODE))  # job 1 runs long and is cancelled once it streams
+        jobs = [Job(tokens=t, max_tokens=1500 if i == 1 else 24, sink=sink_for(i)) for i, t in enumerate(tokens)]
+        scheduler = Scheduler(e2, max_queue=8)
+        try:
+            for job in jobs:
+                scheduler.submit(job)
+            assert streaming.wait(300)
+            jobs[1].cancel()
+            assert all_ended.wait(300), ended
+        finally:
+            scheduler.close()
+    assert all(kind == "done" for kind, _ in ended.values()), ended
+    assert jobs[1].stats.generated_tokens < 1500
+    for job, w in zip(jobs[:1] + jobs[2:], want):
+        assert job.text == w.text
+        assert job.stats.accepted_lengths == w.stats.accepted_lengths
+    # two at a time: the first two ran together, and a waiting job started before
+    # both of them had ended
+    assert jobs[1].started_at < jobs[0].finished_at
+    assert min(j.started_at for j in jobs[2:]) < max(jobs[0].finished_at, jobs[1].finished_at)
+    assert {j.slot for j in jobs} == {0, 1}
+    assert scheduler.totals.requests == len(jobs) and scheduler.totals.cancelled == 1
+
+
+def test_parallel_slots_serve_concurrent_clients_as_alone(tmp_path, engine):
+    """dflash-server -np 3 (three slots sharing -c): concurrent clients are decoded
+    together, and every greedy reply equals the engine's alone, acceptance lengths too."""
+    s = ServerProcess(tmp_path, "-c", str(3 * N_CTX), "-ub", str(UBATCH), "-t", "1", "-np", "3",
+                      "--checkpoint-mib", "0")
+    try:
+        props = s.http.get("/props").json()
+        assert props["total_slots"] == 3 and props["default_generation_settings"]["n_ctx"] == N_CTX
+        prompts = [f"class Shape{i}:\n    def area(self):\n" for i in range(6)]
+        want = {p: engine.reference(p, 20) for p in prompts}
+        def ask(prompt):
+            return s.client.completions.create(model="x", prompt=prompt, max_tokens=20, temperature=0)
+
+        with ThreadPoolExecutor(6) as pool:
+            answers = dict(zip(prompts, pool.map(ask, prompts)))
+        for p in prompts:
+            assert answers[p].choices[0].text == want[p].text
+            assert answers[p].model_extra["dflash"]["accepted_lengths"] == want[p].stats.accepted_lengths
+        metrics = s.metrics()
+        assert metrics["dflash_slots"] == 3 and metrics["dflash_queue_depth"] == 0
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0 and "Traceback" not in s.text, s.text
+
+
+def test_parallel_slots_are_checked_and_a_plan_that_does_not_fit_names_the_n_that_would(tmp_path):
+    """-np outside 1..16 is refused with the flag's name; with a memory limit that N
+    slots exceed, the refusal says which -np fits."""
+    def run(*flags):
+        return subprocess.run([sys.executable, "-m", "dflash_gguf.server", *flags], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+
+    res = run("-np", "0")
+    assert res.returncode == 2 and "-np/--parallel" in res.stderr, res.stderr
+    res = run("-np", "17", "--print-memory")
+    assert res.returncode == 2 and "-np/--parallel" in res.stderr, res.stderr
+
+    def need(n):
+        res = run("--print-memory", "--json", "-c", "4096", "-np", str(n), "--checkpoint-mib", "0")
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)["devices"][0]["need"]
+
+    one, many = need(1), need(16)
+    assert many > one  # each slot holds its own recurrent state, replay rows and drafter context
+    limit = (one + many) // 2 >> 20
+    res = run("-c", "4096", "-np", "16", "--checkpoint-mib", "0", "--memory-limit", str(limit))
+    assert res.returncode == 2, res.stderr
+    assert "-np " in res.stderr and "fewer sequences at once" in res.stderr, res.stderr

@@ -33,8 +33,10 @@ N_CTX = 2048
 
 
 class ScriptedEngine:
-    """The demo engine (tokenizer, templates, context checks) whose replies come from
-    `replies`, a few characters per step; `prompts` records each prompt's text."""
+    """The demo engine (tokenizer, templates, text streams, context checks) whose replies
+    come from `replies`, two tokens per step, instead of its decoding; `prompts` records
+    each prompt's text. The scheduler drives it as it drives the engine: sequence() for
+    each request, run in the batch() of the running ones."""
 
     def __init__(self, engine: Engine):
         self.__dict__["_engine"] = engine
@@ -45,16 +47,58 @@ class ScriptedEngine:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def stream(self, tokens, max_tokens, *, stop=(), stats, **_):
-        self.prompts.append(self._engine.tokenizer.decode(tokens))
-        text = self.replies.pop(0)
-        stats.prompt_tokens, stats.stop_reason = len(tokens), "stop"
-        hits = sorted((text.find(s), s) for s in stop if s and s in text)
-        if hits:
-            text, stats.stop_reason, stats.stop_string = text[:hits[0][0]], "stop string", hits[0][1]
-        for i in range(0, len(text), 4):
-            stats.generated_tokens += 1
-            yield text[i:i + 4]
+    def sequence(self, tokens, max_tokens, *, stats, slot=0, **_):
+        tokenizer = self._engine.tokenizer
+        self.prompts.append(tokenizer.decode(tokens))
+        stats.prompt_tokens = len(tokens)
+        return ScriptedSequence(slot, tokenizer.encode(self.replies.pop(0), add_bos=False, special=False), max_tokens,
+                                stats)
+
+    def batch(self):
+        return ScriptedBatch()
+
+    def end_sequence(self, seq, out, failed):
+        pass
+
+
+class ScriptedSequence:
+    """A request of the ScriptedEngine: the tokens of its scripted reply still to come."""
+
+    def __init__(self, slot, reply, max_tokens, stats):
+        self.slot, self.reply, self.max_tokens, self.stats = slot, reply, max_tokens, stats
+        self.done, self.error = False, None
+
+
+class ScriptedBatch:
+    """decoding.Batch's interface over ScriptedSequences: each round emits the next two
+    tokens of every reply; a reply ends with its text (stop) or at max_tokens (length)."""
+
+    def __init__(self):
+        self.seqs: list = []
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def add(self, seq):
+        self.seqs.append(seq)
+
+    def drop(self, seq, clean=True):
+        if seq in self.seqs:
+            self.seqs.remove(seq)
+
+    def advance(self):
+        out = []
+        for seq in list(self.seqs):
+            stats = seq.stats
+            n = min(2, seq.max_tokens - stats.generated_tokens)
+            new, seq.reply = seq.reply[:n], seq.reply[n:]
+            stats.generated_tokens += len(new)
+            if not seq.reply or stats.generated_tokens >= seq.max_tokens:
+                seq.done = True
+                stats.stop_reason = "length" if seq.reply else "stop"
+                self.seqs.remove(seq)
+            out.append((seq, new))
+        return out
 
 
 def anthropic_client(url: str, key: str) -> anthropic.Anthropic:

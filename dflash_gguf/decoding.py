@@ -1,0 +1,320 @@
+"""Decoding as one step loop over a set of sequences.
+
+A Sequence is one request in its slot of the target's (and drafter's) memory: its prompt
+goes in chunk by chunk (prefill_chunks), its first token comes from the prompt's last
+row (first), then every step (step, over any number of sequences)
+
+  propose  the drafter drafts a block for each sequence that drafts: one drafter graph
+  verify   the target runs every sequence's rows: one target graph (plain decodes,
+           chains and trees mixed), each sequence's rows choosing their tokens on the
+           device by its own sampling
+  accept   each sequence keeps what its target choices agree with (its Proposer)
+  commit   and commits it, in the next graph it is in
+
+A single request is a set of one (sequence_steps). Greedy, each sequence's tokens are
+the target's argmax given their prefix, whatever else runs in the step; sampling, each
+sequence draws with its own seeded generator, so its output is distributed exactly as
+the target's own sampling."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence as Seq
+
+from .generate import GenerationStats, check_request, prefill_chunks, start_context
+from .sampling import Sampler, SamplingParams
+from .target import DECODE, Rows
+
+
+def _no_stage(stage: str) -> None:
+    pass
+
+
+def slot_of(seq) -> dict:
+    """The keyword naming a sequence's slot in calls on its target and drafter: none for
+    slot 0, whose calls are the single-sequence ones."""
+    return {"seq": seq.slot} if seq.slot else {}
+
+
+class Sequence:
+    """One request: its slot, prompt, sampler, proposer, the tokens it emitted and its
+    statistics. context_full, on_stage and saver as in speculative decoding (see
+    sequence_steps)."""
+
+    def __init__(self, target, draft, proposer, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
+                 stats: GenerationStats, sampling: Optional[SamplingParams] = None, slot: int = 0, reused: int = 0,
+                 context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None, saver=None):
+        check_request(target, prompt, max_tokens, proposer.lookahead, context_full)
+        self.target, self.draft, self.proposer = target, draft, proposer
+        self.prompt, self.max_tokens, self.stops = prompt, max_tokens, set(stop_tokens)
+        self.stats, self.slot, self.reused, self.saver = stats, slot, reused, saver
+        self.stage = on_stage or _no_stage
+        self.sampler = Sampler(sampling, prompt)
+        self.speculative = draft is not None
+        self.bonus: Optional[int] = None  # the next token the target has not seen
+        self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
+        self.row0 = 0                     # its first row in the current step's results
+        self.done = False
+        self.error: Optional[BaseException] = None  # why it ended early, in a Batch
+        self._t_start = 0.0
+
+    # -- the request's budget -----------------------------------------------------------
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - self.stats.generated_tokens
+
+    @property
+    def room(self) -> int:
+        return self.target.n_ctx - self.n_past
+
+    @property
+    def prefilled(self) -> bool:
+        """The whole prompt is in its slot."""
+        return self.target.seq_n_past(self.slot) == len(self.prompt)
+
+    # -- the prompt -------------------------------------------------------------------------
+    def prefill_chunks(self) -> Iterator[None]:
+        """Put the prompt into the sequence's slot (after the `reused` tokens it holds
+        already), a chunk at a time: yields after each, so that other sequences' steps
+        can run in between."""
+        stats = self.stats
+        stats.prompt_tokens = len(self.prompt)
+        t0 = time.perf_counter()
+        stats.reused_tokens = start_context(self.target, self.prompt, self.reused, self.draft, self.slot)
+        self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot)
+        self.sampler.prepare(self.target, 1, seq=self.slot)  # the prompt's last row chooses the first token
+        start = getattr(self.proposer, "start", None)
+        if start is not None:
+            start()
+        for _ in prefill_chunks(self.target, self.prompt, stats.reused_tokens, self.draft, self.saver, self.stage,
+                                self.slot):
+            stats.prefill_seconds = time.perf_counter() - t0
+            yield
+        stats.prefill_seconds = time.perf_counter() - t0
+        stats.stop_reason = "length"
+        self._t_start = time.perf_counter()
+        self.stage("prefilled")
+
+    def first(self) -> List[int]:
+        """The first token, chosen by the prompt's last row (none when max_tokens is 0)."""
+        if self.max_tokens == 0:
+            self.done = True
+            return []
+        self.bonus = int(self.sampler.choices(self.target, 0, 1)[0])
+        return self._emitted([self.bonus], record=False)
+
+    def _emitted(self, new: List[int], record: bool = True) -> List[int]:
+        """The tokens of a step as the request keeps them: at most what it still wants,
+        ending at a stop token; recorded, and generation ends when it should."""
+        stats = self.stats
+        produced = min(len(new), self.remaining)
+        for i in range(produced):
+            if new[i] in self.stops:
+                produced = i + 1
+                stats.stop_reason = "stop"
+                break
+        if record:
+            stats.accepted_lengths.append(produced)
+        stats.generated_tokens += produced
+        kept = new[:produced]
+        self.sampler.accept(kept)
+        if stats.stop_reason == "stop" or stats.generated_tokens >= self.max_tokens:
+            self.done = True
+        elif self.room < 1:
+            stats.stop_reason = "context"
+            self.done = True
+        return kept
+
+    def finish(self, clean: bool) -> None:
+        """After its last step (or an exception: not clean): the drafter's deferred rows
+        are appended, or dropped when the target may have run a graph since (target and
+        drafter must then be reset before the slot's next use)."""
+        if self.draft is not None:
+            if clean:
+                self.draft.flush(**slot_of(self))
+            else:
+                self.draft.drop_pending(**slot_of(self))
+        if self._t_start:
+            self.stats.decode_seconds = time.perf_counter() - self._t_start
+
+
+def _verify(target, draft, rows: List[Rows]) -> None:
+    """The step's target graph: one sequence's rows by the single-sequence call, several
+    sequences' in one step."""
+    if len(rows) > 1:
+        target.step(rows, draft)
+        return
+    r = rows[0]
+    slot = {"seq": r.seq} if r.seq else {}
+    if r.tokens is None:
+        draft.verify_block(target, r.n, **slot)
+    elif r.parents is not None:
+        target.verify_tree(r.tokens, r.parents, **slot)
+    elif r.kind == DECODE:
+        target.decode(r.tokens, r.logits, **slot)
+    else:
+        target.verify(r.tokens, **slot)
+
+
+def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
+    """One step of every sequence in `seqs` (each past its first token, not done): the
+    tokens each keeps, in order. Records each speculative sequence's pass (its accepted
+    length, the step's drafting and verify seconds and the rest)."""
+    t0 = time.perf_counter()
+    blocks = []
+    for s in seqs:
+        b = s.proposer.plan(s)
+        if b:
+            blocks.append((s.slot, s.bonus, b))
+    if len(blocks) == 1:
+        slot, bonus, b = blocks[0]
+        draft.propose(bonus, b, read=False, **({"seq": slot} if slot else {}))
+    elif blocks:
+        draft.propose_many(blocks)
+    if draft is not None:
+        proposing = {slot for slot, _, _ in blocks}
+        for s in seqs:
+            if s.speculative and s.slot not in proposing:
+                draft.flush(**slot_of(s))  # the features it reads are gone after the target's graph
+    rows, row0 = [], 0
+    for s in seqs:
+        drafted = getattr(s.proposer, "drafted", None)
+        if drafted is not None:
+            drafted(s)
+        r = s.proposer.rows(s)
+        s.row0 = row0
+        row0 += r.n_out
+        rows.append(r)
+        if s.proposer.stage is None:
+            s.stage("drafted")
+    t1 = time.perf_counter()
+    _verify(target, draft, rows)
+    choices = target.choices(0, row0)
+    t2 = time.perf_counter()
+    out = []
+    for s, r in zip(seqs, rows):
+        if s.proposer.stage is not None:
+            s.stage(s.proposer.stage)
+        choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0)
+        new = s.proposer.accept(s, choice)
+        if s.proposer.stage is None:
+            s.stage("committed")
+        s.n_past += len(new)  # the accepted drafts and the old bonus
+        s.bonus = new[-1]
+        out.append(new)
+    t3 = time.perf_counter()
+    kept = []
+    for s, new in zip(seqs, out):
+        if s.speculative:
+            s.stats.draft_seconds += t1 - t0
+            s.stats.verify_seconds += t2 - t1
+            s.stats.other_seconds += t3 - t2
+        kept.append(s._emitted(new, record=s.speculative))
+    return kept
+
+
+def sequence_steps(seq: Sequence) -> Iterator[List[int]]:
+    """One sequence decoded on its own, yielding the tokens of each pass (the first token,
+    from the prompt, then each step's). When the loop is left by an exception, the
+    drafter's deferred rows are dropped, not appended (the target may have run a graph
+    since): target and drafter must be reset before their next use, as a new run
+    (reused=0) does."""
+    clean = False
+    try:
+        for _ in seq.prefill_chunks():
+            pass
+        new = seq.first()
+        clean = True
+        if new:
+            yield new
+        clean = False
+        while not seq.done:
+            new = step(seq.target, seq.draft, [seq])[0]
+            clean = True
+            yield new
+            clean = False
+        clean = True
+    except GeneratorExit:  # the consumer stopped at a yield: nothing is half done
+        clean = True
+        raise
+    finally:
+        seq.finish(clean)
+
+
+class Batch:
+    """Sequences decoded together, as a server runs them (continuous batching): a
+    sequence joins at a step boundary (add) and its prompt goes in a chunk per round,
+    between the others' steps; every round steps all the sequences past their prompt
+    together; a sequence leaves when it is done, or when it is dropped (cancelled). Its
+    slot must be its own while it is in the batch."""
+
+    def __init__(self, target, draft):
+        self.target, self.draft = target, draft
+        self.joining: List[tuple] = []  # (sequence, its prompt's chunks), in arrival order
+        self.active: List[Sequence] = []
+
+    def __len__(self) -> int:
+        return len(self.joining) + len(self.active)
+
+    def add(self, seq: Sequence) -> None:
+        self.joining.append((seq, seq.prefill_chunks()))
+
+    def drop(self, seq: Sequence, clean: bool = True) -> None:
+        """Take a sequence out between rounds (cancelled, or no more tokens wanted); clean:
+        as Sequence.finish (between rounds it is: nothing has run since its last step)."""
+        for s, chunks in self.joining:
+            if s is seq:
+                chunks.close()
+        self.joining = [(s, chunks) for s, chunks in self.joining if s is not seq]
+        if seq in self.active:
+            self.active.remove(seq)
+        seq.finish(clean)
+
+    def advance(self) -> List[tuple]:
+        """One round: a chunk of the first joining sequence's prompt (its first token once
+        the prompt is in: the chunk's graph chose it), then one step of every sequence past
+        its prompt. Returns (sequence, tokens it emitted) of the round; a sequence that is
+        done has left the batch. A sequence whose chunk or step failed has left it too,
+        with the exception in its `error` (a failed step fails every sequence in it)."""
+        out = []
+        if self.joining:
+            seq, chunks = self.joining[0]
+            if self.draft is not None:
+                # the running sequences' deferred drafter rows read the target's features of
+                # the last step, which the chunk's graph overwrites: appended first
+                self.draft.flush()
+            try:
+                if next(chunks, _END) is _END or seq.prefilled:
+                    for _ in chunks:  # the prompt is in: the rest is bookkeeping, no graph
+                        pass
+                    self.joining.pop(0)
+                    out.append((seq, seq.first()))
+                    if seq.done:
+                        seq.finish(clean=True)
+                    else:
+                        self.active.append(seq)
+            except Exception as e:  # noqa: BLE001 - the request fails, the batch goes on
+                self.joining = [j for j in self.joining if j[0] is not seq]
+                self.active = [s for s in self.active if s is not seq]
+                self._fail([seq], e, out)
+        if self.active:
+            running = list(self.active)
+            try:
+                out += list(zip(running, step(self.target, self.draft, running)))
+            except Exception as e:  # noqa: BLE001
+                self.active = []
+                self._fail(running, e, out)
+        for seq in [s for s in self.active if s.done]:
+            self.active.remove(seq)
+            seq.finish(clean=True)
+        return out
+
+    @staticmethod
+    def _fail(seqs, error: BaseException, out: list) -> None:
+        for seq in seqs:
+            seq.error = error
+            seq.done = True
+            seq.finish(clean=False)
+            out.append((seq, []))
+
+
+_END = object()

@@ -1,0 +1,308 @@
+"""How a sequence proposes the rows its target verifies in a step (decoding.step): none
+(plain decoding: the last token alone), the chain of the drafter's block, or a DDTree of
+its top candidates (with `auto`, the chain or a tree of the size it chooses).
+
+A proposer acts in four phases around the step's two graphs, so that the drafts of every
+sequence come from one drafter graph and their verifies from one target graph:
+  plan(seq)      the block to draft for it (0: none), before the drafter's graph
+  rows(seq)      after it: what the target verifies (a decode, a chain, a tree), its
+                 sampling staged for those rows
+  accept(seq, c) after the target's graph, c its choices per row: the tokens it keeps
+                 (the accepted drafts, then the target's next token), committed to the
+                 target and the drafter
+Greedy, every emitted token is the target's argmax given its prefix; sampling, a draw
+from the target's distribution given its prefix (see sampling.py for the rules)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+
+from .budget import CHAIN, AutoBudget, chain_nodes, observe, tree_nodes
+from .ddtree import accept_path, build_tree, chain_tree
+from .decoding import slot_of as _slot
+from .target import CHAIN as CHAIN_ROWS, DECODE, LOGITS_LAST, TREE as TREE_ROWS, Rows
+
+
+def accepted_prefix(block: List[int], target_choice) -> int:
+    """How many drafts (block[1:]) agree with the target's choice after each position."""
+    n = 0
+    while n < len(block) - 1 and block[n + 1] == int(target_choice[n]):
+        n += 1
+    return n
+
+
+def chain_length(top1_logprobs, p_min: float) -> int:
+    """How many of a greedy chain's drafts to verify: those before the first the drafter
+    gives less than p_min, and at least one (drafting is paid for already, and a verify
+    of two rows costs little more than one). Past an unlikely draft the chain's rows
+    rarely survive, and where a verify's cost grows with its rows (a compute-bound
+    device) they cost more than they bring."""
+    if p_min > 0:
+        floor = np.log(p_min)
+        for i, lp in enumerate(np.asarray(top1_logprobs).tolist()):  # a few numbers: plain Python is quickest
+            if lp < floor:
+                return max(i, 1)
+    return len(top1_logprobs)
+
+
+def _kept_rows(seq, rows) -> List[int]:
+    """The step's feature rows of a sequence's kept rows (its rows follow the step's
+    earlier sequences' rows, from seq.row0)."""
+    return [seq.row0 + int(r) for r in rows]
+
+
+def _chain_paths(block: List[int]) -> List[List[int]]:
+    """Per verified row of a chain block, the drafts it sees after the bonus."""
+    return [block[1:i + 1] for i in range(len(block))]
+
+
+@dataclass
+class StepRecord:
+    """What a step of a tree proposer was, for its AutoBudget: the arm verified, the
+    seconds the step took, the rows verified, and on survey steps the verified nodes'
+    drafter probabilities with whether each was accepted and the survey's own seconds."""
+
+    arm: int
+    seconds: float
+    n_verified: int
+    nodes: Optional[tuple] = None
+    accepted: Optional[List[bool]] = None
+    survey_seconds: float = 0.0
+
+
+class PlainProposer:
+    """No drafts: each step decodes the last token alone, its row choosing the next."""
+
+    lookahead = 0
+    drafted_samples = False
+    stage = "decoded"
+
+    def plan(self, seq) -> int:
+        return 0
+
+    def rows(self, seq) -> Rows:
+        seq.sampler.prepare(seq.target, 1, seq=seq.slot)
+        return Rows(seq.slot, DECODE, [seq.bonus], logits=LOGITS_LAST)
+
+    def accept(self, seq, choice) -> List[int]:
+        return [int(choice[0])]
+
+
+class ChainProposer:
+    """The drafter's block as a chain, from the drafter to the target on the device. Greedy
+    or with sampling under the argmax rule, the drafts are kept while the target's choice
+    after each equals the next (its draw, exact for drafts fixed in advance); under the
+    rejection rule (chain_rule "reject", top_k > 0) the drafter draws its drafts and they
+    are kept by speculative rejection sampling. With p_min > 0 (a drafter loaded with
+    top_k >= 1) each step verifies the chain_length of its block."""
+
+    drafted_samples = False
+    stage = None
+
+    def __init__(self, draft, block_size: int, p_min: float = 0.0, rejection_top_k: int = 0):
+        self.draft = draft
+        self.block_size = block_size
+        self.lookahead = block_size
+        self.p_min = p_min
+        self.top_k = rejection_top_k
+        self.drafted_samples = rejection_top_k > 0
+        self.b = 1
+
+    def plan(self, seq) -> int:
+        self.b = min(self.block_size, seq.remaining + 1, seq.room)
+        if self.b > 1 and self.top_k:
+            self.draft.set_uniforms(seq.sampler.uniforms(self.b - 1), **_slot(seq))
+        return self.b if self.b > 1 else 0
+
+    def drafted(self, seq) -> None:
+        """After the drafter's graph: the block cut by the drafter's confidence."""
+        if self.p_min > 0 and self.b > 2:
+            self.b = 1 + chain_length(self.draft.top1_logprobs(self.b - 1, **_slot(seq)), self.p_min)
+
+    def rows(self, seq) -> Rows:
+        b = self.b
+        if b > 1:
+            seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, **_slot(seq))), seq=seq.slot)
+            return Rows(seq.slot, CHAIN_ROWS, n=b)
+        seq.sampler.prepare(seq.target, 1, seq=seq.slot)
+        return Rows(seq.slot, CHAIN_ROWS, [seq.bonus])
+
+    def accept(self, seq, choice) -> List[int]:
+        b = self.b
+        block = self.draft.block(b, **_slot(seq)) if b > 1 else [seq.bonus]
+        if self.top_k and b > 1:
+            n_acc, nxt = seq.sampler.reject_accept(block[1:], self.draft.candidates(b - 1, self.top_k, **_slot(seq)),
+                                                   seq.target.candidates(seq.row0, b, self.top_k), choice[b - 1])
+        else:
+            n_acc = accepted_prefix(block, choice)
+            nxt = int(choice[n_acc])
+        seq.stage("verified")
+        seq.target.commit(n_acc + 1, **_slot(seq))
+        self.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
+        return block[1:n_acc + 1] + [nxt]
+
+
+@dataclass
+class _TreeStep:
+    """A tree proposer's step in progress."""
+
+    t0: float
+    b: int                       # block proposed (1: the bonus alone)
+    arm: int = CHAIN
+    survey: bool = False
+    depth: int = 0
+    tree: object = None          # the verified tree (a chain_tree for the chain)
+    device: bool = False         # the chain arm's block read on the device
+    n_drafts: int = 0
+    ranked: Optional[tuple] = None
+    nodes: Optional[tuple] = None
+    t_survey: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class TreeProposer:
+    """A DDTree of `budget` nodes below the bonus token, built best-first from the
+    drafter's per-position top-K; every node's token is chosen by the target (its argmax,
+    or its draw), and the walk moves on while the choice is a child. Trees are padded to
+    their size so that the target's verify graph depends only on the node count.
+
+    With `auto` (an AutoBudget, `budget` its largest tree) each step verifies the arm it
+    chooses: the chain of the drafter's top choices (read on the device as the chain
+    proposer does, cut by p_min) or a tree of one of a few sizes; each step's record
+    goes back to it (StepRecord)."""
+
+    drafted_samples = False
+    stage = None
+
+    def __init__(self, draft, budget: int, block_size: int, auto: Optional[AutoBudget] = None, p_min: float = 0.0):
+        self.draft = draft
+        self.budget = budget
+        self.block_size = block_size
+        self.lookahead = budget + 1
+        self.auto = auto
+        self.p_min = p_min
+        self.step: Optional[_TreeStep] = None
+
+    def start(self) -> None:
+        if self.auto is not None:
+            self.auto.start_request()
+
+    def plan(self, seq) -> int:
+        t0 = time.perf_counter()
+        b = min(self.block_size, seq.room)  # near a full context the block (and the tree's depth) shrinks
+        st = self.step = _TreeStep(t0, b)
+        if b < 2:  # room for the bonus alone
+            st.b = 1
+            return 0
+        auto = self.auto
+        st.arm = self.budget if auto is None else auto.choose()
+        st.survey = auto is not None and auto.wants_survey()
+        st.depth = min(b - 1, seq.remaining)
+        if st.arm == CHAIN:
+            st.b = st.depth + 1
+            st.device = True
+        return st.b
+
+    def drafted(self, seq) -> None:
+        st, draft, auto = self.step, self.draft, self.auto
+        if st.b < 2:
+            return
+        if st.device:
+            # the chain arm: the block goes from the drafter to the target on the device,
+            # cut by p_min; a survey reads the drafter's top-K as well
+            if st.survey:
+                t_rank = time.perf_counter()
+                st.ranked = draft.topk(st.b - 1, **_slot(seq))
+                st.t_survey = time.perf_counter() - t_rank
+            if self.p_min > 0 and st.b > 2:
+                top1 = st.ranked[1][:, 0] if st.survey else draft.top1_logprobs(st.b - 1, **_slot(seq))
+                st.b = 1 + chain_length(top1, self.p_min)
+            st.n_drafts = st.b - 1
+            seq.stats.tree_sizes.append(st.n_drafts)
+            seq.stats.chain_steps += 1
+            return
+        cand, logp = draft.topk(st.b - 1, **_slot(seq))  # the tree is built from the top-K alone
+        depth, arm = st.depth, st.arm
+        chain = arm == CHAIN or 1 + arm > seq.room  # a padded tree that does not fit: the chain does
+        if st.survey or not chain:
+            t_build = time.perf_counter() if st.survey else 0.0
+            tree = build_tree(seq.bonus, cand, logp, auto.survey_size() if st.survey else arm, max_depth=depth)
+            if st.survey:
+                cut = chain_length(logp[:depth, 0], self.p_min)
+                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:cut, 0]))
+                tree = tree.best(arm)
+                st.t_survey = time.perf_counter() - t_build
+        if chain:
+            tree = chain_tree(seq.bonus, cand[:depth, 0])
+            seq.stats.chain_steps += 1
+        seq.stats.tree_sizes.append(len(tree) - 1)
+        if not chain:
+            tree = tree.padded_to(1 + arm)
+        st.tree, st.extra["chain"], st.extra["logp"] = tree, chain, logp
+
+    def rows(self, seq) -> Rows:
+        st = self.step
+        if st.b < 2:
+            seq.sampler.prepare(seq.target, 1, seq=seq.slot)
+            return Rows(seq.slot, CHAIN_ROWS, [seq.bonus])
+        if st.device:
+            b = st.b
+            seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, **_slot(seq))), seq=seq.slot)
+            return Rows(seq.slot, CHAIN_ROWS, n=b)
+        tree = st.tree
+        seq.sampler.prepare(seq.target, len(tree), tree.paths, seq=seq.slot)
+        if st.extra["chain"]:
+            return Rows(seq.slot, CHAIN_ROWS, tree.tokens)  # the chain verify: cheaper than the same nodes as a tree
+        return Rows(seq.slot, TREE_ROWS, tree.tokens, tree.parents)
+
+    def accept(self, seq, choice) -> List[int]:
+        st, draft, auto = self.step, self.draft, self.auto
+        if st.b < 2 or st.device:
+            b = st.b
+            block = draft.block(b, **_slot(seq)) if b > 1 else [seq.bonus]
+            n_acc = accepted_prefix(block, choice)
+            seq.stage("verified")
+            seq.target.commit(n_acc + 1, **_slot(seq))
+            draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
+            out = block[1:n_acc + 1] + [int(choice[n_acc])]
+            if auto is not None and st.b >= 2:
+                record = StepRecord(CHAIN, 0.0, 1 + st.n_drafts, survey_seconds=st.t_survey)
+                if st.survey:
+                    t_survey = time.perf_counter()
+                    cand, logp = st.ranked
+                    nodes = chain_nodes(logp[:st.n_drafts, 0])
+                    auto.survey(tree_nodes(build_tree(seq.bonus, cand, logp, auto.survey_size(), max_depth=st.depth),
+                                           logp[:, 0]), nodes)
+                    record.nodes, record.accepted = nodes, np.arange(st.n_drafts) < n_acc
+                    record.survey_seconds += time.perf_counter() - t_survey
+                record.seconds = time.perf_counter() - st.t0
+                observe(auto, record)
+            return out
+        tree, chain = st.tree, st.extra["chain"]
+        path = accept_path(tree, choice)
+        seq.stage("verified")
+        if chain:
+            seq.target.commit(len(path), **_slot(seq))
+        else:
+            seq.target.commit_path(path, **_slot(seq))
+        draft.append_rows(len(path), rows=_kept_rows(seq, path), defer=True, **_slot(seq))
+        out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
+        if auto is not None:
+            record = StepRecord(CHAIN if chain else st.arm, 0.0, len(tree), survey_seconds=st.t_survey)
+            if st.survey:
+                t_calibrate = time.perf_counter()
+                logp, depth = st.extra["logp"], st.depth
+                if chain:
+                    record.nodes = chain_nodes(logp[:depth, 0])
+                    record.accepted = np.arange(depth) < len(path) - 1
+                else:
+                    on_path = set(path)
+                    record.nodes = tree_nodes(tree, logp[:depth, 0])
+                    record.accepted = [i in on_path for i in tree.pick_order]
+                record.survey_seconds += time.perf_counter() - t_calibrate
+            record.seconds = time.perf_counter() - st.t0
+            observe(auto, record)
+        return out
