@@ -211,6 +211,9 @@ def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
     assert metrics["dflash_checkpoint_hits_total"] >= 1
     assert metrics['dflash_checkpoint_bytes{where="device"}'] == 0
     assert metrics['dflash_checkpoint_bytes{where="host"}'] >= ext["checkpoint"]["host_bytes"]
+    # the process's resident memory includes the checkpoints' host bytes (scripts/soak.py
+    # checks the rest stays flat)
+    assert metrics["process_resident_memory_bytes"] > metrics['dflash_checkpoint_bytes{where="host"}'] > 0
 
 
 def test_a_client_leaving_mid_stream_stops_its_generation(server, engine):
