@@ -283,9 +283,11 @@ def table_text(rows: List[dict]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines)
 
 
-def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> List[dict]:
+def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> tuple:
+    """(rows, failures): a server that does not start or exits badly is a failure on
+    record, and the other servers still run."""
     samplings = [Sampling(t, args.top_k, args.top_p) for t in dict.fromkeys(args.temp)]
-    rows = []
+    rows, failures = [], []
 
     def serve(engine: str, name: str, target: str, draft: Optional[str], slots: Optional[int], clients: List[int]):
         port = serve_load.free_port()
@@ -294,7 +296,12 @@ def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> 
         else:
             cmd = llama_server_command(llama_server, port, target, draft, args, slots)
         log(f"{engine} on {name}: {' '.join(Path(c).name if c.startswith('/') else c for c in cmd)}")
-        server = serve_load.ServerProcess(cmd, port, log_dir / f"{engine}-{name}-{slots or 1}.log")
+        try:
+            server = serve_load.ServerProcess(cmd, port, log_dir / f"{engine}-{name}-{slots or 1}.log")
+        except RuntimeError as e:
+            log(str(e))
+            failures.append({"engine": engine, "pair": name, "slots": slots, "command": cmd, "error": str(e)})
+            return
         try:
             for sampling in samplings:
                 for c in clients:
@@ -308,6 +315,8 @@ def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> 
             status = server.stop()
             if status != 0:
                 log(f"{engine} exited with status {status}: {server.log_tail()}")
+                failures.append({"engine": engine, "pair": name, "slots": slots, "command": cmd,
+                                 "error": f"exit status {status}: {server.log_tail()}"})
 
     for name, target, draft in pairs_of(args):
         for engine in args.engines:
@@ -319,14 +328,18 @@ def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> 
                 for c in args.clients:
                     serve(engine, name, target, draft, c, [c])
     compare(rows)
-    return rows
+    return rows, failures
 
 
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
     check(p, args)
-    has_np = serve_load.accepts_flag(serve_load.dflash_server_help(), "-np")
+    try:
+        has_np = serve_load.accepts_flag(serve_load.dflash_server_help(), "-np")
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        print(f"bench_concurrency: error: {e}", file=sys.stderr)
+        return 1
     llama_server = None
     if "llama-server" in args.engines:
         llama_server = llama_cpp_tree.tool("llama-server", args.llama_cpp)
@@ -338,8 +351,8 @@ def main(argv=None) -> int:
         + f"; dflash-server {'takes' if has_np else 'has no'} -np")
     with tempfile.TemporaryDirectory(prefix="bench-concurrency-") as tmp:
         try:
-            rows = measure(args, Path(tmp), has_np, llama_server)
-        except (RuntimeError, OSError) as e:
+            rows, failures = measure(args, Path(tmp), has_np, llama_server)
+        except OSError as e:
             print(f"bench_concurrency: error: {e}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
@@ -364,6 +377,7 @@ def main(argv=None) -> int:
                      "sampler_order": SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
                      "prompts": [name for name, _ in PROMPTS]},
         "rows": rows,
+        "failures": failures,
     }
     path = output_path(args.output, started)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -374,8 +388,10 @@ def main(argv=None) -> int:
     else:
         print(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; {args.threads} threads")
         print(table_text(rows))
-    failed = sum(r["requests"] - r["ok"] for r in rows)
-    return 1 if failed else 0
+    for f in failures:
+        print(f"FAILED {f['engine']} on {f['pair']} (-np {f['slots'] or '-'}): {f['error']}")
+    unanswered = sum(r["requests"] - r["ok"] for r in rows)
+    return 1 if unanswered or failures else 0
 
 
 if __name__ == "__main__":

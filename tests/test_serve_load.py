@@ -4,6 +4,7 @@ summary and its comparisons, the servers' command lines."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -181,3 +182,23 @@ def test_bad_options_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         bench_concurrency.check(p, p.parse_args(argv))
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
+    out = tmp_path / "c.json"
+    script = Path(bench_concurrency.__file__)
+    res = subprocess.run([sys.executable, str(script), "--engines", "ours", "--pairs", "demo", "--clients", "1,2",
+                          "--requests", "2", "-r", "1", "-n", "8", "--temp", "0,0.6", "-t", "1", "-o", str(out)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["sampling"], r["clients"]) for r in rows] == [
+        ("greedy", 1), ("greedy", 2), ("temp 0.6, top-k 20, top-p 0.95", 1), ("temp 0.6, top-k 20, top-p 0.95", 2)]
+    for r in rows:
+        assert r["ok"] == r["requests"] == 2 * r["clients"] and r["tokens"] > 0
+        assert r["aggregate_tps"]["median"] > 0 and 0 < r["ttft_p50"] <= r["latency_p50"] <= r["latency_p95"]
+        assert r["accepted_length_median"] >= 1 and r["vs_llama_server"] is None
+        assert (r["slots"] is None) != result["ours"]["np_flag"]  # -np passed exactly when offered
+    assert rows[0]["vs_one_client"] == 1.0 and result["failures"] == []
+    assert result["checkout"]["commit"] and result["load_average"]["after"] and result["machine"]["threads"] == 1
