@@ -210,7 +210,11 @@ def request_body(i: int, sampling: Sampling, args) -> dict:
 def run_cell(url: str, clients: int, sampling: Sampling, args) -> dict:
     """One repetition of a cell: `clients` workers drain clients x requests requests."""
     bodies = [request_body(i, sampling, args) for i in range(clients * args.requests)]
-    with httpx.Client(trust_env=False, timeout=args.timeout, limits=httpx.Limits(max_connections=clients)) as http:
+    # a connection per request: llama-server may close a kept-alive connection as the next
+    # request goes out on it ("Server disconnected without sending a response"), which is no
+    # fault of the request; a loopback connect costs both servers the same fraction of a ms
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
+    with httpx.Client(trust_env=False, timeout=args.timeout, limits=limits) as http:
         serve_load.drain(bodies[:clients], clients, lambda b: serve_load.complete(http, url, {**b, "max_tokens": 8}))
         t0 = time.perf_counter()
         replies = serve_load.drain(bodies, clients, lambda b: serve_load.complete(http, url, b))
@@ -247,7 +251,11 @@ def summarize(reps: List[dict]) -> dict:
             "aggregate_tps": Spread.of(per_rep).to_json(),
             "latency_p50": pct(latencies, 0.5), "latency_p95": pct(latencies, 0.95),
             "ttft_p50": pct(ttfts, 0.5), "ttft_p95": pct(ttfts, 0.95),
-            "accepted_length_median": round(Spread.of(als).median, 3) if als else None}
+            "accepted_length_median": round(Spread.of(als).median, 3) if als else None,
+            "replies": [[{"status": r.status, "seconds": round(r.seconds, 5),
+                          "ttft": None if r.ttft is None else round(r.ttft, 5), "tokens": r.tokens,
+                          "accepted_length": accepted_length(r), "error": r.error} for r in rep["replies"]]
+                        for rep in reps]}
 
 
 def compare(rows: List[dict]) -> None:

@@ -144,6 +144,8 @@ def test_a_cell_summary_counts_tokens_over_wall_time_and_failures():
     assert s["aggregate_tps"]["median"] == 50.0 and s["aggregate_tps"]["min"] == 50.0
     assert s["latency_p50"] == 2.0 and s["ttft_p50"] == 0.2
     assert s["errors"] == ["ReadTimeout: timed out"]
+    assert [len(rep) for rep in s["replies"]] == [3, 1]  # every request on record, by repetition
+    assert s["replies"][0][2]["error"] == "ReadTimeout: timed out" and s["replies"][1][0]["tokens"] == 50
 
 
 def test_sampled_requests_carry_our_sampler_order_and_their_own_seed():
