@@ -3,7 +3,7 @@
 The sources are those vendored in the llama-cpp-python sdist of the installed version
 (the ggml this package runs on), which `scripts/setup.sh test` downloads from PyPI and
 unpacks; `scripts/llama_cpp_build.py` builds llama.cpp's tools (llama-bench,
-llama-completion, llama-speculative-simple) from them. Both go under the machine-wide
+llama-completion, llama-speculative-simple, llama-server) from them. Both go under the machine-wide
 cache (`DFLASH_CACHE`, default ~/.cache/dflash-gguf), next to the llama-cpp-python wheel
 that setup builds, so every checkout and virtualenv on the machine shares them.
 """

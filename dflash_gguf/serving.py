@@ -126,9 +126,12 @@ class Scheduler:
         with self._lock:
             if self._closing:
                 raise ShuttingDown("the server is shutting down")
-            if len(self._queue) >= self.max_queue and (len(self._running) >= self.n_slots or self._queue):
+            # a job whose client has left waits only to be accounted for: it holds no place, or
+            # clients that leave and come back would be refused by a queue of ghosts
+            waiting = sum(not j.cancelled for j in self._queue)
+            if waiting >= self.max_queue and (len(self._running) >= self.n_slots or waiting):
                 self.totals.refused += 1
-                raise QueueFull(f"{len(self._queue)} requests are waiting (--queue {self.max_queue})")
+                raise QueueFull(f"{waiting} requests are waiting (--queue {self.max_queue})")
             job.queued_at = time.perf_counter()
             self._queue.append(job)
             self._lock.notify()

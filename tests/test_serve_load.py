@@ -1,0 +1,206 @@
+"""The serving benchmarks' pure parts (scripts/serve_load.py, scripts/bench_concurrency.py):
+percentiles, reading a reply's events, /metrics, flag detection, the workers, a cell's
+summary and its comparisons, the servers' command lines."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import bench_concurrency  # noqa: E402
+import serve_load  # noqa: E402
+from serve_load import Reply  # noqa: E402
+
+
+def test_percentile_interpolates_between_ranks():
+    assert serve_load.percentile([3, 1, 2], 0.5) == 2
+    assert serve_load.percentile([1, 2, 3, 4], 0.5) == 2.5
+    assert serve_load.percentile([10, 20], 0.95) == pytest.approx(19.5)
+    assert serve_load.percentile([7], 0.99) == 7
+    assert serve_load.percentile([1, 2, 3], 0) == 1 and serve_load.percentile([1, 2, 3], 1) == 3
+    assert serve_load.percentile([], 0.5) != serve_load.percentile([], 0.5)  # nan
+    with pytest.raises(ValueError):
+        serve_load.percentile([1], 95)
+
+
+HELP = """usage: dflash-server [-h] [-m MODEL] [-np N] [--no-spec]
+  -npx N        not it
+  --np-foo      not it either
+  -np N, --parallel N   sequences served at once
+"""
+
+
+def test_a_flag_is_found_only_as_an_option_of_its_own():
+    assert serve_load.accepts_flag(HELP, "-np") and serve_load.accepts_flag(HELP, "--parallel")
+    assert serve_load.accepts_flag(HELP, "--no-spec")
+    assert not serve_load.accepts_flag("  -npx N\n  --np-foo\n  --np\n", "-np")
+    assert not serve_load.accepts_flag(HELP, "--spec")  # only inside --no-spec
+
+
+def test_the_installed_server_s_help_is_read():
+    text = serve_load.dflash_server_help()
+    assert serve_load.accepts_flag(text, "--queue") and not serve_load.accepts_flag(text, "--no-such-flag")
+
+
+def test_prometheus_text_with_labels_and_comments():
+    text = ('# HELP dflash_requests_total Requests.\n# TYPE dflash_requests_total counter\n'
+            'dflash_requests_total 12\ndflash_checkpoint_bytes{where="host"} 4096\n\n'
+            'process_resident_memory_bytes 1.5e+08\n')
+    assert serve_load.parse_metrics(text) == {"dflash_requests_total": 12.0,
+                                              'dflash_checkpoint_bytes{where="host"}': 4096.0,
+                                              "process_resident_memory_bytes": 1.5e8}
+    with pytest.raises(ValueError, match="not a Prometheus sample"):
+        serve_load.parse_metrics("dflash_requests_total twelve\n")
+
+
+def test_only_loopback_urls():
+    assert serve_load.loopback_url("http://127.0.0.1:8080/") == "http://127.0.0.1:8080"
+    assert serve_load.loopback_url("http://localhost:1") == "http://localhost:1"
+    with pytest.raises(ValueError, match="loopback"):
+        serve_load.loopback_url("http://10.0.0.2:8080")
+
+
+def sse(*objs, done=1, extra=()):
+    lines = [": keep-alive", ""]
+    for o in objs:
+        lines += [f"data: {json.dumps(o)}", ""]
+    lines += ["data: [DONE]", ""] * done
+    return lines + list(extra)
+
+
+def chunk(text, finish=None, **more):
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish}], **more}
+
+
+def read(lines, status=200):
+    r = Reply(status=status)
+    for i, line in enumerate(lines):
+        r.feed(line, elapsed=0.1 * (i + 1))
+    return r
+
+
+def test_a_whole_stream_is_one_answer():
+    r = read(sse(chunk(""), chunk("def"), chunk(" f():"),
+                 chunk("", "length", usage={"completion_tokens": 3}, dflash={"mean_accepted_length": 2.5})))
+    assert r.complete and r.text == "def f():" and r.tokens == 3 and r.finish_reason == "length"
+    assert r.ttft == pytest.approx(0.5)  # the first chunk with text (the empty one does not count)
+    assert (r.finals, r.dones, r.after_done) == (1, 1, 0)
+    assert bench_concurrency.accepted_length(r) == 2.5
+
+
+def test_an_answer_sent_twice_or_cut_short_is_seen():
+    twice = read(sse(chunk("a", "stop"), chunk("a", "stop")))
+    assert twice.finals == 2 and not twice.complete
+    after = read(sse(chunk("a", "stop"), extra=["data: " + json.dumps(chunk("b"))]))
+    assert after.after_done == 1 and after.text == "a"
+    cut = read(sse(chunk("a"), done=0))
+    assert cut.finals == 0 and not cut.complete
+    failed = read(sse(chunk("a"), {"error": {"message": "generation failed", "code": 500}}))
+    assert failed.error == "generation failed" and not failed.complete
+
+
+def test_llama_server_s_acceptance_from_its_timings():
+    r = read(sse(chunk("x", "length", timings={"predicted_n": 30, "draft_n": 40, "draft_n_accepted": 20})))
+    assert bench_concurrency.accepted_length(r) == pytest.approx(3.0)  # 30 tokens in 10 rounds
+    assert bench_concurrency.accepted_length(read(sse(chunk("x", "stop")))) is None
+
+
+def test_drain_keeps_the_order_runs_everything_and_stops_at_the_deadline():
+    items = list(range(20))
+    assert serve_load.drain(items, 4, lambda i: i * i) == [i * i for i in items]
+
+    def slow(i):
+        time.sleep(0.05)
+        return i
+    out = serve_load.drain(items, 2, slow, deadline=time.monotonic() + 0.12)
+    ran = [x for x in out if x is not None]
+    assert 2 <= len(ran) < len(items) and ran == sorted(ran) and out[-1] is None
+
+
+def row(engine, clients, tps, sampling="greedy", pair="demo"):
+    return {"engine": engine, "pair": pair, "sampling": sampling, "clients": clients,
+            "aggregate_tps": {"median": tps}}
+
+
+def test_rows_compare_with_one_client_and_llama_server():
+    rows = [row("ours", 1, 100), row("ours", 4, 250), row("llama-server", 1, 80), row("llama-server", 4, 200),
+            row("ours", 4, 90, sampling="temp 0.6"), row("ours", 2, 150)]
+    bench_concurrency.compare(rows)
+    assert [r["vs_one_client"] for r in rows] == [1.0, 2.5, 1.0, 2.5, None, 1.5]
+    assert [r["vs_llama_server"] for r in rows] == [1.25, 1.25, None, None, None, None]
+
+
+def test_a_cell_summary_counts_tokens_over_wall_time_and_failures():
+    good = [Reply(status=200, finals=1, dones=1, tokens=50, seconds=s, ttft=s / 10) for s in (1.0, 2.0, 3.0)]
+    lost = Reply(status=None, error="ReadTimeout: timed out")
+    s = bench_concurrency.summarize([{"wall_seconds": 2.0, "replies": good[:2] + [lost]},
+                                     {"wall_seconds": 1.0, "replies": good[2:]}])
+    assert (s["requests"], s["ok"], s["tokens"]) == (4, 3, 150)
+    assert s["aggregate_tps"]["median"] == 50.0 and s["aggregate_tps"]["min"] == 50.0
+    assert s["latency_p50"] == 2.0 and s["ttft_p50"] == 0.2
+    assert s["errors"] == ["ReadTimeout: timed out"]
+    assert [len(rep) for rep in s["replies"]] == [3, 1]  # every request on record, by repetition
+    assert s["replies"][0][2]["error"] == "ReadTimeout: timed out" and s["replies"][1][0]["tokens"] == 50
+
+
+def test_sampled_requests_carry_our_sampler_order_and_their_own_seed():
+    greedy = bench_concurrency.Sampling(0.0, 20, 0.95)
+    sampled = bench_concurrency.Sampling(0.6, 20, 0.95)
+    assert greedy.fields(5) == {"temperature": 0} and greedy.label == "greedy"
+    f = sampled.fields(7)
+    assert (f["temperature"], f["top_k"], f["top_p"], f["seed"]) == (0.6, 20, 0.95, 7)
+    assert f["samplers"] == ["top_k", "top_p", "min_p", "temperature"]
+
+
+def test_llama_server_gets_a_slot_of_the_context_each_and_dflash_drafting(tmp_path):
+    from dflash_gguf.demo import demo_paths
+
+    target, draft = demo_paths()
+    args = bench_concurrency.parser().parse_args(["-t", "3", "-c", "1024", "--spec-draft-p-min", "0.5"])
+    cmd = bench_concurrency.llama_server_command(Path("/x/llama-server"), 9999, target, draft, args, 4)
+    flag = {a: cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a.startswith("-")}
+    assert (flag["-np"], flag["-c"], flag["-t"], flag["-td"]) == ("4", "4096", "3", "3")
+    assert (flag["--spec-type"], flag["-md"], flag["--spec-draft-p-min"]) == ("draft-dflash", draft, "0.5")
+    assert int(flag["--spec-draft-n-max"]) >= 1 and flag["--host"] == "127.0.0.1"
+    ours = bench_concurrency.ours_command(9999, target, draft, args, None, queue=8)
+    assert "-np" not in ours and ours[ours.index("-t") + 1] == "3" and ours[ours.index("--queue") + 1] == "8"
+    assert bench_concurrency.ours_command(9999, target, draft, args, 4, queue=4)[-2:] == ["-np", "4"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clients", "0"], "--clients must be 1..64"),
+    (["--clients", "64", "--requests", "20"], "clients x requests <= 1000"),
+    (["--pairs", "demo,strong"], "--pairs"),
+    (["--engines", "vllm"], "--engines"),
+    (["-md", "d.gguf"], "-md needs -m"),
+])
+def test_bad_options_exit_2_with_a_message(argv, message, capsys):
+    p = bench_concurrency.parser()
+    with pytest.raises(SystemExit) as e:
+        bench_concurrency.check(p, p.parse_args(argv))
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
+    out = tmp_path / "c.json"
+    script = Path(bench_concurrency.__file__)
+    res = subprocess.run([sys.executable, str(script), "--engines", "ours", "--pairs", "demo", "--clients", "1,2",
+                          "--requests", "2", "-r", "1", "-n", "8", "--temp", "0,0.6", "-t", "1", "-o", str(out)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["sampling"], r["clients"]) for r in rows] == [
+        ("greedy", 1), ("greedy", 2), ("temp 0.6, top-k 20, top-p 0.95", 1), ("temp 0.6, top-k 20, top-p 0.95", 2)]
+    for r in rows:
+        assert r["ok"] == r["requests"] == 2 * r["clients"] and r["tokens"] > 0
+        assert r["aggregate_tps"]["median"] > 0 and 0 < r["ttft_p50"] <= r["latency_p50"] <= r["latency_p95"]
+        assert r["accepted_length_median"] >= 1 and r["vs_llama_server"] is None
+        assert (r["slots"] is None) != result["ours"]["np_flag"]  # -np passed exactly when offered
+    assert rows[0]["vs_one_client"] == 1.0 and result["failures"] == []
+    assert result["checkout"]["commit"] and result["load_average"]["after"] and result["machine"]["threads"] == 1

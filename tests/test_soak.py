@@ -1,0 +1,128 @@
+"""scripts/soak.py: its checks catch what they are for (a wrong, lost or doubled answer,
+memory growth that is not the checkpoints', miscounted requests), and a test-sized soak of
+the demo server passes every one of them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import soak  # noqa: E402
+from serve_load import Reply  # noqa: E402
+
+
+def test_the_plan_is_seeded_and_mixes_every_kind():
+    a, b = soak.plan(200, 3, 64, 2000), soak.plan(200, 3, 64, 2000)
+    assert [(s.kind, s.body) for s in a] == [(s.kind, s.body) for s in b]
+    assert [s.body for s in soak.plan(200, 4, 64, 2000)] != [s.body for s in a]
+    kinds = {k: sum(s.kind == k for s in a) for k in soak.KINDS}
+    assert all(n >= 10 for n in kinds.values()), kinds
+    for s in a:
+        if s.kind != "malformed":
+            assert 1 <= s.body["max_tokens"] <= 64 and s.body["prompt"]
+        if s.kind == "leave-early":
+            assert s.leave_after == 0 and s.body["stream"] and 1000 <= len(s.body["prompt"].split("\n", 1)[1]) <= 2000
+        if s.kind == "leave-stream":
+            assert s.leave_after >= 1 and s.body["stream"]
+    greedy = [s.body["prompt"] for s in a if s.kind == "greedy"]
+    assert len(set(greedy)) == len(greedy)  # each its own prompt: no answer comes from a cache alone
+
+
+def answered(text="x", tokens=1, stream=True):
+    return Reply(status=200, text=text, tokens=tokens, finals=1, dones=1 if stream else 0)
+
+
+def specs(*kinds):
+    out = []
+    for i, kind in enumerate(kinds):
+        body = {"prompt": "p", "stream": kind != "greedy"} if kind != "malformed" else b"{"
+        out.append(soak.Spec(i, kind, "/v1/completions", body, 0 if kind == "leave-early" else None))
+    return out
+
+
+def test_outcomes_pass_when_each_request_got_its_answer_once():
+    s = specs("greedy", "sampled", "leave-early", "malformed")
+    replies = [answered(stream=False), answered(), Reply(status=200, left=True),
+               Reply(status=400, error="not JSON")]
+    assert all(c["ok"] for c in soak.check_outcomes(s, replies).values())
+
+
+@pytest.mark.parametrize("kind, reply, failing", [
+    ("sampled", Reply(status=200, text="x", finals=2, dones=1), "none_twice"),
+    ("sampled", Reply(status=200, text="x", finals=1, dones=1, after_done=1), "none_twice"),
+    ("sampled", Reply(status=200, text="x", finals=0, dones=0), "none_lost"),
+    ("sampled", Reply(status=200, text="x", finals=1, dones=0), "none_lost"),  # a stream cut before [DONE]
+    ("sampled", Reply(status=None, error="RemoteProtocolError"), "none_lost"),
+    ("sampled", Reply(status=503, error="busy"), "none_lost"),
+    ("malformed", Reply(status=500, error="internal error"), "malformed_refused"),
+    ("malformed", Reply(status=200, text="x", finals=1), "malformed_refused"),
+    ("greedy", None, "all_sent"),
+])
+def test_outcomes_fail_on_a_lost_doubled_or_wrongly_refused_request(kind, reply, failing):
+    checks = soak.check_outcomes(specs(kind), [reply])
+    assert not checks[failing]["ok"]
+    assert [n for n, c in checks.items() if not c["ok"]] == [failing]
+
+
+def test_a_greedy_answer_must_equal_its_solo_answer():
+    s = specs("greedy", "greedy", "sampled")
+    solo = {0: answered("def f():", 3), 1: answered("return 1", 2)}
+    same = [answered("def f():", 3), answered("return 1", 2), answered("anything")]
+    assert soak.check_solo(s, same, solo)["greedy_equal_solo"]["ok"]
+    other = [answered("def f():", 3), answered("return 2", 2), answered("anything")]
+    verdict = soak.check_solo(s, other, solo)["greedy_equal_solo"]
+    assert not verdict["ok"] and "'first_difference_at': 7" in verdict["detail"]
+    assert not soak.check_solo(s[2:], other[2:], solo)["greedy_equal_solo"]["ok"]  # nothing compared
+
+
+def test_the_server_s_counters_must_match_the_requests_accepted():
+    before = {"dflash_requests_total": 10, "dflash_requests_failed_total": 0, "dflash_requests_cancelled_total": 1}
+    after = {"dflash_requests_total": 15, "dflash_requests_failed_total": 0, "dflash_requests_cancelled_total": 3}
+    assert soak.check_accounting(before, after, accepted=5, left=2)["server_counters"]["ok"]
+    assert not soak.check_accounting(before, after, accepted=6, left=2)["server_counters"]["ok"]  # one lost
+    assert not soak.check_accounting(before, after, accepted=5, left=1)["server_counters"]["ok"]
+    failed = {**after, "dflash_requests_failed_total": 1}
+    assert not soak.check_accounting(before, failed, accepted=5, left=2)["server_counters"]["ok"]
+    assert not soak.check_accounting(before, {}, accepted=5, left=2)["server_counters"]["ok"]  # server gone
+
+
+MIB = 1 << 20
+
+
+def sample(done, rss_mib, checkpoint_mib=0):
+    m = {"process_resident_memory_bytes": rss_mib * MIB, 'dflash_checkpoint_bytes{where="host"}': checkpoint_mib * MIB,
+         'dflash_checkpoint_bytes{where="device"}': 0}
+    return {"done": done, "net": soak.memory_less_checkpoints(m)}
+
+
+def test_memory_may_grow_by_the_checkpoints_bytes_only():
+    warm_growth = [sample(0, 100), sample(5, 120)]  # before warm-up: not counted
+    flat = warm_growth + [sample(10, 150), sample(20, 152), sample(30, 190, checkpoint_mib=40)]
+    assert soak.check_rss(flat, 10, 0.05)["rss_flat"]["ok"]
+    leak = warm_growth + [sample(10, 150), sample(20, 160), sample(30, 158)]
+    verdict = soak.check_rss(leak, 10, 0.05)["rss_flat"]
+    assert not verdict["ok"] and "+6.7%" in verdict["detail"]
+    assert not soak.check_rss([sample(0, 100), sample(30, 100)], 10, 0.05)["rss_flat"]["ok"]  # too few samples
+    no_rss = [{"done": 20, "net": soak.memory_less_checkpoints({"dflash_requests_total": 1})}] * 3
+    assert "no process_resident_memory_bytes" in soak.check_rss(no_rss, 10, 0.05)["rss_flat"]["detail"]
+
+
+def test_a_test_sized_soak_of_the_demo_server_passes(tmp_path):
+    out = tmp_path / "soak.json"
+    res = subprocess.run([sys.executable, str(SCRIPTS / "soak.py"), "--requests", "32", "--max-tokens", "24",
+                          "--long-prompt-chars", "3000", "--seed", "0", "--time-limit", "120", "-t", "1",
+                          "--sample-every", "0.1", "-o", str(out)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    assert result["passed"] and set(result["checks"]) == {
+        "server_up", "all_sent", "none_lost", "none_twice", "malformed_refused", "greedy_equal_solo",
+        "server_counters", "rss_flat", "server_exit"}
+    assert all(n > 0 for n in result["kinds"].values()), result["kinds"]
+    assert result["checkout"] and result["load_average"]["before"] and result["server"]["np_flag"] is not None
+    assert result["left_before_first_token"] + result["left_mid_stream"] > 0
