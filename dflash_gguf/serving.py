@@ -179,7 +179,9 @@ class Scheduler:
         if not len(batch):
             return
         for seq, new in batch.advance():
-            run = self._running[seq.slot]
+            run = self._running.get(seq.slot)
+            if run is None or run.seq is not seq:
+                continue  # it ended earlier in this round (a round may list a joining sequence twice)
             if seq.error is not None:
                 self._end(run, seq.error)
                 continue

@@ -15,10 +15,10 @@ aggregate tok/s is the completion tokens of all its requests over its wall time,
 are over every request of every repetition. Each row says how it compares with the same
 engine's one-client figure, and ours with llama-server's at the same number of clients.
 
-dflash-server gets -np N (N = clients) only when its --help offers -np; otherwise one
-server per pair takes every client (its requests queue) and the results say so. llama-server
-gets -np N with a context of N times -c, so that every slot has -c, and our sampler order
-(top-k, top-p, min-p, temperature). It runs when built (python scripts/llama_cpp_build.py).
+Both servers get -np N (N = clients) with a context of N times -c, so that every slot has
+-c (dflash-server only when its --help offers -np; otherwise one server per pair takes
+every client, its requests queue, and the results say so); llama-server also gets our
+sampler order (top-k, top-p, min-p, temperature). It runs when built (python scripts/llama_cpp_build.py).
 The results JSON (default results/concurrency-<UTC time>.json) carries the provenance
 dflash-bench records: commit, versions, machine, threads, load average before and after.
 Servers listen on loopback only; the load is bounded (clients <= 64, requests per cell
@@ -171,7 +171,7 @@ def output_path(path: Optional[Path], started: _dt.datetime) -> Path:
 
 def ours_command(port: int, target: str, draft: Optional[str], args, slots: Optional[int], queue: int) -> List[str]:
     cmd = [sys.executable, "-m", "dflash_gguf.server", "--host", "127.0.0.1", "--port", str(port), "-m", target,
-           "-t", str(args.threads), "-c", str(args.ctx_size), "-fa", "on", "-ctk", "f16", "-ctv", "f16",
+           "-t", str(args.threads), "-c", str(args.ctx_size * (slots or 1)), "-fa", "on", "-ctk", "f16", "-ctv", "f16",
            "--queue", str(queue)]
     if draft:
         cmd += ["-md", draft]

@@ -361,7 +361,9 @@ def main(argv=None) -> int:
                 np_flag = serve_load.accepts_flag(serve_load.dflash_server_help(), "-np")
                 port = serve_load.free_port()
                 cmd = [sys.executable, "-m", "dflash_gguf.server", "--host", "127.0.0.1", "--port", str(port),
-                       "-t", str(args.threads), "--queue", str(args.slots), "-c", "4096", "-ub", "64",
+                       "-t", str(args.threads), "--queue", str(args.slots), "-ub", "64",
+                       # 4096 positions a sequence: -np's slots share -c
+                       "-c", str(4096 * (args.slots if np_flag else 1)),
                        *(["-np", str(args.slots)] if np_flag else []), *args.server_args]
                 log(f"dflash-server {'with -np ' + str(args.slots) if np_flag else 'without -np (requests queue)'}")
                 server = serve_load.ServerProcess(cmd, port, Path(tmp) / "server.log")

@@ -169,7 +169,9 @@ def test_llama_server_gets_a_slot_of_the_context_each_and_dflash_drafting(tmp_pa
     assert int(flag["--spec-draft-n-max"]) >= 1 and flag["--host"] == "127.0.0.1"
     ours = bench_concurrency.ours_command(9999, target, draft, args, None, queue=8)
     assert "-np" not in ours and ours[ours.index("-t") + 1] == "3" and ours[ours.index("--queue") + 1] == "8"
-    assert bench_concurrency.ours_command(9999, target, draft, args, 4, queue=4)[-2:] == ["-np", "4"]
+    assert ours[ours.index("-c") + 1] == "1024"
+    ours = bench_concurrency.ours_command(9999, target, draft, args, 4, queue=4)
+    assert ours[-2:] == ["-np", "4"] and ours[ours.index("-c") + 1] == "4096"  # each of the 4 slots has -c
 
 
 @pytest.mark.parametrize("argv, message", [
