@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from parity import Parity
+from tree_paths import root_path
 from test_speculative import BLOCK, ScriptedDraft, pair, prompts  # noqa: F401 (fixture)
 
 from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
@@ -118,14 +119,6 @@ def test_padded_trees_keep_every_path_and_never_accept_a_dummy():
 def random_tree(rng, n):
     """Parents before children, in no particular depth order."""
     return [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
-
-
-def root_path(parents, i):
-    path = []
-    while i >= 0:
-        path.append(i)
-        i = parents[i]
-    return path[::-1]
 
 
 def test_tree_verify_equals_decoding_each_path(pair):

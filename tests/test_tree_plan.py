@@ -10,20 +10,14 @@ import pytest
 
 from dflash_gguf._native import DflashError, check, ffi, lib
 
+from tree_paths import root_path
+
 
 def describe(parents, d_conv=4):
     out = ffi.new("dfl_tree_layout *")
     par = np.ascontiguousarray(parents, dtype=np.int32)
     check(lib.dfl_tree_describe(ffi.from_buffer("int32_t[]", par), len(par), d_conv, out))
     return out
-
-
-def root_path(parents, i):
-    path = []
-    while i >= 0:
-        path.append(i)
-        i = parents[i]
-    return path[::-1]
 
 
 def random_tree(rng, n, branching):
