@@ -30,6 +30,7 @@
 #include <string.h>
 
 #define MAX_BUFFERS 4
+#define PAGE 4096
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 /* One piece of a checkpoint: a copy of a part of a slot's state (dfl_memory_part): of
@@ -59,6 +60,7 @@ struct dfl_checkpoint {
     struct ggml_context * ctxs[MAX_BUFFERS];
     ggml_backend_buffer_t buffers[MAX_BUFFERS];
     size_t device_bytes, host_bytes;
+    size_t overhead_bytes;     /* host memory held besides the copies (see count_overhead) */
 };
 
 /* Every part of slot seq's state at position n_past, target's then drafter's, in a fixed
@@ -172,6 +174,22 @@ DFL_API dfl_status dfl_checkpoint_measure(const dfl_target * t, const dfl_draft 
     return st;
 }
 
+/* Host memory a checkpoint keeps besides its copies' bytes: its record, its parts, the
+ * tensor metadata of each buffer's context, and its host buffers' padding up to whole
+ * pages (the allocator maps large buffers page by page). A server's store of thousands of
+ * checkpoints showed these few kilobytes each as memory creeping up while it filled;
+ * counted, the store's budget and reports cover all a checkpoint holds. */
+static void count_overhead(dfl_checkpoint * c, const size_t * held_in) {
+    c->overhead_bytes = sizeof *c + (size_t) c->n_parts * sizeof(held);
+    for (int k = 0; k < c->n_buffers; k++) {
+        c->overhead_bytes += ggml_get_mem_size(c->ctxs[k]);
+        if (ggml_backend_buffer_is_host(c->buffers[k])) {
+            const size_t size = ggml_backend_buffer_get_size(c->buffers[k]);
+            c->overhead_bytes += (size + PAGE - 1) / PAGE * PAGE - held_in[k];
+        }
+    }
+}
+
 /* Give every part's copy memory: state on a device in a buffer of the same type when
  * on_device (host memory when that allocation fails), everything else in host memory;
  * one buffer per buffer type. */
@@ -219,12 +237,15 @@ static dfl_status alloc_copies(dfl_checkpoint * c, const dfl_memory_part * live,
             return dfl_fail(DFL_ERR_BACKEND, "out of memory for a checkpoint at position %d", c->n_past);
         }
     }
+    size_t held_in[MAX_BUFFERS] = { 0 };
     for (int i = 0; i < c->n_parts; i++) {
         if (c->parts[i].copy) {
             const bool host_buffer = ggml_backend_buffer_is_host(c->buffers[c->parts[i].buffer]);
             *(host_buffer ? &c->host_bytes : &c->device_bytes) += held_bytes(&c->parts[i]);
+            held_in[c->parts[i].buffer] += held_bytes(&c->parts[i]);
         }
     }
+    count_overhead(c, held_in);
     return DFL_OK;
 }
 
@@ -369,6 +390,10 @@ DFL_API int32_t dfl_checkpoint_n_past(const dfl_checkpoint * c) { return c ? c->
 DFL_API uint64_t dfl_checkpoint_device_bytes(const dfl_checkpoint * c) { return c ? (uint64_t) c->device_bytes : 0; }
 
 DFL_API uint64_t dfl_checkpoint_host_bytes(const dfl_checkpoint * c) { return c ? (uint64_t) c->host_bytes : 0; }
+
+DFL_API uint64_t dfl_checkpoint_overhead_bytes(const dfl_checkpoint * c) {
+    return c ? (uint64_t) c->overhead_bytes : 0;
+}
 
 DFL_API int32_t dfl_checkpoint_parent_n_past(const dfl_checkpoint * c) {
     return c && c->parent ? c->parent->n_past : 0;

@@ -441,6 +441,9 @@ int32_t dfl_checkpoint_parent_n_past(const dfl_checkpoint * checkpoint);
  * memory, host memory. Tensor data bytes; buffers add their alignment. */
 uint64_t dfl_checkpoint_device_bytes(const dfl_checkpoint * checkpoint);
 uint64_t dfl_checkpoint_host_bytes(const dfl_checkpoint * checkpoint);
+/* Host memory it keeps besides the copies above: its record, tensor metadata and its host
+ * buffers' padding to whole pages. */
+uint64_t dfl_checkpoint_overhead_bytes(const dfl_checkpoint * checkpoint);
 /* Releases the caller's handle (the state lives on while a child checkpoint needs it). */
 void dfl_checkpoint_free(dfl_checkpoint * checkpoint);
 

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ._native import NativeObject, check, ffi, lib
 
 
@@ -59,6 +61,7 @@ class Checkpoint(NativeObject):
         self.parent_n_past = int(lib.dfl_checkpoint_parent_n_past(self._ptr))  # 0: no parent read
         self.device_bytes = int(lib.dfl_checkpoint_device_bytes(self._ptr))
         self.host_bytes = int(lib.dfl_checkpoint_host_bytes(self._ptr))
+        self.overhead_bytes = int(lib.dfl_checkpoint_overhead_bytes(self._ptr))
         self.nbytes = self.device_bytes + self.host_bytes
 
     def restore(self, target, draft=None, seq: int = 0) -> None:
@@ -79,12 +82,35 @@ def device_room(plan, margin: int = DEVICE_MARGIN) -> int:
     return sum(max(0, d.free - d.need - margin) for d in plan.devices if d.name != "CPU" and d.free)
 
 
+def _packed(tokens: Sequence[int]) -> bytes:
+    """Token ids as int32 bytes: the store's keys and prefix tests. A tuple of Python
+    ints costs about 36 bytes a token, which over thousands of long prompts grew the
+    server's memory by kilobytes a request (the soak's creep); bytes cost 4 and compare
+    as one memcmp."""
+    return np.asarray(tokens, dtype=np.int32).tobytes()
+
+
+# Bytes of the store's own record of an entry besides its tokens (the key tuple, the
+# entry and the OrderedDict's slot).
+_ENTRY_OVERHEAD = 512
+
+
 @dataclass
 class _Entry:
-    tokens: Tuple[int, ...]
+    tokens: bytes  # _packed
     checkpoint: Checkpoint
-    parent: Optional[Tuple[bool, Tuple[int, ...]]]  # the key of the entry it reads rows from
+    parent: Optional[Tuple[bool, bytes]]  # the key of the entry it reads rows from
     children: int = 0  # kept entries reading rows from this one
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // 4
+
+    @property
+    def overhead_bytes(self) -> int:
+        """Host memory the entry keeps besides the checkpoint's state: its key and record,
+        and the checkpoint's own (see dfl_checkpoint_overhead_bytes)."""
+        return len(self.tokens) + _ENTRY_OVERHEAD + self.checkpoint.overhead_bytes
 
 
 @dataclass
@@ -114,9 +140,10 @@ class PrefixCheckpoints:
         self.budget_bytes = int(budget_bytes)
         self.every = int(every)
         self.device_budget_bytes = self.budget_bytes if device_budget_bytes is None else int(device_budget_bytes)
-        self._entries: "OrderedDict[Tuple[bool, Tuple[int, ...]], _Entry]" = OrderedDict()
+        self._entries: "OrderedDict[Tuple[bool, bytes], _Entry]" = OrderedDict()
         self.device_nbytes = 0
         self.host_nbytes = 0
+        self.overhead_nbytes = 0  # host memory the entries keep besides the state (Entry.overhead_bytes)
         self.hits = 0
         self.misses = 0
         self.saved = 0
@@ -124,7 +151,14 @@ class PrefixCheckpoints:
 
     @property
     def nbytes(self) -> int:
+        """The checkpoints' state bytes (device and host)."""
         return self.device_nbytes + self.host_nbytes
+
+    @property
+    def held_nbytes(self) -> int:
+        """All the store holds, its own records and the checkpoints' overhead included:
+        what its budget bounds."""
+        return self.nbytes + self.overhead_nbytes
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -144,15 +178,16 @@ class PrefixCheckpoints:
     def _longest(self, tokens: Sequence[int], limit: int, with_draft: bool, above: int = 0,
                  exact_draft: bool = False):
         best = None
+        prefix = _packed(tokens[:limit])
         for key, entry in self._entries.items():
-            n = len(entry.tokens)
+            n = entry.n_tokens
             if not above < n <= limit or (with_draft and not entry.checkpoint.has_draft):
                 continue
             if exact_draft and entry.checkpoint.has_draft != with_draft:
                 continue
-            if best is not None and n <= len(best[1].tokens):
+            if best is not None and n <= best[1].n_tokens:
                 continue
-            if tuple(tokens[:n]) == entry.tokens:
+            if prefix.startswith(entry.tokens):
                 best = (key, entry)
         return best
 
@@ -183,6 +218,7 @@ class PrefixCheckpoints:
         entry = self._entries.pop(key)
         self.device_nbytes -= entry.checkpoint.device_bytes
         self.host_nbytes -= entry.checkpoint.host_bytes
+        self.overhead_nbytes -= entry.overhead_bytes
         entry.checkpoint.close()
         if entry.parent is not None:
             self._entries[entry.parent].children -= 1
@@ -204,7 +240,7 @@ class PrefixCheckpoints:
         does not fit the budget. When only that parent could make room, it goes and the
         new one holds its rows instead (the newest position of a prompt is the one a
         follow-up needs)."""
-        key = (draft is not None, tuple(tokens))
+        key = (draft is not None, _packed(tokens))
         if key in self._entries:
             self._entries.move_to_end(key)
             return False
@@ -214,7 +250,7 @@ class PrefixCheckpoints:
             device, host = measure(target, draft, parent, seq)
             if device + host > self.budget_bytes:
                 return False
-            if self.nbytes + device + host <= self.budget_bytes:
+            if self.held_nbytes + device + host <= self.budget_bytes:
                 break
             if not self._evict_one(keep=parent_key):
                 if parent_key is None or self._entries[parent_key].children:
@@ -229,9 +265,10 @@ class PrefixCheckpoints:
             parent_key = None  # it holds every row itself
         if parent_key is not None:
             self._entries[parent_key].children += 1
-        self._entries[key] = _Entry(key[1], checkpoint, parent_key)
+        entry = self._entries[key] = _Entry(key[1], checkpoint, parent_key)
         self.device_nbytes += checkpoint.device_bytes
         self.host_nbytes += checkpoint.host_bytes
+        self.overhead_nbytes += entry.overhead_bytes
         self.saved += 1
         return True
 
@@ -239,4 +276,4 @@ class PrefixCheckpoints:
         for entry in self._entries.values():
             entry.checkpoint.close()
         self._entries.clear()
-        self.device_nbytes = self.host_nbytes = 0
+        self.device_nbytes = self.host_nbytes = self.overhead_nbytes = 0

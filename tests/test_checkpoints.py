@@ -208,7 +208,7 @@ def test_store_evicts_least_recently_used_by_bytes(tokenizer):
         draft.reset()
         prefill_prompt(target, prompt[:n], 0, draft)
         probe.save(prompt[:n], target, draft)
-    sizes = [e.checkpoint.nbytes for e in probe._entries.values()]
+    sizes = [e.checkpoint.nbytes + e.overhead_bytes for e in probe._entries.values()]  # what the budget counts
     probe.clear()
     store = PrefixCheckpoints(sizes[0] + sizes[1], every=32)  # room for the 32- and the 64-token ones
     for n in (32, 64):
@@ -221,14 +221,54 @@ def test_store_evicts_least_recently_used_by_bytes(tokenizer):
     draft.reset()
     prefill_prompt(target, prompt[:33], 0, draft)
     assert store.save(prompt[:33], target, draft)  # evicts the 64-token one
-    assert store.evicted == 1 and len(store) == 2 and store.nbytes <= store.budget_bytes
+    assert store.evicted == 1 and len(store) == 2 and store.held_nbytes <= store.budget_bytes
     assert store.lookup(prompt, 100, True).n_past == 33
     assert store.lookup(prompt[:10] + [0] * 50, 100, True) is None
     assert not store.save(prompt[:33], target, draft)  # already kept
     assert store.positions(100, 0) == [32, 64, 96, 99] and store.positions(70, 40) == [64, 69]
     assert store.positions(70, 69) == []
     store.clear()
-    assert len(store) == 0 and store.nbytes == 0
+    assert len(store) == 0 and store.nbytes == 0 and store.overhead_nbytes == 0
+
+
+def test_the_store_counts_all_it_keeps(tokenizer):
+    """What the soak found creeping in a server: a store of many long prompts' checkpoints
+    kept about 36 bytes a token of Python ints as keys, and each checkpoint a few
+    kilobytes of records, metadata and page padding that its budget did not count. Keys
+    are 4 bytes a token now, and the overhead is counted: the Python memory the store
+    keeps per checkpoint is its key and a small record, and its held bytes cover it."""
+    import tracemalloc
+
+    target, draft = load(0)
+    prompt = (tokenizer.encode(TEXT) * 4)[:480]
+    store = PrefixCheckpoints(1 << 30, every=1 << 20)
+    target.reset()
+    draft.reset()
+    prefill_prompt(target, prompt, 0, draft)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        cut = len(prompt)
+        assert store.save(prompt[:cut], target, draft)
+        grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename")
+                    if "tracemalloc" not in str(s.traceback))
+    finally:
+        tracemalloc.stop()
+    assert grown < 4 * cut + 4096, f"{grown} bytes of Python memory for a {cut}-token key"
+    entry = next(iter(store._entries.values()))
+    assert entry.checkpoint.overhead_bytes >= 1024  # its records and tensor metadata at least
+    assert store.overhead_nbytes == entry.overhead_bytes >= 4 * cut + entry.checkpoint.overhead_bytes
+    assert store.held_nbytes == store.nbytes + store.overhead_nbytes
+
+
+def test_the_server_maps_large_blocks_apart():
+    """glibc's dynamic mmap threshold fragments a server's heap as its checkpoint store
+    churns buffers (see fix_mmap_threshold): the server fixes it where it can."""
+    import platform
+
+    from dflash_gguf.server import fix_mmap_threshold
+
+    assert fix_mmap_threshold() or platform.libc_ver()[0] != "glibc"
 
 
 @pytest.mark.parametrize("where", ["device", "host"])
@@ -304,6 +344,7 @@ def test_checkpoints_of_a_long_prompt_keep_its_prefix_once(tokenizer, geometry):
     assert len(marks) >= 5 and len(store) == len(marks)
     assert [c.parent_n_past for c in store.checkpoints()] == [0] + marks[:-1]
     assert store.nbytes == marks[-1] * geometry["row"] + len(marks) * geometry["fixed"]
+    assert store.held_nbytes == store.nbytes + store.overhead_nbytes and store.overhead_nbytes > 0
     assert store.host_nbytes == store.nbytes and store.device_nbytes == 0  # the CPU's state is host memory
     every_prefix = sum(n * geometry["row"] + geometry["fixed"] for n in marks)  # what copying prefixes took
     assert every_prefix - store.nbytes > 2 * marks[-1] * geometry["row"]
