@@ -30,6 +30,7 @@ static dfl_status check_seq(const dfl_target * t, int32_t seq) {
 DFL_API void dfl_target_default_params(dfl_target_params * p) {
     memset(p, 0, sizeof *p);
     p->n_ctx = 4096;
+    p->n_seq = 1;
     p->n_ubatch = 512;
     p->n_verify = 16;
     p->kv_type = GGML_TYPE_F16;
@@ -38,13 +39,18 @@ DFL_API void dfl_target_default_params(dfl_target_params * p) {
 }
 
 static dfl_status check_params(const dfl_model * m, dfl_target_params * p) {
-    if (p->n_ctx <= 0) p->n_ctx = 4096;
-    if (p->n_seq <= 0) p->n_seq = 1;
+    /* a bad value is refused, never replaced: dfl_target_default_params gives defaults */
+    const struct { const char * name; int32_t value; } sizes[] = {
+        { "n_ctx", p->n_ctx }, { "n_seq", p->n_seq }, { "n_ubatch", p->n_ubatch }, { "n_verify", p->n_verify } };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (sizes[i].value <= 0) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "%s must be positive, got %d", sizes[i].name, sizes[i].value);
+        }
+    }
     if (p->n_seq > DFL_MAX_SEQ) {
         return dfl_fail(DFL_ERR_ARGUMENT, "n_seq (%d) exceeds the supported %d sequences", p->n_seq, DFL_MAX_SEQ);
     }
-    if (p->n_ubatch <= 0) p->n_ubatch = 512;
-    if (p->n_verify <= 0) p->n_verify = 16;
+    /* a prompt chunk never holds more than the context: a larger n_ubatch only means whole prompts */
     if (p->n_ubatch > p->n_ctx) p->n_ubatch = p->n_ctx;
     if (p->n_verify > DFL_MAX_VERIFY) {
         return dfl_fail(DFL_ERR_ARGUMENT, "n_verify (%d) exceeds the supported %d", p->n_verify, DFL_MAX_VERIFY);

@@ -452,10 +452,17 @@ def test_load_errors(case, bad_files):
     (dict(feature_layers=(5,)), DflashError),       # base has 4 layers
     (dict(feature_layers=tuple(range(1, 18))), ValueError),
     (dict(n_ctx=16, n_verify=32), DflashError),
+    # the C runtime refuses a bad size instead of replacing it with its default
+    (dict(n_ctx=0), DflashError),
+    (dict(n_ubatch=-1), DflashError),
+    (dict(n_verify=0), DflashError),
+    (dict(n_seq=0), DflashError),
 ])
 def test_bad_settings(cfg, exc, gguf):
-    with pytest.raises(exc):
+    with pytest.raises(exc) as e:
         Target(gguf("base"), TargetConfig(**cfg))
+    if "n_ctx" in cfg and cfg["n_ctx"] <= 0 or "n_seq" in cfg:
+        assert "must be positive" in str(e.value)
 
 
 def test_default_threads_are_the_cpus_we_may_use(gguf):
