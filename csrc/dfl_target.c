@@ -754,6 +754,71 @@ DFL_API dfl_status dfl_target_candidates(const dfl_target * t, int32_t row0, int
     return dfl_sampler_candidates(&t->rt, &t->out->in.samp, t->n_out, row0, n_rows, k, tokens, probs);
 }
 
+/* A slot for a graph beside the one whose results are being read: the least recently
+ * used other than it (its graph is rebuilt when its shape comes again). */
+static int spare_slot(dfl_target * t) {
+    int slot = -1;
+    for (int i = 0; i < t->rt.n_slots; i++) {
+        if (&t->graphs[i] == t->out) {
+            continue;
+        }
+        if (slot < 0 || !t->graphs[i].valid ||
+            (t->graphs[slot].valid && t->graphs[i].last_use < t->graphs[slot].last_use)) {
+            slot = i;
+        }
+    }
+    return slot;
+}
+
+DFL_API dfl_status dfl_target_redraw(dfl_target * t, int32_t seq, const int32_t * rows, const float * u, int32_t n,
+                                     int32_t * dst) {
+    TRY(check_seq(t, seq));
+    if (!rows || !u || !dst || n <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "redraw: needs rows, a uniform for each and room for the tokens");
+    }
+    if (t->n_out == 0) {
+        return dfl_fail(DFL_ERR_STATE, "redraw: the last call computed no logits");
+    }
+    for (int i = 0; i < n; i++) {
+        TRY(check_rows(t, rows[i], 1, t->n_out, "redraw"));
+    }
+    dfl_sampler * smp = &t->sampler[seq];
+    if (smp->s.temperature <= 0.0f) {
+        return dfl_fail(DFL_ERR_STATE, "redraw: sequence %d does not sample (temperature 0)", seq);
+    }
+    const int slot = spare_slot(t);
+    if (slot < 0) {
+        return dfl_fail(DFL_ERR_STATE, "redraw: the runtime keeps no second graph");
+    }
+    t->graphs[slot].valid = false;
+    /* the rows' logits (their penalties applied in place by the step's graph) ranked in
+     * full: the draw then sees every token the kept set may hold, at any vocabulary size */
+    const int V = t->m.n_vocab;
+    const dfl_sampler_key key = { DFL_PICK_RANKED, V, 0, 0, 0, 0 };
+    struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
+    struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    struct ggml_tensor * which = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    ggml_set_input(which);
+    /* the step's logits as a leaf of this graph, in the memory they are in: through the
+     * step's own tensor the new graph would run the whole step again */
+    const struct ggml_tensor * step_logits = t->out->in.logits;
+    struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, step_logits->type, step_logits->ne[0], step_logits->ne[1]);
+    if (ggml_backend_tensor_alloc(step_logits->buffer, logits, step_logits->data) != GGML_STATUS_SUCCESS) {
+        return dfl_fail(DFL_ERR_BACKEND, "redraw: cannot reach the step's logits");
+    }
+    dfl_sampler_graph g;
+    struct ggml_tensor * choice = dfl_sampler_build(ctx, gf, ggml_get_rows(ctx, logits, which), &key, &g);
+    ggml_set_output(choice);
+    ggml_build_forward_expand(gf, choice);
+    TRY(dfl_runtime_alloc(&t->rt, slot, gf));
+    dfl_runtime_set(&t->rt, which, rows, 0, (size_t) n * sizeof(int32_t));
+    TRY(dfl_sampler_stage_uniforms(smp, u, n));
+    TRY(dfl_sampler_fill(smp, &t->rt, &g, &key, n, V));
+    TRY(dfl_runtime_compute(&t->rt, slot, gf));
+    dfl_runtime_get(&t->rt, choice, dst, 0, (size_t) n * sizeof(int32_t));
+    return DFL_OK;
+}
+
 DFL_API dfl_status dfl_target_set_sampling(dfl_target * t, int32_t seq, const dfl_sampling * s) {
     TRY(check_seq(t, seq));
     return dfl_sampler_set(&t->sampler[seq], s);

@@ -188,7 +188,7 @@ dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row
 /* The target's choice at each row, made on the device by its sampling settings: the
  * argmax (greedy), or the draw with the row's uniform; -1 for a row whose kept set may
  * reach past the candidates ranked on the device (see dfl_sampling.n_candidates): draw it
- * from its logits. */
+ * again with dfl_target_redraw. */
 dfl_status dfl_target_choices(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
 /* Captured features of the last call, [n_rows][n_feature_layers * n_embd] float32. */
 dfl_status dfl_target_features(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
@@ -278,6 +278,12 @@ dfl_status dfl_target_set_penalties(dfl_target * target, int32_t seq, const int3
  * k = min(top_k, n_vocab). */
 dfl_status dfl_target_candidates(const dfl_target * target, int32_t row0, int32_t n_rows, int32_t k,
                                  int32_t * tokens, float * probs);
+/* Draws again, for sequence seq, the rows of the last call whose choice was -1 (a kept
+ * set of top_k 0 with top_p or min_p that reaches past the candidates the step ranked):
+ * with the same uniforms u, over their logits ranked in full, on the device. Writes n
+ * token ids to dst; the last call's logits, choices and candidates stay readable. */
+dfl_status dfl_target_redraw(dfl_target * target, int32_t seq, const int32_t * rows, const float * u, int32_t n,
+                             int32_t * dst);
 
 /* ---- DFlash drafter ------------------------------------------------------------------ */
 

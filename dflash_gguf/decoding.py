@@ -99,7 +99,7 @@ class Sequence:
         if self.max_tokens == 0:
             self.done = True
             return []
-        self.bonus = int(self.sampler.choices(self.target, 0, 1)[0])
+        self.bonus = int(self.sampler.choices(self.target, 0, 1, self.slot)[0])
         return self._emitted([self.bonus], record=False)
 
     def _emitted(self, new: List[int], record: bool = True) -> List[int]:
@@ -194,7 +194,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     for s, r in zip(seqs, rows):
         if s.proposer.stage is not None:
             s.stage(s.proposer.stage)
-        choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0)
+        choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
         new = s.proposer.accept(s, choice)
         if s.proposer.stage is None:
             s.stage("committed")

@@ -14,8 +14,9 @@ the argmax, after the penalties.
 The graphs choose each row's token themselves (csrc/dfl_sampler.c): the host hands them
 one uniform per row from the request's seeded generator and, with penalties, each row's
 token counts, and reads token ids back. `distribution` is the same rule in numpy: the
-reference the tests compare against, and the fallback for the rare row whose kept set
-reaches past the candidates the device ranks (top_k 0 with top_p or min_p).
+reference the tests compare against. A row whose kept set reaches past the candidates a
+step ranks (top_k 0 with top_p or min_p) is drawn again on the device over its logits
+ranked in full (Target.redraw): no vocabulary row crosses to the host.
 """
 from __future__ import annotations
 
@@ -207,16 +208,17 @@ class Sampler:
             counts[i, : len(seen)] = n
         return tokens, counts
 
-    def choices(self, target, row0: int, n_rows: int) -> np.ndarray:
+    def choices(self, target, row0: int, n_rows: int, seq: int = 0) -> np.ndarray:
         """The target's choices for this request's rows row0.. of its last call; a row the
-        device could not decide (-1: its kept set reaches past the ranked candidates) is
-        drawn here from its logits (the penalties already applied) with the same uniform."""
-        return self.resolve(target, target.choices(row0, n_rows), row0)
+        step could not decide (-1: its kept set reaches past the candidates it ranked) is
+        drawn again on the device over its whole vocabulary, with the same uniform."""
+        return self.resolve(target, target.choices(row0, n_rows), row0, seq)
 
-    def resolve(self, target, out: np.ndarray, row0: int) -> np.ndarray:
+    def resolve(self, target, out: np.ndarray, row0: int, seq: int = 0) -> np.ndarray:
         """choices() of rows already read (out, this request's rows from row0)."""
-        for i in np.flatnonzero(out < 0):
-            out[i] = draw(distribution(target.logits(row0 + int(i), 1), self.params)[0], float(self._u[int(i)]))
+        undecided = np.flatnonzero(out < 0)
+        if len(undecided):
+            out[undecided] = target.redraw(row0 + undecided, self._u[undecided], seq)
         return out
 
     def reject_accept(self, drafts: Sequence[int], q: Tuple[np.ndarray, np.ndarray],

@@ -231,6 +231,17 @@ class Target(NativeObject):
         check(lib.dfl_target_choices(self._handle(), ffi.from_buffer("int32_t[]", out), row0, n_rows))
         return out.copy()
 
+    def redraw(self, rows, u, seq: int = 0) -> np.ndarray:
+        """Draws again on the device the rows of the last call that chose -1 (their kept
+        set reached past the ranked candidates), with their uniforms u, over their logits
+        ranked in full: only token ids come back."""
+        rows = np.ascontiguousarray(rows, dtype=np.int32)
+        u = np.ascontiguousarray(u, dtype=np.float32)
+        out = np.empty(len(rows), dtype=np.int32)
+        check(lib.dfl_target_redraw(self._handle(), int(seq), ffi.from_buffer("int32_t[]", rows),
+                                    ffi.from_buffer("float[]", u), len(rows), ffi.from_buffer("int32_t[]", out)))
+        return out
+
     def candidates(self, row0: int, n_rows: int, k: int):
         """(tokens, probabilities), [n_rows, k] each: the kept candidates of the last
         call's rows as they were drawn (sampling with top_k = k)."""

@@ -400,3 +400,83 @@ def test_auto_learns_per_sampling_setting():
         assert engine._autos[None] is greedy[None] and engine._autos[None].steps == steps
         assert engine._autos[(0.6, 20, 0.95, 0.0)].steps > 0
         assert engine._autos[(0.6, 20, 0.95, 0.0)].cost is greedy[None].cost  # measured once per engine
+
+
+# ---- a kept set past the ranked candidates: drawn again on the device ------------------------
+
+def ranked_draw(row_p: np.ndarray, u: float) -> int:
+    """The device's rule: the draw over the kept tokens, most likely first."""
+    order = np.argsort(-row_p, kind="stable")
+    cum = np.cumsum(row_p[order])
+    return int(order[min(np.searchsorted(cum, u * cum[-1], side="right"), len(order) - 1)])
+
+
+def test_a_kept_set_past_the_candidates_is_drawn_on_the_device(demo, prompt):
+    """top_k 0 with top_p near 1 keeps more tokens than a step ranks (4 here): the step
+    chooses -1 there, and the redraw ranks those rows' logits in full on the device. Its
+    tokens are the draws of the host rule with the same uniforms, and only their ids are
+    read back."""
+    target, _ = demo
+    params = SamplingParams(1.5, top_p=0.995)
+    native = params.native()
+    native.n_candidates = 4
+    target.reset()
+    target.set_sampling(native)
+    target.set_uniforms(np.zeros(1, dtype=np.float32))
+    target.prefill(prompt, LOGITS_LAST)
+    tokens = list(range(600, 616))
+    u = np.random.default_rng(2).random(len(tokens), dtype=np.float32)
+    target.set_uniforms(u)
+    target.verify(tokens)
+    got = target.choices(0, len(tokens))
+    undecided = np.flatnonzero(got < 0)
+    assert len(undecided) >= 4, got  # the path under test is taken
+    before = target.info()
+    redrawn = target.redraw(undecided, u[undecided])
+    after = target.info()
+    assert after["n_host_reads"] == before["n_host_reads"] + 1
+    assert after["n_host_read_bytes"] - before["n_host_read_bytes"] == 4 * len(undecided)  # token ids alone
+    p = distribution(target.logits(0, len(tokens)), params)
+    want = [ranked_draw(p[i], float(u[i])) for i in undecided]
+    assert sum(g == w for g, w in zip(redrawn.tolist(), want)) >= len(want) - 1, (redrawn, want)
+    assert target.choices(0, len(tokens)).tolist() == got.tolist()  # the step's results stay readable
+    target.commit(1)
+
+
+def test_redraw_at_a_large_vocabulary_reads_only_ids(tmp_path):
+    """At Qwen3.5's 248,320-token vocabulary, a nearly flat distribution (a random small
+    target at temperature 4) keeps tens of thousands of tokens under top_p 0.9: every row
+    is drawn again on the device, and the host reads 4 bytes a row."""
+    from dflash_gguf.convert.shape_model import write_model
+    from dflash_gguf.convert.shapes import CONFIGS, shrunk
+
+    small = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, rot=8, sections=[2, 1, 1, 0], lin_k_heads=1,
+                 lin_v_heads=2, lin_dim=32, ffn=128)
+    path = write_model(shrunk(CONFIGS["qwen35-27b"], 4, **small), "f16", tmp_path / "v248k.gguf", progress=False)
+    params = SamplingParams(4.0, top_p=0.9)
+    with Target(str(path), TargetConfig(n_ctx=64, n_ubatch=16, n_verify=8, n_threads=1)) as target:
+        assert target.n_vocab == 248320
+        target.set_sampling(params.native())
+        target.set_uniforms(np.zeros(1, dtype=np.float32))
+        target.prefill([1, 2, 3, 4], LOGITS_LAST)
+        tokens = list(range(1000, 1008))
+        u = np.random.default_rng(3).random(len(tokens), dtype=np.float32)
+        target.set_uniforms(u)
+        target.verify(tokens)
+        before = target.info()
+        sampler = Sampler(params)
+        sampler._u = u
+        got = sampler.choices(target, 0, len(tokens))
+        after = target.info()
+        assert after["n_host_read_bytes"] - before["n_host_read_bytes"] == 2 * 4 * len(tokens)  # choices, redraw
+        assert ((got >= 0) & (got < target.n_vocab)).all()
+        p = distribution(target.logits(0, len(tokens)), params)
+        assert (np.count_nonzero(p, axis=1) > 10000).all()  # the kept sets are far past any ranked candidates
+        for i, g in enumerate(got.tolist()):
+            # f32 sums over 10^5 nearly equal probabilities part from numpy's by a few
+            # tokens' worth: the draw lands where the uniform says, within a 1% band
+            order = np.argsort(-p[i], kind="stable")
+            rank = int(np.flatnonzero(order == g)[0])
+            kept = np.count_nonzero(p[i])
+            want = int(np.searchsorted(np.cumsum(p[i][order]), u[i], side="right"))
+            assert p[i][g] > 0 and abs(rank - want) <= 0.01 * kept, (i, rank, want, kept)
