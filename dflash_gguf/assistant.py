@@ -120,9 +120,9 @@ def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Seq
     thinking off also with templates that open a thinking block regardless."""
     kwargs = dict(template_kwargs or {})
     offered = list(tools) if tool_choice != "none" else []
-    if template.harmony:
-        return _harmony_turn(template, messages, offered, tool_choice, kwargs, reasoning_format)
     fmt = format_of(template)
+    if fmt == "harmony":
+        return _harmony_turn(template, messages, offered, tool_choice, kwargs, reasoning_format)
     if fmt == "generic":
         # the template cannot show tools, calls or results: they become text it can show
         prompt = template.render(as_plain_messages(messages, offered), **kwargs)

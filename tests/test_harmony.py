@@ -28,13 +28,8 @@ GPT_OSS = "openai-gpt-oss-120b"
 
 
 @pytest.fixture(scope="module")
-def source():
-    from fixtures import llama_cpp_source, missing_oracle
-
-    src = llama_cpp_source()
-    if src is None:
-        missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
-    return (src / "models" / "templates" / f"{GPT_OSS}.jinja").read_text(encoding="utf-8")
+def source(published_template):
+    return published_template(GPT_OSS)
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +70,12 @@ def one_call(i=0, reasoning=None):
 
 # -- rendering ---------------------------------------------------------------------------------
 
-def test_the_harmony_format_is_read_from_the_template(template):
-    assert template.harmony and format_of(template) != "generic"
+OTHER_TEMPLATES = ["Qwen-Qwen3-0.6B", "Qwen3.5-4B", "Qwen3-Coder", "google-gemma-4-31B-it"]
+
+
+def test_the_harmony_format_is_read_from_the_template(template, published_template):
+    assert template.harmony and format_of(template) == "harmony"
+    assert not any(ChatTemplate(published_template(name)).harmony for name in OTHER_TEMPLATES)
     turn = prepare_turn(template, history()[:2], tools=TOOLS)
     assert turn.thinking is None and turn.tool_format == "harmony" and turn.prompt.endswith("<|start|>assistant")
 
