@@ -23,7 +23,8 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
                    help="-1: the model thinks as its template lets it (default); 0: thinking off "
                         "(enable_thinking=false for the template, and a thinking block the template opens anyway "
-                        "is closed before the reply; gpt-oss's harmony: the reply starts after an empty analysis message)")
+                        "is closed before the reply; gpt-oss's harmony: the reply starts after an empty analysis "
+                        "message)")
     p.add_argument("--reasoning-effort", metavar="LEVEL",
                    help="reasoning effort given to the chat template: low, medium or high (gpt-oss's harmony "
                         "template writes it into its system message; default: the template's own, medium); a "

@@ -246,7 +246,7 @@ def test_return_and_call_end_generation_under_llama_cpps_vocabulary(tmp_path):
 
     specials = ["<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
                 "<|message|>", "<|call|>", "<|endoftext|>"]
-    byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + [chr(c) for c in range(174, 256)]
+    byte_chars = [chr(c) for c in (*range(33, 127), *range(161, 173), *range(174, 256))]
     byte_chars += [chr(256 + i) for i in range(256 - len(byte_chars))]  # GPT-2's byte-to-unicode table's rest
     tokens = byte_chars + ["hi"] + specials  # llama.cpp wants at least one merge
     types = [gguf.TokenType.NORMAL] * (len(byte_chars) + 1) + [gguf.TokenType.CONTROL] * len(specials)
