@@ -147,7 +147,7 @@ class HarmonyParser:
         self._buf = ""
         self._header: Optional[str] = ""  # the header read so far; None: in a message's body
         self._route = ""  # the body's destination: reasoning, content, call or drop
-        self._raw = ""  # the header as written (a malformed call goes back to content with it)
+        self._raw = ""  # the header as written, role left out (a malformed call goes back to content with it)
         self._name = ""  # the function a call's body is for
         self._body = ""  # a call's body so far
         self._not_header = False  # the body is text that failed to be a header
@@ -179,10 +179,10 @@ class HarmonyParser:
         if not self._buf:
             return False
         if self._header is not None:
-            return self._read_header(out, final)
+            return self._read_header(out)
         return self._read_body(out, final)
 
-    def _read_header(self, out: List[tuple], final: bool) -> bool:
+    def _read_header(self, out: List[tuple]) -> bool:
         header = self._header + self._buf
         cut = header.find(MESSAGE)
         ended = [i for m in TERMINATORS if (i := header.find(m)) >= 0 and (cut < 0 or i < cut)]
