@@ -154,8 +154,26 @@ def to_openai(body: dict) -> dict:
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
             raise BadRequest("'thinking' must be {'type': 'enabled' | 'disabled', ...}", "thinking")
         kwargs = out.get("chat_template_kwargs") if isinstance(out.get("chat_template_kwargs"), dict) else {}
-        out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled", **kwargs}
+        implied = {"enable_thinking": thinking["type"] != "disabled"}
+        budget = thinking.get("budget_tokens")
+        if thinking["type"] == "enabled" and budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+                raise BadRequest("'thinking.budget_tokens' must be a positive integer", "thinking")
+            implied["reasoning_effort"] = effort_of_budget(budget)
+        out["chat_template_kwargs"] = {**implied, **kwargs}
     return out
+
+
+# a thinking budget read as a reasoning effort (gpt-oss's harmony template takes an effort,
+# not a budget): Claude Code's "think" (4,000 tokens) is low, "think hard" (10,000) medium,
+# "ultrathink" (31,999) high
+EFFORT_BUDGETS = ((8192, "low"), (16384, "medium"))
+
+
+def effort_of_budget(budget_tokens: int) -> str:
+    """The reasoning effort of a thinking budget: below 8192 tokens low, below 16384
+    medium, else high."""
+    return next((effort for limit, effort in EFFORT_BUDGETS if budget_tokens < limit), "high")
 
 
 def new_id() -> str:

@@ -79,19 +79,30 @@ class Turn:
     """A prompt for the assistant's turn, and how to read the reply to it."""
 
     prompt: str
-    thinking: ThinkingSyntax
+    thinking: Optional[ThinkingSyntax]  # None: a harmony reply (its analysis channel holds the thoughts)
     starts_thinking: bool  # the prompt ends inside a thinking block
     tool_format: Optional[str] = None  # None: no tool calls are read
     tools: Sequence[dict] = ()
-    primed: str = ""  # a call's opening, written at the end of the prompt (tool_choice)
+    primed: str = ""  # the reply's opening, written at the end of the prompt (tool_choice, thinking off)
     reasoning_format: str = "auto"
 
-    def parser(self, make_id: Optional[Callable[[], str]] = None) -> ReplyParser:
+    def parser(self, make_id: Optional[Callable[[], str]] = None):
+        """A ReplyParser, or for a harmony reply a harmony.HarmonyParser (the same deltas)."""
+        if self.thinking is None:
+            from .harmony import HarmonyParser
+
+            return HarmonyParser(bool(self.tool_format), make_id, self.primed, self.reasoning_format)
         call_open = SYNTAX[self.tool_format].open if self.tool_format else None
         splitter = ReasoningSplitter(self.thinking, self.reasoning_format, self.starts_thinking,
                                      ends=[call_open] if call_open else [])
         calls = ToolCallParser(self.tool_format, self.tools, make_id) if self.tool_format else None
         return ReplyParser(splitter, calls, self.primed)
+
+    def call_close(self) -> str:
+        """The text that ends a tool call: generation stops there for one call only."""
+        from .harmony import CALL
+
+        return CALL if self.thinking is None else SYNTAX[self.tool_format].close
 
 
 def forced_tool(tool_choice: ToolChoice) -> Optional[str]:
@@ -110,6 +121,8 @@ def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Seq
     kwargs = dict(template_kwargs or {})
     offered = list(tools) if tool_choice != "none" else []
     fmt = format_of(template)
+    if fmt == "harmony":
+        return _harmony_turn(template, messages, offered, tool_choice, kwargs, reasoning_format)
     if fmt == "generic":
         # the template cannot show tools, calls or results: they become text it can show
         prompt = template.render(as_plain_messages(messages, offered), **kwargs)
@@ -124,3 +137,16 @@ def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Seq
         prompt += syntax.closed_empty  # a forced call is answered without thinking first
         thinking = False
     return Turn(prompt + primed, syntax, thinking, fmt if offered else None, offered, primed, reasoning_format)
+
+
+def _harmony_turn(template: ChatTemplate, messages: Sequence[dict], offered: List[dict], tool_choice: ToolChoice,
+                  kwargs: dict, reasoning_format: str) -> Turn:
+    """prepare_turn for a harmony template (gpt-oss): thinking off starts the reply after
+    an empty analysis message; a forced call starts it with the call's header."""
+    from .harmony import EMPTY_ANALYSIS, forced_call
+
+    prompt = template.render(messages, tools=offered or None, **kwargs)
+    primed = EMPTY_ANALYSIS if kwargs.get("enable_thinking") is False else ""
+    if offered and tool_choice != "auto":
+        primed += forced_call(forced_tool(tool_choice))
+    return Turn(prompt + primed, None, False, "harmony" if offered else None, offered, primed, reasoning_format)

@@ -14,6 +14,9 @@ import json
 from datetime import datetime
 from typing import Dict, Optional, Sequence
 
+from .config import ConfigError, check_reasoning_effort
+from .harmony import is_harmony, template_messages
+
 DEFAULT = "default"
 
 
@@ -60,6 +63,7 @@ class ChatTemplate:
             raise ValueError(f"the chat template '{name}' is not valid Jinja: {e} (line {e.lineno})") from None
         # a template that never reads `tools` cannot show them to the model (see toolcalls.py)
         self.reads_tools = "tools" in variables
+        self.harmony = is_harmony(source)  # gpt-oss's format (harmony.py)
 
     @classmethod
     def of_tokenizer(cls, tokenizer, source: str, name: str = DEFAULT) -> "ChatTemplate":
@@ -69,9 +73,18 @@ class ChatTemplate:
     def render(self, messages: Sequence[dict], tools: Optional[Sequence[dict]] = None,
                add_generation_prompt: bool = True, **template_kwargs) -> str:
         """The messages (and tools, OpenAI's function schemas) rendered, ready for the
-        assistant's reply; template_kwargs are variables the template may read."""
+        assistant's reply; template_kwargs are variables the template may read
+        (reasoning_effort: low, medium or high). A harmony template gets the messages as
+        llama.cpp hands them to it (harmony.template_messages)."""
         from jinja2.exceptions import TemplateError
 
+        if "reasoning_effort" in template_kwargs:
+            try:
+                check_reasoning_effort(template_kwargs["reasoning_effort"])
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
+        if self.harmony:
+            messages = template_messages(messages)
         variables = {**template_kwargs, "messages": list(messages), "add_generation_prompt": add_generation_prompt,
                      "bos_token": self.bos_token, "eos_token": self.eos_token}
         if tools:

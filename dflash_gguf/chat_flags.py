@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 
+from .config import ConfigError, check_reasoning_effort
 from .reasoning import REASONING_FORMATS
 
 
@@ -22,7 +23,12 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
                    help="-1: the model thinks as its template lets it (default); 0: thinking off "
                         "(enable_thinking=false for the template, and a thinking block the template opens anyway "
-                        "is closed before the reply)")
+                        "is closed before the reply; gpt-oss's harmony: the reply starts after an empty analysis "
+                        "message)")
+    p.add_argument("--reasoning-effort", metavar="LEVEL",
+                   help="reasoning effort given to the chat template: low, medium or high (gpt-oss's harmony "
+                        "template writes it into its system message; default: the template's own, medium); a "
+                        "request's reasoning_effort goes on top")
     p.add_argument("--reasoning-format", default="auto", choices=REASONING_FORMATS,
                    help="where thoughts go: auto / deepseek (default): apart from the reply (reasoning_content; "
                         "dflash-run prints them on stderr), deepseek-legacy: apart and also in the reply, "
@@ -47,6 +53,13 @@ def validate_chat_args(args, parser: argparse.ArgumentParser) -> None:
                      "not supported")
     if args.reasoning_budget == 0:
         kwargs["enable_thinking"] = False
+    for given, effort in (("--chat-template-kwargs", kwargs.get("reasoning_effort")),
+                          ("--reasoning-effort", args.reasoning_effort)):
+        if effort is not None:
+            try:
+                kwargs["reasoning_effort"] = check_reasoning_effort(effort)
+            except ConfigError as e:
+                parser.error(f"{given}: {e}")
     args.template_kwargs = kwargs
     args.template_source = None
     if args.chat_template_file is not None:

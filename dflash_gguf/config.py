@@ -38,6 +38,18 @@ def check_chain_rule(rule: str) -> str:
     return rule
 
 
+# the reasoning efforts a chat template is given (gpt-oss's "Reasoning: ..." line)
+REASONING_EFFORTS = ("low", "medium", "high")
+
+
+def check_reasoning_effort(effort) -> str:
+    """A reasoning effort (--reasoning-effort, a request's reasoning_effort), checked."""
+    if effort not in REASONING_EFFORTS:
+        raise ConfigError("reasoning_effort", f"reasoning effort must be one of {', '.join(REASONING_EFFORTS)}, "
+                                              f"got {effort!r}")
+    return effort
+
+
 def check_p_min(p_min: float) -> None:
     if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0 <= p_min < 1:
         raise ConfigError("draft_p_min", f"draft p-min must be at least 0 and below 1, got {p_min}")

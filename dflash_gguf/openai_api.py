@@ -11,6 +11,7 @@ from typing import Any, List, Optional
 
 from .api_errors import BadRequest
 from .assistant import Reply, ToolChoice
+from .config import ConfigError, check_reasoning_effort
 from .reasoning import REASONING_FORMATS
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -165,6 +166,14 @@ def chat_tools(body: dict) -> tuple:
     return checked, choice, parallel
 
 
+def _effort(value: Any, field: str) -> str:
+    try:
+        return check_reasoning_effort(value)
+    except ConfigError as e:
+        where = "chat_template_kwargs.reasoning_effort" if field == "chat_template_kwargs" else field
+        raise BadRequest(f"'{where}': {e}", field) from None
+
+
 @dataclass
 class ChatOptions:
     """What a chat request asks of the template and of the reply's reading."""
@@ -185,6 +194,11 @@ def chat_options(body: dict, template_kwargs: dict, reasoning_format: str) -> Ch
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    kwargs = {**kwargs}
+    if "reasoning_effort" in kwargs:
+        _effort(kwargs["reasoning_effort"], "chat_template_kwargs")
+    if body.get("reasoning_effort") is not None:  # the OpenAI field wins, as in llama-server
+        kwargs["reasoning_effort"] = _effort(body["reasoning_effort"], "reasoning_effort")
     fmt = body.get("reasoning_format") or reasoning_format
     if fmt not in REASONING_FORMATS:
         raise BadRequest(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}", "reasoning_format")

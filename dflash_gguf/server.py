@@ -34,7 +34,6 @@ from .assistant import Turn, prepare_turn
 from .engine import Engine
 from .sampling import SamplingParams
 from .serving import Job, QueueFull, Scheduler, ShuttingDown
-from .toolcalls import SYNTAX
 
 RETRY_AFTER_SECONDS = 1
 MAX_STOPS = 16
@@ -192,7 +191,7 @@ class Server:
         stops = _stops(body)
         turn, options = prepared.turn, prepared.options
         if turn is not None and turn.tool_format and not options.parallel_tool_calls:
-            stops.append(SYNTAX[turn.tool_format].close)  # one call: generation ends where it closes
+            stops.append(turn.call_close())  # one call: generation ends where it closes
         n_ctx = self.engine.target.n_ctx
         field_ = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         asked = _number(body, field_, self.defaults.max_tokens, kind=int, lo=0)

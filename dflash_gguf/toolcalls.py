@@ -8,6 +8,8 @@ Formats (the template's source says which; see `format_of`):
   </tool_call> (Qwen3-Coder, Qwen3.5 / 3.6); a value is raw text, read as JSON where the
   tool's schema does not say it is a string;
 - "gemma4": <|tool_call>call:NAME{key:value,...}<tool_call|>, strings quoted <|"|>...<|"|>;
+- "harmony": gpt-oss's <|channel|>commentary to=functions.NAME ...<|message|>{...}<|call|>,
+  read with the rest of a harmony reply by harmony.HarmonyParser;
 - "generic", for templates that never show tools to the model: the tools and the
   hermes format are described in the system message (`describe_tools`), earlier calls
   and results written into the messages as text (`as_plain_messages`), and replies read
@@ -24,7 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-FORMATS = ("hermes", "qwen-xml", "gemma4", "generic")
+FORMATS = ("hermes", "qwen-xml", "gemma4", "harmony", "generic")
 
 
 @dataclass
@@ -41,6 +43,8 @@ class ToolCall:
 def format_of(template) -> str:
     """The tool-call format of a chat template (chat.ChatTemplate)."""
     src = template.source
+    if template.harmony:
+        return "harmony"
     if "<|tool_call>call:" in src:
         return "gemma4"
     if "<tool_call>" in src and "<function=" in src and "<parameter=" in src:

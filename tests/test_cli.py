@@ -73,6 +73,7 @@ def test_chat_template_is_applied(pair):
     ["--draft-p-min", "1"], ["--draft-p-min", "-0.1"], ["--draft-p-min", "nan"],
     ["--chat", "--reasoning-budget", "100"], ["--chat", "--chat-template-kwargs", "{bad"],
     ["--chat", "--chat-template-kwargs", "[1]"], ["--chat", "--chat-template-file", "/nonexistent.jinja"],
+    ["--chat", "--reasoning-effort", "max"], ["--chat", "--chat-template-kwargs", '{"reasoning_effort": 1}'],
     ["-ngld", "some"], ["-fa", "maybe"], ["--device", "CPU", "-devd", "RPC0"],
     ["--presence-penalty", "3"], ["--frequency-penalty", "-2.5"], ["--repeat-penalty", "0"],
     ["--repeat-last-n", "-2"], ["--temp", "-1"], ["--top-p", "0"], ["--chain-rule", "sometimes"],
