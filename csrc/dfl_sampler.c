@@ -27,6 +27,8 @@ void dfl_sampler_free(dfl_sampler * smp) {
     free(smp->host_params);
     free(smp->host_idx);
     free(smp->host_cnt);
+    free(smp->mask);
+    free(smp->host_mask);
     memset(smp, 0, sizeof *smp);
 }
 
@@ -55,6 +57,7 @@ dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s) {
     smp->s = *s;
     smp->n_u = 0;
     smp->pen_rows = 0;
+    smp->mask_rows = 0;
     return DFL_OK;
 }
 
@@ -134,6 +137,37 @@ dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens
     return DFL_OK;
 }
 
+dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, int n_rows, int n_words, int n_vocab) {
+    const int want = dfl_mask_words(n_vocab);
+    if (!words || n_rows <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "masks: need words for at least one row");
+    }
+    if (n_words != want) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "masks: a row of a %d-token vocabulary is %d words, not %d", n_vocab, want,
+                        n_words);
+    }
+    if ((int64_t) n_rows * n_words > (int64_t) 1 << 26) {
+        return dfl_fail(DFL_ERR_CAPACITY, "masks: %d rows is too many", n_rows);
+    }
+    const uint32_t tail = n_vocab % 32 ? ~0u << (n_vocab % 32) : 0u; /* bits past the vocabulary */
+    for (int r = 0; r < n_rows; r++) {
+        const uint32_t * row = words + (size_t) r * n_words;
+        uint32_t any = 0;
+        for (int w = 0; w < n_words; w++) {
+            any |= w == n_words - 1 ? row[w] & ~tail : row[w];
+        }
+        if (!any) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "masks: row %d allows no token", r);
+        }
+    }
+    if (!reserve((void **) &smp->mask, &smp->cap_mask, n_rows * n_words, sizeof(uint32_t))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    memcpy(smp->mask, words, (size_t) n_rows * n_words * sizeof(uint32_t));
+    smp->mask_rows = n_rows;
+    return DFL_OK;
+}
+
 dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab, dfl_sampler_key * key) {
     const dfl_sampling * s = &smp->s;
     memset(key, 0, sizeof *key);
@@ -143,6 +177,13 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
                             n_rows);
         }
         key->n_penalty = smp->pen_per_row;
+    }
+    if (smp->mask_rows > 0) {
+        if (smp->mask_rows != n_rows) {
+            return dfl_fail(DFL_ERR_STATE, "masks were staged for %d rows, the call computes %d", smp->mask_rows,
+                            n_rows);
+        }
+        key->masked = 1;
     }
     if (s->temperature <= 0.0f) {
         key->pick = DFL_PICK_ARGMAX;
@@ -165,10 +206,11 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
 
 void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     const int n_penalty = acc->n_penalty > k->n_penalty ? acc->n_penalty : k->n_penalty;
+    const int masked = acc->masked || k->masked;
     const bool same = acc->pick == k->pick && acc->n_cand == k->n_cand && acc->capped == k->capped &&
                       acc->full == k->full && acc->ranked == k->ranked;
     if (!same) {
-        dfl_sampler_key m = { DFL_PICK_MIXED, 0, 0, 0, 0, 0 };
+        dfl_sampler_key m = { DFL_PICK_MIXED, 0, 0, 0, 0, 0, 0 };
         const dfl_sampler_key * both[2] = { acc, k };
         for (int i = 0; i < 2; i++) {
             const dfl_sampler_key * x = both[i];
@@ -182,6 +224,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
         *acc = m;
     }
     acc->n_penalty = n_penalty;
+    acc->masked = masked;
 }
 
 /* ---- the graph ------------------------------------------------------------------------- */
@@ -219,6 +262,25 @@ static struct ggml_tensor * penalize(struct ggml_context * ctx, struct ggml_tens
     x = ggml_sub(ctx, x, less);
     flat = ggml_set_rows(ctx, flat, ggml_reshape_2d(ctx, x, 1, M * n), out->pen_idx);
     return ggml_reshape_2d(ctx, flat, V, n);
+}
+
+/* Logits with the tokens each row's bitmask leaves out at -inf, in place (so that the
+ * logits read back are those the row chose from). The mask arrives as 16-bit halves of
+ * its words in f32; bit b of a half h is floor(h / 2^b) - 2 floor(h / 2^(b+1)), all exact
+ * in f32; log turns the bits into 0 and -inf. */
+static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_tensor * logits, dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1], halves = 2 * dfl_mask_words((int) V);
+    out->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, halves, n);
+    out->bit_scale = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 16);
+    ggml_set_input(out->mask);
+    ggml_set_input(out->bit_scale);
+    struct ggml_tensor * h = ggml_reshape_3d(ctx, out->mask, 1, halves, n);
+    h = ggml_repeat(ctx, h, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 16, halves, n));
+    struct ggml_tensor * q = ggml_floor(ctx, ggml_mul(ctx, h, out->bit_scale));
+    struct ggml_tensor * bits = ggml_sub(ctx, q, ggml_scale(ctx, ggml_floor(ctx, ggml_scale(ctx, q, 0.5f)), 2.0f));
+    struct ggml_tensor * bias = ggml_log(ctx, ggml_reshape_2d(ctx, bits, 16 * halves, n));
+    bias = ggml_view_2d(ctx, bias, V, n, bias->nb[1], 0);
+    return ggml_add_inplace(ctx, logits, bias);
 }
 
 /* The inverse-CDF draw over cumulative weights cw [K, n]: per row, how many of them lie at
@@ -357,6 +419,9 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
     if (key->n_penalty > 0) {
         logits = penalize(ctx, logits, key->n_penalty, out);
     }
+    if (key->masked) {
+        logits = apply_mask(ctx, logits, out);
+    }
     switch (key->pick) {
         case DFL_PICK_FULL: out->choice = pick_full(ctx, logits, out); break;
         case DFL_PICK_RANKED: out->choice = pick_ranked(ctx, logits, key, out); break;
@@ -458,9 +523,34 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         dfl_runtime_set(rt, g->pen_idx, host->host_idx, 0, (size_t) n * sizeof(int32_t));
         dfl_runtime_set(rt, g->pen_cnt, host->host_cnt, 0, (size_t) n * sizeof(float));
     }
+    if (g->mask) {
+        const int W = dfl_mask_words(n_vocab), H = 2 * W;
+        if (!reserve((void **) &host->host_mask, &host->cap_host_mask, n_rows * H, sizeof(float))) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
+            const dfl_sampler * smp = parts[i].smp;
+            for (int r = 0; r < parts[i].n_rows; r++) {
+                float * dst = host->host_mask + (size_t) (r0 + r) * H;
+                for (int w = 0; w < W; w++) {
+                    /* a row without a constraint allows every token */
+                    const uint32_t x = smp->mask_rows > 0 ? smp->mask[(size_t) r * W + w] : 0xFFFFFFFFu;
+                    dst[2 * w] = (float) (x & 0xFFFFu);
+                    dst[2 * w + 1] = (float) (x >> 16);
+                }
+            }
+        }
+        float scale[16];
+        for (int b = 0; b < 16; b++) {
+            scale[b] = ldexpf(1.0f, -b);
+        }
+        dfl_runtime_set(rt, g->mask, host->host_mask, 0, (size_t) n_rows * H * sizeof(float));
+        dfl_runtime_set(rt, g->bit_scale, scale, 0, sizeof scale);
+    }
     for (int i = 0; i < n_parts; i++) {
         parts[i].smp->n_u = 0;
         parts[i].smp->pen_rows = 0;
+        parts[i].smp->mask_rows = 0;
     }
     return DFL_OK;
 }

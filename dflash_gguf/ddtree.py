@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -91,8 +91,13 @@ class DraftTree:
 
 
 def build_tree(root: int, cand_tokens: Sequence[Sequence[int]], cand_logprobs: Sequence[Sequence[float]],
-               budget: int, max_depth: int | None = None) -> DraftTree:
+               budget: int, max_depth: int | None = None,
+               valid: Optional[Callable[[List[int]], bool]] = None) -> DraftTree:
     """The best-first tree of at most `budget` nodes below `root`.
+
+    valid (a grammar's test of a path of tokens below the root): a prefix it rejects,
+    and so everything below it, takes no place in the tree (its next sibling still
+    competes), so that the budget goes to paths the target can accept.
 
     cand_tokens[d][r] / cand_logprobs[d][r]: the rank-r candidate for depth d+1, best
     first. Ties in score are broken by depth, then by rank sequence, so the result is
@@ -106,12 +111,14 @@ def build_tree(root: int, cand_tokens: Sequence[Sequence[int]], cand_logprobs: S
         while heap and len(picked) < budget:
             neg, depth, ranks = heapq.heappop(heap)
             score = -neg
-            picked.append((depth, len(picked), ranks, score))
             last = ranks[-1]
+            allowed = valid is None or valid([int(cand_tokens[d][r]) for d, r in enumerate(ranks)])
+            if allowed:
+                picked.append((depth, len(picked), ranks, score))
             if last + 1 < k:  # next sibling
                 sib = score - cand_logprobs[depth - 1][last] + cand_logprobs[depth - 1][last + 1]
                 heapq.heappush(heap, (-float(sib), depth, ranks[:-1] + (last + 1,)))
-            if depth < depth_limit:  # first child
+            if allowed and depth < depth_limit:  # first child
                 heapq.heappush(heap, (-float(score + cand_logprobs[depth][0]), depth + 1, ranks + (0,)))
     by_depth = sorted(picked, key=lambda p: (p[0], p[1]))  # parents keep preceding children
     index = {(): 0}

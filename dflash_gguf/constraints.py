@@ -1,0 +1,205 @@
+"""Structured output: grammars and JSON schemas that constrain what a request generates.
+
+The grammars are llguidance's (PyPI `llguidance`, the engine llama.cpp's `--llguidance`
+build and vLLM's structured outputs use): it reads llama.cpp's GBNF, JSON schemas, Lark
+and regular expressions, and computes a token mask over the model's own vocabulary in
+tens of microseconds with a lexer over token bytes, which is what a speculative step
+needs (a mask per verified row). xgrammar was the other candidate; it has no GBNF
+reader compatible with llama.cpp's `grammars/` files and no tokenizer built from a GGUF
+vocabulary, which llguidance has (`llguidance.llamacpp`).
+
+A Constraint is what a request asks for (validated when it is made, before any model is
+involved); a GrammarVocab is the model's vocabulary as llguidance sees it (built once
+per tokenizer); a GrammarState follows one sequence through its tokens: the masks of the
+rows a step verifies (each row's path after the tokens emitted so far: a chain row's
+prefix, a tree node's ancestors), how far a draft stays inside the grammar, the tokens it
+forces, and whether the grammar has ended."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+GRAMMAR_KINDS = ("gbnf", "json_schema", "lark", "regex")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar of one of GRAMMAR_KINDS (`text`: GBNF, Lark or a regex; a JSON schema as
+    JSON text), compiled to llguidance's grammar and checked on creation: a ValueError
+    names the problem. `lazy_from` (a string): the grammar applies from the first
+    occurrence of that text in the output on (the text itself matched by the grammar's
+    start), as llama-server's tool-call grammars do; free text before it."""
+
+    kind: str
+    text: str
+    lazy_from: Optional[str] = None
+
+    def __post_init__(self):
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"unknown grammar kind {self.kind!r}; choose one of {', '.join(GRAMMAR_KINDS)}")
+        object.__setattr__(self, "grammar", _compile(self.kind, self.text))
+
+    @classmethod
+    def gbnf(cls, text: str) -> "Constraint":
+        return cls("gbnf", text)
+
+    @classmethod
+    def json_schema(cls, schema) -> "Constraint":
+        """From a schema given as a dict or as JSON text."""
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> "Constraint":
+        """Any JSON object (OpenAI's response_format json_object)."""
+        return cls.json_schema({"type": "object"})
+
+    def state(self, vocab: "GrammarVocab") -> "GrammarState":
+        return GrammarState(vocab, self)
+
+
+def _compile(kind: str, text: str) -> str:
+    from llguidance import LLMatcher, grammar_from
+
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"the {_name(kind)} is empty")
+    if kind == "json_schema":
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError("the JSON schema must be a JSON object")
+    try:
+        grammar = grammar_from(kind, text)
+    except ValueError as e:
+        raise ValueError(f"invalid {_name(kind)}: {_one_line(str(e))}") from None
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise ValueError(f"invalid {_name(kind)}: {_one_line(error)}")
+    return grammar
+
+
+def _name(kind: str) -> str:
+    return {"gbnf": "grammar", "json_schema": "JSON schema", "lark": "Lark grammar", "regex": "regex"}[kind]
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+class GrammarVocab:
+    """A tokenizer's vocabulary for llguidance: every token's bytes as llama.cpp gives them
+    (control tokens apart: they never match grammar text), n_vocab rows (the target's,
+    which may pad the tokenizer's), and the end-of-generation tokens, which a grammar
+    allows only where it may end (as llama.cpp's grammar sampler does)."""
+
+    def __init__(self, tokenizer, n_vocab: int):
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        self.n_vocab = int(n_vocab)
+        self.words = (self.n_vocab + 31) // 32
+        self.eog = sorted(tokenizer.eog_ids)
+        self.lltokenizer = lltokenizer_from_vocab(tokenizer._llama._model.vocab, n_vocab=self.n_vocab,
+                                                  eos_token=self.eog or None)
+
+
+class GrammarState:
+    """One sequence's place in its grammar, advanced by the tokens it emits (consume). The
+    other calls look ahead from there and roll back, leaving it where it was."""
+
+    def __init__(self, vocab: GrammarVocab, constraint: Constraint):
+        from llguidance import LLMatcher
+
+        self.vocab, self.constraint = vocab, constraint
+        self.matcher = LLMatcher(vocab.lltokenizer, constraint.grammar, log_level=0)
+        if self.matcher.is_error():
+            raise ValueError(f"invalid {_name(constraint.kind)}: {_one_line(self.matcher.get_error())}")
+        self.lazy = constraint.lazy_from
+        self._text = b""  # output so far while a lazy grammar waits for its opening
+
+    @property
+    def active(self) -> bool:
+        """The grammar constrains the next token (a lazy one: once its opening was emitted)."""
+        return self.lazy is None
+
+    @property
+    def ended(self) -> bool:
+        """The grammar is complete and allows nothing more (end of generation)."""
+        return self.active and self.matcher.is_stopped()
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        """Tokens emitted. A lazy grammar watches the text for its opening and, once seen,
+        consumes from there on."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return
+        if self.lazy is not None:
+            self._text += self.vocab.lltokenizer.decode_bytes(tokens)
+            at = self._text.find(self.lazy.encode())
+            if at < 0:
+                return
+            tail, self._text, self.lazy = self._text[at:], b"", None
+            forced = self.vocab.lltokenizer.tokenize_bytes(tail)
+            if not self.matcher.consume_tokens(forced) and not self.matcher.is_stopped():
+                raise RuntimeError(f"grammar: the output's opening was not accepted ({self.matcher.get_error()})")
+            return
+        for t in tokens:
+            if self.matcher.is_stopped():
+                break  # an end-of-generation token after the grammar's end
+            if not self.matcher.consume_token(t):
+                raise RuntimeError(f"grammar: token {t} was emitted outside it ({self.matcher.get_error()})")
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, in order from here, the grammar accepts."""
+        if not self.active or not tokens:
+            return len(tokens)
+        return int(self.matcher.validate_tokens([int(t) for t in tokens]))
+
+    def accepts(self, path: Sequence[int]) -> bool:
+        """The grammar accepts the whole path from here."""
+        return self.valid_prefix(path) == len(path)
+
+    def draft_path(self, drafts: Sequence[int], forced: bool = True) -> List[int]:
+        """The drafts a chain verifies after the tokens emitted: the drafter's block as far
+        as the grammar accepts it (a draft it rejects could never be accepted: the block
+        ends before it), and with `forced`, where the grammar forces text from a position
+        on (a key, a bracket, a literal), its token there in place of the drafter's guess."""
+        if not self.active:
+            return [int(t) for t in drafts]
+        m, out = self.matcher, []
+        for d in drafts:
+            if m.is_stopped():
+                break
+            tok = int(d)
+            if forced:
+                ff = m.compute_ff_tokens()
+                if ff:
+                    tok = int(ff[0])
+            if m.try_consume_tokens([tok]) != 1:
+                break
+            out.append(tok)
+        if out:
+            m.rollback(len(out))
+        return out
+
+    def masks(self, paths: Sequence[Sequence[int]]) -> Optional[np.ndarray]:
+        """Per path, the allowed-token bitmask of the row it leads to ([rows, words]
+        uint32); None while the grammar is not active. A row whose path leaves the grammar
+        can never be reached (its ancestors' choices obey their masks): it allows all."""
+        if not self.active:
+            return None
+        from llguidance.numpy import fill_next_token_bitmask
+
+        out = np.full((len(paths), self.vocab.words), -1, dtype=np.int32)
+        m = self.matcher
+        for i, path in enumerate(paths):
+            path = [int(t) for t in path]
+            n = m.try_consume_tokens(path) if path else 0
+            if n == len(path):
+                fill_next_token_bitmask(m, out, i)
+            if n:
+                m.rollback(n)
+        return out.view(np.uint32)
