@@ -23,6 +23,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 GRAMMAR_KINDS = ("gbnf", "json_schema", "lark", "regex")
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,13 @@ def _compile(kind: str, text: str) -> str:
         if not isinstance(schema, (dict, bool)):
             raise ValueError("the JSON schema must be a JSON object")
     try:
-        grammar = grammar_from(kind, text)
+        if kind == "json_schema":
+            # JSON as json.dumps writes it: whitespace only after its separators (a flexible
+            # layout lets a model pad its output with whitespace until max_tokens); a schema's
+            # own "x-guidance" options come after these defaults
+            grammar = LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
+        else:
+            grammar = grammar_from(kind, text)
     except ValueError as e:
         raise ValueError(f"invalid {_name(kind)}: {_one_line(str(e))}") from None
     error = LLMatcher.validate_grammar(grammar)

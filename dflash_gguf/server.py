@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import anthropic_api, openai_api
@@ -112,7 +112,8 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     repeat_penalty = next((r for r in repeat if r is not None), defaults.repeat_penalty)
     last_n = _number(body, "repeat_last_n", defaults.repeat_last_n, kind=int, lo=-1)
     return SamplingParams(temperature, max(top_k, 0), top_p, min_p, seed, repeat_penalty=repeat_penalty,
-                          frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n)
+                          frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n,
+                          constraint=defaults.constraint)
 
 
 def _check_n(body: dict) -> None:
@@ -189,6 +190,9 @@ class Server:
         _check_n(body)
         openai_api.refuse_unsupported(body)
         sampling = _sampling(body, self.defaults.sampling)
+        constraint = openai_api.constraint_of(body)
+        if constraint is not None:
+            sampling = replace(sampling, constraint=constraint)
         stops = _stops(body)
         turn, options = prepared.turn, prepared.options
         if turn is not None and turn.tool_format and not options.parallel_tool_calls:

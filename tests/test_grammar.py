@@ -266,3 +266,43 @@ def test_a_batch_mixing_constrained_and_free_requests_gives_each_its_solo_text()
                 assert s.error is None, s.error
                 out[id(s)].extend(new)
         assert [out[id(s)] for s in seqs] == solo
+
+
+# ---- dflash-run's flags ------------------------------------------------------------------------
+
+def dflash_run(*args):
+    import os
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("dflash-run")
+    return subprocess.run([str(exe), "-m", TARGET, "-md", DRAFT, "-c", "256", "-t", "2", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_cli_grammar_and_json_schema_flags(tmp_path):
+    grammar = tmp_path / "numbers.gbnf"
+    grammar.write_text(NUMBERS)
+    for flags in (["--grammar", NUMBERS], ["--grammar-file", str(grammar)], ["--grammar", NUMBERS, "--no-spec"]):
+        res = dflash_run("-p", "def fib(n):", "-n", "40", *flags)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == "[0]"
+    schema = '{"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}}, "required": ["a"], ' \
+             '"additionalProperties": false}'
+    res = dflash_run("-p", "def fib(n):", "-n", "40", "-j", schema)
+    assert res.returncode == 0, res.stderr
+    assert set(__import__("json").loads(res.stdout)) == {"a"}
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--grammar", "root ::= foo"], "--grammar: invalid grammar"),
+    (["-j", '{"type": "objectx"}'], "-j/--json-schema: invalid JSON schema"),
+    (["-j", "{nope"], "not valid JSON"),
+    (["-j", '{"type": "object"}', "--grammar", 'root ::= "a"'], "not both"),
+    (["--grammar-file", "/nonexistent/g.gbnf"], "cannot read --grammar file"),
+])
+def test_cli_bad_constraints_exit_2_with_one_line(flags, needle):
+    res = dflash_run("-p", "x", "-n", "4", *flags)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
