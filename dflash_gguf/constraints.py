@@ -32,11 +32,14 @@ class Constraint:
     JSON text), compiled to llguidance's grammar and checked on creation: a ValueError
     names the problem. `lazy_from` (a string): the grammar applies from the first
     occurrence of that text in the output on (the text itself matched by the grammar's
-    start), as llama-server's tool-call grammars do; free text before it."""
+    start), as llama-server's tool-call grammars do; free text before it. `prefix`: text
+    the grammar's start is taken to have matched already (a call's opening written at
+    the end of the prompt)."""
 
     kind: str
     text: str
     lazy_from: Optional[str] = None
+    prefix: str = ""
 
     def __post_init__(self):
         if self.kind not in GRAMMAR_KINDS:
@@ -106,6 +109,7 @@ class GrammarVocab:
     def __init__(self, tokenizer, n_vocab: int):
         from llguidance.llamacpp import lltokenizer_from_vocab
 
+        self.tokenizer = tokenizer
         self.n_vocab = int(n_vocab)
         self.words = (self.n_vocab + 31) // 32
         self.eog = sorted(tokenizer.eog_ids)
@@ -126,16 +130,43 @@ class GrammarState:
             raise ValueError(f"invalid {_name(constraint.kind)}: {_one_line(self.matcher.get_error())}")
         self.lazy = constraint.lazy_from
         self._text = b""  # output so far while a lazy grammar waits for its opening
+        if constraint.prefix:
+            self._start_with(constraint.prefix.encode())
+
+    def _start_with(self, text: bytes) -> None:
+        """The grammar consumes `text` first: as the tokenizer splits it (special tokens
+        included), or else as llguidance's own tokenization does."""
+        for tokens in (self.vocab.tokenizer.encode(text.decode("utf-8", "replace"), add_bos=False),
+                       self.vocab.lltokenizer.tokenize_bytes(text)):
+            n = self.matcher.try_consume_tokens([int(t) for t in tokens])
+            if n == len(tokens):
+                return
+            if n:
+                self.matcher.rollback(n)
+        raise ValueError(f"the grammar does not accept its opening {text.decode('utf-8', 'replace')!r}")
 
     @property
     def active(self) -> bool:
         """The grammar constrains the next token (a lazy one: once its opening was emitted)."""
-        return self.lazy is None
+        return self.lazy is None and self.matcher is not None
+
+    def opens(self, path: Sequence[int]) -> bool:
+        """A lazy grammar waiting for its opening finds it within the tokens emitted so far
+        and `path`. No verified row may have it in its path: the row's choice would be
+        made unconstrained; only a step's last token (the target's own) may complete it."""
+        if self.lazy is None or not path:
+            return False
+        return self.lazy.encode() in self._text + self.vocab.tokenizer.token_bytes([int(t) for t in path])
 
     @property
     def ended(self) -> bool:
         """The grammar is complete and allows nothing more (end of generation)."""
         return self.active and self.matcher.is_stopped()
+
+    @property
+    def waiting(self) -> bool:
+        """A lazy grammar waits for its opening (the drafts must stop before it)."""
+        return self.lazy is not None and self.matcher is not None
 
     def consume(self, tokens: Sequence[int]) -> None:
         """Tokens emitted. A lazy grammar watches the text for its opening and, once seen,
@@ -144,14 +175,21 @@ class GrammarState:
         if not tokens:
             return
         if self.lazy is not None:
-            self._text += self.vocab.lltokenizer.decode_bytes(tokens)
-            at = self._text.find(self.lazy.encode())
+            opening = self.lazy.encode()
+            self._text += self.vocab.tokenizer.token_bytes(tokens)
+            at = self._text.find(opening)
             if at < 0:
+                self._text = self._text[len(self._text) - len(opening) + 1:]  # what may begin it
                 return
             tail, self._text, self.lazy = self._text[at:], b"", None
-            forced = self.vocab.lltokenizer.tokenize_bytes(tail)
-            if not self.matcher.consume_tokens(forced) and not self.matcher.is_stopped():
-                raise RuntimeError(f"grammar: the output's opening was not accepted ({self.matcher.get_error()})")
+            try:
+                self._start_with(tail)
+            except ValueError:
+                # the token that completed the opening ran on past what the grammar takes
+                # (it was chosen while the grammar waited): the rest goes unconstrained
+                self.matcher = None
+            return
+        if self.matcher is None:
             return
         for t in tokens:
             if self.matcher.is_stopped():
@@ -160,7 +198,10 @@ class GrammarState:
                 raise RuntimeError(f"grammar: token {t} was emitted outside it ({self.matcher.get_error()})")
 
     def valid_prefix(self, tokens: Sequence[int]) -> int:
-        """How many of `tokens`, in order from here, the grammar accepts."""
+        """How many of `tokens`, in order from here, the grammar accepts (while a lazy
+        grammar waits: those before its opening)."""
+        if self.lazy is not None:
+            return next((i for i in range(len(tokens)) if self.opens(tokens[:i + 1])), len(tokens))
         if not self.active or not tokens:
             return len(tokens)
         return int(self.matcher.validate_tokens([int(t) for t in tokens]))
@@ -175,7 +216,7 @@ class GrammarState:
         ends before it), and with `forced`, where the grammar forces text from a position
         on (a key, a bracket, a literal), its token there in place of the drafter's guess."""
         if not self.active:
-            return [int(t) for t in drafts]
+            return [int(t) for t in drafts[:self.valid_prefix(drafts)]]
         m, out = self.matcher, []
         for d in drafts:
             if m.is_stopped():

@@ -189,9 +189,12 @@ def chat_tools(body: dict) -> tuple:
             raise BadRequest(f"tools[{i}].function.description must be a string", "tools")
         if not isinstance(fn.get("parameters", {}), dict):
             raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        if not isinstance(fn.get("strict", False), (bool, type(None))):
+            raise BadRequest(f"tools[{i}].function.strict must be true or false", "tools")
         names.add(name)
-        checked.append({"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters")
-                                                         if k in fn}})
+        # strict: its calls' arguments are held to its parameters (tool_grammar)
+        checked.append({"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters",
+                                                                            "strict") if k in fn}})
     choice: ToolChoice = body.get("tool_choice") or "auto"
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None

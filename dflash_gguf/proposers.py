@@ -130,7 +130,7 @@ class ChainProposer:
 
     def rows(self, seq) -> Rows:
         b = self.b
-        if b > 1 and seq.sampler.constrained:
+        if b > 1 and seq.sampler.guided:
             drafts = self.draft.block(b, **_slot(seq))[1:]
             tokens = self.tokens = [seq.bonus] + seq.sampler.grammar.draft_path(drafts, forced=not self.top_k)
             self.b = len(tokens)
@@ -244,7 +244,7 @@ class TreeProposer:
         chain = arm == CHAIN or 1 + arm > seq.room  # a padded tree that does not fit: the chain does
         if st.survey or not chain:
             t_build = time.perf_counter() if st.survey else 0.0
-            grammar = seq.sampler.grammar if seq.sampler.constrained else None
+            grammar = seq.sampler.grammar if seq.sampler.guided else None
             tree = build_tree(seq.bonus, cand, logp, auto.survey_size() if st.survey else arm, max_depth=depth,
                               valid=grammar.accepts if grammar is not None else None)
             if st.survey:
@@ -254,7 +254,7 @@ class TreeProposer:
                 st.t_survey = time.perf_counter() - t_build
         if chain:
             drafts = cand[:depth, 0]
-            if seq.sampler.constrained:
+            if seq.sampler.guided:
                 drafts = seq.sampler.grammar.draft_path(drafts)
             tree = chain_tree(seq.bonus, drafts)
             seq.stats.chain_steps += 1
@@ -268,7 +268,7 @@ class TreeProposer:
         if st.b < 2:
             seq.sampler.prepare(seq.target, 1, seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, [seq.bonus])
-        if st.device and seq.sampler.constrained:
+        if st.device and seq.sampler.guided:
             # under a grammar the chain arm's block comes back to be cut and fixed (see
             # ChainProposer) and is verified as the chain tree of what is left
             drafts = seq.sampler.grammar.draft_path(self.draft.block(st.b, **_slot(seq))[1:])

@@ -181,6 +181,12 @@ class Sampler:
         """A grammar constrains the next token."""
         return self.grammar is not None and self.grammar.active
 
+    @property
+    def guided(self) -> bool:
+        """A grammar decides how far drafts go: it constrains them, or it waits for its
+        opening, which no verified row may see in its path (GrammarState.opens)."""
+        return self.grammar is not None and (self.grammar.active or self.grammar.waiting)
+
     def uniforms(self, n: int) -> np.ndarray:
         return self.rng.random(n, dtype=np.float32)
 

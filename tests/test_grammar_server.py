@@ -82,3 +82,66 @@ def test_bad_constraints_get_400_naming_the_problem(server, body, needle):
     with pytest.raises(openai.BadRequestError) as e:
         server.client.chat.completions.create(model="x", messages=MESSAGES, max_tokens=8, extra_body=body)
     assert needle in str(e.value)
+
+
+# ---- strict tools and required calls, in the model's own call format -------------------------
+
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "maxLength": 10},
+                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "unit", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                           "strict": True, "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "search", "description": "Search the web", "strict": True,
+                                           "parameters": {"type": "object", "properties": {
+                                               "query": {"type": "string", "maxLength": 12}},
+                                               "required": ["query"], "additionalProperties": False}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris this week?"}]
+
+
+@pytest.fixture(scope="module", params=["Qwen-Qwen3-0.6B", "Qwen3.5-4B"])  # hermes JSON calls, qwen-xml calls
+def tool_server(request, tmp_path_factory, published_template):
+    folder = tmp_path_factory.mktemp("tools")
+    (folder / "template.jinja").write_text(published_template(request.param), encoding="utf-8")
+    s = ServerProcess(folder, *SERVER_FLAGS, *HABITS, "--chat-template-file", str(folder / "template.jinja"))
+    yield s
+    s.stop()
+    assert s.proc.returncode == 0, s.text
+    assert "Traceback" not in s.text, s.text
+
+
+def _schema_of(name):
+    return {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[name]
+
+
+@pytest.mark.parametrize("choice, sampling", [("required", {"temperature": 0}),
+                                              ("required", {"temperature": 0.9, "seed": 5}),
+                                              ({"type": "function", "function": {"name": "get_weather"}},
+                                               {"temperature": 0})])
+def test_strict_tool_calls_through_openai_parse_and_validate(tool_server, choice, sampling):
+    resp = tool_server.client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                                      max_tokens=200, parallel_tool_calls=False, **sampling)
+    calls = resp.choices[0].message.tool_calls
+    assert calls and resp.choices[0].finish_reason == "tool_calls", resp
+    for call in calls:
+        if isinstance(choice, dict):
+            assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), _schema_of(call.function.name))
+
+
+def test_strict_tool_calls_through_anthropic_parse_and_validate(tool_server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=tool_server.url, api_key="none", max_retries=0,
+                                 http_client=anthropic.DefaultHttpxClient(trust_env=False, timeout=120))
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"], "strict": True,
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    for choice in ({"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "search", "disable_parallel_tool_use": True}):
+        msg = client.messages.create(model="x", max_tokens=200, messages=ASK, tools=tools, tool_choice=choice)
+        uses = [b for b in msg.content if b.type == "tool_use"]
+        assert uses and msg.stop_reason == "tool_use", msg
+        for use in uses:
+            jsonschema.validate(use.input, _schema_of(use.name))
+        if choice["type"] == "tool":
+            assert {u.name for u in uses} == {"search"}
