@@ -60,8 +60,8 @@ class Constraint:
         """Any JSON object (OpenAI's response_format json_object)."""
         return cls.json_schema({"type": "object"})
 
-    def state(self, vocab: "GrammarVocab") -> "GrammarState":
-        return GrammarState(vocab, self)
+    def state(self, vocab: "GrammarVocab", drafting: bool = True) -> "GrammarState":
+        return GrammarState(vocab, self, drafting)
 
 
 def _compile(kind: str, text: str) -> str:
@@ -119,12 +119,15 @@ class GrammarVocab:
 
 class GrammarState:
     """One sequence's place in its grammar, advanced by the tokens it emits (consume). The
-    other calls look ahead from there and roll back, leaving it where it was."""
+    other calls look ahead from there and roll back, leaving it where it was. drafting:
+    grammar-aware drafting (a chain cut before a draft the grammar rejects, forced text in
+    place of guesses, trees of grammar-valid candidates); without it the drafts are
+    verified as drafted, each row still masked by its own path (the benchmarks' other arm)."""
 
-    def __init__(self, vocab: GrammarVocab, constraint: Constraint):
+    def __init__(self, vocab: GrammarVocab, constraint: Constraint, drafting: bool = True):
         from llguidance import LLMatcher
 
-        self.vocab, self.constraint = vocab, constraint
+        self.vocab, self.constraint, self.drafting = vocab, constraint, drafting
         self.matcher = LLMatcher(vocab.lltokenizer, constraint.grammar, log_level=0)
         if self.matcher.is_error():
             raise ValueError(f"invalid {_name(constraint.kind)}: {_one_line(self.matcher.get_error())}")

@@ -103,6 +103,8 @@ class Engine:
         self._chat_template = None  # set_chat_template's
         self._gguf_templates: dict = {}  # compiled on first use
         self._grammar_vocab = None  # grammar_vocab()'s
+        # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
+        self.grammar_drafting = True
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
@@ -235,7 +237,7 @@ class Engine:
                                       self.chain_rule)
         grammar = None
         if sampling is not None and sampling.constraint is not None:
-            grammar = sampling.constraint.state(self.grammar_vocab())
+            grammar = sampling.constraint.state(self.grammar_vocab(), self.grammar_drafting)
         return Decoding(self.target, self.draft if use_draft else None, proposer, tokens, max_tokens, stops, stats,
                         sampling, slot=slot, reused=reused, context_full=context_full, on_stage=on_stage,
                         saver=saver, grammar=grammar)

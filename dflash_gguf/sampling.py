@@ -185,7 +185,8 @@ class Sampler:
     def guided(self) -> bool:
         """A grammar decides how far drafts go: it constrains them, or it waits for its
         opening, which no verified row may see in its path (GrammarState.opens)."""
-        return self.grammar is not None and (self.grammar.active or self.grammar.waiting)
+        g = self.grammar
+        return g is not None and ((g.active and g.drafting) or g.waiting)
 
     def uniforms(self, n: int) -> np.ndarray:
         return self.rng.random(n, dtype=np.float32)

@@ -306,3 +306,38 @@ def test_cli_bad_constraints_exit_2_with_one_line(flags, needle):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+# ---- the benchmark script, checked small -------------------------------------------------------
+
+def test_bench_grammar_runs_every_arm(tmp_path):
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("bench_grammar", Path(__file__).resolve().parents[1] / "scripts" /
+                                                  "bench_grammar.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--reps", "1", "--max-tokens", "6", "--out", str(tmp_path)]) == 0
+    (out,) = tmp_path.glob("bench-grammar-*.json")
+    arms = json.loads(out.read_text())["results"]["arms"]
+    assert {(a["setting"], a["mode"], a["grammar_drafting"]) for a in arms} == {
+        (s, m, d) for s in ("greedy", "T0.6") for m in ("plain", "chain", "tree", "auto") for d in (True, False)
+        if m != "plain" or d}
+    assert all(a["runs"] == 3 for a in arms)
+
+
+def test_lazy_grammar_waits_for_its_opening(engines):
+    engine = engines["chain"]
+    tok = engine.tokenizer
+    state = Constraint("lark", 'start: "<call>" /[0-9]+/ "</call>"', lazy_from="<call>").state(engine.grammar_vocab())
+    free = tok.encode("hello world ", add_bos=False)
+    assert not state.active and state.masks([[]]) is None
+    # drafts stop before the opening: no verified row may see it in its path
+    drafts = free + tok.encode("<call>12", add_bos=False)
+    assert state.valid_prefix(drafts) < len(drafts) and not state.opens(drafts[:state.valid_prefix(drafts)])
+    state.consume(free + tok.encode("<call>", add_bos=False))
+    assert state.active
+    assert state.valid_prefix(tok.encode("12x", add_bos=False)) < len(tok.encode("12x", add_bos=False))
+    state.consume(tok.encode("7</call>", add_bos=False))
+    assert state.ended
