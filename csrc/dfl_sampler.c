@@ -265,20 +265,16 @@ static struct ggml_tensor * penalize(struct ggml_context * ctx, struct ggml_tens
 }
 
 /* Logits with the tokens each row's bitmask leaves out at -inf, in place (so that the
- * logits read back are those the row chose from). The mask arrives as 16-bit halves of
- * its words in f32; bit b of a half h is floor(h / 2^b) - 2 floor(h / 2^(b+1)), all exact
- * in f32; log turns the bits into 0 and -inf. */
+ * logits read back are those the row chose from). The mask arrives as its bytes, each an
+ * index into a table of the 256 bytes' biases (8 columns: 0 for a set bit, -inf for a
+ * clear one): one lookup gives the bias of every token, and one add applies it. */
 static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_tensor * logits, dfl_sampler_graph * out) {
-    const int64_t V = logits->ne[0], n = logits->ne[1], halves = 2 * dfl_mask_words((int) V);
-    out->mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, halves, n);
-    out->bit_scale = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 16);
+    const int64_t V = logits->ne[0], n = logits->ne[1], bytes = 4 * dfl_mask_words((int) V);
+    out->mask = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, bytes * n);
+    out->byte_bias = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 256);
     ggml_set_input(out->mask);
-    ggml_set_input(out->bit_scale);
-    struct ggml_tensor * h = ggml_reshape_3d(ctx, out->mask, 1, halves, n);
-    h = ggml_repeat(ctx, h, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 16, halves, n));
-    struct ggml_tensor * q = ggml_floor(ctx, ggml_mul(ctx, h, out->bit_scale));
-    struct ggml_tensor * bits = ggml_sub(ctx, q, ggml_scale(ctx, ggml_floor(ctx, ggml_scale(ctx, q, 0.5f)), 2.0f));
-    struct ggml_tensor * bias = ggml_log(ctx, ggml_reshape_2d(ctx, bits, 16 * halves, n));
+    ggml_set_input(out->byte_bias);
+    struct ggml_tensor * bias = ggml_reshape_2d(ctx, ggml_get_rows(ctx, out->byte_bias, out->mask), 8 * bytes, n);
     bias = ggml_view_2d(ctx, bias, V, n, bias->nb[1], 0);
     return ggml_add_inplace(ctx, logits, bias);
 }
@@ -524,28 +520,31 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         dfl_runtime_set(rt, g->pen_cnt, host->host_cnt, 0, (size_t) n * sizeof(float));
     }
     if (g->mask) {
-        const int W = dfl_mask_words(n_vocab), H = 2 * W;
-        if (!reserve((void **) &host->host_mask, &host->cap_host_mask, n_rows * H, sizeof(float))) {
+        const int W = dfl_mask_words(n_vocab), B = 4 * W;
+        if (!reserve((void **) &host->host_mask, &host->cap_host_mask, n_rows * B, sizeof(int32_t))) {
             return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
         for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
             const dfl_sampler * smp = parts[i].smp;
             for (int r = 0; r < parts[i].n_rows; r++) {
-                float * dst = host->host_mask + (size_t) (r0 + r) * H;
+                int32_t * dst = host->host_mask + (size_t) (r0 + r) * B;
                 for (int w = 0; w < W; w++) {
                     /* a row without a constraint allows every token */
                     const uint32_t x = smp->mask_rows > 0 ? smp->mask[(size_t) r * W + w] : 0xFFFFFFFFu;
-                    dst[2 * w] = (float) (x & 0xFFFFu);
-                    dst[2 * w + 1] = (float) (x >> 16);
+                    for (int k = 0; k < 4; k++) { /* byte k holds tokens 32 w + 8 k .. + 7, low bit first */
+                        dst[4 * w + k] = (int32_t) ((x >> (8 * k)) & 0xFFu);
+                    }
                 }
             }
         }
-        float scale[16];
-        for (int b = 0; b < 16; b++) {
-            scale[b] = ldexpf(1.0f, -b);
+        float table[256 * 8];
+        for (int v = 0; v < 256; v++) {
+            for (int b = 0; b < 8; b++) {
+                table[v * 8 + b] = (v >> b) & 1 ? 0.0f : -INFINITY;
+            }
         }
-        dfl_runtime_set(rt, g->mask, host->host_mask, 0, (size_t) n_rows * H * sizeof(float));
-        dfl_runtime_set(rt, g->bit_scale, scale, 0, sizeof scale);
+        dfl_runtime_set(rt, g->mask, host->host_mask, 0, (size_t) n_rows * B * sizeof(int32_t));
+        dfl_runtime_set(rt, g->byte_bias, table, 0, sizeof table);
     }
     for (int i = 0; i < n_parts; i++) {
         parts[i].smp->n_u = 0;

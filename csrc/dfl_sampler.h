@@ -51,9 +51,9 @@ typedef struct dfl_sampler_graph {
     struct ggml_tensor * choice;  /* [n] i32 */
     struct ggml_tensor * cand;    /* RANKED: [n_cand, n] i32 candidates, most likely first ... */
     struct ggml_tensor * cand_p;  /* ... and their probabilities as drawn (0 for those cut) */
-    struct ggml_tensor * mask;    /* masked: [2 * n_words, n] f32, each row's bitmask as 16-bit halves
-                                     (integers below 2^16 are exact in f32), low half first */
-    struct ggml_tensor * bit_scale; /* masked: [16] f32, 2^-b for bit b */
+    struct ggml_tensor * mask;      /* masked: [4 * n_words * n] i32, each row's bitmask as its bytes
+                                       (byte k of word w: tokens 32 w + 8 k ..), low byte first */
+    struct ggml_tensor * byte_bias; /* masked: [8, 256] f32, byte v's bias per bit: 0 set, -inf clear */
 } dfl_sampler_graph;
 
 /* A model's sampling settings and what the host staged for its next graph that samples. */
@@ -71,7 +71,7 @@ typedef struct dfl_sampler {
     float * host_params;        /* input staging */
     int32_t * host_idx;
     float * host_cnt;
-    float * host_mask;
+    int32_t * host_mask;
     int cap_params, cap_idx, cap_cnt, cap_host_mask;
 } dfl_sampler;
 

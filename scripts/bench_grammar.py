@@ -107,7 +107,7 @@ def mask_cost(threads: int, reps: int) -> dict:
     target.close()
     none, masked = statistics.median(times["none"]), statistics.median(times["masked"])
     return {"n_vocab": int(target.n_vocab), "rows": 16, "pass_seconds": none, "masked_pass_seconds": masked,
-            "mask_share": (masked - none) / none, "upload_bytes_per_pass": 16 * words * 2 * 4}
+            "mask_share": (masked - none) / none, "upload_bytes_per_pass": 16 * words * 4 * 4}
 
 
 def main(argv=None) -> int:
