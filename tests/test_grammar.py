@@ -126,6 +126,8 @@ def test_invalid_grammars_and_schemas_name_the_problem():
         Constraint("json_schema", "{nope")
     with pytest.raises(ValueError, match="empty"):
         Constraint.gbnf("  ")
+    with pytest.raises(ValueError, match="Unimplemented keys"):
+        Constraint.json_schema({"not": {"type": "string"}})
     with pytest.raises(ValueError, match="constraint must be"):
         SamplingParams(constraint="root ::= x")
 
