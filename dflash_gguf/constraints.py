@@ -32,16 +32,20 @@ class Constraint:
     JSON text), compiled to llguidance's grammar and checked on creation: a ValueError
     names the problem. `lazy_from` (a string): the grammar applies from the first
     occurrence of that text in the output on (the text itself matched by the grammar's
-    start), as llama-server's tool-call grammars do; free text before it. `prefix`: text
-    the grammar's start is taken to have matched already (a call's opening written at
-    the end of the prompt)."""
+    start), as llama-server's tool-call grammars do; free text before it. `after` (a
+    string): the grammar applies to what follows the first occurrence of that text (the
+    end of a thinking block). `prefix`: text the grammar's start is taken to have matched
+    already (a call's opening written at the end of the prompt)."""
 
     kind: str
     text: str
     lazy_from: Optional[str] = None
     prefix: str = ""
+    after: Optional[str] = None
 
     def __post_init__(self):
+        if self.lazy_from is not None and self.after is not None:
+            raise ValueError("a constraint waits for its opening (lazy_from) or for a text before it (after), not both")
         if self.kind not in GRAMMAR_KINDS:
             raise ValueError(f"unknown grammar kind {self.kind!r}; choose one of {', '.join(GRAMMAR_KINDS)}")
         object.__setattr__(self, "grammar", _compile(self.kind, self.text))
@@ -131,7 +135,8 @@ class GrammarState:
         self.matcher = LLMatcher(vocab.lltokenizer, constraint.grammar, log_level=0)
         if self.matcher.is_error():
             raise ValueError(f"invalid {_name(constraint.kind)}: {_one_line(self.matcher.get_error())}")
-        self.lazy = constraint.lazy_from
+        self.lazy = constraint.lazy_from if constraint.after is None else constraint.after
+        self._inclusive = constraint.after is None  # the opening is the grammar's own start
         self._text = b""  # output so far while a lazy grammar waits for its opening
         if constraint.prefix:
             self._start_with(constraint.prefix.encode())
@@ -184,9 +189,11 @@ class GrammarState:
             if at < 0:
                 self._text = self._text[len(self._text) - len(opening) + 1:]  # what may begin it
                 return
-            tail, self._text, self.lazy = self._text[at:], b"", None
+            tail = self._text[at:] if self._inclusive else self._text[at + len(opening):]
+            self._text, self.lazy = b"", None
             try:
-                self._start_with(tail)
+                if tail:
+                    self._start_with(tail)
             except ValueError:
                 # the token that completed the opening ran on past what the grammar takes
                 # (it was chosen while the grammar waited): the rest goes unconstrained

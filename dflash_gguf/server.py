@@ -198,6 +198,10 @@ class Server:
                 raise BadRequest("a response format or grammar cannot be combined with strict tools or a required "
                                  "tool call", "response_format")
             constraint = constraint or calls
+        if constraint is not None and turn is not None and turn.starts_thinking and constraint.lazy_from is None \
+                and not constraint.prefix:
+            # the reply thinks first: the grammar holds the answer after the thinking block
+            constraint = replace(constraint, after=turn.thinking.close)
         if constraint is not None:
             sampling = replace(sampling, constraint=constraint)
         stops = _stops(body)

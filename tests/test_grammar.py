@@ -4,6 +4,7 @@ constrained decoding in every mode against llama.cpp's own grammar sampler
 constrained distribution when sampling, and a batch mixing constrained and free requests."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -343,3 +344,19 @@ def test_lazy_grammar_waits_for_its_opening(engines):
     assert state.valid_prefix(tok.encode("12x", add_bos=False)) < len(tok.encode("12x", add_bos=False))
     state.consume(tok.encode("7</call>", add_bos=False))
     assert state.ended
+
+
+def test_a_grammar_after_thinking_holds_the_answer_only(engines):
+    engine = engines["chain"]
+    tok = engine.tokenizer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    state = Constraint.json_schema(schema).__class__("json_schema", json.dumps(schema), after="</think>").state(
+        engine.grammar_vocab())
+    thoughts = tok.encode("<think>\nsome {free} text\n", add_bos=False)
+    assert not state.active and state.valid_prefix(thoughts) == len(thoughts)
+    state.consume(thoughts + tok.encode("</think>", add_bos=False))
+    assert state.active and state.masks([[]]) is not None
+    assert state.valid_prefix(tok.encode('{"a": 1}', add_bos=False)) == len(tok.encode('{"a": 1}', add_bos=False))
+    assert state.valid_prefix(tok.encode("x", add_bos=False)) == 0
+    with pytest.raises(ValueError, match="not both"):
+        Constraint("regex", "a+", lazy_from="<", after=">")

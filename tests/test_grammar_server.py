@@ -145,3 +145,16 @@ def test_strict_tool_calls_through_anthropic_parse_and_validate(tool_server):
             jsonschema.validate(use.input, _schema_of(use.name))
         if choice["type"] == "tool":
             assert {u.name for u in uses} == {"search"}
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_json_schema_with_a_thinking_template_constrains_the_answer(tool_server, thinking):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+    chat = tool_server.client.chat.completions.create(
+        model="x", messages=MESSAGES, response_format=fmt, max_tokens=300,
+        extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
+    choice = chat.choices[0]
+    if not thinking:
+        assert choice.finish_reason == "stop"
+    if choice.finish_reason == "stop":  # with thinking, the demo model may think until max_tokens
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
