@@ -220,6 +220,19 @@ class GrammarState:
         """The grammar accepts the whole path from here."""
         return self.valid_prefix(path) == len(path)
 
+    def forced_after(self, path: Sequence[int]) -> Optional[int]:
+        """The token the grammar forces after `path` from here (None: none, or the path
+        leaves the grammar)."""
+        if not self.active:
+            return None
+        path = [int(t) for t in path]
+        m = self.matcher
+        n = m.try_consume_tokens(path) if path else 0
+        ff = m.compute_ff_tokens() if n == len(path) and not m.is_stopped() else []
+        if n:
+            m.rollback(n)
+        return int(ff[0]) if ff else None
+
     def draft_path(self, drafts: Sequence[int], forced: bool = True) -> List[int]:
         """The drafts a chain verifies after the tokens emitted: the drafter's block as far
         as the grammar accepts it (a draft it rejects could never be accepted: the block

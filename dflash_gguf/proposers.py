@@ -246,7 +246,8 @@ class TreeProposer:
             t_build = time.perf_counter() if st.survey else 0.0
             grammar = seq.sampler.grammar if seq.sampler.guided else None
             tree = build_tree(seq.bonus, cand, logp, auto.survey_size() if st.survey else arm, max_depth=depth,
-                              valid=grammar.accepts if grammar is not None else None)
+                              valid=grammar.accepts if grammar is not None else None,
+                              forced=grammar.forced_after if grammar is not None else None)
             if st.survey:
                 cut = chain_length(logp[:depth, 0], self.p_min)
                 auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:cut, 0]))

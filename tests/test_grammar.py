@@ -185,6 +185,12 @@ def test_grammar_aware_drafting_keeps_every_verified_draft_inside_the_grammar(en
     tree = build_tree(tok.encode("a", add_bos=False)[0], cand, logp, 6, valid=state.accepts)
     assert all(state.accepts(p) for p in tree.paths()[1:])
     assert len(tree) > 1
+    # forced text enters the tree whatever the drafter guessed: its tokens are the spine
+    x = tok.encode("x", add_bos=False)[0]
+    guesses = np.full((6, 3), x)
+    tree = build_tree(x, guesses, np.log(np.full((6, 3), 1 / 3)), 6, valid=state.accepts, forced=state.forced_after)
+    assert tok.decode(max(tree.paths(), key=len)).startswith('{"name":')
+    assert all(state.accepts(p) for p in tree.paths()[1:])
 
 
 def test_max_tokens_mid_structure_ends_with_length(engines):
