@@ -268,7 +268,8 @@ static struct ggml_tensor * penalize(struct ggml_context * ctx, struct ggml_tens
  * logits read back are those the row chose from). The mask arrives as its bytes, each an
  * index into a table of the 256 bytes' biases (8 columns: 0 for a set bit, -inf for a
  * clear one): one lookup gives the bias of every token, and one add applies it. */
-static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_tensor * logits, dfl_sampler_graph * out) {
+static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                       dfl_sampler_graph * out) {
     const int64_t V = logits->ne[0], n = logits->ne[1], bytes = 4 * dfl_mask_words((int) V);
     out->mask = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, bytes * n);
     out->byte_bias = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 256);

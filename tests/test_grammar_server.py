@@ -137,7 +137,8 @@ def test_strict_tool_calls_through_anthropic_parse_and_validate(tool_server):
                                  http_client=anthropic.DefaultHttpxClient(trust_env=False, timeout=120))
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"], "strict": True,
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
-    for choice in ({"type": "any", "disable_parallel_tool_use": True}, {"type": "tool", "name": "search", "disable_parallel_tool_use": True}):
+    for choice in ({"type": "any", "disable_parallel_tool_use": True},
+                   {"type": "tool", "name": "search", "disable_parallel_tool_use": True}):
         msg = client.messages.create(model="x", max_tokens=200, messages=ASK, tools=tools, tool_choice=choice)
         uses = [b for b in msg.content if b.type == "tool_use"]
         assert uses and msg.stop_reason == "tool_use", msg
