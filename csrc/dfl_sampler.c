@@ -27,6 +27,8 @@ void dfl_sampler_free(dfl_sampler * smp) {
     free(smp->host_params);
     free(smp->host_idx);
     free(smp->host_cnt);
+    free(smp->mask);
+    free(smp->host_mask);
     memset(smp, 0, sizeof *smp);
 }
 
@@ -55,6 +57,7 @@ dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s) {
     smp->s = *s;
     smp->n_u = 0;
     smp->pen_rows = 0;
+    smp->mask_rows = 0;
     return DFL_OK;
 }
 
@@ -134,6 +137,37 @@ dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens
     return DFL_OK;
 }
 
+dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, int n_rows, int n_words, int n_vocab) {
+    const int want = dfl_mask_words(n_vocab);
+    if (!words || n_rows <= 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "masks: need words for at least one row");
+    }
+    if (n_words != want) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "masks: a row of a %d-token vocabulary is %d words, not %d", n_vocab, want,
+                        n_words);
+    }
+    if ((int64_t) n_rows * n_words > (int64_t) 1 << 26) {
+        return dfl_fail(DFL_ERR_CAPACITY, "masks: %d rows is too many", n_rows);
+    }
+    const uint32_t tail = n_vocab % 32 ? ~0u << (n_vocab % 32) : 0u; /* bits past the vocabulary */
+    for (int r = 0; r < n_rows; r++) {
+        const uint32_t * row = words + (size_t) r * n_words;
+        uint32_t any = 0;
+        for (int w = 0; w < n_words; w++) {
+            any |= w == n_words - 1 ? row[w] & ~tail : row[w];
+        }
+        if (!any) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "masks: row %d allows no token", r);
+        }
+    }
+    if (!reserve((void **) &smp->mask, &smp->cap_mask, n_rows * n_words, sizeof(uint32_t))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    memcpy(smp->mask, words, (size_t) n_rows * n_words * sizeof(uint32_t));
+    smp->mask_rows = n_rows;
+    return DFL_OK;
+}
+
 dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab, dfl_sampler_key * key) {
     const dfl_sampling * s = &smp->s;
     memset(key, 0, sizeof *key);
@@ -143,6 +177,13 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
                             n_rows);
         }
         key->n_penalty = smp->pen_per_row;
+    }
+    if (smp->mask_rows > 0) {
+        if (smp->mask_rows != n_rows) {
+            return dfl_fail(DFL_ERR_STATE, "masks were staged for %d rows, the call computes %d", smp->mask_rows,
+                            n_rows);
+        }
+        key->masked = 1;
     }
     if (s->temperature <= 0.0f) {
         key->pick = DFL_PICK_ARGMAX;
@@ -165,10 +206,11 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
 
 void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     const int n_penalty = acc->n_penalty > k->n_penalty ? acc->n_penalty : k->n_penalty;
+    const int masked = acc->masked || k->masked;
     const bool same = acc->pick == k->pick && acc->n_cand == k->n_cand && acc->capped == k->capped &&
                       acc->full == k->full && acc->ranked == k->ranked;
     if (!same) {
-        dfl_sampler_key m = { DFL_PICK_MIXED, 0, 0, 0, 0, 0 };
+        dfl_sampler_key m = { DFL_PICK_MIXED, 0, 0, 0, 0, 0, 0 };
         const dfl_sampler_key * both[2] = { acc, k };
         for (int i = 0; i < 2; i++) {
             const dfl_sampler_key * x = both[i];
@@ -182,6 +224,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
         *acc = m;
     }
     acc->n_penalty = n_penalty;
+    acc->masked = masked;
 }
 
 /* ---- the graph ------------------------------------------------------------------------- */
@@ -219,6 +262,22 @@ static struct ggml_tensor * penalize(struct ggml_context * ctx, struct ggml_tens
     x = ggml_sub(ctx, x, less);
     flat = ggml_set_rows(ctx, flat, ggml_reshape_2d(ctx, x, 1, M * n), out->pen_idx);
     return ggml_reshape_2d(ctx, flat, V, n);
+}
+
+/* Logits with the tokens each row's bitmask leaves out at -inf, in place (so that the
+ * logits read back are those the row chose from). The mask arrives as its bytes, each an
+ * index into a table of the 256 bytes' biases (8 columns: 0 for a set bit, -inf for a
+ * clear one): one lookup gives the bias of every token, and one add applies it. */
+static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                       dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1], bytes = 4 * dfl_mask_words((int) V);
+    out->mask = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, bytes * n);
+    out->byte_bias = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 256);
+    ggml_set_input(out->mask);
+    ggml_set_input(out->byte_bias);
+    struct ggml_tensor * bias = ggml_reshape_2d(ctx, ggml_get_rows(ctx, out->byte_bias, out->mask), 8 * bytes, n);
+    bias = ggml_view_2d(ctx, bias, V, n, bias->nb[1], 0);
+    return ggml_add_inplace(ctx, logits, bias);
 }
 
 /* The inverse-CDF draw over cumulative weights cw [K, n]: per row, how many of them lie at
@@ -357,6 +416,9 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
     if (key->n_penalty > 0) {
         logits = penalize(ctx, logits, key->n_penalty, out);
     }
+    if (key->masked) {
+        logits = apply_mask(ctx, logits, out);
+    }
     switch (key->pick) {
         case DFL_PICK_FULL: out->choice = pick_full(ctx, logits, out); break;
         case DFL_PICK_RANKED: out->choice = pick_ranked(ctx, logits, key, out); break;
@@ -458,9 +520,37 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         dfl_runtime_set(rt, g->pen_idx, host->host_idx, 0, (size_t) n * sizeof(int32_t));
         dfl_runtime_set(rt, g->pen_cnt, host->host_cnt, 0, (size_t) n * sizeof(float));
     }
+    if (g->mask) {
+        const int W = dfl_mask_words(n_vocab), B = 4 * W;
+        if (!reserve((void **) &host->host_mask, &host->cap_host_mask, n_rows * B, sizeof(int32_t))) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
+            const dfl_sampler * smp = parts[i].smp;
+            for (int r = 0; r < parts[i].n_rows; r++) {
+                int32_t * dst = host->host_mask + (size_t) (r0 + r) * B;
+                for (int w = 0; w < W; w++) {
+                    /* a row without a constraint allows every token */
+                    const uint32_t x = smp->mask_rows > 0 ? smp->mask[(size_t) r * W + w] : 0xFFFFFFFFu;
+                    for (int k = 0; k < 4; k++) { /* byte k holds tokens 32 w + 8 k .. + 7, low bit first */
+                        dst[4 * w + k] = (int32_t) ((x >> (8 * k)) & 0xFFu);
+                    }
+                }
+            }
+        }
+        float table[256 * 8];
+        for (int v = 0; v < 256; v++) {
+            for (int b = 0; b < 8; b++) {
+                table[v * 8 + b] = (v >> b) & 1 ? 0.0f : -INFINITY;
+            }
+        }
+        dfl_runtime_set(rt, g->mask, host->host_mask, 0, (size_t) n_rows * B * sizeof(int32_t));
+        dfl_runtime_set(rt, g->byte_bias, table, 0, sizeof table);
+    }
     for (int i = 0; i < n_parts; i++) {
         parts[i].smp->n_u = 0;
         parts[i].smp->pen_rows = 0;
+        parts[i].smp->mask_rows = 0;
     }
     return DFL_OK;
 }

@@ -6,7 +6,10 @@
  * token counts, given by the host), top-k, top-p and min-p on the probabilities at
  * temperature 1, the temperature, then the draw: the first candidate whose cumulative
  * weight exceeds the row's uniform times the total. Greedy rows take the argmax (after
- * the penalties). */
+ * the penalties). A row constrained by a grammar has an allowed-token bitmask: its
+ * disallowed logits become -inf after the penalties' arithmetic (which would turn
+ * -inf x 0 into NaN; the penalties change a token's logit on its own, so masking before
+ * or after them chooses alike) and before top-k and the pick. */
 #ifndef DFL_SAMPLER_H
 #define DFL_SAMPLER_H
 
@@ -37,6 +40,7 @@ typedef struct dfl_sampler_key {
     int n_penalty; /* penalty entries per row (0: no penalties in this graph) */
     int full;      /* MIXED: some row draws over the vocabulary */
     int ranked;    /* MIXED: some row ranks candidates (n_cand of them at most; capped: some row is) */
+    int masked;    /* some row has an allowed-token mask (the others get all tokens) */
 } dfl_sampler_key;
 
 /* A built sampling stage: its inputs and outputs. */
@@ -47,6 +51,9 @@ typedef struct dfl_sampler_graph {
     struct ggml_tensor * choice;  /* [n] i32 */
     struct ggml_tensor * cand;    /* RANKED: [n_cand, n] i32 candidates, most likely first ... */
     struct ggml_tensor * cand_p;  /* ... and their probabilities as drawn (0 for those cut) */
+    struct ggml_tensor * mask;      /* masked: [4 * n_words * n] i32, each row's bitmask as its bytes
+                                       (byte k of word w: tokens 32 w + 8 k ..), low byte first */
+    struct ggml_tensor * byte_bias; /* masked: [8, 256] f32, byte v's bias per bit: 0 set, -inf clear */
 } dfl_sampler_graph;
 
 /* A model's sampling settings and what the host staged for its next graph that samples. */
@@ -57,12 +64,21 @@ typedef struct dfl_sampler {
     int32_t * pen_tok;          /* penalty entries for the next call's rows */
     float * pen_cnt;
     int pen_rows, pen_per_row;  /* (0: none staged) */
+    uint32_t * mask;            /* allowed-token bitmasks for the next call's rows, [rows][words] */
+    int mask_rows;              /* (0: none staged) */
+    int cap_mask;
     int cap_u, cap_pen_tok, cap_pen_cnt; /* staging capacities */
     float * host_params;        /* input staging */
     int32_t * host_idx;
     float * host_cnt;
-    int cap_params, cap_idx, cap_cnt;
+    int32_t * host_mask;
+    int cap_params, cap_idx, cap_cnt, cap_host_mask;
 } dfl_sampler;
+
+/* 32-bit words of a bitmask over n_vocab tokens (bit t % 32 of word t / 32: token t). */
+static inline int dfl_mask_words(int n_vocab) {
+    return (n_vocab + 31) / 32;
+}
 
 void dfl_sampler_init(dfl_sampler * smp);
 void dfl_sampler_free(dfl_sampler * smp);
@@ -70,6 +86,9 @@ dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s);
 dfl_status dfl_sampler_stage_uniforms(dfl_sampler * smp, const float * u, int n);
 dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens, const float * counts, int n_rows,
                                        int per_row, int n_vocab);
+/* Allowed-token bitmasks for the next call's n_rows rows, n_words each (dfl_mask_words);
+ * a row must allow some token. */
+dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, int n_rows, int n_words, int n_vocab);
 
 /* The key of a graph that samples n rows of a vocabulary of n_vocab now; fails when what
  * it needs was not staged. */

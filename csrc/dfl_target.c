@@ -330,6 +330,7 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
         t->sampler[s].n_u = 0;
         t->sampler[s].pen_rows = 0;
+        t->sampler[s].mask_rows = 0;
     }
     return DFL_OK;
 }
@@ -339,6 +340,7 @@ DFL_API dfl_status dfl_target_seq_reset(dfl_target * t, int32_t seq) {
     dfl_memory_seq_clear(&t->mem, &t->m, seq);
     t->sampler[seq].n_u = 0;
     t->sampler[seq].pen_rows = 0;
+    t->sampler[seq].mask_rows = 0;
     return DFL_OK;
 }
 
@@ -833,6 +835,12 @@ DFL_API dfl_status dfl_target_set_penalties(dfl_target * t, int32_t seq, const i
                                            int32_t n_rows, int32_t per_row) {
     TRY(check_seq(t, seq));
     return dfl_sampler_stage_penalties(&t->sampler[seq], tokens, counts, n_rows, per_row, t->m.n_vocab);
+}
+
+DFL_API dfl_status dfl_target_set_masks(dfl_target * t, int32_t seq, const uint32_t * words, int32_t n_rows,
+                                       int32_t n_words) {
+    TRY(check_seq(t, seq));
+    return dfl_sampler_stage_masks(&t->sampler[seq], words, n_rows, n_words, t->m.n_vocab);
 }
 
 DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {

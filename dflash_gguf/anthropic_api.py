@@ -104,8 +104,11 @@ def _tools(tools: Any) -> List[dict]:
             raise BadRequest(f"tools[{i}] must be an object with a 'name' and an 'input_schema'", "tools")
         if tool.get("type") not in (None, "custom"):
             raise BadRequest(f"tools[{i}]: server tools ({tool['type']!r}) are not supported", "tools")
-        out.append({"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
-                                                     "parameters": tool.get("input_schema", {})}})
+        fn = {"name": tool["name"], "description": tool.get("description", ""),
+              "parameters": tool.get("input_schema", {})}
+        if "strict" in tool:
+            fn["strict"] = tool["strict"]
+        out.append({"type": "function", "function": fn})
     return out
 
 

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from ._native import DflashError
 from .chat_flags import add_chat_args, set_chat_template, validate_chat_args
-from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError
+from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError, check_constraint
 from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
@@ -91,6 +91,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-last-n", type=int, default=64,
                    help="tokens the penalties look back over, the prompt's included (default 64; -1: the whole "
                         "context; 0: no penalties)")
+    p.add_argument("--grammar", metavar="GRAMMAR",
+                   help="GBNF grammar the output must match (llama.cpp's format; see docs/structured-output.md)")
+    p.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from a file")
+    p.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="JSON schema the output must match, e.g. '{\"type\": \"object\"}'")
+    p.add_argument("-jf", "--json-schema-file", metavar="FILE", help="read the JSON schema from a file")
     p.add_argument("--chain-rule", choices=CHAIN_RULES, default=DEFAULT_CHAIN_RULE,
                    help="sampled chain: keep the drafter's argmax while the target's draws equal it (argmax), or "
                         "draw the drafts from the drafter and keep them by rejection sampling (reject; with --top-k > 0, "
@@ -204,10 +210,12 @@ def validate_engine_args(args, parser) -> None:
         parser.error("--memory-limit must be a positive number of MiB")
     from .sampling import SamplingParams
 
+    constraint = _constraint(args, parser.prog)
     try:
         args.sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.seed,
                                        repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
-                                       presence_penalty=args.presence_penalty, repeat_last_n=args.repeat_last_n)
+                                       presence_penalty=args.presence_penalty, repeat_last_n=args.repeat_last_n,
+                                       constraint=constraint)
     except ValueError as e:
         message = str(e)
         for field, flag in (("temperature", "--temp"), ("top_k", "--top-k"), ("top_p", "--top-p"),
@@ -217,6 +225,32 @@ def validate_engine_args(args, parser) -> None:
             message = message.replace(field, flag)
         parser.error(message)
 
+
+
+def _constraint(args, prog: str):
+    """--grammar / --grammar-file / -j / -jf as a Constraint (config.check_constraint);
+    a problem with them exits 2 with one line."""
+    texts = {}
+    for flag, inline, path in (("--grammar", args.grammar, args.grammar_file),
+                               ("-j/--json-schema", args.json_schema, args.json_schema_file)):
+        if inline is not None and path is not None:
+            _fail(prog, f"{flag}: give the text or its file, not both")
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    inline = fh.read()
+            except OSError as e:
+                _fail(prog, f"cannot read {flag} file: {e}")
+        texts[flag] = inline
+    try:
+        return check_constraint(texts["--grammar"], texts["-j/--json-schema"])
+    except ConfigError as e:
+        _fail(prog, f"{FLAGS.get(e.option, e.option)}: {e}")
+
+
+def _fail(prog: str, message: str):
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _report(stats, mode: str) -> dict:
@@ -348,7 +382,7 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "n_gpu_layers": "-ngl/--n-gpu-layers", "n_seq": "-np/--parallel", "kv_type": "-ctk/--cache-type-k",
          "kv_type_v": "-ctv/--cache-type-v", "block_size": "--block-size", "tree_budget": "--tree-budget",
          "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
-         "chain_rule": "--chain-rule"}
+         "chain_rule": "--chain-rule", "grammar": "--grammar", "json_schema": "-j/--json-schema"}
 
 
 def config_error(prog: str, e: ConfigError) -> int:

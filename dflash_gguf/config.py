@@ -122,3 +122,21 @@ class EngineSetup:
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 else 1)
         draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule)
+
+
+def check_constraint(grammar: Optional[str] = None, json_schema=None):
+    """The constraint a request or command line asks for: a GBNF grammar, or a JSON schema
+    (a dict or its JSON text), not both; None for neither. ConfigError ("grammar" or
+    "json_schema") names what is wrong with it."""
+    from .constraints import Constraint
+
+    if grammar is not None and json_schema is not None:
+        raise ConfigError("grammar", "give a grammar or a JSON schema, not both")
+    try:
+        if grammar is not None:
+            return Constraint.gbnf(grammar)
+        if json_schema is not None:
+            return Constraint.json_schema(json_schema)
+    except ValueError as e:
+        raise ConfigError("grammar" if grammar is not None else "json_schema", str(e)) from None
+    return None

@@ -38,17 +38,19 @@ def slot_of(seq) -> dict:
 class Sequence:
     """One request: its slot, prompt, sampler, proposer, the tokens it emitted and its
     statistics. context_full, on_stage and saver as in speculative decoding (see
-    sequence_steps)."""
+    sequence_steps). grammar (a constraints.GrammarState): the constraint its tokens
+    follow; generation ends where the grammar does."""
 
     def __init__(self, target, draft, proposer, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
                  stats: GenerationStats, sampling: Optional[SamplingParams] = None, slot: int = 0, reused: int = 0,
-                 context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None, saver=None):
+                 context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None, saver=None,
+                 grammar=None):
         check_request(target, prompt, max_tokens, proposer.lookahead, context_full)
         self.target, self.draft, self.proposer = target, draft, proposer
         self.prompt, self.max_tokens, self.stops = prompt, max_tokens, set(stop_tokens)
         self.stats, self.slot, self.reused, self.saver = stats, slot, reused, saver
         self.stage = on_stage or _no_stage
-        self.sampler = Sampler(sampling, prompt)
+        self.sampler = Sampler(sampling, prompt, grammar)
         self.speculative = draft is not None
         self.bonus: Optional[int] = None  # the next token the target has not seen
         self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
@@ -117,6 +119,9 @@ class Sequence:
         stats.generated_tokens += produced
         kept = new[:produced]
         self.sampler.accept(kept)
+        grammar = self.sampler.grammar
+        if stats.stop_reason != "stop" and grammar is not None and grammar.ended:
+            stats.stop_reason = "stop"  # the output is complete: the grammar allows only its end
         if stats.stop_reason == "stop" or stats.generated_tokens >= self.max_tokens:
             self.done = True
         elif self.room < 1:

@@ -102,6 +102,9 @@ class Engine:
         self.checkpoints: Optional[PrefixCheckpoints] = None
         self._chat_template = None  # set_chat_template's
         self._gguf_templates: dict = {}  # compiled on first use
+        self._grammar_vocab = None  # grammar_vocab()'s
+        # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
+        self.grammar_drafting = True
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
@@ -232,9 +235,21 @@ class Engine:
         else:
             proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min,
                                       self.chain_rule)
+        grammar = None
+        if sampling is not None and sampling.constraint is not None:
+            grammar = sampling.constraint.state(self.grammar_vocab(), self.grammar_drafting)
         return Decoding(self.target, self.draft if use_draft else None, proposer, tokens, max_tokens, stops, stats,
                         sampling, slot=slot, reused=reused, context_full=context_full, on_stage=on_stage,
-                        saver=saver)
+                        saver=saver, grammar=grammar)
+
+    def grammar_vocab(self):
+        """The vocabulary as the constraints' grammars see it (built on first use: about a
+        second for a large vocabulary)."""
+        if self._grammar_vocab is None:
+            from .constraints import GrammarVocab
+
+            self._grammar_vocab = GrammarVocab(self.tokenizer, self.target.n_vocab)
+        return self._grammar_vocab
 
     def batch(self) -> Batch:
         """An empty decoding.Batch over the engine's target and drafter, where sequences

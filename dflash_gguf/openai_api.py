@@ -21,7 +21,6 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")  # what the call formats can
 # fields whose meaning this server does not implement: refused rather than ignored
 UNSUPPORTED = {
     "logit_bias": lambda v: v not in (None, {}),
-    "response_format": lambda v: v is not None and not (isinstance(v, dict) and v.get("type") == "text"),
     "logprobs": lambda v: v not in (None, False, 0),
     "top_logprobs": lambda v: v not in (None, 0),
     "echo": lambda v: v not in (None, False),
@@ -29,8 +28,6 @@ UNSUPPORTED = {
     "suffix": lambda v: v not in (None, ""),
     "functions": lambda v: v is not None,  # the API's deprecated form of tools
     "function_call": lambda v: v is not None,
-    "grammar": lambda v: v not in (None, ""),  # llama-server's constrained decoding
-    "json_schema": lambda v: v is not None,
     "audio": lambda v: v is not None,
     "modalities": lambda v: v not in (None, ["text"]),
 }
@@ -40,6 +37,56 @@ def refuse_unsupported(body: dict) -> None:
     for name, asked in UNSUPPORTED.items():
         if asked(body.get(name)):
             raise BadRequest(f"'{name}' is not supported by this server", name)
+
+
+def constraint_of(body: dict):
+    """The constraint a request asks for (a constraints.Constraint, or None): OpenAI's
+    response_format (json_object, or json_schema with its schema; `strict` or not, the
+    schema is enforced), or llama-server's `grammar` (GBNF) or `json_schema`; one of them."""
+    from .config import ConfigError, check_constraint
+
+    asked = [name for name in ("response_format", "grammar", "json_schema")
+             if body.get(name) not in (None, "") and not (name == "response_format" and body[name] == {"type": "text"})]
+    if len(asked) > 1:
+        raise BadRequest(f"give one of 'response_format', 'grammar' and 'json_schema', not {' and '.join(asked)}",
+                         asked[1])
+    if not asked:
+        return None
+    name = asked[0]
+    grammar, schema = None, None
+    if name == "grammar":
+        grammar = body["grammar"]
+        if not isinstance(grammar, str):
+            raise BadRequest("'grammar' must be a GBNF grammar as a string", name)
+    elif name == "json_schema":
+        schema = body["json_schema"]
+    else:
+        schema = _response_schema(body["response_format"])
+    if schema is not None and not isinstance(schema, (dict, str)):
+        raise BadRequest(f"the JSON schema must be an object, got {type(schema).__name__}", name)
+    try:
+        return check_constraint(grammar, schema)
+    except ConfigError as e:
+        raise BadRequest(str(e), name) from None
+    except RecursionError:
+        raise BadRequest("the JSON schema is nested too deeply", name) from None
+
+
+def _response_schema(fmt: Any) -> Any:
+    """The schema of a response_format: any object for json_object (or llama-server's
+    `schema` beside it), the json_schema's own schema."""
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise BadRequest("'response_format' must be {'type': 'text' | 'json_object' | 'json_schema', ...}",
+                         "response_format")
+    if fmt["type"] == "json_object":
+        return fmt.get("schema") or {"type": "object"}
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or "schema" not in spec:
+        raise BadRequest("'response_format' of type json_schema needs {'json_schema': {'name': ..., 'schema': "
+                         "{...}}}", "response_format")
+    if "strict" in spec and not isinstance(spec["strict"], bool):
+        raise BadRequest("'response_format.json_schema.strict' must be true or false", "response_format")
+    return spec["schema"]
 
 
 def _text(content: Any, where: str) -> str:
@@ -143,9 +190,12 @@ def chat_tools(body: dict) -> tuple:
             raise BadRequest(f"tools[{i}].function.description must be a string", "tools")
         if not isinstance(fn.get("parameters", {}), dict):
             raise BadRequest(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        if not isinstance(fn.get("strict", False), (bool, type(None))):
+            raise BadRequest(f"tools[{i}].function.strict must be true or false", "tools")
         names.add(name)
-        checked.append({"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters")
-                                                         if k in fn}})
+        # strict: its calls' arguments are held to its parameters (tool_grammar)
+        checked.append({"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters",
+                                                                            "strict") if k in fn}})
     choice: ToolChoice = body.get("tool_choice") or "auto"
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None

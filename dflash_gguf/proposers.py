@@ -97,7 +97,11 @@ class ChainProposer:
     after each equals the next (its draw, exact for drafts fixed in advance); under the
     rejection rule (chain_rule "reject", top_k > 0) the drafter draws its drafts and they
     are kept by speculative rejection sampling. With p_min > 0 (a drafter loaded with
-    top_k >= 1) each step verifies the chain_length of its block."""
+    top_k >= 1) each step verifies the chain_length of its block. Under a grammar, the
+    block is read back and verified as the grammar lets it be (GrammarState.draft_path:
+    cut before the first draft it rejects, forced text in place of the drafter's
+    guesses; under the rejection rule only cut, since its drafts must be the drafter's
+    draws)."""
 
     drafted_samples = False
     stage = None
@@ -110,8 +114,10 @@ class ChainProposer:
         self.top_k = rejection_top_k
         self.drafted_samples = rejection_top_k > 0
         self.b = 1
+        self.tokens: Optional[List[int]] = None  # the block as the grammar lets it be verified
 
     def plan(self, seq) -> int:
+        self.tokens = None
         self.b = min(self.block_size, seq.remaining + 1, seq.room)
         if self.b > 1 and self.top_k:
             self.draft.set_uniforms(seq.sampler.uniforms(self.b - 1), **_slot(seq))
@@ -124,6 +130,12 @@ class ChainProposer:
 
     def rows(self, seq) -> Rows:
         b = self.b
+        if b > 1 and seq.sampler.guided:
+            drafts = self.draft.block(b, **_slot(seq))[1:]
+            tokens = self.tokens = [seq.bonus] + seq.sampler.grammar.draft_path(drafts, forced=not self.top_k)
+            self.b = len(tokens)
+            seq.sampler.prepare(seq.target, len(tokens), lambda: _chain_paths(tokens), seq=seq.slot)
+            return Rows(seq.slot, CHAIN_ROWS, tokens)
         if b > 1:
             seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, **_slot(seq))), seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, n=b)
@@ -132,7 +144,10 @@ class ChainProposer:
 
     def accept(self, seq, choice) -> List[int]:
         b = self.b
-        block = self.draft.block(b, **_slot(seq)) if b > 1 else [seq.bonus]
+        if self.tokens is not None:
+            block = self.tokens
+        else:
+            block = self.draft.block(b, **_slot(seq)) if b > 1 else [seq.bonus]
         if self.top_k and b > 1:
             n_acc, nxt = seq.sampler.reject_accept(block[1:], self.draft.candidates(b - 1, self.top_k, **_slot(seq)),
                                                    seq.target.candidates(seq.row0, b, self.top_k), choice[b - 1])
@@ -229,14 +244,20 @@ class TreeProposer:
         chain = arm == CHAIN or 1 + arm > seq.room  # a padded tree that does not fit: the chain does
         if st.survey or not chain:
             t_build = time.perf_counter() if st.survey else 0.0
-            tree = build_tree(seq.bonus, cand, logp, auto.survey_size() if st.survey else arm, max_depth=depth)
+            grammar = seq.sampler.grammar if seq.sampler.guided else None
+            tree = build_tree(seq.bonus, cand, logp, auto.survey_size() if st.survey else arm, max_depth=depth,
+                              valid=grammar.accepts if grammar is not None else None,
+                              forced=grammar.forced_after if grammar is not None else None)
             if st.survey:
                 cut = chain_length(logp[:depth, 0], self.p_min)
                 auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:cut, 0]))
                 tree = tree.best(arm)
                 st.t_survey = time.perf_counter() - t_build
         if chain:
-            tree = chain_tree(seq.bonus, cand[:depth, 0])
+            drafts = cand[:depth, 0]
+            if seq.sampler.guided:
+                drafts = seq.sampler.grammar.draft_path(drafts)
+            tree = chain_tree(seq.bonus, drafts)
             seq.stats.chain_steps += 1
         seq.stats.tree_sizes.append(len(tree) - 1)
         if not chain:
@@ -248,6 +269,15 @@ class TreeProposer:
         if st.b < 2:
             seq.sampler.prepare(seq.target, 1, seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, [seq.bonus])
+        if st.device and seq.sampler.guided:
+            # under a grammar the chain arm's block comes back to be cut and fixed (see
+            # ChainProposer) and is verified as the chain tree of what is left
+            drafts = seq.sampler.grammar.draft_path(self.draft.block(st.b, **_slot(seq))[1:])
+            st.device, st.extra["chain"] = False, True
+            if st.survey:
+                st.extra["logp"] = st.ranked[1]
+            st.tree = chain_tree(seq.bonus, drafts)
+            st.b = len(st.tree)
         if st.device:
             b = st.b
             seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, **_slot(seq))), seq=seq.slot)

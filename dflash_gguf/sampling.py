@@ -50,6 +50,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repeat_last_n: int = 64
+    # a grammar or JSON schema the output must match (constraints.Constraint)
+    constraint: Optional[object] = None
 
     def __post_init__(self):
         _finite(self, "temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
@@ -66,6 +68,8 @@ class SamplingParams:
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.constraint is not None and not hasattr(self.constraint, "grammar"):
+            raise ValueError(f"constraint must be a constraints.Constraint, got {type(self.constraint).__name__}")
         if self.repeat_last_n < -1:
             raise ValueError(f"repeat_last_n must be >= -1 (-1: the whole context, 0: no penalties), "
                              f"got {self.repeat_last_n}")
@@ -137,10 +141,12 @@ class Sampler:
     """One request's sampling, host side: the settings it gives the target (and, for
     drafted samples, the drafter), the uniforms of its seeded generator, and the window
     of tokens its penalties count. `history` is every token so far: the prompt, then each
-    token emitted (accept)."""
+    token emitted (accept). `grammar` (a constraints.GrammarState): the constraint it
+    follows; each row's mask is its grammar state after its own path."""
 
-    def __init__(self, params: Optional[SamplingParams] = None, history: Sequence[int] = ()):
+    def __init__(self, params: Optional[SamplingParams] = None, history: Sequence[int] = (), grammar=None):
         self.params = params or GREEDY
+        self.grammar = grammar
         self.rng = np.random.default_rng(self.params.seed)
         self.history = list(history)
         self._u = np.zeros(0, dtype=np.float32)
@@ -168,6 +174,20 @@ class Sampler:
         """Tokens emitted: later rows' penalty windows include them."""
         if self.penalized:
             self.history.extend(int(t) for t in tokens)
+        if self.grammar is not None:
+            self.grammar.consume(tokens)
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar constrains the next token."""
+        return self.grammar is not None and self.grammar.active
+
+    @property
+    def guided(self) -> bool:
+        """A grammar decides how far drafts go: it constrains them, or it waits for its
+        opening, which no verified row may see in its path (GrammarState.opens)."""
+        g = self.grammar
+        return g is not None and ((g.active and g.drafting) or g.waiting)
 
     def uniforms(self, n: int) -> np.ndarray:
         return self.rng.random(n, dtype=np.float32)
@@ -177,15 +197,20 @@ class Sampler:
         """Stage what the target's next call needs to choose its n_rows rows: a uniform
         per row, and with penalties each row's counts over its window, the history
         followed by paths()[i], the tokens row i sees after it (a chain row's drafts so
-        far, a tree node's ancestors below the root; called only with penalties, which
-        is when a chain reads its block back before the verify)."""
+        far, a tree node's ancestors below the root; called only with penalties or a
+        grammar, which is when a chain reads its block back before the verify); with a
+        grammar, each row's allowed tokens after the same path."""
         slot = {"seq": seq} if seq else {}
         if not self.greedy:
             self._u = self.uniforms(n_rows)
             target.set_uniforms(self._u, **slot)
-        if self.penalized:
+        rows = None
+        if self.penalized or self.constrained:
             rows = paths() if paths is not None else [[]] * n_rows
+        if self.penalized:
             target.set_penalties(*self.window_counts(rows), **slot)
+        if self.constrained:
+            target.set_masks(self.grammar.masks(rows), **slot)
 
     def window_counts(self, paths: Sequence[Sequence[int]]) -> Tuple[np.ndarray, np.ndarray]:
         """Per row, the distinct tokens of its window and their counts, [rows, M] each,

@@ -25,10 +25,10 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
-from . import anthropic_api, openai_api
+from . import anthropic_api, openai_api, tool_grammar
 from .api_errors import BadRequest
 from .assistant import Turn, prepare_turn
 from .engine import Engine
@@ -111,7 +111,8 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     repeat_penalty = next((r for r in repeat if r is not None), defaults.repeat_penalty)
     last_n = _number(body, "repeat_last_n", defaults.repeat_last_n, kind=int, lo=-1)
     return SamplingParams(temperature, max(top_k, 0), top_p, min_p, seed, repeat_penalty=repeat_penalty,
-                          frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n)
+                          frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n,
+                          constraint=defaults.constraint)
 
 
 def _check_n(body: dict) -> None:
@@ -188,8 +189,21 @@ class Server:
         _check_n(body)
         openai_api.refuse_unsupported(body)
         sampling = _sampling(body, self.defaults.sampling)
-        stops = _stops(body)
+        constraint = openai_api.constraint_of(body)
         turn, options = prepared.turn, prepared.options
+        if turn is not None and turn.tool_format:
+            calls = self._call_constraint(turn, options)
+            if calls is not None and constraint is not None:
+                raise BadRequest("a response format or grammar cannot be combined with strict tools or a required "
+                                 "tool call", "response_format")
+            constraint = constraint or calls
+        if constraint is not None and turn is not None and turn.starts_thinking and constraint.lazy_from is None \
+                and not constraint.prefix:
+            # the reply thinks first: the grammar holds the answer after the thinking block
+            constraint = replace(constraint, after=turn.thinking.close)
+        if constraint is not None:
+            sampling = replace(sampling, constraint=constraint)
+        stops = _stops(body)
         if turn is not None and turn.tool_format and not options.parallel_tool_calls:
             stops.append(turn.call_close())  # one call: generation ends where it closes
         n_ctx = self.engine.target.n_ctx
@@ -208,6 +222,20 @@ class Server:
             raise BadRequest(str(e), field_) from None
         return Job(tokens=tokens, max_tokens=max_tokens, sink=sink, stop=stops, sampling=sampling,
                    speculative=self.defaults.speculative, context_full="stop")
+
+    def _call_constraint(self, turn, options):
+        """The grammar of the turn's tool calls (strict tools, a required call), or None."""
+        vocab = self.engine.grammar_vocab() if tool_grammar.wanted(turn.tools, options.tool_choice) else None
+
+        def special(text: str):
+            ids = self.engine.tokenizer.encode(text, add_bos=False)
+            return ids[0] if len(ids) == 1 and vocab.lltokenizer.is_special_token(ids[0]) else None
+
+        try:
+            return tool_grammar.call_constraint(turn.tool_format, turn.tools, options.tool_choice,
+                                                options.parallel_tool_calls, turn.primed, special)
+        except ValueError as e:
+            raise BadRequest(f"the tools' parameters make no grammar: {e}", "tools") from None
 
     def tokenize(self, body: dict) -> dict:
         content = body.get("content")

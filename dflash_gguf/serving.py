@@ -178,18 +178,23 @@ class Scheduler:
             self._end(run, None)
         if not len(batch):
             return
-        for seq, new in batch.advance():
+        results = batch.advance()
+        # a round may list a joining sequence twice (its first token, then its step): it
+        # ends at its last entry, or its step's tokens would be lost
+        last = {id(seq): i for i, (seq, _) in enumerate(results)}
+        for i, (seq, new) in enumerate(results):
             run = self._running.get(seq.slot)
             if run is None or run.seq is not seq:
-                continue  # it ended earlier in this round (a round may list a joining sequence twice)
+                continue  # it ended earlier in this round
             if seq.error is not None:
                 self._end(run, seq.error)
                 continue
-            self._emit(run, new)
+            final = last[id(seq)] == i
+            self._emit(run, new, final)
             if run.text.stopped and not seq.done:  # a stop string: no more tokens wanted
                 seq.done = True
                 batch.drop(seq)
-            if seq.done:
+            if seq.done and (final or run.text.stopped):
                 self._end(run, None)
 
     def _admit(self) -> List[Job]:
@@ -235,10 +240,10 @@ class Scheduler:
         self._running[job.slot] = _Running(job, seq, engine.text_stream(job.stop))
         batch.add(seq)
 
-    def _emit(self, run: _Running, new: List[int]) -> None:
+    def _emit(self, run: _Running, new: List[int], final: bool = True) -> None:
         run.out.extend(new)
         piece = run.text.push(new)
-        if run.seq.done:
+        if run.seq.done and final:
             piece += run.text.end()
         if piece:
             run.pieces.append(piece)

@@ -266,6 +266,15 @@ class Target(NativeObject):
         check(lib.dfl_target_set_penalties(self._handle(), int(seq), ffi.from_buffer("int32_t[]", toks),
                                            ffi.from_buffer("float[]", cnt), toks.shape[0], toks.shape[1]))
 
+    def set_masks(self, words: np.ndarray, seq: int = 0) -> None:
+        """Allowed-token bitmasks [rows, ceil(n_vocab / 32)] uint32 of the sequence's rows
+        with logits in its next step (see dfl_target_set_masks)."""
+        w = np.ascontiguousarray(words, dtype=np.uint32)
+        if w.ndim != 2:
+            raise ValueError(f"masks must be [rows, words], got shape {w.shape}")
+        check(lib.dfl_target_set_masks(self._handle(), int(seq), ffi.from_buffer("uint32_t[]", w), w.shape[0],
+                                       w.shape[1]))
+
     def features(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
         out = np.empty((n_rows, self.n_features, self.n_embd), dtype=np.float32)
         check(lib.dfl_target_features(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))

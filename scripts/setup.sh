@@ -48,7 +48,7 @@ if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ]; then
   echo "$llama_key" > "$stamps/llama-cpp-python"
 fi
 
-build_deps="scikit-build-core>=0.11 cmake>=3.21 ninja cffi numpy gguf safetensors tqdm tokenizers jinja2>=3.1"
+build_deps="scikit-build-core>=0.11 cmake>=3.21 ninja cffi numpy gguf safetensors tqdm tokenizers jinja2>=3.1 llguidance==1.9.1"
 if [ ! -f "$stamps/build-deps" ] || [ "$(cat "$stamps/build-deps")" != "$build_deps" ]; then
   say "installing build and runtime dependencies"
   # shellcheck disable=SC2086

@@ -20,7 +20,7 @@ from openai import OpenAI
 
 from fixtures import CODE_PROMPT as CODE
 
-from dflash_gguf import openai_api
+from dflash_gguf import openai_api, tool_grammar
 from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
@@ -106,9 +106,10 @@ def engine():
     with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1) as e:
         eog = sorted({t for t in (e.tokenizer.decode([i]) for i in e.tokenizer.eog_ids) if t})
 
-        def generate(prompt, max_tokens):
+        def generate(prompt, max_tokens, constraint=None):
             e.generate("x", 1)  # never continue the previous request's context
-            return e.generate(prompt, max_tokens, stop=eog)
+            return e.generate(prompt, max_tokens, stop=eog,
+                              sampling=SamplingParams(constraint=constraint) if constraint else None)
 
         e.reference = generate
         yield e
@@ -501,10 +502,11 @@ WEATHER = [{"type": "function", "function": {
 
 def expected_reply(engine, messages, tools, tool_choice, max_tokens):
     """What the server should answer: Engine.generate on the prompt of the assistant's
-    turn, read by the turn's parser."""
+    turn (under the grammar of its calls when a call is forced), read by the turn's parser."""
     turn = prepare_turn(engine.chat_template(bool(tools)), openai_api.chat_messages(messages), tools=tools,
                         tool_choice=tool_choice)
-    want = engine.reference(turn.prompt, max_tokens)
+    constraint = tool_grammar.call_constraint(turn.tool_format, turn.tools, tool_choice, True, turn.primed)
+    want = engine.reference(turn.prompt, max_tokens, constraint)
     parser = turn.parser()
     parser.feed(want.text)
     parser.finish()
@@ -514,9 +516,10 @@ def expected_reply(engine, messages, tools, tool_choice, max_tokens):
 def test_a_tool_using_conversation_end_to_end_through_both_clients(server, engine):
     """The real engine on the demo pair, whose template cannot show tools (the generic
     fallback offers them in the system message): a first turn that must call the tool,
-    then the call and its result sent back. The tiny demo model does not write valid
-    calls (the scripted tests in test_server_agents.py cover the parsing): each reply
-    is what the engine generates for the turn's prompt, read by the turn's parser."""
+    then the call and its result sent back. The forced call follows the grammar of a call
+    (tool_grammar), which 24 tokens cut short: each reply is what the engine generates
+    for the turn's prompt, read by the turn's parser (the scripted tests in
+    test_server_agents.py cover the parsing of whole calls)."""
     messages = [{"role": "system", "content": "You answer with tools."},
                 {"role": "user", "content": "Weather in Paris?"}]
     forced = {"type": "function", "function": {"name": "get_weather"}}

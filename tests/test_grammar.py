@@ -1,0 +1,368 @@
+"""Structured output: the allowed-token mask on the device (dfl_target_set_masks), and
+constrained decoding in every mode against llama.cpp's own grammar sampler
+(llama-cpp-python's LlamaGrammar at temperature 0, on the same GGUF), the target's
+constrained distribution when sampling, and a batch mixing constrained and free requests."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash_gguf import DflashError
+from dflash_gguf.constraints import Constraint, GrammarVocab
+from dflash_gguf.ddtree import build_tree
+from dflash_gguf.engine import Engine
+from dflash_gguf.llama_cpp_tree import source_dir
+from dflash_gguf.sampling import SamplingParams, distribution
+from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.tokenizer import Tokenizer
+
+from fixtures import missing_oracle
+
+DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
+TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
+
+NUMBERS = 'root ::= "[" item ("," item)* "]"\nitem ::= [0-9]+'
+KEYS = 'root ::= "{\\"name\\": \\"" [a-z_]+ "\\", \\"args\\": [" [a-z_, ]* "]}"'
+PROMPTS = ["def fib(n):", "    def __init__(self, name):\n        self.name = name\n", "import os\n"]
+
+
+def grammars():
+    """llama.cpp's own grammars (its grammars/ folder in the pinned sources) and two small ones."""
+    src = source_dir()
+    if src is None:
+        missing_oracle("llama.cpp's sources (grammars/)")
+    folder = src / "grammars"
+    return {"json": (folder / "json.gbnf").read_text(), "list": (folder / "list.gbnf").read_text(),
+            "numbers": NUMBERS, "keys": KEYS}
+
+
+@pytest.fixture(scope="module")
+def engines():
+    chain = Engine(TARGET, DRAFT, n_ctx=512, n_threads=2)
+    tree = Engine(TARGET, DRAFT, n_ctx=512, n_threads=2, tree_budget=8)
+    yield {"chain": chain, "tree": tree}
+    chain.close()
+    tree.close()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        missing_oracle("llama-cpp-python")
+    return Llama(TARGET, n_ctx=512, verbose=False, seed=0)
+
+
+@pytest.fixture(scope="module")
+def target():
+    t = Target(TARGET, TargetConfig(n_ctx=256, n_threads=2, kv_type="f32"))
+    yield t
+    t.close()
+
+
+def words_of(allowed: np.ndarray) -> np.ndarray:
+    """A bitmask [rows, ceil(V/32)] of boolean rows [rows, V] (bit t % 32 of word t / 32)."""
+    rows, v = allowed.shape
+    padded = np.zeros((rows, -(-v // 32) * 32), dtype=bool)
+    padded[:, :v] = allowed
+    return np.packbits(padded.reshape(rows, -1, 32)[:, :, ::-1], axis=2).view(">u4").astype(np.uint32)[..., 0]
+
+
+# ---- the mask on the device ---------------------------------------------------------------
+
+def test_masked_rows_choose_among_allowed_tokens_greedy_and_sampled(target):
+    tokens = Tokenizer(TARGET).encode(PROMPTS[1])
+    rng = np.random.default_rng(0)
+    target.reset()
+    target.decode(tokens, LOGITS_LAST)
+    free = target.logits(0, 1)[0].copy()
+    allowed = rng.random((1, target.n_vocab)) < 0.1
+    allowed[0, int(np.argmax(free))] = False  # the free argmax is not allowed
+    for temperature in (0.0, 0.8):
+        params = SamplingParams(temperature=temperature, top_k=40 if temperature else 0, seed=1)
+        target.reset()
+        target.set_sampling(params.native())
+        if temperature:
+            target.set_uniforms(np.array([0.3], dtype=np.float32))
+        target.set_masks(words_of(allowed))
+        target.decode(tokens, LOGITS_LAST)
+        masked = target.logits(0, 1)[0]
+        choice = int(target.choices(0, 1)[0])
+        assert allowed[0, choice]
+        assert np.all(np.isneginf(masked[~allowed[0]]))
+        np.testing.assert_array_equal(masked[allowed[0]], free[allowed[0]])
+        if not temperature:
+            assert choice == int(np.argmax(np.where(allowed[0], free, -np.inf)))
+    # a step without masks runs none: the next decode's logits are the free ones again
+    target.reset()
+    target.set_sampling(SamplingParams().native())
+    target.decode(tokens, LOGITS_LAST)
+    np.testing.assert_array_equal(target.logits(0, 1)[0], free)
+
+
+def test_mask_calls_are_checked(target):
+    words = (target.n_vocab + 31) // 32
+    with pytest.raises(DflashError, match="words"):
+        target.set_masks(np.full((1, words + 1), 0xFFFFFFFF, dtype=np.uint32))
+    with pytest.raises(DflashError, match="allows no token"):
+        target.set_masks(np.zeros((1, words), dtype=np.uint32))
+    target.reset()
+    target.set_masks(np.full((2, words), 0xFFFFFFFF, dtype=np.uint32))
+    with pytest.raises(DflashError, match="staged for 2 rows"):
+        target.decode(Tokenizer(TARGET).encode("x = 1"), LOGITS_LAST)
+    target.reset()
+
+
+def test_invalid_grammars_and_schemas_name_the_problem():
+    with pytest.raises(ValueError, match="invalid grammar.*foo"):
+        Constraint.gbnf("root ::= foo")
+    with pytest.raises(ValueError, match="invalid JSON schema"):
+        Constraint.json_schema({"type": "objectx"})
+    with pytest.raises(ValueError, match="not valid JSON"):
+        Constraint("json_schema", "{nope")
+    with pytest.raises(ValueError, match="empty"):
+        Constraint.gbnf("  ")
+    with pytest.raises(ValueError, match="Unimplemented keys"):
+        Constraint.json_schema({"not": {"type": "string"}})
+    with pytest.raises(ValueError, match="constraint must be"):
+        SamplingParams(constraint="root ::= x")
+
+
+# ---- greedy: every mode equals llama.cpp's constrained greedy --------------------------------
+
+@pytest.mark.parametrize("name", ["json", "list", "numbers"])
+def test_constrained_greedy_equals_llama_cpp_in_every_mode(engines, llama, name):
+    from llama_cpp import LlamaGrammar
+
+    text = grammars()[name]
+    params = SamplingParams(constraint=Constraint.gbnf(text))
+    for prompt in PROMPTS:
+        # llama.cpp's grammar sampler allows an end-of-generation token only where the
+        # grammar may end, as llguidance does; both stop there
+        ref = llama.create_completion(prompt, max_tokens=40, temperature=0, repeat_penalty=1.0,
+                                      grammar=LlamaGrammar.from_string(text, verbose=False))["choices"][0]
+        runs = [("plain", engines["chain"], False), ("chain", engines["chain"], True),
+                ("tree", engines["tree"], True)]
+        for mode, engine, speculative in runs:
+            r = engine.generate(prompt, 40, sampling=params, speculative=speculative)
+            assert r.text == ref["text"], (name, prompt, mode)
+            assert r.stats.stop_reason == ref["finish_reason"], (name, prompt, mode)
+
+
+def test_forced_text_is_its_canonical_tokens_in_every_mode(engines):
+    # inside forced text (a literal) llguidance allows only the text's own tokenization
+    # ("name" as one token), where llama.cpp's GBNF sampler would also take "n", "ame":
+    # the modes agree with each other and with the grammar
+    params = SamplingParams(constraint=Constraint.gbnf(KEYS))
+    for prompt in PROMPTS:
+        texts = {engines["chain"].generate(prompt, 40, sampling=params, speculative=False).text,
+                 engines["chain"].generate(prompt, 40, sampling=params).text,
+                 engines["tree"].generate(prompt, 40, sampling=params).text}
+        assert len(texts) == 1
+        assert texts.pop().startswith('{"name": "')
+
+
+def test_grammar_aware_drafting_keeps_every_verified_draft_inside_the_grammar(engines):
+    engine = engines["chain"]
+    vocab = engine.grammar_vocab()
+    state = Constraint.gbnf(KEYS).state(vocab)
+    tok = engine.tokenizer
+    drafts = tok.encode('{"name": "fo$o", "args": []}', add_bos=False)
+    path = state.draft_path(drafts)
+    assert 0 < len(path) < len(drafts) and state.accepts(path)
+    assert tok.decode(path) == '{"name": "fo'
+    # a forced stretch replaces the drafter's guesses: the opening is forced whatever is drafted
+    assert tok.decode(state.draft_path(tok.encode("x", add_bos=False) * 8)).startswith('{"name":')
+    # the tree takes only candidates the grammar accepts along their path
+    cand = np.array([tok.encode("{", add_bos=False)[:1] * 2 + [tok.encode("x", add_bos=False)[0]]] * 3)
+    cand[0, 0] = tok.encode("x", add_bos=False)[0]
+    logp = np.log(np.full(cand.shape, 1.0 / cand.shape[1]))
+    tree = build_tree(tok.encode("a", add_bos=False)[0], cand, logp, 6, valid=state.accepts)
+    assert all(state.accepts(p) for p in tree.paths()[1:])
+    assert len(tree) > 1
+    # forced text enters the tree whatever the drafter guessed: its tokens are the spine
+    x = tok.encode("x", add_bos=False)[0]
+    guesses = np.full((6, 3), x)
+    tree = build_tree(x, guesses, np.log(np.full((6, 3), 1 / 3)), 6, valid=state.accepts, forced=state.forced_after)
+    assert tok.decode(max(tree.paths(), key=len)).startswith('{"name":')
+    assert all(state.accepts(p) for p in tree.paths()[1:])
+
+
+def test_max_tokens_mid_structure_ends_with_length(engines):
+    params = SamplingParams(constraint=Constraint.json_schema(
+        {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}},
+         "required": ["items"]}))
+    r = engines["chain"].generate(PROMPTS[0], 5, sampling=params)
+    assert r.stats.stop_reason == "length" and r.stats.generated_tokens == 5
+
+
+# ---- sampled: the target's own constrained distribution --------------------------------------
+
+def test_sampled_first_tokens_follow_the_targets_constrained_distribution(engines, target):
+    from llguidance import LLMatcher
+    from llguidance.numpy import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
+
+    engine = engines["chain"]
+    constraint = Constraint.gbnf(KEYS.replace('"{\\"name\\": \\""', '[a-z_]+ "{\\"name\\": \\""'))
+    params = SamplingParams(temperature=1.0, constraint=constraint)
+    prompt = PROMPTS[1]
+    # the oracle: the target's logits at the prompt's last row, masked by llguidance's own
+    # numpy helpers, under the sampling rule
+    target.reset()
+    target.set_sampling(SamplingParams().native())
+    target.decode(engine.tokenizer.encode(prompt), LOGITS_LAST)
+    logits = target.logits(0, 1).copy()
+    matcher = LLMatcher(GrammarVocab(engine.tokenizer, target.n_vocab).lltokenizer, constraint.grammar)
+    mask = allocate_token_bitmask(1, target.n_vocab)
+    fill_next_token_bitmask(matcher, mask)
+    apply_token_bitmask_inplace(logits, mask)
+    p = distribution(logits, params)[0]
+    n = 600
+    counts: dict = {}
+    for seed in range(n):
+        for speculative in (False, True):
+            r = engine.generate(prompt, 1, sampling=SamplingParams(temperature=1.0, seed=seed, constraint=constraint),
+                                speculative=speculative)
+            counts[(speculative, r.tokens[0])] = counts.get((speculative, r.tokens[0]), 0) + 1
+    for speculative in (False, True):
+        seen = {t: c for (s, t), c in counts.items() if s == speculative}
+        assert all(p[t] > 0 for t in seen)
+        cells = {int(t): float(p[t]) for t in np.flatnonzero(p > 0)}
+        stat, df = _chi2(seen, cells, n)
+        assert stat < _critical(max(df, 1)), (speculative, stat, df)
+
+
+def _chi2(counts, probs, n):
+    obs, exp, po, pe = [], [], 0, 0.0
+    for c, q in sorted(probs.items(), key=lambda kv: -kv[1]):
+        if q * n >= 5:
+            obs.append(counts.get(c, 0))
+            exp.append(q * n)
+        else:
+            po += counts.get(c, 0)
+            pe += q * n
+    if pe > 0:
+        obs.append(po)
+        exp.append(pe)
+    return sum((o - e) ** 2 / e for o, e in zip(obs, exp)), len(obs) - 1
+
+
+def _critical(df, z=3.09):
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+# ---- a batch of constrained and free requests ------------------------------------------------
+
+def test_a_batch_mixing_constrained_and_free_requests_gives_each_its_solo_text():
+    requests = [(PROMPTS[0], Constraint.gbnf(NUMBERS)), (PROMPTS[1], None), (PROMPTS[2], Constraint.gbnf(KEYS)),
+                (PROMPTS[1], Constraint.gbnf(grammars()["list"]))]
+    with Engine(TARGET, DRAFT, n_ctx=256, n_threads=2, n_seq=len(requests)) as engine:
+        solo = [engine.generate(p, 24, sampling=SamplingParams(constraint=c)).tokens for p, c in requests]
+        batch = engine.batch()
+        seqs = [engine.sequence(engine.encode(p), 24, sampling=SamplingParams(constraint=c), slot=i)
+                for i, (p, c) in enumerate(requests)]
+        out = {id(s): [] for s in seqs}
+        for s in seqs:
+            batch.add(s)
+        while len(batch):
+            for s, new in batch.advance():
+                assert s.error is None, s.error
+                out[id(s)].extend(new)
+        assert [out[id(s)] for s in seqs] == solo
+
+
+# ---- dflash-run's flags ------------------------------------------------------------------------
+
+def dflash_run(*args):
+    import os
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("dflash-run")
+    return subprocess.run([str(exe), "-m", TARGET, "-md", DRAFT, "-c", "256", "-t", "2", *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_cli_grammar_and_json_schema_flags(tmp_path):
+    grammar = tmp_path / "numbers.gbnf"
+    grammar.write_text(NUMBERS)
+    for flags in (["--grammar", NUMBERS], ["--grammar-file", str(grammar)], ["--grammar", NUMBERS, "--no-spec"]):
+        res = dflash_run("-p", "def fib(n):", "-n", "40", *flags)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == "[0]"
+    schema = '{"type": "object", "properties": {"a": {"type": "integer", "maximum": 99}}, "required": ["a"], ' \
+             '"additionalProperties": false}'
+    res = dflash_run("-p", "def fib(n):", "-n", "40", "-j", schema)
+    assert res.returncode == 0, res.stderr
+    assert set(__import__("json").loads(res.stdout)) == {"a"}
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--grammar", "root ::= foo"], "--grammar: invalid grammar"),
+    (["-j", '{"type": "objectx"}'], "-j/--json-schema: invalid JSON schema"),
+    (["-j", "{nope"], "not valid JSON"),
+    (["-j", '{"type": "object"}', "--grammar", 'root ::= "a"'], "not both"),
+    (["--grammar-file", "/nonexistent/g.gbnf"], "cannot read --grammar file"),
+])
+def test_cli_bad_constraints_exit_2_with_one_line(flags, needle):
+    res = dflash_run("-p", "x", "-n", "4", *flags)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+
+
+# ---- the benchmark script, checked small -------------------------------------------------------
+
+def test_bench_grammar_runs_every_arm(tmp_path):
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("bench_grammar", Path(__file__).resolve().parents[1] / "scripts" /
+                                                  "bench_grammar.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--reps", "1", "--max-tokens", "6", "--out", str(tmp_path)]) == 0
+    (out,) = tmp_path.glob("bench-grammar-*.json")
+    arms = json.loads(out.read_text())["results"]["arms"]
+    assert {(a["setting"], a["mode"], a["grammar_drafting"]) for a in arms} == {
+        (s, m, d) for s in ("greedy", "T0.6") for m in ("plain", "chain", "tree", "auto") for d in (True, False)
+        if m != "plain" or d}
+    assert all(a["runs"] == 3 for a in arms)
+
+
+def test_lazy_grammar_waits_for_its_opening(engines):
+    engine = engines["chain"]
+    tok = engine.tokenizer
+    state = Constraint("lark", 'start: "<call>" /[0-9]+/ "</call>"', lazy_from="<call>").state(engine.grammar_vocab())
+    free = tok.encode("hello world ", add_bos=False)
+    assert not state.active and state.masks([[]]) is None
+    # drafts stop before the opening: no verified row may see it in its path
+    drafts = free + tok.encode("<call>12", add_bos=False)
+    assert state.valid_prefix(drafts) < len(drafts) and not state.opens(drafts[:state.valid_prefix(drafts)])
+    state.consume(free + tok.encode("<call>", add_bos=False))
+    assert state.active
+    assert state.valid_prefix(tok.encode("12x", add_bos=False)) < len(tok.encode("12x", add_bos=False))
+    state.consume(tok.encode("7</call>", add_bos=False))
+    assert state.ended
+
+
+def test_a_grammar_after_thinking_holds_the_answer_only(engines):
+    engine = engines["chain"]
+    tok = engine.tokenizer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    state = Constraint.json_schema(schema).__class__("json_schema", json.dumps(schema), after="</think>").state(
+        engine.grammar_vocab())
+    thoughts = tok.encode("<think>\nsome {free} text\n", add_bos=False)
+    assert not state.active and state.valid_prefix(thoughts) == len(thoughts)
+    state.consume(thoughts + tok.encode("</think>", add_bos=False))
+    assert state.active and state.masks([[]]) is not None
+    assert state.valid_prefix(tok.encode('{"a": 1}', add_bos=False)) == len(tok.encode('{"a": 1}', add_bos=False))
+    assert state.valid_prefix(tok.encode("x", add_bos=False)) == 0
+    with pytest.raises(ValueError, match="not both"):
+        Constraint("regex", "a+", lazy_from="<", after=">")
