@@ -1,4 +1,4 @@
-"""The serving benchmarks' pure parts (scripts/serve_load.py, scripts/bench_concurrency.py):
+"""The serving benchmarks' pure parts (dflash_gguf/bench/serve_load.py, dflash-bench concurrency):
 percentiles, reading a reply's events, /metrics, flag detection, the workers, a cell's
 summary and its comparisons, the servers' command lines."""
 from __future__ import annotations
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import bench_concurrency  # noqa: E402
-import serve_load  # noqa: E402
-from serve_load import Reply  # noqa: E402
+from dflash_gguf.bench import concurrency as bench_concurrency
+from dflash_gguf.bench import serve_load
+from dflash_gguf.bench.serve_load import Reply
+
+BENCH = str(Path(sys.executable).with_name("dflash-bench"))
 
 
 def test_percentile_interpolates_between_ranks():
@@ -190,8 +191,7 @@ def test_bad_options_exit_2_with_a_message(argv, message, capsys):
 
 def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
     out = tmp_path / "c.json"
-    script = Path(bench_concurrency.__file__)
-    res = subprocess.run([sys.executable, str(script), "--engines", "ours", "--pairs", "demo", "--clients", "1,2",
+    res = subprocess.run([BENCH, "concurrency", "--engines", "ours", "--pairs", "demo", "--clients", "1,2",
                           "--requests", "2", "-r", "1", "-n", "8", "--temp", "0,0.6", "-t", "1", "-o", str(out)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr

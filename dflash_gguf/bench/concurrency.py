@@ -1,12 +1,11 @@
-#!/usr/bin/env python3
 """Concurrent serving, measured: aggregate tok/s and per-request latency (p50, p95, time to
 first token) of dflash-server at 1, 2, 4 and 8 concurrent clients, greedy and sampled, beside
 llama-server with its DFlash (`-np N --spec-type draft-dflash -md`) on the same GGUFs and
 threads.
 
-    .venv/bin/python scripts/bench_concurrency.py                     # both bundled pairs
-    .venv/bin/python scripts/bench_concurrency.py --pairs demo --clients 1,4 --requests 2
-    .venv/bin/python scripts/bench_concurrency.py -m target.gguf -md draft.gguf -t 8 -o mine.json
+    dflash-bench concurrency                     # both bundled pairs
+    dflash-bench concurrency --pairs demo --clients 1,4 --requests 2
+    dflash-bench concurrency -m target.gguf -md draft.gguf -t 8 -o mine.json
 
 Each client sends its requests one after another (streamed /v1/completions, the benchmark's
 code prompts in turn), the next as soon as the last is answered. A cell (engine, pair,
@@ -40,13 +39,12 @@ from typing import List, Optional
 
 import httpx
 
-import serve_load
-from dflash_gguf import llama_cpp_tree
-from dflash_gguf.bench import provenance
-from dflash_gguf.bench.llama_cpp import SAMPLER_ORDER
-from dflash_gguf.bench.prompts import PROMPTS
-from dflash_gguf.bench.stats import Spread
-from dflash_gguf.demo import DATA
+from .. import llama_cpp_tree
+from ..demo import DATA
+from . import provenance, serve_load
+from .llama_cpp import SAMPLER_ORDER
+from .prompts import PROMPTS
+from .stats import Spread
 
 PAIRS = {"demo": ("demo-target.gguf", "demo-draft.gguf"), "weak": ("demo-target.gguf", "demo-draft-weak.gguf")}
 ENGINES = ("ours", "llama-server")
@@ -78,7 +76,7 @@ def float_list(text: str) -> List[float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    p = argparse.ArgumentParser(prog="dflash-bench concurrency", description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", default="demo,weak",
                    help=f"bundled pairs to serve, of {', '.join(PAIRS)} (default demo,weak; ignored with -m)")
@@ -181,7 +179,7 @@ def ours_command(port: int, target: str, draft: Optional[str], args, slots: Opti
 
 
 def llama_server_command(exe: Path, port: int, target: str, draft: Optional[str], args, slots: int) -> List[str]:
-    from dflash_gguf.draft import read_draft_metadata
+    from ..draft import read_draft_metadata
 
     t = str(args.threads)
     cmd = [str(exe), "--host", "127.0.0.1", "--port", str(port), "-m", target, "-t", t, "-tb", t,
@@ -401,6 +399,3 @@ def main(argv=None) -> int:
     unanswered = sum(r["requests"] - r["ok"] for r in rows)
     return 1 if unanswered or failures else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
