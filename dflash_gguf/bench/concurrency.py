@@ -1,27 +1,36 @@
 """Concurrent serving, measured: aggregate tok/s and per-request latency (p50, p95, time to
 first token) of dflash-server at 1, 2, 4 and 8 concurrent clients, greedy and sampled, beside
 llama-server with its DFlash (`-np N --spec-type draft-dflash -md`) on the same GGUFs and
-threads.
+threads, each side at its default and over a sweep of its draft settings.
 
     dflash-bench concurrency                     # both bundled pairs
     dflash-bench concurrency --pairs demo --clients 1,4 --requests 2
     dflash-bench concurrency -m target.gguf -md draft.gguf -t 8 -o mine.json
 
 Each client sends its requests one after another (streamed /v1/completions, the benchmark's
-code prompts in turn), the next as soon as the last is answered. A cell (engine, pair,
-sampling, clients) runs after a warm-up of one request per client and is repeated -r times;
-aggregate tok/s is the completion tokens of all its requests over its wall time, latencies
-are over every request of every repetition. Each row says how it compares with the same
-engine's one-client figure, and ours with llama-server's at the same number of clients.
+code prompts in turn), the next as soon as the last is answered. An arm is a server at one
+setting: ours at its defaults and at every --draft-p-min x --block-size, llama-server at its
+defaults and at every --spec-draft-p-min x --spec-draft-n-max (a draft cut of 0 is not what
+our chain does on a CPU, where ours cuts at 0.3 by default: each side is swept and shown at
+its best and at its default). For one pair and number of clients every arm's server is
+started, then the cells (arm, sampling) take turns: every cell once per repetition, the
+order rotating (dflash_gguf.bench.method), each repetition after a warm-up of one request
+per client, sending more rounds of requests until it lasted --min-seconds. Aggregate tok/s
+is the completion tokens of a repetition's requests over its wall time (rows: the median
+over repetitions and the range), latencies are over every request of every repetition. A
+cell that starts with the 1-minute load average above --max-load per thread is marked
+loaded (or waited for, --wait-idle). Each row says how it compares with the same arm's
+one-client figure and with llama-server at the same setting (matched); the comparisons
+pit best against best and default against default.
 
 Both servers get -np N (N = clients) with a context of N times -c, so that every slot has
--c (dflash-server only when its --help offers -np; otherwise one server per pair takes
-every client, its requests queue, and the results say so); llama-server also gets our
-sampler order (top-k, top-p, min-p, temperature). It runs when built (python scripts/llama_cpp_build.py).
-The results JSON (default results/concurrency-<UTC time>.json) carries the provenance
-dflash-bench records: commit, versions, machine, threads, load average before and after.
-Servers listen on loopback only; the load is bounded (clients <= 64, requests per cell
-<= 1000, a timeout on every request).
+-c (dflash-server only when its --help offers -np; otherwise its requests queue, and the
+results say so); llama-server also gets our sampler order (top-k, top-p, min-p,
+temperature). It runs when built (python scripts/llama_cpp_build.py llama-server). The
+results JSON (default results/concurrency-<UTC time>.json) carries the provenance
+dflash-bench records: commit, versions, machine, threads, load average before and after
+and at every cell. Servers listen on loopback only; the load is bounded (clients <= 64,
+requests per round <= 1000, a timeout on every request).
 """
 from __future__ import annotations
 
@@ -45,10 +54,12 @@ from . import provenance, serve_load
 from .llama_cpp import SAMPLER_ORDER
 from .prompts import PROMPTS
 from .stats import Spread
+from . import method
 
 PAIRS = {"demo": ("demo-target.gguf", "demo-draft.gguf"), "weak": ("demo-target.gguf", "demo-draft-weak.gguf")}
 ENGINES = ("ours", "llama-server")
 MAX_CLIENTS, MAX_CELL_REQUESTS = 64, 1000
+SWEEP_P_MIN = (0.0, 0.3, 0.5, 0.75)
 
 
 def log(msg: str) -> None:
@@ -96,8 +107,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engines", default=",".join(ENGINES), help=f"of {', '.join(ENGINES)} (default both)")
     p.add_argument("--llama-cpp", type=Path, metavar="DIR",
                    help="directory holding llama-server (default: where scripts/llama_cpp_build.py builds it)")
-    p.add_argument("--spec-draft-p-min", type=float, default=0.0,
-                   help="llama-server's DFlash draft cut (default 0: whole blocks, as our chain drafts)")
+    p.add_argument("--draft-p-min", type=float_list, default=list(SWEEP_P_MIN),
+                   help="our chain's confidence cuts to sweep, a server each beside the default one (default "
+                        "0,0.3,0.5,0.75)")
+    p.add_argument("--block-size", type=int_list,
+                   help="our chain's blocks to sweep (the bonus token and n-max drafts; default: the drafter's block)")
+    p.add_argument("--spec-draft-p-min", type=float_list, default=list(SWEEP_P_MIN),
+                   help="llama-server DFlash's draft cuts to sweep, a server each beside its default one (default "
+                        "0,0.3,0.5,0.75)")
+    p.add_argument("--spec-draft-n-max", type=int_list,
+                   help="llama-server DFlash's draft counts to sweep (default: the drafter's block less the bonus "
+                        "token)")
+    p.add_argument("--min-seconds", type=float, default=method.MIN_SECONDS,
+                   help="wall time a cell's repetition must reach; it sends more rounds of requests until it does "
+                        "(default 1)")
+    p.add_argument("--max-load", type=float, default=method.MAX_LOAD_PER_THREAD,
+                   help="1-minute load average per thread of -t above which a cell is marked loaded (default 0.5)")
+    p.add_argument("--wait-idle", action="store_true",
+                   help="before each cell, wait for the load to fall below --max-load (at most --wait-idle-max s)")
+    p.add_argument("--wait-idle-max", type=float, default=method.WAIT_IDLE_CAP_S,
+                   help="seconds a cell waits for the load at most (default 600); then it runs, marked loaded")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
     p.add_argument("-o", "--output", type=Path,
                    help="results JSON (a bare file name goes under results/; default "
@@ -148,6 +177,12 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error("-n must be 1..4096, -t >= 1, -c >= 256")
     if any(t < 0 for t in args.temp) or args.top_k < 0 or not 0 < args.top_p <= 1:
         p.error("--temp must be >= 0, --top-k >= 0, --top-p in (0, 1]")
+    if any(not 0 <= x < 1 for x in args.draft_p_min) or any(not 0 <= x <= 1 for x in args.spec_draft_p_min):
+        p.error("--draft-p-min values must be in [0, 1), --spec-draft-p-min values in [0, 1]")
+    if any(b < 1 for b in args.block_size or ()) or any(n < 1 for n in args.spec_draft_n_max or ()):
+        p.error("--block-size and --spec-draft-n-max values must be at least 1")
+    if args.min_seconds < 0 or args.max_load < 0 or args.wait_idle_max < 0:
+        p.error("--min-seconds, --max-load and --wait-idle-max must be >= 0")
     if args.llama_cpp is not None and not args.llama_cpp.is_dir():
         p.error(f"--llama-cpp {args.llama_cpp}: no such directory")
 
@@ -167,28 +202,71 @@ def output_path(path: Optional[Path], started: _dt.datetime) -> Path:
 
 # -- servers ---------------------------------------------------------------------------------------
 
-def ours_command(port: int, target: str, draft: Optional[str], args, slots: Optional[int], queue: int) -> List[str]:
+@dataclass(frozen=True)
+class Arm:
+    """A server at one draft setting: the engine's defaults (no draft flag), or a draft cut
+    and a number of drafts (n-max; ours drafts it as a block of n-max + 1)."""
+
+    engine: str                    # "ours" or "llama-server"
+    p_min: Optional[float] = None
+    n_max: Optional[int] = None
+
+    @property
+    def default(self) -> bool:
+        return self.p_min is None and self.n_max is None
+
+    @property
+    def setting(self) -> str:
+        return "default" if self.default else " ".join(
+            ([f"p-min {self.p_min:g}"] if self.p_min is not None else []) +
+            ([f"n-max {self.n_max}"] if self.n_max is not None else []))
+
+
+def arms_of(args, draft: Optional[str], engines: List[str]) -> List[Arm]:
+    """Each engine's default arm and its sweep (plain decoding, without a drafter, has none)."""
+    from ..draft import read_draft_metadata
+
+    out = []
+    block = int(read_draft_metadata(draft)["block_size"]) if draft else None
+    for engine in engines:
+        out.append(Arm(engine))
+        if draft is None:
+            continue
+        if engine == "ours":
+            out += [Arm(engine, p, b - 1) for p in args.draft_p_min for b in args.block_size or [block]]
+        else:
+            out += [Arm(engine, p, n) for p in args.spec_draft_p_min for n in args.spec_draft_n_max or [block - 1]]
+    return out
+
+
+def ours_command(port: int, target: str, draft: Optional[str], args, slots: Optional[int], queue: int,
+                 arm: Arm = Arm("ours")) -> List[str]:
     cmd = [sys.executable, "-m", "dflash_gguf.server", "--host", "127.0.0.1", "--port", str(port), "-m", target,
            "-t", str(args.threads), "-c", str(args.ctx_size * (slots or 1)), "-fa", "on", "-ctk", "f16", "-ctv", "f16",
            "--queue", str(queue)]
     if draft:
         cmd += ["-md", draft]
+        if arm.p_min is not None:
+            cmd += ["--draft-p-min", repr(arm.p_min)]
+        if arm.n_max is not None:
+            cmd += ["--block-size", str(arm.n_max + 1)]
     if slots is not None:
         cmd += ["-np", str(slots)]
     return cmd
 
 
-def llama_server_command(exe: Path, port: int, target: str, draft: Optional[str], args, slots: int) -> List[str]:
-    from ..draft import read_draft_metadata
-
+def llama_server_command(exe: Path, port: int, target: str, draft: Optional[str], args, slots: int,
+                         arm: Arm = Arm("llama-server")) -> List[str]:
     t = str(args.threads)
     cmd = [str(exe), "--host", "127.0.0.1", "--port", str(port), "-m", target, "-t", t, "-tb", t,
            "-c", str(args.ctx_size * slots), "-np", str(slots), "-b", "512", "-ub", "512", "-fa", "on",
            "-ctk", "f16", "-ctv", "f16", "--no-webui"]
     if draft:
-        block = int(read_draft_metadata(draft)["block_size"])
-        cmd += ["-md", draft, "-td", t, "-tbd", t, "--spec-type", "draft-dflash", "--spec-draft-n-max", str(block - 1),
-                "--spec-draft-n-min", "0", "--spec-draft-p-min", repr(args.spec_draft_p_min)]
+        cmd += ["-md", draft, "-td", t, "-tbd", t, "--spec-type", "draft-dflash"]
+        if arm.n_max is not None:
+            cmd += ["--spec-draft-n-max", str(arm.n_max), "--spec-draft-n-min", "0"]
+        if arm.p_min is not None:
+            cmd += ["--spec-draft-p-min", repr(arm.p_min)]
     return cmd
 
 
@@ -206,7 +284,9 @@ def request_body(i: int, sampling: Sampling, args) -> dict:
 
 
 def run_cell(url: str, clients: int, sampling: Sampling, args) -> dict:
-    """One repetition of a cell: `clients` workers drain clients x requests requests."""
+    """One repetition of a cell: a warm-up of one request per client, then rounds in which
+    `clients` workers drain clients x requests requests, until the rounds lasted
+    --min-seconds."""
     bodies = [request_body(i, sampling, args) for i in range(clients * args.requests)]
     # a connection per request: llama-server may close a kept-alive connection as the next
     # request goes out on it ("Server disconnected without sending a response"), which is no
@@ -214,10 +294,15 @@ def run_cell(url: str, clients: int, sampling: Sampling, args) -> dict:
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     with httpx.Client(trust_env=False, timeout=args.timeout, limits=limits) as http:
         serve_load.drain(bodies[:clients], clients, lambda b: serve_load.complete(http, url, {**b, "max_tokens": 8}))
-        t0 = time.perf_counter()
-        replies = serve_load.drain(bodies, clients, lambda b: serve_load.complete(http, url, b))
-        wall = time.perf_counter() - t0
-    return {"wall_seconds": wall, "replies": replies}
+
+        def one_round(_):
+            t0 = time.perf_counter()
+            replies = serve_load.drain(bodies, clients, lambda b: serve_load.complete(http, url, b))
+            return [(time.perf_counter() - t0, replies)]
+
+        rounds = method.until_long_enough(one_round, lambda rs: sum(w for w, _ in rs), args.min_seconds)
+    return {"wall_seconds": sum(w for w, _ in rounds), "replies": [r for _, rs in rounds for r in rs],
+            "rounds": len(rounds)}
 
 
 def accepted_length(reply: serve_load.Reply) -> Optional[float]:
@@ -246,7 +331,8 @@ def summarize(reps: List[dict]) -> dict:
     return {"requests": len(replies), "ok": len(ok),
             "errors": sorted({r.error or f"status {r.status}" for r in replies if not r.complete}),
             "tokens": sum(r.tokens or 0 for r in ok),
-            "aggregate_tps": Spread.of(per_rep).to_json(),
+            "aggregate_tps": Spread.of(per_rep).to_json(), "aggregate_tps_per_rep": per_rep,
+            "rounds_per_rep": [rep.get("rounds", 1) for rep in reps],
             "latency_p50": pct(latencies, 0.5), "latency_p95": pct(latencies, 0.95),
             "ttft_p50": pct(ttfts, 0.5), "ttft_p95": pct(ttfts, 0.95),
             "accepted_length_median": round(Spread.of(als).median, 3) if als else None,
@@ -256,85 +342,138 @@ def summarize(reps: List[dict]) -> dict:
                         for rep in reps]}
 
 
-def compare(rows: List[dict]) -> None:
-    """Each row's aggregate over its engine's one-client figure, and ours over llama-server's
-    at the same clients (medians)."""
-    def key(r, **change):
-        k = {f: r[f] for f in ("engine", "pair", "sampling", "clients")}
-        k.update(change)
-        return tuple(k.values())
+def _key(r: dict, **change) -> tuple:
+    k = {f: r[f] for f in ("engine", "setting", "pair", "sampling", "clients")}
+    k.update(change)
+    return tuple(k.values())
 
-    by = {key(r): r for r in rows}
+
+def compare(rows: List[dict]) -> List[dict]:
+    """Each row's aggregate over its arm's one-client figure, and ours over llama-server's
+    at the same setting (each its own defaults for "default"), ratios of medians; and per
+    pair, sampling and clients the comparisons: best vs best, default vs default."""
+    by = {_key(r): r for r in rows}
     for r in rows:
-        one = by.get(key(r, clients=1))
+        one = by.get(_key(r, clients=1))
         r["vs_one_client"] = round(r["aggregate_tps"]["median"] / one["aggregate_tps"]["median"], 3) \
             if one and one["aggregate_tps"]["median"] > 0 else None
-        peer = by.get(key(r, engine="llama-server")) if r["engine"] == "ours" else None
+        peer = by.get(_key(r, engine="llama-server")) if r["engine"] == "ours" else None
         r["vs_llama_server"] = round(r["aggregate_tps"]["median"] / peer["aggregate_tps"]["median"], 3) \
             if peer and peer["aggregate_tps"]["median"] > 0 else None
+    out = []
+    for pair, sampling, clients in dict.fromkeys((r["pair"], r["sampling"], r["clients"]) for r in rows):
+        cell = [r for r in rows if (r["pair"], r["sampling"], r["clients"]) == (pair, sampling, clients)]
+        pairs = method.pairings([r for r in cell if r["engine"] == "ours"],
+                                [r for r in cell if r["engine"] == "llama-server"],
+                                lambda r: r["aggregate_tps"]["median"] or None,
+                                lambda r: dict(enumerate(r["aggregate_tps_per_rep"])), lambda r: r["default"])
+        for pr in pairs:
+            out.append({"pair": pair, "sampling": sampling, "clients": clients, "pairing": pr.name,
+                        "ours": pr.ours["setting"], "llama_server": pr.theirs["setting"],
+                        "ours_tps_median": pr.ours["aggregate_tps"]["median"],
+                        "llama_server_tps_median": pr.theirs["aggregate_tps"]["median"],
+                        "ratio_of_medians": None if pr.ratio is None else round(pr.ratio, 3),
+                        "per_rep_ratio_range": [round(x, 3) for x in pr.paired] if pr.paired else None,
+                        "loaded": pr.ours["loaded"] or pr.theirs["loaded"]})
+    return out
 
 
-def table_text(rows: List[dict]) -> str:
-    head = ["engine", "pair", "sampling", "clients", "-np", "tok/s", "x 1 client", "x llama-server",
-            "latency p50/p95 s", "TTFT p50/p95 s", "AL", "ok"]
-    lines = [head]
-    for r in rows:
-        t = r["aggregate_tps"]
-        lines.append([r["engine"], r["pair"], r["sampling"], str(r["clients"]), str(r["slots"] or "-"),
-                      f"{t['median']:.1f} [{t['min']:.0f}-{t['max']:.0f}]", f"{r['vs_one_client'] or 0:.2f}",
-                      f"{r['vs_llama_server']:.2f}" if r["vs_llama_server"] else "-",
-                      f"{r['latency_p50']}/{r['latency_p95']}", f"{r['ttft_p50']}/{r['ttft_p95']}",
-                      str(r["accepted_length_median"] or "-"), f"{r['ok']}/{r['requests']}"])
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+def _columns(lines: List[List[str]]) -> str:
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines)
 
 
+def table_text(rows: List[dict]) -> str:
+    """One statistic per column: medians over the repetitions, their range, ratios of medians."""
+    lines = [["engine", "setting", "pair", "sampling", "clients", "-np", "tok/s median", "tok/s min-max",
+              "x 1 client", "x llama-server same setting", "latency p50/p95 s", "TTFT p50/p95 s", "AL median",
+              "load 1m max", "loaded", "ok"]]
+    for r in rows:
+        t = r["aggregate_tps"]
+        loads = [x for x in r["load_1m_at_start"] if x is not None]
+        lines.append([r["engine"], r["setting"], r["pair"], r["sampling"], str(r["clients"]), str(r["slots"] or "-"),
+                      f"{t['median']:.1f}", f"{t['min']:.1f}-{t['max']:.1f}", f"{r['vs_one_client'] or 0:.2f}",
+                      f"{r['vs_llama_server']:.2f}" if r["vs_llama_server"] else "-",
+                      f"{r['latency_p50']}/{r['latency_p95']}", f"{r['ttft_p50']}/{r['ttft_p95']}",
+                      str(r["accepted_length_median"] or "-"), f"{max(loads):.2f}" if loads else "-",
+                      "yes" if r["loaded"] else "no", f"{r['ok']}/{r['requests']}"])
+    return _columns(lines)
+
+
+def comparisons_text(comparisons: List[dict]) -> str:
+    if not comparisons:
+        return "(no comparison with llama-server: it did not run)"
+    lines = [["pair", "sampling", "clients", "pairing", "ours", "llama-server", "ours tok/s median",
+              "llama-server tok/s median", "ratio of medians", "per-rep ratio min-max", "loaded"]]
+    for c in comparisons:
+        span = c["per_rep_ratio_range"]
+        lines.append([c["pair"], c["sampling"], str(c["clients"]), c["pairing"], c["ours"], c["llama_server"],
+                      f"{c['ours_tps_median']:.1f}", f"{c['llama_server_tps_median']:.1f}",
+                      f"{c['ratio_of_medians']:.2f}x" if c["ratio_of_medians"] else "-",
+                      f"{span[0]:.2f}-{span[1]:.2f}x" if span else "-", "yes" if c["loaded"] else "no"])
+    return _columns(lines)
+
+
 def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> tuple:
-    """(rows, failures): a server that does not start or exits badly is a failure on
-    record, and the other servers still run."""
+    """(rows, failures, cells): per pair and number of clients, every arm's server started,
+    their cells interleaved within each repetition. A server that does not start or exits
+    badly is a failure on record, and the other arms still run."""
     samplings = [Sampling(t, args.top_k, args.top_p) for t in dict.fromkeys(args.temp)]
+    engines = [e for e in args.engines if e == "ours" or llama_server is not None]
+    gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
+                                      log=log)
     rows, failures = [], []
 
-    def serve(engine: str, name: str, target: str, draft: Optional[str], slots: Optional[int], clients: List[int]):
+    def start(arm: Arm, name: str, target: str, draft: Optional[str], clients: int):
         port = serve_load.free_port()
-        if engine == "ours":
-            cmd = ours_command(port, target, draft, args, slots, queue=max(clients))
+        slots = clients if arm.engine == "llama-server" or has_np else None
+        if arm.engine == "ours":
+            cmd = ours_command(port, target, draft, args, slots, queue=clients, arm=arm)
         else:
-            cmd = llama_server_command(llama_server, port, target, draft, args, slots)
-        log(f"{engine} on {name}: {' '.join(Path(c).name if c.startswith('/') else c for c in cmd)}")
+            cmd = llama_server_command(llama_server, port, target, draft, args, clients, arm)
+        log(f"{arm.engine} {arm.setting} on {name}: {' '.join(Path(c).name if c.startswith('/') else c for c in cmd)}")
         try:
-            server = serve_load.ServerProcess(cmd, port, log_dir / f"{engine}-{name}-{slots or 1}.log")
+            server = serve_load.ServerProcess(
+                cmd, port, log_dir / f"{arm.engine}-{arm.setting.replace(' ', '-')}-{name}-{clients}.log")
         except RuntimeError as e:
             log(str(e))
-            failures.append({"engine": engine, "pair": name, "slots": slots, "command": cmd, "error": str(e)})
-            return
-        try:
-            for sampling in samplings:
-                for c in clients:
-                    reps = [run_cell(server.url, c, sampling, args) for _ in range(args.repetitions)]
-                    row = {"engine": engine, "pair": name, "sampling": sampling.label, "clients": c, "slots": slots,
-                           "command": cmd, **summarize(reps)}
-                    log(f"{engine} {name} {sampling.label} x{c}: {row['aggregate_tps']['median']:.1f} tok/s, "
-                        f"latency p50 {row['latency_p50']} s, {row['ok']}/{row['requests']} answered")
-                    rows.append(row)
-        finally:
-            status = server.stop()
-            if status != 0:
-                log(f"{engine} exited with status {status}: {server.log_tail()}")
-                failures.append({"engine": engine, "pair": name, "slots": slots, "command": cmd,
-                                 "error": f"exit status {status}: {server.log_tail()}"})
+            failures.append({"engine": arm.engine, "setting": arm.setting, "pair": name, "slots": slots,
+                             "command": cmd, "error": str(e)})
+            return None
+        return server, slots, cmd
 
     for name, target, draft in pairs_of(args):
-        for engine in args.engines:
-            if engine == "llama-server" and llama_server is None:
-                continue
-            if engine == "ours" and not has_np:
-                serve(engine, name, target, draft, None, args.clients)
-            else:
-                for c in args.clients:
-                    serve(engine, name, target, draft, c, [c])
-    compare(rows)
-    return rows, failures
+        arms = arms_of(args, draft, engines)
+        for c in args.clients:
+            servers = {}
+            try:
+                for arm in arms:
+                    started = start(arm, name, target, draft, c)
+                    if started:
+                        servers[arm] = started
+                cells = [(arm, s) for arm in servers for s in samplings]
+                reps, loads = {cell: [] for cell in cells}, {cell: [] for cell in cells}
+                for rep, (arm, s) in method.interleaved(cells, args.repetitions):
+                    loads[(arm, s)].append(gate.enter(f"{arm.engine} {arm.setting}, {name}, {s.label}, {c} clients, "
+                                                      f"rep {rep + 1}"))
+                    reps[(arm, s)].append(run_cell(servers[arm][0].url, c, s, args))
+                for arm, s in cells:
+                    _, slots, cmd = servers[arm]
+                    row = {"engine": arm.engine, "setting": arm.setting, "default": arm.default, "pair": name,
+                           "sampling": s.label, "clients": c, "slots": slots, "command": cmd,
+                           "load_1m_at_start": [x["load_1m"] for x in loads[(arm, s)]],
+                           "loaded": any(x["loaded"] for x in loads[(arm, s)]), **summarize(reps[(arm, s)])}
+                    log(f"{arm.engine} {arm.setting} {name} {s.label} x{c}: {row['aggregate_tps']['median']:.1f} "
+                        f"tok/s, latency p50 {row['latency_p50']} s, {row['ok']}/{row['requests']} answered")
+                    rows.append(row)
+            finally:
+                for arm, (server, slots, cmd) in servers.items():
+                    status = server.stop()
+                    if status != 0:
+                        log(f"{arm.engine} exited with status {status}: {server.log_tail()}")
+                        failures.append({"engine": arm.engine, "setting": arm.setting, "pair": name, "slots": slots,
+                                         "command": cmd, "error": f"exit status {status}: {server.log_tail()}"})
+    return rows, failures, gate.cells
 
 
 def main(argv=None) -> int:
@@ -344,7 +483,7 @@ def main(argv=None) -> int:
     try:
         has_np = serve_load.accepts_flag(serve_load.dflash_server_help(), "-np")
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-        print(f"bench_concurrency: error: {e}", file=sys.stderr)
+        print(f"dflash-bench concurrency: error: {e}", file=sys.stderr)
         return 1
     llama_server = None
     if "llama-server" in args.engines:
@@ -357,22 +496,23 @@ def main(argv=None) -> int:
         + f"; dflash-server {'takes' if has_np else 'has no'} -np")
     with tempfile.TemporaryDirectory(prefix="bench-concurrency-") as tmp:
         try:
-            rows, failures = measure(args, Path(tmp), has_np, llama_server)
+            rows, failures, cells = measure(args, Path(tmp), has_np, llama_server)
         except OSError as e:
-            print(f"bench_concurrency: error: {e}", file=sys.stderr)
+            print(f"dflash-bench concurrency: error: {e}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
-            print("bench_concurrency: interrupted", file=sys.stderr)
+            print("dflash-bench concurrency: interrupted", file=sys.stderr)
             return 130
     load_after = provenance.load_average()
+    comparisons = compare(rows)
     result = {
-        "tool": "bench_concurrency", "started": started.isoformat(timespec="seconds"),
+        "tool": "dflash-bench concurrency", "started": started.isoformat(timespec="seconds"),
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "checkout": provenance.checkout(), "versions": provenance.versions(),
         "machine": provenance.machine(args.threads, "CPU"),
         "load_average": {"before": load_before, "after": load_after},
         "ours": {"np_flag": has_np,
-                 "note": None if has_np else "dflash-server has no -np: one server per pair, requests queue"},
+                 "note": None if has_np else "dflash-server has no -np: its requests queue"},
         "llama_server": {"path": str(llama_server), "version": llama_server_version(llama_server),
                          "sources": str(llama_cpp_tree.sdist_dir())} if llama_server else None,
         "pairs": [{"name": n, "target": str(Path(t).resolve()), "draft": str(Path(d).resolve()) if d else None}
@@ -380,9 +520,16 @@ def main(argv=None) -> int:
         "settings": {"clients": args.clients, "requests_per_client": args.requests, "repetitions": args.repetitions,
                      "max_tokens": args.max_tokens, "threads": args.threads, "ctx_per_sequence": args.ctx_size,
                      "samplings": sorted({r["sampling"] for r in rows}), "seed": args.seed,
-                     "sampler_order": SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
+                     "sampler_order": SAMPLER_ORDER, "draft_p_min": args.draft_p_min, "block_size": args.block_size,
+                     "spec_draft_p_min": args.spec_draft_p_min, "spec_draft_n_max": args.spec_draft_n_max,
+                     "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
+                     "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
+                     "interleaved": "per pair and clients, every arm and sampling once per repetition, the order "
+                                    "rotated by one a repetition",
                      "prompts": [name for name, _ in PROMPTS]},
+        "cells": cells,
         "rows": rows,
+        "comparisons": comparisons,
         "failures": failures,
     }
     path = output_path(args.output, started)
@@ -392,10 +539,14 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; {args.threads} threads")
+        print(f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; {args.threads} threads; "
+              f"{sum(c['loaded'] for c in cells)} of {len(cells)} cells started above "
+              f"{args.max_load * args.threads:.2f}")
         print(table_text(rows))
+        print()
+        print(comparisons_text(comparisons))
     for f in failures:
-        print(f"FAILED {f['engine']} on {f['pair']} (-np {f['slots'] or '-'}): {f['error']}")
+        print(f"FAILED {f['engine']} {f['setting']} on {f['pair']} (-np {f['slots'] or '-'}): {f['error']}")
     unanswered = sum(r["requests"] - r["ok"] for r in rows)
     return 1 if unanswered or failures else 0
 
