@@ -261,7 +261,6 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
         info["llama_bench"] = bench.info
     if failed:
         info["errors"] = failed
-    info["threshold_1m"] = gate.threshold
     return runs, info, gate.cells
 
 
