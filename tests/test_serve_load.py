@@ -258,3 +258,13 @@ def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
     # interleaved: per client count, each repetition's 4 cells (2 settings x 2 samplings) before the next's
     cells = [c["cell"] for c in result["cells"]]
     assert len(cells) == 16 and [c[-5:] for c in cells[:8]] == ["rep 1"] * 4 + ["rep 2"] * 4
+
+
+def test_dflash_bench_serve_load_tests_a_demo_server(tmp_path):
+    res = subprocess.run([BENCH, "serve", "--clients", "2", "--requests", "2", "--max-tokens", "8", "--json", "--",
+                          "-t", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads(res.stdout)
+    assert (summary["requests"], summary["ok"], summary["refused"]) == (4, 4, 0)
+    assert summary["generated_tokens"] > 0 and summary["fifo_inversions"] == 0
+    assert 0 < summary["ttft_p50"] <= summary["latency_p50"]
