@@ -268,3 +268,76 @@ def test_dflash_bench_serve_load_tests_a_demo_server(tmp_path):
     assert (summary["requests"], summary["ok"], summary["refused"]) == (4, 4, 0)
     assert summary["generated_tokens"] > 0 and summary["fifo_inversions"] == 0
     assert 0 < summary["ttft_p50"] <= summary["latency_p50"]
+
+
+FAKE_LLAMA_SERVER = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+if "--version" in sys.argv:
+    print("version: 1 (fake)")
+    sys.exit(0)
+with open(Path(sys.argv[0]).with_name("calls.jsonl"), "a") as f:
+    f.write(json.dumps(sys.argv) + "\\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{{"status": "ok"}}')
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunks = [{{"choices": [{{"index": 0, "text": "ab", "finish_reason": None}}]}},
+                  {{"choices": [{{"index": 0, "text": "", "finish_reason": "length"}}], "usage": {{"completion_tokens": 4}},
+                   "timings": {{"predicted_n": 4, "draft_n": 4, "draft_n_accepted": 2}}}}]
+        for c in chunks:
+            self.wfile.write(("data: " + json.dumps(c) + "\\n\\n").encode())
+        self.wfile.write(b"data: [DONE]\\n\\n")
+
+    def log_message(self, *args):
+        pass
+
+
+try:
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Handler).serve_forever()
+except KeyboardInterrupt:
+    sys.exit(0)
+"""
+
+
+def test_both_servers_swept_and_their_cells_interleaved(tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    exe = tools / "llama-server"
+    exe.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    exe.chmod(0o755)
+    out = tmp_path / "c.json"
+    res = subprocess.run([BENCH, "concurrency", "--pairs", "demo", "--clients", "2", "--requests", "1", "-r", "2",
+                          "-n", "8", "--temp", "0", "-t", "1", "--draft-p-min", "0.5", "--spec-draft-p-min", "0.25",
+                          "--min-seconds", "0", "--llama-cpp", str(tools), "-o", str(out)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
+    draft_flags = [[a for a in c if a.startswith("--spec-draft")] for c in calls]
+    assert sorted(draft_flags) == [[], ["--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min"]]
+    (swept,) = [c for c in calls if "--spec-draft-p-min" in c]
+    assert swept[swept.index("--spec-draft-p-min") + 1] == "0.25" and swept[swept.index("--spec-draft-n-max") + 1] == "7"
+    cells = [c["cell"] for c in result["cells"]]
+    # ours and llama-server at their defaults and at one setting each: 4 cells a repetition, rotating
+    assert len(cells) == 8 and [c[-5:] for c in cells] == ["rep 1"] * 4 + ["rep 2"] * 4
+    assert {c.split(" ")[0] for c in cells[:4]} == {"ours", "llama-server"} and cells[4] == cells[1].replace(
+        "rep 1", "rep 2")
+    rows = {(r["engine"], r["setting"]): r for r in result["rows"]}
+    assert set(rows) == {("ours", "default"), ("ours", "p-min 0.5 n-max 7"), ("llama-server", "default"),
+                         ("llama-server", "p-min 0.25 n-max 7")}
+    assert rows[("ours", "default")]["vs_llama_server"] > 0  # default against default
+    assert rows[("ours", "p-min 0.5 n-max 7")]["vs_llama_server"] is None  # no llama-server row at that setting
+    assert rows[("llama-server", "default")]["accepted_length_median"] == 2.0  # 4 tokens, 2 of them drafts
+    assert [c["pairing"] for c in result["comparisons"]] == ["best vs best", "default vs default"]
+    assert result["comparisons"][1]["ours"] == result["comparisons"][1]["llama_server"] == "default"
