@@ -297,6 +297,17 @@ def test_a_chain_row_per_confidence_cut_and_length(tmp_path):
     assert rows["chain p-min 0 n-max 3"]["al"]["max"] <= 4  # 3 drafts and the bonus token a pass at most
 
 
+def test_reloaded_engines_measure_the_same_modes(tmp_path):
+    res = bench("--modes", "plain,chain", "--draft-p-min", "0", "--block-size", "8", "--temp", "0", "--no-llama-cpp",
+                "--reload", "-r", "1", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert set(rows) == {"plain", "chain (default)", "chain p-min 0 n-max 7"} and out["settings"]["reload"]
+    assert rows["chain (default)"]["same_output"] == rows["chain p-min 0 n-max 7"]["same_output"] == [2, 2]
+    assert {r["extra"]["draft_p_min"] for r in out["runs"] if r["mode"] == "chain p-min 0 n-max 7"} == {0.0}
+
+
 FAKE_TOOL = """#!{python}
 import json, sys
 from pathlib import Path
