@@ -92,6 +92,8 @@ def test_the_solo_comparison_must_have_tested_a_cold_prefill_among_others():
     apart = [answered("a", sent=0.0, seconds=1.0), answered("b", sent=5.0, seconds=1.0)]  # one after the other
     verdict = soak.check_solo(s, apart, solo)["greedy_equal_solo"]
     assert not verdict["ok"] and "0 prefilled while others were in flight" in verdict["detail"]
+    assert soak.check_solo(s, apart, solo, clients=1)["greedy_equal_solo"]["ok"]  # one client: cold is enough
+    assert not soak.check_solo(s, resumed, solo, clients=1)["greedy_equal_solo"]["ok"]
     # the second is sent while the first decodes, but the first's prefill (to its first text) came before
     assert soak.prefilled_among_others([answered(sent=0.0, seconds=2.0), answered(sent=1.5, seconds=1.0)]) == [
         False, True]
