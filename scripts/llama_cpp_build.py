@@ -4,7 +4,7 @@
 
     .venv/bin/python scripts/llama_cpp_build.py            # build llama-bench, llama-completion and
                                                             # llama-speculative-simple for dflash-bench,
-                                                            # llama-server for scripts/bench_concurrency.py
+                                                            # llama-server for dflash-bench concurrency
     .venv/bin/python scripts/llama_cpp_build.py --sources  # only fetch and unpack the sdist (what
                                                             # `scripts/setup.sh test` runs for the test oracles)
 

@@ -7,8 +7,9 @@ random drafter of its shape. Times the target pass of a chain step (the drafter'
 block of 16 verified, handed over on the device) and of a 16-node tree step (17 nodes
 with the root), each greedy and sampled (T 0.6 / top-k 20 / top-p 0.95, on the device),
 alternating greedy and sampled passes so that drift hits both alike; reports the median
-pass of each, the sampled / greedy ratio, and the bytes the host writes and reads per
-pass. For scale, it also times what host sampling over the same rows costs (reading the
+pass of each with its range, the sampled / greedy ratio of medians, whether the machine
+started loaded (the benchmarks' rule: a 1-minute load above 0.5 per thread), and the
+bytes the host writes and reads per pass. For scale, it also times what host sampling over the same rows costs (reading the
 logits rows back and numpy's distribution), which the device sampling replaced.
 
     .venv/bin/python scripts/sampling_cost.py [--threads 2] [--reps 40] [--out results/]
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_gguf.bench.method import MAX_LOAD_PER_THREAD
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.sampling import GREEDY, Sampler, SamplingParams, distribution
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
@@ -106,8 +108,9 @@ def measure(target: Target, draft: Draft, reps: int) -> dict:
                     traffic[kind] = {"write_bytes": wrote, "read_bytes": read}
         name = "tree16" if tree else "chain16"
         med = {k: statistics.median(v) for k, v in times.items()}
-        out[name] = {"rows": TREE_NODES if tree else draft.block_size, "median_seconds": med, "ratio": med["sampled"] / med["greedy"],
-                     "host_bytes_per_pass": traffic, "seconds": times}
+        out[name] = {"rows": TREE_NODES if tree else draft.block_size, "median_seconds": med,
+                     "range_seconds": {k: [min(v), max(v)] for k, v in times.items()},
+                     "ratio": med["sampled"] / med["greedy"], "host_bytes_per_pass": traffic, "seconds": times}
     # host sampling as it was: the logits rows read back and numpy's rule over them
     target.reset()
     target.set_sampling(GREEDY.native())
@@ -129,8 +132,11 @@ def provenance(threads: int) -> dict:
                             text=True).stdout.strip()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
+    load = os.getloadavg()
+    # the benchmarks' load rule (dflash_gguf/bench/method.py): above 0.5 per thread the figures are marked
     return {"commit": commit, "date": datetime.datetime.now().isoformat(timespec="seconds"), "device": "CPU",
-            "cpu": cpu, "threads": threads, "loadavg_before": os.getloadavg()}
+            "cpu": cpu, "threads": threads, "loadavg_before": load,
+            "loaded": load[0] > MAX_LOAD_PER_THREAD * threads}
 
 
 def main(argv=None) -> int:
@@ -159,13 +165,16 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(doc, indent=1))
     for name in ("chain16", "tree16"):
         r = res[name]
+        lo, hi = (r["range_seconds"]["sampled"][i] * 1e3 for i in (0, 1))
         print(f"{name}: greedy {r['median_seconds']['greedy'] * 1e3:.2f} ms, sampled "
-              f"{r['median_seconds']['sampled'] * 1e3:.2f} ms, ratio {r['ratio']:.3f}; host bytes per pass "
+              f"{r['median_seconds']['sampled'] * 1e3:.2f} ms [{lo:.2f}-{hi:.2f}], ratio of medians "
+              f"{r['ratio']:.3f}; host bytes per pass "
               f"(sampled) written {r['host_bytes_per_pass']['sampled']['write_bytes']}, read "
               f"{r['host_bytes_per_pass']['sampled']['read_bytes']}")
     print(f"host sampling of {TREE_NODES} rows (for scale): {res['host_sampling_seconds'] * 1e3:.1f} ms and "
           f"{res['host_logits_bytes']} bytes of logits read")
-    print(f"load average {prov['loadavg_before'][0]:.2f} -> {prov['loadavg_after'][0]:.2f}; wrote {out}")
+    print(f"load average {prov['loadavg_before'][0]:.2f} -> {prov['loadavg_after'][0]:.2f}"
+          + (" (loaded: the figures are not a measurement)" if prov["loaded"] else "") + f"; wrote {out}")
     return 0
 
 

@@ -58,7 +58,7 @@ fi
 
 # dflash-server's HTTP stack (the project's [server] extra; the project itself is
 # installed with --no-deps below)
-server_deps="starlette>=0.37 uvicorn>=0.30"
+server_deps="starlette>=0.37 uvicorn>=0.30 httpx>=0.27"
 if [ "$(cat "$stamps/server-deps" 2>/dev/null)" != "$server_deps" ]; then
   say "installing the server's dependencies"
   # shellcheck disable=SC2086

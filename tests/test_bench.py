@@ -1,8 +1,9 @@
 """dflash-bench: reading llama.cpp's logs (in the format strings of the pinned sources:
 tools/completion/completion.cpp, common/sampling.cpp, examples/speculative-simple), the
 rows and ratios made of the runs, bad options, a short run on the demo pair with its
-JSON, and the llama.cpp command lines it makes (through stand-in tools that record them).
-No timing is asserted."""
+JSON, and the llama.cpp command lines it makes (through stand-in tools that record them):
+the arms interleaved within each repetition, the load marking, the sweeps each side gets
+and the best and default rows. No timing is asserted."""
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.bench import cli, llama_cpp, ours, report
+from dflash_gguf.bench import cli, llama_cpp, method, ours, report
 from dflash_gguf.bench.runs import Run, Sampling
+from dflash_gguf.demo import demo_paths
 
 BENCH = str(Path(sys.executable).with_name("dflash-bench"))
 
@@ -114,12 +116,89 @@ def test_llama_cpp_text_may_run_past_our_last_token_only_when_we_stopped_at_n():
     assert not report.same_text("def g(x):", at_n) and not report.same_text(None, at_n)
 
 
-def test_headline_pits_our_fastest_mode_against_llama_cpp_s_fastest_dflash():
-    runs = [run("ours", "chain", 0, "a", 100, 0.5, 50), run("ours", "tree 4", 0, "a", 100, 1.0, 40),
-            run("llama.cpp", "DFlash (llama-speculative-simple, p-min 0)", 0, "a", 100, 1.0, 50),
-            run("llama.cpp", "DFlash (llama-speculative-simple, p-min 0.5)", 0, "a", 100, 0.8, 60)]
-    (line,) = report.headline(report.rows(runs))
-    assert "ours chain 200.0 tok/s" in line and "p-min 0.5) 125.0 tok/s" in line and line.endswith("= 1.60x")
+def spec_run(mode, rep, seconds, default=False, engine="ours", passes=50):
+    r = run(engine, mode, rep, "a", 100, seconds, passes)
+    r.speculative, r.default = True, default
+    return r
+
+
+def test_each_side_at_its_best_and_at_its_default():
+    runs = [spec_run("chain (default)", rep, s, default=True) for rep, s in enumerate((0.5, 0.4, 0.6))]
+    runs += [spec_run("chain p-min 0", rep, s) for rep, s in enumerate((0.25, 0.3, 0.2))]
+    runs += [spec_run("DFlash (default)", rep, s, True, "llama.cpp") for rep, s in enumerate((1.0, 1.0, 1.25))]
+    runs += [spec_run("DFlash (p-min 0.5)", rep, s, False, "llama.cpp") for rep, s in enumerate((0.5, 0.8, 0.5))]
+    for r in runs:
+        r.load_1m = 0.1
+    runs[3].load_1m, runs[3].loaded = 3.0, True  # chain p-min 0's first repetition started loaded
+    table = {r.mode: r for r in report.rows(runs)}
+    assert table["chain p-min 0"].best and not table["chain (default)"].best and table["chain (default)"].default
+    assert table["DFlash (p-min 0.5)"].best and table["DFlash (default)"].default
+    assert table["chain p-min 0"].loaded and not table["chain (default)"].loaded
+    assert table["chain p-min 0"].load_1m == [3.0, 0.1, 0.1]
+    # medians, never the best run: 400 [333-500] tok/s
+    assert (table["chain p-min 0"].tok_s.median, table["chain p-min 0"].tok_s.high) == (400.0, 500.0)
+    best, default = report.comparisons(list(table.values()), "greedy")
+    assert (best["pairing"], best["ours"], best["llama_cpp"]) == ("best vs best", "chain p-min 0", "DFlash (p-min 0.5)")
+    assert best["ratio_of_medians"] == pytest.approx(400 / 200) and best["loaded"]
+    # per repetition, paired: 400/200, 333/125, 500/200
+    assert best["per_rep_ratio_range"] == pytest.approx([2.0, (100 / 0.3) / 125])
+    assert (default["pairing"], default["ours"], default["llama_cpp"]) == (
+        "default vs default", "chain (default)", "DFlash (default)")
+    assert default["ratio_of_medians"] == pytest.approx(200 / 100) and not default["loaded"]
+    text = report.table_text(list(table.values()), 3)
+    assert "| chain p-min 0 | greedy | best | 2.00 | 400.0 | 333.3-500.0 |" in text and "| 3.00 | yes |" in text
+    assert "| best vs best | chain p-min 0 | DFlash (p-min 0.5) |" in report.comparisons_text(list(table.values()))
+    (line, _) = report.headline(list(table.values()))
+    assert line.startswith("greedy, best vs best: ours chain p-min 0 400.0 tok/s") and "= 2.00x" in line
+
+
+def test_every_arm_runs_once_a_repetition_in_a_rotating_order():
+    order = list(method.interleaved(["A", "B", "C"], 3))
+    assert order == [(0, "A"), (0, "B"), (0, "C"), (1, "B"), (1, "C"), (1, "A"), (2, "C"), (2, "A"), (2, "B")]
+
+
+def test_a_cell_repeats_its_prompts_until_it_decoded_long_enough():
+    rounds = []
+    out = method.until_long_enough(lambda rnd: rounds.append(rnd) or [0.3, 0.1], sum, 1.0)
+    assert rounds == [0, 1, 2] and len(out) == 6
+    assert method.until_long_enough(lambda rnd: [5.0], sum, 1.0) == [5.0]
+    assert method.until_long_enough(lambda rnd: [0.5], sum, 0) == [0.5]  # always one round
+
+
+class FakeLoad:
+    """A load average that falls by `step` each poll, on a clock that the sleeps advance."""
+
+    def __init__(self, start, step):
+        self.load, self.step, self.now, self.polls = start, step, 0.0, 0
+
+    def read(self):
+        return self.load
+
+    def sleep(self, s):
+        self.now += s
+        self.polls += 1
+        self.load = max(self.load - self.step, 0)
+
+    def clock(self):
+        return self.now
+
+
+def test_a_cell_started_loaded_is_marked_or_waited_for():
+    said = []
+    fake = FakeLoad(3.0, 0.5)
+    gate = method.LoadGate.per_thread(0.5, 2, read=fake.read, sleep=fake.sleep, clock=fake.clock, log=said.append)
+    assert gate.threshold == 1.0
+    cell = gate.enter("ours chain, greedy, rep 1")
+    assert cell == {"cell": "ours chain, greedy, rep 1", "load_1m": 3.0, "loaded": True, "waited_s": 0.0}
+    assert fake.polls == 0 and not said  # marked, not waited for
+    gate.wait = True
+    cell = gate.enter("ours plain, greedy, rep 1")
+    assert cell["load_1m"] == 1.0 and not cell["loaded"] and cell["waited_s"] == 20.0 and fake.polls == 4
+    assert "waiting for it to fall" in said[0] and len(said) == 1
+    fake.load, gate.cap_s, said[:] = 9.0, 12, []
+    cell = gate.enter("llama.cpp plain, greedy, rep 2")
+    assert cell["loaded"] and cell["waited_s"] == 15.0 and "running llama.cpp plain, greedy, rep 2 anyway" in said[-1]
+    assert [c["loaded"] for c in gate.cells] == [True, False, True]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -133,6 +212,8 @@ def test_headline_pits_our_fastest_mode_against_llama_cpp_s_fastest_dflash():
     (["--prompts", "9"], "--prompts"),
     (["--llama-cpp", "/nonexistent"], "no such directory"),
     (["-p", "  "], "a prompt is empty"),
+    (["--spec-draft-n-max", "0"], "at least 1"),
+    (["--max-load", "-1"], "--max-load"),
 ])
 def test_bad_options_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -142,7 +223,8 @@ def test_bad_options_exit_2_with_a_message(argv, message, capsys):
 
 
 def bench(*argv, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([BENCH, "--prompts", "2", "-n", "16", "-r", "2", "-t", "1", *argv], capture_output=True,
+    return subprocess.run([BENCH, "--prompts", "2", "-n", "16", "-r", "2", "-t", "1", "--min-seconds", "0", *argv],
+                          capture_output=True,
                           text=True, cwd=cwd, timeout=900)
 
 
@@ -150,7 +232,8 @@ def bench(*argv, cwd) -> subprocess.CompletedProcess:
 def demo_run(tmp_path_factory):
     """A short run on the demo pair, every mode, greedy and sampled, with --json and -o."""
     cwd = tmp_path_factory.mktemp("bench")
-    res = bench("--tree-budgets", "4", "--no-llama-cpp", "--json", "-o", "short.json", cwd=cwd)
+    res = bench("--tree-budgets", "4", "--draft-p-min", "0", "--block-size", "8", "--no-llama-cpp", "--json", "-o",
+                "short.json", cwd=cwd)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout), cwd
 
@@ -162,10 +245,23 @@ def test_json_carries_provenance_and_every_run(demo_run):
     assert len(out["load_average"]["before"]) == 3 and len(out["load_average"]["after"]) == 3
     assert {"dflash_gguf", "llama_cpp_python", "ggml"} <= set(out["versions"])
     assert out["versions"]["ggml"]["version"] and out["models"]["demo"]
-    # 4 modes (plain, chain, tree 4, auto) x 2 samplings x 2 repetitions x 2 prompts
-    assert len(out["runs"]) == 32 and {r["rep"] for r in out["runs"]} == {0, 1}
+    # 5 modes (plain, chain at its default and at p-min 0 n-max 7, tree 4, auto) x 2 samplings x 2 repetitions
+    # x 2 prompts
+    modes = ("plain", "chain (default)", "chain p-min 0 n-max 7", "tree 4", "auto")
+    assert len(out["runs"]) == 40 and {r["rep"] for r in out["runs"]} == {0, 1}
     assert {(r["mode"], r["sampling"].split(",")[0]) for r in out["rows"]} == {
-        (m, s) for m in ("plain", "chain", "tree 4", "auto") for s in ("greedy", "temp 0.6")}
+        (m, s) for m in modes for s in ("greedy", "temp 0.6")}
+    # interleaved: each repetition's cells (every mode and sampling once) before the next repetition's
+    cells = [c["cell"] for c in out["cells"]]
+    assert len(cells) == 20 and all(c.endswith("rep 1") for c in cells[:10]) and all(c.endswith("rep 2") for c in cells[10:])
+    assert len(set(c.rsplit(",", 1)[0] for c in cells[:10])) == 10 and cells[10] == cells[1].replace("rep 1", "rep 2")
+    assert out["settings"]["load_threshold_1m"] == 0.5 and out["checkout"]["commit"]
+    for row in out["rows"]:
+        loads = row["load_1m_at_start"]
+        assert len(loads) == 2 and row["loaded"] == any(x > 0.5 for x in loads)
+    chain = {r["sampling"].split(",")[0]: r for r in out["rows"] if r["mode"] == "chain (default)"}
+    assert chain["greedy"]["default"] and not any(r["default"] for r in out["rows"] if r["mode"] != "chain (default)")
+    assert sum(r["best"] for r in out["rows"]) == 2  # our fastest drafting row per sampling (no peer ran)
 
 
 def test_greedy_modes_give_plain_decoding_s_output(demo_run):
@@ -181,20 +277,35 @@ def test_greedy_modes_give_plain_decoding_s_output(demo_run):
 
 
 def test_the_table_without_json(tmp_path):
-    res = bench("--modes", "plain,chain", "--temp", "0", "--no-llama-cpp", cwd=tmp_path)
+    res = bench("--modes", "plain,chain", "--draft-p-min", "0.3", "--block-size", "8", "--temp", "0", "--no-llama-cpp",
+                cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "| ours | chain | greedy |" in res.stdout and "median [min-max] of 2 reps" in res.stdout
+    assert "| ours | chain (default) | greedy | default" in res.stdout and "decode tok/s median (2 reps)" in res.stdout
+    assert "decode tok/s min-max" in res.stdout and "no comparison with llama.cpp" in res.stdout
     assert not (tmp_path / "results").exists()
 
 
-def test_a_chain_row_per_confidence_cut(tmp_path):
-    res = bench("--modes", "plain,chain,tree", "--tree-budgets", "4", "--draft-p-min", "0,0.5", "--temp", "0",
-                "--no-llama-cpp", "--json", cwd=tmp_path)
+def test_a_chain_row_per_confidence_cut_and_length(tmp_path):
+    res = bench("--modes", "plain,chain,tree", "--tree-budgets", "4", "--draft-p-min", "0,0.5", "--block-size", "8,4",
+                "--temp", "0", "--no-llama-cpp", "--json", "-r", "1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     rows = {r["mode"]: r for r in json.loads(res.stdout)["rows"]}
-    assert set(rows) == {"plain", "chain p-min 0", "chain p-min 0.5", "tree 4"}
-    # the cut changes what is verified, never the output
-    assert rows["chain p-min 0"]["same_output"] == rows["chain p-min 0.5"]["same_output"] == [2, 2]
+    sweep = {f"chain p-min {p} n-max {n}" for p in (0, 0.5) for n in (7, 3)}
+    assert set(rows) == {"plain", "chain (default)", "tree 4"} | sweep
+    # the cut and the length change what is verified, never the output
+    assert all(rows[m]["same_output"] == [2, 2] for m in sweep | {"chain (default)", "tree 4"})
+    assert rows["chain p-min 0 n-max 3"]["al"]["max"] <= 4  # 3 drafts and the bonus token a pass at most
+
+
+def test_reloaded_engines_measure_the_same_modes(tmp_path):
+    res = bench("--modes", "plain,chain", "--draft-p-min", "0", "--block-size", "8", "--temp", "0", "--no-llama-cpp",
+                "--reload", "-r", "1", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rows = {r["mode"]: r for r in out["rows"]}
+    assert set(rows) == {"plain", "chain (default)", "chain p-min 0 n-max 7"} and out["settings"]["reload"]
+    assert rows["chain (default)"]["same_output"] == rows["chain p-min 0 n-max 7"]["same_output"] == [2, 2]
+    assert {r["extra"]["draft_p_min"] for r in out["runs"] if r["mode"] == "chain p-min 0 n-max 7"} == {0.0}
 
 
 FAKE_TOOL = """#!{python}
@@ -214,7 +325,7 @@ else:
 """
 
 
-def test_llama_cpp_runs_with_our_settings(tmp_path):
+def fake_tools(tmp_path):
     tools = tmp_path / "bin"
     tools.mkdir()
     for name in llama_cpp.TOOLS:
@@ -222,39 +333,84 @@ def test_llama_cpp_runs_with_our_settings(tmp_path):
         exe.write_text(FAKE_TOOL.format(python=sys.executable, completion=COMPLETION_LOG,
                                         spec=SPEC_LOG))
         exe.chmod(0o755)
+    return tools
+
+
+def test_llama_cpp_runs_with_our_settings_interleaved_and_swept(tmp_path):
+    tools = fake_tools(tmp_path)
     res = bench("--modes", "plain,chain", "--temp", "0,0.7", "--top-k", "40", "--llama-cpp", str(tools),
-                "--spec-draft-p-min", "0.25", "--json", cwd=tmp_path)
+                "--draft-p-min", "0.5", "--block-size", "8", "--spec-draft-p-min", "0.25,0.75",
+                "--spec-draft-n-max", "7,3", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
     by_tool = {name: [c for c in calls if c[0].endswith(name)] for name in llama_cpp.TOOLS}
-    assert len(by_tool["llama-bench"]) == 1 and "-r" in by_tool["llama-bench"][0]
-    # 2 samplings x 2 repetitions x 2 prompts each; the drafting tool twice (its log says the
-    # target needs checkpoints: a second run at -lv 5 counts the restores)
-    assert len(by_tool["llama-completion"]) == 8 and len(by_tool["llama-speculative-simple"]) == 16
-    assert sum("-lv" in c for c in by_tool["llama-speculative-simple"]) == 8
-    n_ctx = {c[c.index("-c") + 1] for c in by_tool["llama-completion"] + by_tool["llama-speculative-simple"]}
+    # llama-bench once a repetition (-r 1: the stand-in's two samples are all this cell needs)
+    assert len(by_tool["llama-bench"]) == 2 and all(c[c.index("-r") + 1] == "1" for c in by_tool["llama-bench"])
+    # 2 samplings x 2 repetitions x 2 prompts; the drafting tool at its defaults and at 2 x 2 settings, each run
+    # twice (its log says the target needs checkpoints: a second run at -lv 5 counts the restores)
+    spec = by_tool["llama-speculative-simple"]
+    assert len(by_tool["llama-completion"]) == 8 and len(spec) == 5 * 8 * 2
+    assert sum("-lv" in c for c in spec) == 5 * 8
+
+    def setting(c):
+        flag = {a: c[i + 1] for i, a in enumerate(c[:-1]) if a.startswith("--spec-draft")}
+        return flag.get("--spec-draft-p-min"), flag.get("--spec-draft-n-max"), flag.get("--spec-draft-n-min")
+    settings = [setting(c) for c in spec]
+    assert set(settings) == {(None, None, None)} | {(p, n, "0") for p in ("0.25", "0.75") for n in ("7", "3")}
+    assert all(settings.count(s) == 16 for s in set(settings))
+    assert all(c[c.index("--spec-type") + 1] == "draft-dflash" for c in spec)
+    n_ctx = {c[c.index("-c") + 1] for c in by_tool["llama-completion"] + spec}
     assert len(n_ctx) == 1
     for c in calls:
         assert c[c.index("-t") + 1] == "1" and c[c.index("-ctk") + 1] == "f16" and "--ignore-eos" not in c
     sampled = [c for c in by_tool["llama-completion"] if "0.7" in c]
     assert len(sampled) == 4 and all(c[c.index("--top-k") + 1] == "40" for c in sampled)
-    spec = by_tool["llama-speculative-simple"][0]
-    assert spec[spec.index("--spec-type") + 1] == "draft-dflash" and spec[spec.index("--spec-draft-p-min") + 1] == "0.25"
-    assert spec[spec.index("--spec-draft-n-max") + 1] == "7"  # the demo drafter's block of 8, less the bonus token
+    # interleaved: the tools' calls of repetition 1 (seed 1 for the sampled ones) all come before repetition 2's
+    seeds = [c[c.index("--seed") + 1] for c in calls if "--seed" in c]
+    assert seeds == sorted(seeds) and set(seeds) == {"1", "2"}
+    cells = [c["cell"] for c in out["cells"]]
+    # per sampling: ours plain, chain (default), chain p-min 0.5 n-max 7, llama-completion, 5 DFlash; llama-bench
+    per_rep = 2 * (3 + 1 + 5) + 1
+    assert len(cells) == 2 * per_rep and all(c.endswith("rep 1") for c in cells[:per_rep])
+    for arm in ("ours plain", "ours chain (default)", "llama.cpp plain (llama-completion)",
+                "llama.cpp DFlash (llama-speculative-simple, default)",
+                "llama.cpp DFlash (llama-speculative-simple, p-min 0.75, n-max 3)", "llama.cpp plain (llama-bench"):
+        assert any(c.startswith(arm) for c in cells[:per_rep]), arm
     rows = {(r["mode"], r["sampling"]): r for r in out["rows"]}
-    spec_row = rows[("DFlash (llama-speculative-simple, p-min 0.25)", "greedy")]
+    spec_row = rows[("DFlash (llama-speculative-simple, p-min 0.25, n-max 7)", "greedy")]
     # the restore is a pass: 12 tokens in 2 rounds and 1 restore
     assert spec_row["al"]["median"] == pytest.approx(12 / 3) and spec_row["decode_tok_s"]["median"] == 1200.0
+    assert rows[("DFlash (llama-speculative-simple, default)", "greedy")]["default"]
+    assert sum(r["best"] for r in out["rows"] if r["engine"] == "llama.cpp") == 2  # one per sampling
     assert rows[(report.LLAMA_PLAIN[1], "greedy")]["decode_tok_s"]["median"] == pytest.approx(1270.0)
+    greedy = [c for c in out["comparisons"] if c["sampling"] == "greedy"]
+    assert [c["pairing"] for c in greedy] == ["best vs best", "default vs default", "plain vs plain"]
+    assert greedy[1]["llama_cpp"] == "DFlash (llama-speculative-simple, default)" and greedy[1]["ours"] == "chain (default)"
     assert out["llama_cpp"]["llama_bench"]["build_commit"] == "abc"
     assert os.path.isabs(out["models"]["target"])
 
 
-def test_a_chain_row_per_confidence_cut_and_accept_rule():
-    names = [m.name for m in ours.modes(["plain", "chain"], [8], [0.0, 0.3], True, ["argmax", "reject"])]
-    assert names == ["plain", "chain p-min 0 argmax rule", "chain p-min 0 reject rule", "chain p-min 0.3 argmax rule",
-                     "chain p-min 0.3 reject rule"]
-    (one,) = ours.modes(["chain"], [8], [], True, ["reject"])
-    assert one == ours.Mode("chain", p_min=None, chain_rule="reject")
+def test_a_cell_shorter_than_the_minimum_runs_its_prompts_again(tmp_path):
+    tools = fake_tools(tmp_path)
+    # the stand-in llama-completion decodes for 0.1 s a prompt: 2 prompts, 0.5 s a cell -> 3 rounds
+    target = demo_paths()[0]  # no drafter: plain decoding only
+    res = bench("-m", target, "--modes", "plain", "--temp", "0", "--llama-cpp", str(tools), "-r", "1",
+                "--min-seconds", "0.5", "--max-load", "1000", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    completion = [r for r in out["runs"] if r["mode"] == report.LLAMA_PLAIN[1]]
+    assert [r["round"] for r in completion] == [0, 0, 1, 1, 2, 2]
+    ours_plain = [r for r in out["runs"] if r["mode"] == "plain"]
+    assert sum(r["decode_s"] for r in ours_plain) >= 0.5
+    assert not any(c["loaded"] for c in out["cells"]) and out["settings"]["load_threshold_1m"] == 1000
+
+
+def test_a_chain_row_per_confidence_cut_length_and_accept_rule():
+    names = [m.name for m in ours.modes(["plain", "chain"], [8], [0.0, 0.3], True, ["argmax", "reject"], [8])]
+    assert names == ["plain", "chain (default)", "chain p-min 0 n-max 7 argmax rule", "chain p-min 0 n-max 7 reject rule",
+                     "chain p-min 0.3 n-max 7 argmax rule", "chain p-min 0.3 n-max 7 reject rule"]
+    (one,) = ours.modes(["chain"], [8], [], True)
+    assert one == ours.Mode("chain (default)") and one.default
+    assert [m.block_size for m in ours.modes(["chain"], [8], [], True, (), [8, 4])] == [None, 8, 4]
     assert ours.modes(["chain", "tree"], [4], [], False) == []

@@ -1,4 +1,4 @@
-"""The serving benchmarks' pure parts (scripts/serve_load.py, scripts/bench_concurrency.py):
+"""The serving benchmarks' pure parts (dflash_gguf/bench/serve_load.py, dflash-bench concurrency):
 percentiles, reading a reply's events, /metrics, flag detection, the workers, a cell's
 summary and its comparisons, the servers' command lines."""
 from __future__ import annotations
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import bench_concurrency  # noqa: E402
-import serve_load  # noqa: E402
-from serve_load import Reply  # noqa: E402
+from dflash_gguf.bench import concurrency as bench_concurrency
+from dflash_gguf.bench import serve_load
+from dflash_gguf.bench.serve_load import Reply
+
+BENCH = str(Path(sys.executable).with_name("dflash-bench"))
 
 
 def test_percentile_interpolates_between_ranks():
@@ -122,17 +123,52 @@ def test_drain_keeps_the_order_runs_everything_and_stops_at_the_deadline():
     assert 2 <= len(ran) < len(items) and ran == sorted(ran) and out[-1] is None
 
 
-def row(engine, clients, tps, sampling="greedy", pair="demo"):
-    return {"engine": engine, "pair": pair, "sampling": sampling, "clients": clients,
-            "aggregate_tps": {"median": tps}}
+def row(engine, clients, tps, sampling="greedy", pair="demo", setting="default", reps=None, loaded=False):
+    return {"engine": engine, "setting": setting, "default": setting == "default", "pair": pair, "sampling": sampling,
+            "clients": clients, "aggregate_tps": {"median": tps}, "aggregate_tps_per_rep": reps or [tps],
+            "loaded": loaded}
 
 
-def test_rows_compare_with_one_client_and_llama_server():
+def test_rows_compare_with_one_client_and_llama_server_at_the_same_setting():
     rows = [row("ours", 1, 100), row("ours", 4, 250), row("llama-server", 1, 80), row("llama-server", 4, 200),
             row("ours", 4, 90, sampling="temp 0.6"), row("ours", 2, 150)]
     bench_concurrency.compare(rows)
     assert [r["vs_one_client"] for r in rows] == [1.0, 2.5, 1.0, 2.5, None, 1.5]
     assert [r["vs_llama_server"] for r in rows] == [1.25, 1.25, None, None, None, None]
+
+
+def test_each_side_at_its_best_and_at_its_default():
+    rows = [row("ours", 4, 250, reps=[240, 250, 260]),
+            row("ours", 4, 300, setting="p-min 0.5 n-max 7", reps=[300, 280, 330], loaded=True),
+            row("llama-server", 4, 200, reps=[200, 190, 210]),
+            row("llama-server", 4, 240, setting="p-min 0.5 n-max 7", reps=[240, 250, 220]),
+            row("llama-server", 4, 150, setting="p-min 0 n-max 7", reps=[150, 150, 150])]
+    best, default = bench_concurrency.compare(rows)
+    assert (best["pairing"], best["ours"], best["llama_server"]) == ("best vs best", "p-min 0.5 n-max 7",
+                                                                      "p-min 0.5 n-max 7")
+    assert best["ratio_of_medians"] == 1.25 and best["per_rep_ratio_range"] == [1.12, 1.5] and best["loaded"]
+    assert (default["pairing"], default["ours"], default["llama_server"]) == ("default vs default", "default",
+                                                                               "default")
+    assert default["ratio_of_medians"] == 1.25 and not default["loaded"]
+    assert rows[1]["vs_llama_server"] == 1.25  # matched: the same p-min and n-max
+    text = bench_concurrency.comparisons_text([best, default])
+    assert "best vs best" in text and "1.12-1.50x" in text
+
+
+def test_the_sweep_gives_each_side_its_own_settings():
+    from dflash_gguf.demo import demo_paths
+
+    target, draft = demo_paths()
+    args = bench_concurrency.parser().parse_args(["--draft-p-min", "0,0.3", "--block-size", "8,4",
+                                                  "--spec-draft-p-min", "0.5,0.75", "--spec-draft-n-max", "7"])
+    arms = bench_concurrency.arms_of(args, draft, ["ours", "llama-server"])
+    assert [(a.engine, a.setting) for a in arms] == [
+        ("ours", "default"), ("ours", "p-min 0 n-max 7"), ("ours", "p-min 0 n-max 3"), ("ours", "p-min 0.3 n-max 7"),
+        ("ours", "p-min 0.3 n-max 3"), ("llama-server", "default"), ("llama-server", "p-min 0.5 n-max 7"),
+        ("llama-server", "p-min 0.75 n-max 7")]
+    defaults = bench_concurrency.parser().parse_args([])
+    assert defaults.draft_p_min == defaults.spec_draft_p_min == [0.0, 0.3, 0.5, 0.75]
+    assert [a.setting for a in bench_concurrency.arms_of(defaults, None, ["ours"])] == ["default"]  # no drafter
 
 
 def test_a_cell_summary_counts_tokens_over_wall_time_and_failures():
@@ -161,17 +197,22 @@ def test_llama_server_gets_a_slot_of_the_context_each_and_dflash_drafting(tmp_pa
     from dflash_gguf.demo import demo_paths
 
     target, draft = demo_paths()
-    args = bench_concurrency.parser().parse_args(["-t", "3", "-c", "1024", "--spec-draft-p-min", "0.5"])
-    cmd = bench_concurrency.llama_server_command(Path("/x/llama-server"), 9999, target, draft, args, 4)
+    args = bench_concurrency.parser().parse_args(["-t", "3", "-c", "1024"])
+    arm = bench_concurrency.Arm("llama-server", 0.5, 7)
+    cmd = bench_concurrency.llama_server_command(Path("/x/llama-server"), 9999, target, draft, args, 4, arm)
     flag = {a: cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a.startswith("-")}
     assert (flag["-np"], flag["-c"], flag["-t"], flag["-td"]) == ("4", "4096", "3", "3")
     assert (flag["--spec-type"], flag["-md"], flag["--spec-draft-p-min"]) == ("draft-dflash", draft, "0.5")
-    assert int(flag["--spec-draft-n-max"]) >= 1 and flag["--host"] == "127.0.0.1"
+    assert (flag["--spec-draft-n-max"], flag["--spec-draft-n-min"], flag["--host"]) == ("7", "0", "127.0.0.1")
+    default = bench_concurrency.llama_server_command(Path("/x/llama-server"), 9999, target, draft, args, 4)
+    assert not any(a.startswith("--spec-draft") for a in default) and "draft-dflash" in default  # its own defaults
     ours = bench_concurrency.ours_command(9999, target, draft, args, None, queue=8)
     assert "-np" not in ours and ours[ours.index("-t") + 1] == "3" and ours[ours.index("--queue") + 1] == "8"
-    assert ours[ours.index("-c") + 1] == "1024"
-    ours = bench_concurrency.ours_command(9999, target, draft, args, 4, queue=4)
+    assert ours[ours.index("-c") + 1] == "1024" and "--draft-p-min" not in ours and "--block-size" not in ours
+    ours = bench_concurrency.ours_command(9999, target, draft, args, 4, queue=4,
+                                          arm=bench_concurrency.Arm("ours", 0.3, 3))
     assert ours[-2:] == ["-np", "4"] and ours[ours.index("-c") + 1] == "4096"  # each of the 4 slots has -c
+    assert ours[ours.index("--draft-p-min") + 1] == "0.3" and ours[ours.index("--block-size") + 1] == "4"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -180,6 +221,9 @@ def test_llama_server_gets_a_slot_of_the_context_each_and_dflash_drafting(tmp_pa
     (["--pairs", "demo,strong"], "--pairs"),
     (["--engines", "vllm"], "--engines"),
     (["-md", "d.gguf"], "-md needs -m"),
+    (["--spec-draft-n-max", "0"], "at least 1"),
+    (["--draft-p-min", "1"], "--draft-p-min values"),
+    (["--min-seconds", "-1"], "--min-seconds"),
 ])
 def test_bad_options_exit_2_with_a_message(argv, message, capsys):
     p = bench_concurrency.parser()
@@ -190,20 +234,110 @@ def test_bad_options_exit_2_with_a_message(argv, message, capsys):
 
 def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
     out = tmp_path / "c.json"
-    script = Path(bench_concurrency.__file__)
-    res = subprocess.run([sys.executable, str(script), "--engines", "ours", "--pairs", "demo", "--clients", "1,2",
-                          "--requests", "2", "-r", "1", "-n", "8", "--temp", "0,0.6", "-t", "1", "-o", str(out)],
+    res = subprocess.run([BENCH, "concurrency", "--engines", "ours", "--pairs", "demo", "--clients", "1,2",
+                          "--requests", "2", "-r", "2", "-n", "8", "--temp", "0,0.6", "-t", "1", "--draft-p-min", "0.5",
+                          "--min-seconds", "0", "-o", str(out)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     rows = result["rows"]
-    # a row per sampling and client count (in the order their servers ran: one per -np N)
-    assert sorted((r["sampling"], r["clients"]) for r in rows) == [
-        ("greedy", 1), ("greedy", 2), ("temp 0.6, top-k 20, top-p 0.95", 1), ("temp 0.6, top-k 20, top-p 0.95", 2)]
+    # a row per setting, sampling and client count
+    settings = ("default", "p-min 0.5 n-max 7")
+    assert sorted((r["setting"], r["sampling"], r["clients"]) for r in rows) == sorted(
+        (s, m, c) for s in settings for m in ("greedy", "temp 0.6, top-k 20, top-p 0.95") for c in (1, 2))
     for r in rows:
-        assert r["ok"] == r["requests"] == 2 * r["clients"] and r["tokens"] > 0
+        assert r["ok"] == r["requests"] == 2 * 2 * r["clients"] and r["tokens"] > 0  # 2 requests a client, 2 reps
         assert r["aggregate_tps"]["median"] > 0 and 0 < r["ttft_p50"] <= r["latency_p50"] <= r["latency_p95"]
         assert r["accepted_length_median"] >= 1 and r["vs_llama_server"] is None
         assert (r["slots"] is None) != result["ours"]["np_flag"]  # -np passed exactly when offered
-    assert rows[0]["vs_one_client"] == 1.0 and result["failures"] == []
+        assert len(r["load_1m_at_start"]) == 2 and r["loaded"] == any(
+            x > result["settings"]["load_threshold_1m"] for x in r["load_1m_at_start"])
+        assert ("--draft-p-min" in r["command"]) == (r["setting"] != "default")
+    assert result["failures"] == [] and result["comparisons"] == []
     assert result["checkout"]["commit"] and result["load_average"]["after"] and result["machine"]["threads"] == 1
+    # interleaved: per client count, each repetition's 4 cells (2 settings x 2 samplings) before the next's
+    cells = [c["cell"] for c in result["cells"]]
+    assert len(cells) == 16 and [c[-5:] for c in cells[:8]] == ["rep 1"] * 4 + ["rep 2"] * 4
+
+
+def test_dflash_bench_serve_load_tests_a_demo_server(tmp_path):
+    res = subprocess.run([BENCH, "serve", "--clients", "2", "--requests", "2", "--max-tokens", "8", "--json", "--",
+                          "-t", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads(res.stdout)
+    assert (summary["requests"], summary["ok"], summary["refused"]) == (4, 4, 0)
+    assert summary["generated_tokens"] > 0 and summary["fifo_inversions"] == 0
+    assert 0 < summary["ttft_p50"] <= summary["latency_p50"]
+
+
+FAKE_LLAMA_SERVER = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+if "--version" in sys.argv:
+    print("version: 1 (fake)")
+    sys.exit(0)
+with open(Path(sys.argv[0]).with_name("calls.jsonl"), "a") as f:
+    f.write(json.dumps(sys.argv) + "\\n")
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{{"status": "ok"}}')
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunks = [{{"choices": [{{"index": 0, "text": "ab", "finish_reason": None}}]}},
+                  {{"choices": [{{"index": 0, "text": "", "finish_reason": "length"}}], "usage": {{"completion_tokens": 4}},
+                   "timings": {{"predicted_n": 4, "draft_n": 4, "draft_n_accepted": 2}}}}]
+        for c in chunks:
+            self.wfile.write(("data: " + json.dumps(c) + "\\n\\n").encode())
+        self.wfile.write(b"data: [DONE]\\n\\n")
+
+    def log_message(self, *args):
+        pass
+
+
+try:
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Handler).serve_forever()
+except KeyboardInterrupt:
+    sys.exit(0)
+"""
+
+
+def test_both_servers_swept_and_their_cells_interleaved(tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    exe = tools / "llama-server"
+    exe.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    exe.chmod(0o755)
+    out = tmp_path / "c.json"
+    res = subprocess.run([BENCH, "concurrency", "--pairs", "demo", "--clients", "2", "--requests", "1", "-r", "2",
+                          "-n", "8", "--temp", "0", "-t", "1", "--draft-p-min", "0.5", "--spec-draft-p-min", "0.25",
+                          "--min-seconds", "0", "--llama-cpp", str(tools), "-o", str(out)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads(out.read_text())
+    calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
+    draft_flags = [[a for a in c if a.startswith("--spec-draft")] for c in calls]
+    assert sorted(draft_flags) == [[], ["--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min"]]
+    (swept,) = [c for c in calls if "--spec-draft-p-min" in c]
+    assert swept[swept.index("--spec-draft-p-min") + 1] == "0.25" and swept[swept.index("--spec-draft-n-max") + 1] == "7"
+    cells = [c["cell"] for c in result["cells"]]
+    # ours and llama-server at their defaults and at one setting each: 4 cells a repetition, rotating
+    assert len(cells) == 8 and [c[-5:] for c in cells] == ["rep 1"] * 4 + ["rep 2"] * 4
+    assert {c.split(" ")[0] for c in cells[:4]} == {"ours", "llama-server"} and cells[4] == cells[1].replace(
+        "rep 1", "rep 2")
+    rows = {(r["engine"], r["setting"]): r for r in result["rows"]}
+    assert set(rows) == {("ours", "default"), ("ours", "p-min 0.5 n-max 7"), ("llama-server", "default"),
+                         ("llama-server", "p-min 0.25 n-max 7")}
+    assert rows[("ours", "default")]["vs_llama_server"] > 0  # default against default
+    assert rows[("ours", "p-min 0.5 n-max 7")]["vs_llama_server"] is None  # no llama-server row at that setting
+    assert rows[("llama-server", "default")]["accepted_length_median"] == 2.0  # 4 tokens, 2 of them drafts
+    assert [c["pairing"] for c in result["comparisons"]] == ["best vs best", "default vs default"]
+    assert result["comparisons"][1]["ours"] == result["comparisons"][1]["llama_server"] == "default"

@@ -212,7 +212,7 @@ def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
     assert metrics["dflash_checkpoint_hits_total"] >= 1
     assert metrics['dflash_checkpoint_bytes{where="device"}'] == 0
     assert metrics['dflash_checkpoint_bytes{where="host"}'] >= ext["checkpoint"]["host_bytes"]
-    # the process's resident memory includes the checkpoints' host bytes (scripts/soak.py
+    # the process's resident memory includes the checkpoints' host bytes (dflash-bench soak
     # checks the rest stays flat)
     assert metrics["process_resident_memory_bytes"] > metrics['dflash_checkpoint_bytes{where="host"}'] > 0
 
@@ -288,7 +288,7 @@ def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
 
 
 def test_a_job_whose_client_left_holds_no_place_in_the_queue(engine):
-    """A queued job that was cancelled no longer counts against --queue (scripts/soak.py
+    """A queued job that was cancelled no longer counts against --queue (dflash-bench soak
     found clients that left and came back refused by a queue of abandoned jobs); it is
     still run to its (empty) end and accounted for."""
     scheduler = Scheduler(engine, max_queue=1)

@@ -1,6 +1,7 @@
-"""scripts/soak.py: its checks catch what they are for (a wrong, lost or doubled answer,
-memory growth that is not the checkpoints', miscounted requests), and a test-sized soak of
-the demo server passes every one of them."""
+"""dflash-bench soak: its checks catch what they are for (a wrong, lost or doubled answer,
+a solo comparison that tested no cold prefill among others, memory growth that is not the
+checkpoints', miscounted requests), and a test-sized soak of the demo server passes every
+one of them."""
 from __future__ import annotations
 
 import json
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-import soak  # noqa: E402
-from serve_load import Reply  # noqa: E402
+from dflash_gguf.bench import soak
+from dflash_gguf.bench.serve_load import Reply
+
+BENCH = str(Path(sys.executable).with_name("dflash-bench"))
 
 
 def test_the_plan_is_seeded_and_mixes_every_kind():
@@ -33,8 +34,9 @@ def test_the_plan_is_seeded_and_mixes_every_kind():
     assert len(set(greedy)) == len(greedy)  # each its own prompt: no answer comes from a cache alone
 
 
-def answered(text="x", tokens=1, stream=True):
-    return Reply(status=200, text=text, tokens=tokens, finals=1, dones=1 if stream else 0)
+def answered(text="x", tokens=1, stream=True, sent=0.0, seconds=1.0, reused=0):
+    return Reply(status=200, text=text, tokens=tokens, finals=1, dones=1 if stream else 0, sent=sent, seconds=seconds,
+                 ttft=seconds / 2, extension={"reused_prompt_tokens": reused})
 
 
 def specs(*kinds):
@@ -73,11 +75,29 @@ def test_a_greedy_answer_must_equal_its_solo_answer():
     s = specs("greedy", "greedy", "sampled")
     solo = {0: answered("def f():", 3), 1: answered("return 1", 2)}
     same = [answered("def f():", 3), answered("return 1", 2), answered("anything")]
-    assert soak.check_solo(s, same, solo)["greedy_equal_solo"]["ok"]
+    verdict = soak.check_solo(s, same, solo)["greedy_equal_solo"]
+    assert verdict["ok"] and "2 compared, 2 prefilled cold, 2 prefilled while others were in flight" in verdict["detail"]
     other = [answered("def f():", 3), answered("return 2", 2), answered("anything")]
     verdict = soak.check_solo(s, other, solo)["greedy_equal_solo"]
     assert not verdict["ok"] and "'first_difference_at': 7" in verdict["detail"]
     assert not soak.check_solo(s[2:], other[2:], solo)["greedy_equal_solo"]["ok"]  # nothing compared
+
+
+def test_the_solo_comparison_must_have_tested_a_cold_prefill_among_others():
+    s = specs("greedy", "greedy")
+    solo = {0: answered("a"), 1: answered("b")}
+    resumed = [answered("a", reused=40), answered("b", reused=12)]  # both resumed from a checkpoint
+    verdict = soak.check_solo(s, resumed, solo)["greedy_equal_solo"]
+    assert not verdict["ok"] and "0 prefilled cold" in verdict["detail"]
+    apart = [answered("a", sent=0.0, seconds=1.0), answered("b", sent=5.0, seconds=1.0)]  # one after the other
+    verdict = soak.check_solo(s, apart, solo)["greedy_equal_solo"]
+    assert not verdict["ok"] and "0 prefilled while others were in flight" in verdict["detail"]
+    assert soak.check_solo(s, apart, solo, clients=1)["greedy_equal_solo"]["ok"]  # one client: cold is enough
+    assert not soak.check_solo(s, resumed, solo, clients=1)["greedy_equal_solo"]["ok"]
+    # the second is sent while the first decodes, but the first's prefill (to its first text) came before
+    assert soak.prefilled_among_others([answered(sent=0.0, seconds=2.0), answered(sent=1.5, seconds=1.0)]) == [
+        False, True]
+    assert soak.prefilled_among_others([answered(sent=0.0), None, answered(sent=0.2)]) == [True, False, True]
 
 
 def test_the_server_s_counters_must_match_the_requests_accepted():
@@ -106,7 +126,9 @@ def test_memory_may_grow_by_the_checkpoints_bytes_only():
     assert soak.check_rss(flat, 10, 0.05)["rss_flat"]["ok"]
     leak = warm_growth + [sample(10, 150), sample(20, 160), sample(30, 158)]
     verdict = soak.check_rss(leak, 10, 0.05)["rss_flat"]
-    assert not verdict["ok"] and "+6.7%" in verdict["detail"]
+    assert not verdict["ok"] and "+6.67%" in verdict["detail"] and "trend +409.60 KiB per request" in verdict["detail"]
+    creep = warm_growth + [sample(10, 150), sample(20, 151), sample(30, 152)]  # +1.3%: within 5%, not within 1%
+    assert soak.check_rss(creep, 10, 0.05)["rss_flat"]["ok"] and not soak.check_rss(creep, 10, 0.01)["rss_flat"]["ok"]
     assert not soak.check_rss([sample(0, 100), sample(30, 100)], 10, 0.05)["rss_flat"]["ok"]  # too few samples
     no_rss = [{"done": 20, "net": soak.memory_less_checkpoints({"dflash_requests_total": 1})}] * 3
     assert "no process_resident_memory_bytes" in soak.check_rss(no_rss, 10, 0.05)["rss_flat"]["detail"]
@@ -114,10 +136,9 @@ def test_memory_may_grow_by_the_checkpoints_bytes_only():
 
 def test_a_test_sized_soak_of_the_demo_server_passes(tmp_path):
     out = tmp_path / "soak.json"
-    res = subprocess.run([sys.executable, str(SCRIPTS / "soak.py"), "--requests", "32", "--max-tokens", "24",
-                          "--long-prompt-chars", "3000", "--seed", "0", "--time-limit", "120", "-t", "1",
-                          "--sample-every", "0.1", "-o", str(out)],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    res = subprocess.run([BENCH, "soak", "--requests", "32", "--max-tokens", "24", "--long-prompt-chars", "3000",
+                          "--seed", "0", "-t", "1", "--sample-every", "0.1", "--rss-tolerance", "0.05",
+                          "-o", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = json.loads(out.read_text())
     assert result["passed"] and set(result["checks"]) == {
@@ -126,3 +147,25 @@ def test_a_test_sized_soak_of_the_demo_server_passes(tmp_path):
     assert all(n > 0 for n in result["kinds"].values()), result["kinds"]
     assert result["checkout"] and result["load_average"]["before"] and result["server"]["np_flag"] is not None
     assert result["left_before_first_token"] + result["left_mid_stream"] > 0
+    assert result["solo_answers_from"] == "a fresh server" and result["sent"] == 32
+    greedy = [r for r in result["requests"] if r["kind"] == "greedy" and r["status"] == 200]
+    assert greedy and all(r["reused_prompt_tokens"] == 0 for r in greedy)  # prefilled cold, not resumed
+    assert "body" not in result["requests"][0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--requests", "20001"], "--requests must be 1..20000"),
+    (["--duration", "3601"], "--duration must be in (0, 3600]"),
+    (["--duration", "0"], "--duration"),
+])
+def test_bad_options_exit_2_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        soak.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_duration_sends_what_its_time_allows():
+    s = specs("sampled", "sampled")
+    replies = [answered(), None]
+    assert not soak.check_outcomes(s, replies)["all_sent"]["ok"]
+    assert soak.check_outcomes(s, replies, by_time=True)["all_sent"]["ok"]

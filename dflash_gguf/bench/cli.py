@@ -4,13 +4,21 @@ beside llama.cpp's own tools on the same GGUF, and keep every repetition.
     dflash-bench                                      # the bundled demo pair
     dflash-bench -m target.gguf -md draft.gguf -n 256 -r 5 --temp 0,0.6 --top-k 20 --top-p 0.95
     dflash-bench -m target.gguf -md draft.gguf --json -o my-gpu.json   # results/my-gpu.json
+    dflash-bench serve|soak|concurrency --help        # the server: load test, soak, beside llama-server
 
-Each mode runs in an engine of its own, loaded once and warmed up; every prompt is
-generated once per repetition, stopping at -n tokens or at the model's end of generation
-(llama.cpp's tools are run without --ignore-eos, so both decode by the same rule). Decode
-tok/s counts the timed decode steps (the prefill and its token apart); AL is tokens per
-target pass. llama.cpp's tools run when built (python scripts/llama_cpp_build.py) with
-the same threads, cache type, context, prompts and sampling.
+Each of our modes, and each llama.cpp tool at each setting, is an arm; every arm runs once
+per repetition before the next repetition starts (the order rotating by one arm a
+repetition), each repetition of a cell generating every prompt (again, until it decoded
+--min-seconds), stopping at -n tokens or at the model's end of generation (llama.cpp's
+tools are run without --ignore-eos, so both decode by the same rule). Both sides sweep
+their draft cut and length (ours --draft-p-min x --block-size, llama.cpp's
+--spec-draft-p-min x --spec-draft-n-max) beside their defaults, and are compared at their
+best and at their defaults. A cell that starts with the 1-minute load average above
+--max-load per thread is marked loaded (or waited for, --wait-idle). Rows give medians
+over every repetition and their range. Decode tok/s counts the timed decode steps (the
+prefill and its token apart); AL is tokens per target pass. llama.cpp's tools run when
+built (python scripts/llama_cpp_build.py) with the same threads, cache type, context,
+prompts and sampling.
 """
 from __future__ import annotations
 
@@ -25,12 +33,13 @@ from typing import List, Optional
 from .. import DflashError, llama_cpp_tree
 from ..demo import demo_paths
 from ..speculative import CHAIN_RULES
-from . import llama_cpp, ours, provenance, report
+from . import llama_cpp, method, ours, provenance, report
 from .prompts import PROMPTS
 from .runs import Run, Sampling
 
 RESULTS = Path("results")
 KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")
+SWEEP_P_MIN = (0.0, 0.3, 0.5, 0.75)
 
 
 def log(msg: str) -> None:
@@ -67,9 +76,12 @@ def parser() -> argparse.ArgumentParser:
                    help="of plain, chain, tree, auto (default all)")
     p.add_argument("--tree-budgets", type=_list(int, "--tree-budgets"), default=[4, 8, 16, 32],
                    help="tree budgets of the tree mode (default 4,8,16,32)")
-    p.add_argument("--draft-p-min", type=_list(float, "--draft-p-min"), default=[],
-                   help="our greedy chain's confidence cut; several values: a chain row each, auto and trees take "
-                        "the first (default: as dflash-run)")
+    p.add_argument("--draft-p-min", type=_list(float, "--draft-p-min"), default=list(SWEEP_P_MIN),
+                   help="our chain's confidence cuts to sweep, a chain row each beside the default one (default "
+                        "0,0.3,0.5,0.75)")
+    p.add_argument("--block-size", type=_list(int, "--block-size"),
+                   help="our chain's blocks to sweep (the bonus token and n-max drafts; default: the drafter's "
+                        "block and half of it)")
     p.add_argument("--chain-rule", type=_list(str, "--chain-rule"), default=[],
                    help="our sampled chain's accept rule, argmax or reject; both: a chain row each (default: as "
                         "dflash-run)")
@@ -83,14 +95,27 @@ def parser() -> argparse.ArgumentParser:
                    help="attention cache type of both engines (default f16)")
     p.add_argument("--device", help="ggml device of our engine (default: the first GPU, else the CPU)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int, help="target layers on the GPU, for both engines")
-    p.add_argument("--interleave", action="store_true",
-                   help="load every mode at once and take turns prompt by prompt (needs memory for one model per "
-                        "mode; steadier ratios on a busy machine)")
+    p.add_argument("--reload", action="store_true",
+                   help="load each of our modes' engines anew for each of its cells (memory for one model, not one "
+                        "per mode; the loading is not timed)")
+    p.add_argument("--min-seconds", type=float, default=method.MIN_SECONDS,
+                   help="decoding time a cell's repetition must reach; its prompts run again until it does (default 1)")
+    p.add_argument("--max-load", type=float, default=method.MAX_LOAD_PER_THREAD,
+                   help="1-minute load average per thread of -t above which a cell that starts is marked loaded "
+                        "(default 0.5)")
+    p.add_argument("--wait-idle", action="store_true",
+                   help="before each cell, wait for the load to fall below --max-load (at most --wait-idle-max s)")
+    p.add_argument("--wait-idle-max", type=float, default=method.WAIT_IDLE_CAP_S,
+                   help="seconds a cell waits for the load at most (default 600); then it runs, marked loaded")
     p.add_argument("--llama-cpp", type=Path, metavar="DIR",
                    help="directory of llama.cpp's tools (default: where scripts/llama_cpp_build.py builds them)")
     p.add_argument("--no-llama-cpp", action="store_true", help="do not run llama.cpp's tools")
-    p.add_argument("--spec-draft-p-min", type=_list(float, "--spec-draft-p-min"), default=[0.0, 0.5],
-                   help="llama.cpp DFlash's draft cut, one row each (default 0,0.5)")
+    p.add_argument("--spec-draft-p-min", type=_list(float, "--spec-draft-p-min"), default=list(SWEEP_P_MIN),
+                   help="llama.cpp DFlash's draft cuts to sweep, a row each beside its default one (default "
+                        "0,0.3,0.5,0.75)")
+    p.add_argument("--spec-draft-n-max", type=_list(int, "--spec-draft-n-max"),
+                   help="llama.cpp DFlash's draft counts to sweep (default: the drafter's block less the bonus token, "
+                        "and half the block less it)")
     p.add_argument("--json", action="store_true", help="print one JSON object (provenance, rows, every run)")
     p.add_argument("-o", "--output", type=Path,
                    help="also write the JSON to FILE (a bare file name goes under results/)")
@@ -124,6 +149,10 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--chain-rule values must be of {', '.join(CHAIN_RULES)}")
     if any(not 0 <= x <= 1 for x in args.spec_draft_p_min):
         p.error("--spec-draft-p-min values must be in [0, 1]")
+    if any(b < 1 for b in args.block_size or ()) or any(n < 1 for n in args.spec_draft_n_max or ()):
+        p.error("--block-size and --spec-draft-n-max values must be at least 1")
+    if args.min_seconds < 0 or args.max_load < 0 or args.wait_idle_max < 0:
+        p.error("--min-seconds, --max-load and --wait-idle-max must be >= 0")
     if args.llama_cpp is not None and not args.llama_cpp.is_dir():
         p.error(f"--llama-cpp {args.llama_cpp}: no such directory")
 
@@ -145,14 +174,24 @@ def output_path(path: Path) -> Path:
     return RESULTS / path if path.parent == Path(".") else path
 
 
+def chain_lengths(given: Optional[List[int]], block: int) -> List[int]:
+    """Blocks to sweep: those given, else the drafter's whole block and half of it."""
+    return given if given else list(dict.fromkeys(b for b in (block, block // 2) if b >= 2))
+
+
 def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling]) -> tuple:
-    """Every run (ours, then llama.cpp's) and llama.cpp's build info."""
+    """Every run, every arm (ours and llama.cpp's) interleaved within each repetition
+    (method.py); the cells' load records; llama.cpp's build info."""
     from ..draft import read_draft_metadata
     from ..tokenizer import Tokenizer
 
     block = int(read_draft_metadata(draft)["block_size"]) if draft else 1
+    blocks = chain_lengths(args.block_size, block) if draft else []
+    if any(b > block for b in blocks):
+        raise ValueError(f"--block-size values must be at most the drafter's block ({block})")
     tokenizer = Tokenizer(target)
-    lengths = [len(tokenizer.encode(text)) for _, text in prompts]
+    ids = {name: tokenizer.encode(text) for name, text in prompts}
+    lengths = [len(x) for x in ids.values()]
     longest = max(lengths)
     widest = max([block, *(b + 1 for b in args.tree_budgets)]) if draft else 1
     n_ctx = -(-(longest + args.n_predict + 2 * widest + 64) // 256) * 256  # both engines get this context
@@ -168,44 +207,64 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
     if args.n_gpu_layers is not None:
         options["n_gpu_layers"] = args.n_gpu_layers
-    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None, args.chain_rule)
-    ours.run_modes(modes, target, draft, options, prompts, args.n_predict, samplings, args.repetitions,
-                   args.interleave, keep)
+    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None, args.chain_rule, blocks)
+    arms: list = [ours.Arm(m, target, draft, options, ids, args.n_predict, args.reload) for m in modes]
 
-    info = {"tools": {}}
-    if args.no_llama_cpp:
-        return runs, info
-    tools = llama_cpp.Tools.find(args.llama_cpp)
-    info["tools"] = {name: str(exe) for name, exe in tools.found.items()}
-    info["missing"] = tools.missing
-    for why in tools.missing.values():
-        log(why)
-    setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft, args.n_gpu_layers)
+    info: dict = {"tools": {}}
+    if not args.no_llama_cpp:
+        tools = llama_cpp.Tools.find(args.llama_cpp)
+        info["tools"] = {name: str(exe) for name, exe in tools.found.items()}
+        info["missing"] = tools.missing
+        for why in tools.missing.values():
+            log(why)
+        setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft,
+                                args.n_gpu_layers)
+        if "llama-bench" in tools.found:  # it decodes after as much context as the prompts' mean
+            arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, round(sum(lengths) / len(lengths))))
+        if "llama-completion" in tools.found:
+            arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
+        if draft and "llama-speculative-simple" in tools.found:
+            exe = tools.found["llama-speculative-simple"]
+            n_maxes = args.spec_draft_n_max or [b - 1 for b in chain_lengths(None, block)]
+            arms.append(llama_cpp.SpeculativeArm(exe, setup, prompts, None, None))
+            arms += [llama_cpp.SpeculativeArm(exe, setup, prompts, p, n) for p in args.spec_draft_p_min
+                     for n in n_maxes]
+
+    cells = [(arm, None) if isinstance(arm, llama_cpp.BenchArm) else (arm, s) for arm in arms
+             for s in ([None] if isinstance(arm, llama_cpp.BenchArm) else samplings)]
+    gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
+                                      log=log)
+    failed: dict = {}
     try:
-        if "llama-bench" in tools.found:
-            depth = round(sum(lengths) / len(lengths))  # llama-bench decodes after as much context
-            bench, info["llama_bench"] = llama_cpp.bench_runs(tools.found["llama-bench"], setup, depth,
-                                                              args.repetitions)
-            for run in bench:
+        for arm in arms:
+            if isinstance(arm, ours.Arm):
+                arm.open()
+        for rep, (arm, sampling) in method.interleaved(cells, args.repetitions):
+            if arm.name in failed:
+                continue
+            cell = gate.enter(f"{arm.side} {arm.name}, {sampling.label if sampling else '-'}, rep {rep + 1}")
+            try:
+                got = arm.measure(sampling, rep, args.min_seconds)
+            except llama_cpp.ToolError as e:
+                log(f"llama.cpp {arm.name}: {e}; its other cells are left out")
+                failed[arm.name] = str(e)
+                continue
+            for run in got:
+                run.load_1m, run.loaded = cell["load_1m"], cell["loaded"]
                 keep(run)
-        for sampling in samplings:
-            for rep in range(args.repetitions):
-                if "llama-completion" in tools.found:
-                    for run in llama_cpp.completion_runs(tools.found["llama-completion"], setup, prompts,
-                                                         sampling, rep):
-                        keep(run)
-                if draft and "llama-speculative-simple" in tools.found:
-                    for p_min in args.spec_draft_p_min:
-                        for run in llama_cpp.speculative_runs(tools.found["llama-speculative-simple"], setup, block,
-                                                              p_min, prompts, sampling, rep):
-                            keep(run)
-    except llama_cpp.ToolError as e:
-        log(f"llama.cpp: {e}")
-        info["error"] = str(e)
-    return runs, info
+    finally:
+        for arm in arms:
+            if isinstance(arm, ours.Arm):
+                arm.close()
+    bench = next((a for a in arms if isinstance(a, llama_cpp.BenchArm)), None)
+    if bench is not None and bench.info:
+        info["llama_bench"] = bench.info
+    if failed:
+        info["errors"] = failed
+    return runs, info, gate.cells
 
 
-def main(argv=None) -> int:
+def bench_main(argv) -> int:
     p = parser()
     args = p.parse_args(argv)
     check(p, args)
@@ -218,7 +277,7 @@ def main(argv=None) -> int:
     log(f"load average {load_before[0]:.2f} on {os.cpu_count()} CPUs"
         + (": other processes are running, timings will show it" if load_before[0] > 0.5 else ""))
     try:
-        runs, llama_info = measure(args, target, draft, prompts, samplings)
+        runs, llama_info, cells = measure(args, target, draft, prompts, samplings)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-bench: error: {e}", file=sys.stderr)
         return 1
@@ -241,10 +300,17 @@ def main(argv=None) -> int:
         "settings": {"prompts": [name for name, _ in prompts], "n_predict": args.n_predict,
                      "repetitions": args.repetitions, "threads": args.threads, "cache_type": args.cache_type_k,
                      "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
-                     "chain_rule": args.chain_rule,
-                     "samplings": [s.label for s in samplings], "interleave": args.interleave,
-                     "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min},
+                     "block_size": args.block_size, "chain_rule": args.chain_rule,
+                     "samplings": [s.label for s in samplings], "reload": args.reload,
+                     "interleaved": "every arm once per repetition, the order rotated by one arm a repetition",
+                     "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
+                     "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
+                     "wait_idle_max": args.wait_idle_max,
+                     "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
+                     "spec_draft_n_max": args.spec_draft_n_max},
+        "cells": cells,
         "rows": [r.to_json() for r in table],
+        "comparisons": [c for s in dict.fromkeys(r.sampling for r in table) for c in report.comparisons(table, s)],
         "headline": report.headline(table),
         "runs": [r.to_json() for r in runs],
     }
@@ -260,9 +326,25 @@ def main(argv=None) -> int:
     print(f"dflash-bench: {Path(target).name} + {Path(draft).name if draft else 'no drafter'}"
           f"{' (the bundled demo pair)' if args.model is None else ''}; {len(prompts)} prompts x at most "
           f"{args.n_predict} tokens, {args.repetitions} reps; {args.threads} threads on {machine['cpu']} "
-          f"({result['machine']['device']}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+          f"({result['machine']['device']}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
+          f"{sum(c['loaded'] for c in cells)} of {len(cells)} cells started above {args.max_load * args.threads:.2f}")
     print()
     print(report.table_text(table, args.repetitions))
-    for line in result["headline"]:
-        print(line)
+    print()
+    print(report.comparisons_text(table))
     return 0
+
+
+SUBCOMMANDS = {"serve": "dflash_gguf.bench.serve", "soak": "dflash_gguf.bench.soak",
+               "concurrency": "dflash_gguf.bench.concurrency"}
+
+
+def main(argv=None) -> int:
+    """dflash-bench [flags] measures a pair; dflash-bench serve|soak|concurrency [flags]
+    measure and soak the server (their modules' main)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    return bench_main(argv)

@@ -2,7 +2,7 @@
 threads, cache type, prompts and sampling settings, and their logs read back:
 
   llama-bench               plain decoding (`-n N` at a depth of the prompts' length), one
-                            sample per repetition from its JSON output
+                            sample per run (`-r 1`) from its JSON output
   llama-completion          plain end-to-end generation of each prompt: its "eval time"
                             (the decode steps; sampling is timed apart and left out)
   llama-speculative-simple  `--spec-type draft-dflash`, llama.cpp's DFlash: its "decoded"
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import llama_cpp_tree
+from .method import until_long_enough
 from .runs import Run, Sampling
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
@@ -159,58 +160,114 @@ def speculative_text(stdout: str, prompt: str) -> Optional[str]:
     return stdout[i + len(prompt):].rstrip("\n") if i >= 0 else None
 
 
-# ---- the runs -----------------------------------------------------------------------------
+# ---- the arms ------------------------------------------------------------------------------
+# Each is one row maker of the interleaved benchmark (method.py): measure() runs one cell,
+# every prompt once per round, rounds until they decoded long enough.
 
-def completion_runs(exe: Path, setup: Setup, prompts, sampling: Sampling, rep: int) -> List[Run]:
-    """One llama-completion run per prompt."""
-    runs = []
-    for name, text in prompts:
-        cmd = [str(exe), *setup.common(), "-p", text, "-no-cnv", "--no-display-prompt", *sampling_flags(sampling, rep)]
-        stdout, r = run_parsed(cmd, parse_completion, "decode_s")
-        runs.append(Run(engine="llama.cpp", mode="plain (llama-completion)", sampling=sampling.label, rep=rep,
-                        prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
-                        decode_s=r["decode_s"], passes=r["runs"], prefill_s=r.get("prefill_s"),
-                        text=completion_text(stdout), extra={"sampling_s": r.get("sampling_s")}))
-    return runs
+class CompletionArm:
+    """llama-completion: plain decoding of each prompt."""
 
+    side, name, speculative, default = "llama.cpp", "plain (llama-completion)", False, False
 
-def speculative_runs(exe: Path, setup: Setup, block: int, p_min: float, prompts, sampling: Sampling,
-                     rep: int) -> List[Run]:
-    """One llama-speculative-simple (DFlash) run per prompt, drafting blocks of the drafter's
-    size (the bonus token plus block - 1 drafts). When the target needs checkpoints (it
-    cannot drop a rejected tail), the run is made at -lv 5 to count the restores, each a
-    second target pass (the timing stays the quiet run's; the same seed draws the same)."""
-    runs = []
-    for name, text in prompts:
-        cmd = [str(exe), *setup.common(), "-md", setup.draft, "-td", str(setup.threads), "-tbd", str(setup.threads),
-               "--spec-type", "draft-dflash", "--spec-draft-n-max", str(block - 1), "--spec-draft-n-min", "0",
-               "--spec-draft-p-min", repr(p_min), "-p", text, *sampling_flags(sampling, rep)]
-        stdout, r = run_parsed(cmd, parse_speculative, "rounds")
-        if r["checkpoints"]:
-            r["restores"] = run_parsed(cmd + ["-lv", "5"], parse_speculative, "rounds")[1]["restores"]
-        runs.append(Run(engine="llama.cpp", mode=f"DFlash (llama-speculative-simple, p-min {p_min:g})",
-                        sampling=sampling.label, rep=rep, prompt=name, prompt_tokens=r.get("prompt_tokens", 0),
-                        tokens=r["tokens"], decode_s=r["decode_s"], passes=r["rounds"] + r["restores"],
-                        prefill_s=r.get("prefill_s"), text=speculative_text(stdout, text),
-                        extra={k: r.get(k) for k in ("n_drafted", "n_accept", "restores")}))
-    return runs
+    def __init__(self, exe: Path, setup: Setup, prompts):
+        self.exe, self.setup, self.prompts = exe, setup, prompts
+
+    def command(self, text: str, sampling: Sampling, rep: int) -> List[str]:
+        return [str(self.exe), *self.setup.common(), "-p", text, "-no-cnv", "--no-display-prompt",
+                *sampling_flags(sampling, rep)]
+
+    def one_round(self, sampling: Sampling, rep: int, rnd: int) -> List[Run]:
+        runs = []
+        for name, text in self.prompts:
+            stdout, r = run_parsed(self.command(text, sampling, rep), parse_completion, "decode_s")
+            runs.append(Run(engine="llama.cpp", mode=self.name, sampling=sampling.label, rep=rep, round=rnd,
+                            prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
+                            decode_s=r["decode_s"], passes=r["runs"], prefill_s=r.get("prefill_s"),
+                            text=completion_text(stdout), extra={"sampling_s": r.get("sampling_s")}))
+        return runs
+
+    def measure(self, sampling: Sampling, rep: int, min_seconds: float) -> List[Run]:
+        return until_long_enough(lambda rnd: self.one_round(sampling, rep, rnd),
+                                 lambda runs: sum(r.decode_s for r in runs), min_seconds)
 
 
-def bench_runs(exe: Path, setup: Setup, depth: int, reps: int) -> tuple:
-    """llama-bench's plain decoding: `-n` tokens after `depth` tokens of context, `reps`
-    repetitions, one Run each. Returns (runs, its build info)."""
-    t = str(setup.threads)
-    cmd = [str(exe), "-m", setup.target, "-p", "0", "-n", str(setup.n_predict), "-d", str(depth), "-r", str(reps),
-           "-t", t, "-fa", "1", "-ctk", setup.kv_type, "-ctv", setup.kv_type, "-o", "json"]
-    if setup.n_gpu_layers is not None:
-        cmd += ["-ngl", str(setup.n_gpu_layers)]
-    stdout, _ = run_tool(cmd)
-    try:
-        (test,) = json.loads(stdout)
-    except ValueError:
-        raise ToolError(f"llama-bench printed no JSON test result: {stdout[-300:]}") from None
-    runs = [Run(engine="llama.cpp", mode=f"plain (llama-bench -n {setup.n_predict} -d {depth})", sampling="-",
-                rep=rep, prompt="", prompt_tokens=depth, tokens=test["n_gen"], decode_s=ns / 1e9, passes=test["n_gen"])
-            for rep, ns in enumerate(test["samples_ns"])]
-    info = {k: test.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends")}
-    return runs, info
+class SpeculativeArm(CompletionArm):
+    """llama-speculative-simple's DFlash at a draft cut (--spec-draft-p-min) and a number of
+    drafts (--spec-draft-n-max; the drafter's block less the bonus token is the whole block);
+    both None: the tool's defaults, no draft flag given. When the target needs checkpoints
+    (it cannot drop a rejected tail), each run is made again at -lv 5 to count the restores,
+    each a second target pass (the timing stays the quiet run's; the same seed draws the same)."""
+
+    speculative = True
+
+    def __init__(self, exe: Path, setup: Setup, prompts, p_min: Optional[float], n_max: Optional[int]):
+        super().__init__(exe, setup, prompts)
+        self.p_min, self.n_max = p_min, n_max
+        self.default = p_min is None and n_max is None
+        self.name = "DFlash (llama-speculative-simple, " + (
+            "default)" if self.default else ", ".join(
+                ([f"p-min {p_min:g}"] if p_min is not None else []) + ([f"n-max {n_max}"] if n_max is not None else []))
+            + ")")
+
+    def draft_flags(self) -> List[str]:
+        flags = []
+        if self.n_max is not None:
+            flags += ["--spec-draft-n-max", str(self.n_max), "--spec-draft-n-min", "0"]
+        if self.p_min is not None:
+            flags += ["--spec-draft-p-min", repr(self.p_min)]
+        return flags
+
+    def command(self, text: str, sampling: Sampling, rep: int) -> List[str]:
+        t = str(self.setup.threads)
+        return [str(self.exe), *self.setup.common(), "-md", self.setup.draft, "-td", t, "-tbd", t,
+                "--spec-type", "draft-dflash", *self.draft_flags(), "-p", text, *sampling_flags(sampling, rep)]
+
+    def one_round(self, sampling: Sampling, rep: int, rnd: int) -> List[Run]:
+        runs = []
+        for name, text in self.prompts:
+            cmd = self.command(text, sampling, rep)
+            stdout, r = run_parsed(cmd, parse_speculative, "rounds")
+            if r["checkpoints"]:
+                r["restores"] = run_parsed(cmd + ["-lv", "5"], parse_speculative, "rounds")[1]["restores"]
+            runs.append(Run(engine="llama.cpp", mode=self.name, sampling=sampling.label, rep=rep, round=rnd,
+                            prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["tokens"],
+                            decode_s=r["decode_s"], passes=r["rounds"] + r["restores"], prefill_s=r.get("prefill_s"),
+                            text=speculative_text(stdout, text), speculative=True, default=self.default,
+                            extra={k: r.get(k) for k in ("n_drafted", "n_accept", "restores")}))
+        return runs
+
+
+class BenchArm:
+    """llama-bench's plain decoding: `-n` tokens after `depth` tokens of context, one
+    sample a round (a run of `-r 1`); no sampling settings (its rows say "-")."""
+
+    side, speculative, default = "llama.cpp", False, False
+
+    def __init__(self, exe: Path, setup: Setup, depth: int):
+        self.exe, self.setup, self.depth = exe, setup, depth
+        self.name = f"plain (llama-bench -n {setup.n_predict} -d {depth})"
+        self.info: dict = {}
+
+    def command(self) -> List[str]:
+        t = str(self.setup.threads)
+        cmd = [str(self.exe), "-m", self.setup.target, "-p", "0", "-n", str(self.setup.n_predict), "-d",
+               str(self.depth), "-r", "1", "-t", t, "-fa", "1", "-ctk", self.setup.kv_type, "-ctv",
+               self.setup.kv_type, "-o", "json"]
+        if self.setup.n_gpu_layers is not None:
+            cmd += ["-ngl", str(self.setup.n_gpu_layers)]
+        return cmd
+
+    def one_round(self, rep: int, rnd: int) -> List[Run]:
+        stdout, _ = run_tool(self.command())
+        try:
+            (test,) = json.loads(stdout)
+        except ValueError:
+            raise ToolError(f"llama-bench printed no JSON test result: {stdout[-300:]}") from None
+        self.info = {k: test.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends")}
+        return [Run(engine="llama.cpp", mode=self.name, sampling="-", rep=rep, round=rnd, prompt="",
+                    prompt_tokens=self.depth, tokens=test["n_gen"], decode_s=ns / 1e9, passes=test["n_gen"])
+                for ns in test["samples_ns"]]
+
+    def measure(self, sampling: Optional[Sampling], rep: int, min_seconds: float) -> List[Run]:
+        return until_long_enough(lambda rnd: self.one_round(rep, rnd), lambda runs: sum(r.decode_s for r in runs),
+                                 min_seconds)

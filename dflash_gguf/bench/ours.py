@@ -2,11 +2,11 @@
 them: plain decoding, the drafter's chain, DDTrees of fixed budgets and `auto`."""
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from ..engine import Engine
+from .method import until_long_enough
 from .prompts import WARMUP
 from .runs import Run, Sampling
 
@@ -15,19 +15,25 @@ MODE_NAMES = ("plain", "chain", "tree", "auto")
 
 @dataclass(frozen=True)
 class Mode:
-    name: str                                 # plain, chain, tree N, auto
+    name: str                                 # plain, chain (default), chain p-min 0.3 n-max 7, tree N, auto
     speculative: bool = True
     tree_budget: Union[int, str, None] = None  # None: the chain
     p_min: Optional[float] = None             # the greedy chain's confidence cut (None: the engine's default)
     chain_rule: Optional[str] = None          # a sampled chain's accept rule (None: the engine's default)
+    block_size: Optional[int] = None          # the chain's block, the bonus token and n-max drafts (None: the drafter's)
+
+    @property
+    def default(self) -> bool:
+        """What dflash-run does with a drafter and no decoding flag: the chain at its defaults."""
+        return self.name == "chain (default)"
 
 
 def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float], with_draft: bool,
-          chain_rules: Sequence[str] = ()) -> List[Mode]:
-    """The modes named (MODE_NAMES): "tree" once per budget, "chain" once per confidence cut
-    in p_mins (the first of which auto's chain takes; none given: the engine's default)
-    and per sampled chain accept rule in chain_rules. Without a drafter only plain."""
-    first = p_mins[0] if p_mins else None
+          chain_rules: Sequence[str] = (), blocks: Sequence[int] = ()) -> List[Mode]:
+    """The modes named (MODE_NAMES): "chain" at its defaults and once per confidence cut in
+    p_mins x block size in blocks (the sweep; none given: the default only) x sampled chain
+    accept rule in chain_rules; "tree" once per budget and "auto", both at the default cut.
+    Without a drafter only plain."""
     out = []
     for name in names:
         if name == "plain":
@@ -35,15 +41,17 @@ def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float],
         elif not with_draft:
             continue
         elif name == "chain":
-            for p in p_mins if len(p_mins) > 1 else [first]:
+            out.append(Mode("chain (default)"))
+            sweep = [(p, b) for p in p_mins or [None] for b in blocks or [None]] if p_mins or blocks else []
+            for p, b in sweep:
                 for rule in chain_rules or [None]:
-                    label = "chain" + (f" p-min {p:g}" if len(p_mins) > 1 else "") + \
-                        (f" {rule} rule" if len(chain_rules) > 1 else "")
-                    out.append(Mode(label, p_min=p, chain_rule=rule))
+                    label = "chain" + (f" p-min {p:g}" if p is not None else "") + \
+                        (f" n-max {b - 1}" if b is not None else "") + (f" {rule} rule" if rule else "")
+                    out.append(Mode(label, p_min=p, chain_rule=rule, block_size=b))
         elif name == "tree":
-            out += [Mode(f"tree {b}", tree_budget=b, p_min=first) for b in budgets]
+            out += [Mode(f"tree {b}", tree_budget=b) for b in budgets]
         elif name == "auto":
-            out.append(Mode("auto", tree_budget="auto", p_min=first))
+            out.append(Mode("auto", tree_budget="auto"))
     return out
 
 
@@ -51,8 +59,9 @@ def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) ->
     """An engine for the mode (plain decoding loads no drafter), warmed up: its graphs,
     caches and (auto) verify cost table exist before anything is timed."""
     rule = {"chain_rule": mode.chain_rule} if mode.chain_rule else {}
+    block = {"block_size": mode.block_size} if mode.block_size else {}
     engine = Engine(target, draft if mode.speculative else None, tree_budget=mode.tree_budget,
-                    draft_p_min=mode.p_min, **rule, **options)
+                    draft_p_min=mode.p_min, **rule, **block, **options)
     try:
         engine.generate(WARMUP, max_tokens=16, stop_tokens=())
     except BaseException:
@@ -62,7 +71,7 @@ def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) ->
 
 
 def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sampling: Sampling,
-             rep: int) -> Run:
+             rep: int, rnd: int = 0) -> Run:
     """One prompt, stopping at max_tokens or the model's end of generation (as llama.cpp's
     tools do without --ignore-eos)."""
     result = engine.generate(ids, max_tokens=n, sampling=sampling.params(rep))
@@ -71,45 +80,53 @@ def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sa
     passes = len(s.accepted_lengths) if engine.draft is not None else tokens
     shown = result.tokens[:-1] if result.tokens and result.tokens[-1] in engine.tokenizer.eog_ids else result.tokens
     extra = {"stop_reason": s.stop_reason, "draft_s": s.draft_seconds, "verify_s": s.verify_seconds,
-             "other_s": s.other_seconds, "device": engine.target.info()["device"]}
+             "other_s": s.other_seconds, "device": engine.target.info()["device"],
+             "draft_p_min": engine.draft_p_min if engine.draft is not None else None,
+             "block_size": (engine.block_size or engine.draft.block_size) if engine.draft is not None else None}
     if s.tree_sizes:
         extra.update(tree_steps=len(s.tree_sizes), tree_nodes_mean=sum(s.tree_sizes) / len(s.tree_sizes),
                      chain_steps=s.chain_steps)
     return Run(engine="ours", mode=mode.name, sampling=sampling.label, rep=rep, prompt=prompt,
                prompt_tokens=s.prompt_tokens, tokens=tokens, decode_s=s.decode_seconds, passes=passes,
-               prefill_s=s.prefill_seconds, text=engine.tokenizer.decode(shown), token_ids=result.tokens, extra=extra)
+               prefill_s=s.prefill_seconds, text=engine.tokenizer.decode(shown), token_ids=result.tokens, extra=extra,
+               round=rnd, speculative=mode.speculative, default=mode.default)
 
 
-def run_modes(modes: Sequence[Mode], target: str, draft: Optional[str], options: dict, prompts: Sequence[tuple],
-              n: int, samplings: Sequence[Sampling], reps: int, interleave: bool,
-              on_run: Callable[[Run], None]) -> None:
-    """Every mode x sampling x repetition x prompt, each run handed to on_run as it ends.
+class Arm:
+    """One of our modes as an arm of the interleaved benchmark. Its engine is loaded once
+    and kept (every arm's at once: memory for one model per arm), or with `reload` loaded
+    and warmed up anew for each of its cells (memory for one model; the loading is not
+    timed)."""
 
-    One mode at a time (one model in memory): an engine is loaded, warmed up and runs all
-    its repetitions. With `interleave`, every mode's engine is loaded at once and the modes
-    take turns prompt by prompt in a shuffled (seeded) order, so that a slow spell of a
-    shared machine weighs on all of them alike."""
-    if interleave:
-        engines: Dict[Mode, Engine] = {}
+    side = "ours"
+
+    def __init__(self, mode: Mode, target: str, draft: Optional[str], options: dict, ids: Dict[str, List[int]],
+                 n: int, reload: bool):
+        self.mode, self.target, self.draft, self.options = mode, target, draft, options
+        self.ids, self.n, self.reload = ids, n, reload
+        self.engine: Optional[Engine] = None
+
+    @property
+    def name(self) -> str:
+        return self.mode.name
+
+    def open(self) -> None:
+        if not self.reload:
+            self.engine = open_engine(self.mode, self.target, self.draft, self.options)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def measure(self, sampling: Sampling, rep: int, min_seconds: float) -> List[Run]:
+        """One cell: every prompt once per round, rounds until they decoded `min_seconds`."""
+        engine = self.engine or open_engine(self.mode, self.target, self.draft, self.options)
         try:
-            for mode in modes:
-                engines[mode] = open_engine(mode, target, draft, options)
-            ids = {name: engines[modes[0]].encode(text) for name, text in prompts}
-            order, shuffle = list(modes), random.Random(0).shuffle
-            for sampling in samplings:
-                for rep in range(reps):
-                    for name, _ in prompts:
-                        shuffle(order)
-                        for mode in order:
-                            on_run(generate(engines[mode], mode, name, ids[name], n, sampling, rep))
+            return until_long_enough(
+                lambda rnd: [generate(engine, self.mode, name, ids, self.n, sampling, rep, rnd)
+                             for name, ids in self.ids.items()],
+                lambda runs: sum(r.decode_s for r in runs), min_seconds)
         finally:
-            for engine in engines.values():
+            if self.reload:
                 engine.close()
-        return
-    for mode in modes:
-        with open_engine(mode, target, draft, options) as engine:
-            ids = {name: engine.encode(text) for name, text in prompts}
-            for sampling in samplings:
-                for rep in range(reps):
-                    for name, _ in prompts:
-                        on_run(generate(engine, mode, name, ids[name], n, sampling, rep))

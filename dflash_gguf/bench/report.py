@@ -1,13 +1,17 @@
 """From runs to rows: per repetition, a row's decode tok/s is all its prompts' timed tokens
-over their decode seconds and its AL their tokens over their target passes; a row reports
-the median and the spread over repetitions, its ratios to the plain decoders run with the
-same sampling, and (greedy) how many prompts gave the plain decoder's output."""
+(every round) over their decode seconds and its AL their tokens over their target passes;
+a row reports the median and the range (min-max) over every repetition, never the best
+one, its ratios of medians to the plain decoders run with the same sampling, (greedy) how
+many prompts gave the plain decoder's output, the load its cells started at, and whether
+it is its side's default or best setting. Comparisons pit each side's best against the
+other's best and default against default (method.pairings)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from . import method
 from .runs import Run
 from .stats import Spread, ratio
 
@@ -26,25 +30,40 @@ class Row:
     vs_ours_plain: Optional[float] = None
     vs_llama_plain: Optional[float] = None
     note: str = ""
+    rep_tok_s: Dict[int, Optional[float]] = field(default_factory=dict)  # each repetition's tok/s
+    load_1m: List[Optional[float]] = field(default_factory=list)      # each repetition's cell's load at its start
+    loaded: bool = False           # some repetition started above the load threshold
+    speculative: bool = False
+    default: bool = False          # its side's default setting
+    best: bool = False             # its side's fastest drafting row (median tok/s) with this sampling
+
+    def role(self) -> str:
+        return ", ".join(w for w, on in (("default", self.default), ("best", self.best)) if on)
 
     def to_json(self) -> dict:
         return {"engine": self.engine, "mode": self.mode, "sampling": self.sampling,
                 "decode_tok_s": self.tok_s.to_json() if self.tok_s else None,
+                "decode_tok_s_per_rep": [self.rep_tok_s[k] for k in sorted(self.rep_tok_s)],
                 "al": self.al.to_json() if self.al else None, "same_output": list(self.same) if self.same else None,
-                "vs_ours_plain": self.vs_ours_plain, "vs_llama_cpp_plain": self.vs_llama_plain, "note": self.note}
+                "vs_ours_plain": self.vs_ours_plain, "vs_llama_cpp_plain": self.vs_llama_plain,
+                "load_1m_at_start": self.load_1m, "loaded": self.loaded, "default": self.default, "best": self.best,
+                "note": self.note}
 
 
 def per_rep(runs: Sequence[Run]) -> tuple:
-    """(tok/s, AL) Spreads over the repetitions of one row."""
+    """(tok/s, AL) Spreads over the repetitions of one row, {rep: tok/s}, and each
+    repetition's load at its start."""
     reps = defaultdict(list)
     for r in runs:
         reps[r.rep].append(r)
-    tps, al = [], []
-    for rs in reps.values():
+    tps, al, loads = {}, [], []
+    for rep in sorted(reps):
+        rs = reps[rep]
         seconds, tokens, passes = sum(r.decode_s for r in rs), sum(r.tokens for r in rs), sum(r.passes for r in rs)
-        tps.append(tokens / seconds if seconds > 0 else None)
+        tps[rep] = tokens / seconds if seconds > 0 else None
         al.append(tokens / passes if passes > 0 else None)
-    return Spread.of(tps), Spread.of(al)
+        loads.append(rs[0].load_1m)
+    return Spread.of(tps.values()), Spread.of(al), tps, loads
 
 
 def same_text(theirs: Optional[str], plain: Run) -> bool:
@@ -59,8 +78,8 @@ def same_text(theirs: Optional[str], plain: Run) -> bool:
 def same_output(runs: Sequence[Run], plain: Sequence[Run]) -> Optional[tuple]:
     """Prompts of the first repetition whose output is the plain decoder's: token ids for
     ours, text for llama.cpp (whose tools print text)."""
-    ref = {r.prompt: r for r in plain if r.rep == 0}
-    pairs = [(r, ref[r.prompt]) for r in runs if r.rep == 0 and r.prompt in ref]
+    ref = {r.prompt: r for r in plain if r.rep == 0 and r.round == 0}
+    pairs = [(r, ref[r.prompt]) for r in runs if r.rep == 0 and r.round == 0 and r.prompt in ref]
     if not pairs:
         return None
     if runs[0].engine == "ours":
@@ -86,8 +105,9 @@ def rows(runs: Sequence[Run]) -> List[Row]:
         grouped[r.row].append(r)
     out = []
     for (engine, mode, sampling), rs in grouped.items():
-        tps, al = per_rep(rs)
-        out.append(Row(engine, mode, sampling, tps, al, note=note(rs)))
+        tps, al, rep_tps, loads = per_rep(rs)
+        out.append(Row(engine, mode, sampling, tps, al, note=note(rs), rep_tok_s=rep_tps, load_1m=loads,
+                       loaded=any(r.loaded for r in rs), speculative=rs[0].speculative, default=rs[0].default))
     by = {(r.engine, r.mode, r.sampling): r for r in out}
     for row in out:
         ours_plain, llama_plain = by.get((*OURS_PLAIN, row.sampling)), by.get((*LLAMA_PLAIN, row.sampling))
@@ -96,20 +116,48 @@ def rows(runs: Sequence[Run]) -> List[Row]:
         if row.sampling == "greedy" and ours_plain and (row.engine, row.mode) != OURS_PLAIN:
             row.same = same_output(grouped[(row.engine, row.mode, row.sampling)],
                                    grouped[(*OURS_PLAIN, row.sampling)])
+    for engine, sampling in {(r.engine, r.sampling) for r in out}:
+        best = method.pick(drafting(out, engine, sampling), _median, lambda r: r.default)["best"]
+        if best is not None:
+            best.best = True
     return out
 
 
+def _median(row: Row) -> Optional[float]:
+    return row.tok_s.median if row.tok_s else None
+
+
+def drafting(table: Sequence[Row], engine: str, sampling: str) -> List[Row]:
+    return [r for r in table if r.engine == engine and r.sampling == sampling and r.speculative]
+
+
+def comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
+    """Ours against llama.cpp with one sampling: drafting best vs best and default vs
+    default, and plain decoding against llama-completion."""
+    pairs = method.pairings(drafting(table, "ours", sampling), drafting(table, "llama.cpp", sampling), _median,
+                            lambda r: r.rep_tok_s, lambda r: r.default)
+    by = {(r.engine, r.mode, r.sampling): r for r in table}
+    ours_plain, llama_plain = by.get((*OURS_PLAIN, sampling)), by.get((*LLAMA_PLAIN, sampling))
+    if ours_plain and llama_plain:
+        pairs += method.pairings([ours_plain], [llama_plain], _median, lambda r: r.rep_tok_s, lambda r: True)[:1]
+        pairs[-1].name = "plain vs plain"
+    return [{"sampling": sampling, "pairing": p.name, "ours": p.ours.mode, "llama_cpp": p.theirs.mode,
+             "ours_tok_s_median": _median(p.ours), "llama_cpp_tok_s_median": _median(p.theirs),
+             "ratio_of_medians": p.ratio, "per_rep_ratio_range": list(p.paired) if p.paired else None,
+             "loaded": p.ours.loaded or p.theirs.loaded} for p in pairs]
+
+
 def headline(table: Sequence[Row]) -> List[str]:
-    """Per sampling: our fastest speculative mode against llama.cpp's fastest DFlash run."""
+    """Per sampling: each comparison in a line (ratio of medians, the per-repetition ratios' range)."""
     lines = []
     for sampling in dict.fromkeys(r.sampling for r in table):
-        ours = [r for r in table if r.sampling == sampling and r.engine == "ours" and r.mode != "plain" and r.tok_s]
-        theirs = [r for r in table if r.sampling == sampling and r.mode.startswith("DFlash") and r.tok_s]
-        if ours and theirs:
-            a, b = max(ours, key=lambda r: r.tok_s.median), max(theirs, key=lambda r: r.tok_s.median)
-            lines.append(f"{sampling}: ours {a.mode} {a.tok_s.median:.1f} tok/s (AL {a.al.median:.2f}) / llama.cpp "
-                         f"{b.mode} {b.tok_s.median:.1f} tok/s (AL {b.al.median:.2f}) = "
-                         f"{ratio(a.tok_s, b.tok_s):.2f}x")
+        for c in comparisons(table, sampling):
+            span = c["per_rep_ratio_range"]
+            lines.append(f"{sampling}, {c['pairing']}: ours {c['ours']} {c['ours_tok_s_median']:.1f} tok/s / "
+                         f"llama.cpp {c['llama_cpp']} {c['llama_cpp_tok_s_median']:.1f} tok/s = "
+                         f"{c['ratio_of_medians']:.2f}x (median over median"
+                         + (f"; per repetition {span[0]:.2f}-{span[1]:.2f}x" if span else "") + ")"
+                         + (" [loaded]" if c["loaded"] else ""))
     return lines
 
 
@@ -117,13 +165,38 @@ def _x(v: Optional[float]) -> str:
     return f"{v:.2f}x" if v is not None else "-"
 
 
+def _range(s: Optional[Spread], fmt: str = ".1f") -> str:
+    return f"{s.low:{fmt}}-{s.high:{fmt}}" if s else "-"
+
+
 def table_text(table: Sequence[Row], reps: int) -> str:
-    lines = [f"| engine | mode | sampling | AL | decode tok/s, median [min-max] of {reps} reps | vs ours plain | "
-             "vs llama.cpp plain | same output | notes |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    """Markdown, one statistic per column: medians over the repetitions, their range, ratios of medians."""
+    lines = [f"| engine | mode | sampling | setting | AL median | decode tok/s median ({reps} reps) | "
+             "decode tok/s min-max | vs ours plain (medians) | vs llama.cpp plain (medians) | same output | "
+             "load 1m at start, max | loaded | notes |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in table:
         same = f"{r.same[0]}/{r.same[1]}" if r.same else "-"
-        lines.append(f"| {r.engine} | {r.mode} | {r.sampling} | {r.al.text('.2f') if r.al else '-'} | "
-                     f"{r.tok_s.text() if r.tok_s else '-'} | {_x(r.vs_ours_plain)} | {_x(r.vs_llama_plain)} | "
-                     f"{same} | {r.note} |")
+        loads = [x for x in r.load_1m if x is not None]
+        lines.append(f"| {r.engine} | {r.mode} | {r.sampling} | {r.role() or '-'} | "
+                     f"{format(r.al.median, '.2f') if r.al else '-'} | "
+                     f"{format(r.tok_s.median, '.1f') if r.tok_s else '-'} | {_range(r.tok_s)} | "
+                     f"{_x(r.vs_ours_plain)} | {_x(r.vs_llama_plain)} | {same} | "
+                     f"{format(max(loads), '.2f') if loads else '-'} | {'yes' if r.loaded else 'no'} | {r.note} |")
+    return "\n".join(lines)
+
+
+def comparisons_text(table: Sequence[Row]) -> str:
+    """Markdown: ours against llama.cpp, best vs best and default vs default, per sampling."""
+    rows = [c for s in dict.fromkeys(r.sampling for r in table) for c in comparisons(table, s)]
+    if not rows:
+        return "(no comparison with llama.cpp: its tools did not run)"
+    lines = ["| sampling | pairing | ours | llama.cpp | ours tok/s median | llama.cpp tok/s median | "
+             "ratio of medians | per-repetition ratio min-max | loaded |",
+             "|---|---|---|---|---:|---:|---:|---:|---|"]
+    for c in rows:
+        span = c["per_rep_ratio_range"]
+        lines.append(f"| {c['sampling']} | {c['pairing']} | {c['ours']} | {c['llama_cpp']} | "
+                     f"{c['ours_tok_s_median']:.1f} | {c['llama_cpp_tok_s_median']:.1f} | {_x(c['ratio_of_medians'])} | "
+                     f"{f'{span[0]:.2f}-{span[1]:.2f}x' if span else '-'} | {'yes' if c['loaded'] else 'no'} |")
     return "\n".join(lines)

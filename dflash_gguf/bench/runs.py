@@ -61,6 +61,11 @@ class Run:
     text: Optional[str] = None            # the generated text
     token_ids: Optional[List[int]] = None  # ours: the generated tokens
     extra: dict = field(default_factory=dict)
+    round: int = 0                        # a repetition's pass over the prompts (more until it decodes long enough)
+    load_1m: Optional[float] = None       # the 1-minute load average when its cell started
+    loaded: bool = False                  # that load was above the threshold (method.LoadGate)
+    speculative: bool = False             # the row drafts (ours: chain, tree, auto; llama.cpp: DFlash)
+    default: bool = False                 # the engine's default setting (no sweep flag given)
 
     @property
     def row(self) -> tuple:

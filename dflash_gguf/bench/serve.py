@@ -3,9 +3,9 @@ completion requests in turn; reports throughput and latency percentiles (time to
 first token, whole request) and FIFO fairness (requests started on the engine out of
 their sending order).
 
-    .venv/bin/python scripts/bench_server.py                      # starts a demo server itself
-    .venv/bin/python scripts/bench_server.py --clients 8 --requests 4 --max-tokens 64
-    .venv/bin/python scripts/bench_server.py --url http://127.0.0.1:8080 --json
+    dflash-bench serve                      # starts a demo server itself
+    dflash-bench serve --clients 8 --requests 4 --max-tokens 64
+    dflash-bench serve --url http://127.0.0.1:8080 --json
 
 Only loopback addresses are accepted, and the load is bounded (at most 64 clients,
 1000 requests in all, every request with a timeout).
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-import serve_load
+from . import serve_load
 
 PROMPTS = [
     "def read_lines(path):\n    ",
@@ -56,7 +56,7 @@ def one_request(http, url, prompt, max_tokens):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="dflash-bench serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--url", help="a running server (loopback only); default: start the demo server")
     p.add_argument("--clients", type=int, default=8, help="concurrent clients (1..64, default 8)")
     p.add_argument("--requests", type=int, default=3, help="requests per client (default 3)")
@@ -124,6 +124,3 @@ def main(argv=None) -> int:
             print(f"{k:32} {v}")
     return 0 if len(ok) == len(results) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,48 +1,55 @@
-#!/usr/bin/env python3
 """Soak test of dflash-server on loopback: a bounded run of mixed requests from concurrent
 clients, checked for crashes, lost or doubled answers, wrong answers and memory growth.
 
-    .venv/bin/python scripts/soak.py                          # 200 requests on the demo pair
-    .venv/bin/python scripts/soak.py --requests 40 --max-tokens 32 -- -t 1
-    .venv/bin/python scripts/soak.py --url http://127.0.0.1:8080 -o my-server.json
+    dflash-bench soak                                  # 200 requests on the demo pair
+    dflash-bench soak --requests 10000 -t 2            # a long one (up to 20,000 requests)
+    dflash-bench soak --duration 3600 -t 2             # requests for an hour
+    dflash-bench soak --requests 40 --max-tokens 32 -- -t 1
+    dflash-bench soak --url http://127.0.0.1:8080 -o my-server.json
 
-The requests (a seeded plan) mix greedy completions, streamed or not; seeded sampled ones;
-clients that leave mid-stream; clients that leave as soon as their long prompt's response
-starts (in the queue or the prefill); and malformed requests. Every greedy request is first
-sent alone (its solo answer, which also warms the server up); then --slots clients drain
-the whole plan at once. dflash-server is started with -np SLOTS when its --help offers
--np, else its requests queue behind one another (the results say which).
+The requests (a seeded plan, reproducible from --seed and the settings) mix greedy
+completions, streamed or not; seeded sampled ones; clients that leave mid-stream; clients
+that leave as soon as their long prompt's response starts (in the queue or the prefill);
+and malformed requests. --slots clients drain the plan at once on a fresh server, so
+every greedy request is prefilled cold, beside the other slots' work. Then each greedy
+request answered is sent alone to a second fresh server of the same command (with --url:
+to the same server, after the soak), and the two answers must be equal. dflash-server is
+started with -np SLOTS when its --help offers -np, else its requests queue behind one
+another (the results say which).
 
-Checks: the server stays up (and exits 0 with no traceback when this script started it);
+Checks: the server stays up (and exits 0 with no traceback when this command started it);
 no request is lost (every one gets its answer, its 4xx, or was left by its client) or
 answered twice (one final chunk, one [DONE], nothing after); the server's counters agree
 (requests run = requests accepted, none failed, cancellations <= clients that left);
-every greedy answer equals its solo answer; malformed requests get a 4xx with a reason;
-the resident memory less the prefix checkpoints' bytes (both from /metrics) stays within
---rss-tolerance of its level after warm-up. Exit status 0 when every check passes. The
-results JSON (default results/soak-<UTC time>.json) carries the provenance dflash-bench
-records. Bounded: at most 1000 requests, 64 clients, --time-limit seconds.
+every greedy answer equals its solo answer, and some of those compared were prefilled
+cold (no prompt token reused) while other requests were in flight; malformed requests get
+a 4xx with a reason; the resident memory less the prefix checkpoints' bytes (both from
+/metrics) stays within --rss-tolerance (1%) of its level after warm-up. Exit status 0
+when every check passes. The results JSON (default results/soak-<UTC time>.json) carries
+the provenance dflash-bench records and a compact record of every request. Bounded: at
+most 20,000 requests, 64 clients, an hour of requests.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as _dt
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
 import httpx
 
-import serve_load
-from dflash_gguf.bench import provenance
-from dflash_gguf.bench.prompts import PROMPTS
+from . import provenance, serve_load
+from .prompts import PROMPTS
 
 # share of each kind of request in the plan
 KINDS = {"greedy": 0.45, "sampled": 0.10, "leave-stream": 0.15, "leave-early": 0.15, "malformed": 0.15}
@@ -60,7 +67,7 @@ MALFORMED = [
     ("/v1/chat/completions", {"messages": "hello", "max_tokens": 8}),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 8}),
 ]
-MAX_REQUESTS, MAX_CLIENTS = 1000, 64
+MAX_REQUESTS, MAX_CLIENTS, MAX_DURATION = 20000, 64, 3600.0
 
 
 def log(msg: str) -> None:
@@ -118,8 +125,9 @@ def check(ok: bool, detail: str) -> dict:
     return {"ok": bool(ok), "detail": detail}
 
 
-def check_outcomes(specs: List[Spec], replies: List[Optional[serve_load.Reply]]) -> dict:
-    """Every request run got what it should, once."""
+def check_outcomes(specs: List[Spec], replies: List[Optional[serve_load.Reply]], by_time: bool = False) -> dict:
+    """Every request run got what it should, once; every one planned was sent (`by_time`:
+    a --duration run, which sends what its time allows)."""
     lost, twice, refused, wrong_status = [], [], [], []
     for spec, r in zip(specs, replies):
         if r is None:
@@ -139,7 +147,9 @@ def check_outcomes(specs: List[Spec], replies: List[Optional[serve_load.Reply]])
             lost.append(spec.index)
     sent = sum(r is not None for r in replies)
     return {
-        "all_sent": check(sent == len(specs), f"{sent} of {len(specs)} requests sent before the time limit"),
+        "all_sent": check(sent == len(specs) or (by_time and sent > 0),
+                          f"{sent} of {len(specs)} requests sent " + ("in the time given" if by_time
+                                                                       else "before the time limit")),
         "none_lost": check(not lost and not wrong_status,
                            f"lost (no whole answer): {lost[:20]}; not 200: {wrong_status[:20]}"
                            if lost or wrong_status else "every request answered, refused or left by its client"),
@@ -149,23 +159,59 @@ def check_outcomes(specs: List[Spec], replies: List[Optional[serve_load.Reply]])
     }
 
 
-def check_solo(specs: List[Spec], replies: List[Optional[serve_load.Reply]], solo: dict) -> dict:
-    """Every greedy answer kept equals the same request's answer alone."""
-    differ, compared = [], 0
-    for spec, r in zip(specs, replies):
-        if spec.kind != "greedy" or r is None or not r.complete:
+def prefilled_among_others(replies: List[Optional[serve_load.Reply]]) -> List[bool]:
+    """Per reply: whether another request was in flight while it was prefilled (from its
+    sending to its first text, or its end), as the client saw it."""
+    spans = [(r.sent, r.sent + r.seconds, i) for i, r in enumerate(replies) if r is not None]
+    spans.sort()
+    # the two latest ends among the spans started so far: one of them is not the reply's own
+    top: List[List[tuple]] = []
+    best: List[tuple] = []
+    for start, end, i in spans:
+        best = sorted(best + [(end, i)], reverse=True)[:2]
+        top.append(best)
+    starts = [s for s, _, _ in spans]
+    out = [False] * len(replies)
+    for i, r in enumerate(replies):
+        if r is None:
+            continue
+        prefill_end = r.sent + (r.ttft if r.ttft is not None else r.seconds)
+        k = bisect.bisect_left(starts, prefill_end) - 1  # spans started before its prefill ended
+        out[i] = k >= 0 and any(end > r.sent and j != i for end, j in top[k])
+    return out
+
+
+def check_solo(specs: List[Spec], replies: List[Optional[serve_load.Reply]], solo: dict,
+               clients: int = 2) -> dict:
+    """Every greedy answer kept equals the same request's answer alone, and some of those
+    compared were prefilled cold (no prompt token reused: not resumed from a checkpoint)
+    while other requests were in flight (with one client none is: cold is enough)."""
+    differ, compared, cold, batched, both = [], 0, 0, 0, 0
+    among = prefilled_among_others(replies)
+    for spec, r, busy in zip(specs, replies, among):
+        if spec.kind != "greedy" or r is None or not r.complete or spec.index not in solo:
             continue
         want = solo[spec.index]
         compared += 1
+        was_cold = r.extension.get("reused_prompt_tokens") == 0
+        cold, batched, both = cold + was_cold, batched + busy, both + (was_cold and busy)
         if (r.text, r.tokens) != (want.text, want.tokens):
             at = next((i for i, (a, b) in enumerate(zip(r.text, want.text)) if a != b), min(len(r.text),
                                                                                           len(want.text)))
             differ.append({"index": spec.index, "first_difference_at": at, "tokens": r.tokens,
-                           "solo_tokens": want.tokens})
-    return {"greedy_equal_solo": check(not differ and compared > 0,
-                                       f"{len(differ)} of {compared} greedy answers differ from their solo "
-                                       f"answers: {differ[:10]}" if differ or not compared else
-                                       f"{compared} greedy answers equal their solo answers")}
+                           "solo_tokens": want.tokens, "cold": was_cold, "among_others": busy})
+    how = (f"{compared} compared, {cold} prefilled cold, {batched} prefilled while others were in flight, "
+           f"{both} both")
+    if differ:
+        detail = f"{len(differ)} of {compared} greedy answers differ from their solo answers ({how}): {differ[:10]}"
+    tested = both if clients > 1 else cold
+    if differ:
+        detail = f"{len(differ)} of {compared} greedy answers differ from their solo answers ({how}): {differ[:10]}"
+    elif not tested:
+        detail = f"no greedy answer was compared that was prefilled cold{' among others' * (clients > 1)} ({how})"
+    else:
+        detail = f"every greedy answer equals its solo answer ({how})"
+    return {"greedy_equal_solo": check(not differ and tested > 0, detail)}
 
 
 def check_accounting(before: dict, after: dict, accepted: int, left: int) -> dict:
@@ -192,7 +238,8 @@ def memory_less_checkpoints(metrics: dict) -> Optional[float]:
 def check_rss(samples: List[dict], warmed_after: int, tolerance: float) -> dict:
     """samples: {"done": requests finished, "net": memory_less_checkpoints} in time order. The
     level is the first sample taken once `warmed_after` requests had finished; every later one
-    must stay within `tolerance` of it."""
+    must stay within `tolerance` of it. The detail gives the trend too (least squares, KiB
+    per request), which shows a creep the tolerance has not caught yet."""
     if any(s["net"] is None for s in samples):
         return {"rss_flat": check(False, "/metrics has no process_resident_memory_bytes")}
     after = [s for s in samples if s["done"] >= warmed_after]
@@ -200,10 +247,14 @@ def check_rss(samples: List[dict], warmed_after: int, tolerance: float) -> dict:
         return {"rss_flat": check(False, f"fewer than 2 memory samples after warm-up ({warmed_after} requests)")}
     level, peak = after[0]["net"], max(s["net"] for s in after)
     growth = peak / level - 1
+    trend = ""
+    if len({s["done"] for s in after}) > 1:
+        slope = statistics.linear_regression([s["done"] for s in after], [s["net"] for s in after]).slope
+        trend = f", trend {slope / 2**10:+.2f} KiB per request"
     return {"rss_flat": check(growth <= tolerance,
-                              f"RSS less checkpoints {level / 2**20:.1f} MiB after warm-up, peak "
-                              f"{peak / 2**20:.1f} MiB ({growth:+.1%}; tolerance {tolerance:.0%}), "
-                              f"last {after[-1]['net'] / 2**20:.1f} MiB")}
+                              f"RSS less checkpoints {level / 2**20:.1f} MiB after warm-up ({warmed_after} "
+                              f"requests), peak {peak / 2**20:.1f} MiB ({growth:+.2%}; tolerance {tolerance:.0%}), "
+                              f"last {after[-1]['net'] / 2**20:.1f} MiB{trend}")}
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -253,17 +304,13 @@ def metrics(http: httpx.Client, url: str) -> dict:
     return serve_load.parse_metrics(http.get(url + "/metrics").text)
 
 
-def soak(url: str, specs: List[Spec], clients: int, args) -> dict:
-    deadline = time.monotonic() + args.time_limit
+def soak(url: str, specs: List[Spec], clients: int, args) -> tuple:
+    """The concurrent phase and its checks but the solo one: (result, replies)."""
+    deadline = time.monotonic() + (args.duration or MAX_DURATION)
     with httpx.Client(trust_env=False, timeout=args.timeout, limits=httpx.Limits(max_connections=clients + 2)) as http:
-        greedy = [s for s in specs if s.kind == "greedy"]
-        log(f"{len(greedy)} greedy requests alone (their solo answers; the warm-up)")
-        solo = {s.index: serve_load.complete(http, url, {**s.body, "stream": False}) for s in greedy}
-        bad = [i for i, r in solo.items() if not r.complete]
-        if bad:
-            raise RuntimeError(f"solo requests {bad[:10]} got no answer: {solo[bad[0]].error}")
         before = metrics(http, url)
-        log(f"{len(specs)} requests from {clients} clients at once")
+        log(f"{len(specs)} requests from {clients} clients at once"
+            + (f", for {args.duration:g} s at most" if args.duration else ""))
         with Sampler(http, url, args.sample_every) as sampler:
             sampler.sample()
 
@@ -287,31 +334,64 @@ def soak(url: str, specs: List[Spec], clients: int, args) -> dict:
             healthy = http.get(url + "/health").status_code == 200
         except httpx.HTTPError:  # the server is gone: every check below reports what that cost
             after, healthy = {}, False
+    sent = sum(r is not None for r in replies)
     checks = {"server_up": check(healthy, "/health answers 200 after the soak" if healthy
                                  else "/health does not answer 200 after the soak")}
-    checks.update(check_outcomes(specs, replies))
-    checks.update(check_solo(specs, replies, solo))
+    checks.update(check_outcomes(specs, replies, by_time=args.duration is not None))
     checks.update(check_accounting(before, after, accepted, left))
-    warmed = int(len(specs) * args.warmup)
+    warmed = int(sent * args.warmup)
     checks.update(check_rss(sampler.samples, warmed, args.rss_tolerance))
-    kinds = {k: sum(s.kind == k for s in specs) for k in KINDS}
-    return {"checks": checks, "wall_seconds": round(wall, 3), "kinds": kinds,
+    kinds = {k: sum(s.kind == k for s, r in zip(specs, replies) if r is not None) for k in KINDS}
+    return {"checks": checks, "wall_seconds": round(wall, 3), "sent": sent, "kinds": kinds,
             "left_before_first_token": sum(r is not None and r.left and r.ttft is None for r in replies),
             "left_mid_stream": sum(r is not None and r.left and r.ttft is not None for r in replies),
             "generated_tokens": sum(r.tokens or 0 for r in replies if r is not None and r.complete),
             "metrics_before": before, "metrics_after": after, "memory_samples": sampler.samples,
-            "warmed_after_requests": warmed,
-            "requests": [{"index": s.index, "kind": s.kind, "path": s.path, "leave_after": s.leave_after,
-                          "body": s.body.decode() if isinstance(s.body, bytes) else s.body,
-                          "reply": None if r is None else asdict(r)}
-                         for s, r in zip(specs, replies)]}
+            "warmed_after_requests": warmed}, replies
+
+
+def solo_answers(url: str, specs: List[Spec], replies: List[Optional[serve_load.Reply]], args) -> dict:
+    """{index: the answer alone} of every greedy request answered in the soak, one at a time."""
+    greedy = [s for s, r in zip(specs, replies) if s.kind == "greedy" and r is not None and r.complete]
+    log(f"{len(greedy)} greedy requests alone (their solo answers)")
+    with httpx.Client(trust_env=False, timeout=args.timeout) as http:
+        solo = {s.index: serve_load.complete(http, url, {**s.body, "stream": False}) for s in greedy}
+    bad = [i for i, r in solo.items() if not r.complete]
+    if bad:
+        raise RuntimeError(f"solo requests {bad[:10]} got no answer: {solo[bad[0]].error}")
+    return solo
+
+
+def request_records(specs: List[Spec], replies: List[Optional[serve_load.Reply]]) -> List[dict]:
+    """What each request got, without its body or text (the plan is reproducible from the
+    seed and settings, and a long soak's bodies would fill the file)."""
+    out = []
+    for s, r in zip(specs, replies):
+        rec = {"index": s.index, "kind": s.kind, "path": s.path, "leave_after": s.leave_after}
+        if r is not None:
+            rec.update(status=r.status, tokens=r.tokens, seconds=round(r.seconds, 4),
+                       ttft=None if r.ttft is None else round(r.ttft, 4), finish_reason=r.finish_reason,
+                       finals=r.finals, dones=r.dones, after_done=r.after_done, left=r.left, error=r.error,
+                       reused_prompt_tokens=r.extension.get("reused_prompt_tokens"))
+        out.append(rec)
+    return out
+
+
+def start(cmd: List[str], log_path: Path) -> serve_load.ServerProcess:
+    """The server command on a free loopback port."""
+    port = serve_load.free_port()
+    return serve_load.ServerProcess([*cmd[:5], "--port", str(port), *cmd[5:]], port, log_path)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    p = argparse.ArgumentParser(prog="dflash-bench soak", description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="soak a running server (loopback only) instead of starting the demo server")
-    p.add_argument("--requests", type=int, default=200, help=f"requests in all (default 200, at most {MAX_REQUESTS})")
+    p.add_argument("--requests", type=int,
+                   help=f"requests in all (default 200, with --duration {MAX_REQUESTS}; at most {MAX_REQUESTS})")
+    p.add_argument("--duration", type=float,
+                   help=f"seconds to send requests in (at most {MAX_DURATION:.0f}); without it every request is sent, "
+                        f"within {MAX_DURATION:.0f} s")
     p.add_argument("--slots", type=int, default=4,
                    help="concurrent clients, and dflash-server's -np when it takes one (default 4)")
     p.add_argument("--max-tokens", type=int, default=160, help="max_tokens are drawn from 1..N (default 160)")
@@ -320,12 +400,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the request plan (default 0)")
     p.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads of the server started (default: the CPUs this process may use)")
-    p.add_argument("--time-limit", type=float, default=1800, help="seconds to send requests in (default 1800)")
     p.add_argument("--timeout", type=float, default=300, help="per-request timeout in seconds (default 300)")
     p.add_argument("--settle", type=float, default=60, help="seconds for the server to account for every request")
     p.add_argument("--warmup", type=float, default=0.2,
                    help="share of the concurrent requests after which memory must stay flat (default 0.2)")
-    p.add_argument("--rss-tolerance", type=float, default=0.05, help="allowed memory growth (default 0.05)")
+    p.add_argument("--rss-tolerance", type=float, default=0.01,
+                   help="growth allowed to the resident memory less checkpoints after warm-up (default 0.01: 1%%)")
     p.add_argument("--sample-every", type=float, default=0.25, help="seconds between /metrics reads (default 0.25)")
     p.add_argument("-o", "--output", type=Path,
                    help="results JSON (a bare file name goes under results/; default results/soak-<UTC time>.json)")
@@ -338,11 +418,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.requests is None:
+        args.requests = MAX_REQUESTS if args.duration else 200
     if not 1 <= args.requests <= MAX_REQUESTS or not 1 <= args.slots <= MAX_CLIENTS:
         p.error(f"--requests must be 1..{MAX_REQUESTS}, --slots 1..{MAX_CLIENTS}")
-    if args.max_tokens < 1 or args.long_prompt_chars < 2 or args.time_limit <= 0 or args.timeout <= 0 \
-            or args.threads < 1:
-        p.error("--max-tokens, --long-prompt-chars, --time-limit, --timeout and -t must be positive")
+    if args.duration is not None and not 0 < args.duration <= MAX_DURATION:
+        p.error(f"--duration must be in (0, {MAX_DURATION:.0f}] seconds")
+    if args.max_tokens < 1 or args.long_prompt_chars < 2 or args.timeout <= 0 or args.threads < 1:
+        p.error("--max-tokens, --long-prompt-chars, --timeout and -t must be positive")
     if not 0 <= args.warmup < 1 or args.rss_tolerance < 0 or args.sample_every <= 0:
         p.error("--warmup must be in [0, 1), --rss-tolerance >= 0, --sample-every > 0")
     if args.url:
@@ -359,27 +442,41 @@ def main(argv=None) -> int:
         try:
             if not args.url:
                 np_flag = serve_load.accepts_flag(serve_load.dflash_server_help(), "-np")
-                port = serve_load.free_port()
-                cmd = [sys.executable, "-m", "dflash_gguf.server", "--host", "127.0.0.1", "--port", str(port),
+                cmd = [sys.executable, "-m", "dflash_gguf.server", "--host", "127.0.0.1",
                        "-t", str(args.threads), "--queue", str(args.slots), "-ub", "64",
                        # 4096 positions a sequence: -np's slots share -c
                        "-c", str(4096 * (args.slots if np_flag else 1)),
                        *(["-np", str(args.slots)] if np_flag else []), *args.server_args]
                 log(f"dflash-server {'with -np ' + str(args.slots) if np_flag else 'without -np (requests queue)'}")
-                server = serve_load.ServerProcess(cmd, port, Path(tmp) / "server.log")
+                server = start(cmd, Path(tmp) / "server.log")
                 url = server.url
-            result = soak(url, specs, args.slots, args)
+            result, replies = soak(url, specs, args.slots, args)
         except (RuntimeError, OSError, httpx.HTTPError) as e:
             print(f"soak: error: {e}" + (f" (server log: {server.log_tail()})" if server else ""), file=sys.stderr)
+            if server:
+                server.stop()
             return 1
-        finally:
-            status = server.stop() if server else None
         if server:
+            status = server.stop()
             text = server.log_text()
             result["checks"]["server_exit"] = check(
                 status == 0 and "Traceback" not in text,
                 f"exit status {status}" + ("; a traceback in its log" if "Traceback" in text else ""))
             result["server_log_tail"] = text[-4000:]
+        reference = None
+        try:
+            if not args.url:  # a fresh server of the same command: the solo answers prefilled cold, alone
+                reference = start(cmd, Path(tmp) / "reference.log")
+            solo = solo_answers(reference.url if reference else url, specs, replies, args)
+        except (RuntimeError, OSError, httpx.HTTPError) as e:
+            print(f"soak: error while taking the solo answers: {e}", file=sys.stderr)
+            return 1
+        finally:
+            if reference:
+                reference.stop()
+        result["checks"].update(check_solo(specs, replies, solo, args.slots))
+        result["solo_answers_from"] = "the same server, after the soak" if args.url else "a fresh server"
+        result["requests"] = request_records(specs, replies)
     load_after = provenance.load_average()
     out = {"tool": "soak", "started": started.isoformat(timespec="seconds"),
            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -394,11 +491,8 @@ def main(argv=None) -> int:
     path.write_text(json.dumps(out, indent=1) + "\n")
     for name, c in out["checks"].items():
         print(f"{'ok  ' if c['ok'] else 'FAIL'} {name:20} {c['detail']}")
-    print(f"{len(specs)} requests ({', '.join(f'{n} {k}' for k, n in out['kinds'].items())}) from {args.slots} "
+    print(f"{out['sent']} requests ({', '.join(f'{n} {k}' for k, n in out['kinds'].items())}) from {args.slots} "
           f"clients in {out['wall_seconds']:.1f} s; load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
           f"after; wrote {path}")
     return 0 if out["passed"] else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,127 @@
+"""How every comparison with a peer is taken (dflash-bench, dflash-bench concurrency), so that
+a ratio compares engines and not machine states:
+
+  interleaved  every arm (ours and the peer's, at every setting) runs once per repetition
+               before the next repetition starts, in an order that rotates by one arm a
+               repetition: drift over the run hits all arms alike, and no arm always goes first
+  load         the 1-minute load average is read as each cell (an arm in a repetition)
+               starts; above a threshold (per thread of -t) the cell is marked loaded, or,
+               with --wait-idle, the run waits for the load to fall (up to a cap)
+  long enough  a repetition of a cell decodes for at least --min-seconds, running its
+               prompts (or requests) again until it has
+  medians      rows give the median over every kept repetition with its range (min-max);
+               each side is reported at its best setting and at its default
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+
+T = TypeVar("T")
+
+MAX_LOAD_PER_THREAD = 0.5
+WAIT_IDLE_CAP_S = 600.0
+MIN_SECONDS = 1.0
+MAX_ROUNDS = 1000  # a cell that decodes nothing cannot repeat forever
+
+
+def load_1m() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+@dataclass
+class LoadGate:
+    """Reads the load as a cell starts. `threshold` is the whole machine's 1-minute load
+    average (the benchmark's own threads count in it, so a cell right after a long one may
+    start loaded by them); with `wait`, a cell above it waits, polling every `poll_s`
+    (the kernel updates the average every 5 s), for at most `cap_s`."""
+
+    threshold: float
+    wait: bool = False
+    cap_s: float = WAIT_IDLE_CAP_S
+    poll_s: float = 5.0
+    log: Callable[[str], None] = print
+    read: Callable[[], float] = load_1m
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    cells: List[dict] = field(default_factory=list)  # every cell's record, in running order
+
+    @classmethod
+    def per_thread(cls, max_load: float, threads: int, **kw) -> "LoadGate":
+        return cls(threshold=max_load * threads, **kw)
+
+    def enter(self, what: str) -> dict:
+        """The record of a cell starting now: its load, whether it is loaded, how long it waited."""
+        load, waited, t0 = self.read(), 0.0, self.clock()
+        if self.wait and load > self.threshold:
+            self.log(f"load {load:.2f} is above {self.threshold:.2f}: waiting for it to fall before {what} "
+                     f"(at most {self.cap_s:.0f} s)")
+            while load > self.threshold and self.clock() - t0 < self.cap_s:
+                self.sleep(self.poll_s)
+                load = self.read()
+            waited = round(self.clock() - t0, 1)
+            if load > self.threshold:
+                self.log(f"load {load:.2f} still above {self.threshold:.2f} after {waited:.0f} s: running {what} "
+                         "anyway, marked loaded")
+        cell = {"cell": what, "load_1m": load, "loaded": load > self.threshold, "waited_s": waited}
+        self.cells.append(cell)
+        return cell
+
+
+def interleaved(arms: Sequence[T], reps: int) -> Iterator[Tuple[int, T]]:
+    """(repetition, arm): every arm once per repetition, the order rotated by one each
+    repetition (A B C, B C A, C A B, ...)."""
+    n = len(arms)
+    for rep in range(reps):
+        for i in range(n):
+            yield rep, arms[(rep + i) % n]
+
+
+def until_long_enough(one_round: Callable[[int], List[T]], seconds: Callable[[List[T]], float],
+                      min_seconds: float) -> List[T]:
+    """one_round(round) again and again until the results of all rounds time `min_seconds`
+    (at least one round)."""
+    out: List[T] = []
+    for rnd in range(MAX_ROUNDS):
+        out += one_round(rnd)
+        if seconds(out) >= min_seconds:
+            break
+    return out
+
+
+@dataclass
+class Pairing:
+    """One side's row against the other's: best vs best, default vs default."""
+
+    name: str              # "best vs best", "default vs default"
+    ours: object
+    theirs: object
+    ratio: Optional[float]                   # ours' median over theirs'
+    paired: Optional[Tuple[float, float]]    # min-max of the per-repetition ratios (same repetition, interleaved)
+
+
+def pick(rows: Sequence[T], median: Callable[[T], Optional[float]], is_default: Callable[[T], bool]) -> dict:
+    """{"best": the row of the highest median, "default": the default row} (None where absent)."""
+    timed = [r for r in rows if median(r) is not None]
+    return {"best": max(timed, key=median) if timed else None,
+            "default": next((r for r in rows if is_default(r)), None)}
+
+
+def pairings(ours: Sequence[T], theirs: Sequence[T], median: Callable[[T], Optional[float]],
+             per_rep: Callable[[T], dict], is_default: Callable[[T], bool]) -> List[Pairing]:
+    """Best vs best and default vs default of two sides' rows (one sampling, one cell).
+    per_rep(row) is {repetition: tok/s}."""
+    a, b = pick(ours, median, is_default), pick(theirs, median, is_default)
+    out = []
+    for which in ("best", "default"):
+        x, y = a[which], b[which]
+        if x is None or y is None:
+            continue
+        mx, my = median(x), median(y)
+        rx, ry = per_rep(x), per_rep(y)
+        ratios = [rx[k] / ry[k] for k in rx if k in ry and rx[k] and ry[k]]
+        out.append(Pairing(f"{which} vs {which}", x, y, mx / my if mx and my else None,
+                           (min(ratios), max(ratios)) if ratios else None))
+    return out
