@@ -839,7 +839,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     model, draft = args.model, args.model_draft
     if model is None:
-        paths = demo_models("dflash-server", draft)
+        paths = demo_models("dflash-server", draft, args.spec_type)
         if paths is None:
             return 1
         model, draft = paths
