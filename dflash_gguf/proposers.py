@@ -167,9 +167,11 @@ def _accept_chain(seq, block: List[int], choice) -> List[int]:
 
 
 def _draft_room(seq, n_max: int) -> int:
-    """Drafts a chain may have this step: n_max, what the request still wants and the
-    context's room after the bonus."""
-    return max(0, min(n_max, seq.remaining, seq.room - 1))
+    """Drafts a chain may have this step: n_max, what the request still wants after the
+    target's own next token (so that every committed row is a kept token, and the slot
+    holds exactly the request's context for the next one) and the context's room after
+    the bonus."""
+    return max(0, min(n_max, seq.remaining - 1, seq.room - 1))
 
 
 class NgramProposer:
