@@ -54,8 +54,10 @@ class ModelConverter(ABC):
     # Drafters take their tokenizer (and shape checks) from the target checkpoint.
     needs_target: bool = False
 
-    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, *, target_dir: Path | None = None):
+    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, *, target_dir: Path | None = None,
+                 no_mtp: bool = False):
         self.model_dir = model_dir
+        self.no_mtp = no_mtp  # leave out a multi-token-prediction head the checkpoint carries
         self.config = config
         self.checkpoint = checkpoint
         self.target_dir = target_dir
