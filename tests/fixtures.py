@@ -500,10 +500,13 @@ class LlamaCppConverter:
     def convert(self, model_dir: str | os.PathLike, outfile: str | os.PathLike, outtype: str = "f32", *,
                 pre: str | None = None, extra_args: tuple[str, ...] | None = None) -> Path:
         """Convert; raises RuntimeError with the converter's log on failure. By default
-        Qwen3.5 checkpoints (which may carry MTP layers) are converted with --no-mtp."""
+        Qwen3.5 checkpoints without MTP layers are converted with --no-mtp (llama.cpp's
+        converter needs it there), those with them keep them (as ours does)."""
         if extra_args is None:
-            archs = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or []
-            extra_args = ("--no-mtp",) if any(a.startswith("Qwen3_5") for a in archs) else ()
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            archs = config.get("architectures") or []
+            n_mtp = {**config, **config.get("text_config", {})}.get("mtp_num_hidden_layers", 0)
+            extra_args = ("--no-mtp",) if any(a.startswith("Qwen3_5") for a in archs) and not n_mtp else ()
         args = [str(model_dir), "--outfile", str(outfile), "--outtype", outtype, *extra_args]
         self._proc.stdin.write(json.dumps({"args": args, "pre": pre}) + "\n")
         self._proc.stdin.flush()
