@@ -127,7 +127,8 @@ def _run(args: argparse.Namespace) -> int:
                               f"{converter_cls.gguf_arch} model, which converts on its own")
 
     checkpoint = Checkpoint(model_dir)
-    converter = converter_cls(model_dir, config, checkpoint, target_dir=target_dir, no_mtp=args.no_mtp)
+    mtp = {"no_mtp": args.no_mtp} if converter_cls.has_mtp else {}  # --no-mtp means nothing to the others
+    converter = converter_cls(model_dir, config, checkpoint, target_dir=target_dir, **mtp)
     for what, count in converter.skipped().items():
         log.info("skipping %d tensor%s: %s", count, "" if count == 1 else "s", what)
     vocab_dir, vocab_config = converter.vocab_source()

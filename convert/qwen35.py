@@ -53,9 +53,10 @@ class Qwen35Converter(ModelConverter):
     gguf_arch = ARCH
     family = "Qwen3.5"
     required = _REQUIRED
+    has_mtp = True
 
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, no_mtp: bool = False, **kwargs):
-        super().__init__(model_dir, config, checkpoint, no_mtp=no_mtp, **kwargs)
+        super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
         require_hparams(hp, self.required, f"a {self.family} model")
         check_hparams(hp, [k for k in self.required if k != "rms_norm_eps"]
