@@ -160,3 +160,32 @@ def test_bad_spec_flags_exit_2_with_one_line(args, words):
     res = run("-m", TARGET, "-p", "x", "-n", "4", *args)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and words in res.stderr, res.stderr
+
+
+def test_the_server_drafts_with_ngrams_over_slots(tmp_path):
+    """dflash-server -np 2 --spec-type ngram-simple, no drafter: concurrent clients each
+    get the text plain greedy decoding gives, and the answers report AL > 1."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_server import ServerProcess
+
+    prompts = [REPEATS, REPEATS[24:], "x = 1\nx = 1\nx = 1\nx ="]
+    with Engine(TARGET, n_ctx=512, n_threads=1) as plain:  # the server's options: each of its slots
+        want = [plain.generate(p, 24, stop_tokens=()).text for p in prompts]
+    server = ServerProcess(tmp_path, "-m", TARGET, "-c", "1024", "-np", "2", "--spec-type", "ngram-simple",
+                           "--spec-ngram-simple-size-n", "3", "-t", "1")
+    try:
+        def ask(prompt):
+            r = server.http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 24, "temperature": 0,
+                                                          "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, prompts))
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0 and "Traceback" not in server.text, server.text
+    assert "ngram-simple" in server.text
+    assert [a["choices"][0]["text"] for a in answers] == want
+    assert answers[0]["dflash"]["mean_accepted_length"] > 1
