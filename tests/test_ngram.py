@@ -75,11 +75,15 @@ def test_greedy_ngram_equals_plain_greedy(plain, spec_type):
 def test_greedy_dflash_beside_ngram_equals_plain_greedy(plain):
     want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
     for p_min in (0.0, 0.3):
+        with Engine(TARGET, DRAFT, draft_p_min=p_min, **OPTIONS) as engine:
+            dflash = engine.generate(REPEATS, 60, stop_tokens=())
         with Engine(TARGET, DRAFT, spec_type="draft-dflash,ngram-simple", draft_p_min=p_min, **NGRAM,
                     **OPTIONS) as engine:
             got = engine.generate(REPEATS, 60, stop_tokens=())
-            assert got.tokens == want
+            assert got.tokens == want == dflash.tokens
             assert got.stats.mean_accepted > 1
+            # some steps verified the copied chain instead of the drafter's
+            assert got.stats.accepted_lengths != dflash.stats.accepted_lengths
 
 
 def test_sampled_ngram_keeps_the_targets_distribution(plain):
