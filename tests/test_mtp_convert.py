@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dflash_gguf.engine import Engine
-from fixtures import llama_greedy, make_qwen35, read_gguf
+from fixtures import llama_greedy, make_qwen35, make_qwen35moe, read_gguf
 
 RUN = str(Path(sys.executable).with_name("dflash-run"))
 
@@ -73,3 +73,22 @@ def test_draft_mtp_is_refused_with_one_line(files):
                          capture_output=True, text=True, timeout=300, env={**os.environ})
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "no MTP drafter yet" in res.stderr
+
+
+def test_moe_nextn_layers_match_llama_cpp_converter(convert_model, llama_cpp_oracle, tmp_path):
+    """qwen35moe: the MTP layer's routed experts and shared expert as well."""
+    d = make_qwen35moe(tmp_path / "moe", mtp_layers=1, seed=9)
+    ours_kv, ours_t = read_gguf(convert_model(d, "f32"))
+    ref_kv, ref_t = read_gguf(llama_cpp_oracle().convert(d, tmp_path / "ref.gguf", "f32", pre="qwen35", extra_args=()))
+    assert ref_kv["qwen35moe.nextn_predict_layers"][1] == 1 and "blk.4.ffn_gate_exps.weight" in ref_t
+    assert set(ours_kv) == set(ref_kv)
+    for key in set(ref_kv) - {"general.name", "general.size_label"}:  # as test_architectures' MoE comparison
+        assert ours_kv[key] == ref_kv[key], key
+    assert set(ours_t) == set(ref_t)
+    for name, (rtype, rshape, rdata) in ref_t.items():
+        assert ours_t[name][:2] == (rtype, rshape), name
+        np.testing.assert_allclose(ours_t[name][2], rdata, rtol=1e-6, atol=0, err_msg=name)
+    with Engine(str(convert_model(d, "f32")), n_ctx=128, kv_type="f32", n_threads=1) as engine, \
+            Engine(str(convert_model(d, "f32", "--no-mtp")), n_ctx=128, kv_type="f32", n_threads=1) as plain:
+        prompt = plain.encode("The quick brown fox")
+        assert engine.generate(prompt, 16, stop_tokens=()).tokens == plain.generate(prompt, 16, stop_tokens=()).tokens
