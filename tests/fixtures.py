@@ -314,8 +314,6 @@ def make_qwen3(directory: str | os.PathLike, *, vocab_size: int | None = None, h
     if tie:
         model.tie_weights()
     model.to(dtype).eval().save_pretrained(str(directory))
-    if mtp_layers:
-        _add_mtp_tensors(directory, text_cfg, mtp_layers, seed, dtype)
     return directory
 
 
