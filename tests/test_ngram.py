@@ -193,3 +193,12 @@ def test_the_server_drafts_with_ngrams_over_slots(tmp_path):
     assert "ngram-simple" in server.text
     assert [a["choices"][0]["text"] for a in answers] == want
     assert answers[0]["dflash"]["mean_accepted_length"] > 1
+
+
+def test_spec_draft_n_max_sets_the_dflash_block(plain):
+    """--spec-draft-n-max N drafts N tokens a step with DFlash too (a block of N + 1)."""
+    with Engine(TARGET, DRAFT, spec_draft_n_max=3, draft_p_min=0.0, **OPTIONS) as engine:
+        assert engine.block_size == 4
+        got = engine.generate(REPEATS, 40, stop_tokens=())
+    assert got.tokens == plain.generate(REPEATS, 40, stop_tokens=()).tokens
+    assert max(got.stats.accepted_lengths) <= 4 and got.stats.mean_accepted > 1
