@@ -104,7 +104,10 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
                 raise ConfigError("spec_type", f"draft-mtp: {draft or model} ({arch}) has no nextn (MTP) layers; "
                                                "convert the checkpoint without --no-mtp")
         if kind in _NOT_YET:
-            raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet")
+            what = ""
+            if draft and kind == "draft-eagle3" and _gguf_arch_and_keys(draft)[0] == "dflash":
+                what = f" (and -md {draft} is a DFlash drafter: --spec-type draft-dflash)"
+            raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet{what}")
     if "draft-dflash" in kinds and not draft:
         raise ConfigError("spec_type", "draft-dflash needs a DFlash drafter (-md)")
     if draft and "draft-dflash" not in kinds:

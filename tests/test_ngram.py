@@ -150,6 +150,7 @@ def test_the_cli_drafts_without_a_drafter():
 @pytest.mark.parametrize("args,words", [
     (["--spec-type", "draft-mtp"], "no nextn (MTP) layers"),
     (["--spec-type", "draft-eagle3"], "no EAGLE3 drafter yet"),
+    (["-md", DRAFT, "--spec-type", "draft-eagle3"], "is a DFlash drafter: --spec-type draft-dflash"),
     (["--spec-type", "draft-dspark"], "no DSpark drafter yet"),
     (["--spec-type", "ngram-fancy"], "unknown kind 'ngram-fancy'"),
     (["--spec-type", "draft-dflash"], "needs a DFlash drafter"),
