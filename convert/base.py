@@ -53,6 +53,8 @@ class ModelConverter(ABC):
     gguf_arch: str
     # Drafters take their tokenizer (and shape checks) from the target checkpoint.
     needs_target: bool = False
+    # Keeps a multi-token-prediction head unless constructed with no_mtp=True (--no-mtp).
+    has_mtp: bool = False
 
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, *, target_dir: Path | None = None):
         self.model_dir = model_dir

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="general.name (default: the model directory name)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, metavar="N",
                    help="threads for reading and quantizing (default: all cores)")
+    p.add_argument("--no-mtp", action="store_true",
+                   help="leave out the multi-token-prediction layers (Qwen3.5/3.6 mtp.*), which are otherwise "
+                        "kept as llama.cpp's nextn layers after the model's own")
     p.add_argument("--dry-run", action="store_true", help="print the tensor plan and write nothing")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--allow-nan", action="store_true",
@@ -124,7 +127,8 @@ def _run(args: argparse.Namespace) -> int:
                               f"{converter_cls.gguf_arch} model, which converts on its own")
 
     checkpoint = Checkpoint(model_dir)
-    converter = converter_cls(model_dir, config, checkpoint, target_dir=target_dir)
+    mtp = {"no_mtp": args.no_mtp} if converter_cls.has_mtp else {}  # --no-mtp means nothing to the others
+    converter = converter_cls(model_dir, config, checkpoint, target_dir=target_dir, **mtp)
     for what, count in converter.skipped().items():
         log.info("skipping %d tensor%s: %s", count, "" if count == 1 else "s", what)
     vocab_dir, vocab_config = converter.vocab_source()

@@ -8,6 +8,12 @@ Names, keys and layouts are llama.cpp's, so the files also load in llama.cpp:
   reordered from grouped-by-key-head to tiled order, so that ggml's broadcasting repeat
   lines value heads up with their key heads.
 - Attention q_proj keeps its packed per-head [query, gate] rows.
+- The multi-token-prediction head (mtp.*, `mtp_num_hidden_layers` full-attention layers)
+  becomes llama.cpp's nextn layers, numbered after the model's own (block_count counts
+  them, `nextn_predict_layers` says how many): each a full-attention block, with
+  mtp.fc -> nextn.eh_proj, mtp.pre_fc_norm_embedding -> nextn.enorm,
+  mtp.pre_fc_norm_hidden -> nextn.hnorm and mtp.norm -> nextn.shared_head_norm on the
+  first (norms +1 as every other). `--no-mtp` leaves it out.
 """
 from __future__ import annotations
 
@@ -47,8 +53,9 @@ class Qwen35Converter(ModelConverter):
     gguf_arch = ARCH
     family = "Qwen3.5"
     required = _REQUIRED
+    has_mtp = True
 
-    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
+    def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, no_mtp: bool = False, **kwargs):
         super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
         require_hparams(hp, self.required, f"a {self.family} model")
@@ -81,6 +88,12 @@ class Qwen35Converter(ModelConverter):
         names = checkpoint.names()
         self.prefix = "model.language_model." if any(n.startswith("model.language_model.") for n in names) \
             else "model."
+        self.mtp_prefix = "model.mtp." if any(n.startswith("model.mtp.") for n in names) else "mtp."
+        has_mtp = any(n.startswith(self.mtp_prefix) for n in names)
+        n_mtp = hp.get("mtp_num_hidden_layers", 0)
+        if not isinstance(n_mtp, int) or isinstance(n_mtp, bool) or n_mtp < 0:
+            raise ConversionError(f"config.json: mtp_num_hidden_layers is {n_mtp!r}; a count is expected")
+        self.n_mtp = n_mtp if has_mtp and not no_mtp else 0
         self.tied = bool(hp.get("tie_word_embeddings", False))
         self._specs = self._build_specs()
         used = {src for s in self._specs for src in (s.stack or (s.source,))}
@@ -91,8 +104,8 @@ class Qwen35Converter(ModelConverter):
                 continue
             if n.startswith(("model.visual.", "visual.")):
                 self._count_skip("vision tower (model.visual.*)")
-            elif n.startswith(("mtp.", "model.mtp.")):
-                self._count_skip("multi-token-prediction head (mtp.*)")
+            elif n.startswith(("mtp.", "model.mtp.")) and not self.n_mtp:
+                self._count_skip("multi-token-prediction head (mtp.*; --no-mtp, or no mtp_num_hidden_layers)")
             elif n == "lm_head.weight" and self.tied:
                 self._count_skip("lm_head.weight (tie_word_embeddings: output uses token_embd)")
             else:
@@ -132,7 +145,7 @@ class Qwen35Converter(ModelConverter):
         rope = self._rope()
         n_v, d_v = int(hp["linear_num_value_heads"]), int(hp["linear_value_head_dim"])
         kv = [
-            u32(f"{a}.block_count", self.n_layer),
+            u32(f"{a}.block_count", self.n_layer + self.n_mtp),
             u32(f"{a}.context_length", hp.get("max_position_embeddings", 32768)),
             u32(f"{a}.embedding_length", hp["hidden_size"]),
             *self._ffn_metadata(),
@@ -154,7 +167,9 @@ class Qwen35Converter(ModelConverter):
             u32(f"{a}.ssm.time_step_rank", n_v),
             u32(f"{a}.ssm.inner_size", n_v * d_v),
         ]
-        kv.append(array(f"{a}.attention.recurrent_layers", self.recurrent, GGUFValueType.BOOL))
+        kv.append(array(f"{a}.attention.recurrent_layers", self.recurrent + [False] * self.n_mtp, GGUFValueType.BOOL))
+        if self.n_mtp:
+            kv.append(u32(f"{a}.nextn_predict_layers", self.n_mtp))
         kv.append(u32(f"{a}.full_attention_interval",
                       hp.get("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL)))
         partial = float(rope.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY_FACTOR))
@@ -224,11 +239,24 @@ class Qwen35Converter(ModelConverter):
         qkv_rows = np.concatenate([np.arange(2 * key_dim), 2 * key_dim + v_rows]) if reorder else None
 
         specs = [self._spec("token_embd.weight", p + "embed_tokens.weight", (n_vocab, n_embd))]
-        for i in range(self.n_layer):
+        mtp = self.mtp_prefix
+        for i in range(self.n_layer + self.n_mtp):
             lp, b = f"{p}layers.{i}.", f"blk.{i}."
+            if i >= self.n_layer:  # an MTP layer: full attention, with the nextn tensors on the first
+                lp = f"{mtp}layers.{i - self.n_layer}."
+                if i == self.n_layer:
+                    specs += [
+                        self._spec(b + "nextn.eh_proj.weight", mtp + "fc.weight", (n_embd, 2 * n_embd)),
+                        self._spec(b + "nextn.enorm.weight", mtp + "pre_fc_norm_embedding.weight", (n_embd,),
+                                   transform=add_one),
+                        self._spec(b + "nextn.hnorm.weight", mtp + "pre_fc_norm_hidden.weight", (n_embd,),
+                                   transform=add_one),
+                        self._spec(b + "nextn.shared_head_norm.weight", mtp + "norm.weight", (n_embd,),
+                                   transform=add_one),
+                    ]
             specs.append(self._spec(b + "attn_norm.weight", lp + "input_layernorm.weight", (n_embd,),
                                     transform=add_one))
-            if self.recurrent[i]:
+            if i < self.n_layer and self.recurrent[i]:
                 la = lp + "linear_attn."
                 specs += [
                     self._spec(b + "ssm_a", la + "A_log", (n_v,), cols=head_rows, transform=neg_exp),

@@ -106,7 +106,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
                         "for the best expected speed (verify cost measured once per model and machine)")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
-    p.add_argument("--draft-p-min", type=float, metavar="P",
+    p.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, metavar="P",
                    help="greedy chain: verify the drafts up to the first one the drafter gives less than P "
                         f"(at least one); 0 verifies the whole block (default: {DEFAULT_DRAFT_P_MIN} when the "
                         "target computes on the CPU, 0 when an accelerator holds all its layers)")
@@ -114,6 +114,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the drafter attends to the last W context positions only and keeps only those "
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
                         "that does not fit)")
+    p.add_argument("--spec-type", metavar="KINDS",
+                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md drafter), ngram-simple, "
+                        "ngram-mod (copies from the prompt and output, no weights); several: each step verifies the "
+                        "draft with the best expected accepted length; draft-mtp, draft-eagle3, draft-dspark are "
+                        "not in this build yet (default: the -md drafter's kind; none without -md)")
+    p.add_argument("--spec-draft-n-max", type=int, metavar="N",
+                   help="the longest draft: n-gram kinds (default 16), and the DFlash block (N + 1, at most the "
+                        "drafter's) when --block-size is left out")
+    p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
+                   help="DSpark's confidence cut, 0..1 (checked; no DSpark runtime yet)")
+    p.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
+                   help="ngram-simple: tokens looked up in the history (default 12)")
+    p.add_argument("--spec-ngram-mod-n-match", type=int, default=24, metavar="N",
+                   help="ngram-mod: tokens its map is keyed on (default 24)")
+    p.add_argument("--spec-ngram-mod-n-min", type=int, default=48, metavar="N",
+                   help="ngram-mod: its shortest draft, capped at the longest (default 48)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
     p.add_argument("--no-repack", action="store_true",
                    help="keep quantized matrices in file layout: bit-identical results across batch shapes")
@@ -155,9 +171,9 @@ def _validate(args, parser) -> None:
     validate_chat_args(args, parser)
 
 
-def demo_models(prog: str, draft):
+def demo_models(prog: str, draft, spec_type: Optional[str] = None):
     """The bundled demo pair when no -m is given (draft: an -md given anyway), or None
-    after saying why it is missing."""
+    after saying why it is missing; its target alone when --spec-type names no drafter."""
     from .demo import demo_paths
 
     try:
@@ -165,6 +181,8 @@ def demo_models(prog: str, draft):
     except FileNotFoundError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return None
+    if draft is None and spec_type is not None and "draft-dflash" not in spec_type.split(","):
+        demo_draft = None
     return model, draft or demo_draft
 
 
@@ -382,7 +400,10 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "n_gpu_layers": "-ngl/--n-gpu-layers", "n_seq": "-np/--parallel", "kv_type": "-ctk/--cache-type-k",
          "kv_type_v": "-ctv/--cache-type-v", "block_size": "--block-size", "tree_budget": "--tree-budget",
          "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
-         "chain_rule": "--chain-rule", "grammar": "--grammar", "json_schema": "-j/--json-schema"}
+         "chain_rule": "--chain-rule", "grammar": "--grammar", "json_schema": "-j/--json-schema",
+         "spec_type": "--spec-type", "spec_draft_n_max": "--spec-draft-n-max",
+         "spec_draft_conf_min": "--spec-draft-conf-min", "spec_ngram_simple_size_n": "--spec-ngram-simple-size-n",
+         "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min"}
 
 
 def config_error(prog: str, e: ConfigError) -> int:
@@ -401,7 +422,10 @@ def engine_options(args) -> dict:
                 tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
                 repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
                 draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule,
-                n_seq=n_seq)
+                n_seq=n_seq, spec_type=None if args.no_spec else args.spec_type,
+                spec_draft_n_max=args.spec_draft_n_max, spec_draft_conf_min=args.spec_draft_conf_min,
+                spec_ngram_simple_size_n=args.spec_ngram_simple_size_n,
+                spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min)
 
 
 def open_engine(prog: str, model: str, draft, args):
@@ -438,7 +462,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if model is None:
         from .demo import DEMO_PROMPT
 
-        paths = demo_models("dflash-run", draft)
+        paths = demo_models("dflash-run", draft, args.spec_type)
         if paths is None:
             return 1
         model, draft = paths
@@ -463,6 +487,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     mode = "autoregressive" if engine.draft is None else (
         f"tree (budget {args.tree_budget})" if engine.tree_budget else "chain")
+    if engine.setup.ngram_kinds:
+        mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
     if args.interactive:
         try:
             return _interactive(engine, args, prompt, mode)

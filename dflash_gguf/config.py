@@ -55,6 +55,85 @@ def check_p_min(p_min: float) -> None:
         raise ConfigError("draft_p_min", f"draft p-min must be at least 0 and below 1, got {p_min}")
 
 
+# llama.cpp's --spec-type names: the drafter kinds, then the weightless n-gram kinds
+DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark")
+NGRAM_KINDS = ("ngram-simple", "ngram-mod")
+SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
+# drafter kinds this build has no runtime for yet, with the name the user knows them by
+_NOT_YET = {"draft-mtp": "MTP", "draft-eagle3": "EAGLE3", "draft-dspark": "DSpark"}
+# the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
+# size: the target's verify buffers are sized for it anyway)
+DEFAULT_SPEC_DRAFT_N_MAX = 16
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """The n-gram kinds' settings (llama.cpp's defaults): ngram-simple looks up the last
+    `size_n` tokens; ngram-mod keys its map on `n_match` tokens and proposes no draft
+    shorter than `n_min` (capped at the draft's length)."""
+
+    size_n: int = 12
+    n_match: int = 24
+    n_min: int = 48
+
+
+def parse_spec_types(spec_type) -> tuple:
+    """--spec-type as a tuple of kinds (a comma list, or a sequence of names), checked."""
+    names = spec_type.split(",") if isinstance(spec_type, str) else list(spec_type)
+    kinds = tuple(dict.fromkeys(n.strip() for n in names))
+    if not kinds or any(k not in SPEC_TYPES for k in kinds):
+        bad = [k for k in kinds if k not in SPEC_TYPES] or [spec_type]
+        raise ConfigError("spec_type", f"unknown kind {bad[0]!r}; choose from {', '.join(SPEC_TYPES)} "
+                                       "(a comma list runs several)")
+    return kinds
+
+
+def _gguf_arch_and_keys(path: str) -> tuple:
+    """(general.architecture, its nextn_predict_layers or 0) of a GGUF, for the kind checks."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+        arch = str(reader.fields["general.architecture"].contents())
+        field = reader.fields.get(f"{arch}.nextn_predict_layers")
+        return arch, int(field.contents()) if field is not None else 0
+    except Exception as e:  # noqa: BLE001 - any unreadable file is one line
+        raise ConfigError("spec_type", f"cannot read {path} as a GGUF: {e}") from None
+
+
+def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
+    """The kinds that draft: --spec-type checked against the files, or, left out, what
+    the drafter GGUF is (a dflash drafter: draft-dflash; none: plain decoding, ()).
+    Kinds whose runtime this build lacks, and a drafter under another kind's flag, are
+    one ConfigError each."""
+    if spec_type is None:
+        return ("draft-dflash",) if draft else ()
+    kinds = parse_spec_types(spec_type)
+    for kind in kinds:
+        if kind == "draft-mtp":
+            arch, n_nextn = _gguf_arch_and_keys(draft or model)
+            if n_nextn == 0:
+                raise ConfigError("spec_type", f"draft-mtp: {draft or model} ({arch}) has no nextn (MTP) layers; "
+                                               "convert the checkpoint without --no-mtp")
+        if kind in _NOT_YET:
+            what = ""
+            if draft and kind == "draft-eagle3" and _gguf_arch_and_keys(draft)[0] == "dflash":
+                what = f" (and -md {draft} is a DFlash drafter: --spec-type draft-dflash)"
+            raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet{what}")
+    if "draft-dflash" in kinds and not draft:
+        raise ConfigError("spec_type", "draft-dflash needs a DFlash drafter (-md)")
+    if draft and "draft-dflash" not in kinds:
+        arch, n_nextn = _gguf_arch_and_keys(draft)
+        what = "a DFlash drafter (--spec-type draft-dflash)" if arch == "dflash" else f"a {arch} GGUF"
+        raise ConfigError("spec_type", f"-md {draft} is {what}, and --spec-type {','.join(kinds)} "
+                                       "loads no drafter file; drop -md or add draft-dflash")
+    if draft:
+        arch, _ = _gguf_arch_and_keys(draft)
+        if arch != "dflash":
+            raise ConfigError("spec_type", f"draft-dflash: -md {draft} is a {arch} GGUF, not a DFlash drafter")
+    return kinds
+
+
 def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
         span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
@@ -75,6 +154,10 @@ class EngineSetup:
     n_threads: int
     draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
     chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.speculative_steps)
+    ngram_kinds: tuple = ()  # the n-gram kinds that draft (--spec-type), beside the drafter or alone
+    spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the n-gram kinds' longest draft
+    ngram: NgramConfig = NgramConfig()
+    spec_draft_conf_min: float = 0.0  # DSpark's confidence cut (checked; no DSpark runtime yet)
 
     @property
     def n_seq(self) -> int:
@@ -87,7 +170,9 @@ class EngineSetup:
            draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
            n_gpu_layers: int = -1, draft_window: int = 0,
            draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE,
-           n_seq: int = 1) -> "EngineSetup":
+           n_seq: int = 1, spec_type=None, spec_draft_n_max: Optional[int] = None,
+           spec_draft_conf_min: float = 0.0, spec_ngram_simple_size_n: int = 12,
+           spec_ngram_mod_n_match: int = 24, spec_ngram_mod_n_min: int = 48) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -96,7 +181,19 @@ class EngineSetup:
         for option, kv in (("kv_type", kv_type), ("kv_type_v", kv_type_v or kv_type)):
             if kv not in KV_TYPES:
                 raise ConfigError(option, f"unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}")
+        kinds = resolve_spec_types(spec_type, model, draft)
+        if spec_draft_n_max is not None:
+            _count("spec_draft_n_max", spec_draft_n_max, 1, 63, what="the longest draft")
+        if isinstance(spec_draft_conf_min, bool) or not isinstance(spec_draft_conf_min, (int, float)) \
+                or not 0 <= spec_draft_conf_min <= 1:
+            raise ConfigError("spec_draft_conf_min", f"draft conf-min must be 0..1, got {spec_draft_conf_min!r}")
+        ngram = NgramConfig(_count("spec_ngram_simple_size_n", spec_ngram_simple_size_n, 1, what="the n-gram size"),
+                            _count("spec_ngram_mod_n_match", spec_ngram_mod_n_match, 1, what="the n-gram size"),
+                            _count("spec_ngram_mod_n_min", spec_ngram_mod_n_min, 1, what="the shortest draft"))
+        ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
         meta = read_draft_metadata(draft) if draft else None
+        if meta is not None and spec_draft_n_max is not None and block_size is None:
+            block_size = min(spec_draft_n_max + 1, meta["block_size"])  # a DFlash block: the bonus, then its drafts
         if block_size is not None:
             _count("block_size", block_size, 1, meta["block_size"] if meta else None, what="the block size")
         block = (block_size or meta["block_size"]) if meta else None
@@ -113,15 +210,21 @@ class EngineSetup:
                 raise ConfigError("draft_p_min", "draft p-min must be a number")
             check_p_min(draft_p_min)
         check_chain_rule(chain_rule)
-        n_verify = max(block or 1, (budget or 0) + 1)
+        if ngram_kinds and budget:
+            raise ConfigError("spec_type", f"{','.join(ngram_kinds)} beside draft-dflash verifies a chain; "
+                                           "leave out --tree-budget")
+        n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
+        n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds else 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
             repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
-        top_k = draft_top_k if budget else (0 if draft_p_min == 0 else 1)
+        # (and beside the n-gram kinds, the drafter's confidence is its expected accepted length)
+        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds else 1)
         draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
-        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule)
+        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
+                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min))
 
 
 def check_constraint(grammar: Optional[str] = None, json_schema=None):

@@ -51,7 +51,7 @@ class Sequence:
         self.stats, self.slot, self.reused, self.saver = stats, slot, reused, saver
         self.stage = on_stage or _no_stage
         self.sampler = Sampler(sampling, prompt, grammar)
-        self.speculative = draft is not None
+        self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
         self.bonus: Optional[int] = None  # the next token the target has not seen
         self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
         self.row0 = 0                     # its first row in the current step's results
@@ -178,7 +178,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     if draft is not None:
         proposing = {slot for slot, _, _ in blocks}
         for s in seqs:
-            if s.speculative and s.slot not in proposing:
+            if s.draft is not None and s.slot not in proposing:
                 draft.flush(**slot_of(s))  # the features it reads are gone after the target's graph
     rows, row0 = [], 0
     for s in seqs:

@@ -11,7 +11,8 @@ from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect
 from .memory import refusal, settle
-from .proposers import PlainProposer
+from .ngram import ngram_sources
+from .proposers import MixedProposer, NgramProposer, PlainProposer
 from .sampling import SamplingParams
 from .speculative import chain_proposer, default_p_min, tree_proposer
 from .target import Target
@@ -66,7 +67,11 @@ class Engine:
         """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
         draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
-        positions: see sequence());
+        positions: see sequence()), spec_type (llama.cpp's --spec-type kinds, a comma list
+        or a sequence: "draft-dflash", "ngram-simple", "ngram-mod"; None: the drafter's own
+        kind, or plain decoding without one), spec_draft_n_max (the n-gram kinds' longest
+        draft; the DFlash block when block_size is left out), spec_draft_conf_min,
+        spec_ngram_simple_size_n, spec_ngram_mod_n_match, spec_ngram_mod_n_min;
         kv_type and draft_window default to "auto" (see memory.settle)."""
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
@@ -80,7 +85,7 @@ class Engine:
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, target_config)
         self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
-        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0:
+        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0 and not setup.ngram_kinds:
             # a chain that is never cut reads no probabilities: its proposes rank nothing
             draft_config = replace(draft_config, top_k=0)
         try:
@@ -171,6 +176,8 @@ class Engine:
         lookahead = 0
         if speculative and self.draft is not None:
             lookahead = self.tree_budget + 1 if self.tree_budget else (self.block_size or self.draft.block_size)
+        if speculative and self.setup.ngram_kinds:
+            lookahead = max(lookahead, self.setup.spec_draft_n_max + 1)
         check_request(self.target, tokens, max_tokens, lookahead, context_full)
         return tokens
 
@@ -227,7 +234,15 @@ class Engine:
         if self.checkpoints is not None and tokens:
             reused = self._resume(tokens, reused, use_draft, stats, slot)
             saver = self._saver(tokens, reused, use_draft, slot)
-        if not use_draft:
+        ngram = self.setup.ngram_kinds if speculative else ()
+        if ngram:
+            sources = ngram_sources(ngram, self.setup.ngram)
+            if use_draft:
+                proposer = MixedProposer(self.draft, self.block_size or self.draft.block_size, self.draft_p_min,
+                                         sources, self.setup.spec_draft_n_max)
+            else:
+                proposer = NgramProposer(sources, self.setup.spec_draft_n_max)
+        elif not use_draft:
             proposer = PlainProposer()
         elif self.tree_budget:
             proposer = tree_proposer(self.target, self.draft, self.tree_budget, self.block_size,
@@ -288,7 +303,7 @@ class Engine:
         # every emitted token but the last is in context, unless a stop cut a pass short
         context = seq.prompt + out[:-1]
         if out and self.target.seq_n_past(seq.slot) == len(context):
-            self._contexts[seq.slot] = (context, seq.speculative)
+            self._contexts[seq.slot] = (context, seq.draft is not None)
 
     def stream(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,

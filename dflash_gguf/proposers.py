@@ -1,6 +1,8 @@
 """How a sequence proposes the rows its target verifies in a step (decoding.step): none
 (plain decoding: the last token alone), the chain of the drafter's block, or a DDTree of
-its top candidates (with `auto`, the chain or a tree of the size it chooses).
+its top candidates (with `auto`, the chain or a tree of the size it chooses); a chain
+copied from the sequence's own history (n-gram kinds, ngram.py), alone or beside the
+drafter's chain.
 
 A proposer acts in four phases around the step's two graphs, so that the drafts of every
 sequence come from one drafter graph and their verifies from one target graph:
@@ -23,6 +25,7 @@ import numpy as np
 from .budget import CHAIN, AutoBudget, chain_nodes, observe, tree_nodes
 from .ddtree import accept_path, build_tree, chain_tree
 from .decoding import slot_of as _slot
+from .ngram import NgramDrafts, expected_chain
 from .target import CHAIN as CHAIN_ROWS, DECODE, LOGITS_LAST, TREE as TREE_ROWS, Rows
 
 
@@ -158,6 +161,98 @@ class ChainProposer:
         seq.target.commit(n_acc + 1, **_slot(seq))
         self.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
         return block[1:n_acc + 1] + [nxt]
+
+
+def _verify_chain(seq, block: List[int]) -> Rows:
+    """The rows of a chain fixed on the host: the bonus, then its drafts (sampled, each
+    row's draw is the target's own: exact for drafts fixed in advance)."""
+    seq.sampler.prepare(seq.target, len(block), lambda: _chain_paths(block), seq=seq.slot)
+    return Rows(seq.slot, CHAIN_ROWS, block)
+
+
+def _accept_chain(seq, block: List[int], choice) -> List[int]:
+    """The drafts the target's choices keep, then its next token; committed (and, with a
+    drafter, their features appended to its context)."""
+    n_acc = accepted_prefix(block, choice)
+    seq.stage("verified")
+    seq.target.commit(n_acc + 1, **_slot(seq))
+    if seq.draft is not None:
+        seq.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
+    return block[1:n_acc + 1] + [int(choice[n_acc])]
+
+
+def _draft_room(seq, n_max: int) -> int:
+    """Drafts a chain may have this step: n_max, what the request still wants after the
+    target's own next token (so that every committed row is a kept token, and the slot
+    holds exactly the request's context for the next one) and the context's room after
+    the bonus."""
+    return max(0, min(n_max, seq.remaining - 1, seq.room - 1))
+
+
+class NgramProposer:
+    """No drafter: each step verifies the bonus and the chain the sequence's n-gram
+    sources propose from its prompt and output (the best expected, see
+    ngram.NgramDrafts), or the bonus alone when none finds one."""
+
+    drafted_samples = False
+    stage = None
+
+    def __init__(self, sources, n_max: int):
+        self.ngram = NgramDrafts(sources)
+        self.n_max = n_max
+        self.lookahead = n_max + 1
+        self.block: List[int] = []
+
+    def plan(self, seq) -> int:
+        return 0
+
+    def rows(self, seq) -> Rows:
+        self.ngram.sync(seq)
+        drafts, _ = self.ngram.best(_draft_room(seq, self.n_max))
+        self.block = [seq.bonus] + drafts
+        return _verify_chain(seq, self.block)
+
+    def accept(self, seq, choice) -> List[int]:
+        out = _accept_chain(seq, self.block, choice)
+        self.ngram.observe(out)
+        return out
+
+
+class MixedProposer(ChainProposer):
+    """The drafter's chain and the n-gram kinds' (`--spec-type draft-dflash,ngram-...`):
+    the drafter drafts every step; the chain verified is the one with the larger
+    expected accepted length. The drafter's estimate is its own confidence (the sum over
+    i of the product of its top-1 probabilities up to draft i, ngram.expected_chain);
+    an n-gram draft's is its source's measured per-token acceptance r over the
+    sequence's steps so far, sum of r^i (ngram.Acceptance). Neither depends on the
+    target's draws of the step, so sampled output stays exact (drafts are fixed in
+    advance and kept by the argmax rule, whichever chain is verified)."""
+
+    def __init__(self, draft, block_size: int, p_min: float, sources, n_max: int):
+        super().__init__(draft, block_size, p_min)
+        self.ngram = NgramDrafts(sources)
+        self.n_max = n_max
+        self.lookahead = max(block_size, n_max + 1)
+        self.copied: Optional[List[int]] = None  # the step's n-gram chain, when it is the one verified
+
+    def plan(self, seq) -> int:
+        self.ngram.sync(seq)
+        return super().plan(seq)
+
+    def drafted(self, seq) -> None:
+        super().drafted(seq)
+        self.copied = None
+        drafts, value = self.ngram.best(_draft_room(seq, self.n_max))
+        if drafts and (self.b < 2 or value > expected_chain(self.draft.top1_logprobs(self.b - 1, **_slot(seq)))):
+            self.copied = [seq.bonus] + drafts
+
+    def rows(self, seq) -> Rows:
+        return super().rows(seq) if self.copied is None else _verify_chain(seq, self.copied)
+
+    def accept(self, seq, choice) -> List[int]:
+        out = super().accept(seq, choice) if self.copied is None else _accept_chain(seq, self.copied, choice)
+        self.ngram.observe(out)
+        return out
 
 
 @dataclass

@@ -886,7 +886,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     model, draft = args.model, args.model_draft
     if model is None:
-        paths = demo_models("dflash-server", draft)
+        paths = demo_models("dflash-server", draft, args.spec_type)
         if paths is None:
             return 1
         model, draft = paths
@@ -915,6 +915,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "info")
     mode = "plain" if engine.draft is None else (f"tree budget {args.tree_budget}" if engine.tree_budget else "chain")
+    if engine.setup.ngram_kinds:
+        mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
     on_device = engine.checkpoints.device_budget_bytes >> 20 if engine.checkpoints else 0
     slots = f"{engine.target.n_seq} slots of context {engine.target.n_ctx}" if engine.target.n_seq > 1 \
         else f"context {engine.target.n_ctx}"

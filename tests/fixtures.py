@@ -322,11 +322,12 @@ def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = Non
                    lin_v_heads: int = 4, lin_k_dim: int = 16, lin_v_dim: int = 16, experts: int = 8,
                    experts_used: int = 4, expert_ffn: int = 64, shared_ffn: int = 96, tie: bool = False,
                    seed: int = 0, dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen35",
-                   multimodal: bool = False) -> Path:
+                   multimodal: bool = False, mtp_layers: int = 0) -> Path:
     """A tiny seeded Qwen3_5MoeForCausalLM (with tokenizer) saved in `directory`: the
     router's logits spread about 1 apart, so that tokens pick many different experts
     with clear margins and the softmax over them is far from one-hot. `multimodal=True`
-    saves the Qwen3_5MoeForConditionalGeneration layout (a one-block vision tower)."""
+    saves the Qwen3_5MoeForConditionalGeneration layout (a one-block vision tower);
+    `mtp_layers` adds an MTP head as make_qwen35 does."""
     from transformers import (Qwen3_5MoeConfig, Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration,
                               Qwen3_5MoeTextConfig)
 
@@ -337,7 +338,9 @@ def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = Non
         linear_num_value_heads=lin_v_heads, linear_key_head_dim=lin_k_dim, linear_value_head_dim=lin_v_dim,
         moe_intermediate_size=expert_ffn, shared_expert_intermediate_size=shared_ffn, num_experts=experts,
         num_experts_per_tok=experts_used, max_position_embeddings=4096, tie_word_embeddings=tie,
-        eos_token_id=eos_id, pad_token_id=pad_id, dtype=dtype)
+        eos_token_id=eos_id, pad_token_id=pad_id, dtype=dtype,
+        **({"mtp_num_hidden_layers": mtp_layers} if mtp_layers else {}))
+    text_cfg = cfg
     torch.manual_seed(seed)
     if multimodal:
         cfg = Qwen3_5MoeConfig(
@@ -356,6 +359,8 @@ def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = Non
     if tie:
         model.tie_weights()
     model.to(dtype).eval().save_pretrained(str(directory))
+    if mtp_layers:
+        _add_mtp_tensors(directory, text_cfg, mtp_layers, seed, dtype)
     return directory
 
 
@@ -402,10 +407,21 @@ def _add_mtp_tensors(directory: Path, cfg, n_layers: int, seed: int, dtype: torc
             p + "self_attn.q_proj.weight": (q_out, h), p + "self_attn.k_proj.weight": (kv_out, h),
             p + "self_attn.v_proj.weight": (kv_out, h), p + "self_attn.o_proj.weight": (h, q_out // 2),
             p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (cfg.intermediate_size, h),
-            p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, cfg.intermediate_size),
         })
+        if getattr(cfg, "num_experts", None):  # Qwen3.5 MoE: the MTP layer's FFN is routed experts too
+            E, F, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            shapes.update({p + "mlp.gate.weight": (E, h), p + "mlp.shared_expert_gate.weight": (1, h),
+                           p + "mlp.shared_expert.gate_proj.weight": (S, h),
+                           p + "mlp.shared_expert.up_proj.weight": (S, h),
+                           p + "mlp.shared_expert.down_proj.weight": (h, S)})
+            for x in range(E):
+                shapes.update({f"{p}mlp.experts.{x}.gate_proj.weight": (F, h),
+                               f"{p}mlp.experts.{x}.up_proj.weight": (F, h),
+                               f"{p}mlp.experts.{x}.down_proj.weight": (h, F)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (cfg.intermediate_size, h),
+                           p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
+                           p + "mlp.down_proj.weight": (h, cfg.intermediate_size)})
     tensors = {k: (torch.randn(s, generator=gen) * 0.05).to(dtype) for k, s in shapes.items()}
     shard = "model-mtp.safetensors"
     save_file(tensors, str(directory / shard), metadata={"format": "pt"})
@@ -500,10 +516,13 @@ class LlamaCppConverter:
     def convert(self, model_dir: str | os.PathLike, outfile: str | os.PathLike, outtype: str = "f32", *,
                 pre: str | None = None, extra_args: tuple[str, ...] | None = None) -> Path:
         """Convert; raises RuntimeError with the converter's log on failure. By default
-        Qwen3.5 checkpoints (which may carry MTP layers) are converted with --no-mtp."""
+        Qwen3.5 checkpoints without MTP layers are converted with --no-mtp (llama.cpp's
+        converter needs it there), those with them keep them (as ours does)."""
         if extra_args is None:
-            archs = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or []
-            extra_args = ("--no-mtp",) if any(a.startswith("Qwen3_5") for a in archs) else ()
+            config = json.loads((Path(model_dir) / "config.json").read_text())
+            archs = config.get("architectures") or []
+            n_mtp = {**config, **config.get("text_config", {})}.get("mtp_num_hidden_layers", 0)
+            extra_args = ("--no-mtp",) if any(a.startswith("Qwen3_5") for a in archs) and not n_mtp else ()
         args = [str(model_dir), "--outfile", str(outfile), "--outtype", outtype, *extra_args]
         self._proc.stdin.write(json.dumps({"args": args, "pre": pre}) + "\n")
         self._proc.stdin.flush()

