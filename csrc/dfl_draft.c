@@ -718,7 +718,7 @@ static void build_selector(dfl_draft * d, struct ggml_context * ctx, struct ggml
                            struct ggml_tensor * block) {
     const int64_t V = logits->ne[0], P = logits->ne[1], Kc = d->sel_top_k, R = d->sel_rank;
     const size_t f32 = sizeof(float), i32 = sizeof(int32_t);
-    struct ggml_tensor * cand = ggml_top_k(ctx, logits, (int) Kc);                                    /* [Kc, P] */
+    struct ggml_tensor * cand = dfl_top_k(d->rt.top_k_by_sort, ctx, logits, (int) Kc);                /* [Kc, P] */
     struct ggml_tensor * unary = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, P), cand);      /* [1, Kc, P] */
     struct ggml_tensor * hp = ggml_mul_mat(ctx, d->sel_hidden, hidden);                               /* [R, P] */
     struct ggml_tensor * succ = ggml_get_rows(ctx, d->sel_succ, ggml_reshape_1d(ctx, cand, Kc * P)); /* [R, Kc P] */
@@ -875,7 +875,7 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx) {
 static void build_rank(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * logits, struct ggml_tensor * probs) {
     rank_graph * r = &d->rank;
     r->gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
-    r->topk = ggml_top_k(ctx, logits, d->p.top_k);
+    r->topk = dfl_top_k(d->rt.top_k_by_sort, ctx, logits, d->p.top_k);
     r->topk_lp = log_probs_at(ctx, probs, r->topk);
     ggml_set_output(r->topk);
     ggml_set_output(r->topk_lp);
@@ -972,6 +972,7 @@ static dfl_status propose_sampling(dfl_draft * d, const propose_graph * shape, d
             dfl_sampler_key_merge(key, &k);
         }
     }
+    key->by_sort = d->rt.top_k_by_sort;
     return DFL_OK;
 }
 

@@ -154,6 +154,12 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
         backends[n_backends++] = rt->backend_cpu;
     }
     rt->dev_cpu = ggml_backend_get_device(rt->backend_cpu);
+    /* ggml's Vulkan top_k (its tournament shaders, several rows of a few thousand columns,
+     * k 256) writes out of bounds: on lavapipe, whose device memory is the host's heap,
+     * sampled verifies died in malloc or with SIGSEGV a graph later, and with the rows
+     * ranked by a full argsort instead they do not. On a card the same writes would land
+     * in device memory unseen, so every Vulkan device ranks by sorting. */
+    rt->top_k_by_sort = strncmp(ggml_backend_reg_name(ggml_backend_dev_backend_reg(rt->dev)), "Vulkan", 6) == 0;
     rt->n_threads = n_threads > 0 ? n_threads : available_cpus();
     set_threads(rt->backend_cpu, rt->n_threads);
 
@@ -206,6 +212,10 @@ void dfl_runtime_free(dfl_runtime * rt) {
     if (rt->backend_cpu && rt->backend_cpu != rt->backend) ggml_backend_free(rt->backend_cpu);
     if (rt->backend) ggml_backend_free(rt->backend);
     memset(rt, 0, sizeof *rt);
+}
+
+struct ggml_tensor * dfl_top_k(bool by_sort, struct ggml_context * ctx, struct ggml_tensor * a, int k) {
+    return by_sort ? ggml_cont(ctx, ggml_argsort_top_k(ctx, a, k)) : ggml_top_k(ctx, a, k);
 }
 
 struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot) {

@@ -42,6 +42,7 @@ typedef struct dfl_runtime {
     dfl_graph_slot slots[DFL_MAX_GRAPH_SLOTS];
     struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
     struct dfl_traffic * traffic; /* host <-> device transfers so far (see dfl_runtime_set/get) */
+    bool top_k_by_sort;           /* dfl_top_k sorts the whole row (see dfl_runtime_init) */
     int n_last_nodes;             /* nodes of the last graph computed */
     int last_slot;              /* slot and graph of the last compute (-1: none yet) */
     struct ggml_cgraph * last_graph;
@@ -71,6 +72,10 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
  * reached through a const handle (reading results does not change a model). */
 void dfl_runtime_set(const dfl_runtime * rt, struct ggml_tensor * t, const void * src, size_t offset, size_t size);
 void dfl_runtime_get(const dfl_runtime * rt, const struct ggml_tensor * t, void * dst, size_t offset, size_t size);
+/* The indices of the k largest of each row of a, [k, rows], in no particular order:
+ * ggml_top_k, or where the device's top_k cannot be trusted (rt->top_k_by_sort) the
+ * first k of a full argsort. */
+struct ggml_tensor * dfl_top_k(bool by_sort, struct ggml_context * ctx, struct ggml_tensor * a, int k);
 /* Where the scheduler placed the nodes of the graph computed last (see dfl_placement). */
 dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out);
 /* Compute memory the slots' schedulers hold now, over every backend. */

@@ -308,7 +308,7 @@ static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_t
     const bool mixed = key->pick == DFL_PICK_MIXED;
     struct ggml_tensor * sv, * si;
     if (K < V) {
-        struct ggml_tensor * top = ggml_top_k(ctx, logits, (int) K); /* [K, n], in no particular order */
+        struct ggml_tensor * top = dfl_top_k(key->by_sort, ctx, logits, (int) K); /* [K, n], in no particular order */
         struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top);
         struct ggml_tensor * order = ggml_argsort(ctx, ggml_reshape_2d(ctx, vals, K, n), GGML_SORT_ORDER_DESC);
         sv = ggml_reshape_2d(ctx, ggml_get_rows(ctx, vals, order), K, n);

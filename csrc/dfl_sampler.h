@@ -41,6 +41,7 @@ typedef struct dfl_sampler_key {
     int full;      /* MIXED: some row draws over the vocabulary */
     int ranked;    /* MIXED: some row ranks candidates (n_cand of them at most; capped: some row is) */
     int masked;    /* some row has an allowed-token mask (the others get all tokens) */
+    int by_sort;   /* candidates by a full sort (the runtime's top_k_by_sort) */
 } dfl_sampler_key;
 
 /* A built sampling stage: its inputs and outputs. */

@@ -447,6 +447,7 @@ static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
         }
         first = false;
     }
+    step->samp.by_sort = t->rt.top_k_by_sort;
     return DFL_OK;
 }
 
