@@ -60,6 +60,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="attention K cache type (default auto: f16, or q8_0/q4_0 when f16 does not fit the "
                         "device or --memory-limit)")
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_TYPES), help="attention V cache type (default: as K)")
+    p.add_argument("--rope-scaling", choices=["none", "linear", "yarn"],
+                   help="RoPE frequency scaling method (default: the model's)")
+    p.add_argument("--rope-scale", type=float, default=0.0, metavar="N",
+                   help="RoPE context scaling factor: expands the context by N (default: the model's)")
+    p.add_argument("--yarn-orig-ctx", type=int, default=0, metavar="N",
+                   help="YaRN: the model's original context size (default: the model's)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int,
                    help="target layers on the accelerator when one exists: the last N layers go there, the rest "
                         "stay on the CPU; N > layer count also moves the LM head; -1 = all (default); "
@@ -348,7 +354,8 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "n_gpu_layers": "-ngl/--n-gpu-layers", "n_seq": "-np/--parallel", "kv_type": "-ctk/--cache-type-k",
          "kv_type_v": "-ctv/--cache-type-v", "block_size": "--block-size", "tree_budget": "--tree-budget",
          "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
-         "chain_rule": "--chain-rule"}
+         "chain_rule": "--chain-rule", "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale",
+         "yarn_orig_ctx": "--yarn-orig-ctx"}
 
 
 def config_error(prog: str, e: ConfigError) -> int:
@@ -367,7 +374,8 @@ def engine_options(args) -> dict:
                 tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
                 repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
                 draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule,
-                n_seq=n_seq)
+                n_seq=n_seq, rope_scaling=args.rope_scaling, rope_scale=args.rope_scale,
+                yarn_orig_ctx=args.yarn_orig_ctx)
 
 
 def open_engine(prog: str, model: str, draft, args):

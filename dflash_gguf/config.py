@@ -50,6 +50,10 @@ def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = ""
     return value
 
 
+# llama.cpp's --rope-scaling values, in its enum's order (the C runtime's type numbers)
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
 @dataclass
 class EngineSetup:
     """What an Engine loads, derived and checked from its options (also what the memory
@@ -75,7 +79,8 @@ class EngineSetup:
            draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
            n_gpu_layers: int = -1, draft_window: int = 0,
            draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE,
-           n_seq: int = 1) -> "EngineSetup":
+           n_seq: int = 1, rope_scaling: Optional[str] = None, rope_scale: float = 0.0,
+           yarn_orig_ctx: int = 0) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -101,11 +106,20 @@ class EngineSetup:
                 raise ConfigError("draft_p_min", "draft p-min must be a number")
             check_p_min(draft_p_min)
         check_chain_rule(chain_rule)
+        if rope_scaling is not None and rope_scaling not in ROPE_SCALING_TYPES:
+            raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
+                              f"got {rope_scaling!r}")
+        if isinstance(rope_scale, bool) or not isinstance(rope_scale, (int, float)) or not math.isfinite(rope_scale) \
+                or rope_scale < 0:
+            raise ConfigError("rope_scale", f"the RoPE context scale must be a number > 0 (0: the model's), "
+                              f"got {rope_scale!r}")
+        _count("yarn_orig_ctx", yarn_orig_ctx, 0, what="the original context of YaRN (0: the model's)")
         n_verify = max(block or 1, (budget or 0) + 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
-            repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq)
+            repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq, rope_scaling=rope_scaling,
+            rope_scale=float(rope_scale), yarn_orig_ctx=yarn_orig_ctx)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 else 1)
         draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
