@@ -43,6 +43,11 @@ typedef struct dfl_rope_scaling {
     int n_ctx_orig; /* the trained context the YaRN ramps are measured against */
 } dfl_rope_scaling;
 
+/* A file's rope.scaling.* keys resolved with llama.cpp-style overrides (type -1 the file's,
+ * 0 none, 1 linear, 2 yarn; freq_scale 0 and n_ctx_orig 0 the file's); *type the method. */
+dfl_status dfl_rope_scaling_read(const dfl_gguf * g, int n_ctx_train, int type, float freq_scale, int n_ctx_orig,
+                                 dfl_rope_scaling * out, const char ** type_name);
+
 typedef struct dfl_arch {
     const char * name;   /* general.architecture */
     const char * family; /* for messages */
