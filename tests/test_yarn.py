@@ -174,3 +174,26 @@ def test_drafter_logits_match_reference_past_the_original_context(yarn_pair):
     ref_draft.config.rope_parameters = {"rope_type": "default", "rope_theta": 10_000_000.0}
     ref_draft.rotary_emb.__init__(ref_draft.config)
     assert rel_err(ours, reference(ref_draft)) > 1e-3
+
+
+def test_qwen35_yarn_matches_transformers(tmp_path, convert_model):
+    """Qwen3.5's partial multi-section RoPE with YaRN over its rotated dimensions."""
+    import json
+
+    from fixtures import make_qwen35
+
+    model_dir = make_qwen35(tmp_path / "qwen35", seed=9)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    text["rope_parameters"].update(YARN)
+    text["max_position_embeddings"] = 256
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    ours = convert_model(model_dir, "f32")
+    assert read_gguf(ours)[0]["qwen35.rope.scaling.type"][1] == "yarn"
+    seq = tokens(120, seed=10)
+    with torch.no_grad():
+        ref = hf_model(model_dir)(input_ids=torch.tensor([seq])).logits[0].float().numpy()
+    assert rel_err(our_logits(ours, seq), ref) < 1e-3
+    unscaled = Target(str(ours), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32", rope_scaling="none"))
+    unscaled.decode(seq, LOGITS_ALL)
+    assert rel_err(unscaled.logits(0, len(seq)), ref) > 1e-3  # the scaling is visible in this model
