@@ -197,3 +197,34 @@ def test_qwen35_yarn_matches_transformers(tmp_path, convert_model):
     unscaled = Target(str(ours), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32", rope_scaling="none"))
     unscaled.decode(seq, LOGITS_ALL)
     assert rel_err(unscaled.logits(0, len(seq)), ref) > 1e-3  # the scaling is visible in this model
+
+
+@pytest.mark.parametrize("flags, code, message", [
+    (["-c", "512"], 1, "past what YaRN covers"),
+    (["-c", "512", "--yarn-orig-ctx", "128", "--rope-scale", "-1"], 2, "--rope-scale"),
+    (["--rope-scaling", "ntk"], 2, "--rope-scaling"),
+])
+def test_dflash_run_rope_flags(yarn_model, flags, code, message):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = str(Path(sys.executable).with_name("dflash-run"))
+    _, ours = yarn_model
+    proc = subprocess.run([run, "-m", str(ours), "-p", "hello", "-n", "4", *flags], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == code
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_dflash_run_with_yarn_orig_ctx_runs(yarn_model):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = str(Path(sys.executable).with_name("dflash-run"))
+    _, ours = yarn_model
+    proc = subprocess.run([run, "-m", str(ours), "-p", "hello", "-n", "4", "-c", "512", "--yarn-orig-ctx", "128",
+                           "--rope-scaling", "yarn", "--rope-scale", "4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
