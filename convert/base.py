@@ -42,6 +42,38 @@ def array(key: str, values: list, sub_type: GGUFValueType) -> KV:
     return KV(key, list(values), GGUFValueType.ARRAY, sub_type)
 
 
+# HF YaRN field -> llama.cpp key suffix (llama.cpp's converter writes these when present)
+_YARN_OPTIONAL = {"extrapolation_factor": "yarn_ext_factor", "attention_factor": "yarn_attn_factor",
+                  "attn_factor": "yarn_attn_factor", "beta_fast": "yarn_beta_fast", "beta_slow": "yarn_beta_slow"}
+
+
+def rope_scaling_kv(arch: str, rope: dict) -> list[KV]:
+    """llama.cpp's `<arch>.rope.scaling.*` keys for an HF rope_parameters / rope_scaling
+    object; default RoPE writes none, a type we do not run is refused by name."""
+    from .errors import ConversionError
+    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
+    if kind in (None, "default"):
+        return []
+    if kind in ("linear", "yarn") and (not isinstance(factor, (int, float)) or isinstance(factor, bool)):
+        raise ConversionError(f"config.json: {kind} rope scaling needs a numeric factor (got {factor!r})")
+    if kind == "linear":
+        return [string(f"{arch}.rope.scaling.type", "linear"), f32(f"{arch}.rope.scaling.factor", factor)]
+    if kind == "yarn":
+        orig = rope.get("original_max_position_embeddings")
+        if not isinstance(orig, int) or isinstance(orig, bool) or orig <= 0:
+            raise ConversionError("config.json: yarn rope scaling needs original_max_position_embeddings "
+                                  f"(a positive integer, got {orig!r})")
+        kv = [string(f"{arch}.rope.scaling.type", "yarn"), f32(f"{arch}.rope.scaling.factor", factor),
+              u32(f"{arch}.rope.scaling.original_context_length", orig)]
+        written = set()
+        for name, key in _YARN_OPTIONAL.items():
+            if rope.get(name) is not None and key not in written:
+                kv.append(f32(f"{arch}.rope.scaling.{key}", rope[name]))
+                written.add(key)
+        return kv
+    raise ConversionError(f"rope type {kind!r} is not supported for {arch} (default, linear and yarn are)")
+
+
 class ModelConverter(ABC):
     """Maps one Hugging Face architecture to one GGUF architecture.
 

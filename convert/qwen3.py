@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import KV, ModelConverter, f32, u32
+from .base import KV, ModelConverter, f32, rope_scaling_kv, u32
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec
@@ -30,9 +30,7 @@ class Qwen3Converter(ModelConverter):
         rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise ConversionError(f"config.json: rope_parameters is {rope!r}; an object is expected")
-        kind = rope.get("rope_type", rope.get("type"))
-        if kind not in (None, "default"):
-            raise ConversionError(f"rope type {kind!r} is not supported for qwen3 (default RoPE is)")
+        self.rope_scaling = rope_scaling_kv(ARCH, rope)
         self.rope_theta = float(rope.get("rope_theta", hp.get("rope_theta", 10000.0)))
         self.n_layer = int(hp["num_hidden_layers"])
         self.head_dim = int(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
@@ -61,6 +59,7 @@ class Qwen3Converter(ModelConverter):
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
             u32(f"{a}.attention.key_length", self.head_dim),
             u32(f"{a}.attention.value_length", self.head_dim),
+            *self.rope_scaling,
         ]
 
     def tensors(self) -> list[TensorSpec]:

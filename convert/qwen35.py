@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from .base import KV, ModelConverter, array, f32, u32
+from .base import KV, ModelConverter, array, f32, rope_scaling_kv, u32
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec, add_one, neg_exp
@@ -152,7 +152,7 @@ class Qwen35Converter(ModelConverter):
             u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
             u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
         ]
-        kv += self._rope_scaling(rope)
+        kv += rope_scaling_kv(self.gguf_arch, rope)
         sections = list(rope.get("mrope_section") or DEFAULT_MROPE_SECTION)
         sections = (sections + [0] * 4)[:4]
         kv.append(array(f"{a}.rope.dimension_sections", sections, GGUFValueType.INT32))
@@ -178,25 +178,6 @@ class Qwen35Converter(ModelConverter):
 
     def _ffn_metadata(self) -> list[KV]:
         return [u32(f"{self.gguf_arch}.feed_forward_length", self.hp["intermediate_size"])]
-
-    def _rope_scaling(self, rope: dict) -> list[KV]:
-        a = self.gguf_arch
-        kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
-        if kind in (None, "default"):
-            return []
-        if kind == "linear" and factor is not None:
-            return [KV(f"{a}.rope.scaling.type", "linear", GGUFValueType.STRING),
-                    f32(f"{a}.rope.scaling.factor", factor)]
-        if kind == "yarn" and factor is not None:
-            kv = [KV(f"{a}.rope.scaling.type", "yarn", GGUFValueType.STRING),
-                  f32(f"{a}.rope.scaling.factor", factor),
-                  u32(f"{a}.rope.scaling.original_context_length", rope["original_max_position_embeddings"])]
-            optional = {"extrapolation_factor": "rope.scaling.yarn_ext_factor",
-                        "attention_factor": "rope.scaling.yarn_attn_factor",
-                        "beta_fast": "rope.scaling.yarn_beta_fast",
-                        "beta_slow": "rope.scaling.yarn_beta_slow"}
-            return kv + [f32(f"{a}.{key}", rope[name]) for name, key in optional.items() if name in rope]
-        raise ConversionError(f"rope type {kind!r} is not supported for {self.gguf_arch} (default, linear and yarn are)")
 
     def tensors(self) -> list[TensorSpec]:
         return self._specs

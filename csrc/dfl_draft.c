@@ -2,6 +2,7 @@
  * come from the target's hidden features (context) and from a block of
  * [bonus, MASK...] embeddings (noise), attended non-causally. */
 #include "dfl_gguf.h"
+#include "dfl_model.h"
 #include "dfl_pair.h"
 #include "dfl_plan.h"
 #include "dfl_runtime.h"
@@ -79,6 +80,7 @@ struct dfl_draft {
     int n_embd, n_layer, n_ff, n_head, n_head_kv, head_dim, n_rot, block_size, mask_id;
     int n_feat, target_layers[16];
     float eps, rope_base, embd_scale, logit_scale, softcap;
+    dfl_rope_scaling rope_scaling;
     /* sliding layers attend within swa_window positions; `causal` (-1: not set) makes every
      * layer causal inside the block or none; unset, sliding layers are and full ones are
      * not (z-lab's reference drafter) */
@@ -241,6 +243,12 @@ static dfl_status read_model(dfl_draft * d) {
     TRY(read_u32(g, ".block_size", false, 16, &d->block_size));
     TRY(dfl_gguf_f32(g, ".attention.layer_norm_rms_epsilon", true, 0.0f, &d->eps));
     TRY(dfl_gguf_f32(g, ".rope.freq_base", false, 10000.0f, &d->rope_base));
+    {
+        uint32_t n_ctx_train;
+        const char * type;
+        TRY(dfl_gguf_u32(g, ".context_length", false, 0, &n_ctx_train));
+        TRY(dfl_rope_scaling_read(g, (int) n_ctx_train, -1, 0.0f, 0, &d->rope_scaling, &type));
+    }
     TRY(dfl_gguf_f32(g, ".embedding_scale", false, 1.0f, &d->embd_scale));
     TRY(dfl_gguf_f32(g, ".logit_scale", false, 1.0f, &d->logit_scale));
     TRY(dfl_gguf_f32(g, ".final_logit_softcapping", false, 0.0f, &d->softcap));
@@ -543,8 +551,9 @@ static struct ggml_tensor * norm(dfl_draft * d, struct ggml_context * ctx, struc
 
 static struct ggml_tensor * rope(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * x,
                                  struct ggml_tensor * pos) {
-    return ggml_rope_ext(ctx, x, pos, NULL, d->n_rot, GGML_ROPE_TYPE_NEOX, 0, d->rope_base, 1.0f, 0.0f, 1.0f, 0.0f,
-                         0.0f);
+    const dfl_rope_scaling * r = &d->rope_scaling;
+    return ggml_rope_ext(ctx, x, pos, NULL, d->n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, d->rope_base, r->freq_scale,
+                         r->ext_factor, r->attn_factor, r->beta_fast, r->beta_slow);
 }
 
 /* Project hidden states h [E, n] to this layer's keys/values and store them at `slots`. */

@@ -31,19 +31,75 @@ const char * dfl_model_arch_names(void) {
     return names;
 }
 
-/* Every builder rotates with the plain frequencies: a file asking for scaled RoPE would
- * run with wrong positions past the trained context, so it is refused by name. */
-static dfl_status check_rope_scaling(const dfl_model * m) {
+static dfl_status rope_key(const dfl_gguf * g, const char * name, float def, float * out) {
     char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", m->file.arch);
-    const int64_t k = gguf_find_key(m->file.meta, key);
-    if (k < 0) {
-        return DFL_OK;
+    snprintf(key, sizeof key, ".rope.scaling.%s", name);
+    return dfl_gguf_f32(g, key, false, def, out);
+}
+
+static float yarn_mscale(float factor, float mul) {
+    return factor <= 1.0f ? 1.0f : 0.1f * mul * logf(factor) + 1.0f;
+}
+
+/* The rope.scaling.* keys and the overrides resolved the way llama.cpp's context resolves
+ * them, so that a file rotates here as it does there. ggml's YaRN multiplies by
+ * 1 + 0.1 ln(factor) itself, which is the attention factor transformers derives by default;
+ * llama.cpp cancels its own estimate of that factor against ggml's, leaving
+ * rope.scaling.attn_factor (default 1) as the multiplier. */
+dfl_status dfl_rope_scaling_read(const dfl_gguf * g, int n_ctx_train, int type_override, float freq_scale,
+                                 int n_ctx_orig, dfl_rope_scaling * r, const char ** type_out) {
+    static const char * const names[] = { "none", "linear", "yarn" };
+    *r = (dfl_rope_scaling) { 1.0f, 0.0f, 1.0f, 32.0f, 1.0f, n_ctx_train };
+    if (type_override < -1 || type_override > 2 || !(freq_scale >= 0.0f) || !isfinite(freq_scale) || n_ctx_orig < 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "invalid RoPE scaling override (type %d, frequency scale %g, original "
+                        "context %d)", type_override, (double) freq_scale, n_ctx_orig);
     }
-    const char * type = gguf_get_kv_type(m->file.meta, k) == GGUF_TYPE_STRING ? gguf_get_val_str(m->file.meta, k) : "?";
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", g->arch);
+    const int64_t k = gguf_find_key(g->meta, key);
+    const char * type = type_override >= 0 ? names[type_override]
+                      : k < 0 ? "linear" /* llama.cpp's default: a factor alone scales linearly */
+                      : gguf_get_kv_type(g->meta, k) == GGUF_TYPE_STRING ? gguf_get_val_str(g->meta, k) : "?";
+    *type_out = type;
+    const bool yarn = strcmp(type, "yarn") == 0;
+    if (!yarn && strcmp(type, "linear") != 0 && strcmp(type, "none") != 0) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' uses RoPE scaling '%s'; none, linear and yarn are implemented",
+                        g->path, type);
+    }
+    float factor, attn = 1.0f, ext = -1.0f, log_mul = 0.0f;
+    uint32_t orig = 0;
+    TRY(rope_key(g, "factor", 0.0f, &factor));
+    TRY(rope_key(g, "attn_factor", 1.0f, &attn));
+    TRY(rope_key(g, "yarn_ext_factor", -1.0f, &ext));
+    TRY(rope_key(g, "yarn_beta_fast", 32.0f, &r->beta_fast));
+    TRY(rope_key(g, "yarn_beta_slow", 1.0f, &r->beta_slow));
+    TRY(rope_key(g, "yarn_log_multiplier", 0.0f, &log_mul));
+    TRY(dfl_gguf_u32(g, ".rope.scaling.original_context_length", false, 0, &orig));
+    if (!(factor >= 0.0f) || !isfinite(factor) || !(attn > 0.0f) || !isfinite(attn) || !isfinite(ext) ||
+        !isfinite(r->beta_fast) || !isfinite(r->beta_slow) || !isfinite(log_mul)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid RoPE scaling parameters", g->path);
+    }
     if (strcmp(type, "none") != 0) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s' uses RoPE scaling '%s', which this version does not implement",
-                        m->file.path, type);
+        r->freq_scale = freq_scale > 0.0f ? freq_scale : factor == 0.0f ? 1.0f : 1.0f / factor;
+    }
+    r->n_ctx_orig = n_ctx_orig > 0 ? n_ctx_orig : orig > 0 ? (int) orig : n_ctx_train;
+    r->ext_factor = ext < 0.0f ? (yarn ? 1.0f : 0.0f) : ext;
+    if (r->ext_factor != 0.0f) {
+        const float f = 1.0f / r->freq_scale;
+        const float mscale = log_mul != 0.0f ? yarn_mscale(f, 1.0f) / yarn_mscale(f, log_mul) : yarn_mscale(f, 1.0f);
+        r->attn_factor = mscale / (1.0f + 0.1f * logf(f));
+    }
+    r->attn_factor *= attn;
+    return DFL_OK;
+}
+
+dfl_status dfl_model_rope_scaling(dfl_model * m, int type_override, float freq_scale, int n_ctx_orig) {
+    const dfl_rope_scaling * r = &m->rope;
+    const char * type = NULL;
+    TRY(dfl_rope_scaling_read(&m->file, m->n_ctx_train, type_override, freq_scale, n_ctx_orig, &m->rope, &type));
+    if (m->no_rope_scaling && (r->freq_scale != 1.0f || r->ext_factor != 0.0f)) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': RoPE scaling '%s' is not implemented for %s", m->file.path, type,
+                        m->arch->family);
     }
     return DFL_OK;
 }
@@ -91,11 +147,11 @@ dfl_status dfl_model_open(const char * path, dfl_model * m) {
                       m->file.arch, dfl_model_arch_names());
     }
     if (st == DFL_OK) {
-        st = check_rope_scaling(m);
-    }
-    if (st == DFL_OK) {
         m->embd_scale = 1.0f;
         st = m->arch->load(m);
+    }
+    if (st == DFL_OK) {
+        st = dfl_model_rope_scaling(m, -1, 0.0f, 0);
     }
     if (st == DFL_OK) {
         st = dfl_vocab_check(&m->file, m->n_vocab); /* before llama.cpp reads the vocabulary */
@@ -200,6 +256,13 @@ dfl_status dfl_model_hybrid_layout(dfl_model * m) {
 }
 
 /* ---- building blocks ---------------------------------------------------------------- */
+
+struct ggml_tensor * dfl_rope(const dfl_model * m, struct ggml_context * ctx, struct ggml_tensor * x,
+                              struct ggml_tensor * pos, struct ggml_tensor * freqs, int n_rot, float base) {
+    const dfl_rope_scaling * r = &m->rope;
+    return ggml_rope_ext(ctx, x, pos, freqs, n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, base, r->freq_scale,
+                         r->ext_factor, r->attn_factor, r->beta_fast, r->beta_slow);
+}
 
 struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps) {
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);

@@ -36,6 +36,18 @@ typedef struct dfl_recurrent_geometry {
 typedef struct dfl_model dfl_model;
 typedef struct dfl_graph dfl_graph;
 
+/* RoPE frequency scaling as ggml_rope_ext takes it (llama.cpp's rope.scaling.* keys,
+ * resolved as llama.cpp's context does): none is freq_scale 1 and ext_factor 0. */
+typedef struct dfl_rope_scaling {
+    float freq_scale, ext_factor, attn_factor, beta_fast, beta_slow;
+    int n_ctx_orig; /* the trained context the YaRN ramps are measured against */
+} dfl_rope_scaling;
+
+/* A file's rope.scaling.* keys resolved with llama.cpp-style overrides (type -1 the file's,
+ * 0 none, 1 linear, 2 yarn; freq_scale 0 and n_ctx_orig 0 the file's); *type the method. */
+dfl_status dfl_rope_scaling_read(const dfl_gguf * g, int n_ctx_train, int type, float freq_scale, int n_ctx_orig,
+                                 dfl_rope_scaling * out, const char ** type_name);
+
 typedef struct dfl_arch {
     const char * name;   /* general.architecture */
     const char * family; /* for messages */
@@ -52,6 +64,8 @@ struct dfl_model {
     float eps;           /* of the final norm */
     float embd_scale;    /* token embeddings are multiplied by it (1: not scaled) */
     float logit_softcap; /* logits = c * tanh(logits / c) when > 0 */
+    dfl_rope_scaling rope;
+    bool no_rope_scaling; /* the architecture runs unscaled RoPE only */
     dfl_layer_kind kind[DFL_MAX_LAYERS];
     dfl_attention_geometry attn[DFL_MAX_LAYERS]; /* attention layers */
     dfl_recurrent_geometry rec;                  /* when n_recurrent > 0 */
@@ -65,6 +79,9 @@ struct dfl_model {
 /* Open a GGUF, pick its architecture and load its description (no weight data is read). */
 dfl_status dfl_model_open(const char * path, dfl_model * m);
 void dfl_model_close(dfl_model * m);
+/* Resolve m->rope from the file's rope.scaling keys and llama.cpp-style overrides:
+ * type -1 the file's (0 none, 1 linear, 2 yarn), freq_scale 0 and n_ctx_orig 0 the file's. */
+dfl_status dfl_model_rope_scaling(dfl_model * m, int type, float freq_scale, int n_ctx_orig);
 /* Comma-separated names of the architectures this build runs. */
 const char * dfl_model_arch_names(void);
 
@@ -99,6 +116,9 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
 
 /* ---- shared building blocks -------------------------------------------------------- */
 
+/* NeoX-style ggml_rope_ext with the model's frequency scaling. */
+struct ggml_tensor * dfl_rope(const dfl_model * m, struct ggml_context * ctx, struct ggml_tensor * x,
+                              struct ggml_tensor * pos, struct ggml_tensor * freqs, int n_rot, float base);
 struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps);
 /* x / sqrt(sum(x^2) + eps) per row */
 struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor * x, float eps);

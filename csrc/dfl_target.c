@@ -36,6 +36,7 @@ DFL_API void dfl_target_default_params(dfl_target_params * p) {
     p->kv_type = GGML_TYPE_F16;
     p->kv_type_v = -1;
     p->n_gpu_layers = -1;
+    p->rope_scaling_type = -1;
 }
 
 static dfl_status check_params(const dfl_model * m, dfl_target_params * p) {
@@ -49,6 +50,12 @@ static dfl_status check_params(const dfl_model * m, dfl_target_params * p) {
     }
     if (p->n_seq > DFL_MAX_SEQ) {
         return dfl_fail(DFL_ERR_ARGUMENT, "n_seq (%d) exceeds the supported %d sequences", p->n_seq, DFL_MAX_SEQ);
+    }
+    const dfl_rope_scaling * r = &m->rope;
+    if (r->ext_factor != 0.0f && (double) p->n_ctx > (double) r->n_ctx_orig / r->freq_scale) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "context size %d is past what YaRN covers: factor %g over the original "
+                        "context %d is %.0f positions", p->n_ctx, 1.0 / r->freq_scale, r->n_ctx_orig,
+                        (double) r->n_ctx_orig / r->freq_scale);
     }
     /* a prompt chunk never holds more than the context: a larger n_ubatch only means whole prompts */
     if (p->n_ubatch > p->n_ctx) p->n_ubatch = p->n_ctx;
@@ -220,7 +227,10 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
         return st;
     }
     t->tok_lookup = t->m.tok_embd;
-    st = check_params(&t->m, &t->p);
+    st = dfl_model_rope_scaling(&t->m, t->p.rope_scaling_type, t->p.rope_freq_scale, t->p.yarn_orig_ctx);
+    if (st == DFL_OK) {
+        st = check_params(&t->m, &t->p);
+    }
     if (st == DFL_OK) {
         /* a tree verify's recurrence adds a few dozen graph nodes per recurrent layer,
          * whatever the tree's size; every further sequence in a step its own attention,

@@ -73,6 +73,9 @@ typedef struct dfl_target_params {
                                  caches) go on it, the rest stays on the CPU; the LM head too
                                  when n > n_layer; < 0: everything (default) */
     int32_t n_seq;            /* sequence slots, each of n_ctx positions (1..16); <= 0: 1 */
+    int32_t rope_scaling_type; /* llama.cpp's --rope-scaling: -1 the file's, 0 none, 1 linear, 2 yarn */
+    float rope_freq_scale;    /* 1 / --rope-scale; 0: the file's */
+    int32_t yarn_orig_ctx;    /* --yarn-orig-ctx; 0: the file's (else its training context) */
 } dfl_target_params;
 
 typedef struct dfl_target_info {

@@ -60,6 +60,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="attention K cache type (default auto: f16, or q8_0/q4_0 when f16 does not fit the "
                         "device or --memory-limit)")
     p.add_argument("-ctv", "--cache-type-v", choices=sorted(KV_TYPES), help="attention V cache type (default: as K)")
+    p.add_argument("--rope-scaling", choices=["none", "linear", "yarn"],
+                   help="RoPE frequency scaling method (default: the model's)")
+    p.add_argument("--rope-scale", type=float, default=0.0, metavar="N",
+                   help="RoPE context scaling factor: expands the context by N (default: the model's)")
+    p.add_argument("--yarn-orig-ctx", type=int, default=0, metavar="N",
+                   help="YaRN: the model's original context size (default: the model's)")
     p.add_argument("-ngl", "--n-gpu-layers", type=int,
                    help="target layers on the accelerator when one exists: the last N layers go there, the rest "
                         "stay on the CPU; N > layer count also moves the LM head; -1 = all (default); "
@@ -403,7 +409,8 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "chain_rule": "--chain-rule", "grammar": "--grammar", "json_schema": "-j/--json-schema",
          "spec_type": "--spec-type", "spec_draft_n_max": "--spec-draft-n-max",
          "spec_draft_conf_min": "--spec-draft-conf-min", "spec_ngram_simple_size_n": "--spec-ngram-simple-size-n",
-         "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min"}
+         "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
+         "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx"}
 
 
 def config_error(prog: str, e: ConfigError) -> int:
@@ -425,7 +432,8 @@ def engine_options(args) -> dict:
                 n_seq=n_seq, spec_type=None if args.no_spec else args.spec_type,
                 spec_draft_n_max=args.spec_draft_n_max, spec_draft_conf_min=args.spec_draft_conf_min,
                 spec_ngram_simple_size_n=args.spec_ngram_simple_size_n,
-                spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min)
+                spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min,
+                rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx)
 
 
 def open_engine(prog: str, model: str, draft, args):

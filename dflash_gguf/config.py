@@ -141,6 +141,10 @@ def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = ""
     return value
 
 
+# llama.cpp's --rope-scaling values, in its enum's order (the C runtime's type numbers)
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
 @dataclass
 class EngineSetup:
     """What an Engine loads, derived and checked from its options (also what the memory
@@ -172,7 +176,8 @@ class EngineSetup:
            draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE,
            n_seq: int = 1, spec_type=None, spec_draft_n_max: Optional[int] = None,
            spec_draft_conf_min: float = 0.0, spec_ngram_simple_size_n: int = 12,
-           spec_ngram_mod_n_match: int = 24, spec_ngram_mod_n_min: int = 48) -> "EngineSetup":
+           spec_ngram_mod_n_match: int = 24, spec_ngram_mod_n_min: int = 48, rope_scaling: Optional[str] = None,
+           rope_scale: float = 0.0, yarn_orig_ctx: int = 0) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -213,12 +218,21 @@ class EngineSetup:
         if ngram_kinds and budget:
             raise ConfigError("spec_type", f"{','.join(ngram_kinds)} beside draft-dflash verifies a chain; "
                                            "leave out --tree-budget")
+        if rope_scaling is not None and rope_scaling not in ROPE_SCALING_TYPES:
+            raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
+                              f"got {rope_scaling!r}")
+        if isinstance(rope_scale, bool) or not isinstance(rope_scale, (int, float)) or not math.isfinite(rope_scale) \
+                or rope_scale < 0:
+            raise ConfigError("rope_scale", f"the RoPE context scale must be a number > 0 (0: the model's), "
+                              f"got {rope_scale!r}")
+        _count("yarn_orig_ctx", yarn_orig_ctx, 0, what="the original context of YaRN (0: the model's)")
         n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
         n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds else 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
-            repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq)
+            repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq, rope_scaling=rope_scaling,
+            rope_scale=float(rope_scale), yarn_orig_ctx=yarn_orig_ctx)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         # (and beside the n-gram kinds, the drafter's confidence is its expected accepted length)
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds else 1)

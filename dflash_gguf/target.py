@@ -59,6 +59,9 @@ class TargetConfig:
     # the rest on the CPU; -1: everything on the accelerator
     n_gpu_layers: int = -1
     n_seq: int = 1  # sequence slots, each of n_ctx positions
+    rope_scaling: Optional[str] = None  # none / linear / yarn; None: the file's
+    rope_scale: float = 0.0  # context scale factor (freq_scale = 1 / it); 0: the file's
+    yarn_orig_ctx: int = 0  # YaRN's original context; 0: the file's
 
 
 def target_params(cfg: TargetConfig):
@@ -77,6 +80,9 @@ def target_params(cfg: TargetConfig):
         raise ValueError(f"n_gpu_layers must be >= -1, got {cfg.n_gpu_layers}")
     p.n_gpu_layers = cfg.n_gpu_layers
     p.n_seq = int(cfg.n_seq)
+    p.rope_scaling_type = -1 if cfg.rope_scaling is None else ("none", "linear", "yarn").index(cfg.rope_scaling)
+    p.rope_freq_scale = 1.0 / cfg.rope_scale if cfg.rope_scale > 0 else 0.0
+    p.yarn_orig_ctx = int(cfg.yarn_orig_ctx)
     layers = list(cfg.feature_layers)
     if len(layers) > 16:
         raise ValueError("at most 16 feature layers are supported")

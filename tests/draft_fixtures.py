@@ -12,12 +12,13 @@ from fixtures import run_llama_cpp_converter
 
 def make_dflash(directory: str | os.PathLike, target_dir: str | os.PathLike, *, layers: int = 2,
                 target_layer_ids=(0, 2), block_size: int = 8, seed: int = 0, heads: int = 4,
-                kv_heads: int = 2, head_dim: int = 32, ffn: int = 256, dflash2: dict | None = None) -> Path:
+                kv_heads: int = 2, head_dim: int = 32, ffn: int = 256, dflash2: dict | None = None,
+                rope_scaling: dict | None = None, max_positions: int = 4096) -> Path:
     """A DFlashDraftModel sized for the target in `target_dir`, random weights under `seed`.
 
     `dflash2` (conv_kernel_size, conv_group_size, selector_rank, selector_top_k) makes a
     DFlash2DraftModel instead, saved the way z-lab publishes them (selector codebooks
-    without the `.weight` suffix)."""
+    without the `.weight` suffix). `rope_scaling`: extra rope_parameters fields."""
     from dflash.model import DFlash2DraftModel, DFlashDraftModel
     from transformers import Qwen3Config
 
@@ -26,8 +27,10 @@ def make_dflash(directory: str | os.PathLike, target_dir: str | os.PathLike, *, 
     cfg = Qwen3Config(
         vocab_size=target_cfg["vocab_size"], hidden_size=target_cfg["hidden_size"], intermediate_size=ffn,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-        max_position_embeddings=4096, rope_theta=10_000_000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=max_positions, rope_theta=10_000_000.0, rms_norm_eps=1e-6,
     )
+    if rope_scaling:
+        cfg.rope_parameters = {"rope_theta": 10_000_000.0, **rope_scaling}
     mask_id = target_cfg["vocab_size"] - 5  # <|endoftext|> of the fixture tokenizer: never generated
     cfg.dflash_config = {"target_layer_ids": list(target_layer_ids), "block_size": block_size, "mask_token_id": mask_id,
                          **(dflash2 or {})}

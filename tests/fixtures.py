@@ -294,16 +294,20 @@ def _tiny_model_dir(directory, tokenizer_regex: str, vocab_size: int | None):
 
 def make_qwen3(directory: str | os.PathLike, *, vocab_size: int | None = None, hidden: int = 128, layers: int = 3,
                heads: int = 4, kv_heads: int = 2, head_dim: int = 32, ffn: int = 256, tie: bool = False,
-               seed: int = 0, dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen2") -> Path:
+               seed: int = 0, dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen2",
+               rope_scaling: dict | None = None, max_positions: int = 4096) -> Path:
     """A tiny seeded Qwen3ForCausalLM (with tokenizer) saved in `directory`. Qwen3's norms
-    are plain weights: they are randomised around 1."""
+    are plain weights: they are randomised around 1. `rope_scaling`: extra rope_parameters
+    fields (rope_type, factor, ...)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     directory, vocab_size, eos_id, pad_id = _tiny_model_dir(directory, tokenizer_regex, vocab_size)
     cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                      max_position_embeddings=4096, tie_word_embeddings=tie, eos_token_id=eos_id,
+                      max_position_embeddings=max_positions, tie_word_embeddings=tie, eos_token_id=eos_id,
                       pad_token_id=pad_id, rope_theta=1_000_000.0, dtype=dtype)
+    if rope_scaling:
+        cfg.rope_parameters = {"rope_theta": 1_000_000.0, **rope_scaling}
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
     _randomize(model, seed)

@@ -108,6 +108,7 @@ static dfl_status load(dfl_model * m) {
     TRY(dfl_model_key_or(m, ".expert_used_count", 0, &n_used));
     TRY(dfl_model_key_or(m, ".expert_feed_forward_length", 0, &n_ff_exp));
     TRY(dfl_gguf_f32(&m->file, ".attention.layer_norm_rms_epsilon", true, 0.0f, &eps));
+    m->no_rope_scaling = true; /* llama.cpp scales sliding layers by keys of their own, not read here */
     TRY(dfl_gguf_f32(&m->file, ".rope.freq_base", false, 1000000.0f, &base_full));
     TRY(dfl_gguf_f32(&m->file, ".rope.freq_base_swa", false, 10000.0f, &base_swa));
     TRY(dfl_gguf_f32(&m->file, ".final_logit_softcapping", false, 0.0f, &m->logit_softcap));

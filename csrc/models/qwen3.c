@@ -86,8 +86,8 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, cur);
     q = dfl_rms_norm(ctx, q, L->q_norm, w->eps);
     k = dfl_rms_norm(ctx, k, L->k_norm, w->eps);
-    q = ggml_rope_ext(ctx, q, g->pos, NULL, w->n_rot, GGML_ROPE_TYPE_NEOX, 0, w->rope_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
-    k = ggml_rope_ext(ctx, k, g->pos, NULL, w->n_rot, GGML_ROPE_TYPE_NEOX, 0, w->rope_base, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    q = dfl_rope(m, ctx, q, g->pos, NULL, w->n_rot, w->rope_base);
+    k = dfl_rope(m, ctx, k, g->pos, NULL, w->n_rot, w->rope_base);
     cur = dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd));
     x = ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), x);
 

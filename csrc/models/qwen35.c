@@ -107,8 +107,8 @@ dfl_status qwen35_load_mixer(const dfl_model * m, const qwen35_hparams * hp, int
 /* Gated attention: q_proj packs [q, gate] per head; the output is scaled by
  * sigmoid(gate). Qwen3.5's interleaved multi-section RoPE carries one position in
  * every section for text, which makes it the NeoX rotation over the first n_rot dims. */
-static struct ggml_tensor * build_attention(const qwen35_hparams * hp, const qwen35_mixer * L, dfl_graph * g, int il,
-                                            struct ggml_tensor * cur) {
+static struct ggml_tensor * build_attention(const dfl_model * m, const qwen35_hparams * hp, const qwen35_mixer * L,
+                                            dfl_graph * g, int il, struct ggml_tensor * cur) {
     struct ggml_context * ctx = g->ctx;
     const int hd = hp->head_dim, n = g->n;
     const size_t f32 = sizeof(float);
@@ -120,10 +120,8 @@ static struct ggml_tensor * build_attention(const qwen35_hparams * hp, const qwe
     struct ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, cur), hd, hp->n_head_kv, n);
     k = dfl_rms_norm(ctx, k, L->k_norm, hp->eps);
     struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, cur);
-    q = ggml_rope_ext(ctx, q, g->pos, NULL, hp->n_rot, GGML_ROPE_TYPE_NEOX, 0, hp->rope_base, 1.0f, 0.0f, 1.0f, 0.0f,
-                      0.0f);
-    k = ggml_rope_ext(ctx, k, g->pos, NULL, hp->n_rot, GGML_ROPE_TYPE_NEOX, 0, hp->rope_base, 1.0f, 0.0f, 1.0f, 0.0f,
-                      0.0f);
+    q = dfl_rope(m, ctx, q, g->pos, NULL, hp->n_rot, hp->rope_base);
+    k = dfl_rope(m, ctx, k, g->pos, NULL, hp->n_rot, hp->rope_base);
 
     struct ggml_tensor * o = dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd));
     o = ggml_mul(ctx, o, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, (int64_t) hd * hp->n_head, n)));
@@ -164,7 +162,7 @@ static struct ggml_tensor * build_delta_net(const dfl_model * m, const qwen35_hp
 struct ggml_tensor * qwen35_build_mixer(const dfl_model * m, const qwen35_hparams * hp, const qwen35_mixer * L,
                                         dfl_graph * g, int il, struct ggml_tensor * x) {
     struct ggml_tensor * cur = dfl_rms_norm(g->ctx, x, L->attn_norm, hp->eps);
-    cur = m->kind[il] == DFL_LAYER_RECURRENT ? build_delta_net(m, hp, L, g, il, cur) : build_attention(hp, L, g, il, cur);
+    cur = m->kind[il] == DFL_LAYER_RECURRENT ? build_delta_net(m, hp, L, g, il, cur) : build_attention(m, hp, L, g, il, cur);
     return ggml_add(g->ctx, cur, x);
 }
 
