@@ -15,6 +15,7 @@ from .ngram import ngram_sources
 from .proposers import MixedProposer, NgramProposer, PlainProposer
 from .sampling import SamplingParams
 from .speculative import chain_proposer, default_p_min, tree_proposer
+from .streamtext import partial_marker
 from .target import Target
 from .tokenizer import Tokenizer
 
@@ -408,7 +409,7 @@ class TextStream:
             self.stop_string = _stop_at(self.pending, cut, self.stop)
             out, self.pending = self.pending[:cut], ""
             return out
-        keep = _stop_prefix_len(self.pending, self.stop)
+        keep = partial_marker(self.pending, self.stop)
         out = self.pending[:len(self.pending) - keep]
         self.pending = self.pending[len(self.pending) - keep:]
         return out
@@ -442,14 +443,3 @@ def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
 def _stop_at(text: str, cut: int, stops: Sequence[str]) -> str:
     """The stop string found at text[cut:] (the longest, when several start there)."""
     return max((s for s in stops if s and text.startswith(s, cut)), key=len)
-
-
-def _stop_prefix_len(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best

@@ -32,6 +32,7 @@ import json
 import re
 from typing import Callable, List, Optional, Sequence
 
+from .streamtext import partial_marker
 from .toolcalls import ToolCall
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -93,17 +94,6 @@ def template_messages(messages: Sequence[dict]) -> List[dict]:
                 out.append(results[k])
         out.extend(results[len(calls):])
     return out
-
-
-def _partial_suffix(text: str, markers: Sequence[str]) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of a marker."""
-    best = 0
-    for marker in markers:
-        for n in range(min(len(marker) - 1, len(text)), best, -1):
-            if text.endswith(marker[:n]):
-                best = n
-                break
-    return best
 
 
 _ROLE = re.compile(r"\s*(?:<\|start\|>\s*\w*)?")
@@ -190,7 +180,7 @@ class HarmonyParser:
             self._buf = header[cut + len(MESSAGE):]
             self._open(header[:cut], out)
             return True
-        whole = header[:len(header) - _partial_suffix(header, [MESSAGE])]  # less a <|message|> begun
+        whole = header[:len(header) - partial_marker(header, [MESSAGE])]  # less a <|message|> begun
         if ended or len(whole) > MAX_HEADER or not _may_be_header(whole):
             # not a header: the text is content, and reading goes on in a body
             self._header, self._buf = None, header
@@ -230,7 +220,7 @@ class HarmonyParser:
             self._buf = self._buf[i + (len(marker) if marker != START else 0):]
             self._header = ""
             return True
-        keep = 0 if final else _partial_suffix(self._buf, (*TERMINATORS, START))
+        keep = 0 if final else partial_marker(self._buf, (*TERMINATORS, START))
         self._body_text(self._buf[:len(self._buf) - keep], out)
         self._buf = self._buf[len(self._buf) - keep:]
         return False

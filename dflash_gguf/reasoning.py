@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Sequence
 
+from .streamtext import partial_marker
+
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 
 
@@ -37,16 +39,6 @@ def syntax_of(template_source: str) -> ThinkingSyntax:
 def opens_thinking(prompt: str, syntax: ThinkingSyntax) -> bool:
     """Whether the prompt ends inside a thinking block (the reply starts with thoughts)."""
     return prompt.rstrip().endswith(syntax.open)
-
-
-def _partial_suffix(text: str, markers: Sequence[str]) -> int:
-    best = 0
-    for marker in markers:
-        for n in range(min(len(marker) - 1, len(text)), best, -1):
-            if text.endswith(marker[:n]):
-                best = n
-                break
-    return best
 
 
 class ReasoningSplitter:
@@ -82,7 +74,7 @@ class ReasoningSplitter:
                     self._buf = self._buf[i + len(marker):] if marker == self.syntax.close else self._buf[i:]
                     self._thinking, self._lead = False, True
                     continue
-                keep = _partial_suffix(self._buf, self._ends)
+                keep = partial_marker(self._buf, self._ends)
             else:
                 i = self._buf.find(self.syntax.open)
                 if i >= 0:
@@ -90,7 +82,7 @@ class ReasoningSplitter:
                     self._buf = self._buf[i + len(self.syntax.open):]
                     self._thinking, self._lead, self._held = True, True, ""
                     continue
-                keep = _partial_suffix(self._buf, [self.syntax.open])
+                keep = partial_marker(self._buf, [self.syntax.open])
             cut = len(self._buf) - keep
             (self._reason if self._thinking else self._content)(self._buf[:cut], events)
             self._buf = self._buf[cut:]

@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .streamtext import partial_marker
+
 FORMATS = ("hermes", "qwen-xml", "gemma4", "harmony", "generic")
 
 
@@ -161,14 +163,6 @@ def schemas_of(tools: Sequence[dict]) -> Schemas:
 
 # -- parsing a reply as it streams ---------------------------------------------------------------
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
-
-
 class ToolCallParser:
     """Splits reply text into content and tool calls as it arrives. feed() and
     finish() return events: ("content", text) or ("call", ToolCall). Text that may
@@ -203,7 +197,7 @@ class ToolCallParser:
             else:
                 start = self._buf.find(s.open)
                 if start < 0:
-                    keep = _partial_suffix(self._buf, s.open)
+                    keep = partial_marker(self._buf, [s.open])
                     if len(self._buf) > keep:
                         events.append(("content", self._buf[:len(self._buf) - keep]))
                         self._buf = self._buf[len(self._buf) - keep:]
