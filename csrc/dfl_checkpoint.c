@@ -22,6 +22,7 @@
  * order for every slot. */
 #include "dfl_checkpoint.h"
 #include "dfl_target_impl.h"
+#include "dfl_token_source.h"
 
 #include <ggml-alloc.h>
 #include <ggml-backend.h>
@@ -281,7 +282,7 @@ DFL_API dfl_status dfl_checkpoint_save(dfl_target * t, dfl_draft * d, int32_t se
     }
     *out = NULL;
     TRY(check_target_seq(t, seq));
-    if (d && dfl_draft_target(d) != t) {
+    if (d && dfl_draft_tokens(d)->target != t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the drafter was loaded for another target");
     }
     const dfl_seq * q = &t->mem.seq[seq];

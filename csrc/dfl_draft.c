@@ -8,6 +8,7 @@
 #include "dfl_runtime.h"
 #include "dfl_sampler.h"
 #include "dfl_target.h"
+#include "dfl_token_source.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -100,12 +101,13 @@ struct dfl_draft {
     ggml_backend_buffer_t buf_state;
     struct ggml_tensor * k_cache[DRAFT_MAX_LAYERS];
     struct ggml_tensor * v_cache[DRAFT_MAX_LAYERS];
-    struct ggml_tensor * block[DFL_MAX_SEQ]; /* [block_size] each sequence's last block, bonus first, for the target */
+    /* [block_size] each sequence's last block, bonus first, and its tokens (0: none since
+     * its context changed), left for the target's verify */
+    dfl_token_source blocks;
     int n_seq;
     int n_ctx;      /* context positions a sequence can hold: the target's */
     int ring;
     int n_tokens[DFL_MAX_SEQ]; /* context positions each sequence filled */
-    int n_block[DFL_MAX_SEQ];  /* tokens of each sequence's last block (0: none since its context changed) */
 
     int n_out; /* drafted rows of the last propose */
 
@@ -334,7 +336,7 @@ static dfl_status define_state(dfl_draft * d) {
         d->v_cache[il] = ggml_new_tensor_2d(d->ctx_state, (enum ggml_type) d->p.kv_type, kv_dim, rows);
     }
     for (int s = 0; s < d->n_seq; s++) {
-        d->block[s] = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
+        d->blocks.tokens[s] = ggml_new_tensor_1d(d->ctx_state, GGML_TYPE_I32, d->block_size);
     }
     return DFL_OK;
 }
@@ -364,6 +366,7 @@ static dfl_status open_draft(const char * path, dfl_target * target, const dfl_d
         dfl_sampler_init(&d->sampler[s]);
     }
     d->target = target;
+    d->blocks.target = target;
     if (params) {
         d->p = *params;
     } else {
@@ -485,7 +488,7 @@ DFL_API dfl_status dfl_draft_reset(dfl_draft * d) {
     }
     for (int s = 0; s < d->n_seq; s++) {
         d->n_tokens[s] = 0;
-        d->n_block[s] = 0;
+        d->blocks.n[s] = 0;
     }
     d->n_out = 0;
     return DFL_OK;
@@ -494,7 +497,7 @@ DFL_API dfl_status dfl_draft_reset(dfl_draft * d) {
 DFL_API dfl_status dfl_draft_seq_reset(dfl_draft * d, int32_t seq) {
     TRY(check_seq(d, seq));
     d->n_tokens[seq] = 0;
-    d->n_block[seq] = 0;
+    d->blocks.n[seq] = 0;
     return DFL_OK;
 }
 
@@ -520,7 +523,7 @@ int64_t dfl_draft_cache_base(const dfl_draft * d, int seq) { return (int64_t) se
 
 void dfl_draft_set_n_tokens(dfl_draft * d, int seq, int n) {
     d->n_tokens[seq] = n;
-    d->n_block[seq] = 0;
+    d->blocks.n[seq] = 0;
     d->n_out = 0;
 }
 
@@ -653,7 +656,7 @@ DFL_API dfl_status dfl_draft_append(dfl_draft * d, int32_t seq, const int32_t * 
     TRY(dfl_runtime_compute(&d->rt, 0, gf));
     d->n_step_nodes = d->rt.n_last_nodes;
     d->n_tokens[seq] += n;
-    d->n_block[seq] = 0;
+    d->blocks.n[seq] = 0;
     d->n_out = 0;
     return DFL_OK;
 }
@@ -866,7 +869,7 @@ static void build_propose(dfl_draft * d, struct ggml_context * ctx) {
     }
     for (int i = 0, row0 = 0, brow0 = 0; i < g->n_parts; brow0 += g->part[i].n_block, row0 += g->part[i].n_block - 1, i++) {
         const int n = g->part[i].n_block - 1;
-        struct ggml_tensor * block = d->block[g->part[i].seq];
+        struct ggml_tensor * block = d->blocks.tokens[g->part[i].seq];
         if (d->conv_k > 0) {
             /* the block holds the selector's path */
             build_selector(d, ctx, gf, rows_of(ctx, logits, row0, n), rows_of(ctx, x, row0, n),
@@ -1054,7 +1057,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
         for (int j = 1; j < g->part[i].n_block; j++) {
             d->host_i32[at + j] = d->mask_id;
         }
-        dfl_runtime_set(&d->rt, d->block[blocks[i].seq], &blocks[i].bonus, 0, sizeof(int32_t));
+        dfl_runtime_set(&d->rt, d->blocks.tokens[blocks[i].seq], &blocks[i].bonus, 0, sizeof(int32_t));
     }
     dfl_runtime_set(&d->rt, g->tokens, d->host_i32, 0, (size_t) B * sizeof(int32_t));
     for (int i = 0, at = 0; i < n; at += g->part[i].n_block, i++) {
@@ -1090,7 +1093,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
     d->rank.fresh = false;
     for (int i = 0; i < n; i++) {
         d->n_tokens[blocks[i].seq] += blocks[i].n_rows;
-        d->n_block[blocks[i].seq] = blocks[i].n_block;
+        d->blocks.n[blocks[i].seq] = blocks[i].n_block;
     }
     d->n_out = D;
     return DFL_OK;
@@ -1101,19 +1104,15 @@ DFL_API dfl_status dfl_draft_block(const dfl_draft * d, int32_t seq, int32_t * d
     if (!dst) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null drafter or output");
     }
-    if (n < 1 || n > d->n_block[seq]) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "%d block tokens requested, the last propose made %d", n, d->n_block[seq]);
+    if (n < 1 || n > d->blocks.n[seq]) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "%d block tokens requested, the last propose made %d", n, d->blocks.n[seq]);
     }
-    dfl_runtime_get(&d->rt, d->block[seq], dst, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_get(&d->rt, d->blocks.tokens[seq], dst, 0, (size_t) n * sizeof(int32_t));
     return DFL_OK;
 }
 
-struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int seq, int n) {
-    return d && seq >= 0 && seq < d->n_seq && n >= 1 && n <= d->n_block[seq] ? d->block[seq] : NULL;
-}
-
-const dfl_target * dfl_draft_target(const dfl_draft * d) {
-    return d->target;
+DFL_API const dfl_token_source * dfl_draft_tokens(const dfl_draft * d) {
+    return d ? &d->blocks : NULL;
 }
 
 DFL_API dfl_status dfl_draft_logits(const dfl_draft * d, float * dst, int32_t row0, int32_t n_rows) {
@@ -1223,7 +1222,7 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
     dfl_draft * d;
     TRY(open_draft(path, target, params, &d));
     dfl_status st = define_state(d);
-    ggml_backend_buffer_t dummy = st == DFL_OK ? dfl_plan_dummy_buffer(d->rt.dev) : NULL;
+    ggml_backend_buffer_t dummy = st == DFL_OK ? dfl_runtime_dummy_buffer(d->rt.dev) : NULL;
     if (st == DFL_OK && !dummy) {
         st = dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", ggml_backend_dev_name(d->rt.dev));
     }
@@ -1233,12 +1232,12 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
             if (d->file.used[i]) {
                 struct ggml_tensor * w = ggml_get_tensor(d->file.ctx, gguf_get_tensor_name(d->file.meta, i));
                 out->weights += ggml_backend_buft_get_alloc_size(buft, w);
-                dfl_plan_place(w, dummy);
+                dfl_runtime_place_dummy(w, dummy);
             }
         }
         for (struct ggml_tensor * c = ggml_get_first_tensor(d->ctx_state); c; c = ggml_get_next_tensor(d->ctx_state, c)) {
             out->cache += ggml_backend_buft_get_alloc_size(buft, c);
-            dfl_plan_place(c, dummy);
+            dfl_runtime_place_dummy(c, dummy);
         }
         /* slot 0 holds the larger of a prefill chunk's context append and a propose of
          * every sequence over the whole attention span (with its softmax when
@@ -1252,23 +1251,23 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
         }
         build_propose(d, dfl_runtime_begin_graph(&d->rt, 0));
         size_t propose[2] = { 0, 0 }, append[2] = { 0, 0 }, rank[2] = { 0, 0 };
-        st = dfl_plan_reserve(&d->rt, 0, d->graph.gf, propose);
-        if (st == DFL_OK) {
+        dfl_runtime_measure(&d->rt, 0, d->graph.gf, propose);
+        {
             struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 0);
             struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, d->rt.graph_size, false);
             append_inputs in;
             build_append(d, ctx, gf, dfl_target_n_ubatch(target), &in);
-            st = dfl_plan_reserve(&d->rt, 0, gf, append);
+            dfl_runtime_measure(&d->rt, 0, gf, append);
         }
-        if (st == DFL_OK && d->p.top_k > 1) {
+        if (d->p.top_k > 1) {
             struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
             struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_target_n_vocab(target),
                                                              (int64_t) (B - 1) * d->n_seq);
             struct ggml_tensor * probs = ggml_dup_tensor(ctx, logits);
-            dfl_plan_place(logits, dummy); /* slot 0's, counted there */
-            dfl_plan_place(probs, dummy);
+            dfl_runtime_place_dummy(logits, dummy); /* slot 0's, counted there */
+            dfl_runtime_place_dummy(probs, dummy);
             build_rank(d, ctx, logits, probs);
-            st = dfl_plan_reserve(&d->rt, 1, d->rank.gf, rank);
+            dfl_runtime_measure(&d->rt, 1, d->rank.gf, rank);
         }
         for (int k = 0; k < 2; k++) {
             out->compute[k] = (propose[k] > append[k] ? propose[k] : append[k]) + rank[k];

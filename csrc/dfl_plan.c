@@ -11,22 +11,6 @@
 
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
-ggml_backend_buffer_t dfl_plan_dummy_buffer(ggml_backend_dev_t dev) {
-    return ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), 0);
-}
-
-/* The scheduler and allocator take a tensor with a buffer for an allocated one; its data
- * is never touched because the graphs are only measured. */
-void dfl_plan_place(struct ggml_tensor * t, ggml_backend_buffer_t dummy) {
-    t->buffer = dummy;
-}
-
-dfl_status dfl_plan_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, size_t sizes[2]) {
-    sizes[0] = sizes[1] = 0;
-    ggml_backend_sched_reserve_size(rt->slots[slot].sched, gf, sizes);
-    return DFL_OK;
-}
-
 typedef enum { PART_KV, PART_RECURRENT, PART_SCRATCH } state_part;
 
 static state_part part_of(const dfl_target * t, const struct ggml_tensor * c) {
@@ -84,7 +68,7 @@ static dfl_status target_compute(dfl_target * t, size_t out[2]) {
     step.seg[0] = (dfl_segment) { 0, DFL_STEP_DECODE, t->p.n_ubatch, 0, n_ctx - t->p.n_ubatch, n_ctx, LOGITS_LAST,
                                   NULL, NULL, NULL, { 0 }, 0, 0 };
     struct ggml_cgraph * gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 0), &in);
-    TRY(dfl_plan_reserve(rt, 0, gf, prefill));
+    dfl_runtime_measure(rt, 0, gf, prefill);
 
     tree_plan * worst = calloc(1, sizeof *worst);
     if (!worst) {
@@ -96,16 +80,15 @@ static dfl_status target_compute(dfl_target * t, size_t out[2]) {
     const pending_commit tree_commit = { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
     step = full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit);
     gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
-    dfl_status st = dfl_plan_reserve(rt, 1, gf, sizes);
+    dfl_runtime_measure(rt, 1, gf, sizes);
     free(worst);
-    TRY(st);
     max_into(verify, sizes);
 
     /* a chain commit has nothing to do without recurrent layers */
     const pending_commit chain_commit = { .active = true, .tree = false, .n_keep = 1, .n_replay = t->p.n_verify };
     step = full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL);
     gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
-    TRY(dfl_plan_reserve(rt, 1, gf, sizes));
+    dfl_runtime_measure(rt, 1, gf, sizes);
     max_into(verify, sizes);
 
     for (int k = 0; k < 2; k++) {
@@ -124,7 +107,7 @@ static dfl_status plan_host_lookup(dfl_target * t, ggml_backend_buffer_t host) {
     }
     t->tok_lookup = ggml_dup_tensor(t->ctx_lookup, t->m.tok_embd);
     ggml_set_name(t->tok_lookup, ggml_get_name(t->m.tok_embd));
-    dfl_plan_place(t->tok_lookup, host);
+    dfl_runtime_place_dummy(t->tok_lookup, host);
     return DFL_OK;
 }
 
@@ -140,7 +123,7 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         ggml_backend_dev_memory(devs[k], &free_mem, &total);
         pd->free = free_mem;
         pd->total = total;
-        dummies[k] = dfl_plan_dummy_buffer(devs[k]);
+        dummies[k] = dfl_runtime_dummy_buffer(devs[k]);
         if (!dummies[k]) {
             return dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", pd->name);
         }
@@ -158,7 +141,7 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
         const int k = dev_of[i] == devs[0] ? 0 : 1;
         plan->devices[k].target_weights += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);
-        dfl_plan_place(w, dummies[k]);
+        dfl_runtime_place_dummy(w, dummies[k]);
     }
     free(dev_of);
     TRY(dfl_gguf_slice_weights(&t->m.file));
@@ -182,7 +165,7 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
                 case PART_RECURRENT: pd->recurrent_state += size; break;
                 case PART_SCRATCH: pd->verify_scratch += size; break;
             }
-            dfl_plan_place(c, dummies[k]);
+            dfl_runtime_place_dummy(c, dummies[k]);
         }
     }
 

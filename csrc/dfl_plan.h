@@ -12,12 +12,6 @@ typedef struct dfl_part_sizes {
     size_t weights, cache, compute[2];
 } dfl_part_sizes;
 
-/* A zero-size buffer of dev's buffer type: tensors pointing at it count as allocated. */
-ggml_backend_buffer_t dfl_plan_dummy_buffer(ggml_backend_dev_t dev);
-void dfl_plan_place(struct ggml_tensor * t, ggml_backend_buffer_t dummy);
-/* Compute memory a graph needs in a runtime slot, per backend [device, CPU]. */
-dfl_status dfl_plan_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, size_t sizes[2]);
-
 /* The drafter's weights, context cache and compute memory (dfl_draft.c). */
 dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draft_params * params,
                           dfl_part_sizes * out);

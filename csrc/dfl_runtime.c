@@ -300,3 +300,16 @@ size_t dfl_runtime_compute_bytes(const dfl_runtime * rt) {
     }
     return total;
 }
+
+ggml_backend_buffer_t dfl_runtime_dummy_buffer(ggml_backend_dev_t dev) {
+    return ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), 0);
+}
+
+void dfl_runtime_place_dummy(struct ggml_tensor * t, ggml_backend_buffer_t dummy) {
+    t->buffer = dummy;
+}
+
+void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, size_t sizes[2]) {
+    sizes[0] = sizes[1] = 0;
+    ggml_backend_sched_reserve_size(rt->slots[slot].sched, gf, sizes);
+}

@@ -81,4 +81,12 @@ dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out);
 /* Compute memory the slots' schedulers hold now, over every backend. */
 size_t dfl_runtime_compute_bytes(const dfl_runtime * rt);
 
+/* Measuring instead of allocating (the memory planner's tools, dfl_plan.c, used by each
+ * runtime to measure its own graphs): a zero-size buffer of dev's buffer type; a tensor
+ * placed on it counts as allocated (its data is never touched, the graphs are only
+ * measured); the compute memory a graph needs in a slot, per backend [device, CPU]. */
+ggml_backend_buffer_t dfl_runtime_dummy_buffer(ggml_backend_dev_t dev);
+void dfl_runtime_place_dummy(struct ggml_tensor * t, ggml_backend_buffer_t dummy);
+void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, size_t sizes[2]);
+
 #endif

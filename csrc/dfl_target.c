@@ -4,6 +4,7 @@
  * step's descriptor over the architecture's layer builders (dfl_model.h): nothing here
  * depends on the architecture, only on the kinds of its layers. */
 #include "dfl_target_impl.h"
+#include "dfl_token_source.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -537,7 +538,7 @@ static dfl_status run_step(dfl_target * t, dfl_step * step, const int32_t * cons
 }
 
 /* An entry of a step, checked against its sequence's state; its device token source. */
-static dfl_status check_entry(const dfl_target * t, const dfl_draft * d, const dfl_rows * r, int n_entries,
+static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src, const dfl_rows * r, int n_entries,
                               struct ggml_tensor ** tokens_src) {
     TRY(check_seq(t, r->seq));
     const dfl_seq * q = &t->mem.seq[r->seq];
@@ -569,16 +570,16 @@ static dfl_status check_entry(const dfl_target * t, const dfl_draft * d, const d
                 return dfl_fail(DFL_ERR_CAPACITY, "verify of %d tokens exceeds n_verify %d", r->n, t->p.n_verify);
             }
             if (!r->tokens) {
-                if (!d) {
+                if (!src) {
                     return dfl_fail(DFL_ERR_ARGUMENT, "verify needs tokens or a drafter whose block to read");
                 }
-                if (dfl_draft_target(d) != t) {
+                if (src->target != t) {
                     return dfl_fail(DFL_ERR_ARGUMENT, "the drafter was loaded for another target");
                 }
-                *tokens_src = dfl_draft_block_tensor(d, r->seq, r->n);
-                if (!*tokens_src) {
+                if (r->n > src->n[r->seq]) {
                     return dfl_fail(DFL_ERR_STATE, "the drafter's last block has fewer than %d tokens", r->n);
                 }
+                *tokens_src = src->tokens[r->seq];
             }
             if (q->pending_verify) {
                 return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
@@ -611,7 +612,8 @@ static dfl_status check_entry(const dfl_target * t, const dfl_draft * d, const d
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_draft * d, const dfl_rows * rows, int32_t n) {
+DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * source, const dfl_rows * rows,
+                                   int32_t n) {
     if (!t || !rows || n <= 0) {
         return dfl_fail(DFL_ERR_ARGUMENT, "a step needs a target and at least one sequence's rows");
     }
@@ -626,7 +628,7 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_draft * d, const df
     for (int i = 0; i < n; i++) {
         const dfl_rows * r = &rows[i];
         struct ggml_tensor * src;
-        TRY(check_entry(t, d, r, n, &src));
+        TRY(check_entry(t, source, r, n, &src));
         if (seen[r->seq]) {
             return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d appears twice in one step", r->seq);
         }

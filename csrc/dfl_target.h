@@ -32,9 +32,4 @@ int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n)
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t);
 int dfl_target_feature_rows(const dfl_target * t);
 
-/* The drafter's device tensor holding a sequence's last block (NULL when it has fewer
- * than n tokens), and the target it drafts for. */
-struct ggml_tensor * dfl_draft_block_tensor(const dfl_draft * d, int seq, int n);
-const dfl_target * dfl_draft_target(const dfl_draft * d);
-
 #endif

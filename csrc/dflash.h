@@ -57,6 +57,8 @@ dfl_status dfl_rpc_add_server(const char * endpoint);
 
 typedef struct dfl_target dfl_target;
 typedef struct dfl_draft dfl_draft;
+/* Tokens a proposer left on the device for a verify (dfl_draft_tokens gives a drafter's). */
+typedef struct dfl_token_source dfl_token_source;
 
 typedef struct dfl_target_params {
     int32_t n_ctx;            /* tokens the context holds (prompt + generated); <= 0: 4096 */
@@ -165,9 +167,9 @@ typedef struct dfl_rows {
     int32_t logits;          /* a decode's: 0 none, 1 the last row, 2 every row */
 } dfl_rows;
 
-/* One step over rows[0..n) of distinct sequences; draft: the drafter whose blocks chain
- * entries without tokens read (NULL when none does). */
-dfl_status dfl_target_step(dfl_target * target, const dfl_draft * draft, const dfl_rows * rows, int32_t n);
+/* One step over rows[0..n) of distinct sequences; source: the device tokens that chain
+ * entries without host tokens read (a drafter's, dfl_draft_tokens; NULL when none does). */
+dfl_status dfl_target_step(dfl_target * target, const dfl_token_source * source, const dfl_rows * rows, int32_t n);
 
 /* Keep the first n_keep tokens of the sequence's last chain verify (0 <= n_keep <= its length). */
 dfl_status dfl_target_commit(dfl_target * target, int32_t seq, int32_t n_keep);
@@ -382,12 +384,16 @@ typedef struct dfl_block {
 
 /* Draft blocks of distinct sequences in one graph: each block's tokens for its positions
  * 1..n_block-1 (greedy, or drawn by the sequence's sampling) stay on the device, for
- * dfl_target_step's chain entries to read; dfl_draft_block reads them. The drafted rows
+ * dfl_target_step's chain entries to read (dfl_draft_tokens); dfl_draft_block reads them. The drafted rows
  * of the results (top1, topk, candidates, logits) are in block order, n_block - 1 each. */
 dfl_status dfl_draft_propose(dfl_draft * draft, const dfl_block * blocks, int32_t n);
 
 /* The first n tokens of the sequence's last proposed block: the bonus, then the drafts. */
 dfl_status dfl_draft_block(const dfl_draft * draft, int32_t seq, int32_t * dst, int32_t n);
+
+/* The drafter's last blocks as device tokens, for dfl_target_step's chain entries (valid
+ * while the drafter lives; each propose updates them). */
+const dfl_token_source * dfl_draft_tokens(const dfl_draft * draft);
 
 /* The top_k candidates per drafted position of the last propose: tokens and their
  * log-probabilities (full-vocabulary log-softmax), [n_rows][top_k] each, best first

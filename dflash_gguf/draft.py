@@ -199,6 +199,10 @@ class Draft(NativeObject):
         target reads on the device (see Target.verify_draft)."""
         target.verify_draft(self, n, seq)
 
+    def device_tokens(self):
+        """The last blocks as device tokens, the source a target's chain verify reads."""
+        return lib.dfl_draft_tokens(self._handle())
+
     def block(self, n: int, seq: int = 0) -> List[int]:
         """The first n tokens of the sequence's last proposed block: the bonus, then the drafts."""
         out = np.empty(n, dtype=np.int32)

@@ -164,7 +164,8 @@ class Target(NativeObject):
 
     def step(self, rows: Sequence[Rows], draft=None) -> None:
         """One graph over the rows of several sequences (each at most once); the results
-        (logits, choices, candidates, features) are their rows in this order."""
+        (logits, choices, candidates, features) are their rows in this order. Chain rows
+        without tokens read the drafter's last block on the device (draft.device_tokens())."""
         entries = ffi.new("dfl_rows[]", len(rows))
         keep = []
         for e, r in zip(entries, rows):
@@ -183,8 +184,8 @@ class Target(NativeObject):
                     raise ValueError("tokens and parents differ in length")
                 keep.append(par)
                 e.parents = ffi.from_buffer("int32_t[]", par)
-        check(lib.dfl_target_step(self._handle(), draft._handle() if draft is not None else ffi.NULL, entries,
-                                  len(rows)))
+        source = draft.device_tokens() if draft is not None else ffi.NULL
+        check(lib.dfl_target_step(self._handle(), source, entries, len(rows)))
 
     def decode(self, tokens, logits: int = LOGITS_LAST, seq: int = 0) -> None:
         """Append tokens (at most n_ubatch) to the context."""
