@@ -29,12 +29,6 @@ def _no_stage(stage: str) -> None:
     pass
 
 
-def slot_of(seq) -> dict:
-    """The keyword naming a sequence's slot in calls on its target and drafter: none for
-    slot 0, whose calls are the single-sequence ones."""
-    return {"seq": seq.slot} if seq.slot else {}
-
-
 class Sequence:
     """One request: its slot, prompt, sampler, proposer, the tokens it emitted and its
     statistics. context_full, on_stage and saver as in speculative decoding (see
@@ -135,9 +129,9 @@ class Sequence:
         drafter must then be reset before the slot's next use)."""
         if self.draft is not None:
             if clean:
-                self.draft.flush(**slot_of(self))
+                self.draft.flush(seq=self.slot)
             else:
-                self.draft.drop_pending(**slot_of(self))
+                self.draft.drop_pending(seq=self.slot)
         if self._t_start:
             self.stats.decode_seconds = time.perf_counter() - self._t_start
 
@@ -149,15 +143,14 @@ def _verify(target, draft, rows: List[Rows]) -> None:
         target.step(rows, draft)
         return
     r = rows[0]
-    slot = {"seq": r.seq} if r.seq else {}
     if r.tokens is None:
-        draft.verify_block(target, r.n, **slot)
+        draft.verify_block(target, r.n, seq=r.seq)
     elif r.parents is not None:
-        target.verify_tree(r.tokens, r.parents, **slot)
+        target.verify_tree(r.tokens, r.parents, seq=r.seq)
     elif r.kind == DECODE:
-        target.decode(r.tokens, r.logits, **slot)
+        target.decode(r.tokens, r.logits, seq=r.seq)
     else:
-        target.verify(r.tokens, **slot)
+        target.verify(r.tokens, seq=r.seq)
 
 
 def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
@@ -172,14 +165,14 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
             blocks.append((s.slot, s.bonus, b))
     if len(blocks) == 1:
         slot, bonus, b = blocks[0]
-        draft.propose(bonus, b, read=False, **({"seq": slot} if slot else {}))
+        draft.propose(bonus, b, read=False, seq=slot)
     elif blocks:
         draft.propose_many(blocks)
     if draft is not None:
         proposing = {slot for slot, _, _ in blocks}
         for s in seqs:
             if s.draft is not None and s.slot not in proposing:
-                draft.flush(**slot_of(s))  # the features it reads are gone after the target's graph
+                draft.flush(seq=s.slot)  # the features it reads are gone after the target's graph
     rows, row0 = [], 0
     for s in seqs:
         drafted = getattr(s.proposer, "drafted", None)

@@ -93,16 +93,15 @@ def prefill_chunks(target: Target, prompt: List[int], start: int, draft=None, sa
     checkpoint. on_stage("prefill chunk") follows each chunk (an exception it raises
     stops the prefill there)."""
     marks = [p for p in (saver.positions if saver else ()) if start < p <= len(prompt)]
-    slot = {"seq": seq} if seq else {}  # slot 0's calls are the single-sequence ones
     pos = start
     for end in sorted(set(marks) | {len(prompt)}):
         tokens = prompt[pos:end]
         for at in range(0, len(tokens), target.n_ubatch):
             chunk = tokens[at:at + target.n_ubatch]
             last = end == len(prompt) and at + len(chunk) == len(tokens)
-            target.decode(chunk, LOGITS_LAST if last else LOGITS_NONE, **slot)
+            target.decode(chunk, LOGITS_LAST if last else LOGITS_NONE, seq=seq)
             if draft is not None:
-                draft.append_rows(len(chunk), **slot)
+                draft.append_rows(len(chunk), seq=seq)
             if on_stage is not None:
                 on_stage("prefill chunk")
             yield

@@ -24,7 +24,6 @@ import numpy as np
 
 from .budget import CHAIN, AutoBudget, chain_nodes, observe, tree_nodes
 from .ddtree import accept_path, build_tree, chain_tree
-from .decoding import slot_of as _slot
 from .ngram import NgramDrafts, expected_chain
 from .target import CHAIN as CHAIN_ROWS, DECODE, LOGITS_LAST, TREE as TREE_ROWS, Rows
 
@@ -123,24 +122,24 @@ class ChainProposer:
         self.tokens = None
         self.b = min(self.block_size, seq.remaining + 1, seq.room)
         if self.b > 1 and self.top_k:
-            self.draft.set_uniforms(seq.sampler.uniforms(self.b - 1), **_slot(seq))
+            self.draft.set_uniforms(seq.sampler.uniforms(self.b - 1), seq=seq.slot)
         return self.b if self.b > 1 else 0
 
     def drafted(self, seq) -> None:
         """After the drafter's graph: the block cut by the drafter's confidence."""
         if self.p_min > 0 and self.b > 2:
-            self.b = 1 + chain_length(self.draft.top1_logprobs(self.b - 1, **_slot(seq)), self.p_min)
+            self.b = 1 + chain_length(self.draft.top1_logprobs(self.b - 1, seq=seq.slot), self.p_min)
 
     def rows(self, seq) -> Rows:
         b = self.b
         if b > 1 and seq.sampler.guided:
-            drafts = self.draft.block(b, **_slot(seq))[1:]
+            drafts = self.draft.block(b, seq=seq.slot)[1:]
             tokens = self.tokens = [seq.bonus] + seq.sampler.grammar.draft_path(drafts, forced=not self.top_k)
             self.b = len(tokens)
             seq.sampler.prepare(seq.target, len(tokens), lambda: _chain_paths(tokens), seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, tokens)
         if b > 1:
-            seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, **_slot(seq))), seq=seq.slot)
+            seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, seq=seq.slot)), seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, n=b)
         seq.sampler.prepare(seq.target, 1, seq=seq.slot)
         return Rows(seq.slot, CHAIN_ROWS, [seq.bonus])
@@ -150,16 +149,16 @@ class ChainProposer:
         if self.tokens is not None:
             block = self.tokens
         else:
-            block = self.draft.block(b, **_slot(seq)) if b > 1 else [seq.bonus]
+            block = self.draft.block(b, seq=seq.slot) if b > 1 else [seq.bonus]
         if self.top_k and b > 1:
-            n_acc, nxt = seq.sampler.reject_accept(block[1:], self.draft.candidates(b - 1, self.top_k, **_slot(seq)),
+            n_acc, nxt = seq.sampler.reject_accept(block[1:], self.draft.candidates(b - 1, self.top_k, seq=seq.slot),
                                                    seq.target.candidates(seq.row0, b, self.top_k), choice[b - 1])
         else:
             n_acc = accepted_prefix(block, choice)
             nxt = int(choice[n_acc])
         seq.stage("verified")
-        seq.target.commit(n_acc + 1, **_slot(seq))
-        self.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
+        seq.target.commit(n_acc + 1, seq=seq.slot)
+        self.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, seq=seq.slot)
         return block[1:n_acc + 1] + [nxt]
 
 
@@ -175,9 +174,9 @@ def _accept_chain(seq, block: List[int], choice) -> List[int]:
     drafter, their features appended to its context)."""
     n_acc = accepted_prefix(block, choice)
     seq.stage("verified")
-    seq.target.commit(n_acc + 1, **_slot(seq))
+    seq.target.commit(n_acc + 1, seq=seq.slot)
     if seq.draft is not None:
-        seq.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
+        seq.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, seq=seq.slot)
     return block[1:n_acc + 1] + [int(choice[n_acc])]
 
 
@@ -243,7 +242,7 @@ class MixedProposer(ChainProposer):
         super().drafted(seq)
         self.copied = None
         drafts, value = self.ngram.best(_draft_room(seq, self.n_max))
-        if drafts and (self.b < 2 or value > expected_chain(self.draft.top1_logprobs(self.b - 1, **_slot(seq)))):
+        if drafts and (self.b < 2 or value > expected_chain(self.draft.top1_logprobs(self.b - 1, seq=seq.slot))):
             self.copied = [seq.bonus] + drafts
 
     def rows(self, seq) -> Rows:
@@ -325,16 +324,16 @@ class TreeProposer:
             # cut by p_min; a survey reads the drafter's top-K as well
             if st.survey:
                 t_rank = time.perf_counter()
-                st.ranked = draft.topk(st.b - 1, **_slot(seq))
+                st.ranked = draft.topk(st.b - 1, seq=seq.slot)
                 st.t_survey = time.perf_counter() - t_rank
             if self.p_min > 0 and st.b > 2:
-                top1 = st.ranked[1][:, 0] if st.survey else draft.top1_logprobs(st.b - 1, **_slot(seq))
+                top1 = st.ranked[1][:, 0] if st.survey else draft.top1_logprobs(st.b - 1, seq=seq.slot)
                 st.b = 1 + chain_length(top1, self.p_min)
             st.n_drafts = st.b - 1
             seq.stats.tree_sizes.append(st.n_drafts)
             seq.stats.chain_steps += 1
             return
-        cand, logp = draft.topk(st.b - 1, **_slot(seq))  # the tree is built from the top-K alone
+        cand, logp = draft.topk(st.b - 1, seq=seq.slot)  # the tree is built from the top-K alone
         depth, arm = st.depth, st.arm
         chain = arm == CHAIN or 1 + arm > seq.room  # a padded tree that does not fit: the chain does
         if st.survey or not chain:
@@ -367,7 +366,7 @@ class TreeProposer:
         if st.device and seq.sampler.guided:
             # under a grammar the chain arm's block comes back to be cut and fixed (see
             # ChainProposer) and is verified as the chain tree of what is left
-            drafts = seq.sampler.grammar.draft_path(self.draft.block(st.b, **_slot(seq))[1:])
+            drafts = seq.sampler.grammar.draft_path(self.draft.block(st.b, seq=seq.slot)[1:])
             st.device, st.extra["chain"] = False, True
             if st.survey:
                 st.extra["logp"] = st.ranked[1]
@@ -375,7 +374,7 @@ class TreeProposer:
             st.b = len(st.tree)
         if st.device:
             b = st.b
-            seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, **_slot(seq))), seq=seq.slot)
+            seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, seq=seq.slot)), seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, n=b)
         tree = st.tree
         seq.sampler.prepare(seq.target, len(tree), tree.paths, seq=seq.slot)
@@ -387,11 +386,11 @@ class TreeProposer:
         st, draft, auto = self.step, self.draft, self.auto
         if st.b < 2 or st.device:
             b = st.b
-            block = draft.block(b, **_slot(seq)) if b > 1 else [seq.bonus]
+            block = draft.block(b, seq=seq.slot) if b > 1 else [seq.bonus]
             n_acc = accepted_prefix(block, choice)
             seq.stage("verified")
-            seq.target.commit(n_acc + 1, **_slot(seq))
-            draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, **_slot(seq))
+            seq.target.commit(n_acc + 1, seq=seq.slot)
+            draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, seq=seq.slot)
             out = block[1:n_acc + 1] + [int(choice[n_acc])]
             if auto is not None and st.b >= 2:
                 record = StepRecord(CHAIN, 0.0, 1 + st.n_drafts, survey_seconds=st.t_survey)
@@ -410,10 +409,10 @@ class TreeProposer:
         path = accept_path(tree, choice)
         seq.stage("verified")
         if chain:
-            seq.target.commit(len(path), **_slot(seq))
+            seq.target.commit(len(path), seq=seq.slot)
         else:
-            seq.target.commit_path(path, **_slot(seq))
-        draft.append_rows(len(path), rows=_kept_rows(seq, path), defer=True, **_slot(seq))
+            seq.target.commit_path(path, seq=seq.slot)
+        draft.append_rows(len(path), rows=_kept_rows(seq, path), defer=True, seq=seq.slot)
         out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
         if auto is not None:
             record = StepRecord(CHAIN if chain else st.arm, 0.0, len(tree), survey_seconds=st.t_survey)

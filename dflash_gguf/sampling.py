@@ -165,10 +165,9 @@ class Sampler:
         """Give the target (and the drafter) this request's settings for its sequence slot:
         the drafter samples its drafts only for the chain's rejection rule, else it drafts
         its argmax."""
-        slot = {"seq": seq} if seq else {}  # slot 0's calls are the single-sequence ones
-        target.set_sampling(self._native, **slot)
+        target.set_sampling(self._native, seq=seq)
         if draft is not None:
-            draft.set_sampling(self._native_draft if drafted_samples else GREEDY.native(), **slot)
+            draft.set_sampling(self._native_draft if drafted_samples else GREEDY.native(), seq=seq)
 
     def accept(self, tokens: Sequence[int]) -> None:
         """Tokens emitted: later rows' penalty windows include them."""
@@ -200,17 +199,16 @@ class Sampler:
         far, a tree node's ancestors below the root; called only with penalties or a
         grammar, which is when a chain reads its block back before the verify); with a
         grammar, each row's allowed tokens after the same path."""
-        slot = {"seq": seq} if seq else {}
         if not self.greedy:
             self._u = self.uniforms(n_rows)
-            target.set_uniforms(self._u, **slot)
+            target.set_uniforms(self._u, seq=seq)
         rows = None
         if self.penalized or self.constrained:
             rows = paths() if paths is not None else [[]] * n_rows
         if self.penalized:
-            target.set_penalties(*self.window_counts(rows), **slot)
+            target.set_penalties(*self.window_counts(rows), seq=seq)
         if self.constrained:
-            target.set_masks(self.grammar.masks(rows), **slot)
+            target.set_masks(self.grammar.masks(rows), seq=seq)
 
     def window_counts(self, paths: Sequence[Sequence[int]]) -> Tuple[np.ndarray, np.ndarray]:
         """Per row, the distinct tokens of its window and their counts, [rows, M] each,

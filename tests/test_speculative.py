@@ -131,16 +131,16 @@ class ScriptedDraft:
     def reset(self):
         self.ctx = 0
 
-    def append_rows(self, n, rows=None, defer=False):
+    def append_rows(self, n, rows=None, defer=False, seq=0):
         self.ctx += n
 
-    def flush(self):
+    def flush(self, seq=0):
         pass
 
-    def set_sampling(self, native):
+    def set_sampling(self, native, seq=0):
         assert native.temperature <= 0, "the scripted drafter drafts its known continuation only"
 
-    def propose(self, bonus, n_block=None, read=True):
+    def propose(self, bonus, n_block=None, read=True, seq=0):
         b = self.block_size if n_block is None else n_block
         i = self.ctx - self.prompt_len  # the bonus is continuation token i
         assert self.truth[i] == bonus
@@ -151,10 +151,10 @@ class ScriptedDraft:
         self._block = [bonus] + drafts
         return drafts if read else []
 
-    def verify_block(self, target, n):
+    def verify_block(self, target, n, seq=0):
         target.verify(self._block[:n])
 
-    def block(self, n):
+    def block(self, n, seq=0):
         return self._block[:n]
 
 
@@ -281,13 +281,13 @@ def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(tr
     seen, ranked = [], {}
     real_top1, real_verify = draft.top1_logprobs, draft.verify_block
 
-    def top1_logprobs(n):
-        ranked["lp"] = real_top1(n)
+    def top1_logprobs(n, seq=0):
+        ranked["lp"] = real_top1(n, seq=seq)
         return ranked["lp"]
 
-    def verify_block(t, n):
+    def verify_block(t, n, seq=0):
         seen.append((n - 1, chain_length(ranked.pop("lp"), p_min) if "lp" in ranked else None))
-        real_verify(t, n)
+        real_verify(t, n, seq=seq)
 
     draft.top1_logprobs, draft.verify_block = top1_logprobs, verify_block
     with Parity(target) as parity:

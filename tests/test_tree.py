@@ -468,19 +468,19 @@ class ScriptedTreeDraft(ScriptedDraft):
 
     top_k = 3
 
-    def propose(self, bonus, n_block=None, read=True):
+    def propose(self, bonus, n_block=None, read=True, seq=0):
         self._b = self.block_size if n_block is None else n_block
         self._i = self.ctx - self.prompt_len
         assert self.truth[self._i] == bonus
         return []
 
-    def append_rows(self, n, rows=None, defer=False):
+    def append_rows(self, n, rows=None, defer=False, seq=0):
         self.ctx += n
 
-    def flush(self):
+    def flush(self, seq=0):
         pass
 
-    def topk(self, n_rows):
+    def topk(self, n_rows, seq=0):
         rng = np.random.default_rng(self._i)
         toks = np.zeros((n_rows, 3), dtype=np.int32)
         lps = np.tile(np.array([-0.1, -1.0, -2.0], dtype=np.float32), (n_rows, 1))
@@ -507,9 +507,9 @@ def test_tree_steps_reuse_one_target_graph(pair):
     shapes = set()
     original = target.verify_tree
 
-    def verify_tree(tokens, parents):
+    def verify_tree(tokens, parents, seq=0):
         shapes.add(tuple(parents))
-        return original(tokens, parents)
+        return original(tokens, parents, seq=seq)
 
     target.verify_tree = verify_tree
     before = target.info()
