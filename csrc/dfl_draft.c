@@ -414,7 +414,13 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     dfl_draft * d;
     TRY(open_draft(path, target, params, &d));
     *out = NULL;
-    dfl_status st = dfl_gguf_load_weights_on(&d->file, d->rt.dev, dfl_target_repack(d->target));
+    ggml_backend_dev_t * dev_of = NULL;
+    dfl_status st = dfl_gguf_devices(&d->file, d->p.weight_placements, d->p.n_weight_placements, d->rt.dev,
+                                     d->rt.dev_cpu, &dev_of);
+    d->p.weight_placements = NULL; /* the caller's, not kept */
+    d->p.n_weight_placements = 0;
+    if (st == DFL_OK) st = dfl_gguf_load_weights(&d->file, dev_of, dfl_target_repack(d->target));
+    free(dev_of);
     if (st == DFL_OK) st = alloc_state(d);
     if (st != DFL_OK) {
         dfl_draft_free(d);
@@ -1221,9 +1227,16 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
     memset(out, 0, sizeof *out);
     dfl_draft * d;
     TRY(open_draft(path, target, params, &d));
+    ggml_backend_dev_t * dev_of = NULL;
     dfl_status st = define_state(d);
+    if (st == DFL_OK) {
+        st = dfl_gguf_devices(&d->file, d->p.weight_placements, d->p.n_weight_placements, d->rt.dev, d->rt.dev_cpu,
+                              &dev_of);
+    }
     ggml_backend_buffer_t dummy = st == DFL_OK ? dfl_runtime_dummy_buffer(d->rt.dev) : NULL;
-    if (st == DFL_OK && !dummy) {
+    ggml_backend_buffer_t weights = st == DFL_OK ? dfl_runtime_dummy_weights(d->rt.dev) : NULL;
+    ggml_backend_buffer_t host = st == DFL_OK ? dfl_runtime_dummy_weights(d->rt.dev_cpu) : NULL;
+    if (st == DFL_OK && (!dummy || !weights || !host)) {
         st = dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", ggml_backend_dev_name(d->rt.dev));
     }
     if (st == DFL_OK) {
@@ -1231,8 +1244,9 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
         for (int64_t i = 0; i < gguf_get_n_tensors(d->file.meta); i++) {
             if (d->file.used[i]) {
                 struct ggml_tensor * w = ggml_get_tensor(d->file.ctx, gguf_get_tensor_name(d->file.meta, i));
-                out->weights += ggml_backend_buft_get_alloc_size(buft, w);
-                dfl_runtime_place_dummy(w, dummy);
+                const int k = dev_of[i] == d->rt.dev ? 0 : 1;
+                out->weights[k] += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(dev_of[i]), w);
+                dfl_runtime_place_dummy(w, k == 0 ? weights : host);
             }
         }
         for (struct ggml_tensor * c = ggml_get_first_tensor(d->ctx_state); c; c = ggml_get_next_tensor(d->ctx_state, c)) {
@@ -1276,6 +1290,13 @@ dfl_status dfl_draft_plan(const char * path, dfl_target * target, const dfl_draf
     if (dummy) {
         ggml_backend_buffer_free(dummy);
     }
+    if (weights) {
+        ggml_backend_buffer_free(weights);
+    }
+    if (host) {
+        ggml_backend_buffer_free(host);
+    }
+    free(dev_of);
     dfl_draft_free(d);
     return st;
 }

@@ -111,8 +111,10 @@ static dfl_status plan_host_lookup(dfl_target * t, ggml_backend_buffer_t host) {
     return DFL_OK;
 }
 
+/* dummies: per device [model's, CPU], placeholders for weights ([0], [1]) and for state
+ * ([2], [3]), whose buffers ggml's scheduler tells apart */
 static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_draft_params * draft_params,
-                            ggml_backend_buffer_t dummies[2], dfl_plan * plan) {
+                            ggml_backend_buffer_t dummies[4], dfl_plan * plan) {
     const ggml_backend_dev_t devs[2] = { t->rt.dev, t->rt.dev_cpu };
     const int n_dev = t->rt.dev == t->rt.dev_cpu ? 1 : 2;
     plan->n_devices = n_dev;
@@ -123,8 +125,9 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         ggml_backend_dev_memory(devs[k], &free_mem, &total);
         pd->free = free_mem;
         pd->total = total;
-        dummies[k] = dfl_runtime_dummy_buffer(devs[k]);
-        if (!dummies[k]) {
+        dummies[k] = dfl_runtime_dummy_weights(devs[k]);
+        dummies[2 + k] = dfl_runtime_dummy_buffer(devs[k]);
+        if (!dummies[k] || !dummies[2 + k]) {
             return dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", pd->name);
         }
     }
@@ -140,7 +143,16 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         }
         struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
         const int k = dev_of[i] == devs[0] ? 0 : 1;
-        plan->devices[k].target_weights += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);
+        dfl_plan_device * pd = &plan->devices[k];
+        const size_t size = ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);
+        pd->target_weights += size;
+        if (w == t->m.tok_embd) {
+            pd->target_embd += size;
+        } else if (w == t->m.output || w == t->m.output_norm) {
+            pd->target_output += size;
+        } else if (dfl_gguf_is_expert(w->name)) {
+            pd->target_experts += size;
+        }
         dfl_runtime_place_dummy(w, dummies[k]);
     }
     free(dev_of);
@@ -148,8 +160,9 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
     for (int i = 0; i < g->n_sliced; i++) {
         if (g->sliced[i].whole == t->m.tok_embd) {
             TRY(plan_host_lookup(t, dummies[1]));
-            plan->devices[1].target_weights +=
-                ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[1]), t->tok_lookup);
+            const size_t size = ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[1]), t->tok_lookup);
+            plan->devices[1].target_weights += size;
+            plan->devices[1].target_embd += size;
         }
     }
 
@@ -165,7 +178,7 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
                 case PART_RECURRENT: pd->recurrent_state += size; break;
                 case PART_SCRATCH: pd->verify_scratch += size; break;
             }
-            dfl_runtime_place_dummy(c, dummies[k]);
+            dfl_runtime_place_dummy(c, dummies[2 + k]);
         }
     }
 
@@ -177,9 +190,9 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
     if (draft_path) {
         dfl_part_sizes d;
         TRY(dfl_draft_plan(draft_path, t, draft_params, &d));
-        plan->devices[0].draft_weights = d.weights;
         plan->devices[0].draft_cache = d.cache;
         for (int k = 0; k < n_dev; k++) {
+            plan->devices[k].draft_weights = d.weights[k];
             plan->devices[k].draft_compute = d.compute[k];
         }
     }
@@ -194,10 +207,10 @@ DFL_API dfl_status dfl_plan_memory(const char * target_path, const dfl_target_pa
     memset(plan, 0, sizeof *plan);
     dfl_target * t;
     TRY(dfl_target_open(target_path, target_params, &t));
-    ggml_backend_buffer_t dummies[2] = { NULL, NULL };
+    ggml_backend_buffer_t dummies[4] = { NULL, NULL, NULL, NULL };
     const dfl_status st = plan_with(t, draft_path, draft_params, dummies, plan);
     dfl_target_free(t);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
         if (dummies[k]) {
             ggml_backend_buffer_free(dummies[k]);
         }

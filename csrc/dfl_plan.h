@@ -6,10 +6,10 @@
 
 #include "dfl_runtime.h"
 
-/* Bytes of one part of a plan; compute[0] on the part's device, compute[1] on the CPU
- * when that is another device. */
+/* Bytes of one part of a plan; weights[0] and compute[0] on the part's device, [1] on
+ * the CPU when that is another device. */
 typedef struct dfl_part_sizes {
-    size_t weights, cache, compute[2];
+    size_t weights[2], cache, compute[2];
 } dfl_part_sizes;
 
 /* The drafter's weights, context cache and compute memory (dfl_draft.c). */
