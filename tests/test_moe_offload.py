@@ -237,3 +237,33 @@ def test_a_plan_over_the_device_names_the_smallest_n_cpu_moe(tmp_path, rpc_endpo
     assert host["need"] > 6000 << 20 > device["need"]  # the limit is the device's
     text = run_cli("dflash-run", *base, "--n-cpu-moe", str(n), "--print-memory").stdout
     assert re.search(r"  routed experts\s+[\d.]+ MiB\s+[\d.]+ MiB", text), text
+
+
+# ---- the benchmark -----------------------------------------------------------------------------
+
+BENCH = HERE.parent / "scripts" / "moe_offload_bench.py"
+
+
+def test_benchmark_smoke_runs_and_counts_only_activations(tmp_path):
+    """scripts/moe_offload_bench.py --smoke (timed, one repetition) and --bytes --smoke:
+    every verify of k rows and every decode copies, per layer and row, exactly what the
+    experts' products read and give back: the rows [hidden] f32 and their chosen
+    experts [used] i32 to the CPU, each chosen expert's output [hidden] f32 back."""
+    timed = subprocess.run([sys.executable, str(BENCH), "--smoke", "-t", "1", "--out", str(tmp_path / "t.json")],
+                           capture_output=True, text=True, timeout=300)
+    assert timed.returncode == 0, timed.stderr
+    result = json.loads((tmp_path / "t.json").read_text())
+    assert result["header"]["smoke"] and result["host_layer_weights"] > 0
+    assert [r["k"] for r in result["rows"]] == [4, 8, 16]
+    for r in result["rows"]:
+        assert r["graph_builds_timed"] == 0 and r["verify_ms"] > 0 and r["decodes_ms"] > 0
+        assert r["verify_copy_bytes"] == r["decodes_copy_bytes"] > 0  # k rows at once or one by one: the same rows
+
+    counted = subprocess.run([sys.executable, str(BENCH), "--bytes", "--smoke", "-t", "1", "--out",
+                              str(tmp_path / "b.json")], capture_output=True, text=True, timeout=300)
+    assert counted.returncode == 0, counted.stderr
+    fit = json.loads((tmp_path / "b.json").read_text())["fit"]
+    hidden, used = 256, 2  # the smoke shape's
+    per_row = 4 * hidden + 4 * used + 4 * hidden * used
+    for key, rows in (("4", 4), ("8", 8), ("16", 16), ("1 (decode)", 1)):
+        assert fit[key]["per_layer"] == rows * per_row, (key, fit[key])
