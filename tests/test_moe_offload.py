@@ -84,12 +84,13 @@ def test_experts_on_the_cpu_beside_the_device_give_the_cpu_text(pair, rpc_endpoi
 
 @pytest.mark.parametrize("pair", ["qwen35moe"], indirect=True)
 def test_cli_server_and_api_take_the_placement(pair, rpc_endpoint):  # noqa: F811
-    """dflash-run: --n-cpu-moe on the device gives the CPU's text and says what crossed
-    per step (--json); dflash-server plans with the same flags; the Engine takes them
-    as keywords."""
+    """dflash-run: --n-cpu-moe on the device (and the drafter's FFN on the CPU, -otd)
+    gives the CPU's text and says what crossed per step (--json); dflash-server plans
+    with the same flags; the Engine takes them as keywords."""
     base = ["-m", pair["target"], "-md", pair["draft"], "-p", "def f(x):", "-n", "16", "--tree-budget", "6", "-t", "1"]
     cpu = run_cli("dflash-run", *base, "--device", "CPU")
-    moe = run_cli("dflash-run", *base, "--rpc", rpc_endpoint, "--device", "RPC0", "--n-cpu-moe", "4", "--json")
+    moe = run_cli("dflash-run", *base, "--rpc", rpc_endpoint, "--device", "RPC0", "--n-cpu-moe", "4",
+                  "-otd", "ffn_(gate|up|down)=CPU", "--json")
     assert cpu.returncode == 0 and moe.returncode == 0, moe.stderr
     assert moe.stdout == cpu.stdout
     stats = json.loads(moe.stderr.strip().splitlines()[-1])
