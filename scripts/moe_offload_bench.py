@@ -120,8 +120,8 @@ def timed(args, path: str) -> dict:
 
 
 def bytes_only(args, workdir: Path) -> dict:
-    """Copied bytes of a verify of each k and of one decode at 4 and 8 layers, and the fit
-    fixed + per layer x layers at the model's layer count."""
+    """Copied bytes and splits of a verify of each k and of one decode at 4 and 8 layers,
+    and the fit fixed + per layer x layers at the model's layer count."""
     from dflash_gguf.convert.shape_model import write_model
 
     full = shape(False, None)
@@ -132,14 +132,18 @@ def bytes_only(args, workdir: Path) -> dict:
         prompt = [(37 * i + 11) % 3000 + 100 for i in range(64)]
         with load(str(path), args.device, None, args.threads, 256) as target:
             target.prefill(prompt)
-            counts[layers] = {str(k): verify(target, prompt, k)["copy_bytes"] for k in args.k}
-            counts[layers]["1 (decode)"] = decodes(target, prompt, 1)["copy_bytes"]
+            steps = {str(k): verify(target, prompt, k) for k in args.k}
+            steps["1 (decode)"] = decodes(target, prompt, 1)
+        counts[layers] = {key: {"copy_bytes": r["copy_bytes"], "splits": r["splits"]} for key, r in steps.items()}
         path.unlink()
     fit = {}
     for key in counts[4]:
-        per_layer = (counts[8][key] - counts[4][key]) / 4
-        fixed = counts[4][key] - 4 * per_layer
-        fit[key] = {"fixed": fixed, "per_layer": per_layer, "full_model": fixed + per_layer * full["layers"]}
+        at = {layers: {m: counts[layers][key][m] for m in ("copy_bytes", "splits")} for layers in (4, 8)}
+        fit[key] = {}
+        for m in ("copy_bytes", "splits"):
+            per_layer = (at[8][m] - at[4][m]) / 4
+            fixed = at[4][m] - 4 * per_layer
+            fit[key][m] = {"fixed": fixed, "per_layer": per_layer, "full_model": fixed + per_layer * full["layers"]}
     return {"model_layers": full["layers"], "hidden": full["hidden"], "experts_used": full["experts_used"],
             "measured": counts, "fit": fit}
 

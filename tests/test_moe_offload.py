@@ -267,4 +267,5 @@ def test_benchmark_smoke_runs_and_counts_only_activations(tmp_path):
     hidden, used = 256, 2  # the smoke shape's
     per_row = 4 * hidden + 4 * used + 4 * hidden * used
     for key, rows in (("4", 4), ("8", 8), ("16", 16), ("1 (decode)", 1)):
-        assert fit[key]["per_layer"] == rows * per_row, (key, fit[key])
+        assert fit[key]["copy_bytes"]["per_layer"] == rows * per_row, (key, fit[key])
+        assert fit[key]["splits"]["per_layer"] == 2  # to the CPU and back
