@@ -212,11 +212,13 @@ def _gemma4_metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
     full = [is_full(c, il) for il in range(c["layers"])]
     kv = [(f"{a}.feed_forward_length", c["ffn"], u32), (f"{a}.rope.freq_base", c["rope_theta"], f32),
           (f"{a}.rope.freq_base_swa", c["rope_theta_swa"], f32), (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, f32),
-          (f"{a}.attention.key_length", c["head_dim_full"], u32), (f"{a}.attention.value_length", c["head_dim_full"], u32),
+          (f"{a}.attention.key_length", c["head_dim_full"], u32),
+          (f"{a}.attention.value_length", c["head_dim_full"], u32),
           (f"{a}.attention.sliding_window", c["window"], u32), (f"{a}.attention.shared_kv_layers", 0, u32),
           (f"{a}.embedding_length_per_layer_input", 0, u32),
           (f"{a}.attention.sliding_window_pattern", [not f for f in full], GGUFValueType.BOOL),
-          (f"{a}.attention.key_length_swa", c["head_dim"], u32), (f"{a}.attention.value_length_swa", c["head_dim"], u32),
+          (f"{a}.attention.key_length_swa", c["head_dim"], u32),
+          (f"{a}.attention.value_length_swa", c["head_dim"], u32),
           (f"{a}.rope.dimension_count", c["head_dim_full"], u32), (f"{a}.rope.dimension_count_swa", c["head_dim"], u32),
           (f"{a}.attention.head_count_kv", [c["kv_heads_full"] if f else c["kv_heads"] for f in full], i32),
           (f"{a}.final_logit_softcapping", c["softcap"], f32)]

@@ -103,12 +103,6 @@ def resolve(rules: Sequence[Rule], path: str) -> List[Rule]:
     return out
 
 
-def unmatched(rules: Sequence[Rule], path: str) -> List[str]:
-    """The rules' patterns that match no tensor of the file (a typo, most likely)."""
-    names = tensor_names(path)
-    return [p for p, _ in rules if not any(re.search(p, n) for n in names)]
-
-
 # the arrays each params struct points into, alive as long as the struct
 _keep: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 

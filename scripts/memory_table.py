@@ -146,9 +146,9 @@ def moe_table(name: str, target: str, shape: dict) -> tuple[list[str], dict]:
     data = {"model": name, "layers": n_layers, "expert_bytes_per_layer": per_layer, "usable_bytes": USABLE_MIB << 20,
             "cells": {}}
     lines = [f"### {name}", "",
-             f"{n_layers} layers, routed experts {per_layer / GIB:.2f} GiB a layer. Smallest `--n-cpu-moe` for the card "
-             "to hold the rest (every layer on the device), then GiB on the card / in host memory (the target alone: "
-             "a drafter adds its own weights and cache, about one more layer's experts on the host per "
+             f"{n_layers} layers, routed experts {per_layer / GIB:.2f} GiB a layer. Smallest `--n-cpu-moe` for the "
+             "card to hold the rest (every layer on the device), then GiB on the card / in host memory (the target "
+             "alone: a drafter adds its own weights and cache, about one more layer's experts on the host per "
              f"{per_layer / GIB:.2f} GiB it takes):", "",
              "| context | KV | " + " | ".join(MOE_ARMS) + " |", "|---|---|" + "---:|" * len(MOE_ARMS)]
     for n_ctx in MOE_CONTEXTS:

@@ -7,6 +7,7 @@ really take against the planner's host and device figures."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -35,7 +36,8 @@ N_NEW = 24
 
 
 def run_cli(tool: str, *args):
-    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module", params=["qwen35moe", "gemma4"])
@@ -101,7 +103,8 @@ def test_cli_server_and_api_take_the_placement(pair, rpc_endpoint):  # noqa: F81
     on_device, host = json.loads(served.stdout)["devices"]
     assert host["weight_groups"]["target_experts"] > 0 and on_device["weight_groups"]["target_experts"] == 0
     api = run_isolated("moe_workers:engine_run", rpc_endpoint, pair["target"], pair["draft"],
-                       {"device": "RPC0", "cpu_moe": True, "tree_budget": 6, "n_threads": 1}, pair["prompt"], N_NEW, timeout=600)
+                       {"device": "RPC0", "cpu_moe": True, "tree_budget": 6, "n_threads": 1}, pair["prompt"], N_NEW,
+                       timeout=600)
     plain = run_isolated("moe_workers:engine_run", rpc_endpoint, pair["target"], pair["draft"],
                          {"device": "CPU", "n_threads": 1}, pair["prompt"], N_NEW, timeout=600)
     assert api["tokens"] == plain["tokens"] and api["info"]["host_layer_weights"] > 0
@@ -189,8 +192,6 @@ def test_planned_host_and_device_memory_is_what_a_run_takes(tmp_path, monkeypatc
     MALLOC_MMAP_THRESHOLD_ returns every block over 64 KiB to the system when freed."""
     path = write_model(MEASURED, "q4_k_m", tmp_path / "moe.gguf", progress=False)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    import os
-
     prompt = [(13 * i + 5) % 4000 + 10 for i in range(448)]
     runs = {}
     for name, rules in (("device", [["token_embd", "RPC0"]]),
