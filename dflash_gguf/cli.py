@@ -84,8 +84,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="as -ot, for the drafter's own weights")
     p.add_argument("-cmoed", "--cpu-moe-draft", "--spec-draft-cpu-moe", dest="override_tensor_draft",
                    action=_CpuMoe, nargs=0, help="as --cpu-moe, for the drafter's weights")
-    p.add_argument("-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", dest="override_tensor_draft",
-                   action=_CpuMoe, metavar="N", help="as --n-cpu-moe, for the drafter's weights")
+    p.add_argument("-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe",
+                   dest="override_tensor_draft", action=_CpuMoe, metavar="N",
+                   help="as --n-cpu-moe, for the drafter's weights")
     p.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", metavar="N|auto|all",
                    help="accepted for llama.cpp habits: the drafter always runs whole on the device of the "
                         "target's LM head (it shares the target's embedding and LM head and reads its features "
