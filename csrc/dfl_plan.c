@@ -32,67 +32,20 @@ static void max_into(size_t dst[2], const size_t a[2]) {
     }
 }
 
-/* A step of every sequence's rows of one kind at the end of a full context, each
- * carrying a commit (commit NULL: none), its rows sampled over the whole vocabulary
- * (the sampling stage that holds the most: a few vocabulary-wide intermediates per
- * row). */
-static dfl_step full_step(const dfl_target * t, int kind, int n, const tree_plan * tree, const pending_commit * commit) {
-    dfl_step step;
-    memset(&step, 0, sizeof step);
-    step.n_seg = t->mem.n_seq;
-    step.n_rows = step.n_out = n * t->mem.n_seq;
-    step.samp.pick = DFL_PICK_FULL;
-    for (int s = 0; s < step.n_seg; s++) {
-        step.seg[s] = (dfl_segment) { s, kind, n, s * n, t->p.n_ctx - n, t->p.n_ctx, LOGITS_ALL, tree, commit, NULL,
-                                      tree ? tree->shape : (tree_shape) { 0 }, commit ? (commit->tree ? 2 : 1) : 0,
-                                      commit ? commit->n_replay : 0 };
-    }
-    return step;
+static void measure_graph(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user) {
+    size_t (*sizes)[2] = user; /* [0]: the prefill slot, [1]: the largest step slot */
+    size_t got[2];
+    dfl_runtime_measure(rt, slot, gf, got);
+    max_into(sizes[slot == 0 ? 0 : 1], got);
 }
 
-/* The target's graph slots: slot 0 takes prefill chunks, the others steps of every
- * sequence (chain or tree verifies, each carrying the previous step's commit), all at
- * the full context. */
+/* The target's compute memory: its prefill slot and every step slot at their worst
+ * graphs (dfl_target_worst_graphs, which a load reserves). */
 static dfl_status target_compute(dfl_target * t, size_t out[2]) {
-    dfl_runtime * rt = &t->rt;
-    graph_inputs in;
-    size_t prefill[2], verify[2] = { 0, 0 }, sizes[2];
-    const int n_ctx = t->p.n_ctx;
-
-    dfl_step step;
-    memset(&step, 0, sizeof step);
-    step.n_seg = 1;
-    step.n_rows = t->p.n_ubatch;
-    step.n_out = 1;
-    step.samp.pick = DFL_PICK_FULL;
-    step.seg[0] = (dfl_segment) { 0, DFL_STEP_DECODE, t->p.n_ubatch, 0, n_ctx - t->p.n_ubatch, n_ctx, LOGITS_LAST,
-                                  NULL, NULL, NULL, { 0 }, 0, 0 };
-    struct ggml_cgraph * gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 0), &in);
-    dfl_runtime_measure(rt, 0, gf, prefill);
-
-    tree_plan * worst = calloc(1, sizeof *worst);
-    if (!worst) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-    }
-    const int n_tree = dfl_target_max_tree_nodes(t);
-    worst->n = n_tree;
-    worst->shape = dfl_tree_worst_shape(n_tree);
-    const pending_commit tree_commit = { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
-    step = full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit);
-    gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
-    dfl_runtime_measure(rt, 1, gf, sizes);
-    free(worst);
-    max_into(verify, sizes);
-
-    /* a chain commit has nothing to do without recurrent layers */
-    const pending_commit chain_commit = { .active = true, .tree = false, .n_keep = 1, .n_replay = t->p.n_verify };
-    step = full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL);
-    gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
-    dfl_runtime_measure(rt, 1, gf, sizes);
-    max_into(verify, sizes);
-
+    size_t sizes[2][2] = { { 0, 0 }, { 0, 0 } };
+    TRY(dfl_target_worst_graphs(t, measure_graph, sizes));
     for (int k = 0; k < 2; k++) {
-        out[k] = prefill[k] + (size_t) (rt->n_slots - 1) * verify[k];
+        out[k] = sizes[0][k] + (size_t) (t->rt.n_slots - 1) * sizes[1][k];
     }
     return DFL_OK;
 }

@@ -103,6 +103,86 @@ int dfl_target_max_tree_nodes(const dfl_target * t) {
     return t->p.n_verify < DFL_MAX_TREE ? t->p.n_verify : DFL_MAX_TREE;
 }
 
+static dfl_status host_reserve(dfl_target * t, int n, size_t mask) {
+    if ((size_t) n > t->host_rows) {
+        free(t->host_i32);
+        free(t->host_i64);
+        t->host_i32 = malloc((size_t) n * sizeof(int32_t));
+        t->host_i64 = malloc((size_t) n * sizeof(int64_t));
+        t->host_rows = (size_t) n;
+    }
+    if (mask > t->host_mask_size) {
+        free(t->host_mask);
+        t->host_mask = malloc(mask * sizeof(ggml_fp16_t));
+        t->host_mask_size = mask;
+    }
+    if (!t->host_i32 || !t->host_i64 || !t->host_mask) {
+        t->host_rows = t->host_mask_size = 0;
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    return DFL_OK;
+}
+
+/* A step of every sequence's rows of one kind at the end of a full context, each
+ * carrying a commit (commit NULL: none), its rows sampled over the whole vocabulary
+ * (the sampling stage that holds the most: a few vocabulary-wide intermediates per
+ * row). */
+static dfl_step full_step(const dfl_target * t, int kind, int n, const tree_plan * tree, const pending_commit * commit) {
+    dfl_step step;
+    memset(&step, 0, sizeof step);
+    step.n_seg = t->mem.n_seq;
+    step.n_rows = step.n_out = n * t->mem.n_seq;
+    step.samp.pick = DFL_PICK_FULL;
+    for (int s = 0; s < step.n_seg; s++) {
+        step.seg[s] = (dfl_segment) { s, kind, n, s * n, t->p.n_ctx - n, t->p.n_ctx, LOGITS_ALL, tree, commit, NULL,
+                                      tree ? tree->shape : (tree_shape) { 0 }, commit ? (commit->tree ? 2 : 1) : 0,
+                                      commit ? commit->n_replay : 0 };
+    }
+    return step;
+}
+
+dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void * user) {
+    dfl_runtime * rt = &t->rt;
+    graph_inputs in;
+    const int n_ctx = t->p.n_ctx;
+
+    dfl_step step;
+    memset(&step, 0, sizeof step);
+    step.n_seg = 1;
+    step.n_rows = t->p.n_ubatch;
+    step.n_out = 1;
+    step.samp.pick = DFL_PICK_FULL;
+    step.seg[0] = (dfl_segment) { 0, DFL_STEP_DECODE, t->p.n_ubatch, 0, n_ctx - t->p.n_ubatch, n_ctx, LOGITS_LAST,
+                                  NULL, NULL, NULL, { 0 }, 0, 0 };
+    visit(rt, 0, dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 0), &in), user);
+
+    tree_plan * worst = calloc(1, sizeof *worst);
+    if (!worst) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    const int n_tree = dfl_target_max_tree_nodes(t);
+    worst->n = n_tree;
+    worst->shape = dfl_tree_worst_shape(n_tree);
+    const pending_commit tree_commit = { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
+    /* a chain commit has nothing to do without recurrent layers */
+    const pending_commit chain_commit = { .active = true, .tree = false, .n_keep = 1, .n_replay = t->p.n_verify };
+    for (int slot = 1; slot < rt->n_slots; slot++) {
+        step = full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit);
+        visit(rt, slot, dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, slot), &in), user);
+        step = full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL);
+        visit(rt, slot, dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, slot), &in), user);
+    }
+    free(worst);
+    return DFL_OK;
+}
+
+static void reserve_graph(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user) {
+    dfl_status * status = user; /* the first failure stands */
+    if (*status == DFL_OK) {
+        *status = dfl_runtime_reserve(rt, slot, gf);
+    }
+}
+
 /* Layers il >= first_device_layer run on the device, the ones before on the CPU. */
 static int first_device_layer(const dfl_target * t) {
     const int n_layer = t->m.n_layer;
@@ -259,6 +339,28 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     if (st == DFL_OK) {
         st = alloc_state(t);
     }
+    if (st == DFL_OK) {
+        /* compute memory for the worst graphs now, as the plan counts it: taken later it
+         * would grow with the longest context seen (a server's resident memory crept up
+         * for thousands of requests), and fail mid-run rather than at load */
+        dfl_status reserved = DFL_OK;
+        st = dfl_target_worst_graphs(t, reserve_graph, &reserved);
+        if (st == DFL_OK) {
+            st = reserved;
+        }
+    }
+    if (st == DFL_OK) {
+        /* the same for the host staging of graph inputs: the rows of the largest step and
+         * the mask of its largest segment (rows by attention span) */
+        const int rows = t->mem.step_rows > t->p.n_verify ? t->mem.step_rows : t->p.n_verify;
+        const int seg_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+        st = host_reserve(t, rows, (size_t) seg_rows * (size_t) t->p.n_ctx);
+        if (st == DFL_OK) {
+            memset(t->host_i32, 0, t->host_rows * sizeof(int32_t));
+            memset(t->host_i64, 0, t->host_rows * sizeof(int64_t));
+            memset(t->host_mask, 0, t->host_mask_size * sizeof(ggml_fp16_t));
+        }
+    }
     if (st != DFL_OK) {
         dfl_target_free(t);
         return st;
@@ -363,26 +465,6 @@ DFL_API dfl_status dfl_target_seq_copy(dfl_target * t, int32_t src, int32_t dst)
 
 DFL_API int32_t dfl_target_n_past(const dfl_target * t, int32_t seq) {
     return t && seq >= 0 && seq < t->mem.n_seq ? t->mem.seq[seq].n_past : -1;
-}
-
-static dfl_status host_reserve(dfl_target * t, int n, size_t mask) {
-    if ((size_t) n > t->host_rows) {
-        free(t->host_i32);
-        free(t->host_i64);
-        t->host_i32 = malloc((size_t) n * sizeof(int32_t));
-        t->host_i64 = malloc((size_t) n * sizeof(int64_t));
-        t->host_rows = (size_t) n;
-    }
-    if (mask > t->host_mask_size) {
-        free(t->host_mask);
-        t->host_mask = malloc(mask * sizeof(ggml_fp16_t));
-        t->host_mask_size = mask;
-    }
-    if (!t->host_i32 || !t->host_i64 || !t->host_mask) {
-        t->host_rows = t->host_mask_size = 0;
-        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-    }
-    return DFL_OK;
 }
 
 /* Whether two steps build the same graph (only their inputs differ). */

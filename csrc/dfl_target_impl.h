@@ -122,6 +122,14 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
 ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t);
 dfl_status dfl_target_define_state(dfl_target * t);
 int dfl_target_max_tree_nodes(const dfl_target * t);
+/* The largest graph each of the target's runtime slots can be asked to hold, each handed
+ * to visit with its slot: slot 0 a prefill chunk, the others a step of every sequence
+ * (a tree of the most nodes, or a chain of n_verify rows, each carrying its commit),
+ * all at the end of a full context and sampled over the whole vocabulary. The planner
+ * measures them; a load reserves them, so that compute memory does not creep up as
+ * contexts lengthen. */
+typedef void (*dfl_graph_visit)(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user);
+dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void * user);
 /* The last step's results are gone (a slot's context was replaced under them). */
 void dfl_target_drop_results(dfl_target * t);
 

@@ -97,12 +97,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-last-n", type=int, default=64,
                    help="tokens the penalties look back over, the prompt's included (default 64; -1: the whole "
                         "context; 0: no penalties)")
-    p.add_argument("--grammar", metavar="GRAMMAR",
-                   help="GBNF grammar the output must match (llama.cpp's format; see docs/structured-output.md)")
-    p.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from a file")
-    p.add_argument("-j", "--json-schema", metavar="SCHEMA",
-                   help="JSON schema the output must match, e.g. '{\"type\": \"object\"}'")
-    p.add_argument("-jf", "--json-schema-file", metavar="FILE", help="read the JSON schema from a file")
+    add_constraint_flags(p)
     p.add_argument("--chain-rule", choices=CHAIN_RULES, default=DEFAULT_CHAIN_RULE,
                    help="sampled chain: keep the drafter's argmax while the target's draws equal it (argmax), or "
                         "draw the drafts from the drafter and keep them by rejection sampling (reject; with --top-k > 0, "
@@ -234,7 +229,7 @@ def validate_engine_args(args, parser) -> None:
         parser.error("--memory-limit must be a positive number of MiB")
     from .sampling import SamplingParams
 
-    constraint = _constraint(args, parser.prog)
+    constraint = constraint_of(args, parser.prog)
     try:
         args.sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.seed,
                                        repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
@@ -251,9 +246,19 @@ def validate_engine_args(args, parser) -> None:
 
 
 
-def _constraint(args, prog: str):
-    """--grammar / --grammar-file / -j / -jf as a Constraint (config.check_constraint);
-    a problem with them exits 2 with one line."""
+def add_constraint_flags(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's --grammar, --grammar-file, -j/--json-schema and -jf/--json-schema-file."""
+    p.add_argument("--grammar", metavar="GRAMMAR",
+                   help="GBNF grammar the output must match (llama.cpp's format; see docs/structured-output.md)")
+    p.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from a file")
+    p.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="JSON schema the output must match, e.g. '{\"type\": \"object\"}'")
+    p.add_argument("-jf", "--json-schema-file", metavar="FILE", help="read the JSON schema from a file")
+
+
+def constraint_texts(args, prog: str) -> dict:
+    """{"--grammar": text or None, "-j/--json-schema": text or None} of the constraint
+    flags (a file read in place of its flag); a problem exits 2 with one line."""
     texts = {}
     for flag, inline, path in (("--grammar", args.grammar, args.grammar_file),
                                ("-j/--json-schema", args.json_schema, args.json_schema_file)):
@@ -266,6 +271,13 @@ def _constraint(args, prog: str):
             except OSError as e:
                 _fail(prog, f"cannot read {flag} file: {e}")
         texts[flag] = inline
+    return texts
+
+
+def constraint_of(args, prog: str):
+    """The constraint flags as a Constraint (config.check_constraint); a problem with
+    them exits 2 with one line."""
+    texts = constraint_texts(args, prog)
     try:
         return check_constraint(texts["--grammar"], texts["-j/--json-schema"])
     except ConfigError as e:

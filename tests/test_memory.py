@@ -109,6 +109,22 @@ def test_plan_covers_what_a_real_load_uses():
     assert 0 < used <= plan["target_compute"] + plan["draft_compute"]
 
 
+def test_target_compute_memory_is_taken_at_load_and_never_grows():
+    """The target's graph slots hold their planned worst-case compute memory from the
+    load on, so nothing grows as prompts get longer (before, the slots grew with the
+    longest context seen, and a server's resident memory crept up for thousands of
+    requests)."""
+    target_path, draft_path = demo_paths()
+    with Engine(str(target_path), str(draft_path), n_ctx=1024, n_ubatch=64, n_seq=2) as engine:
+        planned = engine.memory_plan.devices[0].parts["target_compute"]
+        loaded = engine.target.info()["compute_bytes"]
+        seen = set()
+        for n in (8, 300, 900):
+            engine.generate(list(range(10, 10 + n)), max_tokens=24)
+            seen.add(engine.target.info()["compute_bytes"])
+    assert loaded == planned and seen == {planned}
+
+
 def test_engine_refuses_a_plan_over_the_limit_before_loading(shapes):
     with pytest.raises(MemoryPlanError, match=r"needs .* MiB of 24576 MiB.*would fit: -ctk q8_0.*-c 65536"):
         Engine(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=131072, tree_budget=8, kv_type="f16",
