@@ -87,6 +87,8 @@ class ModelConverter(ABC):
     needs_target: bool = False
     # Keeps a multi-token-prediction head unless constructed with no_mtp=True (--no-mtp).
     has_mtp: bool = False
+    # quantization_config.quant_method values whose checkpoints it reads (none: float only).
+    quantizations: tuple[str, ...] = ()
 
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, *, target_dir: Path | None = None):
         self.model_dir = model_dir
