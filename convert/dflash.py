@@ -330,6 +330,8 @@ class DFlashConverter(ModelConverter):
                 value = rope.get(name, rope.get("attn_factor") if name == "attention_factor" else None)
                 if value is not None:
                     out.append(f32(f"{a}.{key}", value))
+            if not rope.get("truncate", True):  # YaRN's range unrounded (ours; llama.cpp rounds it)
+                out.append(boolean(f"{a}.rope.scaling.yarn_truncate", False))
             return kv + out
         raise ConversionError(f"rope type {kind!r} is not supported for DFlash drafters (default, linear and yarn are)")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from .base import KV, ModelConverter, array, boolean, f32, rope_scaling_kv, u32
+from .base import KV, ModelConverter, array, f32, rope_scaling_kv, u32
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, quantization_method, require_hparams, text_hparams, to_float32
 from .tensors import TensorSpec
@@ -122,7 +122,7 @@ class GptOssConverter(ModelConverter):
             u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
             u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
             u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
-            *rope_scaling_kv(a, self.rope),
+            *rope_scaling_kv(a, self.rope, truncate_default=False),
             f32(f"{a}.rope.freq_base", self.rope["rope_theta"]),
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
             u32(f"{a}.expert_count", self.n_expert),
@@ -132,9 +132,6 @@ class GptOssConverter(ModelConverter):
             u32(f"{a}.attention.sliding_window", hp["sliding_window"]),
             u32(f"{a}.expert_feed_forward_length", hp["intermediate_size"]),
         ]
-        if self.rope.get("rope_type", self.rope.get("type")) == "yarn" and self.rope.get("truncate", True):
-            # transformers' default when the field is absent; gpt-oss's own configs say false
-            kv.append(boolean(f"{a}.rope.scaling.yarn_truncate", True))
         if self.layer_types != _alternating(self.n_layer):
             kv.append(array(f"{a}.attention.sliding_window_pattern",
                             [t == "sliding_attention" for t in self.layer_types], GGUFValueType.BOOL))
