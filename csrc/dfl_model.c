@@ -284,7 +284,7 @@ dfl_status dfl_model_hybrid_layout(dfl_model * m) {
 struct ggml_tensor * dfl_rope(const dfl_model * m, struct ggml_context * ctx, struct ggml_tensor * x,
                               struct ggml_tensor * pos, struct ggml_tensor * freqs, int n_rot, float base) {
     const dfl_rope_scaling * r = &m->rope;
-    GGML_ASSERT(!r->exact_ramp || !freqs); /* models with frequency factors of their own refuse exact ramps */
+    GGML_ASSERT(!r->exact_ramp || !freqs); /* no model with factors of its own runs scaled RoPE (Gemma 4) */
     if (r->exact_ramp) {
         freqs = dfl_yarn_factors(ctx, r, n_rot, base);
     }
