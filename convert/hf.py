@@ -22,6 +22,8 @@ SINGLE_FILE = "model.safetensors"
 
 _NUMPY_DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
                  "BF16": np.dtype("<u2")}
+# packed quantized data (MXFP4 blocks and scales): read as bytes, never as numbers
+_BYTE_DTYPES = {"U8": np.dtype("u1")}
 
 
 def load_config(model_dir: Path) -> dict:
@@ -58,6 +60,15 @@ def check_hparams(hp: dict, ints=(), floats=(), where: str = "config.json") -> N
         v = hp.get(key)
         if key in hp and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")):
             raise ConversionError(f"{where}: {key} is {v!r}; a positive number is expected")
+
+
+def quantization_method(config: dict) -> str | None:
+    """config.json's quantization_config.quant_method (a pre-quantized checkpoint), or None."""
+    q = config.get("quantization_config")
+    if q is None:
+        return None
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    return str(method) if method else "unnamed"
 
 
 def text_hparams(config: dict) -> dict:
@@ -159,7 +170,8 @@ class Checkpoint:
             if data_start + end > file_size:
                 raise ConversionError(f"{path} is truncated: tensor {name!r} extends past the end of the file")
             numel = int(np.prod(shape, dtype=np.int64))
-            itemsize = _NUMPY_DTYPES[dtype].itemsize if dtype in _NUMPY_DTYPES else None
+            known = {**_NUMPY_DTYPES, **_BYTE_DTYPES}
+            itemsize = known[dtype].itemsize if dtype in known else None
             if begin < 0 or end < begin or min(shape, default=1) < 0 or \
                     (itemsize is not None and end - begin != numel * itemsize):
                 raise ConversionError(f"{path}: tensor {name!r} has {end - begin} bytes at offsets {begin}..{end}, "
@@ -187,6 +199,13 @@ class Checkpoint:
         """The tensor viewed as `n_rows` rows (no data is read yet), in its stored dtype."""
         t = self.tensors[name]
         return self._raw(t).reshape(n_rows, t.numel // n_rows)
+
+    def byte_rows(self, name: str, n_rows: int) -> np.ndarray:
+        """A tensor of packed bytes (U8) viewed as `n_rows` rows of bytes."""
+        t = self.tensors[name]
+        if t.dtype not in _BYTE_DTYPES:
+            raise ConversionError(f"tensor {name!r} has dtype {t.dtype}; packed quantized data (U8) is expected")
+        return self._maps[t.path][t.offset:t.offset + t.nbytes].reshape(n_rows, t.nbytes // n_rows)
 
     def is_bf16(self, name: str) -> bool:
         return self.tensors[name].dtype == "BF16"

@@ -555,8 +555,8 @@ static struct ggml_tensor * norm(dfl_draft * d, struct ggml_context * ctx, struc
 static struct ggml_tensor * rope(dfl_draft * d, struct ggml_context * ctx, struct ggml_tensor * x,
                                  struct ggml_tensor * pos) {
     const dfl_rope_scaling * r = &d->rope_scaling;
-    return ggml_rope_ext(ctx, x, pos, NULL, d->n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, d->rope_base, r->freq_scale,
-                         r->ext_factor, r->attn_factor, r->beta_fast, r->beta_slow);
+    struct ggml_tensor * factors = r->exact_ramp ? dfl_yarn_factors(ctx, r, d->n_rot, d->rope_base) : NULL;
+    return dfl_rope_scaled(r, ctx, x, pos, factors, d->n_rot, d->rope_base);
 }
 
 /* Project hidden states h [E, n] to this layer's keys/values and store them at `slots`. */

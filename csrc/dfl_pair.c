@@ -351,6 +351,17 @@ dfl_status dfl_pair_check(const dfl_gguf * draft, const dfl_gguf * target, int64
                             m.target_name, m.target_n_vocab, m.target_n_embd, tname, (long long) n_vocab,
                             (long long) n_embd);
         }
+        if (dfl_gguf_has(draft, DFL_KEY_TARGET_N_LAYER)) {
+            uint32_t want, blocks, nextn;
+            TRY(dfl_gguf_u32(draft, DFL_KEY_TARGET_N_LAYER, true, 0, &want));
+            TRY(dfl_gguf_u32(target, ".block_count", true, 0, &blocks));
+            TRY(dfl_gguf_u32(target, ".nextn_predict_layers", false, 0, &nextn));
+            if (nextn > blocks || blocks - nextn != want) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "drafter '%s' was converted for target '%s' (%u layers), but the "
+                                "loaded target '%s' has %u: wrong target/drafter pair", m.name, m.target_name, want,
+                                tname, nextn > blocks ? 0 : blocks - nextn);
+            }
+        }
         char hex[65];
         if (dfl_tokenizer_sha256(target, true, hex) && strcmp(hex, m.target_tokenizer_sha256) != 0) {
             return dfl_fail(DFL_ERR_ARGUMENT, "drafter '%s' was converted for target '%s' (tokenizer sha256 %.12s...), "

@@ -57,6 +57,11 @@ static struct ggml_tensor * join(struct ggml_context * ctx, struct ggml_tensor *
 
 struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                          struct ggml_tensor * v, float scale) {
+    return dfl_graph_attention_sinks(g, il, q, k, v, scale, NULL);
+}
+
+struct ggml_tensor * dfl_graph_attention_sinks(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                               struct ggml_tensor * v, float scale, struct ggml_tensor * sinks) {
     graph_build * b = g->runtime;
     const dfl_target * t = b->t;
     const dfl_memory * mem = &t->mem;
@@ -96,6 +101,9 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
                                                      ggml_permute(ctx, K, 0, 2, 1, 3), ggml_permute(ctx, V, 0, 2, 1, 3),
                                                      ring ? s.in->mask_swa : s.in->mask, scale, 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
+        if (sinks) {
+            ggml_flash_attn_ext_add_sinks(o, sinks);
+        }
         out = join(ctx, out, ggml_reshape_2d(ctx, o, hd_v * q->ne[1], s.s->n), 1);
     }
     return out;
