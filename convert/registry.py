@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .base import ModelConverter
 from .dflash import DFlashConverter
+from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
 from .gemma4 import Gemma4Converter
 from .qwen3 import Qwen3Converter
@@ -19,6 +20,7 @@ CONVERTERS: dict[str, type[ModelConverter]] = {
     "Gemma4ForConditionalGeneration": Gemma4Converter,
     "DFlashDraftModel": DFlashConverter,
     "DFlash2DraftModel": DFlashConverter,
+    **{name: Eagle3Converter for name in EAGLE3_ARCHITECTURES},
 }
 
 

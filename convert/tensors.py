@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from .hf import Checkpoint, to_float32
 
@@ -22,7 +23,9 @@ class TensorSpec:
     from its target's weights); `patch` maps output row indices to replacement rows,
     applied after every other step. `stack` builds the tensor from several checkpoint
     tensors of one shape, one after the other (per-expert matrices -> one 3-D tensor);
-    `source` is then the first of them.
+    `source` is then the first of them. `values` are the tensor's values, computed by the
+    converter instead of read (`source` names the checkpoint tensor they derive from), and
+    `fixed_type` a ggml type the tensor keeps whatever the output type (integer tensors).
     """
 
     name: str
@@ -34,6 +37,8 @@ class TensorSpec:
     checkpoint: Checkpoint | None = None
     patch: dict[int, np.ndarray] | None = None
     stack: tuple[str, ...] | None = None
+    values: np.ndarray | None = None
+    fixed_type: GGMLQuantizationType | None = None
 
     @property
     def row_length(self) -> int:
@@ -63,7 +68,10 @@ def row_ranges(spec: TensorSpec, max_bytes: int = 16 << 20) -> list[tuple[int, i
 
 
 def load_rows(ckpt: Checkpoint, spec: TensorSpec, r0: int, r1: int) -> np.ndarray:
-    """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array."""
+    """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array (of
+    the values' own dtype for a tensor with `values`)."""
+    if spec.values is not None:
+        return np.ascontiguousarray(spec.values.reshape(spec.n_rows, spec.row_length)[r0:r1])
     ckpt = spec.checkpoint or ckpt
     if spec.stack:
         per = spec.n_rows // len(spec.stack)
