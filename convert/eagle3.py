@@ -181,9 +181,10 @@ class Eagle3Converter(ModelConverter):
         ]
         if hp.get("num_key_value_heads") is not None:
             kv.append(u32(f"{a}.attention.head_count_kv", self.n_head_kv))
-        rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+        rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise ConversionError("config.json: rope_parameters must be an object")
+        rope = dict(rope)
         if "rope_type" not in rope and "type" in rope:
             rope["rope_type"] = rope["type"]
         kv += rope_scaling_kv(a, rope)

@@ -2,7 +2,8 @@
 `transformer_layer_config`, `speculators_config` and `eagle_aux_hidden_state_layer_ids`;
 model.safetensors with the Eagle3DraftModel state dict: embed_tokens, fc, layers.0.* with
 hidden_norm and 2 x hidden q/k/v inputs, norm, lm_head over the draft vocabulary, d2t,
-t2d), as vllm-project/speculators saves them."""
+t2d), as vllm-project/speculators saves them; or in the original EAGLE-3 layout (a flat
+Llama config naming LlamaForCausalLMEagle3, the layer as `midlayer.*`)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import torch
 def make_eagle3(directory: str | os.PathLike, target_dir: str | os.PathLike, *, layer_ids=(1, 2, 3),
                 draft_vocab: int | None = 512, heads: int = 4, kv_heads: int = 2, head_dim: int = 32,
                 ffn: int = 256, seed: int = 0, own_embedding: bool = True, norm_before_fc: bool = False,
-                norm_before_residual: bool = False, rope_theta: float = 10000.0) -> Path:
+                norm_before_residual: bool = False, rope_theta: float = 10000.0, original: bool = False) -> Path:
     """An EAGLE3 drafter for the target in `target_dir`, random weights under `seed`.
 
     `draft_vocab=None` drafts over the target's whole vocabulary (no d2t/t2d);
@@ -63,7 +64,9 @@ def make_eagle3(directory: str | os.PathLike, target_dir: str | os.PathLike, *, 
         return 1.0 + 0.2 * torch.randn(n, generator=gen)
 
     q, kv = heads * head_dim, kv_heads * head_dim
-    p = "layers.0."
+    if original:
+        config = {**layer.to_diff_dict(), "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": Vd}
+    p = "midlayer." if original else "layers.0."
     tensors = {
         "fc.weight": matrix(E, 3 * E),
         p + "input_layernorm.weight": norm(E), p + "hidden_norm.weight": norm(E),

@@ -35,6 +35,8 @@ def ckpt(tmp_path_factory, qwen35_dir):
         # the residual normed
         "plain": lambda: make_eagle3(root / "plain", base, layer_ids=None, draft_vocab=None, own_embedding=False,
                                      norm_before_fc=True, norm_before_residual=True, seed=22),
+        # the original EAGLE-3 layout: flat config, midlayer.*, default feature layers
+        "original": lambda: make_eagle3(root / "original", base, original=True, seed=23),
         "qwen3_layer": edit("draft", lambda c: c["transformer_layer_config"].update(model_type="qwen3")),
         "two_layers": edit("draft", lambda c: c["transformer_layer_config"].update(num_hidden_layers=2)),
         "fc_norm": edit("draft", lambda c: c.update(fc_norm=True)),
@@ -70,7 +72,7 @@ def reference(ckpt, llama_cpp_convert_dflash):
 
 # ---- layout: llama.cpp's converter as the oracle -----------------------------------------
 
-@pytest.mark.parametrize("draft,outtype", [("draft", "f32"), ("draft", "q8_0"), ("plain", "f16")])
+@pytest.mark.parametrize("draft,outtype", [("draft", "f32"), ("draft", "q8_0"), ("plain", "f16"), ("original", "bf16")])
 def test_matches_llama_cpp_converter(draft, outtype, ours, reference):
     ours_kv, ours_t = read_gguf(ours(draft, outtype))
     ref_kv, ref_t = read_gguf(reference(draft, outtype))

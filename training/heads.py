@@ -56,7 +56,8 @@ def file_sha256(path: Path) -> str:
 # ---- the frozen target --------------------------------------------------------------------
 
 def target_checkpoint(work: Path, gguf: Path = DEMO_TARGET_GGUF) -> Path:
-    """The f32 checkpoint whose conversion is `gguf` byte for byte (made once per GGUF)."""
+    """The f32 checkpoint whose conversion gives `gguf`'s model tensors byte for byte (made
+    once per GGUF; an MTP head in the GGUF is not part of it)."""
     from target_from_gguf import recover
 
     out = work / "demo-target"  # its name is what a drafter converted against it records

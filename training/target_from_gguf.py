@@ -109,12 +109,21 @@ def recover(gguf_path: Path, template: Path, out_dir: Path) -> Path:
 
 
 def same_main_tensors(ours: Path, reference: Path) -> list[str]:
-    """Names of `reference`'s tensors that `ours` lacks or holds with other bytes or type."""
+    """Names of the model tensors of `reference` (not those of its nextn layers, an MTP
+    head) that `ours` lacks or holds with other bytes or type."""
     import gguf
 
     mine = {t.name: t for t in gguf.GGUFReader(str(ours)).tensors}
+    ref = gguf.GGUFReader(str(reference))
+    arch = ref.fields["general.architecture"].contents()
+    n_block = ref.fields[f"{arch}.block_count"].contents()
+    n_nextn = ref.fields[f"{arch}.nextn_predict_layers"].contents() if f"{arch}.nextn_predict_layers" in ref.fields \
+        else 0
+    head = tuple(f"blk.{i}." for i in range(n_block - n_nextn, n_block))
     differ = []
-    for t in gguf.GGUFReader(str(reference)).tensors:
+    for t in ref.tensors:
+        if t.name.startswith(head):
+            continue
         o = mine.get(t.name)
         if o is None or o.tensor_type != t.tensor_type or \
                 not np.array_equal(np.asarray(o.data).view(np.uint8), np.asarray(t.data).view(np.uint8)):

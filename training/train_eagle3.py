@@ -2,7 +2,7 @@
 """Train a small EAGLE3 drafter for the bundled demo target, save it as a speculators
 checkpoint and convert it to dflash_gguf/data/demo-eagle3.gguf.
 
-    .venv/bin/python training/train_eagle3.py            # ~20 min on 2 loaded cores
+    .venv/bin/python training/train_eagle3.py            # ~25 min on 2 loaded cores
     .venv/bin/python training/train_eagle3.py --quick    # smoke run into .cache/train_heads_quick/
 
 The drafter (vllm-project/speculators' Eagle3DraftModel with a Llama decoder layer, the
@@ -376,7 +376,7 @@ def write_readme(info: dict) -> None:
         "",
         *heads.counts_table(info["llama_cpp"]),
         "",
-        "    .venv/bin/python training/train_eagle3.py           # writes demo-eagle3.gguf, about 20 min",
+        "    .venv/bin/python training/train_eagle3.py           # writes demo-eagle3.gguf, about 25 min",
         "    .venv/bin/python training/train_eagle3.py --quick   # smoke run into .cache/train_heads_quick/",
     ]
     heads.write_readme_section(SECTION, body)
