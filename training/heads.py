@@ -88,10 +88,11 @@ def corpus_streams(tok, seed: int, quick: bool):
 def onpolicy(work: Path, tok, streams, n_train: int, n_heldout: int, seq_len: int, seed: int, threads: int):
     """(train, held-out) int32 [n, seq_len]: corpus prompts of 16..seq_len/2 tokens continued
     greedily by the bundled target (dflash_gguf runtime), as train_demo.py's drafter data;
-    kept in `work` for the other head's run."""
+    kept in `work`, keyed by the target file, for the other head's run."""
     import numpy as np
 
-    path = work / f"onpolicy-{n_train}-{n_heldout}-{seq_len}-{seed}.npz"
+    model = file_sha256(DEMO_TARGET_GGUF)[:12]
+    path = work / f"onpolicy-{model}-{n_train}-{n_heldout}-{seq_len}-{seed}.npz"
     if path.exists():
         data = np.load(path)
         return data["train"], data["heldout"]
@@ -211,7 +212,7 @@ def speculative_counts(target: Path, draft: Path | None, spec_type: str, n_max: 
                "--spec-draft-p-min", "0", "-p", text]
         if draft is not None:
             cmd += ["-md", str(draft), "-td", t, "-tbd", t]
-        _, r = run_parsed(cmd, parse_speculative, "rounds")
+        _, r = run_parsed(cmd, parse_speculative, "rounds", attempts=6)  # see run_parsed: lost log lines
         rows.append({"prompt": name, "n_drafted": r["n_drafted"], "n_accept": r["n_accept"],
                      "n_predict": r["n_predict"], "target_passes": r["rounds"]})
         log(f"llama.cpp {spec_type}: {name}: accepted {r['n_accept']} of {r['n_drafted']} drafted, "

@@ -113,7 +113,7 @@ def make_drafter(target, draft_ids, lcfg):
     d.layers = nn.ModuleList([layer])
     d.norm = LlamaRMSNorm(E, eps=lcfg.rms_norm_eps)
     d.lm_head = nn.Linear(E, len(draft_ids), bias=False)
-    for name, p in d.named_parameters():
+    for p in d.parameters():
         if p.ndim == 2:
             nn.init.normal_(p, std=lcfg.initializer_range)
     with torch.no_grad():
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed + 1)
     d = make_drafter(target, draft_ids, lcfg)
     rotary = LlamaRotaryEmbedding(config=lcfg)
-    n_params = sum(p.numel() for n, p in d.named_parameters())
+    n_params = sum(p.numel() for p in d.parameters())
     heads.log(f"eagle3: {n_params / 1e6:.2f}M parameters (lm_head frozen), draft vocabulary {len(draft_ids)}; "
               f"{args.steps} steps x {args.batch} sequences x {args.seq_len - 1} anchors x {args.ttt_steps} steps")
     t0 = time.perf_counter()
