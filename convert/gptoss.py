@@ -252,4 +252,4 @@ class GptOssConverter(ModelConverter):
             n_nan = int(np.count_nonzero(s == 0xFF)) * MXFP4_BLOCK  # E8M0's NaN scale
             return mxfp4_to_ggml(b, s).reshape(-1), n_nan
 
-        return TensorSpec(name, blocks, (X, n_out, n_in), raw=raw, raw_type=GGMLQuantizationType.MXFP4)
+        return TensorSpec(name, blocks, (X, n_out, n_in), raw=raw, fixed_type=GGMLQuantizationType.MXFP4)

@@ -153,7 +153,9 @@ def plan_types(tensors: Sequence[tuple[str, Sequence[int]]], outtype: str) -> di
 
 
 def encode_rows(rows: np.ndarray, t: T) -> np.ndarray:
-    """float32 [n, row_length] -> the bytes of those rows stored as type `t`."""
+    """float32 [n, row_length] (integers for I64) -> the bytes of those rows stored as type `t`."""
+    if t == T.I64:
+        return np.ascontiguousarray(rows, dtype="<i8").view(np.uint8).reshape(-1)
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     if t == T.F32:
         return rows.view(np.uint8).reshape(-1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .base import ModelConverter
 from .dflash import DFlashConverter
+from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
 from .gemma4 import Gemma4Converter
 from .gptoss import GptOssConverter
@@ -21,6 +22,7 @@ CONVERTERS: dict[str, type[ModelConverter]] = {
     "GptOssForCausalLM": GptOssConverter,
     "DFlashDraftModel": DFlashConverter,
     "DFlash2DraftModel": DFlashConverter,
+    **{name: Eagle3Converter for name in EAGLE3_ARCHITECTURES},
 }
 
 

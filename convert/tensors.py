@@ -25,9 +25,12 @@ class TensorSpec:
     applied after every other step. `stack` builds the tensor from several checkpoint
     tensors of one shape, one after the other (per-expert matrices -> one 3-D tensor);
     `source` is then the first of them. `read(checkpoint, r0, r1)` replaces the gather:
-    it returns the rows as float32 itself. `raw(checkpoint, r0, r1)` replaces everything:
-    it returns the rows' bytes already in `raw_type` and how many of their values are
-    NaN; the output type is then `raw_type` whatever the outtype.
+    it returns the rows as float32 itself. `values` are the tensor's values, computed by
+    the converter instead of read (`source` names the checkpoint tensor they derive from).
+    `fixed_type` is a ggml type the tensor keeps whatever the output type (integer
+    tensors, a checkpoint's MXFP4 experts); `raw(checkpoint, r0, r1)` then replaces
+    everything: it returns the rows' bytes already in that type and how many of their
+    values are NaN.
     """
 
     name: str
@@ -41,7 +44,8 @@ class TensorSpec:
     stack: tuple[str, ...] | None = None
     read: Callable[[Checkpoint, int, int], np.ndarray] | None = None
     raw: Callable[[Checkpoint, int, int], tuple[np.ndarray, int]] | None = None
-    raw_type: GGMLQuantizationType | None = None
+    values: np.ndarray | None = None
+    fixed_type: GGMLQuantizationType | None = None
 
     @property
     def row_length(self) -> int:
@@ -71,7 +75,10 @@ def row_ranges(spec: TensorSpec, max_bytes: int = 16 << 20) -> list[tuple[int, i
 
 
 def load_rows(ckpt: Checkpoint, spec: TensorSpec, r0: int, r1: int) -> np.ndarray:
-    """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array."""
+    """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array (of
+    the values' own dtype for a tensor with `values`)."""
+    if spec.values is not None:
+        return np.ascontiguousarray(spec.values.reshape(spec.n_rows, spec.row_length)[r0:r1])
     ckpt = spec.checkpoint or ckpt
     if spec.read:
         block = spec.read(ckpt, r0, r1)
