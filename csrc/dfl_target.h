@@ -1,4 +1,5 @@
-/* What the drafter may know of its target: accessors, not fields (see dfl_target.c). */
+/* What a drafter may know of its target: accessors, not fields (see dfl_target.c). The
+ * target exposes these and knows nothing of who reads them. */
 #ifndef DFL_TARGET_H
 #define DFL_TARGET_H
 
@@ -28,8 +29,11 @@ struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t);
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t);
 /* Feature layers captured (llama.cpp convention), their count returned. */
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n);
-/* [n_feature_layers * n_embd, rows] features of the last step, and how many rows it made. */
+/* [n_feature_layers * n_embd, rows] every slot's feature rows (NULL without feature
+ * layers): slot s's last call's rows, in its own rows (see dfl_memory.h). */
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t);
-int dfl_target_feature_rows(const dfl_target * t);
+/* The row of that tensor holding the features of committed position pos of slot seq, or
+ * -1 when it holds them no longer (the slot ran a graph since) or not yet. */
+int64_t dfl_target_feature_of(const dfl_target * t, int seq, int pos);
 
 #endif

@@ -280,10 +280,6 @@ class Engine:
         found = self.checkpoints.lookup(tokens, len(tokens) - 1, use_draft, above=reused)
         if found is None:
             return reused
-        if self.draft is not None:
-            # the other slots' deferred drafter rows read the target's features of the last
-            # step, which a restore drops: appended first (this slot's are gone with its request)
-            self.draft.flush()
         found.restore(self.target, draft, slot)
         device, host = self.checkpoints.chain_bytes(found)
         stats.checkpoint = {"position": found.n_past, "device_bytes": device, "host_bytes": host}

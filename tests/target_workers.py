@@ -381,7 +381,7 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
     with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(top_k=8)) as d:
         t.prefill(prompt, LOGITS_LAST)
         out["target prefill"] = t.placement()
-        d.append_rows(len(prompt))
+        d.append()
         out["drafter context append"] = d.placement()
         block = d.propose(int(t.choices(0, 1)[0]))
         out["drafter propose"] = d.placement()

@@ -4,6 +4,7 @@ Qwen3.5-35B-A3B), the plan against what a real load uses, and refusal before loa
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -73,6 +74,26 @@ def test_plan_of_qwen35_27b_with_its_drafter(shapes):
     assert p["target_weights"] == weights_bytes(c, "q4_k_m")
     assert p["draft_weights"] == weights_bytes(d, "q8_0")
     assert 0 < p["target_compute"] < 2048 * MIB and 0 < p["draft_compute"] < 512 * MIB
+
+
+def test_each_sequence_slot_has_feature_rows_of_its_own(shapes):
+    """Every slot's state, its captured features too, is its own: with 4 slots the verify
+    scratch (the recurrent layers' kept inputs and the features) is 4 times one slot's,
+    the features each 512 rows (the prefill chunk, the slot's largest call); a target
+    without feature layers has none."""
+    c, d = QWEN35_27B, QWEN35_27B_DFLASH
+    target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
+
+    def scratch(n_seq, with_draft=True):
+        setup = EngineSetup.of(target, draft, n_ctx=8192, tree_budget=16, n_seq=n_seq)
+        if with_draft:
+            return plan_memory(target, draft, setup.target_config, setup.draft_config).devices[0].parts["verify_scratch"]
+        plain = replace(setup.target_config, feature_layers=())
+        return plan_memory(target, None, plain, None).devices[0].parts["verify_scratch"]
+
+    features = 4 * len(d["target_layers"]) * c["hidden"] * 512
+    assert scratch(4) == 4 * scratch(1)
+    assert scratch(1) - scratch(1, with_draft=False) == features
 
 
 def test_drafter_window_and_quantized_cache_shrink_the_plan(shapes):
