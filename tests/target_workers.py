@@ -388,11 +388,14 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
         t.verify(block[:4])
         out["target chain verify"] = t.placement()
         t.commit(2)
+        d.append()  # the drafter takes each call's kept positions before the next call replaces them
         t.verify_tree([17, 19, 23, 29, 31], [-1, 0, 0, 1, 2])
         out["target tree verify (+ chain commit)"] = t.placement()
         t.commit_path([0, 2, 4])
+        d.append()
         t.decode([37], LOGITS_ALL)
         out["target decode (+ tree commit)"] = t.placement()
+        d.append()
         # sampling on the device: top-k with penalties, no truncation, and drafted samples
         rng = np.random.default_rng(0)
         t.set_sampling(SamplingParams(0.7, 20, 0.9, presence_penalty=1.0).native())
@@ -401,6 +404,7 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
         t.verify(block[:4])
         out["target sampled chain verify (top-k, penalties)"] = t.placement()
         t.commit(1)
+        d.append()
         t.set_sampling(SamplingParams(1.0).native())
         t.set_uniforms(rng.random(5, dtype=np.float32))
         t.verify_tree([17, 19, 23, 29, 31], [-1, 0, 0, 1, 2])
