@@ -515,12 +515,12 @@ static void stage_entries(dfl_draft * d, const dfl_draft_step * step, const part
     }
     const int P = step->n_parts;
     int64_t * slots = d->host_i64, * first = d->host_i64 + P;
-    int32_t * last = d->host_i32, * drafting = d->host_i32 + P;
+    int32_t * last = d->host_i32, * drafting = d->host_i32 + P, * rows_of_slots = d->host_i32 + 2 * P;
     float has[DFL_MAX_SEQ], none[DFL_MAX_SEQ];
     int n_drafting = 0;
     for (int i = 0, at = 0; i < P; at += step->part[i].entry_rows, i++) {
         const part_plan * pp = &plans[i];
-        slots[i] = pp->seq;
+        slots[i] = rows_of_slots[i] = pp->seq;
         first[i] = at;
         last[i] = pp->n_entries > 0 ? (int32_t) dfl_target_feature_of(d->target, pp->seq, pp->pos - 1) : 0;
         has[i] = pp->n_entries > 0 ? 1.0f : 0.0f;
@@ -529,6 +529,7 @@ static void stage_entries(dfl_draft * d, const dfl_draft_step * step, const part
             drafting[n_drafting++] = i;
         }
     }
+    dfl_runtime_set(&d->rt, in->carry_rows, rows_of_slots, 0, (size_t) P * sizeof(int32_t));
     dfl_runtime_set(&d->rt, in->carry_slots, slots, 0, (size_t) P * sizeof(int64_t));
     dfl_runtime_set(&d->rt, in->first_entry, first, 0, (size_t) P * sizeof(int64_t));
     dfl_runtime_set(&d->rt, in->last_row, last, 0, (size_t) P * sizeof(int32_t));
@@ -631,7 +632,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
     const int E = dfl_draft_step_entries(&step), R = dfl_draft_step_rows(m, &step);
     const int n_pass = dfl_draft_step_passes(m, &step), D = dfl_draft_step_drafted(&step);
     int host = 3 * E;
-    host = host > 2 * step.n_parts ? host : 2 * step.n_parts;
+    host = host > 3 * step.n_parts ? host : 3 * step.n_parts;
     host = host > R * (1 + n_pass) ? host : R * (1 + n_pass);
     host = host > D ? host : D;
     TRY(reserve(d, host, mask));

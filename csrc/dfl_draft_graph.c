@@ -170,6 +170,7 @@ static void entry_features(const dfl_draft * d, const dfl_draft_step * step, dfl
     g->last_features = NULL;
     if (m->feat_previous) {
         const int P = step->n_parts;
+        in->carry_rows = new_input(ctx, GGML_TYPE_I32, P);
         in->carry_slots = new_input(ctx, GGML_TYPE_I64, P);
         in->first_entry = new_input(ctx, GGML_TYPE_I64, P);
         in->last_row = new_input(ctx, GGML_TYPE_I32, P);
@@ -177,7 +178,7 @@ static void entry_features(const dfl_draft * d, const dfl_draft_step * step, dfl
         in->no_entries = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, P);
         ggml_set_input(in->has_entries);
         ggml_set_input(in->no_entries);
-        struct ggml_tensor * carried = ggml_get_rows(ctx, d->mem.state, in->carry_slots);
+        struct ggml_tensor * carried = ggml_get_rows(ctx, d->mem.state, in->carry_rows);
         x = ggml_set_rows(ctx, x, carried, in->first_entry);
         /* a part without entries carries on what it carried (times 1, plus 0: exact) */
         struct ggml_tensor * last = ggml_add(ctx, ggml_mul(ctx, ggml_get_rows(ctx, features, in->last_row),

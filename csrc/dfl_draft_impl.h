@@ -25,7 +25,8 @@ typedef struct draft_inputs {
     struct ggml_tensor * entry_cells;  /* [E] I64: cache rows (a spare one for padding) */
     struct ggml_tensor * entry_tokens; /* [E] I32 (reads_tokens) */
     /* feat_previous: the features each sequence carries from its last entry */
-    struct ggml_tensor * carry_slots;  /* [P] I64: each part's slot */
+    struct ggml_tensor * carry_rows;   /* [P] I32: each part's slot, to gather from ... */
+    struct ggml_tensor * carry_slots;  /* [P] I64: ... and to scatter to */
     struct ggml_tensor * first_entry;  /* [P] I64: each part's first entry column */
     struct ggml_tensor * last_row;     /* [P] I32: the feature row of each part's last entry */
     struct ggml_tensor * has_entries;  /* [1, P] F32: 1 when the part has any, else 0 ... */

@@ -915,6 +915,8 @@ ggml_backend_dev_t dfl_target_device(const dfl_target * t) { return t->rt.dev; }
 bool dfl_target_on_cpu(const dfl_target * t) { return t->rt.dev == t->rt.dev_cpu; }
 struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t) { return t->tok_lookup; }
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t) { return t->m.output; }
+struct ggml_tensor * dfl_target_output_norm(const dfl_target * t) { return t->m.output_norm; }
+const dfl_rope_scaling * dfl_target_rope_scaling(const dfl_target * t) { return &t->m.rope; }
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->mem.features; }
 int64_t dfl_target_feature_of(const dfl_target * t, int seq, int pos) { return dfl_memory_feature_of(&t->mem, seq, pos); }
 

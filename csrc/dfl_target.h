@@ -4,6 +4,7 @@
 #define DFL_TARGET_H
 
 #include "dfl_gguf.h"
+#include "dfl_model.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -24,9 +25,13 @@ bool dfl_target_repack(const dfl_target * t);
 ggml_backend_dev_t dfl_target_device(const dfl_target * t);
 bool dfl_target_on_cpu(const dfl_target * t);
 /* The token embedding lookups gather from (a host copy when a tied LM head is sliced on
- * its device) and the LM head, shared with a drafter. */
+ * its device) and the LM head, shared with a drafter; the final norm's weight. */
 struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t);
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t);
+struct ggml_tensor * dfl_target_output_norm(const dfl_target * t);
+/* Its RoPE scaling as resolved at load (the file's keys and the caller's overrides): a
+ * drafter layer of the target's own file rotates as its layers do. */
+const dfl_rope_scaling * dfl_target_rope_scaling(const dfl_target * t);
 /* Feature layers captured (llama.cpp convention), their count returned. */
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n);
 /* [n_feature_layers * n_embd, rows] every slot's feature rows (NULL without feature

@@ -345,9 +345,13 @@ typedef struct dfl_draft_info {
     int64_t n_host_read_bytes;
 } dfl_draft_info;
 
-/* What a drafter file says about itself, read (and bounded) without loading it. */
+/* What a drafter file says about itself, read (and bounded) without loading it: a
+ * 'dflash' GGUF, or a model GGUF with nextn layers (kind "mtp": its MTP layer drafts for
+ * the model itself, reading feature layer n_layer, the final-normed state). */
 typedef struct dfl_draft_meta {
-    int32_t block_size;        /* trained block size (2..256; 16 when the file has none) */
+    char kind[16];             /* "dflash" or "mtp" */
+    int32_t block_size;        /* trained block size (2..256; 16 when the file has none; 0: none, the
+                                  caller's (mtp)) */
     int32_t mask_token_id;     /* -1 when the file has none */
     int32_t n_embd;
     int32_t n_target_layers;

@@ -26,10 +26,12 @@ class DraftConfig:
 
 def read_draft_metadata(path: str) -> dict:
     """What a drafter GGUF says about itself, read before anything is loaded (the target
-    must capture its layers): block size, mask token, target layers, names, and the
-    fingerprint of the target it was converted for (None for drafters converted by
-    llama.cpp). The C runtime parses and bounds the file: a corrupt one is a ValueError
-    with the runtime's message, never a traceback from a GGUF reader."""
+    must capture its layers): its kind ("dflash", or "mtp" for a model GGUF whose nextn
+    layers draft for it), block size (0 for mtp: the caller's), mask token, target
+    layers, names, and the fingerprint of the target it was converted for (None for
+    drafters converted by llama.cpp, and for mtp). The C runtime parses and bounds the
+    file: a corrupt one is a ValueError with the runtime's message, never a traceback
+    from a GGUF reader."""
     meta = ffi.new("dfl_draft_meta *")
     status = lib.dfl_draft_read_meta(str(path).encode(), meta)
     if status != 0:
@@ -40,7 +42,7 @@ def read_draft_metadata(path: str) -> dict:
                        "tokenizer_sha256": _text(meta.target_tokenizer_sha256),
                        "embedding": (meta.target_n_vocab, meta.target_n_embd)}
     return {
-        "arch": "dflash",
+        "kind": _text(meta.kind),
         "name": _text(meta.name),
         "block_size": int(meta.block_size),
         "mask_token_id": None if meta.mask_token_id < 0 else int(meta.mask_token_id),

@@ -323,7 +323,10 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
-    layers = read_draft_metadata(draft_path)["target_layers"]
+    meta = read_draft_metadata(draft_path)
+    layers = meta["target_layers"]
+    # an MTP drafter (draft_path: the target's own file) through the engine is --spec-type draft-mtp
+    engine_drafter = {"spec_type": "draft-mtp"} if meta["kind"] == "mtp" else {"draft": draft_path}
     out = {}
     for dev in devices:
         cfg = TargetConfig(n_ctx=512, n_verify=budget + 1, kv_type="f32", feature_layers=layers, device=dev,
@@ -349,7 +352,7 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
                 runs.append({"plain": plain, "chain": chain, "cut": cut, "tree": tree, "logits": logits,
                              "default_p_min": default_p_min(t)})
             out[dev] = runs
-        with Engine(target_path, draft_path, n_ctx=256, device=dev) as engine:
+        with Engine(target_path, n_ctx=256, device=dev, **engine_drafter) as engine:
             out[dev + " chain top_k"] = engine.draft.top_k
     return out
 

@@ -181,3 +181,25 @@ def test_window_plan_uses_the_ring(shapes):
     full = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config,
                        DraftConfig()).devices[0].parts["draft_cache"]
     assert small < full / 6
+
+
+def test_plan_of_the_mtp_drafter():
+    """--spec-type draft-mtp plans the nextn layer's own tensors (the embedding and LM head
+    are the target's), its one layer's cache over the whole context with a padding row,
+    the hidden state it carries and its block, per slot."""
+    from gguf import GGUFReader
+
+    target, _ = demo_paths()
+    n_ctx, n_seq = 1024, 2
+    setup = EngineSetup.of(target, None, spec_type="draft-mtp", n_ctx=n_ctx, n_seq=n_seq)
+    assert setup.draft_path == target and setup.target_config.feature_layers == [4]
+    p = plan_memory(target, setup.draft_path, setup.target_config, setup.draft_config).devices[0].parts
+    reader = GGUFReader(target)
+    key = {k: int(reader.fields[f"qwen35.{k}"].contents()) for k in
+           ("block_count", "nextn_predict_layers", "embedding_length", "attention.head_count_kv",
+            "attention.key_length")}
+    mtp = f"blk.{key['block_count'] - key['nextn_predict_layers']}."
+    assert p["draft_weights"] == sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith(mtp))
+    kv_row = key["attention.head_count_kv"] * key["attention.key_length"]
+    block = setup.block_size                                       # the bonus and 3 drafts
+    assert p["draft_cache"] == n_seq * 4 * (2 * kv_row * (n_ctx + 1) + key["embedding_length"] + block)
