@@ -156,7 +156,7 @@ def test_drafter_logits_match_reference_past_the_original_context(yarn_pair):
     ref_draft = DFlashDraftModel.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
     t, d = load_pair(target, draft)
     prompt = tokens(70, seed=8)
-    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append_rows(n))
+    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append())
     bonus = int(t.choices()[0])
     d.propose(bonus)
     ours = d.logits(0, 3)
