@@ -1,8 +1,10 @@
 /* Memory plan of a target and its drafter, before anything is allocated: the same
  * placement, state tensors and graphs as a real load, with every weight and state
  * tensor on a zero-size placeholder buffer so that ggml's allocator measures the graphs'
- * compute memory without allocating it. */
-#include "dfl_plan.h"
+ * compute memory without allocating it, as llama.cpp's no_alloc mode does. The planner
+ * reads both runtimes' insides (their loading steps, memory and graph builders over
+ * descriptors); neither runtime calls it. */
+#include "dfl_draft_impl.h"
 #include "dfl_target_impl.h"
 
 #include <stdio.h>
@@ -32,67 +34,20 @@ static void max_into(size_t dst[2], const size_t a[2]) {
     }
 }
 
-/* A step of every sequence's rows of one kind at the end of a full context, each
- * carrying a commit (commit NULL: none), its rows sampled over the whole vocabulary
- * (the sampling stage that holds the most: a few vocabulary-wide intermediates per
- * row). */
-static dfl_step full_step(const dfl_target * t, int kind, int n, const tree_plan * tree, const pending_commit * commit) {
-    dfl_step step;
-    memset(&step, 0, sizeof step);
-    step.n_seg = t->mem.n_seq;
-    step.n_rows = step.n_out = n * t->mem.n_seq;
-    step.samp.pick = DFL_PICK_FULL;
-    for (int s = 0; s < step.n_seg; s++) {
-        step.seg[s] = (dfl_segment) { s, kind, n, s * n, t->p.n_ctx - n, t->p.n_ctx, LOGITS_ALL, tree, commit, NULL,
-                                      tree ? tree->shape : (tree_shape) { 0 }, commit ? (commit->tree ? 2 : 1) : 0,
-                                      commit ? commit->n_replay : 0 };
-    }
-    return step;
+static void measure_graph(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user) {
+    size_t (*sizes)[2] = user; /* [0]: the prefill slot, [1]: the largest step slot */
+    size_t got[2];
+    dfl_runtime_measure(rt, slot, gf, got);
+    max_into(sizes[slot == 0 ? 0 : 1], got);
 }
 
-/* The target's graph slots: slot 0 takes prefill chunks, the others steps of every
- * sequence (chain or tree verifies, each carrying the previous step's commit), all at
- * the full context. */
+/* The target's compute memory: its prefill slot and every step slot at their worst
+ * graphs (dfl_target_worst_graphs, which a load reserves). */
 static dfl_status target_compute(dfl_target * t, size_t out[2]) {
-    dfl_runtime * rt = &t->rt;
-    graph_inputs in;
-    size_t prefill[2], verify[2] = { 0, 0 }, sizes[2];
-    const int n_ctx = t->p.n_ctx;
-
-    dfl_step step;
-    memset(&step, 0, sizeof step);
-    step.n_seg = 1;
-    step.n_rows = t->p.n_ubatch;
-    step.n_out = 1;
-    step.samp.pick = DFL_PICK_FULL;
-    step.seg[0] = (dfl_segment) { 0, DFL_STEP_DECODE, t->p.n_ubatch, 0, n_ctx - t->p.n_ubatch, n_ctx, LOGITS_LAST,
-                                  NULL, NULL, NULL, { 0 }, 0, 0 };
-    struct ggml_cgraph * gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 0), &in);
-    dfl_runtime_measure(rt, 0, gf, prefill);
-
-    tree_plan * worst = calloc(1, sizeof *worst);
-    if (!worst) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-    }
-    const int n_tree = dfl_target_max_tree_nodes(t);
-    worst->n = n_tree;
-    worst->shape = dfl_tree_worst_shape(n_tree);
-    const pending_commit tree_commit = { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
-    step = full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit);
-    gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
-    dfl_runtime_measure(rt, 1, gf, sizes);
-    free(worst);
-    max_into(verify, sizes);
-
-    /* a chain commit has nothing to do without recurrent layers */
-    const pending_commit chain_commit = { .active = true, .tree = false, .n_keep = 1, .n_replay = t->p.n_verify };
-    step = full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL);
-    gf = dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 1), &in);
-    dfl_runtime_measure(rt, 1, gf, sizes);
-    max_into(verify, sizes);
-
+    size_t sizes[2][2] = { { 0, 0 }, { 0, 0 } };
+    TRY(dfl_target_worst_graphs(t, measure_graph, sizes));
     for (int k = 0; k < 2; k++) {
-        out[k] = prefill[k] + (size_t) (rt->n_slots - 1) * verify[k];
+        out[k] = sizes[0][k] + (size_t) (t->rt.n_slots - 1) * sizes[1][k];
     }
     return DFL_OK;
 }
@@ -109,6 +64,83 @@ static dfl_status plan_host_lookup(dfl_target * t, ggml_backend_buffer_t host) {
     ggml_set_name(t->tok_lookup, ggml_get_name(t->m.tok_embd));
     dfl_runtime_place_dummy(t->tok_lookup, host);
     return DFL_OK;
+}
+
+/* Bytes of one part of a plan; weights[0] and compute[0] on the part's device, [1] on
+ * the CPU when that is another device. */
+typedef struct part_sizes {
+    size_t weights[2], cache, compute[2];
+} part_sizes;
+
+/* The drafter's weights, memory (its caches per slot, its blocks) and compute: slot 0
+ * holds the larger of a propose of every sequence over the whole attention span and a
+ * prefill chunk's entries alone; slot 1 the rank graph over that propose's logits and
+ * softmax (top_k > 1). Its weights go where its placements by name put them (dummies:
+ * weights on its device, weights on the CPU, state). */
+static dfl_status plan_draft_with(dfl_draft * d, ggml_backend_buffer_t dummies[3], part_sizes * out) {
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d->rt.dev);
+    ggml_backend_buffer_t dummy = dummies[2];
+    const dfl_gguf * g = &d->m.file;
+    ggml_backend_dev_t * dev_of = NULL;
+    TRY(dfl_gguf_devices(g, d->p.weight_placements, d->p.n_weight_placements, d->rt.dev, d->rt.dev_cpu, &dev_of));
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        if (g->used[i]) {
+            struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+            const int k = dev_of[i] == d->rt.dev ? 0 : 1;
+            out->weights[k] += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(dev_of[i]), w);
+            dfl_runtime_place_dummy(w, dummies[k]);
+        }
+    }
+    free(dev_of);
+    TRY(dfl_draft_define_state(d));
+    struct ggml_context * state[2] = { d->mem.ctx[0], d->ctx_blocks };
+    for (int k = 0; k < 2; k++) {
+        for (struct ggml_tensor * c = ggml_get_first_tensor(state[k]); c; c = ggml_get_next_tensor(state[k], c)) {
+            out->cache += ggml_backend_buft_get_alloc_size(buft, c);
+            dfl_runtime_place_dummy(c, dummy);
+        }
+    }
+    draft_inputs in;
+    size_t propose[2] = { 0, 0 }, entries[2] = { 0, 0 }, rank[2] = { 0, 0 };
+    const dfl_draft_step worst = dfl_draft_worst_step(d, false), chunk = dfl_draft_worst_step(d, true);
+    dfl_draft_build_graph(d, &worst, dfl_runtime_begin_graph(&d->rt, 0), &in);
+    dfl_runtime_measure(&d->rt, 0, in.gf, propose);
+    dfl_draft_build_graph(d, &chunk, dfl_runtime_begin_graph(&d->rt, 0), &in);
+    dfl_runtime_measure(&d->rt, 0, in.gf, entries);
+    if (d->p.top_k > 1) {
+        struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
+        struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d->m.n_vocab,
+                                                         dfl_draft_step_drafted(&worst));
+        struct ggml_tensor * probs = ggml_dup_tensor(ctx, logits);
+        dfl_runtime_place_dummy(logits, dummy); /* slot 0's, counted there */
+        dfl_runtime_place_dummy(probs, dummy);
+        rank_graph r;
+        dfl_draft_build_rank(d, ctx, logits, probs, &r);
+        dfl_runtime_measure(&d->rt, 1, r.gf, rank);
+    }
+    for (int k = 0; k < 2; k++) {
+        out->compute[k] = (propose[k] > entries[k] ? propose[k] : entries[k]) + rank[k];
+    }
+    return DFL_OK;
+}
+
+static dfl_status plan_draft(const char * path, dfl_target * t, const dfl_draft_params * params, part_sizes * out) {
+    memset(out, 0, sizeof *out);
+    dfl_draft * d;
+    TRY(dfl_draft_open(path, t, params, &d));
+    ggml_backend_buffer_t dummies[3] = { dfl_runtime_dummy_weights(d->rt.dev),
+                                         dfl_runtime_dummy_weights(d->rt.dev_cpu),
+                                         dfl_runtime_dummy_buffer(d->rt.dev) };
+    const dfl_status st = dummies[0] && dummies[1] && dummies[2]
+                              ? plan_draft_with(d, dummies, out)
+                              : dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", ggml_backend_dev_name(d->rt.dev));
+    for (int k = 0; k < 3; k++) {
+        if (dummies[k]) {
+            ggml_backend_buffer_free(dummies[k]);
+        }
+    }
+    dfl_draft_free(d);
+    return st;
 }
 
 /* dummies: per device [model's, CPU], placeholders for weights ([0], [1]) and for state
@@ -188,8 +220,8 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         plan->devices[k].target_compute = compute[k];
     }
     if (draft_path) {
-        dfl_part_sizes d;
-        TRY(dfl_draft_plan(draft_path, t, draft_params, &d));
+        part_sizes d;
+        TRY(plan_draft(draft_path, t, draft_params, &d));
         plan->devices[0].draft_cache = d.cache;
         for (int k = 0; k < n_dev; k++) {
             plan->devices[k].draft_weights = d.weights[k];

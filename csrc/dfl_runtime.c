@@ -392,3 +392,23 @@ void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, si
     sizes[0] = sizes[1] = 0;
     ggml_backend_sched_reserve_size(rt->slots[slot].sched, gf, sizes);
 }
+
+dfl_status dfl_runtime_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
+    ggml_backend_sched_t sched = rt->slots[slot].sched;
+    if (!ggml_backend_sched_reserve(sched, gf) || !ggml_backend_sched_alloc_graph(sched, gf)) {
+        return dfl_fail(DFL_ERR_BACKEND, "cannot allocate compute memory for a graph of %d nodes",
+                        ggml_graph_n_nodes(gf));
+    }
+    /* written once too: a host buffer's pages would otherwise become resident only as
+     * later graphs first reach them, and the process would grow for as long as its
+     * contexts keep getting longer */
+    for (int i = 0; i < ggml_graph_n_nodes(gf); i++) {
+        struct ggml_tensor * node = ggml_graph_node(gf, i);
+        if (!node->view_src && node->buffer &&
+            ggml_backend_buffer_get_usage(node->buffer) == GGML_BACKEND_BUFFER_USAGE_COMPUTE) {
+            ggml_backend_tensor_memset(node, 0, 0, ggml_nbytes(node));
+        }
+    }
+    ggml_backend_sched_reset(sched);
+    return DFL_OK;
+}

@@ -98,5 +98,9 @@ ggml_backend_buffer_t dfl_runtime_dummy_buffer(ggml_backend_dev_t dev);
 ggml_backend_buffer_t dfl_runtime_dummy_weights(ggml_backend_dev_t dev);
 void dfl_runtime_place_dummy(struct ggml_tensor * t, ggml_backend_buffer_t dummy);
 void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, size_t sizes[2]);
+/* Give a slot the compute memory gf needs now, and write it once (a slot keeps the most
+ * any reserve or graph asked of it): a runtime that reserves its worst graphs at load
+ * does not grow later. */
+dfl_status dfl_runtime_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
 
 #endif

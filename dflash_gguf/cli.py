@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The model, placement and decoding flags dflash-run and dflash-server share."""
-    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3 or gemma4)")
+    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, gemma4 or gpt-oss)")
     p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens (default 4096; 0: the model's trained context)")
@@ -114,12 +114,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat-last-n", type=int, default=64,
                    help="tokens the penalties look back over, the prompt's included (default 64; -1: the whole "
                         "context; 0: no penalties)")
-    p.add_argument("--grammar", metavar="GRAMMAR",
-                   help="GBNF grammar the output must match (llama.cpp's format; see docs/structured-output.md)")
-    p.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from a file")
-    p.add_argument("-j", "--json-schema", metavar="SCHEMA",
-                   help="JSON schema the output must match, e.g. '{\"type\": \"object\"}'")
-    p.add_argument("-jf", "--json-schema-file", metavar="FILE", help="read the JSON schema from a file")
+    add_constraint_flags(p)
     p.add_argument("--chain-rule", choices=CHAIN_RULES, default=DEFAULT_CHAIN_RULE,
                    help="sampled chain: keep the drafter's argmax while the target's draws equal it (argmax), or "
                         "draw the drafts from the drafter and keep them by rejection sampling (reject; with --top-k > 0, "
@@ -138,13 +133,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
-                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md drafter), ngram-simple, "
-                        "ngram-mod (copies from the prompt and output, no weights); several: each step verifies the "
-                        "draft with the best expected accepted length; draft-mtp, draft-eagle3, draft-dspark are "
-                        "not in this build yet (default: the -md drafter's kind; none without -md)")
+                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md drafter), draft-mtp "
+                        "(the MTP layer of -m itself, Qwen3.5/3.6), ngram-simple, ngram-mod (copies from the prompt "
+                        "and output, no weights); several: each step verifies the draft with the best expected "
+                        "accepted length; draft-eagle3, draft-dspark are not in this build yet (default: the -md "
+                        "drafter's kind; none without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds (default 16), and the DFlash block (N + 1, at most the "
-                        "drafter's) when --block-size is left out")
+                   help="the longest draft: n-gram kinds (default 16), MTP's drafts per step (default 3), and the "
+                        "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
                    help="DSpark's confidence cut, 0..1 (checked; no DSpark runtime yet)")
     p.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
@@ -279,7 +275,7 @@ def validate_engine_args(args, parser) -> None:
         parser.error("--memory-limit must be a positive number of MiB")
     from .sampling import SamplingParams
 
-    constraint = _constraint(args, parser.prog)
+    constraint = constraint_of(args, parser.prog)
     try:
         args.sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.seed,
                                        repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
@@ -296,9 +292,19 @@ def validate_engine_args(args, parser) -> None:
 
 
 
-def _constraint(args, prog: str):
-    """--grammar / --grammar-file / -j / -jf as a Constraint (config.check_constraint);
-    a problem with them exits 2 with one line."""
+def add_constraint_flags(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's --grammar, --grammar-file, -j/--json-schema and -jf/--json-schema-file."""
+    p.add_argument("--grammar", metavar="GRAMMAR",
+                   help="GBNF grammar the output must match (llama.cpp's format; see docs/structured-output.md)")
+    p.add_argument("--grammar-file", metavar="FILE", help="read the GBNF grammar from a file")
+    p.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="JSON schema the output must match, e.g. '{\"type\": \"object\"}'")
+    p.add_argument("-jf", "--json-schema-file", metavar="FILE", help="read the JSON schema from a file")
+
+
+def constraint_texts(args, prog: str) -> dict:
+    """{"--grammar": text or None, "-j/--json-schema": text or None} of the constraint
+    flags (a file read in place of its flag); a problem exits 2 with one line."""
     texts = {}
     for flag, inline, path in (("--grammar", args.grammar, args.grammar_file),
                                ("-j/--json-schema", args.json_schema, args.json_schema_file)):
@@ -311,6 +317,13 @@ def _constraint(args, prog: str):
             except OSError as e:
                 _fail(prog, f"cannot read {flag} file: {e}")
         texts[flag] = inline
+    return texts
+
+
+def constraint_of(args, prog: str):
+    """The constraint flags as a Constraint (config.check_constraint); a problem with
+    them exits 2 with one line."""
+    texts = constraint_texts(args, prog)
     try:
         return check_constraint(texts["--grammar"], texts["-j/--json-schema"])
     except ConfigError as e:
@@ -403,7 +416,7 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
     try:
         setup, plan, over = settle(model, draft, engine_options(args), args.memory_limit)
         limit = args.memory_limit * MIB if args.memory_limit else None
-        ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan, limit) if over else []
+        ideas = what_fits(model, setup.draft_path, setup.target_config, setup.draft_config, plan, limit) if over else []
     except ConfigError as e:
         return config_error(prog, e)
     except (DflashError, ValueError, OSError) as e:
@@ -547,6 +560,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     mode = "autoregressive" if engine.draft is None else (
         f"tree (budget {args.tree_budget})" if engine.tree_budget else "chain")
+    if engine.draft is not None and engine.draft.kind != "dflash":
+        mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
     if engine.setup.ngram_kinds:
         mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
     if args.interactive:

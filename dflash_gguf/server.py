@@ -15,30 +15,24 @@ and tokenizing run off the event loop.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import hmac
 import json
 import math
 import os
 import signal
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
-from . import anthropic_api, openai_api, tool_grammar
+from . import openai_api, tool_grammar
 from .api_errors import BadRequest
 from .assistant import Turn, prepare_turn
 from .engine import Engine
 from .sampling import SamplingParams
-from .serving import Job, QueueFull, Scheduler, ShuttingDown
+from .serving import Job, Scheduler
 
-RETRY_AFTER_SECONDS = 1
 MAX_STOPS = 16
-MAX_BODY_BYTES = 64 << 20  # far above any prompt a context holds
-PUBLIC_PATHS = ("/health",)  # answered without an API key
 
 
 @dataclass
@@ -80,7 +74,8 @@ def _bool(body: dict, name: str, default: bool) -> bool:
     return value
 
 
-def _stops(body: dict) -> List[str]:
+def stop_strings(body: dict) -> List[str]:
+    """The request's 'stop' strings (checked)."""
     stop = body.get("stop")
     if stop is None:
         return []
@@ -184,6 +179,14 @@ class Server:
             raise BadRequest("the messages or tools are nested too deeply", "messages") from None
         return Prepared(body, self.engine.encode(turn.prompt), turn, options)
 
+    @staticmethod
+    def stream_options(body: dict) -> Tuple[bool, bool]:
+        """(stream, stream_options.include_usage) of a request."""
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise BadRequest("'stream_options' must be an object", "stream_options")
+        return _bool(body, "stream", False), _bool(options, "include_usage", False)
+
     def make_job(self, prepared: Prepared, sink) -> Job:
         body, tokens = prepared.body, prepared.tokens
         _check_n(body)
@@ -203,7 +206,7 @@ class Server:
             constraint = replace(constraint, after=turn.thinking.close)
         if constraint is not None:
             sampling = replace(sampling, constraint=constraint)
-        stops = _stops(body)
+        stops = stop_strings(body)
         if turn is not None and turn.tool_format and not options.parallel_tool_calls:
             stops.append(turn.call_close())  # one call: generation ends where it closes
         n_ctx = self.engine.target.n_ctx
@@ -384,364 +387,6 @@ def resident_bytes() -> Optional[int]:
         return None
 
 
-def _chunk(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-def create_app(server: Server):
-    """The Starlette application serving `server`."""
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException
-    from starlette.middleware import Middleware
-    from starlette.middleware.cors import CORSMiddleware
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-    from starlette.routing import Route
-
-    def is_anthropic(path: str) -> bool:
-        return path.startswith("/v1/messages")
-
-    def error(status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None,
-              headers: Optional[dict] = None, anthropic: bool = False) -> JSONResponse:
-        if anthropic:
-            return JSONResponse(anthropic_api.error_json(status, message), status_code=status, headers=headers)
-        return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                            status_code=status, headers=headers)
-
-    async def read_body(request: Request) -> dict:
-        parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > MAX_BODY_BYTES:
-                raise BadRequest(f"the request body exceeds {MAX_BODY_BYTES >> 20} MiB", status=413)
-            parts.append(part)
-        raw = b"".join(parts)
-        try:
-            body = await run_in_threadpool(json.loads, raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(f"the request body is not valid JSON: {e}") from None
-        except RecursionError:
-            raise BadRequest("the request body is nested too deeply") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object")
-        return body
-
-    async def cancel_on_disconnect(request: Request, job: Job) -> None:
-        """The body has been read: what the connection says next is that the client left."""
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        job.cancel()  # it stops at the end of the prompt chunk or step in progress
-
-    async def job_events(request: Request, job: Job, events: asyncio.Queue, ping: bool):
-        """The job's events, ("text", piece) ... then ("done", job) or ("error", e); with
-        `ping`, ("ping", None) whenever the job has been silent for --sse-ping-interval
-        seconds (waiting in the queue, a long prefill)."""
-        watch = asyncio.ensure_future(cancel_on_disconnect(request, job))
-        interval = server.sse_ping_seconds if ping and server.sse_ping_seconds > 0 else None
-        try:
-            while True:
-                try:
-                    kind, value = await asyncio.wait_for(events.get(), interval)
-                except asyncio.TimeoutError:
-                    yield "ping", None
-                    continue
-                yield kind, value
-                if kind != "text":
-                    return
-        finally:
-            watch.cancel()
-            job.cancel()  # the client went away (or the job is over, where this changes nothing)
-
-    async def outcome(request: Request, job: Job, events: asyncio.Queue) -> tuple:
-        """How the job ended: ("done", job) or ("error", e)."""
-        stream = job_events(request, job, events, ping=False)
-        try:
-            async for kind, value in stream:
-                if kind != "text":
-                    return kind, value
-        finally:
-            await stream.aclose()
-
-    def engine_error(e: BaseException, anthropic: bool = False) -> JSONResponse:
-        if isinstance(e, ValueError):
-            return error(400, str(e), anthropic=anthropic)
-        return error(500, f"generation failed: {e}", "server_error", anthropic=anthropic)
-
-    def stream_error(e: BaseException) -> dict:
-        status = 400 if isinstance(e, ValueError) else 500
-        return {"message": str(e), "code": status,
-                "type": "invalid_request_error" if status == 400 else "server_error"}
-
-    async def generate(request: Request, kind: str) -> Response:
-        """kind: "completion", "chat" (OpenAI) or "messages" (Anthropic)."""
-        anthropic = kind == "messages"
-        try:
-            body = await read_body(request)
-            if kind == "completion":
-                prepared = await run_in_threadpool(server.completion_prompt, body)
-            else:
-                prepared = await run_in_threadpool(
-                    lambda: server.chat_prompt(anthropic_api.to_openai(body) if anthropic else body))
-            stream = _bool(prepared.body, "stream", False)
-            options = prepared.body.get("stream_options") or {}
-            if not isinstance(options, dict):
-                raise BadRequest("'stream_options' must be an object", "stream_options")
-            include_usage = _bool(options, "include_usage", False)
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue = asyncio.Queue()
-
-            def sink(kind: str, value) -> None:  # called on the engine's thread
-                try:
-                    loop.call_soon_threadsafe(events.put_nowait, (kind, value))
-                except RuntimeError:  # the event loop is gone: nobody is listening any more
-                    job.cancel()
-
-            job = server.make_job(prepared, sink)
-        except BadRequest as e:
-            return error(e.status, str(e), param=e.param, anthropic=anthropic)
-        try:
-            server.scheduler.submit(job)
-        except QueueFull as e:
-            return error(503, f"the server is busy: {e}; retry later", "server_busy",
-                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)}, anthropic=anthropic)
-        except ShuttingDown as e:
-            return error(503, str(e), "server_shutting_down", headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-                         anthropic=anthropic)
-        created = int(time.time())
-        if anthropic:
-            args = (request, job, events, prepared, anthropic_api.new_id())
-            if stream:
-                return StreamingResponse(messages_stream(*args), media_type="text/event-stream", headers=SSE_HEADERS)
-            return await messages_reply(*args)
-        args = (request, job, events, prepared, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24],
-                created)
-        if stream:
-            sse = chat_stream(*args, include_usage) if kind == "chat" else completion_stream(*args, include_usage)
-            return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS)
-        return await (chat_reply if kind == "chat" else completion_reply)(*args)
-
-    SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-    # -- OpenAI ----------------------------------------------------------------------------------
-    def response(rid: str, created: int, obj: str, choice: dict, job: Job) -> JSONResponse:
-        return JSONResponse({"id": rid, "object": obj, "created": created, "model": server.model_id,
-                             "choices": [choice], "usage": server.usage(job), "dflash": server.extension(job)})
-
-    async def completion_reply(request, job, events, prepared, rid, created):
-        kind, value = await outcome(request, job, events)
-        if kind == "error":
-            return engine_error(value)
-        return response(rid, created, "text_completion",
-                        {"index": 0, "text": job.text, "finish_reason": job.finish_reason, "logprobs": None}, job)
-
-    async def chat_reply(request, job, events, prepared, rid, created):
-        kind, value = await outcome(request, job, events)
-        if kind == "error":
-            return engine_error(value)
-        parser = prepared.turn.parser()
-        parser.feed(job.text)
-        parser.finish()
-        reply = parser.reply
-        return response(rid, created, "chat.completion",
-                        {"index": 0, "message": openai_api.message_json(reply), "logprobs": None,
-                         "finish_reason": openai_api.finish_reason(reply, job.finish_reason)}, job)
-
-    def stream_end(job: Job, rid: str, created: int, obj: str, last_choice: dict, include_usage: bool):
-        yield _chunk({"id": rid, "object": obj, "created": created, "model": server.model_id,
-                      "choices": [last_choice], "dflash": server.extension(job),
-                      **({} if include_usage else {"usage": server.usage(job)})})
-        if include_usage:
-            yield _chunk({"id": rid, "object": obj, "created": created, "model": server.model_id, "choices": [],
-                          "usage": server.usage(job)})
-        yield "data: [DONE]\n\n"
-
-    async def completion_stream(request, job, events, prepared, rid, created, include_usage):
-        def chunk(text: str) -> str:
-            return _chunk({"id": rid, "object": "text_completion", "created": created, "model": server.model_id,
-                           "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}]})
-
-        async for kind, value in job_events(request, job, events, ping=True):
-            if kind == "ping":
-                yield ": keep-alive\n\n"
-            elif kind == "text":
-                yield chunk(value)
-            elif kind == "done":
-                last = {"index": 0, "text": "", "finish_reason": job.finish_reason, "logprobs": None}
-                for line in stream_end(job, rid, created, "text_completion", last, include_usage):
-                    yield line
-            else:
-                yield _chunk({"error": stream_error(value)})
-
-    async def chat_stream(request, job, events, prepared, rid, created, include_usage):
-        def chunk(delta: dict) -> str:
-            return _chunk({"id": rid, "object": "chat.completion.chunk", "created": created,
-                           "model": server.model_id,
-                           "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
-
-        parser = prepared.turn.parser()
-        yield chunk({"role": "assistant", "content": ""})
-        async for kind, value in job_events(request, job, events, ping=True):
-            if kind == "ping":
-                yield ": keep-alive\n\n"
-            elif kind in ("text", "done"):
-                for d in parser.feed(value) if kind == "text" else parser.finish():
-                    for delta in openai_api.deltas_json(d):
-                        yield chunk(delta)
-                if kind == "done":
-                    finish = openai_api.finish_reason(parser.reply, job.finish_reason)
-                    last = {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
-                    for line in stream_end(job, rid, created, "chat.completion.chunk", last, include_usage):
-                        yield line
-            else:
-                yield _chunk({"error": stream_error(value)})
-
-    # -- Anthropic ---------------------------------------------------------------------------------
-    def anthropic_end(job: Job, prepared: Prepared, reply) -> tuple:
-        stop_sequence = job.stats.stop_string if job.stats.stop_string in _stops(prepared.body) else None
-        s = job.stats
-        return (anthropic_api.stop_reason(reply, job.finish_reason, stop_sequence), stop_sequence,
-                anthropic_api.usage_json(s.prompt_tokens, s.reused_tokens, s.generated_tokens))
-
-    async def messages_reply(request, job, events, prepared, rid):
-        kind, value = await outcome(request, job, events)
-        if kind == "error":
-            return engine_error(value, anthropic=True)
-        parser = prepared.turn.parser(anthropic_api.tool_use_id)
-        parser.feed(job.text)
-        parser.finish()
-        return JSONResponse(anthropic_api.message_json(rid, server.model_id, parser.reply,
-                                                       *anthropic_end(job, prepared, parser.reply)))
-
-    async def messages_stream(request, job, events, prepared, rid):
-        parser = prepared.turn.parser(anthropic_api.tool_use_id)
-        out = anthropic_api.EventStream(rid, server.model_id, len(prepared.tokens))
-        yield out.start()
-        async for kind, value in job_events(request, job, events, ping=True):
-            if kind == "ping":
-                yield anthropic_api.sse("ping", {"type": "ping"})
-            elif kind in ("text", "done"):
-                for d in parser.feed(value) if kind == "text" else parser.finish():
-                    for line in out.deltas(d):
-                        yield line
-                if kind == "done":
-                    for line in out.stop(*anthropic_end(job, prepared, parser.reply)):
-                        yield line
-            else:
-                status = 400 if isinstance(value, ValueError) else 500
-                yield anthropic_api.sse("error", anthropic_api.error_json(status, str(value)))
-
-    async def count_tokens(request: Request) -> Response:
-        try:
-            body = await read_body(request)
-            prepared = await run_in_threadpool(
-                lambda: server.chat_prompt(anthropic_api.to_openai({"max_tokens": 1, **body})))
-        except BadRequest as e:
-            return error(e.status, str(e), param=e.param, anthropic=True)
-        return JSONResponse({"input_tokens": len(prepared.tokens)})
-
-    # -- the rest ------------------------------------------------------------------------------
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, "chat")
-
-    async def completions(request: Request) -> Response:
-        return await generate(request, "completion")
-
-    async def messages(request: Request) -> Response:
-        return await generate(request, "messages")
-
-    def tokenizer_route(method):
-        async def route(request: Request) -> Response:
-            try:
-                body = await read_body(request)
-                return JSONResponse(await run_in_threadpool(method, body))
-            except BadRequest as e:
-                return error(e.status, str(e), param=e.param)
-        return route
-
-    async def models(request: Request) -> Response:
-        # the OpenAI shape, with the Anthropic one's fields and the context length beside
-        n_ctx = server.engine.target.n_ctx
-        info = server.engine.target.info()
-        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(server.started))
-        model = {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "dflash-gguf",
-                 "type": "model", "display_name": server.model_id, "created_at": created,
-                 "max_model_len": n_ctx,
-                 "meta": {"n_ctx": n_ctx, "n_ctx_train": info["n_ctx_train"], "n_vocab": info["n_vocab"]}}
-        return JSONResponse({"object": "list", "data": [model], "has_more": False, "first_id": server.model_id,
-                             "last_id": server.model_id})
-
-    async def props(request: Request) -> Response:
-        return JSONResponse(server.props())
-
-    async def health(request: Request) -> Response:
-        if server.shutting_down:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        return JSONResponse({"status": "ok", "queue_depth": server.scheduler.queue_depth,
-                             "running": server.scheduler.running})
-
-    async def metrics(request: Request) -> Response:
-        return PlainTextResponse(server.metrics(), media_type="text/plain; version=0.0.4")
-
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        return error(exc.status_code, exc.detail or "error", "not_found" if exc.status_code == 404 else
-                     "invalid_request_error", headers=getattr(exc, "headers", None),
-                     anthropic=is_anthropic(request.url.path))
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        return error(500, f"internal error ({type(exc).__name__})", "server_error",
-                     anthropic=is_anthropic(request.url.path))
-
-    class RequireApiKey:
-        """--api-key: requests other than PUBLIC_PATHS and CORS preflights carry one of
-        the keys, as "Authorization: Bearer KEY" (OpenAI clients) or "x-api-key: KEY"
-        (Anthropic clients); others get 401."""
-
-        def __init__(self, app):
-            self.app = app
-
-        async def __call__(self, scope, receive, send):
-            if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
-                headers = dict(scope["headers"])
-                auth = headers.get(b"authorization", b"").decode("latin-1")
-                given = auth[7:].strip() if auth[:7].lower() == "bearer " else \
-                    headers.get(b"x-api-key", b"").decode("latin-1")
-                if not any(hmac.compare_digest(given.encode("latin-1"), key.encode("latin-1"))
-                           for key in server.api_keys):
-                    reply = error(401, "invalid or missing API key (give 'Authorization: Bearer KEY' or "
-                                       "'x-api-key: KEY')", "authentication_error",
-                                  anthropic=is_anthropic(scope["path"]))
-                    await reply(scope, receive, send)
-                    return
-            await self.app(scope, receive, send)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        server.shutting_down = True
-        await asyncio.get_running_loop().run_in_executor(None, server.scheduler.close)
-
-    routes = [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/messages", messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/tokenize", tokenizer_route(server.tokenize), methods=["POST"]),
-        Route("/detokenize", tokenizer_route(server.detokenize), methods=["POST"]),
-        Route("/props", props, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-    # browser clients (a web UI on another origin) may call the API: CORS outermost, so
-    # preflights and refusals carry its headers too
-    middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])]
-    if server.api_keys:
-        middleware.append(Middleware(RequireApiKey))
-    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
-                     exception_handlers={HTTPException: http_error, Exception: internal_error})
-
-
 # -- command line ----------------------------------------------------------------------------------
 
 def _uvicorn_server_class():
@@ -912,6 +557,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     defaults = Defaults(args.sampling, args.n_predict, template_kwargs=args.template_kwargs,
                         reasoning_format=args.reasoning_format, system_prompt=args.system_prompt)
     server = Server(scheduler, model_id, defaults, api_keys, args.sse_ping_interval, model)
+    from .routes import create_app
+
     config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "info")
     mode = "plain" if engine.draft is None else (f"tree budget {args.tree_budget}" if engine.tree_budget else "chain")

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""What sampling costs a target pass at Qwen3.5's vocabulary (issue #34's figure 3).
+"""What sampling and a grammar's mask cost a target pass at Qwen3.5's vocabulary (issue
+#34's figure 3, issue #40's mask cost).
 
 A random-weight target with Qwen3.5's 248,320-token vocabulary and a few small layers
 (dflash_gguf.convert.shape_model: qwen35-27b's structure, 4 layers, hidden 256, q8_0) and a
 random drafter of its shape. Times the target pass of a chain step (the drafter's whole
 block of 16 verified, handed over on the device) and of a 16-node tree step (17 nodes
-with the root), each greedy and sampled (T 0.6 / top-k 20 / top-p 0.95, on the device),
-alternating greedy and sampled passes so that drift hits both alike; reports the median
-pass of each with its range, the sampled / greedy ratio of medians, whether the machine
+with the root), each greedy, sampled (T 0.6 / top-k 20 / top-p 0.95, on the device) and
+greedy under an allowed-token mask on every row (a grammar's, uploaded as a bitmask and
+applied on the device), alternating the three so that drift hits them alike; reports the
+median pass of each with its range, the sampled / greedy and masked / greedy ratios of
+medians, whether the machine
 started loaded (the benchmarks' rule: a 1-minute load above 0.5 per thread), and the
 bytes the host writes and reads per pass. For scale, it also times what host sampling over the same rows costs (reading the
 logits rows back and numpy's distribution), which the device sampling replaced.
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -50,12 +54,12 @@ def make_files() -> tuple[Path, Path]:
     CACHE.mkdir(parents=True, exist_ok=True)
     if not target.exists():
         subprocess.run(make + ["qwen35-27b", "--outtype", "q8_0", "--layers", "4", "--outfile", str(target),
-                               "--quiet", *[f"--set={s}" for s in SMALL]], check=True)
+                               "--quiet", *[f"--set={s}" for s in SMALL]], check=True, cwd=CACHE)
     if not draft.exists():
         subprocess.run(make + ["qwen35-27b-dflash", "--outtype", "q8_0", "--outfile", str(draft), "--quiet",
                                "--layers", "1", "--set=target_layers=1,3",
                                *[f"--set={s}" for s in SMALL if not s.startswith(("rot", "sections", "lin"))]],
-                       check=True)
+                       check=True, cwd=CACHE)  # not the checkout's root, whose source tree would shadow the package
     return target, draft
 
 
@@ -64,14 +68,26 @@ def best_first_tree(n: int) -> list:
     return [-1] + [(i - 1) // 3 for i in range(1, n)]
 
 
-def pass_seconds(target: Target, draft: Draft, sampler: Sampler, tree: bool) -> tuple[float, int, int]:
-    """One target pass as decoding runs it: staging, verify (carrying the last commit),
-    the choices read back; then a commit of one row for the next pass to carry."""
+def half_mask(n_vocab: int, rows: int) -> np.ndarray:
+    """An allowed-token bitmask for `rows` rows letting about half the vocabulary through."""
+    words = (n_vocab + 31) // 32
+    mask = np.full((rows, words), 0xFFFFFFFF, dtype=np.uint32)
+    mask[:, 1::2] = 0x0F0F0F0F
+    return mask
+
+
+def pass_seconds(target: Target, draft: Draft, sampler: Sampler, tree: bool,
+                 mask: Optional[np.ndarray] = None) -> tuple[float, int, int]:
+    """One target pass as decoding runs it: staging (with a mask: uploading it), verify
+    (carrying the last commit), the choices read back; then a commit of one row for the
+    next pass to carry."""
     info = target.info()
     w0, r0 = info["n_host_write_bytes"], info["n_host_read_bytes"]
     rows = TREE_NODES if tree else draft.block_size
     t0 = time.perf_counter()
     sampler.prepare(target, rows)
+    if mask is not None:
+        target.set_masks(mask[:rows])
     if tree:
         target.verify_tree(list(range(500, 500 + rows)), best_first_tree(rows))
     else:
@@ -89,20 +105,21 @@ def pass_seconds(target: Target, draft: Draft, sampler: Sampler, tree: bool) -> 
 def measure(target: Target, draft: Draft, reps: int) -> dict:
     prompt = list(range(1000, 1064))
     out = {}
+    mask = half_mask(target.n_vocab, TREE_NODES)
     for tree in (False, True):
-        samplers = {"greedy": Sampler(GREEDY), "sampled": Sampler(SAMPLED)}
+        samplers = {"greedy": Sampler(GREEDY), "sampled": Sampler(SAMPLED), "masked": Sampler(GREEDY)}
         times = {k: [] for k in samplers}
         traffic = {}
         target.reset()
         draft.reset()
         target.set_sampling(GREEDY.native())
         target.prefill(prompt, LOGITS_LAST)
-        draft.append_rows(len(prompt))
+        draft.append()
         draft.propose(7, draft.block_size, read=False)
         for rep in range(reps + 3):  # the first passes build graphs
             for kind, sampler in samplers.items():
                 sampler.apply(target)
-                dt, wrote, read = pass_seconds(target, draft, sampler, tree)
+                dt, wrote, read = pass_seconds(target, draft, sampler, tree, mask if kind == "masked" else None)
                 if rep >= 3:
                     times[kind].append(dt)
                     traffic[kind] = {"write_bytes": wrote, "read_bytes": read}
@@ -110,7 +127,8 @@ def measure(target: Target, draft: Draft, reps: int) -> dict:
         med = {k: statistics.median(v) for k, v in times.items()}
         out[name] = {"rows": TREE_NODES if tree else draft.block_size, "median_seconds": med,
                      "range_seconds": {k: [min(v), max(v)] for k, v in times.items()},
-                     "ratio": med["sampled"] / med["greedy"], "host_bytes_per_pass": traffic, "seconds": times}
+                     "ratio": med["sampled"] / med["greedy"], "mask_ratio": med["masked"] / med["greedy"],
+                     "host_bytes_per_pass": traffic, "seconds": times}
     # host sampling as it was: the logits rows read back and numpy's rule over them
     target.reset()
     target.set_sampling(GREEDY.native())
@@ -155,7 +173,7 @@ def main(argv=None) -> int:
             Draft(str(draft_path), t, DraftConfig(top_k=4)) as d:
         res = measure(t, d, args.reps)
     prov["loadavg_after"] = os.getloadavg()
-    doc = {"what": "sampled vs greedy target pass at a 248,320-token vocabulary (issue #34 figure 3)",
+    doc = {"what": "sampled and masked vs greedy target pass at a 248,320-token vocabulary (issues #34, #40)",
            "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
            "model": {"target": target_path.name, "draft": draft_path.name, "vocab": 248320},
            "sampling": SAMPLED.__dict__, **prov, "results": res}
@@ -168,7 +186,8 @@ def main(argv=None) -> int:
         lo, hi = (r["range_seconds"]["sampled"][i] * 1e3 for i in (0, 1))
         print(f"{name}: greedy {r['median_seconds']['greedy'] * 1e3:.2f} ms, sampled "
               f"{r['median_seconds']['sampled'] * 1e3:.2f} ms [{lo:.2f}-{hi:.2f}], ratio of medians "
-              f"{r['ratio']:.3f}; host bytes per pass "
+              f"{r['ratio']:.3f}; masked {r['median_seconds']['masked'] * 1e3:.2f} ms, ratio {r['mask_ratio']:.3f}; "
+              f"host bytes per pass "
               f"(sampled) written {r['host_bytes_per_pass']['sampled']['write_bytes']}, read "
               f"{r['host_bytes_per_pass']['sampled']['read_bytes']}")
     print(f"host sampling of {TREE_NODES} rows (for scale): {res['host_sampling_seconds'] * 1e3:.1f} ms and "

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from dflash_gguf.bench import cli, llama_cpp, method, ours, report
@@ -389,6 +390,40 @@ def test_llama_cpp_runs_with_our_settings_interleaved_and_swept(tmp_path):
     assert greedy[1]["llama_cpp"] == "DFlash (llama-speculative-simple, default)" and greedy[1]["ours"] == "chain (default)"
     assert out["llama_cpp"]["llama_bench"]["build_commit"] == "abc"
     assert os.path.isabs(out["models"]["target"])
+
+
+def test_a_json_schema_holds_both_engines_and_drafting_is_compared_with_and_without_the_grammar(tmp_path):
+    """-j: every one of our runs is valid JSON of the schema, each drafting mode also runs
+    with drafts verified as drafted (--grammar-drafting on,off, the same text greedy), and
+    llama.cpp's tools get the same schema (llama-bench, which takes none, is left out)."""
+    tools = fake_tools(tmp_path)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "name": {"type": "string", "maxLength": 8}},
+              "required": ["n", "name"], "additionalProperties": False}
+    res = bench("--modes", "plain,chain", "--temp", "0", "--draft-p-min", "0.3", "--block-size", "8",
+                "-j", json.dumps(schema), "--grammar-drafting", "on,off", "--llama-cpp", str(tools), "-r", "1",
+                "-n", "48", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    ours = [r for r in out["runs"] if r["engine"] == "ours"]
+    assert {r["mode"] for r in ours} == {"plain", "chain (default)", "chain p-min 0.3 n-max 7",
+                                        "chain (default), drafts not grammar-aware",
+                                        "chain p-min 0.3 n-max 7, drafts not grammar-aware"}
+    for r in ours:
+        if r["extra"]["stop_reason"] != "length":
+            jsonschema.validate(json.loads(r["text"]), schema)
+    texts = {(r["mode"], r["prompt"]): r["text"] for r in ours}
+    assert all(texts[(m, p)] == texts[("plain", p)] for m, p in texts)
+    calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
+    assert calls and not any(c[0].endswith("llama-bench") for c in calls)
+    assert all(json.loads(c[c.index("--json-schema") + 1]) == schema for c in calls)
+    assert out["settings"]["constraint"] == {"--json-schema": json.dumps(schema)}
+
+
+def test_bad_constraint_flags_exit_2(tmp_path):
+    res = bench("--no-llama-cpp", "-j", "{not json", cwd=tmp_path)
+    assert res.returncode == 2 and "json" in res.stderr.lower() and "Traceback" not in res.stderr
+    res = bench("--no-llama-cpp", "--grammar-drafting", "maybe", cwd=tmp_path)
+    assert res.returncode == 2 and "--grammar-drafting" in res.stderr
 
 
 def test_a_cell_shorter_than_the_minimum_runs_its_prompts_again(tmp_path):

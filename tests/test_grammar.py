@@ -317,25 +317,6 @@ def test_cli_bad_constraints_exit_2_with_one_line(flags, needle):
     assert len(lines) == 1 and needle in lines[0], res.stderr
 
 
-# ---- the benchmark script, checked small -------------------------------------------------------
-
-def test_bench_grammar_runs_every_arm(tmp_path):
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("bench_grammar", Path(__file__).resolve().parents[1] / "scripts" /
-                                                  "bench_grammar.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.main(["--reps", "1", "--max-tokens", "6", "--out", str(tmp_path)]) == 0
-    (out,) = tmp_path.glob("bench-grammar-*.json")
-    arms = json.loads(out.read_text())["results"]["arms"]
-    assert {(a["setting"], a["mode"], a["grammar_drafting"]) for a in arms} == {
-        (s, m, d) for s in ("greedy", "T0.6") for m in ("plain", "chain", "tree", "auto") for d in (True, False)
-        if m != "plain" or d}
-    assert all(a["runs"] == 3 for a in arms)
-
-
 def test_lazy_grammar_waits_for_its_opening(engines):
     engine = engines["chain"]
     tok = engine.tokenizer

@@ -26,7 +26,8 @@ from dflash_gguf.chat import ChatTemplate
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
-from dflash_gguf.server import Defaults, Server, create_app
+from dflash_gguf.routes import create_app
+from dflash_gguf.server import Defaults, Server
 from dflash_gguf.serving import Scheduler
 
 N_CTX = 2048

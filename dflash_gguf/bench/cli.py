@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
+from ..cli import add_constraint_flags, constraint_of, constraint_texts
 from ..demo import demo_paths
 from ..speculative import CHAIN_RULES
 from . import llama_cpp, method, ours, provenance, report
@@ -116,6 +117,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-draft-n-max", type=_list(int, "--spec-draft-n-max"),
                    help="llama.cpp DFlash's draft counts to sweep (default: the drafter's block less the bonus token, "
                         "and half the block less it)")
+    add_constraint_flags(p)
+    p.add_argument("--grammar-drafting", type=_list(str, "--grammar-drafting"), default=["on"],
+                   help="under --grammar or --json-schema: on (drafts cut and filled by the grammar, as dflash-run "
+                        "drafts), off (verified as drafted), or on,off (a row each; default on)")
     p.add_argument("--json", action="store_true", help="print one JSON object (provenance, rows, every run)")
     p.add_argument("-o", "--output", type=Path,
                    help="also write the JSON to FILE (a bare file name goes under results/)")
@@ -155,6 +160,8 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error("--min-seconds, --max-load and --wait-idle-max must be >= 0")
     if args.llama_cpp is not None and not args.llama_cpp.is_dir():
         p.error(f"--llama-cpp {args.llama_cpp}: no such directory")
+    if not args.grammar_drafting or set(args.grammar_drafting) - {"on", "off"}:
+        p.error("--grammar-drafting takes on, off or on,off")
 
 
 def prompts_of(p: argparse.ArgumentParser, args) -> List[tuple]:
@@ -179,7 +186,8 @@ def chain_lengths(given: Optional[List[int]], block: int) -> List[int]:
     return given if given else list(dict.fromkeys(b for b in (block, block // 2) if b >= 2))
 
 
-def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling]) -> tuple:
+def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling],
+            constraint_flags: tuple = ()) -> tuple:
     """Every run, every arm (ours and llama.cpp's) interleaved within each repetition
     (method.py); the cells' load records; llama.cpp's build info."""
     from ..draft import read_draft_metadata
@@ -207,7 +215,10 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
     if args.n_gpu_layers is not None:
         options["n_gpu_layers"] = args.n_gpu_layers
-    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None, args.chain_rule, blocks)
+    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None, args.chain_rule, blocks,
+                       plain_drafting=bool(constraint_flags) and "off" in args.grammar_drafting)
+    if constraint_flags and "on" not in args.grammar_drafting:
+        modes = [m for m in modes if not (m.speculative and m.grammar_drafting)]
     arms: list = [ours.Arm(m, target, draft, options, ids, args.n_predict, args.reload) for m in modes]
 
     info: dict = {"tools": {}}
@@ -218,8 +229,9 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
         for why in tools.missing.values():
             log(why)
         setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft,
-                                args.n_gpu_layers)
-        if "llama-bench" in tools.found:  # it decodes after as much context as the prompts' mean
+                                args.n_gpu_layers, constraint_flags)
+        # llama-bench decodes after as much context as the prompts' mean; it takes no grammar
+        if "llama-bench" in tools.found and not constraint_flags:
             arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, round(sum(lengths) / len(lengths))))
         if "llama-completion" in tools.found:
             arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
@@ -270,14 +282,19 @@ def bench_main(argv) -> int:
     check(p, args)
     target, draft = (args.model, args.model_draft) if args.model else demo_paths()
     prompts = prompts_of(p, args)
-    samplings = [Sampling(t, args.top_k, args.top_p, args.min_p, args.seed) if t > 0 else Sampling()
-                 for t in dict.fromkeys(args.temp)]
+    texts = constraint_texts(args, "dflash-bench")
+    constraint = constraint_of(args, "dflash-bench")
+    constraint_flags = tuple(f for flag, text in (("--grammar", texts["--grammar"]),
+                                                  ("--json-schema", texts["-j/--json-schema"]))
+                             if text is not None for f in (flag, text))
+    samplings = [Sampling(t, args.top_k, args.top_p, args.min_p, args.seed, constraint) if t > 0
+                 else Sampling(constraint=constraint) for t in dict.fromkeys(args.temp)]
 
     started, load_before = _dt.datetime.now(_dt.timezone.utc), provenance.load_average()
     log(f"load average {load_before[0]:.2f} on {os.cpu_count()} CPUs"
         + (": other processes are running, timings will show it" if load_before[0] > 0.5 else ""))
     try:
-        runs, llama_info, cells = measure(args, target, draft, prompts, samplings)
+        runs, llama_info, cells = measure(args, target, draft, prompts, samplings, constraint_flags)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-bench: error: {e}", file=sys.stderr)
         return 1
@@ -307,7 +324,9 @@ def bench_main(argv) -> int:
                      "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
                      "wait_idle_max": args.wait_idle_max,
                      "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
-                     "spec_draft_n_max": args.spec_draft_n_max},
+                     "spec_draft_n_max": args.spec_draft_n_max,
+                     "constraint": dict(zip(constraint_flags[::2], constraint_flags[1::2])),
+                     "grammar_drafting": args.grammar_drafting},
         "cells": cells,
         "rows": [r.to_json() for r in table],
         "comparisons": [c for s in dict.fromkeys(r.sampling for r in table) for c in report.comparisons(table, s)],

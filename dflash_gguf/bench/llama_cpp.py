@@ -67,11 +67,13 @@ class Setup:
     kv_type: str
     draft: Optional[str] = None
     n_gpu_layers: Optional[int] = None
+    constraint_flags: tuple = ()  # ("--grammar", GBNF) or ("--json-schema", schema): what our runs are held to
 
     def common(self) -> List[str]:
         t = str(self.threads)
         args = ["-m", self.target, "-c", str(self.n_ctx), "-b", "512", "-ub", "512", "-t", t, "-tb", t,
-                "-fa", "on", "-ctk", self.kv_type, "-ctv", self.kv_type, "-n", str(self.n_predict)]
+                "-fa", "on", "-ctk", self.kv_type, "-ctv", self.kv_type, "-n", str(self.n_predict),
+                *self.constraint_flags]
         if self.n_gpu_layers is not None:
             args += ["-ngl", str(self.n_gpu_layers)]
         return args

@@ -2,7 +2,7 @@
 them: plain decoding, the drafter's chain, DDTrees of fixed budgets and `auto`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Union
 
 from ..engine import Engine
@@ -21,6 +21,7 @@ class Mode:
     p_min: Optional[float] = None             # the greedy chain's confidence cut (None: the engine's default)
     chain_rule: Optional[str] = None          # a sampled chain's accept rule (None: the engine's default)
     block_size: Optional[int] = None          # the chain's block, the bonus token and n-max drafts (None: the drafter's)
+    grammar_drafting: bool = True             # under a constraint, drafts are cut and filled by the grammar
 
     @property
     def default(self) -> bool:
@@ -29,11 +30,12 @@ class Mode:
 
 
 def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float], with_draft: bool,
-          chain_rules: Sequence[str] = (), blocks: Sequence[int] = ()) -> List[Mode]:
+          chain_rules: Sequence[str] = (), blocks: Sequence[int] = (), plain_drafting: bool = False) -> List[Mode]:
     """The modes named (MODE_NAMES): "chain" at its defaults and once per confidence cut in
     p_mins x block size in blocks (the sweep; none given: the default only) x sampled chain
     accept rule in chain_rules; "tree" once per budget and "auto", both at the default cut.
-    Without a drafter only plain."""
+    Without a drafter only plain. plain_drafting: each drafting mode also without
+    grammar-aware drafting (its drafts verified as drafted, under a constraint)."""
     out = []
     for name in names:
         if name == "plain":
@@ -52,6 +54,9 @@ def modes(names: Sequence[str], budgets: Sequence[int], p_mins: Sequence[float],
             out += [Mode(f"tree {b}", tree_budget=b) for b in budgets]
         elif name == "auto":
             out.append(Mode("auto", tree_budget="auto"))
+    if plain_drafting:
+        out += [replace(m, name=m.name + ", drafts not grammar-aware", grammar_drafting=False)
+                for m in out if m.speculative]
     return out
 
 
@@ -62,6 +67,7 @@ def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) ->
     block = {"block_size": mode.block_size} if mode.block_size else {}
     engine = Engine(target, draft if mode.speculative else None, tree_budget=mode.tree_budget,
                     draft_p_min=mode.p_min, **rule, **block, **options)
+    engine.grammar_drafting = mode.grammar_drafting
     try:
         engine.generate(WARMUP, max_tokens=16, stop_tokens=())
     except BaseException:

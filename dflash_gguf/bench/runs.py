@@ -17,6 +17,7 @@ class Sampling:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    constraint: Optional[object] = None  # a constraints.Constraint every run's output must match
 
     @property
     def greedy(self) -> bool:
@@ -35,11 +36,11 @@ class Sampling:
         return self.seed + rep
 
     def params(self, rep: int) -> Optional[SamplingParams]:
-        """Our engine's settings for repetition `rep` (None: greedy)."""
+        """Our engine's settings for repetition `rep` (None: greedy and unconstrained)."""
         if self.greedy:
-            return None
+            return SamplingParams(constraint=self.constraint) if self.constraint is not None else None
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              seed=self.seed_at(rep))
+                              seed=self.seed_at(rep), constraint=self.constraint)
 
 
 @dataclass
