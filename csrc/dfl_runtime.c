@@ -395,7 +395,12 @@ void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, si
 
 dfl_status dfl_runtime_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
     ggml_backend_sched_t sched = rt->slots[slot].sched;
-    if (!ggml_backend_sched_reserve(sched, gf) || !ggml_backend_sched_alloc_graph(sched, gf)) {
+    /* allocating the graph reserves what it needs; splitting it once more first (a
+     * ggml_backend_sched_reserve of the same graph) would not do: the scheduler points the
+     * nodes' sources at its copies between backends, and a second split of those nodes
+     * copies the copies, reserving beyond what the graph needs (3x on the CPU's side with
+     * routed experts there) */
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
         return dfl_fail(DFL_ERR_BACKEND, "cannot allocate compute memory for a graph of %d nodes",
                         ggml_graph_n_nodes(gf));
     }

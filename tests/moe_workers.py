@@ -88,13 +88,15 @@ def measured_memory(endpoint: str, server_pid: int, target_path: str, rules: lis
     verifies and decodes to the end of the context (the graphs the plan measures at the
     full context), less the resident memory before the load, of this process (the host)
     and of the RPC server (the device). The load's own transient peak (each weight read
-    from the file and staged for the transport as it is copied) is left out."""
+    from the file and staged for the transport as it is copied) is left out; prefill
+    chunks of 64 rows keep small the server's staging of each activation it receives,
+    which grows with the rows (a card's driver stages those in host memory)."""
     from dflash_gguf.devices import add_rpc_server
     from dflash_gguf.memory import plan_memory
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     add_rpc_server(endpoint)
-    cfg = TargetConfig(n_ctx=n_ctx, n_ubatch=len(prompt) // 2, n_verify=17, kv_type="f16", n_threads=1, device="RPC0",
+    cfg = TargetConfig(n_ctx=n_ctx, n_ubatch=64, n_verify=17, kv_type="f16", n_threads=1, device="RPC0",
                        tensor_overrides=tuple(map(tuple, rules)), repack=False)
     plan = plan_memory(target_path, None, cfg).to_json()
     host0, device0 = resident(os.getpid()), resident(server_pid)
