@@ -325,7 +325,7 @@ typedef struct dfl_draft_params {
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
-    char kind[16];              /* the drafter's architecture: "dflash", "mtp" */
+    char kind[16];              /* the drafter's architecture: "dflash", "mtp", "eagle3" */
     int32_t block_size;
     int32_t mask_token_id;      /* -1: the drafter fills no block (autoregressive) */
     int32_t n_layer;
@@ -349,9 +349,9 @@ typedef struct dfl_draft_info {
  * 'dflash' GGUF, or a model GGUF with nextn layers (kind "mtp": its MTP layer drafts for
  * the model itself, reading feature layer n_layer, the final-normed state). */
 typedef struct dfl_draft_meta {
-    char kind[16];             /* "dflash" or "mtp" */
+    char kind[16];             /* "dflash", "mtp" or "eagle3" */
     int32_t block_size;        /* trained block size (2..256; 16 when the file has none; 0: none, the
-                                  caller's (mtp)) */
+                                  caller's (mtp, eagle3)) */
     int32_t mask_token_id;     /* -1 when the file has none */
     int32_t n_embd;
     int32_t n_target_layers;
