@@ -373,8 +373,8 @@ dfl_status dfl_tokenizer_fingerprint(const char * path, char * hex, size_t size)
 void dfl_draft_default_params(dfl_draft_params * params);
 
 /* Load a drafter that reads `target`'s captured features and shares its token embedding
- * and LM head: the kind is the file's architecture ('dflash'; a target architecture with
- * nextn layers: its MTP layer, from the target's own file). The target must have been
+ * and LM head: the kind is the file's architecture ('dflash', 'eagle3'; a target
+ * architecture with nextn layers: its MTP layer, from the target's own file). The target must have been
  * loaded with feature_layers equal to the drafter's target_layers. The drafter must be
  * freed before its target. */
 dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params, dfl_draft ** out);

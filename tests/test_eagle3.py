@@ -1,7 +1,8 @@
 """The EAGLE3 drafter (csrc/models/eagle3.c): llama.cpp's eagle3 GGUF drafting for its
 target autoregressively, one pass per draft, every pass in one graph.
 
-Oracles: llama.cpp's draft-eagle3 through llama-speculative-simple on the same GGUFs (the
+Oracles: the head as transformers runs its parts (Llama attention, rotary embedding,
+RMSNorm, MLP) with speculators' glue, over transformers' target features; llama.cpp's draft-eagle3 through llama-speculative-simple on the same GGUFs (the
 drafts it makes: its drafted and accepted counts, on the bundled trained head, whose
 drafts are right often enough for the counts to say something); the target's own plain
 greedy and sampled output; the pairing keys the converter writes (tests/test_convert_eagle3.py
@@ -14,6 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
@@ -46,6 +48,149 @@ def test_metadata_and_kind():
     assert meta["target"]["target_name"] == "demo-target"
     target, draft = load()
     assert draft.kind == "eagle3" and draft.reads_tokens and draft.greedy_only and draft.block_size == 4
+
+
+# ---- the head against transformers -------------------------------------------------------
+
+DEMO_HF = Path(__file__).resolve().parent / "data" / "demo-hf" / "target"
+
+
+class ReferenceEagle3:
+    """A speculators EAGLE3 checkpoint in torch: transformers' own Llama attention (its
+    q/k/v projections reading twice the width, as speculators builds its layer), rotary
+    embedding, RMSNorm and MLP with the checkpoint's weights; the glue around them as
+    speculators' Eagle3DraftModel defines it (fc over three target layers' hidden states,
+    RMSNormed first with norm_before_fc,
+    [input_layernorm(embed(token)); hidden_norm(h)], the residual h or its norm, the final
+    norm, lm_head over the draft vocabulary, d2t offsets to target ids). Target features
+    from transformers' Qwen3.5 (hidden_states[L]; L = n_layer: the final-normed state).
+    A row at position p pairs the token at p + 1 with g of p, as speculators trains it."""
+
+    def __init__(self, draft_dir: Path):
+        import json
+
+        import torch
+        from safetensors.torch import load_file
+        from transformers import LlamaConfig, Qwen3_5ForCausalLM
+        from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaMLP, LlamaRMSNorm,
+                                                              LlamaRotaryEmbedding)
+
+        self.torch = torch
+        self.target = Qwen3_5ForCausalLM.from_pretrained(str(DEMO_HF), dtype=torch.float32).eval()
+        config = json.loads((draft_dir / "config.json").read_text())
+        self.layers = config["eagle_aux_hidden_state_layer_ids"]
+        self.norm_before_residual = config["norm_before_residual"]
+        cfg = LlamaConfig(**config["transformer_layer_config"])
+        cfg._attn_implementation = "eager"
+        w = load_file(str(draft_dir / "model.safetensors"))
+        E = cfg.hidden_size
+        self.attn = LlamaAttention(cfg, 0).eval()
+        for name in ("q_proj", "k_proj", "v_proj"):  # speculators' layer: q/k/v over [embedding; hidden]
+            out = w[f"layers.0.self_attn.{name}.weight"].shape[0]
+            setattr(self.attn, name, torch.nn.Linear(2 * E, out, bias=False))
+        self.attn.load_state_dict({k[len("layers.0.self_attn."):]: v for k, v in w.items()
+                                   if k.startswith("layers.0.self_attn.")})
+        self.mlp = LlamaMLP(cfg).eval()
+        self.mlp.load_state_dict({k[len("layers.0.mlp."):]: v for k, v in w.items() if k.startswith("layers.0.mlp.")})
+        self.norms = {}
+        for name, key in (("input", "layers.0.input_layernorm.weight"), ("hidden", "layers.0.hidden_norm.weight"),
+                          ("post", "layers.0.post_attention_layernorm.weight"), ("final", "norm.weight")):
+            self.norms[name] = LlamaRMSNorm(E, eps=cfg.rms_norm_eps)
+            self.norms[name].weight.data = w[key].float()
+        self.rotary = LlamaRotaryEmbedding(cfg)
+        self.fc, self.head = w["fc.weight"].float(), w["lm_head.weight"].float()
+        self.fc_norm = None
+        if config["norm_before_fc"]:  # RMSNorm over the concatenated features before fc
+            self.fc_norm = LlamaRMSNorm(self.fc.shape[1], eps=cfg.rms_norm_eps)
+            self.fc_norm.weight.data = w["input_norm.weight"].float()
+        self.embed = w.get("embed_tokens.weight", self.target.model.embed_tokens.weight.detach()).float()
+        V = self.target.config.vocab_size
+        self.ids = torch.arange(self.head.shape[0]) + w["d2t"] if "d2t" in w else torch.arange(V)
+        self.n_vocab = V
+
+    def run(self, tokens, hidden):
+        """Each row's output (before the final norm) and logits over the target's vocabulary."""
+        torch = self.torch
+        with torch.no_grad():
+            e = self.norms["input"](self.embed[torch.tensor(tokens)])[None]
+            h = self.norms["hidden"](hidden[None])
+            n = len(tokens)
+            pos = torch.arange(n)[None]
+            mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+            x = torch.cat([e, h], -1)
+            y = (h if self.norm_before_residual else hidden[None]) + \
+                self.attn(x, position_embeddings=self.rotary(x, pos), attention_mask=mask)[0]
+            y = y + self.mlp(self.norms["post"](y))
+            logits = torch.full((n, self.n_vocab), float("-inf"))
+            logits[:, self.ids] = (self.norms["final"](y) @ self.head.T)[0]
+            return y[0], logits
+
+    def drafts(self, context, bonus, n):
+        """n greedy drafts after `context` and `bonus`, and each pass's logits."""
+        torch = self.torch
+        with torch.no_grad():
+            hs = self.target(torch.tensor([context]), output_hidden_states=True).hidden_states
+            features = torch.cat([hs[L][0] for L in self.layers], -1)
+            g = (self.fc_norm(features) if self.fc_norm is not None else features) @ self.fc.T
+        tokens, hidden, logits = list(context[1:]) + [bonus], g, []
+        for _ in range(n):
+            y, out = self.run(tokens, hidden)
+            logits.append(out[-1].numpy())
+            tokens.append(int(out[-1].argmax()))
+            hidden = torch.cat([hidden, y[-1:]])
+        return tokens[len(context):], np.stack(logits)
+
+
+@pytest.fixture(scope="module")
+def random_heads(tmp_path_factory, convert_model):
+    """The demo target in f32, and two random EAGLE3 heads for it: one with a draft
+    vocabulary (d2t), its own embedding and the final-normed state among its features;
+    one over the target's vocabulary with the target's embedding and LM head, RMSNorm
+    before fc and the normed residual."""
+    from eagle3_fixtures import make_eagle3
+
+    root = tmp_path_factory.mktemp("eagle3")
+    target = str(convert_model(DEMO_HF, "f32"))
+    heads = {
+        "d2t": make_eagle3(root / "d2t", DEMO_HF, layer_ids=(1, 2, 4), draft_vocab=512, head_dim=64, seed=31),
+        "plain": make_eagle3(root / "plain", DEMO_HF, layer_ids=(1, 3, 4), draft_vocab=None, own_embedding=False,
+                             norm_before_fc=True, norm_before_residual=True, head_dim=64, seed=32),
+    }
+    return target, {name: (d, str(convert_model(d, "f32", "--target-model-dir", str(DEMO_HF))))
+                    for name, d in heads.items()}
+
+
+@pytest.mark.parametrize("head", ["d2t", "plain"])
+def test_drafts_and_logits_match_transformers(random_heads, head):
+    """Each pass's logits (over the target's vocabulary, -inf outside the draft's) and the
+    greedy drafts equal the reference's: after a prompt taken in two chunks, and after a
+    verify whose kept positions the next propose takes from the target's feature rows."""
+    from test_mtp import prefill, rel_err
+
+    target_path, heads = random_heads
+    draft_dir, draft_path = heads[head]
+    ref = ReferenceEagle3(draft_dir)
+    meta = read_draft_metadata(draft_path)
+    target = Target(target_path, TargetConfig(n_ctx=256, n_ubatch=16, n_verify=16, kv_type="f32", n_threads=2,
+                                              feature_layers=meta["target_layers"]))
+    draft = Draft(draft_path, target, DraftConfig(kv_type="f32", top_k=4, block_size=4))
+    prompt = list(np.random.default_rng(3).integers(1, 4000, 27))
+    prefill(target, draft, prompt)
+    bonus = int(target.choices(0, 1)[0])
+    drafts = draft.propose(bonus)
+    want, logits = ref.drafts(prompt, bonus, 3)
+    got = draft.logits(0, 3)
+    assert drafts == want
+    assert np.array_equal(np.isinf(got), np.isinf(logits))
+    assert rel_err(got[np.isfinite(got)], logits[np.isfinite(logits)]) < 1e-3
+    target.verify([bonus] + drafts)
+    kept, nxt = [bonus, drafts[0]], 7
+    target.commit(2)
+    drafts = draft.propose(nxt, tokens=kept)
+    want, logits = ref.drafts(prompt + kept, nxt, 3)
+    got = draft.logits(0, 3)
+    assert drafts == want
+    assert rel_err(got[np.isfinite(got)], logits[np.isfinite(logits)]) < 1e-3
 
 
 # ---- llama.cpp's draft-eagle3 ---------------------------------------------------------------
