@@ -201,10 +201,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     # an autoregressive drafter (EAGLE3) has no block of its own: its drafts per step, the
     # largest swept, and the bonus
     block = (int(meta["block_size"]) or max(args.spec_draft_n_max or [DEFAULT_MTP_DRAFTS]) + 1) if meta else 1
-    spec_type = args.spec_type or (f"draft-{meta['kind']}" if meta else None)
-    if meta and spec_type != f"draft-{meta['kind']}":
-        raise ValueError(f"--spec-type {spec_type}: -md {draft} is a {meta['kind']} drafter (--spec-type "
-                         f"draft-{meta['kind']})")
+    spec_type = f"draft-{meta['kind']}" if meta else None  # as --spec-type says (bench_main checks it)
     blocks = chain_lengths(args.block_size, block) if draft else []
     if any(b > block for b in blocks):
         raise ValueError(f"--block-size values must be at most the drafter's block ({block})")
@@ -293,6 +290,15 @@ def bench_main(argv) -> int:
     args = p.parse_args(argv)
     check(p, args)
     target, draft = (args.model, args.model_draft) if args.model else demo_paths()
+    if args.spec_type and draft:
+        from ..draft import read_draft_metadata
+
+        try:
+            kind = f"draft-{read_draft_metadata(draft)['kind']}"
+        except ValueError as e:
+            p.error(str(e))
+        if kind != args.spec_type:
+            p.error(f"--spec-type {args.spec_type}: -md {draft} is a {kind[6:]} drafter (--spec-type {kind})")
     prompts = prompts_of(p, args)
     texts = constraint_texts(args, "dflash-bench")
     constraint = constraint_of(args, "dflash-bench")
