@@ -64,6 +64,7 @@ _NOT_YET = {"draft-dspark": "DSpark"}
 # the drafter kinds that load -md, by the drafter GGUF's architecture (the kind picked when
 # --spec-type is left out)
 FILE_KINDS = {"dflash": "draft-dflash", "eagle3": "draft-eagle3"}
+_FILE_NAMES = {"draft-dflash": "a DFlash drafter", "draft-eagle3": "an EAGLE3 drafter"}
 # drafters whose block is their drafts per step (one pass each), not a trained block size
 AUTOREGRESSIVE = ("mtp", "eagle3")
 # the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
@@ -141,22 +142,22 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet")
     file_kind = next((k for k in kinds if k in FILE_KINDS.values()), None)
     if file_kind and not draft:
-        raise ConfigError("spec_type", f"{file_kind} needs a drafter GGUF (-md)")
+        raise ConfigError("spec_type", f"{file_kind} needs {_FILE_NAMES[file_kind]} (-md)")
     if draft and not file_kind:
         arch, _ = _gguf_arch_and_keys(draft)
-        what = f"a {arch} drafter (--spec-type {FILE_KINDS[arch]})" if arch in FILE_KINDS else f"a {arch} GGUF"
+        what = f"{_FILE_NAMES[FILE_KINDS[arch]]} (--spec-type {FILE_KINDS[arch]})" if arch in FILE_KINDS \
+            else f"a {arch} GGUF"
         raise ConfigError("spec_type", f"-md {draft} is {what}, and --spec-type {','.join(kinds)} "
                                        "loads no drafter file; drop -md or add its kind")
     if draft:
         arch, n_nextn = _gguf_arch_and_keys(draft)
-        if FILE_KINDS.get(arch) != file_kind:
-            if arch in FILE_KINDS:
-                hint = f" (--spec-type {FILE_KINDS[arch]})"
-            else:
-                hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else ""
+        if arch in FILE_KINDS and FILE_KINDS[arch] != file_kind:
+            raise ConfigError("spec_type", f"{file_kind}: -md {draft} is {_FILE_NAMES[FILE_KINDS[arch]]}, not "
+                                           f"{_FILE_NAMES[file_kind]} (--spec-type {FILE_KINDS[arch]})")
+        if arch not in FILE_KINDS:
+            hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else ""
             raise ConfigError("spec_type", f"{file_kind}: -md {draft} is a {arch} GGUF, not "
-                                           f"{'an EAGLE3' if file_kind == 'draft-eagle3' else 'a DFlash'} "
-                                           f"drafter{hint}")
+                                           f"{_FILE_NAMES[file_kind]}{hint}")
     return kinds
 
 

@@ -378,10 +378,12 @@ def other_target(tmp_path_factory, convert_model):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["-m", DEMO, "-md", EAGLE3, "--spec-type", "draft-dflash"], "is a eagle3 GGUF, not a DFlash drafter"),
+    (["-m", DEMO, "-md", EAGLE3, "--spec-type", "draft-dflash"],
+     "is an EAGLE3 drafter, not a DFlash drafter (--spec-type draft-eagle3)"),
     (["-m", DEMO, "-md", str(DATA / "demo-draft.gguf"), "--spec-type", "draft-eagle3"],
-     "is a dflash GGUF, not an EAGLE3 drafter"),
-    (["-m", DEMO, "--spec-type", "draft-eagle3"], "draft-eagle3 needs a drafter GGUF (-md)"),
+     "is a DFlash drafter, not an EAGLE3 drafter (--spec-type draft-dflash)"),
+    (["-m", DEMO, "--spec-type", "draft-eagle3"], "draft-eagle3 needs an EAGLE3 drafter (-md)"),
+    (["-m", DEMO, "-md", EAGLE3, "--spec-type", "ngram-mod"], "is an EAGLE3 drafter (--spec-type draft-eagle3)"),
     (["-m", DEMO, "-md", EAGLE3, "--spec-type", "draft-mtp"], "drop -md"),
     (["-m", DEMO, "-md", EAGLE3, "--spec-type", "draft-eagle3,draft-dflash"], "one drafter at a time"),
 ])
