@@ -402,3 +402,28 @@ def test_drafter_for_another_target_is_one_line(other_target):
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert "wrong target/drafter pair" in res.stderr and "demo-target" in res.stderr, res.stderr
     assert len([ln for ln in res.stderr.splitlines() if ln.strip()]) <= 2, res.stderr
+
+
+@pytest.mark.parametrize("value,words", [(4096, "outside the target's vocabulary"), (None, "which another maps to")])
+def test_a_bad_vocabulary_map_is_one_line(tmp_path, value, words):
+    """d2t is bounded at load: an id outside the target's vocabulary, or two draft tokens
+    on one target token, is refused by name (never an out-of-range scatter in the graph)."""
+    import shutil
+
+    from gguf import GGUFReader
+
+    from dflash_gguf import DflashError
+
+    bad = tmp_path / "bad-eagle3.gguf"
+    shutil.copy(EAGLE3, bad)
+    d2t = next(t for t in GGUFReader(EAGLE3).tensors if t.name == "d2t")
+    ids = np.array(d2t.data, dtype=np.int64)
+    ids[5] = ids[4] if value is None else value
+    with open(bad, "r+b") as f:
+        f.seek(d2t.data_offset)
+        f.write(ids.tobytes())
+    meta = read_draft_metadata(str(bad))
+    target = Target(DEMO, TargetConfig(n_ctx=128, kv_type="f32", feature_layers=meta["target_layers"], n_threads=1))
+    with pytest.raises(DflashError, match=f"d2t maps draft token 5 to .*{words}"):
+        Draft(str(bad), target)
+
