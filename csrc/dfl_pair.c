@@ -409,8 +409,8 @@ static dfl_status read_mtp_meta(const dfl_gguf * g, dfl_draft_meta * m) {
     TRY(dfl_gguf_u32(g, ".nextn_predict_layers", false, 0, &nextn));
     TRY(dfl_gguf_u32(g, ".embedding_length", true, 0, &n_embd));
     if (nextn == 0 || nextn >= blocks || blocks > 4096) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s' (%s) has no nextn (MTP) layers: not a drafter (convert the checkpoint "
-                        "without --no-mtp)", g->path, g->arch);
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%s' and no nextn (MTP) layers: not a drafter "
+                        "(convert the checkpoint without --no-mtp)", g->path, g->arch);
     }
     snprintf(m->kind, sizeof m->kind, "mtp");
     m->mask_token_id = -1;
