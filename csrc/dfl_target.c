@@ -368,7 +368,8 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     if (st == DFL_OK) {
         /* the same for the host staging of graph inputs: the rows of the largest step and
          * the mask of its largest segment (rows by attention span) */
-        const int rows = t->mem.step_rows > t->p.n_verify ? t->mem.step_rows : t->p.n_verify;
+        const int call_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+        const int rows = call_rows > t->p.n_seq * t->p.n_verify ? call_rows : t->p.n_seq * t->p.n_verify;
         const int seg_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
         st = host_reserve(t, rows, (size_t) seg_rows * (size_t) t->p.n_ctx);
         if (st == DFL_OK) {
