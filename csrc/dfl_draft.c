@@ -63,10 +63,10 @@ dfl_status dfl_drafter_tensor(const dfl_drafter * m, const char * name, int il, 
 
 /* ---- loading ----------------------------------------------------------------------------- */
 
-static const dfl_drafter_arch * find_arch(const char * file_arch) {
+static const dfl_drafter_arch * find_arch(const dfl_gguf * file) {
     for (size_t i = 0; i < N_DRAFTERS; i++) {
         for (const char * const * f = DRAFTERS[i]->files; *f; f++) {
-            if (strcmp(*f, file_arch) == 0) {
+            if (strcmp(*f, file->arch) == 0 && (!DRAFTERS[i]->claims || DRAFTERS[i]->claims(file))) {
                 return DRAFTERS[i];
             }
         }
@@ -155,7 +155,7 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
             free(d);
             return st;
         }
-        d->m.arch = find_arch(d->m.file.arch);
+        d->m.arch = find_arch(&d->m.file);
         if (!d->m.arch) {
             st = dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%.40s', not a drafter this build runs (%s)", path,
                           d->m.file.arch, drafter_files());
@@ -182,13 +182,11 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
     if (st == DFL_OK) {
         /* every further sequence in a propose adds its attention per layer (and a DFlash2
          * drafter its convolutions and selector); an autoregressive drafter's passes each
-         * add a pass of every sequence */
+         * add a pass of every sequence, a DSpark drafter's rows a Markov step each */
         const size_t n_seq = (size_t) d->n_seq, B = (size_t) d->m.block_size, L = (size_t) d->m.n_layer;
         size_t graph_size = DFL_GRAPH_SIZE + L * DFL_GRAPH_NODES_PER_LAYER +
                             (n_seq - 1) * (L * DFL_GRAPH_NODES_PER_SEQ + 16 * B);
-        if (d->m.autoregressive) {
-            graph_size += (B - 1) * n_seq * (size_t) d->m.nodes_per_pass;
-        }
+        graph_size += (B - 1) * n_seq * (size_t) d->m.nodes_per_pass;
         st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
                               d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
                               graph_size, d->p.top_k > 1 ? 2 : 1);
@@ -295,6 +293,7 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     memcpy(info->target_layers, m->target_layers, sizeof m->target_layers);
     info->reads_tokens = m->reads_tokens;
     info->greedy_only = m->greedy_only;
+    info->has_confidence = m->has_confidence;
     info->n_ctx_tokens = d->mem.seq[0].n_past;
     info->n_graphs = d->n_graphs;
     info->n_graph_builds = d->n_graph_builds;
@@ -759,6 +758,15 @@ static dfl_status check_ranked_rows(const dfl_draft * d, int32_t row0, int32_t n
         return dfl_fail(DFL_ERR_STATE, "the drafter was loaded with top_k = 0");
     }
     return check_out_rows(d, row0, n_rows, logprobs);
+}
+
+DFL_API dfl_status dfl_draft_confidence(const dfl_draft * d, int32_t row0, int32_t n_rows, float * out) {
+    TRY(check_out_rows(d, row0, n_rows, out));
+    if (!d->graph.confidence) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "the %s drafter has no confidence head", d->m.arch->name);
+    }
+    dfl_runtime_get(&d->rt, d->graph.confidence, out, (size_t) row0 * sizeof(float), (size_t) n_rows * sizeof(float));
+    return DFL_OK;
 }
 
 DFL_API dfl_status dfl_draft_top1(const dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {

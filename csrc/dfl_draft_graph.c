@@ -202,7 +202,7 @@ void dfl_draft_build_graph(const dfl_draft * d, const dfl_draft_step * step, str
     draft_build b = { d, step, in, { NULL }, { NULL } };
     dfl_draft_graph g = { ctx, gf, step, dfl_draft_step_entries(step), NULL, NULL, NULL,
                           dfl_draft_step_passes(m, step), dfl_draft_step_rows(m, step), NULL, NULL,
-                          d->rt.top_k_by_sort, &b };
+                          d->rt.top_k_by_sort, NULL, &b };
     const int E = g.n_entries, R = g.n_rows, D = dfl_draft_step_drafted(step);
     if (E > 0) {
         in->entry_rows = new_input(ctx, GGML_TYPE_I32, E);
@@ -240,6 +240,11 @@ void dfl_draft_build_graph(const dfl_draft * d, const dfl_draft_step * step, str
         return; /* entries only */
     }
     in->logits = logits;
+    if (g.confidence) {
+        in->confidence = g.confidence;
+        ggml_set_output(g.confidence);
+        ggml_build_forward_expand(gf, g.confidence);
+    }
     in->argmax = ggml_argmax(ctx, logits);
     ggml_set_output(logits);
     ggml_set_output(in->argmax);

@@ -43,6 +43,7 @@ typedef struct draft_inputs {
     struct ggml_tensor * argmax;       /* [D] */
     struct ggml_tensor * probs;        /* with top_k >= 1: the softmax, and the argmax's log-probability */
     struct ggml_tensor * argmax_lp;
+    struct ggml_tensor * confidence;   /* [D] the architecture's acceptance estimates, when it has them */
     dfl_sampler_graph sampled;         /* drafts drawn by the sequences' sampling */
 } draft_inputs;
 

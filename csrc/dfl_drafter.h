@@ -1,7 +1,7 @@
 /* The drafter interface: what a drafter architecture tells the generic drafter runtime
  * (dfl_draft.c), and the graph services the runtime offers its builder. Drafters are
  * architectures as targets are (dfl_model.h): one file per architecture in
- * csrc/models/ (dflash.c, mtp.c) holds its loader and its propose graph, and one line in
+ * csrc/models/ (dflash.c, mtp.c, dspark.c) holds its loader and its propose graph, and one line in
  * csrc/models/drafters.def registers it.
  *
  * Every drafter drafts the same way, seen from the runtime: a propose (dfl_draft_step)
@@ -64,6 +64,10 @@ typedef struct dfl_drafter_arch {
      * selector) puts them in the blocks (dfl_draft_graph_put) and sets *own_drafts. */
     struct ggml_tensor * (*build)(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts);
     void (*free)(dfl_drafter * m);
+    /* Whether it reads this file of one of those architectures (NULL: every one). Kinds
+     * sharing an architecture ('dflash': DSpark's heads or not) are tried in
+     * drafters.def's order. */
+    bool (*claims)(const dfl_gguf * file);
 } dfl_drafter_arch;
 
 struct dfl_drafter {
@@ -80,6 +84,7 @@ struct dfl_drafter {
     bool autoregressive;           /* passes of one row (else one pass over the block) */
     int32_t filler;                /* one pass: the token of the block's rows after the bonus */
     bool greedy_only;              /* its drafts are its argmax (or its own choice): no drawn drafts */
+    bool has_confidence;           /* its builder gives each drafted row's confidence (g->confidence) */
     /* its cached layers, whose K/V the memory layer keeps per slot */
     int n_layer;
     dfl_layer_kind kind[DFL_DRAFTER_MAX_LAYERS];
@@ -87,7 +92,8 @@ struct dfl_drafter {
     int n_masks;
     dfl_draft_mask_rule masks[DFL_DRAFTER_MAX_MASKS];
     int layer_mask[DFL_DRAFTER_MAX_LAYERS]; /* the rule each layer's block rows attend by */
-    int nodes_per_pass;            /* graph nodes a pass of one sequence adds, beyond the first */
+    int nodes_per_pass;            /* graph nodes each drafted row of a sequence adds (an autoregressive
+                                      pass beyond the first, a DSpark Markov step) */
     void * weights;                /* the architecture's own (freed by arch->free) */
 };
 
@@ -111,6 +117,8 @@ struct dfl_draft_graph {
     struct ggml_tensor * last_features;  /* feat_previous: [n_feat * n_embd, n_rows] the features of the
                                             position before each sequence's bonus */
     bool top_k_by_sort;                  /* how dfl_top_k ranks on this device (dfl_runtime.h) */
+    struct ggml_tensor * confidence;     /* the builder's, optional: [D] F32, each drafted row's chance of
+                                            acceptance as the drafter predicts it (DSpark's head) */
     void * runtime;                      /* the runtime's own state for this graph */
 };
 

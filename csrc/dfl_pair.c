@@ -417,7 +417,9 @@ DFL_API dfl_status dfl_draft_read_meta(const char * path, dfl_draft_meta * meta)
     const bool mtp = strcmp(g.arch, "qwen35") == 0 || strcmp(g.arch, "qwen35moe") == 0;
     const dfl_status st = mtp ? read_mtp_meta(&g, meta) : read_meta(&g, meta);
     if (st == DFL_OK && !mtp) {
-        snprintf(meta->kind, sizeof meta->kind, "dflash");
+        /* a DSpark drafter is a 'dflash' GGUF with a Markov head (csrc/models/dspark.c) */
+        const bool dspark = ggml_get_tensor(g.ctx, "markov_w1.weight") != NULL;
+        snprintf(meta->kind, sizeof meta->kind, "%s", dspark ? "dspark" : "dflash");
     }
     dfl_gguf_close(&g);
     return st;

@@ -116,16 +116,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
-                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md drafter), draft-mtp "
+                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md DFlash drafter), "
+                        "draft-dspark (the -md DSpark drafter: DFlash with a Markov head), draft-mtp "
                         "(the MTP layer of -m itself, Qwen3.5/3.6), ngram-simple, ngram-mod (copies from the prompt "
                         "and output, no weights); several: each step verifies the draft with the best expected "
-                        "accepted length; draft-eagle3, draft-dspark are not in this build yet (default: the -md "
+                        "accepted length; draft-eagle3 is not in this build yet (default: the -md "
                         "drafter's kind; none without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
                    help="the longest draft: n-gram kinds (default 16), MTP's drafts per step (default 3), and the "
                         "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
-                   help="DSpark's confidence cut, 0..1 (checked; no DSpark runtime yet)")
+                   help="draft-dspark: cut the chain before the first draft its confidence head trusts less "
+                        "than P, 0..1 (llama.cpp's draft-dspark reads its --spec-draft-p-min so; default 0: no cut)")
     p.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
                    help="ngram-simple: tokens looked up in the history (default 12)")
     p.add_argument("--spec-ngram-mod-n-match", type=int, default=24, metavar="N",

@@ -60,7 +60,11 @@ DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark")
 NGRAM_KINDS = ("ngram-simple", "ngram-mod")
 SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
 # drafter kinds this build has no runtime for yet, with the name the user knows them by
-_NOT_YET = {"draft-eagle3": "EAGLE3", "draft-dspark": "DSpark"}
+_NOT_YET = {"draft-eagle3": "EAGLE3"}
+# the kinds that draft with a drafter GGUF (-md), by the kind its file says it is
+# (read_draft_metadata's: a dflash GGUF with a Markov head is a DSpark drafter)
+FILE_KINDS = {"draft-dflash": "dflash", "draft-dspark": "dspark"}
+FILE_KIND_NAMES = {"dflash": "a DFlash drafter", "dspark": "a DSpark drafter"}
 # the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
 # size: the target's verify buffers are sized for it anyway)
 DEFAULT_SPEC_DRAFT_N_MAX = 16
@@ -95,35 +99,44 @@ def parse_spec_types(spec_type) -> tuple:
 
 
 def _gguf_arch_and_keys(path: str) -> tuple:
-    """(general.architecture, its nextn_predict_layers or 0) of a GGUF, for the kind checks."""
+    """(general.architecture, its nextn_predict_layers or 0, its drafter kind: "dspark" for
+    a dflash GGUF with a Markov head, else the architecture) of a GGUF, for the kind checks."""
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(path)
         arch = str(reader.fields["general.architecture"].contents())
         field = reader.fields.get(f"{arch}.nextn_predict_layers")
-        return arch, int(field.contents()) if field is not None else 0
+        markov = arch == "dflash" and any(t.name == "markov_w1.weight" for t in reader.tensors)
+        return arch, int(field.contents()) if field is not None else 0, "dspark" if markov else arch
     except Exception as e:  # noqa: BLE001 - any unreadable file is one line
         raise ConfigError("spec_type", f"cannot read {path} as a GGUF: {e}") from None
 
 
 def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     """The kinds that draft: --spec-type checked against the files, or, left out, what
-    the drafter GGUF is (a dflash drafter: draft-dflash; none: plain decoding, ()).
-    draft-mtp drafts with the MTP (nextn) layer of the model's own GGUF (-m). Kinds whose
-    runtime this build lacks, and a drafter under another kind's flag, are one
-    ConfigError each."""
+    the drafter GGUF is (a dflash drafter: draft-dflash, or draft-dspark when it has a
+    Markov head; none: plain decoding, ()). draft-mtp drafts with the MTP (nextn) layer
+    of the model's own GGUF (-m). Kinds whose runtime this build lacks, and a drafter
+    under another kind's flag, are one ConfigError each."""
     if spec_type is None:
-        return ("draft-dflash",) if draft else ()
+        if not draft:
+            return ()
+        try:
+            file_kind = _gguf_arch_and_keys(draft)[2]
+        except ConfigError:
+            file_kind = None  # the drafter's loader says what is wrong with the file
+        return ("draft-dspark",) if file_kind == "dspark" else ("draft-dflash",)
     kinds = parse_spec_types(spec_type)
-    if "draft-mtp" in kinds and "draft-dflash" in kinds:
-        raise ConfigError("spec_type", "draft-dflash and draft-mtp: one drafter at a time")
+    drafters = [k for k in kinds if k in DRAFTER_KINDS and k not in _NOT_YET]
+    if len(drafters) > 1:
+        raise ConfigError("spec_type", f"{' and '.join(drafters)}: one drafter at a time")
     for kind in kinds:
         if kind == "draft-mtp":
             if draft:
                 raise ConfigError("spec_type", f"draft-mtp drafts with the MTP layer of the model itself ({model}); "
                                                f"drop -md {draft}")
-            arch, n_nextn = _gguf_arch_and_keys(model)
+            arch, n_nextn, _ = _gguf_arch_and_keys(model)
             if n_nextn == 0:
                 raise ConfigError("spec_type", f"draft-mtp: {model} ({arch}) has no nextn (MTP) layers; "
                                                "convert the checkpoint without --no-mtp")
@@ -135,18 +148,27 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             if draft and kind == "draft-eagle3" and _gguf_arch_and_keys(draft)[0] == "dflash":
                 what = f" (and -md {draft} is a DFlash drafter: --spec-type draft-dflash)"
             raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet{what}")
-    if "draft-dflash" in kinds and not draft:
-        raise ConfigError("spec_type", "draft-dflash needs a DFlash drafter (-md)")
-    if draft and "draft-dflash" not in kinds:
-        arch, n_nextn = _gguf_arch_and_keys(draft)
-        what = "a DFlash drafter (--spec-type draft-dflash)" if arch == "dflash" else f"a {arch} GGUF"
+    wanted = [k for k in kinds if k in FILE_KINDS]
+    for kind in wanted:
+        if not draft:
+            raise ConfigError("spec_type", f"{kind} needs {FILE_KIND_NAMES[FILE_KINDS[kind]]} (-md)")
+    if draft and not wanted:
+        arch, _, file_kind = _gguf_arch_and_keys(draft)
+        flag = {v: k for k, v in FILE_KINDS.items()}.get(file_kind)
+        what = f"{FILE_KIND_NAMES[file_kind]} (--spec-type {flag})" if flag else f"a {arch} GGUF"
         raise ConfigError("spec_type", f"-md {draft} is {what}, and --spec-type {','.join(kinds)} "
-                                       "loads no drafter file; drop -md or add draft-dflash")
+                                       f"loads no drafter file; drop -md or add {flag or 'draft-dflash'}")
     if draft:
-        arch, n_nextn = _gguf_arch_and_keys(draft)
-        if arch != "dflash":
+        arch, n_nextn, file_kind = _gguf_arch_and_keys(draft)
+        kind = wanted[0]
+        if file_kind != FILE_KINDS[kind]:
+            if file_kind in FILE_KIND_NAMES:
+                flag = {v: k for k, v in FILE_KINDS.items()}[file_kind]
+                raise ConfigError("spec_type", f"{kind}: -md {draft} is {FILE_KIND_NAMES[file_kind]}, not "
+                                               f"{FILE_KIND_NAMES[FILE_KINDS[kind]]} (--spec-type {flag})")
             hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else ""
-            raise ConfigError("spec_type", f"draft-dflash: -md {draft} is a {arch} GGUF, not a DFlash drafter{hint}")
+            raise ConfigError("spec_type", f"{kind}: -md {draft} is a {arch} GGUF, not "
+                                           f"{FILE_KIND_NAMES[FILE_KINDS[kind]]}{hint}")
     return kinds
 
 
@@ -188,7 +210,7 @@ class EngineSetup:
     ngram_kinds: tuple = ()  # the n-gram kinds that draft (--spec-type), beside the drafter or alone
     spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the n-gram kinds' longest draft
     ngram: NgramConfig = NgramConfig()
-    spec_draft_conf_min: float = 0.0  # DSpark's confidence cut (checked; no DSpark runtime yet)
+    spec_draft_conf_min: float = 0.0  # DSpark's confidence cut of the chain (0: none)
     draft_path: Optional[str] = None  # the drafter's GGUF: -md's, or the model's own for draft-mtp
 
     @property
@@ -226,6 +248,9 @@ class EngineSetup:
         ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
         draft_path = model if "draft-mtp" in kinds else draft
         meta = read_draft_metadata(draft_path) if draft_path else None
+        if spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
+            raise ConfigError("spec_draft_conf_min", "draft conf-min cuts a DSpark drafter's chain by its confidence "
+                                                     "head; this run has no DSpark drafter")
         if meta is not None and meta["kind"] == "mtp":
             # an autoregressive drafter's block is its drafts per step, and the bonus
             if block_size is None:
