@@ -466,7 +466,7 @@ static void fill_mask(dfl_draft * d, struct ggml_tensor * dst, const part_plan *
                       const dfl_draft_mask_rule * rule) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
     const int p = pp->pos, n_kv = (int) dst->ne[0], ring = dfl_memory_kv_rows(&d->mem, 0);
-    const int written = d->m.autoregressive ? pp->n_block - 1 : pp->n_block;
+    const int written = d->m.autoregressive ? pp->n_block - 1 : dfl_draft_block_rows(&d->m, pp->n_block);
     const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0, end = p + written;
     for (int i = 0; i < rows; i++) {
         const int q = p + i;
@@ -562,7 +562,7 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
             }
             row++;
         } else {
-            for (int j = 0; j < pp->n_block; j++, row++) {
+            for (int j = 0; j < dfl_draft_block_rows(m, pp->n_block); j++, row++) {
                 tok[row] = j == 0 ? pp->bonus : m->filler;
                 pos[row] = pp->pos + j;
                 cells[row] = dfl_memory_cell(&d->mem, 0, pp->seq, pp->pos + j);
@@ -574,7 +574,8 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
     dfl_runtime_set(&d->rt, in->cells, cells, 0, (size_t) n_pass * R * sizeof(int64_t));
     for (int i = 0; i < step->n_parts; i++) {
         for (int k = 0; k < m->n_masks && plans[i].n_block > 0; k++) {
-            fill_mask(d, in->mask[i][k], &plans[i], m->autoregressive ? n_pass : plans[i].n_block, &m->masks[k]);
+            fill_mask(d, in->mask[i][k], &plans[i], m->autoregressive ? n_pass : dfl_draft_block_rows(m, plans[i].n_block),
+                      &m->masks[k]);
         }
     }
     if (in->drafted) {
@@ -586,9 +587,9 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
                 continue;
             }
             for (int j = 0; j < n; j++) {
-                idx[k++] = m->autoregressive ? j * R + row : row + 1 + j;
+                idx[k++] = m->autoregressive ? j * R + row : row + dfl_draft_first_drafted(m) + j;
             }
-            row += m->autoregressive ? 1 : plans[i].n_block;
+            row += dfl_draft_block_rows(m, plans[i].n_block);
         }
         dfl_runtime_set(&d->rt, in->drafted, idx, 0, (size_t) k * sizeof(int32_t));
     }
@@ -622,7 +623,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
         const int rows = pp.n_block == 0 || pp.n_entries > m->block_size ? pp.n_entries : m->block_size;
         plans[step.n_parts] = pp;
         step.part[step.n_parts++] = (dfl_draft_part) { pp.seq, rows, pp.n_block, pp.n_block > 0 ? n_kv : 0 };
-        const size_t mask_rows = (size_t) (m->autoregressive ? m->block_size : pp.n_block);
+        const size_t mask_rows = (size_t) (m->autoregressive ? m->block_size : dfl_draft_block_rows(m, pp.n_block));
         mask = mask_rows * n_kv > mask ? mask_rows * n_kv : mask;
     }
     if (step.n_parts == 0) {

@@ -17,7 +17,8 @@
  *
  * Two kinds of pass:
  *   one pass (DFlash, DFlash2, DSpark): the block's rows [bonus, filler x (n_block - 1)]
- *     attend to the context and to each other in one pass; rows 1.. are the drafts.
+ *     attend to the context and to each other in one pass; rows 1.. are the drafts (an
+ *     anchor-first drafter: rows [bonus, filler x (n_block - 2)], every row a draft).
  *   autoregressive (MTP, EAGLE3): n_block - 1 passes of one row per sequence, pass j at
  *     the bonus's position + j, its token the pick of pass j - 1 (the bonus for pass 0);
  *     the architecture picks each pass's token itself (it feeds the next pass), all
@@ -83,6 +84,9 @@ struct dfl_drafter {
     int block_size;                /* the largest block: bonus + drafts */
     bool autoregressive;           /* passes of one row (else one pass over the block) */
     int32_t filler;                /* one pass: the token of the block's rows after the bonus */
+    bool anchor_first;             /* one pass: the bonus's own row drafts the next token, so a block of
+                                      n_block - 1 drafts has n_block - 1 rows [bonus, filler...], each
+                                      drafted (DSpark's anchor-first layout); else rows 1.. draft */
     bool greedy_only;              /* its drafts are its argmax (or its own choice): no drawn drafts */
     bool has_confidence;           /* its builder gives each drafted row's confidence (g->confidence) */
     /* its cached layers, whose K/V the memory layer keeps per slot */

@@ -1,8 +1,13 @@
-"""A tiny DSpark drafter for the demo target, written as llama.cpp's converter writes
-DSpark GGUFs (conversion/qwen.py's DSparkModel, gguf-py's tensor names): the trained
-demo DFlash drafter's backbone, every key and tensor copied as they are, plus a seeded
-Markov head (markov_w1, markov_w2 and its scale) and confidence head (conf_proj), and
-the keys `dflash.sample_from_anchor` and `dflash.has_confidence_head`.
+"""A tiny DSpark drafter for the demo target, two ways:
+
+- make_dspark: a GGUF written as llama.cpp's converter writes DSpark GGUFs
+  (conversion/qwen.py's DSparkModel, gguf-py's tensor names): the trained demo DFlash
+  drafter's backbone, every key and tensor copied as they are, plus a seeded Markov head
+  (markov_w1, markov_w2 and its scale) and confidence head (conf_proj), and the keys
+  `dflash.sample_from_anchor` and `dflash.has_confidence_head`;
+- make_dspark_hf: the same heads in a DSparkDraftModel checkpoint (the demo drafter's
+  checkpoint, tests/data/demo-hf/draft, plus `markov_head.*` and `confidence_head.proj`),
+  for both converters.
 
 The Markov bias is small next to the backbone's logits (most of the backbone's drafts
 survive it, so the target accepts several a step) but not nothing: it changes some
@@ -16,6 +21,22 @@ import numpy as np
 DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
 DEMO_TARGET = DATA / "demo-target.gguf"
 DEMO_DRAFT = DATA / "demo-draft.gguf"
+DEMO_HF = Path(__file__).resolve().parent / "data" / "demo-hf"
+MARKOV_SCALE = 0.5
+
+
+def seeded_heads(n_vocab: int, n_embd: int, rank: int, seed: int, markov_std: float, conf: bool) -> dict:
+    """The heads' weights in the checkpoint's orientation ([out, in]; a GGUF's ne reversed):
+    bias = MARKOV_SCALE * w2 . w1[prev], entries of w1 ~ N(0, 1) and of w2 scaled so that a
+    bias entry has standard deviation markov_std."""
+    rng = np.random.default_rng(seed)
+    heads = {"w1": rng.standard_normal((n_vocab, rank)).astype(np.float32),
+             "w2": (rng.standard_normal((n_vocab, rank)) * markov_std / (MARKOV_SCALE * np.sqrt(rank)))
+             .astype(np.float32)}
+    if conf:
+        heads["conf"] = (rng.standard_normal((1, n_embd + rank)) / np.sqrt(n_embd)).astype(np.float32)
+        heads["conf_bias"] = np.array([0.5], np.float32)
+    return heads
 
 
 def make_dspark(path: Path, *, rank: int = 16, seed: int = 0, markov_std: float = 0.15, conf: bool = True,
@@ -38,16 +59,11 @@ def make_dspark(path: Path, *, rank: int = 16, seed: int = 0, markov_std: float 
     writer.add_bool(f"{arch}.sample_from_anchor", from_anchor)
     writer.add_bool(f"{arch}.has_confidence_head", conf)
 
-    rng = np.random.default_rng(seed)
-    # bias = scale * w2 . w1[prev]: entries of w1 ~ N(0, 1), of w2 ~ N(0, s) give a bias
-    # entry of standard deviation scale * s * sqrt(rank)
-    scale = 0.5
-    w1 = rng.standard_normal((n_vocab, rank)).astype(np.float32)
-    w2 = (rng.standard_normal((n_vocab, rank)) * markov_std / (scale * np.sqrt(rank))).astype(np.float32)
-    heads = {"markov_w1.weight": w1, "markov_w2.weight": w2, "markov_w2.scale": np.array([scale], np.float32)}
+    w = seeded_heads(n_vocab, n_embd, rank, seed, markov_std, conf)
+    heads = {"markov_w1.weight": w["w1"], "markov_w2.weight": w["w2"],
+             "markov_w2.scale": np.array([MARKOV_SCALE], np.float32)}
     if conf:
-        heads["conf_proj.weight"] = (rng.standard_normal((1, n_embd + rank)) / np.sqrt(n_embd)).astype(np.float32)
-        heads["conf_proj.bias"] = np.array([0.5], np.float32)
+        heads["conf_proj.weight"], heads["conf_proj.bias"] = w["conf"], w["conf_bias"]
 
     for t in reader.tensors:
         writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
@@ -62,3 +78,33 @@ def make_dspark(path: Path, *, rank: int = 16, seed: int = 0, markov_std: float 
         writer.write_tensor_data(data)
     writer.close()
     return path
+
+
+def make_dspark_hf(directory: Path, *, rank: int = 16, seed: int = 0, markov_std: float = 0.15,
+                   from_anchor: bool = False) -> Path:
+    """A DSparkDraftModel checkpoint: the demo drafter's, with the heads of make_dspark
+    under the same arguments (the Markov scale folded into markov_w2, which a checkpoint
+    has no scale for)."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((DEMO_HF / "draft" / "config.json").read_text())
+    config["architectures"] = ["DSparkDraftModel"]
+    config["sample_from_anchor"] = from_anchor
+    config["markov_head_type"] = "vanilla"
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(str(DEMO_HF / "draft" / "model.safetensors"))
+    w = seeded_heads(config["vocab_size"], config["hidden_size"], rank, seed, markov_std, True)
+    heads = {"markov_head.markov_w1.weight": w["w1"], "markov_head.markov_w2.weight": w["w2"] * MARKOV_SCALE,
+             "confidence_head.proj.weight": w["conf"], "confidence_head.proj.bias": w["conf_bias"]}
+    tensors.update({name: torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)) for name, x in heads.items()})
+    save_file(tensors, str(directory / "model.safetensors"))
+    for extra in (DEMO_HF / "draft").iterdir():
+        if extra.name not in ("config.json", "model.safetensors"):
+            shutil.copy(extra, directory / extra.name)
+    return directory

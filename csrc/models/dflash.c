@@ -428,4 +428,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
 
 static const char * const FILES[] = { "dflash", NULL };
 
-const dfl_drafter_arch dfl_drafter_dflash = { "dflash", FILES, load, build, free_weights };
+const dfl_drafter_arch dfl_drafter_dflash = { "dflash", FILES, load, build, free_weights, NULL };

@@ -6,12 +6,15 @@
  * (a low-rank bigram: w1 [rank, vocab] rows looked up by the previous token, w2
  * [rank, vocab] projecting back, times markov_w2.scale when the file has it); prev_0 is
  * the bonus, prev_i+1 the argmax of row i's biased logits. The drafts are those argmaxes
- * (the chain the bias followed), so the drafter drafts greedily only.
+ * (the chain the bias followed), so the drafter drafts greedily only. Anchor-first files
+ * (sample_from_anchor, llama.cpp's default) draft from the bonus's own row on: a block of
+ * n drafts is n rows [bonus, mask...]; the others from the rows after it, as DFlash.
  * Confidence head: conf_i = sigmoid(conf_proj . [h_i ; markov_w1[prev_i]] + bias), h_i the
  * backbone's output-normed state of row i: the caller cuts the chain at the first draft
  * below its threshold (--spec-draft-conf-min), as llama.cpp's draft-dspark does with its
  * p-min. */
 #include "dflash_backbone.h"
+#include "../dfl_pair.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,12 +67,14 @@ static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_pa
         return dfl_fail(DFL_ERR_FORMAT, "'%s' drafts over a reduced vocabulary (d2t), which this version does not run",
                         g->path);
     }
-    bool from_anchor;
-    TRY(read_bool(g, ".sample_from_anchor", true, &from_anchor));
-    if (from_anchor) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s' is an anchor-first DSpark drafter (%s.sample_from_anchor true or absent: "
-                        "its bonus row drafts), which this version does not run; it runs DSpark drafters whose block "
-                        "is DFlash's [bonus, mask...]", g->path, g->arch);
+    /* anchor-first (llama.cpp's reading when the key is absent): the bonus's own row drafts,
+     * so the trained block's rows are all drafts, after the bonus */
+    TRY(read_bool(g, ".sample_from_anchor", true, &m->anchor_first));
+    if (m->anchor_first) {
+        m->block_size++;
+    }
+    if (m->block_size > DFL_MAX_BLOCK) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': block size %d is outside 2..%d", g->path, m->block_size, DFL_MAX_BLOCK);
     }
     const struct ggml_tensor * meta = ggml_get_tensor(g->ctx, "markov_w1.weight");
     w->rank = (int) meta->ne[0];
