@@ -176,13 +176,6 @@ dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void *
     return DFL_OK;
 }
 
-static void reserve_graph(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user) {
-    dfl_status * status = user; /* the first failure stands */
-    if (*status == DFL_OK) {
-        *status = dfl_runtime_reserve(rt, slot, gf);
-    }
-}
-
 /* Layers il >= first_device_layer run on the device, the ones before on the CPU. */
 static int first_device_layer(const dfl_target * t) {
     const int n_layer = t->m.n_layer;
@@ -360,7 +353,7 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
          * would grow with the longest context seen (a server's resident memory crept up
          * for thousands of requests), and fail mid-run rather than at load */
         dfl_status reserved = DFL_OK;
-        st = dfl_target_worst_graphs(t, reserve_graph, &reserved);
+        st = dfl_target_worst_graphs(t, dfl_runtime_reserve_visit, &reserved);
         if (st == DFL_OK) {
             st = reserved;
         }
@@ -368,9 +361,9 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     if (st == DFL_OK) {
         /* the same for the host staging of graph inputs: the rows of the largest step and
          * the mask of its largest segment (rows by attention span) */
-        const int call_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
-        const int rows = call_rows > t->p.n_seq * t->p.n_verify ? call_rows : t->p.n_seq * t->p.n_verify;
         const int seg_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+        const int batch_rows = t->mem.n_seq * t->p.n_verify;
+        const int rows = batch_rows > seg_rows ? batch_rows : seg_rows;
         st = host_reserve(t, rows, (size_t) seg_rows * (size_t) t->p.n_ctx);
         if (st == DFL_OK) {
             memset(t->host_i32, 0, t->host_rows * sizeof(int32_t));

@@ -159,7 +159,6 @@ int dfl_target_max_tree_nodes(const dfl_target * t);
  * all at the end of a full context and sampled over the whole vocabulary. The planner
  * measures them; a load reserves them, so that compute memory does not creep up as
  * contexts lengthen. */
-typedef void (*dfl_graph_visit)(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user);
 dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void * user);
 /* The last step's results are gone (a slot's context was replaced under them). */
 void dfl_target_drop_results(dfl_target * t);
