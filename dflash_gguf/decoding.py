@@ -182,6 +182,9 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     _verify(target, draft, rows)
     choices = target.choices(0, row0)
     t2 = time.perf_counter()
+    splits, copied = target.graph_copies()
+    for s in seqs:
+        s.stats.record_graph(splits, copied)
     out = []
     for s, r in zip(seqs, rows):
         if s.proposer.stage is not None:
