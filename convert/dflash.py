@@ -17,6 +17,11 @@ architecture `dflash`, with llama.cpp's keys, tensor names and layouts.
   first two). The runtime refuses the drafter with any other
   target; drafters without these keys (llama.cpp's converter) are checked by shape and
   by the vocabulary they carry.
+- DSpark drafters (DSparkDraftModel, Qwen3DSparkModel: DFlash plus `markov_head.*` and
+  `confidence_head.proj`) are the same `dflash` GGUF with llama.cpp's `markov_w1`,
+  `markov_w2` and `conf_proj` tensors and its keys `dflash.sample_from_anchor` (the
+  config's, else true: the DFlash-lineage default) and `dflash.has_confidence_head`.
+  Vanilla Markov heads over the whole vocabulary only (no `d2t`), as the runtime runs.
 - `mask_embedding.pt` (a trained mask-token vector shipped next to some drafters) becomes
   a drafter-owned token embedding: the target's table with the mask row replaced, plus
   the target's output head, as llama.cpp writes it.
@@ -40,6 +45,7 @@ ARCH = "dflash"
 DEFAULT_BLOCK_SIZE = 16  # z-lab's default when the config has none
 MASK_EMBEDDING_FILE = "mask_embedding.pt"
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+DSPARK_ARCHITECTURES = ("DSparkDraftModel", "Qwen3DSparkModel")
 
 # transformers' Qwen3Config defaults. llama.cpp's converter reads the config through
 # transformers, so a config.json that omits these gets them in its output.
@@ -149,8 +155,13 @@ class DFlashConverter(ModelConverter):
         elif "DFlash2DraftModel" in (config.get("architectures") or []):
             raise ConversionError(f"DFlash2DraftModel without {', '.join(DFLASH2_KEYS)} in dflash_config")
 
+        self.dspark = bool(set(DSPARK_ARCHITECTURES) & set(config.get("architectures") or []))
+        if self.dspark:
+            self._check_dspark()
+
         self.target_config = load_config(target_dir)
-        drafters = {"DFlashDraftModel", "DFlash2DraftModel"} & set(self.target_config.get("architectures") or [])
+        drafters = {"DFlashDraftModel", "DFlash2DraftModel", *DSPARK_ARCHITECTURES} & \
+            set(self.target_config.get("architectures") or [])
         if drafters:
             raise ConversionError(f"--target-model-dir {target_dir} is itself a drafter ({', '.join(drafters)}); "
                                   "pass the target model's directory")
@@ -164,6 +175,18 @@ class DFlashConverter(ModelConverter):
         if name in self.dcfg and self.dcfg[name] is not None:
             return self.dcfg[name]
         return self.hp.get(name, default)
+
+    def _check_dspark(self) -> None:
+        hp = self.hp
+        if "transformer_layer_config" in hp or "aux_hidden_state_layer_ids" in hp:
+            raise ConversionError("EAGLE3-schema DSpark exports (transformer_layer_config) are not supported: "
+                                  "only DFlash-lineage DSpark checkpoints")
+        if hp.get("markov_head_type", "vanilla") != "vanilla":
+            raise ConversionError(f"markov_head_type {hp['markov_head_type']!r}: only 'vanilla' is supported")
+        if (hp.get("draft_vocab_size") or self.vocab_size) != self.vocab_size:
+            raise ConversionError("a reduced draft vocabulary (draft_vocab_size, d2t) is not supported")
+        if self.dflash2:
+            raise ConversionError("a DSpark Markov head over a DFlash2 backbone is not supported")
 
     @property
     def vocab_size(self) -> int:
@@ -298,6 +321,9 @@ class DFlashConverter(ModelConverter):
             put(boolean(f"{a}.attention.causal", bool(causal)))
         if self._target_uses_mrope():
             put(array(f"{a}.rope.dimension_sections", [self.head_dim // 2, 0, 0, 0], GGUFValueType.INT32))
+        if self.dspark:
+            put(boolean(f"{a}.sample_from_anchor", bool(hp.get("sample_from_anchor", True))))
+            put(boolean(f"{a}.has_confidence_head", self._has_confidence))
         # Ours, not llama.cpp's (which ignores them): the target this drafter is converted
         # for, checked when the pair is loaded (csrc/dfl_pair.c).
         sha = getattr(self, "_tokenizer_sha256", None)
@@ -363,6 +389,8 @@ class DFlashConverter(ModelConverter):
             canon = n[len("model."):] if n.startswith("model.") else n
             if canon in ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook"):
                 canon += ".weight"  # z-lab stores the codebooks without the suffix
+            if self.dspark and canon == "t2d":  # llama.cpp drops it too: not used at runtime
+                continue
             if canon.endswith(_IGNORED_SUFFIXES):
                 self._skipped["rotary embedding buffers"] = self._skipped.get("rotary embedding buffers", 0) + 1
                 continue
@@ -428,6 +456,18 @@ class DFlashConverter(ModelConverter):
                 shape, kw = shapes[gg]
                 specs.append(spec(f"blk.{i}.{gg}", f"layers.{i}.{hf}", shape, **kw))
 
+        self._has_confidence = "confidence_head.proj.weight" in names
+        if self.dspark:
+            w1 = names.get("markov_head.markov_w1.weight")
+            if w1 is None:
+                raise ConversionError("a DSpark checkpoint without markov_head.markov_w1.weight")
+            rank = self.checkpoint.tensors[w1].shape[-1]
+            specs += [spec("markov_w1.weight", "markov_head.markov_w1.weight", (V, rank)),
+                      spec("markov_w2.weight", "markov_head.markov_w2.weight", (V, rank))]
+            if self._has_confidence:
+                specs.append(spec("conf_proj.weight", "confidence_head.proj.weight", (1, E + rank)))
+                if "confidence_head.proj.bias" in names:
+                    specs.append(spec("conf_proj.bias", "confidence_head.proj.bias", (1,)))
         # A drafter may carry its own embedding and head (llama.cpp maps them as usual).
         own_embd = "embed_tokens.weight" in names
         if own_embd:

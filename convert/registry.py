@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .base import ModelConverter
-from .dflash import DFlashConverter
+from .dflash import DSPARK_ARCHITECTURES, DFlashConverter
 from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
 from .gemma4 import Gemma4Converter
@@ -22,6 +22,7 @@ CONVERTERS: dict[str, type[ModelConverter]] = {
     "GptOssForCausalLM": GptOssConverter,
     "DFlashDraftModel": DFlashConverter,
     "DFlash2DraftModel": DFlashConverter,
+    **{name: DFlashConverter for name in DSPARK_ARCHITECTURES},
     **{name: Eagle3Converter for name in EAGLE3_ARCHITECTURES},
 }
 

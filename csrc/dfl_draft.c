@@ -63,10 +63,10 @@ dfl_status dfl_drafter_tensor(const dfl_drafter * m, const char * name, int il, 
 
 /* ---- loading ----------------------------------------------------------------------------- */
 
-static const dfl_drafter_arch * find_arch(const char * file_arch) {
+static const dfl_drafter_arch * find_arch(const dfl_gguf * file) {
     for (size_t i = 0; i < N_DRAFTERS; i++) {
         for (const char * const * f = DRAFTERS[i]->files; *f; f++) {
-            if (strcmp(*f, file_arch) == 0) {
+            if (strcmp(*f, file->arch) == 0 && (!DRAFTERS[i]->claims || DRAFTERS[i]->claims(file))) {
                 return DRAFTERS[i];
             }
         }
@@ -155,7 +155,7 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
             free(d);
             return st;
         }
-        d->m.arch = find_arch(d->m.file.arch);
+        d->m.arch = find_arch(&d->m.file);
         if (!d->m.arch) {
             st = dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%.40s', not a drafter this build runs (%s)", path,
                           d->m.file.arch, drafter_files());
@@ -182,13 +182,11 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
     if (st == DFL_OK) {
         /* every further sequence in a propose adds its attention per layer (and a DFlash2
          * drafter its convolutions and selector); an autoregressive drafter's passes each
-         * add a pass of every sequence */
+         * add a pass of every sequence, a DSpark drafter's rows a Markov step each */
         const size_t n_seq = (size_t) d->n_seq, B = (size_t) d->m.block_size, L = (size_t) d->m.n_layer;
         size_t graph_size = DFL_GRAPH_SIZE + L * DFL_GRAPH_NODES_PER_LAYER +
                             (n_seq - 1) * (L * DFL_GRAPH_NODES_PER_SEQ + 16 * B);
-        if (d->m.autoregressive) {
-            graph_size += (B - 1) * n_seq * (size_t) d->m.nodes_per_pass;
-        }
+        graph_size += (B - 1) * n_seq * (size_t) d->m.nodes_per_pass;
         st = dfl_runtime_init(&d->rt, ggml_backend_dev_name(dfl_target_device(target)),
                               d->p.n_threads > 0 ? d->p.n_threads : dfl_target_n_threads(target), "drafter",
                               graph_size, d->p.top_k > 1 ? 2 : 1);
@@ -319,6 +317,7 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     memcpy(info->target_layers, m->target_layers, sizeof m->target_layers);
     info->reads_tokens = m->reads_tokens;
     info->greedy_only = m->greedy_only;
+    info->has_confidence = m->has_confidence;
     info->n_ctx_tokens = d->mem.seq[0].n_past;
     info->n_graphs = d->n_graphs;
     info->n_graph_builds = d->n_graph_builds;
@@ -410,7 +409,8 @@ static dfl_status reserve_staging(dfl_draft * d, const dfl_draft_step * step) {
     size_t mask = 1;
     for (int i = 0; i < step->n_parts; i++) {
         const dfl_draft_part * part = &step->part[i];
-        const size_t cells = (size_t) (m->autoregressive ? m->block_size : part->n_block) * (size_t) part->n_kv;
+        const size_t cells = (size_t) (m->autoregressive ? m->block_size : dfl_draft_block_rows(m, part->n_block)) *
+                             (size_t) part->n_kv;
         mask = cells > mask ? cells : mask;
     }
     return reserve(d, host, mask);
@@ -511,7 +511,7 @@ static void fill_mask(dfl_draft * d, struct ggml_tensor * dst, const part_plan *
                       const dfl_draft_mask_rule * rule) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
     const int p = pp->pos, n_kv = (int) dst->ne[0], ring = dfl_memory_kv_rows(&d->mem, 0);
-    const int written = d->m.autoregressive ? pp->n_block - 1 : pp->n_block;
+    const int written = d->m.autoregressive ? pp->n_block - 1 : dfl_draft_block_rows(&d->m, pp->n_block);
     int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0;
     first = first > d->m.first_pos ? first : d->m.first_pos;
     const int end = p + written;
@@ -609,7 +609,7 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
             }
             row++;
         } else {
-            for (int j = 0; j < pp->n_block; j++, row++) {
+            for (int j = 0; j < dfl_draft_block_rows(m, pp->n_block); j++, row++) {
                 tok[row] = j == 0 ? pp->bonus : m->filler;
                 pos[row] = pp->pos + j + m->pos_offset;
                 cells[row] = dfl_memory_cell(&d->mem, 0, pp->seq, pp->pos + j);
@@ -621,7 +621,8 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
     dfl_runtime_set(&d->rt, in->cells, cells, 0, (size_t) n_pass * R * sizeof(int64_t));
     for (int i = 0; i < step->n_parts; i++) {
         for (int k = 0; k < m->n_masks && plans[i].n_block > 0; k++) {
-            fill_mask(d, in->mask[i][k], &plans[i], m->autoregressive ? n_pass : plans[i].n_block, &m->masks[k]);
+            fill_mask(d, in->mask[i][k], &plans[i], m->autoregressive ? n_pass : dfl_draft_block_rows(m, plans[i].n_block),
+                      &m->masks[k]);
         }
     }
     if (in->drafted) {
@@ -633,9 +634,9 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
                 continue;
             }
             for (int j = 0; j < n; j++) {
-                idx[k++] = m->autoregressive ? j * R + row : row + 1 + j;
+                idx[k++] = m->autoregressive ? j * R + row : row + dfl_draft_first_drafted(m) + j;
             }
-            row += m->autoregressive ? 1 : plans[i].n_block;
+            row += dfl_draft_block_rows(m, plans[i].n_block);
         }
         dfl_runtime_set(&d->rt, in->drafted, idx, 0, (size_t) k * sizeof(int32_t));
     }
@@ -797,6 +798,15 @@ static dfl_status check_ranked_rows(const dfl_draft * d, int32_t row0, int32_t n
         return dfl_fail(DFL_ERR_STATE, "the drafter was loaded with top_k = 0");
     }
     return check_out_rows(d, row0, n_rows, logprobs);
+}
+
+DFL_API dfl_status dfl_draft_confidence(const dfl_draft * d, int32_t row0, int32_t n_rows, float * out) {
+    TRY(check_out_rows(d, row0, n_rows, out));
+    if (!d->graph.confidence) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "the %s drafter has no confidence head", d->m.arch->name);
+    }
+    dfl_runtime_get(&d->rt, d->graph.confidence, out, (size_t) row0 * sizeof(float), (size_t) n_rows * sizeof(float));
+    return DFL_OK;
 }
 
 DFL_API dfl_status dfl_draft_top1(const dfl_draft * d, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs) {

@@ -33,10 +33,18 @@ int dfl_draft_step_drafted(const dfl_draft_step * step) {
     return n;
 }
 
+int dfl_draft_block_rows(const dfl_drafter * m, int n_block) {
+    return n_block == 0 ? 0 : m->autoregressive ? 1 : m->anchor_first ? n_block - 1 : n_block;
+}
+
+int dfl_draft_first_drafted(const dfl_drafter * m) {
+    return m->anchor_first ? 0 : 1;
+}
+
 int dfl_draft_step_rows(const dfl_drafter * m, const dfl_draft_step * step) {
     int n = 0;
     for (int i = 0; i < step->n_parts; i++) {
-        n += step->part[i].n_block == 0 ? 0 : m->autoregressive ? 1 : step->part[i].n_block;
+        n += dfl_draft_block_rows(m, step->part[i].n_block);
     }
     return n;
 }
@@ -53,7 +61,7 @@ int dfl_draft_step_passes(const dfl_drafter * m, const dfl_draft_step * step) {
 static int first_row(const dfl_drafter * m, const dfl_draft_step * step, int part) {
     int row = 0;
     for (int i = 0; i < part; i++) {
-        row += step->part[i].n_block == 0 ? 0 : m->autoregressive ? 1 : step->part[i].n_block;
+        row += dfl_draft_block_rows(m, step->part[i].n_block);
     }
     return row;
 }
@@ -113,7 +121,7 @@ struct ggml_tensor * dfl_draft_graph_attention(dfl_draft_graph * g, int pass, in
         if (part->n_block == 0) {
             continue;
         }
-        const int rows = m->autoregressive ? 1 : part->n_block, row0 = first_row(m, b->step, i);
+        const int rows = dfl_draft_block_rows(m, part->n_block), row0 = first_row(m, b->step, i);
         const size_t base = (size_t) dfl_memory_kv_base(&d->mem, il, part->seq) * kc->nb[1];
         struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd, n_head_kv, part->n_kv, ggml_row_size(kc->type, hd),
                                               kc->nb[1], base);
@@ -137,8 +145,10 @@ struct ggml_tensor * dfl_draft_graph_attention(dfl_draft_graph * g, int pass, in
 struct ggml_tensor * dfl_draft_graph_drafted(dfl_draft_graph * g, struct ggml_tensor * x) {
     const draft_build * b = g->runtime;
     if (!b->in->drafted) {
-        /* one sequence: its block's rows after the bonus, or all its passes */
-        return b->d->m.autoregressive ? x : ggml_view_2d(g->ctx, x, x->ne[0], x->ne[1] - 1, x->nb[1], x->nb[1]);
+        /* one sequence: its block's rows after the bonus, or all of them (its passes, or an
+         * anchor-first block) */
+        const int skip = b->d->m.autoregressive ? 0 : dfl_draft_first_drafted(&b->d->m);
+        return skip == 0 ? x : ggml_view_2d(g->ctx, x, x->ne[0], x->ne[1] - skip, x->nb[1], (size_t) skip * x->nb[1]);
     }
     return ggml_get_rows(g->ctx, x, b->in->drafted);
 }
@@ -202,7 +212,7 @@ void dfl_draft_build_graph(const dfl_draft * d, const dfl_draft_step * step, str
     draft_build b = { d, step, in, { NULL }, { NULL } };
     dfl_draft_graph g = { ctx, gf, step, dfl_draft_step_entries(step), NULL, NULL, NULL,
                           dfl_draft_step_passes(m, step), dfl_draft_step_rows(m, step), NULL, NULL,
-                          d->rt.top_k_by_sort, &b };
+                          d->rt.top_k_by_sort, NULL, &b };
     const int E = g.n_entries, R = g.n_rows, D = dfl_draft_step_drafted(step);
     if (E > 0) {
         in->entry_rows = new_input(ctx, GGML_TYPE_I32, E);
@@ -225,7 +235,7 @@ void dfl_draft_build_graph(const dfl_draft * d, const dfl_draft_step * step, str
             }
             n_parts_drafting++;
             for (int k = 0; k < m->n_masks; k++) {
-                const int rows = m->autoregressive ? g.n_pass : part->n_block;
+                const int rows = m->autoregressive ? g.n_pass : dfl_draft_block_rows(m, part->n_block);
                 in->mask[i][k] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, part->n_kv, rows);
                 ggml_set_input(in->mask[i][k]);
             }
@@ -240,6 +250,11 @@ void dfl_draft_build_graph(const dfl_draft * d, const dfl_draft_step * step, str
         return; /* entries only */
     }
     in->logits = logits;
+    if (g.confidence) {
+        in->confidence = g.confidence;
+        ggml_set_output(g.confidence);
+        ggml_build_forward_expand(gf, g.confidence);
+    }
     in->argmax = ggml_argmax(ctx, logits);
     ggml_set_output(logits);
     ggml_set_output(in->argmax);

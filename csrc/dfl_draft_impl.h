@@ -43,6 +43,7 @@ typedef struct draft_inputs {
     struct ggml_tensor * argmax;       /* [D] */
     struct ggml_tensor * probs;        /* with top_k >= 1: the softmax, and the argmax's log-probability */
     struct ggml_tensor * argmax_lp;
+    struct ggml_tensor * confidence;   /* [D] the architecture's acceptance estimates, when it has them */
     dfl_sampler_graph sampled;         /* drafts drawn by the sequences' sampling */
 } draft_inputs;
 
@@ -110,6 +111,10 @@ void dfl_draft_build_rank(const dfl_draft * d, struct ggml_context * ctx, struct
 /* Block rows of a pass of the step (one pass: every part's block rows; autoregressive:
  * one per part that drafts), and its passes. */
 int dfl_draft_step_rows(const dfl_drafter * m, const dfl_draft_step * step);
+/* Graph rows of a part's block of n_block tokens (bonus and drafts): one pass's rows, or an
+ * autoregressive pass's one; and the block row of its first draft. */
+int dfl_draft_block_rows(const dfl_drafter * m, int n_block);
+int dfl_draft_first_drafted(const dfl_drafter * m);
 int dfl_draft_step_passes(const dfl_drafter * m, const dfl_draft_step * step);
 int dfl_draft_step_entries(const dfl_draft_step * step);
 int dfl_draft_step_drafted(const dfl_draft_step * step);

@@ -1,7 +1,7 @@
 /* The drafter interface: what a drafter architecture tells the generic drafter runtime
  * (dfl_draft.c), and the graph services the runtime offers its builder. Drafters are
  * architectures as targets are (dfl_model.h): one file per architecture in
- * csrc/models/ (dflash.c, mtp.c, eagle3.c) holds its loader and its propose graph, and one line in
+ * csrc/models/ (dflash.c, dspark.c, mtp.c, eagle3.c) holds its loader and its propose graph, and one line in
  * csrc/models/drafters.def registers it.
  *
  * Every drafter drafts the same way, seen from the runtime: a propose (dfl_draft_step)
@@ -17,7 +17,8 @@
  *
  * Two kinds of pass:
  *   one pass (DFlash, DFlash2, DSpark): the block's rows [bonus, filler x (n_block - 1)]
- *     attend to the context and to each other in one pass; rows 1.. are the drafts.
+ *     attend to the context and to each other in one pass; rows 1.. are the drafts (an
+ *     anchor-first drafter: rows [bonus, filler x (n_block - 2)], every row a draft).
  *   autoregressive (MTP, EAGLE3): n_block - 1 passes of one row per sequence, pass j at
  *     the bonus's position + j, its token the pick of pass j - 1 (the bonus for pass 0);
  *     the architecture picks each pass's token itself (it feeds the next pass), all
@@ -64,6 +65,10 @@ typedef struct dfl_drafter_arch {
      * selector) puts them in the blocks (dfl_draft_graph_put) and sets *own_drafts. */
     struct ggml_tensor * (*build)(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts);
     void (*free)(dfl_drafter * m);
+    /* Whether it reads this file of one of those architectures (NULL: every one). Kinds
+     * sharing an architecture ('dflash': DSpark's heads or not) are tried in
+     * drafters.def's order. */
+    bool (*claims)(const dfl_gguf * file);
 } dfl_drafter_arch;
 
 struct dfl_drafter {
@@ -79,6 +84,9 @@ struct dfl_drafter {
     int block_size;                /* the largest block: bonus + drafts */
     bool autoregressive;           /* passes of one row (else one pass over the block) */
     int32_t filler;                /* one pass: the token of the block's rows after the bonus */
+    bool anchor_first;             /* one pass: the bonus's own row drafts the next token, so a block of
+                                      n_block - 1 drafts has n_block - 1 rows [bonus, filler...], each
+                                      drafted (DSpark's anchor-first layout); else rows 1.. draft */
     bool greedy_only;              /* its drafts are its argmax (or its own choice): no drawn drafts */
     /* where its rows sit: a row at position q rotates at q + pos_offset (EAGLE3: -1, the
      * token at q paired with the features of q - 1 sits at q - 1, as llama.cpp places it),
@@ -86,6 +94,7 @@ struct dfl_drafter {
      * features before it) */
     int pos_offset;
     int first_pos;
+    bool has_confidence;           /* its builder gives each drafted row's confidence (g->confidence) */
     /* its cached layers, whose K/V the memory layer keeps per slot */
     int n_layer;
     dfl_layer_kind kind[DFL_DRAFTER_MAX_LAYERS];
@@ -93,7 +102,8 @@ struct dfl_drafter {
     int n_masks;
     dfl_draft_mask_rule masks[DFL_DRAFTER_MAX_MASKS];
     int layer_mask[DFL_DRAFTER_MAX_LAYERS]; /* the rule each layer's block rows attend by */
-    int nodes_per_pass;            /* graph nodes a pass of one sequence adds, beyond the first */
+    int nodes_per_pass;            /* graph nodes each drafted row of a sequence adds (an autoregressive
+                                      pass beyond the first, a DSpark Markov step) */
     void * weights;                /* the architecture's own (freed by arch->free) */
 };
 
@@ -117,6 +127,8 @@ struct dfl_draft_graph {
     struct ggml_tensor * last_features;  /* feat_previous: [n_feat * n_embd, n_rows] the features of the
                                             position before each sequence's bonus */
     bool top_k_by_sort;                  /* how dfl_top_k ranks on this device (dfl_runtime.h) */
+    struct ggml_tensor * confidence;     /* the builder's, optional: [D] F32, each drafted row's chance of
+                                            acceptance as the drafter predicts it (DSpark's head) */
     void * runtime;                      /* the runtime's own state for this graph */
 };
 

@@ -429,6 +429,18 @@ DFL_API dfl_status dfl_draft_read_meta(const char * path, dfl_draft_meta * meta)
     TRY(dfl_gguf_open(path, &g));
     const bool mtp = strcmp(g.arch, "qwen35") == 0 || strcmp(g.arch, "qwen35moe") == 0;
     const dfl_status st = mtp ? read_mtp_meta(&g, meta) : read_meta(&g, meta);
+    if (st == DFL_OK && strcmp(meta->kind, "dflash") == 0) {
+        /* a DSpark drafter is a 'dflash' GGUF with a Markov head (csrc/models/dspark.c);
+         * anchor-first (sample_from_anchor true or absent, llama.cpp's reading) its bonus
+         * row drafts too: its largest block is the trained rows' drafts and the bonus */
+        const bool dspark = ggml_get_tensor(g.ctx, "markov_w1.weight") != NULL;
+        snprintf(meta->kind, sizeof meta->kind, "%s", dspark ? "dspark" : "dflash");
+        const int64_t anchor = gguf_find_key(g.meta, "dflash.sample_from_anchor");
+        if (dspark && (anchor < 0 || (gguf_get_kv_type(g.meta, anchor) == GGUF_TYPE_BOOL &&
+                                      gguf_get_val_bool(g.meta, anchor)))) {
+            meta->block_size++;
+        }
+    }
     dfl_gguf_close(&g);
     return st;
 }

@@ -343,7 +343,7 @@ typedef struct dfl_draft_params {
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
-    char kind[16];              /* the drafter's architecture: "dflash", "mtp", "eagle3" */
+    char kind[16];              /* the drafter's architecture: "dflash", "dspark", "mtp", "eagle3" */
     int32_t block_size;
     int32_t mask_token_id;      /* -1: the drafter fills no block (autoregressive) */
     int32_t n_layer;
@@ -352,6 +352,7 @@ typedef struct dfl_draft_info {
     int32_t target_layers[16];  /* llama.cpp convention (HF id + 1) */
     int32_t reads_tokens;       /* its context needs the committed tokens (dfl_block.tokens) */
     int32_t greedy_only;        /* it drafts its own choices only (no drawn drafts) */
+    int32_t has_confidence;     /* it estimates each draft's acceptance (dfl_draft_confidence) */
     int32_t n_ctx_tokens;       /* context positions the drafter holds */
     int64_t n_graphs;           /* graphs run so far ... */
     int64_t n_graph_builds;     /* ... and how many of them were built, not reused */
@@ -367,7 +368,7 @@ typedef struct dfl_draft_info {
  * 'dflash' GGUF, or a model GGUF with nextn layers (kind "mtp": its MTP layer drafts for
  * the model itself, reading feature layer n_layer, the final-normed state). */
 typedef struct dfl_draft_meta {
-    char kind[16];             /* "dflash", "mtp" or "eagle3" */
+    char kind[16];             /* "dflash", "dspark" (a dflash GGUF with a Markov head), "mtp" or "eagle3" */
     int32_t block_size;        /* trained block size (2..256; 16 when the file has none; 0: none, the
                                   caller's (mtp, eagle3)) */
     int32_t mask_token_id;     /* -1 when the file has none */
@@ -452,6 +453,10 @@ dfl_status dfl_draft_topk(dfl_draft * draft, int32_t row0, int32_t n_rows, int32
  * every propose of a drafter loaded with top_k >= 1 computes (a chain cut by confidence
  * reads it on nearly every step). */
 dfl_status dfl_draft_top1(const dfl_draft * draft, int32_t row0, int32_t n_rows, int32_t * tokens, float * logprobs);
+/* Each drafted row's acceptance estimate (0..1) from the drafter's confidence head, rows
+ * row0..row0 + n_rows - 1 of the last propose (DSpark drafters with conf_proj; others
+ * fail). */
+dfl_status dfl_draft_confidence(const dfl_draft * draft, int32_t row0, int32_t n_rows, float * out);
 
 /* A sequence's drafter sampling for its next proposes: with temperature > 0, each drafted
  * position's token is drawn on the device (penalties are not applied to drafts), and

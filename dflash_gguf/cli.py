@@ -134,16 +134,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
                    help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md DFlash drafter), "
-                        "draft-eagle3 (the -md EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, "
-                        "Qwen3.5/3.6), ngram-simple, ngram-mod (copies from the prompt and output, no weights); "
-                        "several: each step verifies the draft with the best expected accepted length; "
-                        "draft-dspark is not in this build yet (default: the -md drafter's kind; none without -md)")
+                        "draft-dspark (the -md DSpark drafter: DFlash with a Markov head), draft-eagle3 (the -md "
+                        "EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, Qwen3.5/3.6), ngram-simple, "
+                        "ngram-mod (copies from the prompt and output, no weights); several: each step verifies "
+                        "the draft with the best expected accepted length (default: the -md drafter's kind; none "
+                        "without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
                    help="the longest draft: n-gram kinds (default 16), MTP's and EAGLE3's drafts per step "
                         "(default 3), and the "
                         "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
-                   help="DSpark's confidence cut, 0..1 (checked; no DSpark runtime yet)")
+                   help="draft-dspark: cut the chain before the first draft its confidence head trusts less "
+                        "than P, 0..1 (llama.cpp's draft-dspark reads its --spec-draft-p-min so; default 0: no cut)")
     p.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
                    help="ngram-simple: tokens looked up in the history (default 12)")
     p.add_argument("--spec-ngram-mod-n-match", type=int, default=24, metavar="N",

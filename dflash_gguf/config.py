@@ -61,11 +61,10 @@ DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark")
 NGRAM_KINDS = ("ngram-simple", "ngram-mod")
 SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
 # drafter kinds this build has no runtime for yet, with the name the user knows them by
-_NOT_YET = {"draft-dspark": "DSpark"}
-# the drafter kinds that load -md, by the drafter GGUF's architecture (the kind picked when
-# --spec-type is left out)
-FILE_KINDS = {"dflash": "draft-dflash", "eagle3": "draft-eagle3"}
-_FILE_NAMES = {"draft-dflash": "a DFlash drafter", "draft-eagle3": "an EAGLE3 drafter"}
+# the kinds that draft with a drafter GGUF (-md), by the kind its file says it is
+# (read_draft_metadata's: a dflash GGUF with a Markov head is a DSpark drafter)
+FILE_KINDS = {"draft-dflash": "dflash", "draft-dspark": "dspark", "draft-eagle3": "eagle3"}
+FILE_KIND_NAMES = {"dflash": "a DFlash drafter", "dspark": "a DSpark drafter", "eagle3": "an EAGLE3 drafter"}
 # drafters whose block is their drafts per step (one pass each), not a trained block size
 AUTOREGRESSIVE = ("mtp", "eagle3")
 # the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
@@ -103,28 +102,36 @@ def parse_spec_types(spec_type) -> tuple:
 
 
 def _gguf_arch_and_keys(path: str) -> tuple:
-    """(general.architecture, its nextn_predict_layers or 0) of a GGUF, for the kind checks."""
+    """(general.architecture, its nextn_predict_layers or 0, its drafter kind: "dspark" for
+    a dflash GGUF with a Markov head, else the architecture) of a GGUF, for the kind checks."""
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(path)
         arch = str(reader.fields["general.architecture"].contents())
         field = reader.fields.get(f"{arch}.nextn_predict_layers")
-        return arch, int(field.contents()) if field is not None else 0
+        markov = arch == "dflash" and any(t.name == "markov_w1.weight" for t in reader.tensors)
+        return arch, int(field.contents()) if field is not None else 0, "dspark" if markov else arch
     except Exception as e:  # noqa: BLE001 - any unreadable file is one line
         raise ConfigError("spec_type", f"cannot read {path} as a GGUF: {e}") from None
 
 
 def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     """The kinds that draft: --spec-type checked against the files, or, left out, what
-    the drafter GGUF is (a dflash drafter: draft-dflash, an eagle3 one: draft-eagle3;
-    none: plain decoding, ()). draft-mtp drafts with the MTP (nextn) layer of the model's
-    own GGUF (-m). Kinds whose runtime this build lacks, and a drafter under another
-    kind's flag, are one ConfigError each."""
+    the drafter GGUF is (a dflash drafter: draft-dflash, or draft-dspark when it has a
+    Markov head; an eagle3 one: draft-eagle3; none: plain decoding, ()). draft-mtp drafts
+    with the MTP (nextn) layer of the model's own GGUF (-m). A drafter under another
+    kind's flag is one ConfigError."""
     if spec_type is None:
-        return (FILE_KINDS.get(_gguf_arch_and_keys(draft)[0], "draft-dflash"),) if draft else ()
+        if not draft:
+            return ()
+        try:
+            file_kind = _gguf_arch_and_keys(draft)[2]
+        except ConfigError:
+            file_kind = None  # the drafter's loader says what is wrong with the file
+        return (next((k for k, v in FILE_KINDS.items() if v == file_kind), "draft-dflash"),)
     kinds = parse_spec_types(spec_type)
-    drafters = [k for k in kinds if k in ("draft-dflash", "draft-mtp", "draft-eagle3")]
+    drafters = [k for k in kinds if k in DRAFTER_KINDS]
     if len(drafters) > 1:
         raise ConfigError("spec_type", f"{' and '.join(drafters)}: one drafter at a time")
     for kind in kinds:
@@ -132,33 +139,34 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             if draft:
                 raise ConfigError("spec_type", f"draft-mtp drafts with the MTP layer of the model itself ({model}); "
                                                f"drop -md {draft}")
-            arch, n_nextn = _gguf_arch_and_keys(model)
+            arch, n_nextn, _ = _gguf_arch_and_keys(model)
             if n_nextn == 0:
                 raise ConfigError("spec_type", f"draft-mtp: {model} ({arch}) has no nextn (MTP) layers; "
                                                "convert the checkpoint without --no-mtp")
             if arch not in MTP_ARCHS:
                 raise ConfigError("spec_type", f"draft-mtp: the MTP layers of {arch} models are not run by this build "
                                                f"(only {', '.join(MTP_ARCHS)})")
-        if kind in _NOT_YET:
-            raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet")
-    file_kind = next((k for k in kinds if k in FILE_KINDS.values()), None)
-    if file_kind and not draft:
-        raise ConfigError("spec_type", f"{file_kind} needs {_FILE_NAMES[file_kind]} (-md)")
-    if draft and not file_kind:
-        arch, _ = _gguf_arch_and_keys(draft)
-        what = f"{_FILE_NAMES[FILE_KINDS[arch]]} (--spec-type {FILE_KINDS[arch]})" if arch in FILE_KINDS \
-            else f"a {arch} GGUF"
+    wanted = [k for k in kinds if k in FILE_KINDS]
+    for kind in wanted:
+        if not draft:
+            raise ConfigError("spec_type", f"{kind} needs {FILE_KIND_NAMES[FILE_KINDS[kind]]} (-md)")
+    if draft and not wanted:
+        arch, _, file_kind = _gguf_arch_and_keys(draft)
+        flag = {v: k for k, v in FILE_KINDS.items()}.get(file_kind)
+        what = f"{FILE_KIND_NAMES[file_kind]} (--spec-type {flag})" if flag else f"a {arch} GGUF"
         raise ConfigError("spec_type", f"-md {draft} is {what}, and --spec-type {','.join(kinds)} "
-                                       "loads no drafter file; drop -md or add its kind")
+                                       f"loads no drafter file; drop -md or add {flag or 'draft-dflash'}")
     if draft:
-        arch, n_nextn = _gguf_arch_and_keys(draft)
-        if arch in FILE_KINDS and FILE_KINDS[arch] != file_kind:
-            raise ConfigError("spec_type", f"{file_kind}: -md {draft} is {_FILE_NAMES[FILE_KINDS[arch]]}, not "
-                                           f"{_FILE_NAMES[file_kind]} (--spec-type {FILE_KINDS[arch]})")
-        if arch not in FILE_KINDS:
+        arch, n_nextn, file_kind = _gguf_arch_and_keys(draft)
+        kind = wanted[0]
+        if file_kind != FILE_KINDS[kind]:
+            if file_kind in FILE_KIND_NAMES:
+                flag = {v: k for k, v in FILE_KINDS.items()}[file_kind]
+                raise ConfigError("spec_type", f"{kind}: -md {draft} is {FILE_KIND_NAMES[file_kind]}, not "
+                                               f"{FILE_KIND_NAMES[FILE_KINDS[kind]]} (--spec-type {flag})")
             hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else ""
-            raise ConfigError("spec_type", f"{file_kind}: -md {draft} is a {arch} GGUF, not "
-                                           f"{_FILE_NAMES[file_kind]}{hint}")
+            raise ConfigError("spec_type", f"{kind}: -md {draft} is a {arch} GGUF, not "
+                                           f"{FILE_KIND_NAMES[FILE_KINDS[kind]]}{hint}")
     return kinds
 
 
@@ -215,7 +223,7 @@ class EngineSetup:
     ngram_kinds: tuple = ()  # the n-gram kinds that draft (--spec-type), beside the drafter or alone
     spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the n-gram kinds' longest draft
     ngram: NgramConfig = NgramConfig()
-    spec_draft_conf_min: float = 0.0  # DSpark's confidence cut (checked; no DSpark runtime yet)
+    spec_draft_conf_min: float = 0.0  # DSpark's confidence cut of the chain (0: none)
     draft_path: Optional[str] = None  # the drafter's GGUF: -md's, or the model's own for draft-mtp
 
     @property
@@ -255,6 +263,9 @@ class EngineSetup:
         ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
         draft_path = model if "draft-mtp" in kinds else draft
         meta = read_draft_metadata(draft_path) if draft_path else None
+        if spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
+            raise ConfigError("spec_draft_conf_min", "draft conf-min cuts a DSpark drafter's chain by its confidence "
+                                                     "head; this run has no DSpark drafter")
         if meta is not None and meta["kind"] in AUTOREGRESSIVE:
             # an autoregressive drafter's block is its drafts per step, and the bonus
             if block_size is None:

@@ -28,10 +28,11 @@ class DraftConfig:
 
 def read_draft_metadata(path: str) -> dict:
     """What a drafter GGUF says about itself, read before anything is loaded (the target
-    must capture its layers): its kind ("dflash", "eagle3", or "mtp" for a model GGUF
-    whose nextn layers draft for it), block size (0 for mtp and eagle3: the caller's
-    drafts per step), mask token, target layers, names, and the fingerprint of the
-    target it was converted for (None for drafters converted by llama.cpp, and for mtp). The C runtime parses and bounds the
+    must capture its layers): its kind ("dflash"; "dspark" for a dflash GGUF with a
+    Markov head; "eagle3"; "mtp" for a model GGUF whose nextn layers draft for it), block
+    size (0 for mtp and eagle3: the caller's drafts per step), mask token, target layers,
+    names, and the fingerprint of the target it was converted for (None for drafters
+    converted by llama.cpp, and for mtp). The C runtime parses and bounds the
     file: a corrupt one is a ValueError with the runtime's message, never a traceback
     from a GGUF reader."""
     meta = ffi.new("dfl_draft_meta *")
@@ -116,6 +117,7 @@ class Draft(NativeObject):
         self.target_layers = [info.target_layers[i] for i in range(info.n_target_layers)]
         self.reads_tokens = bool(info.reads_tokens)  # its context needs the committed tokens
         self.greedy_only = bool(info.greedy_only)  # it drafts its own choices: no drawn drafts
+        self.has_confidence = bool(info.has_confidence)  # it estimates each draft's acceptance (DSpark)
         self.n_vocab = target.n_vocab
         self.top_k = int(cfg.top_k)
         self._row0: Dict[int, int] = {}  # per sequence: its first drafted row in the last propose's results
@@ -228,6 +230,13 @@ class Draft(NativeObject):
         lps = np.empty(n_rows, dtype=np.float32)
         check(lib.dfl_draft_top1(self._handle(), self.row0(seq), n_rows, ffi.NULL, ffi.from_buffer("float[]", lps)))
         return lps
+
+    def confidence(self, n_rows: int, seq: int = 0) -> np.ndarray:
+        """[n_rows] acceptance estimates (0..1) of the sequence's drafts in the last propose,
+        from the drafter's confidence head (has_confidence)."""
+        out = np.empty(n_rows, dtype=np.float32)
+        check(lib.dfl_draft_confidence(self._handle(), self.row0(seq), n_rows, ffi.from_buffer("float[]", out)))
+        return out
 
     def set_sampling(self, native, seq: int = 0) -> None:
         """How the sequence's next proposes draft: the argmax, or drawn (SamplingParams.native())."""

@@ -7,7 +7,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 
 from .budget import AutoBudget, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
-from .config import AUTO_MAX_BUDGET, EngineSetup
+from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
 from .generate import GenerationStats, check_request, collect
@@ -99,6 +99,10 @@ class Engine:
         try:
             self.tokenizer = Tokenizer(model)
             self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
+            if setup.spec_draft_conf_min > 0 and not self.draft.has_confidence:
+                self.draft.close()
+                raise ConfigError("spec_draft_conf_min", f"{setup.draft_path} has no confidence head: leave "
+                                                         "draft conf-min at 0")
         except BaseException:
             self.target.close()
             raise
@@ -257,7 +261,7 @@ class Engine:
                                      self._auto_for(sampling), self.draft_p_min)
         else:
             proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min,
-                                      self.chain_rule)
+                                      self.chain_rule, self.setup.spec_draft_conf_min)
         grammar = None
         if sampling is not None and sampling.constraint is not None:
             grammar = sampling.constraint.state(self.grammar_vocab(), self.grammar_drafting)

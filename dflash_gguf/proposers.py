@@ -50,6 +50,16 @@ def chain_length(top1_logprobs, p_min: float) -> int:
     return len(top1_logprobs)
 
 
+def confident_length(confidence, conf_min: float) -> int:
+    """How many of a DSpark chain's drafts to verify: those before the first whose
+    confidence (the drafter's estimate that it is accepted) is below conf_min, none at
+    all when the first is, as llama.cpp's draft-dspark cuts its drafts."""
+    for i, c in enumerate(np.asarray(confidence).tolist()):
+        if c < conf_min:
+            return i
+    return len(confidence)
+
+
 def _chain_paths(block: List[int]) -> List[List[int]]:
     """Per verified row of a chain block, the drafts it sees after the bonus."""
     return [block[1:i + 1] for i in range(len(block))]
@@ -97,16 +107,19 @@ class ChainProposer:
     block is read back and verified as the grammar lets it be (GrammarState.draft_path:
     cut before the first draft it rejects, forced text in place of the drafter's
     guesses; under the rejection rule only cut, since its drafts must be the drafter's
-    draws)."""
+    draws). With conf_min > 0 (a DSpark drafter's confidence head) the block is first cut
+    before the first draft the head trusts less than conf_min."""
 
     drafted_samples = False
     stage = None
 
-    def __init__(self, draft, block_size: int, p_min: float = 0.0, rejection_top_k: int = 0):
+    def __init__(self, draft, block_size: int, p_min: float = 0.0, rejection_top_k: int = 0,
+                 conf_min: float = 0.0):
         self.draft = draft
         self.block_size = block_size
         self.lookahead = block_size
         self.p_min = p_min
+        self.conf_min = conf_min
         self.top_k = rejection_top_k
         self.drafted_samples = rejection_top_k > 0
         self.b = 1
@@ -121,6 +134,8 @@ class ChainProposer:
 
     def drafted(self, seq) -> None:
         """After the drafter's graph: the block cut by the drafter's confidence."""
+        if self.conf_min > 0 and self.b > 1:
+            self.b = 1 + confident_length(self.draft.confidence(self.b - 1, seq=seq.slot), self.conf_min)
         if self.p_min > 0 and self.b > 2:
             self.b = 1 + chain_length(self.draft.top1_logprobs(self.b - 1, seq=seq.slot), self.p_min)
 

@@ -40,7 +40,7 @@ def default_p_min(target: Target) -> float:
 
 
 def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], sampling: Optional[SamplingParams],
-                   p_min: float = 0.0, chain_rule: str = "argmax") -> ChainProposer:
+                   p_min: float = 0.0, chain_rule: str = "argmax", conf_min: float = 0.0) -> ChainProposer:
     """The chain's proposer for a request, its options checked (see speculative_steps)."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 1 <= B <= draft.block_size:
@@ -55,7 +55,9 @@ def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], samp
     # distribution to draw from: its drafts are fixed in advance, kept by the argmax rule
     rejection = check_chain_rule(chain_rule) == "reject" and not params.greedy and params.top_k > 0 \
         and not draft.greedy_only
-    return ChainProposer(draft, B, p_min, params.top_k if rejection else 0)
+    if conf_min > 0 and not draft.has_confidence:
+        raise ValueError(f"the {draft.kind} drafter has no confidence head: conf_min must be 0")
+    return ChainProposer(draft, B, p_min, params.top_k if rejection else 0, conf_min)
 
 
 def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optional[int],

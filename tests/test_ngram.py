@@ -152,7 +152,7 @@ def test_the_cli_drafts_without_a_drafter():
     (["-md", DRAFT, "--spec-type", "draft-mtp,draft-dflash"], "one drafter at a time"),
     (["--spec-type", "draft-eagle3"], "draft-eagle3 needs an EAGLE3 drafter (-md)"),
     (["-md", DRAFT, "--spec-type", "draft-eagle3"], "is a DFlash drafter, not an EAGLE3 drafter"),
-    (["--spec-type", "draft-dspark"], "no DSpark drafter yet"),
+    (["--spec-type", "draft-dspark"], "draft-dspark needs a DSpark drafter (-md)"),
     (["--spec-type", "ngram-fancy"], "unknown kind 'ngram-fancy'"),
     (["--spec-type", "draft-dflash"], "needs a DFlash drafter"),
     (["-md", DRAFT, "--spec-type", "ngram-mod"], "is a DFlash drafter"),

@@ -6,7 +6,7 @@
  * Embedding and LM head are the target's unless the file has its own. DFlash2 adds
  * grouped dynamic causal convolutions around each layer's attention and FFN, and a
  * candidate selector that chooses the greedy drafts. */
-#include "../dfl_drafter.h"
+#include "dflash_backbone.h"
 #include "../dfl_pair.h"
 
 #include <math.h>
@@ -23,7 +23,7 @@ typedef struct dflash_layer {
     struct ggml_tensor * attn_conv_base, * attn_conv_proj, * ffn_conv_base, * ffn_conv_proj;
 } dflash_layer;
 
-typedef struct dflash_weights {
+struct dflash_weights {
     int n_ff, n_head, n_head_kv, head_dim, n_rot;
     float eps, rope_base, embd_scale, logit_scale, softcap;
     dfl_rope_scaling rope_scaling;
@@ -33,7 +33,7 @@ typedef struct dflash_weights {
     struct ggml_tensor * fc, * hidden_norm, * out_norm, * tok_embd, * output;
     const dfl_gguf * output_file; /* the file of the LM head (the target's, when shared) */
     dflash_layer layers[DFL_DRAFTER_MAX_LAYERS];
-} dflash_weights;
+};
 
 static dfl_status layer_tensor(const dfl_drafter * m, const char * name, int il, int64_t ne0, int64_t ne1,
                                struct ggml_tensor ** out) {
@@ -116,13 +116,12 @@ static dfl_status read_attention_pattern(dfl_drafter * m) {
     return DFL_OK;
 }
 
-static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_params * p) {
+dfl_status dflash_backbone_load(dfl_drafter * m, const dfl_target * t, dflash_weights ** out) {
     const dfl_gguf * g = &m->file;
-    dflash_weights * w = calloc(1, sizeof *w);
+    dflash_weights * w = *out = calloc(1, sizeof *w);
     if (!w) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
-    m->weights = w;
     /* variants whose arithmetic this runtime does not implement: refuse rather than
      * draft with the wrong model */
     const char * unsupported[] = { ".attention.value_scale" };
@@ -213,8 +212,19 @@ static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_pa
         m->kind[il] = DFL_LAYER_ATTENTION;
         m->attn[il] = (dfl_attention_geometry) { w->head_dim, w->head_dim, w->n_head_kv };
     }
-    (void) p;
     return read_dflash2(m, w);
+}
+
+bool dflash_backbone_is_dflash2(const dflash_weights * w) {
+    return w->conv_k > 0;
+}
+
+static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_params * p) {
+    dflash_weights * w = NULL;
+    const dfl_status st = dflash_backbone_load(m, t, &w);
+    m->weights = w;
+    (void) p;
+    return st;
 }
 
 static void free_weights(dfl_drafter * m) {
@@ -326,8 +336,7 @@ static void build_selector(const dflash_weights * w, dfl_draft_graph * g, int pa
     }
 }
 
-static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts) {
-    const dflash_weights * w = m->weights;
+struct ggml_tensor * dflash_backbone_hidden(const dfl_drafter * m, const dflash_weights * w, dfl_draft_graph * g) {
     struct ggml_context * ctx = g->ctx;
     /* the context entries: the target's features, projected once per layer to keys and
      * values stored at their positions */
@@ -379,8 +388,21 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
         x = ggml_add(ctx, h, x);
     }
     /* block row 0 is the bonus token itself: only rows 1.. are drafts */
-    x = norm(w, ctx, dfl_draft_graph_drafted(g, x), w->out_norm);
-    struct ggml_tensor * logits = dfl_gguf_mul_mat(w->output_file, ctx, w->output, x);
+    return norm(w, ctx, dfl_draft_graph_drafted(g, x), w->out_norm);
+}
+
+struct ggml_tensor * dflash_backbone_head(const dflash_weights * w, struct ggml_context * ctx, struct ggml_tensor * x) {
+    return dfl_gguf_mul_mat(w->output_file, ctx, w->output, x);
+}
+
+static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts) {
+    const dflash_weights * w = m->weights;
+    struct ggml_context * ctx = g->ctx;
+    struct ggml_tensor * x = dflash_backbone_hidden(m, w, g);
+    if (!x) {
+        return NULL;
+    }
+    struct ggml_tensor * logits = dflash_backbone_head(w, ctx, x);
     if (w->logit_scale != 1.0f) {
         logits = ggml_scale(ctx, logits, w->logit_scale);
     }
@@ -406,4 +428,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
 
 static const char * const FILES[] = { "dflash", NULL };
 
-const dfl_drafter_arch dfl_drafter_dflash = { "dflash", FILES, load, build, free_weights };
+const dfl_drafter_arch dfl_drafter_dflash = { "dflash", FILES, load, build, free_weights, NULL };

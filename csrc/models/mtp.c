@@ -261,4 +261,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
 
 static const char * const FILES[] = { "qwen35", "qwen35moe", NULL };
 
-const dfl_drafter_arch dfl_drafter_mtp = { "mtp", FILES, load, build, free_weights };
+const dfl_drafter_arch dfl_drafter_mtp = { "mtp", FILES, load, build, free_weights, NULL };
