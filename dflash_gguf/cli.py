@@ -104,13 +104,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         f"else argmax) (default {DEFAULT_CHAIN_RULE}); both are exact"),
     p.add_argument("--block-size", type=int, help="drafted block size (default: the drafter's trained size)")
     p.add_argument("--tree-budget", metavar="N|auto",
-                   help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
-                        "for the best expected speed (verify cost measured once per model and machine)")
+                   help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' chooses each step, "
+                        "per sequence, plain decoding, the chain (and its length) or a tree of 4..32 nodes for the "
+                        "best expected speed (verify cost measured once per model and machine)")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
     p.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, metavar="P",
                    help="greedy chain: verify the drafts up to the first one the drafter gives less than P "
                         f"(at least one); 0 verifies the whole block (default: {DEFAULT_DRAFT_P_MIN} when the "
-                        "target computes on the CPU, 0 when an accelerator holds all its layers)")
+                        "target computes on the CPU, 0 when an accelerator holds all its layers; "
+                        "--tree-budget auto cuts its chains by its own cost model instead)")
     p.add_argument("--draft-window", default="auto", metavar="W",
                    help="the drafter attends to the last W context positions only and keeps only those "
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
@@ -308,6 +310,7 @@ def _report(stats, mode: str) -> dict:
         "stop_reason": stats.stop_reason,
         "mean_tree_nodes": round(sum(stats.tree_sizes) / len(stats.tree_sizes), 2) if stats.tree_sizes else None,
         "chain_steps": stats.chain_steps,
+        "auto": stats.auto,
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
@@ -332,6 +335,10 @@ def _print_report(r: dict) -> None:
     if r["mean_tree_nodes"] is not None:
         chains = f" ({r['chain_steps']} steps verified the plain chain)" if r["chain_steps"] else ""
         print(f"tree      mean {r['mean_tree_nodes']:.1f} nodes per step{chains}", file=err)
+    if r["auto"] is not None:
+        from .budget import describe
+
+        print(f"auto      {describe(r['auto'])}", file=err)
     print(f"memory    peak RSS {r['peak_rss_mib']:.0f} MiB", file=err)
 
 

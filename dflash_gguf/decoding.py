@@ -78,9 +78,6 @@ class Sequence:
         stats.reused_tokens = start_context(self.target, self.prompt, self.reused, self.draft, self.slot)
         self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot)
         self.sampler.prepare(self.target, 1, seq=self.slot)  # the prompt's last row chooses the first token
-        start = getattr(self.proposer, "start", None)
-        if start is not None:
-            start()
         for _ in prefill_chunks(self.target, self.prompt, stats.reused_tokens, self.draft, self.saver, self.stage,
                                 self.slot):
             stats.prefill_seconds = time.perf_counter() - t0
@@ -134,6 +131,9 @@ class Sequence:
                 self.draft.drop_pending(seq=self.slot)
         if self._t_start:
             self.stats.decode_seconds = time.perf_counter() - self._t_start
+        end = getattr(self.proposer, "finish", None)
+        if end is not None:
+            end(self)
 
 
 def _verify(target, draft, rows: List[Rows]) -> None:
@@ -163,16 +163,18 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         b = s.proposer.plan(s)
         if b:
             blocks.append((s.slot, s.bonus, b))
+    if draft is not None:
+        proposing = {slot for slot, _, _ in blocks}
+        for s in seqs:
+            if s.draft is not None and s.slot not in proposing:
+                # the features its deferred rows read are gone after the target's graph;
+                # appended before the propose, whose results the others read after it
+                draft.flush(seq=s.slot)
     if len(blocks) == 1:
         slot, bonus, b = blocks[0]
         draft.propose(bonus, b, read=False, seq=slot)
     elif blocks:
         draft.propose_many(blocks)
-    if draft is not None:
-        proposing = {slot for slot, _, _ in blocks}
-        for s in seqs:
-            if s.draft is not None and s.slot not in proposing:
-                draft.flush(seq=s.slot)  # the features it reads are gone after the target's graph
     rows, row0 = [], 0
     for s in seqs:
         drafted = getattr(s.proposer, "drafted", None)

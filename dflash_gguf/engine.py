@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from .budget import AutoBudget, VerifyCost
+from .budget import AutoBudget, AutoMemory, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
@@ -36,10 +36,11 @@ class Engine:
 
     With a drafter, generation is speculative: a chain of the drafter's block size (or
     `block_size`), or with `tree_budget` a DDTree of that many nodes ("auto": sized
-    every step for the best expected speed, up to AUTO_MAX_BUDGET). A greedy chain
-    (also auto's) stops before the first draft the drafter gives less than
-    `draft_p_min` (speculative.chain_length; 0: the whole block; None: as
-    speculative.default_p_min chooses for the device). Without a drafter, plain
+    every step, per sequence, for the best expected speed: plain decoding, the chain or
+    a tree of up to AUTO_MAX_BUDGET nodes). A chain stops before the first draft the
+    drafter gives less than `draft_p_min` (speculative.chain_length; 0: the whole
+    block; None: as speculative.default_p_min chooses for the device); auto's chain
+    is cut where its cost model says instead. Without a drafter, plain
     autoregressive decoding. Greedy output is the same in every mode; sampled output
     has the same distribution.
 
@@ -98,9 +99,10 @@ class Engine:
         self.n_threads = n_threads
         self.chain_rule = setup.chain_rule
         # what `auto` learnt, kept across requests: the verify cost table, and per sampling
-        # setting (whose acceptance and step cost differ from greedy's) its AutoBudget
+        # setting (whose acceptance and step cost differ from greedy's) what the last
+        # sequence learnt, which the next ones start from
         self._verify_cost: Optional[VerifyCost] = None
-        self._autos: Dict[Optional[tuple], AutoBudget] = {}
+        self._autos: Dict[Optional[tuple], AutoMemory] = {}
         self.last_tokens: List[int] = []  # every token the last call generated
         # per slot: the tokens its context holds, and whether it was filled speculatively
         self._contexts: List[tuple] = [([], None) for _ in range(self.target.n_seq)]
@@ -198,15 +200,16 @@ class Engine:
             self._contexts = [([], None) for _ in self._contexts]
 
     def _auto_for(self, sampling: Optional[SamplingParams]) -> Optional[AutoBudget]:
-        """`auto`'s learning for a request's sampling setting (None when the tree budget is
-        fixed); prepare_auto has measured the verify cost."""
+        """A sequence's own `auto` chooser, starting from what the engine learnt at the
+        request's sampling setting (None when the tree budget is fixed); prepare_auto has
+        measured the verify cost."""
         if not (self.tree_budget and self.auto_budget):
             return None
         key = _sampling_regime(sampling)
         if key not in self._autos:
-            self._autos[key] = AutoBudget(self._verify_cost, self.tree_budget,
+            self._autos[key] = AutoMemory(self._verify_cost, self.tree_budget,
                                           self.block_size or self.draft.block_size)
-        return self._autos[key]
+        return self._autos[key].chooser()
 
     def held(self, slot: int) -> List[int]:
         """The tokens the slot's context holds (a later prompt extending them continues it)."""
@@ -247,7 +250,7 @@ class Engine:
             proposer = PlainProposer()
         elif self.tree_budget:
             proposer = tree_proposer(self.target, self.draft, self.tree_budget, self.block_size,
-                                     self._auto_for(sampling), self.draft_p_min)
+                                     self._auto_for(sampling))
         else:
             proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min,
                                       self.chain_rule)

@@ -28,6 +28,9 @@ class GenerationStats:
     other_seconds: float = 0.0
     tree_sizes: List[int] = field(default_factory=list)  # nodes below the root, per tree step
     chain_steps: int = 0  # tree-mode steps where `auto` verified the plain chain instead
+    # `--tree-budget auto`: per arm the steps it ran, the tokens a step they made and the
+    # cost model's figures; the measured parts of a step (budget.AutoBudget.report)
+    auto: Optional[dict] = None
     # the prefix checkpoint the prompt resumed from: {"position", "device_bytes",
     # "host_bytes"} (what it and the checkpoints it reads from hold where), or None
     checkpoint: Optional[dict] = None

@@ -320,6 +320,7 @@ class Server:
             "accepted_lengths": list(s.accepted_lengths),
             "mean_tree_nodes": round(sum(s.tree_sizes) / len(s.tree_sizes), 3) if s.tree_sizes else None,
             "tree_sizes": list(s.tree_sizes),
+            "auto": s.auto,
             "prefill_seconds": round(s.prefill_seconds, 5),
             "decode_seconds": round(s.decode_seconds, 5),
             "decode_tokens_per_second": round(s.decode_tps, 2),

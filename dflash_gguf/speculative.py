@@ -54,7 +54,7 @@ def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], samp
 
 
 def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optional[int],
-                  auto: Optional[AutoBudget] = None, p_min: float = 0.0) -> TreeProposer:
+                  auto: Optional[AutoBudget] = None) -> TreeProposer:
     """The tree's proposer for a request, its options checked (see tree_steps)."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 2 <= B <= draft.block_size:
@@ -65,8 +65,7 @@ def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optiona
         raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
     if auto is not None and auto.largest != budget:
         raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
-    check_p_min(p_min)
-    return TreeProposer(draft, budget, B, auto, p_min)
+    return TreeProposer(draft, budget, B, auto)
 
 
 def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
@@ -99,13 +98,13 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
                budget: int, block_size: Optional[int], stats: GenerationStats,
                auto: Optional[AutoBudget] = None, sampling: Optional[SamplingParams] = None,
                reused: int = 0, context_full: str = "error",
-               on_stage: Optional[Callable[[str], None]] = None, saver=None,
-               p_min: float = 0.0) -> Iterator[List[int]]:
+               on_stage: Optional[Callable[[str], None]] = None, saver=None) -> Iterator[List[int]]:
     """DDTree speculative decoding (proposers.TreeProposer): the drafter's per-position
     top-K candidates become a best-first tree of `budget` nodes below the bonus token,
     the target verifies all of them in one pass, and the longest path the target agrees
-    with is kept; with `auto` (budget.AutoBudget, `budget` its largest tree) every step
-    verifies the arm it chooses, the chain cut by p_min or a tree of one of a few sizes.
+    with is kept; with `auto` (the sequence's budget.AutoBudget, `budget` its largest
+    tree) every step runs the arm it chooses: plain decoding, the chain cut where its
+    cost model says, or a tree of one of a few sizes.
 
     With sampling, every node's token is drawn on the device from the target's own
     distribution there (a uniform of its own per node), and the walk moves on while the
@@ -113,7 +112,7 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     output is distributed exactly as plain sampling, whatever the tree. (Recursive
     rejection over siblings would accept more often; this rule needs no drafter
     probabilities to stay exact.) auto's chain arm keeps its drafts by the same rule."""
-    proposer = tree_proposer(target, draft, budget, block_size, auto, p_min)
+    proposer = tree_proposer(target, draft, budget, block_size, auto)
     yield from sequence_steps(Sequence(target, draft, proposer, prompt, max_tokens, stop_tokens, stats, sampling,
                                        reused=reused, context_full=context_full, on_stage=on_stage, saver=saver))
 
@@ -134,10 +133,9 @@ def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_to
 def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, budget: int,
                   stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
                   on_tokens: Optional[Callable[[List[int]], None]] = None, auto: Optional[AutoBudget] = None,
-                  sampling: Optional[SamplingParams] = None, p_min: float = 0.0):
-    """DDTree speculative generation (with `auto`: each step's arm chosen by it, its
-    chains cut by p_min). Returns (tokens, stats)."""
+                  sampling: Optional[SamplingParams] = None):
+    """DDTree speculative generation (with `auto`, the sequence's budget.AutoBudget:
+    each step's arm chosen by it). Returns (tokens, stats)."""
     stats = GenerationStats()
-    steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, auto, sampling,
-                       p_min=p_min)
+    steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, auto, sampling)
     return collect(steps, on_tokens), stats
