@@ -47,9 +47,12 @@ _YARN_OPTIONAL = {"extrapolation_factor": "yarn_ext_factor", "attention_factor":
                   "attn_factor": "yarn_attn_factor", "beta_fast": "yarn_beta_fast", "beta_slow": "yarn_beta_slow"}
 
 
-def rope_scaling_kv(arch: str, rope: dict) -> list[KV]:
+def rope_scaling_kv(arch: str, rope: dict, truncate_default: bool = True) -> list[KV]:
     """llama.cpp's `<arch>.rope.scaling.*` keys for an HF rope_parameters / rope_scaling
-    object; default RoPE writes none, a type we do not run is refused by name."""
+    object; default RoPE writes none, a type we do not run is refused by name. YaRN's
+    `truncate` (transformers' default: true, ggml's rounding of the correction range) is
+    written as `yarn_truncate` (ours) when it is not what the runtime assumes for the
+    architecture (`truncate_default`)."""
     from .errors import ConversionError
     kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
     if kind in (None, "default"):
@@ -70,6 +73,8 @@ def rope_scaling_kv(arch: str, rope: dict) -> list[KV]:
             if rope.get(name) is not None and key not in written:
                 kv.append(f32(f"{arch}.rope.scaling.{key}", rope[name]))
                 written.add(key)
+        if bool(rope.get("truncate", True)) != truncate_default:
+            kv.append(boolean(f"{arch}.rope.scaling.yarn_truncate", bool(rope.get("truncate", True))))
         return kv
     raise ConversionError(f"rope type {kind!r} is not supported for {arch} (default, linear and yarn are)")
 
@@ -87,6 +92,8 @@ class ModelConverter(ABC):
     needs_target: bool = False
     # Keeps a multi-token-prediction head unless constructed with no_mtp=True (--no-mtp).
     has_mtp: bool = False
+    # quantization_config.quant_method values whose checkpoints it reads (none: float only).
+    quantizations: tuple[str, ...] = ()
 
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, *, target_dir: Path | None = None):
         self.model_dir = model_dir

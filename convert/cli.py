@@ -2,6 +2,7 @@
 
     convert-hf-to-gguf ./Qwen3.5-27B --outtype q4_k_m --outfile target.gguf
     convert-hf-to-gguf ./Qwen3.5-27B-DFlash --target-model-dir ./Qwen3.5-27B --outtype q8_0 --outfile draft.gguf
+    convert-hf-to-gguf ./Qwen3.5-27B-EAGLE3 --target-model-dir ./Qwen3.5-27B --outtype q8_0 --outfile eagle3.gguf
 
 Exit codes: 0 success, 2 bad input or options (a message, no traceback), 1 an unforeseen
 failure (one line; DFLASH_DEBUG=1 shows the traceback), 130 interrupted. Only a complete
@@ -15,11 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from gguf import GGML_QUANT_VERSION, size_label
+from gguf import GGML_QUANT_VERSION, LlamaFileType, size_label
 
 from .base import KV, string, u32
 from .errors import ConversionError
-from .hf import Checkpoint, load_config
+from .hf import Checkpoint, load_config, quantization_method
 from .quant import OUTTYPES, plan_types, tensor_bytes
 from .registry import converter_for
 from .vocab import load_vocab
@@ -51,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output file (default: ./<model dir name>-<OUTTYPE>.gguf)")
     p.add_argument("--outtype", choices=list(OUTTYPES), default="f16",
                    help="tensor types: plain (f32, f16, bf16, q8_0, q4_0) or a llama.cpp mix "
-                        "(q4_k_m, q5_k_m, q6_k); default f16")
+                        "(q4_k_m, q5_k_m, q6_k; mxfp4_moe: experts MXFP4, other matrices q8_0); default f16. "
+                        "A checkpoint's MXFP4 experts (gpt-oss) stay MXFP4 whatever the type")
     p.add_argument("--target-model-dir", type=Path, metavar="DIR",
-                   help="for a DFlash drafter (required): the target model's checkpoint directory, "
+                   help="for a drafter (DFlash, EAGLE3; required): the target model's checkpoint directory, "
                         "whose tokenizer the drafter uses and against which it is checked")
     p.add_argument("--pre", metavar="NAME",
                    help="llama.cpp pre-tokenizer name (tokenizer.ggml.pre); overrides detection")
@@ -105,6 +107,11 @@ def _run(args: argparse.Namespace) -> int:
     model_dir: Path = args.model_dir
     config = load_config(model_dir)
     converter_cls = converter_for(config)
+    quant = quantization_method(config)
+    if quant is not None and quant not in converter_cls.quantizations:
+        accepted = f" ({', '.join(converter_cls.quantizations)} as published)" if converter_cls.quantizations else ""
+        raise ConversionError(f"config.json's quantization_config says the checkpoint is quantized with {quant!r}, "
+                              f"which this converter does not read{accepted}; convert the bf16/f16/f32 weights")
     outfile: Path = args.outfile or Path(f"{model_dir.resolve().name}-{args.outtype.upper()}.gguf")
     if not args.dry_run:
         if outfile.exists() and not args.force:
@@ -139,9 +146,12 @@ def _run(args: argparse.Namespace) -> int:
 
     specs = converter.tensors()
     types = plan_types([(s.name, s.shape) for s in specs], args.outtype)
+    types.update({s.name: s.fixed_type for s in specs if s.fixed_type is not None})
     plan = [(s, types[s.name]) for s in specs]
     n_params = sum(s.numel for s in specs)
     file_type = OUTTYPES[args.outtype][0]
+    if quant == "mxfp4" and file_type in (LlamaFileType.ALL_F32, LlamaFileType.MOSTLY_F16, LlamaFileType.MOSTLY_BF16):
+        file_type = LlamaFileType.MOSTLY_MXFP4_MOE  # llama.cpp's converter says so of a float file with MXFP4 experts
     kvs: list[KV] = [
         string("general.type", "model"),
         string("general.name", args.name or model_dir.resolve().name),

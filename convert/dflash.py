@@ -13,7 +13,8 @@ architecture `dflash`, with llama.cpp's keys, tensor names and layouts.
   low-rank candidate selector.
 - `dflash.target.*` (ours; llama.cpp ignores unknown keys) records the target the drafter
   is converted for: its directory name, tokenizer fingerprint (sha256 of tokens, merges
-  and special ids) and embedding shape. The runtime refuses the drafter with any other
+  and special ids), embedding shape and layer count (gpt-oss-20b and -120b share the
+  first two). The runtime refuses the drafter with any other
   target; drafters without these keys (llama.cpp's converter) are checked by shape and
   by the vocabulary they carry.
 - `mask_embedding.pt` (a trained mask-token vector shipped next to some drafters) becomes
@@ -183,10 +184,14 @@ class DFlashConverter(ModelConverter):
             raise ConversionError(
                 f"the drafter's vocab_size {self.vocab_size} does not match the target's {t_vocab} "
                 f"({self.target_dir}): this drafter was not made for that target")
+        self.target_layers = t_layers
         n_target = self._value("num_target_layers")
         if isinstance(n_target, int) and n_target != t_layers:
-            log.warning("the drafter was made for a %d-layer target, but %s has %d layers", n_target, where,
-                        t_layers)
+            # same tokenizer and width, another depth: gpt-oss-20b and -120b, whose drafters
+            # read features of layers that exist in both
+            raise ConversionError(
+                f"the drafter was made for a {n_target}-layer target, but {where} has {t_layers} layers: this "
+                "drafter was not made for that target")
 
         ids = self._value("target_layer_ids")
         if ids is None:
@@ -301,6 +306,7 @@ class DFlashConverter(ModelConverter):
             put(string(f"{a}.target.tokenizer_sha256", sha))
             put(u32(f"{a}.target.embedding_length", self.target_shape[1]))
             put(u32(f"{a}.target.vocab_size", self.target_shape[0]))
+            put(u32(f"{a}.target.block_count", self.target_layers))
         return list(kv.values())
 
     def _rope_scaling(self, rope: dict) -> list[KV]:
@@ -324,6 +330,8 @@ class DFlashConverter(ModelConverter):
                 value = rope.get(name, rope.get("attn_factor") if name == "attention_factor" else None)
                 if value is not None:
                     out.append(f32(f"{a}.{key}", value))
+            if not rope.get("truncate", True):  # YaRN's range unrounded (ours; llama.cpp rounds it)
+                out.append(boolean(f"{a}.rope.scaling.yarn_truncate", False))
             return kv + out
         raise ConversionError(f"rope type {kind!r} is not supported for DFlash drafters (default, linear and yarn are)")
 

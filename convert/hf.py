@@ -22,6 +22,10 @@ SINGLE_FILE = "model.safetensors"
 
 _NUMPY_DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
                  "BF16": np.dtype("<u2")}
+# Integer tensors: an EAGLE3 drafter's vocabulary maps (read whole by Checkpoint.integers)
+# and packed quantized data, MXFP4 blocks and scales as U8 (read as bytes, never as numbers).
+_INTEGER_DTYPES = {"I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+                   "U8": np.dtype("u1"), "BOOL": np.dtype("?")}
 
 
 def load_config(model_dir: Path) -> dict:
@@ -58,6 +62,15 @@ def check_hparams(hp: dict, ints=(), floats=(), where: str = "config.json") -> N
         v = hp.get(key)
         if key in hp and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")):
             raise ConversionError(f"{where}: {key} is {v!r}; a positive number is expected")
+
+
+def quantization_method(config: dict) -> str | None:
+    """config.json's quantization_config.quant_method (a pre-quantized checkpoint), or None."""
+    q = config.get("quantization_config")
+    if q is None:
+        return None
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    return str(method) if method else "unnamed"
 
 
 def text_hparams(config: dict) -> dict:
@@ -159,7 +172,8 @@ class Checkpoint:
             if data_start + end > file_size:
                 raise ConversionError(f"{path} is truncated: tensor {name!r} extends past the end of the file")
             numel = int(np.prod(shape, dtype=np.int64))
-            itemsize = _NUMPY_DTYPES[dtype].itemsize if dtype in _NUMPY_DTYPES else None
+            known = _NUMPY_DTYPES.get(dtype, _INTEGER_DTYPES.get(dtype))
+            itemsize = known.itemsize if known is not None else None
             if begin < 0 or end < begin or min(shape, default=1) < 0 or \
                     (itemsize is not None and end - begin != numel * itemsize):
                 raise ConversionError(f"{path}: tensor {name!r} has {end - begin} bytes at offsets {begin}..{end}, "
@@ -183,10 +197,25 @@ class Checkpoint:
                 f"tensor {t.name!r} has dtype {t.dtype}; only F32, F16, BF16 (and F64) checkpoints are supported")
         return self._maps[t.path][t.offset:t.offset + t.nbytes].view(np_dtype).reshape(t.shape)
 
+    def integers(self, name: str) -> np.ndarray:
+        """An integer or boolean tensor's values as int64."""
+        t = self.tensors[name]
+        np_dtype = _INTEGER_DTYPES.get(t.dtype)
+        if np_dtype is None:
+            raise ConversionError(f"tensor {name!r} has dtype {t.dtype}; an integer tensor is expected")
+        return self._maps[t.path][t.offset:t.offset + t.nbytes].view(np_dtype).reshape(t.shape).astype(np.int64)
+
     def rows(self, name: str, n_rows: int) -> np.ndarray:
         """The tensor viewed as `n_rows` rows (no data is read yet), in its stored dtype."""
         t = self.tensors[name]
         return self._raw(t).reshape(n_rows, t.numel // n_rows)
+
+    def byte_rows(self, name: str, n_rows: int) -> np.ndarray:
+        """A tensor of packed bytes (U8) viewed as `n_rows` rows of bytes."""
+        t = self.tensors[name]
+        if t.dtype != "U8":
+            raise ConversionError(f"tensor {name!r} has dtype {t.dtype}; packed quantized data (U8) is expected")
+        return self._maps[t.path][t.offset:t.offset + t.nbytes].reshape(n_rows, t.nbytes // n_rows)
 
     def is_bf16(self, name: str) -> bool:
         return self.tensors[name].dtype == "BF16"

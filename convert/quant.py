@@ -1,9 +1,9 @@
 """Output types: which ggml type each tensor gets, and turning float32 rows into it.
 
 `plan_types` is a pure function of tensor names and shapes. For f32/f16/bf16/q8_0 it
-follows llama.cpp's convert_hf_to_gguf.py; for q4_0 and the K-quant mixes it reproduces
-what `llama-quantize` (src/llama-quant.cpp) picks when given a converted file of this
-architecture, so a single step gives the file the two llama.cpp steps would.
+follows llama.cpp's convert_hf_to_gguf.py; for q4_0, the K-quant mixes and mxfp4_moe it
+reproduces what `llama-quantize` (src/llama-quant.cpp) picks when given a converted file
+of this architecture, so a single step gives the file the two llama.cpp steps would.
 """
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ OUTTYPES: dict[str, tuple[LlamaFileType, T]] = {
     "q4_k_m": (LlamaFileType.MOSTLY_Q4_K_M, T.Q4_K),
     "q5_k_m": (LlamaFileType.MOSTLY_Q5_K_M, T.Q5_K),
     "q6_k": (LlamaFileType.MOSTLY_Q6_K, T.Q6_K),
+    # experts (3-D tensors) MXFP4, every other matrix q8_0: llama-quantize's MXFP4_MOE
+    "mxfp4_moe": (LlamaFileType.MOSTLY_MXFP4_MOE, T.MXFP4),
 }
 # Types convert_hf_to_gguf.py writes itself; the others are llama-quantize's.
 _CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")
 
 # llama-quantize's replacement when a row is not a whole number of blocks.
-_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.MXFP4: T.Q8_0}
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -97,6 +99,12 @@ def plan_types(tensors: Sequence[tuple[str, Sequence[int]]], outtype: str) -> di
                 plan[name] = default
         return plan
 
+    if outtype == "mxfp4_moe":
+        for name, shape in tensors:
+            expert = len(shape) == 3 and shape[0] > 1
+            plan[name] = T.F32 if stays_f32(name, shape) else _with_fallback(T.MXFP4 if expert else T.Q8_0, shape[-1])
+        return plan
+
     names = [n for n, _ in tensors]
     tied = "output.weight" not in names
     n_attn_v = sum(_category(n) in ("attn_qkv.weight", "attn_kv_b.weight", "attn_v.weight") for n in names)
@@ -145,7 +153,9 @@ def plan_types(tensors: Sequence[tuple[str, Sequence[int]]], outtype: str) -> di
 
 
 def encode_rows(rows: np.ndarray, t: T) -> np.ndarray:
-    """float32 [n, row_length] -> the bytes of those rows stored as type `t`."""
+    """float32 [n, row_length] (integers for I64) -> the bytes of those rows stored as type `t`."""
+    if t == T.I64:
+        return np.ascontiguousarray(rows, dtype="<i8").view(np.uint8).reshape(-1)
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     if t == T.F32:
         return rows.view(np.uint8).reshape(-1)

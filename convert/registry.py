@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from .base import ModelConverter
 from .dflash import DFlashConverter
+from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
 from .gemma4 import Gemma4Converter
+from .gptoss import GptOssConverter
 from .qwen3 import Qwen3Converter
 from .qwen35 import Qwen35Converter
 from .qwen35moe import Qwen35MoeConverter
@@ -17,8 +19,10 @@ CONVERTERS: dict[str, type[ModelConverter]] = {
     "Qwen3ForCausalLM": Qwen3Converter,
     "Gemma4ForCausalLM": Gemma4Converter,
     "Gemma4ForConditionalGeneration": Gemma4Converter,
+    "GptOssForCausalLM": GptOssConverter,
     "DFlashDraftModel": DFlashConverter,
     "DFlash2DraftModel": DFlashConverter,
+    **{name: Eagle3Converter for name in EAGLE3_ARCHITECTURES},
 }
 
 

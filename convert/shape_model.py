@@ -12,6 +12,8 @@ Configs (shapes.py, from the published config.json entries in published_configs.
   qwen35-27b         Qwen/Qwen3.5-27B text model (64 layers, hidden 5120; Q4_K_M 16.5 GB)
   qwen35-35b-a3b     Qwen/Qwen3.5-35B-A3B text model (40 layers, 256 experts; Q4_K_M 21.2 GB)
   qwen35-27b-dflash  z-lab/Qwen3.5-27B-DFlash drafter (5 layers over the 27B's features); q8_0 1.8 GB
+  gpt-oss-20b        openai/gpt-oss-20b (24 layers, 32 experts; mxfp4_moe 12.1 GB)
+  gpt-oss-120b       openai/gpt-oss-120b (36 layers, 128 experts; mxfp4_moe 63 GB)
 `--layers N` keeps a target's hybrid pattern with fewer layers (a drafter's
 `target_layers` must then be set to layers that exist); `--set KEY=VALUE` replaces any
 config entry (lists comma-separated), for small files of the same structure.
@@ -63,6 +65,9 @@ _SCALES = {
     T.Q5_K: [(0, 4e-5), (2, 6e-4)],
     T.Q6_K: [(208, 1.5e-5)],
 }
+# E8M0 scale bytes (a power of two, 2^(e - 128) times the codes' doubled values): MXFP4's
+# 2^-8 gives weights of std ~0.02 from uniformly random codes
+_BYTE_SCALES = {T.MXFP4: [(0, 120)]}
 
 
 def demo_tokenizer() -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
@@ -113,12 +118,14 @@ def random_data(name: str, qtype: T, n_rows: int, row_len: int, rng: np.random.G
     if qtype == T.BF16:
         bits = (0.02 * rng.standard_normal(n, dtype=np.float32)).view(np.uint32) >> 16  # truncated to bf16
         return bits.astype(np.uint16).view(np.uint8)
-    if qtype not in _SCALES:
+    if qtype not in _SCALES and qtype not in _BYTE_SCALES:
         raise ValueError(f"no random block recipe for {qtype.name} ({name})")
     block, size = GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, size=(n // block, size), dtype=np.uint8)
-    for offset, value in _SCALES[qtype]:
+    for offset, value in _SCALES.get(qtype, []):
         blocks[:, offset:offset + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
+    for offset, value in _BYTE_SCALES.get(qtype, []):
+        blocks[:, offset] = value
     return blocks.reshape(-1)
 
 

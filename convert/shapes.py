@@ -26,6 +26,14 @@ def _rope(cfg: dict) -> dict:
 def shape_of(entry: dict) -> dict:
     """The shape dict of a published config entry, mapped as the converter maps config.json."""
     cfg, arch = entry["config"], entry["architecture"]
+    if arch == "gpt-oss":
+        yarn = cfg["rope_scaling"]
+        return dict(arch=arch, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
+                    heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
+                    rope_theta=float(cfg["rope_theta"]), ctx=cfg["max_position_embeddings"],
+                    experts=cfg["num_local_experts"], experts_used=cfg["num_experts_per_tok"],
+                    expert_ffn=cfg["intermediate_size"], window=cfg["sliding_window"], yarn_factor=yarn["factor"],
+                    yarn_orig_ctx=yarn["original_max_position_embeddings"])
     rope = _rope(cfg)
     c = dict(arch=arch, vocab=cfg["vocab_size"], hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"],
              heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"],
@@ -54,12 +62,36 @@ QWEN35_27B = shape_of(PUBLISHED["qwen35-27b"])
 QWEN35_0_8B = shape_of(PUBLISHED["qwen35-0.8b"])
 QWEN35_35B_A3B = shape_of(PUBLISHED["qwen35-35b-a3b"])
 QWEN35_27B_DFLASH = shape_of(PUBLISHED["qwen35-27b-dflash"])  # block 16, 3.2 GiB in bf16
+GPT_OSS_20B = shape_of(PUBLISHED["gpt-oss-20b"])
+GPT_OSS_120B = shape_of(PUBLISHED["gpt-oss-120b"])
 
-CONFIGS = {"qwen35-27b": QWEN35_27B, "qwen35-35b-a3b": QWEN35_35B_A3B, "qwen35-27b-dflash": QWEN35_27B_DFLASH}
+CONFIGS = {"qwen35-27b": QWEN35_27B, "qwen35-35b-a3b": QWEN35_35B_A3B, "qwen35-27b-dflash": QWEN35_27B_DFLASH,
+           "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}
+
+
+def gptoss_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """(GGUF name, numpy-order shape) of every tensor of a gpt-oss target."""
+    E, V, X, F = c["hidden"], c["vocab"], c["experts"], c["expert_ffn"]
+    q, kv = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
+    out = [("token_embd.weight", (V, E))]
+    for il in range(c["layers"]):
+        b = f"blk.{il}."
+        out += [(b + "attn_norm.weight", (E,)), (b + "post_attention_norm.weight", (E,)),
+                (b + "attn_q.weight", (q, E)), (b + "attn_q.bias", (q,)), (b + "attn_k.weight", (kv, E)),
+                (b + "attn_k.bias", (kv,)), (b + "attn_v.weight", (kv, E)), (b + "attn_v.bias", (kv,)),
+                (b + "attn_output.weight", (E, q)), (b + "attn_output.bias", (E,)),
+                (b + "attn_sinks.weight", (c["heads"],)),
+                (b + "ffn_gate_inp.weight", (X, E)), (b + "ffn_gate_inp.bias", (X,)),
+                (b + "ffn_gate_exps.weight", (X, F, E)), (b + "ffn_gate_exps.bias", (X, F)),
+                (b + "ffn_up_exps.weight", (X, F, E)), (b + "ffn_up_exps.bias", (X, F)),
+                (b + "ffn_down_exps.weight", (X, E, F)), (b + "ffn_down_exps.bias", (X, E))]
+    return out + [("output_norm.weight", (E,)), ("output.weight", (V, E))]
 
 
 def target_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """(GGUF name, numpy-order shape) of every tensor of a qwen35/qwen35moe target."""
+    """(GGUF name, numpy-order shape) of every tensor of a target."""
+    if c["arch"] == "gpt-oss":
+        return gptoss_tensors(c)
     E, V = c["hidden"], c["vocab"]
     hd, H, Hkv = c["head_dim"], c["heads"], c["kv_heads"]
     Hk, Hv, d = c["lin_k_heads"], c["lin_v_heads"], c["lin_dim"]
@@ -118,6 +150,14 @@ def metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
           (f"{a}.attention.head_count", c["heads"], u32), (f"{a}.attention.head_count_kv", c["kv_heads"], u32),
           (f"{a}.attention.key_length", c["head_dim"], u32), (f"{a}.attention.value_length", c["head_dim"], u32),
           (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, f32), (f"{a}.rope.freq_base", c["rope_theta"], f32)]
+    if a == "gpt-oss":
+        return kv + [(f"{a}.feed_forward_length", c["expert_ffn"], u32),
+                     (f"{a}.expert_feed_forward_length", c["expert_ffn"], u32),
+                     (f"{a}.expert_count", c["experts"], u32), (f"{a}.expert_used_count", c["experts_used"], u32),
+                     (f"{a}.attention.sliding_window", c["window"], u32),
+                     (f"{a}.rope.scaling.type", "yarn", GGUFValueType.STRING),
+                     (f"{a}.rope.scaling.factor", c["yarn_factor"], f32),
+                     (f"{a}.rope.scaling.original_context_length", c["yarn_orig_ctx"], u32)]
     if a == "dflash":
         return kv + [(f"{a}.feed_forward_length", c["ffn"], u32), (f"{a}.block_size", c["block"], u32),
                      (f"{a}.target_layers", c["target_layers"], i32),
@@ -171,7 +211,7 @@ def shrunk(c: dict, layers: int | None = None, **overrides) -> dict:
         if layers < 1:
             raise ValueError(f"layers must be >= 1, got {layers}")
         out["layers"] = layers
-    if out["arch"] != "dflash" and out["layers"] < out["interval"]:
+    if out["arch"] in ("qwen35", "qwen35moe") and out["layers"] < out["interval"]:
         raise ValueError(f"a {out['arch']} target needs at least {out['interval']} layers (one full-attention "
                          f"layer every {out['interval']}), got {out['layers']}")
     return out

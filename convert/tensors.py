@@ -1,8 +1,9 @@
 """Output tensors as recipes over checkpoint tensors, materialised in row chunks.
 
 A TensorSpec says which checkpoint tensor a GGUF tensor comes from and how: a row gather,
-a column gather, an elementwise transform and replacement rows. Each of these works on any
-subset of rows, so a tensor never has to be in memory whole.
+a column gather, an elementwise transform and replacement rows, or a reader of its own
+(a transposed source; bytes already in a ggml type). Each of these works on any subset of
+rows, so a tensor never has to be in memory whole.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from .hf import Checkpoint, to_float32
 
@@ -22,7 +24,13 @@ class TensorSpec:
     from its target's weights); `patch` maps output row indices to replacement rows,
     applied after every other step. `stack` builds the tensor from several checkpoint
     tensors of one shape, one after the other (per-expert matrices -> one 3-D tensor);
-    `source` is then the first of them.
+    `source` is then the first of them. `read(checkpoint, r0, r1)` replaces the gather:
+    it returns the rows as float32 itself. `values` are the tensor's values, computed by
+    the converter instead of read (`source` names the checkpoint tensor they derive from).
+    `fixed_type` is a ggml type the tensor keeps whatever the output type (integer
+    tensors, a checkpoint's MXFP4 experts); `raw(checkpoint, r0, r1)` then replaces
+    everything: it returns the rows' bytes already in that type and how many of their
+    values are NaN.
     """
 
     name: str
@@ -34,6 +42,10 @@ class TensorSpec:
     checkpoint: Checkpoint | None = None
     patch: dict[int, np.ndarray] | None = None
     stack: tuple[str, ...] | None = None
+    read: Callable[[Checkpoint, int, int], np.ndarray] | None = None
+    raw: Callable[[Checkpoint, int, int], tuple[np.ndarray, int]] | None = None
+    values: np.ndarray | None = None
+    fixed_type: GGMLQuantizationType | None = None
 
     @property
     def row_length(self) -> int:
@@ -63,9 +75,14 @@ def row_ranges(spec: TensorSpec, max_bytes: int = 16 << 20) -> list[tuple[int, i
 
 
 def load_rows(ckpt: Checkpoint, spec: TensorSpec, r0: int, r1: int) -> np.ndarray:
-    """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array."""
+    """Rows [r0, r1) of the output tensor as a float32 [r1 - r0, row_length] array (of
+    the values' own dtype for a tensor with `values`)."""
+    if spec.values is not None:
+        return np.ascontiguousarray(spec.values.reshape(spec.n_rows, spec.row_length)[r0:r1])
     ckpt = spec.checkpoint or ckpt
-    if spec.stack:
+    if spec.read:
+        block = spec.read(ckpt, r0, r1)
+    elif spec.stack:
         per = spec.n_rows // len(spec.stack)
         pieces = []
         for k in range(r0 // per, (r1 - 1) // per + 1):

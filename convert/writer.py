@@ -114,14 +114,23 @@ def write_gguf(path: Path, arch: str, kvs: Sequence[KV], plan: Sequence[tuple[Te
         writer.write_ti_data_to_file()
         for i, ((spec, t), nbytes) in enumerate(zip(plan, sizes)):
             if bad and not allow_nan:  # refused: only look for the other tensors to name them all
-                for _ in _ordered_map(lambda rows, spec=spec: count(spec.name, load_rows(checkpoint, spec, *rows)),
-                                      row_ranges(spec), pool, window=2 * threads):
+                def scan(rows, spec=spec):
+                    if spec.raw:
+                        count(spec.name, np.full(spec.raw(checkpoint, *rows)[1], np.nan, np.float32))
+                    else:
+                        count(spec.name, load_rows(checkpoint, spec, *rows))
+
+                for _ in _ordered_map(scan, row_ranges(spec), pool, window=2 * threads):
                     pass
                 bar.update(nbytes)
                 continue
             bar.set_postfix_str(f"tensor {i + 1}/{len(plan)} {spec.name}", refresh=False)
 
             def encode(rows, spec=spec, t=t):
+                if spec.raw:  # bytes already in their type (MXFP4 blocks kept as they are)
+                    data, n_nan = spec.raw(checkpoint, *rows)
+                    count(spec.name, np.full(n_nan, np.nan, np.float32))
+                    return data
                 x = load_rows(checkpoint, spec, *rows)
                 count(spec.name, x)
                 return encode_rows(x, t)

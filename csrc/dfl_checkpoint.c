@@ -20,9 +20,8 @@
  * A checkpoint is of one sequence slot and restores into any slot of the same target
  * (and drafter): the parts of a slot's state are listed by the memory layer in the same
  * order for every slot. */
-#include "dfl_checkpoint.h"
+#include "dfl_draft_impl.h"
 #include "dfl_target_impl.h"
-#include "dfl_token_source.h"
 
 #include <ggml-alloc.h>
 #include <ggml-backend.h>
@@ -64,22 +63,14 @@ struct dfl_checkpoint {
     size_t overhead_bytes;     /* host memory held besides the copies (see count_overhead) */
 };
 
-/* Every part of slot seq's state at position n_past, target's then drafter's, in a fixed
- * order (the same for every slot): a child's parts match its parent's index by index.
- * Returns the count; parts may be NULL to count only. */
+/* Every part of slot seq's state at position n_past, the target's memory's then the
+ * drafter's (its caches within its window, what it carries), in a fixed order (the same
+ * for every slot): a child's parts match its parent's index by index. Returns the count;
+ * parts may be NULL to count only. */
 static int list_parts(const dfl_target * t, const dfl_draft * d, int seq, int n_past, dfl_memory_part * parts) {
-    int n = dfl_memory_seq_parts(&t->mem, &t->m, seq, n_past, parts);
+    int n = dfl_memory_seq_parts(&t->mem, seq, n_past, parts);
     if (d) {
-        const int ring = dfl_draft_ring(d);
-        const int need = dfl_draft_first_visible(d, seq);
-        for (int il = 0; il < dfl_draft_n_layers(d); il++) {
-            for (int k = 0; k < 2; k++, n++) {
-                if (parts) {
-                    parts[n] = (dfl_memory_part) { dfl_draft_cache(d, il, k), dfl_draft_cache_base(d, seq), ring, need,
-                                                   0, 0 };
-                }
-            }
-        }
+        n += dfl_memory_seq_parts(&d->mem, seq, n_past, parts ? parts + n : NULL);
     }
     return n;
 }
@@ -282,22 +273,22 @@ DFL_API dfl_status dfl_checkpoint_save(dfl_target * t, dfl_draft * d, int32_t se
     }
     *out = NULL;
     TRY(check_target_seq(t, seq));
-    if (d && dfl_draft_tokens(d)->target != t) {
+    if (d && d->target != t) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the drafter was loaded for another target");
     }
     const dfl_seq * q = &t->mem.seq[seq];
     /* between a verify and the graph that carries its commit, the recurrent state is
      * not yet the committed position's */
-    if (q->pending_verify || q->commit.active) {
+    if (!dfl_target_seq_settled(t, seq)) {
         return dfl_fail(DFL_ERR_STATE, "the target is between a verify and its commit: checkpoints are taken "
                         "after a decode (a prefill)");
     }
     if (q->n_past == 0) {
         return dfl_fail(DFL_ERR_STATE, "the context is empty: nothing to checkpoint");
     }
-    if (d && dfl_draft_n_tokens(d, seq) != q->n_past) {
+    if (d && d->mem.seq[seq].n_past != q->n_past) {
         return dfl_fail(DFL_ERR_STATE, "the drafter holds %d context positions, the target %d: append the target's "
-                        "features before taking a checkpoint", dfl_draft_n_tokens(d, seq), q->n_past);
+                        "features before taking a checkpoint", d->mem.seq[seq].n_past, q->n_past);
     }
     TRY(check_parent(t, d, seq, parent));
     dfl_checkpoint * c = calloc(1, sizeof *c);
@@ -378,10 +369,11 @@ DFL_API dfl_status dfl_checkpoint_restore(const dfl_checkpoint * c, dfl_target *
     }
     free(live);
     TRY(st);
-    dfl_memory_seq_restored(&t->mem, seq, c->n_past);
-    dfl_target_drop_results(t);
+    /* the slot's own state only: other slots, and what their feature rows hold, go on */
+    dfl_target_seq_restored(t, seq, c->n_past);
     if (d) {
-        dfl_draft_set_n_tokens(d, seq, c->n_past);
+        dfl_memory_seq_restored(&d->mem, seq, c->n_past);
+        d->blocks.n[seq] = 0;
     }
     return DFL_OK;
 }

@@ -1,4 +1,4 @@
-/* The target's memory in sequence slots (see dfl_memory.h). */
+/* The memory layer: a model's state in sequence slots (see dfl_memory.h). */
 #include "dfl_memory.h"
 
 #include <string.h>
@@ -6,8 +6,7 @@
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
-replay_planes dfl_replay_planes(const dfl_model * m, int n_verify) {
-    const dfl_recurrent_geometry * r = &m->rec;
+replay_planes dfl_replay_planes(const dfl_recurrent_geometry * r, int n_verify) {
     const int64_t cols = n_verify + 1, qk = 2 * (int64_t) r->head_k_dim * r->n_k_heads;
     replay_planes P = { cols, 0, r->conv_channels * cols, 0, 0 };
     P.g = P.qk + qk * cols;
@@ -15,42 +14,41 @@ replay_planes dfl_replay_planes(const dfl_model * m, int n_verify) {
     return P;
 }
 
-int64_t dfl_replay_floats(const dfl_model * m, int n_verify) {
-    const replay_planes P = dfl_replay_planes(m, n_verify);
-    return P.beta + m->rec.n_v_heads * P.cols;
+int64_t dfl_replay_floats(const dfl_recurrent_geometry * r, int n_verify) {
+    const replay_planes P = dfl_replay_planes(r, n_verify);
+    return P.beta + r->n_v_heads * P.cols;
 }
 
-static void seq_reset(dfl_seq * s) {
-    s->n_past = 0;
-    s->pending_verify = 0;
-    s->pending_tree = false;
-    s->commit.active = false;
-    s->last_chain = 0;
-    s->chain_steady = DFL_CHAIN_STEADY;
+static void seq_reset(dfl_seq * s, int n_past) {
+    s->n_past = n_past;
+    s->feat.rows = s->feat.kept = 0;
+    s->feat.p0 = n_past;
+    s->feat.tree = false;
 }
 
-dfl_status dfl_memory_define(dfl_memory * mem, const dfl_model * m, const dfl_memory_params * p) {
-    const dfl_recurrent_geometry * r = &m->rec;
+dfl_status dfl_memory_define(dfl_memory * mem, const dfl_memory_layout * layout, const dfl_memory_params * p) {
+    mem->layout = *layout;
     mem->n_seq = p->n_seq;
     mem->n_ctx = p->n_ctx;
     mem->n_verify = p->n_verify;
+    mem->spare = p->spare;
     mem->swa_window = 0;
-    for (int il = 0; il < m->n_layer; il++) {
-        if (m->kind[il] == DFL_LAYER_ATTENTION && m->attn[il].window > 0) {
-            mem->swa_window = m->attn[il].window;
+    for (int il = 0; il < layout->n_layer; il++) {
+        if (layout->kind[il] == DFL_LAYER_ATTENTION && layout->attn[il].window > 0) {
+            mem->swa_window = layout->attn[il].window;
         }
     }
     /* a call's rows must not take the ring rows of positions still inside any of its
      * rows' windows: window - 1 + rows at least */
-    const int call_rows = max_int(p->n_ubatch, p->n_verify);
-    mem->swa_ring = mem->swa_window > 0 && mem->swa_window + call_rows < p->n_ctx ? mem->swa_window + call_rows
-                                                                                   : p->n_ctx;
-    mem->step_rows = max_int(call_rows, p->n_seq * p->n_verify);
+    mem->swa_ring = mem->swa_window > 0 && mem->swa_window + p->window_rows < p->n_ctx
+                        ? mem->swa_window + p->window_rows : p->n_ctx;
+    /* a slot's feature rows hold its own largest call: a prefill chunk or a verify */
+    mem->feature_rows = p->feature_floats > 0 ? max_int(p->n_ubatch, p->n_verify) : 0;
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
-        seq_reset(&mem->seq[s]);
+        seq_reset(&mem->seq[s], 0);
     }
 
-    const int n_tensors = 5 * m->n_layer + 1;
+    const int n_tensors = 5 * layout->n_layer + 2;
     for (int k = 0; k < 2; k++) {
         struct ggml_init_params ip = { (size_t) n_tensors * ggml_tensor_overhead(), NULL, true };
         mem->ctx[k] = ggml_init(ip);
@@ -58,24 +56,30 @@ dfl_status dfl_memory_define(dfl_memory * mem, const dfl_model * m, const dfl_me
             return dfl_fail(DFL_ERR_BACKEND, "cannot create the state context");
         }
     }
-    const int64_t S = p->n_seq, state_size = (int64_t) r->head_v_dim * r->head_v_dim * r->n_v_heads;
-    for (int il = 0; il < m->n_layer; il++) {
+    const int64_t S = p->n_seq;
+    for (int il = 0; il < layout->n_layer; il++) {
         struct ggml_context * ctx = mem->ctx[p->on_device[il] ? 0 : 1];
-        if (m->kind[il] == DFL_LAYER_RECURRENT) {
+        if (layout->kind[il] == DFL_LAYER_RECURRENT) {
+            const dfl_recurrent_geometry * r = layout->rec;
+            const int64_t state_size = (int64_t) r->head_v_dim * r->head_v_dim * r->n_v_heads;
             mem->conv[il] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, r->d_conv - 1, r->conv_channels, S);
             mem->ssm[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, state_size, S);
-            mem->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_replay_floats(m, p->n_verify), S);
+            mem->replay[il] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, dfl_replay_floats(r, p->n_verify), S);
             mem->conv_scratch[il] = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, r->conv_channels, r->d_conv - 1 + p->n_verify,
                                                        S);
-        } else if (!m->attn[il].shares_kv) {
-            const dfl_attention_geometry * a = &m->attn[il];
-            const int64_t rows = (int64_t) dfl_memory_kv_rows(mem, m, il) * S;
+        } else if (!layout->attn[il].shares_kv) {
+            const dfl_attention_geometry * a = &layout->attn[il];
+            const int64_t rows = (int64_t) (dfl_memory_kv_rows(mem, il) + mem->spare) * S;
             mem->k[il] = ggml_new_tensor_2d(ctx, p->type_k, (int64_t) a->head_dim_k * a->n_head_kv, rows);
             mem->v[il] = ggml_new_tensor_2d(ctx, p->type_v, (int64_t) a->head_dim_v * a->n_head_kv, rows);
         }
     }
-    mem->features = ggml_new_tensor_2d(mem->ctx[p->features_on_device ? 0 : 1], GGML_TYPE_F32,
-                                       (int64_t) m->n_embd * (p->n_features > 0 ? p->n_features : 1), mem->step_rows);
+    mem->features = NULL;
+    if (p->feature_floats > 0) {
+        mem->features = ggml_new_tensor_2d(mem->ctx[p->features_on_device ? 0 : 1], GGML_TYPE_F32, p->feature_floats,
+                                           (int64_t) mem->feature_rows * S);
+    }
+    mem->state = p->state_floats > 0 ? ggml_new_tensor_2d(mem->ctx[0], GGML_TYPE_F32, p->state_floats, S) : NULL;
     return DFL_OK;
 }
 
@@ -108,7 +112,7 @@ void dfl_memory_clear(dfl_memory * mem) {
         if (mem->buf[k]) ggml_backend_buffer_clear(mem->buf[k], 0);
     }
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
-        seq_reset(&mem->seq[s]);
+        seq_reset(&mem->seq[s], 0);
     }
 }
 
@@ -127,39 +131,77 @@ struct ggml_tensor * dfl_memory_slice(struct ggml_context * ctx, const dfl_memor
                         dfl_memory_slice_offset(mem, state, seq));
 }
 
-void dfl_memory_seq_clear(dfl_memory * mem, const dfl_model * m, int seq) {
+void dfl_memory_seq_clear(dfl_memory * mem, int seq) {
     /* attention rows need no clearing: a slot's masks hide the positions it does not hold */
-    for (int il = 0; il < m->n_layer; il++) {
+    for (int il = 0; il < mem->layout.n_layer; il++) {
         struct ggml_tensor * states[2] = { mem->conv[il], mem->ssm[il] };
-        for (int k = 0; k < 2 && m->kind[il] == DFL_LAYER_RECURRENT; k++) {
+        for (int k = 0; k < 2 && mem->layout.kind[il] == DFL_LAYER_RECURRENT; k++) {
             ggml_backend_tensor_memset(states[k], 0, dfl_memory_slice_offset(mem, states[k], seq),
                                        dfl_memory_slot_bytes(mem, states[k]));
         }
     }
-    seq_reset(&mem->seq[seq]);
+    if (mem->state) {
+        ggml_backend_tensor_memset(mem->state, 0, dfl_memory_slice_offset(mem, mem->state, seq),
+                                   dfl_memory_slot_bytes(mem, mem->state));
+    }
+    seq_reset(&mem->seq[seq], 0);
 }
 
 void dfl_memory_seq_restored(dfl_memory * mem, int seq, int n_past) {
-    dfl_seq * s = &mem->seq[seq];
-    s->n_past = n_past;
-    s->pending_verify = 0;
-    s->pending_tree = false;
-    s->commit.active = false;
+    seq_reset(&mem->seq[seq], n_past);
 }
 
-int dfl_memory_kv_rows(const dfl_memory * mem, const dfl_model * m, int il) {
-    return m->attn[il].window > 0 ? mem->swa_ring : mem->n_ctx;
+int dfl_memory_kv_rows(const dfl_memory * mem, int il) {
+    return mem->layout.attn[il].window > 0 ? mem->swa_ring : mem->n_ctx;
 }
 
-int64_t dfl_memory_cell(const dfl_memory * mem, const dfl_model * m, int il, int seq, int pos) {
-    const int R = dfl_memory_kv_rows(mem, m, il);
-    return (int64_t) seq * R + pos % R;
+int64_t dfl_memory_kv_base(const dfl_memory * mem, int il, int seq) {
+    return (int64_t) seq * (dfl_memory_kv_rows(mem, il) + mem->spare);
 }
 
-int dfl_memory_seq_parts(const dfl_memory * mem, const dfl_model * m, int seq, int n_past, dfl_memory_part * parts) {
+int64_t dfl_memory_cell(const dfl_memory * mem, int il, int seq, int pos) {
+    return dfl_memory_kv_base(mem, il, seq) + pos % dfl_memory_kv_rows(mem, il);
+}
+
+int64_t dfl_memory_spare_cell(const dfl_memory * mem, int il, int seq) {
+    return dfl_memory_kv_base(mem, il, seq) + dfl_memory_kv_rows(mem, il);
+}
+
+int64_t dfl_memory_feature_row0(const dfl_memory * mem, int seq) {
+    return (int64_t) seq * mem->feature_rows;
+}
+
+void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, int kept) {
+    dfl_features_held * f = &mem->seq[seq].feat;
+    f->rows = rows;
+    f->p0 = p0;
+    f->kept = kept;
+    f->tree = false;
+}
+
+void dfl_memory_features_kept(dfl_memory * mem, int seq, const int32_t * path, int n) {
+    dfl_features_held * f = &mem->seq[seq].feat;
+    f->kept = n;
+    f->tree = path != NULL;
+    if (path) {
+        memcpy(f->path, path, (size_t) n * sizeof(int32_t));
+    }
+}
+
+int64_t dfl_memory_feature_of(const dfl_memory * mem, int seq, int pos) {
+    const dfl_features_held * f = &mem->seq[seq].feat;
+    if (!mem->features || pos < f->p0 || pos >= f->p0 + f->kept) {
+        return -1;
+    }
+    const int k = pos - f->p0;
+    return dfl_memory_feature_row0(mem, seq) + (f->tree ? f->path[k] : k);
+}
+
+int dfl_memory_seq_parts(const dfl_memory * mem, int seq, int n_past, dfl_memory_part * parts) {
+    const dfl_memory_layout * L = &mem->layout;
     int n = 0;
-    for (int il = 0; il < m->n_layer; il++) {
-        if (m->kind[il] == DFL_LAYER_RECURRENT) {
+    for (int il = 0; il < L->n_layer; il++) {
+        if (L->kind[il] == DFL_LAYER_RECURRENT) {
             struct ggml_tensor * states[2] = { mem->conv[il], mem->ssm[il] };
             for (int k = 0; k < 2; k++, n++) {
                 if (parts) {
@@ -168,16 +210,23 @@ int dfl_memory_seq_parts(const dfl_memory * mem, const dfl_model * m, int seq, i
                 }
             }
         } else if (mem->k[il]) { /* layers sharing another layer's cache have none */
-            const int window = m->attn[il].window;
-            const int ring = dfl_memory_kv_rows(mem, m, il);
+            const int window = L->attn[il].window;
             const int need = window > 0 && n_past > window ? n_past - window : 0;
             struct ggml_tensor * caches[2] = { mem->k[il], mem->v[il] };
             for (int k = 0; k < 2; k++, n++) {
                 if (parts) {
-                    parts[n] = (dfl_memory_part) { caches[k], (int64_t) seq * ring, ring, need, 0, 0 };
+                    parts[n] = (dfl_memory_part) { caches[k], dfl_memory_kv_base(mem, il, seq),
+                                                   dfl_memory_kv_rows(mem, il), need, 0, 0 };
                 }
             }
         }
+    }
+    if (mem->state) {
+        if (parts) {
+            parts[n] = (dfl_memory_part) { mem->state, 0, 0, 0, dfl_memory_slice_offset(mem, mem->state, seq),
+                                           dfl_memory_slot_bytes(mem, mem->state) };
+        }
+        n++;
     }
     return n;
 }
@@ -236,18 +285,15 @@ dfl_status dfl_memory_copy_slice(const dfl_memory_part * part, struct ggml_tenso
     return st;
 }
 
-dfl_status dfl_memory_seq_copy(dfl_memory * mem, const dfl_model * m, int src, int dst) {
+dfl_status dfl_memory_seq_copy(dfl_memory * mem, int src, int dst) {
     const dfl_seq * s = &mem->seq[src];
-    if (s->pending_verify || s->commit.active) {
-        return dfl_fail(DFL_ERR_STATE, "sequence %d is between a verify and its commit: copy it after a decode", src);
-    }
     if (src == dst) {
         return DFL_OK;
     }
-    const int n = dfl_memory_seq_parts(mem, m, src, s->n_past, NULL);
-    dfl_memory_part from[2 * DFL_MAX_LAYERS], to[2 * DFL_MAX_LAYERS];
-    dfl_memory_seq_parts(mem, m, src, s->n_past, from);
-    dfl_memory_seq_parts(mem, m, dst, s->n_past, to);
+    const int n = dfl_memory_seq_parts(mem, src, s->n_past, NULL);
+    dfl_memory_part from[2 * DFL_MAX_LAYERS + 1], to[2 * DFL_MAX_LAYERS + 1];
+    dfl_memory_seq_parts(mem, src, s->n_past, from);
+    dfl_memory_seq_parts(mem, dst, s->n_past, to);
     for (int i = 0; i < n; i++) {
         if (from[i].ring == 0) {
             /* a slice of the same tensor: its bytes through a view of the source */
@@ -293,8 +339,6 @@ dfl_status dfl_memory_seq_copy(dfl_memory * mem, const dfl_model * m, int src, i
             return st;
         }
     }
-    dfl_seq * d = &mem->seq[dst];
-    seq_reset(d);
-    d->n_past = s->n_past;
+    seq_reset(&mem->seq[dst], s->n_past);
     return DFL_OK;
 }

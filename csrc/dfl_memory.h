@@ -1,39 +1,26 @@
-/* The target's memory, in sequence slots (dfl_memory.c): attention caches (a sliding
- * layer's a ring), recurrent and conv states, and what a verify keeps for its commit (the
- * replay rows and conv inputs), each per slot; the features of the last step; and each
- * slot's bookkeeping (its length, the verify waiting for a commit, the commit waiting
- * for a graph). Like llama.cpp's KV cache with one stream per sequence and its recurrent
- * memory with one state cell per sequence, joined as its hybrid memory joins them.
+/* The memory layer (dfl_memory.c): a model's state in sequence slots. The target has
+ * one (attention caches, a sliding layer's a ring; recurrent and conv states; what a
+ * verify keeps for its commit; the features it exposes to a drafter), each drafter has
+ * its own (its cached layers' K/V, a state it carries per slot). Like llama.cpp's KV
+ * cache with one stream per sequence and its recurrent memory with one state cell per
+ * sequence, joined as its hybrid memory joins them.
  *
- * Cells: position p of slot s is row s * R + p % R of an attention cache of R rows per
- * slot (R = n_ctx, or a sliding layer's ring). Fixed-size states hold one slice per slot
- * along their last dimension. */
+ * Cells: position p of slot s is row s * (R + spare) + p % R of an attention cache of R
+ * rows per slot (R = n_ctx, or a windowed layer's ring), followed by `spare` rows per
+ * slot that nothing reads (a drafter's padding rows write there). Fixed-size states hold
+ * one slice per slot along their last dimension.
+ *
+ * A slot's record holds what the memory holds for it: its length, and (in a memory with
+ * feature rows) which committed positions' features its feature rows hold. What a
+ * decoding protocol keeps between its calls (a verify waiting for its commit, ...)
+ * belongs to that protocol's layer, not here. */
 #ifndef DFL_MEMORY_H
 #define DFL_MEMORY_H
 
 #include "dfl_model.h"
 #include "dfl_runtime.h"
-#include "dfl_tree.h"
 
 #define DFL_MAX_VERIFY 256
-
-/* Chain verifies of one length in a row after which their commits rerun every verified
- * row again (see dfl_target_commit). */
-#define DFL_CHAIN_STEADY 8
-
-/* A commit waiting for the next graph its sequence is in (see dfl_target_graph.c). */
-typedef struct pending_commit {
-    bool active;
-    bool tree;
-    int p0;                       /* the sequence's length before the commit */
-    int n_keep;
-    int n_replay;                 /* rows the commit reruns, identity steps after the kept ones: a
-                                   * chain verify's every row (only the kept ones while chain
-                                   * lengths vary); a tree's padded spine
-                                   * (no root path is longer) */
-    int32_t path[DFL_MAX_VERIFY]; /* the kept row of each new position (a chain's: 0, 1, ...) */
-    int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
-} pending_commit;
 
 /* A recurrent layer's replay memory: what a verify keeps of its rows for the commit's
  * rerun, in four planes of n_verify + 1 columns, the last column always zero (a tree
@@ -48,31 +35,47 @@ typedef struct replay_planes {
     int64_t conv, qk, g, beta;    /* offsets in floats */
 } replay_planes;
 
-replay_planes dfl_replay_planes(const dfl_model * m, int n_verify);
+replay_planes dfl_replay_planes(const dfl_recurrent_geometry * r, int n_verify);
 /* Floats of one slot's replay memory. */
-int64_t dfl_replay_floats(const dfl_model * m, int n_verify);
+int64_t dfl_replay_floats(const dfl_recurrent_geometry * r, int n_verify);
 
-/* One slot's bookkeeping. */
+/* The layers a memory keeps state for: a model's, or a drafter's cached layers. The
+ * arrays are the owner's and outlive the memory. */
+typedef struct dfl_memory_layout {
+    int n_layer;
+    const dfl_layer_kind * kind;
+    const dfl_attention_geometry * attn;
+    const dfl_recurrent_geometry * rec; /* when a layer is recurrent */
+} dfl_memory_layout;
+
+/* What a slot's feature rows hold: the rows the slot's last call wrote (features of its
+ * rows, in row order), from position p0 on; `kept` of them are committed positions
+ * p0, p0 + 1, ...: row path[k] holds position p0 + k (row k when !tree). A decode keeps
+ * all its rows; a verify none until its commit says which. */
+typedef struct dfl_features_held {
+    int rows, p0, kept;
+    bool tree;
+    int32_t path[DFL_MAX_VERIFY];
+} dfl_features_held;
+
+/* One slot's record. */
 typedef struct dfl_seq {
-    int n_past;          /* positions the slot holds */
-    int pending_verify;  /* rows of a verify waiting for its commit (0: none) */
-    bool pending_tree;
-    tree_plan tree;      /* the last tree verify's plan */
-    pending_commit commit;
-    int last_chain;      /* rows of the last chain verify committed (0: none since the reset) */
-    int chain_steady;    /* chain commits in a row of that length (a fresh slot counts as steady) */
+    int n_past;             /* positions the slot holds */
+    dfl_features_held feat; /* memories with feature rows */
 } dfl_seq;
 
 typedef struct dfl_memory {
-    int n_seq;     /* slots */
-    int n_ctx;     /* positions per slot */
-    int n_verify;  /* rows of a verify */
-    int swa_window; /* the window of the model's sliding layers (0: none) */
-    int swa_ring;   /* rows per slot of their caches: the window and the largest call, at most n_ctx */
-    int step_rows;  /* rows of a step (the features it keeps) */
+    dfl_memory_layout layout;
+    int n_seq;      /* slots */
+    int n_ctx;      /* positions per slot */
+    int n_verify;   /* rows of a verify (the recurrent layers' replay memory) */
+    int swa_window; /* the window of the windowed layers (0: none) */
+    int swa_ring;   /* rows per slot of their caches: the window and what a call adds, at most n_ctx */
+    int spare;      /* rows per slot after a cache's ring that nothing reads */
+    int feature_rows; /* feature rows per slot: the rows of a slot's largest call */
     struct ggml_context * ctx[2]; /* [0] on the device, [1] on the CPU (layers not offloaded) */
     ggml_backend_buffer_t buf[2];
-    /* attention layers: [kv_dim, R * n_seq] */
+    /* attention layers: [kv_dim, (R + spare) * n_seq] */
     struct ggml_tensor * k[DFL_MAX_LAYERS], * v[DFL_MAX_LAYERS];
     /* recurrent layers */
     struct ggml_tensor * conv[DFL_MAX_LAYERS];         /* [d_conv-1, channels, n_seq]: last inputs, oldest first */
@@ -82,7 +85,10 @@ typedef struct dfl_memory {
                                                           output, q and k, g, beta: dfl_target_graph.c) */
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS]; /* [channels, d_conv-1 + n_verify, n_seq]: conv inputs of the
                                                           last verify, committed ones first */
-    struct ggml_tensor * features;                     /* [n_feat * n_embd, step_rows] of the last step */
+    struct ggml_tensor * features;                     /* [feature floats, feature_rows * n_seq]: slot s's in rows
+                                                          s * feature_rows ..; NULL: none */
+    struct ggml_tensor * state;                        /* [state floats, n_seq]: a fixed-size state per slot (a
+                                                          drafter's carried features); NULL: none */
     dfl_seq seq[DFL_MAX_SEQ];
 } dfl_memory;
 
@@ -93,38 +99,58 @@ typedef struct dfl_memory {
 typedef struct dfl_memory_params {
     int n_seq, n_ctx, n_ubatch, n_verify;
     enum ggml_type type_k, type_v;
-    int n_features; /* feature layers captured per row (0: none) */
     const bool * on_device;
+    int window_rows;      /* rows a windowed layer's ring keeps besides its window (the rows one call adds) */
+    int spare;            /* rows per slot after each cache's ring */
+    int feature_floats;   /* floats per feature row (0: no feature rows) */
     bool features_on_device;
+    int state_floats;     /* floats of the per-slot state (0: none) */
 } dfl_memory_params;
 
-dfl_status dfl_memory_define(dfl_memory * mem, const dfl_model * m, const dfl_memory_params * p);
+dfl_status dfl_memory_define(dfl_memory * mem, const dfl_memory_layout * layout, const dfl_memory_params * p);
 dfl_status dfl_memory_alloc(dfl_memory * mem, const ggml_backend_dev_t devs[2]);
 void dfl_memory_free(dfl_memory * mem);
 
 /* Every slot empty (the state zeroed: a recurrence starts from zero). */
 void dfl_memory_clear(dfl_memory * mem);
 /* Slot seq empty. */
-void dfl_memory_seq_clear(dfl_memory * mem, const dfl_model * m, int seq);
+void dfl_memory_seq_clear(dfl_memory * mem, int seq);
 /* Slot seq's state was written (a checkpoint restored into it): it holds n_past
- * positions, with no verify or commit pending. */
+ * positions, and its feature rows no committed position's features. */
 void dfl_memory_seq_restored(dfl_memory * mem, int seq, int n_past);
-/* Slot dst holds what slot src holds (its positions, states and length), src unchanged;
- * src must have no verify or commit pending. */
-dfl_status dfl_memory_seq_copy(dfl_memory * mem, const dfl_model * m, int src, int dst);
+/* Slot dst holds what slot src holds (its positions, states and length), src unchanged. */
+dfl_status dfl_memory_seq_copy(dfl_memory * mem, int src, int dst);
 
-/* Rows per slot of layer il's cache (n_ctx, or the ring of a sliding layer). */
-int dfl_memory_kv_rows(const dfl_memory * mem, const dfl_model * m, int il);
-/* The cache row of position pos of slot seq in layer il's cache. */
-int64_t dfl_memory_cell(const dfl_memory * mem, const dfl_model * m, int il, int seq, int pos);
+/* Rows per slot of layer il's cache (n_ctx, or the ring of a windowed layer), and the
+ * first row of slot seq's. */
+int dfl_memory_kv_rows(const dfl_memory * mem, int il);
+int64_t dfl_memory_kv_base(const dfl_memory * mem, int il, int seq);
+/* The cache row of position pos of slot seq in layer il's cache, and slot seq's first spare row. */
+int64_t dfl_memory_cell(const dfl_memory * mem, int il, int seq, int pos);
+int64_t dfl_memory_spare_cell(const dfl_memory * mem, int il, int seq);
 
-/* Slot seq's slice of a per-slot state tensor (conv, ssm, replay, conv_scratch): a 2-D
- * view of its first dimension's rows (a fixed-size state's one row), and the byte
- * offset and size of a slice. */
+/* Slot seq's slice of a per-slot state tensor (conv, ssm, replay, conv_scratch, state):
+ * a 2-D view of its first dimension's rows (a fixed-size state's one row), and the
+ * byte offset and size of a slice. */
 struct ggml_tensor * dfl_memory_slice(struct ggml_context * ctx, const dfl_memory * mem, struct ggml_tensor * state,
                                       int seq);
 size_t dfl_memory_slice_offset(const dfl_memory * mem, const struct ggml_tensor * state, int seq);
 size_t dfl_memory_slot_bytes(const dfl_memory * mem, const struct ggml_tensor * state);
+
+/* ---- feature rows ------------------------------------------------------------------ */
+
+/* The first feature row of slot seq. */
+int64_t dfl_memory_feature_row0(const dfl_memory * mem, int seq);
+/* Slot seq's last call wrote `rows` feature rows from position p0 on, `kept` of them
+ * committed positions in row order (a decode: all; a verify: none yet). */
+void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, int kept);
+/* The commit of slot seq's verify keeps rows path[0..n) (NULL: rows 0..n-1) as positions p0.. */
+void dfl_memory_features_kept(dfl_memory * mem, int seq, const int32_t * path, int n);
+/* The feature row (in the whole feature tensor) of committed position pos of slot seq,
+ * or -1 when the slot's rows do not hold it. */
+int64_t dfl_memory_feature_of(const dfl_memory * mem, int seq, int pos);
+
+/* ---- checkpoints --------------------------------------------------------------------- */
 
 /* One piece of a slot's state, as checkpoints copy it: a per-position cache (rows of
  * `tensor`: position p at row base + p % ring, those from `need` on still read), or a
@@ -138,7 +164,7 @@ typedef struct dfl_memory_part {
 } dfl_memory_part;
 
 /* Slot seq's parts at length n_past, in a fixed order (parts may be NULL to count them). */
-int dfl_memory_seq_parts(const dfl_memory * mem, const dfl_model * m, int seq, int n_past, dfl_memory_part * parts);
+int dfl_memory_seq_parts(const dfl_memory * mem, int seq, int n_past, dfl_memory_part * parts);
 
 /* Rows [first, end) of positions between a per-position part and rows [0, end - first)
  * of `copy` (a tensor of the same row size, in the same order), in at most two runs;

@@ -37,6 +37,22 @@ static dfl_status rope_key(const dfl_gguf * g, const char * name, float def, flo
     return dfl_gguf_f32(g, key, false, def, out);
 }
 
+/* The yarn_truncate key: 1 true, 0 false, -1 absent (or not a bool: a file error). */
+static dfl_status yarn_truncate_key(const dfl_gguf * g, int * out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_truncate", g->arch);
+    const int64_t k = gguf_find_key(g->meta, key);
+    *out = -1;
+    if (k < 0) {
+        return DFL_OK;
+    }
+    if (gguf_get_kv_type(g->meta, k) != GGUF_TYPE_BOOL) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': key '%s' must be a bool", g->path, key);
+    }
+    *out = gguf_get_val_bool(g->meta, k) ? 1 : 0;
+    return DFL_OK;
+}
+
 static float yarn_mscale(float factor, float mul) {
     return factor <= 1.0f ? 1.0f : 0.1f * mul * logf(factor) + 1.0f;
 }
@@ -90,6 +106,9 @@ dfl_status dfl_rope_scaling_read(const dfl_gguf * g, int n_ctx_train, int type_o
         r->attn_factor = mscale / (1.0f + 0.1f * logf(f));
     }
     r->attn_factor *= attn;
+    int truncate;
+    TRY(yarn_truncate_key(g, &truncate));
+    r->exact_ramp = yarn && r->ext_factor != 0.0f && truncate == 0;
     return DFL_OK;
 }
 
@@ -97,6 +116,11 @@ dfl_status dfl_model_rope_scaling(dfl_model * m, int type_override, float freq_s
     const dfl_rope_scaling * r = &m->rope;
     const char * type = NULL;
     TRY(dfl_rope_scaling_read(&m->file, m->n_ctx_train, type_override, freq_scale, n_ctx_orig, &m->rope, &type));
+    int truncate;
+    TRY(yarn_truncate_key(&m->file, &truncate));
+    if (truncate < 0 && m->yarn_exact_ramp && strcmp(type, "yarn") == 0 && m->rope.ext_factor != 0.0f) {
+        m->rope.exact_ramp = true;
+    }
     if (m->no_rope_scaling && (r->freq_scale != 1.0f || r->ext_factor != 0.0f)) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': RoPE scaling '%s' is not implemented for %s", m->file.path, type,
                         m->arch->family);
@@ -260,8 +284,54 @@ dfl_status dfl_model_hybrid_layout(dfl_model * m) {
 struct ggml_tensor * dfl_rope(const dfl_model * m, struct ggml_context * ctx, struct ggml_tensor * x,
                               struct ggml_tensor * pos, struct ggml_tensor * freqs, int n_rot, float base) {
     const dfl_rope_scaling * r = &m->rope;
-    return ggml_rope_ext(ctx, x, pos, freqs, n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, base, r->freq_scale,
+    GGML_ASSERT(!r->exact_ramp || !freqs); /* no model with factors of its own runs scaled RoPE (Gemma 4) */
+    if (r->exact_ramp) {
+        freqs = dfl_yarn_factors(ctx, r, n_rot, base);
+    }
+    return dfl_rope_scaled(r, ctx, x, pos, freqs, n_rot, base);
+}
+
+struct ggml_tensor * dfl_graph_rope(const dfl_model * m, dfl_graph * g, struct ggml_tensor * x, int n_rot, float base) {
+    if (m->rope.exact_ramp && !g->rope_factors) {
+        g->rope_factors = dfl_yarn_factors(g->ctx, &m->rope, n_rot, base);
+    }
+    return dfl_rope_scaled(&m->rope, g->ctx, x, g->pos, m->rope.exact_ramp ? g->rope_factors : NULL, n_rot, base);
+}
+
+struct ggml_tensor * dfl_rope_scaled(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
+                                     struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base) {
+    if (r->exact_ramp) {
+        /* the blend is in the factors: rotate by them alone, and apply the attention factor
+         * ggml multiplies by itself only when it blends (ext_factor != 0) */
+        const float mscale = r->attn_factor * (1.0f + 0.1f * logf(1.0f / r->freq_scale));
+        return ggml_rope_ext(ctx, x, pos, factors, n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, base, 1.0f, 0.0f,
+                             mscale, r->beta_fast, r->beta_slow);
+    }
+    return ggml_rope_ext(ctx, x, pos, factors, n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, base, r->freq_scale,
                          r->ext_factor, r->attn_factor, r->beta_fast, r->beta_slow);
+}
+
+/* transformers' find_correction_dim: the rotary pair that turns `rotations` times over the
+ * original context */
+static double yarn_corr_dim(int n_rot, int n_ctx_orig, float rotations, float base) {
+    return n_rot * log((double) n_ctx_orig / (rotations * 2.0 * 3.14159265358979323846)) / (2.0 * log((double) base));
+}
+
+struct ggml_tensor * dfl_yarn_factors(struct ggml_context * ctx, const dfl_rope_scaling * r, int n_rot, float base) {
+    double low = yarn_corr_dim(n_rot, r->n_ctx_orig, r->beta_fast, base);
+    double high = yarn_corr_dim(n_rot, r->n_ctx_orig, r->beta_slow, base);
+    low = low > 0.0 ? low : 0.0;
+    high = high < n_rot - 1 ? high : n_rot - 1;
+    if (high == low) {
+        high += 0.001; /* as transformers' linear_ramp_factor */
+    }
+    const float inv_factor = r->freq_scale; /* 1 / YaRN's factor */
+    struct ggml_tensor * pair = ggml_arange(ctx, 0.0f, (float) (n_rot / 2), 1.0f);
+    struct ggml_tensor * ramp = ggml_clamp(ctx, ggml_scale_bias(ctx, pair, (float) (1.0 / (high - low)),
+                                                                (float) (-low / (high - low))), 0.0f, 1.0f);
+    /* the pair's frequency is the extrapolated one times 1 - ramp + ramp / factor */
+    struct ggml_tensor * blend = ggml_scale_bias(ctx, ramp, inv_factor - 1.0f, 1.0f);
+    return ggml_div(ctx, ggml_scale_bias(ctx, ramp, 0.0f, 1.0f), blend);
 }
 
 struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps) {
@@ -289,7 +359,15 @@ struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tenso
 }
 
 struct ggml_tensor * dfl_moe_ffn(struct ggml_context * ctx, struct ggml_tensor * x, const dfl_moe_weights * w) {
-    return dfl_moe_ffn_routed(ctx, x, ggml_mul_mat(ctx, w->router, x), w);
+    struct ggml_tensor * logits = ggml_mul_mat(ctx, w->router, x);
+    return dfl_moe_ffn_routed(ctx, x, w->router_b ? ggml_add(ctx, logits, w->router_b) : logits, w);
+}
+
+/* the chosen experts' projection of x [E, 1 or k, n], plus each expert's bias when given */
+static struct ggml_tensor * expert_mul_mat(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * bias,
+                                           struct ggml_tensor * x, struct ggml_tensor * chosen) {
+    struct ggml_tensor * y = ggml_mul_mat_id(ctx, w, x, chosen);
+    return bias ? ggml_add_id(ctx, y, bias, chosen) : y;
 }
 
 struct ggml_tensor * dfl_moe_ffn_routed(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * logits,
@@ -315,11 +393,13 @@ struct ggml_tensor * dfl_moe_ffn_routed(struct ggml_context * ctx, struct ggml_t
         gate = ggml_view_3d(ctx, gu, F, k, n, gu->nb[1], gu->nb[2], 0);
         up = ggml_view_3d(ctx, gu, F, k, n, gu->nb[1], gu->nb[2], (size_t) F * ggml_element_size(gu));
     } else {
-        gate = ggml_mul_mat_id(ctx, w->gate, xr, chosen);
-        up = ggml_mul_mat_id(ctx, w->up, xr, chosen);
+        gate = expert_mul_mat(ctx, w->gate, w->gate_b, xr, chosen);
+        up = expert_mul_mat(ctx, w->up, w->up_b, xr, chosen);
     }
-    struct ggml_tensor * h = w->gelu ? ggml_mul(ctx, dfl_gelu_tanh(ctx, gate), up) : ggml_swiglu_split(ctx, gate, up);
-    struct ggml_tensor * out = ggml_mul_mat_id(ctx, w->down, h, chosen); /* [E, k, n] */
+    struct ggml_tensor * h = w->swiglu_limit > 0.0f ? ggml_swiglu_oai(ctx, gate, up, w->swiglu_alpha, w->swiglu_limit)
+                           : w->gelu ? ggml_mul(ctx, dfl_gelu_tanh(ctx, gate), up)
+                           : ggml_swiglu_split(ctx, gate, up);
+    struct ggml_tensor * out = expert_mul_mat(ctx, w->down, w->down_b, h, chosen); /* [E, k, n] */
     out = ggml_mul(ctx, out, weights);
     struct ggml_tensor * sum = ggml_view_2d(ctx, out, E, n, out->nb[2], 0);
     for (int64_t i = 1; i < k; i++) {

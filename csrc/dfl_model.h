@@ -41,10 +41,15 @@ typedef struct dfl_graph dfl_graph;
 typedef struct dfl_rope_scaling {
     float freq_scale, ext_factor, attn_factor, beta_fast, beta_slow;
     int n_ctx_orig; /* the trained context the YaRN ramps are measured against */
+    /* YaRN's correction range as computed (transformers' truncate: false), not widened to
+     * whole dimensions as ggml_rope_ext does; dfl_rope then passes the blend as
+     * frequency factors (dfl_yarn_factors) */
+    bool exact_ramp;
 } dfl_rope_scaling;
 
 /* A file's rope.scaling.* keys resolved with llama.cpp-style overrides (type -1 the file's,
- * 0 none, 1 linear, 2 yarn; freq_scale 0 and n_ctx_orig 0 the file's); *type the method. */
+ * 0 none, 1 linear, 2 yarn; freq_scale 0 and n_ctx_orig 0 the file's); *type the method.
+ * The yarn_truncate key (ours) sets exact_ramp; without it the ramp is ggml's. */
 dfl_status dfl_rope_scaling_read(const dfl_gguf * g, int n_ctx_train, int type, float freq_scale, int n_ctx_orig,
                                  dfl_rope_scaling * out, const char ** type_name);
 
@@ -66,6 +71,7 @@ struct dfl_model {
     float logit_softcap; /* logits = c * tanh(logits / c) when > 0 */
     dfl_rope_scaling rope;
     bool no_rope_scaling; /* the architecture runs unscaled RoPE only */
+    bool yarn_exact_ramp; /* the architecture's YaRN ramp when the file does not say (gpt-oss: exact) */
     dfl_layer_kind kind[DFL_MAX_LAYERS];
     dfl_attention_geometry attn[DFL_MAX_LAYERS]; /* attention layers */
     dfl_recurrent_geometry rec;                  /* when n_recurrent > 0 */
@@ -93,6 +99,7 @@ struct dfl_graph {
     int n;                    /* rows: tokens of a decode or chain, nodes of a tree */
     struct ggml_tensor * pos; /* [n] I32 position of each row */
     void * runtime;           /* the runtime's own state for this graph */
+    struct ggml_tensor * rope_factors; /* dfl_graph_rope's YaRN factors, built on first use */
 };
 
 /* Attention over the cache and this graph's rows with the runtime's mask (causal, or
@@ -102,6 +109,10 @@ struct dfl_graph {
  * q [hd_k, n_head, n], k [hd_k, n_head_kv, n], v [hd_v * n_head_kv, n] -> [hd_v * n_head, n]. */
 struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                          struct ggml_tensor * v, float scale);
+/* The same with a learned logit per head [n_head] (f32) in every row's softmax, which
+ * attends to nothing (gpt-oss's attention sinks); sinks NULL: plain attention. */
+struct ggml_tensor * dfl_graph_attention_sinks(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                               struct ggml_tensor * v, float scale, struct ggml_tensor * sinks);
 
 /* The layer's short causal convolution (before activation) over x [conv_channels, n]
  * with kernel [d_conv, conv_channels]: each row sees the inputs before it (along the
@@ -119,6 +130,17 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
 /* NeoX-style ggml_rope_ext with the model's frequency scaling. */
 struct ggml_tensor * dfl_rope(const dfl_model * m, struct ggml_context * ctx, struct ggml_tensor * x,
                               struct ggml_tensor * pos, struct ggml_tensor * freqs, int n_rot, float base);
+/* The same for the rows of a graph, with an exact YaRN ramp's frequency factors built
+ * once per graph (a model has one n_rot and base when its ramp is exact). */
+struct ggml_tensor * dfl_graph_rope(const dfl_model * m, dfl_graph * g, struct ggml_tensor * x, int n_rot, float base);
+/* NeoX ggml_rope_ext under scaling r. With r->exact_ramp, `factors` must be
+ * dfl_yarn_factors(r, n_rot, base): the YaRN blend of each rotary pair as frequency
+ * factors, rotated with ext_factor 0 and the attention factor applied here. */
+struct ggml_tensor * dfl_rope_scaled(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
+                                     struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base);
+/* [n_rot / 2] f32: 1 / (1 - ramp_i (1 - 1/factor)) for each rotary pair i, the ramp over
+ * YaRN's correction range unrounded (transformers' YaRN with truncate false). */
+struct ggml_tensor * dfl_yarn_factors(struct ggml_context * ctx, const dfl_rope_scaling * r, int n_rot, float base);
 struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps);
 /* x / sqrt(sum(x^2) + eps) per row */
 struct ggml_tensor * dfl_l2_norm(struct ggml_context * ctx, struct ggml_tensor * x, float eps);
@@ -130,14 +152,20 @@ struct ggml_tensor * dfl_ffn_swiglu(struct ggml_context * ctx, struct ggml_tenso
 
 /* Routed experts: softmax over the router's logits, the n_used best experts per row with
  * their probabilities renormalised to sum to 1 (then times expert_scale of the expert
- * when given), each a gated FFN (SiLU, or GELU-tanh when gelu). gate_up (when not NULL)
- * holds gate and up fused [n_embd, 2 n_ff, n_expert]; else gate and up apart. */
+ * when given), each a gated FFN (SiLU, GELU-tanh when gelu, or gpt-oss's clamped SwiGLU
+ * when swiglu_limit > 0). gate_up (when not NULL) holds gate and up fused [n_embd,
+ * 2 n_ff, n_expert]; else gate and up apart. Per-expert biases are added to each
+ * projection when given. */
 typedef struct dfl_moe_weights {
     struct ggml_tensor * router;  /* [n_embd, n_expert] */
+    struct ggml_tensor * router_b; /* [n_expert] or NULL: added to the router's logits (dfl_moe_ffn) */
     struct ggml_tensor * gate, * up, * gate_up, * down;
+    struct ggml_tensor * gate_b, * up_b, * down_b; /* [n_ff, n_expert], [n_embd, n_expert] or NULL */
     struct ggml_tensor * expert_scale; /* [n_expert] or NULL */
     int n_expert, n_used;
     bool gelu;
+    /* > 0: min(gate, limit) * sigmoid(alpha min(gate, limit)) * (clamp(up, -limit, limit) + 1) */
+    float swiglu_limit, swiglu_alpha;
 } dfl_moe_weights;
 struct ggml_tensor * dfl_moe_ffn(struct ggml_context * ctx, struct ggml_tensor * x, const dfl_moe_weights * w);
 /* The same with the router's logits [n_expert, n] computed by the caller (from another input). */

@@ -351,6 +351,17 @@ dfl_status dfl_pair_check(const dfl_gguf * draft, const dfl_gguf * target, int64
                             m.target_name, m.target_n_vocab, m.target_n_embd, tname, (long long) n_vocab,
                             (long long) n_embd);
         }
+        if (dfl_gguf_has(draft, DFL_KEY_TARGET_N_LAYER)) {
+            uint32_t want, blocks, nextn;
+            TRY(dfl_gguf_u32(draft, DFL_KEY_TARGET_N_LAYER, true, 0, &want));
+            TRY(dfl_gguf_u32(target, ".block_count", true, 0, &blocks));
+            TRY(dfl_gguf_u32(target, ".nextn_predict_layers", false, 0, &nextn));
+            if (nextn > blocks || blocks - nextn != want) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "drafter '%s' was converted for target '%s' (%u layers), but the "
+                                "loaded target '%s' has %u: wrong target/drafter pair", m.name, m.target_name, want,
+                                tname, nextn > blocks ? 0 : blocks - nextn);
+            }
+        }
         char hex[65];
         if (dfl_tokenizer_sha256(target, true, hex) && strcmp(hex, m.target_tokenizer_sha256) != 0) {
             return dfl_fail(DFL_ERR_ARGUMENT, "drafter '%s' was converted for target '%s' (tokenizer sha256 %.12s...), "
@@ -376,13 +387,38 @@ dfl_status dfl_pair_check(const dfl_gguf * draft, const dfl_gguf * target, int64
     return DFL_OK;
 }
 
+/* A model GGUF whose nextn layers draft for it (csrc/models/mtp.c): the layers before
+ * them, whose final-normed state the MTP layer reads. */
+static dfl_status read_mtp_meta(const dfl_gguf * g, dfl_draft_meta * m) {
+    memset(m, 0, sizeof *m);
+    uint32_t blocks, nextn, n_embd;
+    TRY(dfl_gguf_u32(g, ".block_count", true, 0, &blocks));
+    TRY(dfl_gguf_u32(g, ".nextn_predict_layers", false, 0, &nextn));
+    TRY(dfl_gguf_u32(g, ".embedding_length", true, 0, &n_embd));
+    if (nextn == 0 || nextn >= blocks || blocks > 4096) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' (%s) has no nextn (MTP) layers: not a drafter (convert the checkpoint "
+                        "without --no-mtp)", g->path, g->arch);
+    }
+    snprintf(m->kind, sizeof m->kind, "mtp");
+    m->mask_token_id = -1;
+    m->n_embd = n_embd > INT32_MAX ? INT32_MAX : (int32_t) n_embd;
+    m->n_target_layers = 1;
+    m->target_layers[0] = (int32_t) (blocks - nextn);
+    model_name(g, m->name, sizeof m->name);
+    return DFL_OK;
+}
+
 DFL_API dfl_status dfl_draft_read_meta(const char * path, dfl_draft_meta * meta) {
     if (!path || !meta) {
         return dfl_fail(DFL_ERR_ARGUMENT, "dfl_draft_read_meta needs a path and a result");
     }
     dfl_gguf g;
     TRY(dfl_gguf_open(path, &g));
-    const dfl_status st = read_meta(&g, meta);
+    const bool mtp = strcmp(g.arch, "qwen35") == 0 || strcmp(g.arch, "qwen35moe") == 0;
+    const dfl_status st = mtp ? read_mtp_meta(&g, meta) : read_meta(&g, meta);
+    if (st == DFL_OK && !mtp) {
+        snprintf(meta->kind, sizeof meta->kind, "dflash");
+    }
     dfl_gguf_close(&g);
     return st;
 }

@@ -12,6 +12,7 @@
 #define DFL_KEY_TARGET_TOKENIZER "dflash.target.tokenizer_sha256"
 #define DFL_KEY_TARGET_N_EMBD "dflash.target.embedding_length"
 #define DFL_KEY_TARGET_N_VOCAB "dflash.target.vocab_size"
+#define DFL_KEY_TARGET_N_LAYER "dflash.target.block_count" /* its own layers, without MTP (nextn) ones */
 
 /* Largest drafted block (a chain verify of the whole block must fit). */
 #define DFL_MAX_BLOCK 256
@@ -27,7 +28,7 @@ dfl_status dfl_vocab_check(const dfl_gguf * g, int64_t n_vocab);
 
 /* The drafter `draft` fits the target whose file is `target` (n_vocab x n_embd
  * embedding): a drafter converted by us must have been converted for a target with
- * this tokenizer and embedding shape; one without a fingerprint (llama.cpp's converter)
+ * this tokenizer, embedding shape and (when it records one) layer count; one without a fingerprint (llama.cpp's converter)
  * is checked by its embedded vocabulary. Also bounds the block size. */
 dfl_status dfl_pair_check(const dfl_gguf * draft, const dfl_gguf * target, int64_t n_vocab, int64_t n_embd);
 

@@ -1,8 +1,10 @@
 /* Memory plan of a target and its drafter, before anything is allocated: the same
  * placement, state tensors and graphs as a real load, with every weight and state
  * tensor on a zero-size placeholder buffer so that ggml's allocator measures the graphs'
- * compute memory without allocating it. */
-#include "dfl_plan.h"
+ * compute memory without allocating it, as llama.cpp's no_alloc mode does. The planner
+ * reads both runtimes' insides (their loading steps, memory and graph builders over
+ * descriptors); neither runtime calls it. */
+#include "dfl_draft_impl.h"
 #include "dfl_target_impl.h"
 
 #include <stdio.h>
@@ -62,6 +64,72 @@ static dfl_status plan_host_lookup(dfl_target * t, ggml_backend_buffer_t host) {
     ggml_set_name(t->tok_lookup, ggml_get_name(t->m.tok_embd));
     dfl_runtime_place_dummy(t->tok_lookup, host);
     return DFL_OK;
+}
+
+/* Bytes of one part of a plan; compute[0] on the part's device, compute[1] on the CPU
+ * when that is another device. */
+typedef struct part_sizes {
+    size_t weights, cache, compute[2];
+} part_sizes;
+
+/* The drafter's weights, memory (its caches per slot, its blocks) and compute: slot 0
+ * holds the larger of a propose of every sequence over the whole attention span and a
+ * prefill chunk's entries alone; slot 1 the rank graph over that propose's logits and
+ * softmax (top_k > 1). */
+static dfl_status plan_draft_with(dfl_draft * d, ggml_backend_buffer_t dummy, part_sizes * out) {
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d->rt.dev);
+    const dfl_gguf * g = &d->m.file;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
+        if (g->used[i]) {
+            struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
+            out->weights += ggml_backend_buft_get_alloc_size(buft, w);
+            dfl_runtime_place_dummy(w, dummy);
+        }
+    }
+    TRY(dfl_draft_define_state(d));
+    struct ggml_context * state[2] = { d->mem.ctx[0], d->ctx_blocks };
+    for (int k = 0; k < 2; k++) {
+        for (struct ggml_tensor * c = ggml_get_first_tensor(state[k]); c; c = ggml_get_next_tensor(state[k], c)) {
+            out->cache += ggml_backend_buft_get_alloc_size(buft, c);
+            dfl_runtime_place_dummy(c, dummy);
+        }
+    }
+    draft_inputs in;
+    size_t propose[2] = { 0, 0 }, entries[2] = { 0, 0 }, rank[2] = { 0, 0 };
+    const dfl_draft_step worst = dfl_draft_worst_step(d, false), chunk = dfl_draft_worst_step(d, true);
+    dfl_draft_build_graph(d, &worst, dfl_runtime_begin_graph(&d->rt, 0), &in);
+    dfl_runtime_measure(&d->rt, 0, in.gf, propose);
+    dfl_draft_build_graph(d, &chunk, dfl_runtime_begin_graph(&d->rt, 0), &in);
+    dfl_runtime_measure(&d->rt, 0, in.gf, entries);
+    if (d->p.top_k > 1) {
+        struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
+        struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d->m.n_vocab,
+                                                         dfl_draft_step_drafted(&worst));
+        struct ggml_tensor * probs = ggml_dup_tensor(ctx, logits);
+        dfl_runtime_place_dummy(logits, dummy); /* slot 0's, counted there */
+        dfl_runtime_place_dummy(probs, dummy);
+        rank_graph r;
+        dfl_draft_build_rank(d, ctx, logits, probs, &r);
+        dfl_runtime_measure(&d->rt, 1, r.gf, rank);
+    }
+    for (int k = 0; k < 2; k++) {
+        out->compute[k] = (propose[k] > entries[k] ? propose[k] : entries[k]) + rank[k];
+    }
+    return DFL_OK;
+}
+
+static dfl_status plan_draft(const char * path, dfl_target * t, const dfl_draft_params * params, part_sizes * out) {
+    memset(out, 0, sizeof *out);
+    dfl_draft * d;
+    TRY(dfl_draft_open(path, t, params, &d));
+    ggml_backend_buffer_t dummy = dfl_runtime_dummy_buffer(d->rt.dev);
+    const dfl_status st = dummy ? plan_draft_with(d, dummy, out)
+                                : dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", ggml_backend_dev_name(d->rt.dev));
+    if (dummy) {
+        ggml_backend_buffer_free(dummy);
+    }
+    dfl_draft_free(d);
+    return st;
 }
 
 static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_draft_params * draft_params,
@@ -128,8 +196,8 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         plan->devices[k].target_compute = compute[k];
     }
     if (draft_path) {
-        dfl_part_sizes d;
-        TRY(dfl_draft_plan(draft_path, t, draft_params, &d));
+        part_sizes d;
+        TRY(plan_draft(draft_path, t, draft_params, &d));
         plan->devices[0].draft_weights = d.weights;
         plan->devices[0].draft_cache = d.cache;
         for (int k = 0; k < n_dev; k++) {

@@ -333,3 +333,10 @@ dfl_status dfl_runtime_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     ggml_backend_sched_reset(sched);
     return DFL_OK;
 }
+
+void dfl_runtime_reserve_visit(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user) {
+    dfl_status * status = user;
+    if (*status == DFL_OK) {
+        *status = dfl_runtime_reserve(rt, slot, gf);
+    }
+}

@@ -92,5 +92,10 @@ void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, si
  * any reserve or graph asked of it): a runtime that reserves its worst graphs at load
  * does not grow later. */
 dfl_status dfl_runtime_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
+/* A runtime's worst graphs are handed one by one to a visitor with their slot: the planner
+ * measures them, a load reserves them (dfl_runtime_reserve_visit: user is a dfl_status,
+ * whose first failure stands). */
+typedef void (*dfl_graph_visit)(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user);
+void dfl_runtime_reserve_visit(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user);
 
 #endif

@@ -176,13 +176,6 @@ dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void *
     return DFL_OK;
 }
 
-static void reserve_graph(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user) {
-    dfl_status * status = user; /* the first failure stands */
-    if (*status == DFL_OK) {
-        *status = dfl_runtime_reserve(rt, slot, gf);
-    }
-}
-
 /* Layers il >= first_device_layer run on the device, the ones before on the CPU. */
 static int first_device_layer(const dfl_target * t) {
     const int n_layer = t->m.n_layer;
@@ -262,6 +255,14 @@ static dfl_status place_weights(dfl_target * t) {
     return st;
 }
 
+static void verify_reset(verify_seq * v) {
+    v->pending = 0;
+    v->pending_tree = false;
+    v->commit.active = false;
+    v->last_chain = 0;
+    v->chain_steady = DFL_CHAIN_STEADY;
+}
+
 /* Caches and recurrent states live with their layer's weights (the memory's tensors on
  * the device or on the CPU), the features with the output. Tensors only: alloc_state
  * gives them memory. */
@@ -270,10 +271,18 @@ dfl_status dfl_target_define_state(dfl_target * t) {
     for (int il = 0; il < t->m.n_layer; il++) {
         on_device[il] = layer_device(t, il) == t->rt.dev;
     }
-    const dfl_memory_params mp = { t->p.n_seq, t->p.n_ctx, t->p.n_ubatch, t->p.n_verify,
-                                   (enum ggml_type) t->p.kv_type, (enum ggml_type) t->p.kv_type_v,
-                                   t->p.n_feature_layers, on_device, output_device(t) == t->rt.dev };
-    return dfl_memory_define(&t->mem, &t->m, &mp);
+    const dfl_memory_layout layout = { t->m.n_layer, t->m.kind, t->m.attn, &t->m.rec };
+    const int call_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+    const dfl_memory_params mp = { .n_seq = t->p.n_seq, .n_ctx = t->p.n_ctx, .n_ubatch = t->p.n_ubatch,
+                                   .n_verify = t->p.n_verify, .type_k = (enum ggml_type) t->p.kv_type,
+                                   .type_v = (enum ggml_type) t->p.kv_type_v, .on_device = on_device,
+                                   .window_rows = call_rows, .spare = 0,
+                                   .feature_floats = t->p.n_feature_layers * t->m.n_embd,
+                                   .features_on_device = output_device(t) == t->rt.dev, .state_floats = 0 };
+    for (int s = 0; s < DFL_MAX_SEQ; s++) {
+        verify_reset(&t->verify[s]);
+    }
+    return dfl_memory_define(&t->mem, &layout, &mp);
 }
 
 static dfl_status alloc_state(dfl_target * t) {
@@ -344,7 +353,7 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
          * would grow with the longest context seen (a server's resident memory crept up
          * for thousands of requests), and fail mid-run rather than at load */
         dfl_status reserved = DFL_OK;
-        st = dfl_target_worst_graphs(t, reserve_graph, &reserved);
+        st = dfl_target_worst_graphs(t, dfl_runtime_reserve_visit, &reserved);
         if (st == DFL_OK) {
             st = reserved;
         }
@@ -352,8 +361,9 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     if (st == DFL_OK) {
         /* the same for the host staging of graph inputs: the rows of the largest step and
          * the mask of its largest segment (rows by attention span) */
-        const int rows = t->mem.step_rows > t->p.n_verify ? t->mem.step_rows : t->p.n_verify;
         const int seg_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+        const int batch_rows = t->mem.n_seq * t->p.n_verify;
+        const int rows = batch_rows > seg_rows ? batch_rows : seg_rows;
         st = host_reserve(t, rows, (size_t) seg_rows * (size_t) t->p.n_ctx);
         if (st == DFL_OK) {
             memset(t->host_i32, 0, t->host_rows * sizeof(int32_t));
@@ -425,10 +435,13 @@ DFL_API dfl_status dfl_target_last_placement(const dfl_target * t, dfl_placement
     return dfl_runtime_placement(&t->rt, out);
 }
 
-/* The results of the last step are gone (its features belong to a context that moved). */
-void dfl_target_drop_results(dfl_target * t) {
-    t->n_out = 0;
-    t->n_rows = 0;
+void dfl_target_seq_restored(dfl_target * t, int seq, int n_past) {
+    dfl_memory_seq_restored(&t->mem, seq, n_past);
+    verify_reset(&t->verify[seq]);
+}
+
+bool dfl_target_seq_settled(const dfl_target * t, int seq) {
+    return !t->verify[seq].pending && !t->verify[seq].commit.active;
 }
 
 DFL_API dfl_status dfl_target_reset(dfl_target * t) {
@@ -439,8 +452,9 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
     t->n_last_replay = 0;
     /* the graphs stay: a graph's key holds everything its shape depends on (the context
      * length enters through inputs), so a new request reuses them */
-    dfl_target_drop_results(t);
+    t->n_out = 0;
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
+        verify_reset(&t->verify[s]);
         t->sampler[s].n_u = 0;
         t->sampler[s].pen_rows = 0;
         t->sampler[s].mask_rows = 0;
@@ -450,7 +464,8 @@ DFL_API dfl_status dfl_target_reset(dfl_target * t) {
 
 DFL_API dfl_status dfl_target_seq_reset(dfl_target * t, int32_t seq) {
     TRY(check_seq(t, seq));
-    dfl_memory_seq_clear(&t->mem, &t->m, seq);
+    dfl_memory_seq_clear(&t->mem, seq);
+    verify_reset(&t->verify[seq]);
     t->sampler[seq].n_u = 0;
     t->sampler[seq].pen_rows = 0;
     t->sampler[seq].mask_rows = 0;
@@ -460,7 +475,12 @@ DFL_API dfl_status dfl_target_seq_reset(dfl_target * t, int32_t seq) {
 DFL_API dfl_status dfl_target_seq_copy(dfl_target * t, int32_t src, int32_t dst) {
     TRY(check_seq(t, src));
     TRY(check_seq(t, dst));
-    return dfl_memory_seq_copy(&t->mem, &t->m, src, dst);
+    if (!dfl_target_seq_settled(t, src)) {
+        return dfl_fail(DFL_ERR_STATE, "sequence %d is between a verify and its commit: copy it after a decode", src);
+    }
+    TRY(dfl_memory_seq_copy(&t->mem, src, dst));
+    verify_reset(&t->verify[dst]);
+    return DFL_OK;
 }
 
 DFL_API int32_t dfl_target_n_past(const dfl_target * t, int32_t seq) {
@@ -581,9 +601,6 @@ static dfl_status run_step(dfl_target * t, dfl_step * step, const int32_t * cons
     }
     step->n_rows = rows;
     step->n_out = n_out;
-    if (rows > t->mem.step_rows) {
-        return dfl_fail(DFL_ERR_CAPACITY, "a step of %d rows exceeds the %d a step may have", rows, t->mem.step_rows);
-    }
     /* commit inputs have n_verify rows */
     TRY(host_reserve(t, rows > t->p.n_verify ? rows : t->p.n_verify, mask));
     TRY(step_sampling(t, step));
@@ -614,7 +631,6 @@ static dfl_status run_step(dfl_target * t, dfl_step * step, const int32_t * cons
             t->n_last_replay = pc->n_replay;
         }
     }
-    t->n_rows = rows;
     t->n_out = n_out;
     return DFL_OK;
 }
@@ -624,6 +640,7 @@ static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src
                               struct ggml_tensor ** tokens_src) {
     TRY(check_seq(t, r->seq));
     const dfl_seq * q = &t->mem.seq[r->seq];
+    const verify_seq * vq = &t->verify[r->seq];
     *tokens_src = NULL;
     switch (r->kind) {
         case DFL_STEP_DECODE:
@@ -640,7 +657,7 @@ static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src
             if (r->logits < LOGITS_NONE || r->logits > LOGITS_ALL) {
                 return dfl_fail(DFL_ERR_ARGUMENT, "logits mode must be 0, 1 or 2");
             }
-            if (q->pending_verify) {
+            if (vq->pending) {
                 return dfl_fail(DFL_ERR_STATE, "a verify is waiting for dfl_target_commit");
             }
             break;
@@ -663,7 +680,7 @@ static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src
                 }
                 *tokens_src = src->tokens[r->seq];
             }
-            if (q->pending_verify) {
+            if (vq->pending) {
                 return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
             }
             break;
@@ -674,7 +691,7 @@ static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src
             if (r->n > t->p.n_verify) {
                 return dfl_fail(DFL_ERR_CAPACITY, "a tree of %d nodes exceeds n_verify %d", r->n, t->p.n_verify);
             }
-            if (q->pending_verify) {
+            if (vq->pending) {
                 return dfl_fail(DFL_ERR_STATE, "the previous verify was not committed");
             }
             break;
@@ -715,26 +732,31 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
             return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d appears twice in one step", r->seq);
         }
         seen[r->seq] = true;
-        dfl_seq * q = &t->mem.seq[r->seq];
+        const dfl_seq * q = &t->mem.seq[r->seq];
+        verify_seq * vq = &t->verify[r->seq];
         if (r->kind == DFL_STEP_TREE) {
-            TRY(dfl_tree_plan(&q->tree, &t->tree_shapes, r->parents, r->n, t->m.n_recurrent > 0 ? t->m.rec.d_conv : 0));
+            TRY(dfl_tree_plan(&vq->tree, &t->tree_shapes, r->parents, r->n, t->m.n_recurrent > 0 ? t->m.rec.d_conv : 0));
         }
         step.seg[i] = (dfl_segment) { r->seq, r->kind, r->n, 0, q->n_past, 0,
                                       r->kind == DFL_STEP_DECODE ? r->logits : LOGITS_ALL,
-                                      r->kind == DFL_STEP_TREE ? &q->tree : NULL,
-                                      q->commit.active ? &q->commit : NULL, src, { 0 }, 0, 0 };
+                                      r->kind == DFL_STEP_TREE ? &vq->tree : NULL,
+                                      vq->commit.active ? &vq->commit : NULL, src, { 0 }, 0, 0 };
         tokens[i] = r->tokens;
     }
     TRY(run_step(t, &step, tokens));
     for (int i = 0; i < n; i++) {
         const dfl_segment * s = &step.seg[i];
         dfl_seq * q = &t->mem.seq[s->seq];
-        q->commit.active = false;
+        verify_seq * vq = &t->verify[s->seq];
+        vq->commit.active = false;
+        /* the slot's feature rows hold this call's rows now: a decode's are committed, a
+         * verify's wait for its commit */
+        dfl_memory_features_written(&t->mem, s->seq, q->n_past, s->n, s->kind == DFL_STEP_DECODE ? s->n : 0);
         if (s->kind == DFL_STEP_DECODE) {
             q->n_past += s->n;
         } else {
-            q->pending_verify = s->n;
-            q->pending_tree = s->kind == DFL_STEP_TREE;
+            vq->pending = s->n;
+            vq->pending_tree = s->kind == DFL_STEP_TREE;
         }
     }
     return DFL_OK;
@@ -743,22 +765,23 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
 DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t seq, int32_t n_keep) {
     TRY(check_seq(t, seq));
     dfl_seq * q = &t->mem.seq[seq];
-    const int n = q->pending_verify;
+    verify_seq * vq = &t->verify[seq];
+    const int n = vq->pending;
     if (n == 0) {
         return dfl_fail(DFL_ERR_STATE, "commit without a preceding verify");
     }
-    if (q->pending_tree) {
+    if (vq->pending_tree) {
         return dfl_fail(DFL_ERR_STATE, "a tree verify is committed with dfl_target_commit_path");
     }
     if (n_keep < 0 || n_keep > n) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d verified tokens", n_keep, n);
     }
-    q->pending_verify = 0;
-    q->chain_steady = n == q->last_chain || q->last_chain == 0 ? q->chain_steady + 1 : 0;
-    q->last_chain = n;
+    vq->pending = 0;
+    vq->chain_steady = n == vq->last_chain || vq->last_chain == 0 ? vq->chain_steady + 1 : 0;
+    vq->last_chain = n;
     /* a chain's attention rows are already in place: only recurrent layers have work */
     if (n_keep > 0 && t->m.n_recurrent > 0) {
-        pending_commit * pc = &q->commit;
+        pending_commit * pc = &vq->commit;
         pc->active = true;
         pc->tree = false;
         pc->p0 = q->n_past;
@@ -766,7 +789,7 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t seq, int32_t n_keep
         /* chain verifies of one length reuse one graph when their commits rerun every
          * verified row; while the lengths vary (a confidence cut), the graphs differ
          * anyway and only the kept rows are rerun, sparing the identity steps */
-        pc->n_replay = q->chain_steady >= DFL_CHAIN_STEADY ? n : n_keep;
+        pc->n_replay = vq->chain_steady >= DFL_CHAIN_STEADY ? n : n_keep;
         for (int k = 0; k < n_keep; k++) {
             pc->path[k] = k;
         }
@@ -774,6 +797,7 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t seq, int32_t n_keep
             pc->conv_cols[j] = n_keep + j;
         }
     }
+    dfl_memory_features_kept(&t->mem, seq, NULL, n_keep);
     q->n_past += n_keep;
     return DFL_OK;
 }
@@ -784,10 +808,11 @@ DFL_API dfl_status dfl_target_commit(dfl_target * t, int32_t seq, int32_t n_keep
 DFL_API dfl_status dfl_target_commit_path(dfl_target * t, int32_t seq, const int32_t * path, int32_t n_keep) {
     TRY(check_seq(t, seq));
     dfl_seq * q = &t->mem.seq[seq];
-    if (q->pending_verify == 0 || !q->pending_tree) {
+    verify_seq * vq = &t->verify[seq];
+    if (vq->pending == 0 || !vq->pending_tree) {
         return dfl_fail(DFL_ERR_STATE, "commit_path needs a preceding tree verify");
     }
-    const tree_plan * tp = &q->tree;
+    const tree_plan * tp = &vq->tree;
     if (n_keep < 0 || n_keep > tp->n || (n_keep > 0 && !path)) {
         return dfl_fail(DFL_ERR_ARGUMENT, "cannot keep %d of %d tree nodes", n_keep, tp->n);
     }
@@ -797,11 +822,12 @@ DFL_API dfl_status dfl_target_commit_path(dfl_target * t, int32_t seq, const int
             return dfl_fail(DFL_ERR_ARGUMENT, "path entry %d (node %d) does not continue a root-to-node path", k, path[k]);
         }
     }
-    q->pending_verify = 0;
-    q->pending_tree = false;
+    vq->pending = 0;
+    vq->pending_tree = false;
+    dfl_memory_features_kept(&t->mem, seq, path, n_keep);
     if (n_keep > 0) {
         const int W = t->m.rec.d_conv - 1, last = path[n_keep - 1];
-        pending_commit * pc = &q->commit;
+        pending_commit * pc = &vq->commit;
         pc->active = true;
         pc->tree = true;
         pc->p0 = q->n_past;
@@ -938,17 +964,19 @@ DFL_API dfl_status dfl_target_set_masks(dfl_target * t, int32_t seq, const uint3
     return dfl_sampler_stage_masks(&t->sampler[seq], words, n_rows, n_words, t->m.n_vocab);
 }
 
-DFL_API dfl_status dfl_target_features(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
-    TRY(check_rows(t, row0, n_rows, t ? t->n_rows : 0, "feature"));
+DFL_API dfl_status dfl_target_features(const dfl_target * t, int32_t seq, float * dst, int32_t row0, int32_t n_rows) {
+    TRY(check_seq(t, seq));
     if (t->p.n_feature_layers == 0) {
         return dfl_fail(DFL_ERR_STATE, "the target was loaded without feature layers");
     }
+    TRY(check_rows(t, row0, n_rows, t->mem.seq[seq].feat.rows, "feature"));
     const size_t row = t->mem.features->nb[1];
-    dfl_runtime_get(&t->rt, t->mem.features, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    const size_t at = (size_t) dfl_memory_feature_row0(&t->mem, seq) * row;
+    dfl_runtime_get(&t->rt, t->mem.features, dst, at + (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
 
-/* ---- what the drafter may read ------------------------------------------------------- */
+/* ---- what a drafter may read --------------------------------------------------------- */
 
 const dfl_gguf * dfl_target_file(const dfl_target * t) { return &t->m.file; }
 int dfl_target_n_vocab(const dfl_target * t) { return t->m.n_vocab; }
@@ -963,8 +991,10 @@ ggml_backend_dev_t dfl_target_device(const dfl_target * t) { return t->rt.dev; }
 bool dfl_target_on_cpu(const dfl_target * t) { return t->rt.dev == t->rt.dev_cpu; }
 struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t) { return t->tok_lookup; }
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t) { return t->m.output; }
+struct ggml_tensor * dfl_target_output_norm(const dfl_target * t) { return t->m.output_norm; }
+const dfl_rope_scaling * dfl_target_rope_scaling(const dfl_target * t) { return &t->m.rope; }
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->mem.features; }
-int dfl_target_feature_rows(const dfl_target * t) { return t->n_rows; }
+int64_t dfl_target_feature_of(const dfl_target * t, int seq, int pos) { return dfl_memory_feature_of(&t->mem, seq, pos); }
 
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n) {
     const int n = t->p.n_feature_layers < max_n ? t->p.n_feature_layers : max_n;

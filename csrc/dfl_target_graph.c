@@ -57,6 +57,11 @@ static struct ggml_tensor * join(struct ggml_context * ctx, struct ggml_tensor *
 
 struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                          struct ggml_tensor * v, float scale) {
+    return dfl_graph_attention_sinks(g, il, q, k, v, scale, NULL);
+}
+
+struct ggml_tensor * dfl_graph_attention_sinks(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
+                                               struct ggml_tensor * v, float scale, struct ggml_tensor * sinks) {
     graph_build * b = g->runtime;
     const dfl_target * t = b->t;
     const dfl_memory * mem = &t->mem;
@@ -81,7 +86,7 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
         b->v_stored[il] = vc;
     }
 
-    const int64_t rows = dfl_memory_kv_rows(mem, &t->m, src);
+    const int64_t rows = dfl_memory_kv_rows(mem, src);
     struct ggml_tensor * out = NULL;
     for (int i = 0; i < b->step->n_seg; i++) {
         const seg_build s = segment(g, i);
@@ -96,6 +101,9 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
                                                      ggml_permute(ctx, K, 0, 2, 1, 3), ggml_permute(ctx, V, 0, 2, 1, 3),
                                                      ring ? s.in->mask_swa : s.in->mask, scale, 0.0f, 0.0f);
         ggml_prec_set_acc(o, GGML_PREC_F32);
+        if (sinks) {
+            ggml_flash_attn_ext_add_sinks(o, sinks);
+        }
         out = join(ctx, out, ggml_reshape_2d(ctx, o, hd_v * q->ne[1], s.s->n), 1);
     }
     return out;
@@ -228,7 +236,7 @@ static void keep_for_commit(dfl_graph * g, const seg_build * s, int il, struct g
     const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = s->s->n;
     const int64_t C = r->conv_channels, QK = 2 * hk * Hk;
     const size_t f32 = sizeof(float);
-    const replay_planes P = dfl_replay_planes(&t->m, t->p.n_verify);
+    const replay_planes P = dfl_replay_planes(&t->m.rec, t->p.n_verify);
     struct ggml_tensor * rp = t->mem.replay[il];
     const size_t at = dfl_memory_slice_offset(&t->mem, rp, s->s->seq);
 
@@ -492,7 +500,7 @@ static void add_pending_commit(const dfl_target * t, const dfl_segment * seg, st
     const int64_t hk = m->rec.head_k_dim, hv = m->rec.head_v_dim, Hk = m->rec.n_k_heads, Hv = m->rec.n_v_heads;
     const int64_t C = m->rec.conv_channels, QK = 2 * hk * Hk;
     const size_t f32 = sizeof(float);
-    const replay_planes P = dfl_replay_planes(m, t->p.n_verify);
+    const replay_planes P = dfl_replay_planes(&m->rec, t->p.n_verify);
     for (int il = 0; il < m->n_layer; il++) {
         if (m->kind[il] == DFL_LAYER_ATTENTION) {
             if (tree && !m->attn[il].shares_kv) {
@@ -600,14 +608,24 @@ static void fill_commit_inputs(dfl_target * t, const dfl_segment * seg, const se
 
 /* ---- the graph --------------------------------------------------------------------- */
 
-static void capture_features(const dfl_target * t, struct ggml_context * ctx, struct ggml_cgraph * gf,
-                             struct ggml_tensor * x, int layer, int n) {
+/* The hidden states x [n_embd, step rows] entering `layer`, where feature layers are
+ * captured: each segment's rows into its own slot's feature rows, which stay until that
+ * slot's next call (other sequences' graphs do not touch them). */
+static void capture_features(const dfl_target * t, const dfl_step * step, struct ggml_context * ctx,
+                             struct ggml_cgraph * gf, struct ggml_tensor * x, int layer) {
     struct ggml_tensor * features = t->mem.features;
     for (int f = 0; f < t->p.n_feature_layers; f++) {
-        if (t->p.feature_layers[f] == layer) {
-            struct ggml_tensor * dst = ggml_view_2d(ctx, features, t->m.n_embd, n, features->nb[1],
-                                                    (size_t) f * t->m.n_embd * sizeof(float));
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, x, dst));
+        if (t->p.feature_layers[f] != layer) {
+            continue;
+        }
+        for (int i = 0; i < step->n_seg; i++) {
+            const dfl_segment * s = &step->seg[i];
+            const size_t at = (size_t) dfl_memory_feature_row0(&t->mem, s->seq) * features->nb[1] +
+                              (size_t) f * t->m.n_embd * sizeof(float);
+            struct ggml_tensor * dst = ggml_view_2d(ctx, features, t->m.n_embd, s->n, features->nb[1], at);
+            struct ggml_tensor * src = step->n_seg == 1 ? x :
+                ggml_view_2d(ctx, x, x->ne[0], s->n, x->nb[1], (size_t) s->row0 * x->nb[1]);
+            ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
         }
     }
 }
@@ -713,7 +731,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
         x = ggml_scale(ctx, x, m->embd_scale);
     }
     for (int il = 0; il < m->n_layer; il++) {
-        capture_features(t, ctx, gf, x, il, n);
+        capture_features(t, step, ctx, gf, x, il);
         x = m->arch->build_layer(m, &g, il, x);
     }
     /* layer n_layer is the final-normed state, as transformers' last hidden_states entry
@@ -723,7 +741,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
         if (t->p.feature_layers[f] == m->n_layer) {
             x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
             normed = true;
-            capture_features(t, ctx, gf, x, m->n_layer, n);
+            capture_features(t, step, ctx, gf, x, m->n_layer);
         }
     }
 

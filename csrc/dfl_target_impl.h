@@ -14,6 +14,37 @@
 
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 
+/* Chain verifies of one length in a row after which their commits rerun every verified
+ * row again (see dfl_target_commit). */
+#define DFL_CHAIN_STEADY 8
+
+/* A commit waiting for the next graph its sequence is in (see dfl_target_graph.c). */
+typedef struct pending_commit {
+    bool active;
+    bool tree;
+    int p0;                       /* the sequence's length before the commit */
+    int n_keep;
+    int n_replay;                 /* rows the commit reruns, identity steps after the kept ones: a
+                                   * chain verify's every row (only the kept ones while chain
+                                   * lengths vary); a tree's padded spine
+                                   * (no root path is longer) */
+    int32_t path[DFL_MAX_VERIFY]; /* the kept row of each new position (a chain's: 0, 1, ...) */
+    int32_t conv_cols[16];        /* columns of the conv scratch that become the conv state */
+} pending_commit;
+
+/* The verify protocol of one slot, between its calls: the verify waiting for its
+ * commit, the last tree's plan, the commit waiting for the next graph, and how steady
+ * the chain's lengths have been. The memory (dfl_memory.h) holds the slot's state; this
+ * is what the target's step and commit calls owe each other. */
+typedef struct verify_seq {
+    int pending;         /* rows of a verify waiting for its commit (0: none) */
+    bool pending_tree;
+    tree_plan tree;      /* the last tree verify's plan */
+    pending_commit commit;
+    int last_chain;      /* rows of the last chain verify committed (0: none since the reset) */
+    int chain_steady;    /* chain commits in a row of that length (a fresh slot counts as steady) */
+} verify_seq;
+
 /* One sequence's rows in a step: what they are, where they sit. */
 typedef struct dfl_segment {
     int seq;
@@ -96,6 +127,7 @@ struct dfl_target {
     ggml_backend_buffer_t buf_lookup;
 
     dfl_memory mem;
+    verify_seq verify[DFL_MAX_SEQ];
 
     /* host staging for graph inputs */
     int32_t * host_i32;
@@ -109,7 +141,6 @@ struct dfl_target {
     /* results of the last step */
     const graph_cache * out;
     int n_out;
-    int n_rows;
 
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
     uint64_t graph_clock;
@@ -128,10 +159,14 @@ int dfl_target_max_tree_nodes(const dfl_target * t);
  * all at the end of a full context and sampled over the whole vocabulary. The planner
  * measures them; a load reserves them, so that compute memory does not creep up as
  * contexts lengthen. */
-typedef void (*dfl_graph_visit)(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, void * user);
 dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void * user);
 /* The last step's results are gone (a slot's context was replaced under them). */
 void dfl_target_drop_results(dfl_target * t);
+/* Slot seq was written from outside (a checkpoint restored into it): it holds n_past
+ * positions, no verify or commit pending. */
+void dfl_target_seq_restored(dfl_target * t, int seq, int n_past);
+/* No verify of slot seq waits for its commit, and no commit for a graph. */
+bool dfl_target_seq_settled(const dfl_target * t, int seq);
 
 /* dfl_target_graph.c: the graph of a step, and its inputs */
 struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step * step, struct ggml_context * ctx,

@@ -195,8 +195,10 @@ dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row
  * reach past the candidates ranked on the device (see dfl_sampling.n_candidates): draw it
  * again with dfl_target_redraw. */
 dfl_status dfl_target_choices(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
-/* Captured features of the last call, [n_rows][n_feature_layers * n_embd] float32. */
-dfl_status dfl_target_features(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
+/* Captured features of the rows of the sequence's last call (its rows alone, in their
+ * order, whatever else ran in the step), [n_rows][n_feature_layers * n_embd] float32.
+ * Each sequence keeps its own until its next call. */
+dfl_status dfl_target_features(const dfl_target * target, int32_t seq, float * dst, int32_t row0, int32_t n_rows);
 
 /* ---- tree verify layout (for tools and tests) ----------------------------------------------
  *
@@ -300,7 +302,16 @@ dfl_status dfl_target_candidates(const dfl_target * target, int32_t row0, int32_
 dfl_status dfl_target_redraw(dfl_target * target, int32_t seq, const int32_t * rows, const float * u, int32_t n,
                              int32_t * dst);
 
-/* ---- DFlash drafter ------------------------------------------------------------------ */
+/* ---- drafters --------------------------------------------------------------------------
+ *
+ * A drafter proposes blocks for the target to verify: a DFlash or DFlash2 drafter (a
+ * 'dflash' GGUF: one pass over [bonus, MASK...]) or the multi-token-prediction layer
+ * of a Qwen3.5/3.6 GGUF (its 'nextn' layers: one pass per draft). Either reads the
+ * target's captured features and shares its token embedding and LM head; it keeps its
+ * own context per sequence slot, which it takes from the target by itself: each
+ * propose (or append) first takes the positions the sequence's target committed since
+ * the drafter's last graph for it (their features stay in the target's rows of that
+ * sequence until its next target call, whatever other sequences run). */
 
 typedef struct dfl_draft_params {
     int32_t kv_type;   /* ggml type id of the drafter's context cache: 0 f32, 1 f16, 30 bf16;
@@ -309,15 +320,20 @@ typedef struct dfl_draft_params {
     int32_t n_threads; /* CPU threads; <= 0: the target's */
     int32_t top_k;     /* candidates per position computed on the device for tree building
                           (>= 1: every propose also ranks its top choices); 0: none */
+    int32_t block_size; /* the largest block a propose asks for (the bonus and its drafts); <= 0:
+                          the drafter's own (a DFlash file's trained block) */
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
+    char kind[16];              /* the drafter's architecture: "dflash", "mtp" */
     int32_t block_size;
-    int32_t mask_token_id;
+    int32_t mask_token_id;      /* -1: the drafter fills no block (autoregressive) */
     int32_t n_layer;
     int32_t n_embd;
     int32_t n_target_layers;
     int32_t target_layers[16];  /* llama.cpp convention (HF id + 1) */
+    int32_t reads_tokens;       /* its context needs the committed tokens (dfl_block.tokens) */
+    int32_t greedy_only;        /* it drafts its own choices only (no drawn drafts) */
     int32_t n_ctx_tokens;       /* context positions the drafter holds */
     int64_t n_graphs;           /* graphs run so far ... */
     int64_t n_graph_builds;     /* ... and how many of them were built, not reused */
@@ -329,9 +345,13 @@ typedef struct dfl_draft_info {
     int64_t n_host_read_bytes;
 } dfl_draft_info;
 
-/* What a drafter file says about itself, read (and bounded) without loading it. */
+/* What a drafter file says about itself, read (and bounded) without loading it: a
+ * 'dflash' GGUF, or a model GGUF with nextn layers (kind "mtp": its MTP layer drafts for
+ * the model itself, reading feature layer n_layer, the final-normed state). */
 typedef struct dfl_draft_meta {
-    int32_t block_size;        /* trained block size (2..256; 16 when the file has none) */
+    char kind[16];             /* "dflash" or "mtp" */
+    int32_t block_size;        /* trained block size (2..256; 16 when the file has none; 0: none, the
+                                  caller's (mtp)) */
     int32_t mask_token_id;     /* -1 when the file has none */
     int32_t n_embd;
     int32_t n_target_layers;
@@ -352,9 +372,11 @@ dfl_status dfl_tokenizer_fingerprint(const char * path, char * hex, size_t size)
 
 void dfl_draft_default_params(dfl_draft_params * params);
 
-/* Load a DFlash drafter that reads `target`'s captured features and shares its token
- * embedding and LM head. The target must have been loaded with feature_layers equal to
- * the drafter's target_layers. The drafter must be freed before its target. */
+/* Load a drafter that reads `target`'s captured features and shares its token embedding
+ * and LM head: the kind is the file's architecture ('dflash'; a target architecture with
+ * nextn layers: its MTP layer, from the target's own file). The target must have been
+ * loaded with feature_layers equal to the drafter's target_layers. The drafter must be
+ * freed before its target. */
 dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params, dfl_draft ** out);
 void dfl_draft_free(dfl_draft * draft);
 dfl_status dfl_draft_get_info(const dfl_draft * draft, dfl_draft_info * info);
@@ -367,25 +389,30 @@ dfl_status dfl_draft_seq_reset(dfl_draft * draft, int32_t seq);
 /* Context positions the drafter holds for a sequence (-1: no such sequence). */
 int32_t dfl_draft_n_past(const dfl_draft * draft, int32_t seq);
 
-/* Append the target features of rows[0..n) of the target's last step (a prefill chunk or
- * the accepted rows of a verify) as the sequence's next n context positions. */
-dfl_status dfl_draft_append(dfl_draft * draft, int32_t seq, const int32_t * rows, int32_t n);
+/* Take the positions the sequence's target committed since the drafter's last graph
+ * for it (after a prefill chunk, or to catch up before the sequence's next target call),
+ * in a graph of its own (none when there are none). tokens: their tokens, n_tokens of
+ * them, which a drafter that reads them needs (dfl_draft_info.reads_tokens); may be NULL
+ * for the others. */
+dfl_status dfl_draft_append(dfl_draft * draft, int32_t seq, const int32_t * tokens, int32_t n_tokens);
 
-/* One sequence's block in a propose: rows[0..n_rows) of the target's last step first
- * appended to its context (as with dfl_draft_append), then the block
- * [bonus, MASK x (n_block-1)] drafted at the next positions. */
+/* One sequence's part of a propose: the positions its target committed since the
+ * drafter's last graph for it taken first (as dfl_draft_append does; tokens as there),
+ * then the block of n_block tokens drafted at the next positions: the bonus (the last
+ * token the target chose), then n_block - 1 drafts. n_block 0: the positions alone. */
 typedef struct dfl_block {
     int32_t seq;
-    const int32_t * rows;
-    int32_t n_rows;
+    const int32_t * tokens;
+    int32_t n_tokens;
     int32_t bonus;
     int32_t n_block;
 } dfl_block;
 
-/* Draft blocks of distinct sequences in one graph: each block's tokens for its positions
- * 1..n_block-1 (greedy, or drawn by the sequence's sampling) stay on the device, for
- * dfl_target_step's chain entries to read (dfl_draft_tokens); dfl_draft_block reads them. The drafted rows
- * of the results (top1, topk, candidates, logits) are in block order, n_block - 1 each. */
+/* Draft blocks of distinct sequences in one graph: each block's drafts (greedy, or drawn
+ * by the sequence's sampling) stay on the device, for dfl_target_step's chain entries to
+ * read (dfl_draft_tokens); dfl_draft_block reads them. The drafted rows of the results
+ * (top1, topk, candidates, logits) are in block order, n_block - 1 each (blocks of
+ * n_block 0 have none). */
 dfl_status dfl_draft_propose(dfl_draft * draft, const dfl_block * blocks, int32_t n);
 
 /* The first n tokens of the sequence's last proposed block: the bonus, then the drafts. */
@@ -410,8 +437,9 @@ dfl_status dfl_draft_top1(const dfl_draft * draft, int32_t row0, int32_t n_rows,
 
 /* A sequence's drafter sampling for its next proposes: with temperature > 0, each drafted
  * position's token is drawn on the device (penalties are not applied to drafts), and
- * dfl_draft_candidates gives the distribution it was drawn from. A drafter with a
- * candidate selector (DFlash2) drafts greedily only. */
+ * dfl_draft_candidates gives the distribution it was drawn from. A drafter that chooses
+ * its drafts itself (DFlash2's selector, MTP's passes; dfl_draft_info.greedy_only) drafts
+ * greedily only. */
 dfl_status dfl_draft_set_sampling(dfl_draft * draft, int32_t seq, const dfl_sampling * s);
 
 /* One uniform per drafted position (n_block - 1) of the sequence's next block, when it samples. */

@@ -49,8 +49,6 @@ class Checkpoint(NativeObject):
 
     def __init__(self, target, draft=None, parent: Optional["Checkpoint"] = None, on_device: bool = True,
                  seq: int = 0):
-        if draft is not None and draft.has_pending(seq):
-            raise RuntimeError("the drafter has deferred context rows: flush them before taking a checkpoint")
         if parent is not None and parent.has_draft != (draft is not None):
             raise ValueError("the parent checkpoint was taken with another drafter (or none)")
         out = ffi.new("dfl_checkpoint **")
@@ -67,8 +65,6 @@ class Checkpoint(NativeObject):
     def restore(self, target, draft=None, seq: int = 0) -> None:
         """Put the sequence of target (and drafter) at this position; its next decode
         continues from it exactly as from the original context."""
-        if draft is not None:
-            draft.drop_pending(seq)
         check(lib.dfl_checkpoint_restore(self._handle(), target._handle(), _handle(draft), int(seq)))
 
 

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The model, placement and decoding flags dflash-run and dflash-server share."""
-    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3 or gemma4)")
+    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, gemma4 or gpt-oss)")
     p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens (default 4096; 0: the model's trained context)")
@@ -118,13 +118,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
-                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md drafter), ngram-simple, "
-                        "ngram-mod (copies from the prompt and output, no weights); several: each step verifies the "
-                        "draft with the best expected accepted length; draft-mtp, draft-eagle3, draft-dspark are "
-                        "not in this build yet (default: the -md drafter's kind; none without -md)")
+                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md drafter), draft-mtp "
+                        "(the MTP layer of -m itself, Qwen3.5/3.6), ngram-simple, ngram-mod (copies from the prompt "
+                        "and output, no weights); several: each step verifies the draft with the best expected "
+                        "accepted length; draft-eagle3, draft-dspark are not in this build yet (default: the -md "
+                        "drafter's kind; none without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds (default 16), and the DFlash block (N + 1, at most the "
-                        "drafter's) when --block-size is left out")
+                   help="the longest draft: n-gram kinds (default 16), MTP's drafts per step (default 3), and the "
+                        "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
                    help="DSpark's confidence cut, 0..1 (checked; no DSpark runtime yet)")
     p.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
@@ -372,7 +373,7 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
     try:
         setup, plan, over = settle(model, draft, engine_options(args), args.memory_limit)
         limit = args.memory_limit * MIB if args.memory_limit else None
-        ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan, limit) if over else []
+        ideas = what_fits(model, setup.draft_path, setup.target_config, setup.draft_config, plan, limit) if over else []
     except ConfigError as e:
         return config_error(prog, e)
     except (DflashError, ValueError, OSError) as e:
@@ -514,6 +515,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     mode = "autoregressive" if engine.draft is None else (
         f"tree (budget {args.tree_budget})" if engine.tree_budget else "chain")
+    if engine.draft is not None and engine.draft.kind != "dflash":
+        mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
     if engine.setup.ngram_kinds:
         mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
     if args.interactive:

@@ -60,10 +60,16 @@ DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark")
 NGRAM_KINDS = ("ngram-simple", "ngram-mod")
 SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
 # drafter kinds this build has no runtime for yet, with the name the user knows them by
-_NOT_YET = {"draft-mtp": "MTP", "draft-eagle3": "EAGLE3", "draft-dspark": "DSpark"}
+_NOT_YET = {"draft-eagle3": "EAGLE3", "draft-dspark": "DSpark"}
 # the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
 # size: the target's verify buffers are sized for it anyway)
 DEFAULT_SPEC_DRAFT_N_MAX = 16
+# the MTP layer's drafts per step when --spec-draft-n-max is left out: each costs a pass
+# of the layer and its LM head, and a one-layer head's later drafts are right less often
+# (the demo head: 0.82, 0.70, 0.61 for drafts 1..3 all right, dflash_gguf/data/README.md)
+DEFAULT_MTP_DRAFTS = 3
+# the GGUF architectures whose nextn layers the MTP drafter runs (csrc/models/mtp.c)
+MTP_ARCHS = ("qwen35", "qwen35moe")
 
 
 @dataclass(frozen=True)
@@ -104,17 +110,26 @@ def _gguf_arch_and_keys(path: str) -> tuple:
 def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     """The kinds that draft: --spec-type checked against the files, or, left out, what
     the drafter GGUF is (a dflash drafter: draft-dflash; none: plain decoding, ()).
-    Kinds whose runtime this build lacks, and a drafter under another kind's flag, are
-    one ConfigError each."""
+    draft-mtp drafts with the MTP (nextn) layer of the model's own GGUF (-m). Kinds whose
+    runtime this build lacks, and a drafter under another kind's flag, are one
+    ConfigError each."""
     if spec_type is None:
         return ("draft-dflash",) if draft else ()
     kinds = parse_spec_types(spec_type)
+    if "draft-mtp" in kinds and "draft-dflash" in kinds:
+        raise ConfigError("spec_type", "draft-dflash and draft-mtp: one drafter at a time")
     for kind in kinds:
         if kind == "draft-mtp":
-            arch, n_nextn = _gguf_arch_and_keys(draft or model)
+            if draft:
+                raise ConfigError("spec_type", f"draft-mtp drafts with the MTP layer of the model itself ({model}); "
+                                               f"drop -md {draft}")
+            arch, n_nextn = _gguf_arch_and_keys(model)
             if n_nextn == 0:
-                raise ConfigError("spec_type", f"draft-mtp: {draft or model} ({arch}) has no nextn (MTP) layers; "
+                raise ConfigError("spec_type", f"draft-mtp: {model} ({arch}) has no nextn (MTP) layers; "
                                                "convert the checkpoint without --no-mtp")
+            if arch not in MTP_ARCHS:
+                raise ConfigError("spec_type", f"draft-mtp: the MTP layers of {arch} models are not run by this build "
+                                               f"(only {', '.join(MTP_ARCHS)})")
         if kind in _NOT_YET:
             what = ""
             if draft and kind == "draft-eagle3" and _gguf_arch_and_keys(draft)[0] == "dflash":
@@ -128,10 +143,22 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
         raise ConfigError("spec_type", f"-md {draft} is {what}, and --spec-type {','.join(kinds)} "
                                        "loads no drafter file; drop -md or add draft-dflash")
     if draft:
-        arch, _ = _gguf_arch_and_keys(draft)
+        arch, n_nextn = _gguf_arch_and_keys(draft)
         if arch != "dflash":
-            raise ConfigError("spec_type", f"draft-dflash: -md {draft} is a {arch} GGUF, not a DFlash drafter")
+            hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else ""
+            raise ConfigError("spec_type", f"draft-dflash: -md {draft} is a {arch} GGUF, not a DFlash drafter{hint}")
     return kinds
+
+
+def drafter_path(model: str, draft: Optional[str], spec_type) -> Optional[str]:
+    """The GGUF the drafter loads from: -md's, or the model's own for draft-mtp (its
+    nextn layers); None without a drafter. spec_type as given (not yet checked)."""
+    if draft:
+        return draft
+    if spec_type is None:
+        return None
+    names = spec_type.split(",") if isinstance(spec_type, str) else list(spec_type)
+    return model if "draft-mtp" in (n.strip() for n in names) else None
 
 
 def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = "") -> int:
@@ -162,6 +189,7 @@ class EngineSetup:
     spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the n-gram kinds' longest draft
     ngram: NgramConfig = NgramConfig()
     spec_draft_conf_min: float = 0.0  # DSpark's confidence cut (checked; no DSpark runtime yet)
+    draft_path: Optional[str] = None  # the drafter's GGUF: -md's, or the model's own for draft-mtp
 
     @property
     def n_seq(self) -> int:
@@ -196,10 +224,16 @@ class EngineSetup:
                             _count("spec_ngram_mod_n_match", spec_ngram_mod_n_match, 1, what="the n-gram size"),
                             _count("spec_ngram_mod_n_min", spec_ngram_mod_n_min, 1, what="the shortest draft"))
         ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
-        meta = read_draft_metadata(draft) if draft else None
-        if meta is not None and spec_draft_n_max is not None and block_size is None:
+        draft_path = model if "draft-mtp" in kinds else draft
+        meta = read_draft_metadata(draft_path) if draft_path else None
+        if meta is not None and meta["kind"] == "mtp":
+            # an autoregressive drafter's block is its drafts per step, and the bonus
+            if block_size is None:
+                block_size = (spec_draft_n_max or DEFAULT_MTP_DRAFTS) + 1
+            _count("block_size", block_size, 2, 64, what="the block size (the bonus and the MTP drafts)")
+        elif meta is not None and spec_draft_n_max is not None and block_size is None:
             block_size = min(spec_draft_n_max + 1, meta["block_size"])  # a DFlash block: the bonus, then its drafts
-        if block_size is not None:
+        if block_size is not None and (meta is None or meta["kind"] != "mtp"):
             _count("block_size", block_size, 1, meta["block_size"] if meta else None, what="the block size")
         block = (block_size or meta["block_size"]) if meta else None
         auto = tree_budget == "auto"
@@ -236,9 +270,12 @@ class EngineSetup:
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         # (and beside the n-gram kinds, the drafter's confidence is its expected accepted length)
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds else 1)
-        draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window) if draft else None
+        draft_config = None
+        if meta is not None:
+            draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,
+                                       block_size=block if meta["kind"] == "mtp" else 0)
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
-                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min))
+                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path)
 
 
 def check_constraint(grammar: Optional[str] = None, json_schema=None):

@@ -4,7 +4,8 @@ A Sequence is one request in its slot of the target's (and drafter's) memory: it
 goes in chunk by chunk (prefill_chunks), its first token comes from the prompt's last
 row (first), then every step (step, over any number of sequences)
 
-  propose  the drafter drafts a block for each sequence that drafts: one drafter graph
+  propose  the drafter drafts a block for each sequence that drafts, each first taking
+           the positions its target committed in the last step: one drafter graph
   verify   the target runs every sequence's rows: one target graph (plain decodes,
            chains and trees mixed), each sequence's rows choosing their tokens on the
            device by its own sampling
@@ -48,6 +49,7 @@ class Sequence:
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
         self.bonus: Optional[int] = None  # the next token the target has not seen
         self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
+        self.committed: List[int] = []    # tokens the target committed that the drafter has yet to take
         self.row0 = 0                     # its first row in the current step's results
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
@@ -121,14 +123,11 @@ class Sequence:
         return kept
 
     def finish(self, clean: bool) -> None:
-        """After its last step (or an exception: not clean): the drafter's deferred rows
-        are appended, or dropped when the target may have run a graph since (target and
-        drafter must then be reset before the slot's next use)."""
-        if self.draft is not None:
-            if clean:
-                self.draft.flush(seq=self.slot)
-            else:
-                self.draft.drop_pending(seq=self.slot)
+        """After its last step (or an exception: not clean, and the engine starts the
+        slot afresh). The drafter may stay behind by the last step's tokens: their
+        features stay in the slot's feature rows until its next target call, and a
+        request continuing the context lets the drafter take them first
+        (generate.prefill_chunks)."""
         if self._t_start:
             self.stats.decode_seconds = time.perf_counter() - self._t_start
         end = getattr(self.proposer, "finish", None)
@@ -161,19 +160,12 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     blocks = []
     for s in seqs:
         b = s.proposer.plan(s)
-        if b:
-            blocks.append((s.slot, s.bonus, b))
-    if draft is not None:
-        proposing = {slot for slot, _, _ in blocks}
-        for s in seqs:
-            if s.draft is not None and s.slot not in proposing:
-                # the features its deferred rows read are gone after the target's graph;
-                # appended before the propose, whose results the others read after it
-                draft.flush(seq=s.slot)
-    if len(blocks) == 1:
-        slot, bonus, b = blocks[0]
-        draft.propose(bonus, b, read=False, seq=slot)
-    elif blocks:
+        # a sequence with a drafter takes its last step's tokens in this graph even when it
+        # drafts nothing (b 0): its target call below replaces their features
+        if s.draft is not None and (b or s.committed):
+            blocks.append((s.slot, s.bonus, b, s.committed))
+            s.committed = []
+    if blocks:
         draft.propose_many(blocks)
     rows, row0 = [], 0
     for s in seqs:
@@ -198,6 +190,8 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         new = s.proposer.accept(s, choice)
         if s.proposer.stage is None:
             s.stage("committed")
+        if s.draft is not None:
+            s.committed = [s.bonus] + new[:-1]  # the old bonus and the accepted drafts
         s.n_past += len(new)  # the accepted drafts and the old bonus
         s.bonus = new[-1]
         out.append(new)
@@ -214,10 +208,8 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
 
 def sequence_steps(seq: Sequence) -> Iterator[List[int]]:
     """One sequence decoded on its own, yielding the tokens of each pass (the first token,
-    from the prompt, then each step's). When the loop is left by an exception, the
-    drafter's deferred rows are dropped, not appended (the target may have run a graph
-    since): target and drafter must be reset before their next use, as a new run
-    (reused=0) does."""
+    from the prompt, then each step's). When the loop is left by an exception, target and
+    drafter must be reset before their next use, as a new run (reused=0) does."""
     clean = False
     try:
         for _ in seq.prefill_chunks():
@@ -278,10 +270,6 @@ class Batch:
         out = []
         if self.joining:
             seq, chunks = self.joining[0]
-            if self.draft is not None:
-                # the running sequences' deferred drafter rows read the target's features of
-                # the last step, which the chunk's graph overwrites: appended first
-                self.draft.flush()
             try:
                 if next(chunks, _END) is _END or seq.prefilled:
                     for _ in chunks:  # the prompt is in: the rest is bookkeeping, no graph

@@ -1,9 +1,13 @@
-"""The DFlash drafter on the C runtime. It reads the target's captured features and
-shares its token embedding and LM head, so it is loaded against a loaded Target."""
+"""A drafter on the C runtime (a DFlash or DFlash2 GGUF, or a Qwen3.5/3.6 GGUF's MTP
+layer). It reads the target's captured features and shares its token embedding and LM
+head, so it is loaded against a loaded Target. Each sequence's drafter context follows
+its target by itself: a propose (or append) first takes the positions the target
+committed since, from that sequence's own feature rows, which other sequences' target
+calls leave alone."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -17,14 +21,17 @@ class DraftConfig:
     window: int = 0  # attend to the last `window` context positions only; 0: all
     n_threads: int = 0
     top_k: int = 0  # candidates per drafted position for tree building; 0: greedy chain only
+    block_size: int = 0  # the largest block proposed (bonus + drafts); 0: the drafter's own (DFlash's trained)
 
 
 def read_draft_metadata(path: str) -> dict:
     """What a drafter GGUF says about itself, read before anything is loaded (the target
-    must capture its layers): block size, mask token, target layers, names, and the
-    fingerprint of the target it was converted for (None for drafters converted by
-    llama.cpp). The C runtime parses and bounds the file: a corrupt one is a ValueError
-    with the runtime's message, never a traceback from a GGUF reader."""
+    must capture its layers): its kind ("dflash", or "mtp" for a model GGUF whose nextn
+    layers draft for it), block size (0 for mtp: the caller's), mask token, target
+    layers, names, and the fingerprint of the target it was converted for (None for
+    drafters converted by llama.cpp, and for mtp). The C runtime parses and bounds the
+    file: a corrupt one is a ValueError with the runtime's message, never a traceback
+    from a GGUF reader."""
     meta = ffi.new("dfl_draft_meta *")
     status = lib.dfl_draft_read_meta(str(path).encode(), meta)
     if status != 0:
@@ -35,7 +42,7 @@ def read_draft_metadata(path: str) -> dict:
                        "tokenizer_sha256": _text(meta.target_tokenizer_sha256),
                        "embedding": (meta.target_n_vocab, meta.target_n_embd)}
     return {
-        "arch": "dflash",
+        "kind": _text(meta.kind),
         "name": _text(meta.name),
         "block_size": int(meta.block_size),
         "mask_token_id": None if meta.mask_token_id < 0 else int(meta.mask_token_id),
@@ -56,6 +63,7 @@ def draft_params(cfg: DraftConfig):
     p.window = int(cfg.window)
     p.n_threads = int(cfg.n_threads)
     p.top_k = int(cfg.top_k)
+    p.block_size = int(cfg.block_size)
     return p
 
 
@@ -69,6 +77,15 @@ def tokenizer_fingerprint(path: str) -> str:
 
 def _text(chars) -> str:
     return ffi.string(chars).decode("utf-8", "replace")
+
+
+def _tokens(tokens) -> np.ndarray:
+    return np.ascontiguousarray(tokens, dtype=np.int32)
+
+
+def _buffer(arr: np.ndarray):
+    """A token array as the C runtime takes it (NULL when empty: no tokens given)."""
+    return ffi.from_buffer("int32_t[]", arr) if len(arr) else ffi.NULL
 
 
 class Draft(NativeObject):
@@ -86,13 +103,14 @@ class Draft(NativeObject):
         self.path = str(path)
         info = ffi.new("dfl_draft_info *")
         check(lib.dfl_draft_get_info(self._ptr, info))
+        self.kind = _text(info.kind)
         self.block_size = info.block_size
         self.mask_token_id = info.mask_token_id
         self.target_layers = [info.target_layers[i] for i in range(info.n_target_layers)]
+        self.reads_tokens = bool(info.reads_tokens)  # its context needs the committed tokens
+        self.greedy_only = bool(info.greedy_only)  # it drafts its own choices: no drawn drafts
         self.n_vocab = target.n_vocab
         self.top_k = int(cfg.top_k)
-        self._rows = np.arange(max(target.n_ubatch, target.n_seq * target.n_verify), dtype=np.int32)
-        self._pending: Dict[int, np.ndarray] = {}  # per sequence: context rows deferred to its next propose
         self._row0: Dict[int, int] = {}  # per sequence: its first drafted row in the last propose's results
 
     def _handle(self):
@@ -121,72 +139,51 @@ class Draft(NativeObject):
 
     def reset(self) -> None:
         """Forget every sequence's context."""
-        self._pending.clear()
         check(lib.dfl_draft_reset(self._handle()))
 
     def seq_reset(self, seq: int) -> None:
         """Forget one sequence's context."""
-        self._pending.pop(seq, None)
         check(lib.dfl_draft_seq_reset(self._handle(), int(seq)))
 
-    def has_pending(self, seq: int = 0) -> bool:
-        return seq in self._pending
+    def append(self, tokens: Sequence[int] = (), seq: int = 0) -> None:
+        """Take the positions the sequence's target committed since the drafter's last
+        graph for it (after a prefill chunk; or before the sequence's next target call,
+        which replaces their features), in a graph of its own. `tokens`: those positions'
+        tokens, which drafters that read them (reads_tokens) need; the others check their
+        count when given."""
+        arr = _tokens(tokens)
+        check(lib.dfl_draft_append(self._handle(), int(seq), _buffer(arr), len(arr)))
 
-    def append_rows(self, n: int, rows=None, defer: bool = False, seq: int = 0) -> None:
-        """Add the target's features of its last step as the sequence's context: rows
-        0..n-1, or the given row indices. Deferred rows ride along with the sequence's
-        next propose (one graph per step); flush() appends them on their own. They must
-        be consumed before the target runs its next graph, which overwrites its features."""
-        arr = self._rows[:n] if rows is None else np.ascontiguousarray(rows, dtype=np.int32)
-        self.flush(seq)
-        if defer:
-            self._pending[seq] = arr.copy()
-            return
-        check(lib.dfl_draft_append(self._handle(), int(seq), ffi.from_buffer("int32_t[]", arr), len(arr)))
-
-    def drop_pending(self, seq: Optional[int] = None) -> None:
-        """Forget deferred rows (of one sequence, or of all) without appending them (their
-        features may be gone): the drafter context must then be reset before it is used again."""
-        if seq is None:
-            self._pending.clear()
-        else:
-            self._pending.pop(seq, None)
-
-    def flush(self, seq: Optional[int] = None) -> None:
-        """Append deferred rows (of one sequence, or of all) now."""
-        for s in ([seq] if seq is not None else list(self._pending)):
-            arr = self._pending.pop(s, None)
-            if arr is not None:
-                check(lib.dfl_draft_append(self._handle(), int(s), ffi.from_buffer("int32_t[]", arr), len(arr)))
-
-    def propose(self, bonus: int, n_block: Optional[int] = None, read: bool = True, seq: int = 0) -> List[int]:
-        """Greedy drafts for block positions 1..n_block-1 after `bonus` (deferred
-        context rows are appended first, in the same graph). With read=False they stay
-        on the device for Target.verify_draft and [] is returned; block() reads them."""
+    def propose(self, bonus: int, n_block: Optional[int] = None, read: bool = True, seq: int = 0,
+                tokens: Sequence[int] = ()) -> List[int]:
+        """Greedy drafts for block positions 1..n_block-1 after `bonus`, the positions the
+        target committed since taken first in the same graph (`tokens` as in append).
+        With read=False they stay on the device for Target.verify_draft and [] is
+        returned; block() reads them."""
         b = self.block_size if n_block is None else int(n_block)
-        self.propose_many([(seq, bonus, b)])
+        self.propose_many([(seq, bonus, b, tokens)])
         return self.block(b, seq)[1:] if read else []
 
-    def propose_many(self, blocks: Sequence[Tuple[int, int, int]]) -> None:
-        """One graph drafting a block for each (seq, bonus, n_block), each sequence's
-        deferred context rows appended first; the drafts stay on the device (block()
-        reads them; Target.step's chain rows of the drafter's block verify them), and the
+    def propose_many(self, blocks: Sequence[tuple]) -> None:
+        """One graph drafting a block for each (seq, bonus, n_block[, tokens]), each
+        sequence first taking the positions its target committed since (`tokens` as in
+        append; n_block 0: those alone); the drafts stay on the device (block() reads
+        them; Target.step's chain rows of the drafter's block verify them), and the
         drafted rows of the results (topk, top1_logprobs, candidates, logits) are the
         blocks' n_block - 1 rows in this order (row0() tells where a sequence's start)."""
         entries = ffi.new("dfl_block[]", len(blocks))
         keep = []
         row0 = 0
         self._row0 = {}
-        for e, (seq, bonus, n_block) in zip(entries, blocks):
-            rows = self._pending.pop(seq, None)
+        for e, block in zip(entries, blocks):
+            seq, bonus, n_block = block[:3]
+            arr = _tokens(block[3] if len(block) > 3 else ())
+            keep.append(arr)
             e.seq, e.bonus, e.n_block = int(seq), int(bonus), int(n_block)
-            if rows is not None:
-                keep.append(rows)
-                e.rows, e.n_rows = ffi.from_buffer("int32_t[]", rows), len(rows)
-            else:
-                e.rows, e.n_rows = ffi.NULL, 0
-            self._row0[seq] = row0
-            row0 += max(int(n_block) - 1, 0)
+            e.tokens, e.n_tokens = _buffer(arr), len(arr)
+            if n_block:
+                self._row0[seq] = row0
+                row0 += max(int(n_block) - 1, 0)
         check(lib.dfl_draft_propose(self._handle(), entries, len(blocks)))
 
     def row0(self, seq: int = 0) -> int:

@@ -1,4 +1,5 @@
-"""Load a target (and optionally a DFlash drafter) once, generate many times."""
+"""Load a target (and optionally a drafter: DFlash, or the target's own MTP layer) once,
+generate many times."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -70,9 +71,10 @@ class Engine:
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
         draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
         positions: see sequence()), spec_type (llama.cpp's --spec-type kinds, a comma list
-        or a sequence: "draft-dflash", "ngram-simple", "ngram-mod"; None: the drafter's own
-        kind, or plain decoding without one), spec_draft_n_max (the n-gram kinds' longest
-        draft; the DFlash block when block_size is left out), spec_draft_conf_min,
+        or a sequence: "draft-dflash", "draft-mtp" (the MTP layer of `model` itself, no
+        `draft`), "ngram-simple", "ngram-mod"; None: the drafter's own kind, or plain
+        decoding without one), spec_draft_n_max (the n-gram kinds' longest draft, MTP's
+        drafts per step; the DFlash block when block_size is left out), spec_draft_conf_min,
         spec_ngram_simple_size_n, spec_ngram_mod_n_match, spec_ngram_mod_n_min;
         kv_type and draft_window default to "auto" (see memory.settle)."""
         # planned from metadata before anything is allocated: "auto" options are chosen
@@ -92,7 +94,7 @@ class Engine:
             draft_config = replace(draft_config, top_k=0)
         try:
             self.tokenizer = Tokenizer(model)
-            self.draft = Draft(draft, self.target, draft_config) if draft else None
+            self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
         except BaseException:
             self.target.close()
             raise
@@ -283,10 +285,6 @@ class Engine:
         found = self.checkpoints.lookup(tokens, len(tokens) - 1, use_draft, above=reused)
         if found is None:
             return reused
-        if self.draft is not None:
-            # the other slots' deferred drafter rows read the target's features of the last
-            # step, which a restore drops: appended first (this slot's are gone with its request)
-            self.draft.flush()
         found.restore(self.target, draft, slot)
         device, host = self.checkpoints.chain_bytes(found)
         stats.checkpoint = {"position": found.n_past, "device_bytes": device, "host_bytes": host}

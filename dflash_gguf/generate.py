@@ -94,8 +94,12 @@ def prefill_chunks(target: Target, prompt: List[int], start: int, draft=None, sa
     each), the drafter (when given) taking each chunk's features; with a
     checkpoints.PrefillSaver, chunks also end at its positions, where it takes a
     checkpoint. on_stage("prefill chunk") follows each chunk (an exception it raises
-    stops the prefill there)."""
+    stops the prefill there). A drafter behind the context it continues (its last step's
+    committed tokens, taken only by its next graph) takes them before the first chunk
+    replaces their features."""
     marks = [p for p in (saver.positions if saver else ()) if start < p <= len(prompt)]
+    if draft is not None and draft.n_past(seq) < start:
+        draft.append(prompt[draft.n_past(seq):start], seq=seq)
     pos = start
     for end in sorted(set(marks) | {len(prompt)}):
         tokens = prompt[pos:end]
@@ -104,7 +108,7 @@ def prefill_chunks(target: Target, prompt: List[int], start: int, draft=None, sa
             last = end == len(prompt) and at + len(chunk) == len(tokens)
             target.decode(chunk, LOGITS_LAST if last else LOGITS_NONE, seq=seq)
             if draft is not None:
-                draft.append_rows(len(chunk), seq=seq)
+                draft.append(chunk, seq=seq)
             if on_stage is not None:
                 on_stage("prefill chunk")
             yield

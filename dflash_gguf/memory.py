@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
 from ._native import check, ffi, lib
-from .config import EngineSetup
+from .config import EngineSetup, drafter_path
 from .draft import DraftConfig, draft_params
 from .target import TargetConfig, target_params
 
@@ -141,12 +141,13 @@ def settle(model: str, draft: Optional[str], options: dict, limit_mib: Optional[
     kv_auto = options.get("kv_type", "auto") == "auto"
     window_auto = options.get("draft_window", "auto") == "auto"
     kvs = ["f16", "q8_0", "q4_0"] if kv_auto else [options["kv_type"]]
-    windows = [0, AUTO_DRAFT_WINDOW] if window_auto and draft else [0 if window_auto else options["draft_window"]]
+    has_draft = drafter_path(model, draft, options.get("spec_type")) is not None
+    windows = [0, AUTO_DRAFT_WINDOW] if window_auto and has_draft else [0 if window_auto else options["draft_window"]]
     first = None
     for kv in kvs:
         for window in windows:
             setup = EngineSetup.of(model, draft, **{**options, "kv_type": kv, "draft_window": window})
-            plan = plan_memory(model, draft, setup.target_config, setup.draft_config)
+            plan = plan_memory(model, setup.draft_path, setup.target_config, setup.draft_config)
             over = plan.over(limit)
             if not over:
                 return setup, plan, []
@@ -158,7 +159,7 @@ def refusal(model: str, draft: Optional[str], setup, plan: MemoryPlan, over: Lis
             limit_mib: Optional[int]) -> MemoryPlanError:
     """The error for a plan that does not fit: what is over, its biggest parts, and single
     changes that would fit."""
-    ideas = what_fits(model, draft, setup.target_config, setup.draft_config, plan,
+    ideas = what_fits(model, setup.draft_path, setup.target_config, setup.draft_config, plan,
                       limit_mib * MIB if limit_mib else None)
     hint = f"; would fit: {'; or '.join(ideas)}" if ideas else "; no single smaller setting fits"
     return MemoryPlanError("not enough memory: " + "; ".join(over) + hint)

@@ -11,7 +11,7 @@ sequence come from one drafter graph and their verifies from one target graph:
                  sampling staged for those rows
   accept(seq, c) after the target's graph, c its choices per row: the tokens it keeps
                  (the accepted drafts, then the target's next token), committed to the
-                 target and the drafter
+                 target (the drafter takes them in the sequence's next drafter graph)
 Greedy, every emitted token is the target's argmax given its prefix; sampling, a draw
 from the target's distribution given its prefix (see sampling.py for the rules)."""
 from __future__ import annotations
@@ -47,12 +47,6 @@ def chain_length(top1_logprobs, p_min: float) -> int:
             if lp < floor:
                 return max(i, 1)
     return len(top1_logprobs)
-
-
-def _kept_rows(seq, rows) -> List[int]:
-    """The step's feature rows of a sequence's kept rows (its rows follow the step's
-    earlier sequences' rows, from seq.row0)."""
-    return [seq.row0 + int(r) for r in rows]
 
 
 def _chain_paths(block: List[int]) -> List[List[int]]:
@@ -143,7 +137,6 @@ class ChainProposer:
             nxt = int(choice[n_acc])
         seq.stage("verified")
         seq.target.commit(n_acc + 1, seq=seq.slot)
-        self.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, seq=seq.slot)
         return block[1:n_acc + 1] + [nxt]
 
 
@@ -155,13 +148,10 @@ def _verify_chain(seq, block: List[int]) -> Rows:
 
 
 def _accept_chain(seq, block: List[int], choice) -> List[int]:
-    """The drafts the target's choices keep, then its next token; committed (and, with a
-    drafter, their features appended to its context)."""
+    """The drafts the target's choices keep, then its next token; committed."""
     n_acc = accepted_prefix(block, choice)
     seq.stage("verified")
     seq.target.commit(n_acc + 1, seq=seq.slot)
-    if seq.draft is not None:
-        seq.draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, seq=seq.slot)
     return block[1:n_acc + 1] + [int(choice[n_acc])]
 
 
@@ -364,7 +354,6 @@ class TreeProposer:
             n_acc = accepted_prefix(block, choice)
             seq.stage("verified")
             seq.target.commit(n_acc + 1, seq=seq.slot)
-            draft.append_rows(n_acc + 1, rows=_kept_rows(seq, range(n_acc + 1)), defer=True, seq=seq.slot)
             out = block[1:n_acc + 1] + [int(choice[n_acc])]
         else:
             tree = self.tree
@@ -374,7 +363,6 @@ class TreeProposer:
                 seq.target.commit(len(path), seq=seq.slot)
             else:
                 seq.target.commit_path(path, seq=seq.slot)
-            draft.append_rows(len(path), rows=_kept_rows(seq, path), defer=True, seq=seq.slot)
             out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
             n_acc = len(path) - 1
             if self.nodes is not None:

@@ -49,7 +49,10 @@ def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], samp
     if p_min > 0 and draft.top_k < 1:
         raise ValueError("a chain with p_min > 0 needs a drafter loaded with top_k >= 1")
     params = sampling or SamplingParams()
-    rejection = check_chain_rule(chain_rule) == "reject" and not params.greedy and params.top_k > 0
+    # a drafter that drafts its own choices (DFlash2's selector, MTP's passes) has no
+    # distribution to draw from: its drafts are fixed in advance, kept by the argmax rule
+    rejection = check_chain_rule(chain_rule) == "reject" and not params.greedy and params.top_k > 0 \
+        and not draft.greedy_only
     return ChainProposer(draft, B, p_min, params.top_k if rejection else 0)
 
 

@@ -1,4 +1,4 @@
-"""A target model on the C runtime (qwen35, qwen35moe, qwen3 or gemma4): decode, verify,
+"""A target model on the C runtime (qwen35, qwen35moe, qwen3, gemma4 or gpt-oss): decode, verify,
 commit, and the results of the last call."""
 from __future__ import annotations
 
@@ -282,7 +282,9 @@ class Target(NativeObject):
         check(lib.dfl_target_set_masks(self._handle(), int(seq), ffi.from_buffer("uint32_t[]", w), w.shape[0],
                                        w.shape[1]))
 
-    def features(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
+    def features(self, row0: int = 0, n_rows: int = 1, seq: int = 0) -> np.ndarray:
+        """[n_rows, feature layers, n_embd] captured at rows row0.. of the sequence's last
+        call (each sequence keeps its own until its next call)."""
         out = np.empty((n_rows, self.n_features, self.n_embd), dtype=np.float32)
-        check(lib.dfl_target_features(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
+        check(lib.dfl_target_features(self._handle(), int(seq), ffi.from_buffer("float[]", out), row0, n_rows))
         return out

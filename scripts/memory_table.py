@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What fits on a 24 GB card: the memory planner over Qwen3.5-27B Q4_K_M with its DFlash
-drafter (q8_0), and Qwen3.5-35B-A3B Q4_K_M, from their published shapes (metadata-only
+drafter (q8_0), Qwen3.5-35B-A3B Q4_K_M, gpt-oss-20b and gpt-oss-120b (MXFP4 experts, q8_0
+elsewhere: the published GGUFs' mxfp4_moe), from their published shapes (metadata-only
 GGUFs, dflash_gguf.convert.shape_model), for KV type x context x tree budget.
 
     .venv/bin/python scripts/memory_table.py     # markdown on stdout; results/memory-24gb-<date>.json
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from dflash_gguf.bench import provenance
 from dflash_gguf.convert.shape_model import write_header_only
-from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table
+from dflash_gguf.convert.shapes import (GPT_OSS_20B, GPT_OSS_120B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B,
+                                        tensor_nbytes, tensor_table)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +36,8 @@ BUDGETS = (None, 8, 16, 32)  # None: the plain chain
 
 
 EMBEDDING = {}  # target path -> bytes of its token embedding, which stays in host memory
+EXPERTS = {}    # target path -> bytes of its routed experts' matrices
+MAX_CTX = {}    # target path -> the longest context it takes (YaRN's reach), when below 256K
 
 
 class OnCard:
@@ -54,7 +58,7 @@ def plan(target: str, draft: str | None, n_ctx: int, kv: str, budget: int | None
 
 
 def largest_context(target, draft, kv, budget, window) -> int:
-    lo, hi = 0, 262144 // 4096
+    lo, hi = 0, MAX_CTX.get(target, 262144) // 4096
     while lo < hi:  # the largest multiple of 4096 that fits
         mid = (lo + hi + 1) // 2
         if plan(target, draft, mid * 4096, kv, budget, window).need <= USABLE_MIB << 20:
@@ -94,7 +98,18 @@ def table(name: str, target: str, draft: str | None) -> tuple[list[str], dict]:
     for kv in KV_TYPES:
         largest = {arm(b): largest_context(target, draft, kv, b, window) for b in budgets}
         data["largest_context"][kv] = largest
-        lines.append(f"| {kv} | " + " | ".join(f"{n // 1024}K" for n in largest.values()) + " |")
+        lines.append(f"| {kv} | " + " | ".join(f"{n // 1024}K" if n else "none" for n in largest.values()) + " |")
+    if target in EXPERTS:
+        experts = EXPERTS[target]
+        data["expert_bytes"] = experts
+        lines += ["", f"Of that, {experts / GIB:.1f} GiB are the routed experts' matrices; without them (experts "
+                  "in host memory) the card holds:", "",
+                  "| KV | " + " | ".join(f"{c // 1024}K" for c in CONTEXTS) + " |",
+                  "|---|" + "---:|" * len(CONTEXTS)]
+        for kv in KV_TYPES:
+            cells = [data["need_bytes"][kv][f"{c // 1024}K {arm(None)}"] - experts for c in CONTEXTS]
+            lines.append(f"| {kv} | " + " | ".join(f"{n / GIB:.1f} {'✓' if n <= USABLE_MIB << 20 else '✗'}"
+                                                  for n in cells) + " |")
     return lines + [""], data
 
 
@@ -103,13 +118,21 @@ def main() -> int:
         t27 = str(write_header_only(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))
         d27 = str(write_header_only(Path(tmp) / "27b-dflash.gguf", QWEN35_27B_DFLASH, "q8_0"))
         moe = str(write_header_only(Path(tmp) / "35b-a3b.gguf", QWEN35_35B_A3B, "q4_k_m"))
-        for path, shape in ((t27, QWEN35_27B), (moe, QWEN35_35B_A3B)):
-            EMBEDDING[path] = next(tensor_nbytes(s, q) for n, s, q in tensor_table(shape, "q4_k_m")
-                                   if n == "token_embd.weight")
+        oss20 = str(write_header_only(Path(tmp) / "gpt-oss-20b.gguf", GPT_OSS_20B, "mxfp4_moe"))
+        oss120 = str(write_header_only(Path(tmp) / "gpt-oss-120b.gguf", GPT_OSS_120B, "mxfp4_moe"))
+        for path, shape, outtype in ((t27, QWEN35_27B, "q4_k_m"), (moe, QWEN35_35B_A3B, "q4_k_m"),
+                                     (oss20, GPT_OSS_20B, "mxfp4_moe"), (oss120, GPT_OSS_120B, "mxfp4_moe")):
+            table_ = tensor_table(shape, outtype)
+            EMBEDDING[path] = next(tensor_nbytes(s, q) for n, s, q in table_ if n == "token_embd.weight")
+            if shape["arch"] == "gpt-oss":
+                EXPERTS[path] = sum(tensor_nbytes(s, q) for n, s, q in table_ if n.endswith("_exps.weight"))
+                MAX_CTX[path] = int(shape["yarn_factor"] * shape["yarn_orig_ctx"])
         out = [f"## Memory on a 24 GB card ({_dt.date.today()}, scripts/memory_table.py)", ""]
         tables = []
         for name, target, draft in (("Qwen3.5-27B Q4_K_M + DFlash drafter q8_0", t27, d27),
-                                    ("Qwen3.5-35B-A3B Q4_K_M, plain decoding", moe, None)):
+                                    ("Qwen3.5-35B-A3B Q4_K_M, plain decoding", moe, None),
+                                    ("gpt-oss-20b mxfp4_moe, plain decoding", oss20, None),
+                                    ("gpt-oss-120b mxfp4_moe, plain decoding", oss120, None)):
             lines, data = table(name, target, draft)
             out += lines
             tables.append(data)

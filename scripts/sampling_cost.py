@@ -114,7 +114,7 @@ def measure(target: Target, draft: Draft, reps: int) -> dict:
         draft.reset()
         target.set_sampling(GREEDY.native())
         target.prefill(prompt, LOGITS_LAST)
-        draft.append_rows(len(prompt))
+        draft.append()
         draft.propose(7, draft.block_size, read=False)
         for rep in range(reps + 3):  # the first passes build graphs
             for kind, sampler in samplers.items():

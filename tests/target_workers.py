@@ -323,7 +323,10 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
-    layers = read_draft_metadata(draft_path)["target_layers"]
+    meta = read_draft_metadata(draft_path)
+    layers = meta["target_layers"]
+    # an MTP drafter (draft_path: the target's own file) through the engine is --spec-type draft-mtp
+    engine_drafter = {"spec_type": "draft-mtp"} if meta["kind"] == "mtp" else {"draft": draft_path}
     out = {}
     for dev in devices:
         cfg = TargetConfig(n_ctx=512, n_verify=budget + 1, kv_type="f32", feature_layers=layers, device=dev,
@@ -349,7 +352,7 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
                 runs.append({"plain": plain, "chain": chain, "cut": cut, "tree": tree, "logits": logits,
                              "default_p_min": default_p_min(t)})
             out[dev] = runs
-        with Engine(target_path, draft_path, n_ctx=256, device=dev) as engine:
+        with Engine(target_path, n_ctx=256, device=dev, **engine_drafter) as engine:
             out[dev + " chain top_k"] = engine.draft.top_k
     return out
 
@@ -381,18 +384,21 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
     with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(top_k=8)) as d:
         t.prefill(prompt, LOGITS_LAST)
         out["target prefill"] = t.placement()
-        d.append_rows(len(prompt))
+        d.append()
         out["drafter context append"] = d.placement()
         block = d.propose(int(t.choices(0, 1)[0]))
         out["drafter propose"] = d.placement()
         t.verify(block[:4])
         out["target chain verify"] = t.placement()
         t.commit(2)
+        d.append()  # the drafter takes each call's kept positions before the next call replaces them
         t.verify_tree([17, 19, 23, 29, 31], [-1, 0, 0, 1, 2])
         out["target tree verify (+ chain commit)"] = t.placement()
         t.commit_path([0, 2, 4])
+        d.append()
         t.decode([37], LOGITS_ALL)
         out["target decode (+ tree commit)"] = t.placement()
+        d.append()
         # sampling on the device: top-k with penalties, no truncation, and drafted samples
         rng = np.random.default_rng(0)
         t.set_sampling(SamplingParams(0.7, 20, 0.9, presence_penalty=1.0).native())
@@ -401,6 +407,7 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
         t.verify(block[:4])
         out["target sampled chain verify (top-k, penalties)"] = t.placement()
         t.commit(1)
+        d.append()
         t.set_sampling(SamplingParams(1.0).native())
         t.set_uniforms(rng.random(5, dtype=np.float32))
         t.verify_tree([17, 19, 23, 29, 31], [-1, 0, 0, 1, 2])

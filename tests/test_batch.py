@@ -54,7 +54,7 @@ def prefill(target, draft, prompt, seq=0):
     target.seq_reset(seq)
     draft.seq_reset(seq)
     target.set_sampling(SamplingParams().native(), seq)
-    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda _, n: draft.append_rows(n, seq=seq), seq=seq)
+    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda _, n: draft.append(seq=seq), seq=seq)
 
 
 TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3]
@@ -113,7 +113,7 @@ def test_a_step_of_several_sequences_equals_each_alone(many, one):
         for i, r in enumerate(rows):
             n = r.n_rows
             np.testing.assert_allclose(target.logits(row0, n), expected[i][k][0], rtol=0, atol=1e-5)
-            np.testing.assert_allclose(target.features(row0, n), expected[i][k][1], rtol=0, atol=1e-5)
+            np.testing.assert_allclose(target.features(0, n, seq=i), expected[i][k][1], rtol=0, atol=1e-5)
             row0 += n
         for i, r in enumerate(rows):
             commit(target, i, plans[i][(k + i) % 3][0])
@@ -137,16 +137,14 @@ def test_a_checkpoint_restores_into_any_slot_and_a_slot_copies(many):
     logits = target.logits(0, 6)
     np.testing.assert_array_equal(logits[2:4], logits[0:2])
     np.testing.assert_array_equal(logits[4:6], logits[0:2])
-    draft.append_rows(2, rows=[0, 1], seq=0)
-    draft.append_rows(2, rows=[2, 3], seq=2)
-    draft.propose_many([(0, 9, 8), (2, 9, 8)])
+    draft.propose_many([(0, 9, 8), (2, 9, 8)])  # each takes its own two decoded positions first
     assert draft.block(8, seq=0) == draft.block(8, seq=2)
     saved.close()
 
 
 def test_a_propose_of_several_sequences_equals_each_alone(many, one):
-    """One drafter graph drafting for three sequences, each with its own deferred context
-    rows: every block and its ranked candidates equal those drafted alone."""
+    """One drafter graph drafting for three sequences, each first taking the positions its
+    verify committed: every block and its ranked candidates equal those drafted alone."""
     target, draft = many
     alone, alone_draft = one
     texts = prompts(3, seed=21)
@@ -155,7 +153,6 @@ def test_a_propose_of_several_sequences_equals_each_alone(many, one):
         prefill(alone, alone_draft, text)
         alone.verify(text[-4:])                   # a verify whose kept rows ride in the propose
         alone.commit(2)
-        alone_draft.append_rows(2, defer=True)
         alone_draft.propose(text[0], 8, read=False)
         blocks.append(alone_draft.block(8))
         ranked.append(alone_draft.topk(7))
@@ -164,7 +161,6 @@ def test_a_propose_of_several_sequences_equals_each_alone(many, one):
     target.step([Rows(i, CHAIN, text[-4:]) for i, text in enumerate(texts)])
     for i in range(3):
         target.commit(2, seq=i)
-        draft.append_rows(2, rows=[4 * i, 4 * i + 1], defer=True, seq=i)
     draft.propose_many([(i, text[0], 8) for i, text in enumerate(texts)])
     for i in range(3):
         assert draft.block(8, seq=i) == blocks[i]
@@ -214,6 +210,37 @@ def test_rows_of_sequences_that_sample_differently_each_choose_their_own_way(man
             want = penalize(target.logits(r, 1)[0], texts[0] + paths[r], settings[3])
             np.testing.assert_allclose(target.logits(9 + r, 1)[0], want, rtol=0, atol=1e-4)
     assert agree >= rows_sampled - 1, (agree, rows_sampled)
+
+
+def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
+    """A sequence's feature rows are its own: other sequences' graphs (a prefill chunk, a
+    batched step) leave them, so its verify's kept positions reach the drafter in its next
+    propose whatever ran between (no flush before other graphs); its own next target call
+    replaces them, and a drafter that did not take them first is refused with a reason."""
+    target, draft = many
+    alone, alone_draft = one
+    texts = prompts(3, seed=51)
+    prefill(alone, alone_draft, texts[0])
+    alone.verify(texts[0][-5:])
+    alone.commit(3)
+    alone_draft.propose(texts[0][1], 8, read=False)
+    want = alone_draft.block(8)
+    for i in range(2):
+        prefill(target, draft, texts[i], seq=i)
+    target.verify(texts[0][-5:], seq=0)
+    features = target.features(0, 5, seq=0)
+    target.commit(3, seq=0)
+    prefill(target, draft, texts[2], seq=2)                        # a prefill chunk of another sequence
+    target.step([Rows(1, CHAIN, [4, 5, 6]), Rows(2, DECODE, [7], logits=LOGITS_LAST)])
+    target.commit(2, seq=1)
+    np.testing.assert_array_equal(target.features(0, 5, seq=0), features)
+    draft.propose_many([(0, texts[0][1], 8)])
+    assert draft.block(8, seq=0) == want
+    # sequence 1's kept positions are replaced by its own next call before its drafter took them
+    target.decode([9], LOGITS_LAST, seq=1)
+    with pytest.raises(DflashError, match="gone"):
+        draft.propose_many([(1, 9, 8)])
+    draft.seq_reset(1)
 
 
 def test_steps_are_checked(many):

@@ -58,14 +58,15 @@ def geometry():
 
     target_path, draft_path = demo_paths()
     t, d = fields(target_path, "qwen35"), fields(draft_path, "dflash")
-    n_attention = sum((il + 1) % t["full_attention_interval"] == 0 for il in range(t["block_count"]))
+    n_layer = t["block_count"] - t.get("nextn_predict_layers", 0)  # an MTP head's layers keep no state here
+    n_attention = sum((il + 1) % t["full_attention_interval"] == 0 for il in range(n_layer))
     conv = (t["ssm.conv_kernel"] - 1) * (t["ssm.inner_size"] + 2 * t["ssm.group_count"] * t["ssm.state_size"]) * 4
     head_v = t["ssm.inner_size"] // t["ssm.time_step_rank"]
     delta = head_v * head_v * t["ssm.time_step_rank"] * 4
     kv = t["attention.head_count_kv"] * (t["attention.key_length"] + t["attention.value_length"]) * 2
     draft_kv = d["attention.head_count_kv"] * (d["attention.key_length"] + d["attention.value_length"]) * 4
     return {"row": n_attention * kv + d["block_count"] * draft_kv,
-            "fixed": (t["block_count"] - n_attention) * (conv + delta)}
+            "fixed": (n_layer - n_attention) * (conv + delta)}
 
 
 @pytest.fixture(scope="module")

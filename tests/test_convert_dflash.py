@@ -220,7 +220,7 @@ def run_drafter(target_gguf: Path, draft_gguf: Path, prompt: list[int]):
                                               feature_layers=meta["target_layers"]))
     draft = Draft(draft_gguf, target, DraftConfig(kv_type="f32"))
     try:
-        target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+        target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append())
         bonus = int(target.choices()[0])
         draft.propose(bonus)
         return draft.logits(0, BLOCK - 1), bonus
@@ -271,7 +271,7 @@ def test_runtime_runs_converted_dflash2(ours, ckpt, convert_model):
                                  feature_layers=read_draft_metadata(path)["target_layers"]))
     try:
         with Draft(path, target, DraftConfig(kv_type="f32")) as draft:
-            target.prefill(list(range(5, 25)), LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+            target.prefill(list(range(5, 25)), LOGITS_LAST, on_chunk=lambda s, n: draft.append())
             drafts = draft.propose(int(target.choices()[0]))
             assert len(drafts) == draft.block_size - 1 and all(0 <= t < target.n_vocab for t in drafts)
     finally:

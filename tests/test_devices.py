@@ -101,11 +101,12 @@ def device(request):
 
 @pytest.fixture(scope="module")
 def demo_pairs(convert_model):
-    """The bundled pairs as shipped (q8_0): "demo", the demo target with its drafter, and
-    "weak", with the weak drafter (chain AL ~2, dflash_gguf/data/README.md); and the demo
-    pair converted again from its checkpoints, "f32" and "f16"."""
+    """The bundled pairs as shipped (q8_0): "demo", the demo target with its drafter,
+    "weak", with the weak drafter (chain AL ~2, dflash_gguf/data/README.md), and "mtp", with
+    its own MTP layer; and the demo pair converted again from its checkpoints, "f32" and
+    "f16"."""
     target, draft = demo_paths()
-    pairs = {"demo": (target, draft), "weak": (target, str(DATA / "demo-draft-weak.gguf"))}
+    pairs = {"demo": (target, draft), "weak": (target, str(DATA / "demo-draft-weak.gguf")), "mtp": (target, target)}
     for outtype in ("f32", "f16"):
         target = convert_model(DEMO_HF / "target", outtype)
         draft = convert_model(DEMO_HF / "draft", outtype, "--target-model-dir", str(DEMO_HF / "target"))
@@ -198,7 +199,7 @@ def test_demo_pair_greedy_equals_the_cpu(demo_pairs, device, outtype):
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("drafter", ["demo", "weak"])
+@pytest.mark.parametrize("drafter", ["demo", "weak", "mtp"])
 def test_bundled_pairs_are_lossless_on_the_device(demo_pairs, device, drafter):
     """The shipped pairs (q8_0; the weak drafter's short accepted runs make more verify
     steps and commits): the CPU quantizes activations to q8_0 before its integer dot
@@ -223,13 +224,15 @@ def test_bundled_pairs_are_lossless_on_the_device(demo_pairs, device, drafter):
 
 
 @pytest.mark.device
-def test_demo_pair_sampling_on_the_device(demo_pairs, device):
+@pytest.mark.parametrize("pair", ["f32", "mtp"])
+def test_demo_pair_sampling_on_the_device(demo_pairs, device, pair):
     """Sampling runs in the graphs, so on a device it runs there; with the same seed the
     device draws what the CPU draws where their kernels are the same (the RPC stand-in
-    runs the CPU's): every mode, with top-k and a penalty, and with no truncation. On
-    another device its logits differ in the last bits, and a draw may fall the other
-    side of a boundary: there only the lengths are checked and the agreement printed."""
-    target, draft = demo_pairs["f32"]
+    runs the CPU's): every mode, with top-k and a penalty, and with no truncation, with
+    the DFlash drafter and with the target's own MTP layer. On another device its logits
+    differ in the last bits, and a draw may fall the other side of a boundary: there only
+    the lengths are checked and the agreement printed."""
+    target, draft = demo_pairs[pair]
     res = run_isolated("sampled_on_devices", device.rpc, target, draft, ["CPU", device.name], DEMO_PROMPTS, N_NEW,
                        BUDGET, timeout=1800)
     same = total = 0

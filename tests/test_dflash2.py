@@ -74,7 +74,7 @@ def test_logits_and_selector_path_match_reference(pair2, draft_key):
     ref_target, ref_draft = reference_models(pair2)
     target, draft = load(pair2, draft_key)
     context = prompts(1, seed=1)[0] + list(range(40, 60))
-    target.prefill(context, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+    target.prefill(context, LOGITS_LAST, on_chunk=lambda s, n: draft.append())
     bonus = int(target.choices()[0])
     drafts = draft.propose(bonus)
     ref_logits, ref_path = reference_block(ref_target, ref_draft, context, bonus)

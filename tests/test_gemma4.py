@@ -137,7 +137,7 @@ def test_drafter_applies_embedding_scale_once_softcap_and_sliding_layers(pair):
     assert ref_draft.layers[0].self_attn.sliding_window == DRAFT_WINDOW
     target, draft = load(pair, n_ubatch=8)
     prompt = prompts(1, seed=1)[0]
-    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append())
     bonus = int(target.choices()[0])
     block = [bonus] + draft.propose(bonus)
     with torch.no_grad():

@@ -4,6 +4,7 @@ Qwen3.5-35B-A3B), the plan against what a real load uses, and refusal before loa
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -73,6 +74,26 @@ def test_plan_of_qwen35_27b_with_its_drafter(shapes):
     assert p["target_weights"] == weights_bytes(c, "q4_k_m")
     assert p["draft_weights"] == weights_bytes(d, "q8_0")
     assert 0 < p["target_compute"] < 2048 * MIB and 0 < p["draft_compute"] < 512 * MIB
+
+
+def test_each_sequence_slot_has_feature_rows_of_its_own(shapes):
+    """Every slot's state, its captured features too, is its own: with 4 slots the verify
+    scratch (the recurrent layers' kept inputs and the features) is 4 times one slot's,
+    the features each 512 rows (the prefill chunk, the slot's largest call); a target
+    without feature layers has none."""
+    c, d = QWEN35_27B, QWEN35_27B_DFLASH
+    target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
+
+    def scratch(n_seq, with_draft=True):
+        setup = EngineSetup.of(target, draft, n_ctx=8192, tree_budget=16, n_seq=n_seq)
+        if with_draft:
+            return plan_memory(target, draft, setup.target_config, setup.draft_config).devices[0].parts["verify_scratch"]
+        plain = replace(setup.target_config, feature_layers=())
+        return plan_memory(target, None, plain, None).devices[0].parts["verify_scratch"]
+
+    features = 4 * len(d["target_layers"]) * c["hidden"] * 512
+    assert scratch(4) == 4 * scratch(1)
+    assert scratch(1) - scratch(1, with_draft=False) == features
 
 
 def test_drafter_window_and_quantized_cache_shrink_the_plan(shapes):
@@ -176,3 +197,25 @@ def test_window_plan_uses_the_ring(shapes):
     full = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config,
                        DraftConfig()).devices[0].parts["draft_cache"]
     assert small < full / 6
+
+
+def test_plan_of_the_mtp_drafter():
+    """--spec-type draft-mtp plans the nextn layer's own tensors (the embedding and LM head
+    are the target's), its one layer's cache over the whole context with a padding row,
+    the hidden state it carries and its block, per slot."""
+    from gguf import GGUFReader
+
+    target, _ = demo_paths()
+    n_ctx, n_seq = 1024, 2
+    setup = EngineSetup.of(target, None, spec_type="draft-mtp", n_ctx=n_ctx, n_seq=n_seq)
+    assert setup.draft_path == target and setup.target_config.feature_layers == [4]
+    p = plan_memory(target, setup.draft_path, setup.target_config, setup.draft_config).devices[0].parts
+    reader = GGUFReader(target)
+    key = {k: int(reader.fields[f"qwen35.{k}"].contents()) for k in
+           ("block_count", "nextn_predict_layers", "embedding_length", "attention.head_count_kv",
+            "attention.key_length")}
+    mtp = f"blk.{key['block_count'] - key['nextn_predict_layers']}."
+    assert p["draft_weights"] == sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith(mtp))
+    kv_row = key["attention.head_count_kv"] * key["attention.key_length"]
+    block = setup.block_size                                       # the bonus and 3 drafts
+    assert p["draft_cache"] == n_seq * 4 * (2 * kv_row * (n_ctx + 1) + key["embedding_length"] + block)

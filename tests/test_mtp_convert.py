@@ -68,11 +68,20 @@ def test_either_file_decodes_as_without_the_head(files, mtp_dir):
     assert llama_greedy(files["ours"], prompt, 24) == llama_greedy(files["ref_no_mtp"], prompt, 24) == want
 
 
-def test_draft_mtp_is_refused_with_one_line(files):
-    res = subprocess.run([RUN, "-m", str(files["ours"]), "-p", "x", "-n", "4", "--spec-type", "draft-mtp"],
+def test_draft_mtp_runs_on_either_file_and_is_refused_without_nextn_layers(files, mtp_dir):
+    """--spec-type draft-mtp drafts with the file's own nextn layer, from either converter
+    (the plain greedy text); a file without them is one error line, exit 2."""
+    with Engine(str(files["ours_no_mtp"]), n_ctx=256, kv_type="f32", n_threads=1) as plain:
+        prompt = plain.encode("The quick brown fox")
+        want = plain.generate(prompt, 16, stop_tokens=()).tokens
+    for which in ("ours", "ref"):
+        with Engine(str(files[which]), n_ctx=256, kv_type="f32", n_threads=1, spec_type="draft-mtp") as engine:
+            assert engine.draft.kind == "mtp"
+            assert engine.generate(prompt, 16, stop_tokens=()).tokens == want, which
+    res = subprocess.run([RUN, "-m", str(files["ours_no_mtp"]), "-p", "x", "-n", "4", "--spec-type", "draft-mtp"],
                          capture_output=True, text=True, timeout=300, env={**os.environ})
     assert res.returncode == 2 and res.stderr.count("\n") == 1
-    assert "no MTP drafter yet" in res.stderr
+    assert "no nextn (MTP) layers" in res.stderr
 
 
 def test_moe_nextn_layers_match_llama_cpp_converter(convert_model, llama_cpp_oracle, tmp_path):

@@ -124,7 +124,7 @@ def _first_block(target_path, draft_path, meta) -> list[int]:
     """The block a drafter proposes after a fixed prompt next to a target."""
     prompt = list(range(40, 70))
     with _target(target_path, meta) as target, Draft(draft_path, target) as draft:
-        target.prefill(prompt, LOGITS_LAST, on_chunk=lambda _start, n: draft.append_rows(n))
+        target.prefill(prompt, LOGITS_LAST, on_chunk=lambda _start, n: draft.append())
         return draft.propose(int(target.choices()[0]))
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from fixtures import llama_cpp_source, missing_oracle
 
-from dflash_gguf.convert.shapes import (PUBLISHED, QWEN35_0_8B, QWEN35_27B, QWEN35_35B_A3B, is_recurrent,
-                                        tensor_table)
+from dflash_gguf.convert.shapes import (GPT_OSS_20B, GPT_OSS_120B, PUBLISHED, QWEN35_0_8B, QWEN35_27B,
+                                        QWEN35_35B_A3B, is_recurrent, tensor_table)
 
 SNAPSHOT_27B = Path("tests/snapshots/qwen3.6-27b.schema")
 # llama.cpp's quantization type names -> our converter's --outtype, where it has them
@@ -50,7 +50,7 @@ def snapshot(src):
 def test_every_published_entry_names_its_source():
     for name, entry in PUBLISHED.items():
         assert entry["source"].startswith(f"https://huggingface.co/{entry['model']}/"), name
-        assert entry["architecture"] in ("qwen35", "qwen35moe", "dflash"), name
+        assert entry["architecture"] in ("qwen35", "qwen35moe", "dflash", "gpt-oss"), name
 
 
 def test_27b_hyperparameters_are_llama_cpp_s(snapshot, src):
@@ -97,3 +97,18 @@ def test_smaller_and_moe_shapes_are_the_sizes_llama_cpp_names(src):
     conversion = (src / "conversion" / "qwen.py").read_text()
     at = conversion.index('@ModelBase.example("Qwen/Qwen3.5-35B-A3B")')
     assert "model_arch = gguf.MODEL_ARCH.QWEN35MOE" in conversion[at:at + 200]
+
+
+def test_gpt_oss_shapes_are_the_sizes_llama_cpp_names(src):
+    """llama.cpp's openai-moe names its sizes by layer count, and its converter's example
+    is gpt-oss-20b; the two published shapes differ only in depth and expert count."""
+    sizes = _size_cases((src / "src" / "models" / "openai-moe.cpp").read_text())
+    assert re.search(rf"case {GPT_OSS_20B['layers']}: type = LLM_TYPE_20B", sizes)
+    assert re.search(rf"case {GPT_OSS_120B['layers']}: type = LLM_TYPE_120B", sizes)
+    conversion = (src / "conversion" / "gpt_oss.py").read_text()
+    at = conversion.index('@ModelBase.example("openai/gpt-oss-20b")')
+    assert "model_arch = gguf.MODEL_ARCH.GPT_OSS" in conversion[at:at + 200]
+    differ = {k for k in GPT_OSS_20B if GPT_OSS_20B[k] != GPT_OSS_120B[k]}
+    assert differ == {"layers", "experts"} and (GPT_OSS_20B["experts"], GPT_OSS_120B["experts"]) == (32, 128)
+    # MXFP4 experts need rows of whole 32-value blocks
+    assert all(shape[-1] % 32 == 0 for name, shape, _ in tensor_table(GPT_OSS_20B, "mxfp4_moe") if "_exps" in name)

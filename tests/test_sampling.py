@@ -177,6 +177,15 @@ def demo():
 
 
 @pytest.fixture(scope="module")
+def demo_mtp():
+    """The demo target with its own MTP layer as the drafter (three drafts a step)."""
+    path = str(DATA / "demo-target.gguf")
+    target = Target(path, TargetConfig(n_ctx=256, n_ubatch=64, n_verify=17, kv_type="f32", n_threads=1,
+                                       feature_layers=read_draft_metadata(path)["target_layers"]))
+    return target, Draft(path, target, DraftConfig(kv_type="f32", top_k=4))
+
+
+@pytest.fixture(scope="module")
 def prompt():
     # code the demo pair was trained on, whose continuations repeat what it has seen (so
     # that the penalties change the distribution)
@@ -261,9 +270,13 @@ def exact(demo, prompt):
     ("full", "plain"), ("full", "chain"), ("full", "tree"),
     ("min_p", "chain"), ("min_p", "tree"),
     ("presence", "chain"), ("frequency", "tree"), ("repeat", "plain"), ("repeat", "reject"),
+    ("qwen", "mtp chain"), ("full", "mtp tree"),
 ])
-def test_every_mode_samples_the_targets_distribution(demo, prompt, exact, setting, mode):
-    target, draft = demo
+def test_every_mode_samples_the_targets_distribution(request, prompt, exact, setting, mode):
+    """Every mode's sampled continuations, the MTP drafter's (greedy drafts, kept by the
+    argmax rule) too, are distributed as the target's own sampling."""
+    target, draft = request.getfixturevalue("demo_mtp" if mode.startswith("mtp") else "demo")
+    mode = mode.split()[-1]
     params, depth, n = SETTINGS[setting], DEPTH, 1000
     exact = exact(setting)
     counts = {}

@@ -11,8 +11,8 @@ from gguf import GGUFReader
 
 from dflash_gguf.convert import shape_model
 from dflash_gguf.convert.shape_model import main as make_main, write_model
-from dflash_gguf.convert.shapes import (QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, shrunk, tensor_nbytes,
-                                        tensor_table)
+from dflash_gguf.convert.shapes import (GPT_OSS_20B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, shrunk,
+                                        tensor_nbytes, tensor_table)
 from dflash_gguf.engine import Engine, EngineSetup
 from dflash_gguf.memory import plan_memory
 
@@ -24,6 +24,8 @@ TINY_27B = shrunk(QWEN35_27B, 4, ffn=512, **SMALL, **LINEAR)
 TINY_A3B = shrunk(QWEN35_35B_A3B, 4, experts=4, experts_used=2, expert_ffn=256, shared_ffn=256, **SMALL, **LINEAR)
 TINY_DRAFT = shrunk(QWEN35_27B_DFLASH, 1, hidden=256, vocab=4096, ffn=512, heads=4, kv_heads=2, head_dim=64,
                     target_layers=[1, 3])
+TINY_GPT_OSS = shrunk(GPT_OSS_20B, 2, hidden=256, vocab=4096, heads=4, kv_heads=2, head_dim=64, experts=4,
+                      experts_used=2, expert_ffn=256, window=16)
 
 
 def table_of(path: Path) -> list[tuple[str, tuple[int, ...], object]]:
@@ -32,7 +34,7 @@ def table_of(path: Path) -> list[tuple[str, tuple[int, ...], object]]:
 
 
 @pytest.mark.parametrize("config,outtype", [(TINY_27B, "q4_k_m"), (TINY_A3B, "q4_k_m"), (TINY_27B, "q8_0"),
-                                            (TINY_27B, "f16"), (TINY_DRAFT, "q8_0")])
+                                            (TINY_27B, "f16"), (TINY_DRAFT, "q8_0"), (TINY_GPT_OSS, "mxfp4_moe")])
 def test_file_has_the_planned_tensor_table(tmp_path, config, outtype):
     path = write_model(config, outtype, tmp_path / "m.gguf", progress=False)
     want = [(name, tuple(shape), qtype) for name, shape, qtype in tensor_table(config, outtype)]
@@ -96,3 +98,21 @@ def test_bad_options_are_clear_errors(tmp_path, capsys):
         with pytest.raises(SystemExit):
             make_main(["qwen35-27b", "--outfile", str(tmp_path / "x.gguf"), *argv])
         assert msg in capsys.readouterr().err
+
+
+def test_gpt_oss_shape_runs_in_both_runtimes(tmp_path):
+    """A tiny gpt-oss of the published structure (MXFP4 experts with random codes): our
+    runtime loads it with the planned weights and decodes, and so does llama.cpp."""
+    from fixtures import open_llama
+
+    path = str(write_model(TINY_GPT_OSS, "mxfp4_moe", tmp_path / "oss.gguf", progress=False))
+    setup = EngineSetup.of(path, None, n_ctx=256, kv_type="f16", n_threads=2)
+    plan = plan_memory(path, None, setup.target_config, None).devices[0].parts
+    assert plan["target_weights"] == sum(tensor_nbytes(s, q) for _, s, q in tensor_table(TINY_GPT_OSS, "mxfp4_moe"))
+    with Engine(path, n_ctx=256, n_threads=2) as engine:
+        assert len(engine.generate(list(range(1, 40)), max_tokens=4, stop_tokens=()).tokens) == 4
+    llm = open_llama(path, n_ctx=64, n_threads=2)
+    try:
+        llm.eval(list(range(1, 20)))
+    finally:
+        llm.close()

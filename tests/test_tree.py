@@ -474,12 +474,6 @@ class ScriptedTreeDraft(ScriptedDraft):
         assert self.truth[self._i] == bonus
         return []
 
-    def append_rows(self, n, rows=None, defer=False, seq=0):
-        self.ctx += n
-
-    def flush(self, seq=0):
-        pass
-
     def topk(self, n_rows, seq=0):
         rng = np.random.default_rng(self._i)
         toks = np.zeros((n_rows, 3), dtype=np.int32)
@@ -539,7 +533,7 @@ def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_
         return logp - np.log(np.exp(logp).sum(1, keepdims=True))
 
     prompt = prompts(1, seed=5)[0]
-    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append_rows(n))
+    target.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: draft.append())
     bonus = int(target.choices()[0])
     for step in range(24):
         before = draft.info()
@@ -568,7 +562,8 @@ def test_drafter_ranks_candidates_once_per_propose_and_only_when_read(pair, top_
         target.verify(block)
         bonus = int(target.choices(0, BLOCK)[keep - 1])
         target.commit(keep)
-        draft.append_rows(keep, defer=step % 4 != 0)  # an append of its own rebuilds the propose graph
+        if step % 4 == 0:
+            draft.append()  # an append of its own rebuilds the propose graph
 
 
 def test_lossless_tree_with_scripted_candidates(pair):

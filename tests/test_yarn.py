@@ -156,7 +156,7 @@ def test_drafter_logits_match_reference_past_the_original_context(yarn_pair):
     ref_draft = DFlashDraftModel.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
     t, d = load_pair(target, draft)
     prompt = tokens(70, seed=8)
-    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append_rows(n))
+    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append())
     bonus = int(t.choices()[0])
     d.propose(bonus)
     ours = d.logits(0, 3)
@@ -228,3 +228,38 @@ def test_dflash_run_with_yarn_orig_ctx_runs(yarn_model):
     proc = subprocess.run([run, "-m", str(ours), "-p", "hello", "-n", "4", "-c", "512", "--yarn-orig-ctx", "128",
                            "--rope-scaling", "yarn", "--rope-scale", "4"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_unrounded_yarn_range_in_target_and_drafter(tmp_path, convert_model):
+    """truncate: false (transformers leaves YaRN's correction range unrounded, where ggml
+    rounds it outward to whole dimensions) is recorded as rope.scaling.yarn_truncate and
+    honoured by the target and by a drafter: both match transformers / z-lab's reference
+    past the original context."""
+    from dflash.model import DFlashDraftModel, extract_context_feature
+
+    exact = {**YARN, "truncate": False}
+    target_dir = make_qwen3(tmp_path / "target", rope_scaling=exact, max_positions=256, seed=11)
+    draft_dir = make_dflash(tmp_path / "draft", target_dir, block_size=4, seed=12, rope_scaling=exact,
+                            max_positions=256)
+    target = convert_model(target_dir, "f32")
+    draft = convert_model(draft_dir, "f32", "--target-model-dir", str(target_dir))
+    assert read_gguf(target)[0]["qwen3.rope.scaling.yarn_truncate"][1] is False
+    assert read_gguf(draft)[0]["dflash.rope.scaling.yarn_truncate"][1] is False
+    prompt = tokens(90, seed=13)
+    ref_target = hf_model(target_dir)
+    with torch.no_grad():
+        out = ref_target(torch.tensor([prompt]), output_hidden_states=True)
+    assert rel_err(our_logits(target, prompt), out.logits[0].numpy()) < 1e-4
+
+    ref_draft = DFlashDraftModel.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
+    t, d = load_pair(target, draft)
+    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append_rows(n))
+    bonus = int(t.choices()[0])
+    d.propose(bonus)
+    with torch.no_grad():
+        feats = extract_context_feature(out.hidden_states, ref_draft.target_layer_ids)
+        noise = ref_target.get_input_embeddings()(torch.tensor([[bonus] + [ref_draft.mask_token_id] * 3]))
+        hidden = ref_draft(target_hidden=feats, noise_embedding=noise, position_ids=torch.arange(len(prompt) + 4)[None],
+                           use_cache=False)
+        ref = ref_draft.compute_logits(hidden[:, 1:], ref_target.lm_head)[0].numpy()
+    assert rel_err(d.logits(0, 3), ref) < 1e-4
