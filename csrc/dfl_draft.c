@@ -244,6 +244,23 @@ static dfl_status alloc_state(dfl_draft * d) {
     return DFL_OK;
 }
 
+static dfl_status reserve_staging(dfl_draft * d, const dfl_draft_step * step);
+
+/* Compute memory and host staging for the worst graphs at load, as the target's: taken
+ * later, they would grow with the longest context seen (and fail mid-run, not at load). */
+static dfl_status reserve_worst(dfl_draft * d) {
+    dfl_status reserved = DFL_OK;
+    TRY(dfl_draft_worst_graphs(d, dfl_runtime_reserve_visit, &reserved, NULL));
+    TRY(reserved);
+    const dfl_draft_step chunk = dfl_draft_worst_step(d, true), worst = dfl_draft_worst_step(d, false);
+    TRY(reserve_staging(d, &chunk));
+    TRY(reserve_staging(d, &worst));
+    memset(d->host_i32, 0, d->host_rows * sizeof(int32_t));
+    memset(d->host_i64, 0, d->host_rows * sizeof(int64_t));
+    memset(d->host_mask, 0, d->host_mask_size * sizeof(ggml_fp16_t));
+    return DFL_OK;
+}
+
 DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params,
                                   dfl_draft ** out) {
     dfl_draft * d;
@@ -251,6 +268,7 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     *out = NULL;
     dfl_status st = dfl_gguf_load_weights_on(&d->m.file, d->rt.dev, dfl_target_repack(d->target));
     if (st == DFL_OK) st = alloc_state(d);
+    if (st == DFL_OK) st = reserve_worst(d);
     if (st != DFL_OK) {
         dfl_draft_free(d);
         return st;
@@ -370,6 +388,26 @@ static dfl_status reserve(dfl_draft * d, int n, size_t mask) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     return DFL_OK;
+}
+
+/* Host staging for a step's inputs: three numbers per entry or part, a token and
+ * position per row of every pass, an index per drafted row, and the largest part's mask
+ * (a row per block row, or per pass, over its cache rows). */
+static dfl_status reserve_staging(dfl_draft * d, const dfl_draft_step * step) {
+    const dfl_drafter * m = &d->m;
+    const int E = dfl_draft_step_entries(step), R = dfl_draft_step_rows(m, step);
+    const int n_pass = dfl_draft_step_passes(m, step), D = dfl_draft_step_drafted(step);
+    int host = 3 * E;
+    host = host > 3 * step->n_parts ? host : 3 * step->n_parts;
+    host = host > R * (1 + n_pass) ? host : R * (1 + n_pass);
+    host = host > D ? host : D;
+    size_t mask = 1;
+    for (int i = 0; i < step->n_parts; i++) {
+        const dfl_draft_part * part = &step->part[i];
+        const size_t cells = (size_t) (m->autoregressive ? m->block_size : part->n_block) * (size_t) part->n_kv;
+        mask = cells > mask ? cells : mask;
+    }
+    return reserve(d, host, mask);
 }
 
 /* What a propose's part does, worked out from its block and the two memories. */
@@ -607,7 +645,6 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
     part_plan plans[DFL_MAX_SEQ];
     dfl_draft_step step;
     memset(&step, 0, sizeof step);
-    size_t mask = 1;
     const int ring = dfl_memory_kv_rows(&d->mem, 0);
     for (int i = 0; i < n; i++) {
         part_plan pp;
@@ -623,19 +660,12 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
         const int rows = pp.n_block == 0 || pp.n_entries > m->block_size ? pp.n_entries : m->block_size;
         plans[step.n_parts] = pp;
         step.part[step.n_parts++] = (dfl_draft_part) { pp.seq, rows, pp.n_block, pp.n_block > 0 ? n_kv : 0 };
-        const size_t mask_rows = (size_t) (m->autoregressive ? m->block_size : pp.n_block);
-        mask = mask_rows * n_kv > mask ? mask_rows * n_kv : mask;
     }
     if (step.n_parts == 0) {
         return DFL_OK;
     }
-    const int E = dfl_draft_step_entries(&step), R = dfl_draft_step_rows(m, &step);
-    const int n_pass = dfl_draft_step_passes(m, &step), D = dfl_draft_step_drafted(&step);
-    int host = 3 * E;
-    host = host > 3 * step.n_parts ? host : 3 * step.n_parts;
-    host = host > R * (1 + n_pass) ? host : R * (1 + n_pass);
-    host = host > D ? host : D;
-    TRY(reserve(d, host, mask));
+    const int R = dfl_draft_step_rows(m, &step), D = dfl_draft_step_drafted(&step);
+    TRY(reserve_staging(d, &step));
     TRY(propose_sampling(d, &step));
     d->n_graphs++;
     if (!(d->graph_valid && same_step(&d->graph_key, &step))) {
@@ -844,5 +874,38 @@ dfl_draft_step dfl_draft_worst_step(const dfl_draft * d, bool entries_only) {
     for (int i = 0; i < d->n_seq; i++) {
         step.part[i] = (dfl_draft_part) { i, B, B, ring < d->n_ctx ? ring : d->n_ctx };
     }
+    /* drafts drawn over the whole vocabulary, unless the drafter only ever picks its own */
+    step.samp.pick = d->m.greedy_only ? DFL_PICK_ARGMAX : DFL_PICK_FULL;
+    step.samp.by_sort = d->rt.top_k_by_sort;
     return step;
+}
+
+dfl_status dfl_draft_worst_graphs(dfl_draft * d, dfl_graph_visit visit, void * user, ggml_backend_buffer_t rank_inputs) {
+    draft_inputs in;
+    const dfl_draft_step chunk = dfl_draft_worst_step(d, true), worst = dfl_draft_worst_step(d, false);
+    dfl_draft_build_graph(d, &chunk, dfl_runtime_begin_graph(&d->rt, 0), &in);
+    visit(&d->rt, 0, in.gf, user);
+    dfl_draft_build_graph(d, &worst, dfl_runtime_begin_graph(&d->rt, 0), &in);
+    visit(&d->rt, 0, in.gf, user);
+    if (d->p.top_k <= 1) {
+        return DFL_OK;
+    }
+    struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
+    struct ggml_tensor * logits, * probs;
+    if (rank_inputs) {
+        logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d->m.n_vocab, dfl_draft_step_drafted(&worst));
+        probs = ggml_dup_tensor(ctx, logits);
+        dfl_runtime_place_dummy(logits, rank_inputs);
+        dfl_runtime_place_dummy(probs, rank_inputs);
+    } else {
+        logits = in_place(ctx, in.logits);
+        probs = in_place(ctx, in.probs);
+        if (!logits || !probs) {
+            return dfl_fail(DFL_ERR_BACKEND, "cannot read the drafter's logits in place");
+        }
+    }
+    rank_graph r;
+    dfl_draft_build_rank(d, ctx, logits, probs, &r);
+    visit(&d->rt, 1, r.gf, user);
+    return DFL_OK;
 }

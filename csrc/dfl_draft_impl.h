@@ -96,6 +96,11 @@ dfl_status dfl_draft_define_state(dfl_draft * d);
 /* The worst propose its graphs take: every sequence drafting a whole block over the whole
  * context, or a prefill chunk's entries alone. */
 dfl_draft_step dfl_draft_worst_step(const dfl_draft * d, bool entries_only);
+/* Its worst graphs, each handed to visit with its slot: slot 0 a prefill chunk's entries,
+ * then the worst propose; slot 1 (top_k > 1) the rank graph over that propose's logits,
+ * placed on rank_inputs when given (the planner's placeholder), else read where the
+ * propose graph was just allocated (a load reserves it before). */
+dfl_status dfl_draft_worst_graphs(dfl_draft * d, dfl_graph_visit visit, void * user, ggml_backend_buffer_t rank_inputs);
 
 /* dfl_draft_graph.c: the propose graph of a step, and the rank graph over its results */
 void dfl_draft_build_graph(const dfl_draft * d, const dfl_draft_step * step, struct ggml_context * ctx,

@@ -94,26 +94,10 @@ static dfl_status plan_draft_with(dfl_draft * d, ggml_backend_buffer_t dummy, pa
             dfl_runtime_place_dummy(c, dummy);
         }
     }
-    draft_inputs in;
-    size_t propose[2] = { 0, 0 }, entries[2] = { 0, 0 }, rank[2] = { 0, 0 };
-    const dfl_draft_step worst = dfl_draft_worst_step(d, false), chunk = dfl_draft_worst_step(d, true);
-    dfl_draft_build_graph(d, &worst, dfl_runtime_begin_graph(&d->rt, 0), &in);
-    dfl_runtime_measure(&d->rt, 0, in.gf, propose);
-    dfl_draft_build_graph(d, &chunk, dfl_runtime_begin_graph(&d->rt, 0), &in);
-    dfl_runtime_measure(&d->rt, 0, in.gf, entries);
-    if (d->p.top_k > 1) {
-        struct ggml_context * ctx = dfl_runtime_begin_graph(&d->rt, 1);
-        struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d->m.n_vocab,
-                                                         dfl_draft_step_drafted(&worst));
-        struct ggml_tensor * probs = ggml_dup_tensor(ctx, logits);
-        dfl_runtime_place_dummy(logits, dummy); /* slot 0's, counted there */
-        dfl_runtime_place_dummy(probs, dummy);
-        rank_graph r;
-        dfl_draft_build_rank(d, ctx, logits, probs, &r);
-        dfl_runtime_measure(&d->rt, 1, r.gf, rank);
-    }
+    size_t sizes[2][2] = { { 0, 0 }, { 0, 0 } };
+    TRY(dfl_draft_worst_graphs(d, measure_graph, sizes, dummy));
     for (int k = 0; k < 2; k++) {
-        out->compute[k] = (propose[k] > entries[k] ? propose[k] : entries[k]) + rank[k];
+        out->compute[k] = sizes[0][k] + sizes[1][k];
     }
     return DFL_OK;
 }

@@ -16,6 +16,7 @@ from dflash_gguf.demo import demo_paths
 from dflash_gguf.draft import DraftConfig
 from dflash_gguf.engine import Engine, EngineSetup
 from dflash_gguf.memory import MemoryPlanError, plan_memory, settle
+from dflash_gguf.sampling import SamplingParams
 
 MIB = 1 << 20
 
@@ -130,19 +131,26 @@ def test_plan_covers_what_a_real_load_uses():
     assert 0 < used <= plan["target_compute"] + plan["draft_compute"]
 
 
-def test_target_compute_memory_is_taken_at_load_and_never_grows():
-    """The target's graph slots hold their planned worst-case compute memory from the
-    load on, so nothing grows as prompts get longer (before, the slots grew with the
-    longest context seen, and a server's resident memory crept up for thousands of
-    requests)."""
+@pytest.mark.parametrize("tree_budget", [None, 8])
+def test_compute_memory_is_taken_at_load_and_never_grows(tree_budget):
+    """The target's graph slots and the drafter's (its proposes, prefill entries and, for
+    trees, its rank graph) hold their planned worst-case compute memory from the load on,
+    so nothing grows as prompts get longer or requests sample (before, the slots grew
+    with the longest context seen, and a server's resident memory crept up for thousands
+    of requests)."""
     target_path, draft_path = demo_paths()
-    with Engine(str(target_path), str(draft_path), n_ctx=1024, n_ubatch=64, n_seq=2) as engine:
-        planned = engine.memory_plan.devices[0].parts["target_compute"]
-        loaded = engine.target.info()["compute_bytes"]
-        seen = set()
-        for n in (8, 300, 900):
-            engine.generate(list(range(10, 10 + n)), max_tokens=24)
-            seen.add(engine.target.info()["compute_bytes"])
+    with Engine(str(target_path), str(draft_path), n_ctx=1024, n_ubatch=64, n_seq=2,
+                tree_budget=tree_budget) as engine:
+        parts = engine.memory_plan.devices[0].parts
+        planned = (parts["target_compute"], parts["draft_compute"])
+
+        def used():
+            return engine.target.info()["compute_bytes"], engine.draft.info()["compute_bytes"]
+
+        loaded, seen = used(), set()
+        for n, sampling in ((8, None), (300, SamplingParams(temperature=0.8, seed=1)), (900, None)):
+            engine.generate(list(range(10, 10 + n)), max_tokens=24, sampling=sampling)
+            seen.add(used())
     assert loaded == planned and seen == {planned}
 
 
