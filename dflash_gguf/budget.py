@@ -248,8 +248,7 @@ class AutoBudget:
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
         self.next_probe = self.probe_gap
         self.survey_due = False
-        self.counts = dict.fromkeys(self.arms, 0)  # steps per arm, and the tokens they made
-        self.made = dict.fromkeys(self.arms, 0)
+        self.tally = {a: [0, 0] for a in self.arms}  # per arm: the steps that ran it, the tokens they made
 
     # ---- the model ------------------------------------------------------------------
     def seconds(self, arm: int) -> Optional[float]:
@@ -365,8 +364,8 @@ class AutoBudget:
         """The step's outcome: the drafts accepted, its seconds (host: what a survey took
         of them) and, for a tree, its nodes (tree_nodes) and which the target accepted."""
         arm, part = self.arm, self.part
-        self.counts[arm] += 1
-        self.made[arm] += n_acc + 1
+        self.tally[arm][0] += 1
+        self.tally[arm][1] += n_acc + 1
         if arm == CHAIN:
             self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
             if self.current == PLAIN:  # a probe: what it says of the text now, its outcome counted
@@ -394,8 +393,9 @@ class AutoBudget:
         arms = {}
         for a in self.arms:
             tokens, seconds = self.expected(a), self.seconds(a)
+            steps, made = self.tally[a]
             arms[arm_name(a)] = {
-                "steps": self.counts[a], "tokens_per_step": self.made[a] / self.counts[a] if self.counts[a] else None,
+                "steps": steps, "tokens_per_step": made / steps if steps else None,
                 "expected_tokens": tokens, "expected_ms": seconds * 1e3 if seconds else None,
                 "expected_tok_s": tokens / seconds if tokens and seconds else None}
         return {"arms": arms, "parts_ms": {k: v * 1e3 for k, v in self.part.items() if v is not None}}

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from ._native import DflashError
 from .chat_flags import add_chat_args, set_chat_template, validate_chat_args
-from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError, check_constraint
+from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError, check_constraint, check_p_min
 from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
@@ -238,14 +238,8 @@ def validate_engine_args(args, parser) -> None:
                                        repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
                                        presence_penalty=args.presence_penalty, repeat_last_n=args.repeat_last_n,
                                        constraint=constraint)
-    except ValueError as e:
-        message = str(e)
-        for field, flag in (("temperature", "--temp"), ("top_k", "--top-k"), ("top_p", "--top-p"),
-                            ("min_p", "--min-p"), ("repeat_penalty", "--repeat-penalty"),
-                            ("frequency_penalty", "--frequency-penalty"), ("presence_penalty", "--presence-penalty"),
-                            ("repeat_last_n", "--repeat-last-n")):
-            message = message.replace(field, flag)
-        parser.error(message)
+    except ConfigError as e:
+        parser.error(sampling_flag_message(e))
 
 
 
@@ -431,6 +425,38 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "spec_draft_conf_min": "--spec-draft-conf-min", "spec_ngram_simple_size_n": "--spec-ngram-simple-size-n",
          "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
          "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx"}
+
+
+# the flag of each sampling field, for its errors (config.check_sampling)
+SAMPLING_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+                  "repeat_penalty": "--repeat-penalty", "frequency_penalty": "--frequency-penalty",
+                  "presence_penalty": "--presence-penalty", "repeat_last_n": "--repeat-last-n"}
+
+
+def sampling_flag_message(e: ConfigError) -> str:
+    """A sampling field's error (config.check_sampling) with its flag in its name's place."""
+    return str(e).replace(e.option, SAMPLING_FLAGS.get(e.option, e.option), 1)
+
+
+def check_sampling_flags(parser: argparse.ArgumentParser, temps, top_k: int, top_p: float, min_p: float = 0.0) -> None:
+    """A benchmark's sampling flags (each temperature of a sweep with the rest), checked
+    as dflash-run's are (config.check_sampling)."""
+    from .sampling import SamplingParams
+
+    for t in temps:
+        try:
+            SamplingParams(t, top_k, top_p, min_p)
+        except ConfigError as e:
+            parser.error(sampling_flag_message(e))
+
+
+def check_p_min_flags(parser: argparse.ArgumentParser, values) -> None:
+    """A sweep's --draft-p-min values, checked as dflash-run's is."""
+    for x in values:
+        try:
+            check_p_min(x)
+        except ConfigError as e:
+            parser.error(f"--draft-p-min values: {e}")
 
 
 def config_error(prog: str, e: ConfigError) -> int:

@@ -10,7 +10,7 @@ from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
-from .generate import GenerationStats, check_request, collect
+from .generate import GenerationStats, Placement, Request, check_request, collect
 from .memory import refusal, settle
 from .ngram import ngram_sources
 from .proposers import MixedProposer, NgramProposer, PlainProposer
@@ -217,16 +217,15 @@ class Engine:
         """The tokens the slot's context holds (a later prompt extending them continues it)."""
         return self._contexts[slot][0]
 
-    def sequence(self, tokens: List[int], max_tokens: int, *, stop_tokens: Optional[Iterable[int]] = None,
-                 speculative: bool = True, sampling: Optional[SamplingParams] = None,
-                 stats: Optional[GenerationStats] = None, context_full: str = "error", slot: int = 0,
-                 on_stage: Optional[Callable[[str], None]] = None) -> Decoding:
-        """A request to decode in the given slot of the target's (and drafter's) memory,
-        continuing the context the slot holds when the prompt extends it, else resuming the
-        longest checkpointed prefix; run it alone (sequence_steps) or with others
-        (decoding.step). end_sequence records what it left in the slot."""
+    def sequence(self, request: Request, *, speculative: bool = True, stats: Optional[GenerationStats] = None,
+                 slot: int = 0, on_stage: Optional[Callable[[str], None]] = None) -> Decoding:
+        """A request (its stop_tokens None: the model's end-of-generation tokens) to decode
+        in the given slot of the target's (and drafter's) memory, continuing the context
+        the slot holds when the prompt extends it, else resuming the longest checkpointed
+        prefix; run it alone (sequence_steps) or with others (decoding.step).
+        end_sequence records what it left in the slot."""
         stats = GenerationStats() if stats is None else stats
-        stops = self._stops(stop_tokens)
+        tokens, sampling = request.prompt, request.sampling
         use_draft = speculative and self.draft is not None
         self.last_tokens = []
         held, mode = self._contexts[slot]
@@ -259,9 +258,9 @@ class Engine:
         grammar = None
         if sampling is not None and sampling.constraint is not None:
             grammar = sampling.constraint.state(self.grammar_vocab(), self.grammar_drafting)
-        return Decoding(self.target, self.draft if use_draft else None, proposer, tokens, max_tokens, stops, stats,
-                        sampling, slot=slot, reused=reused, context_full=context_full, on_stage=on_stage,
-                        saver=saver, grammar=grammar)
+        request = replace(request, stop_tokens=self._stops(request.stop_tokens))
+        return Decoding(self.target, self.draft if use_draft else None, proposer, request, stats,
+                        Placement(slot, reused, on_stage, saver), grammar)
 
     def grammar_vocab(self):
         """The vocabulary as the constraints' grammars see it (built on first use: about a
@@ -320,19 +319,18 @@ class Engine:
         max_tokens could overflow the context; "stop" generates until the context is
         full and ends there with stats.stop_reason "context"."""
         stats = GenerationStats() if stats is None else stats
-        return self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, [], context_full)
+        return self._stream(Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full), stop,
+                            speculative, stats, [])
 
     def text_stream(self, stop: Sequence[str] = (), stop_tokens: Optional[Iterable[int]] = None) -> "TextStream":
         """The text of a request's tokens as they come (see TextStream)."""
         return TextStream(self.tokenizer.stream_decoder(), stop, self._stops(stop_tokens))
 
-    def _stream(self, prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out: List[int],
-                context_full="error"):
-        tokens = self.encode(prompt)
-        seq = self.sequence(tokens, max_tokens, stop_tokens=stop_tokens, speculative=speculative, sampling=sampling,
-                            stats=stats, context_full=context_full, on_stage=self.stage_hook)
+    def _stream(self, request: Request, stop: Sequence[str], speculative: bool, stats: GenerationStats,
+                out: List[int]):
+        seq = self.sequence(request, speculative=speculative, stats=stats, on_stage=self.stage_hook)
         steps = sequence_steps(seq)
-        text = self.text_stream(stop, stop_tokens)
+        text = self.text_stream(stop, request.stop_tokens)
         failed = False
         try:
             for new in steps:
@@ -363,14 +361,12 @@ class Engine:
         `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Ends as
         stream() does (context_full too); the result's text stops before a stop string."""
         stats = GenerationStats()
+        request = Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full)
         if stop:
             out: List[int] = []
-            text = "".join(self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out,
-                                        context_full))
+            text = "".join(self._stream(request, stop, speculative, stats, out))
             return Result(text, out, stats)
-        tokens = self.encode(prompt)
-        seq = self.sequence(tokens, max_tokens, stop_tokens=stop_tokens, speculative=speculative, sampling=sampling,
-                            stats=stats, context_full=context_full, on_stage=self.stage_hook)
+        seq = self.sequence(request, speculative=speculative, stats=stats, on_stage=self.stage_hook)
         steps = sequence_steps(seq)
         out: List[int] = []
         failed = True

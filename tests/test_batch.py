@@ -17,7 +17,7 @@ from dflash_gguf.budget import AutoMemory
 from dflash_gguf.checkpoints import Checkpoint
 from dflash_gguf.decoding import Batch, Sequence, sequence_steps
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import GenerationStats, collect
+from dflash_gguf.generate import GenerationStats, Placement, Request, collect
 from dflash_gguf.proposers import PlainProposer
 from dflash_gguf.sampling import Sampler, SamplingParams, distribution, draw, penalize
 from dflash_gguf.speculative import chain_proposer, tree_proposer
@@ -294,8 +294,8 @@ def proposer(kind, target, draft, sampling=None):
 
 def decode_alone(target, draft, kind, prompt, n, sampling=None):
     stats = GenerationStats()
-    seq = Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling), prompt, n,
-                   (), stats, sampling)
+    seq = Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling),
+                   Request(prompt, n, sampling=sampling), stats)
     return collect(sequence_steps(seq)), stats
 
 
@@ -308,7 +308,7 @@ def decode_batch(target, draft, requests, join_every=0):
     for i, (kind, prompt, n, sampling) in enumerate(requests):
         stats = GenerationStats()
         seqs.append(Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling),
-                             prompt, n, (), stats, sampling, slot=i))
+                             Request(prompt, n, sampling=sampling), stats, Placement(slot=i)))
     pending = list(range(len(requests)))
     while pending or len(batch):
         while pending and rounds >= pending[0] * join_every:

@@ -9,7 +9,7 @@ import pytest
 
 from parity import Parity
 from tree_paths import root_path
-from test_speculative import BLOCK, ScriptedDraft, pair, prompts  # noqa: F401 (fixture)
+from test_speculative import BLOCK, HostBlocks, ScriptedDraft, pair, prompts  # noqa: F401 (fixture)
 
 from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
@@ -499,13 +499,13 @@ def test_tree_steps_reuse_one_target_graph(pair):
     target, draft = load_tree(pair, budget=8)
     prompt = prompts(1, seed=71)[0]
     shapes = set()
-    original = target.verify_tree
+    original = target.step
 
-    def verify_tree(tokens, parents, seq=0):
-        shapes.add(tuple(parents))
-        return original(tokens, parents, seq=seq)
+    def step(rows, source=None):
+        shapes.update(tuple(r.parents) for r in rows if r.parents is not None)
+        return original(rows, source)
 
-    target.verify_tree = verify_tree
+    target.step = step
     before = target.info()
     out, stats = tree_generate(target, draft, prompt, 96, budget=8)
     after = target.info()
@@ -571,7 +571,7 @@ def test_lossless_tree_with_scripted_candidates(pair):
     for prompt in prompts(3, seed=23):
         ar, _ = greedy_generate(target, prompt, 96)
         fake = ScriptedTreeDraft(len(prompt), ar, BLOCK, 10**6)
-        out, stats = tree_generate(target, fake, prompt, 96, budget=16)
+        out, stats = tree_generate(HostBlocks(target), fake, prompt, 96, budget=16)
         assert out == ar
         assert max(stats.accepted_lengths) >= 3, stats.accepted_lengths
 
@@ -743,6 +743,21 @@ def test_auto_decodes_plainly_when_drafts_fail():
     steps = simulate_auto(sim, steps=600)
     assert arm_share(steps, PLAIN) >= 0.95, [a for a, _, _ in steps]
     assert late_rate(steps) >= (1 - 3 * AutoBudget.EXPLORE_SHARE) * sim.true_rates(())[PLAIN]
+
+
+def test_auto_decodes_plainly_where_rows_cost_more_than_their_acceptance():
+    """Drafts the target mostly takes (GOOD), on a device where each verify row costs
+    as much as a whole decode and drafting as much again: every chain and tree makes
+    more tokens a step than plain decoding and fewer a second. The cost model, from the
+    verify table and what it measures, decodes plainly on >= 90% of the late steps."""
+    from dflash_gguf.budget import PLAIN
+
+    sim = SimPair(cost=_Cost(0.1e-3, 1e-3), drafted=1e-3, plain=0.1e-3, node=0.02e-3, survey=0.005e-3, **GOOD)
+    rates = sim.true_rates((4, 8, 16, 32))
+    assert max(rates, key=rates.get) == PLAIN, rates
+    steps = simulate_auto(sim, steps=600)
+    assert arm_share(steps, PLAIN) >= 0.9, [a for a, _, _ in steps]
+    assert late_rate(steps) >= 0.96 * rates[PLAIN]
 
 
 def test_auto_drafts_again_when_drafts_come_back():
