@@ -51,7 +51,7 @@ class GenerationStats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Request:
     """What a sequence is asked for: `max_tokens` after `prompt` (token ids), ending at a
     stop token (None: none, or to an Engine the model's end-of-generation tokens);
@@ -66,7 +66,7 @@ class Request:
     context_full: str = "error"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Placement:
     """Where a sequence runs and who watches it: its slot of the target's (and drafter's)
     memory, the prompt tokens the slot already holds (`reused`; 0: it is emptied first),
