@@ -103,8 +103,8 @@ def test_bad_files_are_clear_errors(pair, tmp_path):
         assert res.returncode == 1
         assert needle in res.stderr
         assert "Traceback" not in res.stderr
-    res = run("-m", str(pair["target"]), "-md", str(pair["target"]), "-p", "x")
-    assert res.returncode == 1 and "architecture" in res.stderr
+    res = run("-m", str(pair["target"]), "-md", str(pair["target"]), "-p", "x")  # a target without MTP layers
+    assert res.returncode == 1 and "not a drafter" in res.stderr
     res = run("-m", str(pair["target"]), "-p", "x", "-c", "16", "-n", "100")
     assert res.returncode == 1 and "context" in res.stderr
 
