@@ -12,6 +12,8 @@ Configs (shapes.py, from the published config.json entries in published_configs.
   qwen35-27b         Qwen/Qwen3.5-27B text model (64 layers, hidden 5120; Q4_K_M 16.5 GB)
   qwen35-35b-a3b     Qwen/Qwen3.5-35B-A3B text model (40 layers, 256 experts; Q4_K_M 21.2 GB)
   qwen35-27b-dflash  z-lab/Qwen3.5-27B-DFlash drafter (5 layers over the 27B's features); q8_0 1.8 GB
+  qwen35-122b-a10b   Qwen/Qwen3.5-122B-A10B text model (48 layers, 256 experts; Q4_K_M 74.2 GB)
+  gemma4-26b-a4b     google/gemma-4-26B-A4B-it text model (30 layers, 128 experts; Q4_K_M 17.6 GB)
   gpt-oss-20b        openai/gpt-oss-20b (24 layers, 32 experts; mxfp4_moe 12.1 GB)
   gpt-oss-120b       openai/gpt-oss-120b (36 layers, 128 experts; mxfp4_moe 63 GB)
 `--layers N` keeps a target's hybrid pattern with fewer layers (a drafter's
@@ -101,8 +103,10 @@ def random_f32(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
     """Values a trained model's f32 tensors plausibly hold, by role."""
     if name.endswith("ssm_a"):
         return -rng.uniform(0.1, 1.0, n).astype(np.float32)
-    if name.endswith("_norm.weight"):
+    if name.endswith("_norm.weight") or "scale" in name:
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    if name == "rope_freqs.weight":  # every pair rotated (a trained file marks the unrotated ones 1e30)
+        return np.ones(n, dtype=np.float32)
     if "ssm_conv1d" in name or name.endswith(".bias"):
         return (0.2 * rng.standard_normal(n)).astype(np.float32)
     return (0.02 * rng.standard_normal(n)).astype(np.float32)

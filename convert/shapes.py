@@ -20,7 +20,15 @@ PUBLISHED = {name: entry for name, entry in
 
 
 def _rope(cfg: dict) -> dict:
-    return cfg.get("rope_parameters") or {"rope_theta": cfg["rope_theta"]}
+    """The RoPE parameters (a Gemma 4 config's: of its full-attention layers)."""
+    rope = cfg.get("rope_parameters") or {"rope_theta": cfg["rope_theta"]}
+    return rope.get("full_attention", rope)
+
+
+def is_full(c: dict, il: int) -> bool:
+    """A Gemma 4 layer with full attention: every interval-th, and the last (transformers
+    makes the last layer full whatever layer_types says)."""
+    return (il + 1) % c["interval"] == 0 or il == c["layers"] - 1
 
 
 def shape_of(entry: dict) -> dict:
@@ -44,6 +52,8 @@ def shape_of(entry: dict) -> dict:
         draft = cfg["dflash_config"]
         return {**c, "ffn": cfg["intermediate_size"], "block": draft["block_size"],
                 "target_layers": [i + 1 for i in draft["target_layer_ids"]]}
+    if arch == "gemma4":
+        return _gemma4_shape(cfg, c)
     c.update(lin_k_heads=cfg["linear_num_key_heads"], lin_v_heads=cfg["linear_num_value_heads"],
              lin_dim=cfg["linear_key_head_dim"], conv=cfg["linear_conv_kernel_dim"],
              interval=cfg["full_attention_interval"], rot=int(cfg["head_dim"] * rope["partial_rotary_factor"]),
@@ -58,14 +68,41 @@ def shape_of(entry: dict) -> dict:
     return c
 
 
+def _gemma4_shape(cfg: dict, c: dict) -> dict:
+    """A Gemma 4 text model: sliding layers (head_dim, num_key_value_heads) with every
+    interval-th layer and the last full (global_head_dim; with attention_k_eq_v its own KV
+    head count, K doubling as V), proportional RoPE on the full layers (rope_freqs marks
+    the rotated pairs), a dense FFN in every layer and, with enable_moe_block, routed
+    experts beside it. Per-layer input embeddings and shared KV layers are left out
+    (none of the published MoE models has them)."""
+    types = cfg["layer_types"]
+    interval = types.index("full_attention") + 1
+    full, swa = cfg["rope_parameters"]["full_attention"], cfg["rope_parameters"]["sliding_attention"]
+    c.update(ffn=cfg["intermediate_size"], head_dim_full=cfg["global_head_dim"], interval=interval,
+             kv_heads_full=cfg["num_global_key_value_heads"] if cfg["attention_k_eq_v"] else cfg["num_key_value_heads"],
+             k_eq_v=bool(cfg["attention_k_eq_v"]), window=cfg["sliding_window"],
+             softcap=float(cfg["final_logit_softcapping"]), rope_theta=float(full["rope_theta"]),
+             rope_theta_swa=float(swa["rope_theta"]), tied=True)
+    if types != ["full_attention" if is_full(c, il) else "sliding_attention" for il in range(c["layers"])]:
+        raise ValueError("gemma4 shapes take layer_types of one full layer every N, the last one full")
+    if cfg.get("num_kv_shared_layers") or cfg.get("hidden_size_per_layer_input"):
+        raise ValueError("gemma4 shapes have no shared KV layers and no per-layer input embeddings")
+    if cfg.get("enable_moe_block"):
+        c.update(experts=cfg["num_experts"], experts_used=cfg["top_k_experts"], expert_ffn=cfg["moe_intermediate_size"])
+    return c
+
+
 QWEN35_27B = shape_of(PUBLISHED["qwen35-27b"])
 QWEN35_0_8B = shape_of(PUBLISHED["qwen35-0.8b"])
 QWEN35_35B_A3B = shape_of(PUBLISHED["qwen35-35b-a3b"])
 QWEN35_27B_DFLASH = shape_of(PUBLISHED["qwen35-27b-dflash"])  # block 16, 3.2 GiB in bf16
+QWEN35_122B_A10B = shape_of(PUBLISHED["qwen35-122b-a10b"])
+GEMMA4_26B_A4B = shape_of(PUBLISHED["gemma4-26b-a4b"])
 GPT_OSS_20B = shape_of(PUBLISHED["gpt-oss-20b"])
 GPT_OSS_120B = shape_of(PUBLISHED["gpt-oss-120b"])
 
 CONFIGS = {"qwen35-27b": QWEN35_27B, "qwen35-35b-a3b": QWEN35_35B_A3B, "qwen35-27b-dflash": QWEN35_27B_DFLASH,
+           "qwen35-122b-a10b": QWEN35_122B_A10B, "gemma4-26b-a4b": GEMMA4_26B_A4B,
            "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}
 
 
@@ -92,6 +129,8 @@ def target_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
     """(GGUF name, numpy-order shape) of every tensor of a target."""
     if c["arch"] == "gpt-oss":
         return gptoss_tensors(c)
+    if c["arch"] == "gemma4":
+        return gemma4_tensors(c)
     E, V = c["hidden"], c["vocab"]
     hd, H, Hkv = c["head_dim"], c["heads"], c["kv_heads"]
     Hk, Hv, d = c["lin_k_heads"], c["lin_v_heads"], c["lin_dim"]
@@ -122,6 +161,31 @@ def target_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
     return out if c.get("tied") else out + [("output.weight", (V, E))]
 
 
+def gemma4_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """A Gemma 4 target's tensors, in our converter's order (convert/gemma4.py)."""
+    E, V, F, H = c["hidden"], c["vocab"], c["ffn"], c["heads"]
+    out = [("rope_freqs.weight", (c["head_dim_full"] // 2,)), ("token_embd.weight", (V, E))]
+    for il in range(c["layers"]):
+        b = f"blk.{il}."
+        full = is_full(c, il)
+        hd, kvh = (c["head_dim_full"], c["kv_heads_full"]) if full else (c["head_dim"], c["kv_heads"])
+        out += [(b + "attn_norm.weight", (E,)), (b + "attn_q.weight", (H * hd, E)), (b + "attn_q_norm.weight", (hd,)),
+                (b + "attn_output.weight", (E, H * hd)), (b + "post_attention_norm.weight", (E,)),
+                (b + "ffn_norm.weight", (E,)), (b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E)),
+                (b + "ffn_down.weight", (E, F)), (b + "post_ffw_norm.weight", (E,)),
+                (b + "layer_output_scale.weight", (1,)), (b + "attn_k.weight", (kvh * hd, E)),
+                (b + "attn_k_norm.weight", (hd,))]
+        if not (full and c["k_eq_v"]):
+            out.append((b + "attn_v.weight", (kvh * hd, E)))
+        if "experts" in c:
+            X, Fx = c["experts"], c["expert_ffn"]
+            out += [(b + "ffn_gate_inp.weight", (X, E)), (b + "ffn_gate_inp.scale", (E,)),
+                    (b + "ffn_down_exps.scale", (X,)), (b + "pre_ffw_norm_2.weight", (E,)),
+                    (b + "post_ffw_norm_1.weight", (E,)), (b + "post_ffw_norm_2.weight", (E,)),
+                    (b + "ffn_gate_up_exps.weight", (X, 2 * Fx, E)), (b + "ffn_down_exps.weight", (X, E, Fx))]
+    return out + [("output_norm.weight", (E,))]
+
+
 def draft_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
     """The DFlash drafter's own tensors (it shares the target's embedding and LM head)."""
     E, F, hd = c["hidden"], c["ffn"], c["head_dim"]
@@ -150,6 +214,8 @@ def metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
           (f"{a}.attention.head_count", c["heads"], u32), (f"{a}.attention.head_count_kv", c["kv_heads"], u32),
           (f"{a}.attention.key_length", c["head_dim"], u32), (f"{a}.attention.value_length", c["head_dim"], u32),
           (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, f32), (f"{a}.rope.freq_base", c["rope_theta"], f32)]
+    if a == "gemma4":
+        return kv[:4] + _gemma4_metadata(c)  # its head counts and sizes are per kind of layer
     if a == "gpt-oss":
         return kv + [(f"{a}.feed_forward_length", c["expert_ffn"], u32),
                      (f"{a}.expert_feed_forward_length", c["expert_ffn"], u32),
@@ -176,6 +242,28 @@ def metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
                (f"{a}.expert_shared_feed_forward_length", c["shared_ffn"], u32)]
     else:
         kv.append((f"{a}.feed_forward_length", c["ffn"], u32))
+    return kv
+
+
+def _gemma4_metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
+    """The gemma4.* keys our converter writes beside the common ones (convert/gemma4.py)."""
+    a, u32, f32, i32 = c["arch"], GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.INT32
+    full = [is_full(c, il) for il in range(c["layers"])]
+    kv = [(f"{a}.feed_forward_length", c["ffn"], u32), (f"{a}.rope.freq_base", c["rope_theta"], f32),
+          (f"{a}.rope.freq_base_swa", c["rope_theta_swa"], f32), (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, f32),
+          (f"{a}.attention.key_length", c["head_dim_full"], u32),
+          (f"{a}.attention.value_length", c["head_dim_full"], u32),
+          (f"{a}.attention.sliding_window", c["window"], u32), (f"{a}.attention.shared_kv_layers", 0, u32),
+          (f"{a}.embedding_length_per_layer_input", 0, u32),
+          (f"{a}.attention.sliding_window_pattern", [not f for f in full], GGUFValueType.BOOL),
+          (f"{a}.attention.key_length_swa", c["head_dim"], u32),
+          (f"{a}.attention.value_length_swa", c["head_dim"], u32),
+          (f"{a}.rope.dimension_count", c["head_dim_full"], u32), (f"{a}.rope.dimension_count_swa", c["head_dim"], u32),
+          (f"{a}.attention.head_count_kv", [c["kv_heads_full"] if f else c["kv_heads"] for f in full], i32),
+          (f"{a}.final_logit_softcapping", c["softcap"], f32)]
+    if "experts" in c:
+        kv += [(f"{a}.expert_count", c["experts"], u32), (f"{a}.expert_used_count", c["experts_used"], u32),
+               (f"{a}.expert_feed_forward_length", c["expert_ffn"], u32)]
     return kv
 
 

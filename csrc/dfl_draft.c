@@ -266,7 +266,13 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     dfl_draft * d;
     TRY(dfl_draft_open(path, target, params, &d));
     *out = NULL;
-    dfl_status st = dfl_gguf_load_weights_on(&d->m.file, d->rt.dev, dfl_target_repack(d->target));
+    ggml_backend_dev_t * dev_of = NULL;
+    dfl_status st = dfl_gguf_devices(&d->m.file, d->p.weight_placements, d->p.n_weight_placements, d->rt.dev,
+                                     d->rt.dev_cpu, &dev_of);
+    d->p.weight_placements = NULL; /* the caller's, not kept */
+    d->p.n_weight_placements = 0;
+    if (st == DFL_OK) st = dfl_gguf_load_weights(&d->m.file, dev_of, dfl_target_repack(d->target));
+    free(dev_of);
     if (st == DFL_OK) st = alloc_state(d);
     if (st == DFL_OK) st = reserve_worst(d);
     if (st != DFL_OK) {

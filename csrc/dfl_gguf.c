@@ -596,3 +596,55 @@ dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool r
     free(dev_of);
     return st;
 }
+
+dfl_status dfl_gguf_place_by_name(const dfl_gguf * g, const dfl_weight_placement * placements, int n,
+                                  ggml_backend_dev_t dev, ggml_backend_dev_t cpu, ggml_backend_dev_t * dev_of) {
+    if (n < 0 || (n > 0 && !placements)) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "invalid weight placement list (%d entries)", n);
+    }
+    for (int k = 0; k < n; k++) {
+        const dfl_weight_placement * p = &placements[k];
+        const int64_t i = p->name ? gguf_find_tensor(g->meta, p->name) : -1;
+        if (i < 0) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "weight placement: '%s' has no tensor named '%s'", g->path,
+                            p->name ? p->name : "(null)");
+        }
+        ggml_backend_dev_t d = p->device ? ggml_backend_dev_by_name(p->device) : NULL;
+        if (!d) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "weight placement of '%s': no device named '%s'", p->name,
+                            p->device ? p->device : "(null)");
+        }
+        if (d != dev && d != cpu) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "weight placement of '%s' on %s: this model runs on %s%s%s", p->name,
+                            p->device, ggml_backend_dev_name(dev), dev != cpu ? " and " : "",
+                            dev != cpu ? ggml_backend_dev_name(cpu) : "");
+        }
+        dev_of[i] = d;
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_gguf_devices(const dfl_gguf * g, const dfl_weight_placement * placements, int n, ggml_backend_dev_t dev,
+                            ggml_backend_dev_t cpu, ggml_backend_dev_t ** out) {
+    const int64_t n_tensors = gguf_get_n_tensors(g->meta);
+    ggml_backend_dev_t * dev_of = malloc((size_t) (n_tensors + 1) * sizeof *dev_of);
+    if (!dev_of) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int64_t i = 0; i < n_tensors; i++) {
+        dev_of[i] = dev;
+    }
+    const dfl_status st = dfl_gguf_place_by_name(g, placements, n, dev, cpu, dev_of);
+    if (st != DFL_OK) {
+        free(dev_of);
+        return st;
+    }
+    *out = dev_of;
+    return DFL_OK;
+}
+
+bool dfl_gguf_is_expert(const char * name) {
+    int il, at = 0;
+    return sscanf(name, "blk.%d.ffn_%n", &il, &at) == 1 && at > 0 &&
+           (strstr(name + at, "_exps.") != NULL || strstr(name + at, "_chexps.") != NULL);
+}

@@ -72,4 +72,16 @@ struct ggml_tensor * dfl_gguf_mul_mat(const dfl_gguf * g, struct ggml_context * 
 /* The same with every tensor on dev. */
 dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool repack);
 
+/* Weights placed by name over dev_of (file order): each placement names a tensor of the
+ * file and a device that must be `dev` or `cpu`. Checked; a bad one is DFL_ERR_ARGUMENT. */
+dfl_status dfl_gguf_place_by_name(const dfl_gguf * g, const dfl_weight_placement * placements, int n,
+                                  ggml_backend_dev_t dev, ggml_backend_dev_t cpu, ggml_backend_dev_t * dev_of);
+
+/* The device of every tensor (file order, malloc'd into *out): dev, but those placed by name. */
+dfl_status dfl_gguf_devices(const dfl_gguf * g, const dfl_weight_placement * placements, int n, ggml_backend_dev_t dev,
+                            ggml_backend_dev_t cpu, ggml_backend_dev_t ** out);
+
+/* A routed expert's weight (llama.cpp's names: blk.N.ffn_*_exps.*, blk.N.ffn_*_chexps.*). */
+bool dfl_gguf_is_expert(const char * name);
+
 #endif

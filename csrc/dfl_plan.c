@@ -66,26 +66,32 @@ static dfl_status plan_host_lookup(dfl_target * t, ggml_backend_buffer_t host) {
     return DFL_OK;
 }
 
-/* Bytes of one part of a plan; compute[0] on the part's device, compute[1] on the CPU
- * when that is another device. */
+/* Bytes of one part of a plan; weights[0] and compute[0] on the part's device, [1] on
+ * the CPU when that is another device. */
 typedef struct part_sizes {
-    size_t weights, cache, compute[2];
+    size_t weights[2], cache, compute[2];
 } part_sizes;
 
 /* The drafter's weights, memory (its caches per slot, its blocks) and compute: slot 0
  * holds the larger of a propose of every sequence over the whole attention span and a
  * prefill chunk's entries alone; slot 1 the rank graph over that propose's logits and
- * softmax (top_k > 1). */
-static dfl_status plan_draft_with(dfl_draft * d, ggml_backend_buffer_t dummy, part_sizes * out) {
+ * softmax (top_k > 1). Its weights go where its placements by name put them (dummies:
+ * weights on its device, weights on the CPU, state). */
+static dfl_status plan_draft_with(dfl_draft * d, ggml_backend_buffer_t dummies[3], part_sizes * out) {
     ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(d->rt.dev);
+    ggml_backend_buffer_t dummy = dummies[2];
     const dfl_gguf * g = &d->m.file;
+    ggml_backend_dev_t * dev_of = NULL;
+    TRY(dfl_gguf_devices(g, d->p.weight_placements, d->p.n_weight_placements, d->rt.dev, d->rt.dev_cpu, &dev_of));
     for (int64_t i = 0; i < gguf_get_n_tensors(g->meta); i++) {
         if (g->used[i]) {
             struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
-            out->weights += ggml_backend_buft_get_alloc_size(buft, w);
-            dfl_runtime_place_dummy(w, dummy);
+            const int k = dev_of[i] == d->rt.dev ? 0 : 1;
+            out->weights[k] += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(dev_of[i]), w);
+            dfl_runtime_place_dummy(w, dummies[k]);
         }
     }
+    free(dev_of);
     TRY(dfl_draft_define_state(d));
     struct ggml_context * state[2] = { d->mem.ctx[0], d->ctx_blocks };
     for (int k = 0; k < 2; k++) {
@@ -106,18 +112,25 @@ static dfl_status plan_draft(const char * path, dfl_target * t, const dfl_draft_
     memset(out, 0, sizeof *out);
     dfl_draft * d;
     TRY(dfl_draft_open(path, t, params, &d));
-    ggml_backend_buffer_t dummy = dfl_runtime_dummy_buffer(d->rt.dev);
-    const dfl_status st = dummy ? plan_draft_with(d, dummy, out)
-                                : dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", ggml_backend_dev_name(d->rt.dev));
-    if (dummy) {
-        ggml_backend_buffer_free(dummy);
+    ggml_backend_buffer_t dummies[3] = { dfl_runtime_dummy_weights(d->rt.dev),
+                                         dfl_runtime_dummy_weights(d->rt.dev_cpu),
+                                         dfl_runtime_dummy_buffer(d->rt.dev) };
+    const dfl_status st = dummies[0] && dummies[1] && dummies[2]
+                              ? plan_draft_with(d, dummies, out)
+                              : dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", ggml_backend_dev_name(d->rt.dev));
+    for (int k = 0; k < 3; k++) {
+        if (dummies[k]) {
+            ggml_backend_buffer_free(dummies[k]);
+        }
     }
     dfl_draft_free(d);
     return st;
 }
 
+/* dummies: per device [model's, CPU], placeholders for weights ([0], [1]) and for state
+ * ([2], [3]), whose buffers ggml's scheduler tells apart */
 static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_draft_params * draft_params,
-                            ggml_backend_buffer_t dummies[2], dfl_plan * plan) {
+                            ggml_backend_buffer_t dummies[4], dfl_plan * plan) {
     const ggml_backend_dev_t devs[2] = { t->rt.dev, t->rt.dev_cpu };
     const int n_dev = t->rt.dev == t->rt.dev_cpu ? 1 : 2;
     plan->n_devices = n_dev;
@@ -128,8 +141,9 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         ggml_backend_dev_memory(devs[k], &free_mem, &total);
         pd->free = free_mem;
         pd->total = total;
-        dummies[k] = dfl_runtime_dummy_buffer(devs[k]);
-        if (!dummies[k]) {
+        dummies[k] = dfl_runtime_dummy_weights(devs[k]);
+        dummies[2 + k] = dfl_runtime_dummy_buffer(devs[k]);
+        if (!dummies[k] || !dummies[2 + k]) {
             return dfl_fail(DFL_ERR_BACKEND, "cannot plan for device %s", pd->name);
         }
     }
@@ -145,7 +159,16 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
         }
         struct ggml_tensor * w = ggml_get_tensor(g->ctx, gguf_get_tensor_name(g->meta, i));
         const int k = dev_of[i] == devs[0] ? 0 : 1;
-        plan->devices[k].target_weights += ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);
+        dfl_plan_device * pd = &plan->devices[k];
+        const size_t size = ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[k]), w);
+        pd->target_weights += size;
+        if (w == t->m.tok_embd) {
+            pd->target_embd += size;
+        } else if (w == t->m.output || w == t->m.output_norm) {
+            pd->target_output += size;
+        } else if (dfl_gguf_is_expert(w->name)) {
+            pd->target_experts += size;
+        }
         dfl_runtime_place_dummy(w, dummies[k]);
     }
     free(dev_of);
@@ -153,8 +176,9 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
     for (int i = 0; i < g->n_sliced; i++) {
         if (g->sliced[i].whole == t->m.tok_embd) {
             TRY(plan_host_lookup(t, dummies[1]));
-            plan->devices[1].target_weights +=
-                ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[1]), t->tok_lookup);
+            const size_t size = ggml_backend_buft_get_alloc_size(ggml_backend_dev_buffer_type(devs[1]), t->tok_lookup);
+            plan->devices[1].target_weights += size;
+            plan->devices[1].target_embd += size;
         }
     }
 
@@ -170,7 +194,7 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
                 case PART_RECURRENT: pd->recurrent_state += size; break;
                 case PART_SCRATCH: pd->verify_scratch += size; break;
             }
-            dfl_runtime_place_dummy(c, dummies[k]);
+            dfl_runtime_place_dummy(c, dummies[2 + k]);
         }
     }
 
@@ -182,9 +206,9 @@ static dfl_status plan_with(dfl_target * t, const char * draft_path, const dfl_d
     if (draft_path) {
         part_sizes d;
         TRY(plan_draft(draft_path, t, draft_params, &d));
-        plan->devices[0].draft_weights = d.weights;
         plan->devices[0].draft_cache = d.cache;
         for (int k = 0; k < n_dev; k++) {
+            plan->devices[k].draft_weights = d.weights[k];
             plan->devices[k].draft_compute = d.compute[k];
         }
     }
@@ -199,10 +223,10 @@ DFL_API dfl_status dfl_plan_memory(const char * target_path, const dfl_target_pa
     memset(plan, 0, sizeof *plan);
     dfl_target * t;
     TRY(dfl_target_open(target_path, target_params, &t));
-    ggml_backend_buffer_t dummies[2] = { NULL, NULL };
+    ggml_backend_buffer_t dummies[4] = { NULL, NULL, NULL, NULL };
     const dfl_status st = plan_with(t, draft_path, draft_params, dummies, plan);
     dfl_target_free(t);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
         if (dummies[k]) {
             ggml_backend_buffer_free(dummies[k]);
         }

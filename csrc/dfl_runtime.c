@@ -128,6 +128,23 @@ static void set_threads(ggml_backend_t backend, int n_threads) {
     }
 }
 
+/* A slot's scheduler over the device and, when that is another, the CPU (the fallback,
+ * last: ggml's scheduler takes the last backend for the host's). */
+static bool new_sched(dfl_runtime * rt, dfl_graph_slot * s, bool op_offload) {
+    ggml_backend_t backends[2] = { rt->backend, rt->backend_cpu };
+    const int n_backends = rt->backend_cpu == rt->backend ? 1 : 2;
+    s->sched = ggml_backend_sched_new(backends, NULL, n_backends, rt->graph_size, false, op_offload);
+    if (!s->sched) {
+        return false;
+    }
+    if (rt->profile) {
+        ggml_backend_sched_set_eval_callback(s->sched, profile_node, rt->profile);
+    } else if (is_lavapipe(rt->dev)) {
+        ggml_backend_sched_set_eval_callback(s->sched, one_node_at_a_time, NULL);
+    }
+    return true;
+}
+
 dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name,
                            size_t graph_size, int n_slots) {
     memset(rt, 0, sizeof *rt);
@@ -141,8 +158,6 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
     if (!rt->backend) {
         return dfl_fail(DFL_ERR_BACKEND, "cannot initialise device %s", ggml_backend_dev_name(rt->dev));
     }
-    ggml_backend_t backends[2] = { rt->backend, NULL };
-    int n_backends = 1;
     if (ggml_backend_dev_type(rt->dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
         rt->backend_cpu = rt->backend;
     } else {
@@ -151,7 +166,6 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
             dfl_runtime_free(rt);
             return dfl_fail(DFL_ERR_BACKEND, "cannot initialise the CPU backend");
         }
-        backends[n_backends++] = rt->backend_cpu;
     }
     rt->dev_cpu = ggml_backend_get_device(rt->backend_cpu);
     /* ggml's Vulkan top_k (its tournament shaders, several rows of a few thousand columns,
@@ -165,33 +179,40 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
 
     rt->last_slot = -1;
     rt->graph_mem_size = ggml_tensor_overhead() * rt->graph_size + ggml_graph_overhead_custom(rt->graph_size, false);
-    for (int i = 0; i < rt->n_slots; i++) {
-        dfl_graph_slot * s = &rt->slots[i];
-        s->sched = ggml_backend_sched_new(backends, NULL, n_backends, rt->graph_size, false, true);
-        s->mem = malloc(rt->graph_mem_size);
-        if (!s->sched || !s->mem) {
-            dfl_runtime_free(rt);
-            return dfl_fail(DFL_ERR_BACKEND, "cannot create the graph scheduler");
-        }
-    }
     rt->traffic = calloc(1, sizeof *rt->traffic);
-    if (!rt->traffic) {
-        dfl_runtime_free(rt);
-        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-    }
     const char * prof = getenv("DFLASH_PROFILE");
-    if (prof && prof[0] && strcmp(prof, "0") != 0) {
+    if (rt->traffic && prof && prof[0] && strcmp(prof, "0") != 0) {
         rt->profile = calloc(1, sizeof *rt->profile);
         if (rt->profile) {
             snprintf(rt->profile->name, sizeof rt->profile->name, "%s", name);
-            for (int i = 0; i < rt->n_slots; i++) {
-                ggml_backend_sched_set_eval_callback(rt->slots[i].sched, profile_node, rt->profile);
-            }
         }
     }
-    if (!rt->profile && is_lavapipe(rt->dev)) {
-        for (int i = 0; i < rt->n_slots; i++) {
-            ggml_backend_sched_set_eval_callback(rt->slots[i].sched, one_node_at_a_time, NULL);
+    bool ok = rt->traffic != NULL;
+    for (int i = 0; i < rt->n_slots && ok; i++) {
+        rt->slots[i].mem = malloc(rt->graph_mem_size);
+        ok = rt->slots[i].mem && new_sched(rt, &rt->slots[i], true);
+    }
+    if (!ok) {
+        dfl_runtime_free(rt);
+        return dfl_fail(DFL_ERR_BACKEND, "cannot create the graph scheduler");
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_runtime_set_op_offload(dfl_runtime * rt, int first, bool on) {
+    for (int i = first; i < rt->n_slots; i++) {
+        dfl_graph_slot * s = &rt->slots[i];
+        if (s->ctx) {
+            ggml_free(s->ctx);
+            s->ctx = NULL;
+        }
+        ggml_backend_sched_free(s->sched);
+        s->sched = NULL;
+        if (rt->last_slot == i) {
+            rt->last_slot = -1;
+        }
+        if (!new_sched(rt, s, on)) {
+            return dfl_fail(DFL_ERR_BACKEND, "cannot create the graph scheduler");
         }
     }
     return DFL_OK;
@@ -229,9 +250,57 @@ struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot) {
     return s->ctx;
 }
 
+static int by_address(const void * a, const void * b) {
+    const uintptr_t x = (uintptr_t) *(void * const *) a, y = (uintptr_t) *(void * const *) b;
+    return x < y ? -1 : x > y;
+}
+
+/* ggml's scheduler gives a node whose source lives on another backend a copy of that
+ * source on its own (one per source and backend, filled before each split runs) and
+ * points the node at the copy: the sources a node no longer has after the split are
+ * what crosses between backends. Bytes of those copies, each counted once. */
+static int64_t copied_bytes(struct ggml_cgraph * gf, struct ggml_tensor ** before) {
+    const int n = ggml_graph_n_nodes(gf);
+    struct ggml_tensor ** copies = malloc(((size_t) n * GGML_MAX_SRC + 1) * sizeof *copies);
+    if (!copies) {
+        return -1;
+    }
+    size_t n_copies = 0;
+    for (int i = 0; i < n; i++) {
+        const struct ggml_tensor * node = ggml_graph_node(gf, i);
+        for (int j = 0; j < GGML_MAX_SRC; j++) {
+            if (node->src[j] != before[(size_t) i * GGML_MAX_SRC + j]) {
+                copies[n_copies++] = node->src[j];
+            }
+        }
+    }
+    qsort(copies, n_copies, sizeof *copies, by_address);
+    int64_t bytes = 0;
+    for (size_t k = 0; k < n_copies; k++) {
+        if (k == 0 || copies[k] != copies[k - 1]) {
+            bytes += (int64_t) ggml_nbytes(copies[k]);
+        }
+    }
+    free(copies);
+    return bytes;
+}
+
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
-    if (!ggml_backend_sched_alloc_graph(rt->slots[slot].sched, gf)) {
-        return dfl_fail(DFL_ERR_BACKEND, "cannot allocate compute memory for a graph of %d nodes", ggml_graph_n_nodes(gf));
+    dfl_graph_slot * s = &rt->slots[slot];
+    const int n = ggml_graph_n_nodes(gf);
+    struct ggml_tensor ** before = rt->backend_cpu != rt->backend ? malloc(((size_t) n * GGML_MAX_SRC + 1) * sizeof *before)
+                                                                  : NULL;
+    for (int i = 0; before && i < n; i++) {
+        memcpy(before + (size_t) i * GGML_MAX_SRC, ggml_graph_node(gf, i)->src, GGML_MAX_SRC * sizeof *before);
+    }
+    if (!ggml_backend_sched_alloc_graph(s->sched, gf)) {
+        free(before);
+        return dfl_fail(DFL_ERR_BACKEND, "cannot allocate compute memory for a graph of %d nodes", n);
+    }
+    s->copy_bytes = before ? copied_bytes(gf, before) : 0;
+    free(before);
+    if (s->copy_bytes < 0) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     return DFL_OK;
 }
@@ -242,6 +311,7 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
         rt->profile->t_last = now_seconds();
     }
     rt->traffic->computes++;
+    rt->traffic->copy_bytes += rt->slots[slot].copy_bytes;
     rt->n_last_nodes = ggml_graph_n_nodes(gf);
     if (ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf) != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
@@ -260,6 +330,7 @@ dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out) {
     struct ggml_cgraph * gf = rt->last_graph;
     out->n_nodes = ggml_graph_n_nodes(gf);
     out->n_splits = ggml_backend_sched_get_n_splits(sched);
+    out->copy_bytes = rt->slots[rt->last_slot].copy_bytes;
     size_t used = 0;
     for (int i = 0; i < out->n_nodes && rt->backend_cpu != rt->backend; i++) {
         struct ggml_tensor * node = ggml_graph_node(gf, i);
@@ -305,6 +376,14 @@ ggml_backend_buffer_t dfl_runtime_dummy_buffer(ggml_backend_dev_t dev) {
     return ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), 0);
 }
 
+ggml_backend_buffer_t dfl_runtime_dummy_weights(ggml_backend_dev_t dev) {
+    ggml_backend_buffer_t buf = dfl_runtime_dummy_buffer(dev);
+    if (buf) {
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    }
+    return buf;
+}
+
 void dfl_runtime_place_dummy(struct ggml_tensor * t, ggml_backend_buffer_t dummy) {
     t->buffer = dummy;
 }
@@ -316,7 +395,12 @@ void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, si
 
 dfl_status dfl_runtime_reserve(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
     ggml_backend_sched_t sched = rt->slots[slot].sched;
-    if (!ggml_backend_sched_reserve(sched, gf) || !ggml_backend_sched_alloc_graph(sched, gf)) {
+    /* allocating the graph reserves what it needs; splitting it once more first (a
+     * ggml_backend_sched_reserve of the same graph) would not do: the scheduler points the
+     * nodes' sources at its copies between backends, and a second split of those nodes
+     * copies the copies, reserving beyond what the graph needs (3x on the CPU's side with
+     * routed experts there) */
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
         return dfl_fail(DFL_ERR_BACKEND, "cannot allocate compute memory for a graph of %d nodes",
                         ggml_graph_n_nodes(gf));
     }

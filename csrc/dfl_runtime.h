@@ -28,6 +28,7 @@ typedef struct dfl_graph_slot {
     ggml_backend_sched_t sched;
     void * mem;
     struct ggml_context * ctx;
+    int64_t copy_bytes; /* what its graph copies between backends per compute (its splits' inputs) */
 } dfl_graph_slot;
 
 typedef struct dfl_runtime {
@@ -54,6 +55,7 @@ typedef struct dfl_runtime {
 typedef struct dfl_traffic {
     int64_t computes, writes, reads;
     int64_t write_bytes, read_bytes;
+    int64_t copy_bytes; /* copied between backends by the scheduler inside graphs */
 } dfl_traffic;
 
 /* `name` labels the DFLASH_PROFILE report ("target", "drafter"); graphs hold up to
@@ -62,6 +64,11 @@ typedef struct dfl_traffic {
 dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads, const char * name,
                            size_t graph_size, int n_slots);
 void dfl_runtime_free(dfl_runtime * rt);
+/* Whether the slots from `first` on let the device take an op whose weight is in host
+ * memory (ggml's op offload: the weight is copied to the device for the op; CUDA and
+ * Vulkan ask for it on batches of 32 rows or more). Without it such an op runs on the
+ * CPU and only activations cross. A slot's graph is dropped. */
+dfl_status dfl_runtime_set_op_offload(dfl_runtime * rt, int first, bool on);
 
 /* Start a new graph in a slot: returns the context for its tensors (the slot's previous
  * graph and its results are dropped). */
@@ -86,6 +93,9 @@ size_t dfl_runtime_compute_bytes(const dfl_runtime * rt);
  * placed on it counts as allocated (its data is never touched, the graphs are only
  * measured); the compute memory a graph needs in a slot, per backend [device, CPU]. */
 ggml_backend_buffer_t dfl_runtime_dummy_buffer(ggml_backend_dev_t dev);
+/* The same marked as holding weights, as weight buffers are: ggml's scheduler runs an op
+ * where its weight lives only when the weight's buffer is so marked. */
+ggml_backend_buffer_t dfl_runtime_dummy_weights(ggml_backend_dev_t dev);
 void dfl_runtime_place_dummy(struct ggml_tensor * t, ggml_backend_buffer_t dummy);
 void dfl_runtime_measure(dfl_runtime * rt, int slot, struct ggml_cgraph * gf, size_t sizes[2]);
 /* Give a slot the compute memory gf needs now, and write it once (a slot keeps the most

@@ -206,7 +206,9 @@ ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t) {
     for (int64_t i = 0; i < n; i++) {
         const char * name = gguf_get_tensor_name(g->meta, i);
         int il = -1;
-        if (sscanf(name, "blk.%d.", &il) == 1) {
+        if (t->placed && t->placed[i]) {
+            dev_of[i] = t->placed[i];
+        } else if (sscanf(name, "blk.%d.", &il) == 1) {
             dev_of[i] = il < t->m.n_layer ? layer_device(t, il) : t->rt.dev_cpu;
         } else if (strcmp(name, "token_embd.weight") == 0 && t->m.output != t->m.tok_embd) {
             dev_of[i] = t->rt.dev_cpu;
@@ -215,6 +217,21 @@ ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t) {
         }
     }
     return dev_of;
+}
+
+/* Bytes of the layers' weights that stay in host memory while the model runs on another
+ * device: what its verifies compute on the CPU. */
+static uint64_t host_layer_weights(const dfl_target * t, ggml_backend_dev_t const * dev_of) {
+    const dfl_gguf * g = &t->m.file;
+    uint64_t bytes = 0;
+    int il;
+    for (int64_t i = 0; i < gguf_get_n_tensors(g->meta) && t->rt.dev != t->rt.dev_cpu; i++) {
+        const char * name = gguf_get_tensor_name(g->meta, i);
+        if (g->used[i] && dev_of[i] == t->rt.dev_cpu && sscanf(name, "blk.%d.", &il) == 1) {
+            bytes += ggml_nbytes(ggml_get_tensor(g->ctx, name));
+        }
+    }
+    return bytes;
 }
 
 /* A token embedding tied to the LM head lives with the LM head. When the device takes it
@@ -245,6 +262,7 @@ static dfl_status place_weights(dfl_target * t) {
     if (!dev_of) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
+    t->host_layer_weights = host_layer_weights(t, dev_of);
     dfl_status st = dfl_gguf_load_weights(&t->m.file, dev_of, !t->p.no_repack);
     free(dev_of);
     for (int i = 0; st == DFL_OK && i < t->m.file.n_sliced; i++) {
@@ -309,7 +327,9 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     } else {
         dfl_target_default_params(&t->p);
     }
-    t->p.device = NULL; /* the caller's string is not ours to keep */
+    t->p.device = NULL; /* the caller's strings are not ours to keep */
+    t->p.weight_placements = NULL;
+    t->p.n_weight_placements = 0;
 
     dfl_status st = dfl_model_open(path, &t->m);
     if (st != DFL_OK) {
@@ -331,6 +351,18 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
                                   n_seq * (size_t) t->m.n_recurrent * 48;
         st = dfl_runtime_init(&t->rt, params ? params->device : NULL, t->p.n_threads, "target", graph_size,
                               DFL_MAX_GRAPH_SLOTS);
+    }
+    /* Verifies and decodes (every slot but the prefill chunks' 0) compute a weight that
+     * lives in host memory on the CPU, whatever their rows: a batch of sequences' verifies
+     * would otherwise copy routed experts kept there to the device on every step. */
+    if (st == DFL_OK) {
+        st = dfl_runtime_set_op_offload(&t->rt, 1, false);
+    }
+    if (st == DFL_OK && params && params->n_weight_placements != 0) {
+        t->placed = calloc((size_t) gguf_get_n_tensors(t->m.file.meta) + 1, sizeof *t->placed);
+        st = t->placed ? dfl_gguf_place_by_name(&t->m.file, params->weight_placements, params->n_weight_placements,
+                                                t->rt.dev, t->rt.dev_cpu, t->placed)
+                       : dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     if (st != DFL_OK) {
         dfl_target_free(t);
@@ -387,6 +419,7 @@ DFL_API void dfl_target_free(dfl_target * t) {
     if (t->buf_lookup) ggml_backend_buffer_free(t->buf_lookup);
     if (t->ctx_lookup) ggml_free(t->ctx_lookup);
     dfl_runtime_free(&t->rt);
+    free(t->placed);
     dfl_model_close(&t->m);
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
         dfl_sampler_free(&t->sampler[s]);
@@ -425,6 +458,12 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_host_reads = t->rt.traffic->reads;
     info->n_host_write_bytes = t->rt.traffic->write_bytes;
     info->n_host_read_bytes = t->rt.traffic->read_bytes;
+    info->host_layer_weights = t->host_layer_weights;
+    info->copy_bytes = t->rt.traffic->copy_bytes;
+    if (t->rt.last_slot >= 0) {
+        info->n_last_splits = ggml_backend_sched_get_n_splits(t->rt.slots[t->rt.last_slot].sched);
+        info->last_copy_bytes = t->rt.slots[t->rt.last_slot].copy_bytes;
+    }
     return DFL_OK;
 }
 

@@ -129,6 +129,9 @@ struct dfl_target {
     dfl_memory mem;
     verify_seq verify[DFL_MAX_SEQ];
 
+    ggml_backend_dev_t * placed;  /* per file tensor: its device when placed by name (NULL: by its layer) */
+    uint64_t host_layer_weights;  /* see dfl_target_info */
+
     /* host staging for graph inputs */
     int32_t * host_i32;
     int64_t * host_i64;

@@ -60,6 +60,15 @@ typedef struct dfl_draft dfl_draft;
 /* Tokens a proposer left on the device for a verify (dfl_draft_tokens gives a drafter's). */
 typedef struct dfl_token_source dfl_token_source;
 
+/* One weight placed by name, over the default placement (-ngl): tensor `name` of the file
+ * (its GGUF name) in the memory of device `device`, which must be the model's device or
+ * the CPU. The product that reads it runs where it lives (ggml's scheduler computes an op
+ * on the backend of its weight's buffer), its inputs and result copied between devices. */
+typedef struct dfl_weight_placement {
+    const char * name;
+    const char * device;
+} dfl_weight_placement;
+
 typedef struct dfl_target_params {
     int32_t n_ctx;            /* tokens the context holds (prompt + generated); <= 0: 4096 */
     int32_t n_ubatch;         /* most tokens in one decode call (prefill chunk); <= 0: 512 */
@@ -78,6 +87,8 @@ typedef struct dfl_target_params {
     int32_t rope_scaling_type; /* llama.cpp's --rope-scaling: -1 the file's, 0 none, 1 linear, 2 yarn */
     float rope_freq_scale;    /* 1 / --rope-scale; 0: the file's */
     int32_t yarn_orig_ctx;    /* --yarn-orig-ctx; 0: the file's (else its training context) */
+    int32_t n_weight_placements; /* weights placed by name (read at load, not kept) */
+    const dfl_weight_placement * weight_placements;
 } dfl_target_params;
 
 typedef struct dfl_target_info {
@@ -104,6 +115,10 @@ typedef struct dfl_target_info {
     int64_t n_host_write_bytes; /* ... and their bytes */
     int64_t n_host_read_bytes;
     int32_t n_last_replay;    /* recurrent steps the commit carried by the last graph reran (0: none) */
+    uint64_t host_layer_weights; /* bytes of layer weights in host memory while the device is another */
+    int32_t n_last_splits;    /* splits of the last graph (runs on one backend between copies) */
+    int64_t last_copy_bytes;  /* bytes the last graph copies between backends (its split inputs) */
+    int64_t copy_bytes;       /* ... summed over every graph computed so far */
 } dfl_target_info;
 
 /* Where ggml's scheduler placed the nodes of the last graph a target or drafter computed:
@@ -115,6 +130,7 @@ typedef struct dfl_placement {
     int32_t n_nodes;
     int32_t n_splits;
     int32_t n_host_nodes;   /* nodes on the CPU backend while the device is another (0 on the CPU) */
+    int64_t copy_bytes;     /* bytes its splits copy between backends per compute */
     char host_nodes[1024];  /* their "OP(first source's name)", comma-separated (cut short when long) */
 } dfl_placement;
 
@@ -322,6 +338,8 @@ typedef struct dfl_draft_params {
                           (>= 1: every propose also ranks its top choices); 0: none */
     int32_t block_size; /* the largest block a propose asks for (the bonus and its drafts); <= 0:
                           the drafter's own (a DFlash file's trained block) */
+    int32_t n_weight_placements; /* drafter weights placed by name (read at load, not kept) */
+    const dfl_weight_placement * weight_placements;
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
@@ -509,6 +527,9 @@ typedef struct dfl_plan_device {
     uint64_t total;
     uint64_t target_weights;  /* target weights placed on this device; on the CPU also the host copy
                                  of a tied embedding the device takes only in row slices */
+    uint64_t target_embd;     /* ... of which the token embedding (and that host copy) */
+    uint64_t target_output;   /* ... of which the LM head and output norm (untied) */
+    uint64_t target_experts;  /* ... of which routed experts (blk.N.*_exps.*, *_chexps.*) */
     uint64_t draft_weights;   /* drafter weights (it shares the target's embedding and LM head) */
     uint64_t kv_cache;        /* attention K and V for n_ctx tokens */
     uint64_t recurrent_state; /* recurrent and conv states */

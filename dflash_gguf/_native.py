@@ -83,10 +83,11 @@ class NativeObject:
 
     def placement(self) -> dict:
         """Where ggml's scheduler put the nodes of the last graph computed: node and split
-        counts, and the nodes left on the CPU while the device is another, as
-        "OP(first source)", e.g. "GET_ROWS(token_embd.weight)"."""
+        counts, the nodes left on the CPU while the device is another, as
+        "OP(first source)", e.g. "GET_ROWS(token_embd.weight)", and the bytes its splits
+        copy between devices per compute."""
         p = ffi.new("dfl_placement *")
         check(type(self)._last_placement(self._handle(), p))
         host = ffi.string(p.host_nodes).decode("utf-8", "replace")
         return {"n_nodes": p.n_nodes, "n_splits": p.n_splits, "n_host_nodes": p.n_host_nodes,
-                "host_nodes": host.split(",") if host else []}
+                "host_nodes": host.split(",") if host else [], "copy_bytes": p.copy_bytes}

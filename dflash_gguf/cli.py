@@ -70,6 +70,23 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="target layers on the accelerator when one exists: the last N layers go there, the rest "
                         "stay on the CPU; N > layer count also moves the LM head; -1 = all (default); "
                         "0 = run everything on the CPU")
+    p.add_argument("-ot", "--override-tensor", dest="override_tensor", action=_OverrideTensor,
+                   metavar="PATTERN=DEVICE,...",
+                   help="put the target weights whose GGUF name matches the regular expression PATTERN on DEVICE "
+                        "(the target's device or CPU), over -ngl; repeatable, a comma list each, the first match "
+                        "wins (e.g. -ot 'exps=CPU': routed experts in host memory, computed by the CPU)")
+    p.add_argument("-cmoe", "--cpu-moe", dest="override_tensor", action=_CpuMoe, nargs=0,
+                   help="keep every layer's routed experts (MoE weights) in host memory, computed by the CPU")
+    p.add_argument("-ncmoe", "--n-cpu-moe", dest="override_tensor", action=_CpuMoe, metavar="N",
+                   help="keep the routed experts of the first N layers in host memory, computed by the CPU")
+    p.add_argument("-otd", "--override-tensor-draft", "--spec-draft-override-tensor", dest="override_tensor_draft",
+                   action=_OverrideTensor, metavar="PATTERN=DEVICE,...",
+                   help="as -ot, for the drafter's own weights")
+    p.add_argument("-cmoed", "--cpu-moe-draft", "--spec-draft-cpu-moe", dest="override_tensor_draft",
+                   action=_CpuMoe, nargs=0, help="as --cpu-moe, for the drafter's weights")
+    p.add_argument("-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe",
+                   dest="override_tensor_draft", action=_CpuMoe, metavar="N",
+                   help="as --n-cpu-moe, for the drafter's weights")
     p.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", metavar="N|auto|all",
                    help="accepted for llama.cpp habits: the drafter always runs whole on the device of the "
                         "target's LM head (it shares the target's embedding and LM head and reads its features "
@@ -142,8 +159,36 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated ggml RPC servers (host:port) whose devices join the registry as RPC0, ...")
     p.add_argument("--list-devices", action="store_true", help="print the available devices and exit")
     p.add_argument("--memory-limit", type=int, metavar="MIB",
-                   help="refuse, before loading, a configuration that needs more than MIB MiB on any device "
-                        "(a device's free memory is always a limit)")
+                   help="refuse, before loading, a configuration that needs more than MIB MiB on the target's "
+                        "device (the accelerator, or the CPU when everything runs there); an accelerator's free "
+                        "memory is always a limit")
+
+
+class _OverrideTensor(argparse.Action):
+    """-ot / -otd: rules appended in command-line order (with --cpu-moe's and --n-cpu-moe's)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        rules = list(getattr(namespace, self.dest) or [])
+        setattr(namespace, self.dest, rules + [value])
+
+
+class _CpuMoe(argparse.Action):
+    """--cpu-moe (no value) and --n-cpu-moe N as the rules they stand for (placement.expert_rules)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        from .placement import expert_rules
+
+        if value == []:
+            rules = expert_rules(cpu_moe=True)
+        else:
+            try:
+                n = int(value)
+            except ValueError:
+                n = -1
+            if n < 0:
+                parser.error(f"{option_string} takes a number of layers >= 0, got {value!r}")
+            rules = expert_rules(n)
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest) or []) + list(rules))
 
 
 def _read_prompt(args, parser) -> str:
@@ -306,6 +351,8 @@ def _report(stats, mode: str) -> dict:
         "mean_tree_nodes": round(sum(stats.tree_sizes) / len(stats.tree_sizes), 2) if stats.tree_sizes else None,
         "chain_steps": stats.chain_steps,
         "auto": stats.auto,
+        "graph_splits": stats.graph_splits,
+        "copy_bytes_per_step": round(stats.copy_bytes_per_step),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
@@ -334,6 +381,9 @@ def _print_report(r: dict) -> None:
         from .budget import describe
 
         print(f"auto      {describe(r['auto'])}", file=err)
+    if r["copy_bytes_per_step"]:
+        print(f"devices   {r['graph_splits']} graph splits a step, {r['copy_bytes_per_step'] / 1024:.1f} KiB "
+              "copied between devices a step", file=err)
     print(f"memory    peak RSS {r['peak_rss_mib']:.0f} MiB", file=err)
 
 
@@ -424,7 +474,8 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "spec_type": "--spec-type", "spec_draft_n_max": "--spec-draft-n-max",
          "spec_draft_conf_min": "--spec-draft-conf-min", "spec_ngram_simple_size_n": "--spec-ngram-simple-size-n",
          "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
-         "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx"}
+         "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
+         "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft"}
 
 
 # the flag of each sampling field, for its errors (config.check_sampling)
@@ -479,7 +530,8 @@ def engine_options(args) -> dict:
                 spec_draft_n_max=args.spec_draft_n_max, spec_draft_conf_min=args.spec_draft_conf_min,
                 spec_ngram_simple_size_n=args.spec_ngram_simple_size_n,
                 spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min,
-                rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx)
+                rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx,
+                override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or ())
 
 
 def open_engine(prog: str, model: str, draft, args):

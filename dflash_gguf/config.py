@@ -10,6 +10,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from . import placement
 from .draft import DraftConfig, read_draft_metadata
 from .target import KV_TYPES, TargetConfig
 
@@ -202,6 +203,21 @@ def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = ""
     return value
 
 
+def _placement_rules(option: str, overrides, cpu_option: str, cpu_moe, n_option: str, n_cpu_moe,
+                     device: Optional[str]) -> tuple:
+    """Weight placement rules by name (placement.py), checked: the explicit overrides in
+    their order, then --cpu-moe's or --n-cpu-moe's."""
+    if not isinstance(cpu_moe, bool):
+        raise ConfigError(cpu_option, f"{cpu_option.replace('_', ' ')} is on or off (a bool), got {cpu_moe!r}")
+    _count(n_option, n_cpu_moe, 0, what="the layers whose experts stay on the CPU")
+    try:
+        rules = placement.parse_rules(overrides) + placement.expert_rules(n_cpu_moe, cpu_moe)
+        placement.check_devices(rules, device)
+    except ValueError as e:
+        raise ConfigError(option, str(e)) from None
+    return rules
+
+
 # llama.cpp's --rope-scaling values, in its enum's order (the C runtime's type numbers)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")
 
@@ -239,7 +255,9 @@ class EngineSetup:
            n_seq: int = 1, spec_type=None, spec_draft_n_max: Optional[int] = None,
            spec_draft_conf_min: float = 0.0, spec_ngram_simple_size_n: int = 12,
            spec_ngram_mod_n_match: int = 24, spec_ngram_mod_n_min: int = 48, rope_scaling: Optional[str] = None,
-           rope_scale: float = 0.0, yarn_orig_ctx: int = 0) -> "EngineSetup":
+           rope_scale: float = 0.0, yarn_orig_ctx: int = 0, override_tensor=(), cpu_moe: bool = False,
+           n_cpu_moe: int = 0, override_tensor_draft=(), cpu_moe_draft: bool = False,
+           n_cpu_moe_draft: int = 0) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -294,20 +312,25 @@ class EngineSetup:
             raise ConfigError("rope_scale", f"the RoPE context scale must be a number > 0 (0: the model's), "
                               f"got {rope_scale!r}")
         _count("yarn_orig_ctx", yarn_orig_ctx, 0, what="the original context of YaRN (0: the model's)")
+        target_rules = _placement_rules("override_tensor", override_tensor, "cpu_moe", cpu_moe, "n_cpu_moe",
+                                        n_cpu_moe, device)
+        draft_rules = _placement_rules("override_tensor_draft", override_tensor_draft, "cpu_moe_draft",
+                                       cpu_moe_draft, "n_cpu_moe_draft", n_cpu_moe_draft, device)
         n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
         n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds else 1)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
             repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq, rope_scaling=rope_scaling,
-            rope_scale=float(rope_scale), yarn_orig_ctx=yarn_orig_ctx)
+            rope_scale=float(rope_scale), yarn_orig_ctx=yarn_orig_ctx, tensor_overrides=target_rules)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         # (and beside the n-gram kinds, the drafter's confidence is its expected accepted length)
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds else 1)
         draft_config = None
         if meta is not None:
             draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,
-                                       block_size=block if meta["kind"] == "mtp" else 0)
+                                       block_size=block if meta["kind"] == "mtp" else 0,
+                                       tensor_overrides=draft_rules)
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
                    ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path)
 

@@ -164,6 +164,9 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)
     t2 = time.perf_counter()
+    splits, copied = target.graph_copies()
+    for s in seqs:
+        s.stats.record_graph(splits, copied)
     out = []
     for s, r in zip(seqs, rows):
         if s.proposer.stage is not None:

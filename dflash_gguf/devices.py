@@ -18,6 +18,13 @@ def list_devices() -> List[Dict[str, str]]:
     return out
 
 
+def default_device() -> str:
+    """The device a model runs on when none is named: the first GPU, else the CPU (as
+    the runtime picks it)."""
+    devices = list_devices()
+    return next((d["name"] for d in devices if d["type"] in ("gpu", "igpu")), "CPU")
+
+
 def add_rpc_server(endpoint: str) -> None:
     """Make the devices of a ggml RPC server ("host:port") available as RPC0, RPC1, ...
     A remote GPU is then picked like a local one (the first GPU unless a device is named)."""

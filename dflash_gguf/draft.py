@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from . import placement
 from ._native import NativeObject, check, ffi, lib
 from .target import KV_TYPES, Target
 
@@ -22,6 +23,7 @@ class DraftConfig:
     n_threads: int = 0
     top_k: int = 0  # candidates per drafted position for tree building; 0: greedy chain only
     block_size: int = 0  # the largest block proposed (bonus + drafts); 0: the drafter's own (DFlash's trained)
+    tensor_overrides: tuple = ()  # weights placed by name: (pattern, device) rules (placement.py)
 
 
 def read_draft_metadata(path: str) -> dict:
@@ -52,8 +54,9 @@ def read_draft_metadata(path: str) -> dict:
     }
 
 
-def draft_params(cfg: DraftConfig):
-    """The C runtime's dfl_draft_params for a config (checked)."""
+def draft_params(cfg: DraftConfig, path: Optional[str] = None):
+    """The C runtime's dfl_draft_params for a config (checked) and the drafter at `path`
+    (which its tensor overrides are resolved against)."""
     if cfg.kv_type != "auto" and cfg.kv_type not in KV_TYPES:
         raise ValueError(f"unknown drafter cache type {cfg.kv_type!r}")
     p = ffi.new("dfl_draft_params *")
@@ -64,6 +67,10 @@ def draft_params(cfg: DraftConfig):
     p.n_threads = int(cfg.n_threads)
     p.top_k = int(cfg.top_k)
     p.block_size = int(cfg.block_size)
+    if cfg.tensor_overrides:
+        if path is None:
+            raise ValueError("tensor overrides are resolved against a drafter file: give its path")
+        placement.attach(p, cfg.tensor_overrides, str(path))
     return p
 
 
@@ -95,7 +102,7 @@ class Draft(NativeObject):
 
     def __init__(self, path: str, target: Target, config: Optional[DraftConfig] = None):
         cfg = config or DraftConfig()
-        p = draft_params(cfg)
+        p = draft_params(cfg, path)
         out = ffi.new("dfl_draft **")
         check(lib.dfl_draft_load(str(path).encode(), target._handle(), p, out))
         self._ptr = out[0]

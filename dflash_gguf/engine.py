@@ -76,7 +76,11 @@ class Engine:
         decoding without one), spec_draft_n_max (the n-gram kinds' longest draft, MTP's
         drafts per step; the DFlash block when block_size is left out), spec_draft_conf_min,
         spec_ngram_simple_size_n, spec_ngram_mod_n_match, spec_ngram_mod_n_min;
-        kv_type and draft_window default to "auto" (see memory.settle)."""
+        override_tensor ("PATTERN=DEVICE" strings or (pattern, device) pairs: weights
+        whose GGUF name matches on that device, the first match deciding), cpu_moe and
+        n_cpu_moe (routed experts of every layer, or of the first n layers, on the CPU),
+        and override_tensor_draft, cpu_moe_draft, n_cpu_moe_draft for the drafter
+        (placement.py); kv_type and draft_window default to "auto" (see memory.settle)."""
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
         # is refused with what would fit

@@ -34,6 +34,22 @@ class GenerationStats:
     # the prefix checkpoint the prompt resumed from: {"position", "device_bytes",
     # "host_bytes"} (what it and the checkpoints it reads from hold where), or None
     checkpoint: Optional[dict] = None
+    # the target's step graphs after the prompt (a batch's shared graph counts for each of
+    # its sequences): how many, the splits of the last (its runs on one backend), and the
+    # bytes they copied between devices (activations; weights too where a device takes an
+    # op whose weight is in host memory)
+    target_steps: int = 0
+    graph_splits: int = 0
+    copy_bytes: int = 0
+
+    def record_graph(self, splits: int, copy_bytes: int) -> None:
+        self.target_steps += 1
+        self.graph_splits = splits
+        self.copy_bytes += copy_bytes
+
+    @property
+    def copy_bytes_per_step(self) -> float:
+        return self.copy_bytes / self.target_steps if self.target_steps else 0.0
 
     @property
     def mean_accepted(self) -> float:

@@ -3,9 +3,11 @@ computed by the C runtime before anything is allocated (dfl_plan_memory): the sa
 placement, caches and graphs as a real load, the graphs measured by ggml's allocator."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional
 
+from . import placement
 from ._native import check, ffi, lib
 from .config import EngineSetup, drafter_path
 from .draft import DraftConfig, draft_params
@@ -21,6 +23,14 @@ PARTS = {
     "target_compute": "target compute buffers",
     "draft_compute": "drafter compute buffers",
 }
+# the target's weights by tensor group (parts of target_weights, not added to the need):
+# where each lives when some are placed by name (-ot, --n-cpu-moe)
+WEIGHT_GROUPS = {
+    "target_embd": "token embedding",
+    "target_layers": "layers (attention, dense FFN, ...)",
+    "target_experts": "routed experts",
+    "target_output": "LM head",
+}
 MIB = 1 << 20
 
 
@@ -30,6 +40,7 @@ class DevicePlan:
     free: int
     total: int
     parts: Dict[str, int] = field(default_factory=dict)
+    groups: Dict[str, int] = field(default_factory=dict)  # WEIGHT_GROUPS' bytes, of parts["target_weights"]
 
     @property
     def need(self) -> int:
@@ -41,25 +52,33 @@ class MemoryPlan:
     devices: List[DevicePlan]
 
     def to_json(self) -> dict:
-        return {"devices": [{"name": d.name, "free": d.free, "total": d.total, "need": d.need, **d.parts}
-                            for d in self.devices]}
+        return {"devices": [{"name": d.name, "free": d.free, "total": d.total, "need": d.need, **d.parts,
+                             "weight_groups": d.groups} for d in self.devices]}
 
     def format(self) -> str:
         names = [d.name for d in self.devices]
-        rows = [f"{'part':<28}" + "".join(f"{n:>14}" for n in names)]
+        rows = [f"{'part':<36}" + "".join(f"{n:>14}" for n in names)]
         for key, label in PARTS.items():
-            rows.append(f"{label:<28}" + "".join(f"{d.parts[key] / MIB:>10.1f} MiB" for d in self.devices))
-        rows.append(f"{'total':<28}" + "".join(f"{d.need / MIB:>10.1f} MiB" for d in self.devices))
-        rows.append(f"{'device free / total':<28}" +
+            rows.append(f"{label:<36}" + "".join(f"{d.parts[key] / MIB:>10.1f} MiB" for d in self.devices))
+            if key == "target_weights":
+                for group, what in WEIGHT_GROUPS.items():
+                    rows.append(f"{'  ' + what:<36}" +
+                                "".join(f"{d.groups.get(group, 0) / MIB:>10.1f} MiB" for d in self.devices))
+        rows.append(f"{'total':<36}" + "".join(f"{d.need / MIB:>10.1f} MiB" for d in self.devices))
+        rows.append(f"{'device free / total':<36}" +
                     "".join(f"{d.free / MIB:>6.0f}/{d.total / MIB:.0f}".rjust(14) for d in self.devices))
         return "\n".join(rows)
 
     def over(self, limit: Optional[int] = None, check_free: bool = True) -> List[str]:
-        """Devices whose need exceeds `limit` bytes, or (check_free) their reported free
-        memory when they are not the CPU, whose weights are mapped from the file."""
+        """Devices whose need exceeds their reported free memory (check_free; not the
+        CPU's, whose weights are mapped from the file) or, for the model's device (the
+        first: an accelerator, or the CPU when everything runs there), `limit` bytes. Host
+        memory beside an accelerator is not limited by `limit`: it holds what was placed
+        there to spare the device (-ngl, --n-cpu-moe)."""
         out = []
-        for d in self.devices:
-            cap = [c for c in (limit, d.free if check_free and d.name != "CPU" and d.free else None) if c]
+        for k, d in enumerate(self.devices):
+            cap = [c for c in (limit if k == 0 else None,
+                               d.free if check_free and d.name != "CPU" and d.free else None) if c]
             if cap and d.need > min(cap):
                 out.append(f"{d.name} needs {d.need / MIB:.0f} MiB of {min(cap) / MIB:.0f} MiB "
                            f"(largest: {self.largest(d)})")
@@ -73,15 +92,17 @@ class MemoryPlan:
 
 def plan_memory(model: str, draft: Optional[str], target_config: TargetConfig,
                 draft_config: Optional[DraftConfig] = None) -> MemoryPlan:
-    tp, _device = target_params(target_config)
-    dp = draft_params(draft_config or DraftConfig()) if draft else ffi.NULL
+    tp, _device = target_params(target_config, model)
+    dp = draft_params(draft_config or DraftConfig(), draft) if draft else ffi.NULL
     plan = ffi.new("dfl_plan *")
     check(lib.dfl_plan_memory(str(model).encode(), tp, str(draft).encode() if draft else ffi.NULL, dp, plan))
     devices = []
     for k in range(plan.n_devices):
         d = plan.devices[k]
+        groups = {key: int(getattr(d, key)) for key in WEIGHT_GROUPS if key != "target_layers"}
+        groups["target_layers"] = int(d.target_weights) - sum(groups.values())
         devices.append(DevicePlan(ffi.string(d.name).decode(), int(d.free), int(d.total),
-                                  {key: int(getattr(d, key)) for key in PARTS}))
+                                  {key: int(getattr(d, key)) for key in PARTS}, groups))
     return MemoryPlan(devices)
 
 
@@ -89,7 +110,7 @@ def what_fits(model: str, draft: Optional[str], target_config: TargetConfig, dra
               plan: MemoryPlan, limit: Optional[int], check_free: bool = True) -> List[str]:
     """Single changes to the configuration that would fit: a quantized KV cache, a
     smaller context, a smaller tree budget, a drafter window, fewer sequences at once,
-    fewer layers on the device."""
+    routed experts in host memory (--n-cpu-moe), fewer layers on the device."""
     def fits(tc, dc):
         return not plan_memory(model, draft, tc, dc).over(limit, check_free)
 
@@ -117,12 +138,43 @@ def what_fits(model: str, draft: Optional[str], target_config: TargetConfig, dra
             if fits(replace(target_config, n_seq=n_seq, n_ctx=total // n_seq), draft_config):
                 ideas.append(f"-np {n_seq} (fewer sequences at once)")
                 break
+    n_cpu_moe = smallest_n_cpu_moe(model, plan, fits, target_config, draft_config)
+    if n_cpu_moe is not None:
+        ideas.append(f"--n-cpu-moe {n_cpu_moe} (the routed experts of the first {n_cpu_moe} layers in host memory)")
     if len(plan.devices) > 1 and target_config.n_gpu_layers != 0:
         for ngl in range(64, -1, -4):
             if fits(replace(target_config, n_gpu_layers=ngl), draft_config):
                 ideas.append(f"-ngl {ngl} (fewer layers on {plan.devices[0].name})")
                 break
     return ideas
+
+
+def expert_layers(model: str) -> int:
+    """Layers of the model with routed experts (by their tensor names: placement.EXPERTS)."""
+    layers = {int(m.group(1)) for name in placement.tensor_names(model)
+              for m in [re.match(r"blk\.(\d+)" + placement.EXPERTS, name)] if m}
+    return max(layers) + 1 if layers else 0
+
+
+def smallest_n_cpu_moe(model: str, plan: MemoryPlan, fits, target_config: TargetConfig,
+                       draft_config: Optional[DraftConfig]) -> Optional[int]:
+    """The fewest layers whose routed experts, moved to host memory after the rules the
+    configuration has (--n-cpu-moe N's rules), make it fit the device; None when the model
+    runs on the CPU, has no experts, or fits no other way. The device's need only shrinks
+    as N grows, so a bisection finds it."""
+    n_layers = expert_layers(model) if len(plan.devices) > 1 else 0
+
+    def fits_with(n: int) -> bool:
+        rules = target_config.tensor_overrides + placement.expert_rules(n)
+        return fits(replace(target_config, tensor_overrides=rules), draft_config)
+
+    if n_layers == 0 or not fits_with(n_layers):
+        return None
+    lo, hi = 0, n_layers  # fits_with(hi); lo: not known to fit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits_with(mid) else (mid, hi)
+    return hi
 
 
 class MemoryPlanError(ValueError):

@@ -27,11 +27,13 @@ DEFAULT_DRAFT_P_MIN = 0.3
 
 def default_p_min(target: Target) -> float:
     """The cut for a loaded target: DEFAULT_DRAFT_P_MIN where it computes on the CPU,
-    wholly or in part (a verify's cost grows with its rows there); none where an
-    accelerator holds all its layers (a verify is bound by reading the weights, and
-    the whole block costs about what two rows do)."""
+    wholly or in part (a verify's cost grows with its rows there: layers kept on the CPU,
+    or weights placed in host memory by name, such as routed experts); none where an
+    accelerator holds all its layers' weights (a verify is bound by reading the weights,
+    and the whole block costs about what two rows do)."""
     info = target.info()
-    on_device = info["device"] != "CPU" and info["n_gpu_layers"] >= info["n_layer"]
+    on_device = info["device"] != "CPU" and info["n_gpu_layers"] >= info["n_layer"] \
+        and info["host_layer_weights"] == 0
     return 0.0 if on_device else DEFAULT_DRAFT_P_MIN
 
 

@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from . import placement
 from ._native import NativeObject, check, ffi, lib
 
 LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
@@ -62,11 +63,15 @@ class TargetConfig:
     rope_scaling: Optional[str] = None  # none / linear / yarn; None: the file's
     rope_scale: float = 0.0  # context scale factor (freq_scale = 1 / it); 0: the file's
     yarn_orig_ctx: int = 0  # YaRN's original context; 0: the file's
+    # weights placed by name: (pattern, device) rules, the first matching one decides
+    # (placement.py: -ot, --cpu-moe, --n-cpu-moe); the rest are placed by n_gpu_layers
+    tensor_overrides: tuple = ()
 
 
-def target_params(cfg: TargetConfig):
-    """The C runtime's dfl_target_params for a config (checked); keep the result alive
-    while the C side may read its device string."""
+def target_params(cfg: TargetConfig, path: Optional[str] = None):
+    """The C runtime's dfl_target_params for a config (checked) and the model at `path`
+    (which its tensor overrides are resolved against); keep the result alive while the
+    C side may read its device string."""
     for kv in (cfg.kv_type, cfg.kv_type_v or cfg.kv_type):
         if kv not in KV_TYPES:
             raise ValueError(f"unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}")
@@ -91,6 +96,10 @@ def target_params(cfg: TargetConfig):
         p.feature_layers[i] = int(layer)
     device = ffi.new("char[]", cfg.device.encode()) if cfg.device else ffi.NULL
     p.device = device
+    if cfg.tensor_overrides:
+        if path is None:
+            raise ValueError("tensor overrides are resolved against a model file: give its path")
+        placement.attach(p, cfg.tensor_overrides, str(path))
     return p, device
 
 
@@ -101,7 +110,7 @@ class Target(NativeObject):
 
     def __init__(self, path: str, config: Optional[TargetConfig] = None):
         cfg = config or TargetConfig()
-        p, _device = target_params(cfg)
+        p, _device = target_params(cfg, path)
         layers = list(cfg.feature_layers)
         out = ffi.new("dfl_target **")
         check(lib.dfl_target_load(str(path).encode(), p, out))
@@ -131,8 +140,17 @@ class Target(NativeObject):
             "arch": ffi.string(info.arch).decode(), "compute_bytes": info.compute_bytes,
             "n_last_nodes": info.n_last_nodes, "n_last_replay": info.n_last_replay, "n_host_writes": info.n_host_writes,
             "n_host_reads": info.n_host_reads, "n_host_write_bytes": info.n_host_write_bytes,
-            "n_host_read_bytes": info.n_host_read_bytes,
+            "n_host_read_bytes": info.n_host_read_bytes, "host_layer_weights": info.host_layer_weights,
+            "n_last_splits": info.n_last_splits, "last_copy_bytes": info.last_copy_bytes,
+            "copy_bytes": info.copy_bytes,
         }
+
+    def graph_copies(self) -> tuple:
+        """(splits, bytes copied between devices) of the last graph computed: its runs on
+        one backend, and the inputs the scheduler copies from one to another per compute."""
+        info = ffi.new("dfl_target_info *")
+        check(lib.dfl_target_get_info(self._handle(), info))
+        return int(info.n_last_splits), int(info.last_copy_bytes)
 
     @property
     def n_past(self) -> int:

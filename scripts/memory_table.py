@@ -2,16 +2,22 @@
 """What fits on a 24 GB card: the memory planner over Qwen3.5-27B Q4_K_M with its DFlash
 drafter (q8_0), Qwen3.5-35B-A3B Q4_K_M, gpt-oss-20b and gpt-oss-120b (MXFP4 experts, q8_0
 elsewhere: the published GGUFs' mxfp4_moe), from their published shapes (metadata-only
-GGUFs, dflash_gguf.convert.shape_model), for KV type x context x tree budget.
+GGUFs, dflash_gguf.convert.shape_model), for KV type x context x tree budget; then the MoE
+models whose routed experts must partly stay in host memory (Qwen3.5-35B-A3B,
+Qwen3.5-122B-A10B and Gemma 4 26B-A4B Q4_K_M, gpt-oss-120b mxfp4_moe): the smallest
+--n-cpu-moe that fits the card, and what the host then holds.
 
     .venv/bin/python scripts/memory_table.py     # markdown on stdout; results/memory-24gb-<date>.json
 
-The plan is made for this machine's CPU device and counted as a GPU gets it: the token
-embedding stays in host memory (it is only gathered from) and the drafter's cache is
-f16, as on every non-CPU device. Weights, caches, states and scratch are exact; compute
-buffers are what ggml's allocator reserves for the graphs when one device runs every op
-(as CUDA does), measured on the CPU backend. Usable memory: 24 GiB less 0.5 GiB for the
-driver's context.
+The first tables are planned for this machine's CPU device and counted as a GPU gets it:
+the token embedding stays in host memory (it is only gathered from) and the drafter's
+cache is f16, as on every non-CPU device. The MoE tables are planned with a device beside
+the CPU, as the split is: the ggml RPC stand-in of the tests (tests/rpc_server.py, a
+server on loopback running the CPU backend), which the script starts. Weights, caches,
+states and scratch are exact; compute buffers are what ggml's allocator reserves for the
+graphs (when one device runs every op, as CUDA does; with the experts on the CPU, what
+each side computes), measured on the CPU backend. Usable memory: 24 GiB less 0.5 GiB for
+the driver's context.
 """
 from __future__ import annotations
 
@@ -21,10 +27,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rpc_stand_in import rpc_device
+
 from dflash_gguf.bench import provenance
 from dflash_gguf.convert.shape_model import write_header_only
-from dflash_gguf.convert.shapes import (GPT_OSS_20B, GPT_OSS_120B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B,
-                                        tensor_nbytes, tensor_table)
+from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, QWEN35_27B, QWEN35_27B_DFLASH,
+                                        QWEN35_35B_A3B, QWEN35_122B_A10B, tensor_nbytes, tensor_table)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,6 +121,67 @@ def table(name: str, target: str, draft: str | None) -> tuple[list[str], dict]:
     return lines + [""], data
 
 
+# ---- MoE models with experts in host memory -------------------------------------------
+
+MOE_CONTEXTS = (32768, 131072)
+MOE_KV_TYPES = ("f16", "q8_0")
+MOE_ARMS = {"chain": 16, "tree 16": 17}  # rows a verify holds: a 16-token block, a 16-node tree and its root
+
+
+def moe_plan(target: str, n_ctx: int, kv: str, n_verify: int, n_cpu_moe: int):
+    """(bytes on the card, bytes in host memory) of the target with every layer on the
+    device and the routed experts of the first n_cpu_moe layers on the CPU."""
+    from dflash_gguf.memory import plan_memory
+    from dflash_gguf.placement import expert_rules
+    from dflash_gguf.target import TargetConfig
+
+    cfg = TargetConfig(n_ctx=n_ctx, n_verify=n_verify, kv_type=kv, device="RPC0",
+                       tensor_overrides=expert_rules(n_cpu_moe))
+    device, host = plan_memory(target, None, cfg).devices
+    return device.need, host.need
+
+
+def smallest_n_cpu_moe(target: str, n_layers: int, n_ctx: int, kv: str, n_verify: int):
+    """The fewest layers whose experts go to host memory for the card to hold the rest, with
+    its plan (None when even every layer's experts there is not enough)."""
+    fits = lambda n: moe_plan(target, n_ctx, kv, n_verify, n)[0] <= USABLE_MIB << 20  # noqa: E731
+    if not fits(n_layers):
+        return None
+    lo, hi = -1, n_layers
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi, moe_plan(target, n_ctx, kv, n_verify, hi)
+
+
+def moe_table(name: str, target: str, shape: dict, outtype: str) -> tuple[list[str], dict]:
+    n_layers = shape["layers"]
+    per_layer = sum(tensor_nbytes(s, q) for n, s, q in tensor_table(shape, outtype) if "_exps" in n) / n_layers
+    data = {"model": name, "layers": n_layers, "expert_bytes_per_layer": per_layer, "usable_bytes": USABLE_MIB << 20,
+            "cells": {}}
+    lines = [f"### {name}", "",
+             f"{n_layers} layers, routed experts {per_layer / GIB:.2f} GiB a layer. Smallest `--n-cpu-moe` for the "
+             "card to hold the rest (every layer on the device), then GiB on the card / in host memory (the target "
+             "alone: a drafter adds its own weights and cache, about one more layer's experts on the host per "
+             f"{per_layer / GIB:.2f} GiB it takes):", "",
+             "| context | KV | " + " | ".join(MOE_ARMS) + " |", "|---|---|" + "---:|" * len(MOE_ARMS)]
+    for n_ctx in MOE_CONTEXTS:
+        for kv in MOE_KV_TYPES:
+            cells = []
+            for arm, n_verify in MOE_ARMS.items():
+                found = smallest_n_cpu_moe(target, n_layers, n_ctx, kv, n_verify)
+                key = f"{n_ctx // 1024}K {kv} {arm}"
+                if found is None:
+                    data["cells"][key] = None
+                    cells.append("does not fit")
+                    continue
+                n, (device, host) = found
+                data["cells"][key] = {"n_cpu_moe": n, "device_bytes": device, "host_bytes": host}
+                cells.append(f"{n} ({device / GIB:.1f} / {host / GIB:.1f})")
+            lines.append(f"| {n_ctx // 1024}K | {kv} | " + " | ".join(cells) + " |")
+    return lines + [""], data
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         t27 = str(write_header_only(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))
@@ -136,6 +205,17 @@ def main() -> int:
             lines, data = table(name, target, draft)
             out += lines
             tables.append(data)
+        out += ["## MoE models with routed experts in host memory", ""]
+        with rpc_device():
+            for name, shape, outtype in (("Qwen3.5-35B-A3B Q4_K_M", QWEN35_35B_A3B, "q4_k_m"),
+                                         ("Qwen3.5-122B-A10B Q4_K_M", QWEN35_122B_A10B, "q4_k_m"),
+                                         ("gpt-oss-120b mxfp4_moe", GPT_OSS_120B, "mxfp4_moe"),
+                                         ("Gemma 4 26B-A4B Q4_K_M", GEMMA4_26B_A4B, "q4_k_m")):
+                path = str(write_header_only(Path(tmp) / f"moe-{shape['arch']}-{shape['layers']}.gguf", shape,
+                                             outtype))
+                lines, data = moe_table(name, path, shape, outtype)
+                out += lines
+                tables.append(data)
     text = "\n".join(out)
     print(text)
     dest = ROOT / "results" / f"memory-24gb-{_dt.date.today()}.json"

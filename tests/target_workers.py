@@ -23,7 +23,8 @@ class ChildCrashed(RuntimeError):
 
 
 def run_isolated(func: str, *args, deny_amx: bool = False, timeout: float = 300) -> object:
-    """Run target_workers.<func>(*args) in a fresh interpreter and return its result.
+    """Run target_workers.<func>(*args) (or, for "module:func", that tests/ module's
+    function) in a fresh interpreter and return its result.
 
     deny_amx: refuse the process AMX tile permission before anything loads ggml, so ggml
     does not offer its AMX buffer type (see deny_amx_permission). DFLASH_TEST_DENY_AMX=1
@@ -45,7 +46,9 @@ def _child(payload: str) -> None:
     req = json.loads(payload)
     if req["deny_amx"]:
         deny_amx_permission()
-    out = globals()[req["func"]](*req["args"])
+    module, _, name = req["func"].rpartition(":")  # "module:func" for another tests/ module's work
+    func = getattr(__import__(module), name) if module else globals()[name]
+    out = func(*req["args"])
     print("@@RESULT@@" + json.dumps(out), flush=True)
 
 

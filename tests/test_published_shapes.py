@@ -2,10 +2,13 @@
 against what llama.cpp's pinned sources know of the same models: the quantization-type
 snapshot of the 27B (tests/snapshots/qwen3.6-27b.schema: its hyperparameters, which
 layers are attention layers, every quantizable tensor's name and the type llama-quantize
-gives it) and the model-size switches of src/models/qwen35*.cpp. The 27B drafter's config
-appears nowhere in those sources and is checked against nothing here."""
+gives it) and the model-size switches of src/models/qwen35*.cpp and gemma4.cpp; the
+Qwen3.5-122B-A10B and Gemma 4 26B-A4B entries also against their model cards' parameter
+counts. The 27B drafter's config appears nowhere in those sources and is checked against
+nothing here."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -13,8 +16,8 @@ import pytest
 
 from fixtures import llama_cpp_source, missing_oracle
 
-from dflash_gguf.convert.shapes import (GPT_OSS_20B, GPT_OSS_120B, PUBLISHED, QWEN35_0_8B, QWEN35_27B,
-                                        QWEN35_35B_A3B, is_recurrent, tensor_table)
+from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, PUBLISHED, QWEN35_0_8B,
+                                        QWEN35_27B, QWEN35_35B_A3B, QWEN35_122B_A10B, is_recurrent, tensor_table)
 
 SNAPSHOT_27B = Path("tests/snapshots/qwen3.6-27b.schema")
 # llama.cpp's quantization type names -> our converter's --outtype, where it has them
@@ -50,7 +53,7 @@ def snapshot(src):
 def test_every_published_entry_names_its_source():
     for name, entry in PUBLISHED.items():
         assert entry["source"].startswith(f"https://huggingface.co/{entry['model']}/"), name
-        assert entry["architecture"] in ("qwen35", "qwen35moe", "dflash", "gpt-oss"), name
+        assert entry["architecture"] in ("qwen35", "qwen35moe", "gemma4", "dflash", "gpt-oss"), name
 
 
 def test_27b_hyperparameters_are_llama_cpp_s(snapshot, src):
@@ -83,6 +86,18 @@ def test_27b_tensor_types_are_llama_quantize_s(snapshot, llama_type):
     assert not wrong, f"{len(wrong)} tensors typed otherwise, e.g. {sorted(wrong.items())[:5]}"
 
 
+def test_moe_shapes_have_their_published_parameter_counts():
+    """The entries of the two models the hub was out of reach for, against the totals
+    their model cards publish (122B, 10B active; 25.2B, 3.8B active): a wrong width or
+    expert count would move them by billions."""
+    for c, total, active in ((QWEN35_122B_A10B, 122.1, 10), (GEMMA4_26B_A4B, 25.2, 3.8)):
+        table = tensor_table(c, "bf16")
+        params = sum(math.prod(shape) for _, shape, _ in table)
+        experts = sum(math.prod(shape) for name, shape, _ in table if "_exps" in name)
+        used = params - experts * (1 - c["experts_used"] / c["experts"])
+        assert abs(params / 1e9 - total) < 0.1 and abs(used / 1e9 - active) < 0.3, (c["arch"], params, used)
+
+
 def _size_cases(text: str) -> str:
     return text[text.index("switch (hparams.n_layer())"):]
 
@@ -94,6 +109,9 @@ def test_smaller_and_moe_shapes_are_the_sizes_llama_cpp_names(src):
     assert re.search(rf"case {QWEN35_27B['layers']}: type = LLM_TYPE_27B", dense)
     moe = _size_cases((src / "src" / "models" / "qwen35moe.cpp").read_text())
     assert re.search(rf"case {QWEN35_35B_A3B['layers']}: type = LLM_TYPE_35B_A3B", moe)
+    assert re.search(rf"case {QWEN35_122B_A10B['layers']}: type = LLM_TYPE_122B_A10B", moe)
+    gemma = _size_cases((src / "src" / "models" / "gemma4.cpp").read_text())
+    assert re.search(rf"case {GEMMA4_26B_A4B['layers']}: type = LLM_TYPE_26B_A4B", gemma)
     conversion = (src / "conversion" / "qwen.py").read_text()
     at = conversion.index('@ModelBase.example("Qwen/Qwen3.5-35B-A3B")')
     assert "model_arch = gguf.MODEL_ARCH.QWEN35MOE" in conversion[at:at + 200]

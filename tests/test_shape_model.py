@@ -11,8 +11,8 @@ from gguf import GGUFReader
 
 from dflash_gguf.convert import shape_model
 from dflash_gguf.convert.shape_model import main as make_main, write_model
-from dflash_gguf.convert.shapes import (GPT_OSS_20B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, shrunk,
-                                        tensor_nbytes, tensor_table)
+from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B,
+                                        shrunk, tensor_nbytes, tensor_table)
 from dflash_gguf.engine import Engine, EngineSetup
 from dflash_gguf.memory import plan_memory
 
@@ -24,6 +24,10 @@ TINY_27B = shrunk(QWEN35_27B, 4, ffn=512, **SMALL, **LINEAR)
 TINY_A3B = shrunk(QWEN35_35B_A3B, 4, experts=4, experts_used=2, expert_ffn=256, shared_ffn=256, **SMALL, **LINEAR)
 TINY_DRAFT = shrunk(QWEN35_27B_DFLASH, 1, hidden=256, vocab=4096, ffn=512, heads=4, kv_heads=2, head_dim=64,
                     target_layers=[1, 3])
+# Gemma 4 26B-A4B's structure: sliding and full layers of other head sizes (K = V in the
+# full ones), a dense FFN beside 4 experts in every layer
+TINY_GEMMA4 = shrunk(GEMMA4_26B_A4B, 4, hidden=256, vocab=4096, heads=4, kv_heads=2, head_dim=64, head_dim_full=128,
+                     kv_heads_full=1, ffn=512, experts=4, experts_used=2, expert_ffn=256, window=8, interval=2)
 TINY_GPT_OSS = shrunk(GPT_OSS_20B, 2, hidden=256, vocab=4096, heads=4, kv_heads=2, head_dim=64, experts=4,
                       experts_used=2, expert_ffn=256, window=16)
 
@@ -34,7 +38,8 @@ def table_of(path: Path) -> list[tuple[str, tuple[int, ...], object]]:
 
 
 @pytest.mark.parametrize("config,outtype", [(TINY_27B, "q4_k_m"), (TINY_A3B, "q4_k_m"), (TINY_27B, "q8_0"),
-                                            (TINY_27B, "f16"), (TINY_DRAFT, "q8_0"), (TINY_GPT_OSS, "mxfp4_moe")])
+                                            (TINY_27B, "f16"), (TINY_DRAFT, "q8_0"), (TINY_GEMMA4, "q4_k_m"),
+                                            (TINY_GPT_OSS, "mxfp4_moe")])
 def test_file_has_the_planned_tensor_table(tmp_path, config, outtype):
     path = write_model(config, outtype, tmp_path / "m.gguf", progress=False)
     want = [(name, tuple(shape), qtype) for name, shape, qtype in tensor_table(config, outtype)]
@@ -79,6 +84,21 @@ def test_loads_in_llama_cpp(pair):
     llm.eval(list(range(10, 30)))
     scores = np.asarray(llm.scores[:20])
     assert scores.shape == (20, 4096) and np.isfinite(scores).all()
+
+
+def test_gemma4_moe_shape_runs_in_both_runtimes(tmp_path):
+    from llama_cpp import Llama
+
+    from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+
+    path = str(write_model(TINY_GEMMA4, "q4_k_m", tmp_path / "g.gguf", progress=False))
+    with Target(path, TargetConfig(n_ctx=128, kv_type="f32", n_threads=1)) as target:
+        target.decode(list(range(10, 40)), LOGITS_ALL)  # past the sliding window
+        ours = target.logits(0, 30)
+    assert np.isfinite(ours).all() and ours.std() > 0
+    llm = Llama(path, n_ctx=64, n_threads=1, logits_all=True, verbose=False)
+    llm.eval(list(range(10, 40)))
+    assert np.isfinite(np.asarray(llm.scores[:30])).all()
 
 
 def test_refuses_a_file_system_too_small(tmp_path, monkeypatch, capsys):
