@@ -512,7 +512,9 @@ static void fill_mask(dfl_draft * d, struct ggml_tensor * dst, const part_plan *
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), minf = ggml_fp32_to_fp16(-INFINITY);
     const int p = pp->pos, n_kv = (int) dst->ne[0], ring = dfl_memory_kv_rows(&d->mem, 0);
     const int written = d->m.autoregressive ? pp->n_block - 1 : pp->n_block;
-    const int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0, end = p + written;
+    int first = d->p.window > 0 && p > d->p.window ? p - d->p.window : 0;
+    first = first > d->m.first_pos ? first : d->m.first_pos;
+    const int end = p + written;
     for (int i = 0; i < rows; i++) {
         const int q = p + i;
         for (int j = 0; j < n_kv; j++) {
@@ -542,7 +544,7 @@ static void stage_entries(dfl_draft * d, const dfl_draft_step * step, const part
             const int own = m->feat_previous ? p - 1 : p;
             rows[at + k] = real && (!m->feat_previous || k > 0) ? (int32_t) dfl_target_feature_of(d->target, pp->seq, own)
                                                                 : 0;
-            pos[at + k] = p;
+            pos[at + k] = p + m->pos_offset;
             cells[at + k] = real && k >= pp->n_entries - ring ? dfl_memory_cell(&d->mem, 0, pp->seq, p)
                                                               : dfl_memory_spare_cell(&d->mem, 0, pp->seq);
             tok[at + k] = real && pp->tokens ? pp->tokens[k] : 0;
@@ -601,7 +603,7 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
         if (m->autoregressive) {
             tok[row] = pp->bonus;
             for (int j = 0; j < n_pass; j++) {
-                pos[j * R + row] = pp->pos + j;
+                pos[j * R + row] = pp->pos + j + m->pos_offset;
                 cells[j * R + row] = j < pp->n_block - 1 ? dfl_memory_cell(&d->mem, 0, pp->seq, pp->pos + j)
                                                          : dfl_memory_spare_cell(&d->mem, 0, pp->seq);
             }
@@ -609,7 +611,7 @@ static void stage_block(dfl_draft * d, const dfl_draft_step * step, const part_p
         } else {
             for (int j = 0; j < pp->n_block; j++, row++) {
                 tok[row] = j == 0 ? pp->bonus : m->filler;
-                pos[row] = pp->pos + j;
+                pos[row] = pp->pos + j + m->pos_offset;
                 cells[row] = dfl_memory_cell(&d->mem, 0, pp->seq, pp->pos + j);
             }
         }

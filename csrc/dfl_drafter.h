@@ -1,7 +1,7 @@
 /* The drafter interface: what a drafter architecture tells the generic drafter runtime
  * (dfl_draft.c), and the graph services the runtime offers its builder. Drafters are
  * architectures as targets are (dfl_model.h): one file per architecture in
- * csrc/models/ (dflash.c, mtp.c) holds its loader and its propose graph, and one line in
+ * csrc/models/ (dflash.c, mtp.c, eagle3.c) holds its loader and its propose graph, and one line in
  * csrc/models/drafters.def registers it.
  *
  * Every drafter drafts the same way, seen from the runtime: a propose (dfl_draft_step)
@@ -52,7 +52,7 @@ typedef struct dfl_draft_mask_rule {
 } dfl_draft_mask_rule;
 
 typedef struct dfl_drafter_arch {
-    const char * name;             /* the drafter kind: "dflash", "mtp" */
+    const char * name;             /* the drafter kind: "dflash", "mtp", "eagle3" */
     const char * const * files;    /* general.architecture values of the GGUFs it reads, NULL-terminated */
     /* Hyperparameters and weights from m->file, checked against the target (the file is
      * open, m->arch and the target's sizes set): fills the description below. */
@@ -80,6 +80,12 @@ struct dfl_drafter {
     bool autoregressive;           /* passes of one row (else one pass over the block) */
     int32_t filler;                /* one pass: the token of the block's rows after the bonus */
     bool greedy_only;              /* its drafts are its argmax (or its own choice): no drawn drafts */
+    /* where its rows sit: a row at position q rotates at q + pos_offset (EAGLE3: -1, the
+     * token at q paired with the features of q - 1 sits at q - 1, as llama.cpp places it),
+     * and positions before first_pos are never attended (EAGLE3: 1, position 0 has no
+     * features before it) */
+    int pos_offset;
+    int first_pos;
     /* its cached layers, whose K/V the memory layer keeps per slot */
     int n_layer;
     dfl_layer_kind kind[DFL_DRAFTER_MAX_LAYERS];

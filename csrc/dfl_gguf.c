@@ -278,6 +278,33 @@ dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, co
     return DFL_OK;
 }
 
+dfl_status dfl_gguf_index_vector(const dfl_gguf * g, const char * name, int64_t n, bool required,
+                                 struct ggml_tensor ** out, int64_t * values) {
+    *out = NULL;
+    struct ggml_tensor * t = ggml_get_tensor(g->ctx, name);
+    const int64_t id = gguf_find_tensor(g->meta, name);
+    if (!t || id < 0) {
+        return required ? dfl_fail(DFL_ERR_FORMAT, "'%s' lacks tensor '%s'", g->path, name) : DFL_OK;
+    }
+    if (t->type != GGML_TYPE_I64 || ggml_n_dims(t) != 1 || t->ne[0] != n) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': tensor '%s' is %s [%lld], expected i64 [%lld]", g->path, name,
+                        ggml_type_name(t->type), (long long) t->ne[0], (long long) n);
+    }
+    /* its bytes lie within the file (checked when it was opened) */
+    FILE * f = fopen(g->path, "rb");
+    const long at = (long) (gguf_get_data_offset(g->meta) + gguf_get_tensor_offset(g->meta, id));
+    const bool read = f && fseek(f, at, SEEK_SET) == 0 && fread(values, sizeof(int64_t), (size_t) n, f) == (size_t) n;
+    if (f) {
+        fclose(f);
+    }
+    if (!read) {
+        return dfl_fail(DFL_ERR_IO, "cannot read tensor '%s' of '%s'", name, g->path);
+    }
+    g->used[id] = true;
+    *out = t;
+    return DFL_OK;
+}
+
 #define DFL_MAX_BUFTS 4
 
 /* The first extra buffer type of dev that runs a matrix product with weight w. */

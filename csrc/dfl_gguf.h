@@ -56,6 +56,12 @@ bool dfl_gguf_has(const dfl_gguf * g, const char * key);
 dfl_status dfl_gguf_tensor(const dfl_gguf * g, const char * name, int n_dims, const int64_t * ne, bool required,
                            struct ggml_tensor ** out);
 
+/* An index vector (I64, n entries: d2t maps) and its values, read from the file into
+ * `values` (n of them) before any weight is placed, so that they can be bounded; NULL for
+ * an optional one that is absent. Marks it used. */
+dfl_status dfl_gguf_index_vector(const dfl_gguf * g, const char * name, int64_t n, bool required,
+                                 struct ggml_tensor ** out, int64_t * values);
+
 /* Place tensor i of the file (file order) in memory of dev_of[i] (tensors the model did
  * not ask for through dfl_gguf_tensor are left out): mapped directly from
  * the file when that device can use host memory, otherwise copied once from the

@@ -300,15 +300,21 @@ struct ggml_tensor * dfl_graph_rope(const dfl_model * m, dfl_graph * g, struct g
 
 struct ggml_tensor * dfl_rope_scaled(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
                                      struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base) {
+    return dfl_rope_scaled_mode(r, ctx, x, pos, factors, n_rot, base, GGML_ROPE_TYPE_NEOX);
+}
+
+struct ggml_tensor * dfl_rope_scaled_mode(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
+                                          struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base,
+                                          int mode) {
     if (r->exact_ramp) {
         /* the blend is in the factors: rotate by them alone, and apply the attention factor
          * ggml multiplies by itself only when it blends (ext_factor != 0) */
         const float mscale = r->attn_factor * (1.0f + 0.1f * logf(1.0f / r->freq_scale));
-        return ggml_rope_ext(ctx, x, pos, factors, n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, base, 1.0f, 0.0f,
-                             mscale, r->beta_fast, r->beta_slow);
+        return ggml_rope_ext(ctx, x, pos, factors, n_rot, mode, r->n_ctx_orig, base, 1.0f, 0.0f, mscale,
+                             r->beta_fast, r->beta_slow);
     }
-    return ggml_rope_ext(ctx, x, pos, factors, n_rot, GGML_ROPE_TYPE_NEOX, r->n_ctx_orig, base, r->freq_scale,
-                         r->ext_factor, r->attn_factor, r->beta_fast, r->beta_slow);
+    return ggml_rope_ext(ctx, x, pos, factors, n_rot, mode, r->n_ctx_orig, base, r->freq_scale, r->ext_factor,
+                         r->attn_factor, r->beta_fast, r->beta_slow);
 }
 
 /* transformers' find_correction_dim: the rotary pair that turns `rotations` times over the

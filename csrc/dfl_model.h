@@ -138,6 +138,10 @@ struct ggml_tensor * dfl_graph_rope(const dfl_model * m, dfl_graph * g, struct g
  * factors, rotated with ext_factor 0 and the attention factor applied here. */
 struct ggml_tensor * dfl_rope_scaled(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
                                      struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base);
+/* The same in another of ggml's rotation modes (GGML_ROPE_TYPE_NORMAL: adjacent pairs, Llama's GGUF layout). */
+struct ggml_tensor * dfl_rope_scaled_mode(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
+                                          struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base,
+                                          int mode);
 /* [n_rot / 2] f32: 1 / (1 - ramp_i (1 - 1/factor)) for each rotary pair i, the ramp over
  * YaRN's correction range unrounded (transformers' YaRN with truncate false). */
 struct ggml_tensor * dfl_yarn_factors(struct ggml_context * ctx, const dfl_rope_scaling * r, int n_rot, float base);

@@ -279,17 +279,29 @@ static void model_name(const dfl_gguf * g, char * buf, size_t n) {
     }
 }
 
+/* The key `suffix` (".target.name") under the file's architecture. */
+static int64_t arch_key(const dfl_gguf * g, const char * suffix) {
+    char full[160];
+    snprintf(full, sizeof full, "%s%s", g->arch, suffix);
+    return gguf_find_key(g->meta, full);
+}
+
+/* A drafter file's own description: a DFlash drafter's (dflash), or an EAGLE3 drafter's
+ * (eagle3: no block of its own, the caller's drafts per step). */
 static dfl_status read_meta(const dfl_gguf * g, dfl_draft_meta * m) {
     memset(m, 0, sizeof *m);
-    if (strcmp(g->arch, "dflash") != 0) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%.40s'; a drafter must be 'dflash'", g->path, g->arch);
+    const bool eagle3 = strcmp(g->arch, "eagle3") == 0;
+    if (strcmp(g->arch, "dflash") != 0 && !eagle3) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%.40s'; a drafter file must be 'dflash' or 'eagle3'",
+                        g->path, g->arch);
     }
+    snprintf(m->kind, sizeof m->kind, "%s", g->arch);
     uint32_t v;
     TRY(dfl_gguf_u32(g, ".block_size", false, 16, &v));
     if (v < 2 || v > DFL_MAX_BLOCK) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': block size %u is outside 2..%d", g->path, v, DFL_MAX_BLOCK);
     }
-    m->block_size = (int32_t) v;
+    m->block_size = eagle3 ? 0 : (int32_t) v;
     float eps, base;
     TRY(dfl_gguf_f32(g, ".attention.layer_norm_rms_epsilon", false, 0.0f, &eps));
     TRY(dfl_gguf_f32(g, ".rope.freq_base", false, 10000.0f, &base));
@@ -307,28 +319,29 @@ static dfl_status read_meta(const dfl_gguf * g, dfl_draft_meta * m) {
     int n = 0;
     TRY(dfl_gguf_arr_i32(g, ".target_layers", m->target_layers, 16, &n));
     if (n == 0) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': dflash.target_layers is empty", g->path);
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': %s.target_layers is empty", g->path, g->arch);
     }
     for (int i = 0; i < n; i++) {
         if (m->target_layers[i] < 1) {
-            return dfl_fail(DFL_ERR_FORMAT, "'%s': dflash.target_layers lists layer %d (llama.cpp's convention "
-                            "counts from 1)", g->path, m->target_layers[i]);
+            return dfl_fail(DFL_ERR_FORMAT, "'%s': %s.target_layers lists layer %d (llama.cpp's convention "
+                            "counts from 1)", g->path, g->arch, m->target_layers[i]);
         }
     }
     m->n_target_layers = n;
     model_name(g, m->name, sizeof m->name);
 
-    const int64_t sha = gguf_find_key(g->meta, DFL_KEY_TARGET_TOKENIZER);
+    const int64_t sha = arch_key(g, DFL_KEY_TARGET_TOKENIZER);
     if (sha >= 0) {
         if (gguf_get_kv_type(g->meta, sha) != GGUF_TYPE_STRING || strlen(gguf_get_val_str(g->meta, sha)) != 64) {
-            return dfl_fail(DFL_ERR_FORMAT, "'%s': %s is not a sha256 hex digest", g->path, DFL_KEY_TARGET_TOKENIZER);
+            return dfl_fail(DFL_ERR_FORMAT, "'%s': %s%s is not a sha256 hex digest", g->path, g->arch,
+                            DFL_KEY_TARGET_TOKENIZER);
         }
         snprintf(m->target_tokenizer_sha256, sizeof m->target_tokenizer_sha256, "%s", gguf_get_val_str(g->meta, sha));
         TRY(dfl_gguf_u32(g, DFL_KEY_TARGET_N_EMBD, true, 0, &v));
         m->target_n_embd = v > INT32_MAX ? INT32_MAX : (int32_t) v;
         TRY(dfl_gguf_u32(g, DFL_KEY_TARGET_N_VOCAB, true, 0, &v));
         m->target_n_vocab = v > INT32_MAX ? INT32_MAX : (int32_t) v;
-        const int64_t name = gguf_find_key(g->meta, DFL_KEY_TARGET_NAME);
+        const int64_t name = arch_key(g, DFL_KEY_TARGET_NAME);
         if (name >= 0 && gguf_get_kv_type(g->meta, name) == GGUF_TYPE_STRING) {
             snprintf(m->target_name, sizeof m->target_name, "%s", gguf_get_val_str(g->meta, name));
         } else {
@@ -396,8 +409,8 @@ static dfl_status read_mtp_meta(const dfl_gguf * g, dfl_draft_meta * m) {
     TRY(dfl_gguf_u32(g, ".nextn_predict_layers", false, 0, &nextn));
     TRY(dfl_gguf_u32(g, ".embedding_length", true, 0, &n_embd));
     if (nextn == 0 || nextn >= blocks || blocks > 4096) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s' (%s) has no nextn (MTP) layers: not a drafter (convert the checkpoint "
-                        "without --no-mtp)", g->path, g->arch);
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%s' and no nextn (MTP) layers: not a drafter "
+                        "(convert the checkpoint without --no-mtp)", g->path, g->arch);
     }
     snprintf(m->kind, sizeof m->kind, "mtp");
     m->mask_token_id = -1;
@@ -416,9 +429,6 @@ DFL_API dfl_status dfl_draft_read_meta(const char * path, dfl_draft_meta * meta)
     TRY(dfl_gguf_open(path, &g));
     const bool mtp = strcmp(g.arch, "qwen35") == 0 || strcmp(g.arch, "qwen35moe") == 0;
     const dfl_status st = mtp ? read_mtp_meta(&g, meta) : read_meta(&g, meta);
-    if (st == DFL_OK && !mtp) {
-        snprintf(meta->kind, sizeof meta->kind, "dflash");
-    }
     dfl_gguf_close(&g);
     return st;
 }

@@ -6,13 +6,13 @@
 
 #include "dfl_gguf.h"
 
-/* Keys our converter writes into a drafter (llama.cpp ignores them): the target it was
- * converted for. */
-#define DFL_KEY_TARGET_NAME "dflash.target.name"
-#define DFL_KEY_TARGET_TOKENIZER "dflash.target.tokenizer_sha256"
-#define DFL_KEY_TARGET_N_EMBD "dflash.target.embedding_length"
-#define DFL_KEY_TARGET_N_VOCAB "dflash.target.vocab_size"
-#define DFL_KEY_TARGET_N_LAYER "dflash.target.block_count" /* its own layers, without MTP (nextn) ones */
+/* Keys our converters write into a drafter (llama.cpp ignores them), after the drafter's
+ * architecture ("dflash.", "eagle3."): the target it was converted for. */
+#define DFL_KEY_TARGET_NAME ".target.name"
+#define DFL_KEY_TARGET_TOKENIZER ".target.tokenizer_sha256"
+#define DFL_KEY_TARGET_N_EMBD ".target.embedding_length"
+#define DFL_KEY_TARGET_N_VOCAB ".target.vocab_size"
+#define DFL_KEY_TARGET_N_LAYER ".target.block_count" /* its own layers, without MTP (nextn) ones */
 
 /* Largest drafted block (a chain verify of the whole block must fit). */
 #define DFL_MAX_BLOCK 256

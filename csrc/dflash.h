@@ -343,7 +343,7 @@ typedef struct dfl_draft_params {
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
-    char kind[16];              /* the drafter's architecture: "dflash", "mtp" */
+    char kind[16];              /* the drafter's architecture: "dflash", "mtp", "eagle3" */
     int32_t block_size;
     int32_t mask_token_id;      /* -1: the drafter fills no block (autoregressive) */
     int32_t n_layer;
@@ -367,9 +367,9 @@ typedef struct dfl_draft_info {
  * 'dflash' GGUF, or a model GGUF with nextn layers (kind "mtp": its MTP layer drafts for
  * the model itself, reading feature layer n_layer, the final-normed state). */
 typedef struct dfl_draft_meta {
-    char kind[16];             /* "dflash" or "mtp" */
+    char kind[16];             /* "dflash", "mtp" or "eagle3" */
     int32_t block_size;        /* trained block size (2..256; 16 when the file has none; 0: none, the
-                                  caller's (mtp)) */
+                                  caller's (mtp, eagle3)) */
     int32_t mask_token_id;     /* -1 when the file has none */
     int32_t n_embd;
     int32_t n_target_layers;
@@ -391,8 +391,8 @@ dfl_status dfl_tokenizer_fingerprint(const char * path, char * hex, size_t size)
 void dfl_draft_default_params(dfl_draft_params * params);
 
 /* Load a drafter that reads `target`'s captured features and shares its token embedding
- * and LM head: the kind is the file's architecture ('dflash'; a target architecture with
- * nextn layers: its MTP layer, from the target's own file). The target must have been
+ * and LM head: the kind is the file's architecture ('dflash', 'eagle3'; a target
+ * architecture with nextn layers: its MTP layer, from the target's own file). The target must have been
  * loaded with feature_layers equal to the drafter's target_layers. The drafter must be
  * freed before its target. */
 dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params, dfl_draft ** out);

@@ -135,13 +135,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
-                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md drafter), draft-mtp "
-                        "(the MTP layer of -m itself, Qwen3.5/3.6), ngram-simple, ngram-mod (copies from the prompt "
-                        "and output, no weights); several: each step verifies the draft with the best expected "
-                        "accepted length; draft-eagle3, draft-dspark are not in this build yet (default: the -md "
-                        "drafter's kind; none without -md)")
+                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md DFlash drafter), "
+                        "draft-eagle3 (the -md EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, "
+                        "Qwen3.5/3.6), ngram-simple, ngram-mod (copies from the prompt and output, no weights); "
+                        "several: each step verifies the draft with the best expected accepted length; "
+                        "draft-dspark is not in this build yet (default: the -md drafter's kind; none without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds (default 16), MTP's drafts per step (default 3), and the "
+                   help="the longest draft: n-gram kinds (default 16), MTP's and EAGLE3's drafts per step "
+                        "(default 3), and the "
                         "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
                    help="DSpark's confidence cut, 0..1 (checked; no DSpark runtime yet)")

@@ -95,11 +95,18 @@ DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark")
 NGRAM_KINDS = ("ngram-simple", "ngram-mod")
 SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
 # drafter kinds this build has no runtime for yet, with the name the user knows them by
-_NOT_YET = {"draft-eagle3": "EAGLE3", "draft-dspark": "DSpark"}
+_NOT_YET = {"draft-dspark": "DSpark"}
+# the drafter kinds that load -md, by the drafter GGUF's architecture (the kind picked when
+# --spec-type is left out)
+FILE_KINDS = {"dflash": "draft-dflash", "eagle3": "draft-eagle3"}
+_FILE_NAMES = {"draft-dflash": "a DFlash drafter", "draft-eagle3": "an EAGLE3 drafter"}
+# drafters whose block is their drafts per step (one pass each), not a trained block size
+AUTOREGRESSIVE = ("mtp", "eagle3")
 # the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
 # size: the target's verify buffers are sized for it anyway)
 DEFAULT_SPEC_DRAFT_N_MAX = 16
-# the MTP layer's drafts per step when --spec-draft-n-max is left out: each costs a pass
+# an autoregressive drafter's (MTP's, EAGLE3's) drafts per step when --spec-draft-n-max is
+# left out: each costs a pass
 # of the layer and its LM head, and a one-layer head's later drafts are right less often
 # (the demo head: 0.82, 0.70, 0.61 for drafts 1..3 all right, dflash_gguf/data/README.md)
 DEFAULT_MTP_DRAFTS = 3
@@ -144,15 +151,16 @@ def _gguf_arch_and_keys(path: str) -> tuple:
 
 def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     """The kinds that draft: --spec-type checked against the files, or, left out, what
-    the drafter GGUF is (a dflash drafter: draft-dflash; none: plain decoding, ()).
-    draft-mtp drafts with the MTP (nextn) layer of the model's own GGUF (-m). Kinds whose
-    runtime this build lacks, and a drafter under another kind's flag, are one
-    ConfigError each."""
+    the drafter GGUF is (a dflash drafter: draft-dflash, an eagle3 one: draft-eagle3;
+    none: plain decoding, ()). draft-mtp drafts with the MTP (nextn) layer of the model's
+    own GGUF (-m). Kinds whose runtime this build lacks, and a drafter under another
+    kind's flag, are one ConfigError each."""
     if spec_type is None:
-        return ("draft-dflash",) if draft else ()
+        return (FILE_KINDS.get(_gguf_arch_and_keys(draft)[0], "draft-dflash"),) if draft else ()
     kinds = parse_spec_types(spec_type)
-    if "draft-mtp" in kinds and "draft-dflash" in kinds:
-        raise ConfigError("spec_type", "draft-dflash and draft-mtp: one drafter at a time")
+    drafters = [k for k in kinds if k in ("draft-dflash", "draft-mtp", "draft-eagle3")]
+    if len(drafters) > 1:
+        raise ConfigError("spec_type", f"{' and '.join(drafters)}: one drafter at a time")
     for kind in kinds:
         if kind == "draft-mtp":
             if draft:
@@ -166,22 +174,25 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
                 raise ConfigError("spec_type", f"draft-mtp: the MTP layers of {arch} models are not run by this build "
                                                f"(only {', '.join(MTP_ARCHS)})")
         if kind in _NOT_YET:
-            what = ""
-            if draft and kind == "draft-eagle3" and _gguf_arch_and_keys(draft)[0] == "dflash":
-                what = f" (and -md {draft} is a DFlash drafter: --spec-type draft-dflash)"
-            raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet{what}")
-    if "draft-dflash" in kinds and not draft:
-        raise ConfigError("spec_type", "draft-dflash needs a DFlash drafter (-md)")
-    if draft and "draft-dflash" not in kinds:
-        arch, n_nextn = _gguf_arch_and_keys(draft)
-        what = "a DFlash drafter (--spec-type draft-dflash)" if arch == "dflash" else f"a {arch} GGUF"
+            raise ConfigError("spec_type", f"{kind}: this build has no {_NOT_YET[kind]} drafter yet")
+    file_kind = next((k for k in kinds if k in FILE_KINDS.values()), None)
+    if file_kind and not draft:
+        raise ConfigError("spec_type", f"{file_kind} needs {_FILE_NAMES[file_kind]} (-md)")
+    if draft and not file_kind:
+        arch, _ = _gguf_arch_and_keys(draft)
+        what = f"{_FILE_NAMES[FILE_KINDS[arch]]} (--spec-type {FILE_KINDS[arch]})" if arch in FILE_KINDS \
+            else f"a {arch} GGUF"
         raise ConfigError("spec_type", f"-md {draft} is {what}, and --spec-type {','.join(kinds)} "
-                                       "loads no drafter file; drop -md or add draft-dflash")
+                                       "loads no drafter file; drop -md or add its kind")
     if draft:
         arch, n_nextn = _gguf_arch_and_keys(draft)
-        if arch != "dflash":
+        if arch in FILE_KINDS and FILE_KINDS[arch] != file_kind:
+            raise ConfigError("spec_type", f"{file_kind}: -md {draft} is {_FILE_NAMES[FILE_KINDS[arch]]}, not "
+                                           f"{_FILE_NAMES[file_kind]} (--spec-type {FILE_KINDS[arch]})")
+        if arch not in FILE_KINDS:
             hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else ""
-            raise ConfigError("spec_type", f"draft-dflash: -md {draft} is a {arch} GGUF, not a DFlash drafter{hint}")
+            raise ConfigError("spec_type", f"{file_kind}: -md {draft} is a {arch} GGUF, not "
+                                           f"{_FILE_NAMES[file_kind]}{hint}")
     return kinds
 
 
@@ -278,14 +289,14 @@ class EngineSetup:
         ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
         draft_path = model if "draft-mtp" in kinds else draft
         meta = read_draft_metadata(draft_path) if draft_path else None
-        if meta is not None and meta["kind"] == "mtp":
+        if meta is not None and meta["kind"] in AUTOREGRESSIVE:
             # an autoregressive drafter's block is its drafts per step, and the bonus
             if block_size is None:
                 block_size = (spec_draft_n_max or DEFAULT_MTP_DRAFTS) + 1
-            _count("block_size", block_size, 2, 64, what="the block size (the bonus and the MTP drafts)")
+            _count("block_size", block_size, 2, 64, what=f"the block size (the bonus and the {meta['kind']} drafts)")
         elif meta is not None and spec_draft_n_max is not None and block_size is None:
             block_size = min(spec_draft_n_max + 1, meta["block_size"])  # a DFlash block: the bonus, then its drafts
-        if block_size is not None and (meta is None or meta["kind"] != "mtp"):
+        if block_size is not None and (meta is None or meta["kind"] not in AUTOREGRESSIVE):
             _count("block_size", block_size, 1, meta["block_size"] if meta else None, what="the block size")
         block = (block_size or meta["block_size"]) if meta else None
         auto = tree_budget == "auto"
@@ -329,7 +340,7 @@ class EngineSetup:
         draft_config = None
         if meta is not None:
             draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,
-                                       block_size=block if meta["kind"] == "mtp" else 0,
+                                       block_size=block if meta["kind"] in AUTOREGRESSIVE else 0,
                                        tensor_overrides=draft_rules)
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
                    ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path)

@@ -1,5 +1,5 @@
-"""A drafter on the C runtime (a DFlash or DFlash2 GGUF, or a Qwen3.5/3.6 GGUF's MTP
-layer). It reads the target's captured features and shares its token embedding and LM
+"""A drafter on the C runtime (a DFlash or DFlash2 GGUF, an EAGLE3 GGUF, or a
+Qwen3.5/3.6 GGUF's MTP layer). It reads the target's captured features and shares its token embedding and LM
 head, so it is loaded against a loaded Target. Each sequence's drafter context follows
 its target by itself: a propose (or append) first takes the positions the target
 committed since, from that sequence's own feature rows, which other sequences' target
@@ -28,10 +28,10 @@ class DraftConfig:
 
 def read_draft_metadata(path: str) -> dict:
     """What a drafter GGUF says about itself, read before anything is loaded (the target
-    must capture its layers): its kind ("dflash", or "mtp" for a model GGUF whose nextn
-    layers draft for it), block size (0 for mtp: the caller's), mask token, target
-    layers, names, and the fingerprint of the target it was converted for (None for
-    drafters converted by llama.cpp, and for mtp). The C runtime parses and bounds the
+    must capture its layers): its kind ("dflash", "eagle3", or "mtp" for a model GGUF
+    whose nextn layers draft for it), block size (0 for mtp and eagle3: the caller's
+    drafts per step), mask token, target layers, names, and the fingerprint of the
+    target it was converted for (None for drafters converted by llama.cpp, and for mtp). The C runtime parses and bounds the
     file: a corrupt one is a ValueError with the runtime's message, never a traceback
     from a GGUF reader."""
     meta = ffi.new("dfl_draft_meta *")

@@ -102,11 +102,12 @@ def device(request):
 @pytest.fixture(scope="module")
 def demo_pairs(convert_model):
     """The bundled pairs as shipped (q8_0): "demo", the demo target with its drafter,
-    "weak", with the weak drafter (chain AL ~2, dflash_gguf/data/README.md), and "mtp", with
-    its own MTP layer; and the demo pair converted again from its checkpoints, "f32" and
+    "weak", with the weak drafter (chain AL ~2, dflash_gguf/data/README.md), "mtp", with
+    its own MTP layer, and "eagle3", with its EAGLE3 head; and the demo pair converted again from its checkpoints, "f32" and
     "f16"."""
     target, draft = demo_paths()
-    pairs = {"demo": (target, draft), "weak": (target, str(DATA / "demo-draft-weak.gguf")), "mtp": (target, target)}
+    pairs = {"demo": (target, draft), "weak": (target, str(DATA / "demo-draft-weak.gguf")), "mtp": (target, target),
+             "eagle3": (target, str(DATA / "demo-eagle3.gguf"))}
     for outtype in ("f32", "f16"):
         target = convert_model(DEMO_HF / "target", outtype)
         draft = convert_model(DEMO_HF / "draft", outtype, "--target-model-dir", str(DEMO_HF / "target"))
@@ -199,7 +200,7 @@ def test_demo_pair_greedy_equals_the_cpu(demo_pairs, device, outtype):
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("drafter", ["demo", "weak", "mtp"])
+@pytest.mark.parametrize("drafter", ["demo", "weak", "mtp", "eagle3"])
 def test_bundled_pairs_are_lossless_on_the_device(demo_pairs, device, drafter):
     """The shipped pairs (q8_0; the weak drafter's short accepted runs make more verify
     steps and commits): the CPU quantizes activations to q8_0 before its integer dot

@@ -150,8 +150,8 @@ def test_the_cli_drafts_without_a_drafter():
 @pytest.mark.parametrize("args,words", [
     (["-md", DRAFT, "--spec-type", "draft-mtp"], "drafts with the MTP layer of the model itself"),
     (["-md", DRAFT, "--spec-type", "draft-mtp,draft-dflash"], "one drafter at a time"),
-    (["--spec-type", "draft-eagle3"], "no EAGLE3 drafter yet"),
-    (["-md", DRAFT, "--spec-type", "draft-eagle3"], "is a DFlash drafter: --spec-type draft-dflash"),
+    (["--spec-type", "draft-eagle3"], "draft-eagle3 needs an EAGLE3 drafter (-md)"),
+    (["-md", DRAFT, "--spec-type", "draft-eagle3"], "is a DFlash drafter, not an EAGLE3 drafter"),
     (["--spec-type", "draft-dspark"], "no DSpark drafter yet"),
     (["--spec-type", "ngram-fancy"], "unknown kind 'ngram-fancy'"),
     (["--spec-type", "draft-dflash"], "needs a DFlash drafter"),

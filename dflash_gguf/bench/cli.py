@@ -32,6 +32,7 @@ from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
 from ..cli import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
+from ..config import DEFAULT_MTP_DRAFTS
 from ..demo import demo_paths
 from ..speculative import CHAIN_RULES
 from . import llama_cpp, method, ours, provenance, report
@@ -65,7 +66,10 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", help="target GGUF (default: the bundled demo pair)")
-    p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (without it: plain decoding only)")
+    p.add_argument("-md", "--model-draft", help="drafter GGUF, DFlash or EAGLE3 (without it: plain decoding only)")
+    p.add_argument("--spec-type", choices=("draft-dflash", "draft-eagle3"),
+                   help="the -md drafter's kind, for both engines (default: its GGUF's architecture's; "
+                        "llama-speculative-simple runs the same --spec-type)")
     p.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable; default: the built-in prompts)")
     p.add_argument("-f", "--file", action="append", type=Path, help="a file whose text is a prompt (repeatable)")
     p.add_argument("--prompts", type=int, help=f"the first N of the {len(PROMPTS)} built-in prompts")
@@ -189,7 +193,11 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     from ..draft import read_draft_metadata
     from ..tokenizer import Tokenizer
 
-    block = int(read_draft_metadata(draft)["block_size"]) if draft else 1
+    meta = read_draft_metadata(draft) if draft else None
+    # an autoregressive drafter (EAGLE3) has no block of its own: its drafts per step, the
+    # largest swept, and the bonus
+    block = (int(meta["block_size"]) or max(args.spec_draft_n_max or [DEFAULT_MTP_DRAFTS]) + 1) if meta else 1
+    spec_type = f"draft-{meta['kind']}" if meta else None  # as --spec-type says (bench_main checks it)
     blocks = chain_lengths(args.block_size, block) if draft else []
     if any(b > block for b in blocks):
         raise ValueError(f"--block-size values must be at most the drafter's block ({block})")
@@ -208,6 +216,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
             f"{run.tokens / run.decode_s if run.decode_s > 0 else 0:.1f} tok/s, AL "
             f"{run.tokens / run.passes if run.passes else 0:.2f}")
 
+    # our engine picks the drafter's kind from its file, as spec_type says
     options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
     if args.n_gpu_layers is not None:
         options["n_gpu_layers"] = args.n_gpu_layers
@@ -225,7 +234,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
         for why in tools.missing.values():
             log(why)
         setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft,
-                                args.n_gpu_layers, constraint_flags)
+                                args.n_gpu_layers, constraint_flags, spec_type or "draft-dflash")
         # llama-bench decodes after as much context as the prompts' mean; it takes no grammar
         if "llama-bench" in tools.found and not constraint_flags:
             arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, round(sum(lengths) / len(lengths))))
@@ -277,6 +286,15 @@ def bench_main(argv) -> int:
     args = p.parse_args(argv)
     check(p, args)
     target, draft = (args.model, args.model_draft) if args.model else demo_paths()
+    if args.spec_type and draft:
+        from ..draft import read_draft_metadata
+
+        try:
+            kind = f"draft-{read_draft_metadata(draft)['kind']}"
+        except ValueError as e:
+            p.error(str(e))
+        if kind != args.spec_type:
+            p.error(f"--spec-type {args.spec_type}: -md {draft} is a {kind[6:]} drafter (--spec-type {kind})")
     prompts = prompts_of(p, args)
     texts = constraint_texts(args, "dflash-bench")
     constraint = constraint_of(args, "dflash-bench")
