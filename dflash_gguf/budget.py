@@ -1,20 +1,18 @@
-"""`--tree-budget auto`: which shape each step verifies, the chain of the drafter's top
-choices or a tree of one of a few sizes, chosen for the most tokens per second.
-
-Three ingredients: a verify cost table (how long a verify of n nodes takes on this
-machine and model: measured once, cached per model file, runtime build, device and
-thread count), which only prices arms not yet run; each arm's measured step time; and
-each arm's expected accepted tokens, from the drafter's own probabilities through a
-calibration learnt from every verified node (AutoBudget, Calibration).
+"""`--tree-budget auto`: what each step of a sequence verifies (plain decoding, the chain
+of the drafter's top choices cut where it pays, or a DDTree of a few sizes), chosen per
+sequence by a cost model (AutoBudget): expected tokens, from the drafter's probabilities
+through a calibration learnt from verified drafts (Calibration), over expected seconds,
+from the verify cost table measured once per model and device (VerifyCost) and the
+measured parts of a step.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
 import os
 import time
-from collections import deque
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -98,347 +96,340 @@ class VerifyCost:
         return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
-def chain_nodes(top1_logprobs):
-    """The chain of the drafter's top choices as (probabilities, spine): each prefix's
-    drafter probability of being all right, and all of them on the spine."""
-    probs = np.exp(np.cumsum(np.asarray(top1_logprobs, dtype=float)))
-    return probs, np.ones(len(probs), dtype=bool)
-
-
 def tree_nodes(tree, top1_logprobs):
     """A best-first tree's nodes in the order they were picked (the first b are the tree
-    of budget b) as (probabilities, spine): each node's drafter path probability, and
-    whether it lies on the spine (the chain of top choices, which a tree holds as far
+    of budget b) as (probabilities, spine) lists: each node's drafter path probability,
+    and whether it lies on the spine (the chain of top choices, which a tree holds as far
     as it is likely; the other nodes are branches)."""
-    if not tree.pick_order:
-        return np.zeros(0), np.zeros(0, dtype=bool)
-    order = np.asarray(tree.pick_order, dtype=int)
-    scores = np.asarray(tree.scores, dtype=float)[order]
-    depths = np.asarray(tree.depths, dtype=int)[order]
-    spine_scores = np.cumsum(np.asarray(top1_logprobs, dtype=float))
-    # a spine node's score is the sum of the top choices' log-probabilities to its depth
-    return np.exp(scores), np.abs(scores - spine_scores[depths - 1]) < 1e-5
+    spine, total = [], 0.0
+    for lp in np.asarray(top1_logprobs, dtype=float).tolist():
+        total += lp
+        spine.append(total)  # a spine node's score: the top choices' log-probabilities to its depth
+    scores, depths = tree.scores, tree.depths
+    probs = [math.exp(scores[i]) for i in tree.pick_order]
+    return probs, [abs(scores[i] - spine[depths[i] - 1]) < 1e-5 for i in tree.pick_order]
 
 
-CHAIN = 0  # AutoBudget's arm for the chain of the drafter's top choices (a chain verify)
+class Calibration:
+    """How often the target accepts a drafted node the drafter gives probability p (its
+    path probability): the drafter is neither right as often as it believes nor equally
+    wrong at every confidence. Nodes are binned by p; a bin maps p to p times its
+    accepted / predicted ratio, both sums decayed (DECAY a step: the text moves on) and
+    shrunk to 1 by a prior of PRIOR predicted nodes. Plain Python: the chain arm reads
+    and feeds it every step, a handful of nodes, where numpy's calls cost more than the
+    arithmetic."""
+
+    EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97)
+    PRIOR = 2.0
+    DECAY = 0.99
+
+    def __init__(self, like: Optional["Calibration"] = None):
+        n = len(self.EDGES)
+        self.predicted = list(like.predicted) if like else [0.0] * n
+        self.accepted = list(like.accepted) if like else [0.0] * n
+        # the weight of this step's nodes: it grows 1/DECAY a step (age), so that a node
+        # k steps old weighs DECAY**k as much as a new one without a pass over the bins
+        self.weight = like.weight if like else 1.0
+
+    def __call__(self, p: float) -> float:
+        """The calibrated acceptance probability of a node the drafter gives p."""
+        b = bisect.bisect_right(self.EDGES, p) - 1
+        prior = self.PRIOR * self.weight
+        return min(p * (self.accepted[b] + prior) / (self.predicted[b] + prior), 1.0)
+
+    def update(self, probs, accepted) -> None:
+        """A step's verified nodes: their drafter probabilities and whether the target
+        accepted each (it lies on the accepted path)."""
+        w = self.weight
+        for p, ok in zip(probs, accepted):
+            b = bisect.bisect_right(self.EDGES, p) - 1
+            self.predicted[b] += w * p
+            if ok:
+                self.accepted[b] += w
+
+    def age(self) -> None:
+        """A step went by (whether or not it verified drafts: on plain decoding old
+        evidence fades, and the drafter's own belief comes back)."""
+        self.weight /= self.DECAY
+        if self.weight > 1e6:  # rescaled now and then, long before the sums could overflow
+            self.predicted = [x / self.weight for x in self.predicted]
+            self.accepted = [x / self.weight for x in self.accepted]
+            self.weight = 1.0
+
+
+PLAIN, CHAIN = -1, 0  # AutoBudget's arms besides the trees (which are their sizes)
 TREE_SIZES = (4, 8, 16, 32)  # its tree arms, up to the largest budget
 
 
 def auto_arms(largest: int) -> List[int]:
-    """The arms `auto` chooses among: the chain and a few tree sizes up to `largest`.
-    Few, so that their verify graphs stay cached (a graph's shape is its node count and
-    the previous step's), and the fixed budgets a user would try, so that the best of
-    them is among the arms."""
-    return [CHAIN] + sorted({s for s in TREE_SIZES if s < largest} | {largest})
+    """The arms `auto` chooses among: plain decoding, the chain, and a few tree sizes up
+    to `largest`. Few, so that their verify graphs stay cached (a graph's shape is its
+    node count and the previous step's), and the fixed budgets a user would try."""
+    return [PLAIN, CHAIN] + sorted({s for s in TREE_SIZES if s < largest} | {largest})
 
 
-class Calibration:
-    """How often the target accepts a drafted node, as a function of the drafter's own
-    probability for it (its path probability): the drafter is neither right as often
-    as it believes nor equally wrong at every confidence. Nodes are binned by
-    probability; each bin maps p to p times its observed / predicted ratio (decayed,
-    shrunk to 1 by a prior of PRIOR predicted nodes). AutoBudget keeps one for spine
-    nodes and one for branches: at equal drafter probability a deep spine node (the
-    drafter right several times over, and its errors come in runs) is accepted far more
-    often than a sibling of the top choice."""
+def arm_name(arm: int) -> str:
+    return "plain" if arm == PLAIN else "chain" if arm == CHAIN else f"tree {arm}"
 
-    EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97])
-    PRIOR = 2.0
-    DECAY = 0.995  # per step (surveys come every few steps)
 
-    def __init__(self):
-        self.predicted = np.zeros(len(self.EDGES))
-        self.accepted = np.zeros(len(self.EDGES))
-        self.ratio = np.ones(len(self.EDGES))
+def _low(old: Optional[float], x: float) -> float:
+    """A running low figure of a measured time: other processes only ever add to a time,
+    so a lower reading replaces it at once; it creeps up 1% a reading to follow a
+    machine (or a text) that got slower."""
+    return x if old is None or x < old else old * 1.01
 
-    def __call__(self, probs) -> np.ndarray:
-        """The calibrated acceptance probability of nodes the drafter gives `probs`."""
-        probs = np.asarray(probs, dtype=float)
-        return np.minimum(probs * self.ratio[np.searchsorted(self.EDGES, probs, side="right") - 1], 1.0)
 
-    def update(self, probs, accepted, n_steps: int = 1) -> None:
-        """Verified nodes of n_steps steps: each node's drafter probability and whether
-        the target accepted it (it lies on the accepted path)."""
-        probs = np.asarray(probs, dtype=float)
-        b = np.searchsorted(self.EDGES, probs, side="right") - 1
-        n = len(self.EDGES)
-        decay = self.DECAY ** n_steps
-        self.predicted = decay * self.predicted + np.bincount(b, weights=probs, minlength=n)
-        self.accepted = decay * self.accepted + np.bincount(b, weights=np.asarray(accepted, dtype=float), minlength=n)
-        self.ratio = (self.accepted + self.PRIOR) / (self.predicted + self.PRIOR)
+def _at(table: List[float], rows: float) -> float:
+    """A verify time by rows, between two whole row counts."""
+    i = min(int(rows), len(table) - 2)
+    return table[i] + (rows - i) * (table[i + 1] - table[i])
 
 
 class AutoBudget:
-    """`--tree-budget auto`: which arm (the chain, or a tree of one of a few sizes) the
-    next step verifies. Kept across requests, so that what one request learnt serves
-    the next. Each arm's score is the tokens per second it is expected to give now:
+    """`--tree-budget auto` for one sequence: which arm each step runs, from
 
-        rate(a) = (1 + drafts_a) / seconds_a
+        rate(arm) = tokens(arm) / seconds(arm)
 
-    drafts_a   the expected accepted drafts of arm a: its nodes' drafter probabilities
-               through the Calibrations learnt from verified nodes (spine nodes and
-               branches apart), summed, and averaged over recent survey steps;
-    seconds_a  arm a's measured step time (drafting, verify, host work): the lower
-               quartile of its last TIMED steps (other processes only ever add to a
-               step's time: a quartile is not moved by the steps they slowed, where a
-               median of a trial's few steps taken in a busy spell would condemn the
-               arm for good), leaving out the first steps after a switch or a
-               request's start, which build graphs. The chain's verify length
-               follows the text (a confidence cut, the drafter's run of luck): its
-               steps are kept less the cost table's verify of the length they
-               verified, and priced with the verify of the length it verifies
-               lately; else a chain timed on easy text would be judged by those
-               long verifies on hard text. An arm not yet run is priced from the
-               verify cost table: a measured arm's step time with its verify
-               swapped for arm a's.
+    tokens     plain: 1. The chain: the bonus and its drafts' calibrated probabilities
+               of being accepted (the Calibration of spine nodes), summed to the length
+               it verifies, averaged over recent steps. A tree of b nodes: the chain's
+               tokens times the tree's gain over the chain at the same steps (its first
+               b nodes' calibrated probabilities, spine nodes and branches apart, on
+               steps that built a tree: its own arm's, and surveys);
+    seconds    the verify table at the arm's rows, plus the step's other work measured
+               by kind (`part`, each a running low figure): a drafted step's (the
+               drafter's propose and the loop's host work), a plain step's (the
+               drafter's context append and the loop), a tree's host work per node
+               (ranking, building, walking; before a tree has run, a survey's ranking
+               and building per node).
 
-    The bookkeeping costs host time, which on a small model is a visible part of a
-    step: only some steps are surveys (the drafter's candidates are ranked and a tree
-    up to the size the climb would try next is built for the arms' expectations, the
-    verified nodes go into the calibration) and decisions: every step of a trial (its
-    few steps are all that is learnt of its nodes before the verdict), every
-    SURVEY_EVERY-th step while the arm in use is close to a neighbour (the calibration
-    must learn fast enough to tell them apart), every SURVEY_SETTLED-th once it leads
-    both neighbours by SWITCH_GAIN; and never so often that the surveys' measured
-    work (surveyed) exceeds SURVEY_SHARE of the arm in use's step time: on a small
-    model a survey costs a fifth of a step, and every fourth step a survey would cost
-    5%, more than a close call between two arms is worth. The steps between run the
-    chosen arm as a fixed budget would, plus a clock reading.
+    Every step a chain verifies the length with the highest rate (chain_cut: the drafts'
+    probabilities are what every propose returns), which replaces --draft-p-min's fixed
+    cut. Every DECIDE_EVERY steps the arm with the highest rate is taken when it promises
+    SWITCH_GAIN more than the arm in use (a switch builds graphs). No arm is tried to be
+    timed: a tree is priced by the table and the parts before it ever runs. Exploration
+    is what the model cannot do without: survey steps (the drafter's top-K ranked and
+    the largest tree built, so that trees have gains) spaced to take EXPLORE_SHARE of
+    the time by their measured cost, and on plain decoding a chain step now and then
+    (nothing is drafted otherwise), spaced likewise by what it loses against plain.
 
-    The chain runs first; then the tree sizes are tried in increasing order, climbing
-    while the largest one tried is the best so far. Tokens per second rise with the
-    tree size to one peak and fall past it (a larger tree accepts more at a dearer
-    verify), so the climb stops at the first size past the peak, and sizes further on,
-    which would cost many slow steps to try, are never run. Trials, not the cost table,
-    decide: the table may be off (measured on a busy machine, or before the runtime
-    changed). When trials beat the arm in use before them, that arm is timed again
-    first: its figures predate them, and a process's first steps, which run cold,
-    would otherwise condemn the chain for good. After a trial the best arm tried runs;
-    it keeps running until another promises SWITCH_GAIN more (a switch builds graphs;
-    small differences are noise).
-    Every REFRESH steps the better neighbour of the arm in use (the next size down or
-    up), when within REFRESH_WITHIN of it, is tried, so that the figures follow the
-    machine and the text and the peak is found again when it moves; each such trial
-    that confirms the arm in use doubles the interval, up to REFRESH_MAX (a trial of a
-    slower arm costs its steps). The choice only picks the shape verified: the output is
-    the target's, whatever the arm."""
+    One per sequence, so that sequences decoded together (-np) choose each for its own
+    text; it starts from what the last sequence of its engine and sampling setting learnt
+    (AutoMemory) and hands its own back when it ends."""
 
-    SWITCH_GAIN = 1.1
-    REFRESH = 96
-    REFRESH_MAX = 384
-    REFRESH_WITHIN = 0.9
-    TIMED = 15
-    SETTLE = 2  # steps after a switch (or a request's start) that are not timed: they build graphs
-    PROBE_TIMED = 4  # settled steps an arm on trial runs before it is judged
-    SURVEY_EVERY = 4  # steps between surveys and decisions while learning
-    SURVEY_SETTLED = 16  # ... and once settled (a survey is a few percent of a small model's step)
-    SURVEY_SHARE = 0.01  # the most of the decoding time surveys may take
-    SURVEY_COSTS = 9  # surveys whose work is kept for its median
-    SMOOTH = 0.4  # weight of the newest survey in the running expectations
+    SMOOTH = 0.2  # weight of the newest step in the running expectations
+    SWITCH_GAIN = 1.05
+    DECIDE_EVERY = 8
+    SETTLE = 2  # steps after a switch (or a sequence's start) not timed: they build graphs
+    EXPLORE_SHARE = 0.01  # the most of the decoding time surveys and probes may take
 
-    def __init__(self, cost: VerifyCost, largest: int, block: int):
-        self.cost = cost
-        self.block = block
+    def __init__(self, cost: VerifyCost, largest: int, block: int, prior: Optional["AutoBudget"] = None,
+                 memory: Optional["AutoMemory"] = None):
+        self.cost, self.memory = cost, memory
         self.arms = auto_arms(largest)
-        self.largest = self.arms[-1]
-        self.spine, self.branch = Calibration(), Calibration()
-        self.drafts = {a: None for a in self.arms}  # running expected accepted drafts per arm
-        self.chain_drafts = float(block - 1)  # running drafts a chain verifies (a confidence cut shortens it)
-        # (seconds, tokens verified) of settled steps; the figures drawn from them are
-        # worked out when a decision reads them, not on every step (a step's host work
-        # shows on a small model)
-        self.times = {a: deque(maxlen=self.TIMED) for a in self.arms}
-        self._settled = {}  # settled_seconds of each arm since its times last changed
-        self.tried = {CHAIN}
-        self.current = CHAIN
-        self.probing = True  # the current arm runs to be measured: at the next decision, take the best
-        self.steps = 0
-        self.run = 0  # steps of the current arm since a switch or a request's start
-        self.last_refresh = 0
-        self.refresh_every = self.REFRESH
-        self.refreshed_from = None  # the arm in use when a refresh trial started
-        self.incumbent = CHAIN  # the arm in use before the trials under way
-        self.retimed = False  # the incumbent was timed again after those trials
-        self.settled = False  # no trial is on and the arm in use leads its neighbours: surveys may be rarer
-        self.next_survey = 1  # the step of the next survey
-        self.last_survey = 1 - self.SURVEY_EVERY
-        self.survey_gap = self.SURVEY_EVERY  # steps from the previous survey to this one
+        self.largest, self.trees = self.arms[-1], self.arms[2:]
+        self.verify_chain = cost.chain(np.arange(block + 1)).tolist()  # by rows
+        self.verify_tree = {b: float(cost(b + 1)) for b in self.trees}
+        p = prior
+        self.spine, self.branch = Calibration(p and p.spine), Calibration(p and p.branch)
+        # running expectations: the chain's tokens a step and drafts verified, and each
+        # tree size's tokens over the chain's at the same steps
+        self.tokens: Optional[float] = p.tokens if p else None
+        self.drafts = p.drafts if p else float(block - 1)
+        self.gains: Dict[int, float] = dict(p.gains) if p else {}
+        self.part: Dict[str, Optional[float]] = dict(p.part) if p else dict.fromkeys(
+            ("drafted", "plain", "node", "survey"))
+        self.current = p.current if p else CHAIN
+        self.arm = self.current  # the arm of the step under way
+        self.step_tokens = 1.0  # the chain's expected tokens at this step
+        self.pending: List[float] = []  # the probabilities of the chain's drafts this step verifies
+        self.steps = self.run = 0  # steps, and steps since a switch
+        self.next_decision, self.next_survey = self.DECIDE_EVERY, self.SETTLE + 1
+        self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
+        self.next_probe = self.probe_gap
         self.survey_due = False
-        self.survey_costs = deque(maxlen=self.SURVEY_COSTS)  # seconds of work of recent surveys
+        self.tally = {a: [0, 0] for a in self.arms}  # per arm: the steps that ran it, the tokens they made
 
-    # ---- scores -------------------------------------------------------------------------
-    def verify_seconds(self, arm: int) -> float:
-        """The cost table's verify time of an arm (chain: the bonus and the drafts the
-        chain verified lately, on average)."""
-        return float(self.cost.chain(1 + self.chain_drafts) if arm == CHAIN else self.cost(arm + 1))
+    # ---- the model ------------------------------------------------------------------
+    def seconds(self, arm: int) -> Optional[float]:
+        """An arm's expected step time (None while a part it needs is unmeasured)."""
+        part = self.part
+        if arm == PLAIN:  # never run: priced without its append, and soon measured if chosen
+            return (part["plain"] or 0.0) + self.verify_chain[1]
+        if part["drafted"] is None:
+            return None
+        if arm == CHAIN:
+            return part["drafted"] + _at(self.verify_chain, 1 + self.drafts)
+        node = part["node"] if part["node"] is not None else part["survey"]
+        return None if node is None else part["drafted"] + node * arm + self.verify_tree[arm]
 
-    def settled_seconds(self, arm: int) -> Optional[float]:
-        """The lower quartile of an arm's settled steps (the chain's less the cost
-        table's verify of the tokens each verified), None before any."""
-        if arm not in self._settled:
-            times, value = self.times[arm], None
-            if times:
-                seconds = np.array([t for t, _ in times])
-                if arm == CHAIN:
-                    seconds -= self.cost.chain(np.array([n for _, n in times], dtype=float))
-                value = float(np.sort(seconds)[len(seconds) // 4])
-            self._settled[arm] = value
-        return self._settled[arm]
-
-    def _measured(self, arm: int) -> float:
-        """A timed arm's step seconds (the chain's: its steps less their verifies, with
-        the verify of its recent length)."""
-        return self.settled_seconds(arm) + (self.verify_seconds(CHAIN) if arm == CHAIN else 0.0)
-
-    def step_seconds(self, arm: int) -> float:
-        timed = [a for a in self.arms if self.times[a]]
-        if not timed:
-            return self.verify_seconds(arm)
-        if arm in timed:
-            return max(self._measured(arm), 1e-6)
-        ref = min(timed, key=lambda a: abs(a - arm))  # the nearest measured shape
-        return max(self._measured(ref) - self.verify_seconds(ref) + self.verify_seconds(arm), 1e-6)
+    def expected(self, arm: int) -> Optional[float]:
+        """An arm's expected tokens a step (None before it can be told)."""
+        if arm == PLAIN or self.tokens is None:
+            return 1.0 if arm == PLAIN else None
+        gain = 1.0 if arm == CHAIN else self.gains.get(arm)
+        return None if gain is None else gain * self.tokens
 
     def rate(self, arm: int) -> float:
-        return (1.0 + (self.drafts[arm] or 0.0)) / self.step_seconds(arm)
+        tokens, seconds = self.expected(arm), self.seconds(arm)
+        return 0.0 if tokens is None or not seconds else tokens / seconds
 
-    def gains(self, nodes) -> np.ndarray:
-        """Each node's calibrated acceptance probability; nodes: (probabilities, spine)."""
-        probs, spine = nodes
-        return np.where(spine, self.spine(probs), self.branch(probs))
-
-    # ---- the loop's calls ---------------------------------------------------------------
-    def start_request(self) -> None:
-        """A new request: its first steps build graphs (the prefill took a slot, and the
-        first verify carries no commit)."""
-        self.run = 0
-
+    # ---- the proposer's calls -------------------------------------------------------
     def choose(self) -> int:
-        """The arm of the next step."""
+        """The arm of the next step (survey_due: whether it is a survey too)."""
         self.steps += 1
-        # every step of a trial is a survey: branches are calibrated only from verified
-        # trees, and a trial's few steps are all that is learnt of them before its verdict
-        self.survey_due = self.steps >= self.next_survey or self.probing
-        judged = self.probing and self.run == self.SETTLE + self.PROBE_TIMED  # a trial ends on time
-        if (judged or self.survey_due) and all(d is not None for d in self.drafts.values()):
+        self.spine.age()
+        self.branch.age()
+        if self.steps >= self.next_decision:
             self._decide()
-        if self.survey_due:
-            self.survey_gap, self.last_survey = self.steps - self.last_survey, self.steps
-            self.next_survey = self.steps + self._survey_gap()
-        return self.current
-
-    def _survey_gap(self) -> int:
-        """Steps to the next survey: the learning rate's, or more when surveys would
-        take more than SURVEY_SHARE of the time."""
-        gap = self.SURVEY_SETTLED if self.settled else self.SURVEY_EVERY
-        if not self.survey_costs:
-            return gap
-        cost = sorted(self.survey_costs)[len(self.survey_costs) // 2]
-        return max(gap, math.ceil(cost / (self.SURVEY_SHARE * self.step_seconds(self.current))))
-
-    def _above_tried(self):
-        """The size after the largest tried (None once the largest was tried)."""
-        top = max(self.tried)
-        return None if top == self.largest else self.arms[self.arms.index(top) + 1]
-
-    def survey_size(self) -> int:
-        """The tree a survey builds: up to the size the climb would try next (building
-        the largest tree on every survey costs a small model's step a few percent; sizes
-        past the next one are not candidates, and their expectations are not needed)."""
-        return self._above_tried() or self.largest
-
-    def wants_survey(self) -> bool:
-        """Whether this step is a survey: build the survey tree (survey_size) for the
-        arms' expectations and report the verified nodes (the step that chose the arm)."""
-        return self.survey_due
+        self.run += 1
+        arm = self.current
+        if arm == PLAIN and self.run >= self.next_probe:
+            arm = CHAIN  # a probe: on plain decoding nothing else says what drafts would bring
+            self.next_decision = self.steps + 1
+        self.arm = arm
+        self.survey_due = arm != PLAIN and bool(self.trees) and self.steps >= self.next_survey
+        return arm
 
     def _decide(self) -> None:
-        if self.probing and self.run < self.SETTLE + self.PROBE_TIMED:
-            return  # an arm on trial is judged by a few settled steps of its own, not one or two
+        self.next_decision = self.steps + self.DECIDE_EVERY
         rates = {a: self.rate(a) for a in self.arms}
-        best = max(self.tried, key=rates.get)
-        # climb while the largest size tried is the best
-        climb = self._above_tried() if max(self.tried) == best else None
-        if climb is not None:
-            self.tried.add(climb)
-            self._run(climb, probe=True)
-        elif self.probing and best != self.incumbent and not self.retimed:
-            # the trials beat figures of the incumbent taken before them, maybe in a
-            # slower spell (a process's first steps run cold): time it again, then judge
-            self.retimed = True
-            self.times[self.incumbent].clear()
-            self._settled.pop(self.incumbent, None)
-            self._run(self.incumbent, probe=True)
-        elif self.probing or rates[best] > self.SWITCH_GAIN * rates[self.current]:
-            confirmed = self.probing and best == self.refreshed_from
-            self.refresh_every = min(2 * self.refresh_every, self.REFRESH_MAX) if confirmed else self.REFRESH
-            self.refreshed_from = None
-            self._run(best)  # after a trial, fresh figures: straight to the best
-        elif self.steps - self.last_refresh >= self.refresh_every:
-            self.last_refresh = self.steps
-            near = max(self._neighbours(self.current), key=rates.get)
-            if rates[near] >= self.REFRESH_WITHIN * rates[self.current]:
-                self.tried.add(near)
-                self.refreshed_from = self.current
-                self._run(near, probe=True)
-        self.settled = not self.probing and all(rates[self.current] >= self.SWITCH_GAIN * rates[a]
-                                                for a in self._neighbours(self.current))
+        best = max(rates, key=rates.get)
+        switch = best != self.current and rates[best] > self.SWITCH_GAIN * rates[self.current]
+        if switch:
+            self.current, self.run = best, 0
+        if self.current == PLAIN and rates[CHAIN] and (switch or self.arm != PLAIN):
+            # on plain decoding the next probe comes as late as keeps what probes lose
+            # against plain within EXPLORE_SHARE of the time; never sooner than the last
+            # (between probes the calibration fades back to the drafter's belief)
+            loss = self.seconds(CHAIN) * max(1.0 - rates[CHAIN] / rates[PLAIN], 0.0)
+            gap = max(self.DECIDE_EVERY, math.ceil(loss / (self.EXPLORE_SHARE * self.seconds(PLAIN))))
+            self.probe_gap = gap if switch else max(gap, self.probe_gap)
+            self.next_probe = self.run + self.probe_gap
 
-    def _neighbours(self, arm: int) -> List[int]:
-        """The next size down and up."""
-        i = self.arms.index(arm)
-        return self.arms[max(i - 1, 0):i] + self.arms[i + 1:i + 2]
+    def chain_cut(self, top1, verify: bool = True) -> int:
+        """The drafts a chain step verifies (at least one): the length with the highest
+        expected tokens per second, from the drafter's top-1 log-probabilities through
+        the spine calibration, priced by the verify table. Updates the chain's running
+        expectation; with verify, the drafts are kept for verified()."""
+        cal, verify_chain = self.spine, self.verify_chain
+        edges, accepted, predicted = cal.EDGES, cal.accepted, cal.predicted
+        prior = cal.PRIOR * cal.weight
+        base = self.part["drafted"] or 0.0
+        p, tokens, best, n, at_n = 1.0, 1.0, 0.0, 1, 1.0
+        probs = []
+        for i, lp in enumerate(top1.tolist()):  # a few numbers: plain Python is quickest
+            p *= math.exp(lp)
+            probs.append(p)
+            b = bisect.bisect_right(edges, p) - 1
+            tokens += min(p * (accepted[b] + prior) / (predicted[b] + prior), 1.0)
+            rate = tokens / (base + verify_chain[i + 2])
+            if rate > best:
+                best, n, at_n = rate, i + 1, tokens
+        if verify:
+            self.pending = probs[:n]
+        self.step_tokens = at_n
+        if self.tokens is None or (self.arm == CHAIN and self.current == PLAIN):  # a probe tells the text now
+            self.tokens, self.drafts = at_n, float(n)
+        else:
+            self.tokens += self.SMOOTH * (at_n - self.tokens)
+            self.drafts += self.SMOOTH * (n - self.drafts)
+        return n
 
-    def _run(self, arm: int, probe: bool = False) -> None:
-        if probe and not self.probing:
-            self.incumbent = self.current
-        if not probe:
-            self.retimed = False
-        self.probing = probe
-        if arm != self.current:
-            self.current = arm
-            self.run = 0
-
-    def survey(self, tree, chain) -> None:
-        """A survey step's expectation of every arm, from the nodes of the survey tree
-        (survey_size) in pick order (tree_nodes: the first b are the tree of budget b; a
-        size past the tree's own gets the whole tree, an underestimate for sizes past
-        the survey's, which are not candidates) and the chain's (chain_nodes: the
-        drafts a chain step would verify)."""
-        gains = np.concatenate([[0.0], np.cumsum(self.gains(tree))])
-        self.chain_drafts += self.SMOOTH * (len(chain[0]) - self.chain_drafts)
-        for arm in self.arms:
-            drafts = float(self.gains(chain).sum()) if arm == CHAIN else float(gains[min(arm, len(gains) - 1)])
-            old = self.drafts[arm]
-            self.drafts[arm] = drafts if old is None else old + self.SMOOTH * (drafts - old)
-
-    def verified(self, nodes, accepted) -> None:
-        """A survey step's verified nodes (chain_nodes / tree_nodes) and whether the
-        target accepted each (it lies on the accepted path)."""
+    def seen_tree(self, nodes) -> None:
+        """A tree built this step (a survey's, or the tree of the arm it runs), after
+        chain_cut of the same step: each tree size up to its own gets its expected tokens
+        over the chain's."""
         probs, spine = nodes
-        ok = np.asarray(accepted, dtype=bool)
-        self.spine.update(probs[spine], ok[spine], self.survey_gap)
-        self.branch.update(probs[~spine], ok[~spine], self.survey_gap)
+        tokens = 1.0
+        for i, (p, on_spine) in enumerate(zip(probs, spine)):
+            tokens += self.spine(p) if on_spine else self.branch(p)
+            if i + 1 in self.verify_tree:
+                gain = tokens / self.step_tokens
+                old = self.gains.get(i + 1)
+                self.gains[i + 1] = gain if old is None else old + self.SMOOTH * (gain - old)
 
-    def surveyed(self, seconds: float) -> None:
-        """The work a survey step added (ranking the candidates where the arm does
-        not, the survey tree, the expectations, the calibration)."""
-        self.survey_costs.append(seconds)
+    def surveyed(self, seconds: float, n_nodes: int) -> None:
+        """A survey's own work (ranking the candidates where the arm does not, building
+        the largest tree): priced per node for trees not yet run; the next survey comes
+        as late as keeps surveys within EXPLORE_SHARE of the time, times the square of
+        how close the best tree comes to the arm in use (trees far behind need less)."""
+        self.part["survey"] = _low(self.part["survey"], seconds / max(n_nodes, 1))
+        step, now = self.seconds(self.current) or seconds or 1.0, self.rate(self.current)
+        close = min(max(self.rate(t) for t in self.trees) / now, 1.0) if now else 1.0
+        share = self.EXPLORE_SHARE * max(close, 0.1) ** 2
+        self.next_survey = self.steps + max(self.DECIDE_EVERY, math.ceil(seconds / (share * step)))
 
-    def timed(self, arm: int, seconds: float, n_verified: int) -> None:
-        """Every step's time and the tokens it verified (the bonus and the drafts);
-        settled steps of the arm chosen count."""
-        self.run += 1
-        if arm == self.current and self.run > self.SETTLE:
-            self.times[arm].append((seconds, n_verified))
-            self._settled.pop(arm, None)
+    def verified(self, n_acc: int, seconds: float, host: float = 0.0, nodes=None, accepted=None) -> None:
+        """The step's outcome: the drafts accepted, its seconds (host: what a survey took
+        of them) and, for a tree, its nodes (tree_nodes) and which the target accepted."""
+        arm, part = self.arm, self.part
+        self.tally[arm][0] += 1
+        self.tally[arm][1] += n_acc + 1
+        if arm == CHAIN:
+            self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
+            if self.current == PLAIN:  # a probe: what it says of the text now, its outcome counted
+                self.tokens = 1.0 + sum(self.spine(p) for p in self.pending)
+        elif nodes is not None:
+            probs, spine = nodes
+            self.spine.update([p for p, s in zip(probs, spine) if s], [a for a, s in zip(accepted, spine) if s])
+            self.branch.update([p for p, s in zip(probs, spine) if not s], [a for a, s in zip(accepted, spine) if not s])
+        if arm != self.current or self.run <= self.SETTLE:
+            return  # a probe, or a step that builds graphs
+        seconds -= host
+        if arm == PLAIN:
+            part["plain"] = _low(part["plain"], seconds - self.verify_chain[1])
+        elif arm == CHAIN:
+            part["drafted"] = _low(part["drafted"], seconds - self.verify_chain[1 + len(self.pending)])
+        elif part["drafted"] is not None and not host:
+            extra = seconds - part["drafted"] - self.verify_tree[arm]
+            part["node"] = _low(part["node"], max(extra, 0.0) / arm)
+
+    # ---- what it learnt -------------------------------------------------------------
+    def report(self) -> dict:
+        """Per arm: the steps that ran it and the tokens a step they made, and the model's
+        expected tokens a step, milliseconds a step and tokens per second now; the
+        measured parts of a step (ms)."""
+        arms = {}
+        for a in self.arms:
+            tokens, seconds = self.expected(a), self.seconds(a)
+            steps, made = self.tally[a]
+            arms[arm_name(a)] = {
+                "steps": steps, "tokens_per_step": made / steps if steps else None,
+                "expected_tokens": tokens, "expected_ms": seconds * 1e3 if seconds else None,
+                "expected_tok_s": tokens / seconds if tokens and seconds else None}
+        return {"arms": arms, "parts_ms": {k: v * 1e3 for k, v in self.part.items() if v is not None}}
+
+    def finish(self) -> None:
+        """The sequence ended: what it learnt is what the next one starts from."""
+        if self.memory is not None:
+            self.memory.learnt = self
 
 
-def observe(auto: AutoBudget, record) -> None:
-    """A step's record (proposers.StepRecord) reported to `auto`: on a survey step its
-    verified nodes go into the calibration and its survey time is counted; its time goes
-    to its arm."""
-    if record.nodes is not None:
-        auto.verified(record.nodes, record.accepted)
-        auto.surveyed(record.survey_seconds)
-    auto.timed(record.arm, record.seconds, record.n_verified)
+def describe(report: dict) -> str:
+    """One line of an AutoBudget report (or several summed, see bench.report): each
+    arm's share of the steps and the tokens a step it made, beside the model's tokens
+    and milliseconds a step."""
+    arms = report["arms"]
+    total = sum(a["steps"] for a in arms.values()) or 1
+    out = []
+    for name, a in arms.items():
+        made = f"{a['tokens_per_step']:.2f} tok/step, " if a["tokens_per_step"] else ""
+        model = (f"model {a['expected_tokens']:.2f} tok in {a['expected_ms']:.3f} ms"
+                 if a["expected_tokens"] and a["expected_ms"] else "model -")
+        out.append(f"{name} {100 * a['steps'] / total:.0f}% ({made}{model})")
+    return "; ".join(out)
+
+
+class AutoMemory:
+    """What `auto` keeps across the requests of one engine and sampling setting: the
+    verify cost table, and the AutoBudget of the last sequence to end, which the next
+    ones start from (read when a sequence starts, written when it ends: sequences
+    decoded together never share live counters)."""
+
+    def __init__(self, cost: VerifyCost, largest: int, block: int):
+        self.cost, self.largest, self.block = cost, largest, block
+        self.learnt: Optional[AutoBudget] = None
+
+    def chooser(self) -> AutoBudget:
+        return AutoBudget(self.cost, self.largest, self.block, self.learnt, self)

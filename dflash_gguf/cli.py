@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from ._native import DflashError
 from .chat_flags import add_chat_args, set_chat_template, validate_chat_args
-from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError, check_constraint
+from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError, check_constraint, check_p_min
 from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
@@ -121,13 +121,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         f"else argmax) (default {DEFAULT_CHAIN_RULE}); both are exact"),
     p.add_argument("--block-size", type=int, help="drafted block size (default: the drafter's trained size)")
     p.add_argument("--tree-budget", metavar="N|auto",
-                   help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' sizes each step "
-                        "for the best expected speed (verify cost measured once per model and machine)")
+                   help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' chooses each step, "
+                        "per sequence, plain decoding, the chain (and its length) or a tree of 4..32 nodes for the "
+                        "best expected speed (verify cost measured once per model and machine)")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
     p.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, metavar="P",
                    help="greedy chain: verify the drafts up to the first one the drafter gives less than P "
                         f"(at least one); 0 verifies the whole block (default: {DEFAULT_DRAFT_P_MIN} when the "
-                        "target computes on the CPU, 0 when an accelerator holds all its layers)")
+                        "target computes on the CPU, 0 when an accelerator holds all its layers; "
+                        "--tree-budget auto cuts its chains by its own cost model instead)")
     p.add_argument("--draft-window", default="auto", metavar="W",
                    help="the drafter attends to the last W context positions only and keeps only those "
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
@@ -284,14 +286,8 @@ def validate_engine_args(args, parser) -> None:
                                        repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
                                        presence_penalty=args.presence_penalty, repeat_last_n=args.repeat_last_n,
                                        constraint=constraint)
-    except ValueError as e:
-        message = str(e)
-        for field, flag in (("temperature", "--temp"), ("top_k", "--top-k"), ("top_p", "--top-p"),
-                            ("min_p", "--min-p"), ("repeat_penalty", "--repeat-penalty"),
-                            ("frequency_penalty", "--frequency-penalty"), ("presence_penalty", "--presence-penalty"),
-                            ("repeat_last_n", "--repeat-last-n")):
-            message = message.replace(field, flag)
-        parser.error(message)
+    except ConfigError as e:
+        parser.error(sampling_flag_message(e))
 
 
 
@@ -357,6 +353,7 @@ def _report(stats, mode: str) -> dict:
         "stop_reason": stats.stop_reason,
         "mean_tree_nodes": round(sum(stats.tree_sizes) / len(stats.tree_sizes), 2) if stats.tree_sizes else None,
         "chain_steps": stats.chain_steps,
+        "auto": stats.auto,
         "graph_splits": stats.graph_splits,
         "copy_bytes_per_step": round(stats.copy_bytes_per_step),
         "peak_rss_mib": round(peak_rss_mib(), 1),
@@ -383,6 +380,10 @@ def _print_report(r: dict) -> None:
     if r["mean_tree_nodes"] is not None:
         chains = f" ({r['chain_steps']} steps verified the plain chain)" if r["chain_steps"] else ""
         print(f"tree      mean {r['mean_tree_nodes']:.1f} nodes per step{chains}", file=err)
+    if r["auto"] is not None:
+        from .budget import describe
+
+        print(f"auto      {describe(r['auto'])}", file=err)
     if r["copy_bytes_per_step"]:
         print(f"devices   {r['graph_splits']} graph splits a step, {r['copy_bytes_per_step'] / 1024:.1f} KiB "
               "copied between devices a step", file=err)
@@ -478,6 +479,38 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
          "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
          "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft"}
+
+
+# the flag of each sampling field, for its errors (config.check_sampling)
+SAMPLING_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+                  "repeat_penalty": "--repeat-penalty", "frequency_penalty": "--frequency-penalty",
+                  "presence_penalty": "--presence-penalty", "repeat_last_n": "--repeat-last-n"}
+
+
+def sampling_flag_message(e: ConfigError) -> str:
+    """A sampling field's error (config.check_sampling) with its flag in its name's place."""
+    return str(e).replace(e.option, SAMPLING_FLAGS.get(e.option, e.option), 1)
+
+
+def check_sampling_flags(parser: argparse.ArgumentParser, temps, top_k: int, top_p: float, min_p: float = 0.0) -> None:
+    """A benchmark's sampling flags (each temperature of a sweep with the rest), checked
+    as dflash-run's are (config.check_sampling)."""
+    from .sampling import SamplingParams
+
+    for t in temps:
+        try:
+            SamplingParams(t, top_k, top_p, min_p)
+        except ConfigError as e:
+            parser.error(sampling_flag_message(e))
+
+
+def check_p_min_flags(parser: argparse.ArgumentParser, values) -> None:
+    """A sweep's --draft-p-min values, checked as dflash-run's is."""
+    for x in values:
+        try:
+            check_p_min(x)
+        except ConfigError as e:
+            parser.error(f"--draft-p-min values: {e}")
 
 
 def config_error(prog: str, e: ConfigError) -> int:

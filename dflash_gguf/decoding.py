@@ -19,11 +19,10 @@ the target's own sampling."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence as Seq
+from typing import Iterator, List, Optional, Sequence as Seq
 
-from .generate import GenerationStats, check_request, prefill_chunks, start_context
-from .sampling import Sampler, SamplingParams
-from .target import DECODE, Rows
+from .generate import GenerationStats, Placement, Request, check_request, prefill_chunks, start_context
+from .sampling import Sampler
 
 
 def _no_stage(stage: str) -> None:
@@ -31,21 +30,21 @@ def _no_stage(stage: str) -> None:
 
 
 class Sequence:
-    """One request: its slot, prompt, sampler, proposer, the tokens it emitted and its
-    statistics. context_full, on_stage and saver as in speculative decoding (see
-    sequence_steps). grammar (a constraints.GrammarState): the constraint its tokens
-    follow; generation ends where the grammar does."""
+    """One request (generate.Request) in its place (generate.Placement: its slot, the
+    prompt tokens the slot holds, who watches its stages, its prefill's checkpoints):
+    its sampler, proposer, the tokens it emitted and its statistics. grammar (a
+    constraints.GrammarState): the constraint its tokens follow; generation ends where
+    the grammar does."""
 
-    def __init__(self, target, draft, proposer, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
-                 stats: GenerationStats, sampling: Optional[SamplingParams] = None, slot: int = 0, reused: int = 0,
-                 context_full: str = "error", on_stage: Optional[Callable[[str], None]] = None, saver=None,
-                 grammar=None):
-        check_request(target, prompt, max_tokens, proposer.lookahead, context_full)
+    def __init__(self, target, draft, proposer, request: Request, stats: GenerationStats,
+                 where: Placement = Placement(), grammar=None):
+        prompt = request.prompt
+        check_request(target, prompt, request.max_tokens, proposer.lookahead, request.context_full)
         self.target, self.draft, self.proposer = target, draft, proposer
-        self.prompt, self.max_tokens, self.stops = prompt, max_tokens, set(stop_tokens)
-        self.stats, self.slot, self.reused, self.saver = stats, slot, reused, saver
-        self.stage = on_stage or _no_stage
-        self.sampler = Sampler(sampling, prompt, grammar)
+        self.prompt, self.max_tokens, self.stops = prompt, request.max_tokens, set(request.stop_tokens or ())
+        self.stats, self.slot, self.reused, self.saver = stats, where.slot, where.reused, where.saver
+        self.stage = where.on_stage or _no_stage
+        self.sampler = Sampler(request.sampling, prompt, grammar)
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
         self.bonus: Optional[int] = None  # the next token the target has not seen
         self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
@@ -80,9 +79,6 @@ class Sequence:
         stats.reused_tokens = start_context(self.target, self.prompt, self.reused, self.draft, self.slot)
         self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot)
         self.sampler.prepare(self.target, 1, seq=self.slot)  # the prompt's last row chooses the first token
-        start = getattr(self.proposer, "start", None)
-        if start is not None:
-            start()
         for _ in prefill_chunks(self.target, self.prompt, stats.reused_tokens, self.draft, self.saver, self.stage,
                                 self.slot):
             stats.prefill_seconds = time.perf_counter() - t0
@@ -133,23 +129,9 @@ class Sequence:
         (generate.prefill_chunks)."""
         if self._t_start:
             self.stats.decode_seconds = time.perf_counter() - self._t_start
-
-
-def _verify(target, draft, rows: List[Rows]) -> None:
-    """The step's target graph: one sequence's rows by the single-sequence call, several
-    sequences' in one step."""
-    if len(rows) > 1:
-        target.step(rows, draft)
-        return
-    r = rows[0]
-    if r.tokens is None:
-        draft.verify_block(target, r.n, seq=r.seq)
-    elif r.parents is not None:
-        target.verify_tree(r.tokens, r.parents, seq=r.seq)
-    elif r.kind == DECODE:
-        target.decode(r.tokens, r.logits, seq=r.seq)
-    else:
-        target.verify(r.tokens, seq=r.seq)
+        end = getattr(self.proposer, "finish", None)
+        if end is not None:
+            end(self)
 
 
 def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
@@ -179,7 +161,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         if s.proposer.stage is None:
             s.stage("drafted")
     t1 = time.perf_counter()
-    _verify(target, draft, rows)
+    target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)
     t2 = time.perf_counter()
     splits, copied = target.graph_copies()

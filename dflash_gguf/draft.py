@@ -167,7 +167,7 @@ class Draft(NativeObject):
                 tokens: Sequence[int] = ()) -> List[int]:
         """Greedy drafts for block positions 1..n_block-1 after `bonus`, the positions the
         target committed since taken first in the same graph (`tokens` as in append).
-        With read=False they stay on the device for Target.verify_draft and [] is
+        With read=False they stay on the device for a target's chain rows and [] is
         returned; block() reads them."""
         b = self.block_size if n_block is None else int(n_block)
         self.propose_many([(seq, bonus, b, tokens)])
@@ -199,11 +199,6 @@ class Draft(NativeObject):
         """The first drafted row of the sequence's block in the last propose's results
         (0 when it had none: the runtime then refuses the rows)."""
         return self._row0.get(seq, 0)
-
-    def verify_block(self, target, n: int, seq: int = 0) -> None:
-        """target.verify() of the first n tokens of the last proposed block, which the
-        target reads on the device (see Target.verify_draft)."""
-        target.verify_draft(self, n, seq)
 
     def device_tokens(self):
         """The last blocks as device tokens, the source a target's chain verify reads."""

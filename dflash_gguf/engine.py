@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from .budget import AutoBudget, VerifyCost
+from .budget import AutoBudget, AutoMemory, VerifyCost
 from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
-from .generate import GenerationStats, check_request, collect
+from .generate import GenerationStats, Placement, Request, check_request, collect
 from .memory import refusal, settle
 from .ngram import ngram_sources
 from .proposers import MixedProposer, NgramProposer, PlainProposer
@@ -37,10 +37,11 @@ class Engine:
 
     With a drafter, generation is speculative: a chain of the drafter's block size (or
     `block_size`), or with `tree_budget` a DDTree of that many nodes ("auto": sized
-    every step for the best expected speed, up to AUTO_MAX_BUDGET). A greedy chain
-    (also auto's) stops before the first draft the drafter gives less than
-    `draft_p_min` (speculative.chain_length; 0: the whole block; None: as
-    speculative.default_p_min chooses for the device). Without a drafter, plain
+    every step, per sequence, for the best expected speed: plain decoding, the chain or
+    a tree of up to AUTO_MAX_BUDGET nodes). A chain stops before the first draft the
+    drafter gives less than `draft_p_min` (speculative.chain_length; 0: the whole
+    block; None: as speculative.default_p_min chooses for the device); auto's chain
+    is cut where its cost model says instead. Without a drafter, plain
     autoregressive decoding. Greedy output is the same in every mode; sampled output
     has the same distribution.
 
@@ -109,9 +110,10 @@ class Engine:
         self.n_threads = n_threads
         self.chain_rule = setup.chain_rule
         # what `auto` learnt, kept across requests: the verify cost table, and per sampling
-        # setting (whose acceptance and step cost differ from greedy's) its AutoBudget
+        # setting (whose acceptance and step cost differ from greedy's) what the last
+        # sequence learnt, which the next ones start from
         self._verify_cost: Optional[VerifyCost] = None
-        self._autos: Dict[Optional[tuple], AutoBudget] = {}
+        self._autos: Dict[Optional[tuple], AutoMemory] = {}
         self.last_tokens: List[int] = []  # every token the last call generated
         # per slot: the tokens its context holds, and whether it was filled speculatively
         self._contexts: List[tuple] = [([], None) for _ in range(self.target.n_seq)]
@@ -209,30 +211,30 @@ class Engine:
             self._contexts = [([], None) for _ in self._contexts]
 
     def _auto_for(self, sampling: Optional[SamplingParams]) -> Optional[AutoBudget]:
-        """`auto`'s learning for a request's sampling setting (None when the tree budget is
-        fixed); prepare_auto has measured the verify cost."""
+        """A sequence's own `auto` chooser, starting from what the engine learnt at the
+        request's sampling setting (None when the tree budget is fixed); prepare_auto has
+        measured the verify cost."""
         if not (self.tree_budget and self.auto_budget):
             return None
         key = _sampling_regime(sampling)
         if key not in self._autos:
-            self._autos[key] = AutoBudget(self._verify_cost, self.tree_budget,
+            self._autos[key] = AutoMemory(self._verify_cost, self.tree_budget,
                                           self.block_size or self.draft.block_size)
-        return self._autos[key]
+        return self._autos[key].chooser()
 
     def held(self, slot: int) -> List[int]:
         """The tokens the slot's context holds (a later prompt extending them continues it)."""
         return self._contexts[slot][0]
 
-    def sequence(self, tokens: List[int], max_tokens: int, *, stop_tokens: Optional[Iterable[int]] = None,
-                 speculative: bool = True, sampling: Optional[SamplingParams] = None,
-                 stats: Optional[GenerationStats] = None, context_full: str = "error", slot: int = 0,
-                 on_stage: Optional[Callable[[str], None]] = None) -> Decoding:
-        """A request to decode in the given slot of the target's (and drafter's) memory,
-        continuing the context the slot holds when the prompt extends it, else resuming the
-        longest checkpointed prefix; run it alone (sequence_steps) or with others
-        (decoding.step). end_sequence records what it left in the slot."""
+    def sequence(self, request: Request, *, speculative: bool = True, stats: Optional[GenerationStats] = None,
+                 slot: int = 0, on_stage: Optional[Callable[[str], None]] = None) -> Decoding:
+        """A request (its stop_tokens None: the model's end-of-generation tokens) to decode
+        in the given slot of the target's (and drafter's) memory, continuing the context
+        the slot holds when the prompt extends it, else resuming the longest checkpointed
+        prefix; run it alone (sequence_steps) or with others (decoding.step).
+        end_sequence records what it left in the slot."""
         stats = GenerationStats() if stats is None else stats
-        stops = self._stops(stop_tokens)
+        tokens, sampling = request.prompt, request.sampling
         use_draft = speculative and self.draft is not None
         self.last_tokens = []
         held, mode = self._contexts[slot]
@@ -258,16 +260,16 @@ class Engine:
             proposer = PlainProposer()
         elif self.tree_budget:
             proposer = tree_proposer(self.target, self.draft, self.tree_budget, self.block_size,
-                                     self._auto_for(sampling), self.draft_p_min)
+                                     self._auto_for(sampling))
         else:
             proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min,
                                       self.chain_rule, self.setup.spec_draft_conf_min)
         grammar = None
         if sampling is not None and sampling.constraint is not None:
             grammar = sampling.constraint.state(self.grammar_vocab(), self.grammar_drafting)
-        return Decoding(self.target, self.draft if use_draft else None, proposer, tokens, max_tokens, stops, stats,
-                        sampling, slot=slot, reused=reused, context_full=context_full, on_stage=on_stage,
-                        saver=saver, grammar=grammar)
+        request = replace(request, stop_tokens=self._stops(request.stop_tokens))
+        return Decoding(self.target, self.draft if use_draft else None, proposer, request, stats,
+                        Placement(slot, reused, on_stage, saver), grammar)
 
     def grammar_vocab(self):
         """The vocabulary as the constraints' grammars see it (built on first use: about a
@@ -326,19 +328,18 @@ class Engine:
         max_tokens could overflow the context; "stop" generates until the context is
         full and ends there with stats.stop_reason "context"."""
         stats = GenerationStats() if stats is None else stats
-        return self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, [], context_full)
+        return self._stream(Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full), stop,
+                            speculative, stats, [])
 
     def text_stream(self, stop: Sequence[str] = (), stop_tokens: Optional[Iterable[int]] = None) -> "TextStream":
         """The text of a request's tokens as they come (see TextStream)."""
         return TextStream(self.tokenizer.stream_decoder(), stop, self._stops(stop_tokens))
 
-    def _stream(self, prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out: List[int],
-                context_full="error"):
-        tokens = self.encode(prompt)
-        seq = self.sequence(tokens, max_tokens, stop_tokens=stop_tokens, speculative=speculative, sampling=sampling,
-                            stats=stats, context_full=context_full, on_stage=self.stage_hook)
+    def _stream(self, request: Request, stop: Sequence[str], speculative: bool, stats: GenerationStats,
+                out: List[int]):
+        seq = self.sequence(request, speculative=speculative, stats=stats, on_stage=self.stage_hook)
         steps = sequence_steps(seq)
-        text = self.text_stream(stop, stop_tokens)
+        text = self.text_stream(stop, request.stop_tokens)
         failed = False
         try:
             for new in steps:
@@ -369,14 +370,12 @@ class Engine:
         `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Ends as
         stream() does (context_full too); the result's text stops before a stop string."""
         stats = GenerationStats()
+        request = Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full)
         if stop:
             out: List[int] = []
-            text = "".join(self._stream(prompt, max_tokens, stop_tokens, stop, speculative, sampling, stats, out,
-                                        context_full))
+            text = "".join(self._stream(request, stop, speculative, stats, out))
             return Result(text, out, stats)
-        tokens = self.encode(prompt)
-        seq = self.sequence(tokens, max_tokens, stop_tokens=stop_tokens, speculative=speculative, sampling=sampling,
-                            stats=stats, context_full=context_full, on_stage=self.stage_hook)
+        seq = self.sequence(request, speculative=speculative, stats=stats, on_stage=self.stage_hook)
         steps = sequence_steps(seq)
         out: List[int] = []
         failed = True

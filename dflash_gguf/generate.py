@@ -28,6 +28,9 @@ class GenerationStats:
     other_seconds: float = 0.0
     tree_sizes: List[int] = field(default_factory=list)  # nodes below the root, per tree step
     chain_steps: int = 0  # tree-mode steps where `auto` verified the plain chain instead
+    # `--tree-budget auto`: per arm the steps it ran, the tokens a step they made and the
+    # cost model's figures; the measured parts of a step (budget.AutoBudget.report)
+    auto: Optional[dict] = None
     # the prefix checkpoint the prompt resumed from: {"position", "device_bytes",
     # "host_bytes"} (what it and the checkpoints it reads from hold where), or None
     checkpoint: Optional[dict] = None
@@ -64,22 +67,45 @@ class GenerationStats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def autoregressive_steps(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
-                         stats: GenerationStats, sampling: Optional[SamplingParams] = None,
-                         reused: int = 0, context_full: str = "error",
-                         on_stage: Optional[Callable[[str], None]] = None,
-                         saver=None) -> Iterator[List[int]]:
-    """Plain decoding after `prompt`, yielding each new token as a one-element list; a
-    stop token ends generation and is yielded. The target is reset first unless its
-    context already holds the first `reused` prompt tokens. context_full, on_stage and
-    saver as in speculative decoding ("prefilled", then "decoded" after each token's
-    decode)."""
+@dataclass(frozen=True)
+class Request:
+    """What a sequence is asked for: `max_tokens` after `prompt` (token ids), ending at a
+    stop token (None: none, or to an Engine the model's end-of-generation tokens);
+    greedy unless `sampling` says otherwise; context_full "error" refuses upfront a
+    request that could overflow the context, "stop" ends generation (stop_reason
+    "context") when it is full."""
+
+    prompt: List[int]
+    max_tokens: int
+    stop_tokens: Optional[Iterable[int]] = None
+    sampling: Optional[SamplingParams] = None
+    context_full: str = "error"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a sequence runs and who watches it: its slot of the target's (and drafter's)
+    memory, the prompt tokens the slot already holds (`reused`; 0: it is emptied first),
+    on_stage (see Engine.stage_hook: "prefilled", then each step's stages) and saver (a
+    checkpoints.PrefillSaver: the prefill stops at its positions for it to take
+    checkpoints of target and drafter)."""
+
+    slot: int = 0
+    reused: int = 0
+    on_stage: Optional[Callable[[str], None]] = None
+    saver: object = None
+
+
+def autoregressive_steps(target: Target, request: Request, stats: GenerationStats,
+                         where: Placement = Placement()) -> Iterator[List[int]]:
+    """Plain decoding of a request, yielding each new token as a one-element list; a
+    stop token ends generation and is yielded. The target's slot is emptied first
+    unless it already holds the first `where.reused` prompt tokens ("prefilled", then
+    "decoded" after each token's decode go to where.on_stage)."""
     from .decoding import Sequence, sequence_steps  # the step loop builds on this module
     from .proposers import PlainProposer
 
-    yield from sequence_steps(Sequence(target, None, PlainProposer(), prompt, max_tokens, stop_tokens, stats,
-                                       sampling, reused=reused, context_full=context_full, on_stage=on_stage,
-                                       saver=saver))
+    yield from sequence_steps(Sequence(target, None, PlainProposer(), request, stats, where))
 
 
 def start_context(target: Target, prompt: List[int], reused: int, draft=None, seq: int = 0) -> int:
@@ -178,5 +204,5 @@ def greedy_generate(target: Target, prompt: List[int], max_tokens: int, stop_tok
     """Plain decoding after `prompt` (greedy unless `sampling` says otherwise). Returns
     (tokens, stats)."""
     stats = GenerationStats()
-    out = collect(autoregressive_steps(target, prompt, max_tokens, stop_tokens, stats, sampling), on_tokens)
+    out = collect(autoregressive_steps(target, Request(prompt, max_tokens, stop_tokens, sampling), stats), on_tokens)
     return out, stats

@@ -17,12 +17,11 @@ from the target's distribution given its prefix (see sampling.py for the rules).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
 
-from .budget import CHAIN, AutoBudget, chain_nodes, observe, tree_nodes
+from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import accept_path, build_tree, chain_tree
 from .ngram import NgramDrafts, expected_chain
 from .target import CHAIN as CHAIN_ROWS, DECODE, LOGITS_LAST, TREE as TREE_ROWS, Rows
@@ -63,20 +62,6 @@ def confident_length(confidence, conf_min: float) -> int:
 def _chain_paths(block: List[int]) -> List[List[int]]:
     """Per verified row of a chain block, the drafts it sees after the bonus."""
     return [block[1:i + 1] for i in range(len(block))]
-
-
-@dataclass
-class StepRecord:
-    """What a step of a tree proposer was, for its AutoBudget: the arm verified, the
-    seconds the step took, the rows verified, and on survey steps the verified nodes'
-    drafter probabilities with whether each was accepted and the survey's own seconds."""
-
-    arm: int
-    seconds: float
-    n_verified: int
-    nodes: Optional[tuple] = None
-    accepted: Optional[List[bool]] = None
-    survey_seconds: float = 0.0
 
 
 class PlainProposer:
@@ -259,177 +244,152 @@ class MixedProposer(ChainProposer):
         return out
 
 
-@dataclass
-class _TreeStep:
-    """A tree proposer's step in progress."""
-
-    t0: float
-    b: int                       # block proposed (1: the bonus alone)
-    arm: int = CHAIN
-    survey: bool = False
-    depth: int = 0
-    tree: object = None          # the verified tree (a chain_tree for the chain)
-    device: bool = False         # the chain arm's block read on the device
-    n_drafts: int = 0
-    ranked: Optional[tuple] = None
-    nodes: Optional[tuple] = None
-    t_survey: float = 0.0
-    extra: dict = field(default_factory=dict)
-
-
 class TreeProposer:
     """A DDTree of `budget` nodes below the bonus token, built best-first from the
     drafter's per-position top-K; every node's token is chosen by the target (its argmax,
     or its draw), and the walk moves on while the choice is a child. Trees are padded to
     their size so that the target's verify graph depends only on the node count.
 
-    With `auto` (an AutoBudget, `budget` its largest tree) each step verifies the arm it
-    chooses: the chain of the drafter's top choices (read on the device as the chain
-    proposer does, cut by p_min) or a tree of one of a few sizes; each step's record
-    goes back to it (StepRecord)."""
+    With `auto` (this sequence's budget.AutoBudget, `budget` its largest tree) each step
+    runs the arm it chooses: plain decoding (nothing drafted; the bonus is verified alone
+    and its features still go to the drafter's context, which later drafts read), the
+    chain of the drafter's top choices (read on the device as the chain proposer reads
+    it, cut where auto.chain_cut says) or a tree of one of a few sizes; every step's
+    outcome goes back to it (AutoBudget.verified), and the sequence's statistics get its
+    report when the sequence ends."""
 
     drafted_samples = False
     stage = None
 
-    def __init__(self, draft, budget: int, block_size: int, auto: Optional[AutoBudget] = None, p_min: float = 0.0):
+    def __init__(self, draft, budget: int, block_size: int, auto: Optional[AutoBudget] = None):
         self.draft = draft
         self.budget = budget
         self.block_size = block_size
         self.lookahead = budget + 1
         self.auto = auto
-        self.p_min = p_min
-        self.step: Optional[_TreeStep] = None
-
-    def start(self) -> None:
-        if self.auto is not None:
-            self.auto.start_request()
+        # the step under way
+        self.b = 1                # the block proposed (1: none, the bonus alone)
+        self.arm: Optional[int] = None  # auto's arm (None: no auto, or a step it does not hear of)
+        self.depth = 0
+        self.device = False       # the chain's block verified from the drafter's device tensor
+        self.survey = False
+        self.chain = False        # the host tree is a chain (verified as one)
+        self.tree = None
+        self.nodes = None         # the verified tree's nodes for auto (tree_nodes)
+        self.t0 = self.host = 0.0  # the step's start; a survey's work
 
     def plan(self, seq) -> int:
-        t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
+        self.device = self.survey = self.chain = False
+        self.tree = self.nodes = None
+        self.host = 0.0
         b = min(self.block_size, seq.room)  # near a full context the block (and the tree's depth) shrinks
-        st = self.step = _TreeStep(t0, b)
-        if b < 2:  # room for the bonus alone
-            st.b = 1
-            return 0
+        self.depth = min(b - 1, seq.remaining)
         auto = self.auto
-        st.arm = self.budget if auto is None else auto.choose()
-        st.survey = auto is not None and auto.wants_survey()
-        st.depth = min(b - 1, seq.remaining)
-        if st.arm == CHAIN:
-            st.b = st.depth + 1
-            st.device = True
-        return st.b
+        self.arm = auto.choose() if auto is not None and b >= 2 else None
+        if b < 2 or self.arm == PLAIN:
+            self.b = 1  # the bonus alone
+            return 0
+        self.survey = auto is not None and auto.survey_due
+        self.b = b
+        if self.arm == CHAIN:
+            self.b, self.device = self.depth + 1, True
+        return self.b
 
     def drafted(self, seq) -> None:
-        st, draft, auto = self.step, self.draft, self.auto
-        if st.b < 2:
+        if self.b < 2:
             return
-        if st.device:
-            # the chain arm: the block goes from the drafter to the target on the device,
-            # cut by p_min; a survey reads the drafter's top-K as well
-            if st.survey:
-                t_rank = time.perf_counter()
-                st.ranked = draft.topk(st.b - 1, seq=seq.slot)
-                st.t_survey = time.perf_counter() - t_rank
-            if self.p_min > 0 and st.b > 2:
-                top1 = st.ranked[1][:, 0] if st.survey else draft.top1_logprobs(st.b - 1, seq=seq.slot)
-                st.b = 1 + chain_length(top1, self.p_min)
-            st.n_drafts = st.b - 1
-            seq.stats.tree_sizes.append(st.n_drafts)
+        draft, auto, slot = self.draft, self.auto, seq.slot
+        if self.device:  # the chain arm: cut by auto, its block going to the target on the device
+            top1 = draft.top1_logprobs(self.depth, seq=slot)
+            n = auto.chain_cut(top1)
+            if self.survey:
+                t = time.perf_counter()
+                cand, logp = draft.topk(self.depth, seq=slot)
+                tree = build_tree(seq.bonus, cand, logp, auto.largest, max_depth=self.depth)
+                auto.seen_tree(tree_nodes(tree, top1))
+                self.host = time.perf_counter() - t
+                auto.surveyed(self.host, len(tree) - 1)
+            self.b = 1 + n
+            seq.stats.tree_sizes.append(n)
             seq.stats.chain_steps += 1
             return
-        cand, logp = draft.topk(st.b - 1, seq=seq.slot)  # the tree is built from the top-K alone
-        depth, arm = st.depth, st.arm
-        chain = arm == CHAIN or 1 + arm > seq.room  # a padded tree that does not fit: the chain does
-        if st.survey or not chain:
-            t_build = time.perf_counter() if st.survey else 0.0
-            grammar = seq.sampler.grammar if seq.sampler.guided else None
-            tree = build_tree(seq.bonus, cand, logp, auto.survey_size() if st.survey else arm, max_depth=depth,
+        cand, logp = draft.topk(self.depth, seq=slot)  # the tree is built from the top-K alone
+        arm = self.budget if auto is None else self.arm
+        grammar = seq.sampler.grammar if seq.sampler.guided else None
+        if 1 + arm > seq.room:  # a padded tree that does not fit: the chain of top choices
+            drafts = cand[:, 0]
+            tree = chain_tree(seq.bonus, grammar.draft_path(drafts) if grammar is not None else drafts)
+            self.chain, self.arm = True, None
+            seq.stats.chain_steps += 1
+        else:
+            t = time.perf_counter()
+            tree = build_tree(seq.bonus, cand, logp, auto.largest if self.survey else arm, max_depth=self.depth,
                               valid=grammar.accepts if grammar is not None else None,
                               forced=grammar.forced_after if grammar is not None else None)
-            if st.survey:
-                cut = chain_length(logp[:depth, 0], self.p_min)
-                auto.survey(tree_nodes(tree, logp[:depth, 0]), chain_nodes(logp[:cut, 0]))
-                tree = tree.best(arm)
-                st.t_survey = time.perf_counter() - t_build
-        if chain:
-            drafts = cand[:depth, 0]
-            if seq.sampler.guided:
-                drafts = seq.sampler.grammar.draft_path(drafts)
-            tree = chain_tree(seq.bonus, drafts)
-            seq.stats.chain_steps += 1
+            if auto is not None:
+                top1 = logp[:, 0]
+                auto.chain_cut(top1, verify=False)  # the chain's expectation, which trees' gains are over
+                nodes = tree_nodes(tree, top1)
+                auto.seen_tree(nodes)
+                if self.survey:
+                    tree = tree.best(arm)
+                    self.host = time.perf_counter() - t
+                    auto.surveyed(self.host, len(nodes[0]))
+                self.nodes = nodes[0][:arm], nodes[1][:arm]  # best(arm) keeps the first arm picks, in order
         seq.stats.tree_sizes.append(len(tree) - 1)
-        if not chain:
-            tree = tree.padded_to(1 + arm)
-        st.tree, st.extra["chain"], st.extra["logp"] = tree, chain, logp
+        self.tree = tree if self.chain else tree.padded_to(1 + arm)
 
     def rows(self, seq) -> Rows:
-        st = self.step
-        if st.b < 2:
+        if self.b < 2:
             seq.sampler.prepare(seq.target, 1, seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, [seq.bonus])
-        if st.device and seq.sampler.guided:
-            # under a grammar the chain arm's block comes back to be cut and fixed (see
+        if self.device and seq.sampler.guided:
+            # under a grammar the chain's block comes back to be cut and fixed (see
             # ChainProposer) and is verified as the chain tree of what is left
-            drafts = seq.sampler.grammar.draft_path(self.draft.block(st.b, seq=seq.slot)[1:])
-            st.device, st.extra["chain"] = False, True
-            if st.survey:
-                st.extra["logp"] = st.ranked[1]
-            st.tree = chain_tree(seq.bonus, drafts)
-            st.b = len(st.tree)
-        if st.device:
-            b = st.b
+            drafts = seq.sampler.grammar.draft_path(self.draft.block(self.b, seq=seq.slot)[1:])
+            self.device, self.chain = False, True
+            self.tree = chain_tree(seq.bonus, drafts)
+        if self.device:
+            b = self.b
             seq.sampler.prepare(seq.target, b, lambda: _chain_paths(self.draft.block(b, seq=seq.slot)), seq=seq.slot)
             return Rows(seq.slot, CHAIN_ROWS, n=b)
-        tree = st.tree
+        tree = self.tree
         seq.sampler.prepare(seq.target, len(tree), tree.paths, seq=seq.slot)
-        if st.extra["chain"]:
+        if self.chain:
             return Rows(seq.slot, CHAIN_ROWS, tree.tokens)  # the chain verify: cheaper than the same nodes as a tree
         return Rows(seq.slot, TREE_ROWS, tree.tokens, tree.parents)
 
     def accept(self, seq, choice) -> List[int]:
-        st, draft, auto = self.step, self.draft, self.auto
-        if st.b < 2 or st.device:
-            b = st.b
+        draft = self.draft
+        accepted = None
+        if self.b < 2 or self.device:
+            b = self.b
             block = draft.block(b, seq=seq.slot) if b > 1 else [seq.bonus]
             n_acc = accepted_prefix(block, choice)
             seq.stage("verified")
             seq.target.commit(n_acc + 1, seq=seq.slot)
             out = block[1:n_acc + 1] + [int(choice[n_acc])]
-            if auto is not None and st.b >= 2:
-                record = StepRecord(CHAIN, 0.0, 1 + st.n_drafts, survey_seconds=st.t_survey)
-                if st.survey:
-                    t_survey = time.perf_counter()
-                    cand, logp = st.ranked
-                    nodes = chain_nodes(logp[:st.n_drafts, 0])
-                    auto.survey(tree_nodes(build_tree(seq.bonus, cand, logp, auto.survey_size(), max_depth=st.depth),
-                                           logp[:, 0]), nodes)
-                    record.nodes, record.accepted = nodes, np.arange(st.n_drafts) < n_acc
-                    record.survey_seconds += time.perf_counter() - t_survey
-                record.seconds = time.perf_counter() - st.t0
-                observe(auto, record)
-            return out
-        tree, chain = st.tree, st.extra["chain"]
-        path = accept_path(tree, choice)
-        seq.stage("verified")
-        if chain:
-            seq.target.commit(len(path), seq=seq.slot)
         else:
-            seq.target.commit_path(path, seq=seq.slot)
-        out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
-        if auto is not None:
-            record = StepRecord(CHAIN if chain else st.arm, 0.0, len(tree), survey_seconds=st.t_survey)
-            if st.survey:
-                t_calibrate = time.perf_counter()
-                logp, depth = st.extra["logp"], st.depth
-                if chain:
-                    record.nodes = chain_nodes(logp[:depth, 0])
-                    record.accepted = np.arange(depth) < len(path) - 1
-                else:
-                    on_path = set(path)
-                    record.nodes = tree_nodes(tree, logp[:depth, 0])
-                    record.accepted = [i in on_path for i in tree.pick_order]
-                record.survey_seconds += time.perf_counter() - t_calibrate
-            record.seconds = time.perf_counter() - st.t0
-            observe(auto, record)
+            tree = self.tree
+            path = accept_path(tree, choice)
+            seq.stage("verified")
+            if self.chain:
+                seq.target.commit(len(path), seq=seq.slot)
+            else:
+                seq.target.commit_path(path, seq=seq.slot)
+            out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
+            n_acc = len(path) - 1
+            if self.nodes is not None:
+                on_path = set(path)
+                accepted = [i in on_path for i in tree.pick_order]
+        if self.arm is not None:
+            self.auto.verified(n_acc, time.perf_counter() - self.t0, self.host, self.nodes, accepted)
         return out
+
+    def finish(self, seq) -> None:
+        """The sequence ended: its statistics get auto's report, and what auto learnt
+        goes to the next sequence."""
+        if self.auto is not None:
+            seq.stats.auto = self.auto.report()
+            self.auto.finish()

@@ -26,13 +26,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 
 from ._native import ffi, lib
-
-
-def _finite(params, *names):
-    for name in names:
-        value = getattr(params, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-            raise ValueError(f"{name} must be a finite number, got {value!r}")
+from .config import check_sampling
 
 
 @dataclass(frozen=True)
@@ -54,25 +48,7 @@ class SamplingParams:
     constraint: Optional[object] = None
 
     def __post_init__(self):
-        _finite(self, "temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if not self.repeat_penalty > 0:
-            raise ValueError(f"repeat_penalty must be > 0 (1: off), got {self.repeat_penalty}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.constraint is not None and not hasattr(self.constraint, "grammar"):
-            raise ValueError(f"constraint must be a constraints.Constraint, got {type(self.constraint).__name__}")
-        if self.repeat_last_n < -1:
-            raise ValueError(f"repeat_last_n must be >= -1 (-1: the whole context, 0: no penalties), "
-                             f"got {self.repeat_last_n}")
+        check_sampling(self)
 
     @property
     def greedy(self) -> bool:

@@ -28,6 +28,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from . import openai_api, tool_grammar
 from .api_errors import BadRequest
 from .assistant import Turn, prepare_turn
+from .config import ConfigError
 from .engine import Engine
 from .sampling import SamplingParams
 from .serving import Job, Scheduler
@@ -49,7 +50,9 @@ class Defaults:
 
 # -- request fields ------------------------------------------------------------------------
 
-def _number(body: dict, name: str, default, kind=float, lo=None, hi=None, lo_open=False):
+def _number(body: dict, name: str, default, kind=float, lo=None):
+    """A request's number field, its type checked (and a lower bound, for fields that
+    are not options checked in config.py)."""
     value = body.get(name)
     if value is None:
         return default
@@ -58,10 +61,8 @@ def _number(body: dict, name: str, default, kind=float, lo=None, hi=None, lo_ope
                          name)
     if kind is float and not math.isfinite(value):
         raise BadRequest(f"'{name}' must be finite", name)
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise BadRequest(f"'{name}' must be {'>' if lo_open else '>='} {lo}, got {value}", name)
-    if hi is not None and value > hi:
-        raise BadRequest(f"'{name}' must be <= {hi}, got {value}", name)
+    if lo is not None and value < lo:
+        raise BadRequest(f"'{name}' must be >= {lo}, got {value}", name)
     return kind(value)
 
 
@@ -88,26 +89,29 @@ def stop_strings(body: dict) -> List[str]:
 
 
 def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
-    temperature = _number(body, "temperature", defaults.temperature, lo=0.0)
-    top_p = _number(body, "top_p", defaults.top_p, lo=0.0, hi=1.0, lo_open=True)
+    """The request's sampling fields over the server's defaults; their types are checked
+    here, their ranges where every caller's are (config.check_sampling)."""
+    temperature = _number(body, "temperature", defaults.temperature)
+    top_p = _number(body, "top_p", defaults.top_p)
     top_k = _number(body, "top_k", defaults.top_k, kind=int)
-    min_p = _number(body, "min_p", defaults.min_p, lo=0.0)
-    if min_p >= 1:
-        raise BadRequest(f"'min_p' must be below 1, got {min_p}", "min_p")
+    min_p = _number(body, "min_p", defaults.min_p)
     seed = _number(body, "seed", defaults.seed, kind=int)
     # llama.cpp's penalties: OpenAI's presence/frequency fields, the repetition penalty
     # under vLLM's name or llama.cpp's, and llama.cpp's window
-    presence = _number(body, "presence_penalty", defaults.presence_penalty, lo=-2.0, hi=2.0)
-    frequency = _number(body, "frequency_penalty", defaults.frequency_penalty, lo=-2.0, hi=2.0)
-    repeat = [_number(body, name, None, lo=0.0, lo_open=True) for name in ("repetition_penalty", "repeat_penalty")]
+    presence = _number(body, "presence_penalty", defaults.presence_penalty)
+    frequency = _number(body, "frequency_penalty", defaults.frequency_penalty)
+    repeat = [_number(body, name, None) for name in ("repetition_penalty", "repeat_penalty")]
     if None not in repeat and repeat[0] != repeat[1]:
         raise BadRequest("'repetition_penalty' and 'repeat_penalty' name the same setting: give one, or the same "
                          "value", "repeat_penalty")
     repeat_penalty = next((r for r in repeat if r is not None), defaults.repeat_penalty)
-    last_n = _number(body, "repeat_last_n", defaults.repeat_last_n, kind=int, lo=-1)
-    return SamplingParams(temperature, max(top_k, 0), top_p, min_p, seed, repeat_penalty=repeat_penalty,
-                          frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n,
-                          constraint=defaults.constraint)
+    last_n = _number(body, "repeat_last_n", defaults.repeat_last_n, kind=int)
+    try:  # a top_k <= 0 is off, as in llama.cpp
+        return SamplingParams(temperature, max(top_k, 0), top_p, min_p, seed, repeat_penalty=repeat_penalty,
+                              frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n,
+                              constraint=defaults.constraint)
+    except ConfigError as e:
+        raise BadRequest(str(e).replace(e.option, f"'{e.option}'", 1), e.option) from None
 
 
 def _check_n(body: dict) -> None:
@@ -320,6 +324,7 @@ class Server:
             "accepted_lengths": list(s.accepted_lengths),
             "mean_tree_nodes": round(sum(s.tree_sizes) / len(s.tree_sizes), 3) if s.tree_sizes else None,
             "tree_sizes": list(s.tree_sizes),
+            "auto": s.auto,
             "prefill_seconds": round(s.prefill_seconds, 5),
             "decode_seconds": round(s.decode_seconds, 5),
             "decode_tokens_per_second": round(s.decode_tps, 2),

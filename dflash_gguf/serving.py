@@ -21,7 +21,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 from .decoding import Batch, Sequence
 from .engine import Engine, TextStream
-from .generate import GenerationStats
+from .generate import GenerationStats, Request
 from .sampling import SamplingParams
 
 
@@ -230,8 +230,9 @@ class Scheduler:
             job.prefill_chunks += name == "prefill chunk"
 
         try:
-            seq = engine.sequence(job.tokens, job.max_tokens, speculative=job.speculative, sampling=job.sampling,
-                                  stats=job.stats, context_full=job.context_full, slot=job.slot, on_stage=stage)
+            seq = engine.sequence(Request(job.tokens, job.max_tokens, sampling=job.sampling,
+                                          context_full=job.context_full),
+                                  speculative=job.speculative, stats=job.stats, slot=job.slot, on_stage=stage)
         except Exception as e:  # noqa: BLE001 - a request the engine refuses is reported to its client
             self._account(job, e)
             job.finished_at = time.perf_counter()

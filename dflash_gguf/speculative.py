@@ -10,7 +10,7 @@ from .budget import AutoBudget
 from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, check_chain_rule, check_p_min
 from .decoding import Sequence, sequence_steps
 from .draft import Draft
-from .generate import GenerationStats, collect
+from .generate import GenerationStats, Placement, Request, collect
 from .proposers import ChainProposer, TreeProposer, accepted_prefix, chain_length
 from .sampling import SamplingParams
 from .target import Target
@@ -61,7 +61,7 @@ def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], samp
 
 
 def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optional[int],
-                  auto: Optional[AutoBudget] = None, p_min: float = 0.0) -> TreeProposer:
+                  auto: Optional[AutoBudget] = None) -> TreeProposer:
     """The tree's proposer for a request, its options checked (see tree_steps)."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 2 <= B <= draft.block_size:
@@ -72,47 +72,36 @@ def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optiona
         raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
     if auto is not None and auto.largest != budget:
         raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
-    check_p_min(p_min)
-    return TreeProposer(draft, budget, B, auto, p_min)
+    return TreeProposer(draft, budget, B, auto)
 
 
-def speculative_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
-                      stop_tokens: Iterable[int], block_size: Optional[int], stats: GenerationStats,
-                      sampling: Optional[SamplingParams] = None, reused: int = 0, context_full: str = "error",
-                      on_stage: Optional[Callable[[str], None]] = None, saver=None,
-                      p_min: float = 0.0, chain_rule: str = "argmax") -> Iterator[List[int]]:
-    """Chain speculative decoding (target and drafter are reset first unless their
-    context holds prompt[:reused]), yielding the tokens of each target pass;
-    stats.accepted_lengths records their counts (the first token, from the prefill, is
-    not a pass). The drafter's block goes to the target on the device and every row's
-    token is chosen there (proposers.ChainProposer). With sampling, chain_rule "argmax"
-    drafts the drafter's argmax and keeps each draft while the target's draw equals it;
-    "reject" draws the drafts from the drafter's distribution and keeps them by
-    speculative rejection sampling (with top_k > 0, whose candidates carry both
-    distributions to the host; without, the argmax rule runs). With p_min > 0 (the drafter loaded with top_k >= 1),
-    each pass verifies the chain_length of its block.
-
-    context_full: "error" refuses upfront a request that could overflow the context;
-    "stop" ends generation with stop_reason "context" when it is full. on_stage (see
-    Engine.stage_hook) is called with "prefilled", then each step's stages. saver (a
-    checkpoints.PrefillSaver): the prefill stops at its positions for it to take
-    checkpoints of target and drafter."""
-    proposer = chain_proposer(target, draft, block_size, sampling, p_min, chain_rule)
-    yield from sequence_steps(Sequence(target, draft, proposer, prompt, max_tokens, stop_tokens, stats, sampling,
-                                       reused=reused, context_full=context_full, on_stage=on_stage, saver=saver))
+def speculative_steps(target: Target, draft: Draft, request: Request, stats: GenerationStats,
+                      block_size: Optional[int] = None, p_min: float = 0.0, chain_rule: str = "argmax",
+                      where: Placement = Placement()) -> Iterator[List[int]]:
+    """Chain speculative decoding of a request (the slot of target and drafter is
+    emptied first unless it holds the first where.reused prompt tokens), yielding the
+    tokens of each target pass; stats.accepted_lengths records their counts (the first
+    token, from the prefill, is not a pass). The drafter's block goes to the target on
+    the device and every row's token is chosen there (proposers.ChainProposer). With
+    sampling, chain_rule "argmax" drafts the drafter's argmax and keeps each draft while
+    the target's draw equals it; "reject" draws the drafts from the drafter's
+    distribution and keeps them by speculative rejection sampling (with top_k > 0,
+    whose candidates carry both distributions to the host; without, the argmax rule
+    runs). With p_min > 0 (the drafter loaded with top_k >= 1), each pass verifies the
+    chain_length of its block."""
+    proposer = chain_proposer(target, draft, block_size, request.sampling, p_min, chain_rule)
+    yield from sequence_steps(Sequence(target, draft, proposer, request, stats, where))
 
 
-def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int],
-               budget: int, block_size: Optional[int], stats: GenerationStats,
-               auto: Optional[AutoBudget] = None, sampling: Optional[SamplingParams] = None,
-               reused: int = 0, context_full: str = "error",
-               on_stage: Optional[Callable[[str], None]] = None, saver=None,
-               p_min: float = 0.0) -> Iterator[List[int]]:
+def tree_steps(target: Target, draft: Draft, request: Request, stats: GenerationStats, budget: int,
+               block_size: Optional[int] = None, auto: Optional[AutoBudget] = None,
+               where: Placement = Placement()) -> Iterator[List[int]]:
     """DDTree speculative decoding (proposers.TreeProposer): the drafter's per-position
     top-K candidates become a best-first tree of `budget` nodes below the bonus token,
     the target verifies all of them in one pass, and the longest path the target agrees
-    with is kept; with `auto` (budget.AutoBudget, `budget` its largest tree) every step
-    verifies the arm it chooses, the chain cut by p_min or a tree of one of a few sizes.
+    with is kept; with `auto` (the sequence's budget.AutoBudget, `budget` its largest
+    tree) every step runs the arm it chooses: plain decoding, the chain cut where its
+    cost model says, or a tree of one of a few sizes.
 
     With sampling, every node's token is drawn on the device from the target's own
     distribution there (a uniform of its own per node), and the walk moves on while the
@@ -120,9 +109,8 @@ def tree_steps(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
     output is distributed exactly as plain sampling, whatever the tree. (Recursive
     rejection over siblings would accept more often; this rule needs no drafter
     probabilities to stay exact.) auto's chain arm keeps its drafts by the same rule."""
-    proposer = tree_proposer(target, draft, budget, block_size, auto, p_min)
-    yield from sequence_steps(Sequence(target, draft, proposer, prompt, max_tokens, stop_tokens, stats, sampling,
-                                       reused=reused, context_full=context_full, on_stage=on_stage, saver=saver))
+    proposer = tree_proposer(target, draft, budget, block_size, auto)
+    yield from sequence_steps(Sequence(target, draft, proposer, request, stats, where))
 
 
 def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
@@ -133,18 +121,18 @@ def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_to
     """Chain speculative generation (with p_min > 0: see chain_length; chain_rule: see
     speculative_steps). Returns (tokens, stats)."""
     stats = GenerationStats()
-    steps = speculative_steps(target, draft, prompt, max_tokens, stop_tokens, block_size, stats, sampling,
-                              p_min=p_min, chain_rule=chain_rule)
+    steps = speculative_steps(target, draft, Request(prompt, max_tokens, stop_tokens, sampling), stats, block_size,
+                              p_min, chain_rule)
     return collect(steps, on_tokens), stats
 
 
 def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, budget: int,
                   stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
                   on_tokens: Optional[Callable[[List[int]], None]] = None, auto: Optional[AutoBudget] = None,
-                  sampling: Optional[SamplingParams] = None, p_min: float = 0.0):
-    """DDTree speculative generation (with `auto`: each step's arm chosen by it, its
-    chains cut by p_min). Returns (tokens, stats)."""
+                  sampling: Optional[SamplingParams] = None):
+    """DDTree speculative generation (with `auto`, the sequence's budget.AutoBudget:
+    each step's arm chosen by it). Returns (tokens, stats)."""
     stats = GenerationStats()
-    steps = tree_steps(target, draft, prompt, max_tokens, stop_tokens, budget, block_size, stats, auto, sampling,
-                       p_min=p_min)
+    steps = tree_steps(target, draft, Request(prompt, max_tokens, stop_tokens, sampling), stats, budget, block_size,
+                       auto)
     return collect(steps, on_tokens), stats

@@ -224,11 +224,6 @@ class Target(NativeObject):
         """Evaluate a chain of candidate tokens without committing them."""
         self.step([Rows(seq, CHAIN, tokens)])
 
-    def verify_draft(self, draft, n: int, seq: int = 0) -> None:
-        """verify() of the first n tokens of the drafter's last block, taken from the
-        device (no round trip through the host between drafting and verifying)."""
-        self.step([Rows(seq, CHAIN, n=n)], draft)
-
     def commit(self, n_keep: int, seq: int = 0) -> None:
         check(lib.dfl_target_commit(self._handle(), int(seq), int(n_keep)))
 

@@ -38,7 +38,7 @@ import numpy as np
 from dflash_gguf.bench.method import MAX_LOAD_PER_THREAD
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.sampling import GREEDY, Sampler, SamplingParams, distribution
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
@@ -91,7 +91,7 @@ def pass_seconds(target: Target, draft: Draft, sampler: Sampler, tree: bool,
     if tree:
         target.verify_tree(list(range(500, 500 + rows)), best_first_tree(rows))
     else:
-        draft.verify_block(target, rows)
+        target.step([Rows(0, CHAIN, n=rows)], draft)  # the drafter's block, read on the device
     sampler.choices(target, 0, rows)
     dt = time.perf_counter() - t0
     info = target.info()

@@ -279,7 +279,7 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
     from dflash_gguf.checkpoints import PrefixCheckpoints, measure
     from dflash_gguf.devices import add_rpc_server
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.generate import GenerationStats, collect, prefill_prompt
+    from dflash_gguf.generate import GenerationStats, Placement, Request, collect, prefill_prompt
     from dflash_gguf.speculative import speculative_steps
     from dflash_gguf.target import Target, TargetConfig
 
@@ -290,7 +290,7 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
     with Target(target_path, cfg) as t, Draft(draft_path, t, DraftConfig(window=placement.get("window", 0))) as d:
         def generate(tokens, reused=0):
             stats = GenerationStats()
-            out = collect(speculative_steps(t, d, tokens, n_tokens, (), None, stats, reused=reused))
+            out = collect(speculative_steps(t, d, Request(tokens, n_tokens), stats, where=Placement(reused=reused)))
             return {"tokens": out, "accepted": stats.accepted_lengths, "reused": stats.reused_tokens}
 
         cold = generate(prompt)

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from dflash_gguf import DflashError
+from dflash_gguf.budget import AutoMemory
 from dflash_gguf.checkpoints import Checkpoint
 from dflash_gguf.decoding import Batch, Sequence, sequence_steps
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import GenerationStats, collect
+from dflash_gguf.generate import GenerationStats, Placement, Request, collect
 from dflash_gguf.proposers import PlainProposer
 from dflash_gguf.sampling import Sampler, SamplingParams, distribution, draw, penalize
 from dflash_gguf.speculative import chain_proposer, tree_proposer
@@ -263,9 +264,27 @@ def test_steps_are_checked(many):
 
 # ---- the step loop over several sequences (dflash_gguf.decoding) ------------------------------
 
+class _FlatCost:
+    """A verify cost table where rows are nearly free (as on a GPU): `auto` then has trees,
+    the chain and plain decoding within reach."""
+
+    def __call__(self, n):
+        return 1e-3 + 1e-6 * np.asarray(n, dtype=float)
+
+    chain = __call__
+
+
+AUTO = AutoMemory(_FlatCost(), 8, 8)  # what `auto` sequences start from, as an engine keeps it
+PLAIN_FIRST = AutoMemory(_FlatCost(), 8, 8)  # ... and one whose last sequence decoded plainly
+PLAIN_FIRST.learnt = PLAIN_FIRST.chooser()
+PLAIN_FIRST.learnt.current = -1
+
+
 def proposer(kind, target, draft, sampling=None):
     if kind == "plain":
         return PlainProposer()
+    if kind.startswith("auto"):
+        return tree_proposer(target, draft, 8, None, (PLAIN_FIRST if kind == "auto, plain first" else AUTO).chooser())
     if kind == "chain":
         return chain_proposer(target, draft, None, sampling, p_min=0.3)
     if kind == "reject":
@@ -275,8 +294,8 @@ def proposer(kind, target, draft, sampling=None):
 
 def decode_alone(target, draft, kind, prompt, n, sampling=None):
     stats = GenerationStats()
-    seq = Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling), prompt, n,
-                   (), stats, sampling)
+    seq = Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling),
+                   Request(prompt, n, sampling=sampling), stats)
     return collect(sequence_steps(seq)), stats
 
 
@@ -289,7 +308,7 @@ def decode_batch(target, draft, requests, join_every=0):
     for i, (kind, prompt, n, sampling) in enumerate(requests):
         stats = GenerationStats()
         seqs.append(Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling),
-                             prompt, n, (), stats, sampling, slot=i))
+                             Request(prompt, n, sampling=sampling), stats, Placement(slot=i)))
     pending = list(range(len(requests)))
     while pending or len(batch):
         while pending and rounds >= pending[0] * join_every:
@@ -316,6 +335,23 @@ def test_greedy_sequences_in_a_batch_decode_as_alone(many, one, join_every):
         assert outs[i] == alone[i][0], (KINDS[i], i)
         assert stats[i].accepted_lengths == alone[i][1].accepted_lengths
         assert stats[i].generated_tokens == 40
+
+
+def test_auto_sequences_in_a_batch_decode_as_plain_greedy(many, one):
+    """Greedy requests under `--tree-budget auto` in one batch (-np), each with a chooser
+    of its own started from one memory: whatever each picks step by step (plain
+    decoding, the chain and its length, trees), each emits plain greedy decoding's tokens
+    and gets its own report of what it ran. The first starts on plain decoding, so that
+    steps where it drafts nothing while the others draft come first."""
+    texts = prompts(3, seed=67)
+    plain = [decode_alone(*one, "plain", text, 48)[0] for text in texts]
+    kinds = ["auto, plain first", "auto", "auto"]
+    outs, stats = decode_batch(*many, [(kind, text, 48, None) for kind, text in zip(kinds, texts)])
+    for i in range(3):
+        assert outs[i] == plain[i], i
+        assert sum(a["steps"] for a in stats[i].auto["arms"].values()) == len(stats[i].accepted_lengths)
+    assert stats[0].auto["arms"]["plain"]["steps"] >= 5 and stats[1].auto["arms"]["chain"]["steps"] >= 5
+    assert AUTO.learnt is not None
 
 
 def test_sampled_sequences_in_a_batch_keep_the_targets_distribution(many):

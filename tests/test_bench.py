@@ -272,6 +272,8 @@ def test_greedy_modes_give_plain_decoding_s_output(demo_run):
             assert row["same_output"] == [2, 2], row
         if row["mode"] == "plain":
             assert row["al"]["median"] == 1.0
+        elif row["mode"] == "auto":  # its choices per arm beside its model (plain decoding may be the fastest)
+            assert sum(a["steps"] for a in row["auto"]["arms"].values()) > 0 and row["note"].startswith("auto: ")
         else:  # the demo drafter accepts: more than one token per target pass
             assert row["al"]["median"] > 1.0, row
         assert row["decode_tok_s"]["n"] == 2 and row["decode_tok_s"]["min"] <= row["decode_tok_s"]["median"]

@@ -10,7 +10,7 @@ from dflash_gguf.checkpoints import Checkpoint, PrefillSaver, PrefixCheckpoints,
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
-from dflash_gguf.generate import GenerationStats, autoregressive_steps, collect, prefill_prompt
+from dflash_gguf.generate import GenerationStats, Placement, Request, autoregressive_steps, collect, prefill_prompt
 from dflash_gguf.speculative import speculative_steps, tree_steps
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
@@ -85,11 +85,11 @@ def load(window: int):
 def run(target, draft, prompt, mode, reused=0):
     stats = GenerationStats()
     if mode == "chain":
-        steps = speculative_steps(target, draft, prompt, N, (), None, stats, reused=reused)
+        steps = speculative_steps(target, draft, Request(prompt, N), stats, where=Placement(reused=reused))
     elif mode == "tree":
-        steps = tree_steps(target, draft, prompt, N, (), BUDGET, None, stats, reused=reused)
+        steps = tree_steps(target, draft, Request(prompt, N), stats, BUDGET, where=Placement(reused=reused))
     else:
-        steps = autoregressive_steps(target, prompt, N, (), stats, reused=reused)
+        steps = autoregressive_steps(target, Request(prompt, N), stats, Placement(reused=reused))
     return collect(steps), stats
 
 

@@ -46,6 +46,9 @@ def test_json_stats_schema(pair):
         assert isinstance(stats[key], kind), key
     assert stats["generated_tokens"] == 16
     assert sum(stats["accepted_length_histogram"].values()) >= 1
+    arms = stats["auto"]["arms"]  # auto's choices beside its cost model's figures
+    assert set(arms) >= {"plain", "chain", "tree 4"}
+    assert sum(a["steps"] for a in arms.values()) == sum(stats["accepted_length_histogram"].values())
 
 
 def test_prompt_from_stdin_and_file(pair, tmp_path):

@@ -261,7 +261,7 @@ def test_checkpoint_chain_restores_sliding_and_shared_caches(pair):
     the middle and the end of the chain after another prompt, the continuation (chain
     decoding, drafter window included) and its acceptance are a cold run's."""
     from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
-    from dflash_gguf.generate import GenerationStats, collect, prefill_prompt
+    from dflash_gguf.generate import GenerationStats, Placement, Request, collect, prefill_prompt
     from dflash_gguf.speculative import speculative_steps
 
     prompt, other = prompts(1, seed=21, lo=60, hi=61)[0], prompts(1, seed=22, lo=40, hi=41)[0]
@@ -269,7 +269,7 @@ def test_checkpoint_chain_restores_sliding_and_shared_caches(pair):
 
     def run(reused=0):
         stats = GenerationStats()
-        return collect(speculative_steps(target, draft, prompt, 24, (), None, stats, reused=reused)), stats
+        return collect(speculative_steps(target, draft, Request(prompt, 24), stats, where=Placement(reused=reused))), stats
 
     cold, cold_stats = run()
     target.reset()

@@ -299,7 +299,7 @@ def test_checkpoint_restores_sliding_caches(pair):
     """A prefix checkpoint taken past several windows, restored after another prompt: the
     continuation (chain decoding, drafter included) and its acceptance are a cold run's."""
     from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
-    from dflash_gguf.generate import GenerationStats, collect, prefill_prompt
+    from dflash_gguf.generate import GenerationStats, Placement, Request, collect, prefill_prompt
     from dflash_gguf.speculative import speculative_steps
 
     prompt, other = prompts(1, seed=12, lo=40, hi=41)[0], prompts(1, seed=13, lo=30, hi=31)[0]
@@ -307,7 +307,7 @@ def test_checkpoint_restores_sliding_caches(pair):
 
     def run(reused=0):
         stats = GenerationStats()
-        return collect(speculative_steps(target, draft, prompt, 24, (), None, stats, reused=reused)), stats
+        return collect(speculative_steps(target, draft, Request(prompt, 24), stats, where=Placement(reused=reused))), stats
 
     cold, cold_stats = run()
     target.reset()

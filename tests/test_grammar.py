@@ -15,6 +15,7 @@ from dflash_gguf import DflashError
 from dflash_gguf.constraints import Constraint, GrammarVocab
 from dflash_gguf.ddtree import build_tree
 from dflash_gguf.engine import Engine
+from dflash_gguf.generate import Request
 from dflash_gguf.llama_cpp_tree import source_dir
 from dflash_gguf.sampling import SamplingParams, distribution
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
@@ -265,7 +266,7 @@ def test_a_batch_mixing_constrained_and_free_requests_gives_each_its_solo_text()
     with Engine(TARGET, DRAFT, n_ctx=256, n_threads=2, n_seq=len(requests)) as engine:
         solo = [engine.generate(p, 24, sampling=SamplingParams(constraint=c)).tokens for p, c in requests]
         batch = engine.batch()
-        seqs = [engine.sequence(engine.encode(p), 24, sampling=SamplingParams(constraint=c), slot=i)
+        seqs = [engine.sequence(Request(engine.encode(p), 24, sampling=SamplingParams(constraint=c)), slot=i)
                 for i, (p, c) in enumerate(requests)]
         out = {id(s): [] for s in seqs}
         for s in seqs:

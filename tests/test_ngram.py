@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.engine import Engine
-from dflash_gguf.generate import GenerationStats
+from dflash_gguf.generate import GenerationStats, Request
 from dflash_gguf.ngram import Acceptance, NgramMod, NgramSimple
 from dflash_gguf.sampling import SamplingParams
 
@@ -120,7 +120,7 @@ def test_a_batch_gives_each_sequence_its_solo_text(draft, spec_type):
     with Engine(TARGET, draft, spec_type=spec_type, n_seq=4, **NGRAM, **OPTIONS) as engine:
         alone = [engine.generate(t, 30, stop_tokens=()).tokens for t in texts]
         batch = engine.batch()
-        seqs = [engine.sequence(engine.encode(t), 30, stop_tokens=(), slot=i) for i, t in enumerate(texts)]
+        seqs = [engine.sequence(Request(engine.encode(t), 30, stop_tokens=()), slot=i) for i, t in enumerate(texts)]
         outs = [[] for _ in texts]
         rounds = 0
         while rounds == 0 or len(batch):

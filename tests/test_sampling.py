@@ -236,7 +236,7 @@ def run_mode(target, draft, prompt, mode, params, depth):
     if mode == "tree":
         return tree_generate(target, draft, prompt, depth, budget=6, sampling=params)[0]
     auto = AutoBudget(_LinearCost(), 16, draft.block_size)
-    return tree_generate(target, draft, prompt, depth, budget=16, sampling=params, auto=auto, p_min=0.3)[0]
+    return tree_generate(target, draft, prompt, depth, budget=16, sampling=params, auto=auto)[0]
 
 
 SETTINGS = {
@@ -395,24 +395,29 @@ def test_sampling_calls_are_checked(demo, prompt):
 
 def test_auto_learns_per_sampling_setting():
     """`--tree-budget auto` keeps what it learns per sampling setting: a sampled request
-    does not reuse (or disturb) what greedy requests taught it, and requests at the same
-    setting share what they learn."""
+    does not reuse (or disturb) what greedy requests taught it, and each request starts
+    from what the last one at its setting learnt."""
     from dflash_gguf.engine import Engine
 
+    key = (0.6, 20, 0.95, 0.0)
     with Engine(str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf"), tree_budget="auto", n_ctx=512,
                 n_threads=1) as engine:
         prompt = "class Stack:\n    def __init__(self):\n"
         engine.generate(prompt, 24)
-        greedy = dict(engine._autos)
-        assert list(greedy) == [None]
-        steps = greedy[None].steps
+        assert list(engine._autos) == [None]
+        greedy = engine._autos[None]
+        first = greedy.learnt
+        assert first is not None and first.steps > 0
         qwen = SamplingParams(0.6, 20, 0.95, seed=1)
         engine.generate(prompt, 24, sampling=qwen)
+        sampled = engine._autos[key].learnt
         engine.generate(prompt, 24, sampling=replace(qwen, seed=2))
-        assert set(engine._autos) == {None, (0.6, 20, 0.95, 0.0)}
-        assert engine._autos[None] is greedy[None] and engine._autos[None].steps == steps
-        assert engine._autos[(0.6, 20, 0.95, 0.0)].steps > 0
-        assert engine._autos[(0.6, 20, 0.95, 0.0)].cost is greedy[None].cost  # measured once per engine
+        assert set(engine._autos) == {None, key}
+        assert engine._autos[None] is greedy and greedy.learnt is first  # greedy's untouched
+        later = engine._autos[key].learnt
+        assert sampled is not first and later is not sampled and later.steps > 0
+        assert later.spine is not sampled.spine  # a copy of what the request before learnt, its own
+        assert engine._autos[key].cost is greedy.cost  # measured once per engine
 
 
 # ---- a kept set past the ranked candidates: drawn again on the device ------------------------

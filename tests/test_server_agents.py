@@ -48,12 +48,12 @@ class ScriptedEngine:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def sequence(self, tokens, max_tokens, *, stats, slot=0, **_):
+    def sequence(self, request, *, stats, slot=0, **_):
         tokenizer = self._engine.tokenizer
-        self.prompts.append(tokenizer.decode(tokens))
-        stats.prompt_tokens = len(tokens)
-        return ScriptedSequence(slot, tokenizer.encode(self.replies.pop(0), add_bos=False, special=False), max_tokens,
-                                stats)
+        self.prompts.append(tokenizer.decode(request.prompt))
+        stats.prompt_tokens = len(request.prompt)
+        return ScriptedSequence(slot, tokenizer.encode(self.replies.pop(0), add_bos=False, special=False),
+                                request.max_tokens, stats)
 
     def batch(self):
         return ScriptedBatch()

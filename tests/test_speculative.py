@@ -3,6 +3,7 @@ reference model, losslessness against our own autoregressive decoding, and accep
 lengths against the reference generate loop."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from dflash_gguf import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import chain_length, speculative_generate
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 BLOCK = 8
 
@@ -156,17 +157,29 @@ class ScriptedDraft:
         self._block = [bonus] + drafts
         return drafts if read else []
 
-    def verify_block(self, target, n, seq=0):
-        target.verify(self._block[:n])
-
     def block(self, n, seq=0):
         return self._block[:n]
 
 
+class HostBlocks:
+    """A target as a scripted drafter's steps see it: a chain row that would read the
+    drafter's block on the device reads the scripted block from the host instead."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def step(self, rows, draft=None):
+        self.target.step([replace(r, tokens=draft.block(r.n, seq=r.seq)) if r.tokens is None else r for r in rows])
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+
 def test_lossless_with_scripted_drafter_and_stops(pair):
-    target, _ = load(pair)
+    loaded, _ = load(pair)
+    target = HostBlocks(loaded)
     for n, prompt in enumerate(prompts(4, seed=5)):
-        ar, _ = greedy_generate(target, prompt, 96)
+        ar, _ = greedy_generate(loaded, prompt, 96)
         out, stats = speculative_generate(target, ScriptedDraft(len(prompt), ar, BLOCK, 4 + n), prompt, 96)
         assert out == ar
         assert max(stats.accepted_lengths) >= 4, stats.accepted_lengths
@@ -284,17 +297,19 @@ def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(tr
     tok = HFTokenizer.from_file(str(DEMO_HF / "target" / "tokenizer.json"))
     target, draft = load(trained_pair, top_k=1)
     seen, ranked = [], {}
-    real_top1, real_verify = draft.top1_logprobs, draft.verify_block
+    real_top1, real_step = draft.top1_logprobs, target.step
 
     def top1_logprobs(n, seq=0):
         ranked["lp"] = real_top1(n, seq=seq)
         return ranked["lp"]
 
-    def verify_block(t, n, seq=0):
-        seen.append((n - 1, chain_length(ranked.pop("lp"), p_min) if "lp" in ranked else None))
-        real_verify(t, n, seq=seq)
+    def step(rows, source=None):
+        for r in rows:
+            if r.tokens is None:  # a chain verify of the drafter's block
+                seen.append((r.n - 1, chain_length(ranked.pop("lp"), p_min) if "lp" in ranked else None))
+        real_step(rows, source)
 
-    draft.top1_logprobs, draft.verify_block = top1_logprobs, verify_block
+    draft.top1_logprobs, target.step = top1_logprobs, step
     with Parity(target) as parity:
         for p_min in (0.3, 0.7):
             lengths = []
@@ -403,21 +418,21 @@ def test_chain_steps_reuse_one_target_graph(pair):
 
 
 def test_device_block_handoff_errors(pair):
-    """verify_draft reads the drafter's block on the device: wrong pairings and reads
-    past the block are refused with a reason."""
+    """A chain row without tokens reads the drafter's block on the device: wrong
+    pairings and reads past the block are refused with a reason."""
     target, draft = load(pair)
     other, _ = load(pair)
     target.prefill(prompts(1, seed=71)[0], LOGITS_LAST, on_chunk=lambda start, n: draft.append())
     with pytest.raises(Exception, match="fewer than"):
-        target.verify_draft(draft, 2)  # nothing proposed yet
+        target.step([Rows(0, CHAIN, n=2)], draft)  # nothing proposed yet
     draft.propose(5, 4, read=False)
     with pytest.raises(Exception, match="another target"):
-        other.verify_draft(draft, 4)
+        other.step([Rows(0, CHAIN, n=4)], draft)
     with pytest.raises(Exception, match="fewer than"):
-        target.verify_draft(draft, 5)
+        target.step([Rows(0, CHAIN, n=5)], draft)
     with pytest.raises(Exception, match="block tokens requested"):
         draft.block(6)
-    target.verify_draft(draft, 4)
+    target.step([Rows(0, CHAIN, n=4)], draft)
     block = draft.block(4)
     assert block[0] == 5
     # the same tokens verified from the host give the same logits

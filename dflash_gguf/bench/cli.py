@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
-from ..cli import add_constraint_flags, constraint_of, constraint_texts
+from ..cli import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
 from ..config import DEFAULT_MTP_DRAFTS
 from ..demo import demo_paths
 from ..speculative import CHAIN_RULES
@@ -148,12 +148,8 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"unknown mode(s) {', '.join(sorted(unknown))} (of {', '.join(ours.MODE_NAMES)})")
     if any(not 1 <= b <= 63 for b in args.tree_budgets):
         p.error("tree budgets must be 1..63")
-    if any(t < 0 for t in args.temp):
-        p.error("--temp must be >= 0")
-    if args.top_k < 0 or not 0 < args.top_p <= 1 or not 0 <= args.min_p < 1:
-        p.error("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1)")
-    if any(not 0 <= x < 1 for x in args.draft_p_min):
-        p.error("--draft-p-min values must be in [0, 1)")
+    check_sampling_flags(p, args.temp, args.top_k, args.top_p, args.min_p)
+    check_p_min_flags(p, args.draft_p_min)
     if any(rule not in CHAIN_RULES for rule in args.chain_rule):
         p.error(f"--chain-rule values must be of {', '.join(CHAIN_RULES)}")
     if any(not 0 <= x <= 1 for x in args.spec_draft_p_min):

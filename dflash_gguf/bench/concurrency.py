@@ -49,6 +49,7 @@ from typing import List, Optional
 import httpx
 
 from .. import llama_cpp_tree
+from ..cli import check_p_min_flags, check_sampling_flags
 from ..demo import DATA
 from . import provenance, serve_load
 from .llama_cpp import SAMPLER_ORDER
@@ -175,10 +176,10 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--requests and -r must be >= 1, and clients x requests <= {MAX_CELL_REQUESTS}")
     if not 1 <= args.max_tokens <= 4096 or args.threads < 1 or args.ctx_size < 256:
         p.error("-n must be 1..4096, -t >= 1, -c >= 256")
-    if any(t < 0 for t in args.temp) or args.top_k < 0 or not 0 < args.top_p <= 1:
-        p.error("--temp must be >= 0, --top-k >= 0, --top-p in (0, 1]")
-    if any(not 0 <= x < 1 for x in args.draft_p_min) or any(not 0 <= x <= 1 for x in args.spec_draft_p_min):
-        p.error("--draft-p-min values must be in [0, 1), --spec-draft-p-min values in [0, 1]")
+    check_sampling_flags(p, args.temp, args.top_k, args.top_p)
+    check_p_min_flags(p, args.draft_p_min)
+    if any(not 0 <= x <= 1 for x in args.spec_draft_p_min):
+        p.error("--spec-draft-p-min values must be in [0, 1]")
     if any(b < 1 for b in args.block_size or ()) or any(n < 1 for n in args.spec_draft_n_max or ()):
         p.error("--block-size and --spec-draft-n-max values must be at least 1")
     if args.min_seconds < 0 or args.max_load < 0 or args.wait_idle_max < 0:

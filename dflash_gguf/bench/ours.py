@@ -92,6 +92,8 @@ def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sa
     if s.tree_sizes:
         extra.update(tree_steps=len(s.tree_sizes), tree_nodes_mean=sum(s.tree_sizes) / len(s.tree_sizes),
                      chain_steps=s.chain_steps)
+    if s.auto is not None:
+        extra["auto"] = s.auto  # auto's choices per arm beside its cost model's figures
     return Run(engine="ours", mode=mode.name, sampling=sampling.label, rep=rep, prompt=prompt,
                prompt_tokens=s.prompt_tokens, tokens=tokens, decode_s=s.decode_seconds, passes=passes,
                prefill_s=s.prefill_seconds, text=engine.tokenizer.decode(shown), token_ids=result.tokens, extra=extra,

@@ -11,6 +11,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from statistics import median
+
+from ..budget import describe
 from . import method
 from .runs import Run
 from .stats import Spread, ratio
@@ -36,6 +39,7 @@ class Row:
     speculative: bool = False
     default: bool = False          # its side's default setting
     best: bool = False             # its side's fastest drafting row (median tok/s) with this sampling
+    auto: Optional[dict] = None    # `auto`'s choices and its cost model's figures per arm (auto_summary)
 
     def role(self) -> str:
         return ", ".join(w for w, on in (("default", self.default), ("best", self.best)) if on)
@@ -47,7 +51,7 @@ class Row:
                 "al": self.al.to_json() if self.al else None, "same_output": list(self.same) if self.same else None,
                 "vs_ours_plain": self.vs_ours_plain, "vs_llama_cpp_plain": self.vs_llama_plain,
                 "load_1m_at_start": self.load_1m, "loaded": self.loaded, "default": self.default, "best": self.best,
-                "note": self.note}
+                "auto": self.auto, "note": self.note}
 
 
 def per_rep(runs: Sequence[Run]) -> tuple:
@@ -89,7 +93,28 @@ def same_output(runs: Sequence[Run], plain: Sequence[Run]) -> Optional[tuple]:
     return sum(same), len(same)
 
 
+def auto_summary(runs: Sequence[Run]) -> Optional[dict]:
+    """`auto`'s choices over a row's runs: per arm the steps that ran it and the tokens a
+    step they made, beside its cost model's expected tokens and milliseconds a step (the
+    median over the runs' reports, each taken as its request ended)."""
+    reports = [r.extra["auto"] for r in runs if r.extra.get("auto")]
+    if not reports:
+        return None
+    arms = {}
+    for name in reports[0]["arms"]:
+        each = [rep["arms"][name] for rep in reports]
+        steps = sum(a["steps"] for a in each)
+        made = sum(a["tokens_per_step"] * a["steps"] for a in each if a["steps"])
+        model = {k: [a[k] for a in each if a[k] is not None] for k in ("expected_tokens", "expected_ms")}
+        arms[name] = {"steps": steps, "tokens_per_step": made / steps if steps else None,
+                      **{k: median(v) if v else None for k, v in model.items()}}
+    return {"arms": arms}
+
+
 def note(runs: Sequence[Run]) -> str:
+    summary = auto_summary(runs)
+    if summary is not None:
+        return "auto: " + describe(summary)
     steps = sum(r.extra.get("tree_steps", 0) for r in runs)
     if not steps:
         return ""
@@ -107,7 +132,8 @@ def rows(runs: Sequence[Run]) -> List[Row]:
     for (engine, mode, sampling), rs in grouped.items():
         tps, al, rep_tps, loads = per_rep(rs)
         out.append(Row(engine, mode, sampling, tps, al, note=note(rs), rep_tok_s=rep_tps, load_1m=loads,
-                       loaded=any(r.loaded for r in rs), speculative=rs[0].speculative, default=rs[0].default))
+                       loaded=any(r.loaded for r in rs), speculative=rs[0].speculative, default=rs[0].default,
+                       auto=auto_summary(rs)))
     by = {(r.engine, r.mode, r.sampling): r for r in out}
     for row in out:
         ours_plain, llama_plain = by.get((*OURS_PLAIN, row.sampling)), by.get((*LLAMA_PLAIN, row.sampling))
