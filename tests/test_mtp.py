@@ -335,3 +335,28 @@ def test_the_server_drafts_with_mtp_over_slots(tmp_path, plain_text):
     tok = Tokenizer(DEMO)
     assert [a["choices"][0]["text"] for a in answers] == [tok.decode(t) for t in plain_text]
     assert all(a["dflash"]["mean_accepted_length"] > 1.5 for a in answers)
+
+
+def test_the_benchmark_runs_llama_cpps_mtp_beside_ours(tmp_path):
+    """dflash-bench --spec-type draft-mtp: our MTP chain rows beside llama-speculative-simple
+    --spec-type draft-mtp on the same GGUF, no -md on either side (the tools stood in for by
+    test_bench's fakes); plain rows load no drafter; -md beside draft-mtp exits 2."""
+    import json
+
+    from test_bench import bench, fake_tools
+
+    tools = fake_tools(tmp_path)
+    res = bench("-m", DEMO, "--spec-type", "draft-mtp", "--modes", "plain,chain", "--temp", "0", "--llama-cpp",
+                str(tools), "--draft-p-min", "0", "--spec-draft-p-min", "0", "--spec-draft-n-max", "3", "-r", "1",
+                "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
+    spec = [c for c in calls if c[0].endswith("llama-speculative-simple")]
+    assert spec and all(c[c.index("--spec-type") + 1] == "draft-mtp" and "-md" not in c for c in spec)
+    modes = {r["mode"] for r in out["rows"]}
+    assert "chain p-min 0 n-max 3" in modes and "MTP (llama-speculative-simple, p-min 0, n-max 3)" in modes
+    ours = {r["mode"]: r for r in out["rows"] if r["engine"] == "ours"}
+    assert ours["plain"]["al"]["median"] == 1.0 and ours["chain p-min 0 n-max 3"]["al"]["median"] > 1.5
+    res = bench("-m", DEMO, "-md", DEMO, "--spec-type", "draft-mtp", "--no-llama-cpp", cwd=tmp_path)
+    assert res.returncode == 2 and "drop -md" in res.stderr

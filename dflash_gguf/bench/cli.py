@@ -66,10 +66,12 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", help="target GGUF (default: the bundled demo pair)")
-    p.add_argument("-md", "--model-draft", help="drafter GGUF, DFlash or EAGLE3 (without it: plain decoding only)")
-    p.add_argument("--spec-type", choices=("draft-dflash", "draft-eagle3"),
-                   help="the -md drafter's kind, for both engines (default: its GGUF's architecture's; "
-                        "llama-speculative-simple runs the same --spec-type)")
+    p.add_argument("-md", "--model-draft",
+                   help="drafter GGUF: DFlash, DSpark or EAGLE3 (without it: plain decoding only, or -m's own MTP "
+                        "layer with --spec-type draft-mtp)")
+    p.add_argument("--spec-type", choices=("draft-dflash", "draft-dspark", "draft-eagle3", "draft-mtp"),
+                   help="the drafter's kind, for both engines (default: the -md GGUF's; draft-mtp drafts with -m's "
+                        "own MTP layer, no -md; llama-speculative-simple runs the same --spec-type)")
     p.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable; default: the built-in prompts)")
     p.add_argument("-f", "--file", action="append", type=Path, help="a file whose text is a prompt (repeatable)")
     p.add_argument("--prompts", type=int, help=f"the first N of the {len(PROMPTS)} built-in prompts")
@@ -193,19 +195,21 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     from ..draft import read_draft_metadata
     from ..tokenizer import Tokenizer
 
-    meta = read_draft_metadata(draft) if draft else None
+    mtp = args.spec_type == "draft-mtp"
+    meta = read_draft_metadata(target if mtp else draft) if (draft or mtp) else None
+    drafting = meta is not None
     # an autoregressive drafter (EAGLE3) has no block of its own: its drafts per step, the
     # largest swept, and the bonus
     block = (int(meta["block_size"]) or max(args.spec_draft_n_max or [DEFAULT_MTP_DRAFTS]) + 1) if meta else 1
     spec_type = f"draft-{meta['kind']}" if meta else None  # as --spec-type says (bench_main checks it)
-    blocks = chain_lengths(args.block_size, block) if draft else []
+    blocks = chain_lengths(args.block_size, block) if drafting else []
     if any(b > block for b in blocks):
         raise ValueError(f"--block-size values must be at most the drafter's block ({block})")
     tokenizer = Tokenizer(target)
     ids = {name: tokenizer.encode(text) for name, text in prompts}
     lengths = [len(x) for x in ids.values()]
     longest = max(lengths)
-    widest = max([block, *(b + 1 for b in args.tree_budgets)]) if draft else 1
+    widest = max([block, *(b + 1 for b in args.tree_budgets)]) if drafting else 1
     n_ctx = -(-(longest + args.n_predict + 2 * widest + 64) // 256) * 256  # both engines get this context
 
     runs: List[Run] = []
@@ -220,7 +224,9 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
     if args.n_gpu_layers is not None:
         options["n_gpu_layers"] = args.n_gpu_layers
-    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, draft is not None, args.chain_rule, blocks,
+    if mtp:
+        options["spec_type"] = "draft-mtp"
+    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, drafting, args.chain_rule, blocks,
                        plain_drafting=bool(constraint_flags) and "off" in args.grammar_drafting)
     if constraint_flags and "on" not in args.grammar_drafting:
         modes = [m for m in modes if not (m.speculative and m.grammar_drafting)]
@@ -240,7 +246,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
             arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, round(sum(lengths) / len(lengths))))
         if "llama-completion" in tools.found:
             arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
-        if draft and "llama-speculative-simple" in tools.found:
+        if drafting and "llama-speculative-simple" in tools.found:
             exe = tools.found["llama-speculative-simple"]
             n_maxes = args.spec_draft_n_max or [b - 1 for b in chain_lengths(None, block)]
             arms.append(llama_cpp.SpeculativeArm(exe, setup, prompts, None, None))
@@ -286,7 +292,11 @@ def bench_main(argv) -> int:
     args = p.parse_args(argv)
     check(p, args)
     target, draft = (args.model, args.model_draft) if args.model else demo_paths()
-    if args.spec_type and draft:
+    if args.spec_type == "draft-mtp" and args.model_draft:
+        p.error(f"--spec-type draft-mtp drafts with the MTP layer of -m itself; drop -md {args.model_draft}")
+    if args.spec_type == "draft-mtp" and not args.model:
+        target, draft = demo_paths()[0], None  # the demo target's own MTP head
+    if args.spec_type and args.spec_type != "draft-mtp" and draft:
         from ..draft import read_draft_metadata
 
         try:

@@ -68,7 +68,7 @@ class Setup:
     draft: Optional[str] = None
     n_gpu_layers: Optional[int] = None
     constraint_flags: tuple = ()  # ("--grammar", GBNF) or ("--json-schema", schema): what our runs are held to
-    spec_type: str = "draft-dflash"  # the drafter's kind (--spec-type): draft-dflash or draft-eagle3
+    spec_type: str = "draft-dflash"  # the drafter's kind (--spec-type); draft-mtp: -m's own layer, no draft
 
     def common(self) -> List[str]:
         t = str(self.threads)
@@ -195,7 +195,7 @@ class CompletionArm:
 
 
 class SpeculativeArm(CompletionArm):
-    """llama-speculative-simple's DFlash (or EAGLE3: setup.spec_type) at a draft cut (--spec-draft-p-min) and a number of
+    """llama-speculative-simple's DFlash (or another kind: setup.spec_type) at a draft cut (--spec-draft-p-min) and a number of
     drafts (--spec-draft-n-max; the drafter's block less the bonus token is the whole block);
     both None: the tool's defaults, no draft flag given. When the target needs checkpoints
     (it cannot drop a rejected tail), each run is made again at -lv 5 to count the restores,
@@ -207,7 +207,8 @@ class SpeculativeArm(CompletionArm):
         super().__init__(exe, setup, prompts)
         self.p_min, self.n_max = p_min, n_max
         self.default = p_min is None and n_max is None
-        kind = {"draft-dflash": "DFlash", "draft-eagle3": "EAGLE3"}[setup.spec_type]
+        kind = {"draft-dflash": "DFlash", "draft-dspark": "DSpark", "draft-eagle3": "EAGLE3",
+                "draft-mtp": "MTP"}[setup.spec_type]
         self.name = f"{kind} (llama-speculative-simple, " + (
             "default)" if self.default else ", ".join(
                 ([f"p-min {p_min:g}"] if p_min is not None else []) + ([f"n-max {n_max}"] if n_max is not None else []))
@@ -223,7 +224,8 @@ class SpeculativeArm(CompletionArm):
 
     def command(self, text: str, sampling: Sampling, rep: int) -> List[str]:
         t = str(self.setup.threads)
-        return [str(self.exe), *self.setup.common(), "-md", self.setup.draft, "-td", t, "-tbd", t,
+        draft = ["-md", self.setup.draft] if self.setup.draft else []  # draft-mtp: the model's own layer
+        return [str(self.exe), *self.setup.common(), *draft, "-td", t, "-tbd", t,
                 "--spec-type", self.setup.spec_type, *self.draft_flags(), "-p", text, *sampling_flags(sampling, rep)]
 
     def one_round(self, sampling: Sampling, rep: int, rnd: int) -> List[Run]:

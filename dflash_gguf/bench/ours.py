@@ -65,6 +65,8 @@ def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) ->
     caches and (auto) verify cost table exist before anything is timed."""
     rule = {"chain_rule": mode.chain_rule} if mode.chain_rule else {}
     block = {"block_size": mode.block_size} if mode.block_size else {}
+    if not mode.speculative:  # plain decoding loads no drafter, not even -m's own MTP layer
+        options = {k: v for k, v in options.items() if k != "spec_type"}
     engine = Engine(target, draft if mode.speculative else None, tree_budget=mode.tree_budget,
                     draft_p_min=mode.p_min, **rule, **block, **options)
     engine.grammar_drafting = mode.grammar_drafting
