@@ -252,7 +252,7 @@ def test_sequences_in_a_batch_decode_as_alone(dspark, plain_text):
     graph and one target graph per step, joining at different rounds: each gets its solo
     greedy text."""
     from dflash_gguf.decoding import Batch, Sequence
-    from dflash_gguf.generate import GenerationStats
+    from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.speculative import chain_proposer, tree_proposer
     from dflash_gguf.tokenizer import Tokenizer
 
@@ -260,7 +260,7 @@ def test_sequences_in_a_batch_decode_as_alone(dspark, plain_text):
     target, draft = load(dspark, n_seq=3, top_k=6)
     proposers = [chain_proposer(target, draft, None, None, conf_min=0.6), tree_proposer(target, draft, 6, None),
                  chain_proposer(target, draft, None, None)]
-    seqs = [Sequence(target, draft, p, tok.encode(text), 40, (), GenerationStats(), slot=i)
+    seqs = [Sequence(target, draft, p, Request(tok.encode(text), 40, ()), GenerationStats(), Placement(slot=i))
             for i, (p, text) in enumerate(zip(proposers, TEXTS))]
     batch, outs = Batch(target, draft), [[] for _ in seqs]
     for rnd in range(400):
@@ -282,12 +282,13 @@ def test_anchor_first_decodes_losslessly(anchor_first, plain_text):
                     **options) as engine:
             assert engine.draft.block_size == N_MAX + 2  # the bonus and a trained block's drafts
             if "n_seq" in options:
+                from dflash_gguf.generate import Request
                 from dflash_gguf.tokenizer import Tokenizer
 
                 batch, tok = engine.batch(), Tokenizer(TARGET)
                 outs = {}
                 for i, text in enumerate(TEXTS[:2]):
-                    batch.add(engine.sequence(tok.encode(text), 40, stop_tokens=(), slot=i))
+                    batch.add(engine.sequence(Request(tok.encode(text), 40, ()), slot=i))
                 while len(batch):
                     for seq, new in batch.advance():
                         assert seq.error is None, seq.error

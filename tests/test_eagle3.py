@@ -256,14 +256,14 @@ def test_sequences_in_a_batch_decode_as_alone(plain_text):
     """-np: sequences (a chain and a tree) in one drafter graph and one target graph per
     step, joining at different rounds: each gets its solo greedy text."""
     from dflash_gguf.decoding import Batch, Sequence
-    from dflash_gguf.generate import GenerationStats
+    from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.speculative import chain_proposer, tree_proposer
     from dflash_gguf.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(n_seq=2, top_k=6)
     proposers = [chain_proposer(target, draft, None, None), tree_proposer(target, draft, 6, None)]
-    seqs = [Sequence(target, draft, p, tok.encode(text), 40, (), GenerationStats(), slot=i)
+    seqs = [Sequence(target, draft, p, Request(tok.encode(text), 40, ()), GenerationStats(), Placement(slot=i))
             for i, (p, text) in enumerate(zip(proposers, TEXTS))]
     batch, outs = Batch(target, draft), [[] for _ in seqs]
     for rnd in range(400):

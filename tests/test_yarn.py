@@ -253,7 +253,7 @@ def test_unrounded_yarn_range_in_target_and_drafter(tmp_path, convert_model):
 
     ref_draft = DFlashDraftModel.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
     t, d = load_pair(target, draft)
-    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append_rows(n))
+    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append())
     bonus = int(t.choices()[0])
     d.propose(bonus)
     with torch.no_grad():
