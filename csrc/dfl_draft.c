@@ -38,6 +38,20 @@ DFL_API void dfl_draft_default_params(dfl_draft_params * p) {
 
 /* ---- loader helpers ---------------------------------------------------------------------- */
 
+void dfl_drafter_one_causal_layer(dfl_drafter * m, int head_dim, int n_head_kv) {
+    m->n_layer = 1;
+    m->kind[0] = DFL_LAYER_ATTENTION;
+    m->attn[0] = (dfl_attention_geometry) { head_dim, head_dim, n_head_kv, 0, false, 0 };
+    m->n_masks = 1;
+    m->masks[0] = (dfl_draft_mask_rule) { true, 0 };
+    m->layer_mask[0] = 0;
+}
+
+void dfl_drafter_free_weights(dfl_drafter * m) {
+    free(m->weights);
+    m->weights = NULL;
+}
+
 dfl_status dfl_drafter_key(const dfl_drafter * m, const char * key, bool required, uint32_t def, int * out) {
     uint32_t v;
     TRY(dfl_gguf_u32(&m->file, key, required, def, &v));

@@ -176,6 +176,11 @@ struct dfl_draft_step {
 /* ---- loader helpers ---------------------------------------------------------------------- */
 
 /* A u32 key ("." prefix: the file's architecture) in 0..2^30. */
+/* An autoregressive drafter's one cached layer: causal full attention of the given head
+ * size and KV heads, its passes' K/V kept in the drafter's ring (MTP's, EAGLE3's). */
+void dfl_drafter_one_causal_layer(dfl_drafter * m, int head_dim, int n_head_kv);
+/* An architecture's free_weights when its weights are one allocation. */
+void dfl_drafter_free_weights(dfl_drafter * m);
 dfl_status dfl_drafter_key(const dfl_drafter * m, const char * key, bool required, uint32_t def, int * out);
 /* Tensor "blk.<il>.<name>" (il < 0: "<name>") of shape [ne0, ne1] (ne1 0: a vector). */
 dfl_status dfl_drafter_tensor(const dfl_drafter * m, const char * name, int il, int64_t ne0, int64_t ne1,

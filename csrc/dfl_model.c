@@ -303,6 +303,12 @@ struct ggml_tensor * dfl_rope_scaled(const dfl_rope_scaling * r, struct ggml_con
     return dfl_rope_scaled_mode(r, ctx, x, pos, factors, n_rot, base, GGML_ROPE_TYPE_NEOX);
 }
 
+struct ggml_tensor * dfl_rope_ramped(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
+                                     struct ggml_tensor * pos, int n_rot, float base, int mode) {
+    struct ggml_tensor * factors = r->exact_ramp ? dfl_yarn_factors(ctx, r, n_rot, base) : NULL;
+    return dfl_rope_scaled_mode(r, ctx, x, pos, factors, n_rot, base, mode);
+}
+
 struct ggml_tensor * dfl_rope_scaled_mode(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
                                           struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base,
                                           int mode) {

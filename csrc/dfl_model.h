@@ -142,6 +142,10 @@ struct ggml_tensor * dfl_rope_scaled(const dfl_rope_scaling * r, struct ggml_con
 struct ggml_tensor * dfl_rope_scaled_mode(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
                                           struct ggml_tensor * pos, struct ggml_tensor * factors, int n_rot, float base,
                                           int mode);
+/* dfl_rope_scaled_mode with the YaRN factors built here when the ramp is exact (for a
+ * graph that rotates few tensors: each call builds its own). */
+struct ggml_tensor * dfl_rope_ramped(const dfl_rope_scaling * r, struct ggml_context * ctx, struct ggml_tensor * x,
+                                     struct ggml_tensor * pos, int n_rot, float base, int mode);
 /* [n_rot / 2] f32: 1 / (1 - ramp_i (1 - 1/factor)) for each rotary pair i, the ramp over
  * YaRN's correction range unrounded (transformers' YaRN with truncate false). */
 struct ggml_tensor * dfl_yarn_factors(struct ggml_context * ctx, const dfl_rope_scaling * r, int n_rot, float base);

@@ -227,11 +227,6 @@ static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_pa
     return st;
 }
 
-static void free_weights(dfl_drafter * m) {
-    free(m->weights);
-    m->weights = NULL;
-}
-
 static struct ggml_tensor * norm(const dflash_weights * w, struct ggml_context * ctx, struct ggml_tensor * x,
                                  struct ggml_tensor * weight) {
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, w->eps), weight);
@@ -239,9 +234,7 @@ static struct ggml_tensor * norm(const dflash_weights * w, struct ggml_context *
 
 static struct ggml_tensor * rope(const dflash_weights * w, struct ggml_context * ctx, struct ggml_tensor * x,
                                  struct ggml_tensor * pos) {
-    const dfl_rope_scaling * r = &w->rope_scaling;
-    struct ggml_tensor * factors = r->exact_ramp ? dfl_yarn_factors(ctx, r, w->n_rot, w->rope_base) : NULL;
-    return dfl_rope_scaled(r, ctx, x, pos, factors, w->n_rot, w->rope_base);
+    return dfl_rope_ramped(&w->rope_scaling, ctx, x, pos, w->n_rot, w->rope_base, GGML_ROPE_TYPE_NEOX);
 }
 
 /* Layer il's keys (normed, rotated) and values of hidden states h [E, n] at positions pos. */
@@ -428,4 +421,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
 
 static const char * const FILES[] = { "dflash", NULL };
 
-const dfl_drafter_arch dfl_drafter_dflash = { "dflash", FILES, load, build, free_weights, NULL };
+const dfl_drafter_arch dfl_drafter_dflash = { "dflash", FILES, load, build, dfl_drafter_free_weights, NULL };

@@ -159,28 +159,16 @@ static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_pa
     m->autoregressive = true;
     m->greedy_only = true;
     m->block_size = p->block_size > 0 ? p->block_size : MTP_DEFAULT_DRAFTS + 1;
-    m->n_layer = 1;
-    m->kind[0] = DFL_LAYER_ATTENTION;
-    m->attn[0] = (dfl_attention_geometry) { w->head_dim, w->head_dim, w->n_head_kv, 0, false, 0 };
-    m->n_masks = 1;
-    m->masks[0] = (dfl_draft_mask_rule) { true, 0 };
-    m->layer_mask[0] = 0;
+    dfl_drafter_one_causal_layer(m, w->head_dim, w->n_head_kv);
     m->nodes_per_pass = 96;
     return DFL_OK;
-}
-
-static void free_weights(dfl_drafter * m) {
-    free(m->weights);
-    m->weights = NULL;
 }
 
 static struct ggml_tensor * rope(const mtp_weights * w, struct ggml_context * ctx, struct ggml_tensor * x,
                                  struct ggml_tensor * pos) {
     /* Qwen3.5's multi-section RoPE carries one position in every section for text: the
      * NeoX rotation over the first n_rot dimensions, as the target's layers do it */
-    const dfl_rope_scaling * r = &w->rope;
-    struct ggml_tensor * factors = r->exact_ramp ? dfl_yarn_factors(ctx, r, w->n_rot, w->rope_base) : NULL;
-    return dfl_rope_scaled(r, ctx, x, pos, factors, w->n_rot, w->rope_base);
+    return dfl_rope_ramped(&w->rope, ctx, x, pos, w->n_rot, w->rope_base, GGML_ROPE_TYPE_NEOX);
 }
 
 /* The rows' input: eh_proj of the normed embeddings of tokens and the normed hidden states h. */
@@ -261,4 +249,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
 
 static const char * const FILES[] = { "qwen35", "qwen35moe", NULL };
 
-const dfl_drafter_arch dfl_drafter_mtp = { "mtp", FILES, load, build, free_weights, NULL };
+const dfl_drafter_arch dfl_drafter_mtp = { "mtp", FILES, load, build, dfl_drafter_free_weights, NULL };
