@@ -296,3 +296,17 @@ void dfl_draft_build_rank(const dfl_draft * d, struct ggml_context * ctx, struct
     ggml_set_output(r->topk_lp);
     ggml_build_forward_expand(r->gf, r->topk_lp);
 }
+
+struct ggml_tensor * dfl_draft_graph_pass_drafts(dfl_draft_graph * g, int pass, struct ggml_tensor * out,
+                                                 struct ggml_tensor ** logits) {
+    struct ggml_context * ctx = g->ctx;
+    struct ggml_tensor * picks = ggml_argmax(ctx, out);
+    for (int i = 0; i < g->step->n_parts; i++) {
+        if (pass < g->step->part[i].n_block - 1) {
+            dfl_draft_graph_put(g, i, pass, ggml_view_1d(ctx, picks, 1,
+                                                         (size_t) dfl_draft_graph_part_row(g, i) * sizeof(int32_t)));
+        }
+    }
+    *logits = *logits ? ggml_concat(ctx, *logits, out, 1) : out;
+    return picks;
+}

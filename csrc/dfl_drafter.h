@@ -154,6 +154,11 @@ void dfl_draft_graph_put(dfl_draft_graph * g, int part, int first, struct ggml_t
 /* Sequence `part`'s first row among a pass's n_rows rows (autoregressive: its one row;
  * one pass: its bonus's row). */
 int dfl_draft_graph_part_row(const dfl_draft_graph * g, int part);
+/* Autoregressive pass j's picks: the argmax of its logits `out` [V, rows], each part's
+ * draft j while its block has one (dfl_draft_graph_put), and `out` appended to *logits
+ * (the passes' rows, pass after pass); returns the picks, the next pass's tokens. */
+struct ggml_tensor * dfl_draft_graph_pass_drafts(dfl_draft_graph * g, int pass, struct ggml_tensor * out,
+                                                 struct ggml_tensor ** logits);
 
 /* ---- the propose descriptor ------------------------------------------------------------ */
 

@@ -268,14 +268,7 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
         struct ggml_tensor * x = input(w, ctx, tokens, h, &residual);
         h = layer(w, g, j, x, residual);
         struct ggml_tensor * out = head(w, ctx, m->n_vocab, h);
-        tokens = ggml_argmax(ctx, out); /* the next pass's token, and this pass's draft */
-        for (int i = 0; i < g->step->n_parts; i++) {
-            if (j < g->step->part[i].n_block - 1) {
-                dfl_draft_graph_put(g, i, j, ggml_view_1d(ctx, tokens, 1, (size_t) dfl_draft_graph_part_row(g, i) *
-                                                                               sizeof(int32_t)));
-            }
-        }
-        logits = logits ? ggml_concat(ctx, logits, out, 1) : out;
+        tokens = dfl_draft_graph_pass_drafts(g, j, out, &logits); /* the next pass's tokens */
     }
     *own_drafts = true;
     return dfl_draft_graph_drafted(g, logits);

@@ -234,14 +234,7 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     for (int j = 0; j < g->n_pass; j++) {
         h = block(w, g, j, input(w, ctx, tokens, h));
         struct ggml_tensor * out = dfl_gguf_mul_mat(w->head_file, ctx, w->head, h);
-        tokens = ggml_argmax(ctx, out); /* the next pass's token, and this pass's draft */
-        for (int i = 0; i < g->step->n_parts; i++) {
-            if (j < g->step->part[i].n_block - 1) {
-                dfl_draft_graph_put(g, i, j, ggml_view_1d(ctx, tokens, 1, (size_t) dfl_draft_graph_part_row(g, i) *
-                                                                               sizeof(int32_t)));
-            }
-        }
-        logits = logits ? ggml_concat(ctx, logits, out, 1) : out;
+        tokens = dfl_draft_graph_pass_drafts(g, j, out, &logits); /* the next pass's tokens */
     }
     *own_drafts = true;
     return dfl_draft_graph_drafted(g, logits);
