@@ -255,11 +255,34 @@ static int by_address(const void * a, const void * b) {
     return x < y ? -1 : x > y;
 }
 
+/* Every tensor a graph's nodes read before the scheduler splits it: its nodes' sources,
+ * sorted by address, so that what a node reads afterwards can be looked up. */
+static struct ggml_tensor ** sources_before(struct ggml_cgraph * gf, size_t * n_out) {
+    const int n = ggml_graph_n_nodes(gf);
+    struct ggml_tensor ** src = malloc(((size_t) n * GGML_MAX_SRC + 1) * sizeof *src);
+    size_t k = 0;
+    for (int i = 0; src && i < n; i++) {
+        const struct ggml_tensor * node = ggml_graph_node(gf, i);
+        for (int j = 0; j < GGML_MAX_SRC; j++) {
+            if (node->src[j]) {
+                src[k++] = node->src[j];
+            }
+        }
+    }
+    if (src) {
+        qsort(src, k, sizeof *src, by_address);
+    }
+    *n_out = k;
+    return src;
+}
+
 /* ggml's scheduler gives a node whose source lives on another backend a copy of that
  * source on its own (one per source and backend, filled before each split runs) and
- * points the node at the copy: the sources a node no longer has after the split are
- * what crosses between backends. Bytes of those copies, each counted once. */
-static int64_t copied_bytes(struct ggml_cgraph * gf, struct ggml_tensor ** before) {
+ * points the node at the copy: a source no node read before the split is such a copy,
+ * and those copies are what crosses between backends. Looked up by address, not by a
+ * node's position: a backend may reorder the nodes of its splits (Vulkan does, to fuse
+ * them). Bytes of the copies, each counted once. */
+static int64_t copied_bytes(struct ggml_cgraph * gf, struct ggml_tensor ** before, size_t n_before) {
     const int n = ggml_graph_n_nodes(gf);
     struct ggml_tensor ** copies = malloc(((size_t) n * GGML_MAX_SRC + 1) * sizeof *copies);
     if (!copies) {
@@ -269,7 +292,7 @@ static int64_t copied_bytes(struct ggml_cgraph * gf, struct ggml_tensor ** befor
     for (int i = 0; i < n; i++) {
         const struct ggml_tensor * node = ggml_graph_node(gf, i);
         for (int j = 0; j < GGML_MAX_SRC; j++) {
-            if (node->src[j] != before[(size_t) i * GGML_MAX_SRC + j]) {
+            if (node->src[j] && !bsearch(&node->src[j], before, n_before, sizeof *before, by_address)) {
                 copies[n_copies++] = node->src[j];
             }
         }
@@ -288,16 +311,17 @@ static int64_t copied_bytes(struct ggml_cgraph * gf, struct ggml_tensor ** befor
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
     dfl_graph_slot * s = &rt->slots[slot];
     const int n = ggml_graph_n_nodes(gf);
-    struct ggml_tensor ** before = rt->backend_cpu != rt->backend ? malloc(((size_t) n * GGML_MAX_SRC + 1) * sizeof *before)
-                                                                  : NULL;
-    for (int i = 0; before && i < n; i++) {
-        memcpy(before + (size_t) i * GGML_MAX_SRC, ggml_graph_node(gf, i)->src, GGML_MAX_SRC * sizeof *before);
+    size_t n_before = 0;
+    const bool split = rt->backend_cpu != rt->backend;
+    struct ggml_tensor ** before = split ? sources_before(gf, &n_before) : NULL;
+    if (split && !before) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     if (!ggml_backend_sched_alloc_graph(s->sched, gf)) {
         free(before);
         return dfl_fail(DFL_ERR_BACKEND, "cannot allocate compute memory for a graph of %d nodes", n);
     }
-    s->copy_bytes = before ? copied_bytes(gf, before) : 0;
+    s->copy_bytes = before ? copied_bytes(gf, before, n_before) : 0;
     free(before);
     if (s->copy_bytes < 0) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
