@@ -160,6 +160,10 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter top_k %d is outside 0..64", d->p.top_k);
     } else if (d->p.kv_type != GGML_TYPE_F32 && d->p.kv_type != GGML_TYPE_F16 && d->p.kv_type != GGML_TYPE_BF16) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter cache type %d is not supported (f32, f16, bf16)", d->p.kv_type);
+    } else if (d->p.n_threads < 0 || d->p.window < 0) {
+        st = dfl_fail(DFL_ERR_ARGUMENT, "drafter %s %d is negative (0: %s)", d->p.n_threads < 0 ? "n_threads" : "window",
+                      d->p.n_threads < 0 ? d->p.n_threads : d->p.window,
+                      d->p.n_threads < 0 ? "the target's threads" : "the whole context");
     } else if (d->p.block_size < 0 || d->p.block_size > DFL_MAX_BLOCK) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter block size %d is outside 0..%d", d->p.block_size, DFL_MAX_BLOCK);
     }

@@ -49,6 +49,10 @@ static dfl_status check_params(const dfl_model * m, dfl_target_params * p) {
             return dfl_fail(DFL_ERR_ARGUMENT, "%s must be positive, got %d", sizes[i].name, sizes[i].value);
         }
     }
+    if (p->n_threads < 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "n_threads must be 0 (every CPU this process may use) or positive, got %d",
+                        p->n_threads);
+    }
     if (p->n_seq > DFL_MAX_SEQ) {
         return dfl_fail(DFL_ERR_ARGUMENT, "n_seq (%d) exceeds the supported %d sequences", p->n_seq, DFL_MAX_SEQ);
     }

@@ -70,10 +70,10 @@ typedef struct dfl_weight_placement {
 } dfl_weight_placement;
 
 typedef struct dfl_target_params {
-    int32_t n_ctx;            /* tokens the context holds (prompt + generated); <= 0: 4096 */
-    int32_t n_ubatch;         /* most tokens in one decode call (prefill chunk); <= 0: 512 */
-    int32_t n_verify;         /* most tokens in one verify call; <= 0: 16 */
-    int32_t n_threads;        /* CPU threads; <= 0: as many as the CPUs this process may use */
+    int32_t n_ctx;            /* tokens the context holds (prompt + generated); > 0 (default 4096) */
+    int32_t n_ubatch;         /* most tokens in one decode call (prefill chunk); > 0 (default 512; at most n_ctx is used) */
+    int32_t n_verify;         /* most tokens in one verify call; 1..256 (default 16) */
+    int32_t n_threads;        /* CPU threads; 0: as many as the CPUs this process may use */
     int32_t kv_type;          /* ggml type id of the attention K cache: 0 f32, 1 f16, 30 bf16, 8 q8_0, 2 q4_0 */
     int32_t kv_type_v;        /* V cache type; < 0: the same as K */
     int32_t n_feature_layers; /* hidden states captured per token for a drafter */
@@ -83,7 +83,7 @@ typedef struct dfl_target_params {
     int32_t n_gpu_layers;     /* when the device is not the CPU: the last n layers (weights and
                                  caches) go on it, the rest stays on the CPU; the LM head too
                                  when n > n_layer; < 0: everything (default) */
-    int32_t n_seq;            /* sequence slots, each of n_ctx positions (1..16); <= 0: 1 */
+    int32_t n_seq;            /* sequence slots, each of n_ctx positions (1..16; default 1) */
     int32_t rope_scaling_type; /* llama.cpp's --rope-scaling: -1 the file's, 0 none, 1 linear, 2 yarn */
     float rope_freq_scale;    /* 1 / --rope-scale; 0: the file's */
     int32_t yarn_orig_ctx;    /* --yarn-orig-ctx; 0: the file's (else its training context) */
@@ -332,11 +332,11 @@ dfl_status dfl_target_redraw(dfl_target * target, int32_t seq, const int32_t * r
 typedef struct dfl_draft_params {
     int32_t kv_type;   /* ggml type id of the drafter's context cache: 0 f32, 1 f16, 30 bf16;
                           < 0 (default): f32 on the CPU, f16 on other devices */
-    int32_t window;    /* attend to the last `window` context positions only; <= 0: all */
-    int32_t n_threads; /* CPU threads; <= 0: the target's */
+    int32_t window;    /* attend to the last `window` context positions only; 0: all */
+    int32_t n_threads; /* CPU threads; 0: the target's */
     int32_t top_k;     /* candidates per position computed on the device for tree building
                           (>= 1: every propose also ranks its top choices); 0: none */
-    int32_t block_size; /* the largest block a propose asks for (the bonus and its drafts); <= 0:
+    int32_t block_size; /* the largest block a propose asks for (the bonus and its drafts); 0:
                           the drafter's own (a DFlash file's trained block) */
     int32_t n_weight_placements; /* drafter weights placed by name (read at load, not kept) */
     const dfl_weight_placement * weight_placements;

@@ -70,3 +70,18 @@ def test_dflash_run_defaults_to_the_demo_pair():
     assert res.returncode == 0, res.stderr
     assert "bundled demo" in res.stderr and "accepted  mean" in res.stderr
     assert len(res.stdout) > 20
+
+
+@pytest.mark.parametrize("cfg,message", [
+    (dict(top_k=65), "top_k 65 is outside 0..64"),
+    (dict(block_size=-1), "block size -1 is outside"),
+    (dict(window=-1), "drafter window -1 is negative"),
+    (dict(n_threads=-1), "drafter n_threads -1 is negative"),
+])
+def test_the_drafter_refuses_a_bad_setting_instead_of_replacing_it(demo, cfg, message):
+    """Settings that reach the C library unchecked (Python's own checks bypassed, as a C
+    caller would) are refused with what was wrong, never replaced by a default."""
+    from dflash_gguf._native import DflashError
+    target, _, _ = demo
+    with pytest.raises(DflashError, match=message):
+        Draft(demo_paths()[1], target, DraftConfig(**cfg))

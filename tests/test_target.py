@@ -457,12 +457,15 @@ def test_load_errors(case, bad_files):
     (dict(n_ubatch=-1), DflashError),
     (dict(n_verify=0), DflashError),
     (dict(n_seq=0), DflashError),
+    (dict(n_threads=-1), DflashError),
 ])
 def test_bad_settings(cfg, exc, gguf):
     with pytest.raises(exc) as e:
         Target(gguf("base"), TargetConfig(**cfg))
     if "n_ctx" in cfg and cfg["n_ctx"] <= 0 or "n_seq" in cfg:
         assert "must be positive" in str(e.value)
+    if "n_threads" in cfg:
+        assert "n_threads must be 0" in str(e.value)
 
 
 def test_default_threads_are_the_cpus_we_may_use(gguf):
