@@ -322,15 +322,18 @@ def test_sampled_chain_samples_the_targets_distribution(dspark):
     assert stat < chi2_critical(df), (stat, df)
 
 
-def test_the_rpc_device_decodes_as_the_cpu(dspark):
-    """The whole drafter on ggml's RPC backend (the tests' stand-in for a GPU): the CPU's
-    greedy chain and tree."""
+@pytest.mark.parametrize("layout", ["dflash", "anchor-first"])
+def test_the_rpc_device_decodes_as_the_cpu(request, layout):
+    """The whole drafter on ggml's RPC backend (the tests' stand-in for a GPU), in both
+    block layouts (their graphs differ in the rows the head drafts from): the CPU's greedy
+    chain and tree."""
     from test_devices import _rpc_server
     from target_workers import run_isolated
 
+    path = request.getfixturevalue("dspark" if layout == "dflash" else "anchor_first")
     placements = [{"device": "CPU", "n_gpu_layers": -1}, {"device": "RPC0", "n_gpu_layers": -1}]
     for endpoint in _rpc_server():
-        res = run_isolated("offload_trace", endpoint, TARGET, dspark, placements, 24)
+        res = run_isolated("offload_trace", endpoint, TARGET, path, placements, 24)
     cpu, rpc = res["runs"]
     assert rpc["chain"] == cpu["chain"] == cpu["plain"] and rpc["tree"] == cpu["tree"] == cpu["plain"]
 
@@ -362,3 +365,30 @@ def test_the_cli_drafts_with_it(dspark, plain_text):
                          env={**os.environ})
     assert res.returncode == 0, res.stderr
     assert Tokenizer(TARGET).decode(plain_text[0]).startswith(res.stdout.rstrip("\n"))
+
+
+def test_the_server_drafts_with_it_over_slots(dspark, plain_text, tmp_path):
+    """dflash-server -np 2 -md <DSpark GGUF> with its confidence cut: concurrent clients
+    each get the plain greedy text, several tokens a step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dflash_gguf.tokenizer import Tokenizer
+    from test_server import ServerProcess
+
+    server = ServerProcess(tmp_path, "-m", TARGET, "-md", dspark, "--spec-draft-conf-min", "0.6", "-c", "1024",
+                           "-np", "2", "-t", "2", "-ctk", "f32")
+    try:
+        def ask(text):
+            r = server.http.post("/v1/completions", json={"prompt": text, "max_tokens": 40, "temperature": 0,
+                                                          "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, TEXTS))
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0 and "Traceback" not in server.text, server.text
+    tok = Tokenizer(TARGET)
+    assert [a["choices"][0]["text"] for a in answers] == [tok.decode(t) for t in plain_text]
+    assert all(a["dflash"]["mean_accepted_length"] > 1.1 for a in answers)
