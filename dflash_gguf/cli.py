@@ -540,11 +540,13 @@ def engine_options(args) -> dict:
 def open_engine(prog: str, model: str, draft, args):
     """The Engine for the parsed options, or the exit code after saying why not: 2 when
     the memory plan refuses it (the user can change limits or options), 1 otherwise."""
-    from .engine import Engine
+    from .engine import Engine, freeze_loaded_objects
     from .memory import MemoryPlanError
 
     try:
-        return Engine(model, draft, memory_limit_mib=args.memory_limit, **engine_options(args))
+        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, **engine_options(args))
+        freeze_loaded_objects()  # the process keeps the engine to its end
+        return engine
     except ConfigError as e:
         return config_error(prog, e)
     except MemoryPlanError as e:

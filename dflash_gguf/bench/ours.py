@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Union
 
-from ..engine import Engine
+from ..engine import Engine, freeze_loaded_objects
 from .method import until_long_enough
 from .prompts import WARMUP
 from .runs import Run, Sampling
@@ -75,6 +75,7 @@ def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) ->
     except BaseException:
         engine.close()
         raise
+    freeze_loaded_objects()  # as dflash-run and dflash-server do after loading
     return engine
 
 
