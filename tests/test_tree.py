@@ -924,6 +924,43 @@ def test_lossless_auto_mixing_plain_chain_and_trees(pair):
         assert steps["plain"]["steps"] == auto.seen.count(PLAIN) and steps["tree 16"]["steps"] > 0
 
 
+class _CountingAuto(_ScriptedAuto):
+    """A scripted chooser that also notes the drafter's graph runs before each step."""
+
+    def __init__(self, arms, largest, draft):
+        super().__init__(arms, largest)
+        self.draft, self.graphs = draft, []
+
+    def choose(self):
+        self.graphs.append(self.draft.info()["n_graphs"])
+        return super().choose()
+
+
+def test_auto_plain_stretches_run_no_drafter(pair):
+    """Over `auto`'s plain decoding the drafter stays behind and runs no graph while the
+    target's feature rows can keep what it lacks (64 rows here: a stretch of 30 steps
+    runs none; one of 60 catches it up once or twice, in one graph each); the step that
+    drafts again takes the stretch's positions first. Greedy output stays the target's."""
+    from dflash_gguf.budget import PLAIN
+
+    meta = read_draft_metadata(pair["draft"])
+    target = Target(pair["target"], TargetConfig(n_ctx=512, n_ubatch=64, n_verify=17, kv_type="f32",
+                                                 feature_layers=meta["target_layers"]))
+    draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=4))
+    script = [0, 4] + [PLAIN] * 30 + [0, 8, 0] + [PLAIN] * 60 + [16, 0]
+    for prompt in prompts(2, seed=63):
+        ar, _ = greedy_generate(target, prompt, 140)
+        auto = _CountingAuto(script, 16, draft)
+        out, stats = tree_generate(target, draft, prompt, 140, budget=16, auto=auto)
+        assert out == ar
+        runs = np.diff(auto.graphs)  # the drafter's graphs in each step
+        assert len(runs) >= len(script) - 1
+        assert list(runs[2:32]) == [0] * 30  # the first stretch: none
+        assert runs[32] == 1  # the step that drafts again: its catch-up rides in its propose
+        assert 1 <= sum(runs[35:95]) <= 2  # the long stretch: caught up in a graph or two
+        assert stats.auto["arms"]["plain"]["steps"] == auto.seen.count(PLAIN) >= 90
+
+
 def test_lossless_auto(pair):
     """The real chooser on the real pair, greedy and across requests: lossless whatever
     it picks."""
