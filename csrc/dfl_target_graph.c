@@ -609,7 +609,7 @@ static void fill_commit_inputs(dfl_target * t, const dfl_segment * seg, const se
 /* ---- the graph --------------------------------------------------------------------- */
 
 /* The hidden states x [n_embd, step rows] entering `layer`, where feature layers are
- * captured: each row into its slot's feature rows (in_feat_rows: where each segment's
+ * captured: each row into its slot's feature rows (in->feat_rows: where each segment's
  * rows go, dfl_memory_features_at), which stay until that slot's next call (other
  * sequences' graphs do not touch them). */
 static void capture_features(const dfl_target * t, const graph_inputs * in, struct ggml_context * ctx,
