@@ -725,6 +725,7 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
     d->rank.fresh = false;
     for (int i = 0; i < step.n_parts; i++) {
         d->mem.seq[plans[i].seq].n_past = plans[i].pos;
+        dfl_target_features_taken(d->target, plans[i].seq, plans[i].pos);
         d->blocks.n[plans[i].seq] = plans[i].n_block;
     }
     d->n_out = D;

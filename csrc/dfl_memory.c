@@ -21,8 +21,8 @@ int64_t dfl_replay_floats(const dfl_recurrent_geometry * r, int n_verify) {
 
 static void seq_reset(dfl_seq * s, int n_past) {
     s->n_past = n_past;
-    s->feat.rows = s->feat.kept = 0;
-    s->feat.p0 = n_past;
+    s->feat.base = s->feat.rows = s->feat.kept = 0;
+    s->feat.p0 = s->feat.taken = n_past;
     s->feat.tree = false;
 }
 
@@ -42,7 +42,7 @@ dfl_status dfl_memory_define(dfl_memory * mem, const dfl_memory_layout * layout,
      * rows' windows: window - 1 + rows at least */
     mem->swa_ring = mem->swa_window > 0 && mem->swa_window + p->window_rows < p->n_ctx
                         ? mem->swa_window + p->window_rows : p->n_ctx;
-    /* a slot's feature rows hold its own largest call: a prefill chunk or a verify */
+    /* a slot's feature rows hold at least its own largest call: a prefill chunk or a verify */
     mem->feature_rows = p->feature_floats > 0 ? max_int(p->n_ubatch, p->n_verify) : 0;
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
         seq_reset(&mem->seq[s], 0);
@@ -171,12 +171,44 @@ int64_t dfl_memory_feature_row0(const dfl_memory * mem, int seq) {
     return (int64_t) seq * mem->feature_rows;
 }
 
-void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, int kept) {
+/* Whether the committed positions a slot's feature rows hold lie in row order (a tree
+ * commit's path may skip rows). */
+static bool held_in_order(const dfl_features_held * f) {
+    for (int k = 0; f->tree && k < f->kept; k++) {
+        if (f->path[k] != k) {
+            return false;
+        }
+    }
+    return true;
+}
+
+int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows) {
+    const dfl_features_held * f = &mem->seq[seq].feat;
+    const int held = f->base + f->kept, end = f->p0 + held;
+    const bool lacking = f->taken < end;
+    return lacking && end == p0 && held_in_order(f) && held + rows <= mem->feature_rows ? held : 0;
+}
+
+int dfl_memory_features_room(const dfl_memory * mem, int seq) {
+    const dfl_features_held * f = &mem->seq[seq].feat;
+    const int held = f->base + f->kept;
+    if (f->taken >= f->p0 + held) {
+        return mem->feature_rows;
+    }
+    return held_in_order(f) ? mem->feature_rows - held : 0;
+}
+
+void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, int kept, int at) {
     dfl_features_held * f = &mem->seq[seq].feat;
+    f->base = at;
     f->rows = rows;
-    f->p0 = p0;
+    f->p0 = p0 - at;
     f->kept = kept;
     f->tree = false;
+}
+
+void dfl_memory_features_taken(dfl_memory * mem, int seq, int pos) {
+    mem->seq[seq].feat.taken = pos;
 }
 
 void dfl_memory_features_kept(dfl_memory * mem, int seq, const int32_t * path, int n) {
@@ -190,11 +222,12 @@ void dfl_memory_features_kept(dfl_memory * mem, int seq, const int32_t * path, i
 
 int64_t dfl_memory_feature_of(const dfl_memory * mem, int seq, int pos) {
     const dfl_features_held * f = &mem->seq[seq].feat;
-    if (!mem->features || pos < f->p0 || pos >= f->p0 + f->kept) {
+    const int k = pos - f->p0;
+    if (!mem->features || k < 0 || k >= f->base + f->kept) {
         return -1;
     }
-    const int k = pos - f->p0;
-    return dfl_memory_feature_row0(mem, seq) + (f->tree ? f->path[k] : k);
+    const int j = k - f->base; /* a row of the last call's, when not negative */
+    return dfl_memory_feature_row0(mem, seq) + (j < 0 ? k : f->base + (f->tree ? f->path[j] : j));
 }
 
 int dfl_memory_seq_parts(const dfl_memory * mem, int seq, int n_past, dfl_memory_part * parts) {

@@ -784,6 +784,7 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
                                       r->kind == DFL_STEP_DECODE ? r->logits : LOGITS_ALL,
                                       r->kind == DFL_STEP_TREE ? &vq->tree : NULL,
                                       vq->commit.active ? &vq->commit : NULL, src, { 0 }, 0, 0 };
+        step.seg[i].feat_at = dfl_memory_features_at(&t->mem, r->seq, q->n_past, r->n);
         tokens[i] = r->tokens;
     }
     TRY(run_step(t, &step, tokens));
@@ -794,7 +795,8 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
         vq->commit.active = false;
         /* the slot's feature rows hold this call's rows now: a decode's are committed, a
          * verify's wait for its commit */
-        dfl_memory_features_written(&t->mem, s->seq, q->n_past, s->n, s->kind == DFL_STEP_DECODE ? s->n : 0);
+        dfl_memory_features_written(&t->mem, s->seq, q->n_past, s->n, s->kind == DFL_STEP_DECODE ? s->n : 0,
+                                    s->feat_at);
         if (s->kind == DFL_STEP_DECODE) {
             q->n_past += s->n;
         } else {
@@ -1014,7 +1016,7 @@ DFL_API dfl_status dfl_target_features(const dfl_target * t, int32_t seq, float 
     }
     TRY(check_rows(t, row0, n_rows, t->mem.seq[seq].feat.rows, "feature"));
     const size_t row = t->mem.features->nb[1];
-    const size_t at = (size_t) dfl_memory_feature_row0(&t->mem, seq) * row;
+    const size_t at = (size_t) (dfl_memory_feature_row0(&t->mem, seq) + t->mem.seq[seq].feat.base) * row;
     dfl_runtime_get(&t->rt, t->mem.features, dst, at + (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
@@ -1038,6 +1040,11 @@ struct ggml_tensor * dfl_target_output_norm(const dfl_target * t) { return t->m.
 const dfl_rope_scaling * dfl_target_rope_scaling(const dfl_target * t) { return &t->m.rope; }
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->mem.features; }
 int64_t dfl_target_feature_of(const dfl_target * t, int seq, int pos) { return dfl_memory_feature_of(&t->mem, seq, pos); }
+void dfl_target_features_taken(dfl_target * t, int seq, int pos) { dfl_memory_features_taken(&t->mem, seq, pos); }
+
+DFL_API int32_t dfl_target_feature_room(const dfl_target * t, int32_t seq) {
+    return t && seq >= 0 && seq < t->mem.n_seq && t->mem.features ? dfl_memory_features_room(&t->mem, seq) : 0;
+}
 
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n) {
     const int n = t->p.n_feature_layers < max_n ? t->p.n_feature_layers : max_n;

@@ -35,10 +35,14 @@ const dfl_rope_scaling * dfl_target_rope_scaling(const dfl_target * t);
 /* Feature layers captured (llama.cpp convention), their count returned. */
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n);
 /* [n_feature_layers * n_embd, rows] every slot's feature rows (NULL without feature
- * layers): slot s's last call's rows, in its own rows (see dfl_memory.h). */
+ * layers): slot s's last call's rows, and those of earlier calls a drafter has yet to
+ * take, in its own rows (see dfl_memory.h). */
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t);
 /* The row of that tensor holding the features of committed position pos of slot seq, or
  * -1 when it holds them no longer (the slot ran a graph since) or not yet. */
 int64_t dfl_target_feature_of(const dfl_target * t, int seq, int pos);
+/* A drafter took slot seq's positions before pos: the slot's next call may let go of
+ * their feature rows. */
+void dfl_target_features_taken(dfl_target * t, int seq, int pos);
 
 #endif

@@ -609,24 +609,19 @@ static void fill_commit_inputs(dfl_target * t, const dfl_segment * seg, const se
 /* ---- the graph --------------------------------------------------------------------- */
 
 /* The hidden states x [n_embd, step rows] entering `layer`, where feature layers are
- * captured: each segment's rows into its own slot's feature rows, which stay until that
- * slot's next call (other sequences' graphs do not touch them). */
-static void capture_features(const dfl_target * t, const dfl_step * step, struct ggml_context * ctx,
+ * captured: each row into its slot's feature rows (in->feat_rows: where each segment's
+ * rows go, dfl_memory_features_at), which stay until that slot's next call (other
+ * sequences' graphs do not touch them). */
+static void capture_features(const dfl_target * t, const graph_inputs * in, struct ggml_context * ctx,
                              struct ggml_cgraph * gf, struct ggml_tensor * x, int layer) {
     struct ggml_tensor * features = t->mem.features;
     for (int f = 0; f < t->p.n_feature_layers; f++) {
         if (t->p.feature_layers[f] != layer) {
             continue;
         }
-        for (int i = 0; i < step->n_seg; i++) {
-            const dfl_segment * s = &step->seg[i];
-            const size_t at = (size_t) dfl_memory_feature_row0(&t->mem, s->seq) * features->nb[1] +
-                              (size_t) f * t->m.n_embd * sizeof(float);
-            struct ggml_tensor * dst = ggml_view_2d(ctx, features, t->m.n_embd, s->n, features->nb[1], at);
-            struct ggml_tensor * src = step->n_seg == 1 ? x :
-                ggml_view_2d(ctx, x, x->ne[0], s->n, x->nb[1], (size_t) s->row0 * x->nb[1]);
-            ggml_build_forward_expand(gf, ggml_cpy(ctx, src, dst));
-        }
+        struct ggml_tensor * dst = ggml_view_2d(ctx, features, t->m.n_embd, features->ne[1], features->nb[1],
+                                                (size_t) f * t->m.n_embd * sizeof(float));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, dst, x, in->feat_rows));
     }
 }
 
@@ -721,6 +716,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
     in->pos = new_input(ctx, GGML_TYPE_I32, n);
     in->slots = new_input(ctx, GGML_TYPE_I64, n);
     in->slots_swa = t->mem.swa_window > 0 ? new_input(ctx, GGML_TYPE_I64, n) : NULL;
+    in->feat_rows = t->mem.features ? new_input(ctx, GGML_TYPE_I64, n) : NULL;
     for (int i = 0; i < step->n_seg; i++) {
         add_segment_inputs(t, &step->seg[i], ctx, &in->seg[i]);
     }
@@ -731,7 +727,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
         x = ggml_scale(ctx, x, m->embd_scale);
     }
     for (int il = 0; il < m->n_layer; il++) {
-        capture_features(t, step, ctx, gf, x, il);
+        capture_features(t, in, ctx, gf, x, il);
         x = m->arch->build_layer(m, &g, il, x);
     }
     /* layer n_layer is the final-normed state, as transformers' last hidden_states entry
@@ -741,7 +737,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
         if (t->p.feature_layers[f] == m->n_layer) {
             x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
             normed = true;
-            capture_features(t, step, ctx, gf, x, m->n_layer);
+            capture_features(t, in, ctx, gf, x, m->n_layer);
         }
     }
 
@@ -801,6 +797,15 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const dfl_
             }
         }
         dfl_runtime_set(&t->rt, dst, slots, 0, (size_t) step->n_rows * sizeof(int64_t));
+    }
+    if (in->feat_rows) {
+        for (int i = 0; i < step->n_seg; i++) {
+            const dfl_segment * s = &step->seg[i];
+            for (int j = 0; j < s->n; j++) {
+                slots[s->row0 + j] = dfl_memory_feature_row0(mem, s->seq) + s->feat_at + j;
+            }
+        }
+        dfl_runtime_set(&t->rt, in->feat_rows, slots, 0, (size_t) step->n_rows * sizeof(int64_t));
     }
 }
 

@@ -61,6 +61,7 @@ typedef struct dfl_segment {
     tree_shape shape;                 /* a tree's padded recurrence */
     int commit_kind;                  /* 0 none, 1 chain, 2 tree */
     int commit_replay;                /* rows the commit reruns */
+    int feat_at;                      /* its first row in its slot's feature rows (an input, not the shape) */
 } dfl_segment;
 
 /* A step: segments of distinct sequences, one graph. */
@@ -101,6 +102,7 @@ typedef struct graph_inputs {
     struct ggml_tensor * pos;       /* [n_rows] */
     struct ggml_tensor * slots;     /* [n_rows] cache rows */
     struct ggml_tensor * slots_swa; /* [n_rows] rows in the sliding layers' rings */
+    struct ggml_tensor * feat_rows; /* [n_rows] each row's feature row (NULL: no feature layers) */
     struct ggml_tensor * out_idx;   /* rows with logits, when they are not all rows or one segment's last */
     seg_inputs seg[DFL_MAX_SEQ];
     struct ggml_tensor * logits;    /* [n_vocab, n_out] */

@@ -215,6 +215,10 @@ dfl_status dfl_target_choices(const dfl_target * target, int32_t * dst, int32_t 
  * order, whatever else ran in the step), [n_rows][n_feature_layers * n_embd] float32.
  * Each sequence keeps its own until its next call. */
 dfl_status dfl_target_features(const dfl_target * target, int32_t seq, float * dst, int32_t row0, int32_t n_rows);
+/* Rows the sequence's next call may have while its feature rows keep every committed
+ * position a drafter has yet to take (a drafter may stay behind by several calls: see
+ * dfl_draft_propose); 0 without feature layers. */
+int32_t dfl_target_feature_room(const dfl_target * target, int32_t seq);
 
 /* ---- tree verify layout (for tools and tests) ----------------------------------------------
  *

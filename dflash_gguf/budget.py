@@ -198,10 +198,9 @@ class AutoBudget:
                steps that built a tree: its own arm's, and surveys);
     seconds    the verify table at the arm's rows, plus the step's other work measured
                by kind (`part`, each a running low figure): a drafted step's (the
-               drafter's propose and the loop's host work), a plain step's (the
-               drafter's context append and the loop), a tree's host work per node
-               (ranking, building, walking; before a tree has run, a survey's ranking
-               and building per node).
+               drafter's propose and the loop's host work), a plain step's (the loop's:
+               no drafter runs, decoding.step), a tree's host work per node (ranking,
+               building, walking; before a tree has run, a survey's per node).
 
     Every step a chain verifies the length with the highest rate (chain_cut: the drafts'
     probabilities are what every propose returns), which replaces --draft-p-min's fixed
@@ -211,7 +210,8 @@ class AutoBudget:
     is what the model cannot do without: survey steps (the drafter's top-K ranked and
     the largest tree built, so that trees have gains) spaced to take EXPLORE_SHARE of
     the time by their measured cost, and on plain decoding a chain step now and then
-    (nothing is drafted otherwise), spaced likewise by what it loses against plain.
+    (nothing is drafted otherwise), spaced likewise by what it loses against plain (its
+    measured time, which includes catching the drafter up on the plain steps before it).
 
     One per sequence, so that sequences decoded together (-np) choose each for its own
     text; it starts from what the last sequence of its engine and sampling setting learnt
@@ -238,7 +238,7 @@ class AutoBudget:
         self.drafts = p.drafts if p else float(block - 1)
         self.gains: Dict[int, float] = dict(p.gains) if p else {}
         self.part: Dict[str, Optional[float]] = dict(p.part) if p else dict.fromkeys(
-            ("drafted", "plain", "node", "survey"))
+            ("drafted", "plain", "node", "survey", "probe"))
         self.current = p.current if p else CHAIN
         self.arm = self.current  # the arm of the step under way
         self.step_tokens = 1.0  # the chain's expected tokens at this step
@@ -246,15 +246,14 @@ class AutoBudget:
         self.steps = self.run = 0  # steps, and steps since a switch
         self.next_decision, self.next_survey = self.DECIDE_EVERY, self.SETTLE + 1
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
-        self.next_probe = self.probe_gap
-        self.survey_due = False
+        self.next_probe, self.survey_due = self.probe_gap, False
         self.tally = {a: [0, 0] for a in self.arms}  # per arm: the steps that ran it, the tokens they made
 
     # ---- the model ------------------------------------------------------------------
     def seconds(self, arm: int) -> Optional[float]:
         """An arm's expected step time (None while a part it needs is unmeasured)."""
         part = self.part
-        if arm == PLAIN:  # never run: priced without its append, and soon measured if chosen
+        if arm == PLAIN:  # never run: priced by its verify, and soon measured if chosen
             return (part["plain"] or 0.0) + self.verify_chain[1]
         if part["drafted"] is None:
             return None
@@ -302,7 +301,7 @@ class AutoBudget:
             # on plain decoding the next probe comes as late as keeps what probes lose
             # against plain within EXPLORE_SHARE of the time; never sooner than the last
             # (between probes the calibration fades back to the drafter's belief)
-            loss = self.seconds(CHAIN) * max(1.0 - rates[CHAIN] / rates[PLAIN], 0.0)
+            loss = max((self.part["probe"] or self.seconds(CHAIN)) - self.tokens * self.seconds(PLAIN), 0.0)
             gap = max(self.DECIDE_EVERY, math.ceil(loss / (self.EXPLORE_SHARE * self.seconds(PLAIN))))
             self.probe_gap = gap if switch else max(gap, self.probe_gap)
             self.next_probe = self.run + self.probe_gap
@@ -368,8 +367,9 @@ class AutoBudget:
         self.tally[arm][1] += n_acc + 1
         if arm == CHAIN:
             self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
-            if self.current == PLAIN:  # a probe: what it says of the text now, its outcome counted
+            if self.current == PLAIN:  # a probe: what it says of the text now, its outcome counted; its cost
                 self.tokens = 1.0 + sum(self.spine(p) for p in self.pending)
+                part["probe"] = seconds
         elif nodes is not None:
             probs, spine = nodes
             self.spine.update([p for p, s in zip(probs, spine) if s], [a for a, s in zip(accepted, spine) if s])

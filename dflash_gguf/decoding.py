@@ -123,10 +123,10 @@ class Sequence:
 
     def finish(self, clean: bool) -> None:
         """After its last step (or an exception: not clean, and the engine starts the
-        slot afresh). The drafter may stay behind by the last step's tokens: their
-        features stay in the slot's feature rows until its next target call, and a
-        request continuing the context lets the drafter take them first
-        (generate.prefill_chunks)."""
+        slot afresh). The drafter may stay behind by its last steps' tokens (the last
+        one's, or a stretch that drafted nothing): their features stay in the slot's
+        feature rows, and a request continuing the context lets the drafter take them
+        first (generate.prefill_chunks)."""
         if self._t_start:
             self.stats.decode_seconds = time.perf_counter() - self._t_start
         end = getattr(self.proposer, "finish", None)
@@ -142,9 +142,11 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     blocks = []
     for s in seqs:
         b = s.proposer.plan(s)
-        # a sequence with a drafter takes its last step's tokens in this graph even when it
-        # drafts nothing (b 0): its target call below replaces their features
-        if s.draft is not None and (b or s.committed):
+        # a sequence that drafts nothing (b 0) leaves its drafter behind while its feature
+        # rows can keep what it lacks past this step's target call (its rows: at most the
+        # proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs no
+        # drafter graph; its next drafted block takes them all first
+        if s.draft is not None and (b or (s.committed and target.feature_room(s.slot) <= s.proposer.lookahead)):
             blocks.append((s.slot, s.bonus, b, s.committed))
             s.committed = []
     if blocks:
@@ -176,7 +178,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         if s.proposer.stage is None:
             s.stage("committed")
         if s.draft is not None:
-            s.committed = [s.bonus] + new[:-1]  # the old bonus and the accepted drafts
+            s.committed += [s.bonus] + new[:-1]  # the old bonus and the accepted drafts
         s.n_past += len(new)  # the accepted drafts and the old bonus
         s.bonus = new[-1]
         out.append(new)

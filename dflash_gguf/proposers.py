@@ -252,7 +252,7 @@ class TreeProposer:
 
     With `auto` (this sequence's budget.AutoBudget, `budget` its largest tree) each step
     runs the arm it chooses: plain decoding (nothing drafted; the bonus is verified alone
-    and its features still go to the drafter's context, which later drafts read), the
+    and the drafter stays behind, to take the positions in its next propose), the
     chain of the drafter's top choices (read on the device as the chain proposer reads
     it, cut where auto.chain_cut says) or a tree of one of a few sizes; every step's
     outcome goes back to it (AutoBudget.verified), and the sequence's statistics get its

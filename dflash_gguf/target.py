@@ -163,6 +163,11 @@ class Target(NativeObject):
             raise ValueError(f"sequence {seq} is outside 0..{self.n_seq - 1}")
         return int(n)
 
+    def feature_room(self, seq: int = 0) -> int:
+        """Rows the sequence's next call may have while its feature rows keep every
+        position a drafter has yet to take (0 without feature layers)."""
+        return int(lib.dfl_target_feature_room(self._handle(), int(seq)))
+
     def reset(self) -> None:
         """Forget every sequence's context."""
         check(lib.dfl_target_reset(self._handle()))

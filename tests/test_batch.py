@@ -215,8 +215,10 @@ def test_rows_of_sequences_that_sample_differently_each_choose_their_own_way(man
 def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
     """A sequence's feature rows are its own: other sequences' graphs (a prefill chunk, a
     batched step) leave them, so its verify's kept positions reach the drafter in its next
-    propose whatever ran between (no flush before other graphs); its own next target call
-    replaces them, and a drafter that did not take them first is refused with a reason."""
+    propose whatever ran between (no flush before other graphs); its own next target calls
+    keep them while they fit beside theirs (a drafter behind by several calls drafts as one
+    that kept up), a call that does not fit replaces them, and a drafter that did not take
+    them first is refused with a reason."""
     target, draft = many
     alone, alone_draft = one
     texts = prompts(3, seed=51)
@@ -236,10 +238,23 @@ def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
     np.testing.assert_array_equal(target.features(0, 5, seq=0), features)
     draft.propose_many([(0, texts[0][1], 8)])
     assert draft.block(8, seq=0) == want
-    # sequence 1's kept positions are replaced by its own next call before its drafter took them
+    # sequence 1's drafter stays behind its own next call (by the step's 2 positions and the decode's)
+    prefill(alone, alone_draft, texts[1])
+    alone.step([Rows(0, CHAIN, [4, 5, 6])])
+    alone.commit(2)
+    alone_draft.append()
+    alone.decode([9], LOGITS_LAST)
+    alone_draft.propose(10, 8, read=False)
+    assert target.feature_room(1) == 64 - 2
     target.decode([9], LOGITS_LAST, seq=1)
+    draft.propose_many([(1, 10, 8)])
+    assert draft.block(8, seq=1) == alone_draft.block(8)
+    # ... but not behind a call that does not fit: the positions it lacks are gone
+    target.decode([11], LOGITS_LAST, seq=1)
+    assert target.feature_room(1) == 64 - 1
+    target.decode(list(range(20, 84)), LOGITS_LAST, seq=1)
     with pytest.raises(DflashError, match="gone"):
-        draft.propose_many([(1, 9, 8)])
+        draft.propose_many([(1, 12, 8)])
     draft.seq_reset(1)
 
 

@@ -247,6 +247,19 @@ def test_greedy_chain_and_tree_are_the_plain_greedy_text(dspark, plain_text, opt
             assert got.stats.mean_accepted > (1.1 if options else 1.5)
 
 
+def test_auto_plain_stretches_are_the_plain_greedy_text(dspark, plain_text):
+    """`--tree-budget auto` going plain for a stretch and drafting again: the drafter runs
+    no graph over the stretch, catches up in the next propose, and the text is the
+    target's own greedy text."""
+    from test_tree import check_plain_stretch
+    from dflash_gguf.tokenizer import Tokenizer
+
+    tok = Tokenizer(TARGET)
+    target, draft = load(dspark, top_k=4)
+    for text, want in zip(TEXTS, plain_text):
+        check_plain_stretch(target, draft, tok.encode(text), want, 6)
+
+
 def test_sequences_in_a_batch_decode_as_alone(dspark, plain_text):
     """-np: sequences (a chain cut by confidence, a tree, a whole chain) in one drafter
     graph and one target graph per step, joining at different rounds: each gets its solo

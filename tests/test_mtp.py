@@ -246,6 +246,19 @@ def test_greedy_chain_and_tree_are_the_plain_greedy_text(plain_text, options):
             assert got.stats.mean_accepted > 1.5
 
 
+def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
+    """`--tree-budget auto` going plain for a stretch and drafting again: the drafter runs
+    no graph over the stretch, catches up in the next propose, and the text is the
+    target's own greedy text."""
+    from test_tree import check_plain_stretch
+    from dflash_gguf.tokenizer import Tokenizer
+
+    tok = Tokenizer(DEMO)
+    target, draft = load(DEMO, n_seq=1, top_k=4)
+    for text, want in zip(TEXTS, plain_text):
+        check_plain_stretch(target, draft, tok.encode(text), want, 6)
+
+
 def test_sequences_in_a_batch_decode_as_alone(plain_text):
     """-np: three sequences (chains and a tree) in one MTP drafter graph and one target
     graph per step, joining at different rounds: each gets its solo greedy text."""

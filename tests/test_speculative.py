@@ -383,7 +383,8 @@ def test_drafter_context_window_matches_reference_on_the_last_positions(pair):
 def test_block_size_one_and_the_last_steps_positions(pair):
     """Any block size gives the plain greedy text. The last step's committed positions
     wait in the target's feature rows for the drafter's next graph (the run ends without
-    one): an append takes them, and the drafter holds every committed position."""
+    one; block size 1 drafts nothing, and the drafter stays behind by every step's while
+    they fit): an append takes them, and the drafter holds every committed position."""
     target, draft = load(pair)
     prompt = prompts(1, seed=41)[0]
     ar, _ = greedy_generate(target, prompt, 24)
@@ -391,7 +392,8 @@ def test_block_size_one_and_the_last_steps_positions(pair):
         out, stats = speculative_generate(target, draft, prompt, 24, block_size=b)
         assert out == ar
         last = stats.accepted_lengths[-1]
-        assert target.n_past - last <= draft.n_ctx_tokens < target.n_past
+        lag = target.n_past - draft.n_ctx_tokens  # block size 1: at most what the 16 feature rows keep
+        assert 0 < lag <= (16 if b == 1 else last)
         draft.append()
         assert draft.n_ctx_tokens == target.n_past
 

@@ -924,6 +924,56 @@ def test_lossless_auto_mixing_plain_chain_and_trees(pair):
         assert steps["plain"]["steps"] == auto.seen.count(PLAIN) and steps["tree 16"]["steps"] > 0
 
 
+class CountingAuto(_ScriptedAuto):
+    """A scripted chooser that also notes the drafter's graph runs before each step."""
+
+    def __init__(self, arms, largest, draft):
+        super().__init__(arms, largest)
+        self.draft, self.graphs = draft, []
+
+    def choose(self):
+        self.graphs.append(self.draft.info()["n_graphs"])
+        return super().choose()
+
+
+def test_auto_plain_stretches_run_no_drafter(pair):
+    """Over `auto`'s plain decoding the drafter stays behind and runs no graph while the
+    target's feature rows can keep what it lacks (64 rows here: a stretch of 30 steps
+    runs none; one of 60 catches it up once or twice, in one graph each); the step that
+    drafts again takes the stretch's positions first. Greedy output stays the target's."""
+    from dflash_gguf.budget import PLAIN
+
+    meta = read_draft_metadata(pair["draft"])
+    target = Target(pair["target"], TargetConfig(n_ctx=512, n_ubatch=64, n_verify=17, kv_type="f32",
+                                                 feature_layers=meta["target_layers"]))
+    draft = Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=4))
+    script = [0, 4] + [PLAIN] * 30 + [0, 8, 0] + [PLAIN] * 60 + [16, 0]
+    for prompt in prompts(2, seed=63):
+        ar, _ = greedy_generate(target, prompt, 140)
+        auto = CountingAuto(script, 16, draft)
+        out, stats = tree_generate(target, draft, prompt, 140, budget=16, auto=auto)
+        assert out == ar
+        runs = np.diff(auto.graphs)  # the drafter's graphs in each step
+        assert len(runs) >= len(script) - 1
+        assert list(runs[2:32]) == [0] * 30  # the first stretch: none
+        assert runs[32] == 1  # the step that drafts again: its catch-up rides in its propose
+        assert 1 <= sum(runs[35:95]) <= 2  # the long stretch: caught up in a graph or two
+        assert stats.auto["arms"]["plain"]["steps"] == auto.seen.count(PLAIN) >= 90
+
+
+def check_plain_stretch(target, draft, prompt, want, budget):
+    """`auto` scripted to decode 15 steps plainly between drafted ones (another drafter
+    kind's check): the plain greedy text `want`, no drafter graph over the stretch, and
+    the catch-up riding in the propose of the step that drafts again."""
+    from dflash_gguf.budget import PLAIN
+
+    auto = CountingAuto([0] + [PLAIN] * 15 + [0, budget, 0] + [PLAIN] * 30, budget, draft)
+    out, _ = tree_generate(target, draft, prompt, len(want), budget=budget, auto=auto)
+    assert out == want
+    runs = np.diff(auto.graphs)
+    assert list(runs[1:16]) == [0] * 15 and runs[16] == 1
+
+
 def test_lossless_auto(pair):
     """The real chooser on the real pair, greedy and across requests: lossless whatever
     it picks."""
