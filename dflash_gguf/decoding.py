@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from typing import Iterator, List, Optional, Sequence as Seq
 
+import numpy as np
+
 from .generate import GenerationStats, Placement, Request, check_request, prefill_chunks, start_context
 from .sampling import Sampler
 
@@ -138,6 +140,8 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     """One step of every sequence in `seqs` (each past its first token, not done): the
     tokens each keeps, in order. Records each speculative sequence's pass (its accepted
     length, the step's drafting and verify seconds and the rest)."""
+    if not any(s.speculative for s in seqs):
+        return decode_step(target, seqs)
     t0 = time.perf_counter()
     blocks = []
     for s in seqs:
@@ -189,6 +193,28 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
             s.stats.other_seconds += t3 - t2
         kept.append(s._emitted(new, record=s.speculative))
     return kept
+
+
+def decode_step(target, seqs: Seq[Sequence]) -> List[List[int]]:
+    """step() of sequences that all decode plainly (no drafts, PlainProposer's rows): their
+    last tokens in one call of the target, which returns their choices. The per-token
+    host work is what bounds plain decoding's speed on a small model, so this path stages
+    and reads through preallocated buffers and allocates nothing per token."""
+    uniforms = []
+    for s in seqs:
+        sampler = s.sampler
+        uniforms.append(-1.0 if sampler.greedy else float(sampler.draw_uniforms(1)[0]))
+        sampler.prepare_context(target, 1, seq=s.slot)
+    choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms)
+    splits, copied = target.last_copies()
+    for row, s in enumerate(seqs):
+        s.stats.record_graph(splits, copied)
+        s.stage("decoded")
+        if choices[row] < 0:  # its kept set reached past the ranked candidates
+            choices[row] = int(s.sampler.resolve(target, np.array([-1], dtype=np.int32), row, s.slot)[0])
+        s.n_past += 1
+        s.bonus = choices[row]
+    return [s._emitted([c], record=False) for s, c in zip(seqs, choices)]
 
 
 def sequence_steps(seq: Sequence) -> Iterator[List[int]]:

@@ -176,11 +176,20 @@ class Sampler:
         grammar, which is when a chain reads its block back before the verify); with a
         grammar, each row's allowed tokens after the same path."""
         if not self.greedy:
-            self._u = self.uniforms(n_rows)
-            target.set_uniforms(self._u, seq=seq)
-        rows = None
-        if self.penalized or self.constrained:
-            rows = paths() if paths is not None else [[]] * n_rows
+            target.set_uniforms(self.draw_uniforms(n_rows), seq=seq)
+        self.prepare_context(target, n_rows, paths, seq)
+
+    def draw_uniforms(self, n_rows: int) -> np.ndarray:
+        """The next rows' uniforms (kept for resolve's redraws)."""
+        self._u = self.uniforms(n_rows)
+        return self._u
+
+    def prepare_context(self, target, n_rows: int, paths: Optional[Callable[[], Sequence[Sequence[int]]]] = None,
+                        seq: int = 0) -> None:
+        """prepare() less the uniforms: the rows' penalty counts and grammar masks."""
+        if not (self.penalized or self.constrained):
+            return
+        rows = paths() if paths is not None else [[]] * n_rows
         if self.penalized:
             target.set_penalties(*self.window_counts(rows), seq=seq)
         if self.constrained:
