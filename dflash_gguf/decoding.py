@@ -21,8 +21,6 @@ from __future__ import annotations
 import time
 from typing import Iterator, List, Optional, Sequence as Seq
 
-import numpy as np
-
 from .generate import GenerationStats, Placement, Request, check_request, prefill_chunks, start_context
 from .sampling import Sampler
 
@@ -203,15 +201,15 @@ def decode_step(target, seqs: Seq[Sequence]) -> List[List[int]]:
     uniforms = []
     for s in seqs:
         sampler = s.sampler
-        uniforms.append(-1.0 if sampler.greedy else float(sampler.draw_uniforms(1)[0]))
+        uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
         sampler.prepare_context(target, 1, seq=s.slot)
     choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms)
     splits, copied = target.last_copies()
     for row, s in enumerate(seqs):
         s.stats.record_graph(splits, copied)
         s.stage("decoded")
-        if choices[row] < 0:  # its kept set reached past the ranked candidates
-            choices[row] = int(s.sampler.resolve(target, np.array([-1], dtype=np.int32), row, s.slot)[0])
+        if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
+            choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
         s.n_past += 1
         s.bonus = choices[row]
     return [s._emitted([c], record=False) for s, c in zip(seqs, choices)]
