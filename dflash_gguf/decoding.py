@@ -196,8 +196,8 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
 def decode_step(target, seqs: Seq[Sequence]) -> List[List[int]]:
     """step() of sequences that all decode plainly (no drafts, PlainProposer's rows): their
     last tokens in one call of the target, which returns their choices. The per-token
-    host work is what bounds plain decoding's speed on a small model, so this path stages
-    and reads through preallocated buffers and allocates nothing per token."""
+    host work is what bounds plain decoding's speed on a small model, so this path crosses
+    into the library once and stages and reads through buffers allocated once."""
     uniforms = []
     for s in seqs:
         sampler = s.sampler
