@@ -434,6 +434,14 @@ DFL_API void dfl_target_free(dfl_target * t) {
     free(t);
 }
 
+/* The last graph computed: its splits (runs on one backend) and the bytes the scheduler
+ * copies between devices per compute. */
+static void last_copies(const dfl_target * t, int64_t copies[2]) {
+    const int last = t->rt.last_slot;
+    copies[0] = last >= 0 ? ggml_backend_sched_get_n_splits(t->rt.slots[last].sched) : 0;
+    copies[1] = last >= 0 ? t->rt.slots[last].copy_bytes : 0;
+}
+
 DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * info) {
     if (!t || !info) {
         return dfl_fail(DFL_ERR_ARGUMENT, "null target");
@@ -464,10 +472,10 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_host_read_bytes = t->rt.traffic->read_bytes;
     info->host_layer_weights = t->host_layer_weights;
     info->copy_bytes = t->rt.traffic->copy_bytes;
-    if (t->rt.last_slot >= 0) {
-        info->n_last_splits = ggml_backend_sched_get_n_splits(t->rt.slots[t->rt.last_slot].sched);
-        info->last_copy_bytes = t->rt.slots[t->rt.last_slot].copy_bytes;
-    }
+    int64_t copies[2];
+    last_copies(t, copies);
+    info->n_last_splits = (int32_t) copies[0];
+    info->last_copy_bytes = copies[1];
     return DFL_OK;
 }
 
@@ -803,6 +811,30 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
             vq->pending = s->n;
             vq->pending_tree = s->kind == DFL_STEP_TREE;
         }
+    }
+    return DFL_OK;
+}
+
+/* Plain decoding's step, one call a token: the host loop crosses into the library once
+ * per step instead of once per input staged and result read. */
+DFL_API dfl_status dfl_target_decode_next(dfl_target * t, const int32_t * seqs, const int32_t * tokens, const float * u,
+                                          int32_t n, int32_t * choices, int64_t * copies) {
+    if (!t || !seqs || !tokens || !choices || n <= 0 || n > DFL_MAX_SEQ) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "decode_next needs a target and 1..%d sequences' tokens and choices",
+                        DFL_MAX_SEQ);
+    }
+    dfl_rows rows[DFL_MAX_SEQ];
+    for (int i = 0; i < n; i++) {
+        TRY(check_seq(t, seqs[i]));
+        if (u && u[i] >= 0.0f) {
+            TRY(dfl_sampler_stage_uniforms(&t->sampler[seqs[i]], &u[i], 1));
+        }
+        rows[i] = (dfl_rows) { seqs[i], DFL_STEP_DECODE, 1, &tokens[i], NULL, LOGITS_LAST };
+    }
+    TRY(dfl_target_step(t, NULL, rows, n));
+    TRY(dfl_target_choices(t, choices, 0, n));
+    if (copies) {
+        last_copies(t, copies);
     }
     return DFL_OK;
 }

@@ -187,6 +187,16 @@ typedef struct dfl_rows {
  * entries without host tokens read (a drafter's, dfl_draft_tokens; NULL when none does). */
 dfl_status dfl_target_step(dfl_target * target, const dfl_token_source * source, const dfl_rows * rows, int32_t n);
 
+/* Plain decoding in one call: each sequence seqs[i] (distinct) appends tokens[i] and its
+ * row chooses the next token, written to choices[i]: a dfl_target_step of one-token
+ * decodes with logits for their row, then dfl_target_choices (-1: draw it again with
+ * dfl_target_redraw). u: each row's uniform for a sequence that samples, staged as
+ * dfl_target_set_uniforms would (u[i] < 0, or u NULL: none staged, as for greedy);
+ * penalties and masks are staged beforehand as for a step. copies (may be NULL): the
+ * step graph's splits and the bytes the scheduler copied between devices in it. */
+dfl_status dfl_target_decode_next(dfl_target * target, const int32_t * seqs, const int32_t * tokens, const float * u,
+                                  int32_t n, int32_t * choices, int64_t * copies);
+
 /* Keep the first n_keep tokens of the sequence's last chain verify (0 <= n_keep <= its length). */
 dfl_status dfl_target_commit(dfl_target * target, int32_t seq, int32_t n_keep);
 

@@ -138,6 +138,8 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     """One step of every sequence in `seqs` (each past its first token, not done): the
     tokens each keeps, in order. Records each speculative sequence's pass (its accepted
     length, the step's drafting and verify seconds and the rest)."""
+    if not any(s.speculative for s in seqs):
+        return decode_step(target, seqs)
     t0 = time.perf_counter()
     blocks = []
     for s in seqs:
@@ -191,6 +193,28 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
             s.stats.other_seconds += t3 - t2
         kept.append(s._emitted(new, record=s.speculative))
     return kept
+
+
+def decode_step(target, seqs: Seq[Sequence]) -> List[List[int]]:
+    """step() of sequences that all decode plainly (no drafts, PlainProposer's rows): their
+    last tokens in one call of the target, which returns their choices. The per-token
+    host work is what bounds plain decoding's speed on a small model, so this path crosses
+    into the library once and stages and reads through buffers allocated once."""
+    uniforms = []
+    for s in seqs:
+        sampler = s.sampler
+        uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
+        sampler.prepare_context(target, 1, seq=s.slot)
+    choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms)
+    splits, copied = target.last_copies()
+    for row, s in enumerate(seqs):
+        s.stats.record_graph(splits, copied)
+        s.stage("decoded")
+        if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
+            choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
+        s.n_past += 1
+        s.bonus = choices[row]
+    return [s._emitted([c], record=False) for s, c in zip(seqs, choices)]
 
 
 def sequence_steps(seq: Sequence) -> Iterator[List[int]]:

@@ -126,6 +126,7 @@ class Sampler:
         self.rng = np.random.default_rng(self.params.seed)
         self.history = list(history)
         self._u = np.zeros(0, dtype=np.float32)
+        self._ahead: list = []  # next_uniform's block, drawn ahead, last value first
         self._native = self.params.native()
         self._native_draft = self.params.native(penalties=False)
 
@@ -165,7 +166,14 @@ class Sampler:
         return g is not None and ((g.active and g.drafting) or g.waiting)
 
     def uniforms(self, n: int) -> np.ndarray:
-        return self.rng.random(n, dtype=np.float32)
+        """The next n values of the generator's float32 stream: next_uniform's block first,
+        so that a plain sequence draws the same values whichever step path it takes."""
+        if not self._ahead:
+            return self.rng.random(n, dtype=np.float32)
+        k = min(n, len(self._ahead))
+        head = np.array(self._ahead[:-k - 1:-1], dtype=np.float32)
+        del self._ahead[-k:]
+        return np.concatenate([head, self.rng.random(n - k, dtype=np.float32)])
 
     def prepare(self, target, n_rows: int, paths: Optional[Callable[[], Sequence[Sequence[int]]]] = None,
                 seq: int = 0) -> None:
@@ -176,11 +184,28 @@ class Sampler:
         grammar, which is when a chain reads its block back before the verify); with a
         grammar, each row's allowed tokens after the same path."""
         if not self.greedy:
-            self._u = self.uniforms(n_rows)
-            target.set_uniforms(self._u, seq=seq)
-        rows = None
-        if self.penalized or self.constrained:
-            rows = paths() if paths is not None else [[]] * n_rows
+            target.set_uniforms(self.draw_uniforms(n_rows), seq=seq)
+        self.prepare_context(target, n_rows, paths, seq)
+
+    def next_uniform(self) -> float:
+        """One row's uniform, the value uniforms(1) would draw next: the generator's float32
+        stream is the same drawn one at a time or in blocks, and a block costs the host
+        about what one draw does (plain decoding, where nothing else draws from it)."""
+        if not self._ahead:
+            self._ahead = self.rng.random(32, dtype=np.float32).tolist()[::-1]
+        return self._ahead.pop()
+
+    def draw_uniforms(self, n_rows: int) -> np.ndarray:
+        """The next rows' uniforms (kept for resolve's redraws)."""
+        self._u = self.uniforms(n_rows)
+        return self._u
+
+    def prepare_context(self, target, n_rows: int, paths: Optional[Callable[[], Sequence[Sequence[int]]]] = None,
+                        seq: int = 0) -> None:
+        """prepare() less the uniforms: the rows' penalty counts and grammar masks."""
+        if not (self.penalized or self.constrained):
+            return
+        rows = paths() if paths is not None else [[]] * n_rows
         if self.penalized:
             target.set_penalties(*self.window_counts(rows), seq=seq)
         if self.constrained:

@@ -126,6 +126,11 @@ class Target(NativeObject):
         self.n_seq = info["n_seq"]
         self.n_features = len(layers)
         self._choices = np.zeros(max(self.n_ubatch, self.n_seq * self.n_verify), dtype=np.int32)
+        # decode_next's arguments and results, allocated once: plain decoding crosses into
+        # the library once a token and allocates nothing for it
+        self._next_seqs, self._next_tokens = ffi.new("int32_t[]", self.n_seq), ffi.new("int32_t[]", self.n_seq)
+        self._next_u, self._next_out = ffi.new("float[]", self.n_seq), ffi.new("int32_t[]", self.n_seq)
+        self._next_copies = ffi.new("int64_t[2]")
 
     # -- state --------------------------------------------------------------------
     def info(self) -> dict:
@@ -151,6 +156,10 @@ class Target(NativeObject):
         info = ffi.new("dfl_target_info *")
         check(lib.dfl_target_get_info(self._handle(), info))
         return int(info.n_last_splits), int(info.last_copy_bytes)
+
+    def last_copies(self) -> tuple:
+        """graph_copies() of decode_next's step, which read them with its results."""
+        return int(self._next_copies[0]), int(self._next_copies[1])
 
     @property
     def n_past(self) -> int:
@@ -209,6 +218,18 @@ class Target(NativeObject):
                 e.parents = ffi.from_buffer("int32_t[]", par)
         source = draft.device_tokens() if draft is not None else ffi.NULL
         check(lib.dfl_target_step(self._handle(), source, entries, len(rows)))
+
+    def decode_next(self, seqs: Sequence[int], tokens: Sequence[int], uniforms: Sequence[float]) -> list:
+        """Plain decoding's step: sequence seqs[i] appends tokens[i] and its row chooses the
+        next token, with uniforms[i] when it samples (-1 when greedy); returns the choices
+        (-1: see choices()). Penalties and masks are staged beforehand, as for step();
+        graph_copies() is the step's."""
+        n = len(seqs)
+        s, t, u = self._next_seqs, self._next_tokens, self._next_u
+        for i in range(n):
+            s[i], t[i], u[i] = seqs[i], tokens[i], uniforms[i]
+        check(lib.dfl_target_decode_next(self._handle(), s, t, u, n, self._next_out, self._next_copies))
+        return ffi.unpack(self._next_out, n)
 
     def decode(self, tokens, logits: int = LOGITS_LAST, seq: int = 0) -> None:
         """Append tokens (at most n_ubatch) to the context."""

@@ -277,6 +277,28 @@ def test_steps_are_checked(many):
     target.commit(1, seq=1)
 
 
+def test_decode_next_is_a_step_of_one_token_decodes_and_their_choices(many, one):
+    """Plain decoding's one call a step (Target.decode_next) chooses what a step of
+    one-token decodes does, each sequence as alone, and is checked as a step is."""
+    target, draft = many
+    ps = prompts(3, seed=43)
+    for seq, p in enumerate(ps):
+        prefill(target, draft, p[:-1], seq)
+    got = target.decode_next([0, 1, 2], [p[-1] for p in ps], [-1.0] * 3)
+    alone, alone_draft = one
+    want = []
+    for p in ps:
+        prefill(alone, alone_draft, p[:-1])
+        alone.decode([p[-1]])
+        want.append(int(alone.choices(0, 1)[0]))
+    assert got == want
+    assert [target.seq_n_past(seq) for seq in range(3)] == [len(p) for p in ps]
+    with pytest.raises(DflashError, match="twice"):
+        target.decode_next([1, 1], [5, 6], [-1.0, -1.0])
+    with pytest.raises(DflashError, match="outside"):
+        target.decode_next([4], [5], [-1.0])
+
+
 # ---- the step loop over several sequences (dflash_gguf.decoding) ------------------------------
 
 class _FlatCost:

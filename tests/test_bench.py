@@ -49,6 +49,8 @@ def test_completion_log():
     assert r["runs"] == 127 and r["decode_s"] == pytest.approx(0.1)
     assert r["prompt_tokens"] == 33 and r["prefill_s"] == pytest.approx(0.02)
     assert r["sampling_s"] == pytest.approx(0.0125)
+    # the decode steps' own samples: 127 of the 128 tokens sampled (the first is the prompt's)
+    assert llama_cpp.completion_decode_seconds(r) == pytest.approx(0.1 + 0.0125 * 127 / 128)
 
 
 def test_speculative_log_counts_rounds_and_restores():

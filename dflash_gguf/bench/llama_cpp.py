@@ -4,7 +4,8 @@ threads, cache type, prompts and sampling settings, and their logs read back:
   llama-bench               plain decoding (`-n N` at a depth of the prompts' length), one
                             sample per run (`-r 1`) from its JSON output
   llama-completion          plain end-to-end generation of each prompt: its "eval time"
-                            (the decode steps; sampling is timed apart and left out)
+                            (the decode steps) and its sampling of their tokens (timed
+                            apart there; ours is part of each step's graph)
   llama-speculative-simple  `--spec-type draft-dflash`, llama.cpp's DFlash: its "decoded"
                             timer and its draft counts
 
@@ -129,6 +130,15 @@ def parse_completion(log: str) -> dict:
     return out
 
 
+def completion_decode_seconds(r: dict) -> float:
+    """llama-completion's decode steps with the sampling of the tokens they produced, as
+    ours are timed (each step's graph chooses its token): it times the two apart, "eval
+    time" up to the logits and "sampling time" (the logits' copy and the sampler chain)
+    over every token it sampled, the prompt's first among them."""
+    runs = r["runs"]
+    return r["decode_s"] + r.get("sampling_s", 0.0) * runs / (runs + 1)
+
+
 def parse_speculative(log: str) -> dict:
     """llama-speculative-simple's summary. Each committed round is one target pass and
     yields its accepted drafts plus one token, so rounds = n_predict - n_accept; a round
@@ -185,8 +195,9 @@ class CompletionArm:
             stdout, r = run_parsed(self.command(text, sampling, rep), parse_completion, "decode_s")
             runs.append(Run(engine="llama.cpp", mode=self.name, sampling=sampling.label, rep=rep, round=rnd,
                             prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
-                            decode_s=r["decode_s"], passes=r["runs"], prefill_s=r.get("prefill_s"),
-                            text=completion_text(stdout), extra={"sampling_s": r.get("sampling_s")}))
+                            decode_s=completion_decode_seconds(r), passes=r["runs"], prefill_s=r.get("prefill_s"),
+                            text=completion_text(stdout),
+                            extra={"eval_s": r["decode_s"], "sampling_s": r.get("sampling_s")}))
         return runs
 
     def measure(self, sampling: Sampling, rep: int, min_seconds: float) -> List[Run]:
