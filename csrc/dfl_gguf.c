@@ -309,7 +309,8 @@ dfl_status dfl_gguf_index_vector(const dfl_gguf * g, const char * name, int64_t 
 
 /* The first extra buffer type of dev that runs a matrix product with weight w. */
 static ggml_backend_buffer_type_t repack_buft(ggml_backend_dev_t dev, struct ggml_tensor * w) {
-    if (ggml_n_dims(w) != 2 || strcmp(w->name, "token_embd.weight") == 0) {
+    const int n_dims = ggml_n_dims(w);
+    if ((n_dims != 2 && n_dims != 3) || strcmp(w->name, "token_embd.weight") == 0) {
         return NULL; /* the embedding is read with get_rows, which repacked layouts do not serve */
     }
     ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
@@ -321,8 +322,14 @@ static ggml_backend_buffer_type_t repack_buft(ggml_backend_dev_t dev, struct ggm
     }
     struct ggml_init_params ip = { 4 * ggml_tensor_overhead(), NULL, true };
     struct ggml_context * ctx = ggml_init(ip);
-    struct ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512);
-    struct ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    /* a matrix is asked about a product, a stack of experts (3D) about a routed product */
+    struct ggml_tensor * op;
+    if (n_dims == 2) {
+        op = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 512));
+    } else {
+        struct ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, w->ne[0], 1, 512);
+        op = ggml_mul_mat_id(ctx, w, x, ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 1, 512));
+    }
     ggml_backend_buffer_type_t found = NULL;
     for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b && !found; b++) {
         /* supports_op looks at the weight's buffer type: give it an empty buffer of that type */
