@@ -16,7 +16,7 @@
 #define COST_KEEP_ENTRY 128
 #define COST_KEEP_ROWS_TOKEN 8
 #define COST_DENSE_TOKEN 17
-#define MIN_LIST_BUCKET 64
+#define MIN_LIST_BUCKET 1024
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 DFL_API void dfl_sampling_default(dfl_sampling * s) {
@@ -273,13 +273,15 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     acc->keep_rows = keep_rows;
 }
 
-/* A list of n entries padded to the power of two at or above it (0 stays 0). */
+/* A list of n entries padded to the power of four (from MIN_LIST_BUCKET) at or above it
+ * (0 stays 0): coarse, so that the few graphs a grammar's steps need stay in the slots
+ * (a JSON schema's chain steps: 3), padding costing less than a rebuild. */
 static int list_bucket(int n) {
-    int b = MIN_LIST_BUCKET;
+    int64_t b = MIN_LIST_BUCKET;
     while (n > 0 && b < n) {
-        b *= 2;
+        b *= 4;
     }
-    return n > 0 ? b : 0;
+    return n > 0 ? (int) b : 0;
 }
 
 void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab) {

@@ -118,7 +118,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k);
 
 /* Decides how a key's (merged) masks of n rows are applied: SPARSE when the rows'
  * exception lists cost less than the dense expansion, their lengths padded to a power of
- * two (so that a graph serves many steps), else DENSE. Call once, after the merges. */
+ * four (so that a graph serves many steps), else DENSE. Call once, after the merges. */
 void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab);
 
 /* Builds the stage over logits [V, n] (contiguous) into gf; returns out->choice. */

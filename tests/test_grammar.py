@@ -167,8 +167,8 @@ MASK_SHAPES = {
 def test_each_mask_path_is_exact(target, shape):
     """Masked logits read back are the free ones where allowed and exactly -inf elsewhere,
     the greedy choice their argmax, whichever way the rows' masks are applied: short
-    exception lists upload only their entries (fewer bytes than the dense path's byte
-    index alone, which the dense shape uploads)."""
+    exception lists upload only their entries (fewer bytes than the dense path, which
+    uploads a byte index of the masks)."""
     prompt = Tokenizer(TARGET).encode(PROMPTS[0])
     drafts = _drafts(" return n", 4)
     free, _, _ = _masked_verify(target, prompt, drafts)
@@ -181,11 +181,11 @@ def test_each_mask_path_is_exact(target, shape):
     np.testing.assert_array_equal(masked[allowed], free[allowed])
     assert np.all(np.isneginf(masked[~allowed]))
     np.testing.assert_array_equal(choices, np.argmax(np.where(allowed, free, -np.inf), axis=1))
-    dense_index_bytes = len(drafts) * target.n_vocab // 2
-    if shape.startswith("dense"):
-        assert wrote >= dense_index_bytes
-    else:
-        assert wrote < dense_index_bytes
+    dense = _allowing(rng, target.n_vocab, MASK_SHAPES["dense (both lists long)"])
+    dense_wrote = _masked_verify(target, prompt, drafts, dense)[2]
+    assert dense_wrote >= len(drafts) * target.n_vocab // 2  # the byte index, 4 bytes per 8 tokens
+    if not shape.startswith("dense"):
+        assert wrote < dense_wrote
 
 
 def test_sparse_masks_reuse_a_graph_and_hold_when_sampling(target):
