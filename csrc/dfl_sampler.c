@@ -9,11 +9,13 @@
 #define DEFAULT_CANDIDATES 256
 /* The relative costs (bytes moved, roughly) that choose how masks are applied: a
  * disallowed entry set to -inf (a scattered write), an allowed entry kept (a gather and a
- * scattered write), per token of every row the -inf start of keeping rows (a read and a
- * write of the logits) and the dense expansion (its byte index, the bias written, then
+ * scattered write), a pad entry (uploaded, then the same value written again where the
+ * last was: in cache), per token of every row the -inf start of keeping rows (a read and
+ * a write of the logits) and the dense expansion (its byte index, the bias written, then
  * read with the logits and the sum written). */
 #define COST_BAN_ENTRY 64
 #define COST_KEEP_ENTRY 128
+#define COST_PAD_ENTRY 8
 #define COST_KEEP_ROWS_TOKEN 8
 #define COST_DENSE_TOKEN 17
 #define MIN_LIST_BUCKET 1024
@@ -288,17 +290,21 @@ void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab) {
     if (key->masked == DFL_MASK_NONE) {
         return;
     }
+    if (key->n_keep == 0 && key->n_ban == 0) {
+        key->masked = DFL_MASK_NONE; /* every row allows every token */
+        return;
+    }
     const int64_t tokens = (int64_t) n_rows * n_vocab;
+    const int n_keep = list_bucket(key->n_keep), n_ban = list_bucket(key->n_ban);
     const int64_t sparse = (int64_t) key->n_keep * COST_KEEP_ENTRY + (int64_t) key->n_ban * COST_BAN_ENTRY +
+                           (int64_t) (n_keep - key->n_keep + n_ban - key->n_ban) * COST_PAD_ENTRY +
                            (key->keep_rows ? tokens * COST_KEEP_ROWS_TOKEN : 0);
     if (sparse > tokens * COST_DENSE_TOKEN) {
         key->masked = DFL_MASK_DENSE;
         key->n_keep = key->n_ban = key->keep_rows = 0;
-    } else if (key->n_keep == 0 && key->n_ban == 0) {
-        key->masked = DFL_MASK_NONE; /* every row allows every token */
     } else {
-        key->n_keep = list_bucket(key->n_keep);
-        key->n_ban = list_bucket(key->n_ban);
+        key->n_keep = n_keep;
+        key->n_ban = n_ban;
     }
 }
 
