@@ -7,6 +7,18 @@
 #include <string.h>
 
 #define DEFAULT_CANDIDATES 256
+/* The relative costs (bytes moved, roughly) that choose how masks are applied: a
+ * disallowed entry set to -inf (a scattered write), an allowed entry kept (a gather and a
+ * scattered write), a pad entry (uploaded, then the same value written again where the
+ * last was: in cache), per token of every row the -inf start of keeping rows (a read and
+ * a write of the logits) and the dense expansion (its byte index, the bias written, then
+ * read with the logits and the sum written). */
+#define COST_BAN_ENTRY 64
+#define COST_KEEP_ENTRY 128
+#define COST_PAD_ENTRY 8
+#define COST_KEEP_ROWS_TOKEN 8
+#define COST_DENSE_TOKEN 17
+#define MIN_LIST_BUCKET 1024
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 DFL_API void dfl_sampling_default(dfl_sampling * s) {
@@ -28,7 +40,10 @@ void dfl_sampler_free(dfl_sampler * smp) {
     free(smp->host_idx);
     free(smp->host_cnt);
     free(smp->mask);
+    free(smp->mask_allowed);
     free(smp->host_mask);
+    free(smp->host_ban);
+    free(smp->host_row_bias);
     memset(smp, 0, sizeof *smp);
 }
 
@@ -137,6 +152,24 @@ dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens
     return DFL_OK;
 }
 
+static int popcount(uint32_t x) {
+    x = x - ((x >> 1) & 0x55555555u);
+    x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+    return (int) ((((x + (x >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
+}
+
+/* Word w of a row's bitmask without the bits past the vocabulary. */
+static uint32_t word_in_vocab(const uint32_t * row, int w, int n_words, int n_vocab) {
+    const uint32_t tail = n_vocab % 32 ? ~0u << (n_vocab % 32) : 0u;
+    return w == n_words - 1 ? row[w] & ~tail : row[w];
+}
+
+/* Whether a row allowing `allowed` of n_vocab tokens keeps its allowed list (cheaper than
+ * banning the rest) rather than bans its disallowed one. */
+static bool row_keeps(int allowed, int n_vocab) {
+    return (int64_t) allowed * COST_KEEP_ENTRY < (int64_t) (n_vocab - allowed) * COST_BAN_ENTRY;
+}
+
 dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, int n_rows, int n_words, int n_vocab) {
     const int want = dfl_mask_words(n_vocab);
     if (!words || n_rows <= 0) {
@@ -149,19 +182,20 @@ dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, in
     if ((int64_t) n_rows * n_words > (int64_t) 1 << 26) {
         return dfl_fail(DFL_ERR_CAPACITY, "masks: %d rows is too many", n_rows);
     }
-    const uint32_t tail = n_vocab % 32 ? ~0u << (n_vocab % 32) : 0u; /* bits past the vocabulary */
+    if (!reserve((void **) &smp->mask, &smp->cap_mask, n_rows * n_words, sizeof(uint32_t)) ||
+        !reserve((void **) &smp->mask_allowed, &smp->cap_mask_allowed, n_rows, sizeof(int32_t))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
     for (int r = 0; r < n_rows; r++) {
         const uint32_t * row = words + (size_t) r * n_words;
-        uint32_t any = 0;
+        int allowed = 0;
         for (int w = 0; w < n_words; w++) {
-            any |= w == n_words - 1 ? row[w] & ~tail : row[w];
+            allowed += popcount(word_in_vocab(row, w, n_words, n_vocab));
         }
-        if (!any) {
+        if (!allowed) {
             return dfl_fail(DFL_ERR_ARGUMENT, "masks: row %d allows no token", r);
         }
-    }
-    if (!reserve((void **) &smp->mask, &smp->cap_mask, n_rows * n_words, sizeof(uint32_t))) {
-        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        smp->mask_allowed[r] = allowed;
     }
     memcpy(smp->mask, words, (size_t) n_rows * n_words * sizeof(uint32_t));
     smp->mask_rows = n_rows;
@@ -183,7 +217,16 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
             return dfl_fail(DFL_ERR_STATE, "masks were staged for %d rows, the call computes %d", smp->mask_rows,
                             n_rows);
         }
-        key->masked = 1;
+        key->masked = DFL_MASK_SPARSE;
+        for (int r = 0; r < n_rows; r++) {
+            const int allowed = smp->mask_allowed[r];
+            if (row_keeps(allowed, n_vocab)) {
+                key->n_keep += allowed;
+                key->keep_rows = 1;
+            } else {
+                key->n_ban += n_vocab - allowed;
+            }
+        }
     }
     if (s->temperature <= 0.0f) {
         key->pick = DFL_PICK_ARGMAX;
@@ -206,7 +249,9 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
 
 void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     const int n_penalty = acc->n_penalty > k->n_penalty ? acc->n_penalty : k->n_penalty;
-    const int masked = acc->masked || k->masked;
+    const int masked = acc->masked > k->masked ? acc->masked : k->masked;
+    const int n_keep = acc->n_keep + k->n_keep, n_ban = acc->n_ban + k->n_ban;
+    const int keep_rows = acc->keep_rows || k->keep_rows;
     const bool same = acc->pick == k->pick && acc->n_cand == k->n_cand && acc->capped == k->capped &&
                       acc->full == k->full && acc->ranked == k->ranked;
     if (!same) {
@@ -225,6 +270,42 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     }
     acc->n_penalty = n_penalty;
     acc->masked = masked;
+    acc->n_keep = n_keep;
+    acc->n_ban = n_ban;
+    acc->keep_rows = keep_rows;
+}
+
+/* A list of n entries padded to the power of four (from MIN_LIST_BUCKET) at or above it
+ * (0 stays 0): coarse, so that the few graphs a grammar's steps need stay in the slots
+ * (a JSON schema's chain steps: 3), padding costing less than a rebuild. */
+static int list_bucket(int n) {
+    int64_t b = MIN_LIST_BUCKET;
+    while (n > 0 && b < n) {
+        b *= 4;
+    }
+    return n > 0 ? (int) b : 0;
+}
+
+void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab) {
+    if (key->masked == DFL_MASK_NONE) {
+        return;
+    }
+    if (key->n_keep == 0 && key->n_ban == 0) {
+        key->masked = DFL_MASK_NONE; /* every row allows every token */
+        return;
+    }
+    const int64_t tokens = (int64_t) n_rows * n_vocab;
+    const int n_keep = list_bucket(key->n_keep), n_ban = list_bucket(key->n_ban);
+    const int64_t sparse = (int64_t) key->n_keep * COST_KEEP_ENTRY + (int64_t) key->n_ban * COST_BAN_ENTRY +
+                           (int64_t) (n_keep - key->n_keep + n_ban - key->n_ban) * COST_PAD_ENTRY +
+                           (key->keep_rows ? tokens * COST_KEEP_ROWS_TOKEN : 0);
+    if (sparse > tokens * COST_DENSE_TOKEN) {
+        key->masked = DFL_MASK_DENSE;
+        key->n_keep = key->n_ban = key->keep_rows = 0;
+    } else {
+        key->n_keep = n_keep;
+        key->n_ban = n_ban;
+    }
 }
 
 /* ---- the graph ------------------------------------------------------------------------- */
@@ -264,12 +345,11 @@ static struct ggml_tensor * penalize(struct ggml_context * ctx, struct ggml_tens
     return ggml_reshape_2d(ctx, flat, V, n);
 }
 
-/* Logits with the tokens each row's bitmask leaves out at -inf, in place (so that the
- * logits read back are those the row chose from). The mask arrives as its bytes, each an
- * index into a table of the 256 bytes' biases (8 columns: 0 for a set bit, -inf for a
- * clear one): one lookup gives the bias of every token, and one add applies it. */
-static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_tensor * logits,
-                                       dfl_sampler_graph * out) {
+/* Dense: the mask arrives as its bytes, each an index into a table of the 256 bytes'
+ * biases (8 columns: 0 for a set bit, -inf for a clear one): one lookup gives the bias of
+ * every token, and one add applies it. */
+static struct ggml_tensor * apply_dense_mask(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                             dfl_sampler_graph * out) {
     const int64_t V = logits->ne[0], n = logits->ne[1], bytes = 4 * dfl_mask_words((int) V);
     out->mask = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, bytes * n);
     out->byte_bias = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 256);
@@ -278,6 +358,60 @@ static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_te
     struct ggml_tensor * bias = ggml_reshape_2d(ctx, ggml_get_rows(ctx, out->byte_bias, out->mask), 8 * bytes, n);
     bias = ggml_view_2d(ctx, bias, V, n, bias->nb[1], 0);
     return ggml_add_inplace(ctx, logits, bias);
+}
+
+/* -inf as [1], computed from x's first value (so that it follows x in the graph): a step
+ * is 0 or 1 whatever x is, times 0 is 0. */
+static struct ggml_tensor * neg_inf_after(struct ggml_context * ctx, struct ggml_tensor * x) {
+    return ggml_scale_bias(ctx, ggml_step(ctx, ggml_view_1d(ctx, x, 1, 0)), 0.0f, -INFINITY);
+}
+
+/* The largest divisor of v at most 1024: the width the keeping rows' -inf is broadcast at
+ * (a whole vector per add rather than one value). */
+static int64_t broadcast_width(int64_t v) {
+    int64_t c = v < 1024 ? v : 1024;
+    while (v % c) {
+        c--;
+    }
+    return c;
+}
+
+/* Sparse: the rows' exception lists, padded with repeats of an entry (which write the
+ * same value again). Keeping rows: their allowed logits gathered, then the row's bias
+ * (-inf for a keeping row, 0 for the others, made to follow the gather) added to every
+ * logit, then the gathered logits written back; the other rows: -inf written at their
+ * disallowed entries. */
+static struct ggml_tensor * apply_sparse_mask(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                              const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1];
+    struct ggml_tensor * flat = ggml_reshape_2d(ctx, logits, 1, V * n);
+    if (key->n_keep > 0) {
+        const int64_t C = broadcast_width(V);
+        out->keep_idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, key->n_keep);
+        out->row_bias = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, 1, n);
+        ggml_set_input(out->keep_idx);
+        ggml_set_input(out->row_bias);
+        struct ggml_tensor * kept = ggml_get_rows(ctx, flat, out->keep_idx); /* [1, n_keep] */
+        struct ggml_tensor * zero = ggml_scale(ctx, ggml_step(ctx, ggml_view_1d(ctx, kept, 1, 0)), 0.0f);
+        struct ggml_tensor * bias = ggml_repeat_4d(ctx, ggml_add(ctx, out->row_bias, zero), C, 1, n, 1);
+        struct ggml_tensor * x = ggml_add_inplace(ctx, ggml_reshape_3d(ctx, logits, C, V / C, n), bias);
+        flat = ggml_set_rows(ctx, ggml_reshape_2d(ctx, x, 1, V * n), kept, out->keep_idx);
+    }
+    if (key->n_ban > 0) {
+        out->ban_idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, key->n_ban);
+        ggml_set_input(out->ban_idx);
+        struct ggml_tensor * ninf = ggml_repeat_4d(ctx, neg_inf_after(ctx, flat), 1, key->n_ban, 1, 1);
+        flat = ggml_set_rows(ctx, flat, ninf, out->ban_idx);
+    }
+    return ggml_reshape_2d(ctx, flat, V, n);
+}
+
+/* Logits with the tokens each row's bitmask leaves out at -inf, in place (so that the
+ * logits read back are those the row chose from). */
+static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                       const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    return key->masked == DFL_MASK_DENSE ? apply_dense_mask(ctx, logits, out)
+                                         : apply_sparse_mask(ctx, logits, key, out);
 }
 
 /* The inverse-CDF draw over cumulative weights cw [K, n]: per row, how many of them lie at
@@ -417,7 +551,7 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
         logits = penalize(ctx, logits, key->n_penalty, out);
     }
     if (key->masked) {
-        logits = apply_mask(ctx, logits, out);
+        logits = apply_mask(ctx, logits, key, out);
     }
     switch (key->pick) {
         case DFL_PICK_FULL: out->choice = pick_full(ctx, logits, out); break;
@@ -448,6 +582,70 @@ static int32_t pad_token(const dfl_sampler * smp, int r, int j, int n_vocab) {
         }
     }
     return tok;
+}
+
+/* Appends row * V + t for each token t whose bit in the row's mask is `bit`. */
+static int32_t * append_tokens(int32_t * at, const uint32_t * row, int n_vocab, int64_t row0, bool bit) {
+    const int W = dfl_mask_words(n_vocab);
+    for (int w = 0; w < W; w++) {
+        const uint32_t valid = w == W - 1 && n_vocab % 32 ? ~(~0u << (n_vocab % 32)) : ~0u;
+        uint32_t x = (bit ? row[w] : ~row[w]) & valid;
+        for (int b = 0; x; b++, x >>= 1) {
+            if (x & 1u) {
+                *at++ = (int32_t) (row0 + 32 * w + b);
+            }
+        }
+    }
+    return at;
+}
+
+/* The list's n entries padded to `bucket` with repeats of its last. */
+static void pad_list(int32_t * list, int n, int bucket) {
+    for (int i = n; i < bucket; i++) {
+        list[i] = list[n - 1];
+    }
+}
+
+/* The SPARSE mask's inputs: each masked row's exception list (the rule of
+ * dfl_sampler_key_for), and with keeping rows, each row's bias. */
+static dfl_status fill_sparse_mask(const dfl_sampler_part * parts, int n_parts, int n_rows, const dfl_runtime * rt,
+                                   const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab) {
+    dfl_sampler * host = parts[0].smp;
+    if (!reserve((void **) &host->host_mask, &host->cap_host_mask, key->n_keep, sizeof(int32_t)) ||
+        !reserve((void **) &host->host_ban, &host->cap_host_ban, key->n_ban, sizeof(int32_t)) ||
+        !reserve((void **) &host->host_row_bias, &host->cap_host_row_bias, n_rows, sizeof(float))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    int32_t * keep = host->host_mask, * ban = host->host_ban;
+    const int W = dfl_mask_words(n_vocab);
+    for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
+        const dfl_sampler * smp = parts[i].smp;
+        for (int r = 0; r < parts[i].n_rows; r++) {
+            /* a row without a constraint allows every token: it bans none */
+            const bool keeps = smp->mask_rows > 0 && row_keeps(smp->mask_allowed[r], n_vocab);
+            const int allowed = smp->mask_rows > 0 ? smp->mask_allowed[r] : n_vocab;
+            const int64_t base = (int64_t) (r0 + r) * n_vocab;
+            int32_t ** list = keeps ? &keep : &ban;
+            const int64_t room = keeps ? key->n_keep - (keep - host->host_mask) : key->n_ban - (ban - host->host_ban);
+            if ((keeps ? allowed : n_vocab - allowed) > room) {
+                return dfl_fail(DFL_ERR_STATE, "masks changed after the step's graph was chosen");
+            }
+            if (smp->mask_rows > 0) {
+                *list = append_tokens(*list, smp->mask + (size_t) r * W, n_vocab, base, keeps);
+            }
+            host->host_row_bias[r0 + r] = keeps ? -INFINITY : 0.0f;
+        }
+    }
+    if (g->keep_idx) {
+        pad_list(host->host_mask, (int) (keep - host->host_mask), key->n_keep);
+        dfl_runtime_set(rt, g->keep_idx, host->host_mask, 0, (size_t) key->n_keep * sizeof(int32_t));
+        dfl_runtime_set(rt, g->row_bias, host->host_row_bias, 0, (size_t) n_rows * sizeof(float));
+    }
+    if (g->ban_idx) {
+        pad_list(host->host_ban, (int) (ban - host->host_ban), key->n_ban);
+        dfl_runtime_set(rt, g->ban_idx, host->host_ban, 0, (size_t) key->n_ban * sizeof(int32_t));
+    }
+    return DFL_OK;
 }
 
 dfl_status dfl_sampler_fill(dfl_sampler * smp, const dfl_runtime * rt, const dfl_sampler_graph * g,
@@ -546,6 +744,9 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         }
         dfl_runtime_set(rt, g->mask, host->host_mask, 0, (size_t) n_rows * B * sizeof(int32_t));
         dfl_runtime_set(rt, g->byte_bias, table, 0, sizeof table);
+    }
+    if (g->keep_idx || g->ban_idx) {
+        TRY(fill_sparse_mask(parts, n_parts, n_rows, rt, g, key, n_vocab));
     }
     for (int i = 0; i < n_parts; i++) {
         parts[i].smp->n_u = 0;

@@ -25,6 +25,12 @@
 enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1, DFL_SP_REP_FLIP, DFL_SP_FREQ,
        DFL_SP_PRESENT, DFL_SP_PICK, DFL_SP_TOP_K, DFL_SP_CAPPED, DFL_SAMPLER_PARAMS };
 
+/* How a graph applies the rows' masks (see dfl_sampler_key_settle). SPARSE: each row's
+ * shorter exception list, a row with few allowed tokens keeping only those (its row
+ * starts at -inf and they are restored), a row with few disallowed ones setting those to
+ * -inf; DENSE: every row's bitmask expanded to a bias over the vocabulary and added. */
+enum { DFL_MASK_NONE = 0, DFL_MASK_SPARSE = 1, DFL_MASK_DENSE = 2 };
+
 /* How a graph picks: fixed when it is built, part of its key. MIXED: rows of several
  * sequences that pick differently, each by its own pick (a per-row setting): the argmax
  * of every row is computed (a greedy row takes it, exactly), the full draw when some row
@@ -40,7 +46,11 @@ typedef struct dfl_sampler_key {
     int n_penalty; /* penalty entries per row (0: no penalties in this graph) */
     int full;      /* MIXED: some row draws over the vocabulary */
     int ranked;    /* MIXED: some row ranks candidates (n_cand of them at most; capped: some row is) */
-    int masked;    /* some row has an allowed-token mask (the others get all tokens) */
+    int masked;    /* some row has an allowed-token mask (the others get all tokens): DFL_MASK_* */
+    int n_keep;    /* SPARSE: entries of the allowed list (padded to a bucket; before
+                      dfl_sampler_key_settle, the exact count) ... */
+    int n_ban;     /* ... and of the disallowed list */
+    int keep_rows; /* SPARSE: some row keeps only its allowed list (its logits start at -inf) */
     int by_sort;   /* candidates by a full sort (the runtime's top_k_by_sort) */
 } dfl_sampler_key;
 
@@ -55,6 +65,9 @@ typedef struct dfl_sampler_graph {
     struct ggml_tensor * mask;      /* masked: [4 * n_words * n] i32, each row's bitmask as its bytes
                                        (byte k of word w: tokens 32 w + 8 k ..), low byte first */
     struct ggml_tensor * byte_bias; /* masked: [8, 256] f32, byte v's bias per bit: 0 set, -inf clear */
+    struct ggml_tensor * keep_idx;  /* SPARSE: [n_keep] i32, row * V + token of the keeping rows' allowed tokens */
+    struct ggml_tensor * row_bias;  /* SPARSE with keep_rows: [1, 1, n] f32, -inf for a keeping row, 0 others */
+    struct ggml_tensor * ban_idx;   /* SPARSE: [n_ban] i32, row * V + token of the other rows' disallowed tokens */
 } dfl_sampler_graph;
 
 /* A model's sampling settings and what the host staged for its next graph that samples. */
@@ -66,14 +79,17 @@ typedef struct dfl_sampler {
     float * pen_cnt;
     int pen_rows, pen_per_row;  /* (0: none staged) */
     uint32_t * mask;            /* allowed-token bitmasks for the next call's rows, [rows][words] */
+    int32_t * mask_allowed;     /* tokens each of them allows */
     int mask_rows;              /* (0: none staged) */
-    int cap_mask;
+    int cap_mask, cap_mask_allowed;
     int cap_u, cap_pen_tok, cap_pen_cnt; /* staging capacities */
     float * host_params;        /* input staging */
     int32_t * host_idx;
     float * host_cnt;
-    int32_t * host_mask;
-    int cap_params, cap_idx, cap_cnt, cap_host_mask;
+    int32_t * host_mask;        /* DENSE: the bytes; SPARSE: the allowed list */
+    int32_t * host_ban;
+    float * host_row_bias;
+    int cap_params, cap_idx, cap_cnt, cap_host_mask, cap_host_ban, cap_host_row_bias;
 } dfl_sampler;
 
 /* 32-bit words of a bitmask over n_vocab tokens (bit t % 32 of word t / 32: token t). */
@@ -96,8 +112,14 @@ dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, in
 dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab, dfl_sampler_key * key);
 
 /* The key of a graph whose rows are those of `acc` and then those of `k`: the same pick
- * when both pick alike, else MIXED; the most penalty entries and candidates. */
+ * when both pick alike, else MIXED; the most penalty entries and candidates; the rows'
+ * exception lists together. */
 void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k);
+
+/* Decides how a key's (merged) masks of n rows are applied: SPARSE when the rows'
+ * exception lists cost less than the dense expansion, their lengths padded to a power of
+ * four (so that a graph serves many steps), else DENSE. Call once, after the merges. */
+void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab);
 
 /* Builds the stage over logits [V, n] (contiguous) into gf; returns out->choice. */
 struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cgraph * gf, struct ggml_tensor * logits,

@@ -596,6 +596,7 @@ static int graph_slot(dfl_target * t, const dfl_step * step) {
 static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
     memset(&step->samp, 0, sizeof step->samp);
     bool first = true;
+    int n_rows = 0;
     for (int i = 0; i < step->n_seg; i++) {
         const dfl_segment * s = &step->seg[i];
         const int n_out = s->logits == LOGITS_NONE ? 0 : (s->logits == LOGITS_LAST ? 1 : s->n);
@@ -610,7 +611,9 @@ static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
             dfl_sampler_key_merge(&step->samp, &key);
         }
         first = false;
+        n_rows += n_out;
     }
+    dfl_sampler_key_settle(&step->samp, n_rows, t->m.n_vocab);
     step->samp.by_sort = t->rt.top_k_by_sort;
     return DFL_OK;
 }

@@ -420,6 +420,62 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
         d.set_uniforms(rng.random(d.block_size - 1, dtype=np.float32))
         d.propose(41)
         out["drafter sampled propose"] = d.placement()
+        # a grammar's masks: short exception lists (rows keeping a few tokens, rows banning
+        # a few), then masks that take the dense path
+        t.set_sampling(SamplingParams().native())
+        for name, mask in (("sparse lists", _mask_words(t.n_vocab, "lists")), ("dense", _mask_words(t.n_vocab, "dense"))):
+            t.set_masks(mask)
+            t.verify(block[:4])
+            out[f"target masked chain verify ({name})"] = t.placement()
+            t.commit(1)
+    return out
+
+
+def _mask_words(n_vocab: int, kind: str):
+    """Allowed-token bitmasks of 4 rows: "lists" (rows 0 and 2 allow 3 tokens, rows 1 and 3
+    all but 3, which the sampler applies as exception lists) or "dense" (every other
+    nibble)."""
+    import numpy as np
+
+    words = (n_vocab + 31) // 32
+    if kind == "dense":
+        return np.full((4, words), 0x0F0F0F0F, dtype=np.uint32)
+    allowed = np.ones((4, n_vocab), dtype=bool)
+    allowed[[0, 2]] = False
+    for r in range(4):
+        allowed[r, [(r * 101 + 7 * j) % n_vocab for j in range(3)]] = r % 2 == 0
+    padded = np.zeros((4, words * 32), dtype=bool)
+    padded[:, :n_vocab] = allowed
+    return np.packbits(padded.reshape(4, -1, 32)[:, :, ::-1], axis=2).view(">u4").astype(np.uint32)[..., 0]
+
+
+def masked_on_devices(endpoint, target_path: str, devices: list, prompt: list) -> dict:
+    """Per device and mask kind (see _mask_words): whether a masked verify's logits are -inf
+    exactly where its masks disallow and the free logits elsewhere, and its greedy choices."""
+    import numpy as np
+
+    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+
+    _devices(endpoint)
+    out = {}
+    for device in devices:
+        out[device] = {}
+        with Target(target_path, TargetConfig(n_ctx=256, kv_type="f32", device=device, repack=False)) as t:
+            for kind in ("lists", "dense"):
+                mask = _mask_words(t.n_vocab, kind)
+                bits = np.unpackbits(mask.astype(">u4").view(np.uint8), axis=1).reshape(4, -1, 32)[:, :, ::-1]
+                allowed = bits.reshape(4, -1)[:, :t.n_vocab].astype(bool)
+                runs = []
+                for masks in (None, mask):
+                    t.reset()
+                    t.prefill(prompt, LOGITS_LAST)
+                    if masks is not None:
+                        t.set_masks(masks)
+                    t.verify([11, 13, 17, 19])
+                    runs.append((t.logits(0, 4), t.choices(0, 4).tolist()))
+                (free, _), (masked, choices) = runs
+                exact = bool(np.all(np.isneginf(masked[~allowed])) and np.array_equal(masked[allowed], free[allowed]))
+                out[device][kind] = {"exact": exact, "choices": choices}
     return out
 
 

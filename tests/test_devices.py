@@ -247,6 +247,21 @@ def test_demo_pair_sampling_on_the_device(demo_pairs, device, pair):
     print(f"{device.name}: {same} of {total} sampled continuations equal the CPU's")
 
 
+@pytest.mark.device
+def test_grammar_masks_on_the_device(demo_pairs, device):
+    """A grammar's masks (exception lists, and the dense path) on the device leave its
+    logits -inf exactly where disallowed and as they were elsewhere; its greedy choices are
+    the CPU's where the kernels are the same (the RPC stand-in)."""
+    target, _ = demo_pairs["f32"]
+    res = run_isolated("masked_on_devices", device.rpc, target, ["CPU", device.name], DEMO_PROMPTS[1],
+                       timeout=600)
+    for dev, kinds in res.items():
+        for kind, r in kinds.items():
+            assert r["exact"], f"{dev}: the {kind} masks are not exact"
+    if device.rpc:
+        assert res[device.name] == res["CPU"]
+
+
 # ---- placement: every node on the device -----------------------------------------------
 
 # What may stay on the host: the token embedding lookup (the table lives on the CPU, as

@@ -119,6 +119,98 @@ def test_mask_calls_are_checked(target):
     target.reset()
 
 
+def _masked_verify(target, prompt, drafts, allowed=None):
+    """Logits, greedy choices and host bytes written of one verify of `drafts` after
+    `prompt`, under the rows' allowed tokens (boolean [rows, V]) when given."""
+    target.reset()
+    target.set_sampling(SamplingParams().native())
+    target.decode(prompt, LOGITS_LAST)
+    if allowed is not None:
+        target.set_masks(words_of(allowed))
+    before = target.info()["n_host_write_bytes"]
+    target.verify(drafts)
+    wrote = target.info()["n_host_write_bytes"] - before
+    n = len(drafts)
+    return target.logits(0, n), target.choices(0, n), wrote
+
+
+def _drafts(text, n):
+    """n draft tokens: the text's first, its last repeated where it has fewer."""
+    tokens = Tokenizer(TARGET).encode(text)[:n]
+    return tokens + [tokens[-1]] * (n - len(tokens))
+
+
+def _allowing(rng, n_vocab, rows):
+    """Boolean [len(rows), V]: per row ("keep", k) allows k random tokens, ("ban", k)
+    all but k, ("all",) every token, ("half",) each token by a coin."""
+    out = np.ones((len(rows), n_vocab), dtype=bool)
+    for r, (kind, *k) in enumerate(rows):
+        if kind == "keep":
+            out[r] = False
+            out[r, rng.choice(n_vocab, k[0], replace=False)] = True
+        elif kind == "ban":
+            out[r, rng.choice(n_vocab, k[0], replace=False)] = False
+        elif kind == "half":
+            out[r] = rng.random(n_vocab) < 0.5
+    return out
+
+
+MASK_SHAPES = {
+    "few allowed (kept lists)": [("keep", 3), ("keep", 40), ("keep", 1), ("keep", 17)],
+    "few disallowed (banned lists)": [("ban", 5), ("ban", 60), ("all",), ("ban", 1)],
+    "both kinds of row": [("keep", 9), ("ban", 30), ("keep", 2), ("all",)],
+    "dense (both lists long)": [("half",), ("half",), ("keep", 7), ("half",)],
+}
+
+
+@pytest.mark.parametrize("shape", list(MASK_SHAPES))
+def test_each_mask_path_is_exact(target, shape):
+    """Masked logits read back are the free ones where allowed and exactly -inf elsewhere,
+    the greedy choice their argmax, whichever way the rows' masks are applied: short
+    exception lists upload only their entries (fewer bytes than the dense path, which
+    uploads a byte index of the masks)."""
+    prompt = Tokenizer(TARGET).encode(PROMPTS[0])
+    drafts = _drafts(" return n", 4)
+    free, _, _ = _masked_verify(target, prompt, drafts)
+    rng = np.random.default_rng(7)
+    allowed = _allowing(rng, target.n_vocab, MASK_SHAPES[shape])
+    for r, (kind, *_) in enumerate(MASK_SHAPES[shape]):  # the free argmax is disallowed where a row bans
+        if kind == "ban":
+            allowed[r, int(np.argmax(free[r]))] = False
+    masked, choices, wrote = _masked_verify(target, prompt, drafts, allowed)
+    np.testing.assert_array_equal(masked[allowed], free[allowed])
+    assert np.all(np.isneginf(masked[~allowed]))
+    np.testing.assert_array_equal(choices, np.argmax(np.where(allowed, free, -np.inf), axis=1))
+    dense = _allowing(rng, target.n_vocab, MASK_SHAPES["dense (both lists long)"])
+    dense_wrote = _masked_verify(target, prompt, drafts, dense)[2]
+    assert dense_wrote >= len(drafts) * target.n_vocab // 2  # the byte index, 4 bytes per 8 tokens
+    if not shape.startswith("dense"):
+        assert wrote < dense_wrote
+
+
+def test_sparse_masks_reuse_a_graph_and_hold_when_sampling(target):
+    """Another mask with as many exceptions reuses the step's graph (its lists are padded to
+    a bucket); sampled rows (top-k) choose allowed tokens only."""
+    prompt = Tokenizer(TARGET).encode(PROMPTS[2])
+    drafts = _drafts("import sys", 3)
+    rng = np.random.default_rng(3)
+    _masked_verify(target, prompt, drafts, _allowing(rng, target.n_vocab, [("ban", 20), ("keep", 5), ("ban", 9)]))
+    builds = target.info()["n_graph_builds"]
+    _masked_verify(target, prompt, drafts, _allowing(rng, target.n_vocab, [("ban", 21), ("keep", 4), ("ban", 8)]))
+    assert target.info()["n_graph_builds"] == builds
+    allowed = _allowing(rng, target.n_vocab, [("keep", 6), ("ban", 2), ("keep", 30)])
+    for u in (0.05, 0.5, 0.95):
+        target.reset()
+        target.set_sampling(SamplingParams().native())
+        target.decode(prompt, LOGITS_LAST)
+        target.set_sampling(SamplingParams(temperature=1.0, top_k=40, seed=1).native())
+        target.set_uniforms(np.full(len(drafts), u, dtype=np.float32))
+        target.set_masks(words_of(allowed))
+        target.verify(drafts)
+        choices = target.choices(0, len(drafts))
+        assert all(allowed[r, c] for r, c in enumerate(choices))
+
+
 def test_invalid_grammars_and_schemas_name_the_problem():
     with pytest.raises(ValueError, match="invalid grammar.*foo"):
         Constraint.gbnf("root ::= foo")
