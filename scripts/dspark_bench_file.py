@@ -1,0 +1,38 @@
+"""A DSpark drafter for the bundled demo target, to benchmark with: the trained demo DFlash
+drafter's backbone with seeded Markov and confidence heads, written as llama.cpp's
+converter writes DSpark GGUFs (tests/dspark_fixtures.py's make_dspark, the one definition
+of it here; the tests draft with the same file and check both runtimes draft alike).
+The heads are random, so the backbone's drafts carry the acceptance and the Markov bias
+changes a few of them: the file measures what a DSpark step costs each engine beside
+`llama-speculative-simple --spec-type draft-dspark`, not what trained heads would add.
+Prints the path; run it again and it reuses the file.
+
+    .venv/bin/python scripts/dspark_bench_file.py [--out FILE]
+    dflash-bench -m dflash_gguf/data/demo-target.gguf -md <file> --spec-type draft-dspark ...
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path.home() / ".cache" / "dflash-gguf" / "dspark-bench" / "dspark.gguf",
+                    help="the GGUF written (default: ~/.cache/dflash-gguf/dspark-bench/dspark.gguf)")
+    args = ap.parse_args()
+    if not args.out.exists():
+        sys.path.insert(0, str(ROOT / "tests"))
+        from dspark_fixtures import make_dspark
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        make_dspark(args.out, seed=7)  # the tests' file (tests/test_dspark.py)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
