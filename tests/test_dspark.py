@@ -383,25 +383,12 @@ def test_the_cli_drafts_with_it(dspark, plain_text):
 def test_the_server_drafts_with_it_over_slots(dspark, plain_text, tmp_path):
     """dflash-server -np 2 -md <DSpark GGUF> with its confidence cut: concurrent clients
     each get the plain greedy text, several tokens a step."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from dflash_gguf.tokenizer import Tokenizer
     from test_server import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", TARGET, "-md", dspark, "--spec-draft-conf-min", "0.6", "-c", "1024",
                            "-np", "2", "-t", "2", "-ctk", "f32")
-    try:
-        def ask(text):
-            r = server.http.post("/v1/completions", json={"prompt": text, "max_tokens": 40, "temperature": 0,
-                                                          "ignore_eos": True})
-            assert r.status_code == 200, r.text
-            return r.json()
-
-        with ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(ask, TEXTS))
-    finally:
-        server.stop()
-    assert server.proc.returncode == 0 and "Traceback" not in server.text, server.text
+    answers = server.greedy_texts(TEXTS, 40)
     tok = Tokenizer(TARGET)
     assert [a["choices"][0]["text"] for a in answers] == [tok.decode(t) for t in plain_text]
     assert all(a["dflash"]["mean_accepted_length"] > 1.1 for a in answers)

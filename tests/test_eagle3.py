@@ -332,24 +332,11 @@ def test_cli_drafts_with_the_eagle3_head(plain_text):
 def test_the_server_drafts_with_eagle3_over_slots(tmp_path, plain_text):
     """dflash-server -np 2 -md eagle3.gguf: concurrent clients each get the plain greedy
     text, several tokens a step."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from dflash_gguf.tokenizer import Tokenizer
     from test_server import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", DEMO, "-md", EAGLE3, "-c", "1024", "-np", "2", "-t", "2", "-ctk", "f32")
-    try:
-        def ask(text):
-            r = server.http.post("/v1/completions", json={"prompt": text, "max_tokens": 40, "temperature": 0,
-                                                          "ignore_eos": True})
-            assert r.status_code == 200, r.text
-            return r.json()
-
-        with ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(ask, TEXTS))
-    finally:
-        server.stop()
-    assert server.proc.returncode == 0 and "Traceback" not in server.text, server.text
+    answers = server.greedy_texts(TEXTS, 40)
     tok = Tokenizer(DEMO)
     assert [a["choices"][0]["text"] for a in answers] == [tok.decode(t) for t in plain_text]
     assert all(a["dflash"]["mean_accepted_length"] > 1.3 for a in answers)

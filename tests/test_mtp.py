@@ -325,24 +325,11 @@ def test_cli_drafts_with_the_models_own_mtp_layer(plain_text):
 def test_the_server_drafts_with_mtp_over_slots(tmp_path, plain_text):
     """dflash-server -np 2 --spec-type draft-mtp: concurrent clients each get the plain
     greedy text, several tokens a step."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from test_server import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", DEMO, "-c", "1024", "-np", "2", "--spec-type", "draft-mtp", "-t", "2",
                            "-ctk", "f32")
-    try:
-        def ask(text):
-            r = server.http.post("/v1/completions", json={"prompt": text, "max_tokens": 40, "temperature": 0,
-                                                          "ignore_eos": True})
-            assert r.status_code == 200, r.text
-            return r.json()
-
-        with ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(ask, TEXTS))
-    finally:
-        server.stop()
-    assert server.proc.returncode == 0 and "Traceback" not in server.text, server.text
+    answers = server.greedy_texts(TEXTS, 40)
     from dflash_gguf.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)

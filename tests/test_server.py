@@ -77,6 +77,26 @@ class ServerProcess:
                 out[name] = float(value)
         return out
 
+    def greedy_texts(self, prompts, max_tokens: int) -> list:
+        """Every prompt's greedy completion (max_tokens, end of generation ignored) asked
+        by concurrent clients, then the server stopped and checked to exit cleanly: the
+        answers, in the prompts' order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def ask(text):
+            r = self.http.post("/v1/completions", json={"prompt": text, "max_tokens": max_tokens, "temperature": 0,
+                                                        "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        try:
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                answers = list(pool.map(ask, prompts))
+        finally:
+            self.stop()
+        assert self.proc.returncode == 0 and "Traceback" not in self.text, self.text
+        return answers
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
