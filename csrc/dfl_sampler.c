@@ -158,10 +158,10 @@ static int popcount(uint32_t x) {
     return (int) ((((x + (x >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
 }
 
-/* Word w of a row's bitmask without the bits past the vocabulary. */
-static uint32_t word_in_vocab(const uint32_t * row, int w, int n_words, int n_vocab) {
-    const uint32_t tail = n_vocab % 32 ? ~0u << (n_vocab % 32) : 0u;
-    return w == n_words - 1 ? row[w] & ~tail : row[w];
+/* The bits of word w of an n_words-word bitmask that stand for tokens of the vocabulary
+ * (the last word's tail past n_vocab is not). */
+static uint32_t vocab_bits(int w, int n_words, int n_vocab) {
+    return w == n_words - 1 && n_vocab % 32 ? ~(~0u << (n_vocab % 32)) : ~0u;
 }
 
 /* Whether a row allowing `allowed` of n_vocab tokens keeps its allowed list (cheaper than
@@ -190,7 +190,7 @@ dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, in
         const uint32_t * row = words + (size_t) r * n_words;
         int allowed = 0;
         for (int w = 0; w < n_words; w++) {
-            allowed += popcount(word_in_vocab(row, w, n_words, n_vocab));
+            allowed += popcount(row[w] & vocab_bits(w, n_words, n_vocab));
         }
         if (!allowed) {
             return dfl_fail(DFL_ERR_ARGUMENT, "masks: row %d allows no token", r);
@@ -588,8 +588,7 @@ static int32_t pad_token(const dfl_sampler * smp, int r, int j, int n_vocab) {
 static int32_t * append_tokens(int32_t * at, const uint32_t * row, int n_vocab, int64_t row0, bool bit) {
     const int W = dfl_mask_words(n_vocab);
     for (int w = 0; w < W; w++) {
-        const uint32_t valid = w == W - 1 && n_vocab % 32 ? ~(~0u << (n_vocab % 32)) : ~0u;
-        uint32_t x = (bit ? row[w] : ~row[w]) & valid;
+        uint32_t x = (bit ? row[w] : ~row[w]) & vocab_bits(w, W, n_vocab);
         for (int b = 0; x; b++, x >>= 1) {
             if (x & 1u) {
                 *at++ = (int32_t) (row0 + 32 * w + b);
