@@ -38,10 +38,10 @@ def freeze_loaded_objects() -> None:
     the cycle collector's passes, for a process that keeps them to its end (dflash-run,
     dflash-server, dflash-bench). Steps allocate, so collections run every few steps, and
     now and then the oldest generation's pass walks every object tracked: with numpy,
-    llguidance and the rest loaded, one such pass is about 40 million instructions, a
-    stall of a step, and 4% of a 64-token decode of the demo pair that it fell in
-    (callgrind). Objects freed by reference counting are freed as before; only cycles among
-    the frozen objects would outlive their use."""
+    llguidance and the rest loaded, one such pass was 48 million instructions, a stall of
+    a step, and 5% of a 64-token decode of the demo pair that it fell in (callgrind,
+    results/gc-freeze-count-2026-11-25.json). Objects freed by reference counting are freed
+    as before; only cycles among the frozen objects would outlive their use."""
     gc.freeze()
 
 
