@@ -148,8 +148,9 @@ class Calibration:
                 self.accepted[b] += w
 
     def age(self) -> None:
-        """A step went by (whether or not it verified drafts: on plain decoding old
-        evidence fades, and the drafter's own belief comes back)."""
+        """A step verified drafts: the evidence before it weighs DECAY less. Steps that
+        draft nothing leave it as it is: on plain decoding the probes' few nodes are all
+        the evidence there is, and it has to add up across them."""
         self.weight /= self.DECAY
         if self.weight > 1e6:  # rescaled now and then, long before the sums could overflow
             self.predicted = [x / self.weight for x in self.predicted]
@@ -198,8 +199,8 @@ class AutoBudget:
                steps that built a tree: its own arm's, and surveys);
     seconds    the verify table at the arm's rows, plus the step's other work measured
                by kind (`part`, each a running low figure): a drafted step's (the
-               drafter's propose and the loop's host work), a plain step's (the loop's:
-               no drafter runs, decoding.step), a tree's host work per node (ranking,
+               drafter's propose and the loop's host work), a plain step's (all of it:
+               no drafter runs, decoding.decode_step), a tree's host work per node (ranking,
                building, walking; before a tree has run, a survey's per node).
 
     Every step a chain verifies the length with the highest rate (chain_cut: the drafts'
@@ -246,15 +247,18 @@ class AutoBudget:
         self.steps = self.run = 0  # steps, and steps since a switch
         self.next_decision, self.next_survey = self.DECIDE_EVERY, self.SETTLE + 1
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
-        self.next_probe, self.survey_due = self.probe_gap, False
+        # plain steps left before the next probe: carried from sequence to sequence, since
+        # the gap may be longer than a request
+        self.to_probe = p.to_probe if p else self.probe_gap
+        self.survey_due = False
         self.tally = {a: [0, 0] for a in self.arms}  # per arm: the steps that ran it, the tokens they made
 
     # ---- the model ------------------------------------------------------------------
     def seconds(self, arm: int) -> Optional[float]:
         """An arm's expected step time (None while a part it needs is unmeasured)."""
         part = self.part
-        if arm == PLAIN:  # never run: priced by its verify, and soon measured if chosen
-            return (part["plain"] or 0.0) + self.verify_chain[1]
+        if arm == PLAIN:  # before it has run: priced by a verify of one row, and soon measured if chosen
+            return part["plain"] if part["plain"] is not None else self.verify_chain[1]
         if part["drafted"] is None:
             return None
         if arm == CHAIN:
@@ -277,15 +281,15 @@ class AutoBudget:
     def choose(self) -> int:
         """The arm of the next step (survey_due: whether it is a survey too)."""
         self.steps += 1
-        self.spine.age()
-        self.branch.age()
         if self.steps >= self.next_decision:
             self._decide()
         self.run += 1
         arm = self.current
-        if arm == PLAIN and self.run >= self.next_probe:
-            arm = CHAIN  # a probe: on plain decoding nothing else says what drafts would bring
-            self.next_decision = self.steps + 1
+        if arm == PLAIN:
+            self.to_probe -= 1
+            if self.to_probe <= 0:  # a probe: on plain decoding nothing else says what drafts would bring
+                arm, self.to_probe = CHAIN, self.probe_gap
+                self.next_decision = self.steps + 1
         self.arm = arm
         self.survey_due = arm != PLAIN and bool(self.trees) and self.steps >= self.next_survey
         return arm
@@ -300,11 +304,10 @@ class AutoBudget:
         if self.current == PLAIN and rates[CHAIN] and (switch or self.arm != PLAIN):
             # on plain decoding the next probe comes as late as keeps what probes lose
             # against plain within EXPLORE_SHARE of the time; never sooner than the last
-            # (between probes the calibration fades back to the drafter's belief)
             loss = max((self.part["probe"] or self.seconds(CHAIN)) - self.tokens * self.seconds(PLAIN), 0.0)
             gap = max(self.DECIDE_EVERY, math.ceil(loss / (self.EXPLORE_SHARE * self.seconds(PLAIN))))
             self.probe_gap = gap if switch else max(gap, self.probe_gap)
-            self.next_probe = self.run + self.probe_gap
+            self.to_probe = self.probe_gap
 
     def chain_cut(self, top1, verify: bool = True) -> int:
         """The drafts a chain step verifies (at least one): the length with the highest
@@ -365,6 +368,9 @@ class AutoBudget:
         arm, part = self.arm, self.part
         self.tally[arm][0] += 1
         self.tally[arm][1] += n_acc + 1
+        if arm != PLAIN:
+            self.spine.age()
+            self.branch.age()
         if arm == CHAIN:
             self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
             if self.current == PLAIN:  # a probe: what it says of the text now, its outcome counted; its cost
@@ -378,7 +384,7 @@ class AutoBudget:
             return  # a probe, or a step that builds graphs
         seconds -= host
         if arm == PLAIN:
-            part["plain"] = _low(part["plain"], seconds - self.verify_chain[1])
+            part["plain"] = _low(part["plain"], seconds)
         elif arm == CHAIN:
             part["drafted"] = _low(part["drafted"], seconds - self.verify_chain[1 + len(self.pending)])
         elif part["drafted"] is not None and not host:

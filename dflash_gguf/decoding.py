@@ -151,6 +151,11 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         if s.draft is not None and (b or (s.committed and target.feature_room(s.slot) <= s.proposer.lookahead)):
             blocks.append((s.slot, s.bonus, b, s.committed))
             s.committed = []
+    if not blocks and all(s.proposer.decodes for s in seqs):
+        # every sequence verifies its last token alone this step (auto's plain arm, a
+        # block with no room to draft) and no drafter has to catch up: plain decoding's
+        # lean path, its drafters left behind
+        return decode_step(target, seqs, t0)
     if blocks:
         draft.propose_many(blocks)
     rows, row0 = [], 0
@@ -195,11 +200,15 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     return kept
 
 
-def decode_step(target, seqs: Seq[Sequence]) -> List[List[int]]:
+def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List[List[int]]:
     """step() of sequences that all decode plainly (no drafts, PlainProposer's rows): their
     last tokens in one call of the target, which returns their choices. The per-token
     host work is what bounds plain decoding's speed on a small model, so this path crosses
-    into the library once and stages and reads through buffers allocated once."""
+    into the library once and stages and reads through buffers allocated once.
+
+    t0: the step's start when step() hands over speculative sequences that draft
+    nothing this step; each one's committed token waits for its drafter, and its
+    proposer hears of the step (decoded) as it would of a verify."""
     uniforms = []
     for s in seqs:
         sampler = s.sampler
@@ -212,9 +221,16 @@ def decode_step(target, seqs: Seq[Sequence]) -> List[List[int]]:
         s.stage("decoded")
         if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
             choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
+        if s.draft is not None:
+            s.committed.append(s.bonus)
         s.n_past += 1
         s.bonus = choices[row]
-    return [s._emitted([c], record=False) for s, c in zip(seqs, choices)]
+    if t0 is not None:
+        seconds = time.perf_counter() - t0
+        for s in seqs:
+            s.proposer.decoded(s, seconds)
+            s.stats.verify_seconds += seconds
+    return [s._emitted([c], record=s.speculative) for s, c in zip(seqs, choices)]
 
 
 def sequence_steps(seq: Sequence) -> Iterator[List[int]]:

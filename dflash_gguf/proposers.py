@@ -12,6 +12,10 @@ sequence come from one drafter graph and their verifies from one target graph:
   accept(seq, c) after the target's graph, c its choices per row: the tokens it keeps
                  (the accepted drafts, then the target's next token), committed to the
                  target (the drafter takes them in the sequence's next drafter graph)
+A proposer whose plan drafts nothing sets `decodes` when the step verifies the last token
+alone: when every sequence of a step does, the step is a plain decode (decoding.
+decode_step) and the proposer hears of it through decoded(seq, seconds) instead of rows
+and accept.
 Greedy, every emitted token is the target's argmax given its prefix; sampling, a draw
 from the target's distribution given its prefix (see sampling.py for the rules)."""
 from __future__ import annotations
@@ -64,12 +68,23 @@ def _chain_paths(block: List[int]) -> List[List[int]]:
     return [block[1:i + 1] for i in range(len(block))]
 
 
-class PlainProposer:
+class Proposer:
+    """What every proposer has: a step that drafts nothing (decodes) is heard of
+    through decoded()."""
+
+    decodes = False
+
+    def decoded(self, seq, seconds: float) -> None:
+        """The step decoded the last token alone, in `seconds`."""
+
+
+class PlainProposer(Proposer):
     """No drafts: each step decodes the last token alone, its row choosing the next."""
 
     lookahead = 0
     drafted_samples = False
     stage = "decoded"
+    decodes = True
 
     def plan(self, seq) -> int:
         return 0
@@ -82,7 +97,7 @@ class PlainProposer:
         return [int(choice[0])]
 
 
-class ChainProposer:
+class ChainProposer(Proposer):
     """The drafter's block as a chain, from the drafter to the target on the device. Greedy
     or with sampling under the argmax rule, the drafts are kept while the target's choice
     after each equals the next (its draw, exact for drafts fixed in advance); under the
@@ -113,6 +128,7 @@ class ChainProposer:
     def plan(self, seq) -> int:
         self.tokens = None
         self.b = min(self.block_size, seq.remaining + 1, seq.room)
+        self.decodes = self.b < 2  # no room left to draft
         if self.b > 1 and self.top_k:
             self.draft.set_uniforms(seq.sampler.uniforms(self.b - 1), seq=seq.slot)
         return self.b if self.b > 1 else 0
@@ -178,7 +194,7 @@ def _draft_room(seq, n_max: int) -> int:
     return max(0, min(n_max, seq.remaining - 1, seq.room - 1))
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """No drafter: each step verifies the bonus and the chain the sequence's n-gram
     sources propose from its prompt and output (the best expected, see
     ngram.NgramDrafts), or the bonus alone when none finds one."""
@@ -226,7 +242,9 @@ class MixedProposer(ChainProposer):
 
     def plan(self, seq) -> int:
         self.ngram.sync(seq)
-        return super().plan(seq)
+        b = super().plan(seq)
+        self.decodes = False  # the n-gram chain is found after the drafter's graph
+        return b
 
     def drafted(self, seq) -> None:
         super().drafted(seq)
@@ -244,7 +262,7 @@ class MixedProposer(ChainProposer):
         return out
 
 
-class TreeProposer:
+class TreeProposer(Proposer):
     """A DDTree of `budget` nodes below the bonus token, built best-first from the
     drafter's per-position top-K; every node's token is chosen by the target (its argmax,
     or its draw), and the walk moves on while the choice is a child. Trees are padded to
@@ -287,7 +305,8 @@ class TreeProposer:
         self.depth = min(b - 1, seq.remaining)
         auto = self.auto
         self.arm = auto.choose() if auto is not None and b >= 2 else None
-        if b < 2 or self.arm == PLAIN:
+        self.decodes = b < 2 or self.arm == PLAIN
+        if self.decodes:
             self.b = 1  # the bonus alone
             return 0
         self.survey = auto is not None and auto.survey_due
@@ -386,6 +405,10 @@ class TreeProposer:
         if self.arm is not None:
             self.auto.verified(n_acc, time.perf_counter() - self.t0, self.host, self.nodes, accepted)
         return out
+
+    def decoded(self, seq, seconds: float) -> None:
+        if self.arm is not None:
+            self.auto.verified(0, seconds)
 
     def finish(self, seq) -> None:
         """The sequence ended: its statistics get auto's report, and what auto learnt

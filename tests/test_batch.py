@@ -391,6 +391,37 @@ def test_auto_sequences_in_a_batch_decode_as_plain_greedy(many, one):
     assert AUTO.learnt is not None
 
 
+
+def test_auto_plain_steps_take_plain_decodings_path(one, monkeypatch):
+    """`auto`'s plain steps are plain decoding's steps: one decode_next call a token and
+    no drafter graph while the feature rows keep what the drafter lacks; the probe after
+    them drafts once the drafter has taken those positions, and the output is plain
+    greedy's."""
+    target, draft = one
+    text = prompts(1, seed=71)[0]
+    want = decode_alone(target, draft, "plain", text, 24)[0]
+    calls = {"decode_next": 0, "propose": []}
+    decode_next, propose_many = target.decode_next, draft.propose_many
+
+    def counted_decode(*args):
+        calls["decode_next"] += 1
+        return decode_next(*args)
+
+    def counted_propose(blocks):
+        calls["propose"].append([(b, len(committed)) for _, _, b, committed in blocks])
+        return propose_many(blocks)
+
+    monkeypatch.setattr(target, "decode_next", counted_decode)
+    monkeypatch.setattr(draft, "propose_many", counted_propose)
+    chooser = PLAIN_FIRST.chooser()
+    chooser.next_decision = chooser.to_probe = 12  # plain decoding until a probe at step 12
+    stats = GenerationStats()
+    seq = Sequence(target, draft, tree_proposer(target, draft, 8, None, chooser), Request(text, 24), stats)
+    assert collect(sequence_steps(seq)) == want
+    assert calls["decode_next"] >= 11
+    assert calls["propose"][0] == [(8, 11)]  # the probe's block of 8, after the 11 plain steps' tokens
+    assert stats.auto["arms"]["plain"]["steps"] == calls["decode_next"]
+
 def test_sampled_sequences_in_a_batch_keep_the_targets_distribution(many):
     """Four sampled requests in flight at once (the chain under both accept rules and two
     trees), each with its own seed: the joint distribution of their first three tokens

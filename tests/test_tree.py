@@ -772,6 +772,24 @@ def test_auto_drafts_again_when_drafts_come_back():
     assert arm_share(steps, CHAIN) >= 0.9
 
 
+def test_auto_probes_across_short_sequences():
+    """Probes are spaced by plain steps counted across the sequences of one engine: where
+    the gap between them is longer than a request, short requests still get them, about
+    one a gap."""
+    from dflash_gguf.budget import CHAIN, AutoMemory
+
+    sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
+    memory = AutoMemory(sim.cost, 32, 8)
+    arms = []
+    for i in range(100):
+        chooser = memory.chooser()
+        arms += [a for a, _, _ in simulate_auto(sim, steps=30, auto=chooser, seed=i)]
+        chooser.finish()
+    gap, late = memory.learnt.probe_gap, arms[600:]
+    assert gap > 30
+    assert len(late) / gap / 2 <= late.count(CHAIN) <= 2 * len(late) / gap + 1, (gap, late.count(CHAIN))
+
+
 def test_auto_chooses_per_sequence():
     """Two sequences decoded together (-np), from one engine's memory: one whose drafts
     the target takes, one whose drafts it never takes. Each chooses for its own text:
