@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Instructions a decode takes, counted by valgrind's callgrind: repeatable on a machine
 that is not idle, where timings are not. It compares two installs of the project (before
-and after a change) on the demo pair, one thread, chain and tree 8, greedy or sampled.
+and after a change) on the demo pair, one thread, chain and tree 8, greedy or sampled;
+or plain decoding against auto held on its plain arm (what auto's plain steps cost
+beyond plain decoding's).
 
     scripts/decode_count.py --python OLD/.venv/bin/python --python .venv/bin/python \
         --ggml-lib /path/to/avx2/ggml/lib --temp 0,0.6 --out results/decode-count-<date>.json
@@ -28,13 +30,25 @@ from pathlib import Path
 # Run by each install's interpreter: decode n tokens and print what came out.
 CHILD = """
 import sys
+import numpy as np
+from dflash_gguf import budget
 from dflash_gguf.demo import DEMO_PROMPT, demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
 mode, n, temp = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+if mode == "auto-plain":  # auto held on its plain arm: no decision, probe or cost measurement
+    init = budget.AutoBudget.__init__
+    def held(self, *a, **k):
+        init(self, *a, **k)
+        self.current = self.arm = budget.PLAIN
+        self.next_decision = self.next_survey = self.to_probe = self.next_probe = 10**9
+    def flat(self, target, n_threads=0, cache=None):
+        self.sizes, self.tree_seconds, self.chain_seconds = np.array([1.0, 64.0]), np.ones(2), np.ones(2)
+    budget.AutoBudget.__init__, budget.VerifyCost.__init__ = held, flat
 sampling = SamplingParams(temperature=temp, top_k=20, top_p=0.95, seed=1) if temp > 0 else None
-with Engine(*demo_paths(), n_ctx=512, n_threads=1, **({"tree_budget": 8} if mode == "tree" else {})) as e:
-    r = e.generate(DEMO_PROMPT, n, stop_tokens=(), sampling=sampling)
+kw = {"tree_budget": 8} if mode == "tree" else {"tree_budget": "auto"} if mode == "auto-plain" else {}
+with Engine(*demo_paths(), n_ctx=512, n_threads=1, **kw) as e:
+    r = e.generate(DEMO_PROMPT, n, stop_tokens=(), sampling=sampling, speculative=mode != "plain")
 print(len(r.tokens), r.stats.mean_accepted, hash(tuple(r.tokens)))
 """
 
@@ -62,7 +76,9 @@ def main(argv=None) -> int:
     p.add_argument("--ggml-lib", required=True, help="folder of an AVX2 build of ggml's libraries")
     p.add_argument("--tokens", type=int, default=64, help="tokens decoded (default 64)")
     p.add_argument("--temp", default="0", help="temperatures, comma-separated (default 0: greedy)")
-    p.add_argument("--modes", default="chain,tree", help="chain, tree (tree budget 8) or both")
+    p.add_argument("--modes", default="chain,tree",
+                   help="comma list of chain, tree (tree budget 8), plain, auto-plain (--tree-budget auto "
+                        "held on its plain arm) (default chain,tree)")
     p.add_argument("--out", type=Path, help="results JSON")
     args = p.parse_args(argv)
     rows = []
