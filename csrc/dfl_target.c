@@ -614,7 +614,9 @@ static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
         first = false;
         n_rows += n_out;
     }
-    dfl_sampler_key_settle(&step->samp, n_rows, t->m.n_vocab, true);
+    /* by candidates where top-k is a partial sort: where it sorts whole rows (Vulkan), the
+     * sort would cost more than masking in place */
+    dfl_sampler_key_settle(&step->samp, n_rows, t->m.n_vocab, !t->rt.top_k_by_sort);
     step->samp.by_sort = t->rt.top_k_by_sort;
     return DFL_OK;
 }

@@ -6,11 +6,11 @@ sampling_cost.py's timings are not; issue #40's bar: masked <= 1.10 x greedy).
 The passes are sampling_cost.py's (its shape model, chain of 16 and 16-node tree, greedy,
 sampled and greedy under the dense worst-case mask alternating, then greedy alternating
 with a JSON schema's masks from llguidance), run on one thread under callgrind, with a
-callgrind dump around every pass (at dfl_target_info, called only there), so that each
+callgrind dump around every pass (at dfl_target_feature_room, called only there), so that each
 pass's instructions are its own and graph builds show where they happen.
 
     scripts/mask_count.py --ggml-lib /path/to/avx2/ggml/lib [--reps 4] [--cache-sim] \
-        [--out results/mask-count-<date>.json] [--label before]
+        [--package-dir OLD] [--out results/mask-count-<date>.json] [--label before]
 
 valgrind does not run AVX-512 code, so ggml's CPU backend is preloaded from --ggml-lib (a
 ggml build with GGML_NATIVE=OFF GGML_AVX2=ON). The JSON schema's masks are computed outside
@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-# Run under callgrind: the passes, each between two calls of target.info() (a dump each).
+# Run under callgrind: the passes, each between two calls of target.feature_room() (a dump each).
 CHILD = """
 import json, sys
 import numpy as np
@@ -58,7 +58,8 @@ def one_pass(t, d, sampler, tree, mask):
     else:
         t.step([Rows(0, CHAIN, n=rows)], d)
     sampler.choices(t, 0, rows)
-    builds = t.info()["n_graph_builds"]  # a dump: this pass's instructions
+    t.feature_room()  # a dump: this pass's instructions
+    builds = t.info()["n_graph_builds"]
     if tree:
         t.commit_path([0])
     else:
@@ -83,7 +84,8 @@ with Target(target_path, TargetConfig(n_ctx=512, n_ubatch=64, n_verify=TREE_NODE
         name = "tree16" if tree else "chain16"
         samplers = {"greedy": Sampler(GREEDY), "sampled": Sampler(SAMPLED), "masked": Sampler(GREEDY)}
         start(t, d)
-        builds = t.info()["n_graph_builds"]  # a dump: set-up, not counted
+        t.feature_room()  # a dump: set-up, not counted
+        builds = t.info()["n_graph_builds"]
         for rep in range(reps + 3):  # the first passes build graphs
             for kind, sampler in samplers.items():
                 sampler.apply(t)
@@ -93,6 +95,7 @@ with Target(target_path, TargetConfig(n_ctx=512, n_ubatch=64, n_verify=TREE_NODE
         windows = [grammar[(5 * i) % (len(grammar) - rows + 1):][:rows] for i in range(reps + 3)]
         start(t, d)
         sampler = Sampler(GREEDY)
+        t.feature_room()
         builds = t.info()["n_graph_builds"]
         for rep, window in enumerate(windows):
             for kind in ("greedy", "json"):
@@ -122,6 +125,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ggml-lib", required=True, help="folder of an AVX2 build of ggml's libraries")
     p.add_argument("--python", default=sys.executable, help="the install's interpreter (default: this one)")
+    p.add_argument("--package-dir", help="a folder holding another build of dflash_gguf, which the counted run "
+                                         "imports in place of the install's (an earlier commit's, for a before/after)")
     p.add_argument("--reps", type=int, default=4, help="passes counted per kind (default 4)")
     p.add_argument("--cache-sim", action="store_true", help="also count last-level cache misses (slower)")
     p.add_argument("--label", default="", help="a name for this install's counts in the results file")
@@ -134,7 +139,9 @@ def main(argv=None) -> int:
         grammar = grammar_file(248320, tmp)
         out = tmp / "cg.out"
         env = {**os.environ, "LD_LIBRARY_PATH": args.ggml_lib, "PYTHONHASHSEED": "0"}
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-before=dfl_target_info"]
+        if args.package_dir:
+            env["PYTHONPATH"] = args.package_dir
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-before=dfl_target_feature_room"]
         if args.cache_sim:
             cmd.append("--cache-sim=yes")
         # run outside the checkout: the working directory first on sys.path would shadow the install
@@ -145,7 +152,7 @@ def main(argv=None) -> int:
         log = json.loads(res.stdout.strip().splitlines()[-1])
         dumps = sorted(tmp.glob("cg.out.*"), key=lambda f: int(f.name.rsplit(".", 1)[1]))
         events = [dump_events(f) for f in dumps]
-    # the dumps at info(): one before each loop, then one per pass
+    # the dumps at feature_room(): one before each loop, then one per pass
     passes, k = [], 0
     loop_starts = {0}
     for j in range(1, len(log)):
