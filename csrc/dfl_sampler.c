@@ -12,9 +12,14 @@
  * scattered write), a pad entry (uploaded, then the same value written again where the
  * last was: in cache), per token of every row the -inf start of keeping rows (a read and
  * a write of the logits) and the dense expansion (its byte index, the bias written, then
- * read with the logits and the sum written). */
-#define COST_BAN_ENTRY 64
-#define COST_KEEP_ENTRY 128
+ * read with the logits and the sum written). A list entry costs more than its bytes: the
+ * gather and the scattered write handle each as a row of its own (CPU, a 16-row chain
+ * pass at a 248K vocabulary: about 8 ns an entry, pads included, 1M of them, against
+ * about 1 ns a token for the dense path: results/sampling-cost-2026-11-25-0219.json
+ * against -2026-11-24-2250.json), so the lists' weights are about 9 times the dense
+ * token's (they were 4 and 8 times, and the dense worst case took the lists). */
+#define COST_BAN_ENTRY 150
+#define COST_KEEP_ENTRY 300
 #define COST_PAD_ENTRY 8
 #define COST_KEEP_ROWS_TOKEN 8
 #define COST_DENSE_TOKEN 17

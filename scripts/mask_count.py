@@ -3,11 +3,14 @@
 counted by valgrind's callgrind (repeatable on a machine that is not idle, where
 sampling_cost.py's timings are not; issue #40's bar: masked <= 1.10 x greedy).
 
-The passes are sampling_cost.py's (its shape model, chain of 16 and 16-node tree, greedy,
-sampled and greedy under the dense worst-case mask alternating, then greedy alternating
-with a JSON schema's masks from llguidance), run on one thread under callgrind, with a
-callgrind dump around every pass (at dfl_target_feature_room, called only there), so that each
-pass's instructions are its own and graph builds show where they happen.
+The passes are sampling_cost.py's (its shape model, chain of 16 and 16-node tree, greedy
+and greedy under the dense worst-case mask alternating, then greedy alternating with a
+JSON schema's masks from llguidance; its sampled passes left out), run on one thread
+under callgrind, with a
+callgrind dump around every pass (a client request, CALLGRIND_DUMP_STATS, from a marker
+library the script compiles: valgrind does not name libdflash's functions, so a dump at a
+function's entry cannot be asked for), so that each pass's instructions are its own and
+graph builds show where they happen.
 
     scripts/mask_count.py --ggml-lib /path/to/avx2/ggml/lib [--reps 4] [--cache-sim] \
         [--package-dir OLD] [--out results/mask-count-<date>.json] [--label before]
@@ -34,17 +37,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-# Run under callgrind: the passes, each between two calls of target.feature_room() (a dump each).
+# Run under callgrind: the passes, each between two marks (a dump each).
 CHILD = """
-import json, sys
+import ctypes, json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from sampling_cost import SAMPLED, TREE_NODES, best_first_tree, half_mask
+from sampling_cost import TREE_NODES, best_first_tree, half_mask
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.sampling import GREEDY, Sampler
 from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 target_path, draft_path, grammar_path, reps = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+mark = ctypes.CDLL(sys.argv[6]).cg_mark
 grammar = np.load(grammar_path)
 log = []
 
@@ -58,7 +62,7 @@ def one_pass(t, d, sampler, tree, mask):
     else:
         t.step([Rows(0, CHAIN, n=rows)], d)
     sampler.choices(t, 0, rows)
-    t.feature_room()  # a dump: this pass's instructions
+    mark()  # a dump: this pass's instructions
     builds = t.info()["n_graph_builds"]
     if tree:
         t.commit_path([0])
@@ -82,20 +86,20 @@ with Target(target_path, TargetConfig(n_ctx=512, n_ubatch=64, n_verify=TREE_NODE
     for tree in (False, True):
         rows = TREE_NODES if tree else d.block_size
         name = "tree16" if tree else "chain16"
-        samplers = {"greedy": Sampler(GREEDY), "sampled": Sampler(SAMPLED), "masked": Sampler(GREEDY)}
+        samplers = {"greedy": Sampler(GREEDY), "masked": Sampler(GREEDY)}
         start(t, d)
-        t.feature_room()  # a dump: set-up, not counted
+        mark()  # a dump: set-up, not counted
         builds = t.info()["n_graph_builds"]
-        for rep in range(reps + 3):  # the first passes build graphs
+        for rep in range(reps + 2):  # the first passes build graphs
             for kind, sampler in samplers.items():
                 sampler.apply(t)
                 now = one_pass(t, d, sampler, tree, dense if kind == "masked" else None)
-                log.append([name, kind, rep >= 3, now - builds])
+                log.append([name, kind, rep >= 2, now - builds])
                 builds = now
         windows = [grammar[(5 * i) % (len(grammar) - rows + 1):][:rows] for i in range(reps + 3)]
         start(t, d)
         sampler = Sampler(GREEDY)
-        t.feature_room()
+        mark()
         builds = t.info()["n_graph_builds"]
         for rep, window in enumerate(windows):
             for kind in ("greedy", "json"):
@@ -141,18 +145,22 @@ def main(argv=None) -> int:
         env = {**os.environ, "LD_LIBRARY_PATH": args.ggml_lib, "PYTHONHASHSEED": "0"}
         if args.package_dir:
             env["PYTHONPATH"] = args.package_dir
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--dump-before=dfl_target_feature_room"]
+        marker = tmp / "cgmark.so"
+        (tmp / "cgmark.c").write_text("#include <valgrind/callgrind.h>\nvoid cg_mark(void) { CALLGRIND_DUMP_STATS; }\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(marker), str(tmp / "cgmark.c")], check=True)
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
         if args.cache_sim:
             cmd.append("--cache-sim=yes")
         # run outside the checkout: the working directory first on sys.path would shadow the install
         res = subprocess.run(cmd + [args.python, "-c", CHILD, str(ROOT / "scripts"), str(target), str(draft),
-                                    str(grammar), str(args.reps)], capture_output=True, text=True, env=env, cwd=tmp)
+                                    str(grammar), str(args.reps), str(marker)], capture_output=True, text=True,
+                                   env=env, cwd=tmp)
         if res.returncode != 0:
             raise SystemExit(f"the counted run failed:\n{res.stderr[-3000:]}")
         log = json.loads(res.stdout.strip().splitlines()[-1])
         dumps = sorted(tmp.glob("cg.out.*"), key=lambda f: int(f.name.rsplit(".", 1)[1]))
         events = [dump_events(f) for f in dumps]
-    # the dumps at feature_room(): one before each loop, then one per pass
+    # the dumps at the marks: one before each loop, then one per pass (the last file, at exit, unnumbered)
     passes, k = [], 0
     loop_starts = {0}
     for j in range(1, len(log)):
@@ -167,7 +175,7 @@ def main(argv=None) -> int:
     summary = {}
     for case in ("chain16", "tree16"):
         med = {}
-        for kind in ("greedy", "sampled", "masked", "json-greedy", "json"):
+        for kind in ("greedy", "masked", "json-greedy", "json"):
             rows = [x for x in passes if x["case"] == case and x["kind"] == kind and x["counted"]]
             med[kind] = {ev: statistics.median(r[ev] for r in rows) for ev in rows[0] if ev not in
                          ("case", "kind", "counted", "graph_builds")}
