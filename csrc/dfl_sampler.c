@@ -472,7 +472,8 @@ static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct
     ggml_set_input(out->halves);
     ggml_set_input(out->bit_scale);
     struct ggml_tensor * top = dfl_top_k(key->by_sort, ctx, logits, (int) K); /* [K, n], in no particular order */
-    struct ggml_tensor * vals = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top), K, n);
+    struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top);
+    vals = ggml_reshape_2d(ctx, vals, K, n);
     struct ggml_tensor * tok = ggml_cast(ctx, top, GGML_TYPE_F32);
     struct ggml_tensor * half = ggml_floor(ctx, ggml_scale(ctx, tok, 1.0f / 16.0f));
     struct ggml_tensor * bit = ggml_cast(ctx, ggml_sub(ctx, tok, ggml_scale(ctx, half, 16.0f)), GGML_TYPE_I32);
@@ -483,8 +484,10 @@ static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct
                                            ggml_reshape_1d(ctx, at, K * n));
     struct ggml_tensor * scale = ggml_get_rows(ctx, ggml_reshape_2d(ctx, out->bit_scale, 1, 16),
                                                ggml_reshape_1d(ctx, bit, K * n));
-    struct ggml_tensor * shifted = ggml_floor(ctx, ggml_mul(ctx, ggml_reshape_2d(ctx, h, K, n), ggml_reshape_2d(ctx, scale, K, n)));
-    struct ggml_tensor * allowed = ggml_sub(ctx, shifted, ggml_scale(ctx, ggml_floor(ctx, ggml_scale(ctx, shifted, 0.5f)), 2.0f));
+    struct ggml_tensor * shifted = ggml_floor(ctx, ggml_mul(ctx, ggml_reshape_2d(ctx, h, K, n),
+                                                            ggml_reshape_2d(ctx, scale, K, n)));
+    struct ggml_tensor * above = ggml_scale(ctx, ggml_floor(ctx, ggml_scale(ctx, shifted, 0.5f)), 2.0f);
+    struct ggml_tensor * allowed = ggml_sub(ctx, shifted, above); /* the bit: 1 allowed, 0 not */
     struct ggml_tensor * best = ggml_argmax(ctx, ggml_add(ctx, vals, ggml_log(ctx, allowed))); /* [n] */
     struct ggml_tensor * c = ggml_get_rows(ctx, ggml_reshape_3d(ctx, tok, 1, K, n), ggml_reshape_2d(ctx, best, 1, n));
     c = ggml_reshape_2d(ctx, c, 1, n);
@@ -501,7 +504,8 @@ static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct
         ggml_set_input(out->keeps);
         struct ggml_tensor * kept = ggml_get_rows(ctx, ggml_reshape_2d(ctx, logits, 1, V * n), out->keep_idx);
         struct ggml_tensor * j = ggml_argmax(ctx, ggml_reshape_2d(ctx, kept, L, n));
-        struct ggml_tensor * kc = ggml_get_rows(ctx, ggml_reshape_3d(ctx, out->keep_tok, 1, L, n), ggml_reshape_2d(ctx, j, 1, n));
+        struct ggml_tensor * kc = ggml_get_rows(ctx, ggml_reshape_3d(ctx, out->keep_tok, 1, L, n),
+                                                ggml_reshape_2d(ctx, j, 1, n));
         c = ggml_add(ctx, c, ggml_mul(ctx, out->keeps, ggml_sub(ctx, ggml_reshape_2d(ctx, kc, 1, n), c)));
     }
     return ggml_reshape_1d(ctx, ggml_cast(ctx, c, GGML_TYPE_I32), n);

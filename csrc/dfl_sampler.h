@@ -79,7 +79,7 @@ typedef struct dfl_sampler_graph {
                                        (tokens 16 h ..), low half first; all set for a row without a mask */
     struct ggml_tensor * bit_scale; /* CANDIDATES: [16] f32, 2^-b: a half times it has bit b lowest */
     struct ggml_tensor * keep_tok;  /* CANDIDATES with n_keep: [n_keep, n] f32, a keeping row's allowed tokens
-                                       (padded with its first), as keep_idx [n_keep * n] holds them at row * V + token */
+                                       (padded with its first), which keep_idx [n_keep * n] holds as row * V + token */
     struct ggml_tensor * keeps;     /* CANDIDATES with n_keep: [1, n] f32, 1 for a keeping row */
 } dfl_sampler_graph;
 

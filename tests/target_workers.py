@@ -473,7 +473,8 @@ def masked_on_devices(endpoint, target_path: str, devices: list, prompt: list) -
                 bits = np.unpackbits(mask.astype(">u4").view(np.uint8), axis=1).reshape(4, -1, 32)[:, :, ::-1]
                 allowed = bits.reshape(4, -1)[:, :t.n_vocab].astype(bool)
                 runs = []
-                for masks, params in ((None, SamplingParams()), (mask, SamplingParams()), (mask, SamplingParams(1.0, 20))):
+                greedy, sampled = SamplingParams(), SamplingParams(1.0, 20)
+                for masks, params in ((None, greedy), (mask, greedy), (mask, sampled)):
                     t.reset()
                     t.set_sampling(SamplingParams().native())
                     t.prefill(prompt, LOGITS_LAST)
