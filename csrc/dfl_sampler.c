@@ -12,13 +12,28 @@
  * scattered write), a pad entry (uploaded, then the same value written again where the
  * last was: in cache), per token of every row the -inf start of keeping rows (a read and
  * a write of the logits) and the dense expansion (its byte index, the bias written, then
- * read with the logits and the sum written). */
-#define COST_BAN_ENTRY 64
-#define COST_KEEP_ENTRY 128
+ * read with the logits and the sum written). A list entry costs more than its bytes: the
+ * gather and the scattered write handle each as a row of its own (CPU, a 16-row chain
+ * pass at a 248K vocabulary: about 8 ns an entry, pads included, 1M of them, against
+ * about 1 ns a token for the dense path: results/sampling-cost-2026-11-25-0219.json
+ * against -2026-11-24-2250.json), so the lists' weights are about 9 times the dense
+ * token's (they were 4 and 8 times, and the dense worst case took the lists). */
+#define COST_BAN_ENTRY 150
+#define COST_KEEP_ENTRY 300
 #define COST_PAD_ENTRY 8
 #define COST_KEEP_ROWS_TOKEN 8
 #define COST_DENSE_TOKEN 17
 #define MIN_LIST_BUCKET 1024
+/* CANDIDATES: the largest logits a row's mask is looked up at (a row whose mask allows
+ * none of them is decided again over its whole row: rare unless the allowed set is a
+ * small share of the vocabulary, and a row allowing at most CAND_KEEP_MAX tokens, or a
+ * sixteenth of the vocabulary if less, takes the argmax of those instead) */
+#define CAND_K 32
+#define CAND_KEEP_MAX 4096
+
+static int cand_keep_max(int n_vocab) {
+    return n_vocab / 16 < CAND_KEEP_MAX ? n_vocab / 16 : CAND_KEEP_MAX;
+}
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 DFL_API void dfl_sampling_default(dfl_sampling * s) {
@@ -44,6 +59,8 @@ void dfl_sampler_free(dfl_sampler * smp) {
     free(smp->host_mask);
     free(smp->host_ban);
     free(smp->host_row_bias);
+    free(smp->host_halves);
+    free(smp->host_keep_tok);
     memset(smp, 0, sizeof *smp);
 }
 
@@ -199,6 +216,7 @@ dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, in
     }
     memcpy(smp->mask, words, (size_t) n_rows * n_words * sizeof(uint32_t));
     smp->mask_rows = n_rows;
+    smp->mask_gen++;
     return DFL_OK;
 }
 
@@ -226,6 +244,9 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
             } else {
                 key->n_ban += n_vocab - allowed;
             }
+            if (allowed <= cand_keep_max(n_vocab) && allowed > key->keep_width) {
+                key->keep_width = allowed;
+            }
         }
     }
     if (s->temperature <= 0.0f) {
@@ -252,6 +273,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     const int masked = acc->masked > k->masked ? acc->masked : k->masked;
     const int n_keep = acc->n_keep + k->n_keep, n_ban = acc->n_ban + k->n_ban;
     const int keep_rows = acc->keep_rows || k->keep_rows;
+    const int keep_width = acc->keep_width > k->keep_width ? acc->keep_width : k->keep_width;
     const bool same = acc->pick == k->pick && acc->n_cand == k->n_cand && acc->capped == k->capped &&
                       acc->full == k->full && acc->ranked == k->ranked;
     if (!same) {
@@ -273,6 +295,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     acc->n_keep = n_keep;
     acc->n_ban = n_ban;
     acc->keep_rows = keep_rows;
+    acc->keep_width = keep_width;
 }
 
 /* A list of n entries padded to the power of four (from MIN_LIST_BUCKET) at or above it
@@ -286,12 +309,32 @@ static int list_bucket(int n) {
     return n > 0 ? (int) b : 0;
 }
 
-void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab) {
+/* CANDIDATES: the width of the rows' allowed lists, a power of 16 from 16 (at most
+ * cand_keep_max), never 0, so that an argmax graph under masks takes few shapes. */
+static int keep_bucket(int n, int n_vocab) {
+    int b = 16;
+    while (b < n) {
+        b *= 16;
+    }
+    const int most = cand_keep_max(n_vocab) > 16 ? cand_keep_max(n_vocab) : 16;
+    return b < most ? b : most;
+}
+
+void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab, bool candidates) {
+    const int keep_width = key->keep_width;
+    key->keep_width = 0; /* the buckets below are the key's: steps of other exact counts share its graph */
     if (key->masked == DFL_MASK_NONE) {
         return;
     }
     if (key->n_keep == 0 && key->n_ban == 0) {
         key->masked = DFL_MASK_NONE; /* every row allows every token */
+        return;
+    }
+    if (candidates && key->pick == DFL_PICK_ARGMAX) {
+        key->masked = DFL_MASK_CANDIDATES;
+        key->n_cand = CAND_K < n_vocab ? CAND_K : n_vocab;
+        key->n_keep = keep_bucket(keep_width, n_vocab) < n_vocab ? keep_bucket(keep_width, n_vocab) : n_vocab;
+        key->n_ban = key->keep_rows = 0;
         return;
     }
     const int64_t tokens = (int64_t) n_rows * n_vocab;
@@ -412,6 +455,60 @@ static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_te
                                        const dfl_sampler_key * key, dfl_sampler_graph * out) {
     return key->masked == DFL_MASK_DENSE ? apply_dense_mask(ctx, logits, out)
                                          : apply_sparse_mask(ctx, logits, key, out);
+}
+
+/* CANDIDATES: each row's argmax under its mask with the logits left as they are. The
+ * K largest logits of every row, each candidate's bit looked up in its row's mask (the
+ * 16-bit half holding it, scaled so that the bit is the lowest of its integer part: all
+ * exact in f32), -inf added where it is clear, the argmax of what is left; -1 for a row
+ * none of whose candidates is allowed. A keeping row (few allowed tokens) takes the
+ * argmax of its allowed logits, gathered, instead. Token ids and indices are below 2^24,
+ * exact in f32, where rows are selected by arithmetic. */
+static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                               const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1], K = key->n_cand, H = 2 * dfl_mask_words((int) V);
+    out->halves = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, H * n);
+    out->bit_scale = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 16);
+    ggml_set_input(out->halves);
+    ggml_set_input(out->bit_scale);
+    struct ggml_tensor * top = dfl_top_k(key->by_sort, ctx, logits, (int) K); /* [K, n], in no particular order */
+    struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top);
+    vals = ggml_reshape_2d(ctx, vals, K, n);
+    struct ggml_tensor * tok = ggml_cast(ctx, top, GGML_TYPE_F32);
+    struct ggml_tensor * half = ggml_floor(ctx, ggml_scale(ctx, tok, 1.0f / 16.0f));
+    struct ggml_tensor * bit = ggml_cast(ctx, ggml_sub(ctx, tok, ggml_scale(ctx, half, 16.0f)), GGML_TYPE_I32);
+    /* the half's index among all rows' halves: the row's first (row x H) added */
+    struct ggml_tensor * row0 = ggml_reshape_2d(ctx, ggml_arange(ctx, 0.0f, (float) (n * H), (float) H), 1, n);
+    struct ggml_tensor * at = ggml_cast(ctx, ggml_add(ctx, half, row0), GGML_TYPE_I32);
+    struct ggml_tensor * h = ggml_get_rows(ctx, ggml_reshape_2d(ctx, out->halves, 1, H * n),
+                                           ggml_reshape_1d(ctx, at, K * n));
+    struct ggml_tensor * scale = ggml_get_rows(ctx, ggml_reshape_2d(ctx, out->bit_scale, 1, 16),
+                                               ggml_reshape_1d(ctx, bit, K * n));
+    struct ggml_tensor * shifted = ggml_floor(ctx, ggml_mul(ctx, ggml_reshape_2d(ctx, h, K, n),
+                                                            ggml_reshape_2d(ctx, scale, K, n)));
+    struct ggml_tensor * above = ggml_scale(ctx, ggml_floor(ctx, ggml_scale(ctx, shifted, 0.5f)), 2.0f);
+    struct ggml_tensor * allowed = ggml_sub(ctx, shifted, above); /* the bit: 1 allowed, 0 not */
+    struct ggml_tensor * best = ggml_argmax(ctx, ggml_add(ctx, vals, ggml_log(ctx, allowed))); /* [n] */
+    struct ggml_tensor * c = ggml_get_rows(ctx, ggml_reshape_3d(ctx, tok, 1, K, n), ggml_reshape_2d(ctx, best, 1, n));
+    c = ggml_reshape_2d(ctx, c, 1, n);
+    /* -1 where no candidate is allowed */
+    struct ggml_tensor * none = ggml_step(ctx, ggml_scale_bias(ctx, ggml_sum_rows(ctx, allowed), -1.0f, 0.5f));
+    c = ggml_sub(ctx, c, ggml_mul(ctx, none, ggml_scale_bias(ctx, c, 1.0f, 1.0f)));
+    if (key->n_keep > 0) {
+        const int64_t L = key->n_keep;
+        out->keep_idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, L * n);
+        out->keep_tok = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, L, n);
+        out->keeps = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, n);
+        ggml_set_input(out->keep_idx);
+        ggml_set_input(out->keep_tok);
+        ggml_set_input(out->keeps);
+        struct ggml_tensor * kept = ggml_get_rows(ctx, ggml_reshape_2d(ctx, logits, 1, V * n), out->keep_idx);
+        struct ggml_tensor * j = ggml_argmax(ctx, ggml_reshape_2d(ctx, kept, L, n));
+        struct ggml_tensor * kc = ggml_get_rows(ctx, ggml_reshape_3d(ctx, out->keep_tok, 1, L, n),
+                                                ggml_reshape_2d(ctx, j, 1, n));
+        c = ggml_add(ctx, c, ggml_mul(ctx, out->keeps, ggml_sub(ctx, ggml_reshape_2d(ctx, kc, 1, n), c)));
+    }
+    return ggml_reshape_1d(ctx, ggml_cast(ctx, c, GGML_TYPE_I32), n);
 }
 
 /* The inverse-CDF draw over cumulative weights cw [K, n]: per row, how many of them lie at
@@ -550,14 +647,18 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
     if (key->n_penalty > 0) {
         logits = penalize(ctx, logits, key->n_penalty, out);
     }
-    if (key->masked) {
-        logits = apply_mask(ctx, logits, key, out);
-    }
-    switch (key->pick) {
-        case DFL_PICK_FULL: out->choice = pick_full(ctx, logits, out); break;
-        case DFL_PICK_RANKED: out->choice = pick_ranked(ctx, logits, key, out); break;
-        case DFL_PICK_MIXED: out->choice = pick_mixed(ctx, logits, key, out); break;
-        default: out->choice = ggml_argmax(ctx, logits); break;
+    if (key->masked == DFL_MASK_CANDIDATES) { /* an argmax graph's, the logits left as they are */
+        out->choice = pick_by_candidates(ctx, logits, key, out);
+    } else {
+        if (key->masked) {
+            logits = apply_mask(ctx, logits, key, out);
+        }
+        switch (key->pick) {
+            case DFL_PICK_FULL: out->choice = pick_full(ctx, logits, out); break;
+            case DFL_PICK_RANKED: out->choice = pick_ranked(ctx, logits, key, out); break;
+            case DFL_PICK_MIXED: out->choice = pick_mixed(ctx, logits, key, out); break;
+            default: out->choice = ggml_argmax(ctx, logits); break;
+        }
     }
     ggml_set_output(out->choice);
     ggml_build_forward_expand(gf, out->choice);
@@ -643,6 +744,60 @@ static dfl_status fill_sparse_mask(const dfl_sampler_part * parts, int n_parts, 
     if (g->ban_idx) {
         pad_list(host->host_ban, (int) (ban - host->host_ban), key->n_ban);
         dfl_runtime_set(rt, g->ban_idx, host->host_ban, 0, (size_t) key->n_ban * sizeof(int32_t));
+    }
+    return DFL_OK;
+}
+
+/* The CANDIDATES inputs: every row's mask as 16-bit halves (all set for a row without
+ * one), and each keeping row's allowed tokens (see pick_by_candidates). */
+static dfl_status fill_candidates(const dfl_sampler_part * parts, int n_parts, int n_rows, const dfl_runtime * rt,
+                                  const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab) {
+    dfl_sampler * host = parts[0].smp;
+    const int W = dfl_mask_words(n_vocab), L = key->n_keep;
+    if (!reserve((void **) &host->host_halves, &host->cap_host_halves, 2 * W * n_rows, sizeof(float)) ||
+        !reserve((void **) &host->host_mask, &host->cap_host_mask, L * n_rows, sizeof(int32_t)) ||
+        !reserve((void **) &host->host_keep_tok, &host->cap_host_keep_tok, L * n_rows, sizeof(float)) ||
+        !reserve((void **) &host->host_row_bias, &host->cap_host_row_bias, n_rows, sizeof(float))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
+        const dfl_sampler * smp = parts[i].smp;
+        for (int r = 0; r < parts[i].n_rows; r++) {
+            const uint32_t * row = smp->mask_rows > 0 ? smp->mask + (size_t) r * W : NULL;
+            float * halves = host->host_halves + (size_t) (r0 + r) * 2 * W;
+            for (int w = 0; w < W; w++) {
+                const uint32_t x = row ? row[w] : 0xFFFFFFFFu;
+                halves[2 * w] = (float) (x & 0xFFFFu);
+                halves[2 * w + 1] = (float) (x >> 16);
+            }
+            const int64_t base = (int64_t) (r0 + r) * n_vocab;
+            int32_t * idx = host->host_mask + (size_t) (r0 + r) * L;
+            float * tok = host->host_keep_tok + (size_t) (r0 + r) * L;
+            const bool keeps = row && smp->mask_allowed[r] <= L;
+            int k = 0;
+            if (keeps) {
+                k = (int) (append_tokens(idx, row, n_vocab, base, true) - idx);
+                for (int j = 0; j < k; j++) {
+                    tok[j] = (float) (idx[j] - base);
+                }
+            }
+            for (int j = k; j < L; j++) { /* pads: the first again (a row that does not keep: token 0) */
+                idx[j] = k ? idx[0] : (int32_t) base;
+                tok[j] = k ? tok[0] : 0.0f;
+            }
+            host->host_row_bias[r0 + r] = keeps ? 1.0f : 0.0f;
+        }
+    }
+    float scale[16];
+    for (int b = 0; b < 16; b++) {
+        scale[b] = ldexpf(1.0f, -b);
+    }
+    dfl_runtime_set(rt, g->halves, host->host_halves, 0, (size_t) 2 * W * n_rows * sizeof(float));
+    dfl_runtime_set(rt, g->bit_scale, scale, 0, sizeof scale);
+    if (g->keep_idx) {
+        dfl_runtime_set(rt, g->keep_idx, host->host_mask, 0, (size_t) L * n_rows * sizeof(int32_t));
+        dfl_runtime_set(rt, g->keep_tok, host->host_keep_tok, 0, (size_t) L * n_rows * sizeof(float));
+        dfl_runtime_set(rt, g->keeps, host->host_row_bias, 0, (size_t) n_rows * sizeof(float));
     }
     return DFL_OK;
 }
@@ -744,7 +899,9 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         dfl_runtime_set(rt, g->mask, host->host_mask, 0, (size_t) n_rows * B * sizeof(int32_t));
         dfl_runtime_set(rt, g->byte_bias, table, 0, sizeof table);
     }
-    if (g->keep_idx || g->ban_idx) {
+    if (g->halves) {
+        TRY(fill_candidates(parts, n_parts, n_rows, rt, g, key, n_vocab));
+    } else if (g->keep_idx || g->ban_idx) {
         TRY(fill_sparse_mask(parts, n_parts, n_rows, rt, g, key, n_vocab));
     }
     for (int i = 0; i < n_parts; i++) {

@@ -28,8 +28,13 @@ enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1,
 /* How a graph applies the rows' masks (see dfl_sampler_key_settle). SPARSE: each row's
  * shorter exception list, a row with few allowed tokens keeping only those (its row
  * starts at -inf and they are restored), a row with few disallowed ones setting those to
- * -inf; DENSE: every row's bitmask expanded to a bias over the vocabulary and added. */
-enum { DFL_MASK_NONE = 0, DFL_MASK_SPARSE = 1, DFL_MASK_DENSE = 2 };
+ * -inf; DENSE: every row's bitmask expanded to a bias over the vocabulary and added.
+ * Both leave the logits masked in place. CANDIDATES (argmax graphs only): the logits stay
+ * as they are; a row with few allowed tokens takes the argmax of those (gathered), any
+ * other row the most likely of its n_cand largest logits that its mask allows, looked up
+ * in the mask's 16-bit halves, and -1 when none is (dfl_target_choices then decides the
+ * row again over its whole masked row). */
+enum { DFL_MASK_NONE = 0, DFL_MASK_SPARSE = 1, DFL_MASK_DENSE = 2, DFL_MASK_CANDIDATES = 3 };
 
 /* How a graph picks: fixed when it is built, part of its key. MIXED: rows of several
  * sequences that pick differently, each by its own pick (a per-row setting): the argmax
@@ -51,6 +56,8 @@ typedef struct dfl_sampler_key {
                       dfl_sampler_key_settle, the exact count) ... */
     int n_ban;     /* ... and of the disallowed list */
     int keep_rows; /* SPARSE: some row keeps only its allowed list (its logits start at -inf) */
+    int keep_width; /* before dfl_sampler_key_settle: the most tokens a row with few allowed allows
+                       (CANDIDATES: each row's allowed list is n_keep wide) */
     int by_sort;   /* candidates by a full sort (the runtime's top_k_by_sort) */
 } dfl_sampler_key;
 
@@ -68,6 +75,12 @@ typedef struct dfl_sampler_graph {
     struct ggml_tensor * keep_idx;  /* SPARSE: [n_keep] i32, row * V + token of the keeping rows' allowed tokens */
     struct ggml_tensor * row_bias;  /* SPARSE with keep_rows: [1, 1, n] f32, -inf for a keeping row, 0 others */
     struct ggml_tensor * ban_idx;   /* SPARSE: [n_ban] i32, row * V + token of the other rows' disallowed tokens */
+    struct ggml_tensor * halves;    /* CANDIDATES: [2 * n_words * n] f32, each row's bitmask as 16-bit halves
+                                       (tokens 16 h ..), low half first; all set for a row without a mask */
+    struct ggml_tensor * bit_scale; /* CANDIDATES: [16] f32, 2^-b: a half times it has bit b lowest */
+    struct ggml_tensor * keep_tok;  /* CANDIDATES with n_keep: [n_keep, n] f32, a keeping row's allowed tokens
+                                       (padded with its first), which keep_idx [n_keep * n] holds as row * V + token */
+    struct ggml_tensor * keeps;     /* CANDIDATES with n_keep: [1, n] f32, 1 for a keeping row */
 } dfl_sampler_graph;
 
 /* A model's sampling settings and what the host staged for its next graph that samples. */
@@ -82,14 +95,19 @@ typedef struct dfl_sampler {
     int32_t * mask_allowed;     /* tokens each of them allows */
     int mask_rows;              /* (0: none staged) */
     int cap_mask, cap_mask_allowed;
+    uint64_t mask_gen;          /* masks staged so far (a step's undecided rows are decided again
+                                   from the masks it was filled with) */
     int cap_u, cap_pen_tok, cap_pen_cnt; /* staging capacities */
     float * host_params;        /* input staging */
     int32_t * host_idx;
     float * host_cnt;
     int32_t * host_mask;        /* DENSE: the bytes; SPARSE: the allowed list */
     int32_t * host_ban;
-    float * host_row_bias;
-    int cap_params, cap_idx, cap_cnt, cap_host_mask, cap_host_ban, cap_host_row_bias;
+    float * host_row_bias;      /* SPARSE: each row's bias; CANDIDATES: whether it keeps */
+    float * host_halves;        /* CANDIDATES: the masks' 16-bit halves ... */
+    float * host_keep_tok;      /* ... and the keeping rows' tokens */
+    int cap_params, cap_idx, cap_cnt, cap_host_mask, cap_host_ban, cap_host_row_bias, cap_host_halves,
+        cap_host_keep_tok;
 } dfl_sampler;
 
 /* 32-bit words of a bitmask over n_vocab tokens (bit t % 32 of word t / 32: token t). */
@@ -116,10 +134,11 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
  * exception lists together. */
 void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k);
 
-/* Decides how a key's (merged) masks of n rows are applied: SPARSE when the rows'
- * exception lists cost less than the dense expansion, their lengths padded to a power of
- * four (so that a graph serves many steps), else DENSE. Call once, after the merges. */
-void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab);
+/* Decides how a key's (merged) masks of n rows are applied: CANDIDATES in an argmax graph
+ * when `candidates` allows it, else SPARSE when the rows' exception lists cost less than
+ * the dense expansion, their lengths padded to a power of four (so that a graph serves
+ * many steps), else DENSE. Call once, after the merges. */
+void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab, bool candidates);
 
 /* Builds the stage over logits [V, n] (contiguous) into gf; returns out->choice. */
 struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cgraph * gf, struct ggml_tensor * logits,

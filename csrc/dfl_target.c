@@ -431,6 +431,7 @@ DFL_API void dfl_target_free(dfl_target * t) {
     free(t->host_i32);
     free(t->host_i64);
     free(t->host_mask);
+    free(t->out_choices);
     free(t);
 }
 
@@ -613,7 +614,9 @@ static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
         first = false;
         n_rows += n_out;
     }
-    dfl_sampler_key_settle(&step->samp, n_rows, t->m.n_vocab);
+    /* by candidates where top-k is a partial sort: where it sorts whole rows (Vulkan), the
+     * sort would cost more than masking in place */
+    dfl_sampler_key_settle(&step->samp, n_rows, t->m.n_vocab, !t->rt.top_k_by_sort);
     step->samp.by_sort = t->rt.top_k_by_sort;
     return DFL_OK;
 }
@@ -625,9 +628,15 @@ static dfl_status fill_sampling(dfl_target * t, const dfl_step * step, const gra
         const dfl_segment * s = &step->seg[i];
         const int n_out = s->logits == LOGITS_NONE ? 0 : (s->logits == LOGITS_LAST ? 1 : s->n);
         if (n_out > 0) {
+            const dfl_sampler * smp = &t->sampler[s->seq];
+            t->out_part[n].seq = s->seq;
+            t->out_part[n].n_rows = n_out;
+            t->out_part[n].mask_gen = smp->mask_rows > 0 ? smp->mask_gen : 0;
             parts[n++] = (dfl_sampler_part) { &t->sampler[s->seq], n_out };
         }
     }
+    t->n_out_parts = n;
+    t->choices_decided = false;
     return n > 0 ? dfl_sampler_fill_parts(parts, n, &t->rt, &in->samp, &step->samp, t->m.n_vocab) : DFL_OK;
 }
 
@@ -942,8 +951,126 @@ DFL_API dfl_status dfl_target_logits(const dfl_target * t, float * dst, int32_t 
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_choices(const dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
+static int spare_slot(dfl_target * t);
+
+/* The step's logits as a leaf of a new graph in `slot`, in the memory they are in
+ * (through the step's own tensor the new graph would run the whole step again), the rows
+ * `which` (an input, [n]) gathered from them. */
+static dfl_status step_logits_rows(dfl_target * t, struct ggml_context * ctx, int n, struct ggml_tensor ** which,
+                                   struct ggml_tensor ** rows) {
+    const struct ggml_tensor * step_logits = t->out->in.logits;
+    struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, step_logits->type, step_logits->ne[0], step_logits->ne[1]);
+    if (ggml_backend_tensor_alloc(step_logits->buffer, logits, step_logits->data) != GGML_STATUS_SUCCESS) {
+        return dfl_fail(DFL_ERR_BACKEND, "cannot reach the step's logits");
+    }
+    *which = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    ggml_set_input(*which);
+    *rows = ggml_get_rows(ctx, logits, *which);
+    return DFL_OK;
+}
+
+/* A greedy step under masks by candidates (DFL_MASK_CANDIDATES): its choices read, and
+ * the rows none of whose candidates their mask allows decided again over their whole
+ * rows, masked as a sampling step masks them (exact whatever the mask), in a graph of
+ * their rows beside the step's. */
+static dfl_status decide_choices(dfl_target * t) {
+    const int n = t->n_out, V = t->m.n_vocab, W = dfl_mask_words(V);
+    if (n > t->cap_out_choices) {
+        int32_t * grown = realloc(t->out_choices, (size_t) n * sizeof(int32_t));
+        if (!grown) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        t->out_choices = grown;
+        t->cap_out_choices = n;
+    }
+    dfl_runtime_get(&t->rt, t->out->in.samp.choice, t->out_choices, 0, (size_t) n * sizeof(int32_t));
+    int m = 0;
+    for (int r = 0; r < n; r++) {
+        m += t->out_choices[r] < 0;
+    }
+    if (m == 0) {
+        t->choices_decided = true;
+        return DFL_OK;
+    }
+    int32_t * rows = malloc((size_t) 2 * m * sizeof(int32_t)), * decided = rows + m; /* which rows, their choices */
+    uint32_t * words = malloc((size_t) m * W * sizeof(uint32_t));
+    if (!rows || !words) {
+        free(rows);
+        free(words);
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int r = 0, i = 0; r < n; r++) {
+        if (t->out_choices[r] < 0) {
+            rows[i++] = r;
+        }
+    }
+    for (int i = 0; i < m; i++) { /* each row's mask, in its sequence's staging still */
+        int p = 0, r0 = 0;
+        while (rows[i] >= r0 + t->out_part[p].n_rows) {
+            r0 += t->out_part[p++].n_rows;
+        }
+        const dfl_sampler * smp = &t->sampler[t->out_part[p].seq];
+        if (t->out_part[p].mask_gen == 0 || smp->mask_gen != t->out_part[p].mask_gen) {
+            free(rows);
+            free(words);
+            return dfl_fail(DFL_ERR_STATE, "masks were staged again before the last step's choices were read");
+        }
+        memcpy(words + (size_t) i * W, smp->mask + (size_t) (rows[i] - r0) * W, (size_t) W * sizeof(uint32_t));
+    }
+    dfl_sampler again;
+    dfl_sampler_init(&again); /* greedy */
+    dfl_status st = dfl_sampler_stage_masks(&again, words, m, W, V);
+    free(words);
+    dfl_sampler_key key;
+    if (st == DFL_OK) {
+        st = dfl_sampler_key_for(&again, m, V, &key);
+    }
+    const int slot = spare_slot(t);
+    if (st == DFL_OK && slot < 0) {
+        st = dfl_fail(DFL_ERR_STATE, "deciding a masked row again: the runtime keeps no second graph");
+    }
+    if (st == DFL_OK) {
+        dfl_sampler_key_settle(&key, m, V, false);
+        key.by_sort = t->rt.top_k_by_sort;
+        t->graphs[slot].valid = false;
+        struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
+        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+        struct ggml_tensor * which, * logits;
+        dfl_sampler_graph g;
+        st = step_logits_rows(t, ctx, m, &which, &logits);
+        if (st == DFL_OK) {
+            dfl_sampler_build(ctx, gf, logits, &key, &g);
+            st = dfl_runtime_alloc(&t->rt, slot, gf);
+        }
+        if (st == DFL_OK) {
+            dfl_runtime_set(&t->rt, which, rows, 0, (size_t) m * sizeof(int32_t));
+            st = dfl_sampler_fill(&again, &t->rt, &g, &key, m, V);
+        }
+        if (st == DFL_OK) {
+            st = dfl_runtime_compute(&t->rt, slot, gf);
+        }
+        if (st == DFL_OK) {
+            dfl_runtime_get(&t->rt, g.choice, decided, 0, (size_t) m * sizeof(int32_t));
+            for (int i = 0; i < m; i++) {
+                t->out_choices[rows[i]] = decided[i];
+            }
+            t->choices_decided = true;
+        }
+    }
+    dfl_sampler_free(&again);
+    free(rows);
+    return st;
+}
+
+DFL_API dfl_status dfl_target_choices(dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
     TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "choices"));
+    if (t->out->key.samp.masked == DFL_MASK_CANDIDATES) {
+        if (!t->choices_decided) {
+            TRY(decide_choices(t));
+        }
+        memcpy(dst, t->out_choices + row0, (size_t) n_rows * sizeof(int32_t));
+        return DFL_OK;
+    }
     dfl_runtime_get(&t->rt, t->out->in.samp.choice, dst, (size_t) row0 * sizeof(int32_t),
                     (size_t) n_rows * sizeof(int32_t));
     return DFL_OK;
@@ -1000,17 +1127,10 @@ DFL_API dfl_status dfl_target_redraw(dfl_target * t, int32_t seq, const int32_t 
     const dfl_sampler_key key = { DFL_PICK_RANKED, V, 0, 0, 0, 0 };
     struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
-    struct ggml_tensor * which = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-    ggml_set_input(which);
-    /* the step's logits as a leaf of this graph, in the memory they are in: through the
-     * step's own tensor the new graph would run the whole step again */
-    const struct ggml_tensor * step_logits = t->out->in.logits;
-    struct ggml_tensor * logits = ggml_new_tensor_2d(ctx, step_logits->type, step_logits->ne[0], step_logits->ne[1]);
-    if (ggml_backend_tensor_alloc(step_logits->buffer, logits, step_logits->data) != GGML_STATUS_SUCCESS) {
-        return dfl_fail(DFL_ERR_BACKEND, "redraw: cannot reach the step's logits");
-    }
+    struct ggml_tensor * which, * logits;
+    TRY(step_logits_rows(t, ctx, n, &which, &logits));
     dfl_sampler_graph g;
-    struct ggml_tensor * choice = dfl_sampler_build(ctx, gf, ggml_get_rows(ctx, logits, which), &key, &g);
+    struct ggml_tensor * choice = dfl_sampler_build(ctx, gf, logits, &key, &g);
     ggml_set_output(choice);
     ggml_build_forward_expand(gf, choice);
     TRY(dfl_runtime_alloc(&t->rt, slot, gf));

@@ -146,6 +146,16 @@ struct dfl_target {
     /* results of the last step */
     const graph_cache * out;
     int n_out;
+    /* its sampled rows by sequence, in order, with the masks they were filled with (a
+     * greedy row the masks' candidates left undecided is decided again from them) */
+    struct {
+        int seq, n_rows;
+        uint64_t mask_gen; /* 0: no masks */
+    } out_part[DFL_MAX_SEQ];
+    int n_out_parts;
+    int32_t * out_choices;  /* CANDIDATES: the choices, read once and decided */
+    int cap_out_choices;
+    bool choices_decided;
 
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
     uint64_t graph_clock;

@@ -214,13 +214,17 @@ dfl_status dfl_target_seq_reset(dfl_target * target, int32_t seq);
 dfl_status dfl_target_seq_copy(dfl_target * target, int32_t src, int32_t dst);
 
 /* Results of the last step: rows in step order. The logits are after the penalties
- * staged for the rows (dfl_target_set_penalties), if any. */
+ * staged for the rows (dfl_target_set_penalties), if any, and after the rows' masks
+ * (dfl_target_set_masks: -inf where disallowed) in a step that samples; a greedy step
+ * under masks leaves them as they are (it looks the masks up at each row's largest
+ * logits only). */
 dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
 /* The target's choice at each row, made on the device by its sampling settings: the
  * argmax (greedy), or the draw with the row's uniform; -1 for a row whose kept set may
  * reach past the candidates ranked on the device (see dfl_sampling.n_candidates): draw it
- * again with dfl_target_redraw. */
-dfl_status dfl_target_choices(const dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
+ * again with dfl_target_redraw. A greedy row under a mask none of whose largest logits it
+ * allows is decided here, over its whole masked row, when the choices are first read. */
+dfl_status dfl_target_choices(dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
 /* Captured features of the rows of the sequence's last call (its rows alone, in their
  * order, whatever else ran in the step), [n_rows][n_feature_layers * n_embd] float32.
  * Each sequence keeps its own until its next call. */

@@ -420,10 +420,15 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
         d.set_uniforms(rng.random(d.block_size - 1, dtype=np.float32))
         d.propose(41)
         out["drafter sampled propose"] = d.placement()
-        # a grammar's masks: short exception lists (rows keeping a few tokens, rows banning
-        # a few), then masks that take the dense path
-        t.set_sampling(SamplingParams().native())
-        for name, mask in (("sparse lists", _mask_words(t.n_vocab, "lists")), ("dense", _mask_words(t.n_vocab, "dense"))):
+        # a grammar's masks: greedy (looked up at the rows' largest logits), then sampled as
+        # short exception lists (rows keeping a few tokens, rows banning a few) and as masks
+        # that take the dense path
+        for name, mask, params in (("greedy", _mask_words(t.n_vocab, "lists"), SamplingParams()),
+                                   ("sparse lists", _mask_words(t.n_vocab, "lists"), SamplingParams(1.0, 20)),
+                                   ("dense", _mask_words(t.n_vocab, "dense"), SamplingParams(1.0, 20))):
+            t.set_sampling(params.native())
+            if params.temperature:
+                t.set_uniforms(rng.random(4, dtype=np.float32))
             t.set_masks(mask)
             t.verify(block[:4])
             out[f"target masked chain verify ({name})"] = t.placement()
@@ -450,10 +455,12 @@ def _mask_words(n_vocab: int, kind: str):
 
 
 def masked_on_devices(endpoint, target_path: str, devices: list, prompt: list) -> dict:
-    """Per device and mask kind (see _mask_words): whether a masked verify's logits are -inf
-    exactly where its masks disallow and the free logits elsewhere, and its greedy choices."""
+    """Per device and mask kind (see _mask_words): whether a sampled masked verify's logits
+    are -inf exactly where its masks disallow and the free logits elsewhere, and whether a
+    greedy one's choices are the masked argmax of the free logits (and its choices)."""
     import numpy as np
 
+    from dflash_gguf.sampling import SamplingParams
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
@@ -466,15 +473,21 @@ def masked_on_devices(endpoint, target_path: str, devices: list, prompt: list) -
                 bits = np.unpackbits(mask.astype(">u4").view(np.uint8), axis=1).reshape(4, -1, 32)[:, :, ::-1]
                 allowed = bits.reshape(4, -1)[:, :t.n_vocab].astype(bool)
                 runs = []
-                for masks in (None, mask):
+                greedy, sampled = SamplingParams(), SamplingParams(1.0, 20)
+                for masks, params in ((None, greedy), (mask, greedy), (mask, sampled)):
                     t.reset()
+                    t.set_sampling(SamplingParams().native())
                     t.prefill(prompt, LOGITS_LAST)
+                    t.set_sampling(params.native())
+                    if params.temperature:
+                        t.set_uniforms(np.full(4, 0.5, dtype=np.float32))
                     if masks is not None:
                         t.set_masks(masks)
                     t.verify([11, 13, 17, 19])
                     runs.append((t.logits(0, 4), t.choices(0, 4).tolist()))
-                (free, _), (masked, choices) = runs
-                exact = bool(np.all(np.isneginf(masked[~allowed])) and np.array_equal(masked[allowed], free[allowed]))
+                (free, _), (_, choices), (masked, _) = runs
+                exact = bool(np.all(np.isneginf(masked[~allowed])) and np.array_equal(masked[allowed], free[allowed])
+                             and choices == np.argmax(np.where(allowed, free, -np.inf), axis=1).tolist())
                 out[device][kind] = {"exact": exact, "choices": choices}
     return out
 

@@ -249,9 +249,10 @@ def test_demo_pair_sampling_on_the_device(demo_pairs, device, pair):
 
 @pytest.mark.device
 def test_grammar_masks_on_the_device(demo_pairs, device):
-    """A grammar's masks (exception lists, and the dense path) on the device leave its
-    logits -inf exactly where disallowed and as they were elsewhere; its greedy choices are
-    the CPU's where the kernels are the same (the RPC stand-in)."""
+    """A grammar's masks on the device: sampled (exception lists, and the dense path), its
+    logits -inf exactly where disallowed and as they were elsewhere; greedy (looked up at
+    the rows' largest logits), its choices the masked argmax, and the CPU's where the
+    kernels are the same (the RPC stand-in)."""
     target, _ = demo_pairs["f32"]
     res = run_isolated("masked_on_devices", device.rpc, target, ["CPU", device.name], DEMO_PROMPTS[1],
                        timeout=600)

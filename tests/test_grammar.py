@@ -95,9 +95,11 @@ def test_masked_rows_choose_among_allowed_tokens_greedy_and_sampled(target):
         masked = target.logits(0, 1)[0]
         choice = int(target.choices(0, 1)[0])
         assert allowed[0, choice]
-        assert np.all(np.isneginf(masked[~allowed[0]]))
-        np.testing.assert_array_equal(masked[allowed[0]], free[allowed[0]])
-        if not temperature:
+        if temperature:  # a sampling step masks the logits in place
+            assert np.all(np.isneginf(masked[~allowed[0]]))
+            np.testing.assert_array_equal(masked[allowed[0]], free[allowed[0]])
+        else:  # a greedy step looks its masks up where it chooses, the logits left as they are
+            np.testing.assert_array_equal(masked, free)
             assert choice == int(np.argmax(np.where(allowed[0], free, -np.inf)))
     # a step without masks runs none: the next decode's logits are the free ones again
     target.reset()
@@ -119,12 +121,19 @@ def test_mask_calls_are_checked(target):
     target.reset()
 
 
-def _masked_verify(target, prompt, drafts, allowed=None):
-    """Logits, greedy choices and host bytes written of one verify of `drafts` after
-    `prompt`, under the rows' allowed tokens (boolean [rows, V]) when given."""
+SAMPLED = SamplingParams(temperature=1.0, top_k=40, seed=1)
+
+
+def _masked_verify(target, prompt, drafts, allowed=None, params=SamplingParams()):
+    """Logits, choices and host bytes written of one verify of `drafts` after `prompt`,
+    greedy or by `params` (each row's uniform 0.5), under the rows' allowed tokens (boolean
+    [rows, V]) when given."""
     target.reset()
     target.set_sampling(SamplingParams().native())
     target.decode(prompt, LOGITS_LAST)
+    target.set_sampling(params.native())
+    if params.temperature:
+        target.set_uniforms(np.full(len(drafts), 0.5, dtype=np.float32))
     if allowed is not None:
         target.set_masks(words_of(allowed))
     before = target.info()["n_host_write_bytes"]
@@ -140,16 +149,21 @@ def _drafts(text, n):
     return tokens + [tokens[-1]] * (n - len(tokens))
 
 
-def _allowing(rng, n_vocab, rows):
+def _allowing(rng, n_vocab, rows, free=None):
     """Boolean [len(rows), V]: per row ("keep", k) allows k random tokens, ("ban", k)
-    all but k, ("all",) every token, ("half",) each token by a coin."""
+    all but k (the free argmax among them), ("all",) every token, ("half",) each token by a
+    coin, ("miss", k) all but the row's k largest free logits."""
     out = np.ones((len(rows), n_vocab), dtype=bool)
     for r, (kind, *k) in enumerate(rows):
-        if kind == "keep":
+        if kind == "miss":
+            out[r, np.argsort(free[r])[-k[0]:]] = False
+        elif kind == "keep":
             out[r] = False
             out[r, rng.choice(n_vocab, k[0], replace=False)] = True
         elif kind == "ban":
             out[r, rng.choice(n_vocab, k[0], replace=False)] = False
+            if free is not None:
+                out[r, int(np.argmax(free[r]))] = False
         elif kind == "half":
             out[r] = rng.random(n_vocab) < 0.5
     return out
@@ -160,31 +174,34 @@ MASK_SHAPES = {
     "few disallowed (banned lists)": [("ban", 5), ("ban", 60), ("all",), ("ban", 1)],
     "both kinds of row": [("keep", 9), ("ban", 30), ("keep", 2), ("all",)],
     "dense (both lists long)": [("half",), ("half",), ("keep", 7), ("half",)],
+    "no candidate allowed (decided again)": [("miss", 40), ("half",), ("miss", 600), ("keep", 3)],
 }
 
 
 @pytest.mark.parametrize("shape", list(MASK_SHAPES))
 def test_each_mask_path_is_exact(target, shape):
-    """Masked logits read back are the free ones where allowed and exactly -inf elsewhere,
-    the greedy choice their argmax, whichever way the rows' masks are applied: short
-    exception lists upload only their entries (fewer bytes than the dense path, which
-    uploads a byte index of the masks)."""
+    """Greedy: the choice is the masked argmax, from the rows' largest logits or their
+    allowed lists, or decided again over the whole row where a row allows none of its
+    largest (the logits read back are the free ones). Sampled: the masked logits read back
+    are the free ones where allowed and exactly -inf elsewhere, whichever way the rows'
+    masks are applied: short exception lists upload only their entries (fewer bytes than
+    the dense path, which uploads a byte index of the masks)."""
     prompt = Tokenizer(TARGET).encode(PROMPTS[0])
     drafts = _drafts(" return n", 4)
     free, _, _ = _masked_verify(target, prompt, drafts)
     rng = np.random.default_rng(7)
-    allowed = _allowing(rng, target.n_vocab, MASK_SHAPES[shape])
-    for r, (kind, *_) in enumerate(MASK_SHAPES[shape]):  # the free argmax is disallowed where a row bans
-        if kind == "ban":
-            allowed[r, int(np.argmax(free[r]))] = False
-    masked, choices, wrote = _masked_verify(target, prompt, drafts, allowed)
+    allowed = _allowing(rng, target.n_vocab, MASK_SHAPES[shape], free)
+    logits, choices, _ = _masked_verify(target, prompt, drafts, allowed)
+    np.testing.assert_array_equal(logits, free)
+    np.testing.assert_array_equal(choices, np.argmax(np.where(allowed, free, -np.inf), axis=1))
+    masked, choices, wrote = _masked_verify(target, prompt, drafts, allowed, SAMPLED)
     np.testing.assert_array_equal(masked[allowed], free[allowed])
     assert np.all(np.isneginf(masked[~allowed]))
-    np.testing.assert_array_equal(choices, np.argmax(np.where(allowed, free, -np.inf), axis=1))
+    assert all(allowed[r, c] for r, c in enumerate(choices))
     dense = _allowing(rng, target.n_vocab, MASK_SHAPES["dense (both lists long)"])
-    dense_wrote = _masked_verify(target, prompt, drafts, dense)[2]
+    dense_wrote = _masked_verify(target, prompt, drafts, dense, SAMPLED)[2]
     assert dense_wrote >= len(drafts) * target.n_vocab // 2  # the byte index, 4 bytes per 8 tokens
-    if not shape.startswith("dense"):
+    if not shape.startswith(("dense", "no candidate")):
         assert wrote < dense_wrote
 
 
