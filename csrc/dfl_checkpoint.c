@@ -313,9 +313,6 @@ static dfl_status alloc_copies(dfl_checkpoint * c, const dfl_memory_part * live,
             c->buffers[c->n_buffers++] = buffer;
             continue;
         }
-        if (types[k] != host && ggml_backend_buft_is_host(types[k])) {
-            return dfl_fail(DFL_ERR_BACKEND, "out of memory for a checkpoint at position %d", c->n_past);
-        }
         if (types[k] != host) {
             /* the failed allocation may have placed some of them: the context's copies anew */
             ggml_reset(c->ctxs[k]);
