@@ -272,6 +272,70 @@ def test_the_server_maps_large_blocks_apart():
     assert fix_mmap_threshold() or platform.libc_ver()[0] != "glibc"
 
 
+def c_heap_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back (its own mappings included)."""
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                          "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = Mallinfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def anonymous_resident() -> int:
+    """The process's resident anonymous memory (heap, mappings), from the kernel's count."""
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("Anonymous:"))
+
+
+def test_a_checkpoint_holds_its_host_memory_apart(tokenizer):
+    """What the soak's creep came from (results/soak-2026-11-25-creep*): a server's store
+    turns over thousands of checkpoints, whose records, tensor metadata and host copies,
+    carved from the C heap, pinned it between requests' short-lived allocations, and the
+    heap grew with the turnover. A checkpoint's host memory is mappings of its own now:
+    holding checkpoints takes (almost) nothing from the C heap, what they add to resident
+    memory is what they report (what the soak subtracts), freed it all goes back, and a
+    store churned through many times its budget stays at its level. Counted in bytes and
+    pages, not time."""
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("reads glibc's malloc counters")
+    target, draft = load(0)
+    prompt = (tokenizer.encode(TEXT) * 4)[:400]
+    # the store's prompts below: long prompts of many lengths, whose checkpoints make chains of every size
+    rounds = [(tokenizer.encode(f"# round {i}\n") + prompt)[:200 + 23 * (i % 9)] for i in range(36)]
+    target.reset()
+    draft.reset()
+    prefill_prompt(target, prompt, 0, draft)
+    Checkpoint(target, draft).close()  # what a first checkpoint sets up once
+    heap, anon = c_heap_in_use(), anonymous_resident()
+    held = [Checkpoint(target, draft) for _ in range(12)]
+    reported = sum(c.host_bytes + c.overhead_bytes for c in held)
+    assert all(c.host_bytes == held[0].nbytes > 0 for c in held)  # the demo pair runs on the CPU
+    assert (c_heap_in_use() - heap) / len(held) < 512, "a checkpoint's memory came from the C heap"
+    assert abs(anonymous_resident() - anon - reported) < 64 << 10, (anonymous_resident() - anon, reported)
+    for c in held:
+        c.close()
+    assert abs(anonymous_resident() - anon) < 64 << 10 and c_heap_in_use() - heap < 16 << 10
+
+    # a store with room for a few prompts' checkpoints, churned 6 times over
+    store = PrefixCheckpoints(4 * held[0].nbytes, every=UBATCH)
+    level = None
+    for i, tokens in enumerate(rounds):
+        prefill_with_checkpoints(target, draft, store, tokens)
+        if i == 8:
+            level = anonymous_resident() - store.held_nbytes
+    assert store.evicted > 6 * len(store)
+    assert abs(anonymous_resident() - store.held_nbytes - level) < 128 << 10
+    store.clear()
+    assert c_heap_in_use() - heap < 64 << 10
+
+
 @pytest.mark.parametrize("where", ["device", "host"])
 @pytest.mark.parametrize("placement", [{"device": "RPC0", "n_gpu_layers": 2},
                                        {"device": "RPC0", "n_gpu_layers": -1, "window": 12}])
