@@ -10,9 +10,10 @@ fixed-size recurrent and conv states. The store keeps them under a byte budget, 
 recently used first out, never dropping a checkpoint a kept one reads from."""
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -79,37 +80,43 @@ def device_room(plan, margin: int = DEVICE_MARGIN) -> int:
 
 
 def _packed(tokens: Sequence[int]) -> bytes:
-    """Token ids as int32 bytes: the store's keys and prefix tests. A tuple of Python
-    ints costs about 36 bytes a token, which over thousands of long prompts grew the
-    server's memory by kilobytes a request (the soak's creep); bytes cost 4 and compare
-    as one memcmp."""
+    """Token ids as int32 bytes, what the store's digests are taken of."""
     return np.asarray(tokens, dtype=np.int32).tobytes()
 
 
-# Bytes of the store's own record of an entry besides its tokens: the key tuple, the
-# entry, the Checkpoint object and the OrderedDict's slot (about 600 bytes of Python
-# objects), and the C heap's rounding around the key's block. Measured: a store of 200
-# checkpoints of the demo pair grew the process by 1 KiB an entry more than their
-# checkpoints' own bytes and keys.
+def _digests(packed: bytes, lengths: Iterable[int]) -> Dict[int, bytes]:
+    """The SHA-256 of each prefix of `packed` of the given token counts, in one pass over
+    it. The store keeps a prefix as its digest and length: a copy of its tokens, a block
+    of kilobytes from the C heap per entry, fragmented the heap as the store turned over
+    (the soak's creep), where 32 bytes stay in Python's small-object arenas."""
+    h, at, out, view = hashlib.sha256(), 0, {}, memoryview(packed)
+    for n in sorted(set(lengths)):
+        h.update(view[4 * at:4 * n])
+        at = n
+        out[n] = h.copy().digest()
+    return out
+
+
+# Bytes of the store's own record of an entry: the key tuple and its digest, the entry,
+# the Checkpoint object and the OrderedDict's slot (about 600 bytes of Python objects).
+# Measured: a store of 200 checkpoints of the demo pair grew the process by 1 KiB an
+# entry more than their checkpoints' own bytes (with keys that were then token copies).
 _ENTRY_OVERHEAD = 1024
 
 
 @dataclass
 class _Entry:
-    tokens: bytes  # _packed
+    n_tokens: int
+    digest: bytes  # _digests of its prefix
     checkpoint: Checkpoint
     parent: Optional[Tuple[bool, bytes]]  # the key of the entry it reads rows from
     children: int = 0  # kept entries reading rows from this one
 
     @property
-    def n_tokens(self) -> int:
-        return len(self.tokens) // 4
-
-    @property
     def overhead_bytes(self) -> int:
         """Host memory the entry keeps besides the checkpoint's state: its key and record,
         and the checkpoint's own (see dfl_checkpoint_overhead_bytes)."""
-        return len(self.tokens) + _ENTRY_OVERHEAD + self.checkpoint.overhead_bytes
+        return _ENTRY_OVERHEAD + self.checkpoint.overhead_bytes
 
 
 @dataclass
@@ -176,17 +183,14 @@ class PrefixCheckpoints:
 
     def _longest(self, tokens: Sequence[int], limit: int, with_draft: bool, above: int = 0,
                  exact_draft: bool = False):
+        found = [(key, entry) for key, entry in self._entries.items()
+                 if above < entry.n_tokens <= min(limit, len(tokens))
+                 and not (with_draft and not entry.checkpoint.has_draft)
+                 and not (exact_draft and entry.checkpoint.has_draft != with_draft)]
+        digests = _digests(_packed(tokens[:limit]), (entry.n_tokens for _, entry in found))
         best = None
-        prefix = _packed(tokens[:limit])
-        for key, entry in self._entries.items():
-            n = entry.n_tokens
-            if not above < n <= limit or (with_draft and not entry.checkpoint.has_draft):
-                continue
-            if exact_draft and entry.checkpoint.has_draft != with_draft:
-                continue
-            if best is not None and n <= best[1].n_tokens:
-                continue
-            if prefix.startswith(entry.tokens):
+        for key, entry in found:
+            if entry.digest == digests[entry.n_tokens] and (best is None or entry.n_tokens > best[1].n_tokens):
                 best = (key, entry)
         return best
 
@@ -239,7 +243,7 @@ class PrefixCheckpoints:
         does not fit the budget. When only that parent could make room, it goes and the
         new one holds its rows instead (the newest position of a prompt is the one a
         follow-up needs)."""
-        key = (draft is not None, _packed(tokens))
+        key = (draft is not None, _digests(_packed(tokens), [len(tokens)])[len(tokens)])
         if key in self._entries:
             self._entries.move_to_end(key)
             return False
@@ -264,7 +268,7 @@ class PrefixCheckpoints:
             parent_key = None  # it holds every row itself
         if parent_key is not None:
             self._entries[parent_key].children += 1
-        entry = self._entries[key] = _Entry(key[1], checkpoint, parent_key)
+        entry = self._entries[key] = _Entry(len(tokens), key[1], checkpoint, parent_key)
         self.device_nbytes += checkpoint.device_bytes
         self.host_nbytes += checkpoint.host_bytes
         self.overhead_nbytes += entry.overhead_bytes
