@@ -39,7 +39,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 WARM = 16  # tokens of the short run: past the prefill and the first graphs
 
 # Run by the install's interpreter: decode n tokens of the prompt after a warm-up request.
@@ -123,8 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="results JSON")
     args = p.parse_args(argv)
     target, draft = str(args.pair / "gptoss-target-mxfp4_moe.gguf"), str(args.pair / "gptoss-draft-q8_0.gguf")
-    sys.path.insert(0, str(ROOT))
-    from dflash_gguf.bench.prompts import PROMPTS
+    from dflash_gguf.bench.prompts import PROMPTS  # the installed package's (run by its interpreter)
     rows = []
     for arm in OURS:
         rows.append(ours(args.python, args.pythonpath, args.ggml_lib, target, draft, arm, args.tokens))
