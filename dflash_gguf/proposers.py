@@ -41,15 +41,16 @@ def accepted_prefix(block: List[int], target_choice) -> int:
 
 def chain_length(top1_logprobs, p_min: float) -> int:
     """How many of a greedy chain's drafts to verify: those before the first the drafter
-    gives less than p_min, and at least one (drafting is paid for already, and a verify
-    of two rows costs little more than one). Past an unlikely draft the chain's rows
-    rarely survive, and where a verify's cost grows with its rows (a compute-bound
-    device) they cost more than they bring."""
+    gives less than p_min, none when the first is (as llama.cpp's draft loops cut: the
+    step then verifies the bonus token alone, a plain decode). Past an unlikely draft
+    the chain's rows rarely survive, and where a verify's cost grows with its rows (a
+    compute-bound device; a mixture of experts, whose every row may route to other
+    experts, nearly doubles from one row to two) they cost more than they bring."""
     if p_min > 0:
         floor = np.log(p_min)
         for i, lp in enumerate(np.asarray(top1_logprobs).tolist()):  # a few numbers: plain Python is quickest
             if lp < floor:
-                return max(i, 1)
+                return i
     return len(top1_logprobs)
 
 
@@ -137,7 +138,7 @@ class ChainProposer(Proposer):
         """After the drafter's graph: the block cut by the drafter's confidence."""
         if self.conf_min > 0 and self.b > 1:
             self.b = 1 + confident_length(self.draft.confidence(self.b - 1, seq=seq.slot), self.conf_min)
-        if self.p_min > 0 and self.b > 2:
+        if self.p_min > 0 and self.b > 1:
             self.b = 1 + chain_length(self.draft.top1_logprobs(self.b - 1, seq=seq.slot), self.p_min)
 
     def rows(self, seq) -> Rows:
