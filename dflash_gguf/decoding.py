@@ -49,6 +49,7 @@ class Sequence:
         self.bonus: Optional[int] = None  # the next token the target has not seen
         self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
         self.committed: List[int] = []    # tokens the target committed that the drafter has yet to take
+        self.room_left = 0                # feature rows its next call surely has (catch_up_due)
         self.row0 = 0                     # its first row in the current step's results
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
@@ -62,6 +63,20 @@ class Sequence:
     @property
     def room(self) -> int:
         return self.target.n_ctx - self.n_past
+
+    def catch_up_due(self) -> bool:
+        """Whether a step that drafts nothing must still let the drafter take the
+        positions it lacks: the slot's feature rows keep them past the step's call only
+        with room for its rows (at most the proposer's lookahead). The target is asked only
+        when the room it last reported may have run out, each call since having taken at
+        most lookahead rows of it; step() starts the count again when the drafter takes."""
+        look = self.proposer.lookahead
+        self.room_left -= look
+        if not self.committed:
+            return False
+        if self.room_left <= look:
+            self.room_left = self.target.feature_room(self.slot)
+        return self.room_left <= look
 
     @property
     def prefilled(self) -> bool:
@@ -148,9 +163,9 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         # rows can keep what it lacks past this step's target call (its rows: at most the
         # proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs no
         # drafter graph; its next drafted block takes them all first
-        if s.draft is not None and (b or (s.committed and target.feature_room(s.slot) <= s.proposer.lookahead)):
+        if s.draft is not None and (b or s.catch_up_due()):
             blocks.append((s.slot, s.bonus, b, s.committed))
-            s.committed = []
+            s.committed, s.room_left = [], 0
     if not blocks and all(s.proposer.decodes for s in seqs):
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's

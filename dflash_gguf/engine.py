@@ -6,7 +6,7 @@ import gc
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from .budget import AutoBudget, AutoMemory, VerifyCost
+from .budget import AutoBudget, AutoMemory
 from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
@@ -20,6 +20,7 @@ from .speculative import chain_proposer, default_p_min, tree_proposer
 from .streamtext import partial_marker
 from .target import Target
 from .tokenizer import Tokenizer
+from .verify_cost import VerifyCost
 
 __all__ = ["Engine", "EngineSetup", "Result"]
 

@@ -296,9 +296,16 @@ class TreeProposer(Proposer):
         self.tree = None
         self.nodes = None         # the verified tree's nodes for auto (tree_nodes)
         self.t0 = self.host = 0.0  # the step's start; a survey's work
+        # a plain stretch: steps auto has nothing to decide for (AutoBudget.plain_stretch),
+        # their outcomes summed and told when it ends
+        self.stretch, self.in_stretch, self.heard = 0, False, [0, 0.0]
 
     def plan(self, seq) -> int:
         self.t0 = time.perf_counter()
+        self.in_stretch = self.stretch > 0
+        if self.in_stretch:  # plain again, as the stretch's first step set up
+            self.stretch -= 1
+            return 0
         self.device = self.survey = self.chain = False
         self.tree = self.nodes = None
         self.host = 0.0
@@ -309,6 +316,8 @@ class TreeProposer(Proposer):
         self.decodes = b < 2 or self.arm == PLAIN
         if self.decodes:
             self.b = 1  # the bonus alone
+            if self.arm == PLAIN:
+                self.stretch = auto.plain_stretch()
             return 0
         self.survey = auto is not None and auto.survey_due
         self.b = b
@@ -404,16 +413,32 @@ class TreeProposer(Proposer):
                 on_path = set(path)
                 accepted = [i in on_path for i in tree.pick_order]
         if self.arm is not None:
-            self.auto.verified(n_acc, time.perf_counter() - self.t0, self.host, self.nodes, accepted)
+            self._tell(n_acc, time.perf_counter() - self.t0, self.host, self.nodes, accepted)
         return out
 
     def decoded(self, seq, seconds: float) -> None:
         if self.arm is not None:
-            self.auto.verified(0, seconds)
+            self._tell(0, seconds)
+
+    def _tell(self, n_acc: int, seconds: float, host: float = 0.0, nodes=None, accepted=None) -> None:
+        """A step's outcome to auto: at once, or a plain stretch's summed at its end."""
+        if not self.in_stretch:
+            self.auto.verified(n_acc, seconds, host, nodes, accepted)
+            return
+        self.heard[0] += 1
+        self.heard[1] += seconds
+        if not self.stretch:
+            self._told_stretch()
+
+    def _told_stretch(self) -> None:
+        if self.heard[0]:
+            self.auto.plain_ran(*self.heard)
+        self.heard = [0, 0.0]
 
     def finish(self, seq) -> None:
         """The sequence ended: its statistics get auto's report, and what auto learnt
         goes to the next sequence."""
         if self.auto is not None:
+            self._told_stretch()  # a stretch the sequence's end cut short
             seq.stats.auto = self.auto.report()
             self.auto.finish()

@@ -31,7 +31,7 @@ from pathlib import Path
 CHILD = """
 import sys
 import numpy as np
-from dflash_gguf import budget
+from dflash_gguf import budget, verify_cost
 from dflash_gguf.demo import DEMO_PROMPT, demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
@@ -44,7 +44,7 @@ if mode == "auto-plain":  # auto held on its plain arm: no decision, probe or co
         self.next_decision = self.next_survey = self.to_probe = self.next_probe = 10**9
     def flat(self, target, n_threads=0, cache=None):
         self.sizes, self.tree_seconds, self.chain_seconds = np.array([1.0, 64.0]), np.ones(2), np.ones(2)
-    budget.AutoBudget.__init__, budget.VerifyCost.__init__ = held, flat
+    budget.AutoBudget.__init__, verify_cost.VerifyCost.__init__ = held, flat
 sampling = SamplingParams(temperature=temp, top_k=20, top_p=0.95, seed=1) if temp > 0 else None
 kw = {"tree_budget": 8} if mode == "tree" else {"tree_budget": "auto"} if mode == "auto-plain" else {}
 with Engine(*demo_paths(), n_ctx=512, n_threads=1, **kw) as e:

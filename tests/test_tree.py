@@ -790,6 +790,33 @@ def test_auto_probes_across_short_sequences():
     assert len(late) / gap / 2 <= late.count(CHAIN) <= 2 * len(late) / gap + 1, (gap, late.count(CHAIN))
 
 
+def test_a_plain_stretch_counts_as_its_steps():
+    """On plain decoding the steps up to the next probe run without auto (the
+    proposer's stretch: AutoBudget.plain_stretch) and are told together (plain_ran): the
+    probe comes at the same step, and the counts are those of choosing each step."""
+    import copy
+
+    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+
+    sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
+    each = AutoBudget(sim.cost, 32, 8)
+    simulate_auto(sim, steps=300, auto=each)
+    while each.choose() != PLAIN or each.to_probe < 3:  # to the start of a stretch
+        each.verified(0, 1e-3)
+    together = copy.deepcopy(each)
+    each.verified(0, 1e-3)
+    together.verified(0, 1e-3)
+    n = together.plain_stretch()
+    assert n == together.to_probe - 1 >= 2
+    for _ in range(n):
+        assert each.choose() == PLAIN
+        each.verified(0, 1e-3)
+    together.plain_ran(n, n * 1e-3)
+    assert each.choose() == together.choose() == CHAIN  # the probe
+    for field in ("steps", "run", "to_probe", "tally"):
+        assert getattr(each, field) == getattr(together, field), field
+
+
 def test_auto_chooses_per_sequence():
     """Two sequences decoded together (-np), from one engine's memory: one whose drafts
     the target takes, one whose drafts it never takes. Each chooses for its own text:
@@ -906,6 +933,9 @@ class _ScriptedAuto:
     def __getattr__(self, name):  # chain_cut, seen_tree, report, finish: the real chooser's
         return getattr(self.real, name)
 
+    def plain_stretch(self):
+        return 0  # its script chooses every step
+
     def surveyed(self, seconds, n_nodes):
         assert seconds > 0 and n_nodes == self.largest and self.survey_due
         self.surveys.append(len(self.seen))
@@ -1011,7 +1041,7 @@ def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
     """The cost curve times verifies whose graph is already built and which carry the
     previous step's commit: a graph build in the timed runs would make big trees look
     dearer than they are. Measured once, then read from the cache."""
-    from dflash_gguf.budget import VerifyCost
+    from dflash_gguf.verify_cost import VerifyCost
 
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=8, kv_type="f32"))
     before = target.info()
