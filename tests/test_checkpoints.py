@@ -321,7 +321,7 @@ def test_a_checkpoint_holds_its_host_memory_apart(tokenizer):
     held = [Checkpoint(target, draft) for _ in range(12)]
     reported = sum(c.host_bytes + c.overhead_bytes for c in held)
     assert all(c.host_bytes == held[0].nbytes > 0 for c in held)  # the demo pair runs on the CPU
-    assert (c_heap_in_use() - heap) / len(held) < 512, "a checkpoint's memory came from the C heap"
+    assert (c_heap_in_use() - heap) / len(held) < 4096, "a checkpoint's memory came from the C heap"  # the old code took its copies' megabytes; other tests' allocations may share the heap's count
     assert abs(anonymous_resident() - anon - reported) < 64 << 10, (anonymous_resident() - anon, reported)
     for c in held:
         c.close()
