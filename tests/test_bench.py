@@ -145,6 +145,7 @@ def test_each_side_at_its_best_and_at_its_default():
     assert best["ratio_of_medians"] == pytest.approx(400 / 200) and best["loaded"]
     # per repetition, paired: 400/200, 333/125, 500/200
     assert best["per_rep_ratio_range"] == pytest.approx([2.0, (100 / 0.3) / 125])
+    assert best["per_rep_ratio_median"] == pytest.approx(2.5)  # the median of the three, not 2.0 (medians' ratio)
     assert (default["pairing"], default["ours"], default["llama_cpp"]) == (
         "default vs default", "chain (default)", "DFlash (default)")
     assert default["ratio_of_medians"] == pytest.approx(200 / 100) and not default["loaded"]
@@ -153,6 +154,23 @@ def test_each_side_at_its_best_and_at_its_default():
     assert "| best vs best | chain p-min 0 | DFlash (p-min 0.5) |" in report.comparisons_text(list(table.values()))
     (line, _) = report.headline(list(table.values()))
     assert line.startswith("greedy, best vs best: ours chain p-min 0 400.0 tok/s") and "= 2.00x" in line
+
+
+def test_auto_is_compared_with_each_fixed_row_repetition_by_repetition():
+    # a machine at two speeds: repetition 1 ran everything twice as fast
+    runs = [run("ours", "plain", rep, "a", 100, s, 100) for rep, s in enumerate((0.2, 0.1, 0.2))]
+    runs += [spec_run("chain (default)", rep, s, default=True) for rep, s in enumerate((0.4, 0.2, 0.4))]
+    runs += [spec_run("auto", rep, s) for rep, s in enumerate((0.21, 0.105, 0.1))]
+    table = report.rows(runs)
+    plain, chain = report.auto_comparisons(table, "greedy")
+    assert (plain["fixed"], chain["fixed"]) == ("plain", "chain (default)")  # the fastest fixed row first
+    # auto's median (952) fell in the fast repetition, plain's (500) in a slow one
+    assert plain["ratio_of_medians"] == pytest.approx((100 / 0.105) / 500)
+    assert plain["per_rep_ratio_median"] == pytest.approx(0.2 / 0.21)
+    assert plain["per_rep_ratio_range"] == pytest.approx([0.2 / 0.21, 2.0])
+    assert "| greedy | plain | 952.4 | 500.0 | 1.90x | 0.952x | 0.95-2.00x | no |" in report.auto_text(table)
+    assert any(line.startswith("greedy, auto vs the fastest fixed row: auto 952.4 tok/s / plain 500.0 tok/s")
+               for line in report.headline(table))
 
 
 def test_every_arm_runs_once_a_repetition_in_a_rotating_order():

@@ -354,6 +354,8 @@ def bench_main(argv) -> int:
         "cells": cells,
         "rows": [r.to_json() for r in table],
         "comparisons": [c for s in dict.fromkeys(r.sampling for r in table) for c in report.comparisons(table, s)],
+        "auto_comparisons": [c for s in dict.fromkeys(r.sampling for r in table)
+                             for c in report.auto_comparisons(table, s)],
         "headline": report.headline(table),
         "runs": [r.to_json() for r in runs],
     }
@@ -375,6 +377,9 @@ def bench_main(argv) -> int:
     print(report.table_text(table, args.repetitions))
     print()
     print(report.comparisons_text(table))
+    if report.auto_text(table):
+        print()
+        print(report.auto_text(table))
     return 0
 
 

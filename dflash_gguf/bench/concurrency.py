@@ -374,6 +374,7 @@ def compare(rows: List[dict]) -> List[dict]:
                         "ours_tps_median": pr.ours["aggregate_tps"]["median"],
                         "llama_server_tps_median": pr.theirs["aggregate_tps"]["median"],
                         "ratio_of_medians": None if pr.ratio is None else round(pr.ratio, 3),
+                        "per_rep_ratio_median": None if pr.paired_median is None else round(pr.paired_median, 3),
                         "per_rep_ratio_range": [round(x, 3) for x in pr.paired] if pr.paired else None,
                         "loaded": pr.ours["loaded"] or pr.theirs["loaded"]})
     return out
@@ -405,12 +406,14 @@ def comparisons_text(comparisons: List[dict]) -> str:
     if not comparisons:
         return "(no comparison with llama-server: it did not run)"
     lines = [["pair", "sampling", "clients", "pairing", "ours", "llama-server", "ours tok/s median",
-              "llama-server tok/s median", "ratio of medians", "per-rep ratio min-max", "loaded"]]
+              "llama-server tok/s median", "ratio of medians", "per-rep ratio median", "per-rep ratio min-max",
+              "loaded"]]
     for c in comparisons:
         span = c["per_rep_ratio_range"]
         lines.append([c["pair"], c["sampling"], str(c["clients"]), c["pairing"], c["ours"], c["llama_server"],
                       f"{c['ours_tps_median']:.1f}", f"{c['llama_server_tps_median']:.1f}",
                       f"{c['ratio_of_medians']:.2f}x" if c["ratio_of_medians"] else "-",
+                      f"{c['per_rep_ratio_median']:.3f}x" if c["per_rep_ratio_median"] else "-",
                       f"{span[0]:.2f}-{span[1]:.2f}x" if span else "-", "yes" if c["loaded"] else "no"])
     return _columns(lines)
 

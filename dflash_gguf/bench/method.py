@@ -11,10 +11,15 @@ a ratio compares engines and not machine states:
                prompts (or requests) again until it has
   medians      rows give the median over every kept repetition with its range (min-max);
                each side is reported at its best setting and at its default
+  paired       a comparison also gives the median of its per-repetition ratios: this
+               machine switches between two speeds (about 2x apart) for tens of seconds at
+               a time, and a ratio of medians then mixes them; a repetition's two arms
+               run within a minute, mostly at one speed
 """
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
@@ -100,6 +105,8 @@ class Pairing:
     theirs: object
     ratio: Optional[float]                   # ours' median over theirs'
     paired: Optional[Tuple[float, float]]    # min-max of the per-repetition ratios (same repetition, interleaved)
+    paired_median: Optional[float] = None    # their median: each ratio's two arms ran minutes apart at most, so a
+    # machine that changes speed between repetitions moves both (the ratio of medians can mix its speeds)
 
 
 def pick(rows: Sequence[T], median: Callable[[T], Optional[float]], is_default: Callable[[T], bool]) -> dict:
@@ -123,5 +130,6 @@ def pairings(ours: Sequence[T], theirs: Sequence[T], median: Callable[[T], Optio
         rx, ry = per_rep(x), per_rep(y)
         ratios = [rx[k] / ry[k] for k in rx if k in ry and rx[k] and ry[k]]
         out.append(Pairing(f"{which} vs {which}", x, y, mx / my if mx and my else None,
-                           (min(ratios), max(ratios)) if ratios else None))
+                           (min(ratios), max(ratios)) if ratios else None,
+                           statistics.median(ratios) if ratios else None))
     return out

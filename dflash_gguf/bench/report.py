@@ -169,21 +169,47 @@ def comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
         pairs[-1].name = "plain vs plain"
     return [{"sampling": sampling, "pairing": p.name, "ours": p.ours.mode, "llama_cpp": p.theirs.mode,
              "ours_tok_s_median": _median(p.ours), "llama_cpp_tok_s_median": _median(p.theirs),
-             "ratio_of_medians": p.ratio, "per_rep_ratio_range": list(p.paired) if p.paired else None,
+             "ratio_of_medians": p.ratio, "per_rep_ratio_median": p.paired_median,
+             "per_rep_ratio_range": list(p.paired) if p.paired else None,
              "loaded": p.ours.loaded or p.theirs.loaded} for p in pairs]
 
 
+def auto_comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
+    """Our auto row against each of our fixed rows (plain and every drafting setting) with
+    one sampling, the fastest by median first: auto's bar is the fastest fixed arm."""
+    ours = [r for r in table if r.engine == "ours" and r.sampling == sampling]
+    auto = next((r for r in ours if r.mode == "auto"), None)
+    if auto is None or auto.tok_s is None:
+        return []
+    out = []
+    for fixed in sorted((r for r in ours if r is not auto and r.tok_s), key=_median, reverse=True):
+        p = method.pairings([auto], [fixed], _median, lambda r: r.rep_tok_s, lambda r: True)[0]
+        out.append({"sampling": sampling, "fixed": fixed.mode, "auto_tok_s_median": _median(auto),
+                    "fixed_tok_s_median": _median(fixed), "ratio_of_medians": p.ratio,
+                    "per_rep_ratio_median": p.paired_median,
+                    "per_rep_ratio_range": list(p.paired) if p.paired else None,
+                    "loaded": auto.loaded or fixed.loaded})
+    return out
+
+
+def _paired_text(c: dict) -> str:
+    span = c["per_rep_ratio_range"]
+    return (f"{c['ratio_of_medians']:.2f}x (median over median"
+            + (f"; per repetition median {c['per_rep_ratio_median']:.3f}x, {span[0]:.2f}-{span[1]:.2f}x" if span else "")
+            + ")" + (" [loaded]" if c["loaded"] else ""))
+
+
 def headline(table: Sequence[Row]) -> List[str]:
-    """Per sampling: each comparison in a line (ratio of medians, the per-repetition ratios' range)."""
+    """Per sampling: each comparison in a line (ratio of medians, the per-repetition
+    ratios' median and range), and auto against our fastest fixed row."""
     lines = []
     for sampling in dict.fromkeys(r.sampling for r in table):
         for c in comparisons(table, sampling):
-            span = c["per_rep_ratio_range"]
             lines.append(f"{sampling}, {c['pairing']}: ours {c['ours']} {c['ours_tok_s_median']:.1f} tok/s / "
-                         f"llama.cpp {c['llama_cpp']} {c['llama_cpp_tok_s_median']:.1f} tok/s = "
-                         f"{c['ratio_of_medians']:.2f}x (median over median"
-                         + (f"; per repetition {span[0]:.2f}-{span[1]:.2f}x" if span else "") + ")"
-                         + (" [loaded]" if c["loaded"] else ""))
+                         f"llama.cpp {c['llama_cpp']} {c['llama_cpp_tok_s_median']:.1f} tok/s = " + _paired_text(c))
+        for c in auto_comparisons(table, sampling)[:1]:
+            lines.append(f"{sampling}, auto vs the fastest fixed row: auto {c['auto_tok_s_median']:.1f} tok/s / "
+                         f"{c['fixed']} {c['fixed_tok_s_median']:.1f} tok/s = " + _paired_text(c))
     return lines
 
 
@@ -218,11 +244,30 @@ def comparisons_text(table: Sequence[Row]) -> str:
     if not rows:
         return "(no comparison with llama.cpp: its tools did not run)"
     lines = ["| sampling | pairing | ours | llama.cpp | ours tok/s median | llama.cpp tok/s median | "
-             "ratio of medians | per-repetition ratio min-max | loaded |",
-             "|---|---|---|---|---:|---:|---:|---:|---|"]
+             "ratio of medians | per-repetition ratio median | per-repetition ratio min-max | loaded |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
     for c in rows:
-        span = c["per_rep_ratio_range"]
         lines.append(f"| {c['sampling']} | {c['pairing']} | {c['ours']} | {c['llama_cpp']} | "
-                     f"{c['ours_tok_s_median']:.1f} | {c['llama_cpp_tok_s_median']:.1f} | {_x(c['ratio_of_medians'])} | "
-                     f"{f'{span[0]:.2f}-{span[1]:.2f}x' if span else '-'} | {'yes' if c['loaded'] else 'no'} |")
+                     f"{c['ours_tok_s_median']:.1f} | {c['llama_cpp_tok_s_median']:.1f} | " + _ratio_cells(c))
+    return "\n".join(lines)
+
+
+def _ratio_cells(c: dict) -> str:
+    span = c["per_rep_ratio_range"]
+    median = c["per_rep_ratio_median"]
+    return (f"{_x(c['ratio_of_medians'])} | {f'{median:.3f}x' if median else '-'} | "
+            f"{f'{span[0]:.2f}-{span[1]:.2f}x' if span else '-'} | {'yes' if c['loaded'] else 'no'} |")
+
+
+def auto_text(table: Sequence[Row]) -> str:
+    """Markdown: auto against each of our fixed rows, per sampling, the fastest first."""
+    rows = [c for s in dict.fromkeys(r.sampling for r in table) for c in auto_comparisons(table, s)]
+    if not rows:
+        return ""
+    lines = ["| sampling | auto against | auto tok/s median | its tok/s median | ratio of medians | "
+             "per-repetition ratio median | per-repetition ratio min-max | loaded |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for c in rows:
+        lines.append(f"| {c['sampling']} | {c['fixed']} | {c['auto_tok_s_median']:.1f} | "
+                     f"{c['fixed_tok_s_median']:.1f} | " + _ratio_cells(c))
     return "\n".join(lines)
