@@ -353,9 +353,8 @@ def bench_main(argv) -> int:
                      "grammar_drafting": args.grammar_drafting},
         "cells": cells,
         "rows": [r.to_json() for r in table],
-        "comparisons": [c for s in dict.fromkeys(r.sampling for r in table) for c in report.comparisons(table, s)],
-        "auto_comparisons": [c for s in dict.fromkeys(r.sampling for r in table)
-                             for c in report.auto_comparisons(table, s)],
+        "comparisons": report.each_sampling(table, report.comparisons),
+        "auto_comparisons": report.each_sampling(table, report.auto_comparisons),
         "headline": report.headline(table),
         "runs": [r.to_json() for r in runs],
     }

@@ -238,36 +238,35 @@ def table_text(table: Sequence[Row], reps: int) -> str:
     return "\n".join(lines)
 
 
-def comparisons_text(table: Sequence[Row]) -> str:
-    """Markdown: ours against llama.cpp, best vs best and default vs default, per sampling."""
-    rows = [c for s in dict.fromkeys(r.sampling for r in table) for c in comparisons(table, s)]
-    if not rows:
-        return "(no comparison with llama.cpp: its tools did not run)"
-    lines = ["| sampling | pairing | ours | llama.cpp | ours tok/s median | llama.cpp tok/s median | "
-             "ratio of medians | per-repetition ratio median | per-repetition ratio min-max | loaded |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---|"]
+def each_sampling(table: Sequence[Row], of) -> List[dict]:
+    """of(table, sampling)'s comparisons for every sampling of the table, in its order."""
+    return [c for s in dict.fromkeys(r.sampling for r in table) for c in of(table, s)]
+
+
+def _ratio_table(head: str, rows: List[dict], lead) -> str:
+    """Markdown of comparisons: `head`'s columns (lead(c) fills them), then the ratios'."""
+    lines = [f"| {head} | ratio of medians | per-repetition ratio median | per-repetition ratio min-max | loaded |",
+             "|" + "---|" * (head.count("|") + 1) + "---:|---:|---:|---|"]
     for c in rows:
-        lines.append(f"| {c['sampling']} | {c['pairing']} | {c['ours']} | {c['llama_cpp']} | "
-                     f"{c['ours_tok_s_median']:.1f} | {c['llama_cpp_tok_s_median']:.1f} | " + _ratio_cells(c))
+        span, median = c["per_rep_ratio_range"], c["per_rep_ratio_median"]
+        lines.append(f"| {lead(c)} | {_x(c['ratio_of_medians'])} | {f'{median:.3f}x' if median else '-'} | "
+                     f"{f'{span[0]:.2f}-{span[1]:.2f}x' if span else '-'} | {'yes' if c['loaded'] else 'no'} |")
     return "\n".join(lines)
 
 
-def _ratio_cells(c: dict) -> str:
-    span = c["per_rep_ratio_range"]
-    median = c["per_rep_ratio_median"]
-    return (f"{_x(c['ratio_of_medians'])} | {f'{median:.3f}x' if median else '-'} | "
-            f"{f'{span[0]:.2f}-{span[1]:.2f}x' if span else '-'} | {'yes' if c['loaded'] else 'no'} |")
+def comparisons_text(table: Sequence[Row]) -> str:
+    """Markdown: ours against llama.cpp, best vs best and default vs default, per sampling."""
+    rows = each_sampling(table, comparisons)
+    if not rows:
+        return "(no comparison with llama.cpp: its tools did not run)"
+    return _ratio_table("sampling | pairing | ours | llama.cpp | ours tok/s median | llama.cpp tok/s median", rows,
+                        lambda c: f"{c['sampling']} | {c['pairing']} | {c['ours']} | {c['llama_cpp']} | "
+                                  f"{c['ours_tok_s_median']:.1f} | {c['llama_cpp_tok_s_median']:.1f}")
 
 
 def auto_text(table: Sequence[Row]) -> str:
     """Markdown: auto against each of our fixed rows, per sampling, the fastest first."""
-    rows = [c for s in dict.fromkeys(r.sampling for r in table) for c in auto_comparisons(table, s)]
-    if not rows:
-        return ""
-    lines = ["| sampling | auto against | auto tok/s median | its tok/s median | ratio of medians | "
-             "per-repetition ratio median | per-repetition ratio min-max | loaded |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
-    for c in rows:
-        lines.append(f"| {c['sampling']} | {c['fixed']} | {c['auto_tok_s_median']:.1f} | "
-                     f"{c['fixed_tok_s_median']:.1f} | " + _ratio_cells(c))
-    return "\n".join(lines)
+    rows = each_sampling(table, auto_comparisons)
+    return _ratio_table("sampling | auto against | auto tok/s median | its tok/s median", rows,
+                        lambda c: f"{c['sampling']} | {c['fixed']} | {c['auto_tok_s_median']:.1f} | "
+                                  f"{c['fixed_tok_s_median']:.1f}") if rows else ""
