@@ -18,7 +18,6 @@ differently are reported, since their counts would not compare like with like.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import re
@@ -26,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from dflash_gguf.bench import provenance
 
 # Run by each install's interpreter: decode n tokens and print what came out.
 CHILD = """
@@ -91,10 +92,9 @@ def main(argv=None) -> int:
                              "startup_instructions": short["instructions"], **{k: long[k] for k in
                                                                                 ("tokens", "mean_accepted", "digest")}})
                 print(json.dumps(rows[-1]), flush=True)
-    doc = {"tool": "scripts/decode_count.py", "date": _dt.datetime.now().isoformat(timespec="minutes"),
-           "argv": sys.argv[1:] if argv is None else argv, "rows": rows}
     if args.out:
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        provenance.write_results(args.out, provenance.results_doc("scripts/decode_count.py", sys.argv[1:] if argv is None else argv,
+                                                                  rows=rows))
     return 0
 
 

@@ -30,7 +30,6 @@ Python and C, building and allocating graphs)."""
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import re
@@ -38,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from dflash_gguf.bench import provenance
 
 WARM = 16  # tokens of the short run: past the prefill and the first graphs
 
@@ -134,10 +135,9 @@ def main(argv=None) -> int:
             rows.append({"engine": "llama.cpp", "arm": f"{tool} {name}",
                          **llama(args.llama_bin, tool, target, draft, flags, args.tokens, PROMPTS[0][1])})
             print(json.dumps(rows[-1]), flush=True)
-    doc = {"tool": "scripts/gptoss_count.py", "date": _dt.datetime.now().isoformat(timespec="minutes"),
-           "argv": sys.argv[1:] if argv is None else argv, "rows": rows}
     if args.out:
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        provenance.write_results(args.out, provenance.results_doc("scripts/gptoss_count.py", sys.argv[1:] if argv is None else argv,
+                                                                  rows=rows))
     return 0
 
 

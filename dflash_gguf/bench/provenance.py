@@ -4,6 +4,8 @@ be compared with another."""
 from __future__ import annotations
 
 import ctypes
+import datetime
+import json
 import os
 import platform
 import subprocess
@@ -73,3 +75,14 @@ def versions() -> dict:
 def machine(threads: int, device: str) -> dict:
     return {"cpu": cpu_name(), "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
             "platform": platform.platform(), "devices": list_devices(), "device": device, "threads": threads}
+
+
+def results_doc(tool: str, argv: list, **fields) -> dict:
+    """The head of a script's results file: the tool, when, how it was called, the checkout."""
+    return {"tool": tool, "date": datetime.datetime.now().isoformat(timespec="minutes"), "argv": list(argv),
+            "checkout": checkout(), **fields}
+
+
+def write_results(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
