@@ -3,7 +3,7 @@
 counted by valgrind's callgrind for both engines: ours (plain, and the chain at several
 --draft-p-min x block sizes) and llama.cpp's llama-completion and llama-speculative-simple
 --spec-type draft-dflash (at several --spec-draft-p-min x --spec-draft-n-max), one thread,
-greedy, the bench's first prompt. Repeatable on a machine that is not idle, where timings
+greedy (or sampled: --temp, top-k 20, top-p 0.95), the bench's first prompt. Repeatable on a machine that is not idle, where timings
 are not.
 
     scripts/gptoss_count.py --ggml-lib /path/to/avx2/ggml/lib --llama-bin /path/to/avx2/llama/bin \
@@ -47,11 +47,14 @@ CHILD = """
 import sys
 from dflash_gguf.bench.prompts import PROMPTS, WARMUP
 from dflash_gguf.engine import Engine
+from dflash_gguf.sampling import SamplingParams
 target, draft, n, p_min, block = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), sys.argv[4], sys.argv[5]
+temp = float(sys.argv[6])
 opts = {"draft_p_min": float(p_min) if p_min else None, **({"block_size": int(block)} if block else {})}
+sampling = SamplingParams(temp, 20, 0.95, seed=1) if temp > 0 else None
 with Engine(target, draft, n_ctx=512, n_threads=1, **opts) as e:
     e.generate(WARMUP, 8, stop_tokens=())
-    r = e.generate(PROMPTS[0][1], n, stop_tokens=())
+    r = e.generate(PROMPTS[0][1], n, stop_tokens=(), sampling=sampling)
     builds = e.target.info()["n_graph_builds"]
 print(len(r.tokens), r.stats.mean_accepted, builds, hash(tuple(r.tokens)))
 """
@@ -69,7 +72,7 @@ def callgrind(cmd, env=None, cwd=None) -> tuple:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         res = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd],
-                             capture_output=True, text=True, env=env, cwd=cwd or tmp)
+                             capture_output=True, text=True, errors="replace", env=env, cwd=cwd or tmp)
         if res.returncode != 0:
             raise SystemExit(f"{' '.join(cmd[:3])} failed:\n{res.stderr[-2000:]}")
         total = int(re.search(r"^summary:\s+(\d+)", out.read_text(), re.M).group(1))
@@ -80,7 +83,7 @@ def callgrind(cmd, env=None, cwd=None) -> tuple:
     return total, compute, res.stdout
 
 
-def ours(python: str, pythonpath: str, ggml_lib: str, target: str, draft: str, arm, n: int) -> dict:
+def ours(python: str, pythonpath: str, ggml_lib: str, target: str, draft: str, arm, n: int, temp: float) -> dict:
     name, use_draft, p_min, block = arm
     env = {**os.environ, "LD_LIBRARY_PATH": ggml_lib, "PYTHONHASHSEED": "0"}
     if pythonpath:
@@ -89,7 +92,7 @@ def ours(python: str, pythonpath: str, ggml_lib: str, target: str, draft: str, a
     for tokens in (WARM, WARM + n):
         total, compute, stdout = callgrind([python, "-c", CHILD, target, draft if use_draft is not None else "",
                                            str(tokens), "" if p_min is None else repr(p_min),
-                                           "" if block is None else str(block)], env)
+                                           "" if block is None else str(block), repr(temp)], env)
         runs.append((total, compute, stdout.split()))
     (t0, c0, _), (t1, c1, out) = runs
     return {"engine": "ours", "arm": name, "instructions_per_token": round((t1 - t0) / n),
@@ -97,9 +100,11 @@ def ours(python: str, pythonpath: str, ggml_lib: str, target: str, draft: str, a
             "tokens": int(out[0]), "mean_accepted": float(out[1]), "target_graph_builds": int(out[2]), "digest": out[3]}
 
 
-def llama(bin_dir: Path, tool: str, target: str, draft: str, flags, n: int, prompt: str) -> dict:
+def llama(bin_dir: Path, tool: str, target: str, draft: str, flags, n: int, prompt: str, temp: float) -> dict:
+    sampling = ["--temp", repr(temp), "--top-k", "20", "--top-p", "0.95", "--min-p", "0", "-s", "1",
+                "--samplers", "top_k;top_p;min_p;temperature"] if temp > 0 else ["--temp", "0"]
     common = ["-m", target, "-c", "512", "-b", "512", "-ub", "512", "-t", "1", "-tb", "1", "-fa", "on",
-              "-ctk", "f16", "-ctv", "f16", "--temp", "0", "-p", prompt]
+              "-ctk", "f16", "-ctv", "f16", *sampling, "-p", prompt]
     extra = ["-no-cnv", "--no-display-prompt"] if tool == "llama-completion" else \
         ["-md", draft, "-td", "1", "-tbd", "1", "--spec-type", "draft-dflash", *flags]
     totals = []
@@ -120,20 +125,23 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="tokens counted (default 64)")
     p.add_argument("--pair", type=Path, default=Path.home() / ".cache" / "dflash-gguf" / "gptoss-bench",
                    help="folder of scripts/gptoss_bench_pair.py's GGUFs")
+    p.add_argument("--temp", type=float, default=0.0,
+                   help="0: greedy (default); above: sampled at that temperature, top-k 20, top-p 0.95")
+    p.add_argument("--plain", action="store_true", help="plain decoding only (ours and llama-completion)")
     p.add_argument("--out", type=Path, help="results JSON")
     args = p.parse_args(argv)
     target, draft = str(args.pair / "gptoss-target-mxfp4_moe.gguf"), str(args.pair / "gptoss-draft-q8_0.gguf")
     from dflash_gguf.bench.prompts import PROMPTS  # the installed package's (run by its interpreter)
     rows = []
-    for arm in OURS:
-        rows.append(ours(args.python, args.pythonpath, args.ggml_lib, target, draft, arm, args.tokens))
+    for arm in OURS[:1] if args.plain else OURS:
+        rows.append(ours(args.python, args.pythonpath, args.ggml_lib, target, draft, arm, args.tokens, args.temp))
         print(json.dumps(rows[-1]), flush=True)
     if args.llama_bin:
-        arms = [("llama-completion", "plain", [])] + [("llama-speculative-simple", f"DFlash {name}", flags)
-                                                     for name, flags in LLAMA_SPEC]
+        arms = [("llama-completion", "plain", [])] + ([] if args.plain else [
+            ("llama-speculative-simple", f"DFlash {name}", flags) for name, flags in LLAMA_SPEC])
         for tool, name, flags in arms:
             rows.append({"engine": "llama.cpp", "arm": f"{tool} {name}",
-                         **llama(args.llama_bin, tool, target, draft, flags, args.tokens, PROMPTS[0][1])})
+                         **llama(args.llama_bin, tool, target, draft, flags, args.tokens, PROMPTS[0][1], args.temp)})
             print(json.dumps(rows[-1]), flush=True)
     if args.out:
         provenance.write_results(args.out, provenance.results_doc("scripts/gptoss_count.py", sys.argv[1:] if argv is None else argv,
