@@ -475,12 +475,6 @@ static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_te
                                          : apply_sparse_mask(ctx, logits, key, out);
 }
 
-/* CANDIDATES: each row's argmax under its mask with the logits left as they are. The
- * K largest logits of every row, each candidate's bit looked up in its row's mask
- * (candidates_allowed), -inf added where it is clear, the argmax of what is left; -1 for a row
- * none of whose candidates is allowed. A keeping row (few allowed tokens) takes the
- * argmax of its allowed logits, gathered, instead. Token ids and indices are below 2^24,
- * exact in f32, where rows are selected by arithmetic. */
 /* Whether each row's mask allows each of its candidates top [K, n] (i32 tokens of a
  * vocabulary of V), [K, n] f32 1 or 0: the bit looked up in the 16-bit half holding it
  * (an input, as the halves' scales), scaled so that the bit is the lowest of its integer
@@ -508,6 +502,12 @@ static struct ggml_tensor * candidates_allowed(struct ggml_context * ctx, struct
     return ggml_sub(ctx, shifted, above); /* the bit: 1 allowed, 0 not */
 }
 
+/* CANDIDATES: each row's argmax under its mask with the logits left as they are. The
+ * K largest logits of every row, each candidate's bit looked up in its row's mask
+ * (candidates_allowed), -inf added where it is clear, the argmax of what is left; -1 for a row
+ * none of whose candidates is allowed. A keeping row (few allowed tokens) takes the
+ * argmax of its allowed logits, gathered, instead. Token ids and indices are below 2^24,
+ * exact in f32, where rows are selected by arithmetic. */
 static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct ggml_tensor * logits,
                                                const dfl_sampler_key * key, dfl_sampler_graph * out) {
     const int64_t V = logits->ne[0], n = logits->ne[1], K = key->n_cand;

@@ -321,7 +321,8 @@ dfl_status dfl_target_set_penalties(dfl_target * target, int32_t seq, const int3
  * constraint): per row n_words = ceil(n_vocab / 32) words, bit t % 32 of word t / 32 set
  * when token t is allowed; [n_rows][n_words]. The rows' disallowed logits become -inf
  * on the device, after the penalties and before top-k and the pick, greedy or sampled
- * (the logits read back are masked too). A row must allow some token. A step without
+ * (the logits read back are masked too where the step masks them in place: see
+ * dfl_target_logits). A row must allow some token. A step without
  * masks staged for any of its sequences runs no mask at all; in a step with some, the
  * other sequences' rows allow every token. Consumed by that step. */
 dfl_status dfl_target_set_masks(dfl_target * target, int32_t seq, const uint32_t * words, int32_t n_rows,
