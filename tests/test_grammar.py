@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from dflash_gguf.engine import Engine
 from dflash_gguf.generate import Request
 from dflash_gguf.llama_cpp_tree import source_dir
 from dflash_gguf.sampling import SamplingParams, distribution, draw
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
 from fixtures import missing_oracle
@@ -295,6 +296,42 @@ def test_sampled_rows_by_candidates_draw_as_their_masked_rows(target, shape):
         assert allowed[r, choices[r]]
         assert choices[r] == cand[r][draw(p[r, cand[r]], float(u[r]))]  # in the candidates' order
         np.testing.assert_allclose(cand_p[r], p[r, cand[r]], rtol=1e-4, atol=1e-6)
+        assert math.isclose(float(cand_p[r].sum()), 1.0, rel_tol=1e-5)
+
+
+def test_a_step_of_two_sequences_sampled_again_keeps_each_ones_masks_and_settings():
+    """Two sequences' sampled rows in one step by candidates, one masked (its first row
+    allowing none of its 256 largest logits: the step sampled again), the other free at
+    another temperature: each row's choice and probabilities are its own masked
+    distribution's."""
+    prompt = Tokenizer(TARGET).encode(PROMPTS[2])
+    drafts = _drafts("import sys", 3)
+    hot = SamplingParams(temperature=1.3, top_k=20, top_p=0.9, seed=2)
+    with Target(TARGET, TargetConfig(n_ctx=256, n_threads=2, kv_type="f32", n_seq=2)) as t:
+        for seq in (0, 1):
+            t.set_sampling(SamplingParams().native(), seq=seq)
+            t.decode(prompt, LOGITS_LAST, seq=seq)
+        t.step([Rows(0, CHAIN, drafts), Rows(1, CHAIN, drafts)])
+        free = t.logits(0, 6)
+        t.commit(0, seq=0)
+        t.commit(0, seq=1)
+        allowed = _allowing(np.random.default_rng(5), t.n_vocab, [("miss", 300), ("half",), ("half",)], free[:3])
+        u = [np.array([0.2, 0.6, 0.9], dtype=np.float32), np.array([0.4, 0.7, 0.1], dtype=np.float32)]
+        for seq, params in ((0, RANKED), (1, hot)):
+            t.set_sampling(params.native(), seq=seq)
+            t.set_uniforms(u[seq], seq=seq)
+        t.set_masks(words_of(allowed), seq=0)
+        t.step([Rows(0, CHAIN, drafts), Rows(1, CHAIN, drafts)])
+        choices = t.choices(0, 6)
+        cand, cand_p = t.candidates(0, 6, 20)
+        logits = t.logits(0, 6)
+    np.testing.assert_array_equal(logits, free)  # looked up at the candidates, no penalties
+    masked = np.vstack([np.where(allowed, free[:3], -np.inf), free[3:]])
+    for r in range(6):
+        params, uniform = (RANKED, u[0][r]) if r < 3 else (hot, u[1][r - 3])
+        p = distribution(masked[r], replace(params, repeat_penalty=1.0, frequency_penalty=0.0))[0]
+        assert choices[r] == cand[r][draw(p[cand[r]], float(uniform))]
+        np.testing.assert_allclose(cand_p[r], p[cand[r]], rtol=1e-4, atol=1e-6)
         assert math.isclose(float(cand_p[r].sum()), 1.0, rel_tol=1e-5)
 
 
