@@ -30,6 +30,13 @@
  * sixteenth of the vocabulary if less, takes the argmax of those instead) */
 #define CAND_K 32
 #define CAND_KEEP_MAX 4096
+/* CANDIDATES in a ranked graph: the largest logits of the unmasked row a row's top_k
+ * allowed are looked for among (at least CAND_WIDE_PER_K per top_k), and what they cost
+ * per token of a row against the dense expansion's (the wider top-k's pass over the row:
+ * a selection, no write) */
+#define CAND_WIDE 256
+#define CAND_WIDE_PER_K 4
+#define COST_CAND_TOKEN 2
 
 static int cand_keep_max(int n_vocab) {
     return n_vocab / 16 < CAND_KEEP_MAX ? n_vocab / 16 : CAND_KEEP_MAX;
@@ -342,6 +349,17 @@ void dfl_sampler_key_settle(dfl_sampler_key * key, int n_rows, int n_vocab, bool
     const int64_t sparse = (int64_t) key->n_keep * COST_KEEP_ENTRY + (int64_t) key->n_ban * COST_BAN_ENTRY +
                            (int64_t) (n_keep - key->n_keep + n_ban - key->n_ban) * COST_PAD_ENTRY +
                            (key->keep_rows ? tokens * COST_KEEP_ROWS_TOKEN : 0);
+    /* a ranked graph by candidates: only rows of its own top_k, no row allowing so few
+     * tokens that its top_k allowed would rarely be among the candidates */
+    const int64_t wide = key->n_cand * CAND_WIDE_PER_K > CAND_WIDE ? (int64_t) key->n_cand * CAND_WIDE_PER_K : CAND_WIDE;
+    const int64_t by_list = sparse < tokens * COST_DENSE_TOKEN ? sparse : tokens * COST_DENSE_TOKEN;
+    if (candidates && key->pick == DFL_PICK_RANKED && !key->capped && keep_width == 0 && wide < n_vocab &&
+        tokens * COST_CAND_TOKEN < by_list) {
+        key->masked = DFL_MASK_CANDIDATES;
+        key->n_wide = (int) wide;
+        key->n_keep = key->n_ban = key->keep_rows = 0;
+        return;
+    }
     if (sparse > tokens * COST_DENSE_TOKEN) {
         key->masked = DFL_MASK_DENSE;
         key->n_keep = key->n_ban = key->keep_rows = 0;
@@ -457,23 +475,17 @@ static struct ggml_tensor * apply_mask(struct ggml_context * ctx, struct ggml_te
                                          : apply_sparse_mask(ctx, logits, key, out);
 }
 
-/* CANDIDATES: each row's argmax under its mask with the logits left as they are. The
- * K largest logits of every row, each candidate's bit looked up in its row's mask (the
- * 16-bit half holding it, scaled so that the bit is the lowest of its integer part: all
- * exact in f32), -inf added where it is clear, the argmax of what is left; -1 for a row
- * none of whose candidates is allowed. A keeping row (few allowed tokens) takes the
- * argmax of its allowed logits, gathered, instead. Token ids and indices are below 2^24,
- * exact in f32, where rows are selected by arithmetic. */
-static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct ggml_tensor * logits,
-                                               const dfl_sampler_key * key, dfl_sampler_graph * out) {
-    const int64_t V = logits->ne[0], n = logits->ne[1], K = key->n_cand, H = 2 * dfl_mask_words((int) V);
+/* Whether each row's mask allows each of its candidates top [K, n] (i32 tokens of a
+ * vocabulary of V), [K, n] f32 1 or 0: the bit looked up in the 16-bit half holding it
+ * (an input, as the halves' scales), scaled so that the bit is the lowest of its integer
+ * part (all exact in f32). */
+static struct ggml_tensor * candidates_allowed(struct ggml_context * ctx, struct ggml_tensor * top, int64_t V,
+                                               dfl_sampler_graph * out) {
+    const int64_t K = top->ne[0], n = top->ne[1], H = 2 * dfl_mask_words((int) V);
     out->halves = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, H * n);
     out->bit_scale = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 16);
     ggml_set_input(out->halves);
     ggml_set_input(out->bit_scale);
-    struct ggml_tensor * top = dfl_top_k(key->by_sort, ctx, logits, (int) K); /* [K, n], in no particular order */
-    struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top);
-    vals = ggml_reshape_2d(ctx, vals, K, n);
     struct ggml_tensor * tok = ggml_cast(ctx, top, GGML_TYPE_F32);
     struct ggml_tensor * half = ggml_floor(ctx, ggml_scale(ctx, tok, 1.0f / 16.0f));
     struct ggml_tensor * bit = ggml_cast(ctx, ggml_sub(ctx, tok, ggml_scale(ctx, half, 16.0f)), GGML_TYPE_I32);
@@ -487,7 +499,23 @@ static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct
     struct ggml_tensor * shifted = ggml_floor(ctx, ggml_mul(ctx, ggml_reshape_2d(ctx, h, K, n),
                                                             ggml_reshape_2d(ctx, scale, K, n)));
     struct ggml_tensor * above = ggml_scale(ctx, ggml_floor(ctx, ggml_scale(ctx, shifted, 0.5f)), 2.0f);
-    struct ggml_tensor * allowed = ggml_sub(ctx, shifted, above); /* the bit: 1 allowed, 0 not */
+    return ggml_sub(ctx, shifted, above); /* the bit: 1 allowed, 0 not */
+}
+
+/* CANDIDATES: each row's argmax under its mask with the logits left as they are. The
+ * K largest logits of every row, each candidate's bit looked up in its row's mask
+ * (candidates_allowed), -inf added where it is clear, the argmax of what is left; -1 for a row
+ * none of whose candidates is allowed. A keeping row (few allowed tokens) takes the
+ * argmax of its allowed logits, gathered, instead. Token ids and indices are below 2^24,
+ * exact in f32, where rows are selected by arithmetic. */
+static struct ggml_tensor * pick_by_candidates(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                               const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1], K = key->n_cand;
+    struct ggml_tensor * top = dfl_top_k(key->by_sort, ctx, logits, (int) K); /* [K, n], in no particular order */
+    struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top);
+    vals = ggml_reshape_2d(ctx, vals, K, n);
+    struct ggml_tensor * tok = ggml_cast(ctx, top, GGML_TYPE_F32);
+    struct ggml_tensor * allowed = candidates_allowed(ctx, top, V, out);
     struct ggml_tensor * best = ggml_argmax(ctx, ggml_add(ctx, vals, ggml_log(ctx, allowed))); /* [n] */
     struct ggml_tensor * c = ggml_get_rows(ctx, ggml_reshape_3d(ctx, tok, 1, K, n), ggml_reshape_2d(ctx, best, 1, n));
     c = ggml_reshape_2d(ctx, c, 1, n);
@@ -530,24 +558,31 @@ static struct ggml_tensor * pick_full(struct ggml_context * ctx, struct ggml_ten
     return ggml_reshape_1d(ctx, ggml_cast(ctx, idx, GGML_TYPE_I32), n);
 }
 
-/* Truncation: the K most likely (the row's top_k, or K as a cap), most likely first;
- * top-p and min-p on their probabilities at temperature 1 (within the K for top_k, of
- * the vocabulary for a cap), then the temperature, then the draw. */
-static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_tensor * logits,
-                                        const dfl_sampler_key * key, dfl_sampler_graph * out) {
-    const int64_t V = logits->ne[0], n = logits->ne[1], K = key->n_cand;
-    const bool mixed = key->pick == DFL_PICK_MIXED;
-    struct ggml_tensor * sv, * si;
-    if (K < V) {
-        struct ggml_tensor * top = dfl_top_k(key->by_sort, ctx, logits, (int) K); /* [K, n], in no particular order */
-        struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top);
+/* The K largest of each row of x [C, n], largest first: their values *sv [K, n] and ids
+ * *si [K, n] i32, the id of x's entry j being ids[j] (ids [C, n] i32), or j without ids. */
+static void rank_top(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * ids, int64_t K,
+                     bool by_sort, struct ggml_tensor ** sv, struct ggml_tensor ** si) {
+    const int64_t C = x->ne[0], n = x->ne[1];
+    struct ggml_tensor * at; /* [K, n] i32: where in x's row */
+    if (K < C) {
+        struct ggml_tensor * top = dfl_top_k(by_sort, ctx, x, (int) K); /* [K, n], in no particular order */
+        struct ggml_tensor * vals = ggml_get_rows(ctx, ggml_reshape_3d(ctx, x, 1, C, n), top);
         struct ggml_tensor * order = ggml_argsort(ctx, ggml_reshape_2d(ctx, vals, K, n), GGML_SORT_ORDER_DESC);
-        sv = ggml_reshape_2d(ctx, ggml_get_rows(ctx, vals, order), K, n);
-        si = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, top, 1, K, n), order), K, n);
+        *sv = ggml_reshape_2d(ctx, ggml_get_rows(ctx, vals, order), K, n);
+        at = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, top, 1, K, n), order), K, n);
     } else {
-        si = ggml_argsort(ctx, logits, GGML_SORT_ORDER_DESC);
-        sv = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), si), K, n);
+        at = ggml_argsort(ctx, x, GGML_SORT_ORDER_DESC);
+        *sv = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, x, 1, C, n), at), K, n);
     }
+    *si = ids ? ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, ids, 1, C, n), at), K, n) : at;
+}
+
+/* The ranked draw over each row's K most likely, sv [K, n] (values, largest first) and si
+ * (their tokens): see pick_ranked. */
+static struct ggml_tensor * draw_ranked(struct ggml_context * ctx, struct ggml_tensor * logits, struct ggml_tensor * sv,
+                                        struct ggml_tensor * si, const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    const int64_t n = logits->ne[1], K = key->n_cand;
+    const bool mixed = key->pick == DFL_PICK_MIXED;
     struct ggml_tensor * l0 = column(ctx, sv, 0);
     struct ggml_tensor * z = ggml_sub(ctx, sv, l0); /* <= 0, the most likely's 0 */
     struct ggml_tensor * e = ggml_exp(ctx, z);
@@ -608,6 +643,40 @@ static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_t
     return choice;
 }
 
+/* Truncation: the K most likely (the row's top_k, or K as a cap), most likely first;
+ * top-p and min-p on their probabilities at temperature 1 (within the K for top_k, of
+ * the vocabulary for a cap), then the temperature, then the draw. */
+static struct ggml_tensor * pick_ranked(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                        const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    struct ggml_tensor * sv, * si;
+    rank_top(ctx, logits, NULL, key->n_cand, key->by_sort, &sv, &si);
+    return draw_ranked(ctx, logits, sv, si, key, out);
+}
+
+/* CANDIDATES in a ranked graph: the ranked draw of each row under its mask with the logits
+ * left as they are. The n_wide largest logits of the row, each candidate's bit looked up
+ * (candidates_allowed), the disallowed ones at -FLT_MAX (last, and finite: a row with none
+ * allowed stays a number), then the ranked draw over the top_k largest of them. A row
+ * with at least top_k allowed among the candidates holds its masked row's top-k there
+ * (any allowed token beyond them is below them all), so it draws exactly as the masked
+ * row would; another chooses -1. */
+static struct ggml_tensor * pick_ranked_by_candidates(struct ggml_context * ctx, struct ggml_tensor * logits,
+                                                      const dfl_sampler_key * key, dfl_sampler_graph * out) {
+    const int64_t V = logits->ne[0], n = logits->ne[1], C = key->n_wide, K = key->n_cand;
+    struct ggml_tensor * top = dfl_top_k(key->by_sort, ctx, logits, (int) C); /* [C, n], in no particular order */
+    struct ggml_tensor * vals = ggml_reshape_2d(ctx, ggml_get_rows(ctx, ggml_reshape_3d(ctx, logits, 1, V, n), top), C, n);
+    struct ggml_tensor * allowed = candidates_allowed(ctx, top, V, out);
+    vals = ggml_add(ctx, vals, ggml_scale_bias(ctx, allowed, FLT_MAX, -FLT_MAX));
+    struct ggml_tensor * sv, * si;
+    rank_top(ctx, vals, top, K, key->by_sort, &sv, &si);
+    struct ggml_tensor * choice = draw_ranked(ctx, logits, sv, si, key, out);
+    /* -1 where fewer than K are allowed */
+    struct ggml_tensor * few = ggml_step(ctx, ggml_scale_bias(ctx, ggml_sum_rows(ctx, allowed), -1.0f, (float) K - 0.5f));
+    struct ggml_tensor * c = ggml_reshape_2d(ctx, ggml_cast(ctx, choice, GGML_TYPE_F32), 1, n);
+    c = ggml_sub(ctx, c, ggml_mul(ctx, few, ggml_scale_bias(ctx, c, 1.0f, 1.0f)));
+    return ggml_reshape_1d(ctx, ggml_cast(ctx, c, GGML_TYPE_I32), n);
+}
+
 /* Rows of several picks: each row's own (its pick setting: 0 the argmax, 1 the full draw,
  * 2 the ranked draw), selected by arithmetic on the token ids (exact in f32: ids are
  * below 2^24), the argmax computed for every row. */
@@ -647,8 +716,9 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
     if (key->n_penalty > 0) {
         logits = penalize(ctx, logits, key->n_penalty, out);
     }
-    if (key->masked == DFL_MASK_CANDIDATES) { /* an argmax graph's, the logits left as they are */
-        out->choice = pick_by_candidates(ctx, logits, key, out);
+    if (key->masked == DFL_MASK_CANDIDATES) { /* the logits left as they are */
+        out->choice = key->pick == DFL_PICK_ARGMAX ? pick_by_candidates(ctx, logits, key, out)
+                                                   : pick_ranked_by_candidates(ctx, logits, key, out);
     } else {
         if (key->masked) {
             logits = apply_mask(ctx, logits, key, out);
@@ -872,6 +942,22 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         dfl_runtime_set(rt, g->pen_idx, host->host_idx, 0, (size_t) n * sizeof(int32_t));
         dfl_runtime_set(rt, g->pen_cnt, host->host_cnt, 0, (size_t) n * sizeof(float));
     }
+    TRY(dfl_sampler_fill_masks(parts, n_parts, rt, g, key, n_vocab));
+    for (int i = 0; i < n_parts; i++) {
+        parts[i].smp->n_u = 0;
+        parts[i].smp->pen_rows = 0;
+        parts[i].smp->mask_rows = 0;
+    }
+    return DFL_OK;
+}
+
+dfl_status dfl_sampler_fill_masks(const dfl_sampler_part * parts, int n_parts, const dfl_runtime * rt,
+                                  const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab) {
+    dfl_sampler * host = parts[0].smp;
+    int n_rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        n_rows += parts[i].n_rows;
+    }
     if (g->mask) {
         const int W = dfl_mask_words(n_vocab), B = 4 * W;
         if (!reserve((void **) &host->host_mask, &host->cap_host_mask, n_rows * B, sizeof(int32_t))) {
@@ -903,11 +989,6 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         TRY(fill_candidates(parts, n_parts, n_rows, rt, g, key, n_vocab));
     } else if (g->keep_idx || g->ban_idx) {
         TRY(fill_sparse_mask(parts, n_parts, n_rows, rt, g, key, n_vocab));
-    }
-    for (int i = 0; i < n_parts; i++) {
-        parts[i].smp->n_u = 0;
-        parts[i].smp->pen_rows = 0;
-        parts[i].smp->mask_rows = 0;
     }
     return DFL_OK;
 }

@@ -29,11 +29,16 @@ enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1,
  * shorter exception list, a row with few allowed tokens keeping only those (its row
  * starts at -inf and they are restored), a row with few disallowed ones setting those to
  * -inf; DENSE: every row's bitmask expanded to a bias over the vocabulary and added.
- * Both leave the logits masked in place. CANDIDATES (argmax graphs only): the logits stay
- * as they are; a row with few allowed tokens takes the argmax of those (gathered), any
+ * Both leave the logits masked in place. CANDIDATES: the logits stay as they are. In an
+ * argmax graph, a row with few allowed tokens takes the argmax of those (gathered), any
  * other row the most likely of its n_cand largest logits that its mask allows, looked up
  * in the mask's 16-bit halves, and -1 when none is (dfl_target_choices then decides the
- * row again over its whole masked row). */
+ * row again over its whole masked row). In a ranked graph (rows of their own top_k, none
+ * capped), the n_wide largest logits of each row are looked up alike, the disallowed ones
+ * put last, and the ranked draw runs over the top_k first: the top_k largest allowed, as
+ * the masked row's own top-k, when at least top_k of the n_wide are allowed; a row where
+ * fewer are chooses -1 (dfl_target_choices then runs the step's stage again with the
+ * masks in place, and its choices and candidates are those). */
 enum { DFL_MASK_NONE = 0, DFL_MASK_SPARSE = 1, DFL_MASK_DENSE = 2, DFL_MASK_CANDIDATES = 3 };
 
 /* How a graph picks: fixed when it is built, part of its key. MIXED: rows of several
@@ -59,6 +64,7 @@ typedef struct dfl_sampler_key {
     int keep_width; /* before dfl_sampler_key_settle: the most tokens a row with few allowed allows
                        (CANDIDATES: each row's allowed list is n_keep wide) */
     int by_sort;   /* candidates by a full sort (the runtime's top_k_by_sort) */
+    int n_wide;    /* CANDIDATES in a ranked graph: the largest logits of a row looked up in its mask */
 } dfl_sampler_key;
 
 /* A built sampling stage: its inputs and outputs. */
@@ -156,6 +162,11 @@ typedef struct dfl_sampler_part {
 
 /* dfl_sampler_fill of rows from several samplers, one part after another. */
 dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, const dfl_runtime * rt,
+                                  const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab);
+
+/* The masks' inputs alone (of dfl_sampler_fill_parts: the parts' staged masks, a part
+ * without them allowing every token); what was staged stays. */
+dfl_status dfl_sampler_fill_masks(const dfl_sampler_part * parts, int n_parts, const dfl_runtime * rt,
                                   const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab);
 
 /* Reads rows [row0, row0 + n_rows) of a RANKED (or MIXED) stage's candidates and their

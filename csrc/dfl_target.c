@@ -432,6 +432,9 @@ DFL_API void dfl_target_free(dfl_target * t) {
     free(t->host_i64);
     free(t->host_mask);
     free(t->out_choices);
+    free(t->out_params);
+    free(t->out_cand);
+    free(t->out_cand_p);
     free(t);
 }
 
@@ -637,7 +640,25 @@ static dfl_status fill_sampling(dfl_target * t, const dfl_step * step, const gra
     }
     t->n_out_parts = n;
     t->choices_decided = false;
-    return n > 0 ? dfl_sampler_fill_parts(parts, n, &t->rt, &in->samp, &step->samp, t->m.n_vocab) : DFL_OK;
+    t->out_redone = false;
+    if (n == 0) {
+        return DFL_OK;
+    }
+    TRY(dfl_sampler_fill_parts(parts, n, &t->rt, &in->samp, &step->samp, t->m.n_vocab));
+    if (step->samp.masked == DFL_MASK_CANDIDATES && step->samp.pick != DFL_PICK_ARGMAX) {
+        /* the host staging of the first part's sampler holds the settings just filled */
+        const int m = step->n_out * DFL_SAMPLER_PARAMS;
+        if (m > t->cap_out_params) {
+            float * grown = realloc(t->out_params, (size_t) m * sizeof(float));
+            if (!grown) {
+                return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+            }
+            t->out_params = grown;
+            t->cap_out_params = m;
+        }
+        memcpy(t->out_params, parts[0].smp->host_params, (size_t) m * sizeof(float));
+    }
+    return DFL_OK;
 }
 
 /* Run a step whose segments are set (sequence, kind, rows, length, logits, tree plan,
@@ -973,8 +994,9 @@ static dfl_status step_logits_rows(dfl_target * t, struct ggml_context * ctx, in
  * the rows none of whose candidates their mask allows decided again over their whole
  * rows, masked as a sampling step masks them (exact whatever the mask), in a graph of
  * their rows beside the step's. */
-static dfl_status decide_choices(dfl_target * t) {
-    const int n = t->n_out, V = t->m.n_vocab, W = dfl_mask_words(V);
+/* The step's choices read into out_choices; *undecided: how many are -1. */
+static dfl_status read_choices(dfl_target * t, int * undecided) {
+    const int n = t->n_out;
     if (n > t->cap_out_choices) {
         int32_t * grown = realloc(t->out_choices, (size_t) n * sizeof(int32_t));
         if (!grown) {
@@ -984,10 +1006,17 @@ static dfl_status decide_choices(dfl_target * t) {
         t->cap_out_choices = n;
     }
     dfl_runtime_get(&t->rt, t->out->in.samp.choice, t->out_choices, 0, (size_t) n * sizeof(int32_t));
-    int m = 0;
+    *undecided = 0;
     for (int r = 0; r < n; r++) {
-        m += t->out_choices[r] < 0;
+        *undecided += t->out_choices[r] < 0;
     }
+    return DFL_OK;
+}
+
+static dfl_status decide_choices(dfl_target * t) {
+    const int n = t->n_out, V = t->m.n_vocab, W = dfl_mask_words(V);
+    int m;
+    TRY(read_choices(t, &m));
     if (m == 0) {
         t->choices_decided = true;
         return DFL_OK;
@@ -1062,12 +1091,129 @@ static dfl_status decide_choices(dfl_target * t) {
     return st;
 }
 
+/* The masks the step's part p was filled with, staged again in `again` (a part without
+ * masks stages none). */
+static dfl_status restage_masks(const dfl_target * t, int p, dfl_sampler * again) {
+    const int V = t->m.n_vocab, W = dfl_mask_words(V);
+    const dfl_sampler * smp = &t->sampler[t->out_part[p].seq];
+    if (t->out_part[p].mask_gen == 0) {
+        return DFL_OK;
+    }
+    if (smp->mask_gen != t->out_part[p].mask_gen) {
+        return dfl_fail(DFL_ERR_STATE, "masks were staged again before the last step's choices were read");
+    }
+    return dfl_sampler_stage_masks(again, smp->mask, t->out_part[p].n_rows, W, V);
+}
+
+/* The sampling stage of a ranked step under masks by candidates, run again over all its
+ * rows with the masks applied in place (SPARSE or DENSE: exact whatever the mask), in a
+ * graph beside the step's: over the step's logits (which its graph penalized in place
+ * already: no penalties again), with the settings and uniforms it was filled with. Its
+ * choices, candidates and probabilities, read back, are the step's. */
+static dfl_status sample_again(dfl_target * t) {
+    const int n = t->n_out, V = t->m.n_vocab, P = t->n_out_parts;
+    dfl_sampler again[DFL_MAX_SEQ];
+    dfl_sampler_part parts[DFL_MAX_SEQ];
+    dfl_sampler_key masks;
+    dfl_status st = DFL_OK;
+    for (int p = 0; p < P; p++) {
+        dfl_sampler_init(&again[p]); /* greedy: the key of its masks alone */
+        parts[p] = (dfl_sampler_part) { &again[p], t->out_part[p].n_rows };
+        dfl_sampler_key k;
+        if (st == DFL_OK) {
+            st = restage_masks(t, p, &again[p]);
+        }
+        if (st == DFL_OK) {
+            st = dfl_sampler_key_for(&again[p], t->out_part[p].n_rows, V, &k);
+        }
+        if (st == DFL_OK && p == 0) {
+            masks = k;
+        } else if (st == DFL_OK) {
+            dfl_sampler_key_merge(&masks, &k);
+        }
+    }
+    const int slot = spare_slot(t);
+    if (st == DFL_OK && slot < 0) {
+        st = dfl_fail(DFL_ERR_STATE, "sampling a masked step again: the runtime keeps no second graph");
+    }
+    if (st == DFL_OK) {
+        dfl_sampler_key_settle(&masks, n, V, false);
+        dfl_sampler_key key = t->out->key.samp;
+        key.masked = masks.masked;
+        key.n_keep = masks.n_keep;
+        key.n_ban = masks.n_ban;
+        key.keep_rows = masks.keep_rows;
+        key.n_wide = 0;
+        key.n_penalty = 0;
+        const int K = key.n_cand;
+        t->graphs[slot].valid = false;
+        struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
+        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+        struct ggml_tensor * which, * logits;
+        dfl_sampler_graph g;
+        /* the rows gathered: the mask is applied to the copy, the step's logits stay as they are */
+        st = step_logits_rows(t, ctx, n, &which, &logits);
+        if (st == DFL_OK) {
+            dfl_sampler_build(ctx, gf, logits, &key, &g);
+            st = dfl_runtime_alloc(&t->rt, slot, gf);
+        }
+        if (st == DFL_OK && n * K > t->cap_out_cand) {
+            int32_t * cand = realloc(t->out_cand, (size_t) n * K * sizeof(int32_t));
+            t->out_cand = cand ? cand : t->out_cand;
+            float * cand_p = realloc(t->out_cand_p, (size_t) n * K * sizeof(float));
+            t->out_cand_p = cand_p ? cand_p : t->out_cand_p;
+            if (!cand || !cand_p) {
+                st = dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+            } else {
+                t->cap_out_cand = n * K;
+            }
+        }
+        if (st == DFL_OK) {
+            for (int r = 0; r < n; r++) {
+                t->out_choices[r] = r; /* the rows in order (the choices are read over them below) */
+            }
+            dfl_runtime_set(&t->rt, which, t->out_choices, 0, (size_t) n * sizeof(int32_t));
+            dfl_runtime_set(&t->rt, g.params, t->out_params, 0, (size_t) n * DFL_SAMPLER_PARAMS * sizeof(float));
+            st = dfl_sampler_fill_masks(parts, P, &t->rt, &g, &key, V);
+        }
+        if (st == DFL_OK) {
+            st = dfl_runtime_compute(&t->rt, slot, gf);
+        }
+        if (st == DFL_OK) {
+            dfl_runtime_get(&t->rt, g.choice, t->out_choices, 0, (size_t) n * sizeof(int32_t));
+            dfl_runtime_get(&t->rt, g.cand, t->out_cand, 0, (size_t) n * K * sizeof(int32_t));
+            dfl_runtime_get(&t->rt, g.cand_p, t->out_cand_p, 0, (size_t) n * K * sizeof(float));
+            t->out_redone = true;
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        dfl_sampler_free(&again[p]);
+    }
+    return st;
+}
+
+/* The step's choices decided (once): under masks by candidates, a greedy step's undecided
+ * rows decided again, a ranked step's stage run again when some row is undecided. */
+static dfl_status decide(dfl_target * t) {
+    if (t->choices_decided) {
+        return DFL_OK;
+    }
+    if (t->out->key.samp.pick == DFL_PICK_ARGMAX) {
+        return decide_choices(t);
+    }
+    int m;
+    TRY(read_choices(t, &m));
+    if (m > 0) {
+        TRY(sample_again(t));
+    }
+    t->choices_decided = true;
+    return DFL_OK;
+}
+
 DFL_API dfl_status dfl_target_choices(dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
     TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "choices"));
     if (t->out->key.samp.masked == DFL_MASK_CANDIDATES) {
-        if (!t->choices_decided) {
-            TRY(decide_choices(t));
-        }
+        TRY(decide(t));
         memcpy(dst, t->out_choices + row0, (size_t) n_rows * sizeof(int32_t));
         return DFL_OK;
     }
@@ -1076,12 +1222,31 @@ DFL_API dfl_status dfl_target_choices(dfl_target * t, int32_t * dst, int32_t row
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_target_candidates(const dfl_target * t, int32_t row0, int32_t n_rows, int32_t k,
-                                        int32_t * tokens, float * probs) {
+DFL_API dfl_status dfl_target_candidates(dfl_target * t, int32_t row0, int32_t n_rows, int32_t k, int32_t * tokens,
+                                        float * probs) {
     if (!t || t->n_out == 0) {
         return dfl_fail(DFL_ERR_STATE, "candidates: the last call computed no logits");
     }
-    return dfl_sampler_candidates(&t->rt, &t->out->in.samp, t->n_out, row0, n_rows, k, tokens, probs);
+    if (t->out->key.samp.masked == DFL_MASK_CANDIDATES && t->out->key.samp.pick != DFL_PICK_ARGMAX) {
+        TRY(decide(t));
+    }
+    if (!t->out_redone) {
+        return dfl_sampler_candidates(&t->rt, &t->out->in.samp, t->n_out, row0, n_rows, k, tokens, probs);
+    }
+    /* the step's stage ran again: its candidates were read back */
+    const int K = t->out->key.samp.n_cand;
+    if (k < 1 || k > K) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "the last call ranked %d candidates per row, not %d", K, k);
+    }
+    if (!tokens || !probs || row0 < 0 || n_rows <= 0 || row0 + n_rows > t->n_out) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "candidates: rows %d..%d are outside the last call's %d", row0,
+                        row0 + n_rows - 1, t->n_out);
+    }
+    for (int r = 0; r < n_rows; r++) {
+        memcpy(tokens + (size_t) r * k, t->out_cand + (size_t) (row0 + r) * K, (size_t) k * sizeof(int32_t));
+        memcpy(probs + (size_t) r * k, t->out_cand_p + (size_t) (row0 + r) * K, (size_t) k * sizeof(float));
+    }
+    return DFL_OK;
 }
 
 /* A slot for a graph beside the one whose results are being read: the least recently

@@ -156,6 +156,14 @@ struct dfl_target {
     int32_t * out_choices;  /* CANDIDATES: the choices, read once and decided */
     int cap_out_choices;
     bool choices_decided;
+    /* CANDIDATES in a ranked step: its settings as filled (its stage runs again with them
+     * when a row's candidates held too few allowed tokens), and the candidates and their
+     * probabilities of that run, read back (out_redone: they are the step's) */
+    float * out_params;
+    int32_t * out_cand;
+    float * out_cand_p;
+    int cap_out_params, cap_out_cand;
+    bool out_redone;
 
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
     uint64_t graph_clock;

@@ -215,15 +215,18 @@ dfl_status dfl_target_seq_copy(dfl_target * target, int32_t src, int32_t dst);
 
 /* Results of the last step: rows in step order. The logits are after the penalties
  * staged for the rows (dfl_target_set_penalties), if any, and after the rows' masks
- * (dfl_target_set_masks: -inf where disallowed) in a step that samples; a greedy step
- * under masks leaves them as they are (it looks the masks up at each row's largest
- * logits only). */
+ * (dfl_target_set_masks: -inf where disallowed) in a step that samples over the whole
+ * vocabulary, or whose rows allow few tokens; a greedy step under masks, and one whose
+ * rows draw from their own top_k under masks allowing many tokens, leave them as they
+ * are (they look the masks up at each row's largest logits only). */
 dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
 /* The target's choice at each row, made on the device by its sampling settings: the
  * argmax (greedy), or the draw with the row's uniform; -1 for a row whose kept set may
  * reach past the candidates ranked on the device (see dfl_sampling.n_candidates): draw it
  * again with dfl_target_redraw. A greedy row under a mask none of whose largest logits it
- * allows is decided here, over its whole masked row, when the choices are first read. */
+ * allows is decided here, over its whole masked row, when the choices are first read; so
+ * is a step whose rows draw from their own top_k under masks when a row's largest logits
+ * held fewer than top_k allowed tokens (the step's sampling runs again, masked in place). */
 dfl_status dfl_target_choices(dfl_target * target, int32_t * dst, int32_t row0, int32_t n_rows);
 /* Captured features of the rows of the sequence's last call (its rows alone, in their
  * order, whatever else ran in the step), [n_rows][n_feature_layers * n_embd] float32.
@@ -318,7 +321,8 @@ dfl_status dfl_target_set_penalties(dfl_target * target, int32_t seq, const int3
  * constraint): per row n_words = ceil(n_vocab / 32) words, bit t % 32 of word t / 32 set
  * when token t is allowed; [n_rows][n_words]. The rows' disallowed logits become -inf
  * on the device, after the penalties and before top-k and the pick, greedy or sampled
- * (the logits read back are masked too). A row must allow some token. A step without
+ * (the logits read back are masked too where the step masks them in place: see
+ * dfl_target_logits). A row must allow some token. A step without
  * masks staged for any of its sequences runs no mask at all; in a step with some, the
  * other sequences' rows allow every token. Consumed by that step. */
 dfl_status dfl_target_set_masks(dfl_target * target, int32_t seq, const uint32_t * words, int32_t n_rows,
@@ -326,8 +330,10 @@ dfl_status dfl_target_set_masks(dfl_target * target, int32_t seq, const uint32_t
 
 /* With top_k > 0: the kept candidates of the last call's rows, most likely first, and the
  * probabilities they were drawn with (0 for those the filters cut), [n_rows][k] each,
- * k = min(top_k, n_vocab). */
-dfl_status dfl_target_candidates(const dfl_target * target, int32_t row0, int32_t n_rows, int32_t k,
+ * k = min(top_k, n_vocab). Under masks, as the masked rows give them (a step that looked
+ * its masks up at its rows' largest logits and left a row undecided has its choices
+ * decided first, as dfl_target_choices does). */
+dfl_status dfl_target_candidates(dfl_target * target, int32_t row0, int32_t n_rows, int32_t k,
                                  int32_t * tokens, float * probs);
 /* Draws again, for sequence seq, the rows of the last call whose choice was -1 (a kept
  * set of top_k 0 with top_p or min_p that reaches past the candidates the step ranked):

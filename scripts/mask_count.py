@@ -5,14 +5,15 @@ sampling_cost.py's timings are not; issue #40's bar: masked <= 1.10 x greedy).
 
 The passes are sampling_cost.py's (its shape model, chain of 16 and 16-node tree, greedy
 and greedy under the dense worst-case mask alternating, then greedy alternating with a
-JSON schema's masks from llguidance; its sampled passes left out), run on one thread
-under callgrind, with a
+JSON schema's masks from llguidance; with --sampled instead, its sampled passes: sampled
+(T 0.6 / top-k 20 / top-p 0.95) and sampled under the dense worst-case mask alternating),
+run on one thread under callgrind, with a
 callgrind dump around every pass (a client request, CALLGRIND_DUMP_STATS, from a marker
 library the script compiles: valgrind does not name libdflash's functions, so a dump at a
 function's entry cannot be asked for), so that each pass's instructions are its own and
 graph builds show where they happen.
 
-    scripts/mask_count.py --ggml-lib /path/to/avx2/ggml/lib [--reps 4] [--cache-sim] \
+    scripts/mask_count.py --ggml-lib /path/to/avx2/ggml/lib [--reps 4] [--cache-sim] [--sampled] \
         [--package-dir OLD] [--out results/mask-count-<date>.json] [--label before]
 
 valgrind does not run AVX-512 code, so ggml's CPU backend is preloaded from --ggml-lib (a
@@ -42,13 +43,14 @@ CHILD = """
 import ctypes, json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from sampling_cost import TREE_NODES, best_first_tree, half_mask
+from sampling_cost import SAMPLED, TREE_NODES, best_first_tree, half_mask
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.sampling import GREEDY, Sampler
 from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 target_path, draft_path, grammar_path, reps = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 mark = ctypes.CDLL(sys.argv[6]).cg_mark
+sampled = sys.argv[7] == "sampled"
 grammar = np.load(grammar_path)
 log = []
 
@@ -86,16 +88,21 @@ with Target(target_path, TargetConfig(n_ctx=512, n_ubatch=64, n_verify=TREE_NODE
     for tree in (False, True):
         rows = TREE_NODES if tree else d.block_size
         name = "tree16" if tree else "chain16"
-        samplers = {"greedy": Sampler(GREEDY), "masked": Sampler(GREEDY)}
+        if sampled:
+            samplers = {"sampled": Sampler(SAMPLED), "sampled-masked": Sampler(SAMPLED)}
+        else:
+            samplers = {"greedy": Sampler(GREEDY), "masked": Sampler(GREEDY)}
         start(t, d)
         mark()  # a dump: set-up, not counted
         builds = t.info()["n_graph_builds"]
         for rep in range(reps + 2):  # the first passes build graphs
             for kind, sampler in samplers.items():
                 sampler.apply(t)
-                now = one_pass(t, d, sampler, tree, dense if kind == "masked" else None)
+                now = one_pass(t, d, sampler, tree, dense if kind.endswith("masked") else None)
                 log.append([name, kind, rep >= 2, now - builds])
                 builds = now
+        if sampled:
+            continue
         windows = [grammar[(5 * i) % (len(grammar) - rows + 1):][:rows] for i in range(reps + 3)]
         start(t, d)
         sampler = Sampler(GREEDY)
@@ -133,6 +140,8 @@ def main(argv=None) -> int:
                                          "imports in place of the install's (an earlier commit's, for a before/after)")
     p.add_argument("--reps", type=int, default=4, help="passes counted per kind (default 4)")
     p.add_argument("--cache-sim", action="store_true", help="also count last-level cache misses (slower)")
+    p.add_argument("--sampled", action="store_true", help="count sampled passes, plain and under the dense "
+                                                          "worst-case mask, instead of the greedy ones")
     p.add_argument("--label", default="", help="a name for this install's counts in the results file")
     p.add_argument("--out", type=Path, help="results JSON (appended to when it exists)")
     args = p.parse_args(argv)
@@ -153,7 +162,8 @@ def main(argv=None) -> int:
             cmd.append("--cache-sim=yes")
         # run outside the checkout: the working directory first on sys.path would shadow the install
         res = subprocess.run(cmd + [args.python, "-c", CHILD, str(ROOT / "scripts"), str(target), str(draft),
-                                    str(grammar), str(args.reps), str(marker)], capture_output=True, text=True,
+                                    str(grammar), str(args.reps), str(marker),
+                                    "sampled" if args.sampled else "greedy"], capture_output=True, text=True,
                                    env=env, cwd=tmp)
         if res.returncode != 0:
             raise SystemExit(f"the counted run failed:\n{res.stderr[-3000:]}")
@@ -173,17 +183,22 @@ def main(argv=None) -> int:
                        **events[k]})
         k += 1
     summary = {}
+    kinds = ("sampled", "sampled-masked") if args.sampled else ("greedy", "masked", "json-greedy", "json")
     for case in ("chain16", "tree16"):
         med = {}
-        for kind in ("greedy", "masked", "json-greedy", "json"):
+        for kind in kinds:
             rows = [x for x in passes if x["case"] == case and x["kind"] == kind and x["counted"]]
             med[kind] = {ev: statistics.median(r[ev] for r in rows) for ev in rows[0] if ev not in
                          ("case", "kind", "counted", "graph_builds")}
             med[kind]["graph_builds"] = sum(r["graph_builds"] for r in rows)
-        summary[case] = {"median": med,
-                         "dense_masked_over_greedy": med["masked"]["Ir"] / med["greedy"]["Ir"],
-                         "json_masked_over_greedy": med["json"]["Ir"] / med["json-greedy"]["Ir"]}
-        if "DLmr" in med["greedy"]:
+        if args.sampled:
+            summary[case] = {"median": med,
+                             "dense_masked_over_sampled": med["sampled-masked"]["Ir"] / med["sampled"]["Ir"]}
+        else:
+            summary[case] = {"median": med,
+                             "dense_masked_over_greedy": med["masked"]["Ir"] / med["greedy"]["Ir"],
+                             "json_masked_over_greedy": med["json"]["Ir"] / med["json-greedy"]["Ir"]}
+        if "DLmr" in med[kinds[0]]:
             ll = {k: v.get("DLmr", 0) + v.get("DLmw", 0) for k, v in med.items()}
             summary[case]["ll_misses"] = ll
         print(case, json.dumps({k: v for k, v in summary[case].items() if k != "median"}), flush=True)
@@ -194,8 +209,8 @@ def main(argv=None) -> int:
            "threads": 1, "summary": summary, "passes": passes}
     if args.out:
         doc = json.loads(args.out.read_text()) if args.out.exists() else {
-            "what": "instructions of a target pass greedy vs greedy under a grammar's mask at a 248,320-token "
-                    "vocabulary (issue #40's bar: <= 1.10), callgrind, one thread",
+            "what": "instructions of a target pass %s vs %s under a grammar's mask at a 248,320-token "
+                    "vocabulary (issue #40's bar: <= 1.10), callgrind, one thread" % (kinds[0], kinds[0]),
             "runs": []}
         doc["runs"].append(run)
         args.out.write_text(json.dumps(doc, indent=1))

@@ -456,11 +456,13 @@ def _mask_words(n_vocab: int, kind: str):
 
 def masked_on_devices(endpoint, target_path: str, devices: list, prompt: list) -> dict:
     """Per device and mask kind (see _mask_words): whether a sampled masked verify's logits
-    are -inf exactly where its masks disallow and the free logits elsewhere, and whether a
-    greedy one's choices are the masked argmax of the free logits (and its choices)."""
+    are -inf exactly where its masks disallow and the free logits elsewhere (masked in
+    place), or the free logits (the masks looked up at the rows' largest logits), and its
+    choices the masked distribution's draws; whether a greedy one's choices are the masked
+    argmax of the free logits (and its choices)."""
     import numpy as np
 
-    from dflash_gguf.sampling import SamplingParams
+    from dflash_gguf.sampling import SamplingParams, distribution, draw
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
@@ -485,8 +487,12 @@ def masked_on_devices(endpoint, target_path: str, devices: list, prompt: list) -
                         t.set_masks(masks)
                     t.verify([11, 13, 17, 19])
                     runs.append((t.logits(0, 4), t.choices(0, 4).tolist()))
-                (free, _), (_, choices), (masked, _) = runs
-                exact = bool(np.all(np.isneginf(masked[~allowed])) and np.array_equal(masked[allowed], free[allowed])
+                (free, _), (_, choices), (masked, drawn) = runs
+                in_place = np.all(np.isneginf(masked[~allowed])) and np.array_equal(masked[allowed], free[allowed])
+                p = distribution(np.where(allowed, free, -np.inf), sampled)
+                ranked = np.argsort(-p, axis=1, kind="stable")  # the device draws in the order of likelihood
+                want = [int(ranked[r][draw(p[r, ranked[r]], 0.5)]) for r in range(4)]
+                exact = bool((in_place or np.array_equal(masked, free)) and drawn == want
                              and choices == np.argmax(np.where(allowed, free, -np.inf), axis=1).tolist())
                 out[device][kind] = {"exact": exact, "choices": choices}
     return out

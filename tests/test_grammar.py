@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,8 @@ from dflash_gguf.ddtree import build_tree
 from dflash_gguf.engine import Engine
 from dflash_gguf.generate import Request
 from dflash_gguf.llama_cpp_tree import source_dir
-from dflash_gguf.sampling import SamplingParams, distribution
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.sampling import SamplingParams, distribution, draw
+from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
 from fixtures import missing_oracle
@@ -95,9 +96,14 @@ def test_masked_rows_choose_among_allowed_tokens_greedy_and_sampled(target):
         masked = target.logits(0, 1)[0]
         choice = int(target.choices(0, 1)[0])
         assert allowed[0, choice]
-        if temperature:  # a sampling step masks the logits in place
-            assert np.all(np.isneginf(masked[~allowed[0]]))
+        if temperature:
+            # the row draws from its masked distribution; its logits are masked in place, or
+            # left as they are where the mask was looked up at its largest logits
             np.testing.assert_array_equal(masked[allowed[0]], free[allowed[0]])
+            assert np.all(np.isneginf(masked[~allowed[0]])) or np.array_equal(masked, free)
+            p = distribution(np.where(allowed[0], free, -np.inf), params)[0]
+            ranked = np.argsort(-p, kind="stable")  # the device draws in the order of likelihood
+            assert choice == ranked[draw(p[ranked], 0.3)]
         else:  # a greedy step looks its masks up where it chooses, the logits left as they are
             np.testing.assert_array_equal(masked, free)
             assert choice == int(np.argmax(np.where(allowed[0], free, -np.inf)))
@@ -226,6 +232,107 @@ def test_sparse_masks_reuse_a_graph_and_hold_when_sampling(target):
         target.verify(drafts)
         choices = target.choices(0, len(drafts))
         assert all(allowed[r, c] for r, c in enumerate(choices))
+
+
+# ---- sampled rows by candidates -------------------------------------------------------------
+
+RANKED = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=1, repeat_penalty=1.5, frequency_penalty=0.3)
+RANKED_SHAPES = {
+    "many allowed among the largest logits": [("half",), ("half",), ("half",)],
+    # all but a row's 300 (250) largest allowed: none (6) of its 256 largest, fewer than top_k
+    "few allowed among the largest logits (sampled again)": [("miss", 300), ("half",), ("miss", 250)],
+}
+
+
+def _ranked_verify(target, prompt, drafts, allowed, penalties, u):
+    """Logits, choices and candidates (tokens, probabilities) of one verify of `drafts`
+    sampled by RANKED under the rows' allowed tokens, with their penalty entries (tokens,
+    counts) and uniforms u; the candidates read first (they decide the step as the choices
+    do)."""
+    target.reset()
+    target.set_sampling(SamplingParams().native())
+    target.decode(prompt, LOGITS_LAST)
+    target.set_sampling(RANKED.native())
+    target.set_uniforms(u)
+    target.set_penalties(*penalties)
+    target.set_masks(words_of(allowed))
+    target.verify(drafts)
+    n = len(drafts)
+    cand = target.candidates(0, n, RANKED.top_k)
+    return target.logits(0, n), target.choices(0, n), cand
+
+
+@pytest.mark.parametrize("shape", list(RANKED_SHAPES))
+def test_sampled_rows_by_candidates_draw_as_their_masked_rows(target, shape):
+    """Rows drawing from their own top_k under masks that allow many tokens look the masks
+    up at their largest logits (the logits read back stay unmasked). Their choices,
+    candidates and probabilities equal those of the same rows masked in place (in a step
+    with a row allowing few tokens, which masks in place), and the probabilities are the
+    masked rows' distribution (sampling.distribution, checked against llama.cpp's chain in
+    test_sampling); so where a row's largest logits hold fewer than top_k allowed tokens
+    and the step's sampling runs again, over logits penalized once."""
+    prompt = Tokenizer(TARGET).encode(PROMPTS[0])
+    drafts = _drafts(" return n", 4)
+    free, _, _ = _masked_verify(target, prompt, drafts)
+    rng = np.random.default_rng(11)
+    allowed = _allowing(rng, target.n_vocab, RANKED_SHAPES[shape] + [("half",)], free)
+    in_place = allowed.copy()
+    in_place[3] = _allowing(rng, target.n_vocab, [("keep", 5)])[0]
+    # each row's 8 most likely allowed tokens penalized: a second penalty would show
+    seen = np.argsort(np.where(allowed, free, -np.inf), axis=1)[:, -8:].astype(np.int32)
+    penalties = (seen, np.tile(np.arange(1, 9, dtype=np.float32), (4, 1)))
+    u = np.array([0.1, 0.5, 0.8, 0.3], dtype=np.float32)
+    logits, choices, (cand, cand_p) = _ranked_verify(target, prompt, drafts, allowed, penalties, u)
+    ref_logits, ref_choices, (ref_cand, ref_p) = _ranked_verify(target, prompt, drafts, in_place, penalties, u)
+    assert np.all(np.isfinite(logits))  # looked up at the candidates
+    assert np.all(np.isneginf(ref_logits[~in_place]))  # masked in place
+    assert not np.array_equal(logits[:3][allowed[:3]], free[:3][allowed[:3]])  # penalized ...
+    np.testing.assert_array_equal(logits[:3][allowed[:3]], ref_logits[:3][allowed[:3]])  # ... alike
+    np.testing.assert_array_equal(choices[:3], ref_choices[:3])
+    np.testing.assert_array_equal(cand[:3], ref_cand[:3])
+    np.testing.assert_array_equal(cand_p[:3], ref_p[:3])
+    p = distribution(np.where(allowed, logits, -np.inf), RANKED)
+    for r in range(4):
+        assert allowed[r, choices[r]]
+        assert choices[r] == cand[r][draw(p[r, cand[r]], float(u[r]))]  # in the candidates' order
+        np.testing.assert_allclose(cand_p[r], p[r, cand[r]], rtol=1e-4, atol=1e-6)
+        assert math.isclose(float(cand_p[r].sum()), 1.0, rel_tol=1e-5)
+
+
+def test_a_step_of_two_sequences_sampled_again_keeps_each_ones_masks_and_settings():
+    """Two sequences' sampled rows in one step by candidates, one masked (its first row
+    allowing none of its 256 largest logits: the step sampled again), the other free at
+    another temperature: each row's choice and probabilities are its own masked
+    distribution's."""
+    prompt = Tokenizer(TARGET).encode(PROMPTS[2])
+    drafts = _drafts("import sys", 3)
+    hot = SamplingParams(temperature=1.3, top_k=20, top_p=0.9, seed=2)
+    with Target(TARGET, TargetConfig(n_ctx=256, n_threads=2, kv_type="f32", n_seq=2)) as t:
+        for seq in (0, 1):
+            t.set_sampling(SamplingParams().native(), seq=seq)
+            t.decode(prompt, LOGITS_LAST, seq=seq)
+        t.step([Rows(0, CHAIN, drafts), Rows(1, CHAIN, drafts)])
+        free = t.logits(0, 6)
+        t.commit(0, seq=0)
+        t.commit(0, seq=1)
+        allowed = _allowing(np.random.default_rng(5), t.n_vocab, [("miss", 300), ("half",), ("half",)], free[:3])
+        u = [np.array([0.2, 0.6, 0.9], dtype=np.float32), np.array([0.4, 0.7, 0.1], dtype=np.float32)]
+        for seq, params in ((0, RANKED), (1, hot)):
+            t.set_sampling(params.native(), seq=seq)
+            t.set_uniforms(u[seq], seq=seq)
+        t.set_masks(words_of(allowed), seq=0)
+        t.step([Rows(0, CHAIN, drafts), Rows(1, CHAIN, drafts)])
+        choices = t.choices(0, 6)
+        cand, cand_p = t.candidates(0, 6, 20)
+        logits = t.logits(0, 6)
+    np.testing.assert_array_equal(logits, free)  # looked up at the candidates, no penalties
+    masked = np.vstack([np.where(allowed, free[:3], -np.inf), free[3:]])
+    for r in range(6):
+        params, uniform = (RANKED, u[0][r]) if r < 3 else (hot, u[1][r - 3])
+        p = distribution(masked[r], replace(params, repeat_penalty=1.0, frequency_penalty=0.0))[0]
+        assert choices[r] == cand[r][draw(p[cand[r]], float(uniform))]
+        np.testing.assert_allclose(cand_p[r], p[cand[r]], rtol=1e-4, atol=1e-6)
+        assert math.isclose(float(cand_p[r].sum()), 1.0, rel_tol=1e-5)
 
 
 def test_invalid_grammars_and_schemas_name_the_problem():
