@@ -282,6 +282,8 @@ def main(argv=None) -> int:
            "sampling": SAMPLED.__dict__, **prov, "results": res}
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     out = Path(args.out) / f"sampling-cost-{stamp}.json"
+    if out.exists():  # a second run within the minute keeps the first's file
+        out = Path(args.out) / f"sampling-cost-{datetime.datetime.now().strftime('%Y-%m-%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
     for name in ("chain16", "tree16"):

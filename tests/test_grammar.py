@@ -239,7 +239,7 @@ def test_sparse_masks_reuse_a_graph_and_hold_when_sampling(target):
 RANKED = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=1, repeat_penalty=1.5, frequency_penalty=0.3)
 RANKED_SHAPES = {
     "many allowed among the largest logits": [("half",), ("half",), ("half",)],
-    # all but a row's 300 (250) largest allowed: none (6) of its 256 largest, fewer than top_k
+    # all but a row's 300 (250) largest allowed: none of its 80 candidates (4 x top_k), fewer than top_k
     "few allowed among the largest logits (sampled again)": [("miss", 300), ("half",), ("miss", 250)],
 }
 
@@ -301,7 +301,7 @@ def test_sampled_rows_by_candidates_draw_as_their_masked_rows(target, shape):
 
 def test_a_step_of_two_sequences_sampled_again_keeps_each_ones_masks_and_settings():
     """Two sequences' sampled rows in one step by candidates, one masked (its first row
-    allowing none of its 256 largest logits: the step sampled again), the other free at
+    allowing none of its 80 largest logits: the step sampled again), the other free at
     another temperature: each row's choice and probabilities are its own masked
     distribution's."""
     prompt = Tokenizer(TARGET).encode(PROMPTS[2])
