@@ -990,6 +990,19 @@ static dfl_status step_logits_rows(dfl_target * t, struct ggml_context * ctx, in
     return DFL_OK;
 }
 
+/* A sampling stage over n rows of the step's logits (`which`, an input, chooses them) in a
+ * graph of its own in `slot`, beside the step's, allocated. */
+static dfl_status rows_sampler_graph(dfl_target * t, int slot, int n, const dfl_sampler_key * key,
+                                     dfl_sampler_graph * g, struct ggml_cgraph ** gf, struct ggml_tensor ** which) {
+    t->graphs[slot].valid = false;
+    struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
+    *gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
+    struct ggml_tensor * logits;
+    TRY(step_logits_rows(t, ctx, n, which, &logits));
+    dfl_sampler_build(ctx, *gf, logits, key, g);
+    return dfl_runtime_alloc(&t->rt, slot, *gf);
+}
+
 /* A greedy step under masks by candidates (DFL_MASK_CANDIDATES): its choices read, and
  * the rows none of whose candidates their mask allows decided again over their whole
  * rows, masked as a sampling step masks them (exact whatever the mask), in a graph of
@@ -1061,16 +1074,10 @@ static dfl_status decide_choices(dfl_target * t) {
     if (st == DFL_OK) {
         dfl_sampler_key_settle(&key, m, V, false);
         key.by_sort = t->rt.top_k_by_sort;
-        t->graphs[slot].valid = false;
-        struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
-        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
-        struct ggml_tensor * which, * logits;
+        struct ggml_cgraph * gf;
+        struct ggml_tensor * which;
         dfl_sampler_graph g;
-        st = step_logits_rows(t, ctx, m, &which, &logits);
-        if (st == DFL_OK) {
-            dfl_sampler_build(ctx, gf, logits, &key, &g);
-            st = dfl_runtime_alloc(&t->rt, slot, gf);
-        }
+        st = rows_sampler_graph(t, slot, m, &key, &g, &gf, &which);
         if (st == DFL_OK) {
             dfl_runtime_set(&t->rt, which, rows, 0, (size_t) m * sizeof(int32_t));
             st = dfl_sampler_fill(&again, &t->rt, &g, &key, m, V);
@@ -1146,17 +1153,11 @@ static dfl_status sample_again(dfl_target * t) {
         key.n_wide = 0;
         key.n_penalty = 0;
         const int K = key.n_cand;
-        t->graphs[slot].valid = false;
-        struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
-        struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
-        struct ggml_tensor * which, * logits;
+        struct ggml_cgraph * gf;
+        struct ggml_tensor * which;
         dfl_sampler_graph g;
         /* the rows gathered: the mask is applied to the copy, the step's logits stay as they are */
-        st = step_logits_rows(t, ctx, n, &which, &logits);
-        if (st == DFL_OK) {
-            dfl_sampler_build(ctx, gf, logits, &key, &g);
-            st = dfl_runtime_alloc(&t->rt, slot, gf);
-        }
+        st = rows_sampler_graph(t, slot, n, &key, &g, &gf, &which);
         if (st == DFL_OK && n * K > t->cap_out_cand) {
             int32_t * cand = realloc(t->out_cand, (size_t) n * K * sizeof(int32_t));
             t->out_cand = cand ? cand : t->out_cand;
