@@ -103,8 +103,7 @@ dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s) {
     return DFL_OK;
 }
 
-/* Grows *buf to hold n elements of `size` bytes (cap in elements). */
-static bool reserve(void ** buf, int * cap, int n, size_t size) {
+bool dfl_reserve(void ** buf, int * cap, int n, size_t size) {
     if (n <= *cap) {
         return true;
     }
@@ -126,7 +125,7 @@ dfl_status dfl_sampler_stage_uniforms(dfl_sampler * smp, const float * u, int n)
             return dfl_fail(DFL_ERR_ARGUMENT, "uniform %d is %g, outside [0, 1)", i, u[i]);
         }
     }
-    if (!reserve((void **) &smp->u, &smp->cap_u, n, sizeof(float))) {
+    if (!dfl_reserve((void **) &smp->u, &smp->cap_u, n, sizeof(float))) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     memcpy(smp->u, u, (size_t) n * sizeof(float));
@@ -148,8 +147,8 @@ dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens
         return dfl_fail(DFL_ERR_CAPACITY, "penalties: %d rows x %d entries is too many", n_rows, per_row);
     }
     const int n = n_rows * per_row;
-    if (!reserve((void **) &smp->pen_tok, &smp->cap_pen_tok, n, sizeof(int32_t)) ||
-        !reserve((void **) &smp->pen_cnt, &smp->cap_pen_cnt, n, sizeof(float))) {
+    if (!dfl_reserve((void **) &smp->pen_tok, &smp->cap_pen_tok, n, sizeof(int32_t)) ||
+        !dfl_reserve((void **) &smp->pen_cnt, &smp->cap_pen_cnt, n, sizeof(float))) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     for (int i = 0; i < n; i++) {
@@ -209,8 +208,8 @@ dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, in
     if ((int64_t) n_rows * n_words > (int64_t) 1 << 26) {
         return dfl_fail(DFL_ERR_CAPACITY, "masks: %d rows is too many", n_rows);
     }
-    if (!reserve((void **) &smp->mask, &smp->cap_mask, n_rows * n_words, sizeof(uint32_t)) ||
-        !reserve((void **) &smp->mask_allowed, &smp->cap_mask_allowed, n_rows, sizeof(int32_t))) {
+    if (!dfl_reserve((void **) &smp->mask, &smp->cap_mask, n_rows * n_words, sizeof(uint32_t)) ||
+        !dfl_reserve((void **) &smp->mask_allowed, &smp->cap_mask_allowed, n_rows, sizeof(int32_t))) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     for (int r = 0; r < n_rows; r++) {
@@ -784,9 +783,9 @@ static void pad_list(int32_t * list, int n, int bucket) {
 static dfl_status fill_sparse_mask(const dfl_sampler_part * parts, int n_parts, int n_rows, const dfl_runtime * rt,
                                    const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab) {
     dfl_sampler * host = parts[0].smp;
-    if (!reserve((void **) &host->host_mask, &host->cap_host_mask, key->n_keep, sizeof(int32_t)) ||
-        !reserve((void **) &host->host_ban, &host->cap_host_ban, key->n_ban, sizeof(int32_t)) ||
-        !reserve((void **) &host->host_row_bias, &host->cap_host_row_bias, n_rows, sizeof(float))) {
+    if (!dfl_reserve((void **) &host->host_mask, &host->cap_host_mask, key->n_keep, sizeof(int32_t)) ||
+        !dfl_reserve((void **) &host->host_ban, &host->cap_host_ban, key->n_ban, sizeof(int32_t)) ||
+        !dfl_reserve((void **) &host->host_row_bias, &host->cap_host_row_bias, n_rows, sizeof(float))) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     int32_t * keep = host->host_mask, * ban = host->host_ban;
@@ -827,10 +826,10 @@ static dfl_status fill_candidates(const dfl_sampler_part * parts, int n_parts, i
                                   const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab) {
     dfl_sampler * host = parts[0].smp;
     const int W = dfl_mask_words(n_vocab), L = key->n_keep;
-    if (!reserve((void **) &host->host_halves, &host->cap_host_halves, 2 * W * n_rows, sizeof(float)) ||
-        !reserve((void **) &host->host_mask, &host->cap_host_mask, L * n_rows, sizeof(int32_t)) ||
-        !reserve((void **) &host->host_keep_tok, &host->cap_host_keep_tok, L * n_rows, sizeof(float)) ||
-        !reserve((void **) &host->host_row_bias, &host->cap_host_row_bias, n_rows, sizeof(float))) {
+    if (!dfl_reserve((void **) &host->host_halves, &host->cap_host_halves, 2 * W * n_rows, sizeof(float)) ||
+        !dfl_reserve((void **) &host->host_mask, &host->cap_host_mask, L * n_rows, sizeof(int32_t)) ||
+        !dfl_reserve((void **) &host->host_keep_tok, &host->cap_host_keep_tok, L * n_rows, sizeof(float)) ||
+        !dfl_reserve((void **) &host->host_row_bias, &host->cap_host_row_bias, n_rows, sizeof(float))) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
@@ -889,7 +888,7 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         n_rows += parts[i].n_rows;
     }
     if (g->params) {
-        if (!reserve((void **) &host->host_params, &host->cap_params, n_rows * DFL_SAMPLER_PARAMS, sizeof(float))) {
+        if (!dfl_reserve((void **) &host->host_params, &host->cap_params, n_rows * DFL_SAMPLER_PARAMS, sizeof(float))) {
             return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
         for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
@@ -924,8 +923,8 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
     }
     if (g->pen_idx) {
         const int M = key->n_penalty, n = n_rows * M;
-        if (!reserve((void **) &host->host_idx, &host->cap_idx, n, sizeof(int32_t)) ||
-            !reserve((void **) &host->host_cnt, &host->cap_cnt, n, sizeof(float))) {
+        if (!dfl_reserve((void **) &host->host_idx, &host->cap_idx, n, sizeof(int32_t)) ||
+            !dfl_reserve((void **) &host->host_cnt, &host->cap_cnt, n, sizeof(float))) {
             return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
         for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
@@ -963,7 +962,7 @@ dfl_status dfl_sampler_fill_masks(const dfl_sampler_part * parts, int n_parts, c
     }
     if (g->mask) {
         const int W = dfl_mask_words(n_vocab), B = 4 * W;
-        if (!reserve((void **) &host->host_mask, &host->cap_host_mask, n_rows * B, sizeof(int32_t))) {
+        if (!dfl_reserve((void **) &host->host_mask, &host->cap_host_mask, n_rows * B, sizeof(int32_t))) {
             return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
         for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
@@ -996,18 +995,24 @@ dfl_status dfl_sampler_fill_masks(const dfl_sampler_part * parts, int n_parts, c
     return DFL_OK;
 }
 
-dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_graph * g, int n_out, int32_t row0,
-                                  int32_t n_rows, int32_t k, int32_t * tokens, float * probs) {
-    if (!g->cand) {
-        return dfl_fail(DFL_ERR_STATE, "the last call did not rank candidates (sampling with top_k > 0 does)");
-    }
-    if (k < 1 || k > g->cand->ne[0]) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "the last call ranked %d candidates per row, not %d", (int) g->cand->ne[0], k);
+dfl_status dfl_sampler_check_candidates(int K, int n_out, int32_t row0, int32_t n_rows, int32_t k,
+                                        const int32_t * tokens, const float * probs) {
+    if (k < 1 || k > K) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "the last call ranked %d candidates per row, not %d", K, k);
     }
     if (!tokens || !probs || row0 < 0 || n_rows <= 0 || row0 + n_rows > n_out) {
         return dfl_fail(DFL_ERR_ARGUMENT, "candidates: rows %d..%d are outside the last call's %d", row0,
                         row0 + n_rows - 1, n_out);
     }
+    return DFL_OK;
+}
+
+dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_graph * g, int n_out, int32_t row0,
+                                  int32_t n_rows, int32_t k, int32_t * tokens, float * probs) {
+    if (!g->cand) {
+        return dfl_fail(DFL_ERR_STATE, "the last call did not rank candidates (sampling with top_k > 0 does)");
+    }
+    TRY(dfl_sampler_check_candidates((int) g->cand->ne[0], n_out, row0, n_rows, k, tokens, probs));
     const int64_t K = g->cand->ne[0];
     const size_t row_i = (size_t) k * sizeof(int32_t), row_f = (size_t) k * sizeof(float);
     if (k == K) {

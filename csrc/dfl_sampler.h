@@ -169,6 +169,15 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
 dfl_status dfl_sampler_fill_masks(const dfl_sampler_part * parts, int n_parts, const dfl_runtime * rt,
                                   const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab);
 
+/* Grows *buf to hold n elements of `size` bytes (cap in elements); false when out of
+ * memory (*buf then as it was). */
+bool dfl_reserve(void ** buf, int * cap, int n, size_t size);
+
+/* Whether reading k of each row's K candidates, rows [row0, row0 + n_rows) of a call of
+ * n_out rows, into tokens and probs is a valid request. */
+dfl_status dfl_sampler_check_candidates(int K, int n_out, int32_t row0, int32_t n_rows, int32_t k,
+                                        const int32_t * tokens, const float * probs);
+
 /* Reads rows [row0, row0 + n_rows) of a RANKED (or MIXED) stage's candidates and their
  * probabilities, the first k of each row (k at most the stage's candidates). */
 dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_graph * g, int n_out, int32_t row0,

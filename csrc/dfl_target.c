@@ -648,13 +648,8 @@ static dfl_status fill_sampling(dfl_target * t, const dfl_step * step, const gra
     if (step->samp.masked == DFL_MASK_CANDIDATES && step->samp.pick != DFL_PICK_ARGMAX) {
         /* the host staging of the first part's sampler holds the settings just filled */
         const int m = step->n_out * DFL_SAMPLER_PARAMS;
-        if (m > t->cap_out_params) {
-            float * grown = realloc(t->out_params, (size_t) m * sizeof(float));
-            if (!grown) {
-                return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-            }
-            t->out_params = grown;
-            t->cap_out_params = m;
+        if (!dfl_reserve((void **) &t->out_params, &t->cap_out_params, m, sizeof(float))) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
         memcpy(t->out_params, parts[0].smp->host_params, (size_t) m * sizeof(float));
     }
@@ -1003,20 +998,11 @@ static dfl_status rows_sampler_graph(dfl_target * t, int slot, int n, const dfl_
     return dfl_runtime_alloc(&t->rt, slot, *gf);
 }
 
-/* A greedy step under masks by candidates (DFL_MASK_CANDIDATES): its choices read, and
- * the rows none of whose candidates their mask allows decided again over their whole
- * rows, masked as a sampling step masks them (exact whatever the mask), in a graph of
- * their rows beside the step's. */
 /* The step's choices read into out_choices; *undecided: how many are -1. */
 static dfl_status read_choices(dfl_target * t, int * undecided) {
     const int n = t->n_out;
-    if (n > t->cap_out_choices) {
-        int32_t * grown = realloc(t->out_choices, (size_t) n * sizeof(int32_t));
-        if (!grown) {
-            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-        }
-        t->out_choices = grown;
-        t->cap_out_choices = n;
+    if (!dfl_reserve((void **) &t->out_choices, &t->cap_out_choices, n, sizeof(int32_t))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     dfl_runtime_get(&t->rt, t->out->in.samp.choice, t->out_choices, 0, (size_t) n * sizeof(int32_t));
     *undecided = 0;
@@ -1026,6 +1012,10 @@ static dfl_status read_choices(dfl_target * t, int * undecided) {
     return DFL_OK;
 }
 
+/* A greedy step under masks by candidates (DFL_MASK_CANDIDATES): its choices read, and
+ * the rows none of whose candidates their mask allows decided again over their whole
+ * rows, masked as a sampling step masks them (exact whatever the mask), in a graph of
+ * their rows beside the step's. */
 static dfl_status decide_choices(dfl_target * t) {
     const int n = t->n_out, V = t->m.n_vocab, W = dfl_mask_words(V);
     int m;
@@ -1158,16 +1148,9 @@ static dfl_status sample_again(dfl_target * t) {
         dfl_sampler_graph g;
         /* the rows gathered: the mask is applied to the copy, the step's logits stay as they are */
         st = rows_sampler_graph(t, slot, n, &key, &g, &gf, &which);
-        if (st == DFL_OK && n * K > t->cap_out_cand) {
-            int32_t * cand = realloc(t->out_cand, (size_t) n * K * sizeof(int32_t));
-            t->out_cand = cand ? cand : t->out_cand;
-            float * cand_p = realloc(t->out_cand_p, (size_t) n * K * sizeof(float));
-            t->out_cand_p = cand_p ? cand_p : t->out_cand_p;
-            if (!cand || !cand_p) {
-                st = dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-            } else {
-                t->cap_out_cand = n * K;
-            }
+        if (st == DFL_OK && (!dfl_reserve((void **) &t->out_cand, &t->cap_out_cand, n * K, sizeof(int32_t)) ||
+                             !dfl_reserve((void **) &t->out_cand_p, &t->cap_out_cand_p, n * K, sizeof(float)))) {
+            st = dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
         if (st == DFL_OK) {
             for (int r = 0; r < n; r++) {
@@ -1236,13 +1219,7 @@ DFL_API dfl_status dfl_target_candidates(dfl_target * t, int32_t row0, int32_t n
     }
     /* the step's stage ran again: its candidates were read back */
     const int K = t->out->key.samp.n_cand;
-    if (k < 1 || k > K) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "the last call ranked %d candidates per row, not %d", K, k);
-    }
-    if (!tokens || !probs || row0 < 0 || n_rows <= 0 || row0 + n_rows > t->n_out) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "candidates: rows %d..%d are outside the last call's %d", row0,
-                        row0 + n_rows - 1, t->n_out);
-    }
+    TRY(dfl_sampler_check_candidates(K, t->n_out, row0, n_rows, k, tokens, probs));
     for (int r = 0; r < n_rows; r++) {
         memcpy(tokens + (size_t) r * k, t->out_cand + (size_t) (row0 + r) * K, (size_t) k * sizeof(int32_t));
         memcpy(probs + (size_t) r * k, t->out_cand_p + (size_t) (row0 + r) * K, (size_t) k * sizeof(float));

@@ -162,7 +162,7 @@ struct dfl_target {
     float * out_params;
     int32_t * out_cand;
     float * out_cand_p;
-    int cap_out_params, cap_out_cand;
+    int cap_out_params, cap_out_cand, cap_out_cand_p;
     bool out_redone;
 
     graph_cache graphs[DFL_MAX_GRAPH_SLOTS]; /* one per runtime slot */
