@@ -34,9 +34,10 @@
  * allowed are looked for among (at least CAND_WIDE_PER_K per top_k), and what they cost
  * per token of a row against the dense expansion's (the wider top-k's pass over the row:
  * a selection, no write). Few: ggml's CPU top-k keeps a heap of k (partial_sort) that
- * takes about k ln(V/k) insertions of log k scattered reads each, so 256 candidates cost
- * a 16-row pass at 248K about 1.4 ms more than top-k 20 did (a sampled pass 1.10x), and
- * 4 x top_k leave a row whose mask allows most tokens room enough */
+ * takes about k ln(V/k) insertions of log k scattered reads each: with 256 candidates a
+ * sampled 16-row pass at 248K took 1.10x the unmasked one, with 64 1.03-1.04x
+ * (results/sampling-cost-2026-11-25-0743.json, -0804.json), and 4 x top_k leave a row
+ * whose mask allows most tokens room enough */
 #define CAND_WIDE 64
 #define CAND_WIDE_PER_K 4
 #define COST_CAND_TOKEN 2
