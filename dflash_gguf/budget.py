@@ -129,10 +129,11 @@ class AutoBudget:
     SWITCH_GAIN more than the arm in use (a switch builds graphs). No arm is tried to be
     timed: a tree is priced by the table and the parts before it ever runs. Exploration
     is what the model cannot do without: survey steps (the drafter's top-K ranked and
-    the largest tree built, so that trees have gains) spaced to take EXPLORE_SHARE of
-    the time by their measured cost, and on plain decoding a chain step now and then
-    (nothing is drafted otherwise), spaced likewise by what it loses against plain (its
-    measured time, which includes catching the drafter up on the plain steps before it).
+    the largest tree built, so that trees have gains) spaced by their measured cost to
+    take at most EXPLORE_SHARE of the time, less the further the trees are behind, and on
+    plain decoding a chain step now and then (nothing is drafted otherwise), spaced
+    likewise by what it loses against plain (its measured time, which includes catching
+    the drafter up on the plain steps before it) and how far drafting is behind.
 
     One per sequence, so that sequences decoded together (-np) choose each for its own
     text; it starts from what the last sequence of its engine and sampling setting learnt
@@ -143,6 +144,7 @@ class AutoBudget:
     DECIDE_EVERY = 8
     SETTLE = 2  # steps after a switch (or a sequence's start) not timed: they build graphs
     EXPLORE_SHARE = 0.01  # the most of the decoding time surveys and probes may take
+    SURVEY_FLOOR, PROBE_FLOOR = 0.1, 0.5  # _share's floors: drafts that come back must be found soon
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, prior: Optional["AutoBudget"] = None,
                  memory: Optional["AutoMemory"] = None):
@@ -240,9 +242,12 @@ class AutoBudget:
             self.current, self.run = best, 0
         if self.current == PLAIN and rates[CHAIN] and (switch or self.arm != PLAIN):
             # on plain decoding the next probe comes as late as keeps what probes lose
-            # against plain within EXPLORE_SHARE of the time; never sooner than the last
+            # against plain within their share of the time (_share, by how close the
+            # best drafting arm comes to plain); never sooner than the last
             loss = max((self.part["probe"] or self.seconds(CHAIN)) - self.tokens * self.seconds(PLAIN), 0.0)
-            gap = max(self.DECIDE_EVERY, math.ceil(loss / (self.EXPLORE_SHARE * self.seconds(PLAIN))))
+            drafting = max(rates[a] for a in self.arms if a != PLAIN)
+            share = self._share(drafting / rates[PLAIN], self.PROBE_FLOOR)
+            gap = max(self.DECIDE_EVERY, math.ceil(loss / (share * self.seconds(PLAIN))))
             self.probe_gap = gap if switch else max(gap, self.probe_gap)
             self.to_probe = self.probe_gap
 
@@ -291,13 +296,20 @@ class AutoBudget:
     def surveyed(self, seconds: float, n_nodes: int) -> None:
         """A survey's own work (ranking the candidates where the arm does not, building
         the largest tree): priced per node for trees not yet run; the next survey comes
-        as late as keeps surveys within EXPLORE_SHARE of the time, times the square of
-        how close the best tree comes to the arm in use (trees far behind need less)."""
+        as late as keeps surveys within their share of the time (_share, by how close the
+        best tree comes to the arm in use)."""
         self.part["survey"] = _low(self.part["survey"], seconds / max(n_nodes, 1))
         step, now = self.seconds(self.current) or seconds or 1.0, self.rate(self.current)
-        close = min(max(self.rate(t) for t in self.trees) / now, 1.0) if now else 1.0
-        share = self.EXPLORE_SHARE * max(close, 0.1) ** 2
+        share = self._share(max(self.rate(t) for t in self.trees) / now if now else 1.0, self.SURVEY_FLOOR)
         self.next_survey = self.steps + max(self.DECIDE_EVERY, math.ceil(seconds / (share * step)))
+
+    def _share(self, close: float, floor: float) -> float:
+        """The share of the time one kind of exploration may take, by how close the arms it
+        prices come to the arm it would replace (their rate over its): at most
+        EXPLORE_SHARE, times the square of that ratio (an arm far behind needs a large
+        change in the text to win, so it is looked at less often), floored so that an
+        arm coming back is still found."""
+        return self.EXPLORE_SHARE * min(max(close, floor), 1.0) ** 2
 
     def verified(self, n_acc: int, seconds: float, host: float = 0.0, nodes=None, accepted=None) -> None:
         """The step's outcome: the drafts accepted, its seconds (host: what a survey took

@@ -178,6 +178,25 @@ def test_every_arm_runs_once_a_repetition_in_a_rotating_order():
     assert order == [(0, "A"), (0, "B"), (0, "C"), (1, "B"), (1, "C"), (1, "A"), (2, "C"), (2, "A"), (2, "B")]
 
 
+def test_the_cells_of_a_repetition_take_turns_a_round_at_a_time():
+    """Rounds of 0.4 s (A) and 0.2 s (B) to reach 1 s: A's three rounds and B's five
+    alternate while both run; C fails at once and is not run again; consecutive keeps
+    each cell's rounds together."""
+    calls = []
+
+    def one_round(cell, rnd):
+        calls.append((cell, rnd))
+        return None if cell == "C" else [{"A": 0.4, "B": 0.2}[cell]]
+
+    turns = list(method.taking_turns(["A", "C", "B"], one_round, sum, 1.0))
+    assert calls == [("A", 0), ("C", 0), ("B", 0), ("A", 1), ("B", 1), ("A", 2), ("B", 2), ("B", 3), ("B", 4)]
+    assert [(cell, done) for cell, _, done in turns if done] == [("C", True), ("A", True), ("B", True)]
+    assert turns[1] == ("C", [], True)
+    calls.clear()
+    list(method.taking_turns(["A", "B"], one_round, sum, 1.0, consecutive=True))
+    assert calls == [("A", 0), ("A", 1), ("A", 2), ("B", 0), ("B", 1), ("B", 2), ("B", 3), ("B", 4)]
+
+
 def test_a_cell_repeats_its_prompts_until_it_decoded_long_enough():
     rounds = []
     out = method.until_long_enough(lambda rnd: rounds.append(rnd) or [0.3, 0.1], sum, 1.0)
@@ -460,6 +479,10 @@ def test_a_cell_shorter_than_the_minimum_runs_its_prompts_again(tmp_path):
     out = json.loads(res.stdout)
     completion = [r for r in out["runs"] if r["mode"] == report.LLAMA_PLAIN[1]]
     assert [r["round"] for r in completion] == [0, 0, 1, 1, 2, 2]
+    # the two cells took turns: both ran their first round before either ran a second
+    rounds = [r["round"] for r in out["runs"]]
+    assert max(i for i, r in enumerate(out["runs"]) if r["round"] == 0) < rounds.index(1)
+    assert out["settings"]["interleaved"].endswith("take turns a round at a time")
     ours_plain = [r for r in out["runs"] if r["mode"] == "plain"]
     assert sum(r["decode_s"] for r in ours_plain) >= 0.5
     assert not any(c["loaded"] for c in out["cells"]) and out["settings"]["load_threshold_1m"] == 1000

@@ -760,6 +760,25 @@ def test_auto_decodes_plainly_where_rows_cost_more_than_their_acceptance():
     assert late_rate(steps) >= 0.96 * rates[PLAIN]
 
 
+def test_auto_probes_less_the_further_drafting_is_behind():
+    """On plain decoding, what probes lose against plain is kept within EXPLORE_SHARE
+    of the time times the square of how close drafting comes to plain (a chain far
+    behind needs a large change in the text to win): drafts the target never takes, on
+    a device where the chain makes about 0.6 of plain's tokens a second, lose about
+    0.4 of the share, not all of it."""
+    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+
+    sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
+    rates = sim.true_rates(())
+    close = rates[CHAIN] / rates[PLAIN]
+    assert 0.5 < close < 0.7, rates
+    late = simulate_auto(sim, steps=20000)[2000:]
+    plain = 1.0 / rates[PLAIN]
+    lost = sum(seconds - tokens * plain for arm, tokens, seconds in late if arm != PLAIN)
+    share = lost / sum(seconds for _, _, seconds in late)
+    assert 0.5 * close ** 2 * AutoBudget.EXPLORE_SHARE < share < 1.3 * close ** 2 * AutoBudget.EXPLORE_SHARE, share
+
+
 def test_auto_drafts_again_when_drafts_come_back():
     """After a spell of failing drafts a sequence decodes plainly; when the drafter is
     right again, a probe finds it and auto goes back to the chain."""
@@ -801,17 +820,18 @@ def test_a_plain_stretch_counts_as_its_steps():
     sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     each = AutoBudget(sim.cost, 32, 8)
     simulate_auto(sim, steps=300, auto=each)
+    plain = sim.plain + float(sim.cost.chain(1))  # a plain step's seconds, as the simulation times it
     while each.choose() != PLAIN or each.to_probe < 3:  # to the start of a stretch
-        each.verified(0, 1e-3)
+        each.verified(0, plain)
     together = copy.deepcopy(each)
-    each.verified(0, 1e-3)
-    together.verified(0, 1e-3)
+    each.verified(0, plain)
+    together.verified(0, plain)
     n = together.plain_stretch()
     assert n == together.to_probe - 1 >= 2
     for _ in range(n):
         assert each.choose() == PLAIN
-        each.verified(0, 1e-3)
-    together.plain_ran(n, n * 1e-3)
+        each.verified(0, plain)
+    together.plain_ran(n, n * plain)
     assert each.choose() == together.choose() == CHAIN  # the probe
     for field in ("steps", "run", "to_probe", "tally"):
         assert getattr(each, field) == getattr(together, field), field

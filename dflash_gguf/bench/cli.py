@@ -9,7 +9,8 @@ beside llama.cpp's own tools on the same GGUF, and keep every repetition.
 Each of our modes, and each llama.cpp tool at each setting, is an arm; every arm runs once
 per repetition before the next repetition starts (the order rotating by one arm a
 repetition), each repetition of a cell generating every prompt (again, until it decoded
---min-seconds), stopping at -n tokens or at the model's end of generation (llama.cpp's
+--min-seconds; the cells of a repetition take turns a round of prompts at a time, so
+that a machine changing speed changes it for all of them alike), stopping at -n tokens or at the model's end of generation (llama.cpp's
 tools are run without --ignore-eos, so both decode by the same rule). Both sides sweep
 their draft cut and length (ours --draft-p-min x --block-size, llama.cpp's
 --spec-draft-p-min x --spec-draft-n-max) beside their defaults, and are compared at their
@@ -104,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-ngl", "--n-gpu-layers", type=int, help="target layers on the GPU, for both engines")
     p.add_argument("--reload", action="store_true",
                    help="load each of our modes' engines anew for each of its cells (memory for one model, not one "
-                        "per mode; the loading is not timed)")
+                        "per mode; the loading is not timed; a cell's rounds then run together instead of taking "
+                        "turns with the other cells)")
     p.add_argument("--min-seconds", type=float, default=method.MIN_SECONDS,
                    help="decoding time a cell's repetition must reach; its prompts run again until it does (default 1)")
     p.add_argument("--max-load", type=float, default=method.MAX_LOAD_PER_THREAD,
@@ -258,23 +260,39 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
                                       log=log)
     failed: dict = {}
+    loads: dict = {}  # the load record of each cell of the repetition under way
+
+    def one_round(cell: tuple, rnd: int, rep: int) -> Optional[List[Run]]:
+        """A round of a cell (None: its arm failed, and is left out from now on)."""
+        arm, sampling = cell
+        if arm.name in failed:
+            return None
+        label = sampling.label if sampling else "-"
+        if rnd == 0:
+            loads[arm.name, label] = gate.enter(f"{arm.side} {arm.name}, {label}, rep {rep + 1}")
+        try:
+            got = arm.one_round(sampling, rep, rnd)
+        except llama_cpp.ToolError as e:
+            log(f"llama.cpp {arm.name}: {e}; its other cells are left out")
+            failed[arm.name] = str(e)
+            return None
+        for run in got:
+            run.load_1m, run.loaded = loads[arm.name, label]["load_1m"], loads[arm.name, label]["loaded"]
+            keep(run)
+        return got
+
     try:
         for arm in arms:
             if isinstance(arm, ours.Arm):
                 arm.open()
-        for rep, (arm, sampling) in method.interleaved(cells, args.repetitions):
-            if arm.name in failed:
-                continue
-            cell = gate.enter(f"{arm.side} {arm.name}, {sampling.label if sampling else '-'}, rep {rep + 1}")
-            try:
-                got = arm.measure(sampling, rep, args.min_seconds)
-            except llama_cpp.ToolError as e:
-                log(f"llama.cpp {arm.name}: {e}; its other cells are left out")
-                failed[arm.name] = str(e)
-                continue
-            for run in got:
-                run.load_1m, run.loaded = cell["load_1m"], cell["loaded"]
-                keep(run)
+        for rep in range(args.repetitions):
+            # the cells take turns a round at a time (--reload: a cell's rounds together,
+            # its engine loaded for them)
+            for (arm, _), _, done in method.taking_turns(
+                    method.rotated(cells, rep), lambda cell, rnd: one_round(cell, rnd, rep),
+                    lambda runs: sum(r.decode_s for r in runs), args.min_seconds, consecutive=args.reload):
+                if done and args.reload and isinstance(arm, ours.Arm):
+                    arm.close()
     finally:
         for arm in arms:
             if isinstance(arm, ours.Arm):
@@ -343,7 +361,9 @@ def bench_main(argv) -> int:
                      "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
                      "block_size": args.block_size, "chain_rule": args.chain_rule,
                      "samplings": [s.label for s in samplings], "reload": args.reload,
-                     "interleaved": "every arm once per repetition, the order rotated by one arm a repetition",
+                     "interleaved": "every arm once per repetition, the order rotated by one arm a repetition; "
+                                    + ("each cell's rounds together (--reload)" if args.reload else
+                                       "within a repetition the cells take turns a round at a time"),
                      "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
                      "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
                      "wait_idle_max": args.wait_idle_max,

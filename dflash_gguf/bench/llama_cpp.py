@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import llama_cpp_tree
-from .method import until_long_enough
 from .runs import Run, Sampling
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
@@ -174,8 +173,8 @@ def speculative_text(stdout: str, prompt: str) -> Optional[str]:
 
 
 # ---- the arms ------------------------------------------------------------------------------
-# Each is one row maker of the interleaved benchmark (method.py): measure() runs one cell,
-# every prompt once per round, rounds until they decoded long enough.
+# Each is one row maker of the interleaved benchmark (method.py): one_round() runs a round
+# of a cell, every prompt once (llama-bench: one run of -r 1).
 
 class CompletionArm:
     """llama-completion: plain decoding of each prompt."""
@@ -199,10 +198,6 @@ class CompletionArm:
                             text=completion_text(stdout),
                             extra={"eval_s": r["decode_s"], "sampling_s": r.get("sampling_s")}))
         return runs
-
-    def measure(self, sampling: Sampling, rep: int, min_seconds: float) -> List[Run]:
-        return until_long_enough(lambda rnd: self.one_round(sampling, rep, rnd),
-                                 lambda runs: sum(r.decode_s for r in runs), min_seconds)
 
 
 class SpeculativeArm(CompletionArm):
@@ -274,7 +269,7 @@ class BenchArm:
             cmd += ["-ngl", str(self.setup.n_gpu_layers)]
         return cmd
 
-    def one_round(self, rep: int, rnd: int) -> List[Run]:
+    def one_round(self, sampling: Optional[Sampling], rep: int, rnd: int) -> List[Run]:
         stdout, _ = run_tool(self.command())
         try:
             (test,) = json.loads(stdout)
@@ -284,7 +279,3 @@ class BenchArm:
         return [Run(engine="llama.cpp", mode=self.name, sampling="-", rep=rep, round=rnd, prompt="",
                     prompt_tokens=self.depth, tokens=test["n_gen"], decode_s=ns / 1e9, passes=test["n_gen"])
                 for ns in test["samples_ns"]]
-
-    def measure(self, sampling: Optional[Sampling], rep: int, min_seconds: float) -> List[Run]:
-        return until_long_enough(lambda rnd: self.one_round(rep, rnd), lambda runs: sum(r.decode_s for r in runs),
-                                 min_seconds)

@@ -3,18 +3,21 @@ a ratio compares engines and not machine states:
 
   interleaved  every arm (ours and the peer's, at every setting) runs once per repetition
                before the next repetition starts, in an order that rotates by one arm a
-               repetition: drift over the run hits all arms alike, and no arm always goes first
+               repetition: drift over the run hits all arms alike, and no arm always goes first;
+               within a repetition the arms take turns a round (every prompt once) at a time
+               (taking_turns), so that a machine that changes speed for tens of seconds
+               changes it for every arm of the repetition alike
   load         the 1-minute load average is read as each cell (an arm in a repetition)
                starts; above a threshold (per thread of -t) the cell is marked loaded, or,
                with --wait-idle, the run waits for the load to fall (up to a cap)
   long enough  a repetition of a cell decodes for at least --min-seconds, running its
-               prompts (or requests) again until it has
+               prompts (or requests) again, a round at a time, until it has
   medians      rows give the median over every kept repetition with its range (min-max);
                each side is reported at its best setting and at its default
   paired       a comparison also gives the median of its per-repetition ratios: this
                machine switches between two speeds (about 2x apart) for tens of seconds at
                a time, and a ratio of medians then mixes them; a repetition's two arms
-               run within a minute, mostly at one speed
+               take turns within it, at every speed it has alike
 """
 from __future__ import annotations
 
@@ -75,25 +78,49 @@ class LoadGate:
         return cell
 
 
+def rotated(arms: Sequence[T], rep: int) -> List[T]:
+    """Repetition `rep`'s order of the arms: rotated by one a repetition (A B C, B C A, ...)."""
+    k = rep % len(arms) if arms else 0
+    return list(arms[k:]) + list(arms[:k])
+
+
 def interleaved(arms: Sequence[T], reps: int) -> Iterator[Tuple[int, T]]:
-    """(repetition, arm): every arm once per repetition, the order rotated by one each
-    repetition (A B C, B C A, C A B, ...)."""
-    n = len(arms)
+    """(repetition, arm): every arm once per repetition, in its rotated order."""
     for rep in range(reps):
-        for i in range(n):
-            yield rep, arms[(rep + i) % n]
+        for arm in rotated(arms, rep):
+            yield rep, arm
+
+
+def taking_turns(cells: Sequence[T], one_round: Callable[[T, int], Optional[list]],
+                 seconds: Callable[[list], float], min_seconds: float,
+                 consecutive: bool = False) -> Iterator[Tuple[T, list, bool]]:
+    """One repetition of `cells`, a round at a time: yields (cell, what its round
+    one_round(cell, round) returned, whether the cell is done). Every cell runs its
+    round 0, in the order given; then every cell not yet done its round 1; and so on. A
+    cell is done when its rounds have timed `min_seconds` (at least one round, at most
+    MAX_ROUNDS), or when a round returns None (it failed). consecutive: a cell's rounds
+    run one after another instead (what a round needs is held by one cell at a time)."""
+    timed = [0.0] * len(cells)
+    groups = [[i] for i in range(len(cells))] if consecutive else [list(range(len(cells)))]
+    for group in groups:
+        for rnd in range(MAX_ROUNDS):
+            for i in list(group):
+                got = one_round(cells[i], rnd)
+                timed[i] += seconds(got) if got is not None else 0.0
+                done = got is None or timed[i] >= min_seconds or rnd + 1 == MAX_ROUNDS
+                if done:
+                    group.remove(i)
+                yield cells[i], got or [], done
+            if not group:
+                break
 
 
 def until_long_enough(one_round: Callable[[int], List[T]], seconds: Callable[[List[T]], float],
                       min_seconds: float) -> List[T]:
-    """one_round(round) again and again until the results of all rounds time `min_seconds`
-    (at least one round)."""
-    out: List[T] = []
-    for rnd in range(MAX_ROUNDS):
-        out += one_round(rnd)
-        if seconds(out) >= min_seconds:
-            break
-    return out
+    """One cell's taking_turns: one_round(round) again and again until the results of all
+    rounds time `min_seconds` (at least one round)."""
+    return [x for _, got, _ in taking_turns([None], lambda _, rnd: one_round(rnd), seconds, min_seconds)
+            for x in got]
 
 
 @dataclass

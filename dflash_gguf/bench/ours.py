@@ -6,7 +6,6 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Union
 
 from ..engine import Engine, freeze_loaded_objects
-from .method import until_long_enough
 from .prompts import WARMUP
 from .runs import Run, Sampling
 
@@ -107,7 +106,8 @@ class Arm:
     """One of our modes as an arm of the interleaved benchmark. Its engine is loaded once
     and kept (every arm's at once: memory for one model per arm), or with `reload` loaded
     and warmed up anew for each of its cells (memory for one model; the loading is not
-    timed)."""
+    timed; the caller closes it when the cell is done, and runs a cell's rounds one after
+    another)."""
 
     side = "ours"
 
@@ -130,14 +130,9 @@ class Arm:
             self.engine.close()
             self.engine = None
 
-    def measure(self, sampling: Sampling, rep: int, min_seconds: float) -> List[Run]:
-        """One cell: every prompt once per round, rounds until they decoded `min_seconds`."""
-        engine = self.engine or open_engine(self.mode, self.target, self.draft, self.options)
-        try:
-            return until_long_enough(
-                lambda rnd: [generate(engine, self.mode, name, ids, self.n, sampling, rep, rnd)
-                             for name, ids in self.ids.items()],
-                lambda runs: sum(r.decode_s for r in runs), min_seconds)
-        finally:
-            if self.reload:
-                engine.close()
+    def one_round(self, sampling: Sampling, rep: int, rnd: int) -> List[Run]:
+        """A round of a cell: every prompt once."""
+        if self.engine is None:  # reload: the cell's first round
+            self.engine = open_engine(self.mode, self.target, self.draft, self.options)
+        return [generate(self.engine, self.mode, name, ids, self.n, sampling, rep, rnd)
+                for name, ids in self.ids.items()]
