@@ -173,9 +173,24 @@ def test_auto_is_compared_with_each_fixed_row_repetition_by_repetition():
                for line in report.headline(table))
 
 
+def test_a_repetition_is_compared_over_the_rounds_both_rows_ran():
+    """Plain's third round, after auto had decoded long enough, fell in a fast state:
+    the repetition's ratio leaves it out (over two rounds each, auto and plain alike),
+    where all rounds would say 0.83."""
+    runs = [run("ours", "plain", 0, "a", 100, s, 100) for s in (0.1, 0.1, 0.05)]
+    runs += [run("ours", "auto", 0, "a", 100, 0.1, 100) for _ in range(2)]
+    for rnd, r in enumerate(runs[:3]):
+        r.round = rnd
+    runs[4].round = 1
+    (plain,) = report.auto_comparisons(report.rows(runs), "greedy")
+    assert plain["per_rep_ratio_median"] == pytest.approx(1.0)
+    assert plain["ratio_of_medians"] == pytest.approx(1000 / 1200)
+    assert method.matched_ratios({0: [(1, 1.0)], 1: [(2, 1.0)]}, {1: [(1, 1.0), (5, 1.0)]}) == [2.0]
+
+
 def test_every_arm_runs_once_a_repetition_in_a_rotating_order():
-    order = list(method.interleaved(["A", "B", "C"], 3))
-    assert order == [(0, "A"), (0, "B"), (0, "C"), (1, "B"), (1, "C"), (1, "A"), (2, "C"), (2, "A"), (2, "B")]
+    assert [method.rotated(["A", "B", "C"], rep) for rep in range(4)] == [
+        ["A", "B", "C"], ["B", "C", "A"], ["C", "A", "B"], ["A", "B", "C"]]
 
 
 def test_the_cells_of_a_repetition_take_turns_a_round_at_a_time():
@@ -198,11 +213,11 @@ def test_the_cells_of_a_repetition_take_turns_a_round_at_a_time():
 
 
 def test_a_cell_repeats_its_prompts_until_it_decoded_long_enough():
-    rounds = []
-    out = method.until_long_enough(lambda rnd: rounds.append(rnd) or [0.3, 0.1], sum, 1.0)
-    assert rounds == [0, 1, 2] and len(out) == 6
-    assert method.until_long_enough(lambda rnd: [5.0], sum, 1.0) == [5.0]
-    assert method.until_long_enough(lambda rnd: [0.5], sum, 0) == [0.5]  # always one round
+    def rounds(per_round, min_seconds):
+        return len(list(method.taking_turns(["A"], lambda cell, rnd: list(per_round), sum, min_seconds)))
+    assert rounds([0.3, 0.1], 1.0) == 3
+    assert rounds([5.0], 1.0) == 1
+    assert rounds([0.5], 0) == 1  # always one round
 
 
 class FakeLoad:

@@ -125,8 +125,8 @@ def test_drain_keeps_the_order_runs_everything_and_stops_at_the_deadline():
 
 def row(engine, clients, tps, sampling="greedy", pair="demo", setting="default", reps=None, loaded=False):
     return {"engine": engine, "setting": setting, "default": setting == "default", "pair": pair, "sampling": sampling,
-            "clients": clients, "aggregate_tps": {"median": tps}, "aggregate_tps_per_rep": reps or [tps],
-            "loaded": loaded}
+            "clients": clients, "aggregate_tps": {"median": tps},
+            "aggregate_rounds_per_rep": [[(x, 1.0)] for x in reps or [tps]], "loaded": loaded}
 
 
 def test_rows_compare_with_one_client_and_llama_server_at_the_same_setting():
@@ -174,13 +174,15 @@ def test_the_sweep_gives_each_side_its_own_settings():
 def test_a_cell_summary_counts_tokens_over_wall_time_and_failures():
     good = [Reply(status=200, finals=1, dones=1, tokens=50, seconds=s, ttft=s / 10) for s in (1.0, 2.0, 3.0)]
     lost = Reply(status=None, error="ReadTimeout: timed out")
-    s = bench_concurrency.summarize([{"wall_seconds": 2.0, "replies": good[:2] + [lost]},
-                                     {"wall_seconds": 1.0, "replies": good[2:]}])
+    s = bench_concurrency.summarize([{"wall_seconds": 2.0, "replies": good[:2] + [lost],
+                                      "rounds": [(1.5, good[:1]), (0.5, [good[1], lost])]},
+                                     {"wall_seconds": 1.0, "replies": good[2:], "rounds": [(1.0, good[2:])]}])
     assert (s["requests"], s["ok"], s["tokens"]) == (4, 3, 150)
     assert s["aggregate_tps"]["median"] == 50.0 and s["aggregate_tps"]["min"] == 50.0
     assert s["latency_p50"] == 2.0 and s["ttft_p50"] == 0.2
     assert s["errors"] == ["ReadTimeout: timed out"]
     assert [len(rep) for rep in s["replies"]] == [3, 1]  # every request on record, by repetition
+    assert s["aggregate_rounds_per_rep"] == [[(50, 1.5), (50, 0.5)], [(50, 1.0)]] and s["rounds_per_rep"] == [2, 1]
     assert s["replies"][0][2]["error"] == "ReadTimeout: timed out" and s["replies"][1][0]["tokens"] == 50
 
 

@@ -15,7 +15,8 @@ our chain does on a CPU, where ours cuts at 0.3 by default: each side is swept a
 its best and at its default). For one pair and number of clients every arm's server is
 started, then the cells (arm, sampling) take turns: every cell once per repetition, the
 order rotating (dflash_gguf.bench.method), each repetition after a warm-up of one request
-per client, sending more rounds of requests until it lasted --min-seconds. Aggregate tok/s
+per client, sending more rounds of requests until it lasted --min-seconds; within a
+repetition the cells take turns a round at a time. Aggregate tok/s
 is the completion tokens of a repetition's requests over its wall time (rows: the median
 over repetitions and the range), latencies are over every request of every repetition. A
 cell that starts with the 1-minute load average above --max-load per thread is marked
@@ -284,26 +285,21 @@ def request_body(i: int, sampling: Sampling, args) -> dict:
             **sampling.fields(args.seed + i)}
 
 
-def run_cell(url: str, clients: int, sampling: Sampling, args) -> dict:
-    """One repetition of a cell: a warm-up of one request per client, then rounds in which
-    `clients` workers drain clients x requests requests, until the rounds lasted
-    --min-seconds."""
+def cell_round(url: str, clients: int, sampling: Sampling, args, rnd: int) -> List[tuple]:
+    """A round of a cell's repetition: `clients` workers drain clients x requests requests
+    (round 0 after a warm-up of one request per client). [(wall seconds, replies)]"""
     bodies = [request_body(i, sampling, args) for i in range(clients * args.requests)]
     # a connection per request: llama-server may close a kept-alive connection as the next
     # request goes out on it ("Server disconnected without sending a response"), which is no
     # fault of the request; a loopback connect costs both servers the same fraction of a ms
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=0)
     with httpx.Client(trust_env=False, timeout=args.timeout, limits=limits) as http:
-        serve_load.drain(bodies[:clients], clients, lambda b: serve_load.complete(http, url, {**b, "max_tokens": 8}))
-
-        def one_round(_):
-            t0 = time.perf_counter()
-            replies = serve_load.drain(bodies, clients, lambda b: serve_load.complete(http, url, b))
-            return [(time.perf_counter() - t0, replies)]
-
-        rounds = method.until_long_enough(one_round, lambda rs: sum(w for w, _ in rs), args.min_seconds)
-    return {"wall_seconds": sum(w for w, _ in rounds), "replies": [r for _, rs in rounds for r in rs],
-            "rounds": len(rounds)}
+        if rnd == 0:
+            serve_load.drain(bodies[:clients], clients,
+                             lambda b: serve_load.complete(http, url, {**b, "max_tokens": 8}))
+        t0 = time.perf_counter()
+        replies = serve_load.drain(bodies, clients, lambda b: serve_load.complete(http, url, b))
+        return [(time.perf_counter() - t0, replies)]
 
 
 def accepted_length(reply: serve_load.Reply) -> Optional[float]:
@@ -322,6 +318,9 @@ def summarize(reps: List[dict]) -> dict:
     replies = [r for rep in reps for r in rep["replies"]]
     ok = [r for r in replies if r.complete]
     per_rep = [sum(r.tokens or 0 for r in rep["replies"] if r.complete) / rep["wall_seconds"] for rep in reps]
+    # each repetition's rounds as (completion tokens, wall seconds), for method.matched_ratios
+    rounds = [[(sum(r.tokens or 0 for r in replies if r.complete), wall) for wall, replies in rep["rounds"]]
+              for rep in reps]
 
     def pct(values, q):
         v = serve_load.percentile(values, q)
@@ -333,7 +332,7 @@ def summarize(reps: List[dict]) -> dict:
             "errors": sorted({r.error or f"status {r.status}" for r in replies if not r.complete}),
             "tokens": sum(r.tokens or 0 for r in ok),
             "aggregate_tps": Spread.of(per_rep).to_json(), "aggregate_tps_per_rep": per_rep,
-            "rounds_per_rep": [rep.get("rounds", 1) for rep in reps],
+            "rounds_per_rep": [len(r) for r in rounds], "aggregate_rounds_per_rep": rounds,
             "latency_p50": pct(latencies, 0.5), "latency_p95": pct(latencies, 0.95),
             "ttft_p50": pct(ttfts, 0.5), "ttft_p95": pct(ttfts, 0.95),
             "accepted_length_median": round(Spread.of(als).median, 3) if als else None,
@@ -367,7 +366,7 @@ def compare(rows: List[dict]) -> List[dict]:
         pairs = method.pairings([r for r in cell if r["engine"] == "ours"],
                                 [r for r in cell if r["engine"] == "llama-server"],
                                 lambda r: r["aggregate_tps"]["median"] or None,
-                                lambda r: dict(enumerate(r["aggregate_tps_per_rep"])), lambda r: r["default"])
+                                lambda r: dict(enumerate(r["aggregate_rounds_per_rep"])), lambda r: r["default"])
         for pr in pairs:
             out.append({"pair": pair, "sampling": sampling, "clients": clients, "pairing": pr.name,
                         "ours": pr.ours["setting"], "llama_server": pr.theirs["setting"],
@@ -457,10 +456,24 @@ def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> 
                         servers[arm] = started
                 cells = [(arm, s) for arm in servers for s in samplings]
                 reps, loads = {cell: [] for cell in cells}, {cell: [] for cell in cells}
-                for rep, (arm, s) in method.interleaved(cells, args.repetitions):
-                    loads[(arm, s)].append(gate.enter(f"{arm.engine} {arm.setting}, {name}, {s.label}, {c} clients, "
-                                                      f"rep {rep + 1}"))
-                    reps[(arm, s)].append(run_cell(servers[arm][0].url, c, s, args))
+                for rep in range(args.repetitions):
+                    rounds: dict = {cell: [] for cell in cells}
+
+                    def one_round(cell, rnd, rep=rep):
+                        arm, s = cell
+                        if rnd == 0:
+                            loads[cell].append(gate.enter(f"{arm.engine} {arm.setting}, {name}, {s.label}, {c} clients, "
+                                                          f"rep {rep + 1}"))
+                        return cell_round(servers[arm][0].url, c, s, args, rnd)
+
+                    # the cells take turns a round at a time (method.taking_turns)
+                    for cell, got, _ in method.taking_turns(method.rotated(cells, rep), one_round,
+                                                            lambda rs: sum(w for w, _ in rs), args.min_seconds):
+                        rounds[cell] += got
+                    for cell in cells:
+                        reps[cell].append({"wall_seconds": sum(w for w, _ in rounds[cell]),
+                                           "replies": [r for _, rs in rounds[cell] for r in rs],
+                                           "rounds": rounds[cell]})
                 for arm, s in cells:
                     _, slots, cmd = servers[arm]
                     row = {"engine": arm.engine, "setting": arm.setting, "default": arm.default, "pair": name,
@@ -529,7 +542,8 @@ def main(argv=None) -> int:
                      "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
                      "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
                      "interleaved": "per pair and clients, every arm and sampling once per repetition, the order "
-                                    "rotated by one a repetition",
+                                    "rotated by one a repetition; within a repetition the cells take turns a round "
+                                    "at a time",
                      "prompts": [name for name, _ in PROMPTS]},
         "cells": cells,
         "rows": rows,

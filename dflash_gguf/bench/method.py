@@ -17,7 +17,8 @@ a ratio compares engines and not machine states:
   paired       a comparison also gives the median of its per-repetition ratios: this
                machine switches between two speeds (about 2x apart) for tens of seconds at
                a time, and a ratio of medians then mixes them; a repetition's two arms
-               take turns within it, at every speed it has alike
+               take turns within it, and each ratio is over the rounds both arms ran
+               (matched_ratios), which met the machine in the same states
 """
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 T = TypeVar("T")
+Rounds = Dict[int, List[Tuple[float, float]]]  # a row's (tokens, seconds) of each round, by repetition
 
 MAX_LOAD_PER_THREAD = 0.5
 WAIT_IDLE_CAP_S = 600.0
@@ -84,13 +86,6 @@ def rotated(arms: Sequence[T], rep: int) -> List[T]:
     return list(arms[k:]) + list(arms[:k])
 
 
-def interleaved(arms: Sequence[T], reps: int) -> Iterator[Tuple[int, T]]:
-    """(repetition, arm): every arm once per repetition, in its rotated order."""
-    for rep in range(reps):
-        for arm in rotated(arms, rep):
-            yield rep, arm
-
-
 def taking_turns(cells: Sequence[T], one_round: Callable[[T, int], Optional[list]],
                  seconds: Callable[[list], float], min_seconds: float,
                  consecutive: bool = False) -> Iterator[Tuple[T, list, bool]]:
@@ -115,12 +110,25 @@ def taking_turns(cells: Sequence[T], one_round: Callable[[T, int], Optional[list
                 break
 
 
-def until_long_enough(one_round: Callable[[int], List[T]], seconds: Callable[[List[T]], float],
-                      min_seconds: float) -> List[T]:
-    """One cell's taking_turns: one_round(round) again and again until the results of all
-    rounds time `min_seconds` (at least one round)."""
-    return [x for _, got, _ in taking_turns([None], lambda _, rnd: one_round(rnd), seconds, min_seconds)
-            for x in got]
+def _rate(rounds: List[Tuple[float, float]]) -> Optional[float]:
+    seconds = sum(s for _, s in rounds)
+    return sum(t for t, _ in rounds) / seconds if seconds > 0 else None
+
+
+def matched_ratios(x: Rounds, y: Rounds) -> List[float]:
+    """x's rate over y's in each repetition both ran, over the rounds both ran (the
+    first k, k the fewer): rounds of one number took turns seconds apart, so both met
+    the machine in the same state. A cell that ran fast needed more rounds to decode
+    long enough, and ran its last ones after the other had stopped, in whatever state
+    the machine was in by then: left out, so that a speed change late in a repetition
+    does not count for one side only."""
+    out = []
+    for rep in sorted(x.keys() & y.keys()):
+        k = min(len(x[rep]), len(y[rep]))
+        a, b = _rate(x[rep][:k]), _rate(y[rep][:k])
+        if a and b:
+            out.append(a / b)
+    return out
 
 
 @dataclass
@@ -131,9 +139,9 @@ class Pairing:
     ours: object
     theirs: object
     ratio: Optional[float]                   # ours' median over theirs'
-    paired: Optional[Tuple[float, float]]    # min-max of the per-repetition ratios (same repetition, interleaved)
-    paired_median: Optional[float] = None    # their median: each ratio's two arms ran minutes apart at most, so a
-    # machine that changes speed between repetitions moves both (the ratio of medians can mix its speeds)
+    paired: Optional[Tuple[float, float]]    # min-max of the per-repetition ratios (matched_ratios)
+    paired_median: Optional[float] = None    # their median: each ratio's rounds took turns, so a machine that
+    # changes speed moves both sides (the ratio of medians can mix its speeds)
 
 
 def pick(rows: Sequence[T], median: Callable[[T], Optional[float]], is_default: Callable[[T], bool]) -> dict:
@@ -144,9 +152,9 @@ def pick(rows: Sequence[T], median: Callable[[T], Optional[float]], is_default: 
 
 
 def pairings(ours: Sequence[T], theirs: Sequence[T], median: Callable[[T], Optional[float]],
-             per_rep: Callable[[T], dict], is_default: Callable[[T], bool]) -> List[Pairing]:
+             rounds: Callable[[T], Rounds], is_default: Callable[[T], bool]) -> List[Pairing]:
     """Best vs best and default vs default of two sides' rows (one sampling, one cell).
-    per_rep(row) is {repetition: tok/s}."""
+    rounds(row) is its Rounds."""
     a, b = pick(ours, median, is_default), pick(theirs, median, is_default)
     out = []
     for which in ("best", "default"):
@@ -154,8 +162,7 @@ def pairings(ours: Sequence[T], theirs: Sequence[T], median: Callable[[T], Optio
         if x is None or y is None:
             continue
         mx, my = median(x), median(y)
-        rx, ry = per_rep(x), per_rep(y)
-        ratios = [rx[k] / ry[k] for k in rx if k in ry and rx[k] and ry[k]]
+        ratios = matched_ratios(rounds(x), rounds(y))
         out.append(Pairing(f"{which} vs {which}", x, y, mx / my if mx and my else None,
                            (min(ratios), max(ratios)) if ratios else None,
                            statistics.median(ratios) if ratios else None))

@@ -34,6 +34,7 @@ class Row:
     vs_llama_plain: Optional[float] = None
     note: str = ""
     rep_tok_s: Dict[int, Optional[float]] = field(default_factory=dict)  # each repetition's tok/s
+    rounds: method.Rounds = field(default_factory=dict)  # each repetition's (tokens, decode seconds) by round
     load_1m: List[Optional[float]] = field(default_factory=list)      # each repetition's cell's load at its start
     loaded: bool = False           # some repetition started above the load threshold
     speculative: bool = False
@@ -55,19 +56,24 @@ class Row:
 
 
 def per_rep(runs: Sequence[Run]) -> tuple:
-    """(tok/s, AL) Spreads over the repetitions of one row, {rep: tok/s}, and each
-    repetition's load at its start."""
+    """(tok/s, AL) Spreads over the repetitions of one row, {rep: tok/s}, each
+    repetition's load at its start, and its rounds (method.Rounds)."""
     reps = defaultdict(list)
     for r in runs:
         reps[r.rep].append(r)
-    tps, al, loads = {}, [], []
+    tps, al, loads, rounds = {}, [], [], {}
     for rep in sorted(reps):
         rs = reps[rep]
         seconds, tokens, passes = sum(r.decode_s for r in rs), sum(r.tokens for r in rs), sum(r.passes for r in rs)
         tps[rep] = tokens / seconds if seconds > 0 else None
         al.append(tokens / passes if passes > 0 else None)
         loads.append(rs[0].load_1m)
-    return Spread.of(tps.values()), Spread.of(al), tps, loads
+        by_round = defaultdict(lambda: [0.0, 0.0])
+        for r in rs:
+            by_round[r.round][0] += r.tokens
+            by_round[r.round][1] += r.decode_s
+        rounds[rep] = [tuple(by_round[k]) for k in sorted(by_round)]
+    return Spread.of(tps.values()), Spread.of(al), tps, loads, rounds
 
 
 def same_text(theirs: Optional[str], plain: Run) -> bool:
@@ -130,8 +136,8 @@ def rows(runs: Sequence[Run]) -> List[Row]:
         grouped[r.row].append(r)
     out = []
     for (engine, mode, sampling), rs in grouped.items():
-        tps, al, rep_tps, loads = per_rep(rs)
-        out.append(Row(engine, mode, sampling, tps, al, note=note(rs), rep_tok_s=rep_tps, load_1m=loads,
+        tps, al, rep_tps, loads, rounds = per_rep(rs)
+        out.append(Row(engine, mode, sampling, tps, al, note=note(rs), rep_tok_s=rep_tps, rounds=rounds, load_1m=loads,
                        loaded=any(r.loaded for r in rs), speculative=rs[0].speculative, default=rs[0].default,
                        auto=auto_summary(rs)))
     by = {(r.engine, r.mode, r.sampling): r for r in out}
@@ -153,6 +159,10 @@ def _median(row: Row) -> Optional[float]:
     return row.tok_s.median if row.tok_s else None
 
 
+def _rounds(row: Row) -> method.Rounds:
+    return row.rounds
+
+
 def drafting(table: Sequence[Row], engine: str, sampling: str) -> List[Row]:
     return [r for r in table if r.engine == engine and r.sampling == sampling and r.speculative]
 
@@ -161,11 +171,11 @@ def comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
     """Ours against llama.cpp with one sampling: drafting best vs best and default vs
     default, and plain decoding against llama-completion."""
     pairs = method.pairings(drafting(table, "ours", sampling), drafting(table, "llama.cpp", sampling), _median,
-                            lambda r: r.rep_tok_s, lambda r: r.default)
+                            _rounds, lambda r: r.default)
     by = {(r.engine, r.mode, r.sampling): r for r in table}
     ours_plain, llama_plain = by.get((*OURS_PLAIN, sampling)), by.get((*LLAMA_PLAIN, sampling))
     if ours_plain and llama_plain:
-        pairs += method.pairings([ours_plain], [llama_plain], _median, lambda r: r.rep_tok_s, lambda r: True)[:1]
+        pairs += method.pairings([ours_plain], [llama_plain], _median, _rounds, lambda r: True)[:1]
         pairs[-1].name = "plain vs plain"
     return [{"sampling": sampling, "pairing": p.name, "ours": p.ours.mode, "llama_cpp": p.theirs.mode,
              "ours_tok_s_median": _median(p.ours), "llama_cpp_tok_s_median": _median(p.theirs),
@@ -183,7 +193,7 @@ def auto_comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
         return []
     out = []
     for fixed in sorted((r for r in ours if r is not auto and r.tok_s), key=_median, reverse=True):
-        p = method.pairings([auto], [fixed], _median, lambda r: r.rep_tok_s, lambda r: True)[0]
+        p = method.pairings([auto], [fixed], _median, _rounds, lambda r: True)[0]
         out.append({"sampling": sampling, "fixed": fixed.mode, "auto_tok_s_median": _median(auto),
                     "fixed_tok_s_median": _median(fixed), "ratio_of_medians": p.ratio,
                     "per_rep_ratio_median": p.paired_median,
