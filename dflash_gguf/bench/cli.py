@@ -6,17 +6,19 @@ beside llama.cpp's own tools on the same GGUF, and keep every repetition.
     dflash-bench -m target.gguf -md draft.gguf --json -o my-gpu.json   # results/my-gpu.json
     dflash-bench serve|soak|concurrency --help        # the server: load test, soak, beside llama-server
 
-Each of our modes, and each llama.cpp tool at each setting, is an arm; every arm runs once
-per repetition before the next repetition starts (the order rotating by one arm a
-repetition), each repetition of a cell generating every prompt (again, until it decoded
---min-seconds; the cells of a repetition take turns a round of prompts at a time, so
-that a machine changing speed changes it for all of them alike), stopping at -n tokens or at the model's end of generation (llama.cpp's
-tools are run without --ignore-eos, so both decode by the same rule). Both sides sweep
+Each of our modes, and each llama.cpp tool at each setting, is an arm; every arm runs in
+every repetition before the next repetition starts, each repetition of a cell generating
+every prompt (again, until it decoded --min-seconds; the cells of a repetition take
+turns a round of prompts at a time, in an order shuffled each round, so that a machine
+changing speed changes it for all of them alike), stopping at -n tokens or at the
+model's end of generation (llama.cpp's tools are run without --ignore-eos, so
+both decode by the same rule). Both sides sweep
 their draft cut and length (ours --draft-p-min x --block-size, llama.cpp's
 --spec-draft-p-min x --spec-draft-n-max) beside their defaults, and are compared at their
 best and at their defaults. A cell that starts with the 1-minute load average above
 --max-load per thread is marked loaded (or waited for, --wait-idle). Rows give medians
-over every repetition and their range. Decode tok/s counts the timed decode steps (the
+over every repetition and their range; comparisons add the median and range of the
+per-repetition ratios, each over the rounds both rows ran. Decode tok/s counts the timed decode steps (the
 prefill and its token apart); AL is tokens per target pass. llama.cpp's tools run when
 built (python scripts/llama_cpp_build.py) with the same threads, cache type, context,
 prompts and sampling.
@@ -27,6 +29,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import random
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -286,11 +289,11 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
             if isinstance(arm, ours.Arm):
                 arm.open()
         for rep in range(args.repetitions):
-            # the cells take turns a round at a time (--reload: a cell's rounds together,
-            # its engine loaded for them)
+            # the cells take turns a round at a time, in an order shuffled each round
+            # (--reload: a cell's rounds together, its engine loaded for them)
             for (arm, _), _, done in method.taking_turns(
-                    method.rotated(cells, rep), lambda cell, rnd: one_round(cell, rnd, rep),
-                    lambda runs: sum(r.decode_s for r in runs), args.min_seconds, consecutive=args.reload):
+                    cells, lambda cell, rnd: one_round(cell, rnd, rep), lambda runs: sum(r.decode_s for r in runs),
+                    args.min_seconds, random.Random(rep), consecutive=args.reload):
                 if done and args.reload and isinstance(arm, ours.Arm):
                     arm.close()
     finally:
@@ -361,9 +364,9 @@ def bench_main(argv) -> int:
                      "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
                      "block_size": args.block_size, "chain_rule": args.chain_rule,
                      "samplings": [s.label for s in samplings], "reload": args.reload,
-                     "interleaved": "every arm once per repetition, the order rotated by one arm a repetition; "
-                                    + ("each cell's rounds together (--reload)" if args.reload else
-                                       "within a repetition the cells take turns a round at a time"),
+                     "interleaved": "within a repetition the cells take turns "
+                                    + ("with their rounds together (--reload)" if args.reload else "a round at a time")
+                                    + ", in an order shuffled by random.Random(repetition)",
                      "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
                      "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
                      "wait_idle_max": args.wait_idle_max,

@@ -13,10 +13,10 @@ setting: ours at its defaults and at every --draft-p-min x --block-size, llama-s
 defaults and at every --spec-draft-p-min x --spec-draft-n-max (a draft cut of 0 is not what
 our chain does on a CPU, where ours cuts at 0.3 by default: each side is swept and shown at
 its best and at its default). For one pair and number of clients every arm's server is
-started, then the cells (arm, sampling) take turns: every cell once per repetition, the
-order rotating (dflash_gguf.bench.method), each repetition after a warm-up of one request
-per client, sending more rounds of requests until it lasted --min-seconds; within a
-repetition the cells take turns a round at a time. Aggregate tok/s
+started, then the cells (arm, sampling) take turns: every cell in every repetition
+(dflash_gguf.bench.method), each repetition after a warm-up of one request per client,
+sending more rounds of requests until it lasted --min-seconds; within a repetition the
+cells take turns a round at a time, in an order shuffled each round. Aggregate tok/s
 is the completion tokens of a repetition's requests over its wall time (rows: the median
 over repetitions and the range), latencies are over every request of every repetition. A
 cell that starts with the 1-minute load average above --max-load per thread is marked
@@ -39,6 +39,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -467,8 +468,8 @@ def measure(args, log_dir: Path, has_np: bool, llama_server: Optional[Path]) -> 
                         return cell_round(servers[arm][0].url, c, s, args, rnd)
 
                     # the cells take turns a round at a time (method.taking_turns)
-                    for cell, got, _ in method.taking_turns(method.rotated(cells, rep), one_round,
-                                                            lambda rs: sum(w for w, _ in rs), args.min_seconds):
+                    for cell, got, _ in method.taking_turns(cells, one_round, lambda rs: sum(w for w, _ in rs),
+                                                            args.min_seconds, random.Random(rep)):
                         rounds[cell] += got
                     for cell in cells:
                         reps[cell].append({"wall_seconds": sum(w for w, _ in rounds[cell]),
@@ -541,9 +542,8 @@ def main(argv=None) -> int:
                      "spec_draft_p_min": args.spec_draft_p_min, "spec_draft_n_max": args.spec_draft_n_max,
                      "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
                      "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
-                     "interleaved": "per pair and clients, every arm and sampling once per repetition, the order "
-                                    "rotated by one a repetition; within a repetition the cells take turns a round "
-                                    "at a time",
+                     "interleaved": "per pair and clients, every arm and sampling in every repetition, taking "
+                                    "turns a round at a time in an order shuffled by random.Random(repetition)",
                      "prompts": [name for name, _ in PROMPTS]},
         "cells": cells,
         "rows": rows,

@@ -1,12 +1,13 @@
 """How every comparison with a peer is taken (dflash-bench, dflash-bench concurrency), so that
 a ratio compares engines and not machine states:
 
-  interleaved  every arm (ours and the peer's, at every setting) runs once per repetition
-               before the next repetition starts, in an order that rotates by one arm a
-               repetition: drift over the run hits all arms alike, and no arm always goes first;
-               within a repetition the arms take turns a round (every prompt once) at a time
-               (taking_turns), so that a machine that changes speed for tens of seconds
-               changes it for every arm of the repetition alike
+  interleaved  every arm (ours and the peer's, at every setting) runs in every repetition
+               before the next repetition starts, the arms taking turns a round (every
+               prompt once) at a time (taking_turns), so that a machine that changes speed
+               for tens of seconds changes it for every arm of the repetition alike; each
+               round's order is shuffled (seeded by the repetition), so that no arm always
+               goes first or always follows the same arm (what ran just before a round can
+               change its speed: a llama.cpp process that has just exited, another engine)
   load         the 1-minute load average is read as each cell (an arm in a repetition)
                starts; above a threshold (per thread of -t) the cell is marked loaded, or,
                with --wait-idle, the run waits for the load to fall (up to a cap)
@@ -23,6 +24,7 @@ a ratio compares engines and not machine states:
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -80,26 +82,22 @@ class LoadGate:
         return cell
 
 
-def rotated(arms: Sequence[T], rep: int) -> List[T]:
-    """Repetition `rep`'s order of the arms: rotated by one a repetition (A B C, B C A, ...)."""
-    k = rep % len(arms) if arms else 0
-    return list(arms[k:]) + list(arms[:k])
-
-
 def taking_turns(cells: Sequence[T], one_round: Callable[[T, int], Optional[list]],
-                 seconds: Callable[[list], float], min_seconds: float,
+                 seconds: Callable[[list], float], min_seconds: float, shuffle: random.Random,
                  consecutive: bool = False) -> Iterator[Tuple[T, list, bool]]:
     """One repetition of `cells`, a round at a time: yields (cell, what its round
     one_round(cell, round) returned, whether the cell is done). Every cell runs its
-    round 0, in the order given; then every cell not yet done its round 1; and so on. A
-    cell is done when its rounds have timed `min_seconds` (at least one round, at most
-    MAX_ROUNDS), or when a round returns None (it failed). consecutive: a cell's rounds
-    run one after another instead (what a round needs is held by one cell at a time)."""
+    round 0; then every cell not yet done its round 1; and so on, each round's order
+    shuffled by `shuffle`. A cell is done when its rounds have timed `min_seconds` (at
+    least one round, at most MAX_ROUNDS), or when a round returns None (it failed).
+    consecutive: a cell's rounds run one after another instead, the cells in a shuffled
+    order (what a round needs is held by one cell at a time)."""
     timed = [0.0] * len(cells)
-    groups = [[i] for i in range(len(cells))] if consecutive else [list(range(len(cells)))]
+    order = shuffle.sample(range(len(cells)), len(cells))
+    groups = [[i] for i in order] if consecutive else [order]
     for group in groups:
         for rnd in range(MAX_ROUNDS):
-            for i in list(group):
+            for i in shuffle.sample(group, len(group)):
                 got = one_round(cells[i], rnd)
                 timed[i] += seconds(got) if got is not None else 0.0
                 done = got is None or timed[i] >= min_seconds or rnd + 1 == MAX_ROUNDS
