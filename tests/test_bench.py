@@ -141,7 +141,8 @@ def test_each_side_at_its_best_and_at_its_default():
     assert table["chain p-min 0"].load_1m == [3.0, 0.1, 0.1]
     # medians, never the best run: 400 [333-500] tok/s
     assert (table["chain p-min 0"].tok_s.median, table["chain p-min 0"].tok_s.high) == (400.0, 500.0)
-    best, default = report.comparisons(list(table.values()), "greedy")
+    fastest, best, default = report.comparisons(list(table.values()), "greedy")
+    assert fastest == {**best, "pairing": "fastest vs fastest"}  # no plain rows: the fastest are the best drafting
     assert (best["pairing"], best["ours"], best["llama_cpp"]) == ("best vs best", "chain p-min 0", "DFlash (p-min 0.5)")
     assert best["ratio_of_medians"] == pytest.approx(400 / 200) and best["loaded"]
     # per repetition, paired: 400/200, 333/125, 500/200
@@ -153,8 +154,23 @@ def test_each_side_at_its_best_and_at_its_default():
     text = report.table_text(list(table.values()), 3)
     assert "| chain p-min 0 | greedy | best | 2.00 | 400.0 | 333.3-500.0 |" in text and "| 3.00 | yes |" in text
     assert "| best vs best | chain p-min 0 | DFlash (p-min 0.5) |" in report.comparisons_text(list(table.values()))
-    (line, _) = report.headline(list(table.values()))
+    (_, line, _) = report.headline(list(table.values()))
     assert line.startswith("greedy, best vs best: ours chain p-min 0 400.0 tok/s") and "= 2.00x" in line
+
+
+def test_the_fastest_rows_of_any_mode_are_compared_first():
+    """Where plain decoding beats drafting (a tiny target on a CPU), the first comparison
+    pits each side's fastest row whatever its mode: our plain decoding against
+    llama-completion, not our drafting against llama.cpp's."""
+    runs = [run("ours", "plain", 0, "a", 100, 0.1, 100), run("llama.cpp", report.LLAMA_PLAIN[1], 0, "a", 100, 0.125, 100),
+            spec_run("chain (default)", 0, 0.2, default=True), spec_run("DFlash (default)", 0, 0.4, True, "llama.cpp"),
+            run("llama.cpp", "plain (llama-bench -n 128 -d 30)", 0, "", 100, 0.01, 100, sampling="-")]
+    fastest, best = report.comparisons(report.rows(runs), "greedy")[:2]
+    assert (fastest["pairing"], fastest["ours"], fastest["llama_cpp"]) == (
+        "fastest vs fastest", "plain", report.LLAMA_PLAIN[1])
+    assert fastest["per_rep_ratio_median"] == pytest.approx(1.25)
+    assert (best["ours"], best["llama_cpp"], best["per_rep_ratio_median"]) == (
+        "chain (default)", "DFlash (default)", pytest.approx(2.0))
 
 
 def test_auto_is_compared_with_each_fixed_row_repetition_by_repetition():
@@ -328,6 +344,7 @@ def test_json_carries_provenance_and_every_run(demo_run):
     assert len(set(c.rsplit(",", 1)[0] for c in cells[:10])) == 10
     assert [c.rsplit(",", 1)[0] for c in cells[:10]] != [c.rsplit(",", 1)[0] for c in cells[10:]]  # shuffled anew
     assert out["settings"]["load_threshold_1m"] == 0.5 and out["checkout"]["commit"]
+    assert sorted(out["settings"]["load_order"]) == sorted(modes)  # every engine, in the order drawn
     for row in out["rows"]:
         loads = row["load_1m_at_start"]
         assert len(loads) == 2 and row["loaded"] == any(x > 0.5 for x in loads)
@@ -461,8 +478,9 @@ def test_llama_cpp_runs_with_our_settings_interleaved_and_swept(tmp_path):
     assert rows[(report.LLAMA_PLAIN[1], "greedy")]["decode_tok_s"]["median"] == pytest.approx(
         127 / (0.1 + 0.0125 * 127 / 128))
     greedy = [c for c in out["comparisons"] if c["sampling"] == "greedy"]
-    assert [c["pairing"] for c in greedy] == ["best vs best", "default vs default", "plain vs plain"]
-    assert greedy[1]["llama_cpp"] == "DFlash (llama-speculative-simple, default)" and greedy[1]["ours"] == "chain (default)"
+    assert [c["pairing"] for c in greedy] == ["fastest vs fastest", "best vs best", "default vs default",
+                                              "plain vs plain"]
+    assert greedy[2]["llama_cpp"] == "DFlash (llama-speculative-simple, default)" and greedy[2]["ours"] == "chain (default)"
     assert out["llama_cpp"]["llama_bench"]["build_commit"] == "abc"
     assert os.path.isabs(out["models"]["target"])
 

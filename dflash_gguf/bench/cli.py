@@ -284,10 +284,17 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
             keep(run)
         return got
 
+    # our engines are loaded in an order drawn anew each run (and recorded): where an
+    # engine lies in memory may change its speed (of two identical ones in one process,
+    # the second loaded ran 0.998x the first by median over six processes, 0.989-1.009:
+    # results/engine-order-2026-11-25.json), and a fixed order would give that to the
+    # same mode every run
+    loading = [a for a in arms if isinstance(a, ours.Arm)]
+    random.Random(int.from_bytes(os.urandom(8), "little")).shuffle(loading)
+    info["load_order"] = [a.name for a in loading]
     try:
-        for arm in arms:
-            if isinstance(arm, ours.Arm):
-                arm.open()
+        for arm in loading:
+            arm.open()
         for rep in range(args.repetitions):
             # the cells take turns a round at a time, in an order shuffled each round
             # (--reload: a cell's rounds together, its engine loaded for them)
@@ -347,6 +354,7 @@ def bench_main(argv) -> int:
         print("dflash-bench: interrupted", file=sys.stderr)
         return 130
     load_after = provenance.load_average()
+    load_order = llama_info.pop("load_order")
 
     table = report.rows(runs)
     devices = sorted({r.extra["device"] for r in runs if "device" in r.extra})
@@ -373,7 +381,7 @@ def bench_main(argv) -> int:
                      "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
                      "spec_draft_n_max": args.spec_draft_n_max,
                      "constraint": dict(zip(constraint_flags[::2], constraint_flags[1::2])),
-                     "grammar_drafting": args.grammar_drafting},
+                     "grammar_drafting": args.grammar_drafting, "load_order": load_order},
         "cells": cells,
         "rows": [r.to_json() for r in table],
         "comparisons": report.each_sampling(table, report.comparisons),
