@@ -196,7 +196,8 @@ def chain_lengths(given: Optional[List[int]], block: int) -> List[int]:
 def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling],
             constraint_flags: tuple = ()) -> tuple:
     """Every run, every arm (ours and llama.cpp's) interleaved within each repetition
-    (method.py); the cells' load records; llama.cpp's build info."""
+    (method.py); llama.cpp's build info; the cells' load records; the order our engines
+    were loaded in."""
     from ..draft import read_draft_metadata
     from ..tokenizer import Tokenizer
 
@@ -291,7 +292,6 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     # same mode every run
     loading = [a for a in arms if isinstance(a, ours.Arm)]
     random.Random(int.from_bytes(os.urandom(8), "little")).shuffle(loading)
-    info["load_order"] = [a.name for a in loading]
     try:
         for arm in loading:
             arm.open()
@@ -312,7 +312,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
         info["llama_bench"] = bench.info
     if failed:
         info["errors"] = failed
-    return runs, info, gate.cells
+    return runs, info, gate.cells, [a.name for a in loading]
 
 
 def bench_main(argv) -> int:
@@ -346,7 +346,7 @@ def bench_main(argv) -> int:
     log(f"load average {load_before[0]:.2f} on {os.cpu_count()} CPUs"
         + (": other processes are running, timings will show it" if load_before[0] > 0.5 else ""))
     try:
-        runs, llama_info, cells = measure(args, target, draft, prompts, samplings, constraint_flags)
+        runs, llama_info, cells, load_order = measure(args, target, draft, prompts, samplings, constraint_flags)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-bench: error: {e}", file=sys.stderr)
         return 1
@@ -354,7 +354,6 @@ def bench_main(argv) -> int:
         print("dflash-bench: interrupted", file=sys.stderr)
         return 130
     load_after = provenance.load_average()
-    load_order = llama_info.pop("load_order")
 
     table = report.rows(runs)
     devices = sorted({r.extra["device"] for r in runs if "device" in r.extra})
