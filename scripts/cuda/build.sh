@@ -96,7 +96,10 @@ if [ "$mode" = cuda ]; then
   command -v nvcc >/dev/null || { echo "build.sh: no nvcc on PATH" >&2; exit 1; }
   mkdir -p "$build"
   mapfile -t found < <(cuda_flags)
-  flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_GRAPHS=ON "${found[@]}")
+  # ggml-cpu for an x86-64 baseline every GPU host has (AVX2, FMA, F16C), not -march=native:
+  # a build made on one machine runs on another whose CPU may lack this one's AVX-512
+  flags+=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real -DGGML_CUDA_GRAPHS=ON -DGGML_NATIVE=OFF
+          -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "${found[@]}")
 else
   flags+=(-DGGML_CUDA=OFF)
 fi
@@ -129,8 +132,14 @@ step_env() {
   echo "$want" > "$venv/.dflash-env"
 }
 
-llama_key() { printf '%s\n' "${flags[@]}" "$(basename "$pack"/llama-cpp-python-src.tar.gz)" \
-                "$(stat -c %s "$pack"/llama-cpp-python-src.tar.gz)" | sha256sum | cut -c1-16; }
+# The key of a build: what it is built from and with, not where this machine keeps its
+# libraries. cuda_flags' paths (cuBLAS, the driver library, the header links) and the pool
+# choice they imply differ between this machine and the GPU machine, yet a build made here
+# (no driver: GGML_CUDA_NO_VMM) runs there, so a saved build restores on either.
+portable_flags() { printf '%s\n' "${flags[@]}" | grep -v -e '^-DCUDA_.*_LIBRARY=' -e '^-DCMAKE_CUDA_FLAGS=-I' \
+                     -e '^-DGGML_CUDA_NO_VMM=' || true; }
+llama_key() { { portable_flags; basename "$pack"/llama-cpp-python-src.tar.gz
+                stat -c %s "$pack"/llama-cpp-python-src.tar.gz; } | sha256sum | cut -c1-16; }
 
 restore() {  # restore NAME: unpack a saved build from .cuda-pack/built/
   local parts=("$pack"/built/"$1".tar.*)
