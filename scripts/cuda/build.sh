@@ -248,8 +248,19 @@ for s in "${steps[@]}"; do
   esac
 done
 say "done in $((SECONDS - t_all)) s; use: source $build/env.sh"
+# A build restored from another machine carries that machine's library paths in its
+# RUNPATH; the loader then needs this machine's cuBLAS and CUDA runtime folders.
+cuda_lib_dirs() {
+  [ "$mode" = cuda ] || return 0
+  local sp; sp=$("${PYTHON:-python3}" -c "import site; print(' '.join(site.getsitepackages()))")
+  # shellcheck disable=SC2086
+  { find $sp -path '*nvidia*' \( -name 'libcublas.so.*' -o -name 'libcudart.so.*' \) 2>/dev/null
+    find "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"/ \
+      \( -name 'libcublas.so.*' -o -name 'libcudart.so.*' \) 2>/dev/null; } | xargs -r -n1 dirname | sort -u | paste -sd:
+}
 cat > "$build/env.sh" <<EOF
 # written by scripts/cuda/build.sh: the venv and the tools of this build
 export PATH="$venv/bin:$tools:\$PATH"
 export DFLASH_CUDA_TOOLS="$tools"
+export LD_LIBRARY_PATH="$(cuda_lib_dirs)\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 EOF

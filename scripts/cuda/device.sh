@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine, every step time-boxed so that the call returns what it
+# measured before the run tool's limit: the build (restored from .cuda-pack/built/ when a
+# saved build travels with the call, else compiled), a look at how the CUDA libraries
+# resolve, the device tests, then benchmark parts into $OUT.
+#
+#   bash scripts/cuda/device.sh [--budget SECONDS] [--parts 1,2] [--skip-tests] [-- BENCH ARGS]
+#
+# --budget is the time the whole call may take (default 560, under the tool's 600).
+# Logs and results go to $OUT (the run tool's return folder), else .cuda-build/results.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+budget=560
+parts=1
+tests=1
+bench_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --budget) budget="$2"; shift ;;
+    --parts) parts="$2"; shift ;;
+    --skip-tests) tests=0 ;;
+    --) shift; bench_args=("$@"); break ;;
+    -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "device.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+out="${OUT:-$root/.cuda-build/results}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+left() { echo $((budget - SECONDS)); }
+say() { echo "[device $(date +%H:%M:%S) +${SECONDS}s] $*" >&2; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee "$out/gpu.txt"
+say "build (restore or compile)"
+if ! timeout "$(left)" bash "$root/scripts/cuda/build.sh" > "$out/build.log" 2>&1; then
+  tail -n 30 "$out/build.log"
+  say "the build failed or outran the call"
+  exit 1
+fi
+grep -E 'restoring|: [0-9]+ s$|done in' "$out/build.log" >&2
+# shellcheck disable=SC1091
+source "$root/.cuda-build/cuda/env.sh"
+lib="$(dirname "$(find "$root/.cuda-build/cuda/venv" -name 'libggml-cuda.so*' | head -n 1)")"
+{ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$lib"/libggml-cuda.so; } > "$out/ldd.txt" 2>&1
+if grep -q "not found" "$out/ldd.txt"; then cat "$out/ldd.txt"; say "unresolved libraries"; exit 1; fi
+
+if [ "$tests" = 1 ]; then
+  say "device tests (at most $(( $(left) / 2 )) s)"
+  timeout "$(( $(left) / 2 ))" bash "$root/scripts/cuda/test.sh" > "$out/test.log" 2>&1
+  echo "device tests exit $?" >> "$out/test.log"
+  grep -E '(PASSED|FAILED|ERROR|XFAIL|SKIPPED)( |$)|passed|failed|exit [0-9]+' "$out/test.log" | tail -n 30
+fi
+
+commit=$(cat "$root/.cuda-pack/commit" 2>/dev/null || echo unknown)
+say "bench parts $parts (at most $(( $(left) - 10 )) s), commit $commit"
+timeout "$(( $(left) - 10 ))" "$root/.cuda-build/cuda/venv/bin/python" "$root/scripts/cuda/bench.py" \
+  --part "$parts" --commit "$commit" --out "$out" "${bench_args[@]}" > "$out/bench.log" 2>&1
+echo "bench exit $?" >> "$out/bench.log"
+tail -n 40 "$out/bench.log"
+say "done"
