@@ -420,7 +420,9 @@ def make_models(a) -> dict:
     return out
 
 
-def part_shape(a, tools: Tools | None, models: dict) -> dict:
+def part_shape(a, tools: Tools | None, models: dict, keep=lambda res: None) -> dict:
+    """Part 2; `keep(res)` is called after each section, so that a call cut off at its
+    time limit still returns the sections that ran."""
     ks = list(range(1, 33)) if not a.smoke else [1, 2, 4, 8]
     trees = [16, 32] if not a.smoke else [8]
     depth = 512 if not a.smoke else 64  # the prefill measured is `depth` tokens at that depth
@@ -428,9 +430,11 @@ def part_shape(a, tools: Tools | None, models: dict) -> dict:
             "tokens": a.tokens, "reps": a.reps, "ks": ks, "trees": trees, "batches": True, "prefill": depth}
     log("part 2: ours, target alone")
     res = {"models": models, "ours": run_worker("steps", args)}
+    keep(res)
     log("part 2: ours, the pair")
     res["pair"] = run_worker("pair", {"target": models["target"], "draft": models["draft"], "device": a.device,
                                       "n_ctx": 2048, "depth": depth, "tokens": 64 if not a.smoke else 16})
+    keep(res)
     if tools:
         log("part 2: llama-bench")
         res["llama-bench"] = tools.bench(models["target"], [*ks, depth], a.tokens, depth, a.reps)
@@ -683,7 +687,7 @@ def main(argv=None) -> int:
         log("writing the 27B shape models" if not a.smoke else "writing tiny shape models")
         models = make_models(a)
         if 2 in parts:
-            res["shape"] = part_shape(a, tools, models)
+            res["shape"] = part_shape(a, tools, models, keep=lambda part: write({**res, "shape": part}, a.out, name))
             write(res, a.out, name)
         if 3 in parts:
             res["long"] = part_long(a, tools, models)

@@ -205,8 +205,12 @@ step_project() {
     -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum; cat "$venv/.dflash-llama") | sha256sum | cut -c1-16)
   if [ "$(cat "$venv/.dflash-project" 2>/dev/null)" = "$want" ]; then return; fi
   say "building dflash-gguf against the venv's ggml"
-  (cd "$root" && built "dflash-gguf build" "$vpy" -m pip install -q --disable-pip-version-check --no-index \
-    --no-deps --no-build-isolation --config-settings=build-dir="$build/project-build" .)
+  # find_package(ggml) of a CUDA build asks FindCUDAToolkit for CUDA::cublas: where the
+  # toolkit has no cuBLAS, the same hints as ggml's own build (cuda_flags) say where it is
+  local hints=(); [ "$mode" = cpu ] || hints=("${found[@]}")
+  (cd "$root" && CMAKE_ARGS="${hints[*]@Q}" built "dflash-gguf build" "$vpy" -m pip install -q \
+    --disable-pip-version-check --no-index --no-deps --no-build-isolation \
+    --config-settings=build-dir="$build/project-build" .)
   echo "$want" > "$venv/.dflash-project"
 }
 
@@ -216,13 +220,14 @@ step_save() {
   mkdir -p "$out"
   rm -rf "$stage"; mkdir -p "$stage/site"
   # what llama-cpp-python installed (the package, its metadata, ggml's headers, libraries
-  # and CMake files); site/lib holds copies of llama_cpp/lib's libraries: hard links in the
-  # archive, one copy of the data
+  # and CMake files). pip installs each library's soname links as copies (libggml-cuda.so,
+  # .so.0, .so.0.25.3: 40 MB each for sm_90) and site/lib repeats llama_cpp/lib: identical
+  # files become hard links, which tar stores once
   cp -a "$sp"/llama_cpp "$sp"/llama_cpp_python-*.dist-info "$sp"/include "$sp"/lib "$stage/site/"
-  for f in "$stage"/site/lib/lib*.so*; do
-    g="$stage/site/llama_cpp/lib/$(basename "$f")"
-    if [ -f "$f" ] && [ ! -L "$f" ] && [ -f "$g" ] && cmp -s "$f" "$g"; then ln -f "$g" "$f"; fi
-  done
+  local sum prev_sum="" first="" f
+  while read -r sum f; do
+    if [ "$sum" = "$prev_sum" ]; then ln -f "$first" "$f"; else prev_sum=$sum; first=$f; fi
+  done < <(find "$stage/site" -type f -name 'lib*.so*' -exec sha256sum {} + | sort)
   cp -a "$tools" "$stage/tools"
   cp "$build/build-info.txt" "$stage/"
   cat "$venv/.dflash-llama" > "$stage/key"
