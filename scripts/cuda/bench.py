@@ -173,12 +173,12 @@ def worker_steps(a: dict) -> dict:
             out["graph_builds_timed"][name] = built
         return median(xs)
 
-    tok = [int(t.argmax(0, 1)[0])]
+    tok = [int(t.choices(0, 1)[0])]
 
     def decode_steps():
         for _ in range(a["tokens"]):
             t.decode(tok, LOGITS_LAST)
-            tok[0] = int(t.argmax(0, 1)[0])
+            tok[0] = int(t.choices(0, 1)[0])
 
     out["decode_s"] = timed("decode", decode_steps, reps)  # the context grows by tokens * (reps + 1): kept small
     out["decode_tps"] = a["tokens"] / out["decode_s"]
@@ -186,7 +186,7 @@ def worker_steps(a: dict) -> dict:
 
     def verify(k):
         t.verify(cands[:k])
-        t.argmax(0, k)
+        t.choices(0, k)
         t.commit(0)
 
     out["verify_ms"] = {k: 1e3 * timed(f"verify {k}", lambda: verify(k), reps) for k in ks}
@@ -211,7 +211,7 @@ def worker_steps(a: dict) -> dict:
 
             def tree_verify():
                 t.verify_tree(tree.tokens, tree.parents)
-                t.argmax(0, n)
+                t.choices(0, n)
                 t.commit_path([0])
             row[shape] = 1e3 * timed(f"{shape} {n}", tree_verify, reps)
         out["tree_ms"][n] = row
@@ -413,7 +413,7 @@ def make_models(a) -> dict:
         t0 = time.perf_counter()
         if not path.exists():
             subprocess.run([sys.executable, "-m", "dflash_gguf.convert.shape_model", config, "--outtype", outtype,
-                            "--outfile", str(path), "--quiet", *extra], check=True)
+                            "--outfile", str(path), "--quiet", *extra], check=True, cwd="/")
             out[f"{name}_write_s"] = time.perf_counter() - t0
         out[name] = str(path)
         out[f"{name}_bytes"] = path.stat().st_size

@@ -144,18 +144,28 @@ llama_key() { { portable_flags; basename "$pack"/llama-cpp-python-src.tar.gz
 restore() {  # restore NAME: unpack a saved build from .cuda-pack/built/
   local parts=("$pack"/built/"$1".tar.*)
   [ -e "${parts[0]}" ] || return 1
-  local dec=cat
-  case "${parts[0]}" in *.zst.*) dec="zstd -dc" ;; *.xz.*) dec="xz -dc" ;; esac
+  # Python's own decompressors: the GPU image has no zstd command (seen on the H100,
+  # 2026-11-25: the archive was not unpacked and the call compiled for 316 s instead)
+  local dec=(cat)
+  case "${parts[0]}" in
+    *.zst.*) dec=(zstd -dc) ;;
+    *.xz.*) dec=("${PYTHON:-python3}" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)') ;;
+    *.gz.*) dec=(gzip -dc) ;;
+  esac
   say "restoring $1 from ${#parts[@]} part(s) in $pack/built"
   mkdir -p "$build/restore"
-  cat "${parts[@]}" | $dec | tar -x -C "$build/restore"
+  if ! cat "${parts[@]}" | "${dec[@]}" | tar -x -C "$build/restore"; then
+    say "could not unpack $1 (${dec[0]}): building instead"
+    return 1
+  fi
 }
 
 step_llama() {
   local key; key=$(llama_key)
   if [ "$(cat "$venv/.dflash-llama" 2>/dev/null)" = "$key" ]; then return; fi
   local sp; sp=$(site)
-  if restore "llama-$mode" && [ "$(cat "$build/restore/key" 2>/dev/null)" = "$key" ]; then
+  if restore "llama-$mode" && { [ "$(cat "$build/restore/key" 2>/dev/null)" = "$key" ] ||
+                                 { say "the saved build's key $(cat "$build/restore/key" 2>/dev/null) is not this build's $key"; false; }; }; then
     cp -a "$build/restore/site/." "$sp/"
     rm -rf "$tools"; cp -a "$build/restore/tools" "$tools"
     cp "$build/restore/build-info.txt" "$build/"
@@ -231,9 +241,9 @@ step_save() {
   cp -a "$tools" "$stage/tools"
   cp "$build/build-info.txt" "$stage/"
   cat "$venv/.dflash-llama" > "$stage/key"
+  # xz, which restore unpacks with Python's lzma wherever the build runs
   local comp=(gzip -9) ext=gz
-  if command -v zstd >/dev/null; then comp=(zstd -q -19 -T0); ext=zst
-  elif command -v xz >/dev/null; then comp=(xz -9 -T0); ext=xz; fi
+  if command -v xz >/dev/null; then comp=(xz -9e -T0); ext=xz; fi
   rm -f "$out/$name".tar.*
   tar -C "$stage" -c . | "${comp[@]}" | split -b 15M -d - "$out/$name.tar.$ext."
   rm -rf "$stage"
