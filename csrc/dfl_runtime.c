@@ -152,7 +152,23 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
     rt->n_slots = n_slots < 1 ? 1 : n_slots > DFL_MAX_GRAPH_SLOTS ? DFL_MAX_GRAPH_SLOTS : n_slots;
     rt->dev = pick_device(device);
     if (!rt->dev) {
-        return dfl_fail(DFL_ERR_BACKEND, "no ggml device named '%s' (see dfl_device_describe)", device ? device : "");
+        char names[256] = "";
+        for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+            const size_t used = strlen(names);
+            snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", ggml_backend_dev_name(ggml_backend_dev_get(i)));
+        }
+        return dfl_fail(DFL_ERR_BACKEND, "no ggml device named '%s'; this build has: %s", device ? device : "", names);
+    }
+    /* ggml's CUDA graphs replay a captured graph whenever the scheduler hands over the
+     * same split again, without looking at its nodes. Our runtime computes a kept graph
+     * once per step with new inputs, and on an H100 the replayed single-row decode gave
+     * wrong tokens from the first replay on (the demo target's plain decoding parted from
+     * the CPU's at its third step, where the CPU's top-2 gap is 0.53; with
+     * GGML_CUDA_DISABLE_GRAPHS=1 all 96 tokens equal the CPU's: scripts/cuda/plain_check.py,
+     * 2026-11-25). Until that is understood, CUDA graphs are off unless DFLASH_CUDA_GRAPHS=1.
+     * ggml reads the variable at its first graph compute, which is after this. */
+    if (!getenv("DFLASH_CUDA_GRAPHS") || strcmp(getenv("DFLASH_CUDA_GRAPHS"), "1") != 0) {
+        setenv("GGML_CUDA_DISABLE_GRAPHS", "1", 0);
     }
     rt->backend = ggml_backend_dev_init(rt->dev, NULL);
     if (!rt->backend) {

@@ -360,6 +360,20 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
     return out
 
 
+def engine_plain_greedy(endpoint, target_path: str, devices: list, prompt: str, n_new: int) -> dict:
+    """Per device: the prompt's token ids and plain greedy continuation through the Engine
+    with its defaults (f16 caches, the fused one-call decode), the path dflash-run takes."""
+    from dflash_gguf.engine import Engine
+
+    _devices(endpoint)
+    out = {}
+    for dev in devices:
+        with Engine(target_path, None, n_ctx=512, device=dev) as eng:
+            out[dev] = {"prompt": list(eng.encode(prompt)),
+                        "tokens": [int(t) for t in eng.generate(prompt, max_tokens=n_new, stop_tokens=()).tokens]}
+    return out
+
+
 def top2_gap_after(endpoint, target_path: str, device: str, tokens: list) -> float:
     """The gap between the two largest logits of the next token after `tokens`."""
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
