@@ -1,5 +1,8 @@
 """Qwen3 dense -> GGUF architecture `qwen3` (llama.cpp's layout): attention with per-head
-RMSNorm on q and k, SwiGLU FFN. Qwen3's norms are plain weights, stored as they are."""
+RMSNorm on q and k, SwiGLU FFN. Qwen3's norms are plain weights, stored as they are.
+
+QwenDenseConverter holds what Qwen3 shares with Qwen2 (convert/qwen2.py): the two differ
+only in how attention conditions q and k (Qwen3's norms, Qwen2's q/k/v biases)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,21 +19,26 @@ _REQUIRED = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
              "num_key_value_heads", "rms_norm_eps"]
 
 
-class Qwen3Converter(ModelConverter):
-    gguf_arch = ARCH
+class QwenDenseConverter(ModelConverter):
+    """A dense Qwen decoder; subclasses say which of q/k/v biases and q/k norms it has."""
+
+    gguf_arch: str
+    family: str
+    qkv_bias: bool
+    qk_norm: bool
+    default_context: int | None  # context_length when config.json has no max_position_embeddings
 
     def __init__(self, model_dir: Path, config: dict, checkpoint: Checkpoint, **kwargs):
         super().__init__(model_dir, config, checkpoint, **kwargs)
         hp = self.hp = text_hparams(config)
-        require_hparams(hp, _REQUIRED, "a Qwen3 model")
+        require_hparams(hp, _REQUIRED, f"a {self.family} model")
         check_hparams(hp, [k for k in _REQUIRED if k != "rms_norm_eps"] + ["head_dim", "max_position_embeddings"],
                       ["rms_norm_eps"])
-        if hp.get("attention_bias"):
-            raise ConversionError("attention_bias=true is not a Qwen3 layout llama.cpp's qwen3 loads")
+        self.check_layout(hp)
         rope = hp.get("rope_parameters") or hp.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise ConversionError(f"config.json: rope_parameters is {rope!r}; an object is expected")
-        self.rope_scaling = rope_scaling_kv(ARCH, rope)
+        self.rope_scaling = rope_scaling_kv(self.gguf_arch, rope)
         self.rope_theta = float(rope.get("rope_theta", hp.get("rope_theta", 10000.0)))
         self.n_layer = int(hp["num_hidden_layers"])
         self.head_dim = int(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
@@ -40,25 +48,34 @@ class Qwen3Converter(ModelConverter):
         unexpected = [n for n in checkpoint.names() if n not in used and not (n == "lm_head.weight" and self.tied)]
         if unexpected:
             shown = ", ".join(unexpected[:8]) + (" ..." if len(unexpected) > 8 else "")
-            raise ConversionError(f"{len(unexpected)} checkpoint tensors have no qwen3 mapping: {shown}")
+            raise ConversionError(f"{len(unexpected)} checkpoint tensors have no {self.gguf_arch} mapping: {shown}")
+
+    def check_layout(self, hp: dict) -> None:
+        """Refuse config options the architecture's llama.cpp layout has no place for."""
+
+    def head_dim_kv(self) -> list[KV]:
+        """attention.key_length / value_length (llama.cpp's converter writes them when
+        config.json names head_dim)."""
+        a = self.gguf_arch
+        return [u32(f"{a}.attention.key_length", self.head_dim), u32(f"{a}.attention.value_length", self.head_dim)]
 
     @property
     def vocab_size(self) -> int:
         return int(self.hp["vocab_size"])
 
     def metadata(self) -> list[KV]:
-        hp, a = self.hp, ARCH
+        hp, a = self.hp, self.gguf_arch
         return [
             u32(f"{a}.block_count", self.n_layer),
-            u32(f"{a}.context_length", hp.get("max_position_embeddings", 40960)),
+            *([u32(f"{a}.context_length", n_ctx)] if (n_ctx := hp.get("max_position_embeddings",
+                                                                           self.default_context)) else []),
             u32(f"{a}.embedding_length", hp["hidden_size"]),
             u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
             u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
             u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
             f32(f"{a}.rope.freq_base", self.rope_theta),
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
-            u32(f"{a}.attention.key_length", self.head_dim),
-            u32(f"{a}.attention.value_length", self.head_dim),
+            *self.head_dim_kv(),
             *self.rope_scaling,
         ]
 
@@ -91,8 +108,19 @@ class Qwen3Converter(ModelConverter):
                 self._spec(b + "attn_k.weight", sa + "k_proj.weight", (Hkv * hd, E)),
                 self._spec(b + "attn_v.weight", sa + "v_proj.weight", (Hkv * hd, E)),
                 self._spec(b + "attn_output.weight", sa + "o_proj.weight", (E, H * hd)),
-                self._spec(b + "attn_q_norm.weight", sa + "q_norm.weight", (hd,)),
-                self._spec(b + "attn_k_norm.weight", sa + "k_norm.weight", (hd,)),
+            ]
+            if self.qkv_bias:
+                specs += [
+                    self._spec(b + "attn_q.bias", sa + "q_proj.bias", (H * hd,)),
+                    self._spec(b + "attn_k.bias", sa + "k_proj.bias", (Hkv * hd,)),
+                    self._spec(b + "attn_v.bias", sa + "v_proj.bias", (Hkv * hd,)),
+                ]
+            if self.qk_norm:
+                specs += [
+                    self._spec(b + "attn_q_norm.weight", sa + "q_norm.weight", (hd,)),
+                    self._spec(b + "attn_k_norm.weight", sa + "k_norm.weight", (hd,)),
+                ]
+            specs += [
                 self._spec(b + "ffn_norm.weight", lp + "post_attention_layernorm.weight", (E,)),
                 self._spec(b + "ffn_gate.weight", mlp + "gate_proj.weight", (F, E)),
                 self._spec(b + "ffn_up.weight", mlp + "up_proj.weight", (F, E)),
@@ -102,3 +130,11 @@ class Qwen3Converter(ModelConverter):
         if not self.tied:
             specs.append(self._spec("output.weight", "lm_head.weight", (V, E)))
         return specs
+
+
+class Qwen3Converter(QwenDenseConverter):
+    gguf_arch, family, qkv_bias, qk_norm, default_context = ARCH, "Qwen3", False, True, 40960
+
+    def check_layout(self, hp: dict) -> None:
+        if hp.get("attention_bias"):
+            raise ConversionError("attention_bias=true is not a Qwen3 layout llama.cpp's qwen3 loads")

@@ -7,6 +7,7 @@ from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
 from .gemma4 import Gemma4Converter
 from .gptoss import GptOssConverter
+from .qwen2 import Qwen2Converter
 from .qwen3 import Qwen3Converter
 from .qwen35 import Qwen35Converter
 from .qwen35moe import Qwen35MoeConverter
@@ -17,6 +18,7 @@ CONVERTERS: dict[str, type[ModelConverter]] = {
     "Qwen3_5MoeForCausalLM": Qwen35MoeConverter,
     "Qwen3_5MoeForConditionalGeneration": Qwen35MoeConverter,
     "Qwen3ForCausalLM": Qwen3Converter,
+    "Qwen2ForCausalLM": Qwen2Converter,
     "Gemma4ForCausalLM": Gemma4Converter,
     "Gemma4ForConditionalGeneration": Gemma4Converter,
     "GptOssForCausalLM": GptOssConverter,

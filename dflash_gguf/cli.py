@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The model, placement and decoding flags dflash-run and dflash-server share."""
-    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, gemma4 or gpt-oss)")
+    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, qwen2, gemma4 or gpt-oss)")
     p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens (default 4096; 0: the model's trained context)")

@@ -308,13 +308,39 @@ def make_qwen3(directory: str | os.PathLike, *, vocab_size: int | None = None, h
                       pad_token_id=pad_id, rope_theta=1_000_000.0, dtype=dtype)
     if rope_scaling:
         cfg.rope_parameters = {"rope_theta": 1_000_000.0, **rope_scaling}
+    return _save_dense(Qwen3ForCausalLM, cfg, directory, seed=seed, dtype=dtype, tie=tie)
+
+
+def make_qwen2(directory: str | os.PathLike, *, vocab_size: int | None = None, hidden: int = 128, layers: int = 3,
+               heads: int = 4, kv_heads: int = 2, ffn: int = 256, tie: bool = False, seed: int = 0,
+               dtype: torch.dtype = torch.float32, tokenizer_regex: str = "qwen2", max_positions: int = 4096,
+               bias_std: float = 0.5) -> Path:
+    """A tiny seeded Qwen2ForCausalLM (with tokenizer) saved in `directory`: Qwen3's
+    layout with q/k/v biases (std `bias_std`, large enough that a dropped bias changes
+    every logit) and no q/k norms; head size hidden / heads, as every Qwen2 has."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    directory, vocab_size, eos_id, pad_id = _tiny_model_dir(directory, tokenizer_regex, vocab_size)
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                      tie_word_embeddings=tie, eos_token_id=eos_id, pad_token_id=pad_id, rope_theta=1_000_000.0,
+                      dtype=dtype)
+    return _save_dense(Qwen2ForCausalLM, cfg, directory, seed=seed, dtype=dtype, tie=tie, bias_std=bias_std)
+
+
+def _save_dense(model_cls, cfg, directory: Path, *, seed: int, dtype: torch.dtype, tie: bool,
+                bias_std: float | None = None) -> Path:
+    """A dense Qwen model of `cfg`, randomised (norms around 1, biases at `bias_std`), saved."""
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
+    model = model_cls(cfg)
     _randomize(model, seed)
+    gen = torch.Generator().manual_seed(seed + 11)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(1.0)
+            elif name.endswith(".bias") and bias_std is not None:
+                p.copy_(torch.randn(p.shape, generator=gen) * bias_std)
     if tie:
         model.tie_weights()
     model.to(dtype).eval().save_pretrained(str(directory))

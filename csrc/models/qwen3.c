@@ -1,5 +1,10 @@
-/* Qwen3 dense (llama.cpp's qwen3 layout): attention only, with per-head RMSNorm on
- * q and k, NeoX RoPE over the whole head, SwiGLU FFN. */
+/* The dense Qwen models in llama.cpp's layouts, two registered architectures that
+ * differ only in how attention conditions q and k:
+ *   qwen2 (Qwen2, Qwen2.5, DeepSeek-R1-Distill-Qwen): biases on the q, k and v
+ *         projections (every Qwen2 checkpoint has them; a file without them is broken,
+ *         not a variant), no norm on q and k;
+ *   qwen3: per-head RMSNorm on q and k, no biases.
+ * Both: NeoX RoPE over the whole head, SwiGLU FFN, tied or separate output head. */
 #include "../dfl_model.h"
 
 #include <math.h>
@@ -8,7 +13,9 @@
 #define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 typedef struct qwen3_layer {
-    struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo, * q_norm, * k_norm;
+    struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo;
+    struct ggml_tensor * bq, * bk, * bv;     /* qwen2 only */
+    struct ggml_tensor * q_norm, * k_norm;   /* qwen3 only */
     struct ggml_tensor * ffn_norm, * ffn_gate, * ffn_up, * ffn_down;
 } qwen3_layer;
 
@@ -18,7 +25,8 @@ typedef struct qwen3_weights {
     qwen3_layer layers[];
 } qwen3_weights;
 
-static dfl_status load(dfl_model * m) {
+/* qkv_bias: qwen2's biases; qk_norm: qwen3's norms. */
+static dfl_status load_dense(dfl_model * m, bool qkv_bias, bool qk_norm) {
     int n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_rot, n_ff;
     float eps, rope_base;
     TRY(dfl_model_key(m, ".embedding_length", &m->n_embd));
@@ -47,6 +55,13 @@ static dfl_status load(dfl_model * m) {
     }
     m->eps = eps;
     TRY(dfl_model_load_io(m));
+    /* llama.cpp's qwen2 takes an optional bias on the output head; no Qwen checkpoint
+     * has one and the runtime's LM head has none, so refuse it rather than drop it */
+    struct ggml_tensor * output_b = NULL;
+    TRY(dfl_model_tensor(m, "output.bias", -1, m->n_vocab, 0, 0, false, &output_b));
+    if (output_b) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': output.bias (a bias on the output head) is not supported", m->file.path);
+    }
 
     qwen3_weights * w = calloc(1, sizeof *w + (size_t) n_layer * sizeof w->layers[0]);
     if (!w) {
@@ -64,14 +79,31 @@ static dfl_status load(dfl_model * m) {
         TRY(dfl_model_tensor(m, "attn_k.weight", il, E, kv_dim, 0, true, &L->wk));
         TRY(dfl_model_tensor(m, "attn_v.weight", il, E, kv_dim, 0, true, &L->wv));
         TRY(dfl_model_tensor(m, "attn_output.weight", il, q_dim, E, 0, true, &L->wo));
-        TRY(dfl_model_tensor(m, "attn_q_norm.weight", il, head_dim, 0, 0, true, &L->q_norm));
-        TRY(dfl_model_tensor(m, "attn_k_norm.weight", il, head_dim, 0, 0, true, &L->k_norm));
+        if (qkv_bias) {
+            TRY(dfl_model_tensor(m, "attn_q.bias", il, q_dim, 0, 0, true, &L->bq));
+            TRY(dfl_model_tensor(m, "attn_k.bias", il, kv_dim, 0, 0, true, &L->bk));
+            TRY(dfl_model_tensor(m, "attn_v.bias", il, kv_dim, 0, 0, true, &L->bv));
+        }
+        if (qk_norm) {
+            TRY(dfl_model_tensor(m, "attn_q_norm.weight", il, head_dim, 0, 0, true, &L->q_norm));
+            TRY(dfl_model_tensor(m, "attn_k_norm.weight", il, head_dim, 0, 0, true, &L->k_norm));
+        }
         TRY(dfl_model_tensor(m, "ffn_norm.weight", il, E, 0, 0, true, &L->ffn_norm));
         TRY(dfl_model_tensor(m, "ffn_gate.weight", il, E, n_ff, 0, true, &L->ffn_gate));
         TRY(dfl_model_tensor(m, "ffn_up.weight", il, E, n_ff, 0, true, &L->ffn_up));
         TRY(dfl_model_tensor(m, "ffn_down.weight", il, n_ff, E, 0, true, &L->ffn_down));
     }
     return DFL_OK;
+}
+
+static dfl_status load_qwen2(dfl_model * m) { return load_dense(m, true, false); }
+static dfl_status load_qwen3(dfl_model * m) { return load_dense(m, false, true); }
+
+/* w x (+ b when the layer has a bias) */
+static struct ggml_tensor * linear(struct ggml_context * ctx, struct ggml_tensor * w, struct ggml_tensor * b,
+                                   struct ggml_tensor * x) {
+    struct ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    return b ? ggml_add(ctx, y, b) : y;
 }
 
 static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int il, struct ggml_tensor * x) {
@@ -81,11 +113,13 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     const int hd = w->head_dim, n = g->n;
 
     struct ggml_tensor * cur = dfl_rms_norm(ctx, x, L->attn_norm, w->eps);
-    struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wq, cur), hd, w->n_head, n);
-    struct ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, cur), hd, w->n_head_kv, n);
-    struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, cur);
-    q = dfl_rms_norm(ctx, q, L->q_norm, w->eps);
-    k = dfl_rms_norm(ctx, k, L->k_norm, w->eps);
+    struct ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L->wq, L->bq, cur), hd, w->n_head, n);
+    struct ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L->wk, L->bk, cur), hd, w->n_head_kv, n);
+    struct ggml_tensor * v = linear(ctx, L->wv, L->bv, cur);
+    if (L->q_norm) {
+        q = dfl_rms_norm(ctx, q, L->q_norm, w->eps);
+        k = dfl_rms_norm(ctx, k, L->k_norm, w->eps);
+    }
     q = dfl_rope(m, ctx, q, g->pos, NULL, w->n_rot, w->rope_base);
     k = dfl_rope(m, ctx, k, g->pos, NULL, w->n_rot, w->rope_base);
     cur = dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd));
@@ -95,4 +129,5 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     return ggml_add(ctx, dfl_ffn_swiglu(ctx, cur, L->ffn_gate, L->ffn_up, L->ffn_down), x);
 }
 
-const dfl_arch dfl_arch_qwen3 = { "qwen3", "Qwen3", load, build_layer };
+const dfl_arch dfl_arch_qwen2 = { "qwen2", "Qwen2", load_qwen2, build_layer };
+const dfl_arch dfl_arch_qwen3 = { "qwen3", "Qwen3", load_qwen3, build_layer };
