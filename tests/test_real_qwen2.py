@@ -1,14 +1,15 @@
 """The published Qwen2.5-Coder GGUFs (dflash_gguf.real_models: the 1.5B, Qwen's own
 Q4_K_M with a Q6_K head, and the 0.5B, Q4_K_M with Q5_0/Q8_0 fallbacks and a tied
-embedding) against llama.cpp (llama-cpp-python, same file, same threads, greedy):
+embedding) against llama.cpp (llama-cpp-python on the same file, same thread count, its
+f16 cache and flash attention as ours, greedy):
 
 - tokenization of real text equals libllama's, and transformers' GGUF tokenizer (an
-  implementation of Qwen2's BPE nobody here or in llama.cpp wrote) agrees;
+  implementation of Qwen2's byte-level BPE nobody here or in llama.cpp wrote) agrees;
 - the chat prompt rendered from the file's template equals llama-cpp-python's rendering,
   and `<|im_end|>` / `<|endoftext|>` end a generation;
 - greedy continuations of a code prompt and a chat prompt equal llama.cpp's token for
   token;
-- teacher-forced top-20 logits agree within a stated tolerance.
+- teacher-forced top-20 logits agree (see TOL below).
 
 Outside CI a file that has not been fetched (`python -m dflash_gguf.real_models`) skips
 its tests; under CI=true it is fetched, and a failure to fetch fails them.
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from fixtures import open_llama
+from parity import first_divergence, top2_gap
 
 from dflash_gguf.chat import ChatTemplate
 from dflash_gguf.generate import greedy_generate
@@ -31,7 +33,9 @@ pytestmark = pytest.mark.real
 
 MODELS = ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"]
 N_NEW = 64
-THREADS = 2
+# one thread each: a matrix row's dot product is one thread's at any count, and spinning
+# worker threads crawl on a loaded two-core machine
+THREADS = 1
 CODE_PROMPT = "def quicksort(xs):\n"
 CHAT_MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 TEXTS = [
@@ -68,10 +72,10 @@ class Run:
     def __init__(self, path):
         self.path = str(path)
         self.tok = Tokenizer(self.path)
-        self.target = Target(self.path, TargetConfig(n_ctx=512, n_threads=THREADS))
+        self.target = Target(self.path, TargetConfig(n_ctx=256, n_threads=THREADS))
         # logits_all: a greedy run of one-token evals keeps every position's logits, so
         # llama.cpp's teacher-forced rows come with its greedy tokens
-        self.llm = open_llama(self.path, n_ctx=512, n_threads=THREADS, logits_all=True)
+        self.llm = open_llama(self.path, n_ctx=256, n_threads=THREADS, logits_all=True, flash_attn=True)
         self._greedy = {}
 
     def llama_greedy(self, prompt: list[int], n: int):
@@ -121,17 +125,21 @@ def test_tokenization_matches_libllama(run):
     assert not run.tok.add_bos  # Qwen2.5 adds no BOS
 
 
-def test_tokenization_matches_transformers_gguf_tokenizer(run):
-    """transformers rebuilds Qwen2's byte-level BPE from the GGUF's vocabulary and merges
-    with its own pre-tokenizer regex (a second implementation of the tokenizer)."""
-    from pathlib import Path
-
+def test_tokenization_matches_transformers_gguf_tokenizer(real_path):
+    """transformers rebuilds Qwen2's byte-level BPE from a GGUF's vocabulary and merges
+    with its own pre-tokenizer (a second implementation). Once, on the 0.5B (the pair
+    shares one vocabulary; reading 151,936 tokens through gguf-py takes a while). Its
+    GGUF loader registers only some added tokens as special, so texts with FIM tokens,
+    which it would split as plain text, are left to the libllama test."""
     from transformers import AutoTokenizer
 
-    p = Path(run.path)
+    p = real_path("qwen2.5-coder-0.5b")
     hf = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    for text in TEXTS:
-        assert hf.encode(text, add_special_tokens=False) == run.tok.encode(text), text
+    ours = Tokenizer(str(p))
+    texts = [t for t in TEXTS if "<|fim" not in t]
+    assert len(texts) >= 6
+    for text in texts:
+        assert hf.encode(text, add_special_tokens=False) == ours.encode(text), text
 
 
 def test_chat_template_and_stop_tokens(run):
@@ -153,41 +161,42 @@ def test_greedy_matches_llama_cpp(run, kind):
     prompt = run.tok.encode(CODE_PROMPT) if kind == "code" else run.chat_prompt()
     theirs, rows = run.llama_greedy(prompt, N_NEW)
     ours, _ = greedy_generate(run.target, prompt, N_NEW, stop_tokens=run.tok.eog_ids)
-    if ours != theirs:
-        i = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-        top2 = np.sort(rows[i])[-2:]
-        pytest.fail(f"diverges at token {i}: ours {ours[i]}, llama.cpp {theirs[i]} (llama.cpp's top-2 gap there "
-                    f"{top2[1] - top2[0]:.4g})")
+    i = first_divergence(theirs, ours)
+    if i is not None:  # report whether it is a near-tie on either side
+        theirs_top2 = np.sort(rows[i])[-2:] if i < len(rows) else [np.nan, np.nan]
+        pytest.fail(f"diverges at token {i}: ours {ours[i:i + 1]}, llama.cpp {theirs[i:i + 1]}; top-2 logit gap "
+                    f"there: llama.cpp {theirs_top2[1] - theirs_top2[0]:.4g}, "
+                    f"ours {top2_gap(run.target, prompt + theirs[:i]):.4g}")
     if kind == "chat":  # the short answer ends with <|im_end|> before N_NEW tokens
         assert len(theirs) < N_NEW and theirs[-1] in run.tok.eog_ids
     else:
         assert len(theirs) == N_NEW
 
 
-# Teacher-forced tolerance. Both engines multiply the same Q4_K/Q6_K (Q5_0/Q8_0) blocks
-# with ggml's CPU kernels after quantizing activations to Q8_K/Q8_0 the same way; what
-# differs is the order of float sums: llama.cpp's rows here come from one-token evals
-# (matrix-vector kernels), ours from one batched decode (matrix-matrix kernels, other
-# tilings and its own attention path). Those differences are f32 rounding, amplified by
-# 28 layers of a model whose logits span ~30: measured max |diff| over the top-20 rows
-# stays below ~0.05 (the same order as llama.cpp's own batched-vs-single-token
-# difference), while a wrong bias, norm or RoPE moves them by whole units.
+# Teacher-forced tolerance. Both engines run the same libggml (ours links
+# llama-cpp-python's) over the same Q4_K/Q6_K (Q5_0/Q8_0) blocks: the same activation
+# quantization (Q8_K/Q8_0), the same repacked kernels, an f16 cache and flash attention.
+# Compared like with like (one batched pass over the whole sequence on each side) the rows
+# are equal to the bit (measured: 0 on both files); TOL leaves room for float noise only,
+# far below what a wrong bias, norm or RoPE does to these logits (units). Rows of
+# different batch shapes are not compared: llama.cpp's own batched and one-token rows of
+# one sequence differ by up to 0.46 in the top 20 (0.5B), because other kernels (GEMM vs
+# GEMV tiles) sum in other orders and 24-28 quantized layers amplify that.
 TOP_K = 20
-ABS_TOL = 0.15
+TOL = 1e-3
 
 
-@pytest.mark.parametrize("kind", ["code"])
-def test_teacher_forced_top20_logits(run, kind):
+def test_teacher_forced_top20_logits(run):
     prompt = run.tok.encode(CODE_PROMPT)
-    theirs, rows = run.llama_greedy(prompt, N_NEW)
+    theirs, _ = run.llama_greedy(prompt, N_NEW)
     seq = prompt + theirs
+    run.llm.reset()
+    run.llm.eval(seq)
+    ref = np.array(run.llm.scores[len(prompt) - 1:len(seq)], dtype=np.float32)
     run.target.reset()
-    run.target.decode(seq[:-1], LOGITS_ALL)
-    ours = run.target.logits(len(prompt) - 1, len(theirs))
-    worst, overlap = 0.0, []
-    for i in range(len(theirs)):
-        top = np.argsort(rows[i])[-TOP_K:]
-        worst = max(worst, float(np.abs(ours[i][top] - rows[i][top]).max()))
-        overlap.append(len(set(top) & set(np.argsort(ours[i])[-TOP_K:])))
-    assert worst < ABS_TOL, f"top-{TOP_K} logits differ by up to {worst:.4g}"
-    assert min(overlap) >= TOP_K - 2, overlap  # the same candidates, up to ties at the edge
+    run.target.decode(seq, LOGITS_ALL)
+    ours = run.target.logits(len(prompt) - 1, len(ref))
+    top = np.argsort(ref, axis=1)[:, -TOP_K:]
+    diff = np.abs(np.take_along_axis(ours, top, 1) - np.take_along_axis(ref, top, 1))
+    assert diff.max() < TOL, f"top-{TOP_K} logits differ by up to {diff.max():.4g} (row {diff.max(1).argmax()})"
+    assert (ours.argmax(1) == ref.argmax(1)).all()
