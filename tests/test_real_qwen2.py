@@ -3,8 +3,8 @@ Q4_K_M with a Q6_K head, and the 0.5B, Q4_K_M with Q5_0/Q8_0 fallbacks and a tie
 embedding) against llama.cpp (llama-cpp-python on the same file, same thread count, its
 f16 cache and flash attention as ours, greedy):
 
-- tokenization of real text equals libllama's, and transformers' GGUF tokenizer (an
-  implementation of Qwen2's byte-level BPE nobody here or in llama.cpp wrote) agrees;
+- tokenization of real text equals libllama's, and Hugging Face's `tokenizers` (a BPE
+  implementation nobody here or in llama.cpp wrote) on the file's vocabulary agrees;
 - the chat prompt rendered from the file's template equals llama-cpp-python's rendering,
   and `<|im_end|>` / `<|endoftext|>` end a generation;
 - greedy continuations of a code prompt and a chat prompt equal llama.cpp's token for
@@ -125,21 +125,56 @@ def test_tokenization_matches_libllama(run):
     assert not run.tok.add_bos  # Qwen2.5 adds no BOS
 
 
-def test_tokenization_matches_transformers_gguf_tokenizer(real_path):
-    """transformers rebuilds Qwen2's byte-level BPE from a GGUF's vocabulary and merges
-    with its own pre-tokenizer (a second implementation). Once, on the 0.5B (the pair
-    shares one vocabulary; reading 151,936 tokens through gguf-py takes a while). Its
-    GGUF loader registers only some added tokens as special, so texts with FIM tokens,
-    which it would split as plain text, are left to the libllama test."""
-    from transformers import AutoTokenizer
+def gguf_bpe(path):
+    """A Hugging Face `tokenizers` tokenizer of the file's vocabulary: its tokens and merges
+    in a BPE model behind Qwen2's pre-tokenizer (NFC, the Qwen2 split regex, byte-level),
+    control and user-defined tokens added as special. Read with the fuzzer's GGUF parser
+    over the header alone (gguf-py reads 151,936 tokens far more slowly)."""
+    import struct
 
-    p = real_path("qwen2.5-coder-0.5b")
-    hf = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    ours = Tokenizer(str(p))
-    texts = [t for t in TEXTS if "<|fim" not in t]
-    assert len(texts) >= 6
-    for text in texts:
-        assert hf.encode(text, add_special_tokens=False) == ours.encode(text), text
+    from gguf_fuzz import STR, parse
+    from tokenizers import AddedToken, Regex, Tokenizer as HfTokenizer, decoders, models, normalizers, pre_tokenizers
+
+    from fixtures import QWEN2_REGEX
+
+    size = 1 << 24
+    with open(path, "rb") as f:
+        while True:  # enough of the file for every key and tensor record
+            f.seek(0)
+            head = f.read(size)
+            try:
+                layout = parse(head)
+                break
+            except (struct.error, IndexError):
+                size *= 2
+
+    def values(key):
+        kv = layout.kv(key)
+        if kv.elem_type == STR:  # length, then bytes
+            return [head[p + 8:p + 8 + struct.unpack_from("<Q", head, p)[0]].decode() for p in kv.elems]
+        return [struct.unpack_from("<i", head, p)[0] for p in kv.elems]
+
+    assert values("tokenizer.ggml.model") == ["gpt2"] and values("tokenizer.ggml.pre") == ["qwen2"]
+    tokens, types = values("tokenizer.ggml.tokens"), values("tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ")) for m in values("tokenizer.ggml.merges")]
+    tok = HfTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty in (3, 4)])  # control, user-defined
+    return tok
+
+
+def test_tokenization_matches_hf_tokenizers(run):
+    """Hugging Face's `tokenizers` (a BPE and pre-tokenizer implementation apart from
+    libllama's) on the file's own vocabulary and merges gives the same ids."""
+    hf = gguf_bpe(run.path)
+    for text in TEXTS:
+        assert hf.encode(text, add_special_tokens=False).ids == run.tok.encode(text), text
 
 
 def test_chat_template_and_stop_tokens(run):
