@@ -4,7 +4,7 @@ architecture's own tokens."""
 from __future__ import annotations
 
 import numpy as np
-from fixtures import llama_greedy
+from fixtures import llama_greedy, read_gguf
 
 from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import speculative_generate, tree_generate
@@ -13,6 +13,22 @@ from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
 def rel_err(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def assert_same_gguf(ours, ref):
+    """Two GGUFs (ours, llama.cpp's converter's) have the same keys and values (but the
+    name), tensor names, types, shapes and bytes; returns both as read_gguf reads them."""
+    ours_kv, ours_t = read_gguf(ours)
+    ref_kv, ref_t = read_gguf(ref)
+    assert set(ours_kv) == set(ref_kv)
+    for key in set(ref_kv) - {"general.name", "general.size_label"}:
+        assert ours_kv[key] == ref_kv[key], key
+    assert set(ours_t) == set(ref_t)
+    for name, (rtype, rshape, rdata) in ref_t.items():
+        otype, oshape, odata = ours_t[name]
+        assert (otype, oshape) == (rtype, rshape), name
+        assert np.array_equal(odata.view(np.uint8), rdata.view(np.uint8)), name
+    return (ours_kv, ours_t), (ref_kv, ref_t)
 
 
 def our_logits(path, tokens):

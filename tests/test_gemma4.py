@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp,
-                         assert_tree_verify_matches_each_path, our_logits, rel_err)
+                         assert_same_gguf, assert_tree_verify_matches_each_path, our_logits, rel_err)
 from draft_fixtures import make_dflash
 from fixtures import hf_model, read_gguf
 from gemma4_fixtures import GEMMA4_SHAPES, MASK_ID, make_gemma4
@@ -86,16 +86,7 @@ def test_logits_match_transformers(pair):
 @pytest.mark.parametrize("outtype", ["f32", "q8_0"])
 def test_our_gguf_matches_llama_cpp_converter(pair, outtype, convert_model, llama_cpp_convert):
     """Same keys, types, tensor names, shapes and bytes as llama.cpp's own converter."""
-    ours_kv, ours_t = read_gguf(convert_model(pair["target_dir"], outtype))
-    ref_kv, ref_t = read_gguf(llama_cpp_convert(pair["target_dir"], outtype, None))
-    assert set(ours_kv) == set(ref_kv)
-    for key in set(ref_kv) - {"general.name", "general.size_label"}:
-        assert ours_kv[key] == ref_kv[key], key
-    assert set(ours_t) == set(ref_t)
-    for name, (rtype, rshape, rdata) in ref_t.items():
-        otype, oshape, odata = ours_t[name]
-        assert (otype, oshape) == (rtype, rshape), name
-        assert np.array_equal(odata.view(np.uint8), rdata.view(np.uint8)), name
+    assert_same_gguf(convert_model(pair["target_dir"], outtype), llama_cpp_convert(pair["target_dir"], outtype, None))
 
 
 def test_llama_cpp_converted_file_loads_and_agrees(pair, llama_cpp_convert):

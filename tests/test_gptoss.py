@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import assert_chain_and_tree_lossless, assert_tree_verify_matches_each_path, our_logits, rel_err
+from arch_checks import (assert_chain_and_tree_lossless, assert_same_gguf, assert_tree_verify_matches_each_path,
+                         our_logits, rel_err)
 from draft_fixtures import make_dflash
 from fixtures import hf_model, llama_cpp_quantize, open_llama, read_gguf
 from gptoss_fixtures import MASK_TOKEN, WINDOW, make_gptoss, make_gptoss_mxfp4
@@ -150,16 +151,7 @@ def test_rounded_yarn_range_is_recorded_and_applied(pair, rounded):
 def test_our_gguf_matches_llama_cpp_converter(pair, kind, llama_cpp_convert):
     """Same keys, types, tensor names, shapes and bytes as llama.cpp's own converter, from
     the float checkpoint and from its MXFP4 form (the experts' blocks kept)."""
-    ours_kv, ours_t = read_gguf(pair[kind])
-    ref_kv, ref_t = read_gguf(llama_cpp_convert(pair[f"{kind}_dir"], "f32", "gpt-4o"))
-    assert set(ours_kv) == set(ref_kv)
-    for key in set(ref_kv) - {"general.name", "general.size_label"}:
-        assert ours_kv[key] == ref_kv[key], key
-    assert set(ours_t) == set(ref_t)
-    for name, (rtype, rshape, rdata) in ref_t.items():
-        otype, oshape, odata = ours_t[name]
-        assert (otype, oshape) == (rtype, rshape), name
-        assert np.array_equal(odata.view(np.uint8), rdata.view(np.uint8)), name
+    (_, ours_t), _ = assert_same_gguf(pair[kind], llama_cpp_convert(pair[f"{kind}_dir"], "f32", "gpt-4o"))
     assert ours_t["blk.0.ffn_gate_exps.weight"][0] == ("MXFP4" if kind == "mxfp4" else "F32")
 
 

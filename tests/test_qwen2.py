@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import assert_greedy_equals_llama_cpp, our_logits, rel_err
+from arch_checks import assert_greedy_equals_llama_cpp, assert_same_gguf, our_logits, rel_err
 from fixtures import hf_model, llama_logits, make_qwen2, read_gguf
 
 from dflash_gguf._native import DflashError
@@ -73,16 +73,7 @@ def test_llama_cpp_converted_file_loads_and_agrees(model, llama_cpp_convert):
 @pytest.mark.parametrize("outtype", ["f32", "q8_0"])
 def test_our_gguf_matches_llama_cpp_converter(model, outtype, convert_model, llama_cpp_convert):
     """Same keys, types, tensor names, shapes and bytes as llama.cpp's own converter."""
-    ours_kv, ours_t = read_gguf(convert_model(model["dir"], outtype))
-    ref_kv, ref_t = read_gguf(llama_cpp_convert(model["dir"], outtype, "qwen2"))
-    assert set(ours_kv) == set(ref_kv)
-    for key in set(ref_kv) - {"general.name", "general.size_label"}:
-        assert ours_kv[key] == ref_kv[key], key
-    assert set(ours_t) == set(ref_t)
-    for name, (rtype, rshape, rdata) in ref_t.items():
-        otype, oshape, odata = ours_t[name]
-        assert (otype, oshape) == (rtype, rshape), name
-        assert np.array_equal(odata.view(np.uint8), rdata.view(np.uint8)), name
+    assert_same_gguf(convert_model(model["dir"], outtype), llama_cpp_convert(model["dir"], outtype, "qwen2"))
 
 
 def test_our_file_runs_in_llama_cpp(model):
