@@ -394,6 +394,13 @@ def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = Non
     return directory
 
 
+QWEN2_SHAPES: dict[str, dict] = {
+    # GQA, untied
+    "base": {},
+    # tied embeddings, MQA, and rows multiple of 256 for K-quants (head size 64)
+    "k256": dict(hidden=256, ffn=512, kv_heads=1, tie=True, seed=1),
+}
+
 QWEN3_SHAPES: dict[str, dict] = {
     # GQA, untied, Qwen2-style pre-tokenizer (as Qwen3's tokenizer)
     "base": {},

@@ -1,5 +1,5 @@
-"""Every target architecture through the one generic runtime: Qwen3 dense (attention
-only) and Qwen3.5 MoE (hybrid, routed experts), next to the Qwen3.5 dense model the
+"""Every target architecture through the one generic runtime: Qwen3 and Qwen2 dense
+(attention only) and Qwen3.5 MoE (hybrid, routed experts), next to the Qwen3.5 dense model the
 other modules test in depth. For each: f32 logits against transformers, GGUF interop
 with llama.cpp both ways, chain and tree speculative decoding equal to plain greedy,
 and chain acceptance lengths equal to z-lab's reference loop."""
@@ -12,8 +12,8 @@ import torch
 from arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp, assert_same_gguf,
                          assert_tree_verify_matches_each_path, our_logits, rel_err)
 from draft_fixtures import make_dflash
-from fixtures import (QWEN3_SHAPES, QWEN35MOE_SHAPES, hf_model, llama_cpp_quantize, make_qwen3,
-                      make_qwen35moe, read_gguf)
+from fixtures import (QWEN2_SHAPES, QWEN3_SHAPES, QWEN35MOE_SHAPES, hf_model, llama_cpp_quantize, make_qwen2,
+                      make_qwen3, make_qwen35moe, read_gguf)
 from reference_loop import RecomputingTarget, exact_reference
 from target_workers import run_isolated
 from test_devices import rpc_endpoint  # noqa: F401 (fixture)
@@ -26,9 +26,10 @@ from dflash_gguf.target import Target, TargetConfig
 BLOCK = 8
 ARCHS = {
     "qwen3": (make_qwen3, QWEN3_SHAPES),
+    "qwen2": (make_qwen2, QWEN2_SHAPES),
     "qwen35moe": (make_qwen35moe, QWEN35MOE_SHAPES),
 }
-PRE = {"qwen3": "qwen2", "qwen35moe": "qwen35"}  # the fixtures' pre-tokenizers
+PRE = {"qwen3": "qwen2", "qwen2": "qwen2", "qwen35moe": "qwen35"}  # the fixtures' pre-tokenizers
 
 
 
