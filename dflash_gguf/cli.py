@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The model, placement and decoding flags dflash-run and dflash-server share."""
     p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, qwen2, gemma4 or gpt-oss)")
-    p.add_argument("-md", "--model-draft", help="DFlash drafter GGUF (dflash); omit for plain decoding")
+    p.add_argument("-md", "--model-draft",
+                   help="drafter GGUF: a DFlash, DSpark or EAGLE3 drafter, or a smaller model of the target's "
+                        "vocabulary (draft-simple, chosen by default for a model GGUF); omit for plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens (default 4096; 0: the model's trained context)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
@@ -88,9 +90,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    dest="override_tensor_draft", action=_CpuMoe, metavar="N",
                    help="as --n-cpu-moe, for the drafter's weights")
     p.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", metavar="N|auto|all",
-                   help="accepted for llama.cpp habits: the drafter always runs whole on the device of the "
-                        "target's LM head (it shares the target's embedding and LM head and reads its features "
-                        "there); 0 is refused unless the target runs on the CPU (-ngl 0)")
+                   help="draft-simple: the small model's layers on the accelerator, as -ngl for the target "
+                        "(default all). Other drafters always run whole on the device of the target's LM head "
+                        "(they share the target's embedding and LM head and read its features there): for them "
+                        "it is accepted for llama.cpp habits, and 0 is refused unless the target runs on the "
+                        "CPU (-ngl 0)")
+    p.add_argument("-cd", "--ctx-size-draft", type=int, default=0, metavar="N",
+                   help="draft-simple: the small model's context size (default 0: the target's); it stops "
+                        "drafting where its context is full")
     p.add_argument("-devd", "--device-draft", metavar="DEVICE",
                    help="the drafter's device, which is always the target's here: alone it places both "
                         "(as --device); with a different --device it is refused")
@@ -123,13 +130,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", metavar="N|auto",
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' chooses each step, "
                         "per sequence, plain decoding, the chain (and its length) or a tree of 4..32 nodes for the "
-                        "best expected speed (verify cost measured once per model and machine)")
+                        "best expected speed (verify cost measured once per model and machine); draft-simple: "
+                        "any number verifies its chain with the drafter's second choice beside each draft")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
     p.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, metavar="P",
                    help="greedy chain: verify the drafts up to the first one the drafter gives less than P "
                         f"(at least one); 0 verifies the whole block (default: {DEFAULT_DRAFT_P_MIN} when the "
                         "target computes on the CPU, 0 when an accelerator holds all its layers; "
-                        "--tree-budget auto cuts its chains by its own cost model instead)")
+                        "--tree-budget auto cuts its chains by its own cost model instead; draft-simple: "
+                        "llama.cpp's, the top draft's share of the drafter's top 10, default 0)")
     p.add_argument("--draft-window", default="auto", metavar="W",
                    help="the drafter attends to the last W context positions only and keeps only those "
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
@@ -137,14 +146,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-type", metavar="KINDS",
                    help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md DFlash drafter), "
                         "draft-dspark (the -md DSpark drafter: DFlash with a Markov head), draft-eagle3 (the -md "
-                        "EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, Qwen3.5/3.6), ngram-simple, "
+                        "EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, Qwen3.5/3.6), draft-simple (the -md "
+                        "small model of the target's vocabulary, drafting token by token), ngram-simple, "
                         "ngram-mod (copies from the prompt and output, no weights); several: each step verifies "
                         "the draft with the best expected accepted length (default: the -md drafter's kind; none "
                         "without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds (default 16), MTP's and EAGLE3's drafts per step "
-                        "(default 3), and the "
+                   help="the longest draft: n-gram kinds (default 16), MTP's, EAGLE3's and draft-simple's "
+                        "drafts per step (default 3), and the "
                         "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
+    p.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
+                   help="draft-simple: drop a draft shorter than N (the step decodes the last token alone; "
+                        "default 0)")
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
                    help="draft-dspark: cut the chain before the first draft its confidence head trusts less "
                         "than P, 0..1 (llama.cpp's draft-dspark reads its --spec-draft-p-min so; default 0: no cut)")
@@ -253,7 +266,7 @@ def validate_engine_args(args, parser) -> None:
         value = args.gpu_layers_draft
         if value not in ("auto", "all") and not (value.lstrip("-").isdigit() and int(value) >= -1):
             parser.error(f"-ngld takes a number >= -1, auto or all, got {value!r}")
-        if value == "0" and args.n_gpu_layers != 0 and args.device != "CPU":
+        if value == "0" and args.n_gpu_layers != 0 and args.device != "CPU" and args.spec_type != "draft-simple":
             parser.error("-ngld 0: the drafter runs on the device of the target's LM head; put the target on the "
                          "CPU too (-ngl 0) to run both there")
     if args.flash_attn == "off":
@@ -478,7 +491,9 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "spec_draft_conf_min": "--spec-draft-conf-min", "spec_ngram_simple_size_n": "--spec-ngram-simple-size-n",
          "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
          "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
-         "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft"}
+         "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft",
+         "spec_draft_n_min": "--spec-draft-n-min", "n_ctx_draft": "-cd/--ctx-size-draft",
+         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft"}
 
 
 # the flag of each sampling field, for its errors (config.check_sampling)
@@ -534,7 +549,14 @@ def engine_options(args) -> dict:
                 spec_ngram_simple_size_n=args.spec_ngram_simple_size_n,
                 spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min,
                 rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx,
-                override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or ())
+                override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or (),
+                spec_draft_n_min=args.spec_draft_n_min, n_ctx_draft=args.ctx_size_draft // n_seq if n_seq >= 1
+                else args.ctx_size_draft, n_gpu_layers_draft=_layers_draft(args.gpu_layers_draft))
+
+
+def _layers_draft(value: Optional[str]) -> int:
+    """-ngld as draft-simple's layers on the device: auto, all or left out -1 (all)."""
+    return -1 if value in (None, "auto", "all") else int(value)
 
 
 def open_engine(prog: str, model: str, draft, args):
@@ -602,6 +624,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
     if engine.setup.ngram_kinds:
         mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
+    if engine.simple_draft is not None:
+        mode = "draft-simple " + ("tree" if engine.setup.simple.tree else "chain")
     if args.interactive:
         try:
             return _interactive(engine, args, prompt, mode)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 from . import placement
@@ -91,7 +91,7 @@ def check_p_min(p_min: float) -> None:
 
 
 # llama.cpp's --spec-type names: the drafter kinds, then the weightless n-gram kinds
-DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark")
+DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark", "draft-simple")
 NGRAM_KINDS = ("ngram-simple", "ngram-mod")
 SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
 # drafter kinds this build has no runtime for yet, with the name the user knows them by
@@ -99,6 +99,35 @@ SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
 # (read_draft_metadata's: a dflash GGUF with a Markov head is a DSpark drafter)
 FILE_KINDS = {"draft-dflash": "dflash", "draft-dspark": "dspark", "draft-eagle3": "eagle3"}
 FILE_KIND_NAMES = {"dflash": "a DFlash drafter", "dspark": "a DSpark drafter", "eagle3": "an EAGLE3 drafter"}
+# draft-simple: a smaller model of the target's vocabulary (any GGUF that is not one of the
+# drafter kinds above) drafts autoregressively, loaded as a second target (draft_simple.py)
+SIMPLE = "draft-simple"
+# draft-simple's defaults: llama.cpp's common_params_speculative_draft (common/common.h)
+DEFAULT_SIMPLE_N_MAX = 3
+DEFAULT_SIMPLE_N_MIN = 0
+DEFAULT_SIMPLE_P_MIN = 0.0
+
+
+@dataclass(frozen=True)
+class SimpleSetup:
+    """What draft-simple loads and how it drafts (draft_simple.py): the small model's
+    GGUF, its TargetConfig (n_seq as the target's), n_max / n_min / p_min as llama.cpp's
+    --spec-draft-*, and whether a step verifies a tree (the chain and the drafter's
+    second choices beside it)."""
+
+    path: str
+    config: TargetConfig
+    n_max: int = DEFAULT_SIMPLE_N_MAX
+    n_min: int = DEFAULT_SIMPLE_N_MIN
+    p_min: float = DEFAULT_SIMPLE_P_MIN
+    tree: bool = False
+
+    @property
+    def lookahead(self) -> int:
+        """Rows a step verifies at most: the bonus and its drafts (and their siblings)."""
+        return 1 + self.n_max * (2 if self.tree else 1)
+
+
 # drafters whose block is their drafts per step (one pass each), not a trained block size
 AUTOREGRESSIVE = ("mtp", "eagle3")
 # the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
@@ -163,6 +192,8 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             file_kind = _gguf_arch_and_keys(draft)[2]
         except ConfigError:
             file_kind = None  # the drafter's loader says what is wrong with the file
+        if file_kind is not None and file_kind not in FILE_KIND_NAMES:
+            return (SIMPLE,)  # a model GGUF (a target architecture): it drafts as a small model
         return (next((k for k, v in FILE_KINDS.items() if v == file_kind), "draft-dflash"),)
     kinds = parse_spec_types(spec_type)
     drafters = [k for k in kinds if k in DRAFTER_KINDS]
@@ -180,6 +211,17 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             if arch not in MTP_ARCHS:
                 raise ConfigError("spec_type", f"draft-mtp: the MTP layers of {arch} models are not run by this build "
                                                f"(only {', '.join(MTP_ARCHS)})")
+    if SIMPLE in kinds:
+        if not draft:
+            raise ConfigError("spec_type", f"{SIMPLE} needs the small model that drafts (-md)")
+        if len(kinds) > 1:
+            raise ConfigError("spec_type", f"{SIMPLE} drafts alone: leave out {','.join(k for k in kinds if k != SIMPLE)}")
+        file_kind = _gguf_arch_and_keys(draft)[2]
+        if file_kind in FILE_KIND_NAMES:
+            flag = {v: k for k, v in FILE_KINDS.items()}[file_kind]
+            raise ConfigError("spec_type", f"{SIMPLE}: -md {draft} is {FILE_KIND_NAMES[file_kind]} (--spec-type "
+                                           f"{flag}), not a model that drafts on its own")
+        return kinds
     wanted = [k for k in kinds if k in FILE_KINDS]
     for kind in wanted:
         if not draft:
@@ -189,7 +231,7 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
         flag = {v: k for k, v in FILE_KINDS.items()}.get(file_kind)
         what = f"{FILE_KIND_NAMES[file_kind]} (--spec-type {flag})" if flag else f"a {arch} GGUF"
         raise ConfigError("spec_type", f"-md {draft} is {what}, and --spec-type {','.join(kinds)} "
-                                       f"loads no drafter file; drop -md or add {flag or 'draft-dflash'}")
+                                       f"loads no drafter file; drop -md or add {flag or SIMPLE}")
     if draft:
         arch, n_nextn, file_kind = _gguf_arch_and_keys(draft)
         kind = wanted[0]
@@ -198,7 +240,8 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
                 flag = {v: k for k, v in FILE_KINDS.items()}[file_kind]
                 raise ConfigError("spec_type", f"{kind}: -md {draft} is {FILE_KIND_NAMES[file_kind]}, not "
                                                f"{FILE_KIND_NAMES[FILE_KINDS[kind]]} (--spec-type {flag})")
-            hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else ""
+            hint = " (--spec-type draft-mtp drafts with the MTP layer of -m itself)" if n_nextn else \
+                f" (--spec-type {SIMPLE} drafts with a small model)"
             raise ConfigError("spec_type", f"{kind}: -md {draft} is a {arch} GGUF, not "
                                            f"{FILE_KIND_NAMES[FILE_KINDS[kind]]}{hint}")
     return kinds
@@ -259,6 +302,7 @@ class EngineSetup:
     ngram: NgramConfig = NgramConfig()
     spec_draft_conf_min: float = 0.0  # DSpark's confidence cut of the chain (0: none)
     draft_path: Optional[str] = None  # the drafter's GGUF: -md's, or the model's own for draft-mtp
+    simple: Optional[SimpleSetup] = None  # draft-simple's small model and settings (draft_path is then None)
 
     @property
     def n_seq(self) -> int:
@@ -276,7 +320,8 @@ class EngineSetup:
            spec_ngram_mod_n_match: int = 24, spec_ngram_mod_n_min: int = 48, rope_scaling: Optional[str] = None,
            rope_scale: float = 0.0, yarn_orig_ctx: int = 0, override_tensor=(), cpu_moe: bool = False,
            n_cpu_moe: int = 0, override_tensor_draft=(), cpu_moe_draft: bool = False,
-           n_cpu_moe_draft: int = 0) -> "EngineSetup":
+           n_cpu_moe_draft: int = 0, spec_draft_n_min: int = 0, n_ctx_draft: int = 0,
+           n_gpu_layers_draft: int = -1) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -295,7 +340,8 @@ class EngineSetup:
                             _count("spec_ngram_mod_n_match", spec_ngram_mod_n_match, 1, what="the n-gram size"),
                             _count("spec_ngram_mod_n_min", spec_ngram_mod_n_min, 1, what="the shortest draft"))
         ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
-        draft_path = model if "draft-mtp" in kinds else draft
+        simple = SIMPLE in kinds
+        draft_path = model if "draft-mtp" in kinds else (None if simple else draft)
         meta = read_draft_metadata(draft_path) if draft_path else None
         if spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
             raise ConfigError("spec_draft_conf_min", "draft conf-min cuts a DSpark drafter's chain by its confidence "
@@ -340,6 +386,14 @@ class EngineSetup:
                                        cpu_moe_draft, "n_cpu_moe_draft", n_cpu_moe_draft, device)
         n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
         n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds else 1)
+        simple_setup = None
+        if simple:
+            simple_setup = _simple_setup(draft, tree_budget, spec_draft_n_max, spec_draft_n_min, draft_p_min,
+                                         TargetConfig(n_ctx=n_ctx_draft or n_ctx, n_ubatch=n_ubatch,
+                                                      n_threads=n_threads, kv_type=kv_type, kv_type_v=kv_type_v,
+                                                      device=device, repack=repack, n_gpu_layers=n_gpu_layers_draft,
+                                                      n_seq=n_seq, tensor_overrides=draft_rules))
+            n_verify = max(n_verify, simple_setup.lookahead)
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
@@ -354,7 +408,28 @@ class EngineSetup:
                                        block_size=block if meta["kind"] in AUTOREGRESSIVE else 0,
                                        tensor_overrides=draft_rules)
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
-                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path)
+                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path, simple_setup)
+
+
+def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: Optional[float],
+                  config: TargetConfig) -> SimpleSetup:
+    """draft-simple's settings, checked: llama.cpp's defaults where left out (n_max 3,
+    n_min 0, p_min 0); a --tree-budget (a number: auto has no cost model for a second
+    model) verifies the chain with the second choices beside it."""
+    if tree_budget == "auto":
+        raise ConfigError("tree_budget", f"{SIMPLE} verifies its chain, or with a number as --tree-budget the chain "
+                                         "and the drafter's second choices beside it; 'auto' is not supported")
+    n_max = DEFAULT_SIMPLE_N_MAX if n_max is None else n_max
+    _count("spec_draft_n_min", n_min, 0, what="the shortest draft")
+    _count("n_ctx_draft", config.n_ctx, 1, what="the drafter's context size")
+    _count("n_gpu_layers_draft", config.n_gpu_layers, -1, what="the drafter's layers on the device")
+    if tree_budget is not None and 1 + 2 * n_max > 64:
+        raise ConfigError("spec_draft_n_max", f"{SIMPLE}'s tree has up to 1 + 2 x n-max nodes, at most 64: "
+                                              f"n-max {n_max} is too long for a tree")
+    # the drafter verifies its drafts but the last as a chain
+    config = replace(config, n_verify=max(n_max, 2))
+    return SimpleSetup(draft, config, n_max, n_min, DEFAULT_SIMPLE_P_MIN if p_min is None else float(p_min),
+                       tree=tree_budget is not None)
 
 
 def check_constraint(grammar: Optional[str] = None, json_schema=None):

@@ -11,6 +11,7 @@ from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
+from .draft_simple import SimpleDraft, SimpleProposer
 from .generate import GenerationStats, Placement, Request, check_request, collect
 from .memory import refusal, settle
 from .ngram import ngram_sources
@@ -114,6 +115,9 @@ class Engine:
         try:
             self.tokenizer = Tokenizer(model)
             self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
+            # draft-simple: a second model of the target's kind, with its own memory (draft_simple.py)
+            self.simple_draft = SimpleDraft(setup.simple.path, setup.simple.config, self.target) \
+                if setup.simple else None
             if setup.spec_draft_conf_min > 0 and not self.draft.has_confidence:
                 self.draft.close()
                 raise ConfigError("spec_draft_conf_min", f"{setup.draft_path} has no confidence head: leave "
@@ -143,6 +147,9 @@ class Engine:
     def close(self) -> None:
         if self.checkpoints is not None:
             self.checkpoints.clear()
+        if self.simple_draft is not None:
+            self.simple_draft.close()
+            self.simple_draft = None
         if self.draft is not None:
             self.draft.close()
             self.draft = None
@@ -206,6 +213,8 @@ class Engine:
             lookahead = self.tree_budget + 1 if self.tree_budget else (self.block_size or self.draft.block_size)
         if speculative and self.setup.ngram_kinds:
             lookahead = max(lookahead, self.setup.spec_draft_n_max + 1)
+        if speculative and self.simple_draft is not None:
+            lookahead = self.setup.simple.lookahead
         check_request(self.target, tokens, max_tokens, lookahead, context_full)
         return tokens
 
@@ -270,6 +279,9 @@ class Engine:
                                          sources, self.setup.spec_draft_n_max)
             else:
                 proposer = NgramProposer(sources, self.setup.spec_draft_n_max)
+        elif speculative and self.simple_draft is not None:
+            simple = self.setup.simple
+            proposer = SimpleProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree)
         elif not use_draft:
             proposer = PlainProposer()
         elif self.tree_budget:

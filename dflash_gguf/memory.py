@@ -106,6 +106,27 @@ def plan_memory(model: str, draft: Optional[str], target_config: TargetConfig,
     return MemoryPlan(devices)
 
 
+# where a draft-simple drafter's needs go in the plan: it is planned as the model it is (a
+# target), its parts counted as the drafter's
+SIMPLE_PARTS = {"target_weights": "draft_weights", "kv_cache": "draft_cache", "recurrent_state": "draft_cache",
+                "verify_scratch": "draft_cache", "target_compute": "draft_compute"}
+
+
+def plan_setup(model: str, setup: EngineSetup) -> MemoryPlan:
+    """The plan of an EngineSetup: its target and drafter, a draft-simple drafter's needs
+    added to its device's as the drafter's parts."""
+    plan = plan_memory(model, setup.draft_path, setup.target_config, setup.draft_config)
+    if setup.simple is not None:
+        small = plan_memory(setup.simple.path, None, setup.simple.config)
+        for d in small.devices:
+            into = next((p for p in plan.devices if p.name == d.name), None)
+            if into is None:
+                plan.devices.append(into := DevicePlan(d.name, d.free, d.total, {k: 0 for k in PARTS}))
+            for part, as_part in SIMPLE_PARTS.items():
+                into.parts[as_part] += d.parts[part]
+    return plan
+
+
 def what_fits(model: str, draft: Optional[str], target_config: TargetConfig, draft_config: Optional[DraftConfig],
               plan: MemoryPlan, limit: Optional[int], check_free: bool = True) -> List[str]:
     """Single changes to the configuration that would fit: a quantized KV cache, a
@@ -199,7 +220,7 @@ def settle(model: str, draft: Optional[str], options: dict, limit_mib: Optional[
     for kv in kvs:
         for window in windows:
             setup = EngineSetup.of(model, draft, **{**options, "kv_type": kv, "draft_window": window})
-            plan = plan_memory(model, setup.draft_path, setup.target_config, setup.draft_config)
+            plan = plan_setup(model, setup)
             over = plan.over(limit)
             if not over:
                 return setup, plan, []

@@ -1,0 +1,303 @@
+"""draft-simple (llama.cpp's `--spec-type draft-simple`): a smaller model of the target's
+vocabulary (Qwen2.5-Coder-0.5B for the 1.5B, Qwen3-0.6B for the 32B) drafts
+autoregressively, each draft its greedy choice given the ones before it.
+
+The drafter is a second target-kind model (target.Target: any architecture the runtime
+loads as a target) with its own memory, one slot per target slot. It reads nothing from
+the target: its context is the sequence's committed tokens, which it takes by itself
+before each draft (SimpleDraft.draft), so the target's memory is never touched here.
+
+A step drafts up to n_max tokens (llama.cpp's defaults: n_max 3, n_min 0, p_min 0), each
+the drafter's top choice; drafting stops before a draft whose probability is below
+p_min, where the probability is llama.cpp's: its draft sampler keeps the top 10 and
+takes the top choice's share of their softmax (common/speculative.cpp). A chain shorter
+than n_min is dropped (the step decodes the bonus alone).
+
+How the drafter's memory keeps in step, for every architecture, recurrent ones too:
+the committed tokens it lacks (the last step's accepted drafts it has not kept, the
+bonus) go in as a decode, which commits them, and the first draft comes from its last
+row; every later draft i comes from a chain verify of drafts 1..i-1 (dfl_target_step's
+DFL_STEP_CHAIN), which commits nothing; each verify but the last is dropped (commit of
+0), the last waits for the next step, which commits as many of its drafts as the target
+accepted (the chain commit is the runtime's exact rollback, recurrent state included).
+The verifies cost 1 + 2 + ... + (n_max - 1) rows where a decode per draft would cost
+n_max - 1 -- nothing at llama.cpp's default n_max 3 -- and keep the number of drafter
+graphs per step at one per draft.
+
+Tree form (SimpleProposer with tree=True): the chain and, at each depth, the drafter's
+second choice as a leaf beside the chain's node; every node's token is the drafter's
+choice given exactly its own path, so no drafter call is spent off the chain."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._native import ffi, lib
+from .ddtree import DraftTree, accept_path
+from .proposers import Proposer, _accept_chain, _draft_room, _verify_chain
+from .target import CHAIN, DECODE, LOGITS_LAST, TREE as TREE_ROWS, Rows, Target, TargetConfig
+
+# llama.cpp's draft sampler keeps the top 10 before its softmax: p-min compares the top
+# choice's share of those
+P_MIN_TOP_K = 10
+# llama.cpp's common_speculative_are_compatible: the vocabularies' sizes may differ by
+# this much, and token texts are compared from this id on
+VOCAB_MAX_SIZE_DIFFERENCE = 128
+VOCAB_CHECK_START_TOKEN_ID = 5
+
+
+# ---- the vocabulary check ------------------------------------------------------------------
+
+def _vocab(path: str) -> dict:
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is one line
+        raise ValueError(f"cannot read {path} as a GGUF: {e}") from None
+
+    def field(name, default=None):
+        f = reader.fields.get(name)
+        return default if f is None else f.contents()
+
+    return {"model": field("tokenizer.ggml.model"), "tokens": field("tokenizer.ggml.tokens"),
+            "add_bos": bool(field("tokenizer.ggml.add_bos_token", False)),
+            "add_eos": bool(field("tokenizer.ggml.add_eos_token", False)),
+            "bos": field("tokenizer.ggml.bos_token_id"), "eos": field("tokenizer.ggml.eos_token_id"),
+            "arch": field("general.architecture")}
+
+
+def vocab_difference(target_path: str, draft_path: str) -> Optional[str]:
+    """Why the drafter's vocabulary cannot draft for the target's (the first difference,
+    in llama.cpp's order of checks: tokenizer kind, BOS and EOS where added, sizes more
+    than VOCAB_MAX_SIZE_DIFFERENCE apart, a token's text from VOCAB_CHECK_START_TOKEN_ID
+    on), or None when it can."""
+    from .draft import tokenizer_fingerprint
+
+    if tokenizer_fingerprint(target_path) == tokenizer_fingerprint(draft_path):
+        return None  # the same tokens, merges and special ids: no need to read them
+    t, d = _vocab(target_path), _vocab(draft_path)
+    if t["tokens"] is None or d["tokens"] is None:
+        return f"{target_path if t['tokens'] is None else draft_path} has no vocabulary (tokenizer.ggml.tokens)"
+    if t["model"] != d["model"]:
+        return f"the tokenizer kinds differ: the target's is {t['model']!r}, the drafter's {d['model']!r}"
+    for which in ("bos", "eos"):
+        add = f"add_{which}"
+        if t[add] != d[add] or (t[add] and t[which] != d[which]):
+            return (f"the {which.upper()} tokens differ: the target adds {t[which] if t[add] else 'none'}, "
+                    f"the drafter {d[which] if d[add] else 'none'}")
+    nt, nd = len(t["tokens"]), len(d["tokens"])
+    if abs(nt - nd) > VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"the vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE}: the target has {nt} " \
+               f"tokens, the drafter {nd}"
+    for i in range(VOCAB_CHECK_START_TOKEN_ID, min(nt, nd)):
+        if t["tokens"][i] != d["tokens"][i]:
+            return f"token {i} differs: the target's is {t['tokens'][i]!r}, the drafter's {d['tokens'][i]!r}"
+    return None
+
+
+def check_vocab(target_path: str, draft_path: str) -> None:
+    """ValueError naming the first difference when the drafter cannot draft for the target."""
+    why = vocab_difference(target_path, draft_path)
+    if why is not None:
+        raise ValueError(f"draft-simple: the drafter {draft_path} does not share the vocabulary of the target "
+                         f"{target_path}: {why}")
+
+
+# ---- the drafter -------------------------------------------------------------------------
+
+class SimpleDraft:
+    """The drafter model and what each of its slots holds: `held[slot]` the committed
+    tokens (None: unknown, the slot is started afresh at its next use), `pending[slot]`
+    the drafts of its last chain verify, waiting for the commit that keeps as many as the
+    target accepted."""
+
+    def __init__(self, path: str, config: TargetConfig, target: Target):
+        check_vocab(target.path, path)
+        self.model = Target(path, config)
+        if self.model.n_vocab < target.n_vocab:
+            n = self.model.n_vocab
+            self.model.close()
+            raise ValueError(f"draft-simple: the drafter {path} has {n} token embeddings, fewer than the "
+                             f"target's {target.n_vocab}: it cannot read every token the target commits")
+        self.path = str(path)
+        self.n_vocab = target.n_vocab  # drafts past the target's vocabulary are never proposed
+        n = self.model.n_seq
+        self.held: List[Optional[List[int]]] = [[] for _ in range(n)]
+        self.pending: List[Optional[List[int]]] = [None] * n
+        self.ranked = [False] * n  # the slot's sampling ranks P_MIN_TOP_K candidates (else: the argmax)
+
+    def close(self) -> None:
+        self.model.close()
+
+    def reset(self) -> None:
+        self.model.reset()
+        self.held = [[] for _ in self.held]
+        self.pending = [None] * len(self.pending)
+
+    # -- one slot -----------------------------------------------------------------------
+    def _settle(self, slot: int, context: Sequence[int]) -> List[int]:
+        """Commit the slot's pending verify as far as `context` (the committed tokens)
+        agrees with it; a slot that does not hold a prefix of the context starts afresh.
+        Returns what it holds."""
+        model, held, pending = self.model, self.held[slot], self.pending[slot]
+        if held is not None and pending is not None:
+            base = len(held)
+            k = 0
+            while k < len(pending) and base + k < len(context) and pending[k] == context[base + k]:
+                k += 1
+            model.commit(k, seq=slot)
+            held = held + pending[:k]
+        self.pending[slot] = None
+        if held is None or len(held) > len(context) or list(context[:len(held)]) != held:
+            model.seq_reset(slot)
+            held = []
+        self.held[slot] = held
+        return held
+
+    def _rank(self, slot: int, ranked: bool) -> None:
+        if self.ranked[slot] == ranked:
+            return
+        s = ffi.new("dfl_sampling *")
+        lib.dfl_sampling_default(s)
+        if ranked:  # llama.cpp's draft sampler: top-k 10, softmax at temperature 1
+            s.temperature, s.top_k = 1.0, P_MIN_TOP_K
+        self.model.set_sampling(s, seq=slot)
+        self.ranked[slot] = ranked
+
+    def _top(self, slot: int, row: int, ranked: bool) -> Tuple[List[int], List[float]]:
+        """The last call's row: its top choices (the best first; two when ranked) and
+        their shares of the top P_MIN_TOP_K's softmax (ranked), else the argmax alone
+        (share 1)."""
+        if not ranked:
+            return [int(self.model.choices(row, 1)[0])], [1.0]
+        toks, probs = self.model.candidates(row, 1, P_MIN_TOP_K)
+        return [int(t) for t in toks[0, :2]], [float(p) for p in probs[0, :2]]
+
+    def _uniforms(self, slot: int, ranked: bool, n: int) -> None:
+        if ranked:  # the draw is not used (the top choice is): any uniforms do
+            self.model.set_uniforms(np.zeros(n, dtype=np.float32), seq=slot)
+
+    def draft(self, slot: int, context: Sequence[int], bonus: int, n_max: int, p_min: float = 0.0,
+              siblings: bool = False) -> Tuple[List[int], List[Optional[int]]]:
+        """Up to n_max drafts after `bonus` for the sequence in `slot` whose committed
+        tokens are `context` (the bonus not among them): each the drafter's top choice
+        given the ones before, stopping before one whose share is below p_min. With
+        siblings, also each position's second choice (None where there is none).
+        n_max 0: nothing (no drafter graph)."""
+        if n_max < 1:
+            return [], []  # nothing to draft: the drafter takes the tokens it lacks at its next draft
+        ranked = siblings or p_min > 0
+        try:
+            self._rank(slot, ranked)
+            held = self._settle(slot, context)
+            feed = list(context[len(held):]) + [int(bonus)]
+            model = self.model
+            ub = model.n_ubatch
+            for start in range(0, len(feed), ub):
+                chunk = feed[start:start + ub]
+                last = start + len(chunk) == len(feed)
+                if last:
+                    self._uniforms(slot, ranked, 1)
+                model.step([Rows(slot, DECODE, chunk, logits=LOGITS_LAST if last else 0)])
+            self.held[slot] = held + feed
+            drafts: List[int] = []
+            seconds: List[Optional[int]] = []
+            top, share = self._top(slot, 0, ranked)
+            while True:
+                if share[0] < p_min or top[0] >= self.n_vocab:
+                    break
+                drafts.append(top[0])
+                second = top[1] if len(top) > 1 and top[1] < self.n_vocab else None
+                seconds.append(second)
+                if len(drafts) >= n_max:
+                    break
+                if self.pending[slot] is not None:
+                    model.commit(0, seq=slot)
+                    self.pending[slot] = None
+                self._uniforms(slot, ranked, len(drafts))
+                model.step([Rows(slot, CHAIN, list(drafts))])
+                self.pending[slot] = list(drafts)
+                top, share = self._top(slot, len(drafts) - 1, ranked)
+            return drafts, seconds
+        except BaseException:
+            self.held[slot], self.pending[slot] = None, None  # started afresh at its next use
+            raise
+
+
+# ---- the proposer --------------------------------------------------------------------------
+
+def sibling_tree(bonus: int, drafts: Sequence[int], seconds: Sequence[Optional[int]]) -> DraftTree:
+    """The chain of drafts below the bonus and, at each depth, the second choice as a
+    leaf beside the chain's node (the same parent); nodes by depth, the chain's first."""
+    tokens, parents, depths = [int(bonus)], [-1], [0]
+    chain_node = 0
+    for depth, (d, s) in enumerate(zip(drafts, seconds), start=1):
+        parent = chain_node
+        chain_node = len(tokens)
+        tokens.append(int(d))
+        parents.append(parent)
+        depths.append(depth)
+        if s is not None and s != d:
+            tokens.append(int(s))
+            parents.append(parent)
+            depths.append(depth)
+    n = len(tokens)
+    return DraftTree(tokens, parents, depths, [0.0] * n, list(range(1, n)))
+
+
+class SimpleProposer(Proposer):
+    """Each step verifies the bonus and the small model's drafts (SimpleDraft.draft): a
+    chain, or with `tree` the chain and the second choices beside it, padded to one size
+    so that the target's verify graph is reused. Sampled, every verified row's token is
+    the target's draw and the walk goes on while it is a child: exact for drafts fixed in
+    advance (the drafter's own choices here)."""
+
+    drafted_samples = False
+    stage = None
+
+    def __init__(self, draft: SimpleDraft, n_max: int, n_min: int = 0, p_min: float = 0.0, tree: bool = False):
+        self.draft = draft
+        self.n_max, self.n_min, self.p_min, self.tree = n_max, n_min, p_min, tree
+        self.lookahead = 1 + n_max * (2 if tree else 1)
+        self.context: Optional[List[int]] = None  # the sequence's committed tokens
+        self.block: List[int] = []
+        self.verified: Optional[DraftTree] = None  # the step's tree (None: a chain)
+
+    def plan(self, seq) -> int:
+        return 0
+
+    def rows(self, seq) -> Rows:
+        if self.context is None:
+            self.context = list(seq.prompt)
+        n = _draft_room(seq, self.n_max)
+        grammar = seq.sampler.grammar if seq.sampler.guided else None
+        drafts, seconds = self.draft.draft(seq.slot, self.context, seq.bonus, n, self.p_min,
+                                           siblings=self.tree and grammar is None)
+        if len(drafts) < self.n_min:
+            drafts, seconds = [], []
+        if grammar is not None and drafts:
+            drafts = grammar.draft_path(drafts)  # cut before the first draft the grammar rejects
+        self.block = [seq.bonus] + list(drafts)
+        self.verified = None
+        seq.stats.tree_sizes.append(len(drafts))
+        if self.tree and drafts and grammar is None:
+            tree = sibling_tree(seq.bonus, drafts, seconds)
+            if len(tree) > len(self.block):
+                self.verified = tree = tree.padded_to(self.lookahead)
+                seq.sampler.prepare(seq.target, len(tree), tree.paths, seq=seq.slot)
+                return Rows(seq.slot, TREE_ROWS, tree.tokens, tree.parents)
+        return _verify_chain(seq, self.block)
+
+    def accept(self, seq, choice) -> List[int]:
+        tree = self.verified
+        if tree is None:
+            out = _accept_chain(seq, self.block, choice)
+        else:
+            path = accept_path(tree, choice)
+            seq.stage("verified")
+            seq.target.commit_path(path, seq=seq.slot)
+            out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
+        self.context += [seq.bonus] + out[:-1]
+        return out
