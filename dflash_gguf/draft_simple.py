@@ -186,6 +186,9 @@ class SimpleDraft:
         given the ones before, stopping before one whose share is below p_min. With
         siblings, also each position's second choice (None where there is none).
         n_max 0: nothing (no drafter graph)."""
+        # its context holds the committed tokens, the bonus and the drafts but the last (-cd
+        # may make it shorter than the target's: it stops drafting where it is full)
+        n_max = min(n_max, self.model.n_ctx - len(context))
         if n_max < 1:
             return [], []  # nothing to draft: the drafter takes the tokens it lacks at its next draft
         ranked = siblings or p_min > 0

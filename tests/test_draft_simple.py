@@ -1,0 +1,237 @@
+"""draft-simple (--spec-type draft-simple): a smaller model of the target's vocabulary
+drafts token by token. Pairs: a tiny seeded Qwen3 target with a smaller seeded Qwen3 of
+the same tokenizer (random: its drafts are rarely right), with its own q8_0 copy (mostly
+right) and with itself (always right); the demo target (qwen35, recurrent) drafting for
+itself. Oracles: the target's own decoding (greedy token for token; sampled, the
+distribution enumerated exactly, chi-square at 0.1%) and llama.cpp's draft-simple through
+llama-speculative-simple on the same GGUFs (its drafted and accepted counts)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dflash_gguf.config import ConfigError
+from dflash_gguf.draft_simple import SimpleDraft, vocab_difference
+from dflash_gguf.engine import Engine
+from dflash_gguf.generate import Request
+from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.target import LOGITS_NONE, Target, TargetConfig
+
+DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
+DEMO = str(DATA / "demo-target.gguf")
+DEMO_DRAFT = str(DATA / "demo-draft.gguf")
+RUN = str(Path(sys.executable).with_name("dflash-run"))
+OPTIONS = dict(n_ctx=512, kv_type="f32", n_threads=1)
+SMALL = dict(hidden=64, layers=2, heads=2, kv_heads=1, head_dim=32, ffn=128)
+TEXTS = ["def quicksort(xs):\n    if len(xs) < 2:\n", "import os\n\n\ndef main():\n"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, convert_model):
+    from fixtures import make_qwen3, make_tokenizer
+
+    root = tmp_path_factory.mktemp("draft_simple")
+    target_dir = make_qwen3(root / "target", seed=1)
+    # the same shapes, its tokenizer trained to fewer tokens: its special tokens sit where
+    # the target has trained ones
+    other = make_qwen3(root / "other", seed=2, **SMALL)
+    make_tokenizer(other, vocab_size=1000, regex="qwen2")
+    return {
+        "target": str(convert_model(target_dir, "f32")),
+        "small": str(convert_model(make_qwen3(root / "small", seed=2, **SMALL), "f32")),
+        "q8": str(convert_model(target_dir, "q8_0")),
+        "other": str(convert_model(other, "f32")),
+        "bigger": str(convert_model(make_qwen3(root / "bigger", seed=2, vocab_size=1200, **SMALL), "f32")),
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(files):
+    with Engine(files["target"], **OPTIONS) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("drafter", ["small", "q8", "target"])
+@pytest.mark.parametrize("tree", [False, True])
+def test_greedy_output_equals_plain_greedy(files, plain, drafter, tree):
+    """Chain and tree (the chain with the second choices beside it) keep plain greedy
+    output token for token, also when a request continues the context; the target
+    drafting for itself is always right."""
+    n_max = 4
+    want = [plain.generate(t, 40, stop_tokens=()).tokens for t in TEXTS]
+    with Engine(files["target"], files[drafter], spec_draft_n_max=n_max, tree_budget=8 if tree else None,
+                **OPTIONS) as engine:
+        assert engine.setup.simple is not None and engine.setup.simple.tree == tree  # auto-detected kind
+        got = [engine.generate(t, 40, stop_tokens=()) for t in TEXTS]
+        assert [g.tokens for g in got] == want
+        longer = engine.encode(TEXTS[1]) + got[1].tokens
+        again = engine.generate(longer, 20, stop_tokens=())
+        assert again.stats.reused_tokens == len(longer) - 1
+    assert again.tokens == plain.generate(longer, 20, stop_tokens=()).tokens
+    lengths = [n for g in got for n in g.stats.accepted_lengths]
+    if drafter == "target":
+        for g in got:  # every draft right; the last step is cut by max_tokens
+            assert set(g.stats.accepted_lengths[:-1]) == {n_max + 1}, g.stats.accepted_lengths
+    elif drafter == "q8":
+        assert sum(lengths) / len(lengths) > 2, lengths
+
+
+def test_p_min_and_n_min_cut_the_chain(files, plain):
+    """p-min stops drafting before a draft the drafter gives less than p-min (of its top
+    10's mass, as llama.cpp counts it); n-min drops a shorter chain."""
+    want = plain.generate(TEXTS[0], 30, stop_tokens=()).tokens
+    sizes = {}
+    for p_min, n_min in ((0.0, 0), (0.3, 0), (0.3, 2)):
+        with Engine(files["target"], files["small"], spec_type="draft-simple", spec_draft_n_max=4,
+                    draft_p_min=p_min, spec_draft_n_min=n_min, **OPTIONS) as engine:
+            got = engine.generate(TEXTS[0], 30, stop_tokens=())
+        assert got.tokens == want
+        sizes[p_min, n_min] = got.stats.tree_sizes  # drafts verified per step
+    assert set(sizes[0.0, 0][:-4]) == {4}  # whole chains (the last steps: what max_tokens leaves)
+    assert {1, 2} <= set(sizes[0.3, 0]) and max(sizes[0.3, 0]) < 4
+    assert 2 in sizes[0.3, 2] and 1 not in sizes[0.3, 2]
+
+
+# ---- llama.cpp's draft-simple ---------------------------------------------------------------
+
+def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, n_ctx=512):
+    """llama-speculative-simple's loop with our target and SimpleDraft: its counts."""
+    from dflash_gguf.tokenizer import Tokenizer
+    from speculative_simple import speculative_simple_loop
+
+    tok = Tokenizer(files["target"])
+    tokens = tok.encode(text)
+    target = Target(files["target"], TargetConfig(n_ctx=n_ctx, n_verify=n_max + 1, n_threads=1))
+    small = SimpleDraft(files[drafter], TargetConfig(n_ctx=n_ctx, n_verify=max(n_max, 2), n_threads=1), target)
+    target.prefill(tokens[:-1], LOGITS_NONE)
+    context = list(tokens[:-1])
+
+    def draft_step(last, pending, room):
+        context.extend(pending)
+        return small.draft(0, context, last, n_max if room == 0 else min(n_max, room), p_min)[0]
+
+    try:
+        return speculative_simple_loop(target, draft_step, tokens, n_predict, n_ctx, tok.eog_ids)
+    finally:
+        small.close()
+        target.close()
+
+
+@pytest.mark.parametrize("drafter,p_min", [("small", 0.0), ("q8", 0.0), ("q8", 0.9), ("small", 0.5)])
+def test_drafted_and_accepted_counts_equal_llama_cpp(files, drafter, p_min):
+    """The same steps as llama.cpp's draft-simple on the same GGUFs draft the same tokens:
+    its drafted and accepted counts per prompt, with the whole chain and with p-min
+    cutting it."""
+    from speculative_simple import llama_speculative_simple
+
+    drafted = accepted = 0
+    for text in TEXTS:
+        want = llama_speculative_simple(files["target"], text, 40, "draft-simple", 4, draft=files[drafter],
+                                        p_min=p_min)
+        got = our_draft_simple(files, drafter, text, 40, 4, p_min)
+        assert {k: got[k] for k in ("n_drafted", "n_accept", "n_predict")} == \
+            {k: want[k] for k in ("n_drafted", "n_accept", "n_predict")}, text
+        drafted, accepted = drafted + got["n_drafted"], accepted + got["n_accept"]
+    if drafter == "q8":
+        assert accepted > drafted / 2, (accepted, drafted)
+    if p_min > 0:
+        assert drafted < 4 * 40 / 2  # the cut drafted less than whole chains would
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+def test_a_vocabulary_mismatch_names_the_first_difference(files, tmp_path):
+    assert vocab_difference(files["target"], files["small"]) is None
+    why = vocab_difference(files["target"], files["other"])
+    assert why is not None and why.startswith("token 1000 differs") and "<|endoftext|>" in why, why
+    assert "sizes differ by more than 128" in vocab_difference(files["target"], files["bigger"])
+    with pytest.raises(ValueError, match=r"does not share the vocabulary .*: token \d+ differs"):
+        Engine(files["target"], files["other"], **OPTIONS)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all" * 10)
+    with pytest.raises(ValueError, match="GGUF"):
+        Engine(files["target"], str(junk), spec_type="draft-simple", **OPTIONS)
+    with pytest.raises(ConfigError, match="is a DFlash drafter .* not a model that drafts on its own"):
+        Engine(DEMO, DEMO_DRAFT, spec_type="draft-simple", **OPTIONS)
+    with pytest.raises(ConfigError, match="needs the small model that drafts"):
+        Engine(files["target"], spec_type="draft-simple", **OPTIONS)
+
+
+def run(*args):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([RUN, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_cli_drafts_with_a_small_model(files):
+    base = ["-m", files["target"], "-p", TEXTS[0], "-n", "30", "-c", "512", "-t", "1"]
+    plain_run = run(*base)
+    simple = run(*base, "-md", files["q8"], "--spec-type", "draft-simple", "--spec-draft-n-max", "5",
+                 "--spec-draft-p-min", "0.1", "--spec-draft-n-min", "1", "-cd", "256", "-ngld", "all")
+    assert plain_run.returncode == simple.returncode == 0, simple.stderr
+    assert plain_run.stdout == simple.stdout
+    assert "draft-simple chain" in simple.stderr and "accepted  mean" in simple.stderr
+    bad = run(*base, "-md", files["other"])
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "token" in bad.stderr, bad.stderr
+
+
+# ---- several sequences, a recurrent drafter, sampling ----------------------------------------
+
+def test_a_batch_gives_each_sequence_its_solo_text(files):
+    """-np: sequences drafting with one small model (a slot each), joining at different
+    rounds, each emit what they emit alone."""
+    texts = TEXTS + [TEXTS[0][10:], "x = 1\nx ="]
+    with Engine(files["target"], files["q8"], n_seq=4, spec_draft_n_max=3, **OPTIONS) as engine:
+        alone = [engine.generate(t, 24, stop_tokens=()).tokens for t in texts]
+        batch = engine.batch()
+        seqs = [engine.sequence(Request(engine.encode(t), 24, stop_tokens=()), slot=i) for i, t in enumerate(texts)]
+        outs = [[] for _ in texts]
+        rounds = 0
+        while rounds == 0 or len(batch):
+            if rounds < len(seqs):
+                batch.add(seqs[rounds])
+            for seq, new in batch.advance():
+                assert seq.error is None, seq.error
+                outs[seq.slot] += new
+            rounds += 1
+    assert outs == alone
+    assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
+
+
+def test_a_recurrent_drafter_keeps_in_step():
+    """The demo target (qwen35: Gated DeltaNet layers, whose state a chain commit rolls
+    back) drafting for itself: every draft right, chain and tree, output as plain."""
+    with Engine(DEMO, **OPTIONS) as plain_demo:
+        want = plain_demo.generate(TEXTS[0], 30, stop_tokens=()).tokens
+    for tree in (None, 8):
+        with Engine(DEMO, DEMO, spec_type="draft-simple", spec_draft_n_max=4, tree_budget=tree,
+                    **OPTIONS) as engine:
+            got = engine.generate(TEXTS[0], 30, stop_tokens=())
+        assert got.tokens == want
+        assert got.stats.accepted_lengths[:-1] == [5] * (len(got.stats.accepted_lengths) - 1)
+
+
+@pytest.mark.parametrize("tree", [None, 8])
+def test_sampled_output_keeps_the_targets_distribution(tree):
+    """The small model's drafts are fixed in advance: each verified row's token is the
+    target's draw, so the first three tokens are distributed as the target's sampling."""
+    from test_sampling import chi2_critical, chi2_stat, exact_joint
+
+    params, depth, n = SamplingParams(0.6, 20, 0.95), 3, 600
+    with Engine(DEMO, DEMO, spec_type="draft-simple", spec_draft_n_max=2, tree_budget=tree, **OPTIONS) as engine:
+        text = engine.tokenizer.encode("    def __init__(self, name):\n        self.name = name\n        self.",
+                                       add_bos=False)
+        exact = exact_joint(engine.target, text, params, depth)
+        counts, drafted = {}, 0
+        for seed in range(n):
+            out = engine.generate(text, depth, stop_tokens=(), sampling=replace(params, seed=seed))
+            counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+            drafted += sum(k > 1 for k in out.stats.accepted_lengths)
+    assert drafted > n / 4, "few drafts were kept: the test proves little"
+    stat, df = chi2_stat(counts, exact, n)
+    assert df >= 4, "too few cells for the test to say anything"
+    assert stat < chi2_critical(df), (stat, df)
