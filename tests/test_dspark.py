@@ -97,56 +97,34 @@ def test_the_markov_head_biases_the_backbones_logits(dspark, heads):
 def llama_draft_dspark(draft_path, text, n_predict, n_max, p_min):
     """llama-speculative-simple --spec-type draft-dspark, greedy: its counts (its p-min is
     DSpark's confidence cut)."""
-    from dflash_gguf import llama_cpp_tree
-    from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
-    from fixtures import missing_oracle
+    from speculative_simple import llama_speculative_simple
 
-    exe = llama_cpp_tree.tool("llama-speculative-simple")
-    if exe is None:
-        missing_oracle("llama-speculative-simple is not built (.venv/bin/python scripts/llama_cpp_build.py "
-                       "llama-speculative-simple)")
-    cmd = [str(exe), "-m", TARGET, "-md", draft_path, "-c", "512", "-n", str(n_predict), "-t", "1", "-tb", "1",
-           "--temp", "0", "--spec-type", "draft-dspark", "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0",
-           "--spec-draft-p-min", str(p_min), "-p", text]
-    _, r = run_parsed(cmd, parse_speculative, "rounds")
-    return r
+    return llama_speculative_simple(TARGET, text, n_predict, "draft-dspark", n_max, draft=draft_path, p_min=p_min)
 
 
 def our_draft_dspark(target, draft, tokens, n_predict, n_max, conf_min, eog):
-    """llama-speculative-simple's loop with our target and drafter: the prompt but its last
-    token prefilled, then every step drafts n_max after the last token, cut where the
-    confidence head falls below conf_min (and to what n_predict leaves), verifies them
-    with it and keeps the accepted. Its counts."""
+    """llama-speculative-simple's loop (speculative_simple_loop) with our target and
+    drafter: every step drafts n_max after the last token, cut where the confidence head
+    falls below conf_min. Its counts, and the drafts the confidence cut (n_cut)."""
     from dflash_gguf.proposers import confident_length
+    from speculative_simple import speculative_simple_loop
 
     target.reset()
     draft.reset()
     prefill(target, draft, tokens[:-1])
-    last, pending = tokens[-1], []
-    counts = {"n_drafted": 0, "n_accept": 0, "n_predict": 0, "n_cut": 0}
-    while True:
-        room = max(0, n_predict - counts["n_predict"] - 1)
+    n_cut = 0
+
+    def draft_step(last, pending, room):
+        nonlocal n_cut
         drafts = draft.propose(last, n_max + 1, tokens=pending)
         if conf_min > 0:
             kept = confident_length(draft.confidence(len(drafts)), conf_min)
-            counts["n_cut"] += len(drafts) - kept
+            n_cut += len(drafts) - kept
             drafts = drafts[:kept]
-        drafts = drafts[:room] if room > 0 else drafts
-        block = [last] + drafts
-        target.verify(block)
-        choice = target.choices(0, len(block))
-        n_acc = 0
-        while n_acc < len(drafts) and drafts[n_acc] == int(choice[n_acc]):
-            n_acc += 1
-        ids = drafts[:n_acc] + [int(choice[n_acc])]
-        target.commit(n_acc + 1)
-        pending = block[:n_acc + 1]
-        counts["n_drafted"] += len(drafts)
-        counts["n_accept"] += n_acc
-        counts["n_predict"] += len(ids)
-        last = ids[-1]
-        if counts["n_predict"] > n_predict or any(t in eog for t in ids):
-            return counts
+        return drafts
+
+    counts = speculative_simple_loop(target, draft_step, tokens, n_predict, 512, eog)
+    return {**counts, "n_cut": n_cut}
 
 
 @pytest.mark.parametrize("layout,conf_min", [("dflash", 0.0), ("dflash", 0.6), ("anchor", 0.0), ("anchor", 0.6)])

@@ -197,19 +197,9 @@ def test_drafts_and_logits_match_transformers(random_heads, head):
 
 def llama_draft_eagle3(text, n_predict, n_max, n_ctx):
     """llama-speculative-simple --spec-type draft-eagle3, greedy, p-min 0: its counts."""
-    from dflash_gguf import llama_cpp_tree
-    from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
-    from fixtures import missing_oracle
+    from speculative_simple import llama_speculative_simple
 
-    exe = llama_cpp_tree.tool("llama-speculative-simple")
-    if exe is None:
-        missing_oracle("llama-speculative-simple is not built (.venv/bin/python scripts/llama_cpp_build.py "
-                       "llama-speculative-simple)")
-    cmd = [str(exe), "-m", DEMO, "-md", EAGLE3, "-c", str(n_ctx), "-n", str(n_predict), "-t", "1", "-tb", "1",
-           "--temp", "0", "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0",
-           "--spec-draft-p-min", "0", "-p", text]
-    _, r = run_parsed(cmd, parse_speculative, "rounds")
-    return r
+    return llama_speculative_simple(DEMO, text, n_predict, "draft-eagle3", n_max, draft=EAGLE3, n_ctx=n_ctx)
 
 
 def test_drafted_and_accepted_counts_equal_llama_cpp():

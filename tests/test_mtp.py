@@ -150,52 +150,24 @@ def test_drafts_and_logits_match_the_layer_in_transformers(mtp_dir, mtp_gguf):
 
 def llama_draft_mtp(path, text, n_predict, n_max, n_ctx):
     """llama-speculative-simple --spec-type draft-mtp, greedy, p-min 0: its counts."""
-    from dflash_gguf import llama_cpp_tree
-    from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
-    from fixtures import missing_oracle
+    from speculative_simple import llama_speculative_simple
 
-    exe = llama_cpp_tree.tool("llama-speculative-simple")
-    if exe is None:
-        missing_oracle("llama-speculative-simple is not built (.venv/bin/python scripts/llama_cpp_build.py "
-                       "llama-speculative-simple)")
-    cmd = [str(exe), "-m", str(path), "-c", str(n_ctx), "-n", str(n_predict), "-t", "1", "-tb", "1", "--temp", "0",
-           "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0",
-           "--spec-draft-p-min", "0", "-p", text]
-    _, r = run_parsed(cmd, parse_speculative, "rounds")
+    r = llama_speculative_simple(path, text, n_predict, "draft-mtp", n_max, n_ctx=n_ctx)
     assert not r["checkpoints"], "llama.cpp verified with checkpoints: its steps are not one draft each"
     return r
 
 
 def our_draft_mtp(target, draft, tokens, n_predict, n_max, n_ctx, eog):
-    """llama-speculative-simple's loop with our target and MTP drafter: the prompt but its
-    last token prefilled, then every step drafts n_max after the last token (cut to what
-    the context and n_predict leave), verifies them with it and keeps the accepted; the
-    loop ends past n_predict tokens or at an end-of-generation token. Its counts."""
+    """llama-speculative-simple's loop (speculative_simple_loop) with our target and an
+    autoregressive drafter (MTP, EAGLE3): every step drafts n_max after the last token.
+    Its counts."""
+    from speculative_simple import speculative_simple_loop
+
     target.reset()
     draft.reset()
     prefill(target, draft, tokens[:-1])
-    last, n_past, pending = tokens[-1], len(tokens) - 1, []
-    counts = {"n_drafted": 0, "n_accept": 0, "n_predict": 0}
-    while True:
-        room = max(0, min(n_ctx - n_past - 2, n_predict - counts["n_predict"] - 1))
-        drafts = draft.propose(last, n_max + 1, tokens=pending)
-        drafts = drafts[:room] if room > 0 else drafts
-        block = [last] + drafts
-        target.verify(block)
-        choice = target.choices(0, len(block))
-        n_acc = 0
-        while n_acc < len(drafts) and drafts[n_acc] == int(choice[n_acc]):
-            n_acc += 1
-        ids = drafts[:n_acc] + [int(choice[n_acc])]
-        target.commit(n_acc + 1)
-        pending = block[:n_acc + 1]
-        counts["n_drafted"] += len(drafts)
-        counts["n_accept"] += n_acc
-        counts["n_predict"] += len(ids)
-        n_past += len(ids)
-        last = ids[-1]
-        if counts["n_predict"] > n_predict or any(t in eog for t in ids):
-            return counts
+    return speculative_simple_loop(target, lambda last, pending, room: draft.propose(last, n_max + 1, tokens=pending),
+                                   tokens, n_predict, n_ctx, eog)
 
 
 @pytest.mark.parametrize("which", ["trained", "random"])
