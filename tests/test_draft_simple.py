@@ -18,7 +18,6 @@ import pytest
 from dflash_gguf.config import ConfigError
 from dflash_gguf.draft_simple import SimpleDraft, vocab_difference
 from dflash_gguf.engine import Engine
-from dflash_gguf.generate import Request
 from dflash_gguf.sampling import SamplingParams
 from dflash_gguf.target import LOGITS_NONE, Target, TargetConfig
 
@@ -185,19 +184,10 @@ def test_a_batch_gives_each_sequence_its_solo_text(files):
     """-np: sequences drafting with one small model (a slot each), joining at different
     rounds, each emit what they emit alone."""
     texts = TEXTS + [TEXTS[0][10:], "x = 1\nx ="]
+    from test_ngram import solo_and_batched
+
     with Engine(files["target"], files["q8"], n_seq=4, spec_draft_n_max=3, **OPTIONS) as engine:
-        alone = [engine.generate(t, 24, stop_tokens=()).tokens for t in texts]
-        batch = engine.batch()
-        seqs = [engine.sequence(Request(engine.encode(t), 24, stop_tokens=()), slot=i) for i, t in enumerate(texts)]
-        outs = [[] for _ in texts]
-        rounds = 0
-        while rounds == 0 or len(batch):
-            if rounds < len(seqs):
-                batch.add(seqs[rounds])
-            for seq, new in batch.advance():
-                assert seq.error is None, seq.error
-                outs[seq.slot] += new
-            rounds += 1
+        alone, outs, seqs = solo_and_batched(engine, texts, 24)
     assert outs == alone
     assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
 

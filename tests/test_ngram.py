@@ -118,20 +118,27 @@ def test_a_batch_gives_each_sequence_its_solo_text(draft, spec_type):
     different rounds, each emit what they emit alone."""
     texts = [REPEATS, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n", REPEATS[20:], "x = 1\nx = 1\nx ="]
     with Engine(TARGET, draft, spec_type=spec_type, n_seq=4, **NGRAM, **OPTIONS) as engine:
-        alone = [engine.generate(t, 30, stop_tokens=()).tokens for t in texts]
-        batch = engine.batch()
-        seqs = [engine.sequence(Request(engine.encode(t), 30, stop_tokens=()), slot=i) for i, t in enumerate(texts)]
-        outs = [[] for _ in texts]
-        rounds = 0
-        while rounds == 0 or len(batch):
-            if rounds < len(seqs):
-                batch.add(seqs[rounds])  # one joins per round
-            for seq, new in batch.advance():
-                assert seq.error is None, seq.error
-                outs[seq.slot] += new
-            rounds += 1
+        alone, outs, seqs = solo_and_batched(engine, texts, 30)
     assert outs == alone
     assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
+
+
+def solo_and_batched(engine, texts, n):
+    """Each text's n greedy tokens generated alone, then in one batch (a slot each, one
+    joining per round): (alone, batched, the batch's sequences)."""
+    alone = [engine.generate(t, n, stop_tokens=()).tokens for t in texts]
+    batch = engine.batch()
+    seqs = [engine.sequence(Request(engine.encode(t), n, stop_tokens=()), slot=i) for i, t in enumerate(texts)]
+    outs = [[] for _ in texts]
+    rounds = 0
+    while rounds == 0 or len(batch):
+        if rounds < len(seqs):
+            batch.add(seqs[rounds])  # one joins per round
+        for seq, new in batch.advance():
+            assert seq.error is None, seq.error
+            outs[seq.slot] += new
+        rounds += 1
+    return alone, outs, seqs
 
 
 def run(*args):
