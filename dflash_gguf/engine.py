@@ -87,10 +87,14 @@ class Engine:
         draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
         positions: see sequence()), spec_type (llama.cpp's --spec-type kinds, a comma list
         or a sequence: "draft-dflash", "draft-eagle3" (`draft` an EAGLE3 drafter),
-        "draft-mtp" (the MTP layer of `model` itself, no `draft`), "ngram-simple",
-        "ngram-mod"; None: the drafter's own kind, or plain decoding without one),
-        spec_draft_n_max (the n-gram kinds' longest draft, MTP's and EAGLE3's drafts per
-        step; the DFlash block when block_size is left out), spec_draft_conf_min,
+        "draft-mtp" (the MTP layer of `model` itself, no `draft`), "draft-simple" (`draft` a
+        smaller model of the target's vocabulary, drafting token by token: draft_simple.py),
+        "ngram-simple", "ngram-mod"; None: the drafter's own kind (draft-simple for a model
+        GGUF), or plain decoding without one),
+        spec_draft_n_max (the n-gram kinds' longest draft, MTP's, EAGLE3's and draft-simple's
+        drafts per step; the DFlash block when block_size is left out), spec_draft_n_min,
+        n_ctx_draft and n_gpu_layers_draft (draft-simple's shortest chain, its context (0: n_ctx)
+        and its layers on the device), spec_draft_conf_min,
         spec_ngram_simple_size_n, spec_ngram_mod_n_match, spec_ngram_mod_n_min;
         override_tensor ("PATTERN=DEVICE" strings or (pattern, device) pairs: weights
         whose GGUF name matches on that device, the first match deciding), cpu_moe and

@@ -296,7 +296,7 @@ class Server:
             "reasoning_format": d.reasoning_format,
             "bos_token": tok.bos_text, "eos_token": tok.eos_text,
             "modalities": {"vision": False, "audio": False},
-            "speculative": {"drafter": engine.draft is not None and d.speculative,
+            "speculative": {"drafter": (engine.draft is not None or engine.simple_draft is not None) and d.speculative,
                             "block_size": engine.block_size, "tree_budget": engine.tree_budget,
                             "auto_budget": engine.auto_budget},
         }
@@ -569,6 +569,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode = "plain" if engine.draft is None else (f"tree budget {args.tree_budget}" if engine.tree_budget else "chain")
     if engine.setup.ngram_kinds:
         mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
+    if engine.simple_draft is not None:
+        mode = "draft-simple " + ("tree" if engine.setup.simple.tree else "chain")
     on_device = engine.checkpoints.device_budget_bytes >> 20 if engine.checkpoints else 0
     slots = f"{engine.target.n_seq} slots of context {engine.target.n_ctx}" if engine.target.n_seq > 1 \
         else f"context {engine.target.n_ctx}"
