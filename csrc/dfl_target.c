@@ -538,6 +538,32 @@ DFL_API dfl_status dfl_target_seq_copy(dfl_target * t, int32_t src, int32_t dst)
     return DFL_OK;
 }
 
+DFL_API dfl_status dfl_target_seq_truncate(dfl_target * t, int32_t seq, int32_t n_past) {
+    TRY(check_seq(t, seq));
+    const dfl_seq * q = &t->mem.seq[seq];
+    if (!dfl_target_seq_settled(t, seq)) {
+        return dfl_fail(DFL_ERR_STATE, "sequence %d is between a verify and its commit: truncate it after a decode",
+                        seq);
+    }
+    if (t->m.n_recurrent > 0) {
+        return dfl_fail(DFL_ERR_STATE, "a recurrent state cannot go back to an earlier position: %s has %d "
+                        "recurrent layers", t->m.arch->name, t->m.n_recurrent);
+    }
+    if (n_past < 0 || n_past > q->n_past) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "cannot truncate sequence %d of %d positions to %d", seq, q->n_past, n_past);
+    }
+    /* a sliding layer's ring row holds the newest position written to it; the mask takes
+     * a row past the kept positions for the one R positions earlier, which the window must
+     * not reach: at most R - window positions can be dropped */
+    const int slack = t->mem.swa_window > 0 ? t->mem.swa_ring - t->mem.swa_window : t->mem.n_ctx;
+    if (t->mem.swa_ring < t->mem.n_ctx && q->n_past - n_past > slack) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "cannot drop %d positions of sequence %d: its sliding layers' rings keep %d "
+                        "past their window", q->n_past - n_past, seq, slack);
+    }
+    dfl_target_seq_restored(t, seq, n_past);
+    return DFL_OK;
+}
+
 DFL_API int32_t dfl_target_n_past(const dfl_target * t, int32_t seq) {
     return t && seq >= 0 && seq < t->mem.n_seq ? t->mem.seq[seq].n_past : -1;
 }

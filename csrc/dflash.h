@@ -203,6 +203,13 @@ dfl_status dfl_target_commit(dfl_target * target, int32_t seq, int32_t n_keep);
 /* Keep a root-to-node path path[0..n_keep) (path[0] = 0) of the sequence's last tree verify. */
 dfl_status dfl_target_commit_path(dfl_target * target, int32_t seq, const int32_t * path, int32_t n_keep);
 
+/* Forget the sequence's positions from n_past on (n_past <= its length): the next decode
+ * continues from position n_past as if the later ones had never been decoded. Only after a
+ * decode (no verify or commit pending), and only for attention memories: a model with
+ * recurrent layers is refused (its state cannot go back), and a sliding layer's ring
+ * keeps only a few positions past its window (more are refused). */
+dfl_status dfl_target_seq_truncate(dfl_target * target, int32_t seq, int32_t n_past);
+
 /* Positions the sequence holds (-1: no such sequence). */
 int32_t dfl_target_n_past(const dfl_target * target, int32_t seq);
 

@@ -13,16 +13,18 @@ p_min, where the probability is llama.cpp's: its draft sampler keeps the top 10 
 takes the top choice's share of their softmax (common/speculative.cpp). A chain shorter
 than n_min is dropped (the step decodes the bonus alone).
 
-How the drafter's memory keeps in step, for every architecture, recurrent ones too:
-the committed tokens it lacks (the last step's accepted drafts it has not kept, the
-bonus) go in as a decode, which commits them, and the first draft comes from its last
-row; every later draft i comes from a chain verify of drafts 1..i-1 (dfl_target_step's
-DFL_STEP_CHAIN), which commits nothing; each verify but the last is dropped (commit of
-0), the last waits for the next step, which commits as many of its drafts as the target
-accepted (the chain commit is the runtime's exact rollback, recurrent state included).
-The verifies cost 1 + 2 + ... + (n_max - 1) rows where a decode per draft would cost
-n_max - 1 -- nothing at llama.cpp's default n_max 3 -- and keep the number of drafter
-graphs per step at one per draft.
+How the drafter's memory keeps in step: the committed tokens it lacks (the last step's
+accepted drafts it has not kept, the bonus) go in as a decode, and the first draft comes
+from its last row. A model of attention layers only then decodes each draft in turn and,
+at the next step, forgets the positions of those the target rejected
+(dfl_target_seq_truncate), as llama.cpp's loop removes them. A model with recurrent layers
+cannot go back (neither can llama.cpp's, which keeps a checkpoint instead): there every
+later draft i comes from a chain verify of drafts 1..i-1 (DFL_STEP_CHAIN), which commits
+nothing; each verify but the last is dropped (commit of 0), the last waits for the next
+step, which commits as many of its drafts as the target accepted -- the chain commit is
+the runtime's exact rollback of the recurrent state. Those verifies cost 1 + 2 + ... +
+(n_max - 1) rows where decodes cost n_max - 1 (nothing at llama.cpp's default n_max 3).
+Either way a step runs one drafter graph per draft.
 
 Tree form (SimpleProposer with tree=True): the chain and, at each depth, the drafter's
 second choice as a leaf beside the chain's node; every node's token is the drafter's
@@ -108,10 +110,11 @@ def check_vocab(target_path: str, draft_path: str) -> None:
 # ---- the drafter -------------------------------------------------------------------------
 
 class SimpleDraft:
-    """The drafter model and what each of its slots holds: `held[slot]` the committed
-    tokens (None: unknown, the slot is started afresh at its next use), `pending[slot]`
-    the drafts of its last chain verify, waiting for the commit that keeps as many as the
-    target accepted."""
+    """The drafter model and what each of its slots holds: `held[slot]` the tokens it keeps
+    (None: unknown, the slot is started afresh at its next use), `pending[slot]` the drafts
+    it took after them, of which the next draft keeps as many as the target accepted:
+    decoded, then truncated away where the model's memory can go back (`truncates`:
+    attention layers only), else verified as a chain, whose commit keeps them."""
 
     def __init__(self, path: str, config: TargetConfig, target: Target):
         check_vocab(target.path, path)
@@ -127,6 +130,7 @@ class SimpleDraft:
         self.held: List[Optional[List[int]]] = [[] for _ in range(n)]
         self.pending: List[Optional[List[int]]] = [None] * n
         self.ranked = [False] * n  # the slot's sampling ranks P_MIN_TOP_K candidates (else: the argmax)
+        self.truncates = self.model.can_truncate()
 
     def close(self) -> None:
         self.model.close()
@@ -147,7 +151,10 @@ class SimpleDraft:
             k = 0
             while k < len(pending) and base + k < len(context) and pending[k] == context[base + k]:
                 k += 1
-            model.commit(k, seq=slot)
+            if self.truncates:
+                model.seq_truncate(slot, base + k)
+            else:
+                model.commit(k, seq=slot)
             held = held + pending[:k]
         self.pending[slot] = None
         if held is None or len(held) > len(context) or list(context[:len(held)]) != held:
@@ -216,13 +223,18 @@ class SimpleDraft:
                 seconds.append(second)
                 if len(drafts) >= n_max:
                     break
-                if self.pending[slot] is not None:
-                    model.commit(0, seq=slot)
-                    self.pending[slot] = None
-                self._uniforms(slot, ranked, len(drafts))
-                model.step([Rows(slot, CHAIN, list(drafts))])
+                if self.truncates:  # the draft decoded: dropped again by the next _settle
+                    self._uniforms(slot, ranked, 1)
+                    model.step([Rows(slot, DECODE, drafts[-1:], logits=LOGITS_LAST)])
+                    row = 0
+                else:  # the drafts so far verified as a chain: the previous one's dropped
+                    if self.pending[slot] is not None:
+                        model.commit(0, seq=slot)
+                    self._uniforms(slot, ranked, len(drafts))
+                    model.step([Rows(slot, CHAIN, list(drafts))])
+                    row = len(drafts) - 1
                 self.pending[slot] = list(drafts)
-                top, share = self._top(slot, len(drafts) - 1, ranked)
+                top, share = self._top(slot, row, ranked)
             return drafts, seconds
         except BaseException:
             self.held[slot], self.pending[slot] = None, None  # started afresh at its next use

@@ -185,6 +185,17 @@ class Target(NativeObject):
         """Forget one sequence's context (its slot is free)."""
         check(lib.dfl_target_seq_reset(self._handle(), int(seq)))
 
+    def seq_truncate(self, seq: int, n_past: int) -> None:
+        """Forget the sequence's positions from n_past on (after a decode; attention
+        memories only: see can_truncate)."""
+        check(lib.dfl_target_seq_truncate(self._handle(), int(seq), int(n_past)))
+
+    def can_truncate(self) -> bool:
+        """Whether seq_truncate can take positions back (no recurrent layers): asked of
+        an empty slot, which it leaves empty."""
+        slot = next((s for s in range(self.n_seq) if self.seq_n_past(s) == 0), None)
+        return slot is not None and lib.dfl_target_seq_truncate(self._handle(), slot, 0) == 0
+
     def seq_copy(self, src: int, dst: int) -> None:
         """Slot dst holds what slot src holds (after a decode: no verify pending)."""
         check(lib.dfl_target_seq_copy(self._handle(), int(src), int(dst)))

@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dflash_gguf.config import ConfigError
@@ -112,8 +113,9 @@ def test_p_min_and_n_min_cut_the_chain(files, plain):
 
 # ---- llama.cpp's draft-simple ---------------------------------------------------------------
 
-def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, n_ctx=512):
-    """llama-speculative-simple's loop with our target and SimpleDraft: its counts."""
+def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, truncates=True, n_ctx=512):
+    """llama-speculative-simple's loop with our target and SimpleDraft (truncates False:
+    dropping rejected drafts by chain commits, as for a recurrent drafter): its counts."""
     from dflash_gguf.tokenizer import Tokenizer
     from speculative_simple import speculative_simple_loop
 
@@ -121,6 +123,8 @@ def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, n_ctx=512):
     tokens = tok.encode(text)
     target = Target(files["target"], TargetConfig(n_ctx=n_ctx, n_verify=n_max + 1, n_threads=1))
     small = SimpleDraft(files[drafter], TargetConfig(n_ctx=n_ctx, n_verify=max(n_max, 2), n_threads=1), target)
+    assert small.truncates
+    small.truncates = truncates
     target.prefill(tokens[:-1], LOGITS_NONE)
     context = list(tokens[:-1])
 
@@ -135,28 +139,56 @@ def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, n_ctx=512):
         target.close()
 
 
-@pytest.mark.parametrize("drafter,p_min", [("small", 0.0), ("q8", 0.0), ("q8", 0.9), ("small", 0.5)])
-def test_drafted_and_accepted_counts_equal_llama_cpp(files, drafter, p_min):
+@pytest.mark.parametrize("drafter,p_min,truncates", [("small", 0.0, True), ("q8", 0.0, True), ("q8", 0.9, True),
+                                                    ("small", 0.5, True), ("q4", 0.5, False)])
+def test_drafted_and_accepted_counts_equal_llama_cpp(files, drafter, p_min, truncates):
     """The same steps as llama.cpp's draft-simple on the same GGUFs draft the same tokens:
     its drafted and accepted counts per prompt, with the whole chain and with p-min
-    cutting it."""
+    cutting it, the rejected drafts dropped either way."""
     from speculative_simple import llama_speculative_simple
 
     drafted = accepted = 0
     for text in TEXTS:
         want = llama_speculative_simple(files["target"], text, 40, "draft-simple", 4, draft=files[drafter],
                                         p_min=p_min)
-        got = our_draft_simple(files, drafter, text, 40, 4, p_min)
+        got = our_draft_simple(files, drafter, text, 40, 4, p_min, truncates)
         assert {k: got[k] for k in ("n_drafted", "n_accept", "n_predict")} == \
             {k: want[k] for k in ("n_drafted", "n_accept", "n_predict")}, text
         drafted, accepted = drafted + got["n_drafted"], accepted + got["n_accept"]
-    if drafter == "q8":
+    if drafter != "small":
         assert accepted > drafted / 2, (accepted, drafted)
     if p_min > 0:
         assert drafted < 4 * 40 / 2  # the cut drafted less than whole chains would
 
 
 # ---- bad input ------------------------------------------------------------------------------
+
+def test_truncation_is_refused_where_it_cannot_be_exact(files):
+    from dflash_gguf._native import DflashError
+
+    with Target(DEMO, TargetConfig(n_ctx=64, n_threads=1)) as recurrent:
+        assert not recurrent.can_truncate()
+        recurrent.prefill([1, 2, 3], LOGITS_NONE)
+        with pytest.raises(DflashError, match="recurrent state cannot go back"):
+            recurrent.seq_truncate(0, 1)
+    with Target(files["target"], TargetConfig(n_ctx=64, n_threads=1)) as attention:
+        assert attention.can_truncate() and attention.n_past == 0
+        attention.prefill([1, 2, 3, 4], LOGITS_NONE)
+        with pytest.raises(DflashError, match="cannot truncate sequence 0 of 4 positions to 5"):
+            attention.seq_truncate(0, 5)
+        attention.verify([5, 6])
+        with pytest.raises(DflashError, match="between a verify and its commit"):
+            attention.seq_truncate(0, 2)
+        attention.commit(1)
+        attention.decode([7])
+        attention.seq_truncate(0, 2)
+        assert attention.n_past == 2
+        attention.decode([9])  # continues as if only [1, 2] had been decoded
+        after = attention.logits(0, 1)
+        attention.reset()
+        attention.prefill([1, 2, 9])
+        np.testing.assert_allclose(after, attention.logits(0, 1), rtol=0, atol=1e-5)
+
 
 def test_a_vocabulary_mismatch_names_the_first_difference(files, tmp_path):
     assert vocab_difference(files["target"], files["small"]) is None
