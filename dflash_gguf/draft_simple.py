@@ -296,13 +296,16 @@ class SimpleProposer(Proposer):
             drafts = grammar.draft_path(drafts)  # cut before the first draft the grammar rejects
         self.block = [seq.bonus] + list(drafts)
         self.verified = None
-        seq.stats.tree_sizes.append(len(drafts))
         if self.tree and drafts and grammar is None:
             tree = sibling_tree(seq.bonus, drafts, seconds)
             if len(tree) > len(self.block):
+                seq.stats.tree_sizes.append(len(tree) - 1)
                 self.verified = tree = tree.padded_to(self.lookahead)
                 seq.sampler.prepare(seq.target, len(tree), tree.paths, seq=seq.slot)
                 return Rows(seq.slot, TREE_ROWS, tree.tokens, tree.parents)
+        if self.tree:  # a tree step that verifies a chain (no second choices, a grammar)
+            seq.stats.tree_sizes.append(len(drafts))
+            seq.stats.chain_steps += 1
         return _verify_chain(seq, self.block)
 
     def accept(self, seq, choice) -> List[int]:

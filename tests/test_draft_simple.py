@@ -95,9 +95,19 @@ def test_the_tree_keeps_second_choices_the_chain_misses(files, plain):
     assert steps[8] < steps[None], steps
 
 
-def test_p_min_and_n_min_cut_the_chain(files, plain):
+def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
     """p-min stops drafting before a draft the drafter gives less than p-min (of its top
     10's mass, as llama.cpp counts it); n-min drops a shorter chain."""
+    from dflash_gguf import draft_simple
+
+    verified = []  # drafts verified per step
+
+    def verify_chain(seq, block):
+        verified.append(len(block) - 1)
+        return chain(seq, block)
+
+    chain = draft_simple._verify_chain
+    monkeypatch.setattr(draft_simple, "_verify_chain", verify_chain)
     want = plain.generate(TEXTS[0], 30, stop_tokens=()).tokens
     sizes = {}
     for p_min, n_min in ((0.0, 0), (0.3, 0), (0.3, 2)):
@@ -105,7 +115,7 @@ def test_p_min_and_n_min_cut_the_chain(files, plain):
                     draft_p_min=p_min, spec_draft_n_min=n_min, **OPTIONS) as engine:
             got = engine.generate(TEXTS[0], 30, stop_tokens=())
         assert got.tokens == want
-        sizes[p_min, n_min] = got.stats.tree_sizes  # drafts verified per step
+        sizes[p_min, n_min], verified[:] = list(verified), []
     assert set(sizes[0.0, 0][:-4]) == {4}  # whole chains (the last steps: what max_tokens leaves)
     assert {1, 2} <= set(sizes[0.3, 0]) and max(sizes[0.3, 0]) < 4
     assert 2 in sizes[0.3, 2] and 1 not in sizes[0.3, 2]
