@@ -103,8 +103,11 @@ def test_bad_files_are_clear_errors(pair, tmp_path):
         assert res.returncode == 1
         assert needle in res.stderr
         assert "Traceback" not in res.stderr
-    res = run("-m", str(pair["target"]), "-md", str(pair["target"]), "-p", "x")  # a target without MTP layers
-    assert res.returncode == 1 and "not a drafter" in res.stderr
+    # a model GGUF as -md is a small model drafting (draft-simple); as a DFlash drafter, an error
+    res = run("-m", str(pair["target"]), "-md", str(pair["target"]), "-p", "x", "-n", "4")
+    assert res.returncode == 0 and "draft-simple chain" in res.stderr, res.stderr
+    res = run("-m", str(pair["target"]), "-md", str(pair["target"]), "--spec-type", "draft-dflash", "-p", "x")
+    assert res.returncode == 2 and "not a DFlash drafter" in res.stderr
     res = run("-m", str(pair["target"]), "-p", "x", "-c", "16", "-n", "100")
     assert res.returncode == 1 and "context" in res.stderr
 
