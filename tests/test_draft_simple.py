@@ -95,6 +95,20 @@ def test_the_tree_keeps_second_choices_the_chain_misses(files, plain):
     assert steps[8] < steps[None], steps
 
 
+def test_constrained_output_equals_plain_constrained_output(files, plain):
+    """Under a grammar the chain is cut before the first draft the grammar rejects (forced
+    text in place of guesses): the output is plain constrained decoding's."""
+    from dflash_gguf.constraints import Constraint
+
+    params = SamplingParams(constraint=Constraint.gbnf('root ::= "    return sorted(xs)" [a-z ]+'))
+    want = plain.generate(TEXTS[0], 30, sampling=params)
+    for tree in (None, 8):
+        with Engine(files["target"], files["q4"], spec_draft_n_max=4, tree_budget=tree, **OPTIONS) as engine:
+            got = engine.generate(TEXTS[0], 30, sampling=params)
+        assert got.tokens == want.tokens and got.text.startswith("    return sorted(xs)")
+        assert max(got.stats.accepted_lengths) > 1  # the forced text, verified as drafts
+
+
 def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
     """p-min stops drafting before a draft the drafter gives less than p-min (of its top
     10's mass, as llama.cpp counts it); n-min drops a shorter chain."""
