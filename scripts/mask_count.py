@@ -213,7 +213,9 @@ def main(argv=None) -> int:
                     "vocabulary (issue #40's bar: <= 1.10), callgrind, one thread" % (kinds[0], kinds[0]),
             "runs": []}
         doc["runs"].append(run)
-        args.out.write_text(json.dumps(doc, indent=1))
+        from dflash_gguf.bench import provenance
+
+        provenance.write_results(args.out, doc)
     return 0
 
 

@@ -22,7 +22,6 @@ the driver's context.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -219,9 +218,9 @@ def main() -> int:
     text = "\n".join(out)
     print(text)
     dest = ROOT / "results" / f"memory-24gb-{_dt.date.today()}.json"
-    dest.write_text(json.dumps({"tool": "scripts/memory_table.py", "date": str(_dt.date.today()),
-                                "checkout": provenance.checkout(), "versions": provenance.versions(),
-                                "tables": tables, "markdown": text}, indent=1) + "\n")
+    provenance.write_results(dest, {"tool": "scripts/memory_table.py", "date": str(_dt.date.today()),
+                                    "checkout": provenance.checkout(), "versions": provenance.versions(),
+                                    "tables": tables, "markdown": text})
     print(f"\n(saved to {dest.relative_to(ROOT)})", file=sys.stderr)
     return 0
 

@@ -184,8 +184,7 @@ def main(argv=None) -> int:
                   "load_average_start": provenance.load_average(), "smoke": args.smoke}
     kind = "moe-offload-bytes" if args.bytes else "moe-offload"
     dest = args.out or ROOT / "results" / f"{kind}-{_dt.date.today()}{'-smoke' if args.smoke else ''}.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps({"header": header, **result}, indent=1) + "\n")
+    provenance.write_results(dest, {"header": header, **result})
     print(json.dumps(result.get("fit") or [{k: v for k, v in r.items() if k != "runs"} for r in result["rows"]],
                      indent=1))
     print(f"(saved to {dest})", file=sys.stderr)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_gguf.bench.provenance import write_results
 from dflash_gguf.llama_cpp_tree import tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -373,7 +374,7 @@ def main() -> int:
                 {"target": str(target), "draft": str(draft) if draft else None, "ctx": a.ctx, "kv": a.kv,
                  "threads": a.threads, "prompt": a.prompt, "tokens": a.tokens})])
             log(f"ours: load {r['ours']['load_seconds']:.1f} s, peak RSS {r['ours']['max_rss'] / GIB:.2f} GiB")
-            out.with_suffix(".json").write_text(json.dumps(r, indent=1))  # kept should the peer fail
+            write_results(out.with_suffix(".json"), r)  # kept should the peer fail
         if a.peer != "none":
             r["peer"] = run_peer(a, str(target))
     finally:
@@ -381,7 +382,7 @@ def main() -> int:
             for f in (target, draft):
                 f.unlink(missing_ok=True)
             log("deleted the shape models")
-    out.with_suffix(".json").write_text(json.dumps(r, indent=1))
+    write_results(out.with_suffix(".json"), r)
     text = report(r)
     out.with_suffix(".md").write_text(text)
     print(text)

@@ -39,6 +39,7 @@ from typing import Optional
 import numpy as np
 
 from dflash_gguf.bench.method import MAX_LOAD_PER_THREAD
+from dflash_gguf.bench.provenance import write_results
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.sampling import GREEDY, Sampler, SamplingParams, distribution
 from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
@@ -284,8 +285,7 @@ def main(argv=None) -> int:
     out = Path(args.out) / f"sampling-cost-{stamp}.json"
     if out.exists():  # a second run within the minute keeps the first's file
         out = Path(args.out) / f"sampling-cost-{datetime.datetime.now().strftime('%Y-%m-%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
+    write_results(out, doc)
     for name in ("chain16", "tree16"):
         r = res[name]
         lo, hi = (r["range_seconds"]["sampled"][i] * 1e3 for i in (0, 1))

@@ -6,6 +6,9 @@ the arms interleaved within each repetition, the load marking, the sweeps each s
 and the best and default rows. No timing is asserted."""
 from __future__ import annotations
 
+import gzip
+import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -16,11 +19,19 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from dflash_gguf.bench import cli, llama_cpp, method, ours, report
+from dflash_gguf.bench import cli, llama_cpp, method, ours, provenance, report, slim
 from dflash_gguf.bench.runs import Run, Sampling
 from dflash_gguf.demo import demo_paths
 
 BENCH = str(Path(sys.executable).with_name("dflash-bench"))
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 COMPLETION_LOG = """\
 common_perf_print:    sampling time =      12.50 ms
@@ -118,6 +129,73 @@ def test_llama_cpp_text_may_run_past_our_last_token_only_when_we_stopped_at_n():
     assert report.same_text("def f(x):\n", at_n) and report.same_text("def f(x):\n    return", at_n)
     assert report.same_text("def f(x):", at_eog) and not report.same_text("def f(x):\n    return", at_eog)
     assert not report.same_text("def g(x):", at_n) and not report.same_text(None, at_n)
+
+
+def slim_pair_runs() -> list:
+    """Runs whose outputs agree and disagree in every way report.same_output tells apart:
+    token ids (ours), text with trailing white space, text that goes on past ours where
+    ours stopped at -n, and text that does not."""
+    plain = [run("ours", "plain", rep, p, 16, 0.1 + 0.01 * rep, 16, ids=ids, text=text)
+             for rep in (0, 1) for p, ids, text in (("a", [5, 6, 7], "def f(x):"), ("b", [8, 9], "return 1\n"))]
+    for r in plain:
+        r.extra = {"stop_reason": "length" if r.prompt == "a" else "stop"}
+    chain = [run("ours", "chain", rep, p, 16, 0.05, 6, ids=ids, text="?")
+             for rep in (0, 1) for p, ids in (("a", [5, 6, 7]), ("b", [8, 10]))]
+    llama = [run("llama.cpp", report.LLAMA_PLAIN[1], rep, p, 16, 0.2, 16, text=text)
+             for rep in (0, 1) for p, text in (("a", "def f(x):\n    return x"), ("b", "return 2"))]
+    spec = [run("llama.cpp", "DFlash (default)", rep, p, 16, 0.08, 5, text=text)
+            for rep in (0, 1) for p, text in (("a", "def f(x):  "), ("b", "return 1 + 0"))]
+    for r in chain + spec:
+        r.speculative = True
+    return plain + chain + llama + spec
+
+
+def test_a_slim_file_gives_the_raw_file_s_rows_and_comparisons(tmp_path):
+    """The slim form (texts and token ids as sha256 and length) keeps what report.py
+    compares: the same rows, same-output counts and comparisons as the raw runs."""
+    runs = slim_pair_runs()
+    doc = {"tool": "dflash-bench", "settings": {"prompts": ["a", "b"]}, "runs": [r.to_json() for r in runs]}
+    raw = provenance.write_results(tmp_path / "x.json", doc, keep_raw=True)
+    assert raw == tmp_path / "x.raw.json.gz"
+    with gzip.open(raw, "rt") as f:
+        assert json.load(f) == doc
+    kept = json.loads((tmp_path / "x.json").read_text())
+    assert kept["settings"] == doc["settings"] and len(kept["runs"]) == len(runs)
+    for r, k in zip(runs, kept["runs"]):
+        assert k["token_ids"] == (None if r.token_ids is None else {"sha256": hashlib.sha256(
+            ",".join(map(str, r.token_ids)).encode()).hexdigest(), "count": len(r.token_ids)})
+        assert k["text"]["sha256"] == hashlib.sha256(r.text.encode()).hexdigest() and k["text"]["chars"] == len(r.text)
+        assert {**k, "text": r.text, "token_ids": r.token_ids} == r.to_json()
+    assert "def f" not in (tmp_path / "x.json").read_text()
+
+    def derived(records):
+        table = report.rows([Run(**r) for r in records])
+        return ([r.to_json() for r in table], report.each_sampling(table, report.comparisons),
+                report.headline(table))
+    from_raw, from_slim = derived(doc["runs"]), derived(kept["runs"])
+    assert from_slim == from_raw
+    same = {r["mode"]: r["same_output"] for r in from_raw[0]}
+    # chain: a's ids; llama-completion: a's text went on past our -n; DFlash: a's (trailing spaces), not b's
+    # (it goes on past ours, but ours ended at the end of generation)
+    assert same == {"plain": None, "chain": [1, 2], report.LLAMA_PLAIN[1]: [1, 2], "DFlash (default)": [1, 2]}
+    assert [c["pairing"] for c in from_raw[1]] == ["fastest vs fastest", "best vs best", "plain vs plain"]
+
+
+def test_a_slim_file_is_a_line_a_run_and_slimming_it_again_changes_nothing(tmp_path):
+    runs = [r.to_json() for r in slim_pair_runs()]
+    doc = {"tool": "dflash-bench", "rows": [{"mode": "plain", "decode_tok_s_per_rep": [1.0, 2.0]}], "runs": runs}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")  # as results files were written before
+    slim_results = load_script("slim_results")
+    assert slim_results.main([str(path)]) == 0
+    text = path.read_text()
+    lines = text.splitlines()
+    assert len(lines) == len(runs) + 8 and lines[5] == ' "runs": [' and all(line.startswith('  {"engine":') for line in lines[6:-2])
+    assert json.loads(text) == slim.slim_doc(doc) and slim.slim_doc(json.loads(text)) == json.loads(text)
+    assert slim_results.main([str(path)]) == 0 and path.read_text() == text
+    assert slim_results.slim_file(path, keep_raw=False) == "already slim"
+    path.write_text("[1, 2]")
+    assert slim_results.main([str(path)]) == 1
 
 
 def spec_run(mode, rep, seconds, default=False, engine="ours", passes=50):
@@ -301,6 +379,7 @@ def test_a_cell_started_loaded_is_marked_or_waited_for():
     (["-p", "  "], "a prompt is empty"),
     (["--spec-draft-n-max", "0"], "at least 1"),
     (["--max-load", "-1"], "--max-load"),
+    (["--keep-raw"], "give -o"),
 ])
 def test_bad_options_exit_2_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -320,14 +399,17 @@ def demo_run(tmp_path_factory):
     """A short run on the demo pair, every mode, greedy and sampled, with --json and -o."""
     cwd = tmp_path_factory.mktemp("bench")
     res = bench("--tree-budgets", "4", "--draft-p-min", "0", "--block-size", "8", "--no-llama-cpp", "--json", "-o",
-                "short.json", cwd=cwd)
+                "short.json", "--keep-raw", cwd=cwd)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout), cwd
 
 
 def test_json_carries_provenance_and_every_run(demo_run):
     out, cwd = demo_run
-    assert json.loads((cwd / "results" / "short.json").read_text()) == out
+    # the file keeps the runs' texts and token ids as hashes, the raw record beside it everything
+    assert json.loads((cwd / "results" / "short.json").read_text()) == slim.slim_doc(out)
+    with gzip.open(cwd / "results" / "short.raw.json.gz", "rt") as f:
+        assert json.load(f) == out
     assert out["machine"]["threads"] == 1 and out["machine"]["device"] == "CPU" and out["machine"]["cpu"]
     assert len(out["load_average"]["before"]) == 3 and len(out["load_average"]["after"]) == 3
     assert {"dflash_gguf", "llama_cpp_python", "ggml"} <= set(out["versions"])

@@ -134,7 +134,11 @@ def parser() -> argparse.ArgumentParser:
                         "drafts), off (verified as drafted), or on,off (a row each; default on)")
     p.add_argument("--json", action="store_true", help="print one JSON object (provenance, rows, every run)")
     p.add_argument("-o", "--output", type=Path,
-                   help="also write the JSON to FILE (a bare file name goes under results/)")
+                   help="also write the JSON to FILE (a bare file name goes under results/), in the form results/ "
+                        "keeps: each run's text and token ids as their sha256 and length")
+    p.add_argument("--keep-raw", action="store_true",
+                   help="with -o: also write the whole JSON, texts and token ids too, gzipped beside it as "
+                        "<name>.raw.json.gz (git ignores it)")
     return p
 
 
@@ -169,6 +173,8 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--llama-cpp {args.llama_cpp}: no such directory")
     if not args.grammar_drafting or set(args.grammar_drafting) - {"on", "off"}:
         p.error("--grammar-drafting takes on, off or on,off")
+    if args.keep_raw and args.output is None:
+        p.error("--keep-raw keeps the raw record beside -o FILE: give -o")
 
 
 def prompts_of(p: argparse.ArgumentParser, args) -> List[tuple]:
@@ -390,9 +396,8 @@ def bench_main(argv) -> int:
     }
     if args.output is not None:
         path = output_path(args.output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
-        log(f"wrote {path}")
+        raw = provenance.write_results(path, result, keep_raw=args.keep_raw)
+        log(f"wrote {path}" + (f" and {raw}" if raw else ""))
     if args.json:
         print(json.dumps(result))
         return 0

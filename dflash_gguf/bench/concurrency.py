@@ -551,8 +551,7 @@ def main(argv=None) -> int:
         "failures": failures,
     }
     path = output_path(args.output, started)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    provenance.write_results(path, result)
     log(f"wrote {path}")
     if args.json:
         print(json.dumps(result))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import json
 import os
 import platform
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..devices import list_devices
+from . import slim
 
 
 def load_average() -> list:
@@ -83,6 +83,8 @@ def results_doc(tool: str, argv: list, **fields) -> dict:
             "checkout": checkout(), **fields}
 
 
-def write_results(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+def write_results(path: Path, doc: dict, keep_raw: bool = False) -> Optional[Path]:
+    """Every tool's results file, in the form kept in git (slim.py: runs' texts and token
+    ids as hashes, a record a line); keep_raw: the whole document also as
+    <name>.raw.json.gz (returned), which git ignores."""
+    return slim.write(path, doc, keep_raw)

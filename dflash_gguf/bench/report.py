@@ -14,11 +14,10 @@ from typing import Dict, List, Optional, Sequence
 from statistics import median
 
 from ..budget import describe
-from . import method
-from .runs import Run
+from . import method, slim
+from .runs import OURS_PLAIN, Run
 from .stats import Spread, ratio
 
-OURS_PLAIN = ("ours", "plain")
 LLAMA_PLAIN = ("llama.cpp", "plain (llama-completion)")
 
 
@@ -76,13 +75,15 @@ def per_rep(runs: Sequence[Run]) -> tuple:
     return Spread.of(tps.values()), Spread.of(al), tps, loads, rounds
 
 
-def same_text(theirs: Optional[str], plain: Run) -> bool:
+def same_text(theirs, plain: Run) -> bool:
     """llama.cpp's text is our plain decoder's; where ours stopped at -n tokens it may go on
-    (llama-speculative-simple finishes its last drafted block past -n)."""
-    if theirs is None:
+    (llama-speculative-simple finishes its last drafted block past -n). Texts raw or, from
+    a slim results file, as digests (slim.py): compared by the hashes of either."""
+    ours, theirs_key = slim.text_key(plain.text), slim.text_key(theirs)
+    if ours is None or theirs_key is None:
         return False
-    ours = plain.text.rstrip()
-    return theirs.rstrip() == ours or (plain.extra.get("stop_reason") == "length" and theirs.startswith(ours))
+    return theirs_key == ours or (plain.extra.get("stop_reason") == "length"
+                                  and slim.text_prefix_key(theirs, ours[1]) == ours[0])
 
 
 def same_output(runs: Sequence[Run], plain: Sequence[Run]) -> Optional[tuple]:
@@ -93,7 +94,7 @@ def same_output(runs: Sequence[Run], plain: Sequence[Run]) -> Optional[tuple]:
     if not pairs:
         return None
     if runs[0].engine == "ours":
-        same = [r.token_ids == p.token_ids for r, p in pairs]
+        same = [slim.ids_key(r.token_ids) == slim.ids_key(p.token_ids) for r, p in pairs]
     else:
         same = [same_text(r.text, p) for r, p in pairs]
     return sum(same), len(same)

@@ -3,9 +3,11 @@ the numbers every table is made of."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from ..sampling import SamplingParams
+
+OURS_PLAIN = ("ours", "plain")  # the row every other row's output is compared with
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,10 @@ class Run:
     decode_s: float
     passes: int
     prefill_s: Optional[float] = None
-    text: Optional[str] = None            # the generated text
-    token_ids: Optional[List[int]] = None  # ours: the generated tokens
+    # the generated text, and (ours) tokens; read from a slim results file, their digests
+    # (slim.py: compare them through slim.text_key and slim.ids_key)
+    text: Union[str, dict, None] = None
+    token_ids: Union[List[int], dict, None] = None
     extra: dict = field(default_factory=dict)
     round: int = 0                        # a repetition's pass over the prompts (more until it decodes long enough)
     load_1m: Optional[float] = None       # the 1-minute load average when its cell started

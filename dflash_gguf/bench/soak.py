@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import datetime as _dt
-import json
 import os
 import random
 import statistics
@@ -487,8 +486,7 @@ def main(argv=None) -> int:
            "passed": all(c["ok"] for c in result["checks"].values()), **result}
     path = args.output or Path(f"soak-{started:%Y-%m-%d-%H%M}.json")
     path = Path("results") / path if path.parent == Path(".") else path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    provenance.write_results(path, out)
     for name, c in out["checks"].items():
         print(f"{'ok  ' if c['ok'] else 'FAIL'} {name:20} {c['detail']}")
     print(f"{out['sent']} requests ({', '.join(f'{n} {k}' for k, n in out['kinds'].items())}) from {args.slots} "

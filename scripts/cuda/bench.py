@@ -609,7 +609,9 @@ def results_name(res: dict) -> str:
 
 def write(res: dict, out_dir: Path, name: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    from dflash_gguf.bench.provenance import write_results  # the form results/ keeps
+
+    write_results(out_dir / f"{name}.json", res)
     (out_dir / f"{name}.md").write_text(render(res))
     return out_dir / f"{name}.md"
 

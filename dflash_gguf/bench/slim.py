@@ -1,0 +1,156 @@
+"""Results files as they are kept in git: every setting, provenance and per-repetition
+figure, but a run's generated text and token ids only as their sha256 and length.
+
+A run's text and ids are what made results/ hundreds of MiB (and the checkout too big to
+send to the GPU machine): every comparison reads them only to ask whether two runs made
+the same output, which their hashes answer. --keep-raw keeps the whole record beside the
+file, gzipped and out of git (<name>.raw.json.gz).
+
+Forms of a run's fields (a raw record and a slim one are read alike, see `ids_key`,
+`text_key`, `text_prefix_key`):
+  token_ids  raw: [ids]     slim: {"sha256": of the ids joined by "," (ASCII), "count": n}
+  text       raw: "..."     slim: {"sha256": of its UTF-8, "chars": n,
+                                   "rstrip": {"sha256", "chars"} where trailing white space differs,
+                                   "prefix": {"sha256", "chars"} for another engine's text: its first
+                                             as many characters as our plain decoder's (rstripped)
+                                             text of the same prompt and sampling has, where it is
+                                             longer (report.same_text's "went on past -n" case)}
+The file itself is indented at the top level, with each element of a list of records
+(runs, rows, cells, requests, samples) as one compact line.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .runs import OURS_PLAIN
+
+RAW_SUFFIX = ".raw.json.gz"
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def ids_digest(ids: Sequence[int]) -> dict:
+    return {"sha256": _sha(",".join(str(int(i)) for i in ids)), "count": len(ids)}
+
+
+def text_digest(text: str, prefix_chars: Optional[int] = None) -> dict:
+    out = {"sha256": _sha(text), "chars": len(text)}
+    stripped = text.rstrip()
+    if stripped != text:
+        out["rstrip"] = {"sha256": _sha(stripped), "chars": len(stripped)}
+    if prefix_chars is not None and len(text) > prefix_chars:
+        out["prefix"] = {"sha256": _sha(text[:prefix_chars]), "chars": prefix_chars}
+    return out
+
+
+def ids_key(ids) -> Optional[str]:
+    """What two runs' token ids are compared by: the sha256 of ids_digest (None: none kept)."""
+    if ids is None:
+        return None
+    return ids["sha256"] if isinstance(ids, dict) else ids_digest(ids)["sha256"]
+
+
+def text_key(text) -> Optional[tuple]:
+    """(sha256, chars) of a text with its trailing white space stripped (None: no text)."""
+    if text is None:
+        return None
+    if isinstance(text, dict):
+        stripped = text.get("rstrip", text)
+        return stripped["sha256"], stripped["chars"]
+    stripped = text.rstrip()
+    return _sha(stripped), len(stripped)
+
+
+def text_prefix_key(text, chars: int) -> Optional[str]:
+    """The sha256 of a text's first `chars` characters (None: shorter, or a slim text
+    that kept no prefix of that length)."""
+    if text is None:
+        return None
+    if isinstance(text, dict):
+        if text["chars"] == chars:
+            return text["sha256"]
+        prefix = text.get("prefix")
+        return prefix["sha256"] if prefix and prefix["chars"] == chars else None
+    return _sha(text[:chars]) if len(text) >= chars else None
+
+
+def _reference_chars(runs: Sequence[dict]) -> dict:
+    """{(sampling, prompt): length of our plain decoder's rstripped text}, of the first
+    round of the first repetition (the one report.same_output compares with)."""
+    out = {}
+    for r in runs:
+        if isinstance(r, dict) and (r.get("engine"), r.get("mode")) == OURS_PLAIN and r.get("rep") == 0 and r.get("round", 0) == 0:
+            key = text_key(r.get("text"))
+            if key is not None:
+                out[r.get("sampling"), r.get("prompt")] = key[1]
+    return out
+
+
+def slim_runs(runs: Sequence[dict]) -> list:
+    """The runs with their texts and token ids as digests (those already slim as they are)."""
+    refs = _reference_chars(runs)
+    out = []
+    for r in runs:
+        if not isinstance(r, dict):
+            out.append(r)
+            continue
+        r = dict(r)
+        if isinstance(r.get("text"), str):
+            prefix = refs.get((r.get("sampling"), r.get("prompt"))) if r.get("engine") != OURS_PLAIN[0] else None
+            r["text"] = text_digest(r["text"], prefix)
+        if isinstance(r.get("token_ids"), list):
+            r["token_ids"] = ids_digest(r["token_ids"])
+        out.append(r)
+    return out
+
+
+def slim_doc(doc: dict) -> dict:
+    """A results document as kept in git: its runs (if it has any) slimmed, all else as is."""
+    if isinstance(doc.get("runs"), list):
+        return {**doc, "runs": slim_runs(doc["runs"])}
+    return doc
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _dump(value, depth: int) -> str:
+    pad = " " * depth
+    if isinstance(value, dict) and value:
+        items = (f"{pad} {json.dumps(str(k))}: {_dump(v, depth + 1)}" for k, v in value.items())
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(f"{pad} {_compact(v)}" for v in value) + f"\n{pad}]"
+    return _compact(value)
+
+
+def dumps(doc: dict) -> str:
+    """JSON indented by one space a level down to the lists of records, whose elements
+    are one compact line each (a run is a line, not one line per token id)."""
+    return _dump(doc, 0) + "\n"
+
+
+def raw_path(path: Path) -> Path:
+    """<name>.raw.json.gz beside <name>.json (git ignores results/*.raw.json.gz)."""
+    return path.with_name(path.name.removesuffix(".json") + RAW_SUFFIX)
+
+
+def write(path: Path, doc: dict, keep_raw: bool = False) -> Optional[Path]:
+    """Write the slim form of `doc` to `path`; with keep_raw also the raw document,
+    gzipped, to raw_path(path) (returned)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(slim_doc(doc)))
+    if not keep_raw:
+        return None
+    raw = raw_path(path)
+    with gzip.open(raw, "wt", encoding="utf-8") as f:
+        json.dump(doc, f)
+        f.write("\n")
+    return raw

@@ -1,0 +1,64 @@
+"""Rewrite results files in place in the form results/ keeps (dflash_gguf/bench/slim.py):
+each run's text and token ids as their sha256 and length, a record a line. A file
+already slim is left as it is. A dflash-bench file is written only if its runs give the
+same rows and comparisons slim as raw (dflash_gguf.bench.report: outputs compared by
+hash instead of by text).
+
+    .venv/bin/python scripts/slim_results.py results/bench-2026-11-25-turns-draft.json ...
+    .venv/bin/python scripts/slim_results.py --keep-raw FILE   # FILE's raw record also as FILE.raw.json.gz
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dflash_gguf.bench import report, slim
+from dflash_gguf.bench.runs import Run
+
+
+def derived(runs: list) -> dict:
+    """What report.py makes of a file's runs: its rows and comparisons."""
+    table = report.rows([Run(**r) for r in runs])
+    return {"rows": [r.to_json() for r in table], "comparisons": report.each_sampling(table, report.comparisons),
+            "auto_comparisons": report.each_sampling(table, report.auto_comparisons),
+            "headline": report.headline(table)}
+
+
+def slim_file(path: Path, keep_raw: bool) -> str:
+    """Slim one file; what was done, in words. ValueError: it cannot be slimmed faithfully."""
+    old = path.read_text()
+    doc = json.loads(old)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a results document (a JSON object)")
+    new = slim.dumps(slim.slim_doc(doc))
+    if new == old:
+        return "already slim"
+    if doc.get("tool") == "dflash-bench" and isinstance(doc.get("runs"), list):
+        if derived(doc["runs"]) != derived(slim.slim_doc(doc)["runs"]):
+            raise ValueError(f"{path}: its slim runs give other rows or comparisons than its raw ones; left as is")
+    if keep_raw:
+        slim.write(path, doc, keep_raw=True)
+    else:
+        path.write_text(new)
+    return f"{len(old.encode()):,} -> {len(new.encode()):,} bytes"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", type=Path, help="results JSON files, rewritten in place")
+    p.add_argument("--keep-raw", action="store_true", help="keep each raw record as <name>.raw.json.gz beside it")
+    args = p.parse_args(argv)
+    status = 0
+    for f in args.files:
+        try:
+            print(f"{f}: {slim_file(f, args.keep_raw)}")
+        except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+            print(f"slim_results: error: {e}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
