@@ -19,7 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from dflash_gguf.bench import cli, llama_cpp, method, ours, provenance, report, slim
+from dflash_gguf.bench import arms_from, cli, llama_cpp, method, ours, provenance, report, slim
 from dflash_gguf.bench.runs import Run, Sampling
 from dflash_gguf.demo import demo_paths
 
@@ -242,13 +242,31 @@ def test_the_fastest_rows_of_any_mode_are_compared_first():
     llama-completion, not our drafting against llama.cpp's."""
     runs = [run("ours", "plain", 0, "a", 100, 0.1, 100), run("llama.cpp", report.LLAMA_PLAIN[1], 0, "a", 100, 0.125, 100),
             spec_run("chain (default)", 0, 0.2, default=True), spec_run("DFlash (default)", 0, 0.4, True, "llama.cpp"),
-            run("llama.cpp", "plain (llama-bench -n 128 -d 30)", 0, "", 100, 0.01, 100, sampling="-")]
+            run("llama.cpp", "plain (llama-bench -n 128 -d 30)", 0, "", 100, 0.5, 100, sampling="-")]
     fastest, best = report.comparisons(report.rows(runs), "greedy")[:2]
     assert (fastest["pairing"], fastest["ours"], fastest["llama_cpp"]) == (
         "fastest vs fastest", "plain", report.LLAMA_PLAIN[1])
     assert fastest["per_rep_ratio_median"] == pytest.approx(1.25)
     assert (best["ours"], best["llama_cpp"], best["per_rep_ratio_median"]) == (
         "chain (default)", "DFlash (default)", pytest.approx(2.0))
+
+
+def test_llama_bench_is_a_row_of_every_sampling_s_fastest_comparison():
+    """llama-bench (random tokens, no sampling: its rows say "-") is llama.cpp's own
+    figure for plain decoding: where it is llama.cpp's fastest row, every sampling's
+    fastest comparison is against it."""
+    bench_mode = "plain (llama-bench -n 128 -d 30)"
+    runs = [run("llama.cpp", bench_mode, rep, "", 100, 0.08, 100, sampling="-") for rep in (0, 1)]
+    for sampling in ("greedy", "temp 0.6"):
+        runs += [run("ours", "plain", rep, "a", 100, 0.1, 100, sampling=sampling) for rep in (0, 1)]
+        runs += [run("llama.cpp", report.LLAMA_PLAIN[1], rep, "a", 100, 0.125, 100, sampling=sampling)
+                 for rep in (0, 1)]
+    table = report.rows(runs)
+    for sampling in ("greedy", "temp 0.6"):
+        fastest = report.comparisons(table, sampling)[0]
+        assert (fastest["pairing"], fastest["ours"], fastest["llama_cpp"]) == ("fastest vs fastest", "plain", bench_mode)
+        assert fastest["ratio_of_medians"] == pytest.approx(0.8) and fastest["per_rep_ratio_median"] == pytest.approx(0.8)
+    assert report.comparisons(table, "-") == []  # llama-bench has no comparison of its own
 
 
 def test_auto_is_compared_with_each_fixed_row_repetition_by_repetition():
@@ -628,3 +646,82 @@ def test_a_chain_row_per_confidence_cut_length_and_accept_rule():
     assert one == ours.Mode("chain (default)") and one.default
     assert [m.block_size for m in ours.modes(["chain"], [8], [], True, (), [8, 4])] == [None, 8, 4]
     assert ours.modes(["chain", "tree"], [4], [], False) == []
+
+
+def sweep_rows() -> list:
+    def row(engine, mode, sampling, tok_s, best=False, default=False):
+        return {"engine": engine, "mode": mode, "sampling": sampling, "decode_tok_s": {"median": tok_s},
+                "best": best, "default": default}
+    return [row("ours", "plain", "greedy", 300.0), row("ours", "chain (default)", "greedy", 200.0, default=True),
+            row("ours", "chain p-min 0.5 n-max 7", "greedy", 250.0, best=True), row("ours", "tree 4", "greedy", 100.0),
+            row("llama.cpp", report.LLAMA_PLAIN[1], "greedy", 150.0),
+            row("llama.cpp", "DFlash (default)", "greedy", 120.0, default=True),
+            row("llama.cpp", "DFlash (p-min 0.3)", "greedy", 130.0, best=True),
+            row("llama.cpp", "DFlash (p-min 0)", "greedy", 110.0),
+            row("llama.cpp", "plain (llama-bench -n 128 -d 30)", "-", 400.0)]
+
+
+def test_a_headline_run_takes_each_engine_s_best_default_fastest_and_plain_rows():
+    assert arms_from.chosen(sweep_rows()) == {
+        ("ours", "plain", "greedy"), ("ours", "chain (default)", "greedy"), ("ours", "chain p-min 0.5 n-max 7", "greedy"),
+        ("llama.cpp", report.LLAMA_PLAIN[1], "greedy"), ("llama.cpp", "DFlash (default)", "greedy"),
+        ("llama.cpp", "DFlash (p-min 0.3)", "greedy"), ("llama.cpp", "plain (llama-bench -n 128 -d 30)", "-")}
+
+
+def write_sweep(path: Path, **changes) -> Path:
+    target, draft = demo_paths()
+    doc = {"tool": "dflash-bench", "kind": "sweep", "rows": sweep_rows(),
+           "models": {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()), "demo": True},
+           "settings": {"n_predict": 128, "modes": ["plain", "chain"]}}
+    doc.update(changes)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("argv,changes,dirty,message", [
+    (["--max-load", "1"], {}, False, "instead of taking a --max-load above 0.5"),
+    ([], {}, True, "uncommitted changes"),
+    (["-n", "64"], {}, False, "-n: 64 here, 128 in the sweep"),
+    ([], {"kind": "headline"}, False, "a headline run, not a sweep"),
+    ([], {"tool": "soak"}, False, "not a dflash-bench results file"),
+])
+def test_a_headline_run_refuses_a_raised_load_a_dirty_checkout_and_another_workload(
+        tmp_path, monkeypatch, capsys, argv, changes, dirty, message):
+    sweep = write_sweep(tmp_path / "sweep.json", **changes)
+    monkeypatch.setattr(cli.provenance, "checkout",
+                        lambda: {"commit": "abc", "uncommitted_changes": dirty, "path": "/checkout"})
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--arms-from", str(sweep), *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        cli.main(["--force"])
+    assert "--force goes with --arms-from" in capsys.readouterr().err
+
+
+def test_a_headline_run_measures_only_the_arms_its_sweep_chose(tmp_path):
+    """A sweep (every setting of both engines), then the headline run from its file: only
+    the chosen cells run, the sweep's arm settings whatever the flags say, waiting for
+    an idle machine, and the file says which sweep chose them."""
+    tools = fake_tools(tmp_path)
+    common = ["--modes", "plain,chain,tree", "--temp", "0", "--llama-cpp", str(tools), "-r", "1", "--json"]
+    res = bench(*common, "--tree-budgets", "4", "--draft-p-min", "0.5", "--block-size", "8",
+                "--spec-draft-p-min", "0.25", "--spec-draft-n-max", "7", "-o", "sweep.json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    sweep = json.loads(res.stdout)
+    assert sweep["kind"] == "sweep" and "arms_from" not in sweep
+    want = arms_from.chosen(sweep["rows"])
+    assert len({(r["engine"], r["mode"], r["sampling"]) for r in sweep["runs"]}) > len(want)
+    res = bench(*common, "--arms-from", str(tmp_path / "results" / "sweep.json"), "--force", "--wait-idle-max", "0",
+                cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    head = json.loads(res.stdout)
+    assert head["kind"] == "headline" and head["force"] and head["settings"]["wait_idle"]
+    assert {(r["engine"], r["mode"], r["sampling"]) for r in head["runs"]} == want
+    assert {tuple(a) for a in head["arms_from"]["arms"]} == want
+    assert head["arms_from"]["sha256"] == hashlib.sha256((tmp_path / "results" / "sweep.json").read_bytes()).hexdigest()
+    assert head["settings"]["draft_p_min"] == [0.5] and head["settings"]["tree_budgets"] == [4]
+    assert [c["pairing"] for c in head["comparisons"]] == [c["pairing"] for c in sweep["comparisons"]]
+    res = bench(*common[:-1], "--arms-from", str(tmp_path / "results" / "sweep.json"), "--force",
+                "--wait-idle-max", "0", cwd=tmp_path)
+    assert res.returncode == 0 and "dflash-bench (headline, the arms" in res.stdout

@@ -15,8 +15,10 @@ model's end of generation (llama.cpp's tools are run without --ignore-eos, so
 both decode by the same rule). Both sides sweep
 their draft cut and length (ours --draft-p-min x --block-size, llama.cpp's
 --spec-draft-p-min x --spec-draft-n-max) beside their defaults, and are compared at their
-best and at their defaults. A cell that starts with the 1-minute load average above
---max-load per thread is marked loaded (or waited for, --wait-idle). Rows give medians
+best and at their defaults: such a run is a sweep, and --arms-from SWEEP.json (the
+headline run) measures again, in a run of its own, only the arms the sweep chose. A cell
+that starts with the 1-minute load average above --max-load per thread is marked loaded
+(or waited for, --wait-idle). Rows give medians
 over every repetition and their range; comparisons add the median and range of the
 per-repetition ratios, each over the rounds both rows ran. Decode tok/s counts the timed decode steps (the
 prefill and its token apart); AL is tokens per target pass. llama.cpp's tools run when
@@ -39,7 +41,7 @@ from ..cli import add_constraint_flags, check_p_min_flags, check_sampling_flags,
 from ..config import DEFAULT_MTP_DRAFTS
 from ..demo import demo_paths
 from ..speculative import CHAIN_RULES
-from . import llama_cpp, method, ours, provenance, report
+from . import arms_from, llama_cpp, method, ours, provenance, report
 from .prompts import PROMPTS
 from .runs import Run, Sampling
 
@@ -132,6 +134,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grammar-drafting", type=_list(str, "--grammar-drafting"), default=["on"],
                    help="under --grammar or --json-schema: on (drafts cut and filled by the grammar, as dflash-run "
                         "drafts), off (verified as drafted), or on,off (a row each; default on)")
+    p.add_argument("--arms-from", type=Path, metavar="SWEEP.json",
+                   help="the headline run: measure again, in a run of its own, only the arms a sweep (a plain "
+                        "dflash-bench run's results file) chose: each engine's best, default and fastest rows, its "
+                        "plain decoders and llama-bench; its arm settings are the sweep's, its workload must be. "
+                        "It waits for an idle machine (--wait-idle), takes no --max-load above the default and no "
+                        "checkout with uncommitted changes (unless --force)")
+    p.add_argument("--force", action="store_true",
+                   help="--arms-from: run from a checkout with uncommitted changes (recorded in the file)")
     p.add_argument("--json", action="store_true", help="print one JSON object (provenance, rows, every run)")
     p.add_argument("-o", "--output", type=Path,
                    help="also write the JSON to FILE (a bare file name goes under results/), in the form results/ "
@@ -173,6 +183,14 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--llama-cpp {args.llama_cpp}: no such directory")
     if not args.grammar_drafting or set(args.grammar_drafting) - {"on", "off"}:
         p.error("--grammar-drafting takes on, off or on,off")
+    if args.arms_from is not None:
+        if args.max_load > method.MAX_LOAD_PER_THREAD:
+            p.error(f"--arms-from: a headline run waits for an idle machine (--wait-idle) instead of taking a "
+                    f"--max-load above {method.MAX_LOAD_PER_THREAD}")
+        if not args.arms_from.is_file():
+            p.error(f"--arms-from {args.arms_from}: no such file")
+    elif args.force:
+        p.error("--force goes with --arms-from")
     if args.keep_raw and args.output is None:
         p.error("--keep-raw keeps the raw record beside -o FILE: give -o")
 
@@ -199,11 +217,23 @@ def chain_lengths(given: Optional[List[int]], block: int) -> List[int]:
     return given if given else list(dict.fromkeys(b for b in (block, block // 2) if b >= 2))
 
 
+def pick_cells(cells: List[tuple], only: set) -> tuple:
+    """The cells of `only` and their arms (ValueError: one of `only` is not among the cells)."""
+    key = {(arm.side, arm.name, s.label if s else "-"): (arm, s) for arm, s in cells}
+    missing = sorted(only - key.keys())
+    if missing:
+        raise ValueError("--arms-from: these flags and the tools found make no arm of the sweep's "
+                         + "; ".join(" ".join(m) for m in missing))
+    picked = [c for k, c in key.items() if k in only]
+    return picked, list(dict.fromkeys(arm for arm, _ in picked))
+
+
 def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling],
-            constraint_flags: tuple = ()) -> tuple:
+            constraint_flags: tuple = (), only: Optional[set] = None) -> tuple:
     """Every run, every arm (ours and llama.cpp's) interleaved within each repetition
     (method.py); llama.cpp's build info; the cells' load records; the order our engines
-    were loaded in."""
+    were loaded in. only: the (engine, mode, sampling) cells to run (arms_from.chosen),
+    all of them if None."""
     from ..draft import read_draft_metadata
     from ..tokenizer import Tokenizer
 
@@ -267,6 +297,8 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
 
     cells = [(arm, None) if isinstance(arm, llama_cpp.BenchArm) else (arm, s) for arm in arms
              for s in ([None] if isinstance(arm, llama_cpp.BenchArm) else samplings)]
+    if only is not None:
+        cells, arms = pick_cells(cells, only)
     gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
                                       log=log)
     failed: dict = {}
@@ -321,6 +353,45 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     return runs, info, gate.cells, [a.name for a in loading]
 
 
+def settings_of(args, prompts: List[tuple], samplings: List[Sampling], constraint_flags: tuple) -> dict:
+    """The run's settings as its results file records them."""
+    return {"prompts": [name for name, _ in prompts], "n_predict": args.n_predict,
+            "repetitions": args.repetitions, "threads": args.threads, "cache_type": args.cache_type_k,
+            "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
+            "block_size": args.block_size, "chain_rule": args.chain_rule,
+            "samplings": [s.label for s in samplings], "reload": args.reload,
+            "interleaved": "within a repetition the cells take turns "
+                           + ("with their rounds together (--reload)" if args.reload else "a round at a time")
+                           + ", in an order shuffled by random.Random(repetition)",
+            "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
+            "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
+            "wait_idle_max": args.wait_idle_max,
+            "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
+            "spec_draft_n_max": args.spec_draft_n_max,
+            "constraint": dict(zip(constraint_flags[::2], constraint_flags[1::2])),
+            "grammar_drafting": args.grammar_drafting}
+
+
+def headline_arms(p: argparse.ArgumentParser, args, settings: dict, models: dict) -> tuple:
+    """--arms-from: (the sweep's document, the cells it chose), args set to its arm
+    settings and to wait for an idle machine; an error exit for a sweep that is not one,
+    a checkout with uncommitted changes (without --force) or another workload."""
+    try:
+        sweep = arms_from.read_sweep(args.arms_from)
+    except (OSError, ValueError) as e:
+        p.error(str(e))
+    arms_from.apply(args, sweep)
+    args.wait_idle = True
+    where = provenance.checkout()
+    if where and where["uncommitted_changes"] and not args.force:
+        p.error(f"--arms-from: {where['path']} has uncommitted changes; a headline run measures a commit "
+                "(--force runs it anyway, recorded in the file)")
+    differ = arms_from.mismatches(sweep, settings, models)
+    if differ:
+        p.error(f"--arms-from {args.arms_from}: another workload than the sweep's: " + "; ".join(differ))
+    return sweep, arms_from.chosen(sweep["rows"])
+
+
 def bench_main(argv) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -347,12 +418,17 @@ def bench_main(argv) -> int:
                              if text is not None for f in (flag, text))
     samplings = [Sampling(t, args.top_k, args.top_p, args.min_p, args.seed, constraint) if t > 0
                  else Sampling(constraint=constraint) for t in dict.fromkeys(args.temp)]
+    models = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None,
+              "demo": args.model is None}
+    sweep, only = None, None
+    if args.arms_from is not None:
+        sweep, only = headline_arms(p, args, settings_of(args, prompts, samplings, constraint_flags), models)
 
     started, load_before = _dt.datetime.now(_dt.timezone.utc), provenance.load_average()
     log(f"load average {load_before[0]:.2f} on {os.cpu_count()} CPUs"
         + (": other processes are running, timings will show it" if load_before[0] > 0.5 else ""))
     try:
-        runs, llama_info, cells, load_order = measure(args, target, draft, prompts, samplings, constraint_flags)
+        runs, llama_info, cells, load_order = measure(args, target, draft, prompts, samplings, constraint_flags, only)
     except (DflashError, ValueError, OSError) as e:
         print(f"dflash-bench: error: {e}", file=sys.stderr)
         return 1
@@ -364,29 +440,16 @@ def bench_main(argv) -> int:
     table = report.rows(runs)
     devices = sorted({r.extra["device"] for r in runs if "device" in r.extra})
     result = {
-        "tool": "dflash-bench", "started": started.isoformat(timespec="seconds"),
+        "tool": "dflash-bench", "kind": "headline" if sweep else "sweep",
+        **({"arms_from": arms_from.record(args.arms_from, sweep, only), "force": args.force} if sweep else {}),
+        "started": started.isoformat(timespec="seconds"),
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "checkout": provenance.checkout(), "versions": provenance.versions(),
         "llama_cpp": {**llama_info, "sources": str(llama_cpp_tree.sdist_dir())},
         "machine": provenance.machine(args.threads, ", ".join(devices)),
         "load_average": {"before": load_before, "after": load_after},
-        "models": {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None,
-                   "demo": args.model is None},
-        "settings": {"prompts": [name for name, _ in prompts], "n_predict": args.n_predict,
-                     "repetitions": args.repetitions, "threads": args.threads, "cache_type": args.cache_type_k,
-                     "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
-                     "block_size": args.block_size, "chain_rule": args.chain_rule,
-                     "samplings": [s.label for s in samplings], "reload": args.reload,
-                     "interleaved": "within a repetition the cells take turns "
-                                    + ("with their rounds together (--reload)" if args.reload else "a round at a time")
-                                    + ", in an order shuffled by random.Random(repetition)",
-                     "min_seconds": args.min_seconds, "max_load_per_thread": args.max_load,
-                     "load_threshold_1m": args.max_load * args.threads, "wait_idle": args.wait_idle,
-                     "wait_idle_max": args.wait_idle_max,
-                     "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
-                     "spec_draft_n_max": args.spec_draft_n_max,
-                     "constraint": dict(zip(constraint_flags[::2], constraint_flags[1::2])),
-                     "grammar_drafting": args.grammar_drafting, "load_order": load_order},
+        "models": models,
+        "settings": {**settings_of(args, prompts, samplings, constraint_flags), "load_order": load_order},
         "cells": cells,
         "rows": [r.to_json() for r in table],
         "comparisons": report.each_sampling(table, report.comparisons),
@@ -402,7 +465,8 @@ def bench_main(argv) -> int:
         print(json.dumps(result))
         return 0
     machine = result["machine"]
-    print(f"dflash-bench: {Path(target).name} + {Path(draft).name if draft else 'no drafter'}"
+    kind = f"headline, the arms {args.arms_from} chose" if sweep else "sweep: every setting of both engines"
+    print(f"dflash-bench ({kind}): {Path(target).name} + {Path(draft).name if draft else 'no drafter'}"
           f"{' (the bundled demo pair)' if args.model is None else ''}; {len(prompts)} prompts x at most "
           f"{args.n_predict} tokens, {args.repetitions} reps; {args.threads} threads on {machine['cpu']} "
           f"({result['machine']['device']}); load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "

@@ -19,6 +19,7 @@ from .runs import OURS_PLAIN, Run
 from .stats import Spread, ratio
 
 LLAMA_PLAIN = ("llama.cpp", "plain (llama-completion)")
+NO_SAMPLING = "-"  # llama-bench's rows: random tokens, no sampling
 
 
 @dataclass
@@ -170,12 +171,13 @@ def drafting(table: Sequence[Row], engine: str, sampling: str) -> List[Row]:
 
 def comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
     """Ours against llama.cpp with one sampling: each side's fastest row of any mode
-    (what a user who tried every setting would run; llama-bench's random tokens are
-    another workload and have no sampling), drafting best vs best and default vs
-    default, and plain decoding against llama-completion."""
+    (what a user who tried every setting would run; llama.cpp's includes llama-bench, its
+    plain decoding's own figure, whose random tokens have no sampling: a row of every
+    sampling's), drafting best vs best and default vs default, and plain decoding
+    against llama-completion."""
     fastest = method.pairings([r for r in table if r.engine == "ours" and r.sampling == sampling],
-                              [r for r in table if r.engine == "llama.cpp" and r.sampling == sampling], _median,
-                              _rounds, lambda r: False)
+                              [r for r in table if r.engine == "llama.cpp" and r.sampling in (sampling, NO_SAMPLING)],
+                              _median, _rounds, lambda r: False)
     for p in fastest:
         p.name = "fastest vs fastest"
     pairs = fastest + method.pairings(drafting(table, "ours", sampling), drafting(table, "llama.cpp", sampling),
