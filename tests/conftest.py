@@ -126,3 +126,22 @@ def published_template():
     if src is None:
         missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
     return lambda name: (src / "models" / "templates" / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def real_path():
+    """real_path(name) -> the published file: skipped when not fetched, fetched (and any
+    failure raised) under CI=true."""
+    import os
+
+    from dflash_gguf import real_models
+
+    def get(name: str):
+        if os.environ.get("CI", "").lower() == "true":
+            return real_models.path(name)
+        found = real_models.cached(name)
+        if found is None:
+            pytest.skip(f"{name} is not fetched: run `python -m dflash_gguf.real_models {name}`")
+        return found
+
+    return get

@@ -16,7 +16,6 @@ its tests; under CI=true it is fetched, and a failure to fetch fails them.
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -47,23 +46,6 @@ TEXTS = [
     "<|endoftext|>text after a special token<|fim_prefix|>x = 1<|fim_suffix|><|fim_middle|>",
     "numbers 1234567890 12,345.67e-8 0x1F and CamelCaseIdentifiers_with_snake_case()",
 ]
-
-
-@pytest.fixture(scope="session")
-def real_path():
-    """real_path(name) -> the published file: skipped when not fetched, fetched (and any
-    failure raised) under CI=true."""
-    from dflash_gguf import real_models
-
-    def get(name: str):
-        if os.environ.get("CI", "").lower() == "true":
-            return real_models.path(name)
-        found = real_models.cached(name)
-        if found is None:
-            pytest.skip(f"{name} is not fetched: run `python -m dflash_gguf.real_models {name}`")
-        return found
-
-    return get
 
 
 class Run:

@@ -1,0 +1,54 @@
+"""The real pair: the published Qwen2.5-Coder 0.5B drafting for its 1.5B sibling
+(dflash_gguf.real_models), `--spec-type draft-simple`, on real activations, a real
+vocabulary and Q4_K_M files someone else quantized:
+
+- greedy chain and tree output equal plain greedy output token for token;
+- the drafted and accepted counts of llama.cpp's own loop equal llama-speculative-simple
+  --spec-type draft-simple's on the same files (same n-max, p-min 0).
+
+Outside CI a file that has not been fetched skips; under CI=true it is fetched.
+"""
+from __future__ import annotations
+
+import pytest
+
+from dflash_gguf import Engine
+
+pytestmark = pytest.mark.real
+
+PROMPT = "def quicksort(xs):\n"
+N_NEW = 48
+N_MAX = 4
+
+
+@pytest.fixture(scope="module")
+def pair(real_path):
+    return {"target": str(real_path("qwen2.5-coder-1.5b")), "small": str(real_path("qwen2.5-coder-0.5b"))}
+
+
+@pytest.fixture(scope="module")
+def plain_tokens(pair):
+    with Engine(pair["target"], n_ctx=512) as engine:
+        return engine.generate(PROMPT, N_NEW, stop_tokens=()).tokens
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_draft_simple_keeps_plain_greedy_output(pair, plain_tokens, tree):
+    with Engine(pair["target"], pair["small"], n_ctx=512, spec_draft_n_max=N_MAX,
+                tree_budget=8 if tree else None) as engine:
+        assert engine.setup.simple is not None  # a model file as -md drafts as draft-simple
+        got = engine.generate(PROMPT, N_NEW, stop_tokens=())
+    assert got.tokens == plain_tokens
+    # the 0.5B agrees with its sibling on most of this code: far more than one token a pass
+    assert got.stats.mean_accepted > 1.5, got.stats.mean_accepted
+
+
+def test_counts_equal_llama_cpp(pair):
+    from speculative_simple import llama_speculative_simple
+    from test_draft_simple import our_draft_simple
+
+    want = llama_speculative_simple(pair["target"], PROMPT, 32, "draft-simple", N_MAX, draft=pair["small"])
+    got = our_draft_simple(pair, "small", PROMPT, 32, N_MAX, 0.0)
+    keys = ("n_drafted", "n_accept", "n_predict")
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
+    assert got["n_accept"] > got["n_drafted"] / 2
