@@ -707,7 +707,11 @@ SPREAD = dict(take=(0.55, 0.2, 0.1, 0.05, 0.1))  # its second and third choices 
 def test_auto_ends_on_the_chain_where_a_verify_costs_its_rows(seed):
     """On a CPU-like device the chain beats plain decoding (drafting pays) and every
     tree (whose verify costs more than what it accepts more): auto runs it on >= 95%
-    of the late steps and makes >= 98% of the best fixed arm's tokens per second."""
+    of the late steps and makes the best fixed arm's tokens per second. What is
+    measured: 0.98-1.00 of the best arm's expected rate on seeds 0-2, 1.00 +- 0.013 over
+    seeds 3-14 (auto runs the chain throughout: the spread is the luck of the 800 late
+    steps' acceptance draws); the bar, 0.96, is three of those standard deviations below
+    par."""
     from dflash_gguf.budget import CHAIN
 
     sim = SimPair(**CPU, **GOOD)
@@ -715,15 +719,17 @@ def test_auto_ends_on_the_chain_where_a_verify_costs_its_rows(seed):
     assert best[0] == CHAIN
     steps = simulate_auto(sim, steps=1000, seed=seed)
     assert arm_share(steps, CHAIN) >= 0.95, [a for a, _, _ in steps]
-    assert late_rate(steps) >= 0.96 * best[1]  # the bar less a 1% draw of luck (two standard deviations)
+    assert late_rate(steps) >= 0.96 * best[1]  # par less three standard deviations of draw luck
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_auto_ends_on_the_best_tree_where_a_verify_costs_about_one_row(seed):
     """On a GPU-like device a tree's extra nodes cost next to nothing and trees accept
     more than the chain: auto ends on the tree size that gives the most tokens per
-    second (>= 90% of the late steps), at >= 98% of that fixed arm's speed, though no
-    tree runs before the model says it wins."""
+    second (>= 90% of the late steps), at that fixed arm's speed, though no tree runs
+    before the model says it wins. Measured: 0.975-0.99 of the arm's expected rate on
+    seeds 0-2, 1.00 +- 0.011 over seeds 3-14 (draw luck, as on the CPU); the bar is 0.96,
+    three standard deviations below par."""
     sim = SimPair(**GPU, **SPREAD)
     rates = sim.true_rates((4, 8, 16, 32))
     best = max(rates, key=rates.get)
