@@ -1,19 +1,65 @@
 """llama.cpp's llama-speculative-simple as an oracle of drafted and accepted counts: its
 run (greedy, on the same GGUFs) and the same loop on our runtime, for every drafter kind
-(test_mtp, test_eagle3, test_dspark, test_draft_simple)."""
+(test_mtp, test_eagle3, test_dspark, test_draft_simple, test_dflash_llama_cpp). At -lv 5
+it also logs every drafted position's top candidates (the first is the draft) and each
+round's accepted count and last token, which steps=True reads round by round."""
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+import re
+from typing import Callable, Iterable, List, Optional
 
 # runs of llama-speculative-simple until one logs its summary (each takes a fraction of a
 # second on the tests' tiny models)
 ATTEMPTS = 20
 
 
+# common/speculative.cpp: " - seq_id 0, draft candidate   0, pos   3:    123 (   0.456) 'piece'"
+_CANDIDATE = re.compile(r" - seq_id (\d+), draft candidate\s+(\d+), pos\s+(\d+):\s+(-?\d+) \(")
+# examples/speculative-simple: "accepted 2/7 draft tokens, the last target token is: (123)"
+_ACCEPTED = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((-?\d+)\)")
+
+
+def parse_steps(log: str) -> list:
+    """Each round of a -lv 5 log: the drafts the drafter made (before the loop cut them to
+    the room left), how many the loop verified and the target accepted, and the target's
+    token that ended the round."""
+    blocks, prev = [], None
+    for m in _CANDIDATE.finditer(log):
+        seq, cand, pos, tok = (int(g) for g in m.groups())
+        if seq != 0 or cand != 0:
+            continue
+        if prev is None or pos <= prev:  # the first position of a new draft
+            blocks.append([])
+        blocks[-1].append(tok)
+        prev = pos
+    rounds = [tuple(int(g) for g in m.groups()) for m in _ACCEPTED.finditer(log)]
+    if len(blocks) != len(rounds):
+        raise AssertionError(f"llama-speculative-simple logged {len(blocks)} drafts for {len(rounds)} rounds")
+    return [{"drafts": b, "n_verified": n_draft, "n_accept": n_acc, "last": last}
+            for b, (n_acc, n_draft, last) in zip(blocks, rounds)]
+
+
+def generated(steps: list, eog: Iterable[int]) -> list:
+    """The tokens the rounds produced: each round's accepted drafts and the target's token
+    after them, up to the first end-of-generation token (where the loop stops)."""
+    eog, out = set(eog), []
+    for s in steps:
+        for t in s["drafts"][:s["n_accept"]] + [s["last"]]:
+            out.append(t)
+            if t in eog:
+                return out
+    return out
+
+
 def llama_speculative_simple(model: str, text: str, n_predict: int, spec_type: str, n_max: int, *,
-                             draft: Optional[str] = None, p_min: float = 0.0, n_ctx: int = 512) -> dict:
+                             draft: Optional[str] = None, p_min: float = 0.0, n_ctx: int = 512,
+                             steps: bool = False, exact: bool = False) -> dict:
     """llama-speculative-simple --spec-type `spec_type`, greedy, n-min 0, one thread: its
-    counts (bench.llama_cpp.parse_speculative). A missing tool is a missing oracle."""
+    counts (bench.llama_cpp.parse_speculative), with steps=True its rounds too ("steps":
+    parse_steps). exact: the target's and the drafter's KV caches in f32 (llama.cpp's
+    default is f16), as the tests run ours, and no flash attention (its CPU kernel rounds
+    otherwise: a drafter logit tie 0.0014 apart picks the other token with it, and the
+    same as ours without). A missing tool is a missing oracle."""
     from dflash_gguf import llama_cpp_tree
     from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
     from fixtures import missing_oracle
@@ -25,10 +71,19 @@ def llama_speculative_simple(model: str, text: str, n_predict: int, spec_type: s
     cmd = [str(exe), "-m", str(model), *(["-md", str(draft)] if draft else []), "-c", str(n_ctx),
            "-n", str(n_predict), "-t", "1", "-tb", "1", "--temp", "0", "--spec-type", spec_type,
            "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(p_min),
+           *(["-lv", "5"] if steps else []),
+           *(["-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32", "-fa", "off"] if exact else []),
            "-p", text]
+
+    def parse(log: str) -> dict:
+        out = parse_speculative(log)
+        if steps and "rounds" in out:
+            out["steps"] = parse_steps(log)
+        return out
+
     # llama.cpp's logger is a thread its exit does not wait for (common/log.cpp leaks it on
     # purpose): on a loaded machine most runs lose the summary, so a run is tried often
-    _, r = run_parsed(cmd, parse_speculative, "rounds", attempts=ATTEMPTS)
+    _, r = run_parsed(cmd, parse, "rounds", attempts=ATTEMPTS)
     return r
 
 
@@ -39,13 +94,15 @@ def speculative_simple_loop(target, draft_step: Callable[[int, List[int], int], 
     room): `pending` the tokens committed since its last call, `room` what the context
     and n_predict leave, 0 for no limit, as llama.cpp passes it), verifies the drafts
     with it and keeps the accepted; the loop ends past n_predict tokens or at an
-    end-of-generation token. Its counts."""
+    end-of-generation token. Its counts, and its rounds ("steps", as parse_steps reads
+    llama.cpp's)."""
     last, n_past, pending = tokens[-1], len(tokens) - 1, []
-    counts = {"n_drafted": 0, "n_accept": 0, "n_predict": 0}
+    eog = set(eog)
+    counts = {"n_drafted": 0, "n_accept": 0, "n_predict": 0, "steps": []}
     while True:
         room = max(0, min(n_ctx - n_past - 2, n_predict - counts["n_predict"] - 1))
-        drafts = draft_step(last, pending, room)
-        drafts = drafts[:room] if room > 0 else drafts
+        made = draft_step(last, pending, room)
+        drafts = made[:room] if room > 0 else made
         block = [last] + drafts
         target.verify(block)
         choice = target.choices(0, len(block))
@@ -58,7 +115,10 @@ def speculative_simple_loop(target, draft_step: Callable[[int, List[int], int], 
         counts["n_drafted"] += len(drafts)
         counts["n_accept"] += n_acc
         counts["n_predict"] += len(ids)
+        eog_at = next((i for i, t in enumerate(ids) if t in eog), None)
+        counts["steps"].append({"drafts": made, "n_verified": len(drafts), "n_accept": n_acc,
+                                "last": ids[-1] if eog_at is None else ids[eog_at]})
         n_past += len(ids)
         last = ids[-1]
-        if counts["n_predict"] > n_predict or any(t in eog for t in ids):
+        if counts["n_predict"] > n_predict or eog_at is not None:
             return counts
