@@ -2,7 +2,8 @@
 
 For each target family both runtimes run (qwen3, qwen35, qwen35moe, gemma4 dense and MoE,
 gpt-oss: llama.cpp's src/models/<arch>.cpp exposes every layer's input to the drafter,
-and common/speculative.cpp's draft-dflash takes any target), a tiny seeded target and a
+and common/speculative.cpp's draft-dflash takes any target; not qwen2, whose graph
+exposes none, an xfail kept strict), a tiny seeded target and a
 DFlash drafter for it, both converted by our converter, run through
 llama-speculative-simple --spec-type draft-dflash (greedy, p-min 0, n-max fixed, f32 KV
 caches, no flash attention) and through the same loop with our Target and Draft
@@ -26,6 +27,7 @@ import pytest
 
 from speculative_simple import generated, llama_speculative_simple, speculative_simple_loop
 
+from dflash_gguf.bench.llama_cpp import ToolError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
@@ -33,7 +35,13 @@ from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 N_PREDICT = 40
 COUNTS = ("n_drafted", "n_accept", "n_predict")
 TEXTS = ["    def __init__(self, name):\n        self.name = name\n", "import os\n\n\ndef main():\n"]
-FAMILIES = ["qwen35", "qwen3", "qwen35moe", "gemma4", "gemma4-moe", "gpt-oss"]
+# qwen2: our runtime drafts for it (test_architectures), llama.cpp cannot: its
+# src/models/qwen2.cpp records no layer inputs (t_layer_inp), so draft-dflash aborts on
+# "layer input tensor is null"; strict, so that a llama.cpp that learns it fails here
+QWEN2_UNSUPPORTED = pytest.mark.xfail(strict=True, raises=ToolError, reason="llama.cpp's qwen2 graph exposes no layer inputs to a "
+                                      "DFlash drafter: llama-speculative-simple aborts")
+FAMILIES = ["qwen35", "qwen3", "qwen35moe", "gemma4", "gemma4-moe", "gpt-oss",
+            pytest.param("qwen2", marks=QWEN2_UNSUPPORTED)]
 
 
 def build(family, root):
@@ -44,10 +52,11 @@ def build(family, root):
         from dspark_fixtures import DEMO_HF
 
         return DEMO_HF / "target", DEMO_HF / "draft"
-    if family in ("qwen3", "qwen35moe"):
-        from fixtures import make_qwen3, make_qwen35moe
+    if family in ("qwen2", "qwen3", "qwen35moe"):
+        from fixtures import make_qwen2, make_qwen3, make_qwen35moe
 
-        target = (make_qwen3 if family == "qwen3" else make_qwen35moe)(root / "target", seed=21)
+        make = {"qwen2": make_qwen2, "qwen3": make_qwen3, "qwen35moe": make_qwen35moe}[family]
+        target = make(root / "target", seed=21)
         n_layer = json.loads((target / "config.json").read_text())["num_hidden_layers"]
         return target, make_dflash(root / "draft", target, target_layer_ids=(0, n_layer - 2), block_size=8, seed=22)
     if family.startswith("gemma4"):
