@@ -346,6 +346,15 @@ struct ggml_tensor * dfl_yarn_factors(struct ggml_context * ctx, const dfl_rope_
     return ggml_div(ctx, ggml_scale_bias(ctx, ramp, 0.0f, 1.0f), blend);
 }
 
+struct ggml_tensor * dfl_cb(struct ggml_tensor * t, const char * name, int il) {
+    if (il >= 0) {
+        ggml_format_name(t, "%s-%d", name, il);
+    } else {
+        ggml_set_name(t, name);
+    }
+    return t;
+}
+
 struct ggml_tensor * dfl_rms_norm(struct ggml_context * ctx, struct ggml_tensor * x, struct ggml_tensor * w, float eps) {
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
 }

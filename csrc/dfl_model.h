@@ -127,6 +127,11 @@ struct ggml_tensor * dfl_graph_delta_net(dfl_graph * g, int il, struct ggml_tens
 
 /* ---- shared building blocks -------------------------------------------------------- */
 
+/* Names t as llama.cpp's graph builders name their intermediates ("attn_norm-3" for
+ * layer 3; il < 0: the name alone), so that a dump (dfl_dump.h) pairs with
+ * llama-eval-callback's tensor by tensor. Returns t; names change nothing computed. */
+struct ggml_tensor * dfl_cb(struct ggml_tensor * t, const char * name, int il);
+
 /* NeoX-style ggml_rope_ext with the model's frequency scaling. */
 struct ggml_tensor * dfl_rope(const dfl_model * m, struct ggml_context * ctx, struct ggml_tensor * x,
                               struct ggml_tensor * pos, struct ggml_tensor * freqs, int n_rot, float base);

@@ -1,6 +1,8 @@
 #define _GNU_SOURCE /* sched_getaffinity */
 #include "dfl_runtime.h"
 
+#include "dfl_dump.h"
+
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,7 +139,9 @@ static bool new_sched(dfl_runtime * rt, dfl_graph_slot * s, bool op_offload) {
     if (!s->sched) {
         return false;
     }
-    if (rt->profile) {
+    if (rt->dump) {
+        dfl_dump_attach(rt->dump, s->sched); /* a dump needs the callback for itself */
+    } else if (rt->profile) {
         ggml_backend_sched_set_eval_callback(s->sched, profile_node, rt->profile);
     } else if (is_lavapipe(rt->dev)) {
         ggml_backend_sched_set_eval_callback(s->sched, one_node_at_a_time, NULL);
@@ -203,6 +207,14 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
             snprintf(rt->profile->name, sizeof rt->profile->name, "%s", name);
         }
     }
+    /* only the target dumps: a drafter's graphs use names of their own */
+    if (strcmp(name, "target") == 0) {
+        const dfl_status st = dfl_dump_from_env(&rt->dump);
+        if (st != DFL_OK) {
+            dfl_runtime_free(rt);
+            return st;
+        }
+    }
     bool ok = rt->traffic != NULL;
     for (int i = 0; i < rt->n_slots && ok; i++) {
         rt->slots[i].mem = malloc(rt->graph_mem_size);
@@ -239,6 +251,7 @@ void dfl_runtime_free(dfl_runtime * rt) {
         profile_report(rt->profile);
         free(rt->profile);
     }
+    dfl_dump_free(rt->dump);
     for (int i = 0; i < rt->n_slots; i++) {
         dfl_graph_slot * s = &rt->slots[i];
         if (s->ctx) ggml_free(s->ctx);
@@ -353,7 +366,10 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     rt->traffic->computes++;
     rt->traffic->copy_bytes += rt->slots[slot].copy_bytes;
     rt->n_last_nodes = ggml_graph_n_nodes(gf);
-    if (ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf) != GGML_STATUS_SUCCESS) {
+    dfl_dump_begin(rt->dump);
+    const enum ggml_status status = ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf);
+    dfl_dump_end(rt->dump);
+    if (status != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
     }
     rt->last_slot = slot;

@@ -712,7 +712,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
     }
 
     const int n = step->n_rows;
-    struct ggml_tensor * x = embed(t, step, ctx, in);
+    struct ggml_tensor * x = dfl_cb(embed(t, step, ctx, in), "inp_embd", -1);
     in->pos = new_input(ctx, GGML_TYPE_I32, n);
     in->slots = new_input(ctx, GGML_TYPE_I64, n);
     in->slots_swa = t->mem.swa_window > 0 ? new_input(ctx, GGML_TYPE_I64, n) : NULL;
@@ -735,7 +735,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
     bool normed = false;
     for (int f = 0; f < t->p.n_feature_layers && !normed; f++) {
         if (t->p.feature_layers[f] == m->n_layer) {
-            x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
+            x = dfl_cb(dfl_rms_norm(ctx, x, m->output_norm, m->eps), "result_norm", -1);
             normed = true;
             capture_features(t, in, ctx, gf, x, m->n_layer);
         }
@@ -747,13 +747,13 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
     if (step->n_out > 0) {
         x = logits_rows(step, ctx, in, x);
         if (!normed) {
-            x = dfl_rms_norm(ctx, x, m->output_norm, m->eps);
+            x = dfl_cb(dfl_rms_norm(ctx, x, m->output_norm, m->eps), "result_norm", -1);
         }
         struct ggml_tensor * out = dfl_gguf_mul_mat(&m->file, ctx, m->output, x);
         if (m->logit_softcap > 0.0f) {
             out = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, out, 1.0f / m->logit_softcap)), m->logit_softcap);
         }
-        in->logits = out;
+        in->logits = dfl_cb(out, "result_output", -1);
         ggml_set_output(out);
         dfl_sampler_build(ctx, gf, out, &step->samp, &in->samp);
     }

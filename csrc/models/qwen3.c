@@ -112,21 +112,23 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     struct ggml_context * ctx = g->ctx;
     const int hd = w->head_dim, n = g->n;
 
-    struct ggml_tensor * cur = dfl_rms_norm(ctx, x, L->attn_norm, w->eps);
+    struct ggml_tensor * cur = dfl_cb(dfl_rms_norm(ctx, x, L->attn_norm, w->eps), "attn_norm", il);
     struct ggml_tensor * q = ggml_reshape_3d(ctx, linear(ctx, L->wq, L->bq, cur), hd, w->n_head, n);
     struct ggml_tensor * k = ggml_reshape_3d(ctx, linear(ctx, L->wk, L->bk, cur), hd, w->n_head_kv, n);
-    struct ggml_tensor * v = linear(ctx, L->wv, L->bv, cur);
+    struct ggml_tensor * v = dfl_cb(linear(ctx, L->wv, L->bv, cur), "Vcur", il);
     if (L->q_norm) {
-        q = dfl_rms_norm(ctx, q, L->q_norm, w->eps);
-        k = dfl_rms_norm(ctx, k, L->k_norm, w->eps);
+        q = dfl_cb(dfl_rms_norm(ctx, q, L->q_norm, w->eps), "Qcur_normed", il);
+        k = dfl_cb(dfl_rms_norm(ctx, k, L->k_norm, w->eps), "Kcur_normed", il);
     }
-    q = dfl_rope(m, ctx, q, g->pos, NULL, w->n_rot, w->rope_base);
-    k = dfl_rope(m, ctx, k, g->pos, NULL, w->n_rot, w->rope_base);
-    cur = dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd));
-    x = ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), x);
+    /* llama.cpp's Qcur and Kcur are the rotated ones */
+    q = dfl_cb(dfl_rope(m, ctx, q, g->pos, NULL, w->n_rot, w->rope_base), "Qcur", il);
+    k = dfl_cb(dfl_rope(m, ctx, k, g->pos, NULL, w->n_rot, w->rope_base), "Kcur", il);
+    cur = dfl_cb(dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd)), "kqv_out", il);
+    x = dfl_cb(ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), x), "ffn_inp", il);
 
-    cur = dfl_rms_norm(ctx, x, L->ffn_norm, w->eps);
-    return ggml_add(ctx, dfl_ffn_swiglu(ctx, cur, L->ffn_gate, L->ffn_up, L->ffn_down), x);
+    cur = dfl_cb(dfl_rms_norm(ctx, x, L->ffn_norm, w->eps), "ffn_norm", il);
+    cur = dfl_cb(dfl_ffn_swiglu(ctx, cur, L->ffn_gate, L->ffn_up, L->ffn_down), "ffn_out", il);
+    return dfl_cb(ggml_add(ctx, cur, x), "l_out", il);
 }
 
 const dfl_arch dfl_arch_qwen2 = { "qwen2", "Qwen2", load_qwen2, build_layer };

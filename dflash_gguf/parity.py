@@ -1,0 +1,314 @@
+"""Tensor-by-tensor parity with llama.cpp: where does a numerical difference start?
+
+    python -m dflash_gguf.parity -m model.gguf -p "def quicksort(" [-t 2] [--out result.json]
+
+Runs llama.cpp's `llama-eval-callback` (built by `scripts/llama_cpp_build.py
+llama-eval-callback`) and our runtime's named-tensor dump (DFLASH_DUMP_TENSORS, see
+csrc/dfl_dump.h) on the same GGUF and the same prompt tokens (llama.cpp's tokenization,
+read from its log), pairs the tensors by name (llama.cpp's: `attn_norm-3`, `l_out-3`,
+`result_output`, ...) and reports, per tensor, the largest absolute difference over the
+elements llama-eval-callback prints (the first and last three along each dimension, to
+four decimals). The first tensor, in llama.cpp's order of computation, whose difference
+passes atol + rtol * (the tensor's largest printed magnitude) is named as the divergence.
+
+Pairing rules: where a name occurs several times in llama.cpp's graph (its Qcur is named
+after the projection, the bias, the reshape and the rotation), the last one is the named
+step and is the one compared. Where llama.cpp computes only the rows with outputs in its
+last layer (one row) and we compute all, its row is compared with our last row.
+
+llama.cpp's log is written by a thread that the process leaves unflushed at exit on
+purpose, so the tail of its output is lost (on a tiny model, every time): the tool runs
+with a preloaded library whose destructor waits half a second at exit for that thread;
+a run whose output still lacks `result_output` is retried, and after that what both runs
+have is compared and the result says `"truncated": true`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import llama_cpp_tree
+
+TOOL = "llama-eval-callback"
+PRINT_EDGE = 3  # llama-eval-callback prints the first and last 3 along each dimension
+ATOL, RTOL = 5e-3, 5e-3
+# the names the dense attention builders give, as llama.cpp's do (one layer's; -il appended)
+LAYER_NAMES = ("attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "ffn_inp", "ffn_norm", "ffn_out", "l_out")
+GLOBAL_NAMES = ("inp_embd", "result_norm", "result_output")
+DEFAULT_REGEX = "^(" + "|".join(LAYER_NAMES + ("Qcur_normed", "Kcur_normed")) + r")-[0-9]+$|^(" \
+    + "|".join(GLOBAL_NAMES) + ")$"
+
+
+@dataclass
+class Printed:
+    """One tensor as llama-eval-callback printed it: its header and the printed values."""
+    name: str
+    op: str
+    type: str
+    ne: tuple
+    values: list = field(default_factory=list)
+    sums: list = field(default_factory=list)
+
+
+def printed_indices(ne: Sequence[int], edge: int = PRINT_EDGE) -> list[int]:
+    """Flat (ggml order) indices of the elements llama-eval-callback prints, in its order."""
+    def keep(n):
+        return list(range(n)) if n <= 2 * edge else list(range(edge)) + list(range(n - edge, n))
+    ne0, ne1, ne2, ne3 = ne
+    return [i0 + ne0 * (i1 + ne1 * (i2 + ne2 * i3))
+            for i3 in range(ne3) for i2 in keep(ne2) for i1 in keep(ne1) for i0 in keep(ne0)]
+
+
+# "common_debug_cb_eval:   Kcur-0 (view) = (f32)   VIEW(src{..}, }) = {256, 6, 1, 1}"
+_HEADER = re.compile(r"^common_debug_cb_eval:\s+(.+?) = \((\w+)\)\s+(\S+)\(.*\) = \{(\d+), (\d+), (\d+), (\d+)\}\s*$")
+_NUMBER = re.compile(r"-?(?:\d+\.\d+|nan|inf)", re.IGNORECASE)
+
+
+def parse_eval_callback(text: str) -> tuple[list[int], list[Printed]]:
+    """The prompt tokens and the printed tensors of a llama-eval-callback log, in order.
+    A tensor whose values were cut off (a truncated log) keeps the values it has."""
+    tokens: list[int] = []
+    tensors: list[Printed] = []
+    lines = text.splitlines()
+    cur: Optional[Printed] = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.search(r"number of input tokens = (\d+)", line)
+        if m and not tokens:
+            n = int(m.group(1))
+            # one id a line, after the logger's time stamp and level
+            tokens = [int(x.split()[-1]) for x in lines[i + 1:i + 1 + n]]
+            i += 1 + n
+            continue
+        h = _HEADER.match(line)
+        if h:
+            cur = Printed(h.group(1), h.group(3), h.group(2), tuple(int(h.group(k)) for k in range(4, 8)))
+            tensors.append(cur)
+        elif cur is not None:
+            s = line.strip()
+            if s.startswith("sum = "):
+                cur.sums.append(float(s[6:]))
+            elif s.startswith("[") and s.endswith("],") and len(s) > 3:
+                cur.values.extend(float(x) for x in _NUMBER.findall(s))
+        i += 1
+    return tokens, tensors
+
+
+def read_dump(path) -> dict[str, dict]:
+    """Our dump file (csrc/dfl_dump.h): name -> {op, type, ne, values}; a name dumped more
+    than once keeps its last tensor, as pairing wants."""
+    out = {}
+    with open(path, "rb") as f:
+        while True:
+            header = f.readline()
+            if not header:
+                break
+            h = json.loads(header)
+            data = f.read(4 * h["n"])
+            if len(data) != 4 * h["n"]:
+                raise ValueError(f"{path}: the dump ends inside tensor {h['name']}")
+            h["values"] = np.frombuffer(data, dtype="<f4")
+            out[h["name"]] = h
+    return out
+
+
+def compare(ours: dict[str, dict], theirs: list[Printed], atol: float = ATOL, rtol: float = RTOL) -> dict:
+    """Per shared name (llama.cpp's order, its last tensor of the name): the largest
+    absolute difference over the printed elements, and the first tensor past tolerance."""
+    last = {}
+    for t in theirs:
+        if t.values and not any(ch in t.name for ch in " ()"):
+            last.pop(t.name, None)  # keep the order of the last occurrences
+            last[t.name] = t
+    rows, first = [], None
+    for name, t in last.items():
+        if name not in ours:
+            continue
+        o = ours[name]
+        n_theirs = math.prod(t.ne)
+        n_ours = len(o["values"])
+        idx = printed_indices(t.ne)
+        row = {"name": name, "ne_llama": list(t.ne), "ne_ours": o["ne"]}
+        if n_ours < n_theirs or n_ours % n_theirs:
+            row["skipped"] = "shapes do not pair"
+            rows.append(row)
+            continue
+        if len(t.values) != len(idx):
+            row["skipped"] = f"llama.cpp printed {len(t.values)} of {len(idx)} values (truncated log)"
+            rows.append(row)
+            continue
+        # our rows beyond llama.cpp's: it keeps only the output rows (the last) in its last layer
+        ref = np.asarray(t.values, dtype=np.float64)
+        mine = o["values"][n_ours - n_theirs:][idx].astype(np.float64)
+        diff = np.abs(mine - ref)
+        both_nan = np.isnan(mine) & np.isnan(ref)
+        diff[both_nan] = 0.0
+        diff[np.isnan(diff)] = np.inf
+        scale = float(np.nanmax(np.abs(ref))) if ref.size else 0.0
+        row.update(n_compared=int(ref.size), max_abs_diff=float(diff.max()), max_abs=scale,
+                   argmax=int(idx[int(diff.argmax())]),
+                   sum_llama=t.sums[-1] if t.sums and n_ours == n_theirs else None,
+                   sum_ours=float(o["values"].astype(np.float64).sum()) if n_ours == n_theirs else None)
+        row["ok"] = bool(row["max_abs_diff"] <= atol + rtol * scale)
+        if not row["ok"] and first is None:
+            first = name
+        rows.append(row)
+    compared = [r for r in rows if "max_abs_diff" in r]
+    worst = max(compared, key=lambda r: r["max_abs_diff"], default=None)
+    return {"atol": atol, "rtol": rtol, "n_compared": len(compared), "first_divergence": first,
+            "max_abs_diff": worst["max_abs_diff"] if worst else None, "worst": worst["name"] if worst else None,
+            "only_llama": [n for n in last if n not in ours], "only_ours": [n for n in ours if n not in last],
+            "tensors": rows}
+
+
+# llama.cpp's logger writes from a thread that exit() does not wait for (common/log.cpp
+# leaks it on purpose), so a small model's run loses the last tensors' lines every time.
+# A library preloaded into the tool whose destructor waits a moment at exit lets the
+# thread drain its queue; the retries below cover a run where that was not enough.
+_EXIT_WAIT_C = """
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((destructor)) static void dflash_parity_wait_for_logger(void) {
+    const char * ms = getenv("DFLASH_PARITY_EXIT_WAIT_MS");
+    usleep((useconds_t) (ms ? atoi(ms) : 500) * 1000u);
+}
+"""
+
+
+def _exit_wait_library() -> Optional[Path]:
+    """The preload library (built once next to llama.cpp's tools), None without a C compiler."""
+    lib = llama_cpp_tree.build_dir() / "dflash-parity-exit-wait.so"
+    if lib.is_file():
+        return lib
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        src = Path(tmp) / "exit_wait.c"
+        src.write_text(_EXIT_WAIT_C)
+        out = Path(tmp) / lib.name
+        if subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(src)], capture_output=True).returncode:
+            return None
+        out.replace(lib)  # whole or not at all
+    return lib
+
+
+def llama_log(model, prompt: str, threads: int, tool: Optional[Path] = None, n_ctx: int = 512) -> str:
+    """One run of llama-eval-callback: its log (stdout and stderr)."""
+    exe = tool or llama_cpp_tree.tool(TOOL)
+    if exe is None:
+        raise FileNotFoundError(f"{TOOL} is not built: run `python scripts/llama_cpp_build.py {TOOL}`")
+    env = dict(os.environ)
+    preload = _exit_wait_library()
+    if preload is not None:
+        env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD")]))
+    cmd = [str(exe), "-m", str(model), "-p", prompt, "-t", str(threads), "-c", str(n_ctx)]  # it never warms up
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{TOOL} failed ({proc.returncode}): " + proc.stderr.strip()[-2000:])
+    return proc.stderr + "\n" + proc.stdout
+
+
+def run_llama(model, prompt: str, threads: int, tool: Optional[Path] = None, retries: int = 2,
+              n_ctx: int = 512) -> tuple[list[int], list[Printed], bool]:
+    """llama-eval-callback's tokens and tensors; retried while its log lacks the last tensor
+    (its logger may lose the tail at exit). Returns (tokens, tensors, truncated)."""
+    best = ([], [], True)
+    for _ in range(1 + retries):
+        tokens, tensors = parse_eval_callback(llama_log(model, prompt, threads, tool, n_ctx))
+        if not tokens:
+            raise RuntimeError(f"{TOOL} printed no prompt tokens")
+        if any(t.name == "result_output" and t.sums for t in tensors):
+            return tokens, tensors, False
+        if len(tensors) > len(best[1]):
+            best = (tokens, tensors, True)
+    return best
+
+
+def run_ours(model, tokens: Sequence[int], threads: int, regex: str = DEFAULT_REGEX, n_ctx: int = 512) -> dict:
+    """Our runtime's dump of the prompt pass over `tokens`."""
+    from .target import LOGITS_LAST, Target, TargetConfig
+
+    with tempfile.TemporaryDirectory(prefix="dflash-parity-") as tmp:
+        path = Path(tmp) / "dump.bin"
+        saved = {k: os.environ.get(k) for k in ("DFLASH_DUMP_TENSORS", "DFLASH_DUMP_FILE")}
+        os.environ.update(DFLASH_DUMP_TENSORS=regex, DFLASH_DUMP_FILE=str(path))
+        try:
+            target = Target(str(model), TargetConfig(n_ctx=max(n_ctx, len(tokens) + 1), n_threads=threads))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        try:
+            target.prefill(list(tokens), LOGITS_LAST)
+        finally:
+            target.close()
+        return read_dump(path)
+
+
+def parity(model, prompt: str, threads: int = 2, atol: float = ATOL, rtol: float = RTOL,
+           our_tokens: Optional[Sequence[int]] = None, tool: Optional[Path] = None) -> dict:
+    """Both runs compared. our_tokens: feed our side other tokens than llama.cpp's (a
+    deliberate perturbation, for testing that a divergence is found where it starts)."""
+    tokens, theirs, truncated = run_llama(model, prompt, threads, tool)
+    ours = run_ours(model, tokens if our_tokens is None else our_tokens, threads)
+    result = compare(ours, theirs, atol, rtol)
+    result.update(model=str(model), prompt=prompt, tokens=list(tokens), threads=threads, truncated=truncated,
+                  tool=str(tool or llama_cpp_tree.tool(TOOL)))
+    return result
+
+
+def summary(result: dict) -> str:
+    lines = [f"{'tensor':<24} {'ne (llama.cpp)':<22} {'max |diff|':>12} {'max |ref|':>12}"]
+    for r in result["tensors"]:
+        if "max_abs_diff" in r:
+            flag = "" if r["ok"] else "  <-- past tolerance"
+            lines.append(f"{r['name']:<24} {str(r['ne_llama']):<22} {r['max_abs_diff']:>12.3g} {r['max_abs']:>12.3g}{flag}")
+        else:
+            lines.append(f"{r['name']:<24} {str(r['ne_llama']):<22} skipped: {r['skipped']}")
+    lines.append(f"{result['n_compared']} tensors compared (tolerance {result['atol']:g} + {result['rtol']:g} * max |ref|); "
+                 f"largest difference {result['max_abs_diff']} at {result['worst']}; first divergence: "
+                 f"{result['first_divergence'] or 'none'}" + ("; llama.cpp's log was truncated" if result["truncated"] else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", required=True, help="GGUF file")
+    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--atol", type=float, default=ATOL)
+    p.add_argument("--rtol", type=float, default=RTOL)
+    p.add_argument("--out", help="write the result (summaries, no values) as JSON here")
+    args = p.parse_args(argv)
+    if not Path(args.model).is_file():
+        p.error(f"no such model file: {args.model}")
+    try:
+        result = parity(args.model, args.prompt, args.threads, args.atol, args.rtol)
+    except (FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summary(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 1 if result["first_divergence"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
