@@ -14,6 +14,7 @@ struct dfl_dump {
     char * path;
     FILE * f;
     int state;
+    bool every_node;
     int n_dumped; /* tensors written by the graph now running */
     void * buf;   /* the tensor's bytes as ggml_backend_tensor_get returns them */
     size_t buf_size;
@@ -122,7 +123,7 @@ static bool dump_node(struct ggml_tensor * t, bool ask, void * user_data) {
     dfl_dump * d = user_data;
     const bool wanted = d->state == DUMP_ACTIVE && t->name[0] && regexec(&d->re, t->name, 0, NULL, 0) == 0;
     if (ask) {
-        return wanted; /* the scheduler stops after this node and calls again with its data */
+        return wanted || d->every_node; /* the scheduler stops after this node and calls again */
     }
     if (wanted) {
         write_tensor(d, t);
@@ -130,8 +131,9 @@ static bool dump_node(struct ggml_tensor * t, bool ask, void * user_data) {
     return true;
 }
 
-void dfl_dump_attach(dfl_dump * d, ggml_backend_sched_t sched) {
+void dfl_dump_attach(dfl_dump * d, ggml_backend_sched_t sched, bool every_node) {
     if (d) {
+        d->every_node = d->every_node || every_node;
         ggml_backend_sched_set_eval_callback(sched, dump_node, d);
     }
 }

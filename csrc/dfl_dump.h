@@ -22,8 +22,9 @@ typedef struct dfl_dump dfl_dump;
 
 /* From the environment: *out NULL when DFLASH_DUMP_TENSORS is unset or empty. */
 dfl_status dfl_dump_from_env(dfl_dump ** out);
-/* Install the callback on a scheduler (no-op when d is NULL). */
-void dfl_dump_attach(dfl_dump * d, ggml_backend_sched_t sched);
+/* Install the callback on a scheduler (no-op when d is NULL); every_node: stop the
+ * scheduler after every node, as the runtime's own callback does on drivers that need it. */
+void dfl_dump_attach(dfl_dump * d, ggml_backend_sched_t sched, bool every_node);
 /* Around one graph compute: arms the dump before, closes the file after the first
  * graph that dumped anything. */
 void dfl_dump_begin(dfl_dump * d);

@@ -140,7 +140,8 @@ static bool new_sched(dfl_runtime * rt, dfl_graph_slot * s, bool op_offload) {
         return false;
     }
     if (rt->dump) {
-        dfl_dump_attach(rt->dump, s->sched); /* a dump needs the callback for itself */
+        /* a dump needs the callback for itself, and stops at every node where lavapipe needs that */
+        dfl_dump_attach(rt->dump, s->sched, is_lavapipe(rt->dev));
     } else if (rt->profile) {
         ggml_backend_sched_set_eval_callback(s->sched, profile_node, rt->profile);
     } else if (is_lavapipe(rt->dev)) {

@@ -162,15 +162,22 @@ def compare(ours: dict[str, dict], theirs: list[Printed], atol: float = ATOL, rt
                    argmax=int(idx[int(diff.argmax())]),
                    sum_llama=t.sums[-1] if t.sums and n_ours == n_theirs else None,
                    sum_ours=float(o["values"].astype(np.float64).sum()) if n_ours == n_theirs else None)
+        # the sums cover every element, not only the printed ones (llama.cpp adds in float32)
+        if row["sum_llama"] is not None:
+            row["sum_rel_diff"] = abs(row["sum_ours"] - row["sum_llama"]) / max(1.0, abs(row["sum_llama"]))
         row["ok"] = bool(row["max_abs_diff"] <= atol + rtol * scale)
         if not row["ok"] and first is None:
             first = name
         rows.append(row)
     compared = [r for r in rows if "max_abs_diff" in r]
     worst = max(compared, key=lambda r: r["max_abs_diff"], default=None)
+    sums = [r["sum_rel_diff"] for r in compared if "sum_rel_diff" in r]
     return {"atol": atol, "rtol": rtol, "n_compared": len(compared), "first_divergence": first,
             "max_abs_diff": worst["max_abs_diff"] if worst else None, "worst": worst["name"] if worst else None,
-            "only_llama": [n for n in last if n not in ours], "only_ours": [n for n in ours if n not in last],
+            "max_sum_rel_diff": max(sums, default=None),
+            # llama.cpp's unnamed nodes (node_N) left out
+            "only_llama": [n for n in last if n not in ours and not n.startswith("node_")],
+            "only_ours": [n for n in ours if n not in last],
             "tensors": rows}
 
 
@@ -274,6 +281,13 @@ def parity(model, prompt: str, threads: int = 2, atol: float = ATOL, rtol: float
     return result
 
 
+def to_json(result: dict) -> str:
+    """The result as JSON, one line per tensor."""
+    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in result.items() if k != "tensors"]
+    rows = ",\n  ".join(json.dumps(r) for r in result["tensors"])
+    return "{\n" + ",\n".join(head) + f',\n "tensors": [\n  {rows}\n ]\n}}\n'
+
+
 def summary(result: dict) -> str:
     lines = [f"{'tensor':<24} {'ne (llama.cpp)':<22} {'max |diff|':>12} {'max |ref|':>12}"]
     for r in result["tensors"]:
@@ -283,7 +297,8 @@ def summary(result: dict) -> str:
         else:
             lines.append(f"{r['name']:<24} {str(r['ne_llama']):<22} skipped: {r['skipped']}")
     lines.append(f"{result['n_compared']} tensors compared (tolerance {result['atol']:g} + {result['rtol']:g} * max |ref|); "
-                 f"largest difference {result['max_abs_diff']} at {result['worst']}; first divergence: "
+                 f"largest difference {result['max_abs_diff']} at {result['worst']}; largest relative difference of "
+                 f"whole-tensor sums {result['max_sum_rel_diff']}; first divergence: "
                  f"{result['first_divergence'] or 'none'}" + ("; llama.cpp's log was truncated" if result["truncated"] else ""))
     return "\n".join(lines)
 
@@ -306,7 +321,7 @@ def main(argv=None) -> int:
         return 2
     print(summary(result))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.out).write_text(to_json(result))
     return 1 if result["first_divergence"] else 0
 
 

@@ -5,6 +5,8 @@ logit, every tensor both print agrees within the tool's tolerance, and a deliber
 perturbed run is reported as diverging at the first tensor the perturbation reaches."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from fixtures import make_qwen2, make_qwen3, missing_oracle
@@ -80,6 +82,7 @@ def test_parity_with_llama_cpp(gguf, tool):
             assert f"{name}-{il}" in compared, f"{name}-{il} not compared: {result['tensors']}"
     assert {"result_norm", "result_output"} <= set(compared)
     assert result["first_divergence"] is None, parity.summary(result)
+    assert json.loads(parity.to_json(result)) == json.loads(json.dumps(result))
     # llama.cpp prints four decimals (a rounding of up to 5e-5): the tiny f32 model agrees
     # to its printing (measured: under 5.1e-5 on every tensor)
     assert result["max_abs_diff"] < 2e-4, parity.summary(result)
