@@ -116,16 +116,18 @@ static struct ggml_tensor * build_attention(const dfl_model * m, const qwen35_hp
     struct ggml_tensor * qg = ggml_mul_mat(ctx, L->wq, cur);
     struct ggml_tensor * q = ggml_view_3d(ctx, qg, hd, hp->n_head, n, 2 * hd * f32, qg->nb[1], 0);
     struct ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, hp->n_head, n, 2 * hd * f32, qg->nb[1], hd * f32);
-    q = dfl_rms_norm(ctx, q, L->q_norm, hp->eps);
+    q = dfl_cb(dfl_rms_norm(ctx, q, L->q_norm, hp->eps), "Qcur_normed", il);
     struct ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, cur), hd, hp->n_head_kv, n);
-    k = dfl_rms_norm(ctx, k, L->k_norm, hp->eps);
-    struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, cur);
-    q = dfl_rope(m, ctx, q, g->pos, NULL, hp->n_rot, hp->rope_base);
-    k = dfl_rope(m, ctx, k, g->pos, NULL, hp->n_rot, hp->rope_base);
+    k = dfl_cb(dfl_rms_norm(ctx, k, L->k_norm, hp->eps), "Kcur_normed", il);
+    struct ggml_tensor * v = dfl_cb(ggml_mul_mat(ctx, L->wv, cur), "Vcur", il);
+    q = dfl_cb(dfl_rope(m, ctx, q, g->pos, NULL, hp->n_rot, hp->rope_base), "Qcur", il);
+    k = dfl_cb(dfl_rope(m, ctx, k, g->pos, NULL, hp->n_rot, hp->rope_base), "Kcur", il);
 
-    struct ggml_tensor * o = dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd));
-    o = ggml_mul(ctx, o, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, (int64_t) hd * hp->n_head, n)));
-    return ggml_mul_mat(ctx, L->wo, o);
+    struct ggml_tensor * o = dfl_cb(dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd)), "attn_pregate", il);
+    struct ggml_tensor * gate_sigmoid =
+        dfl_cb(ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, (int64_t) hd * hp->n_head, n)), "gate_sigmoid", il);
+    o = dfl_cb(ggml_mul(ctx, o, gate_sigmoid), "attn_gated", il);
+    return dfl_cb(ggml_mul_mat(ctx, L->wo, o), "attn_output", il);
 }
 
 /* Gated DeltaNet: qkv through the short convolution and SiLU, q and k l2-normalised,
@@ -138,13 +140,14 @@ static struct ggml_tensor * build_delta_net(const dfl_model * m, const qwen35_hp
     const int64_t hk = r->head_k_dim, hv = r->head_v_dim, Hk = r->n_k_heads, Hv = r->n_v_heads, n = g->n;
     const size_t f32 = sizeof(float);
 
-    struct ggml_tensor * z = ggml_mul_mat(ctx, L->wz, cur);
-    struct ggml_tensor * beta = ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->w_beta, cur));
-    struct ggml_tensor * alpha = ggml_mul_mat(ctx, L->w_alpha, cur);
-    struct ggml_tensor * decay = ggml_mul(ctx, ggml_softplus(ctx, ggml_add(ctx, alpha, L->dt_bias)), L->ssm_a);
+    struct ggml_tensor * z = dfl_cb(ggml_mul_mat(ctx, L->wz, cur), "z", il);
+    struct ggml_tensor * beta = dfl_cb(ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->w_beta, cur)), "beta_sigmoid", il);
+    struct ggml_tensor * alpha = dfl_cb(ggml_mul_mat(ctx, L->w_alpha, cur), "alpha", il);
+    struct ggml_tensor * softplus = dfl_cb(ggml_softplus(ctx, ggml_add(ctx, alpha, L->dt_bias)), "a_softplus", il);
+    struct ggml_tensor * decay = dfl_cb(ggml_mul(ctx, softplus, L->ssm_a), "gate", il);
 
     struct ggml_tensor * conv = dfl_graph_short_conv(g, il, ggml_mul_mat(ctx, L->wqkv, cur), L->conv1d);
-    conv = ggml_silu(ctx, conv);
+    conv = dfl_cb(ggml_silu(ctx, conv), "conv_output_silu", il);
     const size_t row = conv->nb[1];
     /* q and k heads sit side by side in each row: one norm over all their heads (a
      * per-head operation, the same arithmetic as two) */
@@ -156,14 +159,15 @@ static struct ggml_tensor * build_delta_net(const dfl_model * m, const qwen35_hp
     struct ggml_tensor * o = dfl_graph_delta_net(g, il, q, k, v, decay, beta);
     o = dfl_rms_norm(ctx, o, L->ssm_norm, hp->eps);
     o = ggml_mul(ctx, o, ggml_silu(ctx, ggml_reshape_3d(ctx, z, hv, Hv, n)));
-    return ggml_mul_mat(ctx, L->ssm_out, ggml_reshape_2d(ctx, o, hv * Hv, n));
+    o = dfl_cb(ggml_reshape_2d(ctx, o, hv * Hv, n), "final_output", il);
+    return dfl_cb(ggml_mul_mat(ctx, L->ssm_out, o), "linear_attn_out", il);
 }
 
 struct ggml_tensor * qwen35_build_mixer(const dfl_model * m, const qwen35_hparams * hp, const qwen35_mixer * L,
                                         dfl_graph * g, int il, struct ggml_tensor * x) {
-    struct ggml_tensor * cur = dfl_rms_norm(g->ctx, x, L->attn_norm, hp->eps);
+    struct ggml_tensor * cur = dfl_cb(dfl_rms_norm(g->ctx, x, L->attn_norm, hp->eps), "attn_norm", il);
     cur = m->kind[il] == DFL_LAYER_RECURRENT ? build_delta_net(m, hp, L, g, il, cur) : build_attention(m, hp, L, g, il, cur);
-    return ggml_add(g->ctx, cur, x);
+    return dfl_cb(ggml_add(g->ctx, cur, x), "attn_residual", il);
 }
 
 /* ---- the dense model ------------------------------------------------------------------ */
@@ -205,8 +209,9 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     const qwen35_weights * w = m->weights;
     const qwen35_layer * L = &w->layers[il];
     x = qwen35_build_mixer(m, &w->hp, &L->mix, g, il, x);
-    struct ggml_tensor * cur = dfl_rms_norm(g->ctx, x, L->mix.post_norm, w->hp.eps);
-    return ggml_add(g->ctx, dfl_ffn_swiglu(g->ctx, cur, L->ffn_gate, L->ffn_up, L->ffn_down), x);
+    struct ggml_tensor * cur = dfl_cb(dfl_rms_norm(g->ctx, x, L->mix.post_norm, w->hp.eps), "attn_post_norm", il);
+    cur = dfl_cb(dfl_ffn_swiglu(g->ctx, cur, L->ffn_gate, L->ffn_up, L->ffn_down), "ffn_out", il);
+    return dfl_cb(ggml_add(g->ctx, cur, x), "l_out", il);
 }
 
 const dfl_arch dfl_arch_qwen35 = { "qwen35", "Qwen3.5", load, build_layer };
