@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(see --reasoning-format) to stderr")
     p.add_argument("-sys", "--system", "--system-prompt", dest="system", help="system message for --chat")
     add_chat_args(p)
+    p.add_argument("--dump-tensors", metavar="REGEX",
+                   help="write the target's named tensors (llama.cpp's names: attn_norm-0, l_out-3, result_output) "
+                        "matching REGEX, of the first prompt pass, to --dump-file (docs/parity.md)")
+    p.add_argument("--dump-file", metavar="PATH", help="where --dump-tensors writes")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop generating at this text (repeatable; the text is not printed)")
     p.add_argument("-i", "--interactive", action="store_true",
@@ -608,7 +612,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     if args.print_memory:
         return print_memory("dflash-run", model, draft, args)
-    engine = open_engine("dflash-run", model, draft, args)
+    if args.dump_tensors and not args.dump_file:
+        parser.error("--dump-tensors needs --dump-file")
+    from .parity import dump_env
+
+    with dump_env(args.dump_tensors, args.dump_file):  # read when the target loads
+        engine = open_engine("dflash-run", model, draft, args)
     if isinstance(engine, int):
         return engine
     try:

@@ -25,6 +25,7 @@ have is compared and the result says `"truncated": true`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -246,22 +247,33 @@ def run_llama(model, prompt: str, threads: int, tool: Optional[Path] = None, ret
     return best
 
 
+@contextlib.contextmanager
+def dump_env(regex: Optional[str], path):
+    """DFLASH_DUMP_TENSORS and DFLASH_DUMP_FILE (csrc/dfl_dump.h) set for what loads a
+    target inside (the runtime reads them then), restored after; no regex: nothing set."""
+    if not regex:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in ("DFLASH_DUMP_TENSORS", "DFLASH_DUMP_FILE")}
+    os.environ.update(DFLASH_DUMP_TENSORS=regex, DFLASH_DUMP_FILE=str(path))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_ours(model, tokens: Sequence[int], threads: int, regex: str = DEFAULT_REGEX, n_ctx: int = 512) -> dict:
     """Our runtime's dump of the prompt pass over `tokens`."""
     from .target import LOGITS_LAST, Target, TargetConfig
 
     with tempfile.TemporaryDirectory(prefix="dflash-parity-") as tmp:
         path = Path(tmp) / "dump.bin"
-        saved = {k: os.environ.get(k) for k in ("DFLASH_DUMP_TENSORS", "DFLASH_DUMP_FILE")}
-        os.environ.update(DFLASH_DUMP_TENSORS=regex, DFLASH_DUMP_FILE=str(path))
-        try:
+        with dump_env(regex, path):
             target = Target(str(model), TargetConfig(n_ctx=max(n_ctx, len(tokens) + 1), n_threads=threads))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         try:
             target.prefill(list(tokens), LOGITS_LAST)
         finally:

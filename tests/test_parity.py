@@ -134,3 +134,18 @@ def test_printed_indices_follow_llama_cpps_layout():
     idx = parity.printed_indices((8, 1, 1, 1))
     assert idx == [0, 1, 2, 5, 6, 7]
     assert len(parity.printed_indices((128, 4, 7, 1))) == 6 * 4 * 6
+
+
+def test_dflash_run_dump_flags(gguf, tmp_path, capsys):
+    from dflash_gguf.cli import main
+
+    path = tmp_path / "dump.bin"
+    assert main(["-m", str(gguf), "-p", PROMPT, "-n", "2", "-t", "2", "--dump-tensors", "^l_out-",
+                 "--dump-file", str(path)]) == 0
+    dump = parity.read_dump(path)
+    assert "l_out-0" in dump and "attn_norm-0" not in dump
+    n_prompt = dump["l_out-0"]["ne"][1]
+    assert n_prompt > 1  # the prompt pass, not a later decode step
+    with pytest.raises(SystemExit):
+        main(["-m", str(gguf), "-p", PROMPT, "--dump-tensors", "l_out"])
+    assert "--dump-file" in capsys.readouterr().err
