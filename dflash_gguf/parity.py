@@ -266,14 +266,17 @@ def dump_env(regex: Optional[str], path):
                 os.environ[k] = v
 
 
-def run_ours(model, tokens: Sequence[int], threads: int, regex: str = DEFAULT_REGEX, n_ctx: int = 512) -> dict:
-    """Our runtime's dump of the prompt pass over `tokens`."""
+def run_ours(model, tokens: Sequence[int], threads: int, regex: str = DEFAULT_REGEX, n_ctx: int = 512,
+             device: Optional[str] = None) -> dict:
+    """Our runtime's dump of the prompt pass over `tokens` (on `device`, a ggml device name;
+    None: the runtime's default)."""
     from .target import LOGITS_LAST, Target, TargetConfig
 
     with tempfile.TemporaryDirectory(prefix="dflash-parity-") as tmp:
         path = Path(tmp) / "dump.bin"
         with dump_env(regex, path):
-            target = Target(str(model), TargetConfig(n_ctx=max(n_ctx, len(tokens) + 1), n_threads=threads))
+            target = Target(str(model), TargetConfig(n_ctx=max(n_ctx, len(tokens) + 1), n_threads=threads,
+                                                        device=device))
         try:
             target.prefill(list(tokens), LOGITS_LAST)
         finally:
@@ -282,13 +285,15 @@ def run_ours(model, tokens: Sequence[int], threads: int, regex: str = DEFAULT_RE
 
 
 def parity(model, prompt: str, threads: int = 2, atol: float = ATOL, rtol: float = RTOL,
-           our_tokens: Optional[Sequence[int]] = None, tool: Optional[Path] = None) -> dict:
+           our_tokens: Optional[Sequence[int]] = None, tool: Optional[Path] = None,
+           device: Optional[str] = None) -> dict:
     """Both runs compared. our_tokens: feed our side other tokens than llama.cpp's (a
     deliberate perturbation, for testing that a divergence is found where it starts)."""
     tokens, theirs, truncated = run_llama(model, prompt, threads, tool)
-    ours = run_ours(model, tokens if our_tokens is None else our_tokens, threads)
+    ours = run_ours(model, tokens if our_tokens is None else our_tokens, threads, device=device)
     result = compare(ours, theirs, atol, rtol)
-    result.update(model=str(model), prompt=prompt, tokens=list(tokens), threads=threads, truncated=truncated,
+    result.update(model=str(model), prompt=prompt, tokens=list(tokens), threads=threads, device=device,
+                  truncated=truncated,
                   tool=str(tool or llama_cpp_tree.tool(TOOL)))
     return result
 
@@ -320,6 +325,7 @@ def main(argv=None) -> int:
     p.add_argument("-m", "--model", required=True, help="GGUF file")
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-dev", "--device", help="our side's ggml device (llama.cpp's tool runs on the CPU)")
     p.add_argument("--atol", type=float, default=ATOL)
     p.add_argument("--rtol", type=float, default=RTOL)
     p.add_argument("--out", help="write the result (summaries, no values) as JSON here")
@@ -327,7 +333,7 @@ def main(argv=None) -> int:
     if not Path(args.model).is_file():
         p.error(f"no such model file: {args.model}")
     try:
-        result = parity(args.model, args.prompt, args.threads, args.atol, args.rtol)
+        result = parity(args.model, args.prompt, args.threads, args.atol, args.rtol, device=args.device)
     except (FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -149,3 +149,36 @@ def test_dflash_run_dump_flags(gguf, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["-m", str(gguf), "-p", PROMPT, "--dump-tensors", "l_out"])
     assert "--dump-file" in capsys.readouterr().err
+
+
+# in a process of its own: RPC devices stay registered for the life of a process
+_DEVICE_WORKER = """
+import json, sys
+import numpy as np
+from dflash_gguf import parity
+from dflash_gguf.devices import add_rpc_server
+gguf, endpoint = sys.argv[1:3]
+tokens = [5, 17, 300, 42, 9]
+cpu = parity.run_ours(gguf, tokens, threads=2)
+add_rpc_server(endpoint)
+rpc = parity.run_ours(gguf, tokens, threads=2, device="RPC0")
+print(json.dumps({n: None if n not in rpc or rpc[n]["ne"] != t["ne"]
+                  else float(np.abs(rpc[n]["values"] - t["values"]).max()) for n, t in cpu.items()}))
+"""
+
+
+def test_dump_reads_a_device(gguf):
+    """The dump reads tensors with ggml_backend_tensor_get, so a device's (the ggml RPC
+    backend, our stand-in for a GPU, serving the CPU's kernels) dumps the CPU's values."""
+    import subprocess
+    import sys
+
+    from test_devices import _rpc_server
+
+    for endpoint in _rpc_server():
+        out = subprocess.run([sys.executable, "-c", _DEVICE_WORKER, str(gguf), endpoint], capture_output=True,
+                             text=True, timeout=300, cwd="/")  # not the source tree: the installed package
+    assert out.returncode == 0, out.stderr[-2000:]
+    diffs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "l_out-0" in diffs and "result_output" in diffs
+    assert all(d is not None and d <= 1e-5 for d in diffs.values()), diffs
