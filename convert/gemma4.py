@@ -22,7 +22,7 @@ from gguf import GGUFValueType
 from .base import KV, ModelConverter, array, f32, u32
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
-from .tensors import TensorSpec
+from .tensors import TensorSpec, checked_spec
 
 ARCH = "gemma4"
 _REQUIRED = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -34,6 +34,20 @@ _REFUSED = {
     "attention_bias": "attention biases",
 }
 _PREFIXES = ("model.language_model.", "model.")
+
+
+def embedding_scale(dtype: str, hidden_size: int) -> float | None:
+    """transformers multiplies Gemma's embeddings by sqrt(hidden_size) cast to the weights'
+    dtype: 16-bit checkpoints run with a rounded scale (sqrt(3072) = 55.43 becomes 55.5 in
+    bf16). llama.cpp always scales by sqrtf(n_embd) and ignores the `embedding_scale` key;
+    the runtime reads it. f32 checkpoints need no key (None: the runtime's default is exact)."""
+    exact = np.float32(float(hidden_size) ** 0.5)
+    if dtype == "BF16":
+        bits = exact.view(np.uint32)
+        return float((((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32))
+    if dtype == "F16":
+        return float(np.float32(np.float16(exact)))
+    return None
 
 
 class Gemma4Converter(ModelConverter):
@@ -169,18 +183,8 @@ class Gemma4Converter(ModelConverter):
         return kv
 
     def _embedding_scale(self) -> float | None:
-        """transformers multiplies the embeddings by sqrt(hidden_size) cast to the weights'
-        dtype: 16-bit checkpoints run with a rounded scale (sqrt(3072) = 55.43 becomes 55.5
-        in bf16). llama.cpp always scales by sqrtf(n_embd) and ignores this key; the
-        runtime reads it. f32 checkpoints need no key (the runtime's default is exact)."""
-        dtype = self.checkpoint.tensors[f"{self.prefix}embed_tokens.weight"].dtype
-        exact = np.float32(float(self.hp["hidden_size"]) ** 0.5)
-        if dtype == "BF16":
-            bits = exact.view(np.uint32)
-            return float((((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32))
-        if dtype == "F16":
-            return float(np.float32(np.float16(exact)))
-        return None
+        return embedding_scale(self.checkpoint.tensors[f"{self.prefix}embed_tokens.weight"].dtype,
+                               int(self.hp["hidden_size"]))
 
     def tensors(self) -> list[TensorSpec]:
         return self._specs
@@ -196,12 +200,7 @@ class Gemma4Converter(ModelConverter):
     # ---- tensors -----------------------------------------------------------------------
 
     def _spec(self, name: str, source: str, shape: tuple[int, ...], **kw) -> TensorSpec:
-        t = self.checkpoint.tensors.get(source)
-        if t is None:
-            raise ConversionError(f"checkpoint tensor {source!r} (for {name}) is missing")
-        if t.numel != int(np.prod(shape, dtype=np.int64)) or (len(shape) > 1 and t.shape[0] != shape[0]):
-            raise ConversionError(f"tensor {source!r} has shape {list(t.shape)}, but config.json implies {list(shape)}")
-        return TensorSpec(name, source, shape, **kw)
+        return checked_spec(self.checkpoint, name, source, shape, **kw)
 
     def _rope_factors(self) -> TensorSpec:
         """rope_freqs: 1 for the rotated pairs of a full layer's head, 1e30 for the rest.

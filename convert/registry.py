@@ -5,6 +5,7 @@ from .base import ModelConverter
 from .dflash import DSPARK_ARCHITECTURES, DFlashConverter
 from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
+from .gemma3 import Gemma3Converter
 from .gemma4 import Gemma4Converter
 from .gptoss import GptOssConverter
 from .qwen2 import Qwen2Converter
@@ -19,6 +20,8 @@ CONVERTERS: dict[str, type[ModelConverter]] = {
     "Qwen3_5MoeForConditionalGeneration": Qwen35MoeConverter,
     "Qwen3ForCausalLM": Qwen3Converter,
     "Qwen2ForCausalLM": Qwen2Converter,
+    "Gemma3ForCausalLM": Gemma3Converter,
+    "Gemma3ForConditionalGeneration": Gemma3Converter,
     "Gemma4ForCausalLM": Gemma4Converter,
     "Gemma4ForConditionalGeneration": Gemma4Converter,
     "GptOssForCausalLM": GptOssConverter,

@@ -60,6 +60,18 @@ class TensorSpec:
         return self.n_rows * self.row_length
 
 
+def checked_spec(checkpoint, name: str, source: str, shape: tuple[int, ...], **kw) -> TensorSpec:
+    """TensorSpec(name, source, shape, **kw) once the checkpoint has `source` with as many
+    values as `shape` and the same first dimension (a ConversionError otherwise)."""
+    from .errors import ConversionError
+    t = checkpoint.tensors.get(source)
+    if t is None:
+        raise ConversionError(f"checkpoint tensor {source!r} (for {name}) is missing")
+    if t.numel != int(np.prod(shape, dtype=np.int64)) or (len(shape) > 1 and t.shape[0] != shape[0]):
+        raise ConversionError(f"tensor {source!r} has shape {list(t.shape)}, but config.json implies {list(shape)}")
+    return TensorSpec(name, source, shape, **kw)
+
+
 def add_one(x: np.ndarray) -> np.ndarray:
     return x + np.float32(1.0)
 

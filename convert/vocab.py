@@ -286,6 +286,10 @@ def load_vocab(model_dir: Path, config: dict, n_vocab: int, pre_override: str | 
         from .vocab_gemma4 import load_gemma4_vocab  # its own tokenizer kind, 'gemma4'
 
         return load_gemma4_vocab(model_dir, config, n_vocab)
+    if text_model_type(config) in ("gemma3", "gemma3_text"):
+        from .vocab_spm import load_spm_vocab  # SentencePiece, 'llama'
+
+        return load_spm_vocab(model_dir, config, n_vocab)
     tokenizer_file = model_dir / "tokenizer.json"
     tokenizer = _read_json(tokenizer_file)
     if tokenizer is None:

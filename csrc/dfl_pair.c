@@ -226,9 +226,9 @@ dfl_status dfl_vocab_check(const dfl_gguf * g, int64_t n_vocab) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': tokenizer.ggml.model is missing or not a string", g->path);
     }
     const char * kind = gguf_get_val_str(g->meta, model);
-    if (strcmp(kind, "gpt2") != 0 && strcmp(kind, "gemma4") != 0) {
+    if (strcmp(kind, "gpt2") != 0 && strcmp(kind, "gemma4") != 0 && strcmp(kind, "llama") != 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': tokenizer model '%.40s' is not supported (byte-level BPE 'gpt2' as "
-                        "Qwen's, or Gemma 4's BPE 'gemma4')", g->path, kind);
+                        "Qwen's, Gemma 4's BPE 'gemma4', or SentencePiece 'llama' as Gemma 3's)", g->path, kind);
     }
     if (string_array(g, "tokenizer.ggml.tokens") < 0) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': tokenizer.ggml.tokens is missing or not an array of strings", g->path);

@@ -10,7 +10,7 @@
  * gated; MoE layers add routed experts (their own router norm and scale, per-expert
  * output scales) to the dense FFN. Each layer's output may be scaled
  * (layer_output_scale). Embeddings are scaled by sqrt(n_embd), logits soft-capped. */
-#include "../dfl_model.h"
+#include "gemma_block.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,8 +22,7 @@ typedef struct gemma4_layer {
     bool swa;
     int n_head, head_dim, n_rot;
     float rope_base;
-    struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo, * q_norm, * k_norm, * post_attn_norm;
-    struct ggml_tensor * ffn_norm, * ffn_gate, * ffn_up, * ffn_down, * post_ffn_norm;
+    dfl_gemma_block b;
     struct ggml_tensor * out_scale; /* [1] or NULL */
     /* MoE layers (router != NULL) */
     dfl_moe_weights moe;
@@ -174,22 +173,9 @@ static dfl_status load(dfl_model * m) {
             m->attn[il].kv_layer = src;
         }
         const bool own_kv = !m->attn[il].shares_kv;
-        const int64_t q_dim = (int64_t) hd * n_head[il], kv_dim = (int64_t) hd * n_head_kv[il];
-        TRY(dfl_model_tensor(m, "attn_norm.weight", il, E, 0, 0, true, &L->attn_norm));
-        TRY(dfl_model_tensor(m, "attn_q.weight", il, E, q_dim, 0, true, &L->wq));
-        TRY(dfl_model_tensor(m, "attn_k.weight", il, E, kv_dim, 0, own_kv, &L->wk));
-        TRY(dfl_model_tensor(m, "attn_v.weight", il, E, kv_dim, 0, false, &L->wv));
-        TRY(dfl_model_tensor(m, "attn_output.weight", il, q_dim, E, 0, true, &L->wo));
-        TRY(dfl_model_tensor(m, "attn_q_norm.weight", il, hd, 0, 0, true, &L->q_norm));
-        TRY(dfl_model_tensor(m, "attn_k_norm.weight", il, hd, 0, 0, own_kv, &L->k_norm));
-        TRY(dfl_model_tensor(m, "post_attention_norm.weight", il, E, 0, 0, true, &L->post_attn_norm));
-        TRY(dfl_model_tensor(m, "ffn_norm.weight", il, E, 0, 0, true, &L->ffn_norm));
-        TRY(dfl_model_tensor(m, "ffn_gate.weight", il, E, n_ff[il], 0, true, &L->ffn_gate));
-        TRY(dfl_model_tensor(m, "ffn_up.weight", il, E, n_ff[il], 0, true, &L->ffn_up));
-        TRY(dfl_model_tensor(m, "ffn_down.weight", il, n_ff[il], E, 0, true, &L->ffn_down));
-        TRY(dfl_model_tensor(m, "post_ffw_norm.weight", il, E, 0, 0, true, &L->post_ffn_norm));
+        TRY(dfl_gemma_block_load(m, il, hd, n_head[il], n_head_kv[il], n_ff[il], own_kv, false, &L->b));
         TRY(dfl_model_tensor(m, "layer_output_scale.weight", il, 1, 0, 0, false, &L->out_scale));
-        if (own_kv && !L->wk) {
+        if (own_kv && !L->b.wk) {
             return dfl_fail(DFL_ERR_FORMAT, "'%s': layer %d has no attn_k.weight", m->file.path, il);
         }
 
@@ -228,22 +214,17 @@ static struct ggml_tensor * attention(const dfl_model * m, dfl_graph * g, int il
     struct ggml_context * ctx = g->ctx;
     const int hd = L->head_dim, n = g->n;
 
-    struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wq, x), hd, L->n_head, n);
-    q = rope(ctx, w, L, g, dfl_rms_norm(ctx, q, L->q_norm, w->eps));
+    struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wq, x), hd, L->n_head, n);
+    q = rope(ctx, w, L, g, dfl_rms_norm(ctx, q, L->b.q_norm, w->eps));
     struct ggml_tensor * k = NULL, * v = NULL;
     if (!m->attn[il].shares_kv) {
         const int n_head_kv = m->attn[il].n_head_kv;
-        struct ggml_tensor * kp = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, x), hd, n_head_kv, n);
-        v = L->wv ? ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wv, x), hd, n_head_kv, n) : kp;
+        struct ggml_tensor * kp = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wk, x), hd, n_head_kv, n);
+        v = L->b.wv ? ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wv, x), hd, n_head_kv, n) : kp;
         v = ggml_rms_norm(ctx, v, w->eps);
-        k = rope(ctx, w, L, g, dfl_rms_norm(ctx, kp, L->k_norm, w->eps));
+        k = rope(ctx, w, L, g, dfl_rms_norm(ctx, kp, L->b.k_norm, w->eps));
     }
-    return ggml_mul_mat(ctx, L->wo, dfl_graph_attention(g, il, q, k, v, 1.0f));
-}
-
-static struct ggml_tensor * ffn_geglu(struct ggml_context * ctx, const gemma4_layer * L, struct ggml_tensor * x) {
-    struct ggml_tensor * h = ggml_mul(ctx, dfl_gelu_tanh(ctx, ggml_mul_mat(ctx, L->ffn_gate, x)), ggml_mul_mat(ctx, L->ffn_up, x));
-    return ggml_mul_mat(ctx, L->ffn_down, h);
+    return ggml_mul_mat(ctx, L->b.wo, dfl_graph_attention(g, il, q, k, v, 1.0f));
 }
 
 static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int il, struct ggml_tensor * x) {
@@ -252,10 +233,10 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     struct ggml_context * ctx = g->ctx;
     const float eps = w->eps;
 
-    struct ggml_tensor * cur = attention(m, g, il, dfl_rms_norm(ctx, x, L->attn_norm, eps));
-    x = ggml_add(ctx, dfl_rms_norm(ctx, cur, L->post_attn_norm, eps), x);
+    struct ggml_tensor * cur = attention(m, g, il, dfl_rms_norm(ctx, x, L->b.attn_norm, eps));
+    x = dfl_gemma_add_normed(ctx, cur, L->b.post_attn_norm, x, eps);
 
-    cur = ffn_geglu(ctx, L, dfl_rms_norm(ctx, x, L->ffn_norm, eps));
+    cur = dfl_gemma_ffn(ctx, &L->b, dfl_rms_norm(ctx, x, L->b.ffn_norm, eps));
     if (L->moe.router) {
         /* the router reads the unweighted-normed stream, scaled by its own vector / sqrt(n_embd) */
         struct ggml_tensor * r = ggml_scale(ctx, ggml_rms_norm(ctx, x, eps), 1.0f / sqrtf((float) m->n_embd));
@@ -263,7 +244,7 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
         struct ggml_tensor * experts = dfl_moe_ffn_routed(ctx, dfl_rms_norm(ctx, x, L->moe_pre_norm, eps), logits, &L->moe);
         cur = ggml_add(ctx, dfl_rms_norm(ctx, cur, L->mlp_post_norm, eps), dfl_rms_norm(ctx, experts, L->moe_post_norm, eps));
     }
-    x = ggml_add(ctx, dfl_rms_norm(ctx, cur, L->post_ffn_norm, eps), x);
+    x = dfl_gemma_add_normed(ctx, cur, L->b.post_ffn_norm, x, eps);
     return L->out_scale ? ggml_mul(ctx, x, L->out_scale) : x;
 }
 

@@ -1,0 +1,27 @@
+/* The transformer block Gemma 3 and Gemma 4 share (llama.cpp's tensor names): attention
+ * with RMS-normed q and k, and a GELU-tanh gated FFN, each between a norm before it and a
+ * norm after it on the residual stream. */
+#ifndef DFL_GEMMA_BLOCK_H
+#define DFL_GEMMA_BLOCK_H
+
+#include "../dfl_model.h"
+
+typedef struct dfl_gemma_block {
+    struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo, * q_norm, * k_norm, * post_attn_norm;
+    struct ggml_tensor * ffn_norm, * ffn_gate, * ffn_up, * ffn_down, * post_ffn_norm;
+} dfl_gemma_block;
+
+/* Layer il's block weights: q [hd * n_head], k and v [hd * n_head_kv]. own_kv: k and its
+ * norm are required (else absent: the layer reads another's cache); v_required: v too
+ * (else a missing v leaves wv NULL, Gemma 4's K = V layers). */
+dfl_status dfl_gemma_block_load(const dfl_model * m, int il, int hd, int n_head, int n_head_kv, int n_ff, bool own_kv,
+                                bool v_required, dfl_gemma_block * b);
+
+/* down(gelu_tanh(gate x) * up x) */
+struct ggml_tensor * dfl_gemma_ffn(struct ggml_context * ctx, const dfl_gemma_block * b, struct ggml_tensor * x);
+
+/* residual + post_norm(out): a sublayer's output added back to the stream */
+struct ggml_tensor * dfl_gemma_add_normed(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor * post_norm,
+                                          struct ggml_tensor * residual, float eps);
+
+#endif
