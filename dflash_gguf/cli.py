@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The model, placement and decoding flags dflash-run and dflash-server share."""
-    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, qwen2, gemma4 or gpt-oss)")
+    p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, qwen2, gemma3, gemma4 or gpt-oss)")
     p.add_argument("-md", "--model-draft",
                    help="drafter GGUF: a DFlash, DSpark or EAGLE3 drafter, or a smaller model of the target's "
                         "vocabulary (draft-simple, chosen by default for a model GGUF); omit for plain decoding")

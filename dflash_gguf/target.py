@@ -1,4 +1,4 @@
-"""A target model on the C runtime (qwen35, qwen35moe, qwen3, qwen2, gemma4 or gpt-oss): decode, verify,
+"""A target model on the C runtime (qwen35, qwen35moe, qwen3, qwen2, gemma3, gemma4 or gpt-oss): decode, verify,
 commit, and the results of the last call."""
 from __future__ import annotations
 

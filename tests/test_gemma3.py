@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import assert_greedy_equals_llama_cpp, our_logits, rel_err
+from arch_checks import (assert_greedy_equals_llama_cpp, assert_tree_verify_matches_each_path, our_logits,
+                         rel_err)
 from fixtures import hf_model, llama_logits, read_gguf
 from gemma3_fixtures import WINDOW, make_gemma3
 
@@ -89,6 +90,16 @@ def test_our_file_runs_in_llama_cpp(model):
     tokens = prompts(1, seed=3)[0]
     assert rel_err(llama_logits(model["gguf"], tokens), hf_logits(model["dir"], tokens)) < 5e-3
     assert_greedy_equals_llama_cpp(model["gguf"], prompts(2, seed=4))
+
+
+def test_tree_verify_matches_decoding_each_path(model):
+    """Tree nodes see only their ancestors, local layers only the window behind each
+    node's position; committing a path leaves the caches (rings included) as if decoded."""
+    from dflash_gguf.target import Target, TargetConfig
+
+    target = Target(str(model["gguf"]), TargetConfig(n_ctx=256, n_ubatch=16, n_verify=8, kv_type="f32"))
+    assert_tree_verify_matches_each_path(target, model["gguf"], prompts(1, seed=7)[0],
+                                         [311, 312, 313, 314, 315, 316, 317], [321, 322])
 
 
 def test_scaled_rope_custom_pattern_and_attention_scale(tmp_path, convert_model):
