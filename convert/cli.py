@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="convert-hf-to-gguf",
         description="Convert a Hugging Face safetensors checkpoint to GGUF (llama.cpp conventions).")
-    p.add_argument("model_dir", type=Path, help="checkpoint directory (config.json, *.safetensors, tokenizer)")
+    p.add_argument("model_dir", type=Path, help="checkpoint directory (config.json, *.safetensors, tokenizer), "
+                   "or a GGUF file to re-type to --outtype")
     p.add_argument("--outfile", type=Path,
                    help="output file (default: ./<model dir name>-<OUTTYPE>.gguf)")
     p.add_argument("--outtype", choices=list(OUTTYPES), default="f16",
@@ -65,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-mtp", action="store_true",
                    help="leave out the multi-token-prediction layers (Qwen3.5/3.6 mtp.*), which are otherwise "
                         "kept as llama.cpp's nextn layers after the model's own")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="with a GGUF as input: re-type tensors that are already quantized (refused by default)")
     p.add_argument("--dry-run", action="store_true", help="print the tensor plan and write nothing")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--allow-nan", action="store_true",
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     model_dir: Path = args.model_dir
+    if model_dir.is_file() and model_dir.suffix == ".gguf":
+        return _retype(args)
     config = load_config(model_dir)
     converter_cls = converter_for(config)
     quant = quantization_method(config)
@@ -173,6 +178,22 @@ def _run(args: argparse.Namespace) -> int:
     size = write_gguf(outfile, converter.gguf_arch, kvs, plan, checkpoint, threads=max(1, args.threads),
                       allow_nan=args.allow_nan)
     log.info("wrote %s (%s)", outfile, _fmt_bytes(size))
+    return 0
+
+
+def _retype(args: argparse.Namespace) -> int:
+    """A GGUF in, the same model re-typed out (convert/retype.py)."""
+    from .retype import retype
+
+    if args.outfile is None:
+        raise ConversionError("re-typing a GGUF needs --outfile")
+    if args.outfile.exists() and not args.force:
+        raise ConversionError(f"{str(args.outfile)!r} already exists; pass --force to overwrite it")
+    if args.outfile.resolve() == args.model_dir.resolve():
+        raise ConversionError("--outfile is the input file")
+    size = retype(args.model_dir, args.outfile, args.outtype, allow_requantize=args.allow_requantize,
+                  threads=max(1, args.threads))
+    log.info("wrote %s (%s)", args.outfile, _fmt_bytes(size))
     return 0
 
 
