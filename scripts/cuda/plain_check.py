@@ -25,11 +25,11 @@ DATA = ROOT / "dflash_gguf" / "data"
 PROMPT = "def read_lines(path, encoding='utf-8'):\n    \"\"\"Return the lines of a text file.\"\"\"\n"
 
 
-def tokens(device: str, draft: bool, n: int) -> list:
+def tokens(device: str, draft: bool, n: int, kv: str = "f16") -> list:
     from dflash_gguf import Engine
 
     eng = Engine(str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf") if draft else None, n_ctx=1024,
-                 kv_type="f16", device=device)
+                 kv_type=kv, device=device)
     try:
         return [int(t) for t in eng.generate(PROMPT, max_tokens=n, stop_tokens=()).tokens]
     finally:
@@ -52,11 +52,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="CUDA0")
     p.add_argument("-n", type=int, default=128)
+    p.add_argument("--kv", default="f16,f32", help="cache types of the device's plain runs (default f16,f32: "
+                   "the device tests' f32 caches never parted, the Engine's f16 did)")
     a = p.parse_args(argv)
     from dflash_gguf import Engine
 
     prompt = Engine(str(DATA / "demo-target.gguf"), None, n_ctx=1024).encode(PROMPT)
-    runs = {"cpu plain": tokens("CPU", False, a.n), f"{a.device} plain": tokens(a.device, False, a.n),
+    runs = {"cpu plain": tokens("CPU", False, a.n),
+            **{f"{a.device} plain {kv}": tokens(a.device, False, a.n, kv) for kv in a.kv.split(",")},
             f"{a.device} chain": tokens(a.device, True, a.n)}
     ref = runs["cpu plain"]
     out = {"prompt_tokens": len(prompt), "runs": {}}
