@@ -214,7 +214,7 @@ class SpeculativeArm(CompletionArm):
         self.p_min, self.n_max = p_min, n_max
         self.default = p_min is None and n_max is None
         kind = {"draft-dflash": "DFlash", "draft-dspark": "DSpark", "draft-eagle3": "EAGLE3",
-                "draft-mtp": "MTP"}[setup.spec_type]
+                "draft-mtp": "MTP", "draft-simple": "draft-simple"}[setup.spec_type]
         self.name = f"{kind} (llama-speculative-simple, " + (
             "default)" if self.default else ", ".join(
                 ([f"p-min {p_min:g}"] if p_min is not None else []) + ([f"n-max {n_max}"] if n_max is not None else []))
