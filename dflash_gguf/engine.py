@@ -266,14 +266,16 @@ class Engine:
         self.last_tokens = []
         held, mode = self._contexts[slot]
         n = len(held)
-        reused = n if (mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) else 0
+        reused = n if (request.reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) \
+            else 0
         self._contexts[slot] = ([], None)  # unknown until the run ends
         if use_draft and self.tree_budget and self.auto_budget and self._verify_cost is None:
             self.prepare_auto()
             reused = 0  # measuring the cost used the target
         saver = None
         if self.checkpoints is not None and tokens:
-            reused = self._resume(tokens, reused, use_draft, stats, slot)
+            if request.reuse_prefix:
+                reused = self._resume(tokens, reused, use_draft, stats, slot)
             saver = self._saver(tokens, reused, use_draft, slot)
         ngram = self.setup.ngram_kinds if speculative else ()
         if ngram:

@@ -73,13 +73,16 @@ class Request:
     stop token (None: none, or to an Engine the model's end-of-generation tokens);
     greedy unless `sampling` says otherwise; context_full "error" refuses upfront a
     request that could overflow the context, "stop" ends generation (stop_reason
-    "context") when it is full."""
+    "context") when it is full; reuse_prefix False computes the whole prompt, reading
+    neither the context a slot holds nor a prefix checkpoint (llama-server's
+    cache_prompt false: a cold answer to compare with)."""
 
     prompt: List[int]
     max_tokens: int
     stop_tokens: Optional[Iterable[int]] = None
     sampling: Optional[SamplingParams] = None
     context_full: str = "error"
+    reuse_prefix: bool = True
 
 
 @dataclass(frozen=True)

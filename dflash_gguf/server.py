@@ -228,7 +228,8 @@ class Server:
         except ValueError as e:
             raise BadRequest(str(e), field_) from None
         return Job(tokens=tokens, max_tokens=max_tokens, sink=sink, stop=stops, sampling=sampling,
-                   speculative=self.defaults.speculative, context_full="stop")
+                   speculative=self.defaults.speculative, context_full="stop",
+                   cache_prompt=_bool(body, "cache_prompt", True))
 
     def _call_constraint(self, turn, options):
         """The grammar of the turn's tool calls (strict tools, a required call), or None."""

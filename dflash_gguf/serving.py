@@ -44,6 +44,7 @@ class Job:
     sampling: Optional[SamplingParams] = None
     speculative: bool = True
     context_full: str = "error"
+    cache_prompt: bool = True  # False: the whole prompt is computed (Request.reuse_prefix)
     stats: GenerationStats = field(default_factory=GenerationStats)
     text: str = ""
     queued_at: float = field(default_factory=time.perf_counter)
@@ -231,7 +232,7 @@ class Scheduler:
 
         try:
             seq = engine.sequence(Request(job.tokens, job.max_tokens, sampling=job.sampling,
-                                          context_full=job.context_full),
+                                          context_full=job.context_full, reuse_prefix=job.cache_prompt),
                                   speculative=job.speculative, stats=job.stats, slot=job.slot, on_stage=stage)
         except Exception as e:  # noqa: BLE001 - a request the engine refuses is reported to its client
             self._account(job, e)

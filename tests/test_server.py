@@ -237,6 +237,23 @@ def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
     assert metrics["process_resident_memory_bytes"] > metrics['dflash_checkpoint_bytes{where="host"}'] > 0
 
 
+def test_cache_prompt_false_computes_the_whole_prompt(server, engine):
+    """llama-server's cache_prompt false: a prompt whose prefix is both checkpointed and
+    held in a slot is computed whole, with a cold run's output."""
+    first = engine.encode(CODE + "    def pop(self):\n")
+    second = first + engine.encode("        return self.items.pop()\n")
+    server.client.completions.create(model="x", prompt=first, max_tokens=4, temperature=0)
+    want = engine.reference(second, 24)
+    resp = server.client.completions.create(model="x", prompt=second, max_tokens=24, temperature=0,
+                                            extra_body={"cache_prompt": False})
+    ext = resp.model_extra["dflash"]
+    assert ext["reused_prompt_tokens"] == 0 and ext["checkpoint"] is None
+    assert ext["prefilled_tokens"] == len(second)
+    assert resp.choices[0].text == want.text
+    warm = server.client.completions.create(model="x", prompt=second, max_tokens=24, temperature=0)
+    assert warm.model_extra["dflash"]["reused_prompt_tokens"] > 0 and warm.choices[0].text == want.text
+
+
 def test_a_client_leaving_mid_stream_stops_its_generation(server, engine):
     before = server.metrics()
     body = {"model": "x", "prompt": CODE, "max_tokens": 1500, "temperature": 0, "stream": True}
@@ -365,6 +382,7 @@ def test_a_job_whose_client_left_holds_no_place_in_the_queue(engine):
     ("/v1/completions", {"prompt": "x", "stop": 3}, "'stop'"),
     ("/v1/completions", {"prompt": "x", "n": 2}, "n=1"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, "'stream'"),
+    ("/v1/completions", {"prompt": "x", "cache_prompt": "no"}, "'cache_prompt' must be true or false"),
     ("/v1/chat/completions", {"messages": "hi"}, "'messages'"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, "content"),
     ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "role"),
