@@ -23,8 +23,13 @@ def test_the_plan_is_seeded_and_mixes_every_kind():
     assert [s.body for s in soak.plan(200, 4, 64, 2000)] != [s.body for s in a]
     kinds = {k: sum(s.kind == k for s in a) for k in soak.KINDS}
     assert all(n >= 10 for n in kinds.values()), kinds
+    by_index = {s.index: s for s in a}
     for s in a:
-        if s.kind != "malformed":
+        if s.kind == "follow-up":  # the next turn of an earlier greedy request's conversation
+            parent = by_index[s.parent]
+            assert parent.index < s.index and parent.kind in soak.GREEDY and s.turn == parent.turn + 1 < soak.TURNS
+            assert s.body["prompt"] is None and s.turn_text.startswith(f"\n# request {s.index}\n")
+        elif s.kind != "malformed":
             assert 1 <= s.body["max_tokens"] <= 64 and s.body["prompt"]
         if s.kind == "leave-early":
             assert s.leave_after == 0 and s.body["stream"] and 1000 <= len(s.body["prompt"].split("\n", 1)[1]) <= 2000
@@ -45,6 +50,33 @@ def specs(*kinds):
         body = {"prompt": "p", "stream": kind != "greedy"} if kind != "malformed" else b"{"
         out.append(soak.Spec(i, kind, "/v1/completions", body, 0 if kind == "leave-early" else None))
     return out
+
+
+def test_a_follow_up_continues_its_parent_s_prompt_and_answer():
+    """The follow-up's prompt is known once its parent is answered (its client waits);
+    a parent that got no answer is continued with none."""
+    parent = soak.Spec(0, "greedy", "/v1/completions", {"prompt": "def f():"})
+    child = soak.Spec(1, "follow-up", "/v1/completions", {"prompt": None}, parent=0, turn_text="\n# next", turn=1)
+    grandchild = soak.Spec(2, "follow-up", "/v1/completions", {"prompt": None}, parent=1, turn_text="\n# more", turn=2)
+    talk = soak.Conversations([parent, child, grandchild], timeout=5)
+    talk.answered(parent, answered("\n    return 1"))
+    talk.prompt(child)
+    assert child.body["prompt"] == "def f():\n    return 1\n# next"
+    talk.answered(child, Reply(status=503, error="busy"))
+    talk.prompt(grandchild)
+    assert grandchild.body["prompt"] == "def f():\n    return 1\n# next\n# more"
+
+
+def test_some_follow_ups_must_resume_from_a_checkpoint():
+    s = specs("greedy", "greedy")
+    s[1].kind, s[1].parent = "follow-up", 0
+    solo = {0: answered("a"), 1: answered("b")}
+    restored = answered("b", reused=40)
+    restored.extension["checkpoint"] = {"position": 40}
+    checks = soak.check_solo(s, [answered("a"), restored], solo)
+    assert checks["follow_ups_restored"]["ok"] and "1 of 1 follow-ups" in checks["follow_ups_restored"]["detail"]
+    checks = soak.check_solo(s, [answered("a"), answered("b", reused=40)], solo)  # from the slot's context
+    assert not checks["follow_ups_restored"]["ok"]
 
 
 def test_outcomes_pass_when_each_request_got_its_answer_once():
@@ -143,7 +175,7 @@ def test_a_test_sized_soak_of_the_demo_server_passes(tmp_path):
     result = json.loads(out.read_text())
     assert result["passed"] and set(result["checks"]) == {
         "server_up", "all_sent", "none_lost", "none_twice", "malformed_refused", "greedy_equal_solo",
-        "server_counters", "rss_flat", "server_exit"}
+        "follow_ups_restored", "server_counters", "rss_flat", "server_exit"}
     assert all(n > 0 for n in result["kinds"].values()), result["kinds"]
     assert result["checkout"] and result["load_average"]["before"] and result["server"]["np_flag"] is not None
     assert result["left_before_first_token"] + result["left_mid_stream"] > 0

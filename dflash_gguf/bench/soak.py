@@ -8,12 +8,15 @@ clients, checked for crashes, lost or doubled answers, wrong answers and memory 
     dflash-bench soak --url http://127.0.0.1:8080 -o my-server.json
 
 The requests (a seeded plan, reproducible from --seed and the settings) mix greedy
-completions, streamed or not; seeded sampled ones; clients that leave mid-stream; clients
+completions, streamed or not; follow-ups, the next turn of a conversation (an earlier
+greedy request's prompt, its answer as the server gave it, and new text: the prefix
+checkpoints serve these); seeded sampled ones; clients that leave mid-stream; clients
 that leave as soon as their long prompt's response starts (in the queue or the prefill);
-and malformed requests. --slots clients drain the plan at once on a fresh server, so
-every greedy request is prefilled cold, beside the other slots' work. Then each greedy
-request answered is sent alone to a second fresh server of the same command (with --url:
-to the same server, after the soak), and the two answers must be equal. dflash-server is
+and malformed requests. --slots clients drain the plan at once on a fresh server (a
+follow-up's client waits for the answer it continues). Then each greedy request and
+follow-up answered is sent alone, with cache_prompt false (computed whole), to a second
+fresh server of the same command (with --url: to the same server, after the soak), and
+the two answers must be equal. dflash-server is
 started with -np SLOTS when its --help offers -np, else its requests queue behind one
 another (the results say which).
 
@@ -22,7 +25,8 @@ no request is lost (every one gets its answer, its 4xx, or was left by its clien
 answered twice (one final chunk, one [DONE], nothing after); the server's counters agree
 (requests run = requests accepted, none failed, cancellations <= clients that left);
 every greedy answer equals its solo answer, and some of those compared were prefilled
-cold (no prompt token reused) while other requests were in flight; malformed requests get
+cold (no prompt token reused) while other requests were in flight; some follow-ups
+resumed from a prefix checkpoint (and so were compared restored); malformed requests get
 a 4xx with a reason; the resident memory less the prefix checkpoints' bytes (both from
 /metrics) stays within --rss-tolerance (1%) of its level after warm-up. Exit status 0
 when every check passes. The results JSON (default results/soak-<UTC time>.json) carries
@@ -51,7 +55,11 @@ from . import provenance, serve_load
 from .prompts import PROMPTS
 
 # share of each kind of request in the plan
-KINDS = {"greedy": 0.45, "sampled": 0.10, "leave-stream": 0.15, "leave-early": 0.15, "malformed": 0.15}
+KINDS = {"greedy": 0.30, "follow-up": 0.15, "sampled": 0.10, "leave-stream": 0.15, "leave-early": 0.15,
+         "malformed": 0.15}
+GREEDY = ("greedy", "follow-up")  # the kinds compared with their solo answers
+TURNS = 4                         # the longest conversation: a greedy request and 3 follow-ups
+RECENT = 40                       # a follow-up continues one of the last RECENT conversations
 # bodies the server must refuse with a 4xx (each with the path it goes to); raw bytes are sent as they are
 MALFORMED = [
     ("/v1/completions", b'{"prompt": "def f(x):", "max_tokens": 8'),
@@ -82,6 +90,9 @@ class Spec:
     path: str
     body: object                       # a dict (sent as JSON) or raw bytes
     leave_after: Optional[int] = None  # streamed: leave after this many text events (0: at once)
+    parent: Optional[int] = None       # a follow-up: the request whose prompt and answer it continues
+    turn_text: str = ""                # a follow-up: the new text after that answer
+    turn: int = 0                      # a conversation's turn (0: its first request)
 
 
 def random_prompt(rng: random.Random, index: int, lo: int, hi: int) -> str:
@@ -100,8 +111,21 @@ def plan(n: int, seed: int, max_tokens: int, long_chars: int) -> List[Spec]:
     """`n` requests of the KINDS, in a random order fixed by `seed`."""
     rng = random.Random(seed)
     kinds = rng.choices(list(KINDS), weights=list(KINDS.values()), k=n)
-    specs = []
+    specs: List[Spec] = []
+    open_turns: List[Spec] = []  # greedy requests and follow-ups a follow-up may continue, latest last
     for i, kind in enumerate(kinds):
+        if kind == "follow-up" and not open_turns:
+            kind = "greedy"  # nothing to continue yet
+        if kind == "follow-up":
+            parent = rng.choice(open_turns[-RECENT:])
+            spec = Spec(i, kind, "/v1/completions",
+                        {"model": "soak", "prompt": None,  # the parent's prompt and answer: known when it is sent
+                         "max_tokens": rng.randint(1, max_tokens), "stream": rng.random() < 0.5, "temperature": 0},
+                        parent=parent.index, turn_text="\n" + random_prompt(rng, i, 8, 300), turn=parent.turn + 1)
+            specs.append(spec)
+            if spec.turn + 1 < TURNS:
+                open_turns.append(spec)
+            continue
         if kind == "malformed":
             path, body = MALFORMED[rng.randrange(len(MALFORMED))]
             specs.append(Spec(i, kind, path, body))
@@ -115,7 +139,36 @@ def plan(n: int, seed: int, max_tokens: int, long_chars: int) -> List[Spec]:
             body.update(temperature=0.6, top_k=20, top_p=0.95, seed=rng.randrange(1 << 30))
         leave = {"leave-stream": rng.randint(1, 8), "leave-early": 0}.get(kind)
         specs.append(Spec(i, kind, "/v1/completions", body, leave))
+        if kind == "greedy":
+            open_turns.append(specs[-1])
     return specs
+
+
+class Conversations:
+    """The answers follow-ups continue: a follow-up's prompt is its parent's prompt, the
+    parent's answer as the server gave it, and its own new text, known once the parent
+    is answered (a client waits for it, as a person waits for a reply). A parent that got
+    no answer (or none in `timeout` seconds) is continued with no answer text."""
+
+    def __init__(self, specs: List[Spec], timeout: float):
+        self.timeout = timeout
+        parents = {s.parent for s in specs if s.parent is not None}
+        self._done = {i: threading.Event() for i in parents}
+        self._answer: dict = {}
+
+    def prompt(self, spec: Spec) -> None:
+        """Fill in a follow-up's prompt (its body is sent, and later sent alone, as filled)."""
+        if spec.parent is None:
+            return
+        self._done[spec.parent].wait(self.timeout)
+        prompt, text = self._answer.get(spec.parent, ("", ""))
+        spec.body["prompt"] = prompt + text + spec.turn_text
+
+    def answered(self, spec: Spec, reply: Optional[serve_load.Reply]) -> None:
+        if spec.index in self._done:
+            text = reply.text if reply is not None and reply.complete else ""
+            self._answer[spec.index] = (spec.body["prompt"], text)
+            self._done[spec.index].set()
 
 
 # -- checks (pure: the records of a run in, a verdict out) ------------------------------------------
@@ -186,21 +239,25 @@ def check_solo(specs: List[Spec], replies: List[Optional[serve_load.Reply]], sol
     compared were prefilled cold (no prompt token reused: not resumed from a checkpoint)
     while other requests were in flight (with one client none is: cold is enough)."""
     differ, compared, cold, batched, both = [], 0, 0, 0, 0
+    follow_ups, restored = 0, 0
     among = prefilled_among_others(replies)
     for spec, r, busy in zip(specs, replies, among):
-        if spec.kind != "greedy" or r is None or not r.complete or spec.index not in solo:
+        if spec.kind not in GREEDY or r is None or not r.complete or spec.index not in solo:
             continue
         want = solo[spec.index]
         compared += 1
         was_cold = r.extension.get("reused_prompt_tokens") == 0
         cold, batched, both = cold + was_cold, batched + busy, both + (was_cold and busy)
+        if spec.kind == "follow-up":
+            follow_ups += 1
+            restored += r.extension.get("checkpoint") is not None
         if (r.text, r.tokens) != (want.text, want.tokens):
             at = next((i for i, (a, b) in enumerate(zip(r.text, want.text)) if a != b), min(len(r.text),
                                                                                           len(want.text)))
             differ.append({"index": spec.index, "first_difference_at": at, "tokens": r.tokens,
                            "solo_tokens": want.tokens, "cold": was_cold, "among_others": busy})
     how = (f"{compared} compared, {cold} prefilled cold, {batched} prefilled while others were in flight, "
-           f"{both} both")
+           f"{both} both; {follow_ups} follow-ups, {restored} of them resumed from a prefix checkpoint")
     if differ:
         detail = f"{len(differ)} of {compared} greedy answers differ from their solo answers ({how}): {differ[:10]}"
     tested = both if clients > 1 else cold
@@ -210,7 +267,10 @@ def check_solo(specs: List[Spec], replies: List[Optional[serve_load.Reply]], sol
         detail = f"no greedy answer was compared that was prefilled cold{' among others' * (clients > 1)} ({how})"
     else:
         detail = f"every greedy answer equals its solo answer ({how})"
-    return {"greedy_equal_solo": check(not differ and tested > 0, detail)}
+    return {"greedy_equal_solo": check(not differ and tested > 0, detail),
+            "follow_ups_restored": check(restored > 0 and not differ,
+                                         f"{restored} of {follow_ups} follow-ups compared resumed from a prefix "
+                                         "checkpoint" + (", and some answers differ" if differ else ""))}
 
 
 def check_accounting(before: dict, after: dict, accepted: int, left: int) -> dict:
@@ -313,8 +373,15 @@ def soak(url: str, specs: List[Spec], clients: int, args) -> tuple:
         with Sampler(http, url, args.sample_every) as sampler:
             sampler.sample()
 
+            conversations = Conversations(specs, args.timeout)
+
             def run(spec: Spec) -> serve_load.Reply:
-                reply = serve_load.complete(http, url, spec.body, spec.leave_after, spec.path)
+                reply = None
+                try:
+                    conversations.prompt(spec)
+                    reply = serve_load.complete(http, url, spec.body, spec.leave_after, spec.path)
+                finally:
+                    conversations.answered(spec, reply)  # never leave a follow-up waiting
                 sampler.finished()
                 return reply
 
@@ -351,10 +418,11 @@ def soak(url: str, specs: List[Spec], clients: int, args) -> tuple:
 
 def solo_answers(url: str, specs: List[Spec], replies: List[Optional[serve_load.Reply]], args) -> dict:
     """{index: the answer alone} of every greedy request answered in the soak, one at a time."""
-    greedy = [s for s, r in zip(specs, replies) if s.kind == "greedy" and r is not None and r.complete]
-    log(f"{len(greedy)} greedy requests alone (their solo answers)")
+    greedy = [s for s, r in zip(specs, replies) if s.kind in GREEDY and r is not None and r.complete]
+    log(f"{len(greedy)} greedy requests and follow-ups alone (their solo answers, computed whole)")
     with httpx.Client(trust_env=False, timeout=args.timeout) as http:
-        solo = {s.index: serve_load.complete(http, url, {**s.body, "stream": False}) for s in greedy}
+        solo = {s.index: serve_load.complete(http, url, {**s.body, "stream": False, "cache_prompt": False})
+                for s in greedy}
     bad = [i for i, r in solo.items() if not r.complete]
     if bad:
         raise RuntimeError(f"solo requests {bad[:10]} got no answer: {solo[bad[0]].error}")
@@ -367,11 +435,14 @@ def request_records(specs: List[Spec], replies: List[Optional[serve_load.Reply]]
     out = []
     for s, r in zip(specs, replies):
         rec = {"index": s.index, "kind": s.kind, "path": s.path, "leave_after": s.leave_after}
+        if s.parent is not None:
+            rec.update(parent=s.parent, turn=s.turn)
         if r is not None:
             rec.update(status=r.status, tokens=r.tokens, seconds=round(r.seconds, 4),
                        ttft=None if r.ttft is None else round(r.ttft, 4), finish_reason=r.finish_reason,
                        finals=r.finals, dones=r.dones, after_done=r.after_done, left=r.left, error=r.error,
-                       reused_prompt_tokens=r.extension.get("reused_prompt_tokens"))
+                       reused_prompt_tokens=r.extension.get("reused_prompt_tokens"),
+                       checkpoint_position=(r.extension.get("checkpoint") or {}).get("position"))
         out.append(rec)
     return out
 
