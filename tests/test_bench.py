@@ -94,7 +94,11 @@ def test_a_log_that_lost_its_summary_is_run_again(tmp_path):
                    f"if len(calls.read_text()) >= int(sys.argv[1]):\n    print({COMPLETION_LOG!r}, file=sys.stderr)\n")
     exe.chmod(0o755)
     _, parsed = llama_cpp.run_parsed([str(exe), "2"], llama_cpp.parse_completion, "decode_s")
-    assert parsed["runs"] == 127 and calls.read_text() == "xx"
+    assert parsed["runs"] == 127 and calls.read_text() == "xx" and parsed["attempts"] == 2
+    kept = [run("llama.cpp", "plain (llama-completion)", 0, "a", 8, 1.0, 8),
+            run("llama.cpp", "plain (llama-completion)", 1, "a", 8, 1.0, 8), run("ours", "plain", 0, "a", 8, 1.0, 8)]
+    kept[0].extra["attempts"], kept[1].extra["attempts"] = 2, 1
+    assert llama_cpp.peer_reruns(kept) == {"runs": 2, "reruns": 1}  # the results file's count
     calls.unlink()
     with pytest.raises(llama_cpp.ToolError, match="no summary in 3 runs"):
         llama_cpp.run_parsed([str(exe), "9"], llama_cpp.parse_completion, "decode_s")

@@ -455,6 +455,7 @@ def bench_main(argv) -> int:
         "comparisons": report.each_sampling(table, report.comparisons),
         "auto_comparisons": report.each_sampling(table, report.auto_comparisons),
         "headline": report.headline(table),
+        "peer_reruns": llama_cpp.peer_reruns(runs),
         "runs": [r.to_json() for r in runs],
     }
     if args.output is not None:

@@ -100,13 +100,22 @@ def run_tool(cmd: List[str], timeout: float = 3600) -> tuple:
     return res.stdout, res.stderr
 
 
+def peer_reruns(runs) -> dict:
+    """How many of llama.cpp's runs had to be made again (run_parsed), of how many kept."""
+    attempts = [r.extra["attempts"] for r in runs if r.engine == "llama.cpp" and "attempts" in r.extra]
+    return {"runs": len(attempts), "reruns": sum(a - 1 for a in attempts)}
+
+
 def run_parsed(cmd: List[str], parse, needed: str, attempts: int = 3) -> tuple:
     """(stdout, parsed log) of a run whose log has `needed`, retried when it has not:
-    llama.cpp logs from a worker thread, which sometimes loses the last lines at exit."""
-    for _ in range(attempts):
+    llama.cpp logs from a worker thread, which sometimes loses the last lines at exit (its
+    tools then exit 0 with their output cut). The parsed log's "attempts" counts the runs
+    it took, which results files keep (PEER_RERUNS)."""
+    for attempt in range(1, attempts + 1):
         stdout, log = run_tool(cmd)
         parsed = parse(log)
         if needed in parsed:
+            parsed["attempts"] = attempt
             return stdout, parsed
     raise ToolError(f"{Path(cmd[0]).name} logged no summary in {attempts} runs: {log[-300:]}")
 
@@ -196,7 +205,8 @@ class CompletionArm:
                             prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
                             decode_s=completion_decode_seconds(r), passes=r["runs"], prefill_s=r.get("prefill_s"),
                             text=completion_text(stdout),
-                            extra={"eval_s": r["decode_s"], "sampling_s": r.get("sampling_s")}))
+                            extra={"eval_s": r["decode_s"], "sampling_s": r.get("sampling_s"),
+                                   "attempts": r["attempts"]}))
         return runs
 
 
@@ -245,7 +255,7 @@ class SpeculativeArm(CompletionArm):
                             prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["tokens"],
                             decode_s=r["decode_s"], passes=r["rounds"] + r["restores"], prefill_s=r.get("prefill_s"),
                             text=speculative_text(stdout, text), speculative=True, default=self.default,
-                            extra={k: r.get(k) for k in ("n_drafted", "n_accept", "restores")}))
+                            extra={k: r.get(k) for k in ("n_drafted", "n_accept", "restores", "attempts")}))
         return runs
 
 
