@@ -208,13 +208,13 @@ def main(argv=None) -> int:
            "command": " ".join(["scripts/mask_count.py"] + (sys.argv[1:] if argv is None else argv)),
            "threads": 1, "summary": summary, "passes": passes}
     if args.out:
-        doc = json.loads(args.out.read_text()) if args.out.exists() else {
+        from dflash_gguf.bench import provenance, slim
+
+        doc = slim.read(args.out) if args.out.exists() else {
             "what": "instructions of a target pass %s vs %s under a grammar's mask at a 248,320-token "
                     "vocabulary (issue #40's bar: <= 1.10), callgrind, one thread" % (kinds[0], kinds[0]),
             "runs": []}
         doc["runs"].append(run)
-        from dflash_gguf.bench import provenance
-
         provenance.write_results(args.out, doc)
     return 0
 

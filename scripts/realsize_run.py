@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_gguf.bench import slim
 from dflash_gguf.bench.provenance import write_results
 from dflash_gguf.llama_cpp_tree import tool
 
@@ -320,7 +321,7 @@ def main() -> int:
         print("@@" + json.dumps(result), flush=True)
         return 0
     if len(sys.argv) == 3 and sys.argv[1] == "--report":  # the markdown of a saved run
-        print(report(json.loads(Path(sys.argv[2]).read_text())))
+        print(report(slim.read(Path(sys.argv[2]))))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -356,7 +357,7 @@ def main() -> int:
         h, m = map(int, a.wait_until.split(":"))
         a.until = _dt.datetime.now(_dt.timezone.utc).replace(hour=h, minute=m, second=0, microsecond=0)
     if a.resume:
-        r, out = json.loads(a.resume.read_text()), a.resume.with_suffix("")
+        r, out = slim.read(a.resume), a.resume.with_suffix("")
         target, draft = Path(r["target"]), Path(r["draft"]) if r["draft"] else None
         r["command_peer"] = " ".join([Path(sys.executable).name, *sys.argv])
     else:

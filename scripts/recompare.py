@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from dflash_gguf.bench import method, report
+from dflash_gguf.bench import method, report, slim
 from dflash_gguf.bench.provenance import results_doc, write_results
 from dflash_gguf.bench.runs import Run
 
@@ -22,7 +22,7 @@ from dflash_gguf.bench.runs import Run
 def recompare(path: Path, pooled: dict) -> dict:
     """One file's comparisons; auto's per-repetition ratios against the fastest fixed
     row are added to pooled[(drafter, sampling)]."""
-    doc = json.loads(path.read_text())
+    doc = slim.read(path)  # the JSON and its records file
     if doc.get("tool") != "dflash-bench" or "runs" not in doc:
         raise ValueError(f"{path}: not a dflash-bench results file")
     table = report.rows([Run(**r) for r in doc["runs"]])

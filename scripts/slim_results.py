@@ -1,8 +1,11 @@
 """Rewrite results files in place in the form results/ keeps (dflash_gguf/bench/slim.py):
-each run's text and token ids as their sha256 and length, a record a line. A file
-already slim is left as it is. A dflash-bench file is written only if its runs give the
-same rows and comparisons slim as raw (dflash_gguf.bench.report: outputs compared by
-hash instead of by text).
+each run's text and token ids as their sha256 and length, and the per-record lists (runs,
+requests, memory samples) moved into <name>.records.jsonl.gz beside the JSON, which keeps
+everything else and a pointer to them. A file already in that form is left as it is.
+A file is rewritten only if the pair reads back (slim.read) as the slim form of the
+document it held, and a dflash-bench file only if its runs give the same rows and
+comparisons slim as raw (dflash_gguf.bench.report: outputs compared by hash instead of
+by text).
 
     .venv/bin/python scripts/slim_results.py results/bench-2026-11-25-turns-draft.json ...
     .venv/bin/python scripts/slim_results.py --keep-raw FILE   # FILE's raw record also as FILE.raw.json.gz
@@ -10,7 +13,6 @@ hash instead of by text).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,23 +28,31 @@ def derived(runs: list) -> dict:
             "headline": report.headline(table)}
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
 def slim_file(path: Path, keep_raw: bool) -> str:
     """Slim one file; what was done, in words. ValueError: it cannot be slimmed faithfully."""
-    old = path.read_text()
-    doc = json.loads(old)
+    records = slim.records_path(path)
+    old_bytes = _size(path) + _size(records)
+    doc = slim.read(path)
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: not a results document (a JSON object)")
-    new = slim.dumps(slim.slim_doc(doc))
-    if new == old:
+    text, data = slim.pair(path, doc)
+    if text == path.read_text() and (data is None or (records.exists() and records.read_bytes() == data)):
         return "already slim"
+    slimmed = slim.slim_doc(doc)
     if doc.get("tool") == "dflash-bench" and isinstance(doc.get("runs"), list):
-        if derived(doc["runs"]) != derived(slim.slim_doc(doc)["runs"]):
+        if derived(doc["runs"]) != derived(slimmed["runs"]):
             raise ValueError(f"{path}: its slim runs give other rows or comparisons than its raw ones; left as is")
-    if keep_raw:
-        slim.write(path, doc, keep_raw=True)
-    else:
-        path.write_text(new)
-    return f"{len(old.encode()):,} -> {len(new.encode()):,} bytes"
+    slim.write(path, doc, keep_raw=keep_raw)
+    back = slim.read(path)
+    if back != slimmed:  # cannot happen unless slim.py is wrong: say so rather than keep a lossy file
+        raise ValueError(f"{path}: the pair written does not read back as the document it held")
+    if doc.get("tool") == "dflash-bench" and isinstance(doc.get("runs"), list) and derived(back["runs"]) != derived(doc["runs"]):
+        raise ValueError(f"{path}: the pair's runs give other rows or comparisons than the file's")
+    return f"{old_bytes:,} -> {_size(path) + _size(records):,} bytes"
 
 
 def main(argv=None) -> int:

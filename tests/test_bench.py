@@ -163,7 +163,8 @@ def test_a_slim_file_gives_the_raw_file_s_rows_and_comparisons(tmp_path):
     assert raw == tmp_path / "x.raw.json.gz"
     with gzip.open(raw, "rt") as f:
         assert json.load(f) == doc
-    kept = json.loads((tmp_path / "x.json").read_text())
+    assert "runs" not in json.loads((tmp_path / "x.json").read_text())  # they are in x.records.jsonl.gz
+    kept = slim.read(tmp_path / "x.json")
     assert kept["settings"] == doc["settings"] and len(kept["runs"]) == len(runs)
     for r, k in zip(runs, kept["runs"]):
         assert k["token_ids"] == (None if r.token_ids is None else {"sha256": hashlib.sha256(
@@ -171,6 +172,8 @@ def test_a_slim_file_gives_the_raw_file_s_rows_and_comparisons(tmp_path):
         assert k["text"]["sha256"] == hashlib.sha256(r.text.encode()).hexdigest() and k["text"]["chars"] == len(r.text)
         assert {**k, "text": r.text, "token_ids": r.token_ids} == r.to_json()
     assert "def f" not in (tmp_path / "x.json").read_text()
+    with gzip.open(tmp_path / "x.records.jsonl.gz", "rt") as f:
+        assert "def f" not in f.read()
 
     def derived(records):
         table = report.rows([Run(**r) for r in records])
@@ -185,18 +188,21 @@ def test_a_slim_file_gives_the_raw_file_s_rows_and_comparisons(tmp_path):
     assert [c["pairing"] for c in from_raw[1]] == ["fastest vs fastest", "best vs best", "plain vs plain"]
 
 
-def test_a_slim_file_is_a_line_a_run_and_slimming_it_again_changes_nothing(tmp_path):
+def test_a_slim_file_is_a_pair_a_run_a_line_and_slimming_it_again_changes_nothing(tmp_path):
     runs = [r.to_json() for r in slim_pair_runs()]
     doc = {"tool": "dflash-bench", "rows": [{"mode": "plain", "decode_tok_s_per_rep": [1.0, 2.0]}], "runs": runs}
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")  # as results files were written before
     slim_results = load_script("slim_results")
     assert slim_results.main([str(path)]) == 0
-    text = path.read_text()
+    text, records = path.read_text(), (tmp_path / "old.records.jsonl.gz").read_bytes()
     lines = text.splitlines()
-    assert len(lines) == len(runs) + 8 and lines[5] == ' "runs": [' and all(line.startswith('  {"engine":') for line in lines[6:-2])
-    assert json.loads(text) == slim.slim_doc(doc) and slim.slim_doc(json.loads(text)) == json.loads(text)
+    assert lines[2:4] == [' "rows": [', '  {"mode":"plain","decode_tok_s_per_rep":[1.0,2.0]}'] and lines[5] == ' "records": {'
+    assert json.loads(text)["records"]["counts"] == {"runs": len(runs)}
+    assert [json.loads(line) for line in gzip.decompress(records).decode().splitlines()] == slim.slim_doc(doc)["runs"]
+    assert slim.read(path) == slim.slim_doc(doc) and slim.slim_doc(slim.read(path)) == slim.read(path)
     assert slim_results.main([str(path)]) == 0 and path.read_text() == text
+    assert (tmp_path / "old.records.jsonl.gz").read_bytes() == records
     assert slim_results.slim_file(path, keep_raw=False) == "already slim"
     path.write_text("[1, 2]")
     assert slim_results.main([str(path)]) == 1
@@ -429,7 +435,8 @@ def demo_run(tmp_path_factory):
 def test_json_carries_provenance_and_every_run(demo_run):
     out, cwd = demo_run
     # the file keeps the runs' texts and token ids as hashes, the raw record beside it everything
-    assert json.loads((cwd / "results" / "short.json").read_text()) == slim.slim_doc(out)
+    assert slim.read(cwd / "results" / "short.json") == slim.slim_doc(out)
+    assert "runs" not in json.loads((cwd / "results" / "short.json").read_text())
     with gzip.open(cwd / "results" / "short.raw.json.gz", "rt") as f:
         assert json.load(f) == out
     assert out["machine"]["threads"] == 1 and out["machine"]["device"] == "CPU" and out["machine"]["cpu"]

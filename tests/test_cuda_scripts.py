@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from dflash_gguf.bench import slim
+
 CUDA_SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "cuda"
 
 
@@ -53,7 +55,7 @@ def test_merge_joins_parts_into_one_results_file(tmp_path):
     b.write_text(json.dumps({"header": {**header, "date": "2026-11-24 09:50"}, "long": long}))
     assert bench.main(["--merge", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "cuda-h100-2026-11-24-0930.md").read_text()
-    merged = json.loads((tmp_path / "out" / "cuda-h100-2026-11-24-0930.json").read_text())
+    merged = slim.read(tmp_path / "out" / "cuda-h100-2026-11-24-0930.json")
     assert set(merged) == {"header", "pairs", "long"} and merged["header"]["date"] == "2026-11-24 09:30"
     # chain 400 tok/s against llama-speculative-simple's 320: 1.25; plain decode 50 tok/s
     # against llama-bench's 32 tokens in 0.8 s: 1.25; verify of 16: 24 ms against our 30

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dflash_gguf.bench import concurrency as bench_concurrency
-from dflash_gguf.bench import serve_load
+from dflash_gguf.bench import serve_load, slim
 from dflash_gguf.bench.serve_load import Reply
 
 BENCH = str(Path(sys.executable).with_name("dflash-bench"))
@@ -241,7 +241,7 @@ def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
                           "--min-seconds", "0", "-o", str(out)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    result = json.loads(out.read_text())
+    result = slim.read(out)
     rows = result["rows"]
     # a row per setting, sampling and client count
     settings = ("default", "p-min 0.5 n-max 7")
@@ -324,7 +324,7 @@ def test_both_servers_swept_and_their_cells_interleaved(tmp_path):
                           "--min-seconds", "0", "--llama-cpp", str(tools), "-o", str(out)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    result = json.loads(out.read_text())
+    result = slim.read(out)
     calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
     draft_flags = [[a for a in c if a.startswith("--spec-draft")] for c in calls]
     assert sorted(draft_flags) == [[], ["--spec-draft-n-max", "--spec-draft-n-min", "--spec-draft-p-min"]]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.bench import soak
+from dflash_gguf.bench import slim, soak
 from dflash_gguf.bench.serve_load import Reply
 
 BENCH = str(Path(sys.executable).with_name("dflash-bench"))
@@ -172,7 +172,11 @@ def test_a_test_sized_soak_of_the_demo_server_passes(tmp_path):
                           "--seed", "0", "-t", "1", "--sample-every", "0.1", "--rss-tolerance", "0.05",
                           "-o", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    result = json.loads(out.read_text())
+    # the per-request records and memory samples are in the records file beside the JSON
+    head = json.loads(out.read_text())
+    assert "requests" not in head and "memory_samples" not in head and head["records"]["counts"]["requests"] == 32
+    result = slim.read(out)
+    assert len(result["requests"]) == 32 and result["memory_samples"]
     assert result["passed"] and set(result["checks"]) == {
         "server_up", "all_sent", "none_lost", "none_twice", "malformed_refused", "greedy_equal_solo",
         "follow_ups_restored", "server_counters", "rss_flat", "server_exit"}

@@ -51,7 +51,9 @@ def chosen(rows: List[dict]) -> Set[Arm]:
 
 
 def read_sweep(path: Path) -> dict:
-    """The sweep's document, checked (ValueError: not a dflash-bench sweep)."""
+    """The sweep's document, checked (ValueError: not a dflash-bench sweep). Its JSON
+    alone: the arms are chosen from its rows, and its runs stay in its records file
+    (slim.py), which the JSON's sha256, recorded, names through the pointer's."""
     data = path.read_bytes()
     try:
         doc = json.loads(data)

@@ -16,12 +16,24 @@ Forms of a run's fields (a raw record and a slim one are read alike, see `ids_ke
                                              text of the same prompt and sampling has, where it is
                                              longer (report.same_text's "went on past -n" case)}
 The file itself is indented at the top level, with each element of a list of records
-(runs, rows, cells, requests, samples) as one compact line.
+(rows, cells) as one compact line.
+
+The per-record lists (RECORD_LISTS: a bench file's runs, a soak file's requests and
+memory samples) are most of a file's bytes even slim, and no reader of the figures needs
+them: they go, slim, into <name>.records.jsonl.gz beside <name>.json (`write`), a record a
+line, list after list in the order the document had them, gzipped deterministically (no
+name, mtime 0), so that the same document always gives the same bytes. The JSON keeps all
+else (settings, provenance, load, rows and cells with per-repetition figures, comparisons,
+headline) and, where the lists were, a pointer:
+  "records": {"file": "<name>.records.jsonl.gz", "sha256": of its uncompressed lines,
+              "counts": {"runs": n, ...}}
+`read` gives back the whole document from the pair (checking the sha256 and the counts).
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 from pathlib import Path
 from typing import Optional, Sequence
@@ -29,6 +41,9 @@ from typing import Optional, Sequence
 from .runs import OURS_PLAIN
 
 RAW_SUFFIX = ".raw.json.gz"
+RECORDS_SUFFIX = ".records.jsonl.gz"
+RECORD_LISTS = ("runs", "requests", "memory_samples")  # the top-level lists that leave the JSON
+POINTER = "records"
 
 
 def _sha(text: str) -> str:
@@ -142,11 +157,107 @@ def raw_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".json") + RAW_SUFFIX)
 
 
+def records_path(path: Path) -> Path:
+    """<name>.records.jsonl.gz beside <name>.json (kept in git with it)."""
+    return path.with_name(path.name.removesuffix(".json") + RECORDS_SUFFIX)
+
+
+def split(doc: dict) -> tuple:
+    """(the document less its record lists, with the pointer's place where the first of
+    them was, {list name: records} in the document's order). Empty lists stay inline."""
+    head, lists = {}, {}
+    for key, value in doc.items():
+        if key in RECORD_LISTS and isinstance(value, list) and value:
+            head.setdefault(POINTER, None)
+            lists[key] = value
+        else:
+            if key == POINTER:
+                raise ValueError(f"a results document's own {POINTER!r} key would be taken for the pointer")
+            head[key] = value
+    return head, lists
+
+
+def records_lines(lists: dict) -> bytes:
+    """The records file's uncompressed content: a compact JSON record a line."""
+    return "".join(_compact(r) + "\n" for records in lists.values() for r in records).encode("utf-8")
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """data gzipped alike on every run: no file name, mtime 0, level 9."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as f:
+        f.write(data)
+    return buf.getvalue()
+
+
+def pair(path: Path, doc: dict) -> tuple:
+    """(the JSON text, the records file's bytes or None) `write` makes of a document."""
+    head, lists = split(slim_doc(doc))
+    if not lists:
+        return dumps(head), None
+    data = records_lines(lists)
+    head[POINTER] = {"file": records_path(path).name, "sha256": hashlib.sha256(data).hexdigest(),
+                     "counts": {k: len(v) for k, v in lists.items()}}
+    return dumps(head), gzip_bytes(data)
+
+
+def join(head: dict, path: Path) -> dict:
+    """The whole document from the JSON `head` read from `path` and its records file
+    (a document with no pointer: as it is). ValueError: the records file is missing, or
+    is not the one the pointer names (another sha256 or other counts)."""
+    pointer = head.get(POINTER)
+    if not isinstance(pointer, dict) or "counts" not in pointer:
+        return head
+    records = path.with_name(pointer["file"])
+    try:
+        with gzip.open(records, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: its records file {records} is missing (results files come in pairs: "
+                         f"<name>.json and <name>{RECORDS_SUFFIX})") from None
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{records}: not a gzip file ({e})") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != pointer["sha256"]:
+        raise ValueError(f"{records}: sha256 {digest} is not the {pointer['sha256']} that {path} names: "
+                         f"the records file was changed or belongs to another version of {path.name}")
+    lines = data.decode("utf-8").splitlines()
+    if len(lines) != sum(pointer["counts"].values()):
+        raise ValueError(f"{records}: {len(lines)} records, {path} counts {sum(pointer['counts'].values())}")
+    out, at = {}, 0
+    for key, value in head.items():
+        if key != POINTER:
+            out[key] = value
+            continue
+        for name, count in pointer["counts"].items():
+            out[name] = [json.loads(line) for line in lines[at:at + count]]
+            at += count
+    return out
+
+
+def read(path: Path) -> dict:
+    """A results file as a whole document: the JSON with its records put back where the
+    pointer is (any results file: one written before the pair form is read as it is).
+    ValueError: not JSON, or a records file missing or not the one named."""
+    path = Path(path)
+    try:
+        head = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    return join(head, path) if isinstance(head, dict) else head
+
+
 def write(path: Path, doc: dict, keep_raw: bool = False) -> Optional[Path]:
-    """Write the slim form of `doc` to `path`; with keep_raw also the raw document,
-    gzipped, to raw_path(path) (returned)."""
+    """Write the slim pair form of `doc`: `path` and, where it has record lists,
+    records_path(path) (a records file left from an earlier write without them is removed);
+    with keep_raw also the raw document, gzipped, to raw_path(path) (returned)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(slim_doc(doc)))
+    text, records = pair(path, doc)
+    if records is None:
+        records_path(path).unlink(missing_ok=True)
+    else:
+        records_path(path).write_bytes(records)  # before the JSON that points to it
+    path.write_text(text)
     if not keep_raw:
         return None
     raw = raw_path(path)

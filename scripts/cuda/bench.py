@@ -654,7 +654,9 @@ def main(argv=None) -> int:
         print("@@" + json.dumps(globals()[f"worker_{a.worker[0]}"](json.loads(a.worker[1]))), flush=True)
         return 0
     if a.merge:
-        parts = [json.loads(p.read_text()) for p in a.merge]
+        from dflash_gguf.bench import slim  # a part is a results file (slim.write's form)
+
+        parts = [slim.read(p) for p in a.merge]
         res = {"header": parts[0]["header"]}
         for part in parts:
             res.update({k: v for k, v in part.items() if k != "header"})
