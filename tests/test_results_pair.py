@@ -43,6 +43,29 @@ def test_the_pair_reads_back_as_the_slim_document(tmp_path):
     assert path.read_text() == text and slim.records_path(path).read_bytes() == data
 
 
+def test_nested_record_lists_go_too_and_come_back_where_they_were(tmp_path):
+    """A concurrency row's replies and the old benchmark's runs (slim.NESTED_LISTS) leave
+    the JSON by their path; the rows' figures stay."""
+    doc = {"tool": "concurrency",
+           "rows": [{"clients": 1, "replies": [[{"status": 200}], [{"status": 200}, {"status": 500}]]},
+                    {"clients": 2, "replies": []}, "not a row"],
+           "e2e": [{"type": "f32", "rows": [{"tps": 10.5, "runs": [[{"tokens": [1, 2]}]]}, {"tps": 3.0}]}]}
+    before = json.dumps(doc)
+    path = tmp_path / "c.json"
+    slim.write(path, doc)
+    assert json.dumps(doc) == before  # the document given is left as it is
+    head = json.loads(path.read_text())
+    assert list(head) == ["tool", "rows", "e2e", "records"]
+    assert head["records"]["counts"] == {"rows/0/replies": 2, "e2e/0/rows/0/runs": 1}
+    assert head["rows"][0] == {"clients": 1} and head["rows"][1] == {"clients": 2, "replies": []}
+    assert head["e2e"][0]["rows"] == [{"tps": 10.5}, {"tps": 3.0}]
+    assert slim.read(path) == doc
+    head["records"]["counts"] = {"rows/5/replies": 2, "e2e/0/rows/0/runs": 1}
+    path.write_text(json.dumps(head))
+    with pytest.raises(ValueError, match="names rows/5/replies, which the JSON does not have"):
+        slim.read(path)
+
+
 def test_the_pair_is_written_alike_every_time(tmp_path):
     a, b = tmp_path / "a" / "x.json", tmp_path / "b" / "x.json"
     slim.write(a, soak_like())

@@ -19,14 +19,15 @@ The file itself is indented at the top level, with each element of a list of rec
 (rows, cells) as one compact line.
 
 The per-record lists (RECORD_LISTS: a bench file's runs, a soak file's requests and
-memory samples) are most of a file's bytes even slim, and no reader of the figures needs
-them: they go, slim, into <name>.records.jsonl.gz beside <name>.json (`write`), a record a
-line, list after list in the order the document had them, gzipped deterministically (no
-name, mtime 0), so that the same document always gives the same bytes. The JSON keeps all
-else (settings, provenance, load, rows and cells with per-repetition figures, comparisons,
-headline) and, where the lists were, a pointer:
+memory samples; NESTED_LISTS: a concurrency row's replies, the old benchmark's runs) are
+most of a file's bytes even slim, and no reader of the figures needs them: they go, slim,
+into <name>.records.jsonl.gz beside <name>.json (`write`), a record a line, list after
+list (`split`'s order), gzipped deterministically (no name, mtime 0), so that the same
+document always gives the same bytes. The JSON keeps all else (settings, provenance,
+load, rows and cells with per-repetition figures, comparisons, headline) and, where the
+first top-level list was (else at its end), a pointer:
   "records": {"file": "<name>.records.jsonl.gz", "sha256": of its uncompressed lines,
-              "counts": {"runs": n, ...}}
+              "counts": {"runs": n, "rows/0/replies": m, ...}}
 `read` gives back the whole document from the pair (checking the sha256 and the counts).
 """
 from __future__ import annotations
@@ -43,6 +44,10 @@ from .runs import OURS_PLAIN
 RAW_SUFFIX = ".raw.json.gz"
 RECORDS_SUFFIX = ".records.jsonl.gz"
 RECORD_LISTS = ("runs", "requests", "memory_samples")  # the top-level lists that leave the JSON
+# and the nested ones, as keys through lists of objects: a concurrency file's replies of
+# each row (rows[i].replies), the old benchmark's runs (e2e[i].rows[j].runs, token ids raw);
+# named in the pointer by their path ("rows/3/replies") and put back there
+NESTED_LISTS = (("rows", "replies"), ("e2e", "rows", "runs"))
 POINTER = "records"
 
 
@@ -162,9 +167,28 @@ def records_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".json") + RECORDS_SUFFIX)
 
 
+def _take_nested(container: dict, keys: tuple, prefix: str, lists: dict) -> None:
+    """Move container[keys[0]][i][keys[1]]... (the last key's non-empty list) into lists
+    under its path, copying what it changes (the document given is left as it is)."""
+    value = container.get(keys[0])
+    if len(keys) == 1:
+        if isinstance(value, list) and value:
+            lists[prefix + keys[0]] = value
+            del container[keys[0]]
+        return
+    if not isinstance(value, list):
+        return
+    container[keys[0]] = value = list(value)
+    for i, item in enumerate(value):
+        if isinstance(item, dict):
+            value[i] = dict(item)
+            _take_nested(value[i], keys[1:], f"{prefix}{keys[0]}/{i}/", lists)
+
+
 def split(doc: dict) -> tuple:
-    """(the document less its record lists, with the pointer's place where the first of
-    them was, {list name: records} in the document's order). Empty lists stay inline."""
+    """(the document less its record lists, with the pointer's place where the first
+    top-level one was, {list name or path: records}: the top-level lists in the document's
+    order, then NESTED_LISTS' in theirs). Empty lists stay inline."""
     head, lists = {}, {}
     for key, value in doc.items():
         if key in RECORD_LISTS and isinstance(value, list) and value:
@@ -174,7 +198,22 @@ def split(doc: dict) -> tuple:
             if key == POINTER:
                 raise ValueError(f"a results document's own {POINTER!r} key would be taken for the pointer")
             head[key] = value
+    for keys in NESTED_LISTS:
+        _take_nested(head, keys, "", lists)
     return head, lists
+
+
+def _put_nested(doc: dict, name: str, records: list, path: Path) -> None:
+    *where, key = name.split("/")
+    obj = doc
+    try:
+        for part in where:
+            obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+        if not isinstance(obj, dict):
+            raise TypeError
+    except (KeyError, IndexError, ValueError, TypeError):
+        raise ValueError(f"{path}: the pointer names {name}, which the JSON does not have") from None
+    obj[key] = records
 
 
 def records_lines(lists: dict) -> bytes:
@@ -224,14 +263,19 @@ def join(head: dict, path: Path) -> dict:
     lines = data.decode("utf-8").splitlines()
     if len(lines) != sum(pointer["counts"].values()):
         raise ValueError(f"{records}: {len(lines)} records, {path} counts {sum(pointer['counts'].values())}")
-    out, at = {}, 0
+    lists, at = {}, 0
+    for name, count in pointer["counts"].items():
+        lists[name] = [json.loads(line) for line in lines[at:at + count]]
+        at += count
+    out = {}
     for key, value in head.items():
-        if key != POINTER:
+        if key == POINTER:
+            out.update((name, records) for name, records in lists.items() if "/" not in name)
+        else:
             out[key] = value
-            continue
-        for name, count in pointer["counts"].items():
-            out[name] = [json.loads(line) for line in lines[at:at + count]]
-            at += count
+    for name, records in lists.items():
+        if "/" in name:
+            _put_nested(out, name, records, path)
     return out
 
 
