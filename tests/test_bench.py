@@ -19,7 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from dflash_gguf.bench import arms_from, cli, llama_cpp, method, ours, provenance, report, slim
+from dflash_gguf.bench import arms_from, cli, kinds, llama_cpp, method, ours, provenance, report, slim
 from dflash_gguf.bench.runs import Run, Sampling
 from dflash_gguf.demo import demo_paths
 
@@ -736,3 +736,142 @@ def test_a_headline_run_measures_only_the_arms_its_sweep_chose(tmp_path):
     res = bench(*common[:-1], "--arms-from", str(tmp_path / "results" / "sweep.json"), "--force",
                 "--wait-idle-max", "0", cwd=tmp_path)
     assert res.returncode == 0 and "dflash-bench (headline, the arms" in res.stdout
+
+
+# ---- draft-simple and the n-gram kinds (kinds.py) ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def simple_pair(tmp_path_factory, convert_model):
+    """A tiny seeded Qwen3 target, its q8_0 copy drafting (draft-simple: mostly right) and
+    a model of another vocabulary (as tests/test_draft_simple.py builds them)."""
+    from fixtures import make_qwen3, make_tokenizer
+    from test_draft_simple import SMALL
+
+    root = tmp_path_factory.mktemp("bench_simple")
+    target = make_qwen3(root / "target", seed=1)
+    other = make_qwen3(root / "other", seed=2, **SMALL)
+    make_tokenizer(other, vocab_size=1000, regex="qwen2")
+    return {"target": str(convert_model(target, "f32")), "q8": str(convert_model(target, "q8_0")),
+            "other": str(convert_model(other, "f32"))}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--spec-type", "draft-simple"], "needs -m and -md"),
+    (["-m", "{target}", "--spec-type", "draft-simple"], "draft-simple needs the small model that drafts (-md)"),
+    (["-m", "{target}", "-md", "{other}", "--spec-type", "draft-simple"], "does not share the vocabulary"),
+    (["-m", "{target}", "-md", "{other}"], "does not share the vocabulary"),  # a model GGUF: draft-simple
+    (["-m", "{demo}", "-md", "{demo_draft}", "--spec-type", "draft-simple"], "not a model that drafts on its own"),
+    (["-m", "{target}", "-md", "{q8}", "--spec-type", "ngram-simple"], "loads no drafter file"),
+    (["-m", "{target}", "-md", "{q8}", "--modes", "plain,auto"], "--modes auto: not run by --spec-type draft-simple"),
+    (["-m", "{target}", "--spec-type", "ngram-mod", "--modes", "tree"], "not run by --spec-type ngram-mod"),
+    (["--ngram-size", "4"], "--ngram-size takes sizes"),
+    (["--spec-type", "ngram-simple", "--ngram-size", "0"], "--ngram-size takes sizes"),
+])
+def test_draft_simple_and_ngram_arguments_are_checked(simple_pair, argv, message, capsys):
+    demo, demo_draft = demo_paths()
+    files = {**simple_pair, "demo": demo, "demo_draft": demo_draft}
+    with pytest.raises(SystemExit) as e:
+        cli.main([a.format(**files) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_draft_simple_and_ngram_sweeps():
+    names = [m.name for m in kinds.our_modes("draft-simple", ["plain", "chain", "tree"], [0.0, 0.5], [2, 4], [])]
+    assert names == ["plain", "chain (default)", "chain p-min 0 n-max 2", "chain p-min 0 n-max 4",
+                     "chain p-min 0.5 n-max 2", "chain p-min 0.5 n-max 4", "tree n-max 3", "tree n-max 2",
+                     "tree n-max 4"]
+    mode = kinds.our_modes("ngram-mod", ["chain"], [0.5], [8], [16])[1]
+    assert mode.name == "chain size 16 n-max 8" and dict(mode.options) == {"spec_ngram_mod_n_match": 16,
+                                                                           "spec_draft_n_max": 8}
+    assert kinds.their_settings("ngram-simple", [0.5], [8, 16], [4]) == [(None, None, None), (None, 8, 4), (None, 16, 4)]
+    assert kinds.their_settings("draft-simple", [0.5], [2], [4]) == [(None, None, None), (0.5, 2, None)]
+
+
+def test_ngram_arms_give_llama_cpp_its_own_flags(tmp_path):
+    """ngram-mod against the stand-in tools: no -md, its lookup size and longest draft as
+    llama.cpp spells them (the shortest draft cut to the longest), --ignore-eos to all."""
+    tools = fake_tools(tmp_path)
+    res = bench("-m", demo_paths()[0], "--spec-type", "ngram-mod", "--ngram-size", "3", "--block-size", "9",
+                "--spec-draft-n-max", "8,64", "--temp", "0", "--llama-cpp", str(tools), "-r", "1", "--ignore-eos",
+                "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
+    spec = [c for c in calls if c[0].endswith("llama-speculative-simple") and "-lv" not in c]
+    assert all("-md" not in c and c[c.index("--spec-type") + 1] == "ngram-mod" for c in spec)
+    assert all("--ignore-eos" in c for c in calls if not c[0].endswith("llama-bench"))
+
+    def setting(c):
+        return tuple(c[c.index(f) + 1] if f in c else None for f in
+                     ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-max", "--spec-ngram-mod-n-min"))
+    assert {setting(c) for c in spec} == {(None, None, None), ("3", "8", "8"), ("3", "64", "48")}
+    assert not any("--spec-draft-n-max" in c for c in spec)
+    rows = {(r["engine"], r["mode"]) for r in out["rows"]}
+    assert {("ours", "plain"), ("ours", "chain (default)"), ("ours", "chain size 3 n-max 8"),
+            ("llama.cpp", "ngram-mod (llama-speculative-simple, default)"),
+            ("llama.cpp", "ngram-mod (llama-speculative-simple, size 3, n-max 8)")} <= rows
+    assert out["settings"]["spec_type"] == "ngram-mod" and out["settings"]["ignore_eos"]
+    ours_runs = [r for r in out["runs"] if r["engine"] == "ours"]
+    assert all(r["tokens"] == 15 for r in ours_runs)  # -n 16 whatever the model says (the first: the prefill's)
+    assert {r["extra"]["n_max"] for r in ours_runs if r["mode"] == "chain size 3 n-max 8"} == {8}
+
+
+def llama_speculative_tool():
+    from dflash_gguf import llama_cpp_tree
+    from fixtures import missing_oracle
+
+    if llama_cpp_tree.tool("llama-speculative-simple") is None:
+        missing_oracle("llama-speculative-simple is not built (.venv/bin/python scripts/llama_cpp_build.py)")
+
+
+def test_draft_simple_takes_turns_with_llama_cpp_s_and_keeps_the_output(simple_pair, tmp_path):
+    """draft-simple on a tiny pair, every arm beside llama.cpp's real tools: our chain
+    and tree over p-min x n-max, llama-speculative-simple's draft-simple at its default
+    and swept, each giving plain decoding's text, its drafted and accepted counts read."""
+    llama_speculative_tool()
+    res = bench("-m", simple_pair["target"], "-md", simple_pair["q8"], "--draft-p-min", "0,0.5", "--block-size", "3",
+                "--spec-draft-p-min", "0", "--spec-draft-n-max", "2", "-ctk", "f32", "--temp", "0", "-r", "1",
+                "--ignore-eos", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rows = {(r["engine"], r["mode"]): r for r in out["rows"]}
+    ours_drafting = ["chain (default)", "chain p-min 0 n-max 2", "chain p-min 0.5 n-max 2", "tree n-max 3",
+                     "tree n-max 2"]
+    theirs = ["draft-simple (llama-speculative-simple, default)", "draft-simple (llama-speculative-simple, p-min 0, "
+              "n-max 2)"]
+    assert {m for e, m in rows if e == "ours"} == {"plain", *ours_drafting}
+    assert set(theirs) <= {m for e, m in rows if e == "llama.cpp"}
+    assert out["settings"]["spec_type"] == "draft-simple"  # found from -md, a model GGUF
+    for mode in ours_drafting:  # speculation gives plain decoding's tokens, more than one a target pass
+        assert rows["ours", mode]["same_output"] == [2, 2] and rows["ours", mode]["al"]["median"] > 1, mode
+    assert {r["extra"]["n_max"] for r in out["runs"] if r["mode"] == "tree n-max 2"} == {2}
+    assert {r["extra"]["tree"] for r in out["runs"] if r["mode"].startswith("tree")} == {True}
+    for mode in theirs:
+        runs = [r for r in out["runs"] if r["mode"] == mode]
+        assert all(0 < r["extra"]["n_accept"] <= r["extra"]["n_drafted"] for r in runs), runs
+        assert rows["llama.cpp", mode]["al"]["median"] > 1
+        assert rows["llama.cpp", mode]["same_output"] == [2, 2], mode
+    assert {r["extra"]["n_accept"] <= 2 * (r["passes"]) for r in out["runs"] if r["mode"] == theirs[1]} == {True}
+
+
+def test_ngram_kinds_take_turns_with_llama_cpp_s(tmp_path):
+    """ngram-simple on the demo target, which goes on repeating its prompt: ours and
+    llama-speculative-simple's at their defaults and at a short lookup, the same output,
+    llama.cpp's drafted and accepted counts read."""
+    from test_ngram import REPEATS
+
+    llama_speculative_tool()
+    res = bench("-m", demo_paths()[0], "--spec-type", "ngram-simple", "--ngram-size", "3", "--block-size", "9",
+                "--spec-draft-n-max", "8", "-p", REPEATS, "-n", "24", "-ctk", "f32", "--temp", "0", "-r", "1",
+                "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    rows = {(r["engine"], r["mode"]): r for r in out["rows"]}
+    assert rows["ours", "chain size 3 n-max 8"]["same_output"] == rows["ours", "chain (default)"]["same_output"] == [1, 1]
+    assert rows["ours", "chain size 3 n-max 8"]["al"]["median"] > 1
+    short = "ngram-simple (llama-speculative-simple, size 3, n-max 8)"
+    (run,) = [r for r in out["runs"] if r["mode"] == short]
+    assert 0 < run["extra"]["n_accept"] <= run["extra"]["n_drafted"] and rows["llama.cpp", short]["al"]["median"] > 1
+    assert rows["llama.cpp", short]["same_output"] == [1, 1]
+    assert ("llama.cpp", "ngram-simple (llama-speculative-simple, default)") in rows

@@ -24,6 +24,13 @@ per-repetition ratios, each over the rounds both rows ran. Decode tok/s counts t
 prefill and its token apart); AL is tokens per target pass. llama.cpp's tools run when
 built (python scripts/llama_cpp_build.py) with the same threads, cache type, context,
 prompts and sampling.
+
+--spec-type draft-simple (a -md model of the target's vocabulary, found from the file
+too), ngram-simple or ngram-mod (no -md) run the same comparison for those kinds, each
+engine at its default and over its settings (kinds.py): draft-simple over p-min x n-max,
+ours as chain and tree; the n-gram kinds over --ngram-size x n-max. --ignore-eos makes
+every run decode -n tokens (both engines), for lengths that do not depend on where each
+one's output ends.
 """
 from __future__ import annotations
 
@@ -38,10 +45,10 @@ from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
 from ..cli import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
-from ..config import DEFAULT_MTP_DRAFTS
+from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, SIMPLE
 from ..demo import demo_paths
 from ..speculative import CHAIN_RULES
-from . import arms_from, llama_cpp, method, ours, provenance, report
+from . import arms_from, kinds, llama_cpp, method, ours, provenance, report
 from .prompts import PROMPTS
 from .runs import Run, Sampling
 
@@ -73,11 +80,13 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", help="target GGUF (default: the bundled demo pair)")
     p.add_argument("-md", "--model-draft",
-                   help="drafter GGUF: DFlash, DSpark or EAGLE3 (without it: plain decoding only, or -m's own MTP "
-                        "layer with --spec-type draft-mtp)")
-    p.add_argument("--spec-type", choices=("draft-dflash", "draft-dspark", "draft-eagle3", "draft-mtp"),
-                   help="the drafter's kind, for both engines (default: the -md GGUF's; draft-mtp drafts with -m's "
-                        "own MTP layer, no -md; llama-speculative-simple runs the same --spec-type)")
+                   help="drafter GGUF: DFlash, DSpark or EAGLE3, or a smaller model of the target's vocabulary "
+                        "(draft-simple) (without it: plain decoding only, -m's own MTP layer with --spec-type "
+                        "draft-mtp, or an n-gram kind)")
+    p.add_argument("--spec-type", choices=("draft-dflash", "draft-dspark", "draft-eagle3", "draft-mtp", *kinds.KINDS),
+                   help="what drafts, for both engines (default: the -md GGUF's kind, draft-simple for a model "
+                        "GGUF; draft-mtp drafts with -m's own MTP layer, ngram-simple and ngram-mod from the prompt "
+                        "and output, no -md; llama-speculative-simple runs the same --spec-type)")
     p.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable; default: the built-in prompts)")
     p.add_argument("-f", "--file", action="append", type=Path, help="a file whose text is a prompt (repeatable)")
     p.add_argument("--prompts", type=int, help=f"the first N of the {len(PROMPTS)} built-in prompts")
@@ -85,8 +94,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions of every prompt (default 3)")
     p.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="CPU threads for every engine (default: the CPUs this process may use)")
-    p.add_argument("--modes", type=_list(str, "--modes"), default=list(ours.MODE_NAMES),
-                   help="of plain, chain, tree, auto (default all)")
+    p.add_argument("--modes", type=_list(str, "--modes"),
+                   help="of plain, chain, tree, auto (default: all the kind runs; draft-simple: no auto, n-gram "
+                        "kinds: plain and chain)")
     p.add_argument("--tree-budgets", type=_list(int, "--tree-budgets"), default=[4, 8, 16, 32],
                    help="tree budgets of the tree mode (default 4,8,16,32)")
     p.add_argument("--draft-p-min", type=_list(float, "--draft-p-min"), default=list(SWEEP_P_MIN),
@@ -94,7 +104,13 @@ def parser() -> argparse.ArgumentParser:
                         "0,0.3,0.5,0.75)")
     p.add_argument("--block-size", type=_list(int, "--block-size"),
                    help="our chain's blocks to sweep (the bonus token and n-max drafts; default: the drafter's "
-                        "block and half of it)")
+                        "block and half of it; draft-simple: n-max 2,4,6, n-gram kinds: 8,16,32)")
+    p.add_argument("--ngram-size", type=_list(int, "--ngram-size"),
+                   help="n-gram kinds: the lookup sizes to sweep in both engines (ngram-simple's size-n, "
+                        "ngram-mod's n-match; default 4,8 and 8,16, beside the defaults 12 and 24)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="decode -n tokens in every run, past the model's end of generation (llama.cpp's tools get "
+                        "--ignore-eos, which bans those tokens: outputs are compared up to our first one)")
     p.add_argument("--chain-rule", type=_list(str, "--chain-rule"), default=[],
                    help="our sampled chain's accept rule, argmax or reject; both: a chain row each (default: as "
                         "dflash-run)")
@@ -129,7 +145,8 @@ def parser() -> argparse.ArgumentParser:
                         "0,0.3,0.5,0.75)")
     p.add_argument("--spec-draft-n-max", type=_list(int, "--spec-draft-n-max"),
                    help="llama.cpp DFlash's draft counts to sweep (default: the drafter's block less the bonus token, "
-                        "and half the block less it)")
+                        "and half the block less it; draft-simple and n-gram kinds: as --block-size's n-max, the "
+                        "n-gram kinds' as --spec-ngram-simple-size-m / --spec-ngram-mod-n-max)")
     add_constraint_flags(p)
     p.add_argument("--grammar-drafting", type=_list(str, "--grammar-drafting"), default=["on"],
                    help="under --grammar or --json-schema: on (drafts cut and filled by the grammar, as dflash-run "
@@ -164,7 +181,7 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error("-r and -t must be at least 1")
     if args.prompts is not None and not 1 <= args.prompts <= len(PROMPTS):
         p.error(f"--prompts must be 1..{len(PROMPTS)}")
-    unknown = set(args.modes) - set(ours.MODE_NAMES)
+    unknown = set(args.modes or ()) - set(ours.MODE_NAMES)
     if unknown:
         p.error(f"unknown mode(s) {', '.join(sorted(unknown))} (of {', '.join(ours.MODE_NAMES)})")
     if any(not 1 <= b <= 63 for b in args.tree_budgets):
@@ -177,6 +194,8 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error("--spec-draft-p-min values must be in [0, 1]")
     if any(b < 1 for b in args.block_size or ()) or any(n < 1 for n in args.spec_draft_n_max or ()):
         p.error("--block-size and --spec-draft-n-max values must be at least 1")
+    if args.ngram_size is not None and (args.spec_type not in kinds.NGRAM_KINDS or any(n < 1 for n in args.ngram_size)):
+        p.error("--ngram-size takes sizes of at least 1, with --spec-type ngram-simple or ngram-mod")
     if args.min_seconds < 0 or args.max_load < 0 or args.wait_idle_max < 0:
         p.error("--min-seconds, --max-load and --wait-idle-max must be >= 0")
     if args.llama_cpp is not None and not args.llama_cpp.is_dir():
@@ -237,21 +256,30 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     from ..draft import read_draft_metadata
     from ..tokenizer import Tokenizer
 
+    kind = args.spec_type if args.spec_type in kinds.KINDS else None  # draft-simple, ngram-*: kinds.py's sweeps
     mtp = args.spec_type == "draft-mtp"
-    meta = read_draft_metadata(target if mtp else draft) if (draft or mtp) else None
-    drafting = meta is not None
+    meta = read_draft_metadata(target if mtp else draft) if (draft or mtp) and kind is None else None
+    drafting = meta is not None or kind is not None
     # an autoregressive drafter (EAGLE3) has no block of its own: its drafts per step, the
     # largest swept, and the bonus
     block = (int(meta["block_size"]) or max(args.spec_draft_n_max or [DEFAULT_MTP_DRAFTS]) + 1) if meta else 1
-    spec_type = f"draft-{meta['kind']}" if meta else None  # as --spec-type says (bench_main checks it)
-    blocks = chain_lengths(args.block_size, block) if drafting else []
+    spec_type = f"draft-{meta['kind']}" if meta else kind  # as --spec-type says (bench_main checks it)
+    blocks = chain_lengths(args.block_size, block) if meta else []
     if any(b > block for b in blocks):
         raise ValueError(f"--block-size values must be at most the drafter's block ({block})")
     tokenizer = Tokenizer(target)
     ids = {name: tokenizer.encode(text) for name, text in prompts}
     lengths = [len(x) for x in ids.values()]
     longest = max(lengths)
-    widest = max([block, *(b + 1 for b in args.tree_budgets)]) if drafting else 1
+    widest = max([block, *(b + 1 for b in args.tree_budgets)]) if meta else 1
+    if kind is not None:
+        our_n = [b - 1 for b in args.block_size] if args.block_size else list(kinds.SWEEP_N_MAX[kind])
+        their_n = args.spec_draft_n_max or list(kinds.SWEEP_N_MAX[kind])
+        sizes = args.ngram_size or list(kinds.SWEEP_SIZE.get(kind, ()))
+        if min(our_n) < 1:
+            raise ValueError("--block-size values must be at least 2 (the bonus token and a draft)")
+        longest_draft = max(our_n + their_n + [DEFAULT_SIMPLE_N_MAX if kind == SIMPLE else 64])
+        widest = 2 * longest_draft + 2 if kind == SIMPLE else longest_draft + 1  # draft-simple's tree: 1 + 2 n-max
     n_ctx = -(-(longest + args.n_predict + 2 * widest + 64) // 256) * 256  # both engines get this context
 
     runs: List[Run] = []
@@ -266,13 +294,16 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
     if args.n_gpu_layers is not None:
         options["n_gpu_layers"] = args.n_gpu_layers
-    if mtp:
-        options["spec_type"] = "draft-mtp"
-    modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, drafting, args.chain_rule, blocks,
-                       plain_drafting=bool(constraint_flags) and "off" in args.grammar_drafting)
+    if mtp or kind is not None:
+        options["spec_type"] = args.spec_type
+    if kind is not None:
+        modes = kinds.our_modes(kind, args.modes, args.draft_p_min, our_n, sizes)
+    else:
+        modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, drafting,
+                           args.chain_rule, blocks, plain_drafting=bool(constraint_flags) and "off" in args.grammar_drafting)
     if constraint_flags and "on" not in args.grammar_drafting:
         modes = [m for m in modes if not (m.speculative and m.grammar_drafting)]
-    arms: list = [ours.Arm(m, target, draft, options, ids, args.n_predict, args.reload) for m in modes]
+    arms: list = [ours.Arm(m, target, draft, options, ids, args.n_predict, args.reload, args.ignore_eos) for m in modes]
 
     info: dict = {"tools": {}}
     if not args.no_llama_cpp:
@@ -282,13 +313,16 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
         for why in tools.missing.values():
             log(why)
         setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft,
-                                args.n_gpu_layers, constraint_flags, spec_type or "draft-dflash")
+                                args.n_gpu_layers, constraint_flags, spec_type or "draft-dflash", args.ignore_eos)
         # llama-bench decodes after as much context as the prompts' mean; it takes no grammar
         if "llama-bench" in tools.found and not constraint_flags:
             arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, round(sum(lengths) / len(lengths))))
         if "llama-completion" in tools.found:
             arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
-        if drafting and "llama-speculative-simple" in tools.found:
+        if kind is not None and "llama-speculative-simple" in tools.found:
+            arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], setup, prompts, p, n, size)
+                     for p, n, size in kinds.their_settings(kind, args.spec_draft_p_min, their_n, sizes)]
+        elif drafting and "llama-speculative-simple" in tools.found:
             exe = tools.found["llama-speculative-simple"]
             n_maxes = args.spec_draft_n_max or [b - 1 for b in chain_lengths(None, block)]
             arms.append(llama_cpp.SpeculativeArm(exe, setup, prompts, None, None))
@@ -369,7 +403,8 @@ def settings_of(args, prompts: List[tuple], samplings: List[Sampling], constrain
             "llama_cpp_sampler_order": llama_cpp.SAMPLER_ORDER, "spec_draft_p_min": args.spec_draft_p_min,
             "spec_draft_n_max": args.spec_draft_n_max,
             "constraint": dict(zip(constraint_flags[::2], constraint_flags[1::2])),
-            "grammar_drafting": args.grammar_drafting}
+            "grammar_drafting": args.grammar_drafting, "spec_type": args.spec_type, "ngram_size": args.ngram_size,
+            "ignore_eos": args.ignore_eos}
 
 
 def headline_arms(p: argparse.ArgumentParser, args, settings: dict, models: dict) -> tuple:
@@ -392,6 +427,25 @@ def headline_arms(p: argparse.ArgumentParser, args, settings: dict, models: dict
     return sweep, arms_from.chosen(sweep["rows"])
 
 
+def check_kind(p: argparse.ArgumentParser, spec_type: Optional[str], target: str, draft: Optional[str]) -> str:
+    """The kind both engines draft with: --spec-type checked against the files as our
+    engine checks it (config.resolve_spec_types: -md missing, a drafter file given to
+    draft-simple, -md given to an n-gram kind), else the -md file's own; draft-simple's
+    vocabulary checked against the target's. An error exit says what is wrong."""
+    from ..config import ConfigError, resolve_spec_types
+    from ..draft_simple import vocab_difference
+
+    try:
+        (kind,) = resolve_spec_types(spec_type, target, draft)
+    except ConfigError as e:
+        p.error(str(e))
+    if kind == SIMPLE:
+        why = vocab_difference(target, draft)
+        if why is not None:
+            p.error(f"--spec-type {SIMPLE}: -md {draft} does not share the vocabulary of -m {target}: {why}")
+    return kind
+
+
 def bench_main(argv) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -401,7 +455,13 @@ def bench_main(argv) -> int:
         p.error(f"--spec-type draft-mtp drafts with the MTP layer of -m itself; drop -md {args.model_draft}")
     if args.spec_type == "draft-mtp" and not args.model:
         target, draft = demo_paths()[0], None  # the demo target's own MTP head
-    if args.spec_type and args.spec_type != "draft-mtp" and draft:
+    if args.spec_type in kinds.NGRAM_KINDS and not args.model:
+        target, draft = demo_paths()[0], None  # the demo target, drafting from its own history
+    if args.spec_type == SIMPLE and not args.model:
+        p.error(f"--spec-type {SIMPLE} needs -m and -md: a target and a smaller model of its vocabulary")
+    if args.spec_type in kinds.KINDS or (args.spec_type is None and draft):
+        args.spec_type = check_kind(p, args.spec_type, target, draft)
+    if args.spec_type and args.spec_type not in ("draft-mtp", *kinds.KINDS) and draft:
         from ..draft import read_draft_metadata
 
         try:
@@ -420,6 +480,11 @@ def bench_main(argv) -> int:
                  else Sampling(constraint=constraint) for t in dict.fromkeys(args.temp)]
     models = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None,
               "demo": args.model is None}
+    if args.modes is not None and args.spec_type in kinds.KINDS and kinds.unsupported(args.spec_type, args.modes):
+        p.error(f"--modes {','.join(kinds.unsupported(args.spec_type, args.modes))}: not run by --spec-type "
+                f"{args.spec_type} (it runs {', '.join(kinds.MODES[args.spec_type])})")
+    if args.modes is None:
+        args.modes = list(kinds.MODES[args.spec_type] if args.spec_type in kinds.KINDS else ours.MODE_NAMES)
     sweep, only = None, None
     if args.arms_from is not None:
         sweep, only = headline_arms(p, args, settings_of(args, prompts, samplings, constraint_flags), models)

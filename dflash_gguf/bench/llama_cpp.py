@@ -6,8 +6,9 @@ threads, cache type, prompts and sampling settings, and their logs read back:
   llama-completion          plain end-to-end generation of each prompt: its "eval time"
                             (the decode steps) and its sampling of their tokens (timed
                             apart there; ours is part of each step's graph)
-  llama-speculative-simple  `--spec-type draft-dflash`, llama.cpp's DFlash: its "decoded"
-                            timer and its draft counts
+  llama-speculative-simple  `--spec-type draft-dflash` (llama.cpp's DFlash; or the -md
+                            drafter's kind, draft-simple's small model, or ngram-simple /
+                            ngram-mod, no -md): its "decoded" timer and its draft counts
 
 The tools are those `scripts/llama_cpp_build.py` builds from the installed llama-cpp-python's
 sdist (dflash_gguf.llama_cpp_tree), or any directory given.
@@ -68,13 +69,14 @@ class Setup:
     draft: Optional[str] = None
     n_gpu_layers: Optional[int] = None
     constraint_flags: tuple = ()  # ("--grammar", GBNF) or ("--json-schema", schema): what our runs are held to
-    spec_type: str = "draft-dflash"  # the drafter's kind (--spec-type); draft-mtp: -m's own layer, no draft
+    spec_type: str = "draft-dflash"  # the drafter's kind (--spec-type); draft-mtp, ngram-*: no draft
+    ignore_eos: bool = False  # decode -n tokens whatever the model says (--ignore-eos)
 
     def common(self) -> List[str]:
         t = str(self.threads)
         args = ["-m", self.target, "-c", str(self.n_ctx), "-b", "512", "-ub", "512", "-t", t, "-tb", t,
                 "-fa", "on", "-ctk", self.kv_type, "-ctv", self.kv_type, "-n", str(self.n_predict),
-                *self.constraint_flags]
+                *self.constraint_flags, *(["--ignore-eos"] if self.ignore_eos else [])]
         if self.n_gpu_layers is not None:
             args += ["-ngl", str(self.n_gpu_layers)]
         return args
@@ -210,29 +212,46 @@ class CompletionArm:
         return runs
 
 
+# llama-speculative-simple's flags for a draft's length and an n-gram kind's lookup size
+# (common/arg.cpp): an n-gram kind drafts up to its own m-gram / n-max, not --spec-draft-n-max
+NGRAM_FLAGS = {"ngram-simple": ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"),
+               "ngram-mod": ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-max")}
+NGRAM_MOD_N_MIN = 48  # llama.cpp's default shortest ngram-mod draft, cut to a shorter n-max
+KIND_NAMES = {"draft-dflash": "DFlash", "draft-dspark": "DSpark", "draft-eagle3": "EAGLE3", "draft-mtp": "MTP",
+              "draft-simple": "draft-simple", "ngram-simple": "ngram-simple", "ngram-mod": "ngram-mod"}
+
+
 class SpeculativeArm(CompletionArm):
     """llama-speculative-simple's DFlash (or another kind: setup.spec_type) at a draft cut (--spec-draft-p-min) and a number of
     drafts (--spec-draft-n-max; the drafter's block less the bonus token is the whole block);
-    both None: the tool's defaults, no draft flag given. When the target needs checkpoints
+    an n-gram kind at a lookup size and a longest draft (NGRAM_FLAGS) instead;
+    all None: the tool's defaults, no draft flag given. When the target needs checkpoints
     (it cannot drop a rejected tail), each run is made again at -lv 5 to count the restores,
     each a second target pass (the timing stays the quiet run's; the same seed draws the same)."""
 
     speculative = True
 
-    def __init__(self, exe: Path, setup: Setup, prompts, p_min: Optional[float], n_max: Optional[int]):
+    def __init__(self, exe: Path, setup: Setup, prompts, p_min: Optional[float], n_max: Optional[int],
+                 size: Optional[int] = None):
         super().__init__(exe, setup, prompts)
-        self.p_min, self.n_max = p_min, n_max
-        self.default = p_min is None and n_max is None
-        kind = {"draft-dflash": "DFlash", "draft-dspark": "DSpark", "draft-eagle3": "EAGLE3",
-                "draft-mtp": "MTP", "draft-simple": "draft-simple"}[setup.spec_type]
-        self.name = f"{kind} (llama-speculative-simple, " + (
-            "default)" if self.default else ", ".join(
-                ([f"p-min {p_min:g}"] if p_min is not None else []) + ([f"n-max {n_max}"] if n_max is not None else []))
-            + ")")
+        self.p_min, self.n_max, self.size = p_min, n_max, size
+        self.default = p_min is None and n_max is None and size is None
+        settings = ([f"p-min {p_min:g}"] if p_min is not None else []) + \
+            ([f"size {size}"] if size is not None else []) + ([f"n-max {n_max}"] if n_max is not None else [])
+        self.name = f"{KIND_NAMES[setup.spec_type]} (llama-speculative-simple, " + (
+            "default)" if self.default else ", ".join(settings) + ")")
 
     def draft_flags(self) -> List[str]:
         flags = []
-        if self.n_max is not None:
+        ngram = NGRAM_FLAGS.get(self.setup.spec_type)
+        if ngram is not None:
+            if self.size is not None:
+                flags += [ngram[0], str(self.size)]
+            if self.n_max is not None:
+                flags += [ngram[1], str(self.n_max)]
+                if self.setup.spec_type == "ngram-mod":  # its shortest draft may not pass its longest
+                    flags += ["--spec-ngram-mod-n-min", str(min(NGRAM_MOD_N_MIN, self.n_max))]
+        elif self.n_max is not None:
             flags += ["--spec-draft-n-max", str(self.n_max), "--spec-draft-n-min", "0"]
         if self.p_min is not None:
             flags += ["--spec-draft-p-min", repr(self.p_min)]
@@ -240,7 +259,7 @@ class SpeculativeArm(CompletionArm):
 
     def command(self, text: str, sampling: Sampling, rep: int) -> List[str]:
         t = str(self.setup.threads)
-        draft = ["-md", self.setup.draft] if self.setup.draft else []  # draft-mtp: the model's own layer
+        draft = ["-md", self.setup.draft] if self.setup.draft else []  # draft-mtp, ngram-*: no other model
         return [str(self.exe), *self.setup.common(), *draft, "-td", t, "-tbd", t,
                 "--spec-type", self.setup.spec_type, *self.draft_flags(), "-p", text, *sampling_flags(sampling, rep)]
 

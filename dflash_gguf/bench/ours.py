@@ -2,7 +2,7 @@
 them: plain decoding, the drafter's chain, DDTrees of fixed budgets and `auto`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence, Union
 
 from ..engine import Engine, freeze_loaded_objects
@@ -21,6 +21,7 @@ class Mode:
     chain_rule: Optional[str] = None          # a sampled chain's accept rule (None: the engine's default)
     block_size: Optional[int] = None          # the chain's block, the bonus token and n-max drafts (None: the drafter's)
     grammar_drafting: bool = True             # under a constraint, drafts are cut and filled by the grammar
+    options: tuple = ()                       # further Engine options as (name, value) pairs (kinds.py's sweeps)
 
     @property
     def default(self) -> bool:
@@ -67,7 +68,7 @@ def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) ->
     if not mode.speculative:  # plain decoding loads no drafter, not even -m's own MTP layer
         options = {k: v for k, v in options.items() if k != "spec_type"}
     engine = Engine(target, draft if mode.speculative else None, tree_budget=mode.tree_budget,
-                    draft_p_min=mode.p_min, **rule, **block, **options)
+                    draft_p_min=mode.p_min, **rule, **block, **options, **dict(mode.options))
     engine.grammar_drafting = mode.grammar_drafting
     try:
         engine.generate(WARMUP, max_tokens=16, stop_tokens=())
@@ -79,18 +80,27 @@ def open_engine(mode: Mode, target: str, draft: Optional[str], options: dict) ->
 
 
 def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sampling: Sampling,
-             rep: int, rnd: int = 0) -> Run:
+             rep: int, rnd: int = 0, ignore_eos: bool = False) -> Run:
     """One prompt, stopping at max_tokens or the model's end of generation (as llama.cpp's
-    tools do without --ignore-eos)."""
-    result = engine.generate(ids, max_tokens=n, sampling=sampling.params(rep))
+    tools do without --ignore-eos); ignore_eos: at max_tokens only. Its text then ends
+    before the first end-of-generation token: llama.cpp's --ignore-eos bans those tokens,
+    so its text follows ours only that far (report.same_text compares the prefix)."""
+    result = engine.generate(ids, max_tokens=n, sampling=sampling.params(rep), stop_tokens=() if ignore_eos else None)
     s = result.stats
     tokens = max(s.generated_tokens - 1, 0)  # the first comes from the prefill
-    passes = len(s.accepted_lengths) if engine.draft is not None else tokens
-    shown = result.tokens[:-1] if result.tokens and result.tokens[-1] in engine.tokenizer.eog_ids else result.tokens
+    # draft-simple and the n-gram kinds draft without engine.draft: every drafting mode counts its steps
+    passes = len(s.accepted_lengths) if mode.speculative else tokens
+    eog = next((i for i, t in enumerate(result.tokens) if t in engine.tokenizer.eog_ids), len(result.tokens))
+    shown = result.tokens[:eog]
     extra = {"stop_reason": s.stop_reason, "draft_s": s.draft_seconds, "verify_s": s.verify_seconds,
              "other_s": s.other_seconds, "device": engine.target.info()["device"],
              "draft_p_min": engine.draft_p_min if engine.draft is not None else None,
              "block_size": (engine.block_size or engine.draft.block_size) if engine.draft is not None else None}
+    simple = engine.setup.simple
+    if simple is not None and mode.speculative:  # draft-simple's own settings (llama.cpp's meanings)
+        extra.update(draft_p_min=simple.p_min, n_max=simple.n_max, tree=simple.tree)
+    elif engine.setup.ngram_kinds and mode.speculative:
+        extra.update(n_max=engine.setup.spec_draft_n_max, ngram=asdict(engine.setup.ngram))
     if s.tree_sizes:
         extra.update(tree_steps=len(s.tree_sizes), tree_nodes_mean=sum(s.tree_sizes) / len(s.tree_sizes),
                      chain_steps=s.chain_steps)
@@ -112,9 +122,9 @@ class Arm:
     side = "ours"
 
     def __init__(self, mode: Mode, target: str, draft: Optional[str], options: dict, ids: Dict[str, List[int]],
-                 n: int, reload: bool):
+                 n: int, reload: bool, ignore_eos: bool = False):
         self.mode, self.target, self.draft, self.options = mode, target, draft, options
-        self.ids, self.n, self.reload = ids, n, reload
+        self.ids, self.n, self.reload, self.ignore_eos = ids, n, reload, ignore_eos
         self.engine: Optional[Engine] = None
 
     @property
@@ -134,5 +144,5 @@ class Arm:
         """A round of a cell: every prompt once."""
         if self.engine is None:  # reload: the cell's first round
             self.engine = open_engine(self.mode, self.target, self.draft, self.options)
-        return [generate(self.engine, self.mode, name, ids, self.n, sampling, rep, rnd)
+        return [generate(self.engine, self.mode, name, ids, self.n, sampling, rep, rnd, self.ignore_eos)
                 for name, ids in self.ids.items()]

@@ -1,0 +1,73 @@
+"""The sweeps of the kinds that draft without a DFlash-family drafter (dflash-bench
+--spec-type): draft-simple (a -md model of the target's vocabulary, drafting token by
+token) and the weightless n-gram kinds (ngram-simple, ngram-mod). Each engine runs at its
+default and over the same settings, ours as modes (ours.Mode), llama-speculative-simple's
+as (p-min, n-max, size) arms:
+
+  draft-simple  p-min (the top draft's share, llama.cpp's meaning) x n-max, the chain;
+                ours also the tree (the chain with the drafter's second choices beside
+                it) at its default n-max and at each swept one. No `auto`: its cost model
+                has no second model (config._simple_setup refuses it).
+  ngram-*       the lookup size (ngram-simple's size-n, ngram-mod's n-match) x the
+                longest draft (llama.cpp: ngram-simple's size-m, ngram-mod's n-max);
+                a chain only (no tree, no auto).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from ..config import DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE
+from .ours import Mode
+
+KINDS = (SIMPLE, *NGRAM_KINDS)
+# the longest drafts swept where none are given (each engine's default runs beside them)
+SWEEP_N_MAX = {SIMPLE: (2, 4, 6), "ngram-simple": (8, 16, 32), "ngram-mod": (8, 16, 32)}
+# the lookup sizes swept where none are given (defaults 12 and 24 run beside them)
+SWEEP_SIZE = {"ngram-simple": (4, 8), "ngram-mod": (8, 16)}
+# our Engine's option for a kind's lookup size
+SIZE_OPTION = {"ngram-simple": "spec_ngram_simple_size_n", "ngram-mod": "spec_ngram_mod_n_match"}
+MODES = {SIMPLE: ("plain", "chain", "tree"), "ngram-simple": ("plain", "chain"), "ngram-mod": ("plain", "chain")}
+
+
+def unsupported(kind: str, names: Sequence[str]) -> List[str]:
+    """The modes named that the kind does not run."""
+    return [n for n in names if n not in MODES[kind]]
+
+
+def _label(head: str, p_min: Optional[float], size: Optional[int], n_max: int) -> str:
+    return head + (f" p-min {p_min:g}" if p_min is not None else "") + (f" size {size}" if size is not None else "") \
+        + f" n-max {n_max}"
+
+
+def our_modes(kind: str, names: Sequence[str], p_mins: Sequence[float], n_maxes: Sequence[int],
+              sizes: Sequence[int]) -> List[Mode]:
+    """Our modes of the kind: plain, the chain at its default and over the sweep, and
+    (draft-simple) the tree at the default n-max and at each swept one."""
+    out = []
+    for name in names:
+        if name == "plain":
+            out.append(Mode("plain", speculative=False))
+        elif name == "chain":
+            out.append(Mode("chain (default)"))
+            if kind == SIMPLE:
+                out += [Mode(_label("chain", p, None, n), p_min=p, options=(("spec_draft_n_max", n),))
+                        for p in p_mins for n in n_maxes]
+            else:
+                out += [Mode(_label("chain", None, size, n), options=((SIZE_OPTION[kind], size), ("spec_draft_n_max", n)))
+                        for size in sizes for n in n_maxes]
+        elif name == "tree" and kind == SIMPLE:
+            # any budget makes draft-simple's tree; its nodes follow from n-max (1 + 2 n-max)
+            out += [Mode(_label("tree", None, None, n), tree_budget=2 * n + 1, options=(("spec_draft_n_max", n),))
+                    for n in dict.fromkeys((DEFAULT_SIMPLE_N_MAX, *n_maxes))]
+    return out
+
+
+def their_settings(kind: str, p_mins: Sequence[float], n_maxes: Sequence[int],
+                   sizes: Sequence[int]) -> List[Tuple[Optional[float], Optional[int], Optional[int]]]:
+    """llama-speculative-simple's (p-min, n-max, size) of the kind: its default (all None)
+    and the sweep."""
+    if kind == SIMPLE:
+        sweep = [(p, n, None) for p in p_mins for n in n_maxes]
+    else:
+        sweep = [(None, n, size) for size in sizes for n in n_maxes]
+    return [(None, None, None), *sweep]
