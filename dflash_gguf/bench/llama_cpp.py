@@ -108,11 +108,19 @@ def peer_reruns(runs) -> dict:
     return {"runs": len(attempts), "reruns": sum(a - 1 for a in attempts)}
 
 
-def run_parsed(cmd: List[str], parse, needed: str, attempts: int = 3) -> tuple:
-    """(stdout, parsed log) of a run whose log has `needed`, retried when it has not:
-    llama.cpp logs from a worker thread, which sometimes loses the last lines at exit (its
-    tools then exit 0 with their output cut). The parsed log's "attempts" counts the runs
-    it took, which results files keep (PEER_RERUNS)."""
+# runs of a tool until one logs its summary: llama.cpp logs from a worker thread that its
+# exit does not wait for (common/log.cpp), and on a busy machine most runs of a tiny model
+# lose the last lines (4 runs of llama-speculative-simple in a row lost them here)
+ATTEMPTS = 10
+
+
+def run_parsed(cmd: List[str], parse, needed: str, attempts: Optional[int] = None) -> tuple:
+    """(stdout, parsed log) of a run whose log has `needed`, retried when it has not
+    (at most `attempts` runs, default ATTEMPTS): llama.cpp logs from a worker thread,
+    which sometimes loses the last lines at exit (its tools then exit 0 with their
+    output cut). The parsed log's "attempts" counts the runs it took, which results
+    files keep (peer_reruns)."""
+    attempts = attempts or ATTEMPTS
     for attempt in range(1, attempts + 1):
         stdout, log = run_tool(cmd)
         parsed = parse(log)
