@@ -792,9 +792,10 @@ def test_ngram_arms_give_llama_cpp_its_own_flags(tmp_path):
     """ngram-mod against the stand-in tools: no -md, its lookup size and longest draft as
     llama.cpp spells them (the shortest draft cut to the longest), --ignore-eos to all."""
     tools = fake_tools(tmp_path)
-    res = bench("-m", demo_paths()[0], "--spec-type", "ngram-mod", "--ngram-size", "3", "--block-size", "9",
-                "--spec-draft-n-max", "8,64", "--temp", "0", "--llama-cpp", str(tools), "-r", "1", "--ignore-eos",
-                "--json", cwd=tmp_path)
+    common = ["-m", demo_paths()[0], "--spec-type", "ngram-mod", "--temp", "0", "--llama-cpp", str(tools), "-r", "1",
+              "--ignore-eos", "--json"]
+    res = bench(*common, "--ngram-size", "3", "--block-size", "9", "--spec-draft-n-max", "8,64", "-o", "sweep.json",
+                cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
@@ -815,6 +816,18 @@ def test_ngram_arms_give_llama_cpp_its_own_flags(tmp_path):
     ours_runs = [r for r in out["runs"] if r["engine"] == "ours"]
     assert all(r["tokens"] == 15 for r in ours_runs)  # -n 16 whatever the model says (the first: the prefill's)
     assert {r["extra"]["n_max"] for r in ours_runs if r["mode"] == "chain size 3 n-max 8"} == {8}
+    # the headline run: the sweep's sizes and lengths whatever the flags say, its kind and --ignore-eos only
+    sweep = str(tmp_path / "results" / "sweep.json")
+    res = bench(*common, "--arms-from", sweep, "--force", "--wait-idle-max", "0", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    head = json.loads(res.stdout)
+    assert {(r["engine"], r["mode"], r["sampling"]) for r in head["runs"]} == arms_from.chosen(out["rows"])
+    assert head["settings"]["ngram_size"] == [3] and head["settings"]["block_size"] == [9]
+    other_kind = ["ngram-simple" if a == "ngram-mod" else a for a in common]
+    for argv, message in ((other_kind, "--spec-type: 'ngram-simple' here, 'ngram-mod' in the sweep"),
+                          ([a for a in common if a != "--ignore-eos"], "--ignore-eos: False here, True in the sweep")):
+        res = bench(*argv, "--arms-from", sweep, "--force", cwd=tmp_path)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
 @pytest.fixture
