@@ -5,7 +5,6 @@ sampled distribution on the bundled demo pair, with truncation, without, with mi
 with each penalty."""
 from __future__ import annotations
 
-import ctypes
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,8 @@ from dflash_gguf.sampling import Sampler, SamplingParams, distribution, penalize
 from dflash_gguf.speculative import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
+
+from llama_sampler import llama_cpp_distribution
 
 DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
 
@@ -56,35 +57,6 @@ def chi2_stat(counts: dict, probs: dict, n: int):
 
 
 # ---- the rule, against llama.cpp's sampler chain --------------------------------------------
-
-def llama_cpp_distribution(logits, params: SamplingParams, window=()):
-    """The probabilities llama.cpp's default sampler chain (penalties, top-k, top-p,
-    min-p, temperature) leaves over a logits row: its samplers applied to the row, then
-    the softmax of what is left (what its dist sampler draws from)."""
-    import llama_cpp as lc
-
-    V = len(logits)
-    data = (lc.llama_token_data * V)(*[lc.llama_token_data(i, float(x), 0.0) for i, x in enumerate(logits)])
-    arr = lc.llama_token_data_array(data, V, -1, False)
-    chain = [lc.llama_sampler_init_penalties(V, params.repeat_last_n, params.repeat_penalty,
-                                             params.frequency_penalty, params.presence_penalty)]
-    if params.top_k > 0:
-        chain.append(lc.llama_sampler_init_top_k(params.top_k))
-    chain += [lc.llama_sampler_init_top_p(params.top_p, 1), lc.llama_sampler_init_min_p(params.min_p, 1),
-              lc.llama_sampler_init_temp(params.temperature)]
-    for tok in window:
-        lc.llama_sampler_accept(chain[0], int(tok))
-    for smpl in chain:
-        lc.llama_sampler_apply(smpl, ctypes.byref(arr))
-    out = np.zeros(V)
-    kept = [(arr.data[i].id, arr.data[i].logit) for i in range(arr.size)]
-    x = np.array([lg for _, lg in kept], dtype=np.float64)
-    p = np.exp(x - x.max())
-    out[[t for t, _ in kept]] = p / p.sum()
-    for smpl in chain:
-        lc.llama_sampler_free(smpl)
-    return out
-
 
 @pytest.mark.parametrize("params", [
     SamplingParams(0.6, 20, 0.95),
