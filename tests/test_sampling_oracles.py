@@ -218,7 +218,7 @@ def test_every_block_position_samples_the_targets_distribution(demo, prompt_toke
     params = SETTINGS["qwen"]
     outs, where = sample_passes(target, draft, prompt_tokens, params, rule)
     stats, reached = pit_stats(outs, where, conditionals(target, prompt_tokens, outs, params))
-    assert min(reached) >= 100, reached  # every row of the block, the last one included, emits often
+    assert min(reached) >= 80, reached  # every row of the block, the last one included, emits often
     assert max(stats) < CRITICAL, (stats, CRITICAL)
 
 
