@@ -622,27 +622,34 @@ class SimPair:
             node = nxt
         return path
 
-    def true_rates(self, sizes, draws=4000, seed=1) -> dict:
+    def expected_accepted(self, tree) -> float:
+        """The mean number of the tree's nodes a step accepts: a node (its token the
+        drafter's rank t % 4 at depth t // 4) is on the accepted path with the product of
+        take over its path."""
+        return float(sum(np.prod(self.take[np.asarray(path) % 4]) for path in tree.paths()[1:]))
+
+    def chain_accepted(self, n: int) -> float:
+        """The mean number of n chained drafts a step accepts (the drafter's top choices)."""
+        return float(sum(self.take[0] ** d for d in range(1, n + 1)))
+
+    def true_rates(self, sizes) -> dict:
         """Tokens per second of each fixed arm: plain, the chain at its best fixed length,
-        each tree size (its accepted path counted over `draws` draws)."""
+        each tree size (exact expectations)."""
         from dflash_gguf.budget import CHAIN, PLAIN
 
-        rng = np.random.default_rng(seed)
-        top = self.take[0]
         rates = {PLAIN: 1.0 / (self.plain + float(self.cost.chain(1))),
-                 CHAIN: max((1 + sum(top ** d for d in range(1, n + 1))) / (self.drafted + float(self.cost.chain(1 + n)))
+                 CHAIN: max((1 + self.chain_accepted(n)) / (self.drafted + float(self.cost.chain(1 + n)))
                             for n in range(1, self.depth + 1))}
         for b in sizes:
-            tree = self.tree(b)
-            tokens = 1 + np.mean([len(self.walk(tree, rng)) for _ in range(draws)])
-            rates[b] = tokens / (self.drafted + self.node * b + float(self.cost(b + 1)))
+            rates[b] = (1 + self.expected_accepted(self.tree(b))) / (self.drafted + self.node * b + float(self.cost(b + 1)))
         return rates
 
 
-def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=None):
+def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=None, expected=None):
     """An AutoBudget (a fresh one unless given) driven for `steps` steps by the simulated
     pair, as proposers.TreeProposer drives it. Returns (arm, tokens, seconds) per step
-    (and appends the index of every survey step to survey_steps)."""
+    (and appends the index of every survey step to survey_steps, and each step's expected
+    tokens, the arm and cut it ran, to expected)."""
     from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 
     rng = np.random.default_rng(seed)
@@ -660,6 +667,8 @@ def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=No
             seconds = sim.plain + float(sim.cost.chain(1))
             auto.verified(0, seconds)
             out.append((arm, 1, seconds))
+            if expected is not None:
+                expected.append(1.0)
             continue
         n = auto.chain_cut(top1, verify=arm == CHAIN)
         host = sim.survey * auto.largest if survey else 0.0
@@ -682,6 +691,8 @@ def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=No
             seconds = sim.drafted + sim.node * arm + float(sim.cost(arm + 1)) + host
             auto.verified(n_acc, seconds, host, nodes, [i in path for i in tree.pick_order])
         out.append((arm, n_acc + 1, seconds))
+        if expected is not None:
+            expected.append(1 + (sim.chain_accepted(n) if arm == CHAIN else sim.expected_accepted(tree)))
     return out
 
 
@@ -703,40 +714,48 @@ GOOD = dict(take=(0.8, 0.08, 0.04, 0.03, 0.05), draft=(0.8, 0.1, 0.06, 0.04))  #
 SPREAD = dict(take=(0.55, 0.2, 0.1, 0.05, 0.1))  # its second and third choices are often the target's
 
 
+def expected_late_rate(sim, seed, steps=1000, start=200):
+    """auto's tokens per second over the late steps, each step's tokens its arm's and
+    cut's expectation: the luck of the acceptance draws (about 1.2% over 800 steps)
+    is out of it, and what is left is auto's choices."""
+    expected = []
+    out = simulate_auto(sim, steps=steps, seed=seed, expected=expected)
+    return out, sum(expected[start:]) / sum(s for _, _, s in out[start:])
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_auto_ends_on_the_chain_where_a_verify_costs_its_rows(seed):
     """On a CPU-like device the chain beats plain decoding (drafting pays) and every
     tree (whose verify costs more than what it accepts more): auto runs it on >= 95%
-    of the late steps and makes the best fixed arm's tokens per second. What is
-    measured: 0.98-1.00 of the best arm's expected rate on seeds 0-2, 1.00 +- 0.013 over
-    seeds 3-14 (auto runs the chain throughout: the spread is the luck of the 800 late
-    steps' acceptance draws); the bar, 0.96, is three of those standard deviations below
-    par."""
+    of the late steps and makes the best fixed arm's tokens per second, at least 0.98 of
+    it (design's bar), its steps counted at their expected tokens. Measured: 0.994-0.995
+    on seeds 0-2, 0.985-0.996 on seeds 3-14 but seed 13, where auto decoded plainly on
+    295 of the 800 late steps and made 0.958 (the realized rates, draw luck in them:
+    0.98-1.02)."""
     from dflash_gguf.budget import CHAIN
 
     sim = SimPair(**CPU, **GOOD)
     best = max(sim.true_rates((4, 8, 16, 32)).items(), key=lambda kv: kv[1])
     assert best[0] == CHAIN
-    steps = simulate_auto(sim, steps=1000, seed=seed)
+    steps, rate = expected_late_rate(sim, seed)
     assert arm_share(steps, CHAIN) >= 0.95, [a for a, _, _ in steps]
-    assert late_rate(steps) >= 0.96 * best[1]  # par less three standard deviations of draw luck
+    assert rate >= 0.98 * best[1], rate / best[1]
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_auto_ends_on_the_best_tree_where_a_verify_costs_about_one_row(seed):
     """On a GPU-like device a tree's extra nodes cost next to nothing and trees accept
     more than the chain: auto ends on the tree size that gives the most tokens per
-    second (>= 90% of the late steps), at that fixed arm's speed, though no tree runs
-    before the model says it wins. Measured: 0.975-0.99 of the arm's expected rate on
-    seeds 0-2, 1.00 +- 0.011 over seeds 3-14 (draw luck, as on the CPU); the bar is 0.96,
-    three standard deviations below par."""
+    second (>= 90% of the late steps), at least 0.98 of that fixed arm's speed (its
+    steps at their expected tokens: measured 0.999 on seeds 0-14), though no tree runs
+    before the model says it wins."""
     sim = SimPair(**GPU, **SPREAD)
     rates = sim.true_rates((4, 8, 16, 32))
     best = max(rates, key=rates.get)
     assert best in (16, 32), rates
-    steps = simulate_auto(sim, steps=1000, seed=seed)
+    steps, rate = expected_late_rate(sim, seed)
     assert arm_share(steps, best) >= 0.9, [a for a, _, _ in steps]
-    assert late_rate(steps) >= 0.96 * rates[best]
+    assert rate >= 0.98 * rates[best], rate / rates[best]
 
 
 def test_auto_decodes_plainly_when_drafts_fail():
