@@ -13,6 +13,17 @@ from dflash_gguf.sampling import SamplingParams
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
 
+def llama_cpp_oracle():
+    """The llama_cpp module, or the test skipped (failed under CI=true) without it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        from fixtures import missing_oracle
+
+        missing_oracle("llama-cpp-python")
+    return llama_cpp
+
+
 def llama_cpp_chain(params: SamplingParams, n_vocab: int, window=()):
     """llama.cpp's default order (penalties, top-k, top-p, min-p, temperature, dist) for
     `params`, its penalties having seen `window`. The caller frees it

@@ -23,8 +23,7 @@ from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams, distribution
 from dflash_gguf.target import LOGITS_LAST
 
-from fixtures import missing_oracle
-from llama_sampler import apply_to_row
+from llama_sampler import llama_cpp_oracle, apply_to_row
 from test_grammar import KEYS, NUMBERS, PROMPTS, _chi2, _critical, grammars
 
 DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
@@ -33,11 +32,7 @@ TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
 
 @pytest.fixture(scope="module")
 def lc():
-    try:
-        import llama_cpp
-    except ImportError:
-        missing_oracle("llama-cpp-python")
-    return llama_cpp
+    return llama_cpp_oracle()
 
 
 @pytest.fixture(scope="module")

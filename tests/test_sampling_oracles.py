@@ -23,8 +23,7 @@ from dflash_gguf.speculative import speculative_generate
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
-from fixtures import missing_oracle
-from llama_sampler import llama_cpp_distribution
+from llama_sampler import llama_cpp_oracle, llama_cpp_distribution
 from test_sampling import chi2_critical
 
 DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
@@ -39,11 +38,7 @@ SETTINGS = {"qwen": SamplingParams(0.6, 20, 0.95), "plain": SamplingParams(1.0),
 
 @pytest.fixture(scope="module")
 def llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        missing_oracle("llama-cpp-python")
-    return llama_cpp
+    return llama_cpp_oracle()
 
 
 # ---- the rule on real logits, every row of a full block --------------------------------------
