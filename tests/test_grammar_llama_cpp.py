@@ -96,8 +96,11 @@ def our_allowed(state, n: int) -> np.ndarray:
     return bits[:n]
 
 
+# names, commas and spaces: one-character literals, and runs long enough to compare many steps
+NAMES = 'root ::= [a-z_]+ ("," [ ]? [a-z_]+)* "\\n"'
+
 # (grammar, whether every literal in it is a single character)
-CASES = {"numbers": (lambda: NUMBERS, True), "list": (lambda: grammars()["list"], False),
+CASES = {"numbers": (lambda: NUMBERS, True), "names": (lambda: NAMES, True), "list": (lambda: grammars()["list"], False),
          "json": (lambda: grammars()["json"], False), "keys": (lambda: KEYS, False)}
 
 
