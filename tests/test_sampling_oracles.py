@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from pathlib import Path
 
