@@ -43,7 +43,6 @@
 /* what ggml keeps in the C heap per context or buffer besides the memory it is given:
  * its small record (counted with a margin) */
 #define GGML_RECORD_BYTES 128
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 /* One piece of a checkpoint: a copy of a part of a slot's state (dfl_memory_part): of
  * a per-position cache, positions [first, end) in position order; of a fixed-size state,

@@ -18,8 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 #define DFL_DRAFTER(name) extern const dfl_drafter_arch dfl_drafter_##name;
 #include "models/drafters.def"
 #undef DFL_DRAFTER

@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 #define DFL_ARCH(name) extern const dfl_arch dfl_arch_##name;
 #include "models/registry.def"
 #undef DFL_ARCH

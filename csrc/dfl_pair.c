@@ -5,8 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 /* ---- sha256 (FIPS 180-4) ------------------------------------------------------------- */
 
 typedef struct sha256 {

@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 typedef enum { PART_KV, PART_RECURRENT, PART_SCRATCH } state_part;
 
 static state_part part_of(const dfl_target * t, const struct ggml_tensor * c) {

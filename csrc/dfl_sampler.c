@@ -45,7 +45,6 @@
 static int cand_keep_max(int n_vocab) {
     return n_vocab / 16 < CAND_KEEP_MAX ? n_vocab / 16 : CAND_KEEP_MAX;
 }
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
 
 DFL_API void dfl_sampling_default(dfl_sampling * s) {
     memset(s, 0, sizeof *s);

@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 /* The attention window grows in steps so that graphs of consecutive steps share shapes. */
 #define KV_PAD 256
 

@@ -14,8 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 typedef struct dflash_layer {
     struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo, * q_norm, * k_norm;
     struct ggml_tensor * ffn_norm, * ffn_gate, * ffn_up, * ffn_down;

@@ -20,8 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 /* graph nodes of one Markov step (bias, logits row, argmax, the confidence's) */
 #define DSPARK_NODES_PER_ROW 16
 

@@ -19,8 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 /* drafts per propose when the caller does not say (--spec-draft-n-max) */
 #define EAGLE3_DEFAULT_DRAFTS 3
 /* llama.cpp's EAGLE3 reads exactly three feature layers */

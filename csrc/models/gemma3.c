@@ -19,8 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 typedef struct gemma3_weights {
     int n_head, head_dim, n_rot;
     float eps, base_global, base_swa, attn_scale;

@@ -16,8 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 typedef struct gemma4_layer {
     bool swa;
     int n_head, head_dim, n_rot;

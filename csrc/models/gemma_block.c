@@ -1,8 +1,6 @@
 /* The block Gemma 3 and Gemma 4 share (see gemma_block.h). */
 #include "gemma_block.h"
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 dfl_status dfl_gemma_block_load(const dfl_model * m, int il, int hd, int n_head, int n_head_kv, int n_ff, bool own_kv,
                                 bool v_required, dfl_gemma_block * b) {
     const int64_t E = m->n_embd, q_dim = (int64_t) hd * n_head, kv_dim = (int64_t) hd * n_head_kv;

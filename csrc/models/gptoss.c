@@ -15,8 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 /* OpenAI's constants; the published configs give the limit (swiglu_limit), never alpha */
 #define GPTOSS_SWIGLU_ALPHA 1.702f
 #define GPTOSS_SWIGLU_LIMIT 7.0f

@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 /* drafts per propose when the caller does not say (--spec-draft-n-max) */
 #define MTP_DEFAULT_DRAFTS 3
 

@@ -10,8 +10,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 typedef struct qwen3_layer {
     struct ggml_tensor * attn_norm, * wq, * wk, * wv, * wo;
     struct ggml_tensor * bq, * bk, * bv;     /* qwen2 only */

@@ -6,8 +6,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 dfl_status qwen35_read_hparams(dfl_model * m, qwen35_hparams * hp) {
     const char * path = m->file.path;
     int block_count, n_nextn, head_dim_v;

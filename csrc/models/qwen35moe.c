@@ -5,8 +5,6 @@
 
 #include <stdlib.h>
 
-#define TRY(x) do { dfl_status s_ = (x); if (s_ != DFL_OK) return s_; } while (0)
-
 typedef struct qwen35moe_layer {
     qwen35_mixer mix;
     dfl_moe_weights moe;
