@@ -20,7 +20,3 @@ void dfl_clear_error(void) {
 DFL_API const char * dfl_last_error(void) {
     return g_error;
 }
-
-DFL_API const char * dfl_version(void) {
-    return "0.1.0";
-}

@@ -19,15 +19,6 @@ static dfl_status check_type(int type, int64_t n_per_row) {
     return DFL_OK;
 }
 
-DFL_API dfl_status dfl_row_size(int type, int64_t n_per_row, size_t * out_size) {
-    dfl_status st = check_type(type, n_per_row);
-    if (st != DFL_OK) {
-        return st;
-    }
-    *out_size = ggml_row_size((enum ggml_type) type, n_per_row);
-    return DFL_OK;
-}
-
 DFL_API dfl_status dfl_quantize(int type, const float * src, void * dst, int64_t nrows, int64_t n_per_row,
                                 size_t * out_size) {
     dfl_status st = check_type(type, n_per_row);

@@ -30,12 +30,8 @@ typedef enum dfl_status {
 
 /* Message describing the last failure on this thread (never NULL). */
 const char * dfl_last_error(void);
-const char * dfl_version(void);
 
 /* ---- quantization (used by the converter) ------------------------------------ */
-
-/* Bytes needed for one row of n_per_row values stored as ggml type `type`. */
-dfl_status dfl_row_size(int type, int64_t n_per_row, size_t * out_size);
 
 /* Quantize nrows x n_per_row float32 values into ggml type `type` (dst must hold
  * nrows * row size bytes). Uses ggml's reference quantizers. */

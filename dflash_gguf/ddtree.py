@@ -29,12 +29,6 @@ class DraftTree:
     pick_order: List[int] = None  # non-root nodes in best-first order
     dummy: List[bool] = None  # padding leaves (see padded_to): verified, never accepted
 
-    def expected_accepted(self) -> np.ndarray:
-        """e[b]: expected tokens per pass if only the b best nodes were kept (e[0] = 1,
-        the target's own token), under the drafter's marginals."""
-        gains = np.exp([self.scores[i] for i in self.pick_order]) if self.pick_order else np.zeros(0)
-        return 1.0 + np.concatenate([[0.0], np.cumsum(gains)])
-
     def best(self, budget: int) -> "DraftTree":
         """The tree of the `budget` best nodes (the tree build_tree gives for that budget)."""
         keep = sorted(self.pick_order[:budget])
