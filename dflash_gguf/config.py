@@ -34,7 +34,7 @@ DEFAULT_CHAIN_RULE = "argmax"
 
 
 def check_chain_rule(rule: str) -> str:
-    """The chain's accept rule when sampling (see speculative.speculative_steps), checked."""
+    """The chain's accept rule when sampling (see speculative.chain_proposer), checked."""
     if rule not in CHAIN_RULES:
         raise ConfigError("chain_rule", f"chain rule must be one of {', '.join(CHAIN_RULES)}, got {rule!r}")
     return rule
@@ -296,7 +296,7 @@ class EngineSetup:
     draft_config: Optional[DraftConfig]
     n_threads: int
     draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
-    chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.speculative_steps)
+    chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.chain_proposer)
     ngram_kinds: tuple = ()  # the n-gram kinds that draft (--spec-type), beside the drafter or alone
     spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the n-gram kinds' longest draft
     ngram: NgramConfig = NgramConfig()

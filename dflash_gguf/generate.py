@@ -1,5 +1,6 @@
-"""Plain autoregressive decoding on the target: the baseline every speculative mode
-must reproduce (token for token when greedy, in distribution when sampling)."""
+"""What a request is and what its decoding records (Request, Placement, GenerationStats),
+and what every decoding mode does before its step loop (decoding.py): the request's checks,
+keeping or emptying its slot's context, its prompt's prefill in chunks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -99,18 +100,6 @@ class Placement:
     saver: object = None
 
 
-def autoregressive_steps(target: Target, request: Request, stats: GenerationStats,
-                         where: Placement = Placement()) -> Iterator[List[int]]:
-    """Plain decoding of a request, yielding each new token as a one-element list; a
-    stop token ends generation and is yielded. The target's slot is emptied first
-    unless it already holds the first `where.reused` prompt tokens ("prefilled", then
-    "decoded" after each token's decode go to where.on_stage)."""
-    from .decoding import Sequence, sequence_steps  # the step loop builds on this module
-    from .proposers import PlainProposer
-
-    yield from sequence_steps(Sequence(target, None, PlainProposer(), request, stats, where))
-
-
 def start_context(target: Target, prompt: List[int], reused: int, draft=None, seq: int = 0) -> int:
     """Empty the sequence's slot of the target (and drafter) unless it holds
     prompt[:reused] (a target of one slot is reset whole); returns how many prompt tokens
@@ -159,13 +148,6 @@ def prefill_chunks(target: Target, prompt: List[int], start: int, draft=None, sa
             saver.save(end)
 
 
-def prefill_prompt(target: Target, prompt: List[int], start: int, draft=None, saver=None,
-                   on_stage: Optional[Callable[[str], None]] = None, seq: int = 0) -> None:
-    """prefill_chunks, all of them."""
-    for _ in prefill_chunks(target, prompt, start, draft, saver, on_stage, seq):
-        pass
-
-
 CONTEXT_FULL = ("error", "stop")
 
 
@@ -199,13 +181,3 @@ def collect(steps: Iterator[List[int]], on_tokens: Optional[Callable[[List[int]]
         if on_tokens is not None:
             on_tokens(new)
     return out
-
-
-def greedy_generate(target: Target, prompt: List[int], max_tokens: int, stop_tokens: Iterable[int] = (),
-                    on_tokens: Optional[Callable[[List[int]], None]] = None,
-                    sampling: Optional[SamplingParams] = None):
-    """Plain decoding after `prompt` (greedy unless `sampling` says otherwise). Returns
-    (tokens, stats)."""
-    stats = GenerationStats()
-    out = collect(autoregressive_steps(target, Request(prompt, max_tokens, stop_tokens, sampling), stats), on_tokens)
-    return out, stats

@@ -1,23 +1,20 @@
-"""Speculative decoding loops: the drafter proposes, the target verifies in one pass,
-the part the target agrees with is kept. Chain: one drafted block. Tree: a DDTree of the
+"""Speculative decoding's proposers for a request, its options checked: the drafter
+proposes, the target verifies in one pass, the part the target agrees with is kept. Chain: one drafted block. Tree: a DDTree of the
 drafter's top candidates. Greedy output equals plain greedy decoding token for token;
 with sampling, the output is distributed exactly as the target's own sampling."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import Optional
 
 from .budget import AutoBudget
 from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, check_chain_rule, check_p_min
-from .decoding import Sequence, sequence_steps
 from .draft import Draft
-from .generate import GenerationStats, Placement, Request, collect
 from .proposers import ChainProposer, TreeProposer, accepted_prefix, chain_length
 from .sampling import SamplingParams
 from .target import Target
 
-__all__ = ["accepted_prefix", "chain_length", "check_chain_rule", "check_p_min", "default_p_min",
-           "speculative_generate", "speculative_steps", "tree_generate", "tree_steps", "CHAIN_RULES",
-           "DEFAULT_CHAIN_RULE", "DEFAULT_DRAFT_P_MIN"]
+__all__ = ["accepted_prefix", "chain_length", "chain_proposer", "check_chain_rule", "check_p_min", "default_p_min",
+           "tree_proposer", "CHAIN_RULES", "DEFAULT_CHAIN_RULE", "DEFAULT_DRAFT_P_MIN"]
 
 
 # the greedy chain's confidence cut (chain_length) where the target computes on the CPU:
@@ -37,11 +34,16 @@ def default_p_min(target: Target) -> float:
     return 0.0 if on_device else DEFAULT_DRAFT_P_MIN
 
 
-
-
 def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], sampling: Optional[SamplingParams],
                    p_min: float = 0.0, chain_rule: str = "argmax", conf_min: float = 0.0) -> ChainProposer:
-    """The chain's proposer for a request, its options checked (see speculative_steps)."""
+    """The chain's proposer for a request, its options checked. The drafter's block goes
+    to the target on the device and every row's token is chosen there
+    (proposers.ChainProposer). With sampling, chain_rule "argmax" drafts the drafter's
+    argmax and keeps each draft while the target's draw equals it; "reject" draws the
+    drafts from the drafter's distribution and keeps them by speculative rejection
+    sampling (with top_k > 0, whose candidates carry both distributions to the host;
+    without, the argmax rule runs). With p_min > 0 (the drafter loaded with top_k >= 1),
+    each pass verifies the chain_length of its block."""
     B = draft.block_size if block_size is None else int(block_size)
     if not 1 <= B <= draft.block_size:
         raise ValueError(f"block size {B} is outside 1..{draft.block_size} (the drafter's trained block size)")
@@ -62,41 +64,8 @@ def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], samp
 
 def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optional[int],
                   auto: Optional[AutoBudget] = None) -> TreeProposer:
-    """The tree's proposer for a request, its options checked (see tree_steps)."""
-    B = draft.block_size if block_size is None else int(block_size)
-    if not 2 <= B <= draft.block_size:
-        raise ValueError(f"block size {B} is outside 2..{draft.block_size} (the drafter's trained block size)")
-    if draft.top_k < 1:
-        raise ValueError("tree decoding needs a drafter loaded with top_k >= 1")
-    if not 1 <= budget or budget + 1 > target.n_verify:
-        raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
-    if auto is not None and auto.largest != budget:
-        raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
-    return TreeProposer(draft, budget, B, auto)
-
-
-def speculative_steps(target: Target, draft: Draft, request: Request, stats: GenerationStats,
-                      block_size: Optional[int] = None, p_min: float = 0.0, chain_rule: str = "argmax",
-                      where: Placement = Placement()) -> Iterator[List[int]]:
-    """Chain speculative decoding of a request (the slot of target and drafter is
-    emptied first unless it holds the first where.reused prompt tokens), yielding the
-    tokens of each target pass; stats.accepted_lengths records their counts (the first
-    token, from the prefill, is not a pass). The drafter's block goes to the target on
-    the device and every row's token is chosen there (proposers.ChainProposer). With
-    sampling, chain_rule "argmax" drafts the drafter's argmax and keeps each draft while
-    the target's draw equals it; "reject" draws the drafts from the drafter's
-    distribution and keeps them by speculative rejection sampling (with top_k > 0,
-    whose candidates carry both distributions to the host; without, the argmax rule
-    runs). With p_min > 0 (the drafter loaded with top_k >= 1), each pass verifies the
-    chain_length of its block."""
-    proposer = chain_proposer(target, draft, block_size, request.sampling, p_min, chain_rule)
-    yield from sequence_steps(Sequence(target, draft, proposer, request, stats, where))
-
-
-def tree_steps(target: Target, draft: Draft, request: Request, stats: GenerationStats, budget: int,
-               block_size: Optional[int] = None, auto: Optional[AutoBudget] = None,
-               where: Placement = Placement()) -> Iterator[List[int]]:
-    """DDTree speculative decoding (proposers.TreeProposer): the drafter's per-position
+    """The tree's proposer for a request, its options checked. DDTree speculative
+    decoding (proposers.TreeProposer): the drafter's per-position
     top-K candidates become a best-first tree of `budget` nodes below the bonus token,
     the target verifies all of them in one pass, and the longest path the target agrees
     with is kept; with `auto` (the sequence's budget.AutoBudget, `budget` its largest
@@ -109,30 +78,13 @@ def tree_steps(target: Target, draft: Draft, request: Request, stats: Generation
     output is distributed exactly as plain sampling, whatever the tree. (Recursive
     rejection over siblings would accept more often; this rule needs no drafter
     probabilities to stay exact.) auto's chain arm keeps its drafts by the same rule."""
-    proposer = tree_proposer(target, draft, budget, block_size, auto)
-    yield from sequence_steps(Sequence(target, draft, proposer, request, stats, where))
-
-
-def speculative_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
-                         stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
-                         on_tokens: Optional[Callable[[List[int]], None]] = None,
-                         sampling: Optional[SamplingParams] = None, p_min: float = 0.0,
-                         chain_rule: str = "argmax"):
-    """Chain speculative generation (with p_min > 0: see chain_length; chain_rule: see
-    speculative_steps). Returns (tokens, stats)."""
-    stats = GenerationStats()
-    steps = speculative_steps(target, draft, Request(prompt, max_tokens, stop_tokens, sampling), stats, block_size,
-                              p_min, chain_rule)
-    return collect(steps, on_tokens), stats
-
-
-def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: int, budget: int,
-                  stop_tokens: Iterable[int] = (), block_size: Optional[int] = None,
-                  on_tokens: Optional[Callable[[List[int]], None]] = None, auto: Optional[AutoBudget] = None,
-                  sampling: Optional[SamplingParams] = None):
-    """DDTree speculative generation (with `auto`, the sequence's budget.AutoBudget:
-    each step's arm chosen by it). Returns (tokens, stats)."""
-    stats = GenerationStats()
-    steps = tree_steps(target, draft, Request(prompt, max_tokens, stop_tokens, sampling), stats, budget, block_size,
-                       auto)
-    return collect(steps, on_tokens), stats
+    B = draft.block_size if block_size is None else int(block_size)
+    if not 2 <= B <= draft.block_size:
+        raise ValueError(f"block size {B} is outside 2..{draft.block_size} (the drafter's trained block size)")
+    if draft.top_k < 1:
+        raise ValueError("tree decoding needs a drafter loaded with top_k >= 1")
+    if not 1 <= budget or budget + 1 > target.n_verify:
+        raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
+    if auto is not None and auto.largest != budget:
+        raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
+    return TreeProposer(draft, budget, B, auto)

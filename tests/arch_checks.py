@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 from fixtures import llama_greedy, read_gguf
 
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate, tree_generate
+from loops import greedy_generate, speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
 

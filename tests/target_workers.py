@@ -230,8 +230,7 @@ def offload_trace(endpoint, target_path: str, draft_path: str, placements: list,
     drafter on the same device. weight_buffer_mib caps the weight buffers of that load
     (DFLASH_WEIGHT_BUFFER_MIB)."""
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.generate import greedy_generate
-    from dflash_gguf.speculative import speculative_generate, tree_generate
+    from loops import greedy_generate, speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
     devices = _devices(endpoint)
@@ -279,8 +278,8 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
     from dflash_gguf.checkpoints import PrefixCheckpoints, measure
     from dflash_gguf.devices import add_rpc_server
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.generate import GenerationStats, Placement, Request, collect, prefill_prompt
-    from dflash_gguf.speculative import speculative_steps
+    from dflash_gguf.generate import GenerationStats, Placement, Request, collect
+    from loops import prefill_prompt, speculative_steps
     from dflash_gguf.target import Target, TargetConfig
 
     add_rpc_server(endpoint)
@@ -321,8 +320,8 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
     ("<device> chain top_k") the top_k an Engine's chain drafter gets there."""
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.engine import Engine
-    from dflash_gguf.generate import greedy_generate
-    from dflash_gguf.speculative import default_p_min, speculative_generate, tree_generate
+    from dflash_gguf.speculative import default_p_min
+    from loops import greedy_generate, speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
@@ -521,8 +520,7 @@ def sampled_on_devices(endpoint, target_path: str, draft_path: str, devices: lis
 
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.sampling import SamplingParams
-    from dflash_gguf.generate import greedy_generate
-    from dflash_gguf.speculative import speculative_generate, tree_generate
+    from loops import greedy_generate, speculative_generate, tree_generate
     from dflash_gguf.target import Target, TargetConfig
 
     _devices(endpoint)

@@ -19,7 +19,7 @@ from target_workers import run_isolated
 from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.speculative import speculative_generate
+from loops import speculative_generate
 from dflash_gguf.convert.quant import OUTTYPES
 from dflash_gguf.target import Target, TargetConfig
 

@@ -10,8 +10,8 @@ from dflash_gguf.checkpoints import Checkpoint, PrefillSaver, PrefixCheckpoints,
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
-from dflash_gguf.generate import GenerationStats, Placement, Request, autoregressive_steps, collect, prefill_prompt
-from dflash_gguf.speculative import speculative_steps, tree_steps
+from dflash_gguf.generate import GenerationStats, Placement, Request, collect
+from loops import autoregressive_steps, prefill_prompt, speculative_steps, tree_steps
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 from fixtures import CODE_PROMPT

@@ -11,8 +11,7 @@ from test_cli import run
 
 from dflash_gguf.demo import DATA, demo_paths
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate, tree_generate
+from loops import greedy_generate, speculative_generate, tree_generate
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 

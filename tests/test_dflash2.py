@@ -15,8 +15,7 @@ from parity import Parity
 from test_speculative import prompts, rel_err
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate, tree_generate
+from loops import greedy_generate, speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 BLOCK = 8

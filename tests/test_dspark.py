@@ -293,7 +293,7 @@ def test_sampled_chain_samples_the_targets_distribution(dspark):
     """Sampled requests keep the Markov chain's drafts by the argmax rule: the continuations
     are distributed as the target's own sampling (the chi-square test of test_sampling)."""
     from test_sampling import DEPTH, SETTINGS, chi2_critical, chi2_stat, exact_joint
-    from dflash_gguf.speculative import speculative_generate
+    from loops import speculative_generate
     from dflash_gguf.tokenizer import Tokenizer
 
     prompt = Tokenizer(TARGET).encode("    def __init__(self, name):\n        self.name = name\n        self.",

@@ -23,7 +23,7 @@ from gemma4_fixtures import GEMMA4_SHAPES, MASK_ID, make_gemma4
 from reference_loop import History, RecomputingTarget
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.speculative import speculative_generate
+from loops import speculative_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 BLOCK = 8
@@ -252,8 +252,8 @@ def test_checkpoint_chain_restores_sliding_and_shared_caches(pair):
     the middle and the end of the chain after another prompt, the continuation (chain
     decoding, drafter window included) and its acceptance are a cold run's."""
     from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
-    from dflash_gguf.generate import GenerationStats, Placement, Request, collect, prefill_prompt
-    from dflash_gguf.speculative import speculative_steps
+    from dflash_gguf.generate import GenerationStats, Placement, Request, collect
+    from loops import prefill_prompt, speculative_steps
 
     prompt, other = prompts(1, seed=21, lo=60, hi=61)[0], prompts(1, seed=22, lo=40, hi=41)[0]
     target, draft = load(pair)

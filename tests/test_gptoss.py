@@ -31,8 +31,7 @@ from test_devices import rpc_endpoint  # noqa: F401 (fixture)
 from dflash_gguf import DflashError
 from dflash_gguf.convert.quant import OUTTYPES
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate
+from loops import greedy_generate, speculative_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 BLOCK = 8  # z-lab's gpt-oss-20b-DFlash drafts blocks of 8
@@ -291,8 +290,8 @@ def test_checkpoint_restores_sliding_caches(pair):
     """A prefix checkpoint taken past several windows, restored after another prompt: the
     continuation (chain decoding, drafter included) and its acceptance are a cold run's."""
     from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
-    from dflash_gguf.generate import GenerationStats, Placement, Request, collect, prefill_prompt
-    from dflash_gguf.speculative import speculative_steps
+    from dflash_gguf.generate import GenerationStats, Placement, Request, collect
+    from loops import prefill_prompt, speculative_steps
 
     prompt, other = prompts(1, seed=12, lo=40, hi=41)[0], prompts(1, seed=13, lo=30, hi=31)[0]
     target, draft = load(pair["target"], pair["draft"])

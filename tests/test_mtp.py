@@ -19,7 +19,7 @@ import pytest
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
-from dflash_gguf.generate import greedy_generate
+from loops import greedy_generate
 from dflash_gguf.target import CHAIN, LOGITS_LAST, LOGITS_NONE, Rows, Target, TargetConfig
 
 RUN = str(Path(sys.executable).with_name("dflash-run"))

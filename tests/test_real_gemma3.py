@@ -155,7 +155,7 @@ def test_long_prompt_exceeds_the_window(tokenizer):
 
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_greedy_text_equals_llama_cpp(target, tokenizer, llama_runs, name):
-    from dflash_gguf.generate import greedy_generate
+    from loops import greedy_generate
 
     prompt, theirs, _, _ = llama_runs[name]
     target.reset()

@@ -24,7 +24,7 @@ from fixtures import open_llama
 from parity import first_divergence, top2_gap
 
 from dflash_gguf.chat import ChatTemplate
-from dflash_gguf.generate import greedy_generate
+from loops import greedy_generate
 from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 

@@ -15,9 +15,9 @@ import pytest
 from dflash_gguf import DflashError
 from dflash_gguf.budget import AutoBudget
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
+from loops import greedy_generate
 from dflash_gguf.sampling import Sampler, SamplingParams, distribution, penalize
-from dflash_gguf.speculative import speculative_generate, tree_generate
+from loops import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 

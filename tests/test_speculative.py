@@ -17,8 +17,8 @@ from reference_loop import RecomputingTarget, exact_reference
 
 from dflash_gguf import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import chain_length, speculative_generate
+from dflash_gguf.speculative import chain_length
+from loops import greedy_generate, speculative_generate
 from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 BLOCK = 8

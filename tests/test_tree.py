@@ -13,8 +13,7 @@ from test_speculative import BLOCK, HostBlocks, ScriptedDraft, pair, prompts  # 
 
 from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate, tree_generate
+from loops import greedy_generate, speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 
 

@@ -15,7 +15,7 @@ from fixtures import hf_model, make_qwen3, read_gguf
 from dflash_gguf.convert.cli import main as convert_main
 from dflash_gguf._native import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
+from loops import greedy_generate
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}

@@ -8,11 +8,19 @@ length, accepted lengths, lossless, text).
 import json
 import sys
 
+from dflash_gguf.decoding import Sequence, sequence_steps
 from dflash_gguf.draft import Draft, read_draft_metadata
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate
+from dflash_gguf.generate import GenerationStats, Request, collect
+from dflash_gguf.proposers import PlainProposer
+from dflash_gguf.speculative import chain_proposer
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
+
+
+def decoded(target: Target, draft, proposer, prompt: list, n: int):
+    """n greedy tokens after prompt with proposer's drafts (none: plain decoding); (tokens, stats)."""
+    stats = GenerationStats()
+    return collect(sequence_steps(Sequence(target, draft, proposer, Request(prompt, n), stats))), stats
 
 
 def main() -> None:
@@ -26,8 +34,8 @@ def main() -> None:
     rows = []
     for p in prompts:
         ids = tok.encode(p)
-        out, stats = speculative_generate(target, draft, ids, n)
-        plain, _ = greedy_generate(target, ids, n)
+        out, stats = decoded(target, draft, chain_proposer(target, draft, None, None), ids, n)
+        plain, _ = decoded(target, None, PlainProposer(), ids, n)
         rows.append({"prompt": p, "mean_accepted": stats.mean_accepted, "accepted_lengths": stats.accepted_lengths,
                      "lossless": out == plain, "text": tok.decode(out)})
     print(json.dumps(rows))

@@ -8,7 +8,9 @@ all) as one JSON line on stdout.
 import json
 import sys
 
-from dflash_gguf.generate import greedy_generate
+from dflash_gguf.decoding import Sequence, sequence_steps
+from dflash_gguf.generate import GenerationStats, Request, collect
+from dflash_gguf.proposers import PlainProposer
 from dflash_gguf.target import Target, TargetConfig
 
 
@@ -17,7 +19,8 @@ def main() -> None:
     target = Target(path, TargetConfig(n_ctx=total + 16, n_threads=1))
     for line in sys.stdin:
         prompt = json.loads(line)
-        out, _ = greedy_generate(target, prompt, total - len(prompt))
+        request = Request(prompt, total - len(prompt))
+        out = collect(sequence_steps(Sequence(target, None, PlainProposer(), request, GenerationStats())))
         print(json.dumps(prompt + out), flush=True)
 
 
