@@ -3,21 +3,15 @@ tools, the tool choice and thinking on or off) and the reading of its reply into
 reasoning, content and tool calls, as the text streams."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Union
 
 from .chat import ChatTemplate
+from .harmony import CALL, EMPTY_ANALYSIS, HarmonyParser, forced_call
 from .reasoning import ReasoningSplitter, ThinkingSyntax, opens_thinking, syntax_of
-from .toolcalls import SYNTAX, ToolCall, ToolCallParser, as_plain_messages, forced_start, format_of
+from .toolcalls import SYNTAX, Reply, ToolCallParser, as_plain_messages, forced_start, format_of
 
 ToolChoice = Union[str, dict]  # "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
-
-
-@dataclass
-class Reply:
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: List[ToolCall] = field(default_factory=list)
 
 
 class ReplyParser:
@@ -89,8 +83,6 @@ class Turn:
     def parser(self, make_id: Optional[Callable[[], str]] = None):
         """A ReplyParser, or for a harmony reply a harmony.HarmonyParser (the same deltas)."""
         if self.thinking is None:
-            from .harmony import HarmonyParser
-
             return HarmonyParser(bool(self.tool_format), make_id, self.primed, self.reasoning_format)
         call_open = SYNTAX[self.tool_format].open if self.tool_format else None
         splitter = ReasoningSplitter(self.thinking, self.reasoning_format, self.starts_thinking,
@@ -100,8 +92,6 @@ class Turn:
 
     def call_close(self) -> str:
         """The text that ends a tool call: generation stops there for one call only."""
-        from .harmony import CALL
-
         return CALL if self.thinking is None else SYNTAX[self.tool_format].close
 
 
@@ -143,8 +133,6 @@ def _harmony_turn(template: ChatTemplate, messages: Sequence[dict], offered: Lis
                   kwargs: dict, reasoning_format: str) -> Turn:
     """prepare_turn for a harmony template (gpt-oss): thinking off starts the reply after
     an empty analysis message; a forced call starts it with the call's header."""
-    from .harmony import EMPTY_ANALYSIS, forced_call
-
     prompt = template.render(messages, tools=offered or None, **kwargs)
     primed = EMPTY_ANALYSIS if kwargs.get("enable_thinking") is False else ""
     if offered and tool_choice != "auto":

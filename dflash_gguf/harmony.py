@@ -33,7 +33,7 @@ import re
 from typing import Callable, List, Optional, Sequence
 
 from .streamtext import partial_marker
-from .toolcalls import ToolCall
+from .toolcalls import Reply, ToolCall
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 END, CALL, RETURN, CONSTRAIN = "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"
@@ -130,8 +130,6 @@ class HarmonyParser:
 
     def __init__(self, tools: bool, make_id: Optional[Callable[[], str]] = None, primed: str = "",
                  reasoning_format: str = "auto"):
-        from .assistant import Reply  # assistant.py reads harmony replies with this class
-
         self.reply = Reply()
         self._tools, self._make_id, self._fmt = tools, make_id, reasoning_format
         self._buf = ""

@@ -42,6 +42,14 @@ class ToolCall:
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
+@dataclass
+class Reply:
+    """An assistant reply read into its parts (assistant.ReplyParser, harmony.HarmonyParser)."""
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: List[ToolCall] = field(default_factory=list)
+
+
 def format_of(template) -> str:
     """The tool-call format of a chat template (chat.ChatTemplate)."""
     src = template.source
