@@ -16,6 +16,7 @@ from .reasoning import REASONING_FORMATS
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOOLS = 128  # the OpenAI API's own limit
+MAX_STOPS = 16
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")  # what the call formats can carry
 
 # fields whose meaning this server does not implement: refused rather than ignored
@@ -37,6 +38,19 @@ def refuse_unsupported(body: dict) -> None:
     for name, asked in UNSUPPORTED.items():
         if asked(body.get(name)):
             raise BadRequest(f"'{name}' is not supported by this server", name)
+
+
+def stop_strings(body: dict) -> List[str]:
+    """The request's 'stop' strings (checked)."""
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise BadRequest("'stop' must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise BadRequest(f"'stop' takes at most {MAX_STOPS} strings", "stop")
+    return [s for s in stops if s]
 
 
 def constraint_of(body: dict):

@@ -33,8 +33,6 @@ from .engine import Engine
 from .sampling import SamplingParams
 from .serving import Job, Scheduler
 
-MAX_STOPS = 16
-
 
 @dataclass
 class Defaults:
@@ -73,19 +71,6 @@ def _bool(body: dict, name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise BadRequest(f"'{name}' must be true or false, got {json.dumps(value)}", name)
     return value
-
-
-def stop_strings(body: dict) -> List[str]:
-    """The request's 'stop' strings (checked)."""
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise BadRequest("'stop' must be a string or a list of strings", "stop")
-    if len(stops) > MAX_STOPS:
-        raise BadRequest(f"'stop' takes at most {MAX_STOPS} strings", "stop")
-    return [s for s in stops if s]
 
 
 def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
@@ -210,7 +195,7 @@ class Server:
             constraint = replace(constraint, after=turn.thinking.close)
         if constraint is not None:
             sampling = replace(sampling, constraint=constraint)
-        stops = stop_strings(body)
+        stops = openai_api.stop_strings(body)
         if turn is not None and turn.tool_format and not options.parallel_tool_calls:
             stops.append(turn.call_close())  # one call: generation ends where it closes
         n_ctx = self.engine.target.n_ctx
