@@ -30,6 +30,8 @@ from .api_errors import BadRequest
 from .assistant import Turn, prepare_turn
 from .config import ConfigError
 from .engine import Engine
+from .engine_args import (add_engine_args, demo_models, engine_mode, open_chat_engine, print_memory, resolve_context,
+                          setup_devices, validate_engine_args)
 from .sampling import SamplingParams
 from .serving import Job, Scheduler
 
@@ -421,7 +423,6 @@ def checkpoint_budget(args, plan) -> Tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     from .chat_flags import add_chat_args
-    from .cli import add_engine_args
 
     p = argparse.ArgumentParser(
         prog="dflash-server",
@@ -486,9 +487,8 @@ def fix_mmap_threshold(threshold: int = 128 << 10) -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .chat_flags import set_chat_template, validate_chat_args
+    from .chat_flags import validate_chat_args
     from .checkpoints import PrefixCheckpoints
-    from .cli import demo_models, open_engine, print_memory, resolve_context, setup_devices, validate_engine_args
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -531,15 +531,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.print_memory:
         return print_memory("dflash-server", model, None if args.no_spec else draft, args,
                             lambda plan: checkpoint_budget(args, plan))
-    engine = open_engine("dflash-server", model, None if args.no_spec else draft, args)
+    engine = open_chat_engine("dflash-server", model, None if args.no_spec else draft, args)
     if isinstance(engine, int):
         return engine
-    try:
-        set_chat_template(engine, args)
-    except ValueError as e:
-        engine.close()
-        print(f"dflash-server: error: {e}", file=sys.stderr)
-        return 2
     if args.checkpoint_mib:
         total, device = checkpoint_budget(args, engine.memory_plan)
         engine.checkpoints = PrefixCheckpoints(total, args.checkpoint_every, device)
@@ -552,11 +546,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "info")
-    mode = "plain" if engine.draft is None else (f"tree budget {args.tree_budget}" if engine.tree_budget else "chain")
-    if engine.setup.ngram_kinds:
-        mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
-    if engine.simple_draft is not None:
-        mode = "draft-simple " + ("tree" if engine.setup.simple.tree else "chain")
+    mode = engine_mode(engine, args.tree_budget)
     on_device = engine.checkpoints.device_budget_bytes >> 20 if engine.checkpoints else 0
     slots = f"{engine.target.n_seq} slots of context {engine.target.n_ctx}" if engine.target.n_seq > 1 \
         else f"context {engine.target.n_ctx}"

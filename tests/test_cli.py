@@ -221,7 +221,7 @@ def test_chat_thinking_switches(pair, published_template, tmp_path):
 
 
 def test_context_zero_is_the_trained_context_and_n_minus_one_has_no_limit(pair):
-    from dflash_gguf.cli import trained_context
+    from dflash_gguf.engine_args import trained_context
 
     res = run("-m", str(pair["target"]), "-c", "0", "--print-memory")
     assert res.returncode == 0 and f"context {trained_context(str(pair['target']))}" in res.stdout

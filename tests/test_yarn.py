@@ -131,7 +131,7 @@ def test_context_past_yarn_reach_is_one_clear_error(yarn_model):
     ({"yarn_orig_ctx": -1}, "--yarn-orig-ctx"),
 ])
 def test_rope_flags_are_validated(yarn_model, options, flag):
-    from dflash_gguf.cli import FLAGS
+    from dflash_gguf.engine_args import FLAGS
     from dflash_gguf.config import ConfigError, EngineSetup
 
     _, ours = yarn_model

@@ -51,7 +51,7 @@ from typing import List, Optional
 import httpx
 
 from .. import llama_cpp_tree
-from ..cli import check_p_min_flags, check_sampling_flags
+from ..engine_args import check_p_min_flags, check_sampling_flags
 from ..demo import DATA
 from . import provenance, serve_load
 from .llama_cpp import SAMPLER_ORDER
