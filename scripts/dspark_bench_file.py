@@ -1,6 +1,6 @@
 """A DSpark drafter for the bundled demo target, to benchmark with: the trained demo DFlash
 drafter's backbone with seeded Markov and confidence heads, written as llama.cpp's
-converter writes DSpark GGUFs (tests/dspark_fixtures.py's make_dspark, the one definition
+converter writes DSpark GGUFs (dflash_gguf.demo_dspark's make_dspark, the one definition
 of it here; the tests draft with the same file and check both runtimes draft alike).
 The heads are random, so the backbone's drafts carry the acceptance and the Markov bias
 changes a few of them: the file measures what a DSpark step costs each engine beside
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from dflash_gguf.demo_dspark import make_dspark
 
 
 def main() -> int:
@@ -25,9 +25,6 @@ def main() -> int:
                     help="the GGUF written (default: ~/.cache/dflash-gguf/dspark-bench/dspark.gguf)")
     args = ap.parse_args()
     if not args.out.exists():
-        sys.path.insert(0, str(ROOT / "tests"))
-        from dspark_fixtures import make_dspark
-
         args.out.parent.mkdir(parents=True, exist_ok=True)
         make_dspark(args.out, seed=7)  # the tests' file (tests/test_dspark.py)
     print(args.out)
