@@ -18,11 +18,11 @@ import pytest
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.sampling import Sampler, SamplingParams, distribution, draw
-from dflash_gguf.speculative import speculative_generate
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
 from llama_sampler import llama_cpp_oracle, llama_cpp_distribution
+from loops import speculative_generate
 from test_sampling import chi2_critical
 
 DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"

@@ -45,8 +45,8 @@ from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
 from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, SIMPLE
-from ..engine_args import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
 from ..demo import demo_paths
+from ..engine_args import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
 from ..speculative import CHAIN_RULES
 from . import arms_from, kinds, llama_cpp, method, ours, provenance, report
 from .prompts import PROMPTS
