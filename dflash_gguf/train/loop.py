@@ -1,0 +1,359 @@
+"""The training loop: per step a seeded draw of windows and anchors (a function of the
+seed and the step alone, so a resumed run repeats an uninterrupted one exactly), the
+target's features and labels from our runtime, one AdamW step on the drafter; progress,
+checkpoints, acceptance measurements and the final report."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from .target import TrainError
+
+
+@dataclass
+class TrainOptions:
+    """dflash-train's options (the CLI's flags, same names)."""
+
+    model: str
+    data: Sequence[str]
+    output: str
+    seed: int = 0
+    steps: Optional[int] = None  # None: until max_minutes
+    max_minutes: Optional[float] = None
+    threads: int = 0  # 0: torch's and the runtime's default
+    block_size: int = 16
+    draft_layers: int = 2
+    target_layer_ids: Optional[Sequence[int]] = None  # HF ids; None: z-lab's spread
+    mask_token: Optional[str] = None  # id or token text; None: chosen from the vocabulary
+    gamma: Optional[float] = None  # None: SpecForge's for the block size
+    lr: float = 6e-4
+    ctx_size: int = 512  # training window, tokens
+    batch: int = 4  # windows per step
+    anchors: int = 32  # anchor blocks per window
+    loss_vocab: int = 32768  # large vocabularies: loss over the data's most frequent tokens
+    checkpoint_every: float = 10.0  # minutes
+    resume: Optional[str] = None
+    eval_every: float = 10.0  # minutes; 0: only at the start and the end
+    eval_prompts: int = 8
+    eval_tokens: int = 64
+    hf_out: Optional[str] = None
+    report: Optional[str] = None  # None: OUTPUT with .json
+    device: Optional[str] = None  # our runtime's device for the target
+    outtype: str = "f32"
+    regenerate: bool = False  # train on the target's own greedy continuations of the data
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.output + ".ckpt"
+
+
+def _need_torch():
+    try:
+        import torch
+    except ImportError:
+        raise TrainError("dflash-train needs PyTorch: pip install dflash-gguf[train]") from None
+    return torch
+
+
+def _mask_id(tokenizer, reader, spec: Optional[str], n_vocab: int) -> int:
+    """--mask-token (an id or a token's text), else <|mask|>, else the first unused
+    vocabulary entry (an embedding padded past the tokenizer), else the padding token
+    when it is not the end-of-text token."""
+    import gguf
+
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    if spec is not None:
+        if spec.isdigit():
+            mid = int(spec)
+        elif spec in tokens:
+            mid = tokens.index(spec)
+        else:
+            raise TrainError(f"--mask-token {spec!r} is neither a token id nor a token of the target's vocabulary")
+        if not 0 <= mid < n_vocab:
+            raise TrainError(f"--mask-token {mid} is outside the target's vocabulary (0..{n_vocab - 1})")
+        return mid
+    for name in ("<|mask|>", "<mask>", "[MASK]"):
+        if name in tokens:
+            return tokens.index(name)
+    if "tokenizer.ggml.token_type" in reader.fields:
+        types = reader.fields["tokenizer.ggml.token_type"].contents()
+        unused = [i for i, t in enumerate(types) if t == gguf.TokenType.UNUSED]
+        if unused:
+            return unused[0]
+    pad = reader.fields["tokenizer.ggml.padding_token_id"].contents() \
+        if "tokenizer.ggml.padding_token_id" in reader.fields else None
+    if pad is not None and pad != tokenizer.eos_id:
+        return int(pad)
+    raise TrainError("the target's vocabulary has no mask, unused or padding token: pass --mask-token ID")
+
+
+def _fmt_time(s: float) -> str:
+    s = int(max(0, s))
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
+    """Train a DFlash drafter for the target GGUF opts.model; writes opts.output (GGUF),
+    the report (JSON) and, with hf_out, z-lab's HF layout. Returns the report.
+    on_step(step, record) runs after each step (a KeyboardInterrupt raised there or by
+    the user saves a checkpoint first)."""
+    torch = _need_torch()
+    from ..chat import ChatTemplate
+    from ..tokenizer import Tokenizer
+    from . import export, recipe
+    from .evaluate import AcceptanceProbe
+    from .model import Drafter, default_shape
+    from .target import TargetFeatures, embedding_and_head, read_target_meta
+
+    if opts.steps is None and opts.max_minutes is None:
+        raise TrainError("give a budget: --steps N and/or --max-minutes M")
+    if opts.block_size < 2:
+        raise TrainError("--block-size must be at least 2")
+    if opts.ctx_size < opts.block_size + 1:
+        raise TrainError(f"-c {opts.ctx_size} must exceed --block-size {opts.block_size}")
+    t_start = time.perf_counter()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    torch.set_flush_denormal(True)
+
+    meta = read_target_meta(opts.model)
+    embd_np, head_np = embedding_and_head(meta["reader"])
+    meta["n_vocab"] = embd_np.shape[0]
+    tokenizer = Tokenizer(opts.model)
+    mask_id = _mask_id(tokenizer, meta["reader"], opts.mask_token, meta["n_vocab"])
+    template = ChatTemplate.of_tokenizer(tokenizer, tokenizer.chat_template) if tokenizer.chat_template else None
+
+    def render(messages):
+        if template is None:
+            raise TrainError("--data has chats, but the target GGUF has no chat template")
+        return template.render(messages, add_generation_prompt=False)
+
+    data = load_data(opts, tokenizer, render)
+    say = print if opts.progress else (lambda *a, **k: None)
+    if opts.regenerate:
+        from .data import regenerate
+
+        say(f"dflash-train: regenerating {len(data.train)} windows with the target")
+        regenerate(data, opts.model, max(1, opts.ctx_size // 4), opts.threads, opts.device, say)
+    layer_ids = list(opts.target_layer_ids) if opts.target_layer_ids else \
+        recipe.target_layer_ids(meta["n_layer"], opts.draft_layers)
+    if any(not 0 <= i < meta["n_layer"] for i in layer_ids):
+        raise TrainError(f"target layer ids {layer_ids} must lie in 0..{meta['n_layer'] - 1}")
+    gamma = opts.gamma or recipe.default_gamma(opts.block_size)
+    shape = default_shape(meta["n_embd"], len(layer_ids), opts.draft_layers, meta["rope_theta"], meta["eps"])
+
+    embd = torch.from_numpy(embd_np)
+    head = torch.from_numpy(head_np)
+    counts = torch.bincount(torch.from_numpy(np.concatenate(data.train).astype(np.int64)), minlength=meta["n_vocab"])
+    kept = recipe.kept_vocab(counts, opts.loss_vocab)
+    weights = recipe.position_weights(opts.block_size, gamma)
+
+    torch.manual_seed(opts.seed)
+    model = Drafter(shape)
+    model.init_weights(opts.seed)
+    optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    step, curve, evals, elapsed_before = 0, [], [], 0.0
+    if opts.resume:
+        ck = torch.load(opts.resume, map_location="cpu", weights_only=False)
+        if ck["settings"] != _settings(opts, layer_ids, gamma, shape, mask_id, data.sha256):
+            raise TrainError(f"--resume {opts.resume}: the checkpoint was made with other settings or data")
+        model.load_state_dict(ck["model"])
+        optim.load_state_dict(ck["optim"])
+        step, curve, evals, elapsed_before = ck["step"], ck["curve"], ck["evals"], ck["elapsed"]
+
+    features = TargetFeatures(opts.model, layer_ids, opts.ctx_size, opts.threads, opts.device)
+    probe = AcceptanceProbe(opts.model, layer_ids, opts.block_size, data.heldout[:opts.eval_prompts],
+                            min(64, opts.ctx_size), opts.eval_tokens, opts.threads, opts.device)
+    cache: dict[int, tuple] = {}
+    cache_bytes = len(data.train) * opts.ctx_size * len(layer_ids) * meta["n_embd"] * 4
+    use_cache = cache_bytes <= 2 << 30  # small runs keep every window's features
+
+    def target_pass(i: int):
+        if i in cache:
+            return cache[i]
+        out = tuple(torch.from_numpy(a) for a in features(data.train[i]))
+        if use_cache:
+            cache[i] = out
+        return out
+
+    def state_np():
+        return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+
+    def write_gguf(path):
+        export.write_gguf(path, state_np(), shape, meta, opts.model, layer_ids, opts.block_size, mask_id,
+                          opts.outtype)
+
+    def measure(at_step: int):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "draft.gguf")
+            write_gguf(path)
+            r = probe.measure(path)
+        r.update(step=at_step, minutes=(elapsed_before + time.perf_counter() - t_start) / 60)
+        evals.append(r)
+        return r
+
+    def save_checkpoint():
+        ck = {"settings": _settings(opts, layer_ids, gamma, shape, mask_id, data.sha256), "step": step,
+              "model": model.state_dict(), "optim": optim.state_dict(), "curve": curve, "evals": evals,
+              "elapsed": elapsed_before + time.perf_counter() - t_start}
+        tmp = opts.checkpoint_path + ".tmp"
+        torch.save(ck, tmp)
+        os.replace(tmp, opts.checkpoint_path)
+
+    say(f"dflash-train: target {meta['name']} ({meta['arch']}, {meta['n_layer']} layers, hidden {meta['n_embd']}, "
+        f"vocab {meta['n_vocab']}); drafter {shape.layers} layers, block {opts.block_size}, target layers "
+        f"{layer_ids}, mask token {mask_id}, gamma {gamma:g}; data {data.n_docs} documents, "
+        f"{len(data.train)} windows of {opts.ctx_size}, {len(data.heldout)} held out; loss vocabulary "
+        f"{'all' if kept is None else len(kept)}")
+    if not evals:
+        r = measure(step)
+        say(f"  held-out AL before training: {r['al']:.3f}")
+
+    warmup = max(1, min(100, (opts.steps or 1000) // 10))
+    deadline = None if opts.max_minutes is None else t_start + opts.max_minutes * 60 - elapsed_before
+    last_ck = last_eval = time.perf_counter()
+    bar = _Bar(opts.steps, deadline, opts.progress)
+    B = opts.block_size
+    model.train()
+    try:
+        while (opts.steps is None or step < opts.steps) and (deadline is None or time.perf_counter() < deadline):
+            t0 = time.perf_counter()
+            rng = np.random.default_rng([opts.seed, step])
+            gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
+            pick = rng.integers(0, len(data.train), size=opts.batch)
+            x = torch.from_numpy(np.stack([data.train[i] for i in pick]).astype(np.int64))
+            feats, greedy = zip(*(target_pass(int(i)) for i in pick))
+            feats, greedy = torch.stack(feats), torch.stack(greedy)
+            noise, pos, mask, labels, exact, _ = recipe.anchor_batch(x, greedy, opts.anchors, B, mask_id, gen)
+            for g in optim.param_groups:
+                g["lr"] = recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
+            hidden = model(feats, embd[noise], pos, mask)
+            S = hidden.shape[0]
+            hidden = hidden.view(S, -1, B, hidden.shape[-1])[:, :, 1:]
+            logits, sub_labels = recipe.subset_logits(hidden, head, labels, kept)
+            loss, acc = recipe.weighted_loss(logits, sub_labels, exact, weights)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            step += 1
+            rec = {"step": step, "loss": float(loss.detach()), "acc": [round(float(a), 4) for a in acc],
+                   "tok_s": labels.numel() / (time.perf_counter() - t0)}
+            curve.append({"step": step, "loss": round(rec["loss"], 5), "acc": rec["acc"]})
+            bar.update(step, rec, evals[-1]["al"] if evals else None)
+            if on_step is not None:
+                on_step(step, rec)
+            now = time.perf_counter()
+            if opts.eval_every and now - last_eval >= opts.eval_every * 60:
+                model.eval()
+                r = measure(step)
+                model.train()
+                bar.note(f"step {step}: held-out AL {r['al']:.3f}")
+                last_eval = time.perf_counter()
+            if opts.checkpoint_every and now - last_ck >= opts.checkpoint_every * 60:
+                save_checkpoint()
+                last_ck = time.perf_counter()
+    except KeyboardInterrupt:
+        save_checkpoint()
+        bar.close()
+        features.close()
+        probe.close()
+        raise
+    bar.close()
+    features.close()
+    model.eval()
+    save_checkpoint()
+    write_gguf(opts.output)
+    if not evals or evals[-1]["step"] != step:
+        measure(step)
+    probe.close()
+    if opts.hf_out:
+        export.write_hf(opts.hf_out, state_np(), shape, meta, layer_ids, B, mask_id)
+    report = {
+        "settings": _settings(opts, layer_ids, gamma, shape, mask_id, data.sha256),
+        "data": {"sha256": data.sha256, "files": data.n_files, "documents": data.n_docs, "tokens": data.n_tokens,
+                 "windows": len(data.train), "heldout_documents": len(data.heldout)},
+        "steps": step, "minutes": round((elapsed_before + time.perf_counter() - t_start) / 60, 3),
+        "curve": curve, "acceptance": evals, "heldout_al": evals[-1]["al"],
+        "loss_vocabulary": None if kept is None else int(len(kept)),
+        "output": opts.output, "hf_out": opts.hf_out,
+    }
+    report_path = opts.report or os.path.splitext(opts.output)[0] + ".json"
+    Path(report_path).write_text(json.dumps(report, indent=1) + "\n")
+    say(f"dflash-train: {step} steps, held-out AL {evals[0]['al']:.3f} -> {evals[-1]['al']:.3f}; wrote "
+        f"{opts.output} and {report_path}")
+    return report
+
+
+def load_data(opts: TrainOptions, tokenizer, render):
+    from .data import load_dataset
+
+    return load_dataset(opts.data, tokenizer, render, opts.ctx_size, opts.seed, opts.eval_prompts)
+
+
+def _settings(opts, layer_ids, gamma, shape, mask_id, data_sha) -> dict:
+    """What determines the run's result (a resume must match it)."""
+    keep = ("seed", "steps", "regenerate", "block_size", "draft_layers", "lr", "ctx_size", "batch", "anchors", "loss_vocab")
+    out = {k: getattr(opts, k) for k in keep}
+    out.update(model=os.path.basename(opts.model), model_sha256_head=_head_hash(opts.model), layer_ids=layer_ids,
+               gamma=gamma, mask_id=mask_id, shape=shape.to_dict(), data_sha256=data_sha)
+    return out
+
+
+def _head_hash(path: str) -> str:
+    """sha256 of the file's first MiB and its size: which target, cheaply."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+    h.update(str(os.path.getsize(path)).encode())
+    return h.hexdigest()[:16]
+
+
+class _Bar:
+    """tqdm with loss, accuracy per block position, tokens/s, held-out AL and an ETA by
+    the step budget or the time budget, whichever ends first."""
+
+    def __init__(self, steps, deadline, enabled: bool):
+        from tqdm import tqdm
+
+        self.steps, self.deadline = steps, deadline
+        self.t0 = time.perf_counter()
+        self.first = None
+        self.bar = tqdm(total=steps, disable=not enabled, dynamic_ncols=True, bar_format=
+                        "{l_bar}{bar}| {n_fmt}/{total_fmt} {postfix}" if steps else "{desc} {n_fmt} steps {postfix}")
+
+    def update(self, step, rec, al):
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = (step - 1, self.t0)
+        s0, t0 = self.first
+        per = (now - t0) / max(1, step - s0)
+        eta = []
+        if self.steps:
+            eta.append(per * (self.steps - step))
+        if self.deadline:
+            eta.append(self.deadline - now)
+        acc = "/".join(f"{a:.2f}" for a in rec["acc"][:4])
+        post = f"loss {rec['loss']:.3f} acc {acc} {rec['tok_s']:.0f} tok/s"
+        if al is not None:
+            post += f" AL {al:.2f}"
+        post += f" eta {_fmt_time(min(eta))}" if eta else ""
+        self.bar.set_postfix_str(post, refresh=False)
+        self.bar.update(1)
+
+    def note(self, text):
+        self.bar.write(text)
+
+    def close(self):
+        self.bar.close()

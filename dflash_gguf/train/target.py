@@ -1,0 +1,84 @@
+"""The target as it is served: its captured hidden states and its greedy labels,
+computed by our runtime from the GGUF (no transformers, no BF16 copy), and its frozen
+token embedding and LM head, dequantized from the same file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..target import LOGITS_ALL, Target, TargetConfig
+
+# targets whose drafter is a plain Qwen3 DFlash stack on the shared embedding and head
+# (no embedding scale, logit softcap or other head transform to train through)
+SUPPORTED_ARCHS = ("qwen35", "qwen35moe", "qwen3", "qwen2")
+
+
+class TrainError(ValueError):
+    """A problem with the user's input (data, target, options): one clear line."""
+
+
+def read_target_meta(path: str) -> dict:
+    """Architecture, depth, width, rope base, norm eps and context of a target GGUF."""
+    import gguf
+
+    try:
+        r = gguf.GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
+        raise TrainError(f"cannot read the target {path}: {e}") from None
+    f = r.fields
+
+    def get(key, default=None):
+        return f[key].contents() if key in f else default
+
+    arch = get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise TrainError(f"dflash-train supports {', '.join(SUPPORTED_ARCHS)} targets; {path} is {arch!r}")
+    return {
+        "arch": arch, "name": get("general.name") or Path(path).stem,
+        # an MTP head's nextn layers are blocks of the file, not layers of the model
+        "n_layer": int(get(f"{arch}.block_count")) - int(get(f"{arch}.nextn_predict_layers", 0)), "n_embd": int(get(f"{arch}.embedding_length")),
+        "rope_theta": float(get(f"{arch}.rope.freq_base", 10000.0)),
+        "eps": float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "n_ctx_train": int(get(f"{arch}.context_length", 4096)),
+        "mrope": f"{arch}.rope.dimension_sections" in f,
+        "reader": r,
+    }
+
+
+def embedding_and_head(reader) -> tuple[np.ndarray, np.ndarray]:
+    """token_embd and output (token_embd again when tied) as float32 [vocab, n_embd]."""
+    import gguf
+
+    tensors = {t.name: t for t in reader.tensors}
+
+    def load(name):
+        t = tensors[name]
+        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(
+            tuple(int(d) for d in reversed(t.shape)))
+
+    embd = load("token_embd.weight")
+    head = load("output.weight") if "output.weight" in tensors else embd
+    return embd, head
+
+
+class TargetFeatures:
+    """features(tokens) -> ([L, n_feat * n_embd] float32, [L] greedy labels) of one
+    sequence, from one prefill of our runtime (the sequence is reset first)."""
+
+    def __init__(self, path: str, layer_ids: list[int], max_len: int, threads: int, device: str | None = None):
+        self.layer_ids = list(layer_ids)
+        cfg = TargetConfig(n_ctx=max_len + 16, n_ubatch=max_len, n_threads=threads, kv_type="f32",
+                           feature_layers=[i + 1 for i in layer_ids], device=device)
+        self.target = Target(path, cfg)
+
+    def __call__(self, tokens) -> tuple[np.ndarray, np.ndarray]:
+        t = self.target
+        t.reset()
+        n = len(tokens)
+        t.decode(np.asarray(tokens, dtype=np.int32), LOGITS_ALL)
+        feats = t.features(0, n).reshape(n, -1)
+        return feats, t.choices(0, n).astype(np.int64)
+
+    def close(self) -> None:
+        self.target.close()

@@ -1,0 +1,214 @@
+"""dflash-train on a tiny seeded target: training beats a random drafter's acceptance,
+the written GGUF is lossless under chain and tree decoding, a resumed run repeats an
+uninterrupted one, the recipe's weights and masks match a direct computation, the HF
+output loads in z-lab's DFlashDraftModel with our GGUF's logits, and bad input gets one
+clear line."""
+from __future__ import annotations
+
+import json
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata, tokenizer_fingerprint
+from dflash_gguf.generate import greedy_generate
+from dflash_gguf.speculative import speculative_generate, tree_generate
+from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.train import TrainError, TrainOptions, train
+from dflash_gguf.train import recipe
+from dflash_gguf.train.cli import main as cli_main
+
+BLOCK = 8
+# small enough for ~1 minute under load: windows of 64, 4 per step, 16 anchors each
+SMALL = dict(block_size=BLOCK, ctx_size=64, batch=4, anchors=16, draft_layers=1, lr=3e-3, eval_prompts=3,
+             eval_tokens=32, checkpoint_every=0, eval_every=0, threads=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def target(qwen35_dir, convert_model):
+    return convert_model(qwen35_dir("base"), "f32")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A directory of stdlib text (plain files) and one JSONL of chats."""
+    root = tmp_path_factory.mktemp("corpus")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("textwrap.py", "string.py", "bisect.py", "colorsys.py", "keyword.py", "this.py"):
+        (root / name.replace(".py", ".txt")).write_text((stdlib / name).read_text(encoding="utf-8")[:6000])
+    chats = [{"messages": [{"role": "user", "content": f"Say {w}"}, {"role": "assistant", "content": f"{w} " * 5}]}
+             for w in ("one", "two", "three", "four")]
+    (root / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(target, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    opts = TrainOptions(model=str(target), data=[str(corpus)], output=str(out / "draft.gguf"), steps=300, seed=1,
+                        hf_out=str(out / "hf"), **SMALL)
+    return train(opts), out
+
+
+def test_training_beats_a_random_drafter(trained):
+    report, out = trained
+    before, after = report["acceptance"][0]["al"], report["acceptance"][-1]["al"]
+    assert report["steps"] == 300 and report["acceptance"][-1]["step"] == 300
+    assert after > before + 0.5, f"held-out AL {before:.3f} -> {after:.3f}"
+    saved = json.loads((out / "draft.json").read_text())
+    assert saved["heldout_al"] == after and len(saved["curve"]) == 300
+    assert saved["data"]["sha256"] and saved["settings"]["block_size"] == BLOCK
+
+
+def test_written_gguf_is_paired_and_lossless_under_chain_and_tree(trained, target):
+    _, out = trained
+    meta = read_draft_metadata(str(out / "draft.gguf"))
+    assert meta["kind"] == "dflash" and meta["block_size"] == BLOCK
+    assert meta["target"]["tokenizer_sha256"] == tokenizer_fingerprint(str(target))
+    t = Target(str(target), TargetConfig(n_ctx=256, n_verify=BLOCK, kv_type="f32",
+                                         feature_layers=meta["target_layers"]))
+    d = Draft(str(out / "draft.gguf"), t, DraftConfig(kv_type="f32", top_k=4))
+    for prompt in ([5, 17, 300, 42, 9, 77], list(range(100, 130))):
+        t.reset()
+        plain, _ = greedy_generate(t, prompt, 48)
+        t.reset(); d.reset()
+        chain, stats = speculative_generate(t, d, prompt, 48)
+        t.reset(); d.reset()
+        tree, _ = tree_generate(t, d, prompt, 48, budget=12)
+        assert chain == plain and tree == plain
+        assert max(stats.accepted_lengths) > 1
+
+
+def test_hf_output_loads_in_zlab_dflash_with_our_logits(trained, target, qwen35_dir):
+    from dflash.model import DFlashDraftModel, extract_context_feature
+    from transformers import Qwen3_5ForCausalLM
+
+    _, out = trained
+    ref_target = Qwen3_5ForCausalLM.from_pretrained(str(qwen35_dir("base")), dtype=torch.float32).eval()
+    ref = DFlashDraftModel.from_pretrained(str(out / "hf"), dtype=torch.float32).eval()
+    meta = read_draft_metadata(str(out / "draft.gguf"))
+    assert [i + 1 for i in ref.target_layer_ids] == meta["target_layers"]
+    t = Target(str(target), TargetConfig(n_ctx=128, n_verify=BLOCK, kv_type="f32",
+                                         feature_layers=meta["target_layers"]))
+    d = Draft(str(out / "draft.gguf"), t, DraftConfig(kv_type="f32"))
+    prompt = list(range(200, 230))
+    t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append())
+    bonus = int(t.choices()[0])
+    d.propose(bonus)
+    ours = d.logits(0, BLOCK - 1)
+    with torch.no_grad():
+        hs = ref_target(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+        feats = extract_context_feature(hs, ref.target_layer_ids)
+        noise = ref_target.get_input_embeddings()(torch.tensor([[bonus] + [ref.mask_token_id] * (BLOCK - 1)]))
+        hidden = ref(target_hidden=feats, noise_embedding=noise, position_ids=torch.arange(len(prompt) + BLOCK)[None])
+        theirs = ref.compute_logits(hidden[:, 1:], ref_target.lm_head)[0].numpy()
+    assert np.abs(ours - theirs).max() / np.abs(theirs).max() < 1e-3
+    assert ours.argmax(1).tolist() == theirs.argmax(1).tolist()
+
+
+def test_resume_ends_with_the_weights_of_an_uninterrupted_run(target, corpus, tmp_path):
+    common = dict(model=str(target), data=[str(corpus)], steps=12, seed=3, **{**SMALL, "eval_prompts": 1,
+                                                                               "eval_tokens": 8})
+    whole = TrainOptions(output=str(tmp_path / "whole.gguf"), **common)
+    train(whole)
+    cut = TrainOptions(output=str(tmp_path / "cut.gguf"), **common)
+
+    def stop(step, rec):
+        if step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cut, on_step=stop)
+    assert torch.load(cut.checkpoint_path, weights_only=False)["step"] == 5
+    cut.resume = cut.checkpoint_path
+    train(cut)
+    a = torch.load(whole.checkpoint_path, weights_only=False)["model"]
+    b = torch.load(cut.checkpoint_path, weights_only=False)["model"]
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_position_weights_and_anchor_mask_match_a_direct_computation():
+    gamma, B = 3.0, 4
+    w = recipe.position_weights(B, gamma)
+    assert torch.allclose(w, torch.tensor([np.exp(-(k - 1) / gamma) for k in range(1, B)], dtype=torch.float32))
+    L, A, mask_id = 10, 2, 99
+    x = torch.arange(L)[None] + 10
+    greedy = x.roll(-1, 1).clone()
+    greedy[0, 4] = 0  # the text leaves the target's path after position 4
+    noise, pos, mask, labels, exact, p = recipe.anchor_batch(x, greedy, A, B, mask_id, torch.Generator().manual_seed(0))
+    anchors = p[0].tolist()
+    Q = A * B
+    for j, a in enumerate(anchors):
+        assert 1 <= a <= L - B + 1
+        assert noise[0, j * B:(j + 1) * B].tolist() == [x[0, a].item()] + [mask_id] * (B - 1)
+        assert pos[0, L + j * B:L + (j + 1) * B].tolist() == list(range(a, a + B))
+        for k in range(1, B):
+            assert labels[0, j, k - 1] == greedy[0, a + k - 1]
+            assert exact[0, j, k - 1] == all(x[0, a + i] == greedy[0, a + i - 1] for i in range(1, k))
+        for r in range(j * B, (j + 1) * B):
+            want = [c < a for c in range(L)] + [j * B <= c < (j + 1) * B for c in range(Q)]
+            assert mask[0, 0, r].tolist() == want
+    assert pos[0, :L].tolist() == list(range(L))
+    # the loss is the weighted mean of per-label cross-entropies
+    logits = torch.randn(1, A, B - 1, 7)
+    lab = torch.randint(0, 7, (1, A, B - 1))
+    ex = torch.ones(1, A, B - 1, dtype=torch.bool)
+    ex[0, 1, 2] = False
+    loss, _ = recipe.weighted_loss(logits, lab, ex, w)
+    num = den = 0.0
+    for j in range(A):
+        for k in range(B - 1):
+            ce = -torch.log_softmax(logits[0, j, k], -1)[lab[0, j, k]].item()
+            wk = w[k].item() * (1.0 if ex[0, j, k] else recipe.INEXACT_WEIGHT)
+            num, den = num + wk * ce, den + wk
+    assert abs(loss.item() - num / den) < 1e-5
+
+
+def test_loss_over_a_kept_vocabulary_keeps_the_labels():
+    counts = torch.tensor([5, 0, 9, 1, 7, 0])
+    kept = recipe.kept_vocab(counts, 3)
+    assert kept.tolist() == [0, 2, 4]
+    hidden, head = torch.randn(2, 4), torch.randn(6, 4)
+    labels = torch.tensor([2, 5])
+    logits, sub = recipe.subset_logits(hidden, head, labels, kept)
+    assert logits.shape == (2, 4)  # 0, 2, 4 and the label 5
+    assert torch.allclose(logits[torch.arange(2), sub], (hidden * head[labels]).sum(-1))
+
+
+def test_bad_input_gets_one_clear_line(target, corpus, tmp_path, capsys, monkeypatch):
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\xff\xfe\x00junk")
+    base = ["-m", str(target), "-o", str(tmp_path / "d.gguf"), "--steps", "1"]
+    cases = [
+        (["--data", str(binary)], "not UTF-8"),
+        (["--data", str(tmp_path / "missing")], "no such file"),
+        (["--data", str(corpus), "--mask-token", "<|nope|>"], "--mask-token"),
+    ]
+    bad_jsonl = tmp_path / "bad.jsonl"
+    bad_jsonl.write_text('{"messages": [{"role": "robot", "content": "x"}]}\n')
+    cases.append((["--data", str(bad_jsonl)], "known role"))
+    for args, words in cases:
+        assert cli_main(base + args) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and words in err, err
+    # a drafter is no target
+    draft = Path(__file__).resolve().parent.parent / "dflash_gguf" / "data" / "demo-draft.gguf"
+    assert cli_main(["-m", str(draft), "-o", str(tmp_path / "d.gguf"), "--steps", "1", "--data", str(corpus)]) == 2
+    assert "'dflash'" in capsys.readouterr().err
+    # no torch
+    import builtins
+    real_import = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    assert cli_main(base + ["--data", str(corpus)]) == 2
+    assert "pip install dflash-gguf[train]" in capsys.readouterr().err
