@@ -81,8 +81,8 @@ def test_training_beats_a_random_drafter(trained):
     report, out = trained
     before, after = report["acceptance"][0]["al"], report["acceptance"][-1]["al"]
     assert report["steps"] == STEPS and report["acceptance"][-1]["step"] == STEPS
-    # a random drafter accepts nothing (AL 1); 200 small steps reach ~1.1 on a loaded CPU
-    assert before < 1.02 and after > before + 0.05, f"held-out AL {before:.3f} -> {after:.3f}"
+    # a random drafter accepts nothing (AL 1); these 200 small steps reached 1.41
+    assert before < 1.05 and after > before + 0.2, f"held-out AL {before:.3f} -> {after:.3f}"
     saved = json.loads((out / "draft.json").read_text())
     assert saved["heldout_al"] == after and len(saved["curve"]) == STEPS
     assert saved["data"]["sha256"] and saved["settings"]["block_size"] == BLOCK
@@ -136,6 +136,24 @@ def test_hf_output_loads_in_zlab_dflash_with_our_logits(tiny, target, qwen35_dir
         theirs = ref.compute_logits(hidden[:, 1:], ref_target.lm_head)[0].numpy()
     assert np.abs(ours - theirs).max() / np.abs(theirs).max() < 1e-3
     assert ours.argmax(1).tolist() == theirs.argmax(1).tolist()
+
+
+def test_gguf_is_what_our_converter_writes_from_the_hf_output(tiny, target, qwen35_dir, convert_model):
+    """The same keys, values and tensor bytes as convert-hf-to-gguf on the --hf-out
+    directory with the target's checkpoint (only the target's recorded name differs: the
+    converter takes the directory's, we the GGUF's file name)."""
+    from fixtures import read_gguf
+
+    _, out = tiny
+    ours_kv, ours_t = read_gguf(out / "draft.gguf")
+    conv_kv, conv_t = read_gguf(convert_model(out / "hf", "f32", "--target-model-dir", str(qwen35_dir("base"))))
+    # the fixture's HF config has no mrope_section (its GGUF has the default sections):
+    # the converter writes the drafter's degenerate sections only when the config has them
+    skip = {"general.name", "dflash.target.name", "general.size_label", "general.type", "dflash.rope.dimension_sections"}
+    assert {k: v for k, v in ours_kv.items() if k not in skip} == {k: v for k, v in conv_kv.items() if k not in skip}
+    assert list(ours_t) == list(conv_t)
+    for name, (kind, shape, data) in ours_t.items():
+        assert (kind, shape) == conv_t[name][:2] and np.array_equal(data, conv_t[name][2]), name
 
 
 def test_resume_ends_with_the_weights_of_an_uninterrupted_run(target, corpus, tmp_path):

@@ -57,6 +57,7 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     w.add_uint32(f"{a}.target.block_count", meta["n_layer"])
     ftype = {"f32": 0, "f16": 1}[outtype]
     w.add_uint32("general.file_type", ftype)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # the tokenizer is the target's, plus the mask token
     for key, field in meta["reader"].fields.items():
         if not key.startswith("tokenizer.") or key == "tokenizer.ggml.mask_token_id":
