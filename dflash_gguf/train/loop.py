@@ -331,7 +331,8 @@ class _Bar:
         self.t0 = time.perf_counter()
         self.first = None
         self.bar = tqdm(total=steps, disable=not enabled, dynamic_ncols=True, bar_format=
-                        "{l_bar}{bar}| {n_fmt}/{total_fmt} {postfix}" if steps else "{desc} {n_fmt} steps {postfix}")
+                        "{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}" if steps else "{n_fmt} steps{postfix}")
+        self.loss, self.acc = None, None
 
     def update(self, step, rec, al):
         now = time.perf_counter()
@@ -344,8 +345,12 @@ class _Bar:
             eta.append(per * (self.steps - step))
         if self.deadline:
             eta.append(self.deadline - now)
-        acc = "/".join(f"{a:.2f}" for a in rec["acc"][:4])
-        post = f"loss {rec['loss']:.3f} acc {acc} {rec['tok_s']:.0f} tok/s"
+        # one step's loss and accuracy are noisy (a few windows): show moving averages
+        a = 0.1 if self.loss is not None else 1.0
+        self.loss = rec["loss"] if self.loss is None else (1 - a) * self.loss + a * rec["loss"]
+        self.acc = list(rec["acc"]) if self.acc is None else [(1 - a) * o + a * n for o, n in zip(self.acc, rec["acc"])]
+        acc = "/".join(f"{x:.2f}" for x in self.acc[:4])
+        post = f"loss {self.loss:.3f} acc@k {acc} {rec['tok_s']:.0f} tok/s"
         if al is not None:
             post += f" AL {al:.2f}"
         post += f" eta {_fmt_time(min(eta))}" if eta else ""
