@@ -22,6 +22,7 @@ output (target_layer_ids holding n_layer - 1) aborts it ("layer input tensor is 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +42,7 @@ TEXTS = ["    def __init__(self, name):\n        self.name = name\n", "import os
 QWEN2_UNSUPPORTED = pytest.mark.xfail(strict=True, raises=ToolError, reason="llama.cpp's qwen2 graph exposes no layer inputs to a "
                                       "DFlash drafter: llama-speculative-simple aborts")
 FAMILIES = ["qwen35", "qwen3", "qwen35moe", "gemma4", "gemma4-moe", "gpt-oss",
-            pytest.param("qwen2", marks=QWEN2_UNSUPPORTED)]
+            pytest.param("qwen2", marks=QWEN2_UNSUPPORTED), "dflash-train"]
 
 
 def build(family, root):
@@ -73,8 +74,30 @@ def build(family, root):
     return target, make_drafter(root / "draft", target, seed=24)
 
 
+def train_for_demo_target(root: Path) -> tuple[str, str]:
+    """The bundled demo target (q8_0) and a drafter dflash-train wrote for it (a short,
+    seeded run on its own continuations of standard-library code)."""
+    import sysconfig
+
+    from dflash_gguf.train import TrainOptions, train
+
+    target = Path(__file__).resolve().parent.parent / "dflash_gguf" / "data" / "demo-target.gguf"
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    (root / "code").mkdir()
+    for name in ("textwrap.py", "string.py", "bisect.py", "shlex.py", "heapq.py"):
+        (root / "code" / name).write_text((stdlib / name).read_text(encoding="utf-8")[:6000])
+    train(TrainOptions(model=str(target), data=[str(root / "code")], output=str(root / "draft.gguf"), steps=60,
+                       seed=5, regenerate=True, block_size=8, ctx_size=64, batch=4, anchors=16, draft_layers=1,
+                       lr=1e-2, eval_prompts=1, eval_tokens=8, checkpoint_every=0, eval_every=0, threads=1,
+                       progress=False))
+    return str(target), str(root / "draft.gguf")
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def pair(request, tmp_path_factory, convert_model):
+    if request.param == "dflash-train":
+        target, draft = train_for_demo_target(tmp_path_factory.mktemp("trained"))
+        return {"family": request.param, "target": target, "draft": draft}
     target_dir, draft_dir = build(request.param, tmp_path_factory.mktemp(request.param))
     return {"family": request.param, "target": str(convert_model(target_dir, "f32")),
             "draft": str(convert_model(draft_dir, "f32", "--target-model-dir", str(target_dir)))}

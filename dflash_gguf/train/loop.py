@@ -10,7 +10,7 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -51,7 +51,6 @@ class TrainOptions:
     outtype: str = "f32"
     regenerate: bool = False  # train on the target's own greedy continuations of the data
     progress: bool = True
-    extra: dict = field(default_factory=dict)
 
     @property
     def checkpoint_path(self) -> str:
