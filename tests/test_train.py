@@ -17,7 +17,7 @@ from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata, tokenizer
 from dflash_gguf.generate import greedy_generate
 from dflash_gguf.speculative import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from dflash_gguf.train import TrainError, TrainOptions, train
+from dflash_gguf.train import TrainOptions, train
 from dflash_gguf.train import recipe
 from dflash_gguf.train.cli import main as cli_main
 
