@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from loops import greedy_generate, speculative_generate, tree_generate
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata, tokenizer_fingerprint
-from dflash_gguf.generate import greedy_generate
-from dflash_gguf.speculative import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.train import TrainOptions, train
 from dflash_gguf.train import recipe

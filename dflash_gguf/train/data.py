@@ -121,7 +121,9 @@ def regenerate(dataset: Dataset, target_path: str, prompt_len: int, threads: int
     """--regenerate: each training window becomes its first `prompt_len` tokens followed
     by the target's own greedy continuation (our engine, the GGUF as served), as z-lab
     and SpecForge train: the drafter then learns the text it will be asked to draft."""
-    from ..generate import greedy_generate
+    from ..decoding import Sequence, sequence_steps
+    from ..generate import GenerationStats, Request, collect
+    from ..proposers import PlainProposer
     from ..target import Target, TargetConfig
 
     length = len(dataset.train[0])
@@ -130,7 +132,8 @@ def regenerate(dataset: Dataset, target_path: str, prompt_len: int, threads: int
         for i, w in enumerate(dataset.train):
             target.reset()
             prompt = w[:prompt_len].tolist()
-            out, _ = greedy_generate(target, prompt, length - prompt_len)
+            request = Request(prompt, length - prompt_len, ())
+            out = collect(sequence_steps(Sequence(target, None, PlainProposer(), request, GenerationStats())))
             if len(out) < length - prompt_len:  # an end-of-generation token: keep the text after it
                 out += w[prompt_len + len(out):].tolist()
             dataset.train[i] = np.asarray(prompt + out, dtype=np.int32)[:length]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..decoding import Sequence, sequence_steps
 from ..draft import Draft, DraftConfig
-from ..speculative import speculative_generate
+from ..generate import GenerationStats, Request, collect
+from ..speculative import chain_proposer
 from ..target import Target, TargetConfig
 
 
@@ -28,8 +30,10 @@ class AcceptanceProbe:
             for prompt in self.prompts:
                 self.target.reset()
                 draft.reset()
-                _, stats = speculative_generate(self.target, draft, prompt, self.n_tokens,
-                                                block_size=self.block_size)
+                stats = GenerationStats()
+                proposer = chain_proposer(self.target, draft, self.block_size, None)
+                collect(sequence_steps(Sequence(self.target, draft, proposer, Request(prompt, self.n_tokens, ()),
+                                                stats)))
                 lengths += stats.accepted_lengths
         finally:
             draft.close()
