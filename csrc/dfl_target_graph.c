@@ -724,7 +724,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
     graph_build b = { t, step, in, { NULL }, { NULL } };
     dfl_graph g = { ctx, gf, n, in->pos, &b };
     if (m->embd_scale != 1.0f) {
-        x = ggml_scale(ctx, x, m->embd_scale);
+        x = dfl_cb(ggml_scale(ctx, x, m->embd_scale), "inp_scaled", -1);  /* Gemma's name for it */
     }
     for (int il = 0; il < m->n_layer; il++) {
         capture_features(t, in, ctx, gf, x, il);

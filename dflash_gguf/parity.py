@@ -47,7 +47,7 @@ PRINT_EDGE = 3  # llama-eval-callback prints the first and last 3 along each dim
 ATOL, RTOL = 5e-3, 5e-3
 # the names the dense attention builders give, as llama.cpp's do (one layer's; -il appended)
 LAYER_NAMES = ("attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "ffn_inp", "ffn_norm", "ffn_out", "l_out")
-GLOBAL_NAMES = ("inp_embd", "result_norm", "result_output")
+GLOBAL_NAMES = ("inp_embd", "inp_scaled", "result_norm", "result_output")  # inp_scaled: Gemma's scaled embedding
 # every name with a layer number (not ggml's derived "Kcur-0 (view)"), and the global ones
 DEFAULT_REGEX = r"^[A-Za-z_]+-[0-9]+$|^(" + "|".join(GLOBAL_NAMES) + ")$"
 

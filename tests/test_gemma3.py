@@ -36,6 +36,13 @@ def hf_logits(model_dir, tokens):
         return hf_model(model_dir)(input_ids=torch.tensor([tokens])).logits[0].float().numpy()
 
 
+# Our GELU is ggml's (ggml_geglu_split, as llama.cpp's build_ffn: its CPU kernel reads an
+# f16-indexed table), which keeps us equal to llama.cpp to its printing on the published
+# 270M (docs/parity.md) and parts us from transformers' f32 tanh-GELU by 4.4e-4 to 5.5e-4
+# on these checkpoints (measured; llama.cpp's own bound against transformers below: 5e-3)
+HF_TOL = 2e-3
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory, convert_model):
     d = make_gemma3(tmp_path_factory.mktemp("gemma3") / "model")
@@ -47,7 +54,7 @@ def test_logits_match_transformers(model):
     assert len(tokens) > 2 * WINDOW
     ref = hf_logits(model["dir"], tokens)
     assert np.abs(ref).max() > 0.5 * 5.0  # the softcap (5) bends the largest logits
-    assert rel_err(our_logits(model["gguf"], tokens), ref) < 1e-4
+    assert rel_err(our_logits(model["gguf"], tokens), ref) < HF_TOL
 
 
 def test_norms_are_stored_plus_one(model):
@@ -104,7 +111,7 @@ def test_scaled_rope_custom_pattern_and_attention_scale(tmp_path, convert_model)
     assert kv["gemma3.attention.sliding_window_pattern"][1] == [True, False, True, True, False]
     assert kv["gemma3.attention.scale"][1] == pytest.approx(24 ** -0.5)
     tokens = prompts(1, seed=5)[0]
-    assert rel_err(our_logits(path, tokens), hf_logits(d, tokens)) < 1e-4
+    assert rel_err(our_logits(path, tokens), hf_logits(d, tokens)) < HF_TOL
 
 
 def test_text_tower_of_the_multimodal_checkpoint(tmp_path, convert_model, llama_cpp_convert):
@@ -115,7 +122,7 @@ def test_text_tower_of_the_multimodal_checkpoint(tmp_path, convert_model, llama_
     d = make_gemma3(tmp_path / "mm", multimodal=True, seed=2, softcap=None)
     assert_same_gguf(convert_model(d, "f32"), llama_cpp_convert(d, "f32", None))
     tokens = prompts(1, seed=6)[0]
-    assert rel_err(our_logits(convert_model(d, "f32"), tokens), hf_logits(d, tokens)) < 1e-4
+    assert rel_err(our_logits(convert_model(d, "f32"), tokens), hf_logits(d, tokens)) < HF_TOL
 
 
 def test_unsupported_options_are_refused_by_name(tmp_path, capfd):

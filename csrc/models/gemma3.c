@@ -129,10 +129,16 @@ static struct ggml_tensor * attention(const dfl_model * m, dfl_graph * g, int il
 
     struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wq, x), hd, w->n_head, n);
     struct ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wk, x), hd, m->attn[il].n_head_kv, n);
-    struct ggml_tensor * v = ggml_mul_mat(ctx, L->wv, x);
-    q = rope(m, g, il, dfl_rms_norm(ctx, q, L->q_norm, w->eps));
-    k = rope(m, g, il, dfl_rms_norm(ctx, k, L->k_norm, w->eps));
-    return ggml_mul_mat(ctx, L->wo, dfl_graph_attention(g, il, q, k, v, w->attn_scale));
+    struct ggml_tensor * v = dfl_cb(ggml_mul_mat(ctx, L->wv, x), "Vcur", il);
+    q = dfl_cb(rope(m, g, il, dfl_cb(dfl_rms_norm(ctx, q, L->q_norm, w->eps), "Qcur_normed", il)), "Qcur", il);
+    k = dfl_cb(rope(m, g, il, dfl_cb(dfl_rms_norm(ctx, k, L->k_norm, w->eps), "Kcur_normed", il)), "Kcur", il);
+    /* the queries scaled before attention, as llama.cpp does, not the scores inside it:
+     * a flash-attention kernel rounds the queries to the cache's type (f16), and scaling
+     * before or after that rounding parts the two engines by 1e-3 at kqv_out (the parity
+     * tool's finding on the tiny checkpoints; 5e-5, the printing, this way) */
+    q = ggml_scale(ctx, q, w->attn_scale);
+    /* llama.cpp's kqv_out is the heads' output before attn_output's projection */
+    return ggml_mul_mat(ctx, L->wo, dfl_cb(dfl_graph_attention(g, il, q, k, v, 1.0f), "kqv_out", il));
 }
 
 static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int il, struct ggml_tensor * x) {
@@ -140,10 +146,14 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     const dfl_gemma_block * L = &w->layers[il];
     struct ggml_context * ctx = g->ctx;
 
-    struct ggml_tensor * cur = attention(m, g, il, dfl_rms_norm(ctx, x, L->attn_norm, w->eps));
-    x = dfl_gemma_add_normed(ctx, cur, L->post_attn_norm, x, w->eps);
-    cur = dfl_gemma_ffn(ctx, L, dfl_rms_norm(ctx, x, L->ffn_norm, w->eps));
-    return dfl_gemma_add_normed(ctx, cur, L->post_ffn_norm, x, w->eps);
+    struct ggml_tensor * cur = attention(m, g, il, dfl_cb(dfl_rms_norm(ctx, x, L->attn_norm, w->eps), "attn_norm", il));
+    x = dfl_gemma_add_normed(ctx, cur, L->post_attn_norm, x, w->eps, il, "attn_post_norm", "sa_out");
+    /* ggml's fused GELU, as llama.cpp's: the tanh form in f32 parted the published 270M
+     * from llama.cpp by 5.6e-3 at ffn_out-0, which its post-FFN norm (weights past 100)
+     * and 17 more layers grew to 0.65 in the logits (the parity tool's finding) */
+    cur = dfl_rms_norm(ctx, x, L->ffn_norm, w->eps);
+    cur = dfl_cb(dfl_gemma_ffn(ctx, L, dfl_cb(cur, "ffn_norm", il), true), "ffn_out", il);
+    return dfl_gemma_add_normed(ctx, cur, L->post_ffn_norm, x, w->eps, il, "ffn_post_norm", "l_out");
 }
 
 const dfl_arch dfl_arch_gemma3 = { "gemma3", "Gemma 3", load, build_layer };

@@ -212,15 +212,15 @@ static struct ggml_tensor * attention(const dfl_model * m, dfl_graph * g, int il
     struct ggml_context * ctx = g->ctx;
     const int hd = L->head_dim, n = g->n;
 
-    struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wq, x), hd, L->n_head, n);
-    q = rope(ctx, w, L, g, dfl_rms_norm(ctx, q, L->b.q_norm, w->eps));
+    struct ggml_tensor * q = dfl_cb(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wq, x), hd, L->n_head, n), "Qcur", il);
+    q = dfl_cb(rope(ctx, w, L, g, dfl_cb(dfl_rms_norm(ctx, q, L->b.q_norm, w->eps), "Qcur_normed", il)), "Qcur_pos", il);
     struct ggml_tensor * k = NULL, * v = NULL;
     if (!m->attn[il].shares_kv) {
         const int n_head_kv = m->attn[il].n_head_kv;
-        struct ggml_tensor * kp = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wk, x), hd, n_head_kv, n);
-        v = L->b.wv ? ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wv, x), hd, n_head_kv, n) : kp;
-        v = ggml_rms_norm(ctx, v, w->eps);
-        k = rope(ctx, w, L, g, dfl_rms_norm(ctx, kp, L->b.k_norm, w->eps));
+        struct ggml_tensor * kp = dfl_cb(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wk, x), hd, n_head_kv, n), "Kcur", il);
+        v = L->b.wv ? dfl_cb(ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->b.wv, x), hd, n_head_kv, n), "Vcur", il) : kp;
+        v = dfl_cb(ggml_rms_norm(ctx, v, w->eps), "Vcur_normed", il);
+        k = dfl_cb(rope(ctx, w, L, g, dfl_cb(dfl_rms_norm(ctx, kp, L->b.k_norm, w->eps), "Kcur_normed", il)), "Kcur_pos", il);
     }
     return ggml_mul_mat(ctx, L->b.wo, dfl_graph_attention(g, il, q, k, v, 1.0f));
 }
@@ -231,10 +231,16 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     struct ggml_context * ctx = g->ctx;
     const float eps = w->eps;
 
-    struct ggml_tensor * cur = attention(m, g, il, dfl_rms_norm(ctx, x, L->b.attn_norm, eps));
-    x = dfl_gemma_add_normed(ctx, cur, L->b.post_attn_norm, x, eps);
+    struct ggml_tensor * cur = attention(m, g, il, dfl_cb(dfl_rms_norm(ctx, x, L->b.attn_norm, eps), "attn_norm", il));
+    x = dfl_gemma_add_normed(ctx, cur, L->b.post_attn_norm, x, eps, il, "attn_post_norm", "attn_out");
 
-    cur = dfl_gemma_ffn(ctx, &L->b, dfl_rms_norm(ctx, x, L->b.ffn_norm, eps));
+    /* llama.cpp names the dense FFN's input and output ffn_norm and ffn_out only in layers
+     * without experts (with them: ffn_norm_1 and ffn_mlp, not named here) */
+    const bool dense = L->moe.router == NULL;
+    struct ggml_tensor * normed = dfl_rms_norm(ctx, x, L->b.ffn_norm, eps);
+    /* the tanh GELU in f32 ops: ggml's fused one was not measured on Gemma 4 yet */
+    cur = dfl_gemma_ffn(ctx, &L->b, dense ? dfl_cb(normed, "ffn_norm", il) : normed, false);
+    cur = dense ? dfl_cb(cur, "ffn_out", il) : cur;
     if (L->moe.router) {
         /* the router reads the unweighted-normed stream, scaled by its own vector / sqrt(n_embd) */
         struct ggml_tensor * r = ggml_scale(ctx, ggml_rms_norm(ctx, x, eps), 1.0f / sqrtf((float) m->n_embd));
@@ -242,8 +248,9 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
         struct ggml_tensor * experts = dfl_moe_ffn_routed(ctx, dfl_rms_norm(ctx, x, L->moe_pre_norm, eps), logits, &L->moe);
         cur = ggml_add(ctx, dfl_rms_norm(ctx, cur, L->mlp_post_norm, eps), dfl_rms_norm(ctx, experts, L->moe_post_norm, eps));
     }
-    x = dfl_gemma_add_normed(ctx, cur, L->b.post_ffn_norm, x, eps);
-    return L->out_scale ? ggml_mul(ctx, x, L->out_scale) : x;
+    /* llama.cpp names the residual sum only after the per-layer embedding (l_out) */
+    x = dfl_gemma_add_normed(ctx, cur, L->b.post_ffn_norm, x, eps, il, "ffn_post_norm", NULL);
+    return dfl_cb(L->out_scale ? dfl_cb(ggml_mul(ctx, x, L->out_scale), "out_scaled", il) : x, "l_out", il);
 }
 
 const dfl_arch dfl_arch_gemma4 = { "gemma4", "Gemma 4", load, build_layer };

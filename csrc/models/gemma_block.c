@@ -20,12 +20,17 @@ dfl_status dfl_gemma_block_load(const dfl_model * m, int il, int hd, int n_head,
     return DFL_OK;
 }
 
-struct ggml_tensor * dfl_gemma_ffn(struct ggml_context * ctx, const dfl_gemma_block * b, struct ggml_tensor * x) {
-    struct ggml_tensor * h = ggml_mul(ctx, dfl_gelu_tanh(ctx, ggml_mul_mat(ctx, b->ffn_gate, x)), ggml_mul_mat(ctx, b->ffn_up, x));
+struct ggml_tensor * dfl_gemma_ffn(struct ggml_context * ctx, const dfl_gemma_block * b, struct ggml_tensor * x,
+                                   bool ggml_gelu) {
+    struct ggml_tensor * gate = ggml_mul_mat(ctx, b->ffn_gate, x), * up = ggml_mul_mat(ctx, b->ffn_up, x);
+    struct ggml_tensor * h = ggml_gelu ? ggml_geglu_split(ctx, gate, up) : ggml_mul(ctx, dfl_gelu_tanh(ctx, gate), up);
     return ggml_mul_mat(ctx, b->ffn_down, h);
 }
 
 struct ggml_tensor * dfl_gemma_add_normed(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor * post_norm,
-                                          struct ggml_tensor * residual, float eps) {
-    return ggml_add(ctx, dfl_rms_norm(ctx, out, post_norm, eps), residual);
+                                          struct ggml_tensor * residual, float eps, int il, const char * norm_name,
+                                          const char * sum_name) {
+    struct ggml_tensor * normed = dfl_cb(dfl_rms_norm(ctx, out, post_norm, eps), norm_name, il);
+    struct ggml_tensor * sum = ggml_add(ctx, normed, residual);
+    return sum_name ? dfl_cb(sum, sum_name, il) : sum;
 }
