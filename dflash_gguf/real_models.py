@@ -8,6 +8,7 @@ checked against the size and sha256 the file was published with before it is kep
 
     python -m dflash_gguf.real_models                 # fetch all, print their paths
     python -m dflash_gguf.real_models qwen2.5-coder-1.5b
+    python -m dflash_gguf.real_models --f16 gemma-3-270m   # also its f16 copy (retyped)
 
 Files go to `<cache>/models/` (DFLASH_CACHE, default ~/.cache/dflash-gguf), shared by every
 checkout on the machine; `path(name)` returns the file, fetching it if needed.
@@ -84,6 +85,30 @@ def path(name: str) -> Path:
     return out
 
 
+def retyped(name: str, outtype: str = "f16") -> Path:
+    """`name`'s published file re-typed to `outtype` by our own re-typing (convert/retype.py),
+    made once per machine beside it: the f16 target that the published Q4_K_M file drafts
+    for (issue 51: llama.cpp's pair of the same weights). From a quantized file this is a
+    requantization by design: the f16 copy holds exactly the dequantized Q4_K_M weights."""
+    from .convert.retype import retype
+
+    src = path(name)
+    out = models_dir() / f"{Path(src.name).stem}-retyped-{outtype}.gguf"
+    ok = models_dir() / (out.name + ".ok")
+    with open(models_dir() / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out.is_file() and ok.is_file()):
+            t0 = time.perf_counter()
+            log(f"re-typing {src.name} to {outtype}")
+            with tempfile.TemporaryDirectory(dir=models_dir(), prefix=".retype-") as tmp:
+                partial = Path(tmp) / out.name
+                retype(src, partial, outtype, allow_requantize=True, threads=2)
+                partial.rename(out)
+            ok.write_text(f"{outtype} of {src.name} ({_model(name).sha256})\n")
+            log(f"{out} in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
 def _model(name: str) -> RealModel:
     if name not in MODELS:
         raise KeyError(f"no published model named {name!r}; known: {', '.join(MODELS)}")
@@ -131,9 +156,12 @@ def _fetch(model: RealModel, out: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("names", nargs="*", default=list(MODELS), help=f"models to fetch (default all: {', '.join(MODELS)})")
+    p.add_argument("--f16", action="store_true", help="also make (once) and print each one's f16 copy")
     a = p.parse_args(argv)
     for name in a.names:
         print(path(name))
+        if a.f16:
+            print(retyped(name, "f16"))
     return 0
 
 
