@@ -54,6 +54,8 @@ def shape_of(entry: dict) -> dict:
                 "target_layers": [i + 1 for i in draft["target_layer_ids"]]}
     if arch == "gemma4":
         return _gemma4_shape(cfg, c)
+    if arch == "gemma3":
+        return _gemma3_shape(cfg, c)
     c.update(lin_k_heads=cfg["linear_num_key_heads"], lin_v_heads=cfg["linear_num_value_heads"],
              lin_dim=cfg["linear_key_head_dim"], conv=cfg["linear_conv_kernel_dim"],
              interval=cfg["full_attention_interval"], rot=int(cfg["head_dim"] * rope["partial_rotary_factor"]),
@@ -66,6 +68,22 @@ def shape_of(entry: dict) -> dict:
     else:
         c["ffn"] = cfg["intermediate_size"]
     return c
+
+
+def _gemma3_shape(cfg: dict, c: dict) -> dict:
+    """A Gemma 3 text model: sliding-window layers with a global layer every
+    sliding_window_pattern-th (llama.cpp's period), the local layers' RoPE base of their
+    own, linear RoPE scaling on the global layers where the config has it, a tied head."""
+    scaling = cfg.get("rope_scaling") or {}
+    return {**c, "ffn": cfg["intermediate_size"], "window": cfg["sliding_window"],
+            "interval": cfg["sliding_window_pattern"], "rope_theta_swa": float(cfg["rope_local_base_freq"]),
+            "rope_linear": float(scaling["factor"]) if scaling.get("rope_type") == "linear" else 0.0, "tied": True}
+
+
+def is_global(c: dict, il: int) -> bool:
+    """A Gemma 3 global (full-attention) layer: every interval-th (llama.cpp's
+    load_swa_pattern with a period)."""
+    return il % c["interval"] == c["interval"] - 1
 
 
 def _gemma4_shape(cfg: dict, c: dict) -> dict:
@@ -98,11 +116,15 @@ QWEN35_35B_A3B = shape_of(PUBLISHED["qwen35-35b-a3b"])
 QWEN35_27B_DFLASH = shape_of(PUBLISHED["qwen35-27b-dflash"])  # block 16, 3.2 GiB in bf16
 QWEN35_122B_A10B = shape_of(PUBLISHED["qwen35-122b-a10b"])
 GEMMA4_26B_A4B = shape_of(PUBLISHED["gemma4-26b-a4b"])
+GEMMA3_27B = shape_of(PUBLISHED["gemma3-27b"])
+GEMMA3_1B = shape_of(PUBLISHED["gemma3-1b"])
+GEMMA3_270M = shape_of(PUBLISHED["gemma3-270m"])
 GPT_OSS_20B = shape_of(PUBLISHED["gpt-oss-20b"])
 GPT_OSS_120B = shape_of(PUBLISHED["gpt-oss-120b"])
 
 CONFIGS = {"qwen35-27b": QWEN35_27B, "qwen35-35b-a3b": QWEN35_35B_A3B, "qwen35-27b-dflash": QWEN35_27B_DFLASH,
-           "qwen35-122b-a10b": QWEN35_122B_A10B, "gemma4-26b-a4b": GEMMA4_26B_A4B,
+           "qwen35-122b-a10b": QWEN35_122B_A10B, "gemma4-26b-a4b": GEMMA4_26B_A4B, "gemma3-27b": GEMMA3_27B,
+           "gemma3-1b": GEMMA3_1B, "gemma3-270m": GEMMA3_270M,
            "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}
 
 
@@ -131,6 +153,8 @@ def target_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
         return gptoss_tensors(c)
     if c["arch"] == "gemma4":
         return gemma4_tensors(c)
+    if c["arch"] == "gemma3":
+        return gemma3_tensors(c)
     E, V = c["hidden"], c["vocab"]
     hd, H, Hkv = c["head_dim"], c["heads"], c["kv_heads"]
     Hk, Hv, d = c["lin_k_heads"], c["lin_v_heads"], c["lin_dim"]
@@ -159,6 +183,21 @@ def target_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
             out += [(b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F))]
     out.append(("output_norm.weight", (E,)))
     return out if c.get("tied") else out + [("output.weight", (V, E))]
+
+
+def gemma3_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """A Gemma 3 target's tensors (llama.cpp's gemma3 names; the head tied to the embedding)."""
+    E, V, F, H, Hkv, hd = c["hidden"], c["vocab"], c["ffn"], c["heads"], c["kv_heads"], c["head_dim"]
+    out = [("token_embd.weight", (V, E))]
+    for il in range(c["layers"]):
+        b = f"blk.{il}."
+        out += [(b + "attn_norm.weight", (E,)), (b + "attn_q.weight", (H * hd, E)), (b + "attn_k.weight", (Hkv * hd, E)),
+                (b + "attn_v.weight", (Hkv * hd, E)), (b + "attn_output.weight", (E, H * hd)),
+                (b + "attn_q_norm.weight", (hd,)), (b + "attn_k_norm.weight", (hd,)),
+                (b + "post_attention_norm.weight", (E,)), (b + "ffn_norm.weight", (E,)),
+                (b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E)), (b + "ffn_down.weight", (E, F)),
+                (b + "post_ffw_norm.weight", (E,))]
+    return out + [("output_norm.weight", (E,))]
 
 
 def gemma4_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
@@ -216,6 +255,17 @@ def metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
           (f"{a}.attention.layer_norm_rms_epsilon", 1e-6, f32), (f"{a}.rope.freq_base", c["rope_theta"], f32)]
     if a == "gemma4":
         return kv[:4] + _gemma4_metadata(c)  # its head counts and sizes are per kind of layer
+    if a == "gemma3":
+        # llama.cpp's keys (its converter's and ours: convert/gemma3.py); the period of
+        # global layers is llama.cpp's default 6, written only when it differs
+        kv += [(f"{a}.feed_forward_length", c["ffn"], u32), (f"{a}.rope.freq_base_swa", c["rope_theta_swa"], f32),
+               (f"{a}.attention.sliding_window", c["window"], u32)]
+        if c["interval"] != 6:
+            kv.append((f"{a}.attention.sliding_window_pattern", c["interval"], u32))
+        if c["rope_linear"]:
+            kv += [(f"{a}.rope.scaling.type", "linear", GGUFValueType.STRING),
+                   (f"{a}.rope.scaling.factor", c["rope_linear"], f32)]
+        return kv
     if a == "gpt-oss":
         return kv + [(f"{a}.feed_forward_length", c["expert_ffn"], u32),
                      (f"{a}.expert_feed_forward_length", c["expert_ffn"], u32),

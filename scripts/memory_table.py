@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What fits on a 24 GB card: the memory planner over Qwen3.5-27B Q4_K_M with its DFlash
-drafter (q8_0), Qwen3.5-35B-A3B Q4_K_M, gpt-oss-20b and gpt-oss-120b (MXFP4 experts, q8_0
+drafter (q8_0), Gemma 3 27B Q4_K_M with Gemma 3 270M or 1B Q4_K_M drafting (draft-simple),
+Qwen3.5-35B-A3B Q4_K_M, gpt-oss-20b and gpt-oss-120b (MXFP4 experts, q8_0
 elsewhere: the published GGUFs' mxfp4_moe), from their published shapes (metadata-only
 GGUFs, dflash_gguf.convert.shape_model), for KV type x context x tree budget; then the MoE
 models whose routed experts must partly stay in host memory (Qwen3.5-35B-A3B,
@@ -30,7 +31,7 @@ from rpc_stand_in import rpc_device
 
 from dflash_gguf.bench import provenance
 from dflash_gguf.convert.shape_model import write_header_only
-from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, QWEN35_27B, QWEN35_27B_DFLASH,
+from dflash_gguf.convert.shapes import (GEMMA3_1B, GEMMA3_27B, GEMMA3_270M, GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, QWEN35_27B, QWEN35_27B_DFLASH,
                                         QWEN35_35B_A3B, QWEN35_122B_A10B, tensor_nbytes, tensor_table)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +41,9 @@ GIB = 1 << 30
 CONTEXTS = (32768, 65536, 131072)
 KV_TYPES = ("f16", "q8_0", "q4_0")
 BUDGETS = (None, 8, 16, 32)  # None: the plain chain
+# draft-simple's: its chain (llama.cpp's default n-max 3) and, as --tree-budget, the chain
+# with the drafter's second choices beside it (1 + 2 x n-max rows whatever the number)
+SIMPLE_BUDGETS = (None, 8)
 
 
 EMBEDDING = {}  # target path -> bytes of its token embedding, which stays in host memory
@@ -58,7 +62,15 @@ def plan(target: str, draft: str | None, n_ctx: int, kv: str, budget: int | None
     from dflash_gguf.engine import EngineSetup
     from dflash_gguf.memory import plan_memory
 
+    from dflash_gguf.memory import plan_setup
+
     setup = EngineSetup.of(target, draft, n_ctx=n_ctx, kv_type=kv, tree_budget=budget, draft_window=window)
+    if setup.simple is not None:
+        # draft-simple: a second model with its own weights and cache (f16, as llama.cpp's
+        # -ctkd/-ctvd default), planned as the target it is and counted as the drafter
+        small = replace(setup.simple, config=replace(setup.simple.config, kv_type="f16"))
+        need = plan_setup(target, replace(setup, simple=small)).devices[0].need
+        return OnCard(need - EMBEDDING[target] - EMBEDDING.get(draft, 0))
     draft_config = replace(setup.draft_config, kv_type="f16") if setup.draft_config else None
     need = plan_memory(target, draft, setup.target_config, draft_config).devices[0].need
     return OnCard(need - EMBEDDING[target])
@@ -79,16 +91,19 @@ def arm(budget: int | None) -> str:
     return "chain" if budget is None else f"tree {budget}"
 
 
-def table(name: str, target: str, draft: str | None) -> tuple[list[str], dict]:
+def table(name: str, target: str, draft: str | None, simple: bool = False) -> tuple[list[str], dict]:
     """The markdown of one model's tables and their numbers (bytes on the card per KV type,
-    context and arm; the largest context that fits per KV type and arm)."""
-    window = 4096 if draft else 0
-    budgets = BUDGETS if draft else (None,)
+    context and arm; the largest context that fits per KV type and arm). simple: the
+    drafter is a small model drafting draft-simple (no drafter window: its own cache is
+    the model's, sliding-window layers and all)."""
+    window = 4096 if draft and not simple else 0
+    budgets = SIMPLE_BUDGETS if simple else BUDGETS if draft else (None,)
     data = {"model": name, "draft_window": window, "usable_bytes": USABLE_MIB << 20, "need_bytes": {},
             "largest_context": {}}
     lines = [f"### {name}", "",
-             "GiB on the card (target on the device, token embedding on the host"
-             + (f", drafter window {window}" if draft else "") + f"); fits = at most {USABLE_MIB / 1024:.1f} GiB.", ""]
+             "GiB on the card (target on the device, "
+             + ("token embedding on the host" if EMBEDDING[target] else "its embedding too: it is the tied LM head")
+             + (f", drafter window {window}" if window else "") + f"); fits = at most {USABLE_MIB / 1024:.1f} GiB.", ""]
     head = "| KV | " + " | ".join(f"{c // 1024}K {arm(b)}" for c in CONTEXTS for b in budgets) + " |"
     lines += [head, "|---|" + "---:|" * (len(CONTEXTS) * len(budgets))]
     for kv in KV_TYPES:
@@ -188,20 +203,30 @@ def main() -> int:
         moe = str(write_header_only(Path(tmp) / "35b-a3b.gguf", QWEN35_35B_A3B, "q4_k_m"))
         oss20 = str(write_header_only(Path(tmp) / "gpt-oss-20b.gguf", GPT_OSS_20B, "mxfp4_moe"))
         oss120 = str(write_header_only(Path(tmp) / "gpt-oss-120b.gguf", GPT_OSS_120B, "mxfp4_moe"))
+        g27 = str(write_header_only(Path(tmp) / "gemma3-27b.gguf", GEMMA3_27B, "q4_k_m"))
+        g1b = str(write_header_only(Path(tmp) / "gemma3-1b.gguf", GEMMA3_1B, "q4_k_m"))
+        g270m = str(write_header_only(Path(tmp) / "gemma3-270m.gguf", GEMMA3_270M, "q4_k_m"))
         for path, shape, outtype in ((t27, QWEN35_27B, "q4_k_m"), (moe, QWEN35_35B_A3B, "q4_k_m"),
-                                     (oss20, GPT_OSS_20B, "mxfp4_moe"), (oss120, GPT_OSS_120B, "mxfp4_moe")):
+                                     (oss20, GPT_OSS_20B, "mxfp4_moe"), (oss120, GPT_OSS_120B, "mxfp4_moe"),
+                                     (g27, GEMMA3_27B, "q4_k_m"), (g1b, GEMMA3_1B, "q4_k_m"),
+                                     (g270m, GEMMA3_270M, "q4_k_m")):
             table_ = tensor_table(shape, outtype)
-            EMBEDDING[path] = next(tensor_nbytes(s, q) for n, s, q in table_ if n == "token_embd.weight")
+            # a tied embedding is the LM head too: it stays on the card
+            EMBEDDING[path] = 0 if shape.get("tied") else \
+                next(tensor_nbytes(s, q) for n, s, q in table_ if n == "token_embd.weight")
             if shape["arch"] == "gpt-oss":
                 EXPERTS[path] = sum(tensor_nbytes(s, q) for n, s, q in table_ if n.endswith("_exps.weight"))
                 MAX_CTX[path] = int(shape["yarn_factor"] * shape["yarn_orig_ctx"])
+        MAX_CTX[g27] = GEMMA3_27B["ctx"]  # 128K
         out = [f"## Memory on a 24 GB card ({_dt.date.today()}, scripts/memory_table.py)", ""]
         tables = []
-        for name, target, draft in (("Qwen3.5-27B Q4_K_M + DFlash drafter q8_0", t27, d27),
-                                    ("Qwen3.5-35B-A3B Q4_K_M, plain decoding", moe, None),
-                                    ("gpt-oss-20b mxfp4_moe, plain decoding", oss20, None),
-                                    ("gpt-oss-120b mxfp4_moe, plain decoding", oss120, None)):
-            lines, data = table(name, target, draft)
+        for name, target, draft, simple in (("Qwen3.5-27B Q4_K_M + DFlash drafter q8_0", t27, d27, False),
+                                            ("Gemma 3 27B Q4_K_M + Gemma 3 270M Q4_K_M (draft-simple)", g27, g270m, True),
+                                            ("Gemma 3 27B Q4_K_M + Gemma 3 1B Q4_K_M (draft-simple)", g27, g1b, True),
+                                            ("Qwen3.5-35B-A3B Q4_K_M, plain decoding", moe, None, False),
+                                            ("gpt-oss-20b mxfp4_moe, plain decoding", oss20, None, False),
+                                            ("gpt-oss-120b mxfp4_moe, plain decoding", oss120, None, False)):
+            lines, data = table(name, target, draft, simple)
             out += lines
             tables.append(data)
         out += ["## MoE models with routed experts in host memory", ""]

@@ -227,3 +227,45 @@ def test_plan_of_the_mtp_drafter():
     kv_row = key["attention.head_count_kv"] * key["attention.key_length"]
     block = setup.block_size                                       # the bonus and 3 drafts
     assert p["draft_cache"] == n_seq * 4 * (2 * kv_row * (n_ctx + 1) + key["embedding_length"] + block)
+
+
+def gemma3_kv_bytes(c, n_ctx, n_ubatch, elem_bytes):
+    """A Gemma 3 model's KV cache: its global layers (every interval-th) over the whole
+    context, its sliding-window layers as a ring of the window and one call's rows."""
+    from dflash_gguf.convert.shapes import is_global
+
+    rows = sum(n_ctx if is_global(c, il) else min(c["window"] + n_ubatch, n_ctx) for il in range(c["layers"]))
+    return rows * 2 * c["kv_heads"] * c["head_dim"] * elem_bytes
+
+
+@pytest.mark.parametrize("drafter", ["gemma3-270m", "gemma3-1b"])
+@pytest.mark.parametrize("tree", [False, True])
+def test_plan_of_gemma3_27b_with_a_draft_simple_drafter(tmp_path_factory, drafter, tree):
+    """Gemma 3 27B Q4_K_M with its 270M or 1B drafting draft-simple, as
+    scripts/memory_table.py plans them: both models' weights (each head tied to its
+    embedding: no output.weight), the target's cache a sliding window's ring in five
+    layers of six (every sixth is global, over the whole context), the drafter's cache as
+    its own model's (f16, its own window), its parts counted as the drafter's."""
+    from dflash_gguf.convert.shapes import CONFIGS, GEMMA3_27B
+    from dflash_gguf.memory import plan_setup
+
+    root = tmp_path_factory.mktemp("gemma3-shapes")
+    c, d = GEMMA3_27B, CONFIGS[drafter]
+    target = str(write_header_only(root / "gemma3-27b.gguf", c, "q4_k_m"))
+    draft = str(write_header_only(root / f"{drafter}.gguf", d, "q4_k_m"))
+    n_ctx = 32768
+    setup = EngineSetup.of(target, draft, n_ctx=n_ctx, kv_type="q8_0", tree_budget=8 if tree else None)
+    assert setup.simple is not None and setup.draft_path is None and setup.simple.tree == tree
+    small = replace(setup.simple, config=replace(setup.simple.config, kv_type="f16"))
+    (dev,) = plan_setup(target, replace(setup, simple=small)).devices
+    p = dev.parts
+
+    assert sum(is_g for is_g in (il % 6 == 5 for il in range(c["layers"]))) == 10  # layers 5, 11, ..., 59
+    assert p["kv_cache"] == gemma3_kv_bytes(c, n_ctx, 512, 34 / 32)
+    assert p["draft_cache"] == gemma3_kv_bytes(d, n_ctx, 512, 2)
+    assert p["target_weights"] == weights_bytes(c, "q4_k_m")
+    assert p["draft_weights"] == weights_bytes(d, "q4_k_m")
+    assert not any(n == "output.weight" for n, _, _ in tensor_table(c, "q4_k_m"))
+    assert 0 < p["target_compute"] < 2048 * MIB and 0 < p["draft_compute"] < 1024 * MIB
+    # the sliding windows are what keeps 128K within reach: all-global would take 6x the cache
+    assert gemma3_kv_bytes({**c, "interval": 1}, n_ctx, 512, 34 / 32) > 4 * p["kv_cache"]

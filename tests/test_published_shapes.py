@@ -16,7 +16,7 @@ import pytest
 
 from fixtures import llama_cpp_source, missing_oracle
 
-from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, PUBLISHED, QWEN35_0_8B,
+from dflash_gguf.convert.shapes import (GEMMA3_1B, GEMMA3_27B, GEMMA3_270M, GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, PUBLISHED, QWEN35_0_8B,
                                         QWEN35_27B, QWEN35_35B_A3B, QWEN35_122B_A10B, is_recurrent, tensor_table)
 
 SNAPSHOT_27B = Path("tests/snapshots/qwen3.6-27b.schema")
@@ -53,7 +53,7 @@ def snapshot(src):
 def test_every_published_entry_names_its_source():
     for name, entry in PUBLISHED.items():
         assert entry["source"].startswith(f"https://huggingface.co/{entry['model']}/"), name
-        assert entry["architecture"] in ("qwen35", "qwen35moe", "gemma4", "dflash", "gpt-oss"), name
+        assert entry["architecture"] in ("qwen35", "qwen35moe", "gemma3", "gemma4", "dflash", "gpt-oss"), name
 
 
 def test_27b_hyperparameters_are_llama_cpp_s(snapshot, src):
@@ -130,3 +130,54 @@ def test_gpt_oss_shapes_are_the_sizes_llama_cpp_names(src):
     assert differ == {"layers", "experts"} and (GPT_OSS_20B["experts"], GPT_OSS_120B["experts"]) == (32, 128)
     # MXFP4 experts need rows of whole 32-value blocks
     assert all(shape[-1] % 32 == 0 for name, shape, _ in tensor_table(GPT_OSS_20B, "mxfp4_moe") if "_exps" in name)
+
+
+def test_gemma3_shapes_are_the_sizes_llama_cpp_names(src):
+    """llama.cpp's gemma3 names its sizes by layer count: 18 the 270M, 26 the 1B, 62 the
+    27B; and the 27B alone scales its queries by n_embd / n_head (168, its config's
+    query_pre_attn_scalar), the others by the head size."""
+    sizes = _size_cases((src / "src" / "models" / "gemma3.cpp").read_text())
+    for c, size in ((GEMMA3_270M, "270M"), (GEMMA3_1B, "1B"), (GEMMA3_27B, "27B")):
+        assert re.search(rf"case {c['layers']}: type = LLM_TYPE_{size};", sizes), size
+    for key in ("gemma3-270m", "gemma3-1b", "gemma3-27b"):
+        c, cfg = shape_of_entry(key)
+        want = c["hidden"] // c["heads"] if key == "gemma3-27b" else c["head_dim"]
+        assert cfg["query_pre_attn_scalar"] == want, key
+
+
+def shape_of_entry(key):
+    from dflash_gguf.convert.shapes import CONFIGS
+
+    return CONFIGS[key], PUBLISHED[key]["config"]
+
+
+def test_gemma3_shapes_have_the_technical_reports_parameter_counts():
+    """The Gemma 3 technical report's embedding and non-embedding parameters (1B: 302M and
+    698M; 27B: 1,416M, its vision tokens' rows included, and 25,600M) and Google's for the
+    270M (170M and 100M, rounded: 167.8M of embedding): a wrong width, FFN or head count
+    moves them by far more."""
+    for c, embedding, rest in ((GEMMA3_270M, 170, 100), (GEMMA3_1B, 302, 698), (GEMMA3_27B, 1416, 25600)):
+        table = tensor_table(c, "bf16")
+        emb = sum(math.prod(shape) for name, shape, _ in table if name == "token_embd.weight") / 1e6
+        params = sum(math.prod(shape) for _, shape, _ in table) / 1e6
+        assert abs(emb - embedding) < 0.02 * embedding and abs(params - emb - rest) < 0.005 * rest, (c["layers"], emb)
+
+
+@pytest.mark.real
+def test_gemma3_270m_shape_is_the_published_files(real_path):
+    """The 270M entry against the published GGUF itself: its gemma3.* numbers and every
+    tensor's name and shape."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(real_path("gemma-3-270m")))
+    c = GEMMA3_270M
+    key = {k: reader.fields[f"gemma3.{k}"].contents() for k in
+           ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+            "attention.head_count_kv", "attention.key_length", "attention.sliding_window", "context_length",
+            "rope.freq_base")}
+    assert key == {"block_count": c["layers"], "embedding_length": c["hidden"], "feed_forward_length": c["ffn"],
+                   "attention.head_count": c["heads"], "attention.head_count_kv": c["kv_heads"],
+                   "attention.key_length": c["head_dim"], "attention.sliding_window": c["window"],
+                   "context_length": c["ctx"], "rope.freq_base": c["rope_theta"]}
+    published = {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
+    assert published == {name: shape for name, shape, _ in tensor_table(c, "q4_k_m")}
