@@ -1,17 +1,31 @@
 #!/usr/bin/env python3
-"""The real pair on this machine: the published Qwen2.5-Coder 1.5B alone and with its 0.5B
-sibling drafting (draft-simple), ours against llama.cpp's own tools on the same files and
+"""A real pair on this machine, ours against llama.cpp's own tools on the same files and
 threads, greedy, every arm once per repetition in a shuffled order (arms taking turns).
 
-    .venv/bin/python scripts/real_pair_bench.py [-r 3] [-n 64] [-t 2] [--out results/real-pair-DATE.json]
+    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|gemma3] [-r 3] [-n 64] [-t 2] [--out PATH]
 
-Arms: our plain decoding; our draft-simple chain at llama.cpp's default n-max (3) and at
-4; our draft-simple tree; llama-completion; llama-speculative-simple --spec-type
-draft-simple at its default and at n-max 4; llama-bench's plain decoding (-n N after the
-prompts' mean length). Each figure is decode tok/s (the prefill apart), and for drafting
-arms the tokens per target pass (AL). The file keeps every run and the load average at
-every cell; a cell that starts above --max-load per core waits (up to a minute) first.
-Ratios are medians over repetitions of each repetition's ratio.
+--pair qwen (default; results/real-pair-DATE.json): the published Qwen2.5-Coder 1.5B alone
+and with its 0.5B sibling drafting (draft-simple). Arms: our plain decoding; our
+draft-simple chain at llama.cpp's default n-max (3) and at 4; our draft-simple tree;
+llama-completion; llama-speculative-simple --spec-type draft-simple at its default and at
+n-max 4; llama-bench's plain decoding (-n N after the prompts' mean length).
+
+--pair gemma3 (results/real-pair-gemma3-DATE.json): issue 51's comparisons on the
+published Gemma 3 270M Q4_K_M and an f16 copy of it (our re-typing, made once:
+dflash_gguf.real_models.retyped):
+- plain decoding of the Q4_K_M: ours against llama-bench tg128 and llama-completion;
+- prefill of a 512- and a 2048-token prompt on the Q4_K_M: ours against llama-bench
+  pp512 and pp2048;
+- draft-simple, the f16 target with the Q4_K_M drafting: ours against
+  llama-speculative-simple's, each side at its default (n-max 3, p-min 0) and at every
+  --sweep-n-max x --sweep-p-min setting, whose fastest is that side's best; our tree, and
+  both engines' plain decoding of the f16 for reference.
+
+Each figure is decode tok/s (the prefill apart; a prefill arm's: prompt tokens per second
+of prefill), and for drafting arms the tokens per target pass (AL). The file keeps every
+run and the load average at every cell; a cell that starts above --max-load per core
+waits (up to a minute) first. Ratios are medians over repetitions of each repetition's
+ratio.
 """
 from __future__ import annotations
 
@@ -27,7 +41,7 @@ from dflash_gguf import Engine, real_models
 from dflash_gguf.bench import llama_cpp, provenance
 from dflash_gguf.bench.runs import Run, Sampling
 
-PROMPTS = [  # code, the pair's own domain
+QWEN_PROMPTS = [  # code, the pair's own domain
     ("quicksort", "def quicksort(xs):\n    \"\"\"Sort a list of numbers with quicksort.\"\"\"\n"),
     ("read_config", "import json\n\n\ndef read_config(path):\n    \"\"\"Load a JSON config file and fill in "
                     "defaults.\"\"\"\n"),
@@ -35,20 +49,28 @@ PROMPTS = [  # code, the pair's own domain
 ]
 
 
+GEMMA_PROMPTS = [  # a base model: code, prose and a list to continue
+    ("fibonacci", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("france", "The capital of France is"),
+    ("planets", "The planets of the solar system, in order from the Sun, are"),
+]
+PREFILL_TOKENS = (512, 2048)  # llama-bench's pp512 and pp2048
+
+
 class Ours:
     """One of our engines, kept loaded: plain, or draft-simple chain/tree."""
 
     side, speculative = "ours", False
 
-    def __init__(self, name: str, target: str, draft, threads: int, n: int, **options):
-        self.name, self.n = name, n
+    def __init__(self, name: str, target: str, draft, threads: int, n: int, prompts, **options):
+        self.name, self.n, self.prompts = name, n, prompts
         self.speculative = draft is not None
         self.engine = Engine(target, draft, n_ctx=1024, n_threads=threads, **options)
-        self.engine.generate(PROMPTS[0][1], max_tokens=8, stop_tokens=())  # graphs built, caches touched
+        self.engine.generate(prompts[0][1], max_tokens=8, stop_tokens=())  # graphs built, caches touched
 
     def one_round(self, rep: int) -> list:
         runs = []
-        for name, text in PROMPTS:
+        for name, text in self.prompts:
             r = self.engine.generate(text, max_tokens=self.n, stop_tokens=())
             s = r.stats
             passes = len(s.accepted_lengths) if self.speculative else max(s.generated_tokens - 1, 1)
@@ -57,6 +79,37 @@ class Ours:
                             decode_s=s.decode_seconds, passes=passes, token_ids=list(r.tokens), text=r.text,
                             speculative=self.speculative))
         return runs
+
+
+class OursPrefill:
+    """Our prefill of an n-token prompt (token ids, BOS first), then one token: the run's
+    tokens are the prompt's, its decode_s the prefill's time."""
+
+    side, speculative = "ours", False
+
+    def __init__(self, target: str, threads: int, n_tokens: int, filler: str):
+        self.name, self.n_tokens = f"prefill {n_tokens}", n_tokens
+        self.engine = Engine(target, n_ctx=n_tokens + 64, n_threads=threads)
+        ids = self.engine.encode(filler)  # BOS first (Gemma's tokenizer adds it), then the text
+        body = ids[1:]
+        self.tokens = ids[:1] + (body * (n_tokens // len(body) + 1))[:n_tokens - 1]
+        self.period = len(body)  # the tokens after BOS repeat with this period
+        self.engine.generate(self.prompt(-1)[:64], max_tokens=1, stop_tokens=())  # graphs built
+
+    def prompt(self, rep: int) -> list:
+        """BOS and the filler rotated by rep + 1 (mod its period): each round a prompt of
+        its own, so that nothing of it is reused from the slot or a checkpoint (a reused
+        part would show as reused_tokens and not be counted)."""
+        body = self.tokens[1:]
+        k = (rep + 1) % self.period
+        return self.tokens[:1] + body[k:] + body[:k]
+
+    def one_round(self, rep: int) -> list:
+        s = self.engine.generate(self.prompt(rep), max_tokens=1, stop_tokens=()).stats
+        return [Run(engine="ours", mode=self.name, sampling="greedy", rep=rep, prompt=f"{self.n_tokens} tokens",
+                    prompt_tokens=s.prompt_tokens, tokens=s.prompt_tokens - s.reused_tokens,
+                    decode_s=s.prefill_seconds, passes=1, prefill_s=s.prefill_seconds,
+                    extra={"reused_tokens": s.reused_tokens})]
 
 
 class Theirs:
@@ -78,36 +131,99 @@ def wait_for_quiet(max_load: float, threads: int) -> float:
     return provenance.load_average()[0]
 
 
+def qwen_arms(a, tools) -> tuple[dict, list, list]:
+    """The Qwen2.5-Coder pair's files, arms and comparisons (label, arm, baseline)."""
+    target, small = str(real_models.path("qwen2.5-coder-1.5b")), str(real_models.path("qwen2.5-coder-0.5b"))
+    setup = llama_cpp.Setup(target, a.threads, 1024, a.n_predict, "f16", small, None, (), "draft-simple")
+    p, spec = QWEN_PROMPTS, tools.found["llama-speculative-simple"]
+    depth = 40  # about the prompts' mean length in tokens
+    arms = [
+        Ours("plain", target, None, a.threads, a.n_predict, p),
+        Ours("draft-simple chain (n-max 3, default)", target, small, a.threads, a.n_predict, p),
+        Ours("draft-simple chain (n-max 4)", target, small, a.threads, a.n_predict, p, spec_draft_n_max=4),
+        Ours("draft-simple tree (n-max 3)", target, small, a.threads, a.n_predict, p, tree_budget=8),
+        Theirs(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, p)),
+        Theirs(llama_cpp.SpeculativeArm(spec, setup, p, None, None)),
+        Theirs(llama_cpp.SpeculativeArm(spec, setup, p, None, 4)),
+        Theirs(llama_cpp.BenchArm(tools.found["llama-bench"], setup, depth)),
+    ]
+    return {"target": target, "draft": small}, arms, []
+
+
+def gemma3_arms(a, tools) -> tuple[dict, list, list]:
+    """Issue 51's Gemma 3 arms (see the module's doc) and comparisons."""
+    q4 = str(real_models.path("gemma-3-270m"))
+    f16 = str(real_models.retyped("gemma-3-270m", "f16"))
+    p, t, n = GEMMA_PROMPTS, a.threads, a.n_predict
+    spec, bench = tools.found["llama-speculative-simple"], tools.found["llama-bench"]
+    plain_q4 = llama_cpp.Setup(q4, t, 4096, n, "f16")
+    tg128 = llama_cpp.Setup(q4, t, 4096, 128, "f16")
+    pair = llama_cpp.Setup(f16, t, 1024, n, "f16", q4, None, (), "draft-simple")
+    filler = " ".join(text for _, text in p)
+    sweep = [(n_max, p_min) for n_max in a.sweep_n_max for p_min in a.sweep_p_min if (n_max, p_min) != (3, 0.0)]
+
+    def named(arm, name):  # two files' runs of the same tool need rows of their own
+        arm.name = name
+        return Theirs(arm)
+
+    def ours_simple(n_max, p_min):
+        return Ours(f"draft-simple chain (n-max {n_max}, p-min {p_min:g})", f16, q4, t, n, p, spec_draft_n_max=n_max,
+                    draft_p_min=p_min)
+
+    arms = [
+        Ours("plain Q4_K_M", q4, None, t, n, p),
+        named(llama_cpp.CompletionArm(tools.found["llama-completion"], plain_q4, p), "plain Q4_K_M (llama-completion)"),
+        named(llama_cpp.BenchArm(bench, tg128, 0), "plain Q4_K_M (llama-bench tg128)"),
+        *[OursPrefill(q4, t, k, filler) for k in PREFILL_TOKENS],
+        *[Theirs(llama_cpp.BenchArm(bench, plain_q4, 0, n_prompt=k)) for k in PREFILL_TOKENS],
+        Ours("plain f16", f16, None, t, n, p),
+        named(llama_cpp.CompletionArm(tools.found["llama-completion"], pair, p), "plain f16 (llama-completion)"),
+        Ours("draft-simple chain (n-max 3, default)", f16, q4, t, n, p),
+        Ours("draft-simple tree (n-max 3)", f16, q4, t, n, p, tree_budget=8),
+        *[ours_simple(n_max, p_min) for n_max, p_min in sweep],
+        Theirs(llama_cpp.SpeculativeArm(spec, pair, p, None, None)),
+        *[Theirs(llama_cpp.SpeculativeArm(spec, pair, p, p_min, n_max)) for n_max, p_min in sweep],
+    ]
+    their_spec = [x.name for x in arms if x.side == "llama.cpp" and x.speculative]
+    our_spec = [x.name for x in arms if x.side == "ours" and x.speculative and "tree" not in x.name]
+    compare = [
+        ("plain Q4_K_M vs llama-bench tg128", "plain Q4_K_M", [arms[2].name]),
+        ("plain Q4_K_M vs llama-completion", "plain Q4_K_M", [arms[1].name]),
+        *[(f"prefill {k} vs llama-bench pp{k}", f"prefill {k}", [f"prefill (llama-bench -p {k})"])
+          for k in PREFILL_TOKENS],
+        ("draft-simple default vs llama.cpp's default", "draft-simple chain (n-max 3, default)", [their_spec[0]]),
+        ("draft-simple best vs llama.cpp's best", our_spec, their_spec),
+    ]
+    return {"target": f16, "draft": q4, "plain": q4}, arms, compare
+
+
+PAIRS = {"qwen": (qwen_arms, "real-pair"), "gemma3": (gemma3_arms, "real-pair-gemma3")}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pair", choices=sorted(PAIRS), default="qwen")
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("-n", "--n-predict", type=int, default=64)
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--sweep-n-max", type=lambda v: [int(x) for x in v.split(",")], default=[2, 4, 6, 8],
+                   help="gemma3: the n-max values each side's draft-simple sweeps (default 2,4,6,8)")
+    p.add_argument("--sweep-p-min", type=lambda v: [float(x) for x in v.split(",")], default=[0.0, 0.5],
+                   help="gemma3: the p-min values swept at each n-max (default 0,0.5)")
     p.add_argument("--max-load", type=float, default=0.5, help="per thread, at each cell's start (default 0.5)")
-    p.add_argument("--out", type=Path, default=Path("results") / f"real-pair-{dt.date.today()}.json")
+    p.add_argument("--out", type=Path, default=None, help="default results/<pair's name>-DATE.json")
     a = p.parse_args(argv)
-    target, small = str(real_models.path("qwen2.5-coder-1.5b")), str(real_models.path("qwen2.5-coder-0.5b"))
+    make_arms, stem = PAIRS[a.pair]
+    out = a.out or Path("results") / f"{stem}-{dt.date.today()}.json"
     tools = llama_cpp.Tools.find(None)
     missing = [t for t in ("llama-completion", "llama-speculative-simple", "llama-bench") if t not in tools.found]
     if missing:
         print(f"error: llama.cpp's {', '.join(missing)} not built (scripts/llama_cpp_build.py {' '.join(missing)})",
               file=sys.stderr)
         return 2
-    setup = llama_cpp.Setup(target, a.threads, 1024, a.n_predict, "f16", small, None, (), "draft-simple")
-    prompts = list(PROMPTS)
-    depth = 40  # about the prompts' mean length in tokens
-    arms = [
-        Ours("plain", target, None, a.threads, a.n_predict),
-        Ours("draft-simple chain (n-max 3, default)", target, small, a.threads, a.n_predict),
-        Ours("draft-simple chain (n-max 4)", target, small, a.threads, a.n_predict, spec_draft_n_max=4),
-        Ours("draft-simple tree (n-max 3)", target, small, a.threads, a.n_predict, tree_budget=8),
-        Theirs(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts)),
-        Theirs(llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], setup, prompts, None, None)),
-        Theirs(llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], setup, prompts, None, 4)),
-        Theirs(llama_cpp.BenchArm(tools.found["llama-bench"], setup, depth)),
-    ]
+    models, arms, compare = make_arms(a, tools)
     doc = provenance.results_doc("scripts/real_pair_bench.py", sys.argv[1:] if argv is None else argv,
-                                 models={"target": target, "draft": small}, n_predict=a.n_predict,
+                                 models=models, n_predict=a.n_predict,
                                  threads=a.threads, repetitions=a.repetitions, load_average={"before":
                                  provenance.load_average()}, runs=[])
     for rep in range(a.repetitions):
@@ -128,25 +244,44 @@ def main(argv=None) -> int:
         rs = [r for r in doc["runs"] if r["mode"] == mode and r["rep"] == rep]
         return sum(r["tokens"] for r in rs) / sum(r["decode_s"] for r in rs) if rs else None
 
+    def ratio(per_rep, base):
+        return statistics.median([x / tps(base, rep) for rep, x in enumerate(per_rep)]) if tps(base, 0) else None
+
+    plain, completion = ("plain", "plain (llama-completion)") if a.pair == "qwen" else \
+        ("plain f16", "plain f16 (llama-completion)")
     rows = {}
     for arm in arms:
         per_rep = [tps(arm.name, rep) for rep in range(a.repetitions)]
         rs = [r for r in doc["runs"] if r["mode"] == arm.name]
         rows[f"{arm.side} {arm.name}"] = {
             "tok_s_median": statistics.median(per_rep), "tok_s_per_rep": per_rep,
-            "al": sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs),
-            "vs_ours_plain": statistics.median([x / tps("plain", rep) for rep, x in enumerate(per_rep)]),
-            "vs_llama_completion": statistics.median([x / tps("plain (llama-completion)", rep)
-                                                      for rep, x in enumerate(per_rep)])}
+            "al": None if arm.name.startswith("prefill") else
+            sum(r["tokens"] for r in rs) / sum(r["passes"] for r in rs),
+            f"vs_ours_{plain.replace(' ', '_')}": ratio(per_rep, plain),
+            "vs_llama_completion": ratio(per_rep, completion)}
     doc["rows"] = rows
-    # lossless: every arm of ours gives one output a prompt, greedy
-    doc["ours_distinct_outputs"] = {name: len({tuple(r["token_ids"]) for r in doc["runs"]
-                                              if r["engine"] == "ours" and r["prompt"] == name}) for name, _ in PROMPTS}
-    path = provenance.write_results(a.out, doc)
+
+    def best(names):  # the fastest of a side's settings, by median tok/s
+        return max(names, key=lambda m: statistics.median(tps(m, rep) for rep in range(a.repetitions)))
+
+    doc["comparisons"] = {}
+    for label, ours, theirs in compare:
+        ours, theirs = (best(ours) if isinstance(ours, list) else ours), best(theirs)
+        doc["comparisons"][label] = {"ours": ours, "theirs": theirs, "ratio": statistics.median(
+            [tps(ours, rep) / tps(theirs, rep) for rep in range(a.repetitions)])}
+    # lossless: every arm of ours on the pair's target gives one output a prompt, greedy
+    prompts = sorted({r["prompt"] for r in doc["runs"] if r["engine"] == "ours" and r["token_ids"]})
+    doc["ours_distinct_outputs"] = {name: len({tuple(r["token_ids"]) for r in doc["runs"] if r["engine"] == "ours"
+                                               and r["prompt"] == name and r["mode"] != "plain Q4_K_M"})
+                                    for name in prompts}
+    path = provenance.write_results(out, doc)
     for name, row in rows.items():
-        print(f"{name:>60}: {row['tok_s_median']:6.2f} tok/s  AL {row['al']:.2f}  x ours plain "
-              f"{row['vs_ours_plain']:.3f}  x llama-completion {row['vs_llama_completion']:.3f}")
-    print(f"results: {path or a.out}")
+        vs = row[f"vs_ours_{plain.replace(' ', '_')}"]
+        print(f"{name:>70}: {row['tok_s_median']:8.2f} tok/s" + (f"  AL {row['al']:.2f}" if row["al"] else "")
+              + (f"  x ours {plain} {vs:.3f}" if vs else ""))
+    for label, c in doc["comparisons"].items():
+        print(f"{label}: {c['ratio']:.3f} ({c['ours']} / {c['theirs']})")
+    print(f"results: {path or out}")
     return 0
 
 

@@ -288,18 +288,22 @@ class SpeculativeArm(CompletionArm):
 
 class BenchArm:
     """llama-bench's plain decoding: `-n` tokens after `depth` tokens of context, one
-    sample a round (a run of `-r 1`); no sampling settings (its rows say "-")."""
+    sample a round (a run of `-r 1`); no sampling settings (its rows say "-"). With
+    n_prompt, its prefill instead (`-p n_prompt -n 0`, its ppN): the run's tokens are the
+    prompt's and its decode_s the prefill's time."""
 
     side, speculative, default = "llama.cpp", False, False
 
-    def __init__(self, exe: Path, setup: Setup, depth: int):
-        self.exe, self.setup, self.depth = exe, setup, depth
-        self.name = f"plain (llama-bench -n {setup.n_predict} -d {depth})"
+    def __init__(self, exe: Path, setup: Setup, depth: int, n_prompt: int = 0):
+        self.exe, self.setup, self.depth, self.n_prompt = exe, setup, depth, n_prompt
+        self.name = f"prefill (llama-bench -p {n_prompt})" if n_prompt else \
+            f"plain (llama-bench -n {setup.n_predict} -d {depth})"
         self.info: dict = {}
 
     def command(self) -> List[str]:
         t = str(self.setup.threads)
-        cmd = [str(self.exe), "-m", self.setup.target, "-p", "0", "-n", str(self.setup.n_predict), "-d",
+        n_gen = 0 if self.n_prompt else self.setup.n_predict
+        cmd = [str(self.exe), "-m", self.setup.target, "-p", str(self.n_prompt), "-n", str(n_gen), "-d",
                str(self.depth), "-r", "1", "-t", t, "-fa", "1", "-ctk", self.setup.kv_type, "-ctv",
                self.setup.kv_type, "-o", "json"]
         if self.setup.n_gpu_layers is not None:
@@ -313,6 +317,10 @@ class BenchArm:
         except ValueError:
             raise ToolError(f"llama-bench printed no JSON test result: {stdout[-300:]}") from None
         self.info = {k: test.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends")}
+        if self.n_prompt:
+            return [Run(engine="llama.cpp", mode=self.name, sampling="-", rep=rep, round=rnd, prompt="",
+                        prompt_tokens=test["n_prompt"], tokens=test["n_prompt"], decode_s=ns / 1e9, passes=1,
+                        prefill_s=ns / 1e9) for ns in test["samples_ns"]]
         return [Run(engine="llama.cpp", mode=self.name, sampling="-", rep=rep, round=rnd, prompt="",
                     prompt_tokens=self.depth, tokens=test["n_gen"], decode_s=ns / 1e9, passes=test["n_gen"])
                 for ns in test["samples_ns"]]
