@@ -898,3 +898,22 @@ def test_ngram_kinds_take_turns_with_llama_cpp_s(bench_here):
     assert 0 < run["extra"]["n_accept"] <= run["extra"]["n_drafted"] and rows["llama.cpp", short]["al"]["median"] > 1
     assert rows["llama.cpp", short]["same_output"] == [1, 1]
     assert ("llama.cpp", "ngram-simple (llama-speculative-simple, default)") in rows
+
+
+def test_llama_bench_prefill_arm(tmp_path):
+    """BenchArm's n_prompt measures llama-bench's ppN (-p N -n 0): each sample is a run
+    whose tokens are the prompt's and whose time is the prefill's."""
+    exe = tmp_path / "llama-bench"
+    exe.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv), file=sys.stderr)\n"
+                   "print(json.dumps([{'n_prompt': 512, 'n_gen': 0, 'samples_ns': [2e8, 4e8]}]))\n")
+    exe.chmod(0o755)
+    setup = llama_cpp.Setup("m.gguf", 2, 4096, 64, "f16")
+    arm = llama_cpp.BenchArm(exe, setup, 0, n_prompt=512)
+    cmd = arm.command()
+    assert arm.name == "prefill (llama-bench -p 512)"
+    assert cmd[cmd.index("-p") + 1] == "512" and cmd[cmd.index("-n") + 1] == "0"
+    runs = arm.one_round(None, 1, 0)
+    assert [(r.tokens, r.decode_s, r.prefill_s, r.mode) for r in runs] == [
+        (512, 0.2, 0.2, arm.name), (512, 0.4, 0.4, arm.name)]
+    plain = llama_cpp.BenchArm(exe, setup, 30).command()  # decoding as before: -p 0 -n N -d depth
+    assert plain[plain.index("-p") + 1] == "0" and plain[plain.index("-n") + 1] == "64"
