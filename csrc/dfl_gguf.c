@@ -617,6 +617,90 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of
     return st;
 }
 
+/* Rows are read from the file rather than from w: a repacked layout cannot be read back
+ * (the CPU backend's repack buffers have no get_tensor), and the mapping may be gone. */
+static dfl_status read_rows(const dfl_gguf * g, const struct ggml_tensor * w, const int32_t * rows, int n, char * dst) {
+    const int64_t id = gguf_find_tensor(g->meta, w->name);
+    if (id < 0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "tensor '%s' is not in '%s'", w->name, g->path);
+    }
+    const off_t base = (off_t) (gguf_get_data_offset(g->meta) + gguf_get_tensor_offset(g->meta, id));
+    const size_t row = w->nb[1];
+    const int fd = open(g->path, O_RDONLY);
+    if (fd < 0) {
+        return dfl_fail(DFL_ERR_IO, "cannot open '%s' for reading", g->path);
+    }
+    dfl_status st = DFL_OK;
+    for (int i = 0, run; i < n && st == DFL_OK; i += run) {
+        for (run = 1; i + run < n && rows[i + run] == rows[i] + run; run++) {
+        } /* consecutive rows: one read */
+        const size_t size = (size_t) run * row;
+        if (pread(fd, dst + (size_t) i * row, size, base + (off_t) rows[i] * (off_t) row) != (ssize_t) size) {
+            st = dfl_fail(DFL_ERR_IO, "cannot read rows of tensor '%s' of '%s'", w->name, g->path);
+        }
+    }
+    close(fd);
+    return st;
+}
+
+dfl_status dfl_gguf_weight_rows(const dfl_gguf * g, const struct ggml_tensor * w, const int32_t * rows, int n,
+                                bool repack, struct ggml_context ** ctx, ggml_backend_buffer_t * buf,
+                                struct ggml_tensor ** out) {
+    *ctx = NULL;
+    *buf = NULL;
+    *out = NULL;
+    if (ggml_n_dims(w) != 2 || !w->buffer || n < 1 || n > w->ne[1]) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "cannot take %d rows of tensor '%s' of '%s'", n, w->name, g->path);
+    }
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < 0 || rows[i] >= w->ne[1]) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "row %d of tensor '%s' is outside 0..%lld", rows[i], w->name,
+                            (long long) w->ne[1] - 1);
+        }
+    }
+    struct ggml_init_params ip = { ggml_tensor_overhead(), NULL, true };
+    *ctx = ggml_init(ip);
+    if (!*ctx) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    struct ggml_tensor * t = ggml_new_tensor_2d(*ctx, w->type, w->ne[0], n);
+    ggml_format_name(t, "%.50s#rows", w->name);
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w->buffer));
+    ggml_backend_buffer_type_t buft = NULL;
+    if (dev && maps_host_memory(dev) && repack) {
+        buft = repack_buft(dev, t);
+    }
+    if (!buft) {
+        buft = dev ? ggml_backend_dev_buffer_type(dev) : ggml_backend_buffer_get_type(w->buffer);
+    }
+    char * host = malloc(ggml_nbytes(t));
+    dfl_status st = host ? read_rows(g, w, rows, n, host) : dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    if (st == DFL_OK) {
+        *buf = ggml_backend_alloc_ctx_tensors_from_buft(*ctx, buft);
+        if (!*buf) {
+            st = dfl_fail(DFL_ERR_BACKEND, "cannot allocate %zu bytes for %d rows of tensor '%s' of '%s'",
+                          ggml_nbytes(t), n, w->name, g->path);
+        }
+    }
+    if (st == DFL_OK && dev && !ggml_backend_dev_supports_op(dev, t)) {
+        st = dfl_fail(DFL_ERR_BACKEND, "%d rows of tensor '%s' of '%s' (%zu bytes) are more than device %s takes "
+                      "in one operation: keep fewer", n, w->name, g->path, ggml_nbytes(t), ggml_backend_dev_name(dev));
+    }
+    if (st == DFL_OK) {
+        ggml_backend_buffer_set_usage(*buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        ggml_backend_tensor_set(t, host, 0, ggml_nbytes(t)); /* whole: repacking buffers take no parts */
+        *out = t;
+    }
+    free(host);
+    if (st != DFL_OK) {
+        if (*buf) ggml_backend_buffer_free(*buf);
+        ggml_free(*ctx);
+        *ctx = NULL;
+        *buf = NULL;
+    }
+    return st;
+}
+
 dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool repack) {
     const int64_t n = gguf_get_n_tensors(g->meta);
     ggml_backend_dev_t * dev_of = malloc((size_t) (n + 1) * sizeof *dev_of);

@@ -75,6 +75,13 @@ dfl_status dfl_gguf_slice_weights(dfl_gguf * g);
  * was too large for its device to take whole. */
 struct ggml_tensor * dfl_gguf_mul_mat(const dfl_gguf * g, struct ggml_context * ctx, struct ggml_tensor * w,
                                       struct ggml_tensor * x);
+/* A new matrix of the given rows of w (a placed matrix of g), in that order, on w's
+ * device (repacked as a weight there would be): whole rows copied from the file, each
+ * row of a quantized matrix being whole blocks. Its context and buffer are the caller's
+ * to free. */
+dfl_status dfl_gguf_weight_rows(const dfl_gguf * g, const struct ggml_tensor * w, const int32_t * rows, int n,
+                                bool repack, struct ggml_context ** ctx, ggml_backend_buffer_t * buf,
+                                struct ggml_tensor ** out);
 /* The same with every tensor on dev. */
 dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool repack);
 

@@ -275,6 +275,45 @@ static dfl_status place_weights(dfl_target * t) {
     return st;
 }
 
+/* The kept tokens of a cut head: 1..n_vocab distinct ids of the vocabulary. */
+static dfl_status check_head_tokens(const dfl_target * t, const dfl_target_params * p) {
+    const int V = t->m.n_vocab, n = p->n_head_tokens;
+    if (n == 0) {
+        return DFL_OK;
+    }
+    if (n < 0 || n > V || !p->head_tokens) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "an output head cut to %d tokens: keep 1..%d (the vocabulary of '%s'), "
+                        "or 0 for the whole head", n, V, t->m.file.path);
+    }
+    uint8_t * seen = calloc((size_t) V, 1);
+    if (!seen) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    dfl_status st = DFL_OK;
+    for (int i = 0; i < n && st == DFL_OK; i++) {
+        const int32_t tok = p->head_tokens[i];
+        if (tok < 0 || tok >= V) {
+            st = dfl_fail(DFL_ERR_ARGUMENT, "kept head token %d (entry %d) is outside the vocabulary 0..%d", tok, i,
+                          V - 1);
+        } else if (seen[tok]++) {
+            st = dfl_fail(DFL_ERR_ARGUMENT, "kept head token %d is listed twice", tok);
+        }
+    }
+    free(seen);
+    return st;
+}
+
+/* The head cut to the kept tokens' rows of the output weight (tied: of the embedding). */
+static dfl_status cut_head(dfl_target * t, const dfl_target_params * p) {
+    if (!p || p->n_head_tokens == 0) {
+        return DFL_OK;
+    }
+    TRY(dfl_gguf_weight_rows(&t->m.file, t->m.output, p->head_tokens, p->n_head_tokens, !t->p.no_repack,
+                             &t->ctx_head, &t->buf_head, &t->head));
+    t->n_head = p->n_head_tokens;
+    return DFL_OK;
+}
+
 static void verify_reset(verify_seq * v) {
     v->pending = 0;
     v->pending_tree = false;
@@ -332,6 +371,8 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     t->p.device = NULL; /* the caller's strings are not ours to keep */
     t->p.weight_placements = NULL;
     t->p.n_weight_placements = 0;
+    t->p.head_tokens = NULL;
+    t->p.n_head_tokens = 0;
 
     dfl_status st = dfl_model_open(path, &t->m);
     if (st != DFL_OK) {
@@ -339,7 +380,12 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
         return st;
     }
     t->tok_lookup = t->m.tok_embd;
-    st = dfl_model_rope_scaling(&t->m, t->p.rope_scaling_type, t->p.rope_freq_scale, t->p.yarn_orig_ctx);
+    t->head = t->m.output; /* a memory plan counts the whole head */
+    t->n_head = t->m.n_vocab;
+    st = params ? check_head_tokens(t, params) : DFL_OK;
+    if (st == DFL_OK) {
+        st = dfl_model_rope_scaling(&t->m, t->p.rope_scaling_type, t->p.rope_freq_scale, t->p.yarn_orig_ctx);
+    }
     if (st == DFL_OK) {
         st = check_params(&t->m, &t->p);
     }
@@ -379,6 +425,9 @@ DFL_API dfl_status dfl_target_load(const char * path, const dfl_target_params * 
     TRY(dfl_target_open(path, params, &t));
     *out = NULL;
     dfl_status st = place_weights(t);
+    if (st == DFL_OK) {
+        st = cut_head(t, params);
+    }
     if (st == DFL_OK) {
         st = alloc_state(t);
     }
@@ -420,6 +469,8 @@ DFL_API void dfl_target_free(dfl_target * t) {
     dfl_memory_free(&t->mem);
     if (t->buf_lookup) ggml_backend_buffer_free(t->buf_lookup);
     if (t->ctx_lookup) ggml_free(t->ctx_lookup);
+    if (t->buf_head) ggml_backend_buffer_free(t->buf_head);
+    if (t->ctx_head) ggml_free(t->ctx_head);
     dfl_runtime_free(&t->rt);
     free(t->placed);
     dfl_model_close(&t->m);
@@ -450,6 +501,7 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     }
     memset(info, 0, sizeof *info);
     info->n_vocab = t->m.n_vocab;
+    info->n_head = t->n_head;
     info->n_embd = t->m.n_embd;
     info->n_layer = t->m.n_layer;
     info->n_ctx_train = t->m.n_ctx_train;
@@ -632,7 +684,7 @@ static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
             continue;
         }
         dfl_sampler_key key;
-        TRY(dfl_sampler_key_for(&t->sampler[s->seq], n_out, t->m.n_vocab, &key));
+        TRY(dfl_sampler_key_for(&t->sampler[s->seq], n_out, t->n_head, &key));
         if (first) {
             step->samp = key;
         } else {
@@ -643,7 +695,7 @@ static dfl_status step_sampling(dfl_target * t, dfl_step * step) {
     }
     /* by candidates where top-k is a partial sort: where it sorts whole rows (Vulkan), the
      * sort would cost more than masking in place */
-    dfl_sampler_key_settle(&step->samp, n_rows, t->m.n_vocab, !t->rt.top_k_by_sort);
+    dfl_sampler_key_settle(&step->samp, n_rows, t->n_head, !t->rt.top_k_by_sort);
     step->samp.by_sort = t->rt.top_k_by_sort;
     return DFL_OK;
 }
@@ -668,7 +720,7 @@ static dfl_status fill_sampling(dfl_target * t, const dfl_step * step, const gra
     if (n == 0) {
         return DFL_OK;
     }
-    TRY(dfl_sampler_fill_parts(parts, n, &t->rt, &in->samp, &step->samp, t->m.n_vocab));
+    TRY(dfl_sampler_fill_parts(parts, n, &t->rt, &in->samp, &step->samp, t->n_head));
     if (step->samp.masked == DFL_MASK_CANDIDATES && step->samp.pick != DFL_PICK_ARGMAX) {
         /* the host staging of the first part's sampler holds the settings just filled */
         const int m = step->n_out * DFL_SAMPLER_PARAMS;
@@ -986,7 +1038,7 @@ static dfl_status check_rows(const dfl_target * t, int32_t row0, int32_t n_rows,
 
 DFL_API dfl_status dfl_target_logits(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
     TRY(check_rows(t, row0, n_rows, t ? t->n_out : 0, "logit"));
-    const size_t row = (size_t) t->m.n_vocab * sizeof(float);
+    const size_t row = (size_t) t->n_head * sizeof(float);
     dfl_runtime_get(&t->rt, t->out->in.logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }
@@ -1041,7 +1093,7 @@ static dfl_status read_choices(dfl_target * t, int * undecided) {
  * rows, masked as a sampling step masks them (exact whatever the mask), in a graph of
  * their rows beside the step's. */
 static dfl_status decide_choices(dfl_target * t) {
-    const int n = t->n_out, V = t->m.n_vocab, W = dfl_mask_words(V);
+    const int n = t->n_out, V = t->n_head, W = dfl_mask_words(V);
     int m;
     TRY(read_choices(t, &m));
     if (m == 0) {
@@ -1115,7 +1167,7 @@ static dfl_status decide_choices(dfl_target * t) {
 /* The masks the step's part p was filled with, staged again in `again` (a part without
  * masks stages none). */
 static dfl_status restage_masks(const dfl_target * t, int p, dfl_sampler * again) {
-    const int V = t->m.n_vocab, W = dfl_mask_words(V);
+    const int V = t->n_head, W = dfl_mask_words(V);
     const dfl_sampler * smp = &t->sampler[t->out_part[p].seq];
     if (t->out_part[p].mask_gen == 0) {
         return DFL_OK;
@@ -1132,7 +1184,7 @@ static dfl_status restage_masks(const dfl_target * t, int p, dfl_sampler * again
  * already: no penalties again), with the settings and uniforms it was filled with. Its
  * choices, candidates and probabilities, read back, are the step's. */
 static dfl_status sample_again(dfl_target * t) {
-    const int n = t->n_out, V = t->m.n_vocab, P = t->n_out_parts;
+    const int n = t->n_out, V = t->n_head, P = t->n_out_parts;
     dfl_sampler again[DFL_MAX_SEQ];
     dfl_sampler_part parts[DFL_MAX_SEQ];
     dfl_sampler_key masks;
@@ -1290,7 +1342,7 @@ DFL_API dfl_status dfl_target_redraw(dfl_target * t, int32_t seq, const int32_t 
     t->graphs[slot].valid = false;
     /* the rows' logits (their penalties applied in place by the step's graph) ranked in
      * full: the draw then sees every token the kept set may hold, at any vocabulary size */
-    const int V = t->m.n_vocab;
+    const int V = t->n_head;
     const dfl_sampler_key key = { DFL_PICK_RANKED, V, 0, 0, 0, 0 };
     struct ggml_context * ctx = dfl_runtime_begin_graph(&t->rt, slot);
     struct ggml_cgraph * gf = ggml_new_graph_custom(ctx, DFL_GRAPH_SIZE, false);
@@ -1322,13 +1374,13 @@ DFL_API dfl_status dfl_target_set_uniforms(dfl_target * t, int32_t seq, const fl
 DFL_API dfl_status dfl_target_set_penalties(dfl_target * t, int32_t seq, const int32_t * tokens, const float * counts,
                                            int32_t n_rows, int32_t per_row) {
     TRY(check_seq(t, seq));
-    return dfl_sampler_stage_penalties(&t->sampler[seq], tokens, counts, n_rows, per_row, t->m.n_vocab);
+    return dfl_sampler_stage_penalties(&t->sampler[seq], tokens, counts, n_rows, per_row, t->n_head);
 }
 
 DFL_API dfl_status dfl_target_set_masks(dfl_target * t, int32_t seq, const uint32_t * words, int32_t n_rows,
                                        int32_t n_words) {
     TRY(check_seq(t, seq));
-    return dfl_sampler_stage_masks(&t->sampler[seq], words, n_rows, n_words, t->m.n_vocab);
+    return dfl_sampler_stage_masks(&t->sampler[seq], words, n_rows, n_words, t->n_head);
 }
 
 DFL_API dfl_status dfl_target_features(const dfl_target * t, int32_t seq, float * dst, int32_t row0, int32_t n_rows) {

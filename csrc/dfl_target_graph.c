@@ -749,7 +749,7 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
         if (!normed) {
             x = dfl_cb(dfl_rms_norm(ctx, x, m->output_norm, m->eps), "result_norm", -1);
         }
-        struct ggml_tensor * out = dfl_gguf_mul_mat(&m->file, ctx, m->output, x);
+        struct ggml_tensor * out = dfl_gguf_mul_mat(&m->file, ctx, t->head, x); /* n_head wide */
         if (m->logit_softcap > 0.0f) {
             out = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, out, 1.0f / m->logit_softcap)), m->logit_softcap);
         }

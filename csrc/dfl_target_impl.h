@@ -127,6 +127,11 @@ struct dfl_target {
     struct ggml_tensor * tok_lookup;
     struct ggml_context * ctx_lookup;
     ggml_backend_buffer_t buf_lookup;
+    /* the logits' weight: m.output, or its rows of the kept tokens (params.head_tokens) */
+    struct ggml_tensor * head;
+    int n_head; /* its rows: the logits' width */
+    struct ggml_context * ctx_head;
+    ggml_backend_buffer_t buf_head;
 
     dfl_memory mem;
     verify_seq verify[DFL_MAX_SEQ];

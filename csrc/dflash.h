@@ -85,10 +85,17 @@ typedef struct dfl_target_params {
     int32_t yarn_orig_ctx;    /* --yarn-orig-ctx; 0: the file's (else its training context) */
     int32_t n_weight_placements; /* weights placed by name (read at load, not kept) */
     const dfl_weight_placement * weight_placements;
+    /* An output head cut to these tokens (FR-Spec's drafter head): n_head_tokens distinct
+     * ids of the vocabulary, in the order of the logits' rows; 0: the whole vocabulary.
+     * Logits are then n_head_tokens wide and choices, candidates, masks and penalties
+     * speak of head rows (index i is token head_tokens[i]). Read at load, not kept. */
+    int32_t n_head_tokens;
+    const int32_t * head_tokens;
 } dfl_target_params;
 
 typedef struct dfl_target_info {
     int32_t n_vocab;
+    int32_t n_head;           /* rows of the output head: the logits' width (n_vocab unless cut) */
     int32_t n_embd;
     int32_t n_layer;
     int32_t n_ctx_train;

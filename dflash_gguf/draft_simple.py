@@ -31,6 +31,7 @@ second choice as a leaf beside the chain's node; every node's token is the draft
 choice given exactly its own path, so no drafter call is spent off the chain."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -107,6 +108,38 @@ def check_vocab(target_path: str, draft_path: str) -> None:
                          f"{target_path}: {why}")
 
 
+# ---- the drafter's cut head (FR-Spec, arXiv 2502.14856) ----------------------------------
+
+# llama.cpp's token types (gguf's TokenType) that are not text: CONTROL, USER_DEFINED
+SPECIAL_TOKEN_TYPES = (3, 4)
+
+
+def kept_tokens(path: str, n: int) -> Tuple[int, ...]:
+    """The n token ids a drafter's head keeps (--spec-draft-vocab): every special token
+    (control and user-defined: a chat's end-of-turn must stay draftable), then the lowest
+    ids, ascending. A byte-level BPE (Qwen's, Llama 3's) numbers its merges in the order it
+    learned them, which follows their frequency in its training text, so low ids are the
+    common tokens. Drafts are only ever kept tokens; the target verifies each one."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens.data) if tokens is not None else None
+    if n_vocab is None:
+        raise ValueError(f"{path} has no vocabulary (tokenizer.ggml.tokens): cannot pick the tokens to keep")
+    if not 1 <= n <= n_vocab:
+        raise ValueError(f"--spec-draft-vocab {n}: the drafter {path} has {n_vocab} tokens; keep 1..{n_vocab} "
+                         "(0: the whole head)")
+    types = reader.fields.get("tokenizer.ggml.token_type")
+    kinds = np.asarray(types.contents(), dtype=np.int64) if types is not None else np.ones(n_vocab, np.int64)
+    special = np.flatnonzero(np.isin(kinds, SPECIAL_TOKEN_TYPES))
+    if len(special) > n:
+        raise ValueError(f"--spec-draft-vocab {n} is fewer than the drafter's {len(special)} special tokens, "
+                         "which a cut head always keeps")
+    rest = np.setdiff1d(np.arange(n_vocab), special, assume_unique=True)[:n - len(special)]
+    return tuple(int(t) for t in np.sort(np.concatenate([special, rest])))
+
+
 # ---- the drafter -------------------------------------------------------------------------
 
 class SimpleDraft:
@@ -116,8 +149,11 @@ class SimpleDraft:
     decoded, then truncated away where the model's memory can go back (`truncates`:
     attention layers only), else verified as a chain, whose commit keeps them."""
 
-    def __init__(self, path: str, config: TargetConfig, target: Target):
+    def __init__(self, path: str, config: TargetConfig, target: Target, draft_vocab: int = 0):
+        """draft_vocab > 0: the drafter's output head cut to that many tokens (kept_tokens)."""
         check_vocab(target.path, path)
+        if draft_vocab:
+            config = replace(config, head_tokens=kept_tokens(path, draft_vocab))
         self.model = Target(path, config)
         if self.model.n_vocab < target.n_vocab:
             n = self.model.n_vocab

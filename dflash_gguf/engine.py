@@ -94,7 +94,9 @@ class Engine:
         spec_draft_n_max (the n-gram kinds' longest draft, MTP's, EAGLE3's and draft-simple's
         drafts per step; the DFlash block when block_size is left out), spec_draft_n_min,
         n_ctx_draft and n_gpu_layers_draft (draft-simple's shortest chain, its context (0: n_ctx)
-        and its layers on the device), spec_draft_conf_min,
+        and its layers on the device), spec_draft_vocab (draft-simple's drafter head cut to
+        that many tokens, FR-Spec: cheaper drafts, never a token outside them; 0: all),
+        spec_draft_conf_min,
         spec_ngram_simple_size_n, spec_ngram_mod_n_match, spec_ngram_mod_n_min;
         override_tensor ("PATTERN=DEVICE" strings or (pattern, device) pairs: weights
         whose GGUF name matches on that device, the first match deciding), cpu_moe and
@@ -120,7 +122,8 @@ class Engine:
             self.tokenizer = Tokenizer(model)
             self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
             # draft-simple: a second model of the target's kind, with its own memory (draft_simple.py)
-            self.simple_draft = SimpleDraft(setup.simple.path, setup.simple.config, self.target) \
+            self.simple_draft = SimpleDraft(setup.simple.path, setup.simple.config, self.target,
+                                            setup.simple.draft_vocab) \
                 if setup.simple else None
             if setup.spec_draft_conf_min > 0 and not self.draft.has_confidence:
                 self.draft.close()

@@ -66,6 +66,10 @@ class TargetConfig:
     # weights placed by name: (pattern, device) rules, the first matching one decides
     # (placement.py: -ot, --cpu-moe, --n-cpu-moe); the rest are placed by n_gpu_layers
     tensor_overrides: tuple = ()
+    # the output head cut to these token ids (FR-Spec's drafter head): logits are one per
+    # kept token, in this order; choices and candidates still come back as token ids.
+    # None: the whole vocabulary
+    head_tokens: Optional[Sequence[int]] = None
 
 
 def target_params(cfg: TargetConfig, path: Optional[str] = None):
@@ -96,6 +100,12 @@ def target_params(cfg: TargetConfig, path: Optional[str] = None):
         p.feature_layers[i] = int(layer)
     device = ffi.new("char[]", cfg.device.encode()) if cfg.device else ffi.NULL
     p.device = device
+    if cfg.head_tokens is not None:
+        if len(cfg.head_tokens) == 0:
+            raise ValueError("an output head cut to no tokens: keep at least one (None: the whole head)")
+        kept = ffi.new("int32_t[]", [int(t) for t in cfg.head_tokens])
+        p.n_head_tokens, p.head_tokens = len(cfg.head_tokens), kept
+        placement._keep[p] = placement._keep.get(p, ()) + (kept,)
     if cfg.tensor_overrides:
         if path is None:
             raise ValueError("tensor overrides are resolved against a model file: give its path")
@@ -119,6 +129,9 @@ class Target(NativeObject):
         self.config = cfg
         info = self.info()
         self.n_vocab = info["n_vocab"]
+        self.n_head = info["n_head"]  # the logits' width: n_vocab unless the head is cut
+        # a cut head's row -> token id (None: rows are token ids)
+        self.head_tokens = None if cfg.head_tokens is None else np.asarray(cfg.head_tokens, dtype=np.int32)
         self.n_embd = info["n_embd"]
         self.n_ctx = info["n_ctx"]
         self.n_ubatch = info["n_ubatch"]
@@ -137,7 +150,7 @@ class Target(NativeObject):
         info = ffi.new("dfl_target_info *")
         check(lib.dfl_target_get_info(self._handle(), info))
         return {
-            "n_vocab": info.n_vocab, "n_embd": info.n_embd, "n_layer": info.n_layer,
+            "n_vocab": info.n_vocab, "n_head": info.n_head, "n_embd": info.n_embd, "n_layer": info.n_layer,
             "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "n_ubatch": info.n_ubatch,
             "n_verify": info.n_verify, "n_seq": info.n_seq, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
             "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds, "n_threads": info.n_threads,
@@ -275,8 +288,15 @@ class Target(NativeObject):
         check(lib.dfl_target_commit_path(self._handle(), int(seq), ffi.from_buffer("int32_t[]", arr), len(arr)))
 
     # -- results of the last call -------------------------------------------------------
+    def _head_ids(self, rows: np.ndarray) -> np.ndarray:
+        """Head rows as token ids (a cut head's kept tokens; -1 stays -1)."""
+        if self.head_tokens is None:
+            return rows
+        return np.where(rows >= 0, self.head_tokens[np.maximum(rows, 0)], rows).astype(np.int32)
+
     def logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
-        out = np.empty((n_rows, self.n_vocab), dtype=np.float32)
+        """[n_rows, n_head]: one logit per head row (token head_tokens[i] of a cut head)."""
+        out = np.empty((n_rows, self.n_head), dtype=np.float32)
         check(lib.dfl_target_logits(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
         return out
 
@@ -286,7 +306,7 @@ class Target(NativeObject):
         sampling.Sampler.choices)."""
         out = self._choices[:n_rows]
         check(lib.dfl_target_choices(self._handle(), ffi.from_buffer("int32_t[]", out), row0, n_rows))
-        return out.copy()
+        return self._head_ids(out.copy())
 
     def redraw(self, rows, u, seq: int = 0) -> np.ndarray:
         """Draws again on the device the rows of the last call that chose -1 (their kept
@@ -297,7 +317,7 @@ class Target(NativeObject):
         out = np.empty(len(rows), dtype=np.int32)
         check(lib.dfl_target_redraw(self._handle(), int(seq), ffi.from_buffer("int32_t[]", rows),
                                     ffi.from_buffer("float[]", u), len(rows), ffi.from_buffer("int32_t[]", out)))
-        return out
+        return self._head_ids(out)
 
     def candidates(self, row0: int, n_rows: int, k: int):
         """(tokens, probabilities), [n_rows, k] each: the kept candidates of the last
@@ -306,7 +326,7 @@ class Target(NativeObject):
         probs = np.empty((n_rows, k), dtype=np.float32)
         check(lib.dfl_target_candidates(self._handle(), row0, n_rows, k, ffi.from_buffer("int32_t[]", toks),
                                         ffi.from_buffer("float[]", probs)))
-        return toks, probs
+        return self._head_ids(toks), probs
 
     # -- sampling (sampling.Sampler drives these) ---------------------------------------
     def set_sampling(self, native, seq: int = 0) -> None:

@@ -20,7 +20,7 @@ from dflash_gguf.config import ConfigError
 from dflash_gguf.draft_simple import SimpleDraft, vocab_difference
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
-from dflash_gguf.target import LOGITS_NONE, Target, TargetConfig
+from dflash_gguf.target import DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target, TargetConfig
 
 DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
 DEMO = str(DATA / "demo-target.gguf")
@@ -295,3 +295,84 @@ def test_sampled_output_keeps_the_targets_distribution(tree):
     stat, df = chi2_stat(counts, exact, n)
     assert df >= 4, "too few cells for the test to say anything"
     assert stat < chi2_critical(df), (stat, df)
+
+
+# ---- a drafter's head cut to the kept tokens (--spec-draft-vocab, FR-Spec) -----------------
+
+def restricted_drafts(path, kept, context, n_max):
+    """The oracle: the uncut drafter's argmax over the kept tokens only, draft by draft,
+    from its whole logits (one decode per draft)."""
+    kept = np.asarray(kept)
+    model = Target(path, TargetConfig(n_ctx=512, kv_type="f32", n_threads=1))
+    try:
+        model.step([Rows(0, DECODE, list(context), logits=LOGITS_LAST)])
+        drafts = []
+        while True:
+            drafts.append(int(kept[np.argmax(model.logits(0, 1)[0][kept])]))
+            if len(drafts) == n_max:
+                return drafts
+            model.step([Rows(0, DECODE, drafts[-1:], logits=LOGITS_LAST)])
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("drafter", ["small", "q4"])
+def test_a_cut_heads_logits_are_the_kept_rows_of_the_whole_heads(files, drafter):
+    """Loaded with kept tokens, a model's logits are the whole head's at those tokens (in
+    their order: rows copied whole, quantized ones as their blocks), and its choices and
+    candidates come back as token ids: the argmax over the kept tokens."""
+    cfg = TargetConfig(n_ctx=512, kv_type="f32", n_threads=1)
+    whole = Target(files[drafter], cfg)
+    V = whole.n_vocab
+    kept = tuple(int(t) for t in np.random.default_rng(0).permutation(V)[:V // 3])
+    cut = Target(files[drafter], replace(cfg, head_tokens=kept))
+    try:
+        assert (cut.n_vocab, cut.n_head, whole.n_head) == (V, len(kept), V)
+        for model in (whole, cut):
+            model.step([Rows(0, DECODE, list(range(5, 17)))])
+        full, part = whole.logits(0, 12), cut.logits(0, 12)
+        np.testing.assert_allclose(part, full[:, kept], rtol=1e-5, atol=1e-5)
+        want = np.asarray(kept)[np.argmax(full[:, kept], axis=1)]
+        assert (cut.choices(0, 12) == want).all()
+        assert not (whole.choices(0, 12) == want).all()  # the cut changes some choice: the test can fail
+    finally:
+        cut.close()
+        whole.close()
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_cut_drafter_keeps_greedy_output_and_drafts_the_kept_argmax(files, plain, tree):
+    """--spec-draft-vocab: the output is plain greedy's, token for token (the target
+    verifies every draft), and each draft is the uncut drafter's argmax over the kept
+    tokens."""
+    from dflash_gguf.draft_simple import kept_tokens
+
+    want = [plain.generate(t, 40, stop_tokens=()).tokens for t in TEXTS]
+    n = 300
+    with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget=8 if tree else None,
+                spec_draft_vocab=n, **OPTIONS) as engine:
+        assert engine.simple_draft.model.n_head == n
+        got = [engine.generate(t, 40, stop_tokens=()) for t in TEXTS]
+        assert [g.tokens for g in got] == want
+        context = engine.encode(TEXTS[0])
+        drafts, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
+    kept = kept_tokens(files["q8"], n)
+    assert len(kept) == n and set(drafts) <= set(kept)
+    assert drafts == restricted_drafts(files["q8"], kept, context, 3)
+
+
+def test_a_cut_head_out_of_range_is_a_clear_error(files):
+    with Target(files["small"], TargetConfig(n_ctx=64, n_threads=1)) as whole:
+        V = whole.n_vocab
+    with pytest.raises(ConfigError, match="spec_draft_vocab|kept tokens"):
+        Engine(files["target"], files["q8"], spec_draft_vocab=-1, **OPTIONS)
+    with pytest.raises(ConfigError, match="draft-simple only"):
+        Engine(files["target"], spec_draft_vocab=100, **OPTIONS)
+    with pytest.raises(ValueError, match=f"has {V} tokens; keep 1..{V}"):
+        Engine(files["target"], files["small"], spec_draft_vocab=V + 1, **OPTIONS)
+    for kept, why in [((0, 3, 0), "listed twice"), ((1, V), "outside the vocabulary"), ((), "at least one")]:
+        with pytest.raises((RuntimeError, ValueError), match=why):
+            Target(files["small"], TargetConfig(n_ctx=64, n_threads=1, head_tokens=kept))
+    base = ["-m", files["target"], "-md", files["q8"], "-p", TEXTS[0], "-n", "4", "-c", "512", "-t", "1"]
+    bad = run(*base, "--spec-draft-vocab", str(V + 5))
+    assert bad.returncode != 0 and "--spec-draft-vocab" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
