@@ -51,6 +51,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     prompts = [(name, text) for name, text in PROMPTS if name in ("split", "class", "main")] + [("prose", PROSE)]
     rows, reference = [], {}
+    # the checkout as the run starts
+    doc = results_doc("scripts/draft_vocab_acceptance.py", sys.argv, target=TARGET.name, draft=DRAFT.name,
+                      settings={"spec_type": "draft-simple", "spec_draft_n_max": 3, "greedy": True,
+                                "n_predict": args.n_predict, "kept": "special tokens, then the lowest ids"},
+                      prompts={name: text for name, text in prompts})
     for n in [int(x) for x in args.vocab.split(",")]:
         with Engine(str(TARGET), str(DRAFT), spec_type="draft-simple", spec_draft_n_max=3, spec_draft_vocab=n,
                     n_ctx=1024, n_threads=args.threads) as engine:
@@ -68,10 +73,7 @@ def main(argv=None) -> int:
                "al_by_prompt": per, "steps": len(pooled), **head_bytes(DRAFT, n or 151936)}
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    doc = results_doc("scripts/draft_vocab_acceptance.py", sys.argv, target=TARGET.name, draft=DRAFT.name,
-                      settings={"spec_type": "draft-simple", "spec_draft_n_max": 3, "greedy": True,
-                                "n_predict": args.n_predict, "kept": "special tokens, then the lowest ids"},
-                      prompts={name: text for name, text in prompts}, rows=rows)
+    doc["rows"] = rows
     if args.out:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(rows, indent=1))
