@@ -52,3 +52,32 @@ def test_counts_equal_llama_cpp(pair):
     keys = ("n_drafted", "n_accept", "n_predict")
     assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
     assert got["n_accept"] > got["n_drafted"] / 2
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_cut_drafter_head_keeps_plain_greedy_output(pair, plain_tokens, tree):
+    """--spec-draft-vocab 8192: the drafter's head keeps 8192 of 151936 rows; the output
+    is still plain greedy's, and code's common tokens are among the kept ones."""
+    with Engine(pair["target"], pair["small"], n_ctx=512, spec_draft_n_max=N_MAX, spec_draft_vocab=8192,
+                tree_budget=8 if tree else None) as engine:
+        assert engine.simple_draft.model.n_head == 8192
+        got = engine.generate(PROMPT, N_NEW, stop_tokens=())
+    assert got.tokens == plain_tokens
+    assert got.stats.mean_accepted > 1.5, got.stats.mean_accepted
+
+
+def test_a_cut_heads_logits_are_the_whole_heads_kept_rows(pair):
+    """The 0.5B's Q8_0 head cut to kept rows (repacked on the CPU as the whole one is):
+    its logits are the whole head's at those tokens."""
+    import numpy as np
+
+    from dflash_gguf.draft_simple import kept_tokens
+    from dflash_gguf.target import DECODE, Rows, Target, TargetConfig
+
+    kept = kept_tokens(pair["small"], 4096)
+    logits = []
+    for head in (None, kept):
+        with Target(pair["small"], TargetConfig(n_ctx=64, head_tokens=head)) as model:
+            model.step([Rows(0, DECODE, list(range(1000, 1008)))])
+            logits.append(model.logits(0, 8))
+    np.testing.assert_allclose(logits[1], logits[0][:, kept], rtol=1e-4, atol=1e-4)
