@@ -140,6 +140,27 @@ def kept_tokens(path: str, n: int) -> Tuple[int, ...]:
     return tuple(int(t) for t in np.sort(np.concatenate([special, rest])))
 
 
+def replayed_lengths(logits, kept, prompt_len: int, full, n_max: int) -> List[int]:
+    """The tokens per target pass a greedy chain of n_max drafts makes, each draft the
+    drafter's argmax over the kept tokens: from the drafter's logits over prompt and output
+    (row r predicts full[r + 1]; a draft is read at its row only after the ones before it
+    were accepted, i.e. equal to the output there) and the output it must reproduce.
+    The first output token comes from the prompt's pass; as the engine's loop, a step
+    drafts no more than the request still wants after its bonus."""
+    choice = np.asarray(kept)[np.argmax(logits[:, kept], axis=1)]
+    n_out = len(full) - prompt_len
+    lengths, emitted = [], 1
+    while emitted < n_out:
+        bonus = prompt_len + emitted - 1
+        room = max(0, min(n_max, n_out - emitted - 1))
+        accepted = 0
+        while accepted < room and choice[bonus + accepted] == full[bonus + accepted + 1]:
+            accepted += 1
+        lengths.append(accepted + 1)
+        emitted += accepted + 1
+    return lengths
+
+
 # ---- the drafter -------------------------------------------------------------------------
 
 class SimpleDraft:

@@ -4,7 +4,7 @@ one of prose, AL (tokens per target pass) at each N, and what the head then weig
 Acceptance only: no timings (they need an idle machine).
 
 The whole head runs through the engine (draft-simple's real loop); each cut N is then
-replayed from the drafter's logits over the same prompt and output (simulate: a greedy
+replayed from the drafter's logits over the same prompt and output (draft_simple.replayed_lengths: a greedy
 chain's acceptance follows from those, the output being the same at any N), checked
 against the loop at the whole head, and with --run-cut also at the cut Ns named.
 
@@ -43,35 +43,12 @@ def head_bytes(path: Path, n: int) -> dict:
             "model_bytes": total, "head_fraction": round(cut / total, 4)}
 
 
-def simulate(logits, kept, prompt_len: int, full, n_max: int) -> list:
-    """The tokens per target pass a greedy chain of n_max drafts makes, each draft the
-    drafter's argmax over the kept tokens: from the drafter's logits over prompt and output
-    (row r predicts full[r + 1]; a draft is read at its row only after the ones before it
-    were accepted, i.e. equal to the output there) and the output it must reproduce.
-    The first output token comes from the prompt's pass; as the engine's loop, a step
-    drafts no more than the request still wants after its bonus."""
-    import numpy as np
-
-    choice = np.asarray(kept)[np.argmax(logits[:, kept], axis=1)]
-    n_out = len(full) - prompt_len
-    lengths, emitted = [], 1
-    while emitted < n_out:
-        bonus = prompt_len + emitted - 1
-        room = max(0, min(n_max, n_out - emitted - 1))
-        accepted = 0
-        while accepted < room and choice[bonus + accepted] == full[bonus + accepted + 1]:
-            accepted += 1
-        lengths.append(accepted + 1)
-        emitted += accepted + 1
-    return lengths
-
-
 def main(argv=None) -> int:
     import numpy as np
 
     from dflash_gguf.bench.prompts import PROMPTS
     from dflash_gguf.bench.provenance import results_doc
-    from dflash_gguf.draft_simple import kept_tokens
+    from dflash_gguf.draft_simple import kept_tokens, replayed_lengths
     from dflash_gguf.engine import Engine
     from dflash_gguf.target import DECODE, Rows, Target, TargetConfig
 
@@ -112,7 +89,7 @@ def main(argv=None) -> int:
         kept = np.arange(n_vocab) if n == 0 else np.asarray(kept_tokens(str(DRAFT), n))
         per, pooled = {}, []
         for name, _ in prompts:
-            lengths = simulate(logits[name][0], kept, logits[name][1], logits[name][2], n_max)
+            lengths = replayed_lengths(logits[name][0], kept, logits[name][1], logits[name][2], n_max)
             per[name] = round(sum(lengths) / len(lengths), 3)
             pooled += lengths
         row = {"n": n or n_vocab, "whole_head": n == 0, "al": round(sum(pooled) / len(pooled), 3),

@@ -376,3 +376,25 @@ def test_a_cut_head_out_of_range_is_a_clear_error(files):
     base = ["-m", files["target"], "-md", files["q8"], "-p", TEXTS[0], "-n", "4", "-c", "512", "-t", "1"]
     bad = run(*base, "--spec-draft-vocab", str(V + 5))
     assert bad.returncode != 0 and "--spec-draft-vocab" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+@pytest.mark.parametrize("n", [0, 300])
+def test_the_replay_gives_the_loops_accepted_lengths(files, n):
+    """draft_simple.replayed_lengths (what scripts/draft_vocab_acceptance.py reports for
+    each cut N): a greedy chain's steps replayed from the uncut drafter's logits over
+    prompt and output are the engine's own, step for step."""
+    from dflash_gguf.draft_simple import kept_tokens, replayed_lengths
+
+    drafter = Target(files["q4"], TargetConfig(n_ctx=512, kv_type="f32", n_threads=1))
+    kept = np.arange(drafter.n_vocab) if n == 0 else np.asarray(kept_tokens(files["q4"], n))
+    with Engine(files["target"], files["q4"], spec_draft_n_max=3, spec_draft_vocab=n, **OPTIONS) as engine:
+        for text in TEXTS:
+            ids = engine.encode(text)
+            out = engine.generate(ids, 40, stop_tokens=())
+            full = list(ids) + list(out.tokens)
+            drafter.reset()
+            drafter.step([Rows(0, DECODE, full)])
+            got = replayed_lengths(drafter.logits(0, len(full)), kept, len(ids), full, 3)
+            assert got == out.stats.accepted_lengths
+            assert 1 < out.stats.mean_accepted < 4  # some drafts right, some wrong: the test can fail
+    drafter.close()
