@@ -1,11 +1,11 @@
 """Rewrite results files in place in the form results/ keeps (dflash_gguf/bench/slim.py):
 each run's text and token ids as their sha256 and length, and the per-record lists (runs,
-requests, memory samples) moved into <name>.records.jsonl.gz beside the JSON, which keeps
+requests, memory samples) moved into <name>.records.jsonl.xz beside the JSON, which keeps
 everything else and a pointer to them. A file already in that form is left as it is.
 A file is rewritten only if the pair reads back (slim.read) as the slim form of the
 document it held, and a dflash-bench file only if its runs give the same rows and
 comparisons slim as raw (dflash_gguf.bench.report: outputs compared by hash instead of
-by text).
+by text; floats within 1e-5, the records keeping 6 significant digits).
 
     .venv/bin/python scripts/slim_results.py results/bench-2026-11-25-turns-draft.json ...
     .venv/bin/python scripts/slim_results.py --keep-raw FILE   # FILE's raw record also as FILE.raw.json.gz
@@ -44,13 +44,13 @@ def slim_file(path: Path, keep_raw: bool) -> str:
         return "already slim"
     slimmed = slim.slim_doc(doc)
     if doc.get("tool") == "dflash-bench" and isinstance(doc.get("runs"), list):
-        if derived(doc["runs"]) != derived(slimmed["runs"]):
+        if not slim.same_figures(derived(doc["runs"]), derived(slimmed["runs"])):
             raise ValueError(f"{path}: its slim runs give other rows or comparisons than its raw ones; left as is")
     slim.write(path, doc, keep_raw=keep_raw)
     back = slim.read(path)
     if back != slimmed:  # cannot happen unless slim.py is wrong: say so rather than keep a lossy file
         raise ValueError(f"{path}: the pair written does not read back as the document it held")
-    if doc.get("tool") == "dflash-bench" and isinstance(doc.get("runs"), list) and derived(back["runs"]) != derived(doc["runs"]):
+    if doc.get("tool") == "dflash-bench" and isinstance(doc.get("runs"), list) and not slim.same_figures(derived(back["runs"]), derived(doc["runs"])):
         raise ValueError(f"{path}: the pair's runs give other rows or comparisons than the file's")
     return f"{old_bytes:,} -> {_size(path) + _size(records):,} bytes"
 

@@ -21,12 +21,16 @@ The file itself is indented at the top level, with each element of a list of rec
 The per-record lists (RECORD_LISTS: a bench file's runs, a soak file's requests and
 memory samples; NESTED_LISTS: a concurrency row's replies, the old benchmark's runs) are
 most of a file's bytes even slim, and no reader of the figures needs them: they go, slim,
-into <name>.records.jsonl.gz beside <name>.json (`write`), a record a line, list after
-list (`split`'s order), gzipped deterministically (no name, mtime 0), so that the same
-document always gives the same bytes. The JSON keeps all else (settings, provenance,
+into <name>.records.jsonl.xz beside <name>.json (`write`), a record a line, list after
+list (`split`'s order), xz-compressed (a format with no name or time in it, so that the
+same document always gives the same bytes). Their floats are kept to 6 significant
+digits (FLOAT_DIGITS): a run's seconds to a millionth of themselves, far below any
+run-to-run noise, while the 17-digit noise of full doubles was most of the compressed
+bytes. The rows and comparisons in the JSON were computed from the full values before
+that. The JSON keeps all else (settings, provenance,
 load, rows and cells with per-repetition figures, comparisons, headline) and, where the
 first top-level list was (else at its end), a pointer:
-  "records": {"file": "<name>.records.jsonl.gz", "sha256": of its uncompressed lines,
+  "records": {"file": "<name>.records.jsonl.xz", "sha256": of its uncompressed lines,
               "counts": {"runs": n, "rows/0/replies": m, ...}}
 `read` gives back the whole document from the pair (checking the sha256 and the counts).
 """
@@ -34,15 +38,17 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
+import lzma
+import math
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .runs import OURS_PLAIN
 
 RAW_SUFFIX = ".raw.json.gz"
-RECORDS_SUFFIX = ".records.jsonl.gz"
+RECORDS_SUFFIX = ".records.jsonl.xz"
+FLOAT_DIGITS = 6  # significant digits of a float in a records file
 RECORD_LISTS = ("runs", "requests", "memory_samples")  # the top-level lists that leave the JSON
 # and the nested ones, as keys through lists of objects: a concurrency file's replies of
 # each row (rows[i].replies), the old benchmark's runs (e2e[i].rows[j].runs, token ids raw);
@@ -130,11 +136,39 @@ def slim_runs(runs: Sequence[dict]) -> list:
     return out
 
 
+def rounded(value):
+    """`value` with every float in it to FLOAT_DIGITS significant digits."""
+    if isinstance(value, float):
+        return float(f"{value:.{FLOAT_DIGITS}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
+
+
+def same_figures(a, b, rel: float = 1e-5) -> bool:
+    """Whether two documents are equal but for floats within `rel` of each other: what
+    figures recomputed from a records file's rounded floats (FLOAT_DIGITS) are to the
+    ones computed from the full values."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_figures(a[k], b[k], rel) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_figures(x, y, rel) for x, y in zip(a, b))
+    return a == b
+
+
 def slim_doc(doc: dict) -> dict:
-    """A results document as kept in git: its runs (if it has any) slimmed, all else as is."""
+    """A results document as kept in git: its runs (if it has any) slimmed and the floats
+    of its record lists (RECORD_LISTS, NESTED_LISTS) rounded; all else as is."""
     if isinstance(doc.get("runs"), list):
-        return {**doc, "runs": slim_runs(doc["runs"])}
-    return doc
+        doc = {**doc, "runs": slim_runs(doc["runs"])}
+    head, lists = split(doc)
+    if not lists:
+        return doc
+    return join_lists(head, {name: rounded(records) for name, records in lists.items()}, Path("<document>"))
 
 
 def _compact(value) -> str:
@@ -163,7 +197,7 @@ def raw_path(path: Path) -> Path:
 
 
 def records_path(path: Path) -> Path:
-    """<name>.records.jsonl.gz beside <name>.json (kept in git with it)."""
+    """<name>.records.jsonl.xz beside <name>.json (kept in git with it)."""
     return path.with_name(path.name.removesuffix(".json") + RECORDS_SUFFIX)
 
 
@@ -221,12 +255,9 @@ def records_lines(lists: dict) -> bytes:
     return "".join(_compact(r) + "\n" for records in lists.values() for r in records).encode("utf-8")
 
 
-def gzip_bytes(data: bytes) -> bytes:
-    """data gzipped alike on every run: no file name, mtime 0, level 9."""
-    buf = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as f:
-        f.write(data)
-    return buf.getvalue()
+def xz_bytes(data: bytes) -> bytes:
+    """data xz-compressed at the strongest preset (the same bytes on every run)."""
+    return lzma.compress(data, format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)
 
 
 def pair(path: Path, doc: dict) -> tuple:
@@ -237,7 +268,7 @@ def pair(path: Path, doc: dict) -> tuple:
     data = records_lines(lists)
     head[POINTER] = {"file": records_path(path).name, "sha256": hashlib.sha256(data).hexdigest(),
                      "counts": {k: len(v) for k, v in lists.items()}}
-    return dumps(head), gzip_bytes(data)
+    return dumps(head), xz_bytes(data)
 
 
 def join(head: dict, path: Path) -> dict:
@@ -249,13 +280,12 @@ def join(head: dict, path: Path) -> dict:
         return head
     records = path.with_name(pointer["file"])
     try:
-        with gzip.open(records, "rb") as f:
-            data = f.read()
+        data = lzma.decompress(records.read_bytes(), format=lzma.FORMAT_XZ)
     except FileNotFoundError:
         raise ValueError(f"{path}: its records file {records} is missing (results files come in pairs: "
                          f"<name>.json and <name>{RECORDS_SUFFIX})") from None
-    except (OSError, EOFError) as e:
-        raise ValueError(f"{records}: not a gzip file ({e})") from None
+    except lzma.LZMAError as e:
+        raise ValueError(f"{records}: not an xz file ({e})") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != pointer["sha256"]:
         raise ValueError(f"{records}: sha256 {digest} is not the {pointer['sha256']} that {path} names: "
@@ -267,6 +297,12 @@ def join(head: dict, path: Path) -> dict:
     for name, count in pointer["counts"].items():
         lists[name] = [json.loads(line) for line in lines[at:at + count]]
         at += count
+    return join_lists(head, lists, path)
+
+
+def join_lists(head: dict, lists: dict, path: Path) -> dict:
+    """`split`'s inverse: the record lists put back into `head` where the pointer is
+    (the top-level ones) and by their paths (the nested ones)."""
     out = {}
     for key, value in head.items():
         if key == POINTER:
