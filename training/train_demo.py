@@ -33,6 +33,7 @@ import argparse
 import ast
 import hashlib
 import json
+import lzma
 import math
 import os
 import random
@@ -686,6 +687,10 @@ def export_hf_pair(target_dir: Path, draft_dir: Path, dest: Path) -> int:
                 shutil.copy2(f, out / f.name)
         weights = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(src / "model.safetensors")).items()}
         save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+        # git keeps the weights xz-compressed (a third smaller; scripts/setup.sh test
+        # unpacks them beside it, and .gitignore leaves the unpacked file out)
+        (out / "model.safetensors.xz").write_bytes(
+            lzma.compress((out / "model.safetensors").read_bytes(), preset=9 | lzma.PRESET_EXTREME))
     size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
     log(f"wrote bf16 HF checkpoints of the pair to {dest} ({size / 1e6:.1f} MB)")
     return size
