@@ -95,15 +95,9 @@ fi
 # its llama-speculative-simple: built here once per machine (about ten minutes on two
 # cores), so that a new machine's test run finds every oracle it needs.
 if [ "$mode" = "test" ]; then
-  # The demo pair's HF checkpoints (tests/data/demo-hf: the bf16 weights the transformers
-  # and z-lab oracles read) are in git xz-compressed, a third smaller; unpacked beside
-  # themselves (git ignores the unpacked file), again whenever git brings a newer one
-  for packed in "$root"/tests/data/demo-hf/*/model.safetensors.xz; do
-    if [ ! "${packed%.xz}" -nt "$packed" ]; then
-      "$py" -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.decompress(open(sys.argv[1], "rb").read()))' \
-        "$packed" "${packed%.xz}"
-    fi
-  done
+  # The demo pair's HF checkpoints are in git xz-compressed (tests/demo_hf.py); the tests
+  # unpack them themselves, the training scripts that read them find them unpacked here
+  "$py" "$root/tests/demo_hf.py" >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple >/dev/null
   # llama-eval-callback prints every named tensor of a run: the oracle of tests/test_parity.py

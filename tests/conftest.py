@@ -10,6 +10,12 @@ from pathlib import Path
 import pytest
 
 
+def pytest_configure(config):
+    from demo_hf import unpack
+
+    unpack()
+
+
 def pytest_addoption(parser):
     parser.addoption("--device-under-test", default=None,
                      help="ggml device for the tests marked `device` (default: $DFLASH_TEST_DEVICE, else RPC: "
