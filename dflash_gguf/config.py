@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass, replace
-from typing import Optional, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from . import placement
 from .draft import DraftConfig, read_draft_metadata
@@ -122,6 +123,7 @@ class SimpleSetup:
     p_min: float = DEFAULT_SIMPLE_P_MIN
     tree: bool = False
     draft_vocab: int = 0  # > 0: the drafter's head cut to that many tokens (draft_simple.kept_tokens)
+    draft_vocab_from: Tuple[str, ...] = ()  # text whose commonest tokens the cut keeps (draft_simple.corpus_counts)
 
     @property
     def lookahead(self) -> int:
@@ -322,7 +324,8 @@ class EngineSetup:
            rope_scale: float = 0.0, yarn_orig_ctx: int = 0, override_tensor=(), cpu_moe: bool = False,
            n_cpu_moe: int = 0, override_tensor_draft=(), cpu_moe_draft: bool = False,
            n_cpu_moe_draft: int = 0, spec_draft_n_min: int = 0, n_ctx_draft: int = 0,
-           n_gpu_layers_draft: int = -1, spec_draft_vocab: int = 0) -> "EngineSetup":
+           n_gpu_layers_draft: int = -1, spec_draft_vocab: int = 0,
+           spec_draft_vocab_from: Union[str, Sequence[str]] = ()) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -345,6 +348,14 @@ class EngineSetup:
         _count("spec_draft_vocab", spec_draft_vocab, 0, what="the drafter's kept tokens (0: all)")
         if spec_draft_vocab and not simple:
             raise ConfigError("spec_draft_vocab", f"the drafter's head is cut for {SIMPLE} only; this run has none")
+        vocab_from = (spec_draft_vocab_from,) if isinstance(spec_draft_vocab_from, (str, os.PathLike)) \
+            else tuple(spec_draft_vocab_from or ())
+        if vocab_from and not spec_draft_vocab:
+            raise ConfigError("spec_draft_vocab_from", "it chooses the tokens a cut head keeps: give how many "
+                                                       "with --spec-draft-vocab N")
+        missing = next((str(f) for f in vocab_from if not os.path.exists(f)), None)
+        if missing is not None:
+            raise ConfigError("spec_draft_vocab_from", f"{missing}: no such file or directory")
         draft_path = model if "draft-mtp" in kinds else (None if simple else draft)
         meta = read_draft_metadata(draft_path) if draft_path else None
         if spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
@@ -393,7 +404,7 @@ class EngineSetup:
         simple_setup = None
         if simple:
             simple_setup = _simple_setup(draft, tree_budget, spec_draft_n_max, spec_draft_n_min, draft_p_min,
-                                         spec_draft_vocab, TargetConfig(n_ctx=n_ctx_draft or n_ctx, n_ubatch=n_ubatch,
+                                         spec_draft_vocab, tuple(map(str, vocab_from)), TargetConfig(n_ctx=n_ctx_draft or n_ctx, n_ubatch=n_ubatch,
                                                       n_threads=n_threads, kv_type=kv_type, kv_type_v=kv_type_v,
                                                       device=device, repack=repack, n_gpu_layers=n_gpu_layers_draft,
                                                       n_seq=n_seq, tensor_overrides=draft_rules))
@@ -416,7 +427,7 @@ class EngineSetup:
 
 
 def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: Optional[float], draft_vocab: int,
-                  config: TargetConfig) -> SimpleSetup:
+                  draft_vocab_from: Tuple[str, ...], config: TargetConfig) -> SimpleSetup:
     """draft-simple's settings, checked: llama.cpp's defaults where left out (n_max 3,
     n_min 0, p_min 0); a --tree-budget (a number: auto has no cost model for a second
     model) verifies the chain with the second choices beside it."""
@@ -433,7 +444,7 @@ def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: O
     # the drafter verifies its drafts but the last as a chain
     config = replace(config, n_verify=max(n_max, 2))
     return SimpleSetup(draft, config, n_max, n_min, DEFAULT_SIMPLE_P_MIN if p_min is None else float(p_min),
-                       tree=tree_budget is not None, draft_vocab=draft_vocab)
+                       tree=tree_budget is not None, draft_vocab=draft_vocab, draft_vocab_from=draft_vocab_from)
 
 
 def check_constraint(grammar: Optional[str] = None, json_schema=None):

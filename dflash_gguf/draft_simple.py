@@ -32,6 +32,7 @@ choice given exactly its own path, so no drafter call is spent off the chain."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -114,12 +115,41 @@ def check_vocab(target_path: str, draft_path: str) -> None:
 SPECIAL_TOKEN_TYPES = (3, 4)
 
 
-def kept_tokens(path: str, n: int) -> Tuple[int, ...]:
-    """The n token ids a drafter's head keeps (--spec-draft-vocab): every special token
-    (control and user-defined: a chat's end-of-turn must stay draftable), then the lowest
-    ids, ascending. A byte-level BPE (Qwen's, Llama 3's) numbers its merges in the order it
-    learned them, which follows their frequency in its training text, so low ids are the
-    common tokens. Drafts are only ever kept tokens; the target verifies each one."""
+def corpus_files(paths: Sequence[str]) -> List[Path]:
+    """--spec-draft-vocab-from's files: each path named, or every file under a directory
+    (sorted, so that the kept set does not depend on the file system's order)."""
+    out = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            out.extend(sorted(f for f in path.rglob("*") if f.is_file()))
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise ValueError(f"--spec-draft-vocab-from {path}: no such file or directory")
+    if not out:
+        raise ValueError(f"--spec-draft-vocab-from {', '.join(map(str, paths))}: no files to count tokens in")
+    return out
+
+
+def corpus_counts(tokenizer, paths: Sequence[str], n_vocab: int) -> np.ndarray:
+    """How often each token id occurs in the files' text (read as UTF-8, undecodable bytes
+    replaced), tokenized as the target tokenizes text: the frequencies that choose the
+    tokens a cut head keeps, as FR-Spec chooses them from a corpus."""
+    counts = np.zeros(n_vocab, dtype=np.int64)
+    for f in corpus_files(paths):
+        ids = tokenizer.encode(f.read_text(encoding="utf-8", errors="replace"), add_bos=False, special=False)
+        counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=n_vocab)[:n_vocab]
+    return counts
+
+
+def kept_tokens(path: str, n: int, counts: Optional[np.ndarray] = None) -> Tuple[int, ...]:
+    """The n token ids a drafter's head keeps (--spec-draft-vocab), ascending: every special
+    token (control and user-defined: a chat's end-of-turn must stay draftable), then the
+    commonest: by `counts` (corpus_counts, --spec-draft-vocab-from) where given, ties and
+    tokens the corpus lacks by lowest id; else the lowest ids. A byte-level BPE (Qwen's,
+    Llama 3's) numbers its merges in the order it learned them, which follows their
+    frequency in its training text, so without a corpus low ids are the common tokens.
+    Drafts are only ever kept tokens; the target verifies each one."""
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
@@ -136,7 +166,10 @@ def kept_tokens(path: str, n: int) -> Tuple[int, ...]:
     if len(special) > n:
         raise ValueError(f"--spec-draft-vocab {n} is fewer than the drafter's {len(special)} special tokens, "
                          "which a cut head always keeps")
-    rest = np.setdiff1d(np.arange(n_vocab), special, assume_unique=True)[:n - len(special)]
+    rest = np.setdiff1d(np.arange(n_vocab), special, assume_unique=True)
+    if counts is not None:
+        rest = rest[np.argsort(-np.asarray(counts)[rest], kind="stable")]  # stable: ties keep the lower id
+    rest = rest[:n - len(special)]
     return tuple(int(t) for t in np.sort(np.concatenate([special, rest])))
 
 
@@ -170,11 +203,13 @@ class SimpleDraft:
     decoded, then truncated away where the model's memory can go back (`truncates`:
     attention layers only), else verified as a chain, whose commit keeps them."""
 
-    def __init__(self, path: str, config: TargetConfig, target: Target, draft_vocab: int = 0):
-        """draft_vocab > 0: the drafter's output head cut to that many tokens (kept_tokens)."""
+    def __init__(self, path: str, config: TargetConfig, target: Target, draft_vocab: int = 0,
+                 counts: Optional[np.ndarray] = None):
+        """draft_vocab > 0: the drafter's output head cut to that many tokens (kept_tokens,
+        the commonest by `counts` where given)."""
         check_vocab(target.path, path)
         if draft_vocab:
-            config = replace(config, head_tokens=kept_tokens(path, draft_vocab))
+            config = replace(config, head_tokens=kept_tokens(path, draft_vocab, counts))
         self.model = Target(path, config)
         if self.model.n_vocab < target.n_vocab:
             n = self.model.n_vocab

@@ -11,7 +11,7 @@ from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
-from .draft_simple import SimpleDraft, SimpleProposer
+from .draft_simple import SimpleDraft, SimpleProposer, corpus_counts
 from .generate import GenerationStats, Placement, Request, check_request, collect
 from .memory import refusal, settle
 from .ngram import ngram_sources
@@ -96,6 +96,8 @@ class Engine:
         n_ctx_draft and n_gpu_layers_draft (draft-simple's shortest chain, its context (0: n_ctx)
         and its layers on the device), spec_draft_vocab (draft-simple's drafter head cut to
         that many tokens, FR-Spec: cheaper drafts, never a token outside them; 0: all),
+        spec_draft_vocab_from (files or directories of text whose commonest tokens the cut
+        keeps; default: the lowest ids),
         spec_draft_conf_min,
         spec_ngram_simple_size_n, spec_ngram_mod_n_match, spec_ngram_mod_n_min;
         override_tensor ("PATTERN=DEVICE" strings or (pattern, device) pairs: weights
@@ -122,9 +124,7 @@ class Engine:
             self.tokenizer = Tokenizer(model)
             self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
             # draft-simple: a second model of the target's kind, with its own memory (draft_simple.py)
-            self.simple_draft = SimpleDraft(setup.simple.path, setup.simple.config, self.target,
-                                            setup.simple.draft_vocab) \
-                if setup.simple else None
+            self.simple_draft = self._simple_draft(setup.simple) if setup.simple else None
             if setup.spec_draft_conf_min > 0 and not self.draft.has_confidence:
                 self.draft.close()
                 raise ConfigError("spec_draft_conf_min", f"{setup.draft_path} has no confidence head: leave "
@@ -151,6 +151,13 @@ class Engine:
         self.grammar_drafting = True
 
     # -- lifetime -------------------------------------------------------------------
+    def _simple_draft(self, simple) -> SimpleDraft:
+        """draft-simple's drafter, its head cut to the commonest tokens of the corpus named
+        (--spec-draft-vocab-from), tokenized as the target tokenizes."""
+        counts = corpus_counts(self.tokenizer, simple.draft_vocab_from, self.target.n_vocab) \
+            if simple.draft_vocab_from else None
+        return SimpleDraft(simple.path, simple.config, self.target, simple.draft_vocab, counts)
+
     def close(self) -> None:
         if self.checkpoints is not None:
             self.checkpoints.clear()

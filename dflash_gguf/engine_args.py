@@ -133,6 +133,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "computes N logits instead of the whole vocabulary's, but a token outside the N is never "
                         "drafted, so fewer drafts may be accepted; output is unchanged (the target verifies "
                         "every draft) (default 0: the whole vocabulary)")
+    p.add_argument("--spec-draft-vocab-from", action="append", default=[], metavar="PATH",
+                   help="with --spec-draft-vocab N: keep the N tokens commonest in this text (a file, or every "
+                        "file under a directory; repeatable), tokenized as the target tokenizes, with the "
+                        "special tokens, instead of the lowest ids: a corpus like what you will generate "
+                        "(your code base, your prose) keeps the tokens your drafts need")
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
                    help="draft-dspark: cut the chain before the first draft its confidence head trusts less "
                         "than P, 0..1 (llama.cpp's draft-dspark reads its --spec-draft-p-min so; default 0: no cut)")
@@ -381,7 +386,8 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
          "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
          "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft",
-         "spec_draft_n_min": "--spec-draft-n-min", "spec_draft_vocab": "--spec-draft-vocab", "n_ctx_draft": "-cd/--ctx-size-draft",
+         "spec_draft_n_min": "--spec-draft-n-min", "spec_draft_vocab": "--spec-draft-vocab",
+         "spec_draft_vocab_from": "--spec-draft-vocab-from", "n_ctx_draft": "-cd/--ctx-size-draft",
          "n_gpu_layers_draft": "-ngld/--gpu-layers-draft"}
 
 
@@ -439,7 +445,8 @@ def engine_options(args) -> dict:
                 spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min,
                 rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx,
                 override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or (),
-                spec_draft_n_min=args.spec_draft_n_min, spec_draft_vocab=args.spec_draft_vocab, n_ctx_draft=args.ctx_size_draft // n_seq if n_seq >= 1
+                spec_draft_n_min=args.spec_draft_n_min, spec_draft_vocab=args.spec_draft_vocab,
+                spec_draft_vocab_from=tuple(args.spec_draft_vocab_from), n_ctx_draft=args.ctx_size_draft // n_seq if n_seq >= 1
                 else args.ctx_size_draft, n_gpu_layers_draft=_layers_draft(args.gpu_layers_draft))
 
 

@@ -10,6 +10,9 @@ against the loop at the whole head, and with --run-cut also at the cut Ns named.
 
     .venv/bin/python scripts/draft_vocab_acceptance.py --out results/draft-vocab-acceptance-2026-11-25.json
 
+--from PATH (repeatable; a file or a directory of them) adds, at each N, the head cut to
+the tokens commonest in that text (--spec-draft-vocab-from), beside the lowest ids.
+
 --run-cut's outputs are checked against the whole head's, token for token (the target
 verifies every draft: a cut head may only lower acceptance)."""
 from __future__ import annotations
@@ -48,14 +51,17 @@ def main(argv=None) -> int:
 
     from dflash_gguf.bench.prompts import PROMPTS
     from dflash_gguf.bench.provenance import results_doc
-    from dflash_gguf.draft_simple import kept_tokens, replayed_lengths
+    from dflash_gguf.draft_simple import corpus_counts, corpus_files, kept_tokens, replayed_lengths
     from dflash_gguf.engine import Engine
     from dflash_gguf.target import DECODE, Rows, Target, TargetConfig
+    from dflash_gguf.tokenizer import Tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", default="65536,32768,16384,8192", help="cut N values (the whole head always runs)")
     p.add_argument("--run-cut", default="", help="N values also run through the engine with the cut head "
                                                  "(a check of the replay; slow on a loaded machine)")
+    p.add_argument("--from", dest="corpus", action="append", default=[], metavar="PATH",
+                   help="a corpus whose commonest tokens a second cut at each N keeps (repeatable)")
     p.add_argument("-n", "--n-predict", type=int, default=128)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--out", type=Path)
@@ -64,7 +70,7 @@ def main(argv=None) -> int:
     prompts = [(name, text) for name, text in PROMPTS if name in ("split", "class", "main")] + [("prose", PROSE)]
     doc = results_doc("scripts/draft_vocab_acceptance.py", sys.argv, target=TARGET.name, draft=DRAFT.name,
                       settings={"spec_type": "draft-simple", "spec_draft_n_max": n_max, "greedy": True,
-                                "n_predict": args.n_predict, "kept": "special tokens, then the lowest ids"},
+                                "n_predict": args.n_predict, "kept": "special tokens, then the lowest ids (kept_by: lowest ids) or the commonest in --from (kept_by: corpus)"},
                       prompts={name: text for name, text in prompts})
 
     def engine_run(n):
@@ -84,15 +90,20 @@ def main(argv=None) -> int:
         logits[name] = (drafter.logits(0, len(full)), len(ids), full)
     drafter.close()
     n_vocab = logits[prompts[0][0]][0].shape[1]
+    counts = corpus_counts(Tokenizer(str(TARGET)), args.corpus, n_vocab) if args.corpus else None
+    if counts is not None:
+        doc["corpus"] = {"paths": args.corpus, "files": len(corpus_files(args.corpus)), "tokens": int(counts.sum()),
+                         "distinct_tokens": int(np.count_nonzero(counts))}
     rows = []
-    for n in [0] + [int(x) for x in args.vocab.split(",") if x]:
-        kept = np.arange(n_vocab) if n == 0 else np.asarray(kept_tokens(str(DRAFT), n))
+    cuts = [int(x) for x in args.vocab.split(",") if x]
+    for n, by in [(0, None)] + [(n, "lowest ids") for n in cuts] + ([(n, "corpus") for n in cuts] if args.corpus else []):
+        kept = np.arange(n_vocab) if n == 0 else np.asarray(kept_tokens(str(DRAFT), n, counts if by == "corpus" else None))
         per, pooled = {}, []
         for name, _ in prompts:
             lengths = replayed_lengths(logits[name][0], kept, logits[name][1], logits[name][2], n_max)
             per[name] = round(sum(lengths) / len(lengths), 3)
             pooled += lengths
-        row = {"n": n or n_vocab, "whole_head": n == 0, "al": round(sum(pooled) / len(pooled), 3),
+        row = {"n": n or n_vocab, "whole_head": n == 0, "kept_by": by, "al": round(sum(pooled) / len(pooled), 3),
                "al_by_prompt": per, "steps": len(pooled), "how": "replayed", **head_bytes(DRAFT, n or n_vocab)}
         if n == 0:  # the replay checked against the real loop's steps
             measured = [k for name, _ in prompts for k in whole[name][1].stats.accepted_lengths]
@@ -113,7 +124,7 @@ def main(argv=None) -> int:
         if any(got[name][1].tokens != whole[name][1].tokens for name, _ in prompts):
             raise SystemExit(f"N {n}: the output differs from the whole head's")
         measured = [k for name, _ in prompts for k in got[name][1].stats.accepted_lengths]
-        row = next(r for r in rows if r["n"] == n)
+        row = next(r for r in rows if r["n"] == n and r["kept_by"] == "lowest ids")
         row["measured_al"] = round(sum(measured) / len(measured), 3)
         row["measured_al_by_prompt"] = {name: round(got[name][1].stats.mean_accepted, 3) for name, _ in prompts}
         print(json.dumps(row), file=sys.stderr, flush=True)

@@ -361,6 +361,54 @@ def test_a_cut_drafter_keeps_greedy_output_and_drafts_the_kept_argmax(files, pla
     assert drafts == restricted_drafts(files["q8"], kept, context, 3)
 
 
+def test_a_corpus_chooses_the_kept_tokens(files, plain, tmp_path):
+    """--spec-draft-vocab-from: the cut head keeps the special tokens and then the tokens
+    commonest in the corpus (tokenized as the target tokenizes; ties by lowest id), not the
+    lowest ids; the output is still plain greedy's and every draft is a kept token."""
+    from dflash_gguf.draft_simple import corpus_counts, kept_tokens
+    from dflash_gguf.tokenizer import Tokenizer
+
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.py").write_text(TEXTS[0] * 3)
+    (corpus / "sub" / "b.py").write_text(TEXTS[1] + "x = 1\n")
+    tok = Tokenizer(files["target"])
+    counts = corpus_counts(tok, [str(corpus)], plain.target.n_vocab)
+    ids = tok.encode(TEXTS[0] * 3, add_bos=False, special=False) + tok.encode(TEXTS[1] + "x = 1\n", add_bos=False,
+                                                                                special=False)
+    assert counts.sum() == len(ids) and counts[ids[0]] >= 3
+    n = 300
+    lowest, chosen = kept_tokens(files["q8"], n), kept_tokens(files["q8"], n, counts)
+    assert set(np.flatnonzero(counts)) <= set(chosen)  # every token the corpus has (fewer than n) is kept
+    assert set(chosen) != set(lowest)  # the corpus changed the choice: the test can fail
+    from gguf import GGUFReader
+
+    from dflash_gguf.draft_simple import SPECIAL_TOKEN_TYPES
+
+    kinds = np.asarray(GGUFReader(files["q8"]).fields["tokenizer.ggml.token_type"].contents())
+    special = set(np.flatnonzero(np.isin(kinds, SPECIAL_TOKEN_TYPES)).tolist())
+    # the rest of the n: the lowest ids the corpus lacks
+    others = [t for t in range(len(kinds)) if t not in special and counts[t] == 0]
+    assert sorted(set(chosen) - special - set(np.flatnonzero(counts))) == others[:n - len(set(chosen) & special)
+                                                                              - np.count_nonzero(counts)]
+    want = [plain.generate(t, 40, stop_tokens=()).tokens for t in TEXTS]
+    with Engine(files["target"], files["q8"], spec_draft_n_max=3, spec_draft_vocab=n,
+                spec_draft_vocab_from=[str(corpus)], **OPTIONS) as engine:
+        assert [engine.generate(t, 40, stop_tokens=()).tokens for t in TEXTS] == want
+        context = engine.encode(TEXTS[0])
+        drafts, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
+    assert set(drafts) <= set(chosen)
+    assert drafts == restricted_drafts(files["q8"], chosen, context, 3)
+    with pytest.raises(ConfigError, match="give how many with --spec-draft-vocab"):
+        Engine(files["target"], files["q8"], spec_draft_vocab_from=[str(corpus)], **OPTIONS)
+    with pytest.raises(ConfigError, match="nowhere.txt: no such file"):
+        Engine(files["target"], files["q8"], spec_draft_vocab=n, spec_draft_vocab_from=str(tmp_path / "nowhere.txt"),
+               **OPTIONS)
+    base = ["-m", files["target"], "-md", files["q8"], "-p", TEXTS[0], "-n", "4", "-c", "512", "-t", "1"]
+    bad = run(*base, "--spec-draft-vocab-from", str(corpus))
+    assert bad.returncode != 0 and "--spec-draft-vocab-from" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
 def test_a_cut_head_out_of_range_is_a_clear_error(files):
     with Target(files["small"], TargetConfig(n_ctx=64, n_threads=1)) as whole:
         V = whole.n_vocab
