@@ -229,6 +229,39 @@ dfl_status dfl_model_key(const dfl_model * m, const char * key, int * out) {
     return DFL_OK;
 }
 
+dfl_status dfl_model_block_keys(dfl_model * m) {
+    int n_layer = 0;
+    TRY(dfl_model_key(m, ".embedding_length", &m->n_embd));
+    TRY(dfl_model_key(m, ".block_count", &n_layer));
+    if (n_layer > DFL_MAX_LAYERS) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported layer count %d", m->file.path, n_layer);
+    }
+    m->n_layer = n_layer;
+    return DFL_OK;
+}
+
+dfl_status dfl_model_attention_keys(dfl_model * m, int * n_ff, dfl_attention_keys * out) {
+    dfl_attention_keys a = { 0 };
+    int head_dim_v = 0;
+    TRY(dfl_model_block_keys(m));
+    if (n_ff) {
+        TRY(dfl_model_key(m, ".feed_forward_length", n_ff));
+    }
+    TRY(dfl_model_key(m, ".attention.head_count", &a.n_head));
+    TRY(dfl_model_key(m, ".attention.head_count_kv", &a.n_head_kv));
+    TRY(dfl_model_key_or(m, ".context_length", 0, &m->n_ctx_train));
+    TRY(dfl_model_key_or(m, ".attention.key_length", m->n_embd / a.n_head, &a.head_dim));
+    TRY(dfl_model_key_or(m, ".attention.value_length", a.head_dim, &head_dim_v));
+    TRY(dfl_model_key_or(m, ".rope.dimension_count", a.head_dim, &a.n_rot));
+    if (a.head_dim <= 0 || a.head_dim > 65536 || head_dim_v != a.head_dim || a.n_head % a.n_head_kv != 0 ||
+        a.n_rot > a.head_dim || a.n_rot % 2 != 0) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s': inconsistent attention shape (heads %d, kv heads %d, head sizes %d/%d, "
+                        "rope dims %d)", m->file.path, a.n_head, a.n_head_kv, a.head_dim, head_dim_v, a.n_rot);
+    }
+    *out = a;
+    return DFL_OK;
+}
+
 dfl_status dfl_model_tensor(const dfl_model * m, const char * name, int il, int64_t ne0, int64_t ne1, int64_t ne2,
                             bool required, struct ggml_tensor ** out) {
     char full[128];

@@ -195,6 +195,18 @@ dfl_status dfl_model_key_or(const dfl_model * m, const char * key, int def, int 
  * end the shape (ne1 = 0: a vector), every dimension after it must be 1. */
 dfl_status dfl_model_tensor(const dfl_model * m, const char * name, int il, int64_t ne0, int64_t ne1, int64_t ne2,
                             bool required, struct ggml_tensor ** out);
+/* Attention hyperparameters that a model with one head layout for every layer reads. */
+typedef struct dfl_attention_keys {
+    int n_head, n_head_kv, head_dim, n_rot;
+} dfl_attention_keys;
+/* embedding_length and block_count (at most DFL_MAX_LAYERS) into m->n_embd and m->n_layer. */
+dfl_status dfl_model_block_keys(dfl_model * m);
+/* dfl_model_block_keys, then feed_forward_length into *n_ff (NULL: not read), the head
+ * counts, context_length into m->n_ctx_train, key and value lengths (n_embd / n_head by
+ * default) and the rope dimension count (the head size by default); refuses a shape the
+ * runtime cannot run (value heads unlike key heads, kv heads not dividing the heads, an
+ * odd or oversized rope dimension count). */
+dfl_status dfl_model_attention_keys(dfl_model * m, int * n_ff, dfl_attention_keys * out);
 /* token_embd, output_norm and output (tied when absent); sets n_vocab. */
 dfl_status dfl_model_load_io(dfl_model * m);
 /* Which layers are recurrent: the attention.recurrent_layers array, or else every

@@ -79,12 +79,8 @@ static dfl_status refuse_unsupported(const dfl_model * m) {
 static dfl_status load(dfl_model * m) {
     int n_layer, hd_full, hd_full_v, hd_swa, hd_swa_v, rot_full, rot_swa, window, n_shared, n_expert, n_used, n_ff_exp;
     float eps, base_full, base_swa, scale;
-    TRY(dfl_model_key(m, ".embedding_length", &m->n_embd));
-    TRY(dfl_model_key(m, ".block_count", &n_layer));
-    if (n_layer > DFL_MAX_LAYERS) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported layer count %d", m->file.path, n_layer);
-    }
-    m->n_layer = n_layer;
+    TRY(dfl_model_block_keys(m));
+    n_layer = m->n_layer;
     TRY(refuse_unsupported(m));
     int n_ff[DFL_MAX_LAYERS], n_head[DFL_MAX_LAYERS], n_head_kv[DFL_MAX_LAYERS];
     bool swa[DFL_MAX_LAYERS];

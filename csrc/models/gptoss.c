@@ -76,20 +76,11 @@ static dfl_status swiglu_limits(const dfl_model * m, float * limit) {
 }
 
 static dfl_status load(dfl_model * m) {
-    int n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_rot, n_expert, n_used, n_ff_exp, window;
+    int n_expert, n_used, n_ff_exp, window;
+    dfl_attention_keys a;
     float eps, base, base_swa;
-    TRY(dfl_model_key(m, ".embedding_length", &m->n_embd));
-    TRY(dfl_model_key(m, ".block_count", &n_layer));
-    if (n_layer > DFL_MAX_LAYERS) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported layer count %d", m->file.path, n_layer);
-    }
-    m->n_layer = n_layer;
-    TRY(dfl_model_key(m, ".attention.head_count", &n_head));
-    TRY(dfl_model_key(m, ".attention.head_count_kv", &n_head_kv));
-    TRY(dfl_model_key_or(m, ".context_length", 0, &m->n_ctx_train));
-    TRY(dfl_model_key_or(m, ".attention.key_length", m->n_embd / n_head, &head_dim));
-    TRY(dfl_model_key_or(m, ".attention.value_length", head_dim, &head_dim_v));
-    TRY(dfl_model_key_or(m, ".rope.dimension_count", head_dim, &n_rot));
+    TRY(dfl_model_attention_keys(m, NULL, &a));
+    const int n_layer = m->n_layer, n_head = a.n_head, n_head_kv = a.n_head_kv, head_dim = a.head_dim, n_rot = a.n_rot;
     TRY(dfl_model_key(m, ".attention.sliding_window", &window));
     TRY(dfl_model_key(m, ".expert_count", &n_expert));
     TRY(dfl_model_key(m, ".expert_used_count", &n_used));
@@ -104,10 +95,6 @@ static dfl_status load(dfl_model * m) {
     if (base_swa != base) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': a RoPE base of its own for sliding layers (%g, full layers %g) is not "
                         "implemented for gpt-oss", m->file.path, (double) base_swa, (double) base);
-    }
-    if (head_dim > 65536 || head_dim_v != head_dim || n_head % n_head_kv != 0 || n_rot > head_dim || n_rot % 2 != 0) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': inconsistent attention shape (heads %d, kv heads %d, head sizes %d/%d, "
-                        "rope dims %d)", m->file.path, n_head, n_head_kv, head_dim, head_dim_v, n_rot);
     }
     if (n_expert > 1024 || n_used > n_expert) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': %d experts used of %d", m->file.path, n_used, n_expert);

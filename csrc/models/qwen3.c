@@ -25,31 +25,16 @@ typedef struct qwen3_weights {
 
 /* qkv_bias: qwen2's biases; qk_norm: qwen3's norms. */
 static dfl_status load_dense(dfl_model * m, bool qkv_bias, bool qk_norm) {
-    int n_layer, n_head, n_head_kv, head_dim, head_dim_v, n_rot, n_ff;
+    int n_ff;
+    dfl_attention_keys a;
     float eps, rope_base;
-    TRY(dfl_model_key(m, ".embedding_length", &m->n_embd));
-    TRY(dfl_model_key(m, ".block_count", &n_layer));
-    if (n_layer > DFL_MAX_LAYERS) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': unsupported layer count %d", m->file.path, n_layer);
-    }
-    m->n_layer = n_layer;
-    TRY(dfl_model_key(m, ".feed_forward_length", &n_ff));
-    TRY(dfl_model_key(m, ".attention.head_count", &n_head));
-    TRY(dfl_model_key(m, ".attention.head_count_kv", &n_head_kv));
-    TRY(dfl_model_key_or(m, ".context_length", 0, &m->n_ctx_train));
-    TRY(dfl_model_key_or(m, ".attention.key_length", m->n_embd / n_head, &head_dim));
-    TRY(dfl_model_key_or(m, ".attention.value_length", head_dim, &head_dim_v));
-    TRY(dfl_model_key_or(m, ".rope.dimension_count", head_dim, &n_rot));
+    TRY(dfl_model_attention_keys(m, &n_ff, &a));
+    const int n_layer = m->n_layer, n_head = a.n_head, n_head_kv = a.n_head_kv, head_dim = a.head_dim, n_rot = a.n_rot;
     TRY(dfl_gguf_f32(&m->file, ".attention.layer_norm_rms_epsilon", true, 0.0f, &eps));
     TRY(dfl_gguf_f32(&m->file, ".rope.freq_base", false, 10000.0f, &rope_base));
     if (eps < 0.0f || rope_base <= 0.0f) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': invalid norm epsilon %g or rope base %g", m->file.path, (double) eps,
                         (double) rope_base);
-    }
-    if (head_dim <= 0 || head_dim > 65536 || head_dim_v != head_dim || n_head % n_head_kv != 0 || n_rot > head_dim ||
-        n_rot % 2 != 0) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s': inconsistent attention shape (heads %d, kv heads %d, head sizes %d/%d, rope dims %d)",
-                        m->file.path, n_head, n_head_kv, head_dim, head_dim_v, n_rot);
     }
     m->eps = eps;
     TRY(dfl_model_load_io(m));
