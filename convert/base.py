@@ -79,6 +79,31 @@ def rope_scaling_kv(arch: str, rope: dict, truncate_default: bool = True) -> lis
     raise ConversionError(f"rope type {kind!r} is not supported for {arch} (default, linear and yarn are)")
 
 
+def decoder_kv(arch: str, hp: dict, n_layer: int, n_ctx: int | None, ffn: list[KV] | None = None,
+               head_count_kv: bool = True) -> list[KV]:
+    """The keys llama.cpp's converter writes first for a decoder, in its order: block_count,
+    context_length (None: not written), embedding_length, the FFN's (`ffn`, or
+    feed_forward_length from intermediate_size), attention.head_count and head_count_kv
+    (head_count_kv False: the caller writes it, e.g. one per layer)."""
+    kv = [u32(f"{arch}.block_count", n_layer)]
+    if n_ctx is not None:
+        kv.append(u32(f"{arch}.context_length", n_ctx))
+    kv += [
+        u32(f"{arch}.embedding_length", hp["hidden_size"]),
+        *(ffn if ffn is not None else [u32(f"{arch}.feed_forward_length", hp["intermediate_size"])]),
+        u32(f"{arch}.attention.head_count", hp["num_attention_heads"]),
+    ]
+    if head_count_kv:
+        kv.append(u32(f"{arch}.attention.head_count_kv", hp["num_key_value_heads"]))
+    return kv
+
+
+def head_size_kv(arch: str, head_dim: int, suffix: str = "") -> list[KV]:
+    """attention.key_length and value_length (+ suffix, e.g. "_swa"): one head size for both."""
+    return [u32(f"{arch}.attention.key_length{suffix}", head_dim),
+            u32(f"{arch}.attention.value_length{suffix}", head_dim)]
+
+
 class ModelConverter(ABC):
     """Maps one Hugging Face architecture to one GGUF architecture.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gguf import GGUFValueType
 
-from .base import KV, ModelConverter, array, f32, rope_scaling_kv, u32
+from .base import KV, ModelConverter, array, decoder_kv, f32, head_size_kv, rope_scaling_kv, u32
 from .errors import ConversionError
 from .gemma4 import embedding_scale
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
@@ -134,17 +134,11 @@ class Gemma3Converter(ModelConverter):
     def metadata(self) -> list[KV]:
         hp, a = self.hp, ARCH
         kv = [
-            u32(f"{a}.block_count", self.n_layer),
-            u32(f"{a}.context_length", hp.get("max_position_embeddings", 131072)),
-            u32(f"{a}.embedding_length", hp["hidden_size"]),
-            u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
-            u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
-            u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
+            *decoder_kv(a, hp, self.n_layer, hp.get("max_position_embeddings", 131072)),
             f32(f"{a}.rope.freq_base", self.rope_full["rope_theta"]),
             f32(f"{a}.rope.freq_base_swa", self.rope_swa["rope_theta"]),
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
-            u32(f"{a}.attention.key_length", self.head_dim),
-            u32(f"{a}.attention.value_length", self.head_dim),
+            *head_size_kv(a, self.head_dim),
             *rope_scaling_kv(a, self.rope_full),
         ]
         if hp.get("final_logit_softcapping"):

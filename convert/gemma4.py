@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from .base import KV, ModelConverter, array, f32, u32
+from .base import KV, ModelConverter, array, decoder_kv, f32, head_size_kv, u32
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec, checked_spec
@@ -147,22 +147,16 @@ class Gemma4Converter(ModelConverter):
         hp, a = self.hp, ARCH
         n_rot_swa = self.head_dim_swa
         kv = [
-            u32(f"{a}.block_count", self.n_layer),
-            u32(f"{a}.context_length", hp.get("max_position_embeddings", 131072)),
-            u32(f"{a}.embedding_length", hp["hidden_size"]),
-            u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
-            u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
+            *decoder_kv(a, hp, self.n_layer, hp.get("max_position_embeddings", 131072), head_count_kv=False),
             f32(f"{a}.rope.freq_base", self.rope_full.get("rope_theta", 1_000_000.0)),
             f32(f"{a}.rope.freq_base_swa", self.rope_swa.get("rope_theta", 10_000.0)),
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
-            u32(f"{a}.attention.key_length", self.head_dim_full),
-            u32(f"{a}.attention.value_length", self.head_dim_full),
+            *head_size_kv(a, self.head_dim_full),
             u32(f"{a}.attention.sliding_window", hp["sliding_window"]),
             u32(f"{a}.attention.shared_kv_layers", self.n_shared),
             u32(f"{a}.embedding_length_per_layer_input", 0),
             array(f"{a}.attention.sliding_window_pattern", self.swa, GGUFValueType.BOOL),
-            u32(f"{a}.attention.key_length_swa", self.head_dim_swa),
-            u32(f"{a}.attention.value_length_swa", self.head_dim_swa),
+            *head_size_kv(a, self.head_dim_swa, "_swa"),
             u32(f"{a}.rope.dimension_count", self.head_dim_full),
             u32(f"{a}.rope.dimension_count_swa", n_rot_swa),
         ]

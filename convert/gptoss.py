@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from .base import KV, ModelConverter, array, f32, rope_scaling_kv, u32
+from .base import KV, ModelConverter, array, decoder_kv, f32, head_size_kv, rope_scaling_kv, u32
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, quantization_method, require_hparams, text_hparams, to_float32
 from .tensors import TensorSpec
@@ -116,19 +116,13 @@ class GptOssConverter(ModelConverter):
     def metadata(self) -> list[KV]:
         hp, a = self.hp, ARCH
         kv = [
-            u32(f"{a}.block_count", self.n_layer),
-            u32(f"{a}.context_length", hp.get("max_position_embeddings", 131072)),
-            u32(f"{a}.embedding_length", hp["hidden_size"]),
-            u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
-            u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
-            u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
+            *decoder_kv(a, hp, self.n_layer, hp.get("max_position_embeddings", 131072)),
             *rope_scaling_kv(a, self.rope, truncate_default=False),
             f32(f"{a}.rope.freq_base", self.rope["rope_theta"]),
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
             u32(f"{a}.expert_count", self.n_expert),
             u32(f"{a}.expert_used_count", self.n_used),
-            u32(f"{a}.attention.key_length", hp["head_dim"]),
-            u32(f"{a}.attention.value_length", hp["head_dim"]),
+            *head_size_kv(a, hp["head_dim"]),
             u32(f"{a}.attention.sliding_window", hp["sliding_window"]),
             u32(f"{a}.expert_feed_forward_length", hp["intermediate_size"]),
         ]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import KV, ModelConverter, f32, rope_scaling_kv, u32
+from .base import KV, ModelConverter, decoder_kv, f32, head_size_kv, rope_scaling_kv
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec
@@ -57,7 +57,7 @@ class QwenDenseConverter(ModelConverter):
         """attention.key_length / value_length (llama.cpp's converter writes them when
         config.json names head_dim)."""
         a = self.gguf_arch
-        return [u32(f"{a}.attention.key_length", self.head_dim), u32(f"{a}.attention.value_length", self.head_dim)]
+        return head_size_kv(a, self.head_dim)
 
     @property
     def vocab_size(self) -> int:
@@ -66,13 +66,7 @@ class QwenDenseConverter(ModelConverter):
     def metadata(self) -> list[KV]:
         hp, a = self.hp, self.gguf_arch
         return [
-            u32(f"{a}.block_count", self.n_layer),
-            *([u32(f"{a}.context_length", n_ctx)] if (n_ctx := hp.get("max_position_embeddings",
-                                                                           self.default_context)) else []),
-            u32(f"{a}.embedding_length", hp["hidden_size"]),
-            u32(f"{a}.feed_forward_length", hp["intermediate_size"]),
-            u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
-            u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
+            *decoder_kv(a, hp, self.n_layer, hp.get("max_position_embeddings", self.default_context) or None),
             f32(f"{a}.rope.freq_base", self.rope_theta),
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
             *self.head_dim_kv(),

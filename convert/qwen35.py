@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from .base import KV, ModelConverter, array, f32, rope_scaling_kv, u32
+from .base import KV, ModelConverter, array, decoder_kv, f32, head_size_kv, rope_scaling_kv, u32
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec, add_one, neg_exp
@@ -145,12 +145,8 @@ class Qwen35Converter(ModelConverter):
         rope = self._rope()
         n_v, d_v = int(hp["linear_num_value_heads"]), int(hp["linear_value_head_dim"])
         kv = [
-            u32(f"{a}.block_count", self.n_layer + self.n_mtp),
-            u32(f"{a}.context_length", hp.get("max_position_embeddings", 32768)),
-            u32(f"{a}.embedding_length", hp["hidden_size"]),
-            *self._ffn_metadata(),
-            u32(f"{a}.attention.head_count", hp["num_attention_heads"]),
-            u32(f"{a}.attention.head_count_kv", hp["num_key_value_heads"]),
+            *decoder_kv(a, hp, self.n_layer + self.n_mtp, hp.get("max_position_embeddings", 32768),
+                        ffn=self._ffn_metadata()),
         ]
         kv += rope_scaling_kv(self.gguf_arch, rope)
         sections = list(rope.get("mrope_section") or DEFAULT_MROPE_SECTION)
@@ -159,8 +155,7 @@ class Qwen35Converter(ModelConverter):
         kv += [
             f32(f"{a}.rope.freq_base", rope.get("rope_theta", 10000.0)),
             f32(f"{a}.attention.layer_norm_rms_epsilon", hp["rms_norm_eps"]),
-            u32(f"{a}.attention.key_length", self.head_dim),
-            u32(f"{a}.attention.value_length", self.head_dim),
+            *head_size_kv(a, self.head_dim),
             u32(f"{a}.ssm.conv_kernel", hp["linear_conv_kernel_dim"]),
             u32(f"{a}.ssm.state_size", hp["linear_key_head_dim"]),
             u32(f"{a}.ssm.group_count", hp["linear_num_key_heads"]),
