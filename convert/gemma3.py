@@ -21,7 +21,7 @@ from gguf import GGUFValueType
 from .base import KV, ModelConverter, array, decoder_kv, f32, head_size_kv, rope_scaling_kv, u32
 from .errors import ConversionError
 from .gemma4 import embedding_scale
-from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
+from .hf import Checkpoint, check_hparams, refuse_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec, add_one, checked_spec
 
 log = logging.getLogger("dflash_gguf.convert")
@@ -54,10 +54,7 @@ class Gemma3Converter(ModelConverter):
         check_hparams(hp, [k for k in _REQUIRED if k != "rms_norm_eps"] + ["head_dim", "sliding_window",
                                                                          "query_pre_attn_scalar"],
                       ["rms_norm_eps"])
-        for key, what in _REFUSED.items():
-            if hp.get(key):
-                raise ConversionError(f"config.json sets {key}={hp[key]!r} ({what}), which Gemma 3 in llama.cpp "
-                                      "does not implement")
+        refuse_hparams(hp, _REFUSED, "which Gemma 3 in llama.cpp does not implement")
         act = hp.get("hidden_activation", "gelu_pytorch_tanh")
         if act != "gelu_pytorch_tanh":
             raise ConversionError(f"hidden_activation {act!r} is not supported (Gemma 3's is gelu_pytorch_tanh)")

@@ -21,7 +21,7 @@ from gguf import GGUFValueType
 
 from .base import KV, ModelConverter, array, decoder_kv, f32, head_size_kv, u32
 from .errors import ConversionError
-from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
+from .hf import Checkpoint, check_hparams, refuse_hparams, require_hparams, text_hparams
 from .tensors import TensorSpec, checked_spec
 
 ARCH = "gemma4"
@@ -58,9 +58,7 @@ class Gemma4Converter(ModelConverter):
         hp = self.hp = text_hparams(config)
         require_hparams(hp, _REQUIRED, "a Gemma 4 model")
         check_hparams(hp, [k for k in _REQUIRED if k not in ("rms_norm_eps", "layer_types")], ["rms_norm_eps"])
-        for key, what in _REFUSED.items():
-            if hp.get(key):
-                raise ConversionError(f"config.json sets {key}={hp[key]!r} ({what}), which is not supported")
+        refuse_hparams(hp, _REFUSED, "which is not supported")
         if hp.get("use_bidirectional_attention") == "all":
             raise ConversionError("use_bidirectional_attention='all' (a non-causal encoder) is not supported")
         self.n_layer = int(hp["num_hidden_layers"])

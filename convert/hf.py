@@ -51,6 +51,14 @@ def require_hparams(hp: dict, keys, what: str) -> None:
         raise ConversionError(f"config.json lacks {', '.join(missing)} needed for {what}")
 
 
+def refuse_hparams(hp: dict, refused: dict[str, str], why: str) -> None:
+    """None of the options `refused` (key -> what it turns on) is set: else one line naming
+    the first set one and `why` it is refused."""
+    for key, what in refused.items():
+        if hp.get(key):
+            raise ConversionError(f"config.json sets {key}={hp[key]!r} ({what}), {why}")
+
+
 def check_hparams(hp: dict, ints=(), floats=(), where: str = "config.json") -> None:
     """The keys present among `ints` are positive integers and among `floats` positive
     finite numbers: one clear line instead of an arithmetic error later on."""
