@@ -347,6 +347,29 @@ def _save_dense(model_cls, cfg, directory: Path, *, seed: int, dtype: torch.dtyp
     return directory
 
 
+def save_gemma(directory: Path, family: str, text: dict, *, seed: int, randomize,
+               multimodal: dict | None = None) -> Path:
+    """A tiny transformers `family` model ("Gemma3", "Gemma4"): <family>ForCausalLM of the
+    text config, or with `multimodal` (the <family>Config's other arguments) the
+    <family>ForConditionalGeneration around it; `randomize(model, seed)` sets its weights,
+    then it is tied and saved in `directory`."""
+    import transformers
+
+    torch.manual_seed(seed)
+    if multimodal is not None:
+        cfg = getattr(transformers, f"{family}Config")(text_config=text, **multimodal)
+        arch = f"{family}ForConditionalGeneration"
+    else:
+        cfg = getattr(transformers, f"{family}TextConfig")(**text)
+        arch = f"{family}ForCausalLM"
+    cfg.architectures = [arch]
+    model = getattr(transformers, arch)(cfg)
+    randomize(model, seed)
+    model.tie_weights()
+    model.eval().save_pretrained(str(directory))
+    return directory
+
+
 def make_qwen35moe(directory: str | os.PathLike, *, vocab_size: int | None = None, hidden: int = 128,
                    layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 32, lin_k_heads: int = 2,
                    lin_v_heads: int = 4, lin_k_dim: int = 16, lin_v_dim: int = 16, experts: int = 8,

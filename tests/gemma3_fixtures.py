@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fixtures import _training_corpus
+from fixtures import _training_corpus, save_gemma
 
 SPECIALS = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
 WINDOW = 8
@@ -75,24 +75,11 @@ def gemma3_text_config(vocab_size: int, *, layers: int = 7, window: int = WINDOW
 def make_gemma3(directory: str | os.PathLike, *, seed: int = 0, multimodal: bool = False, **overrides) -> Path:
     """A tiny seeded Gemma3ForCausalLM (or the text tower of a
     Gemma3ForConditionalGeneration with multimodal=True, vision tower included) in `directory`."""
-    from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig
-
     directory = Path(directory)
     vocab = make_spm_tokenizer(directory)
     text = gemma3_text_config(vocab, **overrides)
-    torch.manual_seed(seed)
-    if multimodal:
-        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      image_size=28, patch_size=14)
-        cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                           image_token_index=vocab - 1, boi_token_index=vocab - 2, eoi_token_index=vocab - 3)
-        cfg.architectures = ["Gemma3ForConditionalGeneration"]
-        model = Gemma3ForConditionalGeneration(cfg)
-    else:
-        cfg = Gemma3TextConfig(**text)
-        cfg.architectures = ["Gemma3ForCausalLM"]
-        model = Gemma3ForCausalLM(cfg)
-    _randomize(model, seed)
-    model.tie_weights()
-    model.eval().save_pretrained(str(directory))
-    return directory
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14)
+    mm = dict(vision_config=vision, mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 2,
+              eoi_token_index=vocab - 3)
+    return save_gemma(directory, "Gemma3", text, seed=seed, randomize=_randomize, multimodal=mm if multimodal else None)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fixtures import _training_corpus
+from fixtures import _training_corpus, save_gemma
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 MASK_ID = 4
@@ -98,22 +98,9 @@ def make_gemma4(directory: str | os.PathLike, *, moe: bool = False, seed: int = 
                 **overrides) -> Path:
     """A tiny seeded Gemma4ForCausalLM (or the text tower of a
     Gemma4ForConditionalGeneration with multimodal=True, without vision) in `directory`."""
-    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = make_gemma4_tokenizer(directory)
     text = gemma4_text_config(vocab, moe=moe, **overrides)
-    torch.manual_seed(seed)
-    if multimodal:
-        cfg = Gemma4Config(text_config=text, vision_config=None, audio_config=None)
-        cfg.architectures = ["Gemma4ForConditionalGeneration"]
-        model = Gemma4ForConditionalGeneration(cfg)
-    else:
-        cfg = Gemma4TextConfig(**text)
-        cfg.architectures = ["Gemma4ForCausalLM"]
-        model = Gemma4ForCausalLM(cfg)
-    _randomize(model, seed)
-    model.tie_weights()
-    model.eval().save_pretrained(str(directory))
-    return directory
+    mm = dict(vision_config=None, audio_config=None)
+    return save_gemma(directory, "Gemma4", text, seed=seed, randomize=_randomize, multimodal=mm if multimodal else None)
