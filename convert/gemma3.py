@@ -22,7 +22,7 @@ from .base import KV, ModelConverter, array, decoder_kv, f32, head_size_kv, rope
 from .errors import ConversionError
 from .gemma4 import embedding_scale
 from .hf import Checkpoint, check_hparams, refuse_hparams, require_hparams, text_hparams
-from .tensors import TensorSpec, add_one, checked_spec
+from .tensors import TensorSpec, add_one, attention_specs, checked_spec
 
 log = logging.getLogger("dflash_gguf.convert")
 
@@ -192,12 +192,8 @@ class Gemma3Converter(ModelConverter):
         for i in range(self.n_layer):
             lp, b = f"{p}layers.{i}.", f"blk.{i}."
             sa, mlp = lp + "self_attn.", lp + "mlp."
+            specs += attention_specs(self._spec, lp, b, E, H, Hkv, hd)
             specs += [
-                self._spec(b + "attn_norm.weight", lp + "input_layernorm.weight", (E,)),
-                self._spec(b + "attn_q.weight", sa + "q_proj.weight", (H * hd, E)),
-                self._spec(b + "attn_k.weight", sa + "k_proj.weight", (Hkv * hd, E)),
-                self._spec(b + "attn_v.weight", sa + "v_proj.weight", (Hkv * hd, E)),
-                self._spec(b + "attn_output.weight", sa + "o_proj.weight", (E, H * hd)),
                 self._spec(b + "attn_q_norm.weight", sa + "q_norm.weight", (hd,)),
                 self._spec(b + "attn_k_norm.weight", sa + "k_norm.weight", (hd,)),
                 self._spec(b + "post_attention_norm.weight", lp + "post_attention_layernorm.weight", (E,)),

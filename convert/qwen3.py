@@ -12,7 +12,7 @@ import numpy as np
 from .base import KV, ModelConverter, decoder_kv, f32, head_size_kv, rope_scaling_kv
 from .errors import ConversionError
 from .hf import Checkpoint, check_hparams, require_hparams, text_hparams
-from .tensors import TensorSpec
+from .tensors import TensorSpec, attention_specs
 
 ARCH = "qwen3"
 _REQUIRED = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -96,13 +96,7 @@ class QwenDenseConverter(ModelConverter):
         for i in range(self.n_layer):
             lp, b = f"model.layers.{i}.", f"blk.{i}."
             sa, mlp = lp + "self_attn.", lp + "mlp."
-            specs += [
-                self._spec(b + "attn_norm.weight", lp + "input_layernorm.weight", (E,)),
-                self._spec(b + "attn_q.weight", sa + "q_proj.weight", (H * hd, E)),
-                self._spec(b + "attn_k.weight", sa + "k_proj.weight", (Hkv * hd, E)),
-                self._spec(b + "attn_v.weight", sa + "v_proj.weight", (Hkv * hd, E)),
-                self._spec(b + "attn_output.weight", sa + "o_proj.weight", (E, H * hd)),
-            ]
+            specs += attention_specs(self._spec, lp, b, E, H, Hkv, hd)
             if self.qkv_bias:
                 specs += [
                     self._spec(b + "attn_q.bias", sa + "q_proj.bias", (H * hd,)),

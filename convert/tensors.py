@@ -72,6 +72,20 @@ def checked_spec(checkpoint, name: str, source: str, shape: tuple[int, ...], **k
     return TensorSpec(name, source, shape, **kw)
 
 
+def attention_specs(spec: Callable[..., TensorSpec], lp: str, b: str, E: int, H: int, Hkv: int,
+                    hd: int) -> list[TensorSpec]:
+    """Layer `lp`'s (HF prefix) input norm and q/k/v/o projections as block `b`'s tensors,
+    in llama.cpp's order, through the converter's `spec(name, source, shape)`."""
+    sa = lp + "self_attn."
+    return [
+        spec(b + "attn_norm.weight", lp + "input_layernorm.weight", (E,)),
+        spec(b + "attn_q.weight", sa + "q_proj.weight", (H * hd, E)),
+        spec(b + "attn_k.weight", sa + "k_proj.weight", (Hkv * hd, E)),
+        spec(b + "attn_v.weight", sa + "v_proj.weight", (Hkv * hd, E)),
+        spec(b + "attn_output.weight", sa + "o_proj.weight", (E, H * hd)),
+    ]
+
+
 def add_one(x: np.ndarray) -> np.ndarray:
     return x + np.float32(1.0)
 
