@@ -92,14 +92,15 @@ fi
 # conversion tables and chat templates are test oracles. Fetched here, once per machine
 # (under ${DFLASH_CACHE:-~/.cache/dflash-gguf}/src/), so that the tests never download.
 # The tests that compare our drafters' counts with llama.cpp's (MTP, EAGLE3, DSpark) run
-# its llama-speculative-simple: built here once per machine (about ten minutes on two
-# cores), so that a new machine's test run finds every oracle it needs.
+# its llama-speculative-simple, and dflash-bench's tests for draft-simple and the n-gram
+# kinds run llama-bench and llama-completion beside it: built here once per machine (about
+# ten minutes on two cores), so that a new machine's test run finds every oracle it needs.
 if [ "$mode" = "test" ]; then
   # The demo pair's HF checkpoints are in git xz-compressed (tests/demo_hf.py); the tests
   # unpack them themselves, the training scripts that read them find them unpacked here
   "$py" "$root/tests/demo_hf.py" >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
-  "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple >/dev/null
+  "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple llama-bench llama-completion >/dev/null
   # llama-eval-callback prints every named tensor of a run: the oracle of tests/test_parity.py
   # (python -m dflash_gguf.parity); a minute once the tools above are built
   "$py" "$root/scripts/llama_cpp_build.py" llama-eval-callback >/dev/null
