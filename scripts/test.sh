@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# The test command (README; .ci/run calls it): sets up .venv (see setup.sh) and runs the
-# test suite on the CPU, then the device tests on ggml's Vulkan backend over Mesa's
-# software driver (scripts/test-vulkan.sh, its set-up cached as setup.sh's is), so that no
-# device regression lands unseen. DFLASH_SKIP_VULKAN=1 runs the CPU suite alone.
-# Extra arguments go to pytest, e.g. scripts/test.sh -k converter -x
+# The test command (README; .ci/run calls it): sets up .venv (see setup.sh), then runs in
+# stages, the quick before the slow, each timed: the CPU suite less the published models'
+# tests, then those (pytest -m real: minutes of real-model decoding), then the device
+# tests on ggml's Vulkan backend over Mesa's software driver (scripts/test-vulkan.sh, its
+# set-up cached as setup.sh's is), so that no device regression lands unseen.
+# DFLASH_SKIP_VULKAN=1 leaves the Vulkan stage out.
+# Extra arguments go to each stage's pytest, e.g. scripts/test.sh -k converter -x
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/setup.sh" test
+
+# stage NAME COMMAND...: run it and say how long it took; pytest's 5 ("no tests
+# collected": arguments that select nothing in this stage) is not a failure
+stage() {
+    local name=$1 t0=$SECONDS rc=0
+    shift
+    "$@" || rc=$?
+    echo "[test] $name: $((SECONDS - t0)) s"
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || exit "$rc"
+}
+
+stage "set-up" bash "$root/scripts/setup.sh" test
 cd "$root"
-"$root/.venv/bin/pytest" "$@"
+stage "CPU suite, less the published models" "$root/.venv/bin/pytest" -m "not real" "$@"
+stage "CPU suite, the published models (-m real)" "$root/.venv/bin/pytest" -m real "$@"
 if [ "${DFLASH_SKIP_VULKAN:-0}" != "1" ]; then
-    bash "$root/scripts/test-vulkan.sh" "$@"
+    stage "Vulkan device tests (set-up included)" bash "$root/scripts/test-vulkan.sh" "$@"
 fi
