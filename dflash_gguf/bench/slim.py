@@ -160,15 +160,20 @@ def same_figures(a, b, rel: float = 1e-5) -> bool:
     return a == b
 
 
-def slim_doc(doc: dict) -> dict:
-    """A results document as kept in git: its runs (if it has any) slimmed and the floats
-    of its record lists (RECORD_LISTS, NESTED_LISTS) rounded; all else as is."""
+def _slim_split(doc: dict) -> tuple:
+    """`split` of the document as kept: its runs (if it has any) slimmed, the floats of
+    its record lists rounded."""
     if isinstance(doc.get("runs"), list):
         doc = {**doc, "runs": slim_runs(doc["runs"])}
     head, lists = split(doc)
-    if not lists:
-        return doc
-    return join_lists(head, {name: rounded(records) for name, records in lists.items()}, Path("<document>"))
+    return head, {name: rounded(records) for name, records in lists.items()}
+
+
+def slim_doc(doc: dict) -> dict:
+    """A results document as kept in git: its runs (if it has any) slimmed and the floats
+    of its record lists (RECORD_LISTS, NESTED_LISTS) rounded; all else as is."""
+    head, lists = _slim_split(doc)
+    return join_lists(head, lists, Path("<document>")) if lists else doc
 
 
 def _compact(value) -> str:
@@ -262,7 +267,7 @@ def xz_bytes(data: bytes) -> bytes:
 
 def pair(path: Path, doc: dict) -> tuple:
     """(the JSON text, the records file's bytes or None) `write` makes of a document."""
-    head, lists = split(slim_doc(doc))
+    head, lists = _slim_split(doc)
     if not lists:
         return dumps(head), None
     data = records_lines(lists)
