@@ -84,9 +84,11 @@ TREE_SIZES = (4, 8, 16, 32)  # its tree arms, up to the largest budget
 
 def auto_arms(largest: int) -> List[int]:
     """The arms `auto` chooses among: plain decoding, the chain, and a few tree sizes up
-    to `largest`. Few, so that their verify graphs stay cached (a graph's shape is its
-    node count and the previous step's), and the fixed budgets a user would try."""
-    return [PLAIN, CHAIN] + sorted({s for s in TREE_SIZES if s < largest} | {largest})
+    to `largest` (none when it is 0: draft-simple's auto). Few, so that their verify
+    graphs stay cached (a graph's shape is its node count and the previous step's), and
+    the fixed budgets a user would try."""
+    trees = sorted({s for s in TREE_SIZES if s < largest} | {largest}) if largest > 0 else []
+    return [PLAIN, CHAIN] + trees
 
 
 def arm_name(arm: int) -> str:

@@ -123,6 +123,7 @@ class SimpleSetup:
     p_min: float = DEFAULT_SIMPLE_P_MIN
     tree: bool = False
     draft_vocab: int = 0  # > 0: the drafter's head cut to that many tokens (draft_simple.kept_tokens)
+    auto: bool = False  # --tree-budget auto: each step plain decoding or the chain, as AutoBudget chooses
     draft_vocab_from: Tuple[str, ...] = ()  # text whose commonest tokens the cut keeps (draft_simple.corpus_counts)
 
     @property
@@ -429,11 +430,12 @@ class EngineSetup:
 def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: Optional[float], draft_vocab: int,
                   draft_vocab_from: Tuple[str, ...], config: TargetConfig) -> SimpleSetup:
     """draft-simple's settings, checked: llama.cpp's defaults where left out (n_max 3,
-    n_min 0, p_min 0); a --tree-budget (a number: auto has no cost model for a second
-    model) verifies the chain with the second choices beside it."""
-    if tree_budget == "auto":
-        raise ConfigError("tree_budget", f"{SIMPLE} verifies its chain, or with a number as --tree-budget the chain "
-                                         "and the drafter's second choices beside it; 'auto' is not supported")
+    n_min 0, p_min 0); a --tree-budget number verifies the chain with the second choices
+    beside it, and `auto` chooses each step between plain decoding and the chain, cut
+    where it pays (SimpleProposer)."""
+    auto = tree_budget == "auto"
+    if auto:
+        tree_budget = None
     n_max = DEFAULT_SIMPLE_N_MAX if n_max is None else n_max
     _count("spec_draft_n_min", n_min, 0, what="the shortest draft")
     _count("n_ctx_draft", config.n_ctx, 1, what="the drafter's context size")
@@ -444,7 +446,8 @@ def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: O
     # the drafter verifies its drafts but the last as a chain
     config = replace(config, n_verify=max(n_max, 2))
     return SimpleSetup(draft, config, n_max, n_min, DEFAULT_SIMPLE_P_MIN if p_min is None else float(p_min),
-                       tree=tree_budget is not None, draft_vocab=draft_vocab, draft_vocab_from=draft_vocab_from)
+                       tree=tree_budget is not None, draft_vocab=draft_vocab, draft_vocab_from=draft_vocab_from,
+                       auto=auto)
 
 
 def check_constraint(grammar: Optional[str] = None, json_schema=None):

@@ -31,6 +31,7 @@ second choice as a leaf beside the chain's node; every node's token is the draft
 choice given exactly its own path, so no drafter call is spent off the chain."""
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -38,6 +39,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._native import ffi, lib
+from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
 from .ddtree import DraftTree, accept_path
 from .proposers import Proposer, _accept_chain, _draft_room, _verify_chain
 from .target import CHAIN, DECODE, LOGITS_LAST, TREE as TREE_ROWS, Rows, Target, TargetConfig
@@ -279,18 +281,19 @@ class SimpleDraft:
             self.model.set_uniforms(np.zeros(n, dtype=np.float32), seq=slot)
 
     def draft(self, slot: int, context: Sequence[int], bonus: int, n_max: int, p_min: float = 0.0,
-              siblings: bool = False) -> Tuple[List[int], List[Optional[int]]]:
+              siblings: bool = False, shares: bool = False) -> Tuple[List[int], List[Optional[int]], List[float]]:
         """Up to n_max drafts after `bonus` for the sequence in `slot` whose committed
         tokens are `context` (the bonus not among them): each the drafter's top choice
-        given the ones before, stopping before one whose share is below p_min. With
-        siblings, also each position's second choice (None where there is none).
-        n_max 0: nothing (no drafter graph)."""
+        given the ones before, stopping before one whose share is below p_min. Returns
+        the drafts, each position's second choice (with siblings; None where there is
+        none) and each draft's share of the drafter's top P_MIN_TOP_K (ranked: with
+        siblings, p_min > 0 or shares; else 1). n_max 0: nothing (no drafter graph)."""
         # its context holds the committed tokens, the bonus and the drafts but the last (-cd
         # may make it shorter than the target's: it stops drafting where it is full)
         n_max = min(n_max, self.model.n_ctx - len(context))
         if n_max < 1:
-            return [], []  # nothing to draft: the drafter takes the tokens it lacks at its next draft
-        ranked = siblings or p_min > 0
+            return [], [], []  # nothing to draft: the drafter takes the tokens it lacks at its next draft
+        ranked = siblings or p_min > 0 or shares
         try:
             self._rank(slot, ranked)
             held = self._settle(slot, context)
@@ -306,11 +309,13 @@ class SimpleDraft:
             self.held[slot] = held + feed
             drafts: List[int] = []
             seconds: List[Optional[int]] = []
+            kept_shares: List[float] = []
             top, share = self._top(slot, 0, ranked)
             while True:
                 if share[0] < p_min or top[0] >= self.n_vocab:
                     break
                 drafts.append(top[0])
+                kept_shares.append(share[0])
                 second = top[1] if len(top) > 1 and top[1] < self.n_vocab else None
                 seconds.append(second)
                 if len(drafts) >= n_max:
@@ -327,7 +332,7 @@ class SimpleDraft:
                     row = len(drafts) - 1
                 self.pending[slot] = list(drafts)
                 top, share = self._top(slot, row, ranked)
-            return drafts, seconds
+            return drafts, seconds, kept_shares
         except BaseException:
             self.held[slot], self.pending[slot] = None, None  # started afresh at its next use
             raise
@@ -359,29 +364,49 @@ class SimpleProposer(Proposer):
     chain, or with `tree` the chain and the second choices beside it, padded to one size
     so that the target's verify graph is reused. Sampled, every verified row's token is
     the target's draw and the walk goes on while it is a child: exact for drafts fixed in
-    advance (the drafter's own choices here)."""
+    advance (the drafter's own choices here).
+
+    With `auto` (this sequence's budget.AutoBudget, with plain decoding and the chain as
+    its arms) each step runs the arm it chooses: plain decoding (the drafter runs nothing
+    and stays behind, to take the tokens it lacks at its next draft) or the chain, cut
+    where the drafts' shares, calibrated, say it pays at the verify's cost by rows
+    (AutoBudget.chain_cut); every step's outcome goes back to it."""
 
     drafted_samples = False
     stage = None
 
-    def __init__(self, draft: SimpleDraft, n_max: int, n_min: int = 0, p_min: float = 0.0, tree: bool = False):
+    def __init__(self, draft: SimpleDraft, n_max: int, n_min: int = 0, p_min: float = 0.0, tree: bool = False,
+                 auto: Optional[AutoBudget] = None):
         self.draft = draft
-        self.n_max, self.n_min, self.p_min, self.tree = n_max, n_min, p_min, tree
+        self.n_max, self.n_min, self.p_min, self.tree, self.auto = n_max, n_min, p_min, tree, auto
         self.lookahead = 1 + n_max * (2 if tree else 1)
         self.context: Optional[List[int]] = None  # the sequence's committed tokens
         self.block: List[int] = []
         self.verified: Optional[DraftTree] = None  # the step's tree (None: a chain)
+        self.arm: Optional[int] = None  # auto's arm for the step (None: no auto, or no room to draft)
+        self.t0 = 0.0
 
     def plan(self, seq) -> int:
+        if self.context is None:
+            self.context = list(seq.prompt)
+        self.t0 = time.perf_counter()
+        room = _draft_room(seq, self.n_max)
+        self.arm = self.auto.choose() if self.auto is not None and room > 0 else None
+        self.decodes = self.arm == PLAIN
+        self.block = [seq.bonus]  # what a plain step verifies (rows, or decoded's lean path)
         return 0
 
     def rows(self, seq) -> Rows:
-        if self.context is None:
-            self.context = list(seq.prompt)
+        if self.decodes:  # auto's plain arm, beside sequences that draft: the bonus alone
+            self.verified = None
+            return _verify_chain(seq, self.block)
         n = _draft_room(seq, self.n_max)
         grammar = seq.sampler.grammar if seq.sampler.guided else None
-        drafts, seconds = self.draft.draft(seq.slot, self.context, seq.bonus, n, self.p_min,
-                                           siblings=self.tree and grammar is None)
+        drafts, seconds, shares = self.draft.draft(seq.slot, self.context, seq.bonus, n, self.p_min,
+                                                   siblings=self.tree and grammar is None,
+                                                   shares=self.arm is not None)
+        if self.arm is not None and drafts:
+            drafts = drafts[:self.auto.chain_cut(np.log(np.maximum(shares, 1e-30)))]
         if len(drafts) < self.n_min:
             drafts, seconds = [], []
         if grammar is not None and drafts:
@@ -398,6 +423,8 @@ class SimpleProposer(Proposer):
         if self.tree:  # a tree step that verifies a chain (no second choices, a grammar)
             seq.stats.tree_sizes.append(len(drafts))
             seq.stats.chain_steps += 1
+        if self.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
+            self.auto.pending = self.auto.pending[:len(self.block) - 1] if drafts else []
         return _verify_chain(seq, self.block)
 
     def accept(self, seq, choice) -> List[int]:
@@ -410,4 +437,20 @@ class SimpleProposer(Proposer):
             seq.target.commit_path(path, seq=seq.slot)
             out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
         self.context += [seq.bonus] + out[:-1]
+        if self.arm is not None:
+            self.auto.verified(len(out) - 1, time.perf_counter() - self.t0)
         return out
+
+    def decoded(self, seq, seconds: float) -> None:
+        """Plain decoding's lean path (decoding.decode_step) ran the step: the bonus it
+        decoded is committed."""
+        self.context += self.block
+        if self.arm is not None:
+            self.auto.verified(0, seconds)
+
+    def finish(self, seq) -> None:
+        """The sequence ended: its statistics get auto's report, and what auto learnt goes
+        to the next sequence."""
+        if self.auto is not None:
+            seq.stats.auto = self.auto.report()
+            self.auto.finish()

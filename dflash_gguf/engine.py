@@ -243,20 +243,32 @@ class Engine:
     def prepare_auto(self) -> None:
         """Measure what `--tree-budget auto` needs (the verify cost table, cached per model
         file) now: measuring runs graphs on the target, which empties every slot."""
-        if self.draft is not None and self.tree_budget and self.auto_budget and self._verify_cost is None:
+        if self._wants_auto(True) and self._verify_cost is None:
             self._verify_cost = VerifyCost(self.target, self.n_threads)
             self._contexts = [([], None) for _ in self._contexts]
+
+    def _wants_auto(self, speculative: bool) -> bool:
+        """Whether a speculative request runs `--tree-budget auto`: a DFlash-family
+        drafter's trees, or draft-simple's plain-or-chain choice."""
+        if not speculative:
+            return False
+        if self.simple_draft is not None:
+            return self.setup.simple.auto
+        return self.draft is not None and bool(self.tree_budget and self.auto_budget)
 
     def _auto_for(self, sampling: Optional[SamplingParams]) -> Optional[AutoBudget]:
         """A sequence's own `auto` chooser, starting from what the engine learnt at the
         request's sampling setting (None when the tree budget is fixed); prepare_auto has
         measured the verify cost."""
-        if not (self.tree_budget and self.auto_budget):
+        if not self._wants_auto(True):
             return None
         key = _sampling_regime(sampling)
         if key not in self._autos:
-            self._autos[key] = AutoMemory(self._verify_cost, self.tree_budget,
-                                          self.block_size or self.draft.block_size)
+            if self.simple_draft is not None:  # no trees: plain decoding and the chain of up to n-max drafts
+                largest, block = 0, self.setup.simple.n_max + 1
+            else:
+                largest, block = self.tree_budget, self.block_size or self.draft.block_size
+            self._autos[key] = AutoMemory(self._verify_cost, largest, block)
         return self._autos[key].chooser()
 
     def held(self, slot: int) -> List[int]:
@@ -279,7 +291,7 @@ class Engine:
         reused = n if (request.reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) \
             else 0
         self._contexts[slot] = ([], None)  # unknown until the run ends
-        if use_draft and self.tree_budget and self.auto_budget and self._verify_cost is None:
+        if self._wants_auto(speculative) and self._verify_cost is None:
             self.prepare_auto()
             reused = 0  # measuring the cost used the target
         saver = None
@@ -297,7 +309,8 @@ class Engine:
                 proposer = NgramProposer(sources, self.setup.spec_draft_n_max)
         elif speculative and self.simple_draft is not None:
             simple = self.setup.simple
-            proposer = SimpleProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree)
+            proposer = SimpleProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree,
+                                      self._auto_for(sampling))
         elif not use_draft:
             proposer = PlainProposer()
         elif self.tree_budget:

@@ -100,7 +100,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="verify a DDTree of N drafted nodes (1..63) instead of a chain; 'auto' chooses each step, "
                         "per sequence, plain decoding, the chain (and its length) or a tree of 4..32 nodes for the "
                         "best expected speed (verify cost measured once per model and machine); draft-simple: "
-                        "any number verifies its chain with the drafter's second choice beside each draft")
+                        "any number verifies its chain with the drafter's second choice beside each draft, 'auto' "
+                        "chooses plain decoding or the chain, cut where it pays")
     p.add_argument("--draft-top-k", type=int, default=8, help="drafted candidates per position for trees (default 8)")
     p.add_argument("--draft-p-min", "--spec-draft-p-min", dest="draft_p_min", type=float, metavar="P",
                    help="greedy chain: verify the drafts up to the first one the drafter gives less than P "

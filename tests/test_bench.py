@@ -762,9 +762,12 @@ def simple_pair(tmp_path_factory, convert_model):
     (["-m", "{target}", "-md", "{other}"], "does not share the vocabulary"),  # a model GGUF: draft-simple
     (["-m", "{demo}", "-md", "{demo_draft}", "--spec-type", "draft-simple"], "not a model that drafts on its own"),
     (["-m", "{target}", "-md", "{q8}", "--spec-type", "ngram-simple"], "loads no drafter file"),
-    (["-m", "{target}", "-md", "{q8}", "--modes", "plain,auto"], "--modes auto: not run by --spec-type draft-simple"),
+    (["-m", "{target}", "--spec-type", "ngram-simple", "--modes", "plain,auto"],
+     "--modes auto: not run by --spec-type ngram-simple"),
     (["-m", "{target}", "--spec-type", "ngram-mod", "--modes", "tree"], "not run by --spec-type ngram-mod"),
     (["--ngram-size", "4"], "--ngram-size takes sizes"),
+    (["-m", "{target}", "--spec-type", "ngram-simple", "--spec-draft-vocab", "8"], "--spec-draft-vocab takes token"),
+    (["-m", "{target}", "-md", "{q8}", "--spec-draft-vocab-from", "x.txt"], "--spec-draft-vocab takes token"),
     (["--spec-type", "ngram-simple", "--ngram-size", "0"], "--ngram-size takes sizes"),
 ])
 def test_draft_simple_and_ngram_arguments_are_checked(simple_pair, argv, message, capsys):
@@ -786,6 +789,11 @@ def test_draft_simple_and_ngram_sweeps():
                                                                            "spec_draft_n_max": 8}
     assert kinds.their_settings("ngram-simple", [0.5], [8, 16], [4]) == [(None, None, None), (None, 8, 4), (None, 16, 4)]
     assert kinds.their_settings("draft-simple", [0.5], [2], [4]) == [(None, None, None), (0.5, 2, None)]
+    modes = kinds.our_modes("draft-simple", ["auto", "chain"], [0.0], [2], [], [8192], ["corpus.txt"])
+    auto, cut = modes[0], modes[-1]
+    assert auto.name == "auto" and auto.tree_budget == "auto"
+    assert cut.name == "chain vocab 8192 (corpus)" and dict(cut.options) == {
+        "spec_draft_vocab": 8192, "spec_draft_vocab_from": ("corpus.txt",)}
 
 
 def test_ngram_arms_give_llama_cpp_its_own_flags(tmp_path):
@@ -865,9 +873,10 @@ def test_draft_simple_takes_turns_with_llama_cpp_s_and_keeps_the_output(simple_p
                      "tree n-max 2"]
     theirs = ["draft-simple (llama-speculative-simple, default)", "draft-simple (llama-speculative-simple, p-min 0, "
               "n-max 2)"]
-    assert {m for e, m in rows if e == "ours"} == {"plain", *ours_drafting}
+    assert {m for e, m in rows if e == "ours"} == {"plain", "auto", *ours_drafting}
     assert set(theirs) <= {m for e, m in rows if e == "llama.cpp"}
     assert out["settings"]["spec_type"] == "draft-simple"  # found from -md, a model GGUF
+    assert rows["ours", "auto"]["same_output"] == [2, 2]  # auto's plain steps and chains alike
     for mode in ours_drafting:  # speculation gives plain decoding's tokens, more than one a target pass
         assert rows["ours", mode]["same_output"] == [2, 2], mode
         # (the random small model's top draft seldom has half of its top 10: p-min 0.5 may draft nothing)

@@ -275,7 +275,35 @@ def test_a_recurrent_drafter_keeps_in_step():
         assert got.stats.accepted_lengths[:-1] == [5] * (len(got.stats.accepted_lengths) - 1)
 
 
-@pytest.mark.parametrize("tree", [None, 8])
+class _DearVerify:
+    """A verify cost table where every verified row costs 10 s: drafting can never pay."""
+
+    def chain(self, n_tokens):
+        return 10.0 * np.asarray(n_tokens, dtype=float)
+
+    def __call__(self, n_nodes):
+        return 10.0 * (np.asarray(n_nodes, dtype=float) + 1)
+
+
+def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
+    """--tree-budget auto with draft-simple: greedy output is plain decoding's, auto hears
+    of every step that could draft, and where the verify's rows cost more than drafting can
+    bring it decodes plainly, with a chain now and then to see whether that changed."""
+    with Engine(files["target"], **OPTIONS) as plain:
+        want = [plain.generate(t, 40, stop_tokens=()).tokens for t in TEXTS[:2]]
+    with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:
+        engine._verify_cost = _DearVerify()  # in place of the measured table
+        for text, tokens in zip(TEXTS[:2], want):
+            got = engine.generate(text, 40, stop_tokens=())
+            assert got.tokens == tokens
+            arms = got.stats.auto["arms"]
+            assert set(arms) == {"plain", "chain"}
+            # every step but the last, whose one token left no room for a draft
+            assert arms["plain"]["steps"] + arms["chain"]["steps"] == len(got.stats.accepted_lengths) - 1
+        assert arms["plain"]["steps"] > 3 * arms["chain"]["steps"], arms  # the second request starts on plain
+
+
+@pytest.mark.parametrize("tree", [None, 8, "auto"])
 def test_sampled_output_keeps_the_targets_distribution(tree):
     """The small model's drafts are fixed in advance: each verified row's token is the
     target's draw, so the first three tokens are distributed as the target's sampling."""
@@ -355,7 +383,7 @@ def test_a_cut_drafter_keeps_greedy_output_and_drafts_the_kept_argmax(files, pla
         got = [engine.generate(t, 40, stop_tokens=()) for t in TEXTS]
         assert [g.tokens for g in got] == want
         context = engine.encode(TEXTS[0])
-        drafts, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
+        drafts, _, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
     kept = kept_tokens(files["q8"], n)
     assert len(kept) == n and set(drafts) <= set(kept)
     assert drafts == restricted_drafts(files["q8"], kept, context, 3)
@@ -396,7 +424,7 @@ def test_a_corpus_chooses_the_kept_tokens(files, plain, tmp_path):
                 spec_draft_vocab_from=[str(corpus)], **OPTIONS) as engine:
         assert [engine.generate(t, 40, stop_tokens=()).tokens for t in TEXTS] == want
         context = engine.encode(TEXTS[0])
-        drafts, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
+        drafts, _, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
     assert set(drafts) <= set(chosen)
     assert drafts == restricted_drafts(files["q8"], chosen, context, 3)
     with pytest.raises(ConfigError, match="give how many with --spec-draft-vocab"):

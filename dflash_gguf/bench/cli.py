@@ -95,8 +95,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="CPU threads for every engine (default: the CPUs this process may use)")
     p.add_argument("--modes", type=_list(str, "--modes"),
-                   help="of plain, chain, tree, auto (default: all the kind runs; draft-simple: no auto, n-gram "
-                        "kinds: plain and chain)")
+                   help="of plain, chain, tree, auto (default: all the kind runs; the n-gram kinds: plain and "
+                        "chain)")
     p.add_argument("--tree-budgets", type=_list(int, "--tree-budgets"), default=[4, 8, 16, 32],
                    help="tree budgets of the tree mode (default 4,8,16,32)")
     p.add_argument("--draft-p-min", type=_list(float, "--draft-p-min"), default=list(SWEEP_P_MIN),
@@ -147,6 +147,11 @@ def parser() -> argparse.ArgumentParser:
                    help="llama.cpp DFlash's draft counts to sweep (default: the drafter's block less the bonus token, "
                         "and half the block less it; draft-simple and n-gram kinds: as --block-size's n-max, the "
                         "n-gram kinds' as --spec-ngram-simple-size-m / --spec-ngram-mod-n-max)")
+    p.add_argument("--spec-draft-vocab", type=_list(int, "--spec-draft-vocab"), default=[], metavar="N[,N...]",
+                   help="draft-simple: our chain at its default n-max with the drafter's head cut to each N tokens "
+                        "(a row each; dflash-run's --spec-draft-vocab)")
+    p.add_argument("--spec-draft-vocab-from", action="append", default=[], metavar="PATH",
+                   help="with --spec-draft-vocab: the cut keeps the tokens commonest in this text (repeatable)")
     add_constraint_flags(p)
     p.add_argument("--grammar-drafting", type=_list(str, "--grammar-drafting"), default=["on"],
                    help="under --grammar or --json-schema: on (drafts cut and filled by the grammar, as dflash-run "
@@ -194,6 +199,10 @@ def check(p: argparse.ArgumentParser, args) -> None:
         p.error("--spec-draft-p-min values must be in [0, 1]")
     if any(b < 1 for b in args.block_size or ()) or any(n < 1 for n in args.spec_draft_n_max or ()):
         p.error("--block-size and --spec-draft-n-max values must be at least 1")
+    if (args.spec_draft_vocab or args.spec_draft_vocab_from) and (args.spec_type != SIMPLE or not args.spec_draft_vocab
+                                                                 or min(args.spec_draft_vocab) < 1):
+        p.error("--spec-draft-vocab takes token counts of at least 1, with --spec-type draft-simple; "
+                "--spec-draft-vocab-from goes with it")
     if args.ngram_size is not None and (args.spec_type not in kinds.NGRAM_KINDS or any(n < 1 for n in args.ngram_size)):
         p.error("--ngram-size takes sizes of at least 1, with --spec-type ngram-simple or ngram-mod")
     if args.min_seconds < 0 or args.max_load < 0 or args.wait_idle_max < 0:
@@ -297,7 +306,8 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     if mtp or kind is not None:
         options["spec_type"] = args.spec_type
     if kind is not None:
-        modes = kinds.our_modes(kind, args.modes, args.draft_p_min, our_n, sizes)
+        modes = kinds.our_modes(kind, args.modes, args.draft_p_min, our_n, sizes, args.spec_draft_vocab,
+                                args.spec_draft_vocab_from)
     else:
         modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, drafting,
                            args.chain_rule, blocks, plain_drafting=bool(constraint_flags) and "off" in args.grammar_drafting)
@@ -404,6 +414,7 @@ def settings_of(args, prompts: List[tuple], samplings: List[Sampling], constrain
             "spec_draft_n_max": args.spec_draft_n_max,
             "constraint": dict(zip(constraint_flags[::2], constraint_flags[1::2])),
             "grammar_drafting": args.grammar_drafting, "spec_type": args.spec_type, "ngram_size": args.ngram_size,
+            "spec_draft_vocab": args.spec_draft_vocab, "spec_draft_vocab_from": args.spec_draft_vocab_from,
             "ignore_eos": args.ignore_eos}
 
 

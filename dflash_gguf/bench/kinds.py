@@ -6,8 +6,8 @@ as (p-min, n-max, size) arms:
 
   draft-simple  p-min (the top draft's share, llama.cpp's meaning) x n-max, the chain;
                 ours also the tree (the chain with the drafter's second choices beside
-                it) at its default n-max and at each swept one. No `auto`: its cost model
-                has no second model (config._simple_setup refuses it).
+                it) at its default n-max and at each swept one; `auto` (plain decoding
+                or the chain of n-max drafts cut where it pays, chosen each step).
   ngram-*       the lookup size (ngram-simple's size-n, ngram-mod's n-match) x the
                 longest draft (llama.cpp: ngram-simple's size-m, ngram-mod's n-max);
                 a chain only (no tree, no auto).
@@ -26,7 +26,7 @@ SWEEP_N_MAX = {SIMPLE: (2, 4, 6), "ngram-simple": (8, 16, 32), "ngram-mod": (8, 
 SWEEP_SIZE = {"ngram-simple": (4, 8), "ngram-mod": (8, 16)}
 # our Engine's option for a kind's lookup size
 SIZE_OPTION = {"ngram-simple": "spec_ngram_simple_size_n", "ngram-mod": "spec_ngram_mod_n_match"}
-MODES = {SIMPLE: ("plain", "chain", "tree"), "ngram-simple": ("plain", "chain"), "ngram-mod": ("plain", "chain")}
+MODES = {SIMPLE: ("plain", "chain", "tree", "auto"), "ngram-simple": ("plain", "chain"), "ngram-mod": ("plain", "chain")}
 
 
 def unsupported(kind: str, names: Sequence[str]) -> List[str]:
@@ -40,9 +40,11 @@ def _label(head: str, p_min: Optional[float], size: Optional[int], n_max: int) -
 
 
 def our_modes(kind: str, names: Sequence[str], p_mins: Sequence[float], n_maxes: Sequence[int],
-              sizes: Sequence[int]) -> List[Mode]:
+              sizes: Sequence[int], vocabs: Sequence[int] = (), vocab_from: Sequence[str] = ()) -> List[Mode]:
     """Our modes of the kind: plain, the chain at its default and over the sweep, and
-    (draft-simple) the tree at the default n-max and at each swept one."""
+    (draft-simple) the tree at the default n-max and at each swept one, auto, and the
+    default chain with the drafter's head cut to each of `vocabs` tokens (the commonest
+    in `vocab_from`'s text where given)."""
     out = []
     for name in names:
         if name == "plain":
@@ -52,9 +54,14 @@ def our_modes(kind: str, names: Sequence[str], p_mins: Sequence[float], n_maxes:
             if kind == SIMPLE:
                 out += [Mode(_label("chain", p, None, n), p_min=p, options=(("spec_draft_n_max", n),))
                         for p in p_mins for n in n_maxes]
+                out += [Mode(f"chain vocab {v}" + (" (corpus)" if vocab_from else ""),
+                             options=(("spec_draft_vocab", v), ("spec_draft_vocab_from", tuple(vocab_from))))
+                        for v in vocabs]
             else:
                 out += [Mode(_label("chain", None, size, n), options=((SIZE_OPTION[kind], size), ("spec_draft_n_max", n)))
                         for size in sizes for n in n_maxes]
+        elif name == "auto" and kind == SIMPLE:
+            out.append(Mode("auto", tree_budget="auto"))
         elif name == "tree" and kind == SIMPLE:
             # any budget makes draft-simple's tree; its nodes follow from n-max (1 + 2 n-max)
             out += [Mode(_label("tree", None, None, n), tree_budget=2 * n + 1, options=(("spec_draft_n_max", n),))
