@@ -16,6 +16,9 @@ Each repetition runs, in an order shuffled by random.Random(repetition):
   for every row, since every verified row chooses a token), and -p 0 -n --steps -d 64 for
   its decode step.
 
+With --head-split, also ours with the output head cut to 16 rows (TargetConfig.head_tokens,
+as a cut drafter head): the body's cost by rows, and the head's as the difference.
+
 Within a repetition each figure is the least of its --steps samples (other processes only
 ever add to a time); across repetitions the median. The ratio that matters is each
 engine's verify(k) over its own decode step. Writes results/verify-cost-MODEL-DATE.json
@@ -30,6 +33,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List
 
@@ -75,6 +79,8 @@ def main() -> int:
     ap.add_argument("-r", "--repetitions", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5, help="samples of each figure in a repetition (default 5)")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--head-split", action="store_true",
+                    help="also time ours with the output head cut to 16 rows: the body's cost, the head's the rest")
     ap.add_argument("-o", "--out", type=Path)
     a = ap.parse_args()
     sizes = sorted({int(s) for s in a.sizes.split(",")})
@@ -82,15 +88,20 @@ def main() -> int:
     tools = llama_cpp.Tools.find(None)
     if "llama-bench" not in tools.found:
         ap.error("llama-bench is missing: bash scripts/setup.sh test builds it")
-    target = Target(model, TargetConfig(n_threads=a.threads, n_verify=max(sizes), n_ctx=512))
+    config = TargetConfig(n_threads=a.threads, n_verify=max(sizes), n_ctx=512)
+    targets = {"ours": Target(model, config)}
+    if a.head_split:
+        targets["ours, head cut"] = Target(model, replace(config, head_tokens=tuple(range(16))))
     started = dt.datetime.now(dt.timezone.utc)
     records: List[dict] = []
-    arms = [("ours", 0)] + [("ours", k) for k in sizes] + [("llama.cpp", 0)] + [("llama.cpp", k) for k in sizes]
+    engines = [*targets, "llama.cpp"]
+    arms = [(engine, k) for engine in engines for k in [0, *sizes]]
     for rep in range(a.repetitions):
         order = random.Random(rep).sample(arms, len(arms))
         for engine, k in order:
             load = method.load_1m()
-            if engine == "ours":
+            if engine in targets:
+                target = targets[engine]
                 s = our_decode_step(target, a.steps) if k == 0 else \
                     measure_verify_cost(target, [k], tree=False, repeats=a.steps)[k]
             else:
@@ -111,6 +122,9 @@ def main() -> int:
     for k in [0] + sizes:
         row = {"rows": k, "what": "decode step" if k == 0 else f"verify of {k}",
                "ours_ms": round(med("ours", k) * 1e3, 2), "llama_cpp_ms": round(med("llama.cpp", k) * 1e3, 2)}
+        if a.head_split:
+            row["ours_head_cut_ms"] = round(med("ours, head cut", k) * 1e3, 2)
+            row["head_ms"] = round(row["ours_ms"] - row["ours_head_cut_ms"], 2)
         if k:
             row["ours_vs_own_decode"] = round(ratio_med("ours", k), 3)
             row["llama_cpp_vs_own_decode"] = round(ratio_med("llama.cpp", k), 3)
@@ -118,18 +132,20 @@ def main() -> int:
     doc = provenance.results_doc(
         "scripts/verify_cost_bench.py", sys.argv[1:], started=started.isoformat(timespec="seconds"),
         finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        machine=provenance.machine(a.threads, target.info()["device"]), versions=provenance.versions(),
+        machine=provenance.machine(a.threads, targets["ours"].info()["device"]), versions=provenance.versions(),
         settings={"model": model, "sizes": sizes, "repetitions": a.repetitions, "steps": a.steps,
-                        "threads": a.threads, "depth": DEPTH,
-                        "figure": "least of --steps samples within a repetition, median over repetitions",
-                        "llama_bench": "-p k -n 0 -d 64 -fa 1 (its ppk; output head for the last row only); "
-                                       "decode: -p 0 -n steps -d 64"},
+                  "head_split": a.head_split, "threads": a.threads, "depth": DEPTH,
+                  "figure": "least of --steps samples within a repetition, median over repetitions",
+                  "llama_bench": "-p k -n 0 -d 64 -fa 1 (its ppk; output head for the last row only); "
+                                 "decode: -p 0 -n steps -d 64"},
         load_average={"start": records[0]["load_1m"], "max": max(r["load_1m"] for r in records)},
         rows=rows, runs=records)
-    print(f"{'':14} {'ours ms':>9} {'x decode':>9} {'llama.cpp ms':>13} {'x decode':>9}")
+    print(f"{'':14} {'ours ms':>9} {'x decode':>9} {'llama.cpp ms':>13} {'x decode':>9}"
+          + (f" {'head ms':>8}" if a.head_split else ""))
     for r in rows:
         print(f"{r['what']:14} {r['ours_ms']:9.1f} {r.get('ours_vs_own_decode', 1):9.2f} "
-              f"{r['llama_cpp_ms']:13.1f} {r.get('llama_cpp_vs_own_decode', 1):9.2f}")
+              f"{r['llama_cpp_ms']:13.1f} {r.get('llama_cpp_vs_own_decode', 1):9.2f}"
+              + (f" {r['head_ms']:8.1f}" if a.head_split else ""))
     out = a.out or Path("results") / f"verify-cost-{Path(model).stem}-{started:%Y-%m-%d}.json"
     provenance.write_results(out, doc)
     print(f"wrote {out}")
