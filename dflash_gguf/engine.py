@@ -243,15 +243,13 @@ class Engine:
     def prepare_auto(self) -> None:
         """Measure what `--tree-budget auto` needs (the verify cost table, cached per model
         file) now: measuring runs graphs on the target, which empties every slot."""
-        if self._wants_auto(True) and self._verify_cost is None:
+        if self._wants_auto() and self._verify_cost is None:
             self._verify_cost = VerifyCost(self.target, self.n_threads)
             self._contexts = [([], None) for _ in self._contexts]
 
-    def _wants_auto(self, speculative: bool) -> bool:
+    def _wants_auto(self) -> bool:
         """Whether a speculative request runs `--tree-budget auto`: a DFlash-family
         drafter's trees, or draft-simple's plain-or-chain choice."""
-        if not speculative:
-            return False
         if self.simple_draft is not None:
             return self.setup.simple.auto
         return self.draft is not None and bool(self.tree_budget and self.auto_budget)
@@ -260,7 +258,7 @@ class Engine:
         """A sequence's own `auto` chooser, starting from what the engine learnt at the
         request's sampling setting (None when the tree budget is fixed); prepare_auto has
         measured the verify cost."""
-        if not self._wants_auto(True):
+        if not self._wants_auto():
             return None
         key = _sampling_regime(sampling)
         if key not in self._autos:
@@ -291,7 +289,7 @@ class Engine:
         reused = n if (request.reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) \
             else 0
         self._contexts[slot] = ([], None)  # unknown until the run ends
-        if self._wants_auto(speculative) and self._verify_cost is None:
+        if speculative and self._wants_auto() and self._verify_cost is None:
             self.prepare_auto()
             reused = 0  # measuring the cost used the target
         saver = None

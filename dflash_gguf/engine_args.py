@@ -501,5 +501,6 @@ def engine_mode(engine, tree_budget) -> str:
     if engine.setup.ngram_kinds:
         mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
     if engine.simple_draft is not None:
-        mode = "draft-simple " + ("tree" if engine.setup.simple.tree else "chain")
+        simple = engine.setup.simple
+        mode = "draft-simple " + ("tree" if simple.tree else "auto (plain or chain)" if simple.auto else "chain")
     return mode

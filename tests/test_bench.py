@@ -926,3 +926,27 @@ def test_llama_bench_prefill_arm(tmp_path):
         (512, 0.2, 0.2, arm.name), (512, 0.4, 0.4, arm.name)]
     plain = llama_cpp.BenchArm(exe, setup, 30).command()  # decoding as before: -p 0 -n N -d depth
     assert plain[plain.index("-p") + 1] == "0" and plain[plain.index("-n") + 1] == "64"
+
+
+def test_verify_cost_bench_times_both_engines_by_rows(tmp_path):
+    """scripts/verify_cost_bench.py on the demo target beside the real llama-bench: every
+    row count of both engines timed in every repetition, ours also with the head cut, and
+    the head's share the difference."""
+    from dflash_gguf import llama_cpp_tree
+    from fixtures import missing_oracle
+
+    if llama_cpp_tree.tool("llama-bench") is None:
+        missing_oracle("llama-bench (.venv/bin/python scripts/llama_cpp_build.py llama-bench)")
+    out = tmp_path / "cost.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "verify_cost_bench.py"
+    res = subprocess.run([sys.executable, str(script), "-m", demo_paths()[0], "--sizes", "1,4", "-r", "2",
+                          "--steps", "2", "-t", "1", "--head-split", "-o", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = slim.read(out)
+    assert [r["rows"] for r in doc["rows"]] == [0, 1, 4]
+    assert len(doc["runs"]) == 2 * 3 * 3  # repetitions x (ours, ours head cut, llama.cpp) x (decode, 1, 4)
+    for row in doc["rows"]:
+        assert row["ours_ms"] > 0 and row["llama_cpp_ms"] > 0 and row["ours_head_cut_ms"] > 0
+        assert row["head_ms"] == pytest.approx(row["ours_ms"] - row["ours_head_cut_ms"], abs=0.02)
+    assert doc["rows"][2]["ours_vs_own_decode"] > 0 and doc["checkout"] is not None

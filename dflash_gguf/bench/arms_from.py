@@ -18,9 +18,9 @@ LLAMA_PLAIN_MODE = "plain (llama-completion)"
 Arm = Tuple[str, str, str]  # (engine, mode, sampling label; "-": llama-bench's random tokens)
 
 # the sweep's settings that define its arms: the headline run builds the same arms to
-# pick from, whatever its own flags say
+# pick from, whatever its own flags say (settings keys, and dflash-bench's args too)
 ARM_SETTINGS = ("modes", "tree_budgets", "draft_p_min", "block_size", "chain_rule", "spec_draft_p_min",
-                "spec_draft_n_max", "grammar_drafting", "ngram_size", "spec_draft_vocab", "spec_draft_vocab_from")  # settings keys, and dflash-bench's args too
+                "spec_draft_n_max", "grammar_drafting", "ngram_size", "spec_draft_vocab", "spec_draft_vocab_from")
 # what makes two runs' figures comparable: the headline run must measure the same workload
 WORKLOAD = {"prompts": "the prompts", "n_predict": "-n", "threads": "-t", "cache_type": "-ctk",
             "samplings": "the samplings (--temp, --top-k, --top-p, --min-p, -s)", "constraint": "the constraint",
