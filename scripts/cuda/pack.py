@@ -56,7 +56,7 @@ PRUNE = [
         ".git", ".github", ".devops", "models", "docs", "media", "benches", "tests", "gguf-py", "conversion",
         "convert_hf_to_gguf.py", "convert_hf_to_gguf_update.py", "convert_llama_ggml_to_gguf.py",
         "convert_lora_to_gguf.py", "requirements", "requirements.txt", "ci", "skills", "app",
-        "tools/ui", "tools/server")),
+        "tools/ui", "tools/server", "tools/mtmd/test-3.mp4", "tools/mtmd/tests")),  # the last two: media tests
     # ggml backends other than the CPU, CUDA and RPC ones (each added only when its option is on)
     *(_LLAMA + "ggml/src/ggml-" + b for b in (
         "cann", "et", "hexagon", "hip", "metal", "musa", "opencl", "openvino", "sycl", "virtgpu", "vulkan",
