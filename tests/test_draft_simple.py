@@ -256,10 +256,14 @@ def test_a_batch_gives_each_sequence_its_solo_text(files):
     texts = TEXTS + [TEXTS[0][10:], "x = 1\nx ="]
     from test_ngram import solo_and_batched
 
-    with Engine(files["target"], files["q8"], n_seq=4, spec_draft_n_max=3, **OPTIONS) as engine:
-        alone, outs, seqs = solo_and_batched(engine, texts, 24)
-    assert outs == alone
-    assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
+    for tree_budget in (None, "auto"):  # auto: each sequence chooses plain or chain for itself
+        with Engine(files["target"], files["q8"], n_seq=4, spec_draft_n_max=3, tree_budget=tree_budget,
+                    **OPTIONS) as engine:
+            alone, outs, seqs = solo_and_batched(engine, texts, 24)
+        assert outs == alone, tree_budget
+        assert all(s.stats.auto is not None for s in seqs) == (tree_budget == "auto")
+        if tree_budget is None:  # (auto may decode every batched sequence plainly: it learnt from the solo runs)
+            assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
 
 
 def test_a_recurrent_drafter_keeps_in_step():
