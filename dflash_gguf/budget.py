@@ -135,7 +135,8 @@ class AutoBudget:
     take at most EXPLORE_SHARE of the time, less the further the trees are behind, and on
     plain decoding a chain step now and then (nothing is drafted otherwise), spaced
     likewise by what it loses against plain (its measured time, which includes catching
-    the drafter up on the plain steps before it) and how far drafting is behind.
+    the drafter up on at most PROBE_LAG of the plain steps before it; before one has run,
+    priced from the drafted steps' catching up) and how far drafting is behind.
 
     One per sequence, so that sequences decoded together (-np) choose each for its own
     text; it starts from what the last sequence of its engine and sampling setting learnt
@@ -146,6 +147,10 @@ class AutoBudget:
     DECIDE_EVERY = 8
     SETTLE = 2  # steps after a switch (or a sequence's start) not timed: they build graphs
     EXPLORE_SHARE = 0.01  # the most of the decoding time surveys and probes may take
+    # the most tokens a probe catches a drafter up on (draft-simple's window: plain steps
+    # leave its drafter behind, and a probe after a long stretch would otherwise pay for
+    # every token since its last draft)
+    PROBE_LAG = 128
     SURVEY_FLOOR, PROBE_FLOOR = 0.1, 0.5  # _share's floors: drafts that come back must be found soon
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, prior: Optional["AutoBudget"] = None,
@@ -163,13 +168,17 @@ class AutoBudget:
         self.drafts = p.drafts if p else float(block - 1)
         self.gains: Dict[int, float] = dict(p.gains) if p else {}
         self.part: Dict[str, Optional[float]] = dict(p.part) if p else dict.fromkeys(
-            ("drafted", "plain", "node", "survey", "probe"))
+            ("drafted", "plain", "node", "survey", "probe", "catch_up"))
         self.current = p.current if p else CHAIN
         self.arm = self.current  # the arm of the step under way
         self.step_tokens = 1.0  # the chain's expected tokens at this step
         self.pending: List[float] = []  # the probabilities of the chain's drafts this step verifies
         self.steps = self.run = 0  # steps, and steps since a switch
-        self.next_decision, self.next_survey = self.DECIDE_EVERY, self.SETTLE + 1
+        # a fresh chooser decides as soon as one chain step is timed (the steps before
+        # build graphs): a short first request would otherwise spend most of its steps on
+        # an arm that may not pay
+        self.next_decision = self.DECIDE_EVERY if p else self.SETTLE + 2
+        self.next_survey = self.SETTLE + 1
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
         # plain steps left before the next probe: carried from sequence to sequence, since
         # the gap may be longer than a request
@@ -246,12 +255,30 @@ class AutoBudget:
             # on plain decoding the next probe comes as late as keeps what probes lose
             # against plain within their share of the time (_share, by how close the
             # best drafting arm comes to plain); never sooner than the last
-            loss = max((self.part["probe"] or self.seconds(CHAIN)) - self.tokens * self.seconds(PLAIN), 0.0)
+            loss = max(self.probe_seconds() - self.tokens * self.seconds(PLAIN), 0.0)
             drafting = max(rates[a] for a in self.arms if a != PLAIN)
             share = self._share(drafting / rates[PLAIN], self.PROBE_FLOOR)
             gap = max(self.DECIDE_EVERY, math.ceil(loss / (share * self.seconds(PLAIN))))
             self.probe_gap = gap if switch else max(gap, self.probe_gap)
             self.to_probe = self.probe_gap
+
+    def probe_seconds(self) -> float:
+        """What a probe costs: as measured, or before one has run a chain step plus
+        catching the drafter up on PROBE_LAG tokens at the cost a token measured on
+        drafted steps (caught_up; nothing where the drafter does not catch up)."""
+        if self.part["probe"] is not None:
+            return self.part["probe"]
+        return self.seconds(CHAIN) + self.PROBE_LAG * (self.part["catch_up"] or 0.0)
+
+    @property
+    def probing(self) -> bool:
+        """Whether the step under way is a probe: a chain step on plain decoding."""
+        return self.arm == CHAIN and self.current == PLAIN
+
+    def caught_up(self, n: int, seconds: float) -> None:
+        """A drafted step's drafter took n committed tokens it lacked in `seconds`."""
+        if n > 0:
+            self.part["catch_up"] = _low(self.part["catch_up"], seconds / n)
 
     def chain_cut(self, top1, verify: bool = True) -> int:
         """The drafts a chain step verifies (at least one): the length with the highest
@@ -275,7 +302,7 @@ class AutoBudget:
         if verify:
             self.pending = probs[:n]
         self.step_tokens = at_n
-        if self.tokens is None or (self.arm == CHAIN and self.current == PLAIN):  # a probe tells the text now
+        if self.tokens is None or self.probing:  # a probe tells the text now
             self.tokens, self.drafts = at_n, float(n)
         else:
             self.tokens += self.SMOOTH * (at_n - self.tokens)
@@ -324,7 +351,7 @@ class AutoBudget:
             self.branch.age()
         if arm == CHAIN:
             self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
-            if self.current == PLAIN:  # a probe: what it says of the text now, its outcome counted; its cost
+            if self.probing:  # what a probe says of the text now, its outcome counted; its cost
                 self.tokens = 1.0 + sum(self.spine(p) for p in self.pending)
                 part["probe"] = seconds
         elif nodes is not None:

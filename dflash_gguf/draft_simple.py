@@ -221,7 +221,11 @@ class SimpleDraft:
         self.path = str(path)
         self.n_vocab = target.n_vocab  # drafts past the target's vocabulary are never proposed
         n = self.model.n_seq
+        # held[slot]: the tokens the slot holds, context[offset[slot]:] onwards (a window
+        # of the context where draft() was told to catch up on fewer than it lacked)
         self.held: List[Optional[List[int]]] = [[] for _ in range(n)]
+        self.offset = [0] * n
+        self.fed = (0, 0.0)  # the last draft()'s catching up: tokens taken, seconds
         self.pending: List[Optional[List[int]]] = [None] * n
         self.ranked = [False] * n  # the slot's sampling ranks P_MIN_TOP_K candidates (else: the argmax)
         self.truncates = self.model.can_truncate()
@@ -232,6 +236,7 @@ class SimpleDraft:
     def reset(self) -> None:
         self.model.reset()
         self.held = [[] for _ in self.held]
+        self.offset = [0] * len(self.offset)
         self.pending = [None] * len(self.pending)
 
     # -- one slot -----------------------------------------------------------------------
@@ -239,11 +244,11 @@ class SimpleDraft:
         """Commit the slot's pending verify as far as `context` (the committed tokens)
         agrees with it; a slot that does not hold a prefix of the context starts afresh.
         Returns what it holds."""
-        model, held, pending = self.model, self.held[slot], self.pending[slot]
+        model, held, pending, at = self.model, self.held[slot], self.pending[slot], self.offset[slot]
         if held is not None and pending is not None:
             base = len(held)
             k = 0
-            while k < len(pending) and base + k < len(context) and pending[k] == context[base + k]:
+            while k < len(pending) and at + base + k < len(context) and pending[k] == context[at + base + k]:
                 k += 1
             if self.truncates:
                 model.seq_truncate(slot, base + k)
@@ -251,9 +256,9 @@ class SimpleDraft:
                 model.commit(k, seq=slot)
             held = held + pending[:k]
         self.pending[slot] = None
-        if held is None or len(held) > len(context) or list(context[:len(held)]) != held:
+        if held is None or at + len(held) > len(context) or list(context[at:at + len(held)]) != held:
             model.seq_reset(slot)
-            held = []
+            held, self.offset[slot] = [], 0
         self.held[slot] = held
         return held
 
@@ -281,15 +286,20 @@ class SimpleDraft:
             self.model.set_uniforms(np.zeros(n, dtype=np.float32), seq=slot)
 
     def draft(self, slot: int, context: Sequence[int], bonus: int, n_max: int, p_min: float = 0.0,
-              siblings: bool = False, shares: bool = False) -> Tuple[List[int], List[Optional[int]], List[float]]:
+              siblings: bool = False, shares: bool = False,
+              window: int = 0) -> Tuple[List[int], List[Optional[int]], List[float]]:
         """Up to n_max drafts after `bonus` for the sequence in `slot` whose committed
         tokens are `context` (the bonus not among them): each the drafter's top choice
         given the ones before, stopping before one whose share is below p_min. Returns
         the drafts, each position's second choice (with siblings; None where there is
         none) and each draft's share of the drafter's top P_MIN_TOP_K (ranked: with
-        siblings, p_min > 0 or shares; else 1). n_max 0: nothing (no drafter graph)."""
+        siblings, p_min > 0 or shares; else 1). n_max 0: nothing (no drafter graph).
+        window > 0: a drafter lacking more than `window` of the committed tokens starts
+        afresh from the context's last `window` (drafts from less context, for less than
+        catching up on all of them costs; the target verifies them as any)."""
         # its context holds the committed tokens, the bonus and the drafts but the last (-cd
         # may make it shorter than the target's: it stops drafting where it is full)
+        self.fed = (0, 0.0)
         n_max = min(n_max, self.model.n_ctx - len(context))
         if n_max < 1:
             return [], [], []  # nothing to draft: the drafter takes the tokens it lacks at its next draft
@@ -297,8 +307,12 @@ class SimpleDraft:
         try:
             self._rank(slot, ranked)
             held = self._settle(slot, context)
-            feed = list(context[len(held):]) + [int(bonus)]
             model = self.model
+            if window and len(context) - self.offset[slot] - len(held) > window:
+                model.seq_reset(slot)
+                held, self.offset[slot] = [], len(context) - window
+            feed = list(context[self.offset[slot] + len(held):]) + [int(bonus)]
+            t0 = time.perf_counter()
             ub = model.n_ubatch
             for start in range(0, len(feed), ub):
                 chunk = feed[start:start + ub]
@@ -306,6 +320,7 @@ class SimpleDraft:
                 if last:
                     self._uniforms(slot, ranked, 1)
                 model.step([Rows(slot, DECODE, chunk, logits=LOGITS_LAST if last else 0)])
+            self.fed = (len(feed), time.perf_counter() - t0)
             self.held[slot] = held + feed
             drafts: List[int] = []
             seconds: List[Optional[int]] = []
@@ -402,11 +417,14 @@ class SimpleProposer(Proposer):
             return _verify_chain(seq, self.block)
         n = _draft_room(seq, self.n_max)
         grammar = seq.sampler.grammar if seq.sampler.guided else None
+        auto = self.auto if self.arm is not None else None
         drafts, seconds, shares = self.draft.draft(seq.slot, self.context, seq.bonus, n, self.p_min,
-                                                   siblings=self.tree and grammar is None,
-                                                   shares=self.arm is not None)
-        if self.arm is not None and drafts:
-            drafts = drafts[:self.auto.chain_cut(np.log(np.maximum(shares, 1e-30)))]
+                                                   siblings=self.tree and grammar is None, shares=auto is not None,
+                                                   window=auto.PROBE_LAG if auto is not None and auto.probing else 0)
+        if auto is not None:
+            auto.caught_up(*self.draft.fed)
+            if drafts:
+                drafts = drafts[:auto.chain_cut(np.log(np.maximum(shares, 1e-30)))]
         if len(drafts) < self.n_min:
             drafts, seconds = [], []
         if grammar is not None and drafts:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dflash_gguf import DflashError
-from dflash_gguf.budget import AutoMemory
+from dflash_gguf.budget import AutoBudget, AutoMemory
 from dflash_gguf.checkpoints import Checkpoint
 from dflash_gguf.decoding import Batch, Sequence, sequence_steps
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
@@ -387,7 +387,9 @@ def test_auto_sequences_in_a_batch_decode_as_plain_greedy(many, one):
     for i in range(3):
         assert outs[i] == plain[i], i
         assert sum(a["steps"] for a in stats[i].auto["arms"].values()) == len(stats[i].accepted_lengths)
-    assert stats[0].auto["arms"]["plain"]["steps"] >= 5 and stats[1].auto["arms"]["chain"]["steps"] >= 5
+    # the others draft at least until their first decision, after a timed chain step
+    drafted = sum(a["steps"] for name, a in stats[1].auto["arms"].items() if name != "plain")
+    assert stats[0].auto["arms"]["plain"]["steps"] >= 5 and drafted >= AutoBudget.SETTLE + 1, stats[1].auto["arms"]
     assert AUTO.learnt is not None
 
 

@@ -815,6 +815,35 @@ def test_auto_drafts_again_when_drafts_come_back():
     assert arm_share(steps, CHAIN) >= 0.9
 
 
+def test_auto_decides_after_its_first_timed_chain_step():
+    """A fresh chooser does not spend DECIDE_EVERY steps on an arm that may not pay:
+    drafts the target never takes, and it decodes plainly from the step after the first
+    timed chain step (the steps before that build graphs) on."""
+    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+
+    sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
+    arms = [a for a, _, _ in simulate_auto(sim, steps=AutoBudget.DECIDE_EVERY)]
+    first = AutoBudget.SETTLE + 1
+    assert arms[:first] == [CHAIN] * first and set(arms[first:]) == {PLAIN}, arms
+
+
+def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
+    """Before a probe has run, its price is a chain step plus catching the drafter up on
+    PROBE_LAG tokens at the cost a token measured on drafted steps (the lowest reading);
+    a measured probe replaces the estimate. A dearer probe comes later."""
+    from dflash_gguf.budget import AutoBudget
+
+    auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
+    auto.part.update(drafted=2e-3, plain=1e-3)
+    assert auto.probe_seconds() == auto.seconds(auto.arms[1])  # a drafter that never catches up
+    auto.caught_up(4, 8e-3)
+    auto.caught_up(1, 5e-3)  # dearer a token: the low figure stays, creeping up 1%
+    auto.caught_up(0, 1.0)  # nothing taken: nothing learnt
+    assert auto.probe_seconds() == pytest.approx(auto.seconds(auto.arms[1]) + AutoBudget.PROBE_LAG * 2e-3 * 1.01)
+    auto.part["probe"] = 0.05
+    assert auto.probe_seconds() == 0.05
+
+
 def test_auto_probes_across_short_sequences():
     """Probes are spaced by plain steps counted across the sequences of one engine: where
     the gap between them is longer than a request, short requests still get them, about
