@@ -2,13 +2,16 @@
 """A real pair on this machine, ours against llama.cpp's own tools on the same files and
 threads, greedy, every arm once per repetition in a shuffled order (arms taking turns).
 
-    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|gemma3] [-r 3] [-n 64] [-t 2] [--out PATH]
+    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|qwen-prefill|gemma3] [-r 3] [-n 64] [-t 2] [--out PATH]
 
 --pair qwen (default; results/real-pair-DATE.json): the published Qwen2.5-Coder 1.5B alone
 and with its 0.5B sibling drafting (draft-simple). Arms: our plain decoding; our
 draft-simple chain at llama.cpp's default n-max (3) and at 4; our draft-simple tree;
 llama-completion; llama-speculative-simple --spec-type draft-simple at its default and at
 n-max 4; llama-bench's plain decoding (-n N after the prompts' mean length).
+
+--pair qwen-prefill (results/real-pair-qwen-prefill-DATE.json): prefill of a 512- and a
+2048-token prompt on the 1.5B, ours against llama-bench pp512 and pp2048.
 
 --pair gemma3 (results/real-pair-gemma3-DATE.json): issue 51's comparisons on the
 published Gemma 3 270M Q4_K_M and an f16 copy of it (our re-typing, made once:
@@ -82,7 +85,8 @@ class Ours:
 
 
 class OursPrefill:
-    """Our prefill of an n-token prompt (token ids, BOS first), then one token: the run's
+    """Our prefill of an n-token prompt (token ids, the first one fixed: BOS where the
+    tokenizer adds one, as Gemma's does), then one token: the run's
     tokens are the prompt's, its decode_s the prefill's time."""
 
     side, speculative = "ours", False
@@ -90,10 +94,10 @@ class OursPrefill:
     def __init__(self, target: str, threads: int, n_tokens: int, filler: str):
         self.name, self.n_tokens = f"prefill {n_tokens}", n_tokens
         self.engine = Engine(target, n_ctx=n_tokens + 64, n_threads=threads)
-        ids = self.engine.encode(filler)  # BOS first (Gemma's tokenizer adds it), then the text
+        ids = self.engine.encode(filler)  # BOS first where the tokenizer adds it (Gemma's; not Qwen's)
         body = ids[1:]
         self.tokens = ids[:1] + (body * (n_tokens // len(body) + 1))[:n_tokens - 1]
-        self.period = len(body)  # the tokens after BOS repeat with this period
+        self.period = len(body)  # the tokens after the first repeat with this period
         self.engine.generate(self.prompt(-1)[:64], max_tokens=1, stop_tokens=())  # graphs built
 
     def prompt(self, rep: int) -> list:
@@ -197,7 +201,21 @@ def gemma3_arms(a, tools) -> tuple[dict, list, list]:
     return {"target": f16, "draft": q4, "plain": q4}, arms, compare
 
 
-PAIRS = {"qwen": (qwen_arms, "real-pair"), "gemma3": (gemma3_arms, "real-pair-gemma3")}
+def qwen_prefill_arms(a, tools) -> tuple[dict, list, list]:
+    """Prefill of a 512- and a 2048-token prompt on the Qwen2.5-Coder 1.5B: ours against
+    llama-bench pp512 and pp2048 (issue 54's prefill row)."""
+    target = str(real_models.path("qwen2.5-coder-1.5b"))
+    setup = llama_cpp.Setup(target, a.threads, 4096, a.n_predict, "f16")
+    filler = " ".join(text for _, text in QWEN_PROMPTS)
+    arms = [*[OursPrefill(target, a.threads, k, filler) for k in PREFILL_TOKENS],
+            *[Theirs(llama_cpp.BenchArm(tools.found["llama-bench"], setup, 0, n_prompt=k)) for k in PREFILL_TOKENS]]
+    compare = [(f"prefill {k} vs llama-bench pp{k}", f"prefill {k}", [f"prefill (llama-bench -p {k})"])
+               for k in PREFILL_TOKENS]
+    return {"target": target}, arms, compare
+
+
+PAIRS = {"qwen": (qwen_arms, "real-pair"), "qwen-prefill": (qwen_prefill_arms, "real-pair-qwen-prefill"),
+         "gemma3": (gemma3_arms, "real-pair-gemma3")}
 
 
 def main(argv=None) -> int:
