@@ -114,6 +114,14 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
 struct ggml_tensor * dfl_graph_attention_sinks(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                                struct ggml_tensor * v, float scale, struct ggml_tensor * sinks);
 
+/* A tensor of layer il's rows [width, n] (its attention's output, the residual stream)
+ * cut to the rows that get logits where nothing after this layer reads the others
+ * (llama.cpp's inp_out_ids): in the last layer of a pass that wants fewer rows than it
+ * computes (a prompt's chunk: its last row, or none) and captures no final state for a
+ * drafter, so that the FFN runs on those rows alone. Elsewhere x itself. An architecture
+ * calls it on both operands of the residual add between its attention and its FFN. */
+struct ggml_tensor * dfl_graph_ffn_rows(dfl_graph * g, int il, struct ggml_tensor * x);
+
 /* The layer's short causal convolution (before activation) over x [conv_channels, n]
  * with kernel [d_conv, conv_channels]: each row sees the inputs before it (along the
  * tree path in a tree). -> [conv_channels, n] */

@@ -20,6 +20,7 @@ typedef struct graph_build {
     /* each attention layer's cache after this graph's rows are stored in it, what the
      * layers sharing that cache read */
     struct ggml_tensor * k_stored[DFL_MAX_LAYERS], * v_stored[DFL_MAX_LAYERS];
+    bool cut;  /* the rows were cut to the logits' rows inside the last layer (dfl_graph_ffn_rows) */
 } graph_build;
 
 /* One segment's part of a service: its rows, its inputs, its sequence. */
@@ -689,7 +690,8 @@ static struct ggml_tensor * embed(const dfl_target * t, const dfl_step * step, s
     return x;
 }
 
-/* The rows with logits: every row, one segment's last, or gathered by an input. */
+/* The rows with logits: every row, one segment's last (also where none has logits: the
+ * row a cut keeps), or gathered by an input. */
 static struct ggml_tensor * logits_rows(const dfl_step * step, struct ggml_context * ctx, graph_inputs * in,
                                         struct ggml_tensor * x) {
     in->out_idx = NULL;
@@ -701,6 +703,30 @@ static struct ggml_tensor * logits_rows(const dfl_step * step, struct ggml_conte
     }
     in->out_idx = new_input(ctx, GGML_TYPE_I32, step->n_out);
     return ggml_get_rows(ctx, x, in->out_idx);
+}
+
+/* Whether a feature layer is n_layer: the final-normed state of every row, for a drafter. */
+static bool captures_final_state(const dfl_target * t) {
+    for (int f = 0; f < t->p.n_feature_layers; f++) {
+        if (t->p.feature_layers[f] == t->m.n_layer) {
+            return true;
+        }
+    }
+    return false;
+}
+
+struct ggml_tensor * dfl_graph_ffn_rows(dfl_graph * g, int il, struct ggml_tensor * x) {
+    graph_build * b = g->runtime;
+    const dfl_step * step = b->step;
+    if (il != b->t->m.n_layer - 1 || step->n_out == step->n_rows || (step->n_out == 0 && step->n_seg > 1) ||
+        captures_final_state(b->t)) {
+        return x;
+    }
+    if (b->cut && b->in->out_idx) { /* a second tensor of the layer: the same rows */
+        return ggml_get_rows(g->ctx, x, b->in->out_idx);
+    }
+    b->cut = true;
+    return logits_rows(step, g->ctx, b->in, x);
 }
 
 struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step * step, struct ggml_context * ctx,
@@ -721,7 +747,8 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
         add_segment_inputs(t, &step->seg[i], ctx, &in->seg[i]);
     }
 
-    graph_build b = { t, step, in, { NULL }, { NULL } };
+    in->out_idx = NULL;
+    graph_build b = { t, step, in, { NULL }, { NULL }, false };
     dfl_graph g = { ctx, gf, n, in->pos, &b };
     if (m->embd_scale != 1.0f) {
         x = dfl_cb(ggml_scale(ctx, x, m->embd_scale), "inp_scaled", -1);  /* Gemma's name for it */
@@ -732,20 +759,18 @@ struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step
     }
     /* layer n_layer is the final-normed state, as transformers' last hidden_states entry
      * (what z-lab's drafters read for the last target layer) */
-    bool normed = false;
-    for (int f = 0; f < t->p.n_feature_layers && !normed; f++) {
-        if (t->p.feature_layers[f] == m->n_layer) {
-            x = dfl_cb(dfl_rms_norm(ctx, x, m->output_norm, m->eps), "result_norm", -1);
-            normed = true;
-            capture_features(t, in, ctx, gf, x, m->n_layer);
-        }
+    const bool normed = captures_final_state(t);
+    if (normed) {
+        x = dfl_cb(dfl_rms_norm(ctx, x, m->output_norm, m->eps), "result_norm", -1);
+        capture_features(t, in, ctx, gf, x, m->n_layer);
     }
 
     in->logits = NULL;
-    in->out_idx = NULL;
     memset(&in->samp, 0, sizeof in->samp);
     if (step->n_out > 0) {
-        x = logits_rows(step, ctx, in, x);
+        if (!b.cut) {
+            x = logits_rows(step, ctx, in, x);
+        }
         if (!normed) {
             x = dfl_cb(dfl_rms_norm(ctx, x, m->output_norm, m->eps), "result_norm", -1);
         }

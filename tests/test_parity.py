@@ -15,7 +15,7 @@ from gemma3_fixtures import make_gemma3
 
 from dflash_gguf import llama_cpp_tree, parity
 from dflash_gguf._native import DflashError
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.target import DECODE, LOGITS_ALL, LOGITS_LAST, Rows, Target, TargetConfig
 
 PROMPT = "def add(a, b):\n    return a + b"
 # llama.cpp's names of each layer's tensors (src/models/qwen2.cpp, qwen3.cpp, qwen35.cpp)
@@ -69,6 +69,9 @@ def test_dump_names_every_layer(arch):
         if "Qcur" in names:
             assert dump[f"Qcur-{il}"]["ne"][1:3] == [4, len(tokens)]  # [head, heads, tokens]
     assert dump["inp_embd"]["ne"][:2] == [128, len(tokens)]
+    # the last layer's FFN runs on the row with logits alone, as llama.cpp's (inp_out_ids)
+    last = len(arch["names"]) - 1
+    assert dump["ffn_out-0"]["ne"][1] == len(tokens) and dump[f"ffn_out-{last}"]["ne"][1] == 1
     assert dump["result_norm"]["ne"][:2] == [128, 1]
     assert np.all(np.isfinite(dump["result_output"]["values"]))
 
@@ -85,6 +88,21 @@ def test_dump_changes_no_logit(gguf, monkeypatch, tmp_path):
     monkeypatch.setenv("DFLASH_DUMP_TENSORS", ".")
     monkeypatch.setenv("DFLASH_DUMP_FILE", str(tmp_path / "d.bin"))
     assert np.array_equal(logits(), plain)
+
+
+def test_the_output_rows_cut_keeps_the_logits(gguf):
+    """A pass whose last layer's FFN runs on the rows with logits alone (a prompt: its last
+    row; two sequences' prompts in one pass: each one's last, gathered) gives those rows'
+    logits as a pass of every row does."""
+    a, b = [5, 17, 300, 42, 9, 77, 128], [8, 31, 2, 250]
+    with Target(str(gguf), TargetConfig(n_ctx=64, n_threads=2, n_seq=2)) as t:
+        t.step([Rows(0, DECODE, a, logits=LOGITS_ALL), Rows(1, DECODE, b, logits=LOGITS_ALL)])
+        every = t.logits(0, len(a) + len(b))
+        t.reset()
+        t.step([Rows(0, DECODE, a, logits=LOGITS_LAST), Rows(1, DECODE, b, logits=LOGITS_LAST)])
+        cut = t.logits(0, 2)
+    want = every[[len(a) - 1, len(a) + len(b) - 1]]
+    np.testing.assert_allclose(cut, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
 def test_dump_settings_fail_clearly(gguf, monkeypatch, tmp_path):

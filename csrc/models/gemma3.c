@@ -132,7 +132,7 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     struct ggml_context * ctx = g->ctx;
 
     struct ggml_tensor * cur = attention(m, g, il, dfl_cb(dfl_rms_norm(ctx, x, L->attn_norm, w->eps), "attn_norm", il));
-    x = dfl_gemma_add_normed(ctx, cur, L->post_attn_norm, x, w->eps, il, "attn_post_norm", "sa_out");
+    x = dfl_gemma_attn_residual(g, cur, L->post_attn_norm, x, w->eps, il, "sa_out");
     /* ggml's fused GELU, as llama.cpp's: the tanh form in f32 parted the published 270M
      * from llama.cpp by 5.6e-3 at ffn_out-0, which its post-FFN norm (weights past 100)
      * and 17 more layers grew to 0.65 in the logits (the parity tool's finding) */

@@ -228,7 +228,7 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     const float eps = w->eps;
 
     struct ggml_tensor * cur = attention(m, g, il, dfl_cb(dfl_rms_norm(ctx, x, L->b.attn_norm, eps), "attn_norm", il));
-    x = dfl_gemma_add_normed(ctx, cur, L->b.post_attn_norm, x, eps, il, "attn_post_norm", "attn_out");
+    x = dfl_gemma_attn_residual(g, cur, L->b.post_attn_norm, x, eps, il, "attn_out");
 
     /* llama.cpp names the dense FFN's input and output ffn_norm and ffn_out only in layers
      * without experts (with them: ffn_norm_1 and ffn_mlp, not named here) */

@@ -27,10 +27,26 @@ struct ggml_tensor * dfl_gemma_ffn(struct ggml_context * ctx, const dfl_gemma_bl
     return ggml_mul_mat(ctx, b->ffn_down, h);
 }
 
+/* residual + post_norm(out); cut: both terms through dfl_graph_ffn_rows (NULL: none) */
+static struct ggml_tensor * add_normed(struct ggml_context * ctx, dfl_graph * cut, struct ggml_tensor * out,
+                                       struct ggml_tensor * post_norm, struct ggml_tensor * residual, float eps, int il,
+                                       const char * norm_name, const char * sum_name) {
+    struct ggml_tensor * normed = dfl_cb(dfl_rms_norm(ctx, out, post_norm, eps), norm_name, il);
+    if (cut) {
+        normed = dfl_graph_ffn_rows(cut, il, normed);
+        residual = dfl_graph_ffn_rows(cut, il, residual);
+    }
+    struct ggml_tensor * sum = ggml_add(ctx, normed, residual);
+    return sum_name ? dfl_cb(sum, sum_name, il) : sum;
+}
+
 struct ggml_tensor * dfl_gemma_add_normed(struct ggml_context * ctx, struct ggml_tensor * out, struct ggml_tensor * post_norm,
                                           struct ggml_tensor * residual, float eps, int il, const char * norm_name,
                                           const char * sum_name) {
-    struct ggml_tensor * normed = dfl_cb(dfl_rms_norm(ctx, out, post_norm, eps), norm_name, il);
-    struct ggml_tensor * sum = ggml_add(ctx, normed, residual);
-    return sum_name ? dfl_cb(sum, sum_name, il) : sum;
+    return add_normed(ctx, NULL, out, post_norm, residual, eps, il, norm_name, sum_name);
+}
+
+struct ggml_tensor * dfl_gemma_attn_residual(dfl_graph * g, struct ggml_tensor * out, struct ggml_tensor * post_norm,
+                                             struct ggml_tensor * residual, float eps, int il, const char * sum_name) {
+    return add_normed(g->ctx, g, out, post_norm, residual, eps, il, "attn_post_norm", sum_name);
 }

@@ -33,4 +33,10 @@ struct ggml_tensor * dfl_gemma_add_normed(struct ggml_context * ctx, struct ggml
                                           struct ggml_tensor * residual, float eps, int il, const char * norm_name,
                                           const char * sum_name);
 
+/* The attention sublayer's residual + post_norm(out), named attn_post_norm and sum_name,
+ * with both terms of the sum cut to the rows the FFN after it runs on
+ * (dfl_graph_ffn_rows) once the norm is named: where llama.cpp cuts them. */
+struct ggml_tensor * dfl_gemma_attn_residual(dfl_graph * g, struct ggml_tensor * out, struct ggml_tensor * post_norm,
+                                             struct ggml_tensor * residual, float eps, int il, const char * sum_name);
+
 #endif

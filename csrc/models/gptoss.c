@@ -164,7 +164,8 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     q = dfl_graph_rope(m, g, ggml_reshape_3d(ctx, q, hd, w->n_head, n), w->n_rot, w->rope_base);
     k = dfl_graph_rope(m, g, ggml_reshape_3d(ctx, k, hd, m->attn[il].n_head_kv, n), w->n_rot, w->rope_base);
     cur = dfl_graph_attention_sinks(g, il, q, k, v, 1.0f / sqrtf((float) hd), L->sinks);
-    x = ggml_add(ctx, ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), L->bo), x);
+    cur = dfl_graph_ffn_rows(g, il, ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), L->bo));
+    x = ggml_add(ctx, cur, dfl_graph_ffn_rows(g, il, x));
 
     cur = dfl_moe_ffn(ctx, dfl_rms_norm(ctx, x, L->post_attn_norm, w->eps), &L->moe);
     return ggml_add(ctx, cur, x);

@@ -107,7 +107,8 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     q = dfl_cb(dfl_rope(m, ctx, q, g->pos, NULL, w->n_rot, w->rope_base), "Qcur", il);
     k = dfl_cb(dfl_rope(m, ctx, k, g->pos, NULL, w->n_rot, w->rope_base), "Kcur", il);
     cur = dfl_cb(dfl_graph_attention(g, il, q, k, v, 1.0f / sqrtf((float) hd)), "kqv_out", il);
-    x = dfl_cb(ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), x), "ffn_inp", il);
+    cur = dfl_graph_ffn_rows(g, il, ggml_mul_mat(ctx, L->wo, cur));
+    x = dfl_cb(ggml_add(ctx, cur, dfl_graph_ffn_rows(g, il, x)), "ffn_inp", il);
 
     cur = dfl_cb(dfl_rms_norm(ctx, x, L->ffn_norm, w->eps), "ffn_norm", il);
     cur = dfl_cb(dfl_ffn_swiglu(ctx, cur, L->ffn_gate, L->ffn_up, L->ffn_down), "ffn_out", il);
