@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -387,7 +387,34 @@ class AutoBudget:
     def finish(self) -> None:
         """The sequence ended: what it learnt is what the next one starts from."""
         if self.memory is not None:
-            self.memory.learnt = self
+            self.memory.remember(self)
+
+    def state(self) -> dict:
+        """What a later chooser starts from (the prior's fields), as plain data."""
+        return {"spine": vars(self.spine), "branch": vars(self.branch), "tokens": self.tokens,
+                "drafts": self.drafts, "gains": {str(k): v for k, v in self.gains.items()}, "part": self.part,
+                "current": self.current, "probe_gap": self.probe_gap, "to_probe": self.to_probe}
+
+    @classmethod
+    def restored(cls, cost: VerifyCost, largest: int, block: int, state: dict) -> Optional["AutoBudget"]:
+        """A chooser holding a state() to start others from; None where the state does
+        not fit (another version's, or arms this setting does not have)."""
+        try:
+            b = cls(cost, largest, block)
+            for name in ("spine", "branch"):
+                cal, saved = getattr(b, name), state[name]
+                predicted, accepted = [float(x) for x in saved["predicted"]], [float(x) for x in saved["accepted"]]
+                if len(predicted) != len(cal.predicted) or len(accepted) != len(cal.accepted):
+                    return None
+                cal.predicted, cal.accepted, cal.weight = predicted, accepted, float(saved["weight"])
+            b.tokens = None if state["tokens"] is None else float(state["tokens"])
+            b.drafts = float(state["drafts"])
+            b.gains = {int(k): float(v) for k, v in state["gains"].items() if int(k) in b.verify_tree}
+            b.part = {k: None if state["part"].get(k) is None else float(state["part"][k]) for k in b.part}
+            b.current, b.probe_gap, b.to_probe = int(state["current"]), int(state["probe_gap"]), int(state["to_probe"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return b if b.current in b.arms else None
 
 
 def describe(report: dict) -> str:
@@ -409,11 +436,18 @@ class AutoMemory:
     """What `auto` keeps across the requests of one engine and sampling setting: the
     verify cost table, and the AutoBudget of the last sequence to end, which the next
     ones start from (read when a sequence starts, written when it ends: sequences
-    decoded together never share live counters)."""
+    decoded together never share live counters). With a `saved` state (auto_store: what
+    an earlier process learnt) the first starts from it; `save` gets each new state."""
 
-    def __init__(self, cost: VerifyCost, largest: int, block: int):
-        self.cost, self.largest, self.block = cost, largest, block
-        self.learnt: Optional[AutoBudget] = None
+    def __init__(self, cost: VerifyCost, largest: int, block: int, saved: Optional[dict] = None,
+                 save: Optional[Callable[[dict], None]] = None):
+        self.cost, self.largest, self.block, self.save = cost, largest, block, save
+        self.learnt: Optional[AutoBudget] = AutoBudget.restored(cost, largest, block, saved) if saved else None
 
     def chooser(self) -> AutoBudget:
         return AutoBudget(self.cost, self.largest, self.block, self.learnt, self)
+
+    def remember(self, budget: AutoBudget) -> None:
+        self.learnt = budget
+        if self.save is not None:
+            self.save(budget.state())

@@ -6,6 +6,7 @@ import gc
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
+from . import auto_store
 from .budget import AutoBudget, AutoMemory
 from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
@@ -264,9 +265,14 @@ class Engine:
         if key not in self._autos:
             if self.simple_draft is not None:  # no trees: plain decoding and the chain of up to n-max drafts
                 largest, block = 0, self.setup.simple.n_max + 1
+                drafting = (auto_store.file_identity(self.simple_draft.path), self.setup.simple)
             else:
                 largest, block = self.tree_budget, self.block_size or self.draft.block_size
-            self._autos[key] = AutoMemory(self._verify_cost, largest, block)
+                drafting = (auto_store.file_identity(self.draft.path), block, self.draft_p_min, self.chain_rule)
+            # what an earlier process learnt on these files, settings, machine and sampling
+            entry = auto_store.key(self._verify_cost.key, drafting, largest, key)
+            self._autos[key] = AutoMemory(self._verify_cost, largest, block, auto_store.load(entry),
+                                          lambda state: auto_store.save(entry, state))
         return self._autos[key].chooser()
 
     def held(self, slot: int) -> List[int]:

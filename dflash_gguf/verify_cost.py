@@ -69,7 +69,7 @@ class VerifyCost:
         max_n = target.n_verify
         sizes = sorted({1, 2, 4, 8, 16, 32, 64, max_n} & set(range(1, max_n + 1)))
         path = cache or (cache_dir() / "verify-cost.json")
-        key = _key(target, n_threads)
+        self.key = key = _key(target, n_threads)  # the model file, runtime build, device and threads
         table = json.loads(path.read_text()) if path.exists() else {}
         entry = table.get(key)
         if not (isinstance(entry, dict) and all(sorted(int(k) for k in entry.get(kind, {})) == sizes

@@ -5,6 +5,7 @@ here: the device tests (tests/test_devices.py) run where neither is installed, s
 the lent GPU machine (scripts/cuda/test.sh)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ def pytest_configure(config):
     from demo_hf import unpack
 
     unpack()
+    # what `auto` learnt stays out of the user's cache, and no test starts from what an
+    # earlier one learnt (tests/test_auto_store.py turns it on where it is the subject)
+    os.environ["DFLASH_AUTO_MEMORY"] = "off"
 
 
 def pytest_addoption(parser):

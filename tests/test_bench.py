@@ -950,3 +950,24 @@ def test_verify_cost_bench_times_both_engines_by_rows(tmp_path):
         assert row["ours_ms"] > 0 and row["llama_cpp_ms"] > 0 and row["ours_head_cut_ms"] > 0
         assert row["head_ms"] == pytest.approx(row["ours_ms"] - row["ours_head_cut_ms"], abs=0.02)
     assert doc["rows"][2]["ours_vs_own_decode"] > 0 and doc["checkout"] is not None
+
+
+def test_auto_cold_start_runs_new_processes_cold_and_warm(tmp_path):
+    """scripts/auto_cold_start.py: dflash-run processes of the demo pair, auto cold (a
+    memory file not there yet) and warm (the file an earlier process wrote), beside
+    --no-spec, every arm once a repetition; the warm runs start from what the untimed
+    first process learnt, the cold ones spend their first steps on the chain."""
+    out = tmp_path / "cold.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "auto_cold_start.py"
+    res = subprocess.run([sys.executable, str(script), "-n", "24", "-r", "2", "-t", "1", "-o", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = slim.read(out)
+    assert sorted((r["arm"], r["rep"]) for r in doc["runs"]) == sorted(
+        (arm, rep) for arm in ("no-spec", "auto, cold", "auto, warm") for rep in range(2))
+    for r in doc["runs"]:
+        assert r["tok_s"] > 0 and r["generated_tokens"] == 24
+        assert (r["auto"] is None) == (r["arm"] == "no-spec")
+    cold = [r["auto"]["arms"] for r in doc["runs"] if r["arm"] == "auto, cold"]
+    assert all(sum(a["steps"] for name, a in arms.items() if name != "plain") >= 3 for arms in cold), cold
+    assert set(doc["rows"]) == {"no-spec", "auto, cold", "auto, warm"}

@@ -7,6 +7,7 @@ distribution enumerated exactly, chi-square at 0.1%) and llama.cpp's draft-simpl
 llama-speculative-simple on the same GGUFs (its drafted and accepted counts)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -306,6 +307,8 @@ def test_a_window_starts_a_lagging_drafter_afresh_from_the_last_tokens(files):
 class _DearVerify:
     """A verify cost table where every verified row costs 10 s: drafting can never pay."""
 
+    key = "dear"  # what a real table's key names: its file, build, device and threads
+
     def chain(self, n_tokens):
         return 10.0 * np.asarray(n_tokens, dtype=float)
 
@@ -331,6 +334,59 @@ def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
             steps = len(got.stats.accepted_lengths)
             assert steps - 1 <= arms["plain"]["steps"] + arms["chain"]["steps"] <= steps
         assert arms["plain"]["steps"] > 3 * arms["chain"]["steps"], arms  # the second request starts on plain
+
+
+def _first_request_arms(files, text="def f(x):\n"):
+    """A new engine's first auto request where drafting cannot pay: its arms' steps."""
+    with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:
+        engine._verify_cost = _DearVerify()
+        arms = engine.generate(text, 24, stop_tokens=()).stats.auto["arms"]
+    return arms["plain"]["steps"], arms["chain"]["steps"]
+
+
+def test_a_new_engine_starts_from_what_the_last_one_learnt(files, tmp_path, monkeypatch):
+    """auto_store: what auto learnt in one engine (process) is where the next engine of
+    the same files, settings and machine starts: cold, a first request runs the chain
+    until its first decision (SETTLE + 1 steps); warm, it decodes plainly from its first
+    step. A memory file that cannot be read is ignored (cold), and then replaced; with
+    DFLASH_AUTO_MEMORY=off nothing is kept."""
+    from dflash_gguf.budget import AutoBudget
+
+    memory = tmp_path / "auto-memory.json"
+    monkeypatch.setenv("DFLASH_AUTO_MEMORY", "off")
+    assert _first_request_arms(files)[1] == AutoBudget.SETTLE + 1
+    assert not memory.exists()
+    monkeypatch.setenv("DFLASH_AUTO_MEMORY", str(memory))
+    memory.write_text("{not json")
+    assert _first_request_arms(files)[1] == AutoBudget.SETTLE + 1  # cold
+    assert len(json.loads(memory.read_text())) == 1
+    plain, chain = _first_request_arms(files)
+    assert chain == 0 and plain > 0, (plain, chain)
+    # another setting (n-max 4) is another entry, and starts cold
+    with Engine(files["target"], files["q8"], spec_draft_n_max=4, tree_budget="auto", **OPTIONS) as engine:
+        engine._verify_cost = _DearVerify()
+        assert engine.generate("def f(x):\n", 24, stop_tokens=()).stats.auto["arms"]["chain"]["steps"] > 0
+    assert len(json.loads(memory.read_text())) == 2
+
+
+def test_a_saved_state_restores_the_chooser():
+    """AutoBudget.state() through JSON and back (AutoBudget.restored) gives the same
+    state; a state of arms the setting lacks, or cut short, gives None (start cold)."""
+    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+
+    auto = AutoBudget(_DearVerify(), 0, 4)
+    for _ in range(6):
+        arm = auto.choose()
+        if arm == CHAIN:
+            auto.chain_cut(np.log(np.array([0.9, 0.5, 0.2])))
+        auto.verified(1 if arm == CHAIN else 0, 0.02)
+    auto.caught_up(2, 0.01)
+    state = json.loads(json.dumps(auto.state()))
+    assert state["current"] == PLAIN
+    again = AutoBudget.restored(_DearVerify(), 0, 4, state)
+    assert again is not None and again.state() == auto.state()
+    assert AutoBudget.restored(_DearVerify(), 0, 4, {**state, "current": 8}) is None  # no tree arms here
+    assert AutoBudget.restored(_DearVerify(), 0, 4, {k: v for k, v in state.items() if k != "part"}) is None
 
 
 @pytest.mark.parametrize("tree", [None, 8, "auto"])

@@ -566,6 +566,9 @@ def main(argv=None) -> int:
     """dflash-bench [flags] measures a pair; dflash-bench serve|soak|concurrency [flags]
     measure and soak the server (their modules' main)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    # auto starts from what this process learns only, so that a run does not depend on
+    # what ran before it (auto_store); DFLASH_AUTO_MEMORY=PATH measures a remembering one
+    os.environ.setdefault("DFLASH_AUTO_MEMORY", "off")
     if argv and argv[0] in SUBCOMMANDS:
         import importlib
 
