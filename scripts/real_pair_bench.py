@@ -2,7 +2,7 @@
 """A real pair on this machine, ours against llama.cpp's own tools on the same files and
 threads, greedy, every arm once per repetition in a shuffled order (arms taking turns).
 
-    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|qwen-prefill|gemma3] [-r 3] [-n 64] [-t 2] [--out PATH]
+    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|qwen-prefill|gemma3|gemma3-plain] [-r 3] [-n 64] [-t 2] [--out PATH]
 
 --pair qwen (default; results/real-pair-DATE.json): the published Qwen2.5-Coder 1.5B alone
 and with its 0.5B sibling drafting (draft-simple). Arms: our plain decoding; our
@@ -12,6 +12,9 @@ n-max 4; llama-bench's plain decoding (-n N after the prompts' mean length).
 
 --pair qwen-prefill (results/real-pair-qwen-prefill-DATE.json): prefill of a 512- and a
 2048-token prompt on the 1.5B, ours against llama-bench pp512 and pp2048.
+
+--pair gemma3-plain (results/real-pair-gemma3-plain-DATE.json): the first two items of
+--pair gemma3 below, nothing drafting.
 
 --pair gemma3 (results/real-pair-gemma3-DATE.json): issue 51's comparisons on the
 published Gemma 3 270M Q4_K_M and an f16 copy of it (our re-typing, made once:
@@ -128,6 +131,12 @@ class Theirs:
         return self.arm.one_round(None if isinstance(self.arm, llama_cpp.BenchArm) else Sampling(), rep, 0)
 
 
+def named(arm, name) -> Theirs:
+    """A llama.cpp arm with a row of its own: two files' runs of the same tool."""
+    arm.name = name
+    return Theirs(arm)
+
+
 def wait_for_quiet(max_load: float, threads: int) -> float:
     t0 = time.time()
     while provenance.load_average()[0] > max_load * threads and time.time() - t0 < 60:
@@ -154,32 +163,45 @@ def qwen_arms(a, tools) -> tuple[dict, list, list]:
     return {"target": target, "draft": small}, arms, []
 
 
+def gemma3_plain_arms(a, tools, arms: bool = True) -> tuple[dict, list, list]:
+    """The published Gemma 3 270M Q4_K_M alone: plain decoding against llama-bench tg128
+    and llama-completion, prefill of 512 and 2048 tokens against llama-bench pp512 and
+    pp2048 (arms False: the comparisons only, nothing loaded)."""
+    q4 = str(real_models.path("gemma-3-270m"))
+    p, t, n, bench = GEMMA_PROMPTS, a.threads, a.n_predict, tools.found["llama-bench"]
+    plain_q4, tg128 = llama_cpp.Setup(q4, t, 4096, n, "f16"), llama_cpp.Setup(q4, t, 4096, 128, "f16")
+    filler = " ".join(text for _, text in p)
+    completion, tg = "plain Q4_K_M (llama-completion)", "plain Q4_K_M (llama-bench tg128)"
+    compare = [("plain Q4_K_M vs llama-bench tg128", "plain Q4_K_M", [tg]),
+               ("plain Q4_K_M vs llama-completion", "plain Q4_K_M", [completion]),
+               *[(f"prefill {k} vs llama-bench pp{k}", f"prefill {k}", [f"prefill (llama-bench -p {k})"])
+                 for k in PREFILL_TOKENS]]
+    if not arms:
+        return {"target": q4}, [], compare
+    return {"target": q4}, [
+        Ours("plain Q4_K_M", q4, None, t, n, p),
+        named(llama_cpp.CompletionArm(tools.found["llama-completion"], plain_q4, p), completion),
+        named(llama_cpp.BenchArm(bench, tg128, 0), tg),
+        *[OursPrefill(q4, t, k, filler) for k in PREFILL_TOKENS],
+        *[Theirs(llama_cpp.BenchArm(bench, plain_q4, 0, n_prompt=k)) for k in PREFILL_TOKENS],
+    ], compare
+
+
 def gemma3_arms(a, tools) -> tuple[dict, list, list]:
     """Issue 51's Gemma 3 arms (see the module's doc) and comparisons."""
     q4 = str(real_models.path("gemma-3-270m"))
     f16 = str(real_models.retyped("gemma-3-270m", "f16"))
     p, t, n = GEMMA_PROMPTS, a.threads, a.n_predict
-    spec, bench = tools.found["llama-speculative-simple"], tools.found["llama-bench"]
-    plain_q4 = llama_cpp.Setup(q4, t, 4096, n, "f16")
-    tg128 = llama_cpp.Setup(q4, t, 4096, 128, "f16")
+    spec = tools.found["llama-speculative-simple"]
     pair = llama_cpp.Setup(f16, t, 1024, n, "f16", q4, None, (), "draft-simple")
-    filler = " ".join(text for _, text in p)
     sweep = [(n_max, p_min) for n_max in a.sweep_n_max for p_min in a.sweep_p_min if (n_max, p_min) != (3, 0.0)]
-
-    def named(arm, name):  # two files' runs of the same tool need rows of their own
-        arm.name = name
-        return Theirs(arm)
 
     def ours_simple(n_max, p_min):
         return Ours(f"draft-simple chain (n-max {n_max}, p-min {p_min:g})", f16, q4, t, n, p, spec_draft_n_max=n_max,
                     draft_p_min=p_min)
 
     arms = [
-        Ours("plain Q4_K_M", q4, None, t, n, p),
-        named(llama_cpp.CompletionArm(tools.found["llama-completion"], plain_q4, p), "plain Q4_K_M (llama-completion)"),
-        named(llama_cpp.BenchArm(bench, tg128, 0), "plain Q4_K_M (llama-bench tg128)"),
-        *[OursPrefill(q4, t, k, filler) for k in PREFILL_TOKENS],
-        *[Theirs(llama_cpp.BenchArm(bench, plain_q4, 0, n_prompt=k)) for k in PREFILL_TOKENS],
+        *gemma3_plain_arms(a, tools)[1],
         Ours("plain f16", f16, None, t, n, p),
         named(llama_cpp.CompletionArm(tools.found["llama-completion"], pair, p), "plain f16 (llama-completion)"),
         Ours("draft-simple chain (n-max 3, default)", f16, q4, t, n, p),
@@ -191,10 +213,7 @@ def gemma3_arms(a, tools) -> tuple[dict, list, list]:
     their_spec = [x.name for x in arms if x.side == "llama.cpp" and x.speculative]
     our_spec = [x.name for x in arms if x.side == "ours" and x.speculative and "tree" not in x.name]
     compare = [
-        ("plain Q4_K_M vs llama-bench tg128", "plain Q4_K_M", [arms[2].name]),
-        ("plain Q4_K_M vs llama-completion", "plain Q4_K_M", [arms[1].name]),
-        *[(f"prefill {k} vs llama-bench pp{k}", f"prefill {k}", [f"prefill (llama-bench -p {k})"])
-          for k in PREFILL_TOKENS],
+        *gemma3_plain_arms(a, tools, arms=False)[2],
         ("draft-simple default vs llama.cpp's default", "draft-simple chain (n-max 3, default)", [their_spec[0]]),
         ("draft-simple best vs llama.cpp's best", our_spec, their_spec),
     ]
@@ -215,7 +234,7 @@ def qwen_prefill_arms(a, tools) -> tuple[dict, list, list]:
 
 
 PAIRS = {"qwen": (qwen_arms, "real-pair"), "qwen-prefill": (qwen_prefill_arms, "real-pair-qwen-prefill"),
-         "gemma3": (gemma3_arms, "real-pair-gemma3")}
+         "gemma3": (gemma3_arms, "real-pair-gemma3"), "gemma3-plain": (gemma3_plain_arms, "real-pair-gemma3-plain")}
 
 
 def main(argv=None) -> int:
@@ -265,8 +284,9 @@ def main(argv=None) -> int:
     def ratio(per_rep, base):
         return statistics.median([x / tps(base, rep) for rep, x in enumerate(per_rep)]) if tps(base, 0) else None
 
-    plain, completion = ("plain", "plain (llama-completion)") if a.pair == "qwen" else \
-        ("plain f16", "plain f16 (llama-completion)")
+    # the rows every row is also set against: the pair's target decoding plainly, ours and llama.cpp's
+    plain = {"gemma3": "plain f16", "gemma3-plain": "plain Q4_K_M"}.get(a.pair, "plain")
+    completion = f"{plain} (llama-completion)"
     rows = {}
     for arm in arms:
         per_rep = [tps(arm.name, rep) for rep in range(a.repetitions)]
