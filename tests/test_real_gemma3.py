@@ -231,3 +231,24 @@ def test_teacher_forced_top20_logits_agree(target, llama_runs, name):
     assert np.median(worst) < MEDIAN_MAX_TOL, stats
     assert np.percentile(worst, 90) < P90_MAX_TOL, stats
     assert np.mean(ours.argmax(1) == top_ids[:, 0]) >= ARGMAX_AGREE, stats
+
+
+def test_the_decode_gaps_script_sets_llama_cpps_settings_apart(gemma3_path, tmp_path):
+    """scripts/gemma3_decode_gaps.py, a few steps: llama.cpp opened as its tools run is
+    bit for bit our one-token decodes at every step; without flash attention it is not."""
+    import subprocess
+    import sys
+
+    from dflash_gguf.bench import slim
+
+    out = tmp_path / "gaps.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gemma3_decode_gaps.py"
+    res = subprocess.run([sys.executable, str(script), "--steps", "3", "--long-steps", "2", "-o", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-2000:]
+    settings = slim.read(out)["settings"]
+    tools = settings["tools (flash attention, ring)"]["prompts"]
+    assert [p["steps_bit_equal"] for p in tools.values()] == [3, 2]
+    assert all(p["best_tokens_first_differ"] is None for p in tools.values())
+    no_fa = settings["no flash attention"]["prompts"]
+    assert max(p["largest_gap_range"][1] for p in no_fa.values()) > 0.0
