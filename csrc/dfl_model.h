@@ -119,7 +119,9 @@ struct ggml_tensor * dfl_graph_attention_sinks(dfl_graph * g, int il, struct ggm
  * (llama.cpp's inp_out_ids): in the last layer of a pass that wants fewer rows than it
  * computes (a prompt's chunk: its last row, or none) and captures no final state for a
  * drafter, so that the FFN runs on those rows alone. Elsewhere x itself. An architecture
- * calls it on both operands of the residual add between its attention and its FFN. */
+ * whose llama.cpp graph cuts there calls it on both operands of the residual add between
+ * its attention and its FFN (all but qwen35 and qwen35moe, which llama.cpp does not cut:
+ * the parity tool pairs tensors by shape). */
 struct ggml_tensor * dfl_graph_ffn_rows(dfl_graph * g, int il, struct ggml_tensor * x);
 
 /* The layer's short causal convolution (before activation) over x [conv_channels, n]

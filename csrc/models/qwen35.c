@@ -206,7 +206,9 @@ static dfl_status load(dfl_model * m) {
 static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int il, struct ggml_tensor * x) {
     const qwen35_weights * w = m->weights;
     const qwen35_layer * L = &w->layers[il];
-    x = dfl_graph_ffn_rows(g, il, qwen35_build_mixer(m, &w->hp, &L->mix, g, il, x));
+    /* no dfl_graph_ffn_rows: llama.cpp's qwen35 runs its last layer's FFN on every row, and
+     * the parity tool pairs our tensors with its by shape */
+    x = qwen35_build_mixer(m, &w->hp, &L->mix, g, il, x);
     struct ggml_tensor * cur = dfl_cb(dfl_rms_norm(g->ctx, x, L->mix.post_norm, w->hp.eps), "attn_post_norm", il);
     cur = dfl_cb(dfl_ffn_swiglu(g->ctx, cur, L->ffn_gate, L->ffn_up, L->ffn_down), "ffn_out", il);
     return dfl_cb(ggml_add(g->ctx, cur, x), "l_out", il);

@@ -59,7 +59,7 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     const qwen35moe_weights * w = m->weights;
     const qwen35moe_layer * L = &w->layers[il];
     struct ggml_context * ctx = g->ctx;
-    x = dfl_graph_ffn_rows(g, il, qwen35_build_mixer(m, &w->hp, &L->mix, g, il, x));
+    x = qwen35_build_mixer(m, &w->hp, &L->mix, g, il, x);  /* every row's FFN, as qwen35's */
     struct ggml_tensor * cur = dfl_rms_norm(ctx, x, L->mix.post_norm, w->hp.eps);
     struct ggml_tensor * routed = dfl_moe_ffn(ctx, cur, &L->moe);
     struct ggml_tensor * shared = dfl_ffn_swiglu(ctx, cur, L->shexp_gate, L->shexp_up, L->shexp_down);
