@@ -364,7 +364,9 @@ class AutoBudget:
         if arm == PLAIN:
             part["plain"] = _low(part["plain"], seconds)
         elif arm == CHAIN:
-            part["drafted"] = _low(part["drafted"], seconds - self.verify_chain[1 + len(self.pending)])
+            # the step's work besides its verify: never below nothing, where the table
+            # overprices the verify (measured on another occasion)
+            part["drafted"] = _low(part["drafted"], max(seconds - self.verify_chain[1 + len(self.pending)], 0.0))
         elif part["drafted"] is not None and not host:
             extra = seconds - part["drafted"] - self.verify_tree[arm]
             part["node"] = _low(part["node"], max(extra, 0.0) / arm)

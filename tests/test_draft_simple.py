@@ -305,15 +305,16 @@ def test_a_window_starts_a_lagging_drafter_afresh_from_the_last_tokens(files):
 
 
 class _DearVerify:
-    """A verify cost table where every verified row costs 10 s: drafting can never pay."""
+    """A verify cost table where a verify of k rows costs 10 k^2 s: one row is plain
+    decoding's step, and drafting can never pay."""
 
     key = "dear"  # what a real table's key names: its file, build, device and threads
 
     def chain(self, n_tokens):
-        return 10.0 * np.asarray(n_tokens, dtype=float)
+        return 10.0 * np.asarray(n_tokens, dtype=float) ** 2
 
     def __call__(self, n_nodes):
-        return 10.0 * (np.asarray(n_nodes, dtype=float) + 1)
+        return 10.0 * (np.asarray(n_nodes, dtype=float) + 1) ** 2
 
 
 def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
