@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-file", metavar="PATH", help="where --dump-tensors writes")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop generating at this text (repeatable; the text is not printed)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate past the model's end-of-generation tokens, to -n (as llama.cpp's --ignore-eos; "
+                        "what a fair timing of a fixed length needs)")
     p.add_argument("-i", "--interactive", action="store_true",
                    help="chat in turns on the terminal, keeping the context (implies --chat)")
     p.add_argument("--context-full", choices=["error", "stop"], default="error",
@@ -103,6 +106,11 @@ def _report(stats, mode: str) -> dict:
         "copy_bytes_per_step": round(stats.copy_bytes_per_step),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
+
+
+def _stop_tokens(args):
+    """None: the model's end-of-generation tokens end a reply; --ignore-eos: none does."""
+    return () if args.ignore_eos else None
 
 
 def peak_rss_mib() -> float:
@@ -187,7 +195,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             _chat_reply(engine, args, turn, turn.prompt, stats)
         else:
             for piece in engine.stream(prompt, _max_tokens(engine, args), stop=args.stop, sampling=args.sampling,
-                                       stats=stats, context_full=args.context_full):
+                                       stats=stats, context_full=args.context_full, stop_tokens=_stop_tokens(args)):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
     except KeyboardInterrupt:
@@ -235,7 +243,7 @@ def _chat_reply(engine, args, turn, prompt, stats):
             out.flush()
 
     for piece in engine.stream(prompt, _max_tokens(engine, args), stop=args.stop, sampling=args.sampling,
-                               stats=stats, context_full=args.context_full):
+                               stats=stats, context_full=args.context_full, stop_tokens=_stop_tokens(args)):
         show(parser.feed(piece))
     show(parser.finish())
     return parser.reply

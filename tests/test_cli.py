@@ -34,6 +34,18 @@ def test_autoregressive_and_speculative_print_the_same_text(pair):
     assert "accepted  mean" in chain.stderr and "tok/s" in chain.stderr
 
 
+def test_ignore_eos_generates_past_end_of_generation(pair):
+    """--ignore-eos (llama.cpp's): no end-of-generation token ends the reply, only -n."""
+    from dflash_gguf.cli import _stop_tokens, build_parser
+
+    assert _stop_tokens(build_parser().parse_args(["-m", "x.gguf", "--ignore-eos"])) == ()
+    assert _stop_tokens(build_parser().parse_args(["-m", "x.gguf"])) is None
+    res = run("-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "x = 1", "-n", "24", "--json", "--ignore-eos")
+    assert res.returncode == 0, res.stderr
+    stats = json.loads(res.stderr.strip().splitlines()[-1])
+    assert stats["generated_tokens"] == 24 and stats["stop_reason"] == "length"
+
+
 def test_json_stats_schema(pair):
     res = run("-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "x = 1", "-n", "16", "--json",
               "--tree-budget", "auto")
