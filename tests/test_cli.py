@@ -193,9 +193,10 @@ def test_ctrl_c_stops_cleanly_and_prints_stats(pair):
     import signal
     import time
 
+    # --ignore-eos: only Ctrl-C ends it (the random model may draw an end-of-generation token)
     proc = subprocess.Popen([RUN, "-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "x", "-n", "100000",
-                             "-c", "200000", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             "-c", "200000", "--json", "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     first = proc.stdout.read(1)  # generation has started
     assert first
     time.sleep(0.5)
