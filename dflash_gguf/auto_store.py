@@ -7,7 +7,7 @@ of a new `dflash-run` pays for those steps in full.
 
 One JSON file (DFLASH_AUTO_MEMORY: its path, or "off"; default
 ~/.cache/dflash-gguf/auto-memory.json), an entry per key, the newest MAX_ENTRIES kept.
-Written whenever a sequence ends (a few hundred bytes; replaced whole, so that a reader
+Written when a sequence ends, at most every 10 s (a few hundred bytes; replaced whole, so that a reader
 never sees half a file); a file that cannot be read or an entry that does not fit is
 ignored, and auto starts cold."""
 from __future__ import annotations

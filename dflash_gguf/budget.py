@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -439,17 +440,28 @@ class AutoMemory:
     verify cost table, and the AutoBudget of the last sequence to end, which the next
     ones start from (read when a sequence starts, written when it ends: sequences
     decoded together never share live counters). With a `saved` state (auto_store: what
-    an earlier process learnt) the first starts from it; `save` gets each new state."""
+    an earlier process learnt) the first starts from it; `save` gets the new state
+    when a sequence ends, at most every SAVE_EVERY seconds."""
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, saved: Optional[dict] = None,
                  save: Optional[Callable[[dict], None]] = None):
         self.cost, self.largest, self.block, self.save = cost, largest, block, save
+        self._saved_at = -math.inf  # the first sequence to end is written at once
         self.learnt: Optional[AutoBudget] = AutoBudget.restored(cost, largest, block, saved) if saved else None
 
     def chooser(self) -> AutoBudget:
         return AutoBudget(self.cost, self.largest, self.block, self.learnt, self)
 
+    SAVE_EVERY = 10.0  # seconds: a server ending many sequences a second writes the file seldom
+
     def remember(self, budget: AutoBudget) -> None:
         self.learnt = budget
-        if self.save is not None:
+        now = time.monotonic()
+        if self.save is not None and now - self._saved_at >= self.SAVE_EVERY:
+            self._saved_at = now
             self.save(budget.state())
+
+    def flush(self) -> None:
+        """The engine closes: what the last sequence learnt is written, however recent."""
+        if self.save is not None and self.learnt is not None:
+            self.save(self.learnt.state())

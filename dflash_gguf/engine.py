@@ -160,6 +160,8 @@ class Engine:
         return SimpleDraft(simple.path, simple.config, self.target, simple.draft_vocab, counts)
 
     def close(self) -> None:
+        for memory in self._autos.values():
+            memory.flush()
         if self.checkpoints is not None:
             self.checkpoints.clear()
         if self.simple_draft is not None:
