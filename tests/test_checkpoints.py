@@ -296,7 +296,46 @@ def anonymous_resident() -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("Anonymous:"))
 
 
-def test_a_checkpoint_holds_its_host_memory_apart(tokenizer):
+def checkpoint_memory_trace() -> dict:
+    """The measurements of test_a_checkpoint_holds_its_host_memory_apart, taken in a child
+    interpreter (run_isolated): the process's resident memory is the quantity measured, and
+    in the suite's own process other tests' leftovers (threads, heap fragments, caches)
+    moved it by megabytes at random between two readings."""
+    tokenizer = Tokenizer(demo_paths()[0])
+    target, draft = load(0)
+    prompt = (tokenizer.encode(TEXT) * 4)[:400]
+    # the store's prompts below: long prompts of many lengths, whose checkpoints make chains of every size
+    rounds = [(tokenizer.encode(f"# round {i}\n") + prompt)[:200 + 23 * (i % 9)] for i in range(36)]
+    target.reset()
+    draft.reset()
+    prefill_prompt(target, prompt, 0, draft)
+    Checkpoint(target, draft).close()  # what a first checkpoint sets up once
+    out = {}
+    heap, anon = c_heap_in_use(), anonymous_resident()
+    held = [Checkpoint(target, draft) for _ in range(12)]
+    out["host_bytes"] = [c.host_bytes for c in held]
+    out["nbytes"] = held[0].nbytes
+    out["reported"] = sum(c.host_bytes + c.overhead_bytes for c in held)
+    out["heap_held"] = c_heap_in_use() - heap
+    out["anon_held"] = anonymous_resident() - anon
+    for c in held:
+        c.close()
+    out["anon_freed"] = anonymous_resident() - anon
+    out["heap_freed"] = c_heap_in_use() - heap
+
+    # a store with room for a few prompts' checkpoints, churned 6 times over
+    store = PrefixCheckpoints(4 * held[0].nbytes, every=UBATCH)
+    out["levels"] = []  # resident memory less what the store holds, after each prompt
+    for tokens in rounds:
+        prefill_with_checkpoints(target, draft, store, tokens)
+        out["levels"].append(anonymous_resident() - store.held_nbytes)
+    out["evicted"], out["kept"] = store.evicted, len(store)
+    store.clear()
+    out["heap_cleared"] = c_heap_in_use() - heap
+    return out
+
+
+def test_a_checkpoint_holds_its_host_memory_apart():
     """What the soak's creep came from (results/soak-2026-11-25-creep*): a server's store
     turns over thousands of checkpoints, whose records, tensor metadata and host copies,
     carved from the C heap, pinned it between requests' short-lived allocations, and the
@@ -309,35 +348,15 @@ def test_a_checkpoint_holds_its_host_memory_apart(tokenizer):
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("reads glibc's malloc counters")
-    target, draft = load(0)
-    prompt = (tokenizer.encode(TEXT) * 4)[:400]
-    # the store's prompts below: long prompts of many lengths, whose checkpoints make chains of every size
-    rounds = [(tokenizer.encode(f"# round {i}\n") + prompt)[:200 + 23 * (i % 9)] for i in range(36)]
-    target.reset()
-    draft.reset()
-    prefill_prompt(target, prompt, 0, draft)
-    Checkpoint(target, draft).close()  # what a first checkpoint sets up once
-    heap, anon = c_heap_in_use(), anonymous_resident()
-    held = [Checkpoint(target, draft) for _ in range(12)]
-    reported = sum(c.host_bytes + c.overhead_bytes for c in held)
-    assert all(c.host_bytes == held[0].nbytes > 0 for c in held)  # the demo pair runs on the CPU
-    assert (c_heap_in_use() - heap) / len(held) < 4096, "a checkpoint's memory came from the C heap"  # the old code took its copies' megabytes; other tests' allocations may share the heap's count
-    assert abs(anonymous_resident() - anon - reported) < 64 << 10, (anonymous_resident() - anon, reported)
-    for c in held:
-        c.close()
-    assert abs(anonymous_resident() - anon) < 64 << 10 and c_heap_in_use() - heap < 16 << 10
-
-    # a store with room for a few prompts' checkpoints, churned 6 times over
-    store = PrefixCheckpoints(4 * held[0].nbytes, every=UBATCH)
-    level = None
-    for i, tokens in enumerate(rounds):
-        prefill_with_checkpoints(target, draft, store, tokens)
-        if i == 8:
-            level = anonymous_resident() - store.held_nbytes
-    assert store.evicted > 6 * len(store)
-    assert abs(anonymous_resident() - store.held_nbytes - level) < 128 << 10
-    store.clear()
-    assert c_heap_in_use() - heap < 64 << 10
+    m = run_isolated("test_checkpoints:checkpoint_memory_trace")
+    assert all(b == m["nbytes"] > 0 for b in m["host_bytes"])  # the demo pair runs on the CPU
+    assert m["heap_held"] / len(m["host_bytes"]) < 4096, "a checkpoint's memory came from the C heap"  # the old code took its copies' megabytes
+    assert abs(m["anon_held"] - m["reported"]) < 64 << 10, (m["anon_held"], m["reported"])
+    assert abs(m["anon_freed"]) < 64 << 10 and m["heap_freed"] < 16 << 10
+    assert m["evicted"] > 6 * m["kept"]
+    level = m["levels"][8]  # every prompt length has been seen once
+    assert abs(m["levels"][-1] - level) < 128 << 10, m["levels"]
+    assert m["heap_cleared"] < 64 << 10
 
 
 @pytest.mark.parametrize("where", ["device", "host"])
