@@ -6,10 +6,12 @@ clear line."""
 from __future__ import annotations
 
 import json
+import math
 import sysconfig
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 import torch
 from loops import greedy_generate, speculative_generate, tree_generate
@@ -224,6 +226,19 @@ def test_loss_over_a_kept_vocabulary_keeps_the_labels():
     logits, sub = recipe.subset_logits(hidden, head, labels, kept)
     assert logits.shape == (2, 4)  # 0, 2, 4 and the label 5
     assert torch.allclose(logits[torch.arange(2), sub], (hidden * head[labels]).sum(-1))
+
+
+def test_a_time_budget_warms_up_in_steps_and_decays_over_its_minutes():
+    """The first run on the real 1.5B (28 steps of 55 s in 25 minutes) spent its whole
+    budget inside a 100-step warmup: a time budget warms up over a few steps and decays
+    with the minutes spent; a step budget keeps its schedule."""
+    peak = 1e-3
+    assert recipe.timed_lr(peak, 0, 0.0) == pytest.approx(peak / 20)
+    assert recipe.timed_lr(peak, 19, 0.02) == pytest.approx(peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.02))))
+    assert recipe.timed_lr(peak, 500, 0.5) == pytest.approx(peak * 0.55)
+    assert recipe.timed_lr(peak, 900, 1.2) == pytest.approx(peak * 0.1)  # past the deadline: the floor
+    assert recipe.cosine_lr(peak, 9, 200, 20) == pytest.approx(peak * 10 / 20)
+    assert recipe.cosine_lr(peak, 200, 200, 20) == pytest.approx(peak * 0.1)
 
 
 def test_bad_input_gets_one_clear_line(target, corpus, tmp_path, capsys, monkeypatch):

@@ -218,7 +218,7 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         r = measure(step)
         say(f"  held-out AL before training: {r['al']:.3f}")
 
-    warmup = max(1, min(100, (opts.steps or 1000) // 10))
+    warmup = max(1, min(100, (opts.steps or 0) // 10))
     deadline = None if opts.max_minutes is None else t_start + opts.max_minutes * 60 - elapsed_before
     last_ck = last_eval = time.perf_counter()
     bar = _Bar(opts.steps, deadline, opts.progress)
@@ -234,8 +234,12 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
             feats, greedy = zip(*(target_pass(int(i)) for i in pick))
             feats, greedy = torch.stack(feats), torch.stack(greedy)
             noise, pos, mask, labels, exact, _ = recipe.anchor_batch(x, greedy, opts.anchors, B, mask_id, gen)
+            if opts.steps:
+                lr = recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
+            else:
+                lr = recipe.timed_lr(opts.lr, step, 1 - (deadline - t0) / (opts.max_minutes * 60))
             for g in optim.param_groups:
-                g["lr"] = recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
+                g["lr"] = lr
             hidden = model(feats, embd[noise], pos, mask)
             S = hidden.shape[0]
             hidden = hidden.view(S, -1, B, hidden.shape[-1])[:, :, 1:]

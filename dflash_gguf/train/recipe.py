@@ -97,11 +97,17 @@ def subset_logits(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor
     return hidden @ head[cand].T, torch.searchsorted(cand, labels)
 
 
-def cosine_lr(peak: float, step: int, steps: int | None, warmup: int, floor: float = 0.1) -> float:
-    """Linear warmup then cosine to floor*peak over `steps` (constant without a step budget)."""
+def cosine_lr(peak: float, step: int, steps: int, warmup: int, floor: float = 0.1) -> float:
+    """A step budget's schedule: linear warmup, then cosine to floor*peak over `steps`."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    if not steps:
-        return peak
     t = min(1.0, (step - warmup) / max(1, steps - warmup))
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def timed_lr(peak: float, step: int, done: float, warmup: int = 20, floor: float = 0.1) -> float:
+    """A time budget's schedule (no step budget to plan by): linear warmup over the first
+    `warmup` steps, times a cosine from peak to floor*peak over the fraction `done` of the
+    budget spent. A slow step (a large target on a CPU) must not spend the budget warming up."""
+    cos = floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, done))))
+    return peak * min(1.0, (step + 1) / warmup) * cos
