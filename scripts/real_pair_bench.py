@@ -2,7 +2,7 @@
 """A real pair on this machine, ours against llama.cpp's own tools on the same files and
 threads, greedy, every arm once per repetition in a shuffled order (arms taking turns).
 
-    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|qwen-prefill|gemma3|gemma3-plain] [-r 3] [-n 64] [-t 2] [--out PATH]
+    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|qwen-prefill|qwen-trained|gemma3|gemma3-plain] [-r 3] [-n 64] [-t 2] [--out PATH]
 
 --pair qwen (default; results/real-pair-DATE.json): the published Qwen2.5-Coder 1.5B alone
 and with its 0.5B sibling drafting (draft-simple). Arms: our plain decoding; our
@@ -12,6 +12,11 @@ n-max 4; llama-bench's plain decoding (-n N after the prompts' mean length).
 
 --pair qwen-prefill (results/real-pair-qwen-prefill-DATE.json): prefill of a 512- and a
 2048-token prompt on the 1.5B, ours against llama-bench pp512 and pp2048.
+
+--pair qwen-trained --draft PATH (results/real-pair-qwen-trained-DATE.json): a DFlash
+drafter dflash-train made for the 1.5B (issue 55's report), ours only: its chain at its
+default block (16) and at 8, against our plain decoding, our draft-simple with the 0.5B
+and our ngram-simple, each at its default, on the code prompts.
 
 --pair gemma3-plain (results/real-pair-gemma3-plain-DATE.json): the first two items of
 --pair gemma3 below, nothing drafting.
@@ -70,7 +75,7 @@ class Ours:
 
     def __init__(self, name: str, target: str, draft, threads: int, n: int, prompts, **options):
         self.name, self.n, self.prompts = name, n, prompts
-        self.speculative = draft is not None
+        self.speculative = draft is not None or "spec_type" in options  # an n-gram kind drafts without a file
         self.engine = Engine(target, draft, n_ctx=1024, n_threads=threads, **options)
         self.engine.generate(prompts[0][1], max_tokens=8, stop_tokens=())  # graphs built, caches touched
 
@@ -233,7 +238,23 @@ def qwen_prefill_arms(a, tools) -> tuple[dict, list, list]:
     return {"target": target}, arms, compare
 
 
-PAIRS = {"qwen": (qwen_arms, "real-pair"), "qwen-prefill": (qwen_prefill_arms, "real-pair-qwen-prefill"),
+def qwen_trained_arms(a, tools) -> tuple[dict, list, list]:
+    """A dflash-train drafter for the 1.5B against the other drafters we run for it."""
+    if not a.draft:
+        raise SystemExit("error: --pair qwen-trained needs --draft PATH (a dflash-train GGUF for the 1.5B)")
+    target, small = str(real_models.path("qwen2.5-coder-1.5b")), str(real_models.path("qwen2.5-coder-0.5b"))
+    p, t, n, trained = QWEN_PROMPTS, a.threads, a.n_predict, "dflash (trained) chain (block 16, default)"
+    arms = [Ours("plain", target, None, t, n, p),
+            Ours(trained, target, a.draft, t, n, p),
+            Ours("dflash (trained) chain (block 8)", target, a.draft, t, n, p, block_size=8),
+            Ours("draft-simple chain (n-max 3, default)", target, small, t, n, p),
+            Ours("ngram-simple (default)", target, None, t, n, p, spec_type="ngram-simple")]
+    compare = [(f"trained vs {other}", trained, [other])
+               for other in ("plain", "draft-simple chain (n-max 3, default)", "ngram-simple (default)")]
+    return {"target": target, "draft": a.draft, "simple": small}, arms, compare
+
+
+PAIRS = {"qwen": (qwen_arms, "real-pair"), "qwen-trained": (qwen_trained_arms, "real-pair-qwen-trained"), "qwen-prefill": (qwen_prefill_arms, "real-pair-qwen-prefill"),
          "gemma3": (gemma3_arms, "real-pair-gemma3"), "gemma3-plain": (gemma3_plain_arms, "real-pair-gemma3-plain")}
 
 
@@ -241,6 +262,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", choices=sorted(PAIRS), default="qwen")
     p.add_argument("-r", "--repetitions", type=int, default=3)
+    p.add_argument("--draft", help="qwen-trained: the dflash-train drafter GGUF")
     p.add_argument("-n", "--n-predict", type=int, default=64)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--sweep-n-max", type=lambda v: [int(x) for x in v.split(",")], default=[2, 4, 6, 8],

@@ -971,3 +971,29 @@ def test_auto_cold_start_runs_new_processes_cold_and_warm(tmp_path):
     cold = [r["auto"]["arms"] for r in doc["runs"] if r["arm"] == "auto, cold"]
     assert all(sum(a["steps"] for name, a in arms.items() if name != "plain") >= 3 for arms in cold), cold
     assert set(doc["rows"]) == {"no-spec", "auto, cold", "auto, warm"}
+
+
+def test_drafter_report_measures_every_cell(tmp_path):
+    """scripts/drafter_report.py (dflash-train's report on a real target), on the demo
+    pair: acceptance of the DFlash drafter at each block, of draft-simple and of
+    ngram-simple, on code and prose, greedy and sampled, then by context length."""
+    from dflash_gguf.demo import demo_paths
+
+    target, draft = demo_paths()
+    out = tmp_path / "report.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "drafter_report.py"
+    res = subprocess.run([sys.executable, str(script), "-m", target, "--draft", draft, "--simple", target,
+                          "--blocks", "4,8", "--contexts", "64,200", "-n", "16", "--seeds", "2", "-t", "1",
+                          "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = slim.read(out)
+    cells = {(c["drafter"], c.get("block"), c["domain"], c["sampling"]) for c in doc["acceptance"]}
+    drafters = [("dflash (trained)", 4), ("dflash (trained)", 8), ("draft-simple (default n-max 3)", None),
+                ("ngram-simple (default)", None)]
+    assert cells == {(d, b, dom, s) for d, b in drafters for dom in ("code", "prose") for s in ("greedy", "T0.6")}
+    assert all(c["al"] >= 1 and c["passes"] > 0 for c in doc["acceptance"])
+    code = {(c["drafter"], c.get("block")): c["al"] for c in doc["acceptance"]
+            if c["domain"] == "code" and c["sampling"] == "greedy"}
+    assert code[("dflash (trained)", 8)] > code[("ngram-simple (default)", None)]  # the demo drafter drafts its code
+    assert [(c["context"], c["block"]) for c in doc["by_context"]] == [(64, 4), (200, 4), (64, 8), (200, 8)]
+    assert doc["context_text"]["tokens"] >= 200

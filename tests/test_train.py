@@ -223,9 +223,65 @@ def test_loss_over_a_kept_vocabulary_keeps_the_labels():
     assert kept.tolist() == [0, 2, 4]
     hidden, head = torch.randn(2, 4), torch.randn(6, 4)
     labels = torch.tensor([2, 5])
-    logits, sub = recipe.subset_logits(hidden, head, labels, kept)
+    logits, sub, _ = recipe.subset_logits(hidden, head, labels, kept)
     assert logits.shape == (2, 4)  # 0, 2, 4 and the label 5
     assert torch.allclose(logits[torch.arange(2), sub], (hidden * head[labels]).sum(-1))
+
+
+def test_top_k_labels_are_the_targets_distribution_at_each_label():
+    """--top-k-labels: the target's k most probable tokens and their renormalized
+    probabilities, gathered at each block label's row, and a loss that is the
+    cross-entropy against them (with k = 1: the argmax loss)."""
+    from dflash_gguf.train.target import top_k_distribution
+
+    logits = np.array([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 4.0]], dtype=np.float32)
+    ids, probs = top_k_distribution(logits, 2)
+    assert [sorted(r) for r in ids.tolist()] == [[1, 3], [0, 3]]
+    order = np.argsort(ids, 1)
+    e = np.exp([[3.0, 2.0], [5.0, 4.0]])
+    assert np.allclose(np.take_along_axis(probs, order, 1), e / e.sum(1, keepdims=True))
+
+    S, L, B, K = 2, 12, 4, 3
+    rows = torch.arange(S * L * K).view(S, L, K)
+    anchors = torch.tensor([[1, 5], [2, 8]])
+    got = recipe.label_rows(rows, anchors, B)
+    assert got.shape == (S, 2, B - 1, K)
+    for s_ in range(S):
+        for a in range(2):
+            for k in range(1, B):
+                assert torch.equal(got[s_, a, k - 1], rows[s_, anchors[s_, a] + k - 1])  # label k: row p+k-1
+
+    torch.manual_seed(0)
+    logits = torch.randn(S, 2, B - 1, 7)
+    labels = torch.randint(0, 7, (S, 2, B - 1))
+    exact = torch.rand(S, 2, B - 1) > 0.3
+    w = recipe.position_weights(B, 2.0)
+    hard, acc_hard = recipe.weighted_loss(logits, labels, exact, w)
+    ones = torch.ones(S, 2, B - 1, 1)
+    soft1, acc_soft = recipe.weighted_loss(logits, labels, exact, w, (labels[..., None], ones))
+    assert torch.allclose(hard, soft1) and torch.equal(acc_hard, acc_soft)
+    ids = torch.randint(0, 7, (S, 2, B - 1, K))
+    probs = torch.softmax(torch.randn(S, 2, B - 1, K), -1)
+    soft, _ = recipe.weighted_loss(logits, labels, exact, w, (ids, probs))
+    ce = -(probs * torch.log_softmax(logits, -1).gather(-1, ids)).sum(-1)
+    wt = w * torch.where(exact, 1.0, recipe.INEXACT_WEIGHT)
+    assert torch.allclose(soft, (ce * wt).sum() / wt.sum())
+    # the kept vocabulary takes the top-k ids in, remapped
+    hidden, head = torch.randn(1, 3, 5), torch.randn(9, 5)
+    sub_logits, _, sub_ids = recipe.subset_logits(hidden, head, torch.tensor([[2, 2, 2]]), torch.tensor([0, 1]),
+                                                  torch.tensor([[[7, 8]] * 3]))
+    assert torch.allclose(sub_logits.gather(-1, sub_ids), (hidden @ head.T)[..., [7, 8]])
+
+
+def test_a_run_with_top_k_labels_learns(target, corpus, tmp_path):
+    """A short run distilling the tiny target's top-4: the loss (which has the teacher's
+    entropy as its floor) falls and the file is written."""
+    opts = TrainOptions(model=str(target), data=[str(corpus)], output=str(tmp_path / "d.gguf"), steps=30, seed=4,
+                        top_k_labels=4, **{**SMALL, "eval_prompts": 1, "eval_tokens": 8})
+    report = train(opts)
+    losses = [c["loss"] for c in report["curve"]]
+    assert report["settings"]["top_k_labels"] == 4 and Path(opts.output).stat().st_size > 0
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
 
 
 def test_a_time_budget_warms_up_in_steps_and_decays_over_its_minutes():
@@ -253,6 +309,11 @@ def test_bad_input_gets_one_clear_line(target, corpus, tmp_path, capsys, monkeyp
     bad_jsonl = tmp_path / "bad.jsonl"
     bad_jsonl.write_text('{"messages": [{"role": "robot", "content": "x"}]}\n')
     cases.append((["--data", str(bad_jsonl)], "known role"))
+    cases += [(["--data", str(corpus), "--top-k-labels", "-1"], "--top-k-labels"),
+              (["--data", str(corpus), "--top-k-labels", "999999"], "exceeds the vocabulary"),
+              (["--data", str(corpus), "--train-device", "nowhere"], "--train-device")]
+    if not torch.cuda.is_available():
+        cases.append((["--data", str(corpus), "--train-device", "cuda"], "sees no CUDA device"))
     for args, words in cases:
         assert cli_main(base + args) == 2
         # llama.cpp's own log lines (its tokenizer's load) may come before ours

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--anchors", type=int, default=d.anchors, help="anchor blocks per window")
     p.add_argument("--loss-vocab", type=int, default=d.loss_vocab,
                    help="take the loss over the data's N most frequent tokens (0: whole vocabulary)")
+    p.add_argument("--top-k-labels", type=int, default=d.top_k_labels, metavar="K",
+                   help="distill the target's top-K distribution (a KL loss) instead of its argmax (default 0: argmax)")
     p.add_argument("--checkpoint-every", type=float, default=d.checkpoint_every, metavar="MIN")
     p.add_argument("--resume", nargs="?", const="", metavar="CKPT", help="continue from OUTPUT.ckpt (or CKPT)")
     p.add_argument("--eval-every", type=float, default=d.eval_every, metavar="MIN")
@@ -41,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-out", metavar="DIR", help="also write z-lab's HF layout (PyPI dflash)")
     p.add_argument("--report", help="the JSON report (default: OUTPUT with .json)")
     p.add_argument("--device", help="our runtime's device for the target (default: the first)")
+    p.add_argument("--train-device", default=d.train_device,
+                   help="torch's device for the drafter: cpu (default), cuda, cuda:N")
     p.add_argument("--outtype", choices=["f32", "f16"], default=d.outtype)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p

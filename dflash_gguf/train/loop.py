@@ -39,6 +39,8 @@ class TrainOptions:
     batch: int = 4  # windows per step
     anchors: int = 32  # anchor blocks per window
     loss_vocab: int = 32768  # large vocabularies: loss over the data's most frequent tokens
+    top_k_labels: int = 0  # > 0: distill the target's top-k distribution (KL) instead of its argmax
+    train_device: str = "cpu"  # torch's device for the drafter ("cuda", "cuda:1"); `device` places the target
     checkpoint_every: float = 10.0  # minutes
     resume: Optional[str] = None
     eval_every: float = 10.0  # minutes; 0: only at the start and the end
@@ -120,6 +122,9 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         raise TrainError("--block-size must be at least 2")
     if opts.ctx_size < opts.block_size + 1:
         raise TrainError(f"-c {opts.ctx_size} must exceed --block-size {opts.block_size}")
+    if opts.top_k_labels < 0:
+        raise TrainError(f"--top-k-labels must be 0 (argmax labels) or more, got {opts.top_k_labels}")
+    dev = _torch_device(torch, opts.train_device)
     t_start = time.perf_counter()
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -128,6 +133,8 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     meta = read_target_meta(opts.model)
     embd_np, head_np = embedding_and_head(meta["reader"])
     meta["n_vocab"] = embd_np.shape[0]
+    if opts.top_k_labels > meta["n_vocab"]:
+        raise TrainError(f"--top-k-labels {opts.top_k_labels} exceeds the vocabulary ({meta['n_vocab']})")
     tokenizer = Tokenizer(opts.model)
     mask_id = _mask_id(tokenizer, meta["reader"], opts.mask_token, meta["n_vocab"])
     template = ChatTemplate.of_tokenizer(tokenizer, tokenizer.chat_template) if tokenizer.chat_template else None
@@ -151,15 +158,17 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     gamma = opts.gamma or recipe.default_gamma(opts.block_size)
     shape = default_shape(meta["n_embd"], len(layer_ids), opts.draft_layers, meta["rope_theta"], meta["eps"])
 
-    embd = torch.from_numpy(embd_np)
-    head = torch.from_numpy(head_np)
+    embd = torch.from_numpy(embd_np).to(dev)
+    head = torch.from_numpy(head_np).to(dev)
     counts = torch.bincount(torch.from_numpy(np.concatenate(data.train).astype(np.int64)), minlength=meta["n_vocab"])
     kept = recipe.kept_vocab(counts, opts.loss_vocab)
-    weights = recipe.position_weights(opts.block_size, gamma)
+    kept = None if kept is None else kept.to(dev)
+    weights = recipe.position_weights(opts.block_size, gamma).to(dev)
 
     torch.manual_seed(opts.seed)
     model = Drafter(shape)
     model.init_weights(opts.seed)
+    model.to(dev)
     optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, curve, evals, elapsed_before = 0, [], [], 0.0
     if opts.resume:
@@ -170,7 +179,7 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         optim.load_state_dict(ck["optim"])
         step, curve, evals, elapsed_before = ck["step"], ck["curve"], ck["evals"], ck["elapsed"]
 
-    features = TargetFeatures(opts.model, layer_ids, opts.ctx_size, opts.threads, opts.device)
+    features = TargetFeatures(opts.model, layer_ids, opts.ctx_size, opts.threads, opts.device, opts.top_k_labels)
     probe = AcceptanceProbe(opts.model, layer_ids, opts.block_size, data.heldout[:opts.eval_prompts],
                             min(64, opts.ctx_size), opts.eval_tokens, opts.threads, opts.device)
     cache: dict[int, tuple] = {}
@@ -180,13 +189,14 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     def target_pass(i: int):
         if i in cache:
             return cache[i]
-        out = tuple(torch.from_numpy(a) for a in features(data.train[i]))
+        feats, greedy, top = features(data.train[i])
+        out = (torch.from_numpy(feats), torch.from_numpy(greedy), top and tuple(torch.from_numpy(a) for a in top))
         if use_cache:
             cache[i] = out
         return out
 
     def state_np():
-        return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+        return {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
 
     def write_gguf(path):
         export.write_gguf(path, state_np(), shape, meta, opts.model, layer_ids, opts.block_size, mask_id,
@@ -231,9 +241,13 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
             gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
             pick = rng.integers(0, len(data.train), size=opts.batch)
             x = torch.from_numpy(np.stack([data.train[i] for i in pick]).astype(np.int64))
-            feats, greedy = zip(*(target_pass(int(i)) for i in pick))
+            feats, greedy, top = zip(*(target_pass(int(i)) for i in pick))
             feats, greedy = torch.stack(feats), torch.stack(greedy)
-            noise, pos, mask, labels, exact, _ = recipe.anchor_batch(x, greedy, opts.anchors, B, mask_id, gen)
+            noise, pos, mask, labels, exact, anchors = recipe.anchor_batch(x, greedy, opts.anchors, B, mask_id, gen)
+            soft_ids = soft_probs = None
+            if opts.top_k_labels:
+                soft_ids, soft_probs = (recipe.label_rows(torch.stack(rows), anchors, B).to(dev) for rows in zip(*top))
+            feats, noise, pos, mask, labels, exact = (t.to(dev) for t in (feats, noise, pos, mask, labels, exact))
             if opts.steps:
                 lr = recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
             else:
@@ -243,8 +257,9 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
             hidden = model(feats, embd[noise], pos, mask)
             S = hidden.shape[0]
             hidden = hidden.view(S, -1, B, hidden.shape[-1])[:, :, 1:]
-            logits, sub_labels = recipe.subset_logits(hidden, head, labels, kept)
-            loss, acc = recipe.weighted_loss(logits, sub_labels, exact, weights)
+            logits, sub_labels, soft_ids = recipe.subset_logits(hidden, head, labels, kept, soft_ids)
+            loss, acc = recipe.weighted_loss(logits, sub_labels, exact, weights,
+                                             None if soft_ids is None else (soft_ids, soft_probs))
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -304,9 +319,21 @@ def load_data(opts: TrainOptions, tokenizer, render):
     return load_dataset(opts.data, tokenizer, render, opts.ctx_size, opts.seed, opts.eval_prompts)
 
 
+def _torch_device(torch, name: str):
+    """torch's device for the drafter, or one clear line where this torch lacks it."""
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise TrainError(f"--train-device {name}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise TrainError(f"--train-device {name}: this torch ({torch.__version__}) sees no CUDA device")
+    return dev
+
+
 def _settings(opts, layer_ids, gamma, shape, mask_id, data_sha) -> dict:
     """What determines the run's result (a resume must match it)."""
-    keep = ("seed", "steps", "regenerate", "block_size", "draft_layers", "lr", "ctx_size", "batch", "anchors", "loss_vocab")
+    keep = ("seed", "steps", "regenerate", "block_size", "draft_layers", "lr", "ctx_size", "batch", "anchors", "loss_vocab",
+            "top_k_labels")
     out = {k: getattr(opts, k) for k in keep}
     out.update(model=os.path.basename(opts.model), model_sha256_head=_head_hash(opts.model), layer_ids=layer_ids,
                gamma=gamma, mask_id=mask_id, shape=shape.to_dict(), data_sha256=data_sha)

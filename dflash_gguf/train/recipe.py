@@ -68,10 +68,27 @@ def anchor_batch(x: torch.Tensor, greedy: torch.Tensor, n_anchors: int, block: i
     return noise.reshape(S, -1), position_ids, mask, labels, exact, p
 
 
-def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, exact: torch.Tensor, weights: torch.Tensor):
+def label_rows(rows: torch.Tensor, anchors: torch.Tensor, block: int) -> torch.Tensor:
+    """rows [S, L, ...] (per-position target outputs) at the labels' positions of
+    anchor_batch's blocks: [S, A, B-1, ...] (label k of the anchor at p is row p+k-1)."""
+    S, A = anchors.shape
+    idx = (anchors[:, :, None] + torch.arange(block - 1)).reshape(S, -1)       # [S, A*(B-1)]
+    idx = idx.view(S, -1, *([1] * (rows.dim() - 2))).expand(-1, -1, *rows.shape[2:])
+    return rows.gather(1, idx).view(S, A, block - 1, *rows.shape[2:])
+
+
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, exact: torch.Tensor, weights: torch.Tensor,
+                  soft: tuple | None = None):
     """Cross-entropy per label weighted by block position (weights [B-1]) and by
-    exactness; returns (loss, per-position accuracy over exact labels [B-1])."""
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    exactness; returns (loss, per-position accuracy over exact labels [B-1]). soft: the
+    target's top-k (ids into logits' last axis [S, A, B-1, K], probabilities [..., K]):
+    the cross-entropy against that distribution (its KL to the drafter's, plus the
+    teacher's entropy, a constant) instead of against the argmax."""
+    if soft is None:
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
+    else:
+        ids, probs = soft
+        ce = -(probs * F.log_softmax(logits.float(), -1).gather(-1, ids)).sum(-1)
     w = weights * torch.where(exact, 1.0, INEXACT_WEIGHT)
     loss = (ce.view_as(w) * w).sum() / w.sum()
     correct = (logits.argmax(-1) == labels) & exact
@@ -88,13 +105,16 @@ def kept_vocab(counts: torch.Tensor, n: int) -> torch.Tensor | None:
     return counts.topk(n).indices.sort().values
 
 
-def subset_logits(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, kept: torch.Tensor | None):
-    """Logits over the whole head, or over `kept` plus this batch's labels (labels
-    remapped into that set). Returns (logits, labels)."""
+def subset_logits(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, kept: torch.Tensor | None,
+                  soft_ids: torch.Tensor | None = None):
+    """Logits over the whole head, or over `kept` plus this batch's labels and top-k ids
+    (both remapped into that set). Returns (logits, labels, soft_ids)."""
     if kept is None:
-        return hidden @ head.T, labels
-    cand = torch.unique(torch.cat([kept, labels.reshape(-1)]))
-    return hidden @ head[cand].T, torch.searchsorted(cand, labels)
+        return hidden @ head.T, labels, soft_ids
+    extra = [labels.reshape(-1)] + ([] if soft_ids is None else [soft_ids.reshape(-1)])
+    cand = torch.unique(torch.cat([kept, *extra]))
+    return (hidden @ head[cand].T, torch.searchsorted(cand, labels),
+            None if soft_ids is None else torch.searchsorted(cand, soft_ids))
 
 
 def cosine_lr(peak: float, step: int, steps: int, warmup: int, floor: float = 0.1) -> float:

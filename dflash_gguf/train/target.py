@@ -62,23 +62,36 @@ def embedding_and_head(reader) -> tuple[np.ndarray, np.ndarray]:
     return embd, head
 
 
-class TargetFeatures:
-    """features(tokens) -> ([L, n_feat * n_embd] float32, [L] greedy labels) of one
-    sequence, from one prefill of our runtime (the sequence is reset first)."""
+def top_k_distribution(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k most probable tokens [L, k] and their probabilities renormalized over
+    those k [L, k]: the teacher's distribution a KL loss distills (the rest of a 150K
+    vocabulary holds little mass and would cost a full row per label to keep)."""
+    ids = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    top = np.take_along_axis(logits, ids, 1)
+    w = np.exp(top - top.max(1, keepdims=True))
+    return ids.astype(np.int64), (w / w.sum(1, keepdims=True)).astype(np.float32)
 
-    def __init__(self, path: str, layer_ids: list[int], max_len: int, threads: int, device: str | None = None):
-        self.layer_ids = list(layer_ids)
+
+class TargetFeatures:
+    """features(tokens) -> ([L, n_feat * n_embd] float32, [L] greedy labels, top-k) of
+    one sequence, from one prefill of our runtime (the sequence is reset first); top-k is
+    top_k_distribution's (ids, probs) with top_k > 0, else None."""
+
+    def __init__(self, path: str, layer_ids: list[int], max_len: int, threads: int, device: str | None = None,
+                 top_k: int = 0):
+        self.layer_ids, self.top_k = list(layer_ids), top_k
         cfg = TargetConfig(n_ctx=max_len + 16, n_ubatch=max_len, n_threads=threads, kv_type="f32",
                            feature_layers=[i + 1 for i in layer_ids], device=device)
         self.target = Target(path, cfg)
 
-    def __call__(self, tokens) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, tokens) -> tuple[np.ndarray, np.ndarray, tuple | None]:
         t = self.target
         t.reset()
         n = len(tokens)
         t.decode(np.asarray(tokens, dtype=np.int32), LOGITS_ALL)
         feats = t.features(0, n).reshape(n, -1)
-        return feats, t.choices(0, n).astype(np.int64)
+        top = top_k_distribution(t.logits(0, n), self.top_k) if self.top_k else None
+        return feats, t.choices(0, n).astype(np.int64), top
 
     def close(self) -> None:
         self.target.close()
