@@ -997,3 +997,23 @@ def test_drafter_report_measures_every_cell(tmp_path):
     assert code[("dflash (trained)", 8)] > code[("ngram-simple (default)", None)]  # the demo drafter drafts its code
     assert [(c["context"], c["block"]) for c in doc["by_context"]] == [(64, 4), (200, 4), (64, 8), (200, 8)]
     assert doc["context_text"]["tokens"] >= 200
+
+
+def test_training_scripts_report_both_drafters_acceptance(tmp_path):
+    """scripts/train_demo_compare.py (dflash-train against the bundled demo drafter, on the
+    run's held-out prompts) and scripts/loss_vocab_cost.py (the whole head against a kept
+    vocabulary), each cut to a few seconds of training."""
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    compare, cost = tmp_path / "compare.json", tmp_path / "cost.json"
+    for args in (["train_demo_compare.py", "--minutes", "0.3", "--eval-prompts", "2", "--out", str(compare)],
+                 ["loss_vocab_cost.py", "--steps", "2", "--keep", "512", "--out", str(cost)]):
+        res = subprocess.run([sys.executable, str(scripts / args[0]), *args[1:], "-t", "1"], capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+    doc = slim.read(compare)
+    al = {name: r["al"] for name, r in doc["heldout_al"].items()}
+    assert set(al) == {"dflash-train", "bundled demo drafter"} and al["bundled demo drafter"] > 1.5, al
+    assert doc["al_ratio"] == pytest.approx(al["dflash-train"] / al["bundled demo drafter"])
+    assert doc["training"]["settings"]["block_size"] == 8 and doc["budget_minutes"] == 0.3
+    runs = slim.read(cost)["runs"]
+    assert {r["loss_vocab"] for r in runs.values()} == {0, 512} and all(r["heldout_al"] >= 1 for r in runs.values())
