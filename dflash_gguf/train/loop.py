@@ -158,7 +158,7 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     gamma = opts.gamma or recipe.default_gamma(opts.block_size)
     shape = default_shape(meta["n_embd"], len(layer_ids), opts.draft_layers, meta["rope_theta"], meta["eps"])
 
-    embd = torch.from_numpy(embd_np).to(dev)
+    embd = torch.from_numpy(embd_np)  # looked up on the host: only the batch's rows go to the device
     head = torch.from_numpy(head_np).to(dev)
     counts = torch.bincount(torch.from_numpy(np.concatenate(data.train).astype(np.int64)), minlength=meta["n_vocab"])
     kept = recipe.kept_vocab(counts, opts.loss_vocab)
@@ -247,14 +247,15 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
             soft_ids = soft_probs = None
             if opts.top_k_labels:
                 soft_ids, soft_probs = (recipe.label_rows(torch.stack(rows), anchors, B).to(dev) for rows in zip(*top))
-            feats, noise, pos, mask, labels, exact = (t.to(dev) for t in (feats, noise, pos, mask, labels, exact))
+            feats, noise_embd, pos, mask, labels, exact = (t.to(dev) for t in
+                                                           (feats, embd[noise], pos, mask, labels, exact))
             if opts.steps:
                 lr = recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
             else:
                 lr = recipe.timed_lr(opts.lr, step, 1 - (deadline - t0) / (opts.max_minutes * 60))
             for g in optim.param_groups:
                 g["lr"] = lr
-            hidden = model(feats, embd[noise], pos, mask)
+            hidden = model(feats, noise_embd, pos, mask)
             S = hidden.shape[0]
             hidden = hidden.view(S, -1, B, hidden.shape[-1])[:, :, 1:]
             logits, sub_labels, soft_ids = recipe.subset_logits(hidden, head, labels, kept, soft_ids)
