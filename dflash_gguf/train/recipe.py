@@ -56,7 +56,7 @@ def anchor_batch(x: torch.Tensor, greedy: torch.Tensor, n_anchors: int, block: i
     pos = p[:, :, None] + k                                                    # [S, A, B]
     noise = torch.full((S, n_anchors, block), mask_id, dtype=torch.long)
     noise[:, :, 0] = x.gather(1, p)
-    labels = greedy.gather(1, (pos[:, :, 1:] - 1).reshape(S, -1)).view(S, n_anchors, block - 1)
+    labels = label_rows(greedy, p, block)
     agree = x[:, 1:] == greedy[:, :-1]                                         # agree[t-1]: x[t] == greedy[t-1]
     agree_at = agree.gather(1, (pos[:, :, 1:-1] - 1).reshape(S, -1)).view(S, n_anchors, block - 2)
     exact = torch.cat([torch.ones(S, n_anchors, 1, dtype=torch.bool), agree_at.cumprod(-1).bool()], -1)
