@@ -9,8 +9,9 @@ row (first), then every step (step, over any number of sequences)
   verify   the target runs every sequence's rows: one target graph (plain decodes,
            chains and trees mixed), each sequence's rows choosing their tokens on the
            device by its own sampling
-  accept   each sequence keeps what its target choices agree with (its Proposer)
-  commit   and commits it, in the next graph it is in
+  accept   each sequence keeps what its target choices agree with (accepted: one rule
+           for every kind of proposal)
+  commit   and commits it (the drafter takes it in its next graph)
 
 A single request is a set of one (sequence_steps). Greedy, each sequence's tokens are
 the target's argmax given their prefix, whatever else runs in the step; sampling, each
@@ -19,10 +20,13 @@ the target's own sampling."""
 from __future__ import annotations
 
 import time
-from typing import Iterator, List, Optional, Sequence as Seq
+from typing import Iterator, List, Optional, Sequence as Seq, Tuple
 
+from .ddtree import accept_path
 from .generate import GenerationStats, Placement, Request, check_request, prefill_chunks, start_context
+from .proposers import Proposal, accepted_prefix
 from .sampling import Sampler
+from .target import CHAIN, DECODE, LOGITS_LAST, TREE, Rows
 
 
 def _no_stage(stage: str) -> None:
@@ -136,6 +140,14 @@ class Sequence:
             self.done = True
         return kept
 
+    def took(self, committed: List[int], bonus: int) -> None:
+        """A step committed these tokens (its old bonus, then the accepted drafts) and
+        chose the next bonus; the drafter takes them in its next block."""
+        if self.draft is not None:
+            self.committed += committed
+        self.n_past += len(committed)
+        self.bonus = bonus
+
     def finish(self, clean: bool) -> None:
         """After its last step (or an exception: not clean, and the engine starts the
         slot afresh). The drafter may stay behind by its last steps' tokens (the last
@@ -144,9 +156,7 @@ class Sequence:
         first (generate.prefill_chunks)."""
         if self._t_start:
             self.stats.decode_seconds = time.perf_counter() - self._t_start
-        end = getattr(self.proposer, "finish", None)
-        if end is not None:
-            end(self)
+        self.proposer.finish(self)
 
 
 def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
@@ -173,36 +183,32 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         return decode_step(target, seqs, t0)
     if blocks:
         draft.propose_many(blocks)
-    rows, row0 = [], 0
+    proposals, rows, row0 = [], [], 0
     for s in seqs:
-        drafted = getattr(s.proposer, "drafted", None)
-        if drafted is not None:
-            drafted(s)
-        r = s.proposer.rows(s)
+        p = s.proposer.propose(s)
+        r = verify_rows(s, p)
         s.row0 = row0
         row0 += r.n_out
+        proposals.append(p)
         rows.append(r)
-        if s.proposer.stage is None:
+        if s.speculative:
             s.stage("drafted")
     t1 = time.perf_counter()
     target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)
     t2 = time.perf_counter()
     splits, copied = target.graph_copies()
-    for s in seqs:
-        s.stats.record_graph(splits, copied)
     out = []
-    for s, r in zip(seqs, rows):
-        if s.proposer.stage is not None:
-            s.stage(s.proposer.stage)
+    for s, p, r in zip(seqs, proposals, rows):
+        s.stats.record_graph(splits, copied)
         choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
-        new = s.proposer.accept(s, choice)
-        if s.proposer.stage is None:
+        path, new = accepted(s, p, choice)
+        s.stage("verified" if s.speculative else "decoded")
+        commit(s, p, path)
+        if s.speculative:
             s.stage("committed")
-        if s.draft is not None:
-            s.committed += [s.bonus] + new[:-1]  # the old bonus and the accepted drafts
-        s.n_past += len(new)  # the accepted drafts and the old bonus
-        s.bonus = new[-1]
+        s.proposer.verified(s, p, path, new, time.perf_counter() - t0)
+        s.took(p.on_path(path, s.slot), new[-1])
         out.append(new)
     t3 = time.perf_counter()
     kept = []
@@ -215,15 +221,66 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
     return kept
 
 
+def verify_rows(seq: Sequence, p: Proposal) -> Rows:
+    """The target's rows for a proposal, their sampling staged (a uniform per row; with
+    penalties or a grammar, what each row sees after the history: the drafts before it)."""
+    target, sampler, slot = seq.target, seq.sampler, seq.slot
+    if p.decode:
+        sampler.prepare(target, 1, seq=slot)
+        return Rows(slot, DECODE, p.tokens, logits=LOGITS_LAST)
+    if p.tree is not None:
+        sampler.prepare(target, len(p.tree), p.tree.paths, seq=slot)
+        return Rows(slot, TREE, p.tree.tokens, p.tree.parents)
+    n = p.n if p.tokens is None else len(p.tokens)
+    sampler.prepare(target, n, lambda: _chain_paths(p.chain(slot)), seq=slot)
+    return Rows(slot, CHAIN, p.tokens, n=None if p.tokens is not None else n)
+
+
+def _chain_paths(block: List[int]) -> List[List[int]]:
+    """Per verified row of a chain, the drafts it sees after the bonus."""
+    return [block[1:i + 1] for i in range(len(block))]
+
+
+def accepted(seq: Sequence, p: Proposal, choice) -> Tuple[List[int], List[int]]:
+    """What the target's choices (one per verified row) keep of a proposal: the accepted
+    node path (root first; a chain's rows are its nodes) and the tokens emitted, the
+    accepted drafts then the target's own next token."""
+    if p.tree is not None:
+        path = accept_path(p.tree, choice)
+        return path, [p.tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
+    block = p.chain(seq.slot)
+    b = len(block)
+    if p.reject_top_k and b > 1:
+        k = p.reject_top_k
+        n_acc, nxt = seq.sampler.reject_accept(block[1:], p.draft.candidates(b - 1, k, seq=seq.slot),
+                                               seq.target.candidates(seq.row0, b, k), choice[b - 1])
+    else:
+        n_acc = accepted_prefix(block, choice)
+        nxt = int(choice[n_acc])
+    return list(range(n_acc + 1)), block[1:n_acc + 1] + [nxt]
+
+
+def commit(seq: Sequence, p: Proposal, path: List[int]) -> None:
+    """Keep the accepted path's rows in the target's memory, drop the rest (a decode's
+    row was appended: nothing to drop)."""
+    if p.decode:
+        return
+    if p.tree is not None:
+        seq.target.commit_path(path, seq=seq.slot)
+    else:
+        seq.target.commit(len(path), seq=seq.slot)
+
+
 def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List[List[int]]:
-    """step() of sequences that all decode plainly (no drafts, PlainProposer's rows): their
-    last tokens in one call of the target, which returns their choices. The per-token
-    host work is what bounds plain decoding's speed on a small model, so this path crosses
-    into the library once and stages and reads through buffers allocated once.
+    """step() of sequences that all decode plainly (the last token alone, as PlainProposer
+    proposes): their last tokens in one call of the target, which returns their choices.
+    The per-token host work is what bounds plain decoding's speed on a small model, so
+    this path crosses into the library once and stages and reads through buffers
+    allocated once.
 
     t0: the step's start when step() hands over speculative sequences that draft
     nothing this step; each one's committed token waits for its drafter, and its
-    proposer hears of the step (decoded) as it would of a verify."""
+    proposer hears of the step as of a proposal of the last token alone."""
     uniforms = []
     for s in seqs:
         sampler = s.sampler
@@ -232,19 +289,16 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List
     choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms)
     splits, copied = target.last_copies()
     for row, s in enumerate(seqs):
-        s.stats.record_graph(splits, copied)
-        s.stage("decoded")
         if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
             choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
-        if s.draft is not None:
-            s.committed.append(s.bonus)
-        s.n_past += 1
-        s.bonus = choices[row]
-    if t0 is not None:
-        seconds = time.perf_counter() - t0
-        for s in seqs:
-            s.proposer.decoded(s, seconds)
+    seconds = 0.0 if t0 is None else time.perf_counter() - t0
+    for row, s in enumerate(seqs):
+        s.stats.record_graph(splits, copied)
+        s.stage("decoded")
+        if t0 is not None:
+            s.proposer.verified(s, Proposal([s.bonus], decode=True), [0], [choices[row]], seconds)
             s.stats.verify_seconds += seconds
+        s.took([s.bonus], choices[row])
     return [s._emitted([c], record=s.speculative) for s, c in zip(seqs, choices)]
 
 

@@ -40,9 +40,9 @@ import numpy as np
 
 from ._native import ffi, lib
 from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
-from .ddtree import DraftTree, accept_path
-from .proposers import Proposer, _accept_chain, _draft_room, _verify_chain
-from .target import CHAIN, DECODE, LOGITS_LAST, TREE as TREE_ROWS, Rows, Target, TargetConfig
+from .ddtree import DraftTree
+from .proposers import Proposal, Proposer, draft_room
+from .target import CHAIN, DECODE, LOGITS_LAST, Rows, Target, TargetConfig
 
 # llama.cpp's draft sampler keeps the top 10 before its softmax: p-min compares the top
 # choice's share of those
@@ -387,35 +387,26 @@ class SimpleProposer(Proposer):
     where the drafts' shares, calibrated, say it pays at the verify's cost by rows
     (AutoBudget.chain_cut); every step's outcome goes back to it."""
 
-    drafted_samples = False
-    stage = None
-
     def __init__(self, draft: SimpleDraft, n_max: int, n_min: int = 0, p_min: float = 0.0, tree: bool = False,
                  auto: Optional[AutoBudget] = None):
         self.draft = draft
         self.n_max, self.n_min, self.p_min, self.tree, self.auto = n_max, n_min, p_min, tree, auto
         self.lookahead = 1 + n_max * (2 if tree else 1)
         self.context: Optional[List[int]] = None  # the sequence's committed tokens
-        self.block: List[int] = []
-        self.verified: Optional[DraftTree] = None  # the step's tree (None: a chain)
         self.arm: Optional[int] = None  # auto's arm for the step (None: no auto, or no room to draft)
-        self.t0 = 0.0
 
     def plan(self, seq) -> int:
         if self.context is None:
             self.context = list(seq.prompt)
-        self.t0 = time.perf_counter()
-        room = _draft_room(seq, self.n_max)
+        room = draft_room(seq, self.n_max)
         self.arm = self.auto.choose() if self.auto is not None and room > 0 else None
         self.decodes = self.arm == PLAIN
-        self.block = [seq.bonus]  # what a plain step verifies (rows, or decoded's lean path)
         return 0
 
-    def rows(self, seq) -> Rows:
+    def propose(self, seq) -> Proposal:
         if self.decodes:  # auto's plain arm, beside sequences that draft: the bonus alone
-            self.verified = None
-            return _verify_chain(seq, self.block)
-        n = _draft_room(seq, self.n_max)
+            return Proposal([seq.bonus])
+        n = draft_room(seq, self.n_max)
         grammar = seq.sampler.grammar if seq.sampler.guided else None
         auto = self.auto if self.arm is not None else None
         drafts, seconds, shares = self.draft.draft(seq.slot, self.context, seq.bonus, n, self.p_min,
@@ -429,42 +420,22 @@ class SimpleProposer(Proposer):
             drafts, seconds = [], []
         if grammar is not None and drafts:
             drafts = grammar.draft_path(drafts)  # cut before the first draft the grammar rejects
-        self.block = [seq.bonus] + list(drafts)
-        self.verified = None
         if self.tree and drafts and grammar is None:
             tree = sibling_tree(seq.bonus, drafts, seconds)
-            if len(tree) > len(self.block):
+            if len(tree) > len(drafts) + 1:
                 seq.stats.tree_sizes.append(len(tree) - 1)
-                self.verified = tree = tree.padded_to(self.lookahead)
-                seq.sampler.prepare(seq.target, len(tree), tree.paths, seq=seq.slot)
-                return Rows(seq.slot, TREE_ROWS, tree.tokens, tree.parents)
+                return Proposal(tree=tree.padded_to(self.lookahead))
         if self.tree:  # a tree step that verifies a chain (no second choices, a grammar)
             seq.stats.tree_sizes.append(len(drafts))
             seq.stats.chain_steps += 1
         if self.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
-            self.auto.pending = self.auto.pending[:len(self.block) - 1] if drafts else []
-        return _verify_chain(seq, self.block)
+            self.auto.pending = self.auto.pending[:len(drafts)] if drafts else []
+        return Proposal([seq.bonus] + list(drafts))
 
-    def accept(self, seq, choice) -> List[int]:
-        tree = self.verified
-        if tree is None:
-            out = _accept_chain(seq, self.block, choice)
-        else:
-            path = accept_path(tree, choice)
-            seq.stage("verified")
-            seq.target.commit_path(path, seq=seq.slot)
-            out = [tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
-        self.context += [seq.bonus] + out[:-1]
+    def verified(self, seq, proposal, path, out, seconds) -> None:
+        self.context += proposal.on_path(path, seq.slot)
         if self.arm is not None:
-            self.auto.verified(len(out) - 1, time.perf_counter() - self.t0)
-        return out
-
-    def decoded(self, seq, seconds: float) -> None:
-        """Plain decoding's lean path (decoding.decode_step) ran the step: the bonus it
-        decoded is committed."""
-        self.context += self.block
-        if self.arm is not None:
-            self.auto.verified(0, seconds)
+            self.auto.verified(len(path) - 1, seconds)
 
     def finish(self, seq) -> None:
         """The sequence ended: its statistics get auto's report, and what auto learnt goes

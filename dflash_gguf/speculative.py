@@ -4,12 +4,12 @@ drafter's top candidates. Greedy output equals plain greedy decoding token for t
 with sampling, the output is distributed exactly as the target's own sampling."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 from .budget import AutoBudget
 from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, check_chain_rule, check_p_min
 from .draft import Draft
-from .proposers import ChainProposer, TreeProposer, accepted_prefix, chain_length
+from .proposers import AutoProposer, ChainProposer, TreeProposer, accepted_prefix, chain_length
 from .sampling import SamplingParams
 from .target import Target
 
@@ -63,7 +63,7 @@ def chain_proposer(target: Target, draft: Draft, block_size: Optional[int], samp
 
 
 def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optional[int],
-                  auto: Optional[AutoBudget] = None) -> TreeProposer:
+                  auto: Optional[AutoBudget] = None) -> Union[TreeProposer, AutoProposer]:
     """The tree's proposer for a request, its options checked. DDTree speculative
     decoding (proposers.TreeProposer): the drafter's per-position
     top-K candidates become a best-first tree of `budget` nodes below the bonus token,
@@ -87,4 +87,4 @@ def tree_proposer(target: Target, draft: Draft, budget: int, block_size: Optiona
         raise ValueError(f"tree budget {budget} needs n_verify >= {budget + 1} (target has {target.n_verify})")
     if auto is not None and auto.largest != budget:
         raise ValueError(f"the auto budget's largest tree ({auto.largest}) is not the tree budget ({budget})")
-    return TreeProposer(draft, budget, B, auto)
+    return TreeProposer(draft, budget, B) if auto is None else AutoProposer(draft, B, auto)

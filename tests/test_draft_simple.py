@@ -113,16 +113,17 @@ def test_constrained_output_equals_plain_constrained_output(files, plain):
 def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
     """p-min stops drafting before a draft the drafter gives less than p-min (of its top
     10's mass, as llama.cpp counts it); n-min drops a shorter chain."""
-    from dflash_gguf import draft_simple
+    from dflash_gguf import decoding
 
     verified = []  # drafts verified per step
 
-    def verify_chain(seq, block):
-        verified.append(len(block) - 1)
-        return chain(seq, block)
+    def verify_rows(seq, proposal):
+        rows = verify(seq, proposal)
+        verified.append(rows.n_rows - 1)
+        return rows
 
-    chain = draft_simple._verify_chain
-    monkeypatch.setattr(draft_simple, "_verify_chain", verify_chain)
+    verify = decoding.verify_rows
+    monkeypatch.setattr(decoding, "verify_rows", verify_rows)
     want = plain.generate(TEXTS[0], 30, stop_tokens=()).tokens
     sizes = {}
     for p_min, n_min in ((0.0, 0), (0.3, 0), (0.3, 2)):

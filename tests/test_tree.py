@@ -646,7 +646,7 @@ class SimPair:
 
 def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=None, expected=None):
     """An AutoBudget (a fresh one unless given) driven for `steps` steps by the simulated
-    pair, as proposers.TreeProposer drives it. Returns (arm, tokens, seconds) per step
+    pair, as proposers.AutoProposer drives it. Returns (arm, tokens, seconds) per step
     (and appends the index of every survey step to survey_steps, and each step's expected
     tokens, the arm and cut it ran, to expected)."""
     from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget, tree_nodes
