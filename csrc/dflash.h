@@ -510,6 +510,37 @@ dfl_status dfl_draft_candidates(const dfl_draft * draft, int32_t row0, int32_t n
 /* Logits [n_block-1][n_vocab] of the last propose (after scale/softcap). */
 dfl_status dfl_draft_logits(const dfl_draft * draft, float * dst, int32_t row0, int32_t n_rows);
 
+/* ---- a greedy chain step, fused ---------------------------------------------------------- */
+
+/* One sequence's part of dfl_chain_step: the drafter first takes the positions its target
+ * committed since the drafter's last graph for it (tokens, as for dfl_block), then drafts
+ * a block of n_block (2..the drafter's block size) after the bonus. Written by the call:
+ * out[0..n_out) the accepted drafts, then the target's own next token (out has room for
+ * n_block); n_verified the rows the target verified (the bonus and the drafts kept by
+ * the p_min cut). */
+typedef struct dfl_chain_seq {
+    int32_t seq;
+    const int32_t * tokens;
+    int32_t n_tokens;
+    int32_t bonus;
+    int32_t n_block;
+    int32_t * out;
+    int32_t n_out;
+    int32_t n_verified;
+} dfl_chain_seq;
+
+/* A greedy chain step of seqs[0..n) (distinct slots), what a step crosses into the library
+ * for six times in one call: one drafter graph proposes every block; each chain is cut
+ * before the first draft whose top-1 probability is below p_min (p_min 0: none; a drafter
+ * loaded with top_k >= 1 otherwise); one target graph verifies them, reading the drafts on
+ * the device; each row's argmax keeps the drafts it agrees with; the kept rows are
+ * committed (carried out by the sequence's next step, as dfl_target_commit's). Greedy
+ * only: sampled rows, penalties, grammars and a cut head take the separate calls.
+ * copies (may be NULL): the target graph's splits and bytes copied, as decode_next's;
+ * us (may be NULL): microseconds spent drafting, then verifying and accepting. */
+dfl_status dfl_chain_step(dfl_target * target, dfl_draft * draft, dfl_chain_seq * seqs, int32_t n, float p_min,
+                          int64_t * copies, int64_t * us);
+
 /* ---- prefix checkpoints ----------------------------------------------------------------- */
 
 typedef struct dfl_checkpoint dfl_checkpoint;

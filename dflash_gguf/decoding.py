@@ -181,6 +181,9 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # lean path, its drafters left behind
         return decode_step(target, seqs, t0)
+    if len(blocks) == len(seqs) and all(b for _, _, b, _ in blocks) and all(s.proposer.fuses(s) for s in seqs) \
+            and len({s.proposer.p_min for s in seqs}) == 1:
+        return chain_step(target, draft, seqs, blocks, t0)
     if blocks:
         draft.propose_many(blocks)
     proposals, rows, row0 = [], [], 0
@@ -218,6 +221,29 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
             s.stats.verify_seconds += t2 - t1
             s.stats.other_seconds += t3 - t2
         kept.append(s._emitted(new, record=s.speculative))
+    return kept
+
+
+def chain_step(target, draft, seqs: Seq[Sequence], blocks: List[tuple], t0: float) -> List[List[int]]:
+    """step() of greedy chains of the drafter's blocks (ChainProposer.fuses): the same
+    propose, verify, accept and commit in one call of the library (Target.chain_step),
+    with one read of the host's results. Each sequence's stages follow the call, in the
+    order its phases ran inside it."""
+    outs = target.chain_step(draft, blocks, seqs[0].proposer.p_min)
+    drafting, verifying = target.chain_seconds
+    splits, copied = target.last_copies()
+    for s, new in zip(seqs, outs):
+        s.stats.record_graph(splits, copied)
+        for stage in ("drafted", "verified", "committed"):
+            s.stage(stage)
+        s.took([s.bonus] + new[:-1], new[-1])
+    other = time.perf_counter() - t0 - drafting - verifying
+    kept = []
+    for s, new in zip(seqs, outs):
+        s.stats.draft_seconds += drafting
+        s.stats.verify_seconds += verifying
+        s.stats.other_seconds += other
+        kept.append(s._emitted(new))
     return kept
 
 

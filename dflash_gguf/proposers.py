@@ -28,6 +28,7 @@ import numpy as np
 
 from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
+from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
 
 
@@ -118,6 +119,11 @@ class Proposer(ABC):
     def propose(self, seq) -> Proposal:
         """What the sequence's target verifies this step."""
 
+    def fuses(self, seq) -> bool:
+        """Its step may run as one call of the library (decoding.chain_step): a greedy
+        chain of the drafter's block, kept by the target's argmax alone."""
+        return False
+
     def verified(self, seq, proposal: Proposal, path: List[int], out: List[int], seconds: float) -> None:
         """The step kept `path` (node indices, root first) of `proposal` and emitted `out`."""
 
@@ -164,6 +170,10 @@ class ChainProposer(Proposer):
         if self.b > 1 and self.top_k:
             self.draft.set_uniforms(seq.sampler.uniforms(self.b - 1), seq=seq.slot)
         return self.b if self.b > 1 else 0
+
+    def fuses(self, seq) -> bool:
+        return isinstance(self.draft, Draft) and not self.top_k and self.conf_min == 0 \
+            and seq.sampler.argmax_only and seq.target.head_tokens is None
 
     def propose(self, seq) -> Proposal:
         return self._chain(seq, self._cut(seq))
@@ -222,6 +232,9 @@ class MixedProposer(ChainProposer):
         self.ngram = NgramDrafts(sources)
         self.n_max = n_max
         self.lookahead = max(block_size, n_max + 1)
+
+    def fuses(self, seq) -> bool:
+        return False  # the n-gram chain is chosen after the drafter's graph
 
     def plan(self, seq) -> int:
         self.ngram.sync(seq)

@@ -138,6 +138,11 @@ class Sampler:
     def penalized(self) -> bool:
         return self.params.penalized
 
+    @property
+    def argmax_only(self) -> bool:
+        """The target's argmax alone chooses: greedy, no penalties, no grammar."""
+        return self.params.greedy and not self.params.penalized and self.grammar is None
+
     def apply(self, target, draft=None, drafted_samples: bool = False, seq: int = 0) -> None:
         """Give the target (and the drafter) this request's settings for its sequence slot:
         the drafter samples its drafts only for the chain's rejection rule, else it drafts

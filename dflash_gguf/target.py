@@ -3,7 +3,7 @@ commit, and the results of the last call."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -144,6 +144,8 @@ class Target(NativeObject):
         self._next_seqs, self._next_tokens = ffi.new("int32_t[]", self.n_seq), ffi.new("int32_t[]", self.n_seq)
         self._next_u, self._next_out = ffi.new("float[]", self.n_seq), ffi.new("int32_t[]", self.n_seq)
         self._next_copies = ffi.new("int64_t[2]")
+        self._chain_us = ffi.new("int64_t[2]")
+        self.chain_seconds = (0.0, 0.0)
 
     # -- state --------------------------------------------------------------------
     def info(self) -> dict:
@@ -171,7 +173,7 @@ class Target(NativeObject):
         return int(info.n_last_splits), int(info.last_copy_bytes)
 
     def last_copies(self) -> tuple:
-        """graph_copies() of decode_next's step, which read them with its results."""
+        """graph_copies() of decode_next's or chain_step's step, which read them with its results."""
         return int(self._next_copies[0]), int(self._next_copies[1])
 
     @property
@@ -254,6 +256,28 @@ class Target(NativeObject):
             s[i], t[i], u[i] = seqs[i], tokens[i], uniforms[i]
         check(lib.dfl_target_decode_next(self._handle(), s, t, u, n, self._next_out, self._next_copies))
         return ffi.unpack(self._next_out, n)
+
+    def chain_step(self, draft, blocks: Sequence[tuple], p_min: float) -> List[List[int]]:
+        """A greedy chain step in one call (dfl_chain_step): for each (seq, bonus, n_block,
+        tokens) the drafter takes `tokens` (the positions it lacks) and drafts the block,
+        cut by p_min; this target verifies every chain in one graph, and each keeps the
+        drafts its argmax agrees with, committed. Returns each sequence's accepted drafts
+        then its next token; last_copies() is the step's, chain_seconds its (drafting,
+        verifying) seconds."""
+        n = len(blocks)
+        entries = ffi.new("dfl_chain_seq[]", n)
+        keep = []
+        for e, (seq, bonus, n_block, tokens) in zip(entries, blocks):
+            arr = self._tokens(tokens)
+            out = ffi.new("int32_t[]", int(n_block))
+            keep += [arr, out]
+            e.seq, e.bonus, e.n_block, e.out = int(seq), int(bonus), int(n_block), out
+            e.tokens = ffi.from_buffer("int32_t[]", arr) if len(arr) else ffi.NULL
+            e.n_tokens = len(arr)
+        us = self._chain_us
+        check(lib.dfl_chain_step(self._handle(), draft._handle(), entries, n, float(p_min), self._next_copies, us))
+        self.chain_seconds = (us[0] * 1e-6, us[1] * 1e-6)
+        return [ffi.unpack(e.out, e.n_out) for e in entries]
 
     def decode(self, tokens, logits: int = LOGITS_LAST, seq: int = 0) -> None:
         """Append tokens (at most n_ubatch) to the context."""

@@ -37,11 +37,11 @@ def pair(tmp_path_factory, convert_model):
     }
 
 
-def load(pair, target_gguf=None, kv="f32", n_ubatch=16, n_ctx=512, repack=True, top_k=0):
+def load(pair, target_gguf=None, kv="f32", n_ubatch=16, n_ctx=512, repack=True, top_k=0, n_seq=1):
     meta = read_draft_metadata(pair["draft"])
     target = Target(target_gguf or pair["target"], TargetConfig(
         n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=BLOCK, kv_type=kv, feature_layers=meta["target_layers"],
-        repack=repack))
+        repack=repack, n_seq=n_seq))
     return target, Draft(pair["draft"], target, DraftConfig(kv_type="f32", top_k=top_k))
 
 
@@ -288,11 +288,17 @@ def test_the_cut_by_default_is_on_where_the_target_computes_on_the_cpu(pair):
         Engine(str(pair["target"]), str(pair["draft"]), n_ctx=256, draft_p_min=1.0)
 
 
-def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(trained_pair):
+def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(trained_pair, monkeypatch):
     """With p_min, each step verifies the drafts before the first one the drafter gives
     less than p_min (read from its ranked candidates before the verify): blocks of many
-    lengths, the target's graphs for each, output still the target's own."""
+    lengths, the target's graphs for each, output still the target's own. (The phased
+    step, whose calls the test can watch; test_fused_chain_step_is_the_phased_step holds
+    the fused one to it.)"""
     from tokenizers import Tokenizer as HFTokenizer
+
+    from dflash_gguf.proposers import ChainProposer
+
+    monkeypatch.setattr(ChainProposer, "fuses", lambda self, seq: False)
 
     tok = HFTokenizer.from_file(str(DEMO_HF / "target" / "tokenizer.json"))
     target, draft = load(trained_pair, top_k=1)
@@ -323,6 +329,98 @@ def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(tr
                 assert len(cut) >= len(seen) - 2 and all(n == expect for n, expect in cut), seen
                 lengths += [n for n, _ in cut]
             assert min(lengths) < BLOCK - 1 and len(set(lengths)) >= 3, lengths  # the cut moved
+
+
+class CallCount:
+    """The library's entry points a block of code calls, counted by name."""
+
+    def __init__(self, monkeypatch, *modules):
+        self.calls = {}
+        for module in modules:
+            monkeypatch.setattr(module, "lib", self._proxy(module.lib))
+
+    def _proxy(self, lib):
+        count = self.calls
+
+        class Counting:
+            def __getattr__(self, name):
+                fn = getattr(lib, name)
+                if not name.startswith("dfl_") or not callable(fn):
+                    return fn
+
+                def call(*args):
+                    count[name] = count.get(name, 0) + 1
+                    return fn(*args)
+
+                return call
+
+        return Counting()
+
+
+def test_fused_chain_step_is_the_phased_step(trained_pair, monkeypatch):
+    """A greedy chain step runs as one call of the library (dfl_chain_step): the same
+    tokens and accepted lengths as the phased step (propose, cut, verify, choices, block,
+    commit), alone and two sequences in one step, with and without the p_min cut; the
+    phased step crosses into the library several times a step, the fused one once."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from dflash_gguf import draft as draft_module, target as target_module
+    from dflash_gguf.decoding import Batch, Sequence
+    from dflash_gguf.generate import GenerationStats, Placement, Request
+    from dflash_gguf.proposers import ChainProposer
+    from dflash_gguf.speculative import chain_proposer
+
+    tok = HFTokenizer.from_file(str(DEMO_HF / "target" / "tokenizer.json"))
+    prompts = [tok.encode(t).ids for t in ("def fibonacci(n):", "class Stack:\n    def __init__(self):")]
+    fused_step = ChainProposer.fuses
+
+    def run(fused: bool, p_min: float, batched: bool):
+        monkeypatch.setattr(ChainProposer, "fuses", fused_step if fused else (lambda self, seq: False))
+        target, draft = load(trained_pair, top_k=1, n_seq=2)
+        target_module_calls = CallCount(monkeypatch, target_module, draft_module)
+        with target, draft:
+            seqs = [Sequence(target, draft, chain_proposer(target, draft, None, None, p_min), Request(p, 48, ()),
+                             GenerationStats(), Placement(slot=0 if not batched else i))
+                    for i, p in enumerate(prompts)]
+            out = []
+            if batched:
+                batch = Batch(target, draft)
+                for s in seqs:
+                    batch.add(s)
+                tokens = {id(s): [] for s in seqs}
+                while len(batch):
+                    for s, new in batch.advance():
+                        tokens[id(s)] += new
+                out = [(tokens[id(s)], s.stats.accepted_lengths) for s in seqs]
+            else:
+                for s in seqs:
+                    target.reset()
+                    draft.reset()
+                    out.append((collect_steps(s), s.stats.accepted_lengths))
+        monkeypatch.undo()
+        steps = sum(len(lengths) for _, lengths in out)
+        return out, target_module_calls.calls, steps
+
+    for p_min in (0.0, 0.3):
+        for batched in (False, True):
+            phased, phased_calls, steps = run(False, p_min, batched)
+            fused, fused_calls, _ = run(True, p_min, batched)
+            assert fused == phased, (p_min, batched)
+            rounds = phased_calls["dfl_draft_propose"]  # one drafter graph a step
+            assert rounds >= steps // (2 if batched else 1) - 1
+            # every step is one call; the prompts' graphs and set-up are the same calls as before
+            assert fused_calls.pop("dfl_chain_step") == rounds
+            for name in ("dfl_target_step", "dfl_target_choices"):
+                assert fused_calls.pop(name) == phased_calls[name] - rounds
+            phased_per_step = sum(v for k, v in phased_calls.items() if k not in fused_calls) / rounds
+            assert phased_per_step >= 6, phased_calls
+            assert not {"dfl_draft_propose", "dfl_draft_block", "dfl_target_commit"} & set(fused_calls)
+
+
+def collect_steps(seq) -> list:
+    from dflash_gguf.decoding import sequence_steps
+
+    return [t for new in sequence_steps(seq) for t in new]
 
 
 @pytest.mark.parametrize("outtype", ["q8_0", "q4_k_m"])
