@@ -312,6 +312,21 @@ class EngineSetup:
     def n_seq(self) -> int:
         return self.target_config.n_seq
 
+    def with_memory(self, kv_type: str, draft_window: int) -> "EngineSetup":
+        """This setup with another KV cache type and drafter window (what memory.settle
+        tries), its other options as they were checked once."""
+        if kv_type not in KV_TYPES:
+            raise ConfigError("kv_type", f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")
+        _count("draft_window", draft_window, 0, what="the draft window (0: the whole context)")
+        simple = self.simple
+        if simple is not None:
+            simple = replace(simple, config=replace(simple.config, kv_type=kv_type))
+        draft_config = self.draft_config
+        if draft_config is not None:
+            draft_config = replace(draft_config, window=draft_window)
+        return replace(self, target_config=replace(self.target_config, kv_type=kv_type), draft_config=draft_config,
+                       simple=simple)
+
     @classmethod
     def of(cls, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
            n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,

@@ -314,17 +314,19 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List
         sampler.prepare_context(target, 1, seq=s.slot)
     choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms)
     splits, copied = target.last_copies()
-    for row, s in enumerate(seqs):
-        if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
-            choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
     seconds = 0.0 if t0 is None else time.perf_counter() - t0
     for row, s in enumerate(seqs):
         s.stats.record_graph(splits, copied)
         s.stage("decoded")
+        if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
+            choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
         if t0 is not None:
             s.proposer.verified(s, Proposal([s.bonus], decode=True), [0], [choices[row]], seconds)
             s.stats.verify_seconds += seconds
-        s.took([s.bonus], choices[row])
+        if s.draft is not None:
+            s.committed.append(s.bonus)
+        s.n_past += 1
+        s.bonus = choices[row]
     return [s._emitted([c], record=s.speculative) for s, c in zip(seqs, choices)]
 
 

@@ -217,9 +217,10 @@ def settle(model: str, draft: Optional[str], options: dict, limit_mib: Optional[
     has_draft = drafter_path(model, draft, options.get("spec_type")) is not None
     windows = [0, AUTO_DRAFT_WINDOW] if window_auto and has_draft else [0 if window_auto else options["draft_window"]]
     first = None
+    checked = EngineSetup.of(model, draft, **{**options, "kv_type": kvs[0], "draft_window": windows[0]})
     for kv in kvs:
         for window in windows:
-            setup = EngineSetup.of(model, draft, **{**options, "kv_type": kv, "draft_window": window})
+            setup = checked.with_memory(kv, window)
             plan = plan_setup(model, setup)
             over = plan.over(limit)
             if not over:

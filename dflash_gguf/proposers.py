@@ -32,7 +32,7 @@ from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
 
 
-@dataclass
+@dataclass(slots=True)
 class Proposal:
     """What one sequence puts to its target in a step, and the rule that keeps it:
       tokens  the bonus token then its drafts: a chain, or with `tree` the tree's nodes

@@ -174,6 +174,28 @@ def test_auto_settings_make_128k_fit_a_24_gib_budget(shapes):
     assert not over and setup.target_config.kv_type in ("f16", "q8_0") and setup.draft_config.window == 4096
 
 
+def test_settle_checks_the_options_and_reads_the_drafter_once(shapes, monkeypatch):
+    """Trying every kv type and drafter window (none fits here) checks the options and
+    reads the drafter's metadata once, not once a try; each try is what EngineSetup.of
+    gives for its options."""
+    from dflash_gguf import config
+
+    reads = []
+    for name in ("read_draft_metadata", "_gguf_arch_and_keys"):
+        real = getattr(config, name)
+        monkeypatch.setattr(config, name, lambda *a, _real=real, _name=name: reads.append(_name) or _real(*a))
+    target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
+    options = dict(n_ctx=131072, tree_budget=16)
+    setup, plan, over = settle(target, draft, options, 1000)
+    assert over and sorted(reads) == ["_gguf_arch_and_keys", "read_draft_metadata"]
+    reads.clear()
+    for kv, window in (("q8_0", 4096), ("q4_0", 0)):
+        once = config.EngineSetup.of(target, draft, **options, kv_type=kv, draft_window=window)
+        assert once == setup.with_memory(kv, window)
+    with pytest.raises(config.ConfigError, match="unknown KV cache type 'q3'"):
+        setup.with_memory("q3", 0)
+
+
 def run_cli(*args):
     return run(*args, stdin="")
 
