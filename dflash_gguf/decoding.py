@@ -181,8 +181,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # lean path, its drafters left behind
         return decode_step(target, seqs, t0)
-    if len(blocks) == len(seqs) and all(b for _, _, b, _ in blocks) and all(s.proposer.fuses(s) for s in seqs) \
-            and len({s.proposer.p_min for s in seqs}) == 1:
+    if _fused(seqs, blocks):
         return chain_step(target, draft, seqs, blocks, t0)
     if blocks:
         draft.propose_many(blocks)
@@ -211,7 +210,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         if s.speculative:
             s.stage("committed")
         s.proposer.verified(s, p, path, new, time.perf_counter() - t0)
-        s.took(p.on_path(path, s.slot), new[-1])
+        s.took([s.bonus] + new[:-1], new[-1])  # the old bonus and the accepted drafts
         out.append(new)
     t3 = time.perf_counter()
     kept = []
@@ -222,6 +221,13 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
             s.stats.other_seconds += t3 - t2
         kept.append(s._emitted(new, record=s.speculative))
     return kept
+
+
+def _fused(seqs: Seq[Sequence], blocks: List[tuple]) -> bool:
+    """The step may run as chain_step: every sequence drafts a block this step, every one's
+    proposer fuses, and they cut their chains alike."""
+    return len(blocks) == len(seqs) and all(b for _, _, b, _ in blocks) \
+        and all(s.proposer.fuses(s) for s in seqs) and len({s.proposer.p_min for s in seqs}) == 1
 
 
 def chain_step(target, draft, seqs: Seq[Sequence], blocks: List[tuple], t0: float) -> List[List[int]]:

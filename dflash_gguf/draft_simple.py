@@ -433,7 +433,7 @@ class SimpleProposer(Proposer):
         return Proposal([seq.bonus] + list(drafts))
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.context += proposal.on_path(path, seq.slot)
+        self.context += [seq.bonus] + out[:-1]  # what the step committed
         if self.arm is not None:
             self.auto.verified(len(path) - 1, seconds)
 

@@ -56,12 +56,6 @@ class Proposal:
             self.tokens = self.draft.block(self.n, seq=slot)
         return self.tokens
 
-    def on_path(self, path: List[int], slot: int) -> List[int]:
-        """The tokens of an accepted node path (root first): what the step committed."""
-        if self.tree is not None:
-            return [self.tree.tokens[i] for i in path]
-        return self.chain(slot)[:len(path)]
-
 
 def accepted_prefix(block: List[int], target_choice) -> int:
     """How many drafts (block[1:]) agree with the target's choice after each position."""
@@ -125,7 +119,8 @@ class Proposer(ABC):
         return False
 
     def verified(self, seq, proposal: Proposal, path: List[int], out: List[int], seconds: float) -> None:
-        """The step kept `path` (node indices, root first) of `proposal` and emitted `out`."""
+        """The step kept `path` (node indices, root first) of `proposal` and emitted `out`;
+        called before the sequence takes them (seq.bonus is still the step's root)."""
 
     def finish(self, seq) -> None:
         """The sequence ended."""
