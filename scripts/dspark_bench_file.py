@@ -26,7 +26,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.out.exists():
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        make_dspark(args.out, seed=7)  # the tests' file (tests/test_dspark.py)
+        make_dspark(args.out, seed=7)  # the tests' file (tests/drafters/test_dspark.py)
     print(args.out)
     return 0
 

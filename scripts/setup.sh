@@ -101,7 +101,7 @@ if [ "$mode" = "test" ]; then
   "$py" "$root/tests/demo_hf.py" >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple llama-bench llama-completion >/dev/null
-  # llama-eval-callback prints every named tensor of a run: the oracle of tests/test_parity.py
+  # llama-eval-callback prints every named tensor of a run: the oracle of tests/runtime/test_parity.py
   # (python -m dflash_gguf.parity); a minute once the tools above are built
   "$py" "$root/scripts/llama_cpp_build.py" llama-eval-callback >/dev/null
   # The published GGUFs the real-model tests run (the Qwen2.5-Coder pair, Gemma 3 270M):

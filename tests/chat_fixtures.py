@@ -55,3 +55,20 @@ def transformers_render(source, messages, tools, bos_token="<bos>", eos_token="<
     return render_jinja_template(conversations=[messages], tools=tools, chat_template=source,
                                  add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token,
                                  **kwargs)[0][0]
+
+
+GPT_OSS = "openai-gpt-oss-120b"
+
+
+def llama_cpp_messages(messages):
+    """What llama.cpp's common_chat_params_init_gpt_oss hands the template: reasoning_content
+    copied to `thinking`, and content erased from a message that has both it and calls."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if isinstance(m.get("reasoning_content"), str):
+            m["thinking"] = m["reasoning_content"]
+            if m.get("tool_calls"):
+                m.pop("content", None)
+        out.append(m)
+    return out

@@ -1,7 +1,16 @@
-"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once.
+"""Session-wide fixtures: tiny checkpoints and their GGUF conversions, built once, and
+the fixtures many modules share (`pair`, `rpc_endpoint`).
+
+The test modules are grouped by layer: tests/convert (HF checkpoints to GGUF, re-typing,
+hostile files), tests/runtime (targets, memory, sampling, grammars, devices, parity),
+tests/drafters (every drafter kind, chains, trees, training), tests/serving (dflash-run,
+dflash-server, chat formats) and tests/bench (dflash-bench, results files). The helpers
+they share are here in tests/, which pytest puts on sys.path for this file; a test module
+imports helpers only, never another test module. The published models' tests carry the
+`real` marker (pytest -m real), the device tests the `device` marker.
 
 tests/fixtures.py (torch, transformers) is imported by the fixtures that use it, not
-here: the device tests (tests/test_devices.py) run where neither is installed, such as
+here: the device tests (tests/runtime/test_devices.py) run where neither is installed, such as
 the lent GPU machine (scripts/cuda/test.sh)."""
 from __future__ import annotations
 
@@ -16,7 +25,7 @@ def pytest_configure(config):
 
     unpack()
     # what `auto` learnt stays out of the user's cache, and no test starts from what an
-    # earlier one learnt (tests/test_auto_store.py turns it on where it is the subject)
+    # earlier one learnt (tests/drafters/test_draft_simple.py turns it on where it is the subject)
     os.environ["DFLASH_AUTO_MEMORY"] = "off"
 
 
@@ -25,7 +34,7 @@ def pytest_addoption(parser):
                      help="ggml device for the tests marked `device` (default: $DFLASH_TEST_DEVICE, else RPC: "
                           "a local ggml RPC server serving the CPU backend)")
     parser.addoption("--fuzz-count", type=int, default=320,
-                     help="mutants of the GGUF fuzz run in tests/test_fuzz_gguf.py (default 320)")
+                     help="mutants of the GGUF fuzz run in tests/convert/test_fuzz_gguf.py (default 320)")
     parser.addoption("--fuzz-seed", type=int, default=14, help="seed of that run (default 14)")
     parser.addoption("--fuzz-only", type=int, action="append",
                      help="run only this mutant of --fuzz-seed (repeatable): a failure's replay")
@@ -155,3 +164,31 @@ def real_path():
         return found
 
     return get
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, convert_model):
+    """The tiny random Qwen3.5 target and its DFlash drafter (blocks of
+    decoding_checks.BLOCK), as checkpoints and GGUFs (the drafter through llama.cpp's
+    converter). A module that needs another pair defines its own `pair`."""
+    from decoding_checks import BLOCK
+    from draft_fixtures import convert_dflash_llama_cpp, make_dflash
+    from fixtures import make_qwen35
+
+    root = tmp_path_factory.mktemp("pair")
+    target_dir = make_qwen35(root / "target", hidden=128, layers=4, seed=3)
+    draft_dir = make_dflash(root / "draft", target_dir, target_layer_ids=(0, 2), block_size=BLOCK, seed=4)
+    return {
+        "target_dir": target_dir,
+        "draft_dir": draft_dir,
+        "target": convert_model(target_dir, "f32"),
+        "draft": convert_dflash_llama_cpp(draft_dir, target_dir, root / "draft-f32.gguf"),
+    }
+
+
+@pytest.fixture(scope="module")
+def rpc_endpoint():
+    """host:port of a ggml RPC server serving the CPU backend (rpc_local)."""
+    from rpc_local import local_rpc_server
+
+    yield from local_rpc_server()

@@ -11,15 +11,19 @@ last layers, a layer output scale and a final logit softcap that bends the logit
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 
+from draft_fixtures import make_dflash
 from fixtures import _training_corpus, save_gemma
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 MASK_ID = 4
+BLOCK = 8  # the drafters' block
+DRAFT_WINDOW = 5  # their sliding layer's window: shorter than context + block
 
 # the last two layers with their own KV are sliding then full: transformers shares the
 # last earlier cache of a layer's type, llama.cpp assumes those two (E2B's layout)
@@ -104,3 +108,19 @@ def make_gemma4(directory: str | os.PathLike, *, moe: bool = False, seed: int = 
     text = gemma4_text_config(vocab, moe=moe, **overrides)
     mm = dict(vision_config=None, audio_config=None)
     return save_gemma(directory, "Gemma4", text, seed=seed, randomize=_randomize, multimodal=mm if multimodal else None)
+
+
+def make_gemma_drafter(directory, target_dir, seed=4):
+    """A DFlash drafter for the Gemma target the way z-lab configures one: the target's
+    embedding scale and softcap in dflash_config, a sliding first layer with a window
+    shorter than context + block."""
+    d = make_dflash(directory, target_dir, target_layer_ids=(0, 3), block_size=BLOCK, seed=seed)
+    cfg = json.loads((d / "config.json").read_text())
+    target = json.loads((target_dir / "config.json").read_text())
+    cfg.update(layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+               sliding_window=DRAFT_WINDOW)
+    cfg["dflash_config"].update(mask_token_id=MASK_ID, input_embedding_scale=float(target["hidden_size"]) ** 0.5,
+                                final_logit_softcapping=target["final_logit_softcapping"])
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d
+

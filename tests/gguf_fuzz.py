@@ -16,9 +16,9 @@ any other Python exception (a traceback), an attempt at an absurd allocation ("o
 Every load runs in a child forked from a worker process that has imported the package
 but loaded nothing (no threads yet), so an abort is seen as a signal and costs one fork.
 Mutant i is a function of (seed, i) alone: a failure is reproduced with
-`pytest tests/test_fuzz_gguf.py --fuzz-seed S --fuzz-only i`.
+`pytest tests/convert/test_fuzz_gguf.py --fuzz-seed S --fuzz-only i`.
 
-Used by tests/test_fuzz_gguf.py: a bounded run by default, longer ones with its options
+Used by tests/convert/test_fuzz_gguf.py: a bounded run by default, longer ones with its options
 (`--fuzz-count N --fuzz-seed S`).
 """
 from __future__ import annotations

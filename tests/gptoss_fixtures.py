@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draft_fixtures import make_dflash
 from fixtures import _training_corpus, llama_cpp_source
 
 # o200k's Split regex as gpt-oss's tokenizer.json carries it
@@ -37,6 +38,7 @@ MASK_TOKEN = "<|reserved_200000|>"  # a drafter's mask: never generated
 GPT_OSS_TEMPLATE = "openai-gpt-oss-120b"
 
 WINDOW = 8
+BLOCK = 8  # z-lab's gpt-oss-20b-DFlash drafts blocks of 8
 # transformers' GptOssConfig default rope_parameters (those of the published configs)
 YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
         "original_max_position_embeddings": 4096}
@@ -183,3 +185,14 @@ def make_gptoss_mxfp4(directory: str | os.PathLike, float_dir: str | os.PathLike
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     return directory
+
+
+def make_drafter(directory, target_dir, seed=4):
+    d = make_dflash(directory, target_dir, target_layer_ids=(0, 2), block_size=BLOCK, seed=seed)
+    cfg = json.loads((d / "config.json").read_text())
+    tok = json.loads((target_dir / "tokenizer.json").read_text())
+    cfg["dflash_config"]["mask_token_id"] = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK_TOKEN)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d
+
+

@@ -1,4 +1,4 @@
-"""Work for tests/test_moe_offload.py that runs in a child process (run_isolated
+"""Work for tests/runtime/test_moe_offload.py that runs in a child process (run_isolated
 "moe_workers:<func>"): routed experts in host memory beside a device (the ggml RPC
 stand-in), and what that costs in memory. No torch import."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Work for tests/test_target.py that runs in a child process.
+"""Work for tests/runtime/test_target.py that runs in a child process.
 
 Quantized GGUFs exercise CPU kernels (weight repacking, AMX) that have crashed on some
 machines; a crash there must fail one test, not end the session. Each function here runs

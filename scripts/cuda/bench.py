@@ -57,7 +57,7 @@ PROMPTS = [  # code in the demo pair's style (Python's standard library)
     "    # If the buffer is full, flush it to the underlying stream before",
 ]
 WARMUP = "import os\nimport sys\n\n\ndef main():\n"
-# tiny shapes for --smoke (tests/test_shape_model.py's: every row whole K-quant blocks)
+# tiny shapes for --smoke (tests/convert/test_shape_model.py's: every row whole K-quant blocks)
 TINY = ["--layers", "4", "--set", "hidden=256", "--set", "vocab=4096", "--set", "heads=4", "--set", "kv_heads=2",
         "--set", "head_dim=64", "--set", "rot=16", "--set", "sections=3,3,2,0", "--set", "lin_k_heads=2",
         "--set", "lin_v_heads=4", "--set", "lin_dim=64", "--set", "ffn=512"]

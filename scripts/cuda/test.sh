@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device tests (pytest -m device: tests/test_devices.py) on the GPU, with the build of
+# The device tests (pytest -m device: tests/runtime/test_devices.py) on the GPU, with the build of
 # scripts/cuda/build.sh: plain, chain and tree greedy decoding of both bundled pairs equal
 # the device's own plain decoding; converted demo pairs equal the CPU's tokens; every node
 # of the prefill, propose, verify and commit graphs runs on the device (each graph's nodes
@@ -26,4 +26,4 @@ if [ -n "${OUT:-}" ]; then report=("--junitxml=$OUT/device-tests-$mode.xml"); fi
 # from tests/: `python -m` puts the working directory first on sys.path, and the checkout's
 # root there would shadow the installed package with its sources (no compiled library)
 cd "$root/tests"
-exec "$venv/bin/python" -m pytest -m device test_devices.py -v -s -p no:cacheprovider "${report[@]}" "$@"
+exec "$venv/bin/python" -m pytest -m device runtime/test_devices.py -v -s -p no:cacheprovider "${report[@]}" "$@"

@@ -1,0 +1,65 @@
+"""scripts/cuda/: what pack.py leaves out of the llama-cpp-python sources, and how bench.py
+joins parts run in separate calls into one results file (the GPU runs themselves happen
+on the lent machine; scripts/cuda/README.md)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from dflash_gguf.bench import slim
+from paths import ROOT
+
+CUDA_SCRIPTS = ROOT / "scripts" / "cuda"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"cuda_{name}", CUDA_SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pack_keeps_what_a_cuda_build_reads():
+    pack = load("pack")
+    top = "llama_cpp_python-0.3.36"
+    kept = ["CMakeLists.txt", "llama_cpp/llama.py", "vendor/llama.cpp/ggml/src/ggml-cuda/mmq.cu",
+            "vendor/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.c", "vendor/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp",
+            "vendor/llama.cpp/tools/llama-bench/llama-bench.cpp", "vendor/llama.cpp/tools/mtmd/CMakeLists.txt",
+            "vendor/llama.cpp/examples/speculative-simple/speculative-simple.cpp",
+            "vendor/llama.cpp/modelsX/a-name-that-only-starts-like-a-pruned-one"]
+    dropped = ["vendor/llama.cpp/models/ggml-vocab-qwen2.gguf", "vendor/llama.cpp/docs/build.md",
+               "vendor/llama.cpp/tools/ui/index.html", "vendor/llama.cpp/ggml/src/ggml-vulkan/ggml-vulkan.cpp",
+               "vendor/llama.cpp/ggml/src/ggml-hip/CMakeLists.txt", "docs/index.md", ".git/HEAD"]
+    assert [p for p in kept if pack.pruned(f"{top}/{p}", top)] == []
+    assert [p for p in dropped if not pack.pruned(f"{top}/{p}", top)] == []
+
+
+def _steps(depth: int, decode_tps: float) -> dict:
+    return {"depth": depth, "tokens": 32, "decode_tps": decode_tps, "decode_nodes": 2100, "verify_nodes": 2300,
+            "graph_builds_timed": {}, "verify_ms": {"1": 25.0, "16": 30.0}, "load_s": 9.0, "prefill_depth_s": 20.0,
+            "memory": {"used": 17 << 30, "plan": 16 << 30, "ratio": 17 / 16}}
+
+
+def test_merge_joins_parts_into_one_results_file(tmp_path):
+    bench = load("bench")
+    header = {"date": "2026-11-24 09:30", "commit": "abc", "device": "CUDA0", "smoke": False,
+              "device_description": "NVIDIA H100 80GB HBM3", "gpu": "NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB",
+              "driver": "580.159.04", "build": "flags", "cpu_count": 16, "prompts": ["x"], "n": 128, "reps": 3}
+    runs = lambda tps, al: [{"prompt": 0, "tps": tps, "al": al, "text": "t", "n_host_reads": 3.0}]  # noqa: E731
+    pairs = {"demo greedy": {"ours": {arm: runs(400.0 if arm == "chain" else 200.0, 4.0) for arm in bench.ARMS},
+                             "llama-completion": [{"tps": 250.0, "al": 1.0, "text": "t"}],
+                             "llama-spec p-min 0": [{"tps": 320.0, "al": 3.5}]}}
+    long = {"q8_0": {"ours": _steps(32768, 50.0), "llama-bench": {"s": {"0/32/32768": 0.8, "16/0/32768": 0.024}}}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"header": header, "pairs": pairs}))
+    b.write_text(json.dumps({"header": {**header, "date": "2026-11-24 09:50"}, "long": long}))
+    assert bench.main(["--merge", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "cuda-h100-2026-11-24-0930.md").read_text()
+    merged = slim.read(tmp_path / "out" / "cuda-h100-2026-11-24-0930.json")
+    assert set(merged) == {"header", "pairs", "long"} and merged["header"]["date"] == "2026-11-24 09:30"
+    # chain 400 tok/s against llama-speculative-simple's 320: 1.25; plain decode 50 tok/s
+    # against llama-bench's 32 tokens in 0.8 s: 1.25; verify of 16: 24 ms against our 30
+    assert "| demo | greedy | llama-spec p-min 0 | 320.0 | 3.50 | – | 1.25 |" in md
+    assert "ours 50.0 tok/s, llama-bench 40.0 (ours / theirs 1.25)" in md
+    assert "| 16 | 30.00 | 1.50 | – | – | 24.00 | 0.80 |" in md  # a decode step: 20 ms
+    assert "ours plain = llama-completion on 1/1" in md
