@@ -141,6 +141,7 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
     }
     d->target = target;
     d->blocks.target = target;
+    d->blocks.drafter = &d->mem;
     if (params) {
         d->p = *params;
     } else {
@@ -387,6 +388,13 @@ DFL_API dfl_status dfl_draft_seq_reset(dfl_draft * d, int32_t seq) {
 
 DFL_API int32_t dfl_draft_n_past(const dfl_draft * d, int32_t seq) {
     return d && seq >= 0 && seq < d->n_seq ? d->mem.seq[seq].n_past : -1;
+}
+
+DFL_API int32_t dfl_draft_catch_up_due(const dfl_draft * d, int32_t seq, int32_t n_rows) {
+    if (!d || seq < 0 || seq >= d->n_seq || d->mem.seq[seq].n_past >= dfl_target_n_past(d->target, seq)) {
+        return 0;
+    }
+    return dfl_target_feature_room(d->target, seq, d->mem.seq[seq].n_past) < n_rows ? 1 : 0;
 }
 
 /* ---- proposes ------------------------------------------------------------------------------ */
@@ -723,7 +731,6 @@ DFL_API dfl_status dfl_draft_propose(dfl_draft * d, const dfl_block * blocks, in
     d->rank.fresh = false;
     for (int i = 0; i < step.n_parts; i++) {
         d->mem.seq[plans[i].seq].n_past = plans[i].pos;
-        dfl_target_features_taken(d->target, plans[i].seq, plans[i].pos);
         d->blocks.n[plans[i].seq] = plans[i].n_block;
     }
     d->n_out = D;

@@ -61,7 +61,7 @@ typedef struct rank_graph {
 
 struct dfl_draft {
     dfl_drafter m;           /* the architecture's description and weights */
-    dfl_target * target;
+    const dfl_target * target; /* read only: the drafter writes nothing of its target's */
     dfl_draft_params p;
     dfl_runtime rt;
     int n_seq, n_ctx;        /* the target's */

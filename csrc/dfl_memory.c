@@ -22,7 +22,7 @@ int64_t dfl_replay_floats(const dfl_recurrent_geometry * r, int n_verify) {
 static void seq_reset(dfl_seq * s, int n_past) {
     s->n_past = n_past;
     s->feat.base = s->feat.rows = s->feat.kept = 0;
-    s->feat.p0 = s->feat.taken = n_past;
+    s->feat.p0 = n_past;
     s->feat.tree = false;
 }
 
@@ -182,17 +182,17 @@ static bool held_in_order(const dfl_features_held * f) {
     return true;
 }
 
-int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows) {
+int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows, int taken) {
     const dfl_features_held * f = &mem->seq[seq].feat;
     const int held = f->base + f->kept, end = f->p0 + held;
-    const bool lacking = f->taken < end;
+    const bool lacking = taken < end;
     return lacking && end == p0 && held_in_order(f) && held + rows <= mem->feature_rows ? held : 0;
 }
 
-int dfl_memory_features_room(const dfl_memory * mem, int seq) {
+int dfl_memory_features_room(const dfl_memory * mem, int seq, int taken) {
     const dfl_features_held * f = &mem->seq[seq].feat;
     const int held = f->base + f->kept;
-    if (f->taken >= f->p0 + held) {
+    if (taken >= f->p0 + held) {
         return mem->feature_rows;
     }
     return held_in_order(f) ? mem->feature_rows - held : 0;
@@ -205,10 +205,6 @@ void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, in
     f->p0 = p0 - at;
     f->kept = kept;
     f->tree = false;
-}
-
-void dfl_memory_features_taken(dfl_memory * mem, int seq, int pos) {
-    mem->seq[seq].feat.taken = pos;
 }
 
 void dfl_memory_features_kept(dfl_memory * mem, int seq, const int32_t * path, int n) {

@@ -53,10 +53,10 @@ typedef struct dfl_memory_layout {
  * the slot's last call wrote (features of its rows, in row order) from row `base`;
  * `kept` of those are committed positions p0 + base, p0 + base + 1, ...: row
  * base + path[k] holds position p0 + base + k (row base + k when !tree). A decode keeps
- * all its rows; a verify none until its commit says which. `taken`: the positions
- * before it a drafter has taken (dfl_memory_features_taken). */
+ * all its rows; a verify none until its commit says which. How far a drafter has taken
+ * them is the drafter's own record (its memory's n_past), which the calls below are given. */
 typedef struct dfl_features_held {
-    int base, rows, p0, kept, taken;
+    int base, rows, p0, kept;
     bool tree;
     int32_t path[DFL_MAX_VERIFY];
 } dfl_features_held;
@@ -145,19 +145,18 @@ size_t dfl_memory_slot_bytes(const dfl_memory * mem, const struct ggml_tensor * 
 /* The first feature row of slot seq. */
 int64_t dfl_memory_feature_row0(const dfl_memory * mem, int seq);
 /* Where in slot seq's feature rows a call of `rows` rows from position p0 writes them:
- * after the positions they hold when a drafter has yet to take some of those, the rows
- * run on to p0 in order and all fit (so that a drafter may stay behind by several calls,
- * as it does over `auto`'s plain decoding); else row 0 (what they held is let go). */
-int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows);
-/* Rows slot seq's next call may have without letting go of positions a drafter has yet
- * to take (every row when it lacks none). */
-int dfl_memory_features_room(const dfl_memory * mem, int seq);
+ * after the positions they hold when the drafter, having taken those before `taken`,
+ * lacks some of them, the rows run on to p0 in order and all fit (so that a drafter may
+ * stay behind by several calls, as it does over `auto`'s plain decoding); else row 0
+ * (what they held is let go). `taken` 0 when no drafter says: whatever fits is kept. */
+int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows, int taken);
+/* Rows slot seq's next call may have without letting go of positions a drafter that
+ * has taken those before `taken` lacks (every row when it lacks none). */
+int dfl_memory_features_room(const dfl_memory * mem, int seq, int taken);
 /* Slot seq's last call wrote `rows` feature rows from position p0 on at row `at`
  * (dfl_memory_features_at), `kept` of them committed positions in row order (a decode:
  * all; a verify: none yet). */
 void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, int kept, int at);
-/* A drafter took slot seq's positions before pos. */
-void dfl_memory_features_taken(dfl_memory * mem, int seq, int pos);
 /* The commit of slot seq's verify keeps rows path[0..n) (NULL: rows 0..n-1) as positions p0.. */
 void dfl_memory_features_kept(dfl_memory * mem, int seq, const int32_t * path, int n);
 /* The feature row (in the whole feature tensor) of committed position pos of slot seq,

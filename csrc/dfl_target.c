@@ -896,7 +896,8 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
                                       r->kind == DFL_STEP_DECODE ? r->logits : LOGITS_ALL,
                                       r->kind == DFL_STEP_TREE ? &vq->tree : NULL,
                                       vq->commit.active ? &vq->commit : NULL, src, { 0 }, 0, 0 };
-        step.seg[i].feat_at = dfl_memory_features_at(&t->mem, r->seq, q->n_past, r->n);
+        step.seg[i].feat_at = dfl_memory_features_at(&t->mem, r->seq, q->n_past, r->n,
+                                                     dfl_token_source_taken(source, t, r->seq));
         tokens[i] = r->tokens;
     }
     TRY(run_step(t, &step, tokens));
@@ -921,8 +922,9 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
 
 /* Plain decoding's step, one call a token: the host loop crosses into the library once
  * per step instead of once per input staged and result read. */
-DFL_API dfl_status dfl_target_decode_next(dfl_target * t, const int32_t * seqs, const int32_t * tokens, const float * u,
-                                          int32_t n, int32_t * choices, int64_t * copies) {
+DFL_API dfl_status dfl_target_decode_next(dfl_target * t, const dfl_token_source * source, const int32_t * seqs,
+                                          const int32_t * tokens, const float * u, int32_t n, int32_t * choices,
+                                          int64_t * copies) {
     if (!t || !seqs || !tokens || !choices || n <= 0 || n > DFL_MAX_SEQ) {
         return dfl_fail(DFL_ERR_ARGUMENT, "decode_next needs a target and 1..%d sequences' tokens and choices",
                         DFL_MAX_SEQ);
@@ -935,7 +937,7 @@ DFL_API dfl_status dfl_target_decode_next(dfl_target * t, const int32_t * seqs, 
         }
         rows[i] = (dfl_rows) { seqs[i], DFL_STEP_DECODE, 1, &tokens[i], NULL, LOGITS_LAST };
     }
-    TRY(dfl_target_step(t, NULL, rows, n));
+    TRY(dfl_target_step(t, source, rows, n));
     TRY(dfl_target_choices(t, choices, 0, n));
     if (copies) {
         last_copies(t, copies);
@@ -1414,10 +1416,8 @@ struct ggml_tensor * dfl_target_output_norm(const dfl_target * t) { return t->m.
 const dfl_rope_scaling * dfl_target_rope_scaling(const dfl_target * t) { return &t->m.rope; }
 struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t) { return t->mem.features; }
 int64_t dfl_target_feature_of(const dfl_target * t, int seq, int pos) { return dfl_memory_feature_of(&t->mem, seq, pos); }
-void dfl_target_features_taken(dfl_target * t, int seq, int pos) { dfl_memory_features_taken(&t->mem, seq, pos); }
-
-DFL_API int32_t dfl_target_feature_room(const dfl_target * t, int32_t seq) {
-    return t && seq >= 0 && seq < t->mem.n_seq && t->mem.features ? dfl_memory_features_room(&t->mem, seq) : 0;
+int dfl_target_feature_room(const dfl_target * t, int seq, int taken) {
+    return t->mem.features ? dfl_memory_features_room(&t->mem, seq, taken) : 0;
 }
 
 int dfl_target_feature_layers(const dfl_target * t, int32_t * layers, int max_n) {

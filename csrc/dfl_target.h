@@ -41,8 +41,8 @@ struct ggml_tensor * dfl_target_feature_tensor(const dfl_target * t);
 /* The row of that tensor holding the features of committed position pos of slot seq, or
  * -1 when it holds them no longer (the slot ran a graph since) or not yet. */
 int64_t dfl_target_feature_of(const dfl_target * t, int seq, int pos);
-/* A drafter took slot seq's positions before pos: the slot's next call may let go of
- * their feature rows. */
-void dfl_target_features_taken(dfl_target * t, int seq, int pos);
+/* Rows slot seq's next call may have while its feature rows keep what a drafter that
+ * has taken the positions before `taken` lacks (0 without feature layers). */
+int dfl_target_feature_room(const dfl_target * t, int seq, int taken);
 
 #endif

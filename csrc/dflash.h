@@ -196,9 +196,12 @@ dfl_status dfl_target_step(dfl_target * target, const dfl_token_source * source,
  * dfl_target_redraw). u: each row's uniform for a sequence that samples, staged as
  * dfl_target_set_uniforms would (u[i] < 0, or u NULL: none staged, as for greedy);
  * penalties and masks are staged beforehand as for a step. copies (may be NULL): the
- * step graph's splits and the bytes the scheduler copied between devices in it. */
-dfl_status dfl_target_decode_next(dfl_target * target, const int32_t * seqs, const int32_t * tokens, const float * u,
-                                  int32_t n, int32_t * choices, int64_t * copies);
+ * step graph's splits and the bytes the scheduler copied between devices in it. source:
+ * the sequences' drafter (dfl_draft_tokens; may be NULL), as for a step: the feature
+ * rows it still lacks are kept. */
+dfl_status dfl_target_decode_next(dfl_target * target, const dfl_token_source * source, const int32_t * seqs,
+                                  const int32_t * tokens, const float * u, int32_t n, int32_t * choices,
+                                  int64_t * copies);
 
 /* Keep the first n_keep tokens of the sequence's last chain verify (0 <= n_keep <= its length). */
 dfl_status dfl_target_commit(dfl_target * target, int32_t seq, int32_t n_keep);
@@ -242,10 +245,6 @@ dfl_status dfl_target_choices(dfl_target * target, int32_t * dst, int32_t row0, 
  * order, whatever else ran in the step), [n_rows][n_feature_layers * n_embd] float32.
  * Each sequence keeps its own until its next call. */
 dfl_status dfl_target_features(const dfl_target * target, int32_t seq, float * dst, int32_t row0, int32_t n_rows);
-/* Rows the sequence's next call may have while its feature rows keep every committed
- * position a drafter has yet to take (a drafter may stay behind by several calls: see
- * dfl_draft_propose); 0 without feature layers. */
-int32_t dfl_target_feature_room(const dfl_target * target, int32_t seq);
 
 /* ---- tree verify layout (for tools and tests) ----------------------------------------------
  *
@@ -441,6 +440,12 @@ dfl_status dfl_draft_reset(dfl_draft * draft);
 dfl_status dfl_draft_seq_reset(dfl_draft * draft, int32_t seq);
 /* Context positions the drafter holds for a sequence (-1: no such sequence). */
 int32_t dfl_draft_n_past(const dfl_draft * draft, int32_t seq);
+/* 1 when the drafter must take the positions of the sequence it lacks before the
+ * target's next call of up to n_rows rows in the slot, which would otherwise let their
+ * feature rows go. While it need not, it may stay behind by several calls (auto's plain
+ * decoding runs no drafter graph): its memory is the one record of how far it is; 0
+ * also for a bad drafter or sequence. */
+int32_t dfl_draft_catch_up_due(const dfl_draft * draft, int32_t seq, int32_t n_rows);
 
 /* Take the positions the sequence's target committed since the drafter's last graph
  * for it (after a prefill chunk, or to catch up before the sequence's next target call),

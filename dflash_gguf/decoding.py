@@ -52,8 +52,9 @@ class Sequence:
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
         self.bonus: Optional[int] = None  # the next token the target has not seen
         self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
-        self.committed: List[int] = []    # tokens the target committed that the drafter has yet to take
-        self.room_left = 0                # feature rows its next call surely has (catch_up_due)
+        # the tokens of the context's positions (the prompt, then what steps committed),
+        # kept with a drafter: the positions it lacks are those from its own n_past on
+        self.context: List[int] = list(prompt) if draft is not None else []
         self.row0 = 0                     # its first row in the current step's results
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
@@ -70,17 +71,14 @@ class Sequence:
 
     def catch_up_due(self) -> bool:
         """Whether a step that drafts nothing must still let the drafter take the
-        positions it lacks: the slot's feature rows keep them past the step's call only
-        with room for its rows (at most the proposer's lookahead). The target is asked only
-        when the room it last reported may have run out, each call since having taken at
-        most lookahead rows of it; step() starts the count again when the drafter takes."""
-        look = self.proposer.lookahead
-        self.room_left -= look
-        if not self.committed:
-            return False
-        if self.room_left <= look:
-            self.room_left = self.target.feature_room(self.slot)
-        return self.room_left <= look
+        positions it lacks: the drafter decides, from its own record, whether the slot's
+        feature rows keep them past the step's call (at most the proposer's lookahead rows)."""
+        return self.draft.catch_up_due(self.slot, self.proposer.lookahead)
+
+    def lacking(self) -> List[int]:
+        """The tokens of the positions the drafter has yet to take: from its n_past on
+        (the drafter's record, the one there is) to the context's end."""
+        return self.context[self.draft.n_past(self.slot):]
 
     @property
     def prefilled(self) -> bool:
@@ -144,7 +142,7 @@ class Sequence:
         """A step committed these tokens (its old bonus, then the accepted drafts) and
         chose the next bonus; the drafter takes them in its next block."""
         if self.draft is not None:
-            self.committed += committed
+            self.context += committed
         self.n_past += len(committed)
         self.bonus = bonus
 
@@ -174,8 +172,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         # proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs no
         # drafter graph; its next drafted block takes them all first
         if s.draft is not None and (b or s.catch_up_due()):
-            blocks.append((s.slot, s.bonus, b, s.committed))
-            s.committed, s.room_left = [], 0
+            blocks.append((s.slot, s.bonus, b, s.lacking()))
     if not blocks and all(s.proposer.decodes for s in seqs):
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
@@ -318,7 +315,8 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List
         sampler = s.sampler
         uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
         sampler.prepare_context(target, 1, seq=s.slot)
-    choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms)
+    draft = next((s.draft for s in seqs if s.draft is not None), None)  # a batch's sequences share it
+    choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms, draft)
     splits, copied = target.last_copies()
     seconds = 0.0 if t0 is None else time.perf_counter() - t0
     for row, s in enumerate(seqs):
@@ -330,7 +328,7 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List
             s.proposer.verified(s, Proposal([s.bonus], decode=True), [0], [choices[row]], seconds)
             s.stats.verify_seconds += seconds
         if s.draft is not None:
-            s.committed.append(s.bonus)
+            s.context.append(s.bonus)
         s.n_past += 1
         s.bonus = choices[row]
     return [s._emitted([c], record=s.speculative) for s, c in zip(seqs, choices)]

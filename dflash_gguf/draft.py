@@ -137,6 +137,12 @@ class Draft(NativeObject):
             raise ValueError(f"sequence {seq} is outside the target's slots")
         return int(n)
 
+    def catch_up_due(self, seq: int, n_rows: int) -> bool:
+        """Whether the drafter must take the positions of the sequence it lacks before
+        the target's next call of up to n_rows rows in the slot, which would let their
+        features go. The drafter's memory is the one record of how far it is."""
+        return bool(lib.dfl_draft_catch_up_due(self._handle(), int(seq), int(n_rows)))
+
     def info(self) -> dict:
         info = ffi.new("dfl_draft_info *")
         check(lib.dfl_draft_get_info(self._handle(), info))

@@ -187,11 +187,6 @@ class Target(NativeObject):
             raise ValueError(f"sequence {seq} is outside 0..{self.n_seq - 1}")
         return int(n)
 
-    def feature_room(self, seq: int = 0) -> int:
-        """Rows the sequence's next call may have while its feature rows keep every
-        position a drafter has yet to take (0 without feature layers)."""
-        return int(lib.dfl_target_feature_room(self._handle(), int(seq)))
-
     def reset(self) -> None:
         """Forget every sequence's context."""
         check(lib.dfl_target_reset(self._handle()))
@@ -245,16 +240,18 @@ class Target(NativeObject):
         source = draft.device_tokens() if draft is not None else ffi.NULL
         check(lib.dfl_target_step(self._handle(), source, entries, len(rows)))
 
-    def decode_next(self, seqs: Sequence[int], tokens: Sequence[int], uniforms: Sequence[float]) -> list:
+    def decode_next(self, seqs: Sequence[int], tokens: Sequence[int], uniforms: Sequence[float], draft=None) -> list:
         """Plain decoding's step: sequence seqs[i] appends tokens[i] and its row chooses the
         next token, with uniforms[i] when it samples (-1 when greedy); returns the choices
         (-1: see choices()). Penalties and masks are staged beforehand, as for step();
-        graph_copies() is the step's."""
+        graph_copies() is the step's. draft: the sequences' drafter, whose feature rows
+        the target keeps while it lacks them (as for step())."""
         n = len(seqs)
         s, t, u = self._next_seqs, self._next_tokens, self._next_u
         for i in range(n):
             s[i], t[i], u[i] = seqs[i], tokens[i], uniforms[i]
-        check(lib.dfl_target_decode_next(self._handle(), s, t, u, n, self._next_out, self._next_copies))
+        source = draft.device_tokens() if draft is not None else ffi.NULL
+        check(lib.dfl_target_decode_next(self._handle(), source, s, t, u, n, self._next_out, self._next_copies))
         return ffi.unpack(self._next_out, n)
 
     def chain_step(self, draft, blocks: Sequence[tuple], p_min: float) -> List[List[int]]:

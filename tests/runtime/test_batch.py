@@ -218,7 +218,9 @@ def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
     propose whatever ran between (no flush before other graphs); its own next target calls
     keep them while they fit beside theirs (a drafter behind by several calls drafts as one
     that kept up), a call that does not fit replaces them, and a drafter that did not take
-    them first is refused with a reason."""
+    them first is refused with a reason. The target learns how far the drafter is from
+    the drafter's own record, through the calls given the drafter (the decoding loop gives
+    every call it); the drafter says when it must take them first (catch_up_due)."""
     target, draft = many
     alone, alone_draft = one
     texts = prompts(3, seed=51)
@@ -233,7 +235,7 @@ def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
     features = target.features(0, 5, seq=0)
     target.commit(3, seq=0)
     prefill(target, draft, texts[2], seq=2)                        # a prefill chunk of another sequence
-    target.step([Rows(1, CHAIN, [4, 5, 6]), Rows(2, DECODE, [7], logits=LOGITS_LAST)])
+    target.step([Rows(1, CHAIN, [4, 5, 6]), Rows(2, DECODE, [7], logits=LOGITS_LAST)], draft)
     target.commit(2, seq=1)
     np.testing.assert_array_equal(target.features(0, 5, seq=0), features)
     draft.propose_many([(0, texts[0][1], 8)])
@@ -245,13 +247,13 @@ def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
     alone_draft.append()
     alone.decode([9], LOGITS_LAST)
     alone_draft.propose(10, 8, read=False)
-    assert target.feature_room(1) == 64 - 2
-    target.decode([9], LOGITS_LAST, seq=1)
+    assert not draft.catch_up_due(1, 64 - 2) and draft.catch_up_due(1, 64 - 1)
+    target.step([Rows(1, DECODE, [9], logits=LOGITS_LAST)], draft)
     draft.propose_many([(1, 10, 8)])
     assert draft.block(8, seq=1) == alone_draft.block(8)
     # ... but not behind a call that does not fit: the positions it lacks are gone
-    target.decode([11], LOGITS_LAST, seq=1)
-    assert target.feature_room(1) == 64 - 1
+    target.step([Rows(1, DECODE, [11], logits=LOGITS_LAST)], draft)
+    assert not draft.catch_up_due(1, 64 - 1) and draft.catch_up_due(1, 64)
     target.decode(list(range(20, 84)), LOGITS_LAST, seq=1)
     with pytest.raises(DflashError, match="gone"):
         draft.propose_many([(1, 12, 8)])
