@@ -177,7 +177,7 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # lean path, its drafters left behind
-        return decode_step(target, seqs, t0)
+        return decode_step(target, seqs, t0, draft)
     if _fused(seqs, blocks):
         return chain_step(target, draft, seqs, blocks, t0)
     if blocks:
@@ -300,7 +300,7 @@ def commit(seq: Sequence, p: Proposal, path: List[int]) -> None:
         seq.target.commit(len(path), seq=seq.slot)
 
 
-def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List[List[int]]:
+def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None, draft=None) -> List[List[int]]:
     """step() of sequences that all decode plainly (the last token alone, as PlainProposer
     proposes): their last tokens in one call of the target, which returns their choices.
     The per-token host work is what bounds plain decoding's speed on a small model, so
@@ -308,14 +308,14 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None) -> List
     allocated once.
 
     t0: the step's start when step() hands over speculative sequences that draft
-    nothing this step; each one's committed token waits for its drafter, and its
+    nothing this step; each one's committed token waits for its drafter (`draft`, which
+    the target is told of so that it keeps the feature rows the drafter lacks), and its
     proposer hears of the step as of a proposal of the last token alone."""
     uniforms = []
     for s in seqs:
         sampler = s.sampler
         uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
         sampler.prepare_context(target, 1, seq=s.slot)
-    draft = next((s.draft for s in seqs if s.draft is not None), None)  # a batch's sequences share it
     choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms, draft)
     splits, copied = target.last_copies()
     seconds = 0.0 if t0 is None else time.perf_counter() - t0

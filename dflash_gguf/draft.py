@@ -121,6 +121,7 @@ class Draft(NativeObject):
         self.n_vocab = target.n_vocab
         self.top_k = int(cfg.top_k)
         self._row0: Dict[int, int] = {}  # per sequence: its first drafted row in the last propose's results
+        self._source = lib.dfl_draft_tokens(self._ptr)  # what its target reads: fixed for the drafter's life
 
     def _handle(self):
         self._target._handle()  # the drafter reads the target's weights and features
@@ -141,7 +142,7 @@ class Draft(NativeObject):
         """Whether the drafter must take the positions of the sequence it lacks before
         the target's next call of up to n_rows rows in the slot, which would let their
         features go. The drafter's memory is the one record of how far it is."""
-        return bool(lib.dfl_draft_catch_up_due(self._handle(), int(seq), int(n_rows)))
+        return lib.dfl_draft_catch_up_due(self._handle(), seq, n_rows) != 0
 
     def info(self) -> dict:
         info = ffi.new("dfl_draft_info *")
@@ -207,8 +208,11 @@ class Draft(NativeObject):
         return self._row0.get(seq, 0)
 
     def device_tokens(self):
-        """The last blocks as device tokens, the source a target's chain verify reads."""
-        return lib.dfl_draft_tokens(self._handle())
+        """What the drafter shows its target (dfl_token_source): the last blocks as device
+        tokens, which a target's chain verify reads, and how far it has taken the target's
+        features."""
+        self._handle()
+        return self._source
 
     def block(self, n: int, seq: int = 0) -> List[int]:
         """The first n tokens of the sequence's last proposed block: the bonus, then the drafts."""

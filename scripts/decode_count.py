@@ -30,7 +30,8 @@ from dflash_gguf.bench import provenance
 
 # Run by each install's interpreter: decode n tokens and print what came out.
 CHILD = """
-import sys
+import os, sys
+os.environ["DFLASH_AUTO_MEMORY"] = "off"  # what auto learnt in earlier runs stays out of the count
 import numpy as np
 from dflash_gguf import budget, verify_cost
 from dflash_gguf.demo import DEMO_PROMPT, demo_paths
@@ -44,6 +45,7 @@ if mode == "auto-plain":  # auto held on its plain arm: no decision, probe or co
         self.current = self.arm = budget.PLAIN
         self.next_decision = self.next_survey = self.to_probe = self.next_probe = 10**9
     def flat(self, target, n_threads=0, cache=None):
+        self.key = "flat"
         self.sizes, self.tree_seconds, self.chain_seconds = np.array([1.0, 64.0]), np.ones(2), np.ones(2)
     budget.AutoBudget.__init__, verify_cost.VerifyCost.__init__ = held, flat
 sampling = SamplingParams(temperature=temp, top_k=20, top_p=0.95, seed=1) if temp > 0 else None

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """dflash-bench of two installs of the project, before and after a change, taking turns:
-each round runs one dflash-bench per install (our engine only, the modes given, the
-bundled demo pair unless -m/-md), the install that goes first alternating from round to
-round. Per row (mode and sampling), the table gives each install's median tok/s over
-every round's repetitions and the median of the per-round ratios after / before. Time
-it on an idle machine: nothing else running (ggml's threads spin).
+each round runs, mode by mode, four dflash-benches of that mode alone (our engine only,
+the bundled demo pair unless -m/-md) in the order before, after, after, before, so that
+a machine whose speed drifts over minutes (this one's does: a first run of a round was
+up to 1.5x the second, results/install-ab-2026-11-26-step.json) weighs on both installs
+alike. Per row (mode and sampling), the table gives each install's median tok/s over
+every repetition and the median of the per-round ratios, a round's ratio being the
+after runs' summed medians over the before runs'. Time it on an idle machine: nothing
+else running (ggml's threads spin).
 
     .venv/bin/python scripts/install_ab.py --before OLD/.venv/bin/python --after .venv/bin/python \
         --rounds 3 --out results/install-ab-<date>.json
@@ -47,29 +50,29 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
-    bench_args = ["--modes", args.modes, *args.rest]
     runs = []
     for r in range(args.rounds):
-        order = [("before", args.before), ("after", args.after)]
-        for side, python in order if r % 2 == 0 else order[::-1]:
-            load = load_average()
-            rows = bench(python, bench_args)
-            runs.append({"round": r, "side": side, "load_1m_at_start": load, "rows": rows})
-            print(f"round {r} {side}: " + ", ".join(f"{x['mode']} ({x['sampling']}) {x['decode_tok_s']['median']:.0f}"
-                                                    for x in rows), flush=True)
+        for mode in args.modes.split(","):
+            for side, python in (("before", args.before), ("after", args.after), ("after", args.after),
+                                 ("before", args.before)):
+                load = load_average()
+                rows = bench(python, ["--modes", mode, *args.rest])
+                runs.append({"round": r, "side": side, "load_1m_at_start": load, "rows": rows})
+                print(f"round {r} {side}: " + ", ".join(f"{x['mode']} ({x['sampling']}) "
+                                                        f"{x['decode_tok_s']['median']:.0f}" for x in rows), flush=True)
     table = []
-    keys = [(x["mode"], x["sampling"]) for x in runs[0]["rows"]]
+    keys = list(dict.fromkeys((x["mode"], x["sampling"]) for run in runs for x in run["rows"]))
     for mode, sampling in keys:
+        def medians(side, r=None):
+            return [x["decode_tok_s"]["median"] for run in runs if run["side"] == side and r in (None, run["round"])
+                    for x in run["rows"] if (x["mode"], x["sampling"]) == (mode, sampling)]
+
         def reps(side):
             return [v for run in runs if run["side"] == side for x in run["rows"]
                     if (x["mode"], x["sampling"]) == (mode, sampling) for v in x["decode_tok_s_per_rep"]]
 
-        def per_round(side):
-            return {run["round"]: x["decode_tok_s"]["median"] for run in runs if run["side"] == side
-                    for x in run["rows"] if (x["mode"], x["sampling"]) == (mode, sampling)}
-
-        before, after = per_round("before"), per_round("after")
-        ratios = [after[k] / before[k] for k in before if k in after]
+        ratios = [sum(medians("after", r)) / sum(medians("before", r)) for r in range(args.rounds)
+                  if medians("after", r) and medians("before", r)]
         table.append({"mode": mode, "sampling": sampling, "before_tok_s": statistics.median(reps("before")),
                       "after_tok_s": statistics.median(reps("after")), "ratio_per_round": ratios,
                       "ratio_median": statistics.median(ratios)})

@@ -965,25 +965,29 @@ def test_training_scripts_report_both_drafters_acceptance(tmp_path):
 
 
 def test_install_ab_takes_turns_and_reports_per_round_ratios(tmp_path, monkeypatch):
-    """scripts/install_ab.py: the installs alternate which runs first from round to round,
-    and each row's ratio is the median of the per-round ratios after / before."""
+    """scripts/install_ab.py: each round runs each mode alone four times, before, after,
+    after, before (a drift over the round weighs on both alike), and each row's ratio is
+    the median of the per-round ratios, the after runs' summed medians over the before's."""
     install_ab = load_script("install_ab")
-    speeds = {"old": {"plain": [100.0, 110.0], "chain": [50.0, 40.0]},
-              "new": {"plain": [100.0, 121.0], "chain": [75.0, 20.0]}}
+    speeds = {"old": {"plain": [100.0, 110.0, 90.0, 100.0], "chain": [50.0, 40.0, 50.0, 50.0]},
+              "new": {"plain": [100.0, 121.0, 100.0, 100.0], "chain": [75.0, 20.0, 50.0, 50.0]}}
     calls = []
 
     def bench(python, args):
-        calls.append(python)
-        r = sum(1 for c in calls if c == python) - 1
-        return [{"engine": "ours", "mode": mode, "sampling": "greedy",
-                 "decode_tok_s": {"median": by_round[r]}, "decode_tok_s_per_rep": [by_round[r]]}
-                for mode, by_round in speeds[python].items()]
+        mode = args[args.index("--modes") + 1]
+        calls.append((python, mode))
+        r = sum(1 for c in calls if c == (python, mode)) - 1
+        v = speeds[python][mode][r]
+        return [{"engine": "ours", "mode": mode, "sampling": "greedy", "decode_tok_s": {"median": v},
+                 "decode_tok_s_per_rep": [v]}]
 
     monkeypatch.setattr(install_ab, "bench", bench)
     out = tmp_path / "ab.json"
-    assert install_ab.main(["--before", "old", "--after", "new", "--rounds", "2", "--out", str(out)]) == 0
-    assert calls == ["old", "new", "new", "old"]
+    assert install_ab.main(["--before", "old", "--after", "new", "--rounds", "2", "--modes", "plain,chain",
+                            "--out", str(out)]) == 0
+    order = ["old", "new", "new", "old"]
+    assert calls == [(p, m) for m in ("plain", "chain") for p in order] * 2
     table = {row["mode"]: row for row in json.loads(out.read_text())["table"]}
-    assert table["plain"]["ratio_per_round"] == [1.0, 1.1]
-    assert table["chain"]["ratio_median"] == pytest.approx((1.5 + 0.5) / 2)
-    assert table["plain"]["before_tok_s"] == 105.0 and table["plain"]["after_tok_s"] == 110.5
+    assert table["plain"]["ratio_per_round"] == [221.0 / 210.0, 200.0 / 190.0]
+    assert table["chain"]["ratio_median"] == pytest.approx((95.0 / 90.0 + 1.0) / 2)
+    assert table["plain"]["before_tok_s"] == 100.0 and table["plain"]["after_tok_s"] == 100.0
