@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence as Seq
 
 from .decoding import Batch, Sequence
 from .engine import Engine, TextStream
@@ -40,7 +40,7 @@ class Job:
     tokens: List[int]
     max_tokens: int
     sink: Callable[[str, object], None]  # sink(kind, value): ("text", str), ("done", Job), ("error", Exception)
-    stop: Sequence[str] = ()
+    stop: Seq[str] = ()
     sampling: Optional[SamplingParams] = None
     speculative: bool = True
     context_full: str = "error"

@@ -9,7 +9,6 @@ against the fastest fixed row of each file pooled over every repetition of every
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path

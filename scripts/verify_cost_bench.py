@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 from dflash_gguf import real_models
 from dflash_gguf.bench import llama_cpp, method, provenance

@@ -354,7 +354,7 @@ def write_readme(info: dict) -> None:
         f"  FFN 768) over [embedding; hidden], its own norm and LM head over a {a['draft_vocab']}-token draft",
         f"  vocabulary (`d2t`; it holds {m['label_coverage']:.1%} of the held-out labels); the target's embedding",
         f"  (shipped as `token_embd`). {info['params'] / 1e6:.2f}M parameters besides the embedding.",
-        f"- data: the MTP head's (same on-policy sequences, same frozen target).",
+        "- data: the MTP head's (same on-policy sequences, same frozen target).",
         f"- training: {a['steps']} steps of {a['batch']} sequences, every position an anchor, {a['ttt_steps']} "
         "training-time-test",
         f"  steps (step k weighted {a['step_decay']:g}^(k-1)), labels the target's greedy tokens; AdamW, cosine, "
@@ -370,7 +370,7 @@ def write_readme(info: dict) -> None:
         "",
         f"Estimated chain acceptance length at n-max {a['ttt_steps']}: {m['est_al']:.2f}.",
         "",
-        f"llama.cpp (`llama-speculative-simple -m demo-target.gguf -md demo-eagle3.gguf --spec-type draft-eagle3",
+        "llama.cpp (`llama-speculative-simple -m demo-target.gguf -md demo-eagle3.gguf --spec-type draft-eagle3",
         f"--spec-draft-n-max {a['ttt_steps']} --spec-draft-p-min 0 --temp 0 -n {a['n_predict']}`) on the prompts of",
         "`dflash_gguf/bench/prompts.py` (counts, not timings):",
         "",
