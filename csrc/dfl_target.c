@@ -105,6 +105,15 @@ int dfl_target_max_tree_nodes(const dfl_target * t) {
     return t->p.n_verify < DFL_MAX_TREE ? t->p.n_verify : DFL_MAX_TREE;
 }
 
+/* The most tokens a decode may bring into a step beside the other slots' verifies: the
+ * rows of a prefill chunk (n_ubatch) less a verify for every other slot, so that a
+ * shared step holds no more rows than a chunk alone; a decode of n_verify tokens or
+ * fewer is a verify's size and shares any step. */
+int dfl_target_shared_chunk(const dfl_target * t) {
+    const int shared = t->p.n_ubatch - (t->mem.n_seq - 1) * t->p.n_verify;
+    return shared > t->p.n_verify ? shared : t->p.n_verify;
+}
+
 static dfl_status host_reserve(dfl_target * t, int n, size_t mask) {
     if ((size_t) n > t->host_rows) {
         free(t->host_i32);
@@ -143,6 +152,18 @@ static dfl_step full_step(const dfl_target * t, int kind, int n, const tree_plan
     return step;
 }
 
+/* A full step whose last sequence brings a prompt chunk of n tokens instead of its
+ * verify (the chunk's last row sampled, its features kept), as a batch of running
+ * sequences has a joining prompt's chunk follow their rows. */
+static void shared_chunk_step(const dfl_target * t, dfl_step * step, int n) {
+    const int last = step->n_seg - 1;
+    const int row0 = step->seg[last].row0;
+    step->seg[last] = (dfl_segment) { last, DFL_STEP_DECODE, n, row0, t->p.n_ctx - n, t->p.n_ctx, LOGITS_LAST,
+                                      NULL, NULL, NULL, { 0 }, 0, 0 };
+    step->n_rows = row0 + n;
+    step->n_out = row0 + 1;
+}
+
 dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void * user) {
     dfl_runtime * rt = &t->rt;
     graph_inputs in;
@@ -168,6 +189,15 @@ dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void *
     const pending_commit tree_commit = { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
     /* a chain commit has nothing to do without recurrent layers */
     const pending_commit chain_commit = { .active = true, .tree = false, .n_keep = 1, .n_replay = t->p.n_verify };
+    /* a prompt's chunk sharing the prefill slot's step with every other slot's verify
+     * (dfl_target_shared_chunk), when the chunk outgrows a verify */
+    const int shared = dfl_target_shared_chunk(t);
+    for (int k = 0; t->mem.n_seq > 1 && shared > t->p.n_verify && k < 2; k++) {
+        step = k == 0 ? full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit)
+                      : full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL);
+        shared_chunk_step(t, &step, shared);
+        visit(rt, 0, dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 0), &in), user);
+    }
     for (int slot = 1; slot < rt->n_slots; slot++) {
         step = full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit);
         visit(rt, slot, dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, slot), &in), user);
@@ -520,6 +550,7 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     snprintf(info->arch, sizeof info->arch, "%s", t->m.arch->name);
     info->n_last_nodes = t->rt.n_last_nodes;
     info->n_last_replay = t->n_last_replay;
+    info->n_shared_chunk = dfl_target_shared_chunk(t);
     info->n_host_writes = t->rt.traffic->writes;
     info->n_host_reads = t->rt.traffic->reads;
     info->n_host_write_bytes = t->rt.traffic->write_bytes;
@@ -805,9 +836,9 @@ static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src
             if (r->n > t->p.n_ubatch) {
                 return dfl_fail(DFL_ERR_CAPACITY, "decode of %d tokens exceeds the ubatch size %d", r->n, t->p.n_ubatch);
             }
-            if (r->n > t->p.n_verify && n_entries > 1) {
-                return dfl_fail(DFL_ERR_ARGUMENT, "a decode of %d tokens (more than n_verify %d) runs in a step of its own",
-                                r->n, t->p.n_verify);
+            if (n_entries > 1 && r->n > dfl_target_shared_chunk(t)) {
+                return dfl_fail(DFL_ERR_CAPACITY, "a decode of %d tokens exceeds the %d a step shares with other "
+                                "sequences' rows", r->n, dfl_target_shared_chunk(t));
             }
             if (r->logits < LOGITS_NONE || r->logits > LOGITS_ALL) {
                 return dfl_fail(DFL_ERR_ARGUMENT, "logits mode must be 0, 1 or 2");

@@ -23,7 +23,7 @@ import time
 from typing import Iterator, List, Optional, Sequence as Seq, Tuple
 
 from .ddtree import accept_path
-from .generate import GenerationStats, Placement, Request, check_request, prefill_chunks, start_context
+from .generate import GenerationStats, Placement, Prefill, Request, check_request, start_context
 from .proposers import Proposal, accepted_prefix
 from .sampling import Sampler
 from .target import CHAIN, DECODE, LOGITS_LAST, TREE, Rows
@@ -56,6 +56,8 @@ class Sequence:
         # kept with a drafter: the positions it lacks are those from its own n_past on
         self.context: List[int] = list(prompt) if draft is not None else []
         self.row0 = 0                     # its first row in the current step's results
+        self.prefill: Optional[Prefill] = None  # its prompt going in (start_prefill)
+        self._t_prefill = 0.0
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
         self._t_start = 0.0
@@ -80,37 +82,48 @@ class Sequence:
         (the drafter's record, the one there is) to the context's end."""
         return self.context[self.draft.n_past(self.slot):]
 
-    @property
-    def prefilled(self) -> bool:
-        """The whole prompt is in its slot."""
-        return self.target.seq_n_past(self.slot) == len(self.prompt)
-
     # -- the prompt -------------------------------------------------------------------------
-    def prefill_chunks(self) -> Iterator[None]:
-        """Put the prompt into the sequence's slot (after the `reused` tokens it holds
-        already), a chunk at a time: yields after each, so that other sequences' steps
-        can run in between."""
+    def start_prefill(self) -> Prefill:
+        """Begin putting the prompt into the sequence's slot (after the `reused` tokens it
+        holds already): its chunks (generate.Prefill) run in steps of their own
+        (prefill_chunks) or beside other sequences' rows (Batch), chunk_ran after each."""
         stats = self.stats
         stats.prompt_tokens = len(self.prompt)
-        t0 = time.perf_counter()
+        self._t_prefill = time.perf_counter()
         stats.reused_tokens = start_context(self.target, self.prompt, self.reused, self.draft, self.slot)
         self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot)
         self.sampler.prepare(self.target, 1, seq=self.slot)  # the prompt's last row chooses the first token
-        for _ in prefill_chunks(self.target, self.prompt, stats.reused_tokens, self.draft, self.saver, self.stage,
-                                self.slot):
-            stats.prefill_seconds = time.perf_counter() - t0
+        self.prefill = Prefill(self.target, self.prompt, stats.reused_tokens, self.draft, self.saver, self.stage,
+                               self.slot)
+        return self.prefill
+
+    def chunk_ran(self) -> None:
+        """The prefill's chunk has run (in a step whose results have the chunk's choice,
+        when it is the prompt's last, at row `row0`)."""
+        self.prefill.ran()
+        stats = self.stats
+        stats.prefill_seconds = time.perf_counter() - self._t_prefill
+        if self.prefill.done:
+            stats.stop_reason = "length"
+            self._t_start = time.perf_counter()
+            self.stage("prefilled")
+
+    def prefill_chunks(self) -> Iterator[None]:
+        """The whole prompt, each chunk (of up to n_ubatch tokens) in a step of its own,
+        yielding after each."""
+        prefill = self.start_prefill()
+        while not prefill.done:
+            self.target.step([prefill.rows(self.target.n_ubatch)])
+            self.row0 = 0
+            self.chunk_ran()
             yield
-        stats.prefill_seconds = time.perf_counter() - t0
-        stats.stop_reason = "length"
-        self._t_start = time.perf_counter()
-        self.stage("prefilled")
 
     def first(self) -> List[int]:
         """The first token, chosen by the prompt's last row (none when max_tokens is 0)."""
         if self.max_tokens == 0:
             self.done = True
             return []
-        self.bonus = int(self.sampler.choices(self.target, 0, 1, self.slot)[0])
+        self.bonus = int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0])
         return self._emitted([self.bonus], record=False)
 
     def _emitted(self, new: List[int], record: bool = True) -> List[int]:
@@ -157,11 +170,14 @@ class Sequence:
         self.proposer.finish(self)
 
 
-def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
+def step(target, draft, seqs: Seq[Sequence], joining: Optional[Tuple[Sequence, Rows]] = None) -> List[List[int]]:
     """One step of every sequence in `seqs` (each past its first token, not done): the
     tokens each keeps, in order. Records each speculative sequence's pass (its accepted
-    length, the step's drafting and verify seconds and the rest)."""
-    if not any(s.speculative for s in seqs):
+    length, the step's drafting and verify seconds and the rest). joining: a sequence
+    whose prompt chunk (its Prefill's rows, at most target.n_shared_chunk tokens) the
+    target's graph takes after the others' rows; the chunk's choice, if any, is then
+    at the sequence's row0 (it has yet to be told: Sequence.chunk_ran)."""
+    if joining is None and not any(s.speculative for s in seqs):
         return decode_step(target, seqs)
     t0 = time.perf_counter()
     blocks = []
@@ -173,12 +189,12 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         # drafter graph; its next drafted block takes them all first
         if s.draft is not None and (b or s.catch_up_due()):
             blocks.append((s.slot, s.bonus, b, s.lacking()))
-    if not blocks and all(s.proposer.decodes for s in seqs):
+    if joining is None and not blocks and all(s.proposer.decodes for s in seqs):
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # lean path, its drafters left behind
         return decode_step(target, seqs, t0, draft)
-    if _fused(seqs, blocks):
+    if joining is None and _fused(seqs, blocks):
         return chain_step(target, draft, seqs, blocks, t0)
     if blocks:
         draft.propose_many(blocks)
@@ -192,6 +208,9 @@ def step(target, draft, seqs: Seq[Sequence]) -> List[List[int]]:
         rows.append(r)
         if s.speculative:
             s.stage("drafted")
+    if joining is not None:
+        joining[0].row0 = row0
+        rows.append(joining[1])
     t1 = time.perf_counter()
     target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)
@@ -362,67 +381,120 @@ def sequence_steps(seq: Sequence) -> Iterator[List[int]]:
 
 class Batch:
     """Sequences decoded together, as a server runs them (continuous batching): a
-    sequence joins at a step boundary (add) and its prompt goes in a chunk per round,
-    between the others' steps; every round steps all the sequences past their prompt
-    together; a sequence leaves when it is done, or when it is dropped (cancelled). Its
-    slot must be its own while it is in the batch."""
+    sequence joins at a step boundary (add) and its prompt goes in over the following
+    rounds, a chunk riding in the running sequences' step; every round steps all the
+    sequences past their prompt together; a sequence leaves when it is done, or when it
+    is dropped (cancelled). Its slot must be its own while it is in the batch.
 
-    def __init__(self, target, draft):
+    n_batch (llama.cpp's -b, the logical batch): the tokens a round takes. The running
+    sequences' rows count at their most (n_verify each) and a joining prompt's first
+    chunk (at most target.n_shared_chunk tokens) rides in their step, in the same graph,
+    so that the running streams wait for one pass a round however long the prompt; the
+    round's further prompt tokens go in whole chunks of n_ubatch (-ub, the physical
+    batch) while they fit, each a pass of its own. None: n_ubatch, one pass a round."""
+
+    def __init__(self, target, draft, n_batch: Optional[int] = None):
+        if n_batch is not None and n_batch < 1:
+            raise ValueError(f"the batch size (tokens a round) must be >= 1, got {n_batch}")
         self.target, self.draft = target, draft
-        self.joining: List[tuple] = []  # (sequence, its prompt's chunks), in arrival order
+        self.n_batch = max(n_batch or target.n_ubatch, target.n_ubatch)
+        self.joining: List[Sequence] = []  # in arrival order, the first one's prompt going in
         self.active: List[Sequence] = []
 
     def __len__(self) -> int:
         return len(self.joining) + len(self.active)
 
     def add(self, seq: Sequence) -> None:
-        self.joining.append((seq, seq.prefill_chunks()))
+        self.joining.append(seq)
 
     def drop(self, seq: Sequence, clean: bool = True) -> None:
         """Take a sequence out between rounds (cancelled, or no more tokens wanted); clean:
         as Sequence.finish (between rounds it is: nothing has run since its last step)."""
-        for s, chunks in self.joining:
-            if s is seq:
-                chunks.close()
-        self.joining = [(s, chunks) for s, chunks in self.joining if s is not seq]
+        if seq in self.joining:
+            self.joining.remove(seq)
         if seq in self.active:
             self.active.remove(seq)
         seq.finish(clean)
 
     def advance(self) -> List[tuple]:
-        """One round: a chunk of the first joining sequence's prompt (its first token once
-        the prompt is in: the chunk's graph chose it), then one step of every sequence past
-        its prompt. Returns (sequence, tokens it emitted) of the round; a sequence that is
+        """One round: one step of every sequence past its prompt, the first joining
+        sequence's prompt chunk in its graph (its first token once the prompt is in: the
+        chunk's row chose it), then as many more of its chunks as the round's n_batch
+        holds. Returns (sequence, tokens it emitted) of the round; a sequence that is
         done has left the batch. A sequence whose chunk or step failed has left it too,
-        with the exception in its `error` (a failed step fails every sequence in it)."""
-        out = []
-        if self.joining:
-            seq, chunks = self.joining[0]
-            try:
-                if next(chunks, _END) is _END or seq.prefilled:
-                    for _ in chunks:  # the prompt is in: the rest is bookkeeping, no graph
-                        pass
-                    self.joining.pop(0)
-                    out.append((seq, seq.first()))
-                    if seq.done:
-                        seq.finish(clean=True)
-                    else:
-                        self.active.append(seq)
-            except Exception as e:  # noqa: BLE001 - the request fails, the batch goes on
-                self.joining = [j for j in self.joining if j[0] is not seq]
-                self.active = [s for s in self.active if s is not seq]
-                self._fail([seq], e, out)
+        with the exception in its `error` (a failed step fails every sequence in it,
+        the joining one whose chunk it carried too)."""
+        out: List[tuple] = []
+        joining = self._start_joining(out)
+        budget = self.n_batch - len(self.active) * self.target.n_verify
         if self.active:
             running = list(self.active)
+            chunk = None
+            if joining is not None:
+                chunk = (joining, joining.prefill.rows(max(1, min(self.target.n_shared_chunk, budget))))
+                budget -= chunk[1].n_rows
             try:
-                out += list(zip(running, step(self.target, self.draft, running)))
+                out += list(zip(running, step(self.target, self.draft, running, chunk)))
             except Exception as e:  # noqa: BLE001
                 self.active = []
-                self._fail(running, e, out)
+                self._fail(running + ([joining] if chunk else []), e, out)
+                if chunk:
+                    self.joining.remove(joining)
+                return out
+            if chunk:
+                joining = self._chunk_ran(joining, out)
+        while joining is not None and budget >= self.target.n_ubatch:
+            # the round's further chunks, whole ones, each a pass of its own (with no
+            # running sequence, the first is one: n_batch is at least n_ubatch)
+            rows = joining.prefill.rows(self.target.n_ubatch)
+            budget -= rows.n_rows
+            try:
+                self.target.step([rows])
+            except Exception as e:  # noqa: BLE001 - the request fails, the batch goes on
+                self.joining.remove(joining)
+                self._fail([joining], e, out)
+                break
+            joining.row0 = 0
+            joining = self._chunk_ran(joining, out)
         for seq in [s for s in self.active if s.done]:
             self.active.remove(seq)
             seq.finish(clean=True)
         return out
+
+    def _start_joining(self, out: list) -> Optional[Sequence]:
+        """The first joining sequence, its prefill started (None: none joins, or its
+        start failed)."""
+        while self.joining:
+            seq = self.joining[0]
+            if seq.prefill is not None:
+                return seq
+            try:
+                seq.start_prefill()
+                return seq
+            except Exception as e:  # noqa: BLE001 - the request fails, the batch goes on
+                self.joining.pop(0)
+                self._fail([seq], e, out)
+        return None
+
+    def _chunk_ran(self, seq: Sequence, out: list) -> Optional[Sequence]:
+        """After a step that ran the joining sequence's chunk: the sequence still joining
+        (None once its prompt is in: its first token chosen, it runs from the next round)."""
+        try:
+            seq.chunk_ran()
+            if not seq.prefill.done:
+                return seq
+            self.joining.remove(seq)
+            out.append((seq, seq.first()))
+        except Exception as e:  # noqa: BLE001 - the request fails, the batch goes on
+            if seq in self.joining:
+                self.joining.remove(seq)
+            self._fail([seq], e, out)
+            return None
+        if seq.done:
+            seq.finish(clean=True)
+        else:
+            self.active.append(seq)
+        return None
 
     @staticmethod
     def _fail(seqs, error: BaseException, out: list) -> None:
@@ -432,5 +504,3 @@ class Batch:
             seq.finish(clean=False)
             out.append((seq, []))
 
-
-_END = object()

@@ -341,10 +341,11 @@ class Engine:
             self._grammar_vocab = GrammarVocab(self.tokenizer, self.target.n_vocab)
         return self._grammar_vocab
 
-    def batch(self) -> Batch:
+    def batch(self, n_batch: Optional[int] = None) -> Batch:
         """An empty decoding.Batch over the engine's target and drafter, where sequences
-        from sequence(), each in a slot of its own, run together (dflash-server -np)."""
-        return Batch(self.target, self.draft)
+        from sequence(), each in a slot of its own, run together (dflash-server -np);
+        n_batch: the tokens a round takes (-b; None: n_ubatch)."""
+        return Batch(self.target, self.draft, n_batch)
 
     def _resume(self, tokens: List[int], reused: int, use_draft: bool, stats: GenerationStats, slot: int) -> int:
         """Restore the longest checkpointed prefix of `tokens` that beats the context

@@ -25,8 +25,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens (default 4096; 0: the model's trained context)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
-    p.add_argument("-ub", "--ubatch-size", type=int, default=512, help="prompt tokens per graph (default 512)")
-    p.add_argument("-b", "--batch-size", type=int, help="prompt tokens per graph; alias of -ub (the smaller wins)")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512,
+                   help="physical batch: most prompt tokens per graph (default 512; at most -b)")
+    p.add_argument("-b", "--batch-size", type=int,
+                   help="logical batch, as llama.cpp's: tokens a round of dflash-server takes, the running "
+                        "streams' rows and a joining prompt's chunks (default: -ub, one graph a round)")
     p.add_argument("-ctk", "--cache-type-k", default="auto", choices=["auto", *sorted(KV_TYPES)],
                    help="attention K cache type (default auto: f16, or q8_0/q4_0 when f16 does not fit the "
                         "device or --memory-limit)")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, List, Optional
 
 from .sampling import SamplingParams
-from .target import LOGITS_LAST, LOGITS_NONE, Target
+from .target import DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target
 
 
 @dataclass
@@ -119,33 +119,59 @@ def start_context(target: Target, prompt: List[int], reused: int, draft=None, se
     return reused
 
 
+class Prefill:
+    """A prompt going into its sequence's slot a chunk at a time, after prompt[:start]:
+    rows(limit) gives the next chunk (a decode of at most `limit` tokens, ending at the
+    saver's positions; the prompt's last row chooses the first token), whoever runs it
+    (a step of its own, or a step beside other sequences' rows), then ran() lets the
+    drafter (when given) take the chunk's features, tells on_stage ("prefill chunk"; an
+    exception it raises stops the prefill there) and has a checkpoints.PrefillSaver take
+    its checkpoint where the chunk ends at one of its positions. A drafter behind the
+    context it continues (its last step's committed tokens, taken only by its next
+    graph) takes them first, before a chunk replaces their features."""
+
+    def __init__(self, target: Target, prompt: List[int], start: int, draft=None, saver=None,
+                 on_stage: Optional[Callable[[str], None]] = None, seq: int = 0):
+        self.target, self.prompt, self.draft, self.saver, self.seq = target, prompt, draft, saver, seq
+        self.on_stage = on_stage
+        self.marks = sorted(p for p in (saver.positions if saver else ()) if start < p <= len(prompt))
+        self.pos = start  # prompt tokens in the slot
+        self._end = start
+        if draft is not None and draft.n_past(seq) < start:
+            draft.append(prompt[draft.n_past(seq):start], seq=seq)
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= len(self.prompt)
+
+    def rows(self, limit: int) -> Rows:
+        """The next chunk: at most `limit` tokens, up to the next checkpoint position."""
+        end = min([m for m in self.marks if m > self.pos] + [len(self.prompt), self.pos + limit])
+        self._end = end
+        return Rows(self.seq, DECODE, self.prompt[self.pos:end],
+                    logits=LOGITS_LAST if end == len(self.prompt) else LOGITS_NONE)
+
+    def ran(self) -> None:
+        """The chunk rows() gave has run."""
+        chunk = self.prompt[self.pos:self._end]
+        self.pos = self._end
+        if self.draft is not None:
+            self.draft.append(chunk, seq=self.seq)
+        if self.on_stage is not None:
+            self.on_stage("prefill chunk")
+        if self.pos in self.marks:
+            self.saver.save(self.pos)
+
+
 def prefill_chunks(target: Target, prompt: List[int], start: int, draft=None, saver=None,
                    on_stage: Optional[Callable[[str], None]] = None, seq: int = 0) -> Iterator[None]:
-    """Put prompt[start:] into the sequence's context a chunk at a time (yielding after
-    each), the drafter (when given) taking each chunk's features; with a
-    checkpoints.PrefillSaver, chunks also end at its positions, where it takes a
-    checkpoint. on_stage("prefill chunk") follows each chunk (an exception it raises
-    stops the prefill there). A drafter behind the context it continues (its last step's
-    committed tokens, taken only by its next graph) takes them before the first chunk
-    replaces their features."""
-    marks = [p for p in (saver.positions if saver else ()) if start < p <= len(prompt)]
-    if draft is not None and draft.n_past(seq) < start:
-        draft.append(prompt[draft.n_past(seq):start], seq=seq)
-    pos = start
-    for end in sorted(set(marks) | {len(prompt)}):
-        tokens = prompt[pos:end]
-        for at in range(0, len(tokens), target.n_ubatch):
-            chunk = tokens[at:at + target.n_ubatch]
-            last = end == len(prompt) and at + len(chunk) == len(tokens)
-            target.decode(chunk, LOGITS_LAST if last else LOGITS_NONE, seq=seq)
-            if draft is not None:
-                draft.append(chunk, seq=seq)
-            if on_stage is not None:
-                on_stage("prefill chunk")
-            yield
-        pos = end
-        if end in marks:
-            saver.save(end)
+    """Put prompt[start:] into the sequence's context (Prefill), each chunk of up to
+    n_ubatch tokens in a step of its own, yielding after each."""
+    prefill = Prefill(target, prompt, start, draft, saver, on_stage, seq)
+    while not prefill.done:
+        target.step([prefill.rows(target.n_ubatch)])
+        prefill.ran()
+        yield
 
 
 CONTEXT_FULL = ("error", "stop")

@@ -537,7 +537,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.checkpoint_mib:
         total, device = checkpoint_budget(args, engine.memory_plan)
         engine.checkpoints = PrefixCheckpoints(total, args.checkpoint_every, device)
-    scheduler = Scheduler(engine, args.queue)
+    scheduler = Scheduler(engine, args.queue, args.batch_size)
     model_id = args.alias or os.path.basename(model)
     defaults = Defaults(args.sampling, args.n_predict, template_kwargs=args.template_kwargs,
                         reasoning_format=args.reasoning_format, system_prompt=args.system_prompt)

@@ -5,8 +5,9 @@ batching: dflash-server -np N).
 Requests are admitted (or refused when the queue is full) on the caller's thread; the
 worker thread, which owns the Engine, moves a waiting request into a free slot at the
 next step boundary and runs every running request in one decoding.Batch: each round,
-one chunk of a joining request's prompt, then one step of all the others together
-(one drafter graph, one target graph). A job's text pieces go to a sink the caller
+one step of all the others together (one drafter graph, one target graph), a chunk of
+a joining request's prompt in the same target graph, then as many more of its chunks
+as the round's -b holds. A job's text pieces go to a sink the caller
 chooses (an asyncio queue for the HTTP server). A cancelled job (its client went away)
 leaves the batch at the next round boundary, within a prompt chunk or a step, the
 others going on.
@@ -105,10 +106,11 @@ class Scheduler:
     jobs (the running ones are not counted), running up to one job per sequence slot of
     the Engine at once."""
 
-    def __init__(self, engine: Engine, max_queue: int = 16):
+    def __init__(self, engine: Engine, max_queue: int = 16, n_batch: Optional[int] = None):
         if max_queue < 0:
             raise ValueError(f"the queue size must be >= 0, got {max_queue}")
         self.engine = engine
+        self.n_batch = n_batch  # tokens a round takes (decoding.Batch; -b)
         self.max_queue = max_queue
         self.n_slots = engine.target.n_seq
         # what `auto` measures runs graphs on the target: before any request holds a slot
@@ -154,7 +156,7 @@ class Scheduler:
 
     # -- worker side --------------------------------------------------------------------
     def _work(self) -> None:
-        batch = self.engine.batch()
+        batch = self.engine.batch(self.n_batch)
         while True:
             with self._lock:
                 while not self._queue and not self._running and not self._closing:

@@ -201,11 +201,12 @@ def decode_alone(target, draft, kind, prompt, n, sampling=None):
     return collect(sequence_steps(seq)), stats
 
 
-def decode_batch(target, draft, requests, join_every=0):
-    """Run requests (kind, prompt, n, sampling) in one Batch, slot i for request i; with
-    join_every, request i joins the batch after i * join_every rounds. Returns each one's
-    tokens and stats."""
-    batch = Batch(target, draft)
+def decode_batch(target, draft, requests, join_every=0, n_batch=None, on_round=None):
+    """Run requests (kind, prompt, n, sampling) in one Batch (of n_batch tokens a round),
+    slot i for request i; with join_every, request i joins the batch after i *
+    join_every rounds; on_round(batch) after each round. Returns each one's tokens and
+    stats."""
+    batch = Batch(target, draft, n_batch)
     seqs, outs, rounds = [], [[] for _ in requests], 0
     for i, (kind, prompt, n, sampling) in enumerate(requests):
         stats = GenerationStats()
@@ -218,6 +219,8 @@ def decode_batch(target, draft, requests, join_every=0):
         for seq, new in batch.advance():
             assert seq.error is None, seq.error
             outs[seq.slot] += new
+        if on_round is not None:
+            on_round(batch)
         rounds += 1
     return outs, [s.stats for s in seqs]
 

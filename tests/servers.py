@@ -131,7 +131,7 @@ class ScriptedEngine:
         return ScriptedSequence(slot, tokenizer.encode(self.replies.pop(0), add_bos=False, special=False),
                                 request.max_tokens, stats)
 
-    def batch(self):
+    def batch(self, n_batch=None):
         return ScriptedBatch()
 
     def end_sequence(self, seq, out, failed):

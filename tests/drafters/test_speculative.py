@@ -301,13 +301,18 @@ def test_fused_chain_step_is_the_phased_step(trained_pair, monkeypatch):
             assert fused == phased, (p_min, batched)
             rounds = phased_calls["dfl_draft_propose"]  # one drafter graph a step
             assert rounds >= steps // (2 if batched else 1) - 1
-            # every step is one call; the prompts' graphs and set-up are the same calls as before
-            assert fused_calls.pop("dfl_chain_step") == rounds
+            # every step is one call, but for a step that carries a joining prompt's chunk
+            # (it runs phased); the prompts' graphs and set-up are the same calls as before
+            shared = fused_calls.get("dfl_draft_propose", 0)
+            assert shared == 0 if not batched else 0 < shared <= 2
+            fused_steps = fused_calls["dfl_chain_step"]
+            assert fused_steps + shared == rounds
             for name in ("dfl_target_step", "dfl_target_choices"):
-                assert fused_calls.pop(name) == phased_calls[name] - rounds
-            phased_per_step = sum(v for k, v in phased_calls.items() if k not in fused_calls) / rounds
+                assert fused_calls[name] == phased_calls[name] - fused_steps
+            phased_per_step = (sum(phased_calls.values()) - sum(fused_calls.values())) / fused_steps + 1
             assert phased_per_step >= 6, phased_calls
-            assert not {"dfl_draft_propose", "dfl_draft_block", "dfl_target_commit"} & set(fused_calls)
+            for name in ("dfl_draft_propose", "dfl_draft_block", "dfl_target_commit"):
+                assert fused_calls.get(name, 0) <= 2 * shared, name
 
 
 def collect_steps(seq) -> list:
