@@ -105,15 +105,6 @@ int dfl_target_max_tree_nodes(const dfl_target * t) {
     return t->p.n_verify < DFL_MAX_TREE ? t->p.n_verify : DFL_MAX_TREE;
 }
 
-/* The most tokens a decode may bring into a step beside the other slots' verifies: the
- * rows of a prefill chunk (n_ubatch) less a verify for every other slot, so that a
- * shared step holds no more rows than a chunk alone; a decode of n_verify tokens or
- * fewer is a verify's size and shares any step. */
-int dfl_target_shared_chunk(const dfl_target * t) {
-    const int shared = t->p.n_ubatch - (t->mem.n_seq - 1) * t->p.n_verify;
-    return shared > t->p.n_verify ? shared : t->p.n_verify;
-}
-
 static dfl_status host_reserve(dfl_target * t, int n, size_t mask) {
     if ((size_t) n > t->host_rows) {
         free(t->host_i32);
@@ -189,13 +180,21 @@ dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void *
     const pending_commit tree_commit = { .active = true, .tree = true, .n_keep = 1, .n_replay = t->p.n_verify };
     /* a chain commit has nothing to do without recurrent layers */
     const pending_commit chain_commit = { .active = true, .tree = false, .n_keep = 1, .n_replay = t->p.n_verify };
-    /* a prompt's chunk sharing the prefill slot's step with every other slot's verify
-     * (dfl_target_shared_chunk), when the chunk outgrows a verify */
-    const int shared = dfl_target_shared_chunk(t);
-    for (int k = 0; t->mem.n_seq > 1 && shared > t->p.n_verify && k < 2; k++) {
+    /* a prompt's chunk sharing the prefill slot's step with every other slot's rows, as
+     * many tokens as they leave of n_ubatch (check_shared_chunk): beside their largest
+     * verifies (trees, chains: the most rows sampled) and beside one-token decodes (the
+     * largest chunk); the steps between hold no more */
+    for (int k = 0; t->mem.n_seq > 1 && k < 3; k++) {
+        const int others = t->mem.n_seq - 1;
+        const int each = k == 0 ? n_tree : (k == 1 ? t->p.n_verify : 1);
+        const int chunk = t->p.n_ubatch - others * each;
+        if (chunk <= t->p.n_verify) {
+            continue; /* a decode of a verify's size: a step slot takes it */
+        }
         step = k == 0 ? full_step(t, DFL_STEP_TREE, n_tree, worst, &tree_commit)
-                      : full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL);
-        shared_chunk_step(t, &step, shared);
+             : k == 1 ? full_step(t, DFL_STEP_CHAIN, t->p.n_verify, NULL, t->m.n_recurrent > 0 ? &chain_commit : NULL)
+                      : full_step(t, DFL_STEP_DECODE, 1, NULL, NULL);
+        shared_chunk_step(t, &step, chunk);
         visit(rt, 0, dfl_target_build_graph(t, &step, dfl_runtime_begin_graph(rt, 0), &in), user);
     }
     for (int slot = 1; slot < rt->n_slots; slot++) {
@@ -550,7 +549,6 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     snprintf(info->arch, sizeof info->arch, "%s", t->m.arch->name);
     info->n_last_nodes = t->rt.n_last_nodes;
     info->n_last_replay = t->n_last_replay;
-    info->n_shared_chunk = dfl_target_shared_chunk(t);
     info->n_host_writes = t->rt.traffic->writes;
     info->n_host_reads = t->rt.traffic->reads;
     info->n_host_write_bytes = t->rt.traffic->write_bytes;
@@ -822,7 +820,7 @@ static dfl_status run_step(dfl_target * t, dfl_step * step, const int32_t * cons
 }
 
 /* An entry of a step, checked against its sequence's state; its device token source. */
-static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src, const dfl_rows * r, int n_entries,
+static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src, const dfl_rows * r,
                               struct ggml_tensor ** tokens_src) {
     TRY(check_seq(t, r->seq));
     const dfl_seq * q = &t->mem.seq[r->seq];
@@ -835,10 +833,6 @@ static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src
             }
             if (r->n > t->p.n_ubatch) {
                 return dfl_fail(DFL_ERR_CAPACITY, "decode of %d tokens exceeds the ubatch size %d", r->n, t->p.n_ubatch);
-            }
-            if (n_entries > 1 && r->n > dfl_target_shared_chunk(t)) {
-                return dfl_fail(DFL_ERR_CAPACITY, "a decode of %d tokens exceeds the %d a step shares with other "
-                                "sequences' rows", r->n, dfl_target_shared_chunk(t));
             }
             if (r->logits < LOGITS_NONE || r->logits > LOGITS_ALL) {
                 return dfl_fail(DFL_ERR_ARGUMENT, "logits mode must be 0, 1 or 2");
@@ -897,6 +891,26 @@ static dfl_status check_entry(const dfl_target * t, const dfl_token_source * src
     return DFL_OK;
 }
 
+/* A prompt chunk (a decode of more than n_verify tokens) shares a step with other
+ * sequences' rows when the step holds no more rows than a chunk alone (n_ubatch), one
+ * chunk a step: the graphs the load reserves the prefill slot for. */
+static dfl_status check_shared_chunk(const dfl_target * t, const dfl_rows * rows, int n) {
+    int chunks = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        chunks += rows[i].kind == DFL_STEP_DECODE && rows[i].n > t->p.n_verify;
+        total += rows[i].n;
+    }
+    if (n > 1 && chunks > 1) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "a step takes one prompt chunk (a decode of more than n_verify %d), got %d",
+                        t->p.n_verify, chunks);
+    }
+    if (n > 1 && chunks && total > t->p.n_ubatch) {
+        return dfl_fail(DFL_ERR_CAPACITY, "a step with a prompt chunk holds at most the ubatch size %d rows, got %d",
+                        t->p.n_ubatch, total);
+    }
+    return DFL_OK;
+}
+
 DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * source, const dfl_rows * rows,
                                    int32_t n) {
     if (!t || !rows || n <= 0) {
@@ -905,6 +919,7 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
     if (n > t->mem.n_seq) {
         return dfl_fail(DFL_ERR_ARGUMENT, "a step of %d sequences exceeds the target's %d slots", n, t->mem.n_seq);
     }
+    TRY(check_shared_chunk(t, rows, n));
     dfl_step step;
     memset(&step, 0, sizeof step);
     step.n_seg = n;
@@ -913,7 +928,7 @@ DFL_API dfl_status dfl_target_step(dfl_target * t, const dfl_token_source * sour
     for (int i = 0; i < n; i++) {
         const dfl_rows * r = &rows[i];
         struct ggml_tensor * src;
-        TRY(check_entry(t, source, r, n, &src));
+        TRY(check_entry(t, source, r, &src));
         if (seen[r->seq]) {
             return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d appears twice in one step", r->seq);
         }

@@ -181,7 +181,6 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
 ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t);
 dfl_status dfl_target_define_state(dfl_target * t);
 int dfl_target_max_tree_nodes(const dfl_target * t);
-int dfl_target_shared_chunk(const dfl_target * t);
 /* The largest graph each of the target's runtime slots can be asked to hold, each handed
  * to visit with its slot: slot 0 a prefill chunk, the others a step of every sequence
  * (a tree of the most nodes, or a chain of n_verify rows, each carrying its commit),

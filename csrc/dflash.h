@@ -122,8 +122,6 @@ typedef struct dfl_target_info {
     int32_t n_last_splits;    /* splits of the last graph (runs on one backend between copies) */
     int64_t last_copy_bytes;  /* bytes the last graph copies between backends (its split inputs) */
     int64_t copy_bytes;       /* ... summed over every graph computed so far */
-    int32_t n_shared_chunk;   /* most prompt tokens a decode may bring into a step beside other
-                                 sequences' rows (n_ubatch less n_verify per other slot; at least n_verify) */
 } dfl_target_info;
 
 /* Where ggml's scheduler placed the nodes of the last graph a target or drafter computed:
@@ -155,9 +153,9 @@ dfl_status dfl_target_reset(dfl_target * target);
  *   DFL_STEP_DECODE  append n tokens (n <= n_ubatch) to the sequence's context and
  *                    advance it; logits: 0 none, 1 the last row, 2 every row. A decode
  *                    of more than n_verify tokens (a prefill chunk) shares a step with
- *                    other sequences' rows up to n_shared_chunk tokens (dfl_target_info),
- *                    one such decode a step: a prompt joins running sequences without
- *                    a pass of its own.
+ *                    other sequences' rows when the step holds at most n_ubatch rows,
+ *                    one chunk a step: a prompt joins running sequences without a pass
+ *                    of its own.
  *   DFL_STEP_CHAIN   evaluate n candidate tokens (n <= n_verify) as a chain after the
  *                    context without committing them: logits for every row, features of
  *                    every row; dfl_target_commit keeps the first ones. tokens NULL: the

@@ -170,13 +170,14 @@ class Sequence:
         self.proposer.finish(self)
 
 
-def step(target, draft, seqs: Seq[Sequence], joining: Optional[Tuple[Sequence, Rows]] = None) -> List[List[int]]:
+def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None) -> List[List[int]]:
     """One step of every sequence in `seqs` (each past its first token, not done): the
     tokens each keeps, in order. Records each speculative sequence's pass (its accepted
     length, the step's drafting and verify seconds and the rest). joining: a sequence
-    whose prompt chunk (its Prefill's rows, at most target.n_shared_chunk tokens) the
-    target's graph takes after the others' rows; the chunk's choice, if any, is then
-    at the sequence's row0 (it has yet to be told: Sequence.chunk_ran)."""
+    whose next prompt chunk (its Prefill's) the target's graph takes after the others'
+    rows, as many tokens as they leave of n_ubatch (at least one); the
+    chunk's choice, if any, is then at the sequence's row0 (it has yet to be told:
+    Sequence.chunk_ran)."""
     if joining is None and not any(s.speculative for s in seqs):
         return decode_step(target, seqs)
     t0 = time.perf_counter()
@@ -209,8 +210,9 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Tuple[Sequence, R
         if s.speculative:
             s.stage("drafted")
     if joining is not None:
-        joining[0].row0 = row0
-        rows.append(joining[1])
+        taken = sum(r.n_rows for r in rows)
+        joining.row0 = row0
+        rows.append(joining.prefill.rows(max(1, target.n_ubatch - taken)))
     t1 = time.perf_counter()
     target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)
@@ -386,12 +388,12 @@ class Batch:
     sequences past their prompt together; a sequence leaves when it is done, or when it
     is dropped (cancelled). Its slot must be its own while it is in the batch.
 
-    n_batch (llama.cpp's -b, the logical batch): the tokens a round takes. The running
-    sequences' rows count at their most (n_verify each) and a joining prompt's first
-    chunk (at most target.n_shared_chunk tokens) rides in their step, in the same graph,
-    so that the running streams wait for one pass a round however long the prompt; the
-    round's further prompt tokens go in whole chunks of n_ubatch (-ub, the physical
-    batch) while they fit, each a pass of its own. None: n_ubatch, one pass a round."""
+    n_batch (llama.cpp's -b, the logical batch): the tokens a round takes. A joining
+    prompt's first chunk of the round rides in the running sequences' step, in the same
+    graph, taking what their rows leave of n_ubatch (-ub, the physical batch), so that
+    the running streams wait for one pass a round however long the prompt; the round's
+    further prompt tokens go in whole chunks of n_ubatch while n_batch holds them, each
+    a pass of its own. None: n_ubatch, one pass a round."""
 
     def __init__(self, target, draft, n_batch: Optional[int] = None):
         if n_batch is not None and n_batch < 1:
@@ -426,22 +428,19 @@ class Batch:
         the joining one whose chunk it carried too)."""
         out: List[tuple] = []
         joining = self._start_joining(out)
-        budget = self.n_batch - len(self.active) * self.target.n_verify
+        budget = self.n_batch
         if self.active:
             running = list(self.active)
-            chunk = None
-            if joining is not None:
-                chunk = (joining, joining.prefill.rows(max(1, min(self.target.n_shared_chunk, budget))))
-                budget -= chunk[1].n_rows
             try:
-                out += list(zip(running, step(self.target, self.draft, running, chunk)))
+                out += list(zip(running, step(self.target, self.draft, running, joining)))
             except Exception as e:  # noqa: BLE001
                 self.active = []
-                self._fail(running + ([joining] if chunk else []), e, out)
-                if chunk:
+                self._fail(running + ([joining] if joining is not None else []), e, out)
+                if joining is not None:
                     self.joining.remove(joining)
                 return out
-            if chunk:
+            budget -= self.target.n_ubatch  # the step's rows and the chunk beside them: a ubatch
+            if joining is not None:
                 joining = self._chunk_ran(joining, out)
         while joining is not None and budget >= self.target.n_ubatch:
             # the round's further chunks, whole ones, each a pass of its own (with no

@@ -137,8 +137,6 @@ class Target(NativeObject):
         self.n_ubatch = info["n_ubatch"]
         self.n_verify = info["n_verify"]
         self.n_seq = info["n_seq"]
-        # the most prompt tokens a step takes beside other sequences' rows
-        self.n_shared_chunk = info["n_shared_chunk"]
         self.n_features = len(layers)
         self._choices = np.zeros(max(self.n_ubatch, self.n_seq * self.n_verify), dtype=np.int32)
         # decode_next's arguments and results, allocated once: plain decoding crosses into
@@ -164,7 +162,7 @@ class Target(NativeObject):
             "n_host_reads": info.n_host_reads, "n_host_write_bytes": info.n_host_write_bytes,
             "n_host_read_bytes": info.n_host_read_bytes, "host_layer_weights": info.host_layer_weights,
             "n_last_splits": info.n_last_splits, "last_copy_bytes": info.last_copy_bytes,
-            "copy_bytes": info.copy_bytes, "n_shared_chunk": info.n_shared_chunk,
+            "copy_bytes": info.copy_bytes,
         }
 
     def graph_copies(self) -> tuple:

@@ -260,43 +260,44 @@ def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
     draft.seq_reset(1)
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree"])
-def test_a_prompt_chunk_shares_a_step_with_the_others_verifies(one, kind):
-    """Two slots, -ub 64: a prompt's chunk of up to 48 tokens (64 less the other slot's
-    verify) rides in a step after the other sequence's verify, in the prefill slot's
-    graph, whose compute memory the load reserved: the verify's and the chunk's logits
-    and features, and what both sequences compute next, equal each alone; a larger chunk
-    beside other rows is refused."""
+@pytest.mark.parametrize("kind", ["chain", "tree", "decode"])
+def test_a_prompt_chunk_shares_a_step_with_the_others_rows(one, kind):
+    """Two slots, -ub 64: a prompt's chunk taking what the other sequence's rows (a
+    verify of 7, or a one-token decode) leave of 64 rides in a step after them, in the
+    prefill slot's graph, whose compute memory the load reserved: the rows' and the
+    chunk's logits and features, and what both sequences compute next, equal each alone;
+    a step over 64 rows with a chunk, or with two chunks, is refused."""
     target, draft = load(2)
-    assert target.n_shared_chunk == 48
     alone, alone_draft = one
     running, prompt = prompts(2, seed=71)
-    prompt = (prompt * 3)[:130]
-    tokens = np.random.default_rng(5).integers(1, 1000, len(TREE_PARENTS)).tolist()
+    prompt = (prompt * 3)[:150]
+    tokens = np.random.default_rng(5).integers(1, 1000, len(TREE_PARENTS) if kind != "decode" else 1).tolist()
+    n, chunk = len(tokens), 64 - len(tokens)
     want = {}
     prefill(alone, alone_draft, running)
     alone.step([rows_of(0, kind, tokens)])
-    want["verify"] = (alone.logits(0, len(tokens)), alone.features(0, len(tokens)))
+    want["rows"] = (alone.logits(0, n), alone.features(0, n))
     commit(alone, 0, kind)
     alone.decode([7], LOGITS_LAST)
     want["running next"] = alone.logits(0, 1)
     prefill(alone, alone_draft, prompt[:82], seq=0)
-    alone.decode(prompt[82:], LOGITS_LAST)
-    want["chunk"] = (alone.logits(0, 1), alone.features(0, 48))
+    alone.decode(prompt[82:82 + chunk], LOGITS_LAST)
+    want["chunk"] = (alone.logits(0, 1), alone.features(0, chunk))
     alone.decode([9], LOGITS_LAST)
     want["joining next"] = alone.logits(0, 1)
 
     prefill(target, draft, running, seq=0)
     prefill(target, draft, prompt[:82], seq=1)
     compute = target.info()["compute_bytes"]
-    with pytest.raises(DflashError, match="decode of 49 tokens exceeds the 48"):
-        target.step([rows_of(0, kind, tokens), Rows(1, DECODE, prompt[81:], logits=LOGITS_LAST)])
-    target.step([rows_of(0, kind, tokens), Rows(1, DECODE, prompt[82:], logits=LOGITS_LAST)])
-    n = len(tokens)
-    np.testing.assert_allclose(target.logits(0, n), want["verify"][0], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(target.features(0, n, seq=0), want["verify"][1], rtol=0, atol=1e-5)
+    with pytest.raises(DflashError, match=f"at most the ubatch size 64 rows, got {n + chunk + 1}"):
+        target.step([rows_of(0, kind, tokens), Rows(1, DECODE, prompt[82:83 + chunk], logits=LOGITS_LAST)])
+    with pytest.raises(DflashError, match="one prompt chunk"):
+        target.step([Rows(0, DECODE, prompt[:20]), Rows(1, DECODE, prompt[82:102], logits=LOGITS_LAST)])
+    target.step([rows_of(0, kind, tokens), Rows(1, DECODE, prompt[82:82 + chunk], logits=LOGITS_LAST)])
+    np.testing.assert_allclose(target.logits(0, n), want["rows"][0], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(target.features(0, n, seq=0), want["rows"][1], rtol=0, atol=1e-5)
     np.testing.assert_allclose(target.logits(n, 1), want["chunk"][0], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(target.features(0, 48, seq=1), want["chunk"][1], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(target.features(0, chunk, seq=1), want["chunk"][1], rtol=0, atol=1e-5)
     commit(target, 0, kind)
     target.step([Rows(0, DECODE, [7], logits=LOGITS_LAST), Rows(1, DECODE, [9], logits=LOGITS_LAST)])
     np.testing.assert_allclose(target.logits(0, 1), want["running next"], rtol=0, atol=1e-5)
@@ -311,8 +312,9 @@ def test_steps_are_checked(many):
         target.step([Rows(1, DECODE, [1], logits=LOGITS_LAST), Rows(1, DECODE, [2], logits=LOGITS_LAST)])
     with pytest.raises(DflashError, match="outside"):
         target.step([Rows(4, DECODE, [1], logits=LOGITS_LAST)])
-    with pytest.raises(DflashError, match="decode of 39 tokens exceeds the 16 a step shares"):
-        target.step([Rows(0, DECODE, list(range(1, 40)), logits=LOGITS_LAST), Rows(1, DECODE, [2])])
+    with pytest.raises(DflashError, match="at most the ubatch size 64 rows, got 71"):
+        target.step([Rows(0, DECODE, list(range(1, 40)), logits=LOGITS_LAST), Rows(1, CHAIN, list(range(1, 17))),
+                     Rows(2, CHAIN, list(range(1, 17)))])
     with pytest.raises(DflashError, match="twice"):
         draft.propose_many([(1, 5, 4), (1, 6, 4)])
     with pytest.raises(ValueError, match="outside"):
@@ -355,12 +357,15 @@ PLAIN_FIRST.learnt.current = -1
 KINDS = ["chain", "tree", "plain", "chain"]
 
 
-@pytest.mark.parametrize("kind, n_batch, per_round", [("chain", None, [(1, 48)]), ("tree", 150, [(2, 112)])])
-def test_a_joining_prompt_goes_in_beside_the_running_steps(one, kind, n_batch, per_round):
+@pytest.mark.parametrize("kind, n_batch, graphs, tokens", [("plain", None, 1, 63), ("chain", None, 1, None),
+                                                           ("tree", 150, 2, 57 + 64)])
+def test_a_joining_prompt_goes_in_beside_the_running_steps(one, kind, n_batch, graphs, tokens):
     """A 300-token prompt joining a running sequence (two slots, -ub 64): with -b at -ub,
-    each round is one target graph, the running step and 48 prompt tokens; with -b 150,
-    whole chunks of 64 follow while the round's budget holds them (150 less the running
-    verify's 16 and the shared 48: one). Both emit what they emit alone."""
+    each round is one target graph, the running step and as many prompt tokens as its
+    rows leave of 64 (a plain decode's one row: 63; a chain's vary with its cut); with -b
+    150, whole chunks of 64 follow while the round's budget holds them (150 less the
+    shared 64: one), after a tree of 7 nodes and 57 tokens. Both emit what they emit
+    alone, and the target's compute memory stays what the load reserved."""
     two = load(2)
     target = two[0]
     running, joining = prompts(2, seed=73)
@@ -376,13 +381,17 @@ def test_a_joining_prompt_goes_in_beside_the_running_steps(one, kind, n_batch, p
             rounds.append((graphs - last[0], min(pos, len(joining)) - last[1]))
         last[:] = graphs, min(pos, len(joining))
 
+    compute = target.info()["compute_bytes"]
     outs, stats = decode_batch(*two, requests, join_every=1, n_batch=n_batch, on_round=on_round)
+    assert target.info()["compute_bytes"] == compute  # the chunks between the reserved extremes fit
     for i, (toks, st) in enumerate(alone):
         assert outs[i] == toks, i
         assert stats[i].accepted_lengths == st.accepted_lengths
     joined = [r for r in rounds if r[1] > 0]
     assert sum(n for _, n in joined) == len(joining)
-    assert joined[1:-1] and set(joined[1:-1]) == set(per_round)
+    assert joined[1:-1] and {g for g, _ in joined[1:-1]} == {graphs}
+    if tokens is not None:
+        assert {n for _, n in joined[1:-1]} == {tokens}
 
 
 @pytest.mark.parametrize("join_every", [0, 3])
