@@ -472,7 +472,7 @@ static dfl_status plan_part(const dfl_draft * d, const dfl_block * b, const bool
     for (int pos = p0; pos < end; pos++) {
         if (dfl_target_feature_of(d->target, b->seq, pos) < 0) {
             return dfl_fail(DFL_ERR_STATE, "the target's features of position %d of sequence %d are gone (the target ran "
-                            "another call of the sequence before the drafter read them)", pos, b->seq);
+                            "another call of the sequence, or another sequence's prefill chunk, before the drafter read them)", pos, b->seq);
         }
     }
     const int n = end - p0;

@@ -19,11 +19,18 @@ int64_t dfl_replay_floats(const dfl_recurrent_geometry * r, int n_verify) {
     return P.beta + r->n_v_heads * P.cols;
 }
 
-static void seq_reset(dfl_seq * s, int n_past) {
-    s->n_past = n_past;
+/* The slot's feature rows hold nothing, in its own region (slot seq's). */
+static void features_forget(const dfl_memory * mem, dfl_seq * s, int seq, int n_past) {
+    s->feat.row0 = (int64_t) seq * mem->feature_rows;
     s->feat.base = s->feat.rows = s->feat.kept = 0;
     s->feat.p0 = n_past;
     s->feat.tree = false;
+}
+
+static void seq_reset(dfl_memory * mem, int seq, int n_past) {
+    dfl_seq * s = &mem->seq[seq];
+    s->n_past = n_past;
+    features_forget(mem, s, seq, n_past);
 }
 
 dfl_status dfl_memory_define(dfl_memory * mem, const dfl_memory_layout * layout, const dfl_memory_params * p) {
@@ -42,10 +49,18 @@ dfl_status dfl_memory_define(dfl_memory * mem, const dfl_memory_layout * layout,
      * rows' windows: window - 1 + rows at least */
     mem->swa_ring = mem->swa_window > 0 && mem->swa_window + p->window_rows < p->n_ctx
                         ? mem->swa_window + p->window_rows : p->n_ctx;
-    /* a slot's feature rows hold at least its own largest call: a prefill chunk or a verify */
-    mem->feature_rows = p->feature_floats > 0 ? max_int(p->n_ubatch, p->n_verify) : 0;
+    /* one slot's feature rows hold its largest call, a prefill chunk or a verify; with
+     * several, each slot's hold a verify and as many rows a drafter lacks (the lag it
+     * may keep over plain steps), and a prefill chunk of any slot goes to the chunk rows
+     * after them, which its drafter takes before another slot's chunk replaces it: the
+     * memory of one chunk, not one a slot */
+    const int largest = max_int(p->n_ubatch, p->n_verify);
+    const int step = 2 * p->n_verify;
+    const bool chunk_apart = p->n_seq > 1 && largest > step;
+    mem->feature_rows = p->feature_floats > 0 ? (chunk_apart ? step : largest) : 0;
+    mem->chunk_rows = p->feature_floats > 0 && chunk_apart ? largest : 0;
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
-        seq_reset(&mem->seq[s], 0);
+        seq_reset(mem, s, 0);
     }
 
     const int n_tensors = 5 * layout->n_layer + 2;
@@ -77,7 +92,7 @@ dfl_status dfl_memory_define(dfl_memory * mem, const dfl_memory_layout * layout,
     mem->features = NULL;
     if (p->feature_floats > 0) {
         mem->features = ggml_new_tensor_2d(mem->ctx[p->features_on_device ? 0 : 1], GGML_TYPE_F32, p->feature_floats,
-                                           (int64_t) mem->feature_rows * S);
+                                           (int64_t) mem->feature_rows * S + mem->chunk_rows);
     }
     mem->state = p->state_floats > 0 ? ggml_new_tensor_2d(mem->ctx[0], GGML_TYPE_F32, p->state_floats, S) : NULL;
     return DFL_OK;
@@ -112,7 +127,7 @@ void dfl_memory_clear(dfl_memory * mem) {
         if (mem->buf[k]) ggml_backend_buffer_clear(mem->buf[k], 0);
     }
     for (int s = 0; s < DFL_MAX_SEQ; s++) {
-        seq_reset(&mem->seq[s], 0);
+        seq_reset(mem, s, 0);
     }
 }
 
@@ -144,11 +159,11 @@ void dfl_memory_seq_clear(dfl_memory * mem, int seq) {
         ggml_backend_tensor_memset(mem->state, 0, dfl_memory_slice_offset(mem, mem->state, seq),
                                    dfl_memory_slot_bytes(mem, mem->state));
     }
-    seq_reset(&mem->seq[seq], 0);
+    seq_reset(mem, seq, 0);
 }
 
 void dfl_memory_seq_restored(dfl_memory * mem, int seq, int n_past) {
-    seq_reset(&mem->seq[seq], n_past);
+    seq_reset(mem, seq, n_past);
 }
 
 int dfl_memory_kv_rows(const dfl_memory * mem, int il) {
@@ -167,8 +182,9 @@ int64_t dfl_memory_spare_cell(const dfl_memory * mem, int il, int seq) {
     return dfl_memory_kv_base(mem, il, seq) + dfl_memory_kv_rows(mem, il);
 }
 
-int64_t dfl_memory_feature_row0(const dfl_memory * mem, int seq) {
-    return (int64_t) seq * mem->feature_rows;
+int64_t dfl_memory_features_region(const dfl_memory * mem, int seq, int rows) {
+    return mem->chunk_rows > 0 && rows > mem->feature_rows ? (int64_t) mem->n_seq * mem->feature_rows
+                                                           : (int64_t) seq * mem->feature_rows;
 }
 
 /* Whether the committed positions a slot's feature rows hold lie in row order (a tree
@@ -182,11 +198,18 @@ static bool held_in_order(const dfl_features_held * f) {
     return true;
 }
 
+/* The region's rows: a slot's own, or the chunk rows. */
+static int region_rows(const dfl_memory * mem, const dfl_features_held * f, int seq) {
+    return f->row0 == (int64_t) seq * mem->feature_rows ? mem->feature_rows : mem->chunk_rows;
+}
+
 int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows, int taken) {
     const dfl_features_held * f = &mem->seq[seq].feat;
     const int held = f->base + f->kept, end = f->p0 + held;
     const bool lacking = taken < end;
-    return lacking && end == p0 && held_in_order(f) && held + rows <= mem->feature_rows ? held : 0;
+    const bool same_region = f->row0 == dfl_memory_features_region(mem, seq, rows);
+    return lacking && same_region && end == p0 && held_in_order(f) && held + rows <= region_rows(mem, f, seq) ? held
+                                                                                                             : 0;
 }
 
 int dfl_memory_features_room(const dfl_memory * mem, int seq, int taken) {
@@ -195,11 +218,21 @@ int dfl_memory_features_room(const dfl_memory * mem, int seq, int taken) {
     if (taken >= f->p0 + held) {
         return mem->feature_rows;
     }
-    return held_in_order(f) ? mem->feature_rows - held : 0;
+    /* what the chunk rows hold, the slot's next verify (in its own rows) lets go */
+    return held_in_order(f) && f->row0 == (int64_t) seq * mem->feature_rows ? mem->feature_rows - held : 0;
 }
 
 void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, int kept, int at) {
     dfl_features_held * f = &mem->seq[seq].feat;
+    f->row0 = dfl_memory_features_region(mem, seq, rows);
+    if (f->row0 != (int64_t) seq * mem->feature_rows) {
+        /* the chunk rows are this slot's now: another slot that held them holds nothing */
+        for (int s = 0; s < mem->n_seq; s++) {
+            if (s != seq && mem->seq[s].feat.row0 == f->row0) {
+                features_forget(mem, &mem->seq[s], s, mem->seq[s].n_past);
+            }
+        }
+    }
     f->base = at;
     f->rows = rows;
     f->p0 = p0 - at;
@@ -223,7 +256,7 @@ int64_t dfl_memory_feature_of(const dfl_memory * mem, int seq, int pos) {
         return -1;
     }
     const int j = k - f->base; /* a row of the last call's, when not negative */
-    return dfl_memory_feature_row0(mem, seq) + (j < 0 ? k : f->base + (f->tree ? f->path[j] : j));
+    return f->row0 + (j < 0 ? k : f->base + (f->tree ? f->path[j] : j));
 }
 
 int dfl_memory_seq_parts(const dfl_memory * mem, int seq, int n_past, dfl_memory_part * parts) {
@@ -368,6 +401,6 @@ dfl_status dfl_memory_seq_copy(dfl_memory * mem, int src, int dst) {
             return st;
         }
     }
-    seq_reset(&mem->seq[dst], s->n_past);
+    seq_reset(mem, dst, s->n_past);
     return DFL_OK;
 }

@@ -56,6 +56,7 @@ typedef struct dfl_memory_layout {
  * all its rows; a verify none until its commit says which. How far a drafter has taken
  * them is the drafter's own record (its memory's n_past), which the calls below are given. */
 typedef struct dfl_features_held {
+    int64_t row0; /* the region's first row in the feature tensor: the slot's own, or the chunk rows */
     int base, rows, p0, kept;
     bool tree;
     int32_t path[DFL_MAX_VERIFY];
@@ -75,7 +76,9 @@ typedef struct dfl_memory {
     int swa_window; /* the window of the windowed layers (0: none) */
     int swa_ring;   /* rows per slot of their caches: the window and what a call adds, at most n_ctx */
     int spare;      /* rows per slot after a cache's ring that nothing reads */
-    int feature_rows; /* feature rows per slot: the rows of a slot's largest call */
+    int feature_rows; /* feature rows per slot: a verify and as many lacking rows */
+    int chunk_rows;   /* rows after every slot's for a call larger than a slot's (a prefill chunk) of any
+                         slot, the last one's (0: none; one slot holds its chunks in its own rows) */
     struct ggml_context * ctx[2]; /* [0] on the device, [1] on the CPU (layers not offloaded) */
     ggml_backend_buffer_t buf[2];
     /* attention layers: [kv_dim, (R + spare) * n_seq] */
@@ -88,8 +91,9 @@ typedef struct dfl_memory {
                                                           output, q and k, g, beta: dfl_target_graph.c) */
     struct ggml_tensor * conv_scratch[DFL_MAX_LAYERS]; /* [channels, d_conv-1 + n_verify, n_seq]: conv inputs of the
                                                           last verify, committed ones first */
-    struct ggml_tensor * features;                     /* [feature floats, feature_rows * n_seq]: slot s's in rows
-                                                          s * feature_rows ..; NULL: none */
+    struct ggml_tensor * features;                     /* [feature floats, feature_rows * n_seq + chunk_rows]:
+                                                          slot s's in rows s * feature_rows .., then the chunk
+                                                          rows; NULL: none */
     struct ggml_tensor * state;                        /* [state floats, n_seq]: a fixed-size state per slot (a
                                                           drafter's carried features); NULL: none */
     dfl_seq seq[DFL_MAX_SEQ];
@@ -142,13 +146,16 @@ size_t dfl_memory_slot_bytes(const dfl_memory * mem, const struct ggml_tensor * 
 
 /* ---- feature rows ------------------------------------------------------------------ */
 
-/* The first feature row of slot seq. */
-int64_t dfl_memory_feature_row0(const dfl_memory * mem, int seq);
-/* Where in slot seq's feature rows a call of `rows` rows from position p0 writes them:
- * after the positions they hold when the drafter, having taken those before `taken`,
- * lacks some of them, the rows run on to p0 in order and all fit (so that a drafter may
- * stay behind by several calls, as it does over `auto`'s plain decoding); else row 0
- * (what they held is let go). `taken` 0 when no drafter says: whatever fits is kept. */
+/* The first feature row (in the whole feature tensor) of the region a call of slot seq
+ * with `rows` rows writes: the slot's own rows, or the chunk rows for a call larger than
+ * them (a prefill chunk), where the slot that wrote last holds them. */
+int64_t dfl_memory_features_region(const dfl_memory * mem, int seq, int rows);
+/* Where in that region a call of `rows` rows from position p0 writes them: after the
+ * positions the slot's rows hold when the drafter, having taken those before `taken`,
+ * lacks some of them, they are in the same region, the rows run on to p0 in order and
+ * all fit (so that a drafter may stay behind by several calls, as it does over `auto`'s
+ * plain decoding); else row 0 (what they held is let go). `taken` 0 when no drafter
+ * says: whatever fits is kept. */
 int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows, int taken);
 /* Rows slot seq's next call may have without letting go of positions a drafter that
  * has taken those before `taken` lacks (every row when it lacks none). */

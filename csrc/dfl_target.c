@@ -1438,7 +1438,7 @@ DFL_API dfl_status dfl_target_features(const dfl_target * t, int32_t seq, float 
     }
     TRY(check_rows(t, row0, n_rows, t->mem.seq[seq].feat.rows, "feature"));
     const size_t row = t->mem.features->nb[1];
-    const size_t at = (size_t) (dfl_memory_feature_row0(&t->mem, seq) + t->mem.seq[seq].feat.base) * row;
+    const size_t at = (size_t) (t->mem.seq[seq].feat.row0 + t->mem.seq[seq].feat.base) * row;
     dfl_runtime_get(&t->rt, t->mem.features, dst, at + (size_t) row0 * row, (size_t) n_rows * row);
     return DFL_OK;
 }

@@ -827,7 +827,7 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const dfl_
         for (int i = 0; i < step->n_seg; i++) {
             const dfl_segment * s = &step->seg[i];
             for (int j = 0; j < s->n; j++) {
-                slots[s->row0 + j] = dfl_memory_feature_row0(mem, s->seq) + s->feat_at + j;
+                slots[s->row0 + j] = dfl_memory_features_region(mem, s->seq, s->n) + s->feat_at + j;
             }
         }
         dfl_runtime_set(&t->rt, in->feat_rows, slots, 0, (size_t) step->n_rows * sizeof(int64_t));

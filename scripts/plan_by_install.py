@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The memory plan of Qwen3.5-27B Q4_K_M with its DFlash drafter (q8_0), from their
 published shapes (metadata-only GGUFs), by each install given: the target's compute
-memory and the whole need, for -c 32768 with q8_0 KV, -np 1 and 4, chain and tree 16.
-It shows what a change to the reserved graphs costs a 24 GB card.
+memory, its verify scratch with the captured features, and the whole need, for -c 32768
+with q8_0 KV, -np 1 and 4, chain and tree 16. It shows what a change to the reserved
+graphs or the state costs a 24 GB card.
 
     .venv/bin/python scripts/plan_by_install.py OLD/.venv/bin/python .venv/bin/python \
         --out results/plan-by-install-<date>.json
@@ -31,7 +32,7 @@ with tempfile.TemporaryDirectory() as tmp:
             _, plan, _ = settle(t, d, dict(n_ctx=32768 // n_seq, n_seq=n_seq, tree_budget=tree, kv_type="q8_0"))
             dev = plan.devices[0]
             rows.append({"np": n_seq, "tree_budget": tree, "target_compute_mib": dev.parts["target_compute"] / 2**20,
-                         "need_mib": dev.need / 2**20})
+                         "verify_scratch_mib": dev.parts["verify_scratch"] / 2**20, "need_mib": dev.need / 2**20})
 print(json.dumps(rows))
 """
 
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
         installs.append({"python": python, "rows": json.loads(out)})
         for r in installs[-1]["rows"]:
             print(f"{python}: -np {r['np']} tree {r['tree_budget']}: target compute {r['target_compute_mib']:.1f} MiB, "
-                  f"need {r['need_mib']:.0f} MiB")
+                  f"verify scratch and features {r['verify_scratch_mib']:.1f} MiB, need {r['need_mib']:.0f} MiB")
     if args.out:
         write_results(args.out, results_doc("scripts/plan_by_install.py", sys.argv[1:] if argv is None else argv,
                                             installs=installs))

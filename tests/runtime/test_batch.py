@@ -247,17 +247,41 @@ def test_each_sequence_keeps_its_features_until_its_own_next_call(many, one):
     alone_draft.append()
     alone.decode([9], LOGITS_LAST)
     alone_draft.propose(10, 8, read=False)
-    assert not draft.catch_up_due(1, 64 - 2) and draft.catch_up_due(1, 64 - 1)
+    assert not draft.catch_up_due(1, 32 - 2) and draft.catch_up_due(1, 32 - 1)  # a slot's 32 rows (2 x n_verify)
     target.step([Rows(1, DECODE, [9], logits=LOGITS_LAST)], draft)
     draft.propose_many([(1, 10, 8)])
     assert draft.block(8, seq=1) == alone_draft.block(8)
     # ... but not behind a call that does not fit: the positions it lacks are gone
     target.step([Rows(1, DECODE, [11], logits=LOGITS_LAST)], draft)
-    assert not draft.catch_up_due(1, 64 - 1) and draft.catch_up_due(1, 64)
+    assert not draft.catch_up_due(1, 32 - 1) and draft.catch_up_due(1, 32)
     target.decode(list(range(20, 84)), LOGITS_LAST, seq=1)
     with pytest.raises(DflashError, match="gone"):
         draft.propose_many([(1, 12, 8)])
     draft.seq_reset(1)
+
+
+def test_prefill_chunks_share_one_set_of_feature_rows(many):
+    """With several slots, each slot's feature rows hold a verify and as many lacking rows
+    (2 x n_verify), and a prefill chunk of any slot goes to one set of chunk rows after
+    them: the chunk's drafter takes it from there, and a drafter that let another slot's
+    chunk replace it first is refused with a reason, not handed the other's features."""
+    target, draft = many
+    texts = [(p * 10)[:80] for p in prompts(2, seed=57)]
+    for seq in (2, 3):
+        target.seq_reset(seq)
+        draft.seq_reset(seq)
+    target.decode(texts[0][:40], LOGITS_LAST, seq=2)
+    features = target.features(0, 40, seq=2)
+    draft.append(seq=2)  # taken from the chunk rows
+    target.decode(texts[1][:40], LOGITS_LAST, seq=3)
+    assert not np.array_equal(target.features(0, 40, seq=3), features)
+    target.decode(texts[0][40:80], LOGITS_LAST, seq=2)
+    target.decode(texts[1][40:80], LOGITS_LAST, seq=3)  # replaces sequence 2's chunk before its drafter took it
+    with pytest.raises(DflashError, match="gone"):
+        draft.append(seq=2)
+    for seq in (2, 3):
+        target.seq_reset(seq)
+        draft.seq_reset(seq)
 
 
 @pytest.mark.parametrize("kind", ["chain", "tree", "decode"])

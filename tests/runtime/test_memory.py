@@ -77,11 +77,12 @@ def test_plan_of_qwen35_27b_with_its_drafter(shapes):
     assert 0 < p["target_compute"] < 2048 * MIB and 0 < p["draft_compute"] < 512 * MIB
 
 
-def test_each_sequence_slot_has_feature_rows_of_its_own(shapes):
-    """Every slot's state, its captured features too, is its own: with 4 slots the verify
-    scratch (the recurrent layers' kept inputs and the features) is 4 times one slot's,
-    the features each 512 rows (the prefill chunk, the slot's largest call); a target
-    without feature layers has none."""
+def test_each_slot_has_feature_rows_for_a_step_and_prefill_chunks_share_one_set(shapes):
+    """Every slot's state is its own: with 4 slots the verify scratch's recurrent inputs
+    are 4 times one slot's; the captured features are a step's rows a slot (2 x n_verify:
+    a verify and as many rows a drafter lacks) and one prefill chunk's rows (-ub) that
+    every slot's chunks share, where one slot holds its chunk in rows of its own; a
+    target without feature layers has none."""
     c, d = QWEN35_27B, QWEN35_27B_DFLASH
     target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
 
@@ -92,9 +93,11 @@ def test_each_sequence_slot_has_feature_rows_of_its_own(shapes):
         plain = replace(setup.target_config, feature_layers=())
         return plan_memory(target, None, plain, None).devices[0].parts["verify_scratch"]
 
-    features = 4 * len(d["target_layers"]) * c["hidden"] * 512
-    assert scratch(4) == 4 * scratch(1)
-    assert scratch(1) - scratch(1, with_draft=False) == features
+    row = 4 * len(d["target_layers"]) * c["hidden"]
+    n_verify = EngineSetup.of(target, draft, n_ctx=8192, tree_budget=16).target_config.n_verify  # 17: root + 16
+    assert scratch(4, with_draft=False) == 4 * scratch(1, with_draft=False)
+    assert scratch(1) - scratch(1, with_draft=False) == 512 * row
+    assert scratch(4) - scratch(4, with_draft=False) == (4 * 2 * n_verify + 512) * row
 
 
 def test_drafter_window_and_quantized_cache_shrink_the_plan(shapes):
