@@ -145,6 +145,9 @@ class Target(NativeObject):
         self._next_u, self._next_out = ffi.new("float[]", self.n_seq), ffi.new("int32_t[]", self.n_seq)
         self._next_copies = ffi.new("int64_t[2]")
         self._chain_us = ffi.new("int64_t[2]")
+        # chain_step's entries and each slot's drafts, allocated once as decode_next's are
+        self._chain_entries = ffi.new("dfl_chain_seq[]", self.n_seq)
+        self._chain_outs = [ffi.new("int32_t[]", self.n_verify) for _ in range(self.n_seq)]
         self.chain_seconds = (0.0, 0.0)
 
     # -- state --------------------------------------------------------------------
@@ -262,19 +265,20 @@ class Target(NativeObject):
         then its next token; last_copies() is the step's, chain_seconds its (drafting,
         verifying) seconds."""
         n = len(blocks)
-        entries = ffi.new("dfl_chain_seq[]", n)
+        entries, outs = self._chain_entries, self._chain_outs
         keep = []
         for e, (seq, bonus, n_block, tokens) in zip(entries, blocks):
             arr = self._tokens(tokens)
-            out = ffi.new("int32_t[]", int(n_block))
-            keep += [arr, out]
-            e.seq, e.bonus, e.n_block, e.out = int(seq), int(bonus), int(n_block), out
+            keep.append(arr)
+            if len(outs[seq]) < n_block:  # the slot's drafts buffer, grown once to the block size
+                outs[seq] = ffi.new("int32_t[]", int(n_block))
+            e.seq, e.bonus, e.n_block, e.out = int(seq), int(bonus), int(n_block), outs[seq]
             e.tokens = ffi.from_buffer("int32_t[]", arr) if len(arr) else ffi.NULL
             e.n_tokens = len(arr)
         us = self._chain_us
         check(lib.dfl_chain_step(self._handle(), draft._handle(), entries, n, float(p_min), self._next_copies, us))
         self.chain_seconds = (us[0] * 1e-6, us[1] * 1e-6)
-        return [ffi.unpack(e.out, e.n_out) for e in entries]
+        return [ffi.unpack(entries[i].out, entries[i].n_out) for i in range(n)]
 
     def decode(self, tokens, logits: int = LOGITS_LAST, seq: int = 0) -> None:
         """Append tokens (at most n_ubatch) to the context."""

@@ -201,27 +201,33 @@ def decode_alone(target, draft, kind, prompt, n, sampling=None):
     return collect(sequence_steps(seq)), stats
 
 
-def decode_batch(target, draft, requests, join_every=0, n_batch=None, on_round=None):
-    """Run requests (kind, prompt, n, sampling) in one Batch (of n_batch tokens a round),
-    slot i for request i; with join_every, request i joins the batch after i *
-    join_every rounds; on_round(batch) after each round. Returns each one's tokens and
-    stats."""
+def batch_outputs(target, draft, seqs, join_every=0, n_batch=None, on_round=None):
+    """Run sequences in one Batch (of n_batch tokens a round), sequence i joining after
+    i * join_every rounds; on_round(batch) after each round. Returns each one's tokens."""
     batch = Batch(target, draft, n_batch)
-    seqs, outs, rounds = [], [[] for _ in requests], 0
-    for i, (kind, prompt, n, sampling) in enumerate(requests):
-        stats = GenerationStats()
-        seqs.append(Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling),
-                             Request(prompt, n, sampling=sampling), stats, Placement(slot=i)))
-    pending = list(range(len(requests)))
+    index = {id(s): i for i, s in enumerate(seqs)}
+    outs, pending, rounds = [[] for _ in seqs], list(range(len(seqs))), 0
     while pending or len(batch):
         while pending and rounds >= pending[0] * join_every:
             batch.add(seqs[pending.pop(0)])
         for seq, new in batch.advance():
             assert seq.error is None, seq.error
-            outs[seq.slot] += new
+            outs[index[id(seq)]] += new
         if on_round is not None:
             on_round(batch)
         rounds += 1
+        assert rounds < 10_000, "the batch does not finish"
+    return outs
+
+
+def decode_batch(target, draft, requests, join_every=0, n_batch=None, on_round=None):
+    """Run requests (kind, prompt, n, sampling) in one Batch, slot i for request i
+    (batch_outputs). Returns each one's tokens and stats."""
+    seqs = []
+    for i, (kind, prompt, n, sampling) in enumerate(requests):
+        seqs.append(Sequence(target, None if kind == "plain" else draft, proposer(kind, target, draft, sampling),
+                             Request(prompt, n, sampling=sampling), GenerationStats(), Placement(slot=i)))
+    outs = batch_outputs(target, draft, seqs, join_every, n_batch, on_round)
     return outs, [s.stats for s in seqs]
 
 

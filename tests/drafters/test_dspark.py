@@ -242,7 +242,8 @@ def test_sequences_in_a_batch_decode_as_alone(dspark, plain_text):
     """-np: sequences (a chain cut by confidence, a tree, a whole chain) in one drafter
     graph and one target graph per step, joining at different rounds: each gets its solo
     greedy text."""
-    from dflash_gguf.decoding import Batch, Sequence
+    from decoding_checks import batch_outputs
+    from dflash_gguf.decoding import Sequence
     from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.speculative import chain_proposer, tree_proposer
     from dflash_gguf.tokenizer import Tokenizer
@@ -253,15 +254,7 @@ def test_sequences_in_a_batch_decode_as_alone(dspark, plain_text):
                  chain_proposer(target, draft, None, None)]
     seqs = [Sequence(target, draft, p, Request(tok.encode(text), 40, ()), GenerationStats(), Placement(slot=i))
             for i, (p, text) in enumerate(zip(proposers, TEXTS))]
-    batch, outs = Batch(target, draft), [[] for _ in seqs]
-    for rnd in range(400):
-        if rnd % 3 == 0 and rnd // 3 < len(seqs):
-            batch.add(seqs[rnd // 3])
-        for seq, new in batch.advance():
-            assert seq.error is None, seq.error
-            outs[seq.slot] += new
-        if not len(batch):
-            break
+    outs = batch_outputs(target, draft, seqs, join_every=3)
     assert outs == plain_text
 
 

@@ -258,7 +258,8 @@ def test_fused_chain_step_is_the_phased_step(trained_pair, monkeypatch):
     from tokenizers import Tokenizer as HFTokenizer
 
     from dflash_gguf import draft as draft_module, target as target_module
-    from dflash_gguf.decoding import Batch, Sequence
+    from decoding_checks import batch_outputs
+    from dflash_gguf.decoding import Sequence
     from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.proposers import ChainProposer
     from dflash_gguf.speculative import chain_proposer
@@ -277,14 +278,7 @@ def test_fused_chain_step_is_the_phased_step(trained_pair, monkeypatch):
                     for i, p in enumerate(prompts)]
             out = []
             if batched:
-                batch = Batch(target, draft)
-                for s in seqs:
-                    batch.add(s)
-                tokens = {id(s): [] for s in seqs}
-                while len(batch):
-                    for s, new in batch.advance():
-                        tokens[id(s)] += new
-                out = [(tokens[id(s)], s.stats.accepted_lengths) for s in seqs]
+                out = list(zip(batch_outputs(target, draft, seqs), [s.stats.accepted_lengths for s in seqs]))
             else:
                 for s in seqs:
                     target.reset()
