@@ -184,15 +184,22 @@ def test_ctrl_c_stops_cleanly_and_prints_stats(pair):
     import signal
     import time
 
-    # --ignore-eos: only Ctrl-C ends it (the random model may draw an end-of-generation token)
+    # --ignore-eos: only Ctrl-C ends it (the random model may draw an end-of-generation token);
+    # SIGINT as a terminal gives it: a test run started in the background of a shell without
+    # job control ignores SIGINT, and Python keeps an ignored SIGINT ignored
     proc = subprocess.Popen([RUN, "-m", str(pair["target"]), "-md", str(pair["draft"]), "-p", "x", "-n", "100000",
                              "-c", "200000", "--json", "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stdout.read(1)  # generation has started
     assert first
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # not left running, loading the machine under the tests after it
+        raise
     assert proc.returncode == 130
     stats = json.loads(err.strip().splitlines()[-1])
     assert stats["stop_reason"] == "interrupted" and stats["generated_tokens"] > 0
