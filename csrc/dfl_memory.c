@@ -19,9 +19,14 @@ int64_t dfl_replay_floats(const dfl_recurrent_geometry * r, int n_verify) {
     return P.beta + r->n_v_heads * P.cols;
 }
 
-/* The slot's feature rows hold nothing, in its own region (slot seq's). */
+/* The first row of slot seq's own feature rows. */
+static int64_t own_rows(const dfl_memory * mem, int seq) {
+    return (int64_t) seq * mem->feature_rows;
+}
+
+/* The slot's feature rows hold nothing, in its own region. */
 static void features_forget(const dfl_memory * mem, dfl_seq * s, int seq, int n_past) {
-    s->feat.row0 = (int64_t) seq * mem->feature_rows;
+    s->feat.row0 = own_rows(mem, seq);
     s->feat.base = s->feat.rows = s->feat.kept = 0;
     s->feat.p0 = n_past;
     s->feat.tree = false;
@@ -183,8 +188,8 @@ int64_t dfl_memory_spare_cell(const dfl_memory * mem, int il, int seq) {
 }
 
 int64_t dfl_memory_features_region(const dfl_memory * mem, int seq, int rows) {
-    return mem->chunk_rows > 0 && rows > mem->feature_rows ? (int64_t) mem->n_seq * mem->feature_rows
-                                                           : (int64_t) seq * mem->feature_rows;
+    /* the chunk rows follow every slot's own */
+    return mem->chunk_rows > 0 && rows > mem->feature_rows ? own_rows(mem, mem->n_seq) : own_rows(mem, seq);
 }
 
 /* Whether the committed positions a slot's feature rows hold lie in row order (a tree
@@ -200,7 +205,7 @@ static bool held_in_order(const dfl_features_held * f) {
 
 /* The region's rows: a slot's own, or the chunk rows. */
 static int region_rows(const dfl_memory * mem, const dfl_features_held * f, int seq) {
-    return f->row0 == (int64_t) seq * mem->feature_rows ? mem->feature_rows : mem->chunk_rows;
+    return f->row0 == own_rows(mem, seq) ? mem->feature_rows : mem->chunk_rows;
 }
 
 int dfl_memory_features_at(const dfl_memory * mem, int seq, int p0, int rows, int taken) {
@@ -219,13 +224,13 @@ int dfl_memory_features_room(const dfl_memory * mem, int seq, int taken) {
         return mem->feature_rows;
     }
     /* what the chunk rows hold, the slot's next verify (in its own rows) lets go */
-    return held_in_order(f) && f->row0 == (int64_t) seq * mem->feature_rows ? mem->feature_rows - held : 0;
+    return held_in_order(f) && f->row0 == own_rows(mem, seq) ? mem->feature_rows - held : 0;
 }
 
 void dfl_memory_features_written(dfl_memory * mem, int seq, int p0, int rows, int kept, int at) {
     dfl_features_held * f = &mem->seq[seq].feat;
     f->row0 = dfl_memory_features_region(mem, seq, rows);
-    if (f->row0 != (int64_t) seq * mem->feature_rows) {
+    if (f->row0 != own_rows(mem, seq)) {
         /* the chunk rows are this slot's now: another slot that held them holds nothing */
         for (int s = 0; s < mem->n_seq; s++) {
             if (s != seq && mem->seq[s].feat.row0 == f->row0) {

@@ -20,7 +20,7 @@ the target's own sampling."""
 from __future__ import annotations
 
 import time
-from typing import Iterator, List, Optional, Sequence as Seq, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence as Seq, Tuple
 
 from .ddtree import accept_path
 from .generate import GenerationStats, Placement, Prefill, Request, check_request, start_context
@@ -108,14 +108,18 @@ class Sequence:
             self._t_start = time.perf_counter()
             self.stage("prefilled")
 
+    def chunk_alone(self) -> None:
+        """The prefill's next chunk (of up to n_ubatch tokens) in a step of its own, then
+        chunk_ran."""
+        self.prefill.step_alone()
+        self.row0 = 0
+        self.chunk_ran()
+
     def prefill_chunks(self) -> Iterator[None]:
-        """The whole prompt, each chunk (of up to n_ubatch tokens) in a step of its own,
-        yielding after each."""
+        """The whole prompt, each chunk in a step of its own, yielding after each."""
         prefill = self.start_prefill()
         while not prefill.done:
-            self.target.step([prefill.rows(self.target.n_ubatch)])
-            self.row0 = 0
-            self.chunk_ran()
+            self.chunk_alone()
             yield
 
     def first(self) -> List[int]:
@@ -441,20 +445,12 @@ class Batch:
                 return out
             budget -= self.target.n_ubatch  # the step's rows and the chunk beside them: a ubatch
             if joining is not None:
-                joining = self._chunk_ran(joining, out)
+                joining = self._chunk(joining, joining.chunk_ran, out)
         while joining is not None and budget >= self.target.n_ubatch:
             # the round's further chunks, whole ones, each a pass of its own (with no
             # running sequence, the first is one: n_batch is at least n_ubatch)
-            rows = joining.prefill.rows(self.target.n_ubatch)
-            budget -= rows.n_rows
-            try:
-                self.target.step([rows])
-            except Exception as e:  # noqa: BLE001 - the request fails, the batch goes on
-                self.joining.remove(joining)
-                self._fail([joining], e, out)
-                break
-            joining.row0 = 0
-            joining = self._chunk_ran(joining, out)
+            budget -= self.target.n_ubatch
+            joining = self._chunk(joining, joining.chunk_alone, out)
         for seq in [s for s in self.active if s.done]:
             self.active.remove(seq)
             seq.finish(clean=True)
@@ -475,11 +471,13 @@ class Batch:
                 self._fail([seq], e, out)
         return None
 
-    def _chunk_ran(self, seq: Sequence, out: list) -> Optional[Sequence]:
-        """After a step that ran the joining sequence's chunk: the sequence still joining
-        (None once its prompt is in: its first token chosen, it runs from the next round)."""
+    def _chunk(self, seq: Sequence, run: Callable[[], object], out: list) -> Optional[Sequence]:
+        """The joining sequence's chunk, by `run`: a step of its own (chunk_alone), or
+        what follows the running step that carried it (chunk_ran). Returns the sequence
+        still joining, or None once its prompt is in (its first token chosen, it runs
+        from the next round) or it failed."""
         try:
-            seq.chunk_ran()
+            run()
             if not seq.prefill.done:
                 return seq
             self.joining.remove(seq)

@@ -151,6 +151,11 @@ class Prefill:
         return Rows(self.seq, DECODE, self.prompt[self.pos:end],
                     logits=LOGITS_LAST if end == len(self.prompt) else LOGITS_NONE)
 
+    def step_alone(self) -> None:
+        """Run the next chunk, at most n_ubatch tokens, in a target step of its own (its
+        choice, if any, at row 0); ran() follows."""
+        self.target.step([self.rows(self.target.n_ubatch)])
+
     def ran(self) -> None:
         """The chunk rows() gave has run."""
         chunk = self.prompt[self.pos:self._end]
@@ -169,7 +174,7 @@ def prefill_chunks(target: Target, prompt: List[int], start: int, draft=None, sa
     n_ubatch tokens in a step of its own, yielding after each."""
     prefill = Prefill(target, prompt, start, draft, saver, on_stage, seq)
     while not prefill.done:
-        target.step([prefill.rows(target.n_ubatch)])
+        prefill.step_alone()
         prefill.ran()
         yield
 
