@@ -407,6 +407,11 @@ dfl_status dfl_runtime_placement(const dfl_runtime * rt, dfl_placement * out) {
 }
 
 void dfl_runtime_set(const dfl_runtime * rt, struct ggml_tensor * t, const void * src, size_t offset, size_t size) {
+    if (!t->buffer) {
+        /* an input no node of the graph reads, which the scheduler gave no memory (a model
+         * whose layers are all sliding-window reads no full-attention cache rows) */
+        return;
+    }
     rt->traffic->writes++;
     rt->traffic->write_bytes += (int64_t) size;
     ggml_backend_tensor_set(t, src, offset, size);

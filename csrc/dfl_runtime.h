@@ -77,7 +77,8 @@ struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot);
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
 dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * gf);
 /* Graph inputs in, results out: ggml_backend_tensor_set/get, counted. The runtime may be
- * reached through a const handle (reading results does not change a model). */
+ * reached through a const handle (reading results does not change a model). An input
+ * the graph does not read (no memory) is skipped. */
 void dfl_runtime_set(const dfl_runtime * rt, struct ggml_tensor * t, const void * src, size_t offset, size_t size);
 void dfl_runtime_get(const dfl_runtime * rt, const struct ggml_tensor * t, void * dst, size_t offset, size_t size);
 /* The indices of the k largest of each row of a, [k, rows], in no particular order:

@@ -114,6 +114,20 @@ def test_scaled_rope_custom_pattern_and_attention_scale(tmp_path, convert_model)
     assert rel_err(our_logits(path, tokens), hf_logits(d, tokens)) < HF_TOL
 
 
+def test_a_model_of_local_layers_only(tmp_path, convert_model):
+    """Four layers, every one sliding-window (the pattern's first global layer would be the
+    sixth): no layer reads the full-attention cache rows, which the step then leaves out
+    (setting their input aborted in ggml before). Logits as transformers', greedy as
+    plain decoding's."""
+    d = make_gemma3(tmp_path / "local", layers=4, seed=6)
+    path = convert_model(d, "f32")
+    kv, _ = read_gguf(path)
+    assert kv["gemma3.block_count"][1] == 4 and "gemma3.attention.sliding_window_pattern" not in kv or \
+        all(kv["gemma3.attention.sliding_window_pattern"][1])
+    tokens = prompts(1, seed=5)[0]
+    assert rel_err(our_logits(path, tokens), hf_logits(d, tokens)) < HF_TOL
+
+
 def test_text_tower_of_the_multimodal_checkpoint(tmp_path, convert_model, llama_cpp_convert):
     """Gemma3ForConditionalGeneration: the text tower converts to the file llama.cpp's
     converter writes, and runs with transformers' text logits. No softcap: transformers'
