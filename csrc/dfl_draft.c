@@ -165,7 +165,11 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
                       d->p.n_threads < 0 ? "the target's threads" : "the whole context");
     } else if (d->p.block_size < 0 || d->p.block_size > DFL_MAX_BLOCK) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "drafter block size %d is outside 0..%d", d->p.block_size, DFL_MAX_BLOCK);
+    } else {
+        st = dfl_check_head_tokens(d->p.head_tokens, d->p.n_head_tokens, dfl_target_n_vocab(target), path);
     }
+    d->p.head_tokens = NULL; /* the caller's, read by the load (cut_head), not kept; the count
+                                stays for a memory plan (dfl_draft_kept_count) */
     if (st == DFL_OK) {
         st = dfl_gguf_open(path, &d->m.file);
         if (st != DFL_OK) {
@@ -276,6 +280,75 @@ static dfl_status reserve_worst(dfl_draft * d) {
     return DFL_OK;
 }
 
+int dfl_draft_kept_count(const dfl_draft * d) {
+    const dfl_drafter * m = &d->m;
+    if (!m->head) {
+        return 0;
+    }
+    if (d->p.n_head_tokens > 0) {
+        return d->p.n_head_tokens;
+    }
+    char key[96];
+    snprintf(key, sizeof key, "%s.head_tokens", m->file.arch);
+    const int64_t id = gguf_find_key(m->file.meta, key);
+    return id < 0 || gguf_get_kv_type(m->file.meta, id) != GGUF_TYPE_ARRAY ? 0 : (int) gguf_get_arr_n(m->file.meta, id);
+}
+
+/* The LM head cut to the kept tokens (the params', else the file's <arch>.head_tokens),
+ * once the weights it takes rows of are loaded: those rows, and the ids the logits
+ * scatter to, on the head's device. */
+static dfl_status cut_head(dfl_draft * d, const int32_t * ids, int n) {
+    dfl_drafter * m = &d->m;
+    int32_t * from_file = NULL;
+    if (n == 0 && dfl_gguf_has(&m->file, ".head_tokens")) {
+        from_file = malloc((size_t) m->n_vocab * sizeof(int32_t));
+        if (!from_file) {
+            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+        dfl_status st = dfl_gguf_arr_i32(&m->file, ".head_tokens", from_file, m->n_vocab, &n);
+        if (st != DFL_OK) {
+            free(from_file);
+            return st;
+        }
+        ids = from_file;
+    }
+    dfl_status st = DFL_OK;
+    if (n > 0 && !m->head) {
+        st = dfl_fail(DFL_ERR_ARGUMENT, "a cut drafter head (kept tokens) applies to DFlash drafters; '%s' is a %s "
+                      "drafter%s", m->file.path, m->arch->name,
+                      strcmp(m->arch->name, "dflash") == 0 ? " with DFlash2's selector" : "");
+    }
+    if (st == DFL_OK && n > 0) st = dfl_check_head_tokens(ids, n, m->n_vocab, m->file.path);
+    if (st == DFL_OK && n > 0) {
+        st = dfl_gguf_weight_rows(m->head_file, m->head, ids, n, dfl_target_repack(d->target), &m->ctx_head_rows,
+                                  &m->buf_head_rows, &m->head_rows);
+    }
+    if (st == DFL_OK && n > 0) {
+        struct ggml_init_params ip = { ggml_tensor_overhead(), NULL, true };
+        m->ctx_head_ids = ggml_init(ip);
+        if (!m->ctx_head_ids) {
+            st = dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+        }
+    }
+    if (st == DFL_OK && n > 0) {
+        m->head_ids = ggml_new_tensor_1d(m->ctx_head_ids, GGML_TYPE_I32, n);
+        ggml_set_name(m->head_ids, "head_tokens");
+        /* beside the rows, in the device's plain memory (the rows' may be a repacked type) */
+        ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(m->head_rows->buffer));
+        ggml_backend_buffer_type_t buft = dev ? ggml_backend_dev_buffer_type(dev)
+                                                : ggml_backend_buffer_get_type(m->head_rows->buffer);
+        m->buf_head_ids = ggml_backend_alloc_ctx_tensors_from_buft(m->ctx_head_ids, buft);
+        if (!m->buf_head_ids) {
+            st = dfl_fail(DFL_ERR_BACKEND, "cannot allocate the drafter's kept head tokens");
+        } else {
+            ggml_backend_tensor_set(m->head_ids, ids, 0, (size_t) n * sizeof(int32_t));
+            m->n_head = n;
+        }
+    }
+    free(from_file);
+    return st;
+}
+
 DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const dfl_draft_params * params,
                                   dfl_draft ** out) {
     dfl_draft * d;
@@ -288,6 +361,7 @@ DFL_API dfl_status dfl_draft_load(const char * path, dfl_target * target, const 
     d->p.n_weight_placements = 0;
     if (st == DFL_OK) st = dfl_gguf_load_weights(&d->m.file, dev_of, dfl_target_repack(d->target));
     free(dev_of);
+    if (st == DFL_OK) st = cut_head(d, params ? params->head_tokens : NULL, params ? params->n_head_tokens : 0);
     if (st == DFL_OK) st = alloc_state(d);
     if (st == DFL_OK) st = reserve_worst(d);
     if (st != DFL_OK) {
@@ -306,6 +380,10 @@ DFL_API void dfl_draft_free(dfl_draft * d) {
     if (d->buf_blocks) ggml_backend_buffer_free(d->buf_blocks);
     if (d->ctx_blocks) ggml_free(d->ctx_blocks);
     dfl_runtime_free(&d->rt);
+    if (d->m.buf_head_rows) ggml_backend_buffer_free(d->m.buf_head_rows);
+    if (d->m.ctx_head_rows) ggml_free(d->m.ctx_head_rows);
+    if (d->m.buf_head_ids) ggml_backend_buffer_free(d->m.buf_head_ids);
+    if (d->m.ctx_head_ids) ggml_free(d->m.ctx_head_ids);
     if (d->m.arch && d->m.arch->free) {
         d->m.arch->free(&d->m);
     }
@@ -336,6 +414,7 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     info->greedy_only = m->greedy_only;
     info->has_confidence = m->has_confidence;
     info->n_ctx_tokens = d->mem.seq[0].n_past;
+    info->n_head_tokens = m->n_head > 0 ? m->n_head : m->n_vocab;
     info->n_graphs = d->n_graphs;
     info->n_graph_builds = d->n_graph_builds;
     info->compute_bytes = dfl_runtime_compute_bytes(&d->rt);

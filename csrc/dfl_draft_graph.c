@@ -5,6 +5,7 @@
  * descriptor: nothing here writes to the drafter. */
 #include "dfl_draft_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 /* What the services need to know about the graph being built. */
@@ -81,6 +82,14 @@ struct ggml_tensor * dfl_draft_rows(struct ggml_context * ctx, struct ggml_tenso
 }
 
 /* ---- services ------------------------------------------------------------------------ */
+
+struct ggml_tensor * dfl_draft_scatter_vocab(struct ggml_context * ctx, struct ggml_tensor * out,
+                                             struct ggml_tensor * ids, int64_t n_vocab) {
+    const int64_t n_kept = out->ne[0], n = out->ne[1];
+    struct ggml_tensor * all = ggml_fill(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, n_vocab, n), -INFINITY);
+    all = ggml_set_rows(ctx, all, ggml_reshape_3d(ctx, out, 1, n_kept, n), ggml_reshape_3d(ctx, ids, n_kept, 1, 1));
+    return ggml_reshape_2d(ctx, all, n_vocab, n);
+}
 
 struct ggml_tensor * dfl_draft_graph_pos(dfl_draft_graph * g, int pass) {
     const draft_build * b = g->runtime;

@@ -105,6 +105,18 @@ struct dfl_drafter {
     int nodes_per_pass;            /* graph nodes each drafted row of a sequence adds (an autoregressive
                                       pass beyond the first, a DSpark Markov step) */
     void * weights;                /* the architecture's own (freed by arch->free) */
+    /* its LM head, where a kept set may cut it (a DFlash drafter's: the target's or its
+     * own), and the file it is read from; NULL: this kind takes no cut */
+    struct ggml_tensor * head;
+    const dfl_gguf * head_file;
+    /* the cut (dfl_draft_params.head_tokens, or the file's <arch>.head_tokens), made once
+     * the weights are loaded: the head's rows of the kept tokens and their ids [n_head]
+     * I32, which the builder's logits go through (dfl_draft_scatter_vocab); n_head 0: the
+     * whole head */
+    int n_head;
+    struct ggml_tensor * head_rows, * head_ids;
+    struct ggml_context * ctx_head_rows, * ctx_head_ids;
+    ggml_backend_buffer_t buf_head_rows, buf_head_ids;
 };
 
 /* ---- graph services ------------------------------------------------------------------ */
@@ -146,6 +158,10 @@ struct ggml_tensor * dfl_draft_graph_attention(dfl_draft_graph * g, int pass, in
  * block; autoregressive, x [ne0, n_pass * n_rows] the passes' rows in pass order: each
  * sequence's first n_block - 1 passes. Sequence after sequence. -> [ne0, D] */
 struct ggml_tensor * dfl_draft_graph_drafted(dfl_draft_graph * g, struct ggml_tensor * x);
+/* Logits over a kept set out [n_kept, n] scattered to the vocabulary by ids [n_kept]
+ * (I32 or I64 token ids): [n_vocab, n], -inf at the tokens not kept. */
+struct ggml_tensor * dfl_draft_scatter_vocab(struct ggml_context * ctx, struct ggml_tensor * out,
+                                             struct ggml_tensor * ids, int64_t n_vocab);
 /* Rows [row0, row0 + n) of x [ne0, rows] (x itself when they are all of it). */
 struct ggml_tensor * dfl_draft_rows(struct ggml_context * ctx, struct ggml_tensor * x, int64_t row0, int64_t n);
 /* Sequence `part`'s drafts first..first + n - 1 (0: the first draft) are tokens [n] I32:

@@ -90,6 +90,15 @@ static dfl_status plan_draft_with(dfl_draft * d, ggml_backend_buffer_t dummies[3
         }
     }
     free(dev_of);
+    const int n_kept = dfl_draft_kept_count(d);
+    if (n_kept > 0) {
+        /* a cut head's rows are a copy beside the whole head, in its memory (host memory:
+         * the CPU's part when the drafter runs on another device), and their ids (the
+         * propose's compute grows by the kept logits only: [n_kept, drafted rows]) */
+        const struct ggml_tensor * head = d->m.head;
+        const int k = d->rt.dev != d->rt.dev_cpu && ggml_backend_buffer_is_host(head->buffer) ? 1 : 0;
+        out->weights[k] += ggml_row_size(head->type, head->ne[0]) * (size_t) n_kept + (size_t) n_kept * sizeof(int32_t);
+    }
     TRY(dfl_draft_define_state(d));
     struct ggml_context * state[2] = { d->mem.ctx[0], d->ctx_blocks };
     for (int k = 0; k < 2; k++) {

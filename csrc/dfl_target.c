@@ -304,26 +304,24 @@ static dfl_status place_weights(dfl_target * t) {
     return st;
 }
 
-/* The kept tokens of a cut head: 1..n_vocab distinct ids of the vocabulary. */
-static dfl_status check_head_tokens(const dfl_target * t, const dfl_target_params * p) {
-    const int V = t->m.n_vocab, n = p->n_head_tokens;
+dfl_status dfl_check_head_tokens(const int32_t * ids, int n, int n_vocab, const char * path) {
     if (n == 0) {
         return DFL_OK;
     }
-    if (n < 0 || n > V || !p->head_tokens) {
+    if (n < 0 || n > n_vocab || !ids) {
         return dfl_fail(DFL_ERR_ARGUMENT, "an output head cut to %d tokens: keep 1..%d (the vocabulary of '%s'), "
-                        "or 0 for the whole head", n, V, t->m.file.path);
+                        "or 0 for the whole head", n, n_vocab, path);
     }
-    uint8_t * seen = calloc((size_t) V, 1);
+    uint8_t * seen = calloc((size_t) n_vocab, 1);
     if (!seen) {
         return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
     }
     dfl_status st = DFL_OK;
     for (int i = 0; i < n && st == DFL_OK; i++) {
-        const int32_t tok = p->head_tokens[i];
-        if (tok < 0 || tok >= V) {
+        const int32_t tok = ids[i];
+        if (tok < 0 || tok >= n_vocab) {
             st = dfl_fail(DFL_ERR_ARGUMENT, "kept head token %d (entry %d) is outside the vocabulary 0..%d", tok, i,
-                          V - 1);
+                          n_vocab - 1);
         } else if (seen[tok]++) {
             st = dfl_fail(DFL_ERR_ARGUMENT, "kept head token %d is listed twice", tok);
         }
@@ -411,7 +409,7 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
     t->tok_lookup = t->m.tok_embd;
     t->head = t->m.output; /* a memory plan counts the whole head */
     t->n_head = t->m.n_vocab;
-    st = params ? check_head_tokens(t, params) : DFL_OK;
+    st = params ? dfl_check_head_tokens(params->head_tokens, params->n_head_tokens, t->m.n_vocab, path) : DFL_OK;
     if (st == DFL_OK) {
         st = dfl_model_rope_scaling(&t->m, t->p.rope_scaling_type, t->p.rope_freq_scale, t->p.yarn_orig_ctx);
     }

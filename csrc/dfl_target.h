@@ -28,6 +28,9 @@ bool dfl_target_on_cpu(const dfl_target * t);
  * its device) and the LM head, shared with a drafter; the final norm's weight. */
 struct ggml_tensor * dfl_target_tok_embd(const dfl_target * t);
 struct ggml_tensor * dfl_target_lm_head(const dfl_target * t);
+/* The kept tokens of a cut head: 1..n_vocab distinct ids of the vocabulary (n 0: none,
+ * the whole head). path names the model in the message. */
+dfl_status dfl_check_head_tokens(const int32_t * ids, int n, int n_vocab, const char * path);
 struct ggml_tensor * dfl_target_output_norm(const dfl_target * t);
 /* Its RoPE scaling as resolved at load (the file's keys and the caller's overrides): a
  * drafter layer of the target's own file rotates as its layers do. */

@@ -375,6 +375,13 @@ typedef struct dfl_draft_params {
                           the drafter's own (a DFlash file's trained block) */
     int32_t n_weight_placements; /* drafter weights placed by name (read at load, not kept) */
     const dfl_weight_placement * weight_placements;
+    /* A DFlash drafter's LM head cut to these tokens (FR-Spec): n_head_tokens distinct ids
+     * of the target's vocabulary. Its logits are -inf at every other token, so it never
+     * drafts one; the target's verify, and so the output, is unchanged. 0: the kept set
+     * its file carries (the key dflash.head_tokens, which llama.cpp ignores), else the
+     * whole head. Read at load, not kept. */
+    int32_t n_head_tokens;
+    const int32_t * head_tokens;
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
@@ -389,6 +396,7 @@ typedef struct dfl_draft_info {
     int32_t greedy_only;        /* it drafts its own choices only (no drawn drafts) */
     int32_t has_confidence;     /* it estimates each draft's acceptance (dfl_draft_confidence) */
     int32_t n_ctx_tokens;       /* context positions the drafter holds */
+    int32_t n_head_tokens;      /* tokens its LM head keeps (a cut head), or the vocabulary */
     int64_t n_graphs;           /* graphs run so far ... */
     int64_t n_graph_builds;     /* ... and how many of them were built, not reused */
     uint64_t compute_bytes;     /* compute memory its graph slots hold now */

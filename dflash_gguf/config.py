@@ -307,6 +307,10 @@ class EngineSetup:
     spec_draft_conf_min: float = 0.0  # DSpark's confidence cut of the chain (0: none)
     draft_path: Optional[str] = None  # the drafter's GGUF: -md's, or the model's own for draft-mtp
     simple: Optional[SimpleSetup] = None  # draft-simple's small model and settings (draft_path is then None)
+    # a DFlash drafter's head cut to that many tokens (draft_simple.kept_tokens; 0: the
+    # kept set its file carries, else all), the commonest in draft_vocab_from's text
+    draft_vocab: int = 0
+    draft_vocab_from: Tuple[str, ...] = ()
 
     @property
     def n_seq(self) -> int:
@@ -362,8 +366,6 @@ class EngineSetup:
         ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
         simple = SIMPLE in kinds
         _count("spec_draft_vocab", spec_draft_vocab, 0, what="the drafter's kept tokens (0: all)")
-        if spec_draft_vocab and not simple:
-            raise ConfigError("spec_draft_vocab", f"the drafter's head is cut for {SIMPLE} only; this run has none")
         vocab_from = (spec_draft_vocab_from,) if isinstance(spec_draft_vocab_from, (str, os.PathLike)) \
             else tuple(spec_draft_vocab_from or ())
         if vocab_from and not spec_draft_vocab:
@@ -374,6 +376,9 @@ class EngineSetup:
             raise ConfigError("spec_draft_vocab_from", f"{missing}: no such file or directory")
         draft_path = model if "draft-mtp" in kinds else (None if simple else draft)
         meta = read_draft_metadata(draft_path) if draft_path else None
+        if spec_draft_vocab and not simple and (meta is None or meta["kind"] != "dflash"):
+            raise ConfigError("spec_draft_vocab", f"the drafter's head is cut for {SIMPLE} and DFlash drafters; "
+                                                  f"this run has {'a ' + meta['kind'] + ' drafter' if meta else 'none'}")
         if spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
             raise ConfigError("spec_draft_conf_min", "draft conf-min cuts a DSpark drafter's chain by its confidence "
                                                      "head; this run has no DSpark drafter")
@@ -439,7 +444,8 @@ class EngineSetup:
                                        block_size=block if meta["kind"] in AUTOREGRESSIVE else 0,
                                        tensor_overrides=draft_rules)
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
-                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path, simple_setup)
+                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path, simple_setup,
+                   0 if simple else spec_draft_vocab, () if simple else tuple(map(str, vocab_from)))
 
 
 def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: Optional[float], draft_vocab: int,

@@ -24,6 +24,9 @@ class DraftConfig:
     top_k: int = 0  # candidates per drafted position for tree building; 0: greedy chain only
     block_size: int = 0  # the largest block proposed (bonus + drafts); 0: the drafter's own (DFlash's trained)
     tensor_overrides: tuple = ()  # weights placed by name: (pattern, device) rules (placement.py)
+    # a DFlash drafter's LM head cut to these token ids (FR-Spec: it drafts none other);
+    # None: the kept set its file carries (dflash.head_tokens), else the whole head
+    head_tokens: Optional[Sequence[int]] = None
 
 
 def read_draft_metadata(path: str) -> dict:
@@ -68,6 +71,12 @@ def draft_params(cfg: DraftConfig, path: Optional[str] = None):
     p.n_threads = int(cfg.n_threads)
     p.top_k = int(cfg.top_k)
     p.block_size = int(cfg.block_size)
+    if cfg.head_tokens is not None:
+        if len(cfg.head_tokens) == 0:
+            raise ValueError("a drafter head cut to no tokens: keep at least one (None: the whole head)")
+        kept = ffi.new("int32_t[]", [int(t) for t in cfg.head_tokens])
+        p.n_head_tokens, p.head_tokens = len(cfg.head_tokens), kept
+        placement._keep[p] = placement._keep.get(p, ()) + (kept,)
     if cfg.tensor_overrides:
         if path is None:
             raise ValueError("tensor overrides are resolved against a drafter file: give its path")
@@ -118,6 +127,7 @@ class Draft(NativeObject):
         self.reads_tokens = bool(info.reads_tokens)  # its context needs the committed tokens
         self.greedy_only = bool(info.greedy_only)  # it drafts its own choices: no drawn drafts
         self.has_confidence = bool(info.has_confidence)  # it estimates each draft's acceptance (DSpark)
+        self.n_head_tokens = int(info.n_head_tokens)  # tokens its head drafts from (a cut head's kept set)
         self.n_vocab = target.n_vocab
         self.top_k = int(cfg.top_k)
         self._row0: Dict[int, int] = {}  # per sequence: its first drafted row in the last propose's results

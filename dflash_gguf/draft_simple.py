@@ -160,13 +160,13 @@ def kept_tokens(path: str, n: int, counts: Optional[np.ndarray] = None) -> Tuple
     if n_vocab is None:
         raise ValueError(f"{path} has no vocabulary (tokenizer.ggml.tokens): cannot pick the tokens to keep")
     if not 1 <= n <= n_vocab:
-        raise ValueError(f"--spec-draft-vocab {n}: the drafter {path} has {n_vocab} tokens; keep 1..{n_vocab} "
-                         "(0: the whole head)")
+        raise ValueError(f"--spec-draft-vocab {n}: the vocabulary of {path} has {n_vocab} tokens; keep "
+                         f"1..{n_vocab} (0: the whole head)")
     types = reader.fields.get("tokenizer.ggml.token_type")
     kinds = np.asarray(types.contents(), dtype=np.int64) if types is not None else np.ones(n_vocab, np.int64)
     special = np.flatnonzero(np.isin(kinds, SPECIAL_TOKEN_TYPES))
     if len(special) > n:
-        raise ValueError(f"--spec-draft-vocab {n} is fewer than the drafter's {len(special)} special tokens, "
+        raise ValueError(f"--spec-draft-vocab {n} is fewer than the vocabulary's {len(special)} special tokens, "
                          "which a cut head always keeps")
     rest = np.setdiff1d(np.arange(n_vocab), special, assume_unique=True)
     if counts is not None:

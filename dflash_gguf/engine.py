@@ -12,7 +12,7 @@ from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
-from .draft_simple import SimpleDraft, SimpleProposer, corpus_counts
+from .draft_simple import SimpleDraft, SimpleProposer, corpus_counts, kept_tokens
 from .generate import GenerationStats, Placement, Request, check_request, collect
 from .memory import refusal, settle
 from .ngram import ngram_sources
@@ -95,8 +95,9 @@ class Engine:
         spec_draft_n_max (the n-gram kinds' longest draft, MTP's, EAGLE3's and draft-simple's
         drafts per step; the DFlash block when block_size is left out), spec_draft_n_min,
         n_ctx_draft and n_gpu_layers_draft (draft-simple's shortest chain, its context (0: n_ctx)
-        and its layers on the device), spec_draft_vocab (draft-simple's drafter head cut to
-        that many tokens, FR-Spec: cheaper drafts, never a token outside them; 0: all),
+        and its layers on the device), spec_draft_vocab (draft-simple's or a DFlash
+        drafter's head cut to that many tokens, FR-Spec: cheaper drafts, never a token
+        outside them; 0: the kept set a DFlash file carries, else all),
         spec_draft_vocab_from (files or directories of text whose commonest tokens the cut
         keeps; default: the lowest ids),
         spec_draft_conf_min,
@@ -123,6 +124,9 @@ class Engine:
             draft_config = replace(draft_config, top_k=0)
         try:
             self.tokenizer = Tokenizer(model)
+            if setup.draft_vocab:
+                draft_config = replace(draft_config, head_tokens=self._kept_tokens(setup.draft_vocab,
+                                                                                    setup.draft_vocab_from))
             self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
             # draft-simple: a second model of the target's kind, with its own memory (draft_simple.py)
             self.simple_draft = self._simple_draft(setup.simple) if setup.simple else None
@@ -155,9 +159,17 @@ class Engine:
     def _simple_draft(self, simple) -> SimpleDraft:
         """draft-simple's drafter, its head cut to the commonest tokens of the corpus named
         (--spec-draft-vocab-from), tokenized as the target tokenizes."""
-        counts = corpus_counts(self.tokenizer, simple.draft_vocab_from, self.target.n_vocab) \
-            if simple.draft_vocab_from else None
-        return SimpleDraft(simple.path, simple.config, self.target, simple.draft_vocab, counts)
+        return SimpleDraft(simple.path, simple.config, self.target, simple.draft_vocab,
+                           self._corpus_counts(simple.draft_vocab_from))
+
+    def _corpus_counts(self, paths):
+        """Each token's count in those files' text (None: no files, the lowest ids are kept)."""
+        return corpus_counts(self.tokenizer, paths, self.target.n_vocab) if paths else None
+
+    def _kept_tokens(self, n: int, paths) -> tuple:
+        """A DFlash drafter's kept set (--spec-draft-vocab): it shares the target's head,
+        so the target's vocabulary is the one cut."""
+        return kept_tokens(self.target.path, n, self._corpus_counts(paths))
 
     def close(self) -> None:
         for memory in self._autos.values():

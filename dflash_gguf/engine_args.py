@@ -132,11 +132,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="draft-simple: drop a draft shorter than N (the step decodes the last token alone; "
                         "default 0)")
     p.add_argument("--spec-draft-vocab", type=int, default=0, metavar="N",
-                   help="draft-simple: cut the drafter's output head to N tokens (its special tokens and the "
-                        "lowest ids, which a byte-level BPE gives its commonest merges; FR-Spec): each draft "
-                        "computes N logits instead of the whole vocabulary's, but a token outside the N is never "
-                        "drafted, so fewer drafts may be accepted; output is unchanged (the target verifies "
-                        "every draft) (default 0: the whole vocabulary)")
+                   help="draft-simple and draft-dflash (DFlash v1): cut the drafter's output head to N tokens "
+                        "(its special tokens and the lowest ids, which a byte-level BPE gives its commonest "
+                        "merges; FR-Spec): each draft computes N logits instead of the whole vocabulary's, but a "
+                        "token outside the N is never drafted, so fewer drafts may be accepted; output is "
+                        "unchanged (the target verifies every draft) (default 0: the kept set a DFlash file "
+                        "carries (dflash-train --draft-vocab), else the whole vocabulary)")
     p.add_argument("--spec-draft-vocab-from", action="append", default=[], metavar="PATH",
                    help="with --spec-draft-vocab N: keep the N tokens commonest in this text (a file, or every "
                         "file under a directory; repeatable), tokenized as the target tokenizes, with the "
@@ -496,7 +497,8 @@ def open_chat_engine(prog: str, model: str, draft, args):
 
 def engine_mode(engine, tree_budget) -> str:
     """How an opened Engine decodes, in words: "autoregressive", "chain", "tree (budget
-    8)", with the drafter's kind ("mtp chain"), the n-gram kinds or draft-simple."""
+    8)", with the drafter's kind ("mtp chain"), the n-gram kinds or draft-simple, and its
+    head's kept tokens where it is cut."""
     mode = "autoregressive" if engine.draft is None else (
         f"tree (budget {tree_budget})" if engine.tree_budget else "chain")
     if engine.draft is not None and engine.draft.kind != "dflash":
@@ -506,4 +508,8 @@ def engine_mode(engine, tree_budget) -> str:
     if engine.simple_draft is not None:
         simple = engine.setup.simple
         mode = "draft-simple " + ("tree" if simple.tree else "auto (plain or chain)" if simple.auto else "chain")
+    head = engine.simple_draft.model.n_head if engine.simple_draft is not None else \
+        engine.draft.n_head_tokens if engine.draft is not None else None
+    if head is not None and head < engine.target.n_vocab:
+        mode += f", drafter head cut to {head} tokens"
     return mode

@@ -114,8 +114,12 @@ SIMPLE_PARTS = {"target_weights": "draft_weights", "kv_cache": "draft_cache", "r
 
 def plan_setup(model: str, setup: EngineSetup) -> MemoryPlan:
     """The plan of an EngineSetup: its target and drafter, a draft-simple drafter's needs
-    added to its device's as the drafter's parts."""
-    plan = plan_memory(model, setup.draft_path, setup.target_config, setup.draft_config)
+    added to its device's as the drafter's parts, a DFlash drafter's cut head counted
+    (--spec-draft-vocab: its size is what the plan needs, not which tokens it keeps)."""
+    draft_config = setup.draft_config
+    if setup.draft_vocab and draft_config is not None:
+        draft_config = replace(draft_config, head_tokens=tuple(range(setup.draft_vocab)))
+    plan = plan_memory(model, setup.draft_path, setup.target_config, draft_config)
     if setup.simple is not None:
         small = plan_memory(setup.simple.path, None, setup.simple.config)
         for d in small.devices:

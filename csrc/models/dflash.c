@@ -222,6 +222,12 @@ static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_pa
     const dfl_status st = dflash_backbone_load(m, t, &w);
     m->weights = w;
     (void) p;
+    if (st == DFL_OK && w->conv_k == 0) {
+        /* DFlash (v1) drafts by its head's argmax, which a kept set may cut; DFlash2's
+         * selector scores the whole head (and DSpark heads it with its own) */
+        m->head = w->output;
+        m->head_file = w->output_file;
+    }
     return st;
 }
 
@@ -386,6 +392,7 @@ struct ggml_tensor * dflash_backbone_head(const dflash_weights * w, struct ggml_
     return dfl_gguf_mul_mat(w->output_file, ctx, w->output, x);
 }
 
+
 static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts) {
     const dflash_weights * w = m->weights;
     struct ggml_context * ctx = g->ctx;
@@ -393,12 +400,18 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     if (!x) {
         return NULL;
     }
-    struct ggml_tensor * logits = dflash_backbone_head(w, ctx, x);
+    /* a cut head: the kept rows (a tensor of their own, never sliced), their logits scaled
+     * and capped as the whole head's, then scattered to their tokens (-inf at the others,
+     * which a cap would have lifted to -softcap) */
+    struct ggml_tensor * logits = m->n_head > 0 ? ggml_mul_mat(ctx, m->head_rows, x) : dflash_backbone_head(w, ctx, x);
     if (w->logit_scale != 1.0f) {
         logits = ggml_scale(ctx, logits, w->logit_scale);
     }
     if (w->softcap > 0.0f) {
         logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / w->softcap)), w->softcap);
+    }
+    if (m->n_head > 0) {
+        logits = dfl_draft_scatter_vocab(ctx, logits, m->head_ids, m->n_vocab);
     }
     if (w->conv_k > 0) {
         /* each block holds the selector's path */

@@ -240,11 +240,7 @@ static struct ggml_tensor * head(const eagle3_weights * w, struct ggml_context *
     if (!w->d2t) {
         return out;
     }
-    const int64_t n = out->ne[1];
-    struct ggml_tensor * all = ggml_fill(ctx, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, n_vocab, n), -INFINITY);
-    all = ggml_set_rows(ctx, all, ggml_reshape_3d(ctx, out, 1, w->n_vocab_draft, n),
-                        ggml_reshape_3d(ctx, w->d2t, w->n_vocab_draft, 1, 1));
-    return ggml_reshape_2d(ctx, all, n_vocab, n);
+    return dfl_draft_scatter_vocab(ctx, out, w->d2t, n_vocab);
 }
 
 static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts) {

@@ -81,6 +81,19 @@ def test_logits_and_selector_path_match_reference(pair2, draft_key):
     assert drafts != ref_logits.argmax(1).tolist(), "the selector should change some choice of this fixture"
 
 
+def test_a_kept_set_is_refused_in_one_line(pair2):
+    """DFlash2's selector scores the whole head: a cut head (--spec-draft-vocab) is refused."""
+    from dflash_gguf import DflashError
+
+    target, draft = load(pair2)
+    draft.close()
+    try:
+        with pytest.raises(DflashError, match="DFlash2's selector"):
+            Draft(pair2["draft"], target, DraftConfig(kv_type="f32", head_tokens=(1, 2, 3)))
+    finally:
+        target.close()
+
+
 def test_chain_acceptance_matches_reference_loop(pair2, monkeypatch):
     import dflash.model as ref
 

@@ -506,7 +506,7 @@ def test_a_cut_head_out_of_range_is_a_clear_error(files):
         V = whole.n_vocab
     with pytest.raises(ConfigError, match="spec_draft_vocab|kept tokens"):
         Engine(files["target"], files["q8"], spec_draft_vocab=-1, **OPTIONS)
-    with pytest.raises(ConfigError, match="draft-simple only"):
+    with pytest.raises(ConfigError, match="draft-simple and DFlash drafters; this run has none"):
         Engine(files["target"], spec_draft_vocab=100, **OPTIONS)
     with pytest.raises(ValueError, match=f"has {V} tokens; keep 1..{V}"):
         Engine(files["target"], files["small"], spec_draft_vocab=V + 1, **OPTIONS)
