@@ -31,6 +31,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--anchors", type=int, default=d.anchors, help="anchor blocks per window")
     p.add_argument("--loss-vocab", type=int, default=d.loss_vocab,
                    help="take the loss over the data's N most frequent tokens (0: whole vocabulary)")
+    p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, metavar="N",
+                   help="the file carries a kept set of N tokens (the data's commonest): our runtime drafts over those "
+                        "rows of the head only, as --spec-draft-vocab N; llama.cpp ignores it (default 0: none)")
     p.add_argument("--top-k-labels", type=int, default=d.top_k_labels, metavar="K",
                    help="distill the target's top-K distribution (a KL loss) instead of its argmax (default 0: argmax)")
     p.add_argument("--checkpoint-every", type=float, default=d.checkpoint_every, metavar="MIN")

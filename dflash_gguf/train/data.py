@@ -117,27 +117,61 @@ def load_dataset(paths, tokenizer, render_chat, length: int, seed: int, heldout:
     return Dataset(windows, held, sha, n_files, len(docs), len(stream))
 
 
-def regenerate(dataset: Dataset, target_path: str, prompt_len: int, threads: int, device=None, say=None) -> None:
+# windows regenerated side by side: each target pass decodes a token of every slot's
+# window, one read of the weights for all of them (a continuous batch: a slot whose window
+# is done takes the next one)
+REGENERATE_SLOTS = 8
+
+
+def regenerate(dataset: Dataset, target_path: str, prompt_len: int, threads: int, device=None, say=None,
+               n_slots: int = REGENERATE_SLOTS) -> None:
     """--regenerate: each training window becomes its first `prompt_len` tokens followed
-    by the target's own greedy continuation (our engine, the GGUF as served), as z-lab
-    and SpecForge train: the drafter then learns the text it will be asked to draft."""
-    from ..decoding import Sequence, sequence_steps
-    from ..generate import GenerationStats, Request, collect
+    by the target's own greedy continuation (our engine, the GGUF as served, n_slots
+    windows at a time as a server batches requests), as z-lab and SpecForge train: the
+    drafter then learns the text it will be asked to draft."""
+    from ..decoding import Batch, Sequence
+    from ..generate import GenerationStats, Placement, Request
     from ..proposers import PlainProposer
     from ..target import Target, TargetConfig
 
     length = len(dataset.train[0])
-    target = Target(target_path, TargetConfig(n_ctx=length + 16, n_threads=threads, kv_type="f32", device=device))
+    n_slots = max(1, min(n_slots, len(dataset.train)))
+    target = Target(target_path, TargetConfig(n_ctx=length + 16, n_seq=n_slots, n_threads=threads, kv_type="f32",
+                                              device=device))
+    batch = Batch(target, None)
+    windows = iter(range(len(dataset.train)))
+    running: dict = {}  # id(sequence) -> (its window, the tokens it generated)
+    done = 0
+
+    def start(slot: int) -> None:
+        i = next(windows, None)
+        if i is None:
+            return
+        prompt = dataset.train[i][:prompt_len].tolist()
+        seq = Sequence(target, None, PlainProposer(), Request(prompt, length - prompt_len, ()), GenerationStats(),
+                       Placement(slot=slot))
+        running[id(seq)] = (i, seq, [])
+        batch.add(seq)
+
     try:
-        for i, w in enumerate(dataset.train):
-            target.reset()
-            prompt = w[:prompt_len].tolist()
-            request = Request(prompt, length - prompt_len, ())
-            out = collect(sequence_steps(Sequence(target, None, PlainProposer(), request, GenerationStats())))
-            if len(out) < length - prompt_len:  # an end-of-generation token: keep the text after it
-                out += w[prompt_len + len(out):].tolist()
-            dataset.train[i] = np.asarray(prompt + out, dtype=np.int32)[:length]
-            if say and (i + 1) % 100 == 0:
-                say(f"  regenerated {i + 1}/{len(dataset.train)} windows")
+        for slot in range(n_slots):
+            start(slot)
+        while len(batch):
+            for seq, new in batch.advance():
+                if seq.error is not None:
+                    raise TrainError(f"regenerating a window with the target failed: {seq.error}")
+                running[id(seq)][2].extend(new)
+            for key, (i, seq, out) in list(running.items()):
+                if not seq.done:
+                    continue
+                del running[key]
+                w = dataset.train[i]
+                if len(out) < length - prompt_len:  # an end-of-generation token: keep the text after it
+                    out += w[prompt_len + len(out):].tolist()
+                dataset.train[i] = np.asarray(w[:prompt_len].tolist() + out, dtype=np.int32)[:length]
+                done += 1
+                if say and done % 100 == 0:
+                    say(f"  regenerated {done}/{len(dataset.train)} windows")
+                start(seq.slot)
     finally:
         target.close()

@@ -25,9 +25,11 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_path: str, layer_ids: list[int],
-               block_size: int, mask_id: int, outtype: str = "f32") -> None:
-    """state: the drafter's HF state dict as numpy float32 arrays. Written to a temporary
-    name and renamed, so a reader never sees half a file."""
+               block_size: int, mask_id: int, outtype: str = "f32", head_tokens=None) -> None:
+    """state: the drafter's HF state dict as numpy float32 arrays. head_tokens: the kept
+    set the file carries (dflash.head_tokens, ascending ids: our runtime drafts over
+    those rows of the head only; llama.cpp ignores the key). Written to a temporary name
+    and renamed, so a reader never sees half a file."""
     import gguf
 
     a = "dflash"
@@ -55,6 +57,12 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     w.add_uint32(f"{a}.target.embedding_length", meta["n_embd"])
     w.add_uint32(f"{a}.target.vocab_size", meta["n_vocab"])
     w.add_uint32(f"{a}.target.block_count", meta["n_layer"])
+    if meta["embd_scale"] != 1.0:  # the target's (Gemma's sqrt(n_embd)): the block's embedding as the target's
+        w.add_float32(f"{a}.embedding_scale", meta["embd_scale"])
+    if meta["softcap"] > 0:
+        w.add_float32(f"{a}.final_logit_softcapping", meta["softcap"])
+    if head_tokens is not None:
+        w.add_array(f"{a}.head_tokens", [int(t) for t in head_tokens])
     ftype = {"f32": 0, "f16": 1}[outtype]
     w.add_uint32("general.file_type", ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -97,6 +105,11 @@ def write_hf(out_dir: str | os.PathLike, state: dict, shape, meta: dict, layer_i
         "attention_bias": False, "tie_word_embeddings": False, "num_target_layers": meta["n_layer"],
         "dflash_config": {"target_layer_ids": list(layer_ids), "block_size": block_size, "mask_token_id": mask_id},
     }
+    # a Gemma target's embedding scale and softcap, under the names convert/dflash.py reads
+    if meta["embd_scale"] != 1.0:
+        cfg["dflash_config"]["input_embedding_scale"] = meta["embd_scale"]
+    if meta["softcap"] > 0:
+        cfg["dflash_config"]["final_logit_softcapping"] = meta["softcap"]
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -39,6 +39,7 @@ class TrainOptions:
     batch: int = 4  # windows per step
     anchors: int = 32  # anchor blocks per window
     loss_vocab: int = 32768  # large vocabularies: loss over the data's most frequent tokens
+    draft_vocab: int = 0  # > 0: the file carries a kept set of that many tokens (the data's commonest)
     top_k_labels: int = 0  # > 0: distill the target's top-k distribution (KL) instead of its argmax
     train_device: str = "cpu"  # torch's device for the drafter ("cuda", "cuda:1"); `device` places the target
     checkpoint_every: float = 10.0  # minutes
@@ -122,6 +123,8 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         raise TrainError("--block-size must be at least 2")
     if opts.ctx_size < opts.block_size + 1:
         raise TrainError(f"-c {opts.ctx_size} must exceed --block-size {opts.block_size}")
+    if opts.draft_vocab < 0:
+        raise TrainError(f"--draft-vocab must be 0 (the whole head) or more, got {opts.draft_vocab}")
     if opts.top_k_labels < 0:
         raise TrainError(f"--top-k-labels must be 0 (argmax labels) or more, got {opts.top_k_labels}")
     dev = _torch_device(torch, opts.train_device)
@@ -162,6 +165,7 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     head = torch.from_numpy(head_np).to(dev)
     counts = torch.bincount(torch.from_numpy(np.concatenate(data.train).astype(np.int64)), minlength=meta["n_vocab"])
     kept = recipe.kept_vocab(counts, opts.loss_vocab)
+    head_tokens = _head_tokens(opts, counts.numpy())
     kept = None if kept is None else kept.to(dev)
     weights = recipe.position_weights(opts.block_size, gamma).to(dev)
 
@@ -182,25 +186,33 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     features = TargetFeatures(opts.model, layer_ids, opts.ctx_size, opts.threads, opts.device, opts.top_k_labels)
     probe = AcceptanceProbe(opts.model, layer_ids, opts.block_size, data.heldout[:opts.eval_prompts],
                             min(64, opts.ctx_size), opts.eval_tokens, opts.threads, opts.device)
+    # runs whose features fit 2 GiB of host memory in bf16 keep every window's (half the
+    # bytes of f32, and the same rounding whether a window's features were just computed
+    # or cached, so that a resumed run repeats an uninterrupted one); larger runs
+    # recompute them each step, in f32
     cache: dict[int, tuple] = {}
-    cache_bytes = len(data.train) * opts.ctx_size * len(layer_ids) * meta["n_embd"] * 4
-    use_cache = cache_bytes <= 2 << 30  # small runs keep every window's features
+    cache_bytes = len(data.train) * opts.ctx_size * len(layer_ids) * meta["n_embd"] * 2
+    use_cache = cache_bytes <= 2 << 30
 
     def target_pass(i: int):
         if i in cache:
-            return cache[i]
+            feats, greedy, top = cache[i]
+            return feats.float(), greedy, top
         feats, greedy, top = features(data.train[i])
-        out = (torch.from_numpy(feats), torch.from_numpy(greedy), top and tuple(torch.from_numpy(a) for a in top))
-        if use_cache:
-            cache[i] = out
-        return out
+        feats = torch.from_numpy(feats)
+        out = (feats.bfloat16() if use_cache else feats, torch.from_numpy(greedy),
+               top and tuple(torch.from_numpy(a) for a in top))
+        if not use_cache:
+            return out
+        cache[i] = out
+        return out[0].float(), out[1], out[2]
 
     def state_np():
         return {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
 
     def write_gguf(path):
         export.write_gguf(path, state_np(), shape, meta, opts.model, layer_ids, opts.block_size, mask_id,
-                          opts.outtype)
+                          opts.outtype, head_tokens)
 
     def measure(at_step: int):
         with tempfile.TemporaryDirectory() as tmp:
@@ -247,8 +259,9 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
             soft_ids = soft_probs = None
             if opts.top_k_labels:
                 soft_ids, soft_probs = (recipe.label_rows(torch.stack(rows), anchors, B).to(dev) for rows in zip(*top))
-            feats, noise_embd, pos, mask, labels, exact = (t.to(dev) for t in
-                                                           (feats, embd[noise], pos, mask, labels, exact))
+            # the block's tokens embedded as the target embeds them (Gemma: scaled)
+            feats, noise_embd, pos, mask, labels, exact = (t.to(dev) for t in (feats, embd[noise] * meta["embd_scale"],
+                                                                               pos, mask, labels, exact))
             if opts.steps:
                 lr = recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
             else:
@@ -259,6 +272,7 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
             S = hidden.shape[0]
             hidden = hidden.view(S, -1, B, hidden.shape[-1])[:, :, 1:]
             logits, sub_labels, soft_ids = recipe.subset_logits(hidden, head, labels, kept, soft_ids)
+            logits = recipe.softcap(logits, meta["softcap"])
             loss, acc = recipe.weighted_loss(logits, sub_labels, exact, weights,
                                              None if soft_ids is None else (soft_ids, soft_probs))
             optim.zero_grad(set_to_none=True)
@@ -314,6 +328,19 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     return report
 
 
+def _head_tokens(opts: TrainOptions, counts: np.ndarray):
+    """--draft-vocab's kept set: the special tokens and the data's commonest, chosen as
+    the runtime's --spec-draft-vocab chooses them (None: the file carries none)."""
+    if not opts.draft_vocab:
+        return None
+    from ..draft_simple import kept_tokens
+
+    try:
+        return kept_tokens(opts.model, opts.draft_vocab, counts)
+    except ValueError as e:
+        raise TrainError(str(e).replace("--spec-draft-vocab", "--draft-vocab")) from None
+
+
 def load_data(opts: TrainOptions, tokenizer, render):
     from .data import load_dataset
 
@@ -334,7 +361,7 @@ def _torch_device(torch, name: str):
 def _settings(opts, layer_ids, gamma, shape, mask_id, data_sha) -> dict:
     """What determines the run's result (a resume must match it)."""
     keep = ("seed", "steps", "regenerate", "block_size", "draft_layers", "lr", "ctx_size", "batch", "anchors", "loss_vocab",
-            "top_k_labels")
+            "top_k_labels", "draft_vocab")
     out = {k: getattr(opts, k) for k in keep}
     out.update(model=os.path.basename(opts.model), model_sha256_head=_head_hash(opts.model), layer_ids=layer_ids,
                gamma=gamma, mask_id=mask_id, shape=shape.to_dict(), data_sha256=data_sha)

@@ -117,6 +117,12 @@ def subset_logits(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor
             None if soft_ids is None else torch.searchsorted(cand, soft_ids))
 
 
+def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """A target's final logit softcap (Gemma's cap * tanh(logits / cap)), which the
+    drafter's head applies as the target's does; 0: none."""
+    return cap * torch.tanh(logits / cap) if cap > 0 else logits
+
+
 def cosine_lr(peak: float, step: int, steps: int, warmup: int, floor: float = 0.1) -> float:
     """A step budget's schedule: linear warmup, then cosine to floor*peak over `steps`."""
     if step < warmup:

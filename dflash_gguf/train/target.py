@@ -3,15 +3,17 @@ computed by our runtime from the GGUF (no transformers, no BF16 copy), and its f
 token embedding and LM head, dequantized from the same file."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
 from ..target import LOGITS_ALL, Target, TargetConfig
 
-# targets whose drafter is a plain Qwen3 DFlash stack on the shared embedding and head
-# (no embedding scale, logit softcap or other head transform to train through)
-SUPPORTED_ARCHS = ("qwen35", "qwen35moe", "qwen3", "qwen2")
+# targets whose drafter is a plain Qwen3 DFlash stack on the shared embedding and head:
+# Gemma 3's with its embedding scale and logit softcap (read_target_meta), which the
+# drafter applies as the target does (dflash.embedding_scale, dflash.final_logit_softcapping)
+SUPPORTED_ARCHS = ("qwen35", "qwen35moe", "qwen3", "qwen2", "gemma3")
 
 
 class TrainError(ValueError):
@@ -34,10 +36,16 @@ def read_target_meta(path: str) -> dict:
     arch = get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise TrainError(f"dflash-train supports {', '.join(SUPPORTED_ARCHS)} targets; {path} is {arch!r}")
+    n_embd = int(get(f"{arch}.embedding_length"))
+    # Gemma scales the token embedding by sqrt(n_embd) (our converter records the value
+    # transformers rounds it to) and may softcap its logits: our runtime's rules (gemma3.c)
+    gemma = arch.startswith("gemma")
     return {
         "arch": arch, "name": get("general.name") or Path(path).stem,
+        "embd_scale": float(get(f"{arch}.embedding_scale", math.sqrt(n_embd) if gemma else 1.0)),
+        "softcap": float(get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
         # an MTP head's nextn layers are blocks of the file, not layers of the model
-        "n_layer": int(get(f"{arch}.block_count")) - int(get(f"{arch}.nextn_predict_layers", 0)), "n_embd": int(get(f"{arch}.embedding_length")),
+        "n_layer": int(get(f"{arch}.block_count")) - int(get(f"{arch}.nextn_predict_layers", 0)), "n_embd": n_embd,
         "rope_theta": float(get(f"{arch}.rope.freq_base", 10000.0)),
         "eps": float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "n_ctx_train": int(get(f"{arch}.context_length", 4096)),

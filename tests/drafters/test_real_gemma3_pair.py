@@ -5,7 +5,8 @@ re-typing (dflash_gguf.real_models.retyped: once per machine, beside the publish
 - greedy chain and tree output equal the f16 target's plain greedy output;
 - the drafted and accepted counts of llama.cpp's own loop run on our runtime equal
   llama-speculative-simple --spec-type draft-simple's on the same two files, at the same
-  n-max and p-min.
+  n-max and p-min;
+- dflash-train makes a DFlash drafter for the published 270M that keeps its greedy output.
 
 Outside CI a published file that has not been fetched skips; under CI=true it is fetched.
 """
@@ -76,3 +77,30 @@ def test_counts_equal_llama_cpp(pair, n_max, p_min):
         got = our_draft_simple(pair, "small", prompt, N_NEW, n_max, p_min)
         assert {k: got[k] for k in keys} == {k: want[k] for k in keys}, prompt
         assert got["n_accept"] > 0.8 * got["n_drafted"], got
+
+
+def test_dflash_train_makes_a_drafter_for_the_published_gemma3(pair, tmp_path):
+    """dflash-train on the published Gemma 3 270M (262,144 tokens, its embedding scaled):
+    a few steps run, the file carries the embedding scale and a kept set of 4,096 tokens
+    (--draft-vocab), and our engine's greedy chain with it gives plain greedy's output."""
+    import sysconfig
+    from pathlib import Path
+
+    from gguf import GGUFReader
+
+    from dflash_gguf.train import TrainOptions, train
+
+    data = [str(f) for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("[a-b]*.py"))]
+    out = tmp_path / "gemma3-dflash.gguf"
+    train(TrainOptions(model=pair["small"], data=data, output=str(out), steps=3, seed=0, block_size=8,
+                       ctx_size=128, batch=2, anchors=8, draft_vocab=4096, eval_prompts=1, eval_tokens=8,
+                       checkpoint_every=0, eval_every=0, progress=False))
+    fields = GGUFReader(str(out)).fields
+    assert fields["dflash.embedding_scale"].contents() == pytest.approx(640 ** 0.5, rel=1e-2)
+    assert len(fields["dflash.head_tokens"].contents()) == 4096
+    with Engine(pair["small"], str(out), n_ctx=512) as engine:
+        assert engine.draft.n_head_tokens == 4096
+        with Engine(pair["small"], n_ctx=512) as plain:
+            for prompt in PROMPTS:
+                want = plain.generate(prompt, N_NEW, stop_tokens=()).tokens
+                assert engine.generate(prompt, N_NEW, stop_tokens=()).tokens == want, prompt

@@ -181,6 +181,98 @@ def test_resume_ends_with_the_weights_of_an_uninterrupted_run(target, corpus, tm
         assert torch.equal(a[k], b[k]), k
 
 
+def test_draft_vocab_carries_a_kept_set_the_runtime_cuts_the_head_by(target, corpus, tmp_path):
+    """--draft-vocab N: the file carries the special tokens and the data's commonest, N
+    in all, ascending (dflash.head_tokens); the held-out probe and any later load draft
+    over those rows of the head only."""
+    import gguf
+
+    from dflash_gguf.draft_simple import SPECIAL_TOKEN_TYPES
+
+    n = 64
+    out = tmp_path / "kept.gguf"
+    train(TrainOptions(model=str(target), data=[str(corpus)], output=str(out), steps=2, seed=4, draft_vocab=n,
+                       **{**SMALL, "eval_prompts": 1, "eval_tokens": 8}))
+    fields = gguf.GGUFReader(str(out)).fields
+    kept = fields["dflash.head_tokens"].contents()
+    types = np.asarray(fields["tokenizer.ggml.token_type"].contents())
+    assert len(kept) == n and kept == sorted(set(kept))
+    assert set(np.flatnonzero(np.isin(types, SPECIAL_TOKEN_TYPES)).tolist()) <= set(kept)
+    meta = read_draft_metadata(str(out))
+    t = Target(str(target), TargetConfig(n_ctx=128, kv_type="f32", feature_layers=meta["target_layers"]))
+    try:
+        d = Draft(str(out), t, DraftConfig(kv_type="f32"))
+        assert d.n_head_tokens == n
+        d.close()
+    finally:
+        t.close()
+
+
+def test_a_gemma3_drafter_trains_through_the_embedding_scale_and_softcap(corpus, tmp_path, convert_model):
+    """A Gemma 3 target (its embedding scaled by sqrt(hidden), its logits softcapped):
+    the file records both, and the drafter as trained (torch, from the checkpoint) gives
+    our runtime's logits for a block, so what is trained is what is served; greedy output
+    stays plain greedy's under chain and tree."""
+    import gguf
+    from gemma3_fixtures import make_gemma3
+
+    from dflash_gguf.train.model import Drafter, DrafterShape
+    from dflash_gguf.train.target import TargetFeatures, embedding_and_head, read_target_meta
+
+    target = convert_model(make_gemma3(tmp_path / "gemma3", seed=6), "f32")
+    meta = read_target_meta(str(target))
+    assert meta["arch"] == "gemma3" and meta["softcap"] == 5.0 and abs(meta["embd_scale"] - 128 ** 0.5) < 1e-2
+    out = tmp_path / "draft.gguf"
+    text = [str(f) for f in sorted(corpus.glob("*.txt"))]  # the tiny Gemma has no chat template
+    report = train(TrainOptions(model=str(target), data=text, output=str(out), steps=6, seed=5,
+                                **{**SMALL, "eval_prompts": 1, "eval_tokens": 8}))
+    fields = gguf.GGUFReader(str(out)).fields
+    assert fields["dflash.embedding_scale"].contents() == pytest.approx(meta["embd_scale"])
+    assert fields["dflash.final_logit_softcapping"].contents() == pytest.approx(5.0)
+
+    ck = torch.load(str(out) + ".ckpt", weights_only=False)
+    model = Drafter(DrafterShape(**report["settings"]["shape"]))
+    model.load_state_dict(ck["model"])
+    model.eval()
+    layer_ids, mask_id = report["settings"]["layer_ids"], report["settings"]["mask_id"]
+    prompt = list(range(40, 70))
+    features = TargetFeatures(str(target), layer_ids, len(prompt), 1)
+    feats, greedy, _ = features(prompt)
+    features.close()
+    embd, head = embedding_and_head(meta["reader"])
+    bonus = int(greedy[-1])
+    with torch.no_grad():
+        block = torch.tensor([bonus] + [mask_id] * (BLOCK - 1))
+        visible = torch.ones(1, 1, BLOCK, len(prompt) + BLOCK, dtype=torch.bool)
+        hidden = model(torch.from_numpy(feats)[None], torch.from_numpy(embd)[block][None] * meta["embd_scale"],
+                       torch.arange(len(prompt) + BLOCK)[None], visible)
+        theirs = recipe.softcap(hidden[0, 1:] @ torch.from_numpy(head).T, meta["softcap"]).numpy()
+
+    draft_meta = read_draft_metadata(str(out))
+    t = Target(str(target), TargetConfig(n_ctx=128, n_verify=16, kv_type="f32",
+                                         feature_layers=draft_meta["target_layers"]))
+    try:
+        d = Draft(str(out), t, DraftConfig(kv_type="f32", top_k=4))
+        t.prefill(prompt, LOGITS_LAST, on_chunk=lambda s, n: d.append())
+        assert int(t.choices()[0]) == bonus
+        d.propose(bonus)
+        ours = d.logits(0, BLOCK - 1)
+        assert np.abs(ours - theirs).max() / np.abs(theirs).max() < 1e-3
+        assert ours.argmax(1).tolist() == theirs.argmax(1).tolist()
+        assert np.abs(theirs).max() > 0.5 * 5.0  # the softcap bends these logits: the test can fail
+        for p in (prompt, list(range(90, 110))):
+            t.reset()
+            plain, _ = greedy_generate(t, p, 24)
+            t.reset(); d.reset()
+            chain, _ = speculative_generate(t, d, p, 24)
+            t.reset(); d.reset()
+            tree, _ = tree_generate(t, d, p, 24, budget=8)
+            assert chain == plain and tree == plain
+        d.close()
+    finally:
+        t.close()
+
+
 def test_position_weights_and_anchor_mask_match_a_direct_computation():
     gamma, B = 3.0, 4
     w = recipe.position_weights(B, gamma)
@@ -312,7 +404,9 @@ def test_bad_input_gets_one_clear_line(target, corpus, tmp_path, capsys, monkeyp
     cases.append((["--data", str(bad_jsonl)], "known role"))
     cases += [(["--data", str(corpus), "--top-k-labels", "-1"], "--top-k-labels"),
               (["--data", str(corpus), "--top-k-labels", "999999"], "exceeds the vocabulary"),
-              (["--data", str(corpus), "--train-device", "nowhere"], "--train-device")]
+              (["--data", str(corpus), "--train-device", "nowhere"], "--train-device"),
+              (["--data", str(corpus), "--draft-vocab", "-1"], "--draft-vocab"),
+              (["--data", str(corpus), "--draft-vocab", "99999999"], "--draft-vocab")]
     if not torch.cuda.is_available():
         cases.append((["--data", str(corpus), "--train-device", "cuda"], "sees no CUDA device"))
     for args, words in cases:
