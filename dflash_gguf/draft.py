@@ -13,7 +13,7 @@ import numpy as np
 
 from . import placement
 from ._native import NativeObject, check, ffi, lib
-from .target import KV_TYPES, Target
+from .target import KV_TYPES, Target, set_head_tokens
 
 
 @dataclass
@@ -72,11 +72,7 @@ def draft_params(cfg: DraftConfig, path: Optional[str] = None):
     p.top_k = int(cfg.top_k)
     p.block_size = int(cfg.block_size)
     if cfg.head_tokens is not None:
-        if len(cfg.head_tokens) == 0:
-            raise ValueError("a drafter head cut to no tokens: keep at least one (None: the whole head)")
-        kept = ffi.new("int32_t[]", [int(t) for t in cfg.head_tokens])
-        p.n_head_tokens, p.head_tokens = len(cfg.head_tokens), kept
-        placement._keep[p] = placement._keep.get(p, ()) + (kept,)
+        set_head_tokens(p, cfg.head_tokens, "a drafter head")
     if cfg.tensor_overrides:
         if path is None:
             raise ValueError("tensor overrides are resolved against a drafter file: give its path")

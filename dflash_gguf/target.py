@@ -72,6 +72,16 @@ class TargetConfig:
     head_tokens: Optional[Sequence[int]] = None
 
 
+def set_head_tokens(params, tokens: Sequence[int], what: str) -> None:
+    """params.head_tokens (a dfl_target_params or dfl_draft_params): the kept token ids of
+    a cut head, alive as long as the struct."""
+    if len(tokens) == 0:
+        raise ValueError(f"{what} cut to no tokens: keep at least one (None: the whole head)")
+    kept = ffi.new("int32_t[]", [int(t) for t in tokens])
+    params.n_head_tokens, params.head_tokens = len(tokens), kept
+    placement._keep[params] = placement._keep.get(params, ()) + (kept,)
+
+
 def target_params(cfg: TargetConfig, path: Optional[str] = None):
     """The C runtime's dfl_target_params for a config (checked) and the model at `path`
     (which its tensor overrides are resolved against); keep the result alive while the
@@ -101,11 +111,7 @@ def target_params(cfg: TargetConfig, path: Optional[str] = None):
     device = ffi.new("char[]", cfg.device.encode()) if cfg.device else ffi.NULL
     p.device = device
     if cfg.head_tokens is not None:
-        if len(cfg.head_tokens) == 0:
-            raise ValueError("an output head cut to no tokens: keep at least one (None: the whole head)")
-        kept = ffi.new("int32_t[]", [int(t) for t in cfg.head_tokens])
-        p.n_head_tokens, p.head_tokens = len(cfg.head_tokens), kept
-        placement._keep[p] = placement._keep.get(p, ()) + (kept,)
+        set_head_tokens(p, cfg.head_tokens, "an output head")
     if cfg.tensor_overrides:
         if path is None:
             raise ValueError("tensor overrides are resolved against a model file: give its path")

@@ -84,3 +84,20 @@ def tree_generate(target: Target, draft: Draft, prompt: List[int], max_tokens: i
     steps = tree_steps(target, draft, Request(prompt, max_tokens, stop_tokens, sampling), stats, budget, block_size,
                        auto)
     return collect(steps, on_tokens), stats
+
+
+def assert_chain_and_tree_keep_greedy(target: Target, draft: Draft, prompt: List[int], max_tokens: int,
+                                      budget: int = 8) -> GenerationStats:
+    """Chain and tree decoding with `draft` give plain greedy decoding's tokens, each run
+    from a fresh context; returns the chain's stats (its accepted lengths)."""
+    target.reset()
+    plain, _ = greedy_generate(target, prompt, max_tokens)
+    target.reset()
+    draft.reset()
+    chain, stats = speculative_generate(target, draft, prompt, max_tokens)
+    target.reset()
+    draft.reset()
+    tree, _ = tree_generate(target, draft, prompt, max_tokens, budget=budget)
+    assert chain == plain, (chain, plain)
+    assert tree == plain, (tree, plain)
+    return stats

@@ -68,13 +68,8 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # the tokenizer is the target's, plus the mask token
     for key, field in meta["reader"].fields.items():
-        if not key.startswith("tokenizer.") or key == "tokenizer.ggml.mask_token_id":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(key, field.contents(), vtype)
+        if key.startswith("tokenizer.") and key != "tokenizer.ggml.mask_token_id":
+            copy_field(w, key, field)
     w.add_uint32("tokenizer.ggml.mask_token_id", mask_id)
     for hf in sorted(state):  # the checkpoint's name order, as the converter writes it
         x = np.ascontiguousarray(state[hf], dtype=np.float32)
@@ -86,6 +81,17 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     w.write_tensors_to_file()
     w.close()
     tmp.replace(path)
+
+
+def copy_field(writer, key: str, field) -> None:
+    """A key of a GGUFReader's file, as it is there, into a GGUFWriter."""
+    import gguf
+
+    vtype = field.types[0]
+    if vtype == gguf.GGUFValueType.ARRAY:
+        writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+    else:
+        writer.add_key_value(key, field.contents(), vtype)
 
 
 def write_hf(out_dir: str | os.PathLike, state: dict, shape, meta: dict, layer_ids: list[int], block_size: int,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loops import greedy_generate, speculative_generate, tree_generate
+from loops import assert_chain_and_tree_keep_greedy, greedy_generate
 
 from dflash_gguf import DflashError
 from dflash_gguf.config import ConfigError
@@ -16,6 +16,7 @@ from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.draft_simple import kept_tokens
 from dflash_gguf.engine import Engine
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.train.export import copy_field
 from dflash_gguf.tokenizer import Tokenizer
 
 TARGET, DRAFT = (str(p) for p in demo_paths())
@@ -91,14 +92,8 @@ def test_a_kept_set_in_the_file_cuts_the_head_and_the_option_overrides_it(tmp_pa
         d = Draft(str(path), target, DraftConfig(kv_type="f32", top_k=4))
         assert d.n_head_tokens == len(kept)
         for text in TEXTS[:2]:
-            prompt = tok.encode(text)
-            target.reset()
-            plain, _ = greedy_generate(target, prompt, 40)
-            target.reset(); d.reset()
-            chain, stats = speculative_generate(target, d, prompt, 40)
-            target.reset(); d.reset()
-            tree, _ = tree_generate(target, d, prompt, 40, budget=8)
-            assert chain == plain and tree == plain and max(stats.accepted_lengths) > 1
+            stats = assert_chain_and_tree_keep_greedy(target, d, tok.encode(text), 40)
+            assert max(stats.accepted_lengths) > 1
         d.close()
     finally:
         target.close()
@@ -145,13 +140,8 @@ def copy_with_key(src, dst, key, values):
     reader = gguf.GGUFReader(str(src))
     writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            writer.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(name, field.contents(), vtype)
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            copy_field(writer, name, field)
     writer.add_array(key, [int(v) for v in values])
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)

@@ -81,7 +81,7 @@ def test_counts_equal_llama_cpp(pair, n_max, p_min):
 
 def test_dflash_train_makes_a_drafter_for_the_published_gemma3(pair, tmp_path):
     """dflash-train on the published Gemma 3 270M (262,144 tokens, its embedding scaled):
-    a few steps run, the file carries the embedding scale and a kept set of 4,096 tokens
+    a few steps run, the file carries the embedding scale and a kept set of 8,192 tokens
     (--draft-vocab), and our engine's greedy chain with it gives plain greedy's output."""
     import sysconfig
     from pathlib import Path
@@ -93,13 +93,13 @@ def test_dflash_train_makes_a_drafter_for_the_published_gemma3(pair, tmp_path):
     data = [str(f) for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("[a-b]*.py"))]
     out = tmp_path / "gemma3-dflash.gguf"
     train(TrainOptions(model=pair["small"], data=data, output=str(out), steps=3, seed=0, block_size=8,
-                       ctx_size=128, batch=2, anchors=8, draft_vocab=4096, eval_prompts=1, eval_tokens=8,
+                       ctx_size=128, batch=2, anchors=8, draft_vocab=8192, eval_prompts=1, eval_tokens=8,
                        checkpoint_every=0, eval_every=0, progress=False))
     fields = GGUFReader(str(out)).fields
     assert fields["dflash.embedding_scale"].contents() == pytest.approx(640 ** 0.5, rel=1e-2)
-    assert len(fields["dflash.head_tokens"].contents()) == 4096
+    assert len(fields["dflash.head_tokens"].contents()) == 8192
     with Engine(pair["small"], str(out), n_ctx=512) as engine:
-        assert engine.draft.n_head_tokens == 4096
+        assert engine.draft.n_head_tokens == 8192
         with Engine(pair["small"], n_ctx=512) as plain:
             for prompt in PROMPTS:
                 want = plain.generate(prompt, N_NEW, stop_tokens=()).tokens

@@ -14,7 +14,7 @@ import numpy as np
 
 import pytest
 import torch
-from loops import greedy_generate, speculative_generate, tree_generate
+from loops import assert_chain_and_tree_keep_greedy
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata, tokenizer_fingerprint
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
@@ -103,13 +103,7 @@ def test_written_gguf_is_paired_and_lossless_under_chain_and_tree(trained):
 
     tok = Tokenizer(str(target))
     for prompt in [tok.encode(text) for text in ("def fibonacci(n):", "class Stack:\n    def __init__(self):")]:
-        t.reset()
-        plain, _ = greedy_generate(t, prompt, 48)
-        t.reset(); d.reset()
-        chain, stats = speculative_generate(t, d, prompt, 48)
-        t.reset(); d.reset()
-        tree, _ = tree_generate(t, d, prompt, 48, budget=12)
-        assert chain == plain and tree == plain
+        stats = assert_chain_and_tree_keep_greedy(t, d, prompt, 48, budget=12)
         assert max(stats.accepted_lengths) > 1
 
 
@@ -261,13 +255,7 @@ def test_a_gemma3_drafter_trains_through_the_embedding_scale_and_softcap(corpus,
         assert ours.argmax(1).tolist() == theirs.argmax(1).tolist()
         assert np.abs(theirs).max() > 0.5 * 5.0  # the softcap bends these logits: the test can fail
         for p in (prompt, list(range(90, 110))):
-            t.reset()
-            plain, _ = greedy_generate(t, p, 24)
-            t.reset(); d.reset()
-            chain, _ = speculative_generate(t, d, p, 24)
-            t.reset(); d.reset()
-            tree, _ = tree_generate(t, d, p, 24, budget=8)
-            assert chain == plain and tree == plain
+            assert_chain_and_tree_keep_greedy(t, d, p, 24)
         d.close()
     finally:
         t.close()
