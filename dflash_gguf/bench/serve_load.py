@@ -86,6 +86,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ServerProcess:
     """A server started as a subprocess on a loopback port, ready once /health says 200."""
 
@@ -93,8 +97,12 @@ class ServerProcess:
         self.cmd, self.port, self.log_path = cmd, port, log_path
         self.url = f"http://127.0.0.1:{port}"
         self._log = open(log_path, "w")
-        # outside any source tree, so that `python -m dflash_gguf...` runs the installed package
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
+        # outside any source tree, so that `python -m dflash_gguf...` runs the installed package;
+        # Ctrl-C stops the server (stop()) even where this bench was started with SIGINT
+        # ignored (`nohup ... &` from a script: a child inherits the ignoring, and Python
+        # keeps it)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
+                                     preexec_fn=_default_sigint)
         deadline = time.monotonic() + ready_seconds
         with httpx.Client(trust_env=False, timeout=5) as http:
             while True:
