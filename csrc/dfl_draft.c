@@ -280,18 +280,40 @@ static dfl_status reserve_worst(dfl_draft * d) {
     return DFL_OK;
 }
 
-int dfl_draft_kept_count(const dfl_draft * d) {
-    const dfl_drafter * m = &d->m;
-    if (!m->head) {
-        return 0;
+/* The kept set the file carries (<arch>.head_tokens): *ids allocated (free() it; NULL
+ * and *n 0 where the file has none). */
+static dfl_status file_kept_set(const dfl_drafter * m, int32_t ** ids, int * n) {
+    *ids = NULL;
+    *n = 0;
+    if (!dfl_gguf_has(&m->file, ".head_tokens")) {
+        return DFL_OK;
+    }
+    *ids = malloc((size_t) m->n_vocab * sizeof(int32_t));
+    if (!*ids) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    const dfl_status st = dfl_gguf_arr_i32(&m->file, ".head_tokens", *ids, m->n_vocab, n);
+    if (st != DFL_OK) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+    }
+    return st;
+}
+
+dfl_status dfl_draft_kept_count(const dfl_draft * d, int * n) {
+    *n = 0;
+    if (!d->m.head) {
+        return DFL_OK;
     }
     if (d->p.n_head_tokens > 0) {
-        return d->p.n_head_tokens;
+        *n = d->p.n_head_tokens;
+        return DFL_OK;
     }
-    char key[96];
-    snprintf(key, sizeof key, "%s.head_tokens", m->file.arch);
-    const int64_t id = gguf_find_key(m->file.meta, key);
-    return id < 0 || gguf_get_kv_type(m->file.meta, id) != GGUF_TYPE_ARRAY ? 0 : (int) gguf_get_arr_n(m->file.meta, id);
+    int32_t * ids;
+    const dfl_status st = file_kept_set(&d->m, &ids, n);
+    free(ids);
+    return st;
 }
 
 /* The LM head cut to the kept tokens (the params', else the file's <arch>.head_tokens),
@@ -300,16 +322,8 @@ int dfl_draft_kept_count(const dfl_draft * d) {
 static dfl_status cut_head(dfl_draft * d, const int32_t * ids, int n) {
     dfl_drafter * m = &d->m;
     int32_t * from_file = NULL;
-    if (n == 0 && dfl_gguf_has(&m->file, ".head_tokens")) {
-        from_file = malloc((size_t) m->n_vocab * sizeof(int32_t));
-        if (!from_file) {
-            return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
-        }
-        dfl_status st = dfl_gguf_arr_i32(&m->file, ".head_tokens", from_file, m->n_vocab, &n);
-        if (st != DFL_OK) {
-            free(from_file);
-            return st;
-        }
+    if (n == 0) {
+        TRY(file_kept_set(m, &from_file, &n));
         ids = from_file;
     }
     dfl_status st = DFL_OK;

@@ -96,7 +96,7 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
 dfl_status dfl_draft_define_state(dfl_draft * d);
 /* Tokens a cut head keeps (the params' count, else the size of the file's kept set; 0:
  * the whole head, or a kind that takes no cut), before the load makes the cut. */
-int dfl_draft_kept_count(const dfl_draft * d);
+dfl_status dfl_draft_kept_count(const dfl_draft * d, int * n);
 /* The worst propose its graphs take: every sequence drafting a whole block over the whole
  * context, or a prefill chunk's entries alone. */
 dfl_draft_step dfl_draft_worst_step(const dfl_draft * d, bool entries_only);

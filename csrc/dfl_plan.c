@@ -90,7 +90,8 @@ static dfl_status plan_draft_with(dfl_draft * d, ggml_backend_buffer_t dummies[3
         }
     }
     free(dev_of);
-    const int n_kept = dfl_draft_kept_count(d);
+    int n_kept;
+    TRY(dfl_draft_kept_count(d, &n_kept));
     if (n_kept > 0) {
         /* a cut head's rows are a copy beside the whole head, in its memory (host memory:
          * the CPU's part when the drafter runs on another device), and their ids (the

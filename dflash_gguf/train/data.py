@@ -140,7 +140,7 @@ def regenerate(dataset: Dataset, target_path: str, prompt_len: int, threads: int
                                               device=device))
     batch = Batch(target, None)
     windows = iter(range(len(dataset.train)))
-    running: dict = {}  # id(sequence) -> (its window, the tokens it generated)
+    running: dict = {}  # id(sequence) -> (its window, the sequence, the tokens it generated)
     done = 0
 
     def start(slot: int) -> None:

@@ -194,18 +194,17 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     cache_bytes = len(data.train) * opts.ctx_size * len(layer_ids) * meta["n_embd"] * 2
     use_cache = cache_bytes <= 2 << 30
 
+    kept_dtype = torch.bfloat16 if use_cache else torch.float32
+
     def target_pass(i: int):
-        if i in cache:
-            feats, greedy, top = cache[i]
-            return feats.float(), greedy, top
-        feats, greedy, top = features(data.train[i])
-        feats = torch.from_numpy(feats)
-        out = (feats.bfloat16() if use_cache else feats, torch.from_numpy(greedy),
-               top and tuple(torch.from_numpy(a) for a in top))
-        if not use_cache:
-            return out
-        cache[i] = out
-        return out[0].float(), out[1], out[2]
+        entry = cache.get(i)
+        if entry is None:
+            feats, greedy, top = features(data.train[i])
+            entry = (torch.from_numpy(feats).to(kept_dtype), torch.from_numpy(greedy),
+                     top and tuple(torch.from_numpy(a) for a in top))
+            if use_cache:
+                cache[i] = entry
+        return (entry[0].float(), *entry[1:])
 
     def state_np():
         return {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
