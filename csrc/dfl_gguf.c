@@ -308,7 +308,7 @@ dfl_status dfl_gguf_index_vector(const dfl_gguf * g, const char * name, int64_t 
 #define DFL_MAX_BUFTS 4
 
 /* The first extra buffer type of dev that runs a matrix product with weight w. */
-static ggml_backend_buffer_type_t repack_buft(ggml_backend_dev_t dev, struct ggml_tensor * w) {
+ggml_backend_buffer_type_t dfl_gguf_repack_buft(ggml_backend_dev_t dev, struct ggml_tensor * w) {
     const int n_dims = ggml_n_dims(w);
     if ((n_dims != 2 && n_dims != 3) || strcmp(w->name, "token_embd.weight") == 0) {
         return NULL; /* the embedding is read with get_rows, which repacked layouts do not serve */
@@ -589,7 +589,7 @@ dfl_status dfl_gguf_load_weights(dfl_gguf * g, ggml_backend_dev_t const * dev_of
         if (!maps_host_memory(dev_of[i])) {
             buft = ggml_backend_dev_buffer_type(dev_of[i]);
         } else if (repack) {
-            buft = repack_buft(dev_of[i], t);
+            buft = dfl_gguf_repack_buft(dev_of[i], t);
         }
         marks[i] = buft;
         if (buft) {
@@ -668,7 +668,7 @@ dfl_status dfl_gguf_weight_rows(const dfl_gguf * g, const struct ggml_tensor * w
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(w->buffer));
     ggml_backend_buffer_type_t buft = NULL;
     if (dev && maps_host_memory(dev) && repack) {
-        buft = repack_buft(dev, t);
+        buft = dfl_gguf_repack_buft(dev, t);
     }
     if (!buft) {
         buft = dev ? ggml_backend_dev_buffer_type(dev) : ggml_backend_buffer_get_type(w->buffer);

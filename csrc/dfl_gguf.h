@@ -85,6 +85,10 @@ dfl_status dfl_gguf_weight_rows(const dfl_gguf * g, const struct ggml_tensor * w
 /* The same with every tensor on dev. */
 dfl_status dfl_gguf_load_weights_on(dfl_gguf * g, ggml_backend_dev_t dev, bool repack);
 
+/* The first extra buffer type of dev (the CPU backend's repacked layouts) that runs a
+ * matrix product with weight w (2D, or 3D experts); NULL when none does. */
+ggml_backend_buffer_type_t dfl_gguf_repack_buft(ggml_backend_dev_t dev, struct ggml_tensor * w);
+
 /* Weights placed by name over dev_of (file order): each placement names a tensor of the
  * file and a device that must be `dev` or `cpu`. Checked; a bad one is DFL_ERR_ARGUMENT. */
 dfl_status dfl_gguf_place_by_name(const dfl_gguf * g, const dfl_weight_placement * placements, int n,

@@ -40,6 +40,13 @@ dfl_status dfl_quantize(int type, const float * src, void * dst, int64_t nrows, 
 
 /* ---- devices ------------------------------------------------------------------- */
 
+/* Batch invariance of device `device`'s matrix product (NULL or "": the CPU): a matrix of
+ * ggml type `type` quantized from w (n_out rows of n_in) times x (n_cols columns of n_in)
+ * in one pass, against each column alone. repack != 0 places the matrix in the device's
+ * repacked layout where it has one (as models load). Writes the columns that differ in
+ * any bit and the largest difference. */
+dfl_status dfl_matmul_invariance(const char * device, int type, int repack, const float * w, int64_t n_in, int64_t n_out, const float * x, int64_t n_cols, int32_t n_threads, int32_t * n_differ, float * max_diff);
+
 /* Number of devices in ggml's backend registry, and a description of device i
  * ("name|description|type", type one of cpu, gpu, igpu, accel). */
 int dfl_device_count(void);

@@ -1,7 +1,9 @@
 """ggml devices the runtime can place the target on."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
 
 from ._native import check, ffi, lib
 
@@ -29,3 +31,22 @@ def add_rpc_server(endpoint: str) -> None:
     """Make the devices of a ggml RPC server ("host:port") available as RPC0, RPC1, ...
     A remote GPU is then picked like a local one (the first GPU unless a device is named)."""
     check(lib.dfl_rpc_add_server(endpoint.encode()))
+
+
+def matmul_invariance(ggml_type: int, w: np.ndarray, x: np.ndarray, device: Optional[str] = None,
+                      repack: bool = True, n_threads: int = 2) -> Tuple[int, float]:
+    """Whether `device`'s matrix product is batch-invariant for weights of `ggml_type`
+    (a GGMLQuantizationType value): w [n_out, n_in] quantized to that type times the
+    columns of x [n_cols, n_in] in one pass, against each column alone. Returns the
+    columns that differ in any bit and the largest difference (0 and 0.0 when it is
+    invariant). repack places w in the device's repacked layout where it has one, as
+    models load."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if w.ndim != 2 or x.ndim != 2 or w.shape[1] != x.shape[1]:
+        raise ValueError(f"w [n_out, n_in] and x [n_cols, n_in] expected, got {w.shape} and {x.shape}")
+    n_differ, max_diff = ffi.new("int32_t *"), ffi.new("float *")
+    check(lib.dfl_matmul_invariance((device or "").encode(), int(ggml_type), int(repack),
+                                    ffi.from_buffer("float[]", w), w.shape[1], w.shape[0],
+                                    ffi.from_buffer("float[]", x), x.shape[0], int(n_threads), n_differ, max_diff))
+    return int(n_differ[0]), float(max_diff[0])

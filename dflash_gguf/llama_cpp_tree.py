@@ -9,6 +9,7 @@ that setup builds, so every checkout and virtualenv on the machine shares them.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from importlib import metadata
 from pathlib import Path
@@ -22,9 +23,21 @@ def llama_cpp_python_version() -> str:
     return metadata.version("llama_cpp_python")
 
 
+def ggml_patches() -> list[Path]:
+    """The project's patches over the sdist's ggml (batch-invariant CPU kernels), in the
+    order they apply."""
+    return sorted((Path(__file__).parent / "data" / "ggml-patches").glob("*.patch"), key=lambda p: p.name)
+
+
+def patch_key() -> str:
+    """The patch set's hash, as scripts/llama_cpp_sources.sh computes it."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in ggml_patches())).hexdigest()[:12]
+
+
 def sdist_dir() -> Path:
-    """Where the sdist is unpacked: its vendor/llama.cpp holds llama.cpp's tree."""
-    return cache_dir() / "src" / f"llama_cpp_python-{llama_cpp_python_version()}"
+    """Where the sdist is unpacked, patched (scripts/llama_cpp_sources.sh): its
+    vendor/llama.cpp holds llama.cpp's tree."""
+    return cache_dir() / "src" / f"llama_cpp_python-{llama_cpp_python_version()}-{patch_key()}"
 
 
 def source_dir() -> Optional[Path]:
@@ -36,8 +49,9 @@ def source_dir() -> Optional[Path]:
 
 
 def build_dir() -> Path:
-    """The CMake build directory of llama.cpp's tools; binaries land in its bin/."""
-    return cache_dir() / "llama-cpp-build" / llama_cpp_python_version()
+    """The CMake build directory of llama.cpp's tools (over the same patched ggml as our
+    runtime); binaries land in its bin/."""
+    return cache_dir() / "llama-cpp-build" / f"{llama_cpp_python_version()}-{patch_key()}"
 
 
 def tool(name: str, directory: Optional[Path] = None) -> Optional[Path]:

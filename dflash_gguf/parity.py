@@ -1,6 +1,7 @@
 """Tensor-by-tensor parity with llama.cpp: where does a numerical difference start?
 
     python -m dflash_gguf.parity -m model.gguf -p "def quicksort(" [-t 2] [--out result.json]
+    python -m dflash_gguf.parity -m model.gguf -p "def quicksort(" --rows 8   # batch invariance
 
 Runs llama.cpp's `llama-eval-callback` (built by `scripts/llama_cpp_build.py
 llama-eval-callback`) and our runtime's named-tensor dump (DFLASH_DUMP_TENSORS, see
@@ -298,6 +299,54 @@ def parity(model, prompt: str, threads: int = 2, atol: float = ATOL, rtol: float
     return result
 
 
+def row_parity(model, prompt: str, rows: int, threads: int = 2, device: Optional[str] = None) -> dict:
+    """Batch invariance, op by op: our named tensors of a one-row first pass (the prompt's
+    first token) against row 0 of the same tensors in a `rows`-row first pass (its first
+    `rows` tokens), compared bit for bit. The first tensor, in our order of computation,
+    whose row differs is named as the divergence: the op whose kernel rounds one row
+    alone otherwise than among several. No llama.cpp run is needed."""
+    from .tokenizer import Tokenizer
+
+    tokens = Tokenizer(str(model)).encode(prompt)
+    if len(tokens) < rows:
+        raise RuntimeError(f"the prompt has {len(tokens)} tokens; --rows {rows} needs as many")
+    one = run_ours(model, tokens[:1], threads, device=device)
+    many = run_ours(model, tokens[:rows], threads, device=device)
+    out = []
+    for name, a in one.items():  # the dump's order: the order of computation
+        b = many.get(name)
+        if b is None:
+            continue
+        # the token dimension: 1 in the one-row pass, `rows` in the other, the rest equal
+        dims = [d for d in range(4) if a["ne"][d] == 1 and b["ne"][d] == rows
+                and all(a["ne"][e] == b["ne"][e] for e in range(4) if e != d)]
+        if not dims:
+            out.append({"name": name, "ne_one": a["ne"], "ne_rows": b["ne"], "skipped": "no token dimension"})
+            continue
+        row0 = b["values"].reshape(b["ne"][::-1])[tuple(0 if 3 - e == dims[-1] else slice(None) for e in range(4))]
+        mine = a["values"].reshape(a["ne"][::-1])[tuple(0 if 3 - e == dims[-1] else slice(None) for e in range(4))]
+        diff = float(np.max(np.abs(row0.astype(np.float64) - mine))) if mine.size else 0.0
+        out.append({"name": name, "op": a["op"], "ne_one": a["ne"], "equal": bool(np.array_equal(row0, mine)),
+                    "max_abs_diff": diff})
+    compared = [r for r in out if "equal" in r]
+    first = next((r["name"] for r in compared if not r["equal"]), None)
+    return {"model": str(model), "prompt": prompt, "rows": rows, "threads": threads, "device": device,
+            "n_compared": len(compared), "first_divergence": first, "tensors": out}
+
+
+def row_summary(result: dict) -> str:
+    lines = [f"{'tensor':<24} {'op':<12} {'ne (one row)':<22} {'row 0 of ' + str(result['rows']):>14}"]
+    for r in result["tensors"]:
+        if "equal" in r:
+            state = "equal" if r["equal"] else f"differs by {r['max_abs_diff']:.3g}  <--"
+            lines.append(f"{r['name']:<24} {r['op']:<12} {str(r['ne_one']):<22} {state:>14}")
+        else:
+            lines.append(f"{r['name']:<24} {'':<12} {str(r['ne_one']):<22} skipped: {r['skipped']}")
+    lines.append(f"{result['n_compared']} tensors compared bit for bit; first divergence: "
+                 f"{result['first_divergence'] or 'none'}")
+    return "\n".join(lines)
+
+
 def to_json(result: dict) -> str:
     """The result as JSON, one line per tensor."""
     head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in result.items() if k != "tensors"]
@@ -329,15 +378,23 @@ def main(argv=None) -> int:
     p.add_argument("--atol", type=float, default=ATOL)
     p.add_argument("--rtol", type=float, default=RTOL)
     p.add_argument("--out", help="write the result (summaries, no values) as JSON here")
+    p.add_argument("--rows", type=int, metavar="K",
+                   help="batch invariance instead of llama.cpp: our one-row pass against row 0 of a K-row pass, "
+                        "bit for bit, naming the first op that differs")
     args = p.parse_args(argv)
     if not Path(args.model).is_file():
         p.error(f"no such model file: {args.model}")
+    if args.rows is not None and args.rows < 2:
+        p.error("--rows must be 2 or more")
     try:
-        result = parity(args.model, args.prompt, args.threads, args.atol, args.rtol, device=args.device)
+        if args.rows:
+            result = row_parity(args.model, args.prompt, args.rows, args.threads, device=args.device)
+        else:
+            result = parity(args.model, args.prompt, args.threads, args.atol, args.rtol, device=args.device)
     except (FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(summary(result))
+    print(row_summary(result) if args.rows else summary(result))
     if args.out:
         Path(args.out).write_text(to_json(result))
     return 1 if result["first_divergence"] else 0

@@ -66,33 +66,16 @@ def acceptance(keeps, threads: int, n_tokens: int) -> dict:
     return out
 
 
-def untrained_drafter(path: Path) -> None:
-    """dflash-train's default drafter for the real target, seeded weights, no training."""
-    from dflash_gguf.train import export, recipe
-    from dflash_gguf.train.model import Drafter, default_shape
-    from dflash_gguf.train.target import embedding_and_head, read_target_meta
-
-    meta = read_target_meta(str(REAL))
-    meta["n_vocab"] = embedding_and_head(meta["reader"])[0].shape[0]
-    layer_ids = recipe.target_layer_ids(meta["n_layer"], 2)
-    shape = default_shape(meta["n_embd"], len(layer_ids), 2, meta["rope_theta"], meta["eps"])
-    model = Drafter(shape)
-    model.init_weights(0)
-    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    tokens = meta["reader"].fields["tokenizer.ggml.tokens"].contents()
-    mask = tokens.index("<|fim_pad|>")  # an unused special token of Qwen2.5 stands in for the mask
-    export.write_gguf(path, state, shape, meta, str(REAL), layer_ids, 16, mask)
-
-
 def cost(keeps, threads: int, reps: int) -> dict:
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.draft_simple import corpus_counts, kept_tokens
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
     from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.train import export
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "untrained.gguf"
-        untrained_drafter(path)
+        export.write_untrained(str(REAL), path, mask_token="<|fim_pad|>")
         meta = read_draft_metadata(str(path))
         target = Target(str(REAL), TargetConfig(n_ctx=512, n_verify=16, n_threads=threads,
                                                 feature_layers=meta["target_layers"]))

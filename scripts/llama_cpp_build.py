@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """llama.cpp's own sources and C++ tools, from the sdist of the installed llama-cpp-python
-(the same ggml our runtime runs on), where dflash_gguf.llama_cpp_tree finds them:
+(the same patched ggml our runtime runs on), where dflash_gguf.llama_cpp_tree finds them:
 
     .venv/bin/python scripts/llama_cpp_build.py            # build llama-bench, llama-completion and
                                                             # llama-speculative-simple for dflash-bench,
@@ -22,8 +22,6 @@ import fcntl
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,25 +42,17 @@ def log(msg: str) -> None:
 
 
 def fetch_sources() -> Path:
-    """llama.cpp's tree from the sdist, downloaded and unpacked when missing."""
+    """llama.cpp's tree from the sdist, downloaded, unpacked and patched when missing
+    (scripts/llama_cpp_sources.sh, which setup.sh runs too)."""
     src = llama_cpp_tree.source_dir()
     if src is not None:
         return src
-    version = llama_cpp_tree.llama_cpp_python_version()
-    dest = llama_cpp_tree.sdist_dir()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    log(f"fetching the llama-cpp-python {version} sdist into {dest}")
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".fetch-") as tmp:
-        # only this package from source: ":all:" would build its build dependencies too
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-                        "--no-binary", "llama-cpp-python", "--dest", tmp, f"llama-cpp-python=={version}"], check=True)
-        with tarfile.open(Path(tmp) / f"llama_cpp_python-{version}.tar.gz") as tar:
-            tar.extractall(tmp, filter="data")
-        shutil.rmtree(dest, ignore_errors=True)
-        (Path(tmp) / dest.name).rename(dest)  # whole or not at all
+    script = Path(__file__).with_name("llama_cpp_sources.sh")
+    subprocess.run(["bash", str(script), llama_cpp_tree.llama_cpp_python_version(), sys.executable], check=True,
+                   stdout=subprocess.DEVNULL)
     src = llama_cpp_tree.source_dir()
     if src is None:
-        raise SystemExit(f"the sdist unpacked into {dest} holds no llama.cpp tree")
+        raise SystemExit(f"{llama_cpp_tree.sdist_dir()} holds no llama.cpp tree after {script.name}")
     return src
 
 

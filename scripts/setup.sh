@@ -33,15 +33,19 @@ pip_install() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
 # AMX is left out: ggml's AMX kernels crash on small matrices on this CPU family (the
 # tiny test models), in llama.cpp itself as well as here.
 llama_flags="${CMAKE_ARGS:-} -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16 -DCMAKE_CXX_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16"
-llama_key=$(printf '%s %s' "$llama_cpp_python_version" "$llama_flags" | sha256sum | cut -c1-16)
+# ggml is patched (dflash_gguf/data/ggml-patches: batch-invariant CPU kernels, so that a
+# verify's rows round as one-row decoding does); the patch set is part of the key.
+ggml_patches=$(find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)
+llama_key=$(printf '%s %s %s' "$llama_cpp_python_version" "$llama_flags" "$ggml_patches" | sha256sum | cut -c1-16)
 if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ]; then
   wheelhouse="${DFLASH_WHEELHOUSE:-$HOME/.cache/dflash-gguf/wheels}/$llama_key"
   if ! ls "$wheelhouse"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    say "building llama-cpp-python $llama_cpp_python_version from source (about 10 minutes on 2 cores, once per machine)"
+    sources=$(bash "$root/scripts/llama_cpp_sources.sh" "$llama_cpp_python_version" "$py")
+    say "building llama-cpp-python $llama_cpp_python_version from $sources (about 10 minutes on 2 cores, once per machine)"
     # With CUDA: CMAKE_ARGS="-DGGML_CUDA=ON" scripts/setup.sh (see docs/devices.md).
     mkdir -p "$wheelhouse"
     CMAKE_ARGS="$llama_flags" "$py" -m pip wheel -q --disable-pip-version-check --no-deps --no-cache-dir \
-      --no-binary llama-cpp-python -w "$wheelhouse" "llama-cpp-python==$llama_cpp_python_version"
+      -w "$wheelhouse" "$sources"
   fi
   pip_install --force-reinstall --no-deps "$wheelhouse"/llama_cpp_python-*.whl
   pip_install "llama-cpp-python==$llama_cpp_python_version" --find-links "$wheelhouse"

@@ -373,6 +373,21 @@ def engine_plain_greedy(endpoint, target_path: str, devices: list, prompt: str, 
     return out
 
 
+def engine_modes_greedy(endpoint, target_path: str, draft_path: str, device: str, prompt: str, n_new: int) -> dict:
+    """On one device, through the Engine with its defaults (f16 caches, graphs as
+    shipped): plain, chain and tree greedy tokens of the demo pair."""
+    from dflash_gguf.engine import Engine
+
+    _devices(endpoint)
+    out = {}
+    for mode, options in (("plain", {}), ("chain", {"draft": draft_path}), ("tree", {"draft": draft_path,
+                                                                                   "tree_budget": 8})):
+        draft = options.pop("draft", None)
+        with Engine(target_path, draft, n_ctx=512, device=device, **options) as eng:
+            out[mode] = [int(t) for t in eng.generate(prompt, max_tokens=n_new, stop_tokens=()).tokens]
+    return out
+
+
 def top2_gap_after(endpoint, target_path: str, device: str, tokens: list) -> float:
     """The gap between the two largest logits of the next token after `tokens`."""
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig

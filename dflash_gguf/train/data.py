@@ -34,7 +34,10 @@ def _files(paths) -> list[Path]:
     out = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and not any(s.startswith(".") for s in f.parts))
+            # hidden names count below the directory given only: one under ~/.cache or a
+            # .venv is read like any other
+            found = sorted(f for f in p.rglob("*")
+                           if f.is_file() and not any(s.startswith(".") for s in f.relative_to(p).parts))
             if not found:
                 raise TrainError(f"--data {p}: the directory has no files")
             out += found

@@ -120,3 +120,24 @@ def write_hf(out_dir: str | os.PathLike, state: dict, shape, meta: dict, layer_i
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def write_untrained(target_path: str, path: str | os.PathLike, mask_token: str, block_size: int = 16,
+                    seed: int = 0) -> None:
+    """dflash-train's default drafter for a target, seeded weights and no training: a
+    drafter of the right shape for exercising the runtime (costs, exactness), whose
+    drafts are noise. mask_token: a token of the target's vocabulary that stands in for
+    the mask (an unused special token)."""
+    from . import recipe
+    from .model import Drafter, default_shape
+    from .target import embedding_and_head, read_target_meta
+
+    meta = read_target_meta(str(target_path))
+    meta["n_vocab"] = embedding_and_head(meta["reader"])[0].shape[0]
+    layer_ids = recipe.target_layer_ids(meta["n_layer"], 2)
+    shape = default_shape(meta["n_embd"], len(layer_ids), 2, meta["rope_theta"], meta["eps"])
+    model = Drafter(shape)
+    model.init_weights(seed)
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    tokens = meta["reader"].fields["tokenizer.ggml.tokens"].contents()
+    write_gguf(path, state, shape, meta, str(target_path), layer_ids, block_size, tokens.index(mask_token))

@@ -139,7 +139,9 @@ step_env() {
 portable_flags() { printf '%s\n' "${flags[@]}" | grep -v -e '^-DCUDA_.*_LIBRARY=' -e '^-DCMAKE_CUDA_FLAGS=-I' \
                      -e '^-DGGML_CUDA_NO_VMM=' || true; }
 llama_key() { { portable_flags; basename "$pack"/llama-cpp-python-src.tar.gz
-                stat -c %s "$pack"/llama-cpp-python-src.tar.gz; } | sha256sum | cut -c1-16; }
+                stat -c %s "$pack"/llama-cpp-python-src.tar.gz
+                find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_ALL=C sort | xargs cat; } \
+              | sha256sum | cut -c1-16; }
 
 restore() {  # restore NAME: unpack a saved build from .cuda-pack/built/
   local parts=("$pack"/built/"$1".tar.*)
@@ -177,6 +179,10 @@ step_llama() {
   if [ -z "$(src_dir)" ]; then
     mkdir -p "$build/src"
     tar -xzf "$pack/llama-cpp-python-src.tar.gz" -C "$build/src"
+    # the project's ggml patches (batch-invariant CPU kernels), as scripts/setup.sh applies them
+    for p in $(find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_ALL=C sort); do
+      patch -s -p1 -d "$(src_dir)" < "$p"
+    done
   fi
   say "building llama-cpp-python ($mode, -j$jobs): ${flags[*]}"
   mkdir -p "$build"

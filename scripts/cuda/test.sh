@@ -26,4 +26,5 @@ if [ -n "${OUT:-}" ]; then report=("--junitxml=$OUT/device-tests-$mode.xml"); fi
 # from tests/: `python -m` puts the working directory first on sys.path, and the checkout's
 # root there would shadow the installed package with its sources (no compiled library)
 cd "$root/tests"
-exec "$venv/bin/python" -m pytest -m device runtime/test_devices.py -v -s -p no:cacheprovider "${report[@]}" "$@"
+# test_batch_invariance: which column counts round apart on the device, type by type
+exec "$venv/bin/python" -m pytest -m device runtime/test_devices.py runtime/test_batch_invariance.py -v -s -p no:cacheprovider "${report[@]}" "$@"

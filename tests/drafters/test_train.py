@@ -418,3 +418,16 @@ def test_bad_input_gets_one_clear_line(target, corpus, tmp_path, capsys, monkeyp
     monkeypatch.setattr(builtins, "__import__", no_torch)
     assert cli_main(base + ["--data", str(corpus)]) == 2
     assert "pip install dflash-gguf[train]" in capsys.readouterr().err
+
+
+def test_data_under_a_hidden_directory_is_read_and_hidden_names_below_it_are_not(tmp_path):
+    """--data ~/.cache/... or a .venv's standard library: a hidden part above the directory
+    given does not hide its files; a hidden name below it does."""
+    from dflash_gguf.train.data import _files
+
+    root = tmp_path / ".cache" / "corpus"
+    (root / ".git").mkdir(parents=True)
+    (root / "a.py").write_text("x = 1\n")
+    (root / ".git" / "config").write_text("[core]\n")
+    (root / ".hidden.py").write_text("y = 2\n")
+    assert _files([root]) == [root / "a.py"]

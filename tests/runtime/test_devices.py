@@ -217,6 +217,21 @@ def test_engine_plain_decoding_equals_the_cpu(device):
 
 
 @pytest.mark.device
+def test_chain_and_tree_equal_plain_on_the_device_at_the_engines_defaults(device):
+    """Lossless on the device as dflash-run runs it (f16 caches, graphs as shipped), 96
+    steps: chain and tree equal the device's own plain greedy decoding token for token.
+    Holds where the device's kernels are batch-invariant (docs/exactness.md says which);
+    CUDA's MMVQ (1-8 columns) and MMQ (9 and more) round apart, so there this is the check
+    the verify kernel of scripts/cuda must pass."""
+    target, draft = demo_paths()
+    prompt = "def read_lines(path, encoding='utf-8'):\n    \"\"\"Return the lines of a text file.\"\"\"\n"
+    res = run_isolated("engine_modes_greedy", device.rpc, target, draft, device.name, prompt, 96, timeout=900)
+    assert len(res["plain"]) == 96
+    assert res["chain"] == res["plain"], "chain greedy differs from plain greedy on the device"
+    assert res["tree"] == res["plain"], "tree greedy differs from plain greedy on the device"
+
+
+@pytest.mark.device
 @pytest.mark.parametrize("pair", ["f32", "mtp"])
 def test_demo_pair_sampling_on_the_device(demo_pairs, device, pair):
     """Sampling runs in the graphs, so on a device it runs there; with the same seed the

@@ -77,6 +77,15 @@ def test_dump_names_every_layer(arch):
     assert np.all(np.isfinite(dump["result_output"]["values"]))
 
 
+def test_one_row_equals_row_0_of_eight_at_every_named_tensor(arch):
+    """The parity tool's batch-invariance mode (--rows): every named tensor of a one-row
+    pass equals row 0 of an eight-row pass bit for bit (f32 weights: stock ggml took
+    llamafile's sgemm for 2+ rows and vec_dot for one, and this named the first Qcur)."""
+    result = parity.row_parity(arch["gguf"], PROMPT, 8, threads=2)
+    assert result["n_compared"] >= 3 * 5, result["n_compared"]
+    assert result["first_divergence"] is None, parity.row_summary(result)
+
+
 def test_dump_changes_no_logit(gguf, monkeypatch, tmp_path):
     tokens = [5, 17, 300, 42]
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# llama-cpp-python's sdist (llama.cpp's tree, and the ggml that its wheel and our runtime
+# build on) unpacked with the project's ggml patches applied; prints the directory:
+#   ${DFLASH_CACHE:-~/.cache/dflash-gguf}/src/llama_cpp_python-VERSION-PATCHKEY
+# The patches (dflash_gguf/data/ggml-patches/) make ggml's CPU kernels batch-invariant: a row
+# of a many-row pass rounds exactly as a one-row pass (docs/exactness.md). PATCHKEY hashes
+# them, so a changed patch set unpacks (and setup.sh builds) anew; dflash_gguf.llama_cpp_tree
+# computes the same key. scripts/setup.sh builds the llama-cpp-python wheel from this tree,
+# scripts/llama_cpp_build.py llama.cpp's tools.
+#   scripts/llama_cpp_sources.sh VERSION PYTHON
+set -euo pipefail
+version=$1
+python=$2
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+patches=$(find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_ALL=C sort)
+key=$(cat $patches | sha256sum | cut -c1-12)
+src="${DFLASH_CACHE:-$HOME/.cache/dflash-gguf}/src"
+dest="$src/llama_cpp_python-$version-$key"
+if [ ! -f "$dest/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+    mkdir -p "$src"
+    tmp=$(mktemp -d "$src/.fetch-XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    echo "[llama.cpp] fetching the llama-cpp-python $version sdist, patching its ggml into $dest" >&2
+    # only this package from source (":all:" would build its build dependencies too)
+    "$python" -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+        --dest "$tmp" "llama-cpp-python==$version"
+    tar xzf "$tmp/llama_cpp_python-$version.tar.gz" -C "$tmp"
+    for p in $patches; do
+        patch -s -p1 -d "$tmp/llama_cpp_python-$version" < "$p"
+    done
+    rm -rf "$dest"
+    mv "$tmp/llama_cpp_python-$version" "$dest"  # whole or not at all
+fi
+echo "$dest"

@@ -1,0 +1,76 @@
+"""Batch invariance of the CPU backend's matrix product, weight type by weight type.
+
+Speculative verification is lossless only if a verify's row computes bit for bit what a
+one-row decode of the same position computes. ggml's CPU backend picks other kernels by
+column count (repacked gemv against gemm, the tiled K-quant kernel from 8 columns,
+llamafile's sgemm from 2) whose rounding differed; the project's ggml patches
+(dflash_gguf/data/ggml-patches) make each column round as it does alone. This asks the
+backend directly, for every weight type it runs, with and without the repacked layouts,
+for column counts on both sides of every kernel switch (4 for gemm, 8 for the tiled
+kernel, 16 for its narrow path, a prompt chunk's 515), whole output rows compared bit for
+bit, no tolerance.
+
+The DFLASH_TEST_DEVICE variant (pytest -m device, scripts/test-vulkan.sh) asks the device
+under test the same and records the answer in the test's output.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from dflash_gguf.devices import matmul_invariance
+
+# every type ggml's CPU backend quantizes without an importance matrix and multiplies
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K,
+         Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4]
+COLUMNS = [2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 515]
+
+
+def _operands(n_in: int, n_out: int, n_cols: int, seed: int):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32)
+    x = rng.normal(0, 1, (n_cols, n_in)).astype(np.float32)
+    x[:, ::97] *= 30  # outliers, as real activations have: the 8-bit quantization's scale follows them
+    return w, x
+
+
+@pytest.mark.parametrize("repack", [True, False], ids=["repacked", "plain"])
+@pytest.mark.parametrize("qtype", TYPES, ids=[t.name for t in TYPES])
+def test_every_column_rounds_as_it_does_alone(qtype, repack):
+    # 1536 inputs (six K-quant super blocks), 64 outputs (eight 8-row repacked groups)
+    for n_cols in COLUMNS:
+        w, x = _operands(1536, 64, n_cols, seed=n_cols)
+        n_differ, max_diff = matmul_invariance(qtype, w, x, repack=repack)
+        assert n_differ == 0, (f"{qtype.name} ({'repacked' if repack else 'plain'}): {n_differ} of {n_cols} columns "
+                               f"differ from the column alone (largest difference {max_diff:.3g})")
+
+
+def test_a_bad_call_is_refused():
+    w, x = _operands(64, 8, 2, seed=0)
+    with pytest.raises(Exception, match="multiple of"):
+        matmul_invariance(Q.Q4_K, w, x)  # 64 inputs: not a 256-wide K-quant block
+    with pytest.raises(ValueError, match="expected"):
+        matmul_invariance(Q.F32, w, x[:, :10])
+    with pytest.raises(Exception, match="no device"):
+        matmul_invariance(Q.F32, w, x, device="NoSuchDevice")
+
+
+@pytest.mark.device
+def test_the_device_under_test_reports_its_invariance(capsys):
+    """Not every backend is batch-invariant (docs/exactness.md says which): the device's
+    answer is printed per type; its columns may round apart, but only by rounding."""
+    device = os.environ.get("DFLASH_TEST_DEVICE")
+    if not device:
+        pytest.skip("DFLASH_TEST_DEVICE names no device")
+    rows = []
+    for qtype in (Q.F32, Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K):
+        got = {n: matmul_invariance(qtype, *_operands(1536, 64, n, seed=n), device=device) for n in (2, 4, 8, 16)}
+        rows.append(f"{qtype.name}: " + ", ".join(f"{n} columns: {d} differ" for n, (d, _) in got.items()))
+        # outputs are about 4 in size: kernels that quantize the activations otherwise move them
+        # by hundredths, a wrong product by whole units
+        assert max(diff for _, diff in got.values()) < 0.1, (qtype.name, got)
+    with capsys.disabled():
+        print(f"\n[batch invariance on {device}]\n  " + "\n  ".join(rows))
