@@ -69,8 +69,9 @@ def test_the_device_under_test_reports_its_invariance(capsys):
     for qtype in (Q.F32, Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q6_K):
         got = {n: matmul_invariance(qtype, *_operands(1536, 64, n, seed=n), device=device) for n in (2, 4, 8, 16)}
         rows.append(f"{qtype.name}: " + ", ".join(f"{n} columns: {d} differ" for n, (d, _) in got.items()))
-        # outputs are about 4 in size: kernels that quantize the activations otherwise move them
-        # by hundredths, a wrong product by whole units
-        assert max(diff for _, diff in got.values()) < 0.1, (qtype.name, got)
+        # outputs are up to about 30 in size (the outlier columns): kernels that round the
+        # activations to f16 or 8 bits otherwise move them by tenths (lavapipe's f16 product
+        # at 16 columns: 0.24), a wrong product by whole units
+        assert max(diff for _, diff in got.values()) < 1.0, (qtype.name, got)
     with capsys.disabled():
         print(f"\n[batch invariance on {device}]\n  " + "\n  ".join(rows))
