@@ -3,7 +3,7 @@ docstring, numbers, repeated list items, the `def fibonacci(n):` that parted fro
 decoding before ggml's kernels were made batch-invariant), every speculative mode's greedy
 text equals plain decoding's token for token, no flag needed and no tie allowed: the
 Qwen2.5-Coder 1.5B with its 0.5B drafting or an untrained DFlash drafter, and Gemma 3 270M
-drafting for itself. CI runs the first two (1.5B) and four (270M) prompts at 24 tokens; scripts/near_tie_hunt.py
+drafting for itself. CI runs the first one (1.5B) and two (270M) prompts at 16 tokens; scripts/near_tie_hunt.py
 --e2e runs all 32 at 256 tokens and writes the results on file."""
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from dflash_gguf import invariance
 
 pytestmark = pytest.mark.real
 
-N_NEW = 24
+N_NEW = 16
 # target, its small drafter (draft-simple), the tie-prone prompts CI gives it (the 1.5B is
 # the slow one: `def fibonacci(n):` and the numbered list)
-PAIRS = {"qwen": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 2), "gemma": ("gemma-3-270m", "gemma-3-270m", 4)}
+PAIRS = {"qwen": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 1), "gemma": ("gemma-3-270m", "gemma-3-270m", 2)}
 
 
 @pytest.fixture(scope="module", params=list(PAIRS))
