@@ -57,7 +57,8 @@ def log(msg: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dflash-bench workload", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="dflash-bench workload", usage="%(prog)s [FILE] [flags] [-- server flags]",
+                                description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workload", nargs="?", type=Path, default=BUNDLED,
@@ -89,8 +90,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-raw", action="store_true",
                    help="also write the whole record, every reply's text too, gzipped beside it as <name>.raw.json.gz")
     p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
-    p.add_argument("server_args", nargs="*", help="flags for every started server (after --)")
     return p
+
+
+def parse_args(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """The flags, and in server_args what follows `--`: flags for every started server. Split
+    here rather than by argparse, which would take the first of them for the optional
+    workload file when none is given."""
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])
+    args.server_args = argv[cut + 1:]
+    return args
 
 
 # -- arms and their servers ------------------------------------------------------------------------
@@ -294,9 +305,11 @@ def session_figures(turns: List[dict]) -> dict:
 
 def verdict(ratios: Optional[Spread]) -> Optional[str]:
     """What the per-repetition ratios to plain say: faster, slower, or no difference measured
-    (their range holds 1)."""
+    (their range holds 1); one repetition has no range to say it by."""
     if ratios is None:
         return None
+    if ratios.n == 1:
+        return "one repetition: no spread"
     if ratios.low <= 1.0 <= ratios.high:
         return "no difference measured"
     return "faster" if ratios.low > 1.0 else "slower"
@@ -405,7 +418,7 @@ def output_path(path: Optional[Path], started: _dt.datetime) -> Path:
 
 def main(argv=None) -> int:
     p = parser()
-    args = p.parse_args(argv)
+    args = parse_args(p, sys.argv[1:] if argv is None else argv)
     check(p, args)
     workload, sessions = sessions_of(p, args)
     where = provenance.checkout()
