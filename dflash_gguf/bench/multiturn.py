@@ -68,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-md", "--model-draft", help="drafter GGUF, for the arms whose --spec-type drafts with one")
     p.add_argument("--spec-type", action="append", metavar="KINDS",
                    help="an arm beside plain decoding: dflash-server's --spec-type, passed as it is (a comma list "
-                        "is one arm drafting with several kinds); repeatable (default: ngram-simple and ngram-mod)")
+                        "is one arm drafting with several kinds); repeatable (default: ngram-simple, ngram-mod and, "
+                        "with -md, the drafter file's own kind)")
     p.add_argument("--sessions", metavar="NAME[,NAME...]", help="run only these sessions of the workload")
     p.add_argument("-n", "--n-predict", type=int, help="cap every turn's max_tokens at N (default: the workload's)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions of every session (default 3)")
@@ -122,9 +123,17 @@ class Arm:
         return any(k.strip() in (*FILE_KINDS, SIMPLE) for k in (self.spec_type or "").split(","))
 
 
-def arms_of(spec_types: Optional[Sequence[str]]) -> List[Arm]:
+def default_kinds(model: Optional[str], draft: Optional[str]) -> List[str]:
+    """The arms without --spec-type: the n-gram kinds, and the -md file's own kind when one
+    is given (what the server drafts with when given it alone)."""
+    from ..config import resolve_spec_types
+
+    return [*DEFAULT_ARMS, *(resolve_spec_types(None, model, draft) if draft else ())]
+
+
+def arms_of(spec_types: Sequence[str]) -> List[Arm]:
     """Plain decoding first (every other arm is checked against it), then each kind once."""
-    return [Arm()] + [Arm(k) for k in dict.fromkeys(spec_types or DEFAULT_ARMS)]
+    return [Arm()] + [Arm(k) for k in dict.fromkeys(spec_types)]
 
 
 def server_command(arm: Arm, port: int, args) -> List[str]:
@@ -425,7 +434,10 @@ def main(argv=None) -> int:
     if where and where["uncommitted_changes"] and not args.force:
         p.error(f"{where['path']} has uncommitted changes; a workload run measures a commit (--force runs it "
                 "anyway, recorded in the file)")
-    arms = arms_of(args.spec_type)
+    try:
+        arms = arms_of(args.spec_type or default_kinds(args.model, args.model_draft))
+    except ValueError as e:  # config.ConfigError: a -md file that is no drafter's
+        p.error(str(e))
     started, load_before = _dt.datetime.now(_dt.timezone.utc), provenance.load_average()
     log(f"{len(sessions)} sessions x {len(arms)} arms ({', '.join(a.name for a in arms)}) x {args.repetitions} "
         f"reps; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs")

@@ -13,6 +13,7 @@ import pytest
 
 from dflash_gguf.bench import multiturn, provenance, slim
 from dflash_gguf.bench.workload import WorkloadError, from_requests, load, main as from_log_main
+from dflash_gguf.demo import demo_paths
 from paths import ROOT
 
 BUNDLED = ROOT / "dflash_gguf" / "data" / "workloads" / "stdlib.jsonl"
@@ -177,8 +178,10 @@ def test_arms_pass_any_kind_through_and_the_drafter_only_where_it_is_read():
     assert "-md" in multiturn.server_command(dflash, 1, args)
     cmd = multiturn.server_command(suffix, 1, args)
     assert "-md" not in cmd and cmd[cmd.index("--spec-type") + 1] == "suffix" and cmd[-2:] == ["-ub", "32"]
-    assert [a.name for a in multiturn.arms_of(None)] == ["plain", "ngram-simple", "ngram-mod"]
-    assert [a.name for a in multiturn.rotated(multiturn.arms_of(None), 4)] == ["ngram-simple", "ngram-mod", "plain"]
+    arms = multiturn.arms_of(multiturn.default_kinds(None, None))
+    assert [a.name for a in arms] == ["plain", "ngram-simple", "ngram-mod"]
+    assert [a.name for a in multiturn.rotated(arms, 4)] == ["ngram-simple", "ngram-mod", "plain"]
+    assert multiturn.default_kinds(*demo_paths()) == ["ngram-simple", "ngram-mod", "draft-dflash"]
 
 
 @pytest.mark.parametrize("argv, message", [
