@@ -125,6 +125,12 @@ def test_workload_from_log_writes_a_workload_that_loads(tmp_path):
     assert session.kind == "agent" and [(t.user, t.max_tokens) for t in session.turns] == [("a1", 48), ("a2", 48)]
 
 
+def load_sessions(*names):
+    from dflash_gguf.bench.workload import Session, Turn
+
+    return [Session(n, "k", (Turn("u", 4), Turn("v", 4))) for n in names]
+
+
 def turn(arm, session, rep, i, text, tokens=4, decode_s=0.1):
     return {"arm": arm, "session": session, "kind": "k", "rep": rep, "turn": i, "text": text,
             "completion_tokens": tokens, "decode_s": decode_s, "wall_s": decode_s * 2, "target_passes": 0,
@@ -142,12 +148,6 @@ def test_the_check_reports_the_first_turn_that_parts_from_plain():
     sessions = load_sessions("s")
     assert multiturn.unchecked(records, arms, sessions, 2) == [
         {"arm": a, "session": "s", "rep": 1} for a in ("ngram-simple", "suffix")]
-
-
-def load_sessions(*names):
-    from dflash_gguf.bench.workload import Session, Turn
-
-    return [Session(n, "k", (Turn("u", 4), Turn("v", 4))) for n in names]
 
 
 def test_rows_give_medians_and_the_per_repetition_ratio_to_plain():
