@@ -10,4 +10,6 @@ with the provenance a number needs (see cli.py).
   stats.py      medians and spread
   report.py     rows, ratios, tables
   provenance.py commit, machine, versions, load
+  workload.py   multi-turn workload files, and sessions from logged requests
+  multiturn.py  dflash-bench workload: the sessions through dflash-server, per arm, checked
 """

@@ -5,6 +5,7 @@ beside llama.cpp's own tools on the same GGUF, and keep every repetition.
     dflash-bench -m target.gguf -md draft.gguf -n 256 -r 5 --temp 0,0.6 --top-k 20 --top-p 0.95
     dflash-bench -m target.gguf -md draft.gguf --json -o my-gpu.json   # results/my-gpu.json
     dflash-bench serve|soak|concurrency --help        # the server: load test, soak, beside llama-server
+    dflash-bench workload [FILE] --help               # multi-turn chat sessions, every arm checked against plain
 
 Each of our modes, and each llama.cpp tool at each setting, is an arm; every arm runs in
 every repetition before the next repetition starts, each repetition of a cell generating
@@ -559,12 +560,15 @@ def bench_main(argv) -> int:
 
 
 SUBCOMMANDS = {"serve": "dflash_gguf.bench.serve", "soak": "dflash_gguf.bench.soak",
-               "concurrency": "dflash_gguf.bench.concurrency"}
+               "concurrency": "dflash_gguf.bench.concurrency", "workload": "dflash_gguf.bench.multiturn",
+               "workload-from-log": "dflash_gguf.bench.workload"}
 
 
 def main(argv=None) -> int:
     """dflash-bench [flags] measures a pair; dflash-bench serve|soak|concurrency [flags]
-    measure and soak the server (their modules' main)."""
+    measure and soak the server, dflash-bench workload [FILE] replays multi-turn sessions
+    through it and workload-from-log makes such a FILE from logged requests (their
+    modules' main)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     # auto starts from what this process learns only, so that a run does not depend on
     # what ran before it (auto_store); DFLASH_AUTO_MEMORY=PATH measures a remembering one

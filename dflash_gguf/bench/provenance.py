@@ -33,10 +33,12 @@ def cpu_name() -> str:
 
 
 def checkout() -> Optional[dict]:
-    """The git commit of the dflash-gguf checkout this runs from: the one holding the
-    virtualenv (scripts/setup.sh makes .venv inside the checkout), else the working
+    """The git commit of the dflash-gguf checkout this runs from: the one holding this
+    package's source (a checkout on PYTHONPATH or installed editable runs its own code,
+    whichever virtualenv runs it), else the one holding the virtualenv (scripts/setup.sh
+    makes .venv inside the checkout and installs the package into it), else the working
     directory's. None outside a checkout."""
-    for where in (Path(sys.prefix).parent, Path.cwd()):
+    for where in (Path(__file__).resolve().parents[2], Path(sys.prefix).parent, Path.cwd()):
         pyproject = where / "pyproject.toml"
         if not (pyproject.is_file() and 'name = "dflash-gguf"' in pyproject.read_text(errors="replace")):
             continue

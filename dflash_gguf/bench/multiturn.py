@@ -1,0 +1,486 @@
+"""dflash-bench workload: multi-turn chat sessions replayed through dflash-server, greedy,
+once per arm (plain decoding and each --spec-type), with every arm's replies checked
+against plain decoding's, token for token, as lossless speculation must give them.
+
+    dflash-bench workload                                  # the bundled stdlib workload, demo target
+    dflash-bench workload my-sessions.jsonl -m target.gguf --spec-type ngram-simple --spec-type suffix
+    dflash-bench workload --sessions rename-wrap-chunks,prose -n 64 -r 1 -o mine.json
+
+Each turn is a /v1/chat/completions request holding the whole session so far: the
+workload's user messages and the server's own earlier replies (temperature 0). Every arm
+is a dflash-server of its own, started anew for each repetition (so that nothing a
+server learns from one repetition's sessions, such as a corpus of earlier replies, drafts
+the next repetition's identical ones) and warmed up by one short request before any
+session is timed. Within a repetition every session runs on every arm before the next
+session starts, the arms' order rotated by one for each repetition and session.
+
+Per arm and session the rows give decode tok/s (completion tokens over the server's
+decode seconds, summed over the session's turns), wall seconds, completion tokens and,
+for the arms that draft, the target's passes and the drafts they accepted: medians over
+the repetitions with their min-max; against plain decoding, the median and min-max of the
+per-repetition ratios ("no difference measured" where that range holds 1). Any arm whose
+reply differs from plain decoding's in the same repetition fails the run (exit status 1).
+The results file (-o; default results/workload-<UTC time>.json) records the workload
+file's sha256, the commit and whether the checkout has uncommitted changes (refused
+without --force), the machine, versions and the load average at every cell. Servers
+listen on loopback only.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import httpx
+
+from ..config import FILE_KINDS, SIMPLE
+from ..demo import DATA
+from . import method, provenance, serve_load
+from .stats import Spread
+from .workload import Session, WorkloadError, load
+
+BUNDLED = DATA / "workloads" / "stdlib.jsonl"
+PLAIN = "plain"
+DEFAULT_ARMS = ("ngram-simple", "ngram-mod")
+WARMUP = [{"role": "user", "content": "Say hello."}]
+
+
+def log(msg: str) -> None:
+    print(f"[bench-workload] {msg}", file=sys.stderr, flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash-bench workload", usage="%(prog)s [FILE] [flags] [-- server flags]",
+                                description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload", nargs="?", type=Path, default=BUNDLED,
+                   help="a workload file, JSON or JSONL (docs/workloads.md; default: the bundled "
+                        "dflash_gguf/data/workloads/stdlib.jsonl)")
+    p.add_argument("-m", "--model", help="target GGUF (default: the bundled demo target)")
+    p.add_argument("-md", "--model-draft", help="drafter GGUF, for the arms whose --spec-type drafts with one")
+    p.add_argument("--spec-type", action="append", metavar="KINDS",
+                   help="an arm beside plain decoding: dflash-server's --spec-type, passed as it is (a comma list "
+                        "is one arm drafting with several kinds); repeatable (default: ngram-simple, ngram-mod and, "
+                        "with -md, the drafter file's own kind)")
+    p.add_argument("--sessions", metavar="NAME[,NAME...]", help="run only these sessions of the workload")
+    p.add_argument("-n", "--n-predict", type=int, help="cap every turn's max_tokens at N (default: the workload's)")
+    p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions of every session (default 3)")
+    p.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="CPU threads of every server (default: the CPUs this process may use)")
+    p.add_argument("-c", "--ctx-size", type=int, default=0,
+                   help="every server's context (default 0: the model's trained context)")
+    p.add_argument("--max-load", type=float, default=method.MAX_LOAD_PER_THREAD,
+                   help="1-minute load average per thread of -t above which a cell is marked loaded (default 0.5)")
+    p.add_argument("--wait-idle", action="store_true",
+                   help="before each cell, wait for the load to fall below --max-load (at most --wait-idle-max s)")
+    p.add_argument("--wait-idle-max", type=float, default=method.WAIT_IDLE_CAP_S,
+                   help="seconds a cell waits for the load at most (default 600); then it runs, marked loaded")
+    p.add_argument("--timeout", type=float, default=1800.0, help="per-request timeout in seconds (default 1800)")
+    p.add_argument("--force", action="store_true",
+                   help="run from a checkout with uncommitted changes (recorded in the file)")
+    p.add_argument("-o", "--output", type=Path,
+                   help="results JSON (a bare file name goes under results/; default results/workload-<UTC time>.json)")
+    p.add_argument("--keep-raw", action="store_true",
+                   help="also write the whole record, every reply's text too, gzipped beside it as <name>.raw.json.gz")
+    p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
+    return p
+
+
+def parse_args(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """The flags, and in server_args what follows `--`: flags for every started server. Split
+    here rather than by argparse, which would take the first of them for the optional
+    workload file when none is given."""
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:cut])
+    args.server_args = argv[cut + 1:]
+    return args
+
+
+# -- arms and their servers ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Arm:
+    """A dflash-server decoding one way: plain (spec_type None) or drafting by --spec-type."""
+
+    spec_type: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return self.spec_type or PLAIN
+
+    @property
+    def reads_drafter(self) -> bool:
+        """Whether its kinds draft with the -md file (the others draft from text or -m itself)."""
+        return any(k.strip() in (*FILE_KINDS, SIMPLE) for k in (self.spec_type or "").split(","))
+
+
+def default_kinds(model: Optional[str], draft: Optional[str]) -> List[str]:
+    """The arms without --spec-type: the n-gram kinds, and the -md file's own kind when one
+    is given (what the server drafts with when given it alone)."""
+    from ..config import resolve_spec_types
+
+    return [*DEFAULT_ARMS, *(resolve_spec_types(None, model, draft) if draft else ())]
+
+
+def arms_of(spec_types: Sequence[str]) -> List[Arm]:
+    """Plain decoding first (every other arm is checked against it), then each kind once."""
+    return [Arm()] + [Arm(k) for k in dict.fromkeys(spec_types)]
+
+
+def server_command(arm: Arm, port: int, args) -> List[str]:
+    """dflash-server for `arm`. Without -m the server takes the bundled demo pair itself,
+    and its drafter only for the kinds that read one."""
+    cmd = [sys.executable, "-m", "dflash_gguf.server", "--host", "127.0.0.1", "--port", str(port),
+           "-t", str(args.threads), "-c", str(args.ctx_size), "--queue", "1"]
+    if args.model:
+        cmd += ["-m", args.model]
+    if args.model_draft and arm.reads_drafter:
+        cmd += ["-md", args.model_draft]
+    cmd += ["--spec-type", arm.spec_type] if arm.spec_type else ["--no-spec"]
+    return cmd + list(args.server_args)
+
+
+# -- one turn, one session -------------------------------------------------------------------------
+
+class TurnError(RuntimeError):
+    """A turn the server did not answer whole."""
+
+
+def chat(http: httpx.Client, url: str, messages: List[dict], max_tokens: int) -> dict:
+    """One greedy chat-completions request: the reply's text and the figures of its turn.
+    Not streamed: the server's own timings (its "dflash" figures) time the decoding, and
+    the client's wall time includes the prefill of the session so far."""
+    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    t0 = time.perf_counter()
+    try:
+        r = http.post(url + "/v1/chat/completions", json=body)
+    except httpx.HTTPError as e:
+        raise TurnError(f"{type(e).__name__}: {e}") from None
+    wall = time.perf_counter() - t0
+    try:
+        reply = r.json()
+    except ValueError:
+        raise TurnError(f"status {r.status_code}, not JSON: {r.text[:200]!r}") from None
+    if r.status_code != 200 or "error" in reply:
+        raise TurnError(f"status {r.status_code}: {json.dumps(reply.get('error', reply))[:300]}")
+    choice, figures = reply["choices"][0], reply.get("dflash") or {}
+    passes = figures.get("target_passes") or 0
+    return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),
+            "completion_tokens": reply["usage"]["completion_tokens"], "prompt_tokens": reply["usage"]["prompt_tokens"],
+            "reused_prompt_tokens": figures.get("reused_prompt_tokens"), "wall_s": wall,
+            "decode_s": figures.get("decode_seconds"), "prefill_s": figures.get("prefill_seconds"),
+            "target_passes": passes,
+            # each pass makes its accepted drafts and one token of the target's own
+            "accepted_drafts": sum(figures.get("accepted_lengths") or ()) - passes}
+
+
+def run_session(http: httpx.Client, url: str, session: Session, cap: Optional[int]) -> List[dict]:
+    """The session's turns, each asked with every earlier turn and the server's replies."""
+    messages = [{"role": "system", "content": session.system}] if session.system is not None else []
+    out = []
+    for i, turn in enumerate(session.turns):
+        messages.append({"role": "user", "content": turn.user})
+        got = chat(http, url, messages, min(turn.max_tokens, cap or turn.max_tokens))
+        messages.append({"role": "assistant", "content": got["text"]})
+        out.append({"turn": i, **got})
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+def rotated(arms: List[Arm], k: int) -> List[Arm]:
+    k %= len(arms)
+    return arms[k:] + arms[:k]
+
+
+def start_servers(arms: List[Arm], args, log_dir: Path, rep: int, failures: List[dict]) -> Dict[Arm, object]:
+    """Every arm's server, started and warmed up; one that does not start is a failure."""
+    servers = {}
+    for arm in arms:
+        port = serve_load.free_port()
+        cmd = server_command(arm, port, args)
+        try:
+            server = serve_load.ServerProcess(cmd, port, log_dir / f"{arm.name}-rep{rep + 1}.log")
+        except RuntimeError as e:
+            log(f"{arm.name}: {e}")
+            failures.append({"arm": arm.name, "rep": rep, "command": cmd, "error": str(e)})
+            continue
+        servers[arm] = server
+        with httpx.Client(trust_env=False, timeout=args.timeout) as http:
+            try:  # graphs and caches made before anything is timed
+                chat(http, server.url, WARMUP, 4)
+            except TurnError as e:
+                failures.append({"arm": arm.name, "rep": rep, "command": cmd, "error": f"warm-up: {e}"})
+    return servers
+
+
+def stop_servers(servers: Dict[Arm, object], rep: int, failures: List[dict]) -> None:
+    for arm, server in servers.items():
+        status = server.stop()
+        if status != 0:
+            failures.append({"arm": arm.name, "rep": rep, "command": server.cmd,
+                             "error": f"exit status {status}: {server.log_tail()}"})
+
+
+def measure(args, sessions: Sequence[Session], arms: List[Arm], log_dir: Path) -> tuple:
+    """(turn records, cells, failures): every repetition's sessions on every arm."""
+    gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
+                                      log=log)
+    records, failures = [], []
+    for rep in range(args.repetitions):
+        servers = start_servers(arms, args, log_dir, rep, failures)
+        try:
+            for s_index, session in enumerate(sessions):
+                for arm in rotated(arms, rep + s_index):
+                    if arm not in servers:
+                        continue
+                    cell = gate.enter(f"{arm.name}, {session.name}, rep {rep + 1}")
+                    with httpx.Client(trust_env=False, timeout=args.timeout) as http:
+                        try:
+                            turns = run_session(http, servers[arm].url, session, args.n_predict)
+                        except TurnError as e:
+                            log(f"{arm.name} {session.name} rep {rep + 1}: {e}")
+                            failures.append({"arm": arm.name, "session": session.name, "rep": rep, "error": str(e)})
+                            continue
+                    records += [{"arm": arm.name, "session": session.name, "kind": session.kind, "rep": rep, **t,
+                                 "load_1m": cell["load_1m"], "loaded": cell["loaded"]} for t in turns]
+                    tokens = sum(t["completion_tokens"] for t in turns)
+                    log(f"{arm.name} {session.name} rep {rep + 1}: {tokens} tokens in {len(turns)} turns")
+        finally:
+            stop_servers(servers, rep, failures)
+    return records, gate.cells, failures
+
+
+# -- the lossless check and the rows ---------------------------------------------------------------
+
+def _by_session(records: List[dict]) -> Dict[tuple, List[dict]]:
+    """{(arm, session, rep): its turns in order}."""
+    out: Dict[tuple, List[dict]] = {}
+    for r in records:
+        out.setdefault((r["arm"], r["session"], r["rep"]), []).append(r)
+    return {k: sorted(v, key=lambda r: r["turn"]) for k, v in out.items()}
+
+
+def first_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def mismatches(records: List[dict]) -> List[dict]:
+    """Each arm's session of a repetition whose replies are not plain decoding's in that
+    repetition: the first turn that differs (every later turn's request differs too)."""
+    sessions = _by_session(records)
+    out = []
+    for (arm, name, rep), turns in sessions.items():
+        plain = sessions.get((PLAIN, name, rep))
+        if arm == PLAIN or plain is None:
+            continue
+        for ours, ref in zip(turns, plain):
+            if ours["text"] != ref["text"] or ours["completion_tokens"] != ref["completion_tokens"]:
+                out.append({"arm": arm, "session": name, "rep": rep, "turn": ours["turn"],
+                            "first_difference": first_difference(ours["text"], ref["text"]),
+                            "chars": len(ours["text"]), "plain_chars": len(ref["text"]),
+                            "tokens": ours["completion_tokens"], "plain_tokens": ref["completion_tokens"]})
+                break
+    return out
+
+
+def unchecked(records: List[dict], arms: List[Arm], sessions: Sequence[Session], repetitions: int) -> List[dict]:
+    """The arm sessions the check could not compare: plain's or their own did not run whole."""
+    have = _by_session(records)
+    return [{"arm": a.name, "session": s.name, "rep": rep} for rep in range(repetitions) for s in sessions
+            for a in arms[1:] if (a.name, s.name, rep) not in have or (PLAIN, s.name, rep) not in have]
+
+
+def session_figures(turns: List[dict]) -> dict:
+    """One repetition of an arm's session: its totals over the turns."""
+    tokens = sum(t["completion_tokens"] for t in turns)
+    decode_s = sum(t["decode_s"] or 0.0 for t in turns)
+    passes = sum(t["target_passes"] for t in turns)
+    return {"tokens": tokens, "decode_s": decode_s, "wall_s": sum(t["wall_s"] for t in turns),
+            "decode_tps": tokens / decode_s if decode_s > 0 else None,
+            "turn_tps": [t["completion_tokens"] / t["decode_s"] if t["decode_s"] else None for t in turns],
+            "target_passes": passes, "accepted_drafts": sum(t["accepted_drafts"] for t in turns),
+            "loaded": any(t["loaded"] for t in turns)}
+
+
+def verdict(ratios: Optional[Spread]) -> Optional[str]:
+    """What the per-repetition ratios to plain say: faster, slower, or no difference measured
+    (their range holds 1); one repetition has no range to say it by."""
+    if ratios is None:
+        return None
+    if ratios.n == 1:
+        return "one repetition: no spread"
+    if ratios.low <= 1.0 <= ratios.high:
+        return "no difference measured"
+    return "faster" if ratios.low > 1.0 else "slower"
+
+
+def rows(records: List[dict], arms: List[Arm], sessions: Sequence[Session]) -> List[dict]:
+    """A row per session and arm: medians and min-max over the repetitions; against plain,
+    the ratio of each repetition's decode tok/s to plain's in the same repetition."""
+    have = _by_session(records)
+    out = []
+    for s in sessions:
+        plain = {rep: session_figures(t) for (a, name, rep), t in have.items() if a == PLAIN and name == s.name}
+        for arm in arms:
+            reps = {rep: session_figures(t) for (a, name, rep), t in have.items() if a == arm.name and name == s.name}
+            if not reps:
+                continue
+            ratios = [f["decode_tps"] / plain[rep]["decode_tps"] for rep, f in reps.items()
+                      if arm.name != PLAIN and rep in plain and f["decode_tps"] and plain[rep]["decode_tps"]]
+            per_turn = [Spread.of(tps) for tps in zip(*(f["turn_tps"] for f in reps.values()))]
+            spread = Spread.of(ratios)
+
+            def of(key: str) -> Optional[dict]:
+                got = Spread.of(f[key] for f in reps.values())
+                return got.to_json() if got else None
+
+            out.append({"session": s.name, "kind": s.kind, "arm": arm.name, "repetitions": len(reps),
+                        "decode_tps": of("decode_tps"), "wall_s": of("wall_s"), "tokens": of("tokens"),
+                        "target_passes": of("target_passes"), "accepted_drafts": of("accepted_drafts"),
+                        "turn_decode_tps_median": [t.median if t else None for t in per_turn],
+                        "vs_plain": spread.to_json() if spread else None, "verdict": verdict(spread),
+                        "loaded": any(f["loaded"] for f in reps.values())})
+    return out
+
+
+def _columns(lines: List[List[str]]) -> str:
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines)
+
+
+def _spread_text(s: Optional[dict], fmt: str) -> str:
+    return "-" if s is None else Spread(s["median"], s["min"], s["max"], s["q1"], s["q3"], s["n"]).text(fmt)
+
+
+def table_text(table: List[dict]) -> str:
+    lines = [["session", "kind", "arm", "decode tok/s median [min-max]", "x plain per rep", "", "wall s", "tokens",
+              "passes", "drafts accepted", "tok/s per turn (medians)", "loaded"]]
+    for r in table:
+        turns = " / ".join("-" if x is None else f"{x:.1f}" for x in r["turn_decode_tps_median"])
+        lines.append([r["session"], r["kind"], r["arm"], _spread_text(r["decode_tps"], ".1f"),
+                      _spread_text(r["vs_plain"], ".3f") + ("x" if r["vs_plain"] else ""), r["verdict"] or "",
+                      _spread_text(r["wall_s"], ".2f"), _spread_text(r["tokens"], ".0f"),
+                      _spread_text(r["target_passes"], ".0f"), _spread_text(r["accepted_drafts"], ".0f"), turns,
+                      "yes" if r["loaded"] else "no"])
+    return _columns(lines)
+
+
+def mismatch_text(found: List[dict]) -> str:
+    return "\n".join(f"LOSSLESS CHECK FAILED: {m['arm']} {m['session']} rep {m['rep'] + 1} turn {m['turn'] + 1}: "
+                     f"its reply ({m['tokens']} tokens, {m['chars']} chars) parts from plain decoding's "
+                     f"({m['plain_tokens']} tokens, {m['plain_chars']} chars) at character {m['first_difference']}"
+                     for m in found)
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+def check(p: argparse.ArgumentParser, args) -> None:
+    if args.model_draft and not args.model:
+        p.error("-md needs -m (the target its drafter drafts for)")
+    for f in (args.model, args.model_draft):
+        if f and not Path(f).is_file():
+            p.error(f"{f}: no such file")
+    if args.repetitions < 1 or args.threads < 1:
+        p.error("-r and -t must be at least 1")
+    if args.n_predict is not None and args.n_predict < 1:
+        p.error("-n must be at least 1")
+    if args.ctx_size < 0 or args.max_load < 0 or args.wait_idle_max < 0 or args.timeout <= 0:
+        p.error("-c, --max-load and --wait-idle-max must be >= 0, --timeout > 0")
+    for kind in args.spec_type or ():
+        if not kind.strip() or kind.strip() == PLAIN:
+            p.error(f"--spec-type {kind!r}: name a kind the server drafts with (plain decoding always runs)")
+        if args.model and not args.model_draft and Arm(kind).reads_drafter:
+            p.error(f"--spec-type {kind} drafts with a drafter file: give -md")
+
+
+def sessions_of(p: argparse.ArgumentParser, args) -> tuple:
+    """(the workload, the sessions to run); an error exit for a bad file or name."""
+    try:
+        workload = load(args.workload)
+    except (WorkloadError, OSError) as e:
+        p.error(str(e))
+    if args.sessions is None:
+        return workload, list(workload.sessions)
+    wanted = [n.strip() for n in args.sessions.split(",") if n.strip()]
+    names = {s.name for s in workload.sessions}
+    unknown = [n for n in wanted if n not in names]
+    if unknown or not wanted:
+        p.error(f"--sessions: {', '.join(unknown) or 'none named'}: not in {args.workload} "
+                f"(it has {', '.join(sorted(names))})")
+    return workload, [s for s in workload.sessions if s.name in wanted]
+
+
+def output_path(path: Optional[Path], started: _dt.datetime) -> Path:
+    path = path or Path(f"workload-{started:%Y-%m-%d-%H%M}.json")
+    return Path("results") / path if path.parent == Path(".") else path
+
+
+def main(argv=None) -> int:
+    p = parser()
+    args = parse_args(p, sys.argv[1:] if argv is None else argv)
+    check(p, args)
+    workload, sessions = sessions_of(p, args)
+    where = provenance.checkout()
+    if where and where["uncommitted_changes"] and not args.force:
+        p.error(f"{where['path']} has uncommitted changes; a workload run measures a commit (--force runs it "
+                "anyway, recorded in the file)")
+    try:
+        arms = arms_of(args.spec_type or default_kinds(args.model, args.model_draft))
+    except ValueError as e:  # config.ConfigError: a -md file that is no drafter's
+        p.error(str(e))
+    started, load_before = _dt.datetime.now(_dt.timezone.utc), provenance.load_average()
+    log(f"{len(sessions)} sessions x {len(arms)} arms ({', '.join(a.name for a in arms)}) x {args.repetitions} "
+        f"reps; load average {load_before[0]:.2f} on {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="bench-workload-") as tmp:
+        try:
+            records, cells, failures = measure(args, sessions, arms, Path(tmp))
+        except KeyboardInterrupt:
+            print("dflash-bench workload: interrupted", file=sys.stderr)
+            return 130
+    found, missing = mismatches(records), unchecked(records, arms, sessions, args.repetitions)
+    table = rows(records, arms, sessions)
+    result = {
+        "tool": "dflash-bench workload", "started": started.isoformat(timespec="seconds"),
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:] if argv is None else list(argv), "checkout": where, "force": args.force,
+        "versions": provenance.versions(), "machine": provenance.machine(args.threads, "CPU"),
+        "load_average": {"before": load_before, "after": provenance.load_average()},
+        "workload": {"path": str(Path(args.workload).resolve()), "sha256": workload.sha256, "name": workload.name,
+                     "sessions": [s.name for s in sessions]},
+        "models": {"target": str(Path(args.model).resolve()) if args.model else "bundled demo target",
+                   "draft": str(Path(args.model_draft).resolve()) if args.model_draft else None},
+        "settings": {"arms": [a.name for a in arms], "repetitions": args.repetitions, "threads": args.threads,
+                     "ctx_size": args.ctx_size, "n_predict_cap": args.n_predict, "temperature": 0,
+                     "server_args": args.server_args, "max_load_per_thread": args.max_load,
+                     "wait_idle": args.wait_idle,
+                     "interleaved": "each repetition starts every arm's server anew; each session runs on every "
+                                    "arm before the next session, the arms' order rotated by repetition + session"},
+        "lossless": {"equal": not found and not missing, "mismatches": found, "unchecked": missing},
+        "cells": cells,
+        "rows": table,
+        "failures": failures,
+        "runs": records,
+    }
+    path = output_path(args.output, started)
+    raw = provenance.write_results(path, result, keep_raw=args.keep_raw)
+    log(f"wrote {path}" + (f" and {raw}" if raw else ""))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(table_text(table))
+    for f in failures:
+        print(f"FAILED {f['arm']}{' ' + f['session'] if 'session' in f else ''} rep {f['rep'] + 1}: {f['error']}")
+    if found:
+        print(mismatch_text(found))
+        print(mismatch_text(found), file=sys.stderr)
+    return 1 if found or failures else 0

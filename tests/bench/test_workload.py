@@ -1,0 +1,251 @@
+"""dflash-bench workload: the workload format and its checks, the bundled workload and its
+generator, logged requests made into sessions, the lossless check and the rows, and
+short runs through dflash-server on the demo target (one equal, one with a reply
+changed on its way back, which must fail the run)."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dflash_gguf.bench import multiturn, provenance, slim
+from dflash_gguf.bench.workload import WorkloadError, from_requests, load, main as from_log_main
+from dflash_gguf.demo import demo_paths
+from paths import ROOT
+
+BUNDLED = ROOT / "dflash_gguf" / "data" / "workloads" / "stdlib.jsonl"
+SESSION = {"name": "s1", "kind": "rename", "system": "Be brief.",
+           "turns": [{"user": "Rename x to y.", "max_tokens": 64}, {"user": "Again.", "max_tokens": 32}]}
+
+
+def write(tmp_path, text: str, name: str = "w.jsonl"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_bundled_workload_holds_every_kind_of_session_and_is_small():
+    w = load(BUNDLED)
+    assert {s.kind for s in w.sessions} == {"rename", "type-hints", "fix-bug", "tool-loop", "quote", "prose"}
+    assert all(3 <= len(s.turns) <= 4 for s in w.sessions)
+    assert BUNDLED.stat().st_size < 300_000
+    tools = next(s for s in w.sessions if s.kind == "tool-loop")
+    assert all('"name": "read_file"' in t.user for t in tools.turns)  # the schema comes again every turn
+
+
+def test_json_and_jsonl_forms_load_alike(tmp_path):
+    jsonl = load(write(tmp_path, json.dumps(SESSION) + "\n\n" + json.dumps({**SESSION, "name": "s2"}) + "\n"))
+    doc = load(write(tmp_path, json.dumps({"name": "mine", "sessions": [SESSION, {**SESSION, "name": "s2"}]}),
+                     "w.json"))
+    assert jsonl.sessions == doc.sessions and doc.name == "mine"
+    assert jsonl.sessions[0].system == "Be brief." and [t.max_tokens for t in jsonl.sessions[0].turns] == [64, 32]
+    assert len(jsonl.sha256) == 64 and jsonl.sha256 != doc.sha256
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no sessions"),
+    ("{not json\n", r"w.jsonl:1: not JSON"),
+    (json.dumps({**SESSION, "turns": []}), r"w.jsonl:1 \('s1'\): 'turns' must be a non-empty list"),
+    (json.dumps({**SESSION, "turns": [{"user": "x", "max_tokens": 0}]}), r"turn 1: 'max_tokens' must be an integer"),
+    (json.dumps({**SESSION, "turns": [{"user": "", "max_tokens": 8}]}), r"turn 1: 'user' must be a non-empty string"),
+    (json.dumps({**SESSION, "turns": [{"user": "x", "max_token": 8}]}), r"unknown key\(s\) 'max_token'"),
+    (json.dumps({**SESSION, "kind": None}), r"'kind' must be a non-empty string"),
+    (json.dumps(SESSION) + "\n" + json.dumps(SESSION), "two sessions are named 's1'"),
+    (json.dumps({"sessions": {"s1": SESSION}}), "'sessions' must be a list"),
+    ("[1, 2]", "a session is an object"),
+])
+def test_a_bad_workload_says_where_and_what(tmp_path, text, message):
+    with pytest.raises(WorkloadError, match=message):
+        load(write(tmp_path, text))
+
+
+def test_a_workload_that_is_not_utf8_is_refused(tmp_path):
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(WorkloadError, match="not UTF-8"):
+        load(path)
+
+
+def test_the_generator_is_deterministic(tmp_path):
+    """Two runs write the same bytes; on the Python the bundled file was made with, its bytes."""
+    outs = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    for out in outs:
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "make_workload.py"), "-o", str(out)], check=True,
+                       capture_output=True)
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    load(outs[0])
+    made_with = re.search(r"the Python (\S+) standard library", BUNDLED.read_text()).group(1)
+    if made_with == ".".join(map(str, sys.version_info[:3])):
+        assert outs[0].read_bytes() == BUNDLED.read_bytes()
+
+
+def chat_body(*messages, max_tokens=None):
+    roles = ["user", "assistant"] * len(messages)
+    body = {"messages": [{"role": r, "content": m} for r, m in zip(roles, messages)]}
+    return {**body, "max_tokens": max_tokens} if max_tokens else body
+
+
+def test_logged_requests_become_sessions_turn_by_turn():
+    """Two conversations logged interleaved: each request that extends one by a user
+    message is its next turn; the logged replies are dropped."""
+    log = [(chat_body("a1", max_tokens=10), "log:1"), (chat_body("b1"), "log:2"),
+           (chat_body("a1", "reply", "a2", max_tokens=20), "log:3"),
+           ({"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": [
+               {"type": "text", "text": "c"}, {"type": "text", "text": "1"}]}]}, "log:4"),
+           (chat_body("b1", "other reply", "b2", max_tokens=30), "log:5")]
+    a, b, c = from_requests(log, 99)
+    assert [(t.user, t.max_tokens) for t in a.turns] == [("a1", 10), ("a2", 20)]
+    assert [(t.user, t.max_tokens) for t in b.turns] == [("b1", 99), ("b2", 30)]
+    assert c.system == "sys" and [t.user for t in c.turns] == ["c1"]
+    assert (a.name, a.kind) == ("log-1", "recorded")
+    # a log that starts mid-conversation: its user messages are the session's turns
+    (mid,) = from_requests([(chat_body("x", "r", "y", max_tokens=5), "log:1")], 7)
+    assert [(t.user, t.max_tokens) for t in mid.turns] == [("x", 7), ("y", 5)]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"prompt": "hi"}, "no 'messages'"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}]}, "role 'tool' cannot"),
+    (chat_body("q", "a"), "the last message is not the user's"),
+    ({**chat_body("q"), "max_tokens": -1}, "'max_tokens' must be a positive integer"),
+])
+def test_a_request_that_cannot_be_replayed_is_refused(body, message):
+    with pytest.raises(WorkloadError, match=message):
+        from_requests([(body, "log:1")], 8)
+
+
+def test_workload_from_log_writes_a_workload_that_loads(tmp_path):
+    log = write(tmp_path, "\n".join(json.dumps(b) for b in (chat_body("a1"), chat_body("a1", "r", "a2"))), "log.jsonl")
+    out = tmp_path / "mine.jsonl"
+    assert from_log_main([str(log), "-o", str(out), "--kind", "agent", "-n", "48"]) == 0
+    (session,) = load(out).sessions
+    assert session.kind == "agent" and [(t.user, t.max_tokens) for t in session.turns] == [("a1", 48), ("a2", 48)]
+
+
+def load_sessions(*names):
+    from dflash_gguf.bench.workload import Session, Turn
+
+    return [Session(n, "k", (Turn("u", 4), Turn("v", 4))) for n in names]
+
+
+def turn(arm, session, rep, i, text, tokens=4, decode_s=0.1):
+    return {"arm": arm, "session": session, "kind": "k", "rep": rep, "turn": i, "text": text,
+            "completion_tokens": tokens, "decode_s": decode_s, "wall_s": decode_s * 2, "target_passes": 0,
+            "accepted_drafts": 0, "loaded": False}
+
+
+def test_the_check_reports_the_first_turn_that_parts_from_plain():
+    records = [turn("plain", "s", 0, 0, "abc"), turn("plain", "s", 0, 1, "def"),
+               turn("ngram-simple", "s", 0, 1, "deX"), turn("ngram-simple", "s", 0, 0, "abc"),
+               turn("suffix", "s", 0, 0, "abc"), turn("suffix", "s", 0, 1, "def")]
+    (m,) = multiturn.mismatches(records)
+    assert (m["arm"], m["turn"], m["first_difference"]) == ("ngram-simple", 1, 2)
+    assert "LOSSLESS CHECK FAILED: ngram-simple s rep 1 turn 2" in multiturn.mismatch_text([m])
+    arms = multiturn.arms_of(["ngram-simple", "suffix"])
+    sessions = load_sessions("s")
+    assert multiturn.unchecked(records, arms, sessions, 2) == [
+        {"arm": a, "session": "s", "rep": 1} for a in ("ngram-simple", "suffix")]
+
+
+def test_rows_give_medians_and_the_per_repetition_ratio_to_plain():
+    """ngram-simple ran 2x and 1.5x plain in its two repetitions: faster; suffix 0.9x and 1.1x:
+    no difference measured."""
+    records = []
+    for rep, (ngram_s, suffix_s) in enumerate([(0.05, 0.11), (0.0666667, 0.0909091)]):
+        for i in range(2):
+            records += [turn("plain", "s", rep, i, "t"), turn("ngram-simple", "s", rep, i, "t", decode_s=ngram_s),
+                        turn("suffix", "s", rep, i, "t", decode_s=suffix_s)]
+    table = multiturn.rows(records, multiturn.arms_of(["ngram-simple", "suffix"]), load_sessions("s"))
+    by = {r["arm"]: r for r in table}
+    assert by["plain"]["decode_tps"]["median"] == pytest.approx(40.0) and by["plain"]["vs_plain"] is None
+    assert by["ngram-simple"]["vs_plain"]["min"] == pytest.approx(1.5, rel=1e-4)
+    assert by["ngram-simple"]["vs_plain"]["max"] == pytest.approx(2.0)
+    assert by["ngram-simple"]["verdict"] == "faster"
+    assert by["suffix"]["verdict"] == "no difference measured"
+    assert by["plain"]["turn_decode_tps_median"] == pytest.approx([40.0, 40.0])
+    assert by["plain"]["tokens"]["median"] == 8
+    assert "no difference measured" in multiturn.table_text(table)
+
+
+def test_arms_pass_any_kind_through_and_the_drafter_only_where_it_is_read():
+    args = multiturn.parse_args(multiturn.parser(), ["-m", "t.gguf", "-md", "d.gguf", "-t", "1", "--", "-ub", "32"])
+    assert args.workload == multiturn.BUNDLED
+    plain, dflash, suffix = multiturn.arms_of(["draft-dflash", "suffix"])
+    assert plain.name == "plain" and "--no-spec" in multiturn.server_command(plain, 1, args)
+    assert "-md" in multiturn.server_command(dflash, 1, args)
+    cmd = multiturn.server_command(suffix, 1, args)
+    assert "-md" not in cmd and cmd[cmd.index("--spec-type") + 1] == "suffix" and cmd[-2:] == ["-ub", "32"]
+    arms = multiturn.arms_of(multiturn.default_kinds(None, None))
+    assert [a.name for a in arms] == ["plain", "ngram-simple", "ngram-mod"]
+    assert [a.name for a in multiturn.rotated(arms, 4)] == ["ngram-simple", "ngram-mod", "plain"]
+    assert multiturn.default_kinds(*demo_paths()) == ["ngram-simple", "ngram-mod", "draft-dflash"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--spec-type", "plain"], "plain decoding always runs"),
+    (["--sessions", "nope"], "--sessions: nope: not in"),
+    (["-r", "0"], "-r and -t must be at least 1"),
+    (["-n", "0"], "-n must be at least 1"),
+    (["{missing}"], "No such file"),
+])
+def test_bad_options_exit_2_with_a_message(tmp_path, argv, message, capsys):
+    argv = [a.replace("{missing}", str(tmp_path / "missing.jsonl")) for a in argv]
+    with pytest.raises(SystemExit) as e:
+        multiturn.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_checkout_with_uncommitted_changes_is_refused_without_force(monkeypatch, capsys):
+    monkeypatch.setattr(provenance, "checkout", lambda: {"commit": "c", "uncommitted_changes": True, "path": "/x"})
+    with pytest.raises(SystemExit) as e:
+        multiturn.main(["--sessions", "prose-open-questions"])
+    assert e.value.code == 2 and "uncommitted changes" in capsys.readouterr().err
+
+
+SMOKE = ["--sessions", "fix-bug-get-opcodes,prose-open-questions", "-n", "8", "-r", "1", "-t", "1", "-c", "4096",
+         "--spec-type", "ngram-simple", "--force"]
+
+
+def test_a_short_run_on_the_demo_target_gives_plain_decoding_s_replies(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert multiturn.main([*SMOKE, "-o", str(out)]) == 0, capsys.readouterr()
+    doc = slim.read(out)
+    assert doc["lossless"] == {"equal": True, "mismatches": [], "unchecked": []}
+    assert doc["workload"]["sha256"] == load(BUNDLED).sha256
+    assert set(doc["checkout"]) == {"commit", "uncommitted_changes", "path"} and doc["force"] is True
+    assert {(r["arm"], r["session"]) for r in doc["rows"]} == {
+        (a, s) for a in ("plain", "ngram-simple") for s in ("fix-bug-get-opcodes", "prose-open-questions")}
+    assert len(doc["runs"]) == 2 * (3 + 4) and all(0 < r["completion_tokens"] <= 8 for r in doc["runs"])
+    texts = {}
+    for r in doc["runs"]:
+        texts.setdefault((r["session"], r["turn"]), set()).add(slim.text_key(r["text"]))
+    assert all(len(v) == 1 for v in texts.values())  # the file keeps digests: one per turn, both arms
+    assert "decode tok/s" in capsys.readouterr().out
+
+
+def test_a_reply_that_parts_from_plain_fails_the_run(tmp_path, monkeypatch, capsys):
+    """ngram-simple's replies are changed on their way back: the check must see it."""
+    arm_at = {}
+    command, chat = multiturn.server_command, multiturn.chat
+
+    def remember(arm, port, args):
+        arm_at[f"http://127.0.0.1:{port}"] = arm.name
+        return command(arm, port, args)
+
+    def changed(http, url, messages, max_tokens):
+        got = chat(http, url, messages, max_tokens)
+        if arm_at[url] != "plain" and len(messages) > 1:  # not the warm-up
+            got["text"] += " (changed)"
+        return got
+
+    monkeypatch.setattr(multiturn, "server_command", remember)
+    monkeypatch.setattr(multiturn, "chat", changed)
+    out = tmp_path / "run.json"
+    assert multiturn.main([*SMOKE, "--sessions", "fix-bug-get-opcodes", "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "LOSSLESS CHECK FAILED: ngram-simple fix-bug-get-opcodes rep 1 turn 1" in captured.out + captured.err
+    doc = slim.read(out)
+    assert doc["lossless"]["equal"] is False and doc["lossless"]["mismatches"][0]["turn"] == 0
