@@ -1,7 +1,9 @@
 """What a sequence proposes for its target to verify in a step (decoding.step): nothing
 (plain decoding: the last token alone), the chain of the drafter's block, or a DDTree of
 its top candidates; a chain copied from the sequence's own history (n-gram kinds,
-ngram.py), alone or beside the drafter's chain; with `auto`, a policy choosing per step
+ngram.py), alone or beside the drafter's chain; a tree or chain of what followed the
+context's tail in the sequence's own text or earlier requests' (suffix, suffix.py); with
+`auto`, a policy choosing per step
 between plain decoding, the chain and trees of a few sizes (AutoProposer).
 
 A proposer only proposes. Around the step's two graphs, so that the drafts of every
@@ -22,7 +24,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Hashable, List, Optional
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
+from .suffix import SuffixCorpora, SuffixIndex, draft_tree, expected_accepted, is_chain, likeliest_path
 
 
 @dataclass(slots=True)
@@ -41,7 +44,11 @@ class Proposal:
       reject_top_k  a sampled chain of the drafter's own draws, kept by speculative
               rejection sampling over both models' top-k; otherwise each draft (or tree
               child) is kept while the target's choice before it equals it
-      decode  plain decoding's row: the bonus alone, appended, its logits only"""
+      decode  plain decoding's row: the bonus alone, appended, its logits only
+      kind    the weightless kind that drafted it (an n-gram kind, suffix): its drafted
+              and accepted tokens are counted under that name (GenerationStats.count_drafts)
+      corpus  suffix's drafts came from the corpus of earlier requests, not the
+              sequence's own text"""
 
     tokens: Optional[List[int]] = None
     tree: Optional[DraftTree] = None
@@ -49,6 +56,8 @@ class Proposal:
     n: int = 1
     reject_top_k: int = 0
     decode: bool = False
+    kind: Optional[str] = None
+    corpus: bool = False
 
     def chain(self, slot: int) -> List[int]:
         """A chain's tokens, the device block read back on first use."""
@@ -205,8 +214,8 @@ class NgramProposer(Proposer):
 
     def propose(self, seq) -> Proposal:
         self.ngram.sync(seq)
-        drafts, _ = self.ngram.best(draft_room(seq, self.n_max))
-        return Proposal([seq.bonus] + drafts)
+        drafts, _, kind = self.ngram.best(draft_room(seq, self.n_max))
+        return Proposal([seq.bonus] + drafts, kind=kind)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.ngram.observe(out)
@@ -239,13 +248,76 @@ class MixedProposer(ChainProposer):
 
     def propose(self, seq) -> Proposal:
         b = self._cut(seq)
-        drafts, value = self.ngram.best(draft_room(seq, self.n_max))
+        drafts, value, kind = self.ngram.best(draft_room(seq, self.n_max))
         if drafts and (b < 2 or value > expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            return Proposal([seq.bonus] + drafts)
+            return Proposal([seq.bonus] + drafts, kind=kind)
         return self._chain(seq, b)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.ngram.observe(out)
+
+
+OWN = "own"  # the sequence's own text: the one document of its index
+
+
+class SuffixProposer(Proposer):
+    """`--spec-type suffix`: each step the better of two continuation trees (the larger
+    expected accepted drafts, expected_accepted), one from the sequence's own prompt and
+    output, one from its corpus key's earlier requests (SuffixCorpora); at most n_max
+    nodes, no deeper than the request's and the context's room. A tree of one branch is
+    verified as a chain; a tree of several is padded to n_max + 1 rows (so the target's
+    verify graph is reused from step to step), or, where that does not fit the context
+    or a grammar constrains the output, its likeliest branch is verified as a chain.
+    Drafts are fixed before the target's draws, so greedy output is the target's own and
+    sampled output is distributed as its sampling.
+
+    What it keeps is the sequence's text, indexed as it grows; when the sequence ends,
+    its prompt and output go into the key's corpus."""
+
+    kind = "suffix"
+
+    def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int):
+        self.corpora, self.key, self.n_max = corpora, key, n_max
+        self.config = corpora.config
+        self.lookahead = n_max + 1
+        self.own = SuffixIndex(self.config.min_match)
+
+    def _sync(self, seq) -> List[int]:
+        """The sequence's text (its prompt and first token, on its first step)."""
+        if OWN not in self.own.docs:
+            self.own.extend(OWN, list(seq.prompt) + [seq.bonus])
+        return self.own.docs[OWN]
+
+    def propose(self, seq) -> Proposal:
+        text = self._sync(seq)
+        room = draft_room(seq, self.n_max)
+        if room < 1:
+            return Proposal([seq.bonus])
+        tree, _ = draft_tree(self.own, text, self.n_max, room, self.config)
+        corpus = self.corpora.index(self.key)
+        from_corpus = False
+        if corpus is not None:
+            other, match = draft_tree(corpus, text, self.n_max, room, self.config)
+            if expected_accepted(other) > expected_accepted(tree):
+                tree, from_corpus = other, True
+                self.corpora.used(self.key, (doc for doc, _ in match.at))
+        if tree is None:
+            return Proposal([seq.bonus])
+        if is_chain(tree) or seq.sampler.guided or 1 + self.n_max > seq.room:
+            drafts = likeliest_path(tree)
+            if seq.sampler.guided:
+                drafts = seq.sampler.grammar.draft_path(drafts)
+            return Proposal([seq.bonus] + drafts, kind=self.kind, corpus=from_corpus)
+        return Proposal(tree=tree.padded_to(self.lookahead), kind=self.kind, corpus=from_corpus)
+
+    def verified(self, seq, proposal, path, out, seconds) -> None:
+        self._sync(seq)
+        self.own.extend(OWN, out)
+
+    def finish(self, seq) -> None:
+        """The sequence's prompt and the tokens it emitted go into its key's corpus."""
+        text = self.own.docs.get(OWN, list(seq.prompt) + ([] if seq.bonus is None else [seq.bonus]))
+        self.corpora.add(self.key, text[:len(seq.prompt) + seq.stats.generated_tokens])
 
 
 def _fits(seq, size: int) -> bool:
