@@ -202,3 +202,20 @@ def test_the_cache_bound_is_checked():
 
     with pytest.raises(ConfigError, match=r"suffix corpora's memory in MiB .* must be >= 0, got -1"):
         EngineSetup.of(TARGET, spec_type="suffix", spec_suffix_cache_mb=-1)
+
+
+def test_the_cli_drafts_from_suffix_trees():
+    base = ["-m", TARGET, "-p", REPEATS, "-n", "40", "-c", "512", "-t", "1"]
+    plain_run, suffix = run(*base), run(*base, "--spec-type", "suffix", "--spec-draft-n-max", "6")
+    assert plain_run.returncode == suffix.returncode == 0, suffix.stderr
+    assert plain_run.stdout == suffix.stdout
+    assert "suffix (corpus 64 MiB)" in suffix.stderr and "drafts    suffix:" in suffix.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--spec-type", "suffix", "--spec-suffix-cache-mb", "-1"], "--spec-suffix-cache-mb: the suffix corpora's memory"),
+    (["--spec-type", "suffix,ngram-mod"], "suffix drafts alone: leave out ngram-mod"),
+])
+def test_the_cli_says_what_is_wrong(args, words):
+    r = run("-m", TARGET, "-p", "hi", "-n", "4", "-c", "512", "-t", "1", *args)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
