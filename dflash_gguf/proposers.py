@@ -3,8 +3,8 @@
 its top candidates; a chain copied from the sequence's own history (n-gram kinds,
 ngram.py), alone or beside the drafter's chain; a tree or chain of what followed the
 context's tail in the sequence's own text or earlier requests' (suffix, suffix.py); with
-`auto`, a policy choosing per step
-between plain decoding, the chain and trees of a few sizes (AutoProposer).
+`auto`, a policy choosing per step between plain decoding, the chain and trees of a few
+sizes (AutoProposer).
 
 A proposer only proposes. Around the step's two graphs, so that the drafts of every
 sequence come from one drafter graph and their verifies from one target graph:
@@ -32,7 +32,7 @@ from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
-from .suffix import SuffixCorpora, SuffixIndex, draft_tree, expected_accepted, is_chain, likeliest_path
+from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
 
 
 @dataclass(slots=True)
@@ -64,6 +64,9 @@ class Proposal:
         if self.tokens is None:
             self.tokens = self.draft.block(self.n, seq=slot)
         return self.tokens
+
+
+SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.count_drafts)
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
@@ -257,67 +260,43 @@ class MixedProposer(ChainProposer):
         self.ngram.observe(out)
 
 
-OWN = "own"  # the sequence's own text: the one document of its index
-
-
 class SuffixProposer(Proposer):
-    """`--spec-type suffix`: each step the better of two continuation trees (the larger
-    expected accepted drafts, expected_accepted), one from the sequence's own prompt and
-    output, one from its corpus key's earlier requests (SuffixCorpora); at most n_max
-    nodes, no deeper than the request's and the context's room. A tree of one branch is
-    verified as a chain; a tree of several is padded to n_max + 1 rows (so the target's
-    verify graph is reused from step to step), or, where that does not fit the context
-    or a grammar constrains the output, its likeliest branch is verified as a chain.
-    Drafts are fixed before the target's draws, so greedy output is the target's own and
-    sampled output is distributed as its sampling.
-
-    What it keeps is the sequence's text, indexed as it grows; when the sequence ends,
-    its prompt and output go into the key's corpus."""
-
-    kind = "suffix"
+    """`--spec-type suffix`: each step the better continuation tree of the sequence's own
+    text and its corpus key's earlier requests (suffix.SuffixDrafts), at most n_max nodes,
+    no deeper than the request's and the context's room, verified as suffix_proposal
+    says. Drafts are fixed before the target's draws, so greedy output is the target's
+    own and sampled output is distributed as its sampling."""
 
     def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int):
-        self.corpora, self.key, self.n_max = corpora, key, n_max
-        self.config = corpora.config
+        self.suffix = SuffixDrafts(corpora, key)
+        self.n_max = n_max
         self.lookahead = n_max + 1
-        self.own = SuffixIndex(self.config.min_match)
-
-    def _sync(self, seq) -> List[int]:
-        """The sequence's text (its prompt and first token, on its first step)."""
-        if OWN not in self.own.docs:
-            self.own.extend(OWN, list(seq.prompt) + [seq.bonus])
-        return self.own.docs[OWN]
 
     def propose(self, seq) -> Proposal:
-        text = self._sync(seq)
         room = draft_room(seq, self.n_max)
-        if room < 1:
-            return Proposal([seq.bonus])
-        tree, _ = draft_tree(self.own, text, self.n_max, room, self.config)
-        corpus = self.corpora.index(self.key)
-        from_corpus = False
-        if corpus is not None:
-            other, match = draft_tree(corpus, text, self.n_max, room, self.config)
-            if expected_accepted(other) > expected_accepted(tree):
-                tree, from_corpus = other, True
-                self.corpora.used(self.key, (doc for doc, _ in match.at))
-        if tree is None:
-            return Proposal([seq.bonus])
-        if is_chain(tree) or seq.sampler.guided or 1 + self.n_max > seq.room:
-            drafts = likeliest_path(tree)
-            if seq.sampler.guided:
-                drafts = seq.sampler.grammar.draft_path(drafts)
-            return Proposal([seq.bonus] + drafts, kind=self.kind, corpus=from_corpus)
-        return Proposal(tree=tree.padded_to(self.lookahead), kind=self.kind, corpus=from_corpus)
+        tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
+        return suffix_proposal(seq, tree, from_corpus, self.lookahead)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
-        self._sync(seq)
-        self.own.extend(OWN, out)
+        self.suffix.observe(seq, out)
 
     def finish(self, seq) -> None:
-        """The sequence's prompt and the tokens it emitted go into its key's corpus."""
-        text = self.own.docs.get(OWN, list(seq.prompt) + ([] if seq.bonus is None else [seq.bonus]))
-        self.corpora.add(self.key, text[:len(seq.prompt) + seq.stats.generated_tokens])
+        self.suffix.finish(seq)
+
+
+def suffix_proposal(seq, tree: Optional[DraftTree], from_corpus: bool, rows: int) -> Proposal:
+    """A suffix tree as the target verifies it: a tree of one branch as a chain; a tree of
+    several padded to `rows` (so that the target's verify graph is reused from step to
+    step), or, where that does not fit the context or a grammar constrains the output,
+    its likeliest branch as a chain (cut where the grammar rejects it)."""
+    if tree is None:
+        return Proposal([seq.bonus])
+    if is_chain(tree) or seq.sampler.guided or not _fits(seq, rows - 1):
+        drafts = likeliest_path(tree)
+        if seq.sampler.guided:
+            drafts = seq.sampler.grammar.draft_path(drafts)
+        return Proposal([seq.bonus] + drafts, kind=SUFFIX_KIND, corpus=from_corpus)
+    return Proposal(tree=tree.padded_to(rows), kind=SUFFIX_KIND, corpus=from_corpus)
 
 
 def _fits(seq, size: int) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
+from itertools import islice
 from dataclasses import dataclass
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
@@ -113,7 +114,7 @@ class SuffixIndex:
         if not ends:
             return None
         best, at = 0, []
-        for doc, end in _first(reversed(ends), max_occurrences):
+        for doc, end in islice(reversed(ends), max_occurrences):
             n = _backward_match(self.docs[doc], end, context, max_match)
             if n > best:
                 best, at = n, [(doc, end)]
@@ -124,13 +125,6 @@ class SuffixIndex:
     def continuations(self, match: Match, depth: int) -> List[List[int]]:
         """The tokens after each of the match's occurrences, up to `depth`."""
         return [self.docs[doc][end:end + depth] for doc, end in match.at]
-
-
-def _first(items, n: int):
-    for i, item in enumerate(items):
-        if i == n:
-            return
-        yield item
 
 
 def _backward_match(doc: List[int], end: int, context: Sequence[int], max_match: int) -> int:
@@ -271,6 +265,48 @@ def likeliest_path(tree: DraftTree) -> List[int]:
         node = first_child[node]
         out.append(tree.tokens[node])
     return out
+
+
+OWN = "own"  # a sequence's own text: the one document of its index
+
+
+class SuffixDrafts:
+    """A sequence's suffix drafting: its own text, indexed as it grows, and its corpus
+    key's earlier requests. Each step the better of the two trees (the larger expected
+    accepted drafts, expected_accepted); when the sequence ends, its prompt and output go
+    into the key's corpus."""
+
+    def __init__(self, corpora: SuffixCorpora, key: Hashable):
+        self.corpora, self.key, self.config = corpora, key, corpora.config
+        self.own = SuffixIndex(self.config.min_match)
+
+    def text(self, seq) -> List[int]:
+        """The sequence's text (its prompt and first token, on its first step)."""
+        if OWN not in self.own.docs:
+            self.own.extend(OWN, list(seq.prompt) + [seq.bonus])
+        return self.own.docs[OWN]
+
+    def best(self, seq, budget: int, max_depth: int) -> Tuple[Optional[DraftTree], bool]:
+        """(the better tree, whether it came from the corpus); (None, False): neither
+        found a match."""
+        text = self.text(seq)
+        tree, _ = draft_tree(self.own, text, budget, max_depth, self.config)
+        corpus = self.corpora.index(self.key)
+        if corpus is not None:
+            other, match = draft_tree(corpus, text, budget, max_depth, self.config)
+            if expected_accepted(other) > expected_accepted(tree):
+                self.corpora.used(self.key, (doc for doc, _ in match.at))
+                return other, True
+        return tree, False
+
+    def observe(self, seq, emitted: Sequence[int]) -> None:
+        """After a step: the tokens it emitted after the bonus (the last is the next bonus)."""
+        self.text(seq)
+        self.own.extend(OWN, emitted)
+
+    def finish(self, seq) -> None:
+        text = self.own.docs.get(OWN, list(seq.prompt) + ([] if seq.bonus is None else [seq.bonus]))
+        self.corpora.add(self.key, text[:len(seq.prompt) + seq.stats.generated_tokens])
 
 
 def corpus_key(api_key: Optional[str]) -> Optional[str]:
