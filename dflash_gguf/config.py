@@ -205,8 +205,10 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             return (SIMPLE,)  # a model GGUF (a target architecture): it drafts as a small model
         return (next((k for k, v in FILE_KINDS.items() if v == file_kind), "draft-dflash"),)
     kinds = parse_spec_types(spec_type)
-    if SUFFIX in kinds and len(kinds) > 1:
-        raise ConfigError("spec_type", f"{SUFFIX} drafts alone: leave out {','.join(k for k in kinds if k != SUFFIX)}")
+    ngrams = [k for k in kinds if k in NGRAM_KINDS]
+    if SUFFIX in kinds and ngrams:
+        raise ConfigError("spec_type", f"{SUFFIX} beside {','.join(ngrams)}: choose one (both draft from the "
+                                       "request's own text; suffix's trees also from earlier requests')")
     drafters = [k for k in kinds if k in DRAFTER_KINDS]
     if len(drafters) > 1:
         raise ConfigError("spec_type", f"{' and '.join(drafters)}: one drafter at a time")
@@ -420,6 +422,9 @@ class EngineSetup:
         if ngram_kinds and budget:
             raise ConfigError("spec_type", f"{','.join(ngram_kinds)} beside draft-dflash verifies a chain; "
                                            "leave out --tree-budget")
+        if suffix and budget:
+            raise ConfigError("spec_type", f"{SUFFIX} beside a drafter verifies its tree or the drafter's chain; "
+                                           "leave out --tree-budget")
         if rope_scaling is not None and rope_scaling not in ROPE_SCALING_TYPES:
             raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
                               f"got {rope_scaling!r}")
@@ -448,8 +453,8 @@ class EngineSetup:
             repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq, rope_scaling=rope_scaling,
             rope_scale=float(rope_scale), yarn_orig_ctx=yarn_orig_ctx, tensor_overrides=target_rules)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
-        # (and beside the n-gram kinds, the drafter's confidence is its expected accepted length)
-        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds else 1)
+        # (and beside the n-gram kinds or suffix, the drafter's confidence is its expected accepted length)
+        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds and not suffix else 1)
         draft_config = None
         if meta is not None:
             draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,

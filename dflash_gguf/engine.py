@@ -17,7 +17,7 @@ from .generate import GenerationStats, Placement, Request, check_request, collec
 from .memory import refusal, settle
 from .ngram import ngram_sources
 from .suffix import SuffixCorpora
-from .proposers import MixedProposer, NgramProposer, PlainProposer, SuffixProposer
+from .proposers import DrafterSuffixProposer, MixedProposer, NgramProposer, PlainProposer, SuffixProposer
 from .sampling import SamplingParams
 from .speculative import chain_proposer, default_p_min, tree_proposer
 from .streamtext import partial_marker
@@ -122,7 +122,8 @@ class Engine:
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, target_config)
         self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
-        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0 and not setup.ngram_kinds:
+        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0 and not setup.ngram_kinds \
+                and setup.suffix is None:
             # a chain that is never cut reads no probabilities: its proposes rank nothing
             draft_config = replace(draft_config, top_k=0)
         try:
@@ -324,7 +325,12 @@ class Engine:
             saver = self._saver(tokens, reused, use_draft, slot)
         ngram = self.setup.ngram_kinds if speculative else ()
         if speculative and self.suffix_corpora is not None:
-            proposer = SuffixProposer(self.suffix_corpora, request.corpus, self.setup.spec_draft_n_max)
+            if use_draft:
+                proposer = DrafterSuffixProposer(self.draft, self.block_size or self.draft.block_size,
+                                                 self.draft_p_min, self.suffix_corpora, request.corpus,
+                                                 self.setup.spec_draft_n_max)
+            else:
+                proposer = SuffixProposer(self.suffix_corpora, request.corpus, self.setup.spec_draft_n_max)
         elif ngram:
             sources = ngram_sources(ngram, self.setup.ngram)
             if use_draft:

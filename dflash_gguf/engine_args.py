@@ -123,7 +123,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "small model of the target's vocabulary, drafting token by token), ngram-simple, "
                         "ngram-mod (copies from the prompt and output, no weights), suffix (SuffixDecoding: trees "
                         "of what followed the context's tail in the request's text and earlier requests', no "
-                        "weights, alone; docs/suffix.md); several: each step verifies "
+                        "weights; docs/suffix.md); several: each step verifies "
                         "the draft with the best expected accepted length (default: the -md drafter's kind; none "
                         "without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
@@ -513,7 +513,7 @@ def engine_mode(engine, tree_budget) -> str:
     if engine.setup.ngram_kinds:
         mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
     if engine.suffix_corpora is not None:
-        mode = f"suffix (corpus {engine.setup.suffix.cache_mb} MiB)"
+        mode = ("chain + " if engine.draft is not None else "") + f"suffix (corpus {engine.setup.suffix.cache_mb} MiB)"
     if engine.simple_draft is not None:
         simple = engine.setup.simple
         mode = "draft-simple " + ("tree" if simple.tree else "auto (plain or chain)" if simple.auto else "chain")

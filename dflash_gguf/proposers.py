@@ -32,7 +32,7 @@ from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
-from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
+from .suffix import SuffixCorpora, SuffixDrafts, expected_accepted, is_chain, likeliest_path
 
 
 @dataclass(slots=True)
@@ -276,6 +276,43 @@ class SuffixProposer(Proposer):
         room = draft_room(seq, self.n_max)
         tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
         return suffix_proposal(seq, tree, from_corpus, self.lookahead)
+
+    def verified(self, seq, proposal, path, out, seconds) -> None:
+        self.suffix.observe(seq, out)
+
+    def finish(self, seq) -> None:
+        self.suffix.finish(seq)
+
+
+class DrafterSuffixProposer(ChainProposer):
+    """The drafter's chain and suffix's tree (`--spec-type draft-dflash,suffix`): the
+    drafter drafts every step; the step verifies the suffix tree when its expected
+    accepted drafts (the sum of its nodes' probabilities, suffix.expected_accepted) beat
+    the drafter's chain's by its own confidence (ngram.expected_chain), else the chain.
+    Neither depends on the target's draws of the step, so sampled output stays exact."""
+
+    def __init__(self, draft, block_size: int, p_min: float, corpora: SuffixCorpora, key: Hashable, n_max: int):
+        super().__init__(draft, block_size, p_min)
+        self.suffix = SuffixDrafts(corpora, key)
+        self.n_max = n_max
+        self.lookahead = max(block_size, n_max + 1)
+
+    def fuses(self, seq) -> bool:
+        return False  # the suffix tree is chosen after the drafter's graph
+
+    def plan(self, seq) -> int:
+        b = super().plan(seq)
+        self.decodes = False  # the suffix tree is found after the drafter's graph
+        return b
+
+    def propose(self, seq) -> Proposal:
+        b = self._cut(seq)
+        room = draft_room(seq, self.n_max)
+        tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
+        if tree is not None and (b < 2 or expected_accepted(tree) >
+                                 expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
+            return suffix_proposal(seq, tree, from_corpus, self.lookahead)
+        return self._chain(seq, b)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.suffix.observe(seq, out)

@@ -19,7 +19,7 @@ from decoding_checks import REPEATS
 from paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
-TARGET = str(DATA / "demo-target.gguf")
+TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
 RUN = str(Path(sys.executable).with_name("dflash-run"))
 OPTIONS = dict(n_ctx=512, kv_type="f32", n_threads=1)
 
@@ -186,15 +186,33 @@ def run(*args):
     return subprocess.run([RUN, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("spec_type,words", [
-    ("suffix,ngram-simple", "suffix drafts alone: leave out ngram-simple"),
-    ("suffix,draft-dflash", "suffix drafts alone: leave out draft-dflash"),
+@pytest.mark.parametrize("draft,spec_type,options,words", [
+    (None, "suffix,ngram-simple", {}, "suffix beside ngram-simple: choose one"),
+    (DRAFT, "draft-dflash,suffix", {"tree_budget": 4}, "leave out --tree-budget"),
+    (DRAFT, "suffix", {}, "loads no drafter file"),
 ])
-def test_suffix_alone(spec_type, words):
+def test_kinds_suffix_does_not_run_beside(draft, spec_type, options, words):
     from dflash_gguf.config import ConfigError, EngineSetup
 
     with pytest.raises(ConfigError, match=words):
-        EngineSetup.of(TARGET, spec_type=spec_type)
+        EngineSetup.of(TARGET, draft, spec_type=spec_type, **options)
+
+
+def test_greedy_dflash_beside_suffix_equals_plain_greedy(plain, trees_verified):
+    """The drafter's chain or the suffix tree, whichever is expected to keep more: the
+    output is the target's, and both were verified."""
+    text = "x = 1\ny = 2\nx = 1\ny = 3\nx = 1\ny ="  # two continuations of "y =": a tree
+    want = plain.generate(text, 60, stop_tokens=()).tokens
+    with Engine(TARGET, DRAFT, **OPTIONS) as engine:
+        dflash = engine.generate(text, 60, stop_tokens=())
+    with Engine(TARGET, DRAFT, spec_type="draft-dflash,suffix", **OPTIONS) as engine:
+        got = engine.generate(text, 60, stop_tokens=())
+    assert got.tokens == want == dflash.tokens
+    assert got.stats.drafted["suffix"] > 0 and got.stats.accepted["suffix"] > 0
+    assert got.stats.accepted_lengths != dflash.stats.accepted_lengths  # some steps verified suffix's drafts
+    assert trees_verified, "no branching suffix tree was verified beside the drafter"
+    assert sum(got.stats.accepted_lengths) - len(got.stats.accepted_lengths) > got.stats.accepted["suffix"], \
+        "no drafter chain was ever accepted"
 
 
 def test_the_cache_bound_is_checked():
@@ -214,7 +232,7 @@ def test_the_cli_drafts_from_suffix_trees():
 
 @pytest.mark.parametrize("args,words", [
     (["--spec-type", "suffix", "--spec-suffix-cache-mb", "-1"], "--spec-suffix-cache-mb: the suffix corpora's memory"),
-    (["--spec-type", "suffix,ngram-mod"], "suffix drafts alone: leave out ngram-mod"),
+    (["--spec-type", "suffix,ngram-mod"], "suffix beside ngram-mod: choose one"),
 ])
 def test_the_cli_says_what_is_wrong(args, words):
     r = run("-m", TARGET, "-p", "hi", "-n", "4", "-c", "512", "-t", "1", *args)
