@@ -237,3 +237,45 @@ def test_the_cli_drafts_from_suffix_trees():
 def test_the_cli_says_what_is_wrong(args, words):
     r = run("-m", TARGET, "-p", "hi", "-n", "4", "-c", "512", "-t", "1", *args)
     assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
+def test_greedy_suffix_under_a_grammar_equals_plain(plain):
+    """Under a grammar the likeliest branch is verified as a chain, cut where the grammar
+    rejects it."""
+    from dflash_gguf.config import check_constraint
+    from dflash_gguf.sampling import SamplingParams
+
+    grammar = check_constraint(grammar='root ::= ("x = 1\\n" | "y = 2\\n")+')
+    greedy = SamplingParams(0.0, 0, 1.0, 0.0, None, constraint=grammar)
+    text = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"
+    want = plain.generate(text, 40, stop_tokens=(), sampling=greedy).tokens
+    with Engine(TARGET, spec_type="suffix", **OPTIONS) as engine:
+        got = engine.generate(text, 40, stop_tokens=(), sampling=greedy)
+    assert got.tokens == want and got.stats.accepted["suffix"] > 0
+
+
+def test_sampled_suffix_keeps_the_targets_distribution(plain, trees_verified):
+    """Trees of earlier samples' continuations (the corpus) and of the prompt, fixed
+    before the target's draws: the first three tokens are distributed as the target's
+    sampling (enumerated exactly, chi-square at 0.1%)."""
+    from dataclasses import replace
+
+    from dflash_gguf.sampling import SamplingParams
+    from sampling_checks import chi2_critical, chi2_stat, exact_joint
+
+    text = plain.tokenizer.encode("    def __init__(self, name):\n        self.name = name\n        self.",
+                                  add_bos=False)
+    params, depth, n = SamplingParams(0.6, 20, 0.95), 3, 1000
+    exact = exact_joint(plain.target, text, params, depth)
+    counts, drafted = {}, 0
+    with Engine(TARGET, spec_type="suffix", **OPTIONS) as alone, \
+            Engine(TARGET, DRAFT, spec_type="draft-dflash,suffix", **OPTIONS) as mixed:
+        for seed in range(n):
+            engine = mixed if seed % 2 else alone
+            out = engine.generate(text, depth, stop_tokens=(), sampling=replace(params, seed=seed))
+            counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+            drafted += out.stats.accepted.get("suffix", 0)
+    assert drafted > 0 and trees_verified, "no suffix draft kept or no tree verified: the test proves nothing"
+    stat, df = chi2_stat(counts, exact, n)
+    assert df >= 4, "too few cells for the test to say anything"
+    assert stat < chi2_critical(df), (stat, df)
