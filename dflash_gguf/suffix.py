@@ -207,8 +207,9 @@ class SuffixCorpora:
     """Earlier requests' prompts and responses, one index per corpus key (a hashed API key,
     or None), bounded together by config.cache_bytes of estimated memory
     (BYTES_PER_TOKEN per indexed token): the least recently used documents go first.
-    A document is used when it is added and when a draft comes from it. A document
-    larger than the whole bound is not kept."""
+    A document is used when it is added and when a step's suffix tree comes from it
+    (whether or not a drafter's chain is verified instead). A document larger than the
+    whole bound is not kept."""
 
     def __init__(self, config: SuffixConfig):
         self.config = config
