@@ -5,8 +5,8 @@ rewrites, the same questions), the text that followed the longest earlier match 
 context's tail is a good guess of what follows now, and several earlier continuations
 make a tree rather than a chain.
 
-The index (SuffixIndex) is not a literal suffix tree: per document, every k-gram
-(k = min_match) maps to the positions it ends at, in a dict of ordered dicts. A lookup
+The index (SuffixIndex) is not a literal suffix tree: every k-gram (k = min_match) of its
+documents maps to the positions it ends at, in a dict of ordered dicts. A lookup
 takes the context's last k tokens, walks their most recent occurrences (at most
 max_occurrences) and extends each match backwards, token by token, up to max_match;
 the occurrences that reach the longest match are the match's. That gives the suffix
@@ -26,16 +26,17 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from .ddtree import DraftTree
 
 # Host memory an indexed token costs, for --spec-suffix-cache-mb: an estimate, measured
-# with tracemalloc over documents of random tokens (about 420 bytes at k = 2, 1k or 100k distinct tokens: the token's
-# list slot and int, its k-gram's tuple, the k-gram's dict entry and its position's
-# (document, end) entry), rounded up. Repetitive text shares k-grams and costs less.
+# with tracemalloc over documents of random tokens (about 420 bytes at k = 2, with 1k or
+# 100k distinct tokens: the token's list slot and int, its k-gram's tuple, the k-gram's
+# dict entry and its position's (document, end) entry), rounded up. Repetitive text
+# shares k-grams and costs less.
 BYTES_PER_TOKEN = 512
 
 
