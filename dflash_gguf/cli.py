@@ -101,6 +101,7 @@ def _report(stats, mode: str) -> dict:
         "stop_reason": stats.stop_reason,
         "mean_tree_nodes": round(sum(stats.tree_sizes) / len(stats.tree_sizes), 2) if stats.tree_sizes else None,
         "chain_steps": stats.chain_steps,
+        "drafts": {k: {"drafted": n, "accepted": stats.accepted.get(k, 0)} for k, n in stats.drafted.items()},
         "auto": stats.auto,
         "graph_splits": stats.graph_splits,
         "copy_bytes_per_step": round(stats.copy_bytes_per_step),
@@ -133,6 +134,8 @@ def _print_report(r: dict) -> None:
     if r["mean_tree_nodes"] is not None:
         chains = f" ({r['chain_steps']} steps verified the plain chain)" if r["chain_steps"] else ""
         print(f"tree      mean {r['mean_tree_nodes']:.1f} nodes per step{chains}", file=err)
+    for kind, d in r["drafts"].items():
+        print(f"drafts    {kind}: {d['drafted']} drafted, {d['accepted']} accepted", file=err)
     if r["auto"] is not None:
         from .budget import describe
 

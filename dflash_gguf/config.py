@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 from . import placement
 from .draft import DraftConfig, read_draft_metadata
+from .suffix import SuffixConfig
 from .target import KV_TYPES, TargetConfig
 
 # the largest tree `--tree-budget auto` grows to
@@ -94,7 +95,11 @@ def check_p_min(p_min: float) -> None:
 # llama.cpp's --spec-type names: the drafter kinds, then the weightless n-gram kinds
 DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark", "draft-simple")
 NGRAM_KINDS = ("ngram-simple", "ngram-mod")
-SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS
+# SuffixDecoding (suffix.py): weightless trees from the request's text and earlier requests'
+SUFFIX = "suffix"
+SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS + (SUFFIX,)
+# the suffix corpora's bound when --spec-suffix-cache-mb is left out, in MiB
+DEFAULT_SUFFIX_CACHE_MB = 64
 # drafter kinds this build has no runtime for yet, with the name the user knows them by
 # the kinds that draft with a drafter GGUF (-md), by the kind its file says it is
 # (read_draft_metadata's: a dflash GGUF with a Markov head is a DSpark drafter)
@@ -200,6 +205,10 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             return (SIMPLE,)  # a model GGUF (a target architecture): it drafts as a small model
         return (next((k for k, v in FILE_KINDS.items() if v == file_kind), "draft-dflash"),)
     kinds = parse_spec_types(spec_type)
+    ngrams = [k for k in kinds if k in NGRAM_KINDS]
+    if SUFFIX in kinds and ngrams:
+        raise ConfigError("spec_type", f"{SUFFIX} beside {','.join(ngrams)}: choose one (both draft from the "
+                                       "request's own text; suffix's trees also from earlier requests')")
     drafters = [k for k in kinds if k in DRAFTER_KINDS]
     if len(drafters) > 1:
         raise ConfigError("spec_type", f"{' and '.join(drafters)}: one drafter at a time")
@@ -311,6 +320,7 @@ class EngineSetup:
     # kept set its file carries, else all), the commonest in draft_vocab_from's text
     draft_vocab: int = 0
     draft_vocab_from: Tuple[str, ...] = ()
+    suffix: Optional[SuffixConfig] = None  # --spec-type suffix's settings (None: it does not draft)
 
     @property
     def n_seq(self) -> int:
@@ -345,7 +355,8 @@ class EngineSetup:
            n_cpu_moe: int = 0, override_tensor_draft=(), cpu_moe_draft: bool = False,
            n_cpu_moe_draft: int = 0, spec_draft_n_min: int = 0, n_ctx_draft: int = 0,
            n_gpu_layers_draft: int = -1, spec_draft_vocab: int = 0,
-           spec_draft_vocab_from: Union[str, Sequence[str]] = ()) -> "EngineSetup":
+           spec_draft_vocab_from: Union[str, Sequence[str]] = (),
+           spec_suffix_cache_mb: int = DEFAULT_SUFFIX_CACHE_MB) -> "EngineSetup":
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -364,6 +375,9 @@ class EngineSetup:
                             _count("spec_ngram_mod_n_match", spec_ngram_mod_n_match, 1, what="the n-gram size"),
                             _count("spec_ngram_mod_n_min", spec_ngram_mod_n_min, 1, what="the shortest draft"))
         ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
+        _count("spec_suffix_cache_mb", spec_suffix_cache_mb, 0,
+               what="the suffix corpora's memory in MiB (0: no corpus, the request's own text only)")
+        suffix = SuffixConfig(cache_mb=spec_suffix_cache_mb) if SUFFIX in kinds else None
         simple = SIMPLE in kinds
         _count("spec_draft_vocab", spec_draft_vocab, 0, what="the drafter's kept tokens (0: all)")
         vocab_from = (spec_draft_vocab_from,) if isinstance(spec_draft_vocab_from, (str, os.PathLike)) \
@@ -408,6 +422,9 @@ class EngineSetup:
         if ngram_kinds and budget:
             raise ConfigError("spec_type", f"{','.join(ngram_kinds)} beside draft-dflash verifies a chain; "
                                            "leave out --tree-budget")
+        if suffix and budget:
+            raise ConfigError("spec_type", f"{SUFFIX} beside a drafter verifies its tree or the drafter's chain; "
+                                           "leave out --tree-budget")
         if rope_scaling is not None and rope_scaling not in ROPE_SCALING_TYPES:
             raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
                               f"got {rope_scaling!r}")
@@ -421,7 +438,7 @@ class EngineSetup:
         draft_rules = _placement_rules("override_tensor_draft", override_tensor_draft, "cpu_moe_draft",
                                        cpu_moe_draft, "n_cpu_moe_draft", n_cpu_moe_draft, device)
         n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
-        n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds else 1)
+        n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds or suffix else 1)
         simple_setup = None
         if simple:
             simple_setup = _simple_setup(draft, tree_budget, spec_draft_n_max, spec_draft_n_min, draft_p_min,
@@ -436,8 +453,8 @@ class EngineSetup:
             repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq, rope_scaling=rope_scaling,
             rope_scale=float(rope_scale), yarn_orig_ctx=yarn_orig_ctx, tensor_overrides=target_rules)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
-        # (and beside the n-gram kinds, the drafter's confidence is its expected accepted length)
-        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds else 1)
+        # (and beside the n-gram kinds or suffix, the drafter's confidence is its expected accepted length)
+        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds and not suffix else 1)
         draft_config = None
         if meta is not None:
             draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,
@@ -445,7 +462,7 @@ class EngineSetup:
                                        tensor_overrides=draft_rules)
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
                    ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path, simple_setup,
-                   0 if simple else spec_draft_vocab, () if simple else tuple(map(str, vocab_from)))
+                   0 if simple else spec_draft_vocab, () if simple else tuple(map(str, vocab_from)), suffix)
 
 
 def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: Optional[float], draft_vocab: int,

@@ -227,6 +227,8 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
         s.stats.record_graph(splits, copied)
         choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
         path, new = accepted(s, p, choice)
+        if p.kind is not None:
+            s.stats.count_drafts(p.kind, _drafted(p), len(path) - 1, p.corpus)
         s.stage("verified" if s.speculative else "decoded")
         commit(s, p, path)
         if s.speculative:
@@ -273,6 +275,14 @@ def chain_step(target, draft, seqs: Seq[Sequence], blocks: List[tuple], t0: floa
         s.stats.other_seconds += other
         kept.append(s._emitted(new))
     return kept
+
+
+def _drafted(p: Proposal) -> int:
+    """The drafts a proposal put to the target: a tree's nodes below the root (padding
+    left out), a chain's tokens after the bonus."""
+    if p.tree is not None:
+        return len(p.tree) - 1 - sum(p.tree.dummy or ())
+    return len(p.tokens) - 1 if p.tokens is not None else p.n - 1
 
 
 def verify_rows(seq: Sequence, p: Proposal) -> Rows:

@@ -16,7 +16,8 @@ from .draft_simple import SimpleDraft, SimpleProposer, corpus_counts, kept_token
 from .generate import GenerationStats, Placement, Request, check_request, collect
 from .memory import refusal, settle
 from .ngram import ngram_sources
-from .proposers import MixedProposer, NgramProposer, PlainProposer
+from .suffix import SuffixCorpora
+from .proposers import DrafterSuffixProposer, MixedProposer, NgramProposer, PlainProposer, SuffixProposer
 from .sampling import SamplingParams
 from .speculative import chain_proposer, default_p_min, tree_proposer
 from .streamtext import partial_marker
@@ -90,8 +91,10 @@ class Engine:
         or a sequence: "draft-dflash", "draft-eagle3" (`draft` an EAGLE3 drafter),
         "draft-mtp" (the MTP layer of `model` itself, no `draft`), "draft-simple" (`draft` a
         smaller model of the target's vocabulary, drafting token by token: draft_simple.py),
-        "ngram-simple", "ngram-mod"; None: the drafter's own kind (draft-simple for a model
-        GGUF), or plain decoding without one),
+        "ngram-simple", "ngram-mod", "suffix" (SuffixDecoding: trees from the request's
+        own text and earlier requests', suffix.py); None: the drafter's own kind
+        (draft-simple for a model GGUF), or plain decoding without one),
+        spec_suffix_cache_mb (the suffix corpora's bound, all corpus keys together),
         spec_draft_n_max (the n-gram kinds' longest draft, MTP's, EAGLE3's and draft-simple's
         drafts per step; the DFlash block when block_size is left out), spec_draft_n_min,
         n_ctx_draft and n_gpu_layers_draft (draft-simple's shortest chain, its context (0: n_ctx)
@@ -119,7 +122,8 @@ class Engine:
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, target_config)
         self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
-        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0 and not setup.ngram_kinds:
+        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0 and not setup.ngram_kinds \
+                and setup.suffix is None:
             # a chain that is never cut reads no probabilities: its proposes rank nothing
             draft_config = replace(draft_config, top_k=0)
         try:
@@ -154,6 +158,8 @@ class Engine:
         self._grammar_vocab = None  # grammar_vocab()'s
         # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
         self.grammar_drafting = True
+        # suffix: the engine's corpora of earlier requests, one per Request.corpus key
+        self.suffix_corpora = SuffixCorpora(setup.suffix) if setup.suffix is not None else None
 
     # -- lifetime -------------------------------------------------------------------
     def _simple_draft(self, simple) -> SimpleDraft:
@@ -240,7 +246,7 @@ class Engine:
         lookahead = 0
         if speculative and self.draft is not None:
             lookahead = self.tree_budget + 1 if self.tree_budget else (self.block_size or self.draft.block_size)
-        if speculative and self.setup.ngram_kinds:
+        if speculative and (self.setup.ngram_kinds or self.suffix_corpora is not None):
             lookahead = max(lookahead, self.setup.spec_draft_n_max + 1)
         if speculative and self.simple_draft is not None:
             lookahead = self.setup.simple.lookahead
@@ -318,7 +324,14 @@ class Engine:
                 reused = self._resume(tokens, reused, use_draft, stats, slot)
             saver = self._saver(tokens, reused, use_draft, slot)
         ngram = self.setup.ngram_kinds if speculative else ()
-        if ngram:
+        if speculative and self.suffix_corpora is not None:
+            if use_draft:
+                proposer = DrafterSuffixProposer(self.draft, self.block_size or self.draft.block_size,
+                                                 self.draft_p_min, self.suffix_corpora, request.corpus,
+                                                 self.setup.spec_draft_n_max)
+            else:
+                proposer = SuffixProposer(self.suffix_corpora, request.corpus, self.setup.spec_draft_n_max)
+        elif ngram:
             sources = ngram_sources(ngram, self.setup.ngram)
             if use_draft:
                 proposer = MixedProposer(self.draft, self.block_size or self.draft.block_size, self.draft_p_min,
@@ -391,7 +404,8 @@ class Engine:
 
     def stream(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
-               stats: Optional[GenerationStats] = None, context_full: str = "error") -> Iterator[str]:
+               stats: Optional[GenerationStats] = None, context_full: str = "error",
+               corpus: Optional[str] = None) -> Iterator[str]:
         """Yield text pieces as tokens are committed, never splitting a UTF-8 character.
         Generation ends at max_tokens, at a stop token (default: the model's
         end-of-generation tokens; it ends the tokens, its text is not part of the reply), or at a stop string (excluded;
@@ -400,10 +414,11 @@ class Engine:
 
         context_full: "error" (default) refuses upfront a request whose prompt plus
         max_tokens could overflow the context; "stop" generates until the context is
-        full and ends there with stats.stop_reason "context"."""
+        full and ends there with stats.stop_reason "context". corpus: the suffix corpus's
+        key (Request.corpus)."""
         stats = GenerationStats() if stats is None else stats
-        return self._stream(Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full), stop,
-                            speculative, stats, [])
+        return self._stream(Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full,
+                                    corpus=corpus), stop, speculative, stats, [])
 
     def text_stream(self, stop: Sequence[str] = (), stop_tokens: Optional[Iterable[int]] = None) -> "TextStream":
         """The text of a request's tokens as they come (see TextStream)."""
@@ -439,12 +454,14 @@ class Engine:
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                  stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
-                 on_tokens: Optional[Callable[[List[int]], None]] = None, context_full: str = "error") -> Result:
+                 on_tokens: Optional[Callable[[List[int]], None]] = None, context_full: str = "error",
+                 corpus: Optional[str] = None) -> Result:
         """Continuation of `prompt` (text or token ids): greedy, or sampled with
         `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Ends as
-        stream() does (context_full too); the result's text stops before a stop string."""
+        stream() does (context_full and corpus too); the result's text stops before a
+        stop string."""
         stats = GenerationStats()
-        request = Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full)
+        request = Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full, corpus=corpus)
         if stop:
             out: List[int] = []
             text = "".join(self._stream(request, stop, speculative, stats, out))

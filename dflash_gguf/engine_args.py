@@ -121,7 +121,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "draft-dspark (the -md DSpark drafter: DFlash with a Markov head), draft-eagle3 (the -md "
                         "EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, Qwen3.5/3.6), draft-simple (the -md "
                         "small model of the target's vocabulary, drafting token by token), ngram-simple, "
-                        "ngram-mod (copies from the prompt and output, no weights); several: each step verifies "
+                        "ngram-mod (copies from the prompt and output, no weights), suffix (SuffixDecoding: trees "
+                        "of what followed the context's tail in the request's text and earlier requests', no "
+                        "weights; docs/suffix.md); several: each step verifies "
                         "the draft with the best expected accepted length (default: the -md drafter's kind; none "
                         "without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
@@ -152,6 +154,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="ngram-mod: tokens its map is keyed on (default 24)")
     p.add_argument("--spec-ngram-mod-n-min", type=int, default=48, metavar="N",
                    help="ngram-mod: its shortest draft, capped at the longest (default 48)")
+    p.add_argument("--spec-suffix-cache-mb", type=int, default=64, metavar="MIB",
+                   help="suffix: memory for the corpus of earlier requests' prompts and responses it drafts "
+                        "from (all API keys together, estimated per indexed token), the least recently used "
+                        "dropped first; 0: no corpus, each request's own text only (default 64)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
     p.add_argument("--no-repack", action="store_true",
                    help="keep quantized matrices in file layout: bit-identical results across batch shapes")
@@ -393,7 +399,7 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft",
          "spec_draft_n_min": "--spec-draft-n-min", "spec_draft_vocab": "--spec-draft-vocab",
          "spec_draft_vocab_from": "--spec-draft-vocab-from", "n_ctx_draft": "-cd/--ctx-size-draft",
-         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft"}
+         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "spec_suffix_cache_mb": "--spec-suffix-cache-mb"}
 
 
 # the flag of each sampling field, for its errors (config.check_sampling)
@@ -452,7 +458,8 @@ def engine_options(args) -> dict:
                 override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or (),
                 spec_draft_n_min=args.spec_draft_n_min, spec_draft_vocab=args.spec_draft_vocab,
                 spec_draft_vocab_from=tuple(args.spec_draft_vocab_from), n_ctx_draft=args.ctx_size_draft // n_seq if n_seq >= 1
-                else args.ctx_size_draft, n_gpu_layers_draft=_layers_draft(args.gpu_layers_draft))
+                else args.ctx_size_draft, n_gpu_layers_draft=_layers_draft(args.gpu_layers_draft),
+                spec_suffix_cache_mb=args.spec_suffix_cache_mb)
 
 
 def _layers_draft(value: Optional[str]) -> int:
@@ -505,6 +512,8 @@ def engine_mode(engine, tree_budget) -> str:
         mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
     if engine.setup.ngram_kinds:
         mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
+    if engine.suffix_corpora is not None:
+        mode = ("chain + " if engine.draft is not None else "") + f"suffix (corpus {engine.setup.suffix.cache_mb} MiB)"
     if engine.simple_draft is not None:
         simple = engine.setup.simple
         mode = "draft-simple " + ("tree" if simple.tree else "auto (plain or chain)" if simple.auto else "chain")

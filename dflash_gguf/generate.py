@@ -4,7 +4,7 @@ keeping or emptying its slot's context, its prompt's prefill in chunks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 from .sampling import SamplingParams
 from .target import DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target
@@ -42,6 +42,20 @@ class GenerationStats:
     target_steps: int = 0
     graph_splits: int = 0
     copy_bytes: int = 0
+    # the weightless kinds' drafts (Proposal.kind): per kind the tokens drafted (a tree's
+    # nodes below the root, padding left out) and accepted; of suffix's, those drafted
+    # from the corpus of earlier requests (not the sequence's own text)
+    drafted: Dict[str, int] = field(default_factory=dict)
+    accepted: Dict[str, int] = field(default_factory=dict)
+    corpus_drafted: int = 0
+    corpus_accepted: int = 0
+
+    def count_drafts(self, kind: str, drafted: int, accepted: int, corpus: bool = False) -> None:
+        self.drafted[kind] = self.drafted.get(kind, 0) + drafted
+        self.accepted[kind] = self.accepted.get(kind, 0) + accepted
+        if corpus:
+            self.corpus_drafted += drafted
+            self.corpus_accepted += accepted
 
     def record_graph(self, splits: int, copy_bytes: int) -> None:
         self.target_steps += 1
@@ -76,7 +90,9 @@ class Request:
     request that could overflow the context, "stop" ends generation (stop_reason
     "context") when it is full; reuse_prefix False computes the whole prompt, reading
     neither the context a slot holds nor a prefix checkpoint (llama-server's
-    cache_prompt false: a cold answer to compare with)."""
+    cache_prompt false: a cold answer to compare with); corpus: the key of the suffix
+    corpus it drafts from and adds to (`--spec-type suffix`; None: the corpus of
+    requests without one; dflash-server's is a digest of the request's API key)."""
 
     prompt: List[int]
     max_tokens: int
@@ -84,6 +100,7 @@ class Request:
     sampling: Optional[SamplingParams] = None
     context_full: str = "error"
     reuse_prefix: bool = True
+    corpus: Optional[str] = None
 
 
 @dataclass(frozen=True)

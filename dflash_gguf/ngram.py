@@ -13,7 +13,7 @@ a scan. Unlike llama.cpp's ngram-mod, whose hashed table is shared by all sequen
 reset when it fills or misses often, each sequence keeps an exact map of its own."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -137,17 +137,17 @@ class NgramDrafts:
                 s.extend(list(seq.prompt) + [seq.bonus])
             self.started = True
 
-    def best(self, n_max: int) -> Tuple[List[int], float]:
-        """(draft, its expected accepted length): the best of the sources' drafts for the
-        next positions ([] and 0 when none has one)."""
+    def best(self, n_max: int) -> Tuple[List[int], float, Optional[str]]:
+        """(draft, its expected accepted length, the kind that found it): the best of the
+        sources' drafts for the next positions ([], 0 and None when none has one)."""
         self.found = [s.draft(n_max) for s in self.sources]
-        best, value = [], 0.0
-        for found, acc in zip(self.found, self.acceptance):
+        best, value, kind = [], 0.0, None
+        for source, found, acc in zip(self.sources, self.found, self.acceptance):
             if found:
                 e = acc.expected(len(found))
                 if e > value:
-                    best, value = found, e
-        return best, value
+                    best, value, kind = found, e, source.kind
+        return best, value, kind
 
     def observe(self, emitted: Sequence[int]) -> None:
         """After the step: the tokens it emitted after the bonus (the last is the next bonus)."""

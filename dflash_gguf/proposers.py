@@ -1,8 +1,10 @@
 """What a sequence proposes for its target to verify in a step (decoding.step): nothing
 (plain decoding: the last token alone), the chain of the drafter's block, or a DDTree of
 its top candidates; a chain copied from the sequence's own history (n-gram kinds,
-ngram.py), alone or beside the drafter's chain; with `auto`, a policy choosing per step
-between plain decoding, the chain and trees of a few sizes (AutoProposer).
+ngram.py), alone or beside the drafter's chain; a tree or chain of what followed the
+context's tail in the sequence's own text or earlier requests' (suffix, suffix.py); with
+`auto`, a policy choosing per step between plain decoding, the chain and trees of a few
+sizes (AutoProposer).
 
 A proposer only proposes. Around the step's two graphs, so that the drafts of every
 sequence come from one drafter graph and their verifies from one target graph:
@@ -22,7 +24,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Hashable, List, Optional
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
+from .suffix import SuffixCorpora, SuffixDrafts, expected_accepted, is_chain, likeliest_path
 
 
 @dataclass(slots=True)
@@ -41,7 +44,11 @@ class Proposal:
       reject_top_k  a sampled chain of the drafter's own draws, kept by speculative
               rejection sampling over both models' top-k; otherwise each draft (or tree
               child) is kept while the target's choice before it equals it
-      decode  plain decoding's row: the bonus alone, appended, its logits only"""
+      decode  plain decoding's row: the bonus alone, appended, its logits only
+      kind    the weightless kind that drafted it (an n-gram kind, suffix): its drafted
+              and accepted tokens are counted under that name (GenerationStats.count_drafts)
+      corpus  suffix's drafts came from the corpus of earlier requests, not the
+              sequence's own text"""
 
     tokens: Optional[List[int]] = None
     tree: Optional[DraftTree] = None
@@ -49,12 +56,17 @@ class Proposal:
     n: int = 1
     reject_top_k: int = 0
     decode: bool = False
+    kind: Optional[str] = None
+    corpus: bool = False
 
     def chain(self, slot: int) -> List[int]:
         """A chain's tokens, the device block read back on first use."""
         if self.tokens is None:
             self.tokens = self.draft.block(self.n, seq=slot)
         return self.tokens
+
+
+SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.count_drafts)
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
@@ -205,8 +217,8 @@ class NgramProposer(Proposer):
 
     def propose(self, seq) -> Proposal:
         self.ngram.sync(seq)
-        drafts, _ = self.ngram.best(draft_room(seq, self.n_max))
-        return Proposal([seq.bonus] + drafts)
+        drafts, _, kind = self.ngram.best(draft_room(seq, self.n_max))
+        return Proposal([seq.bonus] + drafts, kind=kind)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.ngram.observe(out)
@@ -239,13 +251,89 @@ class MixedProposer(ChainProposer):
 
     def propose(self, seq) -> Proposal:
         b = self._cut(seq)
-        drafts, value = self.ngram.best(draft_room(seq, self.n_max))
+        drafts, value, kind = self.ngram.best(draft_room(seq, self.n_max))
         if drafts and (b < 2 or value > expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            return Proposal([seq.bonus] + drafts)
+            return Proposal([seq.bonus] + drafts, kind=kind)
         return self._chain(seq, b)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.ngram.observe(out)
+
+
+class SuffixProposer(Proposer):
+    """`--spec-type suffix`: each step the better continuation tree of the sequence's own
+    text and its corpus key's earlier requests (suffix.SuffixDrafts), at most n_max nodes,
+    no deeper than the request's and the context's room, verified as suffix_proposal
+    says. Drafts are fixed before the target's draws, so greedy output is the target's
+    own and sampled output is distributed as its sampling."""
+
+    def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int):
+        self.suffix = SuffixDrafts(corpora, key)
+        self.n_max = n_max
+        self.lookahead = n_max + 1
+
+    def propose(self, seq) -> Proposal:
+        room = draft_room(seq, self.n_max)
+        tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
+        return suffix_proposal(seq, tree, from_corpus, self.lookahead)
+
+    def verified(self, seq, proposal, path, out, seconds) -> None:
+        self.suffix.observe(seq, out)
+
+    def finish(self, seq) -> None:
+        self.suffix.finish(seq)
+
+
+class DrafterSuffixProposer(ChainProposer):
+    """The drafter's chain and suffix's tree (`--spec-type draft-dflash,suffix`): the
+    drafter drafts every step; the step verifies the suffix tree when its expected
+    accepted drafts (the sum of its nodes' probabilities, suffix.expected_accepted) beat
+    the drafter's chain's by its own confidence (ngram.expected_chain), else the chain.
+    Neither depends on the target's draws of the step, so sampled output stays exact."""
+
+    def __init__(self, draft, block_size: int, p_min: float, corpora: SuffixCorpora, key: Hashable, n_max: int):
+        super().__init__(draft, block_size, p_min)
+        self.suffix = SuffixDrafts(corpora, key)
+        self.n_max = n_max
+        self.lookahead = max(block_size, n_max + 1)
+
+    def fuses(self, seq) -> bool:
+        return False  # the suffix tree is chosen after the drafter's graph
+
+    def plan(self, seq) -> int:
+        b = super().plan(seq)
+        self.decodes = False  # the suffix tree is found after the drafter's graph
+        return b
+
+    def propose(self, seq) -> Proposal:
+        b = self._cut(seq)
+        room = draft_room(seq, self.n_max)
+        tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
+        if tree is not None and (b < 2 or expected_accepted(tree) >
+                                 expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
+            return suffix_proposal(seq, tree, from_corpus, self.lookahead)
+        return self._chain(seq, b)
+
+    def verified(self, seq, proposal, path, out, seconds) -> None:
+        self.suffix.observe(seq, out)
+
+    def finish(self, seq) -> None:
+        self.suffix.finish(seq)
+
+
+def suffix_proposal(seq, tree: Optional[DraftTree], from_corpus: bool, rows: int) -> Proposal:
+    """A suffix tree as the target verifies it: a tree of one branch as a chain; a tree of
+    several padded to `rows` (so that the target's verify graph is reused from step to
+    step), or, where that does not fit the context or a grammar constrains the output,
+    its likeliest branch as a chain (cut where the grammar rejects it)."""
+    if tree is None:
+        return Proposal([seq.bonus])
+    if is_chain(tree) or seq.sampler.guided or not _fits(seq, rows - 1):
+        drafts = likeliest_path(tree)
+        if seq.sampler.guided:
+            drafts = seq.sampler.grammar.draft_path(drafts)
+        return Proposal([seq.bonus] + drafts, kind=SUFFIX_KIND, corpus=from_corpus)
+    return Proposal(tree=tree.padded_to(rows), kind=SUFFIX_KIND, corpus=from_corpus)
 
 
 def _fits(seq, size: int) -> bool:

@@ -24,6 +24,7 @@ from . import anthropic_api, replies
 from .api_errors import BadRequest
 from .replies import SSE_HEADERS, Reply, error
 from .serving import QueueFull, ShuttingDown
+from .suffix import corpus_key
 
 RETRY_AFTER_SECONDS = 1
 MAX_BODY_BYTES = 64 << 20  # far above any prompt a context holds
@@ -83,7 +84,7 @@ async def _generate(request: Request, kind: str) -> Response:
             except RuntimeError:  # the event loop is gone: nobody is listening any more
                 job.cancel()
 
-        job = server.make_job(prepared, sink)
+        job = server.make_job(prepared, sink, _corpus(request))
     except BadRequest as e:
         return error(e.status, str(e), param=e.param, anthropic=anthropic)
     try:
@@ -178,6 +179,21 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
                  anthropic=_is_anthropic(request.url.path))
 
 
+def given_key(headers: dict) -> str:
+    """The API key a request presents (raw ASGI headers: bytes to bytes; "" when none)."""
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get(b"x-api-key", b"").decode("latin-1")
+
+
+def _corpus(request: Request):
+    """The request's suffix corpus key: under --api-key a digest of its key, so that each
+    key drafts only from its own earlier requests (docs/serving.md); without, None (one
+    corpus shared by every request)."""
+    if not _server(request).api_keys:
+        return None
+    return corpus_key(given_key(dict(request.scope["headers"])))
+
+
 class RequireApiKey:
     """--api-key: requests other than PUBLIC_PATHS and CORS preflights carry one of the
     keys, as "Authorization: Bearer KEY" (OpenAI clients) or "x-api-key: KEY" (Anthropic
@@ -189,10 +205,7 @@ class RequireApiKey:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in PUBLIC_PATHS:
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            given = auth[7:].strip() if auth[:7].lower() == "bearer " else \
-                headers.get(b"x-api-key", b"").decode("latin-1")
+            given = given_key(dict(scope["headers"]))
             if not any(hmac.compare_digest(given.encode("latin-1"), key) for key in self.keys):
                 reply = error(401, "invalid or missing API key (give 'Authorization: Bearer KEY' or "
                                    "'x-api-key: KEY')", "authentication_error", anthropic=_is_anthropic(scope["path"]))

@@ -178,7 +178,8 @@ class Server:
             raise BadRequest("'stream_options' must be an object", "stream_options")
         return _bool(body, "stream", False), _bool(options, "include_usage", False)
 
-    def make_job(self, prepared: Prepared, sink) -> Job:
+    def make_job(self, prepared: Prepared, sink, corpus: Optional[str] = None) -> Job:
+        """corpus: the request's suffix corpus key (a digest of its API key; None: none)."""
         body, tokens = prepared.body, prepared.tokens
         _check_n(body)
         openai_api.refuse_unsupported(body)
@@ -216,7 +217,7 @@ class Server:
             raise BadRequest(str(e), field_) from None
         return Job(tokens=tokens, max_tokens=max_tokens, sink=sink, stop=stops, sampling=sampling,
                    speculative=self.defaults.speculative, context_full="stop",
-                   cache_prompt=_bool(body, "cache_prompt", True))
+                   cache_prompt=_bool(body, "cache_prompt", True), corpus=corpus)
 
     def _call_constraint(self, turn, options):
         """The grammar of the turn's tool calls (strict tools, a required call), or None."""
@@ -313,6 +314,9 @@ class Server:
             "mean_tree_nodes": round(sum(s.tree_sizes) / len(s.tree_sizes), 3) if s.tree_sizes else None,
             "tree_sizes": list(s.tree_sizes),
             "auto": s.auto,
+            # the weightless kinds' drafts (suffix, the n-gram kinds), per kind
+            "drafts": {k: {"drafted": n, "accepted": s.accepted.get(k, 0)} for k, n in s.drafted.items()},
+            "suffix_corpus_drafts": {"drafted": s.corpus_drafted, "accepted": s.corpus_accepted},
             "prefill_seconds": round(s.prefill_seconds, 5),
             "decode_seconds": round(s.decode_seconds, 5),
             "decode_tokens_per_second": round(s.decode_tps, 2),
@@ -349,6 +353,23 @@ class Server:
         metric("target_passes_total", "counter", "Target verify passes of speculative decoding.", t.target_passes)
         metric("mean_accepted_length", "gauge", "Tokens per target pass (AL), over all requests.",
                round(t.accepted_tokens / t.target_passes, 4) if t.target_passes else 0)
+        for name, counts, help_ in (("drafted_tokens_total", t.drafted, "Tokens drafted, by weightless kind (a "
+                                                                        "tree's nodes below its root)."),
+                                    ("accepted_drafts_total", t.accepted, "Drafted tokens accepted, by weightless "
+                                                                          "kind.")):
+            lines.extend([f"# HELP dflash_{name} {help_}", f"# TYPE dflash_{name} counter"]
+                         + [f'dflash_{name}{{kind="{k}"}} {n}' for k, n in sorted(counts.items())])
+        metric("suffix_corpus_drafted_tokens_total", "counter",
+               "Of suffix's drafted tokens, those from the corpus of earlier requests under the same key.",
+               t.corpus_drafted)
+        metric("suffix_corpus_accepted_drafts_total", "counter",
+               "Of suffix's accepted drafts, those from the corpus of earlier requests under the same key.",
+               t.corpus_accepted)
+        corpora = self.engine.suffix_corpora
+        metric("suffix_corpus_bytes", "gauge", "Memory the suffix corpora hold (estimated per indexed token).",
+               corpora.nbytes if corpora else 0)
+        metric("suffix_corpus_evictions_total", "counter", "Suffix corpus documents dropped to stay in the bound.",
+               corpora.evicted if corpora else 0)
         metric("checkpoint_hits_total", "counter", "Prompts resumed from a prefix checkpoint.", ck.hits if ck else 0)
         metric("checkpoint_misses_total", "counter", "Prompts with no usable prefix checkpoint.",
                ck.misses if ck else 0)

@@ -46,6 +46,7 @@ class Job:
     speculative: bool = True
     context_full: str = "error"
     cache_prompt: bool = True  # False: the whole prompt is computed (Request.reuse_prefix)
+    corpus: Optional[str] = None  # the suffix corpus it drafts from and adds to (Request.corpus)
     stats: GenerationStats = field(default_factory=GenerationStats)
     text: str = ""
     queued_at: float = field(default_factory=time.perf_counter)
@@ -88,6 +89,12 @@ class Totals:
     target_passes: int = 0
     accepted_tokens: int = 0
     prefill_chunks: int = 0
+    # the weightless kinds' drafts, per kind (GenerationStats.drafted / accepted), and
+    # suffix's from the corpus of earlier requests
+    drafted: Dict[str, int] = field(default_factory=dict)
+    accepted: Dict[str, int] = field(default_factory=dict)
+    corpus_drafted: int = 0
+    corpus_accepted: int = 0
 
 
 @dataclass
@@ -234,7 +241,8 @@ class Scheduler:
 
         try:
             seq = engine.sequence(Request(job.tokens, job.max_tokens, sampling=job.sampling,
-                                          context_full=job.context_full, reuse_prefix=job.cache_prompt),
+                                          context_full=job.context_full, reuse_prefix=job.cache_prompt,
+                                          corpus=job.corpus),
                                   speculative=job.speculative, stats=job.stats, slot=job.slot, on_stage=stage)
         except Exception as e:  # noqa: BLE001 - a request the engine refuses is reported to its client
             self._account(job, e)
@@ -281,3 +289,8 @@ class Scheduler:
         t.target_passes += len(s.accepted_lengths)
         t.accepted_tokens += sum(s.accepted_lengths)
         t.prefill_chunks += job.prefill_chunks
+        for kind, n in s.drafted.items():
+            t.drafted[kind] = t.drafted.get(kind, 0) + n
+            t.accepted[kind] = t.accepted.get(kind, 0) + s.accepted.get(kind, 0)
+        t.corpus_drafted += s.corpus_drafted
+        t.corpus_accepted += s.corpus_accepted
