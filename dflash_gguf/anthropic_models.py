@@ -12,7 +12,8 @@ from typing import Annotated, List, Literal, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from .openai_models import Stop, Strict, Temperature, TokenCount, ToolName, TopP, flag, refusal
+from .api_errors import refusal
+from .openai_models import Stop, Strict, Temperature, TokenCount, ToolName, TopP, flag
 
 
 class TextBlock(Strict):

@@ -8,6 +8,7 @@ import json
 from typing import Any, List, Optional, Type, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -30,6 +31,15 @@ def validated(model: Type[M], body: Any) -> M:
         raise bad_request(e, body) from None
 
 
+def refusal(kind: str, message: str, **ctx) -> PydanticCustomError:
+    """A request model's validator's error, told as written: `message` follows the
+    field's path, or is the whole sentence for a check of the request as a whole (`param`
+    in ctx then names the field at fault). `message` is a template: {name} is ctx's
+    name, and text with braces of its own goes in through ctx."""
+    return PydanticCustomError(OURS + kind, message, ctx or None)
+
+
+OURS = "dflash_"  # the error types of refusal()
 # what a value must be, by pydantic's error type (strict types: JSON's own)
 NOUNS = {"string_type": "a string", "string_too_short": "a non-empty string", "list_type": "a list",
          "too_short": "a non-empty list", "dict_type": "an object", "model_type": "an object",
@@ -120,7 +130,7 @@ def _got(value: Any) -> str:
 def _noun(error: dict) -> str:
     if error["type"] == "literal_error":
         return f"one of {error['ctx']['expected']}"
-    return NOUNS.get(error["type"], "something else")
+    return NOUNS.get(error["type"]) or error["msg"].removeprefix("Input should be ")
 
 
 def _sentence(where: str, path: List, error: dict) -> str:
@@ -143,6 +153,6 @@ def _sentence(where: str, path: List, error: dict) -> str:
         return f"{where} must be of {ctx['discriminator'].strip(chr(39))} {' or '.join(tags)} (got {ctx['tag']!r})"
     if kind == "union_tag_not_found":
         return f"{where} needs {ctx['discriminator']}"
-    if kind.startswith("dflash_"):  # our validators' own: a sentence, or what follows the field
+    if kind.startswith(OURS):  # a sentence, or what follows the field
         return f"{where} {error['msg']}" if path else error["msg"]
     return f"{where}: {error['msg'][0].lower()}{error['msg'][1:]}"

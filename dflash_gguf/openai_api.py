@@ -9,6 +9,7 @@ from typing import List, Optional
 from .assistant import Reply, ToolChoice
 from .openai_models import ChatMessage, ChatRequest, NamedToolChoice, Tool
 
+
 def template_messages(messages: List[ChatMessage]) -> List[dict]:
     """The messages as the templates read them: content as text, developer read as
     system, call arguments as objects."""

@@ -14,8 +14,8 @@ from typing import Annotated, Any, List, Literal, Optional, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator,
                       model_validator)
-from pydantic_core import PydanticCustomError
 
+from .api_errors import refusal
 from .config import REASONING_EFFORTS, ConfigError, check_constraint
 from .reasoning import REASONING_FORMATS
 from .sampling import SamplingParams
@@ -38,14 +38,6 @@ UNSUPPORTED = {
     "audio": lambda v: v is not None,
     "modalities": lambda v: v not in (None, ["text"]),
 }
-
-
-def refusal(kind: str, message: str, **ctx) -> PydanticCustomError:
-    """A validator's error, told as written (api_errors): `message` follows the field's
-    path, or is the whole sentence for a check of the request as a whole (`param` in
-    ctx then names the field at fault). `message` is a template: {name} is ctx's name,
-    and text with braces of its own goes in through ctx."""
-    return PydanticCustomError(f"dflash_{kind}", message, ctx or None)
 
 
 class Strict(BaseModel):
@@ -89,7 +81,7 @@ class TextFormat(Strict):
 
 class JsonObjectFormat(Strict):
     type: Literal["json_object"]
-    schema_: Optional[Union[dict, str]] = Field(None, alias="schema")  # llama-server's, beside the type
+    schema_: Optional[Union[dict, str]] = Field(None, alias="schema")
 
 
 class JsonSchemaSpec(Strict):
@@ -106,6 +98,10 @@ ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat]
 
 
 # -- the fields of every generating request -----------------------------------------------------
+
+class StreamOptions(Strict):
+    include_usage: flag(False) = False
+
 
 class Generation(Strict):
     """What a completion and a chat request share: sampling, limits, stops, streaming and
@@ -170,16 +166,18 @@ class Generation(Strict):
                                          + " and ".join(asked), param=asked[1])
         if not asked:
             return self
-        name = asked[0]
-        fmt = self.response_format
-        if name == "json_schema":
+        name, fmt = asked[0], self.response_format
+        grammar, schema = None, None
+        if name == "grammar":
+            grammar = self.grammar
+        elif name == "json_schema":
             schema = self.json_schema
-        elif isinstance(fmt, JsonObjectFormat):
+        elif isinstance(fmt, JsonObjectFormat):  # any object, or llama-server's schema beside the type
             schema = fmt.schema_ or {"type": "object"}
         else:
-            schema = fmt.json_schema.schema_ if name == "response_format" else None
+            schema = fmt.json_schema.schema_
         try:
-            self._constraint = check_constraint(self.grammar if name == "grammar" else None, schema)
+            self._constraint = check_constraint(grammar, schema)
         except ConfigError as e:
             raise refusal("constraint", "{reason}", reason=str(e), param=name) from None
         except RecursionError:
@@ -208,13 +206,6 @@ class Generation(Strict):
                  "repeat_penalty": self.repetition_penalty if self.repeat_penalty is None else self.repeat_penalty,
                  "repeat_last_n": self.repeat_last_n}
         return replace(defaults, **{name: value for name, value in asked.items() if value is not None})
-
-
-class StreamOptions(Strict):
-    include_usage: flag(False) = False
-
-
-Generation.model_rebuild()
 
 
 # -- completions ------------------------------------------------------------------------------------

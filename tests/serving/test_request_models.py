@@ -42,7 +42,8 @@ def test_a_block_of_the_other_role_is_refused_as_not_one_of_its_types():
 
 
 def test_a_block_without_a_type_and_a_field_of_the_wrong_type_are_named():
-    assert str(refusal(MessagesRequest, {"max_tokens": 5, "messages": [{"role": "user", "content": [{"text": "x"}]}]})) \
+    assert str(refusal(MessagesRequest, {"max_tokens": 5, "messages": [
+        {"role": "user", "content": [{"text": "x"}]}]})) \
         == "messages[0].content[0] needs 'type'"
     # the block's tag, "text", is also its field's name: the path names the field once
     assert str(refusal(MessagesRequest, {"max_tokens": 5, "messages": [
