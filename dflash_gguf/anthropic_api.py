@@ -1,16 +1,19 @@
-"""Anthropic's Messages API (POST /v1/messages) over the chat machinery: a request is
-read into the OpenAI chat form the rest of the server speaks (system, text,
-tool_use / tool_result and thinking blocks, tools, tool_choice, thinking), and a reply
-is written back as a message, or as the API's stream of events, in its shape. Errors
-have the API's shape too."""
+"""Anthropic's Messages API (POST /v1/messages) over the chat machinery: a request,
+checked as anthropic_models' MessagesRequest, is read into the OpenAI chat request the
+rest of the server speaks (system, text, tool_use / tool_result and thinking blocks,
+tools, tool_choice, thinking), and a reply is written back as a message, or as the
+API's stream of events, in its shape. Errors have the API's shape too."""
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Iterator, List, Optional
+from typing import Iterator, List, Optional, Union
 
-from .api_errors import BadRequest
+from .anthropic_models import (AssistantMessage, MessagesRequest, TextBlock, ThinkingBlock, ThinkingEnabled, Tool,
+                               ToolChoice, ToolResultBlock, ToolUseBlock, UserMessage)
+from .api_errors import validated
 from .assistant import Reply
+from .openai_models import ChatRequest
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
@@ -24,147 +27,76 @@ def error_json(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
 
 
-def _blocks(content: Any, where: str) -> List[dict]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise BadRequest(f"{where}.content must be a string or a list of content blocks", "messages")
-    for j, block in enumerate(content):
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise BadRequest(f"{where}.content[{j}] must be a content block with a 'type'", "messages")
-    return content
+def _text(content: Union[str, List[TextBlock]]) -> str:
+    return content if isinstance(content, str) else "".join(block.text for block in content)
 
 
-def _text_of(blocks: List[dict], where: str) -> str:
-    texts = []
-    for j, block in enumerate(blocks):
-        if block["type"] != "text" or not isinstance(block.get("text"), str):
-            raise BadRequest(f"{where}[{j}]: only text blocks can be read here (this model reads text only), "
-                             f"got {block['type']!r}", "messages")
-        texts.append(block["text"])
-    return "".join(texts)
-
-
-def _user(blocks: List[dict], where: str) -> List[dict]:
+def _user(message: UserMessage) -> List[dict]:
     """A user turn: its tool results (as tool messages, in order), then its text."""
+    blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
     out, texts = [], []
-    for j, block in enumerate(blocks):
-        at = f"{where}.content[{j}]"
-        if block["type"] == "tool_result":
-            if not isinstance(block.get("tool_use_id"), str):
-                raise BadRequest(f"{at}.tool_use_id must be a string", "messages")
-            result = block.get("content", "")
-            text = result if isinstance(result, str) else _text_of(_blocks(result, at), f"{at}.content")
-            if block.get("is_error") is True:
-                text = "Error: " + text
-            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+    for block in blocks:
+        if isinstance(block, ToolResultBlock):
+            text = ("Error: " if block.is_error else "") + _text(block.content)
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
         else:
             texts.append(block)
     if texts or not out:
-        out.append({"role": "user", "content": _text_of(texts, f"{where}.content")})
+        out.append({"role": "user", "content": _text(texts)})
     return out
 
 
-def _assistant(blocks: List[dict], where: str) -> dict:
-    message: dict = {"role": "assistant", "content": ""}
-    calls, reasoning = [], []
-    for j, block in enumerate(blocks):
-        at = f"{where}.content[{j}]"
-        kind = block["type"]
-        if kind == "text" and isinstance(block.get("text"), str):
-            message["content"] += block["text"]
-        elif kind == "thinking" and isinstance(block.get("thinking"), str):
-            reasoning.append(block["thinking"])
-        elif kind == "redacted_thinking":
-            continue  # encrypted for another model: nothing this one can read
-        elif kind == "tool_use":
-            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise BadRequest(f"{at} needs a string 'id' and 'name'", "messages")
-            if not isinstance(block.get("input", {}), dict):
-                raise BadRequest(f"{at}.input must be an object", "messages")
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"], "arguments": block.get("input", {})}})
-        else:
-            raise BadRequest(f"{at}: a {kind!r} block cannot be read here", "messages")
+def _assistant(message: AssistantMessage) -> dict:
+    if isinstance(message.content, str):
+        return {"role": "assistant", "content": message.content}
+    blocks = message.content
+    out: dict = {"role": "assistant", "content": "".join(b.text for b in blocks if isinstance(b, TextBlock))}
+    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}}
+             for b in blocks if isinstance(b, ToolUseBlock)]
     if calls:
-        message["tool_calls"] = calls
+        out["tool_calls"] = calls
+    reasoning = [b.thinking for b in blocks if isinstance(b, ThinkingBlock)]
     if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
-    return message
-
-
-def _tools(tools: Any) -> List[dict]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise BadRequest("'tools' must be a list", "tools")
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise BadRequest(f"tools[{i}] must be an object with a 'name' and an 'input_schema'", "tools")
-        if tool.get("type") not in (None, "custom"):
-            raise BadRequest(f"tools[{i}]: server tools ({tool['type']!r}) are not supported", "tools")
-        fn = {"name": tool["name"], "description": tool.get("description", ""),
-              "parameters": tool.get("input_schema", {})}
-        if "strict" in tool:
-            fn["strict"] = tool["strict"]
-        out.append({"type": "function", "function": fn})
+        out["reasoning_content"] = "".join(reasoning)
     return out
 
 
-def _tool_choice(choice: Any) -> tuple:
+def _tool(tool: Tool) -> dict:
+    fn = {"name": tool.name, "description": tool.description, "parameters": tool.input_schema}
+    if "strict" in tool.model_fields_set:
+        fn["strict"] = tool.strict
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(choice: Optional[ToolChoice]) -> tuple:
     """(OpenAI tool_choice, parallel tool calls)."""
     if choice is None:
         return "auto", True
-    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-        raise BadRequest("'tool_choice' must be {'type': 'auto' | 'any' | 'tool' | 'none'}", "tool_choice")
-    parallel = not choice.get("disable_parallel_tool_use", False)
-    kind = choice["type"]
-    if kind == "tool":
-        if not isinstance(choice.get("name"), str):
-            raise BadRequest("'tool_choice' of type 'tool' needs a 'name'", "tool_choice")
-        return {"type": "function", "function": {"name": choice["name"]}}, parallel
-    return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
+    if choice.type == "tool":
+        return {"type": "function", "function": {"name": choice.name}}, not choice.disable_parallel_tool_use
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], not choice.disable_parallel_tool_use
 
 
-def to_openai(body: dict) -> dict:
-    """The request as an OpenAI chat request (fields the chat path checks further)."""
-    if not isinstance(body.get("messages"), list) or not body["messages"]:
-        raise BadRequest("'messages' must be a non-empty list", "messages")
-    if body.get("max_tokens") is None:
-        raise BadRequest("'max_tokens' is required", "max_tokens")
+def to_openai(request: MessagesRequest) -> ChatRequest:
+    """The request as an OpenAI chat request (whose checks, of tool names and the tool
+    choice among them, it passes through too)."""
     messages: List[dict] = []
-    system = body.get("system")
-    if system is not None:
-        text = system if isinstance(system, str) else _text_of(_blocks(system, "system"), "system")
-        messages.append({"role": "system", "content": text})
-    for i, m in enumerate(body["messages"]):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"{where}.role must be 'user' or 'assistant'", "messages")
-        blocks = _blocks(m.get("content"), where)
-        messages.extend(_user(blocks, where) if m["role"] == "user" else [_assistant(blocks, where)])
-    choice, parallel = _tool_choice(body.get("tool_choice"))
-    out = {"messages": messages, "tools": _tools(body.get("tools")), "tool_choice": choice,
-           "parallel_tool_calls": parallel, "max_tokens": body["max_tokens"]}
-    if body.get("stop_sequences") is not None:
-        out["stop"] = body["stop_sequences"]
-    for key in ("temperature", "top_p", "top_k", "stream", "chat_template_kwargs"):
-        if key in body:
-            out[key] = body[key]
-    thinking = body.get("thinking")
+    if request.system is not None:
+        messages.append({"role": "system", "content": _text(request.system)})
+    for m in request.messages:
+        messages.extend(_user(m) if isinstance(m, UserMessage) else [_assistant(m)])
+    choice, parallel = _tool_choice(request.tool_choice)
+    out = {"messages": messages, "tools": [_tool(t) for t in request.tools or []], "tool_choice": choice,
+           "parallel_tool_calls": parallel, "max_tokens": request.max_tokens, "stream": request.stream,
+           "stop": request.stop_sequences, "temperature": request.temperature, "top_p": request.top_p,
+           "top_k": request.top_k, "chat_template_kwargs": request.chat_template_kwargs}
+    thinking = request.thinking
     if thinking is not None:
-        if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
-            raise BadRequest("'thinking' must be {'type': 'enabled' | 'disabled', ...}", "thinking")
-        kwargs = out.get("chat_template_kwargs") if isinstance(out.get("chat_template_kwargs"), dict) else {}
-        implied = {"enable_thinking": thinking["type"] != "disabled"}
-        budget = thinking.get("budget_tokens")
-        if thinking["type"] == "enabled" and budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-                raise BadRequest("'thinking.budget_tokens' must be a positive integer", "thinking")
-            implied["reasoning_effort"] = effort_of_budget(budget)
-        out["chat_template_kwargs"] = {**implied, **kwargs}
-    return out
+        implied = {"enable_thinking": thinking.type != "disabled"}
+        if isinstance(thinking, ThinkingEnabled) and thinking.budget_tokens is not None:
+            implied["reasoning_effort"] = effort_of_budget(thinking.budget_tokens)
+        out["chat_template_kwargs"] = {**implied, **(request.chat_template_kwargs or {})}
+    return validated(ChatRequest, out)
 
 
 # a thinking budget read as a reasoning effort (gpt-oss's harmony template takes an effort,

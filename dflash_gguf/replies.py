@@ -179,7 +179,7 @@ async def chat_stream(r: Reply, include_usage: bool):
 def _anthropic_end(r: Reply, reply) -> tuple:
     """(stop_reason, stop_sequence, usage) of a finished message."""
     s = r.job.stats
-    stop_sequence = s.stop_string if s.stop_string in openai_api.stop_strings(r.prepared.body) else None
+    stop_sequence = s.stop_string if s.stop_string in r.prepared.request.stops else None
     return (anthropic_api.stop_reason(reply, r.job.finish_reason, stop_sequence), stop_sequence,
             anthropic_api.usage_json(s.prompt_tokens, s.reused_tokens, s.generated_tokens))
 

@@ -21,7 +21,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from . import anthropic_api, replies
-from .api_errors import BadRequest
+from .anthropic_models import MessagesRequest
+from .api_errors import BadRequest, validated
+from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .replies import SSE_HEADERS, Reply, error
 from .serving import QueueFull, ShuttingDown
 from .suffix import corpus_key
@@ -63,18 +65,24 @@ def _busy(message: str, kind: str, anthropic: bool) -> JSONResponse:
     return error(503, message, kind, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}, anthropic=anthropic)
 
 
+def _prepare(server, kind: str, body: dict):
+    """The body checked as its API's request (off the event loop: a schema compiles) and
+    its prompt made ready."""
+    if kind == "completion":
+        return server.completion_prompt(validated(CompletionRequest, body))
+    if kind == "messages":
+        return server.chat_prompt(anthropic_api.to_openai(validated(MessagesRequest, body)))
+    return server.chat_prompt(validated(ChatRequest, body))
+
+
 async def _generate(request: Request, kind: str) -> Response:
     """kind: "completion", "chat" (OpenAI) or "messages" (Anthropic)."""
     server = _server(request)
     anthropic = kind == "messages"
     try:
         body = await read_body(request)
-        if kind == "completion":
-            prepared = await run_in_threadpool(server.completion_prompt, body)
-        else:
-            prepared = await run_in_threadpool(
-                lambda: server.chat_prompt(anthropic_api.to_openai(body) if anthropic else body))
-        stream, include_usage = server.stream_options(prepared.body)
+        prepared = await run_in_threadpool(_prepare, server, kind, body)
+        stream, include_usage = prepared.request.stream, prepared.request.include_usage
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -122,17 +130,16 @@ async def count_tokens(request: Request) -> Response:
     server = _server(request)
     try:
         body = await read_body(request)
-        prepared = await run_in_threadpool(
-            lambda: server.chat_prompt(anthropic_api.to_openai({"max_tokens": 1, **body})))
+        prepared = await run_in_threadpool(_prepare, server, "messages", {"max_tokens": 1, **body})
     except BadRequest as e:
         return error(e.status, str(e), param=e.param, anthropic=True)
     return JSONResponse({"input_tokens": len(prepared.tokens)})
 
 
-def _tokenizer_route(name: str):
+def _tokenizer_route(name: str, model):
     async def route(request: Request) -> Response:
         try:
-            body = await read_body(request)
+            body = validated(model, await read_body(request))
             return JSONResponse(await run_in_threadpool(getattr(_server(request), name), body))
         except BadRequest as e:
             return error(e.status, str(e), param=e.param)
@@ -228,8 +235,8 @@ ROUTES = [
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
-    Route("/tokenize", _tokenizer_route("tokenize"), methods=["POST"]),
-    Route("/detokenize", _tokenizer_route("detokenize"), methods=["POST"]),
+    Route("/tokenize", _tokenizer_route("tokenize", TokenizeRequest), methods=["POST"]),
+    Route("/detokenize", _tokenizer_route("detokenize", DetokenizeRequest), methods=["POST"]),
     Route("/props", props, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),

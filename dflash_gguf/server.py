@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import math
 import os
 import signal
 import sys
@@ -28,10 +26,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 from . import openai_api, tool_grammar
 from .api_errors import BadRequest
 from .assistant import Turn, prepare_turn
-from .config import ConfigError
 from .engine import Engine
 from .engine_args import (add_engine_args, demo_models, engine_mode, open_chat_engine, print_memory, resolve_context,
                           setup_devices, validate_engine_args)
+from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
 from .sampling import SamplingParams
 from .serving import Job, Scheduler
 
@@ -48,64 +46,6 @@ class Defaults:
     system_prompt: Optional[str] = None  # -sys: for chats that have no system message
 
 
-# -- request fields ------------------------------------------------------------------------
-
-def _number(body: dict, name: str, default, kind=float, lo=None):
-    """A request's number field, its type checked (and a lower bound, for fields that
-    are not options checked in config.py)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-        raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {json.dumps(value)}",
-                         name)
-    if kind is float and not math.isfinite(value):
-        raise BadRequest(f"'{name}' must be finite", name)
-    if lo is not None and value < lo:
-        raise BadRequest(f"'{name}' must be >= {lo}, got {value}", name)
-    return kind(value)
-
-
-def _bool(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise BadRequest(f"'{name}' must be true or false, got {json.dumps(value)}", name)
-    return value
-
-
-def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
-    """The request's sampling fields over the server's defaults; their types are checked
-    here, their ranges where every caller's are (config.check_sampling)."""
-    temperature = _number(body, "temperature", defaults.temperature)
-    top_p = _number(body, "top_p", defaults.top_p)
-    top_k = _number(body, "top_k", defaults.top_k, kind=int)
-    min_p = _number(body, "min_p", defaults.min_p)
-    seed = _number(body, "seed", defaults.seed, kind=int)
-    # llama.cpp's penalties: OpenAI's presence/frequency fields, the repetition penalty
-    # under vLLM's name or llama.cpp's, and llama.cpp's window
-    presence = _number(body, "presence_penalty", defaults.presence_penalty)
-    frequency = _number(body, "frequency_penalty", defaults.frequency_penalty)
-    repeat = [_number(body, name, None) for name in ("repetition_penalty", "repeat_penalty")]
-    if None not in repeat and repeat[0] != repeat[1]:
-        raise BadRequest("'repetition_penalty' and 'repeat_penalty' name the same setting: give one, or the same "
-                         "value", "repeat_penalty")
-    repeat_penalty = next((r for r in repeat if r is not None), defaults.repeat_penalty)
-    last_n = _number(body, "repeat_last_n", defaults.repeat_last_n, kind=int)
-    try:  # a top_k <= 0 is off, as in llama.cpp
-        return SamplingParams(temperature, max(top_k, 0), top_p, min_p, seed, repeat_penalty=repeat_penalty,
-                              frequency_penalty=frequency, presence_penalty=presence, repeat_last_n=last_n,
-                              constraint=defaults.constraint)
-    except ConfigError as e:
-        raise BadRequest(str(e).replace(e.option, f"'{e.option}'", 1), e.option) from None
-
-
-def _check_n(body: dict) -> None:
-    if _number(body, "n", 1, kind=int) != 1:
-        raise BadRequest("only n=1 is supported", "n")
-
-
 # -- the application -------------------------------------------------------------------------
 
 @dataclass
@@ -113,7 +53,7 @@ class Prepared:
     """A request made ready for the engine: its prompt tokens and, for a chat, the
     assistant's turn (how to read the reply) and the options it asked for."""
 
-    body: dict
+    request: Generation
     tokens: List[int]
     turn: Optional[Turn] = None
     options: Optional[openai_api.ChatOptions] = None
@@ -135,19 +75,11 @@ class Server:
         self.shutting_down = False
 
     # -- prompts (run off the event loop: templates and tokenizers take time on big prompts) ---
-    def completion_prompt(self, body: dict) -> Prepared:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            if not prompt:
-                raise BadRequest("'prompt' is empty", "prompt")
-            return Prepared(body, self.engine.encode(prompt))
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            self.check_token_ids(prompt, "prompt")
-            return Prepared(body, list(prompt))
-        raise BadRequest("'prompt' must be a non-empty string or a list of token ids (one prompt: n=1, no batches)",
-                         "prompt")
+    def completion_prompt(self, request: CompletionRequest) -> Prepared:
+        if isinstance(request.prompt, str):
+            return Prepared(request, self.engine.encode(request.prompt))
+        self.check_token_ids(request.prompt, "prompt")
+        return Prepared(request, list(request.prompt))
 
     def check_token_ids(self, tokens: list, param: str) -> None:
         n_vocab = self.engine.target.n_vocab
@@ -155,9 +87,9 @@ class Server:
         if bad:
             raise BadRequest(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})", param)
 
-    def chat_prompt(self, body: dict) -> Prepared:
+    def chat_prompt(self, request: ChatRequest) -> Prepared:
         """An OpenAI chat request (or an Anthropic one read as such) made ready."""
-        options = openai_api.chat_options(body, self.defaults.template_kwargs, self.defaults.reasoning_format)
+        options = openai_api.chat_options(request, self.defaults.template_kwargs, self.defaults.reasoning_format)
         if self.defaults.system_prompt is not None and options.messages[0]["role"] != "system":
             options.messages.insert(0, {"role": "system", "content": self.defaults.system_prompt})
         try:
@@ -168,23 +100,13 @@ class Server:
             raise BadRequest(str(e), "messages") from None
         except RecursionError:  # a structure nested deeper than any template walks
             raise BadRequest("the messages or tools are nested too deeply", "messages") from None
-        return Prepared(body, self.engine.encode(turn.prompt), turn, options)
-
-    @staticmethod
-    def stream_options(body: dict) -> Tuple[bool, bool]:
-        """(stream, stream_options.include_usage) of a request."""
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise BadRequest("'stream_options' must be an object", "stream_options")
-        return _bool(body, "stream", False), _bool(options, "include_usage", False)
+        return Prepared(request, self.engine.encode(turn.prompt), turn, options)
 
     def make_job(self, prepared: Prepared, sink, corpus: Optional[str] = None) -> Job:
         """corpus: the request's suffix corpus key (a digest of its API key; None: none)."""
-        body, tokens = prepared.body, prepared.tokens
-        _check_n(body)
-        openai_api.refuse_unsupported(body)
-        sampling = _sampling(body, self.defaults.sampling)
-        constraint = openai_api.constraint_of(body)
+        request, tokens = prepared.request, prepared.tokens
+        sampling = request.sampling(self.defaults.sampling)
+        constraint = request.constraint
         turn, options = prepared.turn, prepared.options
         if turn is not None and turn.tool_format:
             calls = self._call_constraint(turn, options)
@@ -198,16 +120,18 @@ class Server:
             constraint = replace(constraint, after=turn.thinking.close)
         if constraint is not None:
             sampling = replace(sampling, constraint=constraint)
-        stops = openai_api.stop_strings(body)
+        stops = request.stops
         if turn is not None and turn.tool_format and not options.parallel_tool_calls:
             stops.append(turn.call_close())  # one call: generation ends where it closes
         n_ctx = self.engine.target.n_ctx
-        field_ = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        asked = _number(body, field_, self.defaults.max_tokens, kind=int, lo=0)
+        field_ = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+        asked = getattr(request, field_)
+        if asked is None:
+            asked = self.defaults.max_tokens
         room = n_ctx - len(tokens)
         if room <= 0:
             raise BadRequest(f"the prompt ({len(tokens)} tokens) does not fit the context ({n_ctx} tokens), which "
-                             "leaves no room to generate", "messages" if "messages" in body else "prompt")
+                             "leaves no room to generate", "messages" if isinstance(request, ChatRequest) else "prompt")
         # as llama-server does: a limit past the context's end is clamped to the room left,
         # and a reply that reaches the end stops there with finish_reason "length"
         max_tokens = room if asked is None else min(asked, room)
@@ -217,7 +141,7 @@ class Server:
             raise BadRequest(str(e), field_) from None
         return Job(tokens=tokens, max_tokens=max_tokens, sink=sink, stop=stops, sampling=sampling,
                    speculative=self.defaults.speculative, context_full="stop",
-                   cache_prompt=_bool(body, "cache_prompt", True), corpus=corpus)
+                   cache_prompt=request.cache_prompt, corpus=corpus)
 
     def _call_constraint(self, turn, options):
         """The grammar of the turn's tool calls (strict tools, a required call), or None."""
@@ -233,15 +157,10 @@ class Server:
         except ValueError as e:
             raise BadRequest(f"the tools' parameters make no grammar: {e}", "tools") from None
 
-    def tokenize(self, body: dict) -> dict:
-        content = body.get("content")
-        if not isinstance(content, str):
-            raise BadRequest("'content' must be a string", "content")
-        add_special = _bool(body, "add_special", False)
-        parse_special = _bool(body, "parse_special", True)
+    def tokenize(self, request: TokenizeRequest) -> dict:
         tok = self.engine.tokenizer
-        ids = tok.encode(content, add_bos=add_special, special=parse_special)
-        if not _bool(body, "with_pieces", False):
+        ids = tok.encode(request.content, add_bos=request.add_special, special=request.parse_special)
+        if not request.with_pieces:
             return {"tokens": ids}
         pieces = []
         for t in ids:
@@ -253,12 +172,9 @@ class Server:
             pieces.append({"id": t, "piece": piece})
         return {"tokens": pieces}
 
-    def detokenize(self, body: dict) -> dict:
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise BadRequest("'tokens' must be a list of token ids", "tokens")
-        self.check_token_ids(tokens, "tokens")
-        return {"content": self.engine.tokenizer.decode(tokens)}
+    def detokenize(self, request: DetokenizeRequest) -> dict:
+        self.check_token_ids(request.tokens, "tokens")
+        return {"content": self.engine.tokenizer.decode(request.tokens)}
 
     def props(self) -> dict:
         """What the server runs, as llama-server's /props says it (with our own additions)."""

@@ -60,9 +60,9 @@ if [ ! -f "$stamps/build-deps" ] || [ "$(cat "$stamps/build-deps")" != "$build_d
   echo "$build_deps" > "$stamps/build-deps"
 fi
 
-# dflash-server's HTTP stack (the project's [server] extra; the project itself is
-# installed with --no-deps below)
-server_deps="starlette>=0.37 uvicorn>=0.30 httpx>=0.27"
+# dflash-server's HTTP stack and request models (the project's [server] extra; the
+# project itself is installed with --no-deps below)
+server_deps="starlette>=0.37 uvicorn>=0.30 httpx>=0.27 pydantic>=2"
 if [ "$(cat "$stamps/server-deps" 2>/dev/null)" != "$server_deps" ]; then
   say "installing the server's dependencies"
   # shellcheck disable=SC2086

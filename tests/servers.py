@@ -14,7 +14,10 @@ import anthropic
 import httpx
 from openai import OpenAI
 
+from dflash_gguf import openai_api
+from dflash_gguf.api_errors import validated
 from dflash_gguf.engine import Engine
+from dflash_gguf.openai_models import ChatRequest
 from dflash_gguf.sampling import SamplingParams
 from dflash_gguf.routes import create_app
 from dflash_gguf.server import Defaults, Server
@@ -168,6 +171,12 @@ class AppServer:
 
 def defaults(**kwargs) -> Defaults:
     return Defaults(SamplingParams(0.0, 0, 1.0, 0.0, None), **kwargs)
+
+
+def template_messages(messages):
+    """A client's messages as the server gives them to the chat template (checked as a
+    chat request's)."""
+    return openai_api.template_messages(validated(ChatRequest, {"messages": messages}).messages)
 
 
 def openai_messages(messages):

@@ -372,9 +372,8 @@ def test_harmony_through_the_server(pair, tmp_path, published_template):
     included), and the reply is the engine's generation read by the harmony parser."""
     from chat_fixtures import transformers_render
     from chat_fixtures import GPT_OSS, llama_cpp_messages
-    from servers import WEATHER, ServerProcess
+    from servers import WEATHER, ServerProcess, template_messages
 
-    from dflash_gguf import openai_api
     from dflash_gguf.assistant import prepare_turn
     from dflash_gguf.engine import Engine
     from dflash_gguf.toolcalls import format_of
@@ -385,7 +384,7 @@ def test_harmony_through_the_server(pair, tmp_path, published_template):
     with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512, n_threads=1) as engine:
         template = engine.chat_template(tools=True)
         assert template.harmony and format_of(template) == "harmony"
-        turn = prepare_turn(template, openai_api.chat_messages(messages), tools=WEATHER, template_kwargs=kwargs)
+        turn = prepare_turn(template, template_messages(messages), tools=WEATHER, template_kwargs=kwargs)
         assert turn.tool_format == "harmony" and "Reasoning: high" in turn.prompt
         assert turn.prompt == transformers_render(source, llama_cpp_messages(messages), WEATHER,
                                                   bos_token="<|startoftext|>", eos_token="<|return|>", **kwargs)

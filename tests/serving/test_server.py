@@ -18,13 +18,13 @@ import pytest
 
 from fixtures import CODE_PROMPT as CODE
 
-from dflash_gguf import openai_api, tool_grammar
+from dflash_gguf import tool_grammar
 from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
 from dflash_gguf.serving import Job, QueueFull, Scheduler, ShuttingDown
-from servers import HABITS, N_CTX, SERVER_FLAGS, ServerProcess, UBATCH, WEATHER
+from servers import HABITS, N_CTX, SERVER_FLAGS, ServerProcess, UBATCH, WEATHER, template_messages
 
 
 @pytest.fixture(scope="module")
@@ -453,7 +453,7 @@ def test_a_full_queue_gets_503_and_sigterm_drains(tmp_path):
 def expected_reply(engine, messages, tools, tool_choice, max_tokens):
     """What the server should answer: Engine.generate on the prompt of the assistant's
     turn (under the grammar of its calls when a call is forced), read by the turn's parser."""
-    turn = prepare_turn(engine.chat_template(bool(tools)), openai_api.chat_messages(messages), tools=tools,
+    turn = prepare_turn(engine.chat_template(bool(tools)), template_messages(messages), tools=tools,
                         tool_choice=tool_choice)
     constraint = tool_grammar.call_constraint(turn.tool_format, turn.tools, tool_choice, True, turn.primed)
     want = engine.reference(turn.prompt, max_tokens, constraint)
