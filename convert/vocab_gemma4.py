@@ -14,7 +14,7 @@ from pathlib import Path
 from gguf import TokenType
 
 from .errors import ConversionError
-from .vocab import Vocab, _chat_template, _merges, _read_json, special_tokens
+from .vocab_common import Vocab, bpe_merges, read_chat_template, read_json, special_tokens
 
 # tokens llama.cpp's gemma4 converter marks USER_DEFINED so that they are always rendered
 VISIBLE_TOKENS = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
@@ -41,7 +41,7 @@ def _special_contents(tokenizer_config: dict) -> set[str]:
 
 
 def load_gemma4_vocab(model_dir: Path, config: dict, n_vocab: int) -> Vocab:
-    tokenizer = _read_json(model_dir / "tokenizer.json")
+    tokenizer = read_json(model_dir / "tokenizer.json")
     if tokenizer is None:
         raise ConversionError(f"{str(model_dir)!r} has no tokenizer.json (Gemma 4's BPE tokenizer is required)")
     model = tokenizer.get("model") or {}
@@ -49,7 +49,7 @@ def load_gemma4_vocab(model_dir: Path, config: dict, n_vocab: int) -> Vocab:
     if model.get("type") != "BPE" or not model.get("byte_fallback") or decoder.get("type") != "Sequence":
         raise ConversionError("tokenizer.json is not a Gemma 4 style tokenizer (BPE with byte fallback and a "
                               "Sequence decoder)")
-    tokenizer_config = _read_json(model_dir / "tokenizer_config.json") or {}
+    tokenizer_config = read_json(model_dir / "tokenizer_config.json") or {}
 
     by_id: dict[int, str] = {int(i): tok for tok, i in model.get("vocab", {}).items()}
     for t in tokenizer.get("added_tokens", []):
@@ -75,6 +75,7 @@ def load_gemma4_vocab(model_dir: Path, config: dict, n_vocab: int) -> Vocab:
 
     ids, add_special = special_tokens(tokenizer, tokenizer_config, config, n_vocab)
     add_special["bos"] = True
-    return Vocab(tokens=tokens, types=types, merges=_merges(model), pre="", pre_source="the gemma4 tokenizer",
-                 special_ids=ids, add_special=add_special, chat_template=_chat_template(model_dir, tokenizer_config),
+    return Vocab(tokens=tokens, types=types, merges=bpe_merges(model), pre="", pre_source="the gemma4 tokenizer",
+                 special_ids=ids, add_special=add_special,
+                 chat_template=read_chat_template(model_dir, tokenizer_config),
                  model="gemma4", scores=[-1000.0] * n_vocab, add_space_prefix=False)

@@ -16,7 +16,7 @@ from pathlib import Path
 from gguf import TokenType
 
 from .errors import ConversionError
-from .vocab import Vocab, _chat_template, _looks_special, _read_json, special_tokens
+from .vocab_common import Vocab, looks_special, read_chat_template, read_json, special_tokens
 
 
 def _processor(path: Path):
@@ -57,16 +57,16 @@ def load_spm_vocab(model_dir: Path, config: dict, n_vocab: int) -> Vocab:
     for i in range(min(sp.vocab_size(), n_vocab)):
         tokens[i], scores[i], types[i] = sp.IdToPiece(i), float(sp.GetScore(i)), _piece_type(sp, i)
 
-    added = _read_json(model_dir / "added_tokens.json") or {}
+    added = read_json(model_dir / "added_tokens.json") or {}
     for text, i in added.items():
         if isinstance(i, int) and 0 <= i < n_vocab:
             tokens[i], scores[i], types[i] = text, -1000.0, int(TokenType.USER_DEFINED)
-    tokenizer_config = _read_json(model_dir / "tokenizer_config.json") or {}
+    tokenizer_config = read_json(model_dir / "tokenizer_config.json") or {}
     for key, entry in (tokenizer_config.get("added_tokens_decoder") or {}).items():
         i, text = int(key), entry.get("content")
         if not isinstance(text, str) or not 0 <= i < n_vocab:
             continue
-        if entry.get("special") or _looks_special(text):
+        if entry.get("special") or looks_special(text):
             types[i] = int(TokenType.CONTROL)
         else:
             text = text.replace("\u2581", " ")
@@ -74,9 +74,10 @@ def load_spm_vocab(model_dir: Path, config: dict, n_vocab: int) -> Vocab:
         tokens[i], scores[i] = text, -1000.0
 
     # special ids and flags from tokenizer.json where there is one, as gguf-py's SpecialVocab reads them
-    tokenizer = _read_json(model_dir / "tokenizer.json") or {}
+    tokenizer = read_json(model_dir / "tokenizer.json") or {}
     ids, add_special = special_tokens(tokenizer, tokenizer_config, config, n_vocab)
     return Vocab(tokens=tokens, types=types, merges=[], pre="default", pre_source="the SentencePiece tokenizer",
-                 special_ids=ids, add_special=add_special, chat_template=_chat_template(model_dir, tokenizer_config),
+                 special_ids=ids, add_special=add_special,
+                 chat_template=read_chat_template(model_dir, tokenizer_config),
                  model="llama", scores=scores, add_space_prefix=False)
 
