@@ -29,7 +29,9 @@ prompts and sampling.
 --spec-type draft-simple (a -md model of the target's vocabulary, found from the file
 too), ngram-simple or ngram-mod (no -md) run the same comparison for those kinds, each
 engine at its default and over its settings (kinds.py): draft-simple over p-min x n-max,
-ours as chain and tree; the n-gram kinds over --ngram-size x n-max. --ignore-eos makes
+ours as chain and tree; the n-gram kinds over --ngram-size x n-max. --spec-type suffix (no
+-md) sweeps our n-max; llama.cpp has no suffix kind, so its n-gram kinds run at their
+defaults and its best of them is the drafting row compared (no default vs default). --ignore-eos makes
 every run decode -n tokens (both engines), for lengths that do not depend on where each
 one's output ends.
 """
@@ -41,11 +43,12 @@ import json
 import os
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
-from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, SIMPLE
+from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SPEC_TYPES, SUFFIX
 from ..demo import demo_paths
 from ..engine_args import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
 from ..speculative import CHAIN_RULES
@@ -54,6 +57,9 @@ from .prompts import PROMPTS
 from .runs import Run, Sampling
 
 RESULTS = Path("results")
+# what llama.cpp's side of a --spec-type suffix run is (its pinned version has no suffix kind)
+STAND_IN = ("llama.cpp has no suffix kind: its n-gram kinds ran at their defaults, its best of them the drafting "
+            "row compared (best vs best; no default vs default)")
 KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")
 SWEEP_P_MIN = (0.0, 0.3, 0.5, 0.75)
 
@@ -84,10 +90,11 @@ def parser() -> argparse.ArgumentParser:
                    help="drafter GGUF: DFlash, DSpark or EAGLE3, or a smaller model of the target's vocabulary "
                         "(draft-simple) (without it: plain decoding only, -m's own MTP layer with --spec-type "
                         "draft-mtp, or an n-gram kind)")
-    p.add_argument("--spec-type", choices=("draft-dflash", "draft-dspark", "draft-eagle3", "draft-mtp", *kinds.KINDS),
+    p.add_argument("--spec-type", choices=SPEC_TYPES,
                    help="what drafts, for both engines (default: the -md GGUF's kind, draft-simple for a model "
                         "GGUF; draft-mtp drafts with -m's own MTP layer, ngram-simple and ngram-mod from the prompt "
-                        "and output, no -md; llama-speculative-simple runs the same --spec-type)")
+                        "and output, suffix from those and earlier prompts' (ours only: llama.cpp runs its n-gram "
+                        "kinds instead), no -md; llama-speculative-simple runs the same --spec-type)")
     p.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable; default: the built-in prompts)")
     p.add_argument("-f", "--file", action="append", type=Path, help="a file whose text is a prompt (repeatable)")
     p.add_argument("--prompts", type=int, help=f"the first N of the {len(PROMPTS)} built-in prompts")
@@ -204,7 +211,7 @@ def check(p: argparse.ArgumentParser, args) -> None:
                                                                  or min(args.spec_draft_vocab) < 1):
         p.error("--spec-draft-vocab takes token counts of at least 1, with --spec-type draft-simple; "
                 "--spec-draft-vocab-from goes with it")
-    if args.ngram_size is not None and (args.spec_type not in kinds.NGRAM_KINDS or any(n < 1 for n in args.ngram_size)):
+    if args.ngram_size is not None and (args.spec_type not in NGRAM_KINDS or any(n < 1 for n in args.ngram_size)):
         p.error("--ngram-size takes sizes of at least 1, with --spec-type ngram-simple or ngram-mod")
     if args.min_seconds < 0 or args.max_load < 0 or args.wait_idle_max < 0:
         p.error("--min-seconds, --max-load and --wait-idle-max must be >= 0")
@@ -266,7 +273,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     from ..draft import read_draft_metadata
     from ..tokenizer import Tokenizer
 
-    kind = args.spec_type if args.spec_type in kinds.KINDS else None  # draft-simple, ngram-*: kinds.py's sweeps
+    kind = args.spec_type if args.spec_type in kinds.KINDS else None  # draft-simple, ngram-*, suffix: kinds.py's
     mtp = args.spec_type == "draft-mtp"
     meta = read_draft_metadata(target if mtp else draft) if (draft or mtp) and kind is None else None
     drafting = meta is not None or kind is not None
@@ -330,7 +337,11 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
             arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, round(sum(lengths) / len(lengths))))
         if "llama-completion" in tools.found:
             arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
-        if kind is not None and "llama-speculative-simple" in tools.found:
+        if kind == SUFFIX and "llama-speculative-simple" in tools.found:
+            info["stand_in"] = STAND_IN
+            arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], replace(setup, spec_type=k),
+                                              prompts, None, None, stand_in=True) for k in NGRAM_KINDS]
+        elif kind is not None and "llama-speculative-simple" in tools.found:
             arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], setup, prompts, p, n, size)
                      for p, n, size in kinds.their_settings(kind, args.spec_draft_p_min, their_n, sizes)]
         elif drafting and "llama-speculative-simple" in tools.found:
@@ -467,7 +478,7 @@ def bench_main(argv) -> int:
         p.error(f"--spec-type draft-mtp drafts with the MTP layer of -m itself; drop -md {args.model_draft}")
     if args.spec_type == "draft-mtp" and not args.model:
         target, draft = demo_paths()[0], None  # the demo target's own MTP head
-    if args.spec_type in kinds.NGRAM_KINDS and not args.model:
+    if args.spec_type in (*NGRAM_KINDS, SUFFIX) and not args.model:
         target, draft = demo_paths()[0], None  # the demo target, drafting from its own history
     if args.spec_type == SIMPLE and not args.model:
         p.error(f"--spec-type {SIMPLE} needs -m and -md: a target and a smaller model of its vocabulary")
@@ -553,6 +564,8 @@ def bench_main(argv) -> int:
     print(report.table_text(table, args.repetitions))
     print()
     print(report.comparisons_text(table))
+    if "stand_in" in llama_info:
+        print(f"({llama_info['stand_in']})")
     if report.auto_text(table):
         print()
         print(report.auto_text(table))

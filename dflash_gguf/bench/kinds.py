@@ -1,6 +1,7 @@
 """The sweeps of the kinds that draft without a DFlash-family drafter (dflash-bench
 --spec-type): draft-simple (a -md model of the target's vocabulary, drafting token by
-token) and the weightless n-gram kinds (ngram-simple, ngram-mod). Each engine runs at its
+token), the weightless n-gram kinds (ngram-simple, ngram-mod) and suffix (SuffixDecoding,
+ours only: llama.cpp's pinned version has no such kind). Each engine runs at its
 default and over the same settings, ours as modes (ours.Mode), llama-speculative-simple's
 as (p-min, n-max, size) arms:
 
@@ -11,22 +12,27 @@ as (p-min, n-max, size) arms:
   ngram-*       the lookup size (ngram-simple's size-n, ngram-mod's n-match) x the
                 longest draft (llama.cpp: ngram-simple's size-m, ngram-mod's n-max);
                 a chain only (no tree, no auto).
+  suffix        n-max (the tree's nodes, --spec-draft-n-max; its `chain` mode is its
+                drafting, trees included). llama.cpp runs its n-gram kinds at their
+                defaults instead, none of them its default: its best is the only
+                drafting row ours is compared with.
 """
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from ..config import DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE
+from ..config import DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SUFFIX
 from .ours import Mode
 
-KINDS = (SIMPLE, *NGRAM_KINDS)
+KINDS = (SIMPLE, *NGRAM_KINDS, SUFFIX)
 # the longest drafts swept where none are given (each engine's default runs beside them)
-SWEEP_N_MAX = {SIMPLE: (2, 4, 6), "ngram-simple": (8, 16, 32), "ngram-mod": (8, 16, 32)}
+# (suffix: its default 16 runs beside them)
+SWEEP_N_MAX = {SIMPLE: (2, 4, 6), "ngram-simple": (8, 16, 32), "ngram-mod": (8, 16, 32), SUFFIX: (8, 32)}
 # the lookup sizes swept where none are given (defaults 12 and 24 run beside them)
 SWEEP_SIZE = {"ngram-simple": (4, 8), "ngram-mod": (8, 16)}
 # our Engine's option for a kind's lookup size
 SIZE_OPTION = {"ngram-simple": "spec_ngram_simple_size_n", "ngram-mod": "spec_ngram_mod_n_match"}
-MODES = {SIMPLE: ("plain", "chain", "tree", "auto"), "ngram-simple": ("plain", "chain"), "ngram-mod": ("plain", "chain")}
+MODES = {SIMPLE: ("plain", "chain", "tree", "auto"), **{k: ("plain", "chain") for k in (*NGRAM_KINDS, SUFFIX)}}
 
 
 def unsupported(kind: str, names: Sequence[str]) -> List[str]:
@@ -57,6 +63,8 @@ def our_modes(kind: str, names: Sequence[str], p_mins: Sequence[float], n_maxes:
                 out += [Mode(f"chain vocab {v}" + (" (corpus)" if vocab_from else ""),
                              options=(("spec_draft_vocab", v), ("spec_draft_vocab_from", tuple(vocab_from))))
                         for v in vocabs]
+            elif kind == SUFFIX:
+                out += [Mode(_label("chain", None, None, n), options=(("spec_draft_n_max", n),)) for n in n_maxes]
             else:
                 out += [Mode(_label("chain", None, size, n), options=((SIZE_OPTION[kind], size), ("spec_draft_n_max", n)))
                         for size in sizes for n in n_maxes]
@@ -72,7 +80,9 @@ def our_modes(kind: str, names: Sequence[str], p_mins: Sequence[float], n_maxes:
 def their_settings(kind: str, p_mins: Sequence[float], n_maxes: Sequence[int],
                    sizes: Sequence[int]) -> List[Tuple[Optional[float], Optional[int], Optional[int]]]:
     """llama-speculative-simple's (p-min, n-max, size) of the kind: its default (all None)
-    and the sweep."""
+    and the sweep (suffix: none, llama.cpp has no such kind)."""
+    if kind == SUFFIX:
+        return []
     if kind == SIMPLE:
         sweep = [(p, n, None) for p in p_mins for n in n_maxes]
     else:

@@ -233,21 +233,23 @@ class SpeculativeArm(CompletionArm):
     """llama-speculative-simple's DFlash (or another kind: setup.spec_type) at a draft cut (--spec-draft-p-min) and a number of
     drafts (--spec-draft-n-max; the drafter's block less the bonus token is the whole block);
     an n-gram kind at a lookup size and a longest draft (NGRAM_FLAGS) instead;
-    all None: the tool's defaults, no draft flag given. When the target needs checkpoints
+    all None: the tool's defaults, no draft flag given (stand_in: not its default, its
+    kind standing in for one it lacks, cli.STAND_IN). When the target needs checkpoints
     (it cannot drop a rejected tail), each run is made again at -lv 5 to count the restores,
     each a second target pass (the timing stays the quiet run's; the same seed draws the same)."""
 
     speculative = True
 
     def __init__(self, exe: Path, setup: Setup, prompts, p_min: Optional[float], n_max: Optional[int],
-                 size: Optional[int] = None):
+                 size: Optional[int] = None, stand_in: bool = False):
         super().__init__(exe, setup, prompts)
         self.p_min, self.n_max, self.size = p_min, n_max, size
-        self.default = p_min is None and n_max is None and size is None
+        defaults = p_min is None and n_max is None and size is None
+        self.default = defaults and not stand_in
         settings = ([f"p-min {p_min:g}"] if p_min is not None else []) + \
             ([f"size {size}"] if size is not None else []) + ([f"n-max {n_max}"] if n_max is not None else [])
         self.name = f"{KIND_NAMES[setup.spec_type]} (llama-speculative-simple, " + (
-            "default)" if self.default else ", ".join(settings) + ")")
+            "default)" if defaults else ", ".join(settings) + ")")
 
     def draft_flags(self) -> List[str]:
         flags = []

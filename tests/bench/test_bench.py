@@ -22,6 +22,7 @@ import pytest
 
 from dflash_gguf.bench import arms_from, cli, kinds, llama_cpp, method, ours, provenance, report, slim
 from dflash_gguf.bench.runs import Run, Sampling
+from dflash_gguf.config import SPEC_TYPES
 from dflash_gguf.demo import demo_paths
 from bench_checks import COMPLETION_LOG, SPEC_LOG, bench, fake_tools
 from paths import ROOT
@@ -734,6 +735,10 @@ def test_draft_simple_and_ngram_sweeps():
                                                                            "spec_draft_n_max": 8}
     assert kinds.their_settings("ngram-simple", [0.5], [8, 16], [4]) == [(None, None, None), (None, 8, 4), (None, 16, 4)]
     assert kinds.their_settings("draft-simple", [0.5], [2], [4]) == [(None, None, None), (0.5, 2, None)]
+    suffix = kinds.our_modes("suffix", ["plain", "chain"], [0.5], [8], [])
+    assert [m.name for m in suffix] == ["plain", "chain (default)", "chain n-max 8"]
+    assert dict(suffix[2].options) == {"spec_draft_n_max": 8} and kinds.their_settings("suffix", [0.5], [8], []) == []
+    assert set(kinds.KINDS) <= set(SPEC_TYPES)  # dflash-bench takes the Engine's kinds
     modes = kinds.our_modes("draft-simple", ["auto", "chain"], [0.0], [2], [], [8192], ["corpus.txt"])
     auto, cut = modes[0], modes[-1]
     assert auto.name == "auto" and auto.tree_budget == "auto"
@@ -780,6 +785,36 @@ def test_ngram_arms_give_llama_cpp_its_own_flags(tmp_path):
     for argv, message in ((other_kind, "--spec-type: 'ngram-simple' here, 'ngram-mod' in the sweep"),
                           ([a for a in common if a != "--ignore-eos"], "--ignore-eos: False here, True in the sweep")):
         res = bench(*argv, "--arms-from", sweep, "--force", cwd=tmp_path)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+
+
+def test_suffix_runs_ours_beside_llama_cpp_s_n_gram_kinds(tmp_path):
+    """suffix against the stand-in tools: ours at its default and swept n-max; llama.cpp,
+    which has no suffix kind, its n-gram kinds at their defaults, none its default, so
+    its best of them is compared best vs best and nothing default vs default."""
+    tools = fake_tools(tmp_path)
+    res = bench("--spec-type", "suffix", "--block-size", "9", "--temp", "0", "--llama-cpp", str(tools), "-r", "1",
+                "-n", "8", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert cli.STAND_IN in res.stdout
+    res = bench("--spec-type", "suffix", "--block-size", "9", "--temp", "0", "--llama-cpp", str(tools), "-r", "1",
+                "-n", "8", "--json", cwd=tmp_path)
+    out = json.loads(res.stdout)
+    calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
+    spec = [c for c in calls if c[0].endswith("llama-speculative-simple") and "-lv" not in c]
+    assert {c[c.index("--spec-type") + 1] for c in spec} == {"ngram-simple", "ngram-mod"}
+    assert not any("-md" in c or "--spec-ngram-simple-size-n" in c for c in spec)
+    rows = {(r["engine"], r["mode"]): r for r in out["rows"]}
+    assert {("ours", "plain"), ("ours", "chain (default)"), ("ours", "chain n-max 8"),
+            ("llama.cpp", "ngram-simple (llama-speculative-simple, default)"),
+            ("llama.cpp", "ngram-mod (llama-speculative-simple, default)")} <= set(rows)
+    assert not any(r["default"] for r in out["rows"] if r["engine"] == "llama.cpp")
+    pairings = [c["pairing"] for c in out["comparisons"]]
+    assert "best vs best" in pairings and "default vs default" not in pairings
+    assert out["llama_cpp"]["stand_in"] == cli.STAND_IN and out["settings"]["spec_type"] == "suffix"
+    for argv, message in ((["--spec-type", "suffix", "--ngram-size", "4"], "--ngram-size takes sizes"),
+                          (["--spec-type", "suffix", "--modes", "tree"], "not run by --spec-type suffix")):
+        res = bench(*argv, "--no-llama-cpp", cwd=tmp_path)
         assert res.returncode == 2 and message in res.stderr, res.stderr
 
 
