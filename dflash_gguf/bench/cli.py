@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import os
 import random
@@ -411,7 +412,10 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
 
 def settings_of(args, prompts: List[tuple], samplings: List[Sampling], constraint_flags: tuple) -> dict:
     """The run's settings as its results file records them."""
-    return {"prompts": [name for name, _ in prompts], "n_predict": args.n_predict,
+    return {"prompts": [name for name, _ in prompts],
+            # the texts themselves, built-in, inline or from files that may be in no commit
+            "prompt_sha256": {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in prompts},
+            "n_predict": args.n_predict,
             "repetitions": args.repetitions, "threads": args.threads, "cache_type": args.cache_type_k,
             "modes": args.modes, "tree_budgets": args.tree_budgets, "draft_p_min": args.draft_p_min,
             "block_size": args.block_size, "chain_rule": args.chain_rule,
@@ -444,6 +448,8 @@ def headline_arms(p: argparse.ArgumentParser, args, settings: dict, models: dict
     if where and where["uncommitted_changes"] and not args.force:
         p.error(f"--arms-from: {where['path']} has uncommitted changes; a headline run measures a commit "
                 "(--force runs it anyway, recorded in the file)")
+    if where and where["untracked"]:
+        log(f"untracked files in {where['path']} (recorded in the file): {', '.join(where['untracked'])}")
     differ = arms_from.mismatches(sweep, settings, models)
     if differ:
         p.error(f"--arms-from {args.arms_from}: another workload than the sweep's: " + "; ".join(differ))

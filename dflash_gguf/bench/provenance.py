@@ -37,20 +37,30 @@ def checkout() -> Optional[dict]:
     package's source (a checkout on PYTHONPATH or installed editable runs its own code,
     whichever virtualenv runs it), else the one holding the virtualenv (scripts/setup.sh
     makes .venv inside the checkout and installs the package into it), else the working
-    directory's. None outside a checkout."""
+    directory's (git_state). None outside a checkout."""
     for where in (Path(__file__).resolve().parents[2], Path(sys.prefix).parent, Path.cwd()):
         pyproject = where / "pyproject.toml"
-        if not (pyproject.is_file() and 'name = "dflash-gguf"' in pyproject.read_text(errors="replace")):
-            continue
-        try:
-            sha = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 check=True).stdout.strip()
-            dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            continue
-        return {"commit": sha, "uncommitted_changes": bool(dirty), "path": str(where)}
+        if pyproject.is_file() and 'name = "dflash-gguf"' in pyproject.read_text(errors="replace"):
+            state = git_state(where)
+            if state is not None:
+                return state
     return None
+
+
+def git_state(where: Path) -> Optional[dict]:
+    """A checkout's commit, whether tracked files differ from it, and its untracked files
+    (a prompt file or a script that no commit holds; ignored ones, builds and models, left
+    out). None where git cannot tell."""
+    try:
+        sha = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=all"],
+                                capture_output=True, text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    untracked = [line[3:] for line in status if line.startswith("?? ")]
+    return {"commit": sha, "uncommitted_changes": len(untracked) < len(status), "untracked": untracked,
+            "path": str(where)}
 
 
 def ggml_version() -> dict:

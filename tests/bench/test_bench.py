@@ -438,6 +438,31 @@ def test_json_carries_provenance_and_every_run(demo_run):
     assert sum(r["best"] for r in out["rows"]) == 2  # our fastest drafting row per sampling (no peer ran)
 
 
+def test_the_file_records_each_prompt_s_text_and_the_checkout_s_untracked_files(demo_run, tmp_path):
+    out, _ = demo_run
+    from dflash_gguf.bench.prompts import PROMPTS
+
+    assert out["settings"]["prompt_sha256"] == {name: hashlib.sha256(text.encode()).hexdigest()
+                                                for name, text in PROMPTS[:2]}
+    assert isinstance(out["checkout"]["untracked"], list)
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    for argv in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True)
+    (repo / ".gitignore").write_text("*.gguf\n")
+    (repo / "kept.txt").write_text("a")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "commit", "-qm", "x"], check=True)
+    (repo / "model.gguf").write_text("ignored")
+    (repo / "prompts").mkdir()
+    (repo / "prompts" / "new.txt").write_text("in no commit")
+    state = provenance.git_state(repo)
+    assert state["untracked"] == ["prompts/new.txt"] and not state["uncommitted_changes"]
+    (repo / "kept.txt").write_text("b")
+    assert provenance.git_state(repo)["uncommitted_changes"]
+    assert provenance.git_state(tmp_path / "nowhere") is None
+
+
 def test_greedy_modes_give_plain_decoding_s_output(demo_run):
     rows = demo_run[0]["rows"]
     for row in rows:
@@ -640,13 +665,15 @@ def write_sweep(path: Path, **changes) -> Path:
     ([], {}, True, "uncommitted changes"),
     (["-n", "64"], {}, False, "-n: 64 here, 128 in the sweep"),
     ([], {"kind": "headline"}, False, "a headline run, not a sweep"),
+    (["--prompts", "1"], {"settings": {"n_predict": 128, "prompts": ["split"], "prompt_sha256": {"split": "0" * 64}}},
+     False, "the prompts' texts (sha256)"),
     ([], {"tool": "soak"}, False, "not a dflash-bench results file"),
 ])
 def test_a_headline_run_refuses_a_raised_load_a_dirty_checkout_and_another_workload(
         tmp_path, monkeypatch, capsys, argv, changes, dirty, message):
     sweep = write_sweep(tmp_path / "sweep.json", **changes)
     monkeypatch.setattr(cli.provenance, "checkout",
-                        lambda: {"commit": "abc", "uncommitted_changes": dirty, "path": "/checkout"})
+                        lambda: {"commit": "abc", "uncommitted_changes": dirty, "untracked": [], "path": "/checkout"})
     with pytest.raises(SystemExit) as e:
         cli.main(["--arms-from", str(sweep), *argv])
     err = capsys.readouterr().err

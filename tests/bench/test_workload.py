@@ -215,7 +215,7 @@ def test_a_short_run_on_the_demo_target_gives_plain_decoding_s_replies(tmp_path,
     doc = slim.read(out)
     assert doc["lossless"] == {"equal": True, "mismatches": [], "unchecked": []}
     assert doc["workload"]["sha256"] == load(BUNDLED).sha256
-    assert set(doc["checkout"]) == {"commit", "uncommitted_changes", "path"} and doc["force"] is True
+    assert set(doc["checkout"]) == {"commit", "uncommitted_changes", "untracked", "path"} and doc["force"] is True
     assert {(r["arm"], r["session"]) for r in doc["rows"]} == {
         (a, s) for a in ("plain", "ngram-simple") for s in ("fix-bug-get-opcodes", "prose-open-questions")}
     assert len(doc["runs"]) == 2 * (3 + 4) and all(0 < r["completion_tokens"] <= 8 for r in doc["runs"])
