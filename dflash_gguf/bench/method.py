@@ -140,6 +140,7 @@ class Pairing:
     paired: Optional[Tuple[float, float]]    # min-max of the per-repetition ratios (matched_ratios)
     paired_median: Optional[float] = None    # their median: each ratio's rounds took turns, so a machine that
     # changes speed moves both sides (the ratio of medians can mix its speeds)
+    per_rep: Tuple[float, ...] = ()          # the per-repetition ratios themselves (stats.verdict reads them)
 
 
 def pick(rows: Sequence[T], median: Callable[[T], Optional[float]], is_default: Callable[[T], bool]) -> dict:
@@ -163,5 +164,5 @@ def pairings(ours: Sequence[T], theirs: Sequence[T], median: Callable[[T], Optio
         ratios = matched_ratios(rounds(x), rounds(y))
         out.append(Pairing(f"{which} vs {which}", x, y, mx / my if mx and my else None,
                            (min(ratios), max(ratios)) if ratios else None,
-                           statistics.median(ratios) if ratios else None))
+                           statistics.median(ratios) if ratios else None, tuple(ratios)))
     return out

@@ -16,7 +16,7 @@ from statistics import median
 from ..budget import describe
 from . import method, slim
 from .runs import OURS_PLAIN, Run
-from .stats import Spread, ratio
+from .stats import Spread, ratio, verdict
 
 LLAMA_PLAIN = ("llama.cpp", "plain (llama-completion)")
 NO_SAMPLING = "-"  # llama-bench's rows: random tokens, no sampling
@@ -189,9 +189,20 @@ def comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
         pairs[-1].name = "plain vs plain"
     return [{"sampling": sampling, "pairing": p.name, "ours": p.ours.mode, "llama_cpp": p.theirs.mode,
              "ours_tok_s_median": _median(p.ours), "llama_cpp_tok_s_median": _median(p.theirs),
-             "ratio_of_medians": p.ratio, "per_rep_ratio_median": p.paired_median,
-             "per_rep_ratio_range": list(p.paired) if p.paired else None,
-             "loaded": p.ours.loaded or p.theirs.loaded} for p in pairs]
+             "ours_tok_s_range": _span(p.ours), "llama_cpp_tok_s_range": _span(p.theirs),
+             **_ratios(p), "loaded": p.ours.loaded or p.theirs.loaded} for p in pairs]
+
+
+def _span(row: Row) -> Optional[list]:
+    return [row.tok_s.low, row.tok_s.high] if row.tok_s else None
+
+
+def _ratios(p: method.Pairing) -> dict:
+    """A pairing's ratio of medians, its per-repetition ratios' median, range and count,
+    and what they say (stats.verdict)."""
+    return {"ratio_of_medians": p.ratio, "per_rep_ratio_median": p.paired_median,
+            "per_rep_ratio_range": list(p.paired) if p.paired else None, "per_rep_ratio_n": len(p.per_rep),
+            "verdict": verdict(p.ratio, p.per_rep)}
 
 
 def auto_comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
@@ -205,18 +216,24 @@ def auto_comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
     for fixed in sorted((r for r in ours if r is not auto and r.tok_s), key=_median, reverse=True):
         p = method.pairings([auto], [fixed], _median, _rounds, lambda r: True)[0]
         out.append({"sampling": sampling, "fixed": fixed.mode, "auto_tok_s_median": _median(auto),
-                    "fixed_tok_s_median": _median(fixed), "ratio_of_medians": p.ratio,
-                    "per_rep_ratio_median": p.paired_median,
-                    "per_rep_ratio_range": list(p.paired) if p.paired else None,
-                    "loaded": auto.loaded or fixed.loaded})
+                    "fixed_tok_s_median": _median(fixed), "auto_tok_s_range": _span(auto),
+                    "fixed_tok_s_range": _span(fixed), **_ratios(p), "loaded": auto.loaded or fixed.loaded})
     return out
 
 
 def _paired_text(c: dict) -> str:
     span = c["per_rep_ratio_range"]
     return (f"{c['ratio_of_medians']:.2f}x (median over median"
-            + (f"; per repetition median {c['per_rep_ratio_median']:.3f}x, {span[0]:.2f}-{span[1]:.2f}x" if span else "")
-            + ")" + (" [loaded]" if c["loaded"] else ""))
+            + (f"; per repetition median {c['per_rep_ratio_median']:.3f}x, {span[0]:.2f}-{span[1]:.2f}x over "
+               f"{c['per_rep_ratio_n']}" if span else "")
+            + ")" + (f": {c['verdict']}" if c["verdict"] else "") + (" [loaded]" if c["loaded"] else ""))
+
+
+def _tok_s(median: Optional[float], span: Optional[list]) -> str:
+    """A median decode tok/s beside its per-repetition range."""
+    if median is None:
+        return "-"
+    return f"{median:.1f}" + (f" [{span[0]:.1f}-{span[1]:.1f}]" if span and span[0] != span[1] else "")
 
 
 def headline(table: Sequence[Row]) -> List[str]:
@@ -225,11 +242,13 @@ def headline(table: Sequence[Row]) -> List[str]:
     lines = []
     for sampling in dict.fromkeys(r.sampling for r in table):
         for c in comparisons(table, sampling):
-            lines.append(f"{sampling}, {c['pairing']}: ours {c['ours']} {c['ours_tok_s_median']:.1f} tok/s / "
-                         f"llama.cpp {c['llama_cpp']} {c['llama_cpp_tok_s_median']:.1f} tok/s = " + _paired_text(c))
+            lines.append(f"{sampling}, {c['pairing']}: ours {c['ours']} "
+                         f"{_tok_s(c['ours_tok_s_median'], c['ours_tok_s_range'])} tok/s / llama.cpp {c['llama_cpp']} "
+                         f"{_tok_s(c['llama_cpp_tok_s_median'], c['llama_cpp_tok_s_range'])} tok/s = " + _paired_text(c))
         for c in auto_comparisons(table, sampling)[:1]:
-            lines.append(f"{sampling}, auto vs the fastest fixed row: auto {c['auto_tok_s_median']:.1f} tok/s / "
-                         f"{c['fixed']} {c['fixed_tok_s_median']:.1f} tok/s = " + _paired_text(c))
+            lines.append(f"{sampling}, auto vs the fastest fixed row: auto "
+                         f"{_tok_s(c['auto_tok_s_median'], c['auto_tok_s_range'])} tok/s / {c['fixed']} "
+                         f"{_tok_s(c['fixed_tok_s_median'], c['fixed_tok_s_range'])} tok/s = " + _paired_text(c))
     return lines
 
 
@@ -242,8 +261,8 @@ def _range(s: Optional[Spread], fmt: str = ".1f") -> str:
 
 
 def table_text(table: Sequence[Row], reps: int) -> str:
-    """Markdown, one statistic per column: medians over the repetitions, their range, ratios of medians."""
-    lines = [f"| engine | mode | sampling | setting | AL median | decode tok/s median ({reps} reps) | "
+    """Markdown: medians over the repetitions beside their range, ratios of medians."""
+    lines = [f"| engine | mode | sampling | setting | AL median [min-max] | decode tok/s median ({reps} reps) | "
              "decode tok/s min-max | vs ours plain (medians) | vs llama.cpp plain (medians) | same output | "
              "load 1m at start, max | loaded | notes |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -251,7 +270,7 @@ def table_text(table: Sequence[Row], reps: int) -> str:
         same = f"{r.same[0]}/{r.same[1]}" if r.same else "-"
         loads = [x for x in r.load_1m if x is not None]
         lines.append(f"| {r.engine} | {r.mode} | {r.sampling} | {r.role() or '-'} | "
-                     f"{format(r.al.median, '.2f') if r.al else '-'} | "
+                     f"{r.al.text('.2f') if r.al else '-'} | "
                      f"{format(r.tok_s.median, '.1f') if r.tok_s else '-'} | {_range(r.tok_s)} | "
                      f"{_x(r.vs_ours_plain)} | {_x(r.vs_llama_plain)} | {same} | "
                      f"{format(max(loads), '.2f') if loads else '-'} | {'yes' if r.loaded else 'no'} | {r.note} |")
@@ -265,12 +284,14 @@ def each_sampling(table: Sequence[Row], of) -> List[dict]:
 
 def _ratio_table(head: str, rows: List[dict], lead) -> str:
     """Markdown of comparisons: `head`'s columns (lead(c) fills them), then the ratios'."""
-    lines = [f"| {head} | ratio of medians | per-repetition ratio median | per-repetition ratio min-max | loaded |",
-             "|" + "---|" * (head.count("|") + 1) + "---:|---:|---:|---|"]
+    lines = [f"| {head} | ratio of medians | per-repetition ratio median | per-repetition ratio min-max | "
+             "repetitions | verdict | loaded |",
+             "|" + "---|" * (head.count("|") + 1) + "---:|---:|---:|---:|---|---|"]
     for c in rows:
         span, median = c["per_rep_ratio_range"], c["per_rep_ratio_median"]
         lines.append(f"| {lead(c)} | {_x(c['ratio_of_medians'])} | {f'{median:.3f}x' if median else '-'} | "
-                     f"{f'{span[0]:.2f}-{span[1]:.2f}x' if span else '-'} | {'yes' if c['loaded'] else 'no'} |")
+                     f"{f'{span[0]:.2f}-{span[1]:.2f}x' if span else '-'} | {c['per_rep_ratio_n']} | "
+                     f"{c['verdict'] or '-'} | {'yes' if c['loaded'] else 'no'} |")
     return "\n".join(lines)
 
 
@@ -279,14 +300,17 @@ def comparisons_text(table: Sequence[Row]) -> str:
     rows = each_sampling(table, comparisons)
     if not rows:
         return "(no comparison with llama.cpp: its tools did not run)"
-    return _ratio_table("sampling | pairing | ours | llama.cpp | ours tok/s median | llama.cpp tok/s median", rows,
+    return _ratio_table("sampling | pairing | ours | llama.cpp | ours tok/s median [min-max] | "
+                        "llama.cpp tok/s median [min-max]", rows,
                         lambda c: f"{c['sampling']} | {c['pairing']} | {c['ours']} | {c['llama_cpp']} | "
-                                  f"{c['ours_tok_s_median']:.1f} | {c['llama_cpp_tok_s_median']:.1f}")
+                                  f"{_tok_s(c['ours_tok_s_median'], c['ours_tok_s_range'])} | "
+                                  f"{_tok_s(c['llama_cpp_tok_s_median'], c['llama_cpp_tok_s_range'])}")
 
 
 def auto_text(table: Sequence[Row]) -> str:
     """Markdown: auto against each of our fixed rows, per sampling, the fastest first."""
     rows = each_sampling(table, auto_comparisons)
-    return _ratio_table("sampling | auto against | auto tok/s median | its tok/s median", rows,
-                        lambda c: f"{c['sampling']} | {c['fixed']} | {c['auto_tok_s_median']:.1f} | "
-                                  f"{c['fixed_tok_s_median']:.1f}") if rows else ""
+    return _ratio_table("sampling | auto against | auto tok/s median [min-max] | its tok/s median [min-max]", rows,
+                        lambda c: f"{c['sampling']} | {c['fixed']} | "
+                                  f"{_tok_s(c['auto_tok_s_median'], c['auto_tok_s_range'])} | "
+                                  f"{_tok_s(c['fixed_tok_s_median'], c['fixed_tok_s_range'])}") if rows else ""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 
 @dataclass
@@ -41,3 +41,23 @@ class Spread:
 def ratio(a: Optional[Spread], b: Optional[Spread]) -> Optional[float]:
     """a's median over b's."""
     return a.median / b.median if a is not None and b is not None and b.median > 0 else None
+
+
+# a ratio this close to 1 is within what a handful of repetitions on a shared machine
+# moves; it takes at least this many repetitions to be called either way
+NEAR_ONE = (0.9, 1.1)
+MIN_REPS_NEAR_ONE = 5
+
+
+def verdict(ratio_of_medians: Optional[float], per_rep: Sequence[float]) -> Optional[str]:
+    """What a comparison says from its per-repetition ratios: "faster" or "slower" (all of
+    them on one side of 1), "no difference measured" (their range holds 1), or, for a
+    ratio of medians within NEAR_ONE, "too few repetitions for a verdict" under
+    MIN_REPS_NEAR_ONE of them. None without ratios."""
+    if ratio_of_medians is None or not per_rep:
+        return None
+    if NEAR_ONE[0] <= ratio_of_medians <= NEAR_ONE[1] and len(per_rep) < MIN_REPS_NEAR_ONE:
+        return "too few repetitions for a verdict"
+    if min(per_rep) <= 1.0 <= max(per_rep):
+        return "no difference measured"
+    return "faster" if min(per_rep) > 1.0 else "slower"

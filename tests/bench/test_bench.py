@@ -20,7 +20,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from dflash_gguf.bench import arms_from, cli, kinds, llama_cpp, method, ours, provenance, report, slim
+from dflash_gguf.bench import arms_from, cli, kinds, llama_cpp, method, ours, provenance, report, slim, stats
 from dflash_gguf.bench.runs import Run, Sampling
 from dflash_gguf.config import SPEC_TYPES
 from dflash_gguf.demo import demo_paths
@@ -219,11 +219,27 @@ def test_each_side_at_its_best_and_at_its_default():
     assert (default["pairing"], default["ours"], default["llama_cpp"]) == (
         "default vs default", "chain (default)", "DFlash (default)")
     assert default["ratio_of_medians"] == pytest.approx(200 / 100) and not default["loaded"]
+    assert best["per_rep_ratio_n"] == 3 and best["verdict"] == "faster"  # 2x: a verdict from 3 repetitions
     text = report.table_text(list(table.values()), 3)
     assert "| chain p-min 0 | greedy | best | 2.00 | 400.0 | 333.3-500.0 |" in text and "| 3.00 | yes |" in text
-    assert "| best vs best | chain p-min 0 | DFlash (p-min 0.5) |" in report.comparisons_text(list(table.values()))
+    assert "| best vs best | chain p-min 0 | DFlash (p-min 0.5) | 400.0 [333.3-500.0] | 200.0 [125.0-200.0] |" \
+        in report.comparisons_text(list(table.values()))
     (_, line, _) = report.headline(list(table.values()))
-    assert line.startswith("greedy, best vs best: ours chain p-min 0 400.0 tok/s") and "= 2.00x" in line
+    assert line.startswith("greedy, best vs best: ours chain p-min 0 400.0 [333.3-500.0] tok/s") and "= 2.00x" in line
+    assert line.endswith("over 3): faster [loaded]")
+
+
+def test_a_ratio_near_one_takes_five_repetitions_and_a_spread_holding_one_is_no_difference():
+    assert stats.verdict(1.05, [1.2, 1.1, 1.0]) == "too few repetitions for a verdict"
+    assert stats.verdict(0.9, [0.8, 0.9, 0.95, 0.85]) == "too few repetitions for a verdict"
+    assert stats.verdict(1.05, [1.2, 1.1, 0.98, 1.05, 1.04]) == "no difference measured"
+    assert stats.verdict(1.05, [1.2, 1.1, 1.01, 1.05, 1.04]) == "faster"
+    assert stats.verdict(0.8, [0.7, 0.85]) == "slower"  # far from 1: fewer repetitions say it
+    assert stats.verdict(0.8, [0.7, 1.02]) == "no difference measured"
+    assert stats.verdict(1.0, []) is None and stats.verdict(None, [1.0]) is None
+    # the AL column: its median beside its range
+    runs = [spec_run("chain (default)", 0, 0.5, passes=50), spec_run("chain (default)", 1, 0.5, passes=25)]
+    assert "| 3.00 [2.00-4.00] |" in report.table_text(report.rows(runs), 2)
 
 
 def test_the_fastest_rows_of_any_mode_are_compared_first():
@@ -271,8 +287,11 @@ def test_auto_is_compared_with_each_fixed_row_repetition_by_repetition():
     assert plain["ratio_of_medians"] == pytest.approx((100 / 0.105) / 500)
     assert plain["per_rep_ratio_median"] == pytest.approx(0.2 / 0.21)
     assert plain["per_rep_ratio_range"] == pytest.approx([0.2 / 0.21, 2.0])
-    assert "| greedy | plain | 952.4 | 500.0 | 1.90x | 0.952x | 0.95-2.00x | no |" in report.auto_text(table)
-    assert any(line.startswith("greedy, auto vs the fastest fixed row: auto 952.4 tok/s / plain 500.0 tok/s")
+    # 1.90x by medians, but the repetitions' ratios fall on both sides of 1
+    assert "| greedy | plain | 952.4 [476.2-1000.0] | 500.0 [500.0-1000.0] | 1.90x | 0.952x | 0.95-2.00x | 3 | " \
+           "no difference measured | no |" in report.auto_text(table)
+    assert any(line.startswith("greedy, auto vs the fastest fixed row: auto 952.4 [476.2-1000.0] tok/s / plain "
+                               "500.0 [500.0-1000.0] tok/s")
                for line in report.headline(table))
 
 
