@@ -18,7 +18,8 @@ Per arm and session the rows give decode tok/s (completion tokens over the serve
 decode seconds, summed over the session's turns), wall seconds, completion tokens and,
 for the arms that draft, the target's passes and the drafts they accepted: medians over
 the repetitions with their min-max; against plain decoding, the median and min-max of the
-per-repetition ratios ("no difference measured" where that range holds 1). Any arm whose
+per-repetition ratios and their verdict (stats.verdict: "no difference measured" where that
+range holds 1, "too few repetitions for a verdict" near 1 under 5 of them). Any arm whose
 reply differs from plain decoding's in the same repetition fails the run (exit status 1).
 The results file (-o; default results/workload-<UTC time>.json) records the workload
 file's sha256, the commit and whether the checkout has uncommitted changes (refused
@@ -31,6 +32,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -42,7 +44,7 @@ import httpx
 
 from ..config import FILE_KINDS, SIMPLE
 from ..demo import DATA
-from . import method, provenance, serve_load
+from . import method, provenance, serve_load, stats
 from .stats import Spread
 from .workload import Session, WorkloadError, load
 
@@ -312,16 +314,12 @@ def session_figures(turns: List[dict]) -> dict:
             "loaded": any(t["loaded"] for t in turns)}
 
 
-def verdict(ratios: Optional[Spread]) -> Optional[str]:
-    """What the per-repetition ratios to plain say: faster, slower, or no difference measured
-    (their range holds 1); one repetition has no range to say it by."""
-    if ratios is None:
-        return None
-    if ratios.n == 1:
+def verdict(ratios: List[float]) -> Optional[str]:
+    """What the per-repetition ratios to plain say, by dflash-bench's rule (stats.verdict,
+    their median as the ratio); one repetition has no range to say it by."""
+    if len(ratios) == 1:
         return "one repetition: no spread"
-    if ratios.low <= 1.0 <= ratios.high:
-        return "no difference measured"
-    return "faster" if ratios.low > 1.0 else "slower"
+    return stats.verdict(statistics.median(ratios) if ratios else None, ratios)
 
 
 def rows(records: List[dict], arms: List[Arm], sessions: Sequence[Session]) -> List[dict]:
@@ -348,7 +346,7 @@ def rows(records: List[dict], arms: List[Arm], sessions: Sequence[Session]) -> L
                         "decode_tps": of("decode_tps"), "wall_s": of("wall_s"), "tokens": of("tokens"),
                         "target_passes": of("target_passes"), "accepted_drafts": of("accepted_drafts"),
                         "turn_decode_tps_median": [t.median if t else None for t in per_turn],
-                        "vs_plain": spread.to_json() if spread else None, "verdict": verdict(spread),
+                        "vs_plain": spread.to_json() if spread else None, "verdict": verdict(ratios),
                         "loaded": any(f["loaded"] for f in reps.values())})
     return out
 

@@ -152,7 +152,7 @@ def test_the_check_reports_the_first_turn_that_parts_from_plain():
 
 def test_rows_give_medians_and_the_per_repetition_ratio_to_plain():
     """ngram-simple ran 2x and 1.5x plain in its two repetitions: faster; suffix 0.9x and 1.1x:
-    no difference measured."""
+    too few repetitions for a verdict that near 1."""
     records = []
     for rep, (ngram_s, suffix_s) in enumerate([(0.05, 0.11), (0.0666667, 0.0909091)]):
         for i in range(2):
@@ -164,10 +164,12 @@ def test_rows_give_medians_and_the_per_repetition_ratio_to_plain():
     assert by["ngram-simple"]["vs_plain"]["min"] == pytest.approx(1.5, rel=1e-4)
     assert by["ngram-simple"]["vs_plain"]["max"] == pytest.approx(2.0)
     assert by["ngram-simple"]["verdict"] == "faster"
-    assert by["suffix"]["verdict"] == "no difference measured"
+    assert by["suffix"]["verdict"] == "too few repetitions for a verdict"
     assert by["plain"]["turn_decode_tps_median"] == pytest.approx([40.0, 40.0])
     assert by["plain"]["tokens"]["median"] == 8
-    assert "no difference measured" in multiturn.table_text(table)
+    assert "too few repetitions for a verdict" in multiturn.table_text(table)
+    assert multiturn.verdict([0.9, 1.1, 1.0, 0.95, 1.05]) == "no difference measured"
+    assert multiturn.verdict([1.2]) == "one repetition: no spread" and multiturn.verdict([]) is None
 
 
 def test_arms_pass_any_kind_through_and_the_drafter_only_where_it_is_read():
