@@ -22,7 +22,8 @@ Arm = Tuple[str, str, str]  # (engine, mode, sampling label; "-": llama-bench's 
 ARM_SETTINGS = ("modes", "tree_budgets", "draft_p_min", "block_size", "chain_rule", "spec_draft_p_min",
                 "spec_draft_n_max", "grammar_drafting", "ngram_size", "spec_draft_vocab", "spec_draft_vocab_from")
 # what makes two runs' figures comparable: the headline run must measure the same workload
-WORKLOAD = {"prompts": "the prompts", "prompt_sha256": "the prompts' texts (sha256)", "n_predict": "-n", "threads": "-t", "cache_type": "-ctk",
+WORKLOAD = {"prompts": "the prompts", "prompt_sha256": "the prompts' texts (sha256)", "n_predict": "-n",
+            "threads": "-t", "cache_type": "-ctk",
             "samplings": "the samplings (--temp, --top-k, --top-p, --min-p, -s)", "constraint": "the constraint",
             "min_seconds": "--min-seconds", "spec_type": "--spec-type", "ignore_eos": "--ignore-eos"}
 

@@ -244,7 +244,8 @@ def headline(table: Sequence[Row]) -> List[str]:
         for c in comparisons(table, sampling):
             lines.append(f"{sampling}, {c['pairing']}: ours {c['ours']} "
                          f"{_tok_s(c['ours_tok_s_median'], c['ours_tok_s_range'])} tok/s / llama.cpp {c['llama_cpp']} "
-                         f"{_tok_s(c['llama_cpp_tok_s_median'], c['llama_cpp_tok_s_range'])} tok/s = " + _paired_text(c))
+                         f"{_tok_s(c['llama_cpp_tok_s_median'], c['llama_cpp_tok_s_range'])} tok/s = "
+                         + _paired_text(c))
         for c in auto_comparisons(table, sampling)[:1]:
             lines.append(f"{sampling}, auto vs the fastest fixed row: auto "
                          f"{_tok_s(c['auto_tok_s_median'], c['auto_tok_s_range'])} tok/s / {c['fixed']} "
