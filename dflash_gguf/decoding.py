@@ -26,7 +26,7 @@ from .ddtree import accept_path
 from .generate import GenerationStats, Placement, Prefill, Request, check_request, start_context
 from .proposers import Proposal, accepted_prefix
 from .sampling import Sampler
-from .target import CHAIN, DECODE, LOGITS_LAST, TREE, Rows
+from .target import CHAIN, DECODE, INVARIANT_STEP_ROWS, LOGITS_LAST, TREE, Rows
 
 
 def _no_stage(stage: str) -> None:
@@ -179,7 +179,8 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
     tokens each keeps, in order. Records each speculative sequence's pass (its accepted
     length, the step's drafting and verify seconds and the rest). joining: a sequence
     whose next prompt chunk (its Prefill's) the target's graph takes after the others'
-    rows, as many tokens as they leave of n_ubatch (at least one); the
+    rows, as many tokens as they leave of n_ubatch (at least one), the step held to
+    INVARIANT_STEP_ROWS so that the others' rows round as they would alone; the
     chunk's choice, if any, is then at the sequence's row0 (it has yet to be told:
     Sequence.chunk_ran)."""
     if joining is None and not any(s.speculative for s in seqs):
@@ -216,7 +217,7 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
     if joining is not None:
         taken = sum(r.n_rows for r in rows)
         joining.row0 = row0
-        rows.append(joining.prefill.rows(max(1, target.n_ubatch - taken)))
+        rows.append(joining.prefill.rows(max(1, min(target.n_ubatch, INVARIANT_STEP_ROWS) - taken)))
     t1 = time.perf_counter()
     target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)

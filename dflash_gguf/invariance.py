@@ -28,9 +28,10 @@ from .target import CHAIN, DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target, TREE
 MODES = ("chain-2", "chain-4", "chain-8", "chain-16", "tree", "two-seqs", "chunk")
 TREE_DEPTH = 8
 SIDE_CHAIN = 4  # the other sequence's rows in two-seqs
-# the other sequence's prompt chunk in chunk: with the 4 chain rows the step stays below
-# 64 rows, where flash attention is batch-invariant (docs/exactness.md)
-CHUNK = 48
+# the other sequence's prompt chunk in chunk: with the 4 chain rows, a step past the 64
+# rows where stock ggml's flash attention turns to its tiled kernel and within the 256
+# where the patched kernels keep every row's own (docs/exactness.md)
+CHUNK = 120
 SIDE_SPAN = 512  # positions the other sequence runs through before it starts over
 
 

@@ -12,6 +12,9 @@ from ._native import NativeObject, check, ffi, lib
 
 LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
 DECODE, CHAIN, TREE = lib.DFL_STEP_DECODE, lib.DFL_STEP_CHAIN, lib.DFL_STEP_TREE
+# the most rows a step may have for each of its rows to round as one-row decoding does: the
+# patched CPU kernels' flash attention takes its tiled kernel past it (docs/exactness.md)
+INVARIANT_STEP_ROWS = 256
 
 
 @dataclass
