@@ -139,9 +139,11 @@ class SimpleSetup:
 
 # drafters whose block is their drafts per step (one pass each), not a trained block size
 AUTOREGRESSIVE = ("mtp", "eagle3")
-# the n-gram kinds' longest draft when --spec-draft-n-max is left out (a DFlash block's
-# size: the target's verify buffers are sized for it anyway)
-DEFAULT_SPEC_DRAFT_N_MAX = 16
+# the weightless kinds' (n-gram, suffix) longest draft when --spec-draft-n-max is left out:
+# llama.cpp's ngram-simple default (--spec-ngram-simple-size-m); each step verifies the
+# length its price says pays (pricing.py), so a long copy goes in few steps and an unsure
+# guess in none
+DEFAULT_SPEC_DRAFT_N_MAX = 48
 # an autoregressive drafter's (MTP's, EAGLE3's) drafts per step when --spec-draft-n-max is
 # left out: each costs a pass
 # of the layer and its LM head, and a one-layer head's later drafts are right less often
@@ -311,7 +313,7 @@ class EngineSetup:
     draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
     chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.chain_proposer)
     ngram_kinds: tuple = ()  # the n-gram kinds that draft (--spec-type), beside the drafter or alone
-    spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the n-gram kinds' longest draft
+    spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the weightless kinds' longest draft
     ngram: NgramConfig = NgramConfig()
     spec_draft_conf_min: float = 0.0  # DSpark's confidence cut of the chain (0: none)
     draft_path: Optional[str] = None  # the drafter's GGUF: -md's, or the model's own for draft-mtp

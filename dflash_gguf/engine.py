@@ -262,9 +262,10 @@ class Engine:
         return tokens[:-1] if tokens and tokens[-1] in stops else tokens
 
     def prepare_auto(self) -> None:
-        """Measure what `--tree-budget auto` needs (the verify cost table, cached per model
-        file) now: measuring runs graphs on the target, which empties every slot."""
-        if self._wants_auto() and self._verify_cost is None:
+        """Measure what `--tree-budget auto` and the weightless kinds' pricing need (the
+        verify cost table, cached per model file) now: measuring runs graphs on the
+        target, which empties every slot."""
+        if self._wants_cost() and self._verify_cost is None:
             self._verify_cost = VerifyCost(self.target, self.n_threads)
             self._contexts = [([], None) for _ in self._contexts]
 
@@ -274,6 +275,16 @@ class Engine:
         if self.simple_draft is not None:
             return self.setup.simple.auto
         return self.draft is not None and bool(self.tree_budget and self.auto_budget)
+
+    def _weightless(self) -> bool:
+        """Whether speculative requests draft without a drafter model: the n-gram kinds or
+        suffix alone, each step priced against plain decoding (pricing.py)."""
+        return self.draft is None and self.simple_draft is None \
+            and bool(self.setup.ngram_kinds or self.suffix_corpora is not None)
+
+    def _wants_cost(self) -> bool:
+        """Whether speculative requests price their steps by the verify cost table."""
+        return self._wants_auto() or self._weightless()
 
     def _auto_for(self, sampling: Optional[SamplingParams]) -> Optional[AutoBudget]:
         """A sequence's own `auto` chooser, starting from what the engine learnt at the
@@ -315,7 +326,7 @@ class Engine:
         reused = n if (request.reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) \
             else 0
         self._contexts[slot] = ([], None)  # unknown until the run ends
-        if speculative and self._wants_auto() and self._verify_cost is None:
+        if speculative and self._wants_cost() and self._verify_cost is None:
             self.prepare_auto()
             reused = 0  # measuring the cost used the target
         saver = None
@@ -330,14 +341,15 @@ class Engine:
                                                  self.draft_p_min, self.suffix_corpora, request.corpus,
                                                  self.setup.spec_draft_n_max)
             else:
-                proposer = SuffixProposer(self.suffix_corpora, request.corpus, self.setup.spec_draft_n_max)
+                proposer = SuffixProposer(self.suffix_corpora, request.corpus, self.setup.spec_draft_n_max,
+                                          self._verify_cost)
         elif ngram:
             sources = ngram_sources(ngram, self.setup.ngram)
             if use_draft:
                 proposer = MixedProposer(self.draft, self.block_size or self.draft.block_size, self.draft_p_min,
                                          sources, self.setup.spec_draft_n_max)
             else:
-                proposer = NgramProposer(sources, self.setup.spec_draft_n_max)
+                proposer = NgramProposer(sources, self.setup.spec_draft_n_max, self._verify_cost)
         elif speculative and self.simple_draft is not None:
             simple = self.setup.simple
             proposer = SimpleProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree,

@@ -127,7 +127,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "the draft with the best expected accepted length (default: the -md drafter's kind; none "
                         "without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds (default 16), MTP's, EAGLE3's and draft-simple's "
+                   help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length that pays against its verify cost), MTP's, EAGLE3's and draft-simple's "
                         "drafts per step (default 3), and the "
                         "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",

@@ -149,6 +149,12 @@ class NgramDrafts:
                     best, value, kind = found, e, source.kind
         return best, value, kind
 
+    def probs(self, kind: str, n: int) -> np.ndarray:
+        """The chance that each of a draft's first n tokens is kept by the kind's measured
+        acceptance: token i when it and the ones before it are right, rate^i."""
+        rate = next(a for s, a in zip(self.sources, self.acceptance) if s.kind == kind).rate
+        return rate ** np.arange(1, n + 1, dtype=np.float64)
+
     def observe(self, emitted: Sequence[int]) -> None:
         """After the step: the tokens it emitted after the bonus (the last is the next bonus)."""
         for found, acc in zip(self.found, self.acceptance):

@@ -32,6 +32,7 @@ from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
+from .pricing import Calibration, best_size, tree_probs, walk_depth
 from .suffix import SuffixCorpora, SuffixDrafts, expected_accepted, is_chain, likeliest_path
 
 
@@ -208,17 +209,22 @@ class ChainProposer(Proposer):
 class NgramProposer(Proposer):
     """No drafter: each step verifies the bonus and the chain the sequence's n-gram
     sources propose from its prompt and output (the best expected, see
-    ngram.NgramDrafts), or the bonus alone when none finds one."""
+    ngram.NgramDrafts), cut to the length pricing.best_size gives for the source's
+    measured acceptance and the target's verify cost, or the bonus alone when none finds
+    one or none pays."""
 
-    def __init__(self, sources, n_max: int):
+    def __init__(self, sources, n_max: int, cost=None):
         self.ngram = NgramDrafts(sources)
         self.n_max = n_max
         self.lookahead = n_max + 1
+        self.cost = cost  # verify_cost.VerifyCost (None: every draft verified whole)
 
     def propose(self, seq) -> Proposal:
         self.ngram.sync(seq)
         drafts, _, kind = self.ngram.best(draft_room(seq, self.n_max))
-        return Proposal([seq.bonus] + drafts, kind=kind)
+        if drafts and self.cost is not None:
+            drafts = drafts[:best_size(self.ngram.probs(kind, len(drafts)), self.cost.chain)]
+        return Proposal([seq.bonus] + drafts, kind=kind if drafts else None)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.ngram.observe(out)
@@ -263,21 +269,47 @@ class MixedProposer(ChainProposer):
 class SuffixProposer(Proposer):
     """`--spec-type suffix`: each step the better continuation tree of the sequence's own
     text and its corpus key's earlier requests (suffix.SuffixDrafts), at most n_max nodes,
-    no deeper than the request's and the context's room, verified as suffix_proposal
-    says. Drafts are fixed before the target's draws, so greedy output is the target's
-    own and sampled output is distributed as its sampling."""
+    no deeper than the request's and the context's room, cut to the size pricing.best_size
+    gives for its nodes' probabilities (their counts, scaled by how well they have
+    predicted the target so far: pricing.Calibration) and the target's verify cost
+    (nothing: a plain decode), verified as suffix_proposal says. Drafts are fixed before
+    the target's draws, so greedy output is the target's own and sampled output is
+    distributed as its sampling."""
 
-    def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int):
+    def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int, cost=None):
         self.suffix = SuffixDrafts(corpora, key)
         self.n_max = n_max
         self.lookahead = n_max + 1
+        self.cost = cost  # verify_cost.VerifyCost (None: every tree verified whole)
+        self.calibration = Calibration()
+        # the step's (tree its outcome is judged on, its expected kept drafts, the deepest counted)
+        self.judged: Optional[tuple] = None
 
     def propose(self, seq) -> Proposal:
         room = draft_room(seq, self.n_max)
         tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
-        return suffix_proposal(seq, tree, from_corpus, self.lookahead)
+        self.judged = None
+        if tree is not None and self.cost is not None:
+            tree = self._priced(tree)
+        return suffix_proposal(seq, tree, from_corpus)
+
+    def _priced(self, tree: DraftTree) -> Optional[DraftTree]:
+        """The tree cut to its best-priced size (None: none pays); what the step's outcome
+        will calibrate: the tree verified, or with none, its first level (what the target's
+        next token says of it)."""
+        probs = tree_probs(tree, self.calibration.factor)
+        m = best_size(probs, self.cost.chain if is_chain(tree) else self.cost)
+        if m == 0:
+            first = [tree.depths[i] == 1 for i in tree.pick_order]
+            self.judged = (tree, float(probs[first].sum()), 1)
+            return None
+        self.judged = (tree.best(m), float(probs[:m].sum()), m)
+        return self.judged[0]
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
+        if self.judged is not None:
+            judged, expected, deepest = self.judged
+            self.calibration.observe(expected, min(deepest, walk_depth(judged, out)))
         self.suffix.observe(seq, out)
 
     def finish(self, seq) -> None:
@@ -311,7 +343,7 @@ class DrafterSuffixProposer(ChainProposer):
         tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
         if tree is not None and (b < 2 or expected_accepted(tree) >
                                  expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            return suffix_proposal(seq, tree, from_corpus, self.lookahead)
+            return suffix_proposal(seq, tree, from_corpus)
         return self._chain(seq, b)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
@@ -321,19 +353,19 @@ class DrafterSuffixProposer(ChainProposer):
         self.suffix.finish(seq)
 
 
-def suffix_proposal(seq, tree: Optional[DraftTree], from_corpus: bool, rows: int) -> Proposal:
+def suffix_proposal(seq, tree: Optional[DraftTree], from_corpus: bool) -> Proposal:
     """A suffix tree as the target verifies it: a tree of one branch as a chain; a tree of
-    several padded to `rows` (so that the target's verify graph is reused from step to
-    step), or, where that does not fit the context or a grammar constrains the output,
+    several as it is (not padded: on a CPU every row costs, and the sizes a step verifies
+    are few), or, where it does not fit the context or a grammar constrains the output,
     its likeliest branch as a chain (cut where the grammar rejects it)."""
     if tree is None:
         return Proposal([seq.bonus])
-    if is_chain(tree) or seq.sampler.guided or not _fits(seq, rows - 1):
+    if is_chain(tree) or seq.sampler.guided or not _fits(seq, len(tree) - 1):
         drafts = likeliest_path(tree)
         if seq.sampler.guided:
             drafts = seq.sampler.grammar.draft_path(drafts)
         return Proposal([seq.bonus] + drafts, kind=SUFFIX_KIND, corpus=from_corpus)
-    return Proposal(tree=tree.padded_to(rows), kind=SUFFIX_KIND, corpus=from_corpus)
+    return Proposal(tree=tree, kind=SUFFIX_KIND, corpus=from_corpus)
 
 
 def _fits(seq, size: int) -> bool:

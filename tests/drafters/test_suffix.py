@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dflash_gguf import decoding
@@ -121,6 +122,42 @@ def test_corpus_keys_are_isolated_and_hashed():
 def plain():
     with Engine(TARGET, **OPTIONS) as engine:
         yield engine
+
+
+class FlatCost:
+    """A verify cost table whose rows cost `per_row` of a one-row step each (0: free rows,
+    so that pricing verifies every likely node and the tests below see trees whatever
+    this machine's timings)."""
+
+    key = "test"
+
+    def __init__(self, per_row: float = 0.0):
+        self.per_row = per_row
+
+    def __call__(self, rows):
+        return 1.0 + self.per_row * (np.asarray(rows, dtype=float) - 1)
+
+    chain = __call__
+
+
+@pytest.fixture(autouse=True)
+def free_rows(monkeypatch):
+    import dflash_gguf.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "VerifyCost", lambda target, n_threads: FlatCost())
+
+
+def test_rows_as_dear_as_a_step_verify_no_unsure_tree(plain, monkeypatch):
+    """Priced (pricing.py): where each row costs a decode step, no tree of counts is sure
+    enough to pay, and every step decodes the last token alone; the text is plain's."""
+    import dflash_gguf.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "VerifyCost", lambda target, n_threads: FlatCost(1.0))
+    want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
+    with Engine(TARGET, spec_type="suffix", **OPTIONS) as engine:
+        got = engine.generate(REPEATS, 60, stop_tokens=())
+    assert got.tokens == want
+    assert max(got.stats.accepted_lengths) == 1 and got.stats.drafted.get("suffix", 0) == 0
 
 
 @pytest.fixture
