@@ -29,10 +29,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from dflash_gguf.bench.workload import Session, Turn, dump_jsonl
 
-from dflash_gguf.bench.workload import Session, Turn, dump_jsonl  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "dflash_gguf" / "data" / "workloads" / "stdlib.jsonl"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
