@@ -161,6 +161,7 @@ E2E_MODES: Dict[str, dict] = {
     "cut-head": {"draft": "small", "spec_draft_n_max": 8, "spec_draft_vocab": 8192},
     "ngram-simple": {"spec_type": "ngram-simple"},
     "ngram-mod": {"spec_type": "ngram-mod"},
+    "suffix": {"spec_type": "suffix"},
     "dflash": {"draft": "dflash", "draft_p_min": 0.0},
     "dflash-tree": {"draft": "dflash", "tree_budget": 8},
     "auto": {"draft": "small", "spec_draft_n_max": 8, "tree_budget": "auto"},
