@@ -40,6 +40,7 @@ import numpy as np
 
 from ._native import ffi, lib
 from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
+from .config import SIMPLE
 from .ddtree import DraftTree
 from .proposers import Proposal, Proposer, draft_room
 from .target import CHAIN, DECODE, LOGITS_LAST, Rows, Target, TargetConfig
@@ -424,13 +425,13 @@ class SimpleProposer(Proposer):
             tree = sibling_tree(seq.bonus, drafts, seconds)
             if len(tree) > len(drafts) + 1:
                 seq.stats.tree_sizes.append(len(tree) - 1)
-                return Proposal(tree=tree.padded_to(self.lookahead))
+                return Proposal(tree=tree.padded_to(self.lookahead), kind=SIMPLE)
         if self.tree:  # a tree step that verifies a chain (no second choices, a grammar)
             seq.stats.tree_sizes.append(len(drafts))
             seq.stats.chain_steps += 1
         if self.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
             self.auto.pending = self.auto.pending[:len(drafts)] if drafts else []
-        return Proposal([seq.bonus] + list(drafts))
+        return Proposal([seq.bonus] + list(drafts), kind=SIMPLE)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.context += [seq.bonus] + out[:-1]  # what the step committed

@@ -42,9 +42,10 @@ class GenerationStats:
     target_steps: int = 0
     graph_splits: int = 0
     copy_bytes: int = 0
-    # the weightless kinds' drafts (Proposal.kind): per kind the tokens drafted (a tree's
-    # nodes below the root, padding left out) and accepted; of suffix's, those drafted
-    # from the corpus of earlier requests (not the sequence's own text)
+    # the drafts of the kinds that name themselves (Proposal.kind: the weightless kinds,
+    # draft-simple): per kind the tokens drafted (a tree's nodes below the root, padding
+    # left out) and accepted; of suffix's, those drafted from the corpus of earlier
+    # requests (not the sequence's own text)
     drafted: Dict[str, int] = field(default_factory=dict)
     accepted: Dict[str, int] = field(default_factory=dict)
     corpus_drafted: int = 0

@@ -46,7 +46,7 @@ class Proposal:
               rejection sampling over both models' top-k; otherwise each draft (or tree
               child) is kept while the target's choice before it equals it
       decode  plain decoding's row: the bonus alone, appended, its logits only
-      kind    the weightless kind that drafted it (an n-gram kind, suffix): its drafted
+      kind    the kind that drafted it (an n-gram kind, suffix, draft-simple): its drafted
               and accepted tokens are counted under that name (GenerationStats.count_drafts)
       corpus  suffix's drafts came from the corpus of earlier requests, not the
               sequence's own text"""

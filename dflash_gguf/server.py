@@ -269,10 +269,10 @@ class Server:
         metric("target_passes_total", "counter", "Target verify passes of speculative decoding.", t.target_passes)
         metric("mean_accepted_length", "gauge", "Tokens per target pass (AL), over all requests.",
                round(t.accepted_tokens / t.target_passes, 4) if t.target_passes else 0)
-        for name, counts, help_ in (("drafted_tokens_total", t.drafted, "Tokens drafted, by weightless kind (a "
-                                                                        "tree's nodes below its root)."),
-                                    ("accepted_drafts_total", t.accepted, "Drafted tokens accepted, by weightless "
-                                                                          "kind.")):
+        for name, counts, help_ in (("drafted_tokens_total", t.drafted, "Tokens drafted, by kind (weightless, "
+                                                                        "draft-simple; a tree's nodes below its "
+                                                                        "root)."),
+                                    ("accepted_drafts_total", t.accepted, "Drafted tokens accepted, by kind.")):
             lines.extend([f"# HELP dflash_{name} {help_}", f"# TYPE dflash_{name} counter"]
                          + [f'dflash_{name}{{kind="{k}"}} {n}' for k, n in sorted(counts.items())])
         metric("suffix_corpus_drafted_tokens_total", "counter",

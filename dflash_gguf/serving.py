@@ -89,8 +89,8 @@ class Totals:
     target_passes: int = 0
     accepted_tokens: int = 0
     prefill_chunks: int = 0
-    # the weightless kinds' drafts, per kind (GenerationStats.drafted / accepted), and
-    # suffix's from the corpus of earlier requests
+    # the drafts of the kinds that name themselves, per kind (GenerationStats.drafted /
+    # accepted), and suffix's from the corpus of earlier requests
     drafted: Dict[str, int] = field(default_factory=dict)
     accepted: Dict[str, int] = field(default_factory=dict)
     corpus_drafted: int = 0

@@ -1,8 +1,11 @@
 """llama.cpp's llama-speculative-simple as an oracle of drafted and accepted counts: its
 run (greedy, on the same GGUFs) and the same loop on our runtime, for every drafter kind
-(test_mtp, test_eagle3, test_dspark, test_draft_simple, test_dflash_llama_cpp). At -lv 5
-it also logs every drafted position's top candidates (the first is the draft) and each
-round's accepted count and last token, which steps=True reads round by round."""
+(test_mtp, test_eagle3, test_dspark, test_draft_simple, test_dflash_llama_cpp), and for
+draft-simple on the published models the Engine's own steps against it
+(engine_draft_simple_counts: test_real_pair, test_real_gemma3_pair,
+scripts/draft_counts_llama_cpp.py). At -lv 5 it also logs every drafted position's top
+candidates (the first is the draft) and each round's accepted count and last token, which
+steps=True reads round by round."""
 from __future__ import annotations
 
 import re
@@ -122,3 +125,63 @@ def speculative_simple_loop(target, draft_step: Callable[[int, List[int], int], 
         last = ids[-1]
         if counts["n_predict"] > n_predict or eog_at is not None:
             return counts
+
+
+COUNTS = ("n_drafted", "n_accept", "n_predict")
+
+
+def began_with_room(produced: List[int], n_predict: int) -> int:
+    """How many of a loop's first rounds (`produced`: the tokens each made) began with room
+    to draft under -n n_predict: fewer than n_predict - 1 tokens out before them."""
+    done = 0
+    for i, n in enumerate(produced):
+        if n_predict - done - 1 < 1:
+            return i
+        done += n
+    return len(produced)
+
+
+def engine_draft_simple_counts(target: str, small: str, text: str, n_new: int, n_max: int,
+                                p_min: float = 0.0) -> dict:
+    """The Engine's own greedy draft-simple chain (its steps: decoding.step) against
+    llama-speculative-simple --spec-type draft-simple on the same files, same n-max and
+    p-min, one thread, each side's default (f16) caches: each side's n_drafted, n_accept
+    and n_predict ("ours", "llama"), whether they are equal and whether the greedy tokens
+    are ("tokens_equal").
+
+    llama.cpp's loop differs from the Engine's in two places, neither a bug of ours, and
+    the counts are compared modulo both:
+    - its start: it prefills the prompt but its last token and drafts its first round
+      after that token (its first draft guesses the first generated token), where the
+      Engine's prefill chooses the first token with the prompt's last row and drafts from
+      the next step on. llama.cpp is given the prompt followed by the Engine's first
+      token, and -n one less: its rounds are then the Engine's steps;
+    - its end: a round drafts at most what -n leaves after the target's own token
+      (n - n_predict - 1, floored at 0), but a room of 0 goes to the drafter as its
+      n_max 0, which common/speculative.cpp reads as no limit, and the loop stops only
+      past -n. So a round that begins with no room drafts a whole n_max and overshoots
+      -n, where the Engine's last step decodes its last token alone (drafts 0) and stops
+      at n_new. Only the rounds llama.cpp began with room count (-lv 5 logs each); on our
+      side the steps that began with room (a later one drafts nothing)."""
+    from dflash_gguf import Engine
+    from dflash_gguf.config import SIMPLE
+    from dflash_gguf.tokenizer import Tokenizer
+
+    tok = Tokenizer(target)
+    with Engine(target, small, n_ctx=512, spec_draft_n_max=n_max, draft_p_min=p_min, n_threads=1) as engine:
+        got = engine.generate(text, n_new, stop_tokens=())
+    stats, first, rest = got.stats, got.tokens[0], got.tokens[1:]
+    shifted = text + tok.decode([first])
+    if tok.encode(shifted) != tok.encode(text) + [first]:
+        raise ValueError(f"{text!r} followed by its first token's text tokenizes otherwise: pick another prompt")
+    want = llama_speculative_simple(target, shifted, n_new - 1, "draft-simple", n_max, draft=small,
+                                    p_min=p_min, steps=True)
+    rounds = want["steps"][:began_with_room([s["n_accept"] + 1 for s in want["steps"]], n_new - 1)]
+    llama = {"n_drafted": sum(s["n_verified"] for s in rounds), "n_accept": sum(s["n_accept"] for s in rounds),
+             "n_predict": sum(s["n_accept"] + 1 for s in rounds)}
+    lengths = stats.accepted_lengths
+    ours = {"n_drafted": stats.drafted.get(SIMPLE, 0), "n_accept": stats.accepted.get(SIMPLE, 0),
+            "n_predict": sum(lengths[:began_with_room(lengths, n_new - 1)])}
+    return {"ours": ours, "llama": llama, "llama_whole": {k: want[k] for k in COUNTS}, "equal": ours == llama,
+            "tokens_equal": generated(want["steps"], tok.eog_ids)[:n_new - 1] == rest,
+            "llama_attempts": want.get("attempts")}

@@ -76,6 +76,8 @@ def test_greedy_output_equals_plain_greedy(files, plain, drafter, tree):
         again = engine.generate(longer, 20, stop_tokens=())
         assert again.stats.reused_tokens == len(longer) - 1
     assert again.tokens == plain.generate(longer, 20, stop_tokens=()).tokens
+    if tree:  # a tree's drafts counted are its nodes below the root, padding left out
+        assert all(g.stats.drafted["draft-simple"] == sum(g.stats.tree_sizes) for g in got)
     lengths = [n for g in got for n in g.stats.accepted_lengths]
     if drafter == "target":
         for g in got:  # every draft right; the last step is cut by max_tokens
@@ -132,6 +134,9 @@ def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
                     draft_p_min=p_min, spec_draft_n_min=n_min, **OPTIONS) as engine:
             got = engine.generate(TEXTS[0], 30, stop_tokens=())
         assert got.tokens == want
+        # the Engine counts the drafts its steps verified, and those kept
+        assert got.stats.drafted["draft-simple"] == sum(verified)
+        assert got.stats.accepted["draft-simple"] == sum(n - 1 for n in got.stats.accepted_lengths)
         sizes[p_min, n_min], verified[:] = list(verified), []
     assert set(sizes[0.0, 0][:-4]) == {4}  # whole chains (the last steps: what max_tokens leaves)
     assert {1, 2} <= set(sizes[0.3, 0]) and max(sizes[0.3, 0]) < 4
