@@ -25,9 +25,9 @@ from ..config import DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SUFFIX
 from .ours import Mode
 
 KINDS = (SIMPLE, *NGRAM_KINDS, SUFFIX)
-# the longest drafts swept where none are given (each engine's default runs beside them)
-# (suffix: its default 16 runs beside them)
-SWEEP_N_MAX = {SIMPLE: (2, 4, 6), "ngram-simple": (8, 16, 32), "ngram-mod": (8, 16, 32), SUFFIX: (8, 32)}
+# the longest drafts swept where none are given (each engine's default runs beside them:
+# ours 48 for the n-gram kinds and suffix, each step priced to what pays)
+SWEEP_N_MAX = {SIMPLE: (2, 4, 6), "ngram-simple": (8, 16, 32), "ngram-mod": (8, 16, 32), SUFFIX: (8, 16, 32)}
 # the lookup sizes swept where none are given (defaults 12 and 24 run beside them)
 SWEEP_SIZE = {"ngram-simple": (4, 8), "ngram-mod": (8, 16)}
 # our Engine's option for a kind's lookup size
