@@ -1,6 +1,6 @@
-"""dflash_gguf has no import cycle: every module's imports (at module level and inside
-functions alike: a function-level import hides a cycle, it does not break it) form an
-acyclic graph, read from the sources with ast. The tests keep to their layout: test
+"""dflash_gguf (with convert/, installed as dflash_gguf.convert) has no import cycle:
+every module's imports (at module level and inside functions alike: a function-level
+import hides a cycle, it does not break it) form an acyclic graph, read from the sources with ast. The tests keep to their layout: test
 modules in tests/<layer>/, importing the helpers of tests/ and never one another."""
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ PACKAGE = ROOT / "dflash_gguf"
 
 
 def modules() -> dict:
-    """Module name -> source file, for every module of the package."""
+    """Module name -> source file, for every module of the package, the top-level convert/
+    folder as the dflash_gguf.convert it is installed as (pyproject.toml)."""
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        out[".".join(parts)] = path
+    for folder, prefix in ((PACKAGE, ["dflash_gguf"]), (ROOT / "convert", ["dflash_gguf", "convert"])):
+        for path in folder.rglob("*.py"):
+            parts = prefix + list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
     return out
 
 
@@ -82,6 +84,7 @@ def find_cycle(graph: dict):
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
     assert "dflash_gguf.decoding" in graph and "dflash_gguf.generate" in graph["dflash_gguf.decoding"]
+    assert "dflash_gguf.convert.vocab_common" in graph["dflash_gguf.convert.vocab"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
