@@ -28,7 +28,9 @@ def _texts(tok: Tokenizer):
     return ids[:160], ids[160:160 + N_TEXT], ids[1000:1600]
 
 
-@pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m"])
+# the targets of the published pairs in CI (the 0.5B only drafts there; scripts/near_tie_hunt.py
+# hunts it too)
+@pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "gemma-3-270m"])
 def test_every_verify_row_is_the_one_row_decodes_row(real_path, name):
     path = str(real_path(name))
     tok = Tokenizer(path)
