@@ -139,13 +139,7 @@ def parser() -> argparse.ArgumentParser:
                         "turns with the other cells)")
     p.add_argument("--min-seconds", type=float, default=method.MIN_SECONDS,
                    help="decoding time a cell's repetition must reach; its prompts run again until it does (default 1)")
-    p.add_argument("--max-load", type=float, default=method.MAX_LOAD_PER_THREAD,
-                   help="1-minute load average per thread of -t above which a cell that starts is marked loaded "
-                        "(default 0.5)")
-    p.add_argument("--wait-idle", action="store_true",
-                   help="before each cell, wait for the load to fall below --max-load (at most --wait-idle-max s)")
-    p.add_argument("--wait-idle-max", type=float, default=method.WAIT_IDLE_CAP_S,
-                   help="seconds a cell waits for the load at most (default 600); then it runs, marked loaded")
+    method.add_load_flags(p)
     p.add_argument("--llama-cpp", type=Path, metavar="DIR",
                    help="directory of llama.cpp's tools (default: where scripts/llama_cpp_build.py builds them)")
     p.add_argument("--no-llama-cpp", action="store_true", help="do not run llama.cpp's tools")

@@ -124,12 +124,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-seconds", type=float, default=method.MIN_SECONDS,
                    help="wall time a cell's repetition must reach; it sends more rounds of requests until it does "
                         "(default 1)")
-    p.add_argument("--max-load", type=float, default=method.MAX_LOAD_PER_THREAD,
-                   help="1-minute load average per thread of -t above which a cell is marked loaded (default 0.5)")
-    p.add_argument("--wait-idle", action="store_true",
-                   help="before each cell, wait for the load to fall below --max-load (at most --wait-idle-max s)")
-    p.add_argument("--wait-idle-max", type=float, default=method.WAIT_IDLE_CAP_S,
-                   help="seconds a cell waits for the load at most (default 600); then it runs, marked loaded")
+    method.add_load_flags(p)
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds (default 600)")
     p.add_argument("-o", "--output", type=Path,
                    help="results JSON (a bare file name goes under results/; default "

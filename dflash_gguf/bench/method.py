@@ -39,6 +39,17 @@ MIN_SECONDS = 1.0
 MAX_ROUNDS = 1000  # a cell that decodes nothing cannot repeat forever
 
 
+def add_load_flags(p) -> None:
+    """The load gate's flags, alike in every dflash-bench measurement (an argparse parser)."""
+    p.add_argument("--max-load", type=float, default=MAX_LOAD_PER_THREAD,
+                   help="1-minute load average per thread of -t above which a cell that starts is marked loaded "
+                        "(default 0.5)")
+    p.add_argument("--wait-idle", action="store_true",
+                   help="before each cell, wait for the load to fall below --max-load (at most --wait-idle-max s)")
+    p.add_argument("--wait-idle-max", type=float, default=WAIT_IDLE_CAP_S,
+                   help="seconds a cell waits for the load at most (default 600); then it runs, marked loaded")
+
+
 def load_1m() -> float:
     return round(os.getloadavg()[0], 2)
 

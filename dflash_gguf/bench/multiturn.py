@@ -79,12 +79,7 @@ def parser() -> argparse.ArgumentParser:
                    help="CPU threads of every server (default: the CPUs this process may use)")
     p.add_argument("-c", "--ctx-size", type=int, default=0,
                    help="every server's context (default 0: the model's trained context)")
-    p.add_argument("--max-load", type=float, default=method.MAX_LOAD_PER_THREAD,
-                   help="1-minute load average per thread of -t above which a cell is marked loaded (default 0.5)")
-    p.add_argument("--wait-idle", action="store_true",
-                   help="before each cell, wait for the load to fall below --max-load (at most --wait-idle-max s)")
-    p.add_argument("--wait-idle-max", type=float, default=method.WAIT_IDLE_CAP_S,
-                   help="seconds a cell waits for the load at most (default 600); then it runs, marked loaded")
+    method.add_load_flags(p)
     p.add_argument("--timeout", type=float, default=1800.0, help="per-request timeout in seconds (default 1800)")
     p.add_argument("--force", action="store_true",
                    help="run from a checkout with uncommitted changes (recorded in the file)")
