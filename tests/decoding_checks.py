@@ -328,3 +328,26 @@ AUTO = AutoMemory(_FlatCost(), 8, 8)  # what `auto` sequences start from, as an 
 PLAIN_FIRST = AutoMemory(_FlatCost(), 8, 8)  # ... and one whose last sequence decoded plainly
 
 
+class FlatCost:
+    """A verify cost table (verify_cost.VerifyCost's interface) whose rows cost `per_row` of
+    a one-row step each: 0, free rows, pricing verifies every likely draft; 1, rows as dear
+    as a decode step, no unsure draft pays (pricing.py). Installed in place of the measured
+    table by use_cost, so that what a test sees does not depend on this machine's timings."""
+
+    key = "test"
+
+    def __init__(self, per_row: float = 0.0):
+        self.per_row = per_row
+
+    def __call__(self, rows):
+        return 1.0 + self.per_row * (np.asarray(rows, dtype=float) - 1)
+
+    chain = __call__
+
+
+def use_cost(monkeypatch, per_row: float) -> None:
+    """Engines made after this price their weightless drafts by FlatCost(per_row)."""
+    import dflash_gguf.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "VerifyCost", lambda target, n_threads: FlatCost(per_row))
+

@@ -10,14 +10,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dflash_gguf.engine import Engine
 from dflash_gguf.generate import GenerationStats
 from dflash_gguf.ngram import Acceptance, NgramMod, NgramSimple
 from dflash_gguf.sampling import SamplingParams
-from decoding_checks import REPEATS, solo_and_batched
+from decoding_checks import REPEATS, solo_and_batched, use_cost
 from paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
@@ -195,27 +194,12 @@ def test_spec_draft_n_max_sets_the_dflash_block(plain):
     assert max(got.stats.accepted_lengths) <= 4 and got.stats.mean_accepted > 1
 
 
-class _Cost:
-    """A verify cost table whose rows cost `per_row` of a one-row step each."""
-
-    key = "test"
-
-    def __init__(self, per_row: float):
-        self.per_row = per_row
-
-    def __call__(self, rows):
-        return 1.0 + self.per_row * (np.asarray(rows, dtype=float) - 1)
-
-    chain = __call__
-
 
 @pytest.mark.parametrize("per_row, drafts", [(0.0, True), (1.0, False)])
 def test_ngram_steps_verify_what_their_price_says_pays(plain, monkeypatch, per_row, drafts):
     """Rows as dear as a decode step: no draft is sure enough to pay, every step decodes
     plainly; free rows: the drafts go to the target. Either way the text is plain's."""
-    import dflash_gguf.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "VerifyCost", lambda target, n_threads: _Cost(per_row))
+    use_cost(monkeypatch, per_row)
     want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
     with Engine(TARGET, spec_type="ngram-simple", **NGRAM, **OPTIONS) as engine:
         got = engine.generate(REPEATS, 60, stop_tokens=())

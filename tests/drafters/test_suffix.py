@@ -9,14 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dflash_gguf import decoding
 from dflash_gguf.engine import Engine
 from dflash_gguf.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
                                 corpus_key, draft_tree, expected_accepted, is_chain, likeliest_path)
-from decoding_checks import REPEATS
+from decoding_checks import REPEATS, use_cost
 from paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
@@ -124,35 +123,17 @@ def plain():
         yield engine
 
 
-class FlatCost:
-    """A verify cost table whose rows cost `per_row` of a one-row step each (0: free rows,
-    so that pricing verifies every likely node and the tests below see trees whatever
-    this machine's timings)."""
-
-    key = "test"
-
-    def __init__(self, per_row: float = 0.0):
-        self.per_row = per_row
-
-    def __call__(self, rows):
-        return 1.0 + self.per_row * (np.asarray(rows, dtype=float) - 1)
-
-    chain = __call__
-
-
 @pytest.fixture(autouse=True)
 def free_rows(monkeypatch):
-    import dflash_gguf.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "VerifyCost", lambda target, n_threads: FlatCost())
+    """Free rows, so that pricing verifies every likely node and the tests below see trees
+    whatever this machine's timings."""
+    use_cost(monkeypatch, 0.0)
 
 
 def test_rows_as_dear_as_a_step_verify_no_unsure_tree(plain, monkeypatch):
     """Priced (pricing.py): where each row costs a decode step, no tree of counts is sure
     enough to pay, and every step decodes the last token alone; the text is plain's."""
-    import dflash_gguf.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "VerifyCost", lambda target, n_threads: FlatCost(1.0))
+    use_cost(monkeypatch, 1.0)
     want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
     with Engine(TARGET, spec_type="suffix", **OPTIONS) as engine:
         got = engine.generate(REPEATS, 60, stop_tokens=())
