@@ -5,7 +5,7 @@ tests/drafters/test_real_pair.py and test_real_gemma3_pair.py): the real pair (t
 Qwen2.5-Coder 0.5B drafting for the 1.5B) and Gemma 3 270M drafting for its f16 copy, on
 PROMPTS, greedy, the same n-max and p-min. Each run goes through the Engine's own step and
 is compared with llama.cpp's modulo the start and end of its loop (the tests' oracle,
-tests/speculative_simple.py: engine_draft_simple_counts says how and why).
+tests/helpers/speculative_simple.py: engine_draft_simple_counts says how and why).
 
     .venv/bin/python scripts/draft_counts_llama_cpp.py --out results/draft-counts-llama-cpp-DATE.json
 """
@@ -22,7 +22,7 @@ from dflash_gguf.invariance import TIE_PRONE_PROMPTS
 
 # the tests' oracle: llama-speculative-simple's run and the comparison
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from speculative_simple import engine_draft_simple_counts  # noqa: E402
+from helpers.speculative_simple import engine_draft_simple_counts  # noqa: E402
 
 # of the tie-prone prompts: code openings, docstrings, a list of numbers, a numbered list,
 # repeated lines, prose

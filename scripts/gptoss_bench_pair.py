@@ -7,9 +7,10 @@ Both models are random: the drafter accepts almost nothing, so the pair measures
 step costs each engine (plain decoding, and the chain's overhead beside
 `llama-speculative-simple --spec-type draft-dflash`), not a speed-up.
 
-The checkpoints come from the test fixtures' builders (tests/gptoss_bench_checkpoints.py:
-tests/gptoss_fixtures.py, tests/draft_fixtures.py), the one definition of a tiny GPT-OSS
-checkpoint here, at bench widths. Prints the two GGUF paths; run it again and it reuses them.
+The checkpoints come from the test fixtures' builders
+(tests/helpers/gptoss_bench_checkpoints.py: tests/helpers/gptoss_fixtures.py,
+tests/helpers/draft_fixtures.py), the one definition of a tiny GPT-OSS checkpoint here, at
+bench widths. Prints the two GGUF paths; run it again and it reuses them.
 
     .venv/bin/python scripts/gptoss_bench_pair.py [--out DIR]
     dflash-bench -m <target> -md <draft> ...
@@ -36,9 +37,10 @@ def main() -> int:
     args = ap.parse_args()
     target_gguf, draft_gguf = args.out / "gptoss-target-mxfp4_moe.gguf", args.out / "gptoss-draft-q8_0.gguf"
     if not (target_gguf.exists() and draft_gguf.exists()):
-        # the checkpoints come from the tests' builders, run as a file of tests/ (which
-        # puts tests/ on its path)
-        made = subprocess.run([sys.executable, str(ROOT / "tests" / "gptoss_bench_checkpoints.py"), str(args.out)],
+        # the checkpoints come from the tests' builders, run as a file of tests/helpers/
+        # (which puts tests/ on its path)
+        builder = ROOT / "tests" / "helpers" / "gptoss_bench_checkpoints.py"
+        made = subprocess.run([sys.executable, str(builder), str(args.out)],
                               check=True, stdout=subprocess.PIPE, text=True).stdout.splitlines()
         target_dir, draft_dir = Path(made[-2]), Path(made[-1])
         convert(target_dir, target_gguf, "mxfp4_moe")

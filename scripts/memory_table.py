@@ -13,7 +13,7 @@ Qwen3.5-122B-A10B and Gemma 4 26B-A4B Q4_K_M, gpt-oss-120b mxfp4_moe): the small
 The first tables are planned for this machine's CPU device and counted as a GPU gets it:
 the token embedding stays in host memory (it is only gathered from) and the drafter's
 cache is f16, as on every non-CPU device. The MoE tables are planned with a device beside
-the CPU, as the split is: the ggml RPC stand-in of the tests (tests/rpc_server.py, a
+the CPU, as the split is: the ggml RPC stand-in of the tests (tests/helpers/rpc_server.py, a
 server on loopback running the CPU backend), which the script starts. Weights, caches,
 states and scratch are exact; compute buffers are what ggml's allocator reserves for the
 graphs (when one device runs every op, as CUDA does; with the experts on the CPU, what

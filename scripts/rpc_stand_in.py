@@ -1,5 +1,5 @@
 """The tests' stand-in for a GPU, for the scripts: a ggml RPC server on loopback serving
-the CPU backend (tests/rpc_server.py), whose memory is not this process's, so that a
+the CPU backend (tests/helpers/rpc_server.py), whose memory is not this process's, so that a
 model placed on it is split across two devices as on a card."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-SERVER = Path(__file__).resolve().parent.parent / "tests" / "rpc_server.py"
+SERVER = Path(__file__).resolve().parent.parent / "tests" / "helpers" / "rpc_server.py"
 
 
 @contextmanager

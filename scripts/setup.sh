@@ -100,9 +100,9 @@ fi
 # kinds run llama-bench and llama-completion beside it: built here once per machine (about
 # ten minutes on two cores), so that a new machine's test run finds every oracle it needs.
 if [ "$mode" = "test" ]; then
-  # The demo pair's HF checkpoints are in git xz-compressed (tests/demo_hf.py); the tests
+  # The demo pair's HF checkpoints are in git xz-compressed (tests/helpers/demo_hf.py); the tests
   # unpack them themselves, the training scripts that read them find them unpacked here
-  "$py" "$root/tests/demo_hf.py" >/dev/null
+  "$py" "$root/tests/helpers/demo_hf.py" >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple llama-bench llama-completion >/dev/null
   # llama-eval-callback prints every named tensor of a run: the oracle of tests/runtime/test_parity.py

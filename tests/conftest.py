@@ -5,13 +5,15 @@ The test modules are grouped by layer: tests/convert (HF checkpoints to GGUF, re
 hostile files), tests/runtime (targets, memory, sampling, grammars, devices, parity),
 tests/drafters (every drafter kind, chains, trees, training), tests/serving (dflash-run,
 dflash-server, chat formats) and tests/bench (dflash-bench, results files). The helpers
-they share are here in tests/, which pytest puts on sys.path for this file; a test module
+they share are the package tests/helpers (`from helpers.parity import first_divergence`,
+`from helpers import gguf_fuzz`), imported from tests/, which pytest puts on sys.path for
+this file (its default import mode, prepend: tests/ has no __init__.py); a test module
 imports helpers only, never another test module. The published models' tests carry the
 `real` marker (pytest -m real), the device tests the `device` marker.
 
-tests/fixtures.py (torch, transformers) is imported by the fixtures that use it, not
-here: the device tests (tests/runtime/test_devices.py) run where neither is installed, such as
-the lent GPU machine (scripts/cuda/test.sh)."""
+tests/helpers/fixtures.py (torch, transformers) is imported by the fixtures that use it,
+not here: the device tests (tests/runtime/test_devices.py) run where neither is
+installed, such as the lent GPU machine (scripts/cuda/test.sh)."""
 from __future__ import annotations
 
 import os
@@ -21,7 +23,7 @@ import pytest
 
 
 def pytest_configure(config):
-    from demo_hf import unpack
+    from helpers.demo_hf import unpack
 
     unpack()
     # what `auto` learnt stays out of the user's cache, and no test starts from what an
@@ -43,7 +45,7 @@ def pytest_addoption(parser):
 @pytest.fixture(scope="session")
 def qwen35_dir(tmp_path_factory):
     """qwen35_dir(shape_name) -> checkpoint directory for a QWEN35_SHAPES entry."""
-    from fixtures import QWEN35_SHAPES, make_qwen35
+    from helpers.fixtures import QWEN35_SHAPES, make_qwen35
 
     root = tmp_path_factory.mktemp("qwen35")
     built: dict[str, Path] = {}
@@ -82,7 +84,7 @@ def llama_cpp_oracle():
     """() -> one LlamaCppConverter for the whole session, started on first use (torch and
     transformers are imported once). Skips when the llama.cpp sources are missing (fails
     under CI=true)."""
-    from fixtures import LlamaCppConverter, llama_cpp_source, missing_oracle
+    from helpers.fixtures import LlamaCppConverter, llama_cpp_source, missing_oracle
 
     if llama_cpp_source() is None:
         missing_oracle("llama.cpp's sources (the llama-cpp-python sdist)")
@@ -139,7 +141,7 @@ def llama_cpp_convert_dflash(tmp_path_factory, llama_cpp_oracle):
 def published_template():
     """published_template(name) -> the source of models/templates/<name>.jinja, a chat
     template as its model publishes it, from the pinned llama.cpp sources."""
-    from fixtures import llama_cpp_source, missing_oracle
+    from helpers.fixtures import llama_cpp_source, missing_oracle
 
     src = llama_cpp_source()
     if src is None:
@@ -171,9 +173,9 @@ def pair(tmp_path_factory, convert_model):
     """The tiny random Qwen3.5 target and its DFlash drafter (blocks of
     decoding_checks.BLOCK), as checkpoints and GGUFs (the drafter through llama.cpp's
     converter). A module that needs another pair defines its own `pair`."""
-    from decoding_checks import BLOCK
-    from draft_fixtures import convert_dflash_llama_cpp, make_dflash
-    from fixtures import make_qwen35
+    from helpers.decoding_checks import BLOCK
+    from helpers.draft_fixtures import convert_dflash_llama_cpp, make_dflash
+    from helpers.fixtures import make_qwen35
 
     root = tmp_path_factory.mktemp("pair")
     target_dir = make_qwen35(root / "target", hidden=128, layers=4, seed=3)
@@ -189,6 +191,6 @@ def pair(tmp_path_factory, convert_model):
 @pytest.fixture(scope="module")
 def rpc_endpoint():
     """host:port of a ggml RPC server serving the CPU backend (rpc_local)."""
-    from rpc_local import local_rpc_server
+    from helpers.rpc_local import local_rpc_server
 
     yield from local_rpc_server()

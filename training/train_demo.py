@@ -687,7 +687,7 @@ def export_hf_pair(target_dir: Path, draft_dir: Path, dest: Path) -> int:
                 shutil.copy2(f, out / f.name)
         weights = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(str(src / "model.safetensors")).items()}
         save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-        # git keeps the weights xz-compressed (a third smaller; tests/demo_hf.py
+        # git keeps the weights xz-compressed (a third smaller; tests/helpers/demo_hf.py
         # unpacks them beside it, and .gitignore leaves the unpacked file out)
         (out / "model.safetensors.xz").write_bytes(
             lzma.compress((out / "model.safetensors").read_bytes(), preset=9 | lzma.PRESET_EXTREME))

@@ -78,7 +78,7 @@ def find_sdist(version: str, given: Path | None) -> Path:
         if not given.is_file():
             raise SystemExit(f"error: {given} does not exist")
         return given
-    # where tests/fixtures.py keeps it
+    # where tests/helpers/fixtures.py keeps it
     sdist = ROOT / ".cache" / "sdist" / f"llama_cpp_python-{version}.tar.gz"
     if not sdist.is_file():
         sdist.parent.mkdir(parents=True, exist_ok=True)

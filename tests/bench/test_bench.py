@@ -24,8 +24,9 @@ from dflash_gguf.bench import arms_from, cli, kinds, llama_cpp, method, ours, pr
 from dflash_gguf.bench.runs import Run, Sampling
 from dflash_gguf.config import SPEC_TYPES
 from dflash_gguf.demo import demo_paths
-from bench_checks import COMPLETION_LOG, SPEC_LOG, bench, fake_tools
-from paths import ROOT
+
+from helpers.bench_checks import COMPLETION_LOG, SPEC_LOG, bench, fake_tools
+from helpers.paths import ROOT
 
 SCRIPTS = ROOT / "scripts"
 
@@ -736,8 +737,8 @@ def test_a_headline_run_measures_only_the_arms_its_sweep_chose(tmp_path):
 def simple_pair(tmp_path_factory, convert_model):
     """A tiny seeded Qwen3 target, its q8_0 copy drafting (draft-simple: mostly right) and
     a model of another vocabulary (as tests/drafters/test_draft_simple.py builds them)."""
-    from fixtures import make_qwen3, make_tokenizer
-    from decoding_checks import SMALL
+    from helpers.fixtures import make_qwen3, make_tokenizer
+    from helpers.decoding_checks import SMALL
 
     root = tmp_path_factory.mktemp("bench_simple")
     target = make_qwen3(root / "target", seed=1)
@@ -870,7 +871,7 @@ def bench_here(monkeypatch, capsys, tmp_path):
     oracle), each run tried until it logs its summary: on a busy machine a tiny model's
     llama.cpp run mostly loses it (llama_cpp.ATTEMPTS). Returns the --json document."""
     from dflash_gguf import llama_cpp_tree
-    from fixtures import missing_oracle
+    from helpers.fixtures import missing_oracle
 
     missing = [t for t in llama_cpp.TOOLS if llama_cpp_tree.tool(t) is None]
     if missing:
@@ -921,7 +922,7 @@ def test_ngram_kinds_take_turns_with_llama_cpp_s(bench_here):
     """ngram-simple on the demo target, which goes on repeating its prompt: ours and
     llama-speculative-simple's at their defaults and at a short lookup, the same output,
     llama.cpp's drafted and accepted counts read."""
-    from decoding_checks import REPEATS
+    from helpers.decoding_checks import REPEATS
 
     out = bench_here("-m", demo_paths()[0], "--spec-type", "ngram-simple", "--ngram-size", "3", "--block-size", "9",
                      "--spec-draft-n-max", "8", "-p", REPEATS, "-n", "24")
@@ -959,7 +960,7 @@ def test_verify_cost_bench_times_both_engines_by_rows(tmp_path):
     row count of both engines timed in every repetition, ours also with the head cut, and
     the head's share the difference."""
     from dflash_gguf import llama_cpp_tree
-    from fixtures import missing_oracle
+    from helpers.fixtures import missing_oracle
 
     if llama_cpp_tree.tool("llama-bench") is None:
         missing_oracle("llama-bench (.venv/bin/python scripts/llama_cpp_build.py llama-bench)")

@@ -7,7 +7,8 @@ import importlib.util
 import json
 
 from dflash_gguf.bench import slim
-from paths import ROOT
+
+from helpers.paths import ROOT
 
 CUDA_SCRIPTS = ROOT / "scripts" / "cuda"
 

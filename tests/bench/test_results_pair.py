@@ -12,7 +12,8 @@ import pytest
 
 from dflash_gguf.bench import report, slim
 from dflash_gguf.bench.runs import Run
-from paths import ROOT
+
+from helpers.paths import ROOT
 
 RESULTS = ROOT / "results"
 

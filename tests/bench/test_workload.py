@@ -14,7 +14,8 @@ import pytest
 from dflash_gguf.bench import multiturn, provenance, slim
 from dflash_gguf.bench.workload import WorkloadError, from_requests, load, main as from_log_main
 from dflash_gguf.demo import demo_paths
-from paths import ROOT
+
+from helpers.paths import ROOT
 
 BUNDLED = ROOT / "dflash_gguf" / "data" / "workloads" / "stdlib.jsonl"
 SESSION = {"name": "s1", "kind": "rename", "system": "Be brief.",

@@ -15,10 +15,11 @@ from dflash_gguf.convert.cli import main
 from dflash_gguf.convert.dflash import interleaved_to_neox
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from draft_fixtures import make_dflash
-from fixtures import llama_cpp_quantize, read_gguf
-from decoding_checks import BLOCK, reference_draft_logits, reference_models, rel_err
-from convert_checks import libllama_model, variant
+
+from helpers.convert_checks import libllama_model, variant
+from helpers.decoding_checks import BLOCK, reference_draft_logits, reference_models, rel_err
+from helpers.draft_fixtures import make_dflash
+from helpers.fixtures import llama_cpp_quantize, read_gguf
 
 DFLASH2 = dict(conv_kernel_size=3, conv_group_size=32, selector_rank=16, selector_top_k=4)
 MASK_ID = 1024  # make_dflash: vocab_size - 5 of the fixture tokenizer

@@ -12,10 +12,11 @@ import pytest
 
 from dflash_gguf.convert.cli import main
 from dflash_gguf.convert.eagle3 import neox_to_interleaved
-from eagle3_fixtures import make_eagle3
-from fixtures import read_gguf
-from convert_checks import libllama_model, variant
-from paths import ROOT
+
+from helpers.convert_checks import libllama_model, variant
+from helpers.eagle3_fixtures import make_eagle3
+from helpers.fixtures import read_gguf
+from helpers.paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from dflash_gguf.convert import writer
-from convert_checks import assert_one_clear_line, convert, edit_config, linked_copy
+
+from helpers.convert_checks import assert_one_clear_line, convert, edit_config, linked_copy
 
 
 # ---- NaN / Inf ---------------------------------------------------------------------------
@@ -212,7 +213,7 @@ def test_interrupted_conversion_leaves_no_output(exc, code, threads, qwen35_dir,
     (lambda c: c["dflash_config"].update(target_layer_ids=[0, "2"]), "target_layer_ids"),
 ])
 def test_drafter_config_problems_are_one_clear_line(edit, needle, tmp_path, capsys, qwen35_dir):
-    from draft_fixtures import make_dflash
+    from helpers.draft_fixtures import make_dflash
 
     draft = make_dflash(tmp_path / "draft", qwen35_dir("base"), seed=5)
     edit_config(draft, edit)

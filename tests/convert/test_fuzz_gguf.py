@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import gguf_fuzz
-from gguf_fuzz import STR, U32, build, enc_kv, parse
+from helpers import gguf_fuzz
+from helpers.gguf_fuzz import STR, U32, build, enc_kv, parse
 
 from dflash_gguf.demo import demo_paths
 

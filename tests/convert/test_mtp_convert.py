@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from dflash_gguf.engine import Engine
-from fixtures import llama_greedy, make_qwen35, make_qwen35moe, read_gguf
+
+from helpers.fixtures import llama_greedy, make_qwen35, make_qwen35moe, read_gguf
 
 RUN = str(Path(sys.executable).with_name("dflash-run"))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import llama_cpp_source, missing_oracle
+from helpers.fixtures import llama_cpp_source, missing_oracle
 
 from dflash_gguf.convert.shapes import (GEMMA3_1B, GEMMA3_27B, GEMMA3_270M, GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, PUBLISHED, QWEN35_0_8B,
                                         QWEN35_27B, QWEN35_35B_A3B, QWEN35_122B_A10B, is_recurrent, tensor_table)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from arch_checks import assert_same_gguf, rel_err
-from fixtures import llama_logits, read_gguf
-from gemma3_fixtures import make_gemma3
+from helpers.arch_checks import assert_same_gguf, rel_err
+from helpers.fixtures import llama_logits, read_gguf
+from helpers.gemma3_fixtures import make_gemma3
 
 TOKENS = list(range(300, 330))
 

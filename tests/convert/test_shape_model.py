@@ -123,7 +123,7 @@ def test_bad_options_are_clear_errors(tmp_path, capsys):
 def test_gpt_oss_shape_runs_in_both_runtimes(tmp_path):
     """A tiny gpt-oss of the published structure (MXFP4 experts with random codes): our
     runtime loads it with the planned weights and decodes, and so does llama.cpp."""
-    from fixtures import open_llama
+    from helpers.fixtures import open_llama
 
     path = str(write_model(TINY_GPT_OSS, "mxfp4_moe", tmp_path / "oss.gguf", progress=False))
     setup = EngineSetup.of(path, None, n_ctx=256, kv_type="f16", n_threads=2)

@@ -12,8 +12,9 @@ from gguf import TokenType
 
 from dflash_gguf.convert import vocab
 from dflash_gguf.convert.cli import main
-from fixtures import (CHAT_TEMPLATE, PLAIN_ADDED_TOKENS, SAMPLE_TEXT, SPECIAL_TOKENS, llama_cpp_source,
-                      make_qwen35, missing_oracle, open_llama, read_gguf)
+
+from helpers.fixtures import (CHAT_TEMPLATE, PLAIN_ADDED_TOKENS, SAMPLE_TEXT, SPECIAL_TOKENS, llama_cpp_source,
+                              make_qwen35, missing_oracle, open_llama, read_gguf)
 
 TEXTS = [
     SAMPLE_TEXT,

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draft_fixtures import convert_dflash_llama_cpp, make_dflash
-from fixtures import make_qwen35
-from reference_loop import RecomputingTarget, exact_reference
-from parity import Parity
-from decoding_checks import prompts, rel_err
+from helpers.decoding_checks import prompts, rel_err
+from helpers.draft_fixtures import convert_dflash_llama_cpp, make_dflash
+from helpers.fixtures import make_qwen35
+from helpers.loops import greedy_generate, speculative_generate, tree_generate
+from helpers.parity import Parity
+from helpers.reference_loop import RecomputingTarget, exact_reference
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import greedy_generate, speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 BLOCK = 8

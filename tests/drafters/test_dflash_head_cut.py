@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loops import assert_chain_and_tree_keep_greedy, greedy_generate
+
+from helpers.loops import assert_chain_and_tree_keep_greedy, greedy_generate
 
 from dflash_gguf import DflashError
 from dflash_gguf.config import ConfigError

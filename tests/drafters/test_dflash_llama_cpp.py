@@ -7,11 +7,11 @@ exposes none, an xfail kept strict), a tiny seeded target and a
 DFlash drafter for it, both converted by our converter, run through
 llama-speculative-simple --spec-type draft-dflash (greedy, p-min 0, n-max fixed, f32 KV
 caches, no flash attention) and through the same loop with our Target and Draft
-(tests/speculative_simple.py). The oracle is llama.cpp's log at -lv 5: every round's drafts (the
-drafter's argmax at every block position), its accepted count and the target token that
-ends it. Both runtimes must draft the same tokens at every position of every round,
-accept as many, and generate the same tokens; dflash-run's engine (prefilling the whole
-prompt, so its rounds fall elsewhere) must generate those tokens too.
+(tests/helpers/speculative_simple.py). The oracle is llama.cpp's log at -lv 5: every
+round's drafts (the drafter's argmax at every block position), its accepted count and the
+target token that ends it. Both runtimes must draft the same tokens at every position of
+every round, accept as many, and generate the same tokens; dflash-run's engine
+(prefilling the whole prompt, so its rounds fall elsewhere) must generate those tokens too.
 
 Qwen3.5 runs the demo pair (tests/data/demo-hf: a trained drafter, so many drafts are
 accepted); the other families random seeded pairs, whose drafts are almost never right
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from speculative_simple import generated, llama_speculative_simple, speculative_simple_loop
+from helpers.paths import ROOT
+from helpers.speculative_simple import generated, llama_speculative_simple, speculative_simple_loop
 
 from dflash_gguf.bench.llama_cpp import ToolError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from paths import ROOT
 
 N_PREDICT = 40
 COUNTS = ("n_drafted", "n_accept", "n_predict")
@@ -48,27 +48,27 @@ FAMILIES = ["qwen35", "qwen3", "qwen35moe", "gemma4", "gemma4-moe", "gpt-oss",
 
 def build(family, root):
     """(target checkpoint, drafter checkpoint) for a family, made in `root`."""
-    from draft_fixtures import make_dflash
+    from helpers.draft_fixtures import make_dflash
 
     if family == "qwen35":
-        from dspark_fixtures import DEMO_HF
+        from helpers.dspark_fixtures import DEMO_HF
 
         return DEMO_HF / "target", DEMO_HF / "draft"
     if family in ("qwen2", "qwen3", "qwen35moe"):
-        from fixtures import make_qwen2, make_qwen3, make_qwen35moe
+        from helpers.fixtures import make_qwen2, make_qwen3, make_qwen35moe
 
         make = {"qwen2": make_qwen2, "qwen3": make_qwen3, "qwen35moe": make_qwen35moe}[family]
         target = make(root / "target", seed=21)
         n_layer = json.loads((target / "config.json").read_text())["num_hidden_layers"]
         return target, make_dflash(root / "draft", target, target_layer_ids=(0, n_layer - 2), block_size=8, seed=22)
     if family.startswith("gemma4"):
-        from gemma4_fixtures import GEMMA4_SHAPES, make_gemma4
-        from gemma4_fixtures import make_gemma_drafter
+        from helpers.gemma4_fixtures import GEMMA4_SHAPES, make_gemma4
+        from helpers.gemma4_fixtures import make_gemma_drafter
 
         target = make_gemma4(root / "target", **GEMMA4_SHAPES["moe" if family.endswith("moe") else "dense"])
         return target, make_gemma_drafter(root / "draft", target, seed=23)
-    from gptoss_fixtures import YARN, make_gptoss
-    from gptoss_fixtures import make_drafter
+    from helpers.gptoss_fixtures import YARN, make_gptoss
+    from helpers.gptoss_fixtures import make_drafter
     target = make_gptoss(root / "target", rope={**YARN, "truncate": True})
     return target, make_drafter(root / "draft", target, seed=24)
 

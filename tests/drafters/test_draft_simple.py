@@ -22,8 +22,9 @@ from dflash_gguf.draft_simple import SimpleDraft, vocab_difference
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
 from dflash_gguf.target import DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target, TargetConfig
-from decoding_checks import SMALL, our_draft_simple
-from paths import ROOT
+
+from helpers.decoding_checks import SMALL, our_draft_simple
+from helpers.paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
 DEMO = str(DATA / "demo-target.gguf")
@@ -35,7 +36,7 @@ TEXTS = ["def quicksort(xs):\n    if len(xs) < 2:\n", "import os\n\n\ndef main()
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, convert_model):
-    from fixtures import make_qwen3, make_tokenizer
+    from helpers.fixtures import make_qwen3, make_tokenizer
 
     root = tmp_path_factory.mktemp("draft_simple")
     target_dir = make_qwen3(root / "target", seed=1)
@@ -152,7 +153,7 @@ def test_drafted_and_accepted_counts_equal_llama_cpp(files, drafter, p_min, trun
     """The same steps as llama.cpp's draft-simple on the same GGUFs draft the same tokens:
     its drafted and accepted counts per prompt, with the whole chain and with p-min
     cutting it, the rejected drafts dropped either way."""
-    from speculative_simple import llama_speculative_simple
+    from helpers.speculative_simple import llama_speculative_simple
 
     drafted = accepted = 0
     for text in TEXTS:
@@ -237,7 +238,7 @@ def test_a_batch_gives_each_sequence_its_solo_text(files):
     """-np: sequences drafting with one small model (a slot each), joining at different
     rounds, each emit what they emit alone."""
     texts = TEXTS + [TEXTS[0][10:], "x = 1\nx ="]
-    from decoding_checks import solo_and_batched
+    from helpers.decoding_checks import solo_and_batched
 
     for tree_budget in (None, "auto"):  # auto: each sequence chooses plain or chain for itself
         with Engine(files["target"], files["q8"], n_seq=4, spec_draft_n_max=3, tree_budget=tree_budget,
@@ -376,7 +377,7 @@ def test_a_saved_state_restores_the_chooser():
 def test_sampled_output_keeps_the_targets_distribution(tree):
     """The small model's drafts are fixed in advance: each verified row's token is the
     target's draw, so the first three tokens are distributed as the target's sampling."""
-    from sampling_checks import chi2_critical, chi2_stat, exact_joint
+    from helpers.sampling_checks import chi2_critical, chi2_stat, exact_joint
 
     params, depth, n = SamplingParams(0.6, 20, 0.95), 3, 400
     with Engine(DEMO, DEMO, spec_type="draft-simple", spec_draft_n_max=2, tree_budget=tree, **OPTIONS) as engine:

@@ -1,6 +1,6 @@
 """DSpark drafters (csrc/models/dspark.c): the DFlash backbone, a Markov head refining the
 block and a confidence head cutting it, on a tiny DSpark GGUF built from the demo
-drafter (tests/dspark_fixtures.py).
+drafter (tests/helpers/dspark_fixtures.py).
 
 Oracles: llama.cpp's draft-dspark through llama-speculative-simple on the same GGUFs (its
 drafted and accepted counts, with and without its confidence cut); the demo DFlash
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dspark_fixtures import DEMO_DRAFT, DEMO_HF, DEMO_TARGET, make_dspark, make_dspark_hf
+from helpers.dspark_fixtures import DEMO_DRAFT, DEMO_HF, DEMO_TARGET, make_dspark, make_dspark_hf
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
@@ -97,7 +97,7 @@ def test_the_markov_head_biases_the_backbones_logits(dspark, heads):
 def llama_draft_dspark(draft_path, text, n_predict, n_max, p_min):
     """llama-speculative-simple --spec-type draft-dspark, greedy: its counts (its p-min is
     DSpark's confidence cut)."""
-    from speculative_simple import llama_speculative_simple
+    from helpers.speculative_simple import llama_speculative_simple
 
     return llama_speculative_simple(TARGET, text, n_predict, "draft-dspark", n_max, draft=draft_path, p_min=p_min)
 
@@ -107,7 +107,7 @@ def our_draft_dspark(target, draft, tokens, n_predict, n_max, conf_min, eog):
     drafter: every step drafts n_max after the last token, cut where the confidence head
     falls below conf_min. Its counts, and the drafts the confidence cut (n_cut)."""
     from dflash_gguf.proposers import confident_length
-    from speculative_simple import speculative_simple_loop
+    from helpers.speculative_simple import speculative_simple_loop
 
     target.reset()
     draft.reset()
@@ -165,7 +165,7 @@ def test_drafted_and_accepted_counts_equal_llama_cpp(request, layout, conf_min):
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, convert_model):
     """A DSparkDraftModel checkpoint converted by ours and by llama.cpp's converter (f32)."""
-    from draft_fixtures import convert_dflash_llama_cpp
+    from helpers.draft_fixtures import convert_dflash_llama_cpp
 
     root = tmp_path_factory.mktemp("dspark-hf")
     hf = make_dspark_hf(root / "hf", seed=7)
@@ -177,7 +177,7 @@ def test_both_converters_write_the_same_dspark_file(converted):
     """Our converter writes llama.cpp's converter's DSpark GGUF: the same tensors (names,
     shapes, values) and DSpark keys; both load here as DSpark drafters and draft the
     same tokens with the same confidences, and llama.cpp drafts from ours what we do."""
-    from fixtures import read_gguf
+    from helpers.fixtures import read_gguf
     from dflash_gguf.tokenizer import Tokenizer
 
     (kv_ours, ours), (kv_ref, ref) = read_gguf(converted["ours"]), read_gguf(converted["llama.cpp"])
@@ -229,7 +229,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(dspark, plain_text):
     """`--tree-budget auto` going plain for a stretch and drafting again: the drafter runs
     no graph over the stretch, catches up in the next propose, and the text is the
     target's own greedy text."""
-    from decoding_checks import check_plain_stretch
+    from helpers.decoding_checks import check_plain_stretch
     from dflash_gguf.tokenizer import Tokenizer
 
     tok = Tokenizer(TARGET)
@@ -242,7 +242,7 @@ def test_sequences_in_a_batch_decode_as_alone(dspark, plain_text):
     """-np: sequences (a chain cut by confidence, a tree, a whole chain) in one drafter
     graph and one target graph per step, joining at different rounds: each gets its solo
     greedy text."""
-    from decoding_checks import batch_outputs
+    from helpers.decoding_checks import batch_outputs
     from dflash_gguf.decoding import Sequence
     from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.speculative import chain_proposer, tree_proposer
@@ -285,8 +285,8 @@ def test_anchor_first_decodes_losslessly(anchor_first, plain_text):
 def test_sampled_chain_samples_the_targets_distribution(dspark):
     """Sampled requests keep the Markov chain's drafts by the argmax rule: the continuations
     are distributed as the target's own sampling (the chi-square test of test_sampling)."""
-    from sampling_checks import DEPTH, SETTINGS, chi2_critical, chi2_stat, exact_joint
-    from loops import speculative_generate
+    from helpers.sampling_checks import DEPTH, SETTINGS, chi2_critical, chi2_stat, exact_joint
+    from helpers.loops import speculative_generate
     from dflash_gguf.tokenizer import Tokenizer
 
     prompt = Tokenizer(TARGET).encode("    def __init__(self, name):\n        self.name = name\n        self.",
@@ -311,8 +311,8 @@ def test_the_rpc_device_decodes_as_the_cpu(request, layout):
     """The whole drafter on ggml's RPC backend (the tests' stand-in for a GPU), in both
     block layouts (their graphs differ in the rows the head drafts from): the CPU's greedy
     chain and tree."""
-    from rpc_local import local_rpc_server
-    from target_workers import run_isolated
+    from helpers.rpc_local import local_rpc_server
+    from helpers.target_workers import run_isolated
 
     path = request.getfixturevalue("dspark" if layout == "dflash" else "anchor_first")
     placements = [{"device": "CPU", "n_gpu_layers": -1}, {"device": "RPC0", "n_gpu_layers": -1}]
@@ -355,7 +355,7 @@ def test_the_server_drafts_with_it_over_slots(dspark, plain_text, tmp_path):
     """dflash-server -np 2 -md <DSpark GGUF> with its confidence cut: concurrent clients
     each get the plain greedy text, several tokens a step."""
     from dflash_gguf.tokenizer import Tokenizer
-    from servers import ServerProcess
+    from helpers.servers import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", TARGET, "-md", dspark, "--spec-draft-conf-min", "0.6", "-c", "1024",
                            "-np", "2", "-t", "2", "-ctk", "f32")

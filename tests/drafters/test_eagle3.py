@@ -21,8 +21,9 @@ import pytest
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
 from dflash_gguf.target import Target, TargetConfig
-from decoding_checks import our_draft_mtp
-from paths import ROOT, TESTS
+
+from helpers.decoding_checks import our_draft_mtp
+from helpers.paths import ROOT, TESTS
 
 RUN = str(Path(sys.executable).with_name("dflash-run"))
 DATA = ROOT / "dflash_gguf" / "data"
@@ -148,7 +149,7 @@ def random_heads(tmp_path_factory, convert_model):
     vocabulary (d2t), its own embedding and the final-normed state among its features;
     one over the target's vocabulary with the target's embedding and LM head, RMSNorm
     before fc and the normed residual."""
-    from eagle3_fixtures import make_eagle3
+    from helpers.eagle3_fixtures import make_eagle3
 
     root = tmp_path_factory.mktemp("eagle3")
     target = str(convert_model(DEMO_HF, "f32"))
@@ -166,7 +167,7 @@ def test_drafts_and_logits_match_transformers(random_heads, head):
     """Each pass's logits (over the target's vocabulary, -inf outside the draft's) and the
     greedy drafts equal the reference's: after a prompt taken in two chunks, and after a
     verify whose kept positions the next propose takes from the target's feature rows."""
-    from decoding_checks import prefill, rel_err
+    from helpers.decoding_checks import prefill, rel_err
 
     target_path, heads = random_heads
     draft_dir, draft_path = heads[head]
@@ -198,7 +199,7 @@ def test_drafts_and_logits_match_transformers(random_heads, head):
 
 def llama_draft_eagle3(text, n_predict, n_max, n_ctx):
     """llama-speculative-simple --spec-type draft-eagle3, greedy, p-min 0: its counts."""
-    from speculative_simple import llama_speculative_simple
+    from helpers.speculative_simple import llama_speculative_simple
 
     return llama_speculative_simple(DEMO, text, n_predict, "draft-eagle3", n_max, draft=EAGLE3, n_ctx=n_ctx)
 
@@ -247,7 +248,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
     """`--tree-budget auto` going plain for a stretch and drafting again: the drafter runs
     no graph over the stretch, catches up in the next propose, and the text is the
     target's own greedy text."""
-    from decoding_checks import check_plain_stretch
+    from helpers.decoding_checks import check_plain_stretch
     from dflash_gguf.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
@@ -259,7 +260,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
 def test_sequences_in_a_batch_decode_as_alone(plain_text):
     """-np: sequences (a chain and a tree) in one drafter graph and one target graph per
     step, joining at different rounds: each gets its solo greedy text."""
-    from decoding_checks import batch_outputs
+    from helpers.decoding_checks import batch_outputs
     from dflash_gguf.decoding import Sequence
     from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.speculative import chain_proposer, tree_proposer
@@ -278,7 +279,7 @@ def test_sampled_chain_keeps_the_targets_distribution():
     """Sampled continuations with the EAGLE3 drafter's greedy drafts (kept by the argmax
     rule) are distributed as the target's own sampling (test_sampling's chi-square test)."""
     from dflash_gguf.tokenizer import Tokenizer
-    from sampling_checks import SETTINGS, chi2_critical, chi2_stat, exact_joint, run_mode
+    from helpers.sampling_checks import SETTINGS, chi2_critical, chi2_stat, exact_joint, run_mode
 
     meta = read_draft_metadata(EAGLE3)
     target = Target(DEMO, TargetConfig(n_ctx=256, n_ubatch=64, n_verify=17, kv_type="f32", n_threads=1,
@@ -317,7 +318,7 @@ def test_the_server_drafts_with_eagle3_over_slots(tmp_path, plain_text):
     """dflash-server -np 2 -md eagle3.gguf: concurrent clients each get the plain greedy
     text, several tokens a step."""
     from dflash_gguf.tokenizer import Tokenizer
-    from servers import ServerProcess
+    from helpers.servers import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", DEMO, "-md", EAGLE3, "-c", "1024", "-np", "2", "-t", "2", "-ctk", "f32")
     answers = server.greedy_texts(TEXTS, 40)
@@ -332,7 +333,7 @@ def test_the_benchmark_runs_llama_cpps_eagle3_beside_ours(tmp_path):
     fakes); a drafter under another kind's --spec-type exits 2."""
     import json
 
-    from bench_checks import bench, fake_tools
+    from helpers.bench_checks import bench, fake_tools
 
     tools = fake_tools(tmp_path)
     res = bench("-m", DEMO, "-md", EAGLE3, "--spec-type", "draft-eagle3", "--modes", "chain", "--temp", "0",
@@ -356,7 +357,7 @@ def test_the_benchmark_runs_llama_cpps_eagle3_beside_ours(tmp_path):
 @pytest.fixture(scope="module")
 def other_target(tmp_path_factory, convert_model):
     """A target of the demo's shape that is another model (its own tokenizer)."""
-    from fixtures import make_qwen3
+    from helpers.fixtures import make_qwen3
 
     return str(convert_model(make_qwen3(tmp_path_factory.mktemp("other") / "model", seed=5), "f32"))
 

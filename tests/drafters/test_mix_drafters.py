@@ -11,7 +11,8 @@ import numpy as np
 from gguf import GGUFReader
 
 from dflash_gguf.demo import demo_paths
-from paths import ROOT
+
+from helpers.paths import ROOT
 
 DATA = Path(demo_paths()[0]).parent
 DEMO, WEAK = DATA / "demo-draft.gguf", DATA / "demo-draft-weak.gguf"

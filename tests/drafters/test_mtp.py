@@ -20,8 +20,9 @@ import pytest
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.engine import Engine
 from dflash_gguf.target import Target, TargetConfig
-from decoding_checks import our_draft_mtp, prefill, rel_err
-from paths import ROOT
+
+from helpers.decoding_checks import our_draft_mtp, prefill, rel_err
+from helpers.paths import ROOT
 
 RUN = str(Path(sys.executable).with_name("dflash-run"))
 DATA = ROOT / "dflash_gguf" / "data"
@@ -30,7 +31,7 @@ DEMO = str(DATA / "demo-target.gguf")
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory):
-    from fixtures import make_qwen35
+    from helpers.fixtures import make_qwen35
 
     return make_qwen35(tmp_path_factory.mktemp("mtp") / "model", mtp_layers=1, seed=11)
 
@@ -142,7 +143,7 @@ def test_drafts_and_logits_match_the_layer_in_transformers(mtp_dir, mtp_gguf):
 
 def llama_draft_mtp(path, text, n_predict, n_max, n_ctx):
     """llama-speculative-simple --spec-type draft-mtp, greedy, p-min 0: its counts."""
-    from speculative_simple import llama_speculative_simple
+    from helpers.speculative_simple import llama_speculative_simple
 
     r = llama_speculative_simple(path, text, n_predict, "draft-mtp", n_max, n_ctx=n_ctx)
     assert not r["checkpoints"], "llama.cpp verified with checkpoints: its steps are not one draft each"
@@ -201,7 +202,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
     """`--tree-budget auto` going plain for a stretch and drafting again: the drafter runs
     no graph over the stretch, catches up in the next propose, and the text is the
     target's own greedy text."""
-    from decoding_checks import check_plain_stretch
+    from helpers.decoding_checks import check_plain_stretch
     from dflash_gguf.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
@@ -213,7 +214,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
 def test_sequences_in_a_batch_decode_as_alone(plain_text):
     """-np: three sequences (chains and a tree) in one MTP drafter graph and one target
     graph per step, joining at different rounds: each gets its solo greedy text."""
-    from decoding_checks import batch_outputs
+    from helpers.decoding_checks import batch_outputs
     from dflash_gguf.decoding import Sequence
     from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.speculative import chain_proposer, tree_proposer
@@ -269,7 +270,7 @@ def test_cli_drafts_with_the_models_own_mtp_layer(plain_text):
 def test_the_server_drafts_with_mtp_over_slots(tmp_path, plain_text):
     """dflash-server -np 2 --spec-type draft-mtp: concurrent clients each get the plain
     greedy text, several tokens a step."""
-    from servers import ServerProcess
+    from helpers.servers import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", DEMO, "-c", "1024", "-np", "2", "--spec-type", "draft-mtp", "-t", "2",
                            "-ctk", "f32")
@@ -287,7 +288,7 @@ def test_the_benchmark_runs_llama_cpps_mtp_beside_ours(tmp_path):
     test_bench's fakes); plain rows load no drafter; -md beside draft-mtp exits 2."""
     import json
 
-    from bench_checks import bench, fake_tools
+    from helpers.bench_checks import bench, fake_tools
 
     tools = fake_tools(tmp_path)
     res = bench("-m", DEMO, "--spec-type", "draft-mtp", "--modes", "plain,chain", "--temp", "0", "--llama-cpp",

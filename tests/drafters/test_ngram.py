@@ -16,8 +16,9 @@ from dflash_gguf.engine import Engine
 from dflash_gguf.generate import GenerationStats
 from dflash_gguf.ngram import Acceptance, NgramMod, NgramSimple
 from dflash_gguf.sampling import SamplingParams
-from decoding_checks import REPEATS, solo_and_batched, use_cost
-from paths import ROOT
+
+from helpers.decoding_checks import REPEATS, solo_and_batched, use_cost
+from helpers.paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
 TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
@@ -88,7 +89,7 @@ def test_greedy_dflash_beside_ngram_equals_plain_greedy(plain):
 def test_sampled_ngram_keeps_the_targets_distribution(plain):
     """Drafts copied from the history are fixed in advance: each row's token is the
     target's draw, so the first three tokens are distributed as the target's sampling."""
-    from sampling_checks import chi2_critical, chi2_stat, exact_joint
+    from helpers.sampling_checks import chi2_critical, chi2_stat, exact_joint
 
     text = plain.tokenizer.encode("    def __init__(self, name):\n        self.name = name\n        self.",
                                   add_bos=False)
@@ -161,7 +162,7 @@ def test_the_server_drafts_with_ngrams_over_slots(tmp_path):
     get the text plain greedy decoding gives, and the answers report AL > 1."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from servers import ServerProcess
+    from helpers.servers import ServerProcess
 
     prompts = [REPEATS, REPEATS[24:], "x = 1\nx = 1\nx = 1\nx ="]
     with Engine(TARGET, n_ctx=512, n_threads=1) as plain:  # the server's options: each of its slots

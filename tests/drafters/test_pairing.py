@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import make_qwen35, read_gguf
-from gguf_fuzz import ARR, STR, build, enc_kv, parse
-from convert_checks import libllama_model
+from helpers.convert_checks import libllama_model
+from helpers.fixtures import make_qwen35, read_gguf
+from helpers.gguf_fuzz import ARR, STR, build, enc_kv, parse
 
 from dflash_gguf._native import DflashError
 from dflash_gguf.convert.vocab import load_vocab

@@ -9,7 +9,8 @@ drafting for itself. CI runs every mode on the 270M and the issue's draft-simple
 from __future__ import annotations
 
 import pytest
-from parity import first_divergence
+
+from helpers.parity import first_divergence
 
 from dflash_gguf import invariance
 

@@ -70,7 +70,7 @@ def test_counts_equal_llama_cpp(pair, n_max, p_min):
     (speculative_simple.engine_draft_simple_counts), with the same greedy tokens: at
     llama.cpp's default n-max (3) with every draft kept, and a longer chain cut where the
     drafter's confidence drops below 0.5."""
-    from speculative_simple import engine_draft_simple_counts
+    from helpers.speculative_simple import engine_draft_simple_counts
 
     for prompt in PROMPTS[:1]:  # CI's one; scripts/draft_counts_llama_cpp.py runs eight
         got = engine_draft_simple_counts(pair["target"], pair["small"], prompt, N_NEW, n_max, p_min)

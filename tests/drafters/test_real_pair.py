@@ -52,7 +52,7 @@ def test_counts_equal_llama_cpp(pair, prompt):
     """The Engine's own steps draft and accept as many as llama-speculative-simple
     --spec-type draft-simple (same n-max, p-min 0), modulo the start and end of llama.cpp's
     loop (speculative_simple.engine_draft_simple_counts), with the same greedy tokens."""
-    from speculative_simple import engine_draft_simple_counts
+    from helpers.speculative_simple import engine_draft_simple_counts
 
     got = engine_draft_simple_counts(pair["target"], pair["small"], prompt, 32, N_MAX)
     assert got["tokens_equal"]

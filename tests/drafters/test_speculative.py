@@ -3,21 +3,21 @@ reference model, losslessness against our own autoregressive decoding, and accep
 lengths against the reference generate loop."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
 
-from parity import Parity
-from reference_loop import RecomputingTarget, exact_reference
+from helpers.decoding_checks import (BLOCK, HostBlocks, ScriptedDraft, prompts, reference_draft_logits,
+                                     reference_models, rel_err)
+from helpers.loops import greedy_generate, speculative_generate
+from helpers.parity import Parity
+from helpers.paths import TESTS
+from helpers.reference_loop import RecomputingTarget, exact_reference
 
 from dflash_gguf import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.speculative import chain_length
-from loops import greedy_generate, speculative_generate
 from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
-from decoding_checks import BLOCK, HostBlocks, ScriptedDraft, prompts, reference_draft_logits, reference_models, rel_err
-from paths import TESTS
 
 
 def load(pair, target_gguf=None, kv="f32", n_ubatch=16, n_ctx=512, repack=True, top_k=0, n_seq=1):
@@ -258,7 +258,7 @@ def test_fused_chain_step_is_the_phased_step(trained_pair, monkeypatch):
     from tokenizers import Tokenizer as HFTokenizer
 
     from dflash_gguf import draft as draft_module, target as target_module
-    from decoding_checks import batch_outputs
+    from helpers.decoding_checks import batch_outputs
     from dflash_gguf.decoding import Sequence
     from dflash_gguf.generate import GenerationStats, Placement, Request
     from dflash_gguf.proposers import ChainProposer

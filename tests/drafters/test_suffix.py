@@ -15,8 +15,9 @@ from dflash_gguf import decoding
 from dflash_gguf.engine import Engine
 from dflash_gguf.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
                                 corpus_key, draft_tree, expected_accepted, is_chain, likeliest_path)
-from decoding_checks import REPEATS, use_cost
-from paths import ROOT
+
+from helpers.decoding_checks import REPEATS, use_cost
+from helpers.paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
 TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
@@ -190,7 +191,7 @@ def test_a_request_drafts_from_an_earlier_ones_response(plain):
 
 
 def test_a_batch_gives_each_sequence_its_solo_text():
-    from decoding_checks import solo_and_batched
+    from helpers.decoding_checks import solo_and_batched
 
     texts = [REPEATS, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "x = 1\nx = 1\nx ="]
     with Engine(TARGET, spec_type="suffix", n_seq=3, spec_suffix_cache_mb=0, **OPTIONS) as engine:
@@ -279,7 +280,7 @@ def test_sampled_suffix_keeps_the_targets_distribution(plain, trees_verified):
     from dataclasses import replace
 
     from dflash_gguf.sampling import SamplingParams
-    from sampling_checks import chi2_critical, chi2_stat, exact_joint
+    from helpers.sampling_checks import chi2_critical, chi2_stat, exact_joint
 
     text = plain.tokenizer.encode("    def __init__(self, name):\n        self.name = name\n        self.",
                                   add_bos=False)

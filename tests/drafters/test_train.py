@@ -14,14 +14,15 @@ import numpy as np
 
 import pytest
 import torch
-from loops import assert_chain_and_tree_keep_greedy
+
+from helpers.loops import assert_chain_and_tree_keep_greedy
+from helpers.paths import ROOT
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata, tokenizer_fingerprint
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.train import TrainOptions, train
 from dflash_gguf.train import recipe
 from dflash_gguf.train.cli import main as cli_main
-from paths import ROOT
 
 BLOCK = 8
 # small enough for ~1 minute on a loaded 2-core machine: windows of 64, 4 per step, 16
@@ -138,7 +139,7 @@ def test_gguf_is_what_our_converter_writes_from_the_hf_output(tiny, target, qwen
     """The same keys, values and tensor bytes as convert-hf-to-gguf on the --hf-out
     directory with the target's checkpoint (only the target's recorded name differs: the
     converter takes the directory's, we the GGUF's file name)."""
-    from fixtures import read_gguf
+    from helpers.fixtures import read_gguf
 
     _, out = tiny
     ours_kv, ours_t = read_gguf(out / "draft.gguf")
@@ -208,7 +209,7 @@ def test_a_gemma3_drafter_trains_through_the_embedding_scale_and_softcap(corpus,
     our runtime's logits for a block, so what is trained is what is served; greedy output
     stays plain greedy's under chain and tree."""
     import gguf
-    from gemma3_fixtures import make_gemma3
+    from helpers.gemma3_fixtures import make_gemma3
 
     from dflash_gguf.train.model import Drafter, DrafterShape
     from dflash_gguf.train.target import TargetFeatures, embedding_and_head, read_target_meta

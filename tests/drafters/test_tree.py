@@ -7,15 +7,15 @@ import itertools
 import numpy as np
 import pytest
 
-from parity import Parity
-from tree_paths import root_path
-from decoding_checks import BLOCK, HostBlocks, ScriptedDraft, prompts
+from helpers.decoding_checks import BLOCK, HostBlocks, ScriptedDraft, prompts
+from helpers.decoding_checks import CountingAuto, _Cost, _ScriptedAuto
+from helpers.loops import greedy_generate, speculative_generate, tree_generate
+from helpers.parity import Parity
+from helpers.tree_paths import root_path
 
 from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import greedy_generate, speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
-from decoding_checks import CountingAuto, _Cost, _ScriptedAuto
 
 
 # ---- builder ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from dflash_gguf._native import DflashError, check, ffi, lib
 
-from tree_paths import root_path
+from helpers.tree_paths import root_path
 
 
 def describe(parents, d_conv=4):

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp, assert_same_gguf,
-                         assert_tree_verify_matches_each_path, our_logits, rel_err)
-from draft_fixtures import make_dflash
-from fixtures import (QWEN2_SHAPES, QWEN3_SHAPES, QWEN35MOE_SHAPES, hf_model, llama_cpp_quantize, make_qwen2,
-                      make_qwen3, make_qwen35moe, read_gguf)
-from reference_loop import RecomputingTarget, exact_reference
-from target_workers import run_isolated
+from helpers.arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp, assert_same_gguf,
+                                 assert_tree_verify_matches_each_path, our_logits, rel_err)
+from helpers.draft_fixtures import make_dflash
+from helpers.fixtures import (QWEN2_SHAPES, QWEN3_SHAPES, QWEN35MOE_SHAPES, hf_model, llama_cpp_quantize, make_qwen2,
+                              make_qwen3, make_qwen35moe, read_gguf)
+from helpers.loops import speculative_generate
+from helpers.reference_loop import RecomputingTarget, exact_reference
+from helpers.target_workers import run_isolated
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import speculative_generate
 from dflash_gguf.convert.quant import OUTTYPES
 from dflash_gguf.target import Target, TargetConfig
 

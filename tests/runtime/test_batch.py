@@ -21,8 +21,9 @@ from dflash_gguf.sampling import Sampler, SamplingParams, distribution, draw, pe
 from dflash_gguf.speculative import tree_proposer
 from dflash_gguf.target import CHAIN, DECODE, LOGITS_ALL, LOGITS_LAST, TREE, Rows, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
-from decoding_checks import AUTO, PLAIN_FIRST, decode_alone, decode_batch
-from paths import ROOT
+
+from helpers.decoding_checks import AUTO, PLAIN_FIRST, decode_alone, decode_batch
+from helpers.paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
 TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
@@ -485,7 +486,7 @@ def test_sampled_sequences_in_a_batch_keep_the_targets_distribution(many):
     """Four sampled requests in flight at once (the chain under both accept rules and two
     trees), each with its own seed: the joint distribution of their first three tokens
     is the target's own sampling distribution (chi-square at 0.1%)."""
-    from sampling_checks import chi2_critical, chi2_stat, exact_joint
+    from helpers.sampling_checks import chi2_critical, chi2_stat, exact_joint
 
     target, draft = many
     text = Tokenizer(TARGET).encode("    def __init__(self, name):\n        self.name = name\n        self.",

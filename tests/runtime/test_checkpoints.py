@@ -10,10 +10,11 @@ from dflash_gguf.checkpoints import Checkpoint, PrefixCheckpoints, checkpoint_by
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.generate import GenerationStats, Placement, Request, collect
-from loops import autoregressive_steps, prefill_prompt, speculative_steps, tree_steps
 from dflash_gguf.tokenizer import Tokenizer
-from target_workers import run_isolated
-from checkpoint_workers import BUDGET, TEXT, UBATCH, load, prefill_with_checkpoints
+
+from helpers.checkpoint_workers import BUDGET, TEXT, UBATCH, load, prefill_with_checkpoints
+from helpers.loops import autoregressive_steps, prefill_prompt, speculative_steps, tree_steps
+from helpers.target_workers import run_isolated
 
 OTHER = '''class Queue:
     """A first-in first-out queue."""

@@ -1,7 +1,7 @@
 """Device placement and results on a device other than the CPU.
 
 The device under test is chosen with DFLASH_TEST_DEVICE (or pytest --device-under-test):
-by default `RPC`, a ggml RPC server serving the CPU backend (tests/rpc_server.py) — its
+by default `RPC`, a ggml RPC server serving the CPU backend (tests/helpers/rpc_server.py) — its
 memory is not host memory, so every tensor crossing between devices really is copied,
 but it runs the CPU's kernels. `Vulkan0` (scripts/test-vulkan.sh, Mesa's lavapipe) runs
 ggml's Vulkan shaders under a GPU API's rules; CUDA0 (scripts/cuda/test.sh) or Metal work
@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from rpc_local import local_rpc_server
-from target_workers import run_isolated
+from helpers.paths import TESTS
+from helpers.rpc_local import local_rpc_server
+from helpers.target_workers import run_isolated
 
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_0_8B
 from dflash_gguf.demo import DATA, demo_paths
 from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
-from paths import TESTS
 
 DEMO_HF = TESTS / "data" / "demo-hf"
 DFLASH_RUN = str(Path(sys.executable).with_name("dflash-run"))

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import (assert_greedy_equals_llama_cpp, assert_same_gguf, assert_tree_verify_matches_each_path,
-                         our_logits, rel_err)
-from fixtures import hf_model, llama_logits, read_gguf
-from gemma3_fixtures import WINDOW, make_gemma3
+from helpers.arch_checks import (assert_greedy_equals_llama_cpp, assert_same_gguf, assert_tree_verify_matches_each_path,
+                                 our_logits, rel_err)
+from helpers.fixtures import hf_model, llama_logits, read_gguf
+from helpers.gemma3_fixtures import WINDOW, make_gemma3
 
 VARIANT = dict(
     layers=5, seed=3, softcap=None, query_pre_attn_scalar=24,

@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp,
-                         assert_same_gguf, assert_tree_verify_matches_each_path, our_logits, rel_err)
-from fixtures import hf_model, read_gguf
-from gemma4_fixtures import BLOCK, DRAFT_WINDOW, GEMMA4_SHAPES, MASK_ID, make_gemma4, make_gemma_drafter
-from reference_loop import History, RecomputingTarget
+from helpers.arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp,
+                                 assert_same_gguf, assert_tree_verify_matches_each_path, our_logits, rel_err)
+from helpers.fixtures import hf_model, read_gguf
+from helpers.gemma4_fixtures import BLOCK, DRAFT_WINDOW, GEMMA4_SHAPES, MASK_ID, make_gemma4, make_gemma_drafter
+from helpers.loops import speculative_generate
+from helpers.reference_loop import History, RecomputingTarget
 
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import speculative_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
 WINDOW = 8
@@ -233,7 +233,7 @@ def test_checkpoint_chain_restores_sliding_and_shared_caches(pair):
     decoding, drafter window included) and its acceptance are a cold run's."""
     from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
     from dflash_gguf.generate import GenerationStats, Placement, Request, collect
-    from loops import prefill_prompt, speculative_steps
+    from helpers.loops import prefill_prompt, speculative_steps
 
     prompt, other = prompts(1, seed=21, lo=60, hi=61)[0], prompts(1, seed=22, lo=40, hi=41)[0]
     target, draft = load(pair)

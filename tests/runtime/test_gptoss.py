@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import (assert_chain_and_tree_lossless, assert_same_gguf, assert_tree_verify_matches_each_path,
-                         our_logits, rel_err)
-from fixtures import hf_model, llama_cpp_quantize, open_llama, read_gguf
-from gptoss_fixtures import BLOCK, WINDOW, make_drafter, make_gptoss, make_gptoss_mxfp4
-from reference_loop import History, RecomputingTarget
-from target_workers import run_isolated
+from helpers.arch_checks import (assert_chain_and_tree_lossless, assert_same_gguf, assert_tree_verify_matches_each_path,
+                                 our_logits, rel_err)
+from helpers.fixtures import hf_model, llama_cpp_quantize, open_llama, read_gguf
+from helpers.gptoss_fixtures import BLOCK, WINDOW, make_drafter, make_gptoss, make_gptoss_mxfp4
+from helpers.loops import greedy_generate, speculative_generate
+from helpers.reference_loop import History, RecomputingTarget
+from helpers.target_workers import run_isolated
 
 from dflash_gguf import DflashError
 from dflash_gguf.convert.quant import OUTTYPES
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import greedy_generate, speculative_generate
 from dflash_gguf.target import Target, TargetConfig
 
 
@@ -263,7 +263,7 @@ def test_acceptance_lengths_match_reference_loop(pair, monkeypatch):
 def test_sequences_in_a_batch_decode_as_alone(pair):
     """-np: a chain, a tree and a plain decode in one batch of three slots, each emitting
     what it emits alone."""
-    from decoding_checks import decode_alone, decode_batch
+    from helpers.decoding_checks import decode_alone, decode_batch
 
     kinds, texts = ["chain", "tree", "plain"], prompts(3, seed=11)
     one = load(pair["target"], pair["draft"], n_verify=16)
@@ -278,7 +278,7 @@ def test_checkpoint_restores_sliding_caches(pair):
     continuation (chain decoding, drafter included) and its acceptance are a cold run's."""
     from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
     from dflash_gguf.generate import GenerationStats, Placement, Request, collect
-    from loops import prefill_prompt, speculative_steps
+    from helpers.loops import prefill_prompt, speculative_steps
 
     prompt, other = prompts(1, seed=12, lo=40, hi=41)[0], prompts(1, seed=13, lo=30, hi=31)[0]
     target, draft = load(pair["target"], pair["draft"])
@@ -370,9 +370,9 @@ def test_harmony_through_the_server(pair, tmp_path, published_template):
     """dflash-server on the gpt-oss pair: the chat template is the GGUF's (the published
     gpt-oss one), the turn is harmony's (the prompt transformers renders, reasoning effort
     included), and the reply is the engine's generation read by the harmony parser."""
-    from chat_fixtures import transformers_render
-    from chat_fixtures import GPT_OSS, llama_cpp_messages
-    from servers import WEATHER, ServerProcess, template_messages
+    from helpers.chat_fixtures import transformers_render
+    from helpers.chat_fixtures import GPT_OSS, llama_cpp_messages
+    from helpers.servers import WEATHER, ServerProcess, template_messages
 
     from dflash_gguf.assistant import prepare_turn
     from dflash_gguf.engine import Engine

@@ -21,10 +21,10 @@ from dflash_gguf.sampling import SamplingParams, distribution, draw
 from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
-from fixtures import missing_oracle
-from sampling_checks import chi2_critical, chi2_stat
-from grammar_cases import KEYS, NUMBERS, PROMPTS, grammars
-from paths import ROOT
+from helpers.fixtures import missing_oracle
+from helpers.grammar_cases import KEYS, NUMBERS, PROMPTS, grammars
+from helpers.paths import ROOT
+from helpers.sampling_checks import chi2_critical, chi2_stat
 
 DATA = ROOT / "dflash_gguf" / "data"
 TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")

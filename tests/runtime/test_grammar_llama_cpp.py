@@ -13,7 +13,6 @@ And the sampled first token follows the target's distribution masked by llama.cp
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -22,10 +21,10 @@ from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams, distribution
 from dflash_gguf.target import LOGITS_LAST
 
-from llama_sampler import llama_cpp_oracle, apply_to_row
-from grammar_cases import KEYS, NUMBERS, PROMPTS, grammars
-from sampling_checks import chi2_critical, chi2_stat
-from paths import ROOT
+from helpers.grammar_cases import KEYS, NUMBERS, PROMPTS, grammars
+from helpers.llama_sampler import llama_cpp_oracle, apply_to_row
+from helpers.paths import ROOT
+from helpers.sampling_checks import chi2_critical, chi2_stat
 
 DATA = ROOT / "dflash_gguf" / "data"
 TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")

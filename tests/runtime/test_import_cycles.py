@@ -1,14 +1,17 @@
-"""dflash_gguf (with convert/, installed as dflash_gguf.convert) has no import cycle:
-every module's imports (at module level and inside functions alike: a function-level
-import hides a cycle, it does not break it) form an acyclic graph, read from the sources with ast. The tests keep to their layout: test
-modules in tests/<layer>/, importing the helpers of tests/ and never one another."""
+"""dflash_gguf (with convert/, installed as dflash_gguf.convert) and the tests' helpers
+(tests/helpers) have no import cycle: every module's imports (at module level and inside
+functions alike: a function-level import hides a cycle, it does not break it) form an
+acyclic graph, read from the sources with ast. The tests keep to their layout: test
+modules in tests/<layer>/, the helpers in the package tests/helpers, imported as
+`helpers.<module>`; a test module imports helpers, never another test module."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 import pytest
-from paths import ROOT, TESTS
+
+from helpers.paths import HELPERS, ROOT, TESTS
 
 PACKAGE = ROOT / "dflash_gguf"
 
@@ -54,6 +57,11 @@ def import_graph() -> dict:
     return {name: imported(name, path, known) for name, path in known.items()}
 
 
+def helper_modules() -> dict:
+    """Module name -> source file, for the package tests/helpers."""
+    return {"helpers" if p.stem == "__init__" else f"helpers.{p.stem}": p for p in HELPERS.glob("*.py")}
+
+
 def find_cycle(graph: dict):
     """One cycle of the graph as a list of modules (first == last), or None."""
     state: dict = {}  # 1: on the current path, 2: done
@@ -89,6 +97,14 @@ def test_the_package_has_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_the_helpers_have_no_import_cycle():
+    known = helper_modules()
+    graph = {name: imported(name, path, known) for name, path in known.items()}
+    assert "helpers.loops" in graph["helpers.arch_checks"] and "helpers.fixtures" in graph["helpers.draft_fixtures"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
 @pytest.mark.parametrize("sources, cycle", [
     # a function-level import closes a cycle as a module-level one does
     ({"a": "from . import b\n", "b": "def f():\n    from .a import x\n"}, True),
@@ -108,16 +124,21 @@ LAYERS = {"convert", "runtime", "drafters", "serving", "bench"}
 
 
 def test_test_modules_sit_in_their_layer_and_import_helpers_only():
-    loose = sorted(p.name for p in TESTS.glob("test_*.py"))
-    assert not loose, f"test modules outside a layer folder of tests/: {loose}"
+    loose = sorted(p.name for p in TESTS.glob("*.py") if p.name != "conftest.py")
+    assert not loose, f"modules outside a layer folder or tests/helpers: {loose}"
     folders = {p.parent.name for p in TESTS.rglob("test_*.py") if p.parent != TESTS / "data"}
     assert folders == LAYERS, folders
-    found = []
+    helpers = {name.rpartition(".")[2] for name in helper_modules()} - {"helpers"}
+    assert {"fixtures", "paths", "parity", "target_workers"} <= helpers, helpers
+    found, bare = [], []
     for path in sorted(TESTS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             found += [f"{path.relative_to(TESTS)}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+            bare += [f"{path.relative_to(TESTS)}: {n}" for n in names if n.split(".")[0] in helpers]
     # a test module imported by another is collected under two names, and its import
     # depends on the order pytest visits the folders
     assert not found, "test modules importing test modules: " + ", ".join(found)
+    # a helper imported as `fixtures` beside `helpers.fixtures` would be two modules
+    assert not bare, "helpers imported without their package (helpers.<module>): " + ", ".join(bare)

@@ -9,16 +9,15 @@ bias on every end-of-generation token (common/common.cpp): where greedy decoding
 are the same; with the bias applied to llama.cpp alone they part exactly there."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
-from parity import Parity
+from helpers.parity import Parity
+from helpers.paths import TESTS
 
 from dflash_gguf.bench.prompts import PROMPTS
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
-from paths import TESTS
 
 N = 64
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from cli_run import run
+from helpers.cli_run import run
 
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table

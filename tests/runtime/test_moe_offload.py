@@ -1,6 +1,6 @@
 """Routed experts in host memory beside a device (issue 39): weights placed by name with
 llama.cpp's -ot/--override-tensor, --cpu-moe and --n-cpu-moe, on the ggml RPC stand-in
-for a GPU (tests/rpc_server.py), with every layer on the device and the experts on the
+for a GPU (tests/helpers/rpc_server.py), with every layer on the device and the experts on the
 CPU. Oracles: the all-CPU run of the same file (text equal, logits within float noise),
 llama.cpp's own expert pattern (common/common.h), the process memory the load and run
 really take against the planner's host and device figures."""
@@ -18,16 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draft_fixtures import make_dflash
-from fixtures import make_qwen35moe, missing_oracle
-from gemma4_fixtures import GEMMA4_SHAPES, make_gemma4, make_gemma_drafter
-from target_workers import run_isolated
+from helpers.draft_fixtures import make_dflash
+from helpers.fixtures import make_qwen35moe, missing_oracle
+from helpers.gemma4_fixtures import GEMMA4_SHAPES, make_gemma4, make_gemma_drafter
+from helpers.paths import HELPERS, ROOT
+from helpers.target_workers import run_isolated
 
 from dflash_gguf import placement
 from dflash_gguf.convert.shape_model import write_header_only, write_model
 from dflash_gguf.convert.shapes import QWEN35_35B_A3B, shrunk, tensor_nbytes, tensor_table
 from dflash_gguf.llama_cpp_tree import source_dir
-from paths import ROOT, TESTS
 
 BIN = Path(sys.executable).parent
 N_NEW = 24
@@ -164,7 +164,7 @@ def _rpc_server(env):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, str(TESTS / "rpc_server.py"), f"127.0.0.1:{port}"], env=env,
+    server = subprocess.Popen([sys.executable, str(HELPERS / "rpc_server.py"), f"127.0.0.1:{port}"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while True:

@@ -10,8 +10,9 @@ import json
 
 import numpy as np
 import pytest
-from fixtures import make_qwen2, make_qwen3, make_qwen35, missing_oracle
-from gemma3_fixtures import make_gemma3
+
+from helpers.fixtures import make_qwen2, make_qwen3, make_qwen35, missing_oracle
+from helpers.gemma3_fixtures import make_gemma3
 
 from dflash_gguf import llama_cpp_tree, parity
 from dflash_gguf._native import DflashError
@@ -210,7 +211,7 @@ def test_dump_reads_a_device(gguf):
     import subprocess
     import sys
 
-    from rpc_local import local_rpc_server
+    from helpers.rpc_local import local_rpc_server
 
     for endpoint in local_rpc_server():
         out = subprocess.run([sys.executable, "-c", _DEVICE_WORKER, str(gguf), endpoint], capture_output=True,

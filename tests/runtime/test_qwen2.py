@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import assert_greedy_equals_llama_cpp, assert_same_gguf, our_logits, rel_err
-from fixtures import hf_model, llama_logits, make_qwen2, read_gguf
+from helpers.arch_checks import assert_greedy_equals_llama_cpp, assert_same_gguf, our_logits, rel_err
+from helpers.fixtures import hf_model, llama_logits, make_qwen2, read_gguf
+from helpers.loops import greedy_generate
 
 from dflash_gguf._native import DflashError
-from loops import greedy_generate
 from dflash_gguf.target import Target, TargetConfig
 
 CASES = {"untied": dict(seed=0), "tied": dict(tie=True, kv_heads=1, seed=1)}
@@ -136,7 +136,7 @@ def test_converter_refuses_what_a_qwen2_gguf_cannot_hold(case, model, tmp_path, 
     """A sliding window (no qwen2 key holds it) and a checkpoint without a q/k/v bias are
     one clear line, not a file that runs differently from the checkpoint."""
     from safetensors.numpy import load_file, save_file
-    from convert_checks import assert_one_clear_line, convert, edit_config, linked_copy
+    from helpers.convert_checks import assert_one_clear_line, convert, edit_config, linked_copy
 
     d = linked_copy(model["dir"], tmp_path / "model")
     if case == "sliding_window":

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixtures import missing_oracle, open_llama
-from paths import ROOT
+from helpers.fixtures import missing_oracle, open_llama
+from helpers.paths import ROOT
 
 pytestmark = pytest.mark.real
 
@@ -197,7 +197,7 @@ def test_long_prompts_exceed_the_window(tokenizer, name):
 def test_greedy_text_equals_llama_cpp(target, tokenizer, llama_runs, name):
     """Token for token over N_NEW tokens: both engines decode one token at a time with
     flash attention, and their logits are equal bit for bit (the module's docstring)."""
-    from loops import greedy_generate
+    from helpers.loops import greedy_generate
 
     prompt, theirs, top_ids, top_vals = llama_runs[name]
     target.reset()

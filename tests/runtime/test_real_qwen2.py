@@ -18,15 +18,14 @@ its tests; under CI=true it is fetched, and a failure to fetch fails them.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
-from fixtures import open_llama
-from parity import first_divergence, top2_gap
+from helpers.fixtures import open_llama
+from helpers.loops import greedy_generate
+from helpers.parity import first_divergence, top2_gap
 
 from dflash_gguf.chat import ChatTemplate
-from loops import greedy_generate
 from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
@@ -190,10 +189,10 @@ def gguf_bpe(path):
     over the header alone (gguf-py reads 151,936 tokens far more slowly)."""
     import struct
 
-    from gguf_fuzz import STR, parse
+    from helpers.gguf_fuzz import STR, parse
     from tokenizers import AddedToken, Regex, Tokenizer as HfTokenizer, decoders, models, normalizers, pre_tokenizers
 
-    from fixtures import QWEN2_REGEX
+    from helpers.fixtures import QWEN2_REGEX
 
     size = 1 << 24
     with open(path, "rb") as f:

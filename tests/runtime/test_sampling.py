@@ -12,15 +12,15 @@ import pytest
 
 from dflash_gguf import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import greedy_generate
 from dflash_gguf.sampling import Sampler, SamplingParams, distribution, penalize
-from loops import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
-from llama_sampler import llama_cpp_distribution
-from sampling_checks import DEPTH, SETTINGS, chi2_critical, chi2_stat, exact_joint, run_mode
-from paths import ROOT
+from helpers.llama_sampler import llama_cpp_distribution
+from helpers.loops import greedy_generate
+from helpers.loops import speculative_generate, tree_generate
+from helpers.paths import ROOT
+from helpers.sampling_checks import DEPTH, SETTINGS, chi2_critical, chi2_stat, exact_joint, run_mode
 
 DATA = ROOT / "dflash_gguf" / "data"
 

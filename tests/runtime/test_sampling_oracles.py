@@ -20,10 +20,10 @@ from dflash_gguf.sampling import Sampler, SamplingParams, distribution, draw
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 
-from llama_sampler import llama_cpp_oracle, llama_cpp_distribution
-from loops import speculative_generate
-from sampling_checks import chi2_critical
-from paths import ROOT
+from helpers.llama_sampler import llama_cpp_oracle, llama_cpp_distribution
+from helpers.loops import speculative_generate
+from helpers.paths import ROOT
+from helpers.sampling_checks import chi2_critical
 
 DATA = ROOT / "dflash_gguf" / "data"
 BLOCK = 8  # a full block: the demo drafter's trained block size, the bonus row included

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from fixtures import make_qwen35
-from target_workers import ChildCrashed, run_isolated
+from helpers.fixtures import make_qwen35
+from helpers.target_workers import ChildCrashed, run_isolated
 
 from dflash_gguf._native import DflashError
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, LOGITS_NONE, Target, TargetConfig

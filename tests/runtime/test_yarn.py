@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp, our_logits,
-                         rel_err)
-from draft_fixtures import make_dflash
-from fixtures import hf_model, make_qwen3, read_gguf
+from helpers.arch_checks import (assert_chain_and_tree_lossless, assert_greedy_equals_llama_cpp, our_logits,
+                                 rel_err)
+from helpers.draft_fixtures import make_dflash
+from helpers.fixtures import hf_model, make_qwen3, read_gguf
+from helpers.loops import greedy_generate
 
 from dflash_gguf.convert.cli import main as convert_main
 from dflash_gguf._native import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import greedy_generate
 from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
@@ -180,7 +180,7 @@ def test_qwen35_yarn_matches_transformers(tmp_path, convert_model):
     """Qwen3.5's partial multi-section RoPE with YaRN over its rotated dimensions."""
     import json
 
-    from fixtures import make_qwen35
+    from helpers.fixtures import make_qwen35
 
     model_dir = make_qwen35(tmp_path / "qwen35", seed=9)
     cfg = json.loads((model_dir / "config.json").read_text())

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from chat_fixtures import CALLS, TOOLS, assistant_text, history, transformers_render, with_results
-from fixtures import CHAT_TEMPLATE
+from helpers.chat_fixtures import CALLS, TOOLS, assistant_text, history, transformers_render, with_results
+from helpers.fixtures import CHAT_TEMPLATE
 
 from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.chat import ChatTemplate

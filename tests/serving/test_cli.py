@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-
 from dflash_gguf.engine import Engine
 from dflash_gguf.generate import GenerationStats
-from cli_run import RUN, run
+
+from helpers.cli_run import RUN, run
 
 
 def test_autoregressive_and_speculative_print_the_same_text(pair):

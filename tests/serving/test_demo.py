@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity import Parity
-from cli_run import run
+from helpers.cli_run import run
+from helpers.loops import greedy_generate, speculative_generate, tree_generate
+from helpers.parity import Parity
 
 from dflash_gguf.demo import DATA, demo_paths
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from loops import greedy_generate, speculative_generate, tree_generate
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
 

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from servers import HABITS, SERVER_FLAGS, ServerProcess
+from helpers.servers import HABITS, SERVER_FLAGS, ServerProcess
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12},

@@ -16,14 +16,14 @@ import anthropic
 import openai
 import pytest
 
-from chat_fixtures import CALLS, TOOLS, history, transformers_render, with_results
-from servers import AppServer, ScriptedEngine, defaults, openai_messages, streamed_chat
+from helpers.chat_fixtures import CALLS, TOOLS, history, transformers_render, with_results
+from helpers.chat_fixtures import GPT_OSS, llama_cpp_messages
+from helpers.servers import AppServer, ScriptedEngine, defaults, openai_messages, streamed_chat
 
 from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.chat import ChatTemplate
 from dflash_gguf.harmony import EMPTY_ANALYSIS, HarmonyParser
 from dflash_gguf.toolcalls import format_of
-from chat_fixtures import GPT_OSS, llama_cpp_messages
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import anthropic
 import httpx
 import pytest
 
-from fixtures import CODE_PROMPT as CODE
+from helpers.fixtures import CODE_PROMPT as CODE
+from helpers.servers import HABITS, N_CTX, SERVER_FLAGS, ServerProcess, UBATCH, WEATHER, template_messages
 
 from dflash_gguf import tool_grammar
 from dflash_gguf.assistant import prepare_turn
@@ -24,7 +25,6 @@ from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
 from dflash_gguf.sampling import SamplingParams
 from dflash_gguf.serving import Job, QueueFull, Scheduler, ShuttingDown
-from servers import HABITS, N_CTX, SERVER_FLAGS, ServerProcess, UBATCH, WEATHER, template_messages
 
 
 @pytest.fixture(scope="module")

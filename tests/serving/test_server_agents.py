@@ -16,13 +16,13 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from chat_fixtures import CALLS, TOOLS, assistant_text, history, transformers_render, with_results
-from fixtures import CHAT_TEMPLATE
+from helpers.chat_fixtures import CALLS, TOOLS, assistant_text, history, transformers_render, with_results
+from helpers.fixtures import CHAT_TEMPLATE
+from helpers.servers import AppServer, N_CTX, ScriptedEngine, anthropic_client, defaults, openai_messages, streamed_chat
 
 from dflash_gguf.chat import ChatTemplate
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
-from servers import AppServer, N_CTX, ScriptedEngine, anthropic_client, defaults, openai_messages, streamed_chat
 
 
 @pytest.fixture(scope="module")

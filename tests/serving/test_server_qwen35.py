@@ -12,8 +12,8 @@ import shutil
 import anthropic
 import pytest
 
-from chat_fixtures import transformers_render
-from servers import WEATHER, ServerProcess, template_messages
+from helpers.chat_fixtures import transformers_render
+from helpers.servers import WEATHER, ServerProcess, template_messages
 
 from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.engine import Engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servers import SERVER_FLAGS, ServerProcess
+from helpers.servers import SERVER_FLAGS, ServerProcess
 
 FIRST = "def area(r):\n    return 3.14 * r * r\n\nprint(area("
 SECOND = "x = 2\nprint(area("

@@ -65,7 +65,7 @@ def llama_speculative_simple(model: str, text: str, n_predict: int, spec_type: s
     same as ours without). A missing tool is a missing oracle."""
     from dflash_gguf import llama_cpp_tree
     from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
-    from fixtures import missing_oracle
+    from helpers.fixtures import missing_oracle
 
     exe = llama_cpp_tree.tool("llama-speculative-simple")
     if exe is None:

@@ -4,9 +4,10 @@ architecture's own tokens."""
 from __future__ import annotations
 
 import numpy as np
-from fixtures import llama_greedy, read_gguf
 
-from loops import greedy_generate, speculative_generate, tree_generate
+from helpers.fixtures import llama_greedy, read_gguf
+from helpers.loops import greedy_generate, speculative_generate, tree_generate
+
 from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
 

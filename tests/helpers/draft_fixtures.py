@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from fixtures import run_llama_cpp_converter
+from helpers.fixtures import run_llama_cpp_converter
 
 
 def make_dflash(directory: str | os.PathLike, target_dir: str | os.PathLike, *, layers: int = 2,

@@ -15,7 +15,8 @@ from dflash_gguf.generate import GenerationStats, Placement, Request, collect
 from dflash_gguf.proposers import PlainProposer
 from dflash_gguf.speculative import chain_proposer, tree_proposer
 from dflash_gguf.target import LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
-from loops import tree_generate
+
+from helpers.loops import tree_generate
 
 
 BLOCK = 8
@@ -120,7 +121,7 @@ def our_draft_mtp(target, draft, tokens, n_predict, n_max, n_ctx, eog):
     """llama-speculative-simple's loop (speculative_simple_loop) with our target and an
     autoregressive drafter (MTP, EAGLE3): every step drafts n_max after the last token.
     Its counts."""
-    from speculative_simple import speculative_simple_loop
+    from helpers.speculative_simple import speculative_simple_loop
 
     target.reset()
     draft.reset()
@@ -149,7 +150,7 @@ def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, truncates=Tr
     """llama-speculative-simple's loop with our target and SimpleDraft (truncates False:
     dropping rejected drafts by chain commits, as for a recurrent drafter): its counts."""
     from dflash_gguf.tokenizer import Tokenizer
-    from speculative_simple import speculative_simple_loop
+    from helpers.speculative_simple import speculative_simple_loop
 
     tok = Tokenizer(files["target"])
     tokens = tok.encode(text)

@@ -1,10 +1,11 @@
 """The checkpoints of the tiny GPT-OSS bench pair (scripts/gptoss_bench_pair.py converts
 them): a seeded gpt-oss target at the demo target's width and a seeded DFlash drafter for
 it, from the test fixtures' builders (gptoss_fixtures.py, draft_fixtures.py), the one
-definition of a tiny GPT-OSS checkpoint here, at bench widths. Run as a file, so that
-Python puts tests/ (the builders) first on the path; prints the two checkpoint folders.
+definition of a tiny GPT-OSS checkpoint here, at bench widths. Run as a file, which puts
+tests/ (the parent of the helpers package) first on the path; prints the two checkpoint
+folders.
 
-    python tests/gptoss_bench_checkpoints.py OUT_DIR
+    python tests/helpers/gptoss_bench_checkpoints.py OUT_DIR
 """
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from draft_fixtures import make_dflash
-from gptoss_fixtures import MASK_TOKEN, make_gptoss
+if __name__ == "__main__":  # Python put tests/helpers/ first on the path: tests/ instead, for the package
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from helpers.draft_fixtures import make_dflash  # noqa: E402
+from helpers.gptoss_fixtures import MASK_TOKEN, make_gptoss  # noqa: E402
 
 WIDTHS = dict(hidden_size=256, intermediate_size=256, num_hidden_layers=4, num_attention_heads=8,
               num_key_value_heads=2, head_dim=32, num_local_experts=32, num_experts_per_tok=4)

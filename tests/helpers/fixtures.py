@@ -4,7 +4,7 @@ Everything here is built offline and deterministically: a byte-level BPE tokeniz
 trained on local text, tiny Qwen3.5 checkpoints saved with transformers, and access to
 llama.cpp's own converter (from the llama-cpp-python sdist) as an oracle.
 
-Import from tests as ``from fixtures import ...`` (tests/ is on sys.path under pytest).
+Import from tests as ``from helpers.fixtures import ...`` (tests/ is on sys.path under pytest).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fixtures import _training_corpus, save_gemma
+from helpers.fixtures import _training_corpus, save_gemma
 
 SPECIALS = {"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"}
 WINDOW = 8

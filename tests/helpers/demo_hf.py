@@ -5,7 +5,7 @@ machine's call. `unpack()` writes each model.safetensors beside its .xz (git ign
 again whenever git brought a newer .xz; tests/conftest.py calls it before any test, and
 scripts/setup.sh test for the training scripts that read the checkpoints.
 
-    python tests/demo_hf.py      # the same, by hand
+    python tests/helpers/demo_hf.py      # the same, by hand
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import lzma
 import os
 from pathlib import Path
 
-DEMO_HF = Path(__file__).resolve().parent / "data" / "demo-hf"
+# no import of helpers.paths: scripts/setup.sh runs this file on its own
+DEMO_HF = Path(__file__).resolve().parents[1] / "data" / "demo-hf"  # tests/data/demo-hf
 
 
 def unpack() -> list[Path]:

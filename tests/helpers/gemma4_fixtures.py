@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from draft_fixtures import make_dflash
-from fixtures import _training_corpus, save_gemma
+from helpers.draft_fixtures import make_dflash
+from helpers.fixtures import _training_corpus, save_gemma
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 MASK_ID = 4

@@ -17,10 +17,12 @@ import numpy as np
 
 from dflash_gguf.demo_dspark import MARKOV_SCALE, make_dspark, seeded_heads
 
-DATA = Path(__file__).resolve().parents[1] / "dflash_gguf" / "data"
+from helpers.paths import ROOT, TESTS
+
+DATA = ROOT / "dflash_gguf" / "data"
 DEMO_TARGET = DATA / "demo-target.gguf"
 DEMO_DRAFT = DATA / "demo-draft.gguf"
-DEMO_HF = Path(__file__).resolve().parent / "data" / "demo-hf"
+DEMO_HF = TESTS / "data" / "demo-hf"
 
 __all__ = ["DEMO_DRAFT", "DEMO_HF", "DEMO_TARGET", "make_dspark", "make_dspark_hf"]
 

@@ -3,7 +3,8 @@ and two small ones, with prompts of the demo pair."""
 from __future__ import annotations
 
 from dflash_gguf.llama_cpp_tree import source_dir
-from fixtures import missing_oracle
+
+from helpers.fixtures import missing_oracle
 
 
 NUMBERS = 'root ::= "[" item ("," item)* "]"\nitem ::= [0-9]+'

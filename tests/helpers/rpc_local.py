@@ -1,4 +1,4 @@
-"""A ggml RPC server serving the CPU backend (tests/rpc_server.py) for the tests of
+"""A ggml RPC server serving the CPU backend (tests/helpers/rpc_server.py) for the tests of
 placement across devices: its memory is not host memory, so every tensor crossing
 between devices really is copied."""
 from __future__ import annotations

@@ -8,6 +8,7 @@ No torch import: a child starts in about a second.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -23,8 +24,8 @@ class ChildCrashed(RuntimeError):
 
 
 def run_isolated(func: str, *args, deny_amx: bool = False, timeout: float = 300) -> object:
-    """Run target_workers.<func>(*args) (or, for "module:func", that tests/ module's
-    function) in a fresh interpreter and return its result.
+    """Run target_workers.<func>(*args) (or, for "module:func", that function of
+    helpers.<module>, another of tests/helpers/) in a fresh interpreter and return its result.
 
     deny_amx: refuse the process AMX tile permission before anything loads ggml, so ggml
     does not offer its AMX buffer type (see deny_amx_permission). DFLASH_TEST_DENY_AMX=1
@@ -32,7 +33,7 @@ def run_isolated(func: str, *args, deny_amx: bool = False, timeout: float = 300)
     deny_amx = deny_amx or os.environ.get("DFLASH_TEST_DENY_AMX") == "1"
     payload = json.dumps({"func": func, "args": args, "deny_amx": deny_amx})
     res = subprocess.run([sys.executable, str(_HERE / "target_workers.py"), payload], capture_output=True, text=True,
-                         cwd=_HERE, timeout=timeout)
+                         cwd=_HERE.parent, timeout=timeout)
     if res.returncode != 0:
         how = (f"killed by signal {signal.Signals(-res.returncode).name}" if res.returncode < 0
                else f"exit code {res.returncode}")
@@ -46,8 +47,8 @@ def _child(payload: str) -> None:
     req = json.loads(payload)
     if req["deny_amx"]:
         deny_amx_permission()
-    module, _, name = req["func"].rpartition(":")  # "module:func" for another tests/ module's work
-    func = getattr(__import__(module), name) if module else globals()[name]
+    module, _, name = req["func"].rpartition(":")  # "module:func" for another helper module's work
+    func = getattr(importlib.import_module(f"helpers.{module}"), name) if module else globals()[name]
     out = func(*req["args"])
     print("@@RESULT@@" + json.dumps(out), flush=True)
 
@@ -230,7 +231,7 @@ def offload_trace(endpoint, target_path: str, draft_path: str, placements: list,
     drafter on the same device. weight_buffer_mib caps the weight buffers of that load
     (DFLASH_WEIGHT_BUFFER_MIB)."""
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from loops import greedy_generate, speculative_generate, tree_generate
+    from helpers.loops import greedy_generate, speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
     devices = _devices(endpoint)
@@ -279,7 +280,7 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
     from dflash_gguf.devices import add_rpc_server
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.generate import GenerationStats, Placement, Request, collect
-    from loops import prefill_prompt, speculative_steps
+    from helpers.loops import prefill_prompt, speculative_steps
     from dflash_gguf.target import Target, TargetConfig
 
     add_rpc_server(endpoint)
@@ -321,7 +322,7 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.engine import Engine
     from dflash_gguf.speculative import default_p_min
-    from loops import greedy_generate, speculative_generate, tree_generate
+    from helpers.loops import greedy_generate, speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
@@ -535,7 +536,7 @@ def sampled_on_devices(endpoint, target_path: str, draft_path: str, devices: lis
 
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.sampling import SamplingParams
-    from loops import greedy_generate, speculative_generate, tree_generate
+    from helpers.loops import greedy_generate, speculative_generate, tree_generate
     from dflash_gguf.target import Target, TargetConfig
 
     _devices(endpoint)
@@ -588,4 +589,7 @@ def shape_model_steps(endpoint, path: str, device: str) -> dict:
 
 
 if __name__ == "__main__":  # the child of run_isolated
+    # run as a file, which puts tests/helpers/ first on sys.path: tests/ goes there instead,
+    # for the helpers' imports (helpers.loops, helpers.<module> of a "module:func")
+    sys.path[0] = str(_HERE.parent)
     _child(sys.argv[1])

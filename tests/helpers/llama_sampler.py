@@ -18,7 +18,7 @@ def llama_cpp_oracle():
     try:
         import llama_cpp
     except ImportError:
-        from fixtures import missing_oracle
+        from helpers.fixtures import missing_oracle
 
         missing_oracle("llama-cpp-python")
     return llama_cpp

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draft_fixtures import make_dflash
-from fixtures import _training_corpus, llama_cpp_source
+from helpers.draft_fixtures import make_dflash
+from helpers.fixtures import _training_corpus, llama_cpp_source
 
 # o200k's Split regex as gpt-oss's tokenizer.json carries it
 O200K_REGEX = (

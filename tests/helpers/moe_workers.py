@@ -38,7 +38,7 @@ def placed_runs(endpoint: str, target_path: str, draft_path: str, placements: li
     from dflash_gguf.devices import add_rpc_server
     from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
     from dflash_gguf.speculative import default_p_min
-    from loops import greedy_generate, speculative_generate, tree_generate
+    from helpers.loops import greedy_generate, speculative_generate, tree_generate
     from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
 
     add_rpc_server(endpoint)

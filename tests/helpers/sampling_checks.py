@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import numpy as np
 from dflash_gguf.budget import AutoBudget
-from loops import greedy_generate
 from dflash_gguf.sampling import SamplingParams, distribution, penalize
-from loops import speculative_generate, tree_generate
 from dflash_gguf.target import LOGITS_LAST
+
+from helpers.loops import greedy_generate
+from helpers.loops import speculative_generate, tree_generate
 
 
 def chi2_critical(df: int, z: float = 3.09) -> float:

@@ -7,8 +7,9 @@ from dflash_gguf.demo import demo_paths
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.target import Target, TargetConfig
 from dflash_gguf.tokenizer import Tokenizer
-from fixtures import CODE_PROMPT
-from loops import prefill_prompt
+
+from helpers.fixtures import CODE_PROMPT
+from helpers.loops import prefill_prompt
 
 
 TEXT = CODE_PROMPT + """    def pop(self):
