@@ -35,8 +35,8 @@ def pytest_addoption(parser):
     parser.addoption("--device-under-test", default=None,
                      help="ggml device for the tests marked `device` (default: $DFLASH_TEST_DEVICE, else RPC: "
                           "a local ggml RPC server serving the CPU backend)")
-    parser.addoption("--fuzz-count", type=int, default=320,
-                     help="mutants of the GGUF fuzz run in tests/convert/test_fuzz_gguf.py (default 320)")
+    parser.addoption("--fuzz-count", type=int, default=128,
+                     help="mutants of the GGUF fuzz run in tests/convert/test_fuzz_gguf.py (default 128)")
     parser.addoption("--fuzz-seed", type=int, default=14, help="seed of that run (default 14)")
     parser.addoption("--fuzz-only", type=int, action="append",
                      help="run only this mutant of --fuzz-seed (repeatable): a failure's replay")

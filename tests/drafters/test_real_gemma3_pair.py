@@ -90,7 +90,7 @@ def test_dflash_train_makes_a_drafter_for_the_published_gemma3(pair, tmp_path):
 
     from dflash_gguf.train import TrainOptions, train
 
-    data = [str(f) for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("[a-b]*.py"))]
+    data = [str(f) for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("b[ai]*.py"))]
     out = tmp_path / "gemma3-dflash.gguf"
     train(TrainOptions(model=pair["small"], data=data, output=str(out), steps=3, seed=0, block_size=8,
                        ctx_size=128, batch=2, anchors=8, draft_vocab=8192, eval_prompts=1, eval_tokens=8,

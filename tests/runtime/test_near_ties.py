@@ -17,7 +17,7 @@ from dflash_gguf.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real
 
-N_TEXT = 64  # teacher-forced positions per model in CI
+N_TEXT = 32  # teacher-forced positions per model in CI (the script hunts thousands)
 
 
 def _texts(tok: Tokenizer):
