@@ -4,7 +4,7 @@ with one seed, data and step budget, the loss over the whole head (--loss-vocab 
 the data's N most frequent tokens (default 1024 of its 4096: the share 32,768 is of Qwen's
 151,936), each drafter's held-out AL measured by the run's own probe at its end.
 
-    .venv/bin/python scripts/loss_vocab_cost.py [--keep 1024] [--steps 300] [-t 2] [--out PATH]
+    .venv/bin/python scripts/loss_vocab_cost.py [--keep 1024] [--steps 300] [--data-glob '[a-c]*.py'] [-t 2] [--out PATH]
 
 Step-budgeted and seeded: the result does not depend on the machine's speed or load.
 """
@@ -26,12 +26,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", type=int, default=1024, help="the kept vocabulary of the cut run")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--data-glob", default="[a-c]*.py", help="the standard library's modules to train on (default [a-c]*.py)")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="default results/loss-vocab-cost-DATE.json")
     a = p.parse_args(argv)
     target = demo_paths()[0]
     out = a.out or Path("results") / f"loss-vocab-cost-{dt.date.today()}.json"
-    data = sorted(str(f) for f in Path(sysconfig.get_paths()["stdlib"]).glob("[a-c]*.py"))
+    data = sorted(str(f) for f in Path(sysconfig.get_paths()["stdlib"]).glob(a.data_glob))
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, keep in (("whole head", 0), (f"kept {a.keep}", a.keep)):

@@ -1032,8 +1032,8 @@ def test_training_scripts_report_both_drafters_acceptance(tmp_path):
     vocabulary), each cut to a few seconds of training."""
     scripts = ROOT / "scripts"
     compare, cost = tmp_path / "compare.json", tmp_path / "cost.json"
-    for args in (["train_demo_compare.py", "--minutes", "0.3", "--eval-prompts", "2", "--data-glob", "a*.py", "--out", str(compare)],
-                 ["loss_vocab_cost.py", "--steps", "2", "--keep", "512", "--out", str(cost)]):
+    for args in (["train_demo_compare.py", "--minutes", "0.3", "--eval-prompts", "1", "--data-glob", "asyn*.py", "--out", str(compare)],
+                 ["loss_vocab_cost.py", "--steps", "2", "--keep", "512", "--data-glob", "asyn*.py", "--out", str(cost)]):
         res = subprocess.run([sys.executable, str(scripts / args[0]), *args[1:], "-t", "1"], capture_output=True,
                              text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
