@@ -5,7 +5,10 @@ import ctypes
 import os
 import sys
 
-import llama_cpp
+if len(sys.argv) != 2 or ":" not in sys.argv[1]:
+    sys.exit("usage: python rpc_server.py HOST:PORT")
+
+import llama_cpp  # noqa: E402  (after the usage check: loading the libraries takes a while)
 
 lib_dir = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
 ggml = ctypes.CDLL(os.path.join(lib_dir, "libggml.so"), mode=ctypes.RTLD_GLOBAL)
