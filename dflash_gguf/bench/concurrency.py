@@ -268,11 +268,6 @@ def llama_server_command(exe: Path, port: int, target: str, draft: Optional[str]
     return cmd
 
 
-def llama_server_version(exe: Path) -> str:
-    res = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
-    return (res.stdout + res.stderr).strip()
-
-
 # -- cells -----------------------------------------------------------------------------------------
 
 def request_body(i: int, sampling: Sampling, args) -> dict:
@@ -526,7 +521,7 @@ def main(argv=None) -> int:
         "load_average": {"before": load_before, "after": load_after},
         "ours": {"np_flag": has_np,
                  "note": None if has_np else "dflash-server has no -np: its requests queue"},
-        "llama_server": {"path": str(llama_server), "version": llama_server_version(llama_server),
+        "llama_server": {"path": str(llama_server), "version": serve_load.version_of(llama_server),
                          "sources": str(llama_cpp_tree.sdist_dir())} if llama_server else None,
         "pairs": [{"name": n, "target": str(Path(t).resolve()), "draft": str(Path(d).resolve()) if d else None}
                   for n, t, d in pairs_of(args)],

@@ -5,6 +5,7 @@ against plain decoding's, token for token, as lossless speculation must give the
     dflash-bench workload                                  # the bundled stdlib workload, demo target
     dflash-bench workload my-sessions.jsonl -m target.gguf --spec-type ngram-simple --spec-type suffix
     dflash-bench workload --sessions rename-wrap-chunks,prose -n 64 -r 1 -o mine.json
+    dflash-bench workload -m target.gguf --spec-type suffix --llama-spec-type ngram-mod --llama-spec-type none
 
 Each turn is a /v1/chat/completions request holding the whole session so far: the
 workload's user messages and the server's own earlier replies (temperature 0). Every arm
@@ -13,6 +14,10 @@ server learns from one repetition's sessions, such as a corpus of earlier replie
 the next repetition's identical ones) and warmed up by one short request before any
 session is timed. Within a repetition every session runs on every arm before the next
 session starts, the arms' order rotated by one for each repetition and session.
+--llama-spec-type adds llama.cpp's llama-server as arms of the same run (its own --spec-type,
+or `none` for its plain decoding), on the same GGUF and threads, for the comparison with
+llama.cpp on the same requests; its replies are compared with our plain decoding's and
+the differences reported, not failed (another engine's rounding may part at a near tie).
 
 Per arm and session the rows give decode tok/s (completion tokens over the server's
 decode seconds, summed over the session's turns), wall seconds, completion tokens and,
@@ -42,6 +47,7 @@ from typing import Dict, List, Optional, Sequence
 
 import httpx
 
+from .. import llama_cpp_tree
 from ..config import FILE_KINDS, SIMPLE
 from ..demo import DATA
 from . import method, provenance, serve_load, stats
@@ -50,6 +56,8 @@ from .workload import Session, WorkloadError, load
 
 BUNDLED = DATA / "workloads" / "stdlib.jsonl"
 PLAIN = "plain"
+LLAMA = "llama-server"
+LLAMA_PLAIN = "none"  # --llama-spec-type none: llama-server decoding without drafts
 DEFAULT_ARMS = ("ngram-simple", "ngram-mod")
 WARMUP = [{"role": "user", "content": "Say hello."}]
 
@@ -72,6 +80,12 @@ def parser() -> argparse.ArgumentParser:
                    help="an arm beside plain decoding: dflash-server's --spec-type, passed as it is (a comma list "
                         "is one arm drafting with several kinds); repeatable (default: ngram-simple, ngram-mod and, "
                         "with -md, the drafter file's own kind)")
+    p.add_argument("--llama-spec-type", action="append", metavar="KINDS",
+                   help="an arm of llama.cpp's llama-server with this --spec-type (`none`: its plain decoding); "
+                        "repeatable; needs -m and a built llama-server (python scripts/llama_cpp_build.py "
+                        "llama-server)")
+    p.add_argument("--llama-cpp", type=Path, metavar="DIR",
+                   help="the directory holding llama-server (default: where scripts/llama_cpp_build.py builds it)")
     p.add_argument("--sessions", metavar="NAME[,NAME...]", help="run only these sessions of the workload")
     p.add_argument("-n", "--n-predict", type=int, help="cap every turn's max_tokens at N (default: the workload's)")
     p.add_argument("-r", "--repetitions", type=int, default=3, help="repetitions of every session (default 3)")
@@ -106,13 +120,21 @@ def parse_args(p: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
 
 @dataclass(frozen=True)
 class Arm:
-    """A dflash-server decoding one way: plain (spec_type None) or drafting by --spec-type."""
+    """A server decoding one way: plain (spec_type None) or drafting by --spec-type;
+    dflash-server, or llama.cpp's llama-server for the comparison with it."""
 
     spec_type: Optional[str] = None
+    engine: str = "ours"
 
     @property
     def name(self) -> str:
+        if self.engine == LLAMA:
+            return f"{LLAMA}:{self.spec_type}" if self.spec_type else LLAMA
         return self.spec_type or PLAIN
+
+    @property
+    def ours(self) -> bool:
+        return self.engine != LLAMA
 
     @property
     def reads_drafter(self) -> bool:
@@ -128,14 +150,32 @@ def default_kinds(model: Optional[str], draft: Optional[str]) -> List[str]:
     return [*DEFAULT_ARMS, *(resolve_spec_types(None, model, draft) if draft else ())]
 
 
-def arms_of(spec_types: Sequence[str]) -> List[Arm]:
-    """Plain decoding first (every other arm is checked against it), then each kind once."""
-    return [Arm()] + [Arm(k) for k in dict.fromkeys(spec_types)]
+def arms_of(spec_types: Sequence[str], llama_spec_types: Sequence[str] = ()) -> List[Arm]:
+    """Plain decoding first (every other arm is checked against it), then each kind once,
+    then llama-server's."""
+    llama = [Arm(None if k == LLAMA_PLAIN else k, LLAMA) for k in dict.fromkeys(llama_spec_types)]
+    return [Arm()] + [Arm(k) for k in dict.fromkeys(spec_types)] + llama
+
+
+def llama_server_command(arm: Arm, port: int, args) -> List[str]:
+    """llama-server at its defaults but for what both engines must share: the GGUF, threads,
+    context and one slot (`-c 0` is the model's trained context for both)."""
+    t = str(args.threads)
+    cmd = [str(args.llama_server), "--host", "127.0.0.1", "--port", str(port), "-m", args.model, "-t", t, "-tb", t,
+           "-c", str(args.ctx_size), "-np", "1", "--no-webui"]
+    if arm.spec_type:
+        cmd += ["--spec-type", arm.spec_type]
+        if args.model_draft and arm.reads_drafter:
+            cmd += ["-md", args.model_draft, "-td", t, "-tbd", t]
+    return cmd
 
 
 def server_command(arm: Arm, port: int, args) -> List[str]:
     """dflash-server for `arm`. Without -m the server takes the bundled demo pair itself,
-    and its drafter only for the kinds that read one."""
+    and its drafter only for the kinds that read one. Flags after `--` go to dflash-server
+    only: they are its flags."""
+    if not arm.ours:
+        return llama_server_command(arm, port, args)
     cmd = [sys.executable, "-m", "dflash_gguf.server", "--host", "127.0.0.1", "--port", str(port),
            "-t", str(args.threads), "-c", str(args.ctx_size), "--queue", "1"]
     if args.model:
@@ -169,15 +209,30 @@ def chat(http: httpx.Client, url: str, messages: List[dict], max_tokens: int) ->
         raise TurnError(f"status {r.status_code}, not JSON: {r.text[:200]!r}") from None
     if r.status_code != 200 or "error" in reply:
         raise TurnError(f"status {r.status_code}: {json.dumps(reply.get('error', reply))[:300]}")
-    choice, figures = reply["choices"][0], reply.get("dflash") or {}
-    passes = figures.get("target_passes") or 0
+    choice = reply["choices"][0]
     return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),
             "completion_tokens": reply["usage"]["completion_tokens"], "prompt_tokens": reply["usage"]["prompt_tokens"],
-            "reused_prompt_tokens": figures.get("reused_prompt_tokens"), "wall_s": wall,
-            "decode_s": figures.get("decode_seconds"), "prefill_s": figures.get("prefill_seconds"),
-            "target_passes": passes,
-            # each pass makes its accepted drafts and one token of the target's own
-            "accepted_drafts": sum(figures.get("accepted_lengths") or ()) - passes}
+            "wall_s": wall, **figures_of(reply)}
+
+
+def figures_of(reply: dict) -> dict:
+    """The server's own figures of a turn: dflash-server's `dflash` object, or llama-server's
+    `timings` (its predicted_ms times the tokens after the prompt's, as our decode seconds do)."""
+    if "dflash" in reply or "timings" not in reply:
+        figures = reply.get("dflash") or {}
+        passes = figures.get("target_passes") or 0
+        return {"reused_prompt_tokens": figures.get("reused_prompt_tokens"),
+                "decode_s": figures.get("decode_seconds"), "prefill_s": figures.get("prefill_seconds"),
+                "target_passes": passes, "drafted": None,
+                # each pass makes its accepted drafts and one token of the target's own
+                "accepted_drafts": sum(figures.get("accepted_lengths") or ()) - passes}
+    t = reply["timings"]
+    accepted = t.get("draft_n_accepted") or 0
+    return {"reused_prompt_tokens": t.get("cache_n"), "decode_s": t["predicted_ms"] / 1000.0,
+            "prefill_s": t["prompt_ms"] / 1000.0,
+            # a pass makes its accepted drafts and one token; plain decoding reports no passes
+            "target_passes": t["predicted_n"] - accepted if "draft_n" in t else 0,
+            "drafted": t.get("draft_n"), "accepted_drafts": accepted}
 
 
 def run_session(http: httpx.Client, url: str, session: Session, cap: Optional[int]) -> List[dict]:
@@ -271,21 +326,26 @@ def first_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def mismatches(records: List[dict]) -> List[dict]:
-    """Each arm's session of a repetition whose replies are not plain decoding's in that
-    repetition: the first turn that differs (every later turn's request differs too)."""
+def is_ours(arm_name: str) -> bool:
+    return not arm_name.startswith(LLAMA)
+
+
+def mismatches(records: List[dict], ours: bool = True) -> List[dict]:
+    """Each arm's session of a repetition whose replies are not our plain decoding's in that
+    repetition: the first turn that differs (every later turn's request differs too). Our
+    arms (lossless: a failure), or with ours=False llama-server's (a fact to report)."""
     sessions = _by_session(records)
     out = []
     for (arm, name, rep), turns in sessions.items():
         plain = sessions.get((PLAIN, name, rep))
-        if arm == PLAIN or plain is None:
+        if arm == PLAIN or plain is None or is_ours(arm) != ours:
             continue
-        for ours, ref in zip(turns, plain):
-            if ours["text"] != ref["text"] or ours["completion_tokens"] != ref["completion_tokens"]:
-                out.append({"arm": arm, "session": name, "rep": rep, "turn": ours["turn"],
-                            "first_difference": first_difference(ours["text"], ref["text"]),
-                            "chars": len(ours["text"]), "plain_chars": len(ref["text"]),
-                            "tokens": ours["completion_tokens"], "plain_tokens": ref["completion_tokens"]})
+        for got, ref in zip(turns, plain):
+            if got["text"] != ref["text"] or got["completion_tokens"] != ref["completion_tokens"]:
+                out.append({"arm": arm, "session": name, "rep": rep, "turn": got["turn"],
+                            "first_difference": first_difference(got["text"], ref["text"]),
+                            "chars": len(got["text"]), "plain_chars": len(ref["text"]),
+                            "tokens": got["completion_tokens"], "plain_tokens": ref["completion_tokens"]})
                 break
     return out
 
@@ -294,7 +354,7 @@ def unchecked(records: List[dict], arms: List[Arm], sessions: Sequence[Session],
     """The arm sessions the check could not compare: plain's or their own did not run whole."""
     have = _by_session(records)
     return [{"arm": a.name, "session": s.name, "rep": rep} for rep in range(repetitions) for s in sessions
-            for a in arms[1:] if (a.name, s.name, rep) not in have or (PLAIN, s.name, rep) not in have]
+            for a in arms[1:] if a.ours and ((a.name, s.name, rep) not in have or (PLAIN, s.name, rep) not in have)]
 
 
 def session_figures(turns: List[dict]) -> dict:
@@ -317,21 +377,40 @@ def verdict(ratios: List[float]) -> Optional[str]:
     return stats.verdict(statistics.median(ratios) if ratios else None, ratios)
 
 
+def _ratios(reps: Dict[int, dict], base: Dict[int, dict]) -> List[float]:
+    """Each repetition's decode tok/s over the base arm's in the same repetition."""
+    return [f["decode_tps"] / base[rep]["decode_tps"] for rep, f in reps.items()
+            if rep in base and f["decode_tps"] and base[rep]["decode_tps"]]
+
+
+def best_llama(figures: Dict[str, Dict[int, dict]]) -> Optional[str]:
+    """llama-server's fastest arm on a session, by its median decode tok/s."""
+    def median_tps(reps):
+        tps = [f["decode_tps"] for f in reps.values() if f["decode_tps"]]
+        return statistics.median(tps) if tps else 0.0
+
+    llama = [a for a in figures if not is_ours(a) and a != LLAMA]  # its drafting kinds
+    return max(llama, key=lambda a: median_tps(figures[a]), default=None)
+
+
 def rows(records: List[dict], arms: List[Arm], sessions: Sequence[Session]) -> List[dict]:
     """A row per session and arm: medians and min-max over the repetitions; against plain,
-    the ratio of each repetition's decode tok/s to plain's in the same repetition."""
+    the ratio of each repetition's decode tok/s to plain's in the same repetition; for our
+    arms, when llama-server drafted too, the same ratio to its best drafting arm there."""
     have = _by_session(records)
     out = []
     for s in sessions:
-        plain = {rep: session_figures(t) for (a, name, rep), t in have.items() if a == PLAIN and name == s.name}
+        figures = {arm.name: {rep: session_figures(t) for (a, name, rep), t in have.items()
+                              if a == arm.name and name == s.name} for arm in arms}
+        plain, llama = figures[PLAIN], best_llama(figures)
         for arm in arms:
-            reps = {rep: session_figures(t) for (a, name, rep), t in have.items() if a == arm.name and name == s.name}
+            reps = figures[arm.name]
             if not reps:
                 continue
-            ratios = [f["decode_tps"] / plain[rep]["decode_tps"] for rep, f in reps.items()
-                      if arm.name != PLAIN and rep in plain and f["decode_tps"] and plain[rep]["decode_tps"]]
+            ratios = _ratios(reps, plain) if arm.name != PLAIN else []
             per_turn = [Spread.of(tps) for tps in zip(*(f["turn_tps"] for f in reps.values()))]
             spread = Spread.of(ratios)
+            vs_llama = Spread.of(_ratios(reps, figures[llama])) if llama and arm.ours else None
 
             def of(key: str) -> Optional[dict]:
                 got = Spread.of(f[key] for f in reps.values())
@@ -342,6 +421,8 @@ def rows(records: List[dict], arms: List[Arm], sessions: Sequence[Session]) -> L
                         "target_passes": of("target_passes"), "accepted_drafts": of("accepted_drafts"),
                         "turn_decode_tps_median": [t.median if t else None for t in per_turn],
                         "vs_plain": spread.to_json() if spread else None, "verdict": verdict(ratios),
+                        "vs_llama": vs_llama.to_json() if vs_llama else None,
+                        "llama_arm": llama if vs_llama else None,
                         "loaded": any(f["loaded"] for f in reps.values())})
     return out
 
@@ -356,20 +437,22 @@ def _spread_text(s: Optional[dict], fmt: str) -> str:
 
 
 def table_text(table: List[dict]) -> str:
-    lines = [["session", "kind", "arm", "decode tok/s median [min-max]", "x plain per rep", "", "wall s", "tokens",
-              "passes", "drafts accepted", "tok/s per turn (medians)", "loaded"]]
+    lines = [["session", "kind", "arm", "decode tok/s median [min-max]", "x plain per rep", "",
+              "x llama-server's best", "wall s", "tokens", "passes", "drafts accepted", "tok/s per turn (medians)",
+              "loaded"]]
     for r in table:
         turns = " / ".join("-" if x is None else f"{x:.1f}" for x in r["turn_decode_tps_median"])
         lines.append([r["session"], r["kind"], r["arm"], _spread_text(r["decode_tps"], ".1f"),
                       _spread_text(r["vs_plain"], ".3f") + ("x" if r["vs_plain"] else ""), r["verdict"] or "",
+                      _spread_text(r.get("vs_llama"), ".3f") + ("x" if r.get("vs_llama") else ""),
                       _spread_text(r["wall_s"], ".2f"), _spread_text(r["tokens"], ".0f"),
                       _spread_text(r["target_passes"], ".0f"), _spread_text(r["accepted_drafts"], ".0f"), turns,
                       "yes" if r["loaded"] else "no"])
     return _columns(lines)
 
 
-def mismatch_text(found: List[dict]) -> str:
-    return "\n".join(f"LOSSLESS CHECK FAILED: {m['arm']} {m['session']} rep {m['rep'] + 1} turn {m['turn'] + 1}: "
+def mismatch_text(found: List[dict], head: str = "LOSSLESS CHECK FAILED") -> str:
+    return "\n".join(f"{head}: {m['arm']} {m['session']} rep {m['rep'] + 1} turn {m['turn'] + 1}: "
                      f"its reply ({m['tokens']} tokens, {m['chars']} chars) parts from plain decoding's "
                      f"({m['plain_tokens']} tokens, {m['plain_chars']} chars) at character {m['first_difference']}"
                      for m in found)
@@ -394,6 +477,19 @@ def check(p: argparse.ArgumentParser, args) -> None:
             p.error(f"--spec-type {kind!r}: name a kind the server drafts with (plain decoding always runs)")
         if args.model and not args.model_draft and Arm(kind).reads_drafter:
             p.error(f"--spec-type {kind} drafts with a drafter file: give -md")
+    args.llama_server = None
+    if args.llama_spec_type:
+        if not args.model:
+            p.error("--llama-spec-type needs -m: llama-server and ours decode the same GGUF")
+        for kind in args.llama_spec_type:
+            if not kind.strip():
+                p.error("--llama-spec-type '': name llama-server's kind, or `none` for its plain decoding")
+            if not args.model_draft and Arm(kind, LLAMA).reads_drafter:
+                p.error(f"--llama-spec-type {kind} drafts with a drafter file: give -md")
+        args.llama_server = llama_cpp_tree.tool(LLAMA, args.llama_cpp)
+        if args.llama_server is None:
+            p.error(f"llama-server is not in {args.llama_cpp or llama_cpp_tree.build_dir() / 'bin'} "
+                    "(python scripts/llama_cpp_build.py llama-server builds it)")
 
 
 def sessions_of(p: argparse.ArgumentParser, args) -> tuple:
@@ -428,7 +524,7 @@ def main(argv=None) -> int:
         p.error(f"{where['path']} has uncommitted changes; a workload run measures a commit (--force runs it "
                 "anyway, recorded in the file)")
     try:
-        arms = arms_of(args.spec_type or default_kinds(args.model, args.model_draft))
+        arms = arms_of(args.spec_type or default_kinds(args.model, args.model_draft), args.llama_spec_type or ())
     except ValueError as e:  # config.ConfigError: a -md file that is no drafter's
         p.error(str(e))
     started, load_before = _dt.datetime.now(_dt.timezone.utc), provenance.load_average()
@@ -441,6 +537,7 @@ def main(argv=None) -> int:
             print("dflash-bench workload: interrupted", file=sys.stderr)
             return 130
     found, missing = mismatches(records), unchecked(records, arms, sessions, args.repetitions)
+    llama_differs = mismatches(records, ours=False)
     table = rows(records, arms, sessions)
     result = {
         "tool": "dflash-bench workload", "started": started.isoformat(timespec="seconds"),
@@ -459,6 +556,11 @@ def main(argv=None) -> int:
                      "interleaved": "each repetition starts every arm's server anew; each session runs on every "
                                     "arm before the next session, the arms' order rotated by repetition + session"},
         "lossless": {"equal": not found and not missing, "mismatches": found, "unchecked": missing},
+        "llama_server": {"path": str(args.llama_server), "version": serve_load.version_of(args.llama_server),
+                         "sources": str(llama_cpp_tree.sdist_dir()),
+                         # another engine: its replies may part from ours at a near tie, and
+                         # then its later turns answer another conversation
+                         "differs_from_our_plain": llama_differs} if args.llama_server else None,
         "cells": cells,
         "rows": table,
         "failures": failures,
@@ -473,6 +575,8 @@ def main(argv=None) -> int:
         print(table_text(table))
     for f in failures:
         print(f"FAILED {f['arm']}{' ' + f['session'] if 'session' in f else ''} rep {f['rep'] + 1}: {f['error']}")
+    if llama_differs:
+        print(mismatch_text(llama_differs, "llama-server differs from our plain decoding (not a failure)"))
     if found:
         print(mismatch_text(found))
         print(mismatch_text(found), file=sys.stderr)

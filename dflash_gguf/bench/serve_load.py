@@ -65,6 +65,12 @@ def dflash_server_help() -> str:
     return res.stdout
 
 
+def version_of(exe: Path) -> str:
+    """What a llama.cpp tool's --version prints (its build and commit)."""
+    res = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+    return (res.stdout + res.stderr).strip()
+
+
 def parse_metrics(text: str) -> dict:
     """Prometheus text as {name (with its labels): value}."""
     out = {}

@@ -187,15 +187,62 @@ def test_arms_pass_any_kind_through_and_the_drafter_only_where_it_is_read():
     assert multiturn.default_kinds(*demo_paths()) == ["ngram-simple", "ngram-mod", "draft-dflash"]
 
 
+def test_llama_server_arms_are_compared_not_failed_and_ours_get_a_ratio_to_its_best():
+    """llama-server's ngram-mod ran at 20 tok/s, its ngram-simple at 25 (its best), suffix at
+    50: suffix is 2x its best. Its reply that parts from ours is reported, not failed."""
+    records = []
+    for rep in range(2):
+        for i in range(2):
+            records += [turn("plain", "s", rep, i, "t"), turn("suffix", "s", rep, i, "t", decode_s=0.08),
+                        turn("llama-server:ngram-mod", "s", rep, i, "t", decode_s=0.2),
+                        turn("llama-server:ngram-simple", "s", rep, i, "t" if i else "x", decode_s=0.16),
+                        turn("llama-server", "s", rep, i, "t", decode_s=0.09)]
+    arms = multiturn.arms_of(["suffix"], ["ngram-mod", "ngram-simple", "none"])
+    assert [a.name for a in arms] == ["plain", "suffix", "llama-server:ngram-mod", "llama-server:ngram-simple",
+                                      "llama-server"]
+    assert multiturn.mismatches(records) == [] and multiturn.unchecked(records, arms, load_sessions("s"), 2) == []
+    differs = multiturn.mismatches(records, ours=False)
+    assert {(m["arm"], m["turn"]) for m in differs} == {("llama-server:ngram-simple", 0)}
+    by = {r["arm"]: r for r in multiturn.rows(records, arms, load_sessions("s"))}
+    assert by["suffix"]["llama_arm"] == "llama-server:ngram-simple"  # its plain arm is not a drafting kind
+    assert by["suffix"]["vs_llama"]["median"] == pytest.approx(2.0)
+    assert by["llama-server:ngram-mod"]["vs_llama"] is None and by["plain"]["vs_llama"]["median"] == pytest.approx(1.6)
+    assert "x llama-server's best" in multiturn.table_text(list(by.values()))
+
+
+def test_a_llama_server_arm_runs_its_own_flags_and_reads_its_timings(tmp_path):
+    exe = tmp_path / "llama-server"
+    args = multiturn.parse_args(multiturn.parser(), ["-m", "t.gguf", "-md", "d.gguf", "-t", "2", "--", "-ub", "32"])
+    args.llama_server = exe
+    mod, simple = multiturn.arms_of([], ["ngram-mod", "draft-simple"])[1:]
+    cmd = multiturn.server_command(mod, 9, args)
+    assert cmd[0] == str(exe) and cmd[cmd.index("--spec-type") + 1] == "ngram-mod" and "-md" not in cmd
+    assert cmd[cmd.index("-m") + 1] == "t.gguf" and cmd[cmd.index("-np") + 1] == "1" and "-ub" not in cmd
+    assert multiturn.server_command(simple, 9, args)[-6:] == ["-md", "d.gguf", "-td", "2", "-tbd", "2"]
+    timings = {"cache_n": 10, "prompt_n": 5, "prompt_ms": 50.0, "predicted_n": 40, "predicted_ms": 2000.0,
+               "draft_n": 30, "draft_n_accepted": 24}
+    got = multiturn.figures_of({"timings": timings})
+    assert got == {"reused_prompt_tokens": 10, "decode_s": 2.0, "prefill_s": 0.05, "target_passes": 16,
+                   "drafted": 30, "accepted_drafts": 24}
+    plain = {k: v for k, v in timings.items() if not k.startswith("draft")}
+    assert multiturn.figures_of({"timings": plain})["target_passes"] == 0
+    ours = multiturn.figures_of({"dflash": {"target_passes": 3, "accepted_lengths": [4, 1, 2], "decode_seconds": 1.0}})
+    assert (ours["target_passes"], ours["accepted_drafts"], ours["decode_s"]) == (3, 4, 1.0)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--spec-type", "plain"], "plain decoding always runs"),
     (["--sessions", "nope"], "--sessions: nope: not in"),
     (["-r", "0"], "-r and -t must be at least 1"),
     (["-n", "0"], "-n must be at least 1"),
+    (["--llama-spec-type", "ngram-mod"], "--llama-spec-type needs -m"),
+    (["-m", "{target}", "--llama-spec-type", "ngram-mod", "--llama-cpp", "{dir}"], "llama-server is not in"),
+    (["-m", "{target}", "--llama-spec-type", "draft-simple"], "drafts with a drafter file: give -md"),
     (["{missing}"], "No such file"),
 ])
 def test_bad_options_exit_2_with_a_message(tmp_path, argv, message, capsys):
-    argv = [a.replace("{missing}", str(tmp_path / "missing.jsonl")) for a in argv]
+    argv = [a.replace("{missing}", str(tmp_path / "missing.jsonl")).replace("{dir}", str(tmp_path))
+            .replace("{target}", str(demo_paths()[0])) for a in argv]
     with pytest.raises(SystemExit) as e:
         multiturn.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
