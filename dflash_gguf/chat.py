@@ -112,3 +112,30 @@ def gguf_templates(tokenizer) -> Dict[str, str]:
         if key.startswith(prefix) and isinstance(value, str):
             found[key[len(prefix):]] = value
     return found
+
+
+class EngineTemplates:
+    """The chat template an engine renders with: the one set by the user, else the GGUF's
+    (its tool_use template, when it has one, for conversations that offer tools), each
+    compiled on first use."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.custom: Optional[ChatTemplate] = None
+        self.compiled: Dict[str, ChatTemplate] = {}
+
+    def get(self, tools: bool = False) -> ChatTemplate:
+        """ValueError when there is none."""
+        if self.custom is not None:
+            return self.custom
+        found = gguf_templates(self.tokenizer)
+        name = "tool_use" if tools and "tool_use" in found else DEFAULT
+        if name not in found:
+            raise ValueError("the model has no chat template (tokenizer.chat_template); give one "
+                             "(dflash-run / dflash-server --chat-template-file)")
+        if name not in self.compiled:
+            self.compiled[name] = ChatTemplate.of_tokenizer(self.tokenizer, found[name], name)
+        return self.compiled[name]
+
+    def set(self, source: str, name: str = "custom") -> None:
+        self.custom = ChatTemplate.of_tokenizer(self.tokenizer, source, name)

@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
-from . import auto_store
-from .budget import AutoBudget, AutoMemory
+from .chat import EngineTemplates
 from .checkpoints import PrefillSaver, PrefixCheckpoints
 from .config import AUTO_MAX_BUDGET, ConfigError, EngineSetup
 from .decoding import Batch, Sequence as Decoding, sequence_steps
 from .draft import Draft
-from .draft_simple import SimpleDraft, SimpleProposer, corpus_counts, kept_tokens
+from .draft_simple import SimpleDraft, corpus_counts, kept_tokens
 from .generate import GenerationStats, Placement, Request, check_request, collect
 from .memory import refusal, settle
-from .ngram import ngram_sources
-from .suffix import SuffixCorpora
-from .proposers import DrafterSuffixProposer, MixedProposer, NgramProposer, PlainProposer, SuffixProposer
+from .proposer_choice import ProposerChoice
 from .sampling import SamplingParams
-from .speculative import chain_proposer, default_p_min, tree_proposer
+from .speculative import default_p_min
+from .suffix import SuffixCorpora
 from .streamtext import partial_marker
 from .target import Target
 from .tokenizer import Tokenizer
-from .verify_cost import VerifyCost
 
 __all__ = ["Engine", "EngineSetup", "Result"]
 
@@ -143,23 +140,20 @@ class Engine:
             raise
         self.n_threads = n_threads
         self.chain_rule = setup.chain_rule
-        # what `auto` learnt, kept across requests: the verify cost table, and per sampling
-        # setting (whose acceptance and step cost differ from greedy's) what the last
-        # sequence learnt, which the next ones start from
-        self._verify_cost: Optional[VerifyCost] = None
-        self._autos: Dict[Optional[tuple], AutoMemory] = {}
         self.last_tokens: List[int] = []  # every token the last call generated
         # per slot: the tokens its context holds, and whether it was filled speculatively
         self._contexts: List[tuple] = [([], None) for _ in range(self.target.n_seq)]
         self.stage_hook: Optional[Callable[[str], None]] = None
         self.checkpoints: Optional[PrefixCheckpoints] = None
-        self._chat_template = None  # set_chat_template's
-        self._gguf_templates: dict = {}  # compiled on first use
+        self.templates = EngineTemplates(self.tokenizer)
         self._grammar_vocab = None  # grammar_vocab()'s
         # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
         self.grammar_drafting = True
         # suffix: the engine's corpora of earlier requests, one per Request.corpus key
         self.suffix_corpora = SuffixCorpora(setup.suffix) if setup.suffix is not None else None
+        # each request's proposer, and what `auto` and the weightless kinds' pricing learn
+        # across requests (the verify cost table, per sampling regime the last sequence's)
+        self.choice = ProposerChoice(self)
 
     # -- lifetime -------------------------------------------------------------------
     def _simple_draft(self, simple) -> SimpleDraft:
@@ -178,8 +172,7 @@ class Engine:
         return kept_tokens(self.target.path, n, self._corpus_counts(paths))
 
     def close(self) -> None:
-        for memory in self._autos.values():
-            memory.flush()
+        self.choice.flush()
         if self.checkpoints is not None:
             self.checkpoints.clear()
         if self.simple_draft is not None:
@@ -204,24 +197,11 @@ class Engine:
         """The chat.ChatTemplate prompts are rendered with: the one set with
         set_chat_template, else the GGUF's (its named template tool_use, when it has
         one, for conversations that offer tools). ValueError when there is none."""
-        from .chat import DEFAULT, ChatTemplate, gguf_templates
-
-        if self._chat_template is not None:
-            return self._chat_template
-        found = gguf_templates(self.tokenizer)
-        name = "tool_use" if tools and "tool_use" in found else DEFAULT
-        if name not in found:
-            raise ValueError("the model has no chat template (tokenizer.chat_template); give one "
-                             "(dflash-run / dflash-server --chat-template-file)")
-        if name not in self._gguf_templates:
-            self._gguf_templates[name] = ChatTemplate.of_tokenizer(self.tokenizer, found[name], name)
-        return self._gguf_templates[name]
+        return self.templates.get(tools)
 
     def set_chat_template(self, source: str, name: str = "custom") -> None:
         """Render chats with this template (Jinja source) instead of the GGUF's."""
-        from .chat import ChatTemplate
-
-        self._chat_template = ChatTemplate.of_tokenizer(self.tokenizer, source, name)
+        self.templates.set(source, name)
 
     def chat_prompt(self, user: str, system: Optional[str] = None, history: Sequence[dict] = (),
                     **template_kwargs) -> str:
@@ -249,7 +229,7 @@ class Engine:
         if speculative and (self.setup.ngram_kinds or self.suffix_corpora is not None):
             lookahead = max(lookahead, self.setup.spec_draft_n_max + 1)
         if speculative and self.simple_draft is not None:
-            lookahead = self.setup.simple.lookahead
+            lookahead = max(lookahead, self.setup.simple.lookahead)
         check_request(self.target, tokens, max_tokens, lookahead, context_full)
         return tokens
 
@@ -265,46 +245,8 @@ class Engine:
         """Measure what `--tree-budget auto` and the weightless kinds' pricing need (the
         verify cost table, cached per model file) now: measuring runs graphs on the
         target, which empties every slot."""
-        if self._wants_cost() and self._verify_cost is None:
-            self._verify_cost = VerifyCost(self.target, self.n_threads)
+        if self.choice.measure():
             self._contexts = [([], None) for _ in self._contexts]
-
-    def _wants_auto(self) -> bool:
-        """Whether a speculative request runs `--tree-budget auto`: a DFlash-family
-        drafter's trees, or draft-simple's plain-or-chain choice."""
-        if self.simple_draft is not None:
-            return self.setup.simple.auto
-        return self.draft is not None and bool(self.tree_budget and self.auto_budget)
-
-    def _weightless(self) -> bool:
-        """Whether speculative requests draft without a drafter model: the n-gram kinds or
-        suffix alone, each step priced against plain decoding (pricing.py)."""
-        return self.draft is None and self.simple_draft is None \
-            and bool(self.setup.ngram_kinds or self.suffix_corpora is not None)
-
-    def _wants_cost(self) -> bool:
-        """Whether speculative requests price their steps by the verify cost table."""
-        return self._wants_auto() or self._weightless()
-
-    def _auto_for(self, sampling: Optional[SamplingParams]) -> Optional[AutoBudget]:
-        """A sequence's own `auto` chooser, starting from what the engine learnt at the
-        request's sampling setting (None when the tree budget is fixed); prepare_auto has
-        measured the verify cost."""
-        if not self._wants_auto():
-            return None
-        key = _sampling_regime(sampling)
-        if key not in self._autos:
-            if self.simple_draft is not None:  # no trees: plain decoding and the chain of up to n-max drafts
-                largest, block = 0, self.setup.simple.n_max + 1
-                drafting = (auto_store.file_identity(self.simple_draft.path), self.setup.simple)
-            else:
-                largest, block = self.tree_budget, self.block_size or self.draft.block_size
-                drafting = (auto_store.file_identity(self.draft.path), block, self.draft_p_min, self.chain_rule)
-            # what an earlier process learnt on these files, settings, machine and sampling
-            entry = auto_store.key(self._verify_cost.key, drafting, largest, key)
-            self._autos[key] = AutoMemory(self._verify_cost, largest, block, auto_store.load(entry),
-                                          lambda state: auto_store.save(entry, state))
-        return self._autos[key].chooser()
 
     def held(self, slot: int) -> List[int]:
         """The tokens the slot's context holds (a later prompt extending them continues it)."""
@@ -326,42 +268,15 @@ class Engine:
         reused = n if (request.reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) \
             else 0
         self._contexts[slot] = ([], None)  # unknown until the run ends
-        if speculative and self._wants_cost() and self._verify_cost is None:
-            self.prepare_auto()
+        if speculative and self.choice.measure():
+            self._contexts = [([], None) for _ in self._contexts]
             reused = 0  # measuring the cost used the target
         saver = None
         if self.checkpoints is not None and tokens:
             if request.reuse_prefix:
                 reused = self._resume(tokens, reused, use_draft, stats, slot)
             saver = self._saver(tokens, reused, use_draft, slot)
-        ngram = self.setup.ngram_kinds if speculative else ()
-        if speculative and self.suffix_corpora is not None:
-            if use_draft:
-                proposer = DrafterSuffixProposer(self.draft, self.block_size or self.draft.block_size,
-                                                 self.draft_p_min, self.suffix_corpora, request.corpus,
-                                                 self.setup.spec_draft_n_max)
-            else:
-                proposer = SuffixProposer(self.suffix_corpora, request.corpus, self.setup.spec_draft_n_max,
-                                          self._verify_cost)
-        elif ngram:
-            sources = ngram_sources(ngram, self.setup.ngram)
-            if use_draft:
-                proposer = MixedProposer(self.draft, self.block_size or self.draft.block_size, self.draft_p_min,
-                                         sources, self.setup.spec_draft_n_max)
-            else:
-                proposer = NgramProposer(sources, self.setup.spec_draft_n_max, self._verify_cost)
-        elif speculative and self.simple_draft is not None:
-            simple = self.setup.simple
-            proposer = SimpleProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree,
-                                      self._auto_for(sampling))
-        elif not use_draft:
-            proposer = PlainProposer()
-        elif self.tree_budget:
-            proposer = tree_proposer(self.target, self.draft, self.tree_budget, self.block_size,
-                                     self._auto_for(sampling))
-        else:
-            proposer = chain_proposer(self.target, self.draft, self.block_size, sampling, self.draft_p_min,
-                                      self.chain_rule, self.setup.spec_draft_conf_min)
+        proposer = self.choice.proposer(request, speculative)
         grammar = None
         if sampling is not None and sampling.constraint is not None:
             grammar = sampling.constraint.state(self.grammar_vocab(), self.grammar_drafting)
@@ -534,14 +449,6 @@ class TextStream:
             self.pending = self.pending[:cut]
         out, self.pending = self.pending, ""
         return out
-
-
-def _sampling_regime(sampling: Optional[SamplingParams]) -> Optional[tuple]:
-    """What `auto`'s expectations depend on in a request's sampling: greedy (None), or
-    the filters and temperature that shape the target's draws."""
-    if sampling is None or sampling.greedy:
-        return None
-    return (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
 
 
 def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:

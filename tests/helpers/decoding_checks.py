@@ -348,7 +348,7 @@ class FlatCost:
 
 def use_cost(monkeypatch, per_row: float) -> None:
     """Engines made after this price their weightless drafts by FlatCost(per_row)."""
-    import dflash_gguf.engine as engine_module
+    import dflash_gguf.proposer_choice as choice_module
 
-    monkeypatch.setattr(engine_module, "VerifyCost", lambda target, n_threads: FlatCost(per_row))
+    monkeypatch.setattr(choice_module, "VerifyCost", lambda target, n_threads: FlatCost(per_row))
 

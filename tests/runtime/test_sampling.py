@@ -286,20 +286,20 @@ def test_auto_learns_per_sampling_setting():
                 n_threads=1) as engine:
         prompt = "class Stack:\n    def __init__(self):\n"
         engine.generate(prompt, 24)
-        assert list(engine._autos) == [None]
-        greedy = engine._autos[None]
+        assert list(engine.choice.autos) == [None]
+        greedy = engine.choice.autos[None]
         first = greedy.learnt
         assert first is not None and first.steps > 0
         qwen = SamplingParams(0.6, 20, 0.95, seed=1)
         engine.generate(prompt, 24, sampling=qwen)
-        sampled = engine._autos[key].learnt
+        sampled = engine.choice.autos[key].learnt
         engine.generate(prompt, 24, sampling=replace(qwen, seed=2))
-        assert set(engine._autos) == {None, key}
-        assert engine._autos[None] is greedy and greedy.learnt is first  # greedy's untouched
-        later = engine._autos[key].learnt
+        assert set(engine.choice.autos) == {None, key}
+        assert engine.choice.autos[None] is greedy and greedy.learnt is first  # greedy's untouched
+        later = engine.choice.autos[key].learnt
         assert sampled is not first and later is not sampled and later.steps > 0
         assert later.spine is not sampled.spine  # a copy of what the request before learnt, its own
-        assert engine._autos[key].cost is greedy.cost  # measured once per engine
+        assert engine.choice.autos[key].cost is greedy.cost  # measured once per engine
 
 
 # ---- a kept set past the ranked candidates: drawn again on the device ------------------------
