@@ -8,9 +8,12 @@
 
 #include <math.h>
 
-/* Drafts before the first whose top-1 log-probability is below floor (all: none is). */
-static int confident_drafts(const float * top1_lp, int n, float floor) {
-    for (int i = 0; i < n; i++) {
+DFL_API int32_t dfl_confident_drafts(const float * top1_lp, int32_t n, float p_min) {
+    if (!(p_min > 0.0f)) {
+        return n;
+    }
+    const float floor = logf(p_min);
+    for (int32_t i = 0; i < n; i++) {
         if (top1_lp[i] < floor) {
             return i;
         }
@@ -18,8 +21,8 @@ static int confident_drafts(const float * top1_lp, int n, float floor) {
     return n;
 }
 
-static int agreed_drafts(const int32_t * block, const int32_t * choice, int b) {
-    int n = 0;
+DFL_API int32_t dfl_agreed_drafts(const int32_t * block, const int32_t * choice, int32_t b) {
+    int32_t n = 0;
     while (n < b - 1 && block[n + 1] == choice[n]) {
         n++;
     }
@@ -54,7 +57,7 @@ DFL_API dfl_status dfl_chain_step(dfl_target * target, dfl_draft * draft, dfl_ch
         if (p_min > 0.0f) {
             float lp[DFL_MAX_BLOCK];
             TRY(dfl_draft_top1(draft, drafted, b - 1, NULL, lp));
-            b = 1 + confident_drafts(lp, b - 1, logf(p_min));
+            b = 1 + dfl_confident_drafts(lp, b - 1, p_min);
         }
         drafted += s->n_block - 1;
         s->n_verified = b;
@@ -75,7 +78,7 @@ DFL_API dfl_status dfl_chain_step(dfl_target * target, dfl_draft * draft, dfl_ch
         if (b > 1) {
             TRY(dfl_draft_block(draft, s->seq, block, b));
         }
-        const int n_acc = agreed_drafts(block, &choice[row0], b);
+        const int n_acc = dfl_agreed_drafts(block, &choice[row0], b);
         for (int j = 0; j < n_acc; j++) {
             s->out[j] = block[j + 1];
         }

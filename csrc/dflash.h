@@ -563,6 +563,14 @@ typedef struct dfl_chain_seq {
 dfl_status dfl_chain_step(dfl_target * target, dfl_draft * draft, dfl_chain_seq * seqs, int32_t n, float p_min,
                           int64_t * copies, int64_t * us);
 
+/* The greedy chain's two rules, here once for dfl_chain_step and the Python step alike:
+ * the drafts of block[1..b) that agree with the target's choice after each position
+ * (choice[i] follows block[i]), counted up to the first that does not; */
+int32_t dfl_agreed_drafts(const int32_t * block, const int32_t * choice, int32_t b);
+/* and of n drafts, those to verify: all before the first whose top-1 log-probability
+ * top1_lp[i] is below log(p_min) (n when p_min is 0). */
+int32_t dfl_confident_drafts(const float * top1_lp, int32_t n, float p_min);
+
 /* ---- prefix checkpoints ----------------------------------------------------------------- */
 
 typedef struct dfl_checkpoint dfl_checkpoint;

@@ -28,6 +28,7 @@ from typing import Any, Hashable, List, Optional
 
 import numpy as np
 
+from ._native import ffi, lib
 from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
@@ -71,26 +72,24 @@ SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStat
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
-    """How many drafts (block[1:]) agree with the target's choice after each position."""
-    n = 0
-    while n < len(block) - 1 and block[n + 1] == int(target_choice[n]):
-        n += 1
-    return n
+    """How many drafts (block[1:]) agree with the target's choice after each position
+    (dfl_agreed_drafts: the rule the fused chain step keeps by)."""
+    block = np.asarray(block, dtype=np.int32)
+    choice = np.ascontiguousarray(target_choice, dtype=np.int32)
+    b = min(len(block), len(choice) + 1)
+    return lib.dfl_agreed_drafts(ffi.from_buffer("int32_t[]", block), ffi.from_buffer("int32_t[]", choice), b)
 
 
 def chain_length(top1_logprobs, p_min: float) -> int:
     """How many of a greedy chain's drafts to verify: those before the first the drafter
     gives less than p_min, none when the first is (as llama.cpp's draft loops cut: the
-    step then verifies the bonus token alone, a plain decode). Past an unlikely draft
-    the chain's rows rarely survive, and where a verify's cost grows with its rows (a
-    compute-bound device; a mixture of experts, whose every row may route to other
-    experts, nearly doubles from one row to two) they cost more than they bring."""
-    if p_min > 0:
-        floor = np.log(p_min)
-        for i, lp in enumerate(np.asarray(top1_logprobs).tolist()):  # a few numbers: plain Python is quickest
-            if lp < floor:
-                return i
-    return len(top1_logprobs)
+    step then verifies the bonus token alone, a plain decode); dfl_confident_drafts, the
+    rule the fused chain step cuts by. Past an unlikely draft the chain's rows rarely
+    survive, and where a verify's cost grows with its rows (a compute-bound device; a
+    mixture of experts, whose every row may route to other experts, nearly doubles from
+    one row to two) they cost more than they bring."""
+    lp = np.ascontiguousarray(top1_logprobs, dtype=np.float32)
+    return lib.dfl_confident_drafts(ffi.from_buffer("float[]", lp), len(lp), float(p_min))
 
 
 def confident_length(confidence, conf_min: float) -> int:

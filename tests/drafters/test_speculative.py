@@ -16,7 +16,7 @@ from helpers.reference_loop import RecomputingTarget, exact_reference
 
 from dflash_gguf import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.speculative import chain_length
+from dflash_gguf.speculative import accepted_prefix, chain_length
 from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 
@@ -151,6 +151,16 @@ def test_chain_length_stops_before_the_first_unlikely_draft():
     assert chain_length(lp, 0.3) == 2
     assert chain_length(lp, 0.6) == 1
     assert chain_length(np.log([0.1, 0.9]), 0.3) == 0  # none: the bonus alone, as llama.cpp cuts
+
+
+def test_the_kept_drafts_are_those_the_target_chose_up_to_the_first_it_did_not():
+    """accepted_prefix is the library's rule (dfl_agreed_drafts, which the fused chain step
+    keeps by): choice[i] is the target's token after block[i]."""
+    assert accepted_prefix([7, 1, 2, 3], np.int32([1, 2, 9, 4])) == 2
+    assert accepted_prefix([7, 1, 2, 3], [1, 2, 3, 5]) == 3  # all kept; the last choice is the next token
+    assert accepted_prefix([7, 1, 2], [5, 2, 3]) == 0
+    assert accepted_prefix([7], [4]) == 0  # the bonus alone: a plain decode
+    assert accepted_prefix([7, 1, 2, 3], [1, 2]) == 2  # no further than the choices given
 
 
 def test_the_cut_by_default_is_on_where_the_target_computes_on_the_cpu(pair):
