@@ -229,8 +229,9 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     if SIMPLE in kinds:
         if not draft:
             raise ConfigError("spec_type", f"{SIMPLE} needs the small model that drafts (-md)")
-        if len(kinds) > 1:
-            raise ConfigError("spec_type", f"{SIMPLE} drafts alone: leave out {','.join(k for k in kinds if k != SIMPLE)}")
+        others = [k for k in kinds if k not in (SIMPLE, SUFFIX)]
+        if others:
+            raise ConfigError("spec_type", f"{SIMPLE} drafts alone or beside {SUFFIX}: leave out {','.join(others)}")
         file_kind = _gguf_arch_and_keys(draft)[2]
         if file_kind in FILE_KIND_NAMES:
             flag = {v: k for k, v in FILE_KINDS.items()}[file_kind]
@@ -381,15 +382,7 @@ class EngineSetup:
                what="the suffix corpora's memory in MiB (0: no corpus, the request's own text only)")
         suffix = SuffixConfig(cache_mb=spec_suffix_cache_mb) if SUFFIX in kinds else None
         simple = SIMPLE in kinds
-        _count("spec_draft_vocab", spec_draft_vocab, 0, what="the drafter's kept tokens (0: all)")
-        vocab_from = (spec_draft_vocab_from,) if isinstance(spec_draft_vocab_from, (str, os.PathLike)) \
-            else tuple(spec_draft_vocab_from or ())
-        if vocab_from and not spec_draft_vocab:
-            raise ConfigError("spec_draft_vocab_from", "it chooses the tokens a cut head keeps: give how many "
-                                                       "with --spec-draft-vocab N")
-        missing = next((str(f) for f in vocab_from if not os.path.exists(f)), None)
-        if missing is not None:
-            raise ConfigError("spec_draft_vocab_from", f"{missing}: no such file or directory")
+        vocab_from = _vocab_from(spec_draft_vocab, spec_draft_vocab_from)
         draft_path = model if "draft-mtp" in kinds else (None if simple else draft)
         meta = read_draft_metadata(draft_path) if draft_path else None
         if spec_draft_vocab and not simple and (meta is None or meta["kind"] != "dflash"):
@@ -398,16 +391,7 @@ class EngineSetup:
         if spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
             raise ConfigError("spec_draft_conf_min", "draft conf-min cuts a DSpark drafter's chain by its confidence "
                                                      "head; this run has no DSpark drafter")
-        if meta is not None and meta["kind"] in AUTOREGRESSIVE:
-            # an autoregressive drafter's block is its drafts per step, and the bonus
-            if block_size is None:
-                block_size = (spec_draft_n_max or DEFAULT_MTP_DRAFTS) + 1
-            _count("block_size", block_size, 2, 64, what=f"the block size (the bonus and the {meta['kind']} drafts)")
-        elif meta is not None and spec_draft_n_max is not None and block_size is None:
-            block_size = min(spec_draft_n_max + 1, meta["block_size"])  # a DFlash block: the bonus, then its drafts
-        if block_size is not None and (meta is None or meta["kind"] not in AUTOREGRESSIVE):
-            _count("block_size", block_size, 1, meta["block_size"] if meta else None, what="the block size")
-        block = (block_size or meta["block_size"]) if meta else None
+        block = _block_of(meta, block_size, spec_draft_n_max)
         auto = tree_budget == "auto"
         if tree_budget is not None and not auto:
             if isinstance(tree_budget, str):
@@ -427,14 +411,7 @@ class EngineSetup:
         if suffix and budget:
             raise ConfigError("spec_type", f"{SUFFIX} beside a drafter verifies its tree or the drafter's chain; "
                                            "leave out --tree-budget")
-        if rope_scaling is not None and rope_scaling not in ROPE_SCALING_TYPES:
-            raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
-                              f"got {rope_scaling!r}")
-        if isinstance(rope_scale, bool) or not isinstance(rope_scale, (int, float)) or not math.isfinite(rope_scale) \
-                or rope_scale < 0:
-            raise ConfigError("rope_scale", f"the RoPE context scale must be a number > 0 (0: the model's), "
-                              f"got {rope_scale!r}")
-        _count("yarn_orig_ctx", yarn_orig_ctx, 0, what="the original context of YaRN (0: the model's)")
+        _check_rope(rope_scaling, rope_scale, yarn_orig_ctx)
         target_rules = _placement_rules("override_tensor", override_tensor, "cpu_moe", cpu_moe, "n_cpu_moe",
                                         n_cpu_moe, device)
         draft_rules = _placement_rules("override_tensor_draft", override_tensor_draft, "cpu_moe_draft",
@@ -465,6 +442,50 @@ class EngineSetup:
         return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
                    ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path, simple_setup,
                    0 if simple else spec_draft_vocab, () if simple else tuple(map(str, vocab_from)), suffix)
+
+
+def _vocab_from(spec_draft_vocab: int, spec_draft_vocab_from) -> Tuple[str, ...]:
+    """--spec-draft-vocab-from's files, checked (they need --spec-draft-vocab N)."""
+    _count("spec_draft_vocab", spec_draft_vocab, 0, what="the drafter's kept tokens (0: all)")
+    vocab_from = (spec_draft_vocab_from,) if isinstance(spec_draft_vocab_from, (str, os.PathLike)) \
+        else tuple(spec_draft_vocab_from or ())
+    if vocab_from and not spec_draft_vocab:
+        raise ConfigError("spec_draft_vocab_from", "it chooses the tokens a cut head keeps: give how many "
+                                                   "with --spec-draft-vocab N")
+    missing = next((str(f) for f in vocab_from if not os.path.exists(f)), None)
+    if missing is not None:
+        raise ConfigError("spec_draft_vocab_from", f"{missing}: no such file or directory")
+    return vocab_from
+
+
+def _block_of(meta: Optional[dict], block_size: Optional[int], spec_draft_n_max: Optional[int]) -> Optional[int]:
+    """The drafted block (the bonus token and the drafts) of a drafter file, None without
+    one: an autoregressive drafter's drafts per step and the bonus (at most 64), a DFlash
+    block at most the file's."""
+    if meta is None:
+        if block_size is not None:
+            _count("block_size", block_size, 1, what="the block size")
+        return None
+    if meta["kind"] in AUTOREGRESSIVE:
+        if block_size is None:
+            block_size = (spec_draft_n_max or DEFAULT_MTP_DRAFTS) + 1
+        return _count("block_size", block_size, 2, 64, what=f"the block size (the bonus and the {meta['kind']} drafts)")
+    if spec_draft_n_max is not None and block_size is None:
+        block_size = min(spec_draft_n_max + 1, meta["block_size"])  # a DFlash block: the bonus, then its drafts
+    if block_size is not None:
+        _count("block_size", block_size, 1, meta["block_size"], what="the block size")
+    return block_size or meta["block_size"]
+
+
+def _check_rope(rope_scaling: Optional[str], rope_scale, yarn_orig_ctx: int) -> None:
+    if rope_scaling is not None and rope_scaling not in ROPE_SCALING_TYPES:
+        raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
+                          f"got {rope_scaling!r}")
+    if isinstance(rope_scale, bool) or not isinstance(rope_scale, (int, float)) or not math.isfinite(rope_scale) \
+            or rope_scale < 0:
+        raise ConfigError("rope_scale", f"the RoPE context scale must be a number > 0 (0: the model's), "
+                          f"got {rope_scale!r}")
+    _count("yarn_orig_ctx", yarn_orig_ctx, 0, what="the original context of YaRN (0: the model's)")
 
 
 def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: Optional[float], draft_vocab: int,

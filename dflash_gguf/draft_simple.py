@@ -42,7 +42,8 @@ from ._native import ffi, lib
 from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
 from .config import SIMPLE
 from .ddtree import DraftTree
-from .proposers import Proposal, Proposer, draft_room
+from .proposers import Proposal, Proposer, draft_room, suffix_proposal
+from .suffix import SuffixCorpora, SuffixDrafts, expected_accepted
 from .target import CHAIN, DECODE, LOGITS_LAST, Rows, Target, TargetConfig
 
 # llama.cpp's draft sampler keeps the top 10 before its softmax: p-min compares the top
@@ -444,3 +445,56 @@ class SimpleProposer(Proposer):
         if self.auto is not None:
             seq.stats.auto = self.auto.report()
             self.auto.finish()
+
+
+class SimpleSuffixProposer(SimpleProposer):
+    """`--spec-type suffix,draft-simple`: each step the suffix tree (suffix.SuffixDrafts,
+    from the request's own text and its corpus key's earlier requests) where it expects to
+    keep more drafts (the sum of its nodes' probabilities, suffix.expected_accepted) than
+    the small model has kept per step lately, and at least one; else the small model's
+    drafts, as SimpleProposer drafts them. A suffix step runs no small-model graph: the
+    small model stays behind and takes the tokens it lacks at its next draft, as after
+    auto's plain steps. Both choices are fixed before the target's draws, so greedy
+    output is the target's own and sampled output is distributed as its sampling."""
+
+    # the weight of the last step in the small model's running mean of kept drafts
+    KEPT_WEIGHT = 0.2
+
+    def __init__(self, draft: SimpleDraft, n_max: int, n_min: int, p_min: float, tree: bool,
+                 auto: Optional[AutoBudget], corpora: SuffixCorpora, key, suffix_n_max: int):
+        super().__init__(draft, n_max, n_min, p_min, tree, auto)
+        self.suffix = SuffixDrafts(corpora, key)
+        self.suffix_n_max = suffix_n_max
+        self.lookahead = max(self.lookahead, suffix_n_max + 1)
+        self.simple_kept = 1.0  # the small model's kept drafts per step, a running mean
+        self.found: Optional[tuple] = None  # the step's suffix tree and whether it came from the corpus
+
+    def plan(self, seq) -> int:
+        room = draft_room(seq, self.suffix_n_max)
+        tree, from_corpus = self.suffix.best(seq, self.suffix_n_max, room) if room else (None, False)
+        if tree is not None and expected_accepted(tree) >= max(1.0, self.simple_kept):
+            if self.context is None:
+                self.context = list(seq.prompt)
+            self.found, self.arm, self.decodes = (tree, from_corpus), None, False
+            return 0
+        self.found = None
+        return super().plan(seq)
+
+    def propose(self, seq) -> Proposal:
+        if self.found is not None:
+            return suffix_proposal(seq, *self.found)
+        return super().propose(seq)
+
+    def verified(self, seq, proposal, path, out, seconds) -> None:
+        self.suffix.observe(seq, out)
+        if self.found is not None:
+            self.context += [seq.bonus] + out[:-1]  # what the step committed
+            return
+        super().verified(seq, proposal, path, out, seconds)
+        if proposal.tree is not None or len(proposal.tokens) > 1:  # the small model drafted
+            w = self.KEPT_WEIGHT
+            self.simple_kept = (1 - w) * self.simple_kept + w * (len(path) - 1)
+
+    def finish(self, seq) -> None:
+        super().finish(seq)
+        self.suffix.finish(seq)

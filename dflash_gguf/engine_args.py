@@ -17,7 +17,16 @@ from .target import KV_TYPES
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """The model, placement and decoding flags dflash-run and dflash-server share."""
+    """The model, placement and decoding flags dflash-run and dflash-server share, in
+    --help's groups."""
+    _model_args(p.add_argument_group("model and context"))
+    _placement_args(p.add_argument_group("placement"))
+    _sampling_args(p.add_argument_group("sampling"))
+    _speculation_args(p.add_argument_group("speculative decoding"))
+    _device_args(p.add_argument_group("devices and kernels"))
+
+
+def _model_args(p) -> None:
     p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, qwen2, gemma3, gemma4 or gpt-oss)")
     p.add_argument("-md", "--model-draft",
                    help="drafter GGUF: a DFlash, DSpark or EAGLE3 drafter, or a smaller model of the target's "
@@ -40,6 +49,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="RoPE context scaling factor: expands the context by N (default: the model's)")
     p.add_argument("--yarn-orig-ctx", type=int, default=0, metavar="N",
                    help="YaRN: the model's original context size (default: the model's)")
+
+
+def _placement_args(p) -> None:
     p.add_argument("-ngl", "--n-gpu-layers", type=int,
                    help="target layers on the accelerator when one exists: the last N layers go there, the rest "
                         "stay on the CPU; N > layer count also moves the LM head; -1 = all (default); "
@@ -76,6 +88,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-fa", "--flash-attn", nargs="?", const="on", choices=["on", "off", "auto"],
                    help="accepted for llama.cpp habits: attention here is always ggml's fused flash-attention "
                         "op, so 'off' changes nothing")
+
+
+def _sampling_args(p) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -94,6 +109,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="tokens the penalties look back over, the prompt's included (default 64; -1: the whole "
                         "context; 0: no penalties)")
     add_constraint_flags(p)
+
+
+def _speculation_args(p) -> None:
     p.add_argument("--chain-rule", choices=CHAIN_RULES, default=DEFAULT_CHAIN_RULE,
                    help="sampled chain: keep the drafter's argmax while the target's draws equal it (argmax), or "
                         "draw the drafts from the drafter and keep them by rejection sampling (reject; with --top-k > 0, "
@@ -159,8 +177,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "from (all API keys together, estimated per indexed token), the least recently used "
                         "dropped first; 0: no corpus, each request's own text only (default 64)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
+
+
+def _device_args(p) -> None:
     p.add_argument("--no-repack", action="store_true",
-                   help="keep quantized matrices in file layout: bit-identical results across batch shapes")
+                   help="keep quantized matrices in their file layout instead of the CPU backend's repacked one "
+                        "(slower; in either layout a row rounds alike at every batch size: docs/exactness.md)")
     p.add_argument("--device", help="ggml device name (default: first GPU, else CPU); see --list-devices")
     p.add_argument("--rpc", metavar="SERVERS",
                    help="comma-separated ggml RPC servers (host:port) whose devices join the registry as RPC0, ...")
@@ -517,6 +539,8 @@ def engine_mode(engine, tree_budget) -> str:
     if engine.simple_draft is not None:
         simple = engine.setup.simple
         mode = "draft-simple " + ("tree" if simple.tree else "auto (plain or chain)" if simple.auto else "chain")
+        if engine.suffix_corpora is not None:
+            mode += f" + suffix (corpus {engine.setup.suffix.cache_mb} MiB)"
     head = engine.simple_draft.model.n_head if engine.simple_draft is not None else \
         engine.draft.n_head_tokens if engine.draft is not None else None
     if head is not None and head < engine.target.n_vocab:

@@ -87,6 +87,35 @@ def test_greedy_output_equals_plain_greedy(files, plain, drafter, tree):
         assert sum(lengths) / len(lengths) > 2, lengths
 
 
+def test_greedy_suffix_beside_draft_simple_equals_plain_greedy(files, plain):
+    """`suffix,draft-simple`: the suffix tree where it expects to keep more drafts than the
+    small model has lately, else the small model's; the text is plain decoding's, both
+    kinds drafted, and the suffix's drafts were kept."""
+    from helpers.decoding_checks import REPEATS
+
+    want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
+    with Engine(files["target"], files["q4"], spec_type="suffix,draft-simple", spec_draft_n_max=4,
+                **OPTIONS) as engine:
+        assert engine.setup.simple is not None and engine.suffix_corpora is not None
+        got = engine.generate(REPEATS, 60, stop_tokens=())
+        again = engine.generate(REPEATS, 60, stop_tokens=(), corpus="other")  # a key with nothing earlier
+    assert got.tokens == want and again.tokens == want
+    s = got.stats
+    assert s.drafted.get("suffix", 0) > 0 and s.accepted.get("suffix", 0) > 0, (s.drafted, s.accepted)
+    assert s.drafted.get("draft-simple", 0) > 0, s.drafted
+
+
+@pytest.mark.parametrize("spec_type, words", [
+    ("draft-simple,ngram-mod", "draft-simple drafts alone or beside suffix: leave out ngram-mod"),
+    ("draft-simple,suffix,ngram-simple", "suffix beside ngram-simple: choose one"),
+])
+def test_draft_simple_drafts_alone_or_beside_suffix(files, spec_type, words):
+    from dflash_gguf.config import EngineSetup
+
+    with pytest.raises(ConfigError, match=words):
+        EngineSetup.of(files["target"], files["small"], spec_type=spec_type)
+
+
 def test_the_tree_keeps_second_choices_the_chain_misses(files, plain):
     """Where the drafter's top choice is wrong and its second right, the tree keeps it:
     the same output in fewer steps than the chain."""
@@ -307,7 +336,7 @@ def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
     with Engine(files["target"], **OPTIONS) as plain:
         want = [plain.generate(t, 40, stop_tokens=()).tokens for t in TEXTS[:2]]
     with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:
-        engine._verify_cost = _DearVerify()  # in place of the measured table
+        engine.choice.verify_cost = _DearVerify()  # in place of the measured table
         for text, tokens in zip(TEXTS[:2], want):
             got = engine.generate(text, 40, stop_tokens=())
             assert got.tokens == tokens
@@ -323,7 +352,7 @@ def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
 def _first_request_arms(files, text="def f(x):\n"):
     """A new engine's first auto request where drafting cannot pay: its arms' steps."""
     with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:
-        engine._verify_cost = _DearVerify()
+        engine.choice.verify_cost = _DearVerify()
         arms = engine.generate(text, 24, stop_tokens=()).stats.auto["arms"]
     return arms["plain"]["steps"], arms["chain"]["steps"]
 
@@ -348,7 +377,7 @@ def test_a_new_engine_starts_from_what_the_last_one_learnt(files, tmp_path, monk
     assert chain == 0 and plain > 0, (plain, chain)
     # another setting (n-max 4) is another entry, and starts cold
     with Engine(files["target"], files["q8"], spec_draft_n_max=4, tree_budget="auto", **OPTIONS) as engine:
-        engine._verify_cost = _DearVerify()
+        engine.choice.verify_cost = _DearVerify()
         assert engine.generate("def f(x):\n", 24, stop_tokens=()).stats.auto["arms"]["chain"]["steps"] > 0
     assert len(json.loads(memory.read_text())) == 2
 
