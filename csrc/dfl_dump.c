@@ -22,14 +22,22 @@ struct dfl_dump {
     size_t vals_size;
 };
 
-dfl_status dfl_dump_from_env(dfl_dump ** out) {
+static bool set(const char * var) {
+    const char * v = getenv(var);
+    return v && v[0];
+}
+
+dfl_status dfl_dump_from_env(const char * file_var, dfl_dump ** out) {
     *out = NULL;
     const char * pattern = getenv("DFLASH_DUMP_TENSORS");
     if (!pattern || !pattern[0]) {
         return DFL_OK;
     }
-    const char * path = getenv("DFLASH_DUMP_FILE");
+    const char * path = getenv(file_var);
     if (!path || !path[0]) {
+        if (set(DFL_DUMP_FILE) || set(DFL_DUMP_DRAFT_FILE)) {
+            return DFL_OK; /* the other runtime's dump */
+        }
         return dfl_fail(DFL_ERR_ARGUMENT, "DFLASH_DUMP_TENSORS is set but DFLASH_DUMP_FILE (where to write) is not");
     }
     dfl_dump * d = calloc(1, sizeof *d);
@@ -47,7 +55,7 @@ dfl_status dfl_dump_from_env(dfl_dump ** out) {
         regfree(&d->re);
         free(d->path);
         free(d);
-        return dfl_fail(DFL_ERR_IO, "DFLASH_DUMP_FILE: cannot write '%s'", path);
+        return dfl_fail(DFL_ERR_IO, "%s: cannot write '%s'", file_var, path);
     }
     *out = d;
     return DFL_OK;

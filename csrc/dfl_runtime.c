@@ -208,9 +208,10 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
             snprintf(rt->profile->name, sizeof rt->profile->name, "%s", name);
         }
     }
-    /* only the target dumps: a drafter's graphs use names of their own */
-    if (strcmp(name, "target") == 0) {
-        const dfl_status st = dfl_dump_from_env(&rt->dump);
+    /* the target's dump and a drafter's go to files of their own */
+    {
+        const dfl_status st = dfl_dump_from_env(strcmp(name, "target") == 0 ? DFL_DUMP_FILE : DFL_DUMP_DRAFT_FILE,
+                                                &rt->dump);
         if (st != DFL_OK) {
             dfl_runtime_free(rt);
             return st;

@@ -338,11 +338,12 @@ struct ggml_tensor * dflash_backbone_hidden(const dfl_drafter * m, const dflash_
     /* the context entries: the target's features, projected once per layer to keys and
      * values stored at their positions */
     if (g->n_entries > 0) {
-        struct ggml_tensor * h = norm(w, ctx, ggml_mul_mat(ctx, w->fc, g->entry_features), w->hidden_norm);
+        struct ggml_tensor * h = dfl_cb(norm(w, ctx, ggml_mul_mat(ctx, w->fc, g->entry_features), w->hidden_norm),
+                                        "inp_g_embeddings", -1);
         for (int il = 0; il < m->n_layer; il++) {
             struct ggml_tensor * k, * v;
             project_kv(w, ctx, il, h, g->entry_pos, &k, &v);
-            dfl_draft_graph_store_context(g, il, k, v);
+            dfl_draft_graph_store_context(g, il, dfl_cb(k, "Kcur_injected", il), dfl_cb(v, "Vcur_injected", il));
         }
     }
     if (g->n_rows == 0) {
@@ -354,38 +355,41 @@ struct ggml_tensor * dflash_backbone_hidden(const dfl_drafter * m, const dflash_
     if (w->embd_scale != 1.0f) {
         x = ggml_scale(ctx, x, w->embd_scale);
     }
+    /* named as llama.cpp's dflash graph names them, for the parity tool */
+    x = dfl_cb(x, "inp_noise_embd", -1);
     for (int il = 0; il < m->n_layer; il++) {
         const dflash_layer * L = &w->layers[il];
-        struct ggml_tensor * h = norm(w, ctx, x, L->attn_norm);
+        struct ggml_tensor * h = dfl_cb(norm(w, ctx, x, L->attn_norm), "noise_norm", il);
         struct ggml_tensor * kernels = NULL;
         if (w->conv_k > 0) {
             kernels = conv_kernels(m, w, ctx, L->attn_conv_proj, h);
             h = dynamic_conv_parts(m, w, g, h, kernels, L->attn_conv_base, 0);
         }
         struct ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L->wq, h), w->head_dim, w->n_head, B);
-        q = rope(w, ctx, norm(w, ctx, q, L->q_norm), pos);
+        q = dfl_cb(rope(w, ctx, norm(w, ctx, q, L->q_norm), pos), "Qcur", il);
         struct ggml_tensor * k, * v;
         project_kv(w, ctx, il, h, pos, &k, &v);
-        struct ggml_tensor * o = dfl_draft_graph_attention(g, 0, il, q, k, v, 1.0f / sqrtf((float) w->head_dim));
-        o = ggml_mul_mat(ctx, L->wo, o);
+        struct ggml_tensor * o = dfl_draft_graph_attention(g, 0, il, q, dfl_cb(k, "Kcur", il), dfl_cb(v, "Vcur", il),
+                                                           1.0f / sqrtf((float) w->head_dim));
+        o = dfl_cb(ggml_mul_mat(ctx, L->wo, o), "attn_out", il);
         if (kernels) {
             o = dynamic_conv_parts(m, w, g, o, kernels, L->attn_conv_base, 1);
         }
-        x = ggml_add(ctx, o, x);
-        h = norm(w, ctx, x, L->ffn_norm);
+        x = dfl_cb(ggml_add(ctx, o, x), "ffn_inp", il);
+        h = dfl_cb(norm(w, ctx, x, L->ffn_norm), "ffn_norm", il);
         if (kernels) {
             kernels = conv_kernels(m, w, ctx, L->ffn_conv_proj, h);
             h = dynamic_conv_parts(m, w, g, h, kernels, L->ffn_conv_base, 0);
         }
         h = ggml_swiglu_split(ctx, ggml_mul_mat(ctx, L->ffn_gate, h), ggml_mul_mat(ctx, L->ffn_up, h));
-        h = ggml_mul_mat(ctx, L->ffn_down, h);
+        h = dfl_cb(ggml_mul_mat(ctx, L->ffn_down, h), "ffn_out", il);
         if (kernels) {
             h = dynamic_conv_parts(m, w, g, h, kernels, L->ffn_conv_base, 1);
         }
-        x = ggml_add(ctx, h, x);
+        x = dfl_cb(ggml_add(ctx, h, x), "l_out", il);
     }
     /* block row 0 is the bonus token itself: only rows 1.. are drafts */
-    return norm(w, ctx, dfl_draft_graph_drafted(g, x), w->out_norm);
+    return dfl_cb(norm(w, ctx, dfl_draft_graph_drafted(g, x), w->out_norm), "result_norm", -1);
 }
 
 struct ggml_tensor * dflash_backbone_head(const dflash_weights * w, struct ggml_context * ctx, struct ggml_tensor * x) {
@@ -413,6 +417,7 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     if (m->n_head > 0) {
         logits = dfl_draft_scatter_vocab(ctx, logits, m->head_ids, m->n_vocab);
     }
+    dfl_cb(logits, "result_output", -1);
     if (w->conv_k > 0) {
         /* each block holds the selector's path */
         for (int i = 0, row0 = 0; i < g->step->n_parts; i++) {

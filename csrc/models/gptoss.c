@@ -157,18 +157,21 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     struct ggml_context * ctx = g->ctx;
     const int hd = w->head_dim, n = g->n;
 
-    struct ggml_tensor * cur = dfl_rms_norm(ctx, x, L->attn_norm, w->eps);
+    /* named as llama.cpp's openai-moe graph names them, for the parity tool */
+    struct ggml_tensor * cur = dfl_cb(dfl_rms_norm(ctx, x, L->attn_norm, w->eps), "attn_norm", il);
     struct ggml_tensor * q = ggml_add(ctx, ggml_mul_mat(ctx, L->wq, cur), L->bq);
     struct ggml_tensor * k = ggml_add(ctx, ggml_mul_mat(ctx, L->wk, cur), L->bk);
-    struct ggml_tensor * v = ggml_add(ctx, ggml_mul_mat(ctx, L->wv, cur), L->bv);
-    q = dfl_graph_rope(m, g, ggml_reshape_3d(ctx, q, hd, w->n_head, n), w->n_rot, w->rope_base);
-    k = dfl_graph_rope(m, g, ggml_reshape_3d(ctx, k, hd, m->attn[il].n_head_kv, n), w->n_rot, w->rope_base);
+    struct ggml_tensor * v = dfl_cb(ggml_add(ctx, ggml_mul_mat(ctx, L->wv, cur), L->bv), "Vcur", il);
+    q = dfl_cb(dfl_graph_rope(m, g, ggml_reshape_3d(ctx, q, hd, w->n_head, n), w->n_rot, w->rope_base), "Qcur", il);
+    k = dfl_cb(dfl_graph_rope(m, g, ggml_reshape_3d(ctx, k, hd, m->attn[il].n_head_kv, n), w->n_rot, w->rope_base),
+               "Kcur", il);
     cur = dfl_graph_attention_sinks(g, il, q, k, v, 1.0f / sqrtf((float) hd), L->sinks);
-    cur = dfl_graph_ffn_rows(g, il, ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), L->bo));
-    x = ggml_add(ctx, cur, dfl_graph_ffn_rows(g, il, x));
+    cur = dfl_graph_ffn_rows(g, il, dfl_cb(ggml_add(ctx, ggml_mul_mat(ctx, L->wo, cur), L->bo), "attn_out", il));
+    x = dfl_cb(ggml_add(ctx, cur, dfl_graph_ffn_rows(g, il, x)), "ffn_inp", il);
 
-    cur = dfl_moe_ffn(ctx, dfl_rms_norm(ctx, x, L->post_attn_norm, w->eps), &L->moe);
-    return ggml_add(ctx, cur, x);
+    cur = dfl_cb(dfl_rms_norm(ctx, x, L->post_attn_norm, w->eps), "attn_post_norm", il);
+    cur = dfl_cb(dfl_moe_ffn(ctx, cur, &L->moe), "ffn_moe_out", il);
+    return dfl_cb(ggml_add(ctx, cur, x), "l_out", il);
 }
 
 const dfl_arch dfl_arch_gptoss = { "gpt-oss", "gpt-oss", load, build_layer };

@@ -60,11 +60,16 @@ static struct ggml_tensor * build_layer(const dfl_model * m, dfl_graph * g, int 
     const qwen35moe_layer * L = &w->layers[il];
     struct ggml_context * ctx = g->ctx;
     x = qwen35_build_mixer(m, &w->hp, &L->mix, g, il, x);  /* every row's FFN, as qwen35's */
-    struct ggml_tensor * cur = dfl_rms_norm(ctx, x, L->mix.post_norm, w->hp.eps);
-    struct ggml_tensor * routed = dfl_moe_ffn(ctx, cur, &L->moe);
-    struct ggml_tensor * shared = dfl_ffn_swiglu(ctx, cur, L->shexp_gate, L->shexp_up, L->shexp_down);
-    shared = ggml_mul(ctx, shared, ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->shexp_gate_inp, cur)));
-    return ggml_add(ctx, ggml_add(ctx, routed, shared), x);
+    /* named as llama.cpp's qwen35moe graph names them, for the parity tool */
+    struct ggml_tensor * cur = dfl_cb(dfl_rms_norm(ctx, x, L->mix.post_norm, w->hp.eps), "attn_post_norm", il);
+    struct ggml_tensor * routed = dfl_cb(dfl_moe_ffn(ctx, cur, &L->moe), "ffn_moe_out", il);
+    struct ggml_tensor * shared = dfl_cb(dfl_ffn_swiglu(ctx, cur, L->shexp_gate, L->shexp_up, L->shexp_down),
+                                         "ffn_shexp", il);
+    struct ggml_tensor * gate = dfl_cb(ggml_sigmoid(ctx, ggml_mul_mat(ctx, L->shexp_gate_inp, cur)),
+                                       "shared_expert_gate_sigmoid", il);
+    shared = dfl_cb(ggml_mul(ctx, shared, gate), "ffn_shexp_gated", il);
+    cur = dfl_cb(ggml_add(ctx, routed, shared), "ffn_out", il);
+    return dfl_cb(ggml_add(ctx, cur, x), "l_out", il);
 }
 
 const dfl_arch dfl_arch_qwen35moe = { "qwen35moe", "Qwen3.5 MoE", load, build_layer };

@@ -7,6 +7,7 @@ diverging at the first tensor the perturbation reaches."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -187,6 +188,88 @@ def test_dflash_run_dump_flags(gguf, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["-m", str(gguf), "-p", PROMPT, "--dump-tensors", "l_out"])
     assert "--dump-file" in capsys.readouterr().err
+
+
+# the mixture-of-experts layers, as llama.cpp names them (src/models/openai-moe.cpp,
+# qwen35moe.cpp): gpt-oss's every layer, Qwen3.5 MoE's FFN after its mixer (qwen35's names)
+GPTOSS = ("attn_norm", "Qcur", "Kcur", "Vcur", "attn_out", "ffn_inp", "attn_post_norm", "ffn_moe_out", "l_out")
+QWEN35MOE_FFN = ("attn_residual", "attn_post_norm", "ffn_moe_out", "ffn_shexp", "shared_expert_gate_sigmoid",
+                 "ffn_shexp_gated", "ffn_out", "l_out")
+
+
+def _moe(kind: str, root, convert_model) -> dict:
+    from helpers.fixtures import make_qwen35moe
+    from helpers.gptoss_fixtures import make_gptoss
+
+    if kind == "gpt-oss":
+        return {"gguf": convert_model(make_gptoss(root / "gptoss", seed=3), "f32"), "names": [GPTOSS] * 4}
+    return {"gguf": convert_model(make_qwen35moe(root / "qwen35moe", seed=3), "f32"), "names": [QWEN35MOE_FFN] * 4}
+
+
+@pytest.fixture(scope="module", params=["gpt-oss", "qwen35moe"])
+def moe(request, tmp_path_factory, convert_model):
+    return _moe(request.param, tmp_path_factory.mktemp("parity-moe"), convert_model)
+
+
+def test_moe_graphs_name_every_layer_and_each_named_row_is_batch_invariant(moe):
+    """The MoE graphs name their tensors as llama.cpp does, and every named tensor of a
+    one-row pass equals row 0 of an eight-row pass bit for bit (routing included)."""
+    tokens = [5, 17, 300, 42, 9, 77, 128]
+    dump = parity.run_ours(moe["gguf"], tokens, threads=2)
+    for il, names in enumerate(moe["names"]):
+        for name in names:
+            assert f"{name}-{il}" in dump, f"{name}-{il} missing from the dump"
+    result = parity.row_parity(moe["gguf"], PROMPT, 8, threads=2)
+    assert result["n_compared"] >= 3 * len(moe["names"][0]), result["n_compared"]
+    assert result["first_divergence"] is None, parity.row_summary(result)
+
+
+def test_qwen35moe_parity_with_llama_cpp(tmp_path, convert_model, tool):
+    """Qwen3.5 MoE's named tensors against llama.cpp's (gpt-oss's YaRN correction range is
+    rounded by llama.cpp and not by this fixture: tests/runtime/test_gptoss.py compares a
+    rounded checkpoint's tokens)."""
+    moe = _moe("qwen35moe", tmp_path, convert_model)
+    result = parity.parity(moe["gguf"], PROMPT, threads=2, tool=tool)
+    compared = {r["name"] for r in result["tensors"] if "max_abs_diff" in r}
+    for il, names in enumerate(moe["names"]):
+        assert {f"{name}-{il}" for name in names} <= compared, result["tensors"]
+    assert result["first_divergence"] is None, parity.summary(result)
+
+
+# llama.cpp's names of a DFlash drafter's tensors (src/models/dflash.cpp): the target's
+# features as each layer's keys and values, then the block's rows
+DFLASH_CONTEXT = ("Kcur_injected", "Vcur_injected")
+DFLASH_ROWS = ("noise_norm", "Qcur", "Kcur", "Vcur", "attn_out", "ffn_inp", "ffn_norm", "ffn_out", "l_out")
+
+
+def test_a_dflash_drafters_dump_names_its_tensors_as_llama_cpp(monkeypatch, tmp_path):
+    """A drafter's first graph with a matching name goes to DFLASH_DUMP_DRAFT_FILE (the
+    target's, to DFLASH_DUMP_FILE when set): the bundled DFlash drafter names the context's
+    keys and values and the block's rows as llama.cpp's dflash graph does, and dumping
+    changes no token."""
+    from dflash_gguf.demo import demo_paths
+    from dflash_gguf.engine import Engine
+
+    target, draft = demo_paths()
+
+    def tokens():
+        with Engine(target, draft, n_ctx=256, n_threads=2, kv_type="f32") as engine:
+            return engine.generate(PROMPT, 8, stop_tokens=()).tokens
+
+    want = tokens()
+    dumps = {}
+    for part, pattern in (("context", "injected|inp_g_embeddings"),
+                          ("rows", "^(inp_noise_embd|noise_norm|Qcur|Kcur-|Vcur-|attn_out|ffn_|l_out|result_)")):
+        monkeypatch.setenv("DFLASH_DUMP_TENSORS", pattern)
+        monkeypatch.setenv("DFLASH_DUMP_DRAFT_FILE", str(tmp_path / f"{part}.bin"))
+        assert tokens() == want
+        dumps[part] = parity.read_dump(tmp_path / f"{part}.bin")
+    n_layer = sum(1 for name in dumps["rows"] if re.fullmatch(r"l_out-\d+", name))
+    assert n_layer >= 1 and "inp_g_embeddings" in dumps["context"]
+    assert {"inp_noise_embd", "result_norm", "result_output"} <= set(dumps["rows"])
+    for il in range(n_layer):
+        assert {f"{n}-{il}" for n in DFLASH_CONTEXT} <= set(dumps["context"]), sorted(dumps["context"])
+        assert {f"{n}-{il}" for n in DFLASH_ROWS} <= set(dumps["rows"]), sorted(dumps["rows"])
 
 
 # in a process of its own: RPC devices stay registered for the life of a process
