@@ -72,25 +72,29 @@ static tree_shape split_shape(int spine, int split, int first, int off, const in
     return sh;
 }
 
-/* The recurrence of a tree (see tree_plan): the spine follows, from the root, a child
- * with the longest path below it (the first such child), so branches are short; a
- * branch is the path from the spine to a leaf off it. Branches sorted by length are
- * split in two groups (the short ones in either) where that costs least (shape_cost).
- * The padded shape grows to the largest of each size seen for this node count (the
- * split is chosen for the cheapest such shape, within n - 2 branches in all), so trees
- * of a budget share one graph once a few steps have set it; every TREE_SHAPE_RESET trees it restarts from the
- * current tree's, so that a rare odd tree does not pad every later one (at most one
- * graph rebuild per reset). Padding steps repeat a real node after the last one read
- * (their results are never read), padding branches run the root from the last state. */
-static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv) {
-    const int n = tp->n, W = d_conv - 1;
-    int height[DFL_MAX_TREE], down[DFL_MAX_TREE], spine_step[DFL_MAX_TREE];
-    int leaf[DFL_MAX_TREE], from[DFL_MAX_TREE], len[DFL_MAX_TREE];
+/* A tree's spine and its branches (see plan_recurrence). */
+typedef struct {
+    int spine;                    /* the spine's nodes */
+    int down[DFL_MAX_TREE];       /* the child on the longest path below a node, -1 at a leaf */
+    int spine_step[DFL_MAX_TREE]; /* a spine node's step, -1 off the spine */
+    int nb;                       /* branches, sorted by length: */
+    int leaf[DFL_MAX_TREE];       /*   the leaf each ends at */
+    int from[DFL_MAX_TREE];       /*   the spine step it leaves from */
+    int len[DFL_MAX_TREE];        /*   its nodes off the spine */
+    int first_from, last_from;    /* the earliest and latest spine steps a branch leaves from */
+} tree_walk;
+
+/* The spine follows, from the root, a child with the longest path below it (the first
+ * such child), so branches are short; a branch is the path from the spine to a leaf off
+ * it. */
+static void walk_tree(const tree_plan * tp, tree_walk * w) {
+    const int n = tp->n;
+    int height[DFL_MAX_TREE];
     bool inner[DFL_MAX_TREE];
     for (int i = 0; i < n; i++) {
         height[i] = 1;
-        down[i] = -1;
-        spine_step[i] = -1;
+        w->down[i] = -1;
+        w->spine_step[i] = -1;
         inner[i] = false;
     }
     for (int i = n - 1; i > 0; i--) {
@@ -98,50 +102,60 @@ static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv
         inner[p] = true;
         if (height[i] + 1 >= height[p]) { /* ties: the child that comes first */
             height[p] = height[i] + 1;
-            down[p] = i;
+            w->down[p] = i;
         }
     }
-    const int spine = height[0];
-    for (int x = 0, s = 0; x >= 0; x = down[x], s++) {
-        spine_step[x] = s;
+    w->spine = height[0];
+    for (int x = 0, s = 0; x >= 0; x = w->down[x], s++) {
+        w->spine_step[x] = s;
     }
     /* branches, by length (insertion sort: stable, at most 62 of them) */
-    int nb = 0, first_from = DFL_MAX_TREE, last_from = -1;
+    w->nb = 0;
+    w->first_from = DFL_MAX_TREE;
+    w->last_from = -1;
     for (int i = 0; i < n; i++) {
-        if (inner[i] || spine_step[i] >= 0) {
+        if (inner[i] || w->spine_step[i] >= 0) {
             continue;
         }
         int x = i;
-        while (spine_step[x] < 0) {
+        while (w->spine_step[x] < 0) {
             x = tp->parent[x];
         }
         const int l = tp->depth[i] - tp->depth[x];
-        int j = nb++;
-        for (; j > 0 && len[j - 1] > l; j--) {
-            leaf[j] = leaf[j - 1];
-            from[j] = from[j - 1];
-            len[j] = len[j - 1];
+        int j = w->nb++;
+        for (; j > 0 && w->len[j - 1] > l; j--) {
+            w->leaf[j] = w->leaf[j - 1];
+            w->from[j] = w->from[j - 1];
+            w->len[j] = w->len[j - 1];
         }
-        leaf[j] = i;
-        from[j] = spine_step[x];
-        len[j] = l;
-        first_from = from[j] < first_from ? from[j] : first_from;
-        last_from = max_int(last_from, from[j]);
+        w->leaf[j] = i;
+        w->from[j] = w->spine_step[x];
+        w->len[j] = l;
+        w->first_from = w->from[j] < w->first_from ? w->from[j] : w->first_from;
+        w->last_from = max_int(w->last_from, w->from[j]);
     }
+}
 
+/* The padded shape for this tree: branches sorted by length split in two groups (the
+ * short ones in either) where that costs least (shape_cost), each size at the largest
+ * seen for this node count within n - 2 branches in all, or from this tree alone after
+ * TREE_SHAPE_RESET trees (or when no split fits). *k and *lo: the split chosen, the k
+ * shortest branches in group *lo. */
+static tree_shape choose_shape(dfl_tree_shapes * shapes, int n, const tree_walk * w, int * k_best, int * lo_best) {
     tree_shape * seen = &shapes->seen[n];
     const bool reset = ++shapes->age[n] >= TREE_SHAPE_RESET || seen->spine == 0;
     if (reset) {
         shapes->age[n] = 0;
     }
     tree_shape best = { 0 };
-    int best_cost = -1, k_best = 0, lo_best = 0;
+    int best_cost = -1;
     for (int pass = reset ? 1 : 0; pass < 2 && best_cost < 0; pass++) {
         /* pass 0 within the shape seen, pass 1 (a reset, or no split fits n - 2
          * branches in all) from this tree alone; the short ones in either group */
-        for (int k = 0; k <= nb; k++) {
+        for (int k = 0; k <= w->nb; k++) {
             for (int lo = 0; lo < 2; lo++) {
-                tree_shape sh = split_shape(spine, last_from + 1, first_from, n - spine, len, nb, k, lo);
+                tree_shape sh = split_shape(w->spine, w->last_from + 1, w->first_from, n - w->spine, w->len, w->nb,
+                                            k, lo);
                 if (pass == 0) {
                     sh = max_shape(sh, seen);
                     if (tree_branches(&sh) > max_int(n - 2, 0)) {
@@ -152,28 +166,34 @@ static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv
                 if (best_cost < 0 || cost < best_cost) {
                     best = sh;
                     best_cost = cost;
-                    k_best = k;
-                    lo_best = lo;
+                    *k_best = k;
+                    *lo_best = lo;
                 }
             }
         }
     }
-    const tree_shape sh = tp->shape = *seen = best;
+    return *seen = best;
+}
 
+/* Each recurrence row's node: the spine's steps, then each group's branches (the k
+ * shortest in group lo), each from the kept spine state it leaves from. Padding steps
+ * repeat a real node after the last one read (their results are never read), padding
+ * branches run the root from the last state. */
+static void place_steps(tree_plan * tp, const tree_walk * w, int k_best, int lo_best) {
+    const tree_shape sh = tp->shape;
     int32_t * steps = tp->steps;
     int last = 0;
-    for (int x = 0; x >= 0; x = down[x]) {
-        steps[spine_step[x]] = last = x;
-        tp->out_rows[x] = spine_step[x];
+    for (int x = 0; x >= 0; x = w->down[x]) {
+        steps[w->spine_step[x]] = last = x;
+        tp->out_rows[x] = w->spine_step[x];
     }
-    for (int s = spine; s < sh.spine; s++) {
+    for (int s = w->spine; s < sh.spine; s++) {
         steps[s] = last;
     }
     int row0 = sh.spine, seq = 0;
     for (int g = 0; g < DFL_TREE_GROUPS; g++) {
-        /* the short branches, 0 .. k_best - 1, in group lo_best; the rest in the other */
         int b = g == lo_best ? 0 : k_best;
-        const int end = g == lo_best ? k_best : nb;
+        const int end = g == lo_best ? k_best : w->nb;
         for (int j = 0; j < sh.branches[g]; j++, seq++, row0 += sh.steps[g]) {
             if (b == end) { /* padding */
                 tp->branch_from[seq] = 0;
@@ -182,9 +202,9 @@ static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv
                 }
                 continue;
             }
-            const int i = leaf[b], d0 = tp->depth[i] - len[b];
+            const int i = w->leaf[b], d0 = tp->depth[i] - w->len[b];
             /* kept state s: s steps before the end of the spine's first part */
-            tp->branch_from[seq] = sh.split - 1 - from[b];
+            tp->branch_from[seq] = sh.split - 1 - w->from[b];
             for (int y = i; tp->depth[y] > d0; y = tp->parent[y]) {
                 const int row = row0 + tp->depth[y] - d0 - 1;
                 steps[row] = y;
@@ -192,14 +212,19 @@ static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv
                     tp->out_rows[y] = row;
                 }
             }
-            for (int s = len[b]; s < sh.steps[g]; s++) {
+            for (int s = w->len[b]; s < sh.steps[g]; s++) {
                 steps[row0 + s] = i;
             }
             b++;
         }
     }
-    /* rows of later ops: spare rows first, then the nodes they compute first */
-    const int head = tree_head_rows(&sh);
+}
+
+/* Rows of the ops after the recurrence: spare rows first, then the nodes they compute
+ * first. */
+static void place_scatter(tree_plan * tp) {
+    const tree_shape sh = tp->shape;
+    const int n = tp->n, head = tree_head_rows(&sh);
     int bound[2 + DFL_TREE_GROUPS] = { head, sh.spine };
     for (int g = 0; g < DFL_TREE_GROUPS; g++) {
         bound[g + 2] = bound[g + 1] + sh.branches[g] * sh.steps[g];
@@ -218,8 +243,13 @@ static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv
     for (int i = n; i < n + tree_spare_rows(&sh); i++) {
         tp->out_rows[i] = 0;
     }
-    /* conv: the committed inputs and the spine, then a window per node off it; or a
-     * window per node */
+}
+
+/* The convolution's rows: the committed inputs and the spine, then a window per node
+ * off it; or a window per node. */
+static void place_conv(tree_plan * tp, const tree_walk * w, int W) {
+    const tree_shape sh = tp->shape;
+    const int n = tp->n;
     int32_t * rows = tp->conv_rows;
     if (!tree_conv_spine(&sh, n, W + 1)) {
         memcpy(rows, tp->windows, (size_t) n * (W + 1) * sizeof(int32_t));
@@ -229,12 +259,12 @@ static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv
         rows[k] = k;
     }
     for (int s = 0; s < sh.spine; s++) {
-        rows[W + s] = W + steps[s];
+        rows[W + s] = W + tp->steps[s];
     }
     int off = 0;
     for (int i = 0; i < n; i++) {
-        tp->conv_out[i] = spine_step[i] >= 0 ? spine_step[i] : 0;
-        if (spine_step[i] < 0) {
+        tp->conv_out[i] = w->spine_step[i] >= 0 ? w->spine_step[i] : 0;
+        if (w->spine_step[i] < 0) {
             memcpy(&rows[W + sh.spine + off * (W + 1)], &tp->windows[(size_t) i * (W + 1)],
                    (size_t) (W + 1) * sizeof(int32_t));
             tp->conv_scatter[off++] = i;
@@ -247,6 +277,23 @@ static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv
     for (int i = n; i < n + sh.off; i++) {
         tp->conv_out[i] = 0;
     }
+}
+
+/* The recurrence of a tree (see tree_plan): a spine and branches off it (walk_tree),
+ * their padded shape (choose_shape), which grows to the largest of each size seen for
+ * this node count so that trees of a budget share one graph once a few steps have set
+ * it; every TREE_SHAPE_RESET trees it restarts from the current tree's, so that a rare
+ * odd tree does not pad every later one (at most one graph rebuild per reset). Then
+ * each row's node (place_steps), the later ops' rows (place_scatter) and the
+ * convolution's (place_conv). */
+static void plan_recurrence(tree_plan * tp, dfl_tree_shapes * shapes, int d_conv) {
+    tree_walk w;
+    int k_best = 0, lo_best = 0;
+    walk_tree(tp, &w);
+    tp->shape = choose_shape(shapes, tp->n, &w, &k_best, &lo_best);
+    place_steps(tp, &w, k_best, lo_best);
+    place_scatter(tp);
+    place_conv(tp, &w, d_conv - 1);
 }
 
 dfl_status dfl_tree_plan(tree_plan * tp, dfl_tree_shapes * shapes, const int32_t * parents, int n, int d_conv) {

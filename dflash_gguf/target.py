@@ -122,6 +122,14 @@ def target_params(cfg: TargetConfig, path: Optional[str] = None):
     return p, device
 
 
+# dfl_target_info's numeric fields, as Target.info() gives them
+_INFO_NUMBERS = (
+    "n_vocab", "n_head", "n_embd", "n_layer", "n_ctx_train", "n_ctx", "n_ubatch", "n_verify", "n_seq", "n_past",
+    "n_gpu_layers", "n_graphs", "n_graph_builds", "n_threads", "n_weight_buffers", "compute_bytes", "n_last_nodes",
+    "n_last_replay", "n_host_writes", "n_host_reads", "n_host_write_bytes", "n_host_read_bytes",
+    "host_layer_weights", "n_last_splits", "last_copy_bytes", "copy_bytes")
+
+
 class Target(NativeObject):
     _what = "target"
     _free = staticmethod(lib.dfl_target_free)
@@ -161,21 +169,12 @@ class Target(NativeObject):
 
     # -- state --------------------------------------------------------------------
     def info(self) -> dict:
+        """dfl_target_info's fields: sizes, placement, graph and copy counters."""
         info = ffi.new("dfl_target_info *")
         check(lib.dfl_target_get_info(self._handle(), info))
-        return {
-            "n_vocab": info.n_vocab, "n_head": info.n_head, "n_embd": info.n_embd, "n_layer": info.n_layer,
-            "n_ctx_train": info.n_ctx_train, "n_ctx": info.n_ctx, "n_ubatch": info.n_ubatch,
-            "n_verify": info.n_verify, "n_seq": info.n_seq, "n_past": info.n_past, "n_gpu_layers": info.n_gpu_layers,
-            "n_graphs": info.n_graphs, "n_graph_builds": info.n_graph_builds, "n_threads": info.n_threads,
-            "device": ffi.string(info.device).decode(), "n_weight_buffers": info.n_weight_buffers,
-            "arch": ffi.string(info.arch).decode(), "compute_bytes": info.compute_bytes,
-            "n_last_nodes": info.n_last_nodes, "n_last_replay": info.n_last_replay, "n_host_writes": info.n_host_writes,
-            "n_host_reads": info.n_host_reads, "n_host_write_bytes": info.n_host_write_bytes,
-            "n_host_read_bytes": info.n_host_read_bytes, "host_layer_weights": info.host_layer_weights,
-            "n_last_splits": info.n_last_splits, "last_copy_bytes": info.last_copy_bytes,
-            "copy_bytes": info.copy_bytes,
-        }
+        out = {name: getattr(info, name) for name in _INFO_NUMBERS}
+        out.update((name, ffi.string(getattr(info, name)).decode()) for name in ("device", "arch"))
+        return out
 
     def graph_copies(self) -> tuple:
         """(splits, bytes copied between devices) of the last graph computed: its runs on

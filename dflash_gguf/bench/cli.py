@@ -259,100 +259,43 @@ def pick_cells(cells: List[tuple], only: set) -> tuple:
     return picked, list(dict.fromkeys(arm for arm, _ in picked))
 
 
-def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling],
-            constraint_flags: tuple = (), only: Optional[set] = None) -> tuple:
-    """Every run, every arm (ours and llama.cpp's) interleaved within each repetition
-    (method.py); llama.cpp's build info; the cells' load records; the order our engines
-    were loaded in. only: the (engine, mode, sampling) cells to run (arms_from.chosen),
-    all of them if None."""
-    from ..draft import read_draft_metadata
-    from ..tokenizer import Tokenizer
+def llama_cpp_arms(args, info: dict, setup: llama_cpp.Setup, prompts: List[tuple], mean_prompt: int,
+                   kind: Optional[str], drafting: bool, block: int, their_n: Optional[list],
+                   sizes: Optional[list]) -> list:
+    """llama.cpp's arms beside ours: llama-bench (decoding after the prompts' mean length;
+    it takes no grammar), llama-completion, and llama-speculative-simple at its settings
+    for the kind (or, for suffix, its n-gram kinds standing in); the tools found and
+    missing go into `info`."""
+    arms: list = []
+    tools = llama_cpp.Tools.find(args.llama_cpp)
+    info["tools"] = {name: str(exe) for name, exe in tools.found.items()}
+    info["missing"] = tools.missing
+    for why in tools.missing.values():
+        log(why)
+    if "llama-bench" in tools.found and not setup.constraint_flags:
+        arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, mean_prompt))
+    if "llama-completion" in tools.found:
+        arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
+    if kind == SUFFIX and "llama-speculative-simple" in tools.found:
+        info["stand_in"] = STAND_IN
+        arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], replace(setup, spec_type=k),
+                                          prompts, None, None, stand_in=True) for k in NGRAM_KINDS]
+    elif kind is not None and "llama-speculative-simple" in tools.found:
+        arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], setup, prompts, p, n, size)
+                 for p, n, size in kinds.their_settings(kind, args.spec_draft_p_min, their_n, sizes)]
+    elif drafting and "llama-speculative-simple" in tools.found:
+        exe = tools.found["llama-speculative-simple"]
+        n_maxes = args.spec_draft_n_max or [b - 1 for b in chain_lengths(None, block)]
+        arms.append(llama_cpp.SpeculativeArm(exe, setup, prompts, None, None))
+        arms += [llama_cpp.SpeculativeArm(exe, setup, prompts, p, n) for p in args.spec_draft_p_min
+                 for n in n_maxes]
+    return arms
 
-    kind = args.spec_type if args.spec_type in kinds.KINDS else None  # draft-simple, ngram-*, suffix: kinds.py's
-    mtp = args.spec_type == "draft-mtp"
-    meta = read_draft_metadata(target if mtp else draft) if (draft or mtp) and kind is None else None
-    drafting = meta is not None or kind is not None
-    # an autoregressive drafter (EAGLE3) has no block of its own: its drafts per step, the
-    # largest swept, and the bonus
-    block = (int(meta["block_size"]) or max(args.spec_draft_n_max or [DEFAULT_MTP_DRAFTS]) + 1) if meta else 1
-    spec_type = f"draft-{meta['kind']}" if meta else kind  # as --spec-type says (bench_main checks it)
-    blocks = chain_lengths(args.block_size, block) if meta else []
-    if any(b > block for b in blocks):
-        raise ValueError(f"--block-size values must be at most the drafter's block ({block})")
-    tokenizer = Tokenizer(target)
-    ids = {name: tokenizer.encode(text) for name, text in prompts}
-    lengths = [len(x) for x in ids.values()]
-    longest = max(lengths)
-    widest = max([block, *(b + 1 for b in args.tree_budgets)]) if meta else 1
-    if kind is not None:
-        our_n = [b - 1 for b in args.block_size] if args.block_size else list(kinds.SWEEP_N_MAX[kind])
-        their_n = args.spec_draft_n_max or list(kinds.SWEEP_N_MAX[kind])
-        sizes = args.ngram_size or list(kinds.SWEEP_SIZE.get(kind, ()))
-        if min(our_n) < 1:
-            raise ValueError("--block-size values must be at least 2 (the bonus token and a draft)")
-        longest_draft = max(our_n + their_n + [DEFAULT_SIMPLE_N_MAX if kind == SIMPLE else 64])
-        widest = 2 * longest_draft + 2 if kind == SIMPLE else longest_draft + 1  # draft-simple's tree: 1 + 2 n-max
-    n_ctx = -(-(longest + args.n_predict + 2 * widest + 64) // 256) * 256  # both engines get this context
 
-    runs: List[Run] = []
-
-    def keep(run: Run) -> None:
-        runs.append(run)
-        log(f"{run.engine} {run.mode}, {run.sampling}, rep {run.rep + 1}, {run.prompt or 'random tokens'}: "
-            f"{run.tokens / run.decode_s if run.decode_s > 0 else 0:.1f} tok/s, AL "
-            f"{run.tokens / run.passes if run.passes else 0:.2f}")
-
-    # our engine picks the drafter's kind from its file, as spec_type says
-    options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
-    if args.n_gpu_layers is not None:
-        options["n_gpu_layers"] = args.n_gpu_layers
-    if mtp or kind is not None:
-        options["spec_type"] = args.spec_type
-    if kind is not None:
-        modes = kinds.our_modes(kind, args.modes, args.draft_p_min, our_n, sizes, args.spec_draft_vocab,
-                                args.spec_draft_vocab_from)
-    else:
-        modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, drafting,
-                           args.chain_rule, blocks, plain_drafting=bool(constraint_flags) and "off" in args.grammar_drafting)
-    if constraint_flags and "on" not in args.grammar_drafting:
-        modes = [m for m in modes if not (m.speculative and m.grammar_drafting)]
-    arms: list = [ours.Arm(m, target, draft, options, ids, args.n_predict, args.reload, args.ignore_eos) for m in modes]
-
-    info: dict = {"tools": {}}
-    if not args.no_llama_cpp:
-        tools = llama_cpp.Tools.find(args.llama_cpp)
-        info["tools"] = {name: str(exe) for name, exe in tools.found.items()}
-        info["missing"] = tools.missing
-        for why in tools.missing.values():
-            log(why)
-        setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft,
-                                args.n_gpu_layers, constraint_flags, spec_type or "draft-dflash", args.ignore_eos)
-        # llama-bench decodes after as much context as the prompts' mean; it takes no grammar
-        if "llama-bench" in tools.found and not constraint_flags:
-            arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, round(sum(lengths) / len(lengths))))
-        if "llama-completion" in tools.found:
-            arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
-        if kind == SUFFIX and "llama-speculative-simple" in tools.found:
-            info["stand_in"] = STAND_IN
-            arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], replace(setup, spec_type=k),
-                                              prompts, None, None, stand_in=True) for k in NGRAM_KINDS]
-        elif kind is not None and "llama-speculative-simple" in tools.found:
-            arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], setup, prompts, p, n, size)
-                     for p, n, size in kinds.their_settings(kind, args.spec_draft_p_min, their_n, sizes)]
-        elif drafting and "llama-speculative-simple" in tools.found:
-            exe = tools.found["llama-speculative-simple"]
-            n_maxes = args.spec_draft_n_max or [b - 1 for b in chain_lengths(None, block)]
-            arms.append(llama_cpp.SpeculativeArm(exe, setup, prompts, None, None))
-            arms += [llama_cpp.SpeculativeArm(exe, setup, prompts, p, n) for p in args.spec_draft_p_min
-                     for n in n_maxes]
-
-    cells = [(arm, None) if isinstance(arm, llama_cpp.BenchArm) else (arm, s) for arm in arms
-             for s in ([None] if isinstance(arm, llama_cpp.BenchArm) else samplings)]
-    if only is not None:
-        cells, arms = pick_cells(cells, only)
-    gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
-                                      log=log)
-    failed: dict = {}
+def run_cells(args, cells: list, arms: list, gate, failed: dict, keep) -> list:
+    """Every repetition of every cell, taking turns (method.taking_turns); a llama.cpp arm
+    that fails is recorded in `failed` and left out from then on. The names of our
+    engines in the order they were loaded."""
     loads: dict = {}  # the load record of each cell of the repetition under way
 
     def one_round(cell: tuple, rnd: int, rep: int) -> Optional[List[Run]]:
@@ -396,12 +339,90 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
         for arm in arms:
             if isinstance(arm, ours.Arm):
                 arm.close()
+    return [a.name for a in loading]
+
+
+def measure(args, target: str, draft: Optional[str], prompts: List[tuple], samplings: List[Sampling],
+            constraint_flags: tuple = (), only: Optional[set] = None) -> tuple:
+    """Every run, every arm (ours and llama.cpp's) interleaved within each repetition
+    (method.py); llama.cpp's build info; the cells' load records; the order our engines
+    were loaded in. only: the (engine, mode, sampling) cells to run (arms_from.chosen),
+    all of them if None."""
+    from ..draft import read_draft_metadata
+    from ..tokenizer import Tokenizer
+
+    kind = args.spec_type if args.spec_type in kinds.KINDS else None  # draft-simple, ngram-*, suffix: kinds.py's
+    mtp = args.spec_type == "draft-mtp"
+    meta = read_draft_metadata(target if mtp else draft) if (draft or mtp) and kind is None else None
+    drafting = meta is not None or kind is not None
+    # an autoregressive drafter (EAGLE3) has no block of its own: its drafts per step, the
+    # largest swept, and the bonus
+    block = (int(meta["block_size"]) or max(args.spec_draft_n_max or [DEFAULT_MTP_DRAFTS]) + 1) if meta else 1
+    spec_type = f"draft-{meta['kind']}" if meta else kind  # as --spec-type says (bench_main checks it)
+    blocks = chain_lengths(args.block_size, block) if meta else []
+    if any(b > block for b in blocks):
+        raise ValueError(f"--block-size values must be at most the drafter's block ({block})")
+    tokenizer = Tokenizer(target)
+    ids = {name: tokenizer.encode(text) for name, text in prompts}
+    lengths = [len(x) for x in ids.values()]
+    longest = max(lengths)
+    widest = max([block, *(b + 1 for b in args.tree_budgets)]) if meta else 1
+    their_n = sizes = None  # llama.cpp's draft lengths and n-gram sizes for a kind of kinds.py
+    if kind is not None:
+        our_n = [b - 1 for b in args.block_size] if args.block_size else list(kinds.SWEEP_N_MAX[kind])
+        their_n = args.spec_draft_n_max or list(kinds.SWEEP_N_MAX[kind])
+        sizes = args.ngram_size or list(kinds.SWEEP_SIZE.get(kind, ()))
+        if min(our_n) < 1:
+            raise ValueError("--block-size values must be at least 2 (the bonus token and a draft)")
+        longest_draft = max(our_n + their_n + [DEFAULT_SIMPLE_N_MAX if kind == SIMPLE else 64])
+        widest = 2 * longest_draft + 2 if kind == SIMPLE else longest_draft + 1  # draft-simple's tree: 1 + 2 n-max
+    n_ctx = -(-(longest + args.n_predict + 2 * widest + 64) // 256) * 256  # both engines get this context
+
+    runs: List[Run] = []
+
+    def keep(run: Run) -> None:
+        runs.append(run)
+        log(f"{run.engine} {run.mode}, {run.sampling}, rep {run.rep + 1}, {run.prompt or 'random tokens'}: "
+            f"{run.tokens / run.decode_s if run.decode_s > 0 else 0:.1f} tok/s, AL "
+            f"{run.tokens / run.passes if run.passes else 0:.2f}")
+
+    # our engine picks the drafter's kind from its file, as spec_type says
+    options = {"n_ctx": n_ctx, "n_threads": args.threads, "kv_type": args.cache_type_k, "device": args.device}
+    if args.n_gpu_layers is not None:
+        options["n_gpu_layers"] = args.n_gpu_layers
+    if mtp or kind is not None:
+        options["spec_type"] = args.spec_type
+    if kind is not None:
+        modes = kinds.our_modes(kind, args.modes, args.draft_p_min, our_n, sizes, args.spec_draft_vocab,
+                                args.spec_draft_vocab_from)
+    else:
+        modes = ours.modes(args.modes, args.tree_budgets, args.draft_p_min, drafting,
+                           args.chain_rule, blocks, plain_drafting=bool(constraint_flags) and "off" in args.grammar_drafting)
+    if constraint_flags and "on" not in args.grammar_drafting:
+        modes = [m for m in modes if not (m.speculative and m.grammar_drafting)]
+    arms: list = [ours.Arm(m, target, draft, options, ids, args.n_predict, args.reload, args.ignore_eos) for m in modes]
+
+    info: dict = {"tools": {}}
+    if not args.no_llama_cpp:
+        setup = llama_cpp.Setup(target, args.threads, n_ctx, args.n_predict, args.cache_type_k, draft,
+                                args.n_gpu_layers, constraint_flags, spec_type or "draft-dflash", args.ignore_eos)
+        arms += llama_cpp_arms(args, info, setup, prompts, round(sum(lengths) / len(lengths)), kind, drafting, block,
+                               their_n, sizes)
+
+    cells = [(arm, None) if isinstance(arm, llama_cpp.BenchArm) else (arm, s) for arm in arms
+             for s in ([None] if isinstance(arm, llama_cpp.BenchArm) else samplings)]
+    if only is not None:
+        cells, arms = pick_cells(cells, only)
+    gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
+                                      log=log)
+    failed: dict = {}
+    loading = run_cells(args, cells, arms, gate, failed, keep)
     bench = next((a for a in arms if isinstance(a, llama_cpp.BenchArm)), None)
     if bench is not None and bench.info:
         info["llama_bench"] = bench.info
     if failed:
         info["errors"] = failed
-    return runs, info, gate.cells, [a.name for a in loading]
+    return runs, info, gate.cells, loading
 
 
 def settings_of(args, prompts: List[tuple], samplings: List[Sampling], constraint_flags: tuple) -> dict:

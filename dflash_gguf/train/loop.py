@@ -9,7 +9,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -104,19 +104,8 @@ def _fmt_time(s: float) -> str:
     return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
-    """Train a DFlash drafter for the target GGUF opts.model; writes opts.output (GGUF),
-    the report (JSON) and, with hf_out, z-lab's HF layout. Returns the report.
-    on_step(step, record) runs after each step (a KeyboardInterrupt raised there or by
-    the user saves a checkpoint first)."""
-    torch = _need_torch()
-    from ..chat import ChatTemplate
-    from ..tokenizer import Tokenizer
-    from . import export, recipe
-    from .evaluate import AcceptanceProbe
-    from .model import Drafter, default_shape
-    from .target import TargetFeatures, embedding_and_head, read_target_meta
-
+def _check(opts: TrainOptions) -> None:
+    """The options' own errors, before anything is loaded."""
     if opts.steps is None and opts.max_minutes is None:
         raise TrainError("give a budget: --steps N and/or --max-minutes M")
     if opts.block_size < 2:
@@ -127,15 +116,36 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         raise TrainError(f"--draft-vocab must be 0 (the whole head) or more, got {opts.draft_vocab}")
     if opts.top_k_labels < 0:
         raise TrainError(f"--top-k-labels must be 0 (argmax labels) or more, got {opts.top_k_labels}")
-    dev = _torch_device(torch, opts.train_device)
-    t_start = time.perf_counter()
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
-    torch.set_flush_denormal(True)
+
+
+@dataclass
+class _Plan:
+    """What the target GGUF and the data fix before the first step."""
+
+    meta: dict  # read_target_meta's, with n_vocab
+    embd: np.ndarray  # the target's token embedding, vocabulary x hidden
+    head: np.ndarray  # its LM head
+    mask_id: int
+    data: object  # data.Dataset: train windows, held-out documents, sha256
+    layer_ids: list  # the target layers whose features the drafter reads
+    gamma: float
+    shape: object  # model.DrafterShape
+
+    def settings(self, opts: TrainOptions) -> dict:
+        return _settings(opts, self.layer_ids, self.gamma, self.shape, self.mask_id, self.data.sha256)
+
+
+def _plan(opts: TrainOptions, say) -> _Plan:
+    """The target's shape, vocabulary and mask token, the data's windows and the drafter's shape."""
+    from ..chat import ChatTemplate
+    from ..tokenizer import Tokenizer
+    from . import recipe
+    from .model import default_shape
+    from .target import embedding_and_head, read_target_meta
 
     meta = read_target_meta(opts.model)
-    embd_np, head_np = embedding_and_head(meta["reader"])
-    meta["n_vocab"] = embd_np.shape[0]
+    embd, head = embedding_and_head(meta["reader"])
+    meta["n_vocab"] = embd.shape[0]
     if opts.top_k_labels > meta["n_vocab"]:
         raise TrainError(f"--top-k-labels {opts.top_k_labels} exceeds the vocabulary ({meta['n_vocab']})")
     tokenizer = Tokenizer(opts.model)
@@ -148,7 +158,6 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         return template.render(messages, add_generation_prompt=False)
 
     data = load_data(opts, tokenizer, render)
-    say = print if opts.progress else (lambda *a, **k: None)
     if opts.regenerate:
         from .data import regenerate
 
@@ -160,137 +169,236 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         raise TrainError(f"target layer ids {layer_ids} must lie in 0..{meta['n_layer'] - 1}")
     gamma = opts.gamma or recipe.default_gamma(opts.block_size)
     shape = default_shape(meta["n_embd"], len(layer_ids), opts.draft_layers, meta["rope_theta"], meta["eps"])
+    return _Plan(meta, embd, head, mask_id, data, layer_ids, gamma, shape)
 
-    embd = torch.from_numpy(embd_np)  # looked up on the host: only the batch's rows go to the device
-    head = torch.from_numpy(head_np).to(dev)
-    counts = torch.bincount(torch.from_numpy(np.concatenate(data.train).astype(np.int64)), minlength=meta["n_vocab"])
-    kept = recipe.kept_vocab(counts, opts.loss_vocab)
-    head_tokens = _head_tokens(opts, counts.numpy())
-    kept = None if kept is None else kept.to(dev)
-    weights = recipe.position_weights(opts.block_size, gamma).to(dev)
+
+class _Objective:
+    """A step's loss: the drafter's block predictions through the target's head, against the
+    target's greedy tokens (or its top-k distribution), weighted by block position."""
+
+    def __init__(self, torch, opts: TrainOptions, plan: _Plan, dev):
+        from . import recipe
+
+        self.torch, self.opts, self.dev, self.meta, self.mask_id = torch, opts, dev, plan.meta, plan.mask_id
+        self.embd = torch.from_numpy(plan.embd)  # looked up on the host: only the batch's rows go to the device
+        self.head = torch.from_numpy(plan.head).to(dev)
+        counts = torch.bincount(torch.from_numpy(np.concatenate(plan.data.train).astype(np.int64)),
+                                minlength=plan.meta["n_vocab"])
+        kept = recipe.kept_vocab(counts, opts.loss_vocab)
+        self.head_tokens = _head_tokens(opts, counts.numpy())  # --draft-vocab's set, or None
+        self.kept = None if kept is None else kept.to(dev)
+        self.weights = recipe.position_weights(opts.block_size, plan.gamma).to(dev)
+
+    def __call__(self, model, x, feats, greedy, top, gen):
+        """(loss, accuracy per block position, labels counted) of windows `x`."""
+        from . import recipe
+
+        B = self.opts.block_size
+        noise, pos, mask, labels, exact, anchors = recipe.anchor_batch(x, greedy, self.opts.anchors, B, self.mask_id,
+                                                                        gen)
+        soft_ids = soft_probs = None
+        if self.opts.top_k_labels:
+            soft_ids, soft_probs = (recipe.label_rows(self.torch.stack(rows), anchors, B).to(self.dev)
+                                    for rows in zip(*top))
+        # the block's tokens embedded as the target embeds them (Gemma: scaled)
+        feats, noise_embd, pos, mask, labels, exact = (
+            t.to(self.dev) for t in (feats, self.embd[noise] * self.meta["embd_scale"], pos, mask, labels, exact))
+        hidden = model(feats, noise_embd, pos, mask)
+        S = hidden.shape[0]
+        hidden = hidden.view(S, -1, B, hidden.shape[-1])[:, :, 1:]
+        logits, sub_labels, soft_ids = recipe.subset_logits(hidden, self.head, labels, self.kept, soft_ids)
+        logits = recipe.softcap(logits, self.meta["softcap"])
+        loss, acc = recipe.weighted_loss(logits, sub_labels, exact, self.weights,
+                                         None if soft_ids is None else (soft_ids, soft_probs))
+        return loss, acc, labels.numel()
+
+
+class _Windows:
+    """The training windows' target passes (features, greedy tokens, top-k), and each step's
+    seeded draw of them: a function of the seed and the step alone, so that a resumed run
+    repeats an uninterrupted one. Runs whose features fit 2 GiB of host memory in bf16 keep
+    every window's (half the bytes of f32, and the same rounding whether a window's features
+    were just computed or kept); larger runs recompute them each step, in f32."""
+
+    def __init__(self, torch, opts: TrainOptions, plan: _Plan):
+        from .target import TargetFeatures
+
+        self.torch, self.opts, self.train = torch, opts, plan.data.train
+        self.features = TargetFeatures(opts.model, plan.layer_ids, opts.ctx_size, opts.threads, opts.device,
+                                       opts.top_k_labels)
+        self.kept: dict[int, tuple] = {}
+        self.keep = len(self.train) * opts.ctx_size * len(plan.layer_ids) * plan.meta["n_embd"] * 2 <= 2 << 30
+        self.dtype = torch.bfloat16 if self.keep else torch.float32
+
+    def target_pass(self, i: int):
+        entry = self.kept.get(i)
+        if entry is None:
+            feats, greedy, top = self.features(self.train[i])
+            from_np = self.torch.from_numpy
+            entry = (from_np(feats).to(self.dtype), from_np(greedy), top and tuple(from_np(a) for a in top))
+            if self.keep:
+                self.kept[i] = entry
+        return (entry[0].float(), *entry[1:])
+
+    def draw(self, step: int):
+        """(windows' tokens, features, greedy tokens, top-k, the anchors' generator) of `step`."""
+        torch, opts = self.torch, self.opts
+        rng = np.random.default_rng([opts.seed, step])
+        gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
+        pick = rng.integers(0, len(self.train), size=opts.batch)
+        x = torch.from_numpy(np.stack([self.train[i] for i in pick]).astype(np.int64))
+        feats, greedy, top = zip(*(self.target_pass(int(i)) for i in pick))
+        return x, torch.stack(feats), torch.stack(greedy), top, gen
+
+    def close(self):
+        self.features.close()
+
+
+@dataclass
+class _Progress:
+    """Where a run is: its steps, loss curve, acceptance measurements and time, what a
+    checkpoint keeps besides the weights."""
+
+    t_start: float
+    step: int = 0
+    curve: list = field(default_factory=list)
+    evals: list = field(default_factory=list)
+    elapsed_before: float = 0.0  # seconds trained before a --resume
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.t_start
+
+
+def _drafter(torch, opts: TrainOptions, plan: _Plan, dev, progress: _Progress):
+    """The drafter and its optimizer, fresh or from --resume (whose settings must match)."""
+    from .model import Drafter
 
     torch.manual_seed(opts.seed)
-    model = Drafter(shape)
+    model = Drafter(plan.shape)
     model.init_weights(opts.seed)
     model.to(dev)
     optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step, curve, evals, elapsed_before = 0, [], [], 0.0
     if opts.resume:
         ck = torch.load(opts.resume, map_location="cpu", weights_only=False)
-        if ck["settings"] != _settings(opts, layer_ids, gamma, shape, mask_id, data.sha256):
+        if ck["settings"] != plan.settings(opts):
             raise TrainError(f"--resume {opts.resume}: the checkpoint was made with other settings or data")
         model.load_state_dict(ck["model"])
         optim.load_state_dict(ck["optim"])
-        step, curve, evals, elapsed_before = ck["step"], ck["curve"], ck["evals"], ck["elapsed"]
+        progress.step, progress.curve, progress.evals, progress.elapsed_before = \
+            ck["step"], ck["curve"], ck["evals"], ck["elapsed"]
+    return model, optim
 
-    features = TargetFeatures(opts.model, layer_ids, opts.ctx_size, opts.threads, opts.device, opts.top_k_labels)
-    probe = AcceptanceProbe(opts.model, layer_ids, opts.block_size, data.heldout[:opts.eval_prompts],
+
+def _learning_rate(opts: TrainOptions, step: int, warmup: int, deadline: Optional[float], now: float) -> float:
+    """Cosine over the step budget, or over the time budget when only that is given."""
+    from . import recipe
+
+    if opts.steps:
+        return recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
+    return recipe.timed_lr(opts.lr, step, 1 - (deadline - now) / (opts.max_minutes * 60))
+
+
+def _write_report(opts: TrainOptions, plan: _Plan, progress: _Progress, objective: _Objective) -> tuple:
+    """(the run's report, where it was written)."""
+    data = plan.data
+    report = {
+        "settings": plan.settings(opts),
+        "data": {"sha256": data.sha256, "files": data.n_files, "documents": data.n_docs, "tokens": data.n_tokens,
+                 "windows": len(data.train), "heldout_documents": len(data.heldout)},
+        "steps": progress.step, "minutes": round(progress.elapsed() / 60, 3),
+        "curve": progress.curve, "acceptance": progress.evals, "heldout_al": progress.evals[-1]["al"],
+        "loss_vocabulary": None if objective.kept is None else int(len(objective.kept)),
+        "output": opts.output, "hf_out": opts.hf_out,
+    }
+    report_path = opts.report or os.path.splitext(opts.output)[0] + ".json"
+    Path(report_path).write_text(json.dumps(report, indent=1) + "\n")
+    return report, report_path
+
+
+def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
+    """Train a DFlash drafter for the target GGUF opts.model; writes opts.output (GGUF),
+    the report (JSON) and, with hf_out, z-lab's HF layout. Returns the report.
+    on_step(step, record) runs after each step (a KeyboardInterrupt raised there or by
+    the user saves a checkpoint first)."""
+    torch = _need_torch()
+    from . import export
+    from .evaluate import AcceptanceProbe
+
+    _check(opts)
+    dev = _torch_device(torch, opts.train_device)
+    progress = _Progress(time.perf_counter())
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    torch.set_flush_denormal(True)
+    say = print if opts.progress else (lambda *a, **k: None)
+    plan = _plan(opts, say)
+    meta = plan.meta
+    objective = _Objective(torch, opts, plan, dev)
+    model, optim = _drafter(torch, opts, plan, dev, progress)
+    windows = _Windows(torch, opts, plan)
+    probe = AcceptanceProbe(opts.model, plan.layer_ids, opts.block_size, plan.data.heldout[:opts.eval_prompts],
                             min(64, opts.ctx_size), opts.eval_tokens, opts.threads, opts.device)
-    # runs whose features fit 2 GiB of host memory in bf16 keep every window's (half the
-    # bytes of f32, and the same rounding whether a window's features were just computed
-    # or cached, so that a resumed run repeats an uninterrupted one); larger runs
-    # recompute them each step, in f32
-    cache: dict[int, tuple] = {}
-    cache_bytes = len(data.train) * opts.ctx_size * len(layer_ids) * meta["n_embd"] * 2
-    use_cache = cache_bytes <= 2 << 30
-
-    kept_dtype = torch.bfloat16 if use_cache else torch.float32
-
-    def target_pass(i: int):
-        entry = cache.get(i)
-        if entry is None:
-            feats, greedy, top = features(data.train[i])
-            entry = (torch.from_numpy(feats).to(kept_dtype), torch.from_numpy(greedy),
-                     top and tuple(torch.from_numpy(a) for a in top))
-            if use_cache:
-                cache[i] = entry
-        return (entry[0].float(), *entry[1:])
 
     def state_np():
         return {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
 
     def write_gguf(path):
-        export.write_gguf(path, state_np(), shape, meta, opts.model, layer_ids, opts.block_size, mask_id,
-                          opts.outtype, head_tokens)
+        export.write_gguf(path, state_np(), plan.shape, meta, opts.model, plan.layer_ids, opts.block_size,
+                          plan.mask_id, opts.outtype, objective.head_tokens)
 
     def measure(at_step: int):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "draft.gguf")
             write_gguf(path)
             r = probe.measure(path)
-        r.update(step=at_step, minutes=(elapsed_before + time.perf_counter() - t_start) / 60)
-        evals.append(r)
+        r.update(step=at_step, minutes=progress.elapsed() / 60)
+        progress.evals.append(r)
         return r
 
     def save_checkpoint():
-        ck = {"settings": _settings(opts, layer_ids, gamma, shape, mask_id, data.sha256), "step": step,
-              "model": model.state_dict(), "optim": optim.state_dict(), "curve": curve, "evals": evals,
-              "elapsed": elapsed_before + time.perf_counter() - t_start}
+        ck = {"settings": plan.settings(opts), "step": progress.step, "model": model.state_dict(),
+              "optim": optim.state_dict(), "curve": progress.curve, "evals": progress.evals,
+              "elapsed": progress.elapsed()}
         tmp = opts.checkpoint_path + ".tmp"
         torch.save(ck, tmp)
         os.replace(tmp, opts.checkpoint_path)
 
     say(f"dflash-train: target {meta['name']} ({meta['arch']}, {meta['n_layer']} layers, hidden {meta['n_embd']}, "
-        f"vocab {meta['n_vocab']}); drafter {shape.layers} layers, block {opts.block_size}, target layers "
-        f"{layer_ids}, mask token {mask_id}, gamma {gamma:g}; data {data.n_docs} documents, "
-        f"{len(data.train)} windows of {opts.ctx_size}, {len(data.heldout)} held out; loss vocabulary "
-        f"{'all' if kept is None else len(kept)}")
-    if not evals:
-        r = measure(step)
-        say(f"  held-out AL before training: {r['al']:.3f}")
+        f"vocab {meta['n_vocab']}); drafter {plan.shape.layers} layers, block {opts.block_size}, target layers "
+        f"{plan.layer_ids}, mask token {plan.mask_id}, gamma {plan.gamma:g}; data {plan.data.n_docs} documents, "
+        f"{len(plan.data.train)} windows of {opts.ctx_size}, {len(plan.data.heldout)} held out; loss vocabulary "
+        f"{'all' if objective.kept is None else len(objective.kept)}")
+    if not progress.evals:
+        say(f"  held-out AL before training: {measure(progress.step)['al']:.3f}")
 
     warmup = max(1, min(100, (opts.steps or 0) // 10))
-    deadline = None if opts.max_minutes is None else t_start + opts.max_minutes * 60 - elapsed_before
+    deadline = None if opts.max_minutes is None else progress.t_start + opts.max_minutes * 60 - progress.elapsed_before
     last_ck = last_eval = time.perf_counter()
     bar = _Bar(opts.steps, deadline, opts.progress)
-    B = opts.block_size
     model.train()
     try:
-        while (opts.steps is None or step < opts.steps) and (deadline is None or time.perf_counter() < deadline):
+        while (opts.steps is None or progress.step < opts.steps) and (deadline is None or time.perf_counter() < deadline):
             t0 = time.perf_counter()
-            rng = np.random.default_rng([opts.seed, step])
-            gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
-            pick = rng.integers(0, len(data.train), size=opts.batch)
-            x = torch.from_numpy(np.stack([data.train[i] for i in pick]).astype(np.int64))
-            feats, greedy, top = zip(*(target_pass(int(i)) for i in pick))
-            feats, greedy = torch.stack(feats), torch.stack(greedy)
-            noise, pos, mask, labels, exact, anchors = recipe.anchor_batch(x, greedy, opts.anchors, B, mask_id, gen)
-            soft_ids = soft_probs = None
-            if opts.top_k_labels:
-                soft_ids, soft_probs = (recipe.label_rows(torch.stack(rows), anchors, B).to(dev) for rows in zip(*top))
-            # the block's tokens embedded as the target embeds them (Gemma: scaled)
-            feats, noise_embd, pos, mask, labels, exact = (t.to(dev) for t in (feats, embd[noise] * meta["embd_scale"],
-                                                                               pos, mask, labels, exact))
-            if opts.steps:
-                lr = recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
-            else:
-                lr = recipe.timed_lr(opts.lr, step, 1 - (deadline - t0) / (opts.max_minutes * 60))
+            x, feats, greedy, top, gen = windows.draw(progress.step)
             for g in optim.param_groups:
-                g["lr"] = lr
-            hidden = model(feats, noise_embd, pos, mask)
-            S = hidden.shape[0]
-            hidden = hidden.view(S, -1, B, hidden.shape[-1])[:, :, 1:]
-            logits, sub_labels, soft_ids = recipe.subset_logits(hidden, head, labels, kept, soft_ids)
-            logits = recipe.softcap(logits, meta["softcap"])
-            loss, acc = recipe.weighted_loss(logits, sub_labels, exact, weights,
-                                             None if soft_ids is None else (soft_ids, soft_probs))
+                g["lr"] = _learning_rate(opts, progress.step, warmup, deadline, t0)
+            loss, acc, n_labels = objective(model, x, feats, greedy, top, gen)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optim.step()
-            step += 1
-            rec = {"step": step, "loss": float(loss.detach()), "acc": [round(float(a), 4) for a in acc],
-                   "tok_s": labels.numel() / (time.perf_counter() - t0)}
-            curve.append({"step": step, "loss": round(rec["loss"], 5), "acc": rec["acc"]})
-            bar.update(step, rec, evals[-1]["al"] if evals else None)
+            progress.step += 1
+            rec = {"step": progress.step, "loss": float(loss.detach()), "acc": [round(float(a), 4) for a in acc],
+                   "tok_s": n_labels / (time.perf_counter() - t0)}
+            progress.curve.append({"step": progress.step, "loss": round(rec["loss"], 5), "acc": rec["acc"]})
+            bar.update(progress.step, rec, progress.evals[-1]["al"] if progress.evals else None)
             if on_step is not None:
-                on_step(step, rec)
+                on_step(progress.step, rec)
             now = time.perf_counter()
             if opts.eval_every and now - last_eval >= opts.eval_every * 60:
                 model.eval()
-                r = measure(step)
+                bar.note(f"step {progress.step}: held-out AL {measure(progress.step)['al']:.3f}")
                 model.train()
-                bar.note(f"step {step}: held-out AL {r['al']:.3f}")
                 last_eval = time.perf_counter()
             if opts.checkpoint_every and now - last_ck >= opts.checkpoint_every * 60:
                 save_checkpoint()
@@ -298,32 +406,22 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     except KeyboardInterrupt:
         save_checkpoint()
         bar.close()
-        features.close()
+        windows.close()
         probe.close()
         raise
     bar.close()
-    features.close()
+    windows.close()
     model.eval()
     save_checkpoint()
     write_gguf(opts.output)
-    if not evals or evals[-1]["step"] != step:
-        measure(step)
+    if not progress.evals or progress.evals[-1]["step"] != progress.step:
+        measure(progress.step)
     probe.close()
     if opts.hf_out:
-        export.write_hf(opts.hf_out, state_np(), shape, meta, layer_ids, B, mask_id)
-    report = {
-        "settings": _settings(opts, layer_ids, gamma, shape, mask_id, data.sha256),
-        "data": {"sha256": data.sha256, "files": data.n_files, "documents": data.n_docs, "tokens": data.n_tokens,
-                 "windows": len(data.train), "heldout_documents": len(data.heldout)},
-        "steps": step, "minutes": round((elapsed_before + time.perf_counter() - t_start) / 60, 3),
-        "curve": curve, "acceptance": evals, "heldout_al": evals[-1]["al"],
-        "loss_vocabulary": None if kept is None else int(len(kept)),
-        "output": opts.output, "hf_out": opts.hf_out,
-    }
-    report_path = opts.report or os.path.splitext(opts.output)[0] + ".json"
-    Path(report_path).write_text(json.dumps(report, indent=1) + "\n")
-    say(f"dflash-train: {step} steps, held-out AL {evals[0]['al']:.3f} -> {evals[-1]['al']:.3f}; wrote "
-        f"{opts.output} and {report_path}")
+        export.write_hf(opts.hf_out, state_np(), plan.shape, meta, plan.layer_ids, opts.block_size, plan.mask_id)
+    report, report_path = _write_report(opts, plan, progress, objective)
+    say(f"dflash-train: {progress.step} steps, held-out AL {progress.evals[0]['al']:.3f} -> "
+        f"{progress.evals[-1]['al']:.3f}; wrote {opts.output} and {report_path}")
     return report
 
 
