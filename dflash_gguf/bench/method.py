@@ -54,6 +54,24 @@ def load_1m() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def busy_cpus(seconds: float = 1.0, stat: str = "/proc/stat", sleep: Callable[[float], None] = time.sleep) -> float:
+    """How many CPUs were busy, on average, over the next `seconds` (the kernel's counters
+    in /proc/stat): what else runs now. Unlike the 1-minute load average, it is not raised
+    by the benchmark's own cell that has just ended, where a benchmark's servers sit idle
+    between cells (dflash-bench workload)."""
+    def counters() -> Tuple[int, int]:
+        with open(stat) as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]  # user .. steal: guest time is in user already
+        return sum(fields), fields[3] + fields[4]  # all, idle and iowait
+
+    total0, idle0 = counters()
+    sleep(seconds)
+    total1, idle1 = counters()
+    if total1 <= total0:
+        return 0.0
+    return round((os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0)), 2)
+
+
 @dataclass
 class LoadGate:
     """Reads the load as a cell starts. `threshold` is the whole machine's 1-minute load
@@ -67,6 +85,7 @@ class LoadGate:
     poll_s: float = 5.0
     log: Callable[[str], None] = print
     read: Callable[[], float] = load_1m
+    key: str = "load_1m"  # what a cell's record calls the reading
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     cells: List[dict] = field(default_factory=list)  # every cell's record, in running order
@@ -88,7 +107,7 @@ class LoadGate:
             if load > self.threshold:
                 self.log(f"load {load:.2f} still above {self.threshold:.2f} after {waited:.0f} s: running {what} "
                          "anyway, marked loaded")
-        cell = {"cell": what, "load_1m": load, "loaded": load > self.threshold, "waited_s": waited}
+        cell = {"cell": what, self.key: load, "loaded": load > self.threshold, "waited_s": waited}
         self.cells.append(cell)
         return cell
 

@@ -223,7 +223,8 @@ def figures_of(reply: dict) -> dict:
         passes = figures.get("target_passes") or 0
         return {"reused_prompt_tokens": figures.get("reused_prompt_tokens"),
                 "decode_s": figures.get("decode_seconds"), "prefill_s": figures.get("prefill_seconds"),
-                "target_passes": passes, "drafted": None,
+                "target_passes": passes,
+                "drafted": sum(d["drafted"] for d in figures["drafts"].values()) if "drafts" in figures else None,
                 # each pass makes its accepted drafts and one token of the target's own
                 "accepted_drafts": sum(figures.get("accepted_lengths") or ()) - passes}
     t = reply["timings"]
@@ -285,8 +286,10 @@ def stop_servers(servers: Dict[Arm, object], rep: int, failures: List[dict]) -> 
 
 def measure(args, sessions: Sequence[Session], arms: List[Arm], log_dir: Path) -> tuple:
     """(turn records, cells, failures): every repetition's sessions on every arm."""
+    # what else runs is read as the CPUs busy over a second before each cell, while every
+    # server idles: the 1-minute load average would count the cell that just ended
     gate = method.LoadGate.per_thread(args.max_load, args.threads, wait=args.wait_idle, cap_s=args.wait_idle_max,
-                                      log=log)
+                                      log=log, read=method.busy_cpus, key="busy_cpus")
     records, failures = [], []
     for rep in range(args.repetitions):
         servers = start_servers(arms, args, log_dir, rep, failures)
@@ -304,7 +307,7 @@ def measure(args, sessions: Sequence[Session], arms: List[Arm], log_dir: Path) -
                             failures.append({"arm": arm.name, "session": session.name, "rep": rep, "error": str(e)})
                             continue
                     records += [{"arm": arm.name, "session": session.name, "kind": session.kind, "rep": rep, **t,
-                                 "load_1m": cell["load_1m"], "loaded": cell["loaded"]} for t in turns]
+                                 "busy_cpus": cell["busy_cpus"], "loaded": cell["loaded"]} for t in turns]
                     tokens = sum(t["completion_tokens"] for t in turns)
                     log(f"{arm.name} {session.name} rep {rep + 1}: {tokens} tokens in {len(turns)} turns")
         finally:
@@ -366,6 +369,7 @@ def session_figures(turns: List[dict]) -> dict:
             "decode_tps": tokens / decode_s if decode_s > 0 else None,
             "turn_tps": [t["completion_tokens"] / t["decode_s"] if t["decode_s"] else None for t in turns],
             "target_passes": passes, "accepted_drafts": sum(t["accepted_drafts"] for t in turns),
+            "drafted": sum(t.get("drafted") or 0 for t in turns),
             "loaded": any(t["loaded"] for t in turns)}
 
 
@@ -418,7 +422,8 @@ def rows(records: List[dict], arms: List[Arm], sessions: Sequence[Session]) -> L
 
             out.append({"session": s.name, "kind": s.kind, "arm": arm.name, "repetitions": len(reps),
                         "decode_tps": of("decode_tps"), "wall_s": of("wall_s"), "tokens": of("tokens"),
-                        "target_passes": of("target_passes"), "accepted_drafts": of("accepted_drafts"),
+                        "target_passes": of("target_passes"), "drafted": of("drafted"),
+                        "accepted_drafts": of("accepted_drafts"),
                         "turn_decode_tps_median": [t.median if t else None for t in per_turn],
                         "vs_plain": spread.to_json() if spread else None, "verdict": verdict(ratios),
                         "vs_llama": vs_llama.to_json() if vs_llama else None,
@@ -438,7 +443,8 @@ def _spread_text(s: Optional[dict], fmt: str) -> str:
 
 def table_text(table: List[dict]) -> str:
     lines = [["session", "kind", "arm", "decode tok/s median [min-max]", "x plain per rep", "",
-              "x llama-server's best", "wall s", "tokens", "passes", "drafts accepted", "tok/s per turn (medians)",
+              "x llama-server's best", "wall s", "tokens", "passes", "drafted", "drafts accepted",
+              "tok/s per turn (medians)",
               "loaded"]]
     for r in table:
         turns = " / ".join("-" if x is None else f"{x:.1f}" for x in r["turn_decode_tps_median"])
@@ -446,7 +452,8 @@ def table_text(table: List[dict]) -> str:
                       _spread_text(r["vs_plain"], ".3f") + ("x" if r["vs_plain"] else ""), r["verdict"] or "",
                       _spread_text(r.get("vs_llama"), ".3f") + ("x" if r.get("vs_llama") else ""),
                       _spread_text(r["wall_s"], ".2f"), _spread_text(r["tokens"], ".0f"),
-                      _spread_text(r["target_passes"], ".0f"), _spread_text(r["accepted_drafts"], ".0f"), turns,
+                      _spread_text(r["target_passes"], ".0f"), _spread_text(r.get("drafted"), ".0f"),
+                      _spread_text(r["accepted_drafts"], ".0f"), turns,
                       "yes" if r["loaded"] else "no"])
     return _columns(lines)
 

@@ -226,8 +226,29 @@ def test_a_llama_server_arm_runs_its_own_flags_and_reads_its_timings(tmp_path):
                    "drafted": 30, "accepted_drafts": 24}
     plain = {k: v for k, v in timings.items() if not k.startswith("draft")}
     assert multiturn.figures_of({"timings": plain})["target_passes"] == 0
-    ours = multiturn.figures_of({"dflash": {"target_passes": 3, "accepted_lengths": [4, 1, 2], "decode_seconds": 1.0}})
-    assert (ours["target_passes"], ours["accepted_drafts"], ours["decode_s"]) == (3, 4, 1.0)
+    ours = multiturn.figures_of({"dflash": {"target_passes": 3, "accepted_lengths": [4, 1, 2], "decode_seconds": 1.0,
+                                            "drafts": {"suffix": {"drafted": 9, "accepted": 4}}}})
+    assert (ours["target_passes"], ours["accepted_drafts"], ours["decode_s"], ours["drafted"]) == (3, 4, 1.0, 9)
+
+
+def test_busy_cpus_reads_what_ran_between_two_readings_of_the_kernels_counters(tmp_path):
+    """Two readings of /proc/stat's first line: of 400 ticks on this machine's CPUs, 100
+    idle and 100 waiting on I/O, so half the CPUs were busy."""
+    import os
+
+    from dflash_gguf.bench import method
+
+    stat = tmp_path / "stat"
+    lines = iter(["cpu  100 0 100 1000 0 0 0 0 0 0\n", "cpu  250 0 150 1100 100 0 0 0 7 0\n"])
+
+    def tick(seconds):
+        stat.write_text(next(lines))
+
+    tick(0)
+    got = method.busy_cpus(1.0, str(stat), sleep=tick)
+    assert got == pytest.approx((os.cpu_count() or 1) * 0.5, abs=0.01)
+    gate = method.LoadGate(threshold=1.0, read=lambda: 1.5, key="busy_cpus", log=lambda m: None)
+    assert gate.enter("a cell") == {"cell": "a cell", "busy_cpus": 1.5, "loaded": True, "waited_s": 0.0}
 
 
 @pytest.mark.parametrize("argv, message", [
