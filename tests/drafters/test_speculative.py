@@ -89,8 +89,8 @@ def test_lossless_with_scripted_drafter_and_stops(pair):
 
 def reference_parity(pair, prompt_list, monkeypatch, n_tokens=48):
     """Run z-lab's dflash_generate and our chain on each prompt; assert the same tokens
-    and accepted lengths (or a floating-point tie where they part). Returns our
-    accepted lengths of the prompts that did not tie."""
+    (no tie allowed: a difference fails, naming the target's top-2 gap there) and the
+    same accepted lengths. Returns our accepted lengths."""
     import dflash.model as ref
 
     for name in ("_cuda_time", "_make_cache"):  # exact_reference patches these: undo after the test
@@ -106,8 +106,7 @@ def reference_parity(pair, prompt_list, monkeypatch, n_tokens=48):
                                       temperature=0.0, return_stats=True)
             ref_tokens = res.output_ids[0, len(prompt):].tolist()
             ours, stats = speculative_generate(target, draft, prompt, n_tokens)
-            if not parity.check(prompt, ref_tokens, ours):
-                continue  # after a tie the two runs follow different texts
+            parity.check(prompt, ref_tokens, ours)
             assert stats.accepted_lengths == list(res.acceptance_lengths)
             lengths += stats.accepted_lengths
     return lengths
@@ -140,7 +139,7 @@ def test_acceptance_lengths_match_reference_loop_on_trained_pair(trained_pair, m
     texts = ["def fibonacci(n):", "class Stack:\n    def __init__(self):",
              "import os\nimport sys\n\n\ndef main():", "    for line in lines:\n"]
     lengths = reference_parity(trained_pair, [tok.encode(t).ids for t in texts], monkeypatch, n_tokens=64)
-    assert len(lengths) >= 20, "too many prompts ended in a tie to compare"
+    assert len(lengths) >= 20, f"too few steps to compare: {lengths}"
     assert np.mean(lengths) > 1.5, f"the trained pair accepts too little to mean anything: {lengths}"
 
 

@@ -40,12 +40,12 @@ class Parity:
         self.target = target
         self.checked = 0
 
-    def check(self, prompt, ref, out) -> bool:
+    def check(self, prompt, ref, out) -> None:
         """Assert out == ref token for token."""
         self.checked += 1
         i = first_divergence(ref, out)
         if i is None:
-            return True
+            return
         if i >= min(len(ref), len(out)):
             raise AssertionError(f"sequence {self.checked}: lengths differ: {len(ref)} vs {len(out)}")
         gap = top2_gap(self.target, list(prompt) + list(ref[:i]))
