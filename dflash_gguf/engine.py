@@ -241,12 +241,14 @@ class Engine:
         """The tokens whose text is the reply: a stop token ends it without being part of it."""
         return tokens[:-1] if tokens and tokens[-1] in stops else tokens
 
-    def prepare_auto(self) -> None:
+    def prepare_auto(self) -> bool:
         """Measure what `--tree-budget auto` and the weightless kinds' pricing need (the
-        verify cost table, cached per model file) now: measuring runs graphs on the
-        target, which empties every slot."""
-        if self.choice.measure():
-            self._contexts = [([], None) for _ in self._contexts]
+        verify cost table, cached per model file) now, if not yet: measuring runs graphs
+        on the target, which empties every slot. Whether it measured."""
+        if not self.choice.measure():
+            return False
+        self._contexts = [([], None) for _ in self._contexts]
+        return True
 
     def held(self, slot: int) -> List[int]:
         """The tokens the slot's context holds (a later prompt extending them continues it)."""
@@ -268,8 +270,7 @@ class Engine:
         reused = n if (request.reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) \
             else 0
         self._contexts[slot] = ([], None)  # unknown until the run ends
-        if speculative and self.choice.measure():
-            self._contexts = [([], None) for _ in self._contexts]
+        if speculative and self.prepare_auto():
             reused = 0  # measuring the cost used the target
         saver = None
         if self.checkpoints is not None and tokens:
