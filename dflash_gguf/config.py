@@ -178,14 +178,15 @@ def parse_spec_types(spec_type) -> tuple:
 def _gguf_arch_and_keys(path: str) -> tuple:
     """(general.architecture, its nextn_predict_layers or 0, its drafter kind: "dspark" for
     a dflash GGUF with a Markov head, else the architecture) of a GGUF, for the kind checks."""
-    from gguf import GGUFReader
+    from .gguf_meta import GGUFMeta
 
     try:
-        reader = GGUFReader(path)
-        arch = str(reader.fields["general.architecture"].contents())
-        field = reader.fields.get(f"{arch}.nextn_predict_layers")
-        markov = arch == "dflash" and any(t.name == "markov_w1.weight" for t in reader.tensors)
-        return arch, int(field.contents()) if field is not None else 0, "dspark" if markov else arch
+        meta = GGUFMeta(path)
+        arch = str(meta.get("general.architecture"))
+        markov = arch == "dflash" and "markov_w1.weight" in meta.tensor_names()
+        return arch, int(meta.get(f"{arch}.nextn_predict_layers", 0)), "dspark" if markov else arch
+    except ValueError as e:  # the reader's own line names the file
+        raise ConfigError("spec_type", str(e)) from None
     except Exception as e:  # noqa: BLE001 - any unreadable file is one line
         raise ConfigError("spec_type", f"cannot read {path} as a GGUF: {e}") from None
 

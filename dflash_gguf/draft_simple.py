@@ -58,22 +58,14 @@ VOCAB_CHECK_START_TOKEN_ID = 5
 # ---- the vocabulary check ------------------------------------------------------------------
 
 def _vocab(path: str) -> dict:
-    from gguf import GGUFReader
+    from .gguf_meta import GGUFMeta
 
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is one line
-        raise ValueError(f"cannot read {path} as a GGUF: {e}") from None
-
-    def field(name, default=None):
-        f = reader.fields.get(name)
-        return default if f is None else f.contents()
-
-    return {"model": field("tokenizer.ggml.model"), "tokens": field("tokenizer.ggml.tokens"),
-            "add_bos": bool(field("tokenizer.ggml.add_bos_token", False)),
-            "add_eos": bool(field("tokenizer.ggml.add_eos_token", False)),
-            "bos": field("tokenizer.ggml.bos_token_id"), "eos": field("tokenizer.ggml.eos_token_id"),
-            "arch": field("general.architecture")}
+    meta = GGUFMeta(path)
+    return {"model": meta.get("tokenizer.ggml.model"), "tokens": meta.get("tokenizer.ggml.tokens"),
+            "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            "add_eos": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+            "bos": meta.get("tokenizer.ggml.bos_token_id"), "eos": meta.get("tokenizer.ggml.eos_token_id"),
+            "arch": meta.get("general.architecture")}
 
 
 def vocab_difference(target_path: str, draft_path: str) -> Optional[str]:
@@ -154,18 +146,18 @@ def kept_tokens(path: str, n: int, counts: Optional[np.ndarray] = None) -> Tuple
     Llama 3's) numbers its merges in the order it learned them, which follows their
     frequency in its training text, so without a corpus low ids are the common tokens.
     Drafts are only ever kept tokens; the target verifies each one."""
-    from gguf import GGUFReader
+    from .gguf_meta import GGUFMeta
 
-    reader = GGUFReader(path)
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    n_vocab = len(tokens.data) if tokens is not None else None
+    meta = GGUFMeta(path)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens) if tokens is not None else None
     if n_vocab is None:
         raise ValueError(f"{path} has no vocabulary (tokenizer.ggml.tokens): cannot pick the tokens to keep")
     if not 1 <= n <= n_vocab:
         raise ValueError(f"--spec-draft-vocab {n}: the vocabulary of {path} has {n_vocab} tokens; keep "
                          f"1..{n_vocab} (0: the whole head)")
-    types = reader.fields.get("tokenizer.ggml.token_type")
-    kinds = np.asarray(types.contents(), dtype=np.int64) if types is not None else np.ones(n_vocab, np.int64)
+    types = meta.get("tokenizer.ggml.token_type")
+    kinds = np.asarray(types, dtype=np.int64) if types is not None else np.ones(n_vocab, np.int64)
     special = np.flatnonzero(np.isin(kinds, SPECIAL_TOKEN_TYPES))
     if len(special) > n:
         raise ValueError(f"--spec-draft-vocab {n} is fewer than the vocabulary's {len(special)} special tokens, "

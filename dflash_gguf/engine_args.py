@@ -389,11 +389,13 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
 
 def trained_context(model: str) -> int:
     """The context length the model was trained for ({arch}.context_length in the GGUF)."""
-    from gguf import GGUFReader
+    from .gguf_meta import GGUFMeta
 
-    fields = GGUFReader(model).fields
-    arch = fields["general.architecture"].contents()
-    return int(fields[f"{arch}.context_length"].contents())
+    meta = GGUFMeta(model)
+    key = f"{meta.get('general.architecture')}.context_length"
+    if key not in meta:
+        raise KeyError(f"no {key}")
+    return int(meta.get(key))
 
 
 def resolve_context(prog: str, model: str, args) -> bool:

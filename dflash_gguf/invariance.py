@@ -174,11 +174,10 @@ MASK_TOKENS = ("<|fim_pad|>", "<unused0>")
 def untrained_dflash(target: str, out: str) -> str:
     """A seeded, untrained DFlash drafter for `target` at `out` (dflash-train's default
     shape): its drafts are noise, so nearly every verify row is a rejected draft's."""
-    from gguf import GGUFReader
-
+    from .gguf_meta import GGUFMeta
     from .train.export import write_untrained
 
-    tokens = GGUFReader(target).fields["tokenizer.ggml.tokens"].contents()
+    tokens = GGUFMeta(target).get("tokenizer.ggml.tokens")
     mask = next((t for t in MASK_TOKENS if t in tokens), None)
     if mask is None:
         raise ValueError(f"{target}: none of {MASK_TOKENS} in its vocabulary to stand in for the mask")

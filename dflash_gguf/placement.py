@@ -80,9 +80,9 @@ def check_devices(rules: Sequence[Rule], model_device: Optional[str]) -> None:
 
 @functools.lru_cache(maxsize=16)
 def _names(path: str, mtime_ns: int, size: int) -> Tuple[str, ...]:
-    from gguf import GGUFReader
+    from .gguf_meta import GGUFMeta
 
-    return tuple(t.name for t in GGUFReader(path).tensors)
+    return GGUFMeta(path).tensor_names()
 
 
 def tensor_names(path: str) -> Tuple[str, ...]:
