@@ -35,11 +35,22 @@ def pytest_addoption(parser):
     parser.addoption("--device-under-test", default=None,
                      help="ggml device for the tests marked `device` (default: $DFLASH_TEST_DEVICE, else RPC: "
                           "a local ggml RPC server serving the CPU backend)")
-    parser.addoption("--fuzz-count", type=int, default=128,
-                     help="mutants of the GGUF fuzz run in tests/convert/test_fuzz_gguf.py (default 128)")
+    parser.addoption("--full", action="store_true",
+                     help="also run the cases of the heavy matrices marked `full` (CI leaves them out)")
+    parser.addoption("--fuzz-count", type=int, default=64,
+                     help="mutants of the GGUF fuzz run in tests/convert/test_fuzz_gguf.py (default 64)")
     parser.addoption("--fuzz-seed", type=int, default=14, help="seed of that run (default 14)")
     parser.addoption("--fuzz-only", type=int, action="append",
                      help="run only this mutant of --fuzz-seed (repeatable): a failure's replay")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full"):
+        return
+    kept = [item for item in items if item.get_closest_marker("full") is None]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full")])
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

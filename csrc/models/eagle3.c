@@ -191,28 +191,31 @@ static struct ggml_tensor * rope(const eagle3_weights * w, struct ggml_context *
 
 /* g: fc over the target's concatenated features */
 static struct ggml_tensor * fuse(const eagle3_weights * w, struct ggml_context * ctx, struct ggml_tensor * features) {
+    /* named as llama.cpp's eagle3 graphs name them, for the parity tool */
     if (w->fc_norm) {
-        features = dfl_rms_norm(ctx, features, w->fc_norm, w->eps);
+        features = dfl_cb(dfl_rms_norm(ctx, features, w->fc_norm, w->eps), "enc_input_norm", -1);
     }
-    return ggml_mul_mat(ctx, w->fc, features);
+    return dfl_cb(ggml_mul_mat(ctx, w->fc, features), "fc_out", -1);
 }
 
 /* The attention input of rows pairing tokens with hidden states h, and the residual they
  * carry (h, or its norm with norm_before_residual). */
 static struct ggml_tensor * input(const eagle3_weights * w, struct ggml_context * ctx, struct ggml_tensor * tokens,
                                   struct ggml_tensor * h, struct ggml_tensor ** residual) {
-    struct ggml_tensor * e = dfl_rms_norm(ctx, ggml_get_rows(ctx, w->embed, tokens), w->attn_norm, w->eps);
-    struct ggml_tensor * hn = dfl_rms_norm(ctx, h, w->hidden_norm, w->eps);
+    struct ggml_tensor * e = dfl_cb(dfl_rms_norm(ctx, ggml_get_rows(ctx, w->embed, tokens), w->attn_norm, w->eps),
+                                    "embd_norm", 0);
+    struct ggml_tensor * hn = dfl_cb(dfl_rms_norm(ctx, h, w->hidden_norm, w->eps), "g_norm", 0);
     if (residual) {
         *residual = w->norm_before_residual ? hn : h;
     }
-    return ggml_concat(ctx, e, hn, 0);
+    return dfl_cb(ggml_concat(ctx, e, hn, 0), "concat_embd", 0);
 }
 
 static void project_kv(const eagle3_weights * w, struct ggml_context * ctx, struct ggml_tensor * x,
                        struct ggml_tensor * pos, struct ggml_tensor ** k, struct ggml_tensor ** v) {
-    *k = rope(w, ctx, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, w->wk, x), w->head_dim, w->n_head_kv, x->ne[1]), pos);
-    *v = ggml_mul_mat(ctx, w->wv, x);
+    struct ggml_tensor * kx = dfl_cb(ggml_mul_mat(ctx, w->wk, x), "Kcur", 0);
+    *k = dfl_cb(rope(w, ctx, ggml_reshape_3d(ctx, kx, w->head_dim, w->n_head_kv, x->ne[1]), pos), "Kcur_rope", 0);
+    *v = dfl_cb(ggml_mul_mat(ctx, w->wv, x), "Vcur", 0);
 }
 
 /* One pass: the decoder layer over rows x with their residual; its output (the next
@@ -222,25 +225,24 @@ static struct ggml_tensor * layer(const eagle3_weights * w, dfl_draft_graph * g,
     struct ggml_context * ctx = g->ctx;
     const int64_t hd = w->head_dim, n = x->ne[1];
     struct ggml_tensor * pos = dfl_draft_graph_pos(g, pass);
-    struct ggml_tensor * q = rope(w, ctx, ggml_reshape_3d(ctx, ggml_mul_mat(ctx, w->wq, x), hd, w->n_head, n), pos);
+    struct ggml_tensor * q = dfl_cb(ggml_mul_mat(ctx, w->wq, x), "Qcur", 0);
+    q = dfl_cb(rope(w, ctx, ggml_reshape_3d(ctx, q, hd, w->n_head, n), pos), "Qcur_rope", 0);
     struct ggml_tensor * k, * v;
     project_kv(w, ctx, x, pos, &k, &v);
     struct ggml_tensor * o = dfl_draft_graph_attention(g, pass, 0, q, k, v, 1.0f / sqrtf((float) hd));
-    struct ggml_tensor * y = ggml_add(ctx, ggml_mul_mat(ctx, w->wo, o), residual);
-    struct ggml_tensor * f = dfl_ffn_swiglu(ctx, dfl_rms_norm(ctx, y, w->ffn_norm, w->eps), w->ffn_gate, w->ffn_up,
-                                            w->ffn_down);
-    return ggml_add(ctx, f, y);
+    struct ggml_tensor * y = dfl_cb(ggml_add(ctx, ggml_mul_mat(ctx, w->wo, o), residual), "ffn_inp", 0);
+    struct ggml_tensor * f = dfl_ffn_swiglu(ctx, dfl_cb(dfl_rms_norm(ctx, y, w->ffn_norm, w->eps), "post_attn_norm", 0),
+                                            w->ffn_gate, w->ffn_up, w->ffn_down);
+    return dfl_cb(ggml_add(ctx, dfl_cb(f, "ffn_out", 0), y), "eagle3_prenorm", 0);
 }
 
 /* Logits over the target's vocabulary [V, n] of hidden states h: the drafter's head over
  * its own, scattered by d2t (-inf at target tokens it has no row for). */
 static struct ggml_tensor * head(const eagle3_weights * w, struct ggml_context * ctx, int64_t n_vocab,
                                  struct ggml_tensor * h) {
-    struct ggml_tensor * out = dfl_gguf_mul_mat(w->head_file, ctx, w->head, dfl_rms_norm(ctx, h, w->out_norm, w->eps));
-    if (!w->d2t) {
-        return out;
-    }
-    return dfl_draft_scatter_vocab(ctx, out, w->d2t, n_vocab);
+    struct ggml_tensor * hn = dfl_cb(dfl_rms_norm(ctx, h, w->out_norm, w->eps), "result_norm", -1);
+    struct ggml_tensor * out = dfl_gguf_mul_mat(w->head_file, ctx, w->head, hn);
+    return dfl_cb(w->d2t ? dfl_draft_scatter_vocab(ctx, out, w->d2t, n_vocab) : out, "result_output", -1);
 }
 
 static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts) {

@@ -172,15 +172,19 @@ static struct ggml_tensor * rope(const mtp_weights * w, struct ggml_context * ct
 /* The rows' input: eh_proj of the normed embeddings of tokens and the normed hidden states h. */
 static struct ggml_tensor * input(const mtp_weights * w, struct ggml_context * ctx, struct ggml_tensor * tokens,
                                   struct ggml_tensor * h) {
-    struct ggml_tensor * e = dfl_rms_norm(ctx, ggml_get_rows(ctx, w->embed, tokens), w->enorm, w->eps);
-    return ggml_mul_mat(ctx, w->eh_proj, ggml_concat(ctx, e, dfl_rms_norm(ctx, h, w->hnorm, w->eps), 0));
+    /* named as llama.cpp's Qwen3.5 MTP graph names them, for the parity tool */
+    struct ggml_tensor * e = dfl_cb(dfl_rms_norm(ctx, ggml_get_rows(ctx, w->embed, tokens), w->enorm, w->eps),
+                                    "mtp_enorm", w->il);
+    struct ggml_tensor * hn = dfl_cb(dfl_rms_norm(ctx, h, w->hnorm, w->eps), "mtp_hnorm", w->il);
+    struct ggml_tensor * both = dfl_cb(ggml_concat(ctx, e, hn, 0), "mtp_concat", w->il);
+    return dfl_cb(ggml_mul_mat(ctx, w->eh_proj, both), "mtp_eh_proj", w->il);
 }
 
 static void project_kv(const mtp_weights * w, struct ggml_context * ctx, struct ggml_tensor * cur,
                        struct ggml_tensor * pos, struct ggml_tensor ** k, struct ggml_tensor ** v) {
     *k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, w->wk, cur), w->head_dim, w->n_head_kv, cur->ne[1]);
-    *k = rope(w, ctx, dfl_rms_norm(ctx, *k, w->k_norm, w->eps), pos);
-    *v = ggml_mul_mat(ctx, w->wv, cur);
+    *k = rope(w, ctx, dfl_cb(dfl_rms_norm(ctx, *k, w->k_norm, w->eps), "mtp_Kcur_normed", w->il), pos);
+    *v = dfl_cb(ggml_mul_mat(ctx, w->wv, cur), "mtp_Vcur", w->il);
 }
 
 static struct ggml_tensor * ffn(const mtp_weights * w, struct ggml_context * ctx, struct ggml_tensor * cur) {
@@ -199,19 +203,22 @@ static struct ggml_tensor * block(const mtp_weights * w, dfl_draft_graph * g, in
     const int64_t hd = w->head_dim, n = x->ne[1];
     const size_t f32 = sizeof(float);
     struct ggml_tensor * pos = dfl_draft_graph_pos(g, pass);
-    struct ggml_tensor * cur = dfl_rms_norm(ctx, x, w->attn_norm, w->eps);
+    const int il = w->il;
+    struct ggml_tensor * cur = dfl_cb(dfl_rms_norm(ctx, x, w->attn_norm, w->eps), "mtp_attn_norm", il);
     /* gated attention: q_proj packs [q, gate] per head; the output is scaled by sigmoid(gate) */
-    struct ggml_tensor * qg = ggml_mul_mat(ctx, w->wq, cur);
+    struct ggml_tensor * qg = dfl_cb(ggml_mul_mat(ctx, w->wq, cur), "mtp_Qcur_full", il);
     struct ggml_tensor * q = ggml_view_3d(ctx, qg, hd, w->n_head, n, 2 * hd * f32, qg->nb[1], 0);
     struct ggml_tensor * gate = ggml_view_3d(ctx, qg, hd, w->n_head, n, 2 * hd * f32, qg->nb[1], hd * f32);
-    q = rope(w, ctx, dfl_rms_norm(ctx, q, w->q_norm, w->eps), pos);
+    gate = dfl_cb(ggml_cont_2d(ctx, gate, hd * w->n_head, n), "mtp_gate", il);
+    q = rope(w, ctx, dfl_cb(dfl_rms_norm(ctx, q, w->q_norm, w->eps), "mtp_Qcur_normed", il), pos);
     struct ggml_tensor * k, * v;
     project_kv(w, ctx, cur, pos, &k, &v);
     struct ggml_tensor * o = dfl_draft_graph_attention(g, pass, 0, q, k, v, 1.0f / sqrtf((float) hd));
-    o = ggml_mul(ctx, o, ggml_sigmoid(ctx, ggml_cont_2d(ctx, gate, hd * w->n_head, n)));
-    x = ggml_add(ctx, ggml_mul_mat(ctx, w->wo, o), x);
-    x = ggml_add(ctx, ffn(w, ctx, dfl_rms_norm(ctx, x, w->post_norm, w->eps)), x);
-    return dfl_rms_norm(ctx, x, w->head_norm, w->eps);
+    o = ggml_mul(ctx, dfl_cb(o, "mtp_attn_pregate", il), ggml_sigmoid(ctx, gate));
+    x = dfl_cb(ggml_add(ctx, dfl_cb(ggml_mul_mat(ctx, w->wo, o), "mtp_attn_out", il), x), "mtp_attn_residual", il);
+    struct ggml_tensor * h = dfl_cb(dfl_rms_norm(ctx, x, w->post_norm, w->eps), "mtp_attn_post_norm", il);
+    x = dfl_cb(ggml_add(ctx, dfl_cb(ffn(w, ctx, h), "mtp_ffn_out", il), x), "mtp_post_ffn", il);
+    return dfl_cb(dfl_rms_norm(ctx, x, w->head_norm, w->eps), "h_nextn", -1);
 }
 
 static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts) {
@@ -222,7 +229,8 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     if (g->n_entries > 0) {
         struct ggml_tensor * x = input(w, ctx, g->entry_tokens, g->entry_features);
         struct ggml_tensor * k, * v;
-        project_kv(w, ctx, dfl_rms_norm(ctx, x, w->attn_norm, w->eps), g->entry_pos, &k, &v);
+        project_kv(w, ctx, dfl_cb(dfl_rms_norm(ctx, x, w->attn_norm, w->eps), "mtp_attn_norm", w->il), g->entry_pos,
+                   &k, &v);
         dfl_draft_graph_store_context(g, 0, k, v);
     }
     if (g->n_rows == 0) {
@@ -231,7 +239,7 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     struct ggml_tensor * tokens = g->tokens, * h = g->last_features, * logits = NULL;
     for (int j = 0; j < g->n_pass; j++) {
         h = block(w, g, j, input(w, ctx, tokens, h));
-        struct ggml_tensor * out = dfl_gguf_mul_mat(w->head_file, ctx, w->head, h);
+        struct ggml_tensor * out = dfl_cb(dfl_gguf_mul_mat(w->head_file, ctx, w->head, h), "result_output", -1);
         tokens = dfl_draft_graph_pass_drafts(g, j, out, &logits); /* the next pass's tokens */
     }
     *own_drafts = true;

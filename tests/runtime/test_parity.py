@@ -272,6 +272,48 @@ def test_a_dflash_drafters_dump_names_its_tensors_as_llama_cpp(monkeypatch, tmp_
         assert {f"{n}-{il}" for n in DFLASH_ROWS} <= set(dumps["rows"]), sorted(dumps["rows"])
 
 
+# llama.cpp's names of the MTP layer's tensors (qwen35.cpp) and of the EAGLE3 layer's
+# (eagle3.cpp), layer-numbered as there: those every graph of the drafter computes (the
+# context entries' keys and values need them), and those only a graph of drafted rows does
+DRAFTER_NAMES = {
+    "mtp": (("mtp_enorm", "mtp_hnorm", "mtp_concat", "mtp_eh_proj", "mtp_attn_norm", "mtp_Kcur_normed", "mtp_Vcur"),
+            ("mtp_Qcur_full", "mtp_gate", "mtp_Qcur_normed", "mtp_attn_pregate", "mtp_attn_out", "mtp_attn_residual",
+             "mtp_attn_post_norm", "mtp_ffn_out", "mtp_post_ffn")),
+    "eagle3": (("embd_norm", "g_norm", "concat_embd", "Kcur", "Vcur", "Kcur_rope"),
+               ("Qcur", "Qcur_rope", "ffn_inp", "post_attn_norm", "ffn_out", "eagle3_prenorm")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DRAFTER_NAMES))
+def test_mtp_and_eagle3_drafters_name_their_tensors_as_llama_cpp(kind, monkeypatch, tmp_path):
+    """The bundled target's MTP layer and the bundled EAGLE3 drafter name their graphs'
+    tensors as llama.cpp's graphs do, and dumping changes no token."""
+    from dflash_gguf.demo import DATA, demo_paths
+    from dflash_gguf.engine import Engine
+
+    target, _ = demo_paths()
+    draft, spec_type = (None, "draft-mtp") if kind == "mtp" else (str(DATA / "demo-eagle3.gguf"), "draft-eagle3")
+
+    def tokens():
+        with Engine(target, draft, n_ctx=256, n_threads=2, kv_type="f32", spec_type=spec_type) as engine:
+            return engine.generate(PROMPT, 8, stop_tokens=()).tokens
+
+    want = tokens()
+    every, rows = DRAFTER_NAMES[kind]
+    names = set()
+    # the first graph a pattern matches is dumped: the rows' names alone reach a graph of rows
+    for part, wanted in (("every", every + rows), ("rows", rows)):
+        monkeypatch.setenv("DFLASH_DUMP_TENSORS", "^(" + "|".join(wanted + ("result_", "h_nextn")) + ")")
+        monkeypatch.setenv("DFLASH_DUMP_DRAFT_FILE", str(tmp_path / f"{part}.bin"))
+        assert tokens() == want
+        names |= set(parity.read_dump(tmp_path / f"{part}.bin"))
+    layers = {m.group(1) for m in (re.fullmatch(r".+-(\d+)", n) for n in names) if m}
+    assert len(layers) == 1, sorted(names)
+    il = layers.pop()
+    assert {f"{n}-{il}" for n in every + rows} <= names, sorted(names)
+    assert {"result_output", "h_nextn" if kind == "mtp" else "result_norm"} <= names, sorted(names)
+
+
 # in a process of its own: RPC devices stay registered for the life of a process
 _DEVICE_WORKER = """
 import json, sys
