@@ -72,13 +72,23 @@ class VerifyCost:
         self.key = key = _key(target, n_threads)  # the model file, runtime build, device and threads
         table = json.loads(path.read_text()) if path.exists() else {}
         entry = table.get(key)
-        if not (isinstance(entry, dict) and all(sorted(int(k) for k in entry.get(kind, {})) == sizes
-                                                for kind in ("tree", "chain"))):
-            entry = {kind: {str(k): v for k, v in measure_verify_cost(target, sizes, kind == "tree").items()}
-                     for kind in ("tree", "chain")}
+        entry = entry if isinstance(entry, dict) else {}
+        # engines of one model verify up to different row counts (a chain drafter's block,
+        # an n-gram kind's longest draft): each measures only the sizes the entry lacks and
+        # adds them, instead of measuring all again and dropping the others' sizes
+        missing = False
+        for kind in ("tree", "chain"):
+            have = entry[kind] = dict(entry.get(kind) or {})
+            new = [n for n in sizes if str(n) not in have]
+            if new:
+                missing = True
+                have.update({str(k): v for k, v in measure_verify_cost(target, new, kind == "tree").items()})
+        if missing:
             table[key] = entry
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(table, indent=1))
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            tmp.replace(path)  # another process reads a whole table or the one before
         self.sizes = np.array(sizes, dtype=float)
         self.tree_seconds = np.array([entry["tree"][str(k)] for k in sizes])
         self.chain_seconds = np.array([entry["chain"][str(k)] for k in sizes])

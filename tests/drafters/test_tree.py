@@ -1052,3 +1052,32 @@ def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
     assert np.array_equal(again.tree_seconds, cost.tree_seconds)
 
 
+
+
+def test_verify_cost_adds_the_sizes_another_engine_lacked(pair, tmp_path):
+    """Engines of one model verify up to different row counts: a second one with a longer
+    limit measures only the sizes the cached entry lacks and keeps the others', and a
+    shorter one after it measures nothing."""
+    import json
+
+    from dflash_gguf.verify_cost import VerifyCost
+
+    cache = tmp_path / "cost.json"
+    short = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=4, kv_type="f32"))
+    first = VerifyCost(short, cache=cache)
+    short.close()
+    long = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=16, kv_type="f32"))
+    before = long.info()["n_graphs"]
+    second = VerifyCost(long, cache=cache)
+    # sizes 8 and 16 only (tree and chain, seven verifies each), plus their prefills' graphs
+    measured = long.info()["n_graphs"] - before
+    assert measured == 2 * 2 * (1 + 7)
+    assert np.array_equal(second.tree_seconds[:3], first.tree_seconds)
+    (entry,) = json.loads(cache.read_text()).values()
+    assert sorted(map(int, entry["tree"])) == sorted(map(int, entry["chain"])) == [1, 2, 4, 8, 16]
+    long.close()
+    again = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=4, kv_type="f32"))
+    before = again.info()["n_graphs"]
+    VerifyCost(again, cache=cache)
+    assert again.info()["n_graphs"] == before
+    again.close()
