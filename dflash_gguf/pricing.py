@@ -29,29 +29,45 @@ def best_size(probs: Sequence[float], cost: Callable[[np.ndarray], np.ndarray]) 
     return int(np.argmax(gain / np.asarray(cost(np.arange(1, len(probs) + 2)), dtype=np.float64)))
 
 
-class Calibration:
-    """How far a kind's own estimates run ahead of what the target keeps: the drafts kept
-    over the drafts expected, summed over the steps so far with one of each as a prior
-    (a fresh sequence trusts its estimates), at most 1 (estimates are only lowered:
-    suffix's counts over a handful of earlier occurrences are overconfident)."""
+class ContinuationRate:
+    """How likely the target goes on along a weightless draft one token further than it
+    has: c in a node's probability count/occurrences x c^depth (tree_probs). Counts alone
+    say how an earlier text went on, not how long this one will follow it; one earlier
+    occurrence makes every node of a long chain "certain". Each verified step counts the
+    drafts the target walked through (continues) and whether it stopped short of the
+    deepest (a stop), with a prior of PRIOR (a fresh corpus key trusts a few drafts, not
+    a whole earlier reply); the counts fade to at most WEIGHT so that a changed text is
+    followed. One per corpus key (SuffixCorpora.rate), carried from request to request: a
+    tool loop's third turn drafts as long as its first two have earned."""
+
+    PRIOR = (3.0, 1.0)
+    WEIGHT = 128.0
 
     def __init__(self):
-        self.kept = 1.0
-        self.expected = 1.0
+        self.continues, self.stops = self.PRIOR
 
     @property
-    def factor(self) -> float:
-        return min(1.0, self.kept / self.expected)
+    def rate(self) -> float:
+        return self.continues / (self.continues + self.stops)
 
-    def observe(self, expected: float, kept: int) -> None:
-        self.expected += expected
-        self.kept += kept
+    def observe(self, walked: int, deepest: int) -> None:
+        """A step walked `walked` drafts of a proposal `deepest` deep (walked <= deepest)."""
+        self.continues += walked
+        self.stops += walked < deepest
+        total = self.continues + self.stops
+        if total > self.WEIGHT:
+            self.continues *= self.WEIGHT / total
+            self.stops *= self.WEIGHT / total
 
 
-def tree_probs(tree: DraftTree, factor: float) -> np.ndarray:
-    """A suffix tree's nodes' probabilities of being kept, in best-first order (its
-    scores are the log-probabilities of their paths), scaled by a calibration factor."""
-    return factor * np.exp(np.asarray([tree.scores[i] for i in tree.pick_order], dtype=np.float64))
+def tree_probs(tree: DraftTree, rate: float) -> np.ndarray:
+    """A suffix tree's nodes' probabilities of being kept, in best-first order: their
+    paths' count over the occurrences (the scores are those log-probabilities) times the
+    continuation rate to the power of their depth."""
+    order = tree.pick_order
+    scores = np.asarray([tree.scores[i] for i in order], dtype=np.float64)
+    depths = np.asarray([tree.depths[i] for i in order], dtype=np.float64)
+    return np.exp(scores) * rate ** depths
 
 
 def walk_depth(tree: DraftTree, emitted: Sequence[int]) -> int:

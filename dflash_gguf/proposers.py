@@ -33,7 +33,7 @@ from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
-from .pricing import Calibration, best_size, tree_probs, walk_depth
+from .pricing import best_size, tree_probs, walk_depth
 from .suffix import SuffixCorpora, SuffixDrafts, expected_accepted, is_chain, likeliest_path
 
 
@@ -269,19 +269,19 @@ class SuffixProposer(Proposer):
     """`--spec-type suffix`: each step the better continuation tree of the sequence's own
     text and its corpus key's earlier requests (suffix.SuffixDrafts), at most n_max nodes,
     no deeper than the request's and the context's room, cut to the size pricing.best_size
-    gives for its nodes' probabilities (their counts, scaled by how well they have
-    predicted the target so far: pricing.Calibration) and the target's verify cost
-    (nothing: a plain decode), verified as suffix_proposal says. Drafts are fixed before
-    the target's draws, so greedy output is the target's own and sampled output is
-    distributed as its sampling."""
+    gives for its nodes' probabilities (their counts, times how far the target has gone
+    on along such drafts for this corpus key: pricing.ContinuationRate) and the target's
+    verify cost (nothing: a plain decode), verified as suffix_proposal says. Drafts are
+    fixed before the target's draws, so greedy output is the target's own and sampled
+    output is distributed as its sampling."""
 
     def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int, cost=None):
         self.suffix = SuffixDrafts(corpora, key)
         self.n_max = n_max
         self.lookahead = n_max + 1
         self.cost = cost  # verify_cost.VerifyCost (None: every tree verified whole)
-        self.calibration = Calibration()
-        # the step's (tree its outcome is judged on, its expected kept drafts, the deepest counted)
+        self.rate = corpora.rate(key)
+        # the step's (tree its outcome is judged on, the deepest of its nodes counted)
         self.judged: Optional[tuple] = None
 
     def propose(self, seq) -> Proposal:
@@ -294,21 +294,21 @@ class SuffixProposer(Proposer):
 
     def _priced(self, tree: DraftTree) -> Optional[DraftTree]:
         """The tree cut to its best-priced size (None: none pays); what the step's outcome
-        will calibrate: the tree verified, or with none, its first level (what the target's
+        will count: the tree verified, or with none, its first level (what the target's
         next token says of it)."""
-        probs = tree_probs(tree, self.calibration.factor)
+        probs = tree_probs(tree, self.rate.rate)
         m = best_size(probs, self.cost.chain if is_chain(tree) else self.cost)
         if m == 0:
-            first = [tree.depths[i] == 1 for i in tree.pick_order]
-            self.judged = (tree, float(probs[first].sum()), 1)
+            self.judged = (tree, 1)
             return None
-        self.judged = (tree.best(m), float(probs[:m].sum()), m)
-        return self.judged[0]
+        best = tree.best(m)
+        self.judged = (best, max(best.depths))
+        return best
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         if self.judged is not None:
-            judged, expected, deepest = self.judged
-            self.calibration.observe(expected, min(deepest, walk_depth(judged, out)))
+            judged, deepest = self.judged
+            self.rate.observe(min(deepest, walk_depth(judged, out)), deepest)
         self.suffix.observe(seq, out)
 
     def finish(self, seq) -> None:

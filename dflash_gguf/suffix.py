@@ -31,6 +31,7 @@ from itertools import islice
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from .ddtree import DraftTree
+from .pricing import ContinuationRate
 
 # Host memory an indexed token costs, for --spec-suffix-cache-mb: an estimate, measured
 # with tracemalloc over documents of random tokens (about 420 bytes at k = 2, with 1k or
@@ -219,6 +220,12 @@ class SuffixCorpora:
         self._next_doc = 0
         self.tokens = 0  # indexed tokens, all keys
         self.evicted = 0  # documents dropped to stay in the bound
+        self._rates: Dict[Hashable, ContinuationRate] = {}
+
+    def rate(self, key: Hashable) -> ContinuationRate:
+        """How far the target has gone on along the key's drafts (shared by its requests;
+        another key's never changes it)."""
+        return self._rates.setdefault(key, ContinuationRate())
 
     @property
     def nbytes(self) -> int:

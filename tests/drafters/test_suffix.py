@@ -116,6 +116,17 @@ def test_corpus_keys_are_isolated_and_hashed():
     assert corpus_key(None) is None and corpus_key("") is None
 
 
+def test_each_corpus_key_learns_its_own_continuation_rate():
+    """How long a key's drafts are verified follows its own requests' outcomes only: one
+    key's walks leave another's rate (and the keyless corpus's) as it was."""
+    corpora = SuffixCorpora(SuffixConfig())
+    a, b = corpus_key("alpha"), corpus_key("beta")
+    assert corpora.rate(a) is corpora.rate(a) and corpora.rate(a) is not corpora.rate(b)
+    before = corpora.rate(b).rate
+    corpora.rate(a).observe(walked=20, deepest=20)
+    assert corpora.rate(a).rate > before == corpora.rate(b).rate == corpora.rate(None).rate
+
+
 # ---- decoding -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
