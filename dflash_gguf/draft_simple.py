@@ -43,7 +43,7 @@ from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
 from .config import SIMPLE
 from .ddtree import DraftTree
 from .proposers import Proposal, Proposer, draft_room, suffix_proposal
-from .suffix import SuffixCorpora, SuffixDrafts, expected_accepted
+from .suffix import SuffixCorpora, SuffixDrafts
 from .target import CHAIN, DECODE, LOGITS_LAST, Rows, Target, TargetConfig
 
 # llama.cpp's draft sampler keeps the top 10 before its softmax: p-min compares the top
@@ -442,7 +442,7 @@ class SimpleProposer(Proposer):
 class SimpleSuffixProposer(SimpleProposer):
     """`--spec-type suffix,draft-simple`: each step the suffix tree (suffix.SuffixDrafts,
     from the request's own text and its corpus key's earlier requests) where it expects to
-    keep more drafts (the sum of its nodes' probabilities, suffix.expected_accepted) than
+    keep more drafts (the sum of its nodes' probabilities, SuffixDrafts.expected) than
     the small model has kept per step lately, and at least one; else the small model's
     drafts, as SimpleProposer drafts them. A suffix step runs no small-model graph: the
     small model stays behind and takes the tokens it lacks at its next draft, as after
@@ -464,7 +464,8 @@ class SimpleSuffixProposer(SimpleProposer):
     def plan(self, seq) -> int:
         room = draft_room(seq, self.suffix_n_max)
         tree, from_corpus = self.suffix.best(seq, self.suffix_n_max, room) if room else (None, False)
-        if tree is not None and expected_accepted(tree) >= max(1.0, self.simple_kept):
+        if tree is not None and self.suffix.expected(tree) >= max(1.0, self.simple_kept):
+            self.suffix.judge(tree)
             if self.context is None:
                 self.context = list(seq.prompt)
             self.found, self.arm, self.decodes = (tree, from_corpus), None, False

@@ -33,8 +33,8 @@ from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
 from .ngram import NgramDrafts, expected_chain
-from .pricing import best_size, tree_probs, walk_depth
-from .suffix import SuffixCorpora, SuffixDrafts, expected_accepted, is_chain, likeliest_path
+from .pricing import best_size, tree_probs
+from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
 
 
 @dataclass(slots=True)
@@ -280,35 +280,27 @@ class SuffixProposer(Proposer):
         self.n_max = n_max
         self.lookahead = n_max + 1
         self.cost = cost  # verify_cost.VerifyCost (None: every tree verified whole)
-        self.rate = corpora.rate(key)
-        # the step's (tree its outcome is judged on, the deepest of its nodes counted)
-        self.judged: Optional[tuple] = None
 
     def propose(self, seq) -> Proposal:
         room = draft_room(seq, self.n_max)
         tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
-        self.judged = None
-        if tree is not None and self.cost is not None:
-            tree = self._priced(tree)
+        if tree is not None:
+            tree = self._priced(tree) if self.cost is not None else tree
+            if tree is not None:
+                self.suffix.judge(tree)
         return suffix_proposal(seq, tree, from_corpus)
 
     def _priced(self, tree: DraftTree) -> Optional[DraftTree]:
-        """The tree cut to its best-priced size (None: none pays); what the step's outcome
-        will count: the tree verified, or with none, its first level (what the target's
-        next token says of it)."""
-        probs = tree_probs(tree, self.rate.rate)
+        """The tree cut to its best-priced size (None: none pays, and the step's outcome
+        is judged on the tree's first level: what the target's next token says of it)."""
+        probs = tree_probs(tree, self.suffix.rate.rate)
         m = best_size(probs, self.cost.chain if is_chain(tree) else self.cost)
         if m == 0:
-            self.judged = (tree, 1)
+            self.suffix.judge(tree, 1)
             return None
-        best = tree.best(m)
-        self.judged = (best, max(best.depths))
-        return best
+        return tree.best(m)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
-        if self.judged is not None:
-            judged, deepest = self.judged
-            self.rate.observe(min(deepest, walk_depth(judged, out)), deepest)
         self.suffix.observe(seq, out)
 
     def finish(self, seq) -> None:
@@ -318,7 +310,7 @@ class SuffixProposer(Proposer):
 class DrafterSuffixProposer(ChainProposer):
     """The drafter's chain and suffix's tree (`--spec-type draft-dflash,suffix`): the
     drafter drafts every step; the step verifies the suffix tree when its expected
-    accepted drafts (the sum of its nodes' probabilities, suffix.expected_accepted) beat
+    accepted drafts (the sum of its nodes' probabilities, SuffixDrafts.expected) beat
     the drafter's chain's by its own confidence (ngram.expected_chain), else the chain.
     Neither depends on the target's draws of the step, so sampled output stays exact."""
 
@@ -340,8 +332,9 @@ class DrafterSuffixProposer(ChainProposer):
         b = self._cut(seq)
         room = draft_room(seq, self.n_max)
         tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
-        if tree is not None and (b < 2 or expected_accepted(tree) >
+        if tree is not None and (b < 2 or self.suffix.expected(tree) >
                                  expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
+            self.suffix.judge(tree)
             return suffix_proposal(seq, tree, from_corpus)
         return self._chain(seq, b)
 

@@ -31,7 +31,7 @@ from itertools import islice
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 from .ddtree import DraftTree
-from .pricing import ContinuationRate
+from .pricing import ContinuationRate, tree_probs, walk_depth
 
 # Host memory an indexed token costs, for --spec-suffix-cache-mb: an estimate, measured
 # with tracemalloc over documents of random tokens (about 420 bytes at k = 2, with 1k or
@@ -182,12 +182,6 @@ def continuation_tree(root: int, continuations: Sequence[Sequence[int]], budget:
     return tree
 
 
-def expected_accepted(tree: Optional[DraftTree]) -> float:
-    """A tree's expected accepted drafts under its own probabilities: each node is
-    accepted with its path's probability, so the sum of its nodes'."""
-    return 0.0 if tree is None else sum(math.exp(s) for s in tree.scores[1:])
-
-
 def is_chain(tree: DraftTree) -> bool:
     """Every node has one child at most (nodes by depth: node i is at depth i)."""
     return all(d == i for i, d in enumerate(tree.depths))
@@ -282,18 +276,26 @@ OWN = "own"  # a sequence's own text: the one document of its index
 class SuffixDrafts:
     """A sequence's suffix drafting: its own text, indexed as it grows, and its corpus
     key's earlier requests. Each step the better of the two trees (the larger expected
-    accepted drafts, expected_accepted); when the sequence ends, its prompt and output go
-    into the key's corpus."""
+    accepted drafts, expected); the tree whose outcome a step is judged on (judge) tells
+    the key's continuation rate how far the target went along it; when the sequence ends,
+    its prompt and output go into the key's corpus."""
 
     def __init__(self, corpora: SuffixCorpora, key: Hashable):
         self.corpora, self.key, self.config = corpora, key, corpora.config
         self.own = SuffixIndex(self.config.min_match)
+        self.rate = corpora.rate(key)
+        self.judged: Optional[Tuple[DraftTree, int]] = None
 
     def text(self, seq) -> List[int]:
         """The sequence's text (its prompt and first token, on its first step)."""
         if OWN not in self.own.docs:
             self.own.extend(OWN, list(seq.prompt) + [seq.bonus])
         return self.own.docs[OWN]
+
+    def expected(self, tree: Optional[DraftTree]) -> float:
+        """A tree's expected accepted drafts: the sum of its nodes' probabilities (their
+        counts times the key's continuation rate by depth, pricing.tree_probs)."""
+        return 0.0 if tree is None else float(tree_probs(tree, self.rate.rate).sum())
 
     def best(self, seq, budget: int, max_depth: int) -> Tuple[Optional[DraftTree], bool]:
         """(the better tree, whether it came from the corpus); (None, False): neither
@@ -303,13 +305,22 @@ class SuffixDrafts:
         corpus = self.corpora.index(self.key)
         if corpus is not None:
             other, match = draft_tree(corpus, text, budget, max_depth, self.config)
-            if expected_accepted(other) > expected_accepted(tree):
+            if self.expected(other) > self.expected(tree):
                 self.corpora.used(self.key, (doc for doc, _ in match.at))
                 return other, True
         return tree, False
 
+    def judge(self, tree: DraftTree, deepest: Optional[int] = None) -> None:
+        """This step's outcome counts against `tree` down to `deepest` (default: all of
+        it): the tree verified, or one not verified at all, judged on its first level."""
+        self.judged = (tree, max(tree.depths) if deepest is None else deepest)
+
     def observe(self, seq, emitted: Sequence[int]) -> None:
         """After a step: the tokens it emitted after the bonus (the last is the next bonus)."""
+        if self.judged is not None:
+            tree, deepest = self.judged
+            self.rate.observe(min(deepest, walk_depth(tree, emitted)), deepest)
+            self.judged = None
         self.text(seq)
         self.own.extend(OWN, emitted)
 

@@ -13,8 +13,9 @@ import pytest
 
 from dflash_gguf import decoding
 from dflash_gguf.engine import Engine
+from dflash_gguf.pricing import tree_probs
 from dflash_gguf.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
-                                corpus_key, draft_tree, expected_accepted, is_chain, likeliest_path)
+                                corpus_key, draft_tree, is_chain, likeliest_path)
 
 from helpers.decoding_checks import REPEATS, use_cost
 from helpers.paths import ROOT
@@ -63,7 +64,7 @@ def test_the_tree_counts_continuations_and_scores_by_frequency():
     assert probs[(5, 6, 7)] == pytest.approx(1 / 4) and probs[(4,)] == pytest.approx(1 / 4)
     assert [tree.tokens[i] for i in tree.pick_order[:2]] == [5, 6]  # best first
     assert all(tree.parents[i] < i for i in range(1, len(tree)))
-    assert expected_accepted(tree) == pytest.approx((3 + 2 + 1 + 1 + 1 + 1) / 4)
+    assert tree_probs(tree, 1.0).sum() == pytest.approx((3 + 2 + 1 + 1 + 1 + 1) / 4)
     assert likeliest_path(tree) == [5, 6, 7]
     # a budget keeps the likeliest nodes, a floor drops the unlikely ones
     assert sorted(continuation_tree(0, conts, 2, 0.0).paths()) == [[], [5], [5, 6]]
