@@ -7,7 +7,7 @@ minute on two cores. ggml parses the same header in milliseconds.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import cffi
 import numpy as np
@@ -20,7 +20,9 @@ struct ggml_context;
 struct gguf_init_params { bool no_alloc; struct ggml_context ** ctx; };
 struct gguf_context * gguf_init_from_file(const char * fname, struct gguf_init_params params);
 void gguf_free(struct gguf_context * ctx);
+int64_t gguf_get_n_kv(const struct gguf_context * ctx);
 int64_t gguf_find_key(const struct gguf_context * ctx, const char * key);
+const char * gguf_get_key(const struct gguf_context * ctx, int64_t key_id);
 int gguf_get_kv_type(const struct gguf_context * ctx, int64_t key_id);
 int gguf_get_arr_type(const struct gguf_context * ctx, int64_t key_id);
 const char * gguf_get_val_str(const struct gguf_context * ctx, int64_t key_id);
@@ -32,6 +34,10 @@ int64_t gguf_get_n_tensors(const struct gguf_context * ctx);
 const char * gguf_get_tensor_name(const struct gguf_context * ctx, int64_t tensor_id);
 const int64_t * gguf_get_tensor_ne(const struct gguf_context * ctx, int64_t tensor_id);
 int gguf_get_tensor_type(const struct gguf_context * ctx, int64_t tensor_id);
+size_t gguf_get_data_offset(const struct gguf_context * ctx);
+size_t gguf_get_tensor_offset(const struct gguf_context * ctx, int64_t tensor_id);
+size_t gguf_get_tensor_size(const struct gguf_context * ctx, int64_t tensor_id);
+int64_t gguf_find_tensor(const struct gguf_context * ctx, const char * name);
 """
 _ffi = cffi.FFI()
 _ffi.cdef(_CDEF)
@@ -63,6 +69,18 @@ class GGUFMeta:
 
     def __contains__(self, key: str) -> bool:
         return _lib.gguf_find_key(self._ctx, key.encode()) >= 0
+
+    def keys(self) -> Tuple[str, ...]:
+        return tuple(_text(_lib.gguf_get_key(self._ctx, i)) for i in range(_lib.gguf_get_n_kv(self._ctx)))
+
+    def value_type(self, key: str) -> Tuple[int, Optional[int]]:
+        """The key's gguf type number and, for an array, its elements' (gguf-py's
+        GGUFValueType numbers them alike)."""
+        i = _lib.gguf_find_key(self._ctx, key.encode())
+        if i < 0:
+            raise KeyError(key)
+        kind = _lib.gguf_get_kv_type(self._ctx, i)
+        return kind, _lib.gguf_get_arr_type(self._ctx, i) if kind == _ARRAY else None
 
     def get(self, key: str, default: Any = None) -> Any:
         i = _lib.gguf_find_key(self._ctx, key.encode())
@@ -102,3 +120,15 @@ class GGUFMeta:
                 ne.pop()
             out[_text(_lib.gguf_get_tensor_name(self._ctx, t))] = (tuple(ne), _lib.gguf_get_tensor_type(self._ctx, t))
         return out
+
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        """A tensor's data as it is in the file (mapped, not read), one row of bytes per
+        row of ne[0] elements: what gguf.quants.dequantize takes."""
+        t = _lib.gguf_find_tensor(self._ctx, name.encode())
+        if t < 0:
+            raise KeyError(name)
+        ne = _lib.gguf_get_tensor_ne(self._ctx, t)
+        rows = int(ne[1]) * int(ne[2]) * int(ne[3])
+        offset = _lib.gguf_get_data_offset(self._ctx) + _lib.gguf_get_tensor_offset(self._ctx, t)
+        size = _lib.gguf_get_tensor_size(self._ctx, t)
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=offset, shape=(size,)).reshape(rows, -1)

@@ -67,9 +67,10 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     w.add_uint32("general.file_type", ftype)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # the tokenizer is the target's, plus the mask token
-    for key, field in meta["reader"].fields.items():
+    source = meta["gguf"]
+    for key in source.keys():
         if key.startswith("tokenizer.") and key != "tokenizer.ggml.mask_token_id":
-            copy_field(w, key, field)
+            copy_key(w, source, key)
     w.add_uint32("tokenizer.ggml.mask_token_id", mask_id)
     for hf in sorted(state):  # the checkpoint's name order, as the converter writes it
         x = np.ascontiguousarray(state[hf], dtype=np.float32)
@@ -83,15 +84,16 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     tmp.replace(path)
 
 
-def copy_field(writer, key: str, field) -> None:
-    """A key of a GGUFReader's file, as it is there, into a GGUFWriter."""
+def copy_key(writer, source, key: str) -> None:
+    """A key of a GGUF (source: its gguf_meta.GGUFMeta), with its value type, into a
+    GGUFWriter."""
     import gguf
 
-    vtype = field.types[0]
-    if vtype == gguf.GGUFValueType.ARRAY:
-        writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
-    else:
-        writer.add_key_value(key, field.contents(), vtype)
+    kind, sub = source.value_type(key)
+    value = source.get(key)
+    value = value.tolist() if isinstance(value, np.ndarray) else value
+    writer.add_key_value(key, value, gguf.GGUFValueType(kind),
+                         sub_type=None if sub is None else gguf.GGUFValueType(sub))
 
 
 def write_hf(out_dir: str | os.PathLike, state: dict, shape, meta: dict, layer_ids: list[int], block_size: int,
@@ -133,11 +135,11 @@ def write_untrained(target_path: str, path: str | os.PathLike, mask_token: str, 
     from .target import embedding_and_head, read_target_meta
 
     meta = read_target_meta(str(target_path))
-    meta["n_vocab"] = embedding_and_head(meta["reader"])[0].shape[0]
+    meta["n_vocab"] = embedding_and_head(meta["gguf"])[0].shape[0]
     layer_ids = recipe.target_layer_ids(meta["n_layer"], 2)
     shape = default_shape(meta["n_embd"], len(layer_ids), 2, meta["rope_theta"], meta["eps"])
     model = Drafter(shape)
     model.init_weights(seed)
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    tokens = meta["reader"].fields["tokenizer.ggml.tokens"].contents()
+    tokens = meta["gguf"].get("tokenizer.ggml.tokens")
     write_gguf(path, state, shape, meta, str(target_path), layer_ids, block_size, tokens.index(mask_token))

@@ -67,13 +67,13 @@ def _need_torch():
     return torch
 
 
-def _mask_id(tokenizer, reader, spec: Optional[str], n_vocab: int) -> int:
+def _mask_id(tokenizer, meta, spec: Optional[str], n_vocab: int) -> int:
     """--mask-token (an id or a token's text), else <|mask|>, else the first unused
     vocabulary entry (an embedding padded past the tokenizer), else the padding token
     when it is not the end-of-text token."""
     import gguf
 
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    tokens = meta.get("tokenizer.ggml.tokens")
     if spec is not None:
         if spec.isdigit():
             mid = int(spec)
@@ -87,13 +87,12 @@ def _mask_id(tokenizer, reader, spec: Optional[str], n_vocab: int) -> int:
     for name in ("<|mask|>", "<mask>", "[MASK]"):
         if name in tokens:
             return tokens.index(name)
-    if "tokenizer.ggml.token_type" in reader.fields:
-        types = reader.fields["tokenizer.ggml.token_type"].contents()
-        unused = [i for i, t in enumerate(types) if t == gguf.TokenType.UNUSED]
-        if unused:
-            return unused[0]
-    pad = reader.fields["tokenizer.ggml.padding_token_id"].contents() \
-        if "tokenizer.ggml.padding_token_id" in reader.fields else None
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None:
+        unused = np.flatnonzero(types == gguf.TokenType.UNUSED)
+        if len(unused):
+            return int(unused[0])
+    pad = meta.get("tokenizer.ggml.padding_token_id")
     if pad is not None and pad != tokenizer.eos_id:
         return int(pad)
     raise TrainError("the target's vocabulary has no mask, unused or padding token: pass --mask-token ID")
@@ -144,12 +143,12 @@ def _plan(opts: TrainOptions, say) -> _Plan:
     from .target import embedding_and_head, read_target_meta
 
     meta = read_target_meta(opts.model)
-    embd, head = embedding_and_head(meta["reader"])
+    embd, head = embedding_and_head(meta["gguf"])
     meta["n_vocab"] = embd.shape[0]
     if opts.top_k_labels > meta["n_vocab"]:
         raise TrainError(f"--top-k-labels {opts.top_k_labels} exceeds the vocabulary ({meta['n_vocab']})")
     tokenizer = Tokenizer(opts.model)
-    mask_id = _mask_id(tokenizer, meta["reader"], opts.mask_token, meta["n_vocab"])
+    mask_id = _mask_id(tokenizer, meta["gguf"], opts.mask_token, meta["n_vocab"])
     template = ChatTemplate.of_tokenizer(tokenizer, tokenizer.chat_template) if tokenizer.chat_template else None
 
     def render(messages):

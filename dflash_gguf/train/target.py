@@ -22,16 +22,13 @@ class TrainError(ValueError):
 
 def read_target_meta(path: str) -> dict:
     """Architecture, depth, width, rope base, norm eps and context of a target GGUF."""
-    import gguf
+    from ..gguf_meta import GGUFMeta
 
     try:
-        r = gguf.GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file
-        raise TrainError(f"cannot read the target {path}: {e}") from None
-    f = r.fields
-
-    def get(key, default=None):
-        return f[key].contents() if key in f else default
+        r = GGUFMeta(str(path))
+    except ValueError as e:
+        raise TrainError(f"the target: {e}") from None
+    get = r.get
 
     arch = get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -49,21 +46,22 @@ def read_target_meta(path: str) -> dict:
         "rope_theta": float(get(f"{arch}.rope.freq_base", 10000.0)),
         "eps": float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "n_ctx_train": int(get(f"{arch}.context_length", 4096)),
-        "mrope": f"{arch}.rope.dimension_sections" in f,
-        "reader": r,
+        "mrope": f"{arch}.rope.dimension_sections" in r,
+        "gguf": r,
     }
 
 
-def embedding_and_head(reader) -> tuple[np.ndarray, np.ndarray]:
-    """token_embd and output (token_embd again when tied) as float32 [vocab, n_embd]."""
+def embedding_and_head(meta) -> tuple[np.ndarray, np.ndarray]:
+    """token_embd and output (token_embd again when tied) as float32 [vocab, n_embd]
+    (meta: the target's gguf_meta.GGUFMeta)."""
     import gguf
 
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = meta.tensors()
 
     def load(name):
-        t = tensors[name]
-        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(
-            tuple(int(d) for d in reversed(t.shape)))
+        ne, kind = tensors[name]
+        return gguf.quants.dequantize(meta.tensor_bytes(name), gguf.GGMLQuantizationType(kind)).astype(
+            np.float32).reshape(tuple(reversed(ne)))
 
     embd = load("token_embd.weight")
     head = load("output.weight") if "output.weight" in tensors else embd

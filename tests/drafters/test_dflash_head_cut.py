@@ -17,7 +17,7 @@ from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.draft_simple import kept_tokens
 from dflash_gguf.engine import Engine
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from dflash_gguf.train.export import copy_field
+from dflash_gguf.train.export import copy_key
 from dflash_gguf.tokenizer import Tokenizer
 
 TARGET, DRAFT = (str(p) for p in demo_paths())
@@ -138,11 +138,13 @@ def copy_with_key(src, dst, key, values):
     """The GGUF at src with one more integer array key (its tensors as they are)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(src))
-    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            copy_field(writer, name, field)
+    from dflash_gguf.gguf_meta import GGUFMeta
+
+    reader, meta = gguf.GGUFReader(str(src)), GGUFMeta(str(src))
+    writer = gguf.GGUFWriter(str(dst), meta.get("general.architecture"))
+    for name in meta.keys():
+        if name != "general.architecture":
+            copy_key(writer, meta, name)
     writer.add_array(key, [int(v) for v in values])
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)

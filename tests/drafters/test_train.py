@@ -234,7 +234,7 @@ def test_a_gemma3_drafter_trains_through_the_embedding_scale_and_softcap(corpus,
     features = TargetFeatures(str(target), layer_ids, len(prompt), 1)
     feats, greedy, _ = features(prompt)
     features.close()
-    embd, head = embedding_and_head(meta["reader"])
+    embd, head = embedding_and_head(meta["gguf"])
     bonus = int(greedy[-1])
     with torch.no_grad():
         block = torch.tensor([bonus] + [mask_id] * (BLOCK - 1))
