@@ -1,6 +1,7 @@
-"""dflash_gguf.gguf_meta (ggml's GGUF reader, which the pre-load checks use) reads what
-gguf-py's GGUFReader reads: every key's value and every tensor's name, shape and type, on
-each bundled GGUF; a file that is not a GGUF is one ValueError naming it."""
+"""dflash_gguf.gguf_meta (ggml's GGUF reader, which the pre-load checks and dflash-train
+use) reads what gguf-py's GGUFReader reads: every key's value and type and every tensor's
+name, shape, type and bytes, on each bundled GGUF; a file that is not a GGUF is one
+ValueError naming it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +30,13 @@ def test_every_key_and_tensor_is_gguf_pys(path):
             assert np.float32(want) == np.float32(got), key
         else:
             assert got == want, key
+        kind, sub = meta.value_type(key)
+        field = reader.fields[key]
+        assert (kind, sub) == (int(field.types[0]), int(field.types[-1]) if len(field.types) > 1 else None), key
+    assert set(meta.keys()) == set(keys)
     assert meta.tensors() == {t.name: (tuple(int(d) for d in t.shape), int(t.tensor_type)) for t in reader.tensors}
+    for t in reader.tensors:
+        assert meta.tensor_bytes(t.name).tobytes() == np.asarray(t.data).tobytes(), t.name
     assert meta.tensor_names() == tuple(t.name for t in reader.tensors)
     assert "no.such.key" not in meta and meta.get("no.such.key", 7) == 7
 
