@@ -237,6 +237,10 @@ class Server:
             "decode_seconds": round(s.decode_seconds, 5),
             "decode_tokens_per_second": round(s.decode_tps, 2),
             "queue_seconds": round(job.queue_seconds, 5),
+            # on the server's monotonic clock: when the scheduler took the request in and
+            # when it started running it (FIFO: in the order taken in)
+            "queued_at": round(job.queued_at, 6),
+            "started_at": None if job.started_at is None else round(job.started_at, 6),
             "stop_reason": s.stop_reason,
         }
 

@@ -262,6 +262,18 @@ def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
     assert len(cells) == 16 and [c[-5:] for c in cells[:8]] == ["rep 1"] * 4 + ["rep 2"] * 4
 
 
+def test_fifo_inversions_are_counted_on_the_servers_clock():
+    """Requests sent close together reach the scheduler in either order: only the
+    server's own times (taken in, started) say whether it ran them first come, first served."""
+    from dflash_gguf.bench.serve import fifo_inversions
+
+    fifo = [{"arrival": 0.0, "queued_at": 10.2, "started_at": 10.3},  # sent first, taken in second
+            {"arrival": 0.001, "queued_at": 10.1, "started_at": 10.1}]
+    assert fifo_inversions(fifo) == 0
+    assert fifo_inversions([{"queued_at": 1.0, "started_at": 3.0}, {"queued_at": 2.0, "started_at": 2.5},
+                            {"queued_at": 2.2, "started_at": None}]) == 1
+
+
 def test_dflash_bench_serve_load_tests_a_demo_server(tmp_path):
     res = subprocess.run([BENCH, "serve", "--clients", "2", "--requests", "2", "--max-tokens", "8", "--json", "--",
                           "-t", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
