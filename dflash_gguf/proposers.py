@@ -284,21 +284,20 @@ class SuffixProposer(Proposer):
     def propose(self, seq) -> Proposal:
         room = draft_room(seq, self.n_max)
         tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
-        if tree is not None:
-            tree = self._priced(tree) if self.cost is not None else tree
-            if tree is not None:
-                self.suffix.judge(tree)
-        return suffix_proposal(seq, tree, from_corpus)
+        return suffix_proposal(seq, tree if tree is None else self._priced(tree), from_corpus)
 
     def _priced(self, tree: DraftTree) -> Optional[DraftTree]:
-        """The tree cut to its best-priced size (None: none pays, and the step's outcome
-        is judged on the tree's first level: what the target's next token says of it)."""
-        probs = tree_probs(tree, self.suffix.rate.rate)
-        m = best_size(probs, self.cost.chain if is_chain(tree) else self.cost)
-        if m == 0:
-            self.suffix.judge(tree, 1)
-            return None
-        return tree.best(m)
+        """The tree cut to its best-priced size, which the step's outcome is judged on
+        (None: none pays, and the outcome is judged on the tree's first level: what the
+        target's next token says of it)."""
+        if self.cost is not None:
+            m = best_size(tree_probs(tree, self.suffix.rate.rate), self.cost.chain if is_chain(tree) else self.cost)
+            if m == 0:
+                self.suffix.judge(tree, 1)
+                return None
+            tree = tree.best(m)
+        self.suffix.judge(tree)
+        return tree
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.suffix.observe(seq, out)
