@@ -10,7 +10,7 @@ positions in its own shape of step, and every row is compared whole (a digest of
 - ``chain-K``: verifies of K rows, committed whole (K = 2, 4, 8, 16);
 - ``tree``: trees whose true path of 8 nodes carries a wrong sibling at every depth below the root;
 - ``two-seqs``: chains of 4 beside another sequence's chain of 4 in the same step;
-- ``chunk``: chains of 4 beside another sequence's 48-row prompt chunk in the same step.
+- ``chunk``: chains of 16 beside another sequence's 112-row prompt chunk in the same step.
 
 ``scripts/near_tie_hunt.py`` runs the whole matrix over thousands of positions and writes
 the results on file; ``tests/runtime/test_near_ties.py`` runs a subset in CI.
@@ -28,10 +28,11 @@ from .target import CHAIN, DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target, TREE
 MODES = ("chain-2", "chain-4", "chain-8", "chain-16", "tree", "two-seqs", "chunk")
 TREE_DEPTH = 8
 SIDE_CHAIN = 4  # the other sequence's rows in two-seqs
-# the other sequence's prompt chunk in chunk: with the 4 chain rows, a step past the 64
-# rows where stock ggml's flash attention turns to its tiled kernel and within the 256
-# where the patched kernels keep every row's own (docs/exactness.md)
-CHUNK = 120
+# the other sequence's prompt chunk in chunk: with the 16 chain rows, a step of 128 rows,
+# past the 64 where stock ggml's flash attention turns to its tiled kernel and within the
+# 256 where the patched kernels keep every row's own (docs/exactness.md)
+CHUNK_CHAIN = 16
+CHUNK = 112
 SIDE_SPAN = 512  # positions the other sequence runs through before it starts over
 
 
@@ -110,7 +111,7 @@ def _tree(target: Target, text, ref, result, vocab: int) -> None:
 def hunt(target: Target, prompt: Sequence[int], text: Sequence[int], side_text: Sequence[int],
          modes: Sequence[str] = MODES, on_mode: Callable[[ModeResult], None] | None = None) -> Dict[str, object]:
     """Every mode's comparison of `text`'s rows (after `prompt`) with one-row decoding.
-    The target needs 2 sequence slots, n_verify >= 2 * TREE_DEPTH - 1 and n_ubatch >= CHUNK + 16;
+    The target needs 2 sequence slots, n_verify >= 2 * TREE_DEPTH - 1 and n_ubatch >= CHUNK + CHUNK_CHAIN;
     side_text feeds the other sequence (two-seqs, chunk)."""
     text = [int(t) for t in text]
     side_text = [int(t) for t in side_text]
@@ -130,7 +131,7 @@ def hunt(target: Target, prompt: Sequence[int], text: Sequence[int], side_text: 
         elif mode == "two-seqs":
             _chain(target, text, ref, result, 4, side=lambda pos: [_side(target, side_text, CHAIN, SIDE_CHAIN)])
         else:
-            _chain(target, text, ref, result, 4, side=lambda pos: [_side(target, side_text, DECODE, CHUNK)])
+            _chain(target, text, ref, result, CHUNK_CHAIN, side=lambda pos: [_side(target, side_text, DECODE, CHUNK)])
         out.append(result)
         if on_mode:
             on_mode(result)

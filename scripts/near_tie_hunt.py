@@ -11,6 +11,9 @@ tests/runtime/test_near_ties.py, tests/drafters/test_real_exactness.py):
   itself, each with an untrained DFlash drafter too, against plain decoding, token for token.
 
     .venv/bin/python scripts/near_tie_hunt.py --out results/near-tie-hunt-DATE.json [--e2e]
+
+The parts can run apart (--no-rows, --e2e-targets, --e2e-modes), one results file each; the
+file is written again after every model and mode, so a stopped run keeps what it finished.
 """
 from __future__ import annotations
 
@@ -43,8 +46,7 @@ def corpus() -> str:
     return inspect.getsource(textwrap) + "\n" + lists + "\n" + inspect.getsource(a) + inspect.getsource(string)
 
 
-def hunt_rows(args, log) -> list:
-    rows = []
+def hunt_rows(args, log, rows: list, save) -> None:
     for name in args.models:
         path = str(real_models.path(name))
         tok = Tokenizer(path)
@@ -63,19 +65,19 @@ def hunt_rows(args, log) -> list:
                      "modes": [{"mode": r.mode, "rows": r.compared, "differing": len(r.differing),
                                 "first_differing": r.differing[:10]} for r in got["modes"]],
                      "load_average": load_average()})
-    return rows
+        save()
 
 
-def e2e_rows(args, log) -> list:
-    rows = []
+def e2e_rows(args, log, rows: list, save) -> None:
     prompts = invariance.TIE_PRONE_PROMPTS
-    for name, small in E2E_PAIRS.items():
+    for name in args.e2e_targets:
+        small = E2E_PAIRS[name]
         target = str(real_models.path(name))
         with tempfile.TemporaryDirectory() as tmp:
             drafters = {"small": str(real_models.path(small)),
                         "dflash": invariance.untrained_dflash(target, str(Path(tmp) / "untrained.gguf"))}
             plain = invariance.plain_outputs(target, prompts, args.n_new)
-            for mode in invariance.E2E_MODES:
+            for mode in args.e2e_modes:
                 t0 = time.perf_counter()
                 got = invariance.mode_outputs(mode, target, drafters, prompts, args.n_new)
                 parted = [{"prompt": p, "token": next((i for i, (a, b) in enumerate(zip(w, o)) if a != b),
@@ -85,7 +87,7 @@ def e2e_rows(args, log) -> list:
                 rows.append({"target": name, "small": small, "mode": mode, "prompts": len(prompts),
                              "n_new": args.n_new, "equal": len(prompts) - len(parted), "parted": parted,
                              "seconds": round(time.perf_counter() - t0, 1), "load_average": load_average()})
-    return rows
+                save()
 
 
 def main(argv=None) -> int:
@@ -93,19 +95,32 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="results file (JSON)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--positions", type=int, default=2048, help="teacher-forced positions per model (default 2048)")
+    p.add_argument("--no-rows", dest="rows", action="store_false", help="leave out the teacher-forced rows")
     p.add_argument("--e2e", action="store_true", help="also the 32 prompts x every mode of the real pair")
+    p.add_argument("--e2e-targets", nargs="+", default=list(E2E_PAIRS), choices=list(E2E_PAIRS))
+    p.add_argument("--e2e-modes", nargs="+", default=list(invariance.E2E_MODES), choices=list(invariance.E2E_MODES))
     p.add_argument("--n-new", type=int, default=256, help="tokens per e2e prompt (default 256)")
     p.add_argument("-t", "--threads", type=int, default=2)
     args = p.parse_args(argv)
+    if not args.rows and not args.e2e:
+        p.error("nothing to run: --no-rows without --e2e")
 
     def log(msg: str) -> None:
         print(f"[near-tie-hunt] {msg}", file=sys.stderr, flush=True)
 
     doc = results_doc("near_tie_hunt", sys.argv, machine=machine(args.threads, "CPU"), versions=versions(),
-                      rows=hunt_rows(args, log))
+                      rows=[])
     if args.e2e:
-        doc["e2e"] = e2e_rows(args, log)
-    write_results(args.out, doc)
+        doc["e2e"] = []
+
+    def save() -> None:
+        write_results(args.out, doc)
+
+    if args.rows:
+        hunt_rows(args, log, doc["rows"], save)
+    if args.e2e:
+        e2e_rows(args, log, doc["e2e"], save)
+    save()
     bad = [r for r in doc["rows"] if any(m["differing"] for m in r["modes"])] + \
           [r for r in doc.get("e2e", []) if r["parted"]]
     log(f"results in {args.out}; {'all equal' if not bad else f'{len(bad)} rows with differences'}")
