@@ -13,7 +13,7 @@ library the script compiles: valgrind does not name libdflash's functions, so a 
 function's entry cannot be asked for), so that each pass's instructions are its own and
 graph builds show where they happen.
 
-    scripts/mask_count.py --ggml-lib /path/to/avx2/ggml/lib [--reps 4] [--cache-sim] [--sampled] \
+    experiments/mask_count.py --ggml-lib /path/to/avx2/ggml/lib [--reps 4] [--cache-sim] [--sampled] \
         [--package-dir OLD] [--out results/mask-count-<date>.json] [--label before]
 
 valgrind does not run AVX-512 code, so ggml's CPU backend is preloaded from --ggml-lib (a
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         if args.cache_sim:
             cmd.append("--cache-sim=yes")
         # run outside the checkout: the working directory first on sys.path would shadow the install
-        res = subprocess.run(cmd + [args.python, str(ROOT / "scripts" / "mask_count_child.py"), str(target), str(draft),
+        res = subprocess.run(cmd + [args.python, str(ROOT / "experiments" / "mask_count_child.py"), str(target), str(draft),
                                     str(grammar), str(args.reps), str(marker),
                                     "sampled" if args.sampled else "greedy"], capture_output=True, text=True,
                                    env=env, cwd=tmp)
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     run = {"label": args.label, "commit": commit, "date": _dt.datetime.now().isoformat(timespec="minutes"),
-           "command": " ".join(["scripts/mask_count.py"] + (sys.argv[1:] if argv is None else argv)),
+           "command": " ".join(["experiments/mask_count.py"] + (sys.argv[1:] if argv is None else argv)),
            "threads": 1, "summary": summary, "passes": passes}
     if args.out:
         from dflash_gguf.bench import provenance, slim

@@ -4,7 +4,7 @@ and round, so a later, better statistic can be read off an earlier run without r
 it again. The files themselves are left as written; the new comparisons go to --out, with auto
 against the fastest fixed row of each file pooled over every repetition of every file.
 
-    .venv/bin/python scripts/recompare.py results/auto-vs-fixed-*.json --out results/recompared.json
+    .venv/bin/python experiments/recompare.py results/auto-vs-fixed-*.json --out results/recompared.json
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
               f"of {len(files)} files: median {c['per_rep_ratio_median']:.3f} "
               f"({c['per_rep_ratio_range'][0]:.2f}-{c['per_rep_ratio_range'][1]:.2f})")
     if args.out:
-        write_results(args.out, results_doc("scripts/recompare.py", sys.argv[1:] if argv is None else argv,
+        write_results(args.out, results_doc("experiments/recompare.py", sys.argv[1:] if argv is None else argv,
                                             files=files, auto_pooled=pool))
     return 0
 

@@ -8,7 +8,7 @@ models whose routed experts must partly stay in host memory (Qwen3.5-35B-A3B,
 Qwen3.5-122B-A10B and Gemma 4 26B-A4B Q4_K_M, gpt-oss-120b mxfp4_moe): the smallest
 --n-cpu-moe that fits the card, and what the host then holds.
 
-    .venv/bin/python scripts/memory_table.py     # markdown on stdout; results/memory-24gb-<date>.json
+    .venv/bin/python experiments/memory_table.py     # markdown on stdout; results/memory-24gb-<date>.json
 
 The first tables are planned for this machine's CPU device and counted as a GPU gets it:
 the token embedding stays in host memory (it is only gathered from) and the drafter's
@@ -218,7 +218,7 @@ def main() -> int:
                 EXPERTS[path] = sum(tensor_nbytes(s, q) for n, s, q in table_ if n.endswith("_exps.weight"))
                 MAX_CTX[path] = int(shape["yarn_factor"] * shape["yarn_orig_ctx"])
         MAX_CTX[g27] = GEMMA3_27B["ctx"]  # 128K
-        out = [f"## Memory on a 24 GB card ({_dt.date.today()}, scripts/memory_table.py)", ""]
+        out = [f"## Memory on a 24 GB card ({_dt.date.today()}, experiments/memory_table.py)", ""]
         tables = []
         for name, target, draft, simple in (("Qwen3.5-27B Q4_K_M + DFlash drafter q8_0", t27, d27, False),
                                             ("Gemma 3 27B Q4_K_M + Gemma 3 270M Q4_K_M (draft-simple)", g27, g270m, True),
@@ -243,7 +243,7 @@ def main() -> int:
     text = "\n".join(out)
     print(text)
     dest = ROOT / "results" / f"memory-24gb-{_dt.date.today()}.json"
-    provenance.write_results(dest, {"tool": "scripts/memory_table.py", "date": str(_dt.date.today()),
+    provenance.write_results(dest, {"tool": "experiments/memory_table.py", "date": str(_dt.date.today()),
                                     "checkout": provenance.checkout(), "versions": provenance.versions(),
                                     "tables": tables, "markdown": text})
     print(f"\n(saved to {dest.relative_to(ROOT)})", file=sys.stderr)

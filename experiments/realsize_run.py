@@ -3,9 +3,9 @@
 drafter q8_0 on the CPU: load time and peak RSS against the memory plan, prefill, plain
 and speculative steps, and the same target file under llama.cpp's `llama-bench`.
 
-    .venv/bin/python scripts/realsize_run.py --make --outdir /tmp/realsize       # build, run, delete
-    .venv/bin/python scripts/realsize_run.py --target t.gguf --draft d.gguf      # given files, kept
-    .venv/bin/python scripts/realsize_run.py --make --layers 16 --outtype q4_0   # a smaller stand-in
+    .venv/bin/python experiments/realsize_run.py --make --outdir /tmp/realsize       # build, run, delete
+    .venv/bin/python experiments/realsize_run.py --target t.gguf --draft d.gguf      # given files, kept
+    .venv/bin/python experiments/realsize_run.py --make --layers 16 --outtype q4_0   # a smaller stand-in
 
 --make writes the files with dflash_gguf.convert.shape_model (random quant blocks; see there)
 and deletes them at the end unless --keep. With --layers N the target keeps its hybrid
@@ -24,7 +24,7 @@ is VmHWM of that process; the plan is dflash_gguf.memory.plan_memory for the sam
 prefill; ours is timed on its first 512-token prefill too), the same thread count, peak
 RSS from wait4. Random weights: tokens are noise, the drafter's acceptance means nothing,
 only times and memory do. Timings on a shared machine are noisy: the load average is
-recorded with every figure.
+recorded with every figure. Writes results/realsize-<date>-<HHMM>.{json,md}.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ and after a change) on the demo pair, one thread, chain and tree 8, greedy or sa
 or plain decoding against auto held on its plain arm (what auto's plain steps cost
 beyond plain decoding's).
 
-    scripts/decode_count.py --python OLD/.venv/bin/python --python .venv/bin/python \
+    experiments/decode_count.py --python OLD/.venv/bin/python --python .venv/bin/python \
         --ggml-lib /path/to/avx2/ggml/lib --temp 0,0.6 --out results/decode-count-<date>.json
 
 Each (install, mode, temperature) runs twice under callgrind, for --tokens and for one
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
                                                                                 ("tokens", "mean_accepted", "digest")}})
                 print(json.dumps(rows[-1]), flush=True)
     if args.out:
-        provenance.write_results(args.out, provenance.results_doc("scripts/decode_count.py", sys.argv[1:] if argv is None else argv,
+        provenance.write_results(args.out, provenance.results_doc("experiments/decode_count.py", sys.argv[1:] if argv is None else argv,
                                                                   rows=rows))
     return 0
 

@@ -5,9 +5,10 @@ of it here; the tests draft with the same file and check both runtimes draft ali
 The heads are random, so the backbone's drafts carry the acceptance and the Markov bias
 changes a few of them: the file measures what a DSpark step costs each engine beside
 `llama-speculative-simple --spec-type draft-dspark`, not what trained heads would add.
-Prints the path; run it again and it reuses the file.
+Prints the path; run it again and it reuses the file. results/dspark-2026-11-25.json
+was measured with it.
 
-    .venv/bin/python scripts/dspark_bench_file.py [--out FILE]
+    .venv/bin/python experiments/dspark_bench_file.py [--out FILE]
     dflash-bench -m dflash_gguf/data/demo-target.gguf -md <file> --spec-type draft-dspark ...
 """
 from __future__ import annotations

@@ -18,9 +18,10 @@ load above 0.5 per thread), and the bytes the host writes and reads per pass. Fo
 it also times what host sampling over the same rows costs (reading the logits rows back
 and numpy's distribution), which the device sampling replaced.
 
-    .venv/bin/python scripts/sampling_cost.py [--threads 2] [--reps 40] [--out results/]
+    .venv/bin/python experiments/sampling_cost.py [--threads 2] [--reps 40] [--out results/]
 
-The model files go to .cache/bench/ (about 70 MB). Time only on an idle machine.
+The model files go to .cache/bench/ (about 70 MB); the figures to
+results/sampling-cost-<date>-<HHMM>.json. Time only on an idle machine.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Tests: tg (one-row decoding), pp K for K = 2, 4, 8, 16 (the rows of a verify) an
 run with its spread (min-max), and the median of the per-round ratios (patched / stock).
 Run it on an idle machine: ggml's threads spin.
 
-    .venv/bin/python scripts/ggml_patch_ab.py --stock STOCK/bin/llama-bench -m MODEL.gguf \\
+    .venv/bin/python experiments/ggml_patch_ab.py --stock STOCK/bin/llama-bench -m MODEL.gguf \\
         --out results/ggml-patch-ab-<model>-<date>.json
 """
 from __future__ import annotations

@@ -8,10 +8,10 @@ gap is a round) at a steady state and while each prompt goes in, as p50 and p99,
 the prompt's prefill throughput beside the running decodes.
 
 With --before and --after (two installs' interpreters) the installs take turns, each
-round running before, after, after, before, as scripts/install_ab.py does; an install
+round running before, after, after, before, as experiments/install_ab.py does; an install
 whose Batch has no -b runs with its own rounds. Time it on an idle machine.
 
-    .venv/bin/python scripts/join_gaps.py --before OLD/.venv/bin/python --after .venv/bin/python \
+    .venv/bin/python experiments/join_gaps.py --before OLD/.venv/bin/python --after .venv/bin/python \
         --rounds 3 --out results/join-gaps-<date>.json
 """
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     for side, s in table.items():
         print(f"{side}: {json.dumps(s)}")
     if args.out:
-        write_results(args.out, results_doc("scripts/join_gaps.py", sys.argv[1:] if argv is None else argv,
+        write_results(args.out, results_doc("experiments/join_gaps.py", sys.argv[1:] if argv is None else argv,
                                             table=table, runs=runs))
     return 0
 

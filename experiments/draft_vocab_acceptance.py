@@ -8,7 +8,7 @@ replayed from the drafter's logits over the same prompt and output (draft_simple
 chain's acceptance follows from those, the output being the same at any N), checked
 against the loop at the whole head, and with --run-cut also at the cut Ns named.
 
-    .venv/bin/python scripts/draft_vocab_acceptance.py --out results/draft-vocab-acceptance-2026-11-25.json
+    .venv/bin/python experiments/draft_vocab_acceptance.py --out results/draft-vocab-acceptance-2026-11-25.json
 
 --from PATH (repeatable; a file or a directory of them) adds, at each N, the head cut to
 the tokens commonest in that text (--spec-draft-vocab-from), beside the lowest ids.
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     n_max = 3
     prompts = [(name, text) for name, text in PROMPTS if name in ("split", "class", "main")] + [("prose", PROSE)]
-    doc = results_doc("scripts/draft_vocab_acceptance.py", sys.argv, target=TARGET.name, draft=DRAFT.name,
+    doc = results_doc("experiments/draft_vocab_acceptance.py", sys.argv, target=TARGET.name, draft=DRAFT.name,
                       settings={"spec_type": "draft-simple", "spec_draft_n_max": n_max, "greedy": True,
                                 "n_predict": args.n_predict, "kept": "special tokens, then the lowest ids (kept_by: lowest ids) or the commonest in --from (kept_by: corpus)"},
                       prompts={name: text for name, text in prompts})

@@ -10,7 +10,7 @@ tests/runtime/test_near_ties.py, tests/drafters/test_real_exactness.py):
   (dflash_gguf.invariance.E2E_MODES) of the real pair and of Gemma 3 270M drafting for
   itself, each with an untrained DFlash drafter too, against plain decoding, token for token.
 
-    .venv/bin/python scripts/near_tie_hunt.py --out results/near-tie-hunt-DATE.json [--e2e]
+    .venv/bin/python experiments/near_tie_hunt.py --out results/near-tie-hunt-DATE.json [--e2e]
 """
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ requests the process's memory by kind:
            malloc's large blocks, Python's arenas, ggml's buffers)
     arena, in_use, free   glibc's mallinfo2 for the main heap
 
-    .venv/bin/python scripts/checkpoint_churn.py --requests 1600 --checkpoint-mib 256
+    .venv/bin/python experiments/checkpoint_churn.py --requests 1600 --checkpoint-mib 256
 
 First one 4,000-token prompt, so that the caches' and compute buffers' pages are resident
-before the count starts. Memory figures only: nothing here is timed.
+before the count starts. Memory figures only: nothing here is timed. It prints its table
+and writes no file; an earlier draft of it took results/soak-2026-11-25-creep2-replay-*.log.
 """
 from __future__ import annotations
 

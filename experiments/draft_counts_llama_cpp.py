@@ -7,7 +7,7 @@ PROMPTS, greedy, the same n-max and p-min. Each run goes through the Engine's ow
 is compared with llama.cpp's modulo the start and end of its loop (the tests' oracle,
 tests/helpers/speculative_simple.py: engine_draft_simple_counts says how and why).
 
-    .venv/bin/python scripts/draft_counts_llama_cpp.py --out results/draft-counts-llama-cpp-DATE.json
+    .venv/bin/python experiments/draft_counts_llama_cpp.py --out results/draft-counts-llama-cpp-DATE.json
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 GGUF with the same threads (issue 54's verify row: llama.cpp's 4/8/16 rows cost 1.26x,
 2.3x, 2.8x a decode step on the real Qwen2.5-Coder 1.5B).
 
-    .venv/bin/python scripts/verify_cost_bench.py [-m MODEL.gguf] [--sizes 1,2,4,8,16] [-r 5] [-t 2] [-o PATH]
+    .venv/bin/python experiments/verify_cost_bench.py [-m MODEL.gguf] [--sizes 1,2,4,8,16] [-r 5] [-t 2] [-o PATH]
 
 Each repetition runs, in an order shuffled by random.Random(repetition):
 - ours, decode: plain decoding's step (Target.decode_next, one row, greedy) after 64
@@ -130,7 +130,7 @@ def main() -> int:
             row["llama_cpp_vs_own_decode"] = round(ratio_med("llama.cpp", k), 3)
         rows.append(row)
     doc = provenance.results_doc(
-        "scripts/verify_cost_bench.py", sys.argv[1:], started=started.isoformat(timespec="seconds"),
+        "experiments/verify_cost_bench.py", sys.argv[1:], started=started.isoformat(timespec="seconds"),
         finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         machine=provenance.machine(a.threads, targets["ours"].info()["device"]), versions=provenance.versions(),
         settings={"model": model, "sizes": sizes, "repetitions": a.repetitions, "steps": a.steps,

@@ -5,7 +5,7 @@ memory, its verify scratch with the captured features, and the whole need, for -
 with q8_0 KV, -np 1 and 4, chain and tree 16. It shows what a change to the reserved
 graphs or the state costs a 24 GB card.
 
-    .venv/bin/python scripts/plan_by_install.py OLD/.venv/bin/python .venv/bin/python \
+    .venv/bin/python experiments/plan_by_install.py OLD/.venv/bin/python .venv/bin/python \
         --out results/plan-by-install-<date>.json
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
             print(f"{python}: -np {r['np']} tree {r['tree_budget']}: target compute {r['target_compute_mib']:.1f} MiB, "
                   f"verify scratch and features {r['verify_scratch_mib']:.1f} MiB, need {r['need_mib']:.0f} MiB")
     if args.out:
-        write_results(args.out, results_doc("scripts/plan_by_install.py", sys.argv[1:] if argv is None else argv,
+        write_results(args.out, results_doc("experiments/plan_by_install.py", sys.argv[1:] if argv is None else argv,
                                             installs=installs))
     return 0
 

@@ -9,7 +9,7 @@ every repetition and the median of the per-round ratios, a round's ratio being t
 after runs' summed medians over the before runs'. Time it on an idle machine: nothing
 else running (ggml's threads spin).
 
-    .venv/bin/python scripts/install_ab.py --before OLD/.venv/bin/python --after .venv/bin/python \
+    .venv/bin/python experiments/install_ab.py --before OLD/.venv/bin/python --after .venv/bin/python \
         --rounds 3 --out results/install-ab-<date>.json
 
 Extra arguments after -- go to every dflash-bench (e.g. -- --tree-budgets 8 -n 64).
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         print(f"{mode:>40} {sampling:>50}: {table[-1]['before_tok_s']:8.0f} -> {table[-1]['after_tok_s']:8.0f} "
               f"tok/s, after/before {table[-1]['ratio_median']:.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
     if args.out:
-        write_results(args.out, results_doc("scripts/install_ab.py", sys.argv[1:] if argv is None else argv,
+        write_results(args.out, results_doc("experiments/install_ab.py", sys.argv[1:] if argv is None else argv,
                                             table=table, runs=runs))
     return 0
 

@@ -4,7 +4,7 @@ load its engines in an order drawn anew each run. Each trial is a fresh process:
 engines load in the order given, then decode the benchmark's prompts for --rounds rounds,
 the two alternating which goes first on each prompt.
 
-    .venv/bin/python scripts/engine_order.py --trials 3 --out results/engine-order.json
+    .venv/bin/python experiments/engine_order.py --trials 3 --out results/engine-order.json
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     medians = [t["second_over_first_median"] for t in trials]
     print(f"over {len(trials)} processes: median {statistics.median(medians):.4f}, {min(medians):.4f}-{max(medians):.4f}")
     if args.out:
-        write_results(args.out, results_doc("scripts/engine_order.py", sys.argv[1:] if argv is None else argv,
+        write_results(args.out, results_doc("experiments/engine_order.py", sys.argv[1:] if argv is None else argv,
                                             trials=trials, median=statistics.median(medians)))
     return 0
 

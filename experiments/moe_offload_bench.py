@@ -2,10 +2,10 @@
 """Routed experts in host memory beside a device: what a step moves between the devices,
 and what a verify of k rows costs against k single-token decodes.
 
-    .venv/bin/python scripts/moe_offload_bench.py --workdir /big/disk      # Qwen3.5-35B-A3B Q4_K_M shape
-    .venv/bin/python scripts/moe_offload_bench.py --target a3b.gguf --device CUDA0
-    .venv/bin/python scripts/moe_offload_bench.py --bytes      # byte counts only, no timing (any machine)
-    .venv/bin/python scripts/moe_offload_bench.py --smoke      # a tiny shape, one repetition: seconds
+    .venv/bin/python experiments/moe_offload_bench.py --workdir /big/disk      # Qwen3.5-35B-A3B Q4_K_M shape
+    .venv/bin/python experiments/moe_offload_bench.py --target a3b.gguf --device CUDA0
+    .venv/bin/python experiments/moe_offload_bench.py --bytes      # byte counts only, no timing (any machine)
+    .venv/bin/python experiments/moe_offload_bench.py --smoke      # a tiny shape, one repetition: seconds
 
 The target (a GGUF, or the Qwen3.5-35B-A3B Q4_K_M shape model with random weights,
 dflash_gguf.convert.shape_model, written to --workdir: 21 GB) runs with every layer on
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
             path = args.target or str(write_model(shape(args.smoke, args.layers), args.outtype,
                                                   Path(tmp) / "moe.gguf", progress=not args.smoke))
             result = timed(args, path)
-        header = {"tool": "scripts/moe_offload_bench.py", "date": _dt.datetime.now().isoformat(timespec="minutes"),
+        header = {"tool": "experiments/moe_offload_bench.py", "date": _dt.datetime.now().isoformat(timespec="minutes"),
                   "argv": sys.argv[1:] if argv is None else argv, "checkout": provenance.checkout(),
                   "versions": provenance.versions(), "machine": provenance.machine(args.threads, args.device),
                   "load_average_start": provenance.load_average(), "smoke": args.smoke}

@@ -6,7 +6,7 @@ settings left, auto_store), and plain decoding. Arms take turns, a run each a ro
 shuffled order; each run is a process of its own, and its decode tok/s is what dflash-run
 reports (--json). Medians of the per-round ratios to --no-spec.
 
-    .venv/bin/python scripts/auto_cold_start.py [-m TARGET] [-md DRAFT] [-n 128] [-r 5] [-t 2]
+    .venv/bin/python experiments/auto_cold_start.py [-m TARGET] [-md DRAFT] [-n 128] [-r 5] [-t 2]
         [-- extra dflash-run flags] [-o results/auto-cold-start-DATE.json]
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     spec = ["-m", a.model, "-md", a.model_draft, "--tree-budget", "auto", *common]
     workdir = Path(tempfile.mkdtemp(prefix="auto-cold-start-"))
     warm = str(workdir / "warm.json")
-    doc = provenance.results_doc("scripts/auto_cold_start.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/auto_cold_start.py", sys.argv[1:] if argv is None else argv,
                                  model=a.model, draft=a.model_draft, n_predict=a.n_predict, threads=a.threads,
                                  repetitions=a.repetitions, load_average={"before": provenance.load_average()},
                                  runs=[])

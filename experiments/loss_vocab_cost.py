@@ -4,7 +4,7 @@ with one seed, data and step budget, the loss over the whole head (--loss-vocab 
 the data's N most frequent tokens (default 1024 of its 4096: the share 32,768 is of Qwen's
 151,936), each drafter's held-out AL measured by the run's own probe at its end.
 
-    .venv/bin/python scripts/loss_vocab_cost.py [--keep 1024] [--steps 300] [--data-glob '[a-c]*.py'] [-t 2] [--out PATH]
+    .venv/bin/python experiments/loss_vocab_cost.py [--keep 1024] [--steps 300] [--data-glob '[a-c]*.py'] [-t 2] [--out PATH]
 
 Step-budgeted and seeded: the result does not depend on the machine's speed or load.
 """
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
             print(f"{label}: held-out AL {r['heldout_al']:.3f} after {r['steps']} steps ({r['minutes']:.1f} min)",
                   file=sys.stderr, flush=True)
     whole, cut = runs["whole head"]["heldout_al"], runs[f"kept {a.keep}"]["heldout_al"]
-    doc = provenance.results_doc("scripts/loss_vocab_cost.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/loss_vocab_cost.py", sys.argv[1:] if argv is None else argv,
                                  models={"target": target}, steps=a.steps, runs=runs, al_ratio_cut_vs_whole=cut / whole)
     path = provenance.write_results(out, doc)
     print(f"kept {a.keep} / whole head: held-out AL {cut:.3f} / {whole:.3f} = {cut / whole:.3f}; results: {path or out}")

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Instructions per generated token on the tiny GPT-OSS bench pair (scripts/gptoss_bench_pair.py),
+"""Instructions per generated token on the tiny GPT-OSS bench pair (experiments/gptoss_bench_pair.py),
 counted by valgrind's callgrind for both engines: ours (plain, and the chain at several
 --draft-p-min x block sizes) and llama.cpp's llama-completion and llama-speculative-simple
 --spec-type draft-dflash (at several --spec-draft-p-min x --spec-draft-n-max), one thread,
 greedy (or sampled: --temp, top-k 20, top-p 0.95), the bench's first prompt. Repeatable on a machine that is not idle, where timings
 are not.
 
-    scripts/gptoss_count.py --ggml-lib /path/to/avx2/ggml/lib --llama-bin /path/to/avx2/llama/bin \
+    experiments/gptoss_count.py --ggml-lib /path/to/avx2/ggml/lib --llama-bin /path/to/avx2/llama/bin \
         [--pythonpath OLD_SITE] --out results/gptoss-count-<date>.json
 
 Each arm runs twice, for --tokens + 16 and for 16 tokens; the difference over --tokens is
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
                                                   "llama-speculative-simple (omitted: ours only)")
     p.add_argument("--tokens", type=int, default=64, help="tokens counted (default 64)")
     p.add_argument("--pair", type=Path, default=Path.home() / ".cache" / "dflash-gguf" / "gptoss-bench",
-                   help="folder of scripts/gptoss_bench_pair.py's GGUFs")
+                   help="folder of experiments/gptoss_bench_pair.py's GGUFs")
     p.add_argument("--temp", type=float, default=0.0,
                    help="0: greedy (default); above: sampled at that temperature, top-k 20, top-p 0.95")
     p.add_argument("--plain", action="store_true", help="plain decoding only (ours and llama-completion)")
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
                          **llama(args.llama_bin, tool, target, draft, flags, args.tokens, PROMPTS[0][1], args.temp)})
             print(json.dumps(rows[-1]), flush=True)
     if args.out:
-        provenance.write_results(args.out, provenance.results_doc("scripts/gptoss_count.py", sys.argv[1:] if argv is None else argv,
+        provenance.write_results(args.out, provenance.results_doc("experiments/gptoss_count.py", sys.argv[1:] if argv is None else argv,
                                                                   rows=rows))
     return 0
 

@@ -5,13 +5,13 @@ domain (code, prose) and by sampling (greedy, T 0.6 with llama.cpp's default fil
 beside the draft-simple pair's and an n-gram drafter's on the same prompts; then by
 context length (a held-out text cut to 512 ... 8192 tokens, then -n tokens greedily).
 
-    .venv/bin/python scripts/drafter_report.py --draft qwen15-dflash.gguf \
+    .venv/bin/python experiments/drafter_report.py --draft qwen15-dflash.gguf \
         [-m qwen2.5-coder-1.5b] [--simple qwen2.5-coder-0.5b] [--blocks 8,16] \
         [--contexts 512,1024,2048,4096,8192] [-n 64] [--seeds 3] [-t 2] [--out PATH]
 
 -m and --simple take a published model's name (dflash_gguf.real_models) or a path.
 Acceptance does not depend on the machine's speed: this is not a timed run (tok/s against
-plain decoding, draft-simple and n-gram drafts: scripts/real_pair_bench.py --pair
+plain decoding, draft-simple and n-gram drafts: experiments/real_pair_bench.py --pair
 qwen-trained). The held-out text of the context sweep is the Python standard library's
 modules from t to z (dflash-train's runs here train on a to c).
 """
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     target, draft = model_path(a.model), a.draft
     out = a.out or Path("results") / f"drafter-report-{Path(draft).stem}-{dt.date.today()}.json"
     prompts = {d: [(PROMPTS / f"{name}.txt").read_text() for name in names] for d, names in DOMAINS.items()}
-    doc = provenance.results_doc("scripts/drafter_report.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/drafter_report.py", sys.argv[1:] if argv is None else argv,
                                  models={"target": target, "draft": draft, "simple": a.simple},
                                  draft_sha256=hashlib.sha256(Path(draft).read_bytes()).hexdigest(),
                                  prompts=DOMAINS, n_predict=a.n_predict, threads=a.threads, seeds=a.seeds,

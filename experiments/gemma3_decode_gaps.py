@@ -12,9 +12,10 @@ Each setting decodes greedily after two prompts, a short code prompt and the fir
 tokens of a Python module (past the 512-token window, and past the 768-cell ring once the
 continuation runs on), taking llama.cpp's tokens; ours decodes the same tokens one at a
 time. Per step: the largest difference over the whole vocabulary; where the two engines'
-best tokens first differ (and llama.cpp's margin there). Writes a results file:
+best tokens first differ (and llama.cpp's margin there). Writes
+results/gemma3-decode-gaps-<date>.json:
 
-    .venv/bin/python scripts/gemma3_decode_gaps.py [--steps 32] [--long-steps 256] [-o PATH]
+    .venv/bin/python experiments/gemma3_decode_gaps.py [--steps 32] [--long-steps 256] [-o PATH]
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
     prompts = {"short code": (tokenizer.encode(SHORT), a.steps),
                f"{LONG_SOURCE.name}, first {LONG_TOKENS} tokens": (long_ids, a.long_steps)}
     target = Target(path, TargetConfig(n_ctx=N_CTX, n_ubatch=N_UBATCH, n_threads=a.threads))
-    doc = provenance.results_doc("scripts/gemma3_decode_gaps.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/gemma3_decode_gaps.py", sys.argv[1:] if argv is None else argv,
                                  model=path, threads=a.threads, n_ctx=N_CTX, n_ubatch=N_UBATCH, settings={})
     try:
         for name, options in SETTINGS.items():

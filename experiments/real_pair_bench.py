@@ -2,7 +2,7 @@
 """A real pair on this machine, ours against llama.cpp's own tools on the same files and
 threads, greedy, every arm once per repetition in a shuffled order (arms taking turns).
 
-    .venv/bin/python scripts/real_pair_bench.py [--pair qwen|qwen-prefill|qwen-trained|gemma3|gemma3-plain] [-r 3] [-n 64] [-t 2] [--out PATH]
+    .venv/bin/python experiments/real_pair_bench.py [--pair qwen|qwen-prefill|qwen-trained|gemma3|gemma3-plain] [-r 3] [-n 64] [-t 2] [--out PATH]
 
 --pair qwen (default; results/real-pair-DATE.json): the published Qwen2.5-Coder 1.5B alone
 and with its 0.5B sibling drafting (draft-simple). Arms: our plain decoding; our
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     models, arms, compare = make_arms(a, tools)
-    doc = provenance.results_doc("scripts/real_pair_bench.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/real_pair_bench.py", sys.argv[1:] if argv is None else argv,
                                  models=models, n_predict=a.n_predict,
                                  threads=a.threads, repetitions=a.repetitions, load_average={"before":
                                  provenance.load_average()}, runs=[])

@@ -2,7 +2,7 @@
 """dflash-train on the bundled demo target, in at most the bundled demo drafter's training
 time, against that drafter on the same held-out prompts (issue 55's "demo target" result).
 
-    .venv/bin/python scripts/train_demo_compare.py [--minutes 27.9] [--data-glob '*.py'] [--lr 2e-3 --gamma 7] [-t 2] [--out PATH]
+    .venv/bin/python experiments/train_demo_compare.py [--minutes 27.9] [--data-glob '*.py'] [--lr 2e-3 --gamma 7] [-t 2] [--out PATH]
 
 The demo drafter (dflash_gguf/data/README.md) took 2m12s of on-policy data and 25m42s of
 training: 27.9 minutes, the default budget here, set-up, regeneration and held-out
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
             probe.close()
     ratio = measured["dflash-train"]["al"] / measured["bundled demo drafter"]["al"]
     report.pop("output", None)
-    doc = provenance.results_doc("scripts/train_demo_compare.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/train_demo_compare.py", sys.argv[1:] if argv is None else argv,
                                  models={"target": target, "bundled_draft": bundled}, budget_minutes=a.minutes,
                                  training=report, heldout_al=measured, al_ratio=ratio)
     path = provenance.write_results(out, doc)

@@ -5,7 +5,7 @@ propose.
 
 1. Acceptance (no timings): the bundled demo pair (a 4,096-token vocabulary), greedy chain
    at the drafter's block (every draft verified: --draft-p-min 0), on the code and prose
-   prompts of scripts/prompts/, the head whole and cut to N of the tokens commonest in the
+   prompts of experiments/prompts/, the head whole and cut to N of the tokens commonest in the
    standard library's modules a-c (--spec-draft-vocab-from): AL, and whether each output
    is the whole head's.
 2. Cost (timed: run it on an idle machine): the real Qwen2.5-Coder-1.5B Q4_K_M target
@@ -14,7 +14,7 @@ propose.
    whole and cut to each N: milliseconds a propose, arms taking turns, medians over
    --reps rounds.
 
-    .venv/bin/python scripts/dflash_head_cut.py [--keep 2048 1024 512] [--keep-real 32768 8192] [-t 2] [--reps 30]
+    .venv/bin/python experiments/dflash_head_cut.py [--keep 2048 1024 512] [--keep-real 32768 8192] [-t 2] [--reps 30]
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     doc = {"acceptance_demo_pair": acceptance(a.keep, a.threads, a.n_predict)}
     if not a.skip_cost:
         doc["propose_ms_real_1_5b"] = cost(a.keep_real, a.threads, a.reps)
-    doc = provenance.results_doc("scripts/dflash_head_cut.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/dflash_head_cut.py", sys.argv[1:] if argv is None else argv,
                                  models={"demo": [str(p) for p in demo_paths()], "real_target": str(REAL)},
                                  machine=provenance.machine(a.threads, "CPU"), load_average_before=load_before,
                                  load_average_after=provenance.load_average(), **doc)

@@ -1,8 +1,8 @@
-"""The passes scripts/mask_count.py counts under callgrind, each between two marks (a
+"""The passes experiments/mask_count.py counts under callgrind, each between two marks (a
 callgrind dump each); prints the log of passes as JSON. Run as a file, so that Python puts
-scripts/ (for sampling_cost) first on the path, not the working directory.
+experiments/ (for sampling_cost) first on the path, not the working directory.
 
-    python scripts/mask_count_child.py TARGET DRAFT GRAMMAR.npy REPS MARKER.so greedy|sampled
+    python experiments/mask_count_child.py TARGET DRAFT GRAMMAR.npy REPS MARKER.so greedy|sampled
 """
 import ctypes, json, sys
 import numpy as np

@@ -1,4 +1,4 @@
-"""The tests' stand-in for a GPU, for the scripts: a ggml RPC server on loopback serving
+"""The tests' stand-in for a GPU, for the measurement scripts beside it: a ggml RPC server on loopback serving
 the CPU backend (tests/helpers/rpc_server.py), whose memory is not this process's, so that a
 model placed on it is split across two devices as on a card."""
 from __future__ import annotations

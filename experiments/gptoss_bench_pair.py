@@ -11,8 +11,9 @@ The checkpoints come from the test fixtures' builders
 (tests/helpers/gptoss_bench_checkpoints.py: tests/helpers/gptoss_fixtures.py,
 tests/helpers/draft_fixtures.py), the one definition of a tiny GPT-OSS checkpoint here, at
 bench widths. Prints the two GGUF paths; run it again and it reuses them.
+results/gptoss-*.json were measured with them (docs/benchmarks.md).
 
-    .venv/bin/python scripts/gptoss_bench_pair.py [--out DIR]
+    .venv/bin/python experiments/gptoss_bench_pair.py [--out DIR]
     dflash-bench -m <target> -md <draft> ...
 """
 from __future__ import annotations

@@ -3,13 +3,15 @@
 ours, on the same tokens: for a model whose greedy text differs between the engines,
 whether the difference is the model's (llama.cpp against itself moves as much) or ours.
 
-For the tiny GPT-OSS bench target (scripts/gptoss_bench_pair.py) and a bench prompt, the
+For the tiny GPT-OSS bench target (experiments/gptoss_bench_pair.py) and a bench prompt, the
 prompt and three tokens after it are decoded, every row's logits kept, by llama.cpp
 (llama-cpp-python) with an f16 and with an f32 cache and by ours with each; it reports
 each row's largest absolute difference between llama.cpp's two runs and between the two
 engines at each cache type, and the argmax of the last rows.
 
-    .venv/bin/python scripts/cache_sensitivity.py [--model GGUF] [--prompt NAME] [--out results/F.json]
+    .venv/bin/python experiments/cache_sensitivity.py [--model GGUF] [--prompt NAME] [--out results/F.json]
+
+It wrote results/cache-sensitivity-2026-11-25-gptoss.json.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     def row_max(a, b):
         return [round(float(x), 4) for x in np.abs(a - b).max(1)]
 
-    doc = provenance.results_doc("scripts/cache_sensitivity.py", sys.argv[1:] if argv is None else argv,
+    doc = provenance.results_doc("experiments/cache_sensitivity.py", sys.argv[1:] if argv is None else argv,
                                  model=args.model, prompt=args.prompt, tokens=tokens,
                                  largest_logit=round(float(np.abs(llama["f32"]).max()), 4),
                                  llama_f16_vs_f32=row_max(llama["f16"], llama["f32"]),
