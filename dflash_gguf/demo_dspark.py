@@ -3,7 +3,7 @@ DSpark GGUFs (conversion/qwen.py's DSparkModel, gguf-py's tensor names): the tra
 DFlash drafter's backbone, every key and tensor copied as they are, plus a seeded Markov
 head (markov_w1, markov_w2 and its scale) and confidence head (conf_proj), and the keys
 `dflash.sample_from_anchor` and `dflash.has_confidence_head`. The tests draft with it
-(tests/helpers/dspark_fixtures.py) and scripts/dspark_bench_file.py benchmarks with it.
+(tests/helpers/dspark_fixtures.py) and experiments/dspark_bench_file.py benchmarks with it.
 
 The Markov bias is small next to the backbone's logits (most of the backbone's drafts
 survive it, so the target accepts several a step) but not nothing: it changes some

@@ -12,7 +12,7 @@ positions in its own shape of step, and every row is compared whole (a digest of
 - ``two-seqs``: chains of 4 beside another sequence's chain of 4 in the same step;
 - ``chunk``: chains of 16 beside another sequence's 112-row prompt chunk in the same step.
 
-``scripts/near_tie_hunt.py`` runs the whole matrix over thousands of positions and writes
+``experiments/near_tie_hunt.py`` runs the whole matrix over thousands of positions and writes
 the results on file; ``tests/runtime/test_near_ties.py`` runs a subset in CI.
 """
 from __future__ import annotations

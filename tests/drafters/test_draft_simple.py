@@ -555,7 +555,7 @@ def test_a_cut_head_out_of_range_is_a_clear_error(files):
 
 @pytest.mark.parametrize("n", [0, 300])
 def test_the_replay_gives_the_loops_accepted_lengths(files, n):
-    """draft_simple.replayed_lengths (what scripts/draft_vocab_acceptance.py reports for
+    """draft_simple.replayed_lengths (what experiments/draft_vocab_acceptance.py reports for
     each cut N): a greedy chain's steps replayed from the uncut drafter's logits over
     prompt and output are the engine's own, step for step."""
     from dflash_gguf.draft_simple import kept_tokens, replayed_lengths

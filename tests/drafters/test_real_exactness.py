@@ -4,7 +4,7 @@ decoding before ggml's kernels were made batch-invariant), every speculative mod
 text equals plain decoding's token for token, no flag needed and no tie allowed: the
 Qwen2.5-Coder 1.5B with its 0.5B drafting or an untrained DFlash drafter, and Gemma 3 270M
 drafting for itself. CI runs every mode on the 270M and the issue's draft-simple command on the
-1.5B, the first prompt at 16 tokens; scripts/near_tie_hunt.py
+1.5B, the first prompt at 16 tokens; experiments/near_tie_hunt.py
 --e2e runs all 32 at 256 tokens and writes the results on file."""
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def test_counts_equal_llama_cpp(pair, n_max, p_min):
     drafter's confidence drops below 0.5."""
     from helpers.speculative_simple import engine_draft_simple_counts
 
-    for prompt in PROMPTS[:1]:  # CI's one; scripts/draft_counts_llama_cpp.py runs eight
+    for prompt in PROMPTS[:1]:  # CI's one; experiments/draft_counts_llama_cpp.py runs eight
         got = engine_draft_simple_counts(pair["target"], pair["small"], prompt, N_NEW, n_max, p_min)
         assert got["tokens_equal"], prompt
         assert got["ours"] == got["llama"], prompt

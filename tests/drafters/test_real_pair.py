@@ -43,7 +43,7 @@ def test_draft_simple_keeps_plain_greedy_output(pair, plain_tokens, tree):
     assert got.stats.mean_accepted > 1.5, got.stats.mean_accepted
 
 
-# CI's two of scripts/draft_counts_llama_cpp.py's prompts: code, and a list of numbers
+# CI's two of experiments/draft_counts_llama_cpp.py's prompts: code, and a list of numbers
 COUNT_PROMPTS = ["def quicksort(xs):\n", "Primes below 200: 2, 3, 5, 7, 11,"]
 
 

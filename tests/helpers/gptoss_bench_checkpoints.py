@@ -1,4 +1,4 @@
-"""The checkpoints of the tiny GPT-OSS bench pair (scripts/gptoss_bench_pair.py converts
+"""The checkpoints of the tiny GPT-OSS bench pair (experiments/gptoss_bench_pair.py converts
 them): a seeded gpt-oss target at the demo target's width and a seeded DFlash drafter for
 it, from the test fixtures' builders (gptoss_fixtures.py, draft_fixtures.py), the one
 definition of a tiny GPT-OSS checkpoint here, at bench widths. Run as a file, which puts

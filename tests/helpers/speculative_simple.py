@@ -3,7 +3,7 @@ run (greedy, on the same GGUFs) and the same loop on our runtime, for every draf
 (test_mtp, test_eagle3, test_dspark, test_draft_simple, test_dflash_llama_cpp), and for
 draft-simple on the published models the Engine's own steps against it
 (engine_draft_simple_counts: test_real_pair, test_real_gemma3_pair,
-scripts/draft_counts_llama_cpp.py). At -lv 5 it also logs every drafted position's top
+experiments/draft_counts_llama_cpp.py). At -lv 5 it also logs every drafted position's top
 candidates (the first is the draft) and each round's accepted count and last token, which
 steps=True reads round by round."""
 from __future__ import annotations

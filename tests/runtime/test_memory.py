@@ -267,7 +267,7 @@ def gemma3_kv_bytes(c, n_ctx, n_ubatch, elem_bytes):
 @pytest.mark.parametrize("tree", [False, True])
 def test_plan_of_gemma3_27b_with_a_draft_simple_drafter(tmp_path_factory, drafter, tree):
     """Gemma 3 27B Q4_K_M with its 270M or 1B drafting draft-simple, as
-    scripts/memory_table.py plans them: both models' weights (each head tied to its
+    experiments/memory_table.py plans them: both models' weights (each head tied to its
     embedding: no output.weight), the target's cache a sliding window's ring in five
     layers of six (every sixth is global, over the whole context), the drafter's cache as
     its own model's (f16, its own window), its parts counted as the drafter's."""

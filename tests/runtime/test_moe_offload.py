@@ -241,11 +241,11 @@ def test_a_plan_over_the_device_names_the_smallest_n_cpu_moe(tmp_path, rpc_endpo
 
 # ---- the benchmark -----------------------------------------------------------------------------
 
-BENCH = ROOT / "scripts" / "moe_offload_bench.py"
+BENCH = ROOT / "experiments" / "moe_offload_bench.py"
 
 
 def test_benchmark_smoke_runs_and_counts_only_activations(tmp_path):
-    """scripts/moe_offload_bench.py --smoke (timed, one repetition) and --bytes --smoke:
+    """experiments/moe_offload_bench.py --smoke (timed, one repetition) and --bytes --smoke:
     every verify of k rows and every decode copies, per layer and row, exactly what the
     experts' products read and give back: the rows [hidden] f32 and their chosen
     experts [used] i32 to the CPU, each chosen expert's output [hidden] f32 back."""

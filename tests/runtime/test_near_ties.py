@@ -1,7 +1,7 @@
 """The near-tie hunter on the published models (dflash_gguf.invariance): teacher-forced
 over real text, every logits row of a verify of 2, 4, 8 and 16 rows, of a tree, of a step
 beside another sequence and of a step beside a prompt chunk equals the one-row decode's
-row bit for bit. CI runs a slice of each model's text; scripts/near_tie_hunt.py runs
+row bit for bit. CI runs a slice of each model's text; experiments/near_tie_hunt.py runs
 thousands of positions and writes the results (and the smallest top-2 gaps covered) on
 file."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _texts(tok: Tokenizer):
     return ids[:160], ids[160:160 + N_TEXT], ids[1000:1600]
 
 
-# the targets of the published pairs in CI (the 0.5B only drafts there; scripts/near_tie_hunt.py
+# the targets of the published pairs in CI (the 0.5B only drafts there; experiments/near_tie_hunt.py
 # hunts it too)
 @pytest.mark.parametrize("name", ["qwen2.5-coder-1.5b", "gemma-3-270m"])
 def test_every_verify_row_is_the_one_row_decodes_row(real_path, name):

@@ -22,7 +22,7 @@ prompt). With llama-cpp-python's defaults they are not:
   position order, ours in ring order, and ggml's flash attention (an online softmax with
   an f16 V accumulator) rounds another way once the ring wraps, and the texts part
   after that.
-scripts/gemma3_decode_gaps.py measures all three (results/gemma3-decode-gaps-2026-11-26.json,
+experiments/gemma3_decode_gaps.py measures all three (results/gemma3-decode-gaps-2026-11-26.json,
 docs/parity.md).
 
 Runs only where the file has been fetched (`scripts/setup.sh test` does it); under CI=true
@@ -237,7 +237,7 @@ def test_teacher_forced_top20_logits_agree(target, llama_runs, name):
 
 
 def test_the_decode_gaps_script_sets_llama_cpps_settings_apart(gemma3_path, tmp_path):
-    """scripts/gemma3_decode_gaps.py, a few steps: llama.cpp opened as its tools run is
+    """experiments/gemma3_decode_gaps.py, a few steps: llama.cpp opened as its tools run is
     bit for bit our one-token decodes at every step; without flash attention it is not."""
     import subprocess
     import sys
@@ -245,7 +245,7 @@ def test_the_decode_gaps_script_sets_llama_cpps_settings_apart(gemma3_path, tmp_
     from dflash_gguf.bench import slim
 
     out = tmp_path / "gaps.json"
-    script = ROOT / "scripts" / "gemma3_decode_gaps.py"
+    script = ROOT / "experiments" / "gemma3_decode_gaps.py"
     res = subprocess.run([sys.executable, str(script), "--steps", "3", "--long-steps", "2", "-o", str(out)],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]

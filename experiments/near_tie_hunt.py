@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""The whole exactness matrix on the published models, results on file (CI runs a subset:
+tests/runtime/test_near_ties.py, tests/drafters/test_real_exactness.py):
+
+- rows: each model (the Qwen2.5-Coder 1.5B and 0.5B, Gemma 3 270M) teacher-forced over
+  --positions tokens of real text (standard-library code, docstrings and prose, numbered
+  lists); every row of every mode of dflash_gguf.invariance.hunt compared bit for bit with
+  one-row decoding, and the smallest top-2 gaps covered;
+- e2e (--e2e): the 32 tie-prone prompts x --n-new tokens, every speculative mode
+  (dflash_gguf.invariance.E2E_MODES) of the real pair and of Gemma 3 270M drafting for
+  itself, each with an untrained DFlash drafter too, against plain decoding, token for token.
+
+    .venv/bin/python experiments/near_tie_hunt.py --out results/near-tie-hunt-DATE.json [--e2e]
+
+The parts can run apart (--no-rows, --e2e-targets, --e2e-modes), one results file each; the
+file is written again after every model and mode, so a stopped run keeps what it finished.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dflash_gguf import invariance, real_models
+from dflash_gguf.bench.provenance import load_average, machine, results_doc, versions, write_results
+from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.tokenizer import Tokenizer
+
+MODELS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m")
+# e2e: each target with its small drafter (Gemma 3 270M drafts for itself)
+E2E_PAIRS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b", "gemma-3-270m": "gemma-3-270m"}
+
+
+def corpus() -> str:
+    """Real text of every kind the hunt wants: code, docstrings, prose paragraphs, lists."""
+    import argparse as a
+    import textwrap
+    import string
+
+    lists = "\n".join(f"{i}. {w}" for i, w in enumerate(
+        "Choose a quiet room. Open the windows. Make a list of chores. Sort the laundry. Water the plants. "
+        "Call a friend. Read a chapter. Cook a soup. Clean the kitchen. Plan the week.".split(". "), 1))
+    return inspect.getsource(textwrap) + "\n" + lists + "\n" + inspect.getsource(a) + inspect.getsource(string)
+
+
+def hunt_rows(args, log, rows: list, save) -> None:
+    for name in args.models:
+        path = str(real_models.path(name))
+        tok = Tokenizer(path)
+        ids = tok.encode(corpus(), add_bos=False)
+        prompt, text, side = ids[:256], ids[256:256 + args.positions], ids[-2000:]
+        t0 = time.perf_counter()
+        cfg = TargetConfig(n_ctx=256 + args.positions + 64, n_ubatch=128, n_verify=16, n_seq=2,
+                           n_threads=args.threads)
+        with Target(path, cfg) as target:
+            got = invariance.hunt(target, prompt, text, side,
+                                  on_mode=lambda r: log(f"{name} {r.mode}: {r.compared} rows, "
+                                                        f"{len(r.differing)} differ"))
+        rows.append({"model": name, "positions": got["positions"], "seconds": round(time.perf_counter() - t0, 1),
+                     "smallest_top2_gaps": got["smallest_gaps"],
+                     "gaps_below": {str(t): int((got["gaps"] < t).sum()) for t in (1e-3, 1e-2, 0.05, 0.1)},
+                     "modes": [{"mode": r.mode, "rows": r.compared, "differing": len(r.differing),
+                                "first_differing": r.differing[:10]} for r in got["modes"]],
+                     "load_average": load_average()})
+        save()
+
+
+def e2e_rows(args, log, rows: list, save) -> None:
+    prompts = invariance.TIE_PRONE_PROMPTS
+    for name in args.e2e_targets:
+        small = E2E_PAIRS[name]
+        target = str(real_models.path(name))
+        with tempfile.TemporaryDirectory() as tmp:
+            drafters = {"small": str(real_models.path(small)),
+                        "dflash": invariance.untrained_dflash(target, str(Path(tmp) / "untrained.gguf"))}
+            plain = invariance.plain_outputs(target, prompts, args.n_new)
+            for mode in args.e2e_modes:
+                t0 = time.perf_counter()
+                got = invariance.mode_outputs(mode, target, drafters, prompts, args.n_new)
+                parted = [{"prompt": p, "token": next((i for i, (a, b) in enumerate(zip(w, o)) if a != b),
+                                                      min(len(w), len(o)))}
+                          for p, w, o in zip(prompts, plain, got) if w != o]
+                log(f"e2e {name} {mode}: {len(prompts) - len(parted)} of {len(prompts)} equal to plain")
+                rows.append({"target": name, "small": small, "mode": mode, "prompts": len(prompts),
+                             "n_new": args.n_new, "equal": len(prompts) - len(parted), "parted": parted,
+                             "seconds": round(time.perf_counter() - t0, 1), "load_average": load_average()})
+                save()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="results file (JSON)")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--positions", type=int, default=2048, help="teacher-forced positions per model (default 2048)")
+    p.add_argument("--no-rows", dest="rows", action="store_false", help="leave out the teacher-forced rows")
+    p.add_argument("--e2e", action="store_true", help="also the 32 prompts x every mode of the real pair")
+    p.add_argument("--e2e-targets", nargs="+", default=list(E2E_PAIRS), choices=list(E2E_PAIRS))
+    p.add_argument("--e2e-modes", nargs="+", default=list(invariance.E2E_MODES), choices=list(invariance.E2E_MODES))
+    p.add_argument("--n-new", type=int, default=256, help="tokens per e2e prompt (default 256)")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    if not args.rows and not args.e2e:
+        p.error("nothing to run: --no-rows without --e2e")
+
+    def log(msg: str) -> None:
+        print(f"[near-tie-hunt] {msg}", file=sys.stderr, flush=True)
+
+    doc = results_doc("near_tie_hunt", sys.argv, machine=machine(args.threads, "CPU"), versions=versions(),
+                      rows=[])
+    if args.e2e:
+        doc["e2e"] = []
+
+    def save() -> None:
+        write_results(args.out, doc)
+
+    if args.rows:
+        hunt_rows(args, log, doc["rows"], save)
+    if args.e2e:
+        e2e_rows(args, log, doc["e2e"], save)
+    save()
+    bad = [r for r in doc["rows"] if any(m["differing"] for m in r["modes"])] + \
+          [r for r in doc.get("e2e", []) if r["parted"]]
+    log(f"results in {args.out}; {'all equal' if not bad else f'{len(bad)} rows with differences'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
