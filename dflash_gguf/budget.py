@@ -1,9 +1,9 @@
 """`--tree-budget auto`: what each step of a sequence verifies (plain decoding, the chain
 of the drafter's top choices cut where it pays, or a DDTree of a few sizes), chosen per
-sequence by a cost model (AutoBudget): expected tokens, from the drafter's probabilities
-through a calibration learnt from verified drafts (Calibration), over expected seconds,
-from the verify cost table measured once per model and device (VerifyCost) and the
-measured parts of a step.
+sequence by a cost model (AutoBudget): expected tokens (Acceptance), from the drafter's
+probabilities through a calibration learnt from verified drafts (Calibration), over
+expected seconds (StepCosts), from the verify cost table measured once per model and
+device (VerifyCost) and the measured parts of a step.
 """
 from __future__ import annotations
 
@@ -109,28 +109,177 @@ def _at(table: List[float], rows: float) -> float:
     return table[i] + (rows - i) * (table[i + 1] - table[i])
 
 
+class StepCosts:
+    """The seconds side of AutoBudget's model: an arm's step costs the verify table at
+    its rows (the chain's by rows, each tree size's), plus the step's other work
+    measured by kind (`part`, each a running low figure): a drafted step's (the
+    drafter's propose and the loop's host work), a plain step's (all of it: no drafter
+    runs, decoding.decode_step), a tree's host work per node (ranking, building,
+    walking; before a tree has run, a survey's per node). Besides, what prices probes:
+    a probe's whole step, and the drafter's catching up a token."""
+
+    PARTS = ("drafted", "plain", "node", "survey", "probe", "catch_up")
+
+    def __init__(self, cost: VerifyCost, block: int, trees: List[int], prior: Optional["StepCosts"] = None):
+        self.verify_chain = cost.chain(np.arange(block + 1)).tolist()  # by rows
+        self.verify_tree = {b: float(cost(b + 1)) for b in trees}
+        self.part: Dict[str, Optional[float]] = dict(prior.part) if prior else dict.fromkeys(self.PARTS)
+
+    def seconds(self, arm: int, drafts: float) -> Optional[float]:
+        """An arm's expected step time, the chain's verifying `drafts` drafts (None while
+        a part it needs is unmeasured)."""
+        part = self.part
+        if arm == PLAIN:  # before it has run: priced by a verify of one row, and soon measured if chosen
+            return part["plain"] if part["plain"] is not None else self.verify_chain[1]
+        if part["drafted"] is None:
+            return None
+        if arm == CHAIN:
+            return part["drafted"] + _at(self.verify_chain, 1 + drafts)
+        node = part["node"] if part["node"] is not None else part["survey"]
+        return None if node is None else part["drafted"] + node * arm + self.verify_tree[arm]
+
+    def measured(self, kind: str, seconds: float) -> None:
+        """A reading of one part of a step."""
+        self.part[kind] = _low(self.part[kind], seconds)
+
+    def timed(self, arm: int, seconds: float, host: float, drafts: int) -> None:
+        """A step of the arm in use, its graphs built, took `seconds` (host: what a survey
+        took of them), its chain verifying `drafts` drafts: the part of it besides the
+        verify."""
+        seconds -= host
+        if arm == PLAIN:
+            self.measured("plain", seconds)
+        elif arm == CHAIN:
+            # never below nothing, where the table overprices the verify (measured on
+            # another occasion)
+            self.measured("drafted", max(seconds - self.verify_chain[1 + drafts], 0.0))
+        elif self.part["drafted"] is not None and not host:
+            extra = seconds - self.part["drafted"] - self.verify_tree[arm]
+            self.measured("node", max(extra, 0.0) / arm)
+
+    def restore(self, part: dict) -> None:
+        """The parts of a saved state (AutoBudget.state)."""
+        self.part = {k: None if part.get(k) is None else float(part[k]) for k in self.part}
+
+
+class Acceptance:
+    """The tokens side of AutoBudget's model: what the target is expected to accept.
+    The chain makes the bonus and its drafts' calibrated probabilities of being accepted
+    (the Calibration of spine nodes), summed to the length it verifies; a tree of b
+    nodes the chain's tokens times its gain over the chain at the same steps (its first
+    b nodes' calibrated probabilities, spine nodes and branches apart, on steps that
+    built a tree: its own arm's, and surveys). Both are running expectations over recent
+    steps, as is the number of drafts the chain verifies (which prices its verify)."""
+
+    SMOOTH = 0.2  # weight of the newest step in the running expectations
+
+    def __init__(self, block: int, prior: Optional["Acceptance"] = None):
+        p = prior
+        self.spine, self.branch = Calibration(p and p.spine), Calibration(p and p.branch)
+        # running expectations: the chain's tokens a step and drafts verified, and each
+        # tree size's tokens over the chain's at the same steps
+        self.tokens: Optional[float] = p.tokens if p else None
+        self.drafts = p.drafts if p else float(block - 1)
+        self.gains: Dict[int, float] = dict(p.gains) if p else {}
+        self.step_tokens = 1.0  # the chain's expected tokens at this step
+        self.pending: List[float] = []  # the probabilities of the chain's drafts this step verifies
+
+    def expected(self, arm: int) -> Optional[float]:
+        """An arm's expected tokens a step (None before it can be told)."""
+        if arm == PLAIN or self.tokens is None:
+            return 1.0 if arm == PLAIN else None
+        gain = 1.0 if arm == CHAIN else self.gains.get(arm)
+        return None if gain is None else gain * self.tokens
+
+    def chain_cut(self, top1, costs: StepCosts, probing: bool, verify: bool) -> int:
+        """The drafts a chain step verifies (at least one): the length with the highest
+        expected tokens per second, from the drafter's top-1 log-probabilities through
+        the spine calibration, priced by the verify table and the drafted step's part.
+        Updates the chain's running expectation (a probe's cut replaces it: it tells the
+        text now); with verify, the drafts are kept for verified()."""
+        cal, verify_chain = self.spine, costs.verify_chain
+        edges, accepted, predicted = cal.EDGES, cal.accepted, cal.predicted
+        prior = cal.PRIOR * cal.weight
+        base = costs.part["drafted"] or 0.0
+        p, tokens, best, n, at_n = 1.0, 1.0, 0.0, 1, 1.0
+        probs = []
+        for i, lp in enumerate(top1.tolist()):  # a few numbers: plain Python is quickest
+            p *= math.exp(lp)
+            probs.append(p)
+            b = bisect.bisect_right(edges, p) - 1
+            tokens += min(p * (accepted[b] + prior) / (predicted[b] + prior), 1.0)
+            rate = tokens / (base + verify_chain[i + 2])
+            if rate > best:
+                best, n, at_n = rate, i + 1, tokens
+        if verify:
+            self.pending = probs[:n]
+        self.step_tokens = at_n
+        if self.tokens is None or probing:
+            self.tokens, self.drafts = at_n, float(n)
+        else:
+            self.tokens += self.SMOOTH * (at_n - self.tokens)
+            self.drafts += self.SMOOTH * (n - self.drafts)
+        return n
+
+    def seen_tree(self, nodes, sizes) -> None:
+        """A tree built this step, after chain_cut of the same step: each tree size in
+        `sizes` up to its own gets its expected tokens over the chain's."""
+        probs, spine = nodes
+        tokens = 1.0
+        for i, (p, on_spine) in enumerate(zip(probs, spine)):
+            tokens += self.spine(p) if on_spine else self.branch(p)
+            if i + 1 in sizes:
+                gain = tokens / self.step_tokens
+                old = self.gains.get(i + 1)
+                self.gains[i + 1] = gain if old is None else old + self.SMOOTH * (gain - old)
+
+    def verified(self, arm: int, n_acc: int, nodes, accepted, probing: bool) -> None:
+        """A step's outcome (AutoBudget.verified): the calibrations learn from the drafts
+        it verified, and a probe's say what the chain makes of the text now."""
+        if arm != PLAIN:
+            self.spine.age()
+            self.branch.age()
+        if arm == CHAIN:
+            self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
+            if probing:
+                self.tokens = 1.0 + sum(self.spine(p) for p in self.pending)
+        elif nodes is not None:
+            probs, spine = nodes
+            self.spine.update([p for p, s in zip(probs, spine) if s], [a for a, s in zip(accepted, spine) if s])
+            self.branch.update([p for p, s in zip(probs, spine) if not s], [a for a, s in zip(accepted, spine) if not s])
+
+    def state(self) -> dict:
+        """Its part of AutoBudget.state."""
+        return {"spine": vars(self.spine), "branch": vars(self.branch), "tokens": self.tokens,
+                "drafts": self.drafts, "gains": {str(k): v for k, v in self.gains.items()}}
+
+    def restore(self, state: dict, sizes) -> bool:
+        """Its part of a saved state (the gains of the tree sizes in `sizes`); False where
+        the calibrations do not fit (another version's)."""
+        for name in ("spine", "branch"):
+            cal, saved = getattr(self, name), state[name]
+            predicted, accepted = [float(x) for x in saved["predicted"]], [float(x) for x in saved["accepted"]]
+            if len(predicted) != len(cal.predicted) or len(accepted) != len(cal.accepted):
+                return False
+            cal.predicted, cal.accepted, cal.weight = predicted, accepted, float(saved["weight"])
+        self.tokens = None if state["tokens"] is None else float(state["tokens"])
+        self.drafts = float(state["drafts"])
+        self.gains = {int(k): float(v) for k, v in state["gains"].items() if int(k) in sizes}
+        return True
+
+
 class AutoBudget:
     """`--tree-budget auto` for one sequence: which arm each step runs, from
 
         rate(arm) = tokens(arm) / seconds(arm)
 
-    tokens     plain: 1. The chain: the bonus and its drafts' calibrated probabilities
-               of being accepted (the Calibration of spine nodes), summed to the length
-               it verifies, averaged over recent steps. A tree of b nodes: the chain's
-               tokens times the tree's gain over the chain at the same steps (its first
-               b nodes' calibrated probabilities, spine nodes and branches apart, on
-               steps that built a tree: its own arm's, and surveys);
-    seconds    the verify table at the arm's rows, plus the step's other work measured
-               by kind (`part`, each a running low figure): a drafted step's (the
-               drafter's propose and the loop's host work), a plain step's (all of it:
-               no drafter runs, decoding.decode_step), a tree's host work per node (ranking,
-               building, walking; before a tree has run, a survey's per node).
+    tokens as Acceptance expects them, seconds as StepCosts prices them. No arm is tried
+    to be timed: a tree is priced by the table and the parts before it ever runs.
 
     Every step a chain verifies the length with the highest rate (chain_cut: the drafts'
     probabilities are what every propose returns), which replaces --draft-p-min's fixed
     cut. Every DECIDE_EVERY steps the arm with the highest rate is taken when it promises
-    SWITCH_GAIN more than the arm in use (a switch builds graphs). No arm is tried to be
-    timed: a tree is priced by the table and the parts before it ever runs. Exploration
+    SWITCH_GAIN more than the arm in use (a switch builds graphs). Exploration
     is what the model cannot do without: survey steps (the drafter's top-K ranked and
     the largest tree built, so that trees have gains) spaced by their measured cost to
     take at most EXPLORE_SHARE of the time, less the further the trees are behind, and on
@@ -143,7 +292,6 @@ class AutoBudget:
     text; it starts from what the last sequence of its engine and sampling setting learnt
     (AutoMemory) and hands its own back when it ends."""
 
-    SMOOTH = 0.2  # weight of the newest step in the running expectations
     SWITCH_GAIN = 1.05
     DECIDE_EVERY = 8
     SETTLE = 2  # steps after a switch (or a sequence's start) not timed: they build graphs
@@ -156,24 +304,13 @@ class AutoBudget:
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, prior: Optional["AutoBudget"] = None,
                  memory: Optional["AutoMemory"] = None):
-        self.cost, self.memory = cost, memory
+        self.memory = memory
         self.arms = auto_arms(largest)
-        self.largest, self.trees = self.arms[-1], self.arms[2:]
-        self.verify_chain = cost.chain(np.arange(block + 1)).tolist()  # by rows
-        self.verify_tree = {b: float(cost(b + 1)) for b in self.trees}
         p = prior
-        self.spine, self.branch = Calibration(p and p.spine), Calibration(p and p.branch)
-        # running expectations: the chain's tokens a step and drafts verified, and each
-        # tree size's tokens over the chain's at the same steps
-        self.tokens: Optional[float] = p.tokens if p else None
-        self.drafts = p.drafts if p else float(block - 1)
-        self.gains: Dict[int, float] = dict(p.gains) if p else {}
-        self.part: Dict[str, Optional[float]] = dict(p.part) if p else dict.fromkeys(
-            ("drafted", "plain", "node", "survey", "probe", "catch_up"))
+        self.costs = StepCosts(cost, block, self.trees, p and p.costs)
+        self.acceptance = Acceptance(block, p and p.acceptance)
         self.current = p.current if p else CHAIN
         self.arm = self.current  # the arm of the step under way
-        self.step_tokens = 1.0  # the chain's expected tokens at this step
-        self.pending: List[float] = []  # the probabilities of the chain's drafts this step verifies
         self.steps = self.run = 0  # steps, and steps since a switch
         # a fresh chooser decides as soon as one chain step is timed (the steps before
         # build graphs): a short first request would otherwise spend most of its steps on
@@ -187,28 +324,21 @@ class AutoBudget:
         self.survey_due = False
         self.tally = {a: [0, 0] for a in self.arms}  # per arm: the steps that ran it, the tokens they made
 
+    @property
+    def largest(self) -> int:
+        return self.arms[-1]
+
+    @property
+    def trees(self) -> List[int]:
+        return self.arms[2:]
+
     # ---- the model ------------------------------------------------------------------
     def seconds(self, arm: int) -> Optional[float]:
         """An arm's expected step time (None while a part it needs is unmeasured)."""
-        part = self.part
-        if arm == PLAIN:  # before it has run: priced by a verify of one row, and soon measured if chosen
-            return part["plain"] if part["plain"] is not None else self.verify_chain[1]
-        if part["drafted"] is None:
-            return None
-        if arm == CHAIN:
-            return part["drafted"] + _at(self.verify_chain, 1 + self.drafts)
-        node = part["node"] if part["node"] is not None else part["survey"]
-        return None if node is None else part["drafted"] + node * arm + self.verify_tree[arm]
-
-    def expected(self, arm: int) -> Optional[float]:
-        """An arm's expected tokens a step (None before it can be told)."""
-        if arm == PLAIN or self.tokens is None:
-            return 1.0 if arm == PLAIN else None
-        gain = 1.0 if arm == CHAIN else self.gains.get(arm)
-        return None if gain is None else gain * self.tokens
+        return self.costs.seconds(arm, self.acceptance.drafts)
 
     def rate(self, arm: int) -> float:
-        tokens, seconds = self.expected(arm), self.seconds(arm)
+        tokens, seconds = self.acceptance.expected(arm), self.seconds(arm)
         return 0.0 if tokens is None or not seconds else tokens / seconds
 
     # ---- the proposer's calls -------------------------------------------------------
@@ -243,7 +373,7 @@ class AutoBudget:
         self.tally[PLAIN][0] += n
         self.tally[PLAIN][1] += n
         if self.current == PLAIN and self.run > self.SETTLE:
-            self.part["plain"] = _low(self.part["plain"], seconds / n)
+            self.costs.measured("plain", seconds / n)
 
     def _decide(self) -> None:
         self.next_decision = self.steps + self.DECIDE_EVERY
@@ -256,7 +386,7 @@ class AutoBudget:
             # on plain decoding the next probe comes as late as keeps what probes lose
             # against plain within their share of the time (_share, by how close the
             # best drafting arm comes to plain); never sooner than the last
-            loss = max(self.probe_seconds() - self.tokens * self.seconds(PLAIN), 0.0)
+            loss = max(self.probe_seconds() - self.acceptance.tokens * self.seconds(PLAIN), 0.0)
             drafting = max(rates[a] for a in self.arms if a != PLAIN)
             share = self._share(drafting / rates[PLAIN], self.PROBE_FLOOR)
             gap = max(self.DECIDE_EVERY, math.ceil(loss / (share * self.seconds(PLAIN))))
@@ -267,9 +397,10 @@ class AutoBudget:
         """What a probe costs: as measured, or before one has run a chain step plus
         catching the drafter up on PROBE_LAG tokens at the cost a token measured on
         drafted steps (caught_up; nothing where the drafter does not catch up)."""
-        if self.part["probe"] is not None:
-            return self.part["probe"]
-        return self.seconds(CHAIN) + self.PROBE_LAG * (self.part["catch_up"] or 0.0)
+        part = self.costs.part
+        if part["probe"] is not None:
+            return part["probe"]
+        return self.seconds(CHAIN) + self.PROBE_LAG * (part["catch_up"] or 0.0)
 
     @property
     def probing(self) -> bool:
@@ -279,56 +410,25 @@ class AutoBudget:
     def caught_up(self, n: int, seconds: float) -> None:
         """A drafted step's drafter took n committed tokens it lacked in `seconds`."""
         if n > 0:
-            self.part["catch_up"] = _low(self.part["catch_up"], seconds / n)
+            self.costs.measured("catch_up", seconds / n)
 
     def chain_cut(self, top1, verify: bool = True) -> int:
-        """The drafts a chain step verifies (at least one): the length with the highest
-        expected tokens per second, from the drafter's top-1 log-probabilities through
-        the spine calibration, priced by the verify table. Updates the chain's running
-        expectation; with verify, the drafts are kept for verified()."""
-        cal, verify_chain = self.spine, self.verify_chain
-        edges, accepted, predicted = cal.EDGES, cal.accepted, cal.predicted
-        prior = cal.PRIOR * cal.weight
-        base = self.part["drafted"] or 0.0
-        p, tokens, best, n, at_n = 1.0, 1.0, 0.0, 1, 1.0
-        probs = []
-        for i, lp in enumerate(top1.tolist()):  # a few numbers: plain Python is quickest
-            p *= math.exp(lp)
-            probs.append(p)
-            b = bisect.bisect_right(edges, p) - 1
-            tokens += min(p * (accepted[b] + prior) / (predicted[b] + prior), 1.0)
-            rate = tokens / (base + verify_chain[i + 2])
-            if rate > best:
-                best, n, at_n = rate, i + 1, tokens
-        if verify:
-            self.pending = probs[:n]
-        self.step_tokens = at_n
-        if self.tokens is None or self.probing:  # a probe tells the text now
-            self.tokens, self.drafts = at_n, float(n)
-        else:
-            self.tokens += self.SMOOTH * (at_n - self.tokens)
-            self.drafts += self.SMOOTH * (n - self.drafts)
-        return n
+        """The drafts a chain step verifies (Acceptance.chain_cut), from the drafter's
+        top-1 log-probabilities; with verify, they are kept for verified()."""
+        return self.acceptance.chain_cut(top1, self.costs, self.probing, verify)
 
     def seen_tree(self, nodes) -> None:
         """A tree built this step (a survey's, or the tree of the arm it runs), after
         chain_cut of the same step: each tree size up to its own gets its expected tokens
         over the chain's."""
-        probs, spine = nodes
-        tokens = 1.0
-        for i, (p, on_spine) in enumerate(zip(probs, spine)):
-            tokens += self.spine(p) if on_spine else self.branch(p)
-            if i + 1 in self.verify_tree:
-                gain = tokens / self.step_tokens
-                old = self.gains.get(i + 1)
-                self.gains[i + 1] = gain if old is None else old + self.SMOOTH * (gain - old)
+        self.acceptance.seen_tree(nodes, self.costs.verify_tree)
 
     def surveyed(self, seconds: float, n_nodes: int) -> None:
         """A survey's own work (ranking the candidates where the arm does not, building
         the largest tree): priced per node for trees not yet run; the next survey comes
         as late as keeps surveys within their share of the time (_share, by how close the
         best tree comes to the arm in use)."""
-        self.part["survey"] = _low(self.part["survey"], seconds / max(n_nodes, 1))
+        self.costs.measured("survey", seconds / max(n_nodes, 1))
         step, now = self.seconds(self.current) or seconds or 1.0, self.rate(self.current)
         share = self._share(max(self.rate(t) for t in self.trees) / now if now else 1.0, self.SURVEY_FLOOR)
         self.next_survey = self.steps + max(self.DECIDE_EVERY, math.ceil(seconds / (share * step)))
@@ -344,33 +444,15 @@ class AutoBudget:
     def verified(self, n_acc: int, seconds: float, host: float = 0.0, nodes=None, accepted=None) -> None:
         """The step's outcome: the drafts accepted, its seconds (host: what a survey took
         of them) and, for a tree, its nodes (tree_nodes) and which the target accepted."""
-        arm, part = self.arm, self.part
+        arm = self.arm
         self.tally[arm][0] += 1
         self.tally[arm][1] += n_acc + 1
-        if arm != PLAIN:
-            self.spine.age()
-            self.branch.age()
-        if arm == CHAIN:
-            self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
-            if self.probing:  # what a probe says of the text now, its outcome counted; its cost
-                self.tokens = 1.0 + sum(self.spine(p) for p in self.pending)
-                part["probe"] = seconds
-        elif nodes is not None:
-            probs, spine = nodes
-            self.spine.update([p for p, s in zip(probs, spine) if s], [a for a, s in zip(accepted, spine) if s])
-            self.branch.update([p for p, s in zip(probs, spine) if not s], [a for a, s in zip(accepted, spine) if not s])
+        self.acceptance.verified(arm, n_acc, nodes, accepted, self.probing)
+        if self.probing:  # a probe's cost (what it says of the text, Acceptance took)
+            self.costs.part["probe"] = seconds
         if arm != self.current or self.run <= self.SETTLE:
             return  # a probe, or a step that builds graphs
-        seconds -= host
-        if arm == PLAIN:
-            part["plain"] = _low(part["plain"], seconds)
-        elif arm == CHAIN:
-            # the step's work besides its verify: never below nothing, where the table
-            # overprices the verify (measured on another occasion)
-            part["drafted"] = _low(part["drafted"], max(seconds - self.verify_chain[1 + len(self.pending)], 0.0))
-        elif part["drafted"] is not None and not host:
-            extra = seconds - part["drafted"] - self.verify_tree[arm]
-            part["node"] = _low(part["node"], max(extra, 0.0) / arm)
+        self.costs.timed(arm, seconds, host, len(self.acceptance.pending))
 
     # ---- what it learnt -------------------------------------------------------------
     def report(self) -> dict:
@@ -379,13 +461,13 @@ class AutoBudget:
         measured parts of a step (ms)."""
         arms = {}
         for a in self.arms:
-            tokens, seconds = self.expected(a), self.seconds(a)
+            tokens, seconds = self.acceptance.expected(a), self.seconds(a)
             steps, made = self.tally[a]
             arms[arm_name(a)] = {
                 "steps": steps, "tokens_per_step": made / steps if steps else None,
                 "expected_tokens": tokens, "expected_ms": seconds * 1e3 if seconds else None,
                 "expected_tok_s": tokens / seconds if tokens and seconds else None}
-        return {"arms": arms, "parts_ms": {k: v * 1e3 for k, v in self.part.items() if v is not None}}
+        return {"arms": arms, "parts_ms": {k: v * 1e3 for k, v in self.costs.part.items() if v is not None}}
 
     def finish(self) -> None:
         """The sequence ended: what it learnt is what the next one starts from."""
@@ -394,8 +476,7 @@ class AutoBudget:
 
     def state(self) -> dict:
         """What a later chooser starts from (the prior's fields), as plain data."""
-        return {"spine": vars(self.spine), "branch": vars(self.branch), "tokens": self.tokens,
-                "drafts": self.drafts, "gains": {str(k): v for k, v in self.gains.items()}, "part": self.part,
+        return {**self.acceptance.state(), "part": self.costs.part,
                 "current": self.current, "probe_gap": self.probe_gap, "to_probe": self.to_probe}
 
     @classmethod
@@ -404,16 +485,9 @@ class AutoBudget:
         not fit (another version's, or arms this setting does not have)."""
         try:
             b = cls(cost, largest, block)
-            for name in ("spine", "branch"):
-                cal, saved = getattr(b, name), state[name]
-                predicted, accepted = [float(x) for x in saved["predicted"]], [float(x) for x in saved["accepted"]]
-                if len(predicted) != len(cal.predicted) or len(accepted) != len(cal.accepted):
-                    return None
-                cal.predicted, cal.accepted, cal.weight = predicted, accepted, float(saved["weight"])
-            b.tokens = None if state["tokens"] is None else float(state["tokens"])
-            b.drafts = float(state["drafts"])
-            b.gains = {int(k): float(v) for k, v in state["gains"].items() if int(k) in b.verify_tree}
-            b.part = {k: None if state["part"].get(k) is None else float(state["part"][k]) for k in b.part}
+            if not b.acceptance.restore(state, b.costs.verify_tree):
+                return None
+            b.costs.restore(state["part"])
             b.current, b.probe_gap, b.to_probe = int(state["current"]), int(state["probe_gap"]), int(state["to_probe"])
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

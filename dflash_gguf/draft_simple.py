@@ -423,7 +423,8 @@ class SimpleProposer(Proposer):
             seq.stats.tree_sizes.append(len(drafts))
             seq.stats.chain_steps += 1
         if self.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
-            self.auto.pending = self.auto.pending[:len(drafts)] if drafts else []
+            acceptance = self.auto.acceptance
+            acceptance.pending = acceptance.pending[:len(drafts)] if drafts else []
         return Proposal([seq.bonus] + list(drafts), kind=SIMPLE)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:

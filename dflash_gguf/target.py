@@ -130,6 +130,49 @@ _INFO_NUMBERS = (
     "host_layer_weights", "n_last_splits", "last_copy_bytes", "copy_bytes")
 
 
+class _OneCallSteps:
+    """The arguments and results of a target's steps made in one call of the library
+    (Target.decode_next, Target.chain_step), allocated once for its sequence slots:
+    plain decoding crosses into the library once a token and allocates nothing for it,
+    and a chain step likewise."""
+
+    def __init__(self, n_seq: int, n_verify: int):
+        self.seqs, self.tokens = ffi.new("int32_t[]", n_seq), ffi.new("int32_t[]", n_seq)
+        self.u, self.out = ffi.new("float[]", n_seq), ffi.new("int32_t[]", n_seq)
+        self.copies = ffi.new("int64_t[2]")  # the step's graph_copies(), read with its results
+        # chain_step's entries, each slot's drafts, and its (drafting, verifying) time
+        self.chain_entries = ffi.new("dfl_chain_seq[]", n_seq)
+        self.chain_outs = [ffi.new("int32_t[]", n_verify) for _ in range(n_seq)]
+        self.chain_us = ffi.new("int64_t[2]")
+        self.chain_seconds = (0.0, 0.0)
+
+    def decode_next(self, handle, source, seqs: Sequence[int], tokens: Sequence[int],
+                    uniforms: Sequence[float]) -> list:
+        n = len(seqs)
+        s, t, u = self.seqs, self.tokens, self.u
+        for i in range(n):
+            s[i], t[i], u[i] = seqs[i], tokens[i], uniforms[i]
+        check(lib.dfl_target_decode_next(handle, source, s, t, u, n, self.out, self.copies))
+        return ffi.unpack(self.out, n)
+
+    def chain_step(self, handle, draft, blocks: Sequence[tuple], p_min: float) -> List[List[int]]:
+        n = len(blocks)
+        entries, outs = self.chain_entries, self.chain_outs
+        keep = []
+        for e, (seq, bonus, n_block, tokens) in zip(entries, blocks):
+            arr = np.ascontiguousarray(tokens, dtype=np.int32)
+            keep.append(arr)
+            if len(outs[seq]) < n_block:  # the slot's drafts buffer, grown once to the block size
+                outs[seq] = ffi.new("int32_t[]", int(n_block))
+            e.seq, e.bonus, e.n_block, e.out = int(seq), int(bonus), int(n_block), outs[seq]
+            e.tokens = ffi.from_buffer("int32_t[]", arr) if len(arr) else ffi.NULL
+            e.n_tokens = len(arr)
+        us = self.chain_us
+        check(lib.dfl_chain_step(handle, draft._handle(), entries, n, float(p_min), self.copies, us))
+        self.chain_seconds = (us[0] * 1e-6, us[1] * 1e-6)
+        return [ffi.unpack(entries[i].out, entries[i].n_out) for i in range(n)]
+
+
 class Target(NativeObject):
     _what = "target"
     _free = staticmethod(lib.dfl_target_free)
@@ -156,16 +199,7 @@ class Target(NativeObject):
         self.n_seq = info["n_seq"]
         self.n_features = len(layers)
         self._choices = np.zeros(max(self.n_ubatch, self.n_seq * self.n_verify), dtype=np.int32)
-        # decode_next's arguments and results, allocated once: plain decoding crosses into
-        # the library once a token and allocates nothing for it
-        self._next_seqs, self._next_tokens = ffi.new("int32_t[]", self.n_seq), ffi.new("int32_t[]", self.n_seq)
-        self._next_u, self._next_out = ffi.new("float[]", self.n_seq), ffi.new("int32_t[]", self.n_seq)
-        self._next_copies = ffi.new("int64_t[2]")
-        self._chain_us = ffi.new("int64_t[2]")
-        # chain_step's entries and each slot's drafts, allocated once as decode_next's are
-        self._chain_entries = ffi.new("dfl_chain_seq[]", self.n_seq)
-        self._chain_outs = [ffi.new("int32_t[]", self.n_verify) for _ in range(self.n_seq)]
-        self.chain_seconds = (0.0, 0.0)
+        self._one_call = _OneCallSteps(self.n_seq, self.n_verify)
 
     # -- state --------------------------------------------------------------------
     def info(self) -> dict:
@@ -185,7 +219,13 @@ class Target(NativeObject):
 
     def last_copies(self) -> tuple:
         """graph_copies() of decode_next's or chain_step's step, which read them with its results."""
-        return int(self._next_copies[0]), int(self._next_copies[1])
+        copies = self._one_call.copies
+        return int(copies[0]), int(copies[1])
+
+    @property
+    def chain_seconds(self) -> tuple:
+        """The last chain_step's (drafting, verifying) seconds."""
+        return self._one_call.chain_seconds
 
     @property
     def n_past(self) -> int:
@@ -257,13 +297,8 @@ class Target(NativeObject):
         (-1: see choices()). Penalties and masks are staged beforehand, as for step();
         graph_copies() is the step's. draft: the sequences' drafter, whose feature rows
         the target keeps while it lacks them (as for step())."""
-        n = len(seqs)
-        s, t, u = self._next_seqs, self._next_tokens, self._next_u
-        for i in range(n):
-            s[i], t[i], u[i] = seqs[i], tokens[i], uniforms[i]
         source = draft.device_tokens() if draft is not None else ffi.NULL
-        check(lib.dfl_target_decode_next(self._handle(), source, s, t, u, n, self._next_out, self._next_copies))
-        return ffi.unpack(self._next_out, n)
+        return self._one_call.decode_next(self._handle(), source, seqs, tokens, uniforms)
 
     def chain_step(self, draft, blocks: Sequence[tuple], p_min: float) -> List[List[int]]:
         """A greedy chain step in one call (dfl_chain_step): for each (seq, bonus, n_block,
@@ -272,21 +307,7 @@ class Target(NativeObject):
         drafts its argmax agrees with, committed. Returns each sequence's accepted drafts
         then its next token; last_copies() is the step's, chain_seconds its (drafting,
         verifying) seconds."""
-        n = len(blocks)
-        entries, outs = self._chain_entries, self._chain_outs
-        keep = []
-        for e, (seq, bonus, n_block, tokens) in zip(entries, blocks):
-            arr = self._tokens(tokens)
-            keep.append(arr)
-            if len(outs[seq]) < n_block:  # the slot's drafts buffer, grown once to the block size
-                outs[seq] = ffi.new("int32_t[]", int(n_block))
-            e.seq, e.bonus, e.n_block, e.out = int(seq), int(bonus), int(n_block), outs[seq]
-            e.tokens = ffi.from_buffer("int32_t[]", arr) if len(arr) else ffi.NULL
-            e.n_tokens = len(arr)
-        us = self._chain_us
-        check(lib.dfl_chain_step(self._handle(), draft._handle(), entries, n, float(p_min), self._next_copies, us))
-        self.chain_seconds = (us[0] * 1e-6, us[1] * 1e-6)
-        return [ffi.unpack(entries[i].out, entries[i].n_out) for i in range(n)]
+        return self._one_call.chain_step(self._handle(), draft, blocks, p_min)
 
     def decode(self, tokens, logits: int = LOGITS_LAST, seq: int = 0) -> None:
         """Append tokens (at most n_ubatch) to the context."""

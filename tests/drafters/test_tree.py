@@ -821,13 +821,13 @@ def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
     from dflash_gguf.budget import AutoBudget
 
     auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
-    auto.part.update(drafted=2e-3, plain=1e-3)
+    auto.costs.part.update(drafted=2e-3, plain=1e-3)
     assert auto.probe_seconds() == auto.seconds(auto.arms[1])  # a drafter that never catches up
     auto.caught_up(4, 8e-3)
     auto.caught_up(1, 5e-3)  # dearer a token: the low figure stays, creeping up 1%
     auto.caught_up(0, 1.0)  # nothing taken: nothing learnt
     assert auto.probe_seconds() == pytest.approx(auto.seconds(auto.arms[1]) + AutoBudget.PROBE_LAG * 2e-3 * 1.01)
-    auto.part["probe"] = 0.05
+    auto.costs.part["probe"] = 0.05
     assert auto.probe_seconds() == 0.05
 
 
@@ -931,7 +931,7 @@ def test_auto_cuts_the_chain_where_its_verify_stops_paying():
     assert flat.chain_cut(top1) == 7
     steep = AutoBudget(_Cost(0.1e-3, 1e-3), 32, 8)
     assert 1 <= steep.chain_cut(top1) <= 3
-    assert len(steep.pending) == steep.chain_cut(top1)
+    assert len(steep.acceptance.pending) == steep.chain_cut(top1)
 
 
 def test_auto_calibrates_an_overconfident_drafter():
@@ -961,7 +961,7 @@ def test_auto_calibrates_spine_and_branches_apart():
         auto.choose()
         auto.arm = 4  # a tree's step
         auto.verified(1, 1e-3, nodes=nodes, accepted=[rng.random() < 0.5, rng.random() < 0.01])
-    assert auto.spine(0.1) > 0.3 and auto.branch(0.1) < 0.05
+    assert auto.acceptance.spine(0.1) > 0.3 and auto.acceptance.branch(0.1) < 0.05
 
 
 def test_auto_arms_are_few():

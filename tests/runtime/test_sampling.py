@@ -307,7 +307,7 @@ def test_auto_learns_per_sampling_setting():
         assert engine.choice.autos[None] is greedy and greedy.learnt is first  # greedy's untouched
         later = engine.choice.autos[key].learnt
         assert sampled is not first and later is not sampled and later.steps > 0
-        assert later.spine is not sampled.spine  # a copy of what the request before learnt, its own
+        assert later.acceptance.spine is not sampled.acceptance.spine  # a copy of what the request before learnt, its own
         assert engine.choice.autos[key].cost is greedy.cost  # measured once per engine
 
 
