@@ -79,6 +79,19 @@ class ProposerChoice:
                                          lambda state: auto_store.save(entry, state))
         return self.autos[key].chooser()
 
+    def lookahead(self, speculative: bool) -> int:
+        """The verify lookahead generate.check_request keeps room for past a request's
+        tokens: the most positions a step of what drafts for it verifies (0 when not
+        speculative)."""
+        setup, lookahead = self.setup, 0
+        if speculative and self.draft is not None:
+            lookahead = setup.tree_budget + 1 if setup.tree_budget else self.block
+        if speculative and (setup.ngram_kinds or self.suffix_corpora is not None):
+            lookahead = max(lookahead, setup.spec_draft_n_max + 1)
+        if speculative and self.simple_draft is not None:
+            lookahead = max(lookahead, setup.simple.lookahead)
+        return lookahead
+
     def proposer(self, request: Request, speculative: bool):
         """The request's proposer: plain decoding when not speculative, else by what the
         engine drafts with (suffix, beside the drafter, beside draft-simple or alone; the

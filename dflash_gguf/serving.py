@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, List, Optional, Sequence as Seq
 
 from .decoding import Batch, Sequence
-from .engine import Engine, TextStream
+from .engine import Engine
 from .generate import GenerationStats, Request
 from .sampling import SamplingParams
+from .streaming import TextStream
 
 
 class QueueFull(Exception):
