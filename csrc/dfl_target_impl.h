@@ -185,8 +185,6 @@ dfl_status dfl_target_open(const char * path, const dfl_target_params * params, 
 /* seq names one of the target's sequence slots */
 dfl_status dfl_target_check_seq(const dfl_target * t, int32_t seq);
 void dfl_target_last_copies(const dfl_target * t, int64_t copies[2]);
-/* The last step's results are gone (a slot's context was replaced under them). */
-void dfl_target_drop_results(dfl_target * t);
 
 /* dfl_target_place.c: where layers, weights and state live */
 int dfl_target_first_device_layer(const dfl_target * t);
