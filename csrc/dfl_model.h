@@ -3,7 +3,7 @@
  *
  * One file per architecture (csrc/models/<arch>.c) reads its hyperparameters and
  * weights from the GGUF and builds one transformer block at a time. The runtime
- * (dfl_target.c) owns everything that depends on the decoding step rather than on the
+ * (dfl_target*.c) owns everything that depends on the decoding step rather than on the
  * architecture: caches and recurrent state, graph reuse, verify inputs and masks,
  * commits and feature capture. It knows layers only by kind. */
 #ifndef DFL_MODEL_H

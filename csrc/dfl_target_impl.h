@@ -1,7 +1,10 @@
-/* The target runtime's state, shared by its two halves: dfl_target.c (loading, calls,
- * commits' bookkeeping, graph reuse) and dfl_target_graph.c (graph building), and the
- * step descriptor between them: a graph is a function of the model, the memory
- * (dfl_memory.h) and the descriptor of its step. */
+/* The target runtime's state, shared by its files, and the step descriptor between
+ * them: dfl_target.c (parameters, loading, sequence slots, what a drafter reads),
+ * dfl_target_place.c (where layers, weights and state live), dfl_target_step.c (the
+ * step and graph reuse), dfl_target_commit.c (a verify's commit), dfl_target_sampling.c
+ * (how the step's rows choose, and reading them) and dfl_target_graph.c (graph
+ * building): a graph is a function of the model, the memory (dfl_memory.h) and the
+ * descriptor of its step. */
 #ifndef DFL_TARGET_IMPL_H
 #define DFL_TARGET_IMPL_H
 
@@ -123,7 +126,8 @@ struct dfl_target {
     dfl_runtime rt;
 
     /* what the token lookup gathers from: the token embedding, or a host copy of it when
-     * it is also an LM head too large for its device to take whole (see place_weights) */
+     * it is also an LM head too large for its device to take whole (see
+     * dfl_target_place_weights) */
     struct ggml_tensor * tok_lookup;
     struct ggml_context * ctx_lookup;
     ggml_backend_buffer_t buf_lookup;
@@ -178,9 +182,21 @@ struct dfl_target {
 
 /* dfl_target.c: loading in steps, for the memory planner (dfl_plan.c) */
 dfl_status dfl_target_open(const char * path, const dfl_target_params * params, dfl_target ** out);
+/* seq names one of the target's sequence slots */
+dfl_status dfl_target_check_seq(const dfl_target * t, int32_t seq);
+void dfl_target_last_copies(const dfl_target * t, int64_t copies[2]);
+
+/* dfl_target_place.c: where layers, weights and state live */
+int dfl_target_first_device_layer(const dfl_target * t);
 ggml_backend_dev_t * dfl_target_weight_devices(const dfl_target * t);
+dfl_status dfl_target_place_weights(dfl_target * t);
+dfl_status dfl_target_cut_head(dfl_target * t, const dfl_target_params * p);
 dfl_status dfl_target_define_state(dfl_target * t);
+
+/* dfl_target_step.c: the step, its graph slots and the graphs a load reserves */
 int dfl_target_max_tree_nodes(const dfl_target * t);
+/* Host staging for the inputs of a step of n rows whose largest mask has `mask` entries. */
+dfl_status dfl_target_host_reserve(dfl_target * t, int n, size_t mask);
 /* The largest graph each of the target's runtime slots can be asked to hold, each handed
  * to visit with its slot: slot 0 a prefill chunk, the others a step of every sequence
  * (a tree of the most nodes, or a chain of n_verify rows, each carrying its commit),
@@ -188,13 +204,23 @@ int dfl_target_max_tree_nodes(const dfl_target * t);
  * measures them; a load reserves them, so that compute memory does not creep up as
  * contexts lengthen. */
 dfl_status dfl_target_worst_graphs(dfl_target * t, dfl_graph_visit visit, void * user);
-/* The last step's results are gone (a slot's context was replaced under them). */
-void dfl_target_drop_results(dfl_target * t);
+
+/* dfl_target_commit.c: the verify protocol of each slot */
+/* No verify pending, no commit waiting, the chain lengths counted steady. */
+void dfl_verify_seq_reset(verify_seq * v);
 /* Slot seq was written from outside (a checkpoint restored into it): it holds n_past
  * positions, no verify or commit pending. */
 void dfl_target_seq_restored(dfl_target * t, int seq, int n_past);
 /* No verify of slot seq waits for its commit, and no commit for a graph. */
 bool dfl_target_seq_settled(const dfl_target * t, int seq);
+
+/* dfl_target_sampling.c: how a step's rows choose */
+dfl_status dfl_target_step_sampling(dfl_target * t, dfl_step * step);
+/* The step's sampling inputs filled, and which sequences' rows its results are. */
+dfl_status dfl_target_fill_sampling(dfl_target * t, const dfl_step * step, const graph_inputs * in);
+/* Rows row0..row0+n_rows of `have` (`what` names them in the message). */
+dfl_status dfl_target_check_rows(const dfl_target * t, int32_t row0, int32_t n_rows, int32_t have,
+                                 const char * what);
 
 /* dfl_target_graph.c: the graph of a step, and its inputs */
 struct ggml_cgraph * dfl_target_build_graph(const dfl_target * t, const dfl_step * step, struct ggml_context * ctx,
