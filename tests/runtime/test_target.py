@@ -1,4 +1,4 @@
-"""The Qwen3.5 target runtime (csrc/dfl_target.c through dflash_gguf.target) against its
+"""The Qwen3.5 target runtime (csrc/dfl_target*.c through dflash_gguf.target) against its
 oracles: transformers (logits, hidden states), llama.cpp's converter (same GGUF layout)
 and llama.cpp itself through llama-cpp-python (greedy decoding of quantized GGUFs).
 
