@@ -29,6 +29,7 @@ from .assistant import Turn, prepare_turn
 from .engine import Engine
 from .engine_args import (add_engine_args, demo_models, engine_mode, open_chat_engine, print_memory, resolve_context,
                           setup_devices, validate_engine_args)
+from .generate import Request
 from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
 from .sampling import SamplingParams
 from .serving import Job, Scheduler
@@ -139,9 +140,9 @@ class Server:
             self.engine.check_request(tokens, max_tokens, speculative=self.defaults.speculative, context_full="stop")
         except ValueError as e:
             raise BadRequest(str(e), field_) from None
-        return Job(tokens=tokens, max_tokens=max_tokens, sink=sink, stop=stops, sampling=sampling,
-                   speculative=self.defaults.speculative, context_full="stop",
-                   cache_prompt=request.cache_prompt, corpus=corpus)
+        return Job(Request(tokens, max_tokens, sampling=sampling, context_full="stop",
+                           reuse_prefix=request.cache_prompt, corpus=corpus),
+                   sink, stop=stops, speculative=self.defaults.speculative)
 
     def _call_constraint(self, turn, options):
         """The grammar of the turn's tool calls (strict tools, a required call), or None."""
@@ -236,11 +237,11 @@ class Server:
             "prefill_seconds": round(s.prefill_seconds, 5),
             "decode_seconds": round(s.decode_seconds, 5),
             "decode_tokens_per_second": round(s.decode_tps, 2),
-            "queue_seconds": round(job.queue_seconds, 5),
+            "queue_seconds": round(job.times.queue_seconds, 5),
             # on the server's monotonic clock: when the scheduler took the request in and
             # when it started running it (FIFO: in the order taken in)
-            "queued_at": round(job.queued_at, 6),
-            "started_at": None if job.started_at is None else round(job.started_at, 6),
+            "queued_at": round(job.times.queued_at, 6),
+            "started_at": None if job.times.started_at is None else round(job.times.started_at, 6),
             "stop_reason": s.stop_reason,
         }
 
@@ -273,18 +274,19 @@ class Server:
         metric("target_passes_total", "counter", "Target verify passes of speculative decoding.", t.target_passes)
         metric("mean_accepted_length", "gauge", "Tokens per target pass (AL), over all requests.",
                round(t.accepted_tokens / t.target_passes, 4) if t.target_passes else 0)
-        for name, counts, help_ in (("drafted_tokens_total", t.drafted, "Tokens drafted, by kind (weightless, "
-                                                                        "draft-simple; a tree's nodes below its "
-                                                                        "root)."),
-                                    ("accepted_drafts_total", t.accepted, "Drafted tokens accepted, by kind.")):
+        for name, counts, help_ in (("drafted_tokens_total", t.drafts.drafted, "Tokens drafted, by kind (weightless, "
+                                                                               "draft-simple; a tree's nodes below its "
+                                                                               "root)."),
+                                    ("accepted_drafts_total", t.drafts.accepted,
+                                     "Drafted tokens accepted, by kind.")):
             lines.extend([f"# HELP dflash_{name} {help_}", f"# TYPE dflash_{name} counter"]
                          + [f'dflash_{name}{{kind="{k}"}} {n}' for k, n in sorted(counts.items())])
         metric("suffix_corpus_drafted_tokens_total", "counter",
                "Of suffix's drafted tokens, those from the corpus of earlier requests under the same key.",
-               t.corpus_drafted)
+               t.drafts.corpus_drafted)
         metric("suffix_corpus_accepted_drafts_total", "counter",
                "Of suffix's accepted drafts, those from the corpus of earlier requests under the same key.",
-               t.corpus_accepted)
+               t.drafts.corpus_accepted)
         corpora = self.engine.suffix_corpora
         metric("suffix_corpus_bytes", "gauge", "Memory the suffix corpora hold (estimated per indexed token).",
                corpora.nbytes if corpora else 0)

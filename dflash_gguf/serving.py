@@ -23,7 +23,6 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence as Seq
 from .decoding import Batch, Sequence
 from .engine import Engine
 from .generate import GenerationStats, Request
-from .sampling import SamplingParams
 from .streaming import TextStream
 
 
@@ -36,23 +35,29 @@ class ShuttingDown(Exception):
 
 
 @dataclass
-class Job:
-    """One generation request, its progress and its outcome."""
+class JobTimes:
+    """When a job was taken in, started running and ended (time.perf_counter)."""
 
-    tokens: List[int]
-    max_tokens: int
-    sink: Callable[[str, object], None]  # sink(kind, value): ("text", str), ("done", Job), ("error", Exception)
-    stop: Seq[str] = ()
-    sampling: Optional[SamplingParams] = None
-    speculative: bool = True
-    context_full: str = "error"
-    cache_prompt: bool = True  # False: the whole prompt is computed (Request.reuse_prefix)
-    corpus: Optional[str] = None  # the suffix corpus it drafts from and adds to (Request.corpus)
-    stats: GenerationStats = field(default_factory=GenerationStats)
-    text: str = ""
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: Optional[float] = None
     finished_at: Optional[float] = None
+
+    @property
+    def queue_seconds(self) -> float:
+        return (self.started_at or time.perf_counter()) - self.queued_at
+
+
+@dataclass
+class Job:
+    """One generation request, its progress and its outcome."""
+
+    request: Request  # what the Engine is asked: prompt, max_tokens, sampling, context_full, reuse_prefix, corpus
+    sink: Callable[[str, object], None]  # sink(kind, value): ("text", str), ("done", Job), ("error", Exception)
+    stop: Seq[str] = ()
+    speculative: bool = True
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    times: JobTimes = field(default_factory=JobTimes)
+    text: str = ""
     finish_reason: str = ""
     prefill_chunks: int = 0  # prompt chunks computed (of up to n_ubatch tokens)
     slot: Optional[int] = None  # the Engine's sequence slot it ran in
@@ -66,12 +71,26 @@ class Job:
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
-    @property
-    def queue_seconds(self) -> float:
-        return (self.started_at or time.perf_counter()) - self.queued_at
-
 
 FINISH_REASONS = {"stop": "stop", "stop string": "stop", "length": "length", "context": "length"}
+
+
+@dataclass
+class DraftTotals:
+    """The drafts of the kinds that name themselves, per kind (GenerationStats.drafted /
+    accepted), and suffix's from the corpus of earlier requests."""
+
+    drafted: Dict[str, int] = field(default_factory=dict)
+    accepted: Dict[str, int] = field(default_factory=dict)
+    corpus_drafted: int = 0
+    corpus_accepted: int = 0
+
+    def add(self, s: GenerationStats) -> None:
+        for kind, n in s.drafted.items():
+            self.drafted[kind] = self.drafted.get(kind, 0) + n
+            self.accepted[kind] = self.accepted.get(kind, 0) + s.accepted.get(kind, 0)
+        self.corpus_drafted += s.corpus_drafted
+        self.corpus_accepted += s.corpus_accepted
 
 
 @dataclass
@@ -90,12 +109,7 @@ class Totals:
     target_passes: int = 0
     accepted_tokens: int = 0
     prefill_chunks: int = 0
-    # the drafts of the kinds that name themselves, per kind (GenerationStats.drafted /
-    # accepted), and suffix's from the corpus of earlier requests
-    drafted: Dict[str, int] = field(default_factory=dict)
-    accepted: Dict[str, int] = field(default_factory=dict)
-    corpus_drafted: int = 0
-    corpus_accepted: int = 0
+    drafts: DraftTotals = field(default_factory=DraftTotals)
 
 
 @dataclass
@@ -143,7 +157,7 @@ class Scheduler:
             if waiting >= self.max_queue and (len(self._running) >= self.n_slots or waiting):
                 self.totals.refused += 1
                 raise QueueFull(f"{waiting} requests are waiting (--queue {self.max_queue})")
-            job.queued_at = time.perf_counter()
+            job.times.queued_at = time.perf_counter()
             self._queue.append(job)
             self._lock.notify()
 
@@ -213,7 +227,7 @@ class Scheduler:
         admitted = []
         while self._queue and len(self._running) + len(admitted) < self.n_slots:
             job = self._queue.popleft()
-            job.started_at = time.perf_counter()
+            job.times.started_at = time.perf_counter()
             admitted.append(job)
         return admitted
 
@@ -222,8 +236,8 @@ class Scheduler:
         free = [s for s in range(self.n_slots) if s not in self._running]
 
         def held(slot: int) -> int:
-            tokens = self.engine.held(slot)
-            return len(tokens) if 0 < len(tokens) < len(job.tokens) and job.tokens[:len(tokens)] == tokens else 0
+            tokens, prompt = self.engine.held(slot), job.request.prompt
+            return len(tokens) if 0 < len(tokens) < len(prompt) and prompt[:len(tokens)] == tokens else 0
 
         return max(free, key=held)
 
@@ -231,7 +245,7 @@ class Scheduler:
         engine = self.engine
         if job.cancelled:  # its client left while it waited: it ends untouched
             self._account(job, None)
-            job.finished_at = time.perf_counter()
+            job.times.finished_at = time.perf_counter()
             job.finish_reason = "stop"
             job.sink("done", job)
             return
@@ -241,13 +255,11 @@ class Scheduler:
             job.prefill_chunks += name == "prefill chunk"
 
         try:
-            seq = engine.sequence(Request(job.tokens, job.max_tokens, sampling=job.sampling,
-                                          context_full=job.context_full, reuse_prefix=job.cache_prompt,
-                                          corpus=job.corpus),
-                                  speculative=job.speculative, stats=job.stats, slot=job.slot, on_stage=stage)
+            seq = engine.sequence(job.request, speculative=job.speculative, stats=job.stats, slot=job.slot,
+                                  on_stage=stage)
         except Exception as e:  # noqa: BLE001 - a request the engine refuses is reported to its client
             self._account(job, e)
-            job.finished_at = time.perf_counter()
+            job.times.finished_at = time.perf_counter()
             job.sink("error", e)
             return
         self._running[job.slot] = _Running(job, seq, engine.text_stream(job.stop))
@@ -268,7 +280,7 @@ class Scheduler:
             stats.stop_reason, stats.stop_string = "stop string", run.text.stop_string
         self.engine.end_sequence(run.seq, run.out, failed=error is not None or not run.seq.done)
         del self._running[job.slot]
-        job.finished_at = time.perf_counter()
+        job.times.finished_at = time.perf_counter()
         job.text = "".join(run.pieces)
         job.finish_reason = FINISH_REASONS.get(stats.stop_reason, "stop")
         self._account(job, error)
@@ -290,8 +302,4 @@ class Scheduler:
         t.target_passes += len(s.accepted_lengths)
         t.accepted_tokens += sum(s.accepted_lengths)
         t.prefill_chunks += job.prefill_chunks
-        for kind, n in s.drafted.items():
-            t.drafted[kind] = t.drafted.get(kind, 0) + n
-            t.accepted[kind] = t.accepted.get(kind, 0) + s.accepted.get(kind, 0)
-        t.corpus_drafted += s.corpus_drafted
-        t.corpus_accepted += s.corpus_accepted
+        t.drafts.add(s)

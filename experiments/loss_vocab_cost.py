@@ -36,10 +36,10 @@ def main(argv=None) -> int:
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, keep in (("whole head", 0), (f"kept {a.keep}", a.keep)):
-            opts = TrainOptions(model=target, data=data, output=str(Path(tmp) / f"d{keep}.gguf"), seed=0,
-                                steps=a.steps, threads=a.threads, block_size=8, target_layer_ids=[0, 1, 2],
-                                ctx_size=256, batch=8, loss_vocab=keep, eval_every=0, regenerate=True,
-                                progress=False)
+            opts = TrainOptions.from_flags(model=target, data=data, output=str(Path(tmp) / f"d{keep}.gguf"), seed=0,
+                                           steps=a.steps, threads=a.threads, block_size=8, target_layer_ids=[0, 1, 2],
+                                           ctx_size=256, batch=8, loss_vocab=keep, eval_every=0, regenerate=True,
+                                           progress=False)
             r = train(opts)
             runs[label] = {"loss_vocab": keep, "heldout_al": r["heldout_al"], "acceptance": r["acceptance"],
                            "final_loss": r["curve"][-1]["loss"], "minutes": r["minutes"]}

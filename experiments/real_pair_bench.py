@@ -50,7 +50,7 @@ from pathlib import Path
 
 from dflash_gguf import Engine, real_models
 from dflash_gguf.bench import llama_cpp, provenance
-from dflash_gguf.bench.runs import Run, Sampling
+from dflash_gguf.bench.runs import Cell, Run, Sampling
 
 QWEN_PROMPTS = [  # code, the pair's own domain
     ("quicksort", "def quicksort(xs):\n    \"\"\"Sort a list of numbers with quicksort.\"\"\"\n"),
@@ -85,10 +85,9 @@ class Ours:
             r = self.engine.generate(text, max_tokens=self.n, stop_tokens=())
             s = r.stats
             passes = len(s.accepted_lengths) if self.speculative else max(s.generated_tokens - 1, 1)
-            runs.append(Run(engine="ours", mode=self.name, sampling="greedy", rep=rep, prompt=name,
+            runs.append(Run(Cell("ours", self.name, "greedy", speculative=self.speculative), rep=rep, prompt=name,
                             prompt_tokens=len(self.engine.encode(text)), tokens=s.generated_tokens - 1,
-                            decode_s=s.decode_seconds, passes=passes, token_ids=list(r.tokens), text=r.text,
-                            speculative=self.speculative))
+                            decode_s=s.decode_seconds, passes=passes, token_ids=list(r.tokens), text=r.text))
         return runs
 
 
@@ -118,7 +117,7 @@ class OursPrefill:
 
     def one_round(self, rep: int) -> list:
         s = self.engine.generate(self.prompt(rep), max_tokens=1, stop_tokens=()).stats
-        return [Run(engine="ours", mode=self.name, sampling="greedy", rep=rep, prompt=f"{self.n_tokens} tokens",
+        return [Run(Cell("ours", self.name, "greedy"), rep=rep, prompt=f"{self.n_tokens} tokens",
                     prompt_tokens=s.prompt_tokens, tokens=s.prompt_tokens - s.reused_tokens,
                     decode_s=s.prefill_seconds, passes=1, prefill_s=s.prefill_seconds,
                     extra={"reused_tokens": s.reused_tokens})]
@@ -293,7 +292,7 @@ def main(argv=None) -> int:
             for run in arms[i].one_round(rep):
                 run.load_1m, run.loaded = load, load > a.max_load * a.threads
                 run.extra = {**run.extra, "side": arms[i].side}
-                doc["runs"].append(run.__dict__)
+                doc["runs"].append(run.to_json())
             last = doc["runs"][-1]
             print(f"rep {rep + 1} {arms[i].side} {arms[i].name}: {last['tokens'] / last['decode_s']:.1f} tok/s "
                   f"(load {load:.2f})", file=sys.stderr, flush=True)

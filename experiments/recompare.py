@@ -24,11 +24,11 @@ def recompare(path: Path, pooled: dict) -> dict:
     doc = slim.read(path)  # the JSON and its records file
     if doc.get("tool") != "dflash-bench" or "runs" not in doc:
         raise ValueError(f"{path}: not a dflash-bench results file")
-    table = report.rows([Run(**r) for r in doc["runs"]])
+    table = report.rows([Run.from_json(r) for r in doc["runs"]])
     autos = report.each_sampling(table, report.auto_comparisons)
     for sampling in dict.fromkeys(c["sampling"] for c in autos):
-        ours = [r for r in table if r.engine == "ours" and r.sampling == sampling]
-        auto = next(r for r in ours if r.mode == "auto")
+        ours = [r for r in table if r.cell.engine == "ours" and r.cell.sampling == sampling]
+        auto = next(r for r in ours if r.cell.mode == "auto")
         fastest = max((r for r in ours if r is not auto and r.tok_s), key=lambda r: r.tok_s.median)
         key = (Path(doc["models"]["draft"] or "-").name, sampling)
         pooled.setdefault(key, []).extend(method.matched_ratios(auto.rounds, fastest.rounds))

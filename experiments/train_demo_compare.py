@@ -46,17 +46,18 @@ def main(argv=None) -> int:
     out = a.out or Path("results") / f"train-demo-compare-{dt.date.today()}.json"
     data = sorted(str(f) for f in Path(sysconfig.get_paths()["stdlib"]).glob(a.data_glob))
     with tempfile.TemporaryDirectory() as tmp:
-        opts = TrainOptions(model=target, data=data, output=str(Path(tmp) / "demo-dflash.gguf"), seed=0,
-                            max_minutes=a.minutes, threads=a.threads, block_size=8, target_layer_ids=[0, 1, 2],
-                            ctx_size=256, batch=16, lr=a.lr, gamma=a.gamma,
-                            eval_every=0, eval_prompts=a.eval_prompts, regenerate=True, progress=True)
+        opts = TrainOptions.from_flags(model=target, data=data, output=str(Path(tmp) / "demo-dflash.gguf"), seed=0,
+                                       max_minutes=a.minutes, threads=a.threads, block_size=8,
+                                       target_layer_ids=[0, 1, 2], ctx_size=256, batch=16, lr=a.lr, gamma=a.gamma,
+                                       eval_every=0, eval_prompts=a.eval_prompts, regenerate=True, progress=True)
         report = train(opts)
         tokenizer = Tokenizer(target)
-        held = load_data(opts, tokenizer, None).heldout[:opts.eval_prompts]
-        probe = AcceptanceProbe(target, report["settings"]["layer_ids"], opts.block_size, held,
-                                min(64, opts.ctx_size), opts.eval_tokens, opts.threads)
+        held = load_data(opts, tokenizer, None).heldout[:opts.evaluation.eval_prompts]
+        probe = AcceptanceProbe(target, report["settings"]["layer_ids"], opts.drafter.block_size, held,
+                                min(64, opts.corpus.ctx_size), opts.evaluation.eval_tokens, opts.runtime.threads)
         try:
-            measured = {"dflash-train": probe.measure(opts.output), "bundled demo drafter": probe.measure(bundled)}
+            measured = {"dflash-train": probe.measure(opts.files.output),
+                        "bundled demo drafter": probe.measure(bundled)}
         finally:
             probe.close()
     ratio = measured["dflash-train"]["al"] / measured["bundled demo drafter"]["al"]

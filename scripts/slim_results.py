@@ -22,7 +22,7 @@ from dflash_gguf.bench.runs import Run
 
 def derived(runs: list) -> dict:
     """What report.py makes of a file's runs: its rows and comparisons."""
-    table = report.rows([Run(**r) for r in runs])
+    table = report.rows([Run.from_json(r) for r in runs])
     return {"rows": [r.to_json() for r in table], "comparisons": report.each_sampling(table, report.comparisons),
             "auto_comparisons": report.each_sampling(table, report.auto_comparisons),
             "headline": report.headline(table)}

@@ -382,7 +382,8 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
 
     def keep(run: Run) -> None:
         runs.append(run)
-        log(f"{run.engine} {run.mode}, {run.sampling}, rep {run.rep + 1}, {run.prompt or 'random tokens'}: "
+        cell = run.cell
+        log(f"{cell.engine} {cell.mode}, {cell.sampling}, rep {run.rep + 1}, {run.prompt or 'random tokens'}: "
             f"{run.tokens / run.decode_s if run.decode_s > 0 else 0:.1f} tok/s, AL "
             f"{run.tokens / run.passes if run.passes else 0:.2f}")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import llama_cpp_tree
-from .runs import Run, Sampling
+from .runs import Cell, Run, Sampling
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
 # The order dflash_gguf.sampling applies its truncations in: llama.cpp's default chain less
@@ -104,7 +104,7 @@ def run_tool(cmd: List[str], timeout: float = 3600) -> tuple:
 
 def peer_reruns(runs) -> dict:
     """How many of llama.cpp's runs had to be made again (run_parsed), of how many kept."""
-    attempts = [r.extra["attempts"] for r in runs if r.engine == "llama.cpp" and "attempts" in r.extra]
+    attempts = [r.extra["attempts"] for r in runs if r.cell.engine == "llama.cpp" and "attempts" in r.extra]
     return {"runs": len(attempts), "reruns": sum(a - 1 for a in attempts)}
 
 
@@ -211,7 +211,7 @@ class CompletionArm:
         runs = []
         for name, text in self.prompts:
             stdout, r = run_parsed(self.command(text, sampling, rep), parse_completion, "decode_s")
-            runs.append(Run(engine="llama.cpp", mode=self.name, sampling=sampling.label, rep=rep, round=rnd,
+            runs.append(Run(Cell("llama.cpp", self.name, sampling.label), rep=rep, round=rnd,
                             prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["runs"],
                             decode_s=completion_decode_seconds(r), passes=r["runs"], prefill_s=r.get("prefill_s"),
                             text=completion_text(stdout),
@@ -280,10 +280,10 @@ class SpeculativeArm(CompletionArm):
             stdout, r = run_parsed(cmd, parse_speculative, "rounds")
             if r["checkpoints"]:
                 r["restores"] = run_parsed(cmd + ["-lv", "5"], parse_speculative, "rounds")[1]["restores"]
-            runs.append(Run(engine="llama.cpp", mode=self.name, sampling=sampling.label, rep=rep, round=rnd,
-                            prompt=name, prompt_tokens=r.get("prompt_tokens", 0), tokens=r["tokens"],
-                            decode_s=r["decode_s"], passes=r["rounds"] + r["restores"], prefill_s=r.get("prefill_s"),
-                            text=speculative_text(stdout, text), speculative=True, default=self.default,
+            runs.append(Run(Cell("llama.cpp", self.name, sampling.label, speculative=True, default=self.default),
+                            rep=rep, round=rnd, prompt=name, prompt_tokens=r.get("prompt_tokens", 0),
+                            tokens=r["tokens"], decode_s=r["decode_s"], passes=r["rounds"] + r["restores"],
+                            prefill_s=r.get("prefill_s"), text=speculative_text(stdout, text),
                             extra={k: r.get(k) for k in ("n_drafted", "n_accept", "restores", "attempts")}))
         return runs
 
@@ -320,9 +320,9 @@ class BenchArm:
             raise ToolError(f"llama-bench printed no JSON test result: {stdout[-300:]}") from None
         self.info = {k: test.get(k) for k in ("build_commit", "build_number", "cpu_info", "gpu_info", "backends")}
         if self.n_prompt:
-            return [Run(engine="llama.cpp", mode=self.name, sampling="-", rep=rep, round=rnd, prompt="",
+            return [Run(Cell("llama.cpp", self.name, "-"), rep=rep, round=rnd, prompt="",
                         prompt_tokens=test["n_prompt"], tokens=test["n_prompt"], decode_s=ns / 1e9, passes=1,
                         prefill_s=ns / 1e9) for ns in test["samples_ns"]]
-        return [Run(engine="llama.cpp", mode=self.name, sampling="-", rep=rep, round=rnd, prompt="",
+        return [Run(Cell("llama.cpp", self.name, "-"), rep=rep, round=rnd, prompt="",
                     prompt_tokens=self.depth, tokens=test["n_gen"], decode_s=ns / 1e9, passes=test["n_gen"])
                 for ns in test["samples_ns"]]

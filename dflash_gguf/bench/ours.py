@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 from ..engine import Engine, freeze_loaded_objects
 from .prompts import WARMUP
-from .runs import Run, Sampling
+from .runs import Cell, Run, Sampling
 
 MODE_NAMES = ("plain", "chain", "tree", "auto")
 
@@ -106,10 +106,10 @@ def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sa
                      chain_steps=s.chain_steps)
     if s.auto is not None:
         extra["auto"] = s.auto  # auto's choices per arm beside its cost model's figures
-    return Run(engine="ours", mode=mode.name, sampling=sampling.label, rep=rep, prompt=prompt,
+    return Run(Cell("ours", mode.name, sampling.label, mode.speculative, mode.default), rep=rep, prompt=prompt,
                prompt_tokens=s.prompt_tokens, tokens=tokens, decode_s=s.decode_seconds, passes=passes,
                prefill_s=s.prefill_seconds, text=engine.tokenizer.decode(shown), token_ids=result.tokens, extra=extra,
-               round=rnd, speculative=mode.speculative, default=mode.default)
+               round=rnd)
 
 
 class Arm:

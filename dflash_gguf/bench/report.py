@@ -15,7 +15,7 @@ from statistics import median
 
 from ..budget import describe
 from . import method, slim
-from .runs import OURS_PLAIN, Run
+from .runs import OURS_PLAIN, Cell, Run
 from .stats import Spread, ratio, verdict
 
 LLAMA_PLAIN = ("llama.cpp", "plain (llama-completion)")
@@ -24,9 +24,7 @@ NO_SAMPLING = "-"  # llama-bench's rows: random tokens, no sampling
 
 @dataclass
 class Row:
-    engine: str
-    mode: str
-    sampling: str
+    cell: Cell  # its runs' (engine, mode, sampling) and what the mode is
     tok_s: Optional[Spread]
     al: Optional[Spread]
     same: Optional[tuple] = None           # (prompts with the plain decoder's output, prompts compared)
@@ -37,22 +35,20 @@ class Row:
     rounds: method.Rounds = field(default_factory=dict)  # each repetition's (tokens, decode seconds) by round
     load_1m: List[Optional[float]] = field(default_factory=list)      # each repetition's cell's load at its start
     loaded: bool = False           # some repetition started above the load threshold
-    speculative: bool = False
-    default: bool = False          # its side's default setting
     best: bool = False             # its side's fastest drafting row (median tok/s) with this sampling
     auto: Optional[dict] = None    # `auto`'s choices and its cost model's figures per arm (auto_summary)
 
     def role(self) -> str:
-        return ", ".join(w for w, on in (("default", self.default), ("best", self.best)) if on)
+        return ", ".join(w for w, on in (("default", self.cell.default), ("best", self.best)) if on)
 
     def to_json(self) -> dict:
-        return {"engine": self.engine, "mode": self.mode, "sampling": self.sampling,
+        return {"engine": self.cell.engine, "mode": self.cell.mode, "sampling": self.cell.sampling,
                 "decode_tok_s": self.tok_s.to_json() if self.tok_s else None,
                 "decode_tok_s_per_rep": [self.rep_tok_s[k] for k in sorted(self.rep_tok_s)],
                 "al": self.al.to_json() if self.al else None, "same_output": list(self.same) if self.same else None,
                 "vs_ours_plain": self.vs_ours_plain, "vs_llama_cpp_plain": self.vs_llama_plain,
-                "load_1m_at_start": self.load_1m, "loaded": self.loaded, "default": self.default, "best": self.best,
-                "auto": self.auto, "note": self.note}
+                "load_1m_at_start": self.load_1m, "loaded": self.loaded, "default": self.cell.default,
+                "best": self.best, "auto": self.auto, "note": self.note}
 
 
 def per_rep(runs: Sequence[Run]) -> tuple:
@@ -94,7 +90,7 @@ def same_output(runs: Sequence[Run], plain: Sequence[Run]) -> Optional[tuple]:
     pairs = [(r, ref[r.prompt]) for r in runs if r.rep == 0 and r.round == 0 and r.prompt in ref]
     if not pairs:
         return None
-    if runs[0].engine == "ours":
+    if runs[0].cell.engine == "ours":
         same = [slim.ids_key(r.token_ids) == slim.ids_key(p.token_ids) for r, p in pairs]
     else:
         same = [same_text(r.text, p) for r, p in pairs]
@@ -135,23 +131,22 @@ def note(runs: Sequence[Run]) -> str:
 def rows(runs: Sequence[Run]) -> List[Row]:
     grouped: Dict[tuple, List[Run]] = defaultdict(list)
     for r in runs:
-        grouped[r.row].append(r)
+        grouped[r.cell.key].append(r)
     out = []
-    for (engine, mode, sampling), rs in grouped.items():
+    for rs in grouped.values():
         tps, al, rep_tps, loads, rounds = per_rep(rs)
-        out.append(Row(engine, mode, sampling, tps, al, note=note(rs), rep_tok_s=rep_tps, rounds=rounds, load_1m=loads,
-                       loaded=any(r.loaded for r in rs), speculative=rs[0].speculative, default=rs[0].default,
-                       auto=auto_summary(rs)))
-    by = {(r.engine, r.mode, r.sampling): r for r in out}
+        out.append(Row(rs[0].cell, tps, al, note=note(rs), rep_tok_s=rep_tps, rounds=rounds, load_1m=loads,
+                       loaded=any(r.loaded for r in rs), auto=auto_summary(rs)))
+    by = {r.cell.key: r for r in out}
     for row in out:
-        ours_plain, llama_plain = by.get((*OURS_PLAIN, row.sampling)), by.get((*LLAMA_PLAIN, row.sampling))
+        sampling = row.cell.sampling
+        ours_plain, llama_plain = by.get((*OURS_PLAIN, sampling)), by.get((*LLAMA_PLAIN, sampling))
         row.vs_ours_plain = ratio(row.tok_s, ours_plain.tok_s) if ours_plain else None
         row.vs_llama_plain = ratio(row.tok_s, llama_plain.tok_s) if llama_plain else None
-        if row.sampling == "greedy" and ours_plain and (row.engine, row.mode) != OURS_PLAIN:
-            row.same = same_output(grouped[(row.engine, row.mode, row.sampling)],
-                                   grouped[(*OURS_PLAIN, row.sampling)])
-    for engine, sampling in {(r.engine, r.sampling) for r in out}:
-        best = method.pick(drafting(out, engine, sampling), _median, lambda r: r.default)["best"]
+        if sampling == "greedy" and ours_plain and (row.cell.engine, row.cell.mode) != OURS_PLAIN:
+            row.same = same_output(grouped[row.cell.key], grouped[(*OURS_PLAIN, sampling)])
+    for engine, sampling in {(r.cell.engine, r.cell.sampling) for r in out}:
+        best = method.pick(drafting(out, engine, sampling), _median, lambda r: r.cell.default)["best"]
         if best is not None:
             best.best = True
     return out
@@ -166,7 +161,7 @@ def _rounds(row: Row) -> method.Rounds:
 
 
 def drafting(table: Sequence[Row], engine: str, sampling: str) -> List[Row]:
-    return [r for r in table if r.engine == engine and r.sampling == sampling and r.speculative]
+    return [r for r in table if r.cell.engine == engine and r.cell.sampling == sampling and r.cell.speculative]
 
 
 def comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
@@ -175,19 +170,20 @@ def comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
     plain decoding's own figure, whose random tokens have no sampling: a row of every
     sampling's), drafting best vs best and default vs default, and plain decoding
     against llama-completion."""
-    fastest = method.pairings([r for r in table if r.engine == "ours" and r.sampling == sampling],
-                              [r for r in table if r.engine == "llama.cpp" and r.sampling in (sampling, NO_SAMPLING)],
+    fastest = method.pairings([r for r in table if r.cell.engine == "ours" and r.cell.sampling == sampling],
+                              [r for r in table if r.cell.engine == "llama.cpp"
+                               and r.cell.sampling in (sampling, NO_SAMPLING)],
                               _median, _rounds, lambda r: False)
     for p in fastest:
         p.name = "fastest vs fastest"
     pairs = fastest + method.pairings(drafting(table, "ours", sampling), drafting(table, "llama.cpp", sampling),
-                                      _median, _rounds, lambda r: r.default)
-    by = {(r.engine, r.mode, r.sampling): r for r in table}
+                                      _median, _rounds, lambda r: r.cell.default)
+    by = {r.cell.key: r for r in table}
     ours_plain, llama_plain = by.get((*OURS_PLAIN, sampling)), by.get((*LLAMA_PLAIN, sampling))
     if ours_plain and llama_plain:
         pairs += method.pairings([ours_plain], [llama_plain], _median, _rounds, lambda r: True)[:1]
         pairs[-1].name = "plain vs plain"
-    return [{"sampling": sampling, "pairing": p.name, "ours": p.ours.mode, "llama_cpp": p.theirs.mode,
+    return [{"sampling": sampling, "pairing": p.name, "ours": p.ours.cell.mode, "llama_cpp": p.theirs.cell.mode,
              "ours_tok_s_median": _median(p.ours), "llama_cpp_tok_s_median": _median(p.theirs),
              "ours_tok_s_range": _span(p.ours), "llama_cpp_tok_s_range": _span(p.theirs),
              **_ratios(p), "loaded": p.ours.loaded or p.theirs.loaded} for p in pairs]
@@ -208,14 +204,14 @@ def _ratios(p: method.Pairing) -> dict:
 def auto_comparisons(table: Sequence[Row], sampling: str) -> List[dict]:
     """Our auto row against each of our fixed rows (plain and every drafting setting) with
     one sampling, the fastest by median first: auto's bar is the fastest fixed arm."""
-    ours = [r for r in table if r.engine == "ours" and r.sampling == sampling]
-    auto = next((r for r in ours if r.mode == "auto"), None)
+    ours = [r for r in table if r.cell.engine == "ours" and r.cell.sampling == sampling]
+    auto = next((r for r in ours if r.cell.mode == "auto"), None)
     if auto is None or auto.tok_s is None:
         return []
     out = []
     for fixed in sorted((r for r in ours if r is not auto and r.tok_s), key=_median, reverse=True):
         p = method.pairings([auto], [fixed], _median, _rounds, lambda r: True)[0]
-        out.append({"sampling": sampling, "fixed": fixed.mode, "auto_tok_s_median": _median(auto),
+        out.append({"sampling": sampling, "fixed": fixed.cell.mode, "auto_tok_s_median": _median(auto),
                     "fixed_tok_s_median": _median(fixed), "auto_tok_s_range": _span(auto),
                     "fixed_tok_s_range": _span(fixed), **_ratios(p), "loaded": auto.loaded or fixed.loaded})
     return out
@@ -240,7 +236,7 @@ def headline(table: Sequence[Row]) -> List[str]:
     """Per sampling: each comparison in a line (ratio of medians, the per-repetition
     ratios' median and range), and auto against our fastest fixed row."""
     lines = []
-    for sampling in dict.fromkeys(r.sampling for r in table):
+    for sampling in dict.fromkeys(r.cell.sampling for r in table):
         for c in comparisons(table, sampling):
             lines.append(f"{sampling}, {c['pairing']}: ours {c['ours']} "
                          f"{_tok_s(c['ours_tok_s_median'], c['ours_tok_s_range'])} tok/s / llama.cpp {c['llama_cpp']} "
@@ -270,7 +266,7 @@ def table_text(table: Sequence[Row], reps: int) -> str:
     for r in table:
         same = f"{r.same[0]}/{r.same[1]}" if r.same else "-"
         loads = [x for x in r.load_1m if x is not None]
-        lines.append(f"| {r.engine} | {r.mode} | {r.sampling} | {r.role() or '-'} | "
+        lines.append(f"| {r.cell.engine} | {r.cell.mode} | {r.cell.sampling} | {r.role() or '-'} | "
                      f"{r.al.text('.2f') if r.al else '-'} | "
                      f"{format(r.tok_s.median, '.1f') if r.tok_s else '-'} | {_range(r.tok_s)} | "
                      f"{_x(r.vs_ours_plain)} | {_x(r.vs_llama_plain)} | {same} | "
@@ -280,7 +276,7 @@ def table_text(table: Sequence[Row], reps: int) -> str:
 
 def each_sampling(table: Sequence[Row], of) -> List[dict]:
     """of(table, sampling)'s comparisons for every sampling of the table, in its order."""
-    return [c for s in dict.fromkeys(r.sampling for r in table) for c in of(table, s)]
+    return [c for s in dict.fromkeys(r.cell.sampling for r in table) for c in of(table, s)]
 
 
 def _ratio_table(head: str, rows: List[dict], lead) -> str:

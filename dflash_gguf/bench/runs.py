@@ -2,7 +2,7 @@
 the numbers every table is made of."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import List, Optional, Union
 
 from ..sampling import SamplingParams
@@ -45,15 +45,31 @@ class Sampling:
                               seed=self.seed_at(rep), constraint=self.constraint)
 
 
+@dataclass(frozen=True)
+class Cell:
+    """The table row a run belongs to, and what its mode is."""
+
+    engine: str                # "ours" or "llama.cpp"
+    mode: str                  # ours: plain, chain, tree 8, auto; llama.cpp: the tool and its setting
+    sampling: str              # Sampling.label
+    speculative: bool = False  # the row drafts (ours: chain, tree, auto; llama.cpp: DFlash)
+    default: bool = False      # the engine's default setting (no sweep flag given)
+
+    @property
+    def key(self) -> tuple:
+        return self.engine, self.mode, self.sampling
+
+
+_CELL_KEYS = [f.name for f in fields(Cell)]
+
+
 @dataclass
 class Run:
     """One generation. `tokens` and `decode_s` cover the timed decode steps only (the
     prefill, which yields the first token, is apart); `passes` counts the target's passes
     over them, so tokens / passes is the acceptance length (AL) and 1 for plain decoding."""
 
-    engine: str          # "ours" or "llama.cpp"
-    mode: str            # ours: plain, chain, tree 8, auto; llama.cpp: the tool and its setting
-    sampling: str        # Sampling.label
+    cell: Cell
     rep: int
     prompt: str          # the prompt's name ("" for llama-bench's random tokens)
     prompt_tokens: int
@@ -69,12 +85,16 @@ class Run:
     round: int = 0                        # a repetition's pass over the prompts (more until it decodes long enough)
     load_1m: Optional[float] = None       # the 1-minute load average when its cell started
     loaded: bool = False                  # that load was above the threshold (method.LoadGate)
-    speculative: bool = False             # the row drafts (ours: chain, tree, auto; llama.cpp: DFlash)
-    default: bool = False                 # the engine's default setting (no sweep flag given)
-
-    @property
-    def row(self) -> tuple:
-        return self.engine, self.mode, self.sampling
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """A results file's record: flat, the cell's row keys first and its mode's flags last."""
+        own = asdict(self)
+        cell = own.pop("cell")
+        return {"engine": cell["engine"], "mode": cell["mode"], "sampling": cell["sampling"], **own,
+                "speculative": cell["speculative"], "default": cell["default"]}
+
+    @classmethod
+    def from_json(cls, record: dict) -> Run:
+        """A run from a results file's record (to_json's)."""
+        own = {k: v for k, v in record.items() if k not in _CELL_KEYS}
+        return cls(Cell(**{k: record[k] for k in _CELL_KEYS if k in record}), **own)

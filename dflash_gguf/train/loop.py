@@ -11,52 +11,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import numpy as np
 
+from .options import ScheduleOptions, TrainOptions
 from .target import TrainError
-
-
-@dataclass
-class TrainOptions:
-    """dflash-train's options (the CLI's flags, same names)."""
-
-    model: str
-    data: Sequence[str]
-    output: str
-    seed: int = 0
-    steps: Optional[int] = None  # None: until max_minutes
-    max_minutes: Optional[float] = None
-    threads: int = 0  # 0: torch's and the runtime's default
-    block_size: int = 16
-    draft_layers: int = 2
-    target_layer_ids: Optional[Sequence[int]] = None  # HF ids; None: z-lab's spread
-    mask_token: Optional[str] = None  # id or token text; None: chosen from the vocabulary
-    gamma: Optional[float] = None  # None: SpecForge's for the block size
-    lr: float = 6e-4
-    ctx_size: int = 512  # training window, tokens
-    batch: int = 4  # windows per step
-    anchors: int = 32  # anchor blocks per window
-    loss_vocab: int = 32768  # large vocabularies: loss over the data's most frequent tokens
-    draft_vocab: int = 0  # > 0: the file carries a kept set of that many tokens (the data's commonest)
-    top_k_labels: int = 0  # > 0: distill the target's top-k distribution (KL) instead of its argmax
-    train_device: str = "cpu"  # torch's device for the drafter ("cuda", "cuda:1"); `device` places the target
-    checkpoint_every: float = 10.0  # minutes
-    resume: Optional[str] = None
-    eval_every: float = 10.0  # minutes; 0: only at the start and the end
-    eval_prompts: int = 8
-    eval_tokens: int = 64
-    hf_out: Optional[str] = None
-    report: Optional[str] = None  # None: OUTPUT with .json
-    device: Optional[str] = None  # our runtime's device for the target
-    outtype: str = "f32"
-    regenerate: bool = False  # train on the target's own greedy continuations of the data
-    progress: bool = True
-
-    @property
-    def checkpoint_path(self) -> str:
-        return self.output + ".ckpt"
 
 
 def _need_torch():
@@ -105,16 +65,16 @@ def _fmt_time(s: float) -> str:
 
 def _check(opts: TrainOptions) -> None:
     """The options' own errors, before anything is loaded."""
-    if opts.steps is None and opts.max_minutes is None:
+    if opts.schedule.steps is None and opts.schedule.max_minutes is None:
         raise TrainError("give a budget: --steps N and/or --max-minutes M")
-    if opts.block_size < 2:
+    if opts.drafter.block_size < 2:
         raise TrainError("--block-size must be at least 2")
-    if opts.ctx_size < opts.block_size + 1:
-        raise TrainError(f"-c {opts.ctx_size} must exceed --block-size {opts.block_size}")
-    if opts.draft_vocab < 0:
-        raise TrainError(f"--draft-vocab must be 0 (the whole head) or more, got {opts.draft_vocab}")
-    if opts.top_k_labels < 0:
-        raise TrainError(f"--top-k-labels must be 0 (argmax labels) or more, got {opts.top_k_labels}")
+    if opts.corpus.ctx_size < opts.drafter.block_size + 1:
+        raise TrainError(f"-c {opts.corpus.ctx_size} must exceed --block-size {opts.drafter.block_size}")
+    if opts.drafter.draft_vocab < 0:
+        raise TrainError(f"--draft-vocab must be 0 (the whole head) or more, got {opts.drafter.draft_vocab}")
+    if opts.objective.top_k_labels < 0:
+        raise TrainError(f"--top-k-labels must be 0 (argmax labels) or more, got {opts.objective.top_k_labels}")
 
 
 @dataclass
@@ -145,10 +105,10 @@ def _plan(opts: TrainOptions, say) -> _Plan:
     meta = read_target_meta(opts.model)
     embd, head = embedding_and_head(meta["gguf"])
     meta["n_vocab"] = embd.shape[0]
-    if opts.top_k_labels > meta["n_vocab"]:
-        raise TrainError(f"--top-k-labels {opts.top_k_labels} exceeds the vocabulary ({meta['n_vocab']})")
+    if opts.objective.top_k_labels > meta["n_vocab"]:
+        raise TrainError(f"--top-k-labels {opts.objective.top_k_labels} exceeds the vocabulary ({meta['n_vocab']})")
     tokenizer = Tokenizer(opts.model)
-    mask_id = _mask_id(tokenizer, meta["gguf"], opts.mask_token, meta["n_vocab"])
+    mask_id = _mask_id(tokenizer, meta["gguf"], opts.drafter.mask_token, meta["n_vocab"])
     template = ChatTemplate.of_tokenizer(tokenizer, tokenizer.chat_template) if tokenizer.chat_template else None
 
     def render(messages):
@@ -157,17 +117,17 @@ def _plan(opts: TrainOptions, say) -> _Plan:
         return template.render(messages, add_generation_prompt=False)
 
     data = load_data(opts, tokenizer, render)
-    if opts.regenerate:
+    if opts.corpus.regenerate:
         from .data import regenerate
 
         say(f"dflash-train: regenerating {len(data.train)} windows with the target")
-        regenerate(data, opts.model, max(1, opts.ctx_size // 4), opts.threads, opts.device, say)
-    layer_ids = list(opts.target_layer_ids) if opts.target_layer_ids else \
-        recipe.target_layer_ids(meta["n_layer"], opts.draft_layers)
+        regenerate(data, opts.model, max(1, opts.corpus.ctx_size // 4), opts.runtime.threads, opts.runtime.device, say)
+    layer_ids = list(opts.drafter.target_layer_ids) if opts.drafter.target_layer_ids else \
+        recipe.target_layer_ids(meta["n_layer"], opts.drafter.draft_layers)
     if any(not 0 <= i < meta["n_layer"] for i in layer_ids):
         raise TrainError(f"target layer ids {layer_ids} must lie in 0..{meta['n_layer'] - 1}")
-    gamma = opts.gamma or recipe.default_gamma(opts.block_size)
-    shape = default_shape(meta["n_embd"], len(layer_ids), opts.draft_layers, meta["rope_theta"], meta["eps"])
+    gamma = opts.objective.gamma or recipe.default_gamma(opts.drafter.block_size)
+    shape = default_shape(meta["n_embd"], len(layer_ids), opts.drafter.draft_layers, meta["rope_theta"], meta["eps"])
     return _Plan(meta, embd, head, mask_id, data, layer_ids, gamma, shape)
 
 
@@ -183,20 +143,20 @@ class _Objective:
         self.head = torch.from_numpy(plan.head).to(dev)
         counts = torch.bincount(torch.from_numpy(np.concatenate(plan.data.train).astype(np.int64)),
                                 minlength=plan.meta["n_vocab"])
-        kept = recipe.kept_vocab(counts, opts.loss_vocab)
+        kept = recipe.kept_vocab(counts, opts.objective.loss_vocab)
         self.head_tokens = _head_tokens(opts, counts.numpy())  # --draft-vocab's set, or None
         self.kept = None if kept is None else kept.to(dev)
-        self.weights = recipe.position_weights(opts.block_size, plan.gamma).to(dev)
+        self.weights = recipe.position_weights(opts.drafter.block_size, plan.gamma).to(dev)
 
     def __call__(self, model, x, feats, greedy, top, gen):
         """(loss, accuracy per block position, labels counted) of windows `x`."""
         from . import recipe
 
-        B = self.opts.block_size
-        noise, pos, mask, labels, exact, anchors = recipe.anchor_batch(x, greedy, self.opts.anchors, B, self.mask_id,
+        B, objective = self.opts.drafter.block_size, self.opts.objective
+        noise, pos, mask, labels, exact, anchors = recipe.anchor_batch(x, greedy, objective.anchors, B, self.mask_id,
                                                                         gen)
         soft_ids = soft_probs = None
-        if self.opts.top_k_labels:
+        if objective.top_k_labels:
             soft_ids, soft_probs = (recipe.label_rows(self.torch.stack(rows), anchors, B).to(self.dev)
                                     for rows in zip(*top))
         # the block's tokens embedded as the target embeds them (Gemma: scaled)
@@ -223,10 +183,10 @@ class _Windows:
         from .target import TargetFeatures
 
         self.torch, self.opts, self.train = torch, opts, plan.data.train
-        self.features = TargetFeatures(opts.model, plan.layer_ids, opts.ctx_size, opts.threads, opts.device,
-                                       opts.top_k_labels)
+        self.features = TargetFeatures(opts.model, plan.layer_ids, opts.corpus.ctx_size, opts.runtime.threads,
+                                       opts.runtime.device, opts.objective.top_k_labels)
         self.kept: dict[int, tuple] = {}
-        self.keep = len(self.train) * opts.ctx_size * len(plan.layer_ids) * plan.meta["n_embd"] * 2 <= 2 << 30
+        self.keep = len(self.train) * opts.corpus.ctx_size * len(plan.layer_ids) * plan.meta["n_embd"] * 2 <= 2 << 30
         self.dtype = torch.bfloat16 if self.keep else torch.float32
 
     def target_pass(self, i: int):
@@ -244,7 +204,7 @@ class _Windows:
         torch, opts = self.torch, self.opts
         rng = np.random.default_rng([opts.seed, step])
         gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
-        pick = rng.integers(0, len(self.train), size=opts.batch)
+        pick = rng.integers(0, len(self.train), size=opts.schedule.batch)
         x = torch.from_numpy(np.stack([self.train[i] for i in pick]).astype(np.int64))
         feats, greedy, top = zip(*(self.target_pass(int(i)) for i in pick))
         return x, torch.stack(feats), torch.stack(greedy), top, gen
@@ -276,11 +236,11 @@ def _drafter(torch, opts: TrainOptions, plan: _Plan, dev, progress: _Progress):
     model = Drafter(plan.shape)
     model.init_weights(opts.seed)
     model.to(dev)
-    optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    if opts.resume:
-        ck = torch.load(opts.resume, map_location="cpu", weights_only=False)
+    optim = torch.optim.AdamW(model.parameters(), lr=opts.schedule.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    if opts.files.resume:
+        ck = torch.load(opts.files.resume, map_location="cpu", weights_only=False)
         if ck["settings"] != plan.settings(opts):
-            raise TrainError(f"--resume {opts.resume}: the checkpoint was made with other settings or data")
+            raise TrainError(f"--resume {opts.files.resume}: the checkpoint was made with other settings or data")
         model.load_state_dict(ck["model"])
         optim.load_state_dict(ck["optim"])
         progress.step, progress.curve, progress.evals, progress.elapsed_before = \
@@ -288,13 +248,13 @@ def _drafter(torch, opts: TrainOptions, plan: _Plan, dev, progress: _Progress):
     return model, optim
 
 
-def _learning_rate(opts: TrainOptions, step: int, warmup: int, deadline: Optional[float], now: float) -> float:
+def _learning_rate(schedule: ScheduleOptions, step: int, warmup: int, deadline: Optional[float], now: float) -> float:
     """Cosine over the step budget, or over the time budget when only that is given."""
     from . import recipe
 
-    if opts.steps:
-        return recipe.cosine_lr(opts.lr, step, opts.steps, warmup)
-    return recipe.timed_lr(opts.lr, step, 1 - (deadline - now) / (opts.max_minutes * 60))
+    if schedule.steps:
+        return recipe.cosine_lr(schedule.lr, step, schedule.steps, warmup)
+    return recipe.timed_lr(schedule.lr, step, 1 - (deadline - now) / (schedule.max_minutes * 60))
 
 
 def _write_report(opts: TrainOptions, plan: _Plan, progress: _Progress, objective: _Objective) -> tuple:
@@ -307,16 +267,16 @@ def _write_report(opts: TrainOptions, plan: _Plan, progress: _Progress, objectiv
         "steps": progress.step, "minutes": round(progress.elapsed() / 60, 3),
         "curve": progress.curve, "acceptance": progress.evals, "heldout_al": progress.evals[-1]["al"],
         "loss_vocabulary": None if objective.kept is None else int(len(objective.kept)),
-        "output": opts.output, "hf_out": opts.hf_out,
+        "output": opts.files.output, "hf_out": opts.files.hf_out,
     }
-    report_path = opts.report or os.path.splitext(opts.output)[0] + ".json"
+    report_path = opts.files.report or os.path.splitext(opts.files.output)[0] + ".json"
     Path(report_path).write_text(json.dumps(report, indent=1) + "\n")
     return report, report_path
 
 
 def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = None) -> dict:
-    """Train a DFlash drafter for the target GGUF opts.model; writes opts.output (GGUF),
-    the report (JSON) and, with hf_out, z-lab's HF layout. Returns the report.
+    """Train a DFlash drafter for the target GGUF opts.model; writes opts.files.output
+    (GGUF), the report (JSON) and, with hf_out, z-lab's HF layout. Returns the report.
     on_step(step, record) runs after each step (a KeyboardInterrupt raised there or by
     the user saves a checkpoint first)."""
     torch = _need_torch()
@@ -324,26 +284,27 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     from .evaluate import AcceptanceProbe
 
     _check(opts)
-    dev = _torch_device(torch, opts.train_device)
+    schedule, files, runtime, block = opts.schedule, opts.files, opts.runtime, opts.drafter.block_size
+    dev = _torch_device(torch, runtime.train_device)
     progress = _Progress(time.perf_counter())
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
+    if runtime.threads:
+        torch.set_num_threads(runtime.threads)
     torch.set_flush_denormal(True)
-    say = print if opts.progress else (lambda *a, **k: None)
+    say = print if runtime.progress else (lambda *a, **k: None)
     plan = _plan(opts, say)
     meta = plan.meta
     objective = _Objective(torch, opts, plan, dev)
     model, optim = _drafter(torch, opts, plan, dev, progress)
     windows = _Windows(torch, opts, plan)
-    probe = AcceptanceProbe(opts.model, plan.layer_ids, opts.block_size, plan.data.heldout[:opts.eval_prompts],
-                            min(64, opts.ctx_size), opts.eval_tokens, opts.threads, opts.device)
+    probe = AcceptanceProbe(opts.model, plan.layer_ids, block, plan.data.heldout[:opts.evaluation.eval_prompts],
+                            min(64, opts.corpus.ctx_size), opts.evaluation.eval_tokens, runtime.threads, runtime.device)
 
     def state_np():
         return {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
 
     def write_gguf(path):
-        export.write_gguf(path, state_np(), plan.shape, meta, opts.model, plan.layer_ids, opts.block_size,
-                          plan.mask_id, opts.outtype, objective.head_tokens)
+        export.write_gguf(path, state_np(), plan.shape, meta, opts.model, plan.layer_ids, block,
+                          plan.mask_id, files.outtype, objective.head_tokens)
 
     def measure(at_step: int):
         with tempfile.TemporaryDirectory() as tmp:
@@ -358,29 +319,31 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         ck = {"settings": plan.settings(opts), "step": progress.step, "model": model.state_dict(),
               "optim": optim.state_dict(), "curve": progress.curve, "evals": progress.evals,
               "elapsed": progress.elapsed()}
-        tmp = opts.checkpoint_path + ".tmp"
+        tmp = files.checkpoint_path + ".tmp"
         torch.save(ck, tmp)
-        os.replace(tmp, opts.checkpoint_path)
+        os.replace(tmp, files.checkpoint_path)
 
     say(f"dflash-train: target {meta['name']} ({meta['arch']}, {meta['n_layer']} layers, hidden {meta['n_embd']}, "
-        f"vocab {meta['n_vocab']}); drafter {plan.shape.layers} layers, block {opts.block_size}, target layers "
+        f"vocab {meta['n_vocab']}); drafter {plan.shape.layers} layers, block {block}, target layers "
         f"{plan.layer_ids}, mask token {plan.mask_id}, gamma {plan.gamma:g}; data {plan.data.n_docs} documents, "
-        f"{len(plan.data.train)} windows of {opts.ctx_size}, {len(plan.data.heldout)} held out; loss vocabulary "
+        f"{len(plan.data.train)} windows of {opts.corpus.ctx_size}, {len(plan.data.heldout)} held out; loss vocabulary "
         f"{'all' if objective.kept is None else len(objective.kept)}")
     if not progress.evals:
         say(f"  held-out AL before training: {measure(progress.step)['al']:.3f}")
 
-    warmup = max(1, min(100, (opts.steps or 0) // 10))
-    deadline = None if opts.max_minutes is None else progress.t_start + opts.max_minutes * 60 - progress.elapsed_before
+    warmup = max(1, min(100, (schedule.steps or 0) // 10))
+    deadline = None if schedule.max_minutes is None else \
+        progress.t_start + schedule.max_minutes * 60 - progress.elapsed_before
     last_ck = last_eval = time.perf_counter()
-    bar = _Bar(opts.steps, deadline, opts.progress)
+    bar = _Bar(schedule.steps, deadline, runtime.progress)
     model.train()
     try:
-        while (opts.steps is None or progress.step < opts.steps) and (deadline is None or time.perf_counter() < deadline):
+        while (schedule.steps is None or progress.step < schedule.steps) and \
+                (deadline is None or time.perf_counter() < deadline):
             t0 = time.perf_counter()
             x, feats, greedy, top, gen = windows.draw(progress.step)
             for g in optim.param_groups:
-                g["lr"] = _learning_rate(opts, progress.step, warmup, deadline, t0)
+                g["lr"] = _learning_rate(schedule, progress.step, warmup, deadline, t0)
             loss, acc, n_labels = objective(model, x, feats, greedy, top, gen)
             optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -394,12 +357,12 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
             if on_step is not None:
                 on_step(progress.step, rec)
             now = time.perf_counter()
-            if opts.eval_every and now - last_eval >= opts.eval_every * 60:
+            if opts.evaluation.eval_every and now - last_eval >= opts.evaluation.eval_every * 60:
                 model.eval()
                 bar.note(f"step {progress.step}: held-out AL {measure(progress.step)['al']:.3f}")
                 model.train()
                 last_eval = time.perf_counter()
-            if opts.checkpoint_every and now - last_ck >= opts.checkpoint_every * 60:
+            if files.checkpoint_every and now - last_ck >= files.checkpoint_every * 60:
                 save_checkpoint()
                 last_ck = time.perf_counter()
     except KeyboardInterrupt:
@@ -412,27 +375,27 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
     windows.close()
     model.eval()
     save_checkpoint()
-    write_gguf(opts.output)
+    write_gguf(files.output)
     if not progress.evals or progress.evals[-1]["step"] != progress.step:
         measure(progress.step)
     probe.close()
-    if opts.hf_out:
-        export.write_hf(opts.hf_out, state_np(), plan.shape, meta, plan.layer_ids, opts.block_size, plan.mask_id)
+    if files.hf_out:
+        export.write_hf(files.hf_out, state_np(), plan.shape, meta, plan.layer_ids, block, plan.mask_id)
     report, report_path = _write_report(opts, plan, progress, objective)
     say(f"dflash-train: {progress.step} steps, held-out AL {progress.evals[0]['al']:.3f} -> "
-        f"{progress.evals[-1]['al']:.3f}; wrote {opts.output} and {report_path}")
+        f"{progress.evals[-1]['al']:.3f}; wrote {files.output} and {report_path}")
     return report
 
 
 def _head_tokens(opts: TrainOptions, counts: np.ndarray):
     """--draft-vocab's kept set: the special tokens and the data's commonest, chosen as
     the runtime's --spec-draft-vocab chooses them (None: the file carries none)."""
-    if not opts.draft_vocab:
+    if not opts.drafter.draft_vocab:
         return None
     from ..draft_simple import kept_tokens
 
     try:
-        return kept_tokens(opts.model, opts.draft_vocab, counts)
+        return kept_tokens(opts.model, opts.drafter.draft_vocab, counts)
     except ValueError as e:
         raise TrainError(str(e).replace("--spec-draft-vocab", "--draft-vocab")) from None
 
@@ -440,7 +403,8 @@ def _head_tokens(opts: TrainOptions, counts: np.ndarray):
 def load_data(opts: TrainOptions, tokenizer, render):
     from .data import load_dataset
 
-    return load_dataset(opts.data, tokenizer, render, opts.ctx_size, opts.seed, opts.eval_prompts)
+    corpus = opts.corpus
+    return load_dataset(corpus.data, tokenizer, render, corpus.ctx_size, opts.seed, opts.evaluation.eval_prompts)
 
 
 def _torch_device(torch, name: str):
@@ -456,9 +420,12 @@ def _torch_device(torch, name: str):
 
 def _settings(opts, layer_ids, gamma, shape, mask_id, data_sha) -> dict:
     """What determines the run's result (a resume must match it)."""
-    keep = ("seed", "steps", "regenerate", "block_size", "draft_layers", "lr", "ctx_size", "batch", "anchors", "loss_vocab",
-            "top_k_labels", "draft_vocab")
-    out = {k: getattr(opts, k) for k in keep}
+    corpus, drafter, objective, schedule = opts.corpus, opts.drafter, opts.objective, opts.schedule
+    out = {"seed": opts.seed, "steps": schedule.steps, "regenerate": corpus.regenerate,
+           "block_size": drafter.block_size, "draft_layers": drafter.draft_layers, "lr": schedule.lr,
+           "ctx_size": corpus.ctx_size, "batch": schedule.batch, "anchors": objective.anchors,
+           "loss_vocab": objective.loss_vocab, "top_k_labels": objective.top_k_labels,
+           "draft_vocab": drafter.draft_vocab}
     out.update(model=os.path.basename(opts.model), model_sha256_head=_head_hash(opts.model), layer_ids=layer_ids,
                gamma=gamma, mask_id=mask_id, shape=shape.to_dict(), data_sha256=data_sha)
     return out

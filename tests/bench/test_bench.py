@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 
 from dflash_gguf.bench import arms_from, cli, kinds, llama_cpp, method, ours, provenance, report, slim, stats
-from dflash_gguf.bench.runs import Run, Sampling
+from dflash_gguf.bench.runs import Cell, Run, Sampling
 from dflash_gguf.config import SPEC_TYPES
 from dflash_gguf.demo import demo_paths
 
@@ -86,9 +86,10 @@ def test_a_log_that_lost_its_summary_is_run_again(tmp_path):
         llama_cpp.run_parsed([str(exe), "19"], llama_cpp.parse_completion, "decode_s")
 
 
-def run(engine, mode, rep, prompt, tokens, seconds, passes, sampling="greedy", ids=None, text=None):
-    return Run(engine=engine, mode=mode, sampling=sampling, rep=rep, prompt=prompt, prompt_tokens=10, tokens=tokens,
-               decode_s=seconds, passes=passes, token_ids=ids, text=text)
+def run(engine, mode, rep, prompt, tokens, seconds, passes, sampling="greedy", ids=None, text=None,
+        speculative=False, default=False):
+    return Run(Cell(engine, mode, sampling, speculative, default), rep=rep, prompt=prompt, prompt_tokens=10,
+               tokens=tokens, decode_s=seconds, passes=passes, token_ids=ids, text=text)
 
 
 def test_rows_aggregate_each_repetition_then_take_the_median():
@@ -100,7 +101,7 @@ def test_rows_aggregate_each_repetition_then_take_the_median():
             run("ours", "chain", 0, "b", 100, 0.25, 50, ids=[4]),
             run("llama.cpp", report.LLAMA_PLAIN[1], 0, "a", 100, 2.0, 100, text="x\n"),
             run("llama.cpp", report.LLAMA_PLAIN[1], 0, "b", 100, 2.0, 100, text="z")]
-    rows = {(r.engine, r.mode): r for r in report.rows(runs)}
+    rows = {(r.cell.engine, r.cell.mode): r for r in report.rows(runs)}
     plain, chain, llama = rows[("ours", "plain")], rows[("ours", "chain")], rows[report.LLAMA_PLAIN]
     assert (plain.tok_s.median, plain.tok_s.low, plain.tok_s.high, plain.tok_s.n) == (150.0, 100.0, 200.0, 2)
     assert plain.al.median == 1.0 and plain.same is None
@@ -110,8 +111,9 @@ def test_rows_aggregate_each_repetition_then_take_the_median():
 
 
 def test_llama_cpp_text_may_run_past_our_last_token_only_when_we_stopped_at_n():
-    at_n = Run("ours", "plain", "greedy", 0, "a", 10, 15, 0.1, 15, text="def f(x):", extra={"stop_reason": "length"})
-    at_eog = Run("ours", "plain", "greedy", 0, "a", 10, 9, 0.1, 9, text="def f(x):", extra={"stop_reason": "stop"})
+    plain = Cell("ours", "plain", "greedy")
+    at_n = Run(plain, 0, "a", 10, 15, 0.1, 15, text="def f(x):", extra={"stop_reason": "length"})
+    at_eog = Run(plain, 0, "a", 10, 9, 0.1, 9, text="def f(x):", extra={"stop_reason": "stop"})
     assert report.same_text("def f(x):\n", at_n) and report.same_text("def f(x):\n    return", at_n)
     assert report.same_text("def f(x):", at_eog) and not report.same_text("def f(x):\n    return", at_eog)
     assert not report.same_text("def g(x):", at_n) and not report.same_text(None, at_n)
@@ -125,14 +127,12 @@ def slim_pair_runs() -> list:
              for rep in (0, 1) for p, ids, text in (("a", [5, 6, 7], "def f(x):"), ("b", [8, 9], "return 1\n"))]
     for r in plain:
         r.extra = {"stop_reason": "length" if r.prompt == "a" else "stop"}
-    chain = [run("ours", "chain", rep, p, 16, 0.05, 6, ids=ids, text="?")
+    chain = [run("ours", "chain", rep, p, 16, 0.05, 6, ids=ids, text="?", speculative=True)
              for rep in (0, 1) for p, ids in (("a", [5, 6, 7]), ("b", [8, 10]))]
     llama = [run("llama.cpp", report.LLAMA_PLAIN[1], rep, p, 16, 0.2, 16, text=text)
              for rep in (0, 1) for p, text in (("a", "def f(x):\n    return x"), ("b", "return 2"))]
-    spec = [run("llama.cpp", "DFlash (default)", rep, p, 16, 0.08, 5, text=text)
+    spec = [run("llama.cpp", "DFlash (default)", rep, p, 16, 0.08, 5, text=text, speculative=True)
             for rep in (0, 1) for p, text in (("a", "def f(x):  "), ("b", "return 1 + 0"))]
-    for r in chain + spec:
-        r.speculative = True
     return plain + chain + llama + spec
 
 
@@ -157,7 +157,7 @@ def test_a_slim_file_gives_the_raw_file_s_rows_and_comparisons(tmp_path):
     assert b"def f" not in lzma.decompress((tmp_path / "x.records.jsonl.xz").read_bytes())
 
     def derived(records):
-        table = report.rows([Run(**r) for r in records])
+        table = report.rows([Run.from_json(r) for r in records])
         return ([r.to_json() for r in table], report.each_sampling(table, report.comparisons),
                 report.headline(table))
     from_raw, from_slim = derived(doc["runs"]), derived(kept["runs"])
@@ -190,9 +190,7 @@ def test_a_slim_file_is_a_pair_a_run_a_line_and_slimming_it_again_changes_nothin
 
 
 def spec_run(mode, rep, seconds, default=False, engine="ours", passes=50):
-    r = run(engine, mode, rep, "a", 100, seconds, passes)
-    r.speculative, r.default = True, default
-    return r
+    return run(engine, mode, rep, "a", 100, seconds, passes, speculative=True, default=default)
 
 
 def test_each_side_at_its_best_and_at_its_default():
@@ -203,9 +201,9 @@ def test_each_side_at_its_best_and_at_its_default():
     for r in runs:
         r.load_1m = 0.1
     runs[3].load_1m, runs[3].loaded = 3.0, True  # chain p-min 0's first repetition started loaded
-    table = {r.mode: r for r in report.rows(runs)}
-    assert table["chain p-min 0"].best and not table["chain (default)"].best and table["chain (default)"].default
-    assert table["DFlash (p-min 0.5)"].best and table["DFlash (default)"].default
+    table = {r.cell.mode: r for r in report.rows(runs)}
+    assert table["chain p-min 0"].best and not table["chain (default)"].best and table["chain (default)"].cell.default
+    assert table["DFlash (p-min 0.5)"].best and table["DFlash (default)"].cell.default
     assert table["chain p-min 0"].loaded and not table["chain (default)"].loaded
     assert table["chain p-min 0"].load_1m == [3.0, 0.1, 0.1]
     # medians, never the best run: 400 [333-500] tok/s
@@ -949,7 +947,7 @@ def test_llama_bench_prefill_arm(tmp_path):
     assert arm.name == "prefill (llama-bench -p 512)"
     assert cmd[cmd.index("-p") + 1] == "512" and cmd[cmd.index("-n") + 1] == "0"
     runs = arm.one_round(None, 1, 0)
-    assert [(r.tokens, r.decode_s, r.prefill_s, r.mode) for r in runs] == [
+    assert [(r.tokens, r.decode_s, r.prefill_s, r.cell.mode) for r in runs] == [
         (512, 0.2, 0.2, arm.name), (512, 0.4, 0.4, arm.name)]
     plain = llama_cpp.BenchArm(exe, setup, 30).command()  # decoding as before: -p 0 -n N -d depth
     assert plain[plain.index("-p") + 1] == "0" and plain[plain.index("-n") + 1] == "64"

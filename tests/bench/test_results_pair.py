@@ -136,7 +136,7 @@ def test_a_converted_real_file_gives_its_stored_rows_and_comparisons():
     assert "runs" not in head and head["records"]["counts"] == {"runs": 8323}
     doc = slim.read(path)
     assert len(doc["runs"]) == 8323 and doc["rows"] == head["rows"]
-    table = report.rows([Run(**r) for r in doc["runs"]])
+    table = report.rows([Run.from_json(r) for r in doc["runs"]])
     # the rows were computed from the full floats, the records keep 6 significant digits
     assert slim.same_figures([r.to_json() for r in table], doc["rows"])
     # the file predates the comparisons' ranges, repetition counts and verdicts: its fields agree

@@ -85,10 +85,10 @@ def train_for_demo_target(root: Path) -> tuple[str, str]:
     (root / "code").mkdir()
     for name in ("textwrap.py", "string.py", "bisect.py", "shlex.py", "heapq.py"):
         (root / "code" / name).write_text((stdlib / name).read_text(encoding="utf-8")[:6000])
-    train(TrainOptions(model=str(target), data=[str(root / "code")], output=str(root / "draft.gguf"), steps=60,
-                       seed=5, regenerate=True, block_size=8, ctx_size=64, batch=4, anchors=16, draft_layers=1,
-                       lr=1e-2, eval_prompts=1, eval_tokens=8, checkpoint_every=0, eval_every=0, threads=1,
-                       progress=False))
+    train(TrainOptions.from_flags(model=str(target), data=[str(root / "code")], output=str(root / "draft.gguf"),
+                                  steps=60, seed=5, regenerate=True, block_size=8, ctx_size=64, batch=4, anchors=16,
+                                  draft_layers=1, lr=1e-2, eval_prompts=1, eval_tokens=8, checkpoint_every=0,
+                                  eval_every=0, threads=1, progress=False))
     return str(target), str(root / "draft.gguf")
 
 

@@ -93,9 +93,9 @@ def test_dflash_train_makes_a_drafter_for_the_published_gemma3(pair, tmp_path):
 
     data = [str(f) for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("b[ai]*.py"))]
     out = tmp_path / "gemma3-dflash.gguf"
-    train(TrainOptions(model=pair["small"], data=data, output=str(out), steps=3, seed=0, block_size=8,
-                       ctx_size=128, batch=2, anchors=8, draft_vocab=8192, eval_prompts=1, eval_tokens=8,
-                       checkpoint_every=0, eval_every=0, progress=False))
+    train(TrainOptions.from_flags(model=pair["small"], data=data, output=str(out), steps=3, seed=0, block_size=8,
+                                  ctx_size=128, batch=2, anchors=8, draft_vocab=8192, eval_prompts=1, eval_tokens=8,
+                                  checkpoint_every=0, eval_every=0, progress=False))
     meta = GGUFMeta(str(out))
     assert meta.get("dflash.embedding_scale") == pytest.approx(640 ** 0.5, rel=1e-2)
     assert len(meta.get("dflash.head_tokens")) == 8192

@@ -63,8 +63,9 @@ def trained(tmp_path_factory):
     for name in ("textwrap.py", "string.py", "bisect.py", "colorsys.py", "keyword.py", "shlex.py", "fnmatch.py",
                  "glob.py", "heapq.py", "queue.py", "sched.py", "stat.py", "graphlib.py", "numbers.py"):
         (code / name).write_text((stdlib / name).read_text(encoding="utf-8")[:6000])
-    opts = TrainOptions(model=str(DEMO_TARGET), data=[str(code)], output=str(out / "draft.gguf"), steps=STEPS,
-                        seed=1, regenerate=True, **{**SMALL, "eval_prompts": 4, "eval_tokens": 48})
+    opts = TrainOptions.from_flags(model=str(DEMO_TARGET), data=[str(code)], output=str(out / "draft.gguf"),
+                                   steps=STEPS, seed=1, regenerate=True,
+                                   **{**SMALL, "eval_prompts": 4, "eval_tokens": 48})
     return train(opts), out
 
 
@@ -72,8 +73,8 @@ def trained(tmp_path_factory):
 def tiny(target, corpus, tmp_path_factory):
     """A few steps on the tiny seeded target, with the HF layout too."""
     out = tmp_path_factory.mktemp("tiny")
-    opts = TrainOptions(model=str(target), data=[str(corpus)], output=str(out / "draft.gguf"), steps=20, seed=2,
-                        hf_out=str(out / "hf"), **{**SMALL, "eval_prompts": 1, "eval_tokens": 8})
+    opts = TrainOptions.from_flags(model=str(target), data=[str(corpus)], output=str(out / "draft.gguf"), steps=20,
+                                   seed=2, hf_out=str(out / "hf"), **{**SMALL, "eval_prompts": 1, "eval_tokens": 8})
     return train(opts), out
 
 
@@ -156,9 +157,9 @@ def test_gguf_is_what_our_converter_writes_from_the_hf_output(tiny, target, qwen
 def test_resume_ends_with_the_weights_of_an_uninterrupted_run(target, corpus, tmp_path):
     common = dict(model=str(target), data=[str(corpus)], steps=12, seed=3, **{**SMALL, "eval_prompts": 1,
                                                                                "eval_tokens": 8})
-    whole = TrainOptions(output=str(tmp_path / "whole.gguf"), **common)
+    whole = TrainOptions.from_flags(output=str(tmp_path / "whole.gguf"), **common)
     train(whole)
-    cut = TrainOptions(output=str(tmp_path / "cut.gguf"), **common)
+    cut = TrainOptions.from_flags(output=str(tmp_path / "cut.gguf"), **common)
 
     def stop(step, rec):
         if step == 5:
@@ -166,11 +167,11 @@ def test_resume_ends_with_the_weights_of_an_uninterrupted_run(target, corpus, tm
 
     with pytest.raises(KeyboardInterrupt):
         train(cut, on_step=stop)
-    assert torch.load(cut.checkpoint_path, weights_only=False)["step"] == 5
-    cut.resume = cut.checkpoint_path
+    assert torch.load(cut.files.checkpoint_path, weights_only=False)["step"] == 5
+    cut.files.resume = cut.files.checkpoint_path
     train(cut)
-    a = torch.load(whole.checkpoint_path, weights_only=False)["model"]
-    b = torch.load(cut.checkpoint_path, weights_only=False)["model"]
+    a = torch.load(whole.files.checkpoint_path, weights_only=False)["model"]
+    b = torch.load(cut.files.checkpoint_path, weights_only=False)["model"]
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -186,8 +187,8 @@ def test_draft_vocab_carries_a_kept_set_the_runtime_cuts_the_head_by(target, cor
 
     n = 64
     out = tmp_path / "kept.gguf"
-    train(TrainOptions(model=str(target), data=[str(corpus)], output=str(out), steps=2, seed=4, draft_vocab=n,
-                       **{**SMALL, "eval_prompts": 1, "eval_tokens": 8}))
+    train(TrainOptions.from_flags(model=str(target), data=[str(corpus)], output=str(out), steps=2, seed=4,
+                                  draft_vocab=n, **{**SMALL, "eval_prompts": 1, "eval_tokens": 8}))
     fields = gguf.GGUFReader(str(out)).fields
     kept = fields["dflash.head_tokens"].contents()
     types = np.asarray(fields["tokenizer.ggml.token_type"].contents())
@@ -219,8 +220,8 @@ def test_a_gemma3_drafter_trains_through_the_embedding_scale_and_softcap(corpus,
     assert meta["arch"] == "gemma3" and meta["softcap"] == 5.0 and abs(meta["embd_scale"] - 128 ** 0.5) < 1e-2
     out = tmp_path / "draft.gguf"
     text = [str(f) for f in sorted(corpus.glob("*.txt"))]  # the tiny Gemma has no chat template
-    report = train(TrainOptions(model=str(target), data=text, output=str(out), steps=6, seed=5,
-                                **{**SMALL, "eval_prompts": 1, "eval_tokens": 8}))
+    report = train(TrainOptions.from_flags(model=str(target), data=text, output=str(out), steps=6, seed=5,
+                                           **{**SMALL, "eval_prompts": 1, "eval_tokens": 8}))
     fields = gguf.GGUFReader(str(out)).fields
     assert fields["dflash.embedding_scale"].contents() == pytest.approx(meta["embd_scale"])
     assert fields["dflash.final_logit_softcapping"].contents() == pytest.approx(5.0)
@@ -358,11 +359,11 @@ def test_top_k_labels_are_the_targets_distribution_at_each_label():
 def test_a_run_with_top_k_labels_learns(target, corpus, tmp_path):
     """A short run distilling the tiny target's top-4: the loss (which has the teacher's
     entropy as its floor) falls and the file is written."""
-    opts = TrainOptions(model=str(target), data=[str(corpus)], output=str(tmp_path / "d.gguf"), steps=30, seed=4,
-                        top_k_labels=4, **{**SMALL, "eval_prompts": 1, "eval_tokens": 8})
+    opts = TrainOptions.from_flags(model=str(target), data=[str(corpus)], output=str(tmp_path / "d.gguf"), steps=30,
+                                   seed=4, top_k_labels=4, **{**SMALL, "eval_prompts": 1, "eval_tokens": 8})
     report = train(opts)
     losses = [c["loss"] for c in report["curve"]]
-    assert report["settings"]["top_k_labels"] == 4 and Path(opts.output).stat().st_size > 0
+    assert report["settings"]["top_k_labels"] == 4 and Path(opts.files.output).stat().st_size > 0
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
 
 

@@ -23,6 +23,7 @@ from dflash_gguf import tool_grammar
 from dflash_gguf.assistant import prepare_turn
 from dflash_gguf.demo import demo_paths
 from dflash_gguf.engine import Engine
+from dflash_gguf.generate import Request
 from dflash_gguf.sampling import SamplingParams
 from dflash_gguf.serving import Job, QueueFull, Scheduler, ShuttingDown
 
@@ -224,7 +225,7 @@ def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
                     finished.set()
         return sink
 
-    jobs = [Job(tokens=engine.encode(f"def f{i}(x):\n"), max_tokens=4, sink=sink_for(i)) for i in range(6)]
+    jobs = [Job(Request(engine.encode(f"def f{i}(x):\n"), 4), sink_for(i)) for i in range(6)]
     try:
         for job in jobs:
             scheduler.submit(job)
@@ -234,7 +235,7 @@ def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
         scheduler.close()
     assert events == [(i, "done") for i in range(6)]
     for a, b in zip(jobs, jobs[1:]):
-        assert a.queued_at <= b.queued_at and a.finished_at <= b.started_at
+        assert a.times.queued_at <= b.times.queued_at and a.times.finished_at <= b.times.started_at
     assert jobs[4].stats.generated_tokens == 0 and jobs[5].stats.generated_tokens == 4
     assert scheduler.totals.requests == 6 and scheduler.totals.cancelled == 1
     with pytest.raises(ShuttingDown):
@@ -258,7 +259,7 @@ def test_a_job_whose_client_left_holds_no_place_in_the_queue(engine):
         return put
 
     def job(name, hold=False):
-        return Job(tokens=engine.encode(f"def {name}(x):\n"), max_tokens=8, sink=sink(name, hold))
+        return Job(Request(engine.encode(f"def {name}(x):\n"), 8), sink(name, hold))
 
     try:
         scheduler.submit(job("first", hold=True))
@@ -616,7 +617,7 @@ def test_scheduler_with_slots_runs_jobs_together_each_as_alone(engine):
     with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1, n_seq=2) as e2:
         tokens = [e2.encode(p) for p in prompts]
         tokens.insert(1, e2.encode(CODE))  # job 1 runs long and is cancelled once it streams
-        jobs = [Job(tokens=t, max_tokens=1500 if i == 1 else 24, sink=sink_for(i)) for i, t in enumerate(tokens)]
+        jobs = [Job(Request(t, 1500 if i == 1 else 24), sink_for(i)) for i, t in enumerate(tokens)]
         scheduler = Scheduler(e2, max_queue=8)
         try:
             for job in jobs:
@@ -633,8 +634,8 @@ def test_scheduler_with_slots_runs_jobs_together_each_as_alone(engine):
         assert job.stats.accepted_lengths == w.stats.accepted_lengths
     # two at a time: the first two ran together, and a waiting job started before
     # both of them had ended
-    assert jobs[1].started_at < jobs[0].finished_at
-    assert min(j.started_at for j in jobs[2:]) < max(jobs[0].finished_at, jobs[1].finished_at)
+    assert jobs[1].times.started_at < jobs[0].times.finished_at
+    assert min(j.times.started_at for j in jobs[2:]) < max(jobs[0].times.finished_at, jobs[1].times.finished_at)
     assert {j.slot for j in jobs} == {0, 1}
     assert scheduler.totals.requests == len(jobs) and scheduler.totals.cancelled == 1
 
