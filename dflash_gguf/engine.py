@@ -114,13 +114,15 @@ class Engine:
         if over:
             raise refusal(model, draft, setup, self.memory_plan, over, memory_limit_mib)
         self.setup = setup
-        self.block_size, self.tree_budget, self.auto_budget = setup.block_size, setup.tree_budget, setup.auto_budget
+        drafting = setup.drafting
+        self.block_size, self.tree_budget = drafting.block_size, drafting.tree_budget
+        self.auto_budget = drafting.auto_budget
         target_config, draft_config, n_threads = setup.target_config, setup.draft_config, setup.n_threads
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, target_config)
-        self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
-        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0 and not setup.ngram_kinds \
-                and setup.suffix is None:
+        self.draft_p_min = default_p_min(self.target) if drafting.draft_p_min is None else drafting.draft_p_min
+        if draft_config is not None and self.tree_budget is None and self.draft_p_min == 0 \
+                and not setup.weightless.ngram_kinds and setup.weightless.suffix is None:
             # a chain that is never cut reads no probabilities: its proposes rank nothing
             draft_config = replace(draft_config, top_k=0)
         try:
@@ -131,7 +133,7 @@ class Engine:
             self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
             # draft-simple: a second model of the target's kind, with its own memory (draft_simple.py)
             self.simple_draft = self._simple_draft(setup.simple) if setup.simple else None
-            if setup.spec_draft_conf_min > 0 and not self.draft.has_confidence:
+            if drafting.spec_draft_conf_min > 0 and not self.draft.has_confidence:
                 self.draft.close()
                 raise ConfigError("spec_draft_conf_min", f"{setup.draft_path} has no confidence head: leave "
                                                          "draft conf-min at 0")
@@ -139,7 +141,7 @@ class Engine:
             self.target.close()
             raise
         self.n_threads = n_threads
-        self.chain_rule = setup.chain_rule
+        self.chain_rule = drafting.chain_rule
         self.last_tokens: List[int] = []  # every token the last call generated
         # per slot: the tokens its context holds, and whether it was filled speculatively
         self._contexts: List[tuple] = [([], None) for _ in range(self.target.n_seq)]
@@ -150,7 +152,7 @@ class Engine:
         # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
         self.grammar_drafting = True
         # suffix: the engine's corpora of earlier requests, one per Request.corpus key
-        self.suffix_corpora = SuffixCorpora(setup.suffix) if setup.suffix is not None else None
+        self.suffix_corpora = SuffixCorpora(setup.weightless.suffix) if setup.weightless.suffix is not None else None
         # each request's proposer, and what `auto` and the weightless kinds' pricing learn
         # across requests (the verify cost table, per sampling regime the last sequence's)
         self.choice = ProposerChoice(self)
@@ -226,8 +228,8 @@ class Engine:
         lookahead = 0
         if speculative and self.draft is not None:
             lookahead = self.tree_budget + 1 if self.tree_budget else (self.block_size or self.draft.block_size)
-        if speculative and (self.setup.ngram_kinds or self.suffix_corpora is not None):
-            lookahead = max(lookahead, self.setup.spec_draft_n_max + 1)
+        if speculative and (self.setup.weightless.ngram_kinds or self.suffix_corpora is not None):
+            lookahead = max(lookahead, self.setup.weightless.spec_draft_n_max + 1)
         if speculative and self.simple_draft is not None:
             lookahead = max(lookahead, self.setup.simple.lookahead)
         check_request(self.target, tokens, max_tokens, lookahead, context_full)
