@@ -301,30 +301,53 @@ def _placement_rules(option: str, overrides, cpu_option: str, cpu_moe, n_option:
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")
 
 
+@dataclass(frozen=True)
+class DraftingSetup:
+    """How the drafter (a drafter GGUF's, or the model's own MTP layer) drafts: its block
+    (the bonus and the drafts; None without a drafter), the tree it verifies (tree_budget
+    nodes; None: chains) or, with auto_budget, each step's choice of plain decoding, the
+    chain or a tree of up to tree_budget nodes, the chain's cuts (draft_p_min, None:
+    speculative.default_p_min of the loaded target; DSpark's confidence cut
+    spec_draft_conf_min, 0: none) and a sampled chain's accept rule
+    (speculative.chain_proposer)."""
+
+    block_size: Optional[int] = None
+    tree_budget: Optional[int] = None
+    auto_budget: bool = False
+    draft_p_min: Optional[float] = None
+    chain_rule: str = DEFAULT_CHAIN_RULE
+    spec_draft_conf_min: float = 0.0
+
+
+@dataclass(frozen=True)
+class WeightlessSetup:
+    """The weightless kinds that draft (--spec-type), beside the drafter or alone: the
+    n-gram kinds with their settings, suffix's settings (None: it does not draft), and
+    their longest draft."""
+
+    ngram_kinds: tuple = ()
+    ngram: NgramConfig = NgramConfig()
+    suffix: Optional[SuffixConfig] = None
+    spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX
+
+
 @dataclass
 class EngineSetup:
     """What an Engine loads, derived and checked from its options (also what the memory
-    plan is made of)."""
+    plan is made of), and how it drafts (drafting: the drafter's; weightless: the n-gram
+    kinds' and suffix's)."""
 
-    block_size: Optional[int]
-    tree_budget: Optional[int]
-    auto_budget: bool
     target_config: TargetConfig
     draft_config: Optional[DraftConfig]
     n_threads: int
-    draft_p_min: Optional[float] = None  # None: speculative.default_p_min of the loaded target
-    chain_rule: str = DEFAULT_CHAIN_RULE  # a sampled chain's accept rule (speculative.chain_proposer)
-    ngram_kinds: tuple = ()  # the n-gram kinds that draft (--spec-type), beside the drafter or alone
-    spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX  # the weightless kinds' longest draft
-    ngram: NgramConfig = NgramConfig()
-    spec_draft_conf_min: float = 0.0  # DSpark's confidence cut of the chain (0: none)
+    drafting: DraftingSetup
+    weightless: WeightlessSetup
     draft_path: Optional[str] = None  # the drafter's GGUF: -md's, or the model's own for draft-mtp
     simple: Optional[SimpleSetup] = None  # draft-simple's small model and settings (draft_path is then None)
     # a DFlash drafter's head cut to that many tokens (draft_simple.kept_tokens; 0: the
     # kept set its file carries, else all), the commonest in draft_vocab_from's text
     draft_vocab: int = 0
     draft_vocab_from: Tuple[str, ...] = ()
-    suffix: Optional[SuffixConfig] = None  # --spec-type suffix's settings (None: it does not draft)
 
     @property
     def n_seq(self) -> int:
@@ -440,9 +463,10 @@ class EngineSetup:
             draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,
                                        block_size=block if meta["kind"] in AUTOREGRESSIVE else 0,
                                        tensor_overrides=draft_rules)
-        return cls(block, budget, auto, target_config, draft_config, n_threads, draft_p_min, chain_rule,
-                   ngram_kinds, n_max, ngram, float(spec_draft_conf_min), draft_path, simple_setup,
-                   0 if simple else spec_draft_vocab, () if simple else tuple(map(str, vocab_from)), suffix)
+        drafting = DraftingSetup(block, budget, auto, draft_p_min, chain_rule, float(spec_draft_conf_min))
+        return cls(target_config, draft_config, n_threads, drafting, WeightlessSetup(ngram_kinds, ngram, suffix, n_max),
+                   draft_path, simple_setup, 0 if simple else spec_draft_vocab,
+                   () if simple else tuple(map(str, vocab_from)))
 
 
 def _vocab_from(spec_draft_vocab: int, spec_draft_vocab_from) -> Tuple[str, ...]:

@@ -20,7 +20,8 @@ the target's own sampling."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, List, Optional, Sequence as Seq, Tuple
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tuple
 
 from .ddtree import accept_path
 from .generate import GenerationStats, Placement, Prefill, Request, check_request, start_context
@@ -29,47 +30,90 @@ from .sampling import Sampler
 from .target import CHAIN, DECODE, INVARIANT_STEP_ROWS, LOGITS_LAST, TREE, Rows
 
 
-def _no_stage(stage: str) -> None:
-    pass
+@dataclass
+class Tokens:
+    """A sequence's tokens: its prompt, the context positions filled (n_past: the prompt,
+    then what its steps committed; the bonus is not among them), the tokens of those
+    positions where a drafter needs them (context: the positions the drafter lacks are
+    those from its own n_past on; None without a drafter) and the bonus, the next token
+    the target has not seen."""
+
+    prompt: List[int]
+    n_past: int
+    context: Optional[List[int]]
+    bonus: Optional[int] = None
+
+    def took(self, committed: List[int], bonus: int) -> None:
+        """A step committed these tokens (its old bonus, then the accepted drafts) and
+        chose the next bonus."""
+        if self.context is not None:
+            self.context += committed
+        self.n_past += len(committed)
+        self.bonus = bonus
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Where a request's tokens end: after max_tokens, or at a stop token (kept)."""
+
+    max_tokens: int
+    stops: Set[int]
+
+    def kept(self, new: List[int], wanted: int) -> Tuple[int, bool]:
+        """How many of a step's tokens the request keeps when it still wants `wanted`,
+        and whether a stop token ended them."""
+        produced = min(len(new), wanted)
+        for i in range(produced):
+            if new[i] in self.stops:
+                return i + 1, True
+        return produced, False
+
+
+@dataclass
+class Clock:
+    """When a sequence's prompt began going in and its decoding began (perf_counter; 0:
+    not yet), for its statistics' prefill and decode seconds."""
+
+    prefill: float = 0.0
+    decode: float = 0.0
 
 
 class Sequence:
     """One request (generate.Request) in its place (generate.Placement: its slot, the
     prompt tokens the slot holds, who watches its stages, its prefill's checkpoints):
-    its sampler, proposer, the tokens it emitted and its statistics. grammar (a
-    constraints.GrammarState): the constraint its tokens follow; generation ends where
-    the grammar does."""
+    its sampler, proposer, its tokens (Tokens), where they end (Ending) and its
+    statistics. grammar (a constraints.GrammarState): the constraint its tokens follow;
+    generation ends where the grammar does."""
 
     def __init__(self, target, draft, proposer, request: Request, stats: GenerationStats,
                  where: Placement = Placement(), grammar=None):
         prompt = request.prompt
         check_request(target, prompt, request.max_tokens, proposer.lookahead, request.context_full)
         self.target, self.draft, self.proposer = target, draft, proposer
-        self.prompt, self.max_tokens, self.stops = prompt, request.max_tokens, set(request.stop_tokens or ())
-        self.stats, self.slot, self.reused, self.saver = stats, where.slot, where.reused, where.saver
-        self.stage = where.on_stage or _no_stage
+        self.stats, self.where, self.slot = stats, where, where.slot
         self.sampler = Sampler(request.sampling, prompt, grammar)
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
-        self.bonus: Optional[int] = None  # the next token the target has not seen
-        self.n_past = len(prompt)         # context positions filled (the bonus is not among them)
-        # the tokens of the context's positions (the prompt, then what steps committed),
-        # kept with a drafter: the positions it lacks are those from its own n_past on
-        self.context: List[int] = list(prompt) if draft is not None else []
+        self.tokens = Tokens(prompt, len(prompt), list(prompt) if draft is not None else None)
+        self.ending = Ending(request.max_tokens, set(request.stop_tokens or ()))
+        self.clock = Clock()
         self.row0 = 0                     # its first row in the current step's results
         self.prefill: Optional[Prefill] = None  # its prompt going in (start_prefill)
-        self._t_prefill = 0.0
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
-        self._t_start = 0.0
+
+    def stage(self, name: str) -> None:
+        """Tell whoever watches the sequence (Placement.on_stage) the stage it reached."""
+        if self.where.on_stage is not None:
+            self.where.on_stage(name)
 
     # -- the request's budget -----------------------------------------------------------
     @property
     def remaining(self) -> int:
-        return self.max_tokens - self.stats.generated_tokens
+        return self.ending.max_tokens - self.stats.generated_tokens
 
     @property
     def room(self) -> int:
-        return self.target.n_ctx - self.n_past
+        return self.target.n_ctx - self.tokens.n_past
 
     def catch_up_due(self) -> bool:
         """Whether a step that drafts nothing must still let the drafter take the
@@ -80,20 +124,20 @@ class Sequence:
     def lacking(self) -> List[int]:
         """The tokens of the positions the drafter has yet to take: from its n_past on
         (the drafter's record, the one there is) to the context's end."""
-        return self.context[self.draft.n_past(self.slot):]
+        return self.tokens.context[self.draft.n_past(self.slot):]
 
     # -- the prompt -------------------------------------------------------------------------
     def start_prefill(self) -> Prefill:
         """Begin putting the prompt into the sequence's slot (after the `reused` tokens it
         holds already): its chunks (generate.Prefill) run in steps of their own
         (prefill_chunks) or beside other sequences' rows (Batch), chunk_ran after each."""
-        stats = self.stats
-        stats.prompt_tokens = len(self.prompt)
-        self._t_prefill = time.perf_counter()
-        stats.reused_tokens = start_context(self.target, self.prompt, self.reused, self.draft, self.slot)
+        stats, prompt, where = self.stats, self.tokens.prompt, self.where
+        stats.prompt_tokens = len(prompt)
+        self.clock.prefill = time.perf_counter()
+        stats.reused_tokens = start_context(self.target, prompt, where.reused, self.draft, self.slot)
         self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot)
         self.sampler.prepare(self.target, 1, seq=self.slot)  # the prompt's last row chooses the first token
-        self.prefill = Prefill(self.target, self.prompt, stats.reused_tokens, self.draft, self.saver, self.stage,
+        self.prefill = Prefill(self.target, prompt, stats.reused_tokens, self.draft, where.saver, where.on_stage,
                                self.slot)
         return self.prefill
 
@@ -102,10 +146,10 @@ class Sequence:
         when it is the prompt's last, at row `row0`)."""
         self.prefill.ran()
         stats = self.stats
-        stats.prefill_seconds = time.perf_counter() - self._t_prefill
+        stats.prefill_seconds = time.perf_counter() - self.clock.prefill
         if self.prefill.done:
             stats.stop_reason = "length"
-            self._t_start = time.perf_counter()
+            self.clock.decode = time.perf_counter()
             self.stage("prefilled")
 
     def chunk_alone(self) -> None:
@@ -124,22 +168,19 @@ class Sequence:
 
     def first(self) -> List[int]:
         """The first token, chosen by the prompt's last row (none when max_tokens is 0)."""
-        if self.max_tokens == 0:
+        if self.ending.max_tokens == 0:
             self.done = True
             return []
-        self.bonus = int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0])
-        return self._emitted([self.bonus], record=False)
+        self.tokens.bonus = int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0])
+        return self._emitted([self.tokens.bonus], record=False)
 
     def _emitted(self, new: List[int], record: bool = True) -> List[int]:
         """The tokens of a step as the request keeps them: at most what it still wants,
         ending at a stop token; recorded, and generation ends when it should."""
         stats = self.stats
-        produced = min(len(new), self.remaining)
-        for i in range(produced):
-            if new[i] in self.stops:
-                produced = i + 1
-                stats.stop_reason = "stop"
-                break
+        produced, stopped = self.ending.kept(new, self.remaining)
+        if stopped:
+            stats.stop_reason = "stop"
         if record:
             stats.accepted_lengths.append(produced)
         stats.generated_tokens += produced
@@ -148,20 +189,12 @@ class Sequence:
         grammar = self.sampler.grammar
         if stats.stop_reason != "stop" and grammar is not None and grammar.ended:
             stats.stop_reason = "stop"  # the output is complete: the grammar allows only its end
-        if stats.stop_reason == "stop" or stats.generated_tokens >= self.max_tokens:
+        if stats.stop_reason == "stop" or stats.generated_tokens >= self.ending.max_tokens:
             self.done = True
         elif self.room < 1:
             stats.stop_reason = "context"
             self.done = True
         return kept
-
-    def took(self, committed: List[int], bonus: int) -> None:
-        """A step committed these tokens (its old bonus, then the accepted drafts) and
-        chose the next bonus; the drafter takes them in its next block."""
-        if self.draft is not None:
-            self.context += committed
-        self.n_past += len(committed)
-        self.bonus = bonus
 
     def finish(self, clean: bool) -> None:
         """After its last step (or an exception: not clean, and the engine starts the
@@ -169,8 +202,8 @@ class Sequence:
         one's, or a stretch that drafted nothing): their features stay in the slot's
         feature rows, and a request continuing the context lets the drafter take them
         first (generate.prefill_chunks)."""
-        if self._t_start:
-            self.stats.decode_seconds = time.perf_counter() - self._t_start
+        if self.clock.decode:
+            self.stats.decode_seconds = time.perf_counter() - self.clock.decode
         self.proposer.finish(self)
 
 
@@ -194,7 +227,7 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
         # proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs no
         # drafter graph; its next drafted block takes them all first
         if s.draft is not None and (b or s.catch_up_due()):
-            blocks.append((s.slot, s.bonus, b, s.lacking()))
+            blocks.append((s.slot, s.tokens.bonus, b, s.lacking()))
     if joining is None and not blocks and all(s.proposer.decodes for s in seqs):
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
@@ -235,7 +268,7 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
         if s.speculative:
             s.stage("committed")
         s.proposer.verified(s, p, path, new, time.perf_counter() - t0)
-        s.took([s.bonus] + new[:-1], new[-1])  # the old bonus and the accepted drafts
+        s.tokens.took([s.tokens.bonus] + new[:-1], new[-1])  # the old bonus and the accepted drafts
         out.append(new)
     t3 = time.perf_counter()
     kept = []
@@ -267,7 +300,7 @@ def chain_step(target, draft, seqs: Seq[Sequence], blocks: List[tuple], t0: floa
         s.stats.record_graph(splits, copied)
         for stage in ("drafted", "verified", "committed"):
             s.stage(stage)
-        s.took([s.bonus] + new[:-1], new[-1])
+        s.tokens.took([s.tokens.bonus] + new[:-1], new[-1])
     other = time.perf_counter() - t0 - drafting - verifying
     kept = []
     for s, new in zip(seqs, outs):
@@ -352,7 +385,7 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None, draft=N
         sampler = s.sampler
         uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
         sampler.prepare_context(target, 1, seq=s.slot)
-    choices = target.decode_next([s.slot for s in seqs], [s.bonus for s in seqs], uniforms, draft)
+    choices = target.decode_next([s.slot for s in seqs], [s.tokens.bonus for s in seqs], uniforms, draft)
     splits, copied = target.last_copies()
     seconds = 0.0 if t0 is None else time.perf_counter() - t0
     for row, s in enumerate(seqs):
@@ -361,12 +394,9 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None, draft=N
         if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
             choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
         if t0 is not None:
-            s.proposer.verified(s, Proposal([s.bonus], decode=True), [0], [choices[row]], seconds)
+            s.proposer.verified(s, Proposal([s.tokens.bonus], decode=True), [0], [choices[row]], seconds)
             s.stats.verify_seconds += seconds
-        if s.draft is not None:
-            s.context.append(s.bonus)
-        s.n_past += 1
-        s.bonus = choices[row]
+        s.tokens.took([s.tokens.bonus], choices[row])
     return [s._emitted([c], record=s.speculative) for s, c in zip(seqs, choices)]
 
 

@@ -391,7 +391,7 @@ class SimpleProposer(Proposer):
 
     def plan(self, seq) -> int:
         if self.context is None:
-            self.context = list(seq.prompt)
+            self.context = list(seq.tokens.prompt)
         room = draft_room(seq, self.n_max)
         self.arm = self.auto.choose() if self.auto is not None and room > 0 else None
         self.decodes = self.arm == PLAIN
@@ -399,11 +399,11 @@ class SimpleProposer(Proposer):
 
     def propose(self, seq) -> Proposal:
         if self.decodes:  # auto's plain arm, beside sequences that draft: the bonus alone
-            return Proposal([seq.bonus])
+            return Proposal([seq.tokens.bonus])
         n = draft_room(seq, self.n_max)
         grammar = seq.sampler.grammar if seq.sampler.guided else None
         auto = self.auto if self.arm is not None else None
-        drafts, seconds, shares = self.draft.draft(seq.slot, self.context, seq.bonus, n, self.p_min,
+        drafts, seconds, shares = self.draft.draft(seq.slot, self.context, seq.tokens.bonus, n, self.p_min,
                                                    siblings=self.tree and grammar is None, shares=auto is not None,
                                                    window=auto.PROBE_LAG if auto is not None and auto.probing else 0)
         if auto is not None:
@@ -415,7 +415,7 @@ class SimpleProposer(Proposer):
         if grammar is not None and drafts:
             drafts = grammar.draft_path(drafts)  # cut before the first draft the grammar rejects
         if self.tree and drafts and grammar is None:
-            tree = sibling_tree(seq.bonus, drafts, seconds)
+            tree = sibling_tree(seq.tokens.bonus, drafts, seconds)
             if len(tree) > len(drafts) + 1:
                 seq.stats.tree_sizes.append(len(tree) - 1)
                 return Proposal(tree=tree.padded_to(self.lookahead), kind=SIMPLE)
@@ -425,10 +425,10 @@ class SimpleProposer(Proposer):
         if self.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
             acceptance = self.auto.acceptance
             acceptance.pending = acceptance.pending[:len(drafts)] if drafts else []
-        return Proposal([seq.bonus] + list(drafts), kind=SIMPLE)
+        return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.context += [seq.bonus] + out[:-1]  # what the step committed
+        self.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
         if self.arm is not None:
             self.auto.verified(len(path) - 1, seconds)
 
@@ -468,7 +468,7 @@ class SimpleSuffixProposer(SimpleProposer):
         if tree is not None and self.suffix.expected(tree) >= max(1.0, self.simple_kept):
             self.suffix.judge(tree)
             if self.context is None:
-                self.context = list(seq.prompt)
+                self.context = list(seq.tokens.prompt)
             self.found, self.arm, self.decodes = (tree, from_corpus), None, False
             return 0
         self.found = None
@@ -482,7 +482,7 @@ class SimpleSuffixProposer(SimpleProposer):
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.suffix.observe(seq, out)
         if self.found is not None:
-            self.context += [seq.bonus] + out[:-1]  # what the step committed
+            self.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
             return
         super().verified(seq, proposal, path, out, seconds)
         if proposal.tree is not None or len(proposal.tokens) > 1:  # the small model drafted

@@ -105,7 +105,7 @@ class Engine:
         # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
         self.grammar_drafting = True
         # suffix: the engine's corpora of earlier requests, one per Request.corpus key
-        self.suffix_corpora = SuffixCorpora(self.setup.suffix) if self.setup.suffix is not None else None
+        self.suffix_corpora = SuffixCorpora(self.setup.weightless.suffix) if self.setup.weightless.suffix is not None else None
         # each request's proposer, and what `auto` and the weightless kinds' pricing learn
         # across requests (the verify cost table, per sampling regime the last sequence's)
         self.choice = ProposerChoice(self)
@@ -120,11 +120,11 @@ class Engine:
     simple_draft = property(attrgetter("models.simple_draft"), doc="draft-simple's small model, if any.")
     draft_p_min = property(attrgetter("models.draft_p_min"))
     # how its settled setup decodes (config.EngineSetup)
-    block_size = property(attrgetter("models.setup.block_size"))
-    tree_budget = property(attrgetter("models.setup.tree_budget"))
-    auto_budget = property(attrgetter("models.setup.auto_budget"))
+    block_size = property(attrgetter("models.setup.drafting.block_size"))
+    tree_budget = property(attrgetter("models.setup.drafting.tree_budget"))
+    auto_budget = property(attrgetter("models.setup.drafting.auto_budget"))
     n_threads = property(attrgetter("models.setup.n_threads"))
-    chain_rule = property(attrgetter("models.setup.chain_rule"))
+    chain_rule = property(attrgetter("models.setup.drafting.chain_rule"))
 
     @property
     def checkpoints(self) -> Optional[PrefixCheckpoints]:

@@ -534,15 +534,16 @@ def engine_mode(engine, tree_budget) -> str:
         f"tree (budget {tree_budget})" if engine.tree_budget else "chain")
     if engine.draft is not None and engine.draft.kind != "dflash":
         mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
-    if engine.setup.ngram_kinds:
-        mode = ("chain + " if engine.draft is not None else "") + ",".join(engine.setup.ngram_kinds)
+    weightless = engine.setup.weightless
+    if weightless.ngram_kinds:
+        mode = ("chain + " if engine.draft is not None else "") + ",".join(weightless.ngram_kinds)
     if engine.suffix_corpora is not None:
-        mode = ("chain + " if engine.draft is not None else "") + f"suffix (corpus {engine.setup.suffix.cache_mb} MiB)"
+        mode = ("chain + " if engine.draft is not None else "") + f"suffix (corpus {weightless.suffix.cache_mb} MiB)"
     if engine.simple_draft is not None:
         simple = engine.setup.simple
         mode = "draft-simple " + ("tree" if simple.tree else "auto (plain or chain)" if simple.auto else "chain")
         if engine.suffix_corpora is not None:
-            mode += f" + suffix (corpus {engine.setup.suffix.cache_mb} MiB)"
+            mode += f" + suffix (corpus {weightless.suffix.cache_mb} MiB)"
     head = engine.simple_draft.model.n_head if engine.simple_draft is not None else \
         engine.draft.n_head_tokens if engine.draft is not None else None
     if head is not None and head < engine.target.n_vocab:

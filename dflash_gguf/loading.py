@@ -31,9 +31,9 @@ class LoadedModels:
         draft_config = setup.draft_config
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, setup.target_config)
-        self.draft_p_min = default_p_min(self.target) if setup.draft_p_min is None else setup.draft_p_min
-        if draft_config is not None and setup.tree_budget is None and self.draft_p_min == 0 and not setup.ngram_kinds \
-                and setup.suffix is None:
+        self.draft_p_min = default_p_min(self.target) if setup.drafting.draft_p_min is None else setup.drafting.draft_p_min
+        if draft_config is not None and setup.drafting.tree_budget is None and self.draft_p_min == 0 \
+                and not setup.weightless.ngram_kinds and setup.weightless.suffix is None:
             # a chain that is never cut reads no probabilities: its proposes rank nothing
             draft_config = replace(draft_config, top_k=0)
         try:
@@ -44,7 +44,7 @@ class LoadedModels:
             self.draft = Draft(setup.draft_path, self.target, draft_config) if setup.draft_path else None
             # draft-simple: a second model of the target's kind, with its own memory (draft_simple.py)
             self.simple_draft = self._simple_draft(setup.simple) if setup.simple else None
-            if setup.spec_draft_conf_min > 0 and not self.draft.has_confidence:
+            if setup.drafting.spec_draft_conf_min > 0 and not self.draft.has_confidence:
                 self.draft.close()
                 raise ConfigError("spec_draft_conf_min", f"{setup.draft_path} has no confidence head: leave "
                                                          "draft conf-min at 0")

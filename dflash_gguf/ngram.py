@@ -134,7 +134,7 @@ class NgramDrafts:
         """On a sequence's first step: its prompt and first token are the history."""
         if not self.started:
             for s in self.sources:
-                s.extend(list(seq.prompt) + [seq.bonus])
+                s.extend(list(seq.tokens.prompt) + [seq.tokens.bonus])
             self.started = True
 
     def best(self, n_max: int) -> Tuple[List[int], float, Optional[str]]:

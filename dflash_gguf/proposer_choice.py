@@ -31,20 +31,20 @@ class ProposerChoice:
     @property
     def block(self) -> int:
         """The DFlash-family drafter's block: --block-size's, else its file's."""
-        return self.setup.block_size or self.draft.block_size
+        return self.setup.drafting.block_size or self.draft.block_size
 
     def wants_auto(self) -> bool:
         """Whether a speculative request runs `--tree-budget auto`: a DFlash-family
         drafter's trees, or draft-simple's plain-or-chain choice."""
         if self.simple_draft is not None:
             return self.setup.simple.auto
-        return self.draft is not None and bool(self.setup.tree_budget and self.setup.auto_budget)
+        return self.draft is not None and bool(self.setup.drafting.tree_budget and self.setup.drafting.auto_budget)
 
     def weightless(self) -> bool:
         """Whether speculative requests draft without a drafter model: the n-gram kinds or
         suffix alone, each step priced against plain decoding (pricing.py)."""
         return self.draft is None and self.simple_draft is None \
-            and bool(self.setup.ngram_kinds or self.suffix_corpora is not None)
+            and bool(self.setup.weightless.ngram_kinds or self.suffix_corpora is not None)
 
     def wants_cost(self) -> bool:
         """Whether speculative requests price their steps by the verify cost table."""
@@ -71,8 +71,9 @@ class ProposerChoice:
                 largest, block = 0, self.setup.simple.n_max + 1
                 drafting = (auto_store.file_identity(self.simple_draft.path), self.setup.simple)
             else:
-                largest, block = self.setup.tree_budget, self.block
-                drafting = (auto_store.file_identity(self.draft.path), block, self.draft_p_min, self.setup.chain_rule)
+                largest, block = self.setup.drafting.tree_budget, self.block
+                drafting = (auto_store.file_identity(self.draft.path), block, self.draft_p_min,
+                            self.setup.drafting.chain_rule)
             # what an earlier process learnt on these files, settings, machine and sampling
             entry = auto_store.key(self.verify_cost.key, drafting, largest, key)
             self.autos[key] = AutoMemory(self.verify_cost, largest, block, auto_store.load(entry),
@@ -85,9 +86,9 @@ class ProposerChoice:
         speculative)."""
         setup, lookahead = self.setup, 0
         if speculative and self.draft is not None:
-            lookahead = setup.tree_budget + 1 if setup.tree_budget else self.block
-        if speculative and (setup.ngram_kinds or self.suffix_corpora is not None):
-            lookahead = max(lookahead, setup.spec_draft_n_max + 1)
+            lookahead = setup.drafting.tree_budget + 1 if setup.drafting.tree_budget else self.block
+        if speculative and (setup.weightless.ngram_kinds or self.suffix_corpora is not None):
+            lookahead = max(lookahead, setup.weightless.spec_draft_n_max + 1)
         if speculative and self.simple_draft is not None:
             lookahead = max(lookahead, setup.simple.lookahead)
         return lookahead
@@ -98,32 +99,34 @@ class ProposerChoice:
         n-gram kinds, beside the drafter or alone; draft-simple; the drafter's tree or
         chain)."""
         setup, sampling = self.setup, request.sampling
+        drafting, weightless = setup.drafting, setup.weightless
         use_draft = speculative and self.draft is not None
         if speculative and self.suffix_corpora is not None:
             if use_draft:
                 return DrafterSuffixProposer(self.draft, self.block, self.draft_p_min, self.suffix_corpora,
-                                             request.corpus, setup.spec_draft_n_max)
+                                             request.corpus, weightless.spec_draft_n_max)
             if self.simple_draft is not None:
                 simple = setup.simple
                 return SimpleSuffixProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree,
                                             self.auto_for(sampling), self.suffix_corpora, request.corpus,
-                                            setup.spec_draft_n_max)
-            return SuffixProposer(self.suffix_corpora, request.corpus, setup.spec_draft_n_max, self.verify_cost)
-        if speculative and setup.ngram_kinds:
-            sources = ngram_sources(setup.ngram_kinds, setup.ngram)
+                                            weightless.spec_draft_n_max)
+            return SuffixProposer(self.suffix_corpora, request.corpus, weightless.spec_draft_n_max, self.verify_cost)
+        if speculative and weightless.ngram_kinds:
+            sources = ngram_sources(weightless.ngram_kinds, weightless.ngram)
             if use_draft:
-                return MixedProposer(self.draft, self.block, self.draft_p_min, sources, setup.spec_draft_n_max)
-            return NgramProposer(sources, setup.spec_draft_n_max, self.verify_cost)
+                return MixedProposer(self.draft, self.block, self.draft_p_min, sources, weightless.spec_draft_n_max)
+            return NgramProposer(sources, weightless.spec_draft_n_max, self.verify_cost)
         if speculative and self.simple_draft is not None:
             simple = setup.simple
             return SimpleProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree,
                                   self.auto_for(sampling))
         if not use_draft:
             return PlainProposer()
-        if setup.tree_budget:
-            return tree_proposer(self.target, self.draft, setup.tree_budget, setup.block_size, self.auto_for(sampling))
-        return chain_proposer(self.target, self.draft, setup.block_size, sampling, self.draft_p_min,
-                              setup.chain_rule, setup.spec_draft_conf_min)
+        if drafting.tree_budget:
+            return tree_proposer(self.target, self.draft, drafting.tree_budget, drafting.block_size,
+                                 self.auto_for(sampling))
+        return chain_proposer(self.target, self.draft, drafting.block_size, sampling, self.draft_p_min,
+                              drafting.chain_rule, drafting.spec_draft_conf_min)
 
     def flush(self) -> None:
         """Store what `auto` learnt (auto_store), for the next process on these files."""

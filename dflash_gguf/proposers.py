@@ -132,7 +132,7 @@ class Proposer(ABC):
 
     def verified(self, seq, proposal: Proposal, path: List[int], out: List[int], seconds: float) -> None:
         """The step kept `path` (node indices, root first) of `proposal` and emitted `out`;
-        called before the sequence takes them (seq.bonus is still the step's root)."""
+        called before the sequence takes them (seq.tokens.bonus is still the step's root)."""
 
     def finish(self, seq) -> None:
         """The sequence ended."""
@@ -144,7 +144,7 @@ class PlainProposer(Proposer):
     decodes = True
 
     def propose(self, seq) -> Proposal:
-        return Proposal([seq.bonus], decode=True)
+        return Proposal([seq.tokens.bonus], decode=True)
 
 
 class ChainProposer(Proposer):
@@ -198,10 +198,10 @@ class ChainProposer(Proposer):
         """The first b tokens of the block, as the grammar lets them be verified."""
         draft, slot = self.draft, seq.slot
         if b < 2:
-            return Proposal([seq.bonus])
+            return Proposal([seq.tokens.bonus])
         if seq.sampler.guided:
             drafts = seq.sampler.grammar.draft_path(draft.block(b, seq=slot)[1:], forced=not self.top_k)
-            return Proposal([seq.bonus] + drafts, draft=draft, reject_top_k=self.top_k)
+            return Proposal([seq.tokens.bonus] + drafts, draft=draft, reject_top_k=self.top_k)
         return Proposal(draft=draft, n=b, reject_top_k=self.top_k)
 
 
@@ -223,7 +223,7 @@ class NgramProposer(Proposer):
         drafts, _, kind = self.ngram.best(draft_room(seq, self.n_max))
         if drafts and self.cost is not None:
             drafts = drafts[:best_size(self.ngram.probs(kind, len(drafts)), self.cost.chain)]
-        return Proposal([seq.bonus] + drafts, kind=kind if drafts else None)
+        return Proposal([seq.tokens.bonus] + drafts, kind=kind if drafts else None)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
         self.ngram.observe(out)
@@ -258,7 +258,7 @@ class MixedProposer(ChainProposer):
         b = self._cut(seq)
         drafts, value, kind = self.ngram.best(draft_room(seq, self.n_max))
         if drafts and (b < 2 or value > expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            return Proposal([seq.bonus] + drafts, kind=kind)
+            return Proposal([seq.tokens.bonus] + drafts, kind=kind)
         return self._chain(seq, b)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:
@@ -350,12 +350,12 @@ def suffix_proposal(seq, tree: Optional[DraftTree], from_corpus: bool) -> Propos
     are few), or, where it does not fit the context or a grammar constrains the output,
     its likeliest branch as a chain (cut where the grammar rejects it)."""
     if tree is None:
-        return Proposal([seq.bonus])
+        return Proposal([seq.tokens.bonus])
     if is_chain(tree) or seq.sampler.guided or not _fits(seq, len(tree) - 1):
         drafts = likeliest_path(tree)
         if seq.sampler.guided:
             drafts = seq.sampler.grammar.draft_path(drafts)
-        return Proposal([seq.bonus] + drafts, kind=SUFFIX_KIND, corpus=from_corpus)
+        return Proposal([seq.tokens.bonus] + drafts, kind=SUFFIX_KIND, corpus=from_corpus)
     return Proposal(tree=tree, kind=SUFFIX_KIND, corpus=from_corpus)
 
 
@@ -368,7 +368,7 @@ def _best_tree(seq, cand, logp, size: int, depth: int) -> DraftTree:
     """The best-first tree of `size` nodes below the bonus, at most `depth` deep, from the
     drafter's per-position top-K (candidates, log-probabilities), as the grammar lets it be."""
     grammar = seq.sampler.grammar if seq.sampler.guided else None
-    return build_tree(seq.bonus, cand, logp, size, max_depth=depth,
+    return build_tree(seq.tokens.bonus, cand, logp, size, max_depth=depth,
                       valid=grammar.accepts if grammar is not None else None,
                       forced=grammar.forced_after if grammar is not None else None)
 
@@ -381,7 +381,7 @@ def _top_chain(seq, cand) -> Proposal:
         drafts = seq.sampler.grammar.draft_path(drafts)
     seq.stats.tree_sizes.append(len(drafts))
     seq.stats.chain_steps += 1
-    return Proposal([seq.bonus] + drafts)
+    return Proposal([seq.tokens.bonus] + drafts)
 
 
 def _padded(seq, tree: DraftTree, size: int) -> Proposal:
@@ -410,7 +410,7 @@ class TreeProposer(Proposer):
 
     def propose(self, seq) -> Proposal:
         if self.decodes:
-            return Proposal([seq.bonus])
+            return Proposal([seq.tokens.bonus])
         cand, logp = self.draft.topk(self.depth, seq=seq.slot)  # the tree is built from the top-K alone
         if not _fits(seq, self.budget):
             return _top_chain(seq, cand)
@@ -461,7 +461,7 @@ class AutoProposer(Proposer):
 
     def propose(self, seq) -> Proposal:
         if self.decodes:
-            return Proposal([seq.bonus])
+            return Proposal([seq.tokens.bonus])
         if self.arm == CHAIN:
             return self._chain(seq)
         cand, logp = self.draft.topk(self.depth, seq=seq.slot)
@@ -491,16 +491,16 @@ class AutoProposer(Proposer):
         if self.survey:
             t = time.perf_counter()
             cand, logp = draft.topk(self.depth, seq=slot)
-            tree = build_tree(seq.bonus, cand, logp, auto.largest, max_depth=self.depth)
+            tree = build_tree(seq.tokens.bonus, cand, logp, auto.largest, max_depth=self.depth)
             auto.seen_tree(tree_nodes(tree, top1))
             self.host = time.perf_counter() - t
             auto.surveyed(self.host, len(tree) - 1)
         seq.stats.tree_sizes.append(n)
         seq.stats.chain_steps += 1
         if n == 0:
-            return Proposal([seq.bonus])
+            return Proposal([seq.tokens.bonus])
         if seq.sampler.guided:
-            return Proposal([seq.bonus] + seq.sampler.grammar.draft_path(draft.block(1 + n, seq=slot)[1:]))
+            return Proposal([seq.tokens.bonus] + seq.sampler.grammar.draft_path(draft.block(1 + n, seq=slot)[1:]))
         return Proposal(draft=draft, n=1 + n)
 
     def verified(self, seq, proposal, path, out, seconds) -> None:

@@ -73,6 +73,6 @@ class SlotContexts:
         if failed:
             return
         # every emitted token but the last is in context, unless a stop cut a pass short
-        context = seq.prompt + out[:-1]
+        context = seq.tokens.prompt + out[:-1]
         if out and self.models.target.seq_n_past(seq.slot) == len(context):
             self.contexts[seq.slot] = (context, seq.draft is not None)

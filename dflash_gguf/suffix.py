@@ -289,7 +289,7 @@ class SuffixDrafts:
     def text(self, seq) -> List[int]:
         """The sequence's text (its prompt and first token, on its first step)."""
         if OWN not in self.own.docs:
-            self.own.extend(OWN, list(seq.prompt) + [seq.bonus])
+            self.own.extend(OWN, list(seq.tokens.prompt) + [seq.tokens.bonus])
         return self.own.docs[OWN]
 
     def expected(self, tree: Optional[DraftTree]) -> float:
@@ -325,8 +325,9 @@ class SuffixDrafts:
         self.own.extend(OWN, emitted)
 
     def finish(self, seq) -> None:
-        text = self.own.docs.get(OWN, list(seq.prompt) + ([] if seq.bonus is None else [seq.bonus]))
-        self.corpora.add(self.key, text[:len(seq.prompt) + seq.stats.generated_tokens])
+        tokens = seq.tokens
+        text = self.own.docs.get(OWN, list(tokens.prompt) + ([] if tokens.bonus is None else [tokens.bonus]))
+        self.corpora.add(self.key, text[:len(tokens.prompt) + seq.stats.generated_tokens])
 
 
 def corpus_key(api_key: Optional[str]) -> Optional[str]:

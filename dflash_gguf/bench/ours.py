@@ -96,11 +96,11 @@ def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sa
              "other_s": s.other_seconds, "device": engine.target.info()["device"],
              "draft_p_min": engine.draft_p_min if engine.draft is not None else None,
              "block_size": (engine.block_size or engine.draft.block_size) if engine.draft is not None else None}
-    simple = engine.setup.simple
+    simple, weightless = engine.setup.simple, engine.setup.weightless
     if simple is not None and mode.speculative:  # draft-simple's own settings (llama.cpp's meanings)
         extra.update(draft_p_min=simple.p_min, n_max=simple.n_max, tree=simple.tree)
-    elif engine.setup.ngram_kinds and mode.speculative:
-        extra.update(n_max=engine.setup.spec_draft_n_max, ngram=asdict(engine.setup.ngram))
+    elif weightless.ngram_kinds and mode.speculative:
+        extra.update(n_max=weightless.spec_draft_n_max, ngram=asdict(weightless.ngram))
     if s.tree_sizes:
         extra.update(tree_steps=len(s.tree_sizes), tree_nodes_mean=sum(s.tree_sizes) / len(s.tree_sizes),
                      chain_steps=s.chain_steps)

@@ -250,7 +250,7 @@ def test_plan_of_the_mtp_drafter():
     mtp = f"blk.{key['block_count'] - key['nextn_predict_layers']}."
     assert p["draft_weights"] == sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith(mtp))
     kv_row = key["attention.head_count_kv"] * key["attention.key_length"]
-    block = setup.block_size                                       # the bonus and 3 drafts
+    block = setup.drafting.block_size                              # the bonus and 3 drafts
     assert p["draft_cache"] == n_seq * 4 * (2 * kv_row * (n_ctx + 1) + key["embedding_length"] + block)
 
 
