@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .base import ModelConverter
-from .dflash import DSPARK_ARCHITECTURES, DFlashConverter
+from .dflash import DFlashConverter
+from .dflash_config import DSPARK_ARCHITECTURES
 from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
 from .gemma3 import Gemma3Converter

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..convert.dflash import _LAYER_TENSORS
+from ..convert.dflash_tensors import LAYER_TENSORS
 from ..draft import tokenizer_fingerprint
 
 _TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight", "norm.weight": "output_norm.weight"}
@@ -21,7 +21,7 @@ def gguf_name(hf: str) -> str:
     if hf in _TOP:
         return _TOP[hf]
     _, i, rest = hf.split(".", 2)  # layers.N.<rest>
-    return f"blk.{i}.{_LAYER_TENSORS[rest]}"
+    return f"blk.{i}.{LAYER_TENSORS[rest]}"
 
 
 def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_path: str, layer_ids: list[int],

@@ -12,7 +12,7 @@ import torch
 from gguf import LlamaFileType
 
 from dflash_gguf.convert.cli import main
-from dflash_gguf.convert.dflash import interleaved_to_neox
+from dflash_gguf.convert.dflash_tensors import interleaved_to_neox
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
 
