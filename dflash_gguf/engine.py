@@ -105,7 +105,8 @@ class Engine:
         # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
         self.grammar_drafting = True
         # suffix: the engine's corpora of earlier requests, one per Request.corpus key
-        self.suffix_corpora = SuffixCorpora(self.setup.weightless.suffix) if self.setup.weightless.suffix is not None else None
+        suffix = self.setup.weightless.suffix
+        self.suffix_corpora = SuffixCorpora(suffix) if suffix is not None else None
         # each request's proposer, and what `auto` and the weightless kinds' pricing learn
         # across requests (the verify cost table, per sampling regime the last sequence's)
         self.choice = ProposerChoice(self)
