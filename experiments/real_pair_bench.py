@@ -2,13 +2,16 @@
 """A real pair on this machine, ours against llama.cpp's own tools on the same files and
 threads, greedy, every arm once per repetition in a shuffled order (arms taking turns).
 
-    .venv/bin/python experiments/real_pair_bench.py [--pair qwen|qwen-prefill|qwen-trained|gemma3|gemma3-plain] [-r 3] [-n 64] [-t 2] [--out PATH]
+    .venv/bin/python experiments/real_pair_bench.py [--pair qwen|qwen-plain|qwen-prefill|qwen-trained|gemma3|gemma3-plain] [-r 3] [-n 64] [-t 2] [--out PATH]
 
 --pair qwen (default; results/real-pair-DATE.json): the published Qwen2.5-Coder 1.5B alone
 and with its 0.5B sibling drafting (draft-simple). Arms: our plain decoding; our
 draft-simple chain at llama.cpp's default n-max (3) and at 4; our draft-simple tree;
 llama-completion; llama-speculative-simple --spec-type draft-simple at its default and at
 n-max 4; llama-bench's plain decoding (-n N after the prompts' mean length).
+
+--pair qwen-plain (results/real-pair-qwen-plain-DATE.json): the 1.5B alone, our plain
+decoding against llama-completion and llama-bench tg128.
 
 --pair qwen-prefill (results/real-pair-qwen-prefill-DATE.json): prefill of a 512- and a
 2048-token prompt on the 1.5B, ours against llama-bench pp512 and pp2048.
@@ -167,28 +170,39 @@ def qwen_arms(a, tools) -> tuple[dict, list, list]:
     return {"target": target, "draft": small}, arms, []
 
 
-def gemma3_plain_arms(a, tools, arms: bool = True) -> tuple[dict, list, list]:
-    """The published Gemma 3 270M Q4_K_M alone: plain decoding against llama-bench tg128
-    and llama-completion, prefill of 512 and 2048 tokens against llama-bench pp512 and
-    pp2048 (arms False: the comparisons only, nothing loaded)."""
-    q4 = str(real_models.path("gemma-3-270m"))
-    p, t, n, bench = GEMMA_PROMPTS, a.threads, a.n_predict, tools.found["llama-bench"]
+def plain_arms(a, tools, model: str, prompts, prefill: bool, arms: bool = True) -> tuple[dict, list, list]:
+    """A published Q4_K_M alone: plain decoding against llama-bench tg128 and
+    llama-completion, and (prefill) prefill of 512 and 2048 tokens against llama-bench
+    pp512 and pp2048 (arms False: the comparisons only, nothing loaded)."""
+    q4 = str(real_models.path(model))
+    t, n, bench = a.threads, a.n_predict, tools.found["llama-bench"]
     plain_q4, tg128 = llama_cpp.Setup(q4, t, 4096, n, "f16"), llama_cpp.Setup(q4, t, 4096, 128, "f16")
-    filler = " ".join(text for _, text in p)
+    filler = " ".join(text for _, text in prompts)
     completion, tg = "plain Q4_K_M (llama-completion)", "plain Q4_K_M (llama-bench tg128)"
+    ks = PREFILL_TOKENS if prefill else ()
     compare = [("plain Q4_K_M vs llama-bench tg128", "plain Q4_K_M", [tg]),
                ("plain Q4_K_M vs llama-completion", "plain Q4_K_M", [completion]),
                *[(f"prefill {k} vs llama-bench pp{k}", f"prefill {k}", [f"prefill (llama-bench -p {k})"])
-                 for k in PREFILL_TOKENS]]
+                 for k in ks]]
     if not arms:
         return {"target": q4}, [], compare
     return {"target": q4}, [
-        Ours("plain Q4_K_M", q4, None, t, n, p),
-        named(llama_cpp.CompletionArm(tools.found["llama-completion"], plain_q4, p), completion),
+        Ours("plain Q4_K_M", q4, None, t, n, prompts),
+        named(llama_cpp.CompletionArm(tools.found["llama-completion"], plain_q4, prompts), completion),
         named(llama_cpp.BenchArm(bench, tg128, 0), tg),
-        *[OursPrefill(q4, t, k, filler) for k in PREFILL_TOKENS],
-        *[Theirs(llama_cpp.BenchArm(bench, plain_q4, 0, n_prompt=k)) for k in PREFILL_TOKENS],
+        *[OursPrefill(q4, t, k, filler) for k in ks],
+        *[Theirs(llama_cpp.BenchArm(bench, plain_q4, 0, n_prompt=k)) for k in ks],
     ], compare
+
+
+def gemma3_plain_arms(a, tools, arms: bool = True) -> tuple[dict, list, list]:
+    """The published Gemma 3 270M Q4_K_M alone, decoding and prefill."""
+    return plain_arms(a, tools, "gemma-3-270m", GEMMA_PROMPTS, True, arms)
+
+
+def qwen_plain_arms(a, tools) -> tuple[dict, list, list]:
+    """The published Qwen2.5-Coder 1.5B Q4_K_M alone, decoding (its prefill: --pair qwen-prefill)."""
+    return plain_arms(a, tools, "qwen2.5-coder-1.5b", QWEN_PROMPTS, False)
 
 
 def gemma3_arms(a, tools) -> tuple[dict, list, list]:
@@ -254,7 +268,8 @@ def qwen_trained_arms(a, tools) -> tuple[dict, list, list]:
 
 
 PAIRS = {"qwen": (qwen_arms, "real-pair"), "qwen-trained": (qwen_trained_arms, "real-pair-qwen-trained"), "qwen-prefill": (qwen_prefill_arms, "real-pair-qwen-prefill"),
-         "gemma3": (gemma3_arms, "real-pair-gemma3"), "gemma3-plain": (gemma3_plain_arms, "real-pair-gemma3-plain")}
+         "gemma3": (gemma3_arms, "real-pair-gemma3"), "gemma3-plain": (gemma3_plain_arms, "real-pair-gemma3-plain"),
+         "qwen-plain": (qwen_plain_arms, "real-pair-qwen-plain")}
 
 
 def main(argv=None) -> int:
@@ -306,7 +321,7 @@ def main(argv=None) -> int:
         return statistics.median([x / tps(base, rep) for rep, x in enumerate(per_rep)]) if tps(base, 0) else None
 
     # the rows every row is also set against: the pair's target decoding plainly, ours and llama.cpp's
-    plain = {"gemma3": "plain f16", "gemma3-plain": "plain Q4_K_M"}.get(a.pair, "plain")
+    plain = {"gemma3": "plain f16", "gemma3-plain": "plain Q4_K_M", "qwen-plain": "plain Q4_K_M"}.get(a.pair, "plain")
     completion = f"{plain} (llama-completion)"
     rows = {}
     for arm in arms:
@@ -326,8 +341,9 @@ def main(argv=None) -> int:
     doc["comparisons"] = {}
     for label, ours, theirs in compare:
         ours, theirs = (best(ours) if isinstance(ours, list) else ours), best(theirs)
-        doc["comparisons"][label] = {"ours": ours, "theirs": theirs, "ratio": statistics.median(
-            [tps(ours, rep) / tps(theirs, rep) for rep in range(a.repetitions)])}
+        per_rep = [tps(ours, rep) / tps(theirs, rep) for rep in range(a.repetitions)]
+        doc["comparisons"][label] = {"ours": ours, "theirs": theirs, "ratio": statistics.median(per_rep),
+                                     "ratio_min_max": [min(per_rep), max(per_rep)], "ratio_per_rep": per_rep}
     # lossless: every arm of ours on the pair's target gives one output a prompt, greedy
     prompts = sorted({r["prompt"] for r in doc["runs"] if r["engine"] == "ours" and r["token_ids"]})
     doc["ours_distinct_outputs"] = {name: len({tuple(r["token_ids"]) for r in doc["runs"] if r["engine"] == "ours"
@@ -339,7 +355,8 @@ def main(argv=None) -> int:
         print(f"{name:>70}: {row['tok_s_median']:8.2f} tok/s" + (f"  AL {row['al']:.2f}" if row["al"] else "")
               + (f"  x ours {plain} {vs:.3f}" if vs else ""))
     for label, c in doc["comparisons"].items():
-        print(f"{label}: {c['ratio']:.3f} ({c['ours']} / {c['theirs']})")
+        lo, hi = c["ratio_min_max"]
+        print(f"{label}: {c['ratio']:.3f} ({lo:.3f}-{hi:.3f}) ({c['ours']} / {c['theirs']})")
     print(f"results: {path or out}")
     return 0
 
