@@ -15,7 +15,7 @@ sequence come from one drafter graph and their verifies from one target graph:
                   after the step accepted and committed (decoding.step, once for every
                   kind): the accepted node path, the tokens kept, the step's seconds; what
                   a proposer learns from (auto, the n-gram sources' acceptance)
-When every sequence of a step decodes, the step is a plain decode (decoding.decode_step)
+When every sequence of a step decodes, the step is a plain decode (decoding.decode_call)
 and each proposer hears of it through verified() as of a proposal of the last token alone.
 Greedy, every emitted token is the target's argmax given its prefix; sampling, a draw
 from the target's distribution given its prefix (see sampling.py for the rules)."""
@@ -126,7 +126,7 @@ class Proposer(ABC):
         """What the sequence's target verifies this step."""
 
     def fuses(self, seq) -> bool:
-        """Its step may run as one call of the library (decoding.chain_step): a greedy
+        """Its step may run as one call of the library (decoding.chain_call): a greedy
         chain of the drafter's block, kept by the target's argmax alone."""
         return False
 
