@@ -417,6 +417,11 @@ class AutoBudget:
         top-1 log-probabilities; with verify, they are kept for verified()."""
         return self.acceptance.chain_cut(top1, self.costs, self.probing, verify)
 
+    def verifying(self, n: int) -> None:
+        """The chain step verifies only the first n of the drafts chain_cut kept (cut again
+        after it: by a grammar, by n_min), which verified() judges."""
+        self.acceptance.pending = self.acceptance.pending[:n]
+
     def seen_tree(self, nodes) -> None:
         """A tree built this step (a survey's, or the tree of the arm it runs), after
         chain_cut of the same step: each tree size up to its own gets its expected tokens

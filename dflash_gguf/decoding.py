@@ -13,6 +13,11 @@ row (first), then every step (step, over any number of sequences)
            for every kind of proposal)
   commit   and commits it (the drafter takes it in its next graph)
 
+One body for every step: each sequence's proposer plans it (a Plan), one library call
+runs it (the lightest that can: plain decoding's decode_call, the fused chain_call,
+else phased_call's phases) and returns what it did alike (a Ran), and what follows is
+the same for every sequence (_kept: its counts, what its proposer learns, its tokens).
+
 A single request is a set of one (sequence_steps). Greedy, each sequence's tokens are
 the target's argmax given their prefix, whatever else runs in the step; sampling, each
 sequence draws with its own seeded generator, so its output is distributed exactly as
@@ -25,7 +30,7 @@ from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tup
 
 from .ddtree import accept_path
 from .generate import GenerationStats, Placement, Prefill, Request, check_request, start_context
-from .proposers import Proposal, accepted_prefix
+from .proposers import Plan, Proposal, accepted_prefix
 from .sampling import Sampler
 from .target import CHAIN, DECODE, INVARIANT_STEP_ROWS, LOGITS_LAST, TREE, Rows
 
@@ -81,7 +86,8 @@ class Clock:
 class Sequence:
     """One request (generate.Request) in its place (generate.Placement: its slot, the
     prompt tokens the slot holds, who watches its stages, its prefill's checkpoints):
-    its sampler, proposer, its tokens (Tokens), where they end (Ending) and its
+    its sampler, proposer, its tokens (Tokens), where they end (Ending), what its
+    proposer keeps of it from step to step (proposing: Proposer.start's) and its
     statistics. grammar (a constraints.GrammarState): the constraint its tokens follow;
     generation ends where the grammar does."""
 
@@ -90,7 +96,7 @@ class Sequence:
         prompt = request.prompt
         check_request(target, prompt, request.max_tokens, proposer.lookahead, request.context_full)
         self.target, self.draft, self.proposer = target, draft, proposer
-        self.stats, self.where, self.slot = stats, where, where.slot
+        self.stats, self.where = stats, where
         self.sampler = Sampler(request.sampling, prompt, grammar)
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
         self.tokens = Tokens(prompt, len(prompt), list(prompt) if draft is not None else None)
@@ -100,6 +106,12 @@ class Sequence:
         self.prefill: Optional[Prefill] = None  # its prompt going in (start_prefill)
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
+        self.proposing = proposer.start(self)
+
+    @property
+    def slot(self) -> int:
+        """Its slot of the target's (and drafter's) memory."""
+        return self.where.slot
 
     def stage(self, name: str) -> None:
         """Tell whoever watches the sequence (Placement.on_stage) the stage it reached."""
@@ -204,24 +216,9 @@ class Sequence:
         first (generate.prefill_chunks)."""
         if self.clock.decode:
             self.stats.decode_seconds = time.perf_counter() - self.clock.decode
-        self.proposer.finish(self)
-
-
-def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None) -> List[List[int]]:
-    """One step of every sequence in `seqs` (each past its first token, not done): the
-    tokens each keeps, in order. Whichever library call runs the step (_call), what
-    follows it is the same for every sequence (_kept): its graph, stages, what its
-    proposer learns, its tokens and its pass (a speculative sequence's accepted length,
-    the step's drafting, verify and other seconds). joining: a sequence whose next
-    prompt chunk (its Prefill's) the target's graph takes after the others' rows, as
-    many tokens as they leave of n_ubatch (at least one), the step held to
-    INVARIANT_STEP_ROWS so that the others' rows round as they would alone; the chunk's
-    choice, if any, is then at the sequence's row0 (it has yet to be told:
-    Sequence.chunk_ran)."""
-    if joining is None and not any(s.speculative for s in seqs):
-        return _kept(seqs, decode_call(target, seqs), None)  # plain decoding: nothing planned, nothing timed
-    t0 = time.perf_counter()
-    return _kept(seqs, _call(target, draft, seqs, joining, t0), t0)
+        report = self.proposer.finish(self)
+        if report is not None:
+            self.stats.auto = report
 
 
 @dataclass(slots=True)
@@ -248,36 +245,53 @@ SPEC_STAGES = ("drafted", "verified", "committed")
 DECODE_STAGES = ("decoded",)
 
 
-def _call(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence], t0: float) -> Ran:
-    """The step of sequences some of which draft (or beside a joining chunk), by the
-    lightest call that does it: each proposer plans, and when every sequence verifies
-    its last token alone, plain decoding's call (decode_call); when every one drafts a
-    greedy chain of the drafter's block, the fused chain call (chain_call); else the
-    phased step (phased_call)."""
+def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None) -> List[List[int]]:
+    """One step of every sequence in `seqs` (each past its first token, not done): the
+    tokens each keeps, in order. Whichever library call runs the step (_call), what
+    follows it is the same for every sequence (_kept): its graph, stages, what its
+    proposer learns, its tokens and its pass (a speculative sequence's accepted length,
+    the step's drafting, verify and other seconds). joining: a sequence whose next
+    prompt chunk (its Prefill's) the target's graph takes after the others' rows, as
+    many tokens as they leave of n_ubatch (at least one), the step held to
+    INVARIANT_STEP_ROWS so that the others' rows round as they would alone; the chunk's
+    choice, if any, is then at the sequence's row0 (it has yet to be told:
+    Sequence.chunk_ran)."""
+    if joining is None and not any(s.speculative for s in seqs):
+        return _kept(seqs, decode_call(target, seqs), None, None)  # plain decoding: nothing planned, nothing timed
+    t0 = time.perf_counter()
+    plans = [s.proposer.plan(s) for s in seqs]
+    return _kept(seqs, _call(target, draft, seqs, plans, joining, t0), plans, t0)
+
+
+def _call(target, draft, seqs: Seq[Sequence], plans: List[Plan], joining: Optional[Sequence], t0: float) -> Ran:
+    """The step of sequences some of which draft (or beside a joining chunk), as their
+    proposers planned it, by the lightest call that does it: when every sequence
+    verifies its last token alone, plain decoding's call (decode_call); when every one
+    drafts a greedy chain of the drafter's block, the fused chain call (chain_call);
+    else the phased step (phased_call)."""
     blocks = []
-    for s in seqs:
-        b = s.proposer.plan(s)
-        # a sequence that drafts nothing (b 0) leaves its drafter behind while its feature
-        # rows can keep what it lacks past this step's target call (its rows: at most the
-        # proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs no
-        # drafter graph; its next drafted block takes them all first
-        if s.draft is not None and (b or s.catch_up_due()):
-            blocks.append((s.slot, s.tokens.bonus, b, s.lacking()))
-    if joining is None and not blocks and all(s.proposer.decodes for s in seqs):
+    for s, plan in zip(seqs, plans):
+        # a sequence that drafts nothing (block 0) leaves its drafter behind while its
+        # feature rows can keep what it lacks past this step's target call (its rows: at
+        # most the proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs
+        # no drafter graph; its next drafted block takes them all first
+        if s.draft is not None and (plan.block or s.catch_up_due()):
+            blocks.append((s.slot, s.tokens.bonus, plan.block, s.lacking()))
+    if joining is None and not blocks and all(plan.decodes for plan in plans):
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # call, its drafters left behind
         return decode_call(target, seqs, draft, heard=True)
     if joining is None and _fused(seqs, blocks):
         return chain_call(target, draft, seqs, blocks)
-    return phased_call(target, draft, seqs, blocks, joining, t0)
+    return phased_call(target, draft, seqs, plans, blocks, joining, t0)
 
 
-def _kept(seqs: Seq[Sequence], ran: Ran, t0: Optional[float]) -> List[List[int]]:
+def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Optional[float]) -> List[List[int]]:
     """After a step's call, for every sequence: its graph, its stages (told after the call,
-    in the order its phases ran), what its proposer learns (ran.proposals), its step's
-    seconds (t0: the step's start; None: not timed), its tokens, and what the request
-    keeps of them."""
+    in the order its phases ran), its proposal's counts and what its proposer learns
+    (ran.proposals, with its plan), its step's seconds (t0: the step's start; None: not
+    timed), its tokens, and what the request keeps of them."""
     splits, copied = ran.copies
     if t0 is not None:
         seconds = time.perf_counter() - t0
@@ -291,10 +305,13 @@ def _kept(seqs: Seq[Sequence], ran: Ran, t0: Optional[float]) -> List[List[int]]
             for name in DECODE_STAGES if ran.decoded or not s.speculative else SPEC_STAGES:
                 s.stage(name)
         if ran.proposals is not None:
-            p = ran.proposals[i]
+            p, path = ran.proposals[i], ran.paths[i]
             if p.kind is not None:
-                stats.count_drafts(p.kind, _drafted(p), len(ran.paths[i]) - 1, p.corpus)
-            s.proposer.verified(s, p, ran.paths[i], new, seconds)
+                stats.count_drafts(p.kind, _drafted(p), len(path) - 1, p.corpus)
+            if p.nodes is not None:
+                stats.tree_sizes.append(p.nodes)
+                stats.chain_steps += p.as_chain
+            s.proposer.verified(s, plans[i], p, path, new, seconds)
         if t0 is not None and s.speculative:
             stats.draft_seconds += drafting
             stats.verify_seconds += verifying
@@ -324,10 +341,10 @@ def decode_call(target, seqs: Seq[Sequence], draft=None, heard: bool = False) ->
     the last token alone."""
     uniforms, slots, bonuses = [], [], []
     for s in seqs:
-        sampler = s.sampler
+        sampler, slot = s.sampler, s.slot
         uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
-        sampler.prepare_context(target, 1, seq=s.slot)
-        slots.append(s.slot)
+        sampler.prepare_context(target, 1, seq=slot)
+        slots.append(slot)
         bonuses.append(s.tokens.bonus)
     choices = target.decode_next(slots, bonuses, uniforms, draft)
     copies = target.last_copies()
@@ -350,16 +367,16 @@ def chain_call(target, draft, seqs: Seq[Sequence], blocks: List[tuple]) -> Ran:
     return Ran(new, target.last_copies(), seconds=target.chain_seconds)
 
 
-def phased_call(target, draft, seqs: Seq[Sequence], blocks: List[tuple], joining: Optional[Sequence],
-                t0: float) -> Ran:
+def phased_call(target, draft, seqs: Seq[Sequence], plans: List[Plan], blocks: List[tuple],
+                joining: Optional[Sequence], t0: float) -> Ran:
     """The step in its phases: the drafter's graph for every block (propose), each
     sequence's Proposal, the target's graph for all their rows (and the joining chunk's),
     then each sequence's choices, accepted path and commit."""
     if blocks:
         draft.propose_many(blocks)
     proposals, rows, row0 = [], [], 0
-    for s in seqs:
-        p = s.proposer.propose(s)
+    for s, plan in zip(seqs, plans):
+        p = s.proposer.propose(s, plan)
         r = verify_rows(s, p)
         s.row0 = row0
         row0 += r.n_out
