@@ -390,6 +390,7 @@ def phased_call(target, draft, seqs: Seq[Sequence], plans: List[Plan], blocks: L
     target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)
     t2 = time.perf_counter()
+    copies = target.graph_copies()  # the step's graph's, before any redraw
     paths, new = [], []
     for s, p, r in zip(seqs, proposals, rows):
         choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
@@ -397,7 +398,7 @@ def phased_call(target, draft, seqs: Seq[Sequence], plans: List[Plan], blocks: L
         commit(s, p, path)
         paths.append(path)
         new.append(out)
-    return Ran(new, target.graph_copies(), proposals, paths, (t1 - t0, t2 - t1))
+    return Ran(new, copies, proposals, paths, (t1 - t0, t2 - t1))
 
 
 def _drafted(p: Proposal) -> int:
