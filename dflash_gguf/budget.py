@@ -114,7 +114,7 @@ class StepCosts:
     its rows (the chain's by rows, each tree size's), plus the step's other work
     measured by kind (`part`, each a running low figure): a drafted step's (the
     drafter's propose and the loop's host work), a plain step's (all of it: no drafter
-    runs, decoding.decode_step), a tree's host work per node (ranking, building,
+    runs, decoding.decode_call), a tree's host work per node (ranking, building,
     walking; before a tree has run, a survey's per node). Besides, what prices probes:
     a probe's whole step, and the drafter's catching up a token."""
 
@@ -416,6 +416,11 @@ class AutoBudget:
         """The drafts a chain step verifies (Acceptance.chain_cut), from the drafter's
         top-1 log-probabilities; with verify, they are kept for verified()."""
         return self.acceptance.chain_cut(top1, self.costs, self.probing, verify)
+
+    def verifying(self, n: int) -> None:
+        """The chain step verifies only the first n of the drafts chain_cut kept (cut again
+        after it: by a grammar, by n_min), which verified() judges."""
+        self.acceptance.pending = self.acceptance.pending[:n]
 
     def seen_tree(self, nodes) -> None:
         """A tree built this step (a survey's, or the tree of the arm it runs), after

@@ -13,6 +13,11 @@ row (first), then every step (step, over any number of sequences)
            for every kind of proposal)
   commit   and commits it (the drafter takes it in its next graph)
 
+One body for every step: each sequence's proposer plans it (a Plan), one library call
+runs it (the lightest that can: plain decoding's decode_call, the fused chain_call,
+else phased_call's phases) and returns what it did alike (a Ran), and what follows is
+the same for every sequence (_kept: its counts, what its proposer learns, its tokens).
+
 A single request is a set of one (sequence_steps). Greedy, each sequence's tokens are
 the target's argmax given their prefix, whatever else runs in the step; sampling, each
 sequence draws with its own seeded generator, so its output is distributed exactly as
@@ -25,7 +30,7 @@ from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tup
 
 from .ddtree import accept_path
 from .generate import GenerationStats, Placement, Prefill, Request, check_request, start_context
-from .proposers import Proposal, accepted_prefix
+from .proposers import Plan, Proposal, accepted_prefix
 from .sampling import Sampler
 from .target import CHAIN, DECODE, INVARIANT_STEP_ROWS, LOGITS_LAST, TREE, Rows
 
@@ -81,7 +86,8 @@ class Clock:
 class Sequence:
     """One request (generate.Request) in its place (generate.Placement: its slot, the
     prompt tokens the slot holds, who watches its stages, its prefill's checkpoints):
-    its sampler, proposer, its tokens (Tokens), where they end (Ending) and its
+    its sampler, proposer, its tokens (Tokens), where they end (Ending), what its
+    proposer keeps of it from step to step (proposing: Proposer.start's) and its
     statistics. grammar (a constraints.GrammarState): the constraint its tokens follow;
     generation ends where the grammar does."""
 
@@ -90,7 +96,7 @@ class Sequence:
         prompt = request.prompt
         check_request(target, prompt, request.max_tokens, proposer.lookahead, request.context_full)
         self.target, self.draft, self.proposer = target, draft, proposer
-        self.stats, self.where, self.slot = stats, where, where.slot
+        self.stats, self.where = stats, where
         self.sampler = Sampler(request.sampling, prompt, grammar)
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
         self.tokens = Tokens(prompt, len(prompt), list(prompt) if draft is not None else None)
@@ -100,6 +106,12 @@ class Sequence:
         self.prefill: Optional[Prefill] = None  # its prompt going in (start_prefill)
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
+        self.proposing = proposer.start(self)
+
+    @property
+    def slot(self) -> int:
+        """Its slot of the target's (and drafter's) memory."""
+        return self.where.slot
 
     def stage(self, name: str) -> None:
         """Tell whoever watches the sequence (Placement.on_stage) the stage it reached."""
@@ -204,49 +216,172 @@ class Sequence:
         first (generate.prefill_chunks)."""
         if self.clock.decode:
             self.stats.decode_seconds = time.perf_counter() - self.clock.decode
-        self.proposer.finish(self)
+        report = self.proposer.finish(self)
+        if report is not None:
+            self.stats.auto = report
+
+
+@dataclass(slots=True)
+class Ran:
+    """What a step's library call did, told alike by every kind of call:
+      new        per sequence, the tokens the step emitted: the accepted drafts, then the
+                 target's next token (the step committed the old bonus and the drafts)
+      copies     the step's graph splits and the bytes it copied (Target.graph_copies)
+      proposals  per sequence, the Proposal its proposer hears of the step as (verified),
+      paths      and its accepted node path; None: the proposers hear nothing (plain
+                 decoding's PlainProposer, the fused chain's ChainProposer learn nothing)
+      seconds    the step's (drafting, verifying) seconds; None: all of it verifying
+      decoded    every sequence verified its last token alone (its stage: "decoded")"""
+
+    new: List[List[int]]
+    copies: Tuple[int, int]
+    proposals: Optional[List[Proposal]] = None
+    paths: Optional[List[List[int]]] = None
+    seconds: Optional[Tuple[float, float]] = None
+    decoded: bool = False
+
+
+SPEC_STAGES = ("drafted", "verified", "committed")
+DECODE_STAGES = ("decoded",)
 
 
 def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None) -> List[List[int]]:
     """One step of every sequence in `seqs` (each past its first token, not done): the
-    tokens each keeps, in order. Records each speculative sequence's pass (its accepted
-    length, the step's drafting and verify seconds and the rest). joining: a sequence
-    whose next prompt chunk (its Prefill's) the target's graph takes after the others'
-    rows, as many tokens as they leave of n_ubatch (at least one), the step held to
-    INVARIANT_STEP_ROWS so that the others' rows round as they would alone; the
-    chunk's choice, if any, is then at the sequence's row0 (it has yet to be told:
+    tokens each keeps, in order. Whichever library call runs the step (_call), what
+    follows it is the same for every sequence (_kept): its graph, stages, what its
+    proposer learns, its tokens and its pass (a speculative sequence's accepted length,
+    the step's drafting, verify and other seconds). joining: a sequence whose next
+    prompt chunk (its Prefill's) the target's graph takes after the others' rows, as
+    many tokens as they leave of n_ubatch (at least one), the step held to
+    INVARIANT_STEP_ROWS so that the others' rows round as they would alone; the chunk's
+    choice, if any, is then at the sequence's row0 (it has yet to be told:
     Sequence.chunk_ran)."""
     if joining is None and not any(s.speculative for s in seqs):
-        return decode_step(target, seqs)
+        return _kept(seqs, decode_call(target, seqs), None, None)  # plain decoding: nothing planned, nothing timed
     t0 = time.perf_counter()
+    plans = [s.proposer.plan(s) for s in seqs]
+    return _kept(seqs, _call(target, draft, seqs, plans, joining, t0), plans, t0)
+
+
+def _call(target, draft, seqs: Seq[Sequence], plans: List[Plan], joining: Optional[Sequence], t0: float) -> Ran:
+    """The step of sequences some of which draft (or beside a joining chunk), as their
+    proposers planned it, by the lightest call that does it: when every sequence
+    verifies its last token alone, plain decoding's call (decode_call); when every one
+    drafts a greedy chain of the drafter's block, the fused chain call (chain_call);
+    else the phased step (phased_call)."""
     blocks = []
-    for s in seqs:
-        b = s.proposer.plan(s)
-        # a sequence that drafts nothing (b 0) leaves its drafter behind while its feature
-        # rows can keep what it lacks past this step's target call (its rows: at most the
-        # proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs no
-        # drafter graph; its next drafted block takes them all first
-        if s.draft is not None and (b or s.catch_up_due()):
-            blocks.append((s.slot, s.tokens.bonus, b, s.lacking()))
-    if joining is None and not blocks and all(s.proposer.decodes for s in seqs):
+    for s, plan in zip(seqs, plans):
+        # a sequence that drafts nothing (block 0) leaves its drafter behind while its
+        # feature rows can keep what it lacks past this step's target call (its rows: at
+        # most the proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs
+        # no drafter graph; its next drafted block takes them all first
+        if s.draft is not None and (plan.block or s.catch_up_due()):
+            blocks.append((s.slot, s.tokens.bonus, plan.block, s.lacking()))
+    if joining is None and not blocks and all(plan.decodes for plan in plans):
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
-        # lean path, its drafters left behind
-        return decode_step(target, seqs, t0, draft)
+        # call, its drafters left behind
+        return decode_call(target, seqs, draft, heard=True)
     if joining is None and _fused(seqs, blocks):
-        return chain_step(target, draft, seqs, blocks, t0)
+        return chain_call(target, draft, seqs, blocks)
+    return phased_call(target, draft, seqs, plans, blocks, joining, t0)
+
+
+def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Optional[float]) -> List[List[int]]:
+    """After a step's call, for every sequence: its graph, its stages (told after the call,
+    in the order its phases ran), its proposal's counts and what its proposer learns
+    (ran.proposals, with its plan), its step's seconds (t0: the step's start; None: not
+    timed), its tokens, and what the request keeps of them."""
+    splits, copied = ran.copies
+    if t0 is not None:
+        seconds = time.perf_counter() - t0
+        drafting, verifying = ran.seconds or (0.0, seconds)
+        other = seconds - drafting - verifying
+    kept = []
+    for i, s in enumerate(seqs):
+        new, stats = ran.new[i], s.stats
+        stats.record_graph(splits, copied)
+        if s.where.on_stage is not None:
+            for name in DECODE_STAGES if ran.decoded or not s.speculative else SPEC_STAGES:
+                s.stage(name)
+        if ran.proposals is not None:
+            p, path = ran.proposals[i], ran.paths[i]
+            if p.kind is not None:
+                stats.count_drafts(p.kind, _drafted(p), len(path) - 1, p.corpus)
+            if p.nodes is not None:
+                stats.tree_sizes.append(p.nodes)
+                stats.chain_steps += p.as_chain
+            s.proposer.verified(s, plans[i], p, path, new, seconds)
+        if t0 is not None and s.speculative:
+            stats.draft_seconds += drafting
+            stats.verify_seconds += verifying
+            stats.other_seconds += other
+        s.tokens.took([s.tokens.bonus] + new[:-1], new[-1])  # the old bonus and the accepted drafts
+        kept.append(s._emitted(new, record=s.speculative))
+    return kept
+
+
+def _fused(seqs: Seq[Sequence], blocks: List[tuple]) -> bool:
+    """The step may run as chain_call: every sequence drafts a block this step, every one's
+    proposer fuses, and they cut their chains alike."""
+    return len(blocks) == len(seqs) and all(b for _, _, b, _ in blocks) \
+        and all(s.proposer.fuses(s) for s in seqs) and len({s.proposer.p_min for s in seqs}) == 1
+
+
+def decode_call(target, seqs: Seq[Sequence], draft=None, heard: bool = False) -> Ran:
+    """The step of sequences that all decode plainly (the last token alone, as PlainProposer
+    proposes): their last tokens in one call of the target, which returns their choices.
+    The per-token host work is what bounds plain decoding's speed on a small model, so
+    this call crosses into the library once and stages and reads through buffers
+    allocated once.
+
+    heard: speculative sequences that draft nothing this step, each one's committed token
+    waiting for its drafter (`draft`, which the target is told of so that it keeps the
+    feature rows the drafter lacks); each proposer hears of the step as of a proposal of
+    the last token alone."""
+    uniforms, slots, bonuses = [], [], []
+    for s in seqs:
+        sampler, slot = s.sampler, s.slot
+        uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
+        sampler.prepare_context(target, 1, seq=slot)
+        slots.append(slot)
+        bonuses.append(s.tokens.bonus)
+    choices = target.decode_next(slots, bonuses, uniforms, draft)
+    copies = target.last_copies()
+    if min(choices) < 0:  # a kept set reached past the ranked candidates: drawn again
+        for row, c in enumerate(choices):
+            if c < 0:
+                choices[row] = int(target.redraw([row], [uniforms[row]], slots[row])[0])
+    new = [[c] for c in choices]
+    if not heard:
+        return Ran(new, copies, decoded=True)
+    return Ran(new, copies, [Proposal([b], decode=True) for b in bonuses], [[0] for _ in seqs], decoded=True)
+
+
+def chain_call(target, draft, seqs: Seq[Sequence], blocks: List[tuple]) -> Ran:
+    """The step of greedy chains of the drafter's blocks (ChainProposer.fuses): the same
+    propose, verify, accept and commit as phased_call's in one call of the library
+    (Target.chain_step), with one read of the host's results; each sequence's stages
+    follow the call, in the order its phases ran inside it."""
+    new = target.chain_step(draft, blocks, seqs[0].proposer.p_min)
+    return Ran(new, target.last_copies(), seconds=target.chain_seconds)
+
+
+def phased_call(target, draft, seqs: Seq[Sequence], plans: List[Plan], blocks: List[tuple],
+                joining: Optional[Sequence], t0: float) -> Ran:
+    """The step in its phases: the drafter's graph for every block (propose), each
+    sequence's Proposal, the target's graph for all their rows (and the joining chunk's),
+    then each sequence's choices, accepted path and commit."""
     if blocks:
         draft.propose_many(blocks)
     proposals, rows, row0 = [], [], 0
-    for s in seqs:
-        p = s.proposer.propose(s)
+    for s, plan in zip(seqs, plans):
+        p = s.proposer.propose(s, plan)
         r = verify_rows(s, p)
         s.row0 = row0
         row0 += r.n_out
         proposals.append(p)
         rows.append(r)
-        if s.speculative:
-            s.stage("drafted")
     if joining is not None:
         taken = sum(r.n_rows for r in rows)
         joining.row0 = row0
@@ -255,60 +390,15 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
     target.step(rows, draft)  # one target graph: every sequence's rows
     choices = target.choices(0, row0)
     t2 = time.perf_counter()
-    splits, copied = target.graph_copies()
-    out = []
+    copies = target.graph_copies()  # the step's graph's, before any redraw
+    paths, new = [], []
     for s, p, r in zip(seqs, proposals, rows):
-        s.stats.record_graph(splits, copied)
         choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
-        path, new = accepted(s, p, choice)
-        if p.kind is not None:
-            s.stats.count_drafts(p.kind, _drafted(p), len(path) - 1, p.corpus)
-        s.stage("verified" if s.speculative else "decoded")
+        path, out = accepted(s, p, choice)
         commit(s, p, path)
-        if s.speculative:
-            s.stage("committed")
-        s.proposer.verified(s, p, path, new, time.perf_counter() - t0)
-        s.tokens.took([s.tokens.bonus] + new[:-1], new[-1])  # the old bonus and the accepted drafts
-        out.append(new)
-    t3 = time.perf_counter()
-    kept = []
-    for s, new in zip(seqs, out):
-        if s.speculative:
-            s.stats.draft_seconds += t1 - t0
-            s.stats.verify_seconds += t2 - t1
-            s.stats.other_seconds += t3 - t2
-        kept.append(s._emitted(new, record=s.speculative))
-    return kept
-
-
-def _fused(seqs: Seq[Sequence], blocks: List[tuple]) -> bool:
-    """The step may run as chain_step: every sequence drafts a block this step, every one's
-    proposer fuses, and they cut their chains alike."""
-    return len(blocks) == len(seqs) and all(b for _, _, b, _ in blocks) \
-        and all(s.proposer.fuses(s) for s in seqs) and len({s.proposer.p_min for s in seqs}) == 1
-
-
-def chain_step(target, draft, seqs: Seq[Sequence], blocks: List[tuple], t0: float) -> List[List[int]]:
-    """step() of greedy chains of the drafter's blocks (ChainProposer.fuses): the same
-    propose, verify, accept and commit in one call of the library (Target.chain_step),
-    with one read of the host's results. Each sequence's stages follow the call, in the
-    order its phases ran inside it."""
-    outs = target.chain_step(draft, blocks, seqs[0].proposer.p_min)
-    drafting, verifying = target.chain_seconds
-    splits, copied = target.last_copies()
-    for s, new in zip(seqs, outs):
-        s.stats.record_graph(splits, copied)
-        for stage in ("drafted", "verified", "committed"):
-            s.stage(stage)
-        s.tokens.took([s.tokens.bonus] + new[:-1], new[-1])
-    other = time.perf_counter() - t0 - drafting - verifying
-    kept = []
-    for s, new in zip(seqs, outs):
-        s.stats.draft_seconds += drafting
-        s.stats.verify_seconds += verifying
-        s.stats.other_seconds += other
-        kept.append(s._emitted(new))
-    return kept
+        paths.append(path)
+        new.append(out)
+    return Ran(new, copies, proposals, paths, (t1 - t0, t2 - t1))
 
 
 def _drafted(p: Proposal) -> int:
@@ -367,37 +457,6 @@ def commit(seq: Sequence, p: Proposal, path: List[int]) -> None:
         seq.target.commit_path(path, seq=seq.slot)
     else:
         seq.target.commit(len(path), seq=seq.slot)
-
-
-def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None, draft=None) -> List[List[int]]:
-    """step() of sequences that all decode plainly (the last token alone, as PlainProposer
-    proposes): their last tokens in one call of the target, which returns their choices.
-    The per-token host work is what bounds plain decoding's speed on a small model, so
-    this path crosses into the library once and stages and reads through buffers
-    allocated once.
-
-    t0: the step's start when step() hands over speculative sequences that draft
-    nothing this step; each one's committed token waits for its drafter (`draft`, which
-    the target is told of so that it keeps the feature rows the drafter lacks), and its
-    proposer hears of the step as of a proposal of the last token alone."""
-    uniforms = []
-    for s in seqs:
-        sampler = s.sampler
-        uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
-        sampler.prepare_context(target, 1, seq=s.slot)
-    choices = target.decode_next([s.slot for s in seqs], [s.tokens.bonus for s in seqs], uniforms, draft)
-    splits, copied = target.last_copies()
-    seconds = 0.0 if t0 is None else time.perf_counter() - t0
-    for row, s in enumerate(seqs):
-        s.stats.record_graph(splits, copied)
-        s.stage("decoded")
-        if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
-            choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])
-        if t0 is not None:
-            s.proposer.verified(s, Proposal([s.tokens.bonus], decode=True), [0], [choices[row]], seconds)
-            s.stats.verify_seconds += seconds
-        s.tokens.took([s.tokens.bonus], choices[row])
-    return [s._emitted([c], record=s.speculative) for s, c in zip(seqs, choices)]
 
 
 def sequence_steps(seq: Sequence) -> Iterator[List[int]]:

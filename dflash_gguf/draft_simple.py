@@ -32,7 +32,7 @@ choice given exactly its own path, so no drafter call is spent off the chain."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -42,7 +42,7 @@ from ._native import ffi, lib
 from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
 from .config import SIMPLE
 from .ddtree import DraftTree
-from .proposers import Proposal, Proposer, draft_room, suffix_proposal
+from .proposers import Plan, Proposal, Proposer, draft_room, suffix_proposal
 from .suffix import SuffixCorpora, SuffixDrafts
 from .target import CHAIN, DECODE, LOGITS_LAST, Rows, Target, TargetConfig
 
@@ -368,6 +368,26 @@ def sibling_tree(bonus: int, drafts: Sequence[int], seconds: Sequence[Optional[i
     return DraftTree(tokens, parents, depths, [0.0] * n, list(range(1, n)))
 
 
+@dataclass(slots=True)
+class SimpleHeld:
+    """What draft-simple keeps of a sequence from step to step (Sequence.proposing): its
+    committed tokens, the small model's context; beside suffix, the suffix drafting of
+    its text and the small model's kept drafts per step, a running mean."""
+
+    context: List[int]
+    suffix: Optional[SuffixDrafts] = None
+    kept: float = 1.0
+
+
+@dataclass(slots=True)
+class SuffixStep(Plan):
+    """A step of draft-simple beside suffix that verifies the suffix tree found before the
+    drafter's graph (no small-model graph runs), and whether it came from the corpus."""
+
+    tree: Optional[DraftTree] = None
+    corpus: bool = False
+
+
 class SimpleProposer(Proposer):
     """Each step verifies the bonus and the small model's drafts (SimpleDraft.draft): a
     chain, or with `tree` the chain and the second choices beside it, padded to one size
@@ -386,24 +406,22 @@ class SimpleProposer(Proposer):
         self.draft = draft
         self.n_max, self.n_min, self.p_min, self.tree, self.auto = n_max, n_min, p_min, tree, auto
         self.lookahead = 1 + n_max * (2 if tree else 1)
-        self.context: Optional[List[int]] = None  # the sequence's committed tokens
-        self.arm: Optional[int] = None  # auto's arm for the step (None: no auto, or no room to draft)
 
-    def plan(self, seq) -> int:
-        if self.context is None:
-            self.context = list(seq.tokens.prompt)
+    def start(self, seq) -> SimpleHeld:
+        return SimpleHeld(list(seq.tokens.prompt))
+
+    def plan(self, seq) -> Plan:
         room = draft_room(seq, self.n_max)
-        self.arm = self.auto.choose() if self.auto is not None and room > 0 else None
-        self.decodes = self.arm == PLAIN
-        return 0
+        arm = self.auto.choose() if self.auto is not None and room > 0 else None
+        return Plan(decodes=arm == PLAIN, arm=arm)
 
-    def propose(self, seq) -> Proposal:
-        if self.decodes:  # auto's plain arm, beside sequences that draft: the bonus alone
+    def propose(self, seq, plan: Plan) -> Proposal:
+        if plan.decodes:  # auto's plain arm, beside sequences that draft: the bonus alone
             return Proposal([seq.tokens.bonus])
         n = draft_room(seq, self.n_max)
         grammar = seq.sampler.grammar if seq.sampler.guided else None
-        auto = self.auto if self.arm is not None else None
-        drafts, seconds, shares = self.draft.draft(seq.slot, self.context, seq.tokens.bonus, n, self.p_min,
+        auto = self.auto if plan.arm is not None else None
+        drafts, seconds, shares = self.draft.draft(seq.slot, seq.proposing.context, seq.tokens.bonus, n, self.p_min,
                                                    siblings=self.tree and grammar is None, shares=auto is not None,
                                                    window=auto.PROBE_LAG if auto is not None and auto.probing else 0)
         if auto is not None:
@@ -417,27 +435,26 @@ class SimpleProposer(Proposer):
         if self.tree and drafts and grammar is None:
             tree = sibling_tree(seq.tokens.bonus, drafts, seconds)
             if len(tree) > len(drafts) + 1:
-                seq.stats.tree_sizes.append(len(tree) - 1)
-                return Proposal(tree=tree.padded_to(self.lookahead), kind=SIMPLE)
+                return Proposal(tree=tree.padded_to(self.lookahead), kind=SIMPLE, nodes=len(tree) - 1)
+        if plan.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
+            self.auto.verifying(len(drafts))
         if self.tree:  # a tree step that verifies a chain (no second choices, a grammar)
-            seq.stats.tree_sizes.append(len(drafts))
-            seq.stats.chain_steps += 1
-        if self.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
-            acceptance = self.auto.acceptance
-            acceptance.pending = acceptance.pending[:len(drafts)] if drafts else []
+            return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE, nodes=len(drafts), as_chain=True)
         return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE)
 
-    def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
-        if self.arm is not None:
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
+        if plan.arm is not None:
             self.auto.verified(len(path) - 1, seconds)
 
-    def finish(self, seq) -> None:
+    def finish(self, seq) -> Optional[dict]:
         """The sequence ended: its statistics get auto's report, and what auto learnt goes
         to the next sequence."""
-        if self.auto is not None:
-            seq.stats.auto = self.auto.report()
-            self.auto.finish()
+        if self.auto is None:
+            return None
+        report = self.auto.report()
+        self.auto.finish()
+        return report
 
 
 class SimpleSuffixProposer(SimpleProposer):
@@ -456,39 +473,38 @@ class SimpleSuffixProposer(SimpleProposer):
     def __init__(self, draft: SimpleDraft, n_max: int, n_min: int, p_min: float, tree: bool,
                  auto: Optional[AutoBudget], corpora: SuffixCorpora, key, suffix_n_max: int):
         super().__init__(draft, n_max, n_min, p_min, tree, auto)
-        self.suffix = SuffixDrafts(corpora, key)
+        self.corpora, self.key = corpora, key
         self.suffix_n_max = suffix_n_max
         self.lookahead = max(self.lookahead, suffix_n_max + 1)
-        self.simple_kept = 1.0  # the small model's kept drafts per step, a running mean
-        self.found: Optional[tuple] = None  # the step's suffix tree and whether it came from the corpus
 
-    def plan(self, seq) -> int:
+    def start(self, seq) -> SimpleHeld:
+        return SimpleHeld(list(seq.tokens.prompt), SuffixDrafts(self.corpora, self.key))
+
+    def plan(self, seq) -> Plan:
+        held = seq.proposing
         room = draft_room(seq, self.suffix_n_max)
-        tree, from_corpus = self.suffix.best(seq, self.suffix_n_max, room) if room else (None, False)
-        if tree is not None and self.suffix.expected(tree) >= max(1.0, self.simple_kept):
-            self.suffix.judge(tree)
-            if self.context is None:
-                self.context = list(seq.tokens.prompt)
-            self.found, self.arm, self.decodes = (tree, from_corpus), None, False
-            return 0
-        self.found = None
+        tree, from_corpus = held.suffix.best(seq, self.suffix_n_max, room) if room else (None, False)
+        if tree is not None and held.suffix.expected(tree) >= max(1.0, held.kept):
+            return SuffixStep(judged=held.suffix.judge(tree), tree=tree, corpus=from_corpus)
         return super().plan(seq)
 
-    def propose(self, seq) -> Proposal:
-        if self.found is not None:
-            return suffix_proposal(seq, *self.found)
-        return super().propose(seq)
+    def propose(self, seq, plan: Plan) -> Proposal:
+        if isinstance(plan, SuffixStep):
+            return suffix_proposal(seq, plan.tree, plan.corpus)
+        return super().propose(seq, plan)
 
-    def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.suffix.observe(seq, out)
-        if self.found is not None:
-            self.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        held = seq.proposing
+        held.suffix.observe(seq, out, plan.judged)
+        if isinstance(plan, SuffixStep):
+            held.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
             return
-        super().verified(seq, proposal, path, out, seconds)
+        super().verified(seq, plan, proposal, path, out, seconds)
         if proposal.tree is not None or len(proposal.tokens) > 1:  # the small model drafted
             w = self.KEPT_WEIGHT
-            self.simple_kept = (1 - w) * self.simple_kept + w * (len(path) - 1)
+            held.kept = (1 - w) * held.kept + w * (len(path) - 1)
 
-    def finish(self, seq) -> None:
-        super().finish(seq)
-        self.suffix.finish(seq)
+    def finish(self, seq) -> Optional[dict]:
+        report = super().finish(seq)
+        seq.proposing.suffix.finish(seq)
+        return report

@@ -128,7 +128,6 @@ class NgramDrafts:
         self.sources = list(sources)
         self.acceptance = [Acceptance() for _ in self.sources]
         self.started = False
-        self.found: List[List[int]] = []
 
     def sync(self, seq) -> None:
         """On a sequence's first step: its prompt and first token are the history."""
@@ -137,17 +136,18 @@ class NgramDrafts:
                 s.extend(list(seq.tokens.prompt) + [seq.tokens.bonus])
             self.started = True
 
-    def best(self, n_max: int) -> Tuple[List[int], float, Optional[str]]:
-        """(draft, its expected accepted length, the kind that found it): the best of the
-        sources' drafts for the next positions ([], 0 and None when none has one)."""
-        self.found = [s.draft(n_max) for s in self.sources]
+    def best(self, n_max: int) -> Tuple[List[int], float, Optional[str], List[List[int]]]:
+        """(draft, its expected accepted length, the kind that found it, every source's
+        draft): the best of the sources' drafts for the next positions ([], 0 and None
+        when none has one); observe judges every source's draft."""
+        drafts = [s.draft(n_max) for s in self.sources]
         best, value, kind = [], 0.0, None
-        for source, found, acc in zip(self.sources, self.found, self.acceptance):
+        for source, found, acc in zip(self.sources, drafts, self.acceptance):
             if found:
                 e = acc.expected(len(found))
                 if e > value:
                     best, value, kind = found, e, source.kind
-        return best, value, kind
+        return best, value, kind, drafts
 
     def probs(self, kind: str, n: int) -> np.ndarray:
         """The chance that each of a draft's first n tokens is kept by the kind's measured
@@ -155,14 +155,14 @@ class NgramDrafts:
         rate = next(a for s, a in zip(self.sources, self.acceptance) if s.kind == kind).rate
         return rate ** np.arange(1, n + 1, dtype=np.float64)
 
-    def observe(self, emitted: Sequence[int]) -> None:
-        """After the step: the tokens it emitted after the bonus (the last is the next bonus)."""
-        for found, acc in zip(self.found, self.acceptance):
+    def observe(self, emitted: Sequence[int], drafts: Optional[List[List[int]]] = None) -> None:
+        """After the step: the tokens it emitted after the bonus (the last is the next
+        bonus), and each source's draft of the step (best's; None: the step asked none)."""
+        for found, acc in zip(drafts or (), self.acceptance):
             if found:
                 acc.observe(found, emitted)
         for s in self.sources:
             s.extend(emitted)
-        self.found = []
 
 
 def expected_chain(top1_logprobs) -> float:

@@ -4,6 +4,7 @@ table (measured once per engine, cached per model file) and, per sampling regime
 `auto` learnt from the last sequence, which the next ones start from."""
 from __future__ import annotations
 
+from functools import partial
 from typing import Dict, Optional
 
 from . import auto_store
@@ -112,7 +113,7 @@ class ProposerChoice:
                                             weightless.spec_draft_n_max)
             return SuffixProposer(self.suffix_corpora, request.corpus, weightless.spec_draft_n_max, self.verify_cost)
         if speculative and weightless.ngram_kinds:
-            sources = ngram_sources(weightless.ngram_kinds, weightless.ngram)
+            sources = partial(ngram_sources, weightless.ngram_kinds, weightless.ngram)  # each sequence's own
             if use_draft:
                 return MixedProposer(self.draft, self.block, self.draft_p_min, sources, weightless.spec_draft_n_max)
             return NgramProposer(sources, weightless.spec_draft_n_max, self.verify_cost)

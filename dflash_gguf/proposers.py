@@ -6,16 +6,21 @@ context's tail in the sequence's own text or earlier requests' (suffix, suffix.p
 `auto`, a policy choosing per step between plain decoding, the chain and trees of a few
 sizes (AutoProposer).
 
-A proposer only proposes. Around the step's two graphs, so that the drafts of every
-sequence come from one drafter graph and their verifies from one target graph:
-  plan(seq)       the block to draft for it (0: none), before the drafter's graph; a
-                  proposer sets `decodes` when the step is to verify the last token alone
-  propose(seq)    after it: the Proposal the target verifies
-  verified(seq, proposal, path, out, seconds)
+A proposer only proposes, and holds only its configuration and the long-lived things it
+drafts with (a drafter, corpora, auto's budget): what it keeps of a sequence from step to
+step is the sequence's (start, Sequence.proposing), and what it keeps of a step travels in
+the step's Plan, which decoding.step carries from plan to verified. Around the step's two
+graphs, so that the drafts of every sequence come from one drafter graph and their
+verifies from one target graph:
+  plan(seq)       the step's Plan, before the drafter's graph: the block to draft for it
+                  (0: none), whether the step verifies the last token alone (decodes)
+  propose(seq, plan)
+                  after it: the Proposal the target verifies
+  verified(seq, plan, proposal, path, out, seconds)
                   after the step accepted and committed (decoding.step, once for every
                   kind): the accepted node path, the tokens kept, the step's seconds; what
                   a proposer learns from (auto, the n-gram sources' acceptance)
-When every sequence of a step decodes, the step is a plain decode (decoding.decode_step)
+When every sequence of a step decodes, the step is a plain decode (decoding.decode_call)
 and each proposer hears of it through verified() as of a proposal of the last token alone.
 Greedy, every emitted token is the target's argmax given its prefix; sampling, a draw
 from the target's distribution given its prefix (see sampling.py for the rules)."""
@@ -24,7 +29,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Hashable, List, Optional
+from typing import Any, Callable, Hashable, List, Optional
 
 import numpy as np
 
@@ -50,7 +55,10 @@ class Proposal:
       kind    the kind that drafted it (an n-gram kind, suffix, draft-simple): its drafted
               and accepted tokens are counted under that name (GenerationStats.count_drafts)
       corpus  suffix's drafts came from the corpus of earlier requests, not the
-              sequence's own text"""
+              sequence's own text
+      nodes   in tree mode (a tree budget, auto, draft-simple's tree), the nodes below the
+              root the step verifies (GenerationStats.tree_sizes)
+      as_chain  a tree-mode step that verifies a chain instead (GenerationStats.chain_steps)"""
 
     tokens: Optional[List[int]] = None
     tree: Optional[DraftTree] = None
@@ -60,12 +68,33 @@ class Proposal:
     decode: bool = False
     kind: Optional[str] = None
     corpus: bool = False
+    nodes: Optional[int] = None
+    as_chain: bool = False
 
     def chain(self, slot: int) -> List[int]:
         """A chain's tokens, the device block read back on first use."""
         if self.tokens is None:
             self.tokens = self.draft.block(self.n, seq=slot)
         return self.tokens
+
+
+@dataclass(slots=True)
+class Plan:
+    """One sequence's step as its proposer plans it, carried by decoding.step from plan
+    through propose to verified:
+      block    the drafter's block to draft for it before the drafter's graph (0: none)
+      decodes  the step verifies the last token alone
+      depth    how deep its drafts may go (a tree's, auto's chain's)
+      arm      auto's arm for the step (budget.PLAIN, CHAIN or a tree size; None: a step
+               auto does not hear of)
+      judged   what verified judges the step's drafts by: the n-gram sources' drafts
+               (NgramDrafts.best), the suffix tree and its depth (SuffixDrafts.judge)"""
+
+    block: int = 0
+    decodes: bool = False
+    depth: int = 0
+    arm: Optional[int] = None
+    judged: Any = None
 
 
 SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.count_drafts)
@@ -111,31 +140,38 @@ def draft_room(seq, n_max: int) -> int:
 
 
 class Proposer(ABC):
-    """What every proposer has: it drafts nothing unless it plans a block, and learns
-    nothing from what was verified unless it says so."""
+    """What every proposer has: it keeps nothing of a sequence, drafts nothing unless it
+    plans a block, and learns nothing from what was verified unless it says so."""
 
     lookahead = 0            # the most rows past the context a step of it verifies
     drafted_samples = False  # the drafter draws its drafts (the sampler stages its uniforms)
-    decodes = False          # this step verifies the last token alone
+    decodes = False          # its steps verify the last token alone (plain decoding)
 
-    def plan(self, seq) -> int:
-        return 0
+    def start(self, seq) -> Any:
+        """What it keeps of the sequence from step to step, which the sequence holds
+        (Sequence.proposing)."""
+        return None
+
+    def plan(self, seq) -> Plan:
+        return Plan(decodes=self.decodes)
 
     @abstractmethod
-    def propose(self, seq) -> Proposal:
+    def propose(self, seq, plan: Plan) -> Proposal:
         """What the sequence's target verifies this step."""
 
     def fuses(self, seq) -> bool:
-        """Its step may run as one call of the library (decoding.chain_step): a greedy
+        """Its step may run as one call of the library (decoding.chain_call): a greedy
         chain of the drafter's block, kept by the target's argmax alone."""
         return False
 
-    def verified(self, seq, proposal: Proposal, path: List[int], out: List[int], seconds: float) -> None:
+    def verified(self, seq, plan: Plan, proposal: Proposal, path: List[int], out: List[int],
+                 seconds: float) -> None:
         """The step kept `path` (node indices, root first) of `proposal` and emitted `out`;
         called before the sequence takes them (seq.tokens.bonus is still the step's root)."""
 
-    def finish(self, seq) -> None:
-        """The sequence ended."""
+    def finish(self, seq) -> Optional[dict]:
+        """The sequence ended: auto's report for its statistics (None: no auto)."""
+        return None
 
 
 class PlainProposer(Proposer):
@@ -143,7 +179,7 @@ class PlainProposer(Proposer):
 
     decodes = True
 
-    def propose(self, seq) -> Proposal:
+    def propose(self, seq, plan: Plan) -> Proposal:
         return Proposal([seq.tokens.bonus], decode=True)
 
 
@@ -169,25 +205,23 @@ class ChainProposer(Proposer):
         self.conf_min = conf_min
         self.top_k = rejection_top_k
         self.drafted_samples = rejection_top_k > 0
-        self.b = 1
 
-    def plan(self, seq) -> int:
-        self.b = min(self.block_size, seq.remaining + 1, seq.room)
-        self.decodes = self.b < 2  # no room left to draft
-        if self.b > 1 and self.top_k:
-            self.draft.set_uniforms(seq.sampler.uniforms(self.b - 1), seq=seq.slot)
-        return self.b if self.b > 1 else 0
+    def plan(self, seq) -> Plan:
+        b = min(self.block_size, seq.remaining + 1, seq.room)
+        if b > 1 and self.top_k:
+            self.draft.set_uniforms(seq.sampler.uniforms(b - 1), seq=seq.slot)
+        return Plan(block=b, decodes=False) if b > 1 else Plan(decodes=True)  # no room left to draft
 
     def fuses(self, seq) -> bool:
         return isinstance(self.draft, Draft) and not self.top_k and self.conf_min == 0 \
             and seq.sampler.argmax_only and seq.target.head_tokens is None
 
-    def propose(self, seq) -> Proposal:
-        return self._chain(seq, self._cut(seq))
+    def propose(self, seq, plan: Plan) -> Proposal:
+        return self._chain(seq, self._cut(seq, plan.block))
 
-    def _cut(self, seq) -> int:
-        """The drafted block cut by the drafter's confidence."""
-        b, draft, slot = self.b, self.draft, seq.slot
+    def _cut(self, seq, b: int) -> int:
+        """The drafted block of b tokens cut by the drafter's confidence."""
+        draft, slot = self.draft, seq.slot
         if self.conf_min > 0 and b > 1:
             b = 1 + confident_length(draft.confidence(b - 1, seq=slot), self.conf_min)
         if self.p_min > 0 and b > 1:
@@ -212,21 +246,25 @@ class NgramProposer(Proposer):
     measured acceptance and the target's verify cost, or the bonus alone when none finds
     one or none pays."""
 
-    def __init__(self, sources, n_max: int, cost=None):
-        self.ngram = NgramDrafts(sources)
+    def __init__(self, sources: Callable[[], list], n_max: int, cost=None):
+        self.sources = sources  # makes a sequence's n-gram sources (ngram.ngram_sources)
         self.n_max = n_max
         self.lookahead = n_max + 1
         self.cost = cost  # verify_cost.VerifyCost (None: every draft verified whole)
 
-    def propose(self, seq) -> Proposal:
-        self.ngram.sync(seq)
-        drafts, _, kind = self.ngram.best(draft_room(seq, self.n_max))
+    def start(self, seq) -> NgramDrafts:
+        return NgramDrafts(self.sources())
+
+    def propose(self, seq, plan: Plan) -> Proposal:
+        ngram = seq.proposing
+        ngram.sync(seq)
+        drafts, _, kind, plan.judged = ngram.best(draft_room(seq, self.n_max))
         if drafts and self.cost is not None:
-            drafts = drafts[:best_size(self.ngram.probs(kind, len(drafts)), self.cost.chain)]
+            drafts = drafts[:best_size(ngram.probs(kind, len(drafts)), self.cost.chain)]
         return Proposal([seq.tokens.bonus] + drafts, kind=kind if drafts else None)
 
-    def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.ngram.observe(out)
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(out, plan.judged)
 
 
 class MixedProposer(ChainProposer):
@@ -239,30 +277,33 @@ class MixedProposer(ChainProposer):
     target's draws of the step, so sampled output stays exact (drafts are fixed in
     advance and kept by the argmax rule, whichever chain is verified)."""
 
-    def __init__(self, draft, block_size: int, p_min: float, sources, n_max: int):
+    def __init__(self, draft, block_size: int, p_min: float, sources: Callable[[], list], n_max: int):
         super().__init__(draft, block_size, p_min)
-        self.ngram = NgramDrafts(sources)
+        self.sources = sources  # makes a sequence's n-gram sources (ngram.ngram_sources)
         self.n_max = n_max
         self.lookahead = max(block_size, n_max + 1)
+
+    def start(self, seq) -> NgramDrafts:
+        return NgramDrafts(self.sources())
 
     def fuses(self, seq) -> bool:
         return False  # the n-gram chain is chosen after the drafter's graph
 
-    def plan(self, seq) -> int:
-        self.ngram.sync(seq)
-        b = super().plan(seq)
-        self.decodes = False  # the n-gram chain is found after the drafter's graph
-        return b
+    def plan(self, seq) -> Plan:
+        seq.proposing.sync(seq)
+        plan = super().plan(seq)
+        plan.decodes = False  # the n-gram chain is found after the drafter's graph
+        return plan
 
-    def propose(self, seq) -> Proposal:
-        b = self._cut(seq)
-        drafts, value, kind = self.ngram.best(draft_room(seq, self.n_max))
+    def propose(self, seq, plan: Plan) -> Proposal:
+        b = self._cut(seq, plan.block)
+        drafts, value, kind, plan.judged = seq.proposing.best(draft_room(seq, self.n_max))
         if drafts and (b < 2 or value > expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
             return Proposal([seq.tokens.bonus] + drafts, kind=kind)
         return self._chain(seq, b)
 
-    def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.ngram.observe(out)
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(out, plan.judged)
 
 
 class SuffixProposer(Proposer):
@@ -276,34 +317,37 @@ class SuffixProposer(Proposer):
     output is distributed as its sampling."""
 
     def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int, cost=None):
-        self.suffix = SuffixDrafts(corpora, key)
+        self.corpora, self.key = corpora, key
         self.n_max = n_max
         self.lookahead = n_max + 1
         self.cost = cost  # verify_cost.VerifyCost (None: every tree verified whole)
 
-    def propose(self, seq) -> Proposal:
-        room = draft_room(seq, self.n_max)
-        tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
-        return suffix_proposal(seq, tree if tree is None else self._priced(tree), from_corpus)
+    def start(self, seq) -> SuffixDrafts:
+        return SuffixDrafts(self.corpora, self.key)
 
-    def _priced(self, tree: DraftTree) -> Optional[DraftTree]:
-        """The tree cut to its best-priced size, which the step's outcome is judged on
-        (None: none pays, and the outcome is judged on the tree's first level: what the
-        target's next token says of it)."""
+    def propose(self, seq, plan: Plan) -> Proposal:
+        suffix, room = seq.proposing, draft_room(seq, self.n_max)
+        tree, from_corpus = suffix.best(seq, self.n_max, room) if room else (None, False)
+        if tree is not None:
+            tree, plan.judged = self._priced(suffix, tree)
+        return suffix_proposal(seq, tree, from_corpus)
+
+    def _priced(self, suffix: SuffixDrafts, tree: DraftTree) -> tuple:
+        """The tree cut to its best-priced size, and what the step's outcome is judged on:
+        that tree, or where none pays (None), the tree's first level (what the target's
+        next token says of it)."""
         if self.cost is not None:
-            m = best_size(tree_probs(tree, self.suffix.rate.rate), self.cost.chain if is_chain(tree) else self.cost)
+            m = best_size(tree_probs(tree, suffix.rate.rate), self.cost.chain if is_chain(tree) else self.cost)
             if m == 0:
-                self.suffix.judge(tree, 1)
-                return None
+                return None, suffix.judge(tree, 1)
             tree = tree.best(m)
-        self.suffix.judge(tree)
-        return tree
+        return tree, suffix.judge(tree)
 
-    def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.suffix.observe(seq, out)
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(seq, out, plan.judged)
 
     def finish(self, seq) -> None:
-        self.suffix.finish(seq)
+        seq.proposing.finish(seq)
 
 
 class DrafterSuffixProposer(ChainProposer):
@@ -315,33 +359,36 @@ class DrafterSuffixProposer(ChainProposer):
 
     def __init__(self, draft, block_size: int, p_min: float, corpora: SuffixCorpora, key: Hashable, n_max: int):
         super().__init__(draft, block_size, p_min)
-        self.suffix = SuffixDrafts(corpora, key)
+        self.corpora, self.key = corpora, key
         self.n_max = n_max
         self.lookahead = max(block_size, n_max + 1)
+
+    def start(self, seq) -> SuffixDrafts:
+        return SuffixDrafts(self.corpora, self.key)
 
     def fuses(self, seq) -> bool:
         return False  # the suffix tree is chosen after the drafter's graph
 
-    def plan(self, seq) -> int:
-        b = super().plan(seq)
-        self.decodes = False  # the suffix tree is found after the drafter's graph
-        return b
+    def plan(self, seq) -> Plan:
+        plan = super().plan(seq)
+        plan.decodes = False  # the suffix tree is found after the drafter's graph
+        return plan
 
-    def propose(self, seq) -> Proposal:
-        b = self._cut(seq)
-        room = draft_room(seq, self.n_max)
-        tree, from_corpus = self.suffix.best(seq, self.n_max, room) if room else (None, False)
-        if tree is not None and (b < 2 or self.suffix.expected(tree) >
+    def propose(self, seq, plan: Plan) -> Proposal:
+        b = self._cut(seq, plan.block)
+        suffix, room = seq.proposing, draft_room(seq, self.n_max)
+        tree, from_corpus = suffix.best(seq, self.n_max, room) if room else (None, False)
+        if tree is not None and (b < 2 or suffix.expected(tree) >
                                  expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            self.suffix.judge(tree)
+            plan.judged = suffix.judge(tree)
             return suffix_proposal(seq, tree, from_corpus)
         return self._chain(seq, b)
 
-    def verified(self, seq, proposal, path, out, seconds) -> None:
-        self.suffix.observe(seq, out)
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(seq, out, plan.judged)
 
     def finish(self, seq) -> None:
-        self.suffix.finish(seq)
+        seq.proposing.finish(seq)
 
 
 def suffix_proposal(seq, tree: Optional[DraftTree], from_corpus: bool) -> Proposal:
@@ -379,14 +426,11 @@ def _top_chain(seq, cand) -> Proposal:
     drafts = [int(t) for t in cand[:, 0]]
     if seq.sampler.guided:
         drafts = seq.sampler.grammar.draft_path(drafts)
-    seq.stats.tree_sizes.append(len(drafts))
-    seq.stats.chain_steps += 1
-    return Proposal([seq.tokens.bonus] + drafts)
+    return Proposal([seq.tokens.bonus] + drafts, nodes=len(drafts), as_chain=True)
 
 
-def _padded(seq, tree: DraftTree, size: int) -> Proposal:
-    seq.stats.tree_sizes.append(len(tree) - 1)
-    return Proposal(tree=tree.padded_to(1 + size))
+def _padded(tree: DraftTree, size: int) -> Proposal:
+    return Proposal(tree=tree.padded_to(1 + size), nodes=len(tree) - 1)
 
 
 class TreeProposer(Proposer):
@@ -400,21 +444,45 @@ class TreeProposer(Proposer):
         self.budget = budget
         self.block_size = block_size
         self.lookahead = budget + 1
-        self.depth = 0
 
-    def plan(self, seq) -> int:
+    def plan(self, seq) -> Plan:
         b = min(self.block_size, seq.room)  # near a full context the block (and the tree's depth) shrinks
-        self.depth = min(b - 1, seq.remaining)
-        self.decodes = b < 2
-        return 0 if self.decodes else b
+        depth = min(b - 1, seq.remaining)
+        return Plan(decodes=True, depth=depth) if b < 2 else Plan(block=b, depth=depth)
 
-    def propose(self, seq) -> Proposal:
-        if self.decodes:
+    def propose(self, seq, plan: Plan) -> Proposal:
+        if plan.decodes:
             return Proposal([seq.tokens.bonus])
-        cand, logp = self.draft.topk(self.depth, seq=seq.slot)  # the tree is built from the top-K alone
+        cand, logp = self.draft.topk(plan.depth, seq=seq.slot)  # the tree is built from the top-K alone
         if not _fits(seq, self.budget):
             return _top_chain(seq, cand)
-        return _padded(seq, _best_tree(seq, cand, logp, self.budget, self.depth), self.budget)
+        return _padded(_best_tree(seq, cand, logp, self.budget, plan.depth), self.budget)
+
+
+@dataclass(slots=True)
+class AutoPlan(Plan):
+    """An `auto` step's Plan, besides the arm and depth: whether it surveys the largest
+    tree, the host seconds its survey took, a verified tree's nodes for auto
+    (budget.tree_nodes), and whether it is a step of a plain stretch."""
+
+    survey: bool = False
+    host: float = 0.0
+    nodes: Any = None
+    stretch: bool = False
+
+
+# a step of a plain stretch: the bonus alone, auto told when the stretch ends (read only)
+IN_STRETCH = AutoPlan(decodes=True, arm=PLAIN, stretch=True)
+
+
+@dataclass(slots=True)
+class PlainStretch:
+    """A sequence's plain stretch under `auto` (AutoBudget.plain_stretch): the steps left
+    in it, and the steps and seconds run so far, told to auto together."""
+
+    left: int = 0
+    steps: int = 0
+    seconds: float = 0.0
 
 
 class AutoProposer(Proposer):
@@ -424,108 +492,103 @@ class AutoProposer(Proposer):
     drafter's top choices (on the device, cut where auto.chain_cut says) or a tree of one
     of a few sizes (padded as TreeProposer's). Every step's outcome goes back to it
     (AutoBudget.verified), and the sequence's statistics get its report at the end.
-    A plain stretch (AutoBudget.plain_stretch) runs steps auto has nothing to decide for,
-    their outcomes summed and told when it ends. Now and then a drafting step surveys the
-    largest tree as well, to learn what trees would gain."""
+    A plain stretch (AutoBudget.plain_stretch, a PlainStretch the sequence holds) runs
+    steps auto has nothing to decide for, their outcomes summed and told when it ends.
+    Now and then a drafting step surveys the largest tree as well, to learn what trees
+    would gain."""
 
     def __init__(self, draft, block_size: int, auto: AutoBudget):
         self.draft = draft
         self.block_size = block_size
         self.auto = auto
         self.lookahead = auto.largest + 1
-        # the step under way
-        self.arm: Optional[int] = None  # the arm auto chose (None: a step it does not hear of)
-        self.depth = 0
-        self.survey = False
-        self.host = 0.0  # a survey's host work
-        self.nodes = None  # a verified tree's nodes for auto (budget.tree_nodes)
-        self.stretch, self.in_stretch, self.heard = 0, False, [0, 0.0]
 
-    def plan(self, seq) -> int:
-        self.in_stretch = self.stretch > 0
-        if self.in_stretch:  # plain again, as the stretch's first step set up
-            self.stretch -= 1
-            return 0
+    def start(self, seq) -> PlainStretch:
+        return PlainStretch()
+
+    def plan(self, seq) -> AutoPlan:
+        stretch = seq.proposing
+        if stretch.left > 0:  # plain again, as the stretch's first step set up
+            stretch.left -= 1
+            return IN_STRETCH
         auto = self.auto
         b = min(self.block_size, seq.room)
-        self.depth = min(b - 1, seq.remaining)
-        self.arm = auto.choose() if b >= 2 else None
-        self.decodes = b < 2 or self.arm == PLAIN
-        self.host, self.nodes, self.survey = 0.0, None, False
-        if self.decodes:
-            if self.arm == PLAIN:
-                self.stretch = auto.plain_stretch()
-            return 0
-        self.survey = auto.survey_due
-        return self.depth + 1 if self.arm == CHAIN else b
+        depth = min(b - 1, seq.remaining)
+        arm = auto.choose() if b >= 2 else None
+        if b < 2 or arm == PLAIN:
+            if arm == PLAIN:
+                stretch.left = auto.plain_stretch()
+            return AutoPlan(decodes=True, depth=depth, arm=arm)
+        return AutoPlan(block=depth + 1 if arm == CHAIN else b, depth=depth, arm=arm, survey=auto.survey_due)
 
-    def propose(self, seq) -> Proposal:
-        if self.decodes:
+    def propose(self, seq, plan: AutoPlan) -> Proposal:
+        if plan.decodes:
             return Proposal([seq.tokens.bonus])
-        if self.arm == CHAIN:
-            return self._chain(seq)
-        cand, logp = self.draft.topk(self.depth, seq=seq.slot)
-        arm, auto = self.arm, self.auto
+        if plan.arm == CHAIN:
+            return self._chain(seq, plan)
+        cand, logp = self.draft.topk(plan.depth, seq=seq.slot)
+        arm, auto = plan.arm, self.auto
         if not _fits(seq, arm):
-            self.arm = None
+            plan.arm = None
             return _top_chain(seq, cand)
         t = time.perf_counter()
-        tree = _best_tree(seq, cand, logp, auto.largest if self.survey else arm, self.depth)
+        tree = _best_tree(seq, cand, logp, auto.largest if plan.survey else arm, plan.depth)
         top1 = logp[:, 0]
         auto.chain_cut(top1, verify=False)  # the chain's expectation, which trees' gains are over
         nodes = tree_nodes(tree, top1)
         auto.seen_tree(nodes)
-        if self.survey:
+        if plan.survey:
             tree = tree.best(arm)
-            self.host = time.perf_counter() - t
-            auto.surveyed(self.host, len(nodes[0]))
-        self.nodes = nodes[0][:arm], nodes[1][:arm]  # best(arm) keeps the first arm picks, in order
-        return _padded(seq, tree, arm)
+            plan.host = time.perf_counter() - t
+            auto.surveyed(plan.host, len(nodes[0]))
+        plan.nodes = nodes[0][:arm], nodes[1][:arm]  # best(arm) keeps the first arm picks, in order
+        return _padded(tree, arm)
 
-    def _chain(self, seq) -> Proposal:
+    def _chain(self, seq, plan: AutoPlan) -> Proposal:
         """The chain arm: the drafter's block cut by auto, to the target on the device
         (read back and fixed by the grammar under one)."""
-        draft, auto, slot = self.draft, self.auto, seq.slot
-        top1 = draft.top1_logprobs(self.depth, seq=slot)
+        draft, auto, slot, depth = self.draft, self.auto, seq.slot, plan.depth
+        top1 = draft.top1_logprobs(depth, seq=slot)
         n = auto.chain_cut(top1)
-        if self.survey:
+        if plan.survey:
             t = time.perf_counter()
-            cand, logp = draft.topk(self.depth, seq=slot)
-            tree = build_tree(seq.tokens.bonus, cand, logp, auto.largest, max_depth=self.depth)
+            cand, logp = draft.topk(depth, seq=slot)
+            tree = build_tree(seq.tokens.bonus, cand, logp, auto.largest, max_depth=depth)
             auto.seen_tree(tree_nodes(tree, top1))
-            self.host = time.perf_counter() - t
-            auto.surveyed(self.host, len(tree) - 1)
-        seq.stats.tree_sizes.append(n)
-        seq.stats.chain_steps += 1
+            plan.host = time.perf_counter() - t
+            auto.surveyed(plan.host, len(tree) - 1)
         if n == 0:
-            return Proposal([seq.tokens.bonus])
+            return Proposal([seq.tokens.bonus], nodes=0, as_chain=True)
         if seq.sampler.guided:
-            return Proposal([seq.tokens.bonus] + seq.sampler.grammar.draft_path(draft.block(1 + n, seq=slot)[1:]))
-        return Proposal(draft=draft, n=1 + n)
+            drafts = seq.sampler.grammar.draft_path(draft.block(1 + n, seq=slot)[1:])
+            return Proposal([seq.tokens.bonus] + drafts, nodes=n, as_chain=True)
+        return Proposal(draft=draft, n=1 + n, nodes=n, as_chain=True)
 
-    def verified(self, seq, proposal, path, out, seconds) -> None:
-        if self.arm is None:
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        if plan.arm is None:
+            return
+        if plan.stretch:
+            stretch = seq.proposing
+            stretch.steps += 1
+            stretch.seconds += seconds
+            if not stretch.left:
+                self._told(stretch)
             return
         accepted = None
-        if self.nodes is not None:
+        if plan.nodes is not None:
             on_path = set(path)
             accepted = [i in on_path for i in proposal.tree.pick_order]
-        if not self.in_stretch:
-            self.auto.verified(len(path) - 1, seconds, self.host, self.nodes, accepted)
-            return
-        self.heard[0] += 1
-        self.heard[1] += seconds
-        if not self.stretch:
-            self._told_stretch()
+        self.auto.verified(len(path) - 1, seconds, plan.host, plan.nodes, accepted)
 
-    def _told_stretch(self) -> None:
-        if self.heard[0]:
-            self.auto.plain_ran(*self.heard)
-        self.heard = [0, 0.0]
+    def _told(self, stretch: PlainStretch) -> None:
+        if stretch.steps:
+            self.auto.plain_ran(stretch.steps, stretch.seconds)
+        stretch.steps, stretch.seconds = 0, 0.0
 
-    def finish(self, seq) -> None:
+    def finish(self, seq) -> dict:
         """The sequence ended: its statistics get auto's report, and what auto learnt
         goes to the next sequence."""
-        self._told_stretch()  # a stretch the sequence's end cut short
-        seq.stats.auto = self.auto.report()
+        self._told(seq.proposing)  # a stretch the sequence's end cut short
+        report = self.auto.report()
         self.auto.finish()
+        return report

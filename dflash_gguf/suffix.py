@@ -284,7 +284,6 @@ class SuffixDrafts:
         self.corpora, self.key, self.config = corpora, key, corpora.config
         self.own = SuffixIndex(self.config.min_match)
         self.rate = corpora.rate(key)
-        self.judged: Optional[Tuple[DraftTree, int]] = None
 
     def text(self, seq) -> List[int]:
         """The sequence's text (its prompt and first token, on its first step)."""
@@ -310,17 +309,19 @@ class SuffixDrafts:
                 return other, True
         return tree, False
 
-    def judge(self, tree: DraftTree, deepest: Optional[int] = None) -> None:
-        """This step's outcome counts against `tree` down to `deepest` (default: all of
-        it): the tree verified, or one not verified at all, judged on its first level."""
-        self.judged = (tree, max(tree.depths) if deepest is None else deepest)
+    @staticmethod
+    def judge(tree: DraftTree, deepest: Optional[int] = None) -> Tuple[DraftTree, int]:
+        """What this step's outcome counts against (observe's `judged`): `tree` down to
+        `deepest` (default: all of it), the tree verified, or one not verified at all,
+        judged on its first level."""
+        return tree, max(tree.depths) if deepest is None else deepest
 
-    def observe(self, seq, emitted: Sequence[int]) -> None:
-        """After a step: the tokens it emitted after the bonus (the last is the next bonus)."""
-        if self.judged is not None:
-            tree, deepest = self.judged
+    def observe(self, seq, emitted: Sequence[int], judged: Optional[Tuple[DraftTree, int]] = None) -> None:
+        """After a step: the tokens it emitted after the bonus (the last is the next
+        bonus), and what the step was judged on (judge; None: nothing)."""
+        if judged is not None:
+            tree, deepest = judged
             self.rate.observe(min(deepest, walk_depth(tree, emitted)), deepest)
-            self.judged = None
         self.text(seq)
         self.own.extend(OWN, emitted)
 
