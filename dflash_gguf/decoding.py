@@ -258,11 +258,11 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
     splits, copied = target.graph_copies()
     out = []
     for s, p, r in zip(seqs, proposals, rows):
-        s.stats.record_graph(splits, copied)
+        s.stats.graphs.record(splits, copied)
         choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
         path, new = accepted(s, p, choice)
         if p.kind is not None:
-            s.stats.count_drafts(p.kind, _drafted(p), len(path) - 1, p.corpus)
+            s.stats.drafts.count(p.kind, _drafted(p), len(path) - 1, p.corpus)
         s.stage("verified" if s.speculative else "decoded")
         commit(s, p, path)
         if s.speculative:
@@ -297,7 +297,7 @@ def chain_step(target, draft, seqs: Seq[Sequence], blocks: List[tuple], t0: floa
     drafting, verifying = target.chain_seconds
     splits, copied = target.last_copies()
     for s, new in zip(seqs, outs):
-        s.stats.record_graph(splits, copied)
+        s.stats.graphs.record(splits, copied)
         for stage in ("drafted", "verified", "committed"):
             s.stage(stage)
         s.tokens.took([s.tokens.bonus] + new[:-1], new[-1])
@@ -389,7 +389,7 @@ def decode_step(target, seqs: Seq[Sequence], t0: Optional[float] = None, draft=N
     splits, copied = target.last_copies()
     seconds = 0.0 if t0 is None else time.perf_counter() - t0
     for row, s in enumerate(seqs):
-        s.stats.record_graph(splits, copied)
+        s.stats.graphs.record(splits, copied)
         s.stage("decoded")
         if choices[row] < 0:  # its kept set reached past the ranked candidates: drawn again
             choices[row] = int(target.redraw([row], [uniforms[row]], s.slot)[0])

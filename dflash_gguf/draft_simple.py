@@ -417,11 +417,11 @@ class SimpleProposer(Proposer):
         if self.tree and drafts and grammar is None:
             tree = sibling_tree(seq.tokens.bonus, drafts, seconds)
             if len(tree) > len(drafts) + 1:
-                seq.stats.tree_sizes.append(len(tree) - 1)
+                seq.stats.trees.sizes.append(len(tree) - 1)
                 return Proposal(tree=tree.padded_to(self.lookahead), kind=SIMPLE)
         if self.tree:  # a tree step that verifies a chain (no second choices, a grammar)
-            seq.stats.tree_sizes.append(len(drafts))
-            seq.stats.chain_steps += 1
+            seq.stats.trees.sizes.append(len(drafts))
+            seq.stats.trees.chain_steps += 1
         if self.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
             acceptance = self.auto.acceptance
             acceptance.pending = acceptance.pending[:len(drafts)] if drafts else []
@@ -436,7 +436,7 @@ class SimpleProposer(Proposer):
         """The sequence ended: its statistics get auto's report, and what auto learnt goes
         to the next sequence."""
         if self.auto is not None:
-            seq.stats.auto = self.auto.report()
+            seq.stats.trees.auto = self.auto.report()
             self.auto.finish()
 
 

@@ -48,7 +48,7 @@ class Proposal:
               child) is kept while the target's choice before it equals it
       decode  plain decoding's row: the bonus alone, appended, its logits only
       kind    the kind that drafted it (an n-gram kind, suffix, draft-simple): its drafted
-              and accepted tokens are counted under that name (GenerationStats.count_drafts)
+              and accepted tokens are counted under that name (DraftCounts.count)
       corpus  suffix's drafts came from the corpus of earlier requests, not the
               sequence's own text"""
 
@@ -68,7 +68,7 @@ class Proposal:
         return self.tokens
 
 
-SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.count_drafts)
+SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (DraftCounts.count)
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
@@ -379,13 +379,13 @@ def _top_chain(seq, cand) -> Proposal:
     drafts = [int(t) for t in cand[:, 0]]
     if seq.sampler.guided:
         drafts = seq.sampler.grammar.draft_path(drafts)
-    seq.stats.tree_sizes.append(len(drafts))
-    seq.stats.chain_steps += 1
+    seq.stats.trees.sizes.append(len(drafts))
+    seq.stats.trees.chain_steps += 1
     return Proposal([seq.tokens.bonus] + drafts)
 
 
 def _padded(seq, tree: DraftTree, size: int) -> Proposal:
-    seq.stats.tree_sizes.append(len(tree) - 1)
+    seq.stats.trees.sizes.append(len(tree) - 1)
     return Proposal(tree=tree.padded_to(1 + size))
 
 
@@ -495,8 +495,8 @@ class AutoProposer(Proposer):
             auto.seen_tree(tree_nodes(tree, top1))
             self.host = time.perf_counter() - t
             auto.surveyed(self.host, len(tree) - 1)
-        seq.stats.tree_sizes.append(n)
-        seq.stats.chain_steps += 1
+        seq.stats.trees.sizes.append(n)
+        seq.stats.trees.chain_steps += 1
         if n == 0:
             return Proposal([seq.tokens.bonus])
         if seq.sampler.guided:
@@ -527,5 +527,5 @@ class AutoProposer(Proposer):
         """The sequence ended: its statistics get auto's report, and what auto learnt
         goes to the next sequence."""
         self._told_stretch()  # a stretch the sequence's end cut short
-        seq.stats.auto = self.auto.report()
+        seq.stats.trees.auto = self.auto.report()
         self.auto.finish()
