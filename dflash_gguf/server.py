@@ -106,8 +106,8 @@ class Server:
     def make_job(self, prepared: Prepared, sink, corpus: Optional[str] = None) -> Job:
         """corpus: the request's suffix corpus key (a digest of its API key; None: none)."""
         request, tokens = prepared.request, prepared.tokens
-        sampling = request.sampling(self.defaults.sampling)
-        constraint = request.constraint
+        sampling = request.sampling.params(self.defaults.sampling)
+        constraint = request.constraint.compiled
         turn, options = prepared.turn, prepared.options
         if turn is not None and turn.tool_format:
             calls = self._call_constraint(turn, options)
