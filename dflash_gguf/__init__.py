@@ -18,11 +18,11 @@ from .draft import Draft, DraftConfig, read_draft_metadata  # noqa: E402
 from .engine import Engine, Result  # noqa: E402
 from .generate import GenerationStats  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
-from .target import Target, TargetConfig  # noqa: E402
+from .target import RopeScaling, Target, TargetConfig  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DflashError", "Draft", "DraftConfig", "Engine", "GenerationStats", "Result", "SamplingParams", "Target",
-    "TargetConfig", "add_rpc_server", "list_devices", "read_draft_metadata", "__version__",
+    "DflashError", "Draft", "DraftConfig", "Engine", "GenerationStats", "Result", "RopeScaling", "SamplingParams",
+    "Target", "TargetConfig", "add_rpc_server", "list_devices", "read_draft_metadata", "__version__",
 ]

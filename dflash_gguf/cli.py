@@ -99,12 +99,12 @@ def _report(stats, mode: str) -> dict:
         "verify_seconds": round(stats.verify_seconds, 4),
         "other_seconds": round(stats.other_seconds, 4),
         "stop_reason": stats.stop_reason,
-        "mean_tree_nodes": round(sum(stats.tree_sizes) / len(stats.tree_sizes), 2) if stats.tree_sizes else None,
-        "chain_steps": stats.chain_steps,
-        "drafts": {k: {"drafted": n, "accepted": stats.accepted.get(k, 0)} for k, n in stats.drafted.items()},
-        "auto": stats.auto,
-        "graph_splits": stats.graph_splits,
-        "copy_bytes_per_step": round(stats.copy_bytes_per_step),
+        "mean_tree_nodes": round(stats.trees.mean_nodes, 2) if stats.trees.sizes else None,
+        "chain_steps": stats.trees.chain_steps,
+        "drafts": stats.drafts.per_kind(),
+        "auto": stats.trees.auto,
+        "graph_splits": stats.graphs.splits,
+        "copy_bytes_per_step": round(stats.graphs.copy_bytes_per_step),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 from . import placement
 from .draft import DraftConfig, read_draft_metadata
 from .suffix import SuffixConfig
-from .target import KV_TYPES, TargetConfig
+from .target import KV_TYPES, ROPE_SCALING_TYPES, RopeScaling, TargetConfig
 
 # the largest tree `--tree-budget auto` grows to
 AUTO_MAX_BUDGET = 32
@@ -297,10 +297,6 @@ def _placement_rules(option: str, overrides, cpu_option: str, cpu_moe, n_option:
     return rules
 
 
-# llama.cpp's --rope-scaling values, in its enum's order (the C runtime's type numbers)
-ROPE_SCALING_TYPES = ("none", "linear", "yarn")
-
-
 @dataclass(frozen=True)
 class DraftingSetup:
     """How the drafter (a drafter GGUF's, or the model's own MTP layer) drafts: its block
@@ -453,8 +449,8 @@ class EngineSetup:
         target_config = TargetConfig(
             n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
             kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
-            repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq, rope_scaling=rope_scaling,
-            rope_scale=float(rope_scale), yarn_orig_ctx=yarn_orig_ctx, tensor_overrides=target_rules)
+            repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq,
+            rope=RopeScaling(rope_scaling, float(rope_scale), yarn_orig_ctx), tensor_overrides=target_rules)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         # (and beside the n-gram kinds or suffix, the drafter's confidence is its expected accepted length)
         top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds and not suffix else 1)

@@ -218,7 +218,7 @@ class Sequence:
             self.stats.decode_seconds = time.perf_counter() - self.clock.decode
         report = self.proposer.finish(self)
         if report is not None:
-            self.stats.auto = report
+            self.stats.trees.auto = report
 
 
 @dataclass(slots=True)
@@ -300,17 +300,17 @@ def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Option
     kept = []
     for i, s in enumerate(seqs):
         new, stats = ran.new[i], s.stats
-        stats.record_graph(splits, copied)
+        stats.graphs.record(splits, copied)
         if s.where.on_stage is not None:
             for name in DECODE_STAGES if ran.decoded or not s.speculative else SPEC_STAGES:
                 s.stage(name)
         if ran.proposals is not None:
             p, path = ran.proposals[i], ran.paths[i]
             if p.kind is not None:
-                stats.count_drafts(p.kind, _drafted(p), len(path) - 1, p.corpus)
+                stats.drafts.count(p.kind, _drafted(p), len(path) - 1, p.corpus)
             if p.nodes is not None:
-                stats.tree_sizes.append(p.nodes)
-                stats.chain_steps += p.as_chain
+                stats.trees.sizes.append(p.nodes)
+                stats.trees.chain_steps += p.as_chain
             s.proposer.verified(s, plans[i], p, path, new, seconds)
         if t0 is not None and s.speculative:
             stats.draft_seconds += drafting

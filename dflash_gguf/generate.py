@@ -1,6 +1,7 @@
-"""What a request is and what its decoding records (Request, Placement, GenerationStats),
-and what every decoding mode does before its step loop (decoding.py): the request's checks,
-keeping or emptying its slot's context, its prompt's prefill in chunks."""
+"""What a request is and what its decoding records (Request, Placement, GenerationStats
+with its TreeSteps, GraphCounts and DraftCounts), and what every decoding mode does before
+its step loop (decoding.py): the request's checks, keeping or emptying its slot's context,
+its prompt's prefill in chunks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,6 +9,73 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 from .sampling import SamplingParams
 from .target import DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target
+
+
+@dataclass
+class DraftCounts:
+    """The drafts of the kinds that name themselves (Proposal.kind: the weightless kinds,
+    draft-simple): per kind the tokens drafted (a tree's nodes below the root, padding left
+    out) and accepted; of suffix's, those drafted from the corpus of earlier requests (not
+    the sequence's own text). A request's, or the server's over its requests."""
+
+    drafted: Dict[str, int] = field(default_factory=dict)
+    accepted: Dict[str, int] = field(default_factory=dict)
+    corpus_drafted: int = 0
+    corpus_accepted: int = 0
+
+    def count(self, kind: str, drafted: int, accepted: int, corpus: bool = False) -> None:
+        self.drafted[kind] = self.drafted.get(kind, 0) + drafted
+        self.accepted[kind] = self.accepted.get(kind, 0) + accepted
+        if corpus:
+            self.corpus_drafted += drafted
+            self.corpus_accepted += accepted
+
+    def add(self, other: DraftCounts) -> None:
+        for kind, n in other.drafted.items():
+            self.count(kind, n, other.accepted.get(kind, 0))
+        self.corpus_drafted += other.corpus_drafted
+        self.corpus_accepted += other.corpus_accepted
+
+    def per_kind(self) -> Dict[str, Dict[str, int]]:
+        """{kind: {"drafted": n, "accepted": n}}, as the reports write it."""
+        return {k: {"drafted": n, "accepted": self.accepted.get(k, 0)} for k, n in self.drafted.items()}
+
+
+@dataclass
+class GraphCounts:
+    """The target's step graphs after the prompt (a batch's shared graph counts for each
+    of its sequences): how many, the splits of the last (its runs on one backend), and the
+    bytes they copied between devices (activations; weights too where a device takes an op
+    whose weight is in host memory)."""
+
+    steps: int = 0
+    splits: int = 0
+    copy_bytes: int = 0
+
+    def record(self, splits: int, copy_bytes: int) -> None:
+        self.steps += 1
+        self.splits = splits
+        self.copy_bytes += copy_bytes
+
+    @property
+    def copy_bytes_per_step(self) -> float:
+        return self.copy_bytes / self.steps if self.steps else 0.0
+
+
+@dataclass
+class TreeSteps:
+    """What tree mode's steps were: the nodes below the root per tree step, the steps where
+    `auto` verified the plain chain instead, and `--tree-budget auto`'s report (per arm the
+    steps it ran, the tokens a step they made and the cost model's figures; the measured
+    parts of a step: budget.AutoBudget.report)."""
+
+    sizes: List[int] = field(default_factory=list)
+    chain_steps: int = 0
+    auto: Optional[dict] = None
+
+    @property
+    def mean_nodes(self) -> float:
+        return sum(self.sizes) / len(self.sizes) if self.sizes else 0.0
 
 
 @dataclass
@@ -27,45 +95,12 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     other_seconds: float = 0.0
-    tree_sizes: List[int] = field(default_factory=list)  # nodes below the root, per tree step
-    chain_steps: int = 0  # tree-mode steps where `auto` verified the plain chain instead
-    # `--tree-budget auto`: per arm the steps it ran, the tokens a step they made and the
-    # cost model's figures; the measured parts of a step (budget.AutoBudget.report)
-    auto: Optional[dict] = None
+    trees: TreeSteps = field(default_factory=TreeSteps)
     # the prefix checkpoint the prompt resumed from: {"position", "device_bytes",
     # "host_bytes"} (what it and the checkpoints it reads from hold where), or None
     checkpoint: Optional[dict] = None
-    # the target's step graphs after the prompt (a batch's shared graph counts for each of
-    # its sequences): how many, the splits of the last (its runs on one backend), and the
-    # bytes they copied between devices (activations; weights too where a device takes an
-    # op whose weight is in host memory)
-    target_steps: int = 0
-    graph_splits: int = 0
-    copy_bytes: int = 0
-    # the drafts of the kinds that name themselves (Proposal.kind: the weightless kinds,
-    # draft-simple): per kind the tokens drafted (a tree's nodes below the root, padding
-    # left out) and accepted; of suffix's, those drafted from the corpus of earlier
-    # requests (not the sequence's own text)
-    drafted: Dict[str, int] = field(default_factory=dict)
-    accepted: Dict[str, int] = field(default_factory=dict)
-    corpus_drafted: int = 0
-    corpus_accepted: int = 0
-
-    def count_drafts(self, kind: str, drafted: int, accepted: int, corpus: bool = False) -> None:
-        self.drafted[kind] = self.drafted.get(kind, 0) + drafted
-        self.accepted[kind] = self.accepted.get(kind, 0) + accepted
-        if corpus:
-            self.corpus_drafted += drafted
-            self.corpus_accepted += accepted
-
-    def record_graph(self, splits: int, copy_bytes: int) -> None:
-        self.target_steps += 1
-        self.graph_splits = splits
-        self.copy_bytes += copy_bytes
-
-    @property
-    def copy_bytes_per_step(self) -> float:
-        return self.copy_bytes / self.target_steps if self.target_steps else 0.0
+    graphs: GraphCounts = field(default_factory=GraphCounts)
+    drafts: DraftCounts = field(default_factory=DraftCounts)
 
     @property
     def mean_accepted(self) -> float:

@@ -103,49 +103,22 @@ class StreamOptions(Strict):
     include_usage: flag(False) = False
 
 
-class Generation(Strict):
-    """What a completion and a chat request share: sampling, limits, stops, streaming and
-    constraints."""
+class SamplingFields(Strict):
+    """A request's sampling fields, read from the body beside the others (Generation
+    gathers them): OpenAI's, llama.cpp's top_k and min_p, and llama.cpp's penalties:
+    OpenAI's presence/frequency fields, the repetition penalty under vLLM's name or
+    llama.cpp's, and llama.cpp's window."""
 
-    max_tokens: Optional[TokenCount] = None
-    max_completion_tokens: Optional[TokenCount] = None
     temperature: Optional[Temperature] = None
     top_p: Optional[TopP] = None
     top_k: Optional[int] = None  # <= 0: off, as in llama.cpp
     min_p: Optional[MinP] = None
     seed: Optional[int] = None
-    # llama.cpp's penalties: OpenAI's presence/frequency fields, the repetition penalty
-    # under vLLM's name or llama.cpp's, and llama.cpp's window
     presence_penalty: Optional[Penalty] = None
     frequency_penalty: Optional[Penalty] = None
     repetition_penalty: Optional[RepeatPenalty] = None
     repeat_penalty: Optional[RepeatPenalty] = None
     repeat_last_n: Optional[RepeatLastN] = None
-    stop: Optional[Stop] = None
-    n: Optional[int] = None
-    stream: flag(False) = False
-    stream_options: Optional[StreamOptions] = None
-    cache_prompt: flag(True) = True
-    # a constraint: OpenAI's response_format, or llama-server's GBNF grammar or JSON schema
-    response_format: Optional[ResponseFormat] = None
-    grammar: Optional[str] = None
-    json_schema: Optional[Union[dict, str]] = None
-    _constraint: Any = PrivateAttr(None)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, body: Any) -> Any:
-        for name, asked in UNSUPPORTED.items():
-            if isinstance(body, dict) and asked(body.get(name)):
-                raise refusal("unsupported", "'{param}' is not supported by this server", param=name)
-        return body
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: Optional[int]) -> Optional[int]:
-        if n not in (None, 1):
-            raise refusal("n", "must be 1: only n=1 is supported")
-        return n
 
     @model_validator(mode="after")
     def _one_repeat_penalty(self):
@@ -155,10 +128,29 @@ class Generation(Strict):
                                             "one, or the same value", param="repeat_penalty")
         return self
 
+    def params(self, defaults: SamplingParams) -> SamplingParams:
+        """These fields over the server's defaults."""
+        asked = {"temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p, "seed": self.seed,
+                 "top_k": None if self.top_k is None else max(self.top_k, 0),
+                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                 "repeat_penalty": self.repetition_penalty if self.repeat_penalty is None else self.repeat_penalty,
+                 "repeat_last_n": self.repeat_last_n}
+        return replace(defaults, **{name: value for name, value in asked.items() if value is not None})
+
+
+class ConstraintFields(Strict):
+    """A request's constraint, read from the body beside the other fields (Generation
+    gathers them): OpenAI's response_format, or llama-server's GBNF grammar or JSON
+    schema; compiled as it is read, so that a bad grammar or schema is refused with the
+    request (`compiled`: a constraints.Constraint, or None)."""
+
+    response_format: Optional[ResponseFormat] = None
+    grammar: Optional[str] = None
+    json_schema: Optional[Union[dict, str]] = None
+    _compiled: Any = PrivateAttr(None)
+
     @model_validator(mode="after")
-    def _compile_constraint(self):
-        """The constraint asked for, compiled now so that a bad grammar or schema is
-        refused with the request (constraints.Constraint, or None)."""
+    def _compile(self):
         asked = [name for name in ("response_format", "grammar", "json_schema")
                  if getattr(self, name) not in (None, "") and not isinstance(getattr(self, name), TextFormat)]
         if len(asked) > 1:
@@ -177,7 +169,7 @@ class Generation(Strict):
         else:
             schema = fmt.json_schema.schema_
         try:
-            self._constraint = check_constraint(grammar, schema)
+            self._compiled = check_constraint(grammar, schema)
         except ConfigError as e:
             raise refusal("constraint", "{reason}", reason=str(e), param=name) from None
         except RecursionError:
@@ -185,8 +177,49 @@ class Generation(Strict):
         return self
 
     @property
-    def constraint(self):
-        return self._constraint
+    def compiled(self):
+        return self._compiled
+
+
+class Generation(Strict):
+    """What a completion and a chat request share: limits, sampling, stops, streaming and
+    a constraint. The body is flat, as the API has it: its sampling and constraint fields
+    are read into their groups from the whole body (an error still names the field by its
+    place in the body)."""
+
+    max_tokens: Optional[TokenCount] = None
+    max_completion_tokens: Optional[TokenCount] = None
+    sampling: SamplingFields = Field(default_factory=SamplingFields)
+    stop: Optional[Stop] = None
+    n: Optional[int] = None
+    stream: flag(False) = False
+    stream_options: Optional[StreamOptions] = None
+    cache_prompt: flag(True) = True
+    constraint: ConstraintFields = Field(default_factory=ConstraintFields)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, body: Any) -> Any:
+        for name, asked in UNSUPPORTED.items():
+            if isinstance(body, dict) and asked(body.get(name)):
+                raise refusal("unsupported", "'{param}' is not supported by this server", param=name)
+        return body
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_groups(cls, body: Any) -> Any:
+        """Each group reads its fields from the body itself (a key of the group's name in
+        the body is not the API's, and is passed over)."""
+        if isinstance(body, dict):
+            return {**body, "sampling": body, "constraint": body}
+        return body
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: Optional[int]) -> Optional[int]:
+        if n not in (None, 1):
+            raise refusal("n", "must be 1: only n=1 is supported")
+        return n
 
     @property
     def stops(self) -> List[str]:
@@ -197,15 +230,6 @@ class Generation(Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
-
-    def sampling(self, defaults: SamplingParams) -> SamplingParams:
-        """The request's sampling fields over the server's defaults."""
-        asked = {"temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p, "seed": self.seed,
-                 "top_k": None if self.top_k is None else max(self.top_k, 0),
-                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                 "repeat_penalty": self.repetition_penalty if self.repeat_penalty is None else self.repeat_penalty,
-                 "repeat_last_n": self.repeat_last_n}
-        return replace(defaults, **{name: value for name, value in asked.items() if value is not None})
 
 
 # -- completions ------------------------------------------------------------------------------------

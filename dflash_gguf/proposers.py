@@ -53,12 +53,12 @@ class Proposal:
               child) is kept while the target's choice before it equals it
       decode  plain decoding's row: the bonus alone, appended, its logits only
       kind    the kind that drafted it (an n-gram kind, suffix, draft-simple): its drafted
-              and accepted tokens are counted under that name (GenerationStats.count_drafts)
+              and accepted tokens are counted under that name (GenerationStats.drafts: DraftCounts.count)
       corpus  suffix's drafts came from the corpus of earlier requests, not the
               sequence's own text
       nodes   in tree mode (a tree budget, auto, draft-simple's tree), the nodes below the
-              root the step verifies (GenerationStats.tree_sizes)
-      as_chain  a tree-mode step that verifies a chain instead (GenerationStats.chain_steps)"""
+              root the step verifies (GenerationStats.trees: TreeSteps.sizes)
+      as_chain  a tree-mode step that verifies a chain instead (TreeSteps.chain_steps)"""
 
     tokens: Optional[List[int]] = None
     tree: Optional[DraftTree] = None
@@ -97,7 +97,7 @@ class Plan:
     judged: Any = None
 
 
-SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.count_drafts)
+SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.drafts: DraftCounts.count)
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:

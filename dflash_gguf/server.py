@@ -106,8 +106,8 @@ class Server:
     def make_job(self, prepared: Prepared, sink, corpus: Optional[str] = None) -> Job:
         """corpus: the request's suffix corpus key (a digest of its API key; None: none)."""
         request, tokens = prepared.request, prepared.tokens
-        sampling = request.sampling(self.defaults.sampling)
-        constraint = request.constraint
+        sampling = request.sampling.params(self.defaults.sampling)
+        constraint = request.constraint.compiled
         turn, options = prepared.turn, prepared.options
         if turn is not None and turn.tool_format:
             calls = self._call_constraint(turn, options)
@@ -227,12 +227,12 @@ class Server:
             "target_passes": len(s.accepted_lengths),
             "mean_accepted_length": round(s.mean_accepted, 4) if s.accepted_lengths else None,
             "accepted_lengths": list(s.accepted_lengths),
-            "mean_tree_nodes": round(sum(s.tree_sizes) / len(s.tree_sizes), 3) if s.tree_sizes else None,
-            "tree_sizes": list(s.tree_sizes),
-            "auto": s.auto,
+            "mean_tree_nodes": round(s.trees.mean_nodes, 3) if s.trees.sizes else None,
+            "tree_sizes": list(s.trees.sizes),
+            "auto": s.trees.auto,
             # the weightless kinds' drafts (suffix, the n-gram kinds), per kind
-            "drafts": {k: {"drafted": n, "accepted": s.accepted.get(k, 0)} for k, n in s.drafted.items()},
-            "suffix_corpus_drafts": {"drafted": s.corpus_drafted, "accepted": s.corpus_accepted},
+            "drafts": s.drafts.per_kind(),
+            "suffix_corpus_drafts": {"drafted": s.drafts.corpus_drafted, "accepted": s.drafts.corpus_accepted},
             "prefill_seconds": round(s.prefill_seconds, 5),
             "decode_seconds": round(s.decode_seconds, 5),
             "decode_tokens_per_second": round(s.decode_tps, 2),

@@ -22,7 +22,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence as Seq
 
 from .decoding import Batch, Sequence
 from .engine import Engine
-from .generate import GenerationStats, Request
+from .generate import DraftCounts, GenerationStats, Request
 from .streaming import TextStream
 
 
@@ -76,24 +76,6 @@ FINISH_REASONS = {"stop": "stop", "stop string": "stop", "length": "length", "co
 
 
 @dataclass
-class DraftTotals:
-    """The drafts of the kinds that name themselves, per kind (GenerationStats.drafted /
-    accepted), and suffix's from the corpus of earlier requests."""
-
-    drafted: Dict[str, int] = field(default_factory=dict)
-    accepted: Dict[str, int] = field(default_factory=dict)
-    corpus_drafted: int = 0
-    corpus_accepted: int = 0
-
-    def add(self, s: GenerationStats) -> None:
-        for kind, n in s.drafted.items():
-            self.drafted[kind] = self.drafted.get(kind, 0) + n
-            self.accepted[kind] = self.accepted.get(kind, 0) + s.accepted.get(kind, 0)
-        self.corpus_drafted += s.corpus_drafted
-        self.corpus_accepted += s.corpus_accepted
-
-
-@dataclass
 class Totals:
     """What /metrics reports, accumulated over finished jobs."""
 
@@ -109,7 +91,7 @@ class Totals:
     target_passes: int = 0
     accepted_tokens: int = 0
     prefill_chunks: int = 0
-    drafts: DraftTotals = field(default_factory=DraftTotals)
+    drafts: DraftCounts = field(default_factory=DraftCounts)
 
 
 @dataclass
@@ -302,4 +284,4 @@ class Scheduler:
         t.target_passes += len(s.accepted_lengths)
         t.accepted_tokens += sum(s.accepted_lengths)
         t.prefill_chunks += job.prefill_chunks
-        t.drafts.add(s)
+        t.drafts.add(s.drafts)

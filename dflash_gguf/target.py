@@ -43,6 +43,19 @@ class Rows:
         return {LOGITS_NONE: 0, LOGITS_LAST: 1}.get(self.logits, self.n_rows)
 
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2}
+# llama.cpp's --rope-scaling values, in its enum's order (the C runtime's type numbers)
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE's scaling over what the model file says (--rope-scaling, --rope-scale,
+    --yarn-orig-ctx): the type (none / linear / yarn; None: the file's), the context scale
+    factor (freq_scale = 1 / it; 0: the file's) and YaRN's original context (0: the file's)."""
+
+    type: Optional[str] = None
+    scale: float = 0.0
+    yarn_orig_ctx: int = 0
 
 
 @dataclass
@@ -63,9 +76,7 @@ class TargetConfig:
     # the rest on the CPU; -1: everything on the accelerator
     n_gpu_layers: int = -1
     n_seq: int = 1  # sequence slots, each of n_ctx positions
-    rope_scaling: Optional[str] = None  # none / linear / yarn; None: the file's
-    rope_scale: float = 0.0  # context scale factor (freq_scale = 1 / it); 0: the file's
-    yarn_orig_ctx: int = 0  # YaRN's original context; 0: the file's
+    rope: RopeScaling = RopeScaling()
     # weights placed by name: (pattern, device) rules, the first matching one decides
     # (placement.py: -ot, --cpu-moe, --n-cpu-moe); the rest are placed by n_gpu_layers
     tensor_overrides: tuple = ()
@@ -102,9 +113,10 @@ def target_params(cfg: TargetConfig, path: Optional[str] = None):
         raise ValueError(f"n_gpu_layers must be >= -1, got {cfg.n_gpu_layers}")
     p.n_gpu_layers = cfg.n_gpu_layers
     p.n_seq = int(cfg.n_seq)
-    p.rope_scaling_type = -1 if cfg.rope_scaling is None else ("none", "linear", "yarn").index(cfg.rope_scaling)
-    p.rope_freq_scale = 1.0 / cfg.rope_scale if cfg.rope_scale > 0 else 0.0
-    p.yarn_orig_ctx = int(cfg.yarn_orig_ctx)
+    rope = cfg.rope
+    p.rope_scaling_type = -1 if rope.type is None else ROPE_SCALING_TYPES.index(rope.type)
+    p.rope_freq_scale = 1.0 / rope.scale if rope.scale > 0 else 0.0
+    p.yarn_orig_ctx = int(rope.yarn_orig_ctx)
     layers = list(cfg.feature_layers)
     if len(layers) > 16:
         raise ValueError("at most 16 feature layers are supported")

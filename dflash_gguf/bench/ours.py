@@ -101,11 +101,11 @@ def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sa
         extra.update(draft_p_min=simple.p_min, n_max=simple.n_max, tree=simple.tree)
     elif weightless.ngram_kinds and mode.speculative:
         extra.update(n_max=weightless.spec_draft_n_max, ngram=asdict(weightless.ngram))
-    if s.tree_sizes:
-        extra.update(tree_steps=len(s.tree_sizes), tree_nodes_mean=sum(s.tree_sizes) / len(s.tree_sizes),
-                     chain_steps=s.chain_steps)
-    if s.auto is not None:
-        extra["auto"] = s.auto  # auto's choices per arm beside its cost model's figures
+    if s.trees.sizes:
+        extra.update(tree_steps=len(s.trees.sizes), tree_nodes_mean=s.trees.mean_nodes,
+                     chain_steps=s.trees.chain_steps)
+    if s.trees.auto is not None:
+        extra["auto"] = s.trees.auto  # auto's choices per arm beside its cost model's figures
     return Run(Cell("ours", mode.name, sampling.label, mode.speculative, mode.default), rep=rep, prompt=prompt,
                prompt_tokens=s.prompt_tokens, tokens=tokens, decode_s=s.decode_seconds, passes=passes,
                prefill_s=s.prefill_seconds, text=engine.tokenizer.decode(shown), token_ids=result.tokens, extra=extra,

@@ -78,7 +78,7 @@ def test_greedy_output_equals_plain_greedy(files, plain, drafter, tree):
         assert again.stats.reused_tokens == len(longer) - 1
     assert again.tokens == plain.generate(longer, 20, stop_tokens=()).tokens
     if tree:  # a tree's drafts counted are its nodes below the root, padding left out
-        assert all(g.stats.drafted["draft-simple"] == sum(g.stats.tree_sizes) for g in got)
+        assert all(g.stats.drafts.drafted["draft-simple"] == sum(g.stats.trees.sizes) for g in got)
     lengths = [n for g in got for n in g.stats.accepted_lengths]
     if drafter == "target":
         for g in got:  # every draft right; the last step is cut by max_tokens
@@ -100,7 +100,7 @@ def test_greedy_suffix_beside_draft_simple_equals_plain_greedy(files, plain):
         got = engine.generate(REPEATS, 60, stop_tokens=())
         again = engine.generate(REPEATS, 60, stop_tokens=(), corpus="other")  # a key with nothing earlier
     assert got.tokens == want and again.tokens == want
-    s = got.stats
+    s = got.stats.drafts
     assert s.drafted.get("suffix", 0) > 0 and s.accepted.get("suffix", 0) > 0, (s.drafted, s.accepted)
     assert s.drafted.get("draft-simple", 0) > 0, s.drafted
 
@@ -165,8 +165,8 @@ def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
             got = engine.generate(TEXTS[0], 30, stop_tokens=())
         assert got.tokens == want
         # the Engine counts the drafts its steps verified, and those kept
-        assert got.stats.drafted["draft-simple"] == sum(verified)
-        assert got.stats.accepted["draft-simple"] == sum(n - 1 for n in got.stats.accepted_lengths)
+        assert got.stats.drafts.drafted["draft-simple"] == sum(verified)
+        assert got.stats.drafts.accepted["draft-simple"] == sum(n - 1 for n in got.stats.accepted_lengths)
         sizes[p_min, n_min], verified[:] = list(verified), []
     assert set(sizes[0.0, 0][:-4]) == {4}  # whole chains (the last steps: what max_tokens leaves)
     assert {1, 2} <= set(sizes[0.3, 0]) and max(sizes[0.3, 0]) < 4
@@ -274,7 +274,7 @@ def test_a_batch_gives_each_sequence_its_solo_text(files):
                     **OPTIONS) as engine:
             alone, outs, seqs = solo_and_batched(engine, texts, 24)
         assert outs == alone, tree_budget
-        assert all(s.stats.auto is not None for s in seqs) == (tree_budget == "auto")
+        assert all(s.stats.trees.auto is not None for s in seqs) == (tree_budget == "auto")
         if tree_budget is None:  # (auto may decode every batched sequence plainly: it learnt from the solo runs)
             assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
 
@@ -340,7 +340,7 @@ def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
         for text, tokens in zip(TEXTS[:2], want):
             got = engine.generate(text, 40, stop_tokens=())
             assert got.tokens == tokens
-            arms = got.stats.auto["arms"]
+            arms = got.stats.trees.auto["arms"]
             assert set(arms) == {"plain", "chain"}
             # every step (the last, whose one token leaves no room for a draft, where a plain
             # stretch ran it)
@@ -353,7 +353,7 @@ def _first_request_arms(files, text="def f(x):\n"):
     """A new engine's first auto request where drafting cannot pay: its arms' steps."""
     with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:
         engine.choice.verify_cost = _DearVerify()
-        arms = engine.generate(text, 24, stop_tokens=()).stats.auto["arms"]
+        arms = engine.generate(text, 24, stop_tokens=()).stats.trees.auto["arms"]
     return arms["plain"]["steps"], arms["chain"]["steps"]
 
 
@@ -378,7 +378,7 @@ def test_a_new_engine_starts_from_what_the_last_one_learnt(files, tmp_path, monk
     # another setting (n-max 4) is another entry, and starts cold
     with Engine(files["target"], files["q8"], spec_draft_n_max=4, tree_budget="auto", **OPTIONS) as engine:
         engine.choice.verify_cost = _DearVerify()
-        assert engine.generate("def f(x):\n", 24, stop_tokens=()).stats.auto["arms"]["chain"]["steps"] > 0
+        assert engine.generate("def f(x):\n", 24, stop_tokens=()).stats.trees.auto["arms"]["chain"]["steps"] > 0
     assert len(json.loads(memory.read_text())) == 2
 
 

@@ -206,4 +206,4 @@ def test_ngram_steps_verify_what_their_price_says_pays(plain, monkeypatch, per_r
         got = engine.generate(REPEATS, 60, stop_tokens=())
     assert got.tokens == want
     assert (max(got.stats.accepted_lengths) > 1) == drafts, got.stats.accepted_lengths
-    assert (got.stats.drafted.get("ngram-simple", 0) > 0) == drafts
+    assert (got.stats.drafts.drafted.get("ngram-simple", 0) > 0) == drafts

@@ -151,7 +151,7 @@ def test_rows_as_dear_as_a_step_verify_no_unsure_tree(plain, monkeypatch):
     with Engine(TARGET, spec_type="suffix", **OPTIONS) as engine:
         got = engine.generate(REPEATS, 60, stop_tokens=())
     assert got.tokens == want
-    assert max(got.stats.accepted_lengths) == 1 and got.stats.drafted.get("suffix", 0) == 0
+    assert max(got.stats.accepted_lengths) == 1 and got.stats.drafts.drafted.get("suffix", 0) == 0
 
 
 @pytest.fixture
@@ -175,8 +175,9 @@ def test_greedy_suffix_equals_plain_greedy(plain, trees_verified):
         got = engine.generate(REPEATS, 60, stop_tokens=())
         assert got.tokens == want
         s = got.stats
-        assert s.drafted["suffix"] > 0 and s.accepted["suffix"] > 0, (s.drafted, s.accepted)
-        assert s.corpus_drafted == 0  # nothing earlier in the corpus
+        d = s.drafts
+        assert d.drafted["suffix"] > 0 and d.accepted["suffix"] > 0, (d.drafted, d.accepted)
+        assert d.corpus_drafted == 0  # nothing earlier in the corpus
         assert max(s.accepted_lengths) <= 9 and s.mean_accepted > 1
         assert trees_verified, "no branching tree was verified: the test proves nothing about trees"
         # the held context continues into the next request, as plain decoding's does
@@ -196,10 +197,11 @@ def test_a_request_drafts_from_an_earlier_ones_response(plain):
         b = engine.generate(second, 40, stop_tokens=())
         assert b.tokens == plain.generate(second, 40, stop_tokens=()).tokens
         assert a.tokens == plain.generate(first, 40, stop_tokens=()).tokens
-        assert b.stats.corpus_drafted > 0 and b.stats.corpus_accepted > 0, (b.stats.drafted, b.stats.accepted)
+        d = b.stats.drafts
+        assert d.corpus_drafted > 0 and d.corpus_accepted > 0, (d.drafted, d.accepted)
         # another key's request sees nothing of them
         c = engine.generate(second, 40, stop_tokens=(), corpus="other")
-        assert c.tokens == b.tokens and c.stats.corpus_drafted == 0
+        assert c.tokens == b.tokens and c.stats.drafts.corpus_drafted == 0
 
 
 def test_a_batch_gives_each_sequence_its_solo_text():
@@ -209,7 +211,7 @@ def test_a_batch_gives_each_sequence_its_solo_text():
     with Engine(TARGET, spec_type="suffix", n_seq=3, spec_suffix_cache_mb=0, **OPTIONS) as engine:
         alone, outs, seqs = solo_and_batched(engine, texts, 30)
     assert outs == alone
-    assert any(s.stats.drafted.get("suffix", 0) for s in seqs)
+    assert any(s.stats.drafts.drafted.get("suffix", 0) for s in seqs)
 
 
 def run(*args):
@@ -239,10 +241,10 @@ def test_greedy_dflash_beside_suffix_equals_plain_greedy(plain, trees_verified):
     with Engine(TARGET, DRAFT, spec_type="draft-dflash,suffix", **OPTIONS) as engine:
         got = engine.generate(text, 60, stop_tokens=())
     assert got.tokens == want == dflash.tokens
-    assert got.stats.drafted["suffix"] > 0 and got.stats.accepted["suffix"] > 0
+    assert got.stats.drafts.drafted["suffix"] > 0 and got.stats.drafts.accepted["suffix"] > 0
     assert got.stats.accepted_lengths != dflash.stats.accepted_lengths  # some steps verified suffix's drafts
     assert trees_verified, "no branching suffix tree was verified beside the drafter"
-    assert sum(got.stats.accepted_lengths) - len(got.stats.accepted_lengths) > got.stats.accepted["suffix"], \
+    assert sum(got.stats.accepted_lengths) - len(got.stats.accepted_lengths) > got.stats.drafts.accepted["suffix"], \
         "no drafter chain was ever accepted"
 
 
@@ -282,7 +284,7 @@ def test_greedy_suffix_under_a_grammar_equals_plain(plain):
     want = plain.generate(text, 40, stop_tokens=(), sampling=greedy).tokens
     with Engine(TARGET, spec_type="suffix", **OPTIONS) as engine:
         got = engine.generate(text, 40, stop_tokens=(), sampling=greedy)
-    assert got.tokens == want and got.stats.accepted["suffix"] > 0
+    assert got.tokens == want and got.stats.drafts.accepted["suffix"] > 0
 
 
 def test_sampled_suffix_keeps_the_targets_distribution(plain, trees_verified):
@@ -305,7 +307,7 @@ def test_sampled_suffix_keeps_the_targets_distribution(plain, trees_verified):
             engine = mixed if seed % 2 else alone
             out = engine.generate(text, depth, stop_tokens=(), sampling=replace(params, seed=seed))
             counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
-            drafted += out.stats.accepted.get("suffix", 0)
+            drafted += out.stats.drafts.accepted.get("suffix", 0)
     assert drafted > 0 and trees_verified, "no suffix draft kept or no tree verified: the test proves nothing"
     stat, df = chi2_stat(counts, exact, n)
     assert df >= 4, "too few cells for the test to say anything"

@@ -984,9 +984,9 @@ def test_lossless_auto_mixing_plain_chain_and_trees(pair):
         auto = _ScriptedAuto([0, 0, 4, PLAIN, PLAIN, 16, 0, 8, 8, PLAIN, 4], 16)
         out, stats = tree_generate(target, draft, prompt, 64, budget=16, auto=auto)
         assert out == ar
-        assert 0 < stats.chain_steps < len(stats.accepted_lengths)
+        assert 0 < stats.trees.chain_steps < len(stats.accepted_lengths)
         assert auto.n_trees > 0 and auto.surveys
-        steps = stats.auto["arms"]
+        steps = stats.trees.auto["arms"]
         assert steps["plain"]["steps"] == auto.seen.count(PLAIN) and steps["tree 16"]["steps"] > 0
 
 
@@ -1012,7 +1012,7 @@ def test_auto_plain_stretches_run_no_drafter(pair):
         assert list(runs[2:32]) == [0] * 30  # the first stretch: none
         assert runs[32] == 1  # the step that drafts again: its catch-up rides in its propose
         assert 1 <= sum(runs[35:95]) <= 2  # the long stretch: caught up in a graph or two
-        assert stats.auto["arms"]["plain"]["steps"] == auto.seen.count(PLAIN) >= 90
+        assert stats.trees.auto["arms"]["plain"]["steps"] == auto.seen.count(PLAIN) >= 90
 
 
 def test_lossless_auto(pair):
@@ -1026,7 +1026,7 @@ def test_lossless_auto(pair):
         ar, _ = greedy_generate(target, prompt, 64)
         out, stats = tree_generate(target, draft, prompt, 64, budget=16, auto=memory.chooser())
         assert out == ar
-        assert sum(a["steps"] for a in stats.auto["arms"].values()) == len(stats.accepted_lengths)
+        assert sum(a["steps"] for a in stats.trees.auto["arms"].values()) == len(stats.accepted_lengths)
         assert memory.learnt is not None
 
 

@@ -76,8 +76,8 @@ def engine_run(endpoint: str, target_path: str, draft_path: str, options: dict, 
     add_rpc_server(endpoint)
     with Engine(target_path, draft_path, **options) as engine:
         result = engine.generate(prompt, max_tokens=n_new)
-        return {"tokens": result.tokens, "graph_splits": result.stats.graph_splits,
-                "copy_bytes_per_step": result.stats.copy_bytes_per_step,
+        return {"tokens": result.tokens, "graph_splits": result.stats.graphs.splits,
+                "copy_bytes_per_step": result.stats.graphs.copy_bytes_per_step,
                 "plan": engine.memory_plan.to_json(), "info": engine.target.info()}
 
 

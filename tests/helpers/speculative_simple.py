@@ -180,7 +180,7 @@ def engine_draft_simple_counts(target: str, small: str, text: str, n_new: int, n
     llama = {"n_drafted": sum(s["n_verified"] for s in rounds), "n_accept": sum(s["n_accept"] for s in rounds),
              "n_predict": sum(s["n_accept"] + 1 for s in rounds)}
     lengths = stats.accepted_lengths
-    ours = {"n_drafted": stats.drafted.get(SIMPLE, 0), "n_accept": stats.accepted.get(SIMPLE, 0),
+    ours = {"n_drafted": stats.drafts.drafted.get(SIMPLE, 0), "n_accept": stats.drafts.accepted.get(SIMPLE, 0),
             "n_predict": sum(lengths[:began_with_room(lengths, n_new - 1)])}
     return {"ours": ours, "llama": llama, "llama_whole": {k: want[k] for k in COUNTS}, "equal": ours == llama,
             "tokens_equal": generated(want["steps"], tok.eog_ids)[:n_new - 1] == rest,

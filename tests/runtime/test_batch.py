@@ -445,10 +445,11 @@ def test_auto_sequences_in_a_batch_decode_as_plain_greedy(many, one):
     outs, stats = decode_batch(*many, [(kind, text, 48, None) for kind, text in zip(kinds, texts)])
     for i in range(3):
         assert outs[i] == plain[i], i
-        assert sum(a["steps"] for a in stats[i].auto["arms"].values()) == len(stats[i].accepted_lengths)
+        assert sum(a["steps"] for a in stats[i].trees.auto["arms"].values()) == len(stats[i].accepted_lengths)
     # the others draft at least until their first decision, after a timed chain step
-    drafted = sum(a["steps"] for name, a in stats[1].auto["arms"].items() if name != "plain")
-    assert stats[0].auto["arms"]["plain"]["steps"] >= 5 and drafted >= AutoBudget.SETTLE + 1, stats[1].auto["arms"]
+    drafted = sum(a["steps"] for name, a in stats[1].trees.auto["arms"].items() if name != "plain")
+    assert stats[0].trees.auto["arms"]["plain"]["steps"] >= 5 and drafted >= AutoBudget.SETTLE + 1, \
+        stats[1].trees.auto["arms"]
     assert AUTO.learnt is not None
 
 
@@ -480,7 +481,7 @@ def test_auto_plain_steps_take_plain_decodings_path(one, monkeypatch):
     assert collect(sequence_steps(seq)) == want
     assert calls["decode_next"] >= 11
     assert calls["propose"][0] == [(8, 11)]  # the probe's block of 8, after the 11 plain steps' tokens
-    assert stats.auto["arms"]["plain"]["steps"] == calls["decode_next"]
+    assert stats.trees.auto["arms"]["plain"]["steps"] == calls["decode_next"]
 
 def test_sampled_sequences_in_a_batch_keep_the_targets_distribution(many):
     """Four sampled requests in flight at once (the chain under both accept rules and two

@@ -106,7 +106,7 @@ def test_restored_prefix_decodes_like_a_cold_run(tokenizer, mode, window):
     assert warm_stats.reused_tokens == cut
     assert warm == cold
     assert warm_stats.accepted_lengths == cold_stats.accepted_lengths
-    assert warm_stats.tree_sizes == cold_stats.tree_sizes
+    assert warm_stats.trees.sizes == cold_stats.trees.sizes
 
 
 def test_a_window_keeps_the_checkpoint_small(tokenizer):

@@ -16,7 +16,7 @@ from helpers.loops import greedy_generate
 from dflash_gguf.convert.cli import main as convert_main
 from dflash_gguf._native import DflashError
 from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, RopeScaling, Target, TargetConfig
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
@@ -112,7 +112,7 @@ def test_rope_scaling_none_override_is_plain_rope(yarn_model):
     plain.model.rotary_emb.__init__(plain.config)
     with torch.no_grad():
         ref = plain(input_ids=torch.tensor([seq])).logits[0].float().numpy()
-    target = Target(str(ours), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32", rope_scaling="none"))
+    target = Target(str(ours), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32", rope=RopeScaling("none")))
     target.decode(seq, LOGITS_ALL)
     assert rel_err(target.logits(0, len(seq)), ref) < 1e-3
 
@@ -122,7 +122,7 @@ def test_context_past_yarn_reach_is_one_clear_error(yarn_model):
     with pytest.raises(DflashError, match="past what YaRN covers: factor 4 over the original context 64"):
         Target(str(ours), TargetConfig(n_ctx=512, kv_type="f32"))
     # --yarn-orig-ctx widens it as llama.cpp's does
-    Target(str(ours), TargetConfig(n_ctx=512, kv_type="f32", yarn_orig_ctx=128))
+    Target(str(ours), TargetConfig(n_ctx=512, kv_type="f32", rope=RopeScaling(yarn_orig_ctx=128)))
 
 
 @pytest.mark.parametrize("options, flag", [
@@ -194,7 +194,7 @@ def test_qwen35_yarn_matches_transformers(tmp_path, convert_model):
     with torch.no_grad():
         ref = hf_model(model_dir)(input_ids=torch.tensor([seq])).logits[0].float().numpy()
     assert rel_err(our_logits(ours, seq), ref) < 1e-3
-    unscaled = Target(str(ours), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32", rope_scaling="none"))
+    unscaled = Target(str(ours), TargetConfig(n_ctx=256, n_ubatch=128, kv_type="f32", rope=RopeScaling("none")))
     unscaled.decode(seq, LOGITS_ALL)
     assert rel_err(unscaled.logits(0, len(seq)), ref) > 1e-3  # the scaling is visible in this model
 

@@ -133,7 +133,7 @@ def test_stream_collects_stats(pair):
     stats = GenerationStats()
     with Engine(str(pair["target"]), str(pair["draft"]), n_ctx=512, tree_budget=4) as engine:
         text = "".join(engine.stream("x", 12, stats=stats))
-    assert stats.generated_tokens == 12 and stats.tree_sizes and isinstance(text, str)
+    assert stats.generated_tokens == 12 and stats.trees.sizes and isinstance(text, str)
 
 
 def test_stop_strings_across_token_boundaries(pair):

@@ -104,7 +104,7 @@ def test_the_sampling_ranges_are_those_every_caller_is_held_to(field, values):
 def test_unknown_fields_are_ignored_and_valid_requests_read_as_before():
     chat = validated(ChatRequest, {"model": "m", "messages": HI, "user": "u", "metadata": {"a": 1},
                                    "stop": "END", "temperature": 0.5, "stream": None})
-    assert chat.stops == ["END"] and chat.temperature == 0.5 and chat.stream is False
+    assert chat.stops == ["END"] and chat.sampling.temperature == 0.5 and chat.stream is False
     request = validated(MessagesRequest, {
         "model": "m", "max_tokens": 64, "metadata": {"user_id": "u"}, "system": [
             {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],

@@ -353,7 +353,7 @@ def test_tree_decoding_server_equals_engine_generate(tmp_path):
                 ext = resp.model_extra["dflash"]
                 assert resp.choices[0].text == want.text
                 assert ext["accepted_lengths"] == want.stats.accepted_lengths
-                assert ext["tree_sizes"] == want.stats.tree_sizes and ext["mean_tree_nodes"] > 0
+                assert ext["tree_sizes"] == want.stats.trees.sizes and ext["mean_tree_nodes"] > 0
         assert ext["reused_prompt_tokens"] > 0
     finally:
         s.stop()
