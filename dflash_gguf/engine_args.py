@@ -12,6 +12,7 @@ from typing import Optional
 from ._native import DflashError
 from .chat_flags import set_chat_template
 from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError, check_constraint, check_p_min
+from .drafter_kinds import DRAFTERS, listed
 from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
@@ -29,8 +30,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def _model_args(p) -> None:
     p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, qwen2, gemma3, gemma4 or gpt-oss)")
     p.add_argument("-md", "--model-draft",
-                   help="drafter GGUF: a DFlash, DSpark or EAGLE3 drafter, or a smaller model of the target's "
-                        "vocabulary (draft-simple, chosen by default for a model GGUF); omit for plain decoding")
+                   help=f"drafter GGUF: a {listed(k.title for k in DRAFTERS if not k.in_target)} drafter, or a "
+                        "smaller model of the target's vocabulary (draft-simple, chosen by default for a model GGUF); "
+                        "omit for plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens (default 4096; 0: the model's trained context)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
@@ -135,9 +137,9 @@ def _speculation_args(p) -> None:
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
-                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md DFlash drafter), "
-                        "draft-dspark (the -md DSpark drafter: DFlash with a Markov head), draft-eagle3 (the -md "
-                        "EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, Qwen3.5/3.6), draft-simple (the -md "
+                   help="what drafts, a comma list (llama.cpp's names): "
+                        + "".join(f"{k.spec_type} ({k.help}), " for k in DRAFTERS)
+                        + "draft-simple (the -md "
                         "small model of the target's vocabulary, drafting token by token), ngram-simple, "
                         "ngram-mod (copies from the prompt and output, no weights), suffix (SuffixDecoding: trees "
                         "of what followed the context's tail in the request's text and earlier requests', no "
@@ -145,8 +147,10 @@ def _speculation_args(p) -> None:
                         "the draft with the best expected accepted length (default: the -md drafter's kind; none "
                         "without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length that pays against its verify cost), MTP's, EAGLE3's and draft-simple's "
-                        "drafts per step (default 3), and the "
+                   help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length "
+                        "that pays against its verify cost), "
+                        + listed([f"{k.title}'s" for k in DRAFTERS if k.autoregressive] + ["draft-simple's"], "and")
+                        + " drafts per step (default 3), and the "
                         "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
                    help="draft-simple: drop a draft shorter than N (the step decodes the last token alone; "
