@@ -50,8 +50,8 @@ from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
 from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SPEC_TYPES, SUFFIX, TARGET_KINDS
-from ..drafter_kinds import DRAFTERS, listed
 from ..demo import demo_paths
+from ..drafter_kinds import DRAFTERS, listed
 from ..engine_args import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
 from ..speculative import CHAIN_RULES
 from . import arms_from, kinds, llama_cpp, method, ours, provenance, report
