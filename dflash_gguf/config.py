@@ -6,7 +6,6 @@ command lines only translate its ConfigError into their flags' words."""
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple, Union
@@ -41,39 +40,6 @@ def check_chain_rule(rule: str) -> str:
     if rule not in CHAIN_RULES:
         raise ConfigError("chain_rule", f"chain rule must be one of {', '.join(CHAIN_RULES)}, got {rule!r}")
     return rule
-
-
-def check_sampling(params) -> None:
-    """A sampling.SamplingParams' values, checked once for every caller (the Python API,
-    dflash-run's flags, a server request's fields): ConfigError names the field (its
-    message reads "<field> must be ..."; the command line puts its flag in the field's
-    place, the server quotes it)."""
-    for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
-        value = getattr(params, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(name, f"{name} must be a finite number, got {value!r}")
-    for name in ("top_k", "repeat_last_n"):
-        value = getattr(params, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ConfigError(name, f"{name} must be an integer, got {value!r}")
-    ranges = (("temperature", 0, None, ""), ("top_k", 0, None, ""), ("min_p", 0, None, ""),
-              ("repeat_last_n", -1, None, " (-1: the whole context, 0: no penalties)"),
-              ("frequency_penalty", -2, 2, ""), ("presence_penalty", -2, 2, ""))
-    for name, lo, hi, note in ranges:
-        value = getattr(params, name)
-        if value < lo:
-            raise ConfigError(name, f"{name} must be >= {lo}{note}, got {value}")
-        if hi is not None and value > hi:
-            raise ConfigError(name, f"{name} must be <= {hi}, got {value}")
-    if not 0 < params.top_p <= 1:
-        raise ConfigError("top_p", f"top_p must be > 0 and <= 1, got {params.top_p}")
-    if params.min_p >= 1:
-        raise ConfigError("min_p", f"min_p must be below 1, got {params.min_p}")
-    if not params.repeat_penalty > 0:
-        raise ConfigError("repeat_penalty", f"repeat_penalty must be > 0 (1: off), got {params.repeat_penalty}")
-    if params.constraint is not None and not hasattr(params.constraint, "grammar"):
-        raise ConfigError("constraint", f"constraint must be a constraints.Constraint, "
-                                        f"got {type(params.constraint).__name__}")
 
 
 # the reasoning efforts a chat template is given (gpt-oss's "Reasoning: ..." line)
