@@ -1,5 +1,5 @@
 /* The generic drafter runtime: loading (the architecture from the registry,
- * csrc/models/drafters.def), the drafter's memory (its caches per slot, on the memory
+ * dfl_drafters.c), the drafter's memory (its caches per slot, on the memory
  * layer), proposes as descriptors (dfl_draft_step) with their graphs reused while the
  * shape holds, the inputs, the choice of the drafts, the top-K ranking and the token
  * source the target reads. What is architecture-specific lives in csrc/models/ behind
@@ -17,17 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define DFL_DRAFTER(name) extern const dfl_drafter_arch dfl_drafter_##name;
-#include "models/drafters.def"
-#undef DFL_DRAFTER
-
-static const dfl_drafter_arch * const DRAFTERS[] = {
-#define DFL_DRAFTER(name) &dfl_drafter_##name,
-#include "models/drafters.def"
-#undef DFL_DRAFTER
-};
-#define N_DRAFTERS (sizeof DRAFTERS / sizeof DRAFTERS[0])
 
 DFL_API void dfl_draft_default_params(dfl_draft_params * p) {
     memset(p, 0, sizeof *p);
@@ -74,31 +63,6 @@ dfl_status dfl_drafter_tensor(const dfl_drafter * m, const char * name, int il, 
 }
 
 /* ---- loading ----------------------------------------------------------------------------- */
-
-static const dfl_drafter_arch * find_arch(const dfl_gguf * file) {
-    for (size_t i = 0; i < N_DRAFTERS; i++) {
-        for (const char * const * f = DRAFTERS[i]->files; *f; f++) {
-            if (strcmp(*f, file->arch) == 0 && (!DRAFTERS[i]->claims || DRAFTERS[i]->claims(file))) {
-                return DRAFTERS[i];
-            }
-        }
-    }
-    return NULL;
-}
-
-static const char * drafter_files(void) {
-    static char names[256];
-    if (!names[0]) {
-        size_t at = 0;
-        for (size_t i = 0; i < N_DRAFTERS; i++) {
-            for (const char * const * f = DRAFTERS[i]->files; *f && at < sizeof names; f++) {
-                at += (size_t) snprintf(names + at, sizeof names - at, "%s%s (%s)", at ? ", " : "", *f,
-                                        DRAFTERS[i]->name);
-            }
-        }
-    }
-    return names;
-}
 
 /* The target must capture the features the drafter reads, and have them. */
 static dfl_status check_features(const dfl_draft * d) {
@@ -176,10 +140,14 @@ dfl_status dfl_draft_open(const char * path, dfl_target * target, const dfl_draf
             free(d);
             return st;
         }
-        d->m.arch = find_arch(&d->m.file);
-        if (!d->m.arch) {
+        const int kind = dfl_drafter_find(&d->m.file);
+        if (kind < 0) {
             st = dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%.40s', not a drafter this build runs (%s)", path,
-                          d->m.file.arch, drafter_files());
+                          d->m.file.arch, dfl_drafter_archs());
+        } else {
+            d->m.registry = dfl_drafter_kind_at(kind);
+            d->m.arch = dfl_drafter_arch_at(kind);
+            d->m.autoregressive = d->m.registry->autoregressive;
         }
     }
     if (st == DFL_OK) {
@@ -329,8 +297,8 @@ static dfl_status cut_head(dfl_draft * d, const int32_t * ids, int n) {
     dfl_status st = DFL_OK;
     if (n > 0 && !m->head) {
         st = dfl_fail(DFL_ERR_ARGUMENT, "a cut drafter head (kept tokens) applies to DFlash drafters; '%s' is a %s "
-                      "drafter%s", m->file.path, m->arch->name,
-                      strcmp(m->arch->name, "dflash") == 0 ? " with DFlash2's selector" : "");
+                      "drafter%s", m->file.path, m->registry->name,
+                      strcmp(m->registry->name, "dflash") == 0 ? " with DFlash2's selector" : "");
     }
     if (st == DFL_OK && n > 0) st = dfl_check_head_tokens(ids, n, m->n_vocab, m->file.path);
     if (st == DFL_OK && n > 0) {
@@ -417,7 +385,7 @@ DFL_API dfl_status dfl_draft_get_info(const dfl_draft * d, dfl_draft_info * info
     }
     const dfl_drafter * m = &d->m;
     memset(info, 0, sizeof *info);
-    snprintf(info->kind, sizeof info->kind, "%s", m->arch->name);
+    snprintf(info->kind, sizeof info->kind, "%s", m->registry->name);
     info->block_size = m->block_size;
     info->mask_token_id = m->autoregressive ? -1 : m->filler;
     info->n_layer = m->n_layer;
@@ -578,7 +546,7 @@ static dfl_status plan_part(const dfl_draft * d, const dfl_block * b, const bool
     }
     if (m->reads_tokens && n > 0 && !b->tokens) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the %s drafter needs the tokens of the %d positions it takes from the "
-                        "target", m->arch->name, n);
+                        "target", m->registry->name, n);
     }
     for (int i = 0; b->tokens && i < n; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= m->n_vocab) {
@@ -879,7 +847,7 @@ DFL_API dfl_status dfl_draft_set_sampling(dfl_draft * d, int32_t seq, const dfl_
     }
     if (s->temperature > 0.0f && d->m.greedy_only) {
         return dfl_fail(DFL_ERR_ARGUMENT, "the %s drafter drafts its own choices only (greedy): it cannot draw its "
-                        "drafts", d->m.arch->name);
+                        "drafts", d->m.registry->name);
     }
     return dfl_sampler_set(&d->sampler[seq], s);
 }
@@ -920,7 +888,7 @@ static dfl_status check_ranked_rows(const dfl_draft * d, int32_t row0, int32_t n
 DFL_API dfl_status dfl_draft_confidence(const dfl_draft * d, int32_t row0, int32_t n_rows, float * out) {
     TRY(check_out_rows(d, row0, n_rows, out));
     if (!d->graph.confidence) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "the %s drafter has no confidence head", d->m.arch->name);
+        return dfl_fail(DFL_ERR_ARGUMENT, "the %s drafter has no confidence head", d->m.registry->name);
     }
     dfl_runtime_get(&d->rt, d->graph.confidence, out, (size_t) row0 * sizeof(float), (size_t) n_rows * sizeof(float));
     return DFL_OK;

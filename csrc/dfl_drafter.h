@@ -2,7 +2,8 @@
  * (dfl_draft.c), and the graph services the runtime offers its builder. Drafters are
  * architectures as targets are (dfl_model.h): one file per architecture in
  * csrc/models/ (dflash.c, dspark.c, mtp.c, eagle3.c) holds its loader and its propose graph, and one line in
- * csrc/models/drafters.def registers it.
+ * csrc/models/drafters.def registers it as a kind (its --spec-type name, the GGUF architectures
+ * it reads, one pass or autoregressive: dflash.h's dfl_drafter_kind).
  *
  * Every drafter drafts the same way, seen from the runtime: a propose (dfl_draft_step)
  * takes, per sequence, the context entries the target committed since the drafter's
@@ -53,8 +54,6 @@ typedef struct dfl_draft_mask_rule {
 } dfl_draft_mask_rule;
 
 typedef struct dfl_drafter_arch {
-    const char * name;             /* the drafter kind: "dflash", "mtp", "eagle3" */
-    const char * const * files;    /* general.architecture values of the GGUFs it reads, NULL-terminated */
     /* Hyperparameters and weights from m->file, checked against the target (the file is
      * open, m->arch and the target's sizes set): fills the description below. */
     dfl_status (*load)(dfl_drafter * m, const dfl_target * t, const dfl_draft_params * p);
@@ -65,13 +64,27 @@ typedef struct dfl_drafter_arch {
      * selector) puts them in the blocks (dfl_draft_graph_put) and sets *own_drafts. */
     struct ggml_tensor * (*build)(const dfl_drafter * m, dfl_draft_graph * g, bool * own_drafts);
     void (*free)(dfl_drafter * m);
-    /* Whether it reads this file of one of those architectures (NULL: every one). Kinds
-     * sharing an architecture ('dflash': DSpark's heads or not) are tried in
-     * drafters.def's order. */
-    bool (*claims)(const dfl_gguf * file);
+    /* Optional: what its file says of it beyond the keys every drafter file has, read
+     * before anything is loaded (DSpark's anchor-first layout adds a row to its block). */
+    void (*read_meta)(const dfl_gguf * file, dfl_draft_meta * meta);
 } dfl_drafter_arch;
 
+/* ---- the registry (csrc/models/drafters.def; dfl_drafters.c) ------------------------------- */
+
+/* drafters.def's flags */
+enum { DFL_DRAFTER_AUTOREGRESSIVE = 1, DFL_DRAFTER_IN_TARGET = 2 };
+
+/* The kind that reads this file, by its architecture and its marker tensor (see
+ * drafters.def); -1: none. */
+int dfl_drafter_find(const dfl_gguf * file);
+const dfl_drafter_arch * dfl_drafter_arch_at(int kind);
+/* Every kind's architectures, "dflash (dflash), qwen35 (mtp), ..." */
+const char * dfl_drafter_archs(void);
+/* The architectures a drafter file (-md) may have, "'dflash' or 'eagle3'" */
+const char * dfl_drafter_file_archs(void);
+
 struct dfl_drafter {
+    const dfl_drafter_kind * registry; /* its line of drafters.def */
     const dfl_drafter_arch * arch;
     dfl_gguf file;                 /* its GGUF (MTP: the target's own file, opened again for its layers) */
     int n_vocab, n_embd;           /* the target's */
@@ -82,7 +95,7 @@ struct dfl_drafter {
     bool reads_tokens;             /* entries need their tokens: the caller gives them */
     /* how it drafts */
     int block_size;                /* the largest block: bonus + drafts */
-    bool autoregressive;           /* passes of one row (else one pass over the block) */
+    bool autoregressive;           /* passes of one row (else one pass over the block): the kind's */
     int32_t filler;                /* one pass: the token of the block's rows after the bonus */
     bool anchor_first;             /* one pass: the bonus's own row drafts the next token, so a block of
                                       n_block - 1 drafts has n_block - 1 rows [bonus, filler...], each

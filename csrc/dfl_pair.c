@@ -1,5 +1,6 @@
 /* Drafter metadata, tokenizer fingerprints and the target/drafter pairing check. */
 #include "dfl_pair.h"
+#include "dfl_drafter.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,18 +289,18 @@ static int64_t arch_key(const dfl_gguf * g, const char * suffix) {
  * (eagle3: no block of its own, the caller's drafts per step). */
 static dfl_status read_meta(const dfl_gguf * g, dfl_draft_meta * m) {
     memset(m, 0, sizeof *m);
-    const bool eagle3 = strcmp(g->arch, "eagle3") == 0;
-    if (strcmp(g->arch, "dflash") != 0 && !eagle3) {
-        return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%.40s'; a drafter file must be 'dflash' or 'eagle3'",
-                        g->path, g->arch);
+    const dfl_drafter_kind * kind = dfl_drafter_kind_at(dfl_drafter_find(g));
+    if (!kind) {
+        return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%.40s'; a drafter file must be %s", g->path, g->arch,
+                        dfl_drafter_file_archs());
     }
-    snprintf(m->kind, sizeof m->kind, "%s", g->arch);
+    snprintf(m->kind, sizeof m->kind, "%s", kind->name);
     uint32_t v;
     TRY(dfl_gguf_u32(g, ".block_size", false, 16, &v));
     if (v < 2 || v > DFL_MAX_BLOCK) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s': block size %u is outside 2..%d", g->path, v, DFL_MAX_BLOCK);
     }
-    m->block_size = eagle3 ? 0 : (int32_t) v;
+    m->block_size = kind->autoregressive ? 0 : (int32_t) v;
     float eps, base;
     TRY(dfl_gguf_f32(g, ".attention.layer_norm_rms_epsilon", false, 0.0f, &eps));
     TRY(dfl_gguf_f32(g, ".rope.freq_base", false, 10000.0f, &base));
@@ -410,7 +411,6 @@ static dfl_status read_mtp_meta(const dfl_gguf * g, dfl_draft_meta * m) {
         return dfl_fail(DFL_ERR_FORMAT, "'%s' has architecture '%s' and no nextn (MTP) layers: not a drafter "
                         "(convert the checkpoint without --no-mtp)", g->path, g->arch);
     }
-    snprintf(m->kind, sizeof m->kind, "mtp");
     m->mask_token_id = -1;
     m->n_embd = n_embd > INT32_MAX ? INT32_MAX : (int32_t) n_embd;
     m->n_target_layers = 1;
@@ -425,19 +425,20 @@ DFL_API dfl_status dfl_draft_read_meta(const char * path, dfl_draft_meta * meta)
     }
     dfl_gguf g;
     TRY(dfl_gguf_open(path, &g));
-    const bool mtp = strcmp(g.arch, "qwen35") == 0 || strcmp(g.arch, "qwen35moe") == 0;
-    const dfl_status st = mtp ? read_mtp_meta(&g, meta) : read_meta(&g, meta);
-    if (st == DFL_OK && strcmp(meta->kind, "dflash") == 0) {
-        /* a DSpark drafter is a 'dflash' GGUF with a Markov head (csrc/models/dspark.c);
-         * anchor-first (sample_from_anchor true or absent, llama.cpp's reading) its bonus
-         * row drafts too: its largest block is the trained rows' drafts and the bonus */
-        const bool dspark = ggml_get_tensor(g.ctx, "markov_w1.weight") != NULL;
-        snprintf(meta->kind, sizeof meta->kind, "%s", dspark ? "dspark" : "dflash");
-        const int64_t anchor = gguf_find_key(g.meta, "dflash.sample_from_anchor");
-        if (dspark && (anchor < 0 || (gguf_get_kv_type(g.meta, anchor) == GGUF_TYPE_BOOL &&
-                                      gguf_get_val_bool(g.meta, anchor)))) {
-            meta->block_size++;
-        }
+    /* the kind that reads the file, as the loader picks it (a DSpark drafter: a 'dflash'
+     * GGUF with a Markov head) */
+    const int found = dfl_drafter_find(&g);
+    const dfl_drafter_kind * kind = dfl_drafter_kind_at(found);
+    dfl_status st;
+    if (kind && kind->in_target) {
+        st = read_mtp_meta(&g, meta);
+        snprintf(meta->kind, sizeof meta->kind, "%s", kind->name);
+    } else {
+        st = read_meta(&g, meta);
+    }
+    const dfl_drafter_arch * arch = dfl_drafter_arch_at(found);
+    if (st == DFL_OK && arch && arch->read_meta) {
+        arch->read_meta(&g, meta);
     }
     dfl_gguf_close(&g);
     return st;

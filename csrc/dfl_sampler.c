@@ -6,6 +6,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A stage's per-row settings, an input [n, DFL_SAMPLER_PARAMS] (one column of n per
+ * setting): the row's uniform, 1 / temperature, top_p, log(min_p), and the penalties as
+ * the logit arithmetic uses them (repeat - 1, 1 / repeat - repeat, frequency, presence);
+ * in a stage whose rows pick differently (DFL_PICK_MIXED), the row's pick, its candidate
+ * count and whether it is capped (see dfl_sampler_key). */
+enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1, DFL_SP_REP_FLIP, DFL_SP_FREQ,
+       DFL_SP_PRESENT, DFL_SP_PICK, DFL_SP_TOP_K, DFL_SP_CAPPED, DFL_SAMPLER_PARAMS };
+
+int dfl_sampler_n_params(void) {
+    return DFL_SAMPLER_PARAMS;
+}
+
 #define DEFAULT_CANDIDATES 256
 /* The relative costs (bytes moved, roughly) that choose how masks are applied: a
  * disallowed entry set to -inf (a scattered write), an allowed entry kept (a gather and a

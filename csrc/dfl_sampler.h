@@ -17,13 +17,9 @@
 
 #include <stdbool.h>
 
-/* A stage's per-row settings, an input [n, DFL_SAMPLER_PARAMS] (one column of n per
- * setting): the row's uniform, 1 / temperature, top_p, log(min_p), and the penalties as
- * the logit arithmetic uses them (repeat - 1, 1 / repeat - repeat, frequency, presence);
- * in a stage whose rows pick differently (DFL_PICK_MIXED), the row's pick, its candidate
- * count and whether it is capped (see dfl_sampler_key). */
-enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1, DFL_SP_REP_FLIP, DFL_SP_FREQ,
-       DFL_SP_PRESENT, DFL_SP_PICK, DFL_SP_TOP_K, DFL_SP_CAPPED, DFL_SAMPLER_PARAMS };
+/* Columns of a stage's per-row settings (an input [n, columns]: the row's uniform and
+ * what its rules need, one column of n each; dfl_sampler.c lists them). */
+int dfl_sampler_n_params(void);
 
 /* How a graph applies the rows' masks (see dfl_sampler_key_settle). SPARSE: each row's
  * shorter exception list, a row with few allowed tokens keeping only those (its row
@@ -69,7 +65,7 @@ typedef struct dfl_sampler_key {
 
 /* A built sampling stage: its inputs and outputs. */
 typedef struct dfl_sampler_graph {
-    struct ggml_tensor * params;  /* [n, DFL_SAMPLER_PARAMS] per-row settings and uniform */
+    struct ggml_tensor * params;  /* [n, dfl_sampler_n_params()] per-row settings and uniform */
     struct ggml_tensor * pen_idx; /* [n_penalty * n] i32: row * V + token */
     struct ggml_tensor * pen_cnt; /* [n_penalty, n] f32: the token's count (0: a pad entry) */
     struct ggml_tensor * choice;  /* [n] i32 */

@@ -61,7 +61,7 @@ dfl_status dfl_target_fill_sampling(dfl_target * t, const dfl_step * step, const
     TRY(dfl_sampler_fill_parts(parts, n, &t->rt, &in->samp, &step->samp, t->n_head));
     if (step->samp.masked == DFL_MASK_CANDIDATES && step->samp.pick != DFL_PICK_ARGMAX) {
         /* the host staging of the first part's sampler holds the settings just filled */
-        const int m = step->n_out * DFL_SAMPLER_PARAMS;
+        const int m = step->n_out * dfl_sampler_n_params();
         if (!dfl_reserve((void **) &t->out_params, &t->cap_out_params, m, sizeof(float))) {
             return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
         }
@@ -279,7 +279,7 @@ static dfl_status sample_again(dfl_target * t) {
                 t->out_choices[r] = r; /* the rows in order (the choices are read over them below) */
             }
             dfl_runtime_set(&t->rt, which, t->out_choices, 0, (size_t) n * sizeof(int32_t));
-            dfl_runtime_set(&t->rt, g.params, t->out_params, 0, (size_t) n * DFL_SAMPLER_PARAMS * sizeof(float));
+            dfl_runtime_set(&t->rt, g.params, t->out_params, 0, (size_t) n * dfl_sampler_n_params() * sizeof(float));
             st = dfl_sampler_fill_masks(parts, P, &t->rt, &g, &key, V);
         }
         if (st == DFL_OK) {

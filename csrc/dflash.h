@@ -371,6 +371,24 @@ dfl_status dfl_target_redraw(dfl_target * target, int32_t seq, const int32_t * r
  * the drafter's last graph for it (their features stay in the target's rows of that
  * sequence until its next target call, whatever other sequences run). */
 
+/* A drafter kind this build runs: one line of csrc/models/drafters.def, which says what
+ * each field holds. The Python side reads them once (dflash_gguf/drafter_kinds.py). */
+typedef struct dfl_drafter_kind {
+    const char * name;          /* the kind a file is (dfl_draft_meta.kind): "dflash" */
+    const char * spec_type;     /* its --spec-type name: "draft-dflash" */
+    const char * title;         /* its name in prose: "DFlash" */
+    const char * what;          /* what its file is: "a DFlash drafter" */
+    const char * help;          /* --spec-type's words for it */
+    const char * marker;        /* the tensor that makes a file of its architectures its own; NULL: none */
+    const char * const * archs; /* general.architecture values of the GGUFs it reads, NULL-terminated */
+    int32_t autoregressive;     /* a pass per draft: its block is the caller's drafts, not trained */
+    int32_t in_target;          /* it drafts with layers of the target's own GGUF: no drafter file */
+} dfl_drafter_kind;
+
+int32_t dfl_drafter_kind_count(void);
+/* Kind i, 0 .. count - 1, in drafters.def's order (NULL outside). */
+const dfl_drafter_kind * dfl_drafter_kind_at(int32_t i);
+
 typedef struct dfl_draft_params {
     int32_t kv_type;   /* ggml type id of the drafter's context cache: 0 f32, 1 f16, 30 bf16;
                           < 0 (default): f32 on the CPU, f16 on other devices */
@@ -392,7 +410,7 @@ typedef struct dfl_draft_params {
 } dfl_draft_params;
 
 typedef struct dfl_draft_info {
-    char kind[16];              /* the drafter's architecture: "dflash", "dspark", "mtp", "eagle3" */
+    char kind[16];              /* the drafter's kind (dfl_drafter_kind.name): "dflash", "mtp", ... */
     int32_t block_size;
     int32_t mask_token_id;      /* -1: the drafter fills no block (autoregressive) */
     int32_t n_layer;
@@ -418,7 +436,8 @@ typedef struct dfl_draft_info {
  * 'dflash' GGUF, or a model GGUF with nextn layers (kind "mtp": its MTP layer drafts for
  * the model itself, reading feature layer n_layer, the final-normed state). */
 typedef struct dfl_draft_meta {
-    char kind[16];             /* "dflash", "dspark" (a dflash GGUF with a Markov head), "mtp" or "eagle3" */
+    char kind[16];             /* the kind that reads it (dfl_drafter_kind.name): "dflash", "dspark" (a
+                                  dflash GGUF with a Markov head), "mtp", ... */
     int32_t block_size;        /* trained block size (2..256; 16 when the file has none; 0: none, the
                                   caller's (mtp, eagle3)) */
     int32_t mask_token_id;     /* -1 when the file has none */

@@ -6,13 +6,13 @@ command lines only translate its ConfigError into their flags' words."""
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple, Union
 
 from . import placement
 from .draft import DraftConfig, read_draft_metadata
+from .drafter_kinds import DRAFTERS, reading
 from .suffix import SuffixConfig
 from .target import KV_TYPES, ROPE_SCALING_TYPES, RopeScaling, TargetConfig
 
@@ -42,39 +42,6 @@ def check_chain_rule(rule: str) -> str:
     return rule
 
 
-def check_sampling(params) -> None:
-    """A sampling.SamplingParams' values, checked once for every caller (the Python API,
-    dflash-run's flags, a server request's fields): ConfigError names the field (its
-    message reads "<field> must be ..."; the command line puts its flag in the field's
-    place, the server quotes it)."""
-    for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
-        value = getattr(params, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(name, f"{name} must be a finite number, got {value!r}")
-    for name in ("top_k", "repeat_last_n"):
-        value = getattr(params, name)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise ConfigError(name, f"{name} must be an integer, got {value!r}")
-    ranges = (("temperature", 0, None, ""), ("top_k", 0, None, ""), ("min_p", 0, None, ""),
-              ("repeat_last_n", -1, None, " (-1: the whole context, 0: no penalties)"),
-              ("frequency_penalty", -2, 2, ""), ("presence_penalty", -2, 2, ""))
-    for name, lo, hi, note in ranges:
-        value = getattr(params, name)
-        if value < lo:
-            raise ConfigError(name, f"{name} must be >= {lo}{note}, got {value}")
-        if hi is not None and value > hi:
-            raise ConfigError(name, f"{name} must be <= {hi}, got {value}")
-    if not 0 < params.top_p <= 1:
-        raise ConfigError("top_p", f"top_p must be > 0 and <= 1, got {params.top_p}")
-    if params.min_p >= 1:
-        raise ConfigError("min_p", f"min_p must be below 1, got {params.min_p}")
-    if not params.repeat_penalty > 0:
-        raise ConfigError("repeat_penalty", f"repeat_penalty must be > 0 (1: off), got {params.repeat_penalty}")
-    if params.constraint is not None and not hasattr(params.constraint, "grammar"):
-        raise ConfigError("constraint", f"constraint must be a constraints.Constraint, "
-                                        f"got {type(params.constraint).__name__}")
-
-
 # the reasoning efforts a chat template is given (gpt-oss's "Reasoning: ..." line)
 REASONING_EFFORTS = ("low", "medium", "high")
 
@@ -92,22 +59,24 @@ def check_p_min(p_min: float) -> None:
         raise ConfigError("draft_p_min", f"draft p-min must be at least 0 and below 1, got {p_min}")
 
 
-# llama.cpp's --spec-type names: the drafter kinds, then the weightless n-gram kinds
-DRAFTER_KINDS = ("draft-dflash", "draft-mtp", "draft-eagle3", "draft-dspark", "draft-simple")
+# draft-simple: a smaller model of the target's vocabulary (any GGUF that is not one of the
+# drafter kinds) drafts autoregressively, loaded as a second target (draft_simple.py)
+SIMPLE = "draft-simple"
+# llama.cpp's --spec-type names: the drafter kinds (the C registry's, csrc/models/drafters.def,
+# then draft-simple), then the weightless n-gram kinds
+DRAFTER_KINDS = tuple(k.spec_type for k in DRAFTERS) + (SIMPLE,)
 NGRAM_KINDS = ("ngram-simple", "ngram-mod")
 # SuffixDecoding (suffix.py): weightless trees from the request's text and earlier requests'
 SUFFIX = "suffix"
 SPEC_TYPES = DRAFTER_KINDS + NGRAM_KINDS + (SUFFIX,)
 # the suffix corpora's bound when --spec-suffix-cache-mb is left out, in MiB
 DEFAULT_SUFFIX_CACHE_MB = 64
-# drafter kinds this build has no runtime for yet, with the name the user knows them by
 # the kinds that draft with a drafter GGUF (-md), by the kind its file says it is
 # (read_draft_metadata's: a dflash GGUF with a Markov head is a DSpark drafter)
-FILE_KINDS = {"draft-dflash": "dflash", "draft-dspark": "dspark", "draft-eagle3": "eagle3"}
-FILE_KIND_NAMES = {"dflash": "a DFlash drafter", "dspark": "a DSpark drafter", "eagle3": "an EAGLE3 drafter"}
-# draft-simple: a smaller model of the target's vocabulary (any GGUF that is not one of the
-# drafter kinds above) drafts autoregressively, loaded as a second target (draft_simple.py)
-SIMPLE = "draft-simple"
+FILE_KINDS = {k.spec_type: k.name for k in DRAFTERS if not k.in_target}
+FILE_KIND_NAMES = {k.name: k.what for k in DRAFTERS if not k.in_target}
+# the kinds that draft with layers of the model's own GGUF (-m): draft-mtp
+TARGET_KINDS = {k.spec_type: k for k in DRAFTERS if k.in_target}
 # draft-simple's defaults: llama.cpp's common_params_speculative_draft (common/common.h)
 DEFAULT_SIMPLE_N_MAX = 3
 DEFAULT_SIMPLE_N_MIN = 0
@@ -138,7 +107,7 @@ class SimpleSetup:
 
 
 # drafters whose block is their drafts per step (one pass each), not a trained block size
-AUTOREGRESSIVE = ("mtp", "eagle3")
+AUTOREGRESSIVE = tuple(k.name for k in DRAFTERS if k.autoregressive)
 # the weightless kinds' (n-gram, suffix) longest draft when --spec-draft-n-max is left out:
 # llama.cpp's ngram-simple default (--spec-ngram-simple-size-m); each step verifies the
 # length its price says pays (pricing.py), so a long copy goes in few steps and an unsure
@@ -149,8 +118,6 @@ DEFAULT_SPEC_DRAFT_N_MAX = 48
 # of the layer and its LM head, and a one-layer head's later drafts are right less often
 # (the demo head: 0.82, 0.70, 0.61 for drafts 1..3 all right, dflash_gguf/data/README.md)
 DEFAULT_MTP_DRAFTS = 3
-# the GGUF architectures whose nextn layers the MTP drafter runs (csrc/models/mtp.c)
-MTP_ARCHS = ("qwen35", "qwen35moe")
 
 
 @dataclass(frozen=True)
@@ -176,15 +143,17 @@ def parse_spec_types(spec_type) -> tuple:
 
 
 def _gguf_arch_and_keys(path: str) -> tuple:
-    """(general.architecture, its nextn_predict_layers or 0, its drafter kind: "dspark" for
-    a dflash GGUF with a Markov head, else the architecture) of a GGUF, for the kind checks."""
+    """(general.architecture, its nextn_predict_layers or 0, the drafter kind that reads it
+    from -md as the runtime picks it (drafter_kinds.reading: "dspark" for a dflash GGUF
+    with a Markov head), else the architecture) of a GGUF, for the kind checks."""
     from .gguf_meta import GGUFMeta
 
     try:
         meta = GGUFMeta(path)
         arch = str(meta.get("general.architecture"))
-        markov = arch == "dflash" and "markov_w1.weight" in meta.tensor_names()
-        return arch, int(meta.get(f"{arch}.nextn_predict_layers", 0)), "dspark" if markov else arch
+        kind = reading(arch, meta.tensor_names)
+        return arch, int(meta.get(f"{arch}.nextn_predict_layers", 0)), \
+            kind.name if kind is not None and not kind.in_target else arch
     except ValueError as e:  # the reader's own line names the file
         raise ConfigError("spec_type", str(e)) from None
     except Exception as e:  # noqa: BLE001 - any unreadable file is one line
@@ -216,17 +185,18 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     if len(drafters) > 1:
         raise ConfigError("spec_type", f"{' and '.join(drafters)}: one drafter at a time")
     for kind in kinds:
-        if kind == "draft-mtp":
+        if kind in TARGET_KINDS:
+            own = TARGET_KINDS[kind]
             if draft:
-                raise ConfigError("spec_type", f"draft-mtp drafts with the MTP layer of the model itself ({model}); "
+                raise ConfigError("spec_type", f"{kind} drafts with {own.what} of the model itself ({model}); "
                                                f"drop -md {draft}")
             arch, n_nextn, _ = _gguf_arch_and_keys(model)
             if n_nextn == 0:
-                raise ConfigError("spec_type", f"draft-mtp: {model} ({arch}) has no nextn (MTP) layers; "
+                raise ConfigError("spec_type", f"{kind}: {model} ({arch}) has no nextn ({own.title}) layers; "
                                                "convert the checkpoint without --no-mtp")
-            if arch not in MTP_ARCHS:
-                raise ConfigError("spec_type", f"draft-mtp: the MTP layers of {arch} models are not run by this build "
-                                               f"(only {', '.join(MTP_ARCHS)})")
+            if arch not in own.archs:
+                raise ConfigError("spec_type", f"{kind}: the {own.title} layers of {arch} models are not run by this "
+                                               f"build (only {', '.join(own.archs)})")
     if SIMPLE in kinds:
         if not draft:
             raise ConfigError("spec_type", f"{SIMPLE} needs the small model that drafts (-md)")
@@ -272,7 +242,7 @@ def drafter_path(model: str, draft: Optional[str], spec_type) -> Optional[str]:
     if spec_type is None:
         return None
     names = spec_type.split(",") if isinstance(spec_type, str) else list(spec_type)
-    return model if "draft-mtp" in (n.strip() for n in names) else None
+    return model if any(n.strip() in TARGET_KINDS for n in names) else None
 
 
 def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = "") -> int:
@@ -403,7 +373,7 @@ class EngineSetup:
         suffix = SuffixConfig(cache_mb=spec_suffix_cache_mb) if SUFFIX in kinds else None
         simple = SIMPLE in kinds
         vocab_from = _vocab_from(spec_draft_vocab, spec_draft_vocab_from)
-        draft_path = model if "draft-mtp" in kinds else (None if simple else draft)
+        draft_path = model if any(k in TARGET_KINDS for k in kinds) else (None if simple else draft)
         meta = read_draft_metadata(draft_path) if draft_path else None
         if spec_draft_vocab and not simple and (meta is None or meta["kind"] != "dflash"):
             raise ConfigError("spec_draft_vocab", f"the drafter's head is cut for {SIMPLE} and DFlash drafters; "

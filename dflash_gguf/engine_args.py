@@ -12,6 +12,8 @@ from typing import Optional
 from ._native import DflashError
 from .chat_flags import set_chat_template
 from .config import CHAIN_RULES, DEFAULT_CHAIN_RULE, ConfigError, check_constraint, check_p_min
+from .drafter_kinds import DRAFTERS, listed
+from .sampling import RULES, SamplingParams
 from .speculative import DEFAULT_DRAFT_P_MIN
 from .target import KV_TYPES
 
@@ -29,8 +31,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def _model_args(p) -> None:
     p.add_argument("-m", "--model", help="target model GGUF (qwen35, qwen35moe, qwen3, qwen2, gemma3, gemma4 or gpt-oss)")
     p.add_argument("-md", "--model-draft",
-                   help="drafter GGUF: a DFlash, DSpark or EAGLE3 drafter, or a smaller model of the target's "
-                        "vocabulary (draft-simple, chosen by default for a model GGUF); omit for plain decoding")
+                   help=f"drafter GGUF: a {listed(k.title for k in DRAFTERS if not k.in_target)} drafter, or a "
+                        "smaller model of the target's vocabulary (draft-simple, chosen by default for a model GGUF); "
+                        "omit for plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens (default 4096; 0: the model's trained context)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: the CPUs this process may use)")
@@ -91,23 +94,12 @@ def _placement_args(p) -> None:
 
 
 def _sampling_args(p) -> None:
-    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the most likely (default 0)")
-    p.add_argument("--seed", type=int, help="sampling seed (default: random)")
-    p.add_argument("--repeat-penalty", type=float, default=1.0,
-                   help="penalize tokens seen in the last --repeat-last-n: a positive logit is divided by it, "
-                        "a negative one multiplied (1.0 = off, default)")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="subtract this from the logit of every token seen in the last --repeat-last-n "
-                        "(-2..2; 0 = off, default)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="subtract this times its count from the logit of every token seen in the last "
-                        "--repeat-last-n (-2..2; 0 = off, default)")
-    p.add_argument("--repeat-last-n", type=int, default=64,
-                   help="tokens the penalties look back over, the prompt's included (default 64; -1: the whole "
-                        "context; 0: no penalties)")
+    for penalty in (False, True):  # the seed between the draws' rules and the penalties
+        for rule in (r for r in RULES if r.penalty == penalty):
+            p.add_argument(rule.flag, type=int if SamplingParams.integral(rule.field) else float,
+                           default=SamplingParams.default(rule.field), help=rule.help)
+        if not penalty:
+            p.add_argument("--seed", type=int, help="sampling seed (default: random)")
     add_constraint_flags(p)
 
 
@@ -135,9 +127,9 @@ def _speculation_args(p) -> None:
                         "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
-                   help="what drafts, a comma list (llama.cpp's names): draft-dflash (the -md DFlash drafter), "
-                        "draft-dspark (the -md DSpark drafter: DFlash with a Markov head), draft-eagle3 (the -md "
-                        "EAGLE3 drafter), draft-mtp (the MTP layer of -m itself, Qwen3.5/3.6), draft-simple (the -md "
+                   help="what drafts, a comma list (llama.cpp's names): "
+                        + "".join(f"{k.spec_type} ({k.help}), " for k in DRAFTERS)
+                        + "draft-simple (the -md "
                         "small model of the target's vocabulary, drafting token by token), ngram-simple, "
                         "ngram-mod (copies from the prompt and output, no weights), suffix (SuffixDecoding: trees "
                         "of what followed the context's tail in the request's text and earlier requests', no "
@@ -145,8 +137,10 @@ def _speculation_args(p) -> None:
                         "the draft with the best expected accepted length (default: the -md drafter's kind; none "
                         "without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length that pays against its verify cost), MTP's, EAGLE3's and draft-simple's "
-                        "drafts per step (default 3), and the "
+                   help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length "
+                        "that pays against its verify cost), "
+                        + listed([f"{k.title}'s" for k in DRAFTERS if k.autoregressive] + ["draft-simple's"], "and")
+                        + " drafts per step (default 3), and the "
                         "DFlash block (N + 1, at most the drafter's) when --block-size is left out")
     p.add_argument("--spec-draft-n-min", type=int, default=0, metavar="N",
                    help="draft-simple: drop a draft shorter than N (the step decodes the last token alone; "
@@ -275,14 +269,11 @@ def validate_engine_args(args, parser) -> None:
             parser.error(f"--draft-window takes a number or 'auto', got {args.draft_window!r}")
     if args.memory_limit is not None and args.memory_limit <= 0:
         parser.error("--memory-limit must be a positive number of MiB")
-    from .sampling import SamplingParams
-
     constraint = constraint_of(args, parser.prog)
     try:
-        args.sampling = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.seed,
-                                       repeat_penalty=args.repeat_penalty, frequency_penalty=args.frequency_penalty,
-                                       presence_penalty=args.presence_penalty, repeat_last_n=args.repeat_last_n,
-                                       constraint=constraint)
+        args.sampling = SamplingParams(**{rule.field: getattr(args, rule.flag[2:].replace("-", "_"))  # its flag's dest
+                                          for rule in RULES},
+                                       seed=args.seed, constraint=constraint)
     except ConfigError as e:
         parser.error(sampling_flag_message(e))
 
@@ -426,22 +417,18 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "spec_suffix_cache_mb": "--spec-suffix-cache-mb"}
 
 
-# the flag of each sampling field, for its errors (config.check_sampling)
-SAMPLING_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-                  "repeat_penalty": "--repeat-penalty", "frequency_penalty": "--frequency-penalty",
-                  "presence_penalty": "--presence-penalty", "repeat_last_n": "--repeat-last-n"}
+# the flag of each sampling field, for its errors (sampling.check_sampling)
+SAMPLING_FLAGS = {rule.field: rule.flag for rule in RULES}
 
 
 def sampling_flag_message(e: ConfigError) -> str:
-    """A sampling field's error (config.check_sampling) with its flag in its name's place."""
+    """A sampling field's error (sampling.check_sampling) with its flag in its name's place."""
     return str(e).replace(e.option, SAMPLING_FLAGS.get(e.option, e.option), 1)
 
 
 def check_sampling_flags(parser: argparse.ArgumentParser, temps, top_k: int, top_p: float, min_p: float = 0.0) -> None:
     """A benchmark's sampling flags (each temperature of a sweep with the rest), checked
-    as dflash-run's are (config.check_sampling)."""
-    from .sampling import SamplingParams
-
+    as dflash-run's are (sampling.check_sampling)."""
     for t in temps:
         try:
             SamplingParams(t, top_k, top_p, min_p)

@@ -51,7 +51,7 @@ def flag(default: bool):
     return Annotated[bool, BeforeValidator(lambda v: default if v is None else v)]
 
 
-# the sampling fields' ranges: those config.check_sampling holds every caller to
+# the sampling fields' ranges: those sampling.check_sampling holds every caller to (sampling.RULES)
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 Temperature = Annotated[Finite, Field(ge=0)]
 TopP = Annotated[Finite, Field(gt=0, le=1)]

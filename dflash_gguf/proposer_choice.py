@@ -13,7 +13,7 @@ from .draft_simple import SimpleProposer, SimpleSuffixProposer
 from .generate import Request
 from .ngram import ngram_sources
 from .proposers import DrafterSuffixProposer, MixedProposer, NgramProposer, PlainProposer, SuffixProposer
-from .sampling import SamplingParams
+from .sampling import RULES, SamplingParams
 from .speculative import chain_proposer, tree_proposer
 from .verify_cost import VerifyCost
 
@@ -140,4 +140,4 @@ def sampling_regime(sampling: Optional[SamplingParams]) -> Optional[tuple]:
     the filters and temperature that shape the target's draws."""
     if sampling is None or sampling.greedy:
         return None
-    return (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    return tuple(getattr(sampling, rule.field) for rule in RULES if not rule.penalty)

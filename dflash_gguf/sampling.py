@@ -20,13 +20,61 @@ ranked in full (Target.redraw): no vocabulary row crosses to the host.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import numbers
+from dataclasses import dataclass, fields
 from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._native import ffi, lib
-from .config import check_sampling
+from .config import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingRule:
+    """One sampling setting, told once: its SamplingParams field (which the C runtime's
+    dfl_sampling has under the same name when its graphs apply it), dflash-run's and
+    dflash-server's flag and help, the bounds every caller is held to (each a test and
+    the words "<field> must be ..." says when it fails), and whether it is one of the
+    penalties (else it shapes the draws: what `auto` learns per setting)."""
+
+    field: str
+    flag: str
+    help: str
+    bounds: Tuple[Tuple[Callable[[float], bool], str], ...] = ()
+    penalty: bool = False
+
+
+def _at_least(lo, note: str = "") -> tuple:
+    return (lambda v: v >= lo), f">= {lo}{note}"
+
+
+def _at_most(hi) -> tuple:
+    return (lambda v: v <= hi), f"<= {hi}"
+
+
+# in their flags' order (the seed's flag comes after the draws' rules)
+RULES = (
+    SamplingRule("temperature", "--temp", "sampling temperature; 0 = greedy (default)", (_at_least(0),)),
+    SamplingRule("top_k", "--top-k", "sample among the k most likely tokens (0: all)", (_at_least(0),)),
+    SamplingRule("top_p", "--top-p", "nucleus sampling mass (default 1.0)",
+                 (((lambda v: 0 < v <= 1), "> 0 and <= 1"),)),
+    SamplingRule("min_p", "--min-p", "drop tokens below min-p x the most likely (default 0)",
+                 (_at_least(0), ((lambda v: v < 1), "below 1"))),
+    SamplingRule("repeat_penalty", "--repeat-penalty",
+                 "penalize tokens seen in the last --repeat-last-n: a positive logit is divided by it, "
+                 "a negative one multiplied (1.0 = off, default)", (((lambda v: v > 0), "> 0 (1: off)"),), True),
+    SamplingRule("presence_penalty", "--presence-penalty",
+                 "subtract this from the logit of every token seen in the last --repeat-last-n "
+                 "(-2..2; 0 = off, default)", (_at_least(-2), _at_most(2)), True),
+    SamplingRule("frequency_penalty", "--frequency-penalty",
+                 "subtract this times its count from the logit of every token seen in the last "
+                 "--repeat-last-n (-2..2; 0 = off, default)", (_at_least(-2), _at_most(2)), True),
+    SamplingRule("repeat_last_n", "--repeat-last-n",
+                 "tokens the penalties look back over, the prompt's included (default 64; -1: the whole "
+                 "context; 0: no penalties)", (_at_least(-1, " (-1: the whole context, 0: no penalties)"),), True),
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +98,16 @@ class SamplingParams:
     def __post_init__(self):
         check_sampling(self)
 
+    @classmethod
+    def default(cls, name: str):
+        """A field's default (a flag's)."""
+        return next(f.default for f in fields(cls) if f.name == name)
+
+    @classmethod
+    def integral(cls, name: str) -> bool:
+        """Whether a field takes integers (else any finite number)."""
+        return next(f.type for f in fields(cls) if f.name == name) == "int"
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
@@ -63,12 +121,36 @@ class SamplingParams:
         """dfl_sampling for these settings (without the penalties: a drafter's)."""
         s = ffi.new("dfl_sampling *")
         lib.dfl_sampling_default(s)
-        s.temperature, s.top_k, s.top_p, s.min_p = self.temperature, self.top_k, self.top_p, self.min_p
-        if penalties and self.penalized:
-            s.repeat_penalty = self.repeat_penalty
-            s.frequency_penalty = self.frequency_penalty
-            s.presence_penalty = self.presence_penalty
+        for rule in RULES:
+            if rule.field in _NATIVE and (not rule.penalty or penalties and self.penalized):
+                setattr(s, rule.field, getattr(self, rule.field))
         return s
+
+
+# the settings the C runtime's graphs apply (the others, the penalties' window, are the host's)
+_NATIVE = {name for name, _ in ffi.typeof("dfl_sampling").fields}
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """A SamplingParams' values, checked once for every caller (the Python API,
+    dflash-run's flags, a server request's fields): ConfigError names the field (its
+    message reads "<field> must be ..."; the command line puts its flag in the field's
+    place, the server quotes it)."""
+    for rule in RULES:
+        value = getattr(params, rule.field)
+        if params.integral(rule.field):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(rule.field, f"{rule.field} must be an integer, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(rule.field, f"{rule.field} must be a finite number, got {value!r}")
+    for rule in RULES:
+        value = getattr(params, rule.field)
+        for holds, words in rule.bounds:
+            if not holds(value):
+                raise ConfigError(rule.field, f"{rule.field} must be {words}, got {value}")
+    if params.constraint is not None and not hasattr(params.constraint, "grammar"):
+        raise ConfigError("constraint", f"constraint must be a constraints.Constraint, "
+                                        f"got {type(params.constraint).__name__}")
 
 
 GREEDY = SamplingParams()

@@ -31,7 +31,7 @@ from .engine_args import (add_engine_args, demo_models, engine_mode, open_chat_e
                           setup_devices, validate_engine_args)
 from .generate import Request
 from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
-from .sampling import SamplingParams
+from .sampling import RULES, SamplingParams
 from .serving import Job, Scheduler
 
 
@@ -193,9 +193,8 @@ class Server:
             "model_alias": self.model_id, "model_path": self.model_path, "total_slots": self.scheduler.n_slots,
             "default_generation_settings": {
                 "n_ctx": engine.target.n_ctx,
-                "params": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
-                           "seed": s.seed, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
-                           "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "n_predict": -1 if d.max_tokens is None else d.max_tokens}},
+                "params": {**{rule.field: getattr(s, rule.field) for rule in RULES}, "seed": s.seed,
+                           "n_predict": -1 if d.max_tokens is None else d.max_tokens}},
             "chat_template": template,
             "chat_template_tool_use": templates.get("tool_use"), "chat_template_kwargs": d.template_kwargs,
             "reasoning_format": d.reasoning_format,

@@ -435,6 +435,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     return logits;
 }
 
-static const char * const FILES[] = { "dflash", NULL };
-
-const dfl_drafter_arch dfl_drafter_dflash = { "dflash", FILES, load, build, dfl_drafter_free_weights, NULL };
+const dfl_drafter_arch dfl_drafter_dflash = { load, build, dfl_drafter_free_weights, NULL };

@@ -29,10 +29,6 @@ typedef struct dspark_weights {
     struct ggml_tensor * w1, * w2, * w2_scale, * conf, * conf_bias;
 } dspark_weights;
 
-static bool claims(const dfl_gguf * file) {
-    return ggml_get_tensor(file->ctx, "markov_w1.weight") != NULL;
-}
-
 /* A boolean key of the file's architecture, `def` when the file has none. */
 static dfl_status read_bool(const dfl_gguf * g, const char * name, bool def, bool * out) {
     char key[96];
@@ -153,6 +149,13 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     return logits;
 }
 
-static const char * const FILES[] = { "dflash", NULL };
+/* Anchor-first (sample_from_anchor true or absent, llama.cpp's reading) its bonus row
+ * drafts too: its largest block is the trained rows' drafts and the bonus. */
+static void read_meta(const dfl_gguf * g, dfl_draft_meta * meta) {
+    const int64_t anchor = gguf_find_key(g->meta, "dflash.sample_from_anchor");
+    if (anchor < 0 || (gguf_get_kv_type(g->meta, anchor) == GGUF_TYPE_BOOL && gguf_get_val_bool(g->meta, anchor))) {
+        meta->block_size++;
+    }
+}
 
-const dfl_drafter_arch dfl_drafter_dspark = { "dspark", FILES, load, build, free_weights, claims };
+const dfl_drafter_arch dfl_drafter_dspark = { load, build, free_weights, read_meta };

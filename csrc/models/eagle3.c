@@ -174,7 +174,6 @@ static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_pa
 
     m->feat_previous = true;
     m->reads_tokens = true;
-    m->autoregressive = true;
     m->greedy_only = true;
     m->pos_offset = -1;
     m->first_pos = 1;
@@ -270,6 +269,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     return dfl_draft_graph_drafted(g, logits);
 }
 
-static const char * const FILES[] = { "eagle3", NULL };
-
-const dfl_drafter_arch dfl_drafter_eagle3 = { "eagle3", FILES, load, build, dfl_drafter_free_weights };
+const dfl_drafter_arch dfl_drafter_eagle3 = { load, build, dfl_drafter_free_weights, NULL };

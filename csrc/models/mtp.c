@@ -154,7 +154,6 @@ static dfl_status load(dfl_drafter * m, const dfl_target * t, const dfl_draft_pa
     m->target_layers[0] = w->il;
     m->feat_previous = true;
     m->reads_tokens = true;
-    m->autoregressive = true;
     m->greedy_only = true;
     m->block_size = p->block_size > 0 ? p->block_size : MTP_DEFAULT_DRAFTS + 1;
     dfl_drafter_one_causal_layer(m, w->head_dim, w->n_head_kv);
@@ -246,6 +245,4 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
     return dfl_draft_graph_drafted(g, logits);
 }
 
-static const char * const FILES[] = { "qwen35", "qwen35moe", NULL };
-
-const dfl_drafter_arch dfl_drafter_mtp = { "mtp", FILES, load, build, dfl_drafter_free_weights, NULL };
+const dfl_drafter_arch dfl_drafter_mtp = { load, build, dfl_drafter_free_weights, NULL };

@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import DflashError, llama_cpp_tree
-from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SPEC_TYPES, SUFFIX
+from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SPEC_TYPES, SUFFIX, TARGET_KINDS
 from ..demo import demo_paths
+from ..drafter_kinds import DRAFTERS, listed
 from ..engine_args import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
 from ..speculative import CHAIN_RULES
 from . import arms_from, kinds, llama_cpp, method, ours, provenance, report
@@ -88,9 +89,9 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", help="target GGUF (default: the bundled demo pair)")
     p.add_argument("-md", "--model-draft",
-                   help="drafter GGUF: DFlash, DSpark or EAGLE3, or a smaller model of the target's vocabulary "
-                        "(draft-simple) (without it: plain decoding only, -m's own MTP layer with --spec-type "
-                        "draft-mtp, or an n-gram kind)")
+                   help=f"drafter GGUF: {listed(k.title for k in DRAFTERS if not k.in_target)}, or a smaller model "
+                        "of the target's vocabulary (draft-simple) (without it: plain decoding only, -m's own MTP "
+                        "layer with --spec-type draft-mtp, or an n-gram kind)")
     p.add_argument("--spec-type", choices=SPEC_TYPES,
                    help="what drafts, for both engines (default: the -md GGUF's kind, draft-simple for a model "
                         "GGUF; draft-mtp drafts with -m's own MTP layer, ngram-simple and ngram-mod from the prompt "
@@ -352,7 +353,7 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     from ..tokenizer import Tokenizer
 
     kind = args.spec_type if args.spec_type in kinds.KINDS else None  # draft-simple, ngram-*, suffix: kinds.py's
-    mtp = args.spec_type == "draft-mtp"
+    mtp = args.spec_type in TARGET_KINDS  # draft-mtp: the drafter is -m's own layer
     meta = read_draft_metadata(target if mtp else draft) if (draft or mtp) and kind is None else None
     drafting = meta is not None or kind is not None
     # an autoregressive drafter (EAGLE3) has no block of its own: its drafts per step, the
@@ -496,9 +497,10 @@ def bench_main(argv) -> int:
     args = p.parse_args(argv)
     check(p, args)
     target, draft = (args.model, args.model_draft) if args.model else demo_paths()
-    if args.spec_type == "draft-mtp" and args.model_draft:
-        p.error(f"--spec-type draft-mtp drafts with the MTP layer of -m itself; drop -md {args.model_draft}")
-    if args.spec_type == "draft-mtp" and not args.model:
+    if args.spec_type in TARGET_KINDS and args.model_draft:
+        p.error(f"--spec-type {args.spec_type} drafts with {TARGET_KINDS[args.spec_type].what} of -m itself; "
+                f"drop -md {args.model_draft}")
+    if args.spec_type in TARGET_KINDS and not args.model:
         target, draft = demo_paths()[0], None  # the demo target's own MTP head
     if args.spec_type in (*NGRAM_KINDS, SUFFIX) and not args.model:
         target, draft = demo_paths()[0], None  # the demo target, drafting from its own history
@@ -506,7 +508,7 @@ def bench_main(argv) -> int:
         p.error(f"--spec-type {SIMPLE} needs -m and -md: a target and a smaller model of its vocabulary")
     if args.spec_type in kinds.KINDS or (args.spec_type is None and draft):
         args.spec_type = check_kind(p, args.spec_type, target, draft)
-    if args.spec_type and args.spec_type not in ("draft-mtp", *kinds.KINDS) and draft:
+    if args.spec_type and args.spec_type not in (*TARGET_KINDS, *kinds.KINDS) and draft:
         from ..draft import read_draft_metadata
 
         try:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import llama_cpp_tree
+from ..drafter_kinds import DRAFTERS
 from .runs import Cell, Run, Sampling
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
@@ -225,7 +226,7 @@ class CompletionArm:
 NGRAM_FLAGS = {"ngram-simple": ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"),
                "ngram-mod": ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-max")}
 NGRAM_MOD_N_MIN = 48  # llama.cpp's default shortest ngram-mod draft, cut to a shorter n-max
-KIND_NAMES = {"draft-dflash": "DFlash", "draft-dspark": "DSpark", "draft-eagle3": "EAGLE3", "draft-mtp": "MTP",
+KIND_NAMES = {**{k.spec_type: k.title for k in DRAFTERS},
               "draft-simple": "draft-simple", "ngram-simple": "ngram-simple", "ngram-mod": "ngram-mod"}
 
 
