@@ -37,24 +37,29 @@ from .target import CHAIN, DECODE, INVARIANT_STEP_ROWS, LOGITS_LAST, TREE, Rows
 
 @dataclass
 class Tokens:
-    """A sequence's tokens: its prompt, the context positions filled (n_past: the prompt,
-    then what its steps committed; the bonus is not among them), the tokens of those
-    positions where a drafter needs them (context: the positions the drafter lacks are
-    those from its own n_past on; None without a drafter) and the bonus, the next token
-    the target has not seen."""
+    """A sequence's tokens, the one history that every part of a step reads (the
+    proposers' n-gram and suffix indexes, the drafter's context, the sampler's penalty
+    window) and none copies: `text` is its prompt, then every token its steps chose, the
+    bonus (the next token, which the target has not seen) last; n_past the context
+    positions filled (the prompt, then what its steps committed: all of text but the
+    bonus). `prompt` is the request's."""
 
     prompt: List[int]
+    text: List[int]
     n_past: int
-    context: Optional[List[int]]
     bonus: Optional[int] = None
 
-    def took(self, committed: List[int], bonus: int) -> None:
-        """A step committed these tokens (its old bonus, then the accepted drafts) and
-        chose the next bonus."""
-        if self.context is not None:
-            self.context += committed
-        self.n_past += len(committed)
-        self.bonus = bonus
+    def chose(self, first: int) -> None:
+        """The prompt's last row chose the first token: the first bonus."""
+        self.text.append(first)
+        self.bonus = first
+
+    def took(self, new: List[int]) -> None:
+        """A step committed the old bonus and the accepted drafts, and chose the next
+        bonus: `new` is the drafts, then that bonus."""
+        self.text += new
+        self.n_past += len(new)
+        self.bonus = new[-1]
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,9 @@ class Sequence:
         check_request(target, prompt, request.max_tokens, proposer.lookahead, request.context_full)
         self.target, self.draft, self.proposer = target, draft, proposer
         self.stats, self.where = stats, where
-        self.sampler = Sampler(request.sampling, prompt, grammar)
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)
-        self.tokens = Tokens(prompt, len(prompt), list(prompt) if draft is not None else None)
+        self.tokens = Tokens(prompt, list(prompt), len(prompt))
+        self.sampler = Sampler(request.sampling, self.tokens.text, grammar)
         self.ending = Ending(request.max_tokens, set(request.stop_tokens or ()))
         self.clock = Clock()
         self.row0 = 0                     # its first row in the current step's results
@@ -136,7 +141,8 @@ class Sequence:
     def lacking(self) -> List[int]:
         """The tokens of the positions the drafter has yet to take: from its n_past on
         (the drafter's record, the one there is) to the context's end."""
-        return self.tokens.context[self.draft.n_past(self.slot):]
+        tokens = self.tokens
+        return tokens.text[self.draft.n_past(self.slot):tokens.n_past]
 
     # -- the prompt -------------------------------------------------------------------------
     def start_prefill(self) -> Prefill:
@@ -183,7 +189,7 @@ class Sequence:
         if self.ending.max_tokens == 0:
             self.done = True
             return []
-        self.tokens.bonus = int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0])
+        self.tokens.chose(int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0]))
         return self._emitted([self.tokens.bonus], record=False)
 
     def _emitted(self, new: List[int], record: bool = True) -> List[int]:
@@ -289,9 +295,10 @@ def _call(target, draft, seqs: Seq[Sequence], plans: List[Plan], joining: Option
 
 def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Optional[float]) -> List[List[int]]:
     """After a step's call, for every sequence: its graph, its stages (told after the call,
-    in the order its phases ran), its proposal's counts and what its proposer learns
+    in the order its phases ran), its tokens (Tokens.took: the one history, which the
+    proposers then read), its proposal's counts and what its proposer learns
     (ran.proposals, with its plan), its step's seconds (t0: the step's start; None: not
-    timed), its tokens, and what the request keeps of them."""
+    timed), and what the request keeps of them."""
     splits, copied = ran.copies
     if t0 is not None:
         seconds = time.perf_counter() - t0
@@ -304,6 +311,7 @@ def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Option
         if s.where.on_stage is not None:
             for name in DECODE_STAGES if ran.decoded or not s.speculative else SPEC_STAGES:
                 s.stage(name)
+        s.tokens.took(new)  # the old bonus and the accepted drafts committed, the next bonus
         if ran.proposals is not None:
             p, path = ran.proposals[i], ran.paths[i]
             if p.kind is not None:
@@ -316,7 +324,6 @@ def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Option
             stats.draft_seconds += drafting
             stats.verify_seconds += verifying
             stats.other_seconds += other
-        s.tokens.took([s.tokens.bonus] + new[:-1], new[-1])  # the old bonus and the accepted drafts
         kept.append(s._emitted(new, record=s.speculative))
     return kept
 

@@ -192,10 +192,26 @@ def replayed_lengths(logits, kept, prompt_len: int, full, n_max: int) -> List[in
 
 # ---- the drafter -------------------------------------------------------------------------
 
+@dataclass(slots=True)
+class Held:
+    """What a drafter slot holds: history[offset:offset + n], `history` the list of the
+    sequence that drafted in it last (decoding.Tokens.text, read, never copied; offset > 0:
+    a window of it, where draft() was told to catch up on fewer than it lacked)."""
+
+    history: List[int]
+    offset: int = 0
+    n: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.n
+
+
 class SimpleDraft:
     """The drafter model and what each of its slots holds: `held[slot]` the tokens it keeps
-    (None: unknown, the slot is started afresh at its next use), `pending[slot]` the drafts
-    it took after them, of which the next draft keeps as many as the target accepted:
+    (a Held window of the history of the sequence that drafted in it last; None: unknown,
+    the slot is started afresh at its next use), `pending[slot]` the drafts it took after
+    them, of which the next draft keeps as many as the target accepted:
     decoded, then truncated away where the model's memory can go back (`truncates`:
     attention layers only), else verified as a chain, whose commit keeps them."""
 
@@ -215,10 +231,7 @@ class SimpleDraft:
         self.path = str(path)
         self.n_vocab = target.n_vocab  # drafts past the target's vocabulary are never proposed
         n = self.model.n_seq
-        # held[slot]: the tokens the slot holds, context[offset[slot]:] onwards (a window
-        # of the context where draft() was told to catch up on fewer than it lacked)
-        self.held: List[Optional[List[int]]] = [[] for _ in range(n)]
-        self.offset = [0] * n
+        self.held: List[Optional[Held]] = [Held([]) for _ in range(n)]
         self.fed = (0, 0.0)  # the last draft()'s catching up: tokens taken, seconds
         self.pending: List[Optional[List[int]]] = [None] * n
         self.ranked = [False] * n  # the slot's sampling ranks P_MIN_TOP_K candidates (else: the argmax)
@@ -229,30 +242,35 @@ class SimpleDraft:
 
     def reset(self) -> None:
         self.model.reset()
-        self.held = [[] for _ in self.held]
-        self.offset = [0] * len(self.offset)
+        self.held = [Held([]) for _ in self.held]
         self.pending = [None] * len(self.pending)
 
     # -- one slot -----------------------------------------------------------------------
-    def _settle(self, slot: int, context: Sequence[int]) -> List[int]:
-        """Commit the slot's pending verify as far as `context` (the committed tokens)
-        agrees with it; a slot that does not hold a prefix of the context starts afresh.
-        Returns what it holds."""
-        model, held, pending, at = self.model, self.held[slot], self.pending[slot], self.offset[slot]
-        if held is not None and pending is not None:
-            base = len(held)
+    def _settle(self, slot: int, history: List[int], n_committed: int) -> Held:
+        """Commit the slot's pending verify as far as the history's committed tokens (its
+        first n_committed) agree with it; a slot that does not hold a window of them
+        starts afresh. Returns what it holds. The history of the sequence that drafted
+        last is trusted without a look (it only grows); another's is compared once."""
+        model, held, pending = self.model, self.held[slot], self.pending[slot]
+        self.pending[slot] = None
+        if held is not None and held.history is not history:
+            end = held.offset + held.n
+            if end > n_committed or history[held.offset:end] != held.history[held.offset:end]:
+                held = None
+            else:
+                held.history = history
+        if held is None or held.end > n_committed:
+            model.seq_reset(slot)
+            held = Held(history)
+        elif pending is not None:
             k = 0
-            while k < len(pending) and at + base + k < len(context) and pending[k] == context[at + base + k]:
+            while k < len(pending) and held.end + k < n_committed and pending[k] == history[held.end + k]:
                 k += 1
             if self.truncates:
-                model.seq_truncate(slot, base + k)
+                model.seq_truncate(slot, held.n + k)
             else:
                 model.commit(k, seq=slot)
-            held = held + pending[:k]
-        self.pending[slot] = None
-        if held is None or at + len(held) > len(context) or list(context[at:at + len(held)]) != held:
-            model.seq_reset(slot)
-            held, self.offset[slot] = [], 0
+            held.n += k
         self.held[slot] = held
         return held
 
@@ -279,12 +297,13 @@ class SimpleDraft:
         if ranked:  # the draw is not used (the top choice is): any uniforms do
             self.model.set_uniforms(np.zeros(n, dtype=np.float32), seq=slot)
 
-    def draft(self, slot: int, context: Sequence[int], bonus: int, n_max: int, p_min: float = 0.0,
+    def draft(self, slot: int, history: List[int], n_max: int, p_min: float = 0.0,
               siblings: bool = False, shares: bool = False,
               window: int = 0) -> Tuple[List[int], List[Optional[int]], List[float]]:
-        """Up to n_max drafts after `bonus` for the sequence in `slot` whose committed
-        tokens are `context` (the bonus not among them): each the drafter's top choice
-        given the ones before, stopping before one whose share is below p_min. Returns
+        """Up to n_max drafts after the bonus for the sequence in `slot` whose history is
+        `history` (its committed tokens, then the bonus: decoding.Tokens.text): each the
+        drafter's top choice given the ones before, stopping before one whose share is
+        below p_min. Returns
         the drafts, each position's second choice (with siblings; None where there is
         none) and each draft's share of the drafter's top P_MIN_TOP_K (ranked: with
         siblings, p_min > 0 or shares; else 1). n_max 0: nothing (no drafter graph).
@@ -294,18 +313,19 @@ class SimpleDraft:
         # its context holds the committed tokens, the bonus and the drafts but the last (-cd
         # may make it shorter than the target's: it stops drafting where it is full)
         self.fed = (0, 0.0)
-        n_max = min(n_max, self.model.n_ctx - len(context))
+        n_committed = len(history) - 1
+        n_max = min(n_max, self.model.n_ctx - n_committed)
         if n_max < 1:
             return [], [], []  # nothing to draft: the drafter takes the tokens it lacks at its next draft
         ranked = siblings or p_min > 0 or shares
         try:
             self._rank(slot, ranked)
-            held = self._settle(slot, context)
+            held = self._settle(slot, history, n_committed)
             model = self.model
-            if window and len(context) - self.offset[slot] - len(held) > window:
+            if window and n_committed - held.end > window:
                 model.seq_reset(slot)
-                held, self.offset[slot] = [], len(context) - window
-            feed = list(context[self.offset[slot] + len(held):]) + [int(bonus)]
+                held = self.held[slot] = Held(history, n_committed - window)
+            feed = history[held.end:]  # the committed tokens it lacks and the bonus
             t0 = time.perf_counter()
             ub = model.n_ubatch
             for start in range(0, len(feed), ub):
@@ -315,7 +335,7 @@ class SimpleDraft:
                     self._uniforms(slot, ranked, 1)
                 model.step([Rows(slot, DECODE, chunk, logits=LOGITS_LAST if last else 0)])
             self.fed = (len(feed), time.perf_counter() - t0)
-            self.held[slot] = held + feed
+            held.n += len(feed)
             drafts: List[int] = []
             seconds: List[Optional[int]] = []
             kept_shares: List[float] = []
@@ -370,12 +390,11 @@ def sibling_tree(bonus: int, drafts: Sequence[int], seconds: Sequence[Optional[i
 
 @dataclass(slots=True)
 class SimpleHeld:
-    """What draft-simple keeps of a sequence from step to step (Sequence.proposing): its
-    committed tokens, the small model's context; beside suffix, the suffix drafting of
-    its text and the small model's kept drafts per step, a running mean."""
+    """What draft-simple beside suffix keeps of a sequence from step to step
+    (Sequence.proposing): the suffix drafting of its text and the small model's kept
+    drafts per step, a running mean."""
 
-    context: List[int]
-    suffix: Optional[SuffixDrafts] = None
+    suffix: SuffixDrafts
     kept: float = 1.0
 
 
@@ -407,8 +426,6 @@ class SimpleProposer(Proposer):
         self.n_max, self.n_min, self.p_min, self.tree, self.auto = n_max, n_min, p_min, tree, auto
         self.lookahead = 1 + n_max * (2 if tree else 1)
 
-    def start(self, seq) -> SimpleHeld:
-        return SimpleHeld(list(seq.tokens.prompt))
 
     def plan(self, seq) -> Plan:
         room = draft_room(seq, self.n_max)
@@ -421,7 +438,7 @@ class SimpleProposer(Proposer):
         n = draft_room(seq, self.n_max)
         grammar = seq.sampler.grammar if seq.sampler.guided else None
         auto = self.auto if plan.arm is not None else None
-        drafts, seconds, shares = self.draft.draft(seq.slot, seq.proposing.context, seq.tokens.bonus, n, self.p_min,
+        drafts, seconds, shares = self.draft.draft(seq.slot, seq.tokens.text, n, self.p_min,
                                                    siblings=self.tree and grammar is None, shares=auto is not None,
                                                    window=auto.PROBE_LAG if auto is not None and auto.probing else 0)
         if auto is not None:
@@ -443,7 +460,6 @@ class SimpleProposer(Proposer):
         return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE)
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
         if plan.arm is not None:
             self.auto.verified(len(path) - 1, seconds)
 
@@ -478,7 +494,7 @@ class SimpleSuffixProposer(SimpleProposer):
         self.lookahead = max(self.lookahead, suffix_n_max + 1)
 
     def start(self, seq) -> SimpleHeld:
-        return SimpleHeld(list(seq.tokens.prompt), SuffixDrafts(self.corpora, self.key))
+        return SimpleHeld(SuffixDrafts(self.corpora, self.key))
 
     def plan(self, seq) -> Plan:
         held = seq.proposing
@@ -495,9 +511,8 @@ class SimpleSuffixProposer(SimpleProposer):
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
         held = seq.proposing
-        held.suffix.observe(seq, out, plan.judged)
+        held.suffix.observe(out, plan.judged)
         if isinstance(plan, SuffixStep):
-            held.context += [seq.tokens.bonus] + out[:-1]  # what the step committed
             return
         super().verified(seq, plan, proposal, path, out, seconds)
         if proposal.tree is not None or len(proposal.tokens) > 1:  # the small model drafted

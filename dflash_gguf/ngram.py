@@ -8,8 +8,9 @@ good guess of what follows now.
   ngram-mod     a map from every `n_match` tokens seen to the token that last followed
                 them, chained token by token; a draft shorter than `n_min` is dropped
 
-Both index the history incrementally (each position once), so a step costs a lookup, not
-a scan. Unlike llama.cpp's ngram-mod, whose hashed table is shared by all sequences and
+Both index the sequence's history (its one list of tokens, decoding.Tokens.text, which
+they read and never copy) incrementally, each position once, so a step costs a lookup,
+not a scan. Unlike llama.cpp's ngram-mod, whose hashed table is shared by all sequences and
 reset when it fills or misses often, each sequence keeps an exact map of its own."""
 from __future__ import annotations
 
@@ -19,21 +20,21 @@ import numpy as np
 
 
 class _Index:
-    """A sequence's history with the n-grams of its positions indexed as it grows (a
-    subclass's _add indexes one, its draft proposes from the index)."""
+    """The n-grams of a history's positions, indexed as it grows (a subclass's _add
+    indexes one, its draft proposes from the index). The history is the caller's list:
+    each call passes it, grown at its end since the last."""
 
     def __init__(self, n: int):
         self.n = n
-        self.history: List[int] = []
         self._done = 0  # positions indexed so far
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        self.history.extend(int(t) for t in tokens)
-        h, n = self.history, self.n
-        # an n-gram at i is indexed once the token after it is known (i + n < len)
-        for i in range(self._done, len(h) - n):
-            self._add(tuple(h[i:i + n]), i)
-        self._done = max(self._done, len(h) - n)
+    def catch_up(self, history: Sequence[int]) -> None:
+        """Index the positions the history gained: an n-gram at i is indexed once the
+        token after it is known (i + n < len)."""
+        n = self.n
+        for i in range(self._done, len(history) - n):
+            self._add(history, tuple(history[i:i + n]), i)
+        self._done = max(self._done, len(history) - n)
 
 
 class NgramSimple(_Index):
@@ -45,15 +46,16 @@ class NgramSimple(_Index):
         super().__init__(size_n)
         self._last: Dict[Tuple[int, ...], int] = {}  # n-gram -> its latest start (with a token after it)
 
-    def _add(self, key, i):
+    def _add(self, history, key, i):
         self._last[key] = i
 
-    def draft(self, n_max: int) -> List[int]:
-        h, n = self.history, self.n
-        if len(h) < n or n_max < 1:
+    def draft(self, history: Sequence[int], n_max: int) -> List[int]:
+        self.catch_up(history)
+        n = self.n
+        if len(history) < n or n_max < 1:
             return []
-        j = self._last.get(tuple(h[-n:]))
-        return [] if j is None else h[j + n:j + n + n_max]
+        j = self._last.get(tuple(history[-n:]))
+        return [] if j is None else list(history[j + n:j + n + n_max])
 
 
 class NgramMod(_Index):
@@ -66,14 +68,15 @@ class NgramMod(_Index):
         self.n_min = n_min
         self._next: Dict[Tuple[int, ...], int] = {}
 
-    def _add(self, key, i):
-        self._next[key] = self.history[i + self.n]
+    def _add(self, history, key, i):
+        self._next[key] = history[i + self.n]
 
-    def draft(self, n_max: int) -> List[int]:
-        h, n = self.history, self.n
-        if len(h) < n or n_max < 1:
+    def draft(self, history: Sequence[int], n_max: int) -> List[int]:
+        self.catch_up(history)
+        n = self.n
+        if len(history) < n or n_max < 1:
             return []
-        key, out = tuple(h[-n:]), []
+        key, out = tuple(history[-n:]), []
         while len(out) < n_max:
             t = self._next.get(key)
             if t is None:
@@ -122,25 +125,18 @@ def ngram_sources(kinds: Sequence[str], config) -> list:
 
 class NgramDrafts:
     """A sequence's n-gram sources with their acceptance: each step the draft with the
-    best expected accepted length (ties: the first kind listed, llama.cpp's order)."""
+    best expected accepted length (ties: the first kind listed, llama.cpp's order), from
+    the sequence's history (Tokens.text: its prompt, its output, the bonus last)."""
 
     def __init__(self, sources: Sequence[_Index]):
         self.sources = list(sources)
         self.acceptance = [Acceptance() for _ in self.sources]
-        self.started = False
 
-    def sync(self, seq) -> None:
-        """On a sequence's first step: its prompt and first token are the history."""
-        if not self.started:
-            for s in self.sources:
-                s.extend(list(seq.tokens.prompt) + [seq.tokens.bonus])
-            self.started = True
-
-    def best(self, n_max: int) -> Tuple[List[int], float, Optional[str], List[List[int]]]:
+    def best(self, history: Sequence[int], n_max: int) -> Tuple[List[int], float, Optional[str], List[List[int]]]:
         """(draft, its expected accepted length, the kind that found it, every source's
         draft): the best of the sources' drafts for the next positions ([], 0 and None
         when none has one); observe judges every source's draft."""
-        drafts = [s.draft(n_max) for s in self.sources]
+        drafts = [s.draft(history, n_max) for s in self.sources]
         best, value, kind = [], 0.0, None
         for source, found, acc in zip(self.sources, drafts, self.acceptance):
             if found:
@@ -161,8 +157,6 @@ class NgramDrafts:
         for found, acc in zip(drafts or (), self.acceptance):
             if found:
                 acc.observe(found, emitted)
-        for s in self.sources:
-            s.extend(emitted)
 
 
 def expected_chain(top1_logprobs) -> float:

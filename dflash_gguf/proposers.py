@@ -167,7 +167,7 @@ class Proposer(ABC):
     def verified(self, seq, plan: Plan, proposal: Proposal, path: List[int], out: List[int],
                  seconds: float) -> None:
         """The step kept `path` (node indices, root first) of `proposal` and emitted `out`;
-        called before the sequence takes them (seq.tokens.bonus is still the step's root)."""
+        called after the sequence took them (seq.tokens.text ends with `out`)."""
 
     def finish(self, seq) -> Optional[dict]:
         """The sequence ended: auto's report for its statistics (None: no auto)."""
@@ -257,8 +257,7 @@ class NgramProposer(Proposer):
 
     def propose(self, seq, plan: Plan) -> Proposal:
         ngram = seq.proposing
-        ngram.sync(seq)
-        drafts, _, kind, plan.judged = ngram.best(draft_room(seq, self.n_max))
+        drafts, _, kind, plan.judged = ngram.best(seq.tokens.text, draft_room(seq, self.n_max))
         if drafts and self.cost is not None:
             drafts = drafts[:best_size(ngram.probs(kind, len(drafts)), self.cost.chain)]
         return Proposal([seq.tokens.bonus] + drafts, kind=kind if drafts else None)
@@ -290,14 +289,13 @@ class MixedProposer(ChainProposer):
         return False  # the n-gram chain is chosen after the drafter's graph
 
     def plan(self, seq) -> Plan:
-        seq.proposing.sync(seq)
         plan = super().plan(seq)
         plan.decodes = False  # the n-gram chain is found after the drafter's graph
         return plan
 
     def propose(self, seq, plan: Plan) -> Proposal:
         b = self._cut(seq, plan.block)
-        drafts, value, kind, plan.judged = seq.proposing.best(draft_room(seq, self.n_max))
+        drafts, value, kind, plan.judged = seq.proposing.best(seq.tokens.text, draft_room(seq, self.n_max))
         if drafts and (b < 2 or value > expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
             return Proposal([seq.tokens.bonus] + drafts, kind=kind)
         return self._chain(seq, b)
@@ -344,7 +342,7 @@ class SuffixProposer(Proposer):
         return tree, suffix.judge(tree)
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(seq, out, plan.judged)
+        seq.proposing.observe(out, plan.judged)
 
     def finish(self, seq) -> None:
         seq.proposing.finish(seq)
@@ -385,7 +383,7 @@ class DrafterSuffixProposer(ChainProposer):
         return self._chain(seq, b)
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(seq, out, plan.judged)
+        seq.proposing.observe(out, plan.judged)
 
     def finish(self, seq) -> None:
         seq.proposing.finish(seq)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, fields
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -198,15 +198,16 @@ def draw(p: np.ndarray, u: float) -> int:
 class Sampler:
     """One request's sampling, host side: the settings it gives the target (and, for
     drafted samples, the drafter), the uniforms of its seeded generator, and the window
-    of tokens its penalties count. `history` is every token so far: the prompt, then each
-    token emitted (accept). `grammar` (a constraints.GrammarState): the constraint it
-    follows; each row's mask is its grammar state after its own path."""
+    of tokens its penalties count. `history` is every token so far, the prompt, then each
+    token chosen: the sequence's own list (decoding.Tokens.text), read, never copied or
+    written here. `grammar` (a constraints.GrammarState): the constraint it follows; each
+    row's mask is its grammar state after its own path."""
 
-    def __init__(self, params: Optional[SamplingParams] = None, history: Sequence[int] = (), grammar=None):
+    def __init__(self, params: Optional[SamplingParams] = None, history: Optional[List[int]] = None, grammar=None):
         self.params = params or GREEDY
         self.grammar = grammar
         self.rng = np.random.default_rng(self.params.seed)
-        self.history = list(history)
+        self.history = [] if history is None else history
         self._u = np.zeros(0, dtype=np.float32)
         self._ahead: list = []  # next_uniform's block, drawn ahead, last value first
         self._native = self.params.native()
@@ -234,9 +235,7 @@ class Sampler:
             draft.set_sampling(self._native_draft if drafted_samples else GREEDY.native(), seq=seq)
 
     def accept(self, tokens: Sequence[int]) -> None:
-        """Tokens emitted: later rows' penalty windows include them."""
-        if self.penalized:
-            self.history.extend(int(t) for t in tokens)
+        """Tokens emitted (the history has them already): the grammar consumes them."""
         if self.grammar is not None:
             self.grammar.consume(tokens)
 

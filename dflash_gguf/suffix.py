@@ -80,6 +80,7 @@ class SuffixIndex:
             raise ValueError(f"the shortest suffix match must be at least 1 token, got {k}")
         self.k = k
         self.docs: Dict[Hashable, List[int]] = {}
+        self._followed: Dict[Hashable, int] = {}  # a followed document's length when last indexed
         # k-gram -> {(document, end): None}: it ends at `end`, and doc[end] follows it
         self._ends: Dict[Tuple[int, ...], Dict[Tuple[Hashable, int], None]] = {}
 
@@ -93,6 +94,19 @@ class SuffixIndex:
         h = self.docs.setdefault(doc, [])
         first = max(len(h), self.k)
         h.extend(int(t) for t in tokens)
+        self._index(doc, h, first)
+
+    def follow(self, doc: Hashable, tokens: List[int]) -> None:
+        """A document that is the caller's list (a sequence's history, which grows at its
+        end), read where it is and never copied: index the ends it gained since the last
+        call."""
+        h = self.docs.get(doc)
+        first = self.k if h is None else max(self._followed[doc], self.k)
+        self.docs[doc] = tokens
+        self._index(doc, tokens, first)
+        self._followed[doc] = len(tokens)
+
+    def _index(self, doc: Hashable, h: List[int], first: int) -> None:
         for end in range(first, len(h)):
             self._ends.setdefault(tuple(h[end - self.k:end]), {})[(doc, end)] = None
 
@@ -286,10 +300,10 @@ class SuffixDrafts:
         self.rate = corpora.rate(key)
 
     def text(self, seq) -> List[int]:
-        """The sequence's text (its prompt and first token, on its first step)."""
-        if OWN not in self.own.docs:
-            self.own.extend(OWN, list(seq.tokens.prompt) + [seq.tokens.bonus])
-        return self.own.docs[OWN]
+        """The sequence's text (Tokens.text: its prompt, its output, the bonus last), its
+        new ends indexed."""
+        self.own.follow(OWN, seq.tokens.text)
+        return seq.tokens.text
 
     def expected(self, tree: Optional[DraftTree]) -> float:
         """A tree's expected accepted drafts: the sum of its nodes' probabilities (their
@@ -316,19 +330,18 @@ class SuffixDrafts:
         judged on its first level."""
         return tree, max(tree.depths) if deepest is None else deepest
 
-    def observe(self, seq, emitted: Sequence[int], judged: Optional[Tuple[DraftTree, int]] = None) -> None:
+    def observe(self, emitted: Sequence[int], judged: Optional[Tuple[DraftTree, int]] = None) -> None:
         """After a step: the tokens it emitted after the bonus (the last is the next
         bonus), and what the step was judged on (judge; None: nothing)."""
         if judged is not None:
             tree, deepest = judged
             self.rate.observe(min(deepest, walk_depth(tree, emitted)), deepest)
-        self.text(seq)
-        self.own.extend(OWN, emitted)
 
     def finish(self, seq) -> None:
+        """The sequence ended: its prompt and what the request kept of its output go into
+        its key's corpus (a copy: the corpus outlives the sequence)."""
         tokens = seq.tokens
-        text = self.own.docs.get(OWN, list(tokens.prompt) + ([] if tokens.bonus is None else [tokens.bonus]))
-        self.corpora.add(self.key, text[:len(tokens.prompt) + seq.stats.generated_tokens])
+        self.corpora.add(self.key, tokens.text[:len(tokens.prompt) + seq.stats.generated_tokens])
 
 
 def corpus_key(api_key: Optional[str]) -> Optional[str]:

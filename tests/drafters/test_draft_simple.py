@@ -105,6 +105,35 @@ def test_greedy_suffix_beside_draft_simple_equals_plain_greedy(files, plain):
     assert s.drafted.get("draft-simple", 0) > 0, s.drafted
 
 
+
+def test_every_part_of_a_step_reads_the_sequences_one_history(files):
+    """A sequence's tokens are kept once (decoding.Tokens.text: the prompt, the output,
+    the bonus last): the sampler's penalty window, the suffix index's own text and the
+    small model's record of what its slot holds are that list itself, never a copy; and
+    after every step it is the prompt and the tokens the step returned, in order."""
+    from dflash_gguf.decoding import sequence_steps
+    from dflash_gguf.generate import Request
+    from dflash_gguf.suffix import OWN
+    from helpers.decoding_checks import REPEATS
+
+    sampling = SamplingParams(presence_penalty=0.5, repeat_last_n=-1)
+    with Engine(files["target"], files["q4"], spec_type="suffix,draft-simple", spec_draft_n_max=4,
+                **OPTIONS) as engine:
+        prompt = engine.encode(REPEATS)
+        seq = engine.sequence(Request(prompt, 40, stop_tokens=(), sampling=sampling))
+        out, steps = [], 0
+        for new in sequence_steps(seq):
+            out += new
+            text = seq.tokens.text
+            assert text == prompt + out and seq.tokens.bonus == out[-1] and seq.tokens.n_past == len(text) - 1
+            assert seq.sampler.history is text
+            assert seq.proposing.suffix.own.docs.get(OWN, text) is text  # indexed from the first step on
+            steps += 1
+        assert engine.simple_draft.held[seq.slot].history is seq.tokens.text
+        assert seq.proposing.suffix.own.docs[OWN] is seq.tokens.text
+        assert seq.stats.drafts.drafted.get("draft-simple", 0) > 0
+    assert steps > 1 and len(out) == 40
+
 @pytest.mark.parametrize("spec_type, words", [
     ("draft-simple,ngram-mod", "draft-simple drafts alone or beside suffix: leave out ngram-mod"),
     ("draft-simple,suffix,ngram-simple", "suffix beside ngram-simple: choose one"),
@@ -302,14 +331,14 @@ def test_a_window_starts_a_lagging_drafter_afresh_from_the_last_tokens(files):
     try:
         rng = np.random.default_rng(3)
         context, bonus, w = [int(t) for t in rng.integers(10, 900, size=30)], 17, 8
-        got = windowed.draft(0, context, bonus, 3, window=w)[0]
+        got = windowed.draft(0, context + [bonus], 3, window=w)[0]
         assert windowed.fed[0] == w + 1  # the window and the bonus
-        assert got == fresh.draft(0, context[-w:], bonus, 3)[0]
+        assert got == fresh.draft(0, context[-w:] + [bonus], 3)[0]
         # the next step: the first draft accepted, a new bonus; the window is kept
         later = context + [bonus, got[0]]
-        got2 = windowed.draft(0, later, 7, 3, window=w)[0]
+        got2 = windowed.draft(0, later + [7], 3, window=w)[0]
         assert windowed.fed[0] == 1  # the accepted draft was decoded already: the new bonus alone
-        assert got2 == fresh.draft(0, later[len(context) - w:], 7, 3)[0]
+        assert got2 == fresh.draft(0, later[len(context) - w:] + [7], 3)[0]
     finally:
         windowed.close()
         fresh.close()
@@ -482,7 +511,7 @@ def test_a_cut_drafter_keeps_greedy_output_and_drafts_the_kept_argmax(files, pla
         got = [engine.generate(t, 40, stop_tokens=()) for t in TEXTS]
         assert [g.tokens for g in got] == want
         context = engine.encode(TEXTS[0])
-        drafts, _, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
+        drafts, _, _ = engine.simple_draft.draft(0, context, 3)
     kept = kept_tokens(files["q8"], n)
     assert len(kept) == n and set(drafts) <= set(kept)
     assert drafts == restricted_drafts(files["q8"], kept, context, 3)
@@ -523,7 +552,7 @@ def test_a_corpus_chooses_the_kept_tokens(files, plain, tmp_path):
                 spec_draft_vocab_from=[str(corpus)], **OPTIONS) as engine:
         assert [engine.generate(t, 40, stop_tokens=()).tokens for t in TEXTS] == want
         context = engine.encode(TEXTS[0])
-        drafts, _, _ = engine.simple_draft.draft(0, context[:-1], context[-1], 3)
+        drafts, _, _ = engine.simple_draft.draft(0, context, 3)
     assert set(drafts) <= set(chosen)
     assert drafts == restricted_drafts(files["q8"], chosen, context, 3)
     with pytest.raises(ConfigError, match="give how many with --spec-draft-vocab"):

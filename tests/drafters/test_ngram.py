@@ -30,21 +30,19 @@ OPTIONS = dict(n_ctx=512, kv_type="f32", n_threads=1)
 
 
 def test_the_sources_draft_what_followed_the_last_tokens():
+    history = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2]  # a sequence's, read where it is as it grows
     simple = NgramSimple(2)
-    simple.extend([1, 2, 3, 4, 1, 2, 5, 6, 1, 2])
-    assert simple.draft(8) == [5, 6, 1, 2]  # the latest earlier occurrence of (1, 2)
-    assert simple.draft(1) == [5]
-    simple.extend([9])
-    assert simple.draft(8) == []  # (2, 9) never occurred before
+    assert simple.draft(history, 8) == [5, 6, 1, 2]  # the latest earlier occurrence of (1, 2)
+    assert simple.draft(history, 1) == [5]
+    history.append(9)
+    assert simple.draft(history, 8) == []  # (2, 9) never occurred before
     mod = NgramMod(2, n_min=3)
-    mod.extend([7, 8, 9, 7, 8, 9, 7, 8])
-    assert mod.draft(5) == [9, 7, 8, 9, 7]  # chained through its own drafts
-    assert NgramMod(2, n_min=3).draft(5) == []
-    short = NgramMod(2, n_min=3)
-    short.extend([1, 2, 3, 1, 2, 4, 4, 1, 2])
-    assert short.draft(5) == [4, 4, 1, 2, 4]  # the last token to follow (1, 2) wins
-    short.extend([5, 6, 1, 2])
-    assert short.draft(5) == [5, 6, 1, 2, 5]
+    assert mod.draft([7, 8, 9, 7, 8, 9, 7, 8], 5) == [9, 7, 8, 9, 7]  # chained through its own drafts
+    assert NgramMod(2, n_min=3).draft([7, 8], 5) == []
+    short, history = NgramMod(2, n_min=3), [1, 2, 3, 1, 2, 4, 4, 1, 2]
+    assert short.draft(history, 5) == [4, 4, 1, 2, 4]  # the last token to follow (1, 2) wins
+    history += [5, 6, 1, 2]
+    assert short.draft(history, 5) == [5, 6, 1, 2, 5]
     acc = Acceptance()
     assert acc.expected(4) == pytest.approx(0.5 + 0.25 + 0.125 + 0.0625)
     acc.observe([1, 2, 3], [1, 2, 9, 4])  # two kept, the third missed

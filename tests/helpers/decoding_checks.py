@@ -163,7 +163,7 @@ def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, truncates=Tr
 
     def draft_step(last, pending, room):
         context.extend(pending)
-        return small.draft(0, context, last, n_max if room == 0 else min(n_max, room), p_min)[0]
+        return small.draft(0, context + [last], n_max if room == 0 else min(n_max, room), p_min)[0]
 
     try:
         return speculative_simple_loop(target, draft_step, tokens, n_predict, n_ctx, tok.eog_ids)
