@@ -2,6 +2,7 @@
 #include "dfl_runtime.h"
 
 #include "dfl_dump.h"
+#include "dfl_reuse_check.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -217,7 +218,9 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
             return st;
         }
     }
-    bool ok = rt->traffic != NULL;
+    rt->reuse = dfl_reuse_check_from_env(rt->n_slots);
+    const char * check = getenv(DFL_CHECK_REUSE_ENV);
+    bool ok = rt->traffic != NULL && (rt->reuse || !check || !check[0] || strcmp(check, "0") == 0);
     for (int i = 0; i < rt->n_slots && ok; i++) {
         rt->slots[i].mem = malloc(rt->graph_mem_size);
         ok = rt->slots[i].mem && new_sched(rt, &rt->slots[i], true);
@@ -232,6 +235,7 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
 dfl_status dfl_runtime_set_op_offload(dfl_runtime * rt, int first, bool on) {
     for (int i = first; i < rt->n_slots; i++) {
         dfl_graph_slot * s = &rt->slots[i];
+        dfl_reuse_check_forget(rt->reuse, i);
         if (s->ctx) {
             ggml_free(s->ctx);
             s->ctx = NULL;
@@ -254,6 +258,7 @@ void dfl_runtime_free(dfl_runtime * rt) {
         free(rt->profile);
     }
     dfl_dump_free(rt->dump);
+    dfl_reuse_check_free(rt->reuse);
     for (int i = 0; i < rt->n_slots; i++) {
         dfl_graph_slot * s = &rt->slots[i];
         if (s->ctx) ggml_free(s->ctx);
@@ -272,6 +277,7 @@ struct ggml_tensor * dfl_top_k(bool by_sort, struct ggml_context * ctx, struct g
 
 struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot) {
     dfl_graph_slot * s = &rt->slots[slot];
+    dfl_reuse_check_forget(rt->reuse, slot);
     if (s->ctx) {
         ggml_free(s->ctx);
     }
@@ -341,6 +347,7 @@ static int64_t copied_bytes(struct ggml_cgraph * gf, struct ggml_tensor ** befor
 
 dfl_status dfl_runtime_alloc(dfl_runtime * rt, int slot, struct ggml_cgraph * gf) {
     dfl_graph_slot * s = &rt->slots[slot];
+    dfl_reuse_check_forget(rt->reuse, slot); /* new split ids: a backend compares the nodes again */
     const int n = ggml_graph_n_nodes(gf);
     size_t n_before = 0;
     const bool split = rt->backend_cpu != rt->backend;
@@ -368,12 +375,14 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     rt->traffic->computes++;
     rt->traffic->copy_bytes += rt->slots[slot].copy_bytes;
     rt->n_last_nodes = ggml_graph_n_nodes(gf);
+    TRY(dfl_reuse_check_before(rt->reuse, slot, gf));
     dfl_dump_begin(rt->dump);
     const enum ggml_status status = ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf);
     dfl_dump_end(rt->dump);
     if (status != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
     }
+    TRY(dfl_reuse_check_after(rt->reuse, slot, gf));
     rt->last_slot = slot;
     rt->last_graph = gf;
     return DFL_OK;

@@ -43,6 +43,7 @@ typedef struct dfl_runtime {
     dfl_graph_slot slots[DFL_MAX_GRAPH_SLOTS];
     struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
     struct dfl_dump * dump;       /* the target's named-tensor dump when DFLASH_DUMP_TENSORS is set (dfl_dump.h) */
+    struct dfl_reuse_check * reuse; /* kept graphs held unchanged when DFLASH_CHECK_REUSE is set (dfl_reuse_check.h) */
     struct dfl_traffic * traffic; /* host <-> device transfers so far (see dfl_runtime_set/get) */
     bool top_k_by_sort;           /* dfl_top_k sorts the whole row (see dfl_runtime_init) */
     int n_last_nodes;             /* nodes of the last graph computed */

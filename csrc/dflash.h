@@ -47,6 +47,13 @@ dfl_status dfl_quantize(int type, const float * src, void * dst, int64_t nrows, 
  * any bit and the largest difference. */
 dfl_status dfl_matmul_invariance(const char * device, int type, int repack, const float * w, int64_t n_in, int64_t n_out, const float * x, int64_t n_cols, int32_t n_threads, int32_t * n_differ, float * max_diff);
 
+/* The kept-graph check that DFLASH_CHECK_REUSE=1 turns on (every graph the runtime keeps
+ * must be, at each later compute, the graph it was at its first) on a small CPU graph
+ * computed once and then changed: 0 nothing, 1 a view's offset along its source, 2 an
+ * op's parameters, 3 a source swapped. Returns what the check says before the second
+ * compute (DFL_ERR_STATE with the node and field for a change). */
+dfl_status dfl_reuse_check_probe(int change);
+
 /* Number of devices in ggml's backend registry, and a description of device i
  * ("name|description|type", type one of cpu, gpu, igpu, accel). */
 int dfl_device_count(void);
