@@ -64,3 +64,26 @@ def test_merge_joins_parts_into_one_results_file(tmp_path):
     assert "ours 50.0 tok/s, llama-bench 40.0 (ours / theirs 1.25)" in md
     assert "| 16 | 30.00 | 1.50 | – | – | 24.00 | 0.80 |" in md  # a decode step: 20 ms
     assert "ours plain = llama-completion on 1/1" in md
+
+
+def test_plain_check_runs_its_matrix_on_the_rpc_stand_in(rpc_endpoint, tmp_path):
+    """The lent GPU's plain check, dry-run on the CPU's stand-in for a device: every cell of
+    a (smaller) matrix runs in a process of its own with its settings, gives the CPU's
+    tokens for its cache type (the settings are ggml-cuda's: on RPC they change nothing),
+    and the results file holds every cell."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "plain-check.json"
+    res = subprocess.run([sys.executable, str(CUDA_SCRIPTS / "plain_check.py"), "--device", "RPC0", "--rpc",
+                          rpc_endpoint, "-n", "12", "--kv", "f16,q8_0", "--pdl", "0", "--fusion", "off",
+                          "--out", str(out)], capture_output=True, text=True, cwd="/", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["mode"], c["kv"], c["graphs"]) for c in cells] == [
+        ("plain", "f16", "on"), ("plain", "q8_0", "on"), ("plain", "f16", "off"), ("plain", "q8_0", "off"),
+        ("chain", "f16", "off")]
+    assert all(c["parts_from_cpu_at"] is None and c["tokens"] == 12 for c in cells), cells
+    bad = subprocess.run([sys.executable, str(CUDA_SCRIPTS / "plain_check.py"), "--pdl", "maybe"],
+                         capture_output=True, text=True, cwd="/")
+    assert bad.returncode == 2 and "--pdl: maybe is not one of default, 0" in bad.stderr
