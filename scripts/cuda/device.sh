@@ -2,25 +2,30 @@
 # One call on a lent GPU machine, every step time-boxed so that the call returns what it
 # measured before the run tool's limit: the build (restored from .cuda-pack/built/ when a
 # saved build travels with the call, else compiled), a look at how the CUDA libraries
-# resolve, the device tests, then benchmark parts into $OUT.
+# resolve, the device tests, the CUDA-graph fault's matrix (plain_check.py), then
+# benchmark parts into $OUT.
 #
-#   bash scripts/cuda/device.sh [--budget SECONDS] [--parts 1,2] [--skip-tests] [-- BENCH ARGS]
+#   bash scripts/cuda/device.sh [--budget SECONDS] [--parts 1,2|none] [--skip-tests]
+#                               [--plain-check SECONDS] [-- BENCH ARGS]
 #
-# --budget is the time the whole call may take (default 560, under the tool's 600).
+# --budget is the time the whole call may take (default 560, under the tool's 600);
+# --plain-check caps the matrix (default 0: left out; the first call's plan gives 150).
 # Logs and results go to $OUT (the run tool's return folder), else .cuda-build/results.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 budget=560
 parts=1
 tests=1
+plain_check=0
 bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) budget="$2"; shift ;;
     --parts) parts="$2"; shift ;;
     --skip-tests) tests=0 ;;
+    --plain-check) plain_check="$2"; shift ;;
     --) shift; bench_args=("$@"); break ;;
-    -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "device.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -54,6 +59,16 @@ if [ "$tests" = 1 ]; then
   echo "device tests exit $?" >> "$out/test.log"
   grep -E '(PASSED|FAILED|ERROR|XFAIL|SKIPPED)( |$)|passed|failed|exit [0-9]+' "$out/test.log" | tail -n 30
 fi
+
+if [ "$plain_check" -gt 0 ]; then
+  t=$(( $(left) - 10 )); [ "$t" -le "$plain_check" ] || t=$plain_check
+  say "plain check: CUDA graphs x PDL x fusion x caches (at most $t s)"
+  timeout "$t" "$root/.cuda-build/cuda/venv/bin/python" "$root/scripts/cuda/plain_check.py" \
+    --out "$out/plain-check.json" > "$out/plain-check.log" 2>&1
+  echo "plain check exit $?" >> "$out/plain-check.log"
+  tail -n 40 "$out/plain-check.log"
+fi
+[ "$parts" = none ] && { say "done"; exit 0; }
 
 commit=$(cat "$root/.cuda-pack/commit" 2>/dev/null || echo unknown)
 say "bench parts $parts (at most $(( $(left) - 10 )) s), commit $commit"
