@@ -125,12 +125,16 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="tokens counted (default 64)")
     p.add_argument("--pair", type=Path, default=Path.home() / ".cache" / "dflash-gguf" / "gptoss-bench",
                    help="folder of experiments/gptoss_bench_pair.py's GGUFs")
+    p.add_argument("--target", type=Path, help="another target GGUF (default: the pair's; with --plain, e.g. the "
+                                                "demo target, for plain decoding against llama-completion)")
+    p.add_argument("--draft", type=Path, help="another drafter GGUF (default: the pair's)")
     p.add_argument("--temp", type=float, default=0.0,
                    help="0: greedy (default); above: sampled at that temperature, top-k 20, top-p 0.95")
     p.add_argument("--plain", action="store_true", help="plain decoding only (ours and llama-completion)")
     p.add_argument("--out", type=Path, help="results JSON")
     args = p.parse_args(argv)
-    target, draft = str(args.pair / "gptoss-target-mxfp4_moe.gguf"), str(args.pair / "gptoss-draft-q8_0.gguf")
+    target = str(args.target or args.pair / "gptoss-target-mxfp4_moe.gguf")
+    draft = str(args.draft or args.pair / "gptoss-draft-q8_0.gguf")
     from dflash_gguf.bench.prompts import PROMPTS  # the installed package's (run by its interpreter)
     rows = []
     for arm in OURS[:1] if args.plain else OURS:
