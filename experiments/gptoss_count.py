@@ -103,8 +103,10 @@ def ours(python: str, pythonpath: str, ggml_lib: str, target: str, draft: str, a
 def llama(bin_dir: Path, tool: str, target: str, draft: str, flags, n: int, prompt: str, temp: float) -> dict:
     sampling = ["--temp", repr(temp), "--top-k", "20", "--top-p", "0.95", "--min-p", "0", "-s", "1",
                 "--samplers", "top_k;top_p;min_p;temperature"] if temp > 0 else ["--temp", "0"]
+    # --ignore-eos: every run decodes its -n tokens, as ours do (stop_tokens=()), so that the
+    # difference of the two runs is -n tokens' work (a trained target ends its text early)
     common = ["-m", target, "-c", "512", "-b", "512", "-ub", "512", "-t", "1", "-tb", "1", "-fa", "on",
-              "-ctk", "f16", "-ctv", "f16", *sampling, "-p", prompt]
+              "-ctk", "f16", "-ctv", "f16", "--ignore-eos", *sampling, "-p", prompt]
     extra = ["-no-cnv", "--no-display-prompt"] if tool == "llama-completion" else \
         ["-md", draft, "-td", "1", "-tbd", "1", "--spec-type", "draft-dflash", *flags]
     totals = []
