@@ -24,16 +24,19 @@ struct dfl_reuse_check {
     snapshot slots[];
 };
 
-dfl_reuse_check * dfl_reuse_check_from_env(int n_slots) {
+dfl_status dfl_reuse_check_from_env(int n_slots, dfl_reuse_check ** out) {
+    *out = NULL;
     const char * v = getenv(DFL_CHECK_REUSE_ENV);
     if (!v || !v[0] || strcmp(v, "0") == 0) {
-        return NULL;
+        return DFL_OK;
     }
     dfl_reuse_check * c = calloc(1, sizeof *c + (size_t) n_slots * sizeof(snapshot));
-    if (c) {
-        c->n_slots = n_slots;
+    if (!c) {
+        return dfl_fail(DFL_ERR_BACKEND, "%s: out of host memory", DFL_CHECK_REUSE_ENV);
     }
-    return c;
+    c->n_slots = n_slots;
+    *out = c;
+    return DFL_OK;
 }
 
 void dfl_reuse_check_forget(dfl_reuse_check * c, int slot) {

@@ -22,9 +22,9 @@
 
 typedef struct dfl_reuse_check dfl_reuse_check;
 
-/* The check when DFLASH_CHECK_REUSE is set (and not "0"), for n_slots graph slots; NULL
- * when unset (every other call takes NULL as "no check"). */
-dfl_reuse_check * dfl_reuse_check_from_env(int n_slots);
+/* *out: the check when DFLASH_CHECK_REUSE is set (and not "0"), for n_slots graph slots;
+ * NULL when unset (every other call takes NULL as "no check"). */
+dfl_status dfl_reuse_check_from_env(int n_slots, dfl_reuse_check ** out);
 /* The slot holds a new graph (built or allocated anew): its snapshot is dropped. */
 void dfl_reuse_check_forget(dfl_reuse_check * c, int slot);
 /* Before a compute of the slot's graph: a graph computed before since its snapshot must

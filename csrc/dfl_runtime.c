@@ -218,9 +218,14 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
             return st;
         }
     }
-    rt->reuse = dfl_reuse_check_from_env(rt->n_slots);
-    const char * check = getenv(DFL_CHECK_REUSE_ENV);
-    bool ok = rt->traffic != NULL && (rt->reuse || !check || !check[0] || strcmp(check, "0") == 0);
+    {
+        const dfl_status st = dfl_reuse_check_from_env(rt->n_slots, &rt->reuse);
+        if (st != DFL_OK) {
+            dfl_runtime_free(rt);
+            return st;
+        }
+    }
+    bool ok = rt->traffic != NULL;
     for (int i = 0; i < rt->n_slots && ok; i++) {
         rt->slots[i].mem = malloc(rt->graph_mem_size);
         ok = rt->slots[i].mem && new_sched(rt, &rt->slots[i], true);

@@ -254,7 +254,7 @@ class SimpleDraft:
         model, held, pending = self.model, self.held[slot], self.pending[slot]
         self.pending[slot] = None
         if held is not None and held.history is not history:
-            end = held.offset + held.n
+            end = held.end
             if end > n_committed or history[held.offset:end] != held.history[held.offset:end]:
                 held = None
             else:
@@ -425,7 +425,6 @@ class SimpleProposer(Proposer):
         self.draft = draft
         self.n_max, self.n_min, self.p_min, self.tree, self.auto = n_max, n_min, p_min, tree, auto
         self.lookahead = 1 + n_max * (2 if tree else 1)
-
 
     def plan(self, seq) -> Plan:
         room = draft_room(seq, self.n_max)

@@ -49,13 +49,13 @@ class NgramSimple(_Index):
     def _add(self, history, key, i):
         self._last[key] = i
 
-    def draft(self, history: Sequence[int], n_max: int) -> List[int]:
+    def draft(self, history: List[int], n_max: int) -> List[int]:
         self.catch_up(history)
         n = self.n
         if len(history) < n or n_max < 1:
             return []
         j = self._last.get(tuple(history[-n:]))
-        return [] if j is None else list(history[j + n:j + n + n_max])
+        return [] if j is None else history[j + n:j + n + n_max]
 
 
 class NgramMod(_Index):

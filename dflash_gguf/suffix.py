@@ -100,8 +100,7 @@ class SuffixIndex:
         """A document that is the caller's list (a sequence's history, which grows at its
         end), read where it is and never copied: index the ends it gained since the last
         call."""
-        h = self.docs.get(doc)
-        first = self.k if h is None else max(self._followed[doc], self.k)
+        first = max(self._followed.get(doc, 0), self.k)
         self.docs[doc] = tokens
         self._index(doc, tokens, first)
         self._followed[doc] = len(tokens)
