@@ -177,10 +177,6 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
             return (SIMPLE,)  # a model GGUF (a target architecture): it drafts as a small model
         return (next((k for k, v in FILE_KINDS.items() if v == file_kind), "draft-dflash"),)
     kinds = parse_spec_types(spec_type)
-    ngrams = [k for k in kinds if k in NGRAM_KINDS]
-    if SUFFIX in kinds and ngrams:
-        raise ConfigError("spec_type", f"{SUFFIX} beside {','.join(ngrams)}: choose one (both draft from the "
-                                       "request's own text; suffix's trees also from earlier requests')")
     drafters = [k for k in kinds if k in DRAFTER_KINDS]
     if len(drafters) > 1:
         raise ConfigError("spec_type", f"{' and '.join(drafters)}: one drafter at a time")
@@ -200,9 +196,6 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     if SIMPLE in kinds:
         if not draft:
             raise ConfigError("spec_type", f"{SIMPLE} needs the small model that drafts (-md)")
-        others = [k for k in kinds if k not in (SIMPLE, SUFFIX)]
-        if others:
-            raise ConfigError("spec_type", f"{SIMPLE} drafts alone or beside {SUFFIX}: leave out {','.join(others)}")
         file_kind = _gguf_arch_and_keys(draft)[2]
         if file_kind in FILE_KIND_NAMES:
             flag = {v: k for k, v in FILE_KINDS.items()}[file_kind]

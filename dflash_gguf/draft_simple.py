@@ -42,9 +42,9 @@ from ._native import ffi, lib
 from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
 from .config import SIMPLE
 from .ddtree import DraftTree
-from .proposers import Plan, Proposal, Proposer, draft_room, suffix_proposal
-from .suffix import SuffixCorpora, SuffixDrafts
+from .proposers import Plan, Proposal, Proposer, draft_room
 from .target import CHAIN, DECODE, LOGITS_LAST, Rows, Target, TargetConfig
+from .weightless import Offer, Offers, Weightless, WeightlessKinds
 
 # llama.cpp's draft sampler keeps the top 10 before its softmax: p-min compares the top
 # choice's share of those
@@ -390,21 +390,20 @@ def sibling_tree(bonus: int, drafts: Sequence[int], seconds: Sequence[Optional[i
 
 @dataclass(slots=True)
 class SimpleHeld:
-    """What draft-simple beside suffix keeps of a sequence from step to step
-    (Sequence.proposing): the suffix drafting of its text and the small model's kept
-    drafts per step, a running mean."""
+    """What draft-simple beside the weightless kinds keeps of a sequence from step to
+    step (Sequence.proposing): its weightless sources and the small model's kept drafts
+    per step, a running mean."""
 
-    suffix: SuffixDrafts
+    weightless: Weightless
     kept: float = 1.0
 
 
 @dataclass(slots=True)
-class SuffixStep(Plan):
-    """A step of draft-simple beside suffix that verifies the suffix tree found before the
-    drafter's graph (no small-model graph runs), and whether it came from the corpus."""
+class OfferStep(Plan):
+    """A step of draft-simple beside the weightless kinds that verifies the offer found
+    before the drafter's graph (no small-model graph runs)."""
 
-    tree: Optional[DraftTree] = None
-    corpus: bool = False
+    offer: Optional[Offer] = None
 
 
 class SimpleProposer(Proposer):
@@ -472,46 +471,62 @@ class SimpleProposer(Proposer):
         return report
 
 
-class SimpleSuffixProposer(SimpleProposer):
-    """`--spec-type suffix,draft-simple`: each step the suffix tree (suffix.SuffixDrafts,
-    from the request's own text and its corpus key's earlier requests) where it expects to
-    keep more drafts (the sum of its nodes' probabilities, SuffixDrafts.expected) than
-    the small model has kept per step lately, and at least one; else the small model's
-    drafts, as SimpleProposer drafts them. A suffix step runs no small-model graph: the
-    small model stays behind and takes the tokens it lacks at its next draft, as after
-    auto's plain steps. Both choices are fixed before the target's draws, so greedy
-    output is the target's own and sampled output is distributed as its sampling."""
+class SimpleWeightlessProposer(SimpleProposer):
+    """`--spec-type draft-simple,suffix` (or beside an n-gram kind, or both): each step a
+    weightless offer (weightless.Offers: from the request's own text, suffix's also from
+    its corpus key's earlier requests) where it pays more than the small model (chosen),
+    else the small model's drafts, as SimpleProposer drafts them. An offer's step runs no
+    small-model graph: the small model stays behind and takes the tokens it lacks at its
+    next draft, as after auto's plain steps. Both choices are fixed before the target's
+    draws, so greedy output is the target's own and sampled output is distributed as its
+    sampling."""
 
     # the weight of the last step in the small model's running mean of kept drafts
     KEPT_WEIGHT = 0.2
 
     def __init__(self, draft: SimpleDraft, n_max: int, n_min: int, p_min: float, tree: bool,
-                 auto: Optional[AutoBudget], corpora: SuffixCorpora, key, suffix_n_max: int):
+                 auto: Optional[AutoBudget], kinds: WeightlessKinds, cost=None):
         super().__init__(draft, n_max, n_min, p_min, tree, auto)
-        self.corpora, self.key = corpora, key
-        self.suffix_n_max = suffix_n_max
-        self.lookahead = max(self.lookahead, suffix_n_max + 1)
+        self.kinds = kinds
+        self.cost = cost  # verify_cost.VerifyCost, which prices offers against auto's arms
+        self.lookahead = max(self.lookahead, kinds.n_max + 1)
 
     def start(self, seq) -> SimpleHeld:
-        return SimpleHeld(SuffixDrafts(self.corpora, self.key))
+        return SimpleHeld(self.kinds.start())
+
+    def chosen(self, step: Offers, kept: float) -> Optional[Offer]:
+        """The offer the step verifies instead of the small model's drafts (None: the
+        small model's turn). With auto and the verify cost: the offer with the most
+        expected tokens per second (Offers.cheapest), where it beats the rate auto
+        expects of the arm it runs (plain decoding's or the small model's chain, both
+        from measured costs; an arm not yet measured, nothing). Otherwise the likeliest
+        offer, where it expects to keep at least one draft and more than the small model
+        has kept per step lately (`kept`)."""
+        if self.auto is not None and self.cost is not None:
+            offer, rate = step.cheapest(self.cost)
+            return offer if offer is not None and rate > self.auto.rate(self.auto.current) else None
+        offer = step.likeliest()
+        return offer if offer is not None and offer.expected >= max(1.0, kept) else None
 
     def plan(self, seq) -> Plan:
         held = seq.proposing
-        room = draft_room(seq, self.suffix_n_max)
-        tree, from_corpus = held.suffix.best(seq, self.suffix_n_max, room) if room else (None, False)
-        if tree is not None and held.suffix.expected(tree) >= max(1.0, held.kept):
-            return SuffixStep(judged=held.suffix.judge(tree), tree=tree, corpus=from_corpus)
-        return super().plan(seq)
+        step = held.weightless.offers(seq, self.kinds.n_max)
+        offer = self.chosen(step, held.kept)
+        if offer is not None:
+            return OfferStep(judged=step.judged(offer), offer=offer)
+        plan = super().plan(seq)
+        plan.judged = step.judged(None)
+        return plan
 
     def propose(self, seq, plan: Plan) -> Proposal:
-        if isinstance(plan, SuffixStep):
-            return suffix_proposal(seq, plan.tree, plan.corpus)
+        if isinstance(plan, OfferStep):
+            return plan.offer.proposal(seq)
         return super().propose(seq, plan)
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
         held = seq.proposing
-        held.suffix.observe(out, plan.judged)
-        if isinstance(plan, SuffixStep):
+        held.weightless.observe(out, plan.judged)
+        if isinstance(plan, OfferStep):
             return
         super().verified(seq, plan, proposal, path, out, seconds)
         if proposal.tree is not None or len(proposal.tokens) > 1:  # the small model drafted
@@ -520,5 +535,5 @@ class SimpleSuffixProposer(SimpleProposer):
 
     def finish(self, seq) -> Optional[dict]:
         report = super().finish(seq)
-        seq.proposing.suffix.finish(seq)
+        seq.proposing.weightless.finish(seq)
         return report

@@ -133,9 +133,9 @@ def _speculation_args(p) -> None:
                         "small model of the target's vocabulary, drafting token by token), ngram-simple, "
                         "ngram-mod (copies from the prompt and output, no weights), suffix (SuffixDecoding: trees "
                         "of what followed the context's tail in the request's text and earlier requests', no "
-                        "weights; docs/suffix.md); several: each step verifies "
-                        "the draft with the best expected accepted length (default: the -md drafter's kind; none "
-                        "without -md)")
+                        "weights; docs/suffix.md); several: each step verifies the draft that pays best (the "
+                        "no-weight kinds alone: by expected tokens per second at the verify's cost; beside a "
+                        "drafter: by expected accepted length) (default: the -md drafter's kind; none without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
                    help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length "
                         "that pays against its verify cost), "
@@ -522,15 +522,15 @@ def engine_mode(engine, tree_budget) -> str:
     if engine.draft is not None and engine.draft.kind != "dflash":
         mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
     weightless = engine.setup.weightless
-    if weightless.ngram_kinds:
-        mode = ("chain + " if engine.draft is not None else "") + ",".join(weightless.ngram_kinds)
+    kinds = [",".join(weightless.ngram_kinds)] if weightless.ngram_kinds else []
     if engine.suffix_corpora is not None:
-        mode = ("chain + " if engine.draft is not None else "") + f"suffix (corpus {weightless.suffix.cache_mb} MiB)"
+        kinds.append(f"suffix (corpus {weightless.suffix.cache_mb} MiB)")
+    if kinds:
+        mode = ("chain + " if engine.draft is not None else "") + " + ".join(kinds)
     if engine.simple_draft is not None:
         simple = engine.setup.simple
         mode = "draft-simple " + ("tree" if simple.tree else "auto (plain or chain)" if simple.auto else "chain")
-        if engine.suffix_corpora is not None:
-            mode += f" + suffix (corpus {weightless.suffix.cache_mb} MiB)"
+        mode += "".join(" + " + kind for kind in kinds)
     head = engine.simple_draft.model.n_head if engine.simple_draft is not None else \
         engine.draft.n_head_tokens if engine.draft is not None else None
     if head is not None and head < engine.target.n_vocab:

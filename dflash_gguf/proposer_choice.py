@@ -9,13 +9,14 @@ from typing import Dict, Optional
 
 from . import auto_store
 from .budget import AutoBudget, AutoMemory
-from .draft_simple import SimpleProposer, SimpleSuffixProposer
+from .draft_simple import SimpleProposer, SimpleWeightlessProposer
 from .generate import Request
 from .ngram import ngram_sources
-from .proposers import DrafterSuffixProposer, MixedProposer, NgramProposer, PlainProposer, SuffixProposer
+from .proposers import PlainProposer
 from .sampling import RULES, SamplingParams
 from .speculative import chain_proposer, tree_proposer
 from .verify_cost import VerifyCost
+from .weightless import DrafterWeightlessProposer, WeightlessKinds, WeightlessProposer
 
 
 class ProposerChoice:
@@ -96,38 +97,39 @@ class ProposerChoice:
 
     def proposer(self, request: Request, speculative: bool):
         """The request's proposer: plain decoding when not speculative, else by what the
-        engine drafts with (suffix, beside the drafter, beside draft-simple or alone; the
-        n-gram kinds, beside the drafter or alone; draft-simple; the drafter's tree or
+        engine drafts with (the weightless kinds, suffix and the n-gram kinds, beside the
+        drafter, beside draft-simple or alone; draft-simple; the drafter's tree or
         chain)."""
         setup, sampling = self.setup, request.sampling
-        drafting, weightless = setup.drafting, setup.weightless
-        use_draft = speculative and self.draft is not None
-        if speculative and self.suffix_corpora is not None:
-            if use_draft:
-                return DrafterSuffixProposer(self.draft, self.block, self.draft_p_min, self.suffix_corpora,
-                                             request.corpus, weightless.spec_draft_n_max)
+        drafting, simple = setup.drafting, setup.simple
+        kinds = self.weightless_kinds(request) if speculative else None
+        if kinds is not None:
+            if self.draft is not None:
+                return DrafterWeightlessProposer(self.draft, self.block, self.draft_p_min, kinds)
             if self.simple_draft is not None:
-                simple = setup.simple
-                return SimpleSuffixProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree,
-                                            self.auto_for(sampling), self.suffix_corpora, request.corpus,
-                                            weightless.spec_draft_n_max)
-            return SuffixProposer(self.suffix_corpora, request.corpus, weightless.spec_draft_n_max, self.verify_cost)
-        if speculative and weightless.ngram_kinds:
-            sources = partial(ngram_sources, weightless.ngram_kinds, weightless.ngram)  # each sequence's own
-            if use_draft:
-                return MixedProposer(self.draft, self.block, self.draft_p_min, sources, weightless.spec_draft_n_max)
-            return NgramProposer(sources, weightless.spec_draft_n_max, self.verify_cost)
+                return SimpleWeightlessProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min,
+                                                simple.tree, self.auto_for(sampling), kinds, self.verify_cost)
+            return WeightlessProposer(kinds, self.verify_cost)
         if speculative and self.simple_draft is not None:
-            simple = setup.simple
             return SimpleProposer(self.simple_draft, simple.n_max, simple.n_min, simple.p_min, simple.tree,
                                   self.auto_for(sampling))
-        if not use_draft:
+        if not speculative or self.draft is None:
             return PlainProposer()
         if drafting.tree_budget:
             return tree_proposer(self.target, self.draft, drafting.tree_budget, drafting.block_size,
                                  self.auto_for(sampling))
         return chain_proposer(self.target, self.draft, drafting.block_size, sampling, self.draft_p_min,
                               drafting.chain_rule, drafting.spec_draft_conf_min)
+
+    def weightless_kinds(self, request: Request) -> Optional[WeightlessKinds]:
+        """The weightless kinds the request drafts with (None: neither an n-gram kind nor
+        suffix): each sequence's own n-gram sources, the suffix corpora under the
+        request's key."""
+        weightless = self.setup.weightless
+        if not weightless.ngram_kinds and self.suffix_corpora is None:
+            return None
+        sources = partial(ngram_sources, weightless.ngram_kinds, weightless.ngram) if weightless.ngram_kinds else None
+        return WeightlessKinds(sources, self.suffix_corpora, request.corpus, weightless.spec_draft_n_max)
 
     def flush(self) -> None:
         """Store what `auto` learnt (auto_store), for the next process on these files."""

@@ -1,10 +1,8 @@
 """What a sequence proposes for its target to verify in a step (decoding.step): nothing
 (plain decoding: the last token alone), the chain of the drafter's block, or a DDTree of
-its top candidates; a chain copied from the sequence's own history (n-gram kinds,
-ngram.py), alone or beside the drafter's chain; a tree or chain of what followed the
-context's tail in the sequence's own text or earlier requests' (suffix, suffix.py); with
-`auto`, a policy choosing per step between plain decoding, the chain and trees of a few
-sizes (AutoProposer).
+its top candidates; with `auto`, a policy choosing per step between plain decoding, the
+chain and trees of a few sizes (AutoProposer). The weightless kinds (n-gram, suffix),
+alone or beside a drafter, are weightless.py's; draft-simple's, draft_simple.py's.
 
 A proposer only proposes, and holds only its configuration and the long-lived things it
 drafts with (a drafter, corpora, auto's budget): what it keeps of a sequence from step to
@@ -29,7 +27,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -37,9 +35,6 @@ from ._native import ffi, lib
 from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
-from .ngram import NgramDrafts, expected_chain
-from .pricing import best_size, tree_probs
-from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
 
 
 @dataclass(slots=True)
@@ -95,9 +90,6 @@ class Plan:
     depth: int = 0
     arm: Optional[int] = None
     judged: Any = None
-
-
-SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.drafts: DraftCounts.count)
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
@@ -237,171 +229,6 @@ class ChainProposer(Proposer):
             drafts = seq.sampler.grammar.draft_path(draft.block(b, seq=slot)[1:], forced=not self.top_k)
             return Proposal([seq.tokens.bonus] + drafts, draft=draft, reject_top_k=self.top_k)
         return Proposal(draft=draft, n=b, reject_top_k=self.top_k)
-
-
-class NgramProposer(Proposer):
-    """No drafter: each step verifies the bonus and the chain the sequence's n-gram
-    sources propose from its prompt and output (the best expected, see
-    ngram.NgramDrafts), cut to the length pricing.best_size gives for the source's
-    measured acceptance and the target's verify cost, or the bonus alone when none finds
-    one or none pays."""
-
-    def __init__(self, sources: Callable[[], list], n_max: int, cost=None):
-        self.sources = sources  # makes a sequence's n-gram sources (ngram.ngram_sources)
-        self.n_max = n_max
-        self.lookahead = n_max + 1
-        self.cost = cost  # verify_cost.VerifyCost (None: every draft verified whole)
-
-    def start(self, seq) -> NgramDrafts:
-        return NgramDrafts(self.sources())
-
-    def propose(self, seq, plan: Plan) -> Proposal:
-        ngram = seq.proposing
-        drafts, _, kind, plan.judged = ngram.best(seq.tokens.text, draft_room(seq, self.n_max))
-        if drafts and self.cost is not None:
-            drafts = drafts[:best_size(ngram.probs(kind, len(drafts)), self.cost.chain)]
-        return Proposal([seq.tokens.bonus] + drafts, kind=kind if drafts else None)
-
-    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(out, plan.judged)
-
-
-class MixedProposer(ChainProposer):
-    """The drafter's chain and the n-gram kinds' (`--spec-type draft-dflash,ngram-...`):
-    the drafter drafts every step; the chain verified is the one with the larger
-    expected accepted length. The drafter's estimate is its own confidence (the sum over
-    i of the product of its top-1 probabilities up to draft i, ngram.expected_chain);
-    an n-gram draft's is its source's measured per-token acceptance r over the
-    sequence's steps so far, sum of r^i (ngram.Acceptance). Neither depends on the
-    target's draws of the step, so sampled output stays exact (drafts are fixed in
-    advance and kept by the argmax rule, whichever chain is verified)."""
-
-    def __init__(self, draft, block_size: int, p_min: float, sources: Callable[[], list], n_max: int):
-        super().__init__(draft, block_size, p_min)
-        self.sources = sources  # makes a sequence's n-gram sources (ngram.ngram_sources)
-        self.n_max = n_max
-        self.lookahead = max(block_size, n_max + 1)
-
-    def start(self, seq) -> NgramDrafts:
-        return NgramDrafts(self.sources())
-
-    def fuses(self, seq) -> bool:
-        return False  # the n-gram chain is chosen after the drafter's graph
-
-    def plan(self, seq) -> Plan:
-        plan = super().plan(seq)
-        plan.decodes = False  # the n-gram chain is found after the drafter's graph
-        return plan
-
-    def propose(self, seq, plan: Plan) -> Proposal:
-        b = self._cut(seq, plan.block)
-        drafts, value, kind, plan.judged = seq.proposing.best(seq.tokens.text, draft_room(seq, self.n_max))
-        if drafts and (b < 2 or value > expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            return Proposal([seq.tokens.bonus] + drafts, kind=kind)
-        return self._chain(seq, b)
-
-    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(out, plan.judged)
-
-
-class SuffixProposer(Proposer):
-    """`--spec-type suffix`: each step the better continuation tree of the sequence's own
-    text and its corpus key's earlier requests (suffix.SuffixDrafts), at most n_max nodes,
-    no deeper than the request's and the context's room, cut to the size pricing.best_size
-    gives for its nodes' probabilities (their counts, times how far the target has gone
-    on along such drafts for this corpus key: pricing.ContinuationRate) and the target's
-    verify cost (nothing: a plain decode), verified as suffix_proposal says. Drafts are
-    fixed before the target's draws, so greedy output is the target's own and sampled
-    output is distributed as its sampling."""
-
-    def __init__(self, corpora: SuffixCorpora, key: Hashable, n_max: int, cost=None):
-        self.corpora, self.key = corpora, key
-        self.n_max = n_max
-        self.lookahead = n_max + 1
-        self.cost = cost  # verify_cost.VerifyCost (None: every tree verified whole)
-
-    def start(self, seq) -> SuffixDrafts:
-        return SuffixDrafts(self.corpora, self.key)
-
-    def propose(self, seq, plan: Plan) -> Proposal:
-        suffix, room = seq.proposing, draft_room(seq, self.n_max)
-        tree, from_corpus = suffix.best(seq, self.n_max, room) if room else (None, False)
-        if tree is not None:
-            tree, plan.judged = self._priced(suffix, tree)
-        return suffix_proposal(seq, tree, from_corpus)
-
-    def _priced(self, suffix: SuffixDrafts, tree: DraftTree) -> tuple:
-        """The tree cut to its best-priced size, and what the step's outcome is judged on:
-        that tree, or where none pays (None), the tree's first level (what the target's
-        next token says of it)."""
-        if self.cost is not None:
-            m = best_size(tree_probs(tree, suffix.rate.rate), self.cost.chain if is_chain(tree) else self.cost)
-            if m == 0:
-                return None, suffix.judge(tree, 1)
-            tree = tree.best(m)
-        return tree, suffix.judge(tree)
-
-    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(out, plan.judged)
-
-    def finish(self, seq) -> None:
-        seq.proposing.finish(seq)
-
-
-class DrafterSuffixProposer(ChainProposer):
-    """The drafter's chain and suffix's tree (`--spec-type draft-dflash,suffix`): the
-    drafter drafts every step; the step verifies the suffix tree when its expected
-    accepted drafts (the sum of its nodes' probabilities, SuffixDrafts.expected) beat
-    the drafter's chain's by its own confidence (ngram.expected_chain), else the chain.
-    Neither depends on the target's draws of the step, so sampled output stays exact."""
-
-    def __init__(self, draft, block_size: int, p_min: float, corpora: SuffixCorpora, key: Hashable, n_max: int):
-        super().__init__(draft, block_size, p_min)
-        self.corpora, self.key = corpora, key
-        self.n_max = n_max
-        self.lookahead = max(block_size, n_max + 1)
-
-    def start(self, seq) -> SuffixDrafts:
-        return SuffixDrafts(self.corpora, self.key)
-
-    def fuses(self, seq) -> bool:
-        return False  # the suffix tree is chosen after the drafter's graph
-
-    def plan(self, seq) -> Plan:
-        plan = super().plan(seq)
-        plan.decodes = False  # the suffix tree is found after the drafter's graph
-        return plan
-
-    def propose(self, seq, plan: Plan) -> Proposal:
-        b = self._cut(seq, plan.block)
-        suffix, room = seq.proposing, draft_room(seq, self.n_max)
-        tree, from_corpus = suffix.best(seq, self.n_max, room) if room else (None, False)
-        if tree is not None and (b < 2 or suffix.expected(tree) >
-                                 expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            plan.judged = suffix.judge(tree)
-            return suffix_proposal(seq, tree, from_corpus)
-        return self._chain(seq, b)
-
-    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(out, plan.judged)
-
-    def finish(self, seq) -> None:
-        seq.proposing.finish(seq)
-
-
-def suffix_proposal(seq, tree: Optional[DraftTree], from_corpus: bool) -> Proposal:
-    """A suffix tree as the target verifies it: a tree of one branch as a chain; a tree of
-    several as it is (not padded: on a CPU every row costs, and the sizes a step verifies
-    are few), or, where it does not fit the context or a grammar constrains the output,
-    its likeliest branch as a chain (cut where the grammar rejects it)."""
-    if tree is None:
-        return Proposal([seq.tokens.bonus])
-    if is_chain(tree) or seq.sampler.guided or not _fits(seq, len(tree) - 1):
-        drafts = likeliest_path(tree)
-        if seq.sampler.guided:
-            drafts = seq.sampler.grammar.draft_path(drafts)
-        return Proposal([seq.tokens.bonus] + drafts, kind=SUFFIX_KIND, corpus=from_corpus)
-    return Proposal(tree=tree, kind=SUFFIX_KIND, corpus=from_corpus)
 
 
 def _fits(seq, size: int) -> bool:

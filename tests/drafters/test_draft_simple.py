@@ -87,23 +87,26 @@ def test_greedy_output_equals_plain_greedy(files, plain, drafter, tree):
         assert sum(lengths) / len(lengths) > 2, lengths
 
 
-def test_greedy_suffix_beside_draft_simple_equals_plain_greedy(files, plain):
-    """`suffix,draft-simple`: the suffix tree where it expects to keep more drafts than the
-    small model has lately, else the small model's; the text is plain decoding's, both
-    kinds drafted, and the suffix's drafts were kept."""
+@pytest.mark.parametrize("spec_type, weightless", [
+    ("suffix,draft-simple", ("suffix",)),
+    ("draft-simple,suffix,ngram-simple", ("suffix", "ngram-simple")),
+])
+def test_greedy_weightless_kinds_beside_draft_simple_equal_plain_greedy(files, plain, spec_type, weightless):
+    """draft-simple beside the weightless kinds: their likeliest offer where it expects to
+    keep more drafts than the small model has lately, else the small model's; the text
+    is plain decoding's, the small model drafted, and the weightless drafts were kept."""
     from helpers.decoding_checks import REPEATS
 
     want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
-    with Engine(files["target"], files["q4"], spec_type="suffix,draft-simple", spec_draft_n_max=4,
-                **OPTIONS) as engine:
-        assert engine.setup.simple is not None and engine.suffix_corpora is not None
+    with Engine(files["target"], files["q4"], spec_type=spec_type, spec_draft_n_max=4, spec_ngram_simple_size_n=3,
+                spec_ngram_mod_n_match=3, spec_ngram_mod_n_min=1, **OPTIONS) as engine:
+        assert engine.setup.simple is not None
         got = engine.generate(REPEATS, 60, stop_tokens=())
         again = engine.generate(REPEATS, 60, stop_tokens=(), corpus="other")  # a key with nothing earlier
     assert got.tokens == want and again.tokens == want
     s = got.stats.drafts
-    assert s.drafted.get("suffix", 0) > 0 and s.accepted.get("suffix", 0) > 0, (s.drafted, s.accepted)
+    assert sum(s.accepted.get(kind, 0) for kind in weightless) > 0, (s.drafted, s.accepted)
     assert s.drafted.get("draft-simple", 0) > 0, s.drafted
-
 
 
 def test_every_part_of_a_step_reads_the_sequences_one_history(files):
@@ -127,23 +130,12 @@ def test_every_part_of_a_step_reads_the_sequences_one_history(files):
             text = seq.tokens.text
             assert text == prompt + out and seq.tokens.bonus == out[-1] and seq.tokens.n_past == len(text) - 1
             assert seq.sampler.history is text
-            assert seq.proposing.suffix.own.docs.get(OWN, text) is text  # indexed from the first step on
+            assert seq.proposing.weightless.suffix.own.docs.get(OWN, text) is text  # indexed from the first step on
             steps += 1
         assert engine.simple_draft.held[seq.slot].history is seq.tokens.text
-        assert seq.proposing.suffix.own.docs[OWN] is seq.tokens.text
+        assert seq.proposing.weightless.suffix.own.docs[OWN] is seq.tokens.text
         assert seq.stats.drafts.drafted.get("draft-simple", 0) > 0
     assert steps > 1 and len(out) == 40
-
-@pytest.mark.parametrize("spec_type, words", [
-    ("draft-simple,ngram-mod", "draft-simple drafts alone or beside suffix: leave out ngram-mod"),
-    ("draft-simple,suffix,ngram-simple", "suffix beside ngram-simple: choose one"),
-])
-def test_draft_simple_drafts_alone_or_beside_suffix(files, spec_type, words):
-    from dflash_gguf.config import EngineSetup
-
-    with pytest.raises(ConfigError, match=words):
-        EngineSetup.of(files["target"], files["small"], spec_type=spec_type)
-
 
 def test_the_tree_keeps_second_choices_the_chain_misses(files, plain):
     """Where the drafter's top choice is wrong and its second right, the tree keeps it:

@@ -220,7 +220,6 @@ def run(*args):
 
 
 @pytest.mark.parametrize("draft,spec_type,options,words", [
-    (None, "suffix,ngram-simple", {}, "suffix beside ngram-simple: choose one"),
     (DRAFT, "draft-dflash,suffix", {"tree_budget": 4}, "leave out --tree-budget"),
     (DRAFT, "suffix", {}, "loads no drafter file"),
 ])
@@ -265,7 +264,7 @@ def test_the_cli_drafts_from_suffix_trees():
 
 @pytest.mark.parametrize("args,words", [
     (["--spec-type", "suffix", "--spec-suffix-cache-mb", "-1"], "--spec-suffix-cache-mb: the suffix corpora's memory"),
-    (["--spec-type", "suffix,ngram-mod"], "suffix beside ngram-mod: choose one"),
+    (["--spec-type", "suffix,ngram-mod", "--spec-ngram-mod-n-match", "0"], "--spec-ngram-mod-n-match"),
 ])
 def test_the_cli_says_what_is_wrong(args, words):
     r = run("-m", TARGET, "-p", "hi", "-n", "4", "-c", "512", "-t", "1", *args)

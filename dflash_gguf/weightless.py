@@ -1,0 +1,239 @@
+"""Drafts that cost no model run: the n-gram kinds (ngram.py) over a sequence's own text,
+and suffix trees (suffix.py) over it and its corpus key's earlier requests, each enabled
+on its own or together (`--spec-type suffix,ngram-mod`). Each enabled source offers one
+draft a step (an Offer), with the chance that each of its nodes is kept:
+
+  alone (WeightlessProposer)   the offer with the most expected tokens per second at the
+                               target's verify cost by rows, cut to its best size
+                               (pricing.best_size); none, a plain decode, when no offer
+                               beats the last token alone
+  beside a drafter model       the offer with the most expected kept drafts competes with
+                               the model's chain (DrafterWeightlessProposer here, and
+                               draft_simple.SimpleWeightlessProposer)
+
+Every offer is fixed before the target's draws of its step, so greedy output is the
+target's own and sampled output is distributed as its sampling, whichever is verified.
+Every source hears how the step went, verified or not (the target's tokens say how far
+its draft would have gone), so that a source that is never chosen can earn its place."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, List, Optional, Tuple
+
+import numpy as np
+
+from .ddtree import DraftTree
+from .ngram import NgramDrafts, expected_chain
+from .pricing import best_size, tree_probs
+from .proposers import ChainProposer, Plan, Proposal, Proposer, draft_room
+from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
+
+SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.drafts: DraftCounts.count)
+
+
+@dataclass(slots=True)
+class Offer:
+    """One source's draft for a step: an n-gram kind's chain (drafts) or suffix's tree,
+    the chance that each of its nodes is kept (best-first: any first m of them make a
+    draft), the kind it is counted under, and whether it came from the corpus."""
+
+    kind: str
+    probs: np.ndarray
+    drafts: List[int] = field(default_factory=list)
+    tree: Optional[DraftTree] = None
+    corpus: bool = False
+
+    @property
+    def expected(self) -> float:
+        """Its expected kept drafts, verified whole."""
+        return float(self.probs.sum())
+
+    def priced(self, cost) -> Tuple[int, float]:
+        """(how many of its nodes pay, the expected tokens per second of a step that
+        verifies them) at the verify cost by rows (VerifyCost: a chain's, or a tree's);
+        0 nodes: the last token alone pays best."""
+        by_rows = cost.chain if self.tree is None or is_chain(self.tree) else cost
+        m = best_size(self.probs, by_rows)
+        return m, (1.0 + float(self.probs[:m].sum())) / float(np.asarray(by_rows(np.asarray([1 + m])))[0])
+
+    def cut(self, m: int) -> "Offer":
+        """The offer of its first m nodes."""
+        if m >= len(self.probs):
+            return self
+        tree = self.tree.best(m) if self.tree is not None else None
+        return Offer(self.kind, self.probs[:m], self.drafts[:m], tree, self.corpus)
+
+    def proposal(self, seq) -> Proposal:
+        """The offer as the target verifies it: a chain as it is; a tree of one branch as
+        a chain; a tree of several as it is (not padded: on a CPU every row costs, and
+        the sizes a step verifies are few), or, where it does not fit the context or a
+        grammar constrains the output, its likeliest branch as a chain (cut where the
+        grammar rejects it)."""
+        bonus, tree = seq.tokens.bonus, self.tree
+        if tree is None:
+            return Proposal([bonus] + self.drafts, kind=self.kind)
+        if is_chain(tree) or seq.sampler.guided or len(tree) > seq.room:
+            drafts = likeliest_path(tree)
+            if seq.sampler.guided:
+                drafts = seq.sampler.grammar.draft_path(drafts)
+            return Proposal([bonus] + drafts, kind=self.kind, corpus=self.corpus)
+        return Proposal(tree=tree, kind=self.kind, corpus=self.corpus)
+
+
+@dataclass(slots=True)
+class Offers:
+    """A step's offers (at most one a source), and every n-gram source's draft of the
+    step (NgramDrafts.best), which its acceptance is judged on."""
+
+    offers: List[Offer] = field(default_factory=list)
+    ngram: Optional[list] = None
+
+    def likeliest(self) -> Optional[Offer]:
+        """The offer with the most expected kept drafts (the first listed on a tie)."""
+        return max(self.offers, key=lambda o: o.expected, default=None)
+
+    def cheapest(self, cost) -> Tuple[Optional[Offer], float]:
+        """The offer with the most expected tokens per second at the verify cost, cut to
+        its best size, and that rate ((None, 0.0): no offer beats plain decoding)."""
+        best, best_rate = None, 0.0
+        for offer in self.offers:
+            m, rate = offer.priced(cost)
+            if m and rate > best_rate:
+                best, best_rate = offer.cut(m), rate
+        return best, best_rate
+
+    def judged(self, verified: Optional[Offer]) -> tuple:
+        """What the step's outcome is judged on (Weightless.observe): every n-gram
+        source's draft, and suffix's tree as far as it was verified, or, when it was not,
+        its first level (what the target's next token says of it)."""
+        suffix = next((o.tree for o in self.offers if o.tree is not None), None)
+        if verified is not None and verified.tree is not None:
+            return self.ngram, SuffixDrafts.judge(verified.tree)
+        return self.ngram, None if suffix is None else SuffixDrafts.judge(suffix, 1)
+
+
+class Weightless:
+    """A sequence's weightless sources (what the proposer keeps of it from step to step):
+    its n-gram kinds with their measured acceptance, and its suffix drafting (its own
+    text's index and its corpus key's), each None when not enabled."""
+
+    __slots__ = ("ngram", "suffix")
+
+    def __init__(self, ngram: Optional[NgramDrafts], suffix: Optional[SuffixDrafts]):
+        self.ngram, self.suffix = ngram, suffix
+
+    def offers(self, seq, n_max: int) -> Offers:
+        """Each source's offer for the step: at most n_max drafts, no deeper than the
+        request and the context have room for."""
+        step, room = Offers(), draft_room(seq, n_max)
+        if not room:
+            return step
+        if self.ngram is not None:
+            drafts, _, kind, step.ngram = self.ngram.best(seq.tokens.text, room)
+            if drafts:
+                step.offers.append(Offer(kind, self.ngram.probs(kind, len(drafts)), drafts=drafts))
+        if self.suffix is not None:
+            tree, corpus = self.suffix.best(seq, n_max, room)
+            if tree is not None:
+                step.offers.append(Offer(SUFFIX_KIND, tree_probs(tree, self.suffix.rate.rate), tree=tree,
+                                         corpus=corpus))
+        return step
+
+    def observe(self, emitted: List[int], judged: Optional[tuple]) -> None:
+        """After the step: the tokens it emitted after the bonus, and what it was judged on
+        (Offers.judged; None: nothing was asked of the sources)."""
+        if judged is None:
+            return
+        ngram, suffix = judged
+        if self.ngram is not None:
+            self.ngram.observe(emitted, ngram)
+        if self.suffix is not None:
+            self.suffix.observe(emitted, suffix)
+
+    def finish(self, seq) -> None:
+        """The sequence ended: its text goes into its corpus key's suffix corpus."""
+        if self.suffix is not None:
+            self.suffix.finish(seq)
+
+
+@dataclass(frozen=True)
+class WeightlessKinds:
+    """The weightless kinds a request drafts with: a maker of a sequence's n-gram sources
+    (ngram.ngram_sources; None: no n-gram kind), the suffix corpora and the request's
+    corpus key (corpora None: no suffix), at most n_max drafts a step."""
+
+    ngram: Optional[Callable[[], list]]
+    corpora: Optional[SuffixCorpora]
+    key: Hashable
+    n_max: int
+
+    def start(self) -> Weightless:
+        return Weightless(NgramDrafts(self.ngram()) if self.ngram is not None else None,
+                          SuffixDrafts(self.corpora, self.key) if self.corpora is not None else None)
+
+
+class WeightlessProposer(Proposer):
+    """The weightless kinds alone (`--spec-type ngram-simple`, `suffix`, `suffix,ngram-mod`
+    ...): each step the offer with the most expected tokens per second at the target's
+    measured verify cost (Offers.cheapest), cut to its best size, or the last token alone
+    when no offer pays (without a cost, every step verifies the likeliest offer whole)."""
+
+    def __init__(self, kinds: WeightlessKinds, cost=None):
+        self.kinds = kinds
+        self.lookahead = kinds.n_max + 1
+        self.cost = cost  # verify_cost.VerifyCost (None: every offer verified whole)
+
+    def start(self, seq) -> Weightless:
+        return self.kinds.start()
+
+    def propose(self, seq, plan: Plan) -> Proposal:
+        step = seq.proposing.offers(seq, self.kinds.n_max)
+        offer = step.cheapest(self.cost)[0] if self.cost is not None else step.likeliest()
+        plan.judged = step.judged(offer)
+        return offer.proposal(seq) if offer is not None else Proposal([seq.tokens.bonus])
+
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(out, plan.judged)
+
+    def finish(self, seq) -> None:
+        seq.proposing.finish(seq)
+
+
+class DrafterWeightlessProposer(ChainProposer):
+    """The drafter's chain beside the weightless kinds (`--spec-type draft-dflash,suffix`,
+    `draft-dflash,ngram-mod`, ...): the drafter drafts every step; the step verifies the
+    likeliest weightless offer when it expects to keep more drafts than the drafter's
+    chain by the drafter's own confidence (ngram.expected_chain), else the chain."""
+
+    def __init__(self, draft, block_size: int, p_min: float, kinds: WeightlessKinds):
+        super().__init__(draft, block_size, p_min)
+        self.kinds = kinds
+        self.lookahead = max(block_size, kinds.n_max + 1)
+
+    def start(self, seq) -> Weightless:
+        return self.kinds.start()
+
+    def fuses(self, seq) -> bool:
+        return False  # the offers are weighed after the drafter's graph
+
+    def plan(self, seq) -> Plan:
+        plan = super().plan(seq)
+        plan.decodes = False  # the offers are weighed after the drafter's graph
+        return plan
+
+    def propose(self, seq, plan: Plan) -> Proposal:
+        b = self._cut(seq, plan.block)
+        step = seq.proposing.offers(seq, self.kinds.n_max)
+        offer = step.likeliest()
+        if offer is not None and (b < 2 or offer.expected >
+                                  expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
+            plan.judged = step.judged(offer)
+            return offer.proposal(seq)
+        plan.judged = step.judged(None)
+        return self._chain(seq, b)
+
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(out, plan.judged)
+
+    def finish(self, seq) -> None:
+        seq.proposing.finish(seq)

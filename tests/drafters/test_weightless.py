@@ -1,0 +1,136 @@
+"""The weightless kinds together (--spec-type suffix,ngram-mod, beside a drafter model or
+alone): each step the offer that pays best at the target's verify cost, every source
+judged on every step, and greedy output equal token for token to plain decoding."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dflash_gguf.decoding import sequence_steps
+from dflash_gguf.ddtree import DraftTree
+from dflash_gguf.engine import Engine
+from dflash_gguf.generate import Request
+from dflash_gguf.suffix import SuffixDrafts
+from dflash_gguf.weightless import Offer, Offers
+
+from helpers.decoding_checks import REPEATS, FlatCost, solo_and_batched, use_cost
+from helpers.paths import ROOT
+
+DATA = ROOT / "dflash_gguf" / "data"
+TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
+OPTIONS = dict(n_ctx=512, kv_type="f32", n_threads=1)
+NGRAM = dict(spec_ngram_simple_size_n=3, spec_ngram_mod_n_match=3, spec_ngram_mod_n_min=1)
+
+
+def chain_tree(tokens, probs) -> DraftTree:
+    """A one-branch suffix tree below token 0 (its nodes' scores: log path probabilities)."""
+    n = len(tokens)
+    return DraftTree([0] + list(tokens), [-1] + list(range(n)), list(range(n + 1)),
+                     [0.0] + [float(np.log(p)) for p in probs], list(range(1, n + 1)))
+
+
+# ---- the choice -----------------------------------------------------------------------------
+
+SURE = Offer("ngram-mod", np.array([0.97]), drafts=[5])
+LONG = Offer("suffix", np.array([0.9, 0.8, 0.7, 0.6, 0.5]), tree=chain_tree([1, 2, 3, 4, 6], [0.9, 0.8, 0.7, 0.6, 0.5]))
+
+
+@pytest.mark.parametrize("per_row, kind, size", [
+    (0.0, "suffix", 5),      # free rows: the longest expectation, whole
+    (0.5, "suffix", 3),      # (1 + 2.4) / 2.5 = 1.36 beats 3.5 drafts at 3.0 and the sure one's 1.97 / 1.5
+    (0.7, "ngram-mod", 1),   # 1.97 / 1.7 = 1.16 beats the long one's best, 2.7 / 2.4 = 1.125
+    (1.0, None, 0),          # rows as dear as a step: nothing beats the last token alone
+])
+def test_the_offer_with_the_most_tokens_per_second_is_verified(per_row, kind, size):
+    cost = FlatCost(per_row)
+    chosen, rate = Offers([SURE, LONG]).cheapest(cost)
+    assert (chosen.kind if chosen else None, len(chosen.probs) if chosen else 0) == (kind, size)
+    if chosen is not None:
+        assert rate == pytest.approx((1 + chosen.probs.sum()) / cost(1 + size)) and rate > 1.0
+        if chosen.tree is not None:
+            assert len(chosen.tree) == 1 + size  # the tree itself is cut
+    assert Offers([SURE, LONG]).likeliest() is LONG  # unpriced: the likeliest, whole
+
+
+def test_every_source_is_judged_on_every_step():
+    """The n-gram sources are judged on their drafts, verified or not; suffix's tree as far
+    as it was verified, or on its first level when another offer (or none) was."""
+    step = Offers([SURE, LONG], ngram=[[5], []])
+    assert step.judged(SURE) == ([[5], []], SuffixDrafts.judge(LONG.tree, 1))
+    assert step.judged(None) == ([[5], []], (LONG.tree, 1))
+    cut = LONG.cut(2)
+    ngram, (tree, deepest) = step.judged(cut)
+    assert ngram == [[5], []] and tree is cut.tree and deepest == 2
+    assert Offers([SURE], ngram=[[5]]).judged(None) == ([[5]], None)
+
+
+# ---- decoding -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def plain():
+    with Engine(TARGET, **OPTIONS) as engine:
+        yield engine
+
+
+@pytest.fixture(autouse=True)
+def free_rows(monkeypatch):
+    use_cost(monkeypatch, 0.0)
+
+
+def test_greedy_suffix_beside_ngram_equals_plain(plain):
+    """Both kinds offer drafts each step and the better is verified: the text is plain
+    decoding's, both kinds' drafts were verified and kept, and the n-gram kind was judged
+    on steps that verified suffix's tree."""
+    want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
+    with Engine(TARGET, spec_type="suffix,ngram-simple", spec_draft_n_max=8, **NGRAM, **OPTIONS) as engine:
+        assert engine.suffix_corpora is not None and engine.setup.weightless.ngram_kinds == ("ngram-simple",)
+        seq = engine.sequence(Request(engine.encode(REPEATS), 60, stop_tokens=()))
+        got = [t for new in sequence_steps(seq) for t in new]
+        d = seq.stats.drafts
+        trials = seq.proposing.ngram.acceptance[0].trials
+    assert got == want
+    assert d.accepted.get("suffix", 0) > 0 and d.accepted.get("ngram-simple", 0) > 0, (d.drafted, d.accepted)
+    assert trials > d.drafted["ngram-simple"], "the n-gram kind was judged only where it was verified"
+
+
+@pytest.mark.parametrize("draft, spec_type", [
+    (None, "suffix,ngram-mod"),
+    (DRAFT, "draft-dflash,suffix,ngram-simple"),
+])
+def test_a_batch_of_weightless_kinds_gives_each_sequence_its_solo_text(draft, spec_type):
+    texts = [REPEATS, "def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "x = 1\nx = 1\nx ="]
+    with Engine(TARGET, draft, spec_type=spec_type, n_seq=3, spec_suffix_cache_mb=0, **NGRAM, **OPTIONS) as engine:
+        alone, outs, seqs = solo_and_batched(engine, texts, 30)
+    assert outs == alone
+    assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
+
+
+class Arms:
+    """auto's side of the choice beside draft-simple: the rate it expects of its arm."""
+
+    current = 1
+
+    def __init__(self, rate: float):
+        self.expected = rate
+
+    def rate(self, arm: int) -> float:
+        return self.expected
+
+
+@pytest.mark.parametrize("auto_rate, kept, kind", [
+    (1.2, 0.0, "suffix"),   # priced: the long offer cut to 3 (1.36 tokens a unit) beats auto's arm
+    (1.5, 0.0, None),       # auto's arm is faster: the small model's turn
+    (None, 2.0, "suffix"),  # no auto: the likeliest, where it expects more than the small model keeps
+    (None, 4.0, None),
+])
+def test_beside_draft_simple_an_offer_must_beat_the_small_models_turn(auto_rate, kept, kind):
+    from dflash_gguf.draft_simple import SimpleWeightlessProposer
+    from dflash_gguf.weightless import WeightlessKinds
+
+    auto = Arms(auto_rate) if auto_rate is not None else None
+    proposer = SimpleWeightlessProposer(None, 3, 0, 0.0, False, auto, WeightlessKinds(None, None, None, 8),
+                                        FlatCost(0.5))
+    chosen = proposer.chosen(Offers([SURE, LONG]), kept)
+    assert (chosen.kind if chosen else None) == kind
+    if auto is not None and chosen is not None:
+        assert len(chosen.probs) == 3
