@@ -7,7 +7,9 @@
  *
  * Cells: position p of slot s is row s * (R + spare) + p % R of an attention cache of R
  * rows per slot (R = n_ctx, or a windowed layer's ring), followed by `spare` rows per
- * slot that nothing reads (a drafter's padding rows write there). Fixed-size states hold
+ * slot that no committed position takes (a drafter's padding rows write there; the
+ * target's tree rows that reach past a ring's end before their positions do, see
+ * dfl_target_graph.c: ring_slot). Fixed-size states hold
  * one slice per slot along their last dimension.
  *
  * A slot's record holds what the memory holds for it: its length, and (in a memory with
@@ -75,7 +77,7 @@ typedef struct dfl_memory {
     int n_verify;   /* rows of a verify (the recurrent layers' replay memory) */
     int swa_window; /* the window of the windowed layers (0: none) */
     int swa_ring;   /* rows per slot of their caches: the window and what a call adds, at most n_ctx */
-    int spare;      /* rows per slot after a cache's ring that nothing reads */
+    int spare;      /* rows per slot after a cache's ring that no committed position takes */
     int feature_rows; /* feature rows per slot: a verify and as many lacking rows */
     int chunk_rows;   /* rows after every slot's for a call larger than a slot's (a prefill chunk) of any
                          slot, the last one's (0: none; one slot holds its chunks in its own rows) */

@@ -61,6 +61,36 @@ struct ggml_tensor * dfl_graph_attention(dfl_graph * g, int il, struct ggml_tens
     return dfl_graph_attention_sinks(g, il, q, k, v, scale, NULL);
 }
 
+/* The cache row of a call's row j (at depth d below the call's first position p) in a
+ * sliding layer's ring of R rows: (p + j) mod R, except where the row's index reaches past
+ * the ring's end while its position (p + d) does not, or the other way round. Flash
+ * attention sums the keys in row order, so a row must read the keys it sees in the order a
+ * one-row decode of its position reads them: its position's own side of the ring's end.
+ * A tree's row past the end whose position is before it takes a spare row after the ring
+ * (the ring has n_verify of them); a chain's rows (d = j) are at (p + j) mod R. */
+static int ring_slot(int p, int j, int d, int R) {
+    const int base = p % R;
+    return base + d < R ? base + j : base + j - R;
+}
+
+/* The call's row that ring_slot puts at row `slot` (-1: none). depth NULL: a chain's. */
+static int ring_row(int p, int slot, const int32_t * depth, int n, int R) {
+    const int base = p % R, a = slot - base, b = slot - base + R;
+    if (a >= 0 && a < n && base + (depth ? depth[a] : a) < R) {
+        return a;
+    }
+    if (b >= 0 && b < n && base + (depth ? depth[b] : b) >= R) {
+        return b;
+    }
+    return -1;
+}
+
+/* The cache rows a segment's attention spans in a layer of `rows` rows: its n_kv, or in a
+ * ring it has filled the ring and the spare rows after it. */
+static int attended_rows(const dfl_memory * mem, const dfl_segment * s, int rows) {
+    return s->n_kv > rows ? (rows + mem->spare < s->n_kv ? rows + mem->spare : s->n_kv) : s->n_kv;
+}
+
 struct ggml_tensor * dfl_graph_attention_sinks(dfl_graph * g, int il, struct ggml_tensor * q, struct ggml_tensor * k,
                                                struct ggml_tensor * v, float scale, struct ggml_tensor * sinks) {
     graph_build * b = g->runtime;
@@ -87,12 +117,12 @@ struct ggml_tensor * dfl_graph_attention_sinks(dfl_graph * g, int il, struct ggm
         b->v_stored[il] = vc;
     }
 
-    const int64_t rows = dfl_memory_kv_rows(mem, src);
+    const int rows = dfl_memory_kv_rows(mem, src);
     struct ggml_tensor * out = NULL;
     for (int i = 0; i < b->step->n_seg; i++) {
         const seg_build s = segment(g, i);
-        const int n_kv = ring && s.s->n_kv > mem->swa_ring ? mem->swa_ring : s.s->n_kv;
-        const size_t base = (size_t) (s.s->seq * rows) * kc->nb[1];
+        const int n_kv = attended_rows(mem, s.s, rows);
+        const size_t base = (size_t) dfl_memory_kv_base(mem, src, s.s->seq) * kc->nb[1];
         struct ggml_tensor * K = ggml_view_3d(ctx, kc, hd_k, n_head_kv, n_kv, ggml_row_size(kc->type, hd_k), kc->nb[1],
                                               base);
         struct ggml_tensor * V = ggml_view_3d(ctx, vc, hd_v, n_head_kv, n_kv, ggml_row_size(vc->type, hd_v), vc->nb[1],
@@ -579,9 +609,10 @@ static void fill_commit_inputs(dfl_target * t, const dfl_segment * seg, const se
                 continue;
             }
             const int R = ring ? mem->swa_ring : mem->n_ctx;
-            for (int k = 0; k < M; k++) {
-                src[k] = seg->seq * R + (pc->p0 + (k < pc->n_keep ? pc->path[k] : 0)) % R;
-                dst[k] = (int64_t) seg->seq * R + (pc->p0 + (k < pc->n_keep ? k : 0)) % R;
+            const int64_t base = (int64_t) seg->seq * (R + mem->spare);
+            for (int k = 0; k < M; k++) { /* the path's node k is at depth k */
+                src[k] = (int32_t) (base + (k < pc->n_keep ? ring_slot(pc->p0, pc->path[k], k, R) : pc->p0 % R));
+                dst[k] = base + (pc->p0 + (k < pc->n_keep ? k : 0)) % R;
             }
             dfl_runtime_set(&t->rt, src_in, src, 0, (size_t) M * sizeof(int32_t));
             dfl_runtime_set(&t->rt, dst_in, dst, 0, (size_t) M * sizeof(int64_t));
@@ -641,8 +672,7 @@ static void add_segment_inputs(const dfl_target * t, const dfl_segment * seg, st
     ggml_set_input(in->mask);
     in->mask_swa = NULL;
     if (t->mem.swa_window > 0) {
-        const int n_kv_swa = seg->n_kv < t->mem.swa_ring ? seg->n_kv : t->mem.swa_ring;
-        in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv_swa, n);
+        in->mask_swa = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, attended_rows(&t->mem, seg, t->mem.swa_ring), n);
         ggml_set_input(in->mask_swa);
     }
     in->conv_rows = in->tree_steps = in->branch_from = in->out_rows = in->scatter = in->conv_out = NULL;
@@ -817,8 +847,10 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const dfl_
         const int R = ring ? mem->swa_ring : mem->n_ctx;
         for (int i = 0; i < step->n_seg; i++) {
             const dfl_segment * s = &step->seg[i];
+            const int32_t * depth = s->kind == DFL_STEP_TREE ? s->tree->depth : NULL;
             for (int j = 0; j < s->n; j++) {
-                slots[s->row0 + j] = (int64_t) s->seq * R + (s->n_past + j) % R;
+                slots[s->row0 + j] = (int64_t) s->seq * (R + mem->spare) +
+                                     ring_slot(s->n_past, j, depth ? depth[j] : j, R);
             }
         }
         dfl_runtime_set(&t->rt, dst, slots, 0, (size_t) step->n_rows * sizeof(int64_t));
@@ -835,26 +867,29 @@ static void set_token_inputs(dfl_target * t, const graph_inputs * in, const dfl_
 }
 
 /* Causal for a chain; a tree node sees the context and its ancestors. In a sliding
- * layer's ring of R rows, row j holds this call's row (j - p) mod R when that is below
- * n, else position j - p mod R + p - R (none when negative); its mask hides, in addition,
- * keys `window` or more positions behind the row's own (a node's position is p + depth). */
+ * layer's ring of R rows (and its spare rows after it), the call's rows are where
+ * ring_slot puts them; any other ring row j holds position j - p mod R + p - R (none when
+ * negative), a spare row nothing; the mask hides, in addition, keys `window` or more
+ * positions behind the row's own (a node's position is p + depth). */
 static void fill_mask(dfl_target * t, const dfl_segment * s, struct ggml_tensor * dst, int window, int ring) {
     const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f);
     const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
-    const bool tree = s->kind == DFL_STEP_TREE;
-    const tree_plan * tp = s->tree;
+    const int32_t * depth = s->kind == DFL_STEP_TREE ? s->tree->depth : NULL;
+    const uint64_t * ancestors = depth ? s->tree->ancestors : NULL;
     const int p = s->n_past, n = s->n, n_kv = (int) dst->ne[0];
     for (int i = 0; i < n; i++) {
         ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
-        const int pos_i = p + (tree ? tp->depth[i] : i);
+        const int pos_i = p + (depth ? depth[i] : i);
         for (int j = 0; j < n_kv; j++) {
-            const int node = ((j - p) % ring + ring) % ring; /* this call's row, when below n */
-            const int pos_j = node < n ? p + (tree ? tp->depth[node] : node) : p + node - ring;
+            const int node = ring_row(p, j, depth, n, ring);
             bool visible;
-            if (node < n) {
-                visible = tree ? (tp->ancestors[i] >> node & 1) != 0 : node <= i;
+            int pos_j;
+            if (node >= 0) {
+                visible = depth ? (ancestors[i] >> node & 1) != 0 : node <= i;
+                pos_j = p + (depth ? depth[node] : node);
             } else {
-                visible = pos_j >= 0;
+                pos_j = p + ((j - p) % ring + ring) % ring - ring;
+                visible = j < ring && pos_j >= 0;
             }
             if (visible && window > 0) {
                 visible = pos_i - pos_j < window;

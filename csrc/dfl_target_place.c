@@ -153,10 +153,16 @@ dfl_status dfl_target_define_state(dfl_target * t) {
     }
     const dfl_memory_layout layout = { t->m.n_layer, t->m.kind, t->m.attn, &t->m.rec };
     const int call_rows = t->p.n_ubatch > t->p.n_verify ? t->p.n_ubatch : t->p.n_verify;
+    /* a sliding layer's ring keeps a verify's rows spare after it, for a tree's rows that
+     * reach past the ring's end before their positions do (dfl_target_graph.c: ring_slot) */
+    bool windowed = false;
+    for (int il = 0; il < t->m.n_layer; il++) {
+        windowed |= t->m.kind[il] == DFL_LAYER_ATTENTION && t->m.attn[il].window > 0;
+    }
     const dfl_memory_params mp = { .n_seq = t->p.n_seq, .n_ctx = t->p.n_ctx, .n_ubatch = t->p.n_ubatch,
                                    .n_verify = t->p.n_verify, .type_k = (enum ggml_type) t->p.kv_type,
                                    .type_v = (enum ggml_type) t->p.kv_type_v, .on_device = on_device,
-                                   .window_rows = call_rows, .spare = 0,
+                                   .window_rows = call_rows, .spare = windowed ? t->p.n_verify : 0,
                                    .feature_floats = t->p.n_feature_layers * t->m.n_embd,
                                    .features_on_device = output_device(t) == t->rt.dev, .state_floats = 0 };
     for (int s = 0; s < DFL_MAX_SEQ; s++) {

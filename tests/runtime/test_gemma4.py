@@ -202,13 +202,15 @@ def test_bf16_checkpoint_records_the_rounded_embedding_scale(tmp_path, convert_m
 def test_sliding_layers_keep_only_their_window(pair):
     """Own caches: three sliding layers (32-wide heads, 2 KV heads) in rings of window +
     ubatch rows, one full layer (64-wide, 1 KV head) over the whole context; the two
-    shared layers have none."""
+    shared layers have none; each cache has a verify's rows spare after it (a tree's rows
+    past a ring's end)."""
     from dflash_gguf.memory import plan_memory
 
     n_ctx, n_ubatch = 4096, 64
     plan = plan_memory(pair["target"], None, TargetConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=16, kv_type="f32"))
     row = 2 * 64 * 4  # K and V rows of 64 f32 values, in either kind of layer
-    assert sum(d.parts["kv_cache"] for d in plan.devices) == row * (3 * (WINDOW + n_ubatch) + n_ctx)
+    spare = 16
+    assert sum(d.parts["kv_cache"] for d in plan.devices) == row * (3 * (WINDOW + n_ubatch + spare) + n_ctx + spare)
 
 
 def test_drafter_sliding_layers_without_a_window_are_refused(tmp_path, capfd):

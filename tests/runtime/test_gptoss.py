@@ -321,13 +321,15 @@ def test_sampling_with_penalties_runs_under_speculation(pair):
 
 def test_sliding_layers_keep_only_their_window(pair):
     """Two sliding layers in rings of window + ubatch rows, two full layers over the
-    context."""
+    context; each cache has a verify's rows spare after it (a tree's rows past a ring's
+    end)."""
     from dflash_gguf.memory import plan_memory
 
     n_ctx, n_ubatch = 4096, 64
     plan = plan_memory(pair["target"], None, TargetConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=16, kv_type="f32"))
     row = 2 * 2 * 32 * 4  # K and V of 2 KV heads of 32 f32 values
-    assert sum(d.parts["kv_cache"] for d in plan.devices) == row * (2 * (WINDOW + n_ubatch) + 2 * n_ctx)
+    spare = 16
+    assert sum(d.parts["kv_cache"] for d in plan.devices) == row * (2 * (WINDOW + n_ubatch + spare) + 2 * (n_ctx + spare))
 
 
 # ---- bad input ------------------------------------------------------------------------------------

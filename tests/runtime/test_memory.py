@@ -254,12 +254,13 @@ def test_plan_of_the_mtp_drafter():
     assert p["draft_cache"] == n_seq * 4 * (2 * kv_row * (n_ctx + 1) + key["embedding_length"] + block)
 
 
-def gemma3_kv_bytes(c, n_ctx, n_ubatch, elem_bytes):
+def gemma3_kv_bytes(c, n_ctx, n_ubatch, elem_bytes, spare=0):
     """A Gemma 3 model's KV cache: its global layers (every interval-th) over the whole
-    context, its sliding-window layers as a ring of the window and one call's rows."""
+    context, its sliding-window layers as a ring of the window and one call's rows; every
+    layer `spare` rows after it (a verify's, for a tree's rows past a ring's end)."""
     from dflash_gguf.convert.shapes import is_global
 
-    rows = sum(n_ctx if is_global(c, il) else min(c["window"] + n_ubatch, n_ctx) for il in range(c["layers"]))
+    rows = sum(spare + (n_ctx if is_global(c, il) else min(c["window"] + n_ubatch, n_ctx)) for il in range(c["layers"]))
     return rows * 2 * c["kv_heads"] * c["head_dim"] * elem_bytes
 
 
@@ -286,8 +287,8 @@ def test_plan_of_gemma3_27b_with_a_draft_simple_drafter(tmp_path_factory, drafte
     p = dev.parts
 
     assert sum(is_g for is_g in (il % 6 == 5 for il in range(c["layers"]))) == 10  # layers 5, 11, ..., 59
-    assert p["kv_cache"] == gemma3_kv_bytes(c, n_ctx, 512, 34 / 32)
-    assert p["draft_cache"] == gemma3_kv_bytes(d, n_ctx, 512, 2)
+    assert p["kv_cache"] == gemma3_kv_bytes(c, n_ctx, 512, 34 / 32, spare=setup.target_config.n_verify)
+    assert p["draft_cache"] == gemma3_kv_bytes(d, n_ctx, 512, 2, spare=small.config.n_verify)
     assert p["target_weights"] == weights_bytes(c, "q4_k_m")
     assert p["draft_weights"] == weights_bytes(d, "q4_k_m")
     assert not any(n == "output.weight" for n, _, _ in tensor_table(c, "q4_k_m"))

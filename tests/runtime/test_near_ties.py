@@ -52,3 +52,22 @@ def test_the_parity_tool_finds_no_op_that_rounds_a_row_otherwise(real_path):
 
     result = parity.row_parity(str(real_path("qwen2.5-coder-1.5b")), "def quicksort(xs):\n    return sorted(xs)", 8)
     assert result["n_compared"] > 200 and result["first_divergence"] is None, parity.row_summary(result)
+
+
+def test_rows_past_the_end_of_a_sliding_ring_are_the_one_row_decodes_rows(real_path):
+    """Gemma 3's sliding layers keep a ring of window + call rows (512 + 16 here): verifies
+    whose rows run past the ring's end, trees whose rows reach past it before their
+    positions do (a tree at ring row 524: its depth-2 and -3 nodes' rows take the spare
+    rows after the ring, its deeper ones the ring's start), each row equal bit for bit to
+    the one-row decode's. Flash attention sums keys in cache-row order, so a tree row kept
+    at the ring's start while its position is before the end read its keys in another
+    order (experiments/near_tie_hunt.py found every row from there on differing)."""
+    path = str(real_path("gemma-3-270m"))
+    ids = Tokenizer(path).encode(inspect.getsource(textwrap), add_bos=False)
+    prompt, text, side = ids[:516], ids[516:516 + 48], ids[1000:1600]  # trees at 516, 524, 532 and 540
+    modes = ("chain-4", "chain-16", "tree", "two-seqs")
+    with Target(path, TargetConfig(n_ctx=1024, n_ubatch=16, n_verify=16, n_seq=2, n_threads=2)) as target:
+        got = invariance.hunt(target, prompt, text, side, modes=modes)
+    for r in got["modes"]:
+        assert r.ok, (f"{r.mode}: rows at text positions {r.differing[:10]} differ from one-row decoding "
+                      f"({len(r.differing)} of {r.compared})")
