@@ -73,9 +73,10 @@ static int ring_slot(int p, int j, int d, int R) {
     return base + d < R ? base + j : base + j - R;
 }
 
-/* The call's row that ring_slot puts at row `slot` (-1: none). depth NULL: a chain's. */
-static int ring_row(int p, int slot, const int32_t * depth, int n, int R) {
-    const int base = p % R, a = slot - base, b = slot - base + R;
+/* The call's row that ring_slot puts at row `slot` (-1: none), base = p mod R. depth
+ * NULL: a chain's. */
+static int ring_row(int base, int slot, const int32_t * depth, int n, int R) {
+    const int a = slot - base, b = slot - base + R;
     if (a >= 0 && a < n && base + (depth ? depth[a] : a) < R) {
         return a;
     }
@@ -876,12 +877,12 @@ static void fill_mask(dfl_target * t, const dfl_segment * s, struct ggml_tensor 
     const ggml_fp16_t minf = ggml_fp32_to_fp16(-INFINITY);
     const int32_t * depth = s->kind == DFL_STEP_TREE ? s->tree->depth : NULL;
     const uint64_t * ancestors = depth ? s->tree->ancestors : NULL;
-    const int p = s->n_past, n = s->n, n_kv = (int) dst->ne[0];
+    const int p = s->n_past, n = s->n, n_kv = (int) dst->ne[0], base = p % ring;
     for (int i = 0; i < n; i++) {
         ggml_fp16_t * row = t->host_mask + (size_t) i * n_kv;
         const int pos_i = p + (depth ? depth[i] : i);
         for (int j = 0; j < n_kv; j++) {
-            const int node = ring_row(p, j, depth, n, ring);
+            const int node = ring_row(base, j, depth, n, ring);
             bool visible;
             int pos_j;
             if (node >= 0) {
