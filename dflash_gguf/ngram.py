@@ -18,6 +18,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .pricing import RunHazard
+
 
 class _Index:
     """The n-grams of a history's positions, indexed as it grows (a subclass's _add
@@ -49,13 +51,29 @@ class NgramSimple(_Index):
     def _add(self, history, key, i):
         self._last[key] = i
 
-    def draft(self, history: List[int], n_max: int) -> List[int]:
+    def draft(self, history: List[int], n_max: int) -> Tuple[List[int], int]:
+        """(the tokens after the last n's latest earlier occurrence, the run: how far back
+        the context goes on agreeing with the text before it, at most MAX_RUN); ([], 0)
+        when there is none."""
         self.catch_up(history)
         n = self.n
         if len(history) < n or n_max < 1:
-            return []
+            return [], 0
         j = self._last.get(tuple(history[-n:]))
-        return [] if j is None else history[j + n:j + n + n_max]
+        if j is None:
+            return [], 0
+        return history[j + n:j + n + n_max], n + _agreeing_before(history, j, len(history) - n, MAX_RUN - n)
+
+
+MAX_RUN = 512  # runs are measured this far back: RunHazard's last bucket starts there
+
+
+def _agreeing_before(history: Sequence[int], a: int, b: int, limit: int) -> int:
+    """How many tokens before positions a < b agree, at most `limit`."""
+    k = 0
+    while k < limit and k < a and history[a - 1 - k] == history[b - 1 - k]:
+        k += 1
+    return k
 
 
 class NgramMod(_Index):
@@ -71,11 +89,13 @@ class NgramMod(_Index):
     def _add(self, history, key, i):
         self._next[key] = history[i + self.n]
 
-    def draft(self, history: Sequence[int], n_max: int) -> List[int]:
+    def draft(self, history: Sequence[int], n_max: int) -> Tuple[List[int], int]:
+        """(the chained tokens, the run: n, the map keeps no positions to measure it
+        further); ([], 0) when shorter than n_min."""
         self.catch_up(history)
         n = self.n
         if len(history) < n or n_max < 1:
-            return []
+            return [], 0
         key, out = tuple(history[-n:]), []
         while len(out) < n_max:
             t = self._next.get(key)
@@ -83,37 +103,7 @@ class NgramMod(_Index):
                 break
             out.append(t)
             key = key[1:] + (t,)
-        return out if len(out) >= min(self.n_min, n_max) else []
-
-
-class Acceptance:
-    """How often a source's drafts are right, per drafted token, from every step's
-    outcome (whether or not its draft was the one verified: the target's tokens say what
-    it would have kept). The estimate is the rate with one success and one failure
-    added (so a source nobody has seen yet counts as a coin flip)."""
-
-    def __init__(self):
-        self.hits = 0
-        self.trials = 0
-
-    @property
-    def rate(self) -> float:
-        return (self.hits + 1) / (self.trials + 2)
-
-    def expected(self, n: int) -> float:
-        """Expected accepted drafts of a chain of n: each kept while the ones before it
-        are, sum over i of rate^i."""
-        a = self.rate
-        return a * (1 - a ** n) / (1 - a)
-
-    def observe(self, draft: Sequence[int], emitted: Sequence[int]) -> None:
-        """The draft against the tokens the target emitted after the same bonus: every
-        position up to the first miss is a trial."""
-        for d, t in zip(draft, emitted):
-            self.trials += 1
-            if d != t:
-                return
-            self.hits += 1
+        return (out, n) if len(out) >= min(self.n_min, n_max) else ([], 0)
 
 
 def ngram_sources(kinds: Sequence[str], config) -> list:
@@ -124,39 +114,45 @@ def ngram_sources(kinds: Sequence[str], config) -> list:
 
 
 class NgramDrafts:
-    """A sequence's n-gram sources with their acceptance: each step the draft with the
-    best expected accepted length (ties: the first kind listed, llama.cpp's order), from
+    """A sequence's n-gram sources, each with its kind's RunHazard (the corpus key's,
+    pricing.RunHazards: carried from request to request): each step the draft with the
+    most expected accepted drafts (ties: the first kind listed, llama.cpp's order), from
     the sequence's history (Tokens.text: its prompt, its output, the bonus last)."""
 
-    def __init__(self, sources: Sequence[_Index]):
-        self.sources = list(sources)
-        self.acceptance = [Acceptance() for _ in self.sources]
+    def __init__(self, sources: Sequence[_Index], hazards: Sequence[RunHazard]):
+        self.sources, self.hazards = list(sources), list(hazards)
 
-    def best(self, history: Sequence[int], n_max: int) -> Tuple[List[int], float, Optional[str], List[List[int]]]:
-        """(draft, its expected accepted length, the kind that found it, every source's
-        draft): the best of the sources' drafts for the next positions ([], 0 and None
-        when none has one); observe judges every source's draft."""
-        drafts = [s.draft(history, n_max) for s in self.sources]
-        best, value, kind = [], 0.0, None
-        for source, found, acc in zip(self.sources, drafts, self.acceptance):
-            if found:
-                e = acc.expected(len(found))
-                if e > value:
-                    best, value, kind = found, e, source.kind
-        return best, value, kind, drafts
+    def best(self, history: Sequence[int], n_max: int) -> Tuple[List[int], np.ndarray, Optional[str], list]:
+        """(draft, the chance each of its tokens is kept, the kind that found it, every
+        source's (draft, run)): the best of the sources' drafts for the next positions
+        ([], no chances and None when none has one); observe judges every source's draft."""
+        found = [s.draft(history, n_max) for s in self.sources]
+        best, probs, kind = [], np.zeros(0), None
+        for source, (drafts, run), hazard in zip(self.sources, found, self.hazards):
+            if drafts:
+                p = hazard.survival(run, np.arange(1, len(drafts) + 1))
+                if p.sum() > probs.sum():
+                    best, probs, kind = drafts, p, source.kind
+        return best, probs, kind, found
 
-    def probs(self, kind: str, n: int) -> np.ndarray:
-        """The chance that each of a draft's first n tokens is kept by the kind's measured
-        acceptance: token i when it and the ones before it are right, rate^i."""
-        rate = next(a for s, a in zip(self.sources, self.acceptance) if s.kind == kind).rate
-        return rate ** np.arange(1, n + 1, dtype=np.float64)
-
-    def observe(self, emitted: Sequence[int], drafts: Optional[List[List[int]]] = None) -> None:
+    def observe(self, emitted: Sequence[int], found: Optional[list] = None) -> None:
         """After the step: the tokens it emitted after the bonus (the last is the next
-        bonus), and each source's draft of the step (best's; None: the step asked none)."""
-        for found, acc in zip(drafts or (), self.acceptance):
-            if found:
-                acc.observe(found, emitted)
+        bonus), and each source's (draft, run) of the step (best's; None: the step asked
+        none). A draft is judged as far as the emitted tokens reach."""
+        for (drafts, run), hazard in zip(found or (), self.hazards):
+            if drafts:
+                judged = drafts[:len(emitted)]
+                hazard.observe(run, _agreeing(judged, emitted), len(judged))
+
+
+def _agreeing(drafts: Sequence[int], emitted: Sequence[int]) -> int:
+    """How many of the drafts the emitted tokens agree with, from the first."""
+    k = 0
+    for d, t in zip(drafts, emitted):
+        if d != t:
+            break
+        k += 1
+    return k
 
 
 def expected_chain(top1_logprobs) -> float:

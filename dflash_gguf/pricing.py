@@ -12,7 +12,8 @@ kept (a chain's position, a tree's node in best-first order; each at most its pa
 its rate is (1 + p_1 + ... + p_m) / cost(1 + m)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Sequence
+from collections import OrderedDict
+from typing import Callable, Dict, Hashable, Sequence
 
 import numpy as np
 
@@ -29,45 +30,88 @@ def best_size(probs: Sequence[float], cost: Callable[[np.ndarray], np.ndarray]) 
     return int(np.argmax(gain / np.asarray(cost(np.arange(1, len(probs) + 2)), dtype=np.float64)))
 
 
-class ContinuationRate:
-    """How likely the target goes on along a weightless draft one token further than it
-    has: c in a node's probability count/occurrences x c^depth (tree_probs). Counts alone
-    say how an earlier text went on, not how long this one will follow it; one earlier
-    occurrence makes every node of a long chain "certain". Each verified step counts the
-    drafts the target walked through (continues) and whether it stopped short of the
-    deepest (a stop), with a prior of PRIOR (a fresh corpus key trusts a few drafts, not
-    a whole earlier reply); the counts fade to at most WEIGHT so that a changed text is
-    followed. One per corpus key (SuffixCorpora.rate), carried from request to request: a
-    tool loop's third turn drafts as long as its first two have earned."""
+class RunHazard:
+    """How likely the target breaks off a weightless draft at its next token, by the run
+    before it: how many tokens the context has gone along the text the draft copies (the
+    match's length, then each draft walked through). A long run tends to go on (a file
+    returned whole, a tool call repeated); a short match is often chance, and one rate for
+    every draft prices a copy's 40th token as unsure as its first. Runs are bucketed by
+    doubling length (1, 2-3, 4-7, ...); each bucket counts its trials (a draft token judged,
+    up to a draft's first miss) and breaks, from a prior of one break in r + 2 trials at
+    half weight, r the bucket's middle run (the rule of succession for a run of r: the
+    chance it goes one further is (r + 1) / (r + 2)), at most PRIOR_TRIALS of them (no
+    run is taken as sure), fading to WEIGHT trials a bucket so that a text that stopped
+    repeating is followed."""
 
-    PRIOR = (3.0, 1.0)
-    WEIGHT = 128.0
+    BUCKETS = 10  # the last holds every run of 512 and more
+    WEIGHT = 256.0
+    PRIOR = 0.5
+    PRIOR_TRIALS = 64.0
 
     def __init__(self):
-        self.continues, self.stops = self.PRIOR
+        middle = np.maximum(1.0, 1.5 * 2.0 ** np.arange(self.BUCKETS) - 0.5)
+        self.trials = np.minimum(self.PRIOR * (middle + 2.0), self.PRIOR_TRIALS)
+        self.breaks = np.full(self.BUCKETS, self.PRIOR)
 
-    @property
-    def rate(self) -> float:
-        return self.continues / (self.continues + self.stops)
+    def _buckets(self, runs: np.ndarray) -> np.ndarray:
+        return np.minimum(np.log2(np.maximum(runs, 1)).astype(np.int64), self.BUCKETS - 1)
 
-    def observe(self, walked: int, deepest: int) -> None:
-        """A step walked `walked` drafts of a proposal `deepest` deep (walked <= deepest)."""
-        self.continues += walked
-        self.stops += walked < deepest
-        total = self.continues + self.stops
-        if total > self.WEIGHT:
-            self.continues *= self.WEIGHT / total
-            self.stops *= self.WEIGHT / total
+    def survival(self, run: int, depths) -> np.ndarray:
+        """The chance that the target walks a draft down to each of `depths` (1: the first
+        draft token) from a run of `run`: the product of going on at every run before."""
+        depths = np.asarray(depths, dtype=np.int64)
+        if depths.size == 0:
+            return np.zeros(0)
+        deepest = int(depths.max())
+        b = self._buckets(run + np.arange(deepest))
+        goes_on = np.cumprod(1.0 - self.breaks[b] / self.trials[b])
+        return goes_on[depths - 1]
+
+    def observe(self, run: int, walked: int, deepest: int) -> None:
+        """A step walked `walked` drafts of a draft `deepest` deep from a run of `run`:
+        every depth up to the first miss is a trial, the miss a break."""
+        judged = min(walked + 1, deepest)
+        b = self._buckets(run + np.arange(judged))
+        np.add.at(self.trials, b, 1.0)
+        if walked < deepest:
+            self.breaks[b[-1]] += 1.0
+        over = self.trials > self.WEIGHT
+        if over.any():
+            scale = self.WEIGHT / self.trials[over]
+            self.trials[over] *= scale
+            self.breaks[over] *= scale
 
 
-def tree_probs(tree: DraftTree, rate: float) -> np.ndarray:
+class RunHazards:
+    """Each corpus key's RunHazard per weightless kind, carried from request to request
+    (a tool loop's third turn drafts as long as its first two have earned; an Engine's
+    requests without a key share one key's, None), another key's never touched: how long
+    a key's drafts run is learnt from its own requests only. At most MAX_KEYS keys are
+    kept, the least recently used dropped first."""
+
+    MAX_KEYS = 4096
+
+    def __init__(self):
+        self._keys: "OrderedDict[Hashable, Dict[str, RunHazard]]" = OrderedDict()
+
+    def get(self, key: Hashable, kind: str) -> RunHazard:
+        kinds = self._keys.get(key)
+        if kinds is None:
+            kinds = self._keys[key] = {}
+            if len(self._keys) > self.MAX_KEYS:
+                self._keys.popitem(last=False)
+        self._keys.move_to_end(key)
+        return kinds.setdefault(kind, RunHazard())
+
+
+def tree_probs(tree: DraftTree, hazard: RunHazard, run: int) -> np.ndarray:
     """A suffix tree's nodes' probabilities of being kept, in best-first order: their
     paths' count over the occurrences (the scores are those log-probabilities) times the
-    continuation rate to the power of their depth."""
+    chance that the target goes on along the match that far (RunHazard.survival)."""
     order = tree.pick_order
     scores = np.asarray([tree.scores[i] for i in order], dtype=np.float64)
-    depths = np.asarray([tree.depths[i] for i in order], dtype=np.float64)
-    return np.exp(scores) * rate ** depths
+    depths = np.asarray([tree.depths[i] for i in order], dtype=np.int64)
+    return np.exp(scores) * hazard.survival(run, depths)
 
 
 def walk_depth(tree: DraftTree, emitted: Sequence[int]) -> int:

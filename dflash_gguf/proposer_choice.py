@@ -12,6 +12,7 @@ from .budget import AutoBudget, AutoMemory
 from .draft_simple import SimpleProposer, SimpleWeightlessProposer
 from .generate import Request
 from .ngram import ngram_sources
+from .pricing import RunHazards
 from .proposers import PlainProposer
 from .sampling import RULES, SamplingParams
 from .speculative import chain_proposer, tree_proposer
@@ -29,6 +30,7 @@ class ProposerChoice:
         self.n_threads, self.draft_p_min = engine.n_threads, engine.draft_p_min
         self.verify_cost: Optional[VerifyCost] = None
         self.autos: Dict[Optional[tuple], AutoMemory] = {}
+        self.hazards = RunHazards()  # every corpus key's, for the weightless kinds
 
     @property
     def block(self) -> int:
@@ -129,7 +131,8 @@ class ProposerChoice:
         if not weightless.ngram_kinds and self.suffix_corpora is None:
             return None
         sources = partial(ngram_sources, weightless.ngram_kinds, weightless.ngram) if weightless.ngram_kinds else None
-        return WeightlessKinds(sources, self.suffix_corpora, request.corpus, weightless.spec_draft_n_max)
+        return WeightlessKinds(sources, self.suffix_corpora, request.corpus, weightless.spec_draft_n_max,
+                               self.hazards)
 
     def flush(self) -> None:
         """Store what `auto` learnt (auto_store), for the next process on these files."""

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .ddtree import DraftTree
-from .pricing import ContinuationRate, tree_probs, walk_depth
+from .pricing import RunHazard, tree_probs, walk_depth
 
 # Host memory an indexed token costs, for --spec-suffix-cache-mb: an estimate, measured
 # with tracemalloc over documents of random tokens (about 420 bytes at k = 2, with 1k or
@@ -227,12 +229,6 @@ class SuffixCorpora:
         self._next_doc = 0
         self.tokens = 0  # indexed tokens, all keys
         self.evicted = 0  # documents dropped to stay in the bound
-        self._rates: Dict[Hashable, ContinuationRate] = {}
-
-    def rate(self, key: Hashable) -> ContinuationRate:
-        """How far the target has gone on along the key's drafts (shared by its requests;
-        another key's never changes it)."""
-        return self._rates.setdefault(key, ContinuationRate())
 
     @property
     def nbytes(self) -> int:
@@ -290,13 +286,13 @@ class SuffixDrafts:
     """A sequence's suffix drafting: its own text, indexed as it grows, and its corpus
     key's earlier requests. Each step the better of the two trees (the larger expected
     accepted drafts, expected); the tree whose outcome a step is judged on (judge) tells
-    the key's continuation rate how far the target went along it; when the sequence ends,
-    its prompt and output go into the key's corpus."""
+    the key's RunHazard how far the target went along it; when the sequence ends, its
+    prompt and output go into the key's corpus."""
 
-    def __init__(self, corpora: SuffixCorpora, key: Hashable):
+    def __init__(self, corpora: SuffixCorpora, key: Hashable, hazard: RunHazard):
         self.corpora, self.key, self.config = corpora, key, corpora.config
         self.own = SuffixIndex(self.config.min_match)
-        self.rate = corpora.rate(key)
+        self.hazard = hazard  # the key's, pricing.RunHazards
 
     def text(self, seq) -> List[int]:
         """The sequence's text (Tokens.text: its prompt, its output, the bonus last), its
@@ -304,37 +300,39 @@ class SuffixDrafts:
         self.own.follow(OWN, seq.tokens.text)
         return seq.tokens.text
 
-    def expected(self, tree: Optional[DraftTree]) -> float:
-        """A tree's expected accepted drafts: the sum of its nodes' probabilities (their
-        counts times the key's continuation rate by depth, pricing.tree_probs)."""
-        return 0.0 if tree is None else float(tree_probs(tree, self.rate.rate).sum())
+    def probs(self, tree: Optional[DraftTree], match: Optional[Match]) -> np.ndarray:
+        """A tree's nodes' chances of being kept, best-first (their counts times the
+        chance that the target goes on along the match that far, pricing.tree_probs)."""
+        return np.zeros(0) if tree is None else tree_probs(tree, self.hazard, match.length)
 
-    def best(self, seq, budget: int, max_depth: int) -> Tuple[Optional[DraftTree], bool]:
-        """(the better tree, whether it came from the corpus); (None, False): neither
-        found a match."""
+    def best(self, seq, budget: int, max_depth: int) -> Tuple[Optional[DraftTree], np.ndarray, int, bool]:
+        """(the tree with the more expected accepted drafts, its nodes' chances, its
+        match's length, whether it came from the corpus); (None, ...): neither found one."""
         text = self.text(seq)
-        tree, _ = draft_tree(self.own, text, budget, max_depth, self.config)
+        tree, match = draft_tree(self.own, text, budget, max_depth, self.config)
+        probs = self.probs(tree, match)
         corpus = self.corpora.index(self.key)
         if corpus is not None:
-            other, match = draft_tree(corpus, text, budget, max_depth, self.config)
-            if self.expected(other) > self.expected(tree):
-                self.corpora.used(self.key, (doc for doc, _ in match.at))
-                return other, True
-        return tree, False
+            other, found = draft_tree(corpus, text, budget, max_depth, self.config)
+            theirs = self.probs(other, found)
+            if theirs.sum() > probs.sum():
+                self.corpora.used(self.key, (doc for doc, _ in found.at))
+                return other, theirs, found.length, True
+        return tree, probs, match.length if tree is not None else 0, False
 
     @staticmethod
-    def judge(tree: DraftTree, deepest: Optional[int] = None) -> Tuple[DraftTree, int]:
-        """What this step's outcome counts against (observe's `judged`): `tree` down to
-        `deepest` (default: all of it), the tree verified, or one not verified at all,
-        judged on its first level."""
-        return tree, max(tree.depths) if deepest is None else deepest
+    def judge(tree: DraftTree, run: int, deepest: Optional[int] = None) -> Tuple[DraftTree, int, int]:
+        """What this step's outcome counts against (observe's `judged`): `tree`, drafted
+        from a match of `run` tokens, down to `deepest` (default: all of it), the tree
+        verified, or one not verified at all, judged on its first level."""
+        return tree, run, max(tree.depths) if deepest is None else deepest
 
     def observe(self, emitted: Sequence[int], judged: Optional[Tuple[DraftTree, int]] = None) -> None:
         """After a step: the tokens it emitted after the bonus (the last is the next
         bonus), and what the step was judged on (judge; None: nothing)."""
         if judged is not None:
-            tree, deepest = judged
-            self.rate.observe(min(deepest, walk_depth(tree, emitted)), deepest)
+            tree, run, deepest = judged
+            self.hazard.observe(run, min(deepest, walk_depth(tree, emitted)), deepest)
 
     def finish(self, seq) -> None:
         """The sequence ended: its prompt and what the request kept of its output go into

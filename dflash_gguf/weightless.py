@@ -24,7 +24,7 @@ import numpy as np
 
 from .ddtree import DraftTree
 from .ngram import NgramDrafts, expected_chain
-from .pricing import best_size, tree_probs
+from .pricing import RunHazards, best_size
 from .proposers import ChainProposer, Plan, Proposal, Proposer, draft_room
 from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
 
@@ -35,13 +35,15 @@ SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStat
 class Offer:
     """One source's draft for a step: an n-gram kind's chain (drafts) or suffix's tree,
     the chance that each of its nodes is kept (best-first: any first m of them make a
-    draft), the kind it is counted under, and whether it came from the corpus."""
+    draft), the kind it is counted under, whether it came from the corpus, and the run
+    it was drafted from (pricing.RunHazard)."""
 
     kind: str
     probs: np.ndarray
     drafts: List[int] = field(default_factory=list)
     tree: Optional[DraftTree] = None
     corpus: bool = False
+    run: int = 0
 
     @property
     def expected(self) -> float:
@@ -61,7 +63,7 @@ class Offer:
         if m >= len(self.probs):
             return self
         tree = self.tree.best(m) if self.tree is not None else None
-        return Offer(self.kind, self.probs[:m], self.drafts[:m], tree, self.corpus)
+        return Offer(self.kind, self.probs[:m], self.drafts[:m], tree, self.corpus, self.run)
 
     def proposal(self, seq) -> Proposal:
         """The offer as the target verifies it: a chain as it is; a tree of one branch as
@@ -106,15 +108,15 @@ class Offers:
         """What the step's outcome is judged on (Weightless.observe): every n-gram
         source's draft, and suffix's tree as far as it was verified, or, when it was not,
         its first level (what the target's next token says of it)."""
-        suffix = next((o.tree for o in self.offers if o.tree is not None), None)
+        suffix = next((o for o in self.offers if o.tree is not None), None)
         if verified is not None and verified.tree is not None:
-            return self.ngram, SuffixDrafts.judge(verified.tree)
-        return self.ngram, None if suffix is None else SuffixDrafts.judge(suffix, 1)
+            return self.ngram, SuffixDrafts.judge(verified.tree, verified.run)
+        return self.ngram, None if suffix is None else SuffixDrafts.judge(suffix.tree, suffix.run, 1)
 
 
 class Weightless:
     """A sequence's weightless sources (what the proposer keeps of it from step to step):
-    its n-gram kinds with their measured acceptance, and its suffix drafting (its own
+    its n-gram kinds with their run hazards, and its suffix drafting (its own
     text's index and its corpus key's), each None when not enabled."""
 
     __slots__ = ("ngram", "suffix")
@@ -129,14 +131,13 @@ class Weightless:
         if not room:
             return step
         if self.ngram is not None:
-            drafts, _, kind, step.ngram = self.ngram.best(seq.tokens.text, room)
+            drafts, probs, kind, step.ngram = self.ngram.best(seq.tokens.text, room)
             if drafts:
-                step.offers.append(Offer(kind, self.ngram.probs(kind, len(drafts)), drafts=drafts))
+                step.offers.append(Offer(kind, probs, drafts=drafts))
         if self.suffix is not None:
-            tree, corpus = self.suffix.best(seq, n_max, room)
+            tree, probs, run, corpus = self.suffix.best(seq, n_max, room)
             if tree is not None:
-                step.offers.append(Offer(SUFFIX_KIND, tree_probs(tree, self.suffix.rate.rate), tree=tree,
-                                         corpus=corpus))
+                step.offers.append(Offer(SUFFIX_KIND, probs, tree=tree, corpus=corpus, run=run))
         return step
 
     def observe(self, emitted: List[int], judged: Optional[tuple]) -> None:
@@ -160,16 +161,23 @@ class Weightless:
 class WeightlessKinds:
     """The weightless kinds a request drafts with: a maker of a sequence's n-gram sources
     (ngram.ngram_sources; None: no n-gram kind), the suffix corpora and the request's
-    corpus key (corpora None: no suffix), at most n_max drafts a step."""
+    corpus key (corpora None: no suffix), at most n_max drafts a step, and every key's
+    hazards by kind (RunHazards: how long the key's drafts have run)."""
 
     ngram: Optional[Callable[[], list]]
     corpora: Optional[SuffixCorpora]
     key: Hashable
     n_max: int
+    hazards: RunHazards
 
     def start(self) -> Weightless:
-        return Weightless(NgramDrafts(self.ngram()) if self.ngram is not None else None,
-                          SuffixDrafts(self.corpora, self.key) if self.corpora is not None else None)
+        ngram = suffix = None
+        if self.ngram is not None:
+            sources = self.ngram()
+            ngram = NgramDrafts(sources, [self.hazards.get(self.key, s.kind) for s in sources])
+        if self.corpora is not None:
+            suffix = SuffixDrafts(self.corpora, self.key, self.hazards.get(self.key, SUFFIX_KIND))
+        return Weightless(ngram, suffix)
 
 
 class WeightlessProposer(Proposer):

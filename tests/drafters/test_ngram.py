@@ -14,7 +14,8 @@ import pytest
 
 from dflash_gguf.engine import Engine
 from dflash_gguf.generate import GenerationStats
-from dflash_gguf.ngram import Acceptance, NgramMod, NgramSimple
+from dflash_gguf.ngram import MAX_RUN, NgramDrafts, NgramMod, NgramSimple
+from dflash_gguf.pricing import RunHazard
 from dflash_gguf.sampling import SamplingParams
 
 from helpers.decoding_checks import REPEATS, solo_and_batched, use_cost
@@ -32,21 +33,43 @@ OPTIONS = dict(n_ctx=512, kv_type="f32", n_threads=1)
 def test_the_sources_draft_what_followed_the_last_tokens():
     history = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2]  # a sequence's, read where it is as it grows
     simple = NgramSimple(2)
-    assert simple.draft(history, 8) == [5, 6, 1, 2]  # the latest earlier occurrence of (1, 2)
-    assert simple.draft(history, 1) == [5]
+    assert simple.draft(history, 8) == ([5, 6, 1, 2], 2)  # the latest earlier occurrence of (1, 2)
+    assert simple.draft(history, 1) == ([5], 2)
     history.append(9)
-    assert simple.draft(history, 8) == []  # (2, 9) never occurred before
+    assert simple.draft(history, 8) == ([], 0)  # (2, 9) never occurred before
     mod = NgramMod(2, n_min=3)
-    assert mod.draft([7, 8, 9, 7, 8, 9, 7, 8], 5) == [9, 7, 8, 9, 7]  # chained through its own drafts
-    assert NgramMod(2, n_min=3).draft([7, 8], 5) == []
+    assert mod.draft([7, 8, 9, 7, 8, 9, 7, 8], 5) == ([9, 7, 8, 9, 7], 2)  # chained through its own drafts
+    assert NgramMod(2, n_min=3).draft([7, 8], 5) == ([], 0)
     short, history = NgramMod(2, n_min=3), [1, 2, 3, 1, 2, 4, 4, 1, 2]
-    assert short.draft(history, 5) == [4, 4, 1, 2, 4]  # the last token to follow (1, 2) wins
+    assert short.draft(history, 5) == ([4, 4, 1, 2, 4], 2)  # the last token to follow (1, 2) wins
     history += [5, 6, 1, 2]
-    assert short.draft(history, 5) == [5, 6, 1, 2, 5]
-    acc = Acceptance()
-    assert acc.expected(4) == pytest.approx(0.5 + 0.25 + 0.125 + 0.0625)
-    acc.observe([1, 2, 3], [1, 2, 9, 4])  # two kept, the third missed
-    assert (acc.hits, acc.trials) == (2, 3)
+    assert short.draft(history, 5) == ([5, 6, 1, 2, 5], 2)
+
+
+def test_ngram_simple_measures_how_far_back_its_match_runs():
+    """The run a draft is priced by: the n-gram and every agreeing token before it."""
+    history = [9, 5, 1, 2, 3, 7, 8, 6, 5, 1, 2, 3]
+    assert NgramSimple(2).draft(history, 3) == ([7, 8, 6], 4)  # 5 1 2 3 agree, 9 and 6 do not
+    copy = list(range(100, 400))
+    assert NgramSimple(2).draft(copy + copy[:-1], 2) == ([399, 100], 299)  # a copy 299 tokens long so far
+    copy = list(range(100, 100 + 2 * MAX_RUN))
+    assert NgramSimple(2).draft(copy + copy, 2)[1] == MAX_RUN  # measured no further
+
+
+def test_ngram_drafts_are_judged_by_their_runs():
+    """Every source's draft is judged on the emitted tokens it reaches, and a long run's
+    draft is priced likelier than a short one's."""
+    drafts = NgramDrafts([NgramSimple(2)], [RunHazard()])
+    history = [4, 1, 2, 3, 9, 9, 1, 2]
+    best, probs, kind, found = drafts.best(history, 4)
+    assert (best, kind, found) == ([3, 9, 9, 1], "ngram-simple", [([3, 9, 9, 1], 2)])
+    assert list(probs) == sorted(probs, reverse=True) and 0 < probs[-1] < probs[0] < 1
+    trials = drafts.hazards[0].trials.copy()
+    drafts.observe([3, 9, 5], found)  # two kept, the third missed
+    assert drafts.hazards[0].trials.sum() == pytest.approx(trials.sum() + 3)
+    long = NgramDrafts([NgramSimple(2)], [RunHazard()])
+    copy = list(range(100, 200))
+    assert long.best(copy + copy[:50], 4)[1][0] > probs[0]
 
 
 @pytest.fixture(scope="module")

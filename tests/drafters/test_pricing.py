@@ -1,13 +1,13 @@
 """Weightless drafts priced against plain decoding (dflash_gguf/pricing.py): the size
 with the most expected tokens per second, nothing when no size beats the last token
-alone, the continuation rate that discounts deep drafts, and the walk that says how
+alone, the hazard by run that discounts deep drafts, and the walk that says how
 many of a tree's nodes the target's tokens keep."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from dflash_gguf.pricing import ContinuationRate, best_size, tree_probs, walk_depth
+from dflash_gguf.pricing import RunHazard, best_size, tree_probs, walk_depth
 from dflash_gguf.suffix import continuation_tree
 
 
@@ -37,35 +37,44 @@ def test_no_drafts_no_rows():
     assert best_size([], linear(1.0, 0.0)) == 0
 
 
-def test_the_continuation_rate_counts_walks_and_stops_and_fades():
-    r = ContinuationRate()
-    assert r.rate == pytest.approx(3 / 4)  # the prior: a few drafts, not a whole earlier reply
-    r.observe(walked=8, deepest=8)  # the target went through the whole chain
-    assert r.rate == pytest.approx(11 / 12)
-    r.observe(walked=0, deepest=8)  # it stopped at the first draft
-    assert r.rate == pytest.approx(11 / 13)
-    for _ in range(200):
-        r.observe(walked=0, deepest=4)
-    assert r.continues + r.stops == pytest.approx(ContinuationRate.WEIGHT)
-    assert r.rate < 0.1  # old walks fade: a text that stopped repeating is followed
+def test_the_hazard_counts_walks_and_breaks_by_run_and_fades():
+    h = RunHazard()
+    fresh = h.survival(12, [1, 8, 40])
+    # the prior: a run of r goes one further with chance about (r + 1) / (r + 2)
+    assert fresh[0] == pytest.approx(1 - 1 / (1.5 * 8 - 0.5 + 2))
+    assert list(fresh) == sorted(fresh, reverse=True)
+    assert h.survival(200, [1])[0] > h.survival(2, [1])[0]  # a long run is likelier to go on
+    h.observe(run=12, walked=8, deepest=8)  # the target went through the whole chain
+    assert h.breaks.sum() == pytest.approx(RunHazard.PRIOR * RunHazard.BUCKETS)
+    assert h.survival(12, [8])[0] > fresh[1]
+    h.observe(run=12, walked=0, deepest=8)  # it broke off at the first draft
+    assert h.survival(12, [1])[0] < fresh[0]
+    for _ in range(400):
+        h.observe(run=12, walked=0, deepest=4)
+    assert h.trials.max() == pytest.approx(RunHazard.WEIGHT)
+    assert h.survival(12, [1])[0] < 0.1  # old walks fade: a text that stopped repeating is followed
+    assert h.survival(1000, [1])[0] == RunHazard().survival(1000, [1])[0]  # other runs' buckets untouched
 
 
-def test_tree_probs_are_counts_over_occurrences_times_the_rate_by_depth():
+def test_tree_probs_are_counts_over_occurrences_times_the_survival_by_depth():
     tree = continuation_tree(7, [[1, 2, 3], [1, 2, 4], [1, 5, 6], [9, 9, 9]], budget=8, min_prob=0.1)
-    probs = tree_probs(tree, 1.0)
-    assert probs[0] == pytest.approx(0.75)  # token 1 follows three of the four occurrences
-    assert list(probs) == sorted(probs, reverse=True)
+    h = RunHazard()
+    probs = tree_probs(tree, h, 6)
     depths = np.array([tree.depths[i] for i in tree.pick_order])
-    assert tree_probs(tree, 0.5) == pytest.approx(probs * 0.5 ** depths)
+    assert probs == pytest.approx(np.array([np.exp(tree.scores[i]) for i in tree.pick_order])
+                                  * h.survival(6, depths))
+    assert probs[0] == pytest.approx(0.75 * h.survival(6, [1])[0])  # token 1 follows three of the four
 
 
-def test_one_earlier_occurrence_no_longer_prices_a_long_chain_as_certain():
-    """A 40-token chain from one occurrence: at rate 1 pricing verifies all of it on a
-    CPU-like cost, at the prior's rate a few drafts."""
+def test_one_earlier_occurrence_prices_a_long_chain_by_its_match():
+    """A 40-token chain from one occurrence: certain, pricing verifies all of it on a
+    CPU-like cost; from a match of 2 tokens a few drafts, from a match of 64 more."""
     tree = continuation_tree(7, [list(range(100, 140))], budget=48, min_prob=0.1)
     cost = linear(1.0, 0.15)
-    assert best_size(tree_probs(tree, 1.0), cost) == 40
-    assert 1 <= best_size(tree_probs(tree, ContinuationRate().rate), cost) <= 6
+    h = RunHazard()
+    assert best_size(np.exp([tree.scores[i] for i in tree.pick_order]), cost) == 40
+    short = best_size(tree_probs(tree, h, 2), cost)
+    assert 1 <= short <= 6 < best_size(tree_probs(tree, h, 64), cost)
 
 
 def test_walk_depth_follows_the_targets_tokens_down_the_tree():

@@ -9,11 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dflash_gguf import decoding
 from dflash_gguf.engine import Engine
-from dflash_gguf.pricing import tree_probs
+from dflash_gguf.pricing import RunHazards
 from dflash_gguf.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
                                 corpus_key, draft_tree, is_chain, likeliest_path)
 
@@ -64,7 +65,7 @@ def test_the_tree_counts_continuations_and_scores_by_frequency():
     assert probs[(5, 6, 7)] == pytest.approx(1 / 4) and probs[(4,)] == pytest.approx(1 / 4)
     assert [tree.tokens[i] for i in tree.pick_order[:2]] == [5, 6]  # best first
     assert all(tree.parents[i] < i for i in range(1, len(tree)))
-    assert tree_probs(tree, 1.0).sum() == pytest.approx((3 + 2 + 1 + 1 + 1 + 1) / 4)
+    assert np.exp(tree.scores[1:]).sum() == pytest.approx((3 + 2 + 1 + 1 + 1 + 1) / 4)
     assert likeliest_path(tree) == [5, 6, 7]
     # a budget keeps the likeliest nodes, a floor drops the unlikely ones
     assert sorted(continuation_tree(0, conts, 2, 0.0).paths()) == [[], [5], [5, 6]]
@@ -117,15 +118,23 @@ def test_corpus_keys_are_isolated_and_hashed():
     assert corpus_key(None) is None and corpus_key("") is None
 
 
-def test_each_corpus_key_learns_its_own_continuation_rate():
+def test_each_corpus_key_learns_its_own_hazards():
     """How long a key's drafts are verified follows its own requests' outcomes only: one
-    key's walks leave another's rate (and the keyless corpus's) as it was."""
-    corpora = SuffixCorpora(SuffixConfig())
+    key's walks leave another's hazards (and the keyless requests') as they were; a key
+    keeps one per kind; past MAX_KEYS the least recently used key's go."""
+    hazards = RunHazards()
     a, b = corpus_key("alpha"), corpus_key("beta")
-    assert corpora.rate(a) is corpora.rate(a) and corpora.rate(a) is not corpora.rate(b)
-    before = corpora.rate(b).rate
-    corpora.rate(a).observe(walked=20, deepest=20)
-    assert corpora.rate(a).rate > before == corpora.rate(b).rate == corpora.rate(None).rate
+    assert hazards.get(a, "suffix") is hazards.get(a, "suffix")
+    assert hazards.get(a, "suffix") is not hazards.get(b, "suffix")
+    assert hazards.get(a, "suffix") is not hazards.get(a, "ngram-simple")
+    before = hazards.get(b, "suffix").survival(4, [20])[0]
+    hazards.get(a, "suffix").observe(run=4, walked=20, deepest=20)
+    assert hazards.get(a, "suffix").survival(4, [20])[0] > before
+    assert before == hazards.get(b, "suffix").survival(4, [20])[0] == hazards.get(None, "suffix").survival(4, [20])[0]
+    kept = hazards.get(a, "suffix")
+    for i in range(RunHazards.MAX_KEYS):
+        hazards.get(i, "suffix")
+    assert hazards.get(a, "suffix") is not kept
 
 
 # ---- decoding -------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ def chain_tree(tokens, probs) -> DraftTree:
 # ---- the choice -----------------------------------------------------------------------------
 
 SURE = Offer("ngram-mod", np.array([0.97]), drafts=[5])
-LONG = Offer("suffix", np.array([0.9, 0.8, 0.7, 0.6, 0.5]), tree=chain_tree([1, 2, 3, 4, 6], [0.9, 0.8, 0.7, 0.6, 0.5]))
+LONG = Offer("suffix", np.array([0.9, 0.8, 0.7, 0.6, 0.5]), tree=chain_tree([1, 2, 3, 4, 6], [0.9, 0.8, 0.7, 0.6, 0.5]),
+             run=6)
 
 
 @pytest.mark.parametrize("per_row, kind, size", [
@@ -55,13 +56,13 @@ def test_the_offer_with_the_most_tokens_per_second_is_verified(per_row, kind, si
 def test_every_source_is_judged_on_every_step():
     """The n-gram sources are judged on their drafts, verified or not; suffix's tree as far
     as it was verified, or on its first level when another offer (or none) was."""
-    step = Offers([SURE, LONG], ngram=[[5], []])
-    assert step.judged(SURE) == ([[5], []], SuffixDrafts.judge(LONG.tree, 1))
-    assert step.judged(None) == ([[5], []], (LONG.tree, 1))
+    step = Offers([SURE, LONG], ngram=[([5], 3), ([], 0)])
+    assert step.judged(SURE) == (step.ngram, SuffixDrafts.judge(LONG.tree, LONG.run, 1))
+    assert step.judged(None) == (step.ngram, (LONG.tree, LONG.run, 1))
     cut = LONG.cut(2)
-    ngram, (tree, deepest) = step.judged(cut)
-    assert ngram == [[5], []] and tree is cut.tree and deepest == 2
-    assert Offers([SURE], ngram=[[5]]).judged(None) == ([[5]], None)
+    ngram, (tree, run, deepest) = step.judged(cut)
+    assert ngram == step.ngram and tree is cut.tree and (run, deepest) == (LONG.run, 2)
+    assert Offers([SURE], ngram=[([5], 3)]).judged(None) == ([([5], 3)], None)
 
 
 # ---- decoding -------------------------------------------------------------------------------
@@ -79,18 +80,28 @@ def free_rows(monkeypatch):
 
 def test_greedy_suffix_beside_ngram_equals_plain(plain):
     """Both kinds offer drafts each step and the better is verified: the text is plain
-    decoding's, both kinds' drafts were verified and kept, and the n-gram kind was judged
-    on steps that verified suffix's tree."""
+    decoding's, both kinds' drafts were verified and kept, and a kind was judged on steps
+    that verified the other's draft."""
     want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
     with Engine(TARGET, spec_type="suffix,ngram-simple", spec_draft_n_max=8, **NGRAM, **OPTIONS) as engine:
         assert engine.suffix_corpora is not None and engine.setup.weightless.ngram_kinds == ("ngram-simple",)
         seq = engine.sequence(Request(engine.encode(REPEATS), 60, stop_tokens=()))
-        got = [t for new in sequence_steps(seq) for t in new]
-        d = seq.stats.drafts
-        trials = seq.proposing.ngram.acceptance[0].trials
+        d, got, aside = seq.stats.drafts, [], {"ngram-simple": 0, "suffix": 0}
+        hazards = {"ngram-simple": seq.proposing.ngram.hazards[0], "suffix": seq.proposing.suffix.hazard}
+
+        def judged():  # per kind: its hazard's trials, the tokens it has had verified
+            return {k: (h.trials.sum(), d.drafted.get(k, 0)) for k, h in hazards.items()}
+
+        before = judged()
+        for new in sequence_steps(seq):  # each step runs as the loop asks for it
+            got += new
+            after = judged()
+            for k in aside:
+                aside[k] += after[k][0] != before[k][0] and after[k][1] == before[k][1]
+            before = after
     assert got == want
     assert d.accepted.get("suffix", 0) > 0 and d.accepted.get("ngram-simple", 0) > 0, (d.drafted, d.accepted)
-    assert trials > d.drafted["ngram-simple"], "the n-gram kind was judged only where it was verified"
+    assert sum(aside.values()) > 0, "a kind was judged only where it was verified"
 
 
 @pytest.mark.parametrize("draft, spec_type", [
@@ -125,10 +136,11 @@ class Arms:
 ])
 def test_beside_draft_simple_an_offer_must_beat_the_small_models_turn(auto_rate, kept, kind):
     from dflash_gguf.draft_simple import SimpleWeightlessProposer
+    from dflash_gguf.pricing import RunHazards
     from dflash_gguf.weightless import WeightlessKinds
 
     auto = Arms(auto_rate) if auto_rate is not None else None
-    proposer = SimpleWeightlessProposer(None, 3, 0, 0.0, False, auto, WeightlessKinds(None, None, None, 8),
+    proposer = SimpleWeightlessProposer(None, 3, 0, 0.0, False, auto, WeightlessKinds(None, None, None, 8, RunHazards()),
                                         FlatCost(0.5))
     chosen = proposer.chosen(Offers([SURE, LONG]), kept)
     assert (chosen.kind if chosen else None) == kind
