@@ -62,16 +62,18 @@ class NgramSimple(_Index):
         j = self._last.get(tuple(history[-n:]))
         if j is None:
             return [], 0
-        return history[j + n:j + n + n_max], n + _agreeing_before(history, j, len(history) - n, MAX_RUN - n)
+        return history[j + n:j + n + n_max], n + agreeing_before(history, j, history, len(history) - n, MAX_RUN - n)
 
 
 MAX_RUN = 512  # runs are measured this far back: RunHazard's last bucket starts there
 
 
-def _agreeing_before(history: Sequence[int], a: int, b: int, limit: int) -> int:
-    """How many tokens before positions a < b agree, at most `limit`."""
+def agreeing_before(a: Sequence[int], i: int, b: Sequence[int], j: int, limit: int) -> int:
+    """How many tokens before a[i] equal those before b[j], walking back from them, at
+    most `limit` (a match's length: an n-gram's run here, a suffix match's in suffix.py)."""
+    limit = min(limit, i, j)
     k = 0
-    while k < limit and k < a and history[a - 1 - k] == history[b - 1 - k]:
+    while k < limit and a[i - 1 - k] == b[j - 1 - k]:
         k += 1
     return k
 

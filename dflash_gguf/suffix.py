@@ -33,6 +33,7 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .ddtree import DraftTree
+from .ngram import agreeing_before
 from .pricing import RunHazard, tree_probs, walk_depth
 
 # Host memory an indexed token costs, for --spec-suffix-cache-mb: an estimate, measured
@@ -132,7 +133,7 @@ class SuffixIndex:
             return None
         best, at = 0, []
         for doc, end in islice(reversed(ends), max_occurrences):
-            n = _backward_match(self.docs[doc], end, context, max_match)
+            n = agreeing_before(self.docs[doc], end, context, len(context), max_match)
             if n > best:
                 best, at = n, [(doc, end)]
             elif n == best:
@@ -142,15 +143,6 @@ class SuffixIndex:
     def continuations(self, match: Match, depth: int) -> List[List[int]]:
         """The tokens after each of the match's occurrences, up to `depth`."""
         return [self.docs[doc][end:end + depth] for doc, end in match.at]
-
-
-def _backward_match(doc: List[int], end: int, context: Sequence[int], max_match: int) -> int:
-    """How many tokens before doc[end] equal the context's last ones (the k-gram's are)."""
-    limit = min(max_match, end, len(context))
-    n = 0
-    while n < limit and doc[end - 1 - n] == context[-1 - n]:
-        n += 1
-    return n
 
 
 def continuation_tree(root: int, continuations: Sequence[Sequence[int]], budget: int,
