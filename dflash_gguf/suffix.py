@@ -33,6 +33,7 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .ddtree import DraftTree
+from .edits import CopyCursor
 from .ngram import agreeing_before
 from .pricing import RunHazard, tree_probs, walk_depth
 
@@ -275,42 +276,56 @@ OWN = "own"  # a sequence's own text: the one document of its index
 
 
 class SuffixDrafts:
-    """A sequence's suffix drafting: its own text, indexed as it grows, and its corpus
-    key's earlier requests. Each step the better of the two trees (the larger expected
-    accepted drafts, expected); the tree whose outcome a step is judged on (judge) tells
+    """A sequence's suffix drafting: its own text, indexed as it grows and followed
+    through edits by a copy cursor (edits.py), and its corpus key's earlier requests.
+    Each step the best of the two trees and the cursor's chain (the largest expected
+    accepted drafts); the draft whose outcome a step is judged on (judge) tells
     the key's RunHazard how far the target went along it; when the sequence ends, its
     prompt and output go into the key's corpus."""
 
     def __init__(self, corpora: SuffixCorpora, key: Hashable, hazard: RunHazard):
         self.corpora, self.key, self.config = corpora, key, corpora.config
         self.own = SuffixIndex(self.config.min_match)
+        self.cursor = CopyCursor()  # where the output copies its own text from, through edits
         self.hazard = hazard  # the key's, pricing.RunHazards
 
     def text(self, seq) -> List[int]:
         """The sequence's text (Tokens.text: its prompt, its output, the bonus last), its
-        new ends indexed."""
-        self.own.follow(OWN, seq.tokens.text)
-        return seq.tokens.text
+        new ends indexed and followed by the cursor."""
+        text = seq.tokens.text
+        self.own.follow(OWN, text)
+        self.cursor.follow(text)
+        return text
 
-    def probs(self, tree: Optional[DraftTree], match: Optional[Match]) -> np.ndarray:
+    def probs(self, tree: Optional[DraftTree], run: int) -> np.ndarray:
         """A tree's nodes' chances of being kept, best-first (their counts times the
         chance that the target goes on along the match that far, pricing.tree_probs)."""
-        return np.zeros(0) if tree is None else tree_probs(tree, self.hazard, match.length)
+        return np.zeros(0) if tree is None else tree_probs(tree, self.hazard, run)
 
     def best(self, seq, budget: int, max_depth: int) -> Tuple[Optional[DraftTree], np.ndarray, int, bool]:
-        """(the tree with the more expected accepted drafts, its nodes' chances, its
-        match's length, whether it came from the corpus); (None, ...): neither found one."""
+        """(the draft with the most expected accepted drafts: the own text's tree, the
+        cursor's copy or the corpus's tree; its nodes' chances, the run it is priced by,
+        whether it came from the corpus); (None, ...): none found one."""
         text = self.text(seq)
         tree, match = draft_tree(self.own, text, budget, max_depth, self.config)
-        probs = self.probs(tree, match)
+        run = match.length if tree is not None else 0
+        if match is not None and match.length > self.cursor.strength():
+            self.cursor.anchor(match.at[0][1], match.length)
+        probs = self.probs(tree, run)
+        copied, copy_run = self.cursor.draft(text, max_depth)
+        if copied:
+            chain = continuation_tree(text[-1], [copied], budget, 0.0)
+            theirs = self.probs(chain, copy_run)
+            if theirs.sum() > probs.sum():
+                tree, probs, run = chain, theirs, copy_run
         corpus = self.corpora.index(self.key)
         if corpus is not None:
             other, found = draft_tree(corpus, text, budget, max_depth, self.config)
-            theirs = self.probs(other, found)
+            theirs = self.probs(other, found.length if found is not None else 0)
             if theirs.sum() > probs.sum():
                 self.corpora.used(self.key, (doc for doc, _ in found.at))
                 return other, theirs, found.length, True
-        return tree, probs, match.length if tree is not None else 0, False
+        return tree, probs, run, False
 
     @staticmethod
     def judge(tree: DraftTree, run: int, deepest: Optional[int] = None) -> Tuple[DraftTree, int, int]:

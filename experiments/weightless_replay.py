@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""The weightless kinds replayed over plain greedy replies, with no timing noise: each
+session of a workload is decoded once plainly (every turn asked with the earlier turns'
+replies), then every arm's proposer (dflash_gguf.weightless, the code of this checkout)
+drafts over those replies step by step as it would while decoding, each draft walked
+against the known greedy continuation. A step's time is the target's measured verify
+cost by rows (verify_cost.VerifyCost, this machine's cached table); the modelled speed is
+plain decoding's time (one row a token) over the arm's. It counts target passes,
+drafted and accepted tokens exactly, and leaves out what a served request adds (the
+server, sampling, the context's depth making every row dearer): a comparison of
+drafting policies, not of engines; dflash-bench workload times those.
+
+    .venv/bin/python experiments/weightless_replay.py -n 128 --arm suffix --arm ngram-simple \\
+        --out results/weightless-replay-DATE.json
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+import dflash_gguf
+from dflash_gguf import real_models
+from dflash_gguf.bench import workload
+from dflash_gguf.bench.provenance import machine, results_doc, versions, write_results
+from dflash_gguf.engine import Engine
+from dflash_gguf.ngram import ngram_sources
+from dflash_gguf.config import NgramConfig, parse_spec_types
+from dflash_gguf.pricing import RunHazards, walk_depth
+from dflash_gguf.suffix import SuffixConfig, SuffixCorpora, is_chain, likeliest_path
+from dflash_gguf.weightless import WeightlessKinds, WeightlessProposer
+
+ORACLE = "oracle"  # an --arm: the bound any drafter could reach (oracle())
+WORKLOAD = Path(dflash_gguf.__file__).parent / "data" / "workloads" / "stdlib.jsonl"
+
+
+def plain_replies(engine: Engine, session, cap: int) -> list:
+    """Each turn's prompt tokens and plain greedy reply tokens."""
+    messages = [{"role": "system", "content": session.system}] if session.system is not None else []
+    turns = []
+    for turn in session.turns:
+        messages.append({"role": "user", "content": turn.user})
+        prompt = engine.render_messages(messages)
+        got = engine.generate(prompt, min(cap, turn.max_tokens), speculative=False)
+        messages.append({"role": "assistant", "content": got.text})
+        turns.append((engine.encode(prompt), list(got.tokens)))
+    return turns
+
+
+def oracle(turns, cost, n_max: int) -> dict:
+    """The bound: a drafter that always knows the reply, each step as many tokens as pay
+    best at the verify cost (all n_max on a device where rows are cheap)."""
+    passes = drafted = 0
+    seconds = 0.0
+    best = int(np.argmax([(1 + m) / float(cost.chain(1 + m)) for m in range(n_max + 1)]))
+    for _, out in turns:
+        i = 1
+        while i < len(out):
+            m = min(best, len(out) - i - 1)
+            seconds += float(cost.chain(1 + m))
+            passes, drafted, i = passes + 1, drafted + m, i + m + 1
+    return {"passes": passes, "drafted": drafted, "accepted": drafted, "seconds": seconds}
+
+
+def replay(kinds, turns, cost, n_max: int) -> dict:
+    """One arm over a session's turns (one corpus and one set of hazards, as one server
+    key): target passes, drafted and accepted tokens, modelled seconds."""
+    ngram = [k for k in kinds if k.startswith("ngram")]
+    proposer = WeightlessProposer(WeightlessKinds(
+        (lambda: ngram_sources(ngram, NgramConfig())) if ngram else None,
+        SuffixCorpora(SuffixConfig()) if "suffix" in kinds else None, None, n_max, RunHazards()), cost)
+    passes = drafted = accepted = 0
+    seconds = 0.0
+    for prompt, out in turns:
+        text = list(prompt) + out[:1]  # the first token comes with the prompt's pass
+        seq = SimpleNamespace(tokens=SimpleNamespace(text=text, prompt=prompt, bonus=out[0]),
+                              stats=SimpleNamespace(generated_tokens=1), sampler=SimpleNamespace(guided=False),
+                              room=1 << 30, remaining=len(out) - 1)
+        seq.proposing = proposer.start(seq)
+        i = 1
+        while i < len(out):
+            seq.remaining, seq.tokens.bonus = len(out) - i, text[-1]
+            plan = SimpleNamespace(judged=None)
+            p = proposer.propose(seq, plan)
+            if p.tree is not None and not is_chain(p.tree):
+                rows, kept = len(p.tree.tokens), walk_depth(p.tree, out[i:])
+                seconds += float(cost(rows))
+            else:
+                drafts = p.tokens[1:] if p.tree is None else likeliest_path(p.tree)
+                rows, kept = 1 + len(drafts), 0
+                while kept < len(drafts) and i + kept < len(out) and drafts[kept] == out[i + kept]:
+                    kept += 1
+                seconds += float(cost.chain(rows))
+            emitted = out[i:i + kept + 1]
+            text.extend(emitted)
+            i += len(emitted)
+            seq.stats.generated_tokens = i
+            passes, drafted, accepted = passes + 1, drafted + rows - 1, accepted + kept
+            proposer.verified(seq, plan, p, None, emitted, 0.0)
+        proposer.finish(seq)
+    return {"passes": passes, "drafted": drafted, "accepted": accepted, "seconds": seconds}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b", help="a real_models name")
+    p.add_argument("--workload", type=Path, default=WORKLOAD)
+    p.add_argument("--sessions", help="comma list (default: all)")
+    p.add_argument("--arm", action="append", required=True, help="a --spec-type of weightless kinds, or oracle (repeat)")
+    p.add_argument("-n", type=int, default=128, help="tokens a turn at most (dflash-bench workload's -n)")
+    p.add_argument("--spec-draft-n-max", type=int, default=48)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    arms = [("oracle",) if a == ORACLE else parse_spec_types(a) for a in args.arm]
+    wl = workload.load(args.workload)
+    wanted = args.sessions.split(",") if args.sessions else [s.name for s in wl.sessions]
+    doc = results_doc("weightless_replay", sys.argv, machine=machine(args.threads, "CPU"), versions=versions(),
+                      workload={"path": str(args.workload), "sha256": wl.sha256}, rows=[])
+    with Engine(str(real_models.path(args.model)), spec_type="ngram-simple", n_ctx=8192,
+                n_threads=args.threads, spec_draft_n_max=args.spec_draft_n_max) as engine:
+        engine.prepare_auto()
+        cost = engine.choice.verify_cost
+        for session in (s for s in wl.sessions if s.name in wanted):
+            turns = plain_replies(engine, session, args.n)
+            tokens = sum(len(out) for _, out in turns)
+            plain_s = float(cost.chain(1)) * tokens
+            for kinds in arms:
+                got = oracle(turns, cost, args.spec_draft_n_max) if kinds == (ORACLE,) else \
+                    replay(kinds, turns, cost, args.spec_draft_n_max)
+                row = {"session": session.name, "arm": ",".join(kinds), "tokens": tokens, **got,
+                       "modelled_speedup": plain_s / got["seconds"]}
+                doc["rows"].append(row)
+                print(f"{session.name:26} {row['arm']:22} {row['modelled_speedup']:.2f}x  passes {got['passes']:4}"
+                      f"  drafted {got['drafted']:4}  accepted {got['accepted']:4}", flush=True)
+            write_results(args.out, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
