@@ -124,6 +124,8 @@ def main(argv=None) -> int:
                 n_threads=args.threads, spec_draft_n_max=args.spec_draft_n_max) as engine:
         engine.prepare_auto()
         cost = engine.choice.verify_cost
+        doc["verify_cost_s"] = {"rows": cost.sizes.tolist(), "chain": cost.chain_seconds.tolist(),
+                                "tree": cost.tree_seconds.tolist(), "key": cost.key}
         for session in (s for s in wl.sessions if s.name in wanted):
             turns = plain_replies(engine, session, args.n)
             tokens = sum(len(out) for _, out in turns)
