@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 RESYNC_WINDOW = 32  # the source tokens after a break where the copy may resume
 RESYNC_WITHIN = 64  # an edit longer than this output is not a change of the source: let go
+ANCHOR_IN_EDIT = 8  # inside an edit, a match this long moves the cursor (shorter ones are chance)
 CONFIRM = 3  # tokens copied after a resync before its edit is learnt (a chance resync breaks sooner)
 MAX_CHANGE = 16  # the longest substitution learnt (tokens of the source's side, and of the output's)
 MAX_CHANGES = 64
@@ -67,7 +68,7 @@ class CopyCursor:
         """How long a match must be to anchor the cursor elsewhere: longer than its own
         run while it copies; an edit in progress keeps its break against short matches."""
         if self.broke is not None:
-            return max(self.run, RESYNC_WINDOW // 4)
+            return max(self.run, ANCHOR_IN_EDIT)
         return self.run if self.pos is not None else 0
 
     def follow(self, history: Sequence[int]) -> None:
@@ -149,11 +150,13 @@ class CopyCursor:
     # -- drafting ------------------------------------------------------------------------
 
     def draft(self, history: Sequence[int], n_max: int) -> Tuple[List[int], int]:
-        """(the next tokens of the copy, learnt changes made, at most n_max; the run they
-        are priced by); ([], 0) while not copying or where the copy has caught up with
-        the output."""
+        """(the next tokens of the copy, learnt changes made, at most n_max, up to where
+        the copy catches up with the output; the run they are priced by). ([], 0) while
+        not copying, inside an edit, fewer than CONFIRM tokens past one, or before any
+        edit (till then the copy is the match's own continuation, which the suffix tree
+        drafts with the match's other occurrences)."""
         if self.pos is None or self.broke is not None or self.last_break is None or self.since_sync < CONFIRM:
-            return [], 0  # not copying, in an edit or just past one, or copying what the match drafts
+            return [], 0
         end, out, pos = len(history), list(self.pending[:n_max]), self.pos
         while len(out) < n_max and pos < end:
             change = self._change_at(history, pos, end)
