@@ -8,14 +8,18 @@ cost by rows (verify_cost.VerifyCost, this machine's cached table); the modelled
 plain decoding's time (one row a token) over the arm's. It counts target passes,
 drafted and accepted tokens exactly, and leaves out what a served request adds (the
 server, sampling, the context's depth making every row dearer): a comparison of
-drafting policies, not of engines; dflash-bench workload times those.
+drafting policies, not of engines; dflash-bench workload times those. Two arms are
+bounds, not proposers: `oracle` (a drafter that always knows the reply) and `copy-oracle`
+(one that always finds the longest copy of the reply's next tokens in the text already
+there).
 
     .venv/bin/python experiments/weightless_replay.py -n 128 --arm suffix --arm ngram-simple \\
-        --out results/weightless-replay-DATE.json
+        --out results/weightless-replay-DATE.json [--arm oracle --arm copy-oracle] [--cost-from FILE]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +38,25 @@ from dflash_gguf.suffix import SuffixConfig, SuffixCorpora, is_chain, likeliest_
 from dflash_gguf.weightless import WeightlessKinds, WeightlessProposer
 
 ORACLE = "oracle"  # an --arm: the bound any drafter could reach (oracle())
+COPY_ORACLE = "copy-oracle"  # an --arm: the bound any drafter that copies could reach (copy_oracle())
 WORKLOAD = Path(dflash_gguf.__file__).parent / "data" / "workloads" / "stdlib.jsonl"
+
+
+class RecordedCost:
+    """A verify cost table as an earlier results file recorded it (its verify_cost_s), to
+    price every run's arms alike whichever table this build's cache holds."""
+
+    def __init__(self, recorded: dict):
+        self.key = recorded["key"]
+        self.sizes = np.array(recorded["rows"], dtype=float)
+        self.chain_seconds = np.array(recorded["chain"])
+        self.tree_seconds = np.array(recorded["tree"])
+
+    def __call__(self, n_nodes) -> np.ndarray:
+        return np.interp(n_nodes, self.sizes, self.tree_seconds)
+
+    def chain(self, n_tokens) -> np.ndarray:
+        return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
 def plain_replies(engine: Engine, session, cap: int) -> list:
@@ -63,6 +85,43 @@ def oracle(turns, cost, n_max: int) -> dict:
             seconds += float(cost.chain(1 + m))
             passes, drafted, i = passes + 1, drafted + m, i + m + 1
     return {"passes": passes, "drafted": drafted, "accepted": drafted, "seconds": seconds}
+
+
+def copy_oracle(turns, cost, n_max: int) -> dict:
+    """The bound for drafters that copy: each step drafts the longest run of the reply's
+    next tokens that occurs somewhere in the text already there (the prompt, which holds
+    the session's earlier turns, and the reply so far), cut to the size that pays best at
+    the verify cost. Every such draft is kept; no drafter that copies finds more (one
+    that splices copies, as the copy cursor's learnt substitutions do, can; a few tokens)."""
+    passes = drafted = 0
+    seconds = 0.0
+    pays = [(1 + m) / float(cost.chain(1 + m)) for m in range(n_max + 1)]
+    for prompt, out in turns:
+        text = list(prompt) + out[:1]
+        i = 1
+        while i < len(out):
+            k = longest_copy(text, out[i:i + n_max])
+            m = int(np.argmax(pays[:k + 1]))
+            seconds += float(cost.chain(1 + m))
+            text.extend(out[i:i + m + 1])
+            passes, drafted, i = passes + 1, drafted + m, i + m + 1
+    return {"passes": passes, "drafted": drafted, "accepted": drafted, "seconds": seconds}
+
+
+def longest_copy(text: list, want: list) -> int:
+    """How many of `want`'s first tokens occur, in order and together, somewhere in `text`."""
+    best = 0
+    if not want:
+        return 0
+    arr = np.asarray(text)
+    for start in np.flatnonzero(arr == want[0]):
+        n = 1
+        while n < len(want) and start + n < len(text) and text[start + n] == want[n]:
+            n += 1
+        best = max(best, n)
+        if best == len(want):
+            break
+    return best
 
 
 def replay(kinds, turns, cost, n_max: int) -> dict:
@@ -110,20 +169,26 @@ def main(argv=None) -> int:
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b", help="a real_models name")
     p.add_argument("--workload", type=Path, default=WORKLOAD)
     p.add_argument("--sessions", help="comma list (default: all)")
-    p.add_argument("--arm", action="append", required=True, help="a --spec-type of weightless kinds, or oracle (repeat)")
+    p.add_argument("--arm", action="append", required=True, help="a --spec-type of weightless kinds, oracle or copy-oracle (repeat)")
     p.add_argument("-n", type=int, default=128, help="tokens a turn at most (dflash-bench workload's -n)")
     p.add_argument("--spec-draft-n-max", type=int, default=48)
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--cost-from", type=Path, help="price by the verify cost table this earlier results file "
+                   "recorded (default: this build's, measured once and cached)")
     args = p.parse_args(argv)
-    arms = [("oracle",) if a == ORACLE else parse_spec_types(a) for a in args.arm]
+    arms = [(a,) if a in (ORACLE, COPY_ORACLE) else parse_spec_types(a) for a in args.arm]
     wl = workload.load(args.workload)
     wanted = args.sessions.split(",") if args.sessions else [s.name for s in wl.sessions]
     doc = results_doc("weightless_replay", sys.argv, machine=machine(args.threads, "CPU"), versions=versions(),
                       workload={"path": str(args.workload), "sha256": wl.sha256}, rows=[])
     with Engine(str(real_models.path(args.model)), spec_type="ngram-simple", n_ctx=8192,
                 n_threads=args.threads, spec_draft_n_max=args.spec_draft_n_max) as engine:
-        engine.prepare_auto()
-        cost = engine.choice.verify_cost
+        if args.cost_from:
+            cost = RecordedCost(json.loads(args.cost_from.read_text())["verify_cost_s"])
+            doc["verify_cost_note"] = f"the table {args.cost_from} recorded"
+        else:
+            engine.prepare_auto()
+            cost = engine.choice.verify_cost
         doc["verify_cost_s"] = {"rows": cost.sizes.tolist(), "chain": cost.chain_seconds.tolist(),
                                 "tree": cost.tree_seconds.tolist(), "key": cost.key}
         for session in (s for s in wl.sessions if s.name in wanted):
@@ -131,7 +196,8 @@ def main(argv=None) -> int:
             tokens = sum(len(out) for _, out in turns)
             plain_s = float(cost.chain(1)) * tokens
             for kinds in arms:
-                got = oracle(turns, cost, args.spec_draft_n_max) if kinds == (ORACLE,) else \
+                bound = {(ORACLE,): oracle, (COPY_ORACLE,): copy_oracle}.get(kinds, None)
+                got = bound(turns, cost, args.spec_draft_n_max) if bound else \
                     replay(kinds, turns, cost, args.spec_draft_n_max)
                 row = {"session": session.name, "arm": ",".join(kinds), "tokens": tokens, **got,
                        "modelled_speedup": plain_s / got["seconds"]}
