@@ -75,16 +75,7 @@ def plain_replies(engine: Engine, session, cap: int) -> list:
 def oracle(turns, cost, n_max: int) -> dict:
     """The bound: a drafter that always knows the reply, each step as many tokens as pay
     best at the verify cost (all n_max on a device where rows are cheap)."""
-    passes = drafted = 0
-    seconds = 0.0
-    best = int(np.argmax([(1 + m) / float(cost.chain(1 + m)) for m in range(n_max + 1)]))
-    for _, out in turns:
-        i = 1
-        while i < len(out):
-            m = min(best, len(out) - i - 1)
-            seconds += float(cost.chain(1 + m))
-            passes, drafted, i = passes + 1, drafted + m, i + m + 1
-    return {"passes": passes, "drafted": drafted, "accepted": drafted, "seconds": seconds}
+    return _bounded(turns, cost, n_max, lambda text, want: len(want))
 
 
 def copy_oracle(turns, cost, n_max: int) -> dict:
@@ -93,6 +84,13 @@ def copy_oracle(turns, cost, n_max: int) -> dict:
     the session's earlier turns, and the reply so far), cut to the size that pays best at
     the verify cost. Every such draft is kept; no drafter that copies finds more (one
     that splices copies, as the copy cursor's learnt substitutions do, can; a few tokens)."""
+    return _bounded(turns, cost, n_max, longest_copy)
+
+
+def _bounded(turns, cost, n_max: int, known) -> dict:
+    """A drafter whose every draft is kept: each step it may draft known(text, want) of the
+    reply's next tokens `want` (those before the target's own next token), and drafts
+    as many of them as pay best at the verify cost."""
     passes = drafted = 0
     seconds = 0.0
     pays = [(1 + m) / float(cost.chain(1 + m)) for m in range(n_max + 1)]
@@ -100,7 +98,7 @@ def copy_oracle(turns, cost, n_max: int) -> dict:
         text = list(prompt) + out[:1]
         i = 1
         while i < len(out):
-            k = longest_copy(text, out[i:i + n_max])
+            k = known(text, out[i:min(i + n_max, len(out) - 1)])
             m = int(np.argmax(pays[:k + 1]))
             seconds += float(cost.chain(1 + m))
             text.extend(out[i:i + m + 1])
