@@ -14,6 +14,7 @@ struct dfl_dump {
     char * path;
     FILE * f;
     int state;
+    int skip;     /* graphs with a match still to pass over (DFLASH_DUMP_SKIP) */
     bool every_node;
     int n_dumped; /* tensors written by the graph now running */
     void * buf;   /* the tensor's bytes as ggml_backend_tensor_get returns them */
@@ -47,6 +48,13 @@ dfl_status dfl_dump_from_env(const char * file_var, dfl_dump ** out) {
     if (regcomp(&d->re, pattern, REG_EXTENDED | REG_NOSUB) != 0) {
         free(d);
         return dfl_fail(DFL_ERR_ARGUMENT, "DFLASH_DUMP_TENSORS: invalid regular expression '%s'", pattern);
+    }
+    const char * skip = getenv("DFLASH_DUMP_SKIP");
+    d->skip = skip && skip[0] ? atoi(skip) : 0;
+    if (d->skip < 0) {
+        regfree(&d->re);
+        free(d);
+        return dfl_fail(DFL_ERR_ARGUMENT, "DFLASH_DUMP_SKIP must be 0 or more, not '%s'", skip);
     }
     d->path = strdup(path);
     d->f = fopen(path, "wb");
@@ -133,7 +141,9 @@ static bool dump_node(struct ggml_tensor * t, bool ask, void * user_data) {
     if (ask) {
         return wanted || d->every_node; /* the scheduler stops after this node and calls again */
     }
-    if (wanted) {
+    if (wanted && d->skip > 0) {
+        d->n_dumped++; /* a graph passed over: counted, not written */
+    } else if (wanted) {
         write_tensor(d, t);
     }
     return true;
@@ -159,6 +169,11 @@ void dfl_dump_end(dfl_dump * d) {
     }
     if (d->n_dumped == 0) {
         d->state = DUMP_IDLE; /* nothing matched: wait for the prompt pass */
+        return;
+    }
+    if (d->skip > 0) {
+        d->skip--;
+        d->state = DUMP_IDLE;
         return;
     }
     d->state = DUMP_DONE;

@@ -4,9 +4,10 @@
  *   DFLASH_DUMP_TENSORS=REGEX     names to dump (POSIX extended regex, searched, not anchored)
  *   DFLASH_DUMP_FILE=PATH         where the target's go (this or the next is required with the above)
  *   DFLASH_DUMP_DRAFT_FILE=PATH   where a drafter's go (DFlash and DSpark name theirs as llama.cpp's dflash)
+ *   DFLASH_DUMP_SKIP=N            pass over the first N graphs with a matching node (default 0)
  *
  * A runtime's first graph with a matching node (the target's first prompt pass, the
- * drafter's first propose) is dumped through the scheduler's evaluation callback;
+ * drafter's first propose), after the DFLASH_DUMP_SKIP passed over, is dumped through the scheduler's evaluation callback;
  * later graphs are not. Each
  * tensor is one JSON header line
  *   {"name": "attn_norm-0", "op": "MUL", "type": "f32", "ne": [ne0, ne1, ne2, ne3], "n": N}

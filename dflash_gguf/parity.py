@@ -3,6 +3,8 @@
     python -m dflash_gguf.parity -m model.gguf -p "def quicksort(" [-t 2] [--out result.json]
     python -m dflash_gguf.parity -m model.gguf -p "def quicksort(" --rows 8   # batch invariance
 
+A drafter's tensors against llama.cpp's: `python -m dflash_gguf.parity_draft` (its docstring).
+
 Runs llama.cpp's `llama-eval-callback` (built by `scripts/llama_cpp_build.py
 llama-eval-callback`) and our runtime's named-tensor dump (DFLASH_DUMP_TENSORS, see
 csrc/dfl_dump.h) on the same GGUF and the same prompt tokens (llama.cpp's tokenization,
@@ -109,10 +111,10 @@ def parse_eval_callback(text: str) -> tuple[list[int], list[Printed]]:
     return tokens, tensors
 
 
-def read_dump(path) -> dict[str, dict]:
-    """Our dump file (csrc/dfl_dump.h): name -> {op, type, ne, values}; a name dumped more
-    than once keeps its last tensor, as pairing wants."""
-    out = {}
+def read_dump_tensors(path) -> list[dict]:
+    """Our dump file (csrc/dfl_dump.h) in its order (the graph's order of computation):
+    each tensor as {name, op, type, ne, values}."""
+    out = []
     with open(path, "rb") as f:
         while True:
             header = f.readline()
@@ -123,13 +125,34 @@ def read_dump(path) -> dict[str, dict]:
             if len(data) != 4 * h["n"]:
                 raise ValueError(f"{path}: the dump ends inside tensor {h['name']}")
             h["values"] = np.frombuffer(data, dtype="<f4")
-            out[h["name"]] = h
+            out.append(h)
     return out
 
 
-def compare(ours: dict[str, dict], theirs: list[Printed], atol: float = ATOL, rtol: float = RTOL) -> dict:
+def by_name(tensors: list[dict]) -> dict[str, dict]:
+    """Each name's last tensor (the named step, as pairing wants)."""
+    return {t["name"]: t for t in tensors}
+
+
+def read_dump(path) -> dict[str, dict]:
+    """Our dump file: name -> tensor; a name dumped more than once keeps its last."""
+    return by_name(read_dump_tensors(path))
+
+
+def _rows_apart(ne_small, ne_big) -> bool:
+    """Whether one tensor is the other with fewer rows along the slowest dimension."""
+    last = max((d for d in range(4) if ne_big[d] > 1), default=0)
+    return (all(ne_small[d] == ne_big[d] for d in range(last)) and 0 < ne_small[last] < ne_big[last]
+            and all(ne_small[d] == 1 for d in range(last + 1, 4)))
+
+
+def compare(ours: dict[str, dict], theirs: list[Printed], atol: float = ATOL, rtol: float = RTOL,
+            row_shift: Optional[dict[str, int]] = None) -> dict:
     """Per shared name (llama.cpp's order, its last tensor of the name): the largest
-    absolute difference over the printed elements, and the first tensor past tolerance."""
+    absolute difference over the printed elements, and the first tensor past tolerance.
+    Where ours has more or fewer rows (along the slowest dimension), the last rows of
+    both are paired; row_shift names tensors whose row r+k is llama.cpp's row r (their
+    first k rows ours alone)."""
     last = {}
     for t in theirs:
         if t.values and not any(ch in t.name for ch in " ()"):
@@ -142,9 +165,10 @@ def compare(ours: dict[str, dict], theirs: list[Printed], atol: float = ATOL, rt
         o = ours[name]
         n_theirs = math.prod(t.ne)
         n_ours = len(o["values"])
-        idx = printed_indices(t.ne)
+        idx = np.asarray(printed_indices(t.ne))
         row = {"name": name, "ne_llama": list(t.ne), "ne_ours": o["ne"]}
-        if n_ours < n_theirs or n_ours % n_theirs:
+        if n_ours != n_theirs and not (_rows_apart(o["ne"], t.ne) or _rows_apart(t.ne, o["ne"])
+                                       or (n_ours > n_theirs and n_ours % n_theirs == 0)):
             row["skipped"] = "shapes do not pair"
             rows.append(row)
             continue
@@ -152,18 +176,29 @@ def compare(ours: dict[str, dict], theirs: list[Printed], atol: float = ATOL, rt
             row["skipped"] = f"llama.cpp printed {len(t.values)} of {len(idx)} values (truncated log)"
             rows.append(row)
             continue
-        # our rows beyond llama.cpp's: it keeps only the output rows (the last) in its last layer
-        ref = np.asarray(t.values, dtype=np.float64)
-        mine = o["values"][n_ours - n_theirs:][idx].astype(np.float64)
-        diff = np.abs(mine - ref)
-        both_nan = np.isnan(mine) & np.isnan(ref)
-        diff[both_nan] = 0.0
+        # where ours is longer, its last rows are llama.cpp's (it keeps only the output rows
+        # in its last layer); where shorter, llama.cpp's last rows are ours (a DFlash
+        # drafter's head skips the anchor's row); a shift as row_shift says
+        row_size = math.prod(t.ne[:max((d for d in range(4) if t.ne[d] > 1), default=0)])
+        offset = n_ours - n_theirs + (row_shift or {}).get(name, 0) * row_size
+        keep = (idx + offset >= 0) & (idx + offset < n_ours)
+        ref, idx = np.asarray(t.values, dtype=np.float64)[keep], idx[keep]
+        if not keep.any():
+            row["skipped"] = "no printed row in common"
+            rows.append(row)
+            continue
+        mine = o["values"][idx + offset].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(mine - ref)
+        # equal infinities (an EAGLE3 head's tokens outside its vocabulary) and NaNs agree
+        diff[(mine == ref) | (np.isnan(mine) & np.isnan(ref))] = 0.0
         diff[np.isnan(diff)] = np.inf
-        scale = float(np.nanmax(np.abs(ref))) if ref.size else 0.0
+        finite = np.abs(ref[np.isfinite(ref)])
+        scale = float(finite.max()) if finite.size else 0.0
         row.update(n_compared=int(ref.size), max_abs_diff=float(diff.max()), max_abs=scale,
                    argmax=int(idx[int(diff.argmax())]),
-                   sum_llama=t.sums[-1] if t.sums and n_ours == n_theirs else None,
-                   sum_ours=float(o["values"].astype(np.float64).sum()) if n_ours == n_theirs else None)
+                   sum_llama=t.sums[-1] if t.sums and offset == 0 else None,
+                   sum_ours=float(o["values"].astype(np.float64).sum()) if offset == 0 else None)
         # the sums cover every element, not only the printed ones (llama.cpp adds in float32)
         if row["sum_llama"] is not None:
             row["sum_rel_diff"] = abs(row["sum_ours"] - row["sum_llama"]) / max(1.0, abs(row["sum_llama"]))
@@ -249,14 +284,15 @@ def run_llama(model, prompt: str, threads: int, tool: Optional[Path] = None, ret
 
 
 @contextlib.contextmanager
-def dump_env(regex: Optional[str], path):
-    """DFLASH_DUMP_TENSORS and DFLASH_DUMP_FILE (csrc/dfl_dump.h) set for what loads a
-    target inside (the runtime reads them then), restored after; no regex: nothing set."""
+def dump_env(regex: Optional[str], path, file_var: str = "DFLASH_DUMP_FILE"):
+    """DFLASH_DUMP_TENSORS and DFLASH_DUMP_FILE (csrc/dfl_dump.h; a drafter's:
+    file_var="DFLASH_DUMP_DRAFT_FILE") set for what loads a runtime inside (it reads them
+    then), restored after; no regex: nothing set."""
     if not regex:
         yield
         return
-    saved = {k: os.environ.get(k) for k in ("DFLASH_DUMP_TENSORS", "DFLASH_DUMP_FILE")}
-    os.environ.update(DFLASH_DUMP_TENSORS=regex, DFLASH_DUMP_FILE=str(path))
+    saved = {k: os.environ.get(k) for k in ("DFLASH_DUMP_TENSORS", file_var)}
+    os.environ.update({"DFLASH_DUMP_TENSORS": regex, file_var: str(path)})
     try:
         yield
     finally:
@@ -391,7 +427,7 @@ def main(argv=None) -> int:
             result = row_parity(args.model, args.prompt, args.rows, args.threads, device=args.device)
         else:
             result = parity(args.model, args.prompt, args.threads, args.atol, args.rtol, device=args.device)
-    except (FileNotFoundError, RuntimeError) as e:
+    except (FileNotFoundError, RuntimeError, ValueError) as e:  # DflashError and ConfigError among them
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(row_summary(result) if args.rows else summary(result))

