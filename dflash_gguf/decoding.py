@@ -288,7 +288,7 @@ def _call(target, draft, seqs: Seq[Sequence], plans: List[Plan], joining: Option
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # call, its drafters left behind
         return decode_call(target, seqs, draft, heard=True)
-    if joining is None and _fused(seqs, blocks):
+    if joining is None and _fused(seqs, plans, blocks):
         return chain_call(target, draft, seqs, blocks)
     return phased_call(target, draft, seqs, plans, blocks, joining, t0)
 
@@ -328,11 +328,11 @@ def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Option
     return kept
 
 
-def _fused(seqs: Seq[Sequence], blocks: List[tuple]) -> bool:
+def _fused(seqs: Seq[Sequence], plans: List[Plan], blocks: List[tuple]) -> bool:
     """The step may run as chain_call: every sequence drafts a block this step, every one's
-    proposer fuses, and they cut their chains alike."""
+    plan fuses, and they cut their chains alike."""
     return len(blocks) == len(seqs) and all(b for _, _, b, _ in blocks) \
-        and all(s.proposer.fuses(s) for s in seqs) and len({s.proposer.p_min for s in seqs}) == 1
+        and all(plan.fuses for plan in plans) and len({s.proposer.p_min for s in seqs}) == 1
 
 
 def decode_call(target, seqs: Seq[Sequence], draft=None, heard: bool = False) -> Ran:
@@ -366,7 +366,7 @@ def decode_call(target, seqs: Seq[Sequence], draft=None, heard: bool = False) ->
 
 
 def chain_call(target, draft, seqs: Seq[Sequence], blocks: List[tuple]) -> Ran:
-    """The step of greedy chains of the drafter's blocks (ChainProposer.fuses): the same
+    """The step of greedy chains of the drafter's blocks (Plan.fuses): the same
     propose, verify, accept and commit as phased_call's in one call of the library
     (Target.chain_step), with one read of the host's results; each sequence's stages
     follow the call, in the order its phases ran inside it."""

@@ -83,13 +83,16 @@ class Plan:
       arm      auto's arm for the step (budget.PLAIN, CHAIN or a tree size; None: a step
                auto does not hear of)
       judged   what verified judges the step's drafts by: the n-gram sources' drafts
-               (NgramDrafts.best), the suffix tree and its depth (SuffixDrafts.judge)"""
+               (NgramDrafts.best), the suffix tree and its depth (SuffixDrafts.judge)
+      fuses    the step may run as one call of the library (decoding.chain_call): a
+               greedy chain of the drafter's block, kept by the target's argmax alone"""
 
     block: int = 0
     decodes: bool = False
     depth: int = 0
     arm: Optional[int] = None
     judged: Any = None
+    fuses: bool = False
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
@@ -151,11 +154,6 @@ class Proposer(ABC):
     def propose(self, seq, plan: Plan) -> Proposal:
         """What the sequence's target verifies this step."""
 
-    def fuses(self, seq) -> bool:
-        """Its step may run as one call of the library (decoding.chain_call): a greedy
-        chain of the drafter's block, kept by the target's argmax alone."""
-        return False
-
     def verified(self, seq, plan: Plan, proposal: Proposal, path: List[int], out: List[int],
                  seconds: float) -> None:
         """The step kept `path` (node indices, root first) of `proposal` and emitted `out`;
@@ -202,9 +200,12 @@ class ChainProposer(Proposer):
         b = min(self.block_size, seq.remaining + 1, seq.room)
         if b > 1 and self.top_k:
             self.draft.set_uniforms(seq.sampler.uniforms(b - 1), seq=seq.slot)
-        return Plan(block=b, decodes=False) if b > 1 else Plan(decodes=True)  # no room left to draft
+        if b < 2:
+            return Plan(decodes=True)  # no room left to draft
+        return Plan(block=b, fuses=self.fuses(seq))
 
     def fuses(self, seq) -> bool:
+        """Its steps may run as one call of the library (Plan.fuses)."""
         return isinstance(self.draft, Draft) and not self.top_k and self.conf_min == 0 \
             and seq.sampler.argmax_only and seq.target.head_tokens is None
 

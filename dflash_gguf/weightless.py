@@ -221,12 +221,9 @@ class DrafterWeightlessProposer(ChainProposer):
     def start(self, seq) -> Weightless:
         return self.kinds.start()
 
-    def fuses(self, seq) -> bool:
-        return False  # the offers are weighed after the drafter's graph
-
     def plan(self, seq) -> Plan:
         plan = super().plan(seq)
-        plan.decodes = False  # the offers are weighed after the drafter's graph
+        plan.decodes = plan.fuses = False  # the offers are weighed after the drafter's graph
         return plan
 
     def propose(self, seq, plan: Plan) -> Proposal:
