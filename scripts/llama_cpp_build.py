@@ -18,15 +18,14 @@ prebuilt assets): the benchmark speaks to its HTTP API only.
 
 `dflash-draft-eval` is not llama.cpp's: a small program of ours over llama.cpp's common
 library (scripts/llama-cpp-tools/), which prints a drafter's named tensors as
-llama-eval-callback prints a target's. It is compiled and linked as llama-speculative-simple
-is (its compile command and libraries, read from the build directory), after it.
+llama-eval-callback prints a target's. It is compiled as llama-speculative-simple is (its
+compile command, read from the build directory) and linked with the same libraries, after it.
 """
 from __future__ import annotations
 
 import argparse
 import fcntl
 import json
-import re
 import shlex
 import shutil
 import subprocess
@@ -71,22 +70,22 @@ OUR_SOURCES = Path(__file__).resolve().parent / "llama-cpp-tools"
 
 
 def build_ours(name: str, build_dir: Path) -> None:
-    """One of OURS: compiled with its model tool's compile command and linked with its
-    libraries (compile_commands.json and build.ninja of the build directory)."""
+    """One of OURS: compiled with its model tool's compile command (compile_commands.json,
+    which CMake writes for any generator) and linked with the build's static libraries in
+    one group (their order then does not matter), OpenMP as ggml's CPU backend uses it."""
     model = OURS[name]
     stem = model.removeprefix("llama-")
     commands = json.loads((build_dir / "compile_commands.json").read_text())
-    command = next(c["command"] for c in commands if c["file"].endswith(f"/{stem}/{stem}.cpp"))
-    flags = [a for a in shlex.split(command)[1:] if not a.endswith(".o") and not a.endswith(".cpp")
-             and a not in ("-o", "-c")]
-    ninja = build_dir / "build.ninja"
-    rule = ninja.is_file() and re.search(rf"^build bin/{re.escape(model)}:.*?\n  LINK_LIBRARIES = (.*?)\n",
-                                         ninja.read_text(), re.M | re.S)
-    if not rule:
-        raise SystemExit(f"{ninja} has no link rule for {model} (building {name} needs the Ninja generator: "
-                         "pip install ninja, and a fresh build directory)")
-    cmd = [shlex.split(command)[0], *flags, str(OUR_SOURCES / f"{name}.cpp"), "-o", f"bin/{name}",
-           *shlex.split(rule.group(1))]
+    command = shlex.split(next(c["command"] for c in commands if c["file"].endswith(f"/{stem}/{stem}.cpp")))
+    flags = [a for a in command[1:] if not a.endswith((".o", ".cpp")) and a not in ("-o", "-c")]
+    libs = [build_dir / lib for lib in ("common/libllama-common.a", "common/libllama-common-base.a", "src/libllama.a",
+                                        "vendor/cpp-httplib/libcpp-httplib.a")]
+    libs += sorted((build_dir / "ggml" / "src").rglob("libggml*.a"))
+    missing = [str(lib) for lib in libs if not lib.is_file()]
+    if missing:
+        raise SystemExit(f"building {name}: {', '.join(missing)} not built")
+    cmd = [command[0], *flags, str(OUR_SOURCES / f"{name}.cpp"), "-o", str(build_dir / "bin" / name),
+           "-Wl,--start-group", *map(str, libs), "-Wl,--end-group", "-fopenmp", "-lpthread", "-ldl", "-lm"]
     if subprocess.run(cmd, cwd=build_dir, stdout=subprocess.DEVNULL).returncode != 0:
         raise SystemExit(f"compiling {name} failed: {shlex.join(cmd)}")
 
