@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -186,18 +186,40 @@ def untrained_dflash(target: str, out: str) -> str:
     return out
 
 
-def plain_outputs(model: str, prompts: Sequence[str], n_new: int, n_ctx: int = 1024) -> List[List[int]]:
+# per prompt index, the output a caller already has (not run again), and what it is told
+# of each output a call makes (the index and the tokens): a long matrix resumes with them
+Known = Optional[Dict[int, List[int]]]
+OnOutput = Optional[Callable[[int, List[int]], None]]
+
+
+def _each(prompts: Sequence[str], known: Known, on_output: OnOutput,
+          run: Callable[[str], List[int]]) -> List[List[int]]:
+    outs = []
+    for i, p in enumerate(prompts):
+        if known and i in known:
+            outs.append(known[i])
+            continue
+        outs.append(run(p))
+        if on_output is not None:
+            on_output(i, outs[-1])
+    return outs
+
+
+def plain_outputs(model: str, prompts: Sequence[str], n_new: int, n_ctx: int = 1024, known: Known = None,
+                  on_output: OnOutput = None) -> List[List[int]]:
+    """Each prompt's plain greedy tokens (known, on_output: see Known, OnOutput)."""
     from .engine import Engine
 
     with Engine(model, n_ctx=n_ctx) as engine:
-        return [engine.generate(p, n_new, stop_tokens=()).tokens for p in prompts]
+        return _each(prompts, known, on_output, lambda p: engine.generate(p, n_new, stop_tokens=()).tokens)
 
 
 def mode_outputs(mode: str, model: str, drafters: Dict[str, str], prompts: Sequence[str], n_new: int,
-                 n_ctx: int = 1024) -> List[List[int]]:
+                 n_ctx: int = 1024, known: Known = None, on_output: OnOutput = None) -> List[List[int]]:
     """Each prompt's greedy tokens under `mode` (E2E_MODES), drafters by kind ("small",
     "dflash": their files). np4-joining runs them four slots at a time, a new one
-    joining every third round while the others decode."""
+    joining every third round while the others decode (a group is run again unless
+    all of it is known)."""
     from .engine import Engine
     from .generate import Request
 
@@ -205,11 +227,15 @@ def mode_outputs(mode: str, model: str, drafters: Dict[str, str], prompts: Seque
     kind = options.pop("draft", None)
     with Engine(model, drafters[kind] if kind else None, n_ctx=n_ctx, **options) as engine:
         if mode != "np4-joining":
-            return [engine.generate(p, n_new, stop_tokens=()).tokens for p in prompts]
+            return _each(prompts, known, on_output, lambda p: engine.generate(p, n_new, stop_tokens=()).tokens)
         outs: List[List[int]] = [[] for _ in prompts]
         for first in range(0, len(prompts), 4):
             group = list(range(first, min(first + 4, len(prompts))))
-            batch, rounds, seqs = engine.batch(), 0, {}
+            if known and all(i in known for i in group):
+                for i in group:
+                    outs[i] = known[i]
+                continue
+            members, batch, rounds, seqs = list(group), engine.batch(), 0, {}
             while group or len(batch):
                 if group and rounds % 3 == 0:
                     i = group.pop(0)
@@ -221,6 +247,9 @@ def mode_outputs(mode: str, model: str, drafters: Dict[str, str], prompts: Seque
                         raise RuntimeError(seq.error)
                     outs[seqs[id(seq)]] += new
                 rounds += 1
+            if on_output is not None:
+                for i in members:
+                    on_output(i, outs[i])
         return outs
 
 

@@ -13,12 +13,15 @@ tests/runtime/test_near_ties.py, tests/drafters/test_real_exactness.py):
     .venv/bin/python experiments/near_tie_hunt.py --out results/near-tie-hunt-DATE.json [--e2e]
 
 The parts can run apart (--no-rows, --e2e-targets, --e2e-modes), one results file each; the
-file is written again after every model and mode, so a stopped run keeps what it finished.
+file is written again after every model and mode, so a stopped run keeps what it finished,
+and the e2e outputs after every prompt (OUT.progress.json): started again with the same
+arguments, a stopped run goes on from the prompt it was in.
 """
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import sys
 import tempfile
 import time
@@ -68,7 +71,42 @@ def hunt_rows(args, log, rows: list, save) -> None:
         save()
 
 
-def e2e_rows(args, log, rows: list, save) -> None:
+class Progress:
+    """The e2e outputs had so far, per prompt, beside the results file (OUT.progress.json,
+    which git ignores): a run stopped inside a mode (the 1.5B's DFlash modes take hours on
+    two cores) goes on from them when started again with the same arguments, and the
+    results file then lists every run that contributed (its checkout and date)."""
+
+    def __init__(self, out: Path, args, run: dict):
+        self.path = out.with_name(out.stem + ".progress.json")
+        self.key = {"n_new": args.n_new, "prompts": invariance.TIE_PRONE_PROMPTS}
+        self.data = {"key": self.key, "outputs": {}, "seconds": {}, "runs": []}
+        if self.path.is_file():
+            had = json.loads(self.path.read_text())
+            if had.get("key") == self.key:
+                self.data = had
+        self.data["runs"].append(run)
+        self.t0 = time.perf_counter()
+
+    def known(self, part: str) -> dict:
+        return {int(i): tokens for i, tokens in self.data["outputs"].get(part, {}).items()}
+
+    def told(self, part: str):
+        def on_output(i: int, tokens: list) -> None:
+            self.data["outputs"].setdefault(part, {})[str(i)] = list(tokens)
+            now = time.perf_counter()
+            self.data["seconds"][part] = round(self.data["seconds"].get(part, 0.0) + now - self.t0, 1)
+            self.t0 = now
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data))
+            tmp.replace(self.path)  # whole or not at all
+        return on_output
+
+    def seconds(self, part: str) -> float:
+        return self.data["seconds"].get(part, 0.0)
+
+
+def e2e_rows(args, log, rows: list, save, progress: Progress) -> None:
     prompts = invariance.TIE_PRONE_PROMPTS
     for name in args.e2e_targets:
         small = E2E_PAIRS[name]
@@ -76,17 +114,19 @@ def e2e_rows(args, log, rows: list, save) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             drafters = {"small": str(real_models.path(small)),
                         "dflash": invariance.untrained_dflash(target, str(Path(tmp) / "untrained.gguf"))}
-            plain = invariance.plain_outputs(target, prompts, args.n_new)
+            plain = invariance.plain_outputs(target, prompts, args.n_new, known=progress.known(f"{name} plain"),
+                                             on_output=progress.told(f"{name} plain"))
             for mode in args.e2e_modes:
-                t0 = time.perf_counter()
-                got = invariance.mode_outputs(mode, target, drafters, prompts, args.n_new)
+                part = f"{name} {mode}"
+                got = invariance.mode_outputs(mode, target, drafters, prompts, args.n_new, known=progress.known(part),
+                                              on_output=progress.told(part))
                 parted = [{"prompt": p, "token": next((i for i, (a, b) in enumerate(zip(w, o)) if a != b),
                                                       min(len(w), len(o)))}
                           for p, w, o in zip(prompts, plain, got) if w != o]
                 log(f"e2e {name} {mode}: {len(prompts) - len(parted)} of {len(prompts)} equal to plain")
                 rows.append({"target": name, "small": small, "mode": mode, "prompts": len(prompts),
                              "n_new": args.n_new, "equal": len(prompts) - len(parted), "parted": parted,
-                             "seconds": round(time.perf_counter() - t0, 1), "load_average": load_average()})
+                             "seconds": progress.seconds(part), "load_average": load_average()})
                 save()
 
 
@@ -112,6 +152,8 @@ def main(argv=None) -> int:
                       rows=[])
     if args.e2e:
         doc["e2e"] = []
+        progress = Progress(args.out, args, {"checkout": doc["checkout"], "date": doc["date"]})
+        doc["e2e_runs"] = progress.data["runs"]  # every run whose outputs the rows use
 
     def save() -> None:
         write_results(args.out, doc)
@@ -119,7 +161,7 @@ def main(argv=None) -> int:
     if args.rows:
         hunt_rows(args, log, doc["rows"], save)
     if args.e2e:
-        e2e_rows(args, log, doc["e2e"], save)
+        e2e_rows(args, log, doc["e2e"], save, progress)
     save()
     bad = [r for r in doc["rows"] if any(m["differing"] for m in r["modes"])] + \
           [r for r in doc.get("e2e", []) if r["parted"]]
