@@ -251,17 +251,24 @@ def _exit_wait_library() -> Optional[Path]:
     return lib
 
 
-def llama_log(model, prompt: str, threads: int, tool: Optional[Path] = None, n_ctx: int = 512) -> str:
-    """One run of llama-eval-callback: its log (stdout and stderr)."""
-    exe = tool or llama_cpp_tree.tool(TOOL)
+def run_printer(name: str, args: Sequence[str], tool: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """One run of a tool that prints tensors through llama.cpp's logger (llama-eval-callback,
+    our dflash-draft-eval; `tool`: its binary, else the built one), with the library that
+    lets the logger drain at exit preloaded."""
+    exe = tool or llama_cpp_tree.tool(name)
     if exe is None:
-        raise FileNotFoundError(f"{TOOL} is not built: run `python scripts/llama_cpp_build.py {TOOL}`")
+        raise FileNotFoundError(f"{name} is not built: run `python scripts/llama_cpp_build.py {name}`")
     env = dict(os.environ)
     preload = _exit_wait_library()
     if preload is not None:
         env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD")]))
-    cmd = [str(exe), "-m", str(model), "-p", prompt, "-t", str(threads), "-c", str(n_ctx)]  # it never warms up
-    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, errors="replace", env=env)
+
+
+def llama_log(model, prompt: str, threads: int, tool: Optional[Path] = None, n_ctx: int = 512) -> str:
+    """One run of llama-eval-callback: its log (stdout and stderr)."""
+    # it never warms up
+    proc = run_printer(TOOL, ["-m", str(model), "-p", prompt, "-t", str(threads), "-c", str(n_ctx)], tool)
     if proc.returncode != 0:
         raise RuntimeError(f"{TOOL} failed ({proc.returncode}): " + proc.stderr.strip()[-2000:])
     return proc.stderr + "\n" + proc.stdout

@@ -25,15 +25,14 @@ import contextlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
 
 from . import llama_cpp_tree
-from .parity import (ATOL, RTOL, Printed, _exit_wait_library, by_name, compare, dump_env, parse_eval_callback,
-                     read_dump_tensors)
+from .parity import (ATOL, RTOL, Printed, by_name, compare, dump_env, parse_eval_callback,
+                     read_dump_tensors, run_printer)
 from .parity import summary as target_summary
 
 TOOL = "dflash-draft-eval"
@@ -52,16 +51,9 @@ ROW_SHIFT = {"draft-eagle3": {"fc_out": 1}}
 def llama_draft_log(target, draft: Optional[str], spec_type: str, prompt: str, n_max: int, threads: int,
                     n_ctx: int = 512, tool: Optional[Path] = None) -> str:
     """One run of dflash-draft-eval: its log (stdout and stderr)."""
-    exe = tool or llama_cpp_tree.tool(TOOL)
-    if exe is None:
-        raise FileNotFoundError(f"{TOOL} is not built: run `python scripts/llama_cpp_build.py {TOOL}`")
-    env = dict(os.environ)
-    preload = _exit_wait_library()
-    if preload is not None:
-        env["LD_PRELOAD"] = " ".join(filter(None, [str(preload), env.get("LD_PRELOAD")]))
-    cmd = [str(exe), "-m", str(target), *(["-md", str(draft)] if draft else []), "--spec-type", spec_type,
-           "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", "0", "-t", str(threads), "-c", str(n_ctx), *EXACT, "-p", prompt]
-    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env)
+    proc = run_printer(TOOL, ["-m", str(target), *(["-md", str(draft)] if draft else []), "--spec-type", spec_type,
+                              "--spec-draft-n-max", str(n_max), "--spec-draft-p-min", "0", "-t", str(threads),
+                              "-c", str(n_ctx), *EXACT, "-p", prompt], tool)
     if proc.returncode != 0:
         if "layer input tensor is null" in proc.stderr:
             # src/models/<arch>.cpp of llama.cpp records no layer inputs (qwen2, gemma3 in this version)

@@ -53,12 +53,17 @@ def gguf(arch):
     return arch["gguf"]
 
 
+def built(name: str):
+    """A tool of the llama.cpp build (a missing one is a missing oracle)."""
+    exe = llama_cpp_tree.tool(name)
+    if exe is None:
+        missing_oracle(f"{name} (python scripts/llama_cpp_build.py {name})")
+    return exe
+
+
 @pytest.fixture(scope="module")
 def tool():
-    exe = llama_cpp_tree.tool(parity.TOOL)
-    if exe is None:
-        missing_oracle(f"llama.cpp's {parity.TOOL} (python scripts/llama_cpp_build.py {parity.TOOL})")
-    return exe
+    return built(parity.TOOL)
 
 
 def test_dump_names_every_layer(arch):
@@ -318,10 +323,7 @@ def test_mtp_and_eagle3_drafters_name_their_tensors_as_llama_cpp(kind, monkeypat
 def draft_tool():
     from dflash_gguf import parity_draft
 
-    exe = llama_cpp_tree.tool(parity_draft.TOOL)
-    if exe is None:
-        missing_oracle(f"{parity_draft.TOOL} (python scripts/llama_cpp_build.py {parity_draft.TOOL})")
-    return exe
+    return built(parity_draft.TOOL)
 
 
 def demo_drafter(kind: str, tmp_path) -> tuple:
