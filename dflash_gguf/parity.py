@@ -139,9 +139,14 @@ def read_dump(path) -> dict[str, dict]:
     return by_name(read_dump_tensors(path))
 
 
+def _slowest(ne) -> int:
+    """The slowest dimension with more than one element (a tensor's rows)."""
+    return max((d for d in range(4) if ne[d] > 1), default=0)
+
+
 def _rows_apart(ne_small, ne_big) -> bool:
     """Whether one tensor is the other with fewer rows along the slowest dimension."""
-    last = max((d for d in range(4) if ne_big[d] > 1), default=0)
+    last = _slowest(ne_big)
     return (all(ne_small[d] == ne_big[d] for d in range(last)) and 0 < ne_small[last] < ne_big[last]
             and all(ne_small[d] == 1 for d in range(last + 1, 4)))
 
@@ -179,7 +184,7 @@ def compare(ours: dict[str, dict], theirs: list[Printed], atol: float = ATOL, rt
         # where ours is longer, its last rows are llama.cpp's (it keeps only the output rows
         # in its last layer); where shorter, llama.cpp's last rows are ours (a DFlash
         # drafter's head skips the anchor's row); a shift as row_shift says
-        row_size = math.prod(t.ne[:max((d for d in range(4) if t.ne[d] > 1), default=0)])
+        row_size = math.prod(t.ne[:_slowest(t.ne)])
         offset = n_ours - n_theirs + (row_shift or {}).get(name, 0) * row_size
         keep = (idx + offset >= 0) & (idx + offset < n_ours)
         ref, idx = np.asarray(t.values, dtype=np.float64)[keep], idx[keep]
@@ -291,15 +296,15 @@ def run_llama(model, prompt: str, threads: int, tool: Optional[Path] = None, ret
 
 
 @contextlib.contextmanager
-def dump_env(regex: Optional[str], path, file_var: str = "DFLASH_DUMP_FILE"):
-    """DFLASH_DUMP_TENSORS and DFLASH_DUMP_FILE (csrc/dfl_dump.h; a drafter's:
-    file_var="DFLASH_DUMP_DRAFT_FILE") set for what loads a runtime inside (it reads them
-    then), restored after; no regex: nothing set."""
+def dump_env(regex: Optional[str], path, file_var: str = "DFLASH_DUMP_FILE", skip: int = 0):
+    """DFLASH_DUMP_TENSORS, DFLASH_DUMP_FILE and DFLASH_DUMP_SKIP (csrc/dfl_dump.h; a
+    drafter's file: file_var="DFLASH_DUMP_DRAFT_FILE") set for what loads a runtime inside
+    (it reads them then), restored after; no regex: nothing set."""
     if not regex:
         yield
         return
-    saved = {k: os.environ.get(k) for k in ("DFLASH_DUMP_TENSORS", file_var)}
-    os.environ.update({"DFLASH_DUMP_TENSORS": regex, file_var: str(path)})
+    saved = {k: os.environ.get(k) for k in ("DFLASH_DUMP_TENSORS", file_var, "DFLASH_DUMP_SKIP")}
+    os.environ.update({"DFLASH_DUMP_TENSORS": regex, file_var: str(path), "DFLASH_DUMP_SKIP": str(skip)})
     try:
         yield
     finally:

