@@ -114,7 +114,7 @@ class StepCosts:
     its rows (the chain's by rows, each tree size's), plus the step's other work
     measured by kind (`part`, each a running low figure): a drafted step's (the
     drafter's propose and the loop's host work), a plain step's (all of it: no drafter
-    runs, decoding.decode_call), a tree's host work per node (ranking, building,
+    runs, verifying.decode_call), a tree's host work per node (ranking, building,
     walking; before a tree has run, a survey's per node). Besides, what prices probes:
     a probe's whole step, and the drafter's catching up a token."""
 

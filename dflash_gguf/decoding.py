@@ -13,10 +13,11 @@ row (first), then every step (step, over any number of sequences)
            for every kind of proposal)
   commit   and commits it (the drafter takes it in its next graph)
 
-One body for every step: each sequence's proposer plans it (a Plan), one library call
-runs it (the lightest that can: plain decoding's decode_call, the fused chain_call,
-else phased_call's phases) and returns what it did alike (a Ran), and what follows is
-the same for every sequence (_kept: its counts, what its proposer learns, its tokens).
+One body for every step: each sequence's proposer hears of its last step and plans this
+one (a Plan), the drafter drafts, the proposers propose, one library call verifies (the
+lightest that can: verifying.py's decode_call, the fused chain_call, else verify_call)
+and returns what it did alike (a Ran), and what follows is the same for every sequence
+(verifying.kept: its counts, what its proposer will hear, its tokens).
 
 A single request is a set of one (sequence_steps). Greedy, each sequence's tokens are
 the target's argmax given their prefix, whatever else runs in the step; sampling, each
@@ -28,11 +29,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tuple
 
-from .ddtree import accept_path
 from .generate import GenerationStats, Placement, Prefill, Request, check_request, start_context
-from .proposers import Plan, Proposal, accepted_prefix
+from .proposal import Heard
 from .sampling import Sampler
-from .target import CHAIN, DECODE, INVARIANT_STEP_ROWS, LOGITS_LAST, TREE, Rows
+from .verifying import chain_call, decode_call, fused, kept, verify_call
 
 
 @dataclass
@@ -112,6 +112,7 @@ class Sequence:
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
         self.proposing = proposer.start(self)
+        self.heard: Optional[Heard] = None  # its last step, for its proposer to hear (hear)
 
     @property
     def slot(self) -> int:
@@ -131,6 +132,20 @@ class Sequence:
     @property
     def room(self) -> int:
         return self.target.n_ctx - self.tokens.n_past
+
+    def draft_room(self, n_max: int) -> int:
+        """Drafts a chain may have this step: n_max, what the request still wants after the
+        target's own next token (so that every committed row is a kept token, and the slot
+        holds exactly the request's context for the next one) and the context's room after
+        the bonus."""
+        return max(0, min(n_max, self.remaining - 1, self.room - 1))
+
+    def hear(self) -> None:
+        """Its proposer hears of its last step (Proposer.verified), once: at its next step,
+        before it plans, or at its finish."""
+        heard, self.heard = self.heard, None
+        if heard is not None:
+            self.proposer.verified(self, heard.plan, heard.proposal, heard.path, heard.out, heard.seconds)
 
     def catch_up_due(self) -> bool:
         """Whether a step that drafts nothing must still let the drafter take the
@@ -190,9 +205,9 @@ class Sequence:
             self.done = True
             return []
         self.tokens.chose(int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0]))
-        return self._emitted([self.tokens.bonus], record=False)
+        return self.emitted([self.tokens.bonus], record=False)
 
-    def _emitted(self, new: List[int], record: bool = True) -> List[int]:
+    def emitted(self, new: List[int], record: bool = True) -> List[int]:
         """The tokens of a step as the request keeps them: at most what it still wants,
         ending at a stop token; recorded, and generation ends when it should."""
         stats = self.stats
@@ -222,59 +237,30 @@ class Sequence:
         first (generate.prefill_chunks)."""
         if self.clock.decode:
             self.stats.decode_seconds = time.perf_counter() - self.clock.decode
+        self.hear()
         report = self.proposer.finish(self)
         if report is not None:
             self.stats.trees.auto = report
 
 
-@dataclass(slots=True)
-class Ran:
-    """What a step's library call did, told alike by every kind of call:
-      new        per sequence, the tokens the step emitted: the accepted drafts, then the
-                 target's next token (the step committed the old bonus and the drafts)
-      copies     the step's graph splits and the bytes it copied (Target.graph_copies)
-      proposals  per sequence, the Proposal its proposer hears of the step as (verified),
-      paths      and its accepted node path; None: the proposers hear nothing (plain
-                 decoding's PlainProposer, the fused chain's ChainProposer learn nothing)
-      seconds    the step's (drafting, verifying) seconds; None: all of it verifying
-      decoded    every sequence verified its last token alone (its stage: "decoded")"""
-
-    new: List[List[int]]
-    copies: Tuple[int, int]
-    proposals: Optional[List[Proposal]] = None
-    paths: Optional[List[List[int]]] = None
-    seconds: Optional[Tuple[float, float]] = None
-    decoded: bool = False
-
-
-SPEC_STAGES = ("drafted", "verified", "committed")
-DECODE_STAGES = ("decoded",)
-
-
 def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None) -> List[List[int]]:
     """One step of every sequence in `seqs` (each past its first token, not done): the
-    tokens each keeps, in order. Whichever library call runs the step (_call), what
-    follows it is the same for every sequence (_kept): its graph, stages, what its
-    proposer learns, its tokens and its pass (a speculative sequence's accepted length,
-    the step's drafting, verify and other seconds). joining: a sequence whose next
+    tokens each keeps, in order. The step only orchestrates, its calls going one way:
+    each sequence's proposer hears of its last step and plans this one (proposal.py), the
+    drafter's graph runs every block planned, the proposers propose, and one call of the
+    library verifies (verifying.py: the lightest call that can), after which every
+    sequence's step is recorded alike (verifying.kept). joining: a sequence whose next
     prompt chunk (its Prefill's) the target's graph takes after the others' rows, as
     many tokens as they leave of n_ubatch (at least one), the step held to
     INVARIANT_STEP_ROWS so that the others' rows round as they would alone; the chunk's
     choice, if any, is then at the sequence's row0 (it has yet to be told:
     Sequence.chunk_ran)."""
     if joining is None and not any(s.speculative for s in seqs):
-        return _kept(seqs, decode_call(target, seqs), None, None)  # plain decoding: nothing planned, nothing timed
+        return kept(seqs, decode_call(target, seqs))  # plain decoding: nothing planned, nothing timed
     t0 = time.perf_counter()
+    for s in seqs:
+        s.hear()
     plans = [s.proposer.plan(s) for s in seqs]
-    return _kept(seqs, _call(target, draft, seqs, plans, joining, t0), plans, t0)
-
-
-def _call(target, draft, seqs: Seq[Sequence], plans: List[Plan], joining: Optional[Sequence], t0: float) -> Ran:
-    """The step of sequences some of which draft (or beside a joining chunk), as their
-    proposers planned it, by the lightest call that does it: when every sequence
-    verifies its last token alone, plain decoding's call (decode_call); when every one
-    drafts a greedy chain of the drafter's block, the fused chain call (chain_call);
-    else the phased step (phased_call)."""
     blocks = []
     for s, plan in zip(seqs, plans):
         # a sequence that drafts nothing (block 0) leaves its drafter behind while its
@@ -287,183 +273,13 @@ def _call(target, draft, seqs: Seq[Sequence], plans: List[Plan], joining: Option
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # call, its drafters left behind
-        return decode_call(target, seqs, draft, heard=True)
-    if joining is None and _fused(seqs, plans, blocks):
-        return chain_call(target, draft, seqs, blocks)
-    return phased_call(target, draft, seqs, plans, blocks, joining, t0)
-
-
-def _kept(seqs: Seq[Sequence], ran: Ran, plans: Optional[List[Plan]], t0: Optional[float]) -> List[List[int]]:
-    """After a step's call, for every sequence: its graph, its stages (told after the call,
-    in the order its phases ran), its tokens (Tokens.took: the one history, which the
-    proposers then read), its proposal's counts and what its proposer learns
-    (ran.proposals, with its plan), its step's seconds (t0: the step's start; None: not
-    timed), and what the request keeps of them."""
-    splits, copied = ran.copies
-    if t0 is not None:
-        seconds = time.perf_counter() - t0
-        drafting, verifying = ran.seconds or (0.0, seconds)
-        other = seconds - drafting - verifying
-    kept = []
-    for i, s in enumerate(seqs):
-        new, stats = ran.new[i], s.stats
-        stats.graphs.record(splits, copied)
-        if s.where.on_stage is not None:
-            for name in DECODE_STAGES if ran.decoded or not s.speculative else SPEC_STAGES:
-                s.stage(name)
-        s.tokens.took(new)  # the old bonus and the accepted drafts committed, the next bonus
-        if ran.proposals is not None:
-            p, path = ran.proposals[i], ran.paths[i]
-            if p.kind is not None:
-                stats.drafts.count(p.kind, _drafted(p), len(path) - 1, p.corpus)
-            if p.nodes is not None:
-                stats.trees.sizes.append(p.nodes)
-                stats.trees.chain_steps += p.as_chain
-            s.proposer.verified(s, plans[i], p, path, new, seconds)
-        if t0 is not None and s.speculative:
-            stats.draft_seconds += drafting
-            stats.verify_seconds += verifying
-            stats.other_seconds += other
-        kept.append(s._emitted(new, record=s.speculative))
-    return kept
-
-
-def _fused(seqs: Seq[Sequence], plans: List[Plan], blocks: List[tuple]) -> bool:
-    """The step may run as chain_call: every sequence drafts a block this step, every one's
-    plan fuses, and they cut their chains alike."""
-    return len(blocks) == len(seqs) and all(b for _, _, b, _ in blocks) \
-        and all(plan.fuses for plan in plans) and len({s.proposer.p_min for s in seqs}) == 1
-
-
-def decode_call(target, seqs: Seq[Sequence], draft=None, heard: bool = False) -> Ran:
-    """The step of sequences that all decode plainly (the last token alone, as PlainProposer
-    proposes): their last tokens in one call of the target, which returns their choices.
-    The per-token host work is what bounds plain decoding's speed on a small model, so
-    this call crosses into the library once and stages and reads through buffers
-    allocated once.
-
-    heard: speculative sequences that draft nothing this step, each one's committed token
-    waiting for its drafter (`draft`, which the target is told of so that it keeps the
-    feature rows the drafter lacks); each proposer hears of the step as of a proposal of
-    the last token alone."""
-    uniforms, slots, bonuses = [], [], []
-    for s in seqs:
-        sampler, slot = s.sampler, s.slot
-        uniforms.append(-1.0 if sampler.greedy else sampler.next_uniform())
-        sampler.prepare_context(target, 1, seq=slot)
-        slots.append(slot)
-        bonuses.append(s.tokens.bonus)
-    choices = target.decode_next(slots, bonuses, uniforms, draft)
-    copies = target.last_copies()
-    if min(choices) < 0:  # a kept set reached past the ranked candidates: drawn again
-        for row, c in enumerate(choices):
-            if c < 0:
-                choices[row] = int(target.redraw([row], [uniforms[row]], slots[row])[0])
-    new = [[c] for c in choices]
-    if not heard:
-        return Ran(new, copies, decoded=True)
-    return Ran(new, copies, [Proposal([b], decode=True) for b in bonuses], [[0] for _ in seqs], decoded=True)
-
-
-def chain_call(target, draft, seqs: Seq[Sequence], blocks: List[tuple]) -> Ran:
-    """The step of greedy chains of the drafter's blocks (Plan.fuses): the same
-    propose, verify, accept and commit as phased_call's in one call of the library
-    (Target.chain_step), with one read of the host's results; each sequence's stages
-    follow the call, in the order its phases ran inside it."""
-    new = target.chain_step(draft, blocks, seqs[0].proposer.p_min)
-    return Ran(new, target.last_copies(), seconds=target.chain_seconds)
-
-
-def phased_call(target, draft, seqs: Seq[Sequence], plans: List[Plan], blocks: List[tuple],
-                joining: Optional[Sequence], t0: float) -> Ran:
-    """The step in its phases: the drafter's graph for every block (propose), each
-    sequence's Proposal, the target's graph for all their rows (and the joining chunk's),
-    then each sequence's choices, accepted path and commit."""
+        return kept(seqs, decode_call(target, seqs, draft, heard=True), plans, t0)
+    if joining is None and fused(plans, blocks):
+        return kept(seqs, chain_call(target, draft, blocks, plans[0].p_min), plans, t0)
     if blocks:
-        draft.propose_many(blocks)
-    proposals, rows, row0 = [], [], 0
-    for s, plan in zip(seqs, plans):
-        p = s.proposer.propose(s, plan)
-        r = verify_rows(s, p)
-        s.row0 = row0
-        row0 += r.n_out
-        proposals.append(p)
-        rows.append(r)
-    if joining is not None:
-        taken = sum(r.n_rows for r in rows)
-        joining.row0 = row0
-        rows.append(joining.prefill.rows(max(1, min(target.n_ubatch, INVARIANT_STEP_ROWS) - taken)))
-    t1 = time.perf_counter()
-    target.step(rows, draft)  # one target graph: every sequence's rows
-    choices = target.choices(0, row0)
-    t2 = time.perf_counter()
-    copies = target.graph_copies()  # the step's graph's, before any redraw
-    paths, new = [], []
-    for s, p, r in zip(seqs, proposals, rows):
-        choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
-        path, out = accepted(s, p, choice)
-        commit(s, p, path)
-        paths.append(path)
-        new.append(out)
-    return Ran(new, copies, proposals, paths, (t1 - t0, t2 - t1))
-
-
-def _drafted(p: Proposal) -> int:
-    """The drafts a proposal put to the target: a tree's nodes below the root (padding
-    left out), a chain's tokens after the bonus."""
-    if p.tree is not None:
-        return len(p.tree) - 1 - sum(p.tree.dummy or ())
-    return len(p.tokens) - 1 if p.tokens is not None else p.n - 1
-
-
-def verify_rows(seq: Sequence, p: Proposal) -> Rows:
-    """The target's rows for a proposal, their sampling staged (a uniform per row; with
-    penalties or a grammar, what each row sees after the history: the drafts before it)."""
-    target, sampler, slot = seq.target, seq.sampler, seq.slot
-    if p.decode:
-        sampler.prepare(target, 1, seq=slot)
-        return Rows(slot, DECODE, p.tokens, logits=LOGITS_LAST)
-    if p.tree is not None:
-        sampler.prepare(target, len(p.tree), p.tree.paths, seq=slot)
-        return Rows(slot, TREE, p.tree.tokens, p.tree.parents)
-    n = p.n if p.tokens is None else len(p.tokens)
-    sampler.prepare(target, n, lambda: _chain_paths(p.chain(slot)), seq=slot)
-    return Rows(slot, CHAIN, p.tokens, n=None if p.tokens is not None else n)
-
-
-def _chain_paths(block: List[int]) -> List[List[int]]:
-    """Per verified row of a chain, the drafts it sees after the bonus."""
-    return [block[1:i + 1] for i in range(len(block))]
-
-
-def accepted(seq: Sequence, p: Proposal, choice) -> Tuple[List[int], List[int]]:
-    """What the target's choices (one per verified row) keep of a proposal: the accepted
-    node path (root first; a chain's rows are its nodes) and the tokens emitted, the
-    accepted drafts then the target's own next token."""
-    if p.tree is not None:
-        path = accept_path(p.tree, choice)
-        return path, [p.tree.tokens[i] for i in path[1:]] + [int(choice[path[-1]])]
-    block = p.chain(seq.slot)
-    b = len(block)
-    if p.reject_top_k and b > 1:
-        k = p.reject_top_k
-        n_acc, nxt = seq.sampler.reject_accept(block[1:], p.draft.candidates(b - 1, k, seq=seq.slot),
-                                               seq.target.candidates(seq.row0, b, k), choice[b - 1])
-    else:
-        n_acc = accepted_prefix(block, choice)
-        nxt = int(choice[n_acc])
-    return list(range(n_acc + 1)), block[1:n_acc + 1] + [nxt]
-
-
-def commit(seq: Sequence, p: Proposal, path: List[int]) -> None:
-    """Keep the accepted path's rows in the target's memory, drop the rest (a decode's
-    row was appended: nothing to drop)."""
-    if p.decode:
-        return
-    if p.tree is not None:
-        seq.target.commit_path(path, seq=seq.slot)
-    else:
-        seq.target.commit(len(path), seq=seq.slot)
+        draft.propose_many(blocks)  # one drafter graph: every sequence's block
+    proposals = [s.proposer.propose(s, plan) for s, plan in zip(seqs, plans)]
+    return kept(seqs, verify_call(target, draft, seqs, proposals, joining, t0), plans, t0)
 
 
 def sequence_steps(seq: Sequence) -> Iterator[List[int]]:

@@ -42,7 +42,8 @@ from ._native import ffi, lib
 from .budget import CHAIN as CHAIN_ARM, PLAIN, AutoBudget
 from .config import SIMPLE
 from .ddtree import DraftTree
-from .proposers import Plan, Proposal, Proposer, draft_room
+from .proposal import Plan, Proposal
+from .proposers import Proposer
 from .target import CHAIN, DECODE, LOGITS_LAST, Rows, Target, TargetConfig
 from .weightless import Offer, Offers, Weightless, WeightlessKinds
 
@@ -426,15 +427,15 @@ class SimpleProposer(Proposer):
         self.lookahead = 1 + n_max * (2 if tree else 1)
 
     def plan(self, seq) -> Plan:
-        room = draft_room(seq, self.n_max)
+        room = seq.draft_room(self.n_max)
         arm = self.auto.choose() if self.auto is not None and room > 0 else None
         return Plan(decodes=arm == PLAIN, arm=arm)
 
     def propose(self, seq, plan: Plan) -> Proposal:
         if plan.decodes:  # auto's plain arm, beside sequences that draft: the bonus alone
             return Proposal([seq.tokens.bonus])
-        n = draft_room(seq, self.n_max)
-        grammar = seq.sampler.grammar if seq.sampler.guided else None
+        n = seq.draft_room(self.n_max)
+        grammar = seq.sampler.guide
         auto = self.auto if plan.arm is not None else None
         drafts, seconds, shares = self.draft.draft(seq.slot, seq.tokens.text, n, self.p_min,
                                                    siblings=self.tree and grammar is None, shares=auto is not None,
@@ -509,8 +510,8 @@ class SimpleWeightlessProposer(SimpleProposer):
         return offer if offer is not None and offer.expected >= max(1.0, kept) else None
 
     def plan(self, seq) -> Plan:
-        held = seq.proposing
-        step = held.weightless.offers(seq, self.kinds.n_max)
+        held, n_max = seq.proposing, self.kinds.n_max
+        step = held.weightless.offers(seq.tokens.text, n_max, seq.draft_room(n_max))
         offer = self.chosen(step, held.kept)
         if offer is not None:
             return OfferStep(judged=step.judged(offer), offer=offer)
@@ -520,7 +521,7 @@ class SimpleWeightlessProposer(SimpleProposer):
 
     def propose(self, seq, plan: Plan) -> Proposal:
         if isinstance(plan, OfferStep):
-            return plan.offer.proposal(seq)
+            return plan.offer.proposal(seq.tokens.bonus, seq.room, seq.sampler.guide)
         return super().propose(seq, plan)
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:

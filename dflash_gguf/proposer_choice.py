@@ -13,11 +13,11 @@ from .draft_simple import SimpleProposer, SimpleWeightlessProposer
 from .generate import Request
 from .ngram import ngram_sources
 from .pricing import RunHazards
-from .proposers import PlainProposer
+from .proposers import DrafterWeightlessProposer, PlainProposer, WeightlessProposer
 from .sampling import RULES, SamplingParams
 from .speculative import chain_proposer, tree_proposer
 from .verify_cost import VerifyCost
-from .weightless import DrafterWeightlessProposer, WeightlessKinds, WeightlessProposer
+from .weightless import WeightlessKinds
 
 
 class ProposerChoice:

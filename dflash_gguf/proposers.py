@@ -1,25 +1,11 @@
 """What a sequence proposes for its target to verify in a step (decoding.step): nothing
 (plain decoding: the last token alone), the chain of the drafter's block, or a DDTree of
 its top candidates; with `auto`, a policy choosing per step between plain decoding, the
-chain and trees of a few sizes (AutoProposer). The weightless kinds (n-gram, suffix),
-alone or beside a drafter, are weightless.py's; draft-simple's, draft_simple.py's.
+chain and trees of a few sizes (AutoProposer); the drafter's chain beside the weightless
+kinds (DrafterWeightlessProposer), or those kinds alone (WeightlessProposer), whose
+sources are weightless.py's; draft-simple's are draft_simple.py's.
 
-A proposer only proposes, and holds only its configuration and the long-lived things it
-drafts with (a drafter, corpora, auto's budget): what it keeps of a sequence from step to
-step is the sequence's (start, Sequence.proposing), and what it keeps of a step travels in
-the step's Plan, which decoding.step carries from plan to verified. Around the step's two
-graphs, so that the drafts of every sequence come from one drafter graph and their
-verifies from one target graph:
-  plan(seq)       the step's Plan, before the drafter's graph: the block to draft for it
-                  (0: none), whether the step verifies the last token alone (decodes)
-  propose(seq, plan)
-                  after it: the Proposal the target verifies
-  verified(seq, plan, proposal, path, out, seconds)
-                  after the step accepted and committed (decoding.step, once for every
-                  kind): the accepted node path, the tokens kept, the step's seconds; what
-                  a proposer learns from (auto, the n-gram sources' acceptance)
-When every sequence of a step decodes, the step is a plain decode (decoding.decode_call)
-and each proposer hears of it through verified() as of a proposal of the last token alone.
+The protocol they follow, and what a step carries between its calls, are proposal.py's.
 Greedy, every emitted token is the target's argmax given its prefix; sampling, a draw
 from the target's distribution given its prefix (see sampling.py for the rules)."""
 from __future__ import annotations
@@ -35,64 +21,9 @@ from ._native import ffi, lib
 from .budget import CHAIN, PLAIN, AutoBudget, tree_nodes
 from .ddtree import DraftTree, build_tree
 from .draft import Draft
-
-
-@dataclass(slots=True)
-class Proposal:
-    """What one sequence puts to its target in a step, and the rule that keeps it:
-      tokens  the bonus token then its drafts: a chain, or with `tree` the tree's nodes
-      n       with tokens None, a chain of the first n tokens of `draft`'s block, which goes
-              to the target on the device (read back only where the host needs it)
-      reject_top_k  a sampled chain of the drafter's own draws, kept by speculative
-              rejection sampling over both models' top-k; otherwise each draft (or tree
-              child) is kept while the target's choice before it equals it
-      decode  plain decoding's row: the bonus alone, appended, its logits only
-      kind    the kind that drafted it (an n-gram kind, suffix, draft-simple): its drafted
-              and accepted tokens are counted under that name (GenerationStats.drafts: DraftCounts.count)
-      corpus  suffix's drafts came from the corpus of earlier requests, not the
-              sequence's own text
-      nodes   in tree mode (a tree budget, auto, draft-simple's tree), the nodes below the
-              root the step verifies (GenerationStats.trees: TreeSteps.sizes)
-      as_chain  a tree-mode step that verifies a chain instead (TreeSteps.chain_steps)"""
-
-    tokens: Optional[List[int]] = None
-    tree: Optional[DraftTree] = None
-    draft: Any = None
-    n: int = 1
-    reject_top_k: int = 0
-    decode: bool = False
-    kind: Optional[str] = None
-    corpus: bool = False
-    nodes: Optional[int] = None
-    as_chain: bool = False
-
-    def chain(self, slot: int) -> List[int]:
-        """A chain's tokens, the device block read back on first use."""
-        if self.tokens is None:
-            self.tokens = self.draft.block(self.n, seq=slot)
-        return self.tokens
-
-
-@dataclass(slots=True)
-class Plan:
-    """One sequence's step as its proposer plans it, carried by decoding.step from plan
-    through propose to verified:
-      block    the drafter's block to draft for it before the drafter's graph (0: none)
-      decodes  the step verifies the last token alone
-      depth    how deep its drafts may go (a tree's, auto's chain's)
-      arm      auto's arm for the step (budget.PLAIN, CHAIN or a tree size; None: a step
-               auto does not hear of)
-      judged   what verified judges the step's drafts by: the n-gram sources' drafts
-               (NgramDrafts.best), the suffix tree and its depth (SuffixDrafts.judge)
-      fuses    the step may run as one call of the library (decoding.chain_call): a
-               greedy chain of the drafter's block, kept by the target's argmax alone"""
-
-    block: int = 0
-    decodes: bool = False
-    depth: int = 0
-    arm: Optional[int] = None
-    judged: Any = None
-    fuses: bool = False
+from .ngram import expected_chain
+from .proposal import Plan, Proposal
+from .weightless import Weightless, WeightlessKinds
 
 
 def accepted_prefix(block: List[int], target_choice) -> int:
@@ -126,14 +57,6 @@ def confident_length(confidence, conf_min: float) -> int:
     return len(confidence)
 
 
-def draft_room(seq, n_max: int) -> int:
-    """Drafts a chain may have this step: n_max, what the request still wants after the
-    target's own next token (so that every committed row is a kept token, and the slot
-    holds exactly the request's context for the next one) and the context's room after
-    the bonus."""
-    return max(0, min(n_max, seq.remaining - 1, seq.room - 1))
-
-
 class Proposer(ABC):
     """What every proposer has: it keeps nothing of a sequence, drafts nothing unless it
     plans a block, and learns nothing from what was verified unless it says so."""
@@ -156,8 +79,9 @@ class Proposer(ABC):
 
     def verified(self, seq, plan: Plan, proposal: Proposal, path: List[int], out: List[int],
                  seconds: float) -> None:
-        """The step kept `path` (node indices, root first) of `proposal` and emitted `out`;
-        called after the sequence took them (seq.tokens.text ends with `out`)."""
+        """The sequence's last step kept `path` (node indices, root first) of `proposal`
+        and emitted `out` in `seconds`: heard at its next step, before plan, or at its
+        finish (Heard; seq.tokens.text ends with `out`)."""
 
     def finish(self, seq) -> Optional[dict]:
         """The sequence ended: auto's report for its statistics (None: no auto)."""
@@ -202,7 +126,7 @@ class ChainProposer(Proposer):
             self.draft.set_uniforms(seq.sampler.uniforms(b - 1), seq=seq.slot)
         if b < 2:
             return Plan(decodes=True)  # no room left to draft
-        return Plan(block=b, fuses=self.fuses(seq))
+        return Plan(block=b, fuses=self.fuses(seq), p_min=self.p_min)
 
     def fuses(self, seq) -> bool:
         """Its steps may run as one call of the library (Plan.fuses)."""
@@ -232,6 +156,74 @@ class ChainProposer(Proposer):
         return Proposal(draft=draft, n=b, reject_top_k=self.top_k)
 
 
+class WeightlessProposer(Proposer):
+    """The weightless kinds alone (`--spec-type ngram-simple`, `suffix`, `suffix,ngram-mod`
+    ...): each step the offer with the most expected tokens per second at the target's
+    measured verify cost (Offers.cheapest), cut to its best size, or the last token alone
+    when no offer pays (without a cost, every step verifies the likeliest offer whole)."""
+
+    def __init__(self, kinds: WeightlessKinds, cost=None):
+        self.kinds = kinds
+        self.lookahead = kinds.n_max + 1
+        self.cost = cost  # verify_cost.VerifyCost (None: every offer verified whole)
+
+    def start(self, seq) -> Weightless:
+        return self.kinds.start()
+
+    def propose(self, seq, plan: Plan) -> Proposal:
+        n_max = self.kinds.n_max
+        step = seq.proposing.offers(seq.tokens.text, n_max, seq.draft_room(n_max))
+        offer = step.cheapest(self.cost)[0] if self.cost is not None else step.likeliest()
+        plan.judged = step.judged(offer)
+        if offer is None:
+            return Proposal([seq.tokens.bonus])
+        return offer.proposal(seq.tokens.bonus, seq.room, seq.sampler.guide)
+
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(out, plan.judged)
+
+    def finish(self, seq) -> None:
+        seq.proposing.finish(seq)
+
+
+class DrafterWeightlessProposer(ChainProposer):
+    """The drafter's chain beside the weightless kinds (`--spec-type draft-dflash,suffix`,
+    `draft-dflash,ngram-mod`, ...): the drafter drafts every step; the step verifies the
+    likeliest weightless offer when it expects to keep more drafts than the drafter's
+    chain by the drafter's own confidence (ngram.expected_chain), else the chain."""
+
+    def __init__(self, draft, block_size: int, p_min: float, kinds: WeightlessKinds):
+        super().__init__(draft, block_size, p_min)
+        self.kinds = kinds
+        self.lookahead = max(block_size, kinds.n_max + 1)
+
+    def start(self, seq) -> Weightless:
+        return self.kinds.start()
+
+    def plan(self, seq) -> Plan:
+        plan = super().plan(seq)
+        plan.decodes = plan.fuses = False  # the offers are weighed after the drafter's graph
+        return plan
+
+    def propose(self, seq, plan: Plan) -> Proposal:
+        b = self._cut(seq, plan.block)
+        n_max = self.kinds.n_max
+        step = seq.proposing.offers(seq.tokens.text, n_max, seq.draft_room(n_max))
+        offer = step.likeliest()
+        if offer is not None and (b < 2 or offer.expected >
+                                  expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
+            plan.judged = step.judged(offer)
+            return offer.proposal(seq.tokens.bonus, seq.room, seq.sampler.guide)
+        plan.judged = step.judged(None)
+        return self._chain(seq, b)
+
+    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
+        seq.proposing.observe(out, plan.judged)
+
+    def finish(self, seq) -> None:
+        seq.proposing.finish(seq)
+
+
 def _fits(seq, size: int) -> bool:
     """A tree padded to `size` nodes below the bonus fits the context's room."""
     return 1 + size <= seq.room
@@ -240,7 +232,7 @@ def _fits(seq, size: int) -> bool:
 def _best_tree(seq, cand, logp, size: int, depth: int) -> DraftTree:
     """The best-first tree of `size` nodes below the bonus, at most `depth` deep, from the
     drafter's per-position top-K (candidates, log-probabilities), as the grammar lets it be."""
-    grammar = seq.sampler.grammar if seq.sampler.guided else None
+    grammar = seq.sampler.guide
     return build_tree(seq.tokens.bonus, cand, logp, size, max_depth=depth,
                       valid=grammar.accepts if grammar is not None else None,
                       forced=grammar.forced_after if grammar is not None else None)

@@ -251,6 +251,11 @@ class Sampler:
         g = self.grammar
         return g is not None and ((g.active and g.drafting) or g.waiting)
 
+    @property
+    def guide(self):
+        """The grammar when it decides how far drafts go (guided), else None."""
+        return self.grammar if self.guided else None
+
     def uniforms(self, n: int) -> np.ndarray:
         """The next n values of the generator's float32 stream: next_uniform's block first,
         so that a plain sequence draws the same values whichever step path it takes."""

@@ -289,24 +289,22 @@ class SuffixDrafts:
         self.cursor = CopyCursor()  # where the output copies its own text from, through edits
         self.hazard = hazard  # the key's, pricing.RunHazards
 
-    def text(self, seq) -> List[int]:
-        """The sequence's text (Tokens.text: its prompt, its output, the bonus last), its
-        new ends indexed and followed by the cursor."""
-        text = seq.tokens.text
+    def follow(self, text: List[int]) -> None:
+        """The sequence's text (Tokens.text: its prompt, its output, the bonus last): its
+        new end indexed and followed by the cursor."""
         self.own.follow(OWN, text)
         self.cursor.follow(text)
-        return text
 
     def probs(self, tree: Optional[DraftTree], run: int) -> np.ndarray:
         """A tree's nodes' chances of being kept, best-first (their counts times the
         chance that the target goes on along the match that far, pricing.tree_probs)."""
         return np.zeros(0) if tree is None else tree_probs(tree, self.hazard, run)
 
-    def best(self, seq, budget: int, max_depth: int) -> Tuple[Optional[DraftTree], np.ndarray, int, bool]:
+    def best(self, text: List[int], budget: int, max_depth: int) -> Tuple[Optional[DraftTree], np.ndarray, int, bool]:
         """(the draft with the most expected accepted drafts: the own text's tree, the
         cursor's copy or the corpus's tree; its nodes' chances, the run it is priced by,
         whether it came from the corpus); (None, ...): none found one."""
-        text = self.text(seq)
+        self.follow(text)
         tree, match = draft_tree(self.own, text, budget, max_depth, self.config)
         run = match.length if tree is not None else 0
         if match is not None and match.length > self.cursor.strength():

@@ -3,12 +3,13 @@ and suffix trees (suffix.py) over it and its corpus key's earlier requests, each
 on its own or together (`--spec-type suffix,ngram-mod`). Each enabled source offers one
 draft a step (an Offer), with the chance that each of its nodes is kept:
 
-  alone (WeightlessProposer)   the offer with the most expected tokens per second at the
+  alone (proposers.WeightlessProposer)
+                               the offer with the most expected tokens per second at the
                                target's verify cost by rows, cut to its best size
                                (pricing.best_size); none, a plain decode, when no offer
                                beats the last token alone
   beside a drafter model       the offer with the most expected kept drafts competes with
-                               the model's chain (DrafterWeightlessProposer here, and
+                               the model's chain (proposers.DrafterWeightlessProposer,
                                draft_simple.SimpleWeightlessProposer)
 
 Every offer is fixed before the target's draws of its step, so greedy output is the
@@ -23,9 +24,9 @@ from typing import Callable, Hashable, List, Optional, Tuple
 import numpy as np
 
 from .ddtree import DraftTree
-from .ngram import NgramDrafts, expected_chain
+from .ngram import NgramDrafts
 from .pricing import RunHazards, best_size
-from .proposers import ChainProposer, Plan, Proposal, Proposer, draft_room
+from .proposal import Proposal
 from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
 
 SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.drafts: DraftCounts.count)
@@ -65,19 +66,20 @@ class Offer:
         tree = self.tree.best(m) if self.tree is not None else None
         return Offer(self.kind, self.probs[:m], self.drafts[:m], tree, self.corpus, self.run)
 
-    def proposal(self, seq) -> Proposal:
-        """The offer as the target verifies it: a chain as it is; a tree of one branch as
-        a chain; a tree of several as it is (not padded: on a CPU every row costs, and
-        the sizes a step verifies are few), or, where it does not fit the context or a
-        grammar constrains the output, its likeliest branch as a chain (cut where the
-        grammar rejects it)."""
-        bonus, tree = seq.tokens.bonus, self.tree
+    def proposal(self, bonus: int, room: int, grammar=None) -> Proposal:
+        """The offer as the target verifies it after `bonus`, in a context with `room`
+        rows left, under `grammar` (a constraints.GrammarState; None: unconstrained): a
+        chain as it is; a tree of one branch as a chain; a tree of several as it is (not
+        padded: on a CPU every row costs, and the sizes a step verifies are few), or,
+        where it does not fit the context or a grammar constrains the output, its
+        likeliest branch as a chain (cut where the grammar rejects it)."""
+        tree = self.tree
         if tree is None:
             return Proposal([bonus] + self.drafts, kind=self.kind)
-        if is_chain(tree) or seq.sampler.guided or len(tree) > seq.room:
+        if is_chain(tree) or grammar is not None or len(tree) > room:
             drafts = likeliest_path(tree)
-            if seq.sampler.guided:
-                drafts = seq.sampler.grammar.draft_path(drafts)
+            if grammar is not None:
+                drafts = grammar.draft_path(drafts)
             return Proposal([bonus] + drafts, kind=self.kind, corpus=self.corpus)
         return Proposal(tree=tree, kind=self.kind, corpus=self.corpus)
 
@@ -124,18 +126,19 @@ class Weightless:
     def __init__(self, ngram: Optional[NgramDrafts], suffix: Optional[SuffixDrafts]):
         self.ngram, self.suffix = ngram, suffix
 
-    def offers(self, seq, n_max: int) -> Offers:
-        """Each source's offer for the step: at most n_max drafts, no deeper than the
-        request and the context have room for."""
-        step, room = Offers(), draft_room(seq, n_max)
+    def offers(self, text: List[int], n_max: int, room: int) -> Offers:
+        """Each source's offer for the step after `text` (the sequence's Tokens.text): at
+        most n_max drafts, no deeper than `room` (Sequence.draft_room: what the request
+        and the context have room for)."""
+        step = Offers()
         if not room:
             return step
         if self.ngram is not None:
-            drafts, probs, kind, step.ngram = self.ngram.best(seq.tokens.text, room)
+            drafts, probs, kind, step.ngram = self.ngram.best(text, room)
             if drafts:
                 step.offers.append(Offer(kind, probs, drafts=drafts))
         if self.suffix is not None:
-            tree, probs, run, corpus = self.suffix.best(seq, n_max, room)
+            tree, probs, run, corpus = self.suffix.best(text, n_max, room)
             if tree is not None:
                 step.offers.append(Offer(SUFFIX_KIND, probs, tree=tree, corpus=corpus, run=run))
         return step
@@ -178,67 +181,3 @@ class WeightlessKinds:
         if self.corpora is not None:
             suffix = SuffixDrafts(self.corpora, self.key, self.hazards.get(self.key, SUFFIX_KIND))
         return Weightless(ngram, suffix)
-
-
-class WeightlessProposer(Proposer):
-    """The weightless kinds alone (`--spec-type ngram-simple`, `suffix`, `suffix,ngram-mod`
-    ...): each step the offer with the most expected tokens per second at the target's
-    measured verify cost (Offers.cheapest), cut to its best size, or the last token alone
-    when no offer pays (without a cost, every step verifies the likeliest offer whole)."""
-
-    def __init__(self, kinds: WeightlessKinds, cost=None):
-        self.kinds = kinds
-        self.lookahead = kinds.n_max + 1
-        self.cost = cost  # verify_cost.VerifyCost (None: every offer verified whole)
-
-    def start(self, seq) -> Weightless:
-        return self.kinds.start()
-
-    def propose(self, seq, plan: Plan) -> Proposal:
-        step = seq.proposing.offers(seq, self.kinds.n_max)
-        offer = step.cheapest(self.cost)[0] if self.cost is not None else step.likeliest()
-        plan.judged = step.judged(offer)
-        return offer.proposal(seq) if offer is not None else Proposal([seq.tokens.bonus])
-
-    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(out, plan.judged)
-
-    def finish(self, seq) -> None:
-        seq.proposing.finish(seq)
-
-
-class DrafterWeightlessProposer(ChainProposer):
-    """The drafter's chain beside the weightless kinds (`--spec-type draft-dflash,suffix`,
-    `draft-dflash,ngram-mod`, ...): the drafter drafts every step; the step verifies the
-    likeliest weightless offer when it expects to keep more drafts than the drafter's
-    chain by the drafter's own confidence (ngram.expected_chain), else the chain."""
-
-    def __init__(self, draft, block_size: int, p_min: float, kinds: WeightlessKinds):
-        super().__init__(draft, block_size, p_min)
-        self.kinds = kinds
-        self.lookahead = max(block_size, kinds.n_max + 1)
-
-    def start(self, seq) -> Weightless:
-        return self.kinds.start()
-
-    def plan(self, seq) -> Plan:
-        plan = super().plan(seq)
-        plan.decodes = plan.fuses = False  # the offers are weighed after the drafter's graph
-        return plan
-
-    def propose(self, seq, plan: Plan) -> Proposal:
-        b = self._cut(seq, plan.block)
-        step = seq.proposing.offers(seq, self.kinds.n_max)
-        offer = step.likeliest()
-        if offer is not None and (b < 2 or offer.expected >
-                                  expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            plan.judged = step.judged(offer)
-            return offer.proposal(seq)
-        plan.judged = step.judged(None)
-        return self._chain(seq, b)
-
-    def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        seq.proposing.observe(out, plan.judged)
-
-    def finish(self, seq) -> None:
-        seq.proposing.finish(seq)

@@ -3,8 +3,10 @@
 inside one `decoding.step` that is handed a Sequence (or a list of them) as an argument,
 in call order, by the file its function is in; the Sequence's own methods and properties
 (its fields' readers) left out, runs of one file collapsed into one visit. Per proposer
-kind on the bundled demo pair, over a short greedy generation: the longest route of any
-step, its visits, its distinct files and how often it came back to a file it had left.
+kind on the bundled demo pair (draft-simple's small model: the demo target itself), over
+a short generation, greedy but for one sampled chain: the longest route of any step (most
+visits, then most calls), its visits, its distinct files and how often it came back to a
+file it had left.
 
     .venv/bin/python experiments/step_route.py --out results/step-route-DATE.json
 """
@@ -14,21 +16,28 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 from dflash_gguf import decoding
 from dflash_gguf.bench.provenance import results_doc, write_results
 from dflash_gguf.demo import DEMO_PROMPT, demo_paths
 from dflash_gguf.engine import Engine
+from dflash_gguf.sampling import SamplingParams
 
 PACKAGE = os.path.dirname(decoding.__file__)
-KINDS = {  # label: (Engine options, with the demo drafter)
-    "plain": ({}, False),
-    "dflash chain (fused)": ({}, True),
-    "dflash tree": ({"tree_budget": 8}, True),
-    "auto": ({"tree_budget": "auto"}, True),
-    "ngram-simple": ({"spec_type": "ngram-simple"}, False),
-    "suffix": ({"spec_type": "suffix"}, False),
-    "draft-dflash,suffix": ({"spec_type": "draft-dflash,suffix"}, True),
+KINDS = {  # label: (Engine options, the drafter: the demo drafter, none, or the target itself
+    # as draft-simple's small model, the demo pair having none of its own)
+    "plain": ({}, None),
+    "dflash chain (fused)": ({}, "draft"),
+    "dflash chain, sampled": ({"temperature": 0.8}, "draft"),
+    "dflash tree": ({"tree_budget": 8}, "draft"),
+    "auto": ({"tree_budget": "auto"}, "draft"),
+    "ngram-simple": ({"spec_type": "ngram-simple"}, None),
+    "suffix": ({"spec_type": "suffix"}, None),
+    "draft-dflash,suffix": ({"spec_type": "draft-dflash,suffix"}, "draft"),
+    "draft-simple": ({"spec_type": "draft-simple"}, "target"),
+    "draft-simple, auto": ({"spec_type": "draft-simple", "tree_budget": "auto"}, "target"),
+    "draft-simple,suffix": ({"spec_type": "draft-simple,suffix"}, "target"),
 }
 
 
@@ -38,7 +47,7 @@ def handed_a_sequence(value) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and isinstance(value[0], decoding.Sequence)
 
 
-def routes(options: dict, with_draft: bool, n: int) -> list:
+def routes(options: dict, drafter: Optional[str], n: int) -> list:
     """Each step's route: [[file, function, ...], ...] in call order."""
     target, draft = demo_paths()
     steps, step = [], decoding.step
@@ -66,8 +75,10 @@ def routes(options: dict, with_draft: bool, n: int) -> list:
 
     decoding.step = traced
     try:
-        with Engine(target, draft if with_draft else None, **options) as engine:
-            engine.generate(DEMO_PROMPT, n, stop_tokens=())
+        sampling = options.pop("temperature", None)
+        with Engine(target, {"draft": draft, "target": target, None: None}[drafter], **options) as engine:
+            engine.generate(DEMO_PROMPT, n, stop_tokens=(),
+                            sampling=SamplingParams(temperature=sampling, seed=1) if sampling else None)
     finally:
         decoding.step = step
     return steps
@@ -79,8 +90,9 @@ def main(argv=None) -> int:
     p.add_argument("-n", type=int, default=24, help="tokens generated per kind (default 24)")
     args = p.parse_args(argv)
     doc = results_doc("step_route", sys.argv, rows=[])
-    for label, (options, with_draft) in KINDS.items():
-        longest = max(routes(options, with_draft, args.n), key=len)
+    for label, (options, drafter) in KINDS.items():
+        # the step of most visits, of most calls among those
+        longest = max(routes(dict(options), drafter, args.n), key=lambda r: (len(r), sum(map(len, r))))
         files = [visit[0] for visit in longest]
         row = {"kind": label, "visits": len(files), "files": len(set(files)),
                "came_back": len(files) - len(set(files)),

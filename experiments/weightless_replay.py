@@ -35,7 +35,8 @@ from dflash_gguf.ngram import ngram_sources
 from dflash_gguf.config import NgramConfig, parse_spec_types
 from dflash_gguf.pricing import RunHazards, walk_depth
 from dflash_gguf.suffix import SuffixConfig, SuffixCorpora, is_chain, likeliest_path
-from dflash_gguf.weightless import WeightlessKinds, WeightlessProposer
+from dflash_gguf.proposers import WeightlessProposer
+from dflash_gguf.weightless import WeightlessKinds
 
 ORACLE = "oracle"  # an --arm: the bound any drafter could reach (oracle())
 COPY_ORACLE = "copy-oracle"  # an --arm: the bound any drafter that copies could reach (copy_oracle())
@@ -134,8 +135,9 @@ def replay(kinds, turns, cost, n_max: int) -> dict:
     for prompt, out in turns:
         text = list(prompt) + out[:1]  # the first token comes with the prompt's pass
         seq = SimpleNamespace(tokens=SimpleNamespace(text=text, prompt=prompt, bonus=out[0]),
-                              stats=SimpleNamespace(generated_tokens=1), sampler=SimpleNamespace(guided=False),
+                              stats=SimpleNamespace(generated_tokens=1), sampler=SimpleNamespace(guide=None),
                               room=1 << 30, remaining=len(out) - 1)
+        seq.draft_room = lambda n_max, seq=seq: max(0, min(n_max, seq.remaining - 1))  # as Sequence.draft_room
         seq.proposing = proposer.start(seq)
         i = 1
         while i < len(out):

@@ -167,7 +167,7 @@ def test_constrained_output_equals_plain_constrained_output(files, plain):
 def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
     """p-min stops drafting before a draft the drafter gives less than p-min (of its top
     10's mass, as llama.cpp counts it); n-min drops a shorter chain."""
-    from dflash_gguf import decoding
+    from dflash_gguf import verifying
 
     verified = []  # drafts verified per step
 
@@ -176,8 +176,8 @@ def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
         verified.append(rows.n_rows - 1)
         return rows
 
-    verify = decoding.verify_rows
-    monkeypatch.setattr(decoding, "verify_rows", verify_rows)
+    verify = verifying.verify_rows
+    monkeypatch.setattr(verifying, "verify_rows", verify_rows)
     want = plain.generate(TEXTS[0], 30, stop_tokens=()).tokens
     sizes = {}
     for p_min, n_min in ((0.0, 0), (0.3, 0), (0.3, 2)):

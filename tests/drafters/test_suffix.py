@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf import decoding
+from dflash_gguf import verifying
 from dflash_gguf.engine import Engine
 from dflash_gguf.pricing import RunHazards
 from dflash_gguf.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
@@ -167,14 +167,14 @@ def test_rows_as_dear_as_a_step_verify_no_unsure_tree(plain, monkeypatch):
 def trees_verified(monkeypatch):
     """The branching trees the steps verified (nodes with two children or more)."""
     seen = []
-    verify = decoding.accepted
+    verify = verifying.accepted
 
     def spy(seq, p, choice):
         if p.tree is not None and any(len(kids) > 1 for kids in p.tree.children()):
             seen.append(len(p.tree))
         return verify(seq, p, choice)
 
-    monkeypatch.setattr(decoding, "accepted", spy)
+    monkeypatch.setattr(verifying, "accepted", spy)
     return seen
 
 
