@@ -23,7 +23,7 @@ from .errors import ConversionError
 from .hf import Checkpoint, load_config, quantization_method
 from .quant import OUTTYPES, plan_types, tensor_bytes
 from .registry import converter_for
-from .vocab import load_vocab
+from .vocab.load import load_vocab
 
 log = logging.getLogger("dflash_gguf.convert")
 

@@ -177,7 +177,7 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def _quantize(rows: np.ndarray, t: T) -> np.ndarray:
-    from dflash_gguf._native import check, ffi, lib
+    from ..runtime.native import check, ffi, lib
 
     n_rows, row_length = rows.shape
     out = np.empty(n_rows * row_bytes(t, row_length), dtype=np.uint8)

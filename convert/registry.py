@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 from .base import ModelConverter
-from .dflash import DFlashConverter
-from .dflash_config import DSPARK_ARCHITECTURES
-from .eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
 from .errors import ConversionError
-from .gemma3 import Gemma3Converter
-from .gemma4 import Gemma4Converter
-from .gptoss import GptOssConverter
-from .qwen2 import Qwen2Converter
-from .qwen3 import Qwen3Converter
-from .qwen35 import Qwen35Converter
-from .qwen35moe import Qwen35MoeConverter
+from .models.dflash import DFlashConverter
+from .models.dflash_config import DSPARK_ARCHITECTURES
+from .models.eagle3 import ARCHITECTURES as EAGLE3_ARCHITECTURES, Eagle3Converter
+from .models.gemma3 import Gemma3Converter
+from .models.gemma4 import Gemma4Converter
+from .models.gptoss import GptOssConverter
+from .models.qwen2 import Qwen2Converter
+from .models.qwen3 import Qwen3Converter
+from .models.qwen35 import Qwen35Converter
+from .models.qwen35moe import Qwen35MoeConverter
 
 CONVERTERS: dict[str, type[ModelConverter]] = {
     "Qwen3_5ForCausalLM": Qwen35Converter,

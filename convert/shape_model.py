@@ -74,7 +74,7 @@ _BYTE_SCALES = {T.MXFP4: [(0, 120)]}
 
 def demo_tokenizer() -> list[tuple[str, object, GGUFValueType, GGUFValueType | None]]:
     """tokenizer.* of the bundled demo target: (key, value, type, array item type)."""
-    from dflash_gguf.demo import demo_paths
+    from ..runtime.demo import demo_paths
 
     r = GGUFReader(str(demo_paths()[0]))
     return [(key, *field_value(f)) for key, f in r.fields.items()

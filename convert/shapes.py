@@ -201,7 +201,7 @@ def gemma3_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def gemma4_tensors(c: dict) -> list[tuple[str, tuple[int, ...]]]:
-    """A Gemma 4 target's tensors, in our converter's order (convert/gemma4.py)."""
+    """A Gemma 4 target's tensors, in our converter's order (convert/models/gemma4.py)."""
     E, V, F, H = c["hidden"], c["vocab"], c["ffn"], c["heads"]
     out = [("rope_freqs.weight", (c["head_dim_full"] // 2,)), ("token_embd.weight", (V, E))]
     for il in range(c["layers"]):
@@ -256,7 +256,7 @@ def metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
     if a == "gemma4":
         return kv[:4] + _gemma4_metadata(c)  # its head counts and sizes are per kind of layer
     if a == "gemma3":
-        # llama.cpp's keys (its converter's and ours: convert/gemma3.py); the period of
+        # llama.cpp's keys (its converter's and ours: convert/models/gemma3.py); the period of
         # global layers is llama.cpp's default 6, written only when it differs
         kv += [(f"{a}.feed_forward_length", c["ffn"], u32), (f"{a}.rope.freq_base_swa", c["rope_theta_swa"], f32),
                (f"{a}.attention.sliding_window", c["window"], u32)]
@@ -296,7 +296,7 @@ def metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
 
 
 def _gemma4_metadata(c: dict) -> list[tuple[str, object, GGUFValueType]]:
-    """The gemma4.* keys our converter writes beside the common ones (convert/gemma4.py)."""
+    """The gemma4.* keys our converter writes beside the common ones (convert/models/gemma4.py)."""
     a, u32, f32, i32 = c["arch"], GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.INT32
     full = [is_full(c, il) for il in range(c["layers"])]
     kv = [(f"{a}.feed_forward_length", c["ffn"], u32), (f"{a}.rope.freq_base", c["rope_theta"], f32),

@@ -29,7 +29,7 @@
  * and the heap grew with the store's turnover (the soak's creep). What a mapping holds
  * is whole pages, so the bytes a checkpoint reports are what is resident for it. */
 #include "dfl_draft_impl.h"
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 
 #include <ggml-alloc.h>
 #include <ggml-backend.h>

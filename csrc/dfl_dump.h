@@ -1,5 +1,5 @@
 /* Named-tensor dumps of one graph, for comparing a run with llama.cpp's
- * llama-eval-callback tensor by tensor (python -m dflash_gguf.parity).
+ * llama-eval-callback tensor by tensor (python -m dflash_gguf.tools.parity).
  *
  *   DFLASH_DUMP_TENSORS=REGEX     names to dump (POSIX extended regex, searched, not anchored)
  *   DFLASH_DUMP_FILE=PATH         where the target's go (this or the next is required with the above)

@@ -91,7 +91,7 @@ static void sha256_hex(sha256 * s, char hex[65]) {
 
 /* ---- tokenizer fingerprint --------------------------------------------------------------- */
 
-/* The byte stream hashed (convert/vocab.py tokenizer_sha256 writes the same):
+/* The byte stream hashed (convert/vocab/load.py tokenizer_sha256 writes the same):
  * "dflash-tokenizer-v1\n", then for the token list and the merges each: the entry count
  * (u64 LE) and every entry as its length (u32 LE) and bytes; then, with `special`, the
  * bos, eos, unk, sep and pad ids as i32 LE (-1 when absent). */

@@ -5,7 +5,7 @@
  * reads both runtimes' insides (their loading steps, memory and graph builders over
  * descriptors); neither runtime calls it. */
 #include "dfl_draft_impl.h"
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,22 +6,11 @@
  * (dfl_target_sampling.c) and the graph of a step (dfl_target_graph.c). The state lives
  * in the memory layer (dfl_memory.h); nothing here depends on the architecture, only on
  * the kinds of its layers. */
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-dfl_status dfl_target_check_seq(const dfl_target * t, int32_t seq) {
-    if (!t) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "null target");
-    }
-    if (seq < 0 || seq >= t->mem.n_seq) {
-        return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d is outside 0..%d (the target has %d sequence slots)", seq,
-                        t->mem.n_seq - 1, t->mem.n_seq);
-    }
-    return DFL_OK;
-}
 
 DFL_API void dfl_target_default_params(dfl_target_params * p) {
     memset(p, 0, sizeof *p);
@@ -238,14 +227,6 @@ DFL_API void dfl_target_free(dfl_target * t) {
     free(t->out_cand);
     free(t->out_cand_p);
     free(t);
-}
-
-/* The last graph computed: its splits (runs on one backend) and the bytes the scheduler
- * copies between devices per compute. */
-void dfl_target_last_copies(const dfl_target * t, int64_t copies[2]) {
-    const int last = t->rt.last_slot;
-    copies[0] = last >= 0 ? ggml_backend_sched_get_n_splits(t->rt.slots[last].sched) : 0;
-    copies[1] = last >= 0 ? t->rt.slots[last].copy_bytes : 0;
 }
 
 DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * info) {

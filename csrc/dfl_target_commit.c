@@ -3,7 +3,7 @@
  * recurrent and conv states rerun from the kept rows). Also the verify protocol's
  * bookkeeping of each slot between calls (verify_seq): whether a verify or a commit
  * waits, and its reset when the slot is written from outside. */
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 
 #include <string.h>
 

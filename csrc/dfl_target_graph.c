@@ -7,7 +7,7 @@
  * through the weights together; attention, the short convolution and the delta rule
  * run per segment, each on its own sequence's cache and states, so that a sequence's
  * rows see exactly what they would see alone. */
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 
 #include <math.h>
 #include <string.h>

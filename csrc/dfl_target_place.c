@@ -3,7 +3,7 @@
  * with their layer's weights; the weights loaded there, and the head cut to the kept
  * tokens. Kept apart from loading so that the memory planner (dfl_plan.c) can ask the
  * same questions without loading anything. */
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 
 #include <stdio.h>
 #include <stdlib.h>

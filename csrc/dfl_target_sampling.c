@@ -4,7 +4,7 @@
  * some rows. Under masks by candidates the choices are decided here once read: a row
  * whose candidates its mask allows none of is decided again in a graph of its own,
  * beside the step's. */
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 
 #include <stdlib.h>
 #include <string.h>

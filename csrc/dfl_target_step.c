@@ -3,7 +3,7 @@
  * attention spans and logits rows are worked out, and a graph of the step's shape is
  * reused when one is kept (a slot per runtime graph, least recently used); the
  * largest graphs each slot can be asked for are what a load reserves. */
-#include "dfl_target_impl.h"
+#include "dfl_target_state.h"
 #include "dfl_token_source.h"
 
 #include <stdlib.h>
@@ -400,4 +400,12 @@ DFL_API dfl_status dfl_target_decode_next(dfl_target * t, const dfl_token_source
         dfl_target_last_copies(t, copies);
     }
     return DFL_OK;
+}
+
+/* The last graph computed: its splits (runs on one backend) and the bytes the scheduler
+ * copies between devices per compute. */
+void dfl_target_last_copies(const dfl_target * t, int64_t copies[2]) {
+    const int last = t->rt.last_slot;
+    copies[0] = last >= 0 ? ggml_backend_sched_get_n_splits(t->rt.slots[last].sched) : 0;
+    copies[1] = last >= 0 ? t->rt.slots[last].copy_bytes : 0;
 }

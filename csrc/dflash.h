@@ -5,7 +5,7 @@
  * available from dfl_last_error() on the calling thread. No entry point aborts on bad
  * input. Objects are opaque; create/free pairs own them.
  *
- * This header is also parsed by cffi (dflash_gguf/_native.py): keep it to plain
+ * This header is also parsed by cffi (dflash_gguf/runtime/native.py): keep it to plain
  * declarations, one per line group, with no macros in declarations.
  */
 #ifndef DFLASH_H
@@ -379,7 +379,7 @@ dfl_status dfl_target_redraw(dfl_target * target, int32_t seq, const int32_t * r
  * sequence until its next target call, whatever other sequences run). */
 
 /* A drafter kind this build runs: one line of csrc/models/drafters.def, which says what
- * each field holds. The Python side reads them once (dflash_gguf/drafter_kinds.py). */
+ * each field holds. The Python side reads them once (dflash_gguf/runtime/drafter_kinds.py). */
 typedef struct dfl_drafter_kind {
     const char * name;          /* the kind a file is (dfl_draft_meta.kind): "dflash" */
     const char * spec_type;     /* its --spec-type name: "draft-dflash" */

@@ -12,13 +12,13 @@ import os
 # nothing here needs a threaded BLAS. (No effect when numpy was imported before us.)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from ._native import DflashError  # noqa: E402
-from .devices import add_rpc_server, list_devices  # noqa: E402
-from .draft import Draft, DraftConfig, read_draft_metadata  # noqa: E402
-from .engine import Engine, Result  # noqa: E402
-from .generate import GenerationStats  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
-from .target import RopeScaling, Target, TargetConfig  # noqa: E402
+from .runtime.native import DflashError  # noqa: E402
+from .runtime.devices import add_rpc_server, list_devices  # noqa: E402
+from .runtime.drafter import Draft, DraftConfig, read_draft_metadata  # noqa: E402
+from .engine.engine import Engine, Result  # noqa: E402
+from .decoding.requests import GenerationStats  # noqa: E402
+from .decoding.sampling import SamplingParams  # noqa: E402
+from .runtime.target import RopeScaling, Target, TargetConfig  # noqa: E402
 
 __version__ = "0.1.0"
 

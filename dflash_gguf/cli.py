@@ -9,9 +9,9 @@ import sys
 from collections import Counter
 from typing import List, Optional
 
-from ._native import DflashError
-from .chat_flags import add_chat_args, validate_chat_args
-from .engine_args import (add_engine_args, demo_models, engine_mode, open_chat_engine, print_memory, resolve_context,
+from .runtime.native import DflashError
+from .chat.flags import add_chat_args, validate_chat_args
+from .engine.args import (add_engine_args, demo_models, engine_mode, open_chat_engine, print_memory, resolve_context,
                           setup_devices, validate_engine_args)
 
 
@@ -137,7 +137,7 @@ def _print_report(r: dict) -> None:
     for kind, d in r["drafts"].items():
         print(f"drafts    {kind}: {d['drafted']} drafted, {d['accepted']} accepted", file=err)
     if r["auto"] is not None:
-        from .budget import describe
+        from .speculation.auto import describe
 
         print(f"auto      {describe(r['auto'])}", file=err)
     if r["copy_bytes_per_step"]:
@@ -153,14 +153,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.exit_code
     _validate(args, parser)
 
-    from .generate import GenerationStats
+    from .decoding.requests import GenerationStats
 
     model, draft = args.model, args.model_draft
     # in interactive mode stdin carries the turns, not the prompt
     prompt = (args.prompt or "") if (args.interactive and args.file is None) or args.print_memory \
         else _read_prompt(args, parser)
     if model is None:
-        from .demo import DEMO_PROMPT
+        from .runtime.demo import DEMO_PROMPT
 
         paths = demo_models("dflash-run", draft, args.spec_type)
         if paths is None:
@@ -177,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return print_memory("dflash-run", model, draft, args)
     if args.dump_tensors and not args.dump_file:
         parser.error("--dump-tensors needs --dump-file")
-    from .parity import dump_env
+    from .tools.parity import dump_env
 
     with dump_env(args.dump_tensors, args.dump_file):  # read when the target loads
         engine = open_chat_engine("dflash-run", model, draft, args)
@@ -227,7 +227,7 @@ def _max_tokens(engine, args) -> int:
 
 def _turn(engine, args, messages: List[dict]):
     """The assistant's turn after `messages` (with --system first), by the chat flags."""
-    from .assistant import prepare_turn
+    from .chat.assistant import prepare_turn
 
     system = [{"role": "system", "content": args.system}] if args.system else []
     return prepare_turn(engine.chat_template(), system + messages, template_kwargs=args.template_kwargs,
@@ -256,7 +256,7 @@ def _interactive(engine, args, first_prompt: str, mode: str) -> int:
     """Turns read from stdin ('/exit' or end of input ends). Each turn's prompt is the
     text already in context plus the template's rendering of the new turn, so the
     engine continues the context instead of recomputing it."""
-    from .generate import GenerationStats
+    from .decoding.requests import GenerationStats
 
     history, conv_text, conv_tokens = [], "", []
     interactive_tty = sys.stdin.isatty()

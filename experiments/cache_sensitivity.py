@@ -24,7 +24,7 @@ import numpy as np
 
 from dflash_gguf.bench import provenance
 from dflash_gguf.bench.prompts import PROMPTS
-from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+from dflash_gguf.runtime.target import LOGITS_ALL, Target, TargetConfig
 
 CACHES = {"f16": {}, "f32": {"type_k": 0, "type_v": 0}}  # llama.cpp's: 0 is GGML_TYPE_F32
 

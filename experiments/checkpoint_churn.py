@@ -21,11 +21,11 @@ import argparse
 import ctypes
 import re
 
-from dflash_gguf.bench.soak import plan
-from dflash_gguf.checkpoints import PrefixCheckpoints
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.engine import Engine
-from dflash_gguf.server import fix_mmap_threshold
+from dflash_gguf.bench.serving.soak import plan
+from dflash_gguf.runtime.checkpoints import PrefixCheckpoints
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.serving.server import fix_mmap_threshold
 
 
 class Mallinfo2(ctypes.Structure):

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from dflash_gguf.bench import provenance
-from dflash_gguf.demo import demo_paths
+from dflash_gguf.runtime.demo import demo_paths
 
 MODELS = Path(os.path.expanduser("~/.cache/dflash-gguf/models"))
 REAL = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -43,7 +43,7 @@ def corpus() -> list:
 
 
 def acceptance(keeps, threads: int, n_tokens: int) -> dict:
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.engine.engine import Engine
 
     target, draft = (str(p) for p in demo_paths())
     out = {}
@@ -67,10 +67,10 @@ def acceptance(keeps, threads: int, n_tokens: int) -> dict:
 
 
 def cost(keeps, threads: int, reps: int) -> dict:
-    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.draft_simple import corpus_counts, kept_tokens
-    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.speculation.draft_simple import corpus_counts, kept_tokens
+    from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.runtime.tokenizer import Tokenizer
     from dflash_gguf.train import export
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_gguf import real_models
+from dflash_gguf.tools import real_models
 from dflash_gguf.bench.provenance import load_average, machine, results_doc, versions, write_results
-from dflash_gguf.invariance import TIE_PRONE_PROMPTS
+from dflash_gguf.tools.invariance import TIE_PRONE_PROMPTS
 
 # the tests' oracle: llama-speculative-simple's run and the comparison
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -51,10 +51,10 @@ def main(argv=None) -> int:
 
     from dflash_gguf.bench.prompts import PROMPTS
     from dflash_gguf.bench.provenance import results_doc
-    from dflash_gguf.draft_simple import corpus_counts, corpus_files, kept_tokens, replayed_lengths
-    from dflash_gguf.engine import Engine
-    from dflash_gguf.target import DECODE, Rows, Target, TargetConfig
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.speculation.draft_simple import corpus_counts, corpus_files, kept_tokens, replayed_lengths
+    from dflash_gguf.engine.engine import Engine
+    from dflash_gguf.runtime.target import DECODE, Rows, Target, TargetConfig
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--vocab", default="65536,32768,16384,8192", help="cut N values (the whole head always runs)")

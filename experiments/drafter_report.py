@@ -9,7 +9,7 @@ context length (a held-out text cut to 512 ... 8192 tokens, then -n tokens greed
         [-m qwen2.5-coder-1.5b] [--simple qwen2.5-coder-0.5b] [--blocks 8,16] \
         [--contexts 512,1024,2048,4096,8192] [-n 64] [--seeds 3] [-t 2] [--out PATH]
 
--m and --simple take a published model's name (dflash_gguf.real_models) or a path.
+-m and --simple take a published model's name (dflash_gguf.tools.real_models) or a path.
 Acceptance does not depend on the machine's speed: this is not a timed run (tok/s against
 plain decoding, draft-simple and n-gram drafts: experiments/real_pair_bench.py --pair
 qwen-trained). The held-out text of the context sweep is the Python standard library's
@@ -25,9 +25,10 @@ import sysconfig
 import time
 from pathlib import Path
 
-from dflash_gguf import Engine, real_models
+from dflash_gguf import Engine
+from dflash_gguf.tools import real_models
 from dflash_gguf.bench import provenance
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.decoding.sampling import SamplingParams
 
 PROMPTS = Path(__file__).resolve().parent / "prompts"
 DOMAINS = {"code": ["quicksort", "read_config", "stack"],

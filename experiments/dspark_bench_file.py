@@ -1,6 +1,6 @@
 """A DSpark drafter for the bundled demo target, to benchmark with: the trained demo DFlash
 drafter's backbone with seeded Markov and confidence heads, written as llama.cpp's
-converter writes DSpark GGUFs (dflash_gguf.demo_dspark's make_dspark, the one definition
+converter writes DSpark GGUFs (dflash_gguf.tools.demo_dspark's make_dspark, the one definition
 of it here; the tests draft with the same file and check both runtimes draft alike).
 The heads are random, so the backbone's drafts carry the acceptance and the Markov bias
 changes a few of them: the file measures what a DSpark step costs each engine beside
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dflash_gguf.demo_dspark import make_dspark
+from dflash_gguf.tools.demo_dspark import make_dspark
 
 
 def main() -> int:

@@ -22,8 +22,8 @@ import json, sys
 from dflash_gguf.bench import ours
 from dflash_gguf.bench.prompts import PROMPTS
 from dflash_gguf.bench.runs import Sampling
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 target, rounds, temp, first = sys.argv[1] or demo_paths()[0], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 ids = {name: Tokenizer(target).encode(text) for name, text in PROMPTS}

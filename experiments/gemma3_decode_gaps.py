@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf import real_models
+from dflash_gguf.tools import real_models
 from dflash_gguf.bench import provenance
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 N_CTX, N_UBATCH = 1024, 256  # the ring: 512-token window + a ubatch = 768 cells
 RING = 768

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_gguf import llama_cpp_tree
+from dflash_gguf.tools import llama_cpp_tree
 from dflash_gguf.bench.provenance import load_average, machine, results_doc, versions, write_results
 
 TESTS = ("tg128", "pp2", "pp4", "pp8", "pp16", "pp512", "pp2048")

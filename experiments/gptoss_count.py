@@ -46,8 +46,8 @@ WARM = 16  # tokens of the short run: past the prefill and the first graphs
 CHILD = """
 import sys
 from dflash_gguf.bench.prompts import PROMPTS, WARMUP
-from dflash_gguf.engine import Engine
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.sampling import SamplingParams
 target, draft, n, p_min, block = sys.argv[1], sys.argv[2] or None, int(sys.argv[3]), sys.argv[4], sys.argv[5]
 temp = float(sys.argv[6])
 opts = {"draft_p_min": float(p_min) if p_min else None, **({"block_size": int(block)} if block else {})}

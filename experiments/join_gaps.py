@@ -34,12 +34,12 @@ TEXT = ("The cat sat on the mat. The dog sat on the log. The cat sat on the mat.
 
 def measure(args) -> dict:
     """One install's run in this process: the gaps and prefill throughputs of every admission."""
-    from dflash_gguf.engine import Engine
-    from dflash_gguf.generate import Request
+    from dflash_gguf.engine.engine import Engine
+    from dflash_gguf.decoding.requests import Request
 
     target, draft = args.model, args.model_draft
     if target is None:
-        from dflash_gguf.demo import demo_paths
+        from dflash_gguf.runtime.demo import demo_paths
 
         target, draft = map(str, demo_paths())
     n_slots = args.running + 1

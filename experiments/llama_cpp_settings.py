@@ -24,7 +24,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from dflash_gguf import real_models
+from dflash_gguf.tools import real_models
 from dflash_gguf.bench.provenance import load_average, machine, results_doc, versions, write_results
 
 CASES = {

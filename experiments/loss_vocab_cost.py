@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from dflash_gguf.bench import provenance
-from dflash_gguf.demo import demo_paths
+from dflash_gguf.runtime.demo import demo_paths
 from dflash_gguf.train import TrainOptions, train
 
 

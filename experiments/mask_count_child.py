@@ -7,9 +7,9 @@ experiments/ (for sampling_cost) first on the path, not the working directory.
 import ctypes, json, sys
 import numpy as np
 from sampling_cost import SAMPLED, TREE_NODES, best_first_tree, half_mask
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.sampling import GREEDY, Sampler
-from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.decoding.sampling import GREEDY, Sampler
+from dflash_gguf.runtime.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 target_path, draft_path, grammar_path, reps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 mark = ctypes.CDLL(sys.argv[5]).cg_mark

@@ -59,10 +59,10 @@ class OnCard:
 def plan(target: str, draft: str | None, n_ctx: int, kv: str, budget: int | None, window: int) -> OnCard:
     from dataclasses import replace
 
-    from dflash_gguf.engine import EngineSetup
-    from dflash_gguf.memory import plan_memory
+    from dflash_gguf.engine.engine import EngineSetup
+    from dflash_gguf.engine.memory import plan_memory
 
-    from dflash_gguf.memory import plan_setup
+    from dflash_gguf.engine.memory import plan_setup
 
     setup = EngineSetup.of(target, draft, n_ctx=n_ctx, kv_type=kv, tree_budget=budget, draft_window=window)
     if setup.simple is not None:
@@ -145,9 +145,9 @@ MOE_ARMS = {"chain": 16, "tree 16": 17}  # rows a verify holds: a 16-token block
 def moe_plan(target: str, n_ctx: int, kv: str, n_verify: int, n_cpu_moe: int):
     """(bytes on the card, bytes in host memory) of the target with every layer on the
     device and the routed experts of the first n_cpu_moe layers on the CPU."""
-    from dflash_gguf.memory import plan_memory
-    from dflash_gguf.placement import expert_rules
-    from dflash_gguf.target import TargetConfig
+    from dflash_gguf.engine.memory import plan_memory
+    from dflash_gguf.runtime.placement import expert_rules
+    from dflash_gguf.runtime.target import TargetConfig
 
     cfg = TargetConfig(n_ctx=n_ctx, n_verify=n_verify, kv_type=kv, device="RPC0",
                        tensor_overrides=expert_rules(n_cpu_moe))

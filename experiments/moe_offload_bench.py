@@ -54,8 +54,8 @@ def shape(smoke: bool, layers=None, experts=None) -> dict:
 
 
 def load(path: str, device: str, n_cpu_moe, threads: int, n_ctx: int):
-    from dflash_gguf.placement import expert_rules
-    from dflash_gguf.target import Target, TargetConfig
+    from dflash_gguf.runtime.placement import expert_rules
+    from dflash_gguf.runtime.target import Target, TargetConfig
 
     rules = expert_rules(cpu_moe=True) if n_cpu_moe is None else expert_rules(n_cpu_moe)
     return Target(path, TargetConfig(n_ctx=n_ctx, n_ubatch=512, n_verify=max(KS) + 1, kv_type="f16",
@@ -75,7 +75,7 @@ def verify(target, tokens, k: int) -> dict:
 
 def decodes(target, tokens, k: int) -> dict:
     """k single-token decodes, each read back as a step of plain decoding is."""
-    from dflash_gguf.target import LOGITS_LAST
+    from dflash_gguf.runtime.target import LOGITS_LAST
 
     t0 = time.perf_counter()
     copied = 0

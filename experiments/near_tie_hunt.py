@@ -4,10 +4,10 @@ tests/runtime/test_near_ties.py, tests/drafters/test_real_exactness.py):
 
 - rows: each model (the Qwen2.5-Coder 1.5B and 0.5B, Gemma 3 270M) teacher-forced over
   --positions tokens of real text (standard-library code, docstrings and prose, numbered
-  lists); every row of every mode of dflash_gguf.invariance.hunt compared bit for bit with
+  lists); every row of every mode of dflash_gguf.tools.invariance.hunt compared bit for bit with
   one-row decoding, and the smallest top-2 gaps covered;
 - e2e (--e2e): the 32 tie-prone prompts x --n-new tokens, every speculative mode
-  (dflash_gguf.invariance.E2E_MODES) of the real pair and of Gemma 3 270M drafting for
+  (dflash_gguf.tools.invariance.E2E_MODES) of the real pair and of Gemma 3 270M drafting for
   itself, each with an untrained DFlash drafter too, against plain decoding, token for token.
 
     .venv/bin/python experiments/near_tie_hunt.py --out results/near-tie-hunt-DATE.json [--e2e]
@@ -27,10 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from dflash_gguf import invariance, real_models
+from dflash_gguf.tools import invariance
+from dflash_gguf.tools import real_models
 from dflash_gguf.bench.provenance import load_average, machine, results_doc, versions, write_results
-from dflash_gguf.target import Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.target import Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 MODELS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma-3-270m")
 # e2e: each target with its small drafter (Gemma 3 270M drafts for itself)

@@ -22,7 +22,7 @@ import json, sys, tempfile
 from pathlib import Path
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH
-from dflash_gguf.memory import settle
+from dflash_gguf.engine.memory import settle
 rows = []
 with tempfile.TemporaryDirectory() as tmp:
     t = str(write_header_only(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))

@@ -26,7 +26,7 @@ and our ngram-simple, each at its default, on the code prompts.
 
 --pair gemma3 (results/real-pair-gemma3-DATE.json): issue 51's comparisons on the
 published Gemma 3 270M Q4_K_M and an f16 copy of it (our re-typing, made once:
-dflash_gguf.real_models.retyped):
+dflash_gguf.tools.real_models.retyped):
 - plain decoding of the Q4_K_M: ours against llama-bench tg128 and llama-completion;
 - prefill of a 512- and a 2048-token prompt on the Q4_K_M: ours against llama-bench
   pp512 and pp2048;
@@ -51,7 +51,8 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_gguf import Engine, real_models
+from dflash_gguf import Engine
+from dflash_gguf.tools import real_models
 from dflash_gguf.bench import llama_cpp, provenance
 from dflash_gguf.bench.runs import Cell, Run, Sampling
 

@@ -18,7 +18,7 @@ least --min-avail-gib; the script polls once a minute until it is, or gives up a
 Ours runs in a child process (so that its peak RSS is its own): VmRSS before loading
 (interpreter, libraries), then Engine(...) timed, a warm-up (graphs built), --tokens
 plain steps, --tokens speculative (chain) steps and a 512-token prefill, greedy. Peak RSS
-is VmHWM of that process; the plan is dflash_gguf.memory.plan_memory for the same options
+is VmHWM of that process; the plan is dflash_gguf.engine.memory.plan_memory for the same options
 (the CPU device's total). Theirs: `llama-bench -m TARGET -n TOKENS -p 0 -r 1` and
 `llama-bench -m TARGET -p 512 -n 0 -r 1 --no-warmup` (its warm-up would be a whole second
 prefill; ours is timed on its first 512-token prefill too), the same thread count, peak
@@ -42,7 +42,7 @@ import numpy as np
 
 from dflash_gguf.bench import slim
 from dflash_gguf.bench.provenance import write_results
-from dflash_gguf.llama_cpp_tree import tool
+from dflash_gguf.tools.llama_cpp_tree import tool
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -99,8 +99,8 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
 
 def worker(a: dict) -> dict:
     before = status()
-    from dflash_gguf.engine import Engine, EngineSetup
-    from dflash_gguf.memory import plan_memory
+    from dflash_gguf.engine.engine import Engine, EngineSetup
+    from dflash_gguf.engine.memory import plan_memory
 
     options = dict(n_ctx=a["ctx"], n_threads=a["threads"], kv_type=a["kv"], draft_window=0)
     setup = EngineSetup.of(a["target"], a["draft"], **options)

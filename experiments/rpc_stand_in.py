@@ -17,7 +17,7 @@ SERVER = Path(__file__).resolve().parent.parent / "tests" / "helpers" / "rpc_ser
 def rpc_device():
     """Start the server on a free port and register its device (RPC0 when it is the first);
     yields the server process, stopped on exit."""
-    from dflash_gguf.devices import add_rpc_server
+    from dflash_gguf.runtime.devices import add_rpc_server
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -41,9 +41,9 @@ import numpy as np
 
 from dflash_gguf.bench.method import MAX_LOAD_PER_THREAD
 from dflash_gguf.bench.provenance import write_results
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.sampling import GREEDY, Sampler, SamplingParams, distribution
-from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.decoding.sampling import GREEDY, Sampler, SamplingParams, distribution
+from dflash_gguf.runtime.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
@@ -101,9 +101,9 @@ def grammar_masks(n_vocab: int) -> np.ndarray:
     of the larger vocabulary as of the real one."""
     from llguidance.numpy import fill_next_token_bitmask
 
-    from dflash_gguf.constraints import Constraint, GrammarVocab
-    from dflash_gguf.llama_cpp_tree import source_dir
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.decoding.constraints import Constraint, GrammarVocab
+    from dflash_gguf.tools.llama_cpp_tree import source_dir
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     src = source_dir()
     if src is None:

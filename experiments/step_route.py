@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from dflash_gguf import decoding
+from dflash_gguf.decoding import step as decoding
 from dflash_gguf.bench.provenance import results_doc, write_results
-from dflash_gguf.demo import DEMO_PROMPT, demo_paths
-from dflash_gguf.engine import Engine
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.runtime.demo import DEMO_PROMPT, demo_paths
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.sampling import SamplingParams
 
 PACKAGE = os.path.dirname(decoding.__file__)
 KINDS = {  # label: (Engine options, the drafter: the demo drafter, none, or the target itself

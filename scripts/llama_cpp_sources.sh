@@ -4,7 +4,7 @@
 #   ${DFLASH_CACHE:-~/.cache/dflash-gguf}/src/llama_cpp_python-VERSION-PATCHKEY
 # The patches (dflash_gguf/data/ggml-patches/) make ggml's CPU kernels batch-invariant: a row
 # of a many-row pass rounds exactly as a one-row pass (docs/exactness.md). PATCHKEY hashes
-# them, so a changed patch set unpacks (and setup.sh builds) anew; dflash_gguf.llama_cpp_tree
+# them, so a changed patch set unpacks (and setup.sh builds) anew; dflash_gguf.tools.llama_cpp_tree
 # computes the same key. scripts/setup.sh builds the llama-cpp-python wheel from this tree,
 # scripts/llama_cpp_build.py llama.cpp's tools.
 #   scripts/llama_cpp_sources.sh VERSION PYTHON

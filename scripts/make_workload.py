@@ -29,7 +29,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from dflash_gguf.bench.workload import Session, Turn, dump_jsonl
+from dflash_gguf.bench.serving.workload import Session, Turn, dump_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 

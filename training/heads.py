@@ -196,7 +196,7 @@ def speculative_counts(target: Path, draft: Path | None, spec_type: str, n_max: 
                        threads: int) -> list[dict]:
     """llama-speculative-simple, greedy, on each prompt of dflash_gguf/bench/prompts.py with
     --spec-draft-n-max n_max and p-min 0: its drafted and accepted counts per prompt."""
-    from dflash_gguf import llama_cpp_tree
+    from dflash_gguf.tools import llama_cpp_tree
     from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
     from dflash_gguf.bench.prompts import PROMPTS
 

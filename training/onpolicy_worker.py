@@ -8,10 +8,10 @@ all) as one JSON line on stdout.
 import json
 import sys
 
-from dflash_gguf.decoding import Sequence, sequence_steps
-from dflash_gguf.generate import GenerationStats, Request, collect
-from dflash_gguf.proposers import PlainProposer
-from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.decoding.step import Sequence, sequence_steps
+from dflash_gguf.decoding.requests import GenerationStats, Request, collect
+from dflash_gguf.speculation.proposers import PlainProposer
+from dflash_gguf.runtime.target import Target, TargetConfig
 
 
 def main() -> None:

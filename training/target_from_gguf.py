@@ -68,7 +68,7 @@ def recover(gguf_path: Path, template: Path, out_dir: Path) -> Path:
     from safetensors.numpy import save_file
 
     from dflash_gguf.convert.hf import Checkpoint, load_config
-    from dflash_gguf.convert.qwen35 import Qwen35Converter
+    from dflash_gguf.convert.models.qwen35 import Qwen35Converter
     from dflash_gguf.convert.tensors import add_one, neg_exp
 
     config = load_config(template)

@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     return 0 if info["lossless"] is not False else 1
 
 
-# HF DFlash drafter names -> the dflash GGUF's (convert/dflash.py writes them; rows are
+# HF DFlash drafter names -> the dflash GGUF's (convert/models/dflash.py writes them; rows are
 # not permuted for NeoX-style RoPE, which the demo drafter uses)
 _GGUF_NAMES = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
                "norm.weight": "output_norm.weight"}

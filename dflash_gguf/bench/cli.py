@@ -48,12 +48,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
-from .. import DflashError, llama_cpp_tree
-from ..config import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SPEC_TYPES, SUFFIX, TARGET_KINDS
-from ..demo import demo_paths
-from ..drafter_kinds import DRAFTERS, listed
-from ..engine_args import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
-from ..speculative import CHAIN_RULES
+from .. import DflashError
+from ..engine.args import add_constraint_flags, check_p_min_flags, check_sampling_flags, constraint_of, constraint_texts
+from ..runtime.demo import demo_paths
+from ..runtime.drafter_kinds import DRAFTERS, listed
+from ..speculation.drafting import CHAIN_RULES
+from ..speculation.kinds import (DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SPEC_TYPES, SUFFIX,
+                                 TARGET_KINDS)
+from ..tools import llama_cpp_tree
 from . import arms_from, kinds, llama_cpp, method, ours, provenance, report
 from .prompts import PROMPTS
 from .runs import Run, Sampling
@@ -349,8 +351,8 @@ def measure(args, target: str, draft: Optional[str], prompts: List[tuple], sampl
     (method.py); llama.cpp's build info; the cells' load records; the order our engines
     were loaded in. only: the (engine, mode, sampling) cells to run (arms_from.chosen),
     all of them if None."""
-    from ..draft import read_draft_metadata
-    from ..tokenizer import Tokenizer
+    from ..runtime.drafter import read_draft_metadata
+    from ..runtime.tokenizer import Tokenizer
 
     kind = args.spec_type if args.spec_type in kinds.KINDS else None  # draft-simple, ngram-*, suffix: kinds.py's
     mtp = args.spec_type in TARGET_KINDS  # draft-mtp: the drafter is -m's own layer
@@ -478,8 +480,9 @@ def check_kind(p: argparse.ArgumentParser, spec_type: Optional[str], target: str
     engine checks it (config.resolve_spec_types: -md missing, a drafter file given to
     draft-simple, -md given to an n-gram kind), else the -md file's own; draft-simple's
     vocabulary checked against the target's. An error exit says what is wrong."""
-    from ..config import ConfigError, resolve_spec_types
-    from ..draft_simple import vocab_difference
+    from ..engine.setup import resolve_spec_types
+    from ..runtime.errors import ConfigError
+    from ..speculation.draft_simple import vocab_difference
 
     try:
         (kind,) = resolve_spec_types(spec_type, target, draft)
@@ -509,7 +512,7 @@ def bench_main(argv) -> int:
     if args.spec_type in kinds.KINDS or (args.spec_type is None and draft):
         args.spec_type = check_kind(p, args.spec_type, target, draft)
     if args.spec_type and args.spec_type not in (*TARGET_KINDS, *kinds.KINDS) and draft:
-        from ..draft import read_draft_metadata
+        from ..runtime.drafter import read_draft_metadata
 
         try:
             kind = f"draft-{read_draft_metadata(draft)['kind']}"
@@ -596,9 +599,9 @@ def bench_main(argv) -> int:
     return 0
 
 
-SUBCOMMANDS = {"serve": "dflash_gguf.bench.serve", "soak": "dflash_gguf.bench.soak",
-               "concurrency": "dflash_gguf.bench.concurrency", "workload": "dflash_gguf.bench.multiturn",
-               "workload-from-log": "dflash_gguf.bench.workload"}
+SUBCOMMANDS = {"serve": "dflash_gguf.bench.serving.serve", "soak": "dflash_gguf.bench.serving.soak",
+               "concurrency": "dflash_gguf.bench.serving.concurrency", "workload": "dflash_gguf.bench.serving.multiturn",
+               "workload-from-log": "dflash_gguf.bench.serving.workload"}
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from ..config import DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SUFFIX
+from ..speculation.kinds import DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SUFFIX
 from .ours import Mode
 
 KINDS = (SIMPLE, *NGRAM_KINDS, SUFFIX)

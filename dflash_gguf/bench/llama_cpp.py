@@ -11,7 +11,7 @@ threads, cache type, prompts and sampling settings, and their logs read back:
                             ngram-mod, no -md): its "decoded" timer and its draft counts
 
 The tools are those `scripts/llama_cpp_build.py` builds from the installed llama-cpp-python's
-sdist (dflash_gguf.llama_cpp_tree), or any directory given.
+sdist (dflash_gguf.tools.llama_cpp_tree), or any directory given.
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from .. import llama_cpp_tree
-from ..drafter_kinds import DRAFTERS
+from ..runtime.drafter_kinds import DRAFTERS
+from ..tools import llama_cpp_tree
 from .runs import Cell, Run, Sampling
 
 TOOLS = ("llama-bench", "llama-completion", "llama-speculative-simple")
-# The order dflash_gguf.sampling applies its truncations in: llama.cpp's default chain less
+# The order dflash_gguf.decoding.sampling applies its truncations in: llama.cpp's default chain less
 # the samplers we do not have (DRY, top-n-sigma, typical, XTC) and the penalties the bench
 # leaves off, given explicitly so that both engines draw from one distribution.
 SAMPLER_ORDER = "top_k;top_p;min_p;temperature"

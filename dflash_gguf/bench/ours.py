@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional, Sequence, Union
 
-from ..engine import Engine, freeze_loaded_objects
+from ..engine.engine import Engine, freeze_loaded_objects
 from .prompts import WARMUP
 from .runs import Cell, Run, Sampling
 

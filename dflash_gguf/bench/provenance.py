@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from ..devices import list_devices
+from ..runtime.devices import list_devices
 from . import slim
 
 

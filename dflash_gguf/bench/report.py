@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Dict, List, Optional, Sequence
 
-from statistics import median
-
-from ..budget import describe
+from ..speculation.auto import describe
 from . import method, slim
 from .runs import OURS_PLAIN, Cell, Run
 from .stats import Spread, ratio, verdict

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import List, Optional, Union
 
-from ..sampling import SamplingParams
+from ..decoding.sampling import SamplingParams
 
 OURS_PLAIN = ("ours", "plain")  # the row every other row's output is compared with
 

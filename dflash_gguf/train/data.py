@@ -132,10 +132,10 @@ def regenerate(dataset: Dataset, target_path: str, prompt_len: int, threads: int
     by the target's own greedy continuation (our engine, the GGUF as served, n_slots
     windows at a time as a server batches requests), as z-lab and SpecForge train: the
     drafter then learns the text it will be asked to draft."""
-    from ..decoding import Batch, Sequence
-    from ..generate import GenerationStats, Placement, Request
-    from ..proposers import PlainProposer
-    from ..target import Target, TargetConfig
+    from ..decoding.step import Batch, Sequence
+    from ..decoding.requests import GenerationStats, Placement, Request
+    from ..speculation.proposers import PlainProposer
+    from ..runtime.target import Target, TargetConfig
 
     length = len(dataset.train[0])
     n_slots = max(1, min(n_slots, len(dataset.train)))

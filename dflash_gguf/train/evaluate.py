@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..decoding import Sequence, sequence_steps
-from ..draft import Draft, DraftConfig
-from ..generate import GenerationStats, Request, collect
-from ..speculative import chain_proposer
-from ..target import Target, TargetConfig
+from ..decoding.step import Sequence, sequence_steps
+from ..runtime.drafter import Draft, DraftConfig
+from ..decoding.requests import GenerationStats, Request, collect
+from ..speculation.drafting import chain_proposer
+from ..runtime.target import Target, TargetConfig
 
 
 class AcceptanceProbe:

@@ -1,4 +1,4 @@
-"""The trained drafter as files: a DFlash GGUF in the layout convert/dflash.py writes
+"""The trained drafter as files: a DFlash GGUF in the layout convert/models/dflash.py writes
 (llama.cpp's keys and tensor names, the target's tokenizer with the mask token, and our
 dflash.target.* pairing fingerprint of the target GGUF it was trained against), and
 z-lab's HF layout (config.json with dflash_config + model.safetensors) for PyPI
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..convert.dflash_tensors import LAYER_TENSORS
-from ..draft import tokenizer_fingerprint
+from ..runtime.drafter import tokenizer_fingerprint
 
 _TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight", "norm.weight": "output_norm.weight"}
 
@@ -50,7 +50,7 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     w.add_uint32(f"{a}.block_size", block_size)
     # llama.cpp's convention: the input of layer id+1 = the output of HF layer id
     w.add_array(f"{a}.target_layers", [i + 1 for i in layer_ids])
-    if meta["mrope"]:  # the drafter ropes on the temporal section only (convert/dflash.py)
+    if meta["mrope"]:  # the drafter ropes on the temporal section only (convert/models/dflash.py)
         w.add_array(f"{a}.rope.dimension_sections", [shape.head_dim // 2, 0, 0, 0])
     w.add_string(f"{a}.target.name", Path(target_path).name)
     w.add_string(f"{a}.target.tokenizer_sha256", tokenizer_fingerprint(target_path))
@@ -113,7 +113,7 @@ def write_hf(out_dir: str | os.PathLike, state: dict, shape, meta: dict, layer_i
         "attention_bias": False, "tie_word_embeddings": False, "num_target_layers": meta["n_layer"],
         "dflash_config": {"target_layer_ids": list(layer_ids), "block_size": block_size, "mask_token_id": mask_id},
     }
-    # a Gemma target's embedding scale and softcap, under the names convert/dflash.py reads
+    # a Gemma target's embedding scale and softcap, under the names convert/models/dflash.py reads
     if meta["embd_scale"] != 1.0:
         cfg["dflash_config"]["input_embedding_scale"] = meta["embd_scale"]
     if meta["softcap"] > 0:

@@ -96,8 +96,8 @@ class _Plan:
 
 def _plan(opts: TrainOptions, say) -> _Plan:
     """The target's shape, vocabulary and mask token, the data's windows and the drafter's shape."""
-    from ..chat import ChatTemplate
-    from ..tokenizer import Tokenizer
+    from ..chat.templates import ChatTemplate
+    from ..runtime.tokenizer import Tokenizer
     from . import recipe
     from .model import default_shape
     from .target import embedding_and_head, read_target_meta
@@ -392,7 +392,7 @@ def _head_tokens(opts: TrainOptions, counts: np.ndarray):
     the runtime's --spec-draft-vocab chooses them (None: the file carries none)."""
     if not opts.drafter.draft_vocab:
         return None
-    from ..draft_simple import kept_tokens
+    from ..speculation.draft_simple import kept_tokens
 
     try:
         return kept_tokens(opts.model, opts.drafter.draft_vocab, counts)

@@ -1,5 +1,5 @@
 """The DFlash drafter in torch, parameter for parameter z-lab's DFlashDraftModel (same
-names, so the state dict is their HF checkpoint and convert/dflash_tensors.py's tensor map
+names, so the state dict is their HF checkpoint and convert/models/dflash_tensors.py's tensor map
 applies): fc fuses the target's captured layers, hidden_norm normalizes that context,
 each Qwen3 layer projects context and block rows with its own k/v weights (k_norm and
 RoPE on both, the layer's input norm on the block rows only) and attends without a

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..target import LOGITS_ALL, Target, TargetConfig
+from ..runtime.target import LOGITS_ALL, Target, TargetConfig
 
 # targets whose drafter is a plain Qwen3 DFlash stack on the shared embedding and head:
 # Gemma 3's with its embedding scale and logit softcap (read_target_meta), which the
@@ -22,7 +22,7 @@ class TrainError(ValueError):
 
 def read_target_meta(path: str) -> dict:
     """Architecture, depth, width, rope base, norm eps and context of a target GGUF."""
-    from ..gguf_meta import GGUFMeta
+    from ..runtime.gguf_meta import GGUFMeta
 
     try:
         r = GGUFMeta(str(path))

@@ -130,9 +130,9 @@ def worker_steps(a: dict) -> dict:
     import numpy as np
 
     from dflash_gguf import Target, TargetConfig
-    from dflash_gguf.ddtree import build_tree
-    from dflash_gguf.memory import plan_memory
-    from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, LOGITS_NONE
+    from dflash_gguf.speculation.ddtree import build_tree
+    from dflash_gguf.engine.memory import plan_memory
+    from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, LOGITS_NONE
 
     ks, trees, reps = a["ks"], a["trees"], a["reps"]
     cfg = TargetConfig(n_ctx=a["n_ctx"], n_ubatch=512, n_verify=max(ks + trees), kv_type=a["kv"],
@@ -233,7 +233,7 @@ def worker_pair(a: dict) -> dict:
     """The pair through the Engine: chain and tree decoding of random-weight tokens (their
     AL means nothing), graph nodes and host synchronisations per step, memory against plan."""
     from dflash_gguf import Engine
-    from dflash_gguf.memory import plan_memory
+    from dflash_gguf.engine.memory import plan_memory
 
     out = {}
     for arm, budget in (("chain", None), ("tree 16", 16)):

@@ -46,7 +46,7 @@ def tokens(device: str, draft: bool, n: int, kv: str = "f16", rpc: Optional[str]
     from dflash_gguf import Engine
 
     if rpc:
-        from dflash_gguf.devices import add_rpc_server
+        from dflash_gguf.runtime.devices import add_rpc_server
 
         add_rpc_server(rpc)
     eng = Engine(str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf") if draft else None, n_ctx=1024,
@@ -71,7 +71,7 @@ def in_child(env: dict, device: str, draft: bool, n: int, kv: str, rpc: Optional
 def top2(prefix: list) -> list:
     """The CPU's two best tokens and logits after `prefix`, in f32 from one prefill."""
     from dflash_gguf import Target, TargetConfig
-    from dflash_gguf.target import LOGITS_LAST
+    from dflash_gguf.runtime.target import LOGITS_LAST
 
     t = Target(str(DATA / "demo-target.gguf"), TargetConfig(n_ctx=1024, kv_type="f32", device="CPU"))
     try:

@@ -1,4 +1,4 @@
-// dflash-draft-eval: llama.cpp's drafter, tensor by tensor, for python -m dflash_gguf.parity_draft.
+// dflash-draft-eval: llama.cpp's drafter, tensor by tensor, for python -m dflash_gguf.tools.parity_draft.
 //
 // llama-eval-callback prints a target's named tensors; no llama.cpp tool prints a drafter's.
 // This one sets up a target and its drafter as llama-speculative-simple does (same flags:

@@ -22,8 +22,8 @@ import pytest
 
 from dflash_gguf.bench import arms_from, cli, kinds, llama_cpp, method, ours, provenance, report, slim, stats
 from dflash_gguf.bench.runs import Cell, Run, Sampling
-from dflash_gguf.config import SPEC_TYPES
-from dflash_gguf.demo import demo_paths
+from dflash_gguf.speculation.kinds import SPEC_TYPES
+from dflash_gguf.runtime.demo import demo_paths
 
 from helpers.bench_checks import COMPLETION_LOG, SPEC_LOG, bench, fake_tools
 from helpers.paths import ROOT
@@ -868,7 +868,7 @@ def bench_here(monkeypatch, capsys, tmp_path):
     """dflash-bench in this process, with llama.cpp's real tools (a missing one is a missing
     oracle), each run tried until it logs its summary: on a busy machine a tiny model's
     llama.cpp run mostly loses it (llama_cpp.ATTEMPTS). Returns the --json document."""
-    from dflash_gguf import llama_cpp_tree
+    from dflash_gguf.tools import llama_cpp_tree
     from helpers.fixtures import missing_oracle
 
     missing = [t for t in llama_cpp.TOOLS if llama_cpp_tree.tool(t) is None]
@@ -957,7 +957,7 @@ def test_verify_cost_bench_times_both_engines_by_rows(tmp_path):
     """experiments/verify_cost_bench.py on the demo target beside the real llama-bench: every
     row count of both engines timed in every repetition, ours also with the head cut, and
     the head's share the difference."""
-    from dflash_gguf import llama_cpp_tree
+    from dflash_gguf.tools import llama_cpp_tree
     from helpers.fixtures import missing_oracle
 
     if llama_cpp_tree.tool("llama-bench") is None:
@@ -1002,7 +1002,7 @@ def test_drafter_report_measures_every_cell(tmp_path):
     """experiments/drafter_report.py (dflash-train's report on a real target), on the demo
     pair: acceptance of the DFlash drafter at each block, of draft-simple and of
     ngram-simple, on code and prose, greedy and sampled, then by context length."""
-    from dflash_gguf.demo import demo_paths
+    from dflash_gguf.runtime.demo import demo_paths
 
     target, draft = demo_paths()
     out = tmp_path / "report.json"

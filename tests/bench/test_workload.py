@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from dflash_gguf.bench import multiturn, provenance, slim
-from dflash_gguf.bench.workload import WorkloadError, from_requests, load, main as from_log_main
-from dflash_gguf.demo import demo_paths
+from dflash_gguf.bench import provenance, slim
+from dflash_gguf.bench.serving import multiturn
+from dflash_gguf.bench.serving.workload import WorkloadError, from_requests, load, main as from_log_main
+from dflash_gguf.runtime.demo import demo_paths
 
 from helpers.paths import ROOT
 
@@ -127,7 +128,7 @@ def test_workload_from_log_writes_a_workload_that_loads(tmp_path):
 
 
 def load_sessions(*names):
-    from dflash_gguf.bench.workload import Session, Turn
+    from dflash_gguf.bench.serving.workload import Session, Turn
 
     return [Session(n, "k", (Turn("u", 4), Turn("v", 4))) for n in names]
 

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as T, LlamaFileType
 
 from dflash_gguf.convert.cli import main
-from dflash_gguf.convert.qwen35 import v_head_order
+from dflash_gguf.convert.models.qwen35 import v_head_order
 from dflash_gguf.convert.quant import OUTTYPES, plan_types
 
 from helpers.fixtures import QWEN35_SHAPES, SAMPLE_TEXT, hf_logits, llama_cpp_quantize, llama_logits, read_gguf

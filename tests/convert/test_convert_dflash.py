@@ -12,9 +12,9 @@ import torch
 from gguf import LlamaFileType
 
 from dflash_gguf.convert.cli import main
-from dflash_gguf.convert.dflash_tensors import interleaved_to_neox
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.convert.models.dflash_tensors import interleaved_to_neox
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
 from helpers.convert_checks import libllama_model, variant
 from helpers.decoding_checks import BLOCK, reference_draft_logits, reference_models, rel_err

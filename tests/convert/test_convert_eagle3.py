@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dflash_gguf.convert.cli import main
-from dflash_gguf.convert.eagle3 import neox_to_interleaved
+from dflash_gguf.convert.models.eagle3 import neox_to_interleaved
 
 from helpers.convert_checks import libllama_model, variant
 from helpers.eagle3_fixtures import make_eagle3
@@ -123,7 +123,7 @@ def test_interleave_permutation():
 def test_pairing_fingerprint_is_the_targets(ckpt, ours, convert_model):
     """eagle3.target.* holds what dfl_pair.c compares for DFlash drafters: the target's
     tokenizer fingerprint (as the runtime computes it from the target's GGUF) and shape."""
-    from dflash_gguf._native import check, ffi, lib
+    from dflash_gguf.runtime.native import check, ffi, lib
 
     kv, _ = read_gguf(ours("draft"))
     hex_ = ffi.new("char[65]")

@@ -19,7 +19,7 @@ import pytest
 from helpers import gguf_fuzz
 from helpers.gguf_fuzz import STR, U32, build, enc_kv, parse
 
-from dflash_gguf.demo import demo_paths
+from dflash_gguf.runtime.demo import demo_paths
 
 SEED = 14  # the default run's, which the reproducibility test reads
 

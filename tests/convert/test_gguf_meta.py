@@ -1,4 +1,4 @@
-"""dflash_gguf.gguf_meta (ggml's GGUF reader, which the pre-load checks and dflash-train
+"""dflash_gguf.runtime.gguf_meta (ggml's GGUF reader, which the pre-load checks and dflash-train
 use) reads what gguf-py's GGUFReader reads: every key's value and type and every tensor's
 name, shape, type and bytes, on each bundled GGUF; a file that is not a GGUF is one
 ValueError naming it."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dflash_gguf
-from dflash_gguf.gguf_meta import GGUFMeta
+from dflash_gguf.runtime.gguf_meta import GGUFMeta
 
 BUNDLED = sorted((Path(dflash_gguf.__file__).parent / "data").glob("*.gguf"))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.engine import Engine
+from dflash_gguf.engine.engine import Engine
 
 from helpers.fixtures import llama_greedy, make_qwen35, make_qwen35moe, read_gguf
 

@@ -167,7 +167,7 @@ def test_gemma3_shapes_have_the_technical_reports_parameter_counts():
 def test_gemma3_270m_shape_is_the_published_files(real_path):
     """The 270M entry against the published GGUF itself: its gemma3.* numbers and every
     tensor's name and shape."""
-    from dflash_gguf.gguf_meta import GGUFMeta
+    from dflash_gguf.runtime.gguf_meta import GGUFMeta
 
     meta = GGUFMeta(str(real_path("gemma-3-270m")))
     c = GEMMA3_270M

@@ -13,8 +13,8 @@ from dflash_gguf.convert import shape_model
 from dflash_gguf.convert.shape_model import main as make_main, write_model
 from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B,
                                         shrunk, tensor_nbytes, tensor_table)
-from dflash_gguf.engine import Engine, EngineSetup
-from dflash_gguf.memory import plan_memory
+from dflash_gguf.engine.engine import Engine, EngineSetup
+from dflash_gguf.engine.memory import plan_memory
 
 # the structures of the published configs at hidden 256 (every row a whole number of
 # K-quant blocks), the demo tokenizer's vocabulary (4096 tokens)
@@ -89,7 +89,7 @@ def test_loads_in_llama_cpp(pair):
 def test_gemma4_moe_shape_runs_in_both_runtimes(tmp_path):
     from llama_cpp import Llama
 
-    from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+    from dflash_gguf.runtime.target import LOGITS_ALL, Target, TargetConfig
 
     path = str(write_model(TINY_GEMMA4, "q4_k_m", tmp_path / "g.gguf", progress=False))
     with Target(path, TargetConfig(n_ctx=128, kv_type="f32", n_threads=1)) as target:

@@ -10,7 +10,7 @@ from hashlib import sha256
 import pytest
 from gguf import TokenType
 
-from dflash_gguf.convert import vocab
+from dflash_gguf.convert.vocab import load as vocab
 from dflash_gguf.convert.cli import main
 
 from helpers.fixtures import (CHAT_TEMPLATE, PLAIN_ADDED_TOKENS, SAMPLE_TEXT, SPECIAL_TOKENS, llama_cpp_source,

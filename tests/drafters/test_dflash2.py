@@ -14,8 +14,8 @@ from helpers.loops import greedy_generate, speculative_generate, tree_generate
 from helpers.parity import Parity
 from helpers.reference_loop import RecomputingTarget, exact_reference
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
 BLOCK = 8
 DFLASH2 = {"conv_kernel_size": 3, "conv_group_size": 32, "selector_rank": 16, "selector_top_k": 6}

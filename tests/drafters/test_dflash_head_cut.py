@@ -11,14 +11,14 @@ import pytest
 from helpers.loops import assert_chain_and_tree_keep_greedy, greedy_generate
 
 from dflash_gguf import DflashError
-from dflash_gguf.config import ConfigError
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.draft_simple import kept_tokens
-from dflash_gguf.engine import Engine
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.errors import ConfigError
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.speculation.draft_simple import kept_tokens
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.train.export import copy_key
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 TARGET, DRAFT = (str(p) for p in demo_paths())
 TEXTS = ("def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\nimport sys\n\n\ndef main():")
@@ -138,7 +138,7 @@ def copy_with_key(src, dst, key, values):
     """The GGUF at src with one more integer array key (its tensors as they are)."""
     import gguf
 
-    from dflash_gguf.gguf_meta import GGUFMeta
+    from dflash_gguf.runtime.gguf_meta import GGUFMeta
 
     reader, meta = gguf.GGUFReader(str(src)), GGUFMeta(str(src))
     writer = gguf.GGUFWriter(str(dst), meta.get("general.architecture"))

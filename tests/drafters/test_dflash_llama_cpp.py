@@ -30,9 +30,9 @@ from helpers.paths import ROOT
 from helpers.speculative_simple import generated, llama_speculative_simple, speculative_simple_loop
 
 from dflash_gguf.bench.llama_cpp import ToolError
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.engine import Engine
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
 N_PREDICT = 40
 COUNTS = ("n_drafted", "n_accept", "n_predict")
@@ -108,7 +108,7 @@ def test_drafts_and_counts_equal_llama_cpp(pair, n_max):
     or a block of 3 masks: the drafter then sees a shorter noise block, not the first
     rows of a longer one), accepts as many, ends on the same target token; the counts
     and the generated tokens are llama.cpp's, and the engine generates them too."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(pair["target"])
     meta = read_draft_metadata(pair["draft"])

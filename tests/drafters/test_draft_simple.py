@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.config import ConfigError
-from dflash_gguf.draft_simple import SimpleDraft, vocab_difference
-from dflash_gguf.engine import Engine
-from dflash_gguf.sampling import SamplingParams
-from dflash_gguf.target import DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target, TargetConfig
+from dflash_gguf.runtime.errors import ConfigError
+from dflash_gguf.speculation.draft_simple import SimpleDraft, vocab_difference
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.sampling import SamplingParams
+from dflash_gguf.runtime.target import DECODE, LOGITS_LAST, LOGITS_NONE, Rows, Target, TargetConfig
 
 from helpers.decoding_checks import SMALL, our_draft_simple
 from helpers.paths import ROOT
@@ -114,9 +114,9 @@ def test_every_part_of_a_step_reads_the_sequences_one_history(files):
     the bonus last): the sampler's penalty window, the suffix index's own text and the
     small model's record of what its slot holds are that list itself, never a copy; and
     after every step it is the prompt and the tokens the step returned, in order."""
-    from dflash_gguf.decoding import sequence_steps
-    from dflash_gguf.generate import Request
-    from dflash_gguf.suffix import OWN
+    from dflash_gguf.decoding.step import sequence_steps
+    from dflash_gguf.decoding.requests import Request
+    from dflash_gguf.speculation.suffix import OWN
     from helpers.decoding_checks import REPEATS
 
     sampling = SamplingParams(presence_penalty=0.5, repeat_last_n=-1)
@@ -153,7 +153,7 @@ def test_the_tree_keeps_second_choices_the_chain_misses(files, plain):
 def test_constrained_output_equals_plain_constrained_output(files, plain):
     """Under a grammar the chain is cut before the first draft the grammar rejects (forced
     text in place of guesses): the output is plain constrained decoding's."""
-    from dflash_gguf.constraints import Constraint
+    from dflash_gguf.decoding.constraints import Constraint
 
     params = SamplingParams(constraint=Constraint.gbnf('root ::= "    return sorted(xs)" [a-z ]+'))
     want = plain.generate(TEXTS[0], 30, sampling=params)
@@ -167,7 +167,7 @@ def test_constrained_output_equals_plain_constrained_output(files, plain):
 def test_p_min_and_n_min_cut_the_chain(files, plain, monkeypatch):
     """p-min stops drafting before a draft the drafter gives less than p-min (of its top
     10's mass, as llama.cpp counts it); n-min drops a shorter chain."""
-    from dflash_gguf import verifying
+    from dflash_gguf.decoding import verify as verifying
 
     verified = []  # drafts verified per step
 
@@ -222,7 +222,7 @@ def test_drafted_and_accepted_counts_equal_llama_cpp(files, drafter, p_min, trun
 # ---- bad input ------------------------------------------------------------------------------
 
 def test_truncation_is_refused_where_it_cannot_be_exact(files):
-    from dflash_gguf._native import DflashError
+    from dflash_gguf.runtime.native import DflashError
 
     with Target(DEMO, TargetConfig(n_ctx=64, n_threads=1)) as recurrent:
         assert not recurrent.can_truncate()
@@ -384,7 +384,7 @@ def test_a_new_engine_starts_from_what_the_last_one_learnt(files, tmp_path, monk
     until its first decision (SETTLE + 1 steps); warm, it decodes plainly from its first
     step. A memory file that cannot be read is ignored (cold), and then replaced; with
     DFLASH_AUTO_MEMORY=off nothing is kept."""
-    from dflash_gguf.budget import AutoBudget
+    from dflash_gguf.speculation.auto import AutoBudget
 
     memory = tmp_path / "auto-memory.json"
     monkeypatch.setenv("DFLASH_AUTO_MEMORY", "off")
@@ -406,7 +406,7 @@ def test_a_new_engine_starts_from_what_the_last_one_learnt(files, tmp_path, monk
 def test_a_saved_state_restores_the_chooser():
     """AutoBudget.state() through JSON and back (AutoBudget.restored) gives the same
     state; a state of arms the setting lacks, or cut short, gives None (start cold)."""
-    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
 
     auto = AutoBudget(_DearVerify(), 0, 4)
     for _ in range(6):
@@ -493,7 +493,7 @@ def test_a_cut_drafter_keeps_greedy_output_and_drafts_the_kept_argmax(files, pla
     """--spec-draft-vocab: the output is plain greedy's, token for token (the target
     verifies every draft), and each draft is the uncut drafter's argmax over the kept
     tokens."""
-    from dflash_gguf.draft_simple import kept_tokens
+    from dflash_gguf.speculation.draft_simple import kept_tokens
 
     want = [plain.generate(t, 40, stop_tokens=()).tokens for t in TEXTS]
     n = 300
@@ -513,8 +513,8 @@ def test_a_corpus_chooses_the_kept_tokens(files, plain, tmp_path):
     """--spec-draft-vocab-from: the cut head keeps the special tokens and then the tokens
     commonest in the corpus (tokenized as the target tokenizes; ties by lowest id), not the
     lowest ids; the output is still plain greedy's and every draft is a kept token."""
-    from dflash_gguf.draft_simple import corpus_counts, kept_tokens
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.speculation.draft_simple import corpus_counts, kept_tokens
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     corpus = tmp_path / "corpus"
     (corpus / "sub").mkdir(parents=True)
@@ -531,7 +531,7 @@ def test_a_corpus_chooses_the_kept_tokens(files, plain, tmp_path):
     assert set(chosen) != set(lowest)  # the corpus changed the choice: the test can fail
     from gguf import GGUFReader
 
-    from dflash_gguf.draft_simple import SPECIAL_TOKEN_TYPES
+    from dflash_gguf.speculation.draft_simple import SPECIAL_TOKEN_TYPES
 
     kinds = np.asarray(GGUFReader(files["q8"]).fields["tokenizer.ggml.token_type"].contents())
     special = set(np.flatnonzero(np.isin(kinds, SPECIAL_TOKEN_TYPES)).tolist())
@@ -579,7 +579,7 @@ def test_the_replay_gives_the_loops_accepted_lengths(files, n):
     """draft_simple.replayed_lengths (what experiments/draft_vocab_acceptance.py reports for
     each cut N): a greedy chain's steps replayed from the uncut drafter's logits over
     prompt and output are the engine's own, step for step."""
-    from dflash_gguf.draft_simple import kept_tokens, replayed_lengths
+    from dflash_gguf.speculation.draft_simple import kept_tokens, replayed_lengths
 
     drafter = Target(files["q4"], TargetConfig(n_ctx=512, kv_type="f32", n_threads=1))
     kept = np.arange(drafter.n_vocab) if n == 0 else np.asarray(kept_tokens(files["q4"], n))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_gguf import config
-from dflash_gguf.draft import read_draft_metadata
-from dflash_gguf.drafter_kinds import BY_SPEC_TYPE, DRAFTERS, listed, reading
+from dflash_gguf.engine import setup as config
+from dflash_gguf.runtime.drafter import read_draft_metadata
+from dflash_gguf.runtime.drafter_kinds import BY_SPEC_TYPE, DRAFTERS, listed, reading
 
 from helpers.paths import ROOT
 
@@ -33,7 +33,7 @@ def test_a_marker_decides_between_kinds_of_one_architecture():
 
 
 def test_python_and_the_runtime_pick_the_same_kind(tmp_path):
-    from dflash_gguf.demo_dspark import make_dspark
+    from dflash_gguf.tools.demo_dspark import make_dspark
 
     dspark = tmp_path / "dspark.gguf"
     make_dspark(dspark)

@@ -19,9 +19,9 @@ import pytest
 
 from helpers.dspark_fixtures import DEMO_DRAFT, DEMO_HF, DEMO_TARGET, make_dspark, make_dspark_hf
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.engine import Engine
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
 RUN = str(Path(sys.executable).with_name("dflash-run"))
 TARGET = str(DEMO_TARGET)
@@ -67,7 +67,7 @@ def test_the_markov_head_biases_the_backbones_logits(dspark, heads):
     """A DSpark GGUF is drafter kind "dspark": its drafted rows' logits are the demo DFlash
     drafter's plus markov_w2 . markov_w1[prev] x scale, prev the bonus, then each row's
     argmax; its drafts are those argmaxes, and some differ from the backbone's own."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     w1, w2, scale = heads
     prompt = Tokenizer(TARGET).encode(TEXTS[1])
@@ -106,7 +106,7 @@ def our_draft_dspark(target, draft, tokens, n_predict, n_max, conf_min, eog):
     """llama-speculative-simple's loop (speculative_simple_loop) with our target and
     drafter: every step drafts n_max after the last token, cut where the confidence head
     falls below conf_min. Its counts, and the drafts the confidence cut (n_cut)."""
-    from dflash_gguf.proposers import confident_length
+    from dflash_gguf.speculation.proposers import confident_length
     from helpers.speculative_simple import speculative_simple_loop
 
     target.reset()
@@ -137,7 +137,7 @@ def test_drafted_and_accepted_counts_equal_llama_cpp(request, layout, conf_min):
     on one step of the second prompt), where the two runtimes' float arithmetic may pick
     either: there the counts may differ by one step's worth (one accepted draft, one
     block), no more."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     path = request.getfixturevalue("dspark" if layout == "dflash" else "anchor_first")
     n_max = N_MAX + (layout == "anchor")  # anchor-first drafts a whole trained block
@@ -178,7 +178,7 @@ def test_both_converters_write_the_same_dspark_file(converted):
     shapes, values) and DSpark keys; both load here as DSpark drafters and draft the
     same tokens with the same confidences, and llama.cpp drafts from ours what we do."""
     from helpers.fixtures import read_gguf
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     (kv_ours, ours), (kv_ref, ref) = read_gguf(converted["ours"]), read_gguf(converted["llama.cpp"])
     assert set(ours) == set(ref)
@@ -230,7 +230,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(dspark, plain_text):
     no graph over the stretch, catches up in the next propose, and the text is the
     target's own greedy text."""
     from helpers.decoding_checks import check_plain_stretch
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(TARGET)
     target, draft = load(dspark, top_k=4)
@@ -243,10 +243,10 @@ def test_sequences_in_a_batch_decode_as_alone(dspark, plain_text):
     graph and one target graph per step, joining at different rounds: each gets its solo
     greedy text."""
     from helpers.decoding_checks import batch_outputs
-    from dflash_gguf.decoding import Sequence
-    from dflash_gguf.generate import GenerationStats, Placement, Request
-    from dflash_gguf.speculative import chain_proposer, tree_proposer
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.decoding.step import Sequence
+    from dflash_gguf.decoding.requests import GenerationStats, Placement, Request
+    from dflash_gguf.speculation.drafting import chain_proposer, tree_proposer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(TARGET)
     target, draft = load(dspark, n_seq=3, top_k=6)
@@ -266,8 +266,8 @@ def test_anchor_first_decodes_losslessly(anchor_first, plain_text):
                     **options) as engine:
             assert engine.draft.block_size == N_MAX + 2  # the bonus and a trained block's drafts
             if "n_seq" in options:
-                from dflash_gguf.generate import Request
-                from dflash_gguf.tokenizer import Tokenizer
+                from dflash_gguf.decoding.requests import Request
+                from dflash_gguf.runtime.tokenizer import Tokenizer
 
                 batch, tok = engine.batch(), Tokenizer(TARGET)
                 outs = {}
@@ -287,7 +287,7 @@ def test_sampled_chain_samples_the_targets_distribution(dspark):
     are distributed as the target's own sampling (the chi-square test of test_sampling)."""
     from helpers.sampling_checks import DEPTH, SETTINGS, chi2_critical, chi2_stat, exact_joint
     from helpers.loops import speculative_generate
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     prompt = Tokenizer(TARGET).encode("    def __init__(self, name):\n        self.name = name\n        self.",
                                       add_bos=False)
@@ -342,7 +342,7 @@ def test_bad_input_is_one_line(dspark, tmp_path, args, words):
 
 def test_the_cli_drafts_with_it(dspark, plain_text):
     """dflash-run -md <DSpark GGUF>: the kind from the file, the plain greedy text."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     res = subprocess.run([RUN, "-m", TARGET, "-md", dspark, "--spec-draft-conf-min", "0.6", "-p", TEXTS[0],
                           "-n", "40", "-t", "2", "--temp", "0"], capture_output=True, text=True, timeout=300,
@@ -354,7 +354,7 @@ def test_the_cli_drafts_with_it(dspark, plain_text):
 def test_the_server_drafts_with_it_over_slots(dspark, plain_text, tmp_path):
     """dflash-server -np 2 -md <DSpark GGUF> with its confidence cut: concurrent clients
     each get the plain greedy text, several tokens a step."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
     from helpers.servers import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", TARGET, "-md", dspark, "--spec-draft-conf-min", "0.6", "-c", "1024",

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.engine import Engine
-from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.runtime.target import Target, TargetConfig
 
 from helpers.decoding_checks import our_draft_mtp
 from helpers.paths import ROOT, TESTS
@@ -208,7 +208,7 @@ def test_drafted_and_accepted_counts_equal_llama_cpp():
     """The same steps as llama.cpp's draft-eagle3 on the same GGUFs draft the same tokens:
     its drafted and accepted counts, per prompt, on the trained head."""
     from dflash_gguf.bench.prompts import PROMPTS
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(n_drafts=3, top_k=0)
@@ -249,7 +249,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
     no graph over the stretch, catches up in the next propose, and the text is the
     target's own greedy text."""
     from helpers.decoding_checks import check_plain_stretch
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(top_k=4)
@@ -261,10 +261,10 @@ def test_sequences_in_a_batch_decode_as_alone(plain_text):
     """-np: sequences (a chain and a tree) in one drafter graph and one target graph per
     step, joining at different rounds: each gets its solo greedy text."""
     from helpers.decoding_checks import batch_outputs
-    from dflash_gguf.decoding import Sequence
-    from dflash_gguf.generate import GenerationStats, Placement, Request
-    from dflash_gguf.speculative import chain_proposer, tree_proposer
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.decoding.step import Sequence
+    from dflash_gguf.decoding.requests import GenerationStats, Placement, Request
+    from dflash_gguf.speculation.drafting import chain_proposer, tree_proposer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(n_seq=2, top_k=6)
@@ -278,7 +278,7 @@ def test_sequences_in_a_batch_decode_as_alone(plain_text):
 def test_sampled_chain_keeps_the_targets_distribution():
     """Sampled continuations with the EAGLE3 drafter's greedy drafts (kept by the argmax
     rule) are distributed as the target's own sampling (test_sampling's chi-square test)."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
     from helpers.sampling_checks import SETTINGS, chi2_critical, chi2_stat, exact_joint, run_mode
 
     meta = read_draft_metadata(EAGLE3)
@@ -302,7 +302,7 @@ def test_cli_drafts_with_the_eagle3_head(plain_text):
     several tokens a step; the mode names the drafter's kind."""
     import json
 
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     res = subprocess.run([RUN, "-m", DEMO, "-md", EAGLE3, "--spec-type", "draft-eagle3", "--spec-draft-n-max", "3",
                           "-p", TEXTS[0], "-n", "40", "-t", "2", "--json"], capture_output=True, text=True,
@@ -317,7 +317,7 @@ def test_cli_drafts_with_the_eagle3_head(plain_text):
 def test_the_server_drafts_with_eagle3_over_slots(tmp_path, plain_text):
     """dflash-server -np 2 -md eagle3.gguf: concurrent clients each get the plain greedy
     text, several tokens a step."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
     from helpers.servers import ServerProcess
 
     server = ServerProcess(tmp_path, "-m", DEMO, "-md", EAGLE3, "-c", "1024", "-np", "2", "-t", "2", "-ctk", "f32")

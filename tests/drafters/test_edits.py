@@ -1,9 +1,9 @@
-"""The copy cursor (edits.py): following an output that copies its history through
+"""The copy cursor (speculation/edits.py): following an output that copies its history through
 edits, learning a substitution once the copy has taken up the source again, making it in
 later drafts, forgetting it when the target does not follow it."""
 from __future__ import annotations
 
-from dflash_gguf.edits import CONFIRM, CopyCursor
+from dflash_gguf.speculation.edits import CONFIRM, CopyCursor
 
 # a source "file": 1 2 3 4 5 at two places, each followed by other text
 SOURCE = [10, 11, 1, 2, 3, 4, 5, 12, 13, 14, 1, 2, 3, 4, 5, 15, 16, 17, 18, 19]

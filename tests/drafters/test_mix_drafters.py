@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader
 
-from dflash_gguf.demo import demo_paths
+from dflash_gguf.runtime.demo import demo_paths
 
 from helpers.paths import ROOT
 

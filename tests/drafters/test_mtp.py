@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.engine import Engine
-from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.runtime.target import Target, TargetConfig
 
 from helpers.decoding_checks import our_draft_mtp, prefill, rel_err
 from helpers.paths import ROOT
@@ -155,7 +155,7 @@ def test_drafted_and_accepted_counts_equal_llama_cpp(which, mtp_gguf):
     """The same steps as llama.cpp's draft-mtp on the same GGUF draft the same tokens: its
     drafted and accepted counts, on the demo target's trained head and on a random one."""
     from dflash_gguf.bench.prompts import PROMPTS
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     path = DEMO if which == "trained" else mtp_gguf
     tok = Tokenizer(path)
@@ -203,7 +203,7 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
     no graph over the stretch, catches up in the next propose, and the text is the
     target's own greedy text."""
     from helpers.decoding_checks import check_plain_stretch
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(DEMO, n_seq=1, top_k=4)
@@ -215,10 +215,10 @@ def test_sequences_in_a_batch_decode_as_alone(plain_text):
     """-np: three sequences (chains and a tree) in one MTP drafter graph and one target
     graph per step, joining at different rounds: each gets its solo greedy text."""
     from helpers.decoding_checks import batch_outputs
-    from dflash_gguf.decoding import Sequence
-    from dflash_gguf.generate import GenerationStats, Placement, Request
-    from dflash_gguf.speculative import chain_proposer, tree_proposer
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.decoding.step import Sequence
+    from dflash_gguf.decoding.requests import GenerationStats, Placement, Request
+    from dflash_gguf.speculation.drafting import chain_proposer, tree_proposer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(DEMO, n_seq=3, top_k=6)
@@ -233,8 +233,8 @@ def test_sequences_in_a_batch_decode_as_alone(plain_text):
 def test_a_checkpoint_restores_the_drafters_carried_state():
     """A checkpoint holds the MTP layer's cache and the hidden state it carries: restored
     into a slot that held another text, it drafts what the original slot drafts."""
-    from dflash_gguf.checkpoints import Checkpoint
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.checkpoints import Checkpoint
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(DEMO, n_seq=2)
@@ -255,7 +255,7 @@ def test_cli_drafts_with_the_models_own_mtp_layer(plain_text):
     (to the end of generation), several tokens a step; the mode names the drafter's kind."""
     import json
 
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     res = subprocess.run([RUN, "-m", DEMO, "--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "-p", TEXTS[0],
                           "-n", "40", "-t", "2", "--json"], capture_output=True, text=True, timeout=300,
@@ -275,7 +275,7 @@ def test_the_server_drafts_with_mtp_over_slots(tmp_path, plain_text):
     server = ServerProcess(tmp_path, "-m", DEMO, "-c", "1024", "-np", "2", "--spec-type", "draft-mtp", "-t", "2",
                            "-ctk", "f32")
     answers = server.greedy_texts(TEXTS, 40)
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     assert [a["choices"][0]["text"] for a in answers] == [tok.decode(t) for t in plain_text]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.engine import Engine
-from dflash_gguf.generate import GenerationStats
-from dflash_gguf.ngram import MAX_RUN, NgramDrafts, NgramMod, NgramSimple
-from dflash_gguf.pricing import RunHazard
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.requests import GenerationStats
+from dflash_gguf.speculation.ngram import MAX_RUN, NgramDrafts, NgramMod, NgramSimple
+from dflash_gguf.speculation.pricing import RunHazard
+from dflash_gguf.decoding.sampling import SamplingParams
 
 from helpers.decoding_checks import REPEATS, solo_and_batched, use_cost
 from helpers.paths import ROOT

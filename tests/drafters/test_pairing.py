@@ -17,11 +17,11 @@ from helpers.convert_checks import libllama_model
 from helpers.fixtures import make_qwen35, read_gguf
 from helpers.gguf_fuzz import ARR, STR, build, enc_kv, parse
 
-from dflash_gguf._native import DflashError
-from dflash_gguf.convert.vocab import load_vocab
-from dflash_gguf.draft import Draft, read_draft_metadata, tokenizer_fingerprint
-from dflash_gguf.engine import Engine
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.native import DflashError
+from dflash_gguf.convert.vocab.load import load_vocab
+from dflash_gguf.runtime.drafter import Draft, read_draft_metadata, tokenizer_fingerprint
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Weightless drafts priced against plain decoding (dflash_gguf/pricing.py): the size
+"""Weightless drafts priced against plain decoding (dflash_gguf/speculation/pricing.py): the size
 with the most expected tokens per second, nothing when no size beats the last token
 alone, the hazard by run that discounts deep drafts, and the walk that says how
 many of a tree's nodes the target's tokens keep."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf.pricing import RunHazard, best_size, tree_probs, walk_depth
-from dflash_gguf.suffix import continuation_tree
+from dflash_gguf.speculation.pricing import RunHazard, best_size, tree_probs, walk_depth
+from dflash_gguf.speculation.suffix import continuation_tree
 
 
 def linear(base: float, per_row: float):

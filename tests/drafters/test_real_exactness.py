@@ -12,7 +12,7 @@ import pytest
 
 from helpers.parity import first_divergence
 
-from dflash_gguf import invariance
+from dflash_gguf.tools import invariance
 
 pytestmark = pytest.mark.real
 

@@ -1,6 +1,6 @@
 """The real Gemma 3 pair of issue 51: the published Gemma 3 270M Q4_K_M drafting
 (`--spec-type draft-simple`) for an f16 copy of the same weights, the copy made by our own
-re-typing (dflash_gguf.real_models.retyped: once per machine, beside the published file):
+re-typing (dflash_gguf.tools.real_models.retyped: once per machine, beside the published file):
 
 - greedy chain and tree output equal the f16 target's plain greedy output;
 - the Engine's drafted and accepted counts equal llama-speculative-simple --spec-type
@@ -30,7 +30,7 @@ N_NEW = 32
 
 @pytest.fixture(scope="module")
 def pair(real_path):
-    from dflash_gguf import real_models
+    from dflash_gguf.tools import real_models
 
     small = real_path("gemma-3-270m")  # skips (or, under CI, fetches) first
     return {"target": str(real_models.retyped("gemma-3-270m", "f16")), "small": str(small)}
@@ -46,7 +46,7 @@ def test_the_copy_is_f16(pair):
     """Every matrix of the copy is f16 (norms stay f32), as the re-typing plans it."""
     from gguf import GGMLQuantizationType as T
 
-    from dflash_gguf.gguf_meta import GGUFMeta
+    from dflash_gguf.runtime.gguf_meta import GGUFMeta
 
     types = {T(kind) for _, kind in GGUFMeta(pair["target"]).tensors().values()}
     assert types == {T.F16, T.F32}
@@ -88,7 +88,7 @@ def test_dflash_train_makes_a_drafter_for_the_published_gemma3(pair, tmp_path):
     import sysconfig
     from pathlib import Path
 
-    from dflash_gguf.gguf_meta import GGUFMeta
+    from dflash_gguf.runtime.gguf_meta import GGUFMeta
     from dflash_gguf.train import TrainOptions, train
 
     data = [str(f) for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("b[ai]*.py"))]

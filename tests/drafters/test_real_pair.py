@@ -1,5 +1,5 @@
 """The real pair: the published Qwen2.5-Coder 0.5B drafting for its 1.5B sibling
-(dflash_gguf.real_models), `--spec-type draft-simple`, on real activations, a real
+(dflash_gguf.tools.real_models), `--spec-type draft-simple`, on real activations, a real
 vocabulary and Q4_K_M files someone else quantized:
 
 - greedy chain and tree output equal plain greedy output token for token;
@@ -76,8 +76,8 @@ def test_a_cut_heads_logits_are_the_whole_heads_kept_rows(pair):
     its logits are the whole head's at those tokens."""
     import numpy as np
 
-    from dflash_gguf.draft_simple import kept_tokens
-    from dflash_gguf.target import DECODE, Rows, Target, TargetConfig
+    from dflash_gguf.speculation.draft_simple import kept_tokens
+    from dflash_gguf.runtime.target import DECODE, Rows, Target, TargetConfig
 
     kept = kept_tokens(pair["small"], 4096)
     logits = []

@@ -15,9 +15,9 @@ from helpers.paths import TESTS
 from helpers.reference_loop import RecomputingTarget, exact_reference
 
 from dflash_gguf import DflashError
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.speculative import accepted_prefix, chain_length
-from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.speculation.drafting import accepted_prefix, chain_length
+from dflash_gguf.runtime.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
 
 
 def load(pair, target_gguf=None, kv="f32", n_ubatch=16, n_ctx=512, repack=True, top_k=0, n_seq=1):
@@ -167,8 +167,8 @@ def test_the_cut_by_default_is_on_where_the_target_computes_on_the_cpu(pair):
     in part) the chain is cut at DEFAULT_DRAFT_P_MIN; an accelerator holding every layer
     verifies the whole block for about the cost of two rows: no cut. An explicit value
     wins; 0 loads the drafter without a ranking."""
-    from dflash_gguf.engine import Engine
-    from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN, default_p_min
+    from dflash_gguf.engine.engine import Engine
+    from dflash_gguf.speculation.drafting import DEFAULT_DRAFT_P_MIN, default_p_min
 
     class Placed:
         def __init__(self, device, n_gpu_layers):
@@ -198,7 +198,7 @@ def test_confidence_cut_chain_is_lossless_and_verifies_what_chain_length_says(tr
     the fused one to it.)"""
     from tokenizers import Tokenizer as HFTokenizer
 
-    from dflash_gguf.proposers import ChainProposer
+    from dflash_gguf.speculation.proposers import ChainProposer
 
     monkeypatch.setattr(ChainProposer, "fuses", lambda self, seq: False)
 
@@ -266,12 +266,13 @@ def test_fused_chain_step_is_the_phased_step(trained_pair, monkeypatch):
     phased step crosses into the library several times a step, the fused one once."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    from dflash_gguf import draft as draft_module, target as target_module
+    from dflash_gguf.runtime import drafter as draft_module
+    from dflash_gguf.runtime import target as target_module
     from helpers.decoding_checks import batch_outputs
-    from dflash_gguf.decoding import Sequence
-    from dflash_gguf.generate import GenerationStats, Placement, Request
-    from dflash_gguf.proposers import ChainProposer
-    from dflash_gguf.speculative import chain_proposer
+    from dflash_gguf.decoding.step import Sequence
+    from dflash_gguf.decoding.requests import GenerationStats, Placement, Request
+    from dflash_gguf.speculation.proposers import ChainProposer
+    from dflash_gguf.speculation.drafting import chain_proposer
 
     tok = HFTokenizer.from_file(str(DEMO_HF / "target" / "tokenizer.json"))
     prompts = [tok.encode(t).ids for t in ("def fibonacci(n):", "class Stack:\n    def __init__(self):")]
@@ -319,7 +320,7 @@ def test_fused_chain_step_is_the_phased_step(trained_pair, monkeypatch):
 
 
 def collect_steps(seq) -> list:
-    from dflash_gguf.decoding import sequence_steps
+    from dflash_gguf.decoding.step import sequence_steps
 
     return [t for new in sequence_steps(seq) for t in new]
 

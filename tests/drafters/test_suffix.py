@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf import verifying
-from dflash_gguf.engine import Engine
-from dflash_gguf.pricing import RunHazards
-from dflash_gguf.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
+from dflash_gguf.decoding import verify as verifying
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.speculation.pricing import RunHazards
+from dflash_gguf.speculation.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
                                 corpus_key, draft_tree, is_chain, likeliest_path)
 
 from helpers.decoding_checks import REPEATS, use_cost
@@ -153,7 +153,7 @@ def free_rows(monkeypatch):
 
 
 def test_rows_as_dear_as_a_step_verify_no_unsure_tree(plain, monkeypatch):
-    """Priced (pricing.py): where each row costs a decode step, no tree of counts is sure
+    """Priced (speculation/pricing.py): where each row costs a decode step, no tree of counts is sure
     enough to pay, and every step decodes the last token alone; the text is plain's."""
     use_cost(monkeypatch, 1.0)
     want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
@@ -233,7 +233,8 @@ def run(*args):
     (DRAFT, "suffix", {}, "loads no drafter file"),
 ])
 def test_kinds_suffix_does_not_run_beside(draft, spec_type, options, words):
-    from dflash_gguf.config import ConfigError, EngineSetup
+    from dflash_gguf.engine.setup import EngineSetup
+    from dflash_gguf.runtime.errors import ConfigError
 
     with pytest.raises(ConfigError, match=words):
         EngineSetup.of(TARGET, draft, spec_type=spec_type, **options)
@@ -257,7 +258,8 @@ def test_greedy_dflash_beside_suffix_equals_plain_greedy(plain, trees_verified):
 
 
 def test_the_cache_bound_is_checked():
-    from dflash_gguf.config import ConfigError, EngineSetup
+    from dflash_gguf.engine.setup import EngineSetup
+    from dflash_gguf.runtime.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"suffix corpora's memory in MiB .* must be >= 0, got -1"):
         EngineSetup.of(TARGET, spec_type="suffix", spec_suffix_cache_mb=-1)
@@ -283,8 +285,8 @@ def test_the_cli_says_what_is_wrong(args, words):
 def test_greedy_suffix_under_a_grammar_equals_plain(plain):
     """Under a grammar the likeliest branch is verified as a chain, cut where the grammar
     rejects it."""
-    from dflash_gguf.config import check_constraint
-    from dflash_gguf.sampling import SamplingParams
+    from dflash_gguf.decoding.constraints import check_constraint
+    from dflash_gguf.decoding.sampling import SamplingParams
 
     grammar = check_constraint(grammar='root ::= ("x = 1\\n" | "y = 2\\n")+')
     greedy = SamplingParams(0.0, 0, 1.0, 0.0, None, constraint=grammar)
@@ -301,7 +303,7 @@ def test_sampled_suffix_keeps_the_targets_distribution(plain, trees_verified):
     sampling (enumerated exactly, chi-square at 0.1%)."""
     from dataclasses import replace
 
-    from dflash_gguf.sampling import SamplingParams
+    from dflash_gguf.decoding.sampling import SamplingParams
     from helpers.sampling_checks import chi2_critical, chi2_stat, exact_joint
 
     text = plain.tokenizer.encode("    def __init__(self, name):\n        self.name = name\n        self.",

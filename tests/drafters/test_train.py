@@ -18,8 +18,8 @@ import torch
 from helpers.loops import assert_chain_and_tree_keep_greedy
 from helpers.paths import ROOT
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata, tokenizer_fingerprint
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata, tokenizer_fingerprint
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.train import TrainOptions, train
 from dflash_gguf.train import recipe
 from dflash_gguf.train.cli import main as cli_main
@@ -101,7 +101,7 @@ def test_written_gguf_is_paired_and_lossless_under_chain_and_tree(trained):
     t = Target(str(target), TargetConfig(n_ctx=256, n_verify=16, kv_type="f32",
                                          feature_layers=meta["target_layers"]))
     d = Draft(str(out / "draft.gguf"), t, DraftConfig(kv_type="f32", top_k=4))
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(str(target))
     for prompt in [tok.encode(text) for text in ("def fibonacci(n):", "class Stack:\n    def __init__(self):")]:
@@ -183,7 +183,7 @@ def test_draft_vocab_carries_a_kept_set_the_runtime_cuts_the_head_by(target, cor
     over those rows of the head only."""
     import gguf
 
-    from dflash_gguf.draft_simple import SPECIAL_TOKEN_TYPES
+    from dflash_gguf.speculation.draft_simple import SPECIAL_TOKEN_TYPES
 
     n = 64
     out = tmp_path / "kept.gguf"

@@ -13,9 +13,10 @@ from helpers.loops import greedy_generate, speculative_generate, tree_generate
 from helpers.parity import Parity
 from helpers.tree_paths import root_path
 
-from dflash_gguf.ddtree import accept_path, build_tree, chain_tree
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.decoding.tree import accept_path, chain_tree
+from dflash_gguf.speculation.ddtree import build_tree
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 
 
 # ---- builder ----------------------------------------------------------------------
@@ -621,7 +622,7 @@ class SimPair:
     def true_rates(self, sizes) -> dict:
         """Tokens per second of each fixed arm: plain, the chain at its best fixed length,
         each tree size (exact expectations)."""
-        from dflash_gguf.budget import CHAIN, PLAIN
+        from dflash_gguf.speculation.auto import CHAIN, PLAIN
 
         rates = {PLAIN: 1.0 / (self.plain + float(self.cost.chain(1))),
                  CHAIN: max((1 + self.chain_accepted(n)) / (self.drafted + float(self.cost.chain(1 + n)))
@@ -636,7 +637,7 @@ def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=No
     pair, as proposers.AutoProposer drives it. Returns (arm, tokens, seconds) per step
     (and appends the index of every survey step to survey_steps, and each step's expected
     tokens, the arm and cut it ran, to expected)."""
-    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget, tree_nodes
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget, tree_nodes
 
     rng = np.random.default_rng(seed)
     auto = auto or AutoBudget(sim.cost, largest, sim.depth + 1)
@@ -718,7 +719,7 @@ def test_auto_ends_on_the_chain_where_a_verify_costs_its_rows(seed):
     on seeds 0-2, 0.985-0.996 on seeds 3-14 but seed 13, where auto decoded plainly on
     295 of the 800 late steps and made 0.958 (the realized rates, draw luck in them:
     0.98-1.02)."""
-    from dflash_gguf.budget import CHAIN
+    from dflash_gguf.speculation.auto import CHAIN
 
     sim = SimPair(**CPU, **GOOD)
     best = max(sim.true_rates((4, 8, 16, 32)).items(), key=lambda kv: kv[1])
@@ -748,7 +749,7 @@ def test_auto_decodes_plainly_when_drafts_fail():
     """A target that never takes the drafts: drafting only costs, and auto decodes
     plainly on >= 95% of the late steps (the rest: probes, few enough to keep what they
     lose within about EXPLORE_SHARE of the time)."""
-    from dflash_gguf.budget import PLAIN, AutoBudget
+    from dflash_gguf.speculation.auto import PLAIN, AutoBudget
 
     sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     steps = simulate_auto(sim, steps=600)
@@ -761,7 +762,7 @@ def test_auto_decodes_plainly_where_rows_cost_more_than_their_acceptance():
     as much as a whole decode and drafting as much again: every chain and tree makes
     more tokens a step than plain decoding and fewer a second. The cost model, from the
     verify table and what it measures, decodes plainly on >= 90% of the late steps."""
-    from dflash_gguf.budget import PLAIN
+    from dflash_gguf.speculation.auto import PLAIN
 
     sim = SimPair(cost=_Cost(0.1e-3, 1e-3), drafted=1e-3, plain=0.1e-3, node=0.02e-3, survey=0.005e-3, **GOOD)
     rates = sim.true_rates((4, 8, 16, 32))
@@ -777,7 +778,7 @@ def test_auto_probes_less_the_further_drafting_is_behind():
     behind needs a large change in the text to win): drafts the target never takes, on
     a device where the chain makes about 0.6 of plain's tokens a second, lose about
     0.4 of the share, not all of it."""
-    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
 
     sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     rates = sim.true_rates(())
@@ -793,7 +794,7 @@ def test_auto_probes_less_the_further_drafting_is_behind():
 def test_auto_drafts_again_when_drafts_come_back():
     """After a spell of failing drafts a sequence decodes plainly; when the drafter is
     right again, a probe finds it and auto goes back to the chain."""
-    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
 
     bad, good = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0)), SimPair(**CPU, **GOOD)
     auto = AutoBudget(bad.cost, 32, 8)
@@ -806,7 +807,7 @@ def test_auto_decides_after_its_first_timed_chain_step():
     """A fresh chooser does not spend DECIDE_EVERY steps on an arm that may not pay:
     drafts the target never takes, and it decodes plainly from the step after the first
     timed chain step (the steps before that build graphs) on."""
-    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
 
     sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     arms = [a for a, _, _ in simulate_auto(sim, steps=AutoBudget.DECIDE_EVERY)]
@@ -818,7 +819,7 @@ def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
     """Before a probe has run, its price is a chain step plus catching the drafter up on
     PROBE_LAG tokens at the cost a token measured on drafted steps (the lowest reading);
     a measured probe replaces the estimate. A dearer probe comes later."""
-    from dflash_gguf.budget import AutoBudget
+    from dflash_gguf.speculation.auto import AutoBudget
 
     auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
     auto.costs.part.update(drafted=2e-3, plain=1e-3)
@@ -835,7 +836,7 @@ def test_auto_probes_across_short_sequences():
     """Probes are spaced by plain steps counted across the sequences of one engine: where
     the gap between them is longer than a request, short requests still get them, about
     one a gap."""
-    from dflash_gguf.budget import CHAIN, AutoMemory
+    from dflash_gguf.speculation.auto import CHAIN, AutoMemory
 
     sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     memory = AutoMemory(sim.cost, 32, 8)
@@ -855,7 +856,7 @@ def test_a_plain_stretch_counts_as_its_steps():
     probe comes at the same step, and the counts are those of choosing each step."""
     import copy
 
-    from dflash_gguf.budget import CHAIN, PLAIN, AutoBudget
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
 
     sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     each = AutoBudget(sim.cost, 32, 8)
@@ -881,7 +882,7 @@ def test_auto_chooses_per_sequence():
     """Two sequences decoded together (-np), from one engine's memory: one whose drafts
     the target takes, one whose drafts it never takes. Each chooses for its own text:
     the first drafts a chain, the second decodes plainly."""
-    from dflash_gguf.budget import CHAIN, PLAIN, AutoMemory
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoMemory
 
     good, bad = SimPair(**CPU, **GOOD), SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     memory = AutoMemory(good.cost, 32, 8)
@@ -899,7 +900,7 @@ def test_auto_surveys_within_their_share_of_the_time():
     """A survey (the drafter's top-K ranked, the largest tree built) costs host time:
     free ones come every DECIDE_EVERY steps; dear ones are spaced so that they take
     about EXPLORE_SHARE of the time."""
-    from dflash_gguf.budget import AutoBudget
+    from dflash_gguf.speculation.auto import AutoBudget
 
     free, dear = [], []
     simulate_auto(SimPair(**{**CPU, "survey": 0.0}, **GOOD), survey_steps=free)
@@ -924,7 +925,7 @@ def test_auto_cuts_the_chain_where_its_verify_stops_paying():
     """The chain's length is chosen every step from the drafter's probabilities and the
     verify table: where a row costs little against the step, the whole block; where
     rows are dear, the drafts before the ones unlikely to be accepted."""
-    from dflash_gguf.budget import AutoBudget
+    from dflash_gguf.speculation.auto import AutoBudget
 
     top1 = np.log([0.95, 0.9, 0.85, 0.5, 0.3, 0.2, 0.1])
     flat = AutoBudget(_Cost(10e-3, 1e-6), 32, 8)
@@ -937,7 +938,7 @@ def test_auto_cuts_the_chain_where_its_verify_stops_paying():
 def test_auto_calibrates_an_overconfident_drafter():
     """A drafter that believes 0.6 where the target agrees 0.3 of the time: the
     calibration learns it from what was accepted."""
-    from dflash_gguf.budget import Calibration
+    from dflash_gguf.speculation.auto import Calibration
 
     cal = Calibration()
     assert cal(0.6) == pytest.approx(0.6)  # a fresh calibration believes the drafter
@@ -952,7 +953,7 @@ def test_auto_calibrates_spine_and_branches_apart():
     """At the same drafter probability a deep node on the chain of top choices (right
     when the drafter is on a run) and a sibling of a top choice are accepted at very
     different rates: auto learns each from the trees it verifies."""
-    from dflash_gguf.budget import AutoBudget
+    from dflash_gguf.speculation.auto import AutoBudget
 
     auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
     rng = np.random.default_rng(4)
@@ -965,7 +966,7 @@ def test_auto_calibrates_spine_and_branches_apart():
 
 
 def test_auto_arms_are_few():
-    from dflash_gguf.budget import auto_arms
+    from dflash_gguf.speculation.auto import auto_arms
 
     assert auto_arms(32) == [-1, 0, 4, 8, 16, 32]
     assert auto_arms(12) == [-1, 0, 4, 8, 12]
@@ -976,7 +977,7 @@ def test_lossless_auto_mixing_plain_chain_and_trees(pair):
     """Steps that go from plain decoding to the chain (the drafter's block verified on the
     device) to trees of several sizes and back, surveys among them: greedy output is
     still the target's own, and the sequence's statistics get auto's report."""
-    from dflash_gguf.budget import PLAIN
+    from dflash_gguf.speculation.auto import PLAIN
 
     target, draft = load_tree(pair, budget=16)
     for prompt in prompts(3, seed=61):
@@ -995,7 +996,7 @@ def test_auto_plain_stretches_run_no_drafter(pair):
     target's feature rows can keep what it lacks (64 rows here: a stretch of 30 steps
     runs none; one of 60 catches it up once or twice, in one graph each); the step that
     drafts again takes the stretch's positions first. Greedy output stays the target's."""
-    from dflash_gguf.budget import PLAIN
+    from dflash_gguf.speculation.auto import PLAIN
 
     meta = read_draft_metadata(pair["draft"])
     target = Target(pair["target"], TargetConfig(n_ctx=512, n_ubatch=64, n_verify=17, kv_type="f32",
@@ -1018,7 +1019,7 @@ def test_auto_plain_stretches_run_no_drafter(pair):
 def test_lossless_auto(pair):
     """The real chooser on the real pair, greedy and across requests: lossless whatever
     it picks."""
-    from dflash_gguf.budget import AutoMemory
+    from dflash_gguf.speculation.auto import AutoMemory
 
     target, draft = load_tree(pair, budget=16)
     memory = AutoMemory(_Cost(1e-3, 1e-4), 16, BLOCK)
@@ -1034,7 +1035,7 @@ def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
     """The cost curve times verifies whose graph is already built and which carry the
     previous step's commit: a graph build in the timed runs would make big trees look
     dearer than they are. Measured once, then read from the cache."""
-    from dflash_gguf.verify_cost import VerifyCost
+    from dflash_gguf.speculation.verify_cost import VerifyCost
 
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=8, kv_type="f32"))
     before = target.info()
@@ -1060,7 +1061,7 @@ def test_verify_cost_adds_the_sizes_another_engine_lacked(pair, tmp_path):
     shorter one after it measures nothing."""
     import json
 
-    from dflash_gguf.verify_cost import VerifyCost
+    from dflash_gguf.speculation.verify_cost import VerifyCost
 
     cache = tmp_path / "cost.json"
     short = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=4, kv_type="f32"))

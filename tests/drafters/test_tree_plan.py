@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf._native import DflashError, check, ffi, lib
+from dflash_gguf.runtime.native import DflashError, check, ffi, lib
 
 from helpers.tree_paths import root_path
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf.decoding import sequence_steps
-from dflash_gguf.ddtree import DraftTree
-from dflash_gguf.engine import Engine
-from dflash_gguf.generate import Request
-from dflash_gguf.suffix import SuffixDrafts
-from dflash_gguf.weightless import Offer, Offers
+from dflash_gguf.decoding.step import sequence_steps
+from dflash_gguf.decoding.tree import DraftTree
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.requests import Request
+from dflash_gguf.speculation.suffix import SuffixDrafts
+from dflash_gguf.speculation.weightless import Offer, Offers
 
 from helpers.decoding_checks import REPEATS, FlatCost, solo_and_batched, use_cost
 from helpers.paths import ROOT
@@ -135,9 +135,9 @@ class Arms:
     (None, 4.0, None),
 ])
 def test_beside_draft_simple_an_offer_must_beat_the_small_models_turn(auto_rate, kept, kind):
-    from dflash_gguf.draft_simple import SimpleWeightlessProposer
-    from dflash_gguf.pricing import RunHazards
-    from dflash_gguf.weightless import WeightlessKinds
+    from dflash_gguf.speculation.draft_simple import SimpleWeightlessProposer
+    from dflash_gguf.speculation.pricing import RunHazards
+    from dflash_gguf.speculation.weightless import WeightlessKinds
 
     auto = Arms(auto_rate) if auto_rate is not None else None
     proposer = SimpleWeightlessProposer(None, 3, 0, 0.0, False, auto, WeightlessKinds(None, None, None, 8, RunHazards()),

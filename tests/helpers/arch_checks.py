@@ -8,7 +8,7 @@ import numpy as np
 from helpers.fixtures import llama_greedy, read_gguf
 from helpers.loops import greedy_generate, speculative_generate, tree_generate
 
-from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+from dflash_gguf.runtime.target import LOGITS_ALL, Target, TargetConfig
 
 
 def rel_err(a, b):

@@ -2,11 +2,11 @@
 with the pair and prompt both use."""
 from __future__ import annotations
 
-from dflash_gguf.checkpoints import Checkpoint, PrefillSaver, PrefixCheckpoints
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.checkpoints import Checkpoint, PrefillSaver, PrefixCheckpoints
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 from helpers.fixtures import CODE_PROMPT
 from helpers.loops import prefill_prompt

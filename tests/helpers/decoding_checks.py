@@ -8,13 +8,13 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from dflash_gguf.budget import AutoMemory
-from dflash_gguf.decoding import Batch, Sequence, sequence_steps
-from dflash_gguf.draft_simple import SimpleDraft
-from dflash_gguf.generate import GenerationStats, Placement, Request, collect
-from dflash_gguf.proposers import PlainProposer
-from dflash_gguf.speculative import chain_proposer, tree_proposer
-from dflash_gguf.target import LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
+from dflash_gguf.speculation.auto import AutoMemory
+from dflash_gguf.decoding.step import Batch, Sequence, sequence_steps
+from dflash_gguf.speculation.draft_simple import SimpleDraft
+from dflash_gguf.decoding.requests import GenerationStats, Placement, Request, collect
+from dflash_gguf.speculation.proposers import PlainProposer
+from dflash_gguf.speculation.drafting import chain_proposer, tree_proposer
+from dflash_gguf.runtime.target import LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
 
 from helpers.loops import tree_generate
 
@@ -134,7 +134,7 @@ def check_plain_stretch(target, draft, prompt, want, budget):
     """`auto` scripted to decode 15 steps plainly between drafted ones (another drafter
     kind's check): the plain greedy text `want`, no drafter graph over the stretch, and
     the catch-up riding in the propose of the step that drafts again."""
-    from dflash_gguf.budget import PLAIN
+    from dflash_gguf.speculation.auto import PLAIN
 
     auto = CountingAuto([0] + [PLAIN] * 15 + [0, budget, 0] + [PLAIN] * 30, budget, draft)
     out, _ = tree_generate(target, draft, prompt, len(want), budget=budget, auto=auto)
@@ -149,7 +149,7 @@ SMALL = dict(hidden=64, layers=2, heads=2, kv_heads=1, head_dim=32, ffn=128)
 def our_draft_simple(files, drafter, text, n_predict, n_max, p_min, truncates=True, n_ctx=512):
     """llama-speculative-simple's loop with our target and SimpleDraft (truncates False:
     dropping rejected drafts by chain commits, as for a recurrent drafter): its counts."""
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
     from helpers.speculative_simple import speculative_simple_loop
 
     tok = Tokenizer(files["target"])
@@ -262,7 +262,7 @@ class _ScriptedAuto:
     surveys every third step, and checks what the proposer reports."""
 
     def __init__(self, arms, largest):
-        from dflash_gguf.budget import AutoBudget
+        from dflash_gguf.speculation.auto import AutoBudget
 
         self.real = AutoBudget(_Cost(1e-3, 1e-4), largest, BLOCK)
         self.largest, self.script, self.seen, self.n_trees, self.surveys = largest, list(arms), [], 0, []
@@ -332,7 +332,7 @@ PLAIN_FIRST = AutoMemory(_FlatCost(), 8, 8)  # ... and one whose last sequence d
 class FlatCost:
     """A verify cost table (verify_cost.VerifyCost's interface) whose rows cost `per_row` of
     a one-row step each: 0, free rows, pricing verifies every likely draft; 1, rows as dear
-    as a decode step, no unsure draft pays (pricing.py). Installed in place of the measured
+    as a decode step, no unsure draft pays (speculation/pricing.py). Installed in place of the measured
     table by use_cost, so that what a test sees does not depend on this machine's timings."""
 
     key = "test"
@@ -348,7 +348,7 @@ class FlatCost:
 
 def use_cost(monkeypatch, per_row: float) -> None:
     """Engines made after this price their weightless drafts by FlatCost(per_row)."""
-    import dflash_gguf.proposer_choice as choice_module
+    import dflash_gguf.speculation.choice as choice_module
 
     monkeypatch.setattr(choice_module, "VerifyCost", lambda target, n_threads: FlatCost(per_row))
 

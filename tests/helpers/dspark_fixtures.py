@@ -1,7 +1,7 @@
 """A tiny DSpark drafter for the demo target, two ways:
 
 - make_dspark: a GGUF written as llama.cpp's converter writes DSpark GGUFs
-  (dflash_gguf.demo_dspark, which benchmarks use too);
+  (dflash_gguf.tools.demo_dspark, which benchmarks use too);
 - make_dspark_hf: the same heads in a DSparkDraftModel checkpoint (the demo drafter's
   checkpoint, tests/data/demo-hf/draft, plus `markov_head.*` and `confidence_head.proj`),
   for both converters.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf.demo_dspark import MARKOV_SCALE, make_dspark, seeded_heads
+from dflash_gguf.tools.demo_dspark import MARKOV_SCALE, make_dspark, seeded_heads
 
 from helpers.paths import ROOT, TESTS
 

@@ -539,7 +539,7 @@ QWEN35_SHAPES: dict[str, dict] = {
 def llama_cpp_source() -> Path | None:
     """The llama.cpp tree vendored in the installed llama-cpp-python's sdist, which
     `scripts/setup.sh test` fetches (None when it has not)."""
-    from dflash_gguf.llama_cpp_tree import source_dir
+    from dflash_gguf.tools.llama_cpp_tree import source_dir
 
     return source_dir()
 

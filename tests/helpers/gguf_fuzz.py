@@ -541,8 +541,8 @@ def load_originals(target: str, draft: str) -> dict:
 
 def _load(target: str, draft: str) -> dict:
     """The user's path: Engine(target, drafter), then a few tokens."""
-    from dflash_gguf._native import DflashError
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.runtime.native import DflashError
+    from dflash_gguf.engine.engine import Engine
 
     try:
         with Engine(target, draft, n_ctx=128, n_threads=1) as engine:
@@ -633,7 +633,7 @@ def serve(spec_path: str) -> None:
     timeout), one JSON line per case on stdout. A case is a mutant index (-1: the
     unmodified pair) or an explicit [target, draft, description]."""
     spec = json.loads(Path(spec_path).read_text())
-    import dflash_gguf.engine  # noqa: F401 - import once, before forking
+    import dflash_gguf.engine.engine  # noqa: F401 - import once, before forking
 
     originals = load_originals(spec["target"], spec["draft"]) if spec["seed"] is not None else None
     out = sys.stdout

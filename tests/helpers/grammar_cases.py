@@ -2,7 +2,7 @@
 and two small ones, with prompts of the demo pair."""
 from __future__ import annotations
 
-from dflash_gguf.llama_cpp_tree import source_dir
+from dflash_gguf.tools.llama_cpp_tree import source_dir
 
 from helpers.fixtures import missing_oracle
 

@@ -6,7 +6,7 @@ import ctypes
 
 import numpy as np
 
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.decoding.sampling import SamplingParams
 
 # llama_token_data as numpy sees it (int32 id, float logit, float p): a whole vocabulary's
 # row goes to llama.cpp without a Python object per token

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator, List, Optional
 
-from dflash_gguf.budget import AutoBudget
-from dflash_gguf.decoding import Sequence, sequence_steps
-from dflash_gguf.draft import Draft
-from dflash_gguf.generate import GenerationStats, Placement, Request, collect, prefill_chunks
-from dflash_gguf.proposers import PlainProposer
-from dflash_gguf.sampling import SamplingParams
-from dflash_gguf.speculative import chain_proposer, tree_proposer
-from dflash_gguf.target import Target
+from dflash_gguf.speculation.auto import AutoBudget
+from dflash_gguf.decoding.step import Sequence, sequence_steps
+from dflash_gguf.runtime.drafter import Draft
+from dflash_gguf.decoding.requests import GenerationStats, Placement, Request, collect, prefill_chunks
+from dflash_gguf.speculation.proposers import PlainProposer
+from dflash_gguf.decoding.sampling import SamplingParams
+from dflash_gguf.speculation.drafting import chain_proposer, tree_proposer
+from dflash_gguf.runtime.target import Target
 
 
 def autoregressive_steps(target: Target, request: Request, stats: GenerationStats,

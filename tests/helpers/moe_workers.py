@@ -35,11 +35,11 @@ def placed_runs(endpoint: str, target_path: str, draft_path: str, placements: li
     target's info (host_layer_weights)."""
     import numpy as np
 
-    from dflash_gguf.devices import add_rpc_server
-    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.speculative import default_p_min
+    from dflash_gguf.runtime.devices import add_rpc_server
+    from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.speculation.drafting import default_p_min
     from helpers.loops import greedy_generate, speculative_generate, tree_generate
-    from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+    from dflash_gguf.runtime.target import LOGITS_ALL, Target, TargetConfig
 
     add_rpc_server(endpoint)
     layers = read_draft_metadata(draft_path)["target_layers"]
@@ -70,8 +70,8 @@ def placed_runs(endpoint: str, target_path: str, draft_path: str, placements: li
 def engine_run(endpoint: str, target_path: str, draft_path: str, options: dict, prompt: list, n_new: int) -> dict:
     """dflash_gguf.Engine with these options (the Python API's placement keywords): a
     greedy tree generation, its statistics of graph splits and copied bytes, and the plan."""
-    from dflash_gguf.devices import add_rpc_server
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.runtime.devices import add_rpc_server
+    from dflash_gguf.engine.engine import Engine
 
     add_rpc_server(endpoint)
     with Engine(target_path, draft_path, **options) as engine:
@@ -91,9 +91,9 @@ def measured_memory(endpoint: str, server_pid: int, target_path: str, rules: lis
     from the file and staged for the transport as it is copied) is left out; prefill
     chunks of 64 rows keep small the server's staging of each activation it receives,
     which grows with the rows (a card's driver stages those in host memory)."""
-    from dflash_gguf.devices import add_rpc_server
-    from dflash_gguf.memory import plan_memory
-    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.runtime.devices import add_rpc_server
+    from dflash_gguf.engine.memory import plan_memory
+    from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
     add_rpc_server(endpoint)
     cfg = TargetConfig(n_ctx=n_ctx, n_ubatch=64, n_verify=17, kv_type="f16", n_threads=1, device="RPC0",

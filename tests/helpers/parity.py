@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dflash_gguf.target import LOGITS_LAST
+from dflash_gguf.runtime.target import LOGITS_LAST
 
 
 def first_divergence(a, b):

@@ -11,12 +11,12 @@ def demo_modes(endpoint: Optional[str], n: int) -> dict:
     """The demo pair's greedy tokens in every mode, on the CPU or (endpoint) all on the
     RPC stand-in's device, with how many of the target's and the drafter's graphs were
     computed and how many of those were built (the rest: kept graphs computed again)."""
-    from dflash_gguf.demo import DEMO_PROMPT, demo_paths
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.runtime.demo import DEMO_PROMPT, demo_paths
+    from dflash_gguf.engine.engine import Engine
 
     device = {}
     if endpoint is not None:
-        from dflash_gguf.devices import add_rpc_server
+        from dflash_gguf.runtime.devices import add_rpc_server
 
         add_rpc_server(endpoint)
         device = {"device": "RPC0", "n_gpu_layers": -1}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import numpy as np
-from dflash_gguf.budget import AutoBudget
-from dflash_gguf.sampling import SamplingParams, distribution, penalize
-from dflash_gguf.target import LOGITS_LAST
+from dflash_gguf.speculation.auto import AutoBudget
+from dflash_gguf.decoding.sampling import SamplingParams, distribution, penalize
+from dflash_gguf.runtime.target import LOGITS_LAST
 
 from helpers.loops import greedy_generate
 from helpers.loops import speculative_generate, tree_generate

@@ -14,14 +14,14 @@ import anthropic
 import httpx
 from openai import OpenAI
 
-from dflash_gguf import openai_api
-from dflash_gguf.api_errors import validated
-from dflash_gguf.engine import Engine
-from dflash_gguf.openai_models import ChatRequest
-from dflash_gguf.sampling import SamplingParams
-from dflash_gguf.routes import create_app
-from dflash_gguf.server import Defaults, Server
-from dflash_gguf.serving import Scheduler
+from dflash_gguf.serving import openai_api
+from dflash_gguf.serving.api_errors import validated
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.serving.openai_models import ChatRequest
+from dflash_gguf.decoding.sampling import SamplingParams
+from dflash_gguf.serving.routes import create_app
+from dflash_gguf.serving.server import Defaults, Server
+from dflash_gguf.serving.scheduler import Scheduler
 
 
 N_CTX = 2048
@@ -45,7 +45,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp_path / f"server-{self.port}.log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.server", "--port", str(self.port), *flags],
+        self.proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.serving.server", "--port", str(self.port), *flags],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=tmp_path)  # not the source tree
         self.http = httpx.Client(base_url=self.url, trust_env=False, timeout=120)
         deadline = time.time() + 120

@@ -63,7 +63,7 @@ def llama_speculative_simple(model: str, text: str, n_predict: int, spec_type: s
     default is f16), as the tests run ours, and no flash attention (its CPU kernel rounds
     otherwise: a drafter logit tie 0.0014 apart picks the other token with it, and the
     same as ours without). A missing tool is a missing oracle."""
-    from dflash_gguf import llama_cpp_tree
+    from dflash_gguf.tools import llama_cpp_tree
     from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
     from helpers.fixtures import missing_oracle
 
@@ -164,8 +164,8 @@ def engine_draft_simple_counts(target: str, small: str, text: str, n_new: int, n
       at n_new. Only the rounds llama.cpp began with room count (-lv 5 logs each); on our
       side the steps that began with room (a later one drafts nothing)."""
     from dflash_gguf import Engine
-    from dflash_gguf.config import SIMPLE
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.speculation.kinds import SIMPLE
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(target)
     with Engine(target, small, n_ctx=512, spec_draft_n_max=n_max, draft_p_min=p_min, n_threads=1) as engine:

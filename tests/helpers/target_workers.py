@@ -149,7 +149,7 @@ def llama_greedy(path: str, prompts: list, n_new: int, n_ctx: int = 128) -> list
 # ---- our runtime -----------------------------------------------------------------------------
 
 def ours_greedy(path: str, prompts: list, n_new: int, n_ctx: int = 128) -> list:
-    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
     out = []
     with Target(path, TargetConfig(n_ctx=n_ctx, n_ubatch=64, kv_type="f16", n_threads=2)) as t:
@@ -173,7 +173,7 @@ def ours_verify_vs_sequential(path: str, n_prefix: int, max_k: int, kv_type: str
     per call."""
     import numpy as np
 
-    from dflash_gguf.target import LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
+    from dflash_gguf.runtime.target import LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
 
     cfg = TargetConfig(n_ctx=128, n_ubatch=64, n_verify=max_k, kv_type=kv_type, n_threads=2)
     rng = np.random.default_rng(70)
@@ -217,7 +217,7 @@ def ours_verify_vs_sequential(path: str, n_prefix: int, max_k: int, kv_type: str
 
 def _devices(endpoint):
     """The device list, after adding the RPC server at endpoint (None: local devices only)."""
-    from dflash_gguf.devices import add_rpc_server, list_devices
+    from dflash_gguf.runtime.devices import add_rpc_server, list_devices
 
     if endpoint:
         add_rpc_server(endpoint)
@@ -230,9 +230,9 @@ def offload_trace(endpoint, target_path: str, draft_path: str, placements: list,
     decode after it, plus greedy plain, chain and tree generations of n_new tokens with the
     drafter on the same device. weight_buffer_mib caps the weight buffers of that load
     (DFLASH_WEIGHT_BUFFER_MIB)."""
-    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
     from helpers.loops import greedy_generate, speculative_generate, tree_generate
-    from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
+    from dflash_gguf.runtime.target import LOGITS_ALL, Target, TargetConfig
 
     devices = _devices(endpoint)
     layers = read_draft_metadata(draft_path)["target_layers"]
@@ -276,12 +276,12 @@ def checkpoint_trace(endpoint: str, target_path: str, draft_path: str, placement
     it) kept by a PrefixCheckpoints store with `device_budget` bytes of device memory,
     once `other` has been generated from. Reports what the store and the checkpoints
     hold where."""
-    from dflash_gguf.checkpoints import PrefixCheckpoints, measure
-    from dflash_gguf.devices import add_rpc_server
-    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.generate import GenerationStats, Placement, Request, collect
+    from dflash_gguf.runtime.checkpoints import PrefixCheckpoints, measure
+    from dflash_gguf.runtime.devices import add_rpc_server
+    from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.decoding.requests import GenerationStats, Placement, Request, collect
     from helpers.loops import prefill_prompt, speculative_steps
-    from dflash_gguf.target import Target, TargetConfig
+    from dflash_gguf.runtime.target import Target, TargetConfig
 
     add_rpc_server(endpoint)
     layers = read_draft_metadata(draft_path)["target_layers"]
@@ -319,11 +319,11 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
     each prompt (matrices in file layout, f32 caches; the cut chain's drafter ranks inside
     its proposes, top_k 1), the last prompt row's logits, the device's default p-min, and
     ("<device> chain top_k") the top_k an Engine's chain drafter gets there."""
-    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.engine import Engine
-    from dflash_gguf.speculative import default_p_min
+    from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.engine.engine import Engine
+    from dflash_gguf.speculation.drafting import default_p_min
     from helpers.loops import greedy_generate, speculative_generate, tree_generate
-    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
     meta = read_draft_metadata(draft_path)
@@ -363,7 +363,7 @@ def greedy_on_devices(endpoint, target_path: str, draft_path: str, devices: list
 def engine_plain_greedy(endpoint, target_path: str, devices: list, prompt: str, n_new: int) -> dict:
     """Per device: the prompt's token ids and plain greedy continuation through the Engine
     with its defaults (f16 caches, the fused one-call decode), the path dflash-run takes."""
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.engine.engine import Engine
 
     _devices(endpoint)
     out = {}
@@ -377,7 +377,7 @@ def engine_plain_greedy(endpoint, target_path: str, devices: list, prompt: str, 
 def engine_modes_greedy(endpoint, target_path: str, draft_path: str, device: str, prompt: str, n_new: int) -> dict:
     """On one device, through the Engine with its defaults (f16 caches, graphs as
     shipped): plain, chain and tree greedy tokens of the demo pair."""
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.engine.engine import Engine
 
     _devices(endpoint)
     out = {}
@@ -391,7 +391,7 @@ def engine_modes_greedy(endpoint, target_path: str, draft_path: str, device: str
 
 def top2_gap_after(endpoint, target_path: str, device: str, tokens: list) -> float:
     """The gap between the two largest logits of the next token after `tokens`."""
-    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
     with Target(target_path, TargetConfig(n_ctx=512, kv_type="f32", device=device, repack=False)) as t:
@@ -404,9 +404,9 @@ def placement_trace(endpoint, target_path: str, draft_path: str, device: str) ->
     drafter on `device` with every layer offloaded; sampled verifies and proposes too."""
     import numpy as np
 
-    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.sampling import SamplingParams
-    from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.decoding.sampling import SamplingParams
+    from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
     layers = read_draft_metadata(draft_path)["target_layers"]
@@ -491,8 +491,8 @@ def masked_on_devices(endpoint, target_path: str, devices: list, prompt: list) -
     argmax of the free logits (and its choices)."""
     import numpy as np
 
-    from dflash_gguf.sampling import SamplingParams, distribution, draw
-    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.decoding.sampling import SamplingParams, distribution, draw
+    from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
     out = {}
@@ -534,10 +534,10 @@ def sampled_on_devices(endpoint, target_path: str, draft_path: str, devices: lis
     presence penalty, and at T 1 with no truncation."""
     from dataclasses import replace
 
-    from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-    from dflash_gguf.sampling import SamplingParams
+    from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+    from dflash_gguf.decoding.sampling import SamplingParams
     from helpers.loops import greedy_generate, speculative_generate, tree_generate
-    from dflash_gguf.target import Target, TargetConfig
+    from dflash_gguf.runtime.target import Target, TargetConfig
 
     _devices(endpoint)
     layers = read_draft_metadata(draft_path)["target_layers"]
@@ -568,8 +568,8 @@ def shape_model_steps(endpoint, path: str, device: str) -> dict:
     placement of each graph."""
     import numpy as np
 
-    from dflash_gguf.memory import plan_memory
-    from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+    from dflash_gguf.engine.memory import plan_memory
+    from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
     _devices(endpoint)
     cfg = TargetConfig(n_ctx=256, n_ubatch=8, n_verify=8, kv_type="f16", device=device)

@@ -18,9 +18,9 @@ from helpers.loops import speculative_generate
 from helpers.reference_loop import RecomputingTarget, exact_reference
 from helpers.target_workers import run_isolated
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.convert.quant import OUTTYPES
-from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.runtime.target import Target, TargetConfig
 
 BLOCK = 8
 ARCHS = {

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from dflash_gguf import DflashError
-from dflash_gguf.budget import AutoBudget
-from dflash_gguf.checkpoints import Checkpoint
-from dflash_gguf.decoding import Sequence, sequence_steps
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.generate import GenerationStats, Request, collect
-from dflash_gguf.sampling import Sampler, SamplingParams, distribution, draw, penalize
-from dflash_gguf.speculative import tree_proposer
-from dflash_gguf.target import CHAIN, DECODE, LOGITS_ALL, LOGITS_LAST, TREE, Rows, Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.speculation.auto import AutoBudget
+from dflash_gguf.runtime.checkpoints import Checkpoint
+from dflash_gguf.decoding.step import Sequence, sequence_steps
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.decoding.requests import GenerationStats, Request, collect
+from dflash_gguf.decoding.sampling import Sampler, SamplingParams, distribution, draw, penalize
+from dflash_gguf.speculation.drafting import tree_proposer
+from dflash_gguf.runtime.target import CHAIN, DECODE, LOGITS_ALL, LOGITS_LAST, TREE, Rows, Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 from helpers.decoding_checks import AUTO, PLAIN_FIRST, decode_alone, decode_batch
 from helpers.paths import ROOT
@@ -372,7 +372,7 @@ def test_decode_next_is_a_step_of_one_token_decodes_and_their_choices(many, one)
         target.decode_next([4], [5], [-1.0])
 
 
-# ---- the step loop over several sequences (dflash_gguf.decoding) ------------------------------
+# ---- the step loop over several sequences (dflash_gguf.decoding.step) ------------------------------
 
 
 PLAIN_FIRST.learnt = PLAIN_FIRST.chooser()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from dflash_gguf.devices import matmul_invariance
+from dflash_gguf.runtime.devices import matmul_invariance
 
 # every type ggml's CPU backend quantizes without an importance matrix and multiplies
 TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K,

@@ -1,4 +1,4 @@
-"""Prefix checkpoints (csrc/dfl_checkpoint.c, dflash_gguf/checkpoints.py): target and
+"""Prefix checkpoints (csrc/dfl_checkpoint.c, dflash_gguf/runtime/checkpoints.py): target and
 drafter restored at a prefix continue exactly as a cold run does, token for token and in
 acceptance, on the hybrid demo pair (Gated DeltaNet + attention target), chain and tree,
 with the whole drafter context and with a drafter window shorter than the prompt."""
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_gguf.checkpoints import Checkpoint, PrefixCheckpoints, checkpoint_bytes
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.engine import Engine
-from dflash_gguf.generate import GenerationStats, Placement, Request, collect
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.checkpoints import Checkpoint, PrefixCheckpoints, checkpoint_bytes
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.requests import GenerationStats, Placement, Request, collect
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 from helpers.checkpoint_workers import BUDGET, TEXT, UBATCH, load, prefill_with_checkpoints
 from helpers.loops import autoregressive_steps, prefill_prompt, speculative_steps, tree_steps
@@ -256,7 +256,7 @@ def test_the_server_maps_large_blocks_apart():
     churns buffers (see fix_mmap_threshold): the server fixes it where it can."""
     import platform
 
-    from dflash_gguf.server import fix_mmap_threshold
+    from dflash_gguf.serving.server import fix_mmap_threshold
 
     assert fix_mmap_threshold() or platform.libc_ver()[0] != "glibc"
 

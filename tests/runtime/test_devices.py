@@ -30,8 +30,8 @@ from helpers.target_workers import run_isolated
 
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_0_8B
-from dflash_gguf.demo import DATA, demo_paths
-from dflash_gguf.speculative import DEFAULT_DRAFT_P_MIN
+from dflash_gguf.runtime.demo import DATA, demo_paths
+from dflash_gguf.speculation.drafting import DEFAULT_DRAFT_P_MIN
 
 DEMO_HF = TESTS / "data" / "demo-hf"
 DFLASH_RUN = str(Path(sys.executable).with_name("dflash-run"))

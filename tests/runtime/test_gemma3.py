@@ -94,7 +94,7 @@ def test_our_file_runs_in_llama_cpp(model):
 def test_tree_verify_matches_decoding_each_path(model):
     """Tree nodes see only their ancestors, local layers only the window behind each
     node's position; committing a path leaves the caches (rings included) as if decoded."""
-    from dflash_gguf.target import Target, TargetConfig
+    from dflash_gguf.runtime.target import Target, TargetConfig
 
     target = Target(str(model["gguf"]), TargetConfig(n_ctx=256, n_ubatch=16, n_verify=8, kv_type="f32"))
     assert_tree_verify_matches_each_path(target, model["gguf"], prompts(1, seed=7)[0],

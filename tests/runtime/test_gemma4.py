@@ -22,8 +22,8 @@ from helpers.gemma4_fixtures import BLOCK, DRAFT_WINDOW, GEMMA4_SHAPES, MASK_ID,
 from helpers.loops import speculative_generate
 from helpers.reference_loop import History, RecomputingTarget
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 
 WINDOW = 8
 
@@ -204,7 +204,7 @@ def test_sliding_layers_keep_only_their_window(pair):
     ubatch rows, one full layer (64-wide, 1 KV head) over the whole context; the two
     shared layers have none; each cache has a verify's rows spare after it (a tree's rows
     past a ring's end)."""
-    from dflash_gguf.memory import plan_memory
+    from dflash_gguf.engine.memory import plan_memory
 
     n_ctx, n_ubatch = 4096, 64
     plan = plan_memory(pair["target"], None, TargetConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=16, kv_type="f32"))
@@ -233,8 +233,8 @@ def test_checkpoint_chain_restores_sliding_and_shared_caches(pair):
     ring rows), layers sharing another's cache keep nothing of their own. Restored from
     the middle and the end of the chain after another prompt, the continuation (chain
     decoding, drafter window included) and its acceptance are a cold run's."""
-    from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
-    from dflash_gguf.generate import GenerationStats, Placement, Request, collect
+    from dflash_gguf.runtime.checkpoints import PrefillSaver, PrefixCheckpoints
+    from dflash_gguf.decoding.requests import GenerationStats, Placement, Request, collect
     from helpers.loops import prefill_prompt, speculative_steps
 
     prompt, other = prompts(1, seed=21, lo=60, hi=61)[0], prompts(1, seed=22, lo=40, hi=41)[0]

@@ -29,8 +29,8 @@ from helpers.target_workers import run_isolated
 
 from dflash_gguf import DflashError
 from dflash_gguf.convert.quant import OUTTYPES
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import Target, TargetConfig
 
 
 def prompts(n, seed=0, lo=12, hi=40):
@@ -276,8 +276,8 @@ def test_sequences_in_a_batch_decode_as_alone(pair):
 def test_checkpoint_restores_sliding_caches(pair):
     """A prefix checkpoint taken past several windows, restored after another prompt: the
     continuation (chain decoding, drafter included) and its acceptance are a cold run's."""
-    from dflash_gguf.checkpoints import PrefillSaver, PrefixCheckpoints
-    from dflash_gguf.generate import GenerationStats, Placement, Request, collect
+    from dflash_gguf.runtime.checkpoints import PrefillSaver, PrefixCheckpoints
+    from dflash_gguf.decoding.requests import GenerationStats, Placement, Request, collect
     from helpers.loops import prefill_prompt, speculative_steps
 
     prompt, other = prompts(1, seed=12, lo=40, hi=41)[0], prompts(1, seed=13, lo=30, hi=31)[0]
@@ -323,7 +323,7 @@ def test_sliding_layers_keep_only_their_window(pair):
     """Two sliding layers in rings of window + ubatch rows, two full layers over the
     context; each cache has a verify's rows spare after it (a tree's rows past a ring's
     end)."""
-    from dflash_gguf.memory import plan_memory
+    from dflash_gguf.engine.memory import plan_memory
 
     n_ctx, n_ubatch = 4096, 64
     plan = plan_memory(pair["target"], None, TargetConfig(n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=16, kv_type="f32"))
@@ -376,9 +376,9 @@ def test_harmony_through_the_server(pair, tmp_path, published_template):
     from helpers.chat_fixtures import GPT_OSS, llama_cpp_messages
     from helpers.servers import WEATHER, ServerProcess, template_messages
 
-    from dflash_gguf.assistant import prepare_turn
-    from dflash_gguf.engine import Engine
-    from dflash_gguf.toolcalls import format_of
+    from dflash_gguf.chat.assistant import prepare_turn
+    from dflash_gguf.engine.engine import Engine
+    from dflash_gguf.chat.toolcalls import format_of
 
     source = published_template(GPT_OSS)
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Paris?"}]

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from dflash_gguf import DflashError
-from dflash_gguf.constraints import Constraint, GrammarVocab
-from dflash_gguf.ddtree import build_tree
-from dflash_gguf.engine import Engine
-from dflash_gguf.generate import Request
-from dflash_gguf.sampling import SamplingParams, distribution, draw
-from dflash_gguf.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.decoding.constraints import Constraint, GrammarVocab
+from dflash_gguf.speculation.ddtree import build_tree
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.requests import Request
+from dflash_gguf.decoding.sampling import SamplingParams, distribution, draw
+from dflash_gguf.runtime.target import CHAIN, LOGITS_LAST, Rows, Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 from helpers.fixtures import missing_oracle
 from helpers.grammar_cases import KEYS, NUMBERS, PROMPTS, grammars

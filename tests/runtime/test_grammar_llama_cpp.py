@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf.constraints import Constraint
-from dflash_gguf.engine import Engine
-from dflash_gguf.sampling import SamplingParams, distribution
-from dflash_gguf.target import LOGITS_LAST
+from dflash_gguf.decoding.constraints import Constraint
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.sampling import SamplingParams, distribution
+from dflash_gguf.runtime.target import LOGITS_LAST
 
 from helpers.grammar_cases import KEYS, NUMBERS, PROMPTS, grammars
 from helpers.llama_sampler import llama_cpp_oracle, apply_to_row

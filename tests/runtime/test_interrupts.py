@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.engine import Engine
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.sampling import SamplingParams
 
 PROMPT = "def read_lines(path):\n    "
 N = 40

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 N_CTX, N_PROMPT, N_GEN = 4096, 4000, 40
 

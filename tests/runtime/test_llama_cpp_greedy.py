@@ -16,8 +16,8 @@ from helpers.parity import Parity
 from helpers.paths import TESTS
 
 from dflash_gguf.bench.prompts import PROMPTS
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.engine import Engine
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.engine.engine import Engine
 
 N = 64
 

@@ -12,11 +12,11 @@ from helpers.cli_run import run
 
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.draft import DraftConfig
-from dflash_gguf.engine import Engine, EngineSetup
-from dflash_gguf.memory import MemoryPlanError, plan_memory, settle
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.runtime.drafter import DraftConfig
+from dflash_gguf.engine.engine import Engine, EngineSetup
+from dflash_gguf.engine.memory import MemoryPlanError, plan_memory, settle
+from dflash_gguf.decoding.sampling import SamplingParams
 
 MIB = 1 << 20
 
@@ -181,7 +181,7 @@ def test_settle_checks_the_options_and_reads_the_drafter_once(shapes, monkeypatc
     """Trying every kv type and drafter window (none fits here) checks the options and
     reads the drafter's metadata once, not once a try; each try is what EngineSetup.of
     gives for its options."""
-    from dflash_gguf import config
+    from dflash_gguf.engine import setup as config
 
     reads = []
     for name in ("read_draft_metadata", "_gguf_arch_and_keys"):
@@ -273,7 +273,7 @@ def test_plan_of_gemma3_27b_with_a_draft_simple_drafter(tmp_path_factory, drafte
     layers of six (every sixth is global, over the whole context), the drafter's cache as
     its own model's (f16, its own window), its parts counted as the drafter's."""
     from dflash_gguf.convert.shapes import CONFIGS, GEMMA3_27B
-    from dflash_gguf.memory import plan_setup
+    from dflash_gguf.engine.memory import plan_setup
 
     root = tmp_path_factory.mktemp("gemma3-shapes")
     c, d = GEMMA3_27B, CONFIGS[drafter]

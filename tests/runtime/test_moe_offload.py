@@ -24,10 +24,10 @@ from helpers.gemma4_fixtures import GEMMA4_SHAPES, make_gemma4, make_gemma_draft
 from helpers.paths import HELPERS, ROOT
 from helpers.target_workers import run_isolated
 
-from dflash_gguf import placement
+from dflash_gguf.runtime import placement
 from dflash_gguf.convert.shape_model import write_header_only, write_model
 from dflash_gguf.convert.shapes import QWEN35_35B_A3B, shrunk, tensor_nbytes, tensor_table
-from dflash_gguf.llama_cpp_tree import source_dir
+from dflash_gguf.tools.llama_cpp_tree import source_dir
 
 BIN = Path(sys.executable).parent
 N_NEW = 24
@@ -116,7 +116,7 @@ def test_cli_server_and_api_take_the_placement(pair, rpc_endpoint):
     (["-otd", "ffn=NPU"], "unknown device 'NPU'"),
 ])
 def test_bad_patterns_and_devices_exit_2_with_one_line(flags, message):
-    from dflash_gguf.demo import demo_paths
+    from dflash_gguf.runtime.demo import demo_paths
 
     target, draft = demo_paths()
     res = run_cli("dflash-run", "-m", str(target), "-md", str(draft), "-p", "x", "-n", "2", *flags)
@@ -127,7 +127,7 @@ def test_bad_patterns_and_devices_exit_2_with_one_line(flags, message):
 
 
 def test_a_device_the_model_does_not_use_is_refused(rpc_endpoint):
-    from dflash_gguf.demo import demo_paths
+    from dflash_gguf.runtime.demo import demo_paths
 
     res = run_cli("dflash-run", "-m", str(demo_paths()[0]), "-p", "x", "--rpc", rpc_endpoint, "--device", "CPU",
                   "-ot", "ffn=RPC0")

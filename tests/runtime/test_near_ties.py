@@ -1,4 +1,4 @@
-"""The near-tie hunter on the published models (dflash_gguf.invariance): teacher-forced
+"""The near-tie hunter on the published models (dflash_gguf.tools.invariance): teacher-forced
 over real text, every logits row of a verify of 2, 4, 8 and 16 rows, of a tree, of a step
 beside another sequence and of a step beside a prompt chunk equals the one-row decode's
 row bit for bit. CI runs a slice of each model's text; experiments/near_tie_hunt.py runs
@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from dflash_gguf import invariance
-from dflash_gguf.target import Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.tools import invariance
+from dflash_gguf.runtime.target import Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real
 
@@ -45,10 +45,10 @@ def test_every_verify_row_is_the_one_row_decodes_row(real_path, name):
 
 
 def test_the_parity_tool_finds_no_op_that_rounds_a_row_otherwise(real_path):
-    """python -m dflash_gguf.parity --rows 8 on the 1.5B: every named tensor of a one-row
+    """python -m dflash_gguf.tools.parity --rows 8 on the 1.5B: every named tensor of a one-row
     pass equals row 0 of an eight-row pass (with stock ggml it named Kcur-0, the first
     Q4_K product, repacked gemv against gemm)."""
-    from dflash_gguf import parity
+    from dflash_gguf.tools import parity
 
     result = parity.row_parity(str(real_path("qwen2.5-coder-1.5b")), "def quicksort(xs):\n    return sorted(xs)", 8)
     assert result["n_compared"] > 200 and result["first_divergence"] is None, parity.row_summary(result)

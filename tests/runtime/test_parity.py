@@ -1,4 +1,4 @@
-"""Named tensors and the parity tool (dflash_gguf.parity) against llama.cpp's
+"""Named tensors and the parity tool (dflash_gguf.tools.parity) against llama.cpp's
 llama-eval-callback, on tiny seeded qwen2, qwen3, qwen35 and gemma3 checkpoints converted
 by our converter (and, marked real, the published Gemma 3 270M): our dump names every
 layer's tensors as llama.cpp does, naming changes no logit, every tensor both print
@@ -15,9 +15,10 @@ import pytest
 from helpers.fixtures import make_qwen2, make_qwen3, make_qwen35, missing_oracle
 from helpers.gemma3_fixtures import make_gemma3
 
-from dflash_gguf import llama_cpp_tree, parity
-from dflash_gguf._native import DflashError
-from dflash_gguf.target import DECODE, LOGITS_ALL, LOGITS_LAST, Rows, Target, TargetConfig
+from dflash_gguf.tools import llama_cpp_tree
+from dflash_gguf.tools import parity
+from dflash_gguf.runtime.native import DflashError
+from dflash_gguf.runtime.target import DECODE, LOGITS_ALL, LOGITS_LAST, Rows, Target, TargetConfig
 
 PROMPT = "def add(a, b):\n    return a + b"
 # llama.cpp's names of each layer's tensors (src/models/qwen2.cpp, qwen3.cpp, qwen35.cpp)
@@ -252,8 +253,8 @@ def test_a_dflash_drafters_dump_names_its_tensors_as_llama_cpp(monkeypatch, tmp_
     target's, to DFLASH_DUMP_FILE when set): the bundled DFlash drafter names the context's
     keys and values and the block's rows as llama.cpp's dflash graph does, and dumping
     changes no token."""
-    from dflash_gguf.demo import demo_paths
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.runtime.demo import demo_paths
+    from dflash_gguf.engine.engine import Engine
 
     target, draft = demo_paths()
 
@@ -293,8 +294,8 @@ DRAFTER_NAMES = {
 def test_mtp_and_eagle3_drafters_name_their_tensors_as_llama_cpp(kind, monkeypatch, tmp_path):
     """The bundled target's MTP layer and the bundled EAGLE3 drafter name their graphs'
     tensors as llama.cpp's graphs do, and dumping changes no token."""
-    from dflash_gguf.demo import DATA, demo_paths
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.runtime.demo import DATA, demo_paths
+    from dflash_gguf.engine.engine import Engine
 
     target, _ = demo_paths()
     draft, spec_type = (None, "draft-mtp") if kind == "mtp" else (str(DATA / "demo-eagle3.gguf"), "draft-eagle3")
@@ -321,15 +322,15 @@ def test_mtp_and_eagle3_drafters_name_their_tensors_as_llama_cpp(kind, monkeypat
 
 @pytest.fixture(scope="module")
 def draft_tool():
-    from dflash_gguf import parity_draft
+    from dflash_gguf.tools import parity_draft
 
     return built(parity_draft.TOOL)
 
 
 def demo_drafter(kind: str, tmp_path) -> tuple:
     """(target, drafter or None, tokens per draft) of the bundled pair for a drafter kind."""
-    from dflash_gguf.demo import DATA, demo_paths
-    from dflash_gguf.demo_dspark import make_dspark
+    from dflash_gguf.runtime.demo import DATA, demo_paths
+    from dflash_gguf.tools.demo_dspark import make_dspark
 
     target, draft = demo_paths()
     if kind == "draft-dspark":
@@ -341,12 +342,12 @@ def demo_drafter(kind: str, tmp_path) -> tuple:
 @pytest.mark.parametrize("kind", ["draft-dflash", "draft-dspark", "draft-eagle3", "draft-mtp"])
 def test_drafters_tensors_equal_llama_cpps(kind, draft_tool, tmp_path):
     """Each drafter kind tensor by tensor against llama.cpp's own graph of it
-    (dflash-draft-eval, dflash_gguf.parity_draft): the prompt's pass (a DFlash drafter's
+    (dflash-draft-eval, dflash_gguf.tools.parity_draft): the prompt's pass (a DFlash drafter's
     keys and values of the target's features, an EAGLE3 drafter's encoder, the MTP
     layer's cache) and every drafted token's graph (one block for DFlash and DSpark, one
     graph per token for EAGLE3 and MTP, which ours runs as one), every tensor both name
     within the tool's tolerance (measured: 5.0e-5 at most, llama.cpp's printing)."""
-    from dflash_gguf import parity_draft
+    from dflash_gguf.tools import parity_draft
 
     target, draft, n_max = demo_drafter(kind, tmp_path)
     result = parity_draft.draft_parity(target, draft, kind, PROMPT, n_max, threads=2, tool=draft_tool)
@@ -363,7 +364,7 @@ def test_drafters_tensors_equal_llama_cpps(kind, draft_tool, tmp_path):
 def test_a_perturbed_drafter_run_diverges_where_the_prompt_reaches_it(draft_tool, tmp_path):
     """Our side fed another first token: the DFlash drafter's first tensor, the target's
     features of the prompt, is named as the divergence."""
-    from dflash_gguf import parity_draft
+    from dflash_gguf.tools import parity_draft
 
     target, draft, n_max = demo_drafter("draft-dflash", tmp_path)
     tokens = parity_draft.llama_phases(parity_draft.llama_draft_log(target, draft, "draft-dflash", PROMPT, n_max, 2,
@@ -378,8 +379,8 @@ def test_a_perturbed_drafter_run_diverges_where_the_prompt_reaches_it(draft_tool
 _DEVICE_WORKER = """
 import json, sys
 import numpy as np
-from dflash_gguf import parity
-from dflash_gguf.devices import add_rpc_server
+from dflash_gguf.tools import parity
+from dflash_gguf.runtime.devices import add_rpc_server
 gguf, endpoint = sys.argv[1:3]
 tokens = [5, 17, 300, 42, 9]
 cpu = parity.run_ours(gguf, tokens, threads=2)

@@ -14,8 +14,8 @@ from helpers.arch_checks import assert_greedy_equals_llama_cpp, assert_same_gguf
 from helpers.fixtures import hf_model, llama_logits, make_qwen2, read_gguf
 from helpers.loops import greedy_generate
 
-from dflash_gguf._native import DflashError
-from dflash_gguf.target import Target, TargetConfig
+from dflash_gguf.runtime.native import DflashError
+from dflash_gguf.runtime.target import Target, TargetConfig
 
 CASES = {"untied": dict(seed=0), "tied": dict(tie=True, kv_heads=1, seed=1)}
 

@@ -104,26 +104,26 @@ N_CTX = 1024  # the longest prompt and its continuation fit
 
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
-    from dflash_gguf import real_models
+    from dflash_gguf.tools import real_models
 
     if os.environ.get("CI", "").lower() == "true":
         return real_models.path("gemma-3-270m")  # fetched if missing; a failed fetch fails
     path = real_models.cached("gemma-3-270m")
     if path is None:
-        missing_oracle("the published gemma-3-270m GGUF (python -m dflash_gguf.real_models)")
+        missing_oracle("the published gemma-3-270m GGUF (python -m dflash_gguf.tools.real_models)")
     return path
 
 
 @pytest.fixture(scope="module")
 def tokenizer(gemma3_path):
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     return Tokenizer(str(gemma3_path))
 
 
 @pytest.fixture(scope="module")
 def target(gemma3_path):
-    from dflash_gguf.target import Target, TargetConfig
+    from dflash_gguf.runtime.target import Target, TargetConfig
 
     return Target(str(gemma3_path), TargetConfig(n_ctx=N_CTX, n_ubatch=256))
 
@@ -215,7 +215,7 @@ def test_teacher_forced_top20_logits_agree(target, llama_runs, name):
     best tokens from one batched pass are its one-token decodes' within the bounds above
     (mean gap; median and 90th percentile over positions of the largest gap), and our
     best token is its best at ARGMAX_AGREE of them."""
-    from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST
+    from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST
 
     prompt, tokens, top_ids, top_vals = llama_runs[name]
     tokens, top_ids, top_vals = tokens[:N_FORCED], top_ids[:N_FORCED], top_vals[:N_FORCED]

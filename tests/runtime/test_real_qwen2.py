@@ -1,4 +1,4 @@
-"""The published Qwen2.5-Coder GGUFs (dflash_gguf.real_models: the 1.5B, Qwen's own
+"""The published Qwen2.5-Coder GGUFs (dflash_gguf.tools.real_models: the 1.5B, Qwen's own
 Q4_K_M with a Q6_K head, and the 0.5B, Q4_K_M with Q5_0/Q8_0 fallbacks and a tied
 embedding) against llama.cpp (llama-cpp-python on the same file, same thread count, its
 f16 cache and flash attention as ours, greedy):
@@ -13,7 +13,7 @@ f16 cache and flash attention as ours, greedy):
   and an edit of a function), a fill-in-the-middle, and a generated 2,150-token source file;
 - teacher-forced top-20 logits of the code prompt's 128 greedy tokens agree (see TOL below).
 
-Outside CI a file that has not been fetched (`python -m dflash_gguf.real_models`) skips
+Outside CI a file that has not been fetched (`python -m dflash_gguf.tools.real_models`) skips
 its tests; under CI=true it is fetched, and a failure to fetch fails them.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ from helpers.loops import greedy_generate
 from helpers.matrix import ci_subset
 from helpers.parity import first_divergence, top2_gap
 
-from dflash_gguf.chat import ChatTemplate
-from dflash_gguf.target import LOGITS_ALL, Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.chat.templates import ChatTemplate
+from dflash_gguf.runtime.target import LOGITS_ALL, Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.real
 

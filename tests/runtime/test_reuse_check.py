@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_gguf._native import DflashError, check, lib
+from dflash_gguf.runtime.native import DflashError, check, lib
 
 from helpers.target_workers import run_isolated
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from dflash_gguf import DflashError
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.sampling import Sampler, SamplingParams, distribution, penalize
-from dflash_gguf.target import LOGITS_LAST, Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.decoding.sampling import Sampler, SamplingParams, distribution, penalize
+from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 from helpers.llama_sampler import llama_cpp_distribution
 from helpers.loops import greedy_generate
@@ -288,7 +288,7 @@ def test_auto_learns_per_sampling_setting():
     """`--tree-budget auto` keeps what it learns per sampling setting: a sampled request
     does not reuse (or disturb) what greedy requests taught it, and each request starts
     from what the last one at its setting learnt."""
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.engine.engine import Engine
 
     key = (0.6, 20, 0.95, 0.0)
     with Engine(str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf"), tree_budget="auto", n_ctx=512,

@@ -15,10 +15,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.sampling import Sampler, SamplingParams, distribution, draw
-from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.decoding.sampling import Sampler, SamplingParams, distribution, draw
+from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 from helpers.llama_sampler import llama_cpp_oracle, llama_cpp_distribution
 from helpers.loops import speculative_generate
@@ -155,7 +155,7 @@ def conditionals(target, prompt, outs, params):
     """The target's own sampling distribution at each output position given the prefix
     emitted before it: {path: [len(path), V]}, row j after prompt + path[:j] (one prefill
     of the whole path, its logits at every row, per distinct path)."""
-    from dflash_gguf.sampling import GREEDY
+    from dflash_gguf.decoding.sampling import GREEDY
 
     out = {}
     for path in set(outs):

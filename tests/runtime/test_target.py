@@ -1,4 +1,4 @@
-"""The Qwen3.5 target runtime (csrc/dfl_target*.c through dflash_gguf.target) against its
+"""The Qwen3.5 target runtime (csrc/dfl_target*.c through dflash_gguf.runtime.target) against its
 oracles: transformers (logits, hidden states), llama.cpp's converter (same GGUF layout)
 and llama.cpp itself through llama-cpp-python (greedy decoding of quantized GGUFs).
 
@@ -17,8 +17,8 @@ import torch
 from helpers.fixtures import make_qwen35
 from helpers.target_workers import ChildCrashed, run_isolated
 
-from dflash_gguf._native import DflashError
-from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
+from dflash_gguf.runtime.native import DflashError
+from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, LOGITS_NONE, Target, TargetConfig
 
 N_PROMPT = 20     # prefill length of the logits tests (>= 16)
 N_DECODE = 32     # single-token decode steps after it

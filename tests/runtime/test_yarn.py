@@ -14,9 +14,9 @@ from helpers.fixtures import hf_model, make_qwen3, read_gguf
 from helpers.loops import greedy_generate
 
 from dflash_gguf.convert.cli import main as convert_main
-from dflash_gguf._native import DflashError
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import LOGITS_ALL, LOGITS_LAST, RopeScaling, Target, TargetConfig
+from dflash_gguf.runtime.native import DflashError
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, RopeScaling, Target, TargetConfig
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
@@ -131,8 +131,9 @@ def test_context_past_yarn_reach_is_one_clear_error(yarn_model):
     ({"yarn_orig_ctx": -1}, "--yarn-orig-ctx"),
 ])
 def test_rope_flags_are_validated(yarn_model, options, flag):
-    from dflash_gguf.engine_args import FLAGS
-    from dflash_gguf.config import ConfigError, EngineSetup
+    from dflash_gguf.engine.args import FLAGS
+    from dflash_gguf.engine.setup import EngineSetup
+    from dflash_gguf.runtime.errors import ConfigError
 
     _, ours = yarn_model
     with pytest.raises(ConfigError) as e:

@@ -12,10 +12,10 @@ import pytest
 from helpers.chat_fixtures import CALLS, TOOLS, assistant_text, history, transformers_render, with_results
 from helpers.fixtures import CHAT_TEMPLATE
 
-from dflash_gguf.assistant import prepare_turn
-from dflash_gguf.chat import ChatTemplate
-from dflash_gguf.reasoning import ReasoningSplitter, THINK_TAGS
-from dflash_gguf.toolcalls import ToolCallParser, format_of
+from dflash_gguf.chat.assistant import prepare_turn
+from dflash_gguf.chat.templates import ChatTemplate
+from dflash_gguf.chat.reasoning import ReasoningSplitter, THINK_TAGS
+from dflash_gguf.chat.toolcalls import ToolCallParser, format_of
 
 TEMPLATES = {  # published template -> tool-call format it teaches
     "Qwen-Qwen3-0.6B": "hermes",

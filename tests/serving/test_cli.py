@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from dflash_gguf.engine import Engine
-from dflash_gguf.generate import GenerationStats
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.requests import GenerationStats
 
 from helpers.cli_run import RUN, run
 
@@ -232,7 +232,7 @@ def test_chat_thinking_switches(pair, published_template, tmp_path):
 
 
 def test_context_zero_is_the_trained_context_and_n_minus_one_has_no_limit(pair):
-    from dflash_gguf.engine_args import trained_context
+    from dflash_gguf.engine.args import trained_context
 
     res = run("-m", str(pair["target"]), "-c", "0", "--print-memory")
     assert res.returncode == 0 and f"context {trained_context(str(pair['target']))}" in res.stdout

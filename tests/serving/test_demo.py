@@ -10,10 +10,10 @@ from helpers.cli_run import run
 from helpers.loops import greedy_generate, speculative_generate, tree_generate
 from helpers.parity import Parity
 
-from dflash_gguf.demo import DATA, demo_paths
-from dflash_gguf.draft import Draft, DraftConfig, read_draft_metadata
-from dflash_gguf.target import Target, TargetConfig
-from dflash_gguf.tokenizer import Tokenizer
+from dflash_gguf.runtime.demo import DATA, demo_paths
+from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
+from dflash_gguf.runtime.target import Target, TargetConfig
+from dflash_gguf.runtime.tokenizer import Tokenizer
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -80,7 +80,7 @@ def test_dflash_run_defaults_to_the_demo_pair():
 def test_the_drafter_refuses_a_bad_setting_instead_of_replacing_it(demo, cfg, message):
     """Settings that reach the C library unchecked (Python's own checks bypassed, as a C
     caller would) are refused with what was wrong, never replaced by a default."""
-    from dflash_gguf._native import DflashError
+    from dflash_gguf.runtime.native import DflashError
     target, _, _ = demo
     with pytest.raises(DflashError, match=message):
         Draft(demo_paths()[1], target, DraftConfig(**cfg))

@@ -20,10 +20,10 @@ from helpers.chat_fixtures import CALLS, TOOLS, history, transformers_render, wi
 from helpers.chat_fixtures import GPT_OSS, llama_cpp_messages
 from helpers.servers import AppServer, ScriptedEngine, defaults, openai_messages, streamed_chat
 
-from dflash_gguf.assistant import prepare_turn
-from dflash_gguf.chat import ChatTemplate
-from dflash_gguf.harmony import EMPTY_ANALYSIS, HarmonyParser
-from dflash_gguf.toolcalls import format_of
+from dflash_gguf.chat.assistant import prepare_turn
+from dflash_gguf.chat.templates import ChatTemplate
+from dflash_gguf.chat.harmony import EMPTY_ANALYSIS, HarmonyParser
+from dflash_gguf.chat.toolcalls import format_of
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_return_and_call_end_generation_under_llama_cpps_vocabulary(tmp_path):
     and <|call|> end generation, <|end|> does not (the model goes on to its next message)."""
     import gguf
 
-    from dflash_gguf.tokenizer import Tokenizer
+    from dflash_gguf.runtime.tokenizer import Tokenizer
 
     specials = ["<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
                 "<|message|>", "<|call|>", "<|endoftext|>"]
@@ -262,8 +262,8 @@ def test_return_and_call_end_generation_under_llama_cpps_vocabulary(tmp_path):
 
 @pytest.fixture(scope="module")
 def scripted():
-    from dflash_gguf.demo import demo_paths
-    from dflash_gguf.engine import Engine
+    from dflash_gguf.runtime.demo import demo_paths
+    from dflash_gguf.engine.engine import Engine
 
     target, draft = demo_paths()
     with Engine(target, draft, n_ctx=4096, n_threads=1) as engine:
@@ -376,8 +376,8 @@ def test_anthropic_bad_budget_gets_400(server):
 @pytest.mark.parametrize("argv", [["--reasoning-effort", "extreme"],
                                   ["--chat-template-kwargs", '{"reasoning_effort": "max"}']])
 def test_bad_reasoning_effort_flag_exits_2(argv, capsys):
-    from dflash_gguf.chat_flags import validate_chat_args
-    from dflash_gguf.server import build_parser
+    from dflash_gguf.chat.flags import validate_chat_args
+    from dflash_gguf.serving.server import build_parser
 
     parser = build_parser()
     with pytest.raises(SystemExit) as e:

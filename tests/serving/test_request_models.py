@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 from starlette.testclient import TestClient
 
-from dflash_gguf import anthropic_api
-from dflash_gguf.anthropic_models import MessagesRequest
-from dflash_gguf.api_errors import BadRequest, validated
-from dflash_gguf.config import ConfigError
-from dflash_gguf.openai_models import ChatRequest, CompletionRequest
-from dflash_gguf.routes import create_app
-from dflash_gguf.sampling import SamplingParams
+from dflash_gguf.serving import anthropic_api
+from dflash_gguf.serving.anthropic_models import MessagesRequest
+from dflash_gguf.serving.api_errors import BadRequest, validated
+from dflash_gguf.runtime.errors import ConfigError
+from dflash_gguf.serving.openai_models import ChatRequest, CompletionRequest
+from dflash_gguf.serving.routes import create_app
+from dflash_gguf.decoding.sampling import SamplingParams
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -1,4 +1,4 @@
-"""The serving benchmarks' pure parts (dflash_gguf/bench/serve_load.py, dflash-bench concurrency):
+"""The serving benchmarks' pure parts (dflash_gguf/bench/serving/serve_load.py, dflash-bench concurrency):
 percentiles, reading a reply's events, /metrics, flag detection, the workers, a cell's
 summary and its comparisons, the servers' command lines."""
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.bench import concurrency as bench_concurrency
-from dflash_gguf.bench import serve_load, slim
-from dflash_gguf.bench.serve_load import Reply
+from dflash_gguf.bench.serving import concurrency as bench_concurrency
+from dflash_gguf.bench import slim
+from dflash_gguf.bench.serving import serve_load
+from dflash_gguf.bench.serving.serve_load import Reply
 
 BENCH = str(Path(sys.executable).with_name("dflash-bench"))
 
@@ -156,7 +157,7 @@ def test_each_side_at_its_best_and_at_its_default():
 
 
 def test_the_sweep_gives_each_side_its_own_settings():
-    from dflash_gguf.demo import demo_paths
+    from dflash_gguf.runtime.demo import demo_paths
 
     target, draft = demo_paths()
     args = bench_concurrency.parser().parse_args(["--draft-p-min", "0,0.3", "--block-size", "8,4",
@@ -196,7 +197,7 @@ def test_sampled_requests_carry_our_sampler_order_and_their_own_seed():
 
 
 def test_llama_server_gets_a_slot_of_the_context_each_and_dflash_drafting(tmp_path):
-    from dflash_gguf.demo import demo_paths
+    from dflash_gguf.runtime.demo import demo_paths
 
     target, draft = demo_paths()
     args = bench_concurrency.parser().parse_args(["-t", "3", "-c", "1024"])
@@ -265,7 +266,7 @@ def test_a_small_run_against_our_server_writes_rows_with_provenance(tmp_path):
 def test_fifo_inversions_are_counted_on_the_servers_clock():
     """Requests sent close together reach the scheduler in either order: only the
     server's own times (taken in, started) say whether it ran them first come, first served."""
-    from dflash_gguf.bench.serve import fifo_inversions
+    from dflash_gguf.bench.serving.serve import fifo_inversions
 
     fifo = [{"arrival": 0.0, "queued_at": 10.2, "started_at": 10.3},  # sent first, taken in second
             {"arrival": 0.001, "queued_at": 10.1, "started_at": 10.1}]

@@ -19,13 +19,13 @@ import pytest
 from helpers.fixtures import CODE_PROMPT as CODE
 from helpers.servers import HABITS, N_CTX, SERVER_FLAGS, ServerProcess, UBATCH, WEATHER, template_messages
 
-from dflash_gguf import tool_grammar
-from dflash_gguf.assistant import prepare_turn
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.engine import Engine
-from dflash_gguf.generate import Request
-from dflash_gguf.sampling import SamplingParams
-from dflash_gguf.serving import Job, QueueFull, Scheduler, ShuttingDown
+from dflash_gguf.chat import tool_grammar
+from dflash_gguf.chat.assistant import prepare_turn
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.decoding.requests import Request
+from dflash_gguf.decoding.sampling import SamplingParams
+from dflash_gguf.serving.scheduler import Job, QueueFull, Scheduler, ShuttingDown
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +392,7 @@ def test_checkpoints_on_the_device_of_the_target(tmp_path, rpc_endpoint):
 
 def test_bad_checkpoint_flags_exit_2(tmp_path):
     for flags in (["--checkpoint-device-mib", "lots"], ["--checkpoint-device-mib", "-1"], ["--checkpoint-mib", "-1"]):
-        res = subprocess.run([sys.executable, "-m", "dflash_gguf.server", *flags], capture_output=True, text=True,
+        res = subprocess.run([sys.executable, "-m", "dflash_gguf.serving.server", *flags], capture_output=True, text=True,
                              cwd=tmp_path, timeout=60)
         assert res.returncode == 2 and "checkpoint" in res.stderr, res.stderr
 
@@ -401,7 +401,7 @@ def test_print_memory_reports_the_checkpoint_budget(tmp_path):
     """--print-memory loads nothing and says how much of the checkpoint budget may be
     device memory: what is asked, capped by the total; auto on a CPU-only machine is none."""
     def plan(*flags):
-        res = subprocess.run([sys.executable, "-m", "dflash_gguf.server", "--print-memory", *flags],
+        res = subprocess.run([sys.executable, "-m", "dflash_gguf.serving.server", "--print-memory", *flags],
                              capture_output=True, text=True, cwd=tmp_path, timeout=120)
         assert res.returncode == 0, res.stderr
         return res.stdout
@@ -669,7 +669,7 @@ def test_parallel_slots_are_checked_and_a_plan_that_does_not_fit_names_the_n_tha
     """-np outside 1..16 is refused with the flag's name; with a memory limit that N
     slots exceed, the refusal says which -np fits."""
     def run(*flags):
-        return subprocess.run([sys.executable, "-m", "dflash_gguf.server", *flags], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "dflash_gguf.serving.server", *flags], capture_output=True, text=True,
                               cwd=tmp_path, timeout=120)
 
     res = run("-np", "0")

@@ -20,9 +20,9 @@ from helpers.chat_fixtures import CALLS, TOOLS, assistant_text, history, transfo
 from helpers.fixtures import CHAT_TEMPLATE
 from helpers.servers import AppServer, N_CTX, ScriptedEngine, anthropic_client, defaults, openai_messages, streamed_chat
 
-from dflash_gguf.chat import ChatTemplate
-from dflash_gguf.demo import demo_paths
-from dflash_gguf.engine import Engine
+from dflash_gguf.chat.templates import ChatTemplate
+from dflash_gguf.runtime.demo import demo_paths
+from dflash_gguf.engine.engine import Engine
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import pytest
 from helpers.chat_fixtures import transformers_render
 from helpers.servers import WEATHER, ServerProcess, template_messages
 
-from dflash_gguf.assistant import prepare_turn
-from dflash_gguf.engine import Engine
+from dflash_gguf.chat.assistant import prepare_turn
+from dflash_gguf.engine.engine import Engine
 
 N_CTX = 1024
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_gguf.bench import slim, soak
-from dflash_gguf.bench.serve_load import Reply
+from dflash_gguf.bench import slim
+from dflash_gguf.bench.serving import soak
+from dflash_gguf.bench.serving.serve_load import Reply
 
 BENCH = str(Path(sys.executable).with_name("dflash-bench"))
 

@@ -1,0 +1,140 @@
+"""The assistant's turn of a chat: the prompt that asks for it (the template with the
+tools, the tool choice and thinking on or off) and the reading of its reply into
+reasoning, content and tool calls, as the text streams."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Union
+
+from .harmony import CALL, EMPTY_ANALYSIS, HarmonyParser, forced_call
+from .reasoning import ReasoningSplitter, ThinkingSyntax, opens_thinking, syntax_of
+from .templates import ChatTemplate
+from .toolcalls import SYNTAX, Reply, ToolCallParser, as_plain_messages, forced_start, format_of
+
+ToolChoice = Union[str, dict]  # "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
+
+
+class ReplyParser:
+    """feed() the reply's text as it comes, then finish(); both return deltas:
+    ("reasoning", text), ("content", text), ("call", index, ToolCall). `reply` holds
+    what has been read so far."""
+
+    def __init__(self, splitter: ReasoningSplitter, calls: Optional[ToolCallParser], primed: str = ""):
+        self.reply = Reply()
+        self._splitter, self._calls = splitter, calls
+        self._space = ""  # whitespace ending the content so far: dropped if a tool call follows
+        if calls is not None and primed:
+            calls.feed(primed)  # the call opening the prompt wrote for the model (tool_choice)
+
+    def feed(self, text: str) -> List[tuple]:
+        return self._route(self._splitter.feed(text), final=False)
+
+    def finish(self) -> List[tuple]:
+        return self._route(self._splitter.finish(), final=True)
+
+    def _route(self, events: List[tuple], final: bool) -> List[tuple]:
+        out: List[tuple] = []
+        for kind, text in events:
+            if kind == "reasoning":
+                self.reply.reasoning += text
+                out.append(("reasoning", text))
+            elif self._calls is None:
+                self._content(text, out)
+            else:
+                for event in self._calls.feed(text):
+                    self._event(event, out)
+        if final and self._calls is not None:
+            for event in self._calls.finish():
+                self._event(event, out)
+        if final and self._space and not self.reply.tool_calls:
+            self._content("", out, hold=False)  # the whitespace ending a reply without calls is its own
+        return out
+
+    def _event(self, event: tuple, out: List[tuple]) -> None:
+        if event[0] == "call":
+            self._space = ""
+            self.reply.tool_calls.append(event[1])
+            out.append(("call", len(self.reply.tool_calls) - 1, event[1]))
+        else:
+            self._content(event[1], out)
+
+    def _content(self, text: str, out: List[tuple], hold: bool = True) -> None:
+        text, self._space = self._space + text, ""
+        if hold:
+            body = text.rstrip()
+            self._space, text = text[len(body):], body
+        if text:
+            self.reply.content += text
+            out.append(("content", text))
+
+
+@dataclass
+class Turn:
+    """A prompt for the assistant's turn, and how to read the reply to it."""
+
+    prompt: str
+    thinking: Optional[ThinkingSyntax]  # None: a harmony reply (its analysis channel holds the thoughts)
+    starts_thinking: bool  # the prompt ends inside a thinking block
+    tool_format: Optional[str] = None  # None: no tool calls are read
+    tools: Sequence[dict] = ()
+    primed: str = ""  # the reply's opening, written at the end of the prompt (tool_choice, thinking off)
+    reasoning_format: str = "auto"
+
+    def parser(self, make_id: Optional[Callable[[], str]] = None):
+        """A ReplyParser, or for a harmony reply a harmony.HarmonyParser (the same deltas)."""
+        if self.thinking is None:
+            return HarmonyParser(bool(self.tool_format), make_id, self.primed, self.reasoning_format)
+        call_open = SYNTAX[self.tool_format].open if self.tool_format else None
+        splitter = ReasoningSplitter(self.thinking, self.reasoning_format, self.starts_thinking,
+                                     ends=[call_open] if call_open else [])
+        calls = ToolCallParser(self.tool_format, self.tools, make_id) if self.tool_format else None
+        return ReplyParser(splitter, calls, self.primed)
+
+    def call_close(self) -> str:
+        """The text that ends a tool call: generation stops there for one call only."""
+        return CALL if self.thinking is None else SYNTAX[self.tool_format].close
+
+
+def forced_tool(tool_choice: ToolChoice) -> Optional[str]:
+    """The function a tool_choice names, else None."""
+    return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+
+
+def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Sequence[dict] = (),
+                 tool_choice: ToolChoice = "auto", template_kwargs: Optional[dict] = None,
+                 reasoning_format: str = "auto") -> Turn:
+    """The prompt for the assistant's reply to `messages` (OpenAI chat messages whose
+    tool-call arguments are objects), offering `tools` (OpenAI function tools) unless
+    tool_choice is "none"; "required" or a named function starts the reply with a
+    call's opening. template_kwargs reach the template; enable_thinking=False turns
+    thinking off also with templates that open a thinking block regardless."""
+    kwargs = dict(template_kwargs or {})
+    offered = list(tools) if tool_choice != "none" else []
+    fmt = format_of(template)
+    if fmt == "harmony":
+        return _harmony_turn(template, messages, offered, tool_choice, kwargs, reasoning_format)
+    if fmt == "generic":
+        # the template cannot show tools, calls or results: they become text it can show
+        prompt = template.render(as_plain_messages(messages, offered), **kwargs)
+    else:
+        prompt = template.render(messages, tools=offered or None, **kwargs)
+    syntax = syntax_of(template.source)
+    thinking = opens_thinking(prompt, syntax)
+    primed = ""
+    if offered and tool_choice != "auto":
+        primed = forced_start(fmt, forced_tool(tool_choice))
+    if thinking and (kwargs.get("enable_thinking") is False or primed):
+        prompt += syntax.closed_empty  # a forced call is answered without thinking first
+        thinking = False
+    return Turn(prompt + primed, syntax, thinking, fmt if offered else None, offered, primed, reasoning_format)
+
+
+def _harmony_turn(template: ChatTemplate, messages: Sequence[dict], offered: List[dict], tool_choice: ToolChoice,
+                  kwargs: dict, reasoning_format: str) -> Turn:
+    """prepare_turn for a harmony template (gpt-oss): thinking off starts the reply after
+    an empty analysis message; a forced call starts it with the call's header."""
+    prompt = template.render(messages, tools=offered or None, **kwargs)
+    primed = EMPTY_ANALYSIS if kwargs.get("enable_thinking") is False else ""
+    if offered and tool_choice != "auto":
+        primed += forced_call(forced_tool(tool_choice))
+    return Turn(prompt + primed, None, False, "harmony" if offered else None, offered, primed, reasoning_format)

@@ -1,0 +1,214 @@
+"""dflash-server's replies: how a job's events become an OpenAI or Anthropic response,
+whole or streamed as server-sent events. A Reply holds what every one of them needs (the
+request, its job and event queue, the prepared prompt, the response id); serving/routes.py makes
+it and picks the function."""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from . import anthropic_api, openai_api
+from .scheduler import Job
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None,
+          headers: Optional[dict] = None, anthropic: bool = False) -> JSONResponse:
+    """An error in the API's own shape (OpenAI's, or Anthropic's for /v1/messages)."""
+    if anthropic:
+        return JSONResponse(anthropic_api.error_json(status, message), status_code=status, headers=headers)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status, headers=headers)
+
+
+def engine_error(e: BaseException, anthropic: bool = False) -> JSONResponse:
+    """A job that failed: a ValueError is the request's fault (400), anything else ours (500)."""
+    if isinstance(e, ValueError):
+        return error(400, str(e), anthropic=anthropic)
+    return error(500, f"generation failed: {e}", "server_error", anthropic=anthropic)
+
+
+def _stream_error(e: BaseException) -> dict:
+    status = 400 if isinstance(e, ValueError) else 500
+    return {"message": str(e), "code": status, "type": "invalid_request_error" if status == 400 else "server_error"}
+
+
+def chunk(payload: dict) -> str:
+    """One server-sent event of JSON data."""
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+@dataclass
+class Reply:
+    """One request's reply in the making. server: the Server (its model id, usage and
+    extension fields); events: the job's ("text", piece) ... ("done", job) or ("error", e)
+    events, put there from the engine's thread; prepared: server.Prepared; rid: the
+    response id; created: its Unix time."""
+
+    server: object
+    request: Request
+    job: Job
+    events: asyncio.Queue
+    prepared: object
+    rid: str
+    created: int = 0
+
+    async def _cancel_on_disconnect(self) -> None:
+        """The body has been read: what the connection says next is that the client left."""
+        while (await self.request.receive())["type"] != "http.disconnect":
+            pass
+        self.job.cancel()  # it stops at the end of the prompt chunk or step in progress
+
+    async def events_of_job(self, ping: bool):
+        """The job's events; with `ping`, ("ping", None) whenever it has been silent for
+        --sse-ping-interval seconds (waiting in the queue, a long prefill)."""
+        watch = asyncio.ensure_future(self._cancel_on_disconnect())
+        seconds = self.server.sse_ping_seconds
+        interval = seconds if ping and seconds > 0 else None
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(self.events.get(), interval)
+                except asyncio.TimeoutError:
+                    yield "ping", None
+                    continue
+                yield kind, value
+                if kind != "text":
+                    return
+        finally:
+            watch.cancel()
+            self.job.cancel()  # the client went away (or the job is over, where this changes nothing)
+
+    async def outcome(self) -> tuple:
+        """How the job ended: ("done", job) or ("error", e)."""
+        stream = self.events_of_job(ping=False)
+        try:
+            async for kind, value in stream:
+                if kind != "text":
+                    return kind, value
+        finally:
+            await stream.aclose()
+
+
+# -- OpenAI ------------------------------------------------------------------------------------------
+
+def _response(r: Reply, obj: str, choice: dict) -> JSONResponse:
+    return JSONResponse({"id": r.rid, "object": obj, "created": r.created, "model": r.server.model_id,
+                         "choices": [choice], "usage": r.server.usage(r.job), "dflash": r.server.extension(r.job)})
+
+
+async def completion_reply(r: Reply):
+    kind, value = await r.outcome()
+    if kind == "error":
+        return engine_error(value)
+    return _response(r, "text_completion",
+                     {"index": 0, "text": r.job.text, "finish_reason": r.job.finish_reason, "logprobs": None})
+
+
+async def chat_reply(r: Reply):
+    kind, value = await r.outcome()
+    if kind == "error":
+        return engine_error(value)
+    parser = r.prepared.turn.parser()
+    parser.feed(r.job.text)
+    parser.finish()
+    reply = parser.reply
+    return _response(r, "chat.completion",
+                     {"index": 0, "message": openai_api.message_json(reply), "logprobs": None,
+                      "finish_reason": openai_api.finish_reason(reply, r.job.finish_reason)})
+
+
+def _stream_end(r: Reply, obj: str, last_choice: dict, include_usage: bool):
+    """The last choice (with the usage unless it gets a chunk of its own), then [DONE]."""
+    usage = r.server.usage(r.job)
+    head = {"id": r.rid, "object": obj, "created": r.created, "model": r.server.model_id}
+    yield chunk({**head, "choices": [last_choice], "dflash": r.server.extension(r.job),
+                 **({} if include_usage else {"usage": usage})})
+    if include_usage:
+        yield chunk({**head, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"
+
+
+async def completion_stream(r: Reply, include_usage: bool):
+    head = {"id": r.rid, "object": "text_completion", "created": r.created, "model": r.server.model_id}
+    async for kind, value in r.events_of_job(ping=True):
+        if kind == "ping":
+            yield ": keep-alive\n\n"
+        elif kind == "text":
+            yield chunk({**head, "choices": [{"index": 0, "text": value, "finish_reason": None, "logprobs": None}]})
+        elif kind == "done":
+            last = {"index": 0, "text": "", "finish_reason": r.job.finish_reason, "logprobs": None}
+            for line in _stream_end(r, "text_completion", last, include_usage):
+                yield line
+        else:
+            yield chunk({"error": _stream_error(value)})
+
+
+async def chat_stream(r: Reply, include_usage: bool):
+    head = {"id": r.rid, "object": "chat.completion.chunk", "created": r.created, "model": r.server.model_id}
+
+    def delta_chunk(delta: dict) -> str:
+        return chunk({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
+
+    parser = r.prepared.turn.parser()
+    yield delta_chunk({"role": "assistant", "content": ""})
+    async for kind, value in r.events_of_job(ping=True):
+        if kind == "ping":
+            yield ": keep-alive\n\n"
+        elif kind in ("text", "done"):
+            for d in parser.feed(value) if kind == "text" else parser.finish():
+                for delta in openai_api.deltas_json(d):
+                    yield delta_chunk(delta)
+            if kind == "done":
+                finish = openai_api.finish_reason(parser.reply, r.job.finish_reason)
+                last = {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
+                for line in _stream_end(r, "chat.completion.chunk", last, include_usage):
+                    yield line
+        else:
+            yield chunk({"error": _stream_error(value)})
+
+
+# -- Anthropic ---------------------------------------------------------------------------------------
+
+def _anthropic_end(r: Reply, reply) -> tuple:
+    """(stop_reason, stop_sequence, usage) of a finished message."""
+    s = r.job.stats
+    stop_sequence = s.stop_string if s.stop_string in r.prepared.request.stops else None
+    return (anthropic_api.stop_reason(reply, r.job.finish_reason, stop_sequence), stop_sequence,
+            anthropic_api.usage_json(s.prompt_tokens, s.reused_tokens, s.generated_tokens))
+
+
+async def messages_reply(r: Reply):
+    kind, value = await r.outcome()
+    if kind == "error":
+        return engine_error(value, anthropic=True)
+    parser = r.prepared.turn.parser(anthropic_api.tool_use_id)
+    parser.feed(r.job.text)
+    parser.finish()
+    return JSONResponse(anthropic_api.message_json(r.rid, r.server.model_id, parser.reply,
+                                                   *_anthropic_end(r, parser.reply)))
+
+
+async def messages_stream(r: Reply):
+    parser = r.prepared.turn.parser(anthropic_api.tool_use_id)
+    out = anthropic_api.EventStream(r.rid, r.server.model_id, len(r.prepared.tokens))
+    yield out.start()
+    async for kind, value in r.events_of_job(ping=True):
+        if kind == "ping":
+            yield anthropic_api.sse("ping", {"type": "ping"})
+        elif kind in ("text", "done"):
+            for d in parser.feed(value) if kind == "text" else parser.finish():
+                for line in out.deltas(d):
+                    yield line
+            if kind == "done":
+                for line in out.stop(*_anthropic_end(r, parser.reply)):
+                    yield line
+        else:
+            status = 400 if isinstance(value, ValueError) else 500
+            yield anthropic_api.sse("error", anthropic_api.error_json(status, str(value)))

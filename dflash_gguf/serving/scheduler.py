@@ -1,0 +1,287 @@
+"""Request scheduling for a server: one Engine, one worker thread, a bounded FIFO queue,
+and as many requests running at once as the Engine has sequence slots (continuous
+batching: dflash-server -np N).
+
+Requests are admitted (or refused when the queue is full) on the caller's thread; the
+worker thread, which owns the Engine, moves a waiting request into a free slot at the
+next step boundary and runs every running request in one decoding.Batch: each round,
+one step of all the others together (one drafter graph, one target graph), a chunk of
+a joining request's prompt in the same target graph, then as many more of its chunks
+as the round's -b holds. A job's text pieces go to a sink the caller
+chooses (an asyncio queue for the HTTP server). A cancelled job (its client went away)
+leaves the batch at the next round boundary, within a prompt chunk or a step, the
+others going on.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, Sequence as Seq
+
+from ..decoding.requests import DraftCounts, GenerationStats, Request
+from ..decoding.step import Batch, Sequence
+from ..decoding.streaming import TextStream
+from ..engine.engine import Engine
+
+
+class QueueFull(Exception):
+    """The queue holds as many waiting requests as it may."""
+
+
+class ShuttingDown(Exception):
+    """The scheduler no longer takes requests."""
+
+
+@dataclass
+class JobTimes:
+    """When a job was taken in, started running and ended (time.perf_counter)."""
+
+    queued_at: float = field(default_factory=time.perf_counter)
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+
+    @property
+    def queue_seconds(self) -> float:
+        return (self.started_at or time.perf_counter()) - self.queued_at
+
+
+@dataclass
+class Job:
+    """One generation request, its progress and its outcome."""
+
+    request: Request  # what the Engine is asked: prompt, max_tokens, sampling, context_full, reuse_prefix, corpus
+    sink: Callable[[str, object], None]  # sink(kind, value): ("text", str), ("done", Job), ("error", Exception)
+    stop: Seq[str] = ()
+    speculative: bool = True
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    times: JobTimes = field(default_factory=JobTimes)
+    text: str = ""
+    finish_reason: str = ""
+    prefill_chunks: int = 0  # prompt chunks computed (of up to n_ubatch tokens)
+    slot: Optional[int] = None  # the Engine's sequence slot it ran in
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stop generating (the client went away); harmless once the job has ended."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+
+FINISH_REASONS = {"stop": "stop", "stop string": "stop", "length": "length", "context": "length"}
+
+
+@dataclass
+class Totals:
+    """What /metrics reports, accumulated over finished jobs."""
+
+    requests: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    target_passes: int = 0
+    accepted_tokens: int = 0
+    prefill_chunks: int = 0
+    drafts: DraftCounts = field(default_factory=DraftCounts)
+
+
+@dataclass
+class _Running:
+    """A job in the batch: its sequence, the tokens it emitted and their text."""
+
+    job: Job
+    seq: Sequence
+    text: TextStream
+    out: List[int] = field(default_factory=list)
+    pieces: List[str] = field(default_factory=list)
+
+
+class Scheduler:
+    """The worker over an Engine, fed from a FIFO queue of at most `max_queue` waiting
+    jobs (the running ones are not counted), running up to one job per sequence slot of
+    the Engine at once."""
+
+    def __init__(self, engine: Engine, max_queue: int = 16, n_batch: Optional[int] = None):
+        if max_queue < 0:
+            raise ValueError(f"the queue size must be >= 0, got {max_queue}")
+        self.engine = engine
+        self.n_batch = n_batch  # tokens a round takes (decoding.Batch; -b)
+        self.max_queue = max_queue
+        self.n_slots = engine.target.n_seq
+        # what `auto` measures runs graphs on the target: before any request holds a slot
+        engine.prepare_auto()
+        self.totals = Totals()
+        self._queue: Deque[Job] = deque()
+        self._running: Dict[int, _Running] = {}  # by slot
+        self._closing = False
+        self._lock = threading.Condition()
+        self._thread = threading.Thread(target=self._work, name="dflash-engine", daemon=True)
+        self._thread.start()
+
+    # -- callers' side ----------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise QueueFull / ShuttingDown."""
+        with self._lock:
+            if self._closing:
+                raise ShuttingDown("the server is shutting down")
+            # a job whose client has left waits only to be accounted for: it holds no place, or
+            # clients that leave and come back would be refused by a queue of ghosts
+            waiting = sum(not j.cancelled for j in self._queue)
+            if waiting >= self.max_queue and (len(self._running) >= self.n_slots or waiting):
+                self.totals.refused += 1
+                raise QueueFull(f"{waiting} requests are waiting (--queue {self.max_queue})")
+            job.times.queued_at = time.perf_counter()
+            self._queue.append(job)
+            self._lock.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Refuse new jobs, finish the queued and running ones, stop the worker."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        self._thread.join(timeout)
+
+    # -- worker side --------------------------------------------------------------------
+    def _work(self) -> None:
+        batch = self.engine.batch(self.n_batch)
+        while True:
+            with self._lock:
+                while not self._queue and not self._running and not self._closing:
+                    self._lock.wait()
+                if not self._queue and not self._running:
+                    return
+                admitted = self._admit()
+            try:
+                self._round(batch, admitted)
+            except Exception as e:  # noqa: BLE001 - a fault of the round fails its requests, not the server
+                for run in list(self._running.values()):
+                    batch.drop(run.seq, clean=False)
+                    self._end(run, e)
+
+    def _round(self, batch: Batch, admitted: List[Job]) -> None:
+        """Admitted jobs join the batch, cancelled ones leave it, then one round of it: a
+        prompt chunk and a step; each job gets its text as it comes."""
+        for job in admitted:
+            self._start(job, batch)
+        for run in [r for r in self._running.values() if r.job.cancelled]:
+            batch.drop(run.seq)
+            self._end(run, None)
+        if not len(batch):
+            return
+        results = batch.advance()
+        # a round may list a joining sequence twice (its first token, then its step): it
+        # ends at its last entry, or its step's tokens would be lost
+        last = {id(seq): i for i, (seq, _) in enumerate(results)}
+        for i, (seq, new) in enumerate(results):
+            run = self._running.get(seq.slot)
+            if run is None or run.seq is not seq:
+                continue  # it ended earlier in this round
+            if seq.error is not None:
+                self._end(run, seq.error)
+                continue
+            final = last[id(seq)] == i
+            self._emit(run, new, final)
+            if run.text.stopped and not seq.done:  # a stop string: no more tokens wanted
+                seq.done = True
+                batch.drop(seq)
+            if seq.done and (final or run.text.stopped):
+                self._end(run, None)
+
+    def _admit(self) -> List[Job]:
+        """Waiting jobs moved into free slots (called with the lock held)."""
+        admitted = []
+        while self._queue and len(self._running) + len(admitted) < self.n_slots:
+            job = self._queue.popleft()
+            job.times.started_at = time.perf_counter()
+            admitted.append(job)
+        return admitted
+
+    def _slot_for(self, job: Job) -> int:
+        """A free slot, the one whose context the job's prompt extends the furthest first."""
+        free = [s for s in range(self.n_slots) if s not in self._running]
+
+        def held(slot: int) -> int:
+            tokens, prompt = self.engine.held(slot), job.request.prompt
+            return len(tokens) if 0 < len(tokens) < len(prompt) and prompt[:len(tokens)] == tokens else 0
+
+        return max(free, key=held)
+
+    def _start(self, job: Job, batch: Batch) -> None:
+        engine = self.engine
+        if job.cancelled:  # its client left while it waited: it ends untouched
+            self._account(job, None)
+            job.times.finished_at = time.perf_counter()
+            job.finish_reason = "stop"
+            job.sink("done", job)
+            return
+        job.slot = self._slot_for(job)
+
+        def stage(name: str) -> None:
+            job.prefill_chunks += name == "prefill chunk"
+
+        try:
+            seq = engine.sequence(job.request, speculative=job.speculative, stats=job.stats, slot=job.slot,
+                                  on_stage=stage)
+        except Exception as e:  # noqa: BLE001 - a request the engine refuses is reported to its client
+            self._account(job, e)
+            job.times.finished_at = time.perf_counter()
+            job.sink("error", e)
+            return
+        self._running[job.slot] = _Running(job, seq, engine.text_stream(job.stop))
+        batch.add(seq)
+
+    def _emit(self, run: _Running, new: List[int], final: bool = True) -> None:
+        run.out.extend(new)
+        piece = run.text.push(new)
+        if run.seq.done and final:
+            piece += run.text.end()
+        if piece:
+            run.pieces.append(piece)
+            run.job.sink("text", piece)
+
+    def _end(self, run: _Running, error: Optional[BaseException]) -> None:
+        job, stats = run.job, run.job.stats
+        if run.text.stop_string is not None:
+            stats.stop_reason, stats.stop_string = "stop string", run.text.stop_string
+        self.engine.end_sequence(run.seq, run.out, failed=error is not None or not run.seq.done)
+        del self._running[job.slot]
+        job.times.finished_at = time.perf_counter()
+        job.text = "".join(run.pieces)
+        job.finish_reason = FINISH_REASONS.get(stats.stop_reason, "stop")
+        self._account(job, error)
+        if error is not None:
+            job.sink("error", error)
+        else:
+            job.sink("done", job)
+
+    def _account(self, job: Job, error: Optional[BaseException]) -> None:
+        t, s = self.totals, job.stats
+        t.requests += 1
+        t.failed += error is not None
+        t.cancelled += job.cancelled
+        t.prompt_tokens += s.prompt_tokens
+        t.reused_tokens += s.reused_tokens
+        t.generated_tokens += s.generated_tokens
+        t.prefill_seconds += s.prefill_seconds
+        t.decode_seconds += s.decode_seconds
+        t.target_passes += len(s.accepted_lengths)
+        t.accepted_tokens += sum(s.accepted_lengths)
+        t.prefill_chunks += job.prefill_chunks
+        t.drafts.add(s.drafts)
