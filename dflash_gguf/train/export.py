@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..convert.dflash_tensors import LAYER_TENSORS
+from ..convert.models.dflash_tensors import LAYER_TENSORS
 from ..runtime.drafter import tokenizer_fingerprint
 
 _TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight", "norm.weight": "output_norm.weight"}

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..convert.dflash_target import build_target_layer_ids
+from ..convert.models.dflash_target import build_target_layer_ids
 
 # SpecForge's defaults: gamma 7 for block 16, 5 for 10, 4 for 8
 _GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
