@@ -93,3 +93,21 @@ DFL_API dfl_status dfl_rpc_add_server(const char * endpoint) {
     }
     return DFL_OK;
 }
+
+/* Whether a device's backend carries the project's batch-invariance patch: a patched
+ * backend answers the proc address "ggml_backend_batch_invariance" with a function that
+ * names its patch (dflash_gguf/data/ggml-patches), a stock one has no such address. The
+ * runtime's exactness check (dflash_gguf/runtime/exactness.py) reads it before probing. */
+typedef const char * (*batch_invariance_fn)(void);
+
+DFL_API int dfl_device_batch_invariance(const char * device, char * buf, size_t buf_size) {
+    ggml_backend_dev_t dev = device && device[0] ? ggml_backend_dev_by_name(device)
+                                                 : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : NULL;
+    batch_invariance_fn fn =
+        reg ? (batch_invariance_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_batch_invariance") : NULL;
+    if (buf_size > 0) {
+        snprintf(buf, buf_size, "%s", fn ? fn() : "");
+    }
+    return fn != NULL;
+}

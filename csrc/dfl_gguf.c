@@ -332,6 +332,11 @@ ggml_backend_buffer_type_t dfl_gguf_repack_buft(ggml_backend_dev_t dev, struct g
     }
     ggml_backend_buffer_type_t found = NULL;
     for (ggml_backend_buffer_type_t * b = get_extra(dev); b && *b && !found; b++) {
+        if (strcmp(ggml_backend_buft_name(*b), "AMX") == 0) {
+            /* AMX's kernels are not batch-invariant (their tiles round a verify's rows
+             * otherwise than one-row decoding): its weights take the repacked or plain path */
+            continue;
+        }
         /* supports_op looks at the weight's buffer type: give it an empty buffer of that type */
         w->buffer = ggml_backend_buft_alloc_buffer(*b, 0);
         if (w->buffer && ggml_backend_dev_supports_op(dev, op)) {

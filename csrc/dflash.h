@@ -58,6 +58,10 @@ dfl_status dfl_reuse_check_probe(int change);
  * ("name|description|type", type one of cpu, gpu, igpu, accel). */
 int dfl_device_count(void);
 dfl_status dfl_device_describe(int i, char * buf, size_t buf_size);
+/* 1 when the device's backend carries the project's batch-invariance patch (ggml built by
+ * scripts/setup.sh), its patch's name written to buf; 0 for a stock backend or an unknown
+ * device (NULL or "": the CPU). */
+int dfl_device_batch_invariance(const char * device, char * buf, size_t buf_size);
 
 /* Add the devices of a ggml RPC server ("host:port", as llama.cpp's rpc-server serves
  * them) to the registry; they are then named RPC0, RPC1, ... */

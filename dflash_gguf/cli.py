@@ -82,10 +82,11 @@ def _validate(args, parser) -> None:
     validate_chat_args(args, parser)
 
 
-def _report(stats, mode: str) -> dict:
+def _report(stats, mode: str, exact) -> dict:
     hist = Counter(stats.accepted_lengths)
     return {
         "mode": mode,
+        "exact": str(exact),
         "prompt_tokens": stats.prompt_tokens,
         "reused_prompt_tokens": stats.reused_tokens,
         "prefill_seconds": round(stats.prefill_seconds, 4),
@@ -144,6 +145,7 @@ def _print_report(r: dict) -> None:
         print(f"devices   {r['graph_splits']} graph splits a step, {r['copy_bytes_per_step'] / 1024:.1f} KiB "
               "copied between devices a step", file=err)
     print(f"memory    peak RSS {r['peak_rss_mib']:.0f} MiB", file=err)
+    print(f"exact     {r['exact']}", file=err)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -212,7 +214,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stdout.flush()
         engine.close()
 
-    report = _report(stats, mode)
+    report = _report(stats, mode, engine.exact)
     if args.json:
         print(json.dumps(report), file=sys.stderr)
     else:
@@ -292,7 +294,7 @@ def _interactive(engine, args, first_prompt: str, mode: str) -> int:
         history += [{"role": "user", "content": user}, {"role": "assistant", "content": content}]
         conv_tokens = tokens + engine.last_tokens
         conv_text = full + engine.tokenizer.decode(engine.last_tokens)
-        r = _report(stats, mode)
+        r = _report(stats, mode, engine.exact)
         print(f"[{r['generated_tokens']} tokens, {r['decode_tokens_per_second']:.1f} tok/s, "
               f"{r['reused_prompt_tokens']} of {r['prompt_tokens']} prompt tokens reused"
               + (f", accepted {r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "") + "]",

@@ -25,8 +25,13 @@ if [ ! -f "$dest/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
     "$python" -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
         --dest "$tmp" "llama-cpp-python==$version"
     tar xzf "$tmp/llama_cpp_python-$version.tar.gz" -C "$tmp"
+    # every hunk exactly where it was written (no fuzz): a patch that no longer fits the
+    # sources fails here instead of landing beside the code it was meant for
     for p in $patches; do
-        patch -s -p1 -d "$tmp/llama_cpp_python-$version" < "$p"
+        if ! patch -s -p1 --fuzz=0 --no-backup-if-mismatch -d "$tmp/llama_cpp_python-$version" < "$p"; then
+            echo "[llama.cpp] $(basename "$p") does not apply to llama-cpp-python $version's sources" >&2
+            exit 1
+        fi
     done
     rm -rf "$dest"
     mv "$tmp/llama_cpp_python-$version" "$dest"  # whole or not at all

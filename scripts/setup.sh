@@ -37,7 +37,15 @@ llama_flags="${CMAKE_ARGS:-} -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS
 # verify's rows round as one-row decoding does); the patch set is part of the key.
 ggml_patches=$(find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-12)
 llama_key=$(printf '%s %s %s' "$llama_cpp_python_version" "$llama_flags" "$ggml_patches" | sha256sum | cut -c1-16)
-if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ]; then
+# The stamp alone would not notice a later `pip install -U llama-cpp-python` (stock ggml,
+# whose kernels round a verify's rows apart): the installed CPU backend must also carry
+# the patches' marker (0006-batch-invariance-marker.patch), else it is installed again.
+patched_ggml() {
+  local lib
+  lib=$("$py" -c "import importlib.util, pathlib; s = importlib.util.find_spec('llama_cpp'); print(pathlib.Path(s.origin).parent / 'lib' if s else '')" 2>/dev/null)
+  [ -n "$lib" ] && grep -qas "dflash-gguf batch-invariant CPU kernels" "$lib"/libggml-cpu*.so
+}
+if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ] || ! patched_ggml; then
   wheelhouse="${DFLASH_WHEELHOUSE:-$HOME/.cache/dflash-gguf/wheels}/$llama_key"
   if ! ls "$wheelhouse"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     sources=$(bash "$root/scripts/llama_cpp_sources.sh" "$llama_cpp_python_version" "$py")

@@ -95,30 +95,61 @@ def chain_call(target, draft, blocks: List[tuple], p_min: float) -> Ran:
 def verify_call(target, draft, seqs: Seq, proposals: List[Proposal], joining, t0: float) -> Ran:
     """The step's verify after its proposals (the drafter's graph ran since t0, the step's
     start): the target's graph for all their rows (and the joining sequence's chunk),
-    then each sequence's choices, accepted path and commit."""
-    rows, row0 = [], 0
-    for s, p in zip(seqs, proposals):
-        r = verify_rows(s, p)
-        s.row0 = row0
-        row0 += r.n_out
-        rows.append(r)
+    then each sequence's choices, accepted path and commit.
+
+    A step's rows stay at INVARIANT_STEP_ROWS or fewer, where each rounds as a one-row
+    decode does (past it, flash attention takes its tiled kernel): sequences whose rows
+    together go past it verify in passes, each pass a graph of whole proposals, its
+    choices read and its sequences committed before the next. The joining chunk rides
+    in the last pass, in the room the proposals leave (a pass of its own when they
+    leave none)."""
+    rows = [verify_rows(s, p) for s, p in zip(seqs, proposals)]
+    passes = step_passes([r.n_rows for r in rows], INVARIANT_STEP_ROWS)
+    chunk = None
     if joining is not None:
-        taken = sum(r.n_rows for r in rows)
-        joining.row0 = row0
-        rows.append(joining.prefill.rows(max(1, min(target.n_ubatch, INVARIANT_STEP_ROWS) - taken)))
+        room = min(target.n_ubatch, INVARIANT_STEP_ROWS) - sum(rows[i].n_rows for i in passes[-1])
+        if room <= 0:
+            passes.append([])
+            room = min(target.n_ubatch, INVARIANT_STEP_ROWS)
+        chunk = joining.prefill.rows(room)
     t1 = time.perf_counter()
-    target.step(rows, draft)  # one target graph: every sequence's rows
-    choices = target.choices(0, row0)
-    t2 = time.perf_counter()
-    copies = target.graph_copies()  # the step's graph's, before any redraw
-    paths, new = [], []
-    for s, p, r in zip(seqs, proposals, rows):
-        choice = s.sampler.resolve(target, choices[s.row0:s.row0 + r.n_out], s.row0, s.slot)
-        path, out = accepted(s, p, choice)
-        commit(s, p, path)
-        paths.append(path)
-        new.append(out)
-    return Ran(new, copies, proposals, paths, (t1 - t0, t2 - t1))
+    new, paths, verifying, copies = [None] * len(seqs), [None] * len(seqs), 0.0, (0, 0)
+    for k, members in enumerate(passes):
+        t_pass = time.perf_counter()
+        pass_rows, row0 = [], 0
+        for i in members:
+            seqs[i].row0 = row0
+            row0 += rows[i].n_out
+            pass_rows.append(rows[i])
+        if chunk is not None and k == len(passes) - 1:
+            joining.row0 = row0
+            pass_rows.append(chunk)
+        target.step(pass_rows, draft)  # one target graph: this pass's sequences' rows
+        choices = target.choices(0, row0)
+        verifying += time.perf_counter() - t_pass
+        splits, copied = target.graph_copies()  # the pass's graph's, before any redraw
+        copies = (copies[0] + splits, copies[1] + copied)
+        for i in members:
+            s, p = seqs[i], proposals[i]
+            choice = s.sampler.resolve(target, choices[s.row0:s.row0 + rows[i].n_out], s.row0, s.slot)
+            paths[i], new[i] = accepted(s, p, choice)
+            commit(s, p, paths[i])
+    return Ran(new, copies, proposals, paths, (t1 - t0, verifying))
+
+
+def step_passes(n_rows: List[int], most: int) -> List[List[int]]:
+    """The sequences (indices, in order) of each pass of a step: as many whole proposals
+    as fit in `most` rows, in the order given; one proposal larger than `most` is a pass
+    alone (Engine settings keep each proposal within it)."""
+    passes: List[List[int]] = [[]]
+    used = 0
+    for i, n in enumerate(n_rows):
+        if passes[-1] and used + n > most:
+            passes.append([])
+            used = 0
+        passes[-1].append(i)
+        used += n
+    return passes
 
 
 def verify_rows(seq, p: Proposal) -> Rows:

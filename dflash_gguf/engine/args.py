@@ -14,6 +14,7 @@ from ..decoding.constraints import check_constraint
 from ..decoding.sampling import RULES, SamplingParams
 from ..runtime.drafter_kinds import DRAFTERS, listed
 from ..runtime.errors import ConfigError
+from ..runtime.exactness import MODES
 from ..runtime.native import DflashError
 from ..runtime.target import KV_TYPES
 from ..speculation.drafting import DEFAULT_DRAFT_P_MIN
@@ -183,6 +184,10 @@ def _device_args(p) -> None:
     p.add_argument("--rpc", metavar="SERVERS",
                    help="comma-separated ggml RPC servers (host:port) whose devices join the registry as RPC0, ...")
     p.add_argument("--list-devices", action="store_true", help="print the available devices and exit")
+    p.add_argument("--exact", choices=MODES, default="report",
+                   help="ask the target's devices at load whether greedy speculation is bit-identical to plain "
+                        "decoding there (the answer is cached per build and device): report it (default), "
+                        "require it (refuse to start otherwise, exit 2), or off (do not ask); docs/exactness.md")
     p.add_argument("--memory-limit", type=int, metavar="MIB",
                    help="refuse, before loading, a configuration that needs more than MIB MiB on the target's "
                         "device (the accelerator, or the CPU when everything runs there); an accelerator's free "
@@ -416,7 +421,8 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft",
          "spec_draft_n_min": "--spec-draft-n-min", "spec_draft_vocab": "--spec-draft-vocab",
          "spec_draft_vocab_from": "--spec-draft-vocab-from", "n_ctx_draft": "-cd/--ctx-size-draft",
-         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "spec_suffix_cache_mb": "--spec-suffix-cache-mb"}
+         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "spec_suffix_cache_mb": "--spec-suffix-cache-mb",
+         "exact": "--exact"}
 
 
 # the flag of each sampling field, for its errors (sampling.check_sampling)
@@ -487,7 +493,7 @@ def open_engine(prog: str, model: str, draft, args):
     from .memory import MemoryPlanError
 
     try:
-        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, **engine_options(args))
+        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, exact=args.exact, **engine_options(args))
         freeze_loaded_objects()  # the process keeps the engine to its end
         return engine
     except ConfigError as e:

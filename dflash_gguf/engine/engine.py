@@ -70,7 +70,7 @@ class Engine:
     AUTO_MAX_BUDGET = AUTO_MAX_BUDGET
 
     def __init__(self, model: str, draft: Optional[str] = None, *, memory_limit_mib: Optional[int] = None,
-                 **options):
+                 exact: str = "report", **options):
         """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
         draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
@@ -96,8 +96,13 @@ class Engine:
         whose GGUF name matches on that device, the first match deciding), cpu_moe and
         n_cpu_moe (routed experts of every layer, or of the first n layers, on the CPU),
         and override_tensor_draft, cpu_moe_draft, n_cpu_moe_draft for the drafter
-        (runtime/placement.py); kv_type and draft_window default to "auto" (see memory.settle)."""
-        self.models = LoadedModels(model, draft, options, memory_limit_mib)
+        (runtime/placement.py); kv_type and draft_window default to "auto" (see memory.settle).
+
+        `exact`: whether greedy speculation is bit-identical to plain decoding on the
+        devices the target runs on, asked of them at load (runtime/exactness.py) and kept
+        as `Engine.exact`: "report" (default) asks and reports, "require" refuses to load
+        (ConfigError "exact") unless the answer is yes, "off" does not ask."""
+        self.models = LoadedModels(model, draft, options, memory_limit_mib, exact)
         self.last_tokens: List[int] = []  # every token the last call generated
         self.slots = SlotContexts(self.models, self.target.n_seq)
         self.stage_hook: Optional[Callable[[str], None]] = None
@@ -126,6 +131,9 @@ class Engine:
     auto_budget = property(attrgetter("models.setup.drafting.auto_budget"))
     n_threads = property(attrgetter("models.setup.n_threads"))
     chain_rule = property(attrgetter("models.setup.drafting.chain_rule"))
+    # runtime/exactness.Exactness: whether greedy speculation is bit-identical to plain
+    # decoding where the target runs ("yes", "no (why)", "unverified (why)")
+    exact = property(attrgetter("models.exact"))
 
     @property
     def checkpoints(self) -> Optional[PrefixCheckpoints]:

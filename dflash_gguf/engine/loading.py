@@ -8,7 +8,8 @@ from typing import Optional
 
 from ..runtime.drafter import Draft
 from ..runtime.errors import ConfigError
-from ..runtime.target import Target
+from ..runtime.exactness import MODES, Exactness, exactness
+from ..runtime.target import INVARIANT_STEP_ROWS, Target
 from ..runtime.tokenizer import Tokenizer
 from ..speculation.draft_simple import SimpleDraft, corpus_counts, kept_tokens
 from ..speculation.drafting import default_p_min
@@ -20,7 +21,8 @@ class LoadedModels:
     as one settled setup loads them, with that setup's memory plan, the p_min that cuts
     the drafter's chains, and the vocabulary as grammars see it (built when first asked)."""
 
-    def __init__(self, model: str, draft: Optional[str], options: dict, memory_limit_mib: Optional[int]):
+    def __init__(self, model: str, draft: Optional[str], options: dict, memory_limit_mib: Optional[int],
+                 exact: str = "report"):
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
         # is refused with what would fit
@@ -31,6 +33,11 @@ class LoadedModels:
         draft_config = setup.draft_config
         # the runtime validates the file (architecture, shapes) before llama.cpp reads its vocabulary
         self.target = Target(model, setup.target_config)
+        try:
+            self.exact = self._exactness(model, exact)
+        except BaseException:
+            self.target.close()
+            raise
         self.draft_p_min = default_p_min(self.target) if setup.drafting.draft_p_min is None else setup.drafting.draft_p_min
         if draft_config is not None and setup.drafting.tree_budget is None and self.draft_p_min == 0 \
                 and not setup.weightless.ngram_kinds and setup.weightless.suffix is None:
@@ -52,6 +59,30 @@ class LoadedModels:
             self.target.close()
             raise
         self._grammar_vocab = None  # grammar_vocab()'s
+
+    def _exactness(self, model: str, mode: str) -> Exactness:
+        """Whether this engine's greedy speculation is exact where its target runs: the
+        target's devices (its device, and the CPU for layers or weights kept there),
+        asked for the rows a step may hold (one sequence: its verify's; several: a step
+        of the batch, a joining prompt's chunk beside the verifies)."""
+        if mode not in MODES:
+            raise ConfigError("exact", f"exact must be one of {', '.join(MODES)}, got {mode!r}")
+        info, setup = self.target.info(), self.setup
+        devices = [info["device"] or "CPU"]
+        if info["n_gpu_layers"] < info["n_layer"] or info["host_layer_weights"]:
+            devices.append("CPU")
+        speculative = setup.draft_path is not None or setup.simple is not None or bool(setup.weightless.ngram_kinds) \
+            or setup.weightless.suffix is not None
+        if info["n_seq"] > 1:
+            max_rows = min(INVARIANT_STEP_ROWS, info["n_ubatch"])
+        else:
+            max_rows = info["n_verify"] if speculative else 1
+        answer = exactness(model, devices, max_rows, info["n_threads"] or 2, mode)
+        if mode == "require" and answer.exact != "yes":
+            raise ConfigError("exact", f"greedy speculation would not be bit-identical to plain decoding here: "
+                                       f"exact: {answer}. Run on the CPU (--device CPU), with fewer rows a step "
+                                       f"(-np 1, a smaller --tree-budget), or leave out --exact require")
+        return answer
 
     def _simple_draft(self, simple) -> SimpleDraft:
         """draft-simple's drafter, its head cut to the commonest tokens of the corpus named

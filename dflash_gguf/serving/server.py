@@ -204,6 +204,8 @@ class Server:
             "speculative": {"drafter": (engine.draft is not None or engine.simple_draft is not None) and d.speculative,
                             "block_size": engine.block_size, "tree_budget": engine.tree_budget,
                             "auto_budget": engine.auto_budget},
+            # whether greedy speculation is bit-identical to plain decoding here (--exact)
+            "exact": engine.exact.as_dict(),
         }
 
     # -- responses ---------------------------------------------------------------------------
@@ -254,6 +256,8 @@ class Server:
 
         metric("requests_total", "counter", "Requests run to an end (including failed and cancelled ones).",
                t.requests)
+        metric("exact", "gauge", "1 when greedy speculation is bit-identical to plain decoding on this engine's "
+                                 "devices (exact: yes), else 0; /props says why", int(self.engine.exact.exact == "yes"))
         metric("requests_failed_total", "counter", "Requests that ended with an error.", t.failed)
         metric("requests_cancelled_total", "counter", "Requests whose client went away.", t.cancelled)
         metric("requests_refused_total", "counter", "Requests refused because the queue was full.", t.refused)

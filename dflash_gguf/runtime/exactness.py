@@ -1,0 +1,198 @@
+"""Whether greedy speculation is exact where the engine runs, asked of the device at load.
+
+Lossless greedy speculation needs a verify's rows to round as one-row decodes do (docs/
+exactness.md). That holds where the backend carries the project's batch-invariance
+patches and its kernels keep the promise for the model's weight types at the row counts
+the settings allow. So at load, for each device the target runs on:
+
+  1. the backend must carry the patches: a patched backend names them through its
+     registry (dfl_device_batch_invariance); a stock ggml is "no" at once;
+  2. the probe the tests use (devices.matmul_invariance): every weight type of the
+     model, the columns of a product from 2 up to the step's most rows against each
+     column alone, bit for bit;
+  3. a backend the project has proven end to end (the CPU on x86; see PROVEN) is "yes"
+     when the probe passes; another backend whose probe passes is "unverified": the
+     rest of its step (attention, norms) has not been shown exact there.
+
+The answer is cached per build (the native library's and ggml's files), device, types
+and rows, so a warm start reads one small file."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from .demo import cache_dir
+from .devices import list_devices, matmul_invariance
+from .gguf_meta import GGUFMeta
+from .native import _HERE, DflashError, ffi, lib
+
+MODES = ("report", "require", "off")
+# column counts on both sides of every kernel switch the backends have (gemv/gemm at 4,
+# the tiled kernels at 8 and 16, CUDA's MMVQ/MMQ at 8/9, attention's tiles at 64)
+PROBE_COLUMNS = (2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 128, 256)
+# the probe's matrix: six K-quant super blocks in, eight repacked row groups out
+PROBE_SHAPE = (1536, 64)
+
+
+@dataclass(frozen=True)
+class Exactness:
+    """exact: "yes", "no" or "unverified", and why (empty for a plain yes)."""
+
+    exact: str
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.exact} ({self.why})" if self.why else self.exact
+
+    def as_dict(self) -> dict:
+        return {"exact": self.exact, "why": self.why}
+
+
+def proven(device: str) -> bool:
+    """Backends whose whole step the project has shown exact (docs/exactness.md's table):
+    the CPU on x86 (the x86 kernels patched, every mode of the published models checked
+    end to end). Elsewhere a passing probe leaves the answer unverified."""
+    name = device.upper()
+    return name == "CPU" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def backend_patch(device: str) -> Optional[str]:
+    """The batch-invariance patch the device's backend names, or None for a stock one."""
+    buf = ffi.new("char[256]")
+    if not lib.dfl_device_batch_invariance(device.encode(), buf, len(buf)):
+        return None
+    return ffi.string(buf).decode("utf-8", "replace")
+
+
+def weight_types(path: str) -> List[int]:
+    """The ggml types of a GGUF's matrices that multiply activations (every tensor of two
+    or more dimensions but the token embedding, which is read row by row)."""
+    meta = GGUFMeta(path)
+    return sorted({t for name, (shape, t) in meta.tensors().items()
+                   if len(shape) >= 2 and name != "token_embd.weight"})
+
+
+def probe_columns(max_rows: int) -> List[int]:
+    """The column counts probed for steps of at most max_rows rows."""
+    cols = [c for c in PROBE_COLUMNS if c <= max_rows]
+    if max_rows >= 2 and max_rows not in cols:
+        cols.append(max_rows)
+    return cols
+
+
+def _type_name(t: int) -> str:
+    try:
+        return GGMLQuantizationType(t).name
+    except ValueError:
+        return f"type {t}"
+
+
+def probe(device: str, types: Iterable[int], max_rows: int, n_threads: int = 2) -> Optional[Tuple[str, int]]:
+    """The first (weight type, columns) whose product on `device` rounds a column
+    otherwise than that column alone, or None when every one is invariant."""
+    n_in, n_out = PROBE_SHAPE
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32)
+    for t in types:
+        for n_cols in probe_columns(max_rows):
+            x = rng.normal(0, 1, (n_cols, n_in)).astype(np.float32)
+            x[:, ::97] *= 30  # outliers, as real activations have: an 8-bit scale follows them
+            n_differ, _ = matmul_invariance(t, w, x, device=device, repack=True, n_threads=n_threads)
+            if n_differ:
+                return _type_name(t), n_cols
+    return None
+
+
+def _build_files() -> List[Path]:
+    """The libraries whose code decides the answer: ours and the ggml it loads."""
+    files = [_HERE / "libdflash.so"]
+    try:
+        import llama_cpp  # noqa: F401 - only its location: ggml is installed beside it
+
+        files += sorted((Path(llama_cpp.__file__).parent / "lib").glob("libggml*.so*"))
+    except ImportError:
+        pass
+    return files
+
+
+def _cache_key(device: str, description: str, types: Sequence[int], max_rows: int) -> str:
+    stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _build_files() if p.exists()]
+    blob = json.dumps([stats, device, description, list(types), max_rows, list(PROBE_COLUMNS), PROBE_SHAPE])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _cache_path() -> Path:
+    return cache_dir() / "exactness.json"
+
+
+def _cached() -> Dict[str, dict]:
+    try:
+        return json.loads(_cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _remember(key: str, answer: Exactness) -> None:
+    path = _cache_path()
+    entries = _cached()
+    entries[key] = answer.as_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache costs the next start a probe, nothing else
+
+
+def device_exactness(device: str, types: Sequence[int], max_rows: int, n_threads: int = 2) -> Exactness:
+    """The answer for one device (cached; see the module's docstring)."""
+    if max_rows < 2:
+        return Exactness("yes", "one row a step: nothing to round apart")
+    description = next((d["description"] for d in list_devices() if d["name"] == device), "")
+    key = _cache_key(device, description, types, max_rows)
+    known = _cached().get(key)
+    if known is not None:
+        return Exactness(known["exact"], known.get("why", ""))
+    answer = _ask(device, types, max_rows, n_threads)
+    _remember(key, answer)
+    return answer
+
+
+def _ask(device: str, types: Sequence[int], max_rows: int, n_threads: int) -> Exactness:
+    remote = device.upper().startswith("RPC")
+    if not remote and backend_patch(device) is None:
+        return Exactness("no", f"{device}: ggml without the batch-invariance patch")
+    try:
+        differs = probe(device, types, max_rows, n_threads)
+    except DflashError as e:
+        return Exactness("unverified", f"{device}: the probe could not run: {e}")
+    if differs is not None:
+        t, n_cols = differs
+        return Exactness("no", f"{device}: {t} at {n_cols} columns")
+    if proven(device):
+        return Exactness("yes")
+    what = "a remote backend" if remote else "this backend's whole step is not yet proven (docs/exactness.md)"
+    return Exactness("unverified", f"{device}: the matrix probe passes; {what}")
+
+
+def exactness(model: str, devices: Sequence[str], max_rows: int, n_threads: int = 2,
+              mode: str = "report") -> Exactness:
+    """The engine's answer: its target's weight types on every device it runs on, at
+    steps of up to max_rows rows; the first device that is not "yes" decides."""
+    if mode not in MODES:
+        raise ValueError(f"exact must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "off":
+        return Exactness("unverified", "not checked: --exact off")
+    types = weight_types(model)
+    answers = [device_exactness(d, types, max_rows, n_threads) for d in dict.fromkeys(devices)]
+    return next((a for a in answers if a.exact == "no"), None) or \
+        next((a for a in answers if a.exact != "yes"), None) or answers[0]

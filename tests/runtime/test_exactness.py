@@ -1,0 +1,116 @@
+"""The engine says whether its greedy speculation is exact where it runs (runtime/
+exactness.py): "yes" on this patched x86 CPU, "no (why)" for a backend without the
+patches or one whose probe finds a column rounding apart, "unverified (why)" where the
+probe passes on a backend the project has not proven; `--exact require` refuses to start
+on anything but yes, `--exact off` does not ask. The answer is cached per build, device,
+types and rows."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from dflash_gguf import Engine
+from dflash_gguf.runtime import exactness
+from dflash_gguf.runtime.devices import add_rpc_server, list_devices
+from dflash_gguf.runtime.exactness import Exactness, probe_columns, weight_types
+from helpers.cli_run import run
+from helpers.paths import ROOT
+from helpers.rpc_local import local_rpc_server
+
+DATA = ROOT / "dflash_gguf" / "data"
+TARGET, DRAFT = str(DATA / "demo-target.gguf"), str(DATA / "demo-draft.gguf")
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test asks afresh (the answers go to a cache of its own)."""
+    monkeypatch.setenv("DFLASH_CACHE", str(tmp_path / "cache"))
+
+
+def test_the_patched_cpu_is_exact_and_says_which_patch():
+    assert exactness.backend_patch("CPU") == "dflash-gguf batch-invariant CPU kernels"
+    with Engine(TARGET, DRAFT, n_threads=2) as engine:
+        assert engine.exact == Exactness("yes")
+        assert str(engine.exact) == "yes"
+
+
+def test_the_probe_covers_the_models_types_and_the_rows_a_step_allows():
+    from gguf import GGMLQuantizationType as Q
+
+    # the demo target: Q8_0 matrices, and f32 2D weights (the recurrent layers' short convolution)
+    assert weight_types(TARGET) == [Q.F32, Q.Q8_0]
+    assert probe_columns(1) == []
+    assert probe_columns(16) == [2, 3, 4, 5, 8, 9, 16]
+    assert probe_columns(20) == [2, 3, 4, 5, 8, 9, 16, 17, 20]
+    assert probe_columns(256)[-1] == 256
+
+
+def test_a_stock_backend_is_not_exact_and_require_refuses_it(monkeypatch):
+    """A ggml without the patches (a later `pip install -U llama-cpp-python`): its CPU
+    backend names no patch, and the engine says so; --exact require refuses to load."""
+    monkeypatch.setattr(exactness, "backend_patch", lambda device: None)
+    with Engine(TARGET, DRAFT, n_threads=2) as engine:
+        assert engine.exact == Exactness("no", "CPU: ggml without the batch-invariance patch")
+    from dflash_gguf.runtime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"exact: no \(CPU: ggml without the batch-invariance patch\).*--device CPU"):
+        Engine(TARGET, DRAFT, n_threads=2, exact="require")
+
+
+def test_a_column_rounding_apart_is_named_with_its_type_and_columns(monkeypatch):
+    """What the probe finds is what the answer says: the type and the column count."""
+    monkeypatch.setattr(exactness, "matmul_invariance",
+                        lambda t, w, x, **kw: (1 if len(x) >= 9 else 0, 0.5))
+    with Engine(TARGET, DRAFT, n_threads=2) as engine:
+        assert engine.exact.exact == "no"
+        assert engine.exact.why.startswith("CPU: ") and engine.exact.why.endswith(" at 9 columns"), engine.exact
+
+
+def test_plain_decoding_of_one_sequence_has_nothing_to_round_apart():
+    with Engine(TARGET, n_threads=2) as engine:
+        assert engine.exact == Exactness("yes", "one row a step: nothing to round apart")
+
+
+def test_a_remote_backend_that_passes_the_probe_is_unverified():
+    for endpoint in local_rpc_server():
+        add_rpc_server(endpoint)
+        rpc = next(d["name"] for d in list_devices() if d["name"].startswith("RPC"))
+        answer = exactness.device_exactness(rpc, weight_types(TARGET), 16)
+        assert answer.exact == "unverified" and answer.why.startswith(f"{rpc}: the matrix probe passes"), answer
+
+
+def test_the_answer_is_cached_per_build_device_types_and_rows(monkeypatch):
+    with Engine(TARGET, DRAFT, n_threads=2) as engine:
+        types = weight_types(TARGET)
+    cache = json.loads((exactness.cache_dir() / "exactness.json").read_text())
+    assert list(cache.values()) == [{"exact": "yes", "why": ""}]
+    asked = []
+    monkeypatch.setattr(exactness, "probe", lambda *a, **k: asked.append(a))
+    t0 = time.perf_counter()
+    assert exactness.device_exactness("CPU", types, engine.target.n_verify) == Exactness("yes")
+    assert time.perf_counter() - t0 < 0.5 and not asked  # read, not probed
+    exactness.device_exactness("CPU", types, 7)  # other rows: asked again
+    assert len(asked) == 1
+
+
+def test_off_does_not_ask_and_a_bad_mode_is_refused(monkeypatch):
+    monkeypatch.setattr(exactness, "probe", lambda *a, **k: pytest.fail("--exact off asked"))
+    with Engine(TARGET, DRAFT, n_threads=2, exact="off") as engine:
+        assert engine.exact == Exactness("unverified", "not checked: --exact off")
+    from dflash_gguf.runtime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="exact must be one of report, require, off"):
+        Engine(TARGET, DRAFT, n_threads=2, exact="maybe")
+
+
+def test_dflash_run_reports_it_and_require_starts_where_it_holds():
+    res = run("-n", "8", "--json", "--exact", "require")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stderr.strip().splitlines()[-1])
+    assert report["exact"] == "yes"
+    res = run("-n", "8", "--exact", "off")
+    assert res.returncode == 0 and "exact     unverified (not checked: --exact off)" in res.stderr, res.stderr
+    res = run("-n", "8", "--exact", "sometimes")
+    assert res.returncode == 2 and "--exact" in res.stderr
