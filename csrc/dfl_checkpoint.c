@@ -28,7 +28,7 @@
  * malloc's mapping threshold) pinned it between the short-lived allocations of requests
  * and the heap grew with the store's turnover (the soak's creep). What a mapping holds
  * is whole pages, so the bytes a checkpoint reports are what is resident for it. */
-#include "dfl_draft_impl.h"
+#include "dfl_draft_state.h"
 #include "dfl_target_state.h"
 
 #include <ggml-alloc.h>

@@ -3,7 +3,7 @@
  * values in the drafter's memory, attention over each sequence's cache, the drafted
  * rows, the blocks). A graph is a function of the drafter, its memory and the
  * descriptor: nothing here writes to the drafter. */
-#include "dfl_draft_impl.h"
+#include "dfl_draft_state.h"
 
 #include <math.h>
 #include <string.h>

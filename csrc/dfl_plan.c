@@ -4,7 +4,7 @@
  * compute memory without allocating it, as llama.cpp's no_alloc mode does. The planner
  * reads both runtimes' insides (their loading steps, memory and graph builders over
  * descriptors); neither runtime calls it. */
-#include "dfl_draft_impl.h"
+#include "dfl_draft_state.h"
 #include "dfl_target_state.h"
 
 #include <stdio.h>

@@ -179,4 +179,41 @@ dfl_status dfl_sampler_check_candidates(int K, int n_out, int32_t row0, int32_t 
 dfl_status dfl_sampler_candidates(const dfl_runtime * rt, const dfl_sampler_graph * g, int n_out, int32_t row0,
                                   int32_t n_rows, int32_t k, int32_t * tokens, float * probs);
 
+/* A stage's per-row settings, an input [n, DFL_SAMPLER_PARAMS] (one column of n per
+ * setting): the row's uniform, 1 / temperature, top_p, log(min_p), and the penalties as
+ * the logit arithmetic uses them (repeat - 1, 1 / repeat - repeat, frequency, presence);
+ * in a stage whose rows pick differently (DFL_PICK_MIXED), the row's pick, its candidate
+ * count and whether it is capped (see dfl_sampler_key). */
+enum { DFL_SP_U, DFL_SP_INV_TEMP, DFL_SP_TOP_P, DFL_SP_LOG_MIN_P, DFL_SP_REP_M1, DFL_SP_REP_FLIP, DFL_SP_FREQ,
+       DFL_SP_PRESENT, DFL_SP_PICK, DFL_SP_TOP_K, DFL_SP_CAPPED, DFL_SAMPLER_PARAMS };
+
+/* The relative costs (bytes moved, roughly) that choose how masks are applied: a
+ * disallowed entry set to -inf (a scattered write), an allowed entry kept (a gather and a
+ * scattered write), a pad entry (uploaded, then the same value written again where the
+ * last was: in cache), per token of every row the -inf start of keeping rows (a read and
+ * a write of the logits) and the dense expansion (its byte index, the bias written, then
+ * read with the logits and the sum written). A list entry costs more than its bytes: the
+ * gather and the scattered write handle each as a row of its own (CPU, a 16-row chain
+ * pass at a 248K vocabulary: about 8 ns an entry, pads included, 1M of them, against
+ * about 1 ns a token for the dense path: results/sampling-cost-2026-11-25-0219.json
+ * against -2026-11-24-2250.json), so the lists' weights are about 9 times the dense
+ * token's (they were 4 and 8 times, and the dense worst case took the lists). */
+#define COST_BAN_ENTRY 150
+#define COST_KEEP_ENTRY 300
+#define COST_PAD_ENTRY 8
+#define COST_KEEP_ROWS_TOKEN 8
+#define COST_DENSE_TOKEN 17
+
+/* The bits of word w of an n_words-word bitmask that stand for tokens of the vocabulary
+ * (the last word's tail past n_vocab is not). */
+static inline uint32_t vocab_bits(int w, int n_words, int n_vocab) {
+    return w == n_words - 1 && n_vocab % 32 ? ~(~0u << (n_vocab % 32)) : ~0u;
+}
+
+/* Whether a row allowing `allowed` of n_vocab tokens keeps its allowed list (cheaper than
+ * banning the rest) rather than bans its disallowed one. */
+static inline bool row_keeps(int allowed, int n_vocab) {
+    return (int64_t) allowed * COST_KEEP_ENTRY < (int64_t) (n_vocab - allowed) * COST_BAN_ENTRY;
+}
+
 #endif

@@ -120,21 +120,25 @@ static struct ggml_tensor * build(const dfl_drafter * m, dfl_draft_graph * g, bo
             continue;
         }
         struct ggml_tensor * prev = ggml_view_1d(ctx, g->tokens, 1, (size_t) dfl_draft_graph_part_row(g, i) * sizeof(int32_t));
+        /* named per draft row (the step's row r = row0 + j), for the dumps and parity tools */
         for (int j = 0; j < n; j++) {
-            struct ggml_tensor * w1_prev = ggml_get_rows(ctx, w->w1, prev);                    /* [R, 1] */
-            struct ggml_tensor * bias = dfl_gguf_mul_mat(&m->file, ctx, w->w2, w1_prev);       /* [V, 1] */
+            const int r = row0 + j;
+            struct ggml_tensor * w1_prev = dfl_cb(ggml_get_rows(ctx, w->w1, prev), "markov_prev", r);        /* [R, 1] */
+            struct ggml_tensor * bias = dfl_gguf_mul_mat(&m->file, ctx, w->w2, w1_prev);                     /* [V, 1] */
             if (w->w2_scale) {
                 bias = ggml_mul(ctx, bias, w->w2_scale);
             }
-            struct ggml_tensor * row = ggml_add(ctx, dfl_draft_rows(ctx, base, row0 + j, 1), bias);
+            bias = dfl_cb(bias, "markov_bias", r);
+            struct ggml_tensor * row = dfl_cb(ggml_add(ctx, dfl_draft_rows(ctx, base, r, 1), bias), "markov_logits", r);
             logits = join(ctx, logits, row);
             if (w->conf) {
-                struct ggml_tensor * feat = ggml_concat(ctx, ggml_cont(ctx, dfl_draft_rows(ctx, h, row0 + j, 1)), w1_prev, 0);
-                struct ggml_tensor * c = ggml_mul_mat(ctx, w->conf, feat);                       /* [1, 1] */
+                struct ggml_tensor * feat = dfl_cb(ggml_concat(ctx, ggml_cont(ctx, dfl_draft_rows(ctx, h, r, 1)), w1_prev, 0),
+                                                   "conf_inp", r);
+                struct ggml_tensor * c = ggml_mul_mat(ctx, w->conf, feat);                                   /* [1, 1] */
                 if (w->conf_bias) {
                     c = ggml_add(ctx, c, w->conf_bias);
                 }
-                conf = join(ctx, conf, ggml_sigmoid(ctx, c));
+                conf = join(ctx, conf, dfl_cb(ggml_sigmoid(ctx, dfl_cb(c, "conf_logit", r)), "conf", r));
             }
             if (j + 1 < n) {
                 prev = ggml_argmax(ctx, row);

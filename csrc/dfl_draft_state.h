@@ -122,4 +122,20 @@ int dfl_draft_step_passes(const dfl_drafter * m, const dfl_draft_step * step);
 int dfl_draft_step_entries(const dfl_draft_step * step);
 int dfl_draft_step_drafted(const dfl_draft_step * step);
 
+/* A sequence slot's index, checked: every entry point that takes one calls this first. */
+static inline dfl_status dfl_draft_check_seq(const dfl_draft * d, int32_t seq) {
+    if (!d) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "null drafter");
+    }
+    if (seq < 0 || seq >= d->n_seq) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "sequence %d is outside 0..%d (the target has %d sequence slots)", seq,
+                        d->n_seq - 1, d->n_seq);
+    }
+    return DFL_OK;
+}
+
+
+/* dfl_draft_propose.c: staging buffers for a step's inputs, grown to fit it */
+dfl_status dfl_draft_reserve_staging(dfl_draft * d, const dfl_draft_step * step);
+
 #endif
