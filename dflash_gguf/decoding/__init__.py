@@ -4,4 +4,4 @@ itself (step: plan, propose, verify, accept, commit; verify: the one library cal
 each sequence keeps), and a request run alone (streaming).
 
 Below speculation: the step calls a sequence's proposer through the interface that
-decoding/proposal.py defines (Plan, Proposal, Heard) and never imports a speculation kind."""
+decoding/proposal.py defines (Plan, Proposal, VerifiedStep) and never imports a speculation kind."""

@@ -1,11 +1,11 @@
 """What a step's proposer plans (Plan) and puts to the target (Proposal), what the
-proposer hears of the step after it (Heard), and the calls every proposer
+proposer hears of the step after it (VerifiedStep), and the calls every proposer
 (proposers.Proposer) takes in a step.
 
 A proposer only proposes, and holds only its configuration and the long-lived things it
 drafts with (a drafter, corpora, auto's budget): what it keeps of a sequence from step to
 step is the sequence's (start, Sequence.proposing), and what it keeps of a step travels in
-the step's Plan, from plan to propose and, in the step's Heard, to verified. Around the
+the step's Plan, from plan to propose and, in the step's VerifiedStep, to verified. Around the
 step's two graphs, so that the drafts of every sequence come from one drafter graph and
 their verifies from one target graph (decoding.step):
   verified(seq, plan, proposal, path, out, seconds)
@@ -66,7 +66,7 @@ class Proposal:
 @dataclass(slots=True)
 class Plan:
     """One sequence's step as its proposer plans it, carried from plan through propose to
-    verified (in the sequence's Heard):
+    verified (in the sequence's VerifiedStep):
       block    the drafter's block to draft for it before the drafter's graph (0: none)
       decodes  the step verifies the last token alone
       depth    how deep its drafts may go (a tree's, auto's chain's)
@@ -88,9 +88,9 @@ class Plan:
 
 
 @dataclass(slots=True)
-class Heard:
+class VerifiedStep:
     """A step as its sequence's proposer hears of it (Proposer.verified), kept by the
-    sequence until its next step or its finish (Sequence.hear)."""
+    sequence until its next step or its finish (Sequence.tell_proposer)."""
 
     plan: Plan
     proposal: Proposal

@@ -17,7 +17,7 @@ One body for every step: each sequence's proposer hears of its last step and pla
 one (a Plan), the drafter drafts, the proposers propose, one library call verifies (the
 lightest that can: decoding/verify.py's decode_call, the fused chain_call, else verify_call)
 and returns what it did alike (a Ran), and what follows is the same for every sequence
-(verifying.kept: its counts, what its proposer will hear, its tokens).
+(verify.record: its counts, what its proposer will hear, its tokens).
 
 A single request is a set of one (sequence_steps). Greedy, each sequence's tokens are
 the target's argmax given their prefix, whatever else runs in the step; sampling, each
@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tuple
 
-from .proposal import Heard
+from .proposal import VerifiedStep
 from .requests import GenerationStats, Placement, Prefill, Request, check_request, start_context
 from .sampling import Sampler
-from .verify import chain_call, decode_call, fused, kept, verify_call
+from .verify import chain_call, decode_call, fused, record, verify_call
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Tokens:
         self.text.append(first)
         self.bonus = first
 
-    def took(self, new: List[int]) -> None:
+    def advance(self, new: List[int]) -> None:
         """A step committed the old bonus and the accepted drafts, and chose the next
         bonus: `new` is the drafts, then that bonus."""
         self.text += new
@@ -69,7 +69,7 @@ class Ending:
     max_tokens: int
     stops: Set[int]
 
-    def kept(self, new: List[int], wanted: int) -> Tuple[int, bool]:
+    def cut(self, new: List[int], wanted: int) -> Tuple[int, bool]:
         """How many of a step's tokens the request keeps when it still wants `wanted`,
         and whether a stop token ended them."""
         produced = min(len(new), wanted)
@@ -112,7 +112,7 @@ class Sequence:
         self.done = False
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
         self.proposing = proposer.start(self)
-        self.heard: Optional[Heard] = None  # its last step, for its proposer to hear (hear)
+        self.verified_step: Optional[VerifiedStep] = None  # its last step, for its proposer to hear (tell_proposer)
 
     @property
     def slot(self) -> int:
@@ -140,12 +140,12 @@ class Sequence:
         the bonus."""
         return max(0, min(n_max, self.remaining - 1, self.room - 1))
 
-    def hear(self) -> None:
+    def tell_proposer(self) -> None:
         """Its proposer hears of its last step (Proposer.verified), once: at its next step,
         before it plans, or at its finish."""
-        heard, self.heard = self.heard, None
-        if heard is not None:
-            self.proposer.verified(self, heard.plan, heard.proposal, heard.path, heard.out, heard.seconds)
+        step, self.verified_step = self.verified_step, None
+        if step is not None:
+            self.proposer.verified(self, step.plan, step.proposal, step.path, step.out, step.seconds)
 
     def catch_up_due(self) -> bool:
         """Whether a step that drafts nothing must still let the drafter take the
@@ -153,7 +153,7 @@ class Sequence:
         feature rows keep them past the step's call (at most the proposer's lookahead rows)."""
         return self.draft.catch_up_due(self.slot, self.proposer.lookahead)
 
-    def lacking(self) -> List[int]:
+    def catch_up_tokens(self) -> List[int]:
         """The tokens of the positions the drafter has yet to take: from its n_past on
         (the drafter's record, the one there is) to the context's end."""
         tokens = self.tokens
@@ -211,7 +211,7 @@ class Sequence:
         """The tokens of a step as the request keeps them: at most what it still wants,
         ending at a stop token; recorded, and generation ends when it should."""
         stats = self.stats
-        produced, stopped = self.ending.kept(new, self.remaining)
+        produced, stopped = self.ending.cut(new, self.remaining)
         if stopped:
             stats.stop_reason = "stop"
         if record:
@@ -237,7 +237,7 @@ class Sequence:
         first (generate.prefill_chunks)."""
         if self.clock.decode:
             self.stats.decode_seconds = time.perf_counter() - self.clock.decode
-        self.hear()
+        self.tell_proposer()
         report = self.proposer.finish(self)
         if report is not None:
             self.stats.trees.auto = report
@@ -249,17 +249,17 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
     each sequence's proposer hears of its last step and plans this one (decoding/proposal.py), the
     drafter's graph runs every block planned, the proposers propose, and one call of the
     library verifies (decoding/verify.py: the lightest call that can), after which every
-    sequence's step is recorded alike (verifying.kept). joining: a sequence whose next
+    sequence's step is recorded alike (verify.record). joining: a sequence whose next
     prompt chunk (its Prefill's) the target's graph takes after the others' rows, as
     many tokens as they leave of n_ubatch (at least one), the step held to
     INVARIANT_STEP_ROWS so that the others' rows round as they would alone; the chunk's
     choice, if any, is then at the sequence's row0 (it has yet to be told:
     Sequence.chunk_ran)."""
     if joining is None and not any(s.speculative for s in seqs):
-        return kept(seqs, decode_call(target, seqs))  # plain decoding: nothing planned, nothing timed
+        return record(seqs, decode_call(target, seqs))  # plain decoding: nothing planned, nothing timed
     t0 = time.perf_counter()
     for s in seqs:
-        s.hear()
+        s.tell_proposer()
     plans = [s.proposer.plan(s) for s in seqs]
     blocks = []
     for s, plan in zip(seqs, plans):
@@ -268,18 +268,18 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
         # most the proposer's lookahead), so that plain decoding (`auto`'s plain arm) runs
         # no drafter graph; its next drafted block takes them all first
         if s.draft is not None and (plan.block or s.catch_up_due()):
-            blocks.append((s.slot, s.tokens.bonus, plan.block, s.lacking()))
+            blocks.append((s.slot, s.tokens.bonus, plan.block, s.catch_up_tokens()))
     if joining is None and not blocks and all(plan.decodes for plan in plans):
         # every sequence verifies its last token alone this step (auto's plain arm, a
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # call, its drafters left behind
-        return kept(seqs, decode_call(target, seqs, draft, heard=True), plans, t0)
+        return record(seqs, decode_call(target, seqs, draft, told=True), plans, t0)
     if joining is None and fused(plans, blocks):
-        return kept(seqs, chain_call(target, draft, blocks, plans[0].p_min), plans, t0)
+        return record(seqs, chain_call(target, draft, blocks, plans[0].p_min), plans, t0)
     if blocks:
         draft.propose_many(blocks)  # one drafter graph: every sequence's block
     proposals = [s.proposer.propose(s, plan) for s, plan in zip(seqs, plans)]
-    return kept(seqs, verify_call(target, draft, seqs, proposals, joining, t0), plans, t0)
+    return record(seqs, verify_call(target, draft, seqs, proposals, joining, t0), plans, t0)
 
 
 def sequence_steps(seq: Sequence) -> Iterator[List[int]]:

@@ -1,6 +1,6 @@
 """The verify half of a step (decoding.step), after the proposers: one library call runs
 every sequence's rows, each sequence keeps what its target's choices agree with, and the
-step is recorded alike whichever call ran it (kept).
+step is recorded alike whichever call ran it (record).
 
 The calls, lightest first:
   decode_call  every sequence verifies its last token alone (plain decoding, auto's plain
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence as Seq, Tuple
 
 from ..runtime.target import CHAIN, DECODE, INVARIANT_STEP_ROWS, LOGITS_LAST, TREE, Rows
-from .proposal import Heard, Plan, Proposal
+from .proposal import VerifiedStep, Plan, Proposal
 from .tree import accept_path, accepted_prefix
 
 
@@ -28,7 +28,7 @@ class Ran:
       new        per sequence, the tokens the step emitted: the accepted drafts, then the
                  target's next token (the step committed the old bonus and the drafts)
       copies     the step's graph splits and the bytes it copied (Target.graph_copies)
-      proposals  per sequence, the Proposal its proposer hears of the step as (Heard),
+      proposals  per sequence, the Proposal its proposer hears of the step as (VerifiedStep),
       paths      and its accepted node path; None: the proposers hear nothing (plain
                  decoding's PlainProposer, the fused chain's ChainProposer learn nothing)
       seconds    the step's (drafting, verifying) seconds; None: all of it verifying
@@ -46,14 +46,14 @@ SPEC_STAGES = ("drafted", "verified", "committed")
 DECODE_STAGES = ("decoded",)
 
 
-def decode_call(target, seqs: Seq, draft=None, heard: bool = False) -> Ran:
+def decode_call(target, seqs: Seq, draft=None, told: bool = False) -> Ran:
     """The step of sequences that all decode plainly (the last token alone, as PlainProposer
     proposes): their last tokens in one call of the target, which returns their choices.
     The per-token host work is what bounds plain decoding's speed on a small model, so
     this call crosses into the library once and stages and reads through buffers
     allocated once.
 
-    heard: speculative sequences that draft nothing this step, each one's committed token
+    told: speculative sequences that draft nothing this step, each one's committed token
     waiting for its drafter (`draft`, which the target is told of so that it keeps the
     feature rows the drafter lacks); each proposer hears of the step as of a proposal of
     the last token alone."""
@@ -71,7 +71,7 @@ def decode_call(target, seqs: Seq, draft=None, heard: bool = False) -> Ran:
             if c < 0:
                 choices[row] = int(target.redraw([row], [uniforms[row]], slots[row])[0])
     new = [[c] for c in choices]
-    if not heard:
+    if not told:
         return Ran(new, copies, decoded=True)
     return Ran(new, copies, [Proposal([b], decode=True) for b in bonuses], [[0] for _ in seqs], decoded=True)
 
@@ -202,11 +202,11 @@ def commit(seq, p: Proposal, path: List[int]) -> None:
         seq.target.commit(len(path), seq=seq.slot)
 
 
-def kept(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional[float] = None) -> List[List[int]]:
+def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional[float] = None) -> List[List[int]]:
     """After a step's call, for every sequence: its graph, its stages (told after the call,
-    in the order its phases ran), its tokens (Tokens.took: the one history, which the
+    in the order its phases ran), its tokens (Tokens.advance: the one history, which the
     proposers then read), its proposal's counts and what its proposer hears of the step
-    at its next (ran.proposals, with its plan: Sequence.heard), its step's seconds (t0:
+    at its next (ran.proposals, with its plan: Sequence.verified_step), its step's seconds (t0:
     the step's start; None: not timed), and what the request keeps of them."""
     splits, copied = ran.copies
     if t0 is not None:
@@ -220,7 +220,7 @@ def kept(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional[f
         if s.where.on_stage is not None:
             for name in DECODE_STAGES if ran.decoded or not s.speculative else SPEC_STAGES:
                 s.stage(name)
-        s.tokens.took(new)  # the old bonus and the accepted drafts committed, the next bonus
+        s.tokens.advance(new)  # the old bonus and the accepted drafts committed, the next bonus
         if ran.proposals is not None:
             p, path = ran.proposals[i], ran.paths[i]
             if p.kind is not None:
@@ -228,7 +228,7 @@ def kept(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional[f
             if p.nodes is not None:
                 stats.trees.sizes.append(p.nodes)
                 stats.trees.chain_steps += p.as_chain
-            s.heard = Heard(plans[i], p, path, new, seconds)
+            s.verified_step = VerifiedStep(plans[i], p, path, new, seconds)
         if t0 is not None and s.speculative:
             stats.draft_seconds += drafting
             stats.verify_seconds += verifying

@@ -73,7 +73,7 @@ class Proposer(ABC):
                  seconds: float) -> None:
         """The sequence's last step kept `path` (node indices, root first) of `proposal`
         and emitted `out` in `seconds`: heard at its next step, before plan, or at its
-        finish (Heard; seq.tokens.text ends with `out`)."""
+        finish (VerifiedStep; seq.tokens.text ends with `out`)."""
 
     def finish(self, seq) -> Optional[dict]:
         """The sequence ended: auto's report for its statistics (None: no auto)."""
