@@ -215,6 +215,26 @@ class Server:
                 "prompt_tokens_details": {"cached_tokens": s.reused_tokens}}
 
     @staticmethod
+    def timings(job: Job) -> dict:
+        """llama-server's `timings` of a reply: the prompt tokens computed (prompt_n; cache_n
+        read from the context or a checkpoint) and generated (predicted_n), their times and
+        rates, and where anything was drafted, draft_n tokens drafted and draft_n_accepted
+        of them accepted."""
+        s = job.stats
+        prompt_n, prompt_ms = s.prompt_tokens - s.reused_tokens, s.prefill_seconds * 1e3
+        predicted_ms = s.decode_seconds * 1e3
+        out = {"cache_n": s.reused_tokens,
+               "prompt_n": prompt_n, "prompt_ms": round(prompt_ms, 3),
+               "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+               "prompt_per_second": round(s.prefill_tps, 3),
+               "predicted_n": s.generated_tokens, "predicted_ms": round(predicted_ms, 3),
+               "predicted_per_token_ms": round(predicted_ms / s.generated_tokens, 3) if s.generated_tokens else 0.0,
+               "predicted_per_second": round(s.decode_tps, 3)}
+        if s.drafted_tokens > 0:
+            out.update(draft_n=s.drafted_tokens, draft_n_accepted=s.accepted_drafts)
+        return out
+
+    @staticmethod
     def extension(job: Job) -> dict:
         """Our own figures for the request, next to `usage`."""
         s = job.stats
