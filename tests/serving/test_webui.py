@@ -15,7 +15,10 @@ import time
 import pytest
 
 from helpers.browser import Browser, need_chromium
-from helpers.servers import N_CTX, SERVER_FLAGS, ServerProcess
+from helpers.servers import N_CTX, SERVER_FLAGS, AppServer, ScriptedEngine, ServerProcess, defaults
+
+from dflash_gguf.engine.engine import Engine
+from dflash_gguf.runtime.demo import demo_paths
 
 PROMPT = "Write a Python function that reads a file and returns its lines."
 
@@ -135,6 +138,48 @@ def test_chat_page_streams_a_reply_with_its_statistics_and_stops_a_long_one(serv
     page.wait("document.querySelectorAll('#conversations li').length === 1")
     assert page.eval("JSON.parse(localStorage.getItem('dflash-webui')).conversations.map(c => c.title)") == ["Hello"]
     assert page.errors() == []
+
+
+def test_reasoning_shows_apart_and_thinking_switches(browser, published_template):
+    """A template that thinks (Qwen3's, over the demo's tokenizer, its replies scripted):
+    the reasoning streams into a folded block of its own, apart from the answer, and the
+    Thinking switch reaches the template (enable_thinking)."""
+    target, draft = demo_paths()
+    with Engine(target, draft, n_ctx=N_CTX, n_threads=1) as engine:
+        scripted = ScriptedEngine(engine)
+        engine.set_chat_template(published_template("Qwen-Qwen3-0.6B"), "Qwen3")
+        server = AppServer(scripted, defaults())
+        try:
+            page = browser.open(server.url + "/")
+            page.wait("document.getElementById('model-info').textContent.includes('context')")
+            assert page.eval("document.getElementById('thinking-row').hidden") is False
+            assert page.eval("document.getElementById('thinking').checked") is True
+            scripted.replies += ["<think>\nThe user greets me. I greet back.\n</think>\n\nHello! How can I help?",
+                                 "Hi again."]
+            page.type("#prompt", "Hello")
+            page.press("Enter", "Enter", 13)
+            page.wait("document.querySelector('.message.assistant')?.dataset.state === 'done'")
+            assert page.eval("document.querySelector('.message.assistant .content').textContent") == \
+                "Hello! How can I help?"
+            assert page.eval("document.querySelector('.reasoning-text').textContent") == \
+                "The user greets me. I greet back."
+            assert page.eval("document.querySelector('.reasoning').hidden") is False
+            assert page.eval("document.querySelector('.reasoning').open") is False  # folded once answered
+            assert page.eval("document.querySelector('.reasoning summary').textContent") == "Reasoning"
+            assert not scripted.prompts[-1].endswith("<think>\n\n</think>\n\n")
+            # thinking off: the template closes an empty thinking block in the prompt
+            page.click("#settings summary")
+            page.click("#thinking")
+            page.click("#settings summary")
+            page.type("#prompt", "Again")
+            page.press("Enter", "Enter", 13)
+            page.wait("document.querySelectorAll('.message.assistant').length === 2 && "
+                      "document.querySelector('.message.assistant:last-of-type').dataset.state === 'done'")
+            assert scripted.prompts[-1].endswith("<think>\n\n</think>\n\n"), scripted.prompts[-1]
+            assert page.eval("document.querySelector('.message.assistant:last-of-type .reasoning').hidden") is True
+            assert page.errors() == []
+        finally:
+            server.stop()
 
 
 def test_no_webui(tmp_path):

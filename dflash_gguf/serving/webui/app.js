@@ -238,7 +238,7 @@ function updateView(view, m) {
   const reasoning = view.querySelector(".reasoning");
   reasoning.hidden = !m.reasoning;
   reasoning.querySelector(".reasoning-text").textContent = m.reasoning || "";
-  if (m.state === "streaming" && m.reasoning && !m.content) reasoning.open = true;
+  if (m.state === "streaming") reasoning.open = !m.content;  // open while it thinks, folded once it answers
   const note = view.querySelector(".note");
   note.textContent = m.state === "stopped" ? "Stopped." : m.state === "error" ? `Error: ${m.error}` :
     m.state === "streaming" ? "generating…" : m.finish === "length" ? "Cut at max tokens." : "";
