@@ -182,6 +182,34 @@ def test_reasoning_shows_apart_and_thinking_switches(browser, published_template
             server.stop()
 
 
+def test_page_under_an_api_key(browser):
+    """With --api-key the page's files are open (as llama-server's UI files are); the API
+    is not, and the page asks for the key, then sends it."""
+    target, draft = demo_paths()
+    with Engine(target, draft, n_ctx=N_CTX, n_threads=1) as engine:
+        scripted = ScriptedEngine(engine)
+        server = AppServer(scripted, defaults(), api_keys=["sesame"])
+        try:
+            plain = server.http
+            assert [plain.get(p).status_code for p in ("/", "/webui/app.js", "/webui/style.css")] == [200] * 3
+            assert plain.get("/props").status_code == 401
+            page = browser.open(server.url + "/")
+            page.wait("document.getElementById('model-info').textContent.includes('401')")
+            assert page.eval("document.getElementById('settings').open") is True
+            assert page.eval("document.activeElement.id") == "api-key"
+            page.send("Input.insertText", {"text": "sesame"})
+            page.click("#settings summary")  # the field loses focus: its change event, /props again
+            page.wait("document.getElementById('model-info').textContent.includes('context')")
+            scripted.replies.append("Open sesame.")
+            page.type("#prompt", "Knock knock")
+            page.press("Enter", "Enter", 13)
+            page.wait("document.querySelector('.message.assistant')?.dataset.state === 'done'")
+            assert page.eval("document.querySelector('.message.assistant .content').textContent") == "Open sesame."
+            assert page.errors() == []
+        finally:
+            server.stop()
+
+
 def test_no_webui(tmp_path):
     s = ServerProcess(tmp_path, *SERVER_FLAGS, "--no-webui")
     try:

@@ -217,7 +217,8 @@ function showText(node, text) {
   node.replaceChildren();
   parts.forEach((part, i) => {
     if (i % 2 === 0) {
-      const t = i ? part.replace(/^[ \t]*\n/, "") : part;  // after a closing fence: its line's end
+      let t = i ? part.replace(/^[ \t]*\n/, "") : part;  // after a closing fence: its line's end
+      if (i < parts.length - 1) t = t.replace(/\n+$/, "");  // before a fence: the block sets it apart
       if (t) node.append(el("span", {text: t}));
       return;
     }
