@@ -233,6 +233,7 @@ function showText(node, text) {
 function updateView(view, m) {
   view.dataset.state = m.state || "done";
   view.dataset.chars = (m.content || "").length;  // the reply's text so far
+  view.setAttribute("aria-busy", m.state === "streaming" ? "true" : "false");  // read out once whole
   const content = view.querySelector(".content");
   if (m.role === "assistant") showText(content, m.content || ""); else content.textContent = m.content || "";
   if (m.role !== "assistant") return;
@@ -351,7 +352,7 @@ async function send(text) {
       if (atBottom) box.scrollTop = box.scrollHeight;
     });
     reply.state = "done";
-    setStatus("");
+    setStatus(reply.finish === "length" ? "Reply done (cut at max tokens)." : "Reply done.");
   } catch (e) {
     if (e.name === "AbortError") {
       reply.state = "stopped";
