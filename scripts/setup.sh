@@ -79,6 +79,14 @@ if [ "$(cat "$stamps/server-deps" 2>/dev/null)" != "$server_deps" ]; then
 fi
 
 if [ "$mode" = "test" ]; then
+  # Debian's chromium: tests/serving/test_webui.py drives the chat page in it, headless,
+  # through the DevTools protocol (no browser download, no Python package for it)
+  if ! command -v chromium >/dev/null 2>&1; then
+    say "installing chromium (the chat page's test)"
+    as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+  fi
   want=$(sha256sum "$root/scripts/requirements-test.txt" | cut -c1-16)
   if [ "$(cat "$stamps/test-deps" 2>/dev/null)" != "$want" ]; then
     say "installing test oracles (torch CPU, transformers, z-lab dflash)"

@@ -101,6 +101,11 @@ class GenerationStats:
     checkpoint: Optional[dict] = None
     graphs: GraphCounts = field(default_factory=GraphCounts)
     drafts: DraftCounts = field(default_factory=DraftCounts)
+    # every kind's drafts together, the drafter's included (DraftCounts holds only the kinds
+    # that name themselves): tokens put to the target (a tree's nodes below its root) and
+    # of them accepted, as llama-server's timings draft_n and draft_n_accepted
+    drafted_tokens: int = 0
+    accepted_drafts: int = 0
 
     @property
     def mean_accepted(self) -> float:

@@ -32,6 +32,7 @@ class Ran:
       paths      and its accepted node path; None: the proposers hear nothing (plain
                  decoding's PlainProposer, the fused chain's ChainProposer learn nothing)
       seconds    the step's (drafting, verifying) seconds; None: all of it verifying
+      drafted    per sequence, the drafts the fused chain verified (its proposals untold)
       decoded    every sequence verified its last token alone (its stage: "decoded")"""
 
     new: List[List[int]]
@@ -40,6 +41,7 @@ class Ran:
     paths: Optional[List[List[int]]] = None
     seconds: Optional[Tuple[float, float]] = None
     decoded: bool = False
+    drafted: Optional[List[int]] = None
 
 
 SPEC_STAGES = ("drafted", "verified", "committed")
@@ -89,7 +91,7 @@ def chain_call(target, draft, blocks: List[tuple], p_min: float) -> Ran:
     (Target.chain_step), with one read of the host's results; each sequence's stages
     follow the call, in the order its phases ran inside it."""
     new = target.chain_step(draft, blocks, p_min)
-    return Ran(new, target.last_copies(), seconds=target.chain_seconds)
+    return Ran(new, target.last_copies(), seconds=target.chain_seconds, drafted=target.chain_drafted)
 
 
 def verify_call(target, draft, seqs: Seq, proposals: List[Proposal], joining, t0: float) -> Ran:
@@ -223,12 +225,18 @@ def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional
         s.tokens.advance(new)  # the old bonus and the accepted drafts committed, the next bonus
         if ran.proposals is not None:
             p, path = ran.proposals[i], ran.paths[i]
+            drafted = _drafted(p)
+            stats.drafted_tokens += drafted
+            stats.accepted_drafts += len(path) - 1
             if p.kind is not None:
-                stats.drafts.count(p.kind, _drafted(p), len(path) - 1, p.corpus)
+                stats.drafts.count(p.kind, drafted, len(path) - 1, p.corpus)
             if p.nodes is not None:
                 stats.trees.sizes.append(p.nodes)
                 stats.trees.chain_steps += p.as_chain
             s.verified_step = VerifiedStep(plans[i], p, path, new, seconds)
+        elif ran.drafted is not None:  # the fused chain: its accepted drafts, then the target's token
+            stats.drafted_tokens += ran.drafted[i]
+            stats.accepted_drafts += len(new) - 1
         if t0 is not None and s.speculative:
             stats.draft_seconds += drafting
             stats.verify_seconds += verifying

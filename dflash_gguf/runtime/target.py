@@ -157,6 +157,7 @@ class _OneCallSteps:
         self.chain_outs = [ffi.new("int32_t[]", n_verify) for _ in range(n_seq)]
         self.chain_us = ffi.new("int64_t[2]")
         self.chain_seconds = (0.0, 0.0)
+        self.chain_drafted: List[int] = []  # per sequence of the last chain_step, the drafts verified
 
     def decode_next(self, handle, source, seqs: Sequence[int], tokens: Sequence[int],
                     uniforms: Sequence[float]) -> list:
@@ -182,6 +183,7 @@ class _OneCallSteps:
         us = self.chain_us
         check(lib.dfl_chain_step(handle, draft._handle(), entries, n, float(p_min), self.copies, us))
         self.chain_seconds = (us[0] * 1e-6, us[1] * 1e-6)
+        self.chain_drafted = [int(entries[i].n_verified) - 1 for i in range(n)]
         return [ffi.unpack(entries[i].out, entries[i].n_out) for i in range(n)]
 
 
@@ -238,6 +240,11 @@ class Target(NativeObject):
     def chain_seconds(self) -> tuple:
         """The last chain_step's (drafting, verifying) seconds."""
         return self._one_call.chain_seconds
+
+    @property
+    def chain_drafted(self) -> List[int]:
+        """Per sequence of the last chain_step, the drafts it verified (those the p_min cut kept)."""
+        return self._one_call.chain_drafted
 
     @property
     def n_past(self) -> int:

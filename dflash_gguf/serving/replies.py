@@ -100,7 +100,8 @@ class Reply:
 
 def _response(r: Reply, obj: str, choice: dict) -> JSONResponse:
     return JSONResponse({"id": r.rid, "object": obj, "created": r.created, "model": r.server.model_id,
-                         "choices": [choice], "usage": r.server.usage(r.job), "dflash": r.server.extension(r.job)})
+                         "choices": [choice], "usage": r.server.usage(r.job), "timings": r.server.timings(r.job),
+                         "dflash": r.server.extension(r.job)})
 
 
 async def completion_reply(r: Reply):
@@ -125,13 +126,14 @@ async def chat_reply(r: Reply):
 
 
 def _stream_end(r: Reply, obj: str, last_choice: dict, include_usage: bool):
-    """The last choice (with the usage unless it gets a chunk of its own), then [DONE]."""
-    usage = r.server.usage(r.job)
+    """The last choice (with the usage unless it gets a chunk of its own), then [DONE]; the
+    last chunk before [DONE] carries llama-server's `timings`."""
+    usage, timings = r.server.usage(r.job), r.server.timings(r.job)
     head = {"id": r.rid, "object": obj, "created": r.created, "model": r.server.model_id}
     yield chunk({**head, "choices": [last_choice], "dflash": r.server.extension(r.job),
-                 **({} if include_usage else {"usage": usage})})
+                 **({} if include_usage else {"usage": usage, "timings": timings})})
     if include_usage:
-        yield chunk({**head, "choices": [], "usage": usage})
+        yield chunk({**head, "choices": [], "usage": usage, "timings": timings})
     yield "data: [DONE]\n\n"
 
 

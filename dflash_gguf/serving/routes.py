@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..speculation.suffix import corpus_key
-from . import anthropic_api, replies
+from . import anthropic_api, replies, webui
 from .anthropic_models import MessagesRequest
 from .api_errors import BadRequest, validated
 from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -30,7 +30,7 @@ from .scheduler import QueueFull, ShuttingDown
 
 RETRY_AFTER_SECONDS = 1
 MAX_BODY_BYTES = 64 << 20  # far above any prompt a context holds
-PUBLIC_PATHS = ("/health",)  # answered without an API key
+PUBLIC_PATHS = ("/health",) + webui.PATHS  # answered without an API key
 
 
 def _server(request: Request):
@@ -250,7 +250,8 @@ def create_app(server) -> Starlette:
     middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])]
     if server.api_keys:
         middleware.append(Middleware(RequireApiKey, keys=server.api_keys))
-    app = Starlette(routes=ROUTES, lifespan=_lifespan, middleware=middleware,
+    routes = ROUTES + (webui.routes() if server.webui else [])  # the chat page at / (--no-webui: none)
+    app = Starlette(routes=routes, lifespan=_lifespan, middleware=middleware,
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     app.state.server = server
     return app

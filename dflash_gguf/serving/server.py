@@ -65,7 +65,7 @@ class Server:
     """Request handling over a Scheduler and its Engine."""
 
     def __init__(self, scheduler: Scheduler, model_id: str, defaults: Defaults, api_keys: Sequence[str] = (),
-                 sse_ping_seconds: float = 30.0, model_path: str = ""):
+                 sse_ping_seconds: float = 30.0, model_path: str = "", webui: bool = True):
         self.scheduler = scheduler
         self.engine: Engine = scheduler.engine
         self.model_id = model_id
@@ -75,6 +75,7 @@ class Server:
         self.sse_ping_seconds = sse_ping_seconds
         self.started = int(time.time())
         self.shutting_down = False
+        self.webui = webui  # the chat page at / (serving/webui; --no-webui: none)
 
     # -- prompts (run off the event loop: templates and tokenizers take time on big prompts) ---
     def completion_prompt(self, request: CompletionRequest) -> Prepared:
@@ -203,7 +204,9 @@ class Server:
             "modalities": {"vision": False, "audio": False},
             "speculative": {"drafter": (engine.draft is not None or engine.simple_draft is not None) and d.speculative,
                             "block_size": engine.block_size, "tree_budget": engine.tree_budget,
-                            "auto_budget": engine.auto_budget},
+                            "auto_budget": engine.auto_budget,
+                            "mode": engine_mode(engine, engine.tree_budget) if d.speculative else "autoregressive"},
+            "ui": self.webui,
             # whether greedy speculation is bit-identical to plain decoding here (--exact)
             "exact": engine.exact.as_dict(),
         }
@@ -215,6 +218,26 @@ class Server:
         return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
                 "total_tokens": s.prompt_tokens + s.generated_tokens,
                 "prompt_tokens_details": {"cached_tokens": s.reused_tokens}}
+
+    @staticmethod
+    def timings(job: Job) -> dict:
+        """llama-server's `timings` of a reply: the prompt tokens computed (prompt_n; cache_n
+        read from the context or a checkpoint) and generated (predicted_n), their times and
+        rates, and where anything was drafted, draft_n tokens drafted and draft_n_accepted
+        of them accepted."""
+        s = job.stats
+        prompt_n, prompt_ms = s.prompt_tokens - s.reused_tokens, s.prefill_seconds * 1e3
+        predicted_ms = s.decode_seconds * 1e3
+        out = {"cache_n": s.reused_tokens,
+               "prompt_n": prompt_n, "prompt_ms": round(prompt_ms, 3),
+               "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+               "prompt_per_second": round(s.prefill_tps, 3),
+               "predicted_n": s.generated_tokens, "predicted_ms": round(predicted_ms, 3),
+               "predicted_per_token_ms": round(predicted_ms / s.generated_tokens, 3) if s.generated_tokens else 0.0,
+               "predicted_per_second": round(s.decode_tps, 3)}
+        if s.drafted_tokens > 0:
+            out.update(draft_n=s.drafted_tokens, draft_n_accepted=s.accepted_drafts)
+        return out
 
     @staticmethod
     def extension(job: Job) -> dict:
@@ -410,6 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the memory plan of this configuration per device and the prefix checkpoints' "
                         "share (nothing is loaded) and exit; with --json as JSON on stdout")
     p.add_argument("--json", action="store_true", help="--print-memory as JSON")
+    p.add_argument("--webui", "--ui", dest="webui", action="store_true", default=True,
+                   help="serve the chat page at / (default)")
+    p.add_argument("--no-webui", "--no-ui", dest="webui", action="store_false",
+                   help="no chat page: / answers 404 (llama-server's --no-webui)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning; info logs every request)")
     return p
@@ -487,7 +514,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     model_id = args.alias or os.path.basename(model)
     defaults = Defaults(args.sampling, args.n_predict, template_kwargs=args.template_kwargs,
                         reasoning_format=args.reasoning_format, system_prompt=args.system_prompt)
-    server = Server(scheduler, model_id, defaults, api_keys, args.sse_ping_interval, model)
+    server = Server(scheduler, model_id, defaults, api_keys, args.sse_ping_interval, model, args.webui)
     from .routes import create_app
 
     config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
@@ -498,7 +525,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else f"context {engine.target.n_ctx}"
     print(f"dflash-server: serving {model_id} ({mode}, {slots}, queue {args.queue}, "
           f"checkpoints {args.checkpoint_mib} MiB, up to {on_device} MiB of it on the device"
-          + (", API key required" if api_keys else "") + f") on http://{args.host}:{args.port}",
+          + (", API key required" if api_keys else "") + f") on http://{args.host}:{args.port}"
+          + ("" if args.webui else " (no chat page: --no-webui)"),
           file=sys.stderr, flush=True)
     try:
         _uvicorn_server_class()(config).run()

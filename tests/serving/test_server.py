@@ -101,6 +101,29 @@ def test_chat_streamed_and_not_equal_engine_generate(server, engine):
     assert usage.completion_tokens == want.stats.generated_tokens
 
 
+def test_timings_as_llama_server_gives_them(server, engine):
+    """llama-server's `timings` (prompt and predicted tokens, their rates; draft_n and
+    draft_n_accepted where anything was drafted) in a whole reply and on a stream's last
+    chunk before [DONE] (the usage chunk, when asked for)."""
+    prompt = "def read_lines(path):\n    "
+    want = engine.reference(prompt, 48).stats
+    reply = server.http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 48, "temperature": 0}).json()
+    t = reply["timings"]
+    assert (t["prompt_n"] + t["cache_n"], t["predicted_n"]) == (want.prompt_tokens, 48)
+    assert (t["draft_n"], t["draft_n_accepted"]) == (want.drafted_tokens, want.accepted_drafts)
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_per_second"] > 0 and t["predicted_ms"] > 0
+    for usage in (False, True):
+        body = {"messages": [{"role": "user", "content": "A function that reads a file's lines."}], "max_tokens": 24,
+                "temperature": 0, "stream": True, **({"stream_options": {"include_usage": True}} if usage else {})}
+        with server.http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+        assert ["timings" in e for e in events] == [False] * (len(events) - 1) + [True]
+        last = events[-1]
+        assert last["choices"] == [] if usage else last["choices"][0]["finish_reason"] == "length"
+        assert last["timings"]["predicted_n"] == last["usage"]["completion_tokens"] == 24
+        assert 0 < last["timings"]["draft_n_accepted"] <= last["timings"]["draft_n"]
+
+
 def test_sampling_fields_are_applied(server):
     kwargs = dict(model="x", prompt="class Stack:\n", max_tokens=12, temperature=0.9, top_p=0.95, seed=11,
                   extra_body={"top_k": 40, "min_p": 0.05})
