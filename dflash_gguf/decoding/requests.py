@@ -106,6 +106,8 @@ class GenerationStats:
     # of them accepted, as llama-server's timings draft_n and draft_n_accepted
     drafted_tokens: int = 0
     accepted_drafts: int = 0
+    # each kept token's logprobs.TokenLogprob, when the request asked (Request.logprobs)
+    logprobs: List = field(default_factory=list)
 
     @property
     def mean_accepted(self) -> float:
@@ -133,7 +135,10 @@ class Request:
     neither the context a slot holds nor a prefix checkpoint (llama-server's
     cache_prompt false: a cold answer to compare with); corpus: the key of the suffix
     corpus it drafts from and adds to (`--spec-type suffix`; None: the corpus of
-    requests without one; dflash-server's is a digest of the request's API key)."""
+    requests without one; dflash-server's is a digest of the request's API key);
+    logprobs: the target's log-probability of each emitted token and its `logprobs` most
+    likely alternatives (0: the token's alone) in the stats (GenerationStats.logprobs;
+    None: not asked: nothing read back)."""
 
     prompt: List[int]
     max_tokens: int
@@ -142,6 +147,7 @@ class Request:
     context_full: str = "error"
     reuse_prefix: bool = True
     corpus: Optional[str] = None
+    logprobs: Optional[int] = None
 
 
 @dataclass(frozen=True)

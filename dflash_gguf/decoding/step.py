@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tuple
 
+from .logprobs import TokenLogprob, token_logprobs
 from .proposal import VerifiedStep
 from .requests import GenerationStats, Placement, Prefill, Request, check_request, start_context
 from .sampling import Sampler
@@ -113,6 +114,15 @@ class Sequence:
         self.error: Optional[BaseException] = None  # why it ended early, in a Batch
         self.proposing = proposer.start(self)
         self.verified_step: Optional[VerifiedStep] = None  # its last step, for its proposer to hear (tell_proposer)
+        # logprobs: the alternatives asked per token (None: none); the step's tokens' until emitted keeps them
+        self.logprobs_top: Optional[int] = request.logprobs
+        self.step_logprobs: Optional[List[TokenLogprob]] = None
+
+    def read_logprobs(self, rows: List[int], tokens: List[int]) -> None:
+        """The step's tokens' log-probabilities, read from the rows that chose them (the
+        target's last call), when the request asked for them."""
+        if self.logprobs_top is not None:
+            self.step_logprobs = token_logprobs(self.target, rows, tokens, self.logprobs_top)
 
     @property
     def slot(self) -> int:
@@ -205,6 +215,7 @@ class Sequence:
             self.done = True
             return []
         self.tokens.chose(int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0]))
+        self.read_logprobs([self.row0], [self.tokens.bonus])
         return self.emitted([self.tokens.bonus], record=False)
 
     def emitted(self, new: List[int], record: bool = True) -> List[int]:
@@ -218,6 +229,9 @@ class Sequence:
             stats.accepted_lengths.append(produced)
         stats.generated_tokens += produced
         kept = new[:produced]
+        if self.step_logprobs is not None:
+            stats.logprobs += self.step_logprobs[:produced]
+            self.step_logprobs = None
         self.sampler.accept(kept)
         grammar = self.sampler.grammar
         if stats.stop_reason != "stop" and grammar is not None and grammar.ended:
@@ -274,7 +288,8 @@ def step(target, draft, seqs: Seq[Sequence], joining: Optional[Sequence] = None)
         # block with no room to draft) and no drafter has to catch up: plain decoding's
         # call, its drafters left behind
         return record(seqs, decode_call(target, seqs, draft, told=True), plans, t0)
-    if joining is None and fused(plans, blocks):
+    # the fused chain reads no logits back: a request that asks for logprobs takes the phased call
+    if joining is None and fused(plans, blocks) and all(s.logprobs_top is None for s in seqs):
         return record(seqs, chain_call(target, draft, blocks, plans[0].p_min), plans, t0)
     if blocks:
         draft.propose_many(blocks)  # one drafter graph: every sequence's block

@@ -148,3 +148,25 @@ def test_a_converted_real_file_gives_its_stored_rows_and_comparisons():
     moved = json.loads(json.dumps(doc["rows"]))
     moved[0]["decode_tok_s"]["median"] *= 1.0001  # a tenth of a per mille is a difference
     assert not slim.same_figures([r.to_json() for r in table], moved)
+
+
+def test_every_figure_from_an_uncommitted_tree_says_so():
+    """A results file whose checkout had uncommitted changes is quoted, in README and docs/,
+    only in a paragraph that says so: a reader can tell a figure no commit reproduces."""
+    unlabelled = []
+    stems = []
+    for path in RESULTS.glob("*.json"):
+        try:
+            checkout = json.loads(path.read_text()).get("checkout")
+        except ValueError:
+            continue
+        if isinstance(checkout, dict) and checkout.get("uncommitted_changes"):
+            stems.append(path.stem)
+    assert stems, "no results file records uncommitted changes: the check has nothing to hold"
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for paragraph in doc.read_text().split("\n\n"):
+            for stem in stems:
+                if stem in paragraph and not any(w in paragraph for w in ("uncommitted", "not committed",
+                                                                          "untracked")):
+                    unlabelled.append(f"{doc.name}: {stem}")
+    assert not unlabelled, "figures from uncommitted trees quoted without saying so: " + ", ".join(unlabelled)
