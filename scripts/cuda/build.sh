@@ -176,13 +176,18 @@ step_llama() {
     return
   fi
   rm -rf "$build/restore"
-  if [ -z "$(src_dir)" ]; then
+  # the sources unpacked and patched again when the patches changed (a warm machine keeps
+  # .cuda-build/ between calls)
+  local patch_key; patch_key=$(find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+  if [ -z "$(src_dir)" ] || [ "$(cat "$build/src/.patches" 2>/dev/null)" != "$patch_key" ]; then
+    rm -rf "$build/src"
     mkdir -p "$build/src"
     tar -xzf "$pack/llama-cpp-python-src.tar.gz" -C "$build/src"
-    # the project's ggml patches (batch-invariant CPU kernels), as scripts/setup.sh applies them
-    for p in $(find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_ALL=C sort); do
-      patch -s -p1 -d "$(src_dir)" < "$p"
-    done
+    # the project's ggml patches (batch-invariant CPU kernels, 0001; CUDA's verify kernels, 0004),
+    # in name order as scripts/setup.sh applies them; sections for backends the pack prunes
+    # (Vulkan, ...) are skipped
+    "${PYTHON:-python3}" "$root/scripts/cuda/apply_patches.py" "$(src_dir)"
+    echo "$patch_key" > "$build/src/.patches"
   fi
   say "building llama-cpp-python ($mode, -j$jobs): ${flags[*]}"
   mkdir -p "$build"

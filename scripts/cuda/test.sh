@@ -10,7 +10,8 @@
 #
 # The device is $DFLASH_TEST_DEVICE, CUDA0 by default; with --cpu (the CPU build, mode
 # "cpu") the RPC stand-in, as CI runs them. With $OUT set (the lent machine's return
-# folder) a JUnit report goes there. The tests need neither torch nor transformers.
+# folder) a JUnit report goes there ($DFLASH_TEST_REPORT.xml, default device-tests-MODE.xml).
+# The tests need neither torch nor transformers.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 mode=cuda
@@ -22,7 +23,7 @@ if [ ! -x "$venv/bin/dflash-run" ]; then
 fi
 if [ "$mode" = cuda ]; then export DFLASH_TEST_DEVICE="${DFLASH_TEST_DEVICE:-CUDA0}"; fi
 report=()
-if [ -n "${OUT:-}" ]; then report=("--junitxml=$OUT/device-tests-$mode.xml"); fi
+if [ -n "${OUT:-}" ]; then report=("--junitxml=$OUT/${DFLASH_TEST_REPORT:-device-tests-$mode}.xml"); fi
 # from tests/: `python -m` puts the working directory first on sys.path, and the checkout's
 # root there would shadow the installed package with its sources (no compiled library)
 cd "$root/tests"

@@ -87,3 +87,27 @@ def test_plain_check_runs_its_matrix_on_the_rpc_stand_in(rpc_endpoint, tmp_path)
     bad = subprocess.run([sys.executable, str(CUDA_SCRIPTS / "plain_check.py"), "--pdl", "maybe"],
                          capture_output=True, text=True, cwd="/")
     assert bad.returncode == 2 and "--pdl: maybe is not one of default, 0" in bad.stderr
+
+
+def test_apply_patches_skips_only_what_the_pack_prunes(tmp_path):
+    """build.sh applies the ggml patches to the packed sources with apply_patches.py: sections
+    for files the pack prunes (another backend's) are skipped, every other must apply."""
+    apply = load("apply_patches")
+    src = tmp_path / "src"
+    (src / "ggml-cuda").mkdir(parents=True)
+    (src / "ggml-cuda" / "a.cu").write_text("one\ntwo\nthree\n")
+    kept = ("diff --git a/ggml-cuda/a.cu b/ggml-cuda/a.cu\n--- a/ggml-cuda/a.cu\n+++ b/ggml-cuda/a.cu\n"
+            "@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n")
+    new = ("diff --git a/ggml-cuda/n.cuh b/ggml-cuda/n.cuh\nnew file mode 100644\n--- /dev/null\n"
+           "+++ b/ggml-cuda/n.cuh\n@@ -0,0 +1 @@\n+new\n")
+    pruned = ("diff --git a/ggml-vulkan/v.cpp b/ggml-vulkan/v.cpp\n--- a/ggml-vulkan/v.cpp\n+++ b/ggml-vulkan/v.cpp\n"
+              "@@ -1 +1 @@\n-x\n+y\n")
+    patch = tmp_path / "0001-x.patch"
+    patch.write_text(kept + pruned + new)
+    assert apply.main([str(src), str(patch)]) == 0
+    assert (src / "ggml-cuda" / "a.cu").read_text() == "one\nTWO\nthree\n"
+    assert (src / "ggml-cuda" / "n.cuh").read_text() == "new\n"
+    assert not (src / "ggml-vulkan").exists()
+    (src / "ggml-cuda" / "a.cu").write_text("one\nother\nthree\n")  # a section that does not apply fails
+    patch.write_text(kept)
+    assert apply.main([str(src), str(patch)]) == 1

@@ -75,3 +75,27 @@ def test_the_device_under_test_reports_its_invariance(capsys):
         assert max(diff for _, diff in got.values()) < 1.0, (qtype.name, got)
     with capsys.disabled():
         print(f"\n[batch invariance on {device}]\n  " + "\n  ".join(rows))
+
+
+@pytest.mark.device
+def test_cuda_verify_columns_round_as_one_column(capsys):
+    """CUDA with the verify kernels of ggml-patches/0004 (ggml-cuda/verify.cuh): from 1 to 64
+    columns every column count takes the one-column kernel (MMVQ for quantized weights, MMVF
+    for float ones) configured as for one column, so each column must round bit for bit as
+    it does alone; strict, every type the CPU test covers. 65 columns (past the verify
+    limit, llama.cpp's MMQ or cuBLAS) is printed, not asserted. Unverified until a lent GPU
+    runs it (scripts/cuda/device.sh)."""
+    device = os.environ.get("DFLASH_TEST_DEVICE", "")
+    if not device.startswith("CUDA"):
+        pytest.skip("DFLASH_TEST_DEVICE names no CUDA device")
+    rows, failures = [], []
+    for qtype in TYPES:
+        got = {n: matmul_invariance(qtype, *_operands(1536, 64, n, seed=n), device=device)
+               for n in (2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 65)}
+        differ = ", ".join(f"{n} columns: {d}" for n, (d, _) in got.items() if d)
+        rows.append(f"{qtype.name}: {differ or 'none'}")
+        failures += [f"{qtype.name} x {n} columns: {d} differ (largest {diff:.3g})"
+                     for n, (d, diff) in got.items() if d and n <= 64]
+    with capsys.disabled():
+        print(f"\n[CUDA verify invariance on {device}: columns that differ from the column alone]\n  " + "\n  ".join(rows))
+    assert not failures, failures
