@@ -7,13 +7,16 @@
 #   scripts/arm/invariance.sh [OUT.json]     (default results/arm-invariance-DATE.json)
 #
 # Two trees: "stock" (the project's patches without 0002-arm-*, i.e. the x86 fixes only)
-# and "patched" (every patch in dflash_gguf/data/ggml-patches). Two builds of each:
+# and "patched" (every patch in dflash_gguf/data/ggml-patches). Three builds of each:
 #   i8mm:    -march=armv8.6-a+fp16+dotprod+i8mm+sve (Graviton3/M2-like), run on qemu's `max` CPU
 #            at SVE widths of 128, 256 and 512 bits
-#   dotprod: -march=armv8.2-a+dotprod           (M1/Graviton2-like; no fp16 arithmetic), run on `neoverse-n1`
+#   dotprod: -march=armv8.2-a+dotprod           (a portable dotprod build, no fp16 arithmetic), on `neoverse-n1`
+#   fp16:    -march=armv8.2-a+fp16+dotprod      (M1/Graviton2 native-like: f16 through tinyBLAS's
+#            f16 kernel), on `neoverse-n1`
+# (i8mm and SVE builds leave llamafile's tinyBLAS out: ggml-cpu.c undefines it there.)
 # Needs: gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user cmake python3 (host only).
 # Env: ARM_WORK (build folder, default build/arm), SDIST (the sdist tarball; else pip
-# downloads it), JOBS (default 2), TREES ("stock patched").
+# downloads it), JOBS (default 2), TREES ("stock patched"), VARIANTS ("i8mm dotprod fp16").
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 version=0.3.36
@@ -48,11 +51,13 @@ unpack() {  # unpack TREE: the sdist with its patches applied, fresh each run
 declare -A MARCH=(
     [i8mm]="armv8.6-a+fp16+dotprod+i8mm+sve"
     [dotprod]="armv8.2-a+dotprod"
+    [fp16]="armv8.2-a+fp16+dotprod"
 )
 # qemu CPU models per build: NAME=qemu -cpu argument
 declare -A CPUS=(
     [i8mm]="max-sve128=max,sve-default-vector-length=16 max-sve256=max,sve-default-vector-length=32 max-sve512=max,sve-default-vector-length=64"
     [dotprod]="neoverse-n1=neoverse-n1"
+    [fp16]="neoverse-n1=neoverse-n1"
 )
 
 build() {  # build TREE VARIANT -> $work/inv-TREE-VARIANT
@@ -74,9 +79,10 @@ build() {  # build TREE VARIANT -> $work/inv-TREE-VARIANT
         -Wl,--start-group $libs -Wl,--end-group -lm -lpthread -o "$work/inv-$tree-$var"
 }
 
+rm -f "$work"/run-*.txt
 for tree in $trees; do
     unpack "$tree"
-    for var in i8mm dotprod; do
+    for var in ${VARIANTS:-i8mm dotprod fp16}; do
         echo "[arm] building $tree ($var: -march=${MARCH[$var]})" >&2
         build "$tree" "$var"
         for spec in ${CPUS[$var]}; do
@@ -87,23 +93,28 @@ for tree in $trees; do
                 echo "TREE $tree"
                 echo "BUILD $var -march=${MARCH[$var]}"
                 echo "CPU $name $cpu"
-                qemu-aarch64 -cpu "$cpu" "$work/inv-$tree-$var" 2
+                # ggml's "repack: repack tensor ... with LAYOUT" lines (stderr) name the layouts
+                qemu-aarch64 -cpu "$cpu" "$work/inv-$tree-$var" 2 2>&1
             } > "$work/run-$tree-$var-$name.txt"
         done
     done
 done
 
 python3 - "$out" "$root" "$work" <<'EOF'
-import glob, json, os, subprocess, sys
+import glob, hashlib, json, os, subprocess, sys
 out, root, work = sys.argv[1:4]
 def git(*a):
     return subprocess.run(["git", "-C", root, *a], capture_output=True, text=True).stdout.strip()
 runs = []
 for path in sorted(glob.glob(os.path.join(work, "run-*.txt"))):
-    run = {"results": []}
+    run = {"results": [], "layouts": {}}
+    layout = None
     for line in open(path):
         f = line.split()
         if not f:
+            continue
+        if line.startswith("repack: repack tensor"):
+            layout = f[-1]
             continue
         if f[0] == "TREE":
             run["tree"] = f[1]
@@ -114,11 +125,14 @@ for path in sorted(glob.glob(os.path.join(work, "run-*.txt"))):
         elif f[0] == "FEATURES":
             run["features"] = dict(kv.split("=") for kv in f[1:])
         elif f[0] == "RESULT":
-            t, layout, k, d, m = f[1:6]
+            t, kind, k, d, m = f[1:6]
+            if kind == "repacked" and layout:
+                run["layouts"][t] = layout
+                layout = None
             if k == "-":
-                run["results"].append({"type": t, "layout": layout})
+                run["results"].append({"type": t, "layout": kind})
             else:
-                run["results"].append({"type": t, "layout": layout, "columns": int(k),
+                run["results"].append({"type": t, "layout": kind, "columns": int(k),
                                        "columns_differing": int(d), "max_abs_diff": float(m)})
     bad = sorted({f"{r['type']} {r['layout']}" for r in run["results"] if r.get("columns_differing")})
     run["invariant"] = not bad
@@ -129,7 +143,8 @@ doc = {
             "k-column ggml_mul_mat against the same column alone, bit for bit (scripts/arm/invariance.sh)",
     "commit": git("rev-parse", "HEAD"),
     "dirty": bool(git("status", "--porcelain")),
-    "patches": sorted(os.path.basename(p) for p in glob.glob(os.path.join(root, "dflash_gguf/data/ggml-patches/*.patch"))),
+    "patches": {os.path.basename(p): hashlib.sha256(open(p, "rb").read()).hexdigest()
+                for p in sorted(glob.glob(os.path.join(root, "dflash_gguf/data/ggml-patches/*.patch")))},
     "stock": "the project's patches without 0002-arm-* (x86 fixes only)",
     "shape": {"inputs": 1536, "outputs": 64, "outliers": "every 97th input x30", "threads": 2},
     "compiler": subprocess.run(["aarch64-linux-gnu-gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
