@@ -53,7 +53,7 @@ if [ "${1:-}" != --no-build ]; then
     cmake -S "$work/after/vendor/llama.cpp/ggml" -B "$b" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
         -DGGML_LLAMAFILE=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF \
         -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
-        -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" > "$b.configure.log"
-    nice -n 10 cmake --build "$b" -j "$jobs" --target ggml-cpu > "$b.build.log" && echo "[x86] ggml-cpu builds for this host"
+        -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" > "$b.configure.log" 2>&1
+    nice -n 10 cmake --build "$b" -j "$jobs" --target ggml-cpu > "$b.build.log" 2>&1 && echo "[x86] ggml-cpu builds for this host"
 fi
 exit $status
