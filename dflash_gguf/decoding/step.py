@@ -119,10 +119,9 @@ class Sequence:
         self.step_logprobs: Optional[List[TokenLogprob]] = None
 
     def read_logprobs(self, rows: List[int], tokens: List[int]) -> None:
-        """The step's tokens' log-probabilities, read from the rows that chose them (the
-        target's last call), when the request asked for them."""
-        if self.logprobs_top is not None:
-            self.step_logprobs = token_logprobs(self.target, rows, tokens, self.logprobs_top)
+        """The step's tokens' log-probabilities (the request asked for them), read from the
+        rows that chose them in the target's last call."""
+        self.step_logprobs = token_logprobs(self.target, rows, tokens, self.logprobs_top)
 
     @property
     def slot(self) -> int:
@@ -215,7 +214,8 @@ class Sequence:
             self.done = True
             return []
         self.tokens.chose(int(self.sampler.choices(self.target, self.row0, 1, self.slot)[0]))
-        self.read_logprobs([self.row0], [self.tokens.bonus])
+        if self.logprobs_top is not None:
+            self.read_logprobs([self.row0], [self.tokens.bonus])
         return self.emitted([self.tokens.bonus], record=False)
 
     def emitted(self, new: List[int], record: bool = True) -> List[int]:

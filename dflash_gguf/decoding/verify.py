@@ -74,7 +74,8 @@ def decode_call(target, seqs: Seq, draft=None, told: bool = False) -> Ran:
                 choices[row] = int(target.redraw([row], [uniforms[row]], slots[row])[0])
     new = [[c] for c in choices]
     for row, s in enumerate(seqs):
-        s.read_logprobs([row], new[row])
+        if s.logprobs_top is not None:
+            s.read_logprobs([row], new[row])
     if not told:
         return Ran(new, copies, decoded=True)
     return Ran(new, copies, [Proposal([b], decode=True) for b in bonuses], [[0] for _ in seqs], decoded=True)
@@ -137,7 +138,8 @@ def verify_call(target, draft, seqs: Seq, proposals: List[Proposal], joining, t0
             s, p = seqs[i], proposals[i]
             choice = s.sampler.resolve(target, choices[s.row0:s.row0 + rows[i].n_out], s.row0, s.slot)
             paths[i], new[i] = accepted(s, p, choice)
-            s.read_logprobs([s.row0 + r for r in paths[i]], new[i])  # row path[j] chose token j
+            if s.logprobs_top is not None:  # row path[j] chose token j
+                s.read_logprobs([s.row0 + r for r in paths[i]], new[i])
             commit(s, p, paths[i])
     return Ran(new, copies, proposals, paths, (t1 - t0, verifying))
 
