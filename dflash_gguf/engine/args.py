@@ -18,7 +18,7 @@ from ..runtime.exactness import MODES
 from ..runtime.native import DflashError
 from ..runtime.target import KV_TYPES
 from ..speculation.drafting import DEFAULT_DRAFT_P_MIN
-from ..speculation.kinds import CHAIN_RULES, DEFAULT_CHAIN_RULE, check_p_min
+from ..speculation.kinds import CHAIN_RULES, DEFAULT_CHAIN_RULE, DEFAULT_SPEC_DRAFT_N_MAX, WEIGHTLESS, check_p_min
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -132,15 +132,14 @@ def _speculation_args(p) -> None:
     p.add_argument("--spec-type", metavar="KINDS",
                    help="what drafts, a comma list (llama.cpp's names): "
                         + "".join(f"{k.spec_type} ({k.help}), " for k in DRAFTERS)
-                        + "draft-simple (the -md "
-                        "small model of the target's vocabulary, drafting token by token), ngram-simple, "
-                        "ngram-mod (copies from the prompt and output, no weights), suffix (SuffixDecoding: trees "
-                        "of what followed the context's tail in the request's text and earlier requests', no "
-                        "weights; docs/suffix.md); several: each step verifies the draft that pays best (the "
-                        "no-weight kinds alone: by expected tokens per second at the verify's cost; beside a "
-                        "drafter: by expected accepted length) (default: the -md drafter's kind; none without -md)")
+                        + "draft-simple (the -md small model of the target's vocabulary, drafting token by token), "
+                        + "".join(f"{k.name} ({k.help}), " for k in WEIGHTLESS.values())
+                        + "several: each step verifies the draft that pays best (the no-weight kinds alone: by "
+                        "expected tokens per second at the verify's cost; beside a drafter: by expected accepted "
+                        "length) (default: the -md drafter's kind; none without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length "
+                   help=f"the longest draft: n-gram kinds and suffix (default {DEFAULT_SPEC_DRAFT_N_MAX}; each step "
+                        "verifies the length "
                         "that pays against its verify cost), "
                         + listed([f"{k.title}'s" for k in DRAFTERS if k.autoregressive] + ["draft-simple's"], "and")
                         + " drafts per step (default 3), and the "
@@ -163,16 +162,11 @@ def _speculation_args(p) -> None:
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
                    help="draft-dspark: cut the chain before the first draft its confidence head trusts less "
                         "than P, 0..1 (llama.cpp's draft-dspark reads its --spec-draft-p-min so; default 0: no cut)")
-    p.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
-                   help="ngram-simple: tokens looked up in the history (default 12)")
-    p.add_argument("--spec-ngram-mod-n-match", type=int, default=24, metavar="N",
-                   help="ngram-mod: tokens its map is keyed on (default 24)")
-    p.add_argument("--spec-ngram-mod-n-min", type=int, default=48, metavar="N",
-                   help="ngram-mod: its shortest draft, capped at the longest (default 48)")
-    p.add_argument("--spec-suffix-cache-mb", type=int, default=64, metavar="MIB",
-                   help="suffix: memory for the corpus of earlier requests' prompts and responses it drafts "
-                        "from (all API keys together, estimated per indexed token), the least recently used "
-                        "dropped first; 0: no corpus, each request's own text only (default 64)")
+    for kind in WEIGHTLESS.values():  # each kind's own options, as it declares them
+        for _, _, f in kind.options.declared():
+            m = f.metadata
+            p.add_argument(m["flag"], type=int, default=f.default, metavar=m["metavar"],
+                           help=f"{m['help']} (default {f.default})")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
 
 
@@ -415,14 +409,13 @@ FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads":
          "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
          "chain_rule": "--chain-rule", "grammar": "--grammar", "json_schema": "-j/--json-schema",
          "spec_type": "--spec-type", "spec_draft_n_max": "--spec-draft-n-max",
-         "spec_draft_conf_min": "--spec-draft-conf-min", "spec_ngram_simple_size_n": "--spec-ngram-simple-size-n",
-         "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
+         "spec_draft_conf_min": "--spec-draft-conf-min",
          "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
          "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft",
          "spec_draft_n_min": "--spec-draft-n-min", "spec_draft_vocab": "--spec-draft-vocab",
          "spec_draft_vocab_from": "--spec-draft-vocab-from", "n_ctx_draft": "-cd/--ctx-size-draft",
-         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "spec_suffix_cache_mb": "--spec-suffix-cache-mb",
-         "exact": "--exact"}
+         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "exact": "--exact",
+         **{kw: f.metadata["flag"] for kind in WEIGHTLESS.values() for _, kw, f in kind.options.declared()}}
 
 
 # the flag of each sampling field, for its errors (sampling.check_sampling)
@@ -471,14 +464,12 @@ def engine_options(args) -> dict:
                 draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule,
                 n_seq=n_seq, spec_type=None if args.no_spec else args.spec_type,
                 spec_draft_n_max=args.spec_draft_n_max, spec_draft_conf_min=args.spec_draft_conf_min,
-                spec_ngram_simple_size_n=args.spec_ngram_simple_size_n,
-                spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min,
                 rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx,
                 override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or (),
                 spec_draft_n_min=args.spec_draft_n_min, spec_draft_vocab=args.spec_draft_vocab,
                 spec_draft_vocab_from=tuple(args.spec_draft_vocab_from), n_ctx_draft=args.ctx_size_draft // n_seq if n_seq >= 1
                 else args.ctx_size_draft, n_gpu_layers_draft=_layers_draft(args.gpu_layers_draft),
-                spec_suffix_cache_mb=args.spec_suffix_cache_mb)
+                **{kw: getattr(args, kw) for kind in WEIGHTLESS.values() for _, kw, _ in kind.options.declared()})
 
 
 def _layers_draft(value: Optional[str]) -> int:
@@ -530,9 +521,9 @@ def engine_mode(engine, tree_budget) -> str:
     if engine.draft is not None and engine.draft.kind != "dflash":
         mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
     weightless = engine.setup.weightless
-    kinds = [",".join(weightless.ngram_kinds)] if weightless.ngram_kinds else []
+    kinds = [",".join(weightless.chains)] if weightless.chains else []
     if engine.suffix_corpora is not None:
-        kinds.append(f"suffix (corpus {weightless.suffix.cache_mb} MiB)")
+        kinds.append(f"suffix (corpus {weightless.options('suffix').cache_mb} MiB)")
     if kinds:
         mode = ("chain + " if engine.draft is not None else "") + " + ".join(kinds)
     if engine.simple_draft is not None:

@@ -40,7 +40,7 @@ class LoadedModels:
             raise
         self.draft_p_min = default_p_min(self.target) if setup.drafting.draft_p_min is None else setup.drafting.draft_p_min
         if draft_config is not None and setup.drafting.tree_budget is None and self.draft_p_min == 0 \
-                and not setup.weightless.ngram_kinds and setup.weightless.suffix is None:
+                and not setup.weightless.kinds:
             # a chain that is never cut reads no probabilities: its proposes rank nothing
             draft_config = replace(draft_config, top_k=0)
         try:
@@ -71,8 +71,7 @@ class LoadedModels:
         devices = [info["device"] or "CPU"]
         if info["n_gpu_layers"] < info["n_layer"] or info["host_layer_weights"]:
             devices.append("CPU")
-        speculative = setup.draft_path is not None or setup.simple is not None or bool(setup.weightless.ngram_kinds) \
-            or setup.weightless.suffix is not None
+        speculative = setup.draft_path is not None or setup.simple is not None or bool(setup.weightless.kinds)
         if info["n_seq"] > 1:
             max_rows = min(INVARIANT_STEP_ROWS, info["n_ubatch"])
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 from ..runtime import placement
 from ..runtime.drafter import DraftConfig, read_draft_metadata
@@ -16,11 +16,10 @@ from ..runtime.drafter_kinds import reading
 from ..runtime.errors import ConfigError
 from ..runtime.target import KV_TYPES, ROPE_SCALING_TYPES, RopeScaling, TargetConfig
 from ..speculation.kinds import (AUTOREGRESSIVE, DEFAULT_CHAIN_RULE, DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX,
-                                 DEFAULT_SIMPLE_N_MIN, DEFAULT_SIMPLE_P_MIN, DEFAULT_SPEC_DRAFT_N_MAX,
-                                 DEFAULT_SUFFIX_CACHE_MB, DRAFTER_KINDS, FILE_KIND_NAMES, FILE_KINDS, NGRAM_KINDS,
-                                 SIMPLE, SUFFIX, TARGET_KINDS, NgramConfig, check_chain_rule, check_p_min,
-                                 parse_spec_types)
-from ..speculation.suffix import SuffixConfig
+                                 DEFAULT_SIMPLE_N_MIN, DEFAULT_SIMPLE_P_MIN, DEFAULT_SPEC_DRAFT_N_MAX, DRAFTER_KINDS,
+                                 FILE_KIND_NAMES, FILE_KINDS, SIMPLE, TARGET_KINDS, WEIGHTLESS, check_chain_rule,
+                                 check_p_min, parse_spec_types)
+from ..speculation.kinds.kind import check_count as _count
 
 # the largest tree `--tree-budget auto` grows to
 AUTO_MAX_BUDGET = 32
@@ -147,13 +146,6 @@ def drafter_path(model: str, draft: Optional[str], spec_type) -> Optional[str]:
     return model if any(n.strip() in TARGET_KINDS for n in names) else None
 
 
-def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ConfigError(option, f"{what or option.replace('_', ' ')} must be {span}, got {value!r}")
-    return value
-
-
 def _placement_rules(option: str, overrides, cpu_option: str, cpu_moe, n_option: str, n_cpu_moe,
                      device: Optional[str]) -> tuple:
     """Weight placement rules by name (runtime/placement.py), checked: the explicit overrides in
@@ -189,14 +181,39 @@ class DraftingSetup:
 
 @dataclass(frozen=True)
 class WeightlessSetup:
-    """The weightless kinds that draft (--spec-type), beside the drafter or alone: the
-    n-gram kinds with their settings, suffix's settings (None: it does not draft), and
-    their longest draft."""
+    """The weightless kinds that draft (speculation/kinds/, in --spec-type's order), beside
+    the drafter or alone, each with its options, and their longest draft."""
 
-    ngram_kinds: tuple = ()
-    ngram: NgramConfig = NgramConfig()
-    suffix: Optional[SuffixConfig] = None
+    kinds: Tuple[Tuple[str, Any], ...] = ()
     spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX
+
+    @classmethod
+    def of(cls, kinds: Sequence[str], values: Mapping[str, Any], spec_draft_n_max: int) -> "WeightlessSetup":
+        """The enabled kinds' options from the kinds' keywords (`values`: every weightless
+        kind's options are checked, enabled or not, as a command line's flags are)."""
+        declared = {kw for kind in WEIGHTLESS.values() for _, kw, _ in kind.options.declared()}
+        unknown = sorted(set(values) - declared)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+        options = {name: kind.options.of(values) for name, kind in WEIGHTLESS.items()}
+        return cls(tuple((k, options[k]) for k in kinds if k in WEIGHTLESS), spec_draft_n_max)
+
+    @property
+    def chains(self) -> Tuple[str, ...]:
+        """The kinds that draft chains from each sequence's own text (the n-gram family)."""
+        return tuple(k for k, _ in self.kinds if WEIGHTLESS[k].source is not None)
+
+    def sources(self) -> list:
+        """Fresh chain sources for one sequence, in the kinds' order."""
+        return [WEIGHTLESS[k].source(options) for k, options in self.kinds if WEIGHTLESS[k].source is not None]
+
+    def corpora(self):
+        """The engine's shared corpora, of the kind that keeps them (suffix's), or None."""
+        return next((WEIGHTLESS[k].corpora(options) for k, options in self.kinds if WEIGHTLESS[k].corpora), None)
+
+    def options(self, kind: str):
+        """An enabled kind's options (None: it does not draft)."""
+        return dict(self.kinds).get(kind)
 
 
 @dataclass
@@ -244,14 +261,14 @@ class EngineSetup:
            n_gpu_layers: int = -1, draft_window: int = 0,
            draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE,
            n_seq: int = 1, spec_type=None, spec_draft_n_max: Optional[int] = None,
-           spec_draft_conf_min: float = 0.0, spec_ngram_simple_size_n: int = 12,
-           spec_ngram_mod_n_match: int = 24, spec_ngram_mod_n_min: int = 48, rope_scaling: Optional[str] = None,
+           spec_draft_conf_min: float = 0.0, rope_scaling: Optional[str] = None,
            rope_scale: float = 0.0, yarn_orig_ctx: int = 0, override_tensor=(), cpu_moe: bool = False,
            n_cpu_moe: int = 0, override_tensor_draft=(), cpu_moe_draft: bool = False,
            n_cpu_moe_draft: int = 0, spec_draft_n_min: int = 0, n_ctx_draft: int = 0,
            n_gpu_layers_draft: int = -1, spec_draft_vocab: int = 0,
-           spec_draft_vocab_from: Union[str, Sequence[str]] = (),
-           spec_suffix_cache_mb: int = DEFAULT_SUFFIX_CACHE_MB) -> "EngineSetup":
+           spec_draft_vocab_from: Union[str, Sequence[str]] = (), **kind_options) -> "EngineSetup":
+        """`kind_options`: the weightless kinds' own (speculation/kinds/, e.g.
+        spec_ngram_simple_size_n)."""
         _count("n_ctx", n_ctx, 1, what="the context size")
         _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
         _count("n_threads", n_threads, 0, what="the thread count")
@@ -266,13 +283,8 @@ class EngineSetup:
         if isinstance(spec_draft_conf_min, bool) or not isinstance(spec_draft_conf_min, (int, float)) \
                 or not 0 <= spec_draft_conf_min <= 1:
             raise ConfigError("spec_draft_conf_min", f"draft conf-min must be 0..1, got {spec_draft_conf_min!r}")
-        ngram = NgramConfig(_count("spec_ngram_simple_size_n", spec_ngram_simple_size_n, 1, what="the n-gram size"),
-                            _count("spec_ngram_mod_n_match", spec_ngram_mod_n_match, 1, what="the n-gram size"),
-                            _count("spec_ngram_mod_n_min", spec_ngram_mod_n_min, 1, what="the shortest draft"))
-        ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
-        _count("spec_suffix_cache_mb", spec_suffix_cache_mb, 0,
-               what="the suffix corpora's memory in MiB (0: no corpus, the request's own text only)")
-        suffix = SuffixConfig(cache_mb=spec_suffix_cache_mb) if SUFFIX in kinds else None
+        n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
+        weightless = WeightlessSetup.of(kinds, kind_options, n_max)
         simple = SIMPLE in kinds
         vocab_from = _vocab_from(spec_draft_vocab, spec_draft_vocab_from)
         draft_path = model if any(k in TARGET_KINDS for k in kinds) else (None if simple else draft)
@@ -297,19 +309,19 @@ class EngineSetup:
                 raise ConfigError("draft_p_min", "draft p-min must be a number")
             check_p_min(draft_p_min)
         check_chain_rule(chain_rule)
-        if ngram_kinds and budget:
-            raise ConfigError("spec_type", f"{','.join(ngram_kinds)} beside draft-dflash verifies a chain; "
+        if weightless.chains and budget:
+            raise ConfigError("spec_type", f"{','.join(weightless.chains)} beside draft-dflash verifies a chain; "
                                            "leave out --tree-budget")
-        if suffix and budget:
-            raise ConfigError("spec_type", f"{SUFFIX} beside a drafter verifies its tree or the drafter's chain; "
-                                           "leave out --tree-budget")
+        corpora_kinds = [k for k, _ in weightless.kinds if k not in weightless.chains]
+        if corpora_kinds and budget:
+            raise ConfigError("spec_type", f"{corpora_kinds[0]} beside a drafter verifies its tree or the drafter's "
+                                           "chain; leave out --tree-budget")
         _check_rope(rope_scaling, rope_scale, yarn_orig_ctx)
         target_rules = _placement_rules("override_tensor", override_tensor, "cpu_moe", cpu_moe, "n_cpu_moe",
                                         n_cpu_moe, device)
         draft_rules = _placement_rules("override_tensor_draft", override_tensor_draft, "cpu_moe_draft",
                                        cpu_moe_draft, "n_cpu_moe_draft", n_cpu_moe_draft, device)
-        n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
-        n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds or suffix else 1)
+        n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if weightless.kinds else 1)
         simple_setup = None
         if simple:
             simple_setup = _simple_setup(draft, tree_budget, spec_draft_n_max, spec_draft_n_min, draft_p_min,
@@ -325,14 +337,14 @@ class EngineSetup:
             rope=RopeScaling(rope_scaling, float(rope_scale), yarn_orig_ctx), tensor_overrides=target_rules)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         # (and beside the n-gram kinds or suffix, the drafter's confidence is its expected accepted length)
-        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds and not suffix else 1)
+        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not weightless.kinds else 1)
         draft_config = None
         if meta is not None:
             draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,
                                        block_size=block if meta["kind"] in AUTOREGRESSIVE else 0,
                                        tensor_overrides=draft_rules)
         drafting = DraftingSetup(block, budget, auto, draft_p_min, chain_rule, float(spec_draft_conf_min))
-        return cls(target_config, draft_config, n_threads, drafting, WeightlessSetup(ngram_kinds, ngram, suffix, n_max),
+        return cls(target_config, draft_config, n_threads, drafting, weightless,
                    draft_path, simple_setup, 0 if simple else spec_draft_vocab,
                    () if simple else tuple(map(str, vocab_from)))
 
