@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.bench import slim
 from dflash_gguf.bench.provenance import write_results
 from dflash_gguf.tools.llama_cpp_tree import tool
@@ -103,7 +104,7 @@ def worker(a: dict) -> dict:
     from dflash_gguf.engine.memory import plan_memory
 
     options = dict(n_ctx=a["ctx"], n_threads=a["threads"], kv_type=a["kv"], draft_window=0)
-    setup = EngineSetup.of(a["target"], a["draft"], **options)
+    setup = EngineSetup.of(a["target"], a["draft"], EngineOptions.of(**options))
     plan = plan_memory(a["target"], a["draft"], setup.target_config, setup.draft_config)
     imported = status()
     t0 = time.perf_counter()

@@ -1,7 +1,8 @@
 """The engine's command-line flags, shared by dflash-run (cli.py), dflash-server and the
 benchmarks: the model, placement and decoding flags (add_engine_args), their checks
-(validate_engine_args), the Engine they open (open_engine, open_chat_engine) and the
-messages that name an option by its flag. Flags follow llama.cpp's names."""
+(validate_engine_args), the Engine they open (open_engine, open_chat_engine: the flags
+typed once, options.EngineOptions.from_args) and the messages that name an option by its
+flag. Flags follow llama.cpp's names."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ from ..runtime.native import DflashError
 from ..runtime.target import KV_TYPES
 from ..speculation.drafting import DEFAULT_DRAFT_P_MIN
 from ..speculation.kinds import CHAIN_RULES, DEFAULT_CHAIN_RULE, DEFAULT_SPEC_DRAFT_N_MAX, WEIGHTLESS, check_p_min
+from .options import FLAGS as OPTION_FLAGS, EngineOptions
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -350,7 +352,7 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
     from .memory import MIB, settle, what_fits
 
     try:
-        setup, plan, over = settle(model, draft, engine_options(args), args.memory_limit)
+        setup, plan, over = settle(model, draft, EngineOptions.from_args(args), args.memory_limit)
         limit = args.memory_limit * MIB if args.memory_limit else None
         ideas = what_fits(model, setup.draft_path, setup.target_config, setup.draft_config, plan, limit) if over else []
     except ConfigError as e:
@@ -402,20 +404,8 @@ def resolve_context(prog: str, model: str, args) -> bool:
     return True
 
 
-# the flag of each Engine option, for its errors
-FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads": "-t/--threads",
-         "n_gpu_layers": "-ngl/--n-gpu-layers", "n_seq": "-np/--parallel", "kv_type": "-ctk/--cache-type-k",
-         "kv_type_v": "-ctv/--cache-type-v", "block_size": "--block-size", "tree_budget": "--tree-budget",
-         "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
-         "chain_rule": "--chain-rule", "grammar": "--grammar", "json_schema": "-j/--json-schema",
-         "spec_type": "--spec-type", "spec_draft_n_max": "--spec-draft-n-max",
-         "spec_draft_conf_min": "--spec-draft-conf-min",
-         "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
-         "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft",
-         "spec_draft_n_min": "--spec-draft-n-min", "spec_draft_vocab": "--spec-draft-vocab",
-         "spec_draft_vocab_from": "--spec-draft-vocab-from", "n_ctx_draft": "-cd/--ctx-size-draft",
-         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "exact": "--exact",
-         **{kw: f.metadata["flag"] for kind in WEIGHTLESS.values() for _, kw, f in kind.options.declared()}}
+# the flag of each option, for its errors: the Engine's (options.FLAGS), the constraints' and --exact
+FLAGS = {**OPTION_FLAGS, "grammar": "--grammar", "json_schema": "-j/--json-schema", "exact": "--exact"}
 
 
 # the flag of each sampling field, for its errors (sampling.check_sampling)
@@ -452,31 +442,6 @@ def config_error(prog: str, e: ConfigError) -> int:
     return 2
 
 
-def engine_options(args) -> dict:
-    """Engine keyword options from add_engine_args' flags (with dflash-server's -np N, as
-    llama-server does: N sequence slots sharing -c, each of -c / N positions)."""
-    n_seq = getattr(args, "parallel", 1)
-    return dict(n_ctx=args.ctx_size // n_seq if n_seq >= 1 else args.ctx_size, n_ubatch=args.ubatch_size,
-                n_threads=args.threads,
-                kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
-                tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
-                repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
-                draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule,
-                n_seq=n_seq, spec_type=None if args.no_spec else args.spec_type,
-                spec_draft_n_max=args.spec_draft_n_max, spec_draft_conf_min=args.spec_draft_conf_min,
-                rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx,
-                override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or (),
-                spec_draft_n_min=args.spec_draft_n_min, spec_draft_vocab=args.spec_draft_vocab,
-                spec_draft_vocab_from=tuple(args.spec_draft_vocab_from), n_ctx_draft=args.ctx_size_draft // n_seq if n_seq >= 1
-                else args.ctx_size_draft, n_gpu_layers_draft=_layers_draft(args.gpu_layers_draft),
-                **{kw: getattr(args, kw) for kind in WEIGHTLESS.values() for _, kw, _ in kind.options.declared()})
-
-
-def _layers_draft(value: Optional[str]) -> int:
-    """-ngld as draft-simple's layers on the device: auto, all or left out -1 (all)."""
-    return -1 if value in (None, "auto", "all") else int(value)
-
-
 def open_engine(prog: str, model: str, draft, args):
     """The Engine for the parsed options, or the exit code after saying why not: 2 when
     the memory plan refuses it (the user can change limits or options), 1 otherwise."""
@@ -484,7 +449,8 @@ def open_engine(prog: str, model: str, draft, args):
     from .memory import MemoryPlanError
 
     try:
-        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, exact=args.exact, **engine_options(args))
+        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, exact=args.exact,
+                        options=EngineOptions.from_args(args))
         freeze_loaded_objects()  # the process keeps the engine to its end
         return engine
     except ConfigError as e:

@@ -15,10 +15,11 @@ from ..decoding.streaming import Result, TextStream, reply_tokens, run_tokens, s
 from ..runtime.checkpoints import PrefixCheckpoints
 from ..speculation.choice import ProposerChoice
 from .loading import LoadedModels
+from .options import EngineOptions
 from .setup import AUTO_MAX_BUDGET, EngineSetup
 from .slots import SlotContexts
 
-__all__ = ["Engine", "EngineSetup", "Result"]
+__all__ = ["Engine", "EngineOptions", "EngineSetup", "Result"]
 
 Prompt = Union[str, Sequence[int]]
 
@@ -69,8 +70,9 @@ class Engine:
     AUTO_MAX_BUDGET = AUTO_MAX_BUDGET
 
     def __init__(self, model: str, draft: Optional[str] = None, *, memory_limit_mib: Optional[int] = None,
-                 exact: str = "report", **options):
-        """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
+                 exact: str = "report", options: Optional[EngineOptions] = None, **keywords):
+        """`options`: the typed options (options.EngineOptions), or `keywords`, made into
+        them (EngineOptions.of): n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
         draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
         positions: see sequence()), spec_type (llama.cpp's --spec-type kinds, a comma list
@@ -100,6 +102,10 @@ class Engine:
         devices the target runs on, asked of them at load (runtime/exactness.py) and kept
         as `Engine.exact`: "report" (default) asks and reports, "require" refuses to load
         (ConfigError "exact") unless the answer is yes, "off" does not ask."""
+        if options is None:
+            options = EngineOptions.of(**keywords)
+        elif keywords:
+            raise TypeError(f"options given, and keywords besides: {', '.join(sorted(keywords))}")
         self.models = LoadedModels(model, draft, options, memory_limit_mib, exact)
         self.last_tokens: List[int] = []  # every token the last call generated
         self.slots = SlotContexts(self.models, self.target.n_seq)

@@ -14,6 +14,7 @@ from ..runtime.tokenizer import Tokenizer
 from ..speculation.draft_simple import SimpleDraft, corpus_counts, kept_tokens
 from ..speculation.drafting import default_p_min
 from .memory import refusal, settle
+from .options import EngineOptions
 
 
 class LoadedModels:
@@ -21,7 +22,7 @@ class LoadedModels:
     as one settled setup loads them, with that setup's memory plan, the p_min that cuts
     the drafter's chains, and the vocabulary as grammars see it (built when first asked)."""
 
-    def __init__(self, model: str, draft: Optional[str], options: dict, memory_limit_mib: Optional[int],
+    def __init__(self, model: str, draft: Optional[str], options: EngineOptions, memory_limit_mib: Optional[int],
                  exact: str = "report"):
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)

@@ -9,7 +9,7 @@ and the competition of the sources' drafts, each priced by its kind's run hazard
 (NgramDrafts)."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 

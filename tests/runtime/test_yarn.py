@@ -13,6 +13,7 @@ from helpers.draft_fixtures import make_dflash
 from helpers.fixtures import hf_model, make_qwen3, read_gguf
 from helpers.loops import greedy_generate
 
+from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.convert.cli import main as convert_main
 from dflash_gguf.runtime.native import DflashError
 from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
@@ -137,7 +138,7 @@ def test_rope_flags_are_validated(yarn_model, options, flag):
 
     _, ours = yarn_model
     with pytest.raises(ConfigError) as e:
-        EngineSetup.of(str(ours), **options)
+        EngineSetup.of(str(ours), None, EngineOptions.of(**options))
     assert FLAGS[e.value.option] == flag
 
 
