@@ -29,11 +29,11 @@ from pathlib import Path
 
 from rpc_stand_in import rpc_device
 
-from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.bench import provenance
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import (GEMMA3_1B, GEMMA3_27B, GEMMA3_270M, GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, QWEN35_27B, QWEN35_27B_DFLASH,
                                         QWEN35_35B_A3B, QWEN35_122B_A10B, tensor_nbytes, tensor_table)
+from dflash_gguf.engine.options import EngineOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 

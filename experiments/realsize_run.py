@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.bench import slim
 from dflash_gguf.bench.provenance import write_results
 from dflash_gguf.tools.llama_cpp_tree import tool
@@ -100,7 +99,7 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
 
 def worker(a: dict) -> dict:
     before = status()
-    from dflash_gguf.engine.engine import Engine, EngineSetup
+    from dflash_gguf.engine.engine import Engine, EngineOptions, EngineSetup
     from dflash_gguf.engine.memory import plan_memory
 
     options = dict(n_ctx=a["ctx"], n_threads=a["threads"], kv_type=a["kv"], draft_window=0)

@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.convert import shape_model
 from dflash_gguf.convert.shape_model import main as make_main, write_model
 from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B,
                                         shrunk, tensor_nbytes, tensor_table)
-from dflash_gguf.engine.engine import Engine, EngineSetup
+from dflash_gguf.engine.engine import Engine, EngineOptions, EngineSetup
 from dflash_gguf.engine.memory import plan_memory
 
 # the structures of the published configs at hidden 256 (every row a whole number of

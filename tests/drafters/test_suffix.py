@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.decoding import verify as verifying
 from dflash_gguf.engine.engine import Engine
+from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.speculation.pricing import RunHazards
 from dflash_gguf.speculation.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
                                 corpus_key, draft_tree, is_chain, likeliest_path)

@@ -10,12 +10,11 @@ import pytest
 
 from helpers.cli_run import run
 
-from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table
 from dflash_gguf.runtime.demo import demo_paths
 from dflash_gguf.runtime.drafter import DraftConfig
-from dflash_gguf.engine.engine import Engine, EngineSetup
+from dflash_gguf.engine.engine import Engine, EngineOptions, EngineSetup
 from dflash_gguf.engine.memory import MemoryPlanError, plan_memory, settle
 from dflash_gguf.decoding.sampling import SamplingParams
 

@@ -13,11 +13,11 @@ from helpers.draft_fixtures import make_dflash
 from helpers.fixtures import hf_model, make_qwen3, read_gguf
 from helpers.loops import greedy_generate
 
-from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.convert.cli import main as convert_main
 from dflash_gguf.runtime.native import DflashError
 from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, RopeScaling, Target, TargetConfig
+from dflash_gguf.engine.options import EngineOptions
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
