@@ -42,5 +42,5 @@ def test_dflash_server_takes_it(tmp_path):
     checks.the_server_runs_it(tmp_path, "ngram-cache")
 
 
-def test_dflash_bench_arms_it():
-    checks.the_bench_runs_it("ngram-cache")
+def test_dflash_bench_arms_it(tmp_path):
+    checks.the_bench_runs_it(tmp_path, "ngram-cache")

@@ -48,5 +48,5 @@ def test_dflash_server_takes_it(tmp_path):
     checks.the_server_runs_it(tmp_path, "ngram-map-k4v", *FLAGS)
 
 
-def test_dflash_bench_arms_it():
-    checks.the_bench_runs_it("ngram-map-k4v")
+def test_dflash_bench_arms_it(tmp_path):
+    checks.the_bench_runs_it(tmp_path, "ngram-map-k4v")

@@ -4,16 +4,17 @@ dflash-bench's arms. The oracle is plain greedy decoding: a kind's output is the
 target's own, and on repetitive text its drafts are proposed and kept."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from dflash_gguf.bench import kinds as bench_kinds
-from dflash_gguf.bench.llama_cpp import SpeculativeArm
 from dflash_gguf.engine.engine import Engine
 from dflash_gguf.speculation.kinds import WEIGHTLESS
 
+from helpers.bench_checks import bench, fake_tools
 from helpers.decoding_checks import REPEATS, use_cost
 from helpers.paths import ROOT
 from helpers.servers import ServerProcess
@@ -75,21 +76,22 @@ def the_server_runs_it(tmp_path, kind: str, *flags: str) -> None:
     assert server.proc.returncode == 0 and kind in server.text, server.text
 
 
-def the_bench_runs_it(kind: str) -> None:
-    """dflash-bench --spec-type kind: our modes (plain, the default chain and the n-max
-    sweep, with its lookup size where it has one) and llama-speculative-simple's arms with
-    the kind's own flags."""
-    assert kind in bench_kinds.KINDS and bench_kinds.MODES[kind] == ("plain", "chain")
+def the_bench_runs_it(tmp_path, kind: str) -> None:
+    """dflash-bench --spec-type kind against llama.cpp's stand-in tools: our plain and
+    chain rows, the n-max sweep (with the kind's lookup size where it has one), and
+    llama-speculative-simple's arms with the kind's own flags and no drafter."""
+    tools = fake_tools(tmp_path)
+    res = bench("-m", TARGET, "--spec-type", kind, "--temp", "0", "--llama-cpp", str(tools), "-r", "1",
+                "--block-size", "9", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = {(r["engine"], r["mode"]) for r in json.loads(res.stdout)["rows"]}
     sizes = bench_kinds.SWEEP_SIZE.get(kind, ())
-    modes = bench_kinds.our_modes(kind, ["plain", "chain"], [], [8, 16], list(sizes))
-    assert [m.name for m in modes][:2] == ["plain", "chain (default)"]
-    size_option = bench_kinds.SIZE_OPTION.get(kind)
-    assert all(dict(m.options).get("spec_draft_n_max") in (8, 16) for m in modes[2:])
-    assert all((size_option in dict(m.options)) == bool(sizes) for m in modes[2:])
-    settings = bench_kinds.their_settings(kind, [], [8], list(sizes))
-    assert settings[0] == (None, None, None)
-    setup = type("Setup", (), {"spec_type": kind})()
-    for p_min, n_max, size in settings:
-        arm = SpeculativeArm.__new__(SpeculativeArm)
-        arm.setup, arm.p_min, arm.n_max, arm.size = setup, p_min, n_max, size
-        assert arm.draft_flags() == WEIGHTLESS[kind].their_flags(size, n_max)
+    ours = {"plain", "chain (default)"} | ({f"chain size {s} n-max 8" for s in sizes} if sizes else {"chain n-max 8"})
+    assert {("ours", m) for m in ours} <= rows
+    assert ("llama.cpp", f"{kind} (llama-speculative-simple, default)") in rows
+    calls = [json.loads(line) for line in (tools / "calls.jsonl").read_text().splitlines()]
+    spec = [c for c in calls if c[0].endswith("llama-speculative-simple") and "-lv" not in c]
+    assert spec and all("-md" not in c and c[c.index("--spec-type") + 1] == kind for c in spec)
+    flags = {f for c in spec for f in c if f.startswith("--spec-") and f != "--spec-type"}
+    allowed = {f for size in (None, *sizes) for f in WEIGHTLESS[kind].their_flags(size, 8) if f.startswith("--")}
+    assert flags <= allowed, flags
