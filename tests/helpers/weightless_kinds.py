@@ -43,8 +43,9 @@ def greedy_equals_plain(monkeypatch, kind: str, **options) -> None:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
+    # wide columns: argparse wraps --help at hyphens too, which would split a kind's name
     return subprocess.run([str(BIN / "dflash-run"), *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "1000"})
 
 
 def the_cli_runs_it(kind: str, *flags: str) -> None:
