@@ -66,9 +66,15 @@ def _placement_rules(option: str, overrides, cpu_option: str, cpu_moe, n_option:
     return rules
 
 
-def _check_kv(option: str, kv: str) -> None:
-    if kv != "auto" and kv not in KV_TYPES:
+def check_kv(option: str, kv: str, auto: bool = True) -> None:
+    """A KV cache type: one of KV_TYPES, or (auto) "auto", the memory plan's choice."""
+    if not (auto and kv == "auto") and kv not in KV_TYPES:
         raise ConfigError(option, f"unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}")
+
+
+def check_window(window: int) -> None:
+    """A drafter window: the last W positions, 0 the whole context."""
+    check_count("draft_window", window, 0, what="the draft window (0: the whole context)")
 
 
 @dataclass(frozen=True)
@@ -99,8 +105,8 @@ class TargetOptions:
         check_count("n_threads", self.n_threads, 0, what="the thread count")
         check_count("n_gpu_layers", self.n_gpu_layers, -1, what="the layers on the device")
         check_count("n_seq", self.n_seq, 1, MAX_SEQ, what="the sequences held at once")
-        _check_kv("kv_type", self.kv_type)
-        _check_kv("kv_type_v", self.kv_type_v or self.kv_type)
+        check_kv("kv_type", self.kv_type)
+        check_kv("kv_type_v", self.kv_type_v or self.kv_type)
         if self.rope_scaling is not None and self.rope_scaling not in ROPE_SCALING_TYPES:
             raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
                               f"got {self.rope_scaling!r}")
@@ -149,7 +155,7 @@ class DrafterOptions:
                 raise ConfigError("tree_budget", f"tree budget must be 1..63 or 'auto', got {budget!r}")
             check_count("tree_budget", budget, 1, 63, what="the tree budget")
         if self.draft_window != "auto":
-            check_count("draft_window", self.draft_window, 0, what="the draft window (0: the whole context)")
+            check_window(self.draft_window)
         check_count("draft_top_k", self.draft_top_k, 1, 64, what="the draft top-k")
         if self.draft_p_min is not None:
             if isinstance(self.draft_p_min, float) and math.isnan(self.draft_p_min):

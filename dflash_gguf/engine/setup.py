@@ -12,12 +12,12 @@ from typing import Any, Optional, Tuple
 from ..runtime.drafter import DraftConfig, read_draft_metadata
 from ..runtime.drafter_kinds import reading
 from ..runtime.errors import ConfigError
-from ..runtime.target import KV_TYPES, RopeScaling, TargetConfig
+from ..runtime.target import RopeScaling, TargetConfig
 from ..speculation.kinds import (AUTOREGRESSIVE, DEFAULT_CHAIN_RULE, DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX,
                                  DEFAULT_SIMPLE_N_MIN, DEFAULT_SIMPLE_P_MIN, DEFAULT_SPEC_DRAFT_N_MAX, DRAFTER_KINDS,
                                  FILE_KIND_NAMES, FILE_KINDS, SIMPLE, TARGET_KINDS, WEIGHTLESS, parse_spec_types)
 from ..speculation.kinds.kind import check_count as _count
-from .options import EngineOptions
+from .options import EngineOptions, check_kv, check_window
 
 # the largest tree `--tree-budget auto` grows to
 AUTO_MAX_BUDGET = 32
@@ -208,9 +208,8 @@ class EngineSetup:
     def with_memory(self, kv_type: str, draft_window: int) -> "EngineSetup":
         """This setup with another KV cache type and drafter window (what memory.settle
         tries), its other options as they were checked once."""
-        if kv_type not in KV_TYPES:
-            raise ConfigError("kv_type", f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")
-        _count("draft_window", draft_window, 0, what="the draft window (0: the whole context)")
+        check_kv("kv_type", kv_type, auto=False)
+        check_window(draft_window)
         simple = self.simple
         if simple is not None:
             simple = replace(simple, config=replace(simple.config, kv_type=kv_type))
