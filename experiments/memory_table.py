@@ -33,6 +33,7 @@ from dflash_gguf.bench import provenance
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import (GEMMA3_1B, GEMMA3_27B, GEMMA3_270M, GEMMA4_26B_A4B, GPT_OSS_20B, GPT_OSS_120B, QWEN35_27B, QWEN35_27B_DFLASH,
                                         QWEN35_35B_A3B, QWEN35_122B_A10B, tensor_nbytes, tensor_table)
+from dflash_gguf.engine.options import EngineOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +65,8 @@ def plan(target: str, draft: str | None, n_ctx: int, kv: str, budget: int | None
 
     from dflash_gguf.engine.memory import plan_setup
 
-    setup = EngineSetup.of(target, draft, n_ctx=n_ctx, kv_type=kv, tree_budget=budget, draft_window=window)
+    setup = EngineSetup.of(target, draft, EngineOptions.of(n_ctx=n_ctx, kv_type=kv, tree_budget=budget,
+                                                           draft_window=window))
     if setup.simple is not None:
         # draft-simple: a second model with its own weights and cache (f16, as llama.cpp's
         # -ctkd/-ctvd default), planned as the target it is and counted as the drafter

@@ -23,13 +23,15 @@ from pathlib import Path
 from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH
 from dflash_gguf.engine.memory import settle
+from dflash_gguf.engine.options import EngineOptions
 rows = []
 with tempfile.TemporaryDirectory() as tmp:
     t = str(write_header_only(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))
     d = str(write_header_only(Path(tmp) / "27b-dflash.gguf", QWEN35_27B_DFLASH, "q8_0"))
     for n_seq in (1, 4):
         for tree in (None, 16):
-            _, plan, _ = settle(t, d, dict(n_ctx=32768 // n_seq, n_seq=n_seq, tree_budget=tree, kv_type="q8_0"))
+            _, plan, _ = settle(t, d, EngineOptions.of(n_ctx=32768 // n_seq, n_seq=n_seq, tree_budget=tree,
+                                                        kv_type="q8_0"))
             dev = plan.devices[0]
             rows.append({"np": n_seq, "tree_budget": tree, "target_compute_mib": dev.parts["target_compute"] / 2**20,
                          "verify_scratch_mib": dev.parts["verify_scratch"] / 2**20, "need_mib": dev.need / 2**20})

@@ -99,11 +99,11 @@ def prompt_ids(n: int, seed: int = 0) -> list[int]:
 
 def worker(a: dict) -> dict:
     before = status()
-    from dflash_gguf.engine.engine import Engine, EngineSetup
+    from dflash_gguf.engine.engine import Engine, EngineOptions, EngineSetup
     from dflash_gguf.engine.memory import plan_memory
 
     options = dict(n_ctx=a["ctx"], n_threads=a["threads"], kv_type=a["kv"], draft_window=0)
-    setup = EngineSetup.of(a["target"], a["draft"], **options)
+    setup = EngineSetup.of(a["target"], a["draft"], EngineOptions.of(**options))
     plan = plan_memory(a["target"], a["draft"], setup.target_config, setup.draft_config)
     imported = status()
     t0 = time.perf_counter()

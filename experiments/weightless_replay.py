@@ -31,8 +31,7 @@ from dflash_gguf.tools import real_models
 from dflash_gguf.bench.serving import workload
 from dflash_gguf.bench.provenance import machine, results_doc, versions, write_results
 from dflash_gguf.engine.engine import Engine
-from dflash_gguf.speculation.ngram import ngram_sources
-from dflash_gguf.speculation.kinds import NgramConfig, parse_spec_types
+from dflash_gguf.speculation.kinds import WEIGHTLESS, parse_spec_types
 from dflash_gguf.speculation.pricing import RunHazards, walk_depth
 from dflash_gguf.speculation.suffix import SuffixConfig, SuffixCorpora, is_chain, likeliest_path
 from dflash_gguf.speculation.proposers import WeightlessProposer
@@ -126,9 +125,9 @@ def longest_copy(text: list, want: list) -> int:
 def replay(kinds, turns, cost, n_max: int) -> dict:
     """One arm over a session's turns (one corpus and one set of hazards, as one server
     key): target passes, drafted and accepted tokens, modelled seconds."""
-    ngram = [k for k in kinds if k.startswith("ngram")]
+    ngram = [WEIGHTLESS[k] for k in kinds if k in WEIGHTLESS and WEIGHTLESS[k].source is not None]
     proposer = WeightlessProposer(WeightlessKinds(
-        (lambda: ngram_sources(ngram, NgramConfig())) if ngram else None,
+        (lambda: [kind.source(kind.options()) for kind in ngram]) if ngram else None,
         SuffixCorpora(SuffixConfig()) if "suffix" in kinds else None, None, n_max, RunHazards()), cost)
     passes = drafted = accepted = 0
     seconds = 0.0

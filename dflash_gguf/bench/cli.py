@@ -53,8 +53,7 @@ from ..engine.args import add_constraint_flags, check_p_min_flags, check_samplin
 from ..runtime.demo import demo_paths
 from ..runtime.drafter_kinds import DRAFTERS, listed
 from ..speculation.drafting import CHAIN_RULES
-from ..speculation.kinds import (DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SPEC_TYPES, SUFFIX,
-                                 TARGET_KINDS)
+from ..speculation.kinds import DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX, SIMPLE, SPEC_TYPES, TARGET_KINDS, WEIGHTLESS
 from ..tools import llama_cpp_tree
 from . import arms_from, kinds, llama_cpp, method, ours, provenance, report
 from .prompts import PROMPTS
@@ -96,9 +95,10 @@ def parser() -> argparse.ArgumentParser:
                         "layer with --spec-type draft-mtp, or an n-gram kind)")
     p.add_argument("--spec-type", choices=SPEC_TYPES,
                    help="what drafts, for both engines (default: the -md GGUF's kind, draft-simple for a model "
-                        "GGUF; draft-mtp drafts with -m's own MTP layer, ngram-simple and ngram-mod from the prompt "
-                        "and output, suffix from those and earlier prompts' (ours only: llama.cpp runs its n-gram "
-                        "kinds instead), no -md; llama-speculative-simple runs the same --spec-type)")
+                        "GGUF; draft-mtp drafts with -m's own MTP layer; the weightless kinds ("
+                        f"{', '.join(WEIGHTLESS)}) from the prompt and output, no -md (a kind llama.cpp lacks, "
+                        "suffix: llama.cpp runs its n-gram kinds instead); llama-speculative-simple runs the same "
+                        "--spec-type)")
     p.add_argument("-p", "--prompt", action="append", help="a prompt (repeatable; default: the built-in prompts)")
     p.add_argument("-f", "--file", action="append", type=Path, help="a file whose text is a prompt (repeatable)")
     p.add_argument("--prompts", type=int, help=f"the first N of the {len(PROMPTS)} built-in prompts")
@@ -209,8 +209,8 @@ def check(p: argparse.ArgumentParser, args) -> None:
                                                                  or min(args.spec_draft_vocab) < 1):
         p.error("--spec-draft-vocab takes token counts of at least 1, with --spec-type draft-simple; "
                 "--spec-draft-vocab-from goes with it")
-    if args.ngram_size is not None and (args.spec_type not in NGRAM_KINDS or any(n < 1 for n in args.ngram_size)):
-        p.error("--ngram-size takes sizes of at least 1, with --spec-type ngram-simple or ngram-mod")
+    if args.ngram_size is not None and (args.spec_type not in kinds.SIZE_OPTION or any(n < 1 for n in args.ngram_size)):
+        p.error(f"--ngram-size takes sizes of at least 1, with --spec-type {' or '.join(kinds.SIZE_OPTION)}")
     if args.min_seconds < 0 or args.max_load < 0 or args.wait_idle_max < 0:
         p.error("--min-seconds, --max-load and --wait-idle-max must be >= 0")
     if args.llama_cpp is not None and not args.llama_cpp.is_dir():
@@ -279,10 +279,10 @@ def llama_cpp_arms(args, info: dict, setup: llama_cpp.Setup, prompts: List[tuple
         arms.append(llama_cpp.BenchArm(tools.found["llama-bench"], setup, mean_prompt))
     if "llama-completion" in tools.found:
         arms.append(llama_cpp.CompletionArm(tools.found["llama-completion"], setup, prompts))
-    if kind == SUFFIX and "llama-speculative-simple" in tools.found:
+    if kind in kinds.OURS_ONLY and "llama-speculative-simple" in tools.found:
         info["stand_in"] = STAND_IN
         arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], replace(setup, spec_type=k),
-                                          prompts, None, None, stand_in=True) for k in NGRAM_KINDS]
+                                          prompts, None, None, stand_in=True) for k in kinds.THEIRS]
     elif kind is not None and "llama-speculative-simple" in tools.found:
         arms += [llama_cpp.SpeculativeArm(tools.found["llama-speculative-simple"], setup, prompts, p, n, size)
                  for p, n, size in kinds.their_settings(kind, args.spec_draft_p_min, their_n, sizes)]
@@ -505,7 +505,7 @@ def bench_main(argv) -> int:
                 f"drop -md {args.model_draft}")
     if args.spec_type in TARGET_KINDS and not args.model:
         target, draft = demo_paths()[0], None  # the demo target's own MTP head
-    if args.spec_type in (*NGRAM_KINDS, SUFFIX) and not args.model:
+    if args.spec_type in WEIGHTLESS and not args.model:
         target, draft = demo_paths()[0], None  # the demo target, drafting from its own history
     if args.spec_type == SIMPLE and not args.model:
         p.error(f"--spec-type {SIMPLE} needs -m and -md: a target and a smaller model of its vocabulary")

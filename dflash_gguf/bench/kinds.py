@@ -1,7 +1,7 @@
 """The sweeps of the kinds that draft without a DFlash-family drafter (dflash-bench
 --spec-type): draft-simple (a -md model of the target's vocabulary, drafting token by
-token), the weightless n-gram kinds (ngram-simple, ngram-mod) and suffix (SuffixDecoding,
-ours only: llama.cpp's pinned version has no such kind). Each engine runs at its
+token) and the weightless kinds, as speculation/kinds/ declares them (the n-gram kinds;
+suffix, SuffixDecoding, ours only: llama.cpp's pinned version has no such kind). Each engine runs at its
 default and over the same settings, ours as modes (ours.Mode), llama-speculative-simple's
 as (p-min, n-max, size) arms:
 
@@ -9,30 +9,34 @@ as (p-min, n-max, size) arms:
                 ours also the tree (the chain with the drafter's second choices beside
                 it) at its default n-max and at each swept one; `auto` (plain decoding
                 or the chain of n-max drafts cut where it pays, chosen each step).
-  ngram-*       the lookup size (ngram-simple's size-n, ngram-mod's n-match) x the
-                longest draft (llama.cpp: ngram-simple's size-m, ngram-mod's n-max);
-                a chain only (no tree, no auto).
+  ngram-*       the lookup size (the kind's `lookup` option: ngram-simple's size-n,
+                ngram-mod's n-match) x the longest draft (llama.cpp: the kind's own flags,
+                Kind.their_flags); a chain only (no tree, no auto); a kind without a
+                lookup size sweeps n-max only.
   suffix        n-max (the tree's nodes, --spec-draft-n-max; its `chain` mode is its
-                drafting, trees included). llama.cpp runs its n-gram kinds at their
-                defaults instead, none of them its default: its best is the only
-                drafting row ours is compared with.
+                drafting, trees included). llama.cpp has no such kind (their_flags
+                None): its n-gram kinds run at their defaults instead, none of them its
+                default: its best is the only drafting row ours is compared with.
 """
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from ..speculation.kinds import DEFAULT_SIMPLE_N_MAX, NGRAM_KINDS, SIMPLE, SUFFIX
+from ..speculation.kinds import DEFAULT_SIMPLE_N_MAX, SIMPLE, WEIGHTLESS
 from .ours import Mode
 
-KINDS = (SIMPLE, *NGRAM_KINDS, SUFFIX)
+KINDS = (SIMPLE, *WEIGHTLESS)
+# the weightless kinds llama-speculative-simple runs, and ours alone (suffix)
+THEIRS = tuple(k for k, kind in WEIGHTLESS.items() if kind.their_flags is not None)
+OURS_ONLY = tuple(k for k in WEIGHTLESS if k not in THEIRS)
 # the longest drafts swept where none are given (each engine's default runs beside them:
-# ours 48 for the n-gram kinds and suffix, each step priced to what pays)
-SWEEP_N_MAX = {SIMPLE: (2, 4, 6), "ngram-simple": (8, 16, 32), "ngram-mod": (8, 16, 32), SUFFIX: (8, 16, 32)}
-# the lookup sizes swept where none are given (defaults 12 and 24 run beside them)
-SWEEP_SIZE = {"ngram-simple": (4, 8), "ngram-mod": (8, 16)}
+# ours 48 for the weightless kinds, each step priced to what pays)
+SWEEP_N_MAX = {SIMPLE: (2, 4, 6), **{k: (8, 16, 32) for k in WEIGHTLESS}}
+# the lookup sizes swept where none are given (the kinds' defaults run beside them)
+SWEEP_SIZE = {k: tuple(kind.sweep_sizes) for k, kind in WEIGHTLESS.items() if kind.lookup}
 # our Engine's option for a kind's lookup size
-SIZE_OPTION = {"ngram-simple": "spec_ngram_simple_size_n", "ngram-mod": "spec_ngram_mod_n_match"}
-MODES = {SIMPLE: ("plain", "chain", "tree", "auto"), **{k: ("plain", "chain") for k in (*NGRAM_KINDS, SUFFIX)}}
+SIZE_OPTION = {k: kind.lookup_keyword() for k, kind in WEIGHTLESS.items() if kind.lookup}
+MODES = {SIMPLE: ("plain", "chain", "tree", "auto"), **{k: ("plain", "chain") for k in WEIGHTLESS}}
 
 
 def unsupported(kind: str, names: Sequence[str]) -> List[str]:
@@ -63,7 +67,7 @@ def our_modes(kind: str, names: Sequence[str], p_mins: Sequence[float], n_maxes:
                 out += [Mode(f"chain vocab {v}" + (" (corpus)" if vocab_from else ""),
                              options=(("spec_draft_vocab", v), ("spec_draft_vocab_from", tuple(vocab_from))))
                         for v in vocabs]
-            elif kind == SUFFIX:
+            elif kind not in SIZE_OPTION:
                 out += [Mode(_label("chain", None, None, n), options=(("spec_draft_n_max", n),)) for n in n_maxes]
             else:
                 out += [Mode(_label("chain", None, size, n), options=((SIZE_OPTION[kind], size), ("spec_draft_n_max", n)))
@@ -80,8 +84,9 @@ def our_modes(kind: str, names: Sequence[str], p_mins: Sequence[float], n_maxes:
 def their_settings(kind: str, p_mins: Sequence[float], n_maxes: Sequence[int],
                    sizes: Sequence[int]) -> List[Tuple[Optional[float], Optional[int], Optional[int]]]:
     """llama-speculative-simple's (p-min, n-max, size) of the kind: its default (all None)
-    and the sweep (suffix: none, llama.cpp has no such kind)."""
-    if kind == SUFFIX:
+    and the sweep (suffix: none, llama.cpp has no such kind; a kind without a lookup size
+    whose draft length llama.cpp fixes, ngram-cache: its default only)."""
+    if kind in OURS_ONLY:
         return []
     if kind == SIMPLE:
         sweep = [(p, n, None) for p in p_mins for n in n_maxes]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..runtime.drafter_kinds import DRAFTERS
+from ..speculation.kinds import WEIGHTLESS
 from ..tools import llama_cpp_tree
 from .runs import Cell, Run, Sampling
 
@@ -221,19 +222,15 @@ class CompletionArm:
         return runs
 
 
-# llama-speculative-simple's flags for a draft's length and an n-gram kind's lookup size
-# (common/arg.cpp): an n-gram kind drafts up to its own m-gram / n-max, not --spec-draft-n-max
-NGRAM_FLAGS = {"ngram-simple": ("--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"),
-               "ngram-mod": ("--spec-ngram-mod-n-match", "--spec-ngram-mod-n-max")}
-NGRAM_MOD_N_MIN = 48  # llama.cpp's default shortest ngram-mod draft, cut to a shorter n-max
-KIND_NAMES = {**{k.spec_type: k.title for k in DRAFTERS},
-              "draft-simple": "draft-simple", "ngram-simple": "ngram-simple", "ngram-mod": "ngram-mod"}
+KIND_NAMES = {**{k.spec_type: k.title for k in DRAFTERS}, "draft-simple": "draft-simple",
+              **{k: k for k in WEIGHTLESS}}
 
 
 class SpeculativeArm(CompletionArm):
     """llama-speculative-simple's DFlash (or another kind: setup.spec_type) at a draft cut (--spec-draft-p-min) and a number of
     drafts (--spec-draft-n-max; the drafter's block less the bonus token is the whole block);
-    an n-gram kind at a lookup size and a longest draft (NGRAM_FLAGS) instead;
+    a weightless kind at a lookup size and a longest draft (its own flags, common/arg.cpp's:
+    Kind.their_flags; it drafts up to its own m-gram / n-max, not --spec-draft-n-max) instead;
     all None: the tool's defaults, no draft flag given (stand_in: not its default, its
     kind standing in for one it lacks, cli.STAND_IN). When the target needs checkpoints
     (it cannot drop a rejected tail), each run is made again at -lv 5 to count the restores,
@@ -254,14 +251,9 @@ class SpeculativeArm(CompletionArm):
 
     def draft_flags(self) -> List[str]:
         flags = []
-        ngram = NGRAM_FLAGS.get(self.setup.spec_type)
-        if ngram is not None:
-            if self.size is not None:
-                flags += [ngram[0], str(self.size)]
-            if self.n_max is not None:
-                flags += [ngram[1], str(self.n_max)]
-                if self.setup.spec_type == "ngram-mod":  # its shortest draft may not pass its longest
-                    flags += ["--spec-ngram-mod-n-min", str(min(NGRAM_MOD_N_MIN, self.n_max))]
+        weightless = WEIGHTLESS.get(self.setup.spec_type)
+        if weightless is not None:
+            flags += weightless.their_flags(self.size, self.n_max)
         elif self.n_max is not None:
             flags += ["--spec-draft-n-max", str(self.n_max), "--spec-draft-n-min", "0"]
         if self.p_min is not None:

@@ -99,8 +99,9 @@ def generate(engine: Engine, mode: Mode, prompt: str, ids: List[int], n: int, sa
     simple, weightless = engine.setup.simple, engine.setup.weightless
     if simple is not None and mode.speculative:  # draft-simple's own settings (llama.cpp's meanings)
         extra.update(draft_p_min=simple.p_min, n_max=simple.n_max, tree=simple.tree)
-    elif weightless.ngram_kinds and mode.speculative:
-        extra.update(n_max=weightless.spec_draft_n_max, ngram=asdict(weightless.ngram))
+    elif weightless.chains and mode.speculative:  # each n-gram kind's own options
+        extra.update(n_max=weightless.spec_draft_n_max,
+                     ngram={k: asdict(o) for k, o in weightless.kinds if k in weightless.chains})
     if s.trees.sizes:
         extra.update(tree_steps=len(s.trees.sizes), tree_nodes_mean=s.trees.mean_nodes,
                      chain_steps=s.trees.chain_steps)

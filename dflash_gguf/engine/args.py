@@ -1,7 +1,8 @@
 """The engine's command-line flags, shared by dflash-run (cli.py), dflash-server and the
 benchmarks: the model, placement and decoding flags (add_engine_args), their checks
-(validate_engine_args), the Engine they open (open_engine, open_chat_engine) and the
-messages that name an option by its flag. Flags follow llama.cpp's names."""
+(validate_engine_args), the Engine they open (open_engine, open_chat_engine: the flags
+typed once, options.EngineOptions.from_args) and the messages that name an option by its
+flag. Flags follow llama.cpp's names."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,8 @@ from ..runtime.exactness import MODES
 from ..runtime.native import DflashError
 from ..runtime.target import KV_TYPES
 from ..speculation.drafting import DEFAULT_DRAFT_P_MIN
-from ..speculation.kinds import CHAIN_RULES, DEFAULT_CHAIN_RULE, check_p_min
+from ..speculation.kinds import CHAIN_RULES, DEFAULT_CHAIN_RULE, DEFAULT_SPEC_DRAFT_N_MAX, WEIGHTLESS, check_p_min
+from .options import FLAGS as OPTION_FLAGS, EngineOptions
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -132,15 +134,14 @@ def _speculation_args(p) -> None:
     p.add_argument("--spec-type", metavar="KINDS",
                    help="what drafts, a comma list (llama.cpp's names): "
                         + "".join(f"{k.spec_type} ({k.help}), " for k in DRAFTERS)
-                        + "draft-simple (the -md "
-                        "small model of the target's vocabulary, drafting token by token), ngram-simple, "
-                        "ngram-mod (copies from the prompt and output, no weights), suffix (SuffixDecoding: trees "
-                        "of what followed the context's tail in the request's text and earlier requests', no "
-                        "weights; docs/suffix.md); several: each step verifies the draft that pays best (the "
-                        "no-weight kinds alone: by expected tokens per second at the verify's cost; beside a "
-                        "drafter: by expected accepted length) (default: the -md drafter's kind; none without -md)")
+                        + "draft-simple (the -md small model of the target's vocabulary, drafting token by token), "
+                        + "".join(f"{k.name} ({k.help}), " for k in WEIGHTLESS.values())
+                        + "several: each step verifies the draft that pays best (the no-weight kinds alone: by "
+                        "expected tokens per second at the verify's cost; beside a drafter: by expected accepted "
+                        "length) (default: the -md drafter's kind; none without -md)")
     p.add_argument("--spec-draft-n-max", type=int, metavar="N",
-                   help="the longest draft: n-gram kinds and suffix (default 48; each step verifies the length "
+                   help=f"the longest draft: n-gram kinds and suffix (default {DEFAULT_SPEC_DRAFT_N_MAX}; each step "
+                        "verifies the length "
                         "that pays against its verify cost), "
                         + listed([f"{k.title}'s" for k in DRAFTERS if k.autoregressive] + ["draft-simple's"], "and")
                         + " drafts per step (default 3), and the "
@@ -163,16 +164,11 @@ def _speculation_args(p) -> None:
     p.add_argument("--spec-draft-conf-min", type=float, default=0.0, metavar="P",
                    help="draft-dspark: cut the chain before the first draft its confidence head trusts less "
                         "than P, 0..1 (llama.cpp's draft-dspark reads its --spec-draft-p-min so; default 0: no cut)")
-    p.add_argument("--spec-ngram-simple-size-n", type=int, default=12, metavar="N",
-                   help="ngram-simple: tokens looked up in the history (default 12)")
-    p.add_argument("--spec-ngram-mod-n-match", type=int, default=24, metavar="N",
-                   help="ngram-mod: tokens its map is keyed on (default 24)")
-    p.add_argument("--spec-ngram-mod-n-min", type=int, default=48, metavar="N",
-                   help="ngram-mod: its shortest draft, capped at the longest (default 48)")
-    p.add_argument("--spec-suffix-cache-mb", type=int, default=64, metavar="MIB",
-                   help="suffix: memory for the corpus of earlier requests' prompts and responses it drafts "
-                        "from (all API keys together, estimated per indexed token), the least recently used "
-                        "dropped first; 0: no corpus, each request's own text only (default 64)")
+    for kind in WEIGHTLESS.values():  # each kind's own options, as it declares them
+        for _, _, f in kind.options.declared():
+            m = f.metadata
+            p.add_argument(m["flag"], type=int, default=f.default, metavar=m["metavar"],
+                           help=f"{m['help']} (default {f.default})")
     p.add_argument("--no-spec", action="store_true", help="plain decoding even when a drafter is given")
 
 
@@ -356,7 +352,7 @@ def print_memory(prog: str, model: str, draft: Optional[str], args, checkpoints=
     from .memory import MIB, settle, what_fits
 
     try:
-        setup, plan, over = settle(model, draft, engine_options(args), args.memory_limit)
+        setup, plan, over = settle(model, draft, EngineOptions.from_args(args), args.memory_limit)
         limit = args.memory_limit * MIB if args.memory_limit else None
         ideas = what_fits(model, setup.draft_path, setup.target_config, setup.draft_config, plan, limit) if over else []
     except ConfigError as e:
@@ -408,21 +404,8 @@ def resolve_context(prog: str, model: str, args) -> bool:
     return True
 
 
-# the flag of each Engine option, for its errors
-FLAGS = {"n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size", "n_threads": "-t/--threads",
-         "n_gpu_layers": "-ngl/--n-gpu-layers", "n_seq": "-np/--parallel", "kv_type": "-ctk/--cache-type-k",
-         "kv_type_v": "-ctv/--cache-type-v", "block_size": "--block-size", "tree_budget": "--tree-budget",
-         "draft_top_k": "--draft-top-k", "draft_window": "--draft-window", "draft_p_min": "--draft-p-min",
-         "chain_rule": "--chain-rule", "grammar": "--grammar", "json_schema": "-j/--json-schema",
-         "spec_type": "--spec-type", "spec_draft_n_max": "--spec-draft-n-max",
-         "spec_draft_conf_min": "--spec-draft-conf-min", "spec_ngram_simple_size_n": "--spec-ngram-simple-size-n",
-         "spec_ngram_mod_n_match": "--spec-ngram-mod-n-match", "spec_ngram_mod_n_min": "--spec-ngram-mod-n-min",
-         "rope_scaling": "--rope-scaling", "rope_scale": "--rope-scale", "yarn_orig_ctx": "--yarn-orig-ctx",
-         "override_tensor": "-ot/--override-tensor", "override_tensor_draft": "-otd/--override-tensor-draft",
-         "spec_draft_n_min": "--spec-draft-n-min", "spec_draft_vocab": "--spec-draft-vocab",
-         "spec_draft_vocab_from": "--spec-draft-vocab-from", "n_ctx_draft": "-cd/--ctx-size-draft",
-         "n_gpu_layers_draft": "-ngld/--gpu-layers-draft", "spec_suffix_cache_mb": "--spec-suffix-cache-mb",
-         "exact": "--exact"}
+# the flag of each option, for its errors: the Engine's (options.FLAGS), the constraints' and --exact
+FLAGS = {**OPTION_FLAGS, "grammar": "--grammar", "json_schema": "-j/--json-schema", "exact": "--exact"}
 
 
 # the flag of each sampling field, for its errors (sampling.check_sampling)
@@ -459,33 +442,6 @@ def config_error(prog: str, e: ConfigError) -> int:
     return 2
 
 
-def engine_options(args) -> dict:
-    """Engine keyword options from add_engine_args' flags (with dflash-server's -np N, as
-    llama-server does: N sequence slots sharing -c, each of -c / N positions)."""
-    n_seq = getattr(args, "parallel", 1)
-    return dict(n_ctx=args.ctx_size // n_seq if n_seq >= 1 else args.ctx_size, n_ubatch=args.ubatch_size,
-                n_threads=args.threads,
-                kv_type=args.cache_type_k, kv_type_v=args.cache_type_v, block_size=args.block_size,
-                tree_budget=args.tree_budget, draft_top_k=args.draft_top_k, device=args.device,
-                repack=not args.no_repack, n_gpu_layers=-1 if args.n_gpu_layers is None else args.n_gpu_layers,
-                draft_window=args.draft_window, draft_p_min=args.draft_p_min, chain_rule=args.chain_rule,
-                n_seq=n_seq, spec_type=None if args.no_spec else args.spec_type,
-                spec_draft_n_max=args.spec_draft_n_max, spec_draft_conf_min=args.spec_draft_conf_min,
-                spec_ngram_simple_size_n=args.spec_ngram_simple_size_n,
-                spec_ngram_mod_n_match=args.spec_ngram_mod_n_match, spec_ngram_mod_n_min=args.spec_ngram_mod_n_min,
-                rope_scaling=args.rope_scaling, rope_scale=args.rope_scale, yarn_orig_ctx=args.yarn_orig_ctx,
-                override_tensor=args.override_tensor or (), override_tensor_draft=args.override_tensor_draft or (),
-                spec_draft_n_min=args.spec_draft_n_min, spec_draft_vocab=args.spec_draft_vocab,
-                spec_draft_vocab_from=tuple(args.spec_draft_vocab_from), n_ctx_draft=args.ctx_size_draft // n_seq if n_seq >= 1
-                else args.ctx_size_draft, n_gpu_layers_draft=_layers_draft(args.gpu_layers_draft),
-                spec_suffix_cache_mb=args.spec_suffix_cache_mb)
-
-
-def _layers_draft(value: Optional[str]) -> int:
-    """-ngld as draft-simple's layers on the device: auto, all or left out -1 (all)."""
-    return -1 if value in (None, "auto", "all") else int(value)
-
-
 def open_engine(prog: str, model: str, draft, args):
     """The Engine for the parsed options, or the exit code after saying why not: 2 when
     the memory plan refuses it (the user can change limits or options), 1 otherwise."""
@@ -493,7 +449,8 @@ def open_engine(prog: str, model: str, draft, args):
     from .memory import MemoryPlanError
 
     try:
-        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, exact=args.exact, **engine_options(args))
+        engine = Engine(model, draft, memory_limit_mib=args.memory_limit, exact=args.exact,
+                        options=EngineOptions.from_args(args))
         freeze_loaded_objects()  # the process keeps the engine to its end
         return engine
     except ConfigError as e:
@@ -530,9 +487,9 @@ def engine_mode(engine, tree_budget) -> str:
     if engine.draft is not None and engine.draft.kind != "dflash":
         mode = f"{engine.draft.kind} {mode}"  # the drafter that drafts it: "mtp chain"
     weightless = engine.setup.weightless
-    kinds = [",".join(weightless.ngram_kinds)] if weightless.ngram_kinds else []
+    kinds = [",".join(weightless.chains)] if weightless.chains else []
     if engine.suffix_corpora is not None:
-        kinds.append(f"suffix (corpus {weightless.suffix.cache_mb} MiB)")
+        kinds.append(f"suffix (corpus {weightless.options('suffix').cache_mb} MiB)")
     if kinds:
         mode = ("chain + " if engine.draft is not None else "") + " + ".join(kinds)
     if engine.simple_draft is not None:

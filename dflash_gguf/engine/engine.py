@@ -14,12 +14,12 @@ from ..decoding.step import Batch, Sequence as Decoding
 from ..decoding.streaming import Result, TextStream, reply_tokens, run_tokens, stream_text
 from ..runtime.checkpoints import PrefixCheckpoints
 from ..speculation.choice import ProposerChoice
-from ..speculation.suffix import SuffixCorpora
 from .loading import LoadedModels
+from .options import EngineOptions
 from .setup import AUTO_MAX_BUDGET, EngineSetup
 from .slots import SlotContexts
 
-__all__ = ["Engine", "EngineSetup", "Result"]
+__all__ = ["Engine", "EngineOptions", "EngineSetup", "Result"]
 
 Prompt = Union[str, Sequence[int]]
 
@@ -70,18 +70,18 @@ class Engine:
     AUTO_MAX_BUDGET = AUTO_MAX_BUDGET
 
     def __init__(self, model: str, draft: Optional[str] = None, *, memory_limit_mib: Optional[int] = None,
-                 exact: str = "report", **options):
-        """`options` are EngineSetup's: n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
+                 exact: str = "report", options: Optional[EngineOptions] = None, **keywords):
+        """`options`: the typed options (options.EngineOptions), or `keywords`, made into
+        them (EngineOptions.of): n_ctx, n_ubatch, n_threads, kv_type, kv_type_v,
         block_size, tree_budget, draft_top_k, device, repack, n_gpu_layers, draft_window,
         draft_p_min, chain_rule, n_seq (sequences held at once, each in a slot of n_ctx
         positions: see sequence()), spec_type (llama.cpp's --spec-type kinds, a comma list
         or a sequence: "draft-dflash", "draft-eagle3" (`draft` an EAGLE3 drafter),
         "draft-mtp" (the MTP layer of `model` itself, no `draft`), "draft-simple" (`draft` a
         smaller model of the target's vocabulary, drafting token by token: speculation/draft_simple.py),
-        "ngram-simple", "ngram-mod", "suffix" (SuffixDecoding: trees from the request's
-        own text and earlier requests', speculation/suffix.py); None: the drafter's own kind
-        (draft-simple for a model GGUF), or plain decoding without one),
-        spec_suffix_cache_mb (the suffix corpora's bound, all corpus keys together),
+        the weightless kinds (speculation/kinds/: "ngram-simple", "ngram-mod", "suffix"
+        (SuffixDecoding: trees from the request's own text and earlier requests'), ...); None:
+        the drafter's own kind (draft-simple for a model GGUF), or plain decoding without one),
         spec_draft_n_max (the n-gram kinds' longest draft, MTP's, EAGLE3's and draft-simple's
         drafts per step; the DFlash block when block_size is left out), spec_draft_n_min,
         n_ctx_draft and n_gpu_layers_draft (draft-simple's shortest chain, its context (0: n_ctx)
@@ -90,8 +90,8 @@ class Engine:
         outside them; 0: the kept set a DFlash file carries, else all),
         spec_draft_vocab_from (files or directories of text whose commonest tokens the cut
         keeps; default: the lowest ids),
-        spec_draft_conf_min,
-        spec_ngram_simple_size_n, spec_ngram_mod_n_match, spec_ngram_mod_n_min;
+        spec_draft_conf_min, each weightless kind's options under its flag's name
+        (spec_ngram_simple_size_n, spec_suffix_cache_mb, ...: speculation/kinds/);
         override_tensor ("PATTERN=DEVICE" strings or (pattern, device) pairs: weights
         whose GGUF name matches on that device, the first match deciding), cpu_moe and
         n_cpu_moe (routed experts of every layer, or of the first n layers, on the CPU),
@@ -102,6 +102,10 @@ class Engine:
         devices the target runs on, asked of them at load (runtime/exactness.py) and kept
         as `Engine.exact`: "report" (default) asks and reports, "require" refuses to load
         (ConfigError "exact") unless the answer is yes, "off" does not ask."""
+        if options is None:
+            options = EngineOptions.of(**keywords)
+        elif keywords:
+            raise TypeError(f"options given, and keywords besides: {', '.join(sorted(keywords))}")
         self.models = LoadedModels(model, draft, options, memory_limit_mib, exact)
         self.last_tokens: List[int] = []  # every token the last call generated
         self.slots = SlotContexts(self.models, self.target.n_seq)
@@ -110,8 +114,7 @@ class Engine:
         # grammar-aware drafting for constrained requests (constraints.GrammarState.drafting)
         self.grammar_drafting = True
         # suffix: the engine's corpora of earlier requests, one per Request.corpus key
-        suffix = self.setup.weightless.suffix
-        self.suffix_corpora = SuffixCorpora(suffix) if suffix is not None else None
+        self.suffix_corpora = self.setup.weightless.corpora()
         # each request's proposer, and what `auto` and the weightless kinds' pricing learn
         # across requests (the verify cost table, per sampling regime the last sequence's)
         self.choice = ProposerChoice(self)

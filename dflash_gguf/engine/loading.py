@@ -14,6 +14,7 @@ from ..runtime.tokenizer import Tokenizer
 from ..speculation.draft_simple import SimpleDraft, corpus_counts, kept_tokens
 from ..speculation.drafting import default_p_min
 from .memory import refusal, settle
+from .options import EngineOptions
 
 
 class LoadedModels:
@@ -21,7 +22,7 @@ class LoadedModels:
     as one settled setup loads them, with that setup's memory plan, the p_min that cuts
     the drafter's chains, and the vocabulary as grammars see it (built when first asked)."""
 
-    def __init__(self, model: str, draft: Optional[str], options: dict, memory_limit_mib: Optional[int],
+    def __init__(self, model: str, draft: Optional[str], options: EngineOptions, memory_limit_mib: Optional[int],
                  exact: str = "report"):
         # planned from metadata before anything is allocated: "auto" options are chosen
         # to fit, and a configuration that does not fit the device (or memory_limit_mib)
@@ -40,7 +41,7 @@ class LoadedModels:
             raise
         self.draft_p_min = default_p_min(self.target) if setup.drafting.draft_p_min is None else setup.drafting.draft_p_min
         if draft_config is not None and setup.drafting.tree_budget is None and self.draft_p_min == 0 \
-                and not setup.weightless.ngram_kinds and setup.weightless.suffix is None:
+                and not setup.weightless.kinds:
             # a chain that is never cut reads no probabilities: its proposes rank nothing
             draft_config = replace(draft_config, top_k=0)
         try:
@@ -71,8 +72,7 @@ class LoadedModels:
         devices = [info["device"] or "CPU"]
         if info["n_gpu_layers"] < info["n_layer"] or info["host_layer_weights"]:
             devices.append("CPU")
-        speculative = setup.draft_path is not None or setup.simple is not None or bool(setup.weightless.ngram_kinds) \
-            or setup.weightless.suffix is not None
+        speculative = setup.draft_path is not None or setup.simple is not None or bool(setup.weightless.kinds)
         if info["n_seq"] > 1:
             max_rows = min(INVARIANT_STEP_ROWS, info["n_ubatch"])
         else:

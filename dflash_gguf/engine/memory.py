@@ -11,6 +11,7 @@ from ..runtime import placement
 from ..runtime.drafter import DraftConfig, draft_params
 from ..runtime.native import check, ffi, lib
 from ..runtime.target import TargetConfig, target_params
+from .options import EngineOptions
 from .setup import EngineSetup, drafter_path
 
 PARTS = {
@@ -209,19 +210,18 @@ class MemoryPlanError(ValueError):
 AUTO_DRAFT_WINDOW = 4096
 
 
-def settle(model: str, draft: Optional[str], options: dict, limit_mib: Optional[int] = None):
+def settle(model: str, draft: Optional[str], options: EngineOptions, limit_mib: Optional[int] = None):
     """Choose the "auto" options (kv_type, draft_window) so that the plan fits the
     devices and the limit, preferring what changes the output least: the whole drafter
     context with an f16 cache, then a drafter window (still lossless), then q8_0 and
     q4_0 caches. Returns (setup, plan, what does not fit: empty when it fits)."""
     limit = limit_mib * MIB if limit_mib else None
-    kv_auto = options.get("kv_type", "auto") == "auto"
-    window_auto = options.get("draft_window", "auto") == "auto"
-    kvs = ["f16", "q8_0", "q4_0"] if kv_auto else [options["kv_type"]]
-    has_draft = drafter_path(model, draft, options.get("spec_type")) is not None
-    windows = [0, AUTO_DRAFT_WINDOW] if window_auto and has_draft else [0 if window_auto else options["draft_window"]]
+    kv, window = options.target.kv_type, options.drafter.draft_window
+    kvs = ["f16", "q8_0", "q4_0"] if kv == "auto" else [kv]
+    has_draft = drafter_path(model, draft, options.speculation.spec_type) is not None
+    windows = [0, AUTO_DRAFT_WINDOW] if window == "auto" and has_draft else [0 if window == "auto" else window]
     first = None
-    checked = EngineSetup.of(model, draft, **{**options, "kv_type": kvs[0], "draft_window": windows[0]})
+    checked = EngineSetup.of(model, draft, options.with_memory(kvs[0], windows[0]))
     for kv in kvs:
         for window in windows:
             setup = checked.with_memory(kv, window)

@@ -1,31 +1,26 @@
-"""An Engine's options, checked in one place before anything is loaded: what the target
-and drafter are loaded with (TargetConfig, DraftConfig), how decoding drafts (block size,
-tree budget, auto, the chain's confidence cut) and how many sequences it holds at once.
+"""An Engine's setup, settled before anything is loaded from its typed options
+(options.EngineOptions) and the files: what the target and drafter are loaded with
+(TargetConfig, DraftConfig), how decoding drafts (block size, tree budget, auto, the
+chain's confidence cut, the weightless kinds) and how many sequences it holds at once.
 The Engine, the memory plan, dflash-run and dflash-server all take an EngineSetup; the
 command lines only translate its ConfigError into their flags' words."""
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Tuple
 
-from ..runtime import placement
 from ..runtime.drafter import DraftConfig, read_draft_metadata
 from ..runtime.drafter_kinds import reading
 from ..runtime.errors import ConfigError
-from ..runtime.target import KV_TYPES, ROPE_SCALING_TYPES, RopeScaling, TargetConfig
+from ..runtime.target import RopeScaling, TargetConfig
 from ..speculation.kinds import (AUTOREGRESSIVE, DEFAULT_CHAIN_RULE, DEFAULT_MTP_DRAFTS, DEFAULT_SIMPLE_N_MAX,
-                                 DEFAULT_SIMPLE_N_MIN, DEFAULT_SIMPLE_P_MIN, DEFAULT_SPEC_DRAFT_N_MAX,
-                                 DEFAULT_SUFFIX_CACHE_MB, DRAFTER_KINDS, FILE_KIND_NAMES, FILE_KINDS, NGRAM_KINDS,
-                                 SIMPLE, SUFFIX, TARGET_KINDS, NgramConfig, check_chain_rule, check_p_min,
-                                 parse_spec_types)
-from ..speculation.suffix import SuffixConfig
+                                 DEFAULT_SIMPLE_N_MIN, DEFAULT_SIMPLE_P_MIN, DEFAULT_SPEC_DRAFT_N_MAX, DRAFTER_KINDS,
+                                 FILE_KIND_NAMES, FILE_KINDS, SIMPLE, TARGET_KINDS, WEIGHTLESS, parse_spec_types)
+from ..speculation.kinds.kind import check_count as _count
+from .options import EngineOptions, check_kv, check_window
 
 # the largest tree `--tree-budget auto` grows to
 AUTO_MAX_BUDGET = 32
-# sequences a target holds at most (csrc: DFL_MAX_SEQ)
-MAX_SEQ = 16
 
 
 @dataclass(frozen=True)
@@ -136,37 +131,12 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     return kinds
 
 
-def drafter_path(model: str, draft: Optional[str], spec_type) -> Optional[str]:
+def drafter_path(model: str, draft: Optional[str], spec_type: Optional[tuple]) -> Optional[str]:
     """The GGUF the drafter loads from: -md's, or the model's own for draft-mtp (its
-    nextn layers); None without a drafter. spec_type as given (not yet checked)."""
+    nextn layers); None without a drafter. spec_type: SpeculationOptions' kinds."""
     if draft:
         return draft
-    if spec_type is None:
-        return None
-    names = spec_type.split(",") if isinstance(spec_type, str) else list(spec_type)
-    return model if any(n.strip() in TARGET_KINDS for n in names) else None
-
-
-def _count(option: str, value, lo: int, hi: Optional[int] = None, what: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ConfigError(option, f"{what or option.replace('_', ' ')} must be {span}, got {value!r}")
-    return value
-
-
-def _placement_rules(option: str, overrides, cpu_option: str, cpu_moe, n_option: str, n_cpu_moe,
-                     device: Optional[str]) -> tuple:
-    """Weight placement rules by name (runtime/placement.py), checked: the explicit overrides in
-    their order, then --cpu-moe's or --n-cpu-moe's."""
-    if not isinstance(cpu_moe, bool):
-        raise ConfigError(cpu_option, f"{cpu_option.replace('_', ' ')} is on or off (a bool), got {cpu_moe!r}")
-    _count(n_option, n_cpu_moe, 0, what="the layers whose experts stay on the CPU")
-    try:
-        rules = placement.parse_rules(overrides) + placement.expert_rules(n_cpu_moe, cpu_moe)
-        placement.check_devices(rules, device)
-    except ValueError as e:
-        raise ConfigError(option, str(e)) from None
-    return rules
+    return model if any(k in TARGET_KINDS for k in spec_type or ()) else None
 
 
 @dataclass(frozen=True)
@@ -189,14 +159,28 @@ class DraftingSetup:
 
 @dataclass(frozen=True)
 class WeightlessSetup:
-    """The weightless kinds that draft (--spec-type), beside the drafter or alone: the
-    n-gram kinds with their settings, suffix's settings (None: it does not draft), and
-    their longest draft."""
+    """The weightless kinds that draft (speculation/kinds/, in --spec-type's order), beside
+    the drafter or alone, each with its options, and their longest draft."""
 
-    ngram_kinds: tuple = ()
-    ngram: NgramConfig = NgramConfig()
-    suffix: Optional[SuffixConfig] = None
+    kinds: Tuple[Tuple[str, Any], ...] = ()
     spec_draft_n_max: int = DEFAULT_SPEC_DRAFT_N_MAX
+
+    @property
+    def chains(self) -> Tuple[str, ...]:
+        """The kinds that draft chains from each sequence's own text (the n-gram family)."""
+        return tuple(k for k, _ in self.kinds if WEIGHTLESS[k].source is not None)
+
+    def sources(self) -> list:
+        """Fresh chain sources for one sequence, in the kinds' order."""
+        return [WEIGHTLESS[k].source(options) for k, options in self.kinds if WEIGHTLESS[k].source is not None]
+
+    def corpora(self):
+        """The engine's shared corpora, of the kind that keeps them (suffix's), or None."""
+        return next((WEIGHTLESS[k].corpora(options) for k, options in self.kinds if WEIGHTLESS[k].corpora), None)
+
+    def options(self, kind: str):
+        """An enabled kind's options (None: it does not draft)."""
+        return dict(self.kinds).get(kind)
 
 
 @dataclass
@@ -224,9 +208,8 @@ class EngineSetup:
     def with_memory(self, kv_type: str, draft_window: int) -> "EngineSetup":
         """This setup with another KV cache type and drafter window (what memory.settle
         tries), its other options as they were checked once."""
-        if kv_type not in KV_TYPES:
-            raise ConfigError("kv_type", f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")
-        _count("draft_window", draft_window, 0, what="the draft window (0: the whole context)")
+        check_kv("kv_type", kv_type, auto=False)
+        check_window(draft_window)
         simple = self.simple
         if simple is not None:
             simple = replace(simple, config=replace(simple.config, kv_type=kv_type))
@@ -237,118 +220,69 @@ class EngineSetup:
                        simple=simple)
 
     @classmethod
-    def of(cls, model: str, draft: Optional[str] = None, *, n_ctx: int = 4096, n_ubatch: int = 512,
-           n_threads: int = 0, kv_type: str = "f16", kv_type_v: Optional[str] = None,
-           block_size: Optional[int] = None, tree_budget: Union[int, str, None] = None,
-           draft_top_k: int = 8, device: Optional[str] = None, repack: bool = True,
-           n_gpu_layers: int = -1, draft_window: int = 0,
-           draft_p_min: Optional[float] = None, chain_rule: str = DEFAULT_CHAIN_RULE,
-           n_seq: int = 1, spec_type=None, spec_draft_n_max: Optional[int] = None,
-           spec_draft_conf_min: float = 0.0, spec_ngram_simple_size_n: int = 12,
-           spec_ngram_mod_n_match: int = 24, spec_ngram_mod_n_min: int = 48, rope_scaling: Optional[str] = None,
-           rope_scale: float = 0.0, yarn_orig_ctx: int = 0, override_tensor=(), cpu_moe: bool = False,
-           n_cpu_moe: int = 0, override_tensor_draft=(), cpu_moe_draft: bool = False,
-           n_cpu_moe_draft: int = 0, spec_draft_n_min: int = 0, n_ctx_draft: int = 0,
-           n_gpu_layers_draft: int = -1, spec_draft_vocab: int = 0,
-           spec_draft_vocab_from: Union[str, Sequence[str]] = (),
-           spec_suffix_cache_mb: int = DEFAULT_SUFFIX_CACHE_MB) -> "EngineSetup":
-        _count("n_ctx", n_ctx, 1, what="the context size")
-        _count("n_ubatch", n_ubatch, 1, what="the ubatch size")
-        _count("n_threads", n_threads, 0, what="the thread count")
-        _count("n_gpu_layers", n_gpu_layers, -1, what="the layers on the device")
-        _count("n_seq", n_seq, 1, MAX_SEQ, what="the sequences held at once")
-        for option, kv in (("kv_type", kv_type), ("kv_type_v", kv_type_v or kv_type)):
-            if kv not in KV_TYPES:
-                raise ConfigError(option, f"unknown KV cache type {kv!r}; choose one of {', '.join(KV_TYPES)}")
-        kinds = resolve_spec_types(spec_type, model, draft)
-        if spec_draft_n_max is not None:
-            _count("spec_draft_n_max", spec_draft_n_max, 1, 63, what="the longest draft")
-        if isinstance(spec_draft_conf_min, bool) or not isinstance(spec_draft_conf_min, (int, float)) \
-                or not 0 <= spec_draft_conf_min <= 1:
-            raise ConfigError("spec_draft_conf_min", f"draft conf-min must be 0..1, got {spec_draft_conf_min!r}")
-        ngram = NgramConfig(_count("spec_ngram_simple_size_n", spec_ngram_simple_size_n, 1, what="the n-gram size"),
-                            _count("spec_ngram_mod_n_match", spec_ngram_mod_n_match, 1, what="the n-gram size"),
-                            _count("spec_ngram_mod_n_min", spec_ngram_mod_n_min, 1, what="the shortest draft"))
-        ngram_kinds = tuple(k for k in kinds if k in NGRAM_KINDS)
-        _count("spec_suffix_cache_mb", spec_suffix_cache_mb, 0,
-               what="the suffix corpora's memory in MiB (0: no corpus, the request's own text only)")
-        suffix = SuffixConfig(cache_mb=spec_suffix_cache_mb) if SUFFIX in kinds else None
+    def of(cls, model: str, draft: Optional[str], options: EngineOptions = EngineOptions()) -> "EngineSetup":
+        """The setup of the options (checked as their types were made) with the files: the
+        kinds against the GGUFs, what a drafter's file allows, what the kinds allow beside
+        each other. A KV type or drafter window left "auto" is the memory plan's first
+        choice here (f16, the whole context: memory.settle tries the others)."""
+        target, drafter, spec = options.target, options.drafter, options.speculation
+        kv_type = "f16" if target.kv_type == "auto" else target.kv_type
+        kv_type_v = target.kv_type_v
+        draft_window = 0 if drafter.draft_window == "auto" else drafter.draft_window
+        kinds = resolve_spec_types(spec.spec_type, model, draft)
+        n_max = spec.spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
+        weightless = WeightlessSetup(tuple((k, spec.kinds[k]) for k in kinds if k in WEIGHTLESS), n_max)
         simple = SIMPLE in kinds
-        vocab_from = _vocab_from(spec_draft_vocab, spec_draft_vocab_from)
+        vocab_from = drafter.vocab_from()
         draft_path = model if any(k in TARGET_KINDS for k in kinds) else (None if simple else draft)
         meta = read_draft_metadata(draft_path) if draft_path else None
-        if spec_draft_vocab and not simple and (meta is None or meta["kind"] != "dflash"):
+        if drafter.spec_draft_vocab and not simple and (meta is None or meta["kind"] != "dflash"):
             raise ConfigError("spec_draft_vocab", f"the drafter's head is cut for {SIMPLE} and DFlash drafters; "
                                                   f"this run has {'a ' + meta['kind'] + ' drafter' if meta else 'none'}")
-        if spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
+        if drafter.spec_draft_conf_min > 0 and (meta is None or meta["kind"] != "dspark"):
             raise ConfigError("spec_draft_conf_min", "draft conf-min cuts a DSpark drafter's chain by its confidence "
                                                      "head; this run has no DSpark drafter")
-        block = _block_of(meta, block_size, spec_draft_n_max)
-        auto = tree_budget == "auto"
-        if tree_budget is not None and not auto:
-            if isinstance(tree_budget, str):
-                raise ConfigError("tree_budget", f"tree budget must be 1..63 or 'auto', got {tree_budget!r}")
-            _count("tree_budget", tree_budget, 1, 63, what="the tree budget")
-        budget = (AUTO_MAX_BUDGET if auto else tree_budget) if meta else None
-        _count("draft_window", draft_window, 0, what="the draft window (0: the whole context)")
-        _count("draft_top_k", draft_top_k, 1, 64, what="the draft top-k")
-        if draft_p_min is not None:
-            if isinstance(draft_p_min, float) and math.isnan(draft_p_min):
-                raise ConfigError("draft_p_min", "draft p-min must be a number")
-            check_p_min(draft_p_min)
-        check_chain_rule(chain_rule)
-        if ngram_kinds and budget:
-            raise ConfigError("spec_type", f"{','.join(ngram_kinds)} beside draft-dflash verifies a chain; "
+        block = _block_of(meta, drafter.block_size, spec.spec_draft_n_max)
+        auto = drafter.tree_budget == "auto"
+        budget = (AUTO_MAX_BUDGET if auto else drafter.tree_budget) if meta else None
+        if weightless.chains and budget:
+            raise ConfigError("spec_type", f"{','.join(weightless.chains)} beside draft-dflash verifies a chain; "
                                            "leave out --tree-budget")
-        if suffix and budget:
-            raise ConfigError("spec_type", f"{SUFFIX} beside a drafter verifies its tree or the drafter's chain; "
-                                           "leave out --tree-budget")
-        _check_rope(rope_scaling, rope_scale, yarn_orig_ctx)
-        target_rules = _placement_rules("override_tensor", override_tensor, "cpu_moe", cpu_moe, "n_cpu_moe",
-                                        n_cpu_moe, device)
-        draft_rules = _placement_rules("override_tensor_draft", override_tensor_draft, "cpu_moe_draft",
-                                       cpu_moe_draft, "n_cpu_moe_draft", n_cpu_moe_draft, device)
-        n_max = spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
-        n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if ngram_kinds or suffix else 1)
+        corpora_kinds = [k for k, _ in weightless.kinds if k not in weightless.chains]
+        if corpora_kinds and budget:
+            raise ConfigError("spec_type", f"{corpora_kinds[0]} beside a drafter verifies its tree or the drafter's "
+                                           "chain; leave out --tree-budget")
+        target_rules = target.placement()
+        draft_rules = drafter.placement(target.device)
+        n_verify = max(block or 1, (budget or 0) + 1, n_max + 1 if weightless.kinds else 1)
         simple_setup = None
         if simple:
-            simple_setup = _simple_setup(draft, tree_budget, spec_draft_n_max, spec_draft_n_min, draft_p_min,
-                                         spec_draft_vocab, tuple(map(str, vocab_from)), TargetConfig(n_ctx=n_ctx_draft or n_ctx, n_ubatch=n_ubatch,
-                                                      n_threads=n_threads, kv_type=kv_type, kv_type_v=kv_type_v,
-                                                      device=device, repack=repack, n_gpu_layers=n_gpu_layers_draft,
-                                                      n_seq=n_seq, tensor_overrides=draft_rules))
+            simple_setup = _simple_setup(draft, drafter.tree_budget, spec.spec_draft_n_max, drafter.spec_draft_n_min,
+                                         drafter.draft_p_min, drafter.spec_draft_vocab, vocab_from, TargetConfig(
+                                             n_ctx=drafter.n_ctx_draft or target.n_ctx, n_ubatch=target.n_ubatch,
+                                             n_threads=target.n_threads, kv_type=kv_type, kv_type_v=kv_type_v,
+                                             device=target.device, repack=target.repack,
+                                             n_gpu_layers=drafter.n_gpu_layers_draft, n_seq=target.n_seq,
+                                             tensor_overrides=draft_rules))
             n_verify = max(n_verify, simple_setup.lookahead)
         target_config = TargetConfig(
-            n_ctx=n_ctx, n_ubatch=n_ubatch, n_verify=n_verify, n_threads=n_threads, kv_type=kv_type,
-            kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (), device=device,
-            repack=repack, n_gpu_layers=n_gpu_layers, n_seq=n_seq,
-            rope=RopeScaling(rope_scaling, float(rope_scale), yarn_orig_ctx), tensor_overrides=target_rules)
+            n_ctx=target.n_ctx, n_ubatch=target.n_ubatch, n_verify=n_verify, n_threads=target.n_threads,
+            kv_type=kv_type, kv_type_v=kv_type_v, feature_layers=meta["target_layers"] if meta else (),
+            device=target.device, repack=target.repack, n_gpu_layers=target.n_gpu_layers, n_seq=target.n_seq,
+            rope=RopeScaling(target.rope_scaling, float(target.rope_scale), target.yarn_orig_ctx),
+            tensor_overrides=target_rules)
         # a chain cut by p_min reads its drafts' probabilities: the drafter ranks one candidate
         # (and beside the n-gram kinds or suffix, the drafter's confidence is its expected accepted length)
-        top_k = draft_top_k if budget else (0 if draft_p_min == 0 and not ngram_kinds and not suffix else 1)
+        top_k = drafter.draft_top_k if budget else (0 if drafter.draft_p_min == 0 and not weightless.kinds else 1)
         draft_config = None
         if meta is not None:
-            draft_config = DraftConfig(n_threads=n_threads, top_k=top_k, window=draft_window,
+            draft_config = DraftConfig(n_threads=target.n_threads, top_k=top_k, window=draft_window,
                                        block_size=block if meta["kind"] in AUTOREGRESSIVE else 0,
                                        tensor_overrides=draft_rules)
-        drafting = DraftingSetup(block, budget, auto, draft_p_min, chain_rule, float(spec_draft_conf_min))
-        return cls(target_config, draft_config, n_threads, drafting, WeightlessSetup(ngram_kinds, ngram, suffix, n_max),
-                   draft_path, simple_setup, 0 if simple else spec_draft_vocab,
-                   () if simple else tuple(map(str, vocab_from)))
-
-
-def _vocab_from(spec_draft_vocab: int, spec_draft_vocab_from) -> Tuple[str, ...]:
-    """--spec-draft-vocab-from's files, checked (they need --spec-draft-vocab N)."""
-    _count("spec_draft_vocab", spec_draft_vocab, 0, what="the drafter's kept tokens (0: all)")
-    vocab_from = (spec_draft_vocab_from,) if isinstance(spec_draft_vocab_from, (str, os.PathLike)) \
-        else tuple(spec_draft_vocab_from or ())
-    if vocab_from and not spec_draft_vocab:
-        raise ConfigError("spec_draft_vocab_from", "it chooses the tokens a cut head keeps: give how many "
-                                                   "with --spec-draft-vocab N")
-    missing = next((str(f) for f in vocab_from if not os.path.exists(f)), None)
-    if missing is not None:
-        raise ConfigError("spec_draft_vocab_from", f"{missing}: no such file or directory")
-    return vocab_from
+        drafting = DraftingSetup(block, budget, auto, drafter.draft_p_min, drafter.chain_rule,
+                                 float(drafter.spec_draft_conf_min))
+        return cls(target_config, draft_config, target.n_threads, drafting, weightless, draft_path, simple_setup,
+                   0 if simple else drafter.spec_draft_vocab, () if simple else vocab_from)
 
 
 def _block_of(meta: Optional[dict], block_size: Optional[int], spec_draft_n_max: Optional[int]) -> Optional[int]:
@@ -370,17 +304,6 @@ def _block_of(meta: Optional[dict], block_size: Optional[int], spec_draft_n_max:
     return block_size or meta["block_size"]
 
 
-def _check_rope(rope_scaling: Optional[str], rope_scale, yarn_orig_ctx: int) -> None:
-    if rope_scaling is not None and rope_scaling not in ROPE_SCALING_TYPES:
-        raise ConfigError("rope_scaling", f"RoPE scaling must be one of {', '.join(ROPE_SCALING_TYPES)}, "
-                          f"got {rope_scaling!r}")
-    if isinstance(rope_scale, bool) or not isinstance(rope_scale, (int, float)) or not math.isfinite(rope_scale) \
-            or rope_scale < 0:
-        raise ConfigError("rope_scale", f"the RoPE context scale must be a number > 0 (0: the model's), "
-                          f"got {rope_scale!r}")
-    _count("yarn_orig_ctx", yarn_orig_ctx, 0, what="the original context of YaRN (0: the model's)")
-
-
 def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: Optional[float], draft_vocab: int,
                   draft_vocab_from: Tuple[str, ...], config: TargetConfig) -> SimpleSetup:
     """draft-simple's settings, checked: llama.cpp's defaults where left out (n_max 3,
@@ -391,9 +314,6 @@ def _simple_setup(draft: str, tree_budget, n_max: Optional[int], n_min, p_min: O
     if auto:
         tree_budget = None
     n_max = DEFAULT_SIMPLE_N_MAX if n_max is None else n_max
-    _count("spec_draft_n_min", n_min, 0, what="the shortest draft")
-    _count("n_ctx_draft", config.n_ctx, 1, what="the drafter's context size")
-    _count("n_gpu_layers_draft", config.n_gpu_layers, -1, what="the drafter's layers on the device")
     if tree_budget is not None and 1 + 2 * n_max > 64:
         raise ConfigError("spec_draft_n_max", f"{SIMPLE}'s tree has up to 1 + 2 x n-max nodes, at most 64: "
                                               f"n-max {n_max} is too long for a tree")

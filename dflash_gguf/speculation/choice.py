@@ -4,7 +4,6 @@ table (measured once per engine, cached per model file) and, per sampling regime
 `auto` learnt from the last sequence, which the next ones start from."""
 from __future__ import annotations
 
-from functools import partial
 from typing import Dict, Optional
 
 from ..decoding.requests import Request
@@ -13,7 +12,6 @@ from . import auto_store
 from .auto import AutoBudget, AutoMemory
 from .draft_simple import SimpleProposer, SimpleWeightlessProposer
 from .drafting import chain_proposer, tree_proposer
-from .ngram import ngram_sources
 from .pricing import RunHazards
 from .proposers import DrafterWeightlessProposer, PlainProposer, WeightlessProposer
 from .verify_cost import VerifyCost
@@ -47,8 +45,7 @@ class ProposerChoice:
     def weightless(self) -> bool:
         """Whether speculative requests draft without a drafter model: the n-gram kinds or
         suffix alone, each step priced against plain decoding (speculation/pricing.py)."""
-        return self.draft is None and self.simple_draft is None \
-            and bool(self.setup.weightless.ngram_kinds or self.suffix_corpora is not None)
+        return self.draft is None and self.simple_draft is None and bool(self.setup.weightless.kinds)
 
     def wants_cost(self) -> bool:
         """Whether speculative requests price their steps by the verify cost table."""
@@ -91,7 +88,7 @@ class ProposerChoice:
         setup, lookahead = self.setup, 0
         if speculative and self.draft is not None:
             lookahead = setup.drafting.tree_budget + 1 if setup.drafting.tree_budget else self.block
-        if speculative and (setup.weightless.ngram_kinds or self.suffix_corpora is not None):
+        if speculative and setup.weightless.kinds:
             lookahead = max(lookahead, setup.weightless.spec_draft_n_max + 1)
         if speculative and self.simple_draft is not None:
             lookahead = max(lookahead, setup.simple.lookahead)
@@ -124,15 +121,13 @@ class ProposerChoice:
                               drafting.chain_rule, drafting.spec_draft_conf_min)
 
     def weightless_kinds(self, request: Request) -> Optional[WeightlessKinds]:
-        """The weightless kinds the request drafts with (None: neither an n-gram kind nor
-        suffix): each sequence's own n-gram sources, the suffix corpora under the
-        request's key."""
+        """The weightless kinds the request drafts with (None: none): each sequence's own
+        chain sources (the n-gram family's), the suffix corpora under the request's key."""
         weightless = self.setup.weightless
-        if not weightless.ngram_kinds and self.suffix_corpora is None:
+        if not weightless.kinds:
             return None
-        sources = partial(ngram_sources, weightless.ngram_kinds, weightless.ngram) if weightless.ngram_kinds else None
-        return WeightlessKinds(sources, self.suffix_corpora, request.corpus, weightless.spec_draft_n_max,
-                               self.hazards)
+        return WeightlessKinds(weightless.sources if weightless.chains else None, self.suffix_corpora,
+                               request.corpus, weightless.spec_draft_n_max, self.hazards)
 
     def flush(self) -> None:
         """Store what `auto` learnt (auto_store), for the next process on these files."""

@@ -1,6 +1,7 @@
-"""Drafts that cost no model run: the n-gram kinds (speculation/ngram.py) over a sequence's own text,
-and suffix trees (speculation/suffix.py) over it and its corpus key's earlier requests, each enabled
-on its own or together (`--spec-type suffix,ngram-mod`). Each enabled source offers one
+"""Drafts that cost no model run (the weightless kinds, speculation/kinds/): the n-gram family's
+chains (speculation/ngram.py) over a sequence's own text, and suffix trees (speculation/suffix.py)
+over it and its corpus key's earlier requests, each enabled on its own or together
+(`--spec-type suffix,ngram-mod`). Each enabled source offers one
 draft a step (an Offer), with the chance that each of its nodes is kept:
 
   alone (proposers.WeightlessProposer)
@@ -163,7 +164,7 @@ class Weightless:
 @dataclass(frozen=True)
 class WeightlessKinds:
     """The weightless kinds a request drafts with: a maker of a sequence's n-gram sources
-    (ngram.ngram_sources; None: no n-gram kind), the suffix corpora and the request's
+    (one per n-gram kind, kinds.Kind.source; None: no such kind), the suffix corpora and the request's
     corpus key (corpora None: no suffix), at most n_max drafts a step, and every key's
     hazards by kind (RunHazards: how long the key's drafts have run)."""
 

@@ -13,7 +13,7 @@ from dflash_gguf.convert import shape_model
 from dflash_gguf.convert.shape_model import main as make_main, write_model
 from dflash_gguf.convert.shapes import (GEMMA4_26B_A4B, GPT_OSS_20B, QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B,
                                         shrunk, tensor_nbytes, tensor_table)
-from dflash_gguf.engine.engine import Engine, EngineSetup
+from dflash_gguf.engine.engine import Engine, EngineOptions, EngineSetup
 from dflash_gguf.engine.memory import plan_memory
 
 # the structures of the published configs at hidden 256 (every row a whole number of
@@ -62,7 +62,7 @@ def pair(tmp_path_factory):
 def test_runs_in_our_runtime_as_planned(pair):
     target, draft = pair
     options = dict(n_ctx=256, kv_type="f16", draft_window=0, n_threads=2)
-    setup = EngineSetup.of(target, draft, **options)
+    setup = EngineSetup.of(target, draft, EngineOptions.of(**options))
     plan = plan_memory(target, draft, setup.target_config, setup.draft_config).devices[0].parts
     assert plan["target_weights"] == sum(tensor_nbytes(s, q) for _, s, q in tensor_table(TINY_27B, "q4_k_m"))
     assert plan["draft_weights"] == sum(tensor_nbytes(s, q) for _, s, q in tensor_table(TINY_DRAFT, "q8_0"))
@@ -126,7 +126,7 @@ def test_gpt_oss_shape_runs_in_both_runtimes(tmp_path):
     from helpers.fixtures import open_llama
 
     path = str(write_model(TINY_GPT_OSS, "mxfp4_moe", tmp_path / "oss.gguf", progress=False))
-    setup = EngineSetup.of(path, None, n_ctx=256, kv_type="f16", n_threads=2)
+    setup = EngineSetup.of(path, None, EngineOptions.of(n_ctx=256, kv_type="f16", n_threads=2))
     plan = plan_memory(path, None, setup.target_config, None).devices[0].parts
     assert plan["target_weights"] == sum(tensor_nbytes(s, q) for _, s, q in tensor_table(TINY_GPT_OSS, "mxfp4_moe"))
     with Engine(path, n_ctx=256, n_threads=2) as engine:

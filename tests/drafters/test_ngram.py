@@ -14,7 +14,9 @@ import pytest
 
 from dflash_gguf.engine.engine import Engine
 from dflash_gguf.decoding.requests import GenerationStats
-from dflash_gguf.speculation.ngram import MAX_RUN, NgramDrafts, NgramMod, NgramSimple
+from dflash_gguf.speculation.kinds.ngram_mod import NgramMod
+from dflash_gguf.speculation.kinds.ngram_simple import NgramSimple
+from dflash_gguf.speculation.ngram import MAX_RUN, NgramDrafts
 from dflash_gguf.speculation.pricing import RunHazard
 from dflash_gguf.decoding.sampling import SamplingParams
 

@@ -14,6 +14,7 @@ import pytest
 
 from dflash_gguf.decoding import verify as verifying
 from dflash_gguf.engine.engine import Engine
+from dflash_gguf.engine.options import EngineOptions
 from dflash_gguf.speculation.pricing import RunHazards
 from dflash_gguf.speculation.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
                                 corpus_key, draft_tree, is_chain, likeliest_path)
@@ -237,7 +238,7 @@ def test_kinds_suffix_does_not_run_beside(draft, spec_type, options, words):
     from dflash_gguf.runtime.errors import ConfigError
 
     with pytest.raises(ConfigError, match=words):
-        EngineSetup.of(TARGET, draft, spec_type=spec_type, **options)
+        EngineSetup.of(TARGET, draft, EngineOptions.of(spec_type=spec_type, **options))
 
 
 def test_greedy_dflash_beside_suffix_equals_plain_greedy(plain, trees_verified):
@@ -262,7 +263,7 @@ def test_the_cache_bound_is_checked():
     from dflash_gguf.runtime.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"suffix corpora's memory in MiB .* must be >= 0, got -1"):
-        EngineSetup.of(TARGET, spec_type="suffix", spec_suffix_cache_mb=-1)
+        EngineSetup.of(TARGET, None, EngineOptions.of(spec_type="suffix", spec_suffix_cache_mb=-1))
 
 
 def test_the_cli_drafts_from_suffix_trees():

@@ -84,7 +84,7 @@ def test_greedy_suffix_beside_ngram_equals_plain(plain):
     that verified the other's draft."""
     want = plain.generate(REPEATS, 60, stop_tokens=()).tokens
     with Engine(TARGET, spec_type="suffix,ngram-simple", spec_draft_n_max=8, **NGRAM, **OPTIONS) as engine:
-        assert engine.suffix_corpora is not None and engine.setup.weightless.ngram_kinds == ("ngram-simple",)
+        assert engine.suffix_corpora is not None and engine.setup.weightless.chains == ("ngram-simple",)
         seq = engine.sequence(Request(engine.encode(REPEATS), 60, stop_tokens=()))
         d, got, aside = seq.stats.drafts, [], {"ngram-simple": 0, "suffix": 0}
         hazards = {"ngram-simple": seq.proposing.ngram.hazards[0], "suffix": seq.proposing.suffix.hazard}

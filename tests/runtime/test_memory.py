@@ -14,7 +14,7 @@ from dflash_gguf.convert.shape_model import write_header_only
 from dflash_gguf.convert.shapes import QWEN35_27B, QWEN35_27B_DFLASH, QWEN35_35B_A3B, tensor_nbytes, tensor_table
 from dflash_gguf.runtime.demo import demo_paths
 from dflash_gguf.runtime.drafter import DraftConfig
-from dflash_gguf.engine.engine import Engine, EngineSetup
+from dflash_gguf.engine.engine import Engine, EngineOptions, EngineSetup
 from dflash_gguf.engine.memory import MemoryPlanError, plan_memory, settle
 from dflash_gguf.decoding.sampling import SamplingParams
 
@@ -42,8 +42,8 @@ def recurrent_layers(c):
 def test_plan_of_qwen35_27b_with_its_drafter(shapes):
     c, d = QWEN35_27B, QWEN35_27B_DFLASH
     n_ctx, budget = 131072, 16
-    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=n_ctx, kv_type="q8_0",
-                           tree_budget=budget)
+    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), EngineOptions.of(n_ctx=n_ctx, kv_type="q8_0",
+                                                                                          tree_budget=budget))
     plan = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config, setup.draft_config)
     assert [dev.name for dev in plan.devices] == ["CPU"]
     p = plan.devices[0].parts
@@ -87,22 +87,24 @@ def test_each_slot_has_feature_rows_for_a_step_and_prefill_chunks_share_one_set(
     target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
 
     def scratch(n_seq, with_draft=True):
-        setup = EngineSetup.of(target, draft, n_ctx=8192, tree_budget=16, n_seq=n_seq)
+        setup = EngineSetup.of(target, draft, EngineOptions.of(n_ctx=8192, tree_budget=16, n_seq=n_seq))
         if with_draft:
             return plan_memory(target, draft, setup.target_config, setup.draft_config).devices[0].parts["verify_scratch"]
         plain = replace(setup.target_config, feature_layers=())
         return plan_memory(target, None, plain, None).devices[0].parts["verify_scratch"]
 
     row = 4 * len(d["target_layers"]) * c["hidden"]
-    n_verify = EngineSetup.of(target, draft, n_ctx=8192, tree_budget=16).target_config.n_verify  # 17: root + 16
+    n_verify = EngineSetup.of(target, draft, EngineOptions.of(n_ctx=8192,
+                                                              tree_budget=16)).target_config.n_verify  # 17: root + 16
     assert scratch(4, with_draft=False) == 4 * scratch(1, with_draft=False)
     assert scratch(1) - scratch(1, with_draft=False) == 512 * row
     assert scratch(4) - scratch(4, with_draft=False) == (4 * 2 * n_verify + 512) * row
 
 
 def test_drafter_window_and_quantized_cache_shrink_the_plan(shapes):
-    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=131072, kv_type="q4_0",
-                           tree_budget=16, draft_window=4096)
+    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), EngineOptions.of(n_ctx=131072, kv_type="q4_0",
+                                                                                          tree_budget=16,
+                                                                                          draft_window=4096))
     plan = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config, setup.draft_config)
     p = plan.devices[0].parts
     d = QWEN35_27B_DFLASH
@@ -113,7 +115,7 @@ def test_drafter_window_and_quantized_cache_shrink_the_plan(shapes):
 
 def test_plan_of_qwen35_35b_a3b(shapes):
     c = QWEN35_35B_A3B
-    setup = EngineSetup.of(str(shapes["35b-a3b"]), None, n_ctx=65536, kv_type="f16")
+    setup = EngineSetup.of(str(shapes["35b-a3b"]), None, EngineOptions.of(n_ctx=65536, kv_type="f16"))
     p = plan_memory(str(shapes["35b-a3b"]), None, setup.target_config, None).devices[0].parts
     n_attn = c["layers"] - recurrent_layers(c)
     assert p["kv_cache"] == n_attn * 2 * c["kv_heads"] * c["head_dim"] * 65536 * 2
@@ -168,12 +170,12 @@ def test_auto_settings_make_128k_fit_a_24_gib_budget(shapes):
     else a drafter window, then q8_0, then q4_0."""
     target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
     options = dict(n_ctx=131072, tree_budget=16)
-    setup, plan, over = settle(target, draft, options, 24000)
+    setup, plan, over = settle(target, draft, EngineOptions.of(**options), 24000)
     assert not over and plan.devices[0].need <= 24000 * MIB
     assert (setup.target_config.kv_type, setup.draft_config.window) == ("q8_0", 4096)
-    setup, _, over = settle(target, draft, {**options, "n_ctx": 16384}, 24000)
+    setup, _, over = settle(target, draft, EngineOptions.of(**{**options, "n_ctx": 16384}), 24000)
     assert not over and (setup.target_config.kv_type, setup.draft_config.window) == ("f16", 0)
-    setup, _, over = settle(target, draft, {**options, "n_ctx": 65536}, 24000)
+    setup, _, over = settle(target, draft, EngineOptions.of(**{**options, "n_ctx": 65536}), 24000)
     assert not over and setup.target_config.kv_type in ("f16", "q8_0") and setup.draft_config.window == 4096
 
 
@@ -189,11 +191,11 @@ def test_settle_checks_the_options_and_reads_the_drafter_once(shapes, monkeypatc
         monkeypatch.setattr(config, name, lambda *a, _real=real, _name=name: reads.append(_name) or _real(*a))
     target, draft = str(shapes["27b"]), str(shapes["27b-draft"])
     options = dict(n_ctx=131072, tree_budget=16)
-    setup, plan, over = settle(target, draft, options, 1000)
+    setup, plan, over = settle(target, draft, EngineOptions.of(**options), 1000)
     assert over and sorted(reads) == ["_gguf_arch_and_keys", "read_draft_metadata"]
     reads.clear()
     for kv, window in (("q8_0", 4096), ("q4_0", 0)):
-        once = config.EngineSetup.of(target, draft, **options, kv_type=kv, draft_window=window)
+        once = config.EngineSetup.of(target, draft, EngineOptions.of(**options, kv_type=kv, draft_window=window))
         assert once == setup.with_memory(kv, window)
     with pytest.raises(config.ConfigError, match="unknown KV cache type 'q3'"):
         setup.with_memory("q3", 0)
@@ -224,7 +226,7 @@ def test_cli_refuses_before_loading_with_exit_2(shapes):
 
 def test_window_plan_uses_the_ring(shapes):
     """The drafter's cache is sized by its window, not the context."""
-    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), n_ctx=8192)
+    setup = EngineSetup.of(str(shapes["27b"]), str(shapes["27b-draft"]), EngineOptions.of(n_ctx=8192))
     small = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config,
                         DraftConfig(window=1024)).devices[0].parts["draft_cache"]
     full = plan_memory(str(shapes["27b"]), str(shapes["27b-draft"]), setup.target_config,
@@ -240,7 +242,7 @@ def test_plan_of_the_mtp_drafter():
 
     target, _ = demo_paths()
     n_ctx, n_seq = 1024, 2
-    setup = EngineSetup.of(target, None, spec_type="draft-mtp", n_ctx=n_ctx, n_seq=n_seq)
+    setup = EngineSetup.of(target, None, EngineOptions.of(spec_type="draft-mtp", n_ctx=n_ctx, n_seq=n_seq))
     assert setup.draft_path == target and setup.target_config.feature_layers == [4]
     p = plan_memory(target, setup.draft_path, setup.target_config, setup.draft_config).devices[0].parts
     reader = GGUFReader(target)
@@ -280,7 +282,8 @@ def test_plan_of_gemma3_27b_with_a_draft_simple_drafter(tmp_path_factory, drafte
     target = str(write_header_only(root / "gemma3-27b.gguf", c, "q4_k_m"))
     draft = str(write_header_only(root / f"{drafter}.gguf", d, "q4_k_m"))
     n_ctx = 32768
-    setup = EngineSetup.of(target, draft, n_ctx=n_ctx, kv_type="q8_0", tree_budget=8 if tree else None)
+    setup = EngineSetup.of(target, draft, EngineOptions.of(n_ctx=n_ctx, kv_type="q8_0",
+                                                           tree_budget=8 if tree else None))
     assert setup.simple is not None and setup.draft_path is None and setup.simple.tree == tree
     small = replace(setup.simple, config=replace(setup.simple.config, kv_type="f16"))
     (dev,) = plan_setup(target, replace(setup, simple=small)).devices

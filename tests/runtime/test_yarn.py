@@ -17,6 +17,7 @@ from dflash_gguf.convert.cli import main as convert_main
 from dflash_gguf.runtime.native import DflashError
 from dflash_gguf.runtime.drafter import Draft, DraftConfig, read_draft_metadata
 from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_LAST, RopeScaling, Target, TargetConfig
+from dflash_gguf.engine.options import EngineOptions
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
@@ -137,7 +138,7 @@ def test_rope_flags_are_validated(yarn_model, options, flag):
 
     _, ours = yarn_model
     with pytest.raises(ConfigError) as e:
-        EngineSetup.of(str(ours), **options)
+        EngineSetup.of(str(ours), None, EngineOptions.of(**options))
     assert FLAGS[e.value.option] == flag
 
 
