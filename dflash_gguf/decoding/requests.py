@@ -208,9 +208,14 @@ class Prefill:
     def done(self) -> bool:
         return self.pos >= len(self.prompt)
 
+    def span(self, limit: int) -> int:
+        """The tokens of the next chunk at `limit`: at most that many, up to the next
+        checkpoint position."""
+        return min([m for m in self.marks if m > self.pos] + [len(self.prompt), self.pos + limit]) - self.pos
+
     def rows(self, limit: int) -> Rows:
         """The next chunk: at most `limit` tokens, up to the next checkpoint position."""
-        end = min([m for m in self.marks if m > self.pos] + [len(self.prompt), self.pos + limit])
+        end = self.pos + self.span(limit)
         self._end = end
         return Rows(self.seq, DECODE, self.prompt[self.pos:end],
                     logits=LOGITS_LAST if end == len(self.prompt) else LOGITS_NONE)

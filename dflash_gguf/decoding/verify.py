@@ -107,16 +107,25 @@ def verify_call(target, draft, seqs: Seq, proposals: List[Proposal], joining, t0
     together go past it verify in passes, each pass a graph of whole proposals, its
     choices read and its sequences committed before the next. The joining chunk rides
     in the last pass, in the room the proposals leave (a pass of its own when they
-    leave none)."""
+    leave none); a chunk that its solo prefill would take past those rows is that very
+    chunk, in a pass of its own."""
     rows = [verify_rows(s, p) for s, p in zip(seqs, proposals)]
     passes = step_passes([r.n_rows for r in rows], INVARIANT_STEP_ROWS)
     chunk = None
     if joining is not None:
-        room = min(target.n_ubatch, INVARIANT_STEP_ROWS) - sum(rows[i].n_rows for i in passes[-1])
-        if room <= 0:
+        prefill = joining.prefill
+        if prefill.span(target.n_ubatch) > INVARIANT_STEP_ROWS:
+            # a chunk past the invariant rows rounds by its own boundaries (the tiled
+            # attention kernel): it is cut where the prompt alone would be cut, in a pass
+            # of its own, so that the prompt's rows equal its solo prefill's
             passes.append([])
-            room = min(target.n_ubatch, INVARIANT_STEP_ROWS)
-        chunk = joining.prefill.rows(room)
+            chunk = prefill.rows(target.n_ubatch)
+        else:  # rows that round as one-row decodes do, wherever the chunk is cut
+            room = min(target.n_ubatch, INVARIANT_STEP_ROWS) - sum(rows[i].n_rows for i in passes[-1])
+            if room <= 0:
+                passes.append([])
+                room = min(target.n_ubatch, INVARIANT_STEP_ROWS)
+            chunk = prefill.rows(room)
     t1 = time.perf_counter()
     new, paths, verifying, copies = [None] * len(seqs), [None] * len(seqs), 0.0, (0, 0)
     for k, members in enumerate(passes):
