@@ -1,7 +1,8 @@
-/* Batch invariance of a device's matrix product: whether a column of a many-column
- * product rounds exactly as the same column alone. Speculative verification is lossless
- * only where this holds for every weight type a model uses (a verify's rows against
- * one-row decodes), so the tests ask each backend directly, type by type. */
+/* Batch invariance of a device's matrix product and flash attention: whether a column of
+ * a many-column product (a query row of a many-row attention) rounds exactly as the same
+ * column (row) alone. Speculative verification is lossless only where this holds for every
+ * weight type a model uses and for its attention (a verify's rows against one-row decodes),
+ * so the tests ask each backend directly. */
 #include "dfl_error.h"
 #include "dfl_gguf.h"
 
@@ -104,6 +105,147 @@ DFL_API dfl_status dfl_matmul_invariance(const char * device, int type, int repa
         ggml_backend_buffer_free(wbuf);
     }
     ggml_free(wctx);
+    ggml_backend_free(be);
+    return st;
+}
+
+/* ---- flash attention ----------------------------------------------------------------- */
+
+/* A small deterministic generator: the probe's cache and queries from `seed` alone. */
+static float uniform(uint64_t * s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float) ((*s >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+}
+
+/* out [head_dim, n_head, n] = flash attention of q [head_dim, n, n_head] over the cache
+ * k, v with mask [n_kv, n] (f16), on backend be. */
+static dfl_status attend(ggml_backend_t be, struct ggml_tensor * k, struct ggml_tensor * v, const float * q,
+                         const ggml_fp16_t * mask, int64_t n_head, int64_t n, float * out) {
+    const int64_t head_dim = k->ne[0], n_kv = k->ne[1];
+    struct ggml_init_params ip = { 8 * ggml_tensor_overhead() + ggml_graph_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * qt = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, head_dim, n, n_head, 1);
+    struct ggml_tensor * mt = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, n_kv, n, 1, 1);
+    struct ggml_tensor * ot = ggml_flash_attn_ext(ctx, qt, k, v, mt, 1.0f / sqrtf((float) head_dim), 0.0f, 0.0f);
+    ggml_prec_set_acc(ot, GGML_PREC_F32); /* as llama.cpp builds it */
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, ot);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+    dfl_status st = DFL_OK;
+    if (!buf) {
+        st = dfl_fail(DFL_ERR_BACKEND, "attention invariance: cannot allocate %lld rows", (long long) n);
+    } else {
+        ggml_backend_tensor_set(qt, q, 0, ggml_nbytes(qt));
+        ggml_backend_tensor_set(mt, mask, 0, ggml_nbytes(mt));
+        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+            st = dfl_fail(DFL_ERR_BACKEND, "attention invariance: flash attention failed on %s", ggml_backend_name(be));
+        } else {
+            ggml_backend_tensor_get(ot, out, 0, ggml_nbytes(ot));
+        }
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return st;
+}
+
+DFL_API dfl_status dfl_attention_invariance(const char * device, int kv_type, int64_t head_dim, int64_t n_head,
+                                            int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t n_threads,
+                                            uint64_t seed, int32_t * n_differ, float * max_diff) {
+    if (kv_type != GGML_TYPE_F32 && kv_type != GGML_TYPE_F16 && kv_type != GGML_TYPE_BF16 && kv_type != GGML_TYPE_Q8_0 &&
+        kv_type != GGML_TYPE_Q4_0) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "attention invariance: K/V type %d is not a cache type", kv_type);
+    }
+    const enum ggml_type t = (enum ggml_type) kv_type;
+    if (!n_differ || !max_diff || head_dim <= 0 || head_dim % ggml_blck_size(t) != 0 || n_head <= 0 ||
+        n_head_kv <= 0 || n_head % n_head_kv != 0 || n_rows <= 0 || n_kv < n_rows) {
+        return dfl_fail(DFL_ERR_ARGUMENT,
+                        "attention invariance: %lld heads over %lld KV heads of %lld, %lld rows over %lld cells",
+                        (long long) n_head, (long long) n_head_kv, (long long) head_dim, (long long) n_rows,
+                        (long long) n_kv);
+    }
+    ggml_backend_dev_t dev = device && device[0] ? ggml_backend_dev_by_name(device)
+                                                 : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "attention invariance: no device named '%s'", device);
+    }
+    ggml_backend_t be = ggml_backend_dev_init(dev, NULL);
+    if (!be) {
+        return dfl_fail(DFL_ERR_BACKEND, "attention invariance: cannot start %s", ggml_backend_dev_name(dev));
+    }
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    ggml_backend_set_n_threads_t set_threads =
+        reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads") : NULL;
+    if (set_threads && n_threads > 0) {
+        set_threads(be, n_threads);
+    }
+
+    struct ggml_init_params ip = { 2 * ggml_tensor_overhead(), NULL, true };
+    struct ggml_context * kctx = ggml_init(ip);
+    struct ggml_tensor * k = ggml_new_tensor_3d(kctx, t, head_dim, n_kv, n_head_kv);
+    struct ggml_tensor * v = ggml_new_tensor_3d(kctx, t, head_dim, n_kv, n_head_kv);
+    ggml_backend_buffer_t kbuf = ggml_backend_alloc_ctx_tensors_from_buft(kctx, ggml_backend_dev_buffer_type(dev));
+    const size_t n_cache = (size_t) (head_dim * n_kv * n_head_kv);
+    float * f = malloc(sizeof(float) * n_cache);
+    void * kv = malloc(ggml_row_size(t, head_dim) * (size_t) (n_kv * n_head_kv));
+    float * q = malloc(sizeof(float) * (size_t) (head_dim * n_rows * n_head));
+    float * q1 = malloc(sizeof(float) * (size_t) (head_dim * n_head));
+    ggml_fp16_t * mask = malloc(sizeof(ggml_fp16_t) * (size_t) (n_kv * n_rows));
+    const size_t out_row = (size_t) (head_dim * n_head); /* one query row's output, every head */
+    float * all = malloc(sizeof(float) * out_row * (size_t) n_rows);
+    float * one = malloc(sizeof(float) * out_row);
+    dfl_status st = DFL_OK;
+    if (!kbuf || !f || !kv || !q || !q1 || !mask || !all || !one) {
+        st = dfl_fail(DFL_ERR_BACKEND, "attention invariance: out of memory for %lld cells", (long long) n_kv);
+    } else {
+        uint64_t s = seed * 2654435761ULL + 1;
+        for (size_t i = 0; i < n_cache; i++) {
+            f[i] = 2.0f * uniform(&s); /* keys: scores of a few units, softmax neither flat nor one-hot */
+        }
+        ggml_quantize_chunk(t, f, kv, 0, n_kv * n_head_kv, head_dim, NULL);
+        ggml_backend_tensor_set(k, kv, 0, ggml_nbytes(k));
+        for (size_t i = 0; i < n_cache; i++) {
+            f[i] = uniform(&s);
+        }
+        ggml_quantize_chunk(t, f, kv, 0, n_kv * n_head_kv, head_dim, NULL);
+        ggml_backend_tensor_set(v, kv, 0, ggml_nbytes(v));
+        for (size_t i = 0; i < (size_t) (head_dim * n_rows * n_head); i++) {
+            q[i] = 1.5f * uniform(&s);
+        }
+        /* causal over the last n_rows positions: row i sees cells 0 .. n_kv - n_rows + i */
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), hidden = ggml_fp32_to_fp16(-INFINITY);
+        for (int64_t i = 0; i < n_rows; i++) {
+            for (int64_t j = 0; j < n_kv; j++) {
+                mask[i * n_kv + j] = j <= n_kv - n_rows + i ? zero : hidden;
+            }
+        }
+        st = attend(be, k, v, q, mask, n_head, n_rows, all);
+        *n_differ = 0;
+        *max_diff = 0.0f;
+        for (int64_t i = 0; i < n_rows && st == DFL_OK; i++) {
+            for (int64_t h = 0; h < n_head; h++) { /* q is [head_dim, n_rows, n_head] */
+                memcpy(q1 + h * head_dim, q + (h * n_rows + i) * head_dim, sizeof(float) * (size_t) head_dim);
+            }
+            st = attend(be, k, v, q1, mask + i * n_kv, n_head, 1, one);
+            const float * row = all + (size_t) i * out_row;
+            if (st == DFL_OK && memcmp(row, one, sizeof(float) * out_row) != 0) {
+                ++*n_differ;
+                for (size_t e = 0; e < out_row; e++) {
+                    *max_diff = fmaxf(*max_diff, fabsf(row[e] - one[e]));
+                }
+            }
+        }
+    }
+    free(one);
+    free(all);
+    free(mask);
+    free(q1);
+    free(q);
+    free(kv);
+    free(f);
+    if (kbuf) {
+        ggml_backend_buffer_free(kbuf);
+    }
+    ggml_free(kctx);
     ggml_backend_free(be);
     return st;
 }

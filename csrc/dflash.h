@@ -47,6 +47,15 @@ dfl_status dfl_quantize(int type, const float * src, void * dst, int64_t nrows, 
  * any bit and the largest difference. */
 dfl_status dfl_matmul_invariance(const char * device, int type, int repack, const float * w, int64_t n_in, int64_t n_out, const float * x, int64_t n_cols, int32_t n_threads, int32_t * n_differ, float * max_diff);
 
+/* Batch invariance of device `device`'s flash attention (NULL or "": the CPU): a random
+ * cache of n_kv cells (K and V of ggml type kv_type: f32, f16, bf16, q8_0 or q4_0;
+ * n_head_kv heads of head_dim) and n_rows query rows of n_head heads at its last
+ * positions under a causal mask (row i sees cells 0 .. n_kv - n_rows + i), all rows in
+ * one ggml_flash_attn_ext against each row alone (its own mask row, the same cache).
+ * `seed` draws the cache and the queries. Writes the rows whose output (every head)
+ * differs in any bit and the largest difference. */
+dfl_status dfl_attention_invariance(const char * device, int kv_type, int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t n_threads, uint64_t seed, int32_t * n_differ, float * max_diff);
+
 /* The kept-graph check that DFLASH_CHECK_REUSE=1 turns on (every graph the runtime keeps
  * must be, at each later compute, the graph it was at its first) on a small CPU graph
  * computed once and then changed: 0 nothing, 1 a view's offset along its source, 2 an

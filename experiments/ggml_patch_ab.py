@@ -5,12 +5,18 @@ ggml (scripts/llama_cpp_build.py builds that one), on one GGUF, same threads, ta
 within each round (stock, patched, patched, stock), one llama-bench repetition a run.
 
 Tests: tg (one-row decoding), pp K for K = 2, 4, 8, 16 (the rows of a verify) and pp 512 and
-2048 (prompt processing). Per test the table gives each build's median tok/s over every
-run with its spread (min-max), and the median of the per-round ratios (patched / stock).
+2048 (prompt processing); ppK@D runs pp K at a depth of D cells already in the cache
+(llama-bench -d D: a verify at depth, where flash attention dominates). Per test the table
+gives each build's median tok/s over every run with its spread (min-max), and the median of
+the per-round ratios (patched / stock).
 Run it on an idle machine: ggml's threads spin.
 
     .venv/bin/python experiments/ggml_patch_ab.py --stock STOCK/bin/llama-bench -m MODEL.gguf \\
         --out results/ggml-patch-ab-<model>-<date>.json
+
+One patch against the others (0005, flash attention): --stock is then llama-bench over the
+patch set without it (scripts/llama_cpp_build.py run from a checkout without 0005), e.g.
+    --tests pp16,pp64,pp16@2048,pp64@2048,pp16@8192,pp64@8192
 """
 from __future__ import annotations
 
@@ -30,7 +36,10 @@ TESTS = ("tg128", "pp2", "pp4", "pp8", "pp16", "pp512", "pp2048")
 def run(bench: str, model: str, test: str, threads: int) -> float:
     """One llama-bench run of one test: tok/s."""
     kind, n = test[:2], test[2:]
+    n, _, depth = n.partition("@")
     args = ["-p", n, "-n", "0"] if kind == "pp" else ["-p", "0", "-n", n]
+    if depth:
+        args += ["-d", depth]
     out = subprocess.run([bench, "-m", model, "-t", str(threads), "-r", "1", "-o", "json", *args],
                          capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
