@@ -27,6 +27,11 @@ if [ ! -d "$work" ]; then
   mkdir -p "$build"
   cp -a "$ggml" "$work"
   touch "$work/ggml.pc.in"
+  # the Vulkan patch is not among the applied ones yet (experiments/pending-patches/README.md):
+  # applied here, over the copy; STOCK=1 leaves it out
+  if [ "${STOCK:-0}" != 1 ]; then
+    patch -s -p4 --fuzz=0 -d "$work" < "$root/experiments/pending-patches/0003-vulkan-batch-invariant-kernels.patch"
+  fi
 fi
 if [ ! -f "$build/src/ggml-vulkan/libggml-vulkan.so" ]; then
   nice -n 10 cmake -S "$work" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_CPU=OFF \
