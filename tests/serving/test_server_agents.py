@@ -352,11 +352,42 @@ def test_api_key_and_cors(scripted, use_template):
         r = s.http.get("/v1/models")
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         assert s.http.get("/health").status_code == 200
-        pre = s.http.options("/v1/chat/completions", headers={
-            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization,content-type"})
-        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] in ("*", "http://ui.example")
-        r = s.http.get("/v1/models", headers={"Origin": "http://ui.example", "Authorization": "Bearer sesame"})
-        assert r.status_code == 200 and "access-control-allow-origin" in r.headers
+        # CORS: by default only pages served from localhost may read a reply
+        for origin, allowed in (("http://localhost:5173", True), ("http://127.0.0.1", True),
+                                ("http://[::1]:3000", True), ("http://ui.example", False),
+                                ("http://localhost.evil.com", False)):
+            pre = s.http.options("/v1/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type"})
+            assert pre.status_code == 200 and pre.headers.get("access-control-allow-origin") == \
+                (origin if allowed else None), origin
+            r = s.http.get("/v1/models", headers={"Origin": origin, "Authorization": "Bearer sesame"})
+            assert r.status_code == 200 and r.headers.get("access-control-allow-origin") == \
+                (origin if allowed else None), origin
+            # a refusal carries the header too (the page may read why), or not at all
+            r = s.http.get("/models", headers={"Origin": origin})
+            assert r.status_code == 401 and r.headers.get("access-control-allow-origin") == \
+                (origin if allowed else None), origin
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("origins,origin,allowed", [
+    ("http://ui.example", "http://ui.example", True),
+    ("http://ui.example,https://b.example", "https://b.example", True),
+    ("http://ui.example", "http://evil.example", False),
+    ("http://ui.example", "http://localhost:8080", False),  # a list replaces the localhost default
+    ("*", "http://evil.example", True),
+])
+def test_cors_origins_list(scripted, use_template, origins, origin, allowed):
+    """--cors-origins: a listed origin can read a reply, an unlisted one cannot."""
+    use_template(None)
+    s = AppServer(scripted, defaults(), cors={"origins": origins})
+    try:
+        scripted.replies += ["yes"]
+        r = s.http.post("/v1/chat/completions", headers={"Origin": origin},
+                        json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+        assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
     finally:
         s.stop()
