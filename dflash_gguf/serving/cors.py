@@ -24,6 +24,13 @@ def is_localhost(origin: str) -> bool:
         return False
 
 
+def canonical(headers: list) -> list:
+    """Header names in their usual capitals (Access-Control-Allow-Origin), as llama-server
+    sends them: HTTP reads them either way, but clients that keep headers in a plain dict
+    (llama.cpp's own tests) look them up by that spelling."""
+    return [(b"-".join(part[:1].upper() + part[1:] for part in name.split(b"-")), value) for name, value in headers]
+
+
 class Cors:
     def __init__(self, app, origins: str = "localhost", methods: str = "GET, POST, DELETE, OPTIONS",
                  headers: str = "*", credentials: bool = True):
@@ -58,13 +65,13 @@ class Cors:
                       (b"access-control-allow-methods", self.methods.encode("latin-1")),
                       (b"access-control-allow-headers", self.headers.encode("latin-1")),
                       (b"content-type", b"text/html"), (b"content-length", b"0")]
-            await send({"type": "http.response.start", "status": 200, "headers": extra})
+            await send({"type": "http.response.start", "status": 200, "headers": canonical(extra)})
             await send({"type": "http.response.body", "body": b""})
             return
 
         async def send_with(message):
-            if message["type"] == "http.response.start" and extra:
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": canonical([*message.get("headers", []), *extra])}
             await send(message)
 
         await self.app(scope, receive, send_with)

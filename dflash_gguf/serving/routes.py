@@ -137,6 +137,17 @@ async def count_tokens(request: Request) -> Response:
     return JSONResponse({"input_tokens": len(prepared.tokens)})
 
 
+async def chat_input_tokens(request: Request) -> Response:
+    """llama-server's /chat/completions/input_tokens: a chat request's prompt tokens, counted."""
+    server = _server(request)
+    try:
+        body = await read_body(request)
+        prepared = await run_in_threadpool(_prepare, server, "chat", body)
+    except BadRequest as e:
+        return refused(e)
+    return JSONResponse({"input_tokens": len(prepared.tokens)})
+
+
 def _tokenizer_route(name: str, model):
     async def route(request: Request) -> Response:
         try:
@@ -325,9 +336,12 @@ async def _lifespan(app):
 
 
 ROUTES = [
-    # OpenAI's, also without /v1 as llama-server has them
-    *[Route(prefix + path, handler, methods=["POST"]) for prefix in ("/v1", "")
-      for path, handler in (("/chat/completions", chat_completions), ("/completions", completions))],
+    # OpenAI's, chat also without /v1 as llama-server has it (its /completions is /completion)
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+    Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
     *[Route(prefix + "/models", models, methods=["GET"]) for prefix in ("/v1", "")],
     *[Route(path, not_supported, methods=["POST"]) for path in ("/v1/embeddings", "/embeddings", "/embedding",
                                                                 "/v1/rerank", "/rerank", "/reranking")],
@@ -335,6 +349,7 @@ ROUTES = [
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     # llama-server's own
     Route("/completion", completion_native, methods=["POST"]),
+    Route("/completions", completion_native, methods=["POST"]),
     Route("/infill", infill, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),
     Route("/tokenize", _tokenizer_route("tokenize", TokenizeRequest), methods=["POST"]),

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,12 @@ def scratch_tree(src: Path, root: Path) -> Path:
     return tests
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def outcomes(junit: Path) -> dict:
     """{test id: "passed" | "failed" | "skipped" | "error"} from pytest's JUnit XML."""
     out = {}
@@ -64,6 +71,7 @@ def run(files, k: str = None, timeout: float = 1800, log=None) -> dict:
                "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")]),
                "LLAMA_CACHE": str(Path(tmp) / "cache")}
         env.pop("DEBUG", None)
+        env.setdefault("PORT", str(free_port()))  # the suite's servers listen there (its default, 8080, may be taken)
         cmd = [sys.executable, "-m", "pytest", "-p", "suite_plugin", "-p", "no:cacheprovider", "-q", "-rN",
                f"--junitxml={junit}", "-o", "junit_family=xunit1"]
         if k:
