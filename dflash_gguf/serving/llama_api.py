@@ -58,7 +58,10 @@ def result_json(r: Reply, index: int = 0, content: Optional[str] = None) -> dict
            "tokens_predicted": s.generated_tokens, "tokens_evaluated": s.prompt_tokens,
            "generation_settings": generation_settings(r),
            "prompt": r.server.engine.tokenizer.decode(r.prepared.tokens),
-           "has_new_line": "\n" in job.text, "truncated": False,
+           # as llama-server's: the reply was cut by the end of the context
+           "has_new_line": "\n" in job.text,
+           "truncated": job.context_bound and s.stop_reason in ("length", "context")
+           and s.generated_tokens >= job.request.max_tokens,
            "stop_type": STOP_TYPES.get(s.stop_reason, "none"),
            "stopping_word": s.stop_string or "", "tokens_cached": s.prompt_tokens + s.generated_tokens,
            "timings": timings(job, r.server.speculates)}

@@ -63,6 +63,7 @@ class Job:
     slot: Optional[int] = None  # the Engine's sequence slot it ran in
     want_slot: Optional[int] = None  # the slot asked for (llama-server's id_slot; None or -1: any)
     tokens: List[int] = field(default_factory=list)  # the tokens generated so far
+    context_bound: bool = False  # its max_tokens is the room the context leaves (no smaller limit was asked)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:

@@ -151,9 +151,11 @@ class Server:
         except ValueError as e:
             raise BadRequest(str(e), field_) from None
         ignore_eos = getattr(request, "ignore_eos", False)
-        return Job(Request(tokens, max_tokens, stop_tokens=() if ignore_eos else None, sampling=sampling,
-                           context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus),
-                   sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
+        job = Job(Request(tokens, max_tokens, stop_tokens=() if ignore_eos else None, sampling=sampling,
+                          context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus),
+                  sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
+        job.context_bound = asked is None or asked > room  # it may run until the context is full
+        return job
 
     def _call_constraint(self, turn, options):
         """The grammar of the turn's tool calls (strict tools, a required call), or None."""
