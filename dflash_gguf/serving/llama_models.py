@@ -117,4 +117,7 @@ class InfillRequest(NativeGeneration):
 
 
 class ApplyTemplateRequest(ChatRequest):
-    """/apply-template: a chat's messages rendered to the prompt, not run."""
+    """/apply-template: a chat's messages rendered to the prompt, not run;
+    add_generation_prompt false renders the messages alone (no assistant's turn opened)."""
+
+    add_generation_prompt: flag(True) = True

@@ -163,7 +163,7 @@ async def chat_stream(r: Reply, include_usage: bool):
         return chunk({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
 
     parser = r.prepared.turn.parser()
-    yield delta_chunk({"role": "assistant", "content": ""})
+    yield delta_chunk({"role": "assistant", "content": None})  # as llama-server: no empty text delta
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ": keep-alive\n\n"

@@ -245,9 +245,19 @@ class Server:
         tokens = (extra[len(extra) - n_extra:] if n_extra else []) + head + [fim["suf"]] + suffix + [fim["mid"]]
         return Prepared(request, tokens)
 
-    def apply_template(self, request: ChatRequest) -> dict:
-        """/apply-template: the chat's prompt, rendered and not run."""
-        return {"prompt": self.chat_prompt(request).turn.prompt}
+    def apply_template(self, request) -> dict:
+        """/apply-template: the chat's prompt, rendered and not run (an ApplyTemplateRequest)."""
+        if request.add_generation_prompt:
+            return {"prompt": self.chat_prompt(request).turn.prompt}
+        options = openai_api.chat_options(request, self.defaults.template_kwargs, self.defaults.reasoning_format)
+        try:
+            template = self.engine.chat_template(bool(options.tools))
+            return {"prompt": template.render(options.messages, tools=options.tools or None,
+                                              add_generation_prompt=False, **options.template_kwargs)}
+        except ValueError as e:
+            raise BadRequest(str(e), "messages") from None
+        except RecursionError:
+            raise BadRequest("the messages or tools are nested too deeply", "messages") from None
 
     def slots(self) -> list:
         """/slots: each slot's state, as llama-server's lists them."""

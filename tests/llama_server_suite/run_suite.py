@@ -103,8 +103,12 @@ def main(argv=None) -> int:
     log = open(a.log, "w") if a.log else None
     result = run(a.files, a.k, log=log)
     result["counts"] = summary(result["tests"])
+    import expected
+
     for name, outcome in sorted(result["tests"].items()):
-        print(f"{outcome:8s} {name}")
+        why = expected.reason(name)
+        mark = "" if outcome in ("passed", "skipped") or why else "  <- not on expected.py"
+        print(f"{outcome:8s} {name}{mark}")
     print(json.dumps({"seconds": result["seconds"], **result["counts"]}))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

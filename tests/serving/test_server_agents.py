@@ -451,3 +451,6 @@ def test_native_completion_and_slots(server, scripted):
     assert slots and all(not s["is_processing"] for s in slots)
     r = server.http.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and "hi" in r.json()["prompt"]
+    bare = server.http.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "add_generation_prompt": False}).json()["prompt"]
+    assert r.json()["prompt"].startswith(bare) and len(bare) < len(r.json()["prompt"])
