@@ -41,8 +41,24 @@ EXPECTED = {
                                  "in generation_settings)",
     # -- test_ctx_shift ---------------------------------------------------------------------------
     "unit/test_ctx_shift.py::test_ctx_shift_enabled": "FEATURE: --context-shift",
+    "unit/test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": MODEL + ": its long prompt is 208 tokens in the "
+                                                                           "demo target's vocabulary, which fit a "
+                                                                           "slot's 256",
+    "unit/test_ctx_shift.py::test_ctx_shift_disabled_short_prompt[-1-": MODEL + ": its tokenizer's prompt length "
+                                                                              "(8 tokens) sets the tokens generated",
+    # -- test_speculative ---------------------------------------------------------------------------
+    "unit/test_speculative.py::test_with_and_without_draft": "FEATURE: --spec-synth-rates (synthetic drafts), in its "
+                                                             "last part",
+    "unit/test_speculative.py::test_synth_": "FEATURE: --spec-synth-rates (synthetic drafts)",
+    "unit/test_speculative.py::test_slot_ctx_not_exceeded": MODEL + ": 'Hello ' x 248 is 745 tokens in the demo "
+                                                                    "target's vocabulary, past the 256 of a slot",
+    "unit/test_speculative.py::test_with_ctx_shift": "FEATURE: --context-shift",
+    "unit/test_speculative.py::test_multi_requests_parallel": MODEL + ": 'wise|kind|owl|answer'",
+    # -- test_stream, test_compat_oai_responses -------------------------------------------------------
+    "unit/test_stream.py::": "FEATURE: the router and its resumable streams (/v1/stream)",
+    "unit/test_compat_oai_responses.py::": "FEATURE: OpenAI's Responses API (/v1/responses)",
     # -- test_kv_keep_only_active -------------------------------------------------------------------
-    "unit/test_kv_keep_only_active.py::": "FEATURE: --cache-ram / --no-cache-idle-slots host prompt cache and its "
+    "unit/test_kv_keep_only_active.py::test_clear_and_restore": "FEATURE: --cache-ram / --no-cache-idle-slots host prompt cache and its "
                                           "debug log",
 }
 
