@@ -65,6 +65,17 @@ EXPECTED = {
                                                                     "target's vocabulary, past the 256 of a slot",
     "unit/test_speculative.py::test_with_ctx_shift": "FEATURE: --context-shift",
     "unit/test_speculative.py::test_multi_requests_parallel": MODEL + ": 'wise|kind|owl|answer'",
+    # -- test_compat_anthropic ------------------------------------------------------------------------
+    "unit/test_compat_anthropic.py::test_anthropic_empty_messages": "DIFFERENCE: an empty 'messages' is refused "
+                                                                    "with a 400 (llama-server renders a prompt of "
+                                                                    "nothing)",
+    "unit/test_compat_anthropic.py::test_anthropic_tool_result_with_image": "BY DESIGN: an image for a text model is "
+                                                                            "the request's fault, a 400 (llama-server "
+                                                                            "answers 500)",
+    "unit/test_compat_anthropic.py::test_anthropic_vision_format_accepted": "BY DESIGN: as above, 400 not 500",
+    "unit/test_compat_anthropic.py::test_anthropic_vision_base64_with_multimodal_model": "FEATURE: images",
+    "unit/test_compat_anthropic.py::test_anthropic_thinking_with_reasoning_model": MODEL + ": DeepSeek-R1-Distill's "
+                                                                                   "thinking",
     # -- test_stream, test_compat_oai_responses -------------------------------------------------------
     "unit/test_stream.py::": "FEATURE: the router and its resumable streams (/v1/stream)",
     "unit/test_compat_oai_responses.py::": "FEATURE: OpenAI's Responses API (/v1/responses)",

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+TEST_TIMEOUT = 300  # seconds a test of the suite may take (its servers' starts included)
 IN_SCOPE = ["basic", "chat_completion", "completion", "infill", "tokenize", "template", "security", "metrics",
             "speculative", "ignore_eos", "ctx_shift", "stream", "compat_oai_responses", "compat_anthropic",
             "tool_call", "kv_keep_only_active"]
@@ -74,16 +76,27 @@ def run(files, k: str = None, timeout: float = 1800, log=None) -> dict:
         env.setdefault("PORT", str(free_port()))  # the suite's servers listen there (its default, 8080, may be taken)
         cmd = [sys.executable, "-m", "pytest", "-p", "suite_plugin", "-p", "no:cacheprovider", "-q", "-rN",
                f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+        try:
+            import pytest_timeout  # noqa: F401 - a test that hangs fails alone, not the whole run
+            cmd += ["--timeout", str(TEST_TIMEOUT)]
+        except ImportError:
+            pass
         if k:
             cmd += ["-k", k]
         cmd += [f"unit/test_{f}.py" for f in files]
         started = time.time()
-        proc = subprocess.run(cmd, cwd=tests, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+        # a group of its own: on a timeout the suite and the servers it started go together
+        proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            status = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+            raise RuntimeError(f"the suite ran past {timeout} s") from None
         if not junit.exists():
-            raise RuntimeError(f"the suite did not run (exit status {proc.returncode})")
-        return {"seconds": round(time.time() - started, 1), "exit_status": proc.returncode,
-                "tests": outcomes(junit)}
+            raise RuntimeError(f"the suite did not run (exit status {status})")
+        return {"seconds": round(time.time() - started, 1), "exit_status": status, "tests": outcomes(junit)}
 
 
 def summary(tests: dict) -> dict:
