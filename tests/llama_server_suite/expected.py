@@ -18,6 +18,36 @@ EXPECTED = {
     # -- test_basic ---------------------------------------------------------------------------
     "unit/test_basic.py::test_load_split_model": MODEL + ": 'little|girl' from a split stories15M",
     "unit/test_basic.py::test_no_ui": "FEATURE: the web UI at / (another issue)",
+    # -- test_chat_completion ---------------------------------------------------------------------------
+    "unit/test_chat_completion.py::test_chat_completion[": MODEL + ": its replies and prompt token counts",
+    "unit/test_chat_completion.py::test_chat_completion_cached_tokens": MODEL + ": its prompt token counts",
+    "unit/test_chat_completion.py::test_chat_completion_stream[": MODEL + ": its replies and token counts",
+    "unit/test_chat_completion.py::test_chat_completion_with_openai_library": MODEL + ": 'Suddenly'",
+    "unit/test_chat_completion.py::test_chat_template": "FEATURE: llama.cpp's built-in template names "
+                                                        "(--chat-template llama3) and --verbose's __verbose prompt",
+    "unit/test_chat_completion.py::test_chat_template_assistant_prefill": "FEATURE: --verbose's __verbose prompt",
+    "unit/test_chat_completion.py::test_chat_template_continue_final_message": "FEATURE: continue_final_message",
+    "unit/test_chat_completion.py::test_apply_chat_template": "FEATURE: llama.cpp's built-in template names "
+                                                              "(command-r)",
+    "unit/test_chat_completion.py::test_invalid_chat_completion_req[messages7]": "DIFFERENCE: two assistant "
+                                                                                 "messages in a row are accepted",
+    "unit/test_chat_completion.py::test_chat_completion_with_timings_per_token": "FEATURE: timings_per_token",
+    "unit/test_chat_completion.py::test_logprobs": "FEATURE: logprobs (another issue)",
+    "unit/test_chat_completion.py::test_logit_bias": "FEATURE: logit_bias",
+    "unit/test_chat_completion.py::test_return_progress": "FEATURE: return_progress",
+    "unit/test_chat_completion.py::test_chat_completions_multiple_choices": "FEATURE: n > 1",
+    "unit/test_chat_completion.py::test_verbose_debug": "FEATURE: --verbose's __verbose",
+    # -- test_completion ------------------------------------------------------------------------------
+    "unit/test_completion.py::test_completion[": MODEL + ": its words and prompt token counts",
+    "unit/test_completion.py::test_completion_stream[": MODEL + ": its words and prompt token counts; also "
+                                                                "llama.cpp's adaptive-p sampler settings",
+    "unit/test_completion.py::test_completion_with_openai_library": MODEL + ": 'going|bed'",
+    "unit/test_completion.py::test_completion_stream_with_openai_library": MODEL + ": 'going|bed', Phi-3.5's joke",
+    "unit/test_completion.py::test_completion_response_fields[I believe the meaning of life is-32-":
+        MODEL + ": its BOS in the prompt ('<s> ')",
+    "unit/test_completion.py::test_n_probs": "FEATURE: n_probs (token probabilities; another issue): refused with "
+                                             "a 400",
+    "unit/test_completion.py::test_logit_bias": "FEATURE: logit_bias",
     # -- test_tokenize ------------------------------------------------------------------------
     "unit/test_tokenize.py::test_tokenize_with_bos": MODEL + ": the demo target's tokenizer adds no BOS",
     # -- test_security ------------------------------------------------------------------------
