@@ -70,7 +70,9 @@ def run(files, k: str = None, timeout: float = 1800, log=None) -> dict:
         tests = scratch_tree(src, Path(tmp))
         junit = Path(tmp) / "junit.xml"
         env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(HERE / "llama-server"), "DFLASH_SUITE_PYTHON": sys.executable,
-               "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent.parent), os.environ.get("PYTHONPATH", "")]),
+               # the plugin from here; dflash_gguf as this process imports it (the installed package, whose
+               # native library a source tree lacks, unless PYTHONPATH says otherwise)
+               "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                "LLAMA_CACHE": str(Path(tmp) / "cache")}
         env.pop("DEBUG", None)
         env.setdefault("PORT", str(free_port()))  # the suite's servers listen there (its default, 8080, may be taken)
