@@ -23,10 +23,12 @@ sys.path.insert(0, str(HERE))
 import expected  # noqa: E402
 import run_suite  # noqa: E402
 
-SUITE_FILES = ["basic", "tokenize", "security", "metrics", "infill", "ignore_eos", "ctx_shift", "kv_keep_only_active"]
+# 55 tests, each with a server start of its own: some 4 minutes on 2 idle cores (infill, ignore_eos and
+# kv_keep_only_active, whose tests all fail as expected.py says, are left to full runs)
+SUITE_FILES = ["basic", "tokenize", "security", "metrics", "ctx_shift"]
 
 
-@pytest.mark.timeout(2400)  # some 70 server starts: minutes on a busy machine
+@pytest.mark.timeout(2400)  # some 55 server starts: minutes, many on a busy machine
 def test_llama_server_suite(tmp_path):
     from dflash_gguf.tools.llama_cpp_tree import source_dir
 
