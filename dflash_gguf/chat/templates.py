@@ -11,6 +11,7 @@ any template kwargs (enable_thinking, ...).
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from typing import Dict, Optional, Sequence
 
@@ -86,7 +87,11 @@ class ChatTemplate:
                 raise ValueError(str(e)) from None
         if self.harmony:
             messages = template_messages(messages)
-        variables = {**template_kwargs, "messages": list(messages), "add_generation_prompt": add_generation_prompt,
+        # llama.cpp hands every template today's date as `datetime` and `date_string`
+        # (common_chat_extra_context), which Llama 3.x's and firefunction's templates read
+        now = time.localtime()
+        variables = {"datetime": time.strftime("%b %d %Y", now), "date_string": time.strftime("%d %b %Y", now),
+                     **template_kwargs, "messages": list(messages), "add_generation_prompt": add_generation_prompt,
                      "bos_token": self.bos_token, "eos_token": self.eos_token}
         if tools:
             variables["tools"] = list(tools)

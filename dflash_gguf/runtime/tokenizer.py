@@ -50,6 +50,15 @@ class Tokenizer:
         """Tokens that end a generation (eos, eot, im_end, ...)."""
         return set(self._eog)
 
+    def fim_tokens(self) -> dict:
+        """The vocabulary's fill-in-the-middle tokens ("pre", "suf", "mid", "rep", "sep":
+        tokenizer.ggml.fim_*_token_id), -1 for each it lacks."""
+        import llama_cpp
+
+        vocab = self._llama._model.vocab
+        return {name: int(getattr(llama_cpp, f"llama_vocab_fim_{name}")(vocab))
+                for name in ("pre", "suf", "mid", "rep", "sep")}
+
     def encode(self, text: str, add_bos: Optional[bool] = None, special: bool = True) -> List[int]:
         bos = self.add_bos if add_bos is None else add_bos
         return list(self._llama.tokenize(text.encode("utf-8"), add_bos=bos, special=special))

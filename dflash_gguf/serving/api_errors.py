@@ -15,12 +15,17 @@ M = TypeVar("M", bound=BaseModel)
 
 class BadRequest(Exception):
     """The request is refused with `status` (400 unless said otherwise); `param` names
-    the field at fault, when one is."""
+    the field at fault, when one is; `kind` is the error's type (llama-server's:
+    invalid_request_error, exceed_context_size_error, not_supported_error) and `extra`
+    further fields of the error object (n_prompt_tokens and n_ctx of a context overflow)."""
 
-    def __init__(self, message: str, param: Optional[str] = None, status: int = 400):
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
+                 kind: str = "invalid_request_error", extra: Optional[dict] = None):
         super().__init__(message)
         self.param = param
         self.status = status
+        self.kind = kind
+        self.extra = extra or {}
 
 
 def validated(model: Type[M], body: Any) -> M:

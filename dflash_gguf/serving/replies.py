@@ -19,12 +19,18 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None,
-          headers: Optional[dict] = None, anthropic: bool = False) -> JSONResponse:
-    """An error in the API's own shape (OpenAI's, or Anthropic's for /v1/messages)."""
+          headers: Optional[dict] = None, anthropic: bool = False, extra: Optional[dict] = None) -> JSONResponse:
+    """An error in the API's own shape (OpenAI's and llama-server's, or Anthropic's for
+    /v1/messages); extra: more fields of the error object."""
     if anthropic:
         return JSONResponse(anthropic_api.error_json(status, message), status_code=status, headers=headers)
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status, **(extra or {})}},
                         status_code=status, headers=headers)
+
+
+def refused(e, anthropic: bool = False, headers: Optional[dict] = None) -> JSONResponse:
+    """A BadRequest's response."""
+    return error(e.status, str(e), e.kind, param=e.param, anthropic=anthropic, extra=e.extra, headers=headers)
 
 
 def engine_error(e: BaseException, anthropic: bool = False) -> JSONResponse:
@@ -159,7 +165,7 @@ async def chat_stream(r: Reply, include_usage: bool):
         return chunk({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
 
     parser = r.prepared.turn.parser()
-    yield delta_chunk({"role": "assistant", "content": ""})
+    yield delta_chunk({"role": "assistant", "content": None})  # as llama-server: no empty text delta
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ": keep-alive\n\n"

@@ -15,22 +15,23 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..speculation.suffix import corpus_key
-from . import anthropic_api, replies, webui
+from . import anthropic_api, llama_api, replies, webui
 from .anthropic_models import MessagesRequest
 from .api_errors import BadRequest, validated
+from .cors import Cors
+from .llama_models import ApplyTemplateRequest, InfillRequest, NativeCompletionRequest
 from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .replies import SSE_HEADERS, Reply, error
+from .replies import SSE_HEADERS, Reply, error, refused
 from .scheduler import QueueFull, ShuttingDown
 
 RETRY_AFTER_SECONDS = 1
 MAX_BODY_BYTES = 64 << 20  # far above any prompt a context holds
-PUBLIC_PATHS = ("/health",) + webui.PATHS  # answered without an API key
+PUBLIC_PATHS = ("/health", "/v1/health") + webui.PATHS  # answered without an API key
 
 
 def _server(request: Request):
@@ -94,7 +95,7 @@ async def _generate(request: Request, kind: str) -> Response:
 
         job = server.make_job(prepared, sink, _corpus(request))
     except BadRequest as e:
-        return error(e.status, str(e), param=e.param, anthropic=anthropic)
+        return refused(e, anthropic=anthropic)
     try:
         server.scheduler.submit(job)
     except QueueFull as e:
@@ -132,7 +133,18 @@ async def count_tokens(request: Request) -> Response:
         body = await read_body(request)
         prepared = await run_in_threadpool(_prepare, server, "messages", {"max_tokens": 1, **body})
     except BadRequest as e:
-        return error(e.status, str(e), param=e.param, anthropic=True)
+        return refused(e, anthropic=True)
+    return JSONResponse({"input_tokens": len(prepared.tokens)})
+
+
+async def chat_input_tokens(request: Request) -> Response:
+    """llama-server's /chat/completions/input_tokens: a chat request's prompt tokens, counted."""
+    server = _server(request)
+    try:
+        body = await read_body(request)
+        prepared = await run_in_threadpool(_prepare, server, "chat", body)
+    except BadRequest as e:
+        return refused(e)
     return JSONResponse({"input_tokens": len(prepared.tokens)})
 
 
@@ -142,8 +154,95 @@ def _tokenizer_route(name: str, model):
             body = validated(model, await read_body(request))
             return JSONResponse(await run_in_threadpool(getattr(_server(request), name), body))
         except BadRequest as e:
-            return error(e.status, str(e), param=e.param)
+            return refused(e)
     return route
+
+
+def _native_prepare(server, kind: str, body: dict) -> list:
+    """/completion's prompts (a batch, or one) or /infill's, made ready (off the event loop)."""
+    if kind == "infill":
+        return [server.infill_prompt(validated(InfillRequest, body))]
+    return server.native_prompts(validated(NativeCompletionRequest, body))
+
+
+async def _native(request: Request, kind: str) -> Response:
+    """llama-server's /completion and /infill: a job per prompt on the same scheduler as
+    the OpenAI routes; a batch of prompts is answered as a list, not streamed."""
+    server = _server(request)
+    loop = asyncio.get_running_loop()
+    try:
+        body = await read_body(request)
+        if kind == "infill":
+            fim = await run_in_threadpool(server.engine.tokenizer.fim_tokens)
+            if min(fim["pre"], fim["suf"], fim["mid"]) < 0:  # the model first, as llama-server checks
+                await run_in_threadpool(server.infill_prompt, InfillRequest())
+        prepared = await run_in_threadpool(_native_prepare, server, kind, body)
+        stream = prepared[0].request.stream
+        if stream and len(prepared) > 1:
+            raise BadRequest("a batch of prompts cannot be streamed: send them one by one", "stream")
+        replies_ = []
+        for p in prepared:
+            events: asyncio.Queue = asyncio.Queue()
+
+            def sink(kind_: str, value, events=events) -> None:
+                loop.call_soon_threadsafe(events.put_nowait, (kind_, value))
+
+            job = server.make_job(p, sink, _corpus(request))
+            replies_.append(Reply(server, request, job, events, p, ""))
+    except BadRequest as e:
+        return refused(e)
+    for r in replies_:
+        try:
+            server.scheduler.submit(r.job)
+        except QueueFull as e:
+            for other in replies_:
+                other.job.cancel()
+            return _busy(f"the server is busy: {e}; retry later", "server_busy", False)
+        except ShuttingDown as e:
+            return _busy(str(e), "server_shutting_down", False)
+    if stream:
+        return StreamingResponse(llama_api.completion_stream(replies_[0]), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    results = []
+    for i, r in enumerate(replies_):
+        outcome, value = await r.outcome()
+        if outcome == "error":
+            for other in replies_:
+                other.job.cancel()
+            return replies.engine_error(value)
+        results.append(llama_api.result_json(r, index=i))
+    return JSONResponse(results if len(results) > 1 else results[0])
+
+
+async def completion_native(request: Request) -> Response:
+    return await _native(request, "completion")
+
+
+async def infill(request: Request) -> Response:
+    return await _native(request, "infill")
+
+
+async def apply_template(request: Request) -> Response:
+    server = _server(request)
+    try:
+        body = await read_body(request)
+        return JSONResponse(await run_in_threadpool(lambda: server.apply_template(validated(ApplyTemplateRequest,
+                                                                                             body))))
+    except BadRequest as e:
+        return refused(e)
+
+
+async def slots(request: Request) -> Response:
+    server = _server(request)
+    if not server.slots_enabled:
+        return error(501, "This server does not support slots endpoint. Start it with `--slots`",
+                     "not_supported_error")
+    return JSONResponse(server.slots())
+
+
+async def not_supported(request: Request) -> Response:
+    return error(501, f"{request.url.path} is not supported by this server (dflash-server serves generation "
+                      "models: no embeddings or reranking)", "not_supported_error")
 
 
 async def models(request: Request) -> Response:
@@ -152,7 +251,8 @@ async def models(request: Request) -> Response:
     n_ctx = server.engine.target.n_ctx
     info = server.engine.target.info()
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(server.started))
-    model = {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "dflash-gguf",
+    model = {"id": server.model_id, "aliases": server.aliases or [server.model_id], "tags": server.tags,
+             "object": "model", "created": server.started, "owned_by": "dflash-gguf",
              "type": "model", "display_name": server.model_id, "created_at": created, "max_model_len": n_ctx,
              "meta": {"n_ctx": n_ctx, "n_ctx_train": info["n_ctx_train"], "n_vocab": info["n_vocab"]}}
     return JSONResponse({"object": "list", "data": [model], "has_more": False, "first_id": server.model_id,
@@ -172,7 +272,13 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return PlainTextResponse(_server(request).metrics(), media_type="text/plain; version=0.0.4")
+    server = _server(request)
+    if not server.metrics_enabled:
+        return error(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                     "not_supported_error")
+    text = await run_in_threadpool(server.metrics)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4",
+                             headers={"Process-Start-Time-Unix": str(server.started)})
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -230,24 +336,37 @@ async def _lifespan(app):
 
 
 ROUTES = [
+    # OpenAI's, chat also without /v1 as llama-server has it (its /completions is /completion)
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+    Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+    *[Route(prefix + "/models", models, methods=["GET"]) for prefix in ("/v1", "")],
+    *[Route(path, not_supported, methods=["POST"]) for path in ("/v1/embeddings", "/embeddings", "/embedding",
+                                                                "/v1/rerank", "/rerank", "/reranking")],
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-    Route("/v1/models", models, methods=["GET"]),
+    # llama-server's own
+    Route("/completion", completion_native, methods=["POST"]),
+    Route("/completions", completion_native, methods=["POST"]),
+    Route("/infill", infill, methods=["POST"]),
+    Route("/apply-template", apply_template, methods=["POST"]),
     Route("/tokenize", _tokenizer_route("tokenize", TokenizeRequest), methods=["POST"]),
     Route("/detokenize", _tokenizer_route("detokenize", DetokenizeRequest), methods=["POST"]),
     Route("/props", props, methods=["GET"]),
+    Route("/slots", slots, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
 ]
 
 
-def create_app(server) -> Starlette:
-    """The Starlette application serving `server` (a server.Server)."""
-    # browser clients (a web UI on another origin) may call the API: CORS outermost, so
-    # preflights and refusals carry its headers too
-    middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])]
+def create_app(server, cors: dict = None) -> Starlette:
+    """The Starlette application serving `server` (a server.Server); cors: Cors's
+    settings (default: pages from localhost only)."""
+    # CORS outermost, so that preflights and refusals carry its headers too
+    middleware = [Middleware(Cors, **(cors or {}))]
     if server.api_keys:
         middleware.append(Middleware(RequireApiKey, keys=server.api_keys))
     routes = ROUTES + (webui.routes() if server.webui else [])  # the chat page at / (--no-webui: none)

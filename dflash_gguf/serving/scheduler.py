@@ -61,6 +61,9 @@ class Job:
     finish_reason: str = ""
     prefill_chunks: int = 0  # prompt chunks computed (of up to n_ubatch tokens)
     slot: Optional[int] = None  # the Engine's sequence slot it ran in
+    want_slot: Optional[int] = None  # the slot asked for (llama-server's id_slot; None or -1: any)
+    tokens: List[int] = field(default_factory=list)  # the tokens generated so far
+    context_bound: bool = False  # its max_tokens is the room the context leaves (no smaller limit was asked)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -73,6 +76,19 @@ class Job:
 
 
 FINISH_REASONS = {"stop": "stop", "stop string": "stop", "length": "length", "context": "length"}
+
+
+class Piece(str):
+    """A job's ("text", piece) event: its text, and `upto`: how many of the job's tokens
+    it covers (job.tokens[:upto]), so that a reply can give each piece its tokens."""
+
+    upto: int = 0
+
+
+def piece_of(text: str, upto: int) -> Piece:
+    p = Piece(text)
+    p.upto = upto
+    return p
 
 
 @dataclass
@@ -92,6 +108,9 @@ class Totals:
     accepted_tokens: int = 0
     prefill_chunks: int = 0
     drafts: DraftCounts = field(default_factory=DraftCounts)
+    n_tokens_max: int = 0  # the longest sequence seen (prompt and generated tokens)
+    rounds: int = 0  # rounds of the batch (each one target graph, or a prompt's chunks)
+    busy_slots: int = 0  # running sequences summed over the rounds
 
 
 @dataclass
@@ -151,6 +170,10 @@ class Scheduler:
     def running(self) -> int:
         return len(self._running)
 
+    def running_jobs(self) -> Dict[int, "_Running"]:
+        """The running jobs by slot (a copy: the worker changes it)."""
+        return dict(self._running)
+
     def close(self, timeout: Optional[float] = None) -> None:
         """Refuse new jobs, finish the queued and running ones, stop the worker."""
         with self._lock:
@@ -185,6 +208,8 @@ class Scheduler:
             self._end(run, None)
         if not len(batch):
             return
+        self.totals.rounds += 1
+        self.totals.busy_slots += len(batch)
         results = batch.advance()
         # a round may list a joining sequence twice (its first token, then its step): it
         # ends at its last entry, or its step's tokens would be lost
@@ -216,6 +241,8 @@ class Scheduler:
     def _slot_for(self, job: Job) -> int:
         """A free slot, the one whose context the job's prompt extends the furthest first."""
         free = [s for s in range(self.n_slots) if s not in self._running]
+        if job.want_slot in free:
+            return job.want_slot
 
         def held(slot: int) -> int:
             tokens, prompt = self.engine.held(slot), job.request.prompt
@@ -244,17 +271,18 @@ class Scheduler:
             job.times.finished_at = time.perf_counter()
             job.sink("error", e)
             return
-        self._running[job.slot] = _Running(job, seq, engine.text_stream(job.stop))
+        self._running[job.slot] = _Running(job, seq, engine.text_stream(job.stop, job.request.stop_tokens))
         batch.add(seq)
 
     def _emit(self, run: _Running, new: List[int], final: bool = True) -> None:
         run.out.extend(new)
+        run.job.tokens.extend(new)
         piece = run.text.push(new)
         if run.seq.done and final:
             piece += run.text.end()
         if piece:
             run.pieces.append(piece)
-            run.job.sink("text", piece)
+            run.job.sink("text", piece_of(piece, len(run.out)))
 
     def _end(self, run: _Running, error: Optional[BaseException]) -> None:
         job, stats = run.job, run.job.stats
@@ -284,4 +312,5 @@ class Scheduler:
         t.target_passes += len(s.accepted_lengths)
         t.accepted_tokens += sum(s.accepted_lengths)
         t.prefill_chunks += job.prefill_chunks
+        t.n_tokens_max = max(t.n_tokens_max, s.prompt_tokens + s.generated_tokens)
         t.drafts.add(s.drafts)

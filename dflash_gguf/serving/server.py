@@ -32,6 +32,7 @@ from ..engine.args import (add_engine_args, demo_models, engine_mode, open_chat_
 from ..engine.engine import Engine
 from . import openai_api
 from .api_errors import BadRequest
+from .llama_models import InfillRequest, NativeCompletionRequest
 from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
 from .scheduler import Job, Scheduler
 
@@ -65,10 +66,15 @@ class Server:
     """Request handling over a Scheduler and its Engine."""
 
     def __init__(self, scheduler: Scheduler, model_id: str, defaults: Defaults, api_keys: Sequence[str] = (),
-                 sse_ping_seconds: float = 30.0, model_path: str = "", webui: bool = True):
+                 sse_ping_seconds: float = 30.0, model_path: str = "", aliases: Sequence[str] = (),
+                 tags: Sequence[str] = (), metrics: bool = True, slots: bool = True, webui: bool = True):
         self.scheduler = scheduler
         self.engine: Engine = scheduler.engine
         self.model_id = model_id
+        self.aliases = list(aliases)
+        self.tags = list(tags)
+        self.metrics_enabled = metrics  # /metrics (dflash-server --metrics)
+        self.slots_enabled = slots  # /slots (--no-slots: off)
         self.model_path = model_path
         self.defaults = defaults
         self.api_keys = list(api_keys)
@@ -132,9 +138,12 @@ class Server:
         if asked is None:
             asked = self.defaults.max_tokens
         room = n_ctx - len(tokens)
-        if room <= 0:
-            raise BadRequest(f"the prompt ({len(tokens)} tokens) does not fit the context ({n_ctx} tokens), which "
-                             "leaves no room to generate", "messages" if isinstance(request, ChatRequest) else "prompt")
+        if room <= 0:  # llama-server's words and error type
+            raise BadRequest(f"request ({len(tokens)} tokens) exceeds the available context size ({n_ctx} tokens), "
+                             "try increasing it", "messages" if isinstance(request, ChatRequest) else "prompt",
+                             kind="exceed_context_size_error", extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx})
+        if asked is not None and self.defaults.max_tokens is not None:
+            asked = min(asked, self.defaults.max_tokens)  # -n bounds every request, as llama-server's
         # as llama-server does: a limit past the context's end is clamped to the room left,
         # and a reply that reaches the end stops there with finish_reason "length"
         max_tokens = room if asked is None else min(asked, room)
@@ -142,9 +151,12 @@ class Server:
             self.engine.check_request(tokens, max_tokens, speculative=self.defaults.speculative, context_full="stop")
         except ValueError as e:
             raise BadRequest(str(e), field_) from None
-        return Job(Request(tokens, max_tokens, sampling=sampling, context_full="stop",
-                           reuse_prefix=request.cache_prompt, corpus=corpus),
-                   sink, stop=stops, speculative=self.defaults.speculative)
+        ignore_eos = getattr(request, "ignore_eos", False)
+        job = Job(Request(tokens, max_tokens, stop_tokens=() if ignore_eos else None, sampling=sampling,
+                          context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus),
+                  sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
+        job.context_bound = asked is None or asked > room  # it may run until the context is full
+        return job
 
     def _call_constraint(self, turn, options):
         """The grammar of the turn's tool calls (strict tools, a required call), or None."""
@@ -159,6 +171,110 @@ class Server:
                                                 options.parallel_tool_calls, turn.primed, special)
         except ValueError as e:
             raise BadRequest(f"the tools' parameters make no grammar: {e}", "tools") from None
+
+    # -- llama-server's native API ----------------------------------------------------------------
+    @property
+    def speculates(self) -> bool:
+        """Whether requests are decoded speculatively (a drafter or a drafting kind)."""
+        e = self.engine
+        return self.defaults.speculative and (e.draft is not None or e.simple_draft is not None
+                                              or e.suffix_corpora is not None)
+
+    def n_predict_of(self, request: Generation) -> int:
+        """The token limit a request runs under, as llama-server reports it (-1: none)."""
+        field_ = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+        asked = getattr(request, field_)
+        limits = [n for n in (asked, self.defaults.max_tokens) if n is not None]
+        return min(limits) if limits else -1
+
+    def parts_tokens(self, parts: list) -> List[int]:
+        """A native prompt's parts (texts and token ids) as tokens: a text is tokenized
+        where it stands, with the tokenizer's BOS only when it opens the prompt."""
+        tokens: List[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                tokens += self.engine.tokenizer.encode(part, add_bos=None if i == 0 else False)
+            else:
+                tokens.append(part)
+        self.check_token_ids([t for t in tokens], "prompt")
+        if not tokens:
+            raise BadRequest("'prompt' is empty", "prompt")
+        return tokens
+
+    def native_prompts(self, request: NativeCompletionRequest) -> List[Prepared]:
+        """/completion's prompts (one, or a batch), each made ready."""
+        return [Prepared(request, self.parts_tokens(parts)) for parts in request.prompts]
+
+    def infill_prompt(self, request: InfillRequest) -> Prepared:
+        """/infill's prompt in the repo-level fill-in-the-middle pattern llama-server
+        writes: [FIM_REP]myproject, each extra file as [FIM_SEP]name and its text,
+        [FIM_SEP]filename, then [FIM_PRE]prefix prompt [FIM_SUF]suffix [FIM_MID] (prefix and
+        suffix cut to 3/4 and 1/4 of a -b batch, the extra files to what the context leaves)."""
+        tok = self.engine.tokenizer
+        fim = tok.fim_tokens()
+        missing = "".join(f"{what} token is missing. " for what, key in
+                          (("prefix", "pre"), ("suffix", "suf"), ("middle", "mid")) if fim[key] < 0)
+        if missing:
+            raise BadRequest(f"Infill is not supported by this model: {missing}", status=501,
+                             kind="not_supported_error")
+
+        def enc(text: str) -> List[int]:
+            return tok.encode(text, add_bos=False, special=False)
+
+        extra: List[int] = []
+        if fim["rep"] >= 0:
+            extra += [fim["rep"]] + enc("myproject\n")
+        for chunk in request.input_extra:
+            if fim["sep"] >= 0:
+                extra += [fim["sep"]] + enc((chunk.filename or "tmp") + "\n")
+            else:
+                extra += enc("\n\n--- snippet ---\n\n")
+            extra += enc(chunk.text)
+        if fim["sep"] >= 0:
+            extra += [fim["sep"]] + enc("filename\n")
+        prompt = tok.encode(request.prompt, add_bos=False) if request.prompt else []
+        prefix, suffix = enc(request.input_prefix), enc(request.input_suffix)
+        n_batch = self.scheduler.n_batch or 2048
+        n_ctx = self.engine.target.n_ctx
+        n_predict = -1 if self.defaults.max_tokens is None else self.defaults.max_tokens
+        prefix = prefix[len(prefix) - min(len(prefix), 3 * (n_batch // 4)):]
+        suffix = suffix[:min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))]
+        n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
+        head = [fim["pre"]] + prefix + prompt
+        if tok.add_bos:
+            head = [tok.bos_id] + head
+        tokens = (extra[len(extra) - n_extra:] if n_extra else []) + head + [fim["suf"]] + suffix + [fim["mid"]]
+        return Prepared(request, tokens)
+
+    def apply_template(self, request) -> dict:
+        """/apply-template: the chat's prompt, rendered and not run (an ApplyTemplateRequest)."""
+        if request.add_generation_prompt:
+            return {"prompt": self.chat_prompt(request).turn.prompt}
+        options = openai_api.chat_options(request, self.defaults.template_kwargs, self.defaults.reasoning_format)
+        try:
+            template = self.engine.chat_template(bool(options.tools))
+            return {"prompt": template.render(options.messages, tools=options.tools or None,
+                                              add_generation_prompt=False, **options.template_kwargs)}
+        except ValueError as e:
+            raise BadRequest(str(e), "messages") from None
+        except RecursionError:
+            raise BadRequest("the messages or tools are nested too deeply", "messages") from None
+
+    def slots(self) -> list:
+        """/slots: each slot's state, as llama-server's lists them."""
+        running = {slot: run.job for slot, run in self.scheduler.running_jobs().items()}
+        n_ctx = self.engine.target.n_ctx
+        out = []
+        for slot in range(self.scheduler.n_slots):
+            job = running.get(slot)
+            out.append({"id": slot, "id_task": -1 if job is None else id(job) & 0x7fffffff, "n_ctx": n_ctx,
+                        "speculative": self.defaults.speculative and (self.engine.draft is not None
+                                                                      or self.engine.simple_draft is not None),
+                        "is_processing": job is not None,
+                        "next_token": [{"has_next_token": job is not None,
+                                        "n_remain": -1 if job is None else job.request.max_tokens - len(job.tokens),
+                                        "n_decoded": 0 if job is None else len(job.tokens)}]})
+        return out
 
     def tokenize(self, request: TokenizeRequest) -> dict:
         tok = self.engine.tokenizer
@@ -332,11 +448,52 @@ class Server:
                ck.device_budget_bytes if ck else 0)
         metric("checkpoint_evictions_total", "counter", "Checkpoints dropped to stay in the budget.",
                ck.evicted if ck else 0)
+        lines += self.llamacpp_metrics()
         rss = resident_bytes()
         if rss is not None:  # Prometheus' standard process metric: leak checks read it beside the checkpoints' bytes
             lines.extend(["# HELP process_resident_memory_bytes Resident memory of the server process.",
                           "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"])
         return "\n".join(lines) + "\n"
+
+
+    def llamacpp_metrics(self) -> List[str]:
+        """llama-server's metrics, under its names (llamacpp:*), from the same totals."""
+        t = self.scheduler.totals
+        computed = t.prompt_tokens - t.reused_tokens
+        speculative = self.speculates
+        counters = [
+            ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", computed),
+            ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", t.reused_tokens),
+            ("prompt_seconds_total", "Total time spent processing prompts", round(t.prefill_seconds, 6)),
+            ("tokens_predicted_total", "Number of generation tokens processed", t.generated_tokens),
+            ("tokens_predicted_seconds_total", "Total time spent generating tokens", round(t.decode_seconds, 6)),
+            ("n_decode_total", "Total number of target graphs (prompt chunks and decoding steps)",
+             t.prefill_chunks + t.rounds),
+            ("n_tokens_max", "Largest observed sequence length (prompt + generation)", t.n_tokens_max),
+            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated (the kinds that count "
+                                                   "them: draft-simple, the weightless kinds)",
+             sum(t.drafts.drafted.values())),
+            ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
+             sum(t.drafts.accepted.values())),
+            ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps",
+             t.target_passes if speculative else 0),
+        ]
+        gauges = [
+            ("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
+             round(computed / t.prefill_seconds, 3) if t.prefill_seconds > 0 else 0),
+            ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+             round(t.generated_tokens / t.decode_seconds, 3) if t.decode_seconds > 0 else 0),
+            ("requests_processing", "Number of requests processing", self.scheduler.running),
+            ("requests_deferred", "Number of requests deferred", self.scheduler.queue_depth),
+            ("n_busy_slots_per_decode", "Average number of busy slots per decoding round",
+             round(t.busy_slots / max(t.rounds, 1), 4)),
+        ]
+        lines = []
+        for kind, items in (("counter", counters), ("gauge", gauges)):
+            for name, help_, value in items:
+                lines += [f"# HELP llamacpp:{name} {help_}", f"# TYPE llamacpp:{name} {kind}",
+                          f"llamacpp:{name} {value}"]
+        return lines
 
 
 def resident_bytes() -> Optional[int]:
@@ -402,7 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_args(p)
     p.add_argument("-sys", "--system-prompt", metavar="TEXT",
                    help="system message for chats that have none")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="addresses to listen on, comma-separated (default 127.0.0.1; '::1' or '[::1]' for IPv6)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("-n", "--n-predict", type=int,
                    help="max_tokens of a request that gives none (default, or -1: until the end of generation or "
@@ -426,7 +584,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "leaves free on the device, less 512 MiB; beyond it checkpoints go to host memory")
     p.add_argument("--checkpoint-every", type=int, default=512,
                    help="checkpoint long prompts every N tokens, besides their end (default 512)")
-    p.add_argument("--alias", help="model name reported by /v1/models and in responses (default: the file name)")
+    p.add_argument("-a", "--alias",
+                   help="model names, comma-separated: the first (in sorted order, as llama-server) is the model's id "
+                        "in /v1/models and responses, all are listed in its 'aliases' (default: the file name)")
+    p.add_argument("--tags", help="model tags, comma-separated (informational: listed in /v1/models' 'tags')")
+    p.add_argument("--metrics", action="store_true",
+                   help="serve /metrics (Prometheus text: llama-server's llamacpp:* metrics and dflash_*); without, "
+                        "/metrics answers 501, as llama-server's")
+    p.add_argument("--slots", dest="slots", action="store_true", default=True,
+                   help="serve /slots, each slot's state (default)")
+    p.add_argument("--no-slots", dest="slots", action="store_false", help="/slots answers 501")
+    p.add_argument("--cors-origins", default="localhost", metavar="ORIGINS",
+                   help="origins whose web pages may read replies (CORS), comma-separated, or 'localhost' (default): "
+                        "an Origin of http(s)://localhost, 127.0.0.1 or [::1] on any port; '*': any web page, as "
+                        "llama-server's default (which lets every site its user visits read a local server)")
+    p.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
+                   help="Access-Control-Allow-Methods of a preflight (default 'GET, POST, DELETE, OPTIONS')")
+    p.add_argument("--cors-headers", default="*", metavar="HEADERS",
+                   help="Access-Control-Allow-Headers of a preflight (default '*')")
+    p.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
+                   help="Access-Control-Allow-Credentials: true on a preflight (default)")
+    p.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
+    p.add_argument("--no-ui", action="store_true", help="accepted for llama-server's command line")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="on Ctrl-C / SIGTERM, seconds to let running and queued requests finish (default 60)")
     p.add_argument("--print-memory", action="store_true",
@@ -440,6 +619,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning; info logs every request)")
     return p
+
+
+def listening_sockets(hosts: Sequence[str], port: int) -> list:
+    """A bound socket per --host address (IPv6 ones IPv6 only, as llama-server's), for
+    uvicorn to serve on all of them."""
+    import socket
+
+    out = []
+    for host in hosts:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        out.append(sock)
+    return out
 
 
 def fix_mmap_threshold(threshold: int = 128 << 10) -> bool:
@@ -475,6 +671,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--api-key needs at least one key")
     if not 0 <= args.port <= 65535:
         parser.error("--port must be 0..65535")
+    hosts = [h.strip().removeprefix("[").removesuffix("]") for h in args.host.split(",") if h.strip()]
+    if not hosts:
+        parser.error("--host needs an address")
     if args.queue < 0:
         parser.error("--queue must be >= 0")
     if args.checkpoint_mib < 0:
@@ -511,13 +710,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         total, device = checkpoint_budget(args, engine.memory_plan)
         engine.checkpoints = PrefixCheckpoints(total, args.checkpoint_every, device)
     scheduler = Scheduler(engine, args.queue, args.batch_size)
-    model_id = args.alias or os.path.basename(model)
+    aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()})
+    model_id = aliases[0] if aliases else os.path.basename(model)
+    tags = [t.strip() for t in (args.tags or "").split(",") if t.strip()]
     defaults = Defaults(args.sampling, args.n_predict, template_kwargs=args.template_kwargs,
                         reasoning_format=args.reasoning_format, system_prompt=args.system_prompt)
-    server = Server(scheduler, model_id, defaults, api_keys, args.sse_ping_interval, model, args.webui)
+    server = Server(scheduler, model_id, defaults, api_keys, args.sse_ping_interval, model, aliases=aliases, tags=tags,
+                    metrics=args.metrics, slots=args.slots, webui=args.webui)
     from .routes import create_app
 
-    config = uvicorn.Config(create_app(server), host=args.host, port=args.port, log_level=args.log_level,
+    app = create_app(server, cors={"origins": args.cors_origins, "methods": args.cors_methods,
+                                   "headers": args.cors_headers, "credentials": args.cors_credentials})
+    config = uvicorn.Config(app, host=hosts[0], port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, access_log=args.log_level == "info")
     mode = engine_mode(engine, args.tree_budget)
     on_device = engine.checkpoints.device_budget_bytes >> 20 if engine.checkpoints else 0
@@ -525,11 +729,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else f"context {engine.target.n_ctx}"
     print(f"dflash-server: serving {model_id} ({mode}, {slots}, queue {args.queue}, "
           f"checkpoints {args.checkpoint_mib} MiB, up to {on_device} MiB of it on the device"
-          + (", API key required" if api_keys else "") + f") on http://{args.host}:{args.port}"
+          + (", API key required" if api_keys else "") + f") on "
+          + ", ".join(f"http://{'[' + h + ']' if ':' in h else h}:{args.port}" for h in hosts)
           + ("" if args.webui else " (no chat page: --no-webui)"),
           file=sys.stderr, flush=True)
     try:
-        _uvicorn_server_class()(config).run()
+        _uvicorn_server_class()(config).run(sockets=listening_sockets(hosts, args.port) if len(hosts) > 1 else None)
     finally:
         scheduler.close()
         engine.close()

@@ -45,7 +45,8 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp_path / f"server-{self.port}.log", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.serving.server", "--port", str(self.port), *flags],
+        self.proc = subprocess.Popen([sys.executable, "-m", "dflash_gguf.serving.server", "--port", str(self.port),
+                                      "--metrics", *flags],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=tmp_path)  # not the source tree
         self.http = httpx.Client(base_url=self.url, trust_env=False, timeout=120)
         deadline = time.time() + 120
@@ -144,13 +145,13 @@ class ScriptedEngine:
 class AppServer:
     """A Server over a ScriptedEngine, served by uvicorn on a thread."""
 
-    def __init__(self, scripted: ScriptedEngine, defaults: Defaults, api_keys=()):
+    def __init__(self, scripted: ScriptedEngine, defaults: Defaults, api_keys=(), cors=None):
         import uvicorn
 
         self.scheduler = Scheduler(scripted, 4)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(Server(self.scheduler, "scripted", defaults, api_keys, sse_ping_seconds=0))
+        app = create_app(Server(self.scheduler, "scripted", defaults, api_keys, sse_ping_seconds=0), cors=cors)
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.uvicorn.run, daemon=True)
         self.thread.start()

@@ -347,7 +347,9 @@ def test_max_tokens_past_the_context_is_clamped_to_the_room_left(server, engine)
     assert resp.choices[0].finish_reason == "length"
     assert resp.usage.prompt_tokens == N_CTX - 10 and 0 < resp.usage.completion_tokens <= 10
     r = server.http.post("/v1/completions", json={"prompt": (engine.encode(CODE) * 20)[:N_CTX], "max_tokens": 4})
-    assert r.status_code == 400 and "does not fit" in r.json()["error"]["message"]
+    err = r.json()["error"]
+    assert r.status_code == 400 and "exceeds the available context size" in err["message"]
+    assert err["type"] == "exceed_context_size_error" and err["n_prompt_tokens"] == N_CTX and err["n_ctx"] == N_CTX
 
 
 def test_an_oversized_body_gets_413(server):

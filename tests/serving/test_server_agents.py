@@ -272,7 +272,7 @@ HUGE_SCHEMA = {"type": "function", "function": {"name": "big", "description": "x
      "tools[0].function.name"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [TOOLS[0]] * 2}, "given twice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [TOOLS[0]] * 200}, "at most 128"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [HUGE_SCHEMA]}, "does not fit"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [HUGE_SCHEMA]}, "exceeds the available context size"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
       "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
@@ -298,7 +298,8 @@ def test_hostile_chat_requests_get_400(server, use_template, body, needle):
     kwargs = {"content": body} if isinstance(body, str) else {"json": body}
     r = server.http.post("/v1/chat/completions", headers={"Content-Type": "application/json"}, **kwargs)
     assert r.status_code == 400, r.text
-    assert needle in r.json()["error"]["message"] and r.json()["error"]["type"] == "invalid_request_error"
+    assert needle in r.json()["error"]["message"] and r.json()["error"]["type"] in ("invalid_request_error",
+                                                                                   "exceed_context_size_error")
     assert server.http.get("/health").json()["status"] == "ok"
 
 
@@ -352,11 +353,104 @@ def test_api_key_and_cors(scripted, use_template):
         r = s.http.get("/v1/models")
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         assert s.http.get("/health").status_code == 200
-        pre = s.http.options("/v1/chat/completions", headers={
-            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization,content-type"})
-        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] in ("*", "http://ui.example")
-        r = s.http.get("/v1/models", headers={"Origin": "http://ui.example", "Authorization": "Bearer sesame"})
-        assert r.status_code == 200 and "access-control-allow-origin" in r.headers
+        # CORS: by default only pages served from localhost may read a reply
+        for origin, allowed in (("http://localhost:5173", True), ("http://127.0.0.1", True),
+                                ("http://[::1]:3000", True), ("http://ui.example", False),
+                                ("http://localhost.evil.com", False)):
+            pre = s.http.options("/v1/chat/completions", headers={
+                "Origin": origin, "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type"})
+            assert pre.status_code == 200 and pre.headers.get("access-control-allow-origin") == \
+                (origin if allowed else None), origin
+            r = s.http.get("/v1/models", headers={"Origin": origin, "Authorization": "Bearer sesame"})
+            assert r.status_code == 200 and r.headers.get("access-control-allow-origin") == \
+                (origin if allowed else None), origin
+            # a refusal carries the header too (the page may read why), or not at all
+            r = s.http.get("/models", headers={"Origin": origin})
+            assert r.status_code == 401 and r.headers.get("access-control-allow-origin") == \
+                (origin if allowed else None), origin
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("origins,origin,allowed", [
+    ("http://ui.example", "http://ui.example", True),
+    ("http://ui.example,https://b.example", "https://b.example", True),
+    ("http://ui.example", "http://evil.example", False),
+    ("http://ui.example", "http://localhost:8080", False),  # a list replaces the localhost default
+    ("*", "http://evil.example", True),
+])
+def test_cors_origins_list(scripted, use_template, origins, origin, allowed):
+    """--cors-origins: a listed origin can read a reply, an unlisted one cannot."""
+    use_template(None)
+    s = AppServer(scripted, defaults(), cors={"origins": origins})
+    try:
+        scripted.replies += ["yes"]
+        r = s.http.post("/v1/chat/completions", headers={"Origin": origin},
+                        json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+        assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("path,body,status,kind,needle", [
+    ("/completion", {}, 400, "invalid_request_error", "'prompt' is required"),
+    ("/completion", {"prompt": 5}, 400, "invalid_request_error", "'prompt' must be"),
+    ("/completion", {"prompt": {"text": "hi"}}, 400, "invalid_request_error", "prompt_string"),
+    ("/completion", {"prompt": ["hi", 5.5]}, 400, "invalid_request_error", "prompt[1]"),
+    ("/completion", {"prompt": [1, 2, 10 ** 9]}, 400, "invalid_request_error", "outside the vocabulary"),
+    ("/completion", {"prompt": {"prompt_string": "hi", "multimodal_data": ["x"]}}, 400, "invalid_request_error",
+     "text only"),
+    ("/completion", {"prompt": "hi", "n_predict": -5}, 400, "invalid_request_error", "'n_predict' must be"),
+    ("/completion", {"prompt": "hi", "n_predict": "8"}, 400, "invalid_request_error", "'n_predict' must be"),
+    ("/completion", {"prompt": "hi", "n_probs": 3}, 400, "invalid_request_error", "'n_probs' is not supported"),
+    ("/completion", {"prompt": "hi", "id_slot": "first"}, 400, "invalid_request_error", "'id_slot'"),
+    ("/completion", {"prompt": ["a", "b"], "stream": True}, 400, "invalid_request_error", "cannot be streamed"),
+    ("/completion", {"prompt": "hi", "response_fields": "content"}, 400, "invalid_request_error",
+     "'response_fields' must be a list"),
+    ("/completion", {"prompt": "word " * 5000}, 400, "exceed_context_size_error", "exceeds the available context"),
+    ("/completions", {"prompt": "hi", "temperature": -1}, 400, "invalid_request_error", "'temperature'"),
+    ("/infill", {"input_prefix": "a", "input_suffix": "b"}, 501, "not_supported_error",
+     "Infill is not supported by this model"),
+    ("/infill", {"input_extra": [{"filename": 123}]}, 501, "not_supported_error", "Infill is not supported"),
+    ("/apply-template", {"messages": "hi"}, 400, "invalid_request_error", "'messages' must be a list"),
+    ("/chat/completions/input_tokens", {"messages": []}, 400, "invalid_request_error", "'messages'"),
+    ("/embeddings", {"input": "hi"}, 501, "not_supported_error", "not supported"),
+])
+def test_hostile_native_requests(server, path, body, status, kind, needle):
+    """llama-server's own routes answer malformed input with its error shape and status,
+    never a 500."""
+    r = server.http.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == kind and err["code"] == status and needle in err["message"], err
+    if kind == "exceed_context_size_error":
+        assert err["n_prompt_tokens"] > err["n_ctx"] > 0
+    assert server.http.get("/health").json()["status"] == "ok"
+
+
+def test_native_completion_and_slots(server, scripted):
+    """/completion in llama-server's shape: content, tokens, stop_type, timings; a batch
+    of prompts as a list; streamed pieces with their tokens; /slots and /apply-template."""
+    scripted.replies += ["one two", "three", "four"]
+    r = server.http.post("/completion", json={"prompt": "hi", "n_predict": 8, "return_tokens": True})
+    body = r.json()
+    assert r.status_code == 200 and body["content"] == "one two" and body["stop"] is True, body
+    assert body["tokens"] and body["stop_type"] in ("eos", "limit") and body["timings"]["predicted_n"] > 0
+    r = server.http.post("/completions", json={"prompt": ["hi", [5, 6, "x"]], "n_predict": 8,
+                                               "response_fields": ["content", "timings/prompt_n"]})
+    assert r.status_code == 200 and [b["content"] for b in r.json()] == ["three", "four"], r.text
+    assert set(r.json()[0]) == {"content", "timings/prompt_n"}
+    scripted.replies += ["five six"]
+    with server.http.stream("POST", "/completion", json={"prompt": "hi", "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == "five six" and events[-1]["stop"] is True
+    assert all(e["tokens"] for e in events[:-1])
+    slots = server.http.get("/slots").json()
+    assert slots and all(not s["is_processing"] for s in slots)
+    r = server.http.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and "hi" in r.json()["prompt"]
+    bare = server.http.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "add_generation_prompt": False}).json()["prompt"]
+    assert r.json()["prompt"].startswith(bare) and len(bare) < len(r.json()["prompt"])

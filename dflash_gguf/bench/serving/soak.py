@@ -513,7 +513,7 @@ def main(argv=None) -> int:
         try:
             if not args.url:
                 np_flag = serve_load.accepts_flag(serve_load.dflash_server_help(), "-np")
-                cmd = [sys.executable, "-m", "dflash_gguf.serving.server", "--host", "127.0.0.1",
+                cmd = [sys.executable, "-m", "dflash_gguf.serving.server", "--host", "127.0.0.1", "--metrics",
                        "-t", str(args.threads), "--queue", str(args.slots), "-ub", "64",
                        # 4096 positions a sequence: -np's slots share -c
                        "-c", str(4096 * (args.slots if np_flag else 1)),

@@ -1,0 +1,106 @@
+"""llama-server's native replies (/completion, /infill): a job's outcome as llama-server
+words it: content, the tokens, stop_type (eos, word, limit), generation_settings and
+timings (prompt and generation times, cache_n, draft_n and draft_n_accepted), whole or
+streamed as server-sent events, one per piece of text with its tokens."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from .replies import Reply, chunk
+from .scheduler import Job
+
+STOP_TYPES = {"stop": "eos", "stop string": "word", "length": "limit", "context": "limit"}
+
+
+def timings(job: Job, speculative: bool) -> dict:
+    """llama-server's timings of a request: the prompt's (the tokens computed; cache_n:
+    those resumed) and the generation's, whose rate leaves out the first token (it comes
+    from the prompt's last batch, as llama-server counts it)."""
+    s = job.stats
+    prompt_n = s.prompt_tokens - s.reused_tokens
+    prompt_ms = s.prefill_seconds * 1e3
+    n = s.generated_tokens
+    predicted_ms = s.decode_seconds * 1e3
+    steps = max(n - 1, 0)
+    out = {"cache_n": s.reused_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+           "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+           "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_n and prompt_ms > 0 else 0.0,
+           "predicted_n": n, "predicted_ms": predicted_ms,
+           "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+           "predicted_per_second": 1e3 / predicted_ms * steps if steps and predicted_ms > 0 else 0.0}
+    if speculative:
+        out["draft_n"] = sum(s.drafts.drafted.values())
+        out["draft_n_accepted"] = sum(s.drafts.accepted.values())
+    return out
+
+
+def generation_settings(r: Reply) -> dict:
+    server, job = r.server, r.job
+    sampling = job.request.sampling
+    request = r.prepared.request
+    settings = {"n_predict": server.n_predict_of(request), "seed": sampling.seed if sampling else None,
+                "stop": request.stops, "ignore_eos": getattr(request, "ignore_eos", False), "stream": request.stream,
+                "n_probs": 0, "cache_prompt": request.cache_prompt, "speculative": server.speculates}
+    if sampling is not None:
+        for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                     "frequency_penalty"):
+            settings[name] = getattr(sampling, name)
+    return settings
+
+
+def result_json(r: Reply, index: int = 0, content: Optional[str] = None) -> dict:
+    """The whole result of a finished job (the last event of a stream, with content "")."""
+    job, s = r.job, r.job.stats
+    request = r.prepared.request
+    text = job.text if content is None else content
+    out = {"index": index, "content": text, "tokens": list(job.tokens) if request.return_tokens else [],
+           "id_slot": -1 if job.slot is None else job.slot, "stop": True, "model": r.server.model_id,
+           "tokens_predicted": s.generated_tokens, "tokens_evaluated": s.prompt_tokens,
+           "generation_settings": generation_settings(r),
+           "prompt": r.server.engine.tokenizer.decode(r.prepared.tokens),
+           # as llama-server's: the reply was cut by the end of the context
+           "has_new_line": "\n" in job.text,
+           "truncated": job.context_bound and s.stop_reason in ("length", "context")
+           and s.generated_tokens >= job.request.max_tokens,
+           "stop_type": STOP_TYPES.get(s.stop_reason, "none"),
+           "stopping_word": s.stop_string or "", "tokens_cached": s.prompt_tokens + s.generated_tokens,
+           "timings": timings(job, r.server.speculates)}
+    if request.response_fields:
+        return pick_fields(out, request.response_fields)
+    return out
+
+
+def pick_fields(result: dict, fields: List[str]) -> dict:
+    """llama-server's response_fields: the fields named, "a/b" reaching into objects, each
+    under its own name."""
+    out = {}
+    for name in fields:
+        node = result
+        for part in name.split("/"):
+            if not isinstance(node, dict) or part not in node:
+                node = None
+                break
+            node = node[part]
+        if node is not None:
+            out[name] = node
+    return out
+
+
+async def completion_stream(r: Reply):
+    """Each piece of text as {"content", "tokens", "stop": false}, then the whole result
+    with "stop": true."""
+    sent = 0
+    n_prompt = len(r.prepared.tokens)
+    async for kind, value in r.events_of_job(ping=False):
+        if kind == "text":
+            upto = getattr(value, "upto", len(r.job.tokens))
+            tokens, sent = list(r.job.tokens[sent:upto]), max(sent, upto)
+            yield chunk({"index": 0, "content": str(value), "tokens": tokens, "stop": False,
+                         "id_slot": -1 if r.job.slot is None else r.job.slot, "tokens_predicted": upto,
+                         "tokens_evaluated": n_prompt})
+        elif kind == "done":
+            yield chunk(result_json(r, content=""))
+        else:
+            status = 400 if isinstance(value, ValueError) else 500
+            yield chunk({"error": {"code": status, "message": str(value),
+                                   "type": "invalid_request_error" if status == 400 else "server_error"}})

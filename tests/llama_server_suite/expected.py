@@ -1,0 +1,126 @@
+"""The tests of llama.cpp's server suite that dflash-server is not expected to pass, by
+test id (a prefix: every parametrization of a test), each with its reason:
+
+- MODEL: it checks the words of the suite's own model (tinyllama / stories260K, a llama
+  dflash-gguf does not load; the launcher serves the bundled demo target instead), or a
+  property of that model's vocabulary (a BOS token, fill-in-the-middle tokens);
+- FEATURE: a llama-server feature dflash-server does not have (yet), named;
+- BY DESIGN: dflash-server differs on purpose (the CORS default);
+- DIFFERENCE: a difference from llama-server still to settle, said how.
+
+Every other test of a file the CI runs must pass (tests/serving/test_llama_server_suite.py)."""
+from __future__ import annotations
+
+from typing import Optional
+
+MODEL = "the suite's model's own words or vocabulary"
+EXPECTED = {
+    # -- test_basic ---------------------------------------------------------------------------
+    "unit/test_basic.py::test_load_split_model": MODEL + ": 'little|girl' from a split stories15M",
+    "unit/test_basic.py::test_no_ui": "FEATURE: the web UI at / (another issue)",
+    # -- test_chat_completion ---------------------------------------------------------------------------
+    "unit/test_chat_completion.py::test_chat_completion[": MODEL + ": its replies and prompt token counts",
+    "unit/test_chat_completion.py::test_chat_completion_cached_tokens": MODEL + ": its prompt token counts",
+    "unit/test_chat_completion.py::test_chat_completion_stream[": MODEL + ": its replies and token counts",
+    "unit/test_chat_completion.py::test_chat_completion_with_openai_library": MODEL + ": 'Suddenly'",
+    "unit/test_chat_completion.py::test_chat_template": "FEATURE: llama.cpp's built-in template names "
+                                                        "(--chat-template llama3) and --verbose's __verbose prompt",
+    "unit/test_chat_completion.py::test_chat_template_assistant_prefill": "FEATURE: --verbose's __verbose prompt",
+    "unit/test_chat_completion.py::test_chat_template_continue_final_message": "FEATURE: continue_final_message",
+    "unit/test_chat_completion.py::test_apply_chat_template": "FEATURE: llama.cpp's built-in template names "
+                                                              "(command-r)",
+    "unit/test_chat_completion.py::test_invalid_chat_completion_req[messages7]": "DIFFERENCE: two assistant "
+                                                                                 "messages in a row are accepted",
+    "unit/test_chat_completion.py::test_chat_completion_with_timings_per_token": "FEATURE: timings_per_token",
+    "unit/test_chat_completion.py::test_logprobs": "FEATURE: logprobs (another issue)",
+    "unit/test_chat_completion.py::test_logit_bias": "FEATURE: logit_bias",
+    "unit/test_chat_completion.py::test_return_progress": "FEATURE: return_progress",
+    "unit/test_chat_completion.py::test_chat_completions_multiple_choices": "FEATURE: n > 1",
+    "unit/test_chat_completion.py::test_verbose_debug": "FEATURE: --verbose's __verbose",
+    # -- test_completion ------------------------------------------------------------------------------
+    "unit/test_completion.py::test_completion[": MODEL + ": its words and prompt token counts",
+    "unit/test_completion.py::test_completion_stream[": MODEL + ": its words and prompt token counts; also "
+                                                                "llama.cpp's adaptive-p sampler settings",
+    "unit/test_completion.py::test_completion_with_openai_library": MODEL + ": 'going|bed'",
+    "unit/test_completion.py::test_completion_stream_with_openai_library": MODEL + ": 'going|bed', Phi-3.5's joke",
+    "unit/test_completion.py::test_completion_response_fields[I believe the meaning of life is-32-":
+        MODEL + ": its BOS in the prompt ('<s> ')",
+    "unit/test_completion.py::test_completion_unified": "FEATURE: --kv-unified (slots drawing on one shared "
+                                                        "context; here each of -np's slots has -c / N positions)",
+    "unit/test_completion.py::test_completion_prompt_cache": MODEL + ": its prompt token counts",
+    "unit/test_completion.py::test_n_probs": "FEATURE: n_probs (token probabilities; another issue): refused with "
+                                             "a 400",
+    "unit/test_completion.py::test_logit_bias": "FEATURE: logit_bias",
+    # -- test_tokenize ------------------------------------------------------------------------
+    "unit/test_tokenize.py::test_tokenize_with_bos": MODEL + ": the demo target's tokenizer adds no BOS",
+    # -- test_security ------------------------------------------------------------------------
+    "unit/test_security.py::test_access_static_assets_without_api_key": "FEATURE: the web UI's assets (another issue)",
+    "unit/test_security.py::test_cors_options[localhost-": "BY DESIGN: an Origin of 'localhost' (no scheme) is no "
+                                                           "localhost origin under the default --cors-origins localhost",
+    "unit/test_security.py::test_cors_options[web.mydomain.fr-Access-Control-Allow-Origin":
+        "BY DESIGN: llama-server's default lets any origin read replies; dflash-server's lets localhost pages only",
+    "unit/test_security.py::test_cors_origins_defaults_to_localhost_with_tools_enabled": "FEATURE: --tools "
+                                                                                          "(built-in tools)",
+    "unit/test_security.py::test_cors_proxy_only_forwards_explicit_proxy_headers": "FEATURE: --ui-mcp-proxy",
+    "unit/test_security.py::test_local_media_file[../../../tools-": "FEATURE: images (--media-path, tinygemma3)",
+    # -- test_metrics ---------------------------------------------------------------------------
+    "unit/test_metrics.py::test_metrics_embedding_prompt_is_counted": "FEATURE: embeddings",
+    "unit/test_metrics.py::test_metrics_timings_on_prompt_progress": "FEATURE: return_progress (prompt progress "
+                                                                     "events)",
+    # -- test_infill ------------------------------------------------------------------------------
+    "unit/test_infill.py::": MODEL + ": the demo target has no fill-in-the-middle tokens, so /infill answers "
+                                     "llama-server's 501 (infill not supported by this model)",
+    # -- test_ignore_eos ----------------------------------------------------------------------------
+    "unit/test_ignore_eos.py::": "FEATURE: logit_bias (ignore_eos is done by not stopping, not by a bias listed "
+                                 "in generation_settings)",
+    # -- test_ctx_shift ---------------------------------------------------------------------------
+    "unit/test_ctx_shift.py::test_ctx_shift_enabled": "FEATURE: --context-shift",
+    "unit/test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": MODEL + ": its long prompt is 208 tokens in the "
+                                                                           "demo target's vocabulary, which fit a "
+                                                                           "slot's 256",
+    "unit/test_ctx_shift.py::test_ctx_shift_disabled_short_prompt[-1-": MODEL + ": its tokenizer's prompt length "
+                                                                              "(8 tokens) sets the tokens generated",
+    # -- test_template ------------------------------------------------------------------------------
+    "unit/test_template.py::test_date_inside_prompt[fireworks-ai-llama-3-firefunction-v2-":
+        "FEATURE: firefunction v2's template reads `functions`, which only llama.cpp's firefunction handler supplies",
+    # thinking on (the default): llama.cpp hands every template enable_thinking=true, these templates close the
+    # thinking block unless it is true, and dflash-server defines enable_thinking only when thinking is off
+    # (--reasoning-budget 0): a difference still to settle (it also changes Gemma 4's rendering)
+    **{f"unit/test_template.py::test_reasoning[{name}-{mode}-": "DIFFERENCE: enable_thinking is not defined while "
+                                                                "thinking is on (llama.cpp defines it true)"
+       for name in ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Qwen-QwQ-32B",
+                    "CohereForAI-c4ai-command-r7b-12-2024-tool_use") for mode in ("on", "auto")},
+    # -- test_speculative ---------------------------------------------------------------------------
+    "unit/test_speculative.py::test_with_and_without_draft": "FEATURE: --spec-synth-rates (synthetic drafts), in its "
+                                                             "last part",
+    "unit/test_speculative.py::test_synth_": "FEATURE: --spec-synth-rates (synthetic drafts)",
+    "unit/test_speculative.py::test_slot_ctx_not_exceeded": MODEL + ": 'Hello ' x 248 is 745 tokens in the demo "
+                                                                    "target's vocabulary, past the 256 of a slot",
+    "unit/test_speculative.py::test_with_ctx_shift": "FEATURE: --context-shift",
+    "unit/test_speculative.py::test_multi_requests_parallel": MODEL + ": 'wise|kind|owl|answer'",
+    # -- test_compat_anthropic ------------------------------------------------------------------------
+    "unit/test_compat_anthropic.py::test_anthropic_empty_messages": "DIFFERENCE: an empty 'messages' is refused "
+                                                                    "with a 400 (llama-server renders a prompt of "
+                                                                    "nothing)",
+    "unit/test_compat_anthropic.py::test_anthropic_tool_result_with_image": "BY DESIGN: an image for a text model is "
+                                                                            "the request's fault, a 400 (llama-server "
+                                                                            "answers 500)",
+    "unit/test_compat_anthropic.py::test_anthropic_vision_format_accepted": "BY DESIGN: as above, 400 not 500",
+    "unit/test_compat_anthropic.py::test_anthropic_vision_base64_with_multimodal_model": "FEATURE: images",
+    "unit/test_compat_anthropic.py::test_anthropic_thinking_with_reasoning_model": MODEL + ": DeepSeek-R1-Distill's "
+                                                                                   "thinking",
+    # -- test_stream, test_compat_oai_responses -------------------------------------------------------
+    "unit/test_stream.py::": "FEATURE: the router and its resumable streams (/v1/stream)",
+    "unit/test_compat_oai_responses.py::": "FEATURE: OpenAI's Responses API (/v1/responses)",
+    # -- test_kv_keep_only_active -------------------------------------------------------------------
+    "unit/test_kv_keep_only_active.py::test_clear_and_restore": "FEATURE: --cache-ram / --no-cache-idle-slots host prompt cache and its "
+                                          "debug log",
+}
+
+
+def reason(test_id: str) -> Optional[str]:
+    """Why `test_id` is expected to fail, or None: it must pass."""
+    for prefix, why in EXPECTED.items():
+        if test_id.startswith(prefix):
+            return why
+    return None

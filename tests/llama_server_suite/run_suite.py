@@ -1,0 +1,134 @@
+"""Run llama.cpp's server test suite (tools/server/tests in the pinned sdist) against
+dflash-server: the suite is copied into a scratch tree beside a link to the sdist's
+models/ (its tests read templates at ../../../models/templates), started with
+LLAMA_SERVER_BIN_PATH at the launcher (llama-server's flags to dflash-server's) and
+suite_plugin (no model downloads), and each test's outcome is written as JSON.
+
+    python tests/llama_server_suite/run_suite.py [--out results.json] [-k EXPR] [FILE ...]
+
+FILE: the suite's test files by short name (basic, completion, ...; default IN_SCOPE)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TEST_TIMEOUT = 300  # seconds a test of the suite may take (its servers' starts included)
+IN_SCOPE = ["basic", "chat_completion", "completion", "infill", "tokenize", "template", "security", "metrics",
+            "speculative", "ignore_eos", "ctx_shift", "stream", "compat_oai_responses", "compat_anthropic",
+            "tool_call", "kv_keep_only_active"]
+
+
+def suite_source() -> Path:
+    """tools/server/tests of the pinned llama.cpp sources, or SystemExit when set-up has not unpacked them."""
+    from dflash_gguf.tools.llama_cpp_tree import source_dir
+
+    src = source_dir()
+    if src is None or not (src / "tools" / "server" / "tests" / "utils.py").is_file():
+        raise SystemExit("llama.cpp's sources are missing: run scripts/setup.sh")
+    return src
+
+
+def scratch_tree(src: Path, root: Path) -> Path:
+    """A copy of the suite at root/tools/server/tests, with root/models linked to the sdist's."""
+    tests = root / "tools" / "server" / "tests"
+    shutil.copytree(src / "tools" / "server" / "tests", tests)
+    os.symlink(src / "models", root / "models")
+    return tests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def outcomes(junit: Path) -> dict:
+    """{test id: "passed" | "failed" | "skipped" | "error"} from pytest's JUnit XML."""
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
+        kinds = {child.tag for child in case}
+        out[name] = ("failed" if "failure" in kinds else "error" if "error" in kinds
+                     else "skipped" if "skipped" in kinds else "passed")
+    return out
+
+
+def run(files, k: str = None, timeout: float = 1800, log=None) -> dict:
+    src = suite_source()
+    with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
+        tests = scratch_tree(src, Path(tmp))
+        junit = Path(tmp) / "junit.xml"
+        env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(HERE / "llama-server"), "DFLASH_SUITE_PYTHON": sys.executable,
+               # the plugin from here; dflash_gguf as this process imports it (the installed package, whose
+               # native library a source tree lacks, unless PYTHONPATH says otherwise)
+               "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+               "LLAMA_CACHE": str(Path(tmp) / "cache")}
+        env.pop("DEBUG", None)
+        env.setdefault("PORT", str(free_port()))  # the suite's servers listen there (its default, 8080, may be taken)
+        cmd = [sys.executable, "-m", "pytest", "-p", "suite_plugin", "-p", "no:cacheprovider", "-q", "-rN",
+               f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+        try:
+            import pytest_timeout  # noqa: F401 - a test that hangs fails alone, not the whole run
+            cmd += ["--timeout", str(TEST_TIMEOUT)]
+        except ImportError:
+            pass
+        if k:
+            cmd += ["-k", k]
+        cmd += [f"unit/test_{f}.py" for f in files]
+        started = time.time()
+        # a group of its own: on a timeout the suite and the servers it started go together
+        proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            status = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+            raise RuntimeError(f"the suite ran past {timeout} s") from None
+        if not junit.exists():
+            raise RuntimeError(f"the suite did not run (exit status {status})")
+        return {"seconds": round(time.time() - started, 1), "exit_status": status, "tests": outcomes(junit)}
+
+
+def summary(tests: dict) -> dict:
+    counts = {}
+    for outcome in tests.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="*", default=IN_SCOPE)
+    p.add_argument("-k")
+    p.add_argument("--out", help="write the outcomes as JSON here")
+    p.add_argument("--log", help="the suite's output (default: none)")
+    a = p.parse_args(argv)
+    log = open(a.log, "w") if a.log else None
+    result = run(a.files, a.k, log=log)
+    result["counts"] = summary(result["tests"])
+    import expected
+
+    for name, outcome in sorted(result["tests"].items()):
+        why = expected.reason(name)
+        mark = "" if outcome in ("passed", "skipped") or why else "  <- not on expected.py"
+        print(f"{outcome:8s} {name}{mark}")
+    print(json.dumps({"seconds": result["seconds"], **result["counts"]}))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
