@@ -455,7 +455,6 @@ class Server:
                           "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"])
         return "\n".join(lines) + "\n"
 
-
     def llamacpp_metrics(self) -> List[str]:
         """llama-server's metrics, under its names (llamacpp:*), from the same totals."""
         t = self.scheduler.totals
@@ -729,7 +728,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else f"context {engine.target.n_ctx}"
     print(f"dflash-server: serving {model_id} ({mode}, {slots}, queue {args.queue}, "
           f"checkpoints {args.checkpoint_mib} MiB, up to {on_device} MiB of it on the device"
-          + (", API key required" if api_keys else "") + f") on "
+          + (", API key required" if api_keys else "") + ") on "
           + ", ".join(f"http://{'[' + h + ']' if ':' in h else h}:{args.port}" for h in hosts)
           + ("" if args.webui else " (no chat page: --no-webui)"),
           file=sys.stderr, flush=True)
