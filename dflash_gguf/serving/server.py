@@ -604,7 +604,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
                    help="Access-Control-Allow-Credentials: true on a preflight (default)")
     p.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
-    p.add_argument("--no-ui", action="store_true", help="accepted for llama-server's command line")
     p.add_argument("--shutdown-timeout", type=float, default=60.0,
                    help="on Ctrl-C / SIGTERM, seconds to let running and queued requests finish (default 60)")
     p.add_argument("--print-memory", action="store_true",

@@ -17,7 +17,6 @@ MODEL = "the suite's model's own words or vocabulary"
 EXPECTED = {
     # -- test_basic ---------------------------------------------------------------------------
     "unit/test_basic.py::test_load_split_model": MODEL + ": 'little|girl' from a split stories15M",
-    "unit/test_basic.py::test_no_ui": "FEATURE: the web UI at / (another issue)",
     # -- test_chat_completion ---------------------------------------------------------------------------
     "unit/test_chat_completion.py::test_chat_completion[": MODEL + ": its replies and prompt token counts",
     "unit/test_chat_completion.py::test_chat_completion_cached_tokens": MODEL + ": its prompt token counts",
