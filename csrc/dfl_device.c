@@ -111,3 +111,15 @@ DFL_API int dfl_device_batch_invariance(const char * device, char * buf, size_t 
     }
     return fn != NULL;
 }
+
+/* One device's description, looked up by name: nothing else of the registry is asked (an
+ * RPC device whose server went away would abort the process when described). */
+DFL_API dfl_status dfl_device_description(const char * device, char * buf, size_t buf_size) {
+    ggml_backend_dev_t dev = device && device[0] ? ggml_backend_dev_by_name(device)
+                                                 : ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "no device named '%s'", device);
+    }
+    snprintf(buf, buf_size, "%s", ggml_backend_dev_description(dev));
+    return DFL_OK;
+}

@@ -318,6 +318,9 @@ static dfl_status decide(dfl_target * t) {
 
 DFL_API dfl_status dfl_target_choices(dfl_target * t, int32_t * dst, int32_t row0, int32_t n_rows) {
     TRY(dfl_target_check_rows(t, row0, n_rows, t ? t->n_out : 0, "choices"));
+    if (n_rows == 0) {
+        return DFL_OK; /* a step whose rows gave no logits (a prompt chunk's middle) has no choice tensor */
+    }
     if (t->out->key.samp.masked == DFL_MASK_CANDIDATES) {
         TRY(decide(t));
         memcpy(dst, t->out_choices + row0, (size_t) n_rows * sizeof(int32_t));

@@ -71,6 +71,8 @@ dfl_status dfl_device_describe(int i, char * buf, size_t buf_size);
  * scripts/setup.sh), its patch's name written to buf; 0 for a stock backend or an unknown
  * device (NULL or "": the CPU). */
 int dfl_device_batch_invariance(const char * device, char * buf, size_t buf_size);
+/* One device's description (NULL or "": the CPU), asking no other device. */
+dfl_status dfl_device_description(const char * device, char * buf, size_t buf_size);
 
 /* Add the devices of a ggml RPC server ("host:port", as llama.cpp's rpc-server serves
  * them) to the registry; they are then named RPC0, RPC1, ... */

@@ -139,7 +139,7 @@ def verify_call(target, draft, seqs: Seq, proposals: List[Proposal], joining, t0
             joining.row0 = row0
             pass_rows.append(chunk)
         target.step(pass_rows, draft)  # one target graph: this pass's sequences' rows
-        choices = target.choices(0, row0)
+        choices = target.choices(0, row0) if row0 else ()  # a pass of the joining chunk alone chooses nothing here
         verifying += time.perf_counter() - t_pass
         splits, copied = target.graph_copies()  # the pass's graph's, before any redraw
         copies = (copies[0] + splits, copies[1] + copied)

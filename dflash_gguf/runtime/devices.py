@@ -20,6 +20,14 @@ def list_devices() -> List[Dict[str, str]]:
     return out
 
 
+def device_description(device: str) -> str:
+    """One device's description (list_devices' field), asking no other device of the
+    registry: a registered RPC device whose server has gone away cannot be described."""
+    buf = ffi.new("char[512]")
+    check(lib.dfl_device_description(device.encode(), buf, len(buf)))
+    return ffi.string(buf).decode("utf-8", "replace")
+
+
 def default_device() -> str:
     """The device a model runs on when none is named: the first GPU, else the CPU (as
     the runtime picks it)."""

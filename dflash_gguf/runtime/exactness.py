@@ -30,7 +30,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .demo import cache_dir
-from .devices import list_devices, matmul_invariance
+from .devices import device_description, matmul_invariance
 from .gguf_meta import GGUFMeta
 from .native import _HERE, DflashError, ffi, lib
 
@@ -40,6 +40,12 @@ MODES = ("report", "require", "off")
 PROBE_COLUMNS = (2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65, 128, 256)
 # the probe's matrix: six K-quant super blocks in, eight repacked row groups out
 PROBE_SHAPE = (1536, 64)
+Q = GGMLQuantizationType
+# the weight types the probe can make (ggml quantizes them without an importance matrix:
+# tests/runtime/test_batch_invariance.py's); a model's other types are not probed
+PROBED = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
+                    Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4})
+INTEGER = frozenset({Q.I8, Q.I16, Q.I32, Q.I64})  # never a matrix a product reads
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ def weight_types(path: str) -> List[int]:
     or more dimensions but the token embedding, which is read row by row)."""
     meta = GGUFMeta(path)
     return sorted({t for name, (shape, t) in meta.tensors().items()
-                   if len(shape) >= 2 and name != "token_embd.weight"})
+                   if len(shape) >= 2 and name != "token_embd.weight" and t not in INTEGER})
 
 
 def probe_columns(max_rows: int) -> List[int]:
@@ -157,7 +163,7 @@ def device_exactness(device: str, types: Sequence[int], max_rows: int, n_threads
     """The answer for one device (cached; see the module's docstring)."""
     if max_rows < 2:
         return Exactness("yes", "one row a step: nothing to round apart")
-    description = next((d["description"] for d in list_devices() if d["name"] == device), "")
+    description = device_description(device)
     key = _cache_key(device, description, types, max_rows)
     known = _cached().get(key)
     if known is not None:
@@ -172,12 +178,15 @@ def _ask(device: str, types: Sequence[int], max_rows: int, n_threads: int) -> Ex
     if not remote and backend_patch(device) is None:
         return Exactness("no", f"{device}: ggml without the batch-invariance patch")
     try:
-        differs = probe(device, types, max_rows, n_threads)
+        differs = probe(device, [t for t in types if t in PROBED], max_rows, n_threads)
     except DflashError as e:
         return Exactness("unverified", f"{device}: the probe could not run: {e}")
     if differs is not None:
         t, n_cols = differs
         return Exactness("no", f"{device}: {t} at {n_cols} columns")
+    unprobed = [_type_name(t) for t in types if t not in PROBED]
+    if unprobed:
+        return Exactness("unverified", f"{device}: {', '.join(unprobed)} weights are not probed")
     if proven(device):
         return Exactness("yes")
     what = "a remote backend" if remote else "this backend's whole step is not yet proven (docs/exactness.md)"

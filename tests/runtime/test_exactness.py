@@ -48,6 +48,16 @@ def test_the_probe_covers_the_models_types_and_the_rows_a_step_allows():
     assert probe_columns(256)[-1] == 256
 
 
+def test_a_type_the_probe_cannot_make_is_unverified_and_integers_are_left_out(tmp_path):
+    """IQ2_XXS needs an importance matrix to quantize: the probe cannot make it, and the
+    answer says so; an integer tensor (never a product's matrix) is not a weight type."""
+    from gguf import GGMLQuantizationType as Q
+
+    answer = exactness.device_exactness("CPU", [Q.Q8_0, Q.IQ2_XXS], 4)
+    assert answer == Exactness("unverified", "CPU: IQ2_XXS weights are not probed")
+    assert Q.I32 in exactness.INTEGER and Q.I32 not in exactness.PROBED
+
+
 def test_a_stock_backend_is_not_exact_and_require_refuses_it(monkeypatch):
     """A ggml without the patches (a later `pip install -U llama-cpp-python`): its CPU
     backend names no patch, and the engine says so; --exact require refuses to load."""

@@ -21,4 +21,4 @@ def test_every_kind_of_step_goes_one_way(tmp_path):
                                           "draft-dflash,suffix", "draft-simple,suffix"}
     for row in rows:
         assert row["came_back"] == 0 and row["files"] <= 6, row
-        assert row["route"][0].startswith("decoding/step.py(step"), row
+        assert row["route"][0].startswith("step.py(step"), row
