@@ -130,7 +130,7 @@ def _never(*_):
 def _app():
     """The application over a server it never reaches: every request here is refused first."""
     server = SimpleNamespace(api_keys=[], completion_prompt=_never, chat_prompt=_never, tokenize=_never,
-                             detokenize=_never)
+                             detokenize=_never, webui=False)
     return TestClient(create_app(server))
 
 
