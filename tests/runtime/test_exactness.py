@@ -7,6 +7,7 @@ types and rows."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -132,3 +133,20 @@ def test_dflash_run_reports_it_and_require_starts_where_it_holds():
     assert res.returncode == 0 and "exact     unverified (not checked: --exact off)" in res.stderr, res.stderr
     res = run("-n", "8", "--exact", "sometimes")
     assert res.returncode == 2 and "--exact" in res.stderr
+
+
+@pytest.mark.device
+def test_the_device_under_test_says_whether_it_is_exact():
+    """On the device under test (scripts/test-vulkan.sh: lavapipe): stock ggml-vulkan names
+    no patch, so the engine says no at once, without probing (the Vulkan patch is pending:
+    experiments/pending-patches); a CUDA build with 0004 is probed and at best unverified."""
+    device = os.environ.get("DFLASH_TEST_DEVICE")
+    if not device:
+        pytest.skip("no device under test (DFLASH_TEST_DEVICE)")
+    with Engine(TARGET, DRAFT, device=device, n_threads=2) as engine:
+        answer = engine.exact
+    print(f"\n[exact on {device}: {answer}]")
+    if device.startswith("Vulkan"):
+        assert answer == Exactness("no", f"{device}: ggml without the batch-invariance patch")
+    else:
+        assert answer.exact in ("no", "unverified") and answer.why.startswith(device), answer
