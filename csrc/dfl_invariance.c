@@ -13,6 +13,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Compute gf on backend be, its n_in inputs set from data first, and read `out` into dst:
+ * the one way both probes run a graph (ctx's tensors allocated on be for the call). */
+static dfl_status run_graph(ggml_backend_t be, struct ggml_context * ctx, struct ggml_cgraph * gf,
+                            struct ggml_tensor * const * in, const void * const * data, int n_in,
+                            struct ggml_tensor * out, void * dst, const char * what) {
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
+    if (!buf) {
+        return dfl_fail(DFL_ERR_BACKEND, "%s: cannot allocate its graph on %s", what, ggml_backend_name(be));
+    }
+    for (int i = 0; i < n_in; i++) {
+        ggml_backend_tensor_set(in[i], data[i], 0, ggml_nbytes(in[i]));
+    }
+    dfl_status st = DFL_OK;
+    if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
+        st = dfl_fail(DFL_ERR_BACKEND, "%s failed on %s", what, ggml_backend_name(be));
+    } else {
+        ggml_backend_tensor_get(out, dst, 0, ggml_nbytes(out));
+    }
+    ggml_backend_buffer_free(buf);
+    return st;
+}
+
 /* y = w x on backend be, x's n_cols columns in one pass. */
 static dfl_status product(ggml_backend_t be, struct ggml_tensor * w, const float * x, int64_t n_cols, float * y) {
     struct ggml_init_params ip = { 8 * ggml_tensor_overhead() + ggml_graph_overhead(), NULL, true };
@@ -21,19 +43,8 @@ static dfl_status product(ggml_backend_t be, struct ggml_tensor * w, const float
     struct ggml_tensor * yt = ggml_mul_mat(ctx, w, xt);
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, yt);
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
-    dfl_status st = DFL_OK;
-    if (!buf) {
-        st = dfl_fail(DFL_ERR_BACKEND, "invariance: cannot allocate %lld columns", (long long) n_cols);
-    } else {
-        ggml_backend_tensor_set(xt, x, 0, ggml_nbytes(xt));
-        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
-            st = dfl_fail(DFL_ERR_BACKEND, "invariance: the product failed on %s", ggml_backend_name(be));
-        } else {
-            ggml_backend_tensor_get(yt, y, 0, ggml_nbytes(yt));
-        }
-        ggml_backend_buffer_free(buf);
-    }
+    const void * data[] = { x };
+    dfl_status st = run_graph(be, ctx, gf, &xt, data, 1, yt, y, "invariance: the product");
     ggml_free(ctx);
     return st;
 }
@@ -130,20 +141,9 @@ static dfl_status attend(ggml_backend_t be, struct ggml_tensor * k, struct ggml_
     ggml_prec_set_acc(ot, GGML_PREC_F32); /* as llama.cpp builds it */
     struct ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, ot);
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, be);
-    dfl_status st = DFL_OK;
-    if (!buf) {
-        st = dfl_fail(DFL_ERR_BACKEND, "attention invariance: cannot allocate %lld rows", (long long) n);
-    } else {
-        ggml_backend_tensor_set(qt, q, 0, ggml_nbytes(qt));
-        ggml_backend_tensor_set(mt, mask, 0, ggml_nbytes(mt));
-        if (ggml_backend_graph_compute(be, gf) != GGML_STATUS_SUCCESS) {
-            st = dfl_fail(DFL_ERR_BACKEND, "attention invariance: flash attention failed on %s", ggml_backend_name(be));
-        } else {
-            ggml_backend_tensor_get(ot, out, 0, ggml_nbytes(ot));
-        }
-        ggml_backend_buffer_free(buf);
-    }
+    struct ggml_tensor * in[] = { qt, mt };
+    const void * data[] = { q, mask };
+    dfl_status st = run_graph(be, ctx, gf, in, data, 2, ot, out, "attention invariance: flash attention");
     ggml_free(ctx);
     return st;
 }
