@@ -39,7 +39,7 @@ def generation_settings(r: Reply) -> dict:
     sampling = job.request.sampling
     request = r.prepared.request
     settings = {"n_predict": server.n_predict_of(request), "seed": sampling.seed if sampling else None,
-                "stop": request.stops, "ignore_eos": getattr(request, "ignore_eos", False), "stream": request.stream,
+                "stop": request.stops, "ignore_eos": request.ignore_eos, "stream": request.stream,
                 "n_probs": 0, "cache_prompt": request.cache_prompt, "speculative": server.speculates}
     if sampling is not None:
         for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",

@@ -42,12 +42,11 @@ def prompt_parts(value: Any, where: str = "prompt") -> List[Part]:
 
 class NativeGeneration(Generation):
     """llama-server's generation fields over the OpenAI ones: n_predict (-1: no limit)
-    for max_tokens, ignore_eos, id_slot, return_tokens, response_fields. n_probs > 0 asks
+    for max_tokens, id_slot, return_tokens, response_fields. n_probs > 0 asks
     for token probabilities, which this server does not give yet: refused."""
 
     n_predict: Optional[int] = None
     n_probs: Optional[int] = None
-    ignore_eos: flag(False) = False
     id_slot: Optional[int] = None
     return_tokens: flag(False) = False
     response_fields: Optional[List[str]] = None

@@ -196,6 +196,7 @@ class Generation(Strict):
     stream: flag(False) = False
     stream_options: Optional[StreamOptions] = None
     cache_prompt: flag(True) = True
+    ignore_eos: flag(False) = False  # llama-server's: the end-of-generation tokens do not stop the reply
     constraint: ConstraintFields = Field(default_factory=ConstraintFields)
 
     @model_validator(mode="before")

@@ -151,8 +151,7 @@ class Server:
             self.engine.check_request(tokens, max_tokens, speculative=self.defaults.speculative, context_full="stop")
         except ValueError as e:
             raise BadRequest(str(e), field_) from None
-        ignore_eos = getattr(request, "ignore_eos", False)
-        job = Job(Request(tokens, max_tokens, stop_tokens=() if ignore_eos else None, sampling=sampling,
+        job = Job(Request(tokens, max_tokens, stop_tokens=() if request.ignore_eos else None, sampling=sampling,
                           context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus),
                   sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
         job.context_bound = asked is None or asked > room  # it may run until the context is full

@@ -20,12 +20,14 @@ from helpers.servers import N_CTX, SERVER_FLAGS, AppServer, ScriptedEngine, Serv
 from dflash_gguf.engine.engine import Engine
 from dflash_gguf.runtime.demo import demo_paths
 
+WEBUI_CTX = 16384
 PROMPT = "Write a Python function that reads a file and returns its lines."
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("webui-server"), *SERVER_FLAGS, "--alias", "demo")
+    # a context long enough that a reply with no end token outlasts the Stop button's click
+    s = ServerProcess(tmp_path_factory.mktemp("webui-server"), *SERVER_FLAGS, "-c", str(WEBUI_CTX), "--alias", "demo")
     yield s
     s.stop()
     assert s.proc.returncode == 0, s.text
@@ -60,7 +62,7 @@ def test_chat_page_streams_a_reply_with_its_statistics_and_stops_a_long_one(serv
     page.wait("document.getElementById('model-info').textContent.includes('context')")
     assert page.eval("document.getElementById('model-name').textContent") == "demo"
     info = page.eval("document.getElementById('model-info').textContent")
-    assert f"context {N_CTX}" in info and "chain" in info, info
+    assert f"context {WEBUI_CTX}" in info and "exact: yes" in info and "chain" in info, info
     assert page.eval("document.getElementById('temperature').value") == "0"
     assert page.eval("document.getElementById('thinking-row').hidden") is True  # the demo's template does not think
 
@@ -99,14 +101,25 @@ def test_chat_page_streams_a_reply_with_its_statistics_and_stops_a_long_one(serv
     if os.environ.get("DFLASH_WEBUI_SCREENSHOT"):
         shutil.copyfile(shot, os.environ["DFLASH_WEBUI_SCREENSHOT"])
 
-    # a long reply (max tokens up to the context), stopped with the button
+    # a long reply (no end token, max tokens up to the context), stopped with the button
     setting(page, "#max-tokens", "-1")
+    setting(page, "#custom-json", "{")  # a bad Custom JSON keeps the message and says why
+    page.type("#prompt", "Now write it again, with comments.")
+    page.click("#send")
+    page.wait("document.getElementById('status').textContent.startsWith('Custom JSON: ')")
+    assert page.eval("document.querySelectorAll('.message.assistant').length") == 1
+    assert page.eval("document.getElementById('custom-json-error').hidden") is False
+    setting(page, "#custom-json", '{"ignore_eos": true}')
+    assert page.eval("document.getElementById('custom-json-error').hidden") is True
     page.type("#prompt", "Now write it again, with comments.")
     page.click("#send")
     page.wait("document.querySelectorAll('.message.assistant').length === 2 && "
               "document.querySelector('.message.assistant:last-of-type .content').textContent.length > 40")
     assert reply_state(page) == "streaming"
     assert page.eval("document.getElementById('stop').disabled") is False
+    # the conversation scrolls in its box: the composer and its Stop button stay on screen
+    assert page.eval("document.getElementById('stop').getBoundingClientRect().bottom <= innerHeight && "
+                     "document.scrollingElement.scrollTop === 0")
     page.click("#stop")
     page.wait("document.querySelector('.message.assistant:last-of-type').dataset.state === 'stopped'")
     assert page.eval("document.querySelector('.message.assistant:last-of-type .note').textContent") == "Stopped."
@@ -118,7 +131,7 @@ def test_chat_page_streams_a_reply_with_its_statistics_and_stops_a_long_one(serv
         time.sleep(0.1)
     health = server.http.get("/health").json()
     assert health["running"] == 0 and health["queue_depth"] == 0, health
-    assert server.metrics()["dflash_generated_tokens_total"] < 64 + N_CTX // 2
+    assert server.metrics()["dflash_generated_tokens_total"] < 64 + WEBUI_CTX // 2
 
     # the conversation is kept in the browser: after a reload, both turns and the stop
     page.goto(server.url + "/")

@@ -90,7 +90,10 @@ async function loadProps() {
   const gen = props.default_generation_settings || {};
   const spec = props.speculative || {};
   const info = [`context ${gen.n_ctx}`, spec.mode || (spec.drafter ? "speculative" : "autoregressive")];
-  if (props.exact !== undefined && props.exact !== null) info.push(`exact: ${props.exact}`);
+  if (props.exact && props.exact.exact) {
+    info.push(`exact: ${props.exact.exact}`);
+    $("model-info").title = props.exact.why || "";
+  }
   $("model-info").textContent = info.join(" · ");
   document.title = `${props.model_alias} · dflash-server`;
   showSettings();
@@ -108,6 +111,8 @@ function showSettings() {
   const kwargs = (props && props.chat_template_kwargs) || {};
   $("thinking").checked = s.thinking ?? kwargs.enable_thinking !== false;
   $("system").value = s.system || "";
+  $("custom-json").value = s.custom || "";
+  showCustomError();
   $("api-key").value = s.apiKey || "";
 }
 
@@ -119,6 +124,8 @@ function readSettings() {
   }
   s.thinking = $("thinking").checked;
   s.system = $("system").value;
+  s.custom = $("custom-json").value.trim();
+  showCustomError();
   s.apiKey = $("api-key").value.trim();
   save();
 }
@@ -130,7 +137,23 @@ function sampling() {
   const max = Math.trunc(s.maxTokens ?? d.maxTokens);
   if (max >= 0) body.max_tokens = max;
   if (thinks()) body.chat_template_kwargs = {enable_thinking: $("thinking").checked};
-  return body;
+  return {...body, ...customFields()};
+}
+
+// The settings' Custom JSON: an object whose fields go into every request as they are.
+function customFields() {
+  const text = state.settings.custom || "";
+  if (!text) return {};
+  const value = JSON.parse(text);  // SyntaxError: the message says where
+  if (value === null || typeof value !== "object" || Array.isArray(value)) throw new Error("Custom JSON must be an object");
+  return value;
+}
+
+function showCustomError() {
+  let why = "";
+  try { customFields(); } catch (e) { why = `Custom JSON: ${e.message}`; }
+  $("custom-json-error").textContent = why;
+  $("custom-json-error").hidden = !why;
 }
 
 // -- rendering ----------------------------------------------------------------------------
@@ -231,6 +254,7 @@ function showText(node, text) {
 }
 
 function updateView(view, m) {
+  const ending = view.dataset.state === "streaming" && m.state !== "streaming";
   view.dataset.state = m.state || "done";
   view.dataset.chars = (m.content || "").length;  // the reply's text so far
   view.setAttribute("aria-busy", m.state === "streaming" ? "true" : "false");  // read out once whole
@@ -240,7 +264,9 @@ function updateView(view, m) {
   const reasoning = view.querySelector(".reasoning");
   reasoning.hidden = !m.reasoning;
   reasoning.querySelector(".reasoning-text").textContent = m.reasoning || "";
-  if (m.state === "streaming") reasoning.open = !m.content;  // open while it thinks, folded once it answers
+  // open while it thinks, folded once it answers (and as it ends: the view may not have
+  // been drawn between the first answer token and the end)
+  if (m.state === "streaming" || ending) reasoning.open = !m.content;
   const note = view.querySelector(".note");
   note.textContent = m.state === "stopped" ? "Stopped." : m.state === "error" ? `Error: ${m.error}` :
     m.state === "streaming" ? "generating…" : m.finish === "length" ? "Cut at max tokens." : "";
@@ -314,12 +340,12 @@ function history(c) {
   return out;
 }
 
-async function send(text) {
+async function send(text, fields) {
   const c = current() || newConversation();
   c.messages.push({role: "user", content: text});
   if (c.title === "New chat") c.title = text.replace(/\s+/g, " ").slice(0, 48);
   const body = {model: props ? props.model_alias : undefined, messages: history(c), stream: true,
-                stream_options: {include_usage: true}, ...sampling()};
+                stream_options: {include_usage: true}, ...fields};
   const reply = {role: "assistant", content: "", reasoning: "", state: "streaming"};
   c.messages.push(reply);
   save();
@@ -329,6 +355,7 @@ async function send(text) {
   setBusy(true);
   setStatus("generating…");
   const box = $("messages");
+  let frame = 0;
   try {
     const res = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify(body),
                                                       signal: controller.signal});
@@ -347,9 +374,14 @@ async function send(text) {
       const exact = (data.timings && data.timings.exact) ?? (data.usage && data.usage.exact) ??
                     (data.dflash && data.dflash.exact);
       if (exact !== undefined && exact !== null) reply.exact = exact;
-      const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
-      updateView(view, reply);
-      if (atBottom) box.scrollTop = box.scrollHeight;
+      // the view follows at most once a frame: a fast server sends far more events than a
+      // page can lay out, and laying out each would keep the Stop button from being heard
+      if (!frame) frame = requestAnimationFrame(() => {
+        frame = 0;
+        const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+        updateView(view, reply);
+        if (atBottom) box.scrollTop = box.scrollHeight;
+      });
     });
     reply.state = "done";
     setStatus(reply.finish === "length" ? "Reply done (cut at max tokens)." : "Reply done.");
@@ -364,6 +396,7 @@ async function send(text) {
       setStatus(`Error: ${e.message}`);
     }
   } finally {
+    cancelAnimationFrame(frame);
     controller = null;
     save();
     updateView(view, reply);
@@ -383,8 +416,13 @@ function start() {
     e.preventDefault();
     const text = $("prompt").value.trim();
     if (!text || controller) return;
+    let fields;
+    try { fields = sampling(); } catch (err) {  // a bad Custom JSON: the message stays to be sent
+      setStatus(`Custom JSON: ${err.message}`);
+      return;
+    }
     $("prompt").value = "";
-    send(text);
+    send(text, fields);
   });
   $("prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
