@@ -40,7 +40,7 @@ def generation_settings(r: Reply) -> dict:
     request = r.prepared.request
     settings = {"n_predict": server.n_predict_of(request), "seed": sampling.seed if sampling else None,
                 "stop": request.stops, "ignore_eos": request.ignore_eos, "stream": request.stream,
-                "n_probs": 0, "cache_prompt": request.cache_prompt, "speculative": server.speculates}
+                "n_probs": request.probs_asked or 0, "post_sampling_probs": False, "cache_prompt": request.cache_prompt, "speculative": server.speculates}
     if sampling is not None:
         for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
                      "frequency_penalty"):
@@ -65,6 +65,9 @@ def result_json(r: Reply, index: int = 0, content: Optional[str] = None) -> dict
            "stop_type": STOP_TYPES.get(s.stop_reason, "none"),
            "stopping_word": s.stop_string or "", "tokens_cached": s.prompt_tokens + s.generated_tokens,
            "timings": timings(job, r.server.speculates)}
+    probs = r.probs()
+    if probs is not None and content is None:  # as llama-server's: not in a stream's last event
+        out["completion_probabilities"] = probs.all(text)
     if request.response_fields:
         return pick_fields(out, request.response_fields)
     return out
@@ -91,15 +94,24 @@ async def completion_stream(r: Reply):
     with "stop": true."""
     sent = 0
     n_prompt = len(r.prepared.tokens)
+    probs = r.probs()
     async for kind, value in r.events_of_job(ping=False):
         if kind == "text":
             upto = getattr(value, "upto", len(r.job.tokens))
             tokens, sent = list(r.job.tokens[sent:upto]), max(sent, upto)
-            yield chunk({"index": 0, "content": str(value), "tokens": tokens, "stop": False,
-                         "id_slot": -1 if r.job.slot is None else r.job.slot, "tokens_predicted": upto,
-                         "tokens_evaluated": n_prompt})
+            out = {"index": 0, "content": str(value), "tokens": tokens, "stop": False,
+                   "id_slot": -1 if r.job.slot is None else r.job.slot, "tokens_predicted": upto,
+                   "tokens_evaluated": n_prompt}
+            entries = probs.take(value) if probs is not None else []
+            if entries:
+                out["completion_probabilities"] = entries
+            yield chunk(out)
         elif kind == "done":
-            yield chunk(result_json(r, content=""))
+            last = result_json(r, content="")
+            entries = probs.rest() if probs is not None else []
+            if entries:  # tokens whose text came last (an end-of-generation token): not lost
+                last["completion_probabilities"] = entries
+            yield chunk(last)
         else:
             status = 400 if isinstance(value, ValueError) else 500
             yield chunk({"error": {"code": status, "message": str(value),

@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Union
 from pydantic import Field, field_validator, model_validator
 
 from .api_errors import refusal
-from .openai_models import ChatRequest, Generation, Strict, flag
+from .openai_models import ChatRequest, Generation, Probs, Strict, flag
 
 Part = Union[str, int]  # a prompt is a list of parts: text (tokenized in place) and token ids
 
@@ -42,11 +42,15 @@ def prompt_parts(value: Any, where: str = "prompt") -> List[Part]:
 
 class NativeGeneration(Generation):
     """llama-server's generation fields over the OpenAI ones: n_predict (-1: no limit)
-    for max_tokens, id_slot, return_tokens, response_fields. n_probs > 0 asks
-    for token probabilities, which this server does not give yet: refused."""
+    for max_tokens, id_slot, return_tokens, response_fields, and n_probs (its alias
+    logprobs): the target's log-probabilities of each token and its n_probs most likely
+    alternatives. post_sampling_probs (the probabilities after the sampler's top-k, top-p,
+    min-p and temperature) is refused: the sampler draws on the device and its
+    distribution is not read back."""
 
     n_predict: Optional[int] = None
-    n_probs: Optional[int] = None
+    n_probs: Optional[Probs] = None
+    post_sampling_probs: flag(False) = False
     id_slot: Optional[int] = None
     return_tokens: flag(False) = False
     response_fields: Optional[List[str]] = None
@@ -60,6 +64,14 @@ class NativeGeneration(Generation):
                 return {**body, "max_tokens": n}
         return body
 
+    @model_validator(mode="before")
+    @classmethod
+    def _logprobs_alias(cls, body: Any) -> Any:
+        """llama-server reads "logprobs" as n_probs when n_probs is not given."""
+        if isinstance(body, dict) and body.get("n_probs") is None and body.get("logprobs") is not None:
+            return {**body, "n_probs": body["logprobs"]}
+        return body
+
     @field_validator("n_predict")
     @classmethod
     def _n_predict_range(cls, n: Optional[int]) -> Optional[int]:
@@ -67,15 +79,18 @@ class NativeGeneration(Generation):
             raise refusal("n_predict", "must be >= 0, or -1 for no limit")
         return n
 
-    @field_validator("n_probs")
+    @field_validator("post_sampling_probs")
     @classmethod
-    def _no_probs(cls, n: Optional[int]) -> Optional[int]:
-        if n is not None and n < 0:
-            raise refusal("n_probs", "must be >= 0")
-        if n:
-            raise refusal("n_probs", "is not supported by this server yet (token probabilities are not given): "
-                                     "leave it out or give 0")
-        return n
+    def _pre_sampling(cls, post: bool) -> bool:
+        if post:
+            raise refusal("post_sampling_probs", "is not supported by this server: the sampler draws on the device "
+                                                 "and its distribution is not read back (n_probs without it gives "
+                                                 "the model's own probabilities)")
+        return post
+
+    @property
+    def probs_asked(self) -> Optional[int]:
+        return self.n_probs or None
 
 
 class NativeCompletionRequest(NativeGeneration):

@@ -24,13 +24,12 @@ from .api_errors import refusal
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOOLS = 128  # the OpenAI API's own limit
 MAX_STOPS = 16
+DEFAULT_TOP_LOGPROBS = 20  # llama-server's, for logprobs true without top_logprobs
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")  # what the call formats can carry
 
 # fields whose meaning this server does not implement: refused rather than ignored
 UNSUPPORTED = {
     "logit_bias": lambda v: v not in (None, {}),
-    "logprobs": lambda v: v not in (None, False, 0),
-    "top_logprobs": lambda v: v not in (None, 0),
     "echo": lambda v: v not in (None, False),
     "best_of": lambda v: v not in (None, 1),
     "suffix": lambda v: v not in (None, ""),
@@ -61,6 +60,8 @@ Penalty = Annotated[Finite, Field(ge=-2, le=2)]
 RepeatPenalty = Annotated[Finite, Field(gt=0)]
 RepeatLastN = Annotated[int, Field(ge=-1)]  # -1: the whole context, 0: no penalties
 TokenCount = Annotated[int, Field(ge=0)]
+MAX_PROBS = 100  # alternatives a token may list (OpenAI's top_logprobs: 20; llama-server's n_probs: unbounded)
+Probs = Annotated[int, Field(ge=0, le=MAX_PROBS)]
 Stop = Union[str, Annotated[List[str], Field(max_length=MAX_STOPS)]]
 ReasoningEffort = Literal[REASONING_EFFORTS]
 
@@ -233,6 +234,12 @@ class Generation(Strict):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def probs_asked(self) -> Optional[int]:
+        """The alternatives each emitted token lists with its log-probability (0: the
+        token's own alone), or None: no log-probabilities asked."""
+        return None
+
 
 # -- completions ------------------------------------------------------------------------------------
 
@@ -248,6 +255,11 @@ def _one_prompt(prompt: Any) -> Any:
 class CompletionRequest(Generation):
     prompt: Annotated[Union[Annotated[str, Field(min_length=1)], Annotated[List[int], Field(min_length=1)]],
                       BeforeValidator(_one_prompt)]
+    logprobs: Optional[Probs] = None  # as llama-server reads it: n_probs (0: none)
+
+    @property
+    def probs_asked(self) -> Optional[int]:
+        return self.logprobs or None
 
 
 # -- chat ------------------------------------------------------------------------------------------
@@ -336,6 +348,20 @@ class ChatRequest(Generation):
     chat_template_kwargs: Optional[dict] = None  # over the server's --chat-template-kwargs, one by one
     reasoning_effort: Optional[ReasoningEffort] = None  # wins over chat_template_kwargs', as in llama-server
     reasoning_format: Optional[Literal[REASONING_FORMATS]] = None
+    logprobs: flag(False) = False
+    top_logprobs: Optional[Probs] = None  # with logprobs; left out: 20, as llama-server
+
+    @model_validator(mode="after")
+    def _top_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise refusal("top_logprobs", "top_logprobs requires logprobs to be set to true", param="top_logprobs")
+        return self
+
+    @property
+    def probs_asked(self) -> Optional[int]:
+        if not self.logprobs:
+            return None
+        return DEFAULT_TOP_LOGPROBS if self.top_logprobs is None else self.top_logprobs
 
     @field_validator("chat_template_kwargs")
     @classmethod

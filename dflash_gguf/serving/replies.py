@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from . import anthropic_api, openai_api
+from .probs import JobProbs
 from .scheduler import Job
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -91,6 +92,12 @@ class Reply:
             watch.cancel()
             self.job.cancel()  # the client went away (or the job is over, where this changes nothing)
 
+    def probs(self) -> Optional[JobProbs]:
+        """The job's token log-probabilities as they come, when the request asked for them."""
+        if self.prepared.request.probs_asked is None:
+            return None
+        return JobProbs(self.server.pieces, self.job)
+
     async def outcome(self) -> tuple:
         """How the job ended: ("done", job) or ("error", e)."""
         stream = self.events_of_job(ping=False)
@@ -110,12 +117,18 @@ def _response(r: Reply, obj: str, choice: dict) -> JSONResponse:
                          "dflash": r.server.extension(r.job)})
 
 
+def _whole_logprobs(r: Reply) -> Optional[dict]:
+    """A finished job's logprobs, when asked (else None, as the API's)."""
+    probs = r.probs()
+    return None if probs is None else {"content": probs.all(r.job.text)}
+
+
 async def completion_reply(r: Reply):
     kind, value = await r.outcome()
     if kind == "error":
         return engine_error(value)
-    return _response(r, "text_completion",
-                     {"index": 0, "text": r.job.text, "finish_reason": r.job.finish_reason, "logprobs": None})
+    return _response(r, "text_completion", {"index": 0, "text": r.job.text, "finish_reason": r.job.finish_reason,
+                                            "logprobs": _whole_logprobs(r)})
 
 
 async def chat_reply(r: Reply):
@@ -127,7 +140,7 @@ async def chat_reply(r: Reply):
     parser.finish()
     reply = parser.reply
     return _response(r, "chat.completion",
-                     {"index": 0, "message": openai_api.message_json(reply), "logprobs": None,
+                     {"index": 0, "message": openai_api.message_json(reply), "logprobs": _whole_logprobs(r),
                       "finish_reason": openai_api.finish_reason(reply, r.job.finish_reason)})
 
 
@@ -143,15 +156,24 @@ def _stream_end(r: Reply, obj: str, last_choice: dict, include_usage: bool):
     yield "data: [DONE]\n\n"
 
 
+def _chunk_logprobs(entries) -> Optional[dict]:
+    """A streamed chunk's logprobs: its tokens' entries, None when it has none."""
+    return {"content": list(entries)} if entries else None
+
+
 async def completion_stream(r: Reply, include_usage: bool):
     head = {"id": r.rid, "object": "text_completion", "created": r.created, "model": r.server.model_id}
+    probs = r.probs()
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ": keep-alive\n\n"
         elif kind == "text":
-            yield chunk({**head, "choices": [{"index": 0, "text": value, "finish_reason": None, "logprobs": None}]})
+            entries = probs.take(value) if probs else []
+            yield chunk({**head, "choices": [{"index": 0, "text": value, "finish_reason": None,
+                                              "logprobs": _chunk_logprobs(entries)}]})
         elif kind == "done":
-            last = {"index": 0, "text": "", "finish_reason": r.job.finish_reason, "logprobs": None}
+            last = {"index": 0, "text": "", "finish_reason": r.job.finish_reason,
+                    "logprobs": _chunk_logprobs(probs.rest() if probs else [])}
             for line in _stream_end(r, "text_completion", last, include_usage):
                 yield line
         else:
@@ -161,21 +183,30 @@ async def completion_stream(r: Reply, include_usage: bool):
 async def chat_stream(r: Reply, include_usage: bool):
     head = {"id": r.rid, "object": "chat.completion.chunk", "created": r.created, "model": r.server.model_id}
 
-    def delta_chunk(delta: dict) -> str:
-        return chunk({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
+    def delta_chunk(delta: dict, entries: list = ()) -> str:
+        return chunk({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                           "logprobs": _chunk_logprobs(entries)}]})
 
     parser = r.prepared.turn.parser()
+    probs = r.probs()
+    pending: list = []  # entries whose text has made no delta yet: they go with the next one
     yield delta_chunk({"role": "assistant", "content": None})  # as llama-server: no empty text delta
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ": keep-alive\n\n"
         elif kind in ("text", "done"):
-            for d in parser.feed(value) if kind == "text" else parser.finish():
-                for delta in openai_api.deltas_json(d):
-                    yield delta_chunk(delta)
+            if probs is not None:
+                pending += probs.take(value) if kind == "text" else probs.rest()
+            deltas = [delta for d in (parser.feed(value) if kind == "text" else parser.finish())
+                      for delta in openai_api.deltas_json(d)]
+            for i, delta in enumerate(deltas):  # the last delta of the piece carries its tokens' entries
+                last_one = i == len(deltas) - 1
+                yield delta_chunk(delta, pending if last_one else ())
+                if last_one:
+                    pending = []
             if kind == "done":
                 finish = openai_api.finish_reason(parser.reply, r.job.finish_reason)
-                last = {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
+                last = {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": _chunk_logprobs(pending)}
                 for line in _stream_end(r, "chat.completion.chunk", last, include_usage):
                     yield line
         else:

@@ -34,6 +34,7 @@ from . import openai_api
 from .api_errors import BadRequest
 from .llama_models import InfillRequest, NativeCompletionRequest
 from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
+from .probs import TokenPieces
 from .scheduler import Job, Scheduler
 
 
@@ -82,6 +83,7 @@ class Server:
         self.started = int(time.time())
         self.shutting_down = False
         self.webui = webui  # the chat page at / (serving/webui; --no-webui: none)
+        self.pieces = TokenPieces(self.engine.tokenizer)  # tokens' text for log-probabilities
 
     # -- prompts (run off the event loop: templates and tokenizers take time on big prompts) ---
     def completion_prompt(self, request: CompletionRequest) -> Prepared:
@@ -152,7 +154,8 @@ class Server:
         except ValueError as e:
             raise BadRequest(str(e), field_) from None
         job = Job(Request(tokens, max_tokens, stop_tokens=() if request.ignore_eos else None, sampling=sampling,
-                          context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus),
+                          context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus,
+                          logprobs=request.probs_asked),
                   sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
         job.context_bound = asked is None or asked > room  # it may run until the context is full
         return job

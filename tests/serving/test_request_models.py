@@ -139,9 +139,9 @@ def test_openai_errors_have_the_openai_shape():
     assert r.status_code == 400
     assert r.json() == {"error": {"message": "'top_p' must be <= 1, got 2", "type": "invalid_request_error",
                                   "param": "top_p", "code": 400}}
-    r = _app().post("/v1/completions", json={"prompt": "x", "logprobs": 3})
-    assert r.json()["error"]["param"] == "logprobs" and r.json()["error"]["message"] == \
-        "'logprobs' is not supported by this server"
+    r = _app().post("/v1/completions", json={"prompt": "x", "echo": True})
+    assert r.json()["error"]["param"] == "echo" and r.json()["error"]["message"] == \
+        "'echo' is not supported by this server"
 
 
 def test_anthropic_errors_have_the_anthropic_shape():

@@ -404,7 +404,7 @@ def test_cors_origins_list(scripted, use_template, origins, origin, allowed):
      "text only"),
     ("/completion", {"prompt": "hi", "n_predict": -5}, 400, "invalid_request_error", "'n_predict' must be"),
     ("/completion", {"prompt": "hi", "n_predict": "8"}, 400, "invalid_request_error", "'n_predict' must be"),
-    ("/completion", {"prompt": "hi", "n_probs": 3}, 400, "invalid_request_error", "'n_probs' is not supported"),
+    ("/completion", {"prompt": "hi", "n_probs": 101}, 400, "invalid_request_error", "'n_probs' must be <= 100"),
     ("/completion", {"prompt": "hi", "id_slot": "first"}, 400, "invalid_request_error", "'id_slot'"),
     ("/completion", {"prompt": ["a", "b"], "stream": True}, 400, "invalid_request_error", "cannot be streamed"),
     ("/completion", {"prompt": "hi", "response_fields": "content"}, 400, "invalid_request_error",
