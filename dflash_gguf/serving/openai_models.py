@@ -27,9 +27,20 @@ MAX_STOPS = 16
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's, for logprobs true without top_logprobs
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")  # what the call formats can carry
 
-# fields whose meaning this server does not implement: refused rather than ignored
+# fields whose meaning this server does not implement: refused rather than ignored (WHY: the reason, when there is more
+# to say)
+def _biases(value: Any) -> bool:
+    """Whether a logit_bias (OpenAI's {id: bias}, llama-server's [[id or text, bias]]) biases
+    anything: none, or only biases of 0, changes nothing and is taken."""
+    if value is None:
+        return False
+    pairs = value.values() if isinstance(value, dict) else \
+        [p[1] if isinstance(p, list) and len(p) == 2 else True for p in value] if isinstance(value, list) else [True]
+    return any(isinstance(b, bool) or b != 0 for b in pairs)
+
+
 UNSUPPORTED = {
-    "logit_bias": lambda v: v not in (None, {}),
+    "logit_bias": _biases,
     "echo": lambda v: v not in (None, False),
     "best_of": lambda v: v not in (None, 1),
     "suffix": lambda v: v not in (None, ""),
@@ -37,6 +48,10 @@ UNSUPPORTED = {
     "function_call": lambda v: v is not None,
     "audio": lambda v: v is not None,
     "modalities": lambda v: v not in (None, ["text"]),
+}
+WHY = {
+    "logit_bias": ": tokens are picked on the device (the target's verify graph, and the drafts' acceptance against "
+                  "it), whose sampler takes no per-token bias yet; a bias applied elsewhere would not be exact",
 }
 
 
@@ -205,7 +220,8 @@ class Generation(Strict):
     def _refuse_unsupported(cls, body: Any) -> Any:
         for name, asked in UNSUPPORTED.items():
             if isinstance(body, dict) and asked(body.get(name)):
-                raise refusal("unsupported", "'{param}' is not supported by this server", param=name)
+                raise refusal("unsupported", "'{param}' is not supported by this server{why}", param=name,
+                              why=WHY.get(name, ""))
         return body
 
     @model_validator(mode="before")

@@ -129,8 +129,8 @@ def _never(*_):
 
 def _app():
     """The application over a server it never reaches: every request here is refused first."""
-    server = SimpleNamespace(api_keys=[], completion_prompt=_never, chat_prompt=_never, tokenize=_never,
-                             detokenize=_never, webui=False)
+    server = SimpleNamespace(api_keys=[], completion_prompt=_never, chat_prompt=_never, native_prompts=_never,
+                             tokenize=_never, detokenize=_never, webui=False)
     return TestClient(create_app(server))
 
 
@@ -158,3 +158,19 @@ def test_anthropic_errors_have_the_anthropic_shape():
 def test_tokenizer_endpoints_check_their_fields():
     r = _app().post("/tokenize", json={"content": "x", "with_pieces": "yes"})
     assert r.status_code == 400 and r.json()["error"]["message"] == "'with_pieces' must be true or false, got \"yes\""
+
+
+@pytest.mark.parametrize("bias", [{"5": 10}, {"5": False}, [[5, -100]], [["hello", 2.5]], [[5, False]]])
+def test_logit_bias_is_refused_with_its_reason(bias):
+    """OpenAI's map and llama-server's list forms alike: the device's sampler takes no bias."""
+    for path, body in (("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "x"}),
+                       ("/completion", {"prompt": "x"})):
+        r = _app().post(path, json={**body, "logit_bias": bias})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "logit_bias" and "no per-token bias" in error["message"]
+
+
+@pytest.mark.parametrize("bias", [None, {}, [], {"5": 0}, [[5, 0], ["x", 0.0]]])
+def test_a_logit_bias_that_changes_nothing_is_taken(bias):
+    assert validated(ChatRequest, {"messages": HI, "logit_bias": bias}).messages[0].text == "hi"
