@@ -100,6 +100,34 @@ def forced_tool(tool_choice: ToolChoice) -> Optional[str]:
     return tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
 
 
+def prefilled(messages: Sequence[dict]) -> bool:
+    """Whether the chat ends with an assistant's message, which the reply continues (an
+    assistant prefill, as llama-server takes it), or a ValueError where it cannot."""
+    if not messages or messages[-1]["role"] != "assistant":
+        return False
+    if len(messages) >= 2 and messages[-2]["role"] == "assistant":
+        raise ValueError("Cannot have 2 or more assistant messages at the end of the list.")
+    if messages[-1].get("tool_calls"):
+        raise ValueError("Cannot continue an assistant message that contains tool calls.")
+    return True
+
+
+def continued(template: ChatTemplate, messages: Sequence[dict], **kwargs) -> str:
+    """The prompt that continues the final (assistant) message: the template rendered
+    with it and no generation prompt, cut where its content ends (its turn left open; as
+    transformers' continue_final_message cuts it, past the spaces the template kept);
+    where the rendering does not show the content, the conversation before it with the
+    generation prompt, then the content."""
+    content = messages[-1].get("content") or ""
+    whole = template.render(messages, add_generation_prompt=False, **kwargs)
+    body = content.strip()
+    at = whole.rfind(body) if body else -1
+    if at < 0:
+        return template.render(messages[:-1], **kwargs) + content
+    kept = content.lstrip()  # a template that keeps the trailing spaces: they are the prompt's too
+    return whole[:at + (len(kept) if whole.startswith(kept, at) else len(body))]
+
+
 def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Sequence[dict] = (),
                  tool_choice: ToolChoice = "auto", template_kwargs: Optional[dict] = None,
                  reasoning_format: str = "auto") -> Turn:
@@ -107,23 +135,29 @@ def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Seq
     tool-call arguments are objects), offering `tools` (OpenAI function tools) unless
     tool_choice is "none"; "required" or a named function starts the reply with a
     call's opening. template_kwargs reach the template; enable_thinking=False turns
-    thinking off also with templates that open a thinking block regardless."""
+    thinking off also with templates that open a thinking block regardless. A chat that
+    ends with an assistant's message has the reply continue it (prefilled)."""
     kwargs = dict(template_kwargs or {})
     offered = list(tools) if tool_choice != "none" else []
     fmt = format_of(template)
+    prefill = prefilled(messages)
     if fmt == "harmony":
+        if prefill:
+            raise ValueError("continuing an assistant message is not supported with a harmony template (gpt-oss): "
+                             "the last message must not be the assistant's")
         return _harmony_turn(template, messages, offered, tool_choice, kwargs, reasoning_format)
+    render = continued if prefill else ChatTemplate.render
     if fmt == "generic":
         # the template cannot show tools, calls or results: they become text it can show
-        prompt = template.render(as_plain_messages(messages, offered), **kwargs)
+        prompt = render(template, as_plain_messages(messages, offered), **kwargs)
     else:
-        prompt = template.render(messages, tools=offered or None, **kwargs)
+        prompt = render(template, messages, tools=offered or None, **kwargs)
     syntax = syntax_of(template.source)
     thinking = opens_thinking(prompt, syntax)
     primed = ""
-    if offered and tool_choice != "auto":
+    if offered and tool_choice != "auto" and not prefill:  # a prefilled reply has begun already
         primed = forced_start(fmt, forced_tool(tool_choice))
-    if thinking and (kwargs.get("enable_thinking") is False or primed):
+    if thinking and not prefill and (kwargs.get("enable_thinking") is False or primed):
         prompt += syntax.closed_empty  # a forced call is answered without thinking first
         thinking = False
     return Turn(prompt + primed, syntax, thinking, fmt if offered else None, offered, primed, reasoning_format)

@@ -52,9 +52,9 @@ def transformers_render(source, messages, tools, bos_token="<bos>", eos_token="<
     """The oracle: the prompt transformers' apply_chat_template renders."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    return render_jinja_template(conversations=[messages], tools=tools, chat_template=source,
-                                 add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token,
-                                 **kwargs)[0][0]
+    kwargs.setdefault("add_generation_prompt", True)
+    return render_jinja_template(conversations=[messages], tools=tools, chat_template=source, bos_token=bos_token,
+                                 eos_token=eos_token, **kwargs)[0][0]
 
 
 GPT_OSS = "openai-gpt-oss-120b"

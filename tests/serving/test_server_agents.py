@@ -10,6 +10,7 @@ server renders are checked against transformers' rendering of the same conversat
 from __future__ import annotations
 
 import json
+import time
 
 import anthropic
 import httpx
@@ -454,3 +455,39 @@ def test_native_completion_and_slots(server, scripted):
     bare = server.http.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}],
                                                      "add_generation_prompt": False}).json()["prompt"]
     assert r.json()["prompt"].startswith(bare) and len(bare) < len(r.json()["prompt"])
+
+
+PREFILL = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"},
+           {"role": "assistant", "content": "Whill"}]
+
+
+@pytest.mark.parametrize("name", [None, "meta-llama-Llama-3.1-8B-Instruct", "Qwen-Qwen3-0.6B", "Qwen3.5-4B"])
+def test_an_assistant_prefill_is_continued(server, scripted, use_template, name):
+    """A chat whose last message is the assistant's: the reply continues it (the template
+    rendered without closing that turn, no new one opened: transformers'
+    continue_final_message as the oracle), and the reply is the continuation alone."""
+    source = use_template(name)
+    scripted.replies += ["iam Tell", "iam Tell"]
+    resp = server.openai.chat.completions.create(model="x", messages=PREFILL)
+    want = transformers_render(source, PREFILL, None, bos_token="", eos_token="<|endoftext|>",
+                               add_generation_prompt=False, continue_final_message=True,
+                               date_string=time.strftime("%d %b %Y"))  # as llama.cpp's, today
+    assert scripted.prompts[-1] == want and want.endswith("Whill")
+    assert resp.choices[0].message.content == "iam Tell"
+    if name == "meta-llama-Llama-3.1-8B-Instruct":  # llama.cpp's own test's expectation
+        assert want.endswith("<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|>"
+                             "<|start_header_id|>assistant<|end_header_id|>\n\nWhill")
+    content, _, _, _ = streamed_chat(server.openai, model="x", messages=PREFILL)
+    assert content == "iam Tell" and scripted.prompts[-1] == want
+
+
+@pytest.mark.parametrize("messages,needle", [
+    (PREFILL + [{"role": "assistant", "content": "again"}], "2 or more assistant messages at the end"),
+    (PREFILL[:2] + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}],
+     "an assistant message that contains tool calls"),
+])
+def test_an_assistant_message_that_cannot_be_continued_gets_400(server, use_template, messages, needle):
+    use_template(None)
+    r = server.http.post("/v1/chat/completions", json={"messages": messages})
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
