@@ -10,7 +10,8 @@ the settings allow. So at load, for each device the target runs on:
   2. the probe the tests use (devices.matmul_invariance): every weight type of the
      model, the columns of a product from 2 up to the step's most rows against each
      column alone, bit for bit;
-  3. a backend the project has proven end to end (the CPU on x86; see PROVEN) is "yes"
+  3. a backend the project has proven end to end (the CPU on x86, Vulkan on lavapipe:
+     proven()) is "yes"
      when the probe passes; another backend whose probe passes is "unverified": the
      rest of its step (attention, norms) has not been shown exact there.
 
@@ -62,12 +63,17 @@ class Exactness:
         return {"exact": self.exact, "why": self.why}
 
 
-def proven(device: str) -> bool:
+def proven(device: str, description: str) -> bool:
     """Backends whose whole step the project has shown exact (docs/exactness.md's table):
     the CPU on x86 (the x86 kernels patched, every mode of the published models checked
-    end to end). Elsewhere a passing probe leaves the answer unverified."""
+    end to end) and Vulkan on Mesa's lavapipe (the Vulkan kernels patched, the engine's
+    chain and tree equal to its plain decoding). Elsewhere (a GPU's Vulkan driver, CUDA,
+    an ARM CPU) a passing probe leaves the answer unverified: their other kernels
+    (attention, norms) take paths nobody here has run."""
     name = device.upper()
-    return name == "CPU" and platform.machine().lower() in ("x86_64", "amd64")
+    if name == "CPU":
+        return platform.machine().lower() in ("x86_64", "amd64")
+    return name.startswith("VULKAN") and "llvmpipe" in description.lower()
 
 
 def backend_patch(device: str) -> Optional[str]:
@@ -129,9 +135,9 @@ def _build_files() -> List[Path]:
     return files
 
 
-def _cache_key(device: str, description: str, types: Sequence[int], max_rows: int) -> str:
+def _cache_key(device: str, description: str, patch: Optional[str], types: Sequence[int], max_rows: int) -> str:
     stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _build_files() if p.exists()]
-    blob = json.dumps([stats, device, description, list(types), max_rows, list(PROBE_COLUMNS), PROBE_SHAPE])
+    blob = json.dumps([stats, device, description, patch, list(types), max_rows, list(PROBE_COLUMNS), PROBE_SHAPE])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -164,18 +170,22 @@ def device_exactness(device: str, types: Sequence[int], max_rows: int, n_threads
     if max_rows < 2:
         return Exactness("yes", "one row a step: nothing to round apart")
     description = device_description(device)
-    key = _cache_key(device, description, types, max_rows)
+    remote = device.upper().startswith("RPC")
+    # the patch's name is in the key: a backend may withdraw it (ggml-vulkan does under
+    # GGML_VK_BATCH_VARIANT, its stock kernel choices) with the same files
+    patch = None if remote else backend_patch(device)
+    key = _cache_key(device, description, patch, types, max_rows)
     known = _cached().get(key)
     if known is not None:
         return Exactness(known["exact"], known.get("why", ""))
-    answer = _ask(device, types, max_rows, n_threads)
+    answer = _ask(device, description, remote, patch, types, max_rows, n_threads)
     _remember(key, answer)
     return answer
 
 
-def _ask(device: str, types: Sequence[int], max_rows: int, n_threads: int) -> Exactness:
-    remote = device.upper().startswith("RPC")
-    if not remote and backend_patch(device) is None:
+def _ask(device: str, description: str, remote: bool, patch: Optional[str], types: Sequence[int], max_rows: int,
+         n_threads: int) -> Exactness:
+    if not remote and patch is None:
         return Exactness("no", f"{device}: ggml without the batch-invariance patch")
     try:
         differs = probe(device, [t for t in types if t in PROBED], max_rows, n_threads)
@@ -187,7 +197,7 @@ def _ask(device: str, types: Sequence[int], max_rows: int, n_threads: int) -> Ex
     unprobed = [_type_name(t) for t in types if t not in PROBED]
     if unprobed:
         return Exactness("unverified", f"{device}: {', '.join(unprobed)} weights are not probed")
-    if proven(device):
+    if proven(device, description):
         return Exactness("yes")
     what = "a remote backend" if remote else "this backend's whole step is not yet proven (docs/exactness.md)"
     return Exactness("unverified", f"{device}: the matrix probe passes; {what}")

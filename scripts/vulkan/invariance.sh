@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Batch invariance of ggml's Vulkan backend, proven on whatever Vulkan0 is (Mesa's lavapipe
 # on a machine without a GPU): builds ggml alone (CMake, Vulkan only) from the patched
-# llama-cpp-python sdist tree, compiles invariance_probe.c against it and asks the device,
+# llama-cpp-python sdist tree (ggml-patches/0003 applied), compiles invariance_probe.c against it and asks the device,
 # for every weight type, whether column j of a k-column product (k = 2..515) equals the
 # column alone, and for flash attention whether a query row of an n-row call equals the
 # row alone. Run with GGML_VK_BATCH_VARIANT=1 for ggml's stock kernel choices (the
@@ -27,11 +27,6 @@ if [ ! -d "$work" ]; then
   mkdir -p "$build"
   cp -a "$ggml" "$work"
   touch "$work/ggml.pc.in"
-  # the Vulkan patch is not among the applied ones yet (experiments/pending-patches/README.md):
-  # applied here, over the copy; STOCK=1 leaves it out
-  if [ "${STOCK:-0}" != 1 ]; then
-    patch -s -p4 --fuzz=0 -d "$work" < "$root/experiments/pending-patches/0003-vulkan-batch-invariant-kernels.patch"
-  fi
 fi
 if [ ! -f "$build/src/ggml-vulkan/libggml-vulkan.so" ]; then
   nice -n 10 cmake -S "$work" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_VULKAN=ON -DGGML_CPU=OFF \

@@ -217,16 +217,14 @@ def test_engine_plain_decoding_equals_the_cpu(device):
 
 
 @pytest.mark.device
-def test_chain_and_tree_equal_plain_on_the_device_at_the_engines_defaults(device, request):
+def test_chain_and_tree_equal_plain_on_the_device_at_the_engines_defaults(device):
     """Lossless on the device as dflash-run runs it (f16 caches, graphs as shipped), 96
     steps: chain and tree equal the device's own plain greedy decoding token for token.
     Holds where the device's kernels are batch-invariant (docs/exactness.md says which);
-    CUDA's MMVQ (1-8 columns) and MMQ (9 and more) round apart, so there this is the check
-    the verify kernel of scripts/cuda must pass. Vulkan (lavapipe) is not batch-invariant:
-    its f16 product rounds 16 columns otherwise than fewer, and the tree parts from plain
-    decoding at step 20 (2026-11-27); strict, so that a fix shows as a pass to take in."""
-    if device.name.startswith("Vulkan"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason="Vulkan's kernels are not batch-invariant"))
+    stock CUDA's MMVQ (1-8 columns) and MMQ (9 and more) round apart, so there this is the
+    check the verify kernel of ggml-patches/0004 must pass. On Vulkan it holds through
+    ggml-patches/0003 (stock ggml-vulkan's f16 product rounds 9+ columns otherwise than
+    fewer, and the tree parted from plain decoding at step 20, 2026-11-27)."""
     target, draft = demo_paths()
     prompt = "def read_lines(path, encoding='utf-8'):\n    \"\"\"Return the lines of a text file.\"\"\"\n"
     res = run_isolated("engine_modes_greedy", device.rpc, target, draft, device.name, prompt, 96, timeout=900)

@@ -136,10 +136,12 @@ def test_dflash_run_reports_it_and_require_starts_where_it_holds():
 
 
 @pytest.mark.device
-def test_the_device_under_test_says_whether_it_is_exact():
-    """On the device under test (scripts/test-vulkan.sh: lavapipe): stock ggml-vulkan names
-    no patch, so the engine says no at once, without probing (the Vulkan patch is pending:
-    experiments/pending-patches); a CUDA build with 0004 is probed and at best unverified."""
+def test_the_device_under_test_says_whether_it_is_exact(tmp_path):
+    """On the device under test (scripts/test-vulkan.sh: lavapipe): ggml-vulkan with the
+    project's patch 0003 is probed and, on lavapipe, where the whole step was shown exact,
+    says yes; under GGML_VK_BATCH_VARIANT (ggml's stock kernel choices) the backend names
+    no patch, and the engine says no at once, without probing. A CUDA build with 0004 is
+    probed and at best unverified."""
     device = os.environ.get("DFLASH_TEST_DEVICE")
     if not device:
         pytest.skip("no device under test (DFLASH_TEST_DEVICE)")
@@ -147,6 +149,20 @@ def test_the_device_under_test_says_whether_it_is_exact():
         answer = engine.exact
     print(f"\n[exact on {device}: {answer}]")
     if device.startswith("Vulkan"):
-        assert answer == Exactness("no", f"{device}: ggml without the batch-invariance patch")
+        assert exactness.backend_patch(device) == "dflash-gguf batch-invariant Vulkan kernels"
+        assert answer == Exactness("yes"), answer
+        stock = subprocess.run([sys.executable, "-c", STOCK_ANSWER, device], capture_output=True, text=True,
+                               env={**os.environ, "GGML_VK_BATCH_VARIANT": "1"}, cwd=tmp_path, timeout=600)
+        assert stock.returncode == 0, stock.stderr
+        assert stock.stdout.strip().splitlines()[-1] == f"no ({device}: ggml without the batch-invariance patch)"
     else:
         assert answer.exact in ("no", "unverified") and answer.why.startswith(device), answer
+
+
+# the engine's answer in a process of its own (a backend reads its environment once)
+STOCK_ANSWER = f"""
+import sys
+from dflash_gguf import Engine
+with Engine({TARGET!r}, {DRAFT!r}, device=sys.argv[1], n_threads=2) as engine:
+    print(engine.exact)
+"""
