@@ -58,7 +58,7 @@ def hunt_rows(args, log, rows: list, save) -> None:
         prompt, text, side = ids[:256], ids[256:256 + args.positions], ids[-2000:]
         t0 = time.perf_counter()
         cfg = TargetConfig(n_ctx=256 + args.positions + 64, n_ubatch=128, n_verify=16, n_seq=2,
-                           n_threads=args.threads)
+                           n_threads=args.threads, device=args.device)
         with Target(path, cfg) as target:
             got = invariance.hunt(target, prompt, text, side,
                                   on_mode=lambda r: log(f"{name} {r.mode}: {r.compared} rows, "
@@ -142,14 +142,18 @@ def main(argv=None) -> int:
     p.add_argument("--e2e-modes", nargs="+", default=list(invariance.E2E_MODES), choices=list(invariance.E2E_MODES))
     p.add_argument("--n-new", type=int, default=256, help="tokens per e2e prompt (default 256)")
     p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--device", default=None,
+                   help="the rows' device (Vulkan0, CUDA0; default: the runtime's choice); the e2e part runs on the CPU")
     args = p.parse_args(argv)
+    if args.device and args.e2e:
+        p.error("--device is for the teacher-forced rows; the e2e part runs on the CPU")
     if not args.rows and not args.e2e:
         p.error("nothing to run: --no-rows without --e2e")
 
     def log(msg: str) -> None:
         print(f"[near-tie-hunt] {msg}", file=sys.stderr, flush=True)
 
-    doc = results_doc("near_tie_hunt", sys.argv, machine=machine(args.threads, "CPU"), versions=versions(),
+    doc = results_doc("near_tie_hunt", sys.argv, machine=machine(args.threads, args.device or "CPU"), versions=versions(),
                       rows=[])
     if args.e2e:
         doc["e2e"] = []
