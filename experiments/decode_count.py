@@ -33,11 +33,17 @@ CHILD = """
 import os, sys
 os.environ["DFLASH_AUTO_MEMORY"] = "off"  # what auto learnt in earlier runs stays out of the count
 import numpy as np
-from dflash_gguf.speculation import auto as budget
-from dflash_gguf.speculation import verify_cost
-from dflash_gguf.runtime.demo import DEMO_PROMPT, demo_paths
-from dflash_gguf.engine.engine import Engine
-from dflash_gguf.decoding.sampling import SamplingParams
+try:
+    from dflash_gguf.speculation import auto as budget
+    from dflash_gguf.speculation import verify_cost
+    from dflash_gguf.runtime.demo import DEMO_PROMPT, demo_paths
+    from dflash_gguf.engine.engine import Engine
+    from dflash_gguf.decoding.sampling import SamplingParams
+except ImportError:  # an install from before the package's layers (c926561 and earlier)
+    from dflash_gguf import budget, verify_cost
+    from dflash_gguf.demo import DEMO_PROMPT, demo_paths
+    from dflash_gguf.engine import Engine
+    from dflash_gguf.sampling import SamplingParams
 mode, n, temp = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 if mode == "auto-plain":  # auto held on its plain arm: no decision, probe or cost measurement
     init = budget.AutoBudget.__init__

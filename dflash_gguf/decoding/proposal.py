@@ -5,7 +5,10 @@ proposer hears of the step after it (VerifiedStep), and the calls every proposer
 A proposer only proposes, and holds only its configuration and the long-lived things it
 drafts with (a drafter, corpora, auto's budget): what it keeps of a sequence from step to
 step is the sequence's (start, Sequence.proposing), and what it keeps of a step travels in
-the step's Plan, from plan to propose and, in the step's VerifiedStep, to verified. Around the
+the step's Plan, from plan to propose and, in the step's VerifiedStep, to verified. A Plan is
+frozen: what propose settles besides (the offer the weightless kinds judge by, auto's
+decision with its cut and trees) is a new Plan (dataclasses.replace) that the Proposal
+carries (Proposal.plan), and that is the plan verified hears of. Around the
 step's two graphs, so that the drafts of every sequence come from one drafter graph and
 their verifies from one target graph (decoding.step):
   verified(seq, plan, proposal, path, out, seconds)
@@ -43,7 +46,9 @@ class Proposal:
               sequence's own text
       nodes   in tree mode (a tree budget, auto, draft-simple's tree), the nodes below the
               root the step verifies (GenerationStats.trees: TreeSteps.sizes)
-      as_chain  a tree-mode step that verifies a chain instead (TreeSteps.chain_steps)"""
+      as_chain  a tree-mode step that verifies a chain instead (TreeSteps.chain_steps)
+      plan    the step's Plan as propose settled it, where it settled more than plan
+              did: what verified hears of the step with (None: the plan as planned)"""
 
     tokens: Optional[List[int]] = None
     tree: Optional[DraftTree] = None
@@ -55,6 +60,7 @@ class Proposal:
     corpus: bool = False
     nodes: Optional[int] = None
     as_chain: bool = False
+    plan: Optional["Plan"] = None
 
     def chain(self, slot: int) -> List[int]:
         """A chain's tokens, the device block read back on first use."""
@@ -63,15 +69,17 @@ class Proposal:
         return self.tokens
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     """One sequence's step as its proposer plans it, carried from plan through propose to
-    verified (in the sequence's VerifiedStep):
+    verified (in the sequence's VerifiedStep); frozen, a changed plan is a new one
+    (dataclasses.replace, carried back by Proposal.plan):
       block    the drafter's block to draft for it before the drafter's graph (0: none)
       decodes  the step verifies the last token alone
       depth    how deep its drafts may go (a tree's, auto's chain's)
-      arm      auto's arm for the step (budget.PLAIN, CHAIN or a tree size; None: a step
-               auto does not hear of)
+      auto     auto's decision for the step (speculation.auto.Decision: its arm, whether
+               it probes or surveys, and after propose what the step drafted for auto to
+               learn from; None: a step auto does not hear of)
       judged   what verified judges the step's drafts by: the n-gram sources' drafts
                (NgramDrafts.best), the suffix tree and its depth (SuffixDrafts.judge)
       fuses    the step may run as one call of the library (verifying.chain_call): a
@@ -81,7 +89,7 @@ class Plan:
     block: int = 0
     decodes: bool = False
     depth: int = 0
-    arm: Optional[int] = None
+    auto: Any = None
     judged: Any = None
     fuses: bool = False
     p_min: float = 0.0

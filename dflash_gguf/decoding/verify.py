@@ -222,7 +222,7 @@ def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional
     """After a step's call, for every sequence: its graph, its stages (told after the call,
     in the order its phases ran), its tokens (Tokens.advance: the one history, which the
     proposers then read), its proposal's counts and what its proposer hears of the step
-    at its next (ran.proposals, with its plan: Sequence.verified_step), its step's seconds (t0:
+    at its next (ran.proposals, with its plan as propose settled it: Sequence.verified_step), its step's seconds (t0:
     the step's start; None: not timed), and what the request keeps of them."""
     splits, copied = ran.copies
     if t0 is not None:
@@ -247,7 +247,8 @@ def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional
             if p.nodes is not None:
                 stats.trees.sizes.append(p.nodes)
                 stats.trees.chain_steps += p.as_chain
-            s.verified_step = VerifiedStep(plans[i], p, path, new, seconds)
+            # the plan as propose settled it (Proposal.plan), else as planned
+            s.verified_step = VerifiedStep(plans[i] if p.plan is None else p.plan, p, path, new, seconds)
         elif ran.drafted is not None:  # the fused chain: its accepted drafts, then the target's token
             stats.drafted_tokens += ran.drafted[i]
             stats.accepted_drafts += len(new) - 1

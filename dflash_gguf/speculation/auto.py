@@ -4,13 +4,22 @@ sequence by a cost model (AutoBudget): expected tokens (Acceptance), from the dr
 probabilities through a calibration learnt from verified drafts (Calibration), over
 expected seconds (StepCosts), from the verify cost table measured once per model and
 device (VerifyCost) and the measured parts of a step.
+
+What a step decided is data, not fields changed on the chooser: choose() returns the
+step's Decision, the proposer's propose adds what the step drafted to a copy of it
+(dataclasses.replace: the chain's cut, the trees it built, a survey's cost, the drafter's
+catching up), the step carries it (Plan.auto), and what auto learns from step N is
+applied when step N's result is known, in AutoBudget.learn(decision, ...), the one place
+auto learns: called by the proposer's verified, which the sequence's next step (or its
+end) calls (decoding.step: Sequence.tell_proposer).
 """
 from __future__ import annotations
 
 import bisect
 import math
 import time
-from typing import Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -96,6 +105,56 @@ def arm_name(arm: int) -> str:
     return "plain" if arm == PLAIN else "chain" if arm == CHAIN else f"tree {arm}"
 
 
+@dataclass(frozen=True, slots=True)
+class ChainCut:
+    """A chain's cut at one step (Acceptance.chain_cut): the drafts it keeps (n, at least
+    one), the chain's expected tokens at that length, and the drafter's path
+    probabilities of the drafts the step verifies (the first n; fewer where the step cuts
+    again after it: verifying)."""
+
+    n: int
+    tokens: float
+    probs: Tuple[float, ...]
+
+    def verifying(self, n: int) -> "ChainCut":
+        """The cut of a step that verifies only the first n of its drafts (cut again
+        after chain_cut: by a grammar, by n_min)."""
+        return ChainCut(self.n, self.tokens, self.probs[:n])
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What auto decided for one step, and what the step drafted for it to learn from:
+    data the step carries (Plan.auto) and hands back with its result to AutoBudget.learn,
+    the one place auto learns. choose() makes it:
+      arm          the arm the step runs (PLAIN, CHAIN or a tree size)
+      probe        a chain step on plain decoding (it tells what drafts would bring there)
+      survey       the step surveys the largest tree as well
+      until_probe  (the plain arm) the plain steps that may follow it up to the next
+                   probe, which nothing can change: its proposer may run them without
+                   choose(), telling them in one decision of `unasked` steps
+    the step's propose adds, in a copy (dataclasses.replace):
+      cut          the chain's cut (chain_cut): the chain arm's, or on a tree's step the
+                   chain's expectation that trees' gains are over
+      seen         a tree built this step (tree_nodes: a survey's, or the arm's tree)
+      surveyed     a survey's host seconds and the nodes it built
+      nodes        the verified tree's nodes (tree_nodes: its arm's first picks)
+      caught_up    the drafter's catching up in the step: tokens taken, seconds
+    unasked: n > 0, a decision standing for n plain steps run without choose() (after a
+    plain decision, its until_probe), told together, their seconds summed."""
+
+    arm: int
+    probe: bool = False
+    survey: bool = False
+    until_probe: int = 0
+    cut: Optional[ChainCut] = None
+    seen: Any = None
+    surveyed: Optional[Tuple[float, int]] = None
+    nodes: Any = None
+    caught_up: Optional[Tuple[int, float]] = None
+    unasked: int = 0
+
+
 def _low(old: Optional[float], x: float) -> float:
     """A running low figure of a measured time: other processes only ever add to a time,
     so a lower reading replaces it at once; it creeps up 1% a reading to follow a
@@ -142,6 +201,11 @@ class StepCosts:
         """A reading of one part of a step."""
         self.part[kind] = _low(self.part[kind], seconds)
 
+    def caught_up(self, n: int, seconds: float) -> None:
+        """A drafted step's drafter took n committed tokens it lacked in `seconds`."""
+        if n > 0:
+            self.measured("catch_up", seconds / n)
+
     def timed(self, arm: int, seconds: float, host: float, drafts: int) -> None:
         """A step of the arm in use, its graphs built, took `seconds` (host: what a survey
         took of them), its chain verifying `drafts` drafts: the part of it besides the
@@ -181,8 +245,6 @@ class Acceptance:
         self.tokens: Optional[float] = p.tokens if p else None
         self.drafts = p.drafts if p else float(block - 1)
         self.gains: Dict[int, float] = dict(p.gains) if p else {}
-        self.step_tokens = 1.0  # the chain's expected tokens at this step
-        self.pending: List[float] = []  # the probabilities of the chain's drafts this step verifies
 
     def expected(self, arm: int) -> Optional[float]:
         """An arm's expected tokens a step (None before it can be told)."""
@@ -191,12 +253,11 @@ class Acceptance:
         gain = 1.0 if arm == CHAIN else self.gains.get(arm)
         return None if gain is None else gain * self.tokens
 
-    def chain_cut(self, top1, costs: StepCosts, probing: bool, verify: bool) -> int:
+    def chain_cut(self, top1, costs: StepCosts) -> ChainCut:
         """The drafts a chain step verifies (at least one): the length with the highest
         expected tokens per second, from the drafter's top-1 log-probabilities through
         the spine calibration, priced by the verify table and the drafted step's part.
-        Updates the chain's running expectation (a probe's cut replaces it: it tells the
-        text now); with verify, the drafts are kept for verified()."""
+        Changes nothing: the step's result brings the cut back (expect)."""
         cal, verify_chain = self.spine, costs.verify_chain
         edges, accepted, predicted = cal.EDGES, cal.accepted, cal.predicted
         prior = cal.PRIOR * cal.weight
@@ -211,38 +272,40 @@ class Acceptance:
             rate = tokens / (base + verify_chain[i + 2])
             if rate > best:
                 best, n, at_n = rate, i + 1, tokens
-        if verify:
-            self.pending = probs[:n]
-        self.step_tokens = at_n
-        if self.tokens is None or probing:
-            self.tokens, self.drafts = at_n, float(n)
-        else:
-            self.tokens += self.SMOOTH * (at_n - self.tokens)
-            self.drafts += self.SMOOTH * (n - self.drafts)
-        return n
+        return ChainCut(n, at_n, tuple(probs[:n]))
 
-    def seen_tree(self, nodes, sizes) -> None:
-        """A tree built this step, after chain_cut of the same step: each tree size in
-        `sizes` up to its own gets its expected tokens over the chain's."""
+    def expect(self, cut: ChainCut, probe: bool) -> None:
+        """A step's chain cut: the chain's running expectations of tokens and drafts take
+        it (a probe's replaces them: it tells the text now)."""
+        if self.tokens is None or probe:
+            self.tokens, self.drafts = cut.tokens, float(cut.n)
+        else:
+            self.tokens += self.SMOOTH * (cut.tokens - self.tokens)
+            self.drafts += self.SMOOTH * (cut.n - self.drafts)
+
+    def seen_tree(self, nodes, sizes, chain_tokens: float) -> None:
+        """A tree built at a step whose chain cut expected `chain_tokens`: each tree size
+        in `sizes` up to its own gets its expected tokens over the chain's."""
         probs, spine = nodes
         tokens = 1.0
         for i, (p, on_spine) in enumerate(zip(probs, spine)):
             tokens += self.spine(p) if on_spine else self.branch(p)
             if i + 1 in sizes:
-                gain = tokens / self.step_tokens
+                gain = tokens / chain_tokens
                 old = self.gains.get(i + 1)
                 self.gains[i + 1] = gain if old is None else old + self.SMOOTH * (gain - old)
 
-    def verified(self, arm: int, n_acc: int, nodes, accepted, probing: bool) -> None:
-        """A step's outcome (AutoBudget.verified): the calibrations learn from the drafts
-        it verified, and a probe's say what the chain makes of the text now."""
+    def verified(self, arm: int, n_acc: int, probs, nodes, accepted, probing: bool) -> None:
+        """A step's outcome (AutoBudget.learn): the calibrations learn from the drafts it
+        verified (a chain's: their probabilities `probs`; a tree's: its nodes and which
+        the target accepted), and a probe's say what the chain makes of the text now."""
         if arm != PLAIN:
             self.spine.age()
             self.branch.age()
         if arm == CHAIN:
-            self.spine.update(self.pending, [i < n_acc for i in range(len(self.pending))])
+            self.spine.update(probs, [i < n_acc for i in range(len(probs))])
             if probing:
-                self.tokens = 1.0 + sum(self.spine(p) for p in self.pending)
+                self.tokens = 1.0 + sum(self.spine(p) for p in probs)
         elif nodes is not None:
             probs, spine = nodes
             self.spine.update([p for p, s in zip(probs, spine) if s], [a for a, s in zip(accepted, spine) if s])
@@ -290,7 +353,12 @@ class AutoBudget:
 
     One per sequence, so that sequences decoded together (-np) choose each for its own
     text; it starts from what the last sequence of its engine and sampling setting learnt
-    (AutoMemory) and hands its own back when it ends."""
+    (AutoMemory) and hands its own back when it ends.
+
+    Its fields are what it has learnt (costs, acceptance, tally) and its schedule (the
+    arm in use, the step counts, when it next decides, surveys and probes), never the
+    step under way: choose() returns the step's Decision, propose adds to a copy of it,
+    and learn(decision, ...) takes it back with the step's result, once per decision."""
 
     SWITCH_GAIN = 1.05
     DECIDE_EVERY = 8
@@ -310,7 +378,7 @@ class AutoBudget:
         self.costs = StepCosts(cost, block, self.trees, p and p.costs)
         self.acceptance = Acceptance(block, p and p.acceptance)
         self.current = p.current if p else CHAIN
-        self.arm = self.current  # the arm of the step under way
+        self.probed = False  # the last step chosen was a probe: the decision after it spaces the next
         self.steps = self.run = 0  # steps, and steps since a switch
         # a fresh chooser decides as soon as one chain step is timed (the steps before
         # build graphs): a short first request would otherwise spend most of its steps on
@@ -321,7 +389,6 @@ class AutoBudget:
         # plain steps left before the next probe: carried from sequence to sequence, since
         # the gap may be longer than a request
         self.to_probe = p.to_probe if p else self.probe_gap
-        self.survey_due = False
         self.tally = {a: [0, 0] for a in self.arms}  # per arm: the steps that ran it, the tokens they made
 
     @property
@@ -342,38 +409,24 @@ class AutoBudget:
         return 0.0 if tokens is None or not seconds else tokens / seconds
 
     # ---- the proposer's calls -------------------------------------------------------
-    def choose(self) -> int:
-        """The arm of the next step (survey_due: whether it is a survey too)."""
+    def choose(self) -> Decision:
+        """The next step's Decision: its arm, whether it probes or surveys, and on the
+        plain arm the plain steps that may follow it unasked (until_probe: on plain
+        decoding nothing but a probe changes a decision)."""
         self.steps += 1
         if self.steps >= self.next_decision:
             self._decide()
         self.run += 1
-        arm = self.current
+        arm, probe = self.current, False
         if arm == PLAIN:
             self.to_probe -= 1
             if self.to_probe <= 0:  # a probe: on plain decoding nothing else says what drafts would bring
-                arm, self.to_probe = CHAIN, self.probe_gap
+                arm, probe, self.to_probe = CHAIN, True, self.probe_gap
                 self.next_decision = self.steps + 1
-        self.arm = arm
-        self.survey_due = arm != PLAIN and bool(self.trees) and self.steps >= self.next_survey
-        return arm
-
-    def plain_stretch(self) -> int:
-        """After a plain step chosen by choose(): the plain steps that may follow without
-        it, up to the next probe (on plain decoding nothing else changes a decision);
-        plain_ran tells them afterwards."""
-        return max(self.to_probe - 1, 0) if self.arm == PLAIN else 0
-
-    def plain_ran(self, n: int, seconds: float) -> None:
-        """n plain steps of a stretch (plain_stretch), `seconds` in all, counted as
-        choose() and verified() would have."""
-        self.steps += n
-        self.run += n
-        self.to_probe -= n
-        self.tally[PLAIN][0] += n
-        self.tally[PLAIN][1] += n
-        if self.current == PLAIN and self.run > self.SETTLE:
-            self.costs.measured("plain", seconds / n)
+        self.probed = probe
+        if arm == PLAIN:
+            return Decision(PLAIN, until_probe=max(self.to_probe - 1, 0))
+        return Decision(arm, probe, bool(self.trees) and self.steps >= self.next_survey)
 
     def _decide(self) -> None:
         self.next_decision = self.steps + self.DECIDE_EVERY
@@ -382,7 +435,7 @@ class AutoBudget:
         switch = best != self.current and rates[best] > self.SWITCH_GAIN * rates[self.current]
         if switch:
             self.current, self.run = best, 0
-        if self.current == PLAIN and rates[CHAIN] and (switch or self.arm != PLAIN):
+        if self.current == PLAIN and rates[CHAIN] and (switch or self.probed):
             # on plain decoding the next probe comes as late as keeps what probes lose
             # against plain within their share of the time (_share, by how close the
             # best drafting arm comes to plain); never sooner than the last
@@ -402,33 +455,60 @@ class AutoBudget:
             return part["probe"]
         return self.seconds(CHAIN) + self.PROBE_LAG * (part["catch_up"] or 0.0)
 
-    @property
-    def probing(self) -> bool:
-        """Whether the step under way is a probe: a chain step on plain decoding."""
-        return self.arm == CHAIN and self.current == PLAIN
-
-    def caught_up(self, n: int, seconds: float) -> None:
-        """A drafted step's drafter took n committed tokens it lacked in `seconds`."""
-        if n > 0:
-            self.costs.measured("catch_up", seconds / n)
-
-    def chain_cut(self, top1, verify: bool = True) -> int:
+    def chain_cut(self, top1) -> ChainCut:
         """The drafts a chain step verifies (Acceptance.chain_cut), from the drafter's
-        top-1 log-probabilities; with verify, they are kept for verified()."""
-        return self.acceptance.chain_cut(top1, self.costs, self.probing, verify)
+        top-1 log-probabilities: part of the step's decision (Decision.cut), learnt from
+        with its result."""
+        return self.acceptance.chain_cut(top1, self.costs)
 
-    def verifying(self, n: int) -> None:
-        """The chain step verifies only the first n of the drafts chain_cut kept (cut again
-        after it: by a grammar, by n_min), which verified() judges."""
-        self.acceptance.pending = self.acceptance.pending[:n]
+    def learn(self, decision: Decision, n_acc: int, seconds: float, accepted=None) -> None:
+        """What auto learns from one step, applied when the step's result is known: the
+        step's Decision (choose's, with what its propose added), the drafts the target
+        accepted (n_acc), the step's seconds and, for a tree, which of its nodes (the
+        decision's `nodes`) the target accepted. The one place auto learns, once per
+        decision, in the order the step's parts came: the drafter's catching up, the
+        chain's cut (its running expectations), a tree built (the trees' gains), a
+        survey's cost (when the next comes), then the outcome (the tally, the
+        calibrations, a probe's cost and the step's time). A decision of `unasked`
+        plain steps counts them as choose() and learning each would have."""
+        d = decision
+        if d.unasked:
+            self._unasked(d.unasked, seconds)
+            return
+        acceptance, costs, cut = self.acceptance, self.costs, d.cut
+        if d.caught_up is not None:
+            costs.caught_up(*d.caught_up)
+        if cut is not None:
+            acceptance.expect(cut, d.probe)
+        if d.seen is not None:
+            acceptance.seen_tree(d.seen, costs.verify_tree, cut.tokens)
+        host = 0.0
+        if d.surveyed is not None:
+            host = d.surveyed[0]
+            self._surveyed(*d.surveyed)
+        arm = d.arm
+        probs = cut.probs if cut is not None and arm == CHAIN else ()
+        self.tally[arm][0] += 1
+        self.tally[arm][1] += n_acc + 1
+        acceptance.verified(arm, n_acc, probs, d.nodes, accepted, d.probe)
+        if d.probe:  # a probe's cost (what it says of the text, Acceptance took)
+            costs.part["probe"] = seconds
+        if arm != self.current or self.run <= self.SETTLE:
+            return  # a probe, or a step that builds graphs
+        costs.timed(arm, seconds, host, len(probs))
 
-    def seen_tree(self, nodes) -> None:
-        """A tree built this step (a survey's, or the tree of the arm it runs), after
-        chain_cut of the same step: each tree size up to its own gets its expected tokens
-        over the chain's."""
-        self.acceptance.seen_tree(nodes, self.costs.verify_tree)
+    def _unasked(self, n: int, seconds: float) -> None:
+        """n plain steps run without choose() after a plain decision (its until_probe),
+        `seconds` in all, counted as choose() and learn() would have counted each."""
+        self.steps += n
+        self.run += n
+        self.to_probe -= n
+        self.tally[PLAIN][0] += n
+        self.tally[PLAIN][1] += n
+        if self.current == PLAIN and self.run > self.SETTLE:
+            self.costs.measured("plain", seconds / n)
 
-    def surveyed(self, seconds: float, n_nodes: int) -> None:
+    def _surveyed(self, seconds: float, n_nodes: int) -> None:
         """A survey's own work (ranking the candidates where the arm does not, building
         the largest tree): priced per node for trees not yet run; the next survey comes
         as late as keeps surveys within their share of the time (_share, by how close the
@@ -445,19 +525,6 @@ class AutoBudget:
         change in the text to win, so it is looked at less often), floored so that an
         arm coming back is still found."""
         return self.EXPLORE_SHARE * min(max(close, floor), 1.0) ** 2
-
-    def verified(self, n_acc: int, seconds: float, host: float = 0.0, nodes=None, accepted=None) -> None:
-        """The step's outcome: the drafts accepted, its seconds (host: what a survey took
-        of them) and, for a tree, its nodes (tree_nodes) and which the target accepted."""
-        arm = self.arm
-        self.tally[arm][0] += 1
-        self.tally[arm][1] += n_acc + 1
-        self.acceptance.verified(arm, n_acc, nodes, accepted, self.probing)
-        if self.probing:  # a probe's cost (what it says of the text, Acceptance took)
-            self.costs.part["probe"] = seconds
-        if arm != self.current or self.run <= self.SETTLE:
-            return  # a probe, or a step that builds graphs
-        self.costs.timed(arm, seconds, host, len(self.acceptance.pending))
 
     # ---- what it learnt -------------------------------------------------------------
     def report(self) -> dict:

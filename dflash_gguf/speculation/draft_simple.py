@@ -399,7 +399,7 @@ class SimpleHeld:
     kept: float = 1.0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class OfferStep(Plan):
     """A step of draft-simple beside the weightless kinds that verifies the offer found
     before the drafter's graph (no small-model graph runs)."""
@@ -418,7 +418,9 @@ class SimpleProposer(Proposer):
     its arms) each step runs the arm it chooses: plain decoding (the drafter runs nothing
     and stays behind, to take the tokens it lacks at its next draft) or the chain, cut
     where the drafts' shares, calibrated, say it pays at the verify's cost by rows
-    (AutoBudget.chain_cut); every step's outcome goes back to it."""
+    (AutoBudget.chain_cut); the step carries auto's Decision (Plan.auto), what it drafted
+    added in propose (the drafter's catching up, the cut), and every step's outcome goes
+    back to it with that decision (AutoBudget.learn)."""
 
     def __init__(self, draft: SimpleDraft, n_max: int, n_min: int = 0, p_min: float = 0.0, tree: bool = False,
                  auto: Optional[AutoBudget] = None):
@@ -428,22 +430,23 @@ class SimpleProposer(Proposer):
 
     def plan(self, seq) -> Plan:
         room = seq.draft_room(self.n_max)
-        arm = self.auto.choose() if self.auto is not None and room > 0 else None
-        return Plan(decodes=arm == PLAIN, arm=arm)
+        decision = self.auto.choose() if self.auto is not None and room > 0 else None
+        return Plan(decodes=decision is not None and decision.arm == PLAIN, auto=decision)
 
     def propose(self, seq, plan: Plan) -> Proposal:
         if plan.decodes:  # auto's plain arm, beside sequences that draft: the bonus alone
             return Proposal([seq.tokens.bonus])
         n = seq.draft_room(self.n_max)
         grammar = seq.sampler.guide
-        auto = self.auto if plan.arm is not None else None
+        decision = plan.auto
+        auto = self.auto if decision is not None else None
         drafts, seconds, shares = self.draft.draft(seq.slot, seq.tokens.text, n, self.p_min,
                                                    siblings=self.tree and grammar is None, shares=auto is not None,
-                                                   window=auto.PROBE_LAG if auto is not None and auto.probing else 0)
-        if auto is not None:
-            auto.caught_up(*self.draft.fed)
-            if drafts:
-                drafts = drafts[:auto.chain_cut(np.log(np.maximum(shares, 1e-30)))]
+                                                   window=auto.PROBE_LAG if auto is not None and decision.probe else 0)
+        cut = None
+        if auto is not None and drafts:
+            cut = auto.chain_cut(np.log(np.maximum(shares, 1e-30)))
+            drafts = drafts[:cut.n]
         if len(drafts) < self.n_min:
             drafts, seconds = [], []
         if grammar is not None and drafts:
@@ -451,16 +454,26 @@ class SimpleProposer(Proposer):
         if self.tree and drafts and grammar is None:
             tree = sibling_tree(seq.tokens.bonus, drafts, seconds)
             if len(tree) > len(drafts) + 1:
-                return Proposal(tree=tree.padded_to(self.lookahead), kind=SIMPLE, nodes=len(tree) - 1)
-        if plan.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
-            self.auto.verifying(len(drafts))
+                return Proposal(tree=tree.padded_to(self.lookahead), kind=SIMPLE, nodes=len(tree) - 1,
+                                plan=self._decided(plan, cut))
+        if cut is not None and decision.arm == CHAIN_ARM:  # auto hears of the drafts verified, after every cut
+            cut = cut.verifying(len(drafts))
+        settled = self._decided(plan, cut)
         if self.tree:  # a tree step that verifies a chain (no second choices, a grammar)
-            return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE, nodes=len(drafts), as_chain=True)
-        return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE)
+            return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE, nodes=len(drafts), as_chain=True,
+                            plan=settled)
+        return Proposal([seq.tokens.bonus] + list(drafts), kind=SIMPLE, plan=settled)
+
+    def _decided(self, plan: Plan, cut) -> Optional[Plan]:
+        """The step's plan with what its propose added to auto's decision: the drafter's
+        catching up and the chain's cut (None: no decision, the plan as planned)."""
+        if plan.auto is None:
+            return None
+        return replace(plan, auto=replace(plan.auto, cut=cut, caught_up=self.draft.fed))
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        if plan.arm is not None:
-            self.auto.verified(len(path) - 1, seconds)
+        if plan.auto is not None:
+            self.auto.learn(plan.auto, len(path) - 1, seconds)
 
     def finish(self, seq) -> Optional[dict]:
         """The sequence ended: its statistics get auto's report, and what auto learnt goes
@@ -515,9 +528,7 @@ class SimpleWeightlessProposer(SimpleProposer):
         offer = self.chosen(step, held.kept)
         if offer is not None:
             return OfferStep(judged=step.judged(offer), offer=offer)
-        plan = super().plan(seq)
-        plan.judged = step.judged(None)
-        return plan
+        return replace(super().plan(seq), judged=step.judged(None))
 
     def propose(self, seq, plan: Plan) -> Proposal:
         if isinstance(plan, OfferStep):

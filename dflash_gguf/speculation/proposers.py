@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import dataclass, replace
+from typing import List, Optional
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from ..decoding.proposal import Plan, Proposal
 from ..decoding.tree import DraftTree
 from ..runtime.drafter import Draft
 from ..runtime.native import ffi, lib
-from .auto import CHAIN, PLAIN, AutoBudget, tree_nodes
+from .auto import CHAIN, PLAIN, AutoBudget, Decision, tree_nodes
 from .ddtree import build_tree
 from .ngram import expected_chain
 from .weightless import Weightless, WeightlessKinds
@@ -166,10 +166,10 @@ class WeightlessProposer(Proposer):
         n_max = self.kinds.n_max
         step = seq.proposing.offers(seq.tokens.text, n_max, seq.draft_room(n_max))
         offer = step.cheapest(self.cost)[0] if self.cost is not None else step.likeliest()
-        plan.judged = step.judged(offer)
+        plan = replace(plan, judged=step.judged(offer))
         if offer is None:
-            return Proposal([seq.tokens.bonus])
-        return offer.proposal(seq.tokens.bonus, seq.room, seq.sampler.guide)
+            return Proposal([seq.tokens.bonus], plan=plan)
+        return replace(offer.proposal(seq.tokens.bonus, seq.room, seq.sampler.guide), plan=plan)
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
         seq.proposing.observe(out, plan.judged)
@@ -193,9 +193,8 @@ class DrafterWeightlessProposer(ChainProposer):
         return self.kinds.start()
 
     def plan(self, seq) -> Plan:
-        plan = super().plan(seq)
-        plan.decodes = plan.fuses = False  # the offers are weighed after the drafter's graph
-        return plan
+        # the offers are weighed after the drafter's graph
+        return replace(super().plan(seq), decodes=False, fuses=False)
 
     def propose(self, seq, plan: Plan) -> Proposal:
         b = self._cut(seq, plan.block)
@@ -204,10 +203,9 @@ class DrafterWeightlessProposer(ChainProposer):
         offer = step.likeliest()
         if offer is not None and (b < 2 or offer.expected >
                                   expected_chain(self.draft.top1_logprobs(b - 1, seq=seq.slot))):
-            plan.judged = step.judged(offer)
-            return offer.proposal(seq.tokens.bonus, seq.room, seq.sampler.guide)
-        plan.judged = step.judged(None)
-        return self._chain(seq, b)
+            plan = replace(plan, judged=step.judged(offer))
+            return replace(offer.proposal(seq.tokens.bonus, seq.room, seq.sampler.guide), plan=plan)
+        return replace(self._chain(seq, b), plan=replace(plan, judged=step.judged(None)))
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
         seq.proposing.observe(out, plan.judged)
@@ -269,26 +267,16 @@ class TreeProposer(Proposer):
         return _padded(_best_tree(seq, cand, logp, self.budget, plan.depth), self.budget)
 
 
-@dataclass(slots=True)
-class AutoPlan(Plan):
-    """An `auto` step's Plan, besides the arm and depth: whether it surveys the largest
-    tree, the host seconds its survey took, a verified tree's nodes for auto
-    (budget.tree_nodes), and whether it is a step of a plain stretch."""
-
-    survey: bool = False
-    host: float = 0.0
-    nodes: Any = None
-    stretch: bool = False
-
-
-# a step of a plain stretch: the bonus alone, auto told when the stretch ends (read only)
-IN_STRETCH = AutoPlan(decodes=True, arm=PLAIN, stretch=True)
+# a plain step auto is not asked about (its decision's until_probe): the bonus alone,
+# counted in the sequence's PlainUntilProbe and told to auto with the last of them
+UNASKED = Plan(decodes=True, auto=Decision(PLAIN, unasked=1))
 
 
 @dataclass(slots=True)
-class PlainStretch:
-    """A sequence's plain stretch under `auto` (AutoBudget.plain_stretch): the steps left
-    in it, and the steps and seconds run so far, told to auto together."""
+class PlainUntilProbe:
+    """A sequence's plain steps up to auto's next probe, which auto is not asked about
+    (a plain Decision's until_probe): the steps left to run, and the steps and seconds
+    run so far, told to auto together (one Decision of `unasked` steps)."""
 
     left: int = 0
     steps: int = 0
@@ -300,12 +288,14 @@ class AutoProposer(Proposer):
     budget.AutoBudget chooses what it verifies: plain decoding (nothing drafted; the
     drafter stays behind, to take the positions in its next block), the chain of the
     drafter's top choices (on the device, cut where auto.chain_cut says) or a tree of one
-    of a few sizes (padded as TreeProposer's). Every step's outcome goes back to it
-    (AutoBudget.verified), and the sequence's statistics get its report at the end.
-    A plain stretch (AutoBudget.plain_stretch, a PlainStretch the sequence holds) runs
-    steps auto has nothing to decide for, their outcomes summed and told when it ends.
-    Now and then a drafting step surveys the largest tree as well, to learn what trees
-    would gain."""
+    of a few sizes (padded as TreeProposer's). Its plan carries auto's Decision (Plan.auto),
+    its propose adds what the step drafted to a copy (the Proposal's settled plan), and
+    its verified hands the decision back with the step's outcome (AutoBudget.learn); the
+    sequence's statistics get auto's report at the end. On plain decoding the steps up
+    to the next probe (the decision's until_probe, counted in the PlainUntilProbe the
+    sequence holds) run without asking auto, their outcomes summed and told with the
+    last of them. Now and then a drafting step surveys the largest tree as well, to
+    learn what trees would gain."""
 
     def __init__(self, draft, block_size: int, auto: AutoBudget):
         self.draft = draft
@@ -313,92 +303,95 @@ class AutoProposer(Proposer):
         self.auto = auto
         self.lookahead = auto.largest + 1
 
-    def start(self, seq) -> PlainStretch:
-        return PlainStretch()
+    def start(self, seq) -> PlainUntilProbe:
+        return PlainUntilProbe()
 
-    def plan(self, seq) -> AutoPlan:
-        stretch = seq.proposing
-        if stretch.left > 0:  # plain again, as the stretch's first step set up
-            stretch.left -= 1
-            return IN_STRETCH
+    def plan(self, seq) -> Plan:
+        unasked = seq.proposing
+        if unasked.left > 0:  # plain again, as the last decision said (until_probe)
+            unasked.left -= 1
+            return UNASKED
         auto = self.auto
         b = min(self.block_size, seq.room)
         depth = min(b - 1, seq.remaining)
-        arm = auto.choose() if b >= 2 else None
-        if b < 2 or arm == PLAIN:
-            if arm == PLAIN:
-                stretch.left = auto.plain_stretch()
-            return AutoPlan(decodes=True, depth=depth, arm=arm)
-        return AutoPlan(block=depth + 1 if arm == CHAIN else b, depth=depth, arm=arm, survey=auto.survey_due)
+        decision = auto.choose() if b >= 2 else None
+        if decision is None or decision.arm == PLAIN:
+            if decision is not None:
+                unasked.left = decision.until_probe
+            return Plan(decodes=True, depth=depth, auto=decision)
+        return Plan(block=depth + 1 if decision.arm == CHAIN else b, depth=depth, auto=decision)
 
-    def propose(self, seq, plan: AutoPlan) -> Proposal:
+    def propose(self, seq, plan: Plan) -> Proposal:
         if plan.decodes:
             return Proposal([seq.tokens.bonus])
-        if plan.arm == CHAIN:
-            return self._chain(seq, plan)
+        decision = plan.auto
+        if decision.arm == CHAIN:
+            return self._chain(seq, plan, decision)
         cand, logp = self.draft.topk(plan.depth, seq=seq.slot)
-        arm, auto = plan.arm, self.auto
-        if not _fits(seq, arm):
-            plan.arm = None
-            return _top_chain(seq, cand)
+        arm, auto = decision.arm, self.auto
+        if not _fits(seq, arm):  # a step auto does not hear of
+            return replace(_top_chain(seq, cand), plan=replace(plan, auto=None))
         t = time.perf_counter()
-        tree = _best_tree(seq, cand, logp, auto.largest if plan.survey else arm, plan.depth)
+        tree = _best_tree(seq, cand, logp, auto.largest if decision.survey else arm, plan.depth)
         top1 = logp[:, 0]
-        auto.chain_cut(top1, verify=False)  # the chain's expectation, which trees' gains are over
+        cut = auto.chain_cut(top1)  # the chain's expectation, which trees' gains are over
         nodes = tree_nodes(tree, top1)
-        auto.seen_tree(nodes)
-        if plan.survey:
+        surveyed = None
+        if decision.survey:
             tree = tree.best(arm)
-            plan.host = time.perf_counter() - t
-            auto.surveyed(plan.host, len(nodes[0]))
-        plan.nodes = nodes[0][:arm], nodes[1][:arm]  # best(arm) keeps the first arm picks, in order
-        return _padded(tree, arm)
+            surveyed = (time.perf_counter() - t, len(nodes[0]))
+        # best(arm) keeps the first arm picks, in order
+        decision = replace(decision, cut=cut, seen=nodes, surveyed=surveyed, nodes=(nodes[0][:arm], nodes[1][:arm]))
+        return replace(_padded(tree, arm), plan=replace(plan, auto=decision))
 
-    def _chain(self, seq, plan: AutoPlan) -> Proposal:
+    def _chain(self, seq, plan: Plan, decision: Decision) -> Proposal:
         """The chain arm: the drafter's block cut by auto, to the target on the device
         (read back and fixed by the grammar under one)."""
         draft, auto, slot, depth = self.draft, self.auto, seq.slot, plan.depth
         top1 = draft.top1_logprobs(depth, seq=slot)
-        n = auto.chain_cut(top1)
-        if plan.survey:
+        cut = auto.chain_cut(top1)
+        n, seen, surveyed = cut.n, None, None
+        if decision.survey:
             t = time.perf_counter()
             cand, logp = draft.topk(depth, seq=slot)
             tree = build_tree(seq.tokens.bonus, cand, logp, auto.largest, max_depth=depth)
-            auto.seen_tree(tree_nodes(tree, top1))
-            plan.host = time.perf_counter() - t
-            auto.surveyed(plan.host, len(tree) - 1)
+            seen = tree_nodes(tree, top1)
+            surveyed = (time.perf_counter() - t, len(tree) - 1)
+        plan = replace(plan, auto=replace(decision, cut=cut, seen=seen, surveyed=surveyed))
         if n == 0:
-            return Proposal([seq.tokens.bonus], nodes=0, as_chain=True)
+            return Proposal([seq.tokens.bonus], nodes=0, as_chain=True, plan=plan)
         if seq.sampler.guided:
             drafts = seq.sampler.grammar.draft_path(draft.block(1 + n, seq=slot)[1:])
-            return Proposal([seq.tokens.bonus] + drafts, nodes=n, as_chain=True)
-        return Proposal(draft=draft, n=1 + n, nodes=n, as_chain=True)
+            return Proposal([seq.tokens.bonus] + drafts, nodes=n, as_chain=True, plan=plan)
+        return Proposal(draft=draft, n=1 + n, nodes=n, as_chain=True, plan=plan)
 
     def verified(self, seq, plan, proposal, path, out, seconds) -> None:
-        if plan.arm is None:
+        decision = plan.auto
+        if decision is None:
             return
-        if plan.stretch:
-            stretch = seq.proposing
-            stretch.steps += 1
-            stretch.seconds += seconds
-            if not stretch.left:
-                self._told(stretch)
+        if decision.unasked:
+            unasked = seq.proposing
+            unasked.steps += 1
+            unasked.seconds += seconds
+            if not unasked.left:
+                self._tell_unasked(unasked)
             return
         accepted = None
-        if plan.nodes is not None:
+        if decision.nodes is not None:
             on_path = set(path)
             accepted = [i in on_path for i in proposal.tree.pick_order]
-        self.auto.verified(len(path) - 1, seconds, plan.host, plan.nodes, accepted)
+        self.auto.learn(decision, len(path) - 1, seconds, accepted)
 
-    def _told(self, stretch: PlainStretch) -> None:
-        if stretch.steps:
-            self.auto.plain_ran(stretch.steps, stretch.seconds)
-        stretch.steps, stretch.seconds = 0, 0.0
+    def _tell_unasked(self, unasked: PlainUntilProbe) -> None:
+        """The unasked plain steps run so far, told to auto as one decision."""
+        if unasked.steps:
+            self.auto.learn(Decision(PLAIN, unasked=unasked.steps), 0, unasked.seconds)
+        unasked.steps, unasked.seconds = 0, 0.0
 
     def finish(self, seq) -> dict:
         """The sequence ended: its statistics get auto's report, and what auto learnt
         goes to the next sequence."""
-        self._told(seq.proposing)  # a stretch the sequence's end cut short
+        self._tell_unasked(seq.proposing)  # unasked steps the sequence's end cut short
         report = self.auto.report()
         self.auto.finish()
         return report

@@ -406,15 +406,17 @@ def test_a_new_engine_starts_from_what_the_last_one_learnt(files, tmp_path, monk
 def test_a_saved_state_restores_the_chooser():
     """AutoBudget.state() through JSON and back (AutoBudget.restored) gives the same
     state; a state of arms the setting lacks, or cut short, gives None (start cold)."""
-    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
+    from dataclasses import replace
+
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget, Decision
 
     auto = AutoBudget(_DearVerify(), 0, 4)
     for _ in range(6):
-        arm = auto.choose()
-        if arm == CHAIN:
-            auto.chain_cut(np.log(np.array([0.9, 0.5, 0.2])))
-        auto.verified(1 if arm == CHAIN else 0, 0.02)
-    auto.caught_up(2, 0.01)
+        decision = auto.choose()
+        if decision.arm == CHAIN:
+            decision = replace(decision, cut=auto.chain_cut(np.log(np.array([0.9, 0.5, 0.2]))))
+        auto.learn(decision, 1 if decision.arm == CHAIN else 0, 0.02)
+    auto.learn(Decision(CHAIN, caught_up=(2, 0.01)), 0, 0.02)
     state = json.loads(json.dumps(auto.state()))
     assert state["current"] == PLAIN
     again = AutoBudget.restored(_DearVerify(), 0, 4, state)

@@ -202,13 +202,13 @@ def test_auto_plain_stretches_are_the_plain_greedy_text(plain_text):
     """`--tree-budget auto` going plain for a stretch and drafting again: the drafter runs
     no graph over the stretch, catches up in the next propose, and the text is the
     target's own greedy text."""
-    from helpers.decoding_checks import check_plain_stretch
+    from helpers.decoding_checks import check_plain_steps
     from dflash_gguf.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer(DEMO)
     target, draft = load(DEMO, n_seq=1, top_k=4)
     for text, want in zip(TEXTS, plain_text):
-        check_plain_stretch(target, draft, tok.encode(text), want, 6)
+        check_plain_steps(target, draft, tok.encode(text), want, 6)
 
 
 def test_sequences_in_a_batch_decode_as_alone(plain_text):

@@ -3,6 +3,7 @@ plain decoding along each node's path, and lossless tree speculative decoding.""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -634,9 +635,12 @@ class SimPair:
 
 def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=None, expected=None):
     """An AutoBudget (a fresh one unless given) driven for `steps` steps by the simulated
-    pair, as proposers.AutoProposer drives it. Returns (arm, tokens, seconds) per step
-    (and appends the index of every survey step to survey_steps, and each step's expected
-    tokens, the arm and cut it ran, to expected)."""
+    pair, as proposers.AutoProposer drives it (choose's Decision, what the step drafted
+    added to it, handed back with the outcome to learn). Returns (arm, tokens, seconds)
+    per step (and appends the index of every survey step to survey_steps, and each step's
+    expected tokens, the arm and cut it ran, to expected)."""
+    from dataclasses import replace
+
     from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget, tree_nodes
 
     rng = np.random.default_rng(seed)
@@ -646,37 +650,35 @@ def simulate_auto(sim, steps=400, seed=0, auto=None, largest=32, survey_steps=No
     full_nodes = tree_nodes(full, top1)
     out = []
     for _ in range(steps):
-        arm = auto.choose()
-        survey = auto.survey_due
+        decision = auto.choose()
+        arm, survey = decision.arm, decision.survey
         if survey and survey_steps is not None:
             survey_steps.append(len(out))
         if arm == PLAIN:
             seconds = sim.plain + float(sim.cost.chain(1))
-            auto.verified(0, seconds)
+            auto.learn(decision, 0, seconds)
             out.append((arm, 1, seconds))
             if expected is not None:
                 expected.append(1.0)
             continue
-        n = auto.chain_cut(top1, verify=arm == CHAIN)
+        cut = auto.chain_cut(top1)
+        n = cut.n
         host = sim.survey * auto.largest if survey else 0.0
-        if survey and arm == CHAIN:
-            auto.seen_tree(full_nodes)
-            auto.surveyed(host, auto.largest)
+        surveyed = (host, auto.largest) if survey else None
         if arm == CHAIN:
             right = rng.choice(5, size=n, p=sim.take)
             n_acc = int(np.argmax(right != 0)) if (right != 0).any() else n
             seconds = sim.drafted + float(sim.cost.chain(1 + n)) + host
-            auto.verified(n_acc, seconds, host)
+            seen = full_nodes if survey else None
+            auto.learn(replace(decision, cut=cut, seen=seen, surveyed=surveyed), n_acc, seconds)
         else:
             tree = full.best(arm)
             nodes = full_nodes[0][:arm], full_nodes[1][:arm]
-            auto.seen_tree(full_nodes if survey else nodes)
-            if survey:
-                auto.surveyed(host, auto.largest)
             path = sim.walk(tree, rng)
             n_acc = len(path)
             seconds = sim.drafted + sim.node * arm + float(sim.cost(arm + 1)) + host
-            auto.verified(n_acc, seconds, host, nodes, [i in path for i in tree.pick_order])
+            decision = replace(decision, cut=cut, seen=full_nodes if survey else nodes, surveyed=surveyed, nodes=nodes)
+            auto.learn(decision, n_acc, seconds, [i in path for i in tree.pick_order])
         out.append((arm, n_acc + 1, seconds))
         if expected is not None:
             expected.append(1 + (sim.chain_accepted(n) if arm == CHAIN else sim.expected_accepted(tree)))
@@ -819,14 +821,13 @@ def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
     """Before a probe has run, its price is a chain step plus catching the drafter up on
     PROBE_LAG tokens at the cost a token measured on drafted steps (the lowest reading);
     a measured probe replaces the estimate. A dearer probe comes later."""
-    from dflash_gguf.speculation.auto import AutoBudget
+    from dflash_gguf.speculation.auto import CHAIN, AutoBudget, Decision
 
     auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
     auto.costs.part.update(drafted=2e-3, plain=1e-3)
     assert auto.probe_seconds() == auto.seconds(auto.arms[1])  # a drafter that never catches up
-    auto.caught_up(4, 8e-3)
-    auto.caught_up(1, 5e-3)  # dearer a token: the low figure stays, creeping up 1%
-    auto.caught_up(0, 1.0)  # nothing taken: nothing learnt
+    for caught_up in ((4, 8e-3), (1, 5e-3), (0, 1.0)):  # dearer a token: the low figure stays,
+        auto.learn(Decision(CHAIN, caught_up=caught_up), 0, 1e-3)  # creeping up 1%; nothing taken: nothing learnt
     assert auto.probe_seconds() == pytest.approx(auto.seconds(auto.arms[1]) + AutoBudget.PROBE_LAG * 2e-3 * 1.01)
     auto.costs.part["probe"] = 0.05
     assert auto.probe_seconds() == 0.05
@@ -850,30 +851,34 @@ def test_auto_probes_across_short_sequences():
     assert len(late) / gap / 2 <= late.count(CHAIN) <= 2 * len(late) / gap + 1, (gap, late.count(CHAIN))
 
 
-def test_a_plain_stretch_counts_as_its_steps():
-    """On plain decoding the steps up to the next probe run without auto (the
-    proposer's stretch: AutoBudget.plain_stretch) and are told together (plain_ran): the
+def test_unasked_plain_steps_count_as_chosen_ones():
+    """On plain decoding the steps up to the next probe run without asking auto (a plain
+    Decision's until_probe) and are told together (one Decision of `unasked` steps): the
     probe comes at the same step, and the counts are those of choosing each step."""
     import copy
 
-    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget, Decision
 
     sim = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
     each = AutoBudget(sim.cost, 32, 8)
     simulate_auto(sim, steps=300, auto=each)
     plain = sim.plain + float(sim.cost.chain(1))  # a plain step's seconds, as the simulation times it
-    while each.choose() != PLAIN or each.to_probe < 3:  # to the start of a stretch
-        each.verified(0, plain)
+    decision = each.choose()
+    while decision.arm != PLAIN or each.to_probe < 3:  # to the start of the plain steps before a probe
+        each.learn(decision, 0, plain)
+        decision = each.choose()
     together = copy.deepcopy(each)
-    each.verified(0, plain)
-    together.verified(0, plain)
-    n = together.plain_stretch()
+    each.learn(decision, 0, plain)
+    together.learn(decision, 0, plain)
+    n = decision.until_probe
     assert n == together.to_probe - 1 >= 2
     for _ in range(n):
-        assert each.choose() == PLAIN
-        each.verified(0, plain)
-    together.plain_ran(n, n * plain)
-    assert each.choose() == together.choose() == CHAIN  # the probe
+        chosen = each.choose()
+        assert chosen.arm == PLAIN
+        each.learn(chosen, 0, plain)
+    together.learn(Decision(PLAIN, unasked=n), 0, n * plain)
+    probe = each.choose()
+    assert probe == together.choose() and probe.arm == CHAIN and probe.probe  # the probe
     for field in ("steps", "run", "to_probe", "tally"):
         assert getattr(each, field) == getattr(together, field), field
 
@@ -929,10 +934,11 @@ def test_auto_cuts_the_chain_where_its_verify_stops_paying():
 
     top1 = np.log([0.95, 0.9, 0.85, 0.5, 0.3, 0.2, 0.1])
     flat = AutoBudget(_Cost(10e-3, 1e-6), 32, 8)
-    assert flat.chain_cut(top1) == 7
+    assert flat.chain_cut(top1).n == 7
     steep = AutoBudget(_Cost(0.1e-3, 1e-3), 32, 8)
-    assert 1 <= steep.chain_cut(top1) <= 3
-    assert len(steep.acceptance.pending) == steep.chain_cut(top1)
+    cut = steep.chain_cut(top1)
+    assert 1 <= cut.n <= 3 and len(cut.probs) == cut.n
+    assert steep.chain_cut(top1) == cut  # the cut changes nothing: learn takes it with the step's result
 
 
 def test_auto_calibrates_an_overconfident_drafter():
@@ -953,15 +959,14 @@ def test_auto_calibrates_spine_and_branches_apart():
     """At the same drafter probability a deep node on the chain of top choices (right
     when the drafter is on a run) and a sibling of a top choice are accepted at very
     different rates: auto learns each from the trees it verifies."""
-    from dflash_gguf.speculation.auto import AutoBudget
+    from dflash_gguf.speculation.auto import AutoBudget, Decision
 
     auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
     rng = np.random.default_rng(4)
     nodes = ([0.1, 0.1], [True, False])
     for _ in range(400):
         auto.choose()
-        auto.arm = 4  # a tree's step
-        auto.verified(1, 1e-3, nodes=nodes, accepted=[rng.random() < 0.5, rng.random() < 0.01])
+        auto.learn(Decision(4, nodes=nodes), 1, 1e-3, [rng.random() < 0.5, rng.random() < 0.01])  # a tree's step
     assert auto.acceptance.spine(0.1) > 0.3 and auto.acceptance.branch(0.1) < 0.05
 
 
@@ -971,6 +976,94 @@ def test_auto_arms_are_few():
     assert auto_arms(32) == [-1, 0, 4, 8, 16, 32]
     assert auto_arms(12) == [-1, 0, 4, 8, 12]
     assert auto_arms(3) == [-1, 0, 3]
+
+
+def test_a_step_decision_is_frozen_data():
+    """What a step decided is data that nothing changes: a Plan, auto's Decision and its
+    ChainCut raise on assignment, and the chooser keeps no step under way."""
+    from dataclasses import FrozenInstanceError
+
+    from dflash_gguf.decoding.proposal import Plan
+    from dflash_gguf.speculation.auto import AutoBudget
+
+    auto = AutoBudget(_Cost(1e-3, 1e-4), 16, BLOCK)
+    plan, decision = Plan(block=4), auto.choose()
+    cut = auto.chain_cut(np.log([0.9, 0.8, 0.5]))
+    for record, field in ((plan, "block"), (plan, "judged"), (decision, "arm"), (decision, "cut"), (cut, "n")):
+        with pytest.raises(FrozenInstanceError):
+            setattr(record, field, None)
+    assert replace(plan, block=2).block == 2 and plan.block == 4
+    for name in ("arm", "survey_due"):
+        assert not hasattr(auto, name)
+    for name in ("pending", "step_tokens"):
+        assert not hasattr(auto.acceptance, name)
+
+
+class _FakeDraft:
+    """A drafter for AutoProposer without a model: a SimPair's candidates every step."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    def top1_logprobs(self, n, seq=0):
+        return self.sim.logp[:n, 0]
+
+    def topk(self, n, seq=0):
+        return self.sim.cand[:n], self.sim.logp[:n]
+
+
+def test_each_decision_reaches_learn_once():
+    """AutoProposer driven through the step's calls (plan, propose, then verified at the
+    next step and at the end): every decision choose() made comes back to learn once, in
+    order, with what its propose added; the plain steps it runs unasked (until_probe)
+    come back counted in decisions of `unasked` steps, each step once."""
+    from types import SimpleNamespace
+
+    from dflash_gguf.speculation.auto import AutoBudget
+    from dflash_gguf.speculation.proposers import UNASKED, AutoProposer
+
+    chosen, learnt = [], []
+
+    class Recording(AutoBudget):
+        def choose(self):
+            chosen.append(super().choose())
+            return chosen[-1]
+
+        def learn(self, decision, n_acc, seconds, accepted=None):
+            learnt.append(decision)
+            super().learn(decision, n_acc, seconds, accepted)
+
+    rng = np.random.default_rng(5)
+    for sim in (SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0)), SimPair(**GPU, **SPREAD)):
+        chosen.clear(), learnt.clear()
+        proposer = AutoProposer(_FakeDraft(sim), sim.depth + 1, Recording(sim.cost, 32, sim.depth + 1))
+        seq = SimpleNamespace(tokens=SimpleNamespace(bonus=0), room=10 ** 6, remaining=10 ** 6, slot=0,
+                              sampler=SimpleNamespace(guided=False, guide=None))
+        seq.proposing = proposer.start(seq)
+        heard, unasked = None, 0
+        for _ in range(300):
+            if heard is not None:
+                proposer.verified(seq, *heard)
+            plan = proposer.plan(seq)
+            unasked += plan is UNASKED
+            proposal = proposer.propose(seq, plan)
+            if proposal.tree is not None:  # as simulate_auto times and accepts its steps
+                path = [0] + sorted(sim.walk(proposal.tree, rng))
+                seconds = sim.drafted + sim.node * proposal.nodes + float(sim.cost(len(proposal.tree)))
+            elif proposal.decode or proposal.tokens is not None:
+                path, seconds = [0], sim.plain + float(sim.cost.chain(1))
+            else:
+                right = rng.choice(5, size=proposal.n - 1, p=sim.take)
+                path = list(range(1 + (int(np.argmax(right != 0)) if (right != 0).any() else proposal.n - 1)))
+                seconds = sim.drafted + float(sim.cost.chain(proposal.n))
+            heard = (proposal.plan or plan, proposal, path, [0] * len(path), seconds)
+        proposer.verified(seq, *heard)
+        proposer.finish(seq)
+        told = [d for d in learnt if not d.unasked]
+        added = dict(cut=None, seen=None, surveyed=None, nodes=None)
+        assert [replace(d, **added) for d in told] == chosen
+        assert sum(d.unasked for d in learnt) == unasked
+        assert len(chosen) + unasked == 300 and (unasked > 100 if sim.take[0] == 0 else unasked == 0)
 
 
 def test_lossless_auto_mixing_plain_chain_and_trees(pair):
@@ -989,6 +1082,10 @@ def test_lossless_auto_mixing_plain_chain_and_trees(pair):
         assert auto.n_trees > 0 and auto.surveys
         steps = stats.trees.auto["arms"]
         assert steps["plain"]["steps"] == auto.seen.count(PLAIN) and steps["tree 16"]["steps"] > 0
+        # every step's decision came back to learn once, in order, as chosen but for what
+        # its propose added
+        added = dict(cut=None, seen=None, surveyed=None, nodes=None)
+        assert [replace(d, **added) for d in auto.learnt] == auto.chosen
 
 
 def test_auto_plain_stretches_run_no_drafter(pair):

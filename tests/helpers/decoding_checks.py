@@ -130,7 +130,7 @@ def our_draft_mtp(target, draft, tokens, n_predict, n_max, n_ctx, eog):
                                    tokens, n_predict, n_ctx, eog)
 
 
-def check_plain_stretch(target, draft, prompt, want, budget):
+def check_plain_steps(target, draft, prompt, want, budget):
     """`auto` scripted to decode 15 steps plainly between drafted ones (another drafter
     kind's check): the plain greedy text `want`, no drafter graph over the stretch, and
     the catch-up riding in the propose of the step that drafts again."""
@@ -259,44 +259,47 @@ class _FlatCost:
 
 class _ScriptedAuto:
     """An AutoBudget that runs a fixed sequence of arms (plain, the chain, tree sizes),
-    surveys every third step, and checks what the proposer reports."""
+    surveys every third step, and checks what the proposer hands back to learn: every
+    decision it made, once (learnt)."""
 
     def __init__(self, arms, largest):
         from dflash_gguf.speculation.auto import AutoBudget
 
         self.real = AutoBudget(_Cost(1e-3, 1e-4), largest, BLOCK)
         self.largest, self.script, self.seen, self.n_trees, self.surveys = largest, list(arms), [], 0, []
-        self.survey_due = False
+        self.chosen, self.learnt = [], []
 
     def choose(self):
-        self.real.choose()
-        arm = self.real.arm = self.script[len(self.seen) % len(self.script)]
-        self.seen.append(arm)
-        self.survey_due = arm >= 0 and len(self.seen) % 3 == 1
-        return arm
+        from dflash_gguf.speculation.auto import CHAIN, PLAIN, Decision
 
-    def __getattr__(self, name):  # chain_cut, seen_tree, report, finish: the real chooser's
+        self.real.choose()
+        arm = self.script[len(self.seen) % len(self.script)]
+        self.seen.append(arm)
+        decision = Decision(arm, probe=arm == CHAIN and self.real.current == PLAIN,
+                            survey=arm >= 0 and len(self.seen) % 3 == 1)  # its script chooses every step
+        self.chosen.append(decision)
+        return decision
+
+    def __getattr__(self, name):  # chain_cut, report, finish: the real chooser's
         return getattr(self.real, name)
 
-    def plain_stretch(self):
-        return 0  # its script chooses every step
-
-    def surveyed(self, seconds, n_nodes):
-        assert seconds > 0 and n_nodes == self.largest and self.survey_due
-        self.surveys.append(len(self.seen))
-        self.real.surveyed(seconds, n_nodes)
-
-    def verified(self, n_acc, seconds, host=0.0, nodes=None, accepted=None):
-        arm = self.seen[-1]
-        assert seconds > 0 and n_acc >= 0 and (host > 0) == self.survey_due
+    def learn(self, decision, n_acc, seconds, accepted=None):
+        arm = decision.arm
+        assert arm == self.seen[-1] and not decision.unasked
+        assert seconds > 0 and n_acc >= 0 and (decision.surveyed is not None) == decision.survey
+        if decision.surveyed is not None:
+            host, n_nodes = decision.surveyed
+            assert host > 0 and n_nodes == self.largest
+            self.surveys.append(len(self.seen))
         if arm > 0:
-            probs, spine = nodes
+            probs, spine = decision.nodes
             assert 0 < len(probs) == len(spine) == len(accepted) <= arm and spine[0] and all(0 < p <= 1 for p in probs)
             assert n_acc == sum(accepted)
             self.n_trees += 1
         else:
-            assert nodes is None and (arm == 0 or n_acc == 0)
-        self.real.verified(n_acc, seconds, host, nodes, accepted)
+            assert decision.nodes is None and (arm == 0 or n_acc == 0)
+        self.learnt.append(decision)
+        self.real.learn(decision, n_acc, seconds, accepted)
 
 
 class CountingAuto(_ScriptedAuto):
