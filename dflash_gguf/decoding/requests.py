@@ -13,8 +13,8 @@ from .sampling import SamplingParams
 
 @dataclass
 class DraftCounts:
-    """The drafts of the kinds that name themselves (Proposal.kind: the weightless kinds,
-    draft-simple): per kind the tokens drafted (a tree's nodes below the root, padding left
+    """The drafts by kind (Proposal.kind: the weightless kinds, draft-simple; else the
+    drafter model's kind: dflash, eagle3, mtp, dspark): per kind the tokens drafted (a tree's nodes below the root, padding left
     out) and accepted; of suffix's, those drafted from the corpus of earlier requests (not
     the sequence's own text). A request's, or the server's over its requests."""
 

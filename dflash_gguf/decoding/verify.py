@@ -242,8 +242,9 @@ def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional
             drafted = _drafted(p)
             stats.drafted_tokens += drafted
             stats.accepted_drafts += len(path) - 1
-            if p.kind is not None:
-                stats.drafts.count(p.kind, drafted, len(path) - 1, p.corpus)
+            kind = p.kind or _drafter_kind(s)
+            if kind is not None:
+                stats.drafts.count(kind, drafted, len(path) - 1, p.corpus)
             if p.nodes is not None:
                 stats.trees.sizes.append(p.nodes)
                 stats.trees.chain_steps += p.as_chain
@@ -252,12 +253,20 @@ def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional
         elif ran.drafted is not None:  # the fused chain: its accepted drafts, then the target's token
             stats.drafted_tokens += ran.drafted[i]
             stats.accepted_drafts += len(new) - 1
+            if s.draft is not None:
+                stats.drafts.count(s.draft.kind, ran.drafted[i], len(new) - 1)
         if t0 is not None and s.speculative:
             stats.draft_seconds += drafting
             stats.verify_seconds += verifying
             stats.other_seconds += other
         out.append(s.emitted(new, record=s.speculative))
     return out
+
+
+def _drafter_kind(s) -> Optional[str]:
+    """The kind of the drafter model a sequence drafts with (dflash, eagle3, mtp, dspark,
+    ...), for drafts whose proposal names no kind of its own."""
+    return s.draft.kind if s.draft is not None else None
 
 
 def _drafted(p: Proposal) -> int:

@@ -418,9 +418,9 @@ class Server:
         metric("target_passes_total", "counter", "Target verify passes of speculative decoding.", t.target_passes)
         metric("mean_accepted_length", "gauge", "Tokens per target pass (AL), over all requests.",
                round(t.accepted_tokens / t.target_passes, 4) if t.target_passes else 0)
-        for name, counts, help_ in (("drafted_tokens_total", t.drafts.drafted, "Tokens drafted, by kind (weightless, "
-                                                                               "draft-simple; a tree's nodes below its "
-                                                                               "root)."),
+        for name, counts, help_ in (("drafted_tokens_total", t.drafts.drafted, "Tokens drafted, by kind (a drafter "
+                                                                               "model's, weightless, draft-simple; a "
+                                                                               "tree's nodes below its root)."),
                                     ("accepted_drafts_total", t.drafts.accepted,
                                      "Drafted tokens accepted, by kind.")):
             lines.extend([f"# HELP dflash_{name} {help_}", f"# TYPE dflash_{name} counter"]
@@ -471,8 +471,7 @@ class Server:
             ("n_decode_total", "Total number of target graphs (prompt chunks and decoding steps)",
              t.prefill_chunks + t.rounds),
             ("n_tokens_max", "Largest observed sequence length (prompt + generation)", t.n_tokens_max),
-            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated (the kinds that count "
-                                                   "them: draft-simple, the weightless kinds)",
+            ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
              sum(t.drafts.drafted.values())),
             ("spec_decode_num_accepted_tokens_total", "Speculative: Total draft tokens accepted by the target model",
              sum(t.drafts.accepted.values())),

@@ -178,6 +178,28 @@ def test_a_shared_prefix_resumes_from_a_checkpoint(server, engine):
     assert metrics["process_resident_memory_bytes"] > metrics['dflash_checkpoint_bytes{where="host"}'] > 0
 
 
+def test_drafts_are_counted_by_kind_and_in_llama_servers_metrics(server, engine):
+    """The drafter model's drafts (the demo pair's DFlash) count under its kind, in
+    dflash_drafted_tokens_total{kind} and in llama-server's spec_decode totals, and a
+    reply's timings carry them as llama-server's draft_n / draft_n_accepted."""
+    before = server.metrics()
+    r = server.http.post("/completion", json={"prompt": CODE, "n_predict": 32, "temperature": 0})
+    assert r.status_code == 200, r.text
+    timings = r.json()["timings"]
+    assert 0 < timings["draft_n_accepted"] <= timings["draft_n"], timings
+    after = server.metrics()
+    kinds = {k for k in after if k.startswith("dflash_drafted_tokens_total{")}
+    assert kinds == {'dflash_drafted_tokens_total{kind="dflash"}'}, kinds
+
+    def grew(name):
+        return after[name] - before.get(name, 0)
+
+    assert grew('dflash_drafted_tokens_total{kind="dflash"}') == timings["draft_n"]
+    assert grew('dflash_accepted_drafts_total{kind="dflash"}') == timings["draft_n_accepted"]
+    assert grew("llamacpp:spec_decode_num_draft_tokens_total") == timings["draft_n"]
+    assert grew("llamacpp:spec_decode_num_accepted_tokens_total") == timings["draft_n_accepted"]
+
+
 def test_cache_prompt_false_computes_the_whole_prompt(server, engine):
     """llama-server's cache_prompt false: a prompt whose prefix is both checkpointed and
     held in a slot is computed whole, with a cold run's output."""
