@@ -157,7 +157,8 @@ def speculative_simple_loop(target, draft_step: Callable[[int, List[int], int], 
         counts["n_predict"] += len(ids)
         eog_at = next((i for i, t in enumerate(ids) if t in eog), None)
         counts["steps"].append({"drafts": made, "n_verified": len(drafts), "n_accept": n_acc,
-                                "last": ids[-1] if eog_at is None else ids[eog_at], "undone": undone})
+                                "last": ids[-1] if eog_at is None else ids[eog_at],
+                                **({"undone": undone} if checkpoints else {})})
         n_past += len(ids)
         last = ids[-1]
         if counts["n_predict"] > n_predict or eog_at is not None:
