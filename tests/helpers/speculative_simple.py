@@ -9,7 +9,7 @@ steps=True reads round by round."""
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional, Sequence
 
 # runs of llama-speculative-simple until one logs its summary (each takes a fraction of a
 # second on the tests' tiny models)
@@ -20,12 +20,18 @@ ATTEMPTS = 20
 _CANDIDATE = re.compile(r" - seq_id (\d+), draft candidate\s+(\d+), pos\s+(\d+):\s+(-?\d+) \(")
 # examples/speculative-simple: "accepted 2/7 draft tokens, the last target token is: (123)"
 _ACCEPTED = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((-?\d+)\)")
+# a refuted pass undone on a target verified with checkpoints: "partial acceptance: 1 < 8, restoring checkpoint"
+_RESTORED = re.compile(r"partial acceptance: (\d+) < (\d+), restoring checkpoint")
 
 
 def parse_steps(log: str) -> list:
     """Each round of a -lv 5 log: the drafts the drafter made (before the loop cut them to
     the room left), how many the loop verified and the target accepted, and the target's
-    token that ended the round."""
+    token that ended the round. A weightless kind (ngram-*) logs no candidates: its rounds
+    are read without their drafts."""
+    rounds = [tuple(int(g) for g in m.groups()) for m in _ACCEPTED.finditer(log)]
+    if not _CANDIDATE.search(log):
+        return weightless_rounds(log)
     blocks, prev = [], None
     for m in _CANDIDATE.finditer(log):
         seq, cand, pos, tok = (int(g) for g in m.groups())
@@ -35,11 +41,28 @@ def parse_steps(log: str) -> list:
             blocks.append([])
         blocks[-1].append(tok)
         prev = pos
-    rounds = [tuple(int(g) for g in m.groups()) for m in _ACCEPTED.finditer(log)]
     if len(blocks) != len(rounds):
         raise AssertionError(f"llama-speculative-simple logged {len(blocks)} drafts for {len(rounds)} rounds")
     return [{"drafts": b, "n_verified": n_draft, "n_accept": n_acc, "last": last}
             for b, (n_acc, n_draft, last) in zip(blocks, rounds)]
+
+
+def weightless_rounds(log: str) -> list:
+    """Each round of a -lv 5 log whose drafts are not logged (a weightless kind's): how many
+    the loop verified and the target accepted, the target's token that ended it and, on a
+    target verified with checkpoints, the length of the refuted draft the round undid
+    first ("undone", 0 when none)."""
+    marks = sorted([(m.start(), "accepted", tuple(int(g) for g in m.groups())) for m in _ACCEPTED.finditer(log)] +
+                   [(m.start(), "undone", (int(m.group(2)),)) for m in _RESTORED.finditer(log)])
+    rounds, undone = [], 0
+    for _, what, values in marks:
+        if what == "undone":
+            undone = values[0]
+            continue
+        n_acc, n_draft, last = values
+        rounds.append({"n_verified": n_draft, "n_accept": n_acc, "last": last, "undone": undone})
+        undone = 0
+    return rounds
 
 
 def generated(steps: list, eog: Iterable[int]) -> list:
@@ -56,13 +79,14 @@ def generated(steps: list, eog: Iterable[int]) -> list:
 
 def llama_speculative_simple(model: str, text: str, n_predict: int, spec_type: str, n_max: int, *,
                              draft: Optional[str] = None, p_min: float = 0.0, n_ctx: int = 512,
-                             steps: bool = False, exact: bool = False) -> dict:
+                             steps: bool = False, exact: bool = False, flags: Sequence[str] = ()) -> dict:
     """llama-speculative-simple --spec-type `spec_type`, greedy, n-min 0, one thread: its
     counts (bench.llama_cpp.parse_speculative), with steps=True its rounds too ("steps":
     parse_steps). exact: the target's and the drafter's KV caches in f32 (llama.cpp's
     default is f16), as the tests run ours, and no flash attention (its CPU kernel rounds
     otherwise: a drafter logit tie 0.0014 apart picks the other token with it, and the
-    same as ours without). A missing tool is a missing oracle."""
+    same as ours without). `flags`: more of its flags (a weightless kind's). The text it
+    printed is "stdout". A missing tool is a missing oracle."""
     from dflash_gguf.tools import llama_cpp_tree
     from dflash_gguf.bench.llama_cpp import parse_speculative, run_parsed
     from helpers.fixtures import missing_oracle
@@ -76,7 +100,7 @@ def llama_speculative_simple(model: str, text: str, n_predict: int, spec_type: s
            "--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0", "--spec-draft-p-min", str(p_min),
            *(["-lv", "5"] if steps else []),
            *(["-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32", "-fa", "off"] if exact else []),
-           "-p", text]
+           *flags, "-p", text]
 
     def parse(log: str) -> dict:
         out = parse_speculative(log)
@@ -86,25 +110,32 @@ def llama_speculative_simple(model: str, text: str, n_predict: int, spec_type: s
 
     # llama.cpp's logger is a thread its exit does not wait for (common/log.cpp leaks it on
     # purpose): on a loaded machine most runs lose the summary, so a run is tried often
-    _, r = run_parsed(cmd, parse, "rounds", attempts=ATTEMPTS)
-    return r
+    stdout, r = run_parsed(cmd, parse, "rounds", attempts=ATTEMPTS)
+    return {**r, "stdout": stdout}
 
 
 def speculative_simple_loop(target, draft_step: Callable[[int, List[int], int], List[int]], tokens: List[int],
-                            n_predict: int, n_ctx: int, eog) -> dict:
+                            n_predict: int, n_ctx: int, eog, checkpoints: bool = False) -> dict:
     """llama-speculative-simple's loop on our target, whose context holds the prompt but
     its last token: every step drafts after the last token (draft_step(last, pending,
     room): `pending` the tokens committed since its last call, `room` what the context
     and n_predict leave, 0 for no limit, as llama.cpp passes it), verifies the drafts
     with it and keeps the accepted; the loop ends past n_predict tokens or at an
     end-of-generation token. Its counts, and its rounds ("steps", as parse_steps reads
-    llama.cpp's)."""
+    llama.cpp's).
+
+    checkpoints: as llama.cpp runs a target whose context cannot drop its last positions
+    (a recurrent one: "will use checkpoints"): a draft the target refutes is undone and
+    the kept drafts with the target's token after them are verified again as the round's
+    draft, the refuted pass counting nothing; so the round reports them all accepted
+    (its drafter hears that count) and ends on the token after them. Ours decodes that
+    token after the kept ones (its rows round as a longer pass's)."""
     last, n_past, pending = tokens[-1], len(tokens) - 1, []
     eog = set(eog)
     counts = {"n_drafted": 0, "n_accept": 0, "n_predict": 0, "steps": []}
     while True:
         room = max(0, min(n_ctx - n_past - 2, n_predict - counts["n_predict"] - 1))
-        made = draft_step(last, pending, room)
+        made, undone = draft_step(last, pending, room), 0
         drafts = made[:room] if room > 0 else made
         block = [last] + drafts
         target.verify(block)
@@ -115,12 +146,19 @@ def speculative_simple_loop(target, draft_step: Callable[[int, List[int], int], 
         ids = drafts[:n_acc] + [int(choice[n_acc])]
         target.commit(n_acc + 1)
         pending = block[:n_acc + 1]
+        if checkpoints and n_acc < len(drafts):
+            target.verify(ids[-1:])
+            following = int(target.choices(0, 1)[0])
+            target.commit(1)
+            pending, made, undone = pending + ids[-1:], ids, len(drafts)
+            drafts, n_acc, ids = ids, len(ids), ids + [following]
         counts["n_drafted"] += len(drafts)
         counts["n_accept"] += n_acc
         counts["n_predict"] += len(ids)
         eog_at = next((i for i, t in enumerate(ids) if t in eog), None)
         counts["steps"].append({"drafts": made, "n_verified": len(drafts), "n_accept": n_acc,
-                                "last": ids[-1] if eog_at is None else ids[eog_at]})
+                                "last": ids[-1] if eog_at is None else ids[eog_at],
+                                **({"undone": undone} if checkpoints else {})})
         n_past += len(ids)
         last = ids[-1]
         if counts["n_predict"] > n_predict or eog_at is not None:
