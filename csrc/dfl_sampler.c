@@ -60,6 +60,11 @@ void dfl_sampler_free(dfl_sampler * smp) {
     free(smp->host_row_bias);
     free(smp->host_halves);
     free(smp->host_keep_tok);
+    free(smp->bias_tok);
+    free(smp->bias_val);
+    free(smp->host_bias_idx);
+    free(smp->host_bias_add);
+    free(smp->host_bias_ban);
     memset(smp, 0, sizeof *smp);
 }
 
@@ -89,7 +94,52 @@ dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s) {
     smp->n_u = 0;
     smp->pen_rows = 0;
     smp->mask_rows = 0;
+    smp->n_bias = 0;
     return DFL_OK;
+}
+
+dfl_status dfl_sampler_set_bias(dfl_sampler * smp, const int32_t * tokens, const float * biases, int n, int n_vocab) {
+    if (n < 0 || (n > 0 && (!tokens || !biases))) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "logit bias: need a token and a bias for each of %d entries", n);
+    }
+    if (n > n_vocab) {
+        return dfl_fail(DFL_ERR_ARGUMENT, "logit bias: %d entries for a %d-token vocabulary", n, n_vocab);
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "logit bias: token %d is outside the vocabulary (0..%d)", tokens[i],
+                            n_vocab - 1);
+        }
+        if (isnan(biases[i]) || biases[i] == INFINITY) {
+            return dfl_fail(DFL_ERR_ARGUMENT, "logit bias: token %d's bias %g is neither finite nor -inf", tokens[i],
+                            biases[i]);
+        }
+        for (int j = 0; j < i; j++) { /* a row's entries are written back at once: a token twice would race */
+            if (tokens[j] == tokens[i]) {
+                return dfl_fail(DFL_ERR_ARGUMENT, "logit bias: token %d appears twice", tokens[i]);
+            }
+        }
+    }
+    if (!dfl_reserve((void **) &smp->bias_tok, &smp->cap_bias_tok, n, sizeof(int32_t)) ||
+        !dfl_reserve((void **) &smp->bias_val, &smp->cap_bias_val, n, sizeof(float))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    if (n > 0) {
+        memcpy(smp->bias_tok, tokens, (size_t) n * sizeof(int32_t));
+        memcpy(smp->bias_val, biases, (size_t) n * sizeof(float));
+    }
+    smp->n_bias = n;
+    return DFL_OK;
+}
+
+/* A logit bias of n entries padded to a power of two from 8 (0 stays 0), so that a few
+ * graphs serve every request's bias. */
+static int bias_bucket(int n) {
+    int b = 8;
+    while (n > 0 && b < n) {
+        b *= 2;
+    }
+    return n > 0 ? b : 0;
 }
 
 bool dfl_reserve(void ** buf, int * cap, int n, size_t size) {
@@ -209,6 +259,7 @@ dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, in
 dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab, dfl_sampler_key * key) {
     const dfl_sampling * s = &smp->s;
     memset(key, 0, sizeof *key);
+    key->n_bias = bias_bucket(smp->n_bias);
     if (smp->pen_rows > 0) {
         if (smp->pen_rows != n_rows) {
             return dfl_fail(DFL_ERR_STATE, "penalties were staged for %d rows, the call computes %d", smp->pen_rows,
@@ -256,6 +307,7 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
 
 void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     const int n_penalty = acc->n_penalty > k->n_penalty ? acc->n_penalty : k->n_penalty;
+    const int n_bias = acc->n_bias > k->n_bias ? acc->n_bias : k->n_bias;
     const int masked = acc->masked > k->masked ? acc->masked : k->masked;
     const int n_keep = acc->n_keep + k->n_keep, n_ban = acc->n_ban + k->n_ban;
     const int keep_rows = acc->keep_rows || k->keep_rows;
@@ -277,6 +329,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
         *acc = m;
     }
     acc->n_penalty = n_penalty;
+    acc->n_bias = n_bias;
     acc->masked = masked;
     acc->n_keep = n_keep;
     acc->n_ban = n_ban;

@@ -2,8 +2,10 @@
  * device with stock ggml ops (any backend runs it), so that only token ids (and, for an
  * accept rule, a few candidates' probabilities) come back to the host.
  *
- * Order, as llama.cpp's default sampler chain: penalties on the logits (the row's own
- * token counts, given by the host), top-k, top-p and min-p on the probabilities at
+ * Order, as llama.cpp's default sampler chain: the sequence's logit bias (finite biases
+ * added first; a -inf one is applied after the penalties, whose arithmetic would turn
+ * -inf x 0 into NaN, and keeps the token at -inf either way), penalties on the logits
+ * (the row's own token counts, given by the host), top-k, top-p and min-p on the probabilities at
  * temperature 1, the temperature, then the draw: the first candidate whose cumulative
  * weight exceeds the row's uniform times the total. Greedy rows take the argmax (after
  * the penalties). A row constrained by a grammar has an allowed-token bitmask: its
@@ -61,6 +63,7 @@ typedef struct dfl_sampler_key {
                        (CANDIDATES: each row's allowed list is n_keep wide) */
     int by_sort;   /* candidates by a full sort (the runtime's top_k_by_sort) */
     int n_wide;    /* CANDIDATES in a ranked graph: the largest logits of a row looked up in its mask */
+    int n_bias;    /* logit-bias entries per row (a power of two from 8; 0: no bias in this graph) */
 } dfl_sampler_key;
 
 /* A built sampling stage: its inputs and outputs. */
@@ -83,6 +86,10 @@ typedef struct dfl_sampler_graph {
     struct ggml_tensor * keep_tok;  /* CANDIDATES with n_keep: [n_keep, n] f32, a keeping row's allowed tokens
                                        (padded with its first), which keep_idx [n_keep * n] holds as row * V + token */
     struct ggml_tensor * keeps;     /* CANDIDATES with n_keep: [1, n] f32, 1 for a keeping row */
+    struct ggml_tensor * bias_idx;  /* n_bias: [n_bias * n] i32, row * V + token of each row's biased tokens
+                                       (padded with repeats of the row's first entry, or token 0 biased by 0) */
+    struct ggml_tensor * bias_add;  /* n_bias: [1, n_bias * n] f32, the finite biases, added before the penalties */
+    struct ggml_tensor * bias_ban;  /* n_bias: [1, n_bias * n] f32, -inf for a -inf bias (0 others), added after them */
 } dfl_sampler_graph;
 
 /* A model's sampling settings and what the host staged for its next graph that samples. */
@@ -108,6 +115,12 @@ typedef struct dfl_sampler {
     float * host_row_bias;      /* SPARSE: each row's bias; CANDIDATES: whether it keeps */
     float * host_halves;        /* CANDIDATES: the masks' 16-bit halves ... */
     float * host_keep_tok;      /* ... and the keeping rows' tokens */
+    int32_t * bias_tok;         /* the sequence's logit bias: distinct tokens and their biases (-inf: never), */
+    float * bias_val;           /* kept until the sampling is set again */
+    int n_bias, cap_bias_tok, cap_bias_val;
+    int32_t * host_bias_idx;    /* its inputs' staging */
+    float * host_bias_add, * host_bias_ban;
+    int cap_host_bias_idx, cap_host_bias_add, cap_host_bias_ban;
     int cap_params, cap_idx, cap_cnt, cap_host_mask, cap_host_ban, cap_host_row_bias, cap_host_halves,
         cap_host_keep_tok;
 } dfl_sampler;
@@ -123,6 +136,10 @@ dfl_status dfl_sampler_set(dfl_sampler * smp, const dfl_sampling * s);
 dfl_status dfl_sampler_stage_uniforms(dfl_sampler * smp, const float * u, int n);
 dfl_status dfl_sampler_stage_penalties(dfl_sampler * smp, const int32_t * tokens, const float * counts, int n_rows,
                                        int per_row, int n_vocab);
+/* The sequence's logit bias from its next call on (until the sampling is set again): n
+ * distinct tokens of the vocabulary, each with a bias added to its logit before the
+ * penalties (llama.cpp's order); a bias of -inf keeps the token from being chosen. n 0: none. */
+dfl_status dfl_sampler_set_bias(dfl_sampler * smp, const int32_t * tokens, const float * biases, int n, int n_vocab);
 /* Allowed-token bitmasks for the next call's n_rows rows, n_words each (dfl_mask_words);
  * a row must allow some token. */
 dfl_status dfl_sampler_stage_masks(dfl_sampler * smp, const uint32_t * words, int n_rows, int n_words, int n_vocab);

@@ -142,6 +142,39 @@ static dfl_status fill_candidates(const dfl_sampler_part * parts, int n_parts, i
     return DFL_OK;
 }
 
+/* The logit bias's inputs: each row its sequence's entries, the finite biases apart from
+ * the -inf ones, padded with repeats of the row's first entry (a row without a bias: token
+ * 0 biased by 0). */
+static dfl_status fill_bias(const dfl_sampler_part * parts, int n_parts, int n_rows, const dfl_runtime * rt,
+                            const dfl_sampler_graph * g, const dfl_sampler_key * key, int n_vocab) {
+    dfl_sampler * host = parts[0].smp;
+    const int B = key->n_bias, n = n_rows * B;
+    if (!dfl_reserve((void **) &host->host_bias_idx, &host->cap_host_bias_idx, n, sizeof(int32_t)) ||
+        !dfl_reserve((void **) &host->host_bias_add, &host->cap_host_bias_add, n, sizeof(float)) ||
+        !dfl_reserve((void **) &host->host_bias_ban, &host->cap_host_bias_ban, n, sizeof(float))) {
+        return dfl_fail(DFL_ERR_BACKEND, "out of host memory");
+    }
+    for (int i = 0, r0 = 0; i < n_parts; r0 += parts[i].n_rows, i++) {
+        const dfl_sampler * smp = parts[i].smp;
+        if (smp->n_bias > B) {
+            return dfl_fail(DFL_ERR_STATE, "the logit bias changed after the step's graph was chosen");
+        }
+        for (int r = 0; r < parts[i].n_rows; r++) {
+            for (int j = 0; j < B; j++) {
+                const int e = j < smp->n_bias ? j : 0, at = (r0 + r) * B + j;
+                const float b = smp->n_bias > 0 ? smp->bias_val[e] : 0.0f;
+                host->host_bias_idx[at] = (r0 + r) * n_vocab + (smp->n_bias > 0 ? smp->bias_tok[e] : 0);
+                host->host_bias_add[at] = isinf(b) ? 0.0f : b;
+                host->host_bias_ban[at] = isinf(b) ? -INFINITY : 0.0f;
+            }
+        }
+    }
+    dfl_runtime_set(rt, g->bias_idx, host->host_bias_idx, 0, (size_t) n * sizeof(int32_t));
+    dfl_runtime_set(rt, g->bias_add, host->host_bias_add, 0, (size_t) n * sizeof(float));
+    dfl_runtime_set(rt, g->bias_ban, host->host_bias_ban, 0, (size_t) n * sizeof(float));
+    return DFL_OK;
+}
+
 dfl_status dfl_sampler_fill(dfl_sampler * smp, const dfl_runtime * rt, const dfl_sampler_graph * g,
                             const dfl_sampler_key * key, int n_rows, int n_vocab) {
     const dfl_sampler_part part = { smp, n_rows };
@@ -211,6 +244,9 @@ dfl_status dfl_sampler_fill_parts(const dfl_sampler_part * parts, int n_parts, c
         }
         dfl_runtime_set(rt, g->pen_idx, host->host_idx, 0, (size_t) n * sizeof(int32_t));
         dfl_runtime_set(rt, g->pen_cnt, host->host_cnt, 0, (size_t) n * sizeof(float));
+    }
+    if (g->bias_idx) {
+        TRY(fill_bias(parts, n_parts, n_rows, rt, g, key, n_vocab));
     }
     TRY(dfl_sampler_fill_masks(parts, n_parts, rt, g, key, n_vocab));
     for (int i = 0; i < n_parts; i++) {

@@ -44,6 +44,32 @@ static struct ggml_tensor * penalize(struct ggml_context * ctx, struct ggml_tens
     return ggml_reshape_2d(ctx, flat, V, n);
 }
 
+/* The rows' logit-bias entries (bias_idx: row * V + token) plus `add` [1, entries]
+ * each, written back in place: a pad entry repeats one of its row's (the same value
+ * written again) or adds 0. */
+static struct ggml_tensor * add_at(struct ggml_context * ctx, struct ggml_tensor * logits, struct ggml_tensor * idx,
+                                   struct ggml_tensor * add) {
+    const int64_t V = logits->ne[0], n = logits->ne[1];
+    struct ggml_tensor * flat = ggml_reshape_2d(ctx, logits, 1, V * n);
+    struct ggml_tensor * x = ggml_add(ctx, ggml_get_rows(ctx, flat, idx), ggml_reshape_2d(ctx, add, 1, idx->ne[0]));
+    flat = ggml_set_rows(ctx, flat, x, idx);
+    return ggml_reshape_2d(ctx, flat, V, n);
+}
+
+/* The logit bias's inputs, and its finite biases added (before the penalties, as
+ * llama.cpp's chain adds them). */
+static struct ggml_tensor * bias_logits(struct ggml_context * ctx, struct ggml_tensor * logits, int64_t B,
+                                        dfl_sampler_graph * out) {
+    const int64_t n = logits->ne[1];
+    out->bias_idx = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B * n);
+    out->bias_add = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, B * n);
+    out->bias_ban = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, B * n);
+    ggml_set_input(out->bias_idx);
+    ggml_set_input(out->bias_add);
+    ggml_set_input(out->bias_ban);
+    return add_at(ctx, logits, out->bias_idx, out->bias_add);
+}
+
 /* Dense: the mask arrives as its bytes, each an index into a table of the 256 bytes'
  * biases (8 columns: 0 for a set bit, -inf for a clear one): one lookup gives the bias of
  * every token, and one add applies it. */
@@ -354,7 +380,8 @@ static void name_stage(dfl_sampler_graph * out) {
         { out->keep_idx, "sampling.keep_idx" },  { out->row_bias, "sampling.row_bias" },
         { out->ban_idx, "sampling.ban_idx" },    { out->halves, "sampling.halves" },
         { out->bit_scale, "sampling.bit_scale" }, { out->keep_tok, "sampling.keep_tok" },
-        { out->keeps, "sampling.keeps" },
+        { out->keeps, "sampling.keeps" },        { out->bias_idx, "sampling.bias_idx" },
+        { out->bias_add, "sampling.bias_add" },  { out->bias_ban, "sampling.bias_ban" },
     };
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
         if (named[i].t) {
@@ -371,9 +398,16 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
         out->params = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, DFL_SAMPLER_PARAMS);
         ggml_set_input(out->params);
     }
+    if (key->n_bias > 0) {
+        logits = bias_logits(ctx, logits, key->n_bias, out);
+    }
     if (key->n_penalty > 0) {
         logits = penalize(ctx, logits, key->n_penalty, out);
         ggml_set_name(logits, "sampling.logits_penalized");
+    }
+    if (key->n_bias > 0) { /* the -inf biases, after the penalties' arithmetic */
+        logits = add_at(ctx, logits, out->bias_idx, out->bias_ban);
+        ggml_set_name(logits, "sampling.logits_biased");
     }
     if (key->masked == DFL_MASK_CANDIDATES) { /* the logits left as they are */
         out->choice = key->pick == DFL_PICK_ARGMAX ? pick_by_candidates(ctx, logits, key, out)

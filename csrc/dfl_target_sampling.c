@@ -264,6 +264,7 @@ static dfl_status sample_again(dfl_target * t) {
         key.keep_rows = masks.keep_rows;
         key.n_wide = 0;
         key.n_penalty = 0;
+        key.n_bias = 0; /* biased in place already, as penalized */
         const int K = key.n_cand;
         struct ggml_cgraph * gf;
         struct ggml_tensor * which;
@@ -413,6 +414,12 @@ DFL_API dfl_status dfl_target_redraw(dfl_target * t, int32_t seq, const int32_t 
 DFL_API dfl_status dfl_target_set_sampling(dfl_target * t, int32_t seq, const dfl_sampling * s) {
     TRY(dfl_target_check_seq(t, seq));
     return dfl_sampler_set(&t->sampler[seq], s);
+}
+
+DFL_API dfl_status dfl_target_set_logit_bias(dfl_target * t, int32_t seq, const int32_t * tokens,
+                                             const float * biases, int32_t n) {
+    TRY(dfl_target_check_seq(t, seq));
+    return dfl_sampler_set_bias(&t->sampler[seq], tokens, biases, n, t->n_head);
 }
 
 DFL_API dfl_status dfl_target_set_uniforms(dfl_target * t, int32_t seq, const float * u, int32_t n) {

@@ -344,6 +344,13 @@ void dfl_sampling_default(dfl_sampling * s);
 /* A sequence's sampling from its next step on (until set again); checked. */
 dfl_status dfl_target_set_sampling(dfl_target * target, int32_t seq, const dfl_sampling * s);
 
+/* The sequence's logit bias (llama.cpp's logit_bias), from its next step on until its
+ * sampling is set again (which clears it): n distinct tokens (rows of a cut head), each
+ * with a bias added to its logit in every row the sequence's steps choose, before the
+ * penalties; -inf: the token is never chosen. The drafter's sampling takes none. n 0: none. */
+dfl_status dfl_target_set_logit_bias(dfl_target * target, int32_t seq, const int32_t * tokens, const float * biases,
+                                     int32_t n);
+
 /* Uniforms in [0, 1), one per row the sequence's next step computes logits for, when
  * it samples (temperature > 0): the draws' randomness, from the caller's seeded
  * generator. Consumed by that step. */

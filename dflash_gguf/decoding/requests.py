@@ -274,6 +274,14 @@ def check_request(target: Target, prompt: List[int], max_tokens: int, lookahead:
                          "dflash-run --context-full stop)")
 
 
+def check_bias(target: Target, sampling) -> None:
+    """Refuse a logit bias of a token outside the target's vocabulary."""
+    bias = sampling.logit_bias if sampling is not None else None
+    out = [t for t, _ in bias or () if t >= target.n_vocab]
+    if out:
+        raise ValueError(f"logit_bias: token {out[0]} is outside the vocabulary (0..{target.n_vocab - 1})")
+
+
 def collect(steps: Iterator[List[int]], on_tokens: Optional[Callable[[List[int]], None]] = None) -> List[int]:
     out: List[int] = []
     for new in steps:

@@ -94,8 +94,13 @@ class SamplingParams:
     repeat_last_n: int = 64
     # a grammar or JSON schema the output must match (constraints.Constraint)
     constraint: Optional[object] = None
+    # llama.cpp's logit_bias: {token id: bias} (or (id, bias) pairs, a token's biases
+    # summed), added to the target's logits before the penalties in every row it chooses;
+    # -inf: never. Held as sorted (id, bias) pairs.
+    logit_bias: Optional[object] = None
 
     def __post_init__(self):
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         check_sampling(self)
 
     @classmethod
@@ -113,6 +118,10 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def biased(self) -> bool:
+        return bool(self.logit_bias)
+
+    @property
     def penalized(self) -> bool:
         return self.repeat_last_n != 0 and (self.repeat_penalty != 1 or self.frequency_penalty != 0
                                             or self.presence_penalty != 0)
@@ -125,6 +134,26 @@ class SamplingParams:
             if rule.field in _NATIVE and (not rule.penalty or penalties and self.penalized):
                 setattr(s, rule.field, getattr(self, rule.field))
         return s
+
+
+def _bias_pairs(bias) -> Optional[Tuple[Tuple[int, float], ...]]:
+    """A logit bias as sorted (token id, bias) pairs of distinct ids, each id's biases summed
+    (llama.cpp adds each entry in turn), those of 0 left out; None when it biases nothing."""
+    if bias is None:
+        return None
+    items = bias.items() if isinstance(bias, dict) else bias
+    total: dict = {}
+    try:
+        for tok, b in items:
+            if isinstance(tok, bool) or not isinstance(tok, numbers.Integral) or tok < 0:
+                raise ConfigError("logit_bias", f"logit_bias: token ids must be integers >= 0, got {tok!r}")
+            if isinstance(b, bool) or not isinstance(b, numbers.Real) or math.isnan(b) or b == math.inf:
+                raise ConfigError("logit_bias", f"logit_bias: token {tok}'s bias must be a number or -inf, got {b!r}")
+            total[int(tok)] = total.get(int(tok), 0.0) + float(b)
+    except (TypeError, ValueError):
+        raise ConfigError("logit_bias", "logit_bias must be {token id: bias} or (token id, bias) pairs") from None
+    pairs = tuple(sorted((t, b) for t, b in total.items() if b != 0))
+    return pairs or None
 
 
 # the settings the C runtime's graphs apply (the others, the penalties' window, are the host's)
@@ -223,14 +252,16 @@ class Sampler:
 
     @property
     def argmax_only(self) -> bool:
-        """The target's argmax alone chooses: greedy, no penalties, no grammar."""
-        return self.params.greedy and not self.params.penalized and self.grammar is None
+        """The target's argmax alone chooses: greedy, no penalties, no logit bias, no grammar."""
+        return self.params.greedy and not self.params.penalized and not self.params.biased and self.grammar is None
 
     def apply(self, target, draft=None, drafted_samples: bool = False, seq: int = 0) -> None:
         """Give the target (and the drafter) this request's settings for its sequence slot:
         the drafter samples its drafts only for the chain's rejection rule, else it drafts
         its argmax."""
         target.set_sampling(self._native, seq=seq)
+        if self.params.biased:  # the target's choices alone: the drafts are checked against them
+            target.set_logit_bias(self.params.logit_bias, seq=seq)
         if draft is not None:
             draft.set_sampling(self._native_draft if drafted_samples else GREEDY.native(), seq=seq)
 

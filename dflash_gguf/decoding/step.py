@@ -31,7 +31,7 @@ from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tup
 
 from .logprobs import TokenLogprob, token_logprobs
 from .proposal import VerifiedStep
-from .requests import GenerationStats, Placement, Prefill, Request, check_request, start_context
+from .requests import GenerationStats, Placement, Prefill, Request, check_bias, check_request, start_context
 from .sampling import Sampler
 from .verify import chain_call, decode_call, fused, record, verify_call
 
@@ -101,6 +101,7 @@ class Sequence:
                  where: Placement = Placement(), grammar=None):
         prompt = request.prompt
         check_request(target, prompt, request.max_tokens, proposer.lookahead, request.context_full)
+        check_bias(target, request.sampling)
         self.target, self.draft, self.proposer = target, draft, proposer
         self.stats, self.where = stats, where
         self.speculative = draft is not None or proposer.lookahead > 0  # drafts of some kind (a drafter, n-grams)

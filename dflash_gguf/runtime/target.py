@@ -3,7 +3,7 @@ commit, and the results of the last call."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -405,6 +405,19 @@ class Target(NativeObject):
     def set_sampling(self, native, seq: int = 0) -> None:
         """The sequence's dfl_sampling from its next step on (SamplingParams.native())."""
         check(lib.dfl_target_set_sampling(self._handle(), int(seq), native))
+
+    def set_logit_bias(self, bias: Sequence[Tuple[int, float]], seq: int = 0) -> None:
+        """The sequence's logit bias, (token id, bias) pairs of distinct tokens (-inf: never),
+        until its sampling is set again (see dfl_target_set_logit_bias); a cut head's rows for
+        the kept tokens (a token it left out is never chosen anyway)."""
+        pairs = list(bias)
+        if self.head_tokens is not None:
+            row = {int(t): i for i, t in enumerate(self.head_tokens)}
+            pairs = [(row[t], b) for t, b in pairs if t in row]
+        toks = np.array([t for t, _ in pairs], dtype=np.int32)
+        vals = np.array([b for _, b in pairs], dtype=np.float32)
+        check(lib.dfl_target_set_logit_bias(self._handle(), int(seq), ffi.from_buffer("int32_t[]", toks),
+                                            ffi.from_buffer("float[]", vals), len(toks)))
 
     def set_uniforms(self, u: np.ndarray, seq: int = 0) -> None:
         arr = np.ascontiguousarray(u, dtype=np.float32)

@@ -8,6 +8,7 @@ client is not misled. Values are strict: JSON has types, and "10" is not read as
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import replace
 from typing import Annotated, Any, List, Literal, Optional, Union
@@ -29,18 +30,7 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")  # what the call formats can
 
 # fields whose meaning this server does not implement: refused rather than ignored (WHY: the reason, when there is more
 # to say)
-def _biases(value: Any) -> bool:
-    """Whether a logit_bias (OpenAI's {id: bias}, llama-server's [[id or text, bias]]) biases
-    anything: none, or only biases of 0, changes nothing and is taken."""
-    if value is None:
-        return False
-    pairs = value.values() if isinstance(value, dict) else \
-        [p[1] if isinstance(p, list) and len(p) == 2 else True for p in value] if isinstance(value, list) else [True]
-    return any(isinstance(b, bool) or b != 0 for b in pairs)
-
-
 UNSUPPORTED = {
-    "logit_bias": _biases,
     "echo": lambda v: v not in (None, False),
     "best_of": lambda v: v not in (None, 1),
     "suffix": lambda v: v not in (None, ""),
@@ -49,10 +39,7 @@ UNSUPPORTED = {
     "audio": lambda v: v is not None,
     "modalities": lambda v: v not in (None, ["text"]),
 }
-WHY = {
-    "logit_bias": ": tokens are picked on the device (the target's verify graph, and the drafts' acceptance against "
-                  "it), whose sampler takes no per-token bias yet; a bias applied elsewhere would not be exact",
-}
+WHY: dict = {}
 
 
 class Strict(BaseModel):
@@ -79,6 +66,38 @@ MAX_PROBS = 100  # alternatives a token may list (OpenAI's top_logprobs: 20; lla
 Probs = Annotated[int, Field(ge=0, le=MAX_PROBS)]
 Stop = Union[str, Annotated[List[str], Field(max_length=MAX_STOPS)]]
 ReasoningEffort = Literal[REASONING_EFFORTS]
+
+
+def _one_bias(value: Any) -> float:
+    """A logit bias's value: a finite number, or false (never: -inf), as llama-server reads it."""
+    if value is False:
+        return float("-inf")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise refusal("logit_bias", "a bias must be a finite number, or false (never), got {value}",
+                      value=json.dumps(value))
+    return float(value)
+
+
+def _logit_bias(value: Any) -> Any:
+    """logit_bias as (token id or text, bias) pairs: OpenAI's {"id": bias} (llama-server's
+    also takes a text as the key), or llama-server's [[id or "text", bias], ...]; a text
+    stands for each of its tokens (the server tokenizes it)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        items = [(int(k) if re.fullmatch(r"-?[0-9]+", k) else k, v) for k, v in value.items()]
+    elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        items = [tuple(p) for p in value]
+    else:
+        raise refusal("logit_bias", "must be an object of token ids to biases, or a list of [token id or text, "
+                                    "bias] pairs")
+    pairs = []
+    for key, bias in items:
+        if isinstance(key, bool) or not isinstance(key, (int, str)) or isinstance(key, int) and key < 0:
+            raise refusal("logit_bias", "a biased token must be a token id (>= 0) or a text, got {key}",
+                          key=json.dumps(key))
+        pairs.append((key, _one_bias(bias)))
+    return pairs
 
 
 def _tool_name(name: str) -> str:
@@ -213,6 +232,8 @@ class Generation(Strict):
     stream_options: Optional[StreamOptions] = None
     cache_prompt: flag(True) = True
     ignore_eos: flag(False) = False  # llama-server's: the end-of-generation tokens do not stop the reply
+    # (token id or text, bias) pairs (_logit_bias); the server checks the ids against the vocabulary
+    logit_bias: Annotated[Optional[Any], BeforeValidator(_logit_bias)] = None
     constraint: ConstraintFields = Field(default_factory=ConstraintFields)
 
     @model_validator(mode="before")

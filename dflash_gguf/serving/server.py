@@ -117,6 +117,8 @@ class Server:
         """corpus: the request's suffix corpus key (a digest of its API key; None: none)."""
         request, tokens = prepared.request, prepared.tokens
         sampling = request.sampling.params(self.defaults.sampling)
+        if request.logit_bias:
+            sampling = replace(sampling, logit_bias=self._logit_bias(request.logit_bias))
         constraint = request.constraint.compiled
         turn, options = prepared.turn, prepared.options
         if turn is not None and turn.tool_format:
@@ -159,6 +161,21 @@ class Server:
                   sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
         job.context_bound = asked is None or asked > room  # it may run until the context is full
         return job
+
+    def _logit_bias(self, pairs) -> List[Tuple[int, float]]:
+        """A request's logit_bias pairs as (token id, bias): a text's tokens each (as
+        llama-server tokenizes it: no BOS, no special tokens); an id outside the vocabulary
+        is refused."""
+        n_vocab = self.engine.target.n_vocab
+        out = []
+        for key, bias in pairs:
+            ids = self.engine.tokenizer.encode(key, add_bos=False, special=False) if isinstance(key, str) else [key]
+            for t in ids:
+                if not 0 <= t < n_vocab:
+                    raise BadRequest(f"logit_bias: token {t} is outside the vocabulary (0..{n_vocab - 1})",
+                                     "logit_bias")
+                out.append((t, bias))
+        return out
 
     def _call_constraint(self, turn, options):
         """The grammar of the turn's tool calls (strict tools, a required call), or None."""

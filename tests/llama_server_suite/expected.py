@@ -14,8 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 MODEL = "the suite's model's own words or vocabulary"
-LOGIT_BIAS = ("FEATURE: logit_bias, refused with a 400: the device's sampler takes no per-token bias yet, which the "
-              "target's pick and the drafts' acceptance would both need")
 EXPECTED = {
     # -- test_basic ---------------------------------------------------------------------------
     "unit/test_basic.py::test_load_split_model": MODEL + ": 'little|girl' from a split stories15M",
@@ -31,7 +29,6 @@ EXPECTED = {
     "unit/test_chat_completion.py::test_apply_chat_template": "FEATURE: llama.cpp's built-in template names "
                                                               "(command-r)",
     "unit/test_chat_completion.py::test_chat_completion_with_timings_per_token": "FEATURE: timings_per_token",
-    "unit/test_chat_completion.py::test_logit_bias": LOGIT_BIAS,
     "unit/test_chat_completion.py::test_return_progress": "FEATURE: return_progress",
     "unit/test_chat_completion.py::test_chat_completions_multiple_choices": "FEATURE: n > 1",
     "unit/test_chat_completion.py::test_verbose_debug": "FEATURE: --verbose's __verbose",
@@ -49,7 +46,6 @@ EXPECTED = {
     "unit/test_completion.py::test_n_probs_post_": "FEATURE: post_sampling_probs (the sampler's distribution after "
                                                    "top-k/top-p/min-p/temperature is drawn on the device and not read "
                                                    "back): refused with a 400",
-    "unit/test_completion.py::test_logit_bias": LOGIT_BIAS,
     # -- test_tokenize ------------------------------------------------------------------------
     "unit/test_tokenize.py::test_tokenize_with_bos": MODEL + ": the demo target's tokenizer adds no BOS",
     # -- test_security ------------------------------------------------------------------------
