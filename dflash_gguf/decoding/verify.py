@@ -253,8 +253,9 @@ def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional
         elif ran.drafted is not None:  # the fused chain: its accepted drafts, then the target's token
             stats.drafted_tokens += ran.drafted[i]
             stats.accepted_drafts += len(new) - 1
-            if s.draft is not None:
-                stats.drafts.count(s.draft.kind, ran.drafted[i], len(new) - 1)
+            kind = _drafter_kind(s)
+            if kind is not None:
+                stats.drafts.count(kind, ran.drafted[i], len(new) - 1)
         if t0 is not None and s.speculative:
             stats.draft_seconds += drafting
             stats.verify_seconds += verifying
@@ -266,7 +267,7 @@ def record(seqs: Seq, ran: Ran, plans: Optional[List[Plan]] = None, t0: Optional
 def _drafter_kind(s) -> Optional[str]:
     """The kind of the drafter model a sequence drafts with (dflash, eagle3, mtp, dspark,
     ...), for drafts whose proposal names no kind of its own."""
-    return s.draft.kind if s.draft is not None else None
+    return getattr(s.draft, "kind", None)  # None: no drafter, or one that names no kind
 
 
 def _drafted(p: Proposal) -> int:
