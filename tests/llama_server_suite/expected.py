@@ -108,9 +108,14 @@ EXPECTED = {
     "unit/test_compat_anthropic.py::test_anthropic_vision_base64_with_multimodal_model": "FEATURE: images",
     "unit/test_compat_anthropic.py::test_anthropic_thinking_with_reasoning_model": MODEL + ": DeepSeek-R1-Distill's "
                                                                                    "thinking",
-    # -- test_stream, test_compat_oai_responses -------------------------------------------------------
+    # -- test_stream ----------------------------------------------------------------------------------
     "unit/test_stream.py::": "FEATURE: the router and its resumable streams (/v1/stream)",
-    "unit/test_compat_oai_responses.py::": "FEATURE: OpenAI's Responses API (/v1/responses)",
+    # -- test_compat_oai_responses (every check before the model's words passes) -----------------------
+    "unit/test_compat_oai_responses.py::test_responses_with_openai_library": MODEL + ": 'Suddenly'",
+    "unit/test_compat_oai_responses.py::test_responses_stream_with_openai_library": MODEL + ": 'Suddenly'",
+    "unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": "FEATURE: return_progress "
+                                                                                     "(prompt progress events) and "
+                                                                                     "timings_per_token",
     # -- test_kv_keep_only_active -------------------------------------------------------------------
     "unit/test_kv_keep_only_active.py::test_clear_and_restore": "FEATURE: --cache-ram / --no-cache-idle-slots host prompt cache and its "
                                           "debug log",
