@@ -30,7 +30,6 @@ EXPECTED = {
     "unit/test_chat_completion.py::test_chat_template_continue_final_message": "FEATURE: continue_final_message",
     "unit/test_chat_completion.py::test_apply_chat_template": "FEATURE: llama.cpp's built-in template names "
                                                               "(command-r)",
-    "unit/test_chat_completion.py::test_chat_completion_with_timings_per_token": "FEATURE: timings_per_token",
     "unit/test_chat_completion.py::test_logit_bias": LOGIT_BIAS,
     "unit/test_chat_completion.py::test_return_progress": "FEATURE: return_progress",
     "unit/test_chat_completion.py::test_chat_completions_multiple_choices": "FEATURE: n > 1",

@@ -62,6 +62,8 @@ def outcomes(junit: Path) -> tuple:
     its failure's message, for those that failed}) from pytest's JUnit XML."""
     out, why = {}, {}
     for case in ET.parse(junit).getroot().iter("testcase"):
+        if not case.get("name"):  # an interrupted run's entry for the interruption itself
+            continue
         name = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
         kinds = {child.tag: child for child in case}
         out[name] = ("failed" if "failure" in kinds else "error" if "error" in kinds
