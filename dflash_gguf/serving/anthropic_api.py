@@ -157,11 +157,11 @@ class EventStream:
         self._open: Optional[str] = None  # the kind of the block being written
         self._index = -1
 
-    def start(self) -> str:
+    def start(self) -> Iterator[str]:
         message = {"id": self.rid, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}
-        return sse("message_start", {"type": "message_start", "message": message})
+        yield sse("message_start", {"type": "message_start", "message": message})
 
     def _block(self, kind: str, block: dict) -> Iterator[str]:
         yield from self._close()

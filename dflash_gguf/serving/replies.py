@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from . import anthropic_api, openai_api
+from . import anthropic_api, openai_api, responses_api
 from .probs import JobProbs
 from .scheduler import Job
 
@@ -131,14 +131,19 @@ async def completion_reply(r: Reply):
                                             "logprobs": _whole_logprobs(r)})
 
 
+def _parsed(r: Reply, make_id=None):
+    """A finished job's text read into its parts (chat.assistant.Reply); make_id: its calls' ids."""
+    parser = r.prepared.turn.parser(make_id)
+    parser.feed(r.job.text)
+    parser.finish()
+    return parser.reply
+
+
 async def chat_reply(r: Reply):
     kind, value = await r.outcome()
     if kind == "error":
         return engine_error(value)
-    parser = r.prepared.turn.parser()
-    parser.feed(r.job.text)
-    parser.finish()
-    reply = parser.reply
+    reply = _parsed(r)
     return _response(r, "chat.completion",
                      {"index": 0, "message": openai_api.message_json(reply), "logprobs": _whole_logprobs(r),
                       "finish_reason": openai_api.finish_reason(reply, r.job.finish_reason)})
@@ -227,27 +232,65 @@ async def messages_reply(r: Reply):
     kind, value = await r.outcome()
     if kind == "error":
         return engine_error(value, anthropic=True)
-    parser = r.prepared.turn.parser(anthropic_api.tool_use_id)
-    parser.feed(r.job.text)
-    parser.finish()
-    return JSONResponse(anthropic_api.message_json(r.rid, r.server.model_id, parser.reply,
-                                                   *_anthropic_end(r, parser.reply)))
+    reply = _parsed(r, anthropic_api.tool_use_id)
+    return JSONResponse(anthropic_api.message_json(r.rid, r.server.model_id, reply, *_anthropic_end(r, reply)))
 
 
-async def messages_stream(r: Reply):
-    parser = r.prepared.turn.parser(anthropic_api.tool_use_id)
-    out = anthropic_api.EventStream(r.rid, r.server.model_id, len(r.prepared.tokens))
-    yield out.start()
+async def _events(r: Reply, make_id, out, ping: str, end, error_event):
+    """A reply streamed as an API's events (out: an EventStream of anthropic_api or
+    responses_api): its start, its deltas as the parser reads them, end(reply)'s events;
+    `ping` while the job is silent, error_event(e) if it fails."""
+    parser = r.prepared.turn.parser(make_id)
+    for line in out.start():
+        yield line
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
-            yield anthropic_api.sse("ping", {"type": "ping"})
+            yield ping
         elif kind in ("text", "done"):
             for d in parser.feed(value) if kind == "text" else parser.finish():
                 for line in out.deltas(d):
                     yield line
             if kind == "done":
-                for line in out.stop(*_anthropic_end(r, parser.reply)):
+                for line in end(parser.reply):
                     yield line
         else:
-            status = 400 if isinstance(value, ValueError) else 500
-            yield anthropic_api.sse("error", anthropic_api.error_json(status, str(value)))
+            yield error_event(value)
+
+
+def messages_stream(r: Reply):
+    out = anthropic_api.EventStream(r.rid, r.server.model_id, len(r.prepared.tokens))
+
+    def error_event(e: BaseException) -> str:
+        return anthropic_api.sse("error", anthropic_api.error_json(400 if isinstance(e, ValueError) else 500, str(e)))
+
+    return _events(r, anthropic_api.tool_use_id, out, anthropic_api.sse("ping", {"type": "ping"}),
+                   lambda reply: out.stop(*_anthropic_end(r, reply)), error_event)
+
+
+# -- OpenAI's Responses ------------------------------------------------------------------------------
+
+def _responses_usage(r: Reply) -> dict:
+    s = r.job.stats
+    return responses_api.usage_json(s.prompt_tokens, s.reused_tokens, s.generated_tokens)
+
+
+async def responses_reply(r: Reply):
+    kind, value = await r.outcome()
+    if kind == "error":
+        return engine_error(value)
+    output = responses_api.output_items(_parsed(r, responses_api.call_id))
+    return JSONResponse({**responses_api.response_json(r.rid, r.server.model_id, r.created, output,
+                                                       _responses_usage(r)),
+                         "timings": r.server.timings(r.job), "dflash": r.server.extension(r.job)})
+
+
+def responses_stream(r: Reply):
+    """As llama-server streams a response: no [DONE] after response.completed, an error as
+    a data-only event with the error object."""
+    out = responses_api.EventStream(r.rid, r.server.model_id, r.created)
+
+    def end(reply) -> Iterator[str]:
+        return out.stop(_responses_usage(r), {"timings": r.server.timings(r.job)})
+
+    return _events(r, responses_api.call_id, out, ": keep-alive\n\n", end,
+                   lambda e: chunk({"error": _stream_error(e)}))

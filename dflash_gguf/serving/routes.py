@@ -20,13 +20,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..speculation.suffix import corpus_key
-from . import anthropic_api, llama_api, replies, webui
+from . import anthropic_api, llama_api, replies, responses_api, webui
 from .anthropic_models import MessagesRequest
 from .api_errors import BadRequest, validated
 from .cors import Cors
 from .llama_models import ApplyTemplateRequest, InfillRequest, NativeCompletionRequest
 from .openai_models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .replies import SSE_HEADERS, Reply, error, refused
+from .responses_models import ResponsesRequest
 from .scheduler import QueueFull, ShuttingDown
 
 RETRY_AFTER_SECONDS = 1
@@ -73,11 +74,13 @@ def _prepare(server, kind: str, body: dict):
         return server.completion_prompt(validated(CompletionRequest, body))
     if kind == "messages":
         return server.chat_prompt(anthropic_api.to_openai(validated(MessagesRequest, body)))
+    if kind == "responses":
+        return server.chat_prompt(responses_api.to_chat(validated(ResponsesRequest, body), body))
     return server.chat_prompt(validated(ChatRequest, body))
 
 
 async def _generate(request: Request, kind: str) -> Response:
-    """kind: "completion", "chat" (OpenAI) or "messages" (Anthropic)."""
+    """kind: "completion", "chat", "responses" (OpenAI) or "messages" (Anthropic)."""
     server = _server(request)
     anthropic = kind == "messages"
     try:
@@ -107,6 +110,11 @@ async def _generate(request: Request, kind: str) -> Response:
         if stream:
             return StreamingResponse(replies.messages_stream(r), media_type="text/event-stream", headers=SSE_HEADERS)
         return await replies.messages_reply(r)
+    if kind == "responses":
+        r = Reply(server, request, job, events, prepared, responses_api.new_id(), int(time.time()))
+        if stream:
+            return StreamingResponse(replies.responses_stream(r), media_type="text/event-stream", headers=SSE_HEADERS)
+        return await replies.responses_reply(r)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
     r = Reply(server, request, job, events, prepared, rid, int(time.time()))
     if stream:
@@ -127,6 +135,10 @@ async def messages(request: Request) -> Response:
     return await _generate(request, "messages")
 
 
+async def responses(request: Request) -> Response:
+    return await _generate(request, "responses")
+
+
 async def count_tokens(request: Request) -> Response:
     server = _server(request)
     try:
@@ -137,15 +149,18 @@ async def count_tokens(request: Request) -> Response:
     return JSONResponse({"input_tokens": len(prepared.tokens)})
 
 
-async def chat_input_tokens(request: Request) -> Response:
-    """llama-server's /chat/completions/input_tokens: a chat request's prompt tokens, counted."""
-    server = _server(request)
-    try:
-        body = await read_body(request)
-        prepared = await run_in_threadpool(_prepare, server, "chat", body)
-    except BadRequest as e:
-        return refused(e)
-    return JSONResponse({"input_tokens": len(prepared.tokens)})
+def _input_tokens(kind: str, extra: dict):
+    """llama-server's /chat/completions/input_tokens and /responses/input_tokens: a
+    request's prompt tokens, counted."""
+    async def route(request: Request) -> Response:
+        server = _server(request)
+        try:
+            body = await read_body(request)
+            prepared = await run_in_threadpool(_prepare, server, kind, body)
+        except BadRequest as e:
+            return refused(e)
+        return JSONResponse({"input_tokens": len(prepared.tokens), **extra})
+    return route
 
 
 def _tokenizer_route(name: str, model):
@@ -340,8 +355,12 @@ ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
-    Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
-    Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+    *[Route(prefix + "/chat/completions/input_tokens", _input_tokens("chat", {}), methods=["POST"])
+      for prefix in ("/v1", "")],
+    # the Responses API, also without /v1, as llama-server has it
+    *[Route(prefix + "/responses", responses, methods=["POST"]) for prefix in ("/v1", "")],
+    *[Route(prefix + "/responses/input_tokens", _input_tokens("responses", {"object": "response.input_tokens"}),
+            methods=["POST"]) for prefix in ("/v1", "")],
     *[Route(prefix + "/models", models, methods=["GET"]) for prefix in ("/v1", "")],
     *[Route(path, not_supported, methods=["POST"]) for path in ("/v1/embeddings", "/embeddings", "/embedding",
                                                                 "/v1/rerank", "/rerank", "/reranking")],

@@ -28,7 +28,6 @@ EXPECTED = {
     "unit/test_chat_completion.py::test_chat_template_continue_final_message": "FEATURE: continue_final_message",
     "unit/test_chat_completion.py::test_apply_chat_template": "FEATURE: llama.cpp's built-in template names "
                                                               "(command-r)",
-    "unit/test_chat_completion.py::test_chat_completion_with_timings_per_token": "FEATURE: timings_per_token",
     "unit/test_chat_completion.py::test_return_progress": "FEATURE: return_progress",
     "unit/test_chat_completion.py::test_chat_completions_multiple_choices": "FEATURE: n > 1",
     "unit/test_chat_completion.py::test_verbose_debug": "FEATURE: --verbose's __verbose",
@@ -104,9 +103,14 @@ EXPECTED = {
     "unit/test_compat_anthropic.py::test_anthropic_vision_base64_with_multimodal_model": "FEATURE: images",
     "unit/test_compat_anthropic.py::test_anthropic_thinking_with_reasoning_model": MODEL + ": DeepSeek-R1-Distill's "
                                                                                    "thinking",
-    # -- test_stream, test_compat_oai_responses -------------------------------------------------------
+    # -- test_stream ----------------------------------------------------------------------------------
     "unit/test_stream.py::": "FEATURE: the router and its resumable streams (/v1/stream)",
-    "unit/test_compat_oai_responses.py::": "FEATURE: OpenAI's Responses API (/v1/responses)",
+    # -- test_compat_oai_responses (every check before the model's words passes) -----------------------
+    "unit/test_compat_oai_responses.py::test_responses_with_openai_library": MODEL + ": 'Suddenly'",
+    "unit/test_compat_oai_responses.py::test_responses_stream_with_openai_library": MODEL + ": 'Suddenly'",
+    "unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": "FEATURE: return_progress "
+                                                                                     "(prompt progress events) and "
+                                                                                     "timings_per_token",
     # -- test_kv_keep_only_active -------------------------------------------------------------------
     "unit/test_kv_keep_only_active.py::test_clear_and_restore": "FEATURE: --cache-ram / --no-cache-idle-slots host prompt cache and its "
                                           "debug log",

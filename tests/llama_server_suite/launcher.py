@@ -9,7 +9,10 @@ reranking, LoRA, context shift, multimodal projectors, built-in tools, MCP, slot
 sleeping, the router) end the launcher with status 2 and a message naming them, so a test
 that needs one fails at its start instead of passing against something else. Flags that
 only tune llama.cpp's own runtime (--cont-batching, --kv-unified, --swa-full, --offline,
-...) are dropped."""
+...) are dropped.
+
+With DFLASH_SUITE_LLAMA_SERVER set (run_suite.py --llama-server), llama.cpp's own
+llama-server there is started instead, on the same demo target (real())."""
 from __future__ import annotations
 
 import os
@@ -90,7 +93,31 @@ def translate(argv: list) -> list:
     return out
 
 
+MODEL_VALUES = {"--hf-repo", "--hf-file", "--model", "-m", "--model-url", "--model-draft", "-md"}
+
+
+def real(argv: list) -> list:
+    """llama.cpp's llama-server's own argv for the suite's `argv` (run_suite.py
+    --llama-server): every flag as it is, but the models, which are the demo target as for
+    dflash-server (a draft model too), so that both servers answer with the same model."""
+    out, draft, i = [], False, 0
+    while i < len(argv):
+        if argv[i] in MODEL_VALUES:
+            draft = draft or argv[i] in ("--model-draft", "-md")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    target, _ = demo_paths()
+    return ["-m", target] + (["-md", target] if draft else []) + out
+
+
 def main() -> None:
+    binary = os.environ.get("DFLASH_SUITE_LLAMA_SERVER")
+    if binary:  # the real llama-server, for its counts on the same tests
+        args = [binary] + real(sys.argv[1:])
+        print("llama-server launcher: " + " ".join(args), file=sys.stderr, flush=True)
+        os.execv(binary, args)
     from dflash_gguf.serving.server import main as serve
 
     args = translate(sys.argv[1:])

@@ -4,9 +4,13 @@ models/ (its tests read templates at ../../../models/templates), started with
 LLAMA_SERVER_BIN_PATH at the launcher (llama-server's flags to dflash-server's) and
 suite_plugin (no model downloads), and each test's outcome is written as JSON.
 
-    python tests/llama_server_suite/run_suite.py [--out results.json] [-k EXPR] [FILE ...]
+    python tests/llama_server_suite/run_suite.py [--out results.json] [-k EXPR] [--llama-server [PATH]] [FILE ...]
 
-FILE: the suite's test files by short name (basic, completion, ...; default IN_SCOPE)."""
+FILE: the suite's test files by short name (basic, completion, ...; default IN_SCOPE).
+--llama-server runs the same tests against llama.cpp's own llama-server (PATH, default
+the one scripts/llama_cpp_build.py builds) on the same demo target, for its counts beside
+ours. The JSON written holds each test's outcome, the counts, the command, the commit,
+the date and the machine's load average at the start."""
 from __future__ import annotations
 
 import argparse
@@ -53,18 +57,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def outcomes(junit: Path) -> dict:
-    """{test id: "passed" | "failed" | "skipped" | "error"} from pytest's JUnit XML."""
-    out = {}
+def outcomes(junit: Path) -> tuple:
+    """({test id: "passed" | "failed" | "skipped" | "error"}, {test id: the first line of
+    its failure's message, for those that failed}) from pytest's JUnit XML."""
+    out, why = {}, {}
     for case in ET.parse(junit).getroot().iter("testcase"):
+        if not case.get("name"):  # an interrupted run's entry for the interruption itself
+            continue
         name = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
-        kinds = {child.tag for child in case}
+        kinds = {child.tag: child for child in case}
         out[name] = ("failed" if "failure" in kinds else "error" if "error" in kinds
                      else "skipped" if "skipped" in kinds else "passed")
-    return out
+        failure = kinds.get("failure", kinds.get("error"))
+        if failure is not None:
+            why[name] = (failure.get("message") or "").strip().split("\n")[0][:300]
+    return out, why
 
 
-def run(files, k: str = None, timeout: float = 1800, log=None) -> dict:
+def run(files, k: str = None, timeout: float = 1800, log=None, llama_server: str = None) -> dict:
     src = suite_source()
     with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
         tests = scratch_tree(src, Path(tmp))
@@ -75,6 +85,9 @@ def run(files, k: str = None, timeout: float = 1800, log=None) -> dict:
                "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
                "LLAMA_CACHE": str(Path(tmp) / "cache")}
         env.pop("DEBUG", None)
+        env.pop("DFLASH_SUITE_LLAMA_SERVER", None)
+        if llama_server:
+            env["DFLASH_SUITE_LLAMA_SERVER"] = llama_server
         env.setdefault("PORT", str(free_port()))  # the suite's servers listen there (its default, 8080, may be taken)
         cmd = [sys.executable, "-m", "pytest", "-p", "suite_plugin", "-p", "no:cacheprovider", "-q", "-rN",
                f"--junitxml={junit}", "-o", "junit_family=xunit1"]
@@ -98,7 +111,9 @@ def run(files, k: str = None, timeout: float = 1800, log=None) -> dict:
             raise RuntimeError(f"the suite ran past {timeout} s") from None
         if not junit.exists():
             raise RuntimeError(f"the suite did not run (exit status {status})")
-        return {"seconds": round(time.time() - started, 1), "exit_status": status, "tests": outcomes(junit)}
+        tests, why = outcomes(junit)
+        return {"seconds": round(time.time() - started, 1), "exit_status": status, "tests": tests,
+                "failure_messages": why}
 
 
 def summary(tests: dict) -> dict:
@@ -108,15 +123,41 @@ def summary(tests: dict) -> dict:
     return counts
 
 
+def llama_server_binary() -> str:
+    from dflash_gguf.tools.llama_cpp_tree import tool
+
+    path = tool("llama-server")
+    if path is None:
+        raise SystemExit("llama-server is not built: run scripts/llama_cpp_build.py llama-server")
+    return str(path)
+
+
+def provenance(argv) -> dict:
+    """What a results file says of its run: the command, the commit (and whether the tree
+    had changes), the date, the load average when it started."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True).stdout.strip()
+
+    return {"command": " ".join(["python", "tests/llama_server_suite/run_suite.py", *argv]),
+            "commit": git("rev-parse", "HEAD"), "uncommitted_changes": bool(git("status", "--porcelain")),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load_average_at_start": list(os.getloadavg())}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="*", default=IN_SCOPE)
     p.add_argument("-k")
     p.add_argument("--out", help="write the outcomes as JSON here")
     p.add_argument("--log", help="the suite's output (default: none)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds the whole run may take (default 1800)")
+    p.add_argument("--llama-server", nargs="?", const="", metavar="PATH",
+                   help="run against llama.cpp's llama-server (default: the one scripts/llama_cpp_build.py built)")
+    argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
+    binary = None if a.llama_server is None else a.llama_server or llama_server_binary()
     log = open(a.log, "w") if a.log else None
-    result = run(a.files, a.k, log=log)
+    about = {**provenance(argv), "server": binary or "dflash-server (tests/llama_server_suite/launcher.py)"}
+    result = {**about, **run(a.files, a.k, a.timeout, log=log, llama_server=binary)}
     result["counts"] = summary(result["tests"])
     import expected
 

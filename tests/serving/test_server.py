@@ -101,6 +101,20 @@ def test_chat_streamed_and_not_equal_engine_generate(server, engine):
     assert usage.completion_tokens == want.stats.generated_tokens
 
 
+def test_responses_streamed_and_not_equal_engine_generate(server, engine):
+    """/v1/responses is the chat path (the same engine steps): its text is the chat's."""
+    messages = [{"role": "system", "content": "You write Python."},
+                {"role": "user", "content": "A function that reads a file's lines."}]
+    want = engine.reference(engine.render_messages(messages, enable_thinking=False), 40)
+    ask = dict(model="x", instructions=messages[0]["content"], input=[messages[1]], max_output_tokens=40,
+               temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    res = server.client.responses.create(**ask)
+    assert res.output_text == want.text and res.usage.output_tokens == want.stats.generated_tokens
+    events = list(server.client.responses.create(stream=True, **ask))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want.text
+    assert events[-1].type == "response.completed" and events[-1].response.output_text == want.text
+
+
 def test_timings_as_llama_server_gives_them(server, engine):
     """llama-server's `timings` (prompt and predicted tokens, their rates; draft_n and
     draft_n_accepted where anything was drafted) in a whole reply and on a stream's last

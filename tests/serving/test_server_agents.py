@@ -18,43 +18,11 @@ import pytest
 from openai import OpenAI
 
 from helpers.chat_fixtures import CALLS, TOOLS, assistant_text, history, transformers_render, with_results
-from helpers.fixtures import CHAT_TEMPLATE
-from helpers.servers import AppServer, N_CTX, ScriptedEngine, anthropic_client, defaults, openai_messages, streamed_chat
+from helpers.scripted_app import (REASONING, render, script_calls_turn, scripted, server,  # noqa: F401 - fixtures
+                                  use_template)
+from helpers.servers import AppServer, anthropic_client, defaults, openai_messages, streamed_chat
 
 from dflash_gguf.chat.templates import ChatTemplate
-from dflash_gguf.runtime.demo import demo_paths
-from dflash_gguf.engine.engine import Engine
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    target, draft = demo_paths()
-    with Engine(target, draft, n_ctx=N_CTX, n_threads=1) as engine:
-        yield ScriptedEngine(engine)
-
-
-@pytest.fixture(scope="module")
-def server(scripted):
-    s = AppServer(scripted, defaults())
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def use_template(scripted, published_template):
-    """use_template(name) -> its source, now the server's template (None: the demo's)."""
-    def use(name):
-        source = CHAT_TEMPLATE if name is None else published_template(name)
-        scripted._engine.set_chat_template(source, name or "demo")
-        scripted.replies.clear()
-        return source
-    return use
-
-
-def render(source, messages, tools=None, **kwargs):
-    """The prompt the server should have rendered (transformers as the oracle)."""
-    return transformers_render(source, messages, tools, bos_token="", eos_token="<|endoftext|>", **kwargs)
-
 
 TEMPLATES = ["Qwen-Qwen3-0.6B", "Qwen3.5-4B", "Qwen3-Coder", "google-gemma-4-31B-it"]
 
@@ -214,11 +182,8 @@ def test_anthropic_plain_and_streamed(server, scripted, use_template):
 
 
 def test_anthropic_tools_thinking_and_a_tool_result_turn(server, scripted, use_template):
-    source = use_template("Qwen3.5-4B")
-    reasoning = "Weather first, then search."
-    messages = history(reasoning=reasoning)
-    _, text = assistant_text(ChatTemplate(source), messages, tools=TOOLS, enable_thinking=True)
-    scripted.replies += [text, text, "Got both.\n</think>\n\nDone: 21 degrees."]
+    source, messages = script_calls_turn(scripted, use_template)
+    reasoning = REASONING
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]
     ask = dict(model="x", max_tokens=256, system="You are terse.", tools=tools,
