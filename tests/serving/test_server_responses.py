@@ -159,7 +159,7 @@ HOSTILE = [
      "not among the tools"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "needs a 'schema'"),
     ({"input": "hi", "reasoning": {"effort": "extreme"}}, "effort"),
-    ({"input": "hi", "logit_bias": {"5": 10}}, "no per-token bias"),
+    ({"input": "hi", "logit_bias": {"5": True}}, "logit_bias"),
 ]
 
 
