@@ -127,7 +127,7 @@ def test_a_missing_or_broken_records_file_is_named(tmp_path):
 # a converted real file (scripts/slim_results.py): its runs, read from the pair, give the
 # rows and auto comparisons the file stored when dflash-bench wrote it from the raw runs
 # (its other comparisons came from an earlier report.py: llama-bench is a row of them since)
-REAL = "bench-2026-11-25-turns-draft.json"
+REAL = "bench-2026-11-25-turns-draft.json.gz"
 
 
 def test_a_converted_real_file_gives_its_stored_rows_and_comparisons():

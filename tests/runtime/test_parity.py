@@ -413,7 +413,7 @@ def test_parity_of_the_published_gemma3_270m(real_path, tool):
     """The published Gemma 3 270M Q4_K_M (its Q4_K, Q5_0, Q6_K and Q8_0 matrices, a
     262,144-row tied head) against llama.cpp tensor by tensor: every layer's names
     compared, all within llama.cpp's printing (measured: 5.0e-5 at most over 237 tensors,
-    results/parity-2026-11-25-gemma-3-270m.json). Before the two fixes it found (the
+    results/parity-2026-11-25-gemma-3-270m.json.gz). Before the two fixes it found (the
     query scale's place, ggml's GELU: docs/parity.md) it diverged at Qcur_normed-1 and
     was 0.65 apart in the logits."""
     result = parity.parity(real_path("gemma-3-270m"), "def quicksort(arr):", threads=2, tool=tool)
