@@ -7,7 +7,7 @@ document it held, and a dflash-bench file only if its runs give the same rows an
 comparisons slim as raw (dflash_gguf.bench.report: outputs compared by hash instead of
 by text; floats within 1e-5, the records keeping 6 significant digits).
 
-    .venv/bin/python scripts/slim_results.py results/bench-2026-11-25-turns-draft.json.gz ...
+    .venv/bin/python scripts/slim_results.py results/bench-2026-11-25-turns-draft.json ...
     .venv/bin/python scripts/slim_results.py --keep-raw FILE   # FILE's raw record also as FILE.raw.json.gz
 """
 from __future__ import annotations
