@@ -12,7 +12,7 @@
 #
 # --budget is the time the whole call may take (default 560, under the tool's 600);
 # --verify-first caps the verify checks (default 150; 0 leaves them to the other tests):
-# test_cuda_verify_columns_round_as_one_column (ggml-patches/0004: every column of 2-64
+# test_a_patched_device_rounds_each_verify_column_as_one_column (ggml-patches/0004: every column of 2-64
 # rounds as alone, each weight type), the device's invariance report, and
 # test_chain_and_tree_equal_plain_on_the_device_at_the_engines_defaults (lossless at the
 # Engine's defaults); if the probe fails it runs again with GGML_CUDA_VERIFY_CHUNK=1 (each
@@ -63,7 +63,7 @@ lib="$(dirname "$(find "$root/.cuda-build/cuda/venv" -name 'libggml-cuda.so*' | 
 { echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$lib"/libggml-cuda.so; } > "$out/ldd.txt" 2>&1
 if grep -q "not found" "$out/ldd.txt"; then cat "$out/ldd.txt"; say "unresolved libraries"; exit 1; fi
 
-verify_k="cuda_verify_columns or reports_its_invariance or engines_defaults"
+verify_k="patched_device_rounds_each_verify_column or reports_its_invariance or engines_defaults"
 if [ "$tests" = 1 ] && [ "$verify_first" -gt 0 ]; then
   # the batch-invariance verify kernels (ggml-patches/0004), before anything else: the probe
   # (seconds) and the lossless test at the Engine's defaults (a minute or two)
@@ -72,10 +72,10 @@ if [ "$tests" = 1 ] && [ "$verify_first" -gt 0 ]; then
   DFLASH_TEST_REPORT=verify-tests-cuda timeout "$t" bash "$root/scripts/cuda/test.sh" -k "$verify_k" > "$out/verify.log" 2>&1
   echo "verify checks exit $?" >> "$out/verify.log"
   grep -E '(PASSED|FAILED|ERROR|XFAIL|SKIPPED)( |$)|^\[|^  [A-Z0-9_]+: |passed|failed|exit [0-9]+' "$out/verify.log" | tail -n 40
-  if grep -qE "cuda_verify_columns.*FAILED|FAILED.*cuda_verify_columns" "$out/verify.log" && [ "$(left)" -gt 90 ]; then
+  if grep -qE "patched_device_rounds_each_verify_column.*FAILED|FAILED.*patched_device_rounds_each_verify_column" "$out/verify.log" && [ "$(left)" -gt 90 ]; then
     say "the probe failed: again with GGML_CUDA_VERIFY_CHUNK=1 (one column per launch)"
     GGML_CUDA_VERIFY_CHUNK=1 DFLASH_TEST_REPORT=verify-chunk1-cuda timeout 60 bash "$root/scripts/cuda/test.sh" \
-      -k cuda_verify_columns > "$out/verify-chunk1.log" 2>&1
+      -k patched_device_rounds_each_verify_column > "$out/verify-chunk1.log" 2>&1
     echo "verify checks (chunk 1) exit $?" >> "$out/verify-chunk1.log"
     grep -E '^\[|^  [A-Z0-9_]+: |passed|failed|exit [0-9]+' "$out/verify-chunk1.log" | tail -n 25
   fi
