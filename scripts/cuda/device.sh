@@ -69,7 +69,7 @@ if [ "$tests" = 1 ] && [ "$verify_first" -gt 0 ]; then
   # (seconds) and the lossless test at the Engine's defaults (a minute or two)
   t=$(( $(left) - 30 )); [ "$t" -le "$verify_first" ] || t=$verify_first
   say "verify checks: invariance probe, lossless at the Engine's defaults (at most $t s)"
-  DFLASH_TEST_REPORT=verify-tests-cuda timeout "$t" bash "$root/scripts/cuda/test.sh" -k "$verify_k" > "$out/verify.log" 2>&1
+  DFLASH_TEST_REPORT=verify-tests-cuda timeout "$t" bash "$root/scripts/cuda/test.sh" --full -k "$verify_k" > "$out/verify.log" 2>&1
   echo "verify checks exit $?" >> "$out/verify.log"
   grep -E '(PASSED|FAILED|ERROR|XFAIL|SKIPPED)( |$)|^\[|^  [A-Z0-9_]+: |passed|failed|exit [0-9]+' "$out/verify.log" | tail -n 40
   if grep -qE "patched_device_rounds_each_verify_column.*FAILED|FAILED.*patched_device_rounds_each_verify_column" "$out/verify.log" && [ "$(left)" -gt 90 ]; then
