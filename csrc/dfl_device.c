@@ -112,6 +112,10 @@ DFL_API int dfl_device_batch_invariance(const char * device, char * buf, size_t 
     return fn != NULL;
 }
 
+DFL_API const char * dfl_ggml_patch_key(void) {
+    return DFL_GGML_PATCH_KEY;  /* CMakeLists.txt defines it */
+}
+
 /* One device's description, looked up by name: nothing else of the registry is asked (an
  * RPC device whose server went away would abort the process when described). */
 DFL_API dfl_status dfl_device_description(const char * device, char * buf, size_t buf_size) {

@@ -71,6 +71,10 @@ dfl_status dfl_device_describe(int i, char * buf, size_t buf_size);
  * scripts/setup.sh), its patch's name written to buf; 0 for a stock backend or an unknown
  * device (NULL or "": the CPU). */
 int dfl_device_batch_invariance(const char * device, char * buf, size_t buf_size);
+/* The key of the ggml patch set this library was built for (dflash_gguf/data/ggml-patches,
+ * hashed as scripts/llama_cpp_sources.sh does): a patched backend's name ends with
+ * "patches KEY", and the runtime holds the two against each other. */
+const char * dfl_ggml_patch_key(void);
 /* One device's description (NULL or "": the CPU), asking no other device. */
 dfl_status dfl_device_description(const char * device, char * buf, size_t buf_size);
 

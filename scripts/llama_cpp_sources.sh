@@ -33,6 +33,10 @@ if [ ! -f "$dest/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
             exit 1
         fi
     done
+    # the key the patched backends name (0006's dflash-batch-invariance.h): the runtime holds
+    # it against the key its own library was built for (CMakeLists.txt)
+    printf '#define DFLASH_GGML_PATCH_KEY "%s"\n' "$key" \
+        > "$tmp/llama_cpp_python-$version/vendor/llama.cpp/ggml/src/dflash-patch-key.h"
     rm -rf "$dest"
     mv "$tmp/llama_cpp_python-$version" "$dest"  # whole or not at all
 fi

@@ -39,11 +39,12 @@ ggml_patches=$(find "$root/dflash_gguf/data/ggml-patches" -name '*.patch' | LC_A
 llama_key=$(printf '%s %s %s' "$llama_cpp_python_version" "$llama_flags" "$ggml_patches" | sha256sum | cut -c1-16)
 # The stamp alone would not notice a later `pip install -U llama-cpp-python` (stock ggml,
 # whose kernels round a verify's rows apart): the installed CPU backend must also carry
-# the patches' marker (0006-batch-invariance-marker.patch), else it is installed again.
+# the patches' marker with this patch set's key (0006-batch-invariance-marker.patch), else
+# it is installed again.
 patched_ggml() {
   local lib
   lib=$("$py" -c "import importlib.util, pathlib; s = importlib.util.find_spec('llama_cpp'); print(pathlib.Path(s.origin).parent / 'lib' if s else '')" 2>/dev/null)
-  [ -n "$lib" ] && grep -qas "dflash-gguf batch-invariant CPU kernels" "$lib"/libggml-cpu*.so
+  [ -n "$lib" ] && grep -qas "dflash-gguf batch-invariant CPU kernels, patches $ggml_patches" "$lib"/libggml-cpu*.so
 }
 if [ "$(cat "$stamps/llama-cpp-python" 2>/dev/null)" != "$llama_key" ] || ! patched_ggml; then
   wheelhouse="${DFLASH_WHEELHOUSE:-$HOME/.cache/dflash-gguf/wheels}/$llama_key"
@@ -98,7 +99,7 @@ fi
 
 # Reinstall the project only when its sources changed; the CMake build directory under
 # build/ is kept, so a rebuild recompiles only what changed.
-src_hash=$(cd "$root" && find pyproject.toml CMakeLists.txt csrc dflash_gguf convert -type f \
+src_hash=$(cd "$root" && find pyproject.toml CMakeLists.txt cmake csrc dflash_gguf convert -type f \
             -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 if [ "$(cat "$stamps/project" 2>/dev/null)" != "$src_hash" ]; then
   say "building and installing dflash-gguf"

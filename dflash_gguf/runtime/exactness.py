@@ -6,7 +6,9 @@ patches and its kernels keep the promise for the model's weight types at the row
 the settings allow. So at load, for each device the target runs on:
 
   1. the backend must carry the patches: a patched backend names them through its
-     registry (dfl_device_batch_invariance); a stock ggml is "no" at once;
+     registry (dfl_device_batch_invariance), ending with the patch set's key, which must
+     be the key our library was built for; a stock ggml, or one patched from another
+     patch set, is "no" at once;
   2. the probe the tests use (devices.matmul_invariance): every weight type of the
      model, the columns of a product from 2 up to the step's most rows against each
      column alone, bit for bit;
@@ -23,6 +25,7 @@ import hashlib
 import json
 import os
 import platform
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -84,6 +87,24 @@ def backend_patch(device: str) -> Optional[str]:
     return ffi.string(buf).decode("utf-8", "replace")
 
 
+def built_for() -> str:
+    """The key of the patch set our library was built for (CMakeLists.txt)."""
+    return ffi.string(lib.dfl_ggml_patch_key()).decode()
+
+
+def patch_problem(device: str, patch: Optional[str]) -> Optional[str]:
+    """Why a backend's patch is not the one this build needs (the answer's "why"), or None
+    when it is: a stock backend names none; a ggml patched from another patch set (an
+    older set-up's, a hand-built one) ends its name with another key."""
+    if patch is None:
+        return f"{device}: ggml without the batch-invariance patch"
+    named = patch.rsplit("patches ", 1)[1] if "patches " in patch else "unkeyed"
+    if named != built_for():
+        return (f"{device}: ggml carries batch-invariance patch set {named}, this dflash-gguf is built for "
+                f"{built_for()} (run scripts/setup.sh, or reinstall the package)")
+    return None
+
+
 def weight_types(path: str) -> List[int]:
     """The ggml types of a GGUF's matrices that multiply activations (every tensor of two
     or more dimensions but the token embedding, which is read row by row)."""
@@ -124,8 +145,9 @@ def probe(device: str, types: Iterable[int], max_rows: int, n_threads: int = 2) 
 
 
 def _build_files() -> List[Path]:
-    """The libraries whose code decides the answer: ours and the ggml it loads."""
-    files = [_HERE / "libdflash.so"]
+    """The libraries whose code decides the answer: ours and the ggml it loads (bundled
+    beside it by a build that found no patched ggml, else llama-cpp-python's)."""
+    files = [_HERE / "libdflash.so"] + sorted((_HERE / "ggml").glob("libdflash-ggml*.so"))
     try:
         import llama_cpp  # noqa: F401 - only its location: ggml is installed beside it
 
@@ -185,8 +207,9 @@ def device_exactness(device: str, types: Sequence[int], max_rows: int, n_threads
 
 def _ask(device: str, description: str, remote: bool, patch: Optional[str], types: Sequence[int], max_rows: int,
          n_threads: int) -> Exactness:
-    if not remote and patch is None:
-        return Exactness("no", f"{device}: ggml without the batch-invariance patch")
+    problem = None if remote else patch_problem(device, patch)
+    if problem:
+        return Exactness("no", problem)
     try:
         differs = probe(device, [t for t in types if t in PROBED], max_rows, n_threads)
     except DflashError as e:
@@ -215,3 +238,15 @@ def exactness(model: str, devices: Sequence[str], max_rows: int, n_threads: int 
     answers = [device_exactness(d, types, max_rows, n_threads) for d in dict.fromkeys(devices)]
     return next((a for a in answers if a.exact == "no"), None) or \
         next((a for a in answers if a.exact != "yes"), None) or answers[0]
+
+
+def import_problem() -> Optional[str]:
+    """The check made at import: whether the ggml this process loaded carries the patch set
+    our library was built for, asked of its CPU backend (every ggml has one)."""
+    return patch_problem("CPU", backend_patch("CPU"))
+
+
+_problem = import_problem()
+if _problem:
+    warnings.warn(f"dflash_gguf: {_problem}; greedy speculation is not exact on it (docs/exactness.md)",
+                  RuntimeWarning, stacklevel=2)

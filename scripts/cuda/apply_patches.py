@@ -11,6 +11,7 @@ the CUDA build; every other section must apply exactly.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -62,6 +63,10 @@ def main(argv: list[str]) -> int:
         if r.returncode != 0:
             print(f"[patches] {p.name} does not apply to {src}", file=sys.stderr)
             return 1
+    if not argv[1:]:
+        # the whole set: the key its backends name (0006), as scripts/llama_cpp_sources.sh writes it
+        key = hashlib.sha256(b"".join(p.read_bytes() for p in patches)).hexdigest()[:12]
+        (src / "vendor/llama.cpp/ggml/src/dflash-patch-key.h").write_text(f'#define DFLASH_GGML_PATCH_KEY "{key}"\n')
     return 0
 
 

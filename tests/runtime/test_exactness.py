@@ -17,6 +17,7 @@ import pytest
 from dflash_gguf import Engine
 from dflash_gguf.runtime import exactness
 from dflash_gguf.runtime.exactness import Exactness, probe_columns, weight_types
+from dflash_gguf.tools import llama_cpp_tree
 from helpers.cli_run import run
 from helpers.paths import ROOT
 from helpers.rpc_local import local_rpc_server
@@ -32,10 +33,37 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def test_the_patched_cpu_is_exact_and_says_which_patch():
-    assert exactness.backend_patch("CPU") == "dflash-gguf batch-invariant CPU kernels"
+    """The CPU backend names its patch and the patch set's key; the key is the one our
+    library was built for (CMakeLists.txt) and the one the set-up's sources carry
+    (scripts/llama_cpp_sources.sh, dflash_gguf.tools.llama_cpp_tree)."""
+    key = llama_cpp_tree.patch_key()
+    assert exactness.built_for() == key
+    assert exactness.backend_patch("CPU") == f"dflash-gguf batch-invariant CPU kernels, patches {key}"
+    assert exactness.import_problem() is None
     with Engine(TARGET, DRAFT, n_threads=2) as engine:
         assert engine.exact == Exactness("yes")
         assert str(engine.exact) == "yes"
+
+
+@pytest.mark.parametrize("named", ["000000000000", None])
+def test_a_ggml_patched_from_another_patch_set_is_not_exact(monkeypatch, named):
+    """A ggml built from an older set-up's patches (or a hand-patched one whose name has no
+    key) is not taken for this build's: the answer names both keys and the remedy, and the
+    check made at import says so too."""
+    name = "dflash-gguf batch-invariant CPU kernels" + (f", patches {named}" if named else "")
+    monkeypatch.setattr(exactness, "backend_patch", lambda device: name)
+    why = (f"CPU: ggml carries batch-invariance patch set {named or 'unkeyed'}, this dflash-gguf is built for "
+           f"{exactness.built_for()} (run scripts/setup.sh, or reinstall the package)")
+    assert exactness.import_problem() == why
+    with Engine(TARGET, DRAFT, n_threads=2) as engine:
+        assert engine.exact == Exactness("no", why)
+
+
+def test_importing_the_package_over_its_own_ggml_warns_of_nothing(tmp_path):
+    """The import check is quiet where the patch is there (warnings as errors)."""
+    res = subprocess.run([sys.executable, "-W", "error", "-c", "import dflash_gguf.runtime.exactness"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
 
 
 def test_the_probe_covers_the_models_types_and_the_rows_a_step_allows():
@@ -63,6 +91,7 @@ def test_a_stock_backend_is_not_exact_and_require_refuses_it(monkeypatch):
     """A ggml without the patches (a later `pip install -U llama-cpp-python`): its CPU
     backend names no patch, and the engine says so; --exact require refuses to load."""
     monkeypatch.setattr(exactness, "backend_patch", lambda device: None)
+    assert exactness.import_problem() == "CPU: ggml without the batch-invariance patch"
     with Engine(TARGET, DRAFT, n_threads=2) as engine:
         assert engine.exact == Exactness("no", "CPU: ggml without the batch-invariance patch")
     from dflash_gguf.runtime.errors import ConfigError
@@ -149,7 +178,8 @@ def test_the_device_under_test_says_whether_it_is_exact(tmp_path):
         answer = engine.exact
     print(f"\n[exact on {device}: {answer}]")
     if device.startswith("Vulkan"):
-        assert exactness.backend_patch(device) == "dflash-gguf batch-invariant Vulkan kernels"
+        assert exactness.backend_patch(device) == \
+            f"dflash-gguf batch-invariant Vulkan kernels, patches {llama_cpp_tree.patch_key()}"
         assert answer == Exactness("yes"), answer
         stock = subprocess.run([sys.executable, "-c", STOCK_ANSWER, device], capture_output=True, text=True,
                                env={**os.environ, "GGML_VK_BATCH_VARIANT": "1"}, cwd=tmp_path, timeout=600)
