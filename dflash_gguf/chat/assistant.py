@@ -134,10 +134,14 @@ def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Seq
     """The prompt for the assistant's reply to `messages` (OpenAI chat messages whose
     tool-call arguments are objects), offering `tools` (OpenAI function tools) unless
     tool_choice is "none"; "required" or a named function starts the reply with a
-    call's opening. template_kwargs reach the template; enable_thinking=False turns
-    thinking off also with templates that open a thinking block regardless. A chat that
+    call's opening. template_kwargs reach the template (enable_thinking true unless they
+    say false, as llama.cpp renders); enable_thinking=False turns thinking off also with
+    templates that open a thinking block regardless. A chat that
     ends with an assistant's message has the reply continue it (prefilled)."""
-    kwargs = dict(template_kwargs or {})
+    # thinking is on unless asked off, and the template is told so: llama.cpp defines
+    # enable_thinking for every template (true with reasoning on), and templates such as
+    # DeepSeek-R1's and QwQ's close the thinking block when it is undefined
+    kwargs = {"enable_thinking": True, **(template_kwargs or {})}
     offered = list(tools) if tool_choice != "none" else []
     fmt = format_of(template)
     prefill = prefilled(messages)

@@ -77,13 +77,6 @@ EXPECTED = {
     # -- test_template ------------------------------------------------------------------------------
     "unit/test_template.py::test_date_inside_prompt[fireworks-ai-llama-3-firefunction-v2-":
         "FEATURE: firefunction v2's template reads `functions`, which only llama.cpp's firefunction handler supplies",
-    # thinking on (the default): llama.cpp hands every template enable_thinking=true, these templates close the
-    # thinking block unless it is true, and dflash-server defines enable_thinking only when thinking is off
-    # (--reasoning-budget 0): a difference still to settle (it also changes Gemma 4's rendering)
-    **{f"unit/test_template.py::test_reasoning[{name}-{mode}-": "DIFFERENCE: enable_thinking is not defined while "
-                                                                "thinking is on (llama.cpp defines it true)"
-       for name in ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Qwen-QwQ-32B",
-                    "CohereForAI-c4ai-command-r7b-12-2024-tool_use") for mode in ("on", "auto")},
     # -- test_speculative ---------------------------------------------------------------------------
     "unit/test_speculative.py::test_with_and_without_draft": "FEATURE: --spec-synth-rates (synthetic drafts), in its "
                                                              "last part",
