@@ -150,7 +150,7 @@ def prepare_turn(template: ChatTemplate, messages: Sequence[dict], *, tools: Seq
             raise ValueError("continuing an assistant message is not supported with a harmony template (gpt-oss): "
                              "the last message must not be the assistant's")
         return _harmony_turn(template, messages, offered, tool_choice, kwargs, reasoning_format)
-    render = continued if prefill else ChatTemplate.render
+    render = continued if prefill else type(template).render
     if fmt == "generic":
         # the template cannot show tools, calls or results: they become text it can show
         prompt = render(template, as_plain_messages(messages, offered), **kwargs)

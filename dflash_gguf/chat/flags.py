@@ -15,8 +15,10 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
                    help="Jinja chat template to render chats with, instead of the GGUF's")
     p.add_argument("--chat-template", metavar="NAME",
                    help="the GGUF's chat template of this name (tokenizer.chat_template.NAME, e.g. tool_use; "
-                        "'default': tokenizer.chat_template). Default: 'default', and tool_use, when the GGUF has "
-                        "it, for chats that offer tools")
+                        "'default': tokenizer.chat_template), else one of llama.cpp's built-in templates (llama3, "
+                        "chatml, command-r, ...: rendered by libllama, tools as text), else a Jinja template's text, "
+                        "as llama.cpp's. Default: 'default', and tool_use, when the GGUF has it, for chats that "
+                        "offer tools")
     p.add_argument("--chat-template-kwargs", metavar="JSON",
                    help="variables for the chat template, a JSON object, e.g. '{\"enable_thinking\": false}' "
                         "(a request's chat_template_kwargs go on top)")
@@ -75,14 +77,23 @@ def validate_chat_args(args, parser: argparse.ArgumentParser) -> None:
 def set_chat_template(engine, args) -> None:
     """Make the engine render chats with the template the flags name; ValueError when
     it cannot (not valid Jinja, no such template in the GGUF)."""
+    from .builtin import BuiltinTemplate, builtin_names
     from .templates import gguf_templates
 
     if args.template_source is not None:
         engine.set_chat_template(args.template_source, os.path.basename(args.chat_template_file))
     elif args.chat_template is not None:
+        # as llama.cpp's --chat-template: a built-in template's name or the template itself;
+        # before those, a name of one of the GGUF's own templates (tool_use, ...)
         found = gguf_templates(engine.tokenizer)
-        if args.chat_template not in found:
+        if args.chat_template in found:
+            engine.set_chat_template(found[args.chat_template], args.chat_template)
+        elif args.chat_template in builtin_names():
+            engine.set_chat_template(BuiltinTemplate(args.chat_template))
+        elif "{{" in args.chat_template or "{%" in args.chat_template:
+            engine.set_chat_template(args.chat_template, "--chat-template")
+        else:
             names = ", ".join(sorted(found)) or "none"
-            raise ValueError(f"--chat-template {args.chat_template}: the GGUF has no chat template of that name "
-                             f"(it has: {names})")
-        engine.set_chat_template(found[args.chat_template], args.chat_template)
+            raise ValueError(f"--chat-template {args.chat_template}: neither a chat template of the GGUF (it has: "
+                             f"{names}), nor one of llama.cpp's built-in templates ({', '.join(builtin_names())}), "
+                             "nor a Jinja template")

@@ -143,5 +143,7 @@ class EngineTemplates:
             self.compiled[name] = ChatTemplate.of_tokenizer(self.tokenizer, found[name], name)
         return self.compiled[name]
 
-    def set(self, source: str, name: str = "custom") -> None:
-        self.custom = ChatTemplate.of_tokenizer(self.tokenizer, source, name)
+    def set(self, source, name: str = "custom") -> None:
+        """source: Jinja text, or a ChatTemplate made already."""
+        self.custom = source if isinstance(source, ChatTemplate) else \
+            ChatTemplate.of_tokenizer(self.tokenizer, source, name)

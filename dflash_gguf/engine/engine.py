@@ -170,8 +170,9 @@ class Engine:
         one, for conversations that offer tools). ValueError when there is none."""
         return self.templates.get(tools)
 
-    def set_chat_template(self, source: str, name: str = "custom") -> None:
-        """Render chats with this template (Jinja source) instead of the GGUF's."""
+    def set_chat_template(self, source, name: str = "custom") -> None:
+        """Render chats with this template (Jinja source, or a chat.ChatTemplate such as
+        one of llama.cpp's built-in ones, chat.builtin.BuiltinTemplate) instead of the GGUF's."""
         self.templates.set(source, name)
 
     def chat_prompt(self, user: str, system: Optional[str] = None, history: Sequence[dict] = (),

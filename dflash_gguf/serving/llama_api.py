@@ -49,11 +49,12 @@ def generation_settings(r: Reply) -> dict:
 
 
 def result_json(r: Reply, index: int = 0, content: Optional[str] = None) -> dict:
-    """The whole result of a finished job (the last event of a stream, with content "")."""
+    """The whole result of a finished job (the last event of a stream, with content ""); an
+    OpenAI route's `__verbose` too, whose request has no return_tokens or response_fields."""
     job, s = r.job, r.job.stats
     request = r.prepared.request
     text = job.text if content is None else content
-    out = {"index": index, "content": text, "tokens": list(job.tokens) if request.return_tokens else [],
+    out = {"index": index, "content": text, "tokens": list(job.tokens) if getattr(request, "return_tokens", False) else [],
            "id_slot": -1 if job.slot is None else job.slot, "stop": True, "model": r.server.model_id,
            "tokens_predicted": s.generated_tokens, "tokens_evaluated": s.prompt_tokens,
            "generation_settings": generation_settings(r),
@@ -68,7 +69,7 @@ def result_json(r: Reply, index: int = 0, content: Optional[str] = None) -> dict
     probs = r.probs()
     if probs is not None and content is None:  # as llama-server's: not in a stream's last event
         out["completion_probabilities"] = probs.all(text)
-    if request.response_fields:
+    if getattr(request, "response_fields", None):
         return pick_fields(out, request.response_fields)
     return out
 

@@ -5,7 +5,7 @@ token ids, the two mixed in one list, {"prompt_string": ...}, or a list of such 
 (a batch, answered as a list)."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Union
+from typing import Any, ClassVar, List, Optional, Union
 
 from pydantic import Field, field_validator, model_validator
 
@@ -135,3 +135,4 @@ class ApplyTemplateRequest(ChatRequest):
     add_generation_prompt false renders the messages alone (no assistant's turn opened)."""
 
     add_generation_prompt: flag(True) = True
+    renders_alone: ClassVar[bool] = True

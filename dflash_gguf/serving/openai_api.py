@@ -14,8 +14,11 @@ def template_messages(messages: List[ChatMessage]) -> List[dict]:
     """The messages as the templates read them: content as text, developer read as
     system, call arguments as objects."""
     out = []
-    for m in messages:
-        msg = {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+    for i, m in enumerate(messages):
+        # a final assistant message is continued: its parts a blank line apart, as llama.cpp
+        # writes the message it continues (common_chat_msg::render_content)
+        prefill = i == len(messages) - 1 and m.role == "assistant"
+        msg = {"role": "system" if m.role == "developer" else m.role, "content": m.joined("\n\n" if prefill else "\n")}
         if m.role == "assistant":
             if m.tool_calls:
                 msg["tool_calls"] = [{"id": call.id or f"call_{j}", "type": "function",

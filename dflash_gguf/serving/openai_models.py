@@ -11,7 +11,7 @@ import json
 import math
 import re
 from dataclasses import replace
-from typing import Annotated, Any, List, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, List, Literal, Optional, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator,
                       model_validator)
@@ -232,6 +232,7 @@ class Generation(Strict):
     stream_options: Optional[StreamOptions] = None
     cache_prompt: flag(True) = True
     ignore_eos: flag(False) = False  # llama-server's: the end-of-generation tokens do not stop the reply
+    verbose: flag(False) = False  # llama-server's: the reply carries `__verbose`, the native result
     # (token id or text, bias) pairs (_logit_bias); the server checks the ids against the vocabulary
     logit_bias: Annotated[Optional[Any], BeforeValidator(_logit_bias)] = None
     constraint: ConstraintFields = Field(default_factory=ConstraintFields)
@@ -351,9 +352,13 @@ class ChatMessage(Strict):
 
     @property
     def text(self) -> str:
+        """The content as text: its parts a line apart, as llama.cpp hands them to a template."""
+        return self.joined("\n")
+
+    def joined(self, between: str) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(part.text for part in self.content)
+        return between.join(part.text for part in self.content)
 
 
 class FunctionSpec(Strict):
@@ -387,6 +392,25 @@ class ChatRequest(Generation):
     reasoning_format: Optional[Literal[REASONING_FORMATS]] = None
     logprobs: flag(False) = False
     top_logprobs: Optional[Probs] = None  # with logprobs; left out: 20, as llama-server
+    # transformers' and vLLM's words for what a final assistant message gets here anyway (it
+    # is continued, as llama-server's prefill): continue_final_message asks for it, and
+    # add_generation_prompt true beside it contradicts it (llama-server's 400)
+    add_generation_prompt: Optional[bool] = None
+    continue_final_message: Optional[bool] = None
+    renders_alone: ClassVar[bool] = False  # add_generation_prompt false: the messages rendered alone (/apply-template)
+
+    @model_validator(mode="after")
+    def _continuation(self):
+        if self.continue_final_message and self.add_generation_prompt:
+            raise refusal("continue_final_message", "Cannot set both add_generation_prompt and continue_final_message "
+                          "to true.", param="continue_final_message")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise refusal("continue_final_message", "continue_final_message needs the last message to be the "
+                          "assistant's, to continue", param="continue_final_message")
+        if self.add_generation_prompt is False and self.messages[-1].role != "assistant" and not self.renders_alone:
+            raise refusal("add_generation_prompt", "add_generation_prompt false is taken only where the last message "
+                          "is the assistant's (it is continued)", param="add_generation_prompt")
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs(self):

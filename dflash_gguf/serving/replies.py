@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -65,6 +65,12 @@ class Reply:
     prepared: object
     rid: str
     created: int = 0
+    # llama-server's `__verbose`: the native result of the job (llama_api.result_json), set
+    # where the request or the server (--verbose) asks for it
+    verbose: Optional[Callable[["Reply"], dict]] = None
+
+    def debug_fields(self) -> dict:
+        return {"__verbose": self.verbose(self)} if self.verbose else {}
 
     async def _cancel_on_disconnect(self) -> None:
         """The body has been read: what the connection says next is that the client left."""
@@ -114,7 +120,7 @@ class Reply:
 def _response(r: Reply, obj: str, choice: dict) -> JSONResponse:
     return JSONResponse({"id": r.rid, "object": obj, "created": r.created, "model": r.server.model_id,
                          "choices": [choice], "usage": r.server.usage(r.job), "timings": r.server.timings(r.job),
-                         "dflash": r.server.extension(r.job)})
+                         "dflash": r.server.extension(r.job), **r.debug_fields()})
 
 
 def _whole_logprobs(r: Reply) -> Optional[dict]:
@@ -154,7 +160,7 @@ def _stream_end(r: Reply, obj: str, last_choice: dict, include_usage: bool):
     last chunk before [DONE] carries llama-server's `timings`."""
     usage, timings = r.server.usage(r.job), r.server.timings(r.job)
     head = {"id": r.rid, "object": obj, "created": r.created, "model": r.server.model_id}
-    yield chunk({**head, "choices": [last_choice], "dflash": r.server.extension(r.job),
+    yield chunk({**head, "choices": [last_choice], "dflash": r.server.extension(r.job), **r.debug_fields(),
                  **({} if include_usage else {"usage": usage, "timings": timings})})
     if include_usage:
         yield chunk({**head, "choices": [], "usage": usage, "timings": timings})

@@ -116,7 +116,8 @@ async def _generate(request: Request, kind: str) -> Response:
             return StreamingResponse(replies.responses_stream(r), media_type="text/event-stream", headers=SSE_HEADERS)
         return await replies.responses_reply(r)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-    r = Reply(server, request, job, events, prepared, rid, int(time.time()))
+    verbose = llama_api.result_json if server.verbose or prepared.request.verbose else None
+    r = Reply(server, request, job, events, prepared, rid, int(time.time()), verbose)
     if stream:
         sse = replies.chat_stream(r, include_usage) if kind == "chat" else replies.completion_stream(r, include_usage)
         return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS)

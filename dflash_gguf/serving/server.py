@@ -68,7 +68,8 @@ class Server:
 
     def __init__(self, scheduler: Scheduler, model_id: str, defaults: Defaults, api_keys: Sequence[str] = (),
                  sse_ping_seconds: float = 30.0, model_path: str = "", aliases: Sequence[str] = (),
-                 tags: Sequence[str] = (), metrics: bool = True, slots: bool = True, webui: bool = True):
+                 tags: Sequence[str] = (), metrics: bool = True, slots: bool = True, webui: bool = True,
+                 verbose: bool = False):
         self.scheduler = scheduler
         self.engine: Engine = scheduler.engine
         self.model_id = model_id
@@ -76,6 +77,7 @@ class Server:
         self.tags = list(tags)
         self.metrics_enabled = metrics  # /metrics (dflash-server --metrics)
         self.slots_enabled = slots  # /slots (--no-slots: off)
+        self.verbose = verbose  # every reply carries `__verbose` (--verbose), else those that ask
         self.model_path = model_path
         self.defaults = defaults
         self.api_keys = list(api_keys)
@@ -632,6 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve the chat page at / (default)")
     p.add_argument("--no-webui", "--no-ui", dest="webui", action="store_false",
                    help="no chat page: / answers 404 (llama-server's --no-webui)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every reply carries `__verbose`, its native result (the prompt as text, tokens, settings, "
+                        "timings), as llama-server's --verbose; a request's \"verbose\": true asks for it alone")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning; info logs every request)")
     return p
@@ -732,7 +737,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     defaults = Defaults(args.sampling, args.n_predict, template_kwargs=args.template_kwargs,
                         reasoning_format=args.reasoning_format, system_prompt=args.system_prompt)
     server = Server(scheduler, model_id, defaults, api_keys, args.sse_ping_interval, model, aliases=aliases, tags=tags,
-                    metrics=args.metrics, slots=args.slots, webui=args.webui)
+                    metrics=args.metrics, slots=args.slots, webui=args.webui, verbose=args.verbose)
     from .routes import create_app
 
     app = create_app(server, cors={"origins": args.cors_origins, "methods": args.cors_methods,

@@ -22,15 +22,9 @@ EXPECTED = {
     "unit/test_chat_completion.py::test_chat_completion_cached_tokens": MODEL + ": its prompt token counts",
     "unit/test_chat_completion.py::test_chat_completion_stream[": MODEL + ": its replies and token counts",
     "unit/test_chat_completion.py::test_chat_completion_with_openai_library": MODEL + ": 'Suddenly'",
-    "unit/test_chat_completion.py::test_chat_template": "FEATURE: llama.cpp's built-in template names "
-                                                        "(--chat-template llama3) and --verbose's __verbose prompt",
-    "unit/test_chat_completion.py::test_chat_template_assistant_prefill": "FEATURE: --verbose's __verbose prompt",
-    "unit/test_chat_completion.py::test_chat_template_continue_final_message": "FEATURE: continue_final_message",
-    "unit/test_chat_completion.py::test_apply_chat_template": "FEATURE: llama.cpp's built-in template names "
-                                                              "(command-r)",
+    "unit/test_chat_completion.py::test_chat_template": MODEL + ": the prompt begins with tinyllama's BOS ('<s> ')",
     "unit/test_chat_completion.py::test_return_progress": "FEATURE: return_progress",
     "unit/test_chat_completion.py::test_chat_completions_multiple_choices": "FEATURE: n > 1",
-    "unit/test_chat_completion.py::test_verbose_debug": "FEATURE: --verbose's __verbose",
     # -- test_completion ------------------------------------------------------------------------------
     "unit/test_completion.py::test_completion[": MODEL + ": its words and prompt token counts",
     "unit/test_completion.py::test_completion_stream[": MODEL + ": its words and prompt token counts; also "

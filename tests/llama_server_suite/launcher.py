@@ -32,9 +32,10 @@ SAME = {
     "--chat-template": "--chat-template", "--top-k": "--top-k", "--top-p": "--top-p", "--min-p": "--min-p",
 }
 SWITCHES = {"--metrics": "--metrics", "--slots": "--slots", "--no-slots": "--no-slots", "--jinja": "--jinja",
-            "--no-ui": "--no-ui", "--cors-credentials": None, "--no-cors-credentials": "--no-cors-credentials"}
+            "--no-ui": "--no-ui", "--cors-credentials": None, "--no-cors-credentials": "--no-cors-credentials",
+            "--verbose": "--verbose"}
 DROPPED_SWITCHES = {"--offline", "--cont-batching", "--kv-unified", "--swa-full", "--no-jinja", "--no-mmproj",
-                    "--no-cache-idle-slots", "--backend_sampling", "--no-models-autoload", "--verbose"}
+                    "--no-cache-idle-slots", "--backend_sampling", "--no-models-autoload"}
 DROPPED_VALUES = {"--n-gpu-layers", "-ngl", "--cache-ram", "--hf-repo", "--hf-file", "--model", "-m",
                   "--model-url", "--log-file"}
 UNSUPPORTED = {"--embedding", "--embeddings", "--reranking", "--rerank", "--pooling", "--lora", "--context-shift",

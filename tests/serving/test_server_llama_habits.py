@@ -1,0 +1,123 @@
+"""llama-server's chat habits that its own test suite checks, against llama.cpp's words
+(its sources' expected prompts and templates, the pinned sdist): built-in template names,
+`__verbose`, the continuation fields, a continued message's parts, and `enable_thinking`
+defined for every template."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers.fixtures import llama_cpp_source, missing_oracle
+from helpers.servers import SERVER_FLAGS, ServerProcess
+
+BOOK = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+
+
+def start(tmp_path, *flags: str) -> ServerProcess:
+    return ServerProcess(tmp_path, *SERVER_FLAGS, "--jinja", *flags)
+
+
+def llama_template(name: str) -> str:
+    src = llama_cpp_source()
+    if src is None:
+        missing_oracle("llama.cpp's sources (scripts/setup.sh test)")
+    return str(src / "models" / "templates" / f"{name}.jinja")
+
+
+def test_a_builtin_template_name_renders_as_llama_cpp_writes_it(tmp_path):
+    """`--chat-template command-r` / `llama3`: llama.cpp's built-in templates, the prompts
+    its server tests expect (tools/server/tests/unit/test_chat_completion.py)."""
+    s = start(tmp_path, "--chat-template", "command-r")
+    try:
+        prompt = s.http.post("/apply-template", json={"messages": [
+            {"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]}).json()["prompt"]
+        assert prompt == ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+                          "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+                          "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+        # a chat is answered from that prompt
+        reply = s.http.post("/v1/chat/completions", json={"messages": BOOK, "max_tokens": 4, "verbose": True}).json()
+        assert reply["__verbose"]["prompt"].endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    finally:
+        s.stop()
+    s = start(tmp_path, "--chat-template", "llama3")
+    try:
+        prompt = s.http.post("/apply-template", json={"messages": BOOK}).json()["prompt"]
+        assert prompt == ("<|start_header_id|>system<|end_header_id|>\n\nBook<|eot_id|><|start_header_id|>user"
+                          "<|end_header_id|>\n\nWhat is the best book<|eot_id|><|start_header_id|>assistant"
+                          "<|end_header_id|>\n\n")
+    finally:
+        s.stop()
+
+
+def test_a_chat_template_that_is_no_name_nor_template_is_refused_at_start(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "dflash_gguf.serving.server", *SERVER_FLAGS, "--chat-template",
+                          "llama-nine"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert "llama-nine" in res.stderr and "llama3" in res.stderr and "chatml" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def llama31(tmp_path_factory):
+    s = start(tmp_path_factory.mktemp("llama31"), "--chat-template-file", llama_template("meta-llama-Llama-3.1-8B-Instruct"))
+    yield s
+    s.stop()
+
+
+def test_verbose_carries_the_native_result_whole_and_streamed(llama31):
+    """A request's "verbose": true adds `__verbose`, the native result (its prompt the
+    rendered one); false leaves it out; streamed, the last chunk carries it."""
+    prompt = llama31.http.post("/apply-template", json={"messages": BOOK}).json()["prompt"]
+    whole = llama31.http.post("/v1/chat/completions", json={"messages": BOOK, "max_tokens": 3, "verbose": True}).json()
+    assert whole["__verbose"]["prompt"] == prompt
+    assert whole["__verbose"]["content"] == whole["choices"][0]["message"]["content"]
+    assert whole["__verbose"]["tokens_predicted"] == whole["usage"]["completion_tokens"] == 3
+    plain = llama31.http.post("/v1/chat/completions", json={"messages": BOOK, "max_tokens": 3}).json()
+    assert "__verbose" not in plain
+    with llama31.http.stream("POST", "/v1/chat/completions",
+                             json={"messages": BOOK, "max_tokens": 3, "verbose": True, "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert [c for c in chunks if "__verbose" in c] == chunks[-1:]
+    assert chunks[-1]["__verbose"]["prompt"] == prompt
+
+
+def test_a_continued_message_is_its_parts_a_blank_line_apart(llama31):
+    """A final assistant message is continued; its text parts are joined as llama.cpp joins
+    the message it continues."""
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    for content, written in (("Whill", "Whill"), (parts, "Wh\n\nill")):
+        reply = llama31.http.post("/v1/chat/completions", json={
+            "messages": BOOK + [{"role": "assistant", "content": content}], "max_tokens": 2, "verbose": True}).json()
+        assert reply["__verbose"]["prompt"].endswith(
+            "<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|><|start_header_id|>assistant"
+            f"<|end_header_id|>\n\n{written}")
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"add_generation_prompt": True, "continue_final_message": True,
+      "messages": BOOK + [{"role": "assistant", "content": "Whill"}]},
+     "Cannot set both add_generation_prompt and continue_final_message to true."),
+    ({"continue_final_message": True, "messages": BOOK}, "the last message to be the assistant's"),
+    ({"add_generation_prompt": False, "messages": BOOK}, "add_generation_prompt false"),
+])
+def test_continuation_fields_that_contradict_get_400(llama31, body, needle):
+    res = llama31.http.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+    assert res.status_code == 400 and needle in res.json()["error"]["message"], res.text
+
+
+@pytest.mark.parametrize("template, on, off", [
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "<think>\n", "<think>\n</think>"),
+    ("Qwen-QwQ-32B", "<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n<think>\n</think>"),
+])
+def test_thinking_on_defines_enable_thinking_true_as_llama_cpp_does(tmp_path, template, on, off):
+    """Templates that close the thinking block unless enable_thinking is true: thinking on
+    (the default) leaves it open, --reasoning-budget 0 closes it (llama.cpp's test_template.py)."""
+    for flags, end in (((), on), (("--reasoning-budget", "0"), off)):
+        s = start(tmp_path, "--chat-template-file", llama_template(template), *flags)
+        try:
+            prompt = s.http.post("/apply-template", json={"messages": [{"role": "user", "content": "What is today?"}]})
+            assert prompt.json()["prompt"].endswith(end), (flags, prompt.text)
+        finally:
+            s.stop()
