@@ -4,6 +4,7 @@ timings (prompt and generation times, cache_n, draft_n and draft_n_accepted), wh
 streamed as server-sent events, one per piece of text with its tokens."""
 from __future__ import annotations
 
+import math
 from typing import List, Optional
 
 from .replies import Reply, chunk
@@ -41,6 +42,9 @@ def generation_settings(r: Reply) -> dict:
     settings = {"n_predict": server.n_predict_of(request), "seed": sampling.seed if sampling else None,
                 "stop": request.stops, "ignore_eos": request.ignore_eos, "stream": request.stream,
                 "n_probs": request.probs_asked or 0, "post_sampling_probs": False, "cache_prompt": request.cache_prompt, "speculative": server.speculates}
+    # as llama-server lists them: -inf (a token never picked; ignore_eos's end tokens) as null
+    bias = (sampling.logit_bias or []) if sampling is not None else []
+    settings["logit_bias"] = [{"bias": None if math.isinf(b) else b, "token": t} for t, b in bias]
     if sampling is not None:
         for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
                      "frequency_penalty"):

@@ -119,8 +119,13 @@ class Server:
         """corpus: the request's suffix corpus key (a digest of its API key; None: none)."""
         request, tokens = prepared.request, prepared.tokens
         sampling = request.sampling.params(self.defaults.sampling)
-        if request.logit_bias:
-            sampling = replace(sampling, logit_bias=self._logit_bias(request.logit_bias))
+        bias = self._logit_bias(request.logit_bias) if request.logit_bias else []
+        if request.ignore_eos:
+            # as llama-server: the end-of-generation tokens are never picked (a bias of -inf,
+            # in the target's pick only: speculation stays lossless)
+            bias += [(t, float("-inf")) for t in sorted(self.engine.tokenizer.eog_ids)]
+        if bias:
+            sampling = replace(sampling, logit_bias=bias)
         constraint = request.constraint.compiled
         turn, options = prepared.turn, prepared.options
         if turn is not None and turn.tool_format:

@@ -58,9 +58,6 @@ EXPECTED = {
     # -- test_infill ------------------------------------------------------------------------------
     "unit/test_infill.py::": MODEL + ": the demo target has no fill-in-the-middle tokens, so /infill answers "
                                      "llama-server's 501 (infill not supported by this model)",
-    # -- test_ignore_eos ----------------------------------------------------------------------------
-    "unit/test_ignore_eos.py::": "FEATURE: logit_bias (ignore_eos is done by not stopping, not by a bias listed "
-                                 "in generation_settings)",
     # -- test_ctx_shift ---------------------------------------------------------------------------
     "unit/test_ctx_shift.py::test_ctx_shift_enabled": "FEATURE: --context-shift",
     "unit/test_ctx_shift.py::test_ctx_shift_disabled_long_prompt": MODEL + ": its long prompt is 208 tokens in the "

@@ -121,3 +121,20 @@ def test_thinking_on_defines_enable_thinking_true_as_llama_cpp_does(tmp_path, te
             assert prompt.json()["prompt"].endswith(end), (flags, prompt.text)
         finally:
             s.stop()
+
+
+def test_ignore_eos_forbids_the_end_tokens_and_lists_their_biases(llama31):
+    """ignore_eos as llama-server's: every end-of-generation token biased to -inf (listed as
+    null in generation_settings.logit_bias, with a request's own biases), so the reply runs
+    to its limit; without it, no bias is listed."""
+    from dflash_gguf.runtime.demo import demo_paths
+    from dflash_gguf.runtime.tokenizer import Tokenizer
+
+    eog = Tokenizer(demo_paths()[0]).eog_ids
+    body = {"prompt": "Once upon a time", "n_predict": 24, "temperature": 0.0, "return_tokens": True}
+    res = llama31.http.post("/completion", json={**body, "ignore_eos": True, "logit_bias": [[5, 1.5]]}).json()
+    assert res["generation_settings"]["logit_bias"] == sorted(
+        [{"bias": None, "token": t} for t in eog] + [{"bias": 1.5, "token": 5}], key=lambda e: e["token"])
+    assert res["tokens_predicted"] == 24 and not set(res["tokens"]) & eog
+    res = llama31.http.post("/completion", json=body).json()
+    assert res["generation_settings"]["logit_bias"] == []
