@@ -41,8 +41,12 @@ def _n_seq(args) -> int:
 
 
 def _share(value: int, args) -> int:
-    """dflash-server's -np N, as llama-server's: N slots share -c, each of -c / N positions."""
+    """dflash-server's -np N, as llama-server's: N slots share -c, each of -c / N positions;
+    with --kv-unified each slot may hold all -c (llama-server's unified cache: a request is
+    not held to -c / N)."""
     n_seq = _n_seq(args)
+    if getattr(args, "kv_unified", False):
+        return value
     return value // n_seq if n_seq >= 1 else value
 
 

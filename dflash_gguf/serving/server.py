@@ -153,8 +153,6 @@ class Server:
             raise BadRequest(f"request ({len(tokens)} tokens) exceeds the available context size ({n_ctx} tokens), "
                              "try increasing it", "messages" if isinstance(request, ChatRequest) else "prompt",
                              kind="exceed_context_size_error", extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx})
-        if asked is not None and self.defaults.max_tokens is not None:
-            asked = min(asked, self.defaults.max_tokens)  # -n bounds every request, as llama-server's
         # as llama-server does: a limit past the context's end is clamped to the room left,
         # and a reply that reaches the end stops there with finish_reason "length"
         max_tokens = room if asked is None else min(asked, room)
@@ -210,8 +208,9 @@ class Server:
         """The token limit a request runs under, as llama-server reports it (-1: none)."""
         field_ = "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         asked = getattr(request, field_)
-        limits = [n for n in (asked, self.defaults.max_tokens) if n is not None]
-        return min(limits) if limits else -1
+        if asked is None:  # -n is the default of a request that gives none, as llama-server's
+            asked = self.defaults.max_tokens
+        return -1 if asked is None else asked
 
     def parts_tokens(self, parts: list) -> List[int]:
         """A native prompt's parts (texts and token ids) as tokens: a text is tokenized
@@ -599,6 +598,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests decoded at once, in N sequence slots sharing the -c context (each -c / N "
                         "positions, as llama-server's -np), batched into one drafter and one target graph per "
                         "step; a new request joins at a step boundary (default 1)")
+    p.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="each of -np's slots may hold the whole -c context, as llama-server's unified cache lets a "
+                        "request use it all; the slots' positions stay apart here, so the cache holds -np times -c "
+                        "positions (--print-memory shows what that costs)")
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for a free slot; more get 503 with Retry-After (default 16)")
     p.add_argument("--checkpoint-mib", type=int, default=1024,

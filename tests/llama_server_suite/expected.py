@@ -33,8 +33,6 @@ EXPECTED = {
     "unit/test_completion.py::test_completion_stream_with_openai_library": MODEL + ": 'going|bed', Phi-3.5's joke",
     "unit/test_completion.py::test_completion_response_fields[I believe the meaning of life is-32-":
         MODEL + ": its BOS in the prompt ('<s> ')",
-    "unit/test_completion.py::test_completion_unified": "FEATURE: --kv-unified (slots drawing on one shared "
-                                                        "context; here each of -np's slots has -c / N positions)",
     "unit/test_completion.py::test_completion_prompt_cache": MODEL + ": its prompt token counts",
     "unit/test_completion.py::test_n_probs_post_": "FEATURE: post_sampling_probs (the sampler's distribution after "
                                                    "top-k/top-p/min-p/temperature is drawn on the device and not read "

@@ -33,8 +33,8 @@ SAME = {
 }
 SWITCHES = {"--metrics": "--metrics", "--slots": "--slots", "--no-slots": "--no-slots", "--jinja": "--jinja",
             "--no-ui": "--no-ui", "--cors-credentials": None, "--no-cors-credentials": "--no-cors-credentials",
-            "--verbose": "--verbose"}
-DROPPED_SWITCHES = {"--offline", "--cont-batching", "--kv-unified", "--swa-full", "--no-jinja", "--no-mmproj",
+            "--verbose": "--verbose", "--kv-unified": "--kv-unified"}
+DROPPED_SWITCHES = {"--offline", "--cont-batching", "--swa-full", "--no-jinja", "--no-mmproj",
                     "--no-cache-idle-slots", "--backend_sampling", "--no-models-autoload"}
 DROPPED_VALUES = {"--n-gpu-layers", "-ngl", "--cache-ram", "--hf-repo", "--hf-file", "--model", "-m",
                   "--model-url", "--log-file"}

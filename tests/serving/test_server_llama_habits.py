@@ -138,3 +138,17 @@ def test_ignore_eos_forbids_the_end_tokens_and_lists_their_biases(llama31):
     assert res["tokens_predicted"] == 24 and not set(res["tokens"]) & eog
     res = llama31.http.post("/completion", json=body).json()
     assert res["generation_settings"]["logit_bias"] == []
+
+
+def test_kv_unified_lets_a_slot_use_the_whole_context_and_n_is_a_default(tmp_path):
+    """-np 4 -c 256: each slot has 64 positions, and a request for 80 tokens is cut at the
+    slot's end; with --kv-unified a slot may hold all 256 (llama-server's unified cache), so
+    the 80 are generated. -n 16 is the limit of a request that names none, not a cap."""
+    body = {"prompt": "A", "n_predict": 80, "ignore_eos": True}
+    for unified, got in ((False, 63), (True, 80)):
+        s = ServerProcess(tmp_path, "-c", "256", "-np", "4", "-n", "16", *(["--kv-unified"] if unified else []))
+        try:
+            assert s.http.post("/completion", json=body).json()["tokens_predicted"] == got
+            assert s.http.post("/completion", json={"prompt": "A", "ignore_eos": True}).json()["tokens_predicted"] == 16
+        finally:
+            s.stop()
