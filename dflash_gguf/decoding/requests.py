@@ -82,6 +82,7 @@ class TreeSteps:
 class GenerationStats:
     prompt_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens already in context from the previous call
+    prompt_in_slot: int = 0  # the prompt's tokens in the slot so far, the reused ones too (prefill's progress)
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
@@ -195,9 +196,10 @@ class Prefill:
     graph) takes them first, before a chunk replaces their features."""
 
     def __init__(self, target: Target, prompt: List[int], start: int, draft=None, saver=None,
-                 on_stage: Optional[Callable[[str], None]] = None, seq: int = 0):
+                 on_stage: Optional[Callable[[str], None]] = None, seq: int = 0,
+                 stats: Optional[GenerationStats] = None):
         self.target, self.prompt, self.draft, self.saver, self.seq = target, prompt, draft, saver, seq
-        self.on_stage = on_stage
+        self.on_stage, self.stats = on_stage, stats
         self.marks = sorted(p for p in (saver.positions if saver else ()) if start < p <= len(prompt))
         self.pos = start  # prompt tokens in the slot
         self._end = start
@@ -229,6 +231,8 @@ class Prefill:
         """The chunk rows() gave has run."""
         chunk = self.prompt[self.pos:self._end]
         self.pos = self._end
+        if self.stats is not None:
+            self.stats.prompt_in_slot = self.pos
         if self.draft is not None:
             self.draft.append(chunk, seq=self.seq)
         if self.on_stage is not None:

@@ -181,7 +181,9 @@ class Sequence:
         self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot)
         self.sampler.prepare(self.target, 1, seq=self.slot)  # the prompt's last row chooses the first token
         self.prefill = Prefill(self.target, prompt, stats.reused_tokens, self.draft, where.saver, where.on_stage,
-                               self.slot)
+                               self.slot, stats)
+        stats.prompt_in_slot = stats.reused_tokens
+        self.stage("prefill start")
         return self.prefill
 
     def chunk_ran(self) -> None:

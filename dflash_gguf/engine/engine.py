@@ -60,7 +60,8 @@ class Engine:
     engine gives.
 
     `stage_hook`, when set, is called with the name of each stage of decoding as it is
-    completed: "prefill chunk" after each chunk of the prompt, "prefilled" after
+    completed: "prefill start" when the prompt starts going in (GenerationStats'
+    prompt_in_slot counts its tokens in), "prefill chunk" after each chunk of it, "prefilled" after
     the prompt, then per step "drafted", "verified",
     "committed" (speculative) or "decoded" (plain). It is for tests and
     instrumentation: an exception it raises ends the call like any error inside the

@@ -8,6 +8,7 @@ import math
 from typing import List, Optional
 
 from .replies import Reply, chunk
+from ..decoding.requests import GenerationStats
 from .scheduler import Job
 
 STOP_TYPES = {"stop": "eos", "stop string": "word", "length": "limit", "context": "limit"}
@@ -17,8 +18,14 @@ def timings(job: Job, speculative: bool) -> dict:
     """llama-server's timings of a request: the prompt's (the tokens computed; cache_n:
     those resumed) and the generation's, whose rate leaves out the first token (it comes
     from the prompt's last batch, as llama-server counts it)."""
-    s = job.stats
-    prompt_n = s.prompt_tokens - s.reused_tokens
+    return timings_of(job.stats, speculative)
+
+
+def timings_of(s: GenerationStats, speculative: bool) -> dict:
+    """timings() of a job's statistics at some moment (a prompt's progress)."""
+    # while the prompt goes in (a stream's progress): its tokens in so far
+    going_in = s.generated_tokens == 0 and s.prompt_in_slot < s.prompt_tokens
+    prompt_n = (s.prompt_in_slot if going_in else s.prompt_tokens) - s.reused_tokens
     prompt_ms = s.prefill_seconds * 1e3
     n = s.generated_tokens
     predicted_ms = s.decode_seconds * 1e3
@@ -101,7 +108,12 @@ async def completion_stream(r: Reply):
     n_prompt = len(r.prepared.tokens)
     probs = r.probs()
     async for kind, value in r.events_of_job(ping=False):
-        if kind == "text":
+        per_token = r.prepared.request.timings_per_token
+        if kind == "progress":
+            so_far = {"timings": timings_of(value.stats, r.server.speculates)} if per_token else {}
+            yield chunk({"index": 0, "content": "", "tokens": [], "stop": False, "prompt_progress": value.as_dict(),
+                         **so_far})
+        elif kind == "text":
             upto = getattr(value, "upto", len(r.job.tokens))
             tokens, sent = list(r.job.tokens[sent:upto]), max(sent, upto)
             out = {"index": 0, "content": str(value), "tokens": tokens, "stop": False,
@@ -110,6 +122,8 @@ async def completion_stream(r: Reply):
             entries = probs.take(value) if probs is not None else []
             if entries:
                 out["completion_probabilities"] = entries
+            if per_token:
+                out["timings"] = timings(r.job, r.server.speculates)
             yield chunk(out)
         elif kind == "done":
             last = result_json(r, content="")

@@ -233,6 +233,8 @@ class Generation(Strict):
     cache_prompt: flag(True) = True
     ignore_eos: flag(False) = False  # llama-server's: the end-of-generation tokens do not stop the reply
     verbose: flag(False) = False  # llama-server's: the reply carries `__verbose`, the native result
+    return_progress: flag(False) = False  # llama-server's: a stream tells the prompt's progress (prompt_progress)
+    timings_per_token: flag(False) = False  # llama-server's: each streamed chunk carries the timings so far
     # (token id or text, bias) pairs (_logit_bias); the server checks the ids against the vocabulary
     logit_bias: Annotated[Optional[Any], BeforeValidator(_logit_bias)] = None
     constraint: ConstraintFields = Field(default_factory=ConstraintFields)

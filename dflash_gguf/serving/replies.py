@@ -92,7 +92,7 @@ class Reply:
                     yield "ping", None
                     continue
                 yield kind, value
-                if kind != "text":
+                if kind not in ("text", "progress"):
                     return
         finally:
             watch.cancel()
@@ -109,7 +109,7 @@ class Reply:
         stream = self.events_of_job(ping=False)
         try:
             async for kind, value in stream:
-                if kind != "text":
+                if kind not in ("text", "progress"):
                     return kind, value
         finally:
             await stream.aclose()
@@ -178,6 +178,9 @@ async def completion_stream(r: Reply, include_usage: bool):
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ": keep-alive\n\n"
+        elif kind == "progress":
+            yield chunk({**head, "choices": [{"index": 0, "text": "", "finish_reason": None, "logprobs": None}],
+                         "prompt_progress": value.as_dict()})
         elif kind == "text":
             entries = probs.take(value) if probs else []
             yield chunk({**head, "choices": [{"index": 0, "text": value, "finish_reason": None,
@@ -205,6 +208,9 @@ async def chat_stream(r: Reply, include_usage: bool):
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ": keep-alive\n\n"
+        elif kind == "progress":  # as llama-server: the opening delta again, with the prompt's progress
+            yield chunk({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
+                                              "finish_reason": None}], "prompt_progress": value.as_dict()})
         elif kind in ("text", "done"):
             if probs is not None:
                 pending += probs.take(value) if kind == "text" else probs.rest()
@@ -252,6 +258,8 @@ async def _events(r: Reply, make_id, out, ping: str, end, error_event):
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ping
+        elif kind == "progress":  # their event streams have no place for it
+            continue
         elif kind in ("text", "done"):
             for d in parser.feed(value) if kind == "text" else parser.finish():
                 for line in out.deltas(d):

@@ -14,6 +14,7 @@ others going on.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import deque
@@ -47,12 +48,31 @@ class JobTimes:
         return (self.started_at or time.perf_counter()) - self.queued_at
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a job's prompt has gone in, as llama-server's prompt_progress says it: its
+    tokens, those reused from the slot's cache, those in the slot now (the reused too) and
+    the milliseconds since the job started; `stats`, the job's statistics then (a copy: the
+    engine goes on while the event waits to be sent)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+    stats: GenerationStats
+
+    def as_dict(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+
 @dataclass
 class Job:
     """One generation request, its progress and its outcome."""
 
     request: Request  # what the Engine is asked: prompt, max_tokens, sampling, context_full, reuse_prefix, corpus
-    sink: Callable[[str, object], None]  # sink(kind, value): ("text", str), ("done", Job), ("error", Exception)
+    # sink(kind, value): ("text", str), ("done", Job), ("error", Exception); ("progress", PromptProgress) too
+    # when `progress`
+    sink: Callable[[str, object], None]
     stop: Seq[str] = ()
     speculative: bool = True
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -64,6 +84,7 @@ class Job:
     want_slot: Optional[int] = None  # the slot asked for (llama-server's id_slot; None or -1: any)
     tokens: List[int] = field(default_factory=list)  # the tokens generated so far
     context_bound: bool = False  # its max_tokens is the room the context leaves (no smaller limit was asked)
+    progress: bool = False  # tell the sink ("progress", PromptProgress) as the prompt goes in (return_progress)
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -262,6 +283,11 @@ class Scheduler:
 
         def stage(name: str) -> None:
             job.prefill_chunks += name == "prefill chunk"
+            if job.progress and name in ("prefill start", "prefill chunk"):
+                s = job.stats
+                job.sink("progress", PromptProgress(s.prompt_tokens, s.reused_tokens, s.prompt_in_slot,
+                                                    int((time.perf_counter() - job.times.started_at) * 1000),
+                                                    copy.copy(s)))
 
         try:
             seq = engine.sequence(job.request, speculative=job.speculative, stats=job.stats, slot=job.slot,

@@ -165,6 +165,7 @@ class Server:
                           logprobs=request.probs_asked),
                   sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
         job.context_bound = asked is None or asked > room  # it may run until the context is full
+        job.progress = request.stream and request.return_progress
         return job
 
     def _logit_bias(self, pairs) -> List[Tuple[int, float]]:

@@ -152,3 +152,31 @@ def test_kv_unified_lets_a_slot_use_the_whole_context_and_n_is_a_default(tmp_pat
             assert s.http.post("/completion", json={"prompt": "A", "ignore_eos": True}).json()["tokens_predicted"] == 16
         finally:
             s.stop()
+
+
+def test_return_progress_tells_the_prompt_going_in_with_timings_so_far(tmp_path):
+    """A stream that asks for return_progress gets llama-server's prompt_progress: first
+    before any prompt token is computed (processed == cache, timings at 0), then after each
+    chunk, ending at the whole prompt; with timings_per_token each chunk carries the
+    timings so far, never going back. A second request resumes from the cache."""
+    s = ServerProcess(tmp_path, "-c", "512", "-b", "16", "-ub", "16", "--checkpoint-every", "16")
+    prompt = "the quick brown fox jumps over the lazy dog " * 6
+    try:
+        for attempt in range(2):
+            with s.http.stream("POST", "/completion", json={"prompt": prompt, "n_predict": 4, "stream": True,
+                                                            "return_progress": True, "timings_per_token": True}) as r:
+                chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+            progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+            total, cache = progress[0]["total"], progress[0]["cache"]
+            assert progress[0]["processed"] == cache and (cache > 0) == (attempt == 1)
+            assert all(p["total"] == total and p["cache"] == cache for p in progress)
+            assert [p["processed"] for p in progress] == sorted({p["processed"] for p in progress})
+            assert progress[-1]["processed"] == total and (len(progress) > 3 or attempt == 1)
+            first = next(c for c in chunks if "prompt_progress" in c)["timings"]
+            assert first["prompt_n"] == 0 and first["prompt_ms"] == 0 and first["predicted_n"] == 0
+            ms = [c["timings"]["prompt_ms"] for c in chunks if "timings" in c]
+            assert ms == sorted(ms) and ms[-1] > 0
+        plain = s.http.post("/completion", json={"prompt": prompt, "n_predict": 2, "stream": True}).text
+        assert "prompt_progress" not in plain and '"timings"' in plain  # only the last event's
+    finally:
+        s.stop()
