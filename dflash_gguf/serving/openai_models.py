@@ -24,6 +24,7 @@ from .api_errors import refusal
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_TOOLS = 128  # the OpenAI API's own limit
+MAX_CHOICES = 16  # a request's n: each choice is a job of the server's queue (--queue, default 16)
 MAX_STOPS = 16
 DEFAULT_TOP_LOGPROBS = 20  # llama-server's, for logprobs true without top_logprobs
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z")  # what the call formats can carry
@@ -259,10 +260,16 @@ class Generation(Strict):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, n: Optional[int]) -> Optional[int]:
-        if n not in (None, 1):
-            raise refusal("n", "must be 1: only n=1 is supported")
+    def _choices(cls, n: Optional[int]) -> Optional[int]:
+        if n is not None and not 1 <= n <= MAX_CHOICES:
+            raise refusal("n", "must be between 1 and {most} (choices of one request)", most=MAX_CHOICES)
         return n
+
+    @model_validator(mode="after")
+    def _choices_whole(self):
+        if (self.n or 1) > 1 and self.stream:
+            raise refusal("n", "n > 1 is answered whole: a streamed reply has one choice", param="n")
+        return self
 
     @property
     def stops(self) -> List[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, List, Optional
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -129,12 +129,15 @@ def _whole_logprobs(r: Reply) -> Optional[dict]:
     return None if probs is None else {"content": probs.all(r.job.text)}
 
 
+def completion_choice(r: Reply, index: int = 0) -> dict:
+    return {"index": index, "text": r.job.text, "finish_reason": r.job.finish_reason, "logprobs": _whole_logprobs(r)}
+
+
 async def completion_reply(r: Reply):
     kind, value = await r.outcome()
     if kind == "error":
         return engine_error(value)
-    return _response(r, "text_completion", {"index": 0, "text": r.job.text, "finish_reason": r.job.finish_reason,
-                                            "logprobs": _whole_logprobs(r)})
+    return _response(r, "text_completion", completion_choice(r))
 
 
 def _parsed(r: Reply, make_id=None):
@@ -145,14 +148,35 @@ def _parsed(r: Reply, make_id=None):
     return parser.reply
 
 
+def chat_choice(r: Reply, index: int = 0) -> dict:
+    reply = _parsed(r)
+    return {"index": index, "message": openai_api.message_json(reply), "logprobs": _whole_logprobs(r),
+            "finish_reason": openai_api.finish_reason(reply, r.job.finish_reason)}
+
+
 async def chat_reply(r: Reply):
     kind, value = await r.outcome()
     if kind == "error":
         return engine_error(value)
-    reply = _parsed(r)
-    return _response(r, "chat.completion",
-                     {"index": 0, "message": openai_api.message_json(reply), "logprobs": _whole_logprobs(r),
-                      "finish_reason": openai_api.finish_reason(reply, r.job.finish_reason)})
+    return _response(r, "chat.completion", chat_choice(r))
+
+
+async def choices_reply(rs: List[Reply], obj: str, choice: Callable[[Reply, int], dict]):
+    """A request's n choices (n > 1), each a job of its own: one response with them all,
+    its usage the prompt once and every choice's tokens (OpenAI's, as llama-server's)."""
+    for r in rs:
+        kind, value = await r.outcome()
+        if kind == "error":
+            for other in rs:
+                other.job.cancel()
+            return engine_error(value)
+    first = rs[0]
+    usage = first.server.usage(first.job)
+    usage["completion_tokens"] = sum(r.job.stats.generated_tokens for r in rs)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return JSONResponse({"id": first.rid, "object": obj, "created": first.created, "model": first.server.model_id,
+                         "choices": [choice(r, i) for i, r in enumerate(rs)], "usage": usage,
+                         "timings": first.server.timings(first.job), "dflash": first.server.extension(first.job)})
 
 
 def _stream_end(r: Reply, obj: str, last_choice: dict, include_usage: bool):

@@ -97,6 +97,8 @@ async def _generate(request: Request, kind: str) -> Response:
                 job.cancel()
 
         job = server.make_job(prepared, sink, _corpus(request))
+        if kind in ("chat", "completion") and (prepared.request.n or 1) > 1:
+            return await _choices(request, server, kind, prepared, job, events)
     except BadRequest as e:
         return refused(e, anthropic=anthropic)
     try:
@@ -122,6 +124,34 @@ async def _generate(request: Request, kind: str) -> Response:
         sse = replies.chat_stream(r, include_usage) if kind == "chat" else replies.completion_stream(r, include_usage)
         return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS)
     return await (replies.chat_reply if kind == "chat" else replies.completion_reply)(r)
+
+
+async def _choices(request: Request, server, kind: str, prepared, first, events: asyncio.Queue) -> Response:
+    """A chat or completion asking for n > 1 choices: each choice a job of its own on the
+    same scheduler (the first made already), answered whole when all are done."""
+    loop = asyncio.get_running_loop()
+    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    rs = [Reply(server, request, first, events, prepared, rid, created)]
+    for i in range(1, prepared.request.n):
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def sink_i(kind_: str, value, queue=queue) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind_, value))
+
+        rs.append(Reply(server, request, server.make_job(prepared, sink_i, _corpus(request), choice=i), queue,
+                        prepared, rid, created))
+    for r in rs:
+        try:
+            server.scheduler.submit(r.job)
+        except (QueueFull, ShuttingDown) as e:
+            for other in rs:
+                other.job.cancel()
+            kind_ = "server_busy" if isinstance(e, QueueFull) else "server_shutting_down"
+            return _busy(f"the server cannot take {len(rs)} choices now: {e}; retry later", kind_, False)
+    if kind == "chat":
+        return await replies.choices_reply(rs, "chat.completion", replies.chat_choice)
+    return await replies.choices_reply(rs, "text_completion", replies.completion_choice)
 
 
 async def chat_completions(request: Request) -> Response:

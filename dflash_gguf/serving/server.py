@@ -115,10 +115,13 @@ class Server:
             raise BadRequest("the messages or tools are nested too deeply", "messages") from None
         return Prepared(request, self.engine.encode(turn.prompt), turn, options)
 
-    def make_job(self, prepared: Prepared, sink, corpus: Optional[str] = None) -> Job:
-        """corpus: the request's suffix corpus key (a digest of its API key; None: none)."""
+    def make_job(self, prepared: Prepared, sink, corpus: Optional[str] = None, choice: int = 0) -> Job:
+        """corpus: the request's suffix corpus key (a digest of its API key; None: none);
+        choice: which of the request's n choices (a seeded one draws from seed + choice)."""
         request, tokens = prepared.request, prepared.tokens
         sampling = request.sampling.params(self.defaults.sampling)
+        if choice and sampling.seed is not None:
+            sampling = replace(sampling, seed=sampling.seed + choice)
         bias = self._logit_bias(request.logit_bias) if request.logit_bias else []
         if request.ignore_eos:
             # as llama-server: the end-of-generation tokens are never picked (a bias of -inf,

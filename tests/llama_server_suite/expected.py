@@ -26,7 +26,6 @@ EXPECTED = {
     "unit/test_chat_completion.py::test_return_progress[64-4-False]": "DIFFERENCE: the prompt's chunks (ours: 49 "
                                                                       "tokens then the last one, at its checkpoint; "
                                                                       "llama-server's reports come in 3 batches)",
-    "unit/test_chat_completion.py::test_chat_completions_multiple_choices": "FEATURE: n > 1",
     # -- test_completion ------------------------------------------------------------------------------
     "unit/test_completion.py::test_completion[": MODEL + ": its words and prompt token counts",
     "unit/test_completion.py::test_completion_stream[": MODEL + ": its words and prompt token counts; also "

@@ -180,3 +180,21 @@ def test_return_progress_tells_the_prompt_going_in_with_timings_so_far(tmp_path)
         assert "prompt_progress" not in plain and '"timings"' in plain  # only the last event's
     finally:
         s.stop()
+
+
+def test_n_choices_are_each_the_reply_of_its_own_request(llama31):
+    """n > 1: each choice is a job of its own; a seeded sampled request's choice i draws
+    from seed + i, so it equals the single request with that seed, and greedy choices
+    equal the greedy reply; usage counts the prompt once and every choice's tokens."""
+    ask = {"messages": BOOK, "max_tokens": 6, "temperature": 0.9, "top_k": 40}
+
+    def one(**extra):
+        return llama31.http.post("/v1/chat/completions", json={**ask, **extra}).json()
+
+    many = one(n=3, seed=11)
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in many["choices"]] == \
+        [one(seed=11 + i)["choices"][0]["message"]["content"] for i in range(3)]
+    assert many["usage"]["completion_tokens"] == sum(one(seed=11 + i)["usage"]["completion_tokens"] for i in range(3))
+    greedy = one(n=2, temperature=0)
+    assert {c["message"]["content"] for c in greedy["choices"]} == {one(temperature=0)["choices"][0]["message"]["content"]}
