@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from . import anthropic_api, openai_api, responses_api
 from .probs import JobProbs
 from .scheduler import Job
+from .timings import timings_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -272,18 +273,20 @@ async def messages_reply(r: Reply):
     return JSONResponse(anthropic_api.message_json(r.rid, r.server.model_id, reply, *_anthropic_end(r, reply)))
 
 
-async def _events(r: Reply, make_id, out, ping: str, end, error_event):
+async def _events(r: Reply, make_id, out, ping: str, end, error_event, progress=None):
     """A reply streamed as an API's events (out: an EventStream of anthropic_api or
     responses_api): its start, its deltas as the parser reads them, end(reply)'s events;
-    `ping` while the job is silent, error_event(e) if it fails."""
+    `ping` while the job is silent, error_event(e) if it fails, progress(p)'s events for
+    the prompt's progress (return_progress) where the API has a place for it."""
     parser = r.prepared.turn.parser(make_id)
     for line in out.start():
         yield line
     async for kind, value in r.events_of_job(ping=True):
         if kind == "ping":
             yield ping
-        elif kind == "progress":  # their event streams have no place for it
-            continue
+        elif kind == "progress":
+            for line in progress(value) if progress else ():
+                yield line
         elif kind in ("text", "done"):
             for d in parser.feed(value) if kind == "text" else parser.finish():
                 for line in out.deltas(d):
@@ -330,5 +333,9 @@ def responses_stream(r: Reply):
     def end(reply) -> Iterator[str]:
         return out.stop(_responses_usage(r), {"timings": r.server.timings(r.job)})
 
+    if r.prepared.request.timings_per_token:  # llama-server's: each text delta with the timings so far
+        out.timings = lambda: r.server.timings(r.job)
     return _events(r, responses_api.call_id, out, ": keep-alive\n\n", end,
-                   lambda e: chunk({"error": _stream_error(e)}))
+                   lambda e: chunk({"error": _stream_error(e)}),
+                   lambda p: out.progress(p.as_dict(), timings_of(p.stats, r.server.speculates)
+                                          if r.prepared.request.timings_per_token else None))

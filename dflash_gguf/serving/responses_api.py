@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 from ..chat.toolcalls import Reply, ToolCall
 from .anthropic_api import sse
@@ -157,6 +157,7 @@ class EventStream:
         self._seq = 0
         self._items: List[list] = []  # [kind, item id, text or call], in the order opened
         self._open = {}  # kind ("reasoning", "message") -> its entry in _items
+        self.timings: Optional[Callable[[], dict]] = None  # timings_per_token: each text delta's
 
     def _event(self, kind: str, **data) -> str:
         out = sse(kind, {"type": kind, "sequence_number": self._seq, **data})
@@ -167,6 +168,13 @@ class EventStream:
         response = response_json(self.rid, self.model, self.created, [], None, "in_progress")
         yield self._event("response.created", response=response)
         yield self._event("response.in_progress", response=response)
+
+    def progress(self, prompt_progress: dict, timings: Optional[dict]) -> Iterator[str]:
+        """The prompt's progress (return_progress), as llama-server tells it: a
+        response.in_progress event carrying prompt_progress (and the timings so far)."""
+        response = response_json(self.rid, self.model, self.created, [], None, "in_progress")
+        yield self._event("response.in_progress", response=response, prompt_progress=prompt_progress,
+                          **({"timings": timings} if timings is not None else {}))
 
     def _added(self, kind: str, item_id: str, value, item: dict) -> Iterator[str]:
         self._items.append([kind, item_id, value])
@@ -195,7 +203,8 @@ class EventStream:
         if kind == "reasoning":
             yield self._event("response.reasoning_text.delta", **where)
         else:
-            yield self._event("response.output_text.delta", **where, logprobs=[])
+            yield self._event("response.output_text.delta", **where, logprobs=[],
+                              **({"timings": self.timings()} if self.timings else {}))
 
     def _index(self, entry: list) -> int:
         return next(i for i, e in enumerate(self._items) if e is entry)

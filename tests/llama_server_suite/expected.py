@@ -89,9 +89,6 @@ EXPECTED = {
     # -- test_compat_oai_responses (every check before the model's words passes) -----------------------
     "unit/test_compat_oai_responses.py::test_responses_with_openai_library": MODEL + ": 'Suddenly'",
     "unit/test_compat_oai_responses.py::test_responses_stream_with_openai_library": MODEL + ": 'Suddenly'",
-    "unit/test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": "FEATURE: the Responses stream's "
-                                                                                     "prompt progress and per-token "
-                                                                                     "timings",
     # -- test_kv_keep_only_active -------------------------------------------------------------------
     "unit/test_kv_keep_only_active.py::test_clear_and_restore": "FEATURE: --cache-ram / --no-cache-idle-slots host prompt cache and its "
                                           "debug log",

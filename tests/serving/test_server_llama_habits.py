@@ -198,3 +198,18 @@ def test_n_choices_are_each_the_reply_of_its_own_request(llama31):
     assert many["usage"]["completion_tokens"] == sum(one(seed=11 + i)["usage"]["completion_tokens"] for i in range(3))
     greedy = one(n=2, temperature=0)
     assert {c["message"]["content"] for c in greedy["choices"]} == {one(temperature=0)["choices"][0]["message"]["content"]}
+
+
+def test_a_responses_stream_tells_its_prompt_progress_and_timings(llama31):
+    """/v1/responses streamed with return_progress and timings_per_token, as llama-server:
+    response.in_progress events carry prompt_progress, each text delta the timings so far."""
+    with llama31.http.stream("POST", "/v1/responses", json={"input": "This is a test" * 10, "max_output_tokens": 6,
+                                                             "stream": True, "return_progress": True,
+                                                             "timings_per_token": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    progress = [e for e in events if "prompt_progress" in e]
+    assert progress and all(e["type"] == "response.in_progress" for e in progress)
+    assert progress[-1]["prompt_progress"]["processed"] == progress[-1]["prompt_progress"]["total"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
+    assert events[-1]["type"] == "response.completed" and "timings" in events[-1]
