@@ -23,8 +23,20 @@ DEFAULT = "default"
 
 
 def _environment():
+    from jinja2 import Undefined
     from jinja2.exceptions import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Undefined_(Undefined):
+        """An undefined variable joined to a string is the empty string, as in llama.cpp's
+        template engine (firefunction v2's template adds a `functions` nobody defines);
+        anything else done with it fails, as Jinja's own."""
+
+        def __add__(self, other):
+            return other if isinstance(other, str) else super().__add__(other)
+
+        def __radd__(self, other):
+            return other if isinstance(other, str) else super().__radd__(other)
 
     def raise_exception(message):
         raise TemplateError(message)
@@ -38,7 +50,8 @@ def _environment():
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"],
+                                        undefined=Undefined_)
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

@@ -63,8 +63,6 @@ EXPECTED = {
     "unit/test_ctx_shift.py::test_ctx_shift_disabled_short_prompt[-1-": MODEL + ": its tokenizer's prompt length "
                                                                               "(8 tokens) sets the tokens generated",
     # -- test_template ------------------------------------------------------------------------------
-    "unit/test_template.py::test_date_inside_prompt[fireworks-ai-llama-3-firefunction-v2-":
-        "FEATURE: firefunction v2's template reads `functions`, which only llama.cpp's firefunction handler supplies",
     # -- test_speculative ---------------------------------------------------------------------------
     "unit/test_speculative.py::test_with_and_without_draft": "FEATURE: --spec-synth-rates (synthetic drafts), in its "
                                                              "last part",

@@ -213,3 +213,17 @@ def test_a_responses_stream_tells_its_prompt_progress_and_timings(llama31):
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
     assert events[-1]["type"] == "response.completed" and "timings" in events[-1]
+
+
+def test_a_string_joined_to_an_undefined_variable_renders_as_llama_cpp_renders_it():
+    """firefunction v2's template adds `functions`, which no caller defines: llama.cpp's
+    template engine joins an undefined value to a string as "", so the prompt renders
+    (with today's date, which llama.cpp hands every template); any other use of an
+    undefined value still fails."""
+    from dflash_gguf.chat.templates import ChatTemplate
+
+    t = ChatTemplate(open(llama_template("fireworks-ai-llama-3-firefunction-v2")).read())
+    prompt = t.render([{"role": "user", "content": "What is today?"}])
+    assert "Available functions as JSON spec:\n\nToday is " in prompt
+    with pytest.raises(ValueError, match="failed"):
+        ChatTemplate("{{ missing * 2 }}").render([])
