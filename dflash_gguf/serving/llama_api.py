@@ -44,7 +44,8 @@ def result_json(r: Reply, index: int = 0, content: Optional[str] = None) -> dict
     job, s = r.job, r.job.stats
     request = r.prepared.request
     text = job.text if content is None else content
-    out = {"index": index, "content": text, "tokens": list(job.tokens) if getattr(request, "return_tokens", False) else [],
+    tokens = list(job.tokens) if getattr(request, "return_tokens", False) else []
+    out = {"index": index, "content": text, "tokens": tokens,
            "id_slot": -1 if job.slot is None else job.slot, "stop": True, "model": r.server.model_id,
            "tokens_predicted": s.generated_tokens, "tokens_evaluated": s.prompt_tokens,
            "generation_settings": generation_settings(r),

@@ -32,8 +32,8 @@ def test_a_builtin_template_name_renders_as_llama_cpp_writes_it(tmp_path):
     its server tests expect (tools/server/tests/unit/test_chat_completion.py)."""
     s = start(tmp_path, "--chat-template", "command-r")
     try:
-        prompt = s.http.post("/apply-template", json={"messages": [
-            {"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]}).json()["prompt"]
+        messages = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]
+        prompt = s.http.post("/apply-template", json={"messages": messages}).json()["prompt"]
         assert prompt == ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
                           "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
                           "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
@@ -61,7 +61,8 @@ def test_a_chat_template_that_is_no_name_nor_template_is_refused_at_start(tmp_pa
 
 @pytest.fixture(scope="module")
 def llama31(tmp_path_factory):
-    s = start(tmp_path_factory.mktemp("llama31"), "--chat-template-file", llama_template("meta-llama-Llama-3.1-8B-Instruct"))
+    template = llama_template("meta-llama-Llama-3.1-8B-Instruct")
+    s = start(tmp_path_factory.mktemp("llama31"), "--chat-template-file", template)
     yield s
     s.stop()
 
@@ -195,9 +196,10 @@ def test_n_choices_are_each_the_reply_of_its_own_request(llama31):
     assert [c["index"] for c in many["choices"]] == [0, 1, 2]
     assert [c["message"]["content"] for c in many["choices"]] == \
         [one(seed=11 + i)["choices"][0]["message"]["content"] for i in range(3)]
-    assert many["usage"]["completion_tokens"] == sum(one(seed=11 + i)["usage"]["completion_tokens"] for i in range(3))
-    greedy = one(n=2, temperature=0)
-    assert {c["message"]["content"] for c in greedy["choices"]} == {one(temperature=0)["choices"][0]["message"]["content"]}
+    assert many["usage"]["completion_tokens"] == \
+        sum(one(seed=11 + i)["usage"]["completion_tokens"] for i in range(3))
+    greedy = {c["message"]["content"] for c in one(n=2, temperature=0)["choices"]}
+    assert greedy == {one(temperature=0)["choices"][0]["message"]["content"]}
 
 
 def test_a_responses_stream_tells_its_prompt_progress_and_timings(llama31):
