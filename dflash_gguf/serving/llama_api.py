@@ -8,8 +8,7 @@ import math
 from typing import List, Optional
 
 from .replies import Reply, chunk
-from .scheduler import Job
-from .timings import timings_of
+from .scheduler import Job, timings_of
 
 STOP_TYPES = {"stop": "eos", "stop string": "word", "length": "limit", "context": "limit"}
 

@@ -14,8 +14,7 @@ from starlette.responses import JSONResponse
 
 from . import anthropic_api, openai_api, responses_api
 from .probs import JobProbs
-from .scheduler import Job
-from .timings import timings_of
+from .scheduler import Job, timings_of
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -69,7 +69,7 @@ MALFORMED = [
     ("/v1/completions", {"prompt": "def f(x):", "max_tokens": -1}),
     ("/v1/completions", {"prompt": "def f(x):", "temperature": "hot"}),
     ("/v1/completions", {"prompt": [1 << 30], "max_tokens": 8}),
-    ("/v1/completions", {"prompt": "def f(x):", "n": 2}),
+    ("/v1/completions", {"prompt": "def f(x):", "n": 17}),  # n is 1-16
     ("/v1/completions", {"prompt": "def f(x):", "stop": [1, 2]}),
     ("/v1/completions", {"prompt": "", "max_tokens": 8, "stream": True}),
     ("/v1/chat/completions", {"messages": "hello", "max_tokens": 8}),
