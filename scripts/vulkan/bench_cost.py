@@ -52,9 +52,13 @@ def build_bench(venv: Path) -> Path:
     return out
 
 
+def vulkan_env() -> dict:
+    return {**os.environ, "GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0")}
+
+
 def run_arm(bench: Path, model: str, stock: bool, pp: list, tg: int, threads: int) -> dict:
     """tokens per second by test ("pp2", ..., "tg64") for one run of llama-bench."""
-    env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0")}
+    env = vulkan_env()
     env.pop("GGML_VK_BATCH_VARIANT", None)
     if stock:
         env["GGML_VK_BATCH_VARIANT"] = "1"
@@ -97,7 +101,8 @@ def main() -> int:
         table[test] = {"patched_tps_median": statistics.median(p[test] for p in runs["patched"]),
                        "stock_tps_median": statistics.median(s[test] for s in runs["stock"]),
                        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
-    device = subprocess.run([str(bench), "--list-devices"], capture_output=True, text=True).stdout.strip().splitlines()
+    device = subprocess.run([str(bench), "--list-devices"], capture_output=True, text=True,
+                            env=vulkan_env()).stdout.strip().splitlines()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                                 capture_output=True, text=True).stdout.strip())
