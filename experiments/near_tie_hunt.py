@@ -57,10 +57,12 @@ def hunt_rows(args, log, rows: list, save) -> None:
         ids = tok.encode(corpus(), add_bos=False)
         prompt, text, side = ids[:256], ids[256:256 + args.positions], ids[-2000:]
         t0 = time.perf_counter()
-        cfg = TargetConfig(n_ctx=256 + args.positions + 64, n_ubatch=128, n_verify=16, n_seq=2,
-                           n_threads=args.threads, device=args.device)
+        # each slot holds the prompt and the text, or the other sequence's span and a chunk past it
+        n_ctx = max(256 + args.positions, invariance.SIDE_SPAN + invariance.CHUNK) + 64
+        cfg = TargetConfig(n_ctx=n_ctx, n_ubatch=128, n_verify=16, n_seq=2, n_threads=args.threads,
+                           device=args.device)
         with Target(path, cfg) as target:
-            got = invariance.hunt(target, prompt, text, side,
+            got = invariance.hunt(target, prompt, text, side, modes=args.row_modes,
                                   on_mode=lambda r: log(f"{name} {r.mode}: {r.compared} rows, "
                                                         f"{len(r.differing)} differ"))
         rows.append({"model": name, "positions": got["positions"], "seconds": round(time.perf_counter() - t0, 1),
@@ -137,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--positions", type=int, default=2048, help="teacher-forced positions per model (default 2048)")
     p.add_argument("--no-rows", dest="rows", action="store_false", help="leave out the teacher-forced rows")
+    p.add_argument("--row-modes", nargs="+", default=list(invariance.MODES), choices=list(invariance.MODES),
+                   help="the rows' modes (default: all)")
     p.add_argument("--e2e", action="store_true", help="also the 32 prompts x every mode of the real pair")
     p.add_argument("--e2e-targets", nargs="+", default=list(E2E_PAIRS), choices=list(E2E_PAIRS))
     p.add_argument("--e2e-modes", nargs="+", default=list(invariance.E2E_MODES), choices=list(invariance.E2E_MODES))
