@@ -78,7 +78,9 @@ def test_chat_page_streams_a_reply_with_its_statistics_and_stops_a_long_one(serv
     page.wait("!!document.querySelector('.message.assistant')", timeout=10)
     page.wait("document.querySelector('.message.assistant').dataset.state === 'done'", timeout=120)
     seen = page.eval("window.seen")
-    assert len([n for n in seen if n > 0]) >= 4 and seen == sorted(seen), seen  # it grew, step by step
+    # it grew, step by step (the page draws at most once a frame: on a busy machine a 64-token reply
+    # shows in as few as three)
+    assert len([n for n in seen if n > 0]) >= 3 and seen == sorted(seen), seen
 
     # the statistics line, equal to the reply's timings as the server counted them
     texts = page.eval("[...document.querySelectorAll('.message.assistant .stat')].map(s => s.textContent)")
