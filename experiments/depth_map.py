@@ -22,6 +22,9 @@ repetitions with its spread (min-max); the ratios are of medians.
     .venv/bin/python experiments/depth_map.py --stock STOCK/bin/llama-bench \\
         [-m MODEL.gguf] [--depths 0,2048,8192,16384] [--sizes 1,2,4,8,16,32,64] [-r 4] [-t 2] \\
         [--out results/depth-map-MODEL-DATE.json]
+    .venv/bin/python experiments/depth_map.py --plot results/depth-map-....json docs/depth-map.png
+
+(--plot needs matplotlib: .venv/bin/python -m pip install matplotlib.)
 
 Run it on an idle machine: ggml's threads spin, and a busy core slows every arm unevenly.
 """
@@ -36,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+import numpy as np
+
 from dflash_gguf.bench import llama_cpp, method, provenance
 from dflash_gguf.decoding.sampling import GREEDY
 from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
@@ -49,7 +54,7 @@ def fill_to(target: Target, depth: int) -> float:
     tokens are arbitrary ids, as llama-bench's are random: a pass's cost does not depend
     on them."""
     have = target.n_past
-    tokens = [1 + (i * 7919) % 20000 for i in range(have, depth)]
+    tokens = [1 + (i * 7919) % (target.n_vocab - 1) for i in range(have, depth)]
     t0 = time.perf_counter()
     if tokens:
         target.prefill(tokens, LOGITS_LAST)
@@ -88,7 +93,38 @@ def spread(xs: List[float]) -> dict:
             "max_ms": round(max(xs) * 1e3, 3), "n": len(xs)}
 
 
+def plot(results: Path, image: Path) -> None:
+    """A results file's map as a picture: per depth, each arm's verify time by rows, the
+    time of a one-row decode at no depth as the unit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = json.loads(results.read_text())["table"]
+    depths = sorted({r["depth"] for r in table})
+    unit = next(r["ours"]["median_ms"] for r in table if r["depth"] == depths[0] and r["rows"] == 1)
+    fig, axes = plt.subplots(1, len(depths), figsize=(3.2 * len(depths), 3.4), sharey=True)
+    for ax, depth in zip(list(np.atleast_1d(axes)), depths):
+        rows = [r for r in table if r["depth"] == depth]
+        for arm, style in zip(ARMS, ("o-", "s--", "^:")):
+            got = [(r["rows"], r[arm]["median_ms"] / unit) for r in rows if arm in r]
+            if got:
+                ax.plot(*zip(*got), style, label=arm, markersize=4)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"depth {depth}" if depth else "no depth")
+        ax.set_xlabel("rows verified")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("time / one-row decode at no depth")
+    np.atleast_1d(axes)[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(image, dpi=110)
+
+
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["--plot"]:
+        plot(Path(sys.argv[2]), Path(sys.argv[3]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", help="the GGUF (default: the published Qwen2.5-Coder 1.5B Q4_K_M)")

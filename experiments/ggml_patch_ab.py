@@ -14,8 +14,8 @@ Run it on an idle machine: ggml's threads spin.
     .venv/bin/python experiments/ggml_patch_ab.py --stock STOCK/bin/llama-bench -m MODEL.gguf \\
         --out results/ggml-patch-ab-<model>-<date>.json
 
-One patch against the others (0005, flash attention): --stock is then llama-bench over the
-patch set without it (scripts/llama_cpp_build.py run from a checkout without 0005), e.g.
+One patch against the others (0007, flash attention): --stock is then llama-bench over the
+patch set without it (scripts/llama_cpp_build.py run from a checkout without it), e.g.
     --tests pp16,pp64,pp16@2048,pp64@2048,pp16@8192,pp64@8192
 """
 from __future__ import annotations

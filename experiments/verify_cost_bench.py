@@ -103,7 +103,7 @@ def main() -> int:
             if engine in targets:
                 target = targets[engine]
                 s = our_decode_step(target, a.steps) if k == 0 else \
-                    measure_verify_cost(target, [k], tree=False, repeats=a.steps)[k]
+                    measure_verify_cost(target, [k], tree=False, repeats=a.steps, rounds=1)[0][k]
             else:
                 s = llama_bench(tools.found["llama-bench"], model, a.threads, a.steps, k)
             records.append({"engine": engine, "rows": k, "rep": rep, "seconds": s, "load_1m": load})

@@ -4,11 +4,12 @@ session of a workload is decoded once plainly (every turn asked with the earlier
 replies), then every arm's proposer (dflash_gguf.speculation.weightless, the code of this checkout)
 drafts over those replies step by step as it would while decoding, each draft walked
 against the known greedy continuation. A step's time is the target's measured verify
-cost by rows (verify_cost.VerifyCost, this machine's cached table); the modelled speed is
-plain decoding's time (one row a token) over the arm's. It counts target passes,
-drafted and accepted tokens exactly, and leaves out what a served request adds (the
-server, sampling, the context's depth making every row dearer): a comparison of
-drafting policies, not of engines; dflash-bench workload times those. Two arms are
+cost by rows at the step's depth (verify_cost.VerifyCost, this machine's cached table,
+the table decoding prices its drafts with); the modelled speed is plain decoding's time
+(one row a token, each at its depth) over the arm's. It counts target passes, drafted
+and accepted tokens exactly, and leaves out what a served request adds (the server,
+sampling, the step's own host work): a comparison of drafting policies, not of engines;
+dflash-bench workload times those. Two arms are
 bounds, not proposers: `oracle` (a drafter that always knows the reply) and `copy-oracle`
 (one that always finds the longest copy of the reply's next tokens in the text already
 there).
@@ -35,28 +36,12 @@ from dflash_gguf.speculation.kinds import WEIGHTLESS, parse_spec_types
 from dflash_gguf.speculation.pricing import RunHazards, walk_depth
 from dflash_gguf.speculation.suffix import SuffixConfig, SuffixCorpora, is_chain, likeliest_path
 from dflash_gguf.speculation.proposers import WeightlessProposer
+from dflash_gguf.speculation.verify_cost import CostTable
 from dflash_gguf.speculation.weightless import WeightlessKinds
 
 ORACLE = "oracle"  # an --arm: the bound any drafter could reach (oracle())
 COPY_ORACLE = "copy-oracle"  # an --arm: the bound any drafter that copies could reach (copy_oracle())
 WORKLOAD = Path(dflash_gguf.__file__).parent / "data" / "workloads" / "stdlib.jsonl"
-
-
-class RecordedCost:
-    """A verify cost table as an earlier results file recorded it (its verify_cost_s), to
-    price every run's arms alike whichever table this build's cache holds."""
-
-    def __init__(self, recorded: dict):
-        self.key = recorded["key"]
-        self.sizes = np.array(recorded["rows"], dtype=float)
-        self.chain_seconds = np.array(recorded["chain"])
-        self.tree_seconds = np.array(recorded["tree"])
-
-    def __call__(self, n_nodes) -> np.ndarray:
-        return np.interp(n_nodes, self.sizes, self.tree_seconds)
-
-    def chain(self, n_tokens) -> np.ndarray:
-        return np.interp(n_tokens, self.sizes, self.chain_seconds)
 
 
 def plain_replies(engine: Engine, session, cap: int) -> list:
@@ -93,14 +78,15 @@ def _bounded(turns, cost, n_max: int, known) -> dict:
     as many of them as pay best at the verify cost."""
     passes = drafted = 0
     seconds = 0.0
-    pays = [(1 + m) / float(cost.chain(1 + m)) for m in range(n_max + 1)]
     for prompt, out in turns:
         text = list(prompt) + out[:1]
         i = 1
         while i < len(out):
             k = known(text, out[i:min(i + n_max, len(out) - 1)])
-            m = int(np.argmax(pays[:k + 1]))
-            seconds += float(cost.chain(1 + m))
+            depth = len(text) - 1  # the bonus is not in the context yet
+            rows = np.arange(1, k + 2)
+            m = int(np.argmax(rows / cost.chain(rows, depth)))
+            seconds += float(cost.chain(1 + m, depth))
             text.extend(out[i:i + m + 1])
             passes, drafted, i = passes + 1, drafted + m, i + m + 1
     return {"passes": passes, "drafted": drafted, "accepted": drafted, "seconds": seconds}
@@ -133,25 +119,26 @@ def replay(kinds, turns, cost, n_max: int) -> dict:
     seconds = 0.0
     for prompt, out in turns:
         text = list(prompt) + out[:1]  # the first token comes with the prompt's pass
-        seq = SimpleNamespace(tokens=SimpleNamespace(text=text, prompt=prompt, bonus=out[0]),
+        seq = SimpleNamespace(tokens=SimpleNamespace(text=text, prompt=prompt, bonus=out[0], n_past=len(prompt)),
                               stats=SimpleNamespace(generated_tokens=1), sampler=SimpleNamespace(guide=None),
                               room=1 << 30, remaining=len(out) - 1)
         seq.draft_room = lambda n_max, seq=seq: max(0, min(n_max, seq.remaining - 1))  # as Sequence.draft_room
         seq.proposing = proposer.start(seq)
         i = 1
         while i < len(out):
-            seq.remaining, seq.tokens.bonus = len(out) - i, text[-1]
+            seq.remaining, seq.tokens.bonus, seq.tokens.n_past = len(out) - i, text[-1], len(text) - 1
+            depth = seq.tokens.n_past
             plan = SimpleNamespace(judged=None)
             p = proposer.propose(seq, plan)
             if p.tree is not None and not is_chain(p.tree):
                 rows, kept = len(p.tree.tokens), walk_depth(p.tree, out[i:])
-                seconds += float(cost(rows))
+                seconds += float(cost(rows, depth))
             else:
                 drafts = p.tokens[1:] if p.tree is None else likeliest_path(p.tree)
                 rows, kept = 1 + len(drafts), 0
                 while kept < len(drafts) and i + kept < len(out) and drafts[kept] == out[i + kept]:
                     kept += 1
-                seconds += float(cost.chain(rows))
+                seconds += float(cost.chain(rows, depth))
             emitted = out[i:i + kept + 1]
             text.extend(emitted)
             i += len(emitted)
@@ -183,17 +170,18 @@ def main(argv=None) -> int:
     with Engine(str(real_models.path(args.model)), spec_type="ngram-simple", n_ctx=8192,
                 n_threads=args.threads, spec_draft_n_max=args.spec_draft_n_max) as engine:
         if args.cost_from:
-            cost = RecordedCost(json.loads(args.cost_from.read_text())["verify_cost_s"])
+            cost = CostTable.from_record(json.loads(args.cost_from.read_text())["verify_cost_s"])
             doc["verify_cost_note"] = f"the table {args.cost_from} recorded"
         else:
             engine.prepare_auto()
             cost = engine.choice.verify_cost
-        doc["verify_cost_s"] = {"rows": cost.sizes.tolist(), "chain": cost.chain_seconds.tolist(),
-                                "tree": cost.tree_seconds.tolist(), "key": cost.key}
+        doc["verify_cost_s"] = cost.record()
         for session in (s for s in wl.sessions if s.name in wanted):
             turns = plain_replies(engine, session, args.n)
             tokens = sum(len(out) for _, out in turns)
-            plain_s = float(cost.chain(1)) * tokens
+            # plain decoding's steps, each at its own depth
+            plain_s = sum(float(np.sum(cost.chain(1, len(prompt) + np.arange(len(out)))))
+                          for prompt, out in turns)
             for kinds in arms:
                 bound = {(ORACLE,): oracle, (COPY_ORACLE,): copy_oracle}.get(kinds, None)
                 got = bound(turns, cost, args.spec_draft_n_max) if bound else \

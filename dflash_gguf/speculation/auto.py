@@ -170,26 +170,39 @@ def _at(table: List[float], rows: float) -> float:
 
 class StepCosts:
     """The seconds side of AutoBudget's model: an arm's step costs the verify table at
-    its rows (the chain's by rows, each tree size's), plus the step's other work
-    measured by kind (`part`, each a running low figure): a drafted step's (the
-    drafter's propose and the loop's host work), a plain step's (all of it: no drafter
-    runs, verifying.decode_call), a tree's host work per node (ranking, building,
+    its rows (the chain's by rows, each tree size's) at the sequence's depth (at_depth),
+    plus the step's other work measured by kind (`part`, each a running low figure): a
+    drafted step's (the drafter's propose and the loop's host work), a plain step's (all
+    of it: no drafter runs, verifying.decode_call; kept as at no depth, what the table
+    says the depth added taken off), a tree's host work per node (ranking, building,
     walking; before a tree has run, a survey's per node). Besides, what prices probes:
     a probe's whole step, and the drafter's catching up a token."""
 
     PARTS = ("drafted", "plain", "node", "survey", "probe", "catch_up")
+    DEPTH_STEP = 64  # the tables are priced anew when the depth has moved this far
 
     def __init__(self, cost: VerifyCost, block: int, trees: List[int], prior: Optional["StepCosts"] = None):
-        self.verify_chain = cost.chain(np.arange(block + 1)).tolist()  # by rows
-        self.verify_tree = {b: float(cost(b + 1)) for b in trees}
+        self.cost, self.block, self.trees = cost, block, trees
         self.part: Dict[str, Optional[float]] = dict(prior.part) if prior else dict.fromkeys(self.PARTS)
+        self.depth = -1
+        self.at_depth(0)
+
+    def at_depth(self, depth: int) -> None:
+        """Price the verifies after `depth` tokens of context: every row reads each one."""
+        depth = depth - depth % self.DEPTH_STEP
+        if depth == self.depth:
+            return
+        self.depth, cost = depth, self.cost
+        self.verify_chain = np.asarray(cost.chain(np.arange(self.block + 1), depth)).tolist()  # by rows
+        self.verify_tree = {b: float(cost(b + 1, depth)) for b in self.trees}
+        self.plain_extra = self.verify_chain[1] - float(cost.chain(1))  # what the depth adds to a plain step
 
     def seconds(self, arm: int, drafts: float) -> Optional[float]:
         """An arm's expected step time, the chain's verifying `drafts` drafts (None while
         a part it needs is unmeasured)."""
         part = self.part
         if arm == PLAIN:  # before it has run: priced by a verify of one row, and soon measured if chosen
-            return part["plain"] if part["plain"] is not None else self.verify_chain[1]
+            return part["plain"] + self.plain_extra if part["plain"] is not None else self.verify_chain[1]
         if part["drafted"] is None:
             return None
         if arm == CHAIN:
@@ -212,7 +225,7 @@ class StepCosts:
         verify."""
         seconds -= host
         if arm == PLAIN:
-            self.measured("plain", seconds)
+            self.measured("plain", seconds - self.plain_extra)
         elif arm == CHAIN:
             # never below nothing, where the table overprices the verify (measured on
             # another occasion)
@@ -409,6 +422,10 @@ class AutoBudget:
         return 0.0 if tokens is None or not seconds else tokens / seconds
 
     # ---- the proposer's calls -------------------------------------------------------
+    def at_depth(self, depth: int) -> None:
+        """The next step verifies after `depth` tokens of context: its arms priced there."""
+        self.costs.at_depth(depth)
+
     def choose(self) -> Decision:
         """The next step's Decision: its arm, whether it probes or surveys, and on the
         plain arm the plain steps that may follow it unasked (until_probe: on plain
@@ -506,7 +523,7 @@ class AutoBudget:
         self.tally[PLAIN][0] += n
         self.tally[PLAIN][1] += n
         if self.current == PLAIN and self.run > self.SETTLE:
-            self.costs.measured("plain", seconds / n)
+            self.costs.measured("plain", seconds / n - self.costs.plain_extra)
 
     def _surveyed(self, seconds: float, n_nodes: int) -> None:
         """A survey's own work (ranking the candidates where the arm does not, building

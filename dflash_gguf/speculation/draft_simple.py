@@ -430,7 +430,10 @@ class SimpleProposer(Proposer):
 
     def plan(self, seq) -> Plan:
         room = seq.draft_room(self.n_max)
-        decision = self.auto.choose() if self.auto is not None and room > 0 else None
+        decision = None
+        if self.auto is not None and room > 0:
+            self.auto.at_depth(seq.tokens.n_past)
+            decision = self.auto.choose()
         return Plan(decodes=decision is not None and decision.arm == PLAIN, auto=decision)
 
     def propose(self, seq, plan: Plan) -> Proposal:
@@ -508,16 +511,18 @@ class SimpleWeightlessProposer(SimpleProposer):
     def start(self, seq) -> SimpleHeld:
         return SimpleHeld(self.kinds.start())
 
-    def chosen(self, step: Offers, kept: float) -> Optional[Offer]:
+    def chosen(self, step: Offers, kept: float, depth: int = 0) -> Optional[Offer]:
         """The offer the step verifies instead of the small model's drafts (None: the
         small model's turn). With auto and the verify cost: the offer with the most
         expected tokens per second (Offers.cheapest), where it beats the rate auto
         expects of the arm it runs (plain decoding's or the small model's chain, both
         from measured costs; an arm not yet measured, nothing). Otherwise the likeliest
         offer, where it expects to keep at least one draft and more than the small model
-        has kept per step lately (`kept`)."""
+        has kept per step lately (`kept`). depth: the tokens of context the step verifies
+        after, which price its rows."""
         if self.auto is not None and self.cost is not None:
-            offer, rate = step.cheapest(self.cost)
+            self.auto.at_depth(depth)
+            offer, rate = step.cheapest(self.cost, depth)
             return offer if offer is not None and rate > self.auto.rate(self.auto.current) else None
         offer = step.likeliest()
         return offer if offer is not None and offer.expected >= max(1.0, kept) else None
@@ -525,7 +530,7 @@ class SimpleWeightlessProposer(SimpleProposer):
     def plan(self, seq) -> Plan:
         held, n_max = seq.proposing, self.kinds.n_max
         step = held.weightless.offers(seq.tokens.text, n_max, seq.draft_room(n_max))
-        offer = self.chosen(step, held.kept)
+        offer = self.chosen(step, held.kept, seq.tokens.n_past)
         if offer is not None:
             return OfferStep(judged=step.judged(offer), offer=offer)
         return replace(super().plan(seq), judged=step.judged(None))

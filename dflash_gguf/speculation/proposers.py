@@ -165,7 +165,7 @@ class WeightlessProposer(Proposer):
     def propose(self, seq, plan: Plan) -> Proposal:
         n_max = self.kinds.n_max
         step = seq.proposing.offers(seq.tokens.text, n_max, seq.draft_room(n_max))
-        offer = step.cheapest(self.cost)[0] if self.cost is not None else step.likeliest()
+        offer = step.cheapest(self.cost, seq.tokens.n_past)[0] if self.cost is not None else step.likeliest()
         plan = replace(plan, judged=step.judged(offer))
         if offer is None:
             return Proposal([seq.tokens.bonus], plan=plan)
@@ -314,6 +314,7 @@ class AutoProposer(Proposer):
         auto = self.auto
         b = min(self.block_size, seq.room)
         depth = min(b - 1, seq.remaining)
+        auto.at_depth(seq.tokens.n_past)
         decision = auto.choose() if b >= 2 else None
         if decision is None or decision.arm == PLAIN:
             if decision is not None:

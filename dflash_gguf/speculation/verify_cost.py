@@ -1,14 +1,28 @@
-"""The verify cost table `--tree-budget auto` prices its arms with: the time of a verify
-by its row count, as a chain and as a tree, measured once per model file, runtime build,
-device and thread count, and cached (~/.cache/dflash-gguf/verify-cost.json)."""
+"""The verify cost table that `--tree-budget auto`, the weightless kinds and the suffix
+tree price their steps with: the time of a verify by its row count, as a chain and as a
+tree, and what depth adds to it, measured once per model file, runtime build, device and
+thread count, and cached (~/.cache/dflash-gguf/verify-cost.json).
+
+Depth: every verified row reads every cell of the context in attention, so a verify's
+time grows with the depth it runs at, and faster for more rows (on a CPU, where flash
+attention takes a step's rows one at a time, in proportion to them). The table holds the
+verifies at SHALLOW cells of context, and a second measurement of chains at a deeper
+point: the seconds a cell of context adds to a verify of each size, taken as constant
+with depth (a row's attention reads each cell once). A verify of n rows at depth d is
+priced at shallow(n) + per_cell(n) * (d - SHALLOW).
+
+A measurement on a busy machine is not kept: each size is timed in two rounds, and where
+their least times disagree by more than NOISY the table serves this process only and the
+next one measures again."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -18,7 +32,10 @@ from ..runtime.native import _HERE
 from ..runtime.target import LOGITS_LAST, Target
 
 # bumped when measure_verify_cost changes what it measures
-MEASURE_VERSION = 3
+MEASURE_VERSION = 4
+SHALLOW = 64  # cells of context before the table's verifies
+DEEP = 1024  # ... before the depth measurement's (less where the context is shorter)
+NOISY = 1.25  # two rounds' least times further apart than this: the machine was busy
 
 
 def _key(target: Target, n_threads: int) -> str:
@@ -30,70 +47,146 @@ def _key(target: Target, n_threads: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
-def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 5) -> Dict[int, float]:
+def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 3,
+                        depth: int = SHALLOW, rounds: int = 2) -> Tuple[Dict[int, float], bool]:
     """Least seconds of a verify of each size as decoding sees it (the least: other
-    processes on the machine only ever add to a time), as a tree
-    (chain-shaped) or as a chain: its graph already built and the previous step's commit
-    riding along, its rows greedy (a request's own sampling is timed as it runs). The
-    target is reset afterwards."""
+    processes on the machine only ever add to a time) after `depth` cells of context, as
+    a tree (chain-shaped) or as a chain: its graph already built and the previous step's
+    commit riding along, its rows greedy (a request's own sampling is timed as it runs).
+    The sizes are timed in `rounds` rounds, every other one in reverse order, each size's
+    figure its least; the second value says whether each size's rounds agreed within
+    NOISY (a busy machine's do not). One prefill serves them all (each verify keeps one
+    cell, a few dozen in all); the target is reset afterwards."""
     target.set_sampling(GREEDY.native())
-    cost = {}
-    for n in sizes:
-        target.reset()
-        target.prefill(list(range(1, 65)), LOGITS_LAST)
-        tokens = list(range(2, 2 + n))
-        times = []
-        for _ in range(repeats + 2):  # the first two build the graphs, without and with a commit to carry
-            t0 = time.perf_counter()
-            if tree:
-                target.verify_tree(tokens, list(range(-1, n - 1)))
-            else:
-                target.verify(tokens)
-            target.choices(0, n)
-            times.append(time.perf_counter() - t0)
-            if tree:
-                target.commit_path([0])
-            else:
-                target.commit(1)
-        cost[n] = float(min(times[2:]))
     target.reset()
-    return cost
+    target.prefill([1 + i % 997 for i in range(depth)], LOGITS_LAST)
+    by_round: Dict[int, List[float]] = {n: [] for n in sizes}
+    for r in range(rounds):
+        for n in sizes if r % 2 == 0 else sizes[::-1]:
+            tokens = list(range(2, 2 + n))
+            times = []
+            for _ in range(repeats + 2):  # the first two build the graphs, without and with a commit to carry
+                t0 = time.perf_counter()
+                if tree:
+                    target.verify_tree(tokens, list(range(-1, n - 1)))
+                else:
+                    target.verify(tokens)
+                target.choices(0, n)
+                times.append(time.perf_counter() - t0)
+                if tree:
+                    target.commit_path([0])
+                else:
+                    target.commit(1)
+            by_round[n].append(min(times[2:]))
+    target.reset()
+    agreed = all(max(t) <= NOISY * min(t) for t in by_round.values())
+    return {n: float(min(t)) for n, t in by_round.items()}, agreed
 
 
-class VerifyCost:
-    """Verify time as a function of node count, interpolated from a cached measurement:
-    cost(n) for a tree, cost.chain(n) for a chain."""
+def deep_point(target: Target, max_n: int) -> int:
+    """The depth of the depth measurement: DEEP, or as deep as the context holds with room
+    for the largest verify and the cells the timed verifies keep (0: too short a context
+    to tell depth from noise)."""
+    d = min(DEEP, target.n_ctx - max_n - SHALLOW)
+    return d if d >= 4 * SHALLOW else 0
+
+
+class CostTable:
+    """Verify time as a function of node count and depth, interpolated from a table:
+    cost(n, depth) for a tree, cost.chain(n, depth) for a chain. sizes: the row counts
+    timed at SHALLOW cells of context; depth_rows and per_cell: what one more cell of
+    context adds to a verify of those rows."""
+
+    def __init__(self, key: str, sizes, tree_seconds, chain_seconds, depth_rows=(1,), per_cell=(0.0,)):
+        self.key = key
+        self.sizes = np.asarray(sizes, dtype=float)
+        self.tree_seconds = np.asarray(tree_seconds, dtype=float)
+        self.chain_seconds = np.asarray(chain_seconds, dtype=float)
+        self.depth_rows = np.asarray(depth_rows, dtype=float)
+        self.per_cell = np.asarray(per_cell, dtype=float)
+
+    def record(self) -> dict:
+        """The table as a results file keeps it (from_record reads it back)."""
+        return {"key": self.key, "rows": self.sizes.tolist(), "chain": self.chain_seconds.tolist(),
+                "tree": self.tree_seconds.tolist(), "depth_rows": self.depth_rows.tolist(),
+                "per_cell": self.per_cell.tolist(), "shallow": SHALLOW}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "CostTable":
+        """A table as an earlier results file recorded it (one from before depth was
+        priced prices every depth as shallow)."""
+        return cls(rec["key"], rec["rows"], rec["tree"], rec["chain"], rec.get("depth_rows", (1,)),
+                   rec.get("per_cell", (0.0,)))
+
+    def extra(self, rows, depth) -> np.ndarray:
+        """What `depth` cells of context add to a verify of `rows` rows over the table's."""
+        cells = np.maximum(np.asarray(depth, dtype=float) - SHALLOW, 0.0)
+        return np.interp(rows, self.depth_rows, self.per_cell) * cells
+
+    def __call__(self, n_nodes, depth: int = 0) -> np.ndarray:
+        return np.interp(n_nodes, self.sizes, self.tree_seconds) + self.extra(n_nodes, depth)
+
+    def chain(self, n_tokens, depth: int = 0) -> np.ndarray:
+        return np.interp(n_tokens, self.sizes, self.chain_seconds) + self.extra(n_tokens, depth)
+
+
+def per_cell(deep: dict, sizes: np.ndarray, chain_seconds: np.ndarray) -> tuple:
+    """The depth measurement's row counts and the seconds one cell of context adds to a
+    verify of each: its time over the shallow table's, spread over the cells between
+    (never below nothing, nor below a smaller verify's: noise, where depth adds little)."""
+    if not deep or "chain" not in deep:
+        return (1.0,), (0.0,)
+    rows = sorted(int(n) for n in deep["chain"])
+    cells = deep["depth"] - SHALLOW
+    per = [max(deep["chain"][str(n)] - float(np.interp(n, sizes, chain_seconds)), 0.0) / cells for n in rows]
+    return rows, np.maximum.accumulate(np.array(per)).tolist()
+
+
+class VerifyCost(CostTable):
+    """The target's CostTable, measured once per model file, runtime build, device and
+    threads and cached; what a cached entry lacks (a longer verify, the depth) is
+    measured and added."""
 
     def __init__(self, target: Target, n_threads: int = 0, cache: Path | None = None):
         max_n = target.n_verify
         sizes = sorted({1, 2, 4, 8, 16, 32, 64, max_n} & set(range(1, max_n + 1)))
         path = cache or (cache_dir() / "verify-cost.json")
-        self.key = key = _key(target, n_threads)  # the model file, runtime build, device and threads
+        key = _key(target, n_threads)  # the model file, runtime build, device and threads
         table = json.loads(path.read_text()) if path.exists() else {}
         entry = table.get(key)
         entry = entry if isinstance(entry, dict) else {}
         # engines of one model verify up to different row counts (a chain drafter's block,
         # an n-gram kind's longest draft): each measures only the sizes the entry lacks and
         # adds them, instead of measuring all again and dropping the others' sizes
-        missing = False
+        missing, agreed = False, True
         for kind in ("tree", "chain"):
             have = entry[kind] = dict(entry.get(kind) or {})
             new = [n for n in sizes if str(n) not in have]
             if new:
                 missing = True
-                have.update({str(k): v for k, v in measure_verify_cost(target, new, kind == "tree").items()})
-        if missing:
+                got, ok = measure_verify_cost(target, new, kind == "tree")
+                have.update({str(k): v for k, v in got.items()})
+                agreed &= ok
+        # the depth measurement: chains of one row, a middle size and the largest
+        deep_sizes = sorted({1, min(8, max_n), max_n})
+        deep = entry.get("deep") if isinstance(entry.get("deep"), dict) else {}
+        depth = deep_point(target, max_n)
+        if depth and (deep.get("depth") != depth or any(str(n) not in deep.get("chain", {}) for n in deep_sizes)):
+            missing = True
+            print(f"[verify-cost] timing verifies at {depth} cells of context (once per model, build, device "
+                  "and threads)", file=sys.stderr, flush=True)
+            got, ok = measure_verify_cost(target, deep_sizes, False, 2, depth)
+            deep = entry["deep"] = {"depth": depth, "chain": {str(n): v for n, v in got.items()}}
+            agreed &= ok
+        if missing and agreed:
             table[key] = entry
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(table, indent=1))
             tmp.replace(path)  # another process reads a whole table or the one before
-        self.sizes = np.array(sizes, dtype=float)
-        self.tree_seconds = np.array([entry["tree"][str(k)] for k in sizes])
-        self.chain_seconds = np.array([entry["chain"][str(k)] for k in sizes])
-
-    def __call__(self, n_nodes) -> np.ndarray:
-        return np.interp(n_nodes, self.sizes, self.tree_seconds)
-
-    def chain(self, n_tokens) -> np.ndarray:
-        return np.interp(n_tokens, self.sizes, self.chain_seconds)
+        elif missing:
+            print("[verify-cost] the machine was busy while timing (two rounds disagreed): the table serves "
+                  "this run only", file=sys.stderr, flush=True)
+        chain = np.array([entry["chain"][str(k)] for k in sizes])
+        super().__init__(key, sizes, [entry["tree"][str(k)] for k in sizes], chain,
+                         *per_cell(deep, np.asarray(sizes, dtype=float), chain))

@@ -52,11 +52,15 @@ class Offer:
         """Its expected kept drafts, verified whole."""
         return float(self.probs.sum())
 
-    def priced(self, cost) -> Tuple[int, float]:
+    def priced(self, cost, depth: int = 0) -> Tuple[int, float]:
         """(how many of its nodes pay, the expected tokens per second of a step that
-        verifies them) at the verify cost by rows (VerifyCost: a chain's, or a tree's);
-        0 nodes: the last token alone pays best."""
-        by_rows = cost.chain if self.tree is None or is_chain(self.tree) else cost
+        verifies them) at the verify cost by rows (VerifyCost: a chain's, or a tree's)
+        after `depth` tokens of context; 0 nodes: the last token alone pays best."""
+        table = cost.chain if self.tree is None or is_chain(self.tree) else cost
+
+        def by_rows(rows):
+            return table(rows, depth)
+
         m = best_size(self.probs, by_rows)
         return m, (1.0 + float(self.probs[:m].sum())) / float(np.asarray(by_rows(np.asarray([1 + m])))[0])
 
@@ -97,12 +101,13 @@ class Offers:
         """The offer with the most expected kept drafts (the first listed on a tie)."""
         return max(self.offers, key=lambda o: o.expected, default=None)
 
-    def cheapest(self, cost) -> Tuple[Optional[Offer], float]:
-        """The offer with the most expected tokens per second at the verify cost, cut to
-        its best size, and that rate ((None, 0.0): no offer beats plain decoding)."""
+    def cheapest(self, cost, depth: int = 0) -> Tuple[Optional[Offer], float]:
+        """The offer with the most expected tokens per second at the verify cost after
+        `depth` tokens of context, cut to its best size, and that rate ((None, 0.0): no
+        offer beats plain decoding)."""
         best, best_rate = None, 0.0
         for offer in self.offers:
-            m, rate = offer.priced(cost)
+            m, rate = offer.priced(cost, depth)
             if m and rate > best_rate:
                 best, best_rate = offer.cut(m), rate
         return best, best_rate

@@ -977,6 +977,29 @@ def test_verify_cost_bench_times_both_engines_by_rows(tmp_path):
     assert doc["rows"][2]["ours_vs_own_decode"] > 0 and doc["checkout"] is not None
 
 
+def test_depth_map_times_verifies_at_each_depth(tmp_path):
+    """experiments/depth_map.py on the demo target beside the real llama-bench: every row
+    count at every depth, each arm every repetition, the figures' medians and ratios taken
+    per depth and row count."""
+    from dflash_gguf.tools import llama_cpp_tree
+    from helpers.fixtures import missing_oracle
+
+    if llama_cpp_tree.tool("llama-bench") is None:
+        missing_oracle("llama-bench (.venv/bin/python scripts/llama_cpp_build.py llama-bench)")
+    out = tmp_path / "depth.json"
+    res = subprocess.run([sys.executable, str(EXPERIMENTS / "depth_map.py"), "-m", demo_paths()[0],
+                          "--depths", "0,384", "--sizes", "1,4", "-r", "2", "--steps", "1", "-t", "1",
+                          "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = slim.read(out)
+    assert [(r["depth"], r["rows"]) for r in doc["table"]] == [(0, 1), (0, 4), (384, 1), (384, 4)]
+    assert sorted((r["arm"], r["depth"], r["rows"], r["rep"]) for r in doc["runs"]) == sorted(
+        (arm, d, k, rep) for arm in ("ours", "llama.cpp patched") for d in (0, 384) for k in (1, 4) for rep in range(2))
+    for row in doc["table"]:
+        assert row["ours"]["median_ms"] > 0 and row["ours_over_patched"] > 0 and "llama.cpp stock" not in row
+    assert doc["checkout"] is not None and doc["our_fill_seconds"]["384"] >= 0
+
+
 def test_auto_cold_start_runs_new_processes_cold_and_warm(tmp_path):
     """experiments/auto_cold_start.py: dflash-run processes of the demo pair, auto cold (a
     memory file not there yet) and warm (the file an earlier process wrote), beside

@@ -343,10 +343,10 @@ class _DearVerify:
 
     key = "dear"  # what a real table's key names: its file, build, device and threads
 
-    def chain(self, n_tokens):
+    def chain(self, n_tokens, depth=0):
         return 10.0 * np.asarray(n_tokens, dtype=float) ** 2
 
-    def __call__(self, n_nodes):
+    def __call__(self, n_nodes, depth=0):
         return 10.0 * (np.asarray(n_nodes, dtype=float) + 1) ** 2
 
 

@@ -712,6 +712,34 @@ def expected_late_rate(sim, seed, steps=1000, start=200):
     return out, sum(expected[start:]) / sum(s for _, _, s in out[start:])
 
 
+def test_auto_prices_its_arms_at_the_sequences_depth():
+    """auto prices a step where the sequence is: the verify table at the depth the step
+    runs at (CostTable's per-cell seconds), and plain decoding's measured step kept as at
+    no depth (what the table says the depth added taken off), so that a plain step timed
+    deep and one timed shallow price alike, and both arms grow dearer together."""
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
+    from dflash_gguf.speculation.verify_cost import CostTable
+
+    sizes = [1, 2, 4, 8, 16]
+    base = [0.010, 0.012, 0.016, 0.024, 0.040]
+    cost = CostTable("test", sizes, base, base, depth_rows=[1, 16], per_cell=[1e-6, 16e-6])
+    auto = AutoBudget(cost, 8, 8)
+    auto.at_depth(4096)
+    deep = auto.costs.depth
+    assert deep == 4096
+    assert auto.costs.verify_chain[5] == pytest.approx(float(cost.chain(5, deep)))
+    assert auto.costs.verify_tree[8] == pytest.approx(float(cost(9, deep)))
+    assert auto.seconds(PLAIN) == pytest.approx(float(cost.chain(1, deep)))  # unmeasured: a one-row verify
+    auto.costs.timed(PLAIN, 0.011 + float(cost.extra(1, deep)), 0.0, 0)  # a plain step at depth 4096
+    assert auto.costs.part["plain"] == pytest.approx(0.011)
+    auto.at_depth(100)
+    assert auto.seconds(PLAIN) == pytest.approx(0.011 + float(cost.extra(1, 64)))
+    auto.costs.timed(CHAIN, 0.030, 0.0, 3)  # a chain step of 4 rows at depth 64
+    assert auto.costs.part["drafted"] == pytest.approx(0.030 - float(cost.chain(4, 64)))
+    auto.at_depth(16384)
+    assert auto.seconds(CHAIN) - auto.seconds(PLAIN) > 0.030 - 0.011  # the chain's rows grew dearer than plain's one
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_auto_ends_on_the_chain_where_a_verify_costs_its_rows(seed):
     """On a CPU-like device the chain beats plain decoding (drafting pays) and every
@@ -1037,7 +1065,7 @@ def test_each_decision_reaches_learn_once():
     for sim in (SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0)), SimPair(**GPU, **SPREAD)):
         chosen.clear(), learnt.clear()
         proposer = AutoProposer(_FakeDraft(sim), sim.depth + 1, Recording(sim.cost, 32, sim.depth + 1))
-        seq = SimpleNamespace(tokens=SimpleNamespace(bonus=0), room=10 ** 6, remaining=10 ** 6, slot=0,
+        seq = SimpleNamespace(tokens=SimpleNamespace(bonus=0, n_past=64), room=10 ** 6, remaining=10 ** 6, slot=0,
                               sampler=SimpleNamespace(guided=False, guide=None))
         seq.proposing = proposer.start(seq)
         heard, unasked = None, 0
@@ -1131,25 +1159,68 @@ def test_lossless_auto(pair):
 def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
     """The cost curve times verifies whose graph is already built and which carry the
     previous step's commit: a graph build in the timed runs would make big trees look
-    dearer than they are. Measured once, then read from the cache."""
+    dearer than they are. Each size is timed in two rounds after one prefill; measured
+    once, then read from the cache. A context too short to tell depth from noise prices
+    every depth as shallow."""
     from dflash_gguf.speculation.verify_cost import VerifyCost
 
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=8, kv_type="f32"))
     before = target.info()
     cost = VerifyCost(target, cache=tmp_path / "cost.json")
     after = target.info()
-    sizes, kinds = 4, 2  # 1, 2, 4, 8 nodes; tree and chain
-    # per size and kind: two verifies build (without and with a commit to carry), five
-    # timed verifies reuse; the 64-token prefill is built once, as graphs outlive a reset
-    assert after["n_graphs"] - before["n_graphs"] == sizes * kinds * (1 + 7)
-    assert after["n_graph_builds"] - before["n_graph_builds"] == 1 + sizes * kinds * 2
+    sizes, kinds, rounds = 4, 2, 2  # 1, 2, 4, 8 nodes; tree and chain
+    # per size, kind and round: two verifies build (without and with a commit to carry),
+    # three timed verifies reuse; one 64-token prefill a kind, built once, as graphs
+    # outlive a reset
+    assert after["n_graphs"] - before["n_graphs"] == kinds * (1 + rounds * sizes * 5)
+    # every graph is built by an untimed verify (or the prefill), none by a timed one
+    assert 1 + sizes * kinds * 2 <= after["n_graph_builds"] - before["n_graph_builds"] <= 1 + kinds * rounds * sizes * 2
     assert after["n_past"] == 0
     assert np.all(cost.tree_seconds > 0) and np.all(cost.chain_seconds > 0)
+    assert float(cost.chain(8, 200)) == float(cost.chain(8))  # no depth measured in 256 cells
     again = VerifyCost(target, cache=tmp_path / "cost.json")
     assert target.info()["n_graphs"] == after["n_graphs"]
     assert np.array_equal(again.tree_seconds, cost.tree_seconds)
+    target.close()
 
 
+def test_verify_cost_prices_depth(pair, tmp_path):
+    """A verify's rows each read the whole context: the table times chains at a deeper
+    point too, and a verify at depth costs its shallow price plus what each cell adds,
+    the more the more rows (never less for more rows, never less deeper). The deep
+    point is timed once and cached with the rest."""
+    import json
+
+    from dflash_gguf.speculation.verify_cost import SHALLOW, VerifyCost
+
+    target = Target(pair["target"], TargetConfig(n_ctx=1024, n_verify=8, kv_type="f32"))
+    cost = VerifyCost(target, cache=tmp_path / "cost.json")
+    (entry,) = json.loads((tmp_path / "cost.json").read_text()).values()
+    assert entry["deep"]["depth"] == 1024 - 8 - SHALLOW
+    assert sorted(map(int, entry["deep"]["chain"])) == [1, 8]
+    assert list(cost.depth_rows) == [1, 8] and np.all(cost.per_cell >= 0) and np.all(np.diff(cost.per_cell) >= 0)
+    shallow = cost.chain(np.arange(1, 9))
+    deep = cost.chain(np.arange(1, 9), 4096)
+    assert np.all(deep >= shallow) and np.all(np.diff(deep - shallow) >= 0)
+    assert float(cost.chain(4, SHALLOW)) == float(cost.chain(4))
+    assert float(cost(4, 4096)) - float(cost(4)) == pytest.approx(float(cost.chain(4, 4096)) - float(cost.chain(4)))
+    before = target.info()["n_graphs"]
+    VerifyCost(target, cache=tmp_path / "cost.json")
+    assert target.info()["n_graphs"] == before
+    target.close()
+
+
+def test_verify_cost_on_a_busy_machine_is_not_cached(pair, tmp_path, monkeypatch):
+    """Where a size's two rounds disagree (another process took the cores), the table
+    serves the run that measured it and is not written: the next run measures again."""
+    from dflash_gguf.speculation import verify_cost
+
+    monkeypatch.setattr(verify_cost, "NOISY", 0.5)  # no two rounds agree
+    target = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=4, kv_type="f32"))
+    cost = verify_cost.VerifyCost(target, cache=tmp_path / "cost.json")
+    assert np.all(cost.chain_seconds > 0)
+    assert not (tmp_path / "cost.json").exists()
+    target.close()
 
 
 def test_verify_cost_adds_the_sizes_another_engine_lacked(pair, tmp_path):
@@ -1167,9 +1238,10 @@ def test_verify_cost_adds_the_sizes_another_engine_lacked(pair, tmp_path):
     long = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=16, kv_type="f32"))
     before = long.info()["n_graphs"]
     second = VerifyCost(long, cache=cache)
-    # sizes 8 and 16 only (tree and chain, seven verifies each), plus their prefills' graphs
+    # sizes 8 and 16 only (tree and chain, two rounds of five verifies each), plus their
+    # prefills' graphs
     measured = long.info()["n_graphs"] - before
-    assert measured == 2 * 2 * (1 + 7)
+    assert measured == 2 * (1 + 2 * 2 * 5)
     assert np.array_equal(second.tree_seconds[:3], first.tree_seconds)
     (entry,) = json.loads(cache.read_text()).values()
     assert sorted(map(int, entry["tree"])) == sorted(map(int, entry["chain"])) == [1, 2, 4, 8, 16]

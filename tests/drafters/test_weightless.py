@@ -116,6 +116,24 @@ def test_a_batch_of_weightless_kinds_gives_each_sequence_its_solo_text(draft, sp
     assert any(n > 1 for s in seqs for n in s.stats.accepted_lengths)
 
 
+def test_at_depth_every_row_costs_more_and_offers_are_cut_shorter():
+    """Each verified row reads the whole context: at depth the table prices every row
+    dearer (CostTable's per-cell seconds, the more rows the more), so an offer that pays
+    whole at the start of a context pays only in part deep into one, and where a row of
+    context costs enough, not at all."""
+    from dflash_gguf.speculation.verify_cost import CostTable
+
+    rows = [1, 2, 4, 8]
+    base = [1.0, 1.1, 1.3, 1.7]  # rows nearly free at no depth
+    cost = CostTable("test", rows, base, base, depth_rows=[1, 8], per_cell=[1e-4, 8e-4])
+    shallow, _ = Offers([SURE, LONG]).cheapest(cost, 0)
+    deep, deep_rate = Offers([SURE, LONG]).cheapest(cost, 8192)
+    assert (shallow.kind, len(shallow.probs)) == ("suffix", 5)
+    assert deep is not None and len(deep.probs) < 5
+    assert deep_rate == pytest.approx((1 + deep.probs.sum()) / float(cost.chain(1 + len(deep.probs), 8192)))
+    assert Offers([SURE, LONG]).cheapest(cost, 10 ** 6) == (None, 0.0)
+
+
 class Arms:
     """auto's side of the choice beside draft-simple: the rate it expects of its arm."""
 
@@ -126,6 +144,9 @@ class Arms:
 
     def rate(self, arm: int) -> float:
         return self.expected
+
+    def at_depth(self, depth: int) -> None:
+        pass
 
 
 @pytest.mark.parametrize("auto_rate, kept, kind", [

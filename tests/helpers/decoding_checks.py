@@ -240,10 +240,10 @@ class _Cost:
         self.chain_fixed = fixed if chain_fixed is None else chain_fixed
         self.chain_per_node = per_node if chain_per_node is None else chain_per_node
 
-    def __call__(self, n):
+    def __call__(self, n, depth=0):
         return self.fixed + self.per_node * np.asarray(n, dtype=float)
 
-    def chain(self, n):
+    def chain(self, n, depth=0):
         return self.chain_fixed + self.chain_per_node * np.asarray(n, dtype=float)
 
 
@@ -251,7 +251,7 @@ class _FlatCost:
     """A verify cost table where rows are nearly free (as on a GPU): `auto` then has trees,
     the chain and plain decoding within reach."""
 
-    def __call__(self, n):
+    def __call__(self, n, depth=0):
         return 1e-3 + 1e-6 * np.asarray(n, dtype=float)
 
     chain = __call__
@@ -343,7 +343,7 @@ class FlatCost:
     def __init__(self, per_row: float = 0.0):
         self.per_row = per_row
 
-    def __call__(self, rows):
+    def __call__(self, rows, depth=0):
         return 1.0 + self.per_row * (np.asarray(rows, dtype=float) - 1)
 
     chain = __call__
