@@ -1156,13 +1156,16 @@ def test_lossless_auto(pair):
         assert memory.learnt is not None
 
 
-def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
+def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path, monkeypatch):
     """The cost curve times verifies whose graph is already built and which carry the
     previous step's commit: a graph build in the timed runs would make big trees look
     dearer than they are. Each size is timed in two rounds after one prefill; measured
     once, then read from the cache. A context too short to tell depth from noise prices
     every depth as shallow."""
+    from dflash_gguf.speculation import verify_cost
     from dflash_gguf.speculation.verify_cost import VerifyCost
+
+    monkeypatch.setattr(verify_cost, "NOISY", float("inf"))  # cached however busy the machine
 
     target = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=8, kv_type="f32"))
     before = target.info()
@@ -1184,15 +1187,17 @@ def test_verify_cost_is_measured_as_decoding_sees_it(pair, tmp_path):
     target.close()
 
 
-def test_verify_cost_prices_depth(pair, tmp_path):
+def test_verify_cost_prices_depth(pair, tmp_path, monkeypatch):
     """A verify's rows each read the whole context: the table times chains at a deeper
     point too, and a verify at depth costs its shallow price plus what each cell adds,
     the more the more rows (never less for more rows, never less deeper). The deep
     point is timed once and cached with the rest."""
     import json
 
+    from dflash_gguf.speculation import verify_cost
     from dflash_gguf.speculation.verify_cost import SHALLOW, VerifyCost
 
+    monkeypatch.setattr(verify_cost, "NOISY", float("inf"))  # cached however busy the machine
     target = Target(pair["target"], TargetConfig(n_ctx=1024, n_verify=8, kv_type="f32"))
     cost = VerifyCost(target, cache=tmp_path / "cost.json")
     (entry,) = json.loads((tmp_path / "cost.json").read_text()).values()
@@ -1223,14 +1228,16 @@ def test_verify_cost_on_a_busy_machine_is_not_cached(pair, tmp_path, monkeypatch
     target.close()
 
 
-def test_verify_cost_adds_the_sizes_another_engine_lacked(pair, tmp_path):
+def test_verify_cost_adds_the_sizes_another_engine_lacked(pair, tmp_path, monkeypatch):
     """Engines of one model verify up to different row counts: a second one with a longer
     limit measures only the sizes the cached entry lacks and keeps the others', and a
     shorter one after it measures nothing."""
     import json
 
+    from dflash_gguf.speculation import verify_cost
     from dflash_gguf.speculation.verify_cost import VerifyCost
 
+    monkeypatch.setattr(verify_cost, "NOISY", float("inf"))  # cached however busy the machine
     cache = tmp_path / "cost.json"
     short = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=4, kv_type="f32"))
     first = VerifyCost(short, cache=cache)
