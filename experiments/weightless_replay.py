@@ -31,6 +31,7 @@ import dflash_gguf
 from dflash_gguf.tools import real_models
 from dflash_gguf.bench.serving import workload
 from dflash_gguf.bench.provenance import machine, results_doc, versions, write_results
+from dflash_gguf.decoding.proposal import Plan
 from dflash_gguf.engine.engine import Engine
 from dflash_gguf.speculation.kinds import WEIGHTLESS, parse_spec_types
 from dflash_gguf.speculation.pricing import RunHazards, walk_depth
@@ -128,7 +129,7 @@ def replay(kinds, turns, cost, n_max: int) -> dict:
         while i < len(out):
             seq.remaining, seq.tokens.bonus, seq.tokens.n_past = len(out) - i, text[-1], len(text) - 1
             depth = seq.tokens.n_past
-            plan = SimpleNamespace(judged=None)
+            plan = Plan()
             p = proposer.propose(seq, plan)
             if p.tree is not None and not is_chain(p.tree):
                 rows, kept = len(p.tree.tokens), walk_depth(p.tree, out[i:])
@@ -144,7 +145,7 @@ def replay(kinds, turns, cost, n_max: int) -> dict:
             i += len(emitted)
             seq.stats.generated_tokens = i
             passes, drafted, accepted = passes + 1, drafted + rows - 1, accepted + kept
-            proposer.verified(seq, plan, p, None, emitted, 0.0)
+            proposer.verified(seq, p.plan or plan, p, None, emitted, 0.0)
         proposer.finish(seq)
     return {"passes": passes, "drafted": drafted, "accepted": accepted, "seconds": seconds}
 
