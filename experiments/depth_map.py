@@ -105,7 +105,8 @@ def plot(results: Path, image: Path) -> None:
     depths = sorted({r["depth"] for r in table})
     unit = next(r["ours"]["median_ms"] for r in table if r["depth"] == depths[0] and r["rows"] == 1)
     fig, axes = plt.subplots(1, len(depths), figsize=(3.2 * len(depths), 3.4), sharey=True)
-    for ax, depth in zip(list(np.atleast_1d(axes)), depths):
+    axes = np.atleast_1d(axes)
+    for ax, depth in zip(axes, depths):
         rows = [r for r in table if r["depth"] == depth]
         for arm, style in zip(ARMS, ("o-", "s--", "^:")):
             got = [(r["rows"], r[arm]["median_ms"] / unit) for r in rows if arm in r]
@@ -115,8 +116,8 @@ def plot(results: Path, image: Path) -> None:
         ax.set_title(f"depth {depth}" if depth else "no depth")
         ax.set_xlabel("rows verified")
         ax.grid(alpha=0.3)
-    np.atleast_1d(axes)[0].set_ylabel("time / one-row decode at no depth")
-    np.atleast_1d(axes)[0].legend(fontsize=8)
+    axes[0].set_ylabel("time / one-row decode at no depth")
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(image, dpi=110)
 

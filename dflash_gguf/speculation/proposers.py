@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
