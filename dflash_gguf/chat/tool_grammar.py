@@ -6,7 +6,8 @@ As llama-server's tool grammars, the grammar is lazy when calls are optional (to
 auto with strict tools): text before a call is free, and from the call's opening on the
 grammar holds. When a call is required, the prompt already ends with the call's opening
 (assistant.prepare_turn primes it) and the grammar holds from the first token, the
-primed text consumed first. A tool without `strict` gets any JSON object as arguments.
+primed text consumed first. A call's arguments follow its tool's parameter schema, with
+`strict` or without, as in llama-server's grammars (no schema: any JSON object).
 
 Formats: hermes (and the generic one of templates that cannot show tools), whose call is
 `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, and qwen-xml, whose
@@ -62,8 +63,7 @@ def _marker(text: str, special: Callable[[str], Optional[int]]) -> str:
 
 
 def _schema(tool: dict) -> dict:
-    fn = tool["function"]
-    return fn.get("parameters") or {"type": "object"} if fn.get("strict") is True else {"type": "object"}
+    return tool["function"].get("parameters") or {"type": "object"}
 
 
 def _json(schema: dict) -> str:
@@ -82,11 +82,11 @@ def _qwen_xml_call(tools: Sequence[dict], rules: List[str]) -> str:
     for i, tool in enumerate(tools):
         fn = tool["function"]
         head = json.dumps(f"{fn['name']}>\n")
-        if fn.get("strict") is not True:
+        schema = fn.get("parameters") or {}
+        props = schema.get("properties") or {}
+        if not props:  # no parameters named: any, each as text
             rules.append(f'fn_{i}: {head} ("<parameter=" /[^>\\n]+/ ">\\n" TEXT "\\n</parameter>\\n")*')
         else:
-            schema = fn.get("parameters") or {}
-            props = schema.get("properties") or {}
             required = set(schema.get("required") or [])
             parts = []
             for j, (key, sub) in enumerate(props.items()):

@@ -107,7 +107,8 @@ class GenerationStats:
     # of them accepted, as llama-server's timings draft_n and draft_n_accepted
     drafted_tokens: int = 0
     accepted_drafts: int = 0
-    # each kept token's logprobs.TokenLogprob, when the request asked (Request.logprobs)
+    # each kept token's logprobs.TokenLogprob (TokenProb: Request.post_sampling), when the
+    # request asked (Request.logprobs)
     logprobs: List = field(default_factory=list)
 
     @property
@@ -139,7 +140,8 @@ class Request:
     requests without one; dflash-server's is a digest of the request's API key);
     logprobs: the target's log-probability of each emitted token and its `logprobs` most
     likely alternatives (0: the token's alone) in the stats (GenerationStats.logprobs;
-    None: not asked: nothing read back)."""
+    None: not asked: nothing read back); post_sampling: those as probabilities after the
+    sampler's rules instead (logprobs.TokenProb; llama-server's post_sampling_probs)."""
 
     prompt: List[int]
     max_tokens: int
@@ -149,6 +151,7 @@ class Request:
     reuse_prefix: bool = True
     corpus: Optional[str] = None
     logprobs: Optional[int] = None
+    post_sampling: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence as Seq, Set, Tuple
 
-from .logprobs import TokenLogprob, token_logprobs
+from ..runtime.errors import ConfigError
+from .logprobs import TokenLogprob, token_logprobs, token_probs
 from .proposal import VerifiedStep
 from .requests import GenerationStats, Placement, Prefill, Request, check_bias, check_request, start_context
 from .sampling import Sampler
@@ -117,12 +118,20 @@ class Sequence:
         self.verified_step: Optional[VerifiedStep] = None  # its last step, for its proposer to hear (tell_proposer)
         # logprobs: the alternatives asked per token (None: none); the step's tokens' until emitted keeps them
         self.logprobs_top: Optional[int] = request.logprobs
+        self.post_sampling = request.post_sampling
+        if self.post_sampling and self.sampler.constrained:
+            raise ConfigError("post_sampling", "post_sampling_probs cannot be given with a grammar, a JSON schema or "
+                                               "a required tool call: the probabilities after the sampler leave out "
+                                               "the grammar's mask")
         self.step_logprobs: Optional[List[TokenLogprob]] = None
 
     def read_logprobs(self, rows: List[int], tokens: List[int]) -> None:
         """The step's tokens' log-probabilities (the request asked for them), read from the
         rows that chose them in the target's last call."""
-        self.step_logprobs = token_logprobs(self.target, rows, tokens, self.logprobs_top)
+        if self.post_sampling:
+            self.step_logprobs = token_probs(self.target, rows, tokens, self.logprobs_top, self.sampler.params)
+        else:
+            self.step_logprobs = token_logprobs(self.target, rows, tokens, self.logprobs_top)
 
     @property
     def slot(self) -> int:

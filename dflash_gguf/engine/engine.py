@@ -258,7 +258,8 @@ class Engine:
     def stream(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
                stats: Optional[GenerationStats] = None, context_full: str = "error",
-               corpus: Optional[str] = None, logprobs: Optional[int] = None) -> Iterator[str]:
+               corpus: Optional[str] = None, logprobs: Optional[int] = None,
+               post_sampling: bool = False) -> Iterator[str]:
         """Yield text pieces as tokens are committed, never splitting a UTF-8 character.
         Generation ends at max_tokens, at a stop token (default: the model's
         end-of-generation tokens; it ends the tokens, its text is not part of the reply), or at a stop string (excluded;
@@ -268,10 +269,12 @@ class Engine:
         context_full: "error" (default) refuses upfront a request whose prompt plus
         max_tokens could overflow the context; "stop" generates until the context is
         full and ends there with stats.stop_reason "context". corpus: the suffix corpus's
-        key (Request.corpus); logprobs: as generate()'s, in stats.logprobs as tokens come."""
+        key (Request.corpus); logprobs, post_sampling: as generate()'s, in stats.logprobs
+        as tokens come."""
         stats = GenerationStats() if stats is None else stats
         return stream_text(self, Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full,
-                                         corpus=corpus, logprobs=logprobs), stop, speculative, stats, [])
+                                         corpus=corpus, logprobs=logprobs, post_sampling=post_sampling),
+                           stop, speculative, stats, [])
 
     def text_stream(self, stop: Sequence[str] = (), stop_tokens: Optional[Iterable[int]] = None) -> TextStream:
         """The text of a request's tokens as they come (see streaming.TextStream)."""
@@ -280,16 +283,18 @@ class Engine:
     def generate(self, prompt: Prompt, max_tokens: int = 128, *, stop_tokens: Optional[Iterable[int]] = None,
                  stop: Sequence[str] = (), speculative: bool = True, sampling: Optional[SamplingParams] = None,
                  on_tokens: Optional[Callable[[List[int]], None]] = None, context_full: str = "error",
-                 corpus: Optional[str] = None, logprobs: Optional[int] = None) -> Result:
+                 corpus: Optional[str] = None, logprobs: Optional[int] = None,
+                 post_sampling: bool = False) -> Result:
         """Continuation of `prompt` (text or token ids): greedy, or sampled with
         `sampling` (SamplingParams(temperature, top_k, top_p, min_p, seed)). Ends as
         stream() does (context_full and corpus too); the result's text stops before a
         stop string. logprobs: the target's log-probability of each token and its
         `logprobs` most likely alternatives, in result.stats.logprobs (decoding/logprobs.py:
-        the same under speculation as in plain decoding)."""
+        the same under speculation as in plain decoding); post_sampling: those as
+        probabilities after the sampling rules instead (logprobs.TokenProb)."""
         stats = GenerationStats()
         request = Request(self.encode(prompt), max_tokens, stop_tokens, sampling, context_full, corpus=corpus,
-                          logprobs=logprobs)
+                          logprobs=logprobs, post_sampling=post_sampling)
         if stop:
             out: List[int] = []
             text = "".join(stream_text(self, request, stop, speculative, stats, out))

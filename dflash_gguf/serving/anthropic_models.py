@@ -115,7 +115,7 @@ Thinking = Annotated[Union[ThinkingEnabled, ThinkingOther], Field(discriminator=
 
 
 class MessagesRequest(Strict):
-    messages: Annotated[List[Message], Field(min_length=1)]
+    messages: List[Message]  # empty is taken, as llama-server takes it (Anthropic's API refuses it)
     max_tokens: TokenCount
     system: Union[str, List[TextContent], None] = None
     stop_sequences: Optional[Stop] = None

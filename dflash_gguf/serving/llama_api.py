@@ -26,7 +26,9 @@ def generation_settings(r: Reply) -> dict:
     request = r.prepared.request
     settings = {"n_predict": server.n_predict_of(request), "seed": sampling.seed if sampling else None,
                 "stop": request.stops, "ignore_eos": request.ignore_eos, "stream": request.stream,
-                "n_probs": request.probs_asked or 0, "post_sampling_probs": False, "cache_prompt": request.cache_prompt, "speculative": server.speculates}
+                "n_probs": request.probs_asked or 0,
+                "post_sampling_probs": getattr(request, "post_sampling_probs", False),  # a native request's
+                "cache_prompt": request.cache_prompt, "speculative": server.speculates}
     # as llama-server lists them: -inf (a token never picked; ignore_eos's end tokens) as null
     bias = (sampling.logit_bias or []) if sampling is not None else []
     settings["logit_bias"] = [{"bias": None if math.isinf(b) else b, "token": t} for t, b in bias]

@@ -44,9 +44,8 @@ class NativeGeneration(Generation):
     """llama-server's generation fields over the OpenAI ones: n_predict (-1: no limit)
     for max_tokens, id_slot, return_tokens, response_fields, and n_probs (its alias
     logprobs): the target's log-probabilities of each token and its n_probs most likely
-    alternatives. post_sampling_probs (the probabilities after the sampler's top-k, top-p,
-    min-p and temperature) is refused: the sampler draws on the device and its
-    distribution is not read back."""
+    alternatives; with post_sampling_probs, the probabilities after the sampler's rules
+    instead (logit bias, penalties, top-k, top-p, min-p, temperature)."""
 
     n_predict: Optional[int] = None
     n_probs: Optional[Probs] = None
@@ -78,15 +77,6 @@ class NativeGeneration(Generation):
         if n is not None and n < -1:
             raise refusal("n_predict", "must be >= 0, or -1 for no limit")
         return n
-
-    @field_validator("post_sampling_probs")
-    @classmethod
-    def _pre_sampling(cls, post: bool) -> bool:
-        if post:
-            raise refusal("post_sampling_probs", "is not supported by this server: the sampler draws on the device "
-                                                 "and its distribution is not read back (n_probs without it gives "
-                                                 "the model's own probabilities)")
-        return post
 
     @property
     def probs_asked(self) -> Optional[int]:

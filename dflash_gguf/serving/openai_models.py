@@ -392,7 +392,7 @@ class NamedToolChoice(Strict):
 
 
 class ChatRequest(Generation):
-    messages: Annotated[List[ChatMessage], Field(min_length=1)]
+    messages: List[ChatMessage]  # empty: the template over no messages, as llama-server renders it
     tools: Optional[Annotated[List[Tool], Field(max_length=MAX_TOOLS)]] = None
     tool_choice: Optional[Union[Literal["auto", "none", "required"], NamedToolChoice]] = None  # null: auto
     parallel_tool_calls: flag(True) = True
@@ -413,10 +413,11 @@ class ChatRequest(Generation):
         if self.continue_final_message and self.add_generation_prompt:
             raise refusal("continue_final_message", "Cannot set both add_generation_prompt and continue_final_message "
                           "to true.", param="continue_final_message")
-        if self.continue_final_message and self.messages[-1].role != "assistant":
+        assistant_last = bool(self.messages) and self.messages[-1].role == "assistant"
+        if self.continue_final_message and not assistant_last:
             raise refusal("continue_final_message", "continue_final_message needs the last message to be the "
                           "assistant's, to continue", param="continue_final_message")
-        if self.add_generation_prompt is False and self.messages[-1].role != "assistant" and not self.renders_alone:
+        if self.add_generation_prompt is False and not assistant_last and not self.renders_alone:
             raise refusal("add_generation_prompt", "add_generation_prompt false is taken only where the last message "
                           "is the assistant's (it is continued)", param="add_generation_prompt")
         return self

@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..decoding.logprobs import TokenLogprob
+from ..decoding.logprobs import TokenProb
 from ..runtime.tokenizer import _complete_prefix
 
 LOWEST = float(-np.finfo(np.float32).max)  # stands for a -inf, as llama-server's (JSON has no infinities)
@@ -44,8 +44,16 @@ class TokenPieces:
         return {"id": token, "token": data[:_complete_prefix(data)].decode("utf-8", errors="replace"),
                 "bytes": list(data), "logprob": _logprob(logprob)}
 
-    def token_json(self, lp: TokenLogprob) -> dict:
-        """One emitted token's entry with its alternatives."""
+    def prob_entry(self, token: int, prob: float) -> dict:
+        entry = self.entry(token, 0.0)
+        del entry["logprob"]
+        return {**entry, "prob": prob}
+
+    def token_json(self, lp) -> dict:
+        """One emitted token's entry with its alternatives (a TokenProb's: probabilities
+        after the sampler, as llama-server's post_sampling_probs names them)."""
+        if isinstance(lp, TokenProb):
+            return {**self.prob_entry(lp.token, lp.prob), "top_probs": [self.prob_entry(t, p) for t, p in lp.top]}
         return {**self.entry(lp.token, lp.logprob), "top_logprobs": [self.entry(t, v) for t, v in lp.top]}
 
 

@@ -103,7 +103,8 @@ class Server:
     def chat_prompt(self, request: ChatRequest) -> Prepared:
         """An OpenAI chat request (or an Anthropic one read as such) made ready."""
         options = openai_api.chat_options(request, self.defaults.template_kwargs, self.defaults.reasoning_format)
-        if self.defaults.system_prompt is not None and options.messages[0]["role"] != "system":
+        opens_with_system = bool(options.messages) and options.messages[0]["role"] == "system"
+        if self.defaults.system_prompt is not None and not opens_with_system:
             options.messages.insert(0, {"role": "system", "content": self.defaults.system_prompt})
         try:
             template = self.engine.chat_template(bool(options.tools))
@@ -165,7 +166,8 @@ class Server:
             raise BadRequest(str(e), field_) from None
         job = Job(Request(tokens, max_tokens, stop_tokens=() if request.ignore_eos else None, sampling=sampling,
                           context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus,
-                          logprobs=request.probs_asked),
+                          logprobs=request.probs_asked,
+                          post_sampling=getattr(request, "post_sampling_probs", False)),
                   sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
         job.context_bound = asked is None or asked > room  # it may run until the context is full
         job.progress = request.stream and request.return_progress

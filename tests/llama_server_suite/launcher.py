@@ -11,8 +11,12 @@ that needs one fails at its start instead of passing against something else. Fla
 only tune llama.cpp's own runtime (--cont-batching, --kv-unified, --swa-full, --offline,
 ...) are dropped.
 
+DFLASH_SUITE_MODEL (run_suite.py --model) names another GGUF to serve in the demo
+target's place (a published model, for the suite's tests of real models' tool calls); a
+draft model is then that model itself, under draft-simple.
+
 With DFLASH_SUITE_LLAMA_SERVER set (run_suite.py --llama-server), llama.cpp's own
-llama-server there is started instead, on the same demo target (real())."""
+llama-server there is started instead, on the same model (real())."""
 from __future__ import annotations
 
 import os
@@ -80,7 +84,7 @@ def translate(argv: list) -> list:
             unsupported.append(flag)
     if unsupported:
         sys.exit(f"llama-server launcher: dflash-server does not support {', '.join(unsupported)}")
-    target, drafter = demo_paths()
+    target, drafter = served()
     out = ["-m", target] + out
     if spec_type == "draft-simple" or (draft and spec_type is None):
         # the suite's draft models are small llamas of the target's vocabulary: draft-simple
@@ -94,12 +98,18 @@ def translate(argv: list) -> list:
     return out
 
 
+def served() -> tuple:
+    """The target the suite's models are served as, and the drafter its draft models are."""
+    model = os.environ.get("DFLASH_SUITE_MODEL")
+    return (model, model) if model else demo_paths()
+
+
 MODEL_VALUES = {"--hf-repo", "--hf-file", "--model", "-m", "--model-url", "--model-draft", "-md"}
 
 
 def real(argv: list) -> list:
     """llama.cpp's llama-server's own argv for the suite's `argv` (run_suite.py
-    --llama-server): every flag as it is, but the models, which are the demo target as for
+    --llama-server): every flag as it is, but the models, which are the target served to
     dflash-server (a draft model too), so that both servers answer with the same model."""
     out, draft, i = [], False, 0
     while i < len(argv):
@@ -109,7 +119,7 @@ def real(argv: list) -> list:
         else:
             out.append(argv[i])
             i += 1
-    target, _ = demo_paths()
+    target, _ = served()
     return ["-m", target] + (["-md", target] if draft else []) + out
 
 

@@ -74,7 +74,7 @@ def outcomes(junit: Path) -> tuple:
     return out, why
 
 
-def run(files, k: str = None, timeout: float = 1800, log=None, llama_server: str = None) -> dict:
+def run(files, k: str = None, timeout: float = 1800, log=None, llama_server: str = None, model: str = None) -> dict:
     src = suite_source()
     with tempfile.TemporaryDirectory(prefix="llama-server-suite-") as tmp:
         tests = scratch_tree(src, Path(tmp))
@@ -86,6 +86,9 @@ def run(files, k: str = None, timeout: float = 1800, log=None, llama_server: str
                "LLAMA_CACHE": str(Path(tmp) / "cache")}
         env.pop("DEBUG", None)
         env.pop("DFLASH_SUITE_LLAMA_SERVER", None)
+        env.pop("DFLASH_SUITE_MODEL", None)
+        if model:
+            env["DFLASH_SUITE_MODEL"] = str(model)
         if llama_server:
             env["DFLASH_SUITE_LLAMA_SERVER"] = llama_server
         env.setdefault("PORT", str(free_port()))  # the suite's servers listen there (its default, 8080, may be taken)
@@ -152,12 +155,20 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds the whole run may take (default 1800)")
     p.add_argument("--llama-server", nargs="?", const="", metavar="PATH",
                    help="run against llama.cpp's llama-server (default: the one scripts/llama_cpp_build.py built)")
+    p.add_argument("--model", metavar="GGUF", help="serve this GGUF as every model of the suite's (default: the demo "
+                                                   "target); a name of dflash_gguf.tools.real_models fetches it")
     argv = sys.argv[1:] if argv is None else argv
     a = p.parse_args(argv)
     binary = None if a.llama_server is None else a.llama_server or llama_server_binary()
     log = open(a.log, "w") if a.log else None
     about = {**provenance(argv), "server": binary or "dflash-server (tests/llama_server_suite/launcher.py)"}
-    result = {**about, **run(a.files, a.k, a.timeout, log=log, llama_server=binary)}
+    model = None
+    if a.model:
+        from dflash_gguf.tools import real_models
+
+        model = str(real_models.path(a.model)) if a.model in real_models.MODELS else a.model
+        about["model"] = model
+    result = {**about, **run(a.files, a.k, a.timeout, log=log, llama_server=binary, model=model)}
     result["counts"] = summary(result["tests"])
     import expected
 

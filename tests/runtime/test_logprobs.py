@@ -2,16 +2,22 @@
 decoding's under every kind of speculation, bit for bit on the CPU: the rows that chose
 the tokens (a chain's, a tree's, the weightless kinds', a batch's) round as one-row
 decodes do, and the same host arithmetic turns them into numbers. Checked against the
-log-softmax of the one-row decode's whole logits row, computed independently."""
+log-softmax of the one-row decode's whole logits row, computed independently. The
+probabilities after the sampler (llama-server's post_sampling_probs) likewise, checked
+against llama.cpp's own sampler chain over the one-row decode's row."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from dflash_gguf import Engine
-from dflash_gguf.decoding.logprobs import TokenLogprob, row_logprobs
+from dflash_gguf.decoding.logprobs import TokenLogprob, TokenProb, row_logprobs, row_probs
 from dflash_gguf.decoding.requests import Request
+from dflash_gguf.decoding.sampling import SamplingParams
 from helpers.decoding_checks import REPEATS
+from helpers.llama_sampler import llama_cpp_distribution, llama_cpp_oracle
 from helpers.paths import ROOT
 
 DATA = ROOT / "dflash_gguf" / "data"
@@ -90,3 +96,55 @@ def test_row_logprobs_orders_ties_by_token_and_maps_a_cut_head():
     cut = row_logprobs(row, 13, 1, head)
     assert cut == TokenLogprob(13, lp.logprob, ((11, lp.top[0][1]),))
     assert row_logprobs(row, 3, 0).top == ()
+
+
+SAMPLED = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=11, repeat_penalty=1.1,
+                         repeat_last_n=16, logit_bias={13: 1.5, 198: -2.0})
+
+
+@pytest.mark.parametrize("options", [{}, {"tree_budget": 12}], ids=["chain", "tree"])
+def test_post_sampling_probs_are_plain_decodings_and_llama_cpps(options):
+    """post_sampling: each token's probability after the sampler's rules at its row (bias,
+    penalties over its window, top-k, top-p, min-p, temperature). Greedy with the bias and
+    penalties, speculation's equal plain decoding's, float for float. Sampled, a
+    speculative run draws other tokens than a plain one (the same distribution, not the
+    same draws), so its tokens are replayed as one-row decodes on a fresh target: each
+    entry is what llama.cpp's sampler chain gives the replayed row (float32 there: to 1e-5)."""
+    llama_cpp_oracle()
+    k = 8
+    greedy = replace(SAMPLED, temperature=0.0)
+    with Engine(TARGET, DRAFT, n_threads=2, **options) as engine:
+        runs = []
+        for prompt in PROMPTS[:2]:
+            plain, spec = (engine.generate(prompt, 24, stop_tokens=(), speculative=speculative, sampling=greedy,
+                                           logprobs=k, post_sampling=True) for speculative in (False, True))
+            assert spec.tokens == plain.tokens and spec.stats.logprobs == plain.stats.logprobs
+            assert all(p == TokenProb(t, 1.0, ((t, 1.0),)) for p, t in zip(spec.stats.logprobs, spec.tokens))
+            res = engine.generate(prompt, 24, stop_tokens=(), sampling=SAMPLED, logprobs=k, post_sampling=True)
+            assert max(res.stats.accepted_lengths) > 1
+            runs.append((engine.encode(prompt), res))
+    with Engine(TARGET, n_threads=2) as fresh:
+        target = fresh.target
+        for context, res in runs:
+            target.reset()
+            target.prefill(context)
+            for i, (tok, got) in enumerate(zip(res.tokens, res.stats.logprobs)):
+                row = target.logits(0, 1)[0].astype(np.float64)
+                for t, b in SAMPLED.logit_bias:
+                    row[t] += b
+                want = llama_cpp_distribution(row, SAMPLED, context[-SAMPLED.repeat_last_n:])
+                assert got.token == tok and abs(got.prob - want[tok]) < 1e-5, i
+                kept = [t for t in np.argsort(-want, kind="stable")[:k] if want[t] > 0]
+                assert [t for t, _ in got.top] == kept, i
+                assert all(abs(p - want[t]) < 1e-5 for t, p in got.top), i
+                context = context + [tok]
+                target.decode([tok])
+
+
+def test_row_probs_of_a_greedy_row_and_a_filtered_one():
+    row = np.array([1.0, 3.0, 2.5, 2.0, 0.0, -1.0])
+    assert row_probs(row, 1, 3, SamplingParams()) == TokenProb(1, 1.0, ((1, 1.0),))
+    top2 = row_probs(row, 2, 5, SamplingParams(temperature=1.0, top_k=2))
+    e = np.exp([3.0, 2.5])
+    assert [t for t, _ in top2.top] == [1, 2] and abs(top2.prob - e[1] / e.sum()) < 1e-12
+    assert row_probs(row, 4, 5, SamplingParams(temperature=1.0, top_k=2)).prob == 0.0

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import httpx
+import jsonschema
 import pytest
 
 from helpers.fixtures import CODE_PROMPT as CODE
@@ -530,7 +531,7 @@ def test_a_tool_using_conversation_end_to_end_through_both_clients(server, engin
     """The real engine on the demo pair, whose template cannot show tools (the generic
     fallback offers them in the system message): a first turn that must call the tool,
     then the call and its result sent back. The forced call follows the grammar of a call
-    (tool_grammar), which 24 tokens cut short: each reply is what the engine generates
+    (tool_grammar: its arguments held to the schema): each reply is what the engine generates
     for the turn's prompt, read by the turn's parser (the scripted tests in
     test_server_agents.py cover the parsing of whole calls)."""
     messages = [{"role": "system", "content": "You answer with tools."},
@@ -544,7 +545,10 @@ def test_a_tool_using_conversation_end_to_end_through_both_clients(server, engin
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []] == \
         [(c.name, c.arguments) for c in want.tool_calls]
     assert resp.usage.completion_tokens == gen.stats.generated_tokens
-    assert message.content.startswith('<tool_call>\n{"name": "get_weather", "arguments": ')  # the forced opening
+    # the forced call, its arguments held to the tool's schema (as llama-server's grammars hold them)
+    call = message.tool_calls[0].function
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER[0]["function"]["parameters"])
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
                  {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
@@ -578,6 +582,22 @@ def test_a_tool_using_conversation_end_to_end_through_both_clients(server, engin
     want, gen = expected_reply(engine, messages, WEATHER, "auto", 24)
     assert text == want.content and final.content[0].text == want.content
     assert final.usage.output_tokens == gen.stats.generated_tokens
+
+
+def test_empty_messages_render_the_template_over_none(server, engine):
+    """llama-server takes an empty `messages` (its suite's test_anthropic_empty_messages):
+    the prompt is the chat template over no messages, and the reply is the engine's for it,
+    through both APIs."""
+    want, gen = expected_reply(engine, [], [], "auto", 16)
+    resp = server.client.chat.completions.create(model="x", messages=[], max_tokens=16, temperature=0)
+    assert resp.choices[0].message.content == (want.content or None)
+    assert resp.usage.prompt_tokens == gen.stats.prompt_tokens
+    r = server.http.post("/v1/messages", json={"model": "x", "max_tokens": 16, "messages": []})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    usage = body["usage"]  # the same prompt again: read from the cache
+    assert body["type"] == "message" and usage["input_tokens"] + usage["cache_read_input_tokens"] == gen.stats.prompt_tokens
+    assert "".join(b["text"] for b in body["content"] if b["type"] == "text") == want.content
 
 
 def test_props_tokenize_detokenize_and_models(server, engine):

@@ -381,7 +381,7 @@ def test_cors_origins_list(scripted, use_template, origins, origin, allowed):
      "Infill is not supported by this model"),
     ("/infill", {"input_extra": [{"filename": 123}]}, 501, "not_supported_error", "Infill is not supported"),
     ("/apply-template", {"messages": "hi"}, 400, "invalid_request_error", "'messages' must be a list"),
-    ("/chat/completions/input_tokens", {"messages": []}, 400, "invalid_request_error", "'messages'"),
+    ("/chat/completions/input_tokens", {"messages": {}}, 400, "invalid_request_error", "'messages'"),
     ("/embeddings", {"input": "hi"}, 501, "not_supported_error", "not supported"),
 ])
 def test_hostile_native_requests(server, path, body, status, kind, needle):

@@ -115,6 +115,27 @@ def test_the_openai_client_reads_them(servers):
     assert len(entries) == 8 and all(len(e["top_logprobs"]) == 2 for e in entries)
 
 
+def test_post_sampling_probs_in_llama_servers_shape(servers):
+    """/completion's post_sampling_probs: each token's probability after the sampler
+    ("prob", "top_probs": only tokens the sampler left), equal on the speculative and the
+    plain server for greedy requests (the same tokens), 1 for a greedy token; sampled,
+    the tokens left by top_k 5 at most, in order, summing to 1 where fewer than asked."""
+    spec, plain = servers
+    body = {"prompt": CODE, "n_predict": 24, "n_probs": 6, "post_sampling_probs": True, "temperature": 0}
+    got = [s.http.post("/completion", json=body).json()["completion_probabilities"] for s in (spec, plain)]
+    assert got[0] == got[1] and len(got[0]) == 24
+    assert all(e["prob"] == 1.0 and e["top_probs"] == [{k: e[k] for k in ("id", "token", "bytes", "prob")}]
+               for e in got[0])
+    sampled = {**body, "temperature": 0.9, "top_k": 5, "seed": 7}
+    entries = spec.http.post("/completion", json=sampled).json()["completion_probabilities"]
+    assert len(entries) == 24
+    for e in entries:
+        probs = [t["prob"] for t in e["top_probs"]]
+        assert 0 < len(probs) <= 5 and probs == sorted(probs, reverse=True) and all(p > 0 for p in probs)
+        assert abs(sum(probs) - 1) < 1e-9 and e["prob"] in probs and "logprob" not in e
+    assert streamed_entries(events(spec, "/completion", sampled), native=True) == entries
+
+
 @pytest.mark.parametrize("path,body,needle", [
     ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 101}, "'top_logprobs' must be <= 100"),
     ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": -1}, "'top_logprobs' must be >= 0"),
@@ -124,7 +145,8 @@ def test_the_openai_client_reads_them(servers):
     ("/v1/completions", {"prompt": CODE, "logprobs": 1000}, "'logprobs' must be <= 100"),
     ("/completion", {"prompt": CODE, "n_probs": 1 << 40}, "'n_probs' must be <= 100"),
     ("/completion", {"prompt": CODE, "n_probs": "3"}, "'n_probs' must be an integer"),
-    ("/completion", {"prompt": CODE, "n_probs": 2, "post_sampling_probs": True}, "'post_sampling_probs' is not"),
+    ("/completion", {"prompt": CODE, "n_probs": 2, "post_sampling_probs": True, "grammar": 'root ::= "a"+'},
+     "post_sampling_probs cannot be given with a grammar"),
 ])
 def test_out_of_range_counts_get_400(servers, path, body, needle):
     r = servers[0].http.post(path, json=body)
