@@ -3,6 +3,7 @@
 
 #include "dfl_dump.h"
 #include "dfl_reuse_check.h"
+#include "dfl_threads.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -198,6 +199,10 @@ dfl_status dfl_runtime_init(dfl_runtime * rt, const char * device, int n_threads
     rt->top_k_by_sort = strncmp(ggml_backend_reg_name(ggml_backend_dev_backend_reg(rt->dev)), "Vulkan", 6) == 0;
     rt->n_threads = n_threads > 0 ? n_threads : available_cpus();
     set_threads(rt->backend_cpu, rt->n_threads);
+    rt->threads_in_use = rt->n_threads;
+    if (rt->backend == rt->backend_cpu) { /* a device's graphs run on the device, not on these threads */
+        rt->threads = dfl_threads_new(rt->n_threads);
+    }
 
     rt->last_slot = -1;
     rt->graph_mem_size = ggml_tensor_overhead() * rt->graph_size + ggml_graph_overhead_custom(rt->graph_size, false);
@@ -264,6 +269,7 @@ void dfl_runtime_free(dfl_runtime * rt) {
     }
     dfl_dump_free(rt->dump);
     dfl_reuse_check_free(rt->reuse);
+    dfl_threads_free(rt->threads);
     for (int i = 0; i < rt->n_slots; i++) {
         dfl_graph_slot * s = &rt->slots[i];
         if (s->ctx) ggml_free(s->ctx);
@@ -381,9 +387,20 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     rt->traffic->copy_bytes += rt->slots[slot].copy_bytes;
     rt->n_last_nodes = ggml_graph_n_nodes(gf);
     TRY(dfl_reuse_check_before(rt->reuse, slot, gf));
+    if (rt->threads) {
+        const int n = dfl_threads_pick(rt->threads);
+        if (n != rt->threads_in_use) {
+            set_threads(rt->backend_cpu, n);
+            rt->threads_in_use = n;
+        }
+    }
+    const double t0 = rt->threads ? now_seconds() : 0.0;
     dfl_dump_begin(rt->dump);
     const enum ggml_status status = ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf);
     dfl_dump_end(rt->dump);
+    if (rt->threads) {
+        dfl_threads_record(rt->threads, gf, rt->threads_in_use, now_seconds() - t0);
+    }
     if (status != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");
     }

@@ -36,7 +36,9 @@ typedef struct dfl_runtime {
     ggml_backend_t backend;     /* on dev */
     ggml_backend_t backend_cpu; /* fallback for ops dev cannot run; == backend on CPU */
     ggml_backend_dev_t dev_cpu; /* host device: layers not offloaded to dev live here */
-    int n_threads;              /* CPU threads (the CPU backend's, also when dev is another) */
+    int n_threads;              /* CPU threads asked for (the CPU backend's, also when dev is another) */
+    int threads_in_use;         /* the CPU backend's now: n_threads, or fewer while `threads` finds that faster */
+    struct dfl_threads * threads; /* threads by load (dfl_threads.h); NULL: n_threads always */
     size_t graph_size;          /* nodes per graph */
     size_t graph_mem_size;
     int n_slots;

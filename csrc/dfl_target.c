@@ -249,6 +249,7 @@ DFL_API dfl_status dfl_target_get_info(const dfl_target * t, dfl_target_info * i
     info->n_graph_builds = t->n_graph_builds;
     snprintf(info->device, sizeof info->device, "%s", ggml_backend_dev_name(t->rt.dev));
     info->n_threads = t->rt.n_threads;
+    info->n_threads_in_use = t->rt.threads_in_use;
     info->n_weight_buffers = t->m.file.n_buffers;
     info->compute_bytes = dfl_runtime_compute_bytes(&t->rt);
     snprintf(info->arch, sizeof info->arch, "%s", t->m.arch->name);

@@ -56,6 +56,12 @@ dfl_status dfl_matmul_invariance(const char * device, int type, int repack, cons
  * differs in any bit and the largest difference. */
 dfl_status dfl_attention_invariance(const char * device, int kv_type, int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t n_threads, uint64_t seed, int32_t * n_differ, float * max_diff);
 
+/* Threads by load (the CPU runtime's choice of thread count, dfl_threads.h), replayed on
+ * made-up times: n computes of one graph, compute i taking seconds[i * n_levels + l] at
+ * level l (n_threads halved l times, down to 1; n_levels of them). Writes the thread
+ * count each compute ran with. */
+dfl_status dfl_threads_replay(int32_t n_threads, int32_t n_levels, const double * seconds, int64_t n, int32_t * threads_out);
+
 /* The kept-graph check that DFLASH_CHECK_REUSE=1 turns on (every graph the runtime keeps
  * must be, at each later compute, the graph it was at its first) on a small CPU graph
  * computed once and then changed: 0 nothing, 1 a view's offset along its source, 2 an
@@ -141,7 +147,8 @@ typedef struct dfl_target_info {
     int64_t n_graphs;         /* target graphs run so far ... */
     int64_t n_graph_builds;   /* ... and how many of them had to be built (the rest reused one) */
     char device[128];
-    int32_t n_threads;        /* CPU threads */
+    int32_t n_threads;        /* CPU threads asked for */
+    int32_t n_threads_in_use; /* ... and in use now: fewer while they compute faster under load (dfl_threads.h) */
     int32_t n_weight_buffers; /* backend buffers holding the weights (devices cap their size) */
     char arch[32];            /* general.architecture of the model */
     uint64_t compute_bytes;   /* compute memory its graph slots hold now */

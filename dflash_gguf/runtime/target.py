@@ -137,9 +137,9 @@ def target_params(cfg: TargetConfig, path: Optional[str] = None):
 # dfl_target_info's numeric fields, as Target.info() gives them
 _INFO_NUMBERS = (
     "n_vocab", "n_head", "n_embd", "n_layer", "n_ctx_train", "n_ctx", "n_ubatch", "n_verify", "n_seq", "n_past",
-    "n_gpu_layers", "n_graphs", "n_graph_builds", "n_threads", "n_weight_buffers", "compute_bytes", "n_last_nodes",
-    "n_last_replay", "n_host_writes", "n_host_reads", "n_host_write_bytes", "n_host_read_bytes",
-    "host_layer_weights", "n_last_splits", "last_copy_bytes", "copy_bytes")
+    "n_gpu_layers", "n_graphs", "n_graph_builds", "n_threads", "n_threads_in_use", "n_weight_buffers",
+    "compute_bytes", "n_last_nodes", "n_last_replay", "n_host_writes", "n_host_reads", "n_host_write_bytes",
+    "n_host_read_bytes", "host_layer_weights", "n_last_splits", "last_copy_bytes", "copy_bytes")
 
 
 class _OneCallSteps:
