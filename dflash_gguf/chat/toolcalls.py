@@ -16,7 +16,10 @@ Formats (the template's source says which; see `format_of`):
   as hermes.
 
 A call that does not parse stays in the reply's text: a malformed call is the model's
-answer, not a server error.
+answer, not a server error. In the JSON formats a reply that is nothing but one call
+of an offered tool, untagged (bare, in a code fence, or in doubled braces), is read as
+that call (`bare_call`); such a reply, opening with "{" or a fence, is held until it
+ends.
 """
 from __future__ import annotations
 
@@ -140,6 +143,34 @@ def _gemma4(body: str, schemas: Schemas) -> Optional[Tuple[str, dict]]:
     return (m.group(1), args) if isinstance(args, dict) else None
 
 
+_DECODER = json.JSONDecoder()
+_FENCE = re.compile(r"\A```[a-zA-Z]*\s*\n(.*?)\n?```\Z", re.S)
+
+
+def bare_call(text: str, schemas: Schemas) -> Optional[Tuple[str, dict]]:
+    """A reply that is one call of an offered tool as a JSON object without the format's
+    tags, as small models write them: alone, in a code fence, or opened with a second
+    brace (Qwen2.5's template shows its example call as `{{"name": ...}}`), stray closing
+    braces after it."""
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    for candidate in (body, body[1:] if body.startswith("{{") else None):
+        if not candidate:
+            continue
+        try:
+            _, end = _DECODER.raw_decode(candidate)
+        except ValueError:
+            continue
+        if candidate[end:].strip().strip("}"):
+            continue  # more than stray braces after the object: not a call alone
+        parsed = _hermes(candidate[:end], schemas)
+        if parsed is not None and parsed[0] in schemas:
+            return parsed
+    return None
+
+
 @dataclass(frozen=True)
 class Syntax:
     open: str
@@ -182,6 +213,11 @@ class ToolCallParser:
         self.make_id = make_id
         self._buf = ""
         self._in_call = False
+        # a JSON format's reply may be its call alone, untagged (bare_call): one that opens
+        # with "{" or a code fence is held to its end to be read so
+        self._bare = fmt in ("hermes", "generic") and bool(self.schemas)
+        self._opening = self._bare  # nothing but spaces seen yet
+        self._holding = False
 
     def _call(self, body: str) -> Optional[ToolCall]:
         parsed = self.syntax.parse(body, self.schemas)
@@ -191,6 +227,14 @@ class ToolCallParser:
 
     def feed(self, text: str) -> List[tuple]:
         self._buf += text
+        if self._opening:
+            head = self._buf.lstrip()
+            if "```".startswith(head):  # nothing yet, or what may open a fence
+                return []
+            self._opening = False
+            self._holding = head.startswith(("{", "```"))
+        if self._holding:
+            return []
         events = []
         s = self.syntax
         while True:
@@ -217,13 +261,23 @@ class ToolCallParser:
 
     def finish(self) -> List[tuple]:
         """The end of the reply: an unclosed call (generation ended at its last
-        token, or a stop string cut the close) is read as it stands."""
+        token, or a stop string cut the close) is read as it stands; a held reply is a
+        bare call, or read as any other."""
+        events: List[tuple] = []
+        if self._holding:
+            self._holding = False
+            parsed = bare_call(self._buf, self.schemas)
+            if parsed is not None:
+                self._buf = ""
+                return [("call", ToolCall(*parsed, **({"id": self.make_id()} if self.make_id else {})))]
+            held, self._buf = self._buf, ""
+            events = self.feed(held)
         text, self._buf = self._buf, ""
         if not self._in_call:
-            return [("content", text)] if text else []
+            return events + ([("content", text)] if text else [])
         self._in_call = False
         call = self._call(text)
-        return [("call", call) if call else ("content", self.syntax.open + text)]
+        return events + [("call", call) if call else ("content", self.syntax.open + text)]
 
 
 # -- templates that do not show tools ----------------------------------------------------------------

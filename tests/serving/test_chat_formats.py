@@ -167,6 +167,41 @@ def test_an_unclosed_call_at_the_end_is_read():
     assert [(c.name, c.arguments) for c in reply.tool_calls] == [("search", {"query": "a"})]
 
 
+@pytest.mark.parametrize("text", [
+    '{"name": "search", "arguments": {"query": "a"}}',
+    '\n  {\n  "name": "search",\n  "arguments": {\n    "query": "a"\n  }\n}\n',
+    '```json\n{"name": "search", "arguments": {"query": "a"}}\n```',
+    '{{"name": "search", "arguments": {"query": "a"}}}',  # Qwen2.5-Coder, after its template's example
+    '{{"name": "search", "arguments": {"query": "a"}}}}',  # ... and a brace too many
+])
+def test_a_reply_that_is_an_untagged_call_is_read_as_that_call(template, text):
+    """Small models (Qwen2.5-Coder-1.5B in llama.cpp's tool-call tests) often write a
+    call as the bare JSON object, in a code fence or in doubled braces: a reply that is
+    nothing else is that call, whichever way it streams."""
+    for t in (template("Qwen-Qwen3-0.6B"), ChatTemplate(CHAT_TEMPLATE)):  # hermes, the generic fallback
+        for step in (1, 3, len(text)):
+            turn = prepare_turn(t, [{"role": "user", "content": "x"}], tools=TOOLS,
+                                template_kwargs={"enable_thinking": False})
+            reply, deltas = parse(turn, text, step)
+            assert [(c.name, c.arguments) for c in reply.tool_calls] == [("search", {"query": "a"})], step
+            assert reply.content == "" and not [d for d in deltas if d[0] == "content"]
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "unknown_tool", "arguments": {}}',  # not an offered tool
+    '{"answer": 42}',
+    '{"name": "search", "arguments": {"query": "a"}} and then some words',
+    '{"name": "search", "arguments": {"query": "a"}} {"name": "search", "arguments": {}}',
+    '```python\nprint(1)\n```',
+])
+def test_json_that_is_no_call_stays_content(text):
+    turn = prepare_turn(ChatTemplate(CHAT_TEMPLATE), [{"role": "user", "content": "x"}], tools=TOOLS)
+    for step in (1, 4, len(text)):
+        reply, deltas = parse(turn, text, step)
+        assert reply.tool_calls == [] and reply.content == text.strip()
+        assert "".join(d[1] for d in deltas if d[0] == "content") == text.strip()
+
+
 def test_xml_values_are_typed_by_the_schema():
     parser = ToolCallParser("qwen-xml", TOOLS)
     events = parser.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n"
