@@ -215,15 +215,16 @@ class ToolCallParser:
         self._in_call = False
         # a JSON format's reply may be its call alone, untagged (bare_call): one that opens
         # with "{" or a code fence is held to its end to be read so
-        self._bare = fmt in ("hermes", "generic") and bool(self.schemas)
-        self._opening = self._bare  # nothing but spaces seen yet
+        self._opening = fmt in ("hermes", "generic") and bool(self.schemas)  # nothing but spaces seen yet
         self._holding = False
 
-    def _call(self, body: str) -> Optional[ToolCall]:
-        parsed = self.syntax.parse(body, self.schemas)
+    def _tool_call(self, parsed: Optional[Tuple[str, dict]]) -> Optional[ToolCall]:
         if parsed is None:
             return None
         return ToolCall(*parsed, **({"id": self.make_id()} if self.make_id else {}))
+
+    def _call(self, body: str) -> Optional[ToolCall]:
+        return self._tool_call(self.syntax.parse(body, self.schemas))
 
     def feed(self, text: str) -> List[tuple]:
         self._buf += text
@@ -266,11 +267,10 @@ class ToolCallParser:
         events: List[tuple] = []
         if self._holding:
             self._holding = False
-            parsed = bare_call(self._buf, self.schemas)
-            if parsed is not None:
-                self._buf = ""
-                return [("call", ToolCall(*parsed, **({"id": self.make_id()} if self.make_id else {})))]
             held, self._buf = self._buf, ""
+            call = self._tool_call(bare_call(held, self.schemas))
+            if call is not None:
+                return [("call", call)]
             events = self.feed(held)
         text, self._buf = self._buf, ""
         if not self._in_call:

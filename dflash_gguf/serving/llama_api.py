@@ -27,7 +27,7 @@ def generation_settings(r: Reply) -> dict:
     settings = {"n_predict": server.n_predict_of(request), "seed": sampling.seed if sampling else None,
                 "stop": request.stops, "ignore_eos": request.ignore_eos, "stream": request.stream,
                 "n_probs": request.probs_asked or 0,
-                "post_sampling_probs": getattr(request, "post_sampling_probs", False),  # a native request's
+                "post_sampling_probs": request.post_sampling,
                 "cache_prompt": request.cache_prompt, "speculative": server.speculates}
     # as llama-server lists them: -inf (a token never picked; ignore_eos's end tokens) as null
     bias = (sampling.logit_bias or []) if sampling is not None else []

@@ -82,6 +82,10 @@ class NativeGeneration(Generation):
     def probs_asked(self) -> Optional[int]:
         return self.n_probs or None
 
+    @property
+    def post_sampling(self) -> bool:
+        return self.post_sampling_probs
+
 
 class NativeCompletionRequest(NativeGeneration):
     prompt: Any

@@ -287,6 +287,12 @@ class Generation(Strict):
         token's own alone), or None: no log-probabilities asked."""
         return None
 
+    @property
+    def post_sampling(self) -> bool:
+        """Whether those are probabilities after the sampler instead (llama-server's
+        native post_sampling_probs)."""
+        return False
+
 
 # -- completions ------------------------------------------------------------------------------------
 

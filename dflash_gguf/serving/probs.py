@@ -39,15 +39,16 @@ class TokenPieces:
             data = self._bytes[token] = self.tokenizer.token_bytes([token])
         return data
 
-    def entry(self, token: int, logprob: float) -> dict:
+    def piece(self, token: int) -> dict:
         data = self.bytes_of(token)
         return {"id": token, "token": data[:_complete_prefix(data)].decode("utf-8", errors="replace"),
-                "bytes": list(data), "logprob": _logprob(logprob)}
+                "bytes": list(data)}
+
+    def entry(self, token: int, logprob: float) -> dict:
+        return {**self.piece(token), "logprob": _logprob(logprob)}
 
     def prob_entry(self, token: int, prob: float) -> dict:
-        entry = self.entry(token, 0.0)
-        del entry["logprob"]
-        return {**entry, "prob": prob}
+        return {**self.piece(token), "prob": prob}
 
     def token_json(self, lp) -> dict:
         """One emitted token's entry with its alternatives (a TokenProb's: probabilities

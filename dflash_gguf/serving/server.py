@@ -167,7 +167,7 @@ class Server:
         job = Job(Request(tokens, max_tokens, stop_tokens=() if request.ignore_eos else None, sampling=sampling,
                           context_full="stop", reuse_prefix=request.cache_prompt, corpus=corpus,
                           logprobs=request.probs_asked,
-                          post_sampling=getattr(request, "post_sampling_probs", False)),
+                          post_sampling=request.post_sampling),
                   sink, stop=stops, speculative=self.defaults.speculative, want_slot=getattr(request, "id_slot", None))
         job.context_bound = asked is None or asked > room  # it may run until the context is full
         job.progress = request.stream and request.return_progress
