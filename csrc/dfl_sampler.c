@@ -260,6 +260,7 @@ dfl_status dfl_sampler_key_for(const dfl_sampler * smp, int n_rows, int n_vocab,
     const dfl_sampling * s = &smp->s;
     memset(key, 0, sizeof *key);
     key->n_bias = bias_bucket(smp->n_bias);
+    key->raw = s->raw_logits != 0;
     if (smp->pen_rows > 0) {
         if (smp->pen_rows != n_rows) {
             return dfl_fail(DFL_ERR_STATE, "penalties were staged for %d rows, the call computes %d", smp->pen_rows,
@@ -312,6 +313,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     const int n_keep = acc->n_keep + k->n_keep, n_ban = acc->n_ban + k->n_ban;
     const int keep_rows = acc->keep_rows || k->keep_rows;
     const int keep_width = acc->keep_width > k->keep_width ? acc->keep_width : k->keep_width;
+    const int raw = acc->raw || k->raw;
     const bool same = acc->pick == k->pick && acc->n_cand == k->n_cand && acc->capped == k->capped &&
                       acc->full == k->full && acc->ranked == k->ranked;
     if (!same) {
@@ -335,6 +337,7 @@ void dfl_sampler_key_merge(dfl_sampler_key * acc, const dfl_sampler_key * k) {
     acc->n_ban = n_ban;
     acc->keep_rows = keep_rows;
     acc->keep_width = keep_width;
+    acc->raw = raw;
 }
 
 /* A list of n entries padded to the power of four (from MIN_LIST_BUCKET) at or above it

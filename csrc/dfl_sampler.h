@@ -64,6 +64,7 @@ typedef struct dfl_sampler_key {
     int by_sort;   /* candidates by a full sort (the runtime's top_k_by_sort) */
     int n_wide;    /* CANDIDATES in a ranked graph: the largest logits of a row looked up in its mask */
     int n_bias;    /* logit-bias entries per row (a power of two from 8; 0: no bias in this graph) */
+    int raw;       /* some row's sequence keeps its rows' own logits (dfl_sampling.raw_logits) */
 } dfl_sampler_key;
 
 /* A built sampling stage: its inputs and outputs. */
@@ -90,6 +91,9 @@ typedef struct dfl_sampler_graph {
                                        (padded with repeats of the row's first entry, or token 0 biased by 0) */
     struct ggml_tensor * bias_add;  /* n_bias: [1, n_bias * n] f32, the finite biases, added before the penalties */
     struct ggml_tensor * bias_ban;  /* n_bias: [1, n_bias * n] f32, -inf for a -inf bias (0 others), added after them */
+    struct ggml_tensor * raw;       /* raw, where the stage changes the logits in place: [V, n] f32, a copy of
+                                       them made before it does */
+    int changes_logits;             /* the bias, penalties or a mask are written into the logits */
 } dfl_sampler_graph;
 
 /* A model's sampling settings and what the host staged for its next graph that samples. */

@@ -382,6 +382,7 @@ static void name_stage(dfl_sampler_graph * out) {
         { out->bit_scale, "sampling.bit_scale" }, { out->keep_tok, "sampling.keep_tok" },
         { out->keeps, "sampling.keeps" },        { out->bias_idx, "sampling.bias_idx" },
         { out->bias_add, "sampling.bias_add" },  { out->bias_ban, "sampling.bias_ban" },
+        { out->raw, "sampling.logits_raw" },
     };
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
         if (named[i].t) {
@@ -397,6 +398,14 @@ struct ggml_tensor * dfl_sampler_build(struct ggml_context * ctx, struct ggml_cg
     if (key->pick != DFL_PICK_ARGMAX || key->n_penalty > 0) {
         out->params = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, DFL_SAMPLER_PARAMS);
         ggml_set_input(out->params);
+    }
+    out->changes_logits = key->n_bias > 0 || key->n_penalty > 0 ||
+                          (key->masked != DFL_MASK_NONE && key->masked != DFL_MASK_CANDIDATES);
+    if (key->raw && out->changes_logits) {
+        /* copied before anything writes into them: expanded first, it runs first */
+        out->raw = ggml_cont(ctx, logits);
+        ggml_set_output(out->raw);
+        ggml_build_forward_expand(gf, out->raw);
     }
     if (key->n_bias > 0) {
         logits = bias_logits(ctx, logits, key->n_bias, out);

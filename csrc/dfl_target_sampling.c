@@ -89,6 +89,21 @@ DFL_API dfl_status dfl_target_logits(const dfl_target * t, float * dst, int32_t 
     return DFL_OK;
 }
 
+DFL_API dfl_status dfl_target_raw_logits(const dfl_target * t, float * dst, int32_t row0, int32_t n_rows) {
+    TRY(dfl_target_check_rows(t, row0, n_rows, t ? t->n_out : 0, "logit"));
+    if (n_rows == 0) {
+        return DFL_OK;
+    }
+    const dfl_sampler_graph * samp = &t->out->in.samp;
+    if (samp->changes_logits && !samp->raw) {
+        return dfl_fail(DFL_ERR_STATE, "the last step changed its logits (a bias, penalties or a mask) and kept no "
+                                       "copy of them: set dfl_sampling.raw_logits before it");
+    }
+    const size_t row = (size_t) t->n_head * sizeof(float);
+    dfl_runtime_get(&t->rt, samp->raw ? samp->raw : t->out->in.logits, dst, (size_t) row0 * row, (size_t) n_rows * row);
+    return DFL_OK;
+}
+
 static int spare_slot(dfl_target * t);
 
 /* The step's logits as a leaf of a new graph in `slot`, in the memory they are in

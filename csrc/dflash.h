@@ -275,6 +275,11 @@ dfl_status dfl_target_seq_copy(dfl_target * target, int32_t src, int32_t dst);
  * rows draw from their own top_k under masks allowing many tokens, leave them as they
  * are (they look the masks up at each row's largest logits only). */
 dfl_status dfl_target_logits(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
+/* The model's own logits of the last step's rows, before the logit bias, the penalties and
+ * the masks (llama-server's log-probabilities are over these): the rows' as dfl_target_logits
+ * reads them where nothing changed them, else the copy kept for sequences whose sampling
+ * asked for it (dfl_sampling.raw_logits); a step that changed them and kept none fails. */
+dfl_status dfl_target_raw_logits(const dfl_target * target, float * dst, int32_t row0, int32_t n_rows);
 /* The target's choice at each row, made on the device by its sampling settings: the
  * argmax (greedy), or the draw with the row's uniform; -1 for a row whose kept set may
  * reach past the candidates ranked on the device (see dfl_sampling.n_candidates): draw it
@@ -348,6 +353,8 @@ typedef struct dfl_sampling {
     float presence_penalty;   /* a seen token's logit less this; 0: off */
     int32_t n_candidates;     /* top_k 0 with top_p < 1 or min_p > 0: tokens ranked per row on the device
                                  (<= 0: 256); a row whose kept set may reach past them chooses -1 */
+    int32_t raw_logits;       /* nonzero: keep the rows' own logits for dfl_target_raw_logits (where the
+                                 bias, penalties or a mask change the rows in place, a copy of them) */
 } dfl_sampling;
 
 void dfl_sampling_default(dfl_sampling * s);

@@ -5,10 +5,10 @@ them (a decode, a chain's or a tree's verify rows), and computed on the host ali
 Speculation does not change them: a verify's row computes bit for bit what a one-row
 decode of the same position computes (docs/exactness.md), so the logits a row reads back
 are plain decoding's, and so is every number derived from them here. They are the
-log-softmax of the logits as the row reads them back: the model's, after the request's
-logit bias and penalties (the device applies those to its rows in place, and a grammar's
-mask too where it masks in place), before temperature or truncation. (llama-server's are
-before the bias and the penalties too: the two differ where a request sets them.)
+log-softmax of the model's own logits, as llama-server's are: before the request's logit
+bias, penalties and grammar (the device writes those into the rows it chooses from, so the
+step keeps a copy of the rows first: Target.raw_logits), and before temperature or
+truncation.
 
 Or after the sampler's rules (llama-server's post_sampling_probs): each token's
 probability at its row once top-k, top-p, min-p and the temperature follow the bias and
@@ -84,7 +84,7 @@ def row_logprobs(logits: np.ndarray, token: int, k: int, head=None) -> TokenLogp
 def token_logprobs(target, rows: Sequence[int], tokens: Sequence[int], k: int) -> List[TokenLogprob]:
     """The TokenLogprob of tokens[i] at row rows[i] of the target's last call."""
     head = target.head_tokens
-    return [row_logprobs(target.logits(r, 1)[0], t, k, head) for r, t in zip(rows, tokens)]
+    return [row_logprobs(target.raw_logits(r, 1)[0], t, k, head) for r, t in zip(rows, tokens)]
 
 
 def over_vocabulary(logits: np.ndarray, head, n_vocab: int) -> np.ndarray:

@@ -255,10 +255,13 @@ class Sampler:
         """The target's argmax alone chooses: greedy, no penalties, no logit bias, no grammar."""
         return self.params.greedy and not self.params.penalized and not self.params.biased and self.grammar is None
 
-    def apply(self, target, draft=None, drafted_samples: bool = False, seq: int = 0) -> None:
+    def apply(self, target, draft=None, drafted_samples: bool = False, seq: int = 0,
+              raw_logits: bool = False) -> None:
         """Give the target (and the drafter) this request's settings for its sequence slot:
         the drafter samples its drafts only for the chain's rejection rule, else it drafts
-        its argmax."""
+        its argmax. raw_logits: the target keeps the rows' own logits as well (log-probabilities
+        are over those, whatever the bias, penalties and grammar do to the rows)."""
+        self._native.raw_logits = raw_logits
         target.set_sampling(self._native, seq=seq)
         if self.params.biased:  # the target's choices alone: the drafts are checked against them
             target.set_logit_bias(self.params.logit_bias, seq=seq)

@@ -187,7 +187,8 @@ class Sequence:
         stats.prompt_tokens = len(prompt)
         self.clock.prefill = time.perf_counter()
         stats.reused_tokens = start_context(self.target, prompt, where.reused, self.draft, self.slot)
-        self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot)
+        self.sampler.apply(self.target, self.draft, self.proposer.drafted_samples, seq=self.slot,
+                           raw_logits=self.logprobs_top is not None and not self.post_sampling)
         self.sampler.prepare(self.target, 1, seq=self.slot)  # the prompt's last row chooses the first token
         self.prefill = Prefill(self.target, prompt, stats.reused_tokens, self.draft, where.saver, where.on_stage,
                                self.slot, stats)

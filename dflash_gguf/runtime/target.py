@@ -373,6 +373,14 @@ class Target(NativeObject):
         check(lib.dfl_target_logits(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
         return out
 
+    def raw_logits(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
+        """[n_rows, n_head]: the model's own logits, before the bias, the penalties and the
+        masks (the sequence's sampling kept them: dfl_sampling.raw_logits; see
+        dfl_target_raw_logits)."""
+        out = np.empty((n_rows, self.n_head), dtype=np.float32)
+        check(lib.dfl_target_raw_logits(self._handle(), ffi.from_buffer("float[]", out), row0, n_rows))
+        return out
+
     def choices(self, row0: int = 0, n_rows: int = 1) -> np.ndarray:
         """The token chosen on the device at each row: the argmax (greedy), or the draw
         of the sampling settings; -1 where it could not decide (see

@@ -7,12 +7,14 @@ probabilities after the sampler (llama-server's post_sampling_probs) likewise, c
 against llama.cpp's own sampler chain over the one-row decode's row."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from dflash_gguf import Engine
+from dflash_gguf.decoding.constraints import Constraint
 from dflash_gguf.decoding.logprobs import TokenLogprob, TokenProb, row_logprobs, row_probs
 from dflash_gguf.decoding.requests import Request
 from dflash_gguf.decoding.sampling import SamplingParams
@@ -82,6 +84,34 @@ def test_a_tokens_logprob_is_the_log_softmax_of_its_one_row_decode():
             order = np.argsort(-ref, kind="stable")[:3]
             assert [t for t, _ in lp.top] == order.tolist(), i
             assert all(abs(v - ref[t]) < 1e-5 for t, v in lp.top), i
+            target.decode([tok])
+
+
+CHANGED = [  # requests whose rows the device changes in place before it chooses
+    ("bias-penalties", {}, SamplingParams(logit_bias={13: 2.5, 198: -math.inf}, repeat_penalty=1.3,
+                                          presence_penalty=0.4, repeat_last_n=16)),
+    ("bias-tree", {"tree_budget": 12}, SamplingParams(logit_bias={13: 2.5, 30: -1.0}, frequency_penalty=0.3)),
+    ("grammar-sampled", {}, SamplingParams(temperature=0.7, seed=5,
+                                           constraint=Constraint.gbnf('root ::= [a-z_ ():.,\\n]+'))),
+]
+
+
+@pytest.mark.parametrize("options, sampling", [c[1:] for c in CHANGED], ids=[c[0] for c in CHANGED])
+def test_logprobs_are_the_models_own_whatever_the_sampling_changes(options, sampling):
+    """logprobs are over the model's own logits, as llama-server's are: the request's bias,
+    penalties and grammar change which token its rows choose, not the log-probabilities
+    reported. Each entry against the log-softmax of a plain one-row decode of the same
+    context on a fresh target, whole top list and every float equal."""
+    with Engine(TARGET, DRAFT, n_threads=2, **options) as engine:
+        context = engine.encode(PROMPTS[0])
+        res = engine.generate(context, 24, stop_tokens=(), sampling=sampling, logprobs=4)
+        assert len(res.stats.logprobs) == len(res.tokens) > 0
+        assert max(res.stats.accepted_lengths) > 1
+    with Engine(TARGET, n_threads=2) as fresh:
+        target = fresh.target
+        target.prefill(context)
+        for i, (tok, got) in enumerate(zip(res.tokens, res.stats.logprobs)):
+            assert got == row_logprobs(target.logits(0, 1)[0], tok, 4), i
             target.decode([tok])
 
 
