@@ -216,6 +216,11 @@ class Engine:
         """The tokens the slot's context holds (a later prompt extending them continues it)."""
         return self.slots.held(slot)
 
+    def keep_slot(self, slot: int) -> int:
+        """Checkpoint the slot's whole context (SlotContexts.keep), before another request
+        takes it or while it idles; the tokens kept (0: nothing kept)."""
+        return self.slots.keep(slot)
+
     def sequence(self, request: Request, *, speculative: bool = True, stats: Optional[GenerationStats] = None,
                  slot: int = 0, on_stage: Optional[Callable[[str], None]] = None) -> Decoding:
         """A request (its stop_tokens None: the model's end-of-generation tokens) to decode

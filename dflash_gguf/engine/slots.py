@@ -8,6 +8,7 @@ from typing import Callable, List, Optional
 
 from ..decoding.requests import GenerationStats, Placement, Request
 from ..runtime.checkpoints import PrefillSaver, PrefixCheckpoints
+from ..runtime.native import DflashError, lib
 
 
 class SlotContexts:
@@ -36,6 +37,23 @@ class SlotContexts:
         reused = n if (reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) else 0
         self.contexts[slot] = ([], None)
         return reused
+
+    def keep(self, slot: int) -> int:
+        """Checkpoint what the slot's context holds, whole (a reply's tokens too), so that a
+        prompt going on from it resumes there once another request has the slot; the
+        tokens kept (0: none known, kept already, over the budget, or a state that cannot
+        be checkpointed now: a speculative run's last commit still carried by the next
+        step, as on a recurrent target)."""
+        held, use_draft = self.contexts[slot]
+        if self.checkpoints is None or not held:
+            return 0
+        draft = self.models.draft if use_draft else None
+        try:
+            return len(held) if self.checkpoints.save(held, self.models.target, draft, slot) else 0
+        except DflashError as e:
+            if e.status != lib.DFL_ERR_STATE:
+                raise
+            return 0
 
     def placement(self, request: Request, slot: int, reused: int, use_draft: bool, stats: GenerationStats,
                   on_stage: Optional[Callable[[str], None]]) -> Placement:

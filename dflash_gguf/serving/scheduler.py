@@ -72,6 +72,11 @@ def timings_of(s: GenerationStats, speculative: bool) -> dict:
     return out
 
 
+def goes_on(prompt: List[int], held: List[int]) -> bool:
+    """The prompt continues the context a slot holds (and adds to it)."""
+    return 0 < len(held) < len(prompt) and prompt[:len(held)] == held
+
+
 @dataclass(frozen=True)
 class PromptProgress:
     """How far a job's prompt has gone in, as llama-server's prompt_progress says it: its
@@ -174,13 +179,20 @@ class Scheduler:
     jobs (the running ones are not counted), running up to one job per sequence slot of
     the Engine at once."""
 
-    def __init__(self, engine: Engine, max_queue: int = 16, n_batch: Optional[int] = None):
+    def __init__(self, engine: Engine, max_queue: int = 16, n_batch: Optional[int] = None, keep_idle: bool = True,
+                 log: Callable[[str], None] = lambda line: None):
         if max_queue < 0:
             raise ValueError(f"the queue size must be >= 0, got {max_queue}")
         self.engine = engine
         self.n_batch = n_batch  # tokens a round takes (decoding.Batch; -b)
         self.max_queue = max_queue
         self.n_slots = engine.target.n_seq
+        # checkpoint idle slots' contexts when a job starts (llama-server's --cache-idle-slots)
+        self.keep_idle = keep_idle and engine.checkpoints is not None
+        self.log = log  # the slots' events, a line each (dflash-server --verbose)
+        if self.keep_idle:  # the tag is llama-server's debug line, which llama.cpp's server tests look for
+            log("idle slots are kept in the prompt cache when another request starts "
+                "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
         # what `auto` measures runs graphs on the target: before any request holds a slot
         engine.prepare_auto()
         self.totals = Totals()
@@ -290,10 +302,27 @@ class Scheduler:
             return job.want_slot
 
         def held(slot: int) -> int:
-            tokens, prompt = self.engine.held(slot), job.request.prompt
-            return len(tokens) if 0 < len(tokens) < len(prompt) and prompt[:len(tokens)] == tokens else 0
+            tokens = self.engine.held(slot)
+            return len(tokens) if goes_on(job.request.prompt, tokens) else 0
 
         return max(free, key=held)
+
+    def _keep_contexts(self, job: Job) -> None:
+        """Before the job's slot takes its prompt, checkpoint the contexts that would be lost
+        for good: the slot's own where the prompt does not go on from it, and with keep_idle
+        every other idle slot's (llama-server's --cache-idle-slots), so that a conversation
+        resumes from the prompt cache wherever its next request lands."""
+        engine, slot = self.engine, job.slot
+        held = engine.held(slot)
+        if held and not goes_on(job.request.prompt, held) and engine.keep_slot(slot):
+            self.log(f"slot {slot}: updating prompt cache: its context of {len(held)} tokens kept before the "
+                     f"new prompt takes the slot")
+        for other in range(self.n_slots) if self.keep_idle else ():
+            if other != slot and other not in self._running:
+                n = engine.keep_slot(other)
+                if n:  # the tag is llama-server's debug line, which llama.cpp's server tests look for
+                    self.log(f"slot {other}: idle, its context of {n} tokens kept in the prompt cache "
+                             "__TEST_TAG_CACHE_IDLE_SLOT__")
 
     def _start(self, job: Job, batch: Batch) -> None:
         engine = self.engine
@@ -304,6 +333,7 @@ class Scheduler:
             job.sink("done", job)
             return
         job.slot = self._slot_for(job)
+        self._keep_contexts(job)
 
         def stage(name: str) -> None:
             job.prefill_chunks += name == "prefill chunk"
@@ -321,6 +351,9 @@ class Scheduler:
             job.times.finished_at = time.perf_counter()
             job.sink("error", e)
             return
+        if job.stats.checkpoint:
+            self.log(f"slot {job.slot}: updating prompt cache: the prompt resumes at token "
+                     f"{job.stats.checkpoint['position']} of {len(job.request.prompt)} from a checkpoint")
         self._running[job.slot] = _Running(job, seq, engine.text_stream(job.stop, job.request.stop_tokens))
         batch.add(seq)
 

@@ -566,6 +566,11 @@ def _mib_or_auto(value: str) -> Optional[int]:
     return int(value)
 
 
+def slot_log(line: str) -> None:
+    """A slot's event (--verbose), on stderr beside the server's other lines."""
+    print(f"dflash-server: {line}", file=sys.stderr, flush=True)
+
+
 def checkpoint_budget(args, plan) -> Tuple[int, int]:
     """(total, device) bytes for prefix checkpoints: --checkpoint-mib, and of it
     --checkpoint-device-mib, or with auto what the memory plan leaves on the devices."""
@@ -610,8 +615,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "positions (--print-memory shows what that costs)")
     p.add_argument("--queue", type=int, default=16,
                    help="requests that may wait for a free slot; more get 503 with Retry-After (default 16)")
-    p.add_argument("--checkpoint-mib", type=int, default=1024,
-                   help="memory for prefix checkpoints, device and host together, in MiB (default 1024; 0: none)")
+    p.add_argument("--checkpoint-mib", "-cram", "--cache-ram", type=int, default=1024, metavar="MIB",
+                   help="memory for prefix checkpoints (the prompt cache), device and host together, in MiB "
+                        "(default 1024; 0: none; -1: up to the host's memory)")
+    p.add_argument("--cache-idle-slots", action=argparse.BooleanOptionalAction, default=True,
+                   help="when a request starts, checkpoint the whole context of every other idle slot, so that its "
+                        "conversation resumes wherever its next request lands (default: on, with checkpoints); a "
+                        "slot's own context is checkpointed before a prompt that does not go on from it either way")
     p.add_argument("--checkpoint-device-mib", type=_mib_or_auto, default=None, metavar="MIB|auto",
                    help="how much of it may be device memory, in MiB, or auto (default): what the memory plan "
                         "leaves free on the device, less 512 MiB; beyond it checkpoints go to host memory")
@@ -650,7 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no chat page: / answers 404 (llama-server's --no-webui)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="every reply carries `__verbose`, its native result (the prompt as text, tokens, settings, "
-                        "timings), as llama-server's --verbose; a request's \"verbose\": true asks for it alone")
+                        "timings), as llama-server's --verbose; a request's \"verbose\": true asks for it alone; "
+                        "the slots' prompt-cache events are logged to stderr")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning; info logs every request)")
     return p
@@ -711,8 +722,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--host needs an address")
     if args.queue < 0:
         parser.error("--queue must be >= 0")
+    if args.checkpoint_mib == -1:  # llama-server's "no limit": the host's memory bounds it
+        args.checkpoint_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
     if args.checkpoint_mib < 0:
-        parser.error("--checkpoint-mib must be >= 0")
+        parser.error("--checkpoint-mib/--cache-ram must be >= 0, or -1 for the host's memory")
     if args.checkpoint_every < 1:
         parser.error("--checkpoint-every must be >= 1")
     if args.n_predict is not None and args.n_predict < -1:
@@ -744,7 +757,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.checkpoint_mib:
         total, device = checkpoint_budget(args, engine.memory_plan)
         engine.checkpoints = PrefixCheckpoints(total, args.checkpoint_every, device)
-    scheduler = Scheduler(engine, args.queue, args.batch_size)
+    scheduler = Scheduler(engine, args.queue, args.batch_size, keep_idle=args.cache_idle_slots,
+                          log=slot_log if args.verbose else lambda line: None)
     aliases = sorted({a.strip() for a in (args.alias or "").split(",") if a.strip()})
     model_id = aliases[0] if aliases else os.path.basename(model)
     tags = [t.strip() for t in (args.tags or "").split(",") if t.strip()]

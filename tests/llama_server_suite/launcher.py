@@ -34,13 +34,15 @@ SAME = {
     "--spec-draft-n-max": "--spec-draft-n-max", "--spec-draft-n-min": "--spec-draft-n-min",
     "--reasoning-format": "--reasoning-format", "--chat-template-file": "--chat-template-file",
     "--chat-template": "--chat-template", "--top-k": "--top-k", "--top-p": "--top-p", "--min-p": "--min-p",
+    "--cache-ram": "--cache-ram", "-cram": "--cache-ram",
 }
 SWITCHES = {"--metrics": "--metrics", "--slots": "--slots", "--no-slots": "--no-slots", "--jinja": "--jinja",
             "--no-ui": "--no-ui", "--cors-credentials": None, "--no-cors-credentials": "--no-cors-credentials",
-            "--verbose": "--verbose", "--kv-unified": "--kv-unified"}
+            "--verbose": "--verbose", "--kv-unified": "--kv-unified", "--cache-idle-slots": "--cache-idle-slots",
+            "--no-cache-idle-slots": "--no-cache-idle-slots"}
 DROPPED_SWITCHES = {"--offline", "--cont-batching", "--swa-full", "--no-jinja", "--no-mmproj",
-                    "--no-cache-idle-slots", "--backend_sampling", "--no-models-autoload"}
-DROPPED_VALUES = {"--n-gpu-layers", "-ngl", "--cache-ram", "--hf-repo", "--hf-file", "--model", "-m",
+                    "--backend_sampling", "--no-models-autoload"}
+DROPPED_VALUES = {"--n-gpu-layers", "-ngl", "--hf-repo", "--hf-file", "--model", "-m",
                   "--model-url", "--log-file"}
 UNSUPPORTED = {"--embedding", "--embeddings", "--reranking", "--rerank", "--pooling", "--lora", "--context-shift",
                "--grp-attn-n", "--grp-attn-w", "--slot-save-path", "--mmproj-url", "--mmproj", "--media-path",

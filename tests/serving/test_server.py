@@ -26,6 +26,7 @@ from dflash_gguf.runtime.demo import demo_paths
 from dflash_gguf.engine.engine import Engine
 from dflash_gguf.decoding.requests import Request
 from dflash_gguf.decoding.sampling import SamplingParams
+from dflash_gguf.runtime.checkpoints import PrefixCheckpoints
 from dflash_gguf.serving.scheduler import Job, QueueFull, Scheduler, ShuttingDown
 
 
@@ -302,6 +303,50 @@ def test_scheduler_runs_jobs_one_at_a_time_in_arrival_order(engine):
         scheduler.submit(jobs[0])
 
 
+def run_jobs(scheduler, *jobs):
+    """Submit the jobs one after another, each once the previous one ended."""
+    for job in jobs:
+        ended = threading.Event()
+        sink = job.sink
+        job.sink = lambda kind, value, sink=sink, ended=ended: (sink(kind, value),
+                                                               kind in ("done", "error") and ended.set())
+        scheduler.submit(job)
+        assert ended.wait(300)
+    return jobs
+
+
+@pytest.mark.parametrize("keep_idle", [True, False], ids=["cache-idle-slots", "no-cache-idle-slots"])
+def test_a_conversation_resumes_its_whole_context_wherever_it_lands(keep_idle):
+    """The prompt cache keeps what a slot holds, its replies' tokens too: a conversation
+    whose slot another request took (-np 1) goes on from a checkpoint of its whole
+    context, and its reply is plain decoding's; with -np 2 and --cache-idle-slots, a job
+    starting in one slot checkpoints the other, idle one, and says so in the log
+    (llama-server's tag); with --no-cache-idle-slots it does not."""
+    target, draft = demo_paths()
+    lines = []
+    with Engine(target, draft, n_ctx=N_CTX, n_ubatch=UBATCH, n_threads=1, n_seq=2) as e:
+        e.checkpoints = PrefixCheckpoints(64 << 20)
+        scheduler = Scheduler(e, keep_idle=keep_idle, log=lines.append)
+        ask = lambda prompt, slot: Job(Request(prompt, 8, stop_tokens=()), lambda kind, value: None,  # noqa: E731
+                                       speculative=False, want_slot=slot)
+        try:
+            a, b = run_jobs(scheduler, ask(e.encode(CODE), 0), ask(e.encode("x = [1, 2, 3]\n"), 1))
+            assert any("__TEST_TAG_CACHE_IDLE_SLOT__" in line and line.startswith("slot 0:") for line in lines) \
+                == keep_idle
+            context = a.request.prompt + a.tokens[:-1]
+            # slot 1 holds b's context; its next prompt does not go on from it: kept, then a's follow-up resumes
+            follow = context + e.encode("\n\n# tests\n")
+            (c,) = run_jobs(scheduler, ask(follow, 1))
+        finally:
+            scheduler.close()
+        assert any(line.startswith("slot 1: updating prompt cache: its context") for line in lines)
+        assert c.stats.reused_tokens == (len(context) if keep_idle else len(a.request.prompt) - 1)
+        e.checkpoints = None
+        e.generate("x", 1)  # never continue the previous request's context
+        assert c.tokens == e.generate(follow, 8, stop_tokens=(), speculative=False).tokens
+    assert any("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__" in line for line in lines) == keep_idle
+
+
 def test_a_job_whose_client_left_holds_no_place_in_the_queue(engine):
     """A queued job that was cancelled no longer counts against --queue (dflash-bench soak
     found clients that left and came back refused by a queue of abandoned jobs); it is
@@ -454,7 +499,8 @@ def test_checkpoints_on_the_device_of_the_target(tmp_path, rpc_endpoint):
 
 
 def test_bad_checkpoint_flags_exit_2(tmp_path):
-    for flags in (["--checkpoint-device-mib", "lots"], ["--checkpoint-device-mib", "-1"], ["--checkpoint-mib", "-1"]):
+    for flags in (["--checkpoint-device-mib", "lots"], ["--checkpoint-device-mib", "-1"], ["--checkpoint-mib", "-2"],
+                  ["--cache-ram", "-5"]):
         res = subprocess.run([sys.executable, "-m", "dflash_gguf.serving.server", *flags], capture_output=True, text=True,
                              cwd=tmp_path, timeout=60)
         assert res.returncode == 2 and "checkpoint" in res.stderr, res.stderr
