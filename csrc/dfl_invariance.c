@@ -148,9 +148,51 @@ static dfl_status attend(ggml_backend_t be, struct ggml_tensor * k, struct ggml_
     return st;
 }
 
+/* Row i's output alone over a cache of just the cells it sees (`seen`, n_seen of them, in
+ * order), gathered from the quantized K and V (kq, vq: [head_dim, n_kv, n_head_kv] rows)
+ * into tensors of the device: its path decoded alone. */
+static dfl_status attend_path(ggml_backend_t be, ggml_backend_dev_t dev, enum ggml_type t, int64_t head_dim,
+                              int64_t n_kv, int64_t n_head_kv, const char * kq, const char * vq, const int64_t * seen,
+                              int64_t n_seen, const float * q1, int64_t n_head, float * out) {
+    const size_t row = ggml_row_size(t, head_dim);
+    struct ggml_init_params ip = { 2 * ggml_tensor_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_tensor * k = ggml_new_tensor_3d(ctx, t, head_dim, n_seen, n_head_kv);
+    struct ggml_tensor * v = ggml_new_tensor_3d(ctx, t, head_dim, n_seen, n_head_kv);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_dev_buffer_type(dev));
+    char * gathered = malloc(row * (size_t) (n_seen * n_head_kv));
+    ggml_fp16_t * mask = malloc(sizeof(ggml_fp16_t) * (size_t) n_seen);
+    dfl_status st = DFL_OK;
+    if (!buf || !gathered || !mask) {
+        st = dfl_fail(DFL_ERR_BACKEND, "attention invariance: out of memory for a path of %lld cells", (long long) n_seen);
+    } else {
+        const char * src[2] = { kq, vq };
+        struct ggml_tensor * dst[2] = { k, v };
+        for (int w = 0; w < 2; w++) {
+            for (int64_t h = 0; h < n_head_kv; h++) {
+                for (int64_t j = 0; j < n_seen; j++) {
+                    memcpy(gathered + (size_t) (h * n_seen + j) * row, src[w] + (size_t) (h * n_kv + seen[j]) * row, row);
+                }
+            }
+            ggml_backend_tensor_set(dst[w], gathered, 0, ggml_nbytes(dst[w]));
+        }
+        for (int64_t j = 0; j < n_seen; j++) {
+            mask[j] = ggml_fp32_to_fp16(0.0f);
+        }
+        st = attend(be, k, v, q1, mask, n_head, 1, out);
+    }
+    free(mask);
+    free(gathered);
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_free(ctx);
+    return st;
+}
+
 DFL_API dfl_status dfl_attention_invariance(const char * device, int kv_type, int64_t head_dim, int64_t n_head,
-                                            int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t n_threads,
-                                            uint64_t seed, int32_t * n_differ, float * max_diff) {
+                                            int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t tree,
+                                            int32_t n_threads, uint64_t seed, int32_t * n_differ, float * max_diff) {
     if (kv_type != GGML_TYPE_F32 && kv_type != GGML_TYPE_F16 && kv_type != GGML_TYPE_BF16 && kv_type != GGML_TYPE_Q8_0 &&
         kv_type != GGML_TYPE_Q4_0) {
         return dfl_fail(DFL_ERR_ARGUMENT, "attention invariance: K/V type %d is not a cache type", kv_type);
@@ -186,7 +228,10 @@ DFL_API dfl_status dfl_attention_invariance(const char * device, int kv_type, in
     ggml_backend_buffer_t kbuf = ggml_backend_alloc_ctx_tensors_from_buft(kctx, ggml_backend_dev_buffer_type(dev));
     const size_t n_cache = (size_t) (head_dim * n_kv * n_head_kv);
     float * f = malloc(sizeof(float) * n_cache);
-    void * kv = malloc(ggml_row_size(t, head_dim) * (size_t) (n_kv * n_head_kv));
+    char * kq = malloc(ggml_row_size(t, head_dim) * (size_t) (n_kv * n_head_kv));
+    char * vq = malloc(ggml_row_size(t, head_dim) * (size_t) (n_kv * n_head_kv));
+    int64_t * parent = malloc(sizeof(int64_t) * (size_t) n_rows);
+    int64_t * seen = malloc(sizeof(int64_t) * (size_t) n_kv);
     float * q = malloc(sizeof(float) * (size_t) (head_dim * n_rows * n_head));
     float * q1 = malloc(sizeof(float) * (size_t) (head_dim * n_head));
     ggml_fp16_t * mask = malloc(sizeof(ggml_fp16_t) * (size_t) (n_kv * n_rows));
@@ -194,28 +239,35 @@ DFL_API dfl_status dfl_attention_invariance(const char * device, int kv_type, in
     float * all = malloc(sizeof(float) * out_row * (size_t) n_rows);
     float * one = malloc(sizeof(float) * out_row);
     dfl_status st = DFL_OK;
-    if (!kbuf || !f || !kv || !q || !q1 || !mask || !all || !one) {
+    if (!kbuf || !f || !kq || !vq || !parent || !seen || !q || !q1 || !mask || !all || !one) {
         st = dfl_fail(DFL_ERR_BACKEND, "attention invariance: out of memory for %lld cells", (long long) n_kv);
     } else {
         uint64_t s = seed * 2654435761ULL + 1;
         for (size_t i = 0; i < n_cache; i++) {
             f[i] = 2.0f * uniform(&s); /* keys: scores of a few units, softmax neither flat nor one-hot */
         }
-        ggml_quantize_chunk(t, f, kv, 0, n_kv * n_head_kv, head_dim, NULL);
-        ggml_backend_tensor_set(k, kv, 0, ggml_nbytes(k));
+        ggml_quantize_chunk(t, f, kq, 0, n_kv * n_head_kv, head_dim, NULL);
+        ggml_backend_tensor_set(k, kq, 0, ggml_nbytes(k));
         for (size_t i = 0; i < n_cache; i++) {
             f[i] = uniform(&s);
         }
-        ggml_quantize_chunk(t, f, kv, 0, n_kv * n_head_kv, head_dim, NULL);
-        ggml_backend_tensor_set(v, kv, 0, ggml_nbytes(v));
+        ggml_quantize_chunk(t, f, vq, 0, n_kv * n_head_kv, head_dim, NULL);
+        ggml_backend_tensor_set(v, vq, 0, ggml_nbytes(v));
         for (size_t i = 0; i < (size_t) (head_dim * n_rows * n_head); i++) {
             q[i] = 1.5f * uniform(&s);
         }
-        /* causal over the last n_rows positions: row i sees cells 0 .. n_kv - n_rows + i */
+        /* causal over the last n_rows positions: row i sees cells 0 .. n_kv - n_rows + i; a
+         * tree's row sees the cells before the rows, then its ancestors' and its own */
+        const int64_t p0 = n_kv - n_rows;
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), hidden = ggml_fp32_to_fp16(-INFINITY);
         for (int64_t i = 0; i < n_rows; i++) {
+            parent[i] = i == 0 ? -1 : (int64_t) ((uniform(&s) * 0.5f + 0.5f) * (float) (i + 1)) - 1;
+            parent[i] = parent[i] < -1 ? -1 : parent[i] >= i ? i - 1 : parent[i];
             for (int64_t j = 0; j < n_kv; j++) {
-                mask[i * n_kv + j] = j <= n_kv - n_rows + i ? zero : hidden;
+                mask[i * n_kv + j] = j <= p0 + i && (!tree || j < p0) ? zero : hidden;
+            }
+            for (int64_t a = i; tree && a >= 0; a = parent[a]) {
+                mask[i * n_kv + p0 + a] = zero;
             }
         }
         st = attend(be, k, v, q, mask, n_head, n_rows, all);
@@ -225,7 +277,17 @@ DFL_API dfl_status dfl_attention_invariance(const char * device, int kv_type, in
             for (int64_t h = 0; h < n_head; h++) { /* q is [head_dim, n_rows, n_head] */
                 memcpy(q1 + h * head_dim, q + (h * n_rows + i) * head_dim, sizeof(float) * (size_t) head_dim);
             }
-            st = attend(be, k, v, q1, mask + i * n_kv, n_head, 1, one);
+            if (tree) {
+                int64_t n_seen = 0;
+                for (int64_t j = 0; j < n_kv; j++) {
+                    if (mask[i * n_kv + j] == zero) {
+                        seen[n_seen++] = j;
+                    }
+                }
+                st = attend_path(be, dev, t, head_dim, n_kv, n_head_kv, kq, vq, seen, n_seen, q1, n_head, one);
+            } else {
+                st = attend(be, k, v, q1, mask + i * n_kv, n_head, 1, one);
+            }
             const float * row = all + (size_t) i * out_row;
             if (st == DFL_OK && memcmp(row, one, sizeof(float) * out_row) != 0) {
                 ++*n_differ;
@@ -240,7 +302,10 @@ DFL_API dfl_status dfl_attention_invariance(const char * device, int kv_type, in
     free(mask);
     free(q1);
     free(q);
-    free(kv);
+    free(seen);
+    free(parent);
+    free(vq);
+    free(kq);
     free(f);
     if (kbuf) {
         ggml_backend_buffer_free(kbuf);

@@ -52,9 +52,12 @@ dfl_status dfl_matmul_invariance(const char * device, int type, int repack, cons
  * n_head_kv heads of head_dim) and n_rows query rows of n_head heads at its last
  * positions under a causal mask (row i sees cells 0 .. n_kv - n_rows + i), all rows in
  * one ggml_flash_attn_ext against each row alone (its own mask row, the same cache).
- * `seed` draws the cache and the queries. Writes the rows whose output (every head)
- * differs in any bit and the largest difference. */
-dfl_status dfl_attention_invariance(const char * device, int kv_type, int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t n_threads, uint64_t seed, int32_t * n_differ, float * max_diff);
+ * tree != 0: the rows are a random tree's nodes instead, each seeing the cells before the
+ * rows and its own ancestors' (a tree verify's mask, with holes where siblings sit), and
+ * each is checked against one row over a cache holding just what it sees, in order (its
+ * path decoded alone). `seed` draws the cache, the queries and the tree. Writes the rows
+ * whose output (every head) differs in any bit and the largest difference. */
+dfl_status dfl_attention_invariance(const char * device, int kv_type, int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t tree, int32_t n_threads, uint64_t seed, int32_t * n_differ, float * max_diff);
 
 /* Threads by load (the CPU runtime's choice of thread count, dfl_threads.h), replayed on
  * made-up times: n computes of one graph, compute i taking seconds[i * n_levels + l] at

@@ -61,14 +61,18 @@ def matmul_invariance(ggml_type: int, w: np.ndarray, x: np.ndarray, device: Opti
 
 
 def attention_invariance(kv_type: int, head_dim: int, n_head: int, n_head_kv: int, n_kv: int, n_rows: int,
-                         device: Optional[str] = None, n_threads: int = 2, seed: int = 0) -> Tuple[int, float]:
+                         device: Optional[str] = None, n_threads: int = 2, seed: int = 0,
+                         tree: bool = False) -> Tuple[int, float]:
     """Whether `device`'s flash attention is batch-invariant: n_rows query rows (n_head
     heads of head_dim, GQA over n_head_kv) at the last positions of a random cache of
     n_kv cells (K and V of `kv_type`, a GGMLQuantizationType value) under a causal mask,
-    in one pass, against each row alone over the same cache. Returns the rows that differ
-    in any bit and the largest difference (0 and 0.0 when it is invariant)."""
+    in one pass, against each row alone over the same cache. tree: the rows are a random
+    tree's nodes (a tree verify's mask: each sees the cells before the rows and its own
+    ancestors'), each against one row over just the cells it sees, in order (its path
+    decoded alone). Returns the rows that differ in any bit and the largest difference (0
+    and 0.0 when it is invariant)."""
     n_differ, max_diff = ffi.new("int32_t *"), ffi.new("float *")
     check(lib.dfl_attention_invariance((device or "").encode(), int(kv_type), int(head_dim), int(n_head),
-                                       int(n_head_kv), int(n_kv), int(n_rows), int(n_threads), int(seed),
-                                       n_differ, max_diff))
+                                       int(n_head_kv), int(n_kv), int(n_rows), int(bool(tree)), int(n_threads),
+                                       int(seed), n_differ, max_diff))
     return int(n_differ[0]), float(max_diff[0])

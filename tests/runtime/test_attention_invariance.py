@@ -17,6 +17,8 @@ experiments/fa_row_invariance.c.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 from gguf import GGMLQuantizationType as Q
 
@@ -26,11 +28,13 @@ ROWS = [2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 255, 256]
 DEEP_ROWS = [2, 16, 17, 64, 65]  # at depths 2048 and 8192, where each row alone costs the most
 
 
-def _check(kv_type, head_dim, n_rows, depth, n_threads=1):
+def _check(kv_type, head_dim, n_rows, depth, n_threads=1, tree=False, device=None):
     n_differ, max_diff = attention_invariance(kv_type, head_dim, n_head=8, n_head_kv=2, n_kv=depth + n_rows,
-                                              n_rows=n_rows, n_threads=n_threads, seed=n_rows + depth)
-    assert n_differ == 0, (f"{kv_type.name} head_dim {head_dim}, {n_rows} rows at depth {depth}, {n_threads} threads: "
-                           f"{n_differ} rows differ from the row alone (largest difference {max_diff:.3g})")
+                                              n_rows=n_rows, n_threads=n_threads, seed=n_rows + depth, tree=tree,
+                                              device=device)
+    assert n_differ == 0, (f"{device or 'CPU'}, {kv_type.name} head_dim {head_dim}, {n_rows} {'tree ' * tree}rows at "
+                           f"depth {depth}, {n_threads} threads: {n_differ} rows differ from the row alone (largest "
+                           f"difference {max_diff:.3g})")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -40,6 +44,33 @@ def test_every_row_attends_as_it_does_alone(kv_type, head_dim, depth):
     # one thread: the work split still changes with the row count (groups of rows, of heads)
     for n_rows in ROWS if depth < 2048 else DEEP_ROWS:
         _check(kv_type, head_dim, n_rows, depth)
+
+
+TREE_ROWS = [2, 5, 16, 33, 64]
+
+
+@pytest.mark.parametrize("kv_type", [Q.F16, Q.F32], ids=["f16", "f32"])
+@pytest.mark.parametrize("depth", [0, 600, 2048])
+def test_a_tree_row_attends_as_its_path_decoded_alone(kv_type, depth):
+    """A tree verify's row sees the cells before the tree and its ancestors', with its
+    siblings' cells masked between them: it must round as its path decoded alone, where
+    those cells sit side by side."""
+    for n_rows in TREE_ROWS:
+        _check(kv_type, 128, n_rows, depth, tree=True)
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("depth", [0, 600, 2048])
+def test_a_tree_row_attends_as_its_path_decoded_alone_on_the_device(depth):
+    """The same on the device under test (scripts/test-vulkan.sh: lavapipe), f16 cache:
+    patch 0003 has each row gather its own visible cells in order, so that where its
+    siblings sit changes nothing."""
+    device = os.environ.get("DFLASH_TEST_DEVICE")
+    if not device:
+        pytest.skip("DFLASH_TEST_DEVICE names no device")
+    for n_rows in TREE_ROWS:
+        _check(Q.F16, 128, n_rows, depth, tree=True, device=device)
+        _check(Q.F16, 128, n_rows, depth, device=device)  # and a chain's rows, as ever
 
 
 @pytest.mark.parametrize("kv_type", [Q.F16, Q.F32], ids=["f16", "f32"])
