@@ -344,6 +344,10 @@ DFL_API int32_t dfl_target_n_past(const dfl_target * t, int32_t seq) {
     return t && seq >= 0 && seq < t->mem.n_seq ? t->mem.seq[seq].n_past : -1;
 }
 
+DFL_API int32_t dfl_target_settled(const dfl_target * t, int32_t seq) {
+    return t && seq >= 0 && seq < t->mem.n_seq && dfl_target_seq_settled(t, seq);
+}
+
 DFL_API dfl_status dfl_target_features(const dfl_target * t, int32_t seq, float * dst, int32_t row0, int32_t n_rows) {
     TRY(dfl_target_check_seq(t, seq));
     if (t->p.n_feature_layers == 0) {

@@ -264,6 +264,11 @@ dfl_status dfl_target_seq_truncate(dfl_target * target, int32_t seq, int32_t n_p
 /* Positions the sequence holds (-1: no such sequence). */
 int32_t dfl_target_n_past(const dfl_target * target, int32_t seq);
 
+/* 1 when the sequence's state is its position's: no verify or commit pending (a
+ * recurrent target's commit is carried out by the step after it); 0 otherwise or for no
+ * such sequence. Checkpoints and copies are taken only then. */
+int32_t dfl_target_settled(const dfl_target * target, int32_t seq);
+
 /* Empty one sequence's slot (its context, a pending verify and commit, staged sampling input). */
 dfl_status dfl_target_seq_reset(dfl_target * target, int32_t seq);
 

@@ -8,7 +8,6 @@ from typing import Callable, List, Optional
 
 from ..decoding.requests import GenerationStats, Placement, Request
 from ..runtime.checkpoints import PrefillSaver, PrefixCheckpoints
-from ..runtime.native import DflashError, lib
 
 
 class SlotContexts:
@@ -43,17 +42,14 @@ class SlotContexts:
         prompt going on from it resumes there once another request has the slot; the
         tokens kept (0: none known, kept already, over the budget, or a state that cannot
         be checkpointed now: a speculative run's last commit still carried by the next
-        step, as on a recurrent target)."""
+        step, as on a recurrent target, or a drafter context behind the target's)."""
         held, use_draft = self.contexts[slot]
-        if self.checkpoints is None or not held:
+        target, draft = self.models.target, self.models.draft if use_draft else None
+        if self.checkpoints is None or not held or not target.settled(slot):
             return 0
-        draft = self.models.draft if use_draft else None
-        try:
-            return len(held) if self.checkpoints.save(held, self.models.target, draft, slot) else 0
-        except DflashError as e:
-            if e.status != lib.DFL_ERR_STATE:
-                raise
+        if draft is not None and draft.n_past(slot) != target.seq_n_past(slot):
             return 0
+        return len(held) if self.checkpoints.save(held, target, draft, slot) else 0
 
     def placement(self, request: Request, slot: int, reused: int, use_draft: bool, stats: GenerationStats,
                   on_stage: Optional[Callable[[str], None]]) -> Placement:

@@ -81,9 +81,11 @@ def unproven_why(device: str, description: str, remote: bool) -> str:
     if remote:
         return "a remote backend"
     if device.upper().startswith("VULKAN") and "llvmpipe" in description.lower():
-        # the near-tie hunt on lavapipe (results/near-tie-hunt-vulkan-2026-11-29.json):
-        # every chain mode's rows equal one-row decodes, a tree's do not (Gemma 3 270M)
-        return "chains are shown exact on lavapipe, a tree verify's rows are not (docs/exactness.md)"
+        # the near-tie hunt on lavapipe (results/near-tie-hunt-vulkan-2026-11-30.json): every
+        # mode's rows equal one-row decodes on Gemma 3 270M with an f16 cache, chains and trees;
+        # other caches' trees, and other models, not yet
+        return ("every verify mode is shown exact on lavapipe for Gemma 3 270M with an f16 cache, not yet for other "
+                "models or caches (docs/exactness.md)")
     return "this backend's whole step is not yet proven (docs/exactness.md)"
 
 

@@ -257,6 +257,11 @@ class Target(NativeObject):
             raise ValueError(f"sequence {seq} is outside 0..{self.n_seq - 1}")
         return int(n)
 
+    def settled(self, seq: int) -> bool:
+        """The sequence's state is its position's (no verify or commit pending): a
+        checkpoint of it may be taken."""
+        return bool(lib.dfl_target_settled(self._handle(), int(seq)))
+
     def reset(self) -> None:
         """Forget every sequence's context."""
         check(lib.dfl_target_reset(self._handle()))

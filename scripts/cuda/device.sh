@@ -13,7 +13,8 @@
 # --budget is the time the whole call may take (default 560, under the tool's 600);
 # --verify-first caps the verify checks (default 150; 0 leaves them to the other tests):
 # test_a_patched_device_rounds_each_verify_column_as_one_column (ggml-patches/0004: every column of 2-64
-# rounds as alone, each weight type), the device's invariance report, and
+# rounds as alone, each weight type), the device's invariance report, the attention probe's
+# chain and tree rows (test_a_tree_row_attends_as_its_path_decoded_alone_on_the_device), and
 # test_chain_and_tree_equal_plain_on_the_device_at_the_engines_defaults (lossless at the
 # Engine's defaults); if the probe fails it runs again with GGML_CUDA_VERIFY_CHUNK=1 (each
 # column through the one-column kernel) to tell the multi-column kernel from the dispatch.
@@ -63,7 +64,7 @@ lib="$(dirname "$(find "$root/.cuda-build/cuda/venv" -name 'libggml-cuda.so*' | 
 { echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$lib"/libggml-cuda.so; } > "$out/ldd.txt" 2>&1
 if grep -q "not found" "$out/ldd.txt"; then cat "$out/ldd.txt"; say "unresolved libraries"; exit 1; fi
 
-verify_k="patched_device_rounds_each_verify_column or reports_its_invariance or engines_defaults"
+verify_k="patched_device_rounds_each_verify_column or reports_its_invariance or path_decoded_alone_on_the_device or engines_defaults"
 if [ "$tests" = 1 ] && [ "$verify_first" -gt 0 ]; then
   # the batch-invariance verify kernels (ggml-patches/0004), before anything else: the probe
   # (seconds) and the lossless test at the Engine's defaults (a minute or two)
