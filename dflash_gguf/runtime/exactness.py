@@ -81,11 +81,11 @@ def unproven_why(device: str, description: str, remote: bool) -> str:
     if remote:
         return "a remote backend"
     if device.upper().startswith("VULKAN") and "llvmpipe" in description.lower():
-        # the near-tie hunt on lavapipe (results/near-tie-hunt-vulkan-2026-11-30.json): every
-        # mode's rows equal one-row decodes on Gemma 3 270M with an f16 cache, chains and trees;
-        # other caches' trees, and other models, not yet
-        return ("every verify mode is shown exact on lavapipe for Gemma 3 270M with an f16 cache, not yet for other "
-                "models or caches (docs/exactness.md)")
+        # the near-tie hunts on lavapipe (results/near-tie-hunt-vulkan-*2026-11-30.json): every
+        # row mode on Gemma 3 270M, the tree and 16-row chains on Qwen2.5-Coder 1.5B, all equal
+        # to one-row decodes with an f16 cache; other caches' trees and MoE products are not
+        return ("chains and trees are shown exact on lavapipe for Gemma 3 270M and Qwen2.5-Coder 1.5B with an f16 "
+                "cache; other caches' trees and MoE products are not (docs/exactness.md)")
     return "this backend's whole step is not yet proven (docs/exactness.md)"
 
 
