@@ -10,6 +10,11 @@ from ..decoding.requests import GenerationStats, Placement, Request
 from ..runtime.checkpoints import PrefillSaver, PrefixCheckpoints
 
 
+def goes_on(prompt: List[int], held: List[int]) -> bool:
+    """The prompt continues the context a slot holds (and adds to it)."""
+    return 0 < len(held) < len(prompt) and prompt[:len(held)] == held
+
+
 class SlotContexts:
     """Per slot of the target (and drafter): the tokens its context holds, and whether it
     was filled speculatively; with `checkpoints` set, the prefix checkpoints prompts
@@ -19,6 +24,7 @@ class SlotContexts:
         self.models = models  # loading.LoadedModels: the target and drafter the slots are in
         self.contexts: List[tuple] = [([], None) for _ in range(n_seq)]
         self.checkpoints: Optional[PrefixCheckpoints] = None
+        self.offered: set = set()  # slots whose context as it is now keep() offered to the checkpoints
 
     def held(self, slot: int) -> List[int]:
         return self.contexts[slot][0]
@@ -26,15 +32,16 @@ class SlotContexts:
     def forget(self) -> None:
         """Every slot holds nothing known (graphs of other work ran on the target)."""
         self.contexts = [([], None) for _ in self.contexts]
+        self.offered.clear()
 
     def take(self, slot: int, tokens: List[int], use_draft: bool, reuse_prefix: bool) -> int:
         """How many of the prompt's tokens the slot's context already holds (0 unless the
         prompt extends it and it was filled the same way); the slot's context is unknown
         from now until the run ends (end())."""
         held, mode = self.contexts[slot]
-        n = len(held)
-        reused = n if (reuse_prefix and mode == use_draft and 0 < n < len(tokens) and tokens[:n] == held) else 0
+        reused = len(held) if reuse_prefix and mode == use_draft and goes_on(tokens, held) else 0
         self.contexts[slot] = ([], None)
+        self.offered.discard(slot)
         return reused
 
     def keep(self, slot: int) -> int:
@@ -42,11 +49,13 @@ class SlotContexts:
         prompt going on from it resumes there once another request has the slot; the
         tokens kept (0: none known, kept already, over the budget, or a state that cannot
         be checkpointed now: a speculative run's last commit still carried by the next
-        step, as on a recurrent target, or a drafter context behind the target's)."""
+        step, as on a recurrent target, or a drafter context behind the target's). A context
+        is offered once: an idle slot asked again costs nothing."""
         held, use_draft = self.contexts[slot]
         target, draft = self.models.target, self.models.draft if use_draft else None
-        if self.checkpoints is None or not held or not target.settled(slot):
+        if self.checkpoints is None or not held or slot in self.offered or not target.settled(slot):
             return 0
+        self.offered.add(slot)
         if draft is not None and draft.n_past(slot) != target.seq_n_past(slot):
             return 0
         return len(held) if self.checkpoints.save(held, target, draft, slot) else 0

@@ -25,6 +25,7 @@ from ..decoding.requests import DraftCounts, GenerationStats, Request
 from ..decoding.step import Batch, Sequence
 from ..decoding.streaming import TextStream
 from ..engine.engine import Engine
+from ..engine.slots import goes_on
 
 
 class QueueFull(Exception):
@@ -70,11 +71,6 @@ def timings_of(s: GenerationStats, speculative: bool) -> dict:
         out["draft_n"] = sum(s.drafts.drafted.values())
         out["draft_n_accepted"] = sum(s.drafts.accepted.values())
     return out
-
-
-def goes_on(prompt: List[int], held: List[int]) -> bool:
-    """The prompt continues the context a slot holds (and adds to it)."""
-    return 0 < len(held) < len(prompt) and prompt[:len(held)] == held
 
 
 @dataclass(frozen=True)
