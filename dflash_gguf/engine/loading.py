@@ -77,7 +77,8 @@ class LoadedModels:
             max_rows = min(INVARIANT_STEP_ROWS, info["n_ubatch"])
         else:
             max_rows = info["n_verify"] if speculative else 1
-        answer = exactness(model, devices, max_rows, info["n_threads"] or 2, mode)
+        answer = exactness(model, devices, max_rows, info["n_threads"] or 2, mode,
+                           (setup.target_config.kv_type, setup.target_config.kv_type_v))
         if mode == "require" and answer.exact != "yes":
             raise ConfigError("exact", f"greedy speculation would not be bit-identical to plain decoding here: "
                                        f"exact: {answer}. Run on the CPU (--device CPU), with fewer rows a step "

@@ -12,13 +12,14 @@ the settings allow. So at load, for each device the target runs on:
   2. the probe the tests use (devices.matmul_invariance): every weight type of the
      model, the columns of a product from 2 up to the step's most rows against each
      column alone, bit for bit;
-  3. a backend the project has proven end to end (the CPU on x86: proven()) is "yes"
-     when the probe passes; another backend whose probe passes is "unverified", with
-     why (unproven_why): the rest of its step (attention, norms) has not been shown
-     exact there in every mode (Vulkan on lavapipe: chains are, trees are not).
+  3. a backend the project has proven end to end for this model's step (unproven(): the
+     CPU on x86 for every model; Vulkan on lavapipe for the architectures shown there with
+     an f16 cache and no experts) is "yes" when the probe passes; elsewhere a passing probe
+     is "unverified", with why: the rest of the step (attention over that cache, MoE
+     products, norms) has not been shown exact there.
 
-The answer is cached per build (the native library's and ggml's files), device, types
-and rows, so a warm start reads one small file."""
+The answer is cached per build (the native library's and ggml's files), device, the
+model's step (Step) and rows, so a warm start reads one small file."""
 from __future__ import annotations
 
 import hashlib
@@ -51,7 +52,11 @@ PROBED = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1
                     Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4})
 INTEGER = frozenset({Q.I8, Q.I16, Q.I32, Q.I64})  # never a matrix a product reads
 # the rules the answers follow, in the cache key: a new rule (what is proven) asks again
-ANSWERS = 2
+ANSWERS = 3
+# architectures whose every verify mode lavapipe has shown equal to one-row decodes with an
+# f16 cache: Gemma 3 270M and Qwen2.5-Coder 1.5B by the near-tie hunts
+# (results/near-tie-hunt-vulkan-*2026-11-30.json), the demo's Qwen3.5 by CI's device tests
+LAVAPIPE_SHOWN = ("gemma3", "qwen2", "qwen35")
 
 
 @dataclass(frozen=True)
@@ -68,24 +73,44 @@ class Exactness:
         return {"exact": self.exact, "why": self.why}
 
 
-def proven(device: str, description: str) -> bool:
-    """Backends whose whole step the project has shown exact (docs/exactness.md's table):
-    the CPU on x86 (the x86 kernels patched, every mode of the published models checked
-    end to end). Elsewhere a passing probe leaves the answer unverified (unproven_why):
-    their other kernels (attention, norms) take paths not shown exact in every mode."""
-    return device.upper() == "CPU" and platform.machine().lower() in ("x86_64", "amd64")
+@dataclass(frozen=True)
+class Step:
+    """What of a model's step, beside its weight types, decides whether a backend has
+    been shown exact for it: the architecture, the cache's K and V types (a tree row's
+    attention gathers its own cells only over f16 on Vulkan) and whether its feed-forward
+    products pick experts (mul_mat_id, stock on Vulkan)."""
+
+    arch: str
+    kv_types: Tuple[str, str] = ("f16", "f16")
+    experts: bool = False
+
+    @classmethod
+    def of(cls, path: str, kv_type: str = "f16", kv_type_v: Optional[str] = None) -> "Step":
+        meta = GGUFMeta(path)
+        return cls(str(meta.get("general.architecture", "")), (kv_type, kv_type_v or kv_type),
+                   any(name.endswith("_exps.weight") for name in meta.tensor_names()))
 
 
-def unproven_why(device: str, description: str, remote: bool) -> str:
-    """Why a backend whose probe passes is not proven (the answer's "why")."""
+def unproven(device: str, description: str, remote: bool, step: Step) -> Optional[str]:
+    """Why the project has not shown this model's whole step exact on the backend (the
+    answer's "why"), or None where it has (docs/exactness.md's table): the CPU on x86, its
+    kernels patched and every mode of the published models checked end to end; Vulkan on
+    lavapipe for the architectures shown there (LAVAPIPE_SHOWN) over an f16 cache without
+    experts. Elsewhere a passing matrix probe leaves the answer unverified: the backend's
+    other kernels (attention, expert products, norms) take paths not shown exact."""
     if remote:
         return "a remote backend"
+    if device.upper() == "CPU" and platform.machine().lower() in ("x86_64", "amd64"):
+        return None
     if device.upper().startswith("VULKAN") and "llvmpipe" in description.lower():
-        # the near-tie hunts on lavapipe (results/near-tie-hunt-vulkan-*2026-11-30.json): every
-        # row mode on Gemma 3 270M, the tree and 16-row chains on Qwen2.5-Coder 1.5B, all equal
-        # to one-row decodes with an f16 cache; other caches' trees and MoE products are not
-        return ("chains and trees are shown exact on lavapipe for Gemma 3 270M and Qwen2.5-Coder 1.5B with an f16 "
-                "cache; other caches' trees and MoE products are not (docs/exactness.md)")
+        if step.experts:
+            return "expert products (mul_mat_id) keep ggml-vulkan's stock kernels"
+        if step.kv_types != ("f16", "f16"):
+            return (f"a tree row's attention over a {'/'.join(step.kv_types)} cache takes ggml-vulkan's stock "
+                    f"kernel; an f16 cache (-ctk f16 -ctv f16) is shown exact")
+        if step.arch not in LAVAPIPE_SHOWN:
+            return f"{step.arch} is not shown exact on lavapipe (shown: {', '.join(LAVAPIPE_SHOWN)})"
+        return None
     return "this backend's whole step is not yet proven (docs/exactness.md)"
 
 
@@ -167,10 +192,11 @@ def _build_files() -> List[Path]:
     return files
 
 
-def _cache_key(device: str, description: str, patch: Optional[str], types: Sequence[int], max_rows: int) -> str:
+def _cache_key(device: str, description: str, patch: Optional[str], types: Sequence[int], step: Step,
+               max_rows: int) -> str:
     stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _build_files() if p.exists()]
-    blob = json.dumps([ANSWERS, stats, device, description, patch, list(types), max_rows, list(PROBE_COLUMNS),
-                       PROBE_SHAPE])
+    blob = json.dumps([ANSWERS, stats, device, description, patch, list(types), step.arch, list(step.kv_types),
+                       step.experts, max_rows, list(PROBE_COLUMNS), PROBE_SHAPE])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -198,7 +224,8 @@ def _remember(key: str, answer: Exactness) -> None:
         pass  # a read-only cache costs the next start a probe, nothing else
 
 
-def device_exactness(device: str, types: Sequence[int], max_rows: int, n_threads: int = 2) -> Exactness:
+def device_exactness(device: str, types: Sequence[int], max_rows: int, n_threads: int = 2,
+                     step: Step = Step("")) -> Exactness:
     """The answer for one device (cached; see the module's docstring)."""
     if max_rows < 2:
         return Exactness("yes", "one row a step: nothing to round apart")
@@ -207,17 +234,17 @@ def device_exactness(device: str, types: Sequence[int], max_rows: int, n_threads
     # the patch's name is in the key: a backend may withdraw it (ggml-vulkan does under
     # GGML_VK_BATCH_VARIANT, its stock kernel choices) with the same files
     patch = None if remote else backend_patch(device)
-    key = _cache_key(device, description, patch, types, max_rows)
+    key = _cache_key(device, description, patch, types, step, max_rows)
     known = _cached().get(key)
     if known is not None:
         return Exactness(known["exact"], known.get("why", ""))
-    answer = _ask(device, description, remote, patch, types, max_rows, n_threads)
+    answer = _ask(device, description, remote, patch, types, step, max_rows, n_threads)
     _remember(key, answer)
     return answer
 
 
-def _ask(device: str, description: str, remote: bool, patch: Optional[str], types: Sequence[int], max_rows: int,
-         n_threads: int) -> Exactness:
+def _ask(device: str, description: str, remote: bool, patch: Optional[str], types: Sequence[int], step: Step,
+         max_rows: int, n_threads: int) -> Exactness:
     problem = None if remote else patch_problem(device, patch)
     if problem:
         return Exactness("no", problem)
@@ -231,21 +258,23 @@ def _ask(device: str, description: str, remote: bool, patch: Optional[str], type
     unprobed = [_type_name(t) for t in types if t not in PROBED]
     if unprobed:
         return Exactness("unverified", f"{device}: {', '.join(unprobed)} weights are not probed")
-    if proven(device, description):
+    why = unproven(device, description, remote, step)
+    if why is None:
         return Exactness("yes")
-    return Exactness("unverified", f"{device}: the matrix probe passes; {unproven_why(device, description, remote)}")
+    return Exactness("unverified", f"{device}: the matrix probe passes; {why}")
 
 
 def exactness(model: str, devices: Sequence[str], max_rows: int, n_threads: int = 2,
-              mode: str = "report") -> Exactness:
-    """The engine's answer: its target's weight types on every device it runs on, at
-    steps of up to max_rows rows; the first device that is not "yes" decides."""
+              mode: str = "report", kv_types: Tuple[str, Optional[str]] = ("f16", None)) -> Exactness:
+    """The engine's answer: its target's weight types and step (over a cache of kv_types)
+    on every device it runs on, at steps of up to max_rows rows; the first device that is
+    not "yes" decides."""
     if mode not in MODES:
         raise ValueError(f"exact must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "off":
         return Exactness("unverified", "not checked: --exact off")
-    types = weight_types(model)
-    answers = [device_exactness(d, types, max_rows, n_threads) for d in dict.fromkeys(devices)]
+    types, step = weight_types(model), Step.of(model, *kv_types)
+    answers = [device_exactness(d, types, max_rows, n_threads, step) for d in dict.fromkeys(devices)]
     return next((a for a in answers if a.exact == "no"), None) or \
         next((a for a in answers if a.exact != "yes"), None) or answers[0]
 

@@ -109,6 +109,36 @@ def test_a_column_rounding_apart_is_named_with_its_type_and_columns(monkeypatch)
         assert engine.exact.why.startswith("CPU: ") and engine.exact.why.endswith(" at 3 columns"), engine.exact
 
 
+LAVAPIPE = "llvmpipe (LLVM 15.0.6, 256 bits)"
+
+
+@pytest.mark.parametrize("step, why", [
+    (exactness.Step("qwen2"), None),
+    (exactness.Step("gemma3"), None),
+    (exactness.Step("qwen35"), None),
+    (exactness.Step("qwen2", ("q8_0", "q8_0")), "a tree row's attention over a q8_0/q8_0 cache takes ggml-vulkan's "
+                                                "stock kernel; an f16 cache (-ctk f16 -ctv f16) is shown exact"),
+    (exactness.Step("qwen2", ("f16", "q4_0")), "a tree row's attention over a f16/q4_0 cache takes ggml-vulkan's "
+                                               "stock kernel; an f16 cache (-ctk f16 -ctv f16) is shown exact"),
+    (exactness.Step("qwen35moe", experts=True), "expert products (mul_mat_id) keep ggml-vulkan's stock kernels"),
+    (exactness.Step("llama"), "llama is not shown exact on lavapipe (shown: gemma3, qwen2, qwen35)"),
+])
+def test_lavapipe_is_proven_for_what_was_shown_there_and_says_what_was_not(step, why):
+    """Vulkan on lavapipe is "yes" for the architectures whose modes were shown there, over
+    an f16 cache without experts; anything else names what was not shown. The CPU on x86
+    is proven for every step, a remote backend or another GPU for none."""
+    assert exactness.unproven("Vulkan0", LAVAPIPE, False, step) == why
+    assert exactness.unproven("CPU", "", False, step) is None
+    assert exactness.unproven("RPC0", "", True, step) == "a remote backend"
+    assert exactness.unproven("Vulkan0", "NVIDIA GeForce RTX 3090", False, step) == \
+        "this backend's whole step is not yet proven (docs/exactness.md)"
+
+
+def test_the_step_is_read_from_the_file():
+    assert exactness.Step.of(TARGET) == exactness.Step("qwen35", ("f16", "f16"), False)
+    assert exactness.Step.of(TARGET, "q8_0", "f16").kv_types == ("q8_0", "f16")
+
+
 def test_plain_decoding_of_one_sequence_has_nothing_to_round_apart():
     with Engine(TARGET, n_threads=2) as engine:
         assert engine.exact == Exactness("yes", "one row a step: nothing to round apart")
@@ -137,10 +167,13 @@ def test_the_answer_is_cached_per_build_device_types_and_rows(monkeypatch):
     asked = []
     monkeypatch.setattr(exactness, "probe", lambda *a, **k: asked.append(a))
     t0 = time.perf_counter()
-    assert exactness.device_exactness("CPU", types, engine.target.n_verify) == Exactness("yes")
+    step = exactness.Step.of(TARGET)
+    assert exactness.device_exactness("CPU", types, engine.target.n_verify, step=step) == Exactness("yes")
     assert time.perf_counter() - t0 < 0.5 and not asked  # read, not probed
-    exactness.device_exactness("CPU", types, 7)  # other rows: asked again
+    exactness.device_exactness("CPU", types, 7, step=step)  # other rows: asked again
     assert len(asked) == 1
+    exactness.device_exactness("CPU", types, 7, step=exactness.Step.of(TARGET, "q8_0"))  # another cache: again
+    assert len(asked) == 2
 
 
 def test_off_does_not_ask_and_a_bad_mode_is_refused(monkeypatch):
@@ -167,10 +200,11 @@ def test_dflash_run_reports_it_and_require_starts_where_it_holds():
 @pytest.mark.device
 def test_the_device_under_test_says_whether_it_is_exact(tmp_path):
     """On the device under test (scripts/test-vulkan.sh: lavapipe): ggml-vulkan with the
-    project's patch 0003 is probed and passes; on lavapipe, where chains and trees are
-    shown exact on two models with an f16 cache only, it says unverified; under GGML_VK_BATCH_VARIANT (ggml's stock kernel choices) the backend names
-    no patch, and the engine says no at once, without probing. A CUDA build with 0004 is
-    probed and at best unverified."""
+    project's patch 0003 is probed and passes, and lavapipe is shown exact for the demo's
+    architecture over an f16 cache (the engine's default): yes; over a q8_0 cache a tree
+    row's attention is stock: unverified, naming the cache. Under GGML_VK_BATCH_VARIANT
+    (ggml's stock kernel choices) the backend names no patch, and the engine says no at
+    once, without probing. A CUDA build with 0004 is probed and at best unverified."""
     device = os.environ.get("DFLASH_TEST_DEVICE")
     if not device:
         pytest.skip("no device under test (DFLASH_TEST_DEVICE)")
@@ -180,9 +214,11 @@ def test_the_device_under_test_says_whether_it_is_exact(tmp_path):
     if device.startswith("Vulkan"):
         assert exactness.backend_patch(device) == \
             f"dflash-gguf batch-invariant Vulkan kernels, patches {llama_cpp_tree.patch_key()}"
-        # the matrix probe passes; on lavapipe chains and trees are shown exact on two published
-        # models with an f16 cache, not other caches or MoE (the near-tie hunts, docs/exactness.md)
-        assert answer.exact == "unverified" and "the matrix probe passes" in answer.why, answer
+        assert answer == Exactness("yes"), answer
+        with Engine(TARGET, DRAFT, device=device, n_threads=2, kv_type="q8_0") as engine:
+            answer = engine.exact
+        assert answer.exact == "unverified" and "the matrix probe passes" in answer.why \
+            and "q8_0/q8_0 cache" in answer.why, answer
         stock = subprocess.run([sys.executable, "-c", STOCK_ANSWER, device], capture_output=True, text=True,
                                env={**os.environ, "GGML_VK_BATCH_VARIANT": "1"}, cwd=tmp_path, timeout=600)
         assert stock.returncode == 0, stock.stderr
