@@ -177,7 +177,12 @@ def replayed_lengths(logits, kept, prompt_len: int, full, n_max: int) -> List[in
     were accepted, i.e. equal to the output there) and the output it must reproduce.
     The first output token comes from the prompt's pass; as the engine's loop, a step
     drafts no more than the request still wants after its bonus."""
-    choice = np.asarray(kept)[np.argmax(logits[:, kept], axis=1)]
+    return chain_lengths(np.asarray(kept)[np.argmax(logits[:, kept], axis=1)], prompt_len, full, n_max)
+
+
+def chain_lengths(choice, prompt_len: int, full, n_max: int) -> List[int]:
+    """replayed_lengths from the drafter's choice at each row (its argmax: row r's choice
+    drafts full[r + 1])."""
     n_out = len(full) - prompt_len
     lengths, emitted = [], 1
     while emitted < n_out:
