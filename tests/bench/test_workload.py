@@ -84,6 +84,29 @@ def test_the_generator_is_deterministic(tmp_path):
         assert outs[0].read_bytes() == BUNDLED.read_bytes()
 
 
+AGENTIC = ROOT / "dflash_gguf" / "data" / "workloads" / "agentic.jsonl"
+
+
+def test_the_agentic_sessions_are_deep_and_remade_byte_for_byte(tmp_path):
+    """experiments/agentic_sessions.py's sessions (issue 86 item 5): a file under edit read
+    whole, tool results over several turns, the 24K session's prompt past 60,000
+    characters by its last turn; the generator writes the bundled file's bytes again on
+    the Python it was made with."""
+    w = load(AGENTIC)
+    assert [s.name for s in w.sessions] == ["agentic-8k-textwrap", "agentic-24k-configparser"]
+    for s, least in zip(w.sessions, (20_000, 60_000)):
+        assert s.kind == "agentic" and len(s.turns) >= 3
+        assert s.turns[0].user.count("Tool result (read_file ") == 1
+        assert len(s.system) + sum(len(t.user) for t in s.turns) > least
+    out = tmp_path / "agentic.jsonl"
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "agentic_sessions.py"), "--out", str(out)], check=True,
+                   capture_output=True)
+    load(out)
+    made_with = re.search(r"the Python (\S+) standard library", AGENTIC.read_text()).group(1)
+    if made_with == ".".join(map(str, sys.version_info[:3])):
+        assert out.read_bytes() == AGENTIC.read_bytes()
+
+
 def chat_body(*messages, max_tokens=None):
     roles = ["user", "assistant"] * len(messages)
     body = {"messages": [{"role": r, "content": m} for r, m in zip(roles, messages)]}
