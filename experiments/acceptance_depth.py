@@ -27,7 +27,8 @@ engine's own accepted lengths step for step (checked at 512). Acceptance does no
 depend on the machine's speed: this is not a timed run.
 
     .venv/bin/python experiments/acceptance_depth.py --depths 0,2048,8192,16384,31744 -n 64 \\
-        --out results/acceptance-depth-DATE.json [--demo --windows 0,256,1024] [--plot docs/acceptance-depth.svg]
+        --out results/acceptance-depth-DATE.json [--demo --windows 0,256,1024] [--plot docs/acceptance-depth.svg] \
+        [--cost-from results/weightless-replay-qwen2.5-coder-1.5b-2026-11-29-depth-priced.json]
 """
 from __future__ import annotations
 
@@ -111,8 +112,12 @@ def real_rows(args, doc: dict) -> None:
     target_path, simple_path = real_models.path(args.model), real_models.path(args.simple)
     n_ctx = max(args.depths) + args.probe_tokens + args.n + 64
     with Engine(str(target_path), spec_type="suffix", n_ctx=2048, n_threads=args.threads) as engine:
-        engine.prepare_auto()  # this build's verify cost table by depth (cached per build)
-        cost = engine.choice.verify_cost
+        if args.cost_from:  # a table timed on an idle machine: this run's trees sized as that run's
+            cost = CostTable.from_record(json.loads(args.cost_from.read_text())["verify_cost_s"])
+            doc["verify_cost_note"] = f"the table {args.cost_from} recorded"
+        else:
+            engine.prepare_auto()  # this build's verify cost table by depth (cached per build)
+            cost = engine.choice.verify_cost
         encode = engine.encode
         filler, files = stdlib_tokens(encode, "[t-z]*.py", max(args.depths))
         passages = probes(encode, args.probes, args.probe_tokens)
@@ -228,6 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--probe-tokens", type=int, default=384)
     p.add_argument("-n", type=int, default=64, help="tokens each probe is continued for")
     p.add_argument("--spec-draft-n-max", type=int, default=48)
+    p.add_argument("--cost-from", type=Path, help="size suffix trees by the verify cost table this earlier results "
+                   "file recorded (default: this build's, measured once and cached)")
     p.add_argument("--demo", action="store_true", help="also the demo pair's DFlash drafter, run")
     p.add_argument("--demo-only", action="store_true", help="only the demo pair")
     p.add_argument("--demo-depths", type=ints, default=[0, 512, 1024, 2048, 3584])
