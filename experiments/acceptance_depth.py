@@ -193,22 +193,23 @@ def table(doc: dict) -> list:
             for (t, d, w, depth), v in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0, kv[0][3]))]
 
 
-def plot(doc: dict, path: Path) -> None:
+def plot(docs: list, path: Path) -> None:
+    """The tables of one or more results files (a real-model run, a --demo-only run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    lines = {}
-    for row in doc["table"]:
+    lines, model = {}, next(d["settings"]["model"] for d in docs)
+    for row in (r for d in docs for r in d.get("table") or table(d)):
         label = row["drafter"] + (f", window {row['window'] or 'whole'}" if row["window"] is not None else "")
         lines.setdefault((row["target"], label), []).append((row["depth"], row["al"]))
     for (t, label), pts in lines.items():
         ax = axes[0] if t != "demo" else axes[1]
         xs, ys = zip(*pts)
         ax.plot([max(x, 1) for x in xs], ys, marker="o", label=label)
-    for ax, title in zip(axes, (f"{doc['settings']['model']}: replayed over its greedy text",
+    for ax, title in zip(axes, (f"{model}: replayed over its greedy text",
                                 "demo pair: DFlash run")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens of context before the probe")
@@ -241,10 +242,10 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=ints, default=[0, 256, 1024], help="the demo drafter's --draft-window values")
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--plot", type=Path, help="draw the table to this file (svg or png)")
-    p.add_argument("--plot-from", type=Path, help="only draw: an earlier results file")
+    p.add_argument("--plot-from", type=Path, nargs="+", help="only draw: earlier results files")
     args = p.parse_args(argv)
     if args.plot_from:
-        plot(json.loads(args.plot_from.read_text()), args.plot)
+        plot([json.loads(f.read_text()) for f in args.plot_from], args.plot)
         return 0
     args.arms = args.arms or list(WEIGHTLESS_ARMS)
     if any(d % 512 for d in args.depths):
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
     for row in doc["table"]:
         print(json.dumps(row))
     if args.plot:
-        plot(doc, args.plot)
+        plot([doc], args.plot)
     return 0
 
 
