@@ -7,8 +7,8 @@ end of an n_kv-cell cache (causal mask, 12 query heads over 2 KV heads of 128: t
 Qwen2.5 1.5B's shape) against the stock one-row kernel in the same library (use_ref), as
 thread CPU time (one thread: on a loaded machine wall time measures the neighbours),
 the best of --reps. Without patch 0007, up to 256 rows take the one-row kernel and more
-the tiled one (patch 0001); with it, every row count takes the tiled kernel, its tiles
-spanning the heads of a KV head.
+the tiled one (patch 0001); with it, up to 256 rows, one included, take its exact tiled
+kernel, its tiles spanning the heads of a KV head, and more keep ggml's tiled kernel.
 
     gcc -O2 -o /tmp/fa experiments/fa_row_invariance.c -I$GGML/include -L$NEW -lggml -lggml-base -lggml-cpu -lm
     python3 experiments/fa_kernel_ab.py --harness /tmp/fa --new NEW_LIB_DIR --old OLD_LIB_DIR \\

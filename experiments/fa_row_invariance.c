@@ -1,4 +1,4 @@
-/* The CPU flash attention's exactness harness (patches 0005 and 0007, pending), beyond what tests/runtime/test_attention_invariance.py
+/* The CPU flash attention's exactness harness (patch 0007 and the kernels tried before it), beyond what tests/runtime/test_attention_invariance.py
  * asks through the runtime: row r of an n-row ggml_flash_attn_ext equals the row alone, bit
  * for bit, with masks the probe has not (a tree's holes in the rows' cells and the cache,
  * a sliding window, an additive bias), ALiBi, softcap, sinks, any GQA ratio, any cache type

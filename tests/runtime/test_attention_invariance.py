@@ -3,15 +3,15 @@
 A verify's row must compute bit for bit what a one-row decode of the same position
 computes, attention included. ggml's CPU flash attention takes the one-row kernel for up to
 63 query rows and a tiled one (softmax folded per KV tile, Q.K as a GEMM) for more, which
-rounds otherwise; patch 0001 keeps the one-row kernel for steps of up to 256 rows, which is
-why a step never holds more (decoding/verify.py's passes). This asks the backend directly
+rounds otherwise; patch 0007 sends every pass of up to 256 rows, one included, through an
+exact tiled kernel (each KV tile read once for a tile of rows, each row's weights and sums
+in cell order), which is why a step never holds more (decoding/verify.py's passes). This asks the backend directly
 (dfl_attention_invariance): n rows at the end of a random cache under a causal mask in one
 pass against each row alone, whole output rows compared bit for bit, no tolerance, for row
 counts on both sides of ggml's 64-row tiles up to 256, at depths 0, 600, 2048 and 8192, f16 and
 f32 caches, head dims 64 and 128, GQA 4:1. Past 256 rows the tiled kernel rounds apart:
-a strict expected failure, until the row-invariant kernel of
-experiments/pending-patches/0005-cpu-flash-attention-row-invariant.patch lands (it holds
-every row count; its prompt passes cost more: docs/exactness.md). Trees' masks, sliding
+a strict expected failure (prompt passes keep ggml's tiled kernel, whose one-pass
+softmax is faster: docs/performance.md). Trees' masks, sliding
 windows, ALiBi, softcap, sinks, other cache types and thread counts:
 experiments/fa_row_invariance.c.
 """
@@ -79,7 +79,7 @@ def test_threads_split_the_rows_alike(kv_type):
     _check(kv_type, 128, 33, 600, n_threads=2)
 
 
-@pytest.mark.xfail(strict=True, reason="past 256 rows ggml's tiled kernel rounds apart (0005 pending)")
+@pytest.mark.xfail(strict=True, reason="past 256 rows ggml's tiled kernel rounds apart (prompt passes)")
 @pytest.mark.parametrize("n_rows", [257, 515])
 def test_a_step_past_256_rows_rounds_apart(n_rows):
     _check(Q.F16, 128, n_rows, 600)
