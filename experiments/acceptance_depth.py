@@ -131,8 +131,8 @@ def real_rows(args, doc: dict) -> None:
     try:
         for depth in sorted(args.depths):
             t0 = time.time()
-            target.prefill(filler[held:depth], LOGITS_NONE)
-            drafter.prefill(filler[held:depth], LOGITS_NONE) if depth > held else None
+            for model in (target, drafter):
+                model.prefill(filler[held:depth], LOGITS_NONE)
             held = depth
             fill_s = time.time() - t0
             for name, probe in passages:

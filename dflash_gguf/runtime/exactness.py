@@ -27,9 +27,9 @@ import json
 import os
 import platform
 import warnings
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -85,8 +85,8 @@ class Step:
     experts: bool = False
 
     @classmethod
-    def of(cls, path: str, kv_type: str = "f16", kv_type_v: Optional[str] = None) -> "Step":
-        meta = GGUFMeta(path)
+    def of(cls, gguf: Union[str, GGUFMeta], kv_type: str = "f16", kv_type_v: Optional[str] = None) -> "Step":
+        meta = _meta(gguf)
         return cls(str(meta.get("general.architecture", "")), (kv_type, kv_type_v or kv_type),
                    any(name.endswith("_exps.weight") for name in meta.tensor_names()))
 
@@ -140,11 +140,15 @@ def patch_problem(device: str, patch: Optional[str]) -> Optional[str]:
     return None
 
 
-def weight_types(path: str) -> List[int]:
+def _meta(gguf: Union[str, GGUFMeta]) -> GGUFMeta:
+    """A GGUF's metadata, read once where one caller asks several questions of it."""
+    return gguf if isinstance(gguf, GGUFMeta) else GGUFMeta(gguf)
+
+
+def weight_types(gguf: Union[str, GGUFMeta]) -> List[int]:
     """The ggml types of a GGUF's matrices that multiply activations (every tensor of two
     or more dimensions but the token embedding, which is read row by row)."""
-    meta = GGUFMeta(path)
-    return sorted({t for name, (shape, t) in meta.tensors().items()
+    return sorted({t for name, (shape, t) in _meta(gguf).tensors().items()
                    if len(shape) >= 2 and name != "token_embd.weight" and t not in INTEGER})
 
 
@@ -195,8 +199,8 @@ def _build_files() -> List[Path]:
 def _cache_key(device: str, description: str, patch: Optional[str], types: Sequence[int], step: Step,
                max_rows: int) -> str:
     stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _build_files() if p.exists()]
-    blob = json.dumps([ANSWERS, stats, device, description, patch, list(types), step.arch, list(step.kv_types),
-                       step.experts, max_rows, list(PROBE_COLUMNS), PROBE_SHAPE])
+    blob = json.dumps([ANSWERS, stats, device, description, patch, list(types), astuple(step), max_rows,
+                       list(PROBE_COLUMNS), PROBE_SHAPE])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -273,7 +277,8 @@ def exactness(model: str, devices: Sequence[str], max_rows: int, n_threads: int 
         raise ValueError(f"exact must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "off":
         return Exactness("unverified", "not checked: --exact off")
-    types, step = weight_types(model), Step.of(model, *kv_types)
+    meta = GGUFMeta(model)
+    types, step = weight_types(meta), Step.of(meta, *kv_types)
     answers = [device_exactness(d, types, max_rows, n_threads, step) for d in dict.fromkeys(devices)]
     return next((a for a in answers if a.exact == "no"), None) or \
         next((a for a in answers if a.exact != "yes"), None) or answers[0]
