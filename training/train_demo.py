@@ -485,7 +485,7 @@ def make_drafter(args, target_cfg, mask_id: int):
         max_position_embeddings=4096, rope_theta=10_000_000.0, rms_norm_eps=1e-6,
     )
     cfg.dflash_config = {"target_layer_ids": list(args.target_layer_ids), "block_size": args.block_size,
-                         "mask_token_id": mask_id}
+                         "mask_token_id": mask_id, "train_context_length": args.seq_len}
     cfg.num_target_layers = target_cfg.num_hidden_layers
     cfg.architectures = ["DFlashDraftModel"]
     torch.manual_seed(args.seed + 1)

@@ -23,7 +23,8 @@ class DrafterConfig:
         require_hparams(hp, _REQUIRED, "a DFlash drafter")
         check_hparams(hp, _REQUIRED + ["num_key_value_heads", "head_dim", "max_position_embeddings",
                                        "num_target_layers", "block_size"], ["rms_norm_eps", "rope_theta"])
-        check_hparams(self.dcfg, ["block_size", "num_target_layers"], where="config.json dflash_config")
+        check_hparams(self.dcfg, ["block_size", "num_target_layers", "train_context_length"],
+                      where="config.json dflash_config")
         _refuse_unsupported(hp, self.dcfg)
 
         self.n_layer = int(hp["num_hidden_layers"])

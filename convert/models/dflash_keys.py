@@ -70,8 +70,8 @@ def _decoder_keys(cfg: DrafterConfig, rope: dict) -> list[KV]:
 
 
 def _drafter_keys(cfg: DrafterConfig, target: DrafterTarget, has_confidence: bool) -> list[KV]:
-    """Block drafting, DFlash2 and DSpark settings, output scaling, target layers, attention
-    window and causality."""
+    """Block drafting, DFlash2 and DSpark settings, output scaling, the context trained on,
+    target layers, attention window and causality."""
     hp, dcfg, a = cfg.hp, cfg.dcfg, ARCH
     kv = []
     if dcfg.get("attention_value_scale") is not None:
@@ -86,6 +86,9 @@ def _drafter_keys(cfg: DrafterConfig, target: DrafterTarget, has_confidence: boo
         kv.append(f32(f"{a}.final_logit_softcapping", softcap))
     if cfg.value("input_embedding_scale") is not None:
         kv.append(f32(f"{a}.embedding_scale", cfg.value("input_embedding_scale")))
+    train_window = cfg.value("train_context_length")  # dflash-train's own key: its -c
+    if train_window is not None:
+        kv.append(u32(f"{a}.train_context_length", int(train_window)))
     # llama.cpp's convention: +1 (the input of layer id+1 = the output of HF layer id).
     kv.append(array(f"{a}.target_layers", [i + 1 for i in target.layer_ids], GGUFValueType.INT32))
 

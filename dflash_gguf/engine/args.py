@@ -129,7 +129,8 @@ def _speculation_args(p) -> None:
                         "llama.cpp's, the top draft's share of the drafter's top 10, default 0)")
     p.add_argument("--draft-window", default="auto", metavar="W",
                    help="the drafter attends to the last W context positions only and keeps only those "
-                        "in its cache; 0: the whole context (default auto: the whole context, or 4096 when "
+                        "in its cache; 0: the whole context (default auto: the window the drafter was trained on "
+                        "where its file says, as dflash-train's drafters do, else the whole context; 4096 when "
                         "that does not fit)")
     p.add_argument("--spec-type", metavar="KINDS",
                    help="what drafts, a comma list (llama.cpp's names): "

@@ -12,7 +12,7 @@ from ..runtime.drafter import DraftConfig, draft_params
 from ..runtime.native import check, ffi, lib
 from ..runtime.target import TargetConfig, target_params
 from .options import EngineOptions
-from .setup import EngineSetup, drafter_path
+from .setup import EngineSetup
 
 PARTS = {
     "target_weights": "target weights",
@@ -212,16 +212,22 @@ AUTO_DRAFT_WINDOW = 4096
 
 def settle(model: str, draft: Optional[str], options: EngineOptions, limit_mib: Optional[int] = None):
     """Choose the "auto" options (kv_type, draft_window) so that the plan fits the
-    devices and the limit, preferring what changes the output least: the whole drafter
-    context with an f16 cache, then a drafter window (still lossless), then q8_0 and
-    q4_0 caches. Returns (setup, plan, what does not fit: empty when it fits)."""
+    devices and the limit, preferring what changes the output least: an f16 cache with
+    the drafter's context as it was trained (the window its file records, else the whole
+    context), then a 4096-position drafter window (still lossless), then q8_0 and q4_0
+    caches. Returns (setup, plan, what does not fit: empty when it fits)."""
     limit = limit_mib * MIB if limit_mib else None
     kv, window = options.target.kv_type, options.drafter.draft_window
     kvs = ["f16", "q8_0", "q4_0"] if kv == "auto" else [kv]
-    has_draft = drafter_path(model, draft, options.speculation.spec_type) is not None
-    windows = [0, AUTO_DRAFT_WINDOW] if window == "auto" and has_draft else [0 if window == "auto" else window]
+    # the options checked and the drafter's file read once; a window left "auto" is then the
+    # one the drafter was trained on where its file says (0: the whole context), else 4096
+    checked = EngineSetup.of(model, draft, options.with_memory(kvs[0], window))
+    windows = [window]
+    if window == "auto":
+        windows = [checked.draft_config.window if checked.draft_config is not None else 0]
+        if checked.draft_config is not None and not 0 < windows[0] <= AUTO_DRAFT_WINDOW:
+            windows.append(AUTO_DRAFT_WINDOW)
     first = None
-    checked = EngineSetup.of(model, draft, options.with_memory(kvs[0], windows[0]))
     for kv in kvs:
         for window in windows:
             setup = checked.with_memory(kv, window)

@@ -131,14 +131,6 @@ def resolve_spec_types(spec_type, model: str, draft: Optional[str]) -> tuple:
     return kinds
 
 
-def drafter_path(model: str, draft: Optional[str], spec_type: Optional[tuple]) -> Optional[str]:
-    """The GGUF the drafter loads from: -md's, or the model's own for draft-mtp (its
-    nextn layers); None without a drafter. spec_type: SpeculationOptions' kinds."""
-    if draft:
-        return draft
-    return model if any(k in TARGET_KINDS for k in spec_type or ()) else None
-
-
 @dataclass(frozen=True)
 class DraftingSetup:
     """How the drafter (a drafter GGUF's, or the model's own MTP layer) drafts: its block
@@ -224,11 +216,11 @@ class EngineSetup:
         """The setup of the options (checked as their types were made) with the files: the
         kinds against the GGUFs, what a drafter's file allows, what the kinds allow beside
         each other. A KV type or drafter window left "auto" is the memory plan's first
-        choice here (f16, the whole context: memory.settle tries the others)."""
+        choice here (f16; the window the drafter was trained on where its file says, else
+        the whole context: memory.settle tries the others)."""
         target, drafter, spec = options.target, options.drafter, options.speculation
         kv_type = "f16" if target.kv_type == "auto" else target.kv_type
         kv_type_v = target.kv_type_v
-        draft_window = 0 if drafter.draft_window == "auto" else drafter.draft_window
         kinds = resolve_spec_types(spec.spec_type, model, draft)
         n_max = spec.spec_draft_n_max or DEFAULT_SPEC_DRAFT_N_MAX
         weightless = WeightlessSetup(tuple((k, spec.kinds[k]) for k in kinds if k in WEIGHTLESS), n_max)
@@ -276,7 +268,8 @@ class EngineSetup:
         top_k = drafter.draft_top_k if budget else (0 if drafter.draft_p_min == 0 and not weightless.kinds else 1)
         draft_config = None
         if meta is not None:
-            draft_config = DraftConfig(n_threads=target.n_threads, top_k=top_k, window=draft_window,
+            window = meta["train_window"] if drafter.draft_window == "auto" else drafter.draft_window
+            draft_config = DraftConfig(n_threads=target.n_threads, top_k=top_k, window=window,
                                        block_size=block if meta["kind"] in AUTOREGRESSIVE else 0,
                                        tensor_overrides=draft_rules)
         drafting = DraftingSetup(block, budget, auto, drafter.draft_p_min, drafter.chain_rule,

@@ -34,8 +34,10 @@ def read_draft_metadata(path: str) -> dict:
     must capture its layers): its kind ("dflash"; "dspark" for a dflash GGUF with a
     Markov head; "eagle3"; "mtp" for a model GGUF whose nextn layers draft for it), block
     size (0 for mtp and eagle3: the caller's drafts per step), mask token, target layers,
-    names, and the fingerprint of the target it was converted for (None for drafters
-    converted by llama.cpp, and for mtp). The C runtime parses and bounds the
+    names, the fingerprint of the target it was converted for (None for drafters
+    converted by llama.cpp, and for mtp), and the context window it was trained on
+    (train_window: TRAIN_WINDOW_KEY, which dflash-train writes; 0 when the file does not
+    say). The C runtime parses and bounds the
     file: a corrupt one is a ValueError with the runtime's message, never a traceback
     from a GGUF reader."""
     meta = ffi.new("dfl_draft_meta *")
@@ -55,7 +57,27 @@ def read_draft_metadata(path: str) -> dict:
         "n_embd": int(meta.n_embd),
         "target_layers": [int(meta.target_layers[i]) for i in range(meta.n_target_layers)],
         "target": fingerprint,
+        "train_window": training_window(path),
     }
+
+
+# "<arch>.train_context_length": the longest context a drafter saw in training
+# (dflash-train's -c). Past it a drafter's acceptance can fall to nothing (the demo's
+# DFlash: 1.5 tokens a pass to 1.0 past 2K), while a window of that many positions holds
+# it (docs/performance.md, "Acceptance at depth"); --draft-window auto takes it.
+TRAIN_WINDOW_KEY = "{arch}.train_context_length"
+
+
+def training_window(path: str) -> int:
+    """The context window a drafter GGUF says it was trained on; 0 when it does not say."""
+    from .gguf_meta import GGUFMeta
+
+    meta = GGUFMeta(str(path))
+    key = TRAIN_WINDOW_KEY.format(arch=meta.get("general.architecture"))
+    value = meta.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{path}: {key} is {value!r}, not a number of positions")
+    return value
 
 
 def draft_params(cfg: DraftConfig, path: Optional[str] = None):

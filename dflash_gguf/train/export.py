@@ -25,10 +25,11 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_path: str, layer_ids: list[int],
-               block_size: int, mask_id: int, outtype: str = "f32", head_tokens=None) -> None:
+               block_size: int, mask_id: int, outtype: str = "f32", head_tokens=None, train_window: int = 0) -> None:
     """state: the drafter's HF state dict as numpy float32 arrays. head_tokens: the kept
     set the file carries (dflash.head_tokens, ascending ids: our runtime drafts over
-    those rows of the head only; llama.cpp ignores the key). Written to a temporary name
+    those rows of the head only; llama.cpp ignores the key). train_window: the longest
+    context it was trained on (dflash.train_context_length; --draft-window auto takes it). Written to a temporary name
     and renamed, so a reader never sees half a file."""
     import gguf
 
@@ -48,6 +49,8 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     w.add_uint32(f"{a}.attention.key_length", shape.head_dim)
     w.add_uint32(f"{a}.attention.value_length", shape.head_dim)
     w.add_uint32(f"{a}.block_size", block_size)
+    if train_window:
+        w.add_uint32(f"{a}.train_context_length", train_window)
     # llama.cpp's convention: the input of layer id+1 = the output of HF layer id
     w.add_array(f"{a}.target_layers", [i + 1 for i in layer_ids])
     if meta["mrope"]:  # the drafter ropes on the temporal section only (convert/models/dflash.py)
@@ -97,8 +100,9 @@ def copy_key(writer, source, key: str) -> None:
 
 
 def write_hf(out_dir: str | os.PathLike, state: dict, shape, meta: dict, layer_ids: list[int], block_size: int,
-             mask_id: int) -> Path:
-    """z-lab's layout: a Qwen3Config with dflash_config, architectures DFlashDraftModel."""
+             mask_id: int, train_window: int = 0) -> Path:
+    """z-lab's layout: a Qwen3Config with dflash_config, architectures DFlashDraftModel
+    (train_window as dflash_config.train_context_length, which our converter reads)."""
     from safetensors.numpy import save_file
 
     out = Path(out_dir)
@@ -118,6 +122,8 @@ def write_hf(out_dir: str | os.PathLike, state: dict, shape, meta: dict, layer_i
         cfg["dflash_config"]["input_embedding_scale"] = meta["embd_scale"]
     if meta["softcap"] > 0:
         cfg["dflash_config"]["final_logit_softcapping"] = meta["softcap"]
+    if train_window:
+        cfg["dflash_config"]["train_context_length"] = train_window
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})

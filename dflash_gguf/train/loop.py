@@ -304,7 +304,7 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
 
     def write_gguf(path):
         export.write_gguf(path, state_np(), plan.shape, meta, opts.model, plan.layer_ids, block,
-                          plan.mask_id, files.outtype, objective.head_tokens)
+                          plan.mask_id, files.outtype, objective.head_tokens, opts.corpus.ctx_size)
 
     def measure(at_step: int):
         with tempfile.TemporaryDirectory() as tmp:
@@ -380,7 +380,8 @@ def train(opts: TrainOptions, on_step: Optional[Callable[[int, dict], None]] = N
         measure(progress.step)
     probe.close()
     if files.hf_out:
-        export.write_hf(files.hf_out, state_np(), plan.shape, meta, plan.layer_ids, block, plan.mask_id)
+        export.write_hf(files.hf_out, state_np(), plan.shape, meta, plan.layer_ids, block, plan.mask_id,
+                         opts.corpus.ctx_size)
     report, report_path = _write_report(opts, plan, progress, objective)
     say(f"dflash-train: {progress.step} steps, held-out AL {progress.evals[0]['al']:.3f} -> "
         f"{progress.evals[-1]['al']:.3f}; wrote {files.output} and {report_path}")

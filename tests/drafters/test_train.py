@@ -98,6 +98,7 @@ def test_written_gguf_is_paired_and_lossless_under_chain_and_tree(trained):
     meta = read_draft_metadata(str(out / "draft.gguf"))
     assert meta["kind"] == "dflash" and meta["block_size"] == BLOCK
     assert meta["target"]["tokenizer_sha256"] == tokenizer_fingerprint(str(target))
+    assert meta["train_window"] == SMALL["ctx_size"]  # what --draft-window auto takes
     t = Target(str(target), TargetConfig(n_ctx=256, n_verify=16, kv_type="f32",
                                          feature_layers=meta["target_layers"]))
     d = Draft(str(out / "draft.gguf"), t, DraftConfig(kv_type="f32", top_k=4))

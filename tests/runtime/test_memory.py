@@ -179,6 +179,48 @@ def test_auto_settings_make_128k_fit_a_24_gib_budget(shapes):
     assert not over and setup.target_config.kv_type in ("f16", "q8_0") and setup.draft_config.window == 4096
 
 
+def test_auto_draft_window_is_the_window_the_drafter_was_trained_on(shapes, monkeypatch):
+    """A drafter whose file records the context it was trained on (dflash-train's -c;
+    the demo drafter's 256) keeps that window by default: past it its acceptance falls
+    (docs/performance.md, "Acceptance at depth"). A window the user names, and a drafter
+    that records none, keep their windows; the plan tries the recorded window, then 4096,
+    with each cache type in turn."""
+    from dflash_gguf.runtime import drafter
+    from dflash_gguf.runtime.drafter import read_draft_metadata
+
+    target, draft = demo_paths()
+    assert read_draft_metadata(draft)["train_window"] == 256
+    for options, window in ((dict(), 256), (dict(draft_window=0), 0), (dict(draft_window=1024), 1024)):
+        setup, _, over = settle(target, draft, EngineOptions.of(n_ctx=4096, **options))
+        assert not over and setup.draft_config.window == window
+        assert EngineSetup.of(target, draft, EngineOptions.of(n_ctx=4096, **options)).draft_config.window == window
+    with Engine(target, draft, n_ctx=1024) as engine:
+        assert engine.setup.draft_config.window == 256
+    big, draft27 = str(shapes["27b"]), str(shapes["27b-draft"])
+    assert read_draft_metadata(draft27)["train_window"] == 0  # z-lab's drafters record none
+    monkeypatch.setattr(drafter, "training_window", lambda path: 8192)
+    options = dict(n_ctx=16384, tree_budget=16)
+    setup, _, over = settle(big, draft27, EngineOptions.of(**options), 24000)
+    assert not over and (setup.target_config.kv_type, setup.draft_config.window) == ("f16", 8192)
+    setup, _, over = settle(big, draft27, EngineOptions.of(**{**options, "n_ctx": 131072}), 24000)
+    # neither 8192 nor 4096 fits with f16: q8_0 with the trained window does
+    assert not over and (setup.target_config.kv_type, setup.draft_config.window) == ("q8_0", 8192)
+
+
+def test_a_bad_training_window_is_one_clear_line(tmp_path):
+    import gguf
+    from dflash_gguf.runtime.drafter import training_window
+
+    path = tmp_path / "bad.gguf"
+    w = gguf.GGUFWriter(str(path), "dflash")
+    w.add_string("dflash.train_context_length", "long")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="dflash.train_context_length is 'long', not a number of positions"):
+        training_window(str(path))
+
+
 def test_settle_checks_the_options_and_reads_the_drafter_once(shapes, monkeypatch):
     """Trying every kv type and drafter window (none fits here) checks the options and
     reads the drafter's metadata once, not once a try; each try is what EngineSetup.of
