@@ -27,6 +27,9 @@ repetitions with its spread (min-max); the ratios are of medians.
 (--plot needs matplotlib: .venv/bin/python -m pip install matplotlib.)
 
 Run it on an idle machine: ggml's threads spin, and a busy core slows every arm unevenly.
+The results file is written after each depth (its settings' depths_done say which), so
+that a run stopped in a long fill (32K: about half an hour an arm on two cores) keeps the
+depths it finished.
 """
 from __future__ import annotations
 
@@ -160,7 +163,39 @@ def main(argv=None) -> int:
         print(f"[depth-map] d{depth} ours rep {rep + 1}: "
               + " ".join(f"{r['rows']}:{r['seconds'] * 1e3:.0f}" for r in records[-len(sizes):]), flush=True)
 
-    for depth in depths:
+    def results(done: List[int]) -> dict:
+        """The results document over the depths measured so far (written after each depth,
+        so that a run stopped in a long fill keeps what it measured)."""
+        table = []
+        for depth in done:
+            for k in sizes:
+                row = {"depth": depth, "rows": k}
+                for arm in ARMS:
+                    xs = [r["seconds"] for r in records if r["arm"] == arm and r["depth"] == depth and r["rows"] == k]
+                    if xs:
+                        row[arm] = spread(xs)
+                base = row.get("llama.cpp patched")
+                if base:
+                    row["ours_over_patched"] = round(row["ours"]["median_ms"] / base["median_ms"], 3)
+                if "llama.cpp stock" in row:
+                    stock = row["llama.cpp stock"]["median_ms"]
+                    row["ours_over_stock"] = round(row["ours"]["median_ms"] / stock, 3)
+                    row["patched_over_stock"] = round(base["median_ms"] / stock, 3)
+                table.append(row)
+        loads = [r["load_1m"] for r in records]
+        return provenance.results_doc(
+            "experiments/depth_map.py", sys.argv[1:] if argv is None else argv,
+            started=started.isoformat(timespec="seconds"),
+            finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            machine=provenance.machine(a.threads, target.info()["device"]), versions=provenance.versions(),
+            settings={"model": model, "depths": depths, "depths_done": done, "sizes": sizes,
+                      "repetitions": a.repetitions, "steps": a.steps, "threads": a.threads, "benches": benches,
+                      "ours": "chain verify of k rows + their choices (output head on every row), least of --steps",
+                      "llama_bench": "-p k -n 0 -d D -fa 1 (output head on the last row only), one sample a repetition"},
+            our_fill_seconds=fills, load_average={"min": min(loads), "max": max(loads)}, table=table, runs=records)
+
+    out = a.out or Path("results") / f"depth-map-{Path(model).stem}-{started:%Y-%m-%d}.json"
+    for i, depth in enumerate(depths):
         fills[depth] = round(fill_to(target, depth), 1)
         print(f"[depth-map] ours filled to {depth} in {fills[depth]} s", flush=True)
         half = a.repetitions // 2
@@ -168,50 +203,23 @@ def main(argv=None) -> int:
             ours(rep, depth)
         for arm, exe in benches.items():
             load = method.load_1m()
-            for k, secs in llama_bench(exe, model, a.threads, a.repetitions, sizes, depth).items():
+            timed = llama_bench(exe, model, a.threads, a.repetitions, sizes, depth)
+            for k, secs in timed.items():
                 records += [{"arm": arm, "depth": depth, "rows": k, "rep": i, "seconds": s, "load_1m": load}
                             for i, s in enumerate(secs)]
-            print(f"[depth-map] d{depth} {arm}: " + " ".join(
-                f"{r['rows']}:{r['seconds'] * 1e3:.0f}" for r in records if r["arm"] == arm and r["depth"] == depth
-                and r["rep"] == 0), flush=True)
+            print(f"[depth-map] d{depth} {arm}, median of {a.repetitions}: " + " ".join(
+                f"{k}:{statistics.median(secs) * 1e3:.0f}" for k, secs in sorted(timed.items())), flush=True)
         for rep in range(half, a.repetitions):
             ours(rep, depth)
+        provenance.write_results(out, results(depths[:i + 1]))
 
-    table = []
-    for depth in depths:
-        for k in sizes:
-            row = {"depth": depth, "rows": k}
-            for arm in ARMS:
-                xs = [r["seconds"] for r in records if r["arm"] == arm and r["depth"] == depth and r["rows"] == k]
-                if xs:
-                    row[arm] = spread(xs)
-            base = row.get("llama.cpp patched")
-            if base:
-                row["ours_over_patched"] = round(row["ours"]["median_ms"] / base["median_ms"], 3)
-            if "llama.cpp stock" in row:
-                stock = row["llama.cpp stock"]["median_ms"]
-                row["ours_over_stock"] = round(row["ours"]["median_ms"] / stock, 3)
-                row["patched_over_stock"] = round(base["median_ms"] / stock, 3)
-            table.append(row)
-    loads = [r["load_1m"] for r in records]
-    doc = provenance.results_doc(
-        "experiments/depth_map.py", sys.argv[1:] if argv is None else argv,
-        started=started.isoformat(timespec="seconds"),
-        finished=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        machine=provenance.machine(a.threads, target.info()["device"]), versions=provenance.versions(),
-        settings={"model": model, "depths": depths, "sizes": sizes, "repetitions": a.repetitions,
-                  "steps": a.steps, "threads": a.threads, "benches": benches,
-                  "ours": "chain verify of k rows + their choices (output head on every row), least of --steps",
-                  "llama_bench": "-p k -n 0 -d D -fa 1 (output head on the last row only), one sample a repetition"},
-        our_fill_seconds=fills, load_average={"min": min(loads), "max": max(loads)}, table=table, runs=records)
+    table = results(depths)["table"]
     print(f"{'depth':>6} {'rows':>4} " + " ".join(f"{arm:>20}" for arm in ARMS) + f" {'ours/patched':>12} {'patched/stock':>13}")
     for row in table:
         cells = [f"{row[arm]['median_ms']:9.1f} ({row[arm]['min_ms']:.0f}-{row[arm]['max_ms']:.0f})" if arm in row
                  else "" for arm in ARMS]
         print(f"{row['depth']:>6} {row['rows']:>4} " + " ".join(f"{c:>20}" for c in cells)
               + f" {row.get('ours_over_patched', ''):>12} {row.get('patched_over_stock', ''):>13}")
-    out = a.out or Path("results") / f"depth-map-{Path(model).stem}-{started:%Y-%m-%d}.json"
-    provenance.write_results(out, doc)
     print(f"wrote {out}")
     return 0
 

@@ -998,6 +998,8 @@ def test_depth_map_times_verifies_at_each_depth(tmp_path):
     for row in doc["table"]:
         assert row["ours"]["median_ms"] > 0 and row["ours_over_patched"] > 0 and "llama.cpp stock" not in row
     assert doc["checkout"] is not None and doc["our_fill_seconds"]["384"] >= 0
+    assert doc["settings"]["depths_done"] == [0, 384]  # written after each depth, the last write all of them
+    assert "median of 2: 1:" in res.stdout
 
 
 def test_auto_cold_start_runs_new_processes_cold_and_warm(tmp_path):
