@@ -191,7 +191,8 @@ def main(argv=None) -> int:
             settings={"model": model, "depths": depths, "depths_done": done, "sizes": sizes,
                       "repetitions": a.repetitions, "steps": a.steps, "threads": a.threads, "benches": benches,
                       "ours": "chain verify of k rows + their choices (output head on every row), least of --steps",
-                      "llama_bench": "-p k -n 0 -d D -fa 1 (output head on the last row only), one sample a repetition"},
+                      "llama_bench": "-p k -n 0 -d D -fa 1 (output head on the last row only), "
+                                     "one sample a repetition"},
             our_fill_seconds=fills, load_average={"min": min(loads), "max": max(loads)}, table=table, runs=records)
 
     out = a.out or Path("results") / f"depth-map-{Path(model).stem}-{started:%Y-%m-%d}.json"

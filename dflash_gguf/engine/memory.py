@@ -222,11 +222,10 @@ def settle(model: str, draft: Optional[str], options: EngineOptions, limit_mib: 
     # the options checked and the drafter's file read once; a window left "auto" is then the
     # one the drafter was trained on where its file says (0: the whole context), else 4096
     checked = EngineSetup.of(model, draft, options.with_memory(kvs[0], window))
-    windows = [window]
-    if window == "auto":
-        windows = [checked.draft_config.window if checked.draft_config is not None else 0]
-        if checked.draft_config is not None and not 0 < windows[0] <= AUTO_DRAFT_WINDOW:
-            windows.append(AUTO_DRAFT_WINDOW)
+    drafted = checked.draft_config
+    windows = [drafted.window if drafted is not None else 0] if window == "auto" else [window]
+    if window == "auto" and drafted is not None and not 0 < windows[0] <= AUTO_DRAFT_WINDOW:
+        windows.append(AUTO_DRAFT_WINDOW)
     first = None
     for kv in kvs:
         for window in windows:

@@ -29,8 +29,9 @@ def write_gguf(path: str | os.PathLike, state: dict, shape, meta: dict, target_p
     """state: the drafter's HF state dict as numpy float32 arrays. head_tokens: the kept
     set the file carries (dflash.head_tokens, ascending ids: our runtime drafts over
     those rows of the head only; llama.cpp ignores the key). train_window: the longest
-    context it was trained on (dflash.train_context_length; --draft-window auto takes it). Written to a temporary name
-    and renamed, so a reader never sees half a file."""
+    context it was trained on (dflash.train_context_length, which --draft-window auto
+    takes; 0 writes none). Written to a temporary name and renamed, so a reader never
+    sees half a file."""
     import gguf
 
     a = "dflash"
