@@ -294,6 +294,7 @@ struct ggml_context * dfl_runtime_begin_graph(dfl_runtime * rt, int slot) {
     }
     struct ggml_init_params ip = { rt->graph_mem_size, s->mem, true };
     s->ctx = ggml_init(ip);
+    s->build = ++rt->n_builds;
     ggml_backend_sched_reset(s->sched);
     return s->ctx;
 }
@@ -399,7 +400,7 @@ dfl_status dfl_runtime_compute(dfl_runtime * rt, int slot, struct ggml_cgraph * 
     const enum ggml_status status = ggml_backend_sched_graph_compute(rt->slots[slot].sched, gf);
     dfl_dump_end(rt->dump);
     if (rt->threads) {
-        dfl_threads_record(rt->threads, gf, rt->threads_in_use, now_seconds() - t0);
+        dfl_threads_record(rt->threads, rt->slots[slot].build, rt->threads_in_use, now_seconds() - t0);
     }
     if (status != GGML_STATUS_SUCCESS) {
         return dfl_fail(DFL_ERR_BACKEND, "graph computation failed");

@@ -29,6 +29,7 @@ typedef struct dfl_graph_slot {
     void * mem;
     struct ggml_context * ctx;
     int64_t copy_bytes; /* what its graph copies between backends per compute (its splits' inputs) */
+    uint64_t build;     /* its graph's number among the runtime's builds (dfl_threads times each apart) */
 } dfl_graph_slot;
 
 typedef struct dfl_runtime {
@@ -42,6 +43,7 @@ typedef struct dfl_runtime {
     size_t graph_size;          /* nodes per graph */
     size_t graph_mem_size;
     int n_slots;
+    uint64_t n_builds;          /* graphs begun so far, in every slot */
     dfl_graph_slot slots[DFL_MAX_GRAPH_SLOTS];
     struct dfl_profile * profile; /* per-op times when DFLASH_PROFILE is set, printed at free */
     struct dfl_dump * dump;       /* the target's named-tensor dump when DFLASH_DUMP_TENSORS is set (dfl_dump.h) */

@@ -14,7 +14,7 @@
 #define PROBE_SHARE 0.02 /* the time probes may take, against the time computed */
 
 typedef struct {
-    const struct ggml_cgraph * gf;
+    uint64_t build;        /* the graph's build (0: a free record) */
     int64_t used;          /* when it was last computed (the governor's clock) */
     double avg[LEVELS];    /* moving average of its seconds at each level (0: not timed) */
     double best[LEVELS];
@@ -27,6 +27,7 @@ struct dfl_threads {
     int level;       /* the level in use */
     int probe;       /* the level the next compute tries (-1: none) */
     int next_dir;    /* the way the next periodic probe goes: +1 fewer threads, -1 more */
+    bool judged;     /* a probe has been judged: the start is over */
     int64_t clock;
     double budget;   /* seconds of probing earned (PROBE_SHARE of the time computed) */
     timing graphs[GRAPHS];
@@ -59,10 +60,10 @@ void dfl_threads_free(dfl_threads * g) {
     free(g);
 }
 
-static timing * timing_of(dfl_threads * g, const struct ggml_cgraph * gf) {
+static timing * timing_of(dfl_threads * g, uint64_t build) {
     timing * oldest = &g->graphs[0];
     for (int i = 0; i < GRAPHS; i++) {
-        if (g->graphs[i].gf == gf) {
+        if (g->graphs[i].build == build) {
             return &g->graphs[i];
         }
         if (g->graphs[i].used < oldest->used) {
@@ -70,7 +71,7 @@ static timing * timing_of(dfl_threads * g, const struct ggml_cgraph * gf) {
         }
     }
     memset(oldest, 0, sizeof *oldest);
-    oldest->gf = gf;
+    oldest->build = build;
     return oldest;
 }
 
@@ -97,8 +98,8 @@ static double expected(const dfl_threads * g, const timing * t, int level) {
     return here * ((double) g->threads[g->level] / g->threads[level]);
 }
 
-void dfl_threads_record(dfl_threads * g, const struct ggml_cgraph * gf, int n_threads, double seconds) {
-    timing * t = timing_of(g, gf);
+void dfl_threads_record(dfl_threads * g, uint64_t build, int n_threads, double seconds) {
+    timing * t = timing_of(g, build);
     const int level = level_of(g, n_threads);
     t->used = ++g->clock;
     if (t->n[level]++ == 0 && level == g->level && g->probe < 0) {
@@ -110,6 +111,7 @@ void dfl_threads_record(dfl_threads * g, const struct ggml_cgraph * gf, int n_th
     }
     if (g->probe == level) { /* the probe's verdict: one compute against the average where we are */
         g->probe = -1;
+        g->judged = true;
         if (t->avg[g->level] > 0 && seconds < FASTER * t->avg[g->level]) {
             g->level = level;
         }
@@ -119,9 +121,11 @@ void dfl_threads_record(dfl_threads * g, const struct ggml_cgraph * gf, int n_th
     if (level != g->level) {
         return;
     }
-    /* a graph not timed yet at fewer threads is, once, after its first computes here: a
-     * machine busy from the start runs it uniformly slow, which no best of its own shows */
-    if (level + 1 < g->n_levels && t->n[level + 1] == 0 && t->n[level] >= 2) {
+    /* at the start, a graph not timed yet at fewer threads is, once, after its first
+     * computes here: a machine busy from the start runs it uniformly slow, which no best
+     * of its own shows. Later graphs are not: a verify's shape, and so its graph, changes
+     * from step to step, and a probe of each would cost a slow compute each */
+    if (!g->judged && level + 1 < g->n_levels && t->n[level + 1] == 0 && t->n[level] >= 2) {
         g->probe = level + 1;
         return;
     }
@@ -151,8 +155,8 @@ void dfl_threads_record(dfl_threads * g, const struct ggml_cgraph * gf, int n_th
     }
 }
 
-DFL_API dfl_status dfl_threads_replay(int32_t n_threads, int32_t n_levels, const double * seconds, int64_t n,
-                                      int32_t * threads_out) {
+DFL_API dfl_status dfl_threads_replay(int32_t n_threads, int32_t n_levels, const double * seconds,
+                                      const uint64_t * builds, int64_t n, int32_t * threads_out) {
     if (n_threads < 2 || n_levels < 1 || n < 0 || (n > 0 && (!seconds || !threads_out))) {
         return dfl_fail(DFL_ERR_ARGUMENT, "threads replay: need 2 or more threads, levels, and a time and an output "
                                           "for each compute");
@@ -168,11 +172,15 @@ DFL_API dfl_status dfl_threads_replay(int32_t n_threads, int32_t n_levels, const
         return dfl_fail(DFL_ERR_ARGUMENT, "threads replay: %d threads make %d levels, not %d", n_threads, levels,
                         n_levels);
     }
-    static const int graph = 0; /* one graph: any address of its own */
     for (int64_t i = 0; i < n; i++) {
         const int threads = dfl_threads_pick(g);
+        const uint64_t build = builds ? builds[i] : 1; /* no builds: one graph */
+        if (build == 0) {
+            free(g);
+            return dfl_fail(DFL_ERR_ARGUMENT, "threads replay: builds are numbered from 1");
+        }
         threads_out[i] = threads;
-        dfl_threads_record(g, (const struct ggml_cgraph *) &graph, threads, seconds[i * n_levels + level_of(g, threads)]);
+        dfl_threads_record(g, build, threads, seconds[i * n_levels + level_of(g, threads)]);
     }
     free(g);
     return DFL_OK;

@@ -10,16 +10,19 @@
  * neighbouring count when one measures faster: at once when a graph turns 1.5x slower
  * than its best at the current count (something else took the cores), otherwise on a
  * probe, one compute at a neighbouring count, spaced so that probes cost a few percent
- * of the time computed at most. Results do not depend on the thread count (each row's
- * arithmetic is one thread's, whichever thread takes it), so exactness is untouched.
+ * of the time computed at most. A graph is one build: a slot's memory holds a new graph
+ * at the same address whenever the step's shape changes (its rows, its cache length), so
+ * the runtime numbers its builds, and only a build's own computes compare (timed as one,
+ * a one-row decode and a 64-row verify, or a verify before and after 2K more cells of
+ * context, looked like contention and moved an idle machine to one thread). Results do
+ * not depend on the thread count (each row's arithmetic is one thread's, whichever
+ * thread takes it), so exactness is untouched.
  *
  * DFLASH_FIXED_THREADS=1 keeps the count asked for. */
 #pragma once
 
 #include <stdbool.h>
 #include <stdint.h>
-
-struct ggml_cgraph;
 
 typedef struct dfl_threads dfl_threads;
 
@@ -31,5 +34,6 @@ void dfl_threads_free(dfl_threads * g);
 /* The thread count to compute the next graph with. */
 int dfl_threads_pick(const dfl_threads * g);
 
-/* `gf` computed with `n_threads` in `seconds`. */
-void dfl_threads_record(dfl_threads * g, const struct ggml_cgraph * gf, int n_threads, double seconds);
+/* The graph built `build`-th (1, 2, ...: dfl_runtime numbers them) computed with
+ * `n_threads` in `seconds`. */
+void dfl_threads_record(dfl_threads * g, uint64_t build, int n_threads, double seconds);

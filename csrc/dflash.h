@@ -60,10 +60,10 @@ dfl_status dfl_matmul_invariance(const char * device, int type, int repack, cons
 dfl_status dfl_attention_invariance(const char * device, int kv_type, int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t n_kv, int64_t n_rows, int32_t tree, int32_t n_threads, uint64_t seed, int32_t * n_differ, float * max_diff);
 
 /* Threads by load (the CPU runtime's choice of thread count, dfl_threads.h), replayed on
- * made-up times: n computes of one graph, compute i taking seconds[i * n_levels + l] at
- * level l (n_threads halved l times, down to 1; n_levels of them). Writes the thread
- * count each compute ran with. */
-dfl_status dfl_threads_replay(int32_t n_threads, int32_t n_levels, const double * seconds, int64_t n, int32_t * threads_out);
+ * made-up times: n computes, compute i of the graph built builds[i]-th (from 1; NULL: all
+ * of one graph) taking seconds[i * n_levels + l] at level l (n_threads halved l times,
+ * down to 1; n_levels of them). Writes the thread count each compute ran with. */
+dfl_status dfl_threads_replay(int32_t n_threads, int32_t n_levels, const double * seconds, const uint64_t * builds, int64_t n, int32_t * threads_out);
 
 /* The kept-graph check that DFLASH_CHECK_REUSE=1 turns on (every graph the runtime keeps
  * must be, at each later compute, the graph it was at its first) on a small CPU graph

@@ -21,7 +21,7 @@ repetitions with its spread (min-max); the ratios are of medians.
 
     .venv/bin/python experiments/depth_map.py --stock STOCK/bin/llama-bench \\
         [-m MODEL.gguf] [--depths 0,2048,8192,16384] [--sizes 1,2,4,8,16,32,64] [-r 4] [-t 2] \\
-        [--out results/depth-map-MODEL-DATE.json]
+        [--no-patched] [--out results/depth-map-MODEL-DATE.json]
     .venv/bin/python experiments/depth_map.py --plot results/depth-map-....json docs/depth-map.png
 
 (--plot needs matplotlib: .venv/bin/python -m pip install matplotlib.)
@@ -134,6 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("-m", "--model", help="the GGUF (default: the published Qwen2.5-Coder 1.5B Q4_K_M)")
     ap.add_argument("--stock", help="llama-bench built over stock ggml (without it: no stock arm)")
     ap.add_argument("--patched", help="llama-bench over the patched ggml (default: llama_cpp_build.py's)")
+    ap.add_argument("--no-patched", action="store_true",
+                    help="no patched llama-bench arm (a 32K run: each llama-bench fill takes about half an hour)")
     ap.add_argument("--depths", default="0,2048,8192,16384")
     ap.add_argument("--sizes", default="1,2,4,8,16,32,64")
     ap.add_argument("-r", "--repetitions", type=int, default=4)
@@ -144,10 +146,11 @@ def main(argv=None) -> int:
     depths = sorted({int(d) for d in a.depths.split(",")})
     sizes = sorted({int(s) for s in a.sizes.split(",")})
     model = a.model or str(real_models.path("qwen2.5-coder-1.5b"))
-    patched = a.patched or str(llama_cpp_tree.tool("llama-bench") or "")
-    if not patched:
+    patched = None if a.no_patched else a.patched or str(llama_cpp_tree.tool("llama-bench") or "")
+    if patched == "":
         ap.error("no patched llama-bench: .venv/bin/python scripts/llama_cpp_build.py llama-bench builds it")
-    benches = {"llama.cpp patched": patched, **({"llama.cpp stock": a.stock} if a.stock else {})}
+    benches = {**({"llama.cpp patched": patched} if patched else {}),
+               **({"llama.cpp stock": a.stock} if a.stock else {})}
     target = Target(model, TargetConfig(n_threads=a.threads, n_verify=max(sizes), n_ctx=max(depths) + max(sizes) + 16))
     target.set_sampling(GREEDY.native())
     truncate = target.can_truncate()
@@ -159,7 +162,8 @@ def main(argv=None) -> int:
         for k in sizes:
             load = method.load_1m()
             s = our_verify(target, k, a.steps, truncate)
-            records.append({"arm": "ours", "depth": depth, "rows": k, "rep": rep, "seconds": s, "load_1m": load})
+            records.append({"arm": "ours", "depth": depth, "rows": k, "rep": rep, "seconds": s, "load_1m": load,
+                            "threads_in_use": target.info()["n_threads_in_use"]})
         print(f"[depth-map] d{depth} ours rep {rep + 1}: "
               + " ".join(f"{r['rows']}:{r['seconds'] * 1e3:.0f}" for r in records[-len(sizes):]), flush=True)
 
@@ -180,7 +184,8 @@ def main(argv=None) -> int:
                 if "llama.cpp stock" in row:
                     stock = row["llama.cpp stock"]["median_ms"]
                     row["ours_over_stock"] = round(row["ours"]["median_ms"] / stock, 3)
-                    row["patched_over_stock"] = round(base["median_ms"] / stock, 3)
+                    if base:
+                        row["patched_over_stock"] = round(base["median_ms"] / stock, 3)
                 table.append(row)
         loads = [r["load_1m"] for r in records]
         return provenance.results_doc(
@@ -215,12 +220,14 @@ def main(argv=None) -> int:
         provenance.write_results(out, results(depths[:i + 1]))
 
     table = results(depths)["table"]
-    print(f"{'depth':>6} {'rows':>4} " + " ".join(f"{arm:>20}" for arm in ARMS) + f" {'ours/patched':>12} {'patched/stock':>13}")
+    print(f"{'depth':>6} {'rows':>4} " + " ".join(f"{arm:>20}" for arm in ARMS)
+          + f" {'ours/patched':>12} {'ours/stock':>10} {'patched/stock':>13}")
     for row in table:
         cells = [f"{row[arm]['median_ms']:9.1f} ({row[arm]['min_ms']:.0f}-{row[arm]['max_ms']:.0f})" if arm in row
                  else "" for arm in ARMS]
         print(f"{row['depth']:>6} {row['rows']:>4} " + " ".join(f"{c:>20}" for c in cells)
-              + f" {row.get('ours_over_patched', ''):>12} {row.get('patched_over_stock', ''):>13}")
+              + f" {row.get('ours_over_patched', ''):>12} {row.get('ours_over_stock', ''):>10}"
+              + f" {row.get('patched_over_stock', ''):>13}")
     print(f"wrote {out}")
     return 0
 

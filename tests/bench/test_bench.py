@@ -1000,6 +1000,15 @@ def test_depth_map_times_verifies_at_each_depth(tmp_path):
     assert doc["checkout"] is not None and doc["our_fill_seconds"]["384"] >= 0
     assert doc["settings"]["depths_done"] == [0, 384]  # written after each depth, the last write all of them
     assert "median of 2: 1:" in res.stdout
+    assert {r["threads_in_use"] for r in doc["runs"] if r["arm"] == "ours"} == {1}
+    # --no-patched: ours alone (no stock given either)
+    res = subprocess.run([sys.executable, str(EXPERIMENTS / "depth_map.py"), "-m", demo_paths()[0], "--no-patched",
+                          "--depths", "0", "--sizes", "2", "-r", "1", "--steps", "1", "-t", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = slim.read(out)
+    assert {r["arm"] for r in doc["runs"]} == {"ours"} and doc["settings"]["benches"] == {}
+    assert [(r["depth"], r["rows"], "ours_over_patched" in r) for r in doc["table"]] == [(0, 2, False)]
 
 
 def test_auto_cold_start_runs_new_processes_cold_and_warm(tmp_path):

@@ -15,11 +15,13 @@ import pytest
 from dflash_gguf.runtime.native import DflashError, check, ffi, lib
 
 
-def replay(n_threads: int, times) -> np.ndarray:
-    """The thread count of each compute, compute i taking times[i][level] seconds at a level."""
+def replay(n_threads: int, times, builds=None) -> np.ndarray:
+    """The thread count of each compute, compute i taking times[i][level] seconds at a level,
+    of the graph built builds[i]-th (None: all of one graph)."""
     secs = np.ascontiguousarray(times, dtype=np.float64)
     out = np.zeros(len(secs), dtype=np.int32)
-    check(lib.dfl_threads_replay(n_threads, secs.shape[1], ffi.from_buffer("double[]", secs), len(secs),
+    ids = ffi.NULL if builds is None else ffi.from_buffer("uint64_t[]", np.ascontiguousarray(builds, dtype=np.uint64))
+    check(lib.dfl_threads_replay(n_threads, secs.shape[1], ffi.from_buffer("double[]", secs), ids, len(secs),
                                  ffi.from_buffer("int32_t[]", out)))
     return out
 
@@ -63,11 +65,41 @@ def test_more_cores_settle_on_the_count_that_runs_fastest():
     assert np.mean(threads[-4000:] == 4) > 0.97
 
 
+def speculative_session(steps: int = 6000, seed: int = 0):
+    """An idle machine's times for a speculative session: each step a decode or a verify
+    of 2-40 rows, its cost growing with the rows and the context (a 40-row verify ~10x a
+    decode; 2x more for every 4K cells), one thread 1.5x two; and the graphs' builds as
+    the runtime numbers them: a graph per step shape, built again each time its cache
+    length (256-cell buckets) changes."""
+    rng = np.random.default_rng(seed)
+    times, builds, numbers, depth = [], [], {}, 0
+    for _ in range(steps):
+        rows = 1 if rng.random() < 0.3 else int(rng.integers(2, 41))
+        two = 1e-3 * (1 + 0.25 * (rows - 1)) * (1 + depth / 4096)
+        times.append((two, 1.5 * two))
+        builds.append(numbers.setdefault((rows, depth // 256), len(numbers) + 1))
+        depth += 1 + rows // 4
+    return times, builds
+
+
+def test_graphs_of_other_shapes_and_depths_are_not_taken_for_contention():
+    """Timed as one graph (a slot's graph is rebuilt at the same address for each shape),
+    a 40-row verify after a decode looked 1.5x slower than the graph's best, and an idle
+    machine moved to one thread: on the real 1.5B at 2K of context, verifies of 4-64 rows
+    then ran at 2.2x llama-bench's time. Timed per build, the threads stay."""
+    times, builds = speculative_session()
+    threads = replay(2, times, builds)
+    assert np.mean(threads == 2) > 0.97
+    assert spent(threads, times, (2, 1)) < 1.02 * sum(t[0] for t in times)
+
+
 def test_bad_replays_are_refused():
     with pytest.raises(DflashError, match="levels"):
         replay(2, [(1.0, 1.0, 1.0)])
     with pytest.raises(DflashError, match="2 or more threads"):
         replay(1, [(1.0,)])
+    with pytest.raises(DflashError, match="numbered from 1"):
+        replay(2, [(1.0, 1.0)], builds=[0])
 
 
 @pytest.mark.parametrize("fixed", [False, True])
