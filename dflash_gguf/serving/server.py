@@ -408,6 +408,11 @@ class Server:
             "prefill_seconds": round(s.prefill_seconds, 5),
             "decode_seconds": round(s.decode_seconds, 5),
             "decode_tokens_per_second": round(s.decode_tps, 2),
+            # the speculative steps' time by phase: drafting, the target's verify (its graph
+            # and choices), and the rest (proposing, accepting, committing, the Python
+            # around them); a batched step's time counts for each of its sequences
+            "step_seconds": {"draft": round(s.draft_seconds, 5), "verify": round(s.verify_seconds, 5),
+                             "other": round(s.other_seconds, 5)},
             "queue_seconds": round(job.times.queue_seconds, 5),
             # on the server's monotonic clock: when the scheduler took the request in and
             # when it started running it (FIFO: in the order taken in)

@@ -250,9 +250,35 @@ def test_a_llama_server_arm_runs_its_own_flags_and_reads_its_timings(tmp_path):
                    "drafted": 30, "accepted_drafts": 24}
     plain = {k: v for k, v in timings.items() if not k.startswith("draft")}
     assert multiturn.figures_of({"timings": plain})["target_passes"] == 0
+    phases = {"draft": 0.1, "verify": 0.7, "other": 0.2}
     ours = multiturn.figures_of({"dflash": {"target_passes": 3, "accepted_lengths": [4, 1, 2], "decode_seconds": 1.0,
-                                            "drafts": {"suffix": {"drafted": 9, "accepted": 4}}}})
+                                            "drafts": {"suffix": {"drafted": 9, "accepted": 4}},
+                                            "step_seconds": phases}})
     assert (ours["target_passes"], ours["accepted_drafts"], ours["decode_s"], ours["drafted"]) == (3, 4, 1.0, 9)
+    assert ours["step_s"] == phases
+
+
+def test_rows_profile_each_drafting_arm_per_target_pass():
+    """The step profile: suffix made 8 tokens in 2 turns of 2 passes each, 3 drafts a turn,
+    0.1 s of decoding a turn (50 ms a pass), of which 10 ms drafting, 30 verifying and 10
+    the rest a pass; llama-server's ngram-mod 4 passes a turn, its passes timed whole."""
+    records = []
+    for rep in range(2):
+        for i in range(2):
+            records += [turn("plain", "s", rep, i, "t"),
+                        {**turn("suffix", "s", rep, i, "t", decode_s=0.1), "target_passes": 2, "drafted": 3,
+                         "step_s": {"draft": 0.02, "verify": 0.06, "other": 0.02}},
+                        {**turn("llama-server:ngram-mod", "s", rep, i, "t", decode_s=0.2), "target_passes": 4,
+                         "drafted": 2, "step_s": None}]
+    by = {r["arm"]: r for r in multiturn.rows(records, multiturn.arms_of(["suffix"], ["ngram-mod"]),
+                                              load_sessions("s"))}
+    assert by["plain"]["per_pass"] is None
+    suffix = {k: v["median"] for k, v in by["suffix"]["per_pass"].items()}
+    assert suffix == pytest.approx({"rows": 2.5, "ms": 50.0, "draft_ms": 10.0, "verify_ms": 30.0, "other_ms": 10.0})
+    assert {k: v["median"] for k, v in by["llama-server:ngram-mod"]["per_pass"].items()} == pytest.approx(
+        {"rows": 1.5, "ms": 50.0})
+    text = multiturn.profile_text(list(by.values()))
+    assert "verify ms" in text and len(text.splitlines()) == 3
 
 
 def test_busy_cpus_reads_what_ran_between_two_readings_of_the_kernels_counters(tmp_path):

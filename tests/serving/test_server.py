@@ -91,6 +91,9 @@ def test_chat_streamed_and_not_equal_engine_generate(server, engine):
     assert resp.choices[0].message.content == want.text
     assert resp.choices[0].message.role == "assistant"
     assert resp.model_extra["dflash"]["accepted_lengths"] == want.stats.accepted_lengths
+    phases = resp.model_extra["dflash"]["step_seconds"]  # the speculative steps by phase
+    assert set(phases) == {"draft", "verify", "other"} and phases["verify"] > 0 and min(phases.values()) >= 0
+    assert sum(phases.values()) <= resp.model_extra["dflash"]["decode_seconds"] + 1e-3
     pieces, usage = [], None
     stream = server.client.chat.completions.create(model="x", messages=messages, max_tokens=40, temperature=0,
                                                    stream=True, stream_options={"include_usage": True},

@@ -222,7 +222,7 @@ def figures_of(reply: dict) -> dict:
     if "dflash" in reply or "timings" not in reply:
         figures = reply.get("dflash") or {}
         passes = figures.get("target_passes") or 0
-        return {"reused_prompt_tokens": figures.get("reused_prompt_tokens"),
+        return {"reused_prompt_tokens": figures.get("reused_prompt_tokens"), "step_s": figures.get("step_seconds"),
                 "decode_s": figures.get("decode_seconds"), "prefill_s": figures.get("prefill_seconds"),
                 "target_passes": passes,
                 "drafted": sum(d["drafted"] for d in figures["drafts"].values()) if "drafts" in figures else None,
@@ -371,7 +371,32 @@ def session_figures(turns: List[dict]) -> dict:
             "turn_tps": [t["completion_tokens"] / t["decode_s"] if t["decode_s"] else None for t in turns],
             "target_passes": passes, "accepted_drafts": sum(t["accepted_drafts"] for t in turns),
             "drafted": sum(t.get("drafted") or 0 for t in turns),
+            "step_s": _phases([t.get("step_s") for t in turns]),
             "loaded": any(t["loaded"] for t in turns)}
+
+
+PHASES = ("draft", "verify", "other")
+
+
+def _phases(turns: List[Optional[dict]]) -> Optional[dict]:
+    """The speculative steps' seconds by phase over a session's turns (dflash-server's
+    step_seconds); None where a turn has none (llama-server's)."""
+    if not turns or any(t is None for t in turns):
+        return None
+    return {k: sum(t[k] for t in turns) for k in PHASES}
+
+
+def per_pass(f: dict) -> Optional[dict]:
+    """A drafting arm's session per target pass: the rows a pass verified (the pass's own
+    token and its drafts), its decode milliseconds, and (ours) their split by phase: the
+    step profile beside llama-server's, whose passes are timed whole."""
+    passes = f["target_passes"]
+    if not passes:
+        return None
+    out = {"rows": (passes + f["drafted"]) / passes, "ms": 1e3 * f["decode_s"] / passes}
+    if f.get("step_s") is not None:
+        out.update({f"{k}_ms": 1e3 * f["step_s"][k] / passes for k in PHASES})
+    return out
 
 
 def verdict(ratios: List[float]) -> Optional[str]:
@@ -421,10 +446,13 @@ def rows(records: List[dict], arms: List[Arm], sessions: Sequence[Session]) -> L
                 got = Spread.of(f[key] for f in reps.values())
                 return got.to_json() if got else None
 
+            steps = [p for p in map(per_pass, reps.values()) if p is not None]
+            profile = {k: Spread.of(p[k] for p in steps).to_json() for k in steps[0]} if steps else None
+
             out.append({"session": s.name, "kind": s.kind, "arm": arm.name, "repetitions": len(reps),
                         "decode_tps": of("decode_tps"), "wall_s": of("wall_s"), "tokens": of("tokens"),
                         "target_passes": of("target_passes"), "drafted": of("drafted"),
-                        "accepted_drafts": of("accepted_drafts"),
+                        "accepted_drafts": of("accepted_drafts"), "per_pass": profile,
                         "turn_decode_tps_median": [t.median if t else None for t in per_turn],
                         "vs_plain": spread.to_json() if spread else None, "verdict": verdict(ratios),
                         "vs_llama": vs_llama.to_json() if vs_llama else None,
@@ -457,6 +485,17 @@ def table_text(table: List[dict]) -> str:
                       _spread_text(r["accepted_drafts"], ".0f"), turns,
                       "yes" if r["loaded"] else "no"])
     return _columns(lines)
+
+
+def profile_text(table: List[dict]) -> str:
+    """Each drafting arm's step per target pass: rows verified, milliseconds, and ours by phase."""
+    lines = [["session", "arm", "rows a pass", "ms a pass", "draft ms", "verify ms", "other ms"]]
+    for r in table:
+        p = r.get("per_pass")
+        if p:
+            lines.append([r["session"], r["arm"], _spread_text(p["rows"], ".2f"), _spread_text(p["ms"], ".1f"),
+                          *(_spread_text(p.get(f"{k}_ms"), ".1f") for k in PHASES)])
+    return _columns(lines) if len(lines) > 1 else ""
 
 
 def mismatch_text(found: List[dict], head: str = "LOSSLESS CHECK FAILED") -> str:
@@ -581,6 +620,9 @@ def main(argv=None) -> int:
         print(json.dumps(result))
     else:
         print(table_text(table))
+        profile = profile_text(table)
+        if profile:
+            print("\nper target pass:\n" + profile)
     for f in failures:
         print(f"FAILED {f['arm']}{' ' + f['session'] if 'session' in f else ''} rep {f['rep'] + 1}: {f['error']}")
     if llama_differs:
