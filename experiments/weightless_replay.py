@@ -15,7 +15,8 @@ bounds, not proposers: `oracle` (a drafter that always knows the reply) and `cop
 there).
 
     .venv/bin/python experiments/weightless_replay.py -n 128 --arm suffix --arm ngram-simple \\
-        --out results/weightless-replay-DATE.json [--arm oracle --arm copy-oracle] [--cost-from FILE]
+        --out results/weightless-replay-DATE.json [--arm oracle --arm copy-oracle] [--cost-from FILE] \\
+        [--one-server]
 """
 from __future__ import annotations
 
@@ -109,13 +110,17 @@ def longest_copy(text: list, want: list) -> int:
     return best
 
 
-def replay(kinds, turns, cost, n_max: int) -> dict:
-    """One arm over a session's turns (one corpus and one set of hazards, as one server
-    key): target passes, drafted and accepted tokens, modelled seconds."""
+def proposer_of(kinds, cost, n_max: int) -> WeightlessProposer:
+    """An arm's proposer: one corpus and one set of hazards, as one server key."""
     ngram = [WEIGHTLESS[k] for k in kinds if k in WEIGHTLESS and WEIGHTLESS[k].source is not None]
-    proposer = WeightlessProposer(WeightlessKinds(
+    return WeightlessProposer(WeightlessKinds(
         (lambda: [kind.source(kind.options()) for kind in ngram]) if ngram else None,
         SuffixCorpora(SuffixConfig()) if "suffix" in kinds else None, None, n_max, RunHazards()), cost)
+
+
+def replay(proposer: WeightlessProposer, turns, cost) -> dict:
+    """One arm (its proposer) over a session's turns: target passes, drafted and accepted
+    tokens, modelled seconds."""
     passes = drafted = accepted = 0
     seconds = 0.0
     for prompt, out in turns:
@@ -162,6 +167,10 @@ def main(argv=None) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--cost-from", type=Path, help="price by the verify cost table this earlier results file "
                    "recorded (default: this build's, measured once and cached)")
+    p.add_argument("--one-server", action="store_true",
+                   help="each arm's corpus and hazards carried from session to session in the workload's order, "
+                        "as in one dflash-server (a repetition of dflash-bench workload); default: each session "
+                        "replayed alone")
     args = p.parse_args(argv)
     arms = [(a,) if a in (ORACLE, COPY_ORACLE) else parse_spec_types(a) for a in args.arm]
     wl = workload.load(args.workload)
@@ -177,6 +186,8 @@ def main(argv=None) -> int:
             engine.prepare_auto()
             cost = engine.choice.verify_cost
         doc["verify_cost_s"] = cost.record()
+        doc["one_server"] = args.one_server
+        servers = {}  # each arm's proposer, carried across sessions (--one-server)
         for session in (s for s in wl.sessions if s.name in wanted):
             turns = plain_replies(engine, session, args.n)
             tokens = sum(len(out) for _, out in turns)
@@ -185,8 +196,13 @@ def main(argv=None) -> int:
                           for prompt, out in turns)
             for kinds in arms:
                 bound = {(ORACLE,): oracle, (COPY_ORACLE,): copy_oracle}.get(kinds, None)
-                got = bound(turns, cost, args.spec_draft_n_max) if bound else \
-                    replay(kinds, turns, cost, args.spec_draft_n_max)
+                if bound:
+                    got = bound(turns, cost, args.spec_draft_n_max)
+                else:
+                    proposer = servers.get(kinds) or proposer_of(kinds, cost, args.spec_draft_n_max)
+                    if args.one_server:
+                        servers[kinds] = proposer
+                    got = replay(proposer, turns, cost)
                 row = {"session": session.name, "arm": ",".join(kinds), "tokens": tokens, **got,
                        "modelled_speedup": plain_s / got["seconds"]}
                 doc["rows"].append(row)

@@ -31,6 +31,7 @@ from .pricing import RunHazards, best_size
 from .suffix import SuffixCorpora, SuffixDrafts, is_chain, likeliest_path
 
 SUFFIX_KIND = "suffix"  # what suffix's drafts are counted under (GenerationStats.drafts: DraftCounts.count)
+SUFFIX_CORPUS_HAZARD = "suffix corpus"  # the hazard (RunHazards' kind) of suffix's drafts from the corpus
 
 
 @dataclass(slots=True)
@@ -118,8 +119,8 @@ class Offers:
         its first level (what the target's next token says of it)."""
         suffix = next((o for o in self.offers if o.tree is not None), None)
         if verified is not None and verified.tree is not None:
-            return self.ngram, SuffixDrafts.judge(verified.tree, verified.run)
-        return self.ngram, None if suffix is None else SuffixDrafts.judge(suffix.tree, suffix.run, 1)
+            return self.ngram, SuffixDrafts.judge(verified.tree, verified.run, corpus=verified.corpus)
+        return self.ngram, None if suffix is None else SuffixDrafts.judge(suffix.tree, suffix.run, 1, suffix.corpus)
 
 
 class Weightless:
@@ -185,5 +186,6 @@ class WeightlessKinds:
             sources = self.ngram()
             ngram = NgramDrafts(sources, [self.hazards.get(self.key, s.kind) for s in sources])
         if self.corpora is not None:
-            suffix = SuffixDrafts(self.corpora, self.key, self.hazards.get(self.key, SUFFIX_KIND))
+            suffix = SuffixDrafts(self.corpora, self.key, self.hazards.get(self.key, SUFFIX_KIND),
+                                  self.hazards.get(self.key, SUFFIX_CORPUS_HAZARD))
         return Weightless(ngram, suffix)

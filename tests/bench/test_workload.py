@@ -253,9 +253,10 @@ def test_a_llama_server_arm_runs_its_own_flags_and_reads_its_timings(tmp_path):
     phases = {"draft": 0.1, "verify": 0.7, "other": 0.2}
     ours = multiturn.figures_of({"dflash": {"target_passes": 3, "accepted_lengths": [4, 1, 2], "decode_seconds": 1.0,
                                             "drafts": {"suffix": {"drafted": 9, "accepted": 4}},
-                                            "step_seconds": phases}})
+                                            "step_seconds": phases,
+                                            "suffix_corpus_drafts": {"drafted": 5, "accepted": 1}}})
     assert (ours["target_passes"], ours["accepted_drafts"], ours["decode_s"], ours["drafted"]) == (3, 4, 1.0, 9)
-    assert ours["step_s"] == phases
+    assert ours["step_s"] == phases and ours["corpus_drafts"] == {"drafted": 5, "accepted": 1}
 
 
 def test_rows_profile_each_drafting_arm_per_target_pass():

@@ -15,9 +15,9 @@ import pytest
 from dflash_gguf.decoding import verify as verifying
 from dflash_gguf.engine.engine import Engine
 from dflash_gguf.engine.options import EngineOptions
-from dflash_gguf.speculation.pricing import RunHazards
-from dflash_gguf.speculation.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixIndex, continuation_tree,
-                                corpus_key, draft_tree, is_chain, likeliest_path)
+from dflash_gguf.speculation.pricing import RunHazard, RunHazards
+from dflash_gguf.speculation.suffix import (BYTES_PER_TOKEN, SuffixConfig, SuffixCorpora, SuffixDrafts, SuffixIndex,
+                                continuation_tree, corpus_key, draft_tree, is_chain, likeliest_path)
 
 from helpers.decoding_checks import REPEATS, use_cost
 from helpers.paths import ROOT
@@ -117,6 +117,23 @@ def test_corpus_keys_are_isolated_and_hashed():
     assert corpora.index(corpus_key("alpha")).match([1, 2], 64, 64).length == 2
     assert corpus_key("alpha") != "alpha" and "alpha" not in corpus_key("alpha")
     assert corpus_key(None) is None and corpus_key("") is None
+
+
+def test_drafts_from_the_corpus_are_priced_by_their_own_hazard():
+    """Corpus drafts that break off after their first token teach the corpus's hazard
+    only: the same tree from the same run is then priced lower from the corpus than from
+    the request's own text, whose hazard is as it was."""
+    own, theirs = RunHazard(), RunHazard()
+    drafts = SuffixDrafts(SuffixCorpora(SuffixConfig()), None, own, theirs)
+    tree = continuation_tree(5, [[6, 7, 8, 9]], 8, 0.0)
+    fresh = drafts.probs(tree, 4)
+    assert np.array_equal(drafts.probs(tree, 4, corpus=True), fresh)
+    for _ in range(40):
+        drafts.observe([6, 1], SuffixDrafts.judge(tree, 4, corpus=True))  # kept 6, then the target parted
+    assert np.array_equal(drafts.probs(tree, 4), fresh)
+    assert drafts.probs(tree, 4, corpus=True)[1:].sum() < 0.5 * fresh[1:].sum()
+    drafts.observe([6, 7, 8, 9, 2], SuffixDrafts.judge(tree, 4))  # the own text's hazard learns its own
+    assert drafts.probs(tree, 4)[-1] > fresh[-1]
 
 
 def test_each_corpus_key_learns_its_own_hazards():

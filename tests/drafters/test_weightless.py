@@ -3,6 +3,8 @@ alone): each step the offer that pays best at the target's verify cost, every so
 judged on every step, and greedy output equal token for token to plain decoding."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -58,10 +60,12 @@ def test_every_source_is_judged_on_every_step():
     as it was verified, or on its first level when another offer (or none) was."""
     step = Offers([SURE, LONG], ngram=[([5], 3), ([], 0)])
     assert step.judged(SURE) == (step.ngram, SuffixDrafts.judge(LONG.tree, LONG.run, 1))
-    assert step.judged(None) == (step.ngram, (LONG.tree, LONG.run, 1))
+    assert step.judged(None) == (step.ngram, (LONG.tree, LONG.run, 1, False))
     cut = LONG.cut(2)
-    ngram, (tree, run, deepest) = step.judged(cut)
-    assert ngram == step.ngram and tree is cut.tree and (run, deepest) == (LONG.run, 2)
+    ngram, (tree, run, deepest, corpus) = step.judged(cut)
+    assert ngram == step.ngram and tree is cut.tree and (run, deepest, corpus) == (LONG.run, 2, False)
+    from_corpus = replace(LONG, corpus=True)  # judged against the corpus's hazard
+    assert Offers([SURE, from_corpus]).judged(from_corpus.cut(2))[1][3] is True
     assert Offers([SURE], ngram=[([5], 3)]).judged(None) == ([([5], 3)], None)
 
 

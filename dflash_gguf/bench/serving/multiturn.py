@@ -223,6 +223,8 @@ def figures_of(reply: dict) -> dict:
         figures = reply.get("dflash") or {}
         passes = figures.get("target_passes") or 0
         return {"reused_prompt_tokens": figures.get("reused_prompt_tokens"), "step_s": figures.get("step_seconds"),
+                # suffix's drafts from the corpus of earlier requests: {drafted, accepted}
+                "corpus_drafts": figures.get("suffix_corpus_drafts"),
                 "decode_s": figures.get("decode_seconds"), "prefill_s": figures.get("prefill_seconds"),
                 "target_passes": passes,
                 "drafted": sum(d["drafted"] for d in figures["drafts"].values()) if "drafts" in figures else None,
