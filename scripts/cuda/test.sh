@@ -27,5 +27,7 @@ if [ -n "${OUT:-}" ]; then report=("--junitxml=$OUT/${DFLASH_TEST_REPORT:-device
 # from tests/: `python -m` puts the working directory first on sys.path, and the checkout's
 # root there would shadow the installed package with its sources (no compiled library)
 cd "$root/tests"
-# test_batch_invariance: which column counts round apart on the device, type by type
-exec "$venv/bin/python" -m pytest -m device runtime/test_devices.py runtime/test_batch_invariance.py -v -s -p no:cacheprovider "${report[@]}" "$@"
+# test_batch_invariance: which column counts round apart on the device, type by type;
+# test_attention_invariance: tree and chain rows at depths 0-2048 against one-row decodes
+exec "$venv/bin/python" -m pytest -m device runtime/test_devices.py runtime/test_batch_invariance.py \
+  runtime/test_attention_invariance.py -v -s -p no:cacheprovider "${report[@]}" "$@"
