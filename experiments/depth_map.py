@@ -6,6 +6,9 @@ three ways on one GGUF with the same threads:
   the output head on every row, since every verified row chooses a token), at D tokens of
   context (the target prefilled once to each depth in turn, the verify's rows dropped
   again after each pass so that every sample sees exactly D cells);
+- ours, last row's head: a pass of the same k rows with the output head on the last row
+  only, what llama-bench's pp k computes: the difference from ours is what every
+  verified row's head costs, the rest is the step itself against llama.cpp's;
 - llama.cpp, patched: llama-bench -p k -n 0 -d D -fa 1 over the same patched ggml our
   runtime runs on (llama_cpp_tree's build: the same batch-invariant kernels, one row of
   flash attention at a time for steps of up to 256 rows; its output head on the last row
@@ -49,7 +52,7 @@ from dflash_gguf.decoding.sampling import GREEDY
 from dflash_gguf.runtime.target import LOGITS_LAST, Target, TargetConfig
 from dflash_gguf.tools import llama_cpp_tree, real_models
 
-ARMS = ("ours", "llama.cpp patched", "llama.cpp stock")
+ARMS = ("ours", "ours, last row's head", "llama.cpp patched", "llama.cpp stock")
 
 
 def fill_to(target: Target, depth: int) -> float:
@@ -83,6 +86,21 @@ def our_verify(target: Target, k: int, steps: int, truncate: bool) -> float:
     return min(times[2:])
 
 
+def our_pass(target: Target, k: int, steps: int, truncate: bool) -> float:
+    """Least seconds of a pass of k rows at the target's depth with the output head on
+    the last row only (llama-bench's pp k), as our_verify samples it."""
+    depth = target.n_past
+    tokens = [2 + i for i in range(k)]
+    times = []
+    for _ in range(steps + 2):
+        t0 = time.perf_counter()
+        target.prefill(tokens, LOGITS_LAST)
+        times.append(time.perf_counter() - t0)
+        if truncate:
+            target.seq_truncate(0, depth)
+    return min(times[2:])
+
+
 def llama_bench(exe: str, model: str, threads: int, reps: int, sizes: List[int], depth: int) -> Dict[int, List[float]]:
     """llama-bench's seconds for a pass of each size at `depth`, one per repetition."""
     cmd = [exe, "-m", model, "-p", ",".join(map(str, sizes)), "-n", "0", "-d", str(depth), "-r", str(reps),
@@ -111,7 +129,7 @@ def plot(results: Path, image: Path) -> None:
     axes = np.atleast_1d(axes)
     for ax, depth in zip(axes, depths):
         rows = [r for r in table if r["depth"] == depth]
-        for arm, style in zip(ARMS, ("o-", "s--", "^:")):
+        for arm, style in zip(ARMS, ("o-", "x-", "s--", "^:")):
             got = [(r["rows"], r[arm]["median_ms"] / unit) for r in rows if arm in r]
             if got:
                 ax.plot(*zip(*got), style, label=arm, markersize=4)
@@ -164,8 +182,11 @@ def main(argv=None) -> int:
             s = our_verify(target, k, a.steps, truncate)
             records.append({"arm": "ours", "depth": depth, "rows": k, "rep": rep, "seconds": s, "load_1m": load,
                             "threads_in_use": target.info()["n_threads_in_use"]})
+            s = our_pass(target, k, a.steps, truncate)
+            records.append({"arm": "ours, last row's head", "depth": depth, "rows": k, "rep": rep, "seconds": s,
+                            "load_1m": method.load_1m(), "threads_in_use": target.info()["n_threads_in_use"]})
         print(f"[depth-map] d{depth} ours rep {rep + 1}: "
-              + " ".join(f"{r['rows']}:{r['seconds'] * 1e3:.0f}" for r in records[-len(sizes):]), flush=True)
+              + " ".join(f"{r['rows']}:{r['seconds'] * 1e3:.0f}" for r in records[-2 * len(sizes)::2]), flush=True)
 
     def results(done: List[int]) -> dict:
         """The results document over the depths measured so far (written after each depth,
@@ -181,6 +202,9 @@ def main(argv=None) -> int:
                 base = row.get("llama.cpp patched")
                 if base:
                     row["ours_over_patched"] = round(row["ours"]["median_ms"] / base["median_ms"], 3)
+                    if "ours, last row's head" in row:
+                        row["ours_pass_over_patched"] = round(
+                            row["ours, last row's head"]["median_ms"] / base["median_ms"], 3)
                 if "llama.cpp stock" in row:
                     stock = row["llama.cpp stock"]["median_ms"]
                     row["ours_over_stock"] = round(row["ours"]["median_ms"] / stock, 3)
@@ -196,6 +220,7 @@ def main(argv=None) -> int:
             settings={"model": model, "depths": depths, "depths_done": done, "sizes": sizes,
                       "repetitions": a.repetitions, "steps": a.steps, "threads": a.threads, "benches": benches,
                       "ours": "chain verify of k rows + their choices (output head on every row), least of --steps",
+                      "ours, last row's head": "a pass of k rows, output head on the last row, least of --steps",
                       "llama_bench": "-p k -n 0 -d D -fa 1 (output head on the last row only), "
                                      "one sample a repetition"},
             our_fill_seconds=fills, load_average={"min": min(loads), "max": max(loads)}, table=table, runs=records)
@@ -220,13 +245,14 @@ def main(argv=None) -> int:
         provenance.write_results(out, results(depths[:i + 1]))
 
     table = results(depths)["table"]
-    print(f"{'depth':>6} {'rows':>4} " + " ".join(f"{arm:>20}" for arm in ARMS)
-          + f" {'ours/patched':>12} {'ours/stock':>10} {'patched/stock':>13}")
+    print(f"{'depth':>6} {'rows':>4} " + " ".join(f"{arm:>22}" for arm in ARMS)
+          + f" {'ours/patched':>12} {'pass/patched':>12} {'ours/stock':>10} {'patched/stock':>13}")
     for row in table:
         cells = [f"{row[arm]['median_ms']:9.1f} ({row[arm]['min_ms']:.0f}-{row[arm]['max_ms']:.0f})" if arm in row
                  else "" for arm in ARMS]
-        print(f"{row['depth']:>6} {row['rows']:>4} " + " ".join(f"{c:>20}" for c in cells)
-              + f" {row.get('ours_over_patched', ''):>12} {row.get('ours_over_stock', ''):>10}"
+        print(f"{row['depth']:>6} {row['rows']:>4} " + " ".join(f"{c:>22}" for c in cells)
+              + f" {row.get('ours_over_patched', ''):>12} {row.get('ours_pass_over_patched', ''):>12}"
+              + f" {row.get('ours_over_stock', ''):>10}"
               + f" {row.get('patched_over_stock', ''):>13}")
     print(f"wrote {out}")
     return 0

@@ -994,9 +994,11 @@ def test_depth_map_times_verifies_at_each_depth(tmp_path):
     doc = slim.read(out)
     assert [(r["depth"], r["rows"]) for r in doc["table"]] == [(0, 1), (0, 4), (384, 1), (384, 4)]
     assert sorted((r["arm"], r["depth"], r["rows"], r["rep"]) for r in doc["runs"]) == sorted(
-        (arm, d, k, rep) for arm in ("ours", "llama.cpp patched") for d in (0, 384) for k in (1, 4) for rep in range(2))
+        (arm, d, k, rep) for arm in ("ours", "ours, last row's head", "llama.cpp patched") for d in (0, 384)
+        for k in (1, 4) for rep in range(2))
     for row in doc["table"]:
         assert row["ours"]["median_ms"] > 0 and row["ours_over_patched"] > 0 and "llama.cpp stock" not in row
+        assert row["ours, last row's head"]["median_ms"] > 0 and row["ours_pass_over_patched"] > 0
     assert doc["checkout"] is not None and doc["our_fill_seconds"]["384"] >= 0
     assert doc["settings"]["depths_done"] == [0, 384]  # written after each depth, the last write all of them
     assert "median of 2: 1:" in res.stdout
@@ -1007,7 +1009,7 @@ def test_depth_map_times_verifies_at_each_depth(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     doc = slim.read(out)
-    assert {r["arm"] for r in doc["runs"]} == {"ours"} and doc["settings"]["benches"] == {}
+    assert {r["arm"] for r in doc["runs"]} == {"ours", "ours, last row's head"} and doc["settings"]["benches"] == {}
     assert [(r["depth"], r["rows"], "ours_over_patched" in r) for r in doc["table"]] == [(0, 2, False)]
 
 
