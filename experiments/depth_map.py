@@ -169,7 +169,11 @@ def main(argv=None) -> int:
         ap.error("no patched llama-bench: .venv/bin/python scripts/llama_cpp_build.py llama-bench builds it")
     benches = {**({"llama.cpp patched": patched} if patched else {}),
                **({"llama.cpp stock": a.stock} if a.stock else {})}
-    target = Target(model, TargetConfig(n_threads=a.threads, n_verify=max(sizes), n_ctx=max(depths) + max(sizes) + 16))
+    # a target that cannot drop cells (recurrent layers) keeps each sample's: a verify's
+    # one, a pass's k, so its context has room for all of them
+    kept = a.repetitions * (a.steps + 2) * sum(sizes)
+    target = Target(model, TargetConfig(n_threads=a.threads, n_verify=max(sizes),
+                                        n_ctx=max(depths) + max(sizes) + 16 + kept))
     target.set_sampling(GREEDY.native())
     truncate = target.can_truncate()
     started = dt.datetime.now(dt.timezone.utc)
