@@ -56,8 +56,9 @@ def main(argv=None) -> int:
     depths = sorted({int(d) for d in a.depths.split(",")})
     sizes = sorted({int(s) for s in a.sizes.split(",")})
     model = a.model or str(real_models.path("qwen2.5-coder-1.5b"))
+    # room for the cells a settled commit can leave before the next truncation
     target = Target(model, TargetConfig(n_threads=a.threads, n_verify=max(sizes),
-                                        n_ctx=max(depths) + max(sizes) + 16))
+                                        n_ctx=max(depths) + max(sizes) + 1024))
     target.set_sampling(GREEDY.native())
     started = dt.datetime.now(dt.timezone.utc)
     rows: List[Dict] = []
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
                 p = parents(n)
                 row[f"{name}_ms"] = 1e3 * least(lambda: (target.verify_tree(tokens, p), target.choices(0, n)),
                                                 lambda: (target.commit_path([0]), back()), a.reps)
+            row["threads_in_use"] = target.info()["n_threads_in_use"]  # the governor's, after the samples
             rows.append({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()})
             print(" ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
     out = a.out or Path("results") / f"tree-shapes-cost-{Path(model).stem}-{started:%Y-%m-%d}.json"
