@@ -2,12 +2,13 @@
 
 Speculative verification is lossless only if a verify's row computes bit for bit what a
 one-row decode of the same position computes. ggml's CPU backend picks other kernels by
-column count (repacked gemv against gemm, the tiled K-quant kernel from 8 columns,
+column count (repacked gemv against gemm, the tiled K-quant kernel from 16 columns,
 llamafile's sgemm from 2) whose rounding differed; the project's ggml patches
 (dflash_gguf/data/ggml-patches) make each column round as it does alone. This asks the
 backend directly, for every weight type it runs, with and without the repacked layouts,
-for column counts on both sides of every kernel switch (4 for gemm, 8 for the tiled
-kernel, 16 for its narrow path, a prompt chunk's 515), whole output rows compared bit for
+for column counts on both sides of every kernel switch (4 for gemm; 8, 12 and 16 for the
+groups its AVX-512 gemm shares weights across, and their leftovers; 16 for the tiled
+kernel, 17 past its narrow path; a prompt chunk's 515), whole output rows compared bit for
 bit, no tolerance.
 
 The DFLASH_TEST_DEVICE variant (pytest -m device, scripts/test-vulkan.sh) asks the device
@@ -27,7 +28,7 @@ from helpers.matrix import ci_subset
 # every type ggml's CPU backend quantizes without an importance matrix and multiplies
 TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K,
          Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4]
-COLUMNS = [2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 515]
+COLUMNS = [2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 15, 16, 17, 20, 24, 28, 33, 515]
 
 
 def _operands(n_in: int, n_out: int, n_cols: int, seed: int):
