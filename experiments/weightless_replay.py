@@ -5,11 +5,13 @@ replies), then every arm's proposer (dflash_gguf.speculation.weightless, the cod
 drafts over those replies step by step as it would while decoding, each draft walked
 against the known greedy continuation. A step's time is the target's measured verify
 cost by rows at the step's depth (verify_cost.VerifyCost, this machine's cached table,
-the table decoding prices its drafts with); the modelled speed is plain decoding's time
-(one row a token, each at its depth) over the arm's. It counts target passes, drafted
-and accepted tokens exactly, and leaves out what a served request adds (the server,
-sampling, the step's own host work): a comparison of drafting policies, not of engines;
-dflash-bench workload times those. Two arms are
+the table decoding prices its drafts with), plus the proposer's own time as this replay
+measures it (drafting and learning from the verdict run on the host between verifies, as
+they do while decoding); the modelled speed is plain decoding's time (one row a token,
+each at its depth) over the arm's. It counts target passes, drafted and accepted tokens
+exactly, and leaves out what a served request adds (the server, sampling, the step's
+other host work): a comparison of drafting policies, not of engines; dflash-bench
+workload times those. Two arms are
 bounds, not proposers: `oracle` (a drafter that always knows the reply) and `copy-oracle`
 (one that always finds the longest copy of the reply's next tokens in the text already
 there).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -120,9 +123,9 @@ def proposer_of(kinds, cost, n_max: int) -> WeightlessProposer:
 
 def replay(proposer: WeightlessProposer, turns, cost) -> dict:
     """One arm (its proposer) over a session's turns: target passes, drafted and accepted
-    tokens, modelled seconds."""
+    tokens, modelled seconds (of which draft_seconds the proposer's own, timed)."""
     passes = drafted = accepted = 0
-    seconds = 0.0
+    seconds = draft_seconds = 0.0
     for prompt, out in turns:
         text = list(prompt) + out[:1]  # the first token comes with the prompt's pass
         seq = SimpleNamespace(tokens=SimpleNamespace(text=text, prompt=prompt, bonus=out[0], n_past=len(prompt)),
@@ -135,7 +138,9 @@ def replay(proposer: WeightlessProposer, turns, cost) -> dict:
             seq.remaining, seq.tokens.bonus, seq.tokens.n_past = len(out) - i, text[-1], len(text) - 1
             depth = seq.tokens.n_past
             plan = Plan()
+            t0 = time.perf_counter()
             p = proposer.propose(seq, plan)
+            draft_seconds += time.perf_counter() - t0
             if p.tree is not None and not is_chain(p.tree):
                 rows, kept = len(p.tree.tokens), walk_depth(p.tree, out[i:])
                 seconds += float(cost(rows, depth))
@@ -150,9 +155,12 @@ def replay(proposer: WeightlessProposer, turns, cost) -> dict:
             i += len(emitted)
             seq.stats.generated_tokens = i
             passes, drafted, accepted = passes + 1, drafted + rows - 1, accepted + kept
+            t0 = time.perf_counter()
             proposer.verified(seq, p.plan or plan, p, None, emitted, 0.0)
+            draft_seconds += time.perf_counter() - t0
         proposer.finish(seq)
-    return {"passes": passes, "drafted": drafted, "accepted": accepted, "seconds": seconds}
+    return {"passes": passes, "drafted": drafted, "accepted": accepted, "seconds": seconds + draft_seconds,
+            "draft_seconds": draft_seconds}
 
 
 def main(argv=None) -> int:
@@ -207,7 +215,8 @@ def main(argv=None) -> int:
                        "modelled_speedup": plain_s / got["seconds"]}
                 doc["rows"].append(row)
                 print(f"{session.name:26} {row['arm']:22} {row['modelled_speedup']:.2f}x  passes {got['passes']:4}"
-                      f"  drafted {got['drafted']:4}  accepted {got['accepted']:4}", flush=True)
+                      f"  drafted {got['drafted']:4}  accepted {got['accepted']:4}"
+                      f"  drafting {got.get('draft_seconds', 0.0) * 1e3:.0f} ms", flush=True)
             write_results(args.out, doc)
     return 0
 

@@ -6,14 +6,16 @@ thread count, and cached (~/.cache/dflash-gguf/verify-cost.json).
 Depth: every verified row reads every cell of the context in attention, so a verify's
 time grows with the depth it runs at, and faster for more rows (on a CPU, where flash
 attention takes a step's rows one at a time, in proportion to them). The table holds the
-verifies at SHALLOW cells of context, and a second measurement of chains at a deeper
-point: the seconds a cell of context adds to a verify of each size, taken as constant
-with depth (a row's attention reads each cell once). A verify of n rows at depth d is
-priced at shallow(n) + per_cell(n) * (d - SHALLOW).
+verifies at SHALLOW cells of context, and what a cell of context adds to a chain of each
+of a few sizes, taken as constant with depth (a row's attention reads each cell once). A
+verify of n rows at depth d is priced at shallow(n) + per_cell(n) * (d - SHALLOW).
 
-A measurement on a busy machine is not kept: each size is timed in two rounds, and where
+A measurement on a busy machine is not kept: each size is timed in rounds, and where
 their least times disagree by more than NOISY the table serves this process only and the
-next one measures again."""
+next one measures again. A slow spell that lasts a whole measurement (another guest on
+the host) makes every round agree, so what depth adds is measured within each round, as
+the difference between the same chains at SHALLOW and at the deep point timed one after
+the other: such a spell then slows both alike."""
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +34,7 @@ from ..runtime.native import _HERE
 from ..runtime.target import LOGITS_LAST, Target
 
 # bumped when measure_verify_cost changes what it measures
-MEASURE_VERSION = 4
+MEASURE_VERSION = 5
 SHALLOW = 64  # cells of context before the table's verifies
 DEEP = 1024  # ... before the depth measurement's (less where the context is shorter)
 NOISY = 1.25  # two rounds' least times further apart than this: the machine was busy
@@ -47,6 +49,38 @@ def _key(target: Target, n_threads: int) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
+def _filler(start: int, stop: int) -> List[int]:
+    # the tokens of context positions start..stop-1 (any tokens do: a verify's cost does not read them)
+    return [1 + i % 997 for i in range(start, stop)]
+
+
+def _time_sizes(target: Target, sizes: List[int], tree: bool, repeats: int) -> Dict[int, float]:
+    """Each size's least seconds over `repeats` verifies as decoding sees them, after two
+    that build its graphs (without and with a commit to carry); each verify keeps one cell."""
+    least = {}
+    for n in sizes:
+        tokens = list(range(2, 2 + n))
+        times = []
+        for _ in range(repeats + 2):
+            t0 = time.perf_counter()
+            if tree:
+                target.verify_tree(tokens, list(range(-1, n - 1)))
+            else:
+                target.verify(tokens)
+            target.choices(0, n)
+            times.append(time.perf_counter() - t0)
+            if tree:
+                target.commit_path([0])
+            else:
+                target.commit(1)
+        least[n] = min(times[2:])
+    return least
+
+
+def _agreed(by_round: Dict[int, List[float]]) -> bool:
+    return all(max(t) <= NOISY * min(t) for t in by_round.values())
+
+
 def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: int = 3,
                         depth: int = SHALLOW, rounds: int = 2) -> Tuple[Dict[int, float], bool]:
     """Least seconds of a verify of each size as decoding sees it (the least: other
@@ -59,28 +93,41 @@ def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: i
     cell, a few dozen in all); the target is reset afterwards."""
     target.set_sampling(GREEDY.native())
     target.reset()
-    target.prefill([1 + i % 997 for i in range(depth)], LOGITS_LAST)
+    target.prefill(_filler(0, depth), LOGITS_LAST)
     by_round: Dict[int, List[float]] = {n: [] for n in sizes}
     for r in range(rounds):
-        for n in sizes if r % 2 == 0 else sizes[::-1]:
-            tokens = list(range(2, 2 + n))
-            times = []
-            for _ in range(repeats + 2):  # the first two build the graphs, without and with a commit to carry
-                t0 = time.perf_counter()
-                if tree:
-                    target.verify_tree(tokens, list(range(-1, n - 1)))
-                else:
-                    target.verify(tokens)
-                target.choices(0, n)
-                times.append(time.perf_counter() - t0)
-                if tree:
-                    target.commit_path([0])
-                else:
-                    target.commit(1)
-            by_round[n].append(min(times[2:]))
+        for n, s in _time_sizes(target, sizes if r % 2 == 0 else sizes[::-1], tree, repeats).items():
+            by_round[n].append(s)
     target.reset()
-    agreed = all(max(t) <= NOISY * min(t) for t in by_round.values())
-    return {n: float(min(t)) for n, t in by_round.items()}, agreed
+    return {n: float(min(t)) for n, t in by_round.items()}, _agreed(by_round)
+
+
+def measure_per_cell(target: Target, sizes: List[int], depth: int, repeats: int = 3,
+                     rounds: int = 3) -> Tuple[Dict[int, float], bool]:
+    """Seconds one cell of context adds to a chain verify of each size. Each round times
+    the sizes at SHALLOW cells, prefills on to `depth` and times them again: the two
+    points one after the other, so that a slow spell slows both (timed apart, a deep
+    point 20% slow turned a slope measured over 1K cells 2-3x too steep, depth adding
+    only ~10% there). A size's figure is its median round's difference over the cells
+    between; the second value says whether each point's rounds agreed within NOISY."""
+    target.set_sampling(GREEDY.native())
+    shallow: Dict[int, List[float]] = {n: [] for n in sizes}
+    deep: Dict[int, List[float]] = {n: [] for n in sizes}
+    for _ in range(rounds):
+        target.reset()
+        target.prefill(_filler(0, SHALLOW), LOGITS_LAST)
+        for n, s in _time_sizes(target, sizes, False, repeats).items():
+            shallow[n].append(s)
+        # the deep point's verifies start at `depth` as the shallow ones did at SHALLOW
+        # (each keeps a cell alike), so each pair lies depth - SHALLOW cells apart
+        at = target.info()["n_past"]
+        target.prefill(_filler(at, depth), LOGITS_LAST)
+        for n, s in _time_sizes(target, sizes, False, repeats).items():
+            deep[n].append(s)
+    target.reset()
+    cells = depth - SHALLOW
+    per = {n: float(np.median(np.subtract(deep[n], shallow[n]))) / cells for n in sizes}
+    return per, _agreed(shallow) and _agreed(deep)
 
 
 def deep_point(target: Target, max_n: int) -> int:
@@ -130,16 +177,15 @@ class CostTable:
         return np.interp(n_tokens, self.sizes, self.chain_seconds) + self.extra(n_tokens, depth)
 
 
-def per_cell(deep: dict, sizes: np.ndarray, chain_seconds: np.ndarray) -> tuple:
+def per_cell(deep: dict) -> tuple:
     """The depth measurement's row counts and the seconds one cell of context adds to a
-    verify of each: its time over the shallow table's, spread over the cells between
-    (never below nothing, nor below a smaller verify's: noise, where depth adds little)."""
-    if not deep or "chain" not in deep:
+    verify of each (never below nothing, nor below a smaller verify's: noise, where depth
+    adds little)."""
+    if not deep or "per_cell" not in deep:
         return (1.0,), (0.0,)
-    rows = sorted(int(n) for n in deep["chain"])
-    cells = deep["depth"] - SHALLOW
-    per = [max(deep["chain"][str(n)] - float(np.interp(n, sizes, chain_seconds)), 0.0) / cells for n in rows]
-    return rows, np.maximum.accumulate(np.array(per)).tolist()
+    rows = sorted(int(n) for n in deep["per_cell"])
+    per = np.maximum.accumulate(np.maximum([deep["per_cell"][str(n)] for n in rows], 0.0))
+    return rows, per.tolist()
 
 
 class VerifyCost(CostTable):
@@ -149,7 +195,9 @@ class VerifyCost(CostTable):
 
     def __init__(self, target: Target, n_threads: int = 0, cache: Path | None = None):
         max_n = target.n_verify
-        sizes = sorted({1, 2, 4, 8, 16, 32, 64, max_n} & set(range(1, max_n + 1)))
+        # 12 and 24: on a CPU a step's rows share weight tiles in groups (16 rows for ggml's
+        # x86 Q4_K gemm), so time is not linear between the powers of two
+        sizes = sorted({1, 2, 4, 8, 12, 16, 24, 32, 64, max_n} & set(range(1, max_n + 1)))
         path = cache or (cache_dir() / "verify-cost.json")
         key = _key(target, n_threads)  # the model file, runtime build, device and threads
         table = json.loads(path.read_text()) if path.exists() else {}
@@ -171,12 +219,12 @@ class VerifyCost(CostTable):
         deep_sizes = sorted({1, min(8, max_n), max_n})
         deep = entry.get("deep") if isinstance(entry.get("deep"), dict) else {}
         depth = deep_point(target, max_n)
-        if depth and (deep.get("depth") != depth or any(str(n) not in deep.get("chain", {}) for n in deep_sizes)):
+        if depth and (deep.get("depth") != depth or any(str(n) not in deep.get("per_cell", {}) for n in deep_sizes)):
             missing = True
             print(f"[verify-cost] timing verifies at {depth} cells of context (once per model, build, device "
                   "and threads)", file=sys.stderr, flush=True)
-            got, ok = measure_verify_cost(target, deep_sizes, False, 2, depth)
-            deep = entry["deep"] = {"depth": depth, "chain": {str(n): v for n, v in got.items()}}
+            got, ok = measure_per_cell(target, deep_sizes, depth)
+            deep = entry["deep"] = {"depth": depth, "per_cell": {str(n): v for n, v in got.items()}}
             agreed &= ok
         if missing and agreed:
             table[key] = entry
@@ -188,5 +236,4 @@ class VerifyCost(CostTable):
             print("[verify-cost] the machine was busy while timing (two rounds disagreed): the table serves "
                   "this run only", file=sys.stderr, flush=True)
         chain = np.array([entry["chain"][str(k)] for k in sizes])
-        super().__init__(key, sizes, [entry["tree"][str(k)] for k in sizes], chain,
-                         *per_cell(deep, np.asarray(sizes, dtype=float), chain))
+        super().__init__(key, sizes, [entry["tree"][str(k)] for k in sizes], chain, *per_cell(deep))

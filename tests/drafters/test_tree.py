@@ -1202,7 +1202,7 @@ def test_verify_cost_prices_depth(pair, tmp_path, monkeypatch):
     cost = VerifyCost(target, cache=tmp_path / "cost.json")
     (entry,) = json.loads((tmp_path / "cost.json").read_text()).values()
     assert entry["deep"]["depth"] == 1024 - 8 - SHALLOW
-    assert sorted(map(int, entry["deep"]["chain"])) == [1, 8]
+    assert sorted(map(int, entry["deep"]["per_cell"])) == [1, 8]
     assert list(cost.depth_rows) == [1, 8] and np.all(cost.per_cell >= 0) and np.all(np.diff(cost.per_cell) >= 0)
     shallow = cost.chain(np.arange(1, 9))
     deep = cost.chain(np.arange(1, 9), 4096)
@@ -1213,6 +1213,57 @@ def test_verify_cost_prices_depth(pair, tmp_path, monkeypatch):
     VerifyCost(target, cache=tmp_path / "cost.json")
     assert target.info()["n_graphs"] == before
     target.close()
+
+
+class _ClockedTarget:
+    """A stand-in target on a made-up clock: a chain of n rows over c cells of context
+    takes (10 ms + 10 us a cell) a row, times `slow` (a slow spell while it lasts)."""
+
+    def __init__(self):
+        self.now, self.n_past, self.slow = 0.0, 0, 1.0
+
+    def set_sampling(self, sampling):
+        pass
+
+    def reset(self):
+        self.n_past = 0
+
+    def prefill(self, tokens, logits):
+        self.n_past += len(tokens)
+
+    def info(self):
+        return {"n_past": self.n_past}
+
+    def verify(self, tokens):
+        self.now += self.slow * len(tokens) * (1e-2 + 1e-5 * self.n_past)
+
+    def choices(self, first, n):
+        pass
+
+    def commit(self, n_keep):
+        self.n_past += n_keep
+
+
+@pytest.mark.parametrize("slow", [1.0, 1.2])
+def test_what_depth_adds_is_measured_within_a_round(monkeypatch, slow):
+    """What a cell of context adds to a verify is the difference between the same chains
+    timed at SHALLOW and at the deep point one after the other, so that a slow spell
+    lasting the whole measurement (every round agreeing) slows both points alike: the
+    slope comes out `slow` times the true one, as every price does, and not several
+    times steeper as a deep point timed apart from its shallow table did. Rows and
+    depth as in the table: chains of 1, 8 and 48 rows, the deep point 960 cells past
+    the shallow one."""
+    from types import SimpleNamespace
+
+    from dflash_gguf.speculation import verify_cost
+
+    target = _ClockedTarget()
+    target.slow = slow
+    monkeypatch.setattr(verify_cost, "time", SimpleNamespace(perf_counter=lambda: target.now))
+    per, agreed = verify_cost.measure_per_cell(target, [1, 8, 48], verify_cost.SHALLOW + 960)
+    assert agreed
+    assert per == {n: pytest.approx(slow * n * 1e-5, rel=1e-9) for n in (1, 8, 48)}
+    assert target.n_past == 0  # reset afterwards
 
 
 def test_verify_cost_on_a_busy_machine_is_not_cached(pair, tmp_path, monkeypatch):
@@ -1245,13 +1296,13 @@ def test_verify_cost_adds_the_sizes_another_engine_lacked(pair, tmp_path, monkey
     long = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=16, kv_type="f32"))
     before = long.info()["n_graphs"]
     second = VerifyCost(long, cache=cache)
-    # sizes 8 and 16 only (tree and chain, two rounds of five verifies each), plus their
-    # prefills' graphs
+    # sizes 8, 12 and 16 only (tree and chain, two rounds of five verifies each), plus
+    # their prefills' graphs
     measured = long.info()["n_graphs"] - before
-    assert measured == 2 * (1 + 2 * 2 * 5)
+    assert measured == 2 * (1 + 2 * 3 * 5)
     assert np.array_equal(second.tree_seconds[:3], first.tree_seconds)
     (entry,) = json.loads(cache.read_text()).values()
-    assert sorted(map(int, entry["tree"])) == sorted(map(int, entry["chain"])) == [1, 2, 4, 8, 16]
+    assert sorted(map(int, entry["tree"])) == sorted(map(int, entry["chain"])) == [1, 2, 4, 8, 12, 16]
     long.close()
     again = Target(pair["target"], TargetConfig(n_ctx=256, n_verify=4, kv_type="f32"))
     before = again.info()["n_graphs"]
