@@ -37,7 +37,7 @@ from ..runtime.target import LOGITS_LAST, Target
 MEASURE_VERSION = 5
 SHALLOW = 64  # cells of context before the table's verifies
 DEEP = 1024  # ... before the depth measurement's (less where the context is shorter)
-NOISY = 1.25  # two rounds' least times further apart than this: the machine was busy
+NOISY = 1.25  # rounds' least times further apart than this: the machine was busy
 
 
 def _key(target: Target, n_threads: int) -> str:
@@ -233,7 +233,7 @@ class VerifyCost(CostTable):
             tmp.write_text(json.dumps(table, indent=1))
             tmp.replace(path)  # another process reads a whole table or the one before
         elif missing:
-            print("[verify-cost] the machine was busy while timing (two rounds disagreed): the table serves "
+            print("[verify-cost] the machine was busy while timing (its rounds disagreed): the table serves "
                   "this run only", file=sys.stderr, flush=True)
         chain = np.array([entry["chain"][str(k)] for k in sizes])
         super().__init__(key, sizes, [entry["tree"][str(k)] for k in sizes], chain, *per_cell(deep))
