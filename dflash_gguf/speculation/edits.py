@@ -11,8 +11,9 @@ use) breaks the copy again. The cursor follows the copy instead:
             the source resumes: the nearest place shortly after the break whose tokens
             end the output so far
   a change  once the copy has gone on past such a resync, the edit is learnt as a
-            substitution (the source's tokens from the break to the resync and the first
-            resync token, written as the output's): later drafts make it wherever the
+            substitution (the source's tokens from the break to the resync, written as
+            the output's; with the first resync token on both sides unless it replaced
+            them token for token, as a rename does): later drafts make it wherever the
             source has those tokens again, and forget it the first time the target does
             not follow it
 
@@ -131,10 +132,11 @@ class CopyCursor:
         self.pos, self.since_sync = s + 1, 1
         self.run += 1
         source, output = tuple(h[b:s]), tuple(h[o:i])
-        # a substitution, keyed with the token after it: an insertion (nothing of the
-        # source replaced) is not a change to make elsewhere
+        # a substitution: an insertion (nothing of the source replaced) is not a change to
+        # make elsewhere. One token for token (a rename) is made wherever its source
+        # tokens occur; another is keyed with the token after it, where it was seen
         if source and len(source) <= MAX_CHANGE and len(output) <= MAX_CHANGE:
-            self.learning = (source + (t,), output + (t,))
+            self.learning = (source, output) if len(source) == len(output) else (source + (t,), output + (t,))
         self._expand(h, i + 1)
 
     def _expand(self, h: Sequence[int], end: int) -> None:

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .pricing import RunHazard
+from .pricing import RequestHazard
 
 
 class ChainSource:
@@ -60,12 +60,13 @@ def agreeing_before(a: Sequence[int], i: int, b: Sequence[int], j: int, limit: i
 
 
 class NgramDrafts:
-    """A sequence's n-gram sources, each with its kind's RunHazard (the corpus key's,
-    pricing.RunHazards: carried from request to request): each step the draft with the
-    most expected accepted drafts (ties: the first kind listed, llama.cpp's order), from
-    the sequence's history (Tokens.text: its prompt, its output, the bonus last)."""
+    """A sequence's n-gram sources, each with its kind's hazard (the request's view of
+    the corpus key's, pricing.RunHazards.request: carried from request to request):
+    each step the draft with the most expected accepted drafts (ties: the first kind
+    listed, llama.cpp's order), from the sequence's history (Tokens.text: its prompt,
+    its output, the bonus last)."""
 
-    def __init__(self, sources: Sequence[ChainSource], hazards: Sequence[RunHazard]):
+    def __init__(self, sources: Sequence[ChainSource], hazards: Sequence[RequestHazard]):
         self.sources, self.hazards = list(sources), list(hazards)
 
     def best(self, history: Sequence[int], n_max: int) -> Tuple[List[int], np.ndarray, Optional[str], list]:

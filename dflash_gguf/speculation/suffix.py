@@ -35,7 +35,7 @@ import numpy as np
 from ..decoding.tree import DraftTree
 from .edits import CopyCursor
 from .ngram import agreeing_before
-from .pricing import RunHazard, tree_probs, walk_depth
+from .pricing import RequestHazard, tree_probs, walk_depth
 
 # Host memory an indexed token costs, for --spec-suffix-cache-mb: an estimate, measured
 # with tracemalloc over documents of random tokens (about 420 bytes at k = 2, with 1k or
@@ -279,9 +279,9 @@ class SuffixDrafts:
     """A sequence's suffix drafting: its own text, indexed as it grows and followed
     through edits by a copy cursor (speculation/edits.py), and its corpus key's earlier requests.
     Each step the best of the two trees and the cursor's chain (the largest expected
-    accepted drafts); the draft whose outcome a step is judged on (judge) tells
-    the key's RunHazard how far the target went along it; when the sequence ends, its
-    prompt and output go into the key's corpus.
+    accepted drafts); the draft whose outcome a step is judged on (judge) tells its
+    hazard (the request's view of the key's) how far the target went along it; when
+    the sequence ends, its prompt and output go into the key's corpus.
 
     Drafts from the corpus are priced by a hazard of their own: a match into another
     request's text (the same system prompt, the same chat markup before a reply) breaks
@@ -290,12 +290,13 @@ class SuffixDrafts:
     in one server, suffix timed at 1.13x and 1.24x plain in its second and third sessions,
     where each session alone replayed at 1.40x and 1.63x)."""
 
-    def __init__(self, corpora: SuffixCorpora, key: Hashable, hazard: RunHazard, corpus_hazard: RunHazard):
+    def __init__(self, corpora: SuffixCorpora, key: Hashable, hazard: RequestHazard,
+                 corpus_hazard: RequestHazard):
         self.corpora, self.key, self.config = corpora, key, corpora.config
         self.own = SuffixIndex(self.config.min_match)
         self.cursor = CopyCursor()  # where the output copies its own text from, through edits
-        self.hazard = hazard  # the key's, pricing.RunHazards: drafts from the own text
-        self.corpus_hazard = corpus_hazard  # the key's, for drafts from its corpus
+        self.hazard = hazard  # the request's view of the key's (RunHazards.request): the own text's drafts
+        self.corpus_hazard = corpus_hazard  # the same, for drafts from its corpus
 
     def follow(self, text: List[int]) -> None:
         """The sequence's text (Tokens.text: its prompt, its output, the bonus last): its

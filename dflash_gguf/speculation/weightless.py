@@ -184,8 +184,8 @@ class WeightlessKinds:
         ngram = suffix = None
         if self.ngram is not None:
             sources = self.ngram()
-            ngram = NgramDrafts(sources, [self.hazards.get(self.key, s.kind) for s in sources])
+            ngram = NgramDrafts(sources, [self.hazards.request(self.key, s.kind) for s in sources])
         if self.corpora is not None:
-            suffix = SuffixDrafts(self.corpora, self.key, self.hazards.get(self.key, SUFFIX_KIND),
-                                  self.hazards.get(self.key, SUFFIX_CORPUS_HAZARD))
+            suffix = SuffixDrafts(self.corpora, self.key, self.hazards.request(self.key, SUFFIX_KIND),
+                                  self.hazards.request(self.key, SUFFIX_CORPUS_HAZARD))
         return Weightless(ngram, suffix)

@@ -37,10 +37,27 @@ def test_a_plain_copy_is_left_to_the_match_that_anchored_it():
 def test_a_rename_is_learnt_after_the_copy_resumes_and_made_in_later_drafts():
     out = renamed(SOURCE[:5 + CONFIRM])  # through the first rename and CONFIRM tokens on
     cursor, history = copying(SOURCE, out)
-    assert cursor.changes == {OLD: {(OLD, 4): (NEW, 4)}}
+    assert cursor.changes == {OLD: {(OLD,): (NEW,)}}  # token for token: made wherever 3 occurs
     drafts, run = cursor.draft(history, 12)
     assert drafts == renamed(SOURCE[len(out):len(out) + 12])  # the second 3 drafted as 30
     assert run == cursor.since_sync == CONFIRM  # priced by the copy since it took up the source
+
+
+def test_a_rename_is_made_whatever_follows_the_renamed_token():
+    # the second 3 is followed by 6, not by the 4 the first was: a rename is made there too
+    source = [10, 11, 1, 2, 3, 4, 5, 12, 13, 14, 3, 6, 7, 8, 9]
+    out = renamed(source[:5 + CONFIRM])
+    cursor, history = copying(source, out)
+    assert cursor.draft(history, 7)[0] == renamed(source[len(out):])  # 13 14 30 6 7 8 9
+
+
+def test_a_change_of_another_length_is_made_only_before_the_token_it_was_seen_before():
+    # 3 becomes 30 31: a rewrite of its place, learnt with the 4 after it
+    source = [10, 11, 1, 2, 3, 4, 5, 12, 13, 14, 3, 6, 7, 8, 3, 4, 9]
+    out = source[:4] + [30, 31] + source[5:5 + CONFIRM]
+    cursor, history = copying(source, out)
+    assert cursor.changes == {OLD: {(OLD, 4): (30, 31, 4)}}
+    assert cursor.draft(history, 9)[0] == [13, 14, 3, 6, 7, 8, 30, 31, 4]  # the 3 before 6 left as it is
 
 
 def test_an_insertion_resyncs_but_is_not_learnt():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dflash_gguf.speculation.pricing import RunHazard, best_size, tree_probs, walk_depth
+from dflash_gguf.speculation.pricing import RequestHazard, RunHazard, best_size, tree_probs, walk_depth
 from dflash_gguf.speculation.suffix import continuation_tree
 
 
@@ -54,6 +54,22 @@ def test_the_hazard_counts_walks_and_breaks_by_run_and_fades():
     assert h.trials.max() == pytest.approx(RunHazard.WEIGHT)
     assert h.survival(12, [1])[0] < 0.1  # old walks fade: a text that stopped repeating is followed
     assert h.survival(1000, [1])[0] == RunHazard().survival(1000, [1])[0]  # other runs' buckets untouched
+
+
+def test_a_request_prices_by_the_keys_hazard_shrunk_and_its_own_outcomes():
+    key = RunHazard()
+    for _ in range(400):  # the key's earlier requests: runs of 12 went on
+        key.observe(run=12, walked=8, deepest=8)
+    request = RequestHazard(key)
+    assert request.survival(12, [1, 8]) == pytest.approx(key.survival(12, [1, 8]))  # nothing seen yet
+    for _ in range(8):  # this request's drafts from runs of 12 break at once
+        request.observe(run=12, walked=0, deepest=4)
+    mine = request.survival(12, [1])[0]
+    assert key.survival(12, [1])[0] > 0.9  # the key's 256 trials hardly move
+    assert mine < 0.85  # the request's 8 weigh against the key's 32 at most
+    # what the request saw went into the key's too, and a new request starts from the key's
+    assert key.breaks.sum() > RunHazard.PRIOR * RunHazard.BUCKETS
+    assert RequestHazard(key).survival(12, [1])[0] == pytest.approx(key.survival(12, [1])[0])
 
 
 def test_tree_probs_are_counts_over_occurrences_times_the_survival_by_depth():
