@@ -53,28 +53,37 @@ class RunHazard:
         self.trials = np.minimum(self.PRIOR * (middle + 2.0), self.PRIOR_TRIALS)
         self.breaks = np.full(self.BUCKETS, self.PRIOR)
 
-    def _buckets(self, runs: np.ndarray) -> np.ndarray:
-        return np.minimum(np.log2(np.maximum(runs, 1)).astype(np.int64), self.BUCKETS - 1)
+    @classmethod
+    def _buckets(cls, runs: np.ndarray) -> np.ndarray:
+        return np.minimum(np.log2(np.maximum(runs, 1)).astype(np.int64), cls.BUCKETS - 1)
+
+    @classmethod
+    def going_on(cls, trials: np.ndarray, breaks: np.ndarray, run: int, depths) -> np.ndarray:
+        """survival's arithmetic over counts by bucket (this hazard's, or a request's view)."""
+        depths = np.asarray(depths, dtype=np.int64)
+        if depths.size == 0:
+            return np.zeros(0)
+        b = cls._buckets(run + np.arange(int(depths.max())))
+        return np.cumprod(1.0 - breaks[b] / trials[b])[depths - 1]
+
+    @classmethod
+    def count(cls, trials: np.ndarray, breaks: np.ndarray, run: int, walked: int, deepest: int) -> None:
+        """observe's counting into counts by bucket: every depth up to the first miss is a
+        trial, the miss a break."""
+        b = cls._buckets(run + np.arange(min(walked + 1, deepest)))
+        np.add.at(trials, b, 1.0)
+        if walked < deepest:
+            breaks[b[-1]] += 1.0
 
     def survival(self, run: int, depths) -> np.ndarray:
         """The chance that the target walks a draft down to each of `depths` (1: the first
         draft token) from a run of `run`: the product of going on at every run before."""
-        depths = np.asarray(depths, dtype=np.int64)
-        if depths.size == 0:
-            return np.zeros(0)
-        deepest = int(depths.max())
-        b = self._buckets(run + np.arange(deepest))
-        goes_on = np.cumprod(1.0 - self.breaks[b] / self.trials[b])
-        return goes_on[depths - 1]
+        return self.going_on(self.trials, self.breaks, run, depths)
 
     def observe(self, run: int, walked: int, deepest: int) -> None:
-        """A step walked `walked` drafts of a draft `deepest` deep from a run of `run`:
-        every depth up to the first miss is a trial, the miss a break."""
-        judged = min(walked + 1, deepest)
-        b = self._buckets(run + np.arange(judged))
-        np.add.at(self.trials, b, 1.0)
-        if walked < deepest:
-            self.breaks[b[-1]] += 1.0
+        """A step walked `walked` drafts of a draft `deepest` deep from a run of `run`
+        (count), old trials fading to WEIGHT a bucket."""
+        self.count(self.trials, self.breaks, run, walked, deepest)
         over = self.trials > self.WEIGHT
         if over.any():
             scale = self.WEIGHT / self.trials[over]
@@ -100,24 +109,14 @@ class RequestHazard:
 
     def survival(self, run: int, depths) -> np.ndarray:
         """As RunHazard.survival, from the key's prior and the request's own counts."""
-        depths = np.asarray(depths, dtype=np.int64)
-        if depths.size == 0:
-            return np.zeros(0)
         key = self.key
         shrink = np.minimum(1.0, self.KEY_TRIALS / key.trials)
-        trials = key.trials * shrink + self.trials
-        breaks = key.breaks * shrink + self.breaks
-        b = key._buckets(run + np.arange(int(depths.max())))
-        return np.cumprod(1.0 - breaks[b] / trials[b])[depths - 1]
+        return RunHazard.going_on(key.trials * shrink + self.trials, key.breaks * shrink + self.breaks, run, depths)
 
     def observe(self, run: int, walked: int, deepest: int) -> None:
         """As RunHazard.observe, told to the key's hazard too."""
         self.key.observe(run, walked, deepest)
-        judged = min(walked + 1, deepest)
-        b = self.key._buckets(run + np.arange(judged))
-        np.add.at(self.trials, b, 1.0)
-        if walked < deepest:
-            self.breaks[b[-1]] += 1.0
+        RunHazard.count(self.trials, self.breaks, run, walked, deepest)
 
 
 class RunHazards:
