@@ -26,6 +26,7 @@ from ..decoding.step import Batch, Sequence
 from ..decoding.streaming import TextStream
 from ..engine.engine import Engine
 from ..engine.slots import goes_on
+from ..runtime import openmp
 
 
 class QueueFull(Exception):
@@ -191,6 +192,10 @@ class Scheduler:
                 "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
         # what `auto` measures runs graphs on the target: before any request holds a slot
         engine.prepare_auto()
+        # this thread is done computing graphs (loading, the self-check, the table): its
+        # OpenMP team, kept beside the engine thread's, would make every barrier of the
+        # decoding sleep instead of spin (runtime/openmp.py)
+        openmp.release_team()
         self.totals = Totals()
         self._queue: Deque[Job] = deque()
         self._running: Dict[int, _Running] = {}  # by slot
