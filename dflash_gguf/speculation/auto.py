@@ -128,7 +128,9 @@ class Decision:
     data the step carries (Plan.auto) and hands back with its result to AutoBudget.learn,
     the one place auto learns. choose() makes it:
       arm          the arm the step runs (PLAIN, CHAIN or a tree size)
-      probe        a chain step on plain decoding (it tells what drafts would bring there)
+      probe        a chain step on plain decoding (it tells what drafts would bring there),
+                   or a cold chooser's first step: the drafter catches up on at most
+                   PROBE_LAG tokens
       survey       the step surveys the largest tree as well
       until_probe  (the plain arm) the plain steps that may follow it up to the next
                    probe, which nothing can change: its proposer may run them without
@@ -398,6 +400,7 @@ class AutoBudget:
         # an arm that may not pay
         self.next_decision = self.DECIDE_EVERY if p else self.SETTLE + 2
         self.next_survey = self.SETTLE + 1
+        self.cold = p is None  # nothing learnt: its first step is a probe (choose)
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
         # plain steps left before the next probe: carried from sequence to sequence, since
         # the gap may be longer than a request
@@ -440,6 +443,13 @@ class AutoBudget:
             if self.to_probe <= 0:  # a probe: on plain decoding nothing else says what drafts would bring
                 arm, probe, self.to_probe = CHAIN, True, self.probe_gap
                 self.next_decision = self.steps + 1
+        elif self.cold and self.steps == 1:
+            # a chooser that has learnt nothing drafts its first step as a probe does, the
+            # drafter caught up on at most PROBE_LAG tokens: catching it up on a whole
+            # prompt (3.6 s for 832 tokens of the 0.5B beside the 1.5B on two cores) costs
+            # more than a request can win back on a pair where drafting does not pay,
+            # before auto knows whether it does
+            probe = True
         self.probed = probe
         if arm == PLAIN:
             return Decision(PLAIN, until_probe=max(self.to_probe - 1, 0))
@@ -508,8 +518,8 @@ class AutoBudget:
         self.tally[arm][0] += 1
         self.tally[arm][1] += n_acc + 1
         acceptance.verified(arm, n_acc, probs, d.nodes, accepted, d.probe)
-        if d.probe:  # a probe's cost (what it says of the text, Acceptance took)
-            costs.part["probe"] = seconds
+        if d.probe and arm != self.current:  # a probe's cost (what it says of the text, Acceptance took);
+            costs.part["probe"] = seconds  # not a cold chooser's first step's, which builds graphs
         if arm != self.current or self.run <= self.SETTLE:
             return  # a probe, or a step that builds graphs
         costs.timed(arm, seconds, host, len(probs))

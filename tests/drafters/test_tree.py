@@ -845,6 +845,21 @@ def test_auto_decides_after_its_first_timed_chain_step():
     assert arms[:first] == [CHAIN] * first and set(arms[first:]) == {PLAIN}, arms
 
 
+def test_a_cold_choosers_first_step_is_a_probe_and_a_warm_ones_is_not():
+    """A chooser that has learnt nothing drafts its first step as a probe (the drafter
+    caught up on at most PROBE_LAG tokens, not on the whole prompt) and stays on the
+    chain; one that starts from what another learnt drafts its first step on the arm it
+    was left on, catching up as that arm does."""
+    from dflash_gguf.speculation.auto import CHAIN, AutoBudget
+
+    cold = AutoBudget(_Cost(1e-3, 1e-4), 0, BLOCK)
+    first = cold.choose()
+    assert (first.arm, first.probe) == (CHAIN, True)
+    assert [cold.choose().probe for _ in range(AutoBudget.SETTLE)] == [False] * AutoBudget.SETTLE
+    warm = AutoBudget(_Cost(1e-3, 1e-4), 0, BLOCK, prior=cold)
+    assert (warm.current, warm.choose().probe) == (CHAIN, False)
+
+
 def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
     """Before a probe has run, its price is a chain step plus catching the drafter up on
     PROBE_LAG tokens at the cost a token measured on drafted steps (the lowest reading);
