@@ -129,8 +129,9 @@ class Decision:
     the one place auto learns. choose() makes it:
       arm          the arm the step runs (PLAIN, CHAIN or a tree size)
       probe        a chain step on plain decoding (it tells what drafts would bring there),
-                   or a cold chooser's first step: the drafter catches up on at most
-                   PROBE_LAG tokens
+                   or a cold chooser's first step
+      window       the most committed tokens the drafter catches up on in the step (0:
+                   all it lacks): a probe's PROBE_LAG, a cold first step's COLD_LAG
       survey       the step surveys the largest tree as well
       until_probe  (the plain arm) the plain steps that may follow it up to the next
                    probe, which nothing can change: its proposer may run them without
@@ -148,6 +149,7 @@ class Decision:
     arm: int
     probe: bool = False
     survey: bool = False
+    window: int = 0
     until_probe: int = 0
     cut: Optional[ChainCut] = None
     seen: Any = None
@@ -383,6 +385,12 @@ class AutoBudget:
     # leave its drafter behind, and a probe after a long stretch would otherwise pay for
     # every token since its last draft)
     PROBE_LAG = 128
+    # ... and a cold chooser's first step: enough context to time a drafted step, which
+    # is what the first steps are for (a drafter far behind on the whole prompt took 3.6 s
+    # to catch up on 832 tokens of the 0.5B beside the 1.5B on two cores, and 0.66 s on
+    # 128, where a request may never win back what drafting costs; probes tell later
+    # what drafts from more context bring)
+    COLD_LAG = 32
     SURVEY_FLOOR, PROBE_FLOOR = 0.1, 0.5  # _share's floors: drafts that come back must be found soon
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, prior: Optional["AutoBudget"] = None,
@@ -395,12 +403,15 @@ class AutoBudget:
         self.current = p.current if p else CHAIN
         self.probed = False  # the last step chosen was a probe: the decision after it spaces the next
         self.steps = self.run = 0  # steps, and steps since a switch
-        # a fresh chooser decides as soon as one chain step is timed (the steps before
-        # build graphs): a short first request would otherwise spend most of its steps on
-        # an arm that may not pay
-        self.next_decision = self.DECIDE_EVERY if p else self.SETTLE + 2
+        # cold: no chooser before it decided anything (none, or ones whose sequences all
+        # ended first: a short warm-up request hands on the chain it started on, not a
+        # choice). A cold chooser decides as soon as one chain step is timed (the steps
+        # before build graphs): a short first request would otherwise spend most of its
+        # steps on an arm that may not pay; and its first step is a probe (choose)
+        self.decided = p.decided if p else False
+        self.cold = not self.decided
+        self.next_decision = self.SETTLE + 2 if self.cold else self.DECIDE_EVERY
         self.next_survey = self.SETTLE + 1
-        self.cold = p is None  # nothing learnt: its first step is a probe (choose)
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
         # plain steps left before the next probe: carried from sequence to sequence, since
         # the gap may be longer than a request
@@ -444,19 +455,18 @@ class AutoBudget:
                 arm, probe, self.to_probe = CHAIN, True, self.probe_gap
                 self.next_decision = self.steps + 1
         elif self.cold and self.steps == 1:
-            # a chooser that has learnt nothing drafts its first step as a probe does, the
-            # drafter caught up on at most PROBE_LAG tokens: catching it up on a whole
-            # prompt (3.6 s for 832 tokens of the 0.5B beside the 1.5B on two cores) costs
-            # more than a request can win back on a pair where drafting does not pay,
-            # before auto knows whether it does
+            # a cold chooser drafts its first step as a probe, its drafter caught up on at
+            # most COLD_LAG tokens, not on the whole prompt
             probe = True
         self.probed = probe
         if arm == PLAIN:
             return Decision(PLAIN, until_probe=max(self.to_probe - 1, 0))
-        return Decision(arm, probe, bool(self.trees) and self.steps >= self.next_survey)
+        window = 0 if not probe else self.PROBE_LAG if self.current == PLAIN else self.COLD_LAG
+        return Decision(arm, probe, bool(self.trees) and self.steps >= self.next_survey, window=window)
 
     def _decide(self) -> None:
         self.next_decision = self.steps + self.DECIDE_EVERY
+        self.decided = True
         rates = {a: self.rate(a) for a in self.arms}
         best = max(rates, key=rates.get)
         switch = best != self.current and rates[best] > self.SWITCH_GAIN * rates[self.current]
@@ -576,7 +586,8 @@ class AutoBudget:
     def state(self) -> dict:
         """What a later chooser starts from (the prior's fields), as plain data."""
         return {**self.acceptance.state(), "part": self.costs.part,
-                "current": self.current, "probe_gap": self.probe_gap, "to_probe": self.to_probe}
+                "current": self.current, "probe_gap": self.probe_gap, "to_probe": self.to_probe,
+                "decided": self.decided}
 
     @classmethod
     def restored(cls, cost: VerifyCost, largest: int, block: int, state: dict) -> Optional["AutoBudget"]:
@@ -588,6 +599,7 @@ class AutoBudget:
                 return None
             b.costs.restore(state["part"])
             b.current, b.probe_gap, b.to_probe = int(state["current"]), int(state["probe_gap"]), int(state["to_probe"])
+            b.decided = bool(state["decided"])
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return b if b.current in b.arms else None

@@ -23,7 +23,7 @@ from typing import Optional
 from ..runtime.demo import cache_dir
 
 MAX_ENTRIES = 64
-VERSION = 1  # bumped when AutoBudget.state changes what it holds
+VERSION = 2  # bumped when AutoBudget.state changes what it holds
 
 
 def path() -> Optional[Path]:

@@ -450,7 +450,7 @@ class SimpleProposer(Proposer):
         auto = self.auto if decision is not None else None
         drafts, seconds, shares = self.draft.draft(seq.slot, seq.tokens.text, n, self.p_min,
                                                    siblings=self.tree and grammar is None, shares=auto is not None,
-                                                   window=auto.PROBE_LAG if auto is not None and decision.probe else 0)
+                                                   window=decision.window if auto is not None else 0)
         cut = None
         if auto is not None and drafts:
             cut = auto.chain_cut(np.log(np.maximum(shares, 1e-30)))

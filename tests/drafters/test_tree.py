@@ -846,18 +846,30 @@ def test_auto_decides_after_its_first_timed_chain_step():
 
 
 def test_a_cold_choosers_first_step_is_a_probe_and_a_warm_ones_is_not():
-    """A chooser that has learnt nothing drafts its first step as a probe (the drafter
-    caught up on at most PROBE_LAG tokens, not on the whole prompt) and stays on the
-    chain; one that starts from what another learnt drafts its first step on the arm it
-    was left on, catching up as that arm does."""
+    """A cold chooser (none before it, or only ones whose sequences ended before their
+    first decision: a short warm-up request hands on the chain it started on, not a
+    choice) drafts its first step as a probe (the drafter caught up on at most COLD_LAG
+    tokens, not on the whole prompt), stays on the chain and decides after its first
+    timed step; one that starts from a chooser that decided drafts its first step on
+    the arm it was left on, catching up as that arm does."""
     from dflash_gguf.speculation.auto import CHAIN, AutoBudget
 
-    cold = AutoBudget(_Cost(1e-3, 1e-4), 0, BLOCK)
+    cost = _Cost(1e-3, 1e-4)
+    cold = AutoBudget(cost, 0, BLOCK)
     first = cold.choose()
-    assert (first.arm, first.probe) == (CHAIN, True)
+    assert (first.arm, first.probe, first.window) == (CHAIN, True, AutoBudget.COLD_LAG)
     assert [cold.choose().probe for _ in range(AutoBudget.SETTLE)] == [False] * AutoBudget.SETTLE
-    warm = AutoBudget(_Cost(1e-3, 1e-4), 0, BLOCK, prior=cold)
-    assert (warm.current, warm.choose().probe) == (CHAIN, False)
+    after_a_short_one = AutoBudget(cost, 0, BLOCK, prior=cold)  # it ended before deciding
+    assert after_a_short_one.choose().probe and after_a_short_one.next_decision == AutoBudget.SETTLE + 2
+    for _ in range(AutoBudget.SETTLE):
+        cold.choose()
+    assert cold.decided
+    warm = AutoBudget(cost, 0, BLOCK, prior=cold)
+    step = warm.choose()
+    assert (step.arm, step.probe) == (cold.current, False)  # plain here: nothing priced the chain
+    assert warm.next_decision == AutoBudget.DECIDE_EVERY
+    restored = AutoBudget.restored(cost, 0, BLOCK, after_a_short_one.state())
+    assert restored is not None and not restored.decided
 
 
 def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
