@@ -131,7 +131,8 @@ class Decision:
       probe        a chain step on plain decoding (it tells what drafts would bring there),
                    or a cold chooser's first step
       window       the most committed tokens the drafter catches up on in the step (0:
-                   all it lacks): a probe's PROBE_LAG, a cold first step's COLD_LAG
+                   all it lacks): a probe's PROBE_LAG, a cold first step's COLD_LAG,
+                   another's catch_up_window()
       survey       the step surveys the largest tree as well
       until_probe  (the plain arm) the plain steps that may follow it up to the next
                    probe, which nothing can change: its proposer may run them without
@@ -461,8 +462,20 @@ class AutoBudget:
         self.probed = probe
         if arm == PLAIN:
             return Decision(PLAIN, until_probe=max(self.to_probe - 1, 0))
-        window = 0 if not probe else self.PROBE_LAG if self.current == PLAIN else self.COLD_LAG
+        window = (self.PROBE_LAG if self.current == PLAIN else self.COLD_LAG) if probe else self.catch_up_window()
         return Decision(arm, probe, bool(self.trees) and self.steps >= self.next_survey, window=window)
+
+    def catch_up_window(self) -> int:
+        """The most committed tokens a drafted step catches the drafter up on: all it
+        lacks while that costs at most DECIDE_EVERY plain steps at the cost a token
+        measured, else the last PROBE_LAG (and PROBE_LAG before a cost is measured). A
+        turn's new prompt behind a chain in use (a tool's output of hundreds of tokens)
+        would otherwise cost seconds on a CPU that a short reply never wins back: a 37-token
+        reply after 700 new tokens ran at 0.26x plain."""
+        per, plain = self.costs.part["catch_up"], self.seconds(PLAIN)
+        if not per or not plain:
+            return self.PROBE_LAG
+        return max(self.PROBE_LAG, int(self.DECIDE_EVERY * plain / per))
 
     def _decide(self) -> None:
         self.next_decision = self.steps + self.DECIDE_EVERY

@@ -872,6 +872,23 @@ def test_a_cold_choosers_first_step_is_a_probe_and_a_warm_ones_is_not():
     assert restored is not None and not restored.decided
 
 
+def test_a_drafted_step_catches_the_drafter_up_on_what_it_can_afford():
+    """A chain step catches the drafter up on all it lacks while that costs at most
+    DECIDE_EVERY plain steps at the cost a token measured, else on the last PROBE_LAG
+    tokens (a turn's new prompt behind a chain in use), and on PROBE_LAG before a cost
+    is measured; a cold chooser's first step keeps COLD_LAG."""
+    from dflash_gguf.speculation.auto import AutoBudget
+
+    auto = AutoBudget(_Cost(1e-3, 1e-4), 0, BLOCK)
+    assert auto.choose().window == AutoBudget.COLD_LAG
+    assert auto.choose().window == auto.catch_up_window() == AutoBudget.PROBE_LAG
+    auto.costs.part.update(plain=40e-3, catch_up=5e-3)  # a CPU: 8 plain steps buy 64 tokens
+    assert auto.catch_up_window() == AutoBudget.PROBE_LAG
+    auto.costs.part.update(catch_up=1e-5)  # a device: 32,000
+    assert auto.catch_up_window() == int(AutoBudget.DECIDE_EVERY * (40e-3 + auto.costs.plain_extra) / 1e-5)
+    assert auto.choose().window == auto.catch_up_window()
+
+
 def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
     """Before a probe has run, its price is a chain step plus catching the drafter up on
     PROBE_LAG tokens at the cost a token measured on drafted steps (the lowest reading);
