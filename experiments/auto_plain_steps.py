@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""What `--tree-budget auto`'s plain arm costs a token against plain decoding, in one
+process and one engine (draft-simple beside the target), requests taking turns: the same
+prompt decoded plainly (speculative=False) and through auto once it holds plain decoding
+(its first request, which drafts its cold steps, is not timed). Both run the library's
+one-row decode call; auto's arm adds the speculative loop's bookkeeping around it.
+
+    .venv/bin/python experiments/auto_plain_steps.py [-m qwen2.5-coder-1.5b] [-md qwen2.5-coder-0.5b]
+        [-n 128] [-t 2] [-r 8] [--out results/auto-plain-steps-DATE.json]
+
+The rate is GenerationStats.decode_tps (greedy, after the first token)."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from dflash_gguf import Engine
+from dflash_gguf.bench import provenance
+from dflash_gguf.tools import real_models
+
+PROMPT = "Write a long essay about the history of the Python programming language.\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("-md", "--model-draft", default="qwen2.5-coder-0.5b")
+    p.add_argument("-n", "--n-predict", type=int, default=128)
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-r", "--repetitions", type=int, default=8)
+    p.add_argument("--out", type=Path, default=Path("results") / f"auto-plain-steps-{dt.date.today()}.json")
+    a = p.parse_args(argv)
+    path = lambda name: str(real_models.path(name)) if name in real_models.MODELS else name
+    os.environ["DFLASH_AUTO_MEMORY"] = "off"  # this process's auto only
+    doc = provenance.results_doc("experiments/auto_plain_steps.py", sys.argv[1:] if argv is None else argv,
+                                 model=path(a.model), draft=path(a.model_draft), threads=a.threads,
+                                 n_predict=a.n_predict, load_average={"before": provenance.load_average()}, runs=[])
+    with Engine(path(a.model), path(a.model_draft), spec_type="draft-simple", tree_budget="auto", n_ctx=4096,
+                n_threads=a.threads) as engine:
+        engine.prepare_auto()
+        engine.generate(PROMPT, a.n_predict, stop_tokens=())  # auto's cold steps: not timed
+        for rep in range(a.repetitions):
+            order = ("plain", "auto") if rep % 2 == 0 else ("auto", "plain")
+            for arm in order:
+                r = engine.generate(PROMPT, a.n_predict, stop_tokens=(), speculative=arm == "auto")
+                doc["runs"].append({"rep": rep, "arm": arm, "decode_tps": r.stats.decode_tps,
+                                    "drafted": r.stats.drafted_tokens})
+                print(f"[auto-plain-steps] rep {rep + 1} {arm}: {r.stats.decode_tps:.2f} tok/s, "
+                      f"{r.stats.drafted_tokens} drafted", flush=True)
+    doc["load_average"]["after"] = provenance.load_average()
+    tps = {arm: [x["decode_tps"] for x in doc["runs"] if x["arm"] == arm] for arm in ("plain", "auto")}
+    ratios = [x / y for x, y in zip(tps["auto"], tps["plain"])]
+    doc["summary"] = {"plain_tps": statistics.median(tps["plain"]), "auto_tps": statistics.median(tps["auto"]),
+                      "auto_over_plain_per_rep": ratios, "auto_over_plain_median": statistics.median(ratios)}
+    provenance.write_results(a.out, doc)
+    print(f"auto / plain per repetition: {statistics.median(ratios):.3f} [{min(ratios):.3f}-{max(ratios):.3f}]; "
+          f"plain {doc['summary']['plain_tps']:.2f}, auto {doc['summary']['auto_tps']:.2f} tok/s")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
