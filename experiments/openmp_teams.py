@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import subprocess
@@ -84,8 +83,7 @@ def main(argv=None) -> int:
     base = by_arm["one thread"]
     doc["summary"] = {arm: {"median_tps": statistics.median(v), "min_tps": min(v), "max_tps": max(v),
                             "over_one_thread_per_rep": [x / b for x, b in zip(v, base)]} for arm, v in by_arm.items()}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    provenance.write_results(a.out, doc)
     for arm, s in doc["summary"].items():
         ratios = s["over_one_thread_per_rep"]
         print(f"{arm:12s} {s['median_tps']:.1f} tok/s [{s['min_tps']:.1f}-{s['max_tps']:.1f}]  "

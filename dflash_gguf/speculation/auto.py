@@ -404,14 +404,13 @@ class AutoBudget:
         self.current = p.current if p else CHAIN
         self.probed = False  # the last step chosen was a probe: the decision after it spaces the next
         self.steps = self.run = 0  # steps, and steps since a switch
-        # cold: no chooser before it decided anything (none, or ones whose sequences all
+        # cold (not decided): no chooser before it decided anything (none, or ones whose sequences all
         # ended first: a short warm-up request hands on the chain it started on, not a
         # choice). A cold chooser decides as soon as one chain step is timed (the steps
         # before build graphs): a short first request would otherwise spend most of its
         # steps on an arm that may not pay; and its first step is a probe (choose)
         self.decided = p.decided if p else False
-        self.cold = not self.decided
-        self.next_decision = self.SETTLE + 2 if self.cold else self.DECIDE_EVERY
+        self.next_decision = self.DECIDE_EVERY if self.decided else self.SETTLE + 2
         self.next_survey = self.SETTLE + 1
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
         # plain steps left before the next probe: carried from sequence to sequence, since
@@ -455,7 +454,7 @@ class AutoBudget:
             if self.to_probe <= 0:  # a probe: on plain decoding nothing else says what drafts would bring
                 arm, probe, self.to_probe = CHAIN, True, self.probe_gap
                 self.next_decision = self.steps + 1
-        elif self.cold and self.steps == 1:
+        elif not self.decided and self.steps == 1:
             # a cold chooser drafts its first step as a probe, its drafter caught up on at
             # most COLD_LAG tokens, not on the whole prompt
             probe = True
