@@ -6,13 +6,17 @@ prompt decoded plainly (speculative=False) and through auto once it holds plain 
 one-row decode call; auto's arm adds the speculative loop's bookkeeping around it.
 
     .venv/bin/python experiments/auto_plain_steps.py [-m qwen2.5-coder-1.5b] [-md qwen2.5-coder-0.5b]
-        [-n 128] [-t 2] [-r 8] [--out results/auto-plain-steps-DATE.json]
+        [-n 128] [-t 2] [-r 8] [--depth TOKENS] [--out results/auto-plain-steps-DATE.json]
 
-The rate is GenerationStats.decode_tps (greedy, after the first token)."""
+--depth puts about that many tokens of context before the request (the start of Python's
+own argparse.py, repeated as needed), where a step reads the whole cache; the engine keeps
+the prompt's cache from one request to the next, so only the first one fills it. The rate
+is GenerationStats.decode_tps (greedy, after the first token)."""
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import argparse as argparse_module
 import os
 import statistics
 import sys
@@ -25,6 +29,15 @@ from dflash_gguf.tools import real_models
 PROMPT = "Write a long essay about the history of the Python programming language.\n"
 
 
+def prompt_at(engine: Engine, depth: int) -> list:
+    """PROMPT's tokens after `depth` tokens of Python source: a request at depth."""
+    source = Path(argparse_module.__file__).read_text()
+    tokens = []
+    while len(tokens) < depth:
+        tokens += engine.encode(source)
+    return tokens[:depth] + engine.encode("\n\n" + PROMPT)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
@@ -32,23 +45,27 @@ def main(argv=None) -> int:
     p.add_argument("-n", "--n-predict", type=int, default=128)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-r", "--repetitions", type=int, default=8)
+    p.add_argument("--depth", type=int, default=0, help="tokens of context before the request (default 0)")
     p.add_argument("--out", type=Path, default=Path("results") / f"auto-plain-steps-{dt.date.today()}.json")
     a = p.parse_args(argv)
     path = lambda name: str(real_models.path(name)) if name in real_models.MODELS else name
     os.environ["DFLASH_AUTO_MEMORY"] = "off"  # this process's auto only
     doc = provenance.results_doc("experiments/auto_plain_steps.py", sys.argv[1:] if argv is None else argv,
                                  model=path(a.model), draft=path(a.model_draft), threads=a.threads,
-                                 n_predict=a.n_predict, load_average={"before": provenance.load_average()}, runs=[])
-    with Engine(path(a.model), path(a.model_draft), spec_type="draft-simple", tree_budget="auto", n_ctx=4096,
+                                 n_predict=a.n_predict, depth=a.depth, load_average={"before": provenance.load_average()}, runs=[])
+    with Engine(path(a.model), path(a.model_draft), spec_type="draft-simple", tree_budget="auto",
+                n_ctx=4096 + a.depth,
                 n_threads=a.threads) as engine:
         engine.prepare_auto()
-        engine.generate(PROMPT, a.n_predict, stop_tokens=())  # auto's cold steps: not timed
+        prompt = prompt_at(engine, a.depth)
+        engine.generate(prompt, a.n_predict, stop_tokens=())  # auto's cold steps and the prompt's fill: not timed
         for rep in range(a.repetitions):
             order = ("plain", "auto") if rep % 2 == 0 else ("auto", "plain")
             for arm in order:
-                r = engine.generate(PROMPT, a.n_predict, stop_tokens=(), speculative=arm == "auto")
+                r = engine.generate(prompt, a.n_predict, stop_tokens=(), speculative=arm == "auto")
                 doc["runs"].append({"rep": rep, "arm": arm, "decode_tps": r.stats.decode_tps,
-                                    "drafted": r.stats.drafted_tokens})
+                                    "drafted": r.stats.drafted_tokens,
+                                    "reused_prompt_tokens": r.stats.reused_tokens})
                 print(f"[auto-plain-steps] rep {rep + 1} {arm}: {r.stats.decode_tps:.2f} tok/s, "
                       f"{r.stats.drafted_tokens} drafted", flush=True)
     doc["load_average"]["after"] = provenance.load_average()
