@@ -8,10 +8,11 @@ one-row decode call; auto's arm adds the speculative loop's bookkeeping around i
     .venv/bin/python experiments/auto_plain_steps.py [-m qwen2.5-coder-1.5b] [-md qwen2.5-coder-0.5b]
         [-n 128] [-t 2] [-r 8] [--depth TOKENS] [--out results/auto-plain-steps-DATE.json]
 
---depth puts about that many tokens of context before the request (the start of Python's
-own argparse.py, repeated as needed), where a step reads the whole cache; the engine keeps
-the prompt's cache from one request to the next, so only the first one fills it. The rate
-is GenerationStats.decode_tps (greedy, after the first token)."""
+--depth puts that many tokens of context before the request (Python's own argparse.py,
+repeated as needed), where a step reads the whole cache; each request fills it again
+(Engine.generate keeps no prompt cache from call to call: reused_prompt_tokens 0), which
+takes most of the run's time at depth. The rate is GenerationStats.decode_tps (greedy,
+after the first token)."""
 from __future__ import annotations
 
 import argparse

@@ -6,7 +6,8 @@ then it holds plain decoding on this pair), each arm a fresh process, arms takin
 Each child runs as dflash-server does: it loads (and prepares auto) on its main thread,
 hands that thread's OpenMP team back, and decodes on a second thread. The first turn's
 prompt is --depth tokens of Python source and a question; the second's extends it by
---grow tokens more (reusing the first's cache), as an agent's next turn does.
+--grow tokens more, as an agent's next turn does (and fills its context again:
+Engine.generate keeps no prompt cache from call to call, where dflash-server's slots do).
 
     .venv/bin/python experiments/drafter_held.py [-m qwen2.5-coder-1.5b] [-md qwen2.5-coder-0.5b]
         [-n 128] [-t 2] [-r 3] [--depth 4500] [--grow 3000] [--out results/drafter-held-DATE.json]
