@@ -39,13 +39,18 @@ def prompt_at(engine: Engine, depth: int) -> list:
     return tokens[:depth] + engine.encode("\n\n" + PROMPT)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def pair_arguments(p: argparse.ArgumentParser, repetitions: int) -> None:
+    """The flags of an experiment on the 1.5B beside its 0.5B drafter (drafter_held.py's too)."""
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
     p.add_argument("-md", "--model-draft", default="qwen2.5-coder-0.5b")
     p.add_argument("-n", "--n-predict", type=int, default=128)
     p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("-r", "--repetitions", type=int, default=8)
+    p.add_argument("-r", "--repetitions", type=int, default=repetitions)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    pair_arguments(p, repetitions=8)
     p.add_argument("--depth", type=int, default=0, help="tokens of context before the request (default 0)")
     p.add_argument("--out", type=Path, default=Path("results") / f"auto-plain-steps-{dt.date.today()}.json")
     a = p.parse_args(argv)

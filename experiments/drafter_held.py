@@ -26,6 +26,9 @@ from pathlib import Path
 from dflash_gguf.bench import provenance
 from dflash_gguf.tools import real_models
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from auto_plain_steps import pair_arguments  # noqa: E402  (a sibling script: the same flags)
+
 ARMS = ("target alone", "drafter held")
 CHILD = """
 import argparse, sys, threading
@@ -67,11 +70,7 @@ def run(arm: str, model: str, draft: str, a) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("-md", "--model-draft", default="qwen2.5-coder-0.5b")
-    p.add_argument("-n", "--n-predict", type=int, default=128)
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("-r", "--repetitions", type=int, default=3)
+    pair_arguments(p, repetitions=3)
     p.add_argument("--depth", type=int, default=4500, help="tokens of context before the first turn (default 4500)")
     p.add_argument("--grow", type=int, default=3000, help="tokens the second turn's prompt adds (default 3000)")
     p.add_argument("--out", type=Path, default=Path("results") / f"drafter-held-{dt.date.today()}.json")
