@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import argparse as argparse_module
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ PROMPT = "Write a long essay about the history of the Python programming languag
 
 def prompt_at(engine: Engine, depth: int) -> list:
     """PROMPT's tokens after `depth` tokens of Python source: a request at depth."""
-    source = Path(argparse_module.__file__).read_text()
+    source = Path(argparse.__file__).read_text()  # the stdlib's own text
     tokens = []
     while len(tokens) < depth:
         tokens += engine.encode(source)
@@ -58,10 +57,10 @@ def main(argv=None) -> int:
     os.environ["DFLASH_AUTO_MEMORY"] = "off"  # this process's auto only
     doc = provenance.results_doc("experiments/auto_plain_steps.py", sys.argv[1:] if argv is None else argv,
                                  model=path(a.model), draft=path(a.model_draft), threads=a.threads,
-                                 n_predict=a.n_predict, depth=a.depth, load_average={"before": provenance.load_average()}, runs=[])
+                                 n_predict=a.n_predict, depth=a.depth,
+                                 load_average={"before": provenance.load_average()}, runs=[])
     with Engine(path(a.model), path(a.model_draft), spec_type="draft-simple", tree_budget="auto",
-                n_ctx=4096 + a.depth,
-                n_threads=a.threads) as engine:
+                n_ctx=4096 + a.depth, n_threads=a.threads) as engine:
         engine.prepare_auto()
         prompt = prompt_at(engine, a.depth)
         engine.generate(prompt, a.n_predict, stop_tokens=())  # auto's cold steps and the prompt's fill: not timed
