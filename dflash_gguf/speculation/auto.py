@@ -131,7 +131,7 @@ class Decision:
       probe        a chain step on plain decoding (it tells what drafts would bring there),
                    or a cold chooser's first step
       window       the most committed tokens the drafter catches up on in the step (0:
-                   all it lacks): a probe's PROBE_LAG, a cold first step's COLD_LAG,
+                   all it lacks): a probe's PROBE_LAG, a cold first step's cold_window(),
                    another's catch_up_window()
       survey       the step surveys the largest tree as well
       until_probe  (the plain arm) the plain steps that may follow it up to the next
@@ -386,20 +386,25 @@ class AutoBudget:
     # leave its drafter behind, and a probe after a long stretch would otherwise pay for
     # every token since its last draft)
     PROBE_LAG = 128
-    # ... and a cold chooser's first step: enough context to time a drafted step, which
-    # is what the first steps are for (a drafter far behind on the whole prompt took 3.6 s
-    # to catch up on 832 tokens of the 0.5B beside the 1.5B on two cores, and 0.66 s on
-    # 128, where a request may never win back what drafting costs; probes tell later
-    # what drafts from more context bring)
-    COLD_LAG = 32
+    # ... and a cold chooser's first step at least (cold_window): enough context to time
+    # a drafted step and see its drafts, which is what the first steps are for (a drafter
+    # far behind on the whole prompt took 3.6 s to catch up on 832 tokens of the 0.5B
+    # beside the 1.5B on two cores, 0.66 s on 128 and 0.24 s on 32, where a request may
+    # never win back what drafting costs; probes tell later what drafts from more
+    # context bring)
+    COLD_LAG = 8
     SURVEY_FLOOR, PROBE_FLOOR = 0.1, 0.5  # _share's floors: drafts that come back must be found soon
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, prior: Optional["AutoBudget"] = None,
-                 memory: Optional["AutoMemory"] = None):
+                 memory: Optional["AutoMemory"] = None, catch_up: Optional[float] = None):
+        """catch_up: the drafter's seconds a token of catching up, measured at load
+        (SimpleDraft.catch_up_cost), where the prior has not measured it."""
         self.memory = memory
         self.arms = auto_arms(largest)
         p = prior
         self.costs = StepCosts(cost, block, self.trees, p and p.costs)
+        if self.costs.part["catch_up"] is None:
+            self.costs.part["catch_up"] = catch_up
         self.acceptance = Acceptance(block, p and p.acceptance)
         self.current = p.current if p else CHAIN
         self.probed = False  # the last step chosen was a probe: the decision after it spaces the next
@@ -455,14 +460,26 @@ class AutoBudget:
                 arm, probe, self.to_probe = CHAIN, True, self.probe_gap
                 self.next_decision = self.steps + 1
         elif not self.decided and self.steps == 1:
-            # a cold chooser drafts its first step as a probe, its drafter caught up on at
-            # most COLD_LAG tokens, not on the whole prompt
+            # a cold chooser drafts its first step as a probe, its drafter caught up on
+            # the last cold_window() tokens, not on the whole prompt
             probe = True
         self.probed = probe
         if arm == PLAIN:
             return Decision(PLAIN, until_probe=max(self.to_probe - 1, 0))
-        window = (self.PROBE_LAG if self.current == PLAIN else self.COLD_LAG) if probe else self.catch_up_window()
+        window = (self.PROBE_LAG if self.current == PLAIN else self.cold_window()) if probe else self.catch_up_window()
         return Decision(arm, probe, bool(self.trees) and self.steps >= self.next_survey, window=window)
+
+    def cold_window(self) -> int:
+        """The most committed tokens a cold chooser's first step catches the drafter up
+        on: as many as cost a plain step's time at the cost a token measured (the step
+        then loses about one plain step to them), at least COLD_LAG, at most PROBE_LAG;
+        COLD_LAG before a cost is measured. A drafter cheap beside its target drafts the
+        first steps from more context, whose drafts say more of what drafting brings; a
+        0.5B beside the 1.5B on two cores catches up on COLD_LAG."""
+        per, plain = self.costs.part["catch_up"], self.seconds(PLAIN)
+        if not per or not plain:
+            return self.COLD_LAG
+        return min(self.PROBE_LAG, max(self.COLD_LAG, int(plain / per)))
 
     def catch_up_window(self) -> int:
         """The most committed tokens a drafted step catches the drafter up on: all it
@@ -641,13 +658,15 @@ class AutoMemory:
     when a sequence ends, at most every SAVE_EVERY seconds."""
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, saved: Optional[dict] = None,
-                 save: Optional[Callable[[dict], None]] = None):
-        self.cost, self.largest, self.block, self.save = cost, largest, block, save
+                 save: Optional[Callable[[dict], None]] = None, catch_up: Optional[float] = None):
+        """catch_up: the drafter's seconds a token of catching up, measured at load
+        (AutoBudget's), for choosers whose prior has not measured it."""
+        self.cost, self.largest, self.block, self.save, self.catch_up = cost, largest, block, save, catch_up
         self._saved_at = -math.inf  # the first sequence to end is written at once
         self.learnt: Optional[AutoBudget] = AutoBudget.restored(cost, largest, block, saved) if saved else None
 
     def chooser(self) -> AutoBudget:
-        return AutoBudget(self.cost, self.largest, self.block, self.learnt, self)
+        return AutoBudget(self.cost, self.largest, self.block, self.learnt, self, self.catch_up)
 
     SAVE_EVERY = 10.0  # seconds: a server ending many sequences a second writes the file seldom
 

@@ -27,6 +27,7 @@ class ProposerChoice:
         self.simple_draft, self.suffix_corpora = engine.simple_draft, engine.suffix_corpora
         self.n_threads, self.draft_p_min = engine.n_threads, engine.draft_p_min
         self.verify_cost: Optional[VerifyCost] = None
+        self.catch_up: Optional[float] = None  # the draft-simple model's seconds a token of catching up
         self.autos: Dict[Optional[tuple], AutoMemory] = {}
         self.hazards = RunHazards()  # every corpus key's, for the weightless kinds
 
@@ -53,10 +54,14 @@ class ProposerChoice:
 
     def measure(self) -> bool:
         """Measure the verify cost table now if the choices need it and it is not yet
-        measured; True when it was (measuring runs graphs on the target, which empties
-        every slot)."""
+        measured, and under `auto` what a token of catching up costs the draft-simple
+        model (which prices a cold chooser's first step: AutoBudget.cold_window); True
+        when it measured (measuring runs graphs on the target and the drafter, which
+        empties every slot)."""
         if self.wants_cost() and self.verify_cost is None:
             self.verify_cost = VerifyCost(self.target, self.n_threads)
+            if self.simple_draft is not None and self.wants_auto():
+                self.catch_up = self.simple_draft.catch_up_cost()
             return True
         return False
 
@@ -78,7 +83,7 @@ class ProposerChoice:
             # what an earlier process learnt on these files, settings, machine and sampling
             entry = auto_store.key(self.verify_cost.key, drafting, largest, key)
             self.autos[key] = AutoMemory(self.verify_cost, largest, block, auto_store.load(entry),
-                                         lambda state: auto_store.save(entry, state))
+                                         lambda state: auto_store.save(entry, state), self.catch_up)
         return self.autos[key].chooser()
 
     def lookahead(self, speculative: bool) -> int:

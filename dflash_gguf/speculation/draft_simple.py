@@ -251,6 +251,28 @@ class SimpleDraft:
         self.held = [Held([]) for _ in self.held]
         self.pending = [None] * len(self.pending)
 
+    CATCH_UP_PROBE = 16  # tokens catch_up_cost feeds: a cold probe's catching up is about as long
+    # its feeds: the first does the drafter's first-time work (its buffers, its weights
+    # read in), as llama.cpp's warm-up run does at load; the third is the thread
+    # governor's one look at fewer threads at the start (csrc/dfl_threads.c), which would
+    # otherwise slow a request's first drafted step
+    CATCH_UP_FEEDS = 3
+
+    def catch_up_cost(self) -> float:
+        """Seconds a token of catching up costs the drafter, fed CATCH_UP_PROBE at once
+        in slot 0 as draft() feeds what it lacks: the best of CATCH_UP_FEEDS feeds.
+        Leaves every slot empty."""
+        self._rank(0, False)
+        tokens = list(range(self.CATCH_UP_PROBE))  # any tokens cost the same
+        best = float("inf")
+        for _ in range(self.CATCH_UP_FEEDS):
+            self.model.seq_reset(0)
+            t0 = time.perf_counter()
+            self.model.step([Rows(0, DECODE, tokens, logits=LOGITS_LAST)])
+            best = min(best, time.perf_counter() - t0)
+        self.reset()
+        return best / len(tokens)
+
     # -- one slot -----------------------------------------------------------------------
     def _settle(self, slot: int, history: List[int], n_committed: int) -> Held:
         """Commit the slot's pending verify as far as the history's committed tokens (its
