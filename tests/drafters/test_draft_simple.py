@@ -370,6 +370,22 @@ def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
         assert arms["plain"]["steps"] > 3 * arms["chain"]["steps"], arms  # the second request starts on plain
 
 
+def test_auto_measures_the_drafters_catch_up_at_load_and_leaves_it_empty(files, monkeypatch):
+    """prepare_auto measures, beside the verify table, what a token of catching up costs
+    the draft-simple model (it prices a cold chooser's first step); a sequence's chooser
+    starts from it, and the drafter's memory is left empty: the output stays plain
+    decoding's."""
+    monkeypatch.setenv("DFLASH_AUTO_MEMORY", "off")
+    with Engine(files["target"], **OPTIONS) as plain:
+        want = plain.generate(TEXTS[0], 24, stop_tokens=()).tokens
+    with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:
+        assert engine.choice.catch_up is None
+        assert engine.prepare_auto()
+        assert engine.choice.catch_up > 0
+        assert engine.choice.auto_for(None).costs.part["catch_up"] == engine.choice.catch_up
+        assert engine.generate(TEXTS[0], 24, stop_tokens=()).tokens == want
+
+
 def _first_request_arms(files, text="def f(x):\n"):
     """A new engine's first auto request where drafting cannot pay: its arms' steps."""
     with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:

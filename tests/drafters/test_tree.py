@@ -848,7 +848,7 @@ def test_auto_decides_after_its_first_timed_chain_step():
 def test_a_cold_choosers_first_step_is_a_probe_and_a_warm_ones_is_not():
     """A cold chooser (none before it, or only ones whose sequences ended before their
     first decision: a short warm-up request hands on the chain it started on, not a
-    choice) drafts its first step as a probe (the drafter caught up on at most COLD_LAG
+    choice) drafts its first step as a probe (the drafter caught up on cold_window(): COLD_LAG
     tokens, not on the whole prompt), stays on the chain and decides after its first
     timed step; one that starts from a chooser that decided drafts its first step on
     the arm it was left on, catching up as that arm does."""
@@ -887,6 +887,39 @@ def test_a_drafted_step_catches_the_drafter_up_on_what_it_can_afford():
     auto.costs.part.update(catch_up=1e-5)  # a device: 32,000
     assert auto.catch_up_window() == int(AutoBudget.DECIDE_EVERY * (40e-3 + auto.costs.plain_extra) / 1e-5)
     assert auto.choose().window == auto.catch_up_window()
+
+
+def test_a_cold_choosers_first_step_catches_up_on_what_a_plain_step_costs():
+    """With the drafter's cost a token of catching up measured at load (AutoMemory's
+    catch_up), a cold chooser's first step catches it up on as many tokens as cost one
+    plain step at the sequence's depth, at least COLD_LAG and at most PROBE_LAG; a prior
+    that measured the cost itself keeps its own."""
+    from dflash_gguf.speculation.auto import PLAIN, AutoBudget, AutoMemory
+
+    class DeepCost(_Cost):  # every row reads the context: a step costs more at depth
+        def __call__(self, n, depth=0):
+            return super().__call__(n) + 1e-6 * depth
+
+        def chain(self, n, depth=0):
+            return super().chain(n) + 1e-6 * depth
+
+    cost = DeepCost(1e-3, 1e-4)
+
+    def first_window(catch_up: float, depth: int = 0) -> int:
+        chooser = AutoMemory(cost, 0, BLOCK, catch_up=catch_up).chooser()
+        chooser.at_depth(depth)
+        plain = chooser.seconds(PLAIN)
+        window = chooser.choose().window
+        assert window == min(AutoBudget.PROBE_LAG, max(AutoBudget.COLD_LAG, int(plain / catch_up)))
+        return window
+
+    assert first_window(1e-3) == AutoBudget.COLD_LAG  # a drafter dear beside the target: the floor
+    assert AutoBudget.COLD_LAG < first_window(5e-5) < AutoBudget.PROBE_LAG
+    assert first_window(5e-5, depth=4096) > first_window(5e-5)  # a dearer plain step affords more
+    assert first_window(1e-7) == AutoBudget.PROBE_LAG
+    measured = AutoBudget(cost, 0, BLOCK)
+    measured.costs.part["catch_up"] = 2e-5
+    assert AutoBudget(cost, 0, BLOCK, prior=measured, catch_up=1e-3).costs.part["catch_up"] == 2e-5
 
 
 def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
