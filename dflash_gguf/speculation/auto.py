@@ -181,9 +181,12 @@ class StepCosts:
     of it: no drafter runs, verifying.decode_call; kept as at no depth, what the table
     says the depth added taken off), a tree's host work per node (ranking, building,
     walking; before a tree has run, a survey's per node). Besides, what prices probes:
-    a probe's whole step, and the drafter's catching up a token."""
+    a probe's whole step, and the drafter's catching up a token; and, where the
+    drafter's work was priced at load (draft-simple's model: SimpleDraft.prices), its
+    own part of a drafted step (`drafter`), which stands for `drafted` until a chain
+    step is timed: the least that part can be."""
 
-    PARTS = ("drafted", "plain", "node", "survey", "probe", "catch_up")
+    PARTS = ("drafted", "plain", "node", "survey", "probe", "catch_up", "drafter")
     DEPTH_STEP = 64  # the tables are priced anew when the depth has moved this far
 
     def __init__(self, cost: VerifyCost, block: int, trees: List[int], prior: Optional["StepCosts"] = None):
@@ -202,18 +205,25 @@ class StepCosts:
         self.verify_tree = {b: float(cost(b + 1, depth)) for b in self.trees}
         self.plain_extra = self.verify_chain[1] - float(cost.chain(1))  # what the depth adds to a plain step
 
+    def drafted(self) -> Optional[float]:
+        """A drafted step's work besides its verify: as measured, else the drafter's
+        own priced at load (None while neither is known)."""
+        part = self.part
+        return part["drafted"] if part["drafted"] is not None else part["drafter"]
+
     def seconds(self, arm: int, drafts: float) -> Optional[float]:
         """An arm's expected step time, the chain's verifying `drafts` drafts (None while
         a part it needs is unmeasured)."""
         part = self.part
         if arm == PLAIN:  # before it has run: priced by a verify of one row, and soon measured if chosen
             return part["plain"] + self.plain_extra if part["plain"] is not None else self.verify_chain[1]
-        if part["drafted"] is None:
+        drafted = self.drafted()
+        if drafted is None:
             return None
         if arm == CHAIN:
-            return part["drafted"] + _at(self.verify_chain, 1 + drafts)
+            return drafted + _at(self.verify_chain, 1 + drafts)
         node = part["node"] if part["node"] is not None else part["survey"]
-        return None if node is None else part["drafted"] + node * arm + self.verify_tree[arm]
+        return None if node is None else drafted + node * arm + self.verify_tree[arm]
 
     def measured(self, kind: str, seconds: float) -> None:
         """A reading of one part of a step."""
@@ -279,7 +289,7 @@ class Acceptance:
         cal, verify_chain = self.spine, costs.verify_chain
         edges, accepted, predicted = cal.EDGES, cal.accepted, cal.predicted
         prior = cal.PRIOR * cal.weight
-        base = costs.part["drafted"] or 0.0
+        base = costs.drafted() or 0.0
         p, tokens, best, n, at_n = 1.0, 1.0, 0.0, 1, 1.0
         probs = []
         for i, lp in enumerate(top1.tolist()):  # a few numbers: plain Python is quickest
@@ -396,15 +406,16 @@ class AutoBudget:
     SURVEY_FLOOR, PROBE_FLOOR = 0.1, 0.5  # _share's floors: drafts that come back must be found soon
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, prior: Optional["AutoBudget"] = None,
-                 memory: Optional["AutoMemory"] = None, catch_up: Optional[float] = None):
-        """catch_up: the drafter's seconds a token of catching up, measured at load
-        (SimpleDraft.catch_up_cost), where the prior has not measured it."""
+                 memory: Optional["AutoMemory"] = None, prices: Optional[Dict[str, float]] = None):
+        """prices: step parts priced at load (the drafter's catching up a token and its
+        drafting a step: SimpleDraft.prices), for those the prior has not measured."""
         self.memory = memory
         self.arms = auto_arms(largest)
         p = prior
         self.costs = StepCosts(cost, block, self.trees, p and p.costs)
-        if self.costs.part["catch_up"] is None:
-            self.costs.part["catch_up"] = catch_up
+        for kind, seconds in (prices or {}).items():
+            if self.costs.part[kind] is None:
+                self.costs.part[kind] = seconds
         self.acceptance = Acceptance(block, p and p.acceptance)
         self.current = p.current if p else CHAIN
         self.probed = False  # the last step chosen was a probe: the decision after it spaces the next
@@ -413,9 +424,13 @@ class AutoBudget:
         # ended first: a short warm-up request hands on the chain it started on, not a
         # choice). A cold chooser decides as soon as one chain step is timed (the steps
         # before build graphs): a short first request would otherwise spend most of its
-        # steps on an arm that may not pay; and its first step is a probe (choose)
+        # steps on an arm that may not pay; and its first step is a probe (choose). Where
+        # the drafter's work was priced at load, it decides after that probe already:
+        # the chain priced at the least it can cost may lose to plain decoding from what
+        # the probe's drafts say, with no chain step timed (on two cores, a 0.5B drafting
+        # for the 1.5B made a chain step cost three plain ones)
         self.decided = p.decided if p else False
-        self.next_decision = self.DECIDE_EVERY if self.decided else self.SETTLE + 2
+        self.next_decision = self.DECIDE_EVERY if self.decided else self._first_decision()
         self.next_survey = self.SETTLE + 1
         self.probe_gap = p.probe_gap if p else self.DECIDE_EVERY  # plain steps between probes
         # plain steps left before the next probe: carried from sequence to sequence, since
@@ -493,6 +508,11 @@ class AutoBudget:
             return self.PROBE_LAG
         return max(self.PROBE_LAG, int(self.DECIDE_EVERY * plain / per))
 
+    def _first_decision(self) -> int:
+        """The step a cold chooser first decides at: after its first timed chain step,
+        or after its probe where the chain is priced before one is timed."""
+        return 2 if self.costs.part["drafted"] is None and self.costs.drafted() is not None else self.SETTLE + 2
+
     def _decide(self) -> None:
         self.next_decision = self.steps + self.DECIDE_EVERY
         self.decided = True
@@ -501,6 +521,9 @@ class AutoBudget:
         switch = best != self.current and rates[best] > self.SWITCH_GAIN * rates[self.current]
         if switch:
             self.current, self.run = best, 0
+        elif self.current == CHAIN and self.costs.part["drafted"] is None:
+            # the chain kept on its least price: decided again once a step of it is timed
+            self.next_decision = self.SETTLE + 2
         if self.current == PLAIN and rates[CHAIN] and (switch or self.probed):
             # on plain decoding the next probe comes as late as keeps what probes lose
             # against plain within their share of the time (_share, by how close the
@@ -658,15 +681,15 @@ class AutoMemory:
     when a sequence ends, at most every SAVE_EVERY seconds."""
 
     def __init__(self, cost: VerifyCost, largest: int, block: int, saved: Optional[dict] = None,
-                 save: Optional[Callable[[dict], None]] = None, catch_up: Optional[float] = None):
-        """catch_up: the drafter's seconds a token of catching up, measured at load
-        (AutoBudget's), for choosers whose prior has not measured it."""
-        self.cost, self.largest, self.block, self.save, self.catch_up = cost, largest, block, save, catch_up
+                 save: Optional[Callable[[dict], None]] = None, prices: Optional[Dict[str, float]] = None):
+        """prices: step parts priced at load (AutoBudget's), for choosers whose prior has
+        not measured them."""
+        self.cost, self.largest, self.block, self.save, self.prices = cost, largest, block, save, prices
         self._saved_at = -math.inf  # the first sequence to end is written at once
         self.learnt: Optional[AutoBudget] = AutoBudget.restored(cost, largest, block, saved) if saved else None
 
     def chooser(self) -> AutoBudget:
-        return AutoBudget(self.cost, self.largest, self.block, self.learnt, self, self.catch_up)
+        return AutoBudget(self.cost, self.largest, self.block, self.learnt, self, self.prices)
 
     SAVE_EVERY = 10.0  # seconds: a server ending many sequences a second writes the file seldom
 

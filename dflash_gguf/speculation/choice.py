@@ -27,7 +27,7 @@ class ProposerChoice:
         self.simple_draft, self.suffix_corpora = engine.simple_draft, engine.suffix_corpora
         self.n_threads, self.draft_p_min = engine.n_threads, engine.draft_p_min
         self.verify_cost: Optional[VerifyCost] = None
-        self.catch_up: Optional[float] = None  # the draft-simple model's seconds a token of catching up
+        self.draft_prices: Dict[str, float] = {}  # the draft-simple model's work, priced at load (auto's parts)
         self.autos: Dict[Optional[tuple], AutoMemory] = {}
         self.hazards = RunHazards()  # every corpus key's, for the weightless kinds
 
@@ -54,14 +54,15 @@ class ProposerChoice:
 
     def measure(self) -> bool:
         """Measure the verify cost table now if the choices need it and it is not yet
-        measured, and under `auto` what a token of catching up costs the draft-simple
-        model (which prices a cold chooser's first step: AutoBudget.cold_window); True
-        when it measured (measuring runs graphs on the target and the drafter, which
-        empties every slot)."""
+        measured, and under `auto` what the draft-simple model's work costs (its catching
+        up a token and a drafted step's drafting, SimpleDraft.prices: they price a cold
+        chooser's first steps, AutoBudget.cold_window and its first decision); True when
+        it measured (measuring runs graphs on the target and the drafter, which empties
+        every slot)."""
         if self.wants_cost() and self.verify_cost is None:
             self.verify_cost = VerifyCost(self.target, self.n_threads)
             if self.simple_draft is not None and self.wants_auto():
-                self.catch_up = self.simple_draft.catch_up_cost()
+                self.draft_prices = self.simple_draft.prices(self.setup.simple.n_max)
             return True
         return False
 
@@ -83,7 +84,7 @@ class ProposerChoice:
             # what an earlier process learnt on these files, settings, machine and sampling
             entry = auto_store.key(self.verify_cost.key, drafting, largest, key)
             self.autos[key] = AutoMemory(self.verify_cost, largest, block, auto_store.load(entry),
-                                         lambda state: auto_store.save(entry, state), self.catch_up)
+                                         lambda state: auto_store.save(entry, state), self.draft_prices)
         return self.autos[key].chooser()
 
     def lookahead(self, speculative: bool) -> int:

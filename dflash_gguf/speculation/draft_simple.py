@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -251,27 +251,39 @@ class SimpleDraft:
         self.held = [Held([]) for _ in self.held]
         self.pending = [None] * len(self.pending)
 
-    CATCH_UP_PROBE = 16  # tokens catch_up_cost feeds: a cold probe's catching up is about as long
+    CATCH_UP_PROBE = 16  # tokens prices() feeds: a cold probe's catching up is about as long
     # its feeds: the first does the drafter's first-time work (its buffers, its weights
     # read in), as llama.cpp's warm-up run does at load; the third is the thread
     # governor's one look at fewer threads at the start (csrc/dfl_threads.c), which would
     # otherwise slow a request's first drafted step
     CATCH_UP_FEEDS = 3
+    DRAFT_STEPS = 3  # drafted steps prices() times after the feeds, the best kept
 
-    def catch_up_cost(self) -> float:
-        """Seconds a token of catching up costs the drafter, fed CATCH_UP_PROBE at once
-        in slot 0 as draft() feeds what it lacks: the best of CATCH_UP_FEEDS feeds.
-        Leaves every slot empty."""
+    def prices(self, n_max: int) -> Dict[str, float]:
+        """What the drafter's work costs, in seconds, as `auto`'s step parts
+        (speculation/auto.py StepCosts): "catch_up", a token of catching up, fed
+        CATCH_UP_PROBE at once in slot 0 as draft() feeds what it lacks (the best of
+        CATCH_UP_FEEDS feeds); "drafter", a drafted step's drafter work, the bonus taken
+        and n_max drafts made as draft() makes them (the best of DRAFT_STEPS): the least a
+        chain step adds to its verify. Leaves every slot empty."""
         self._rank(0, False)
-        tokens = list(range(self.CATCH_UP_PROBE))  # any tokens cost the same
-        best = float("inf")
+        history = list(range(self.CATCH_UP_PROBE))  # any tokens cost the same
+        feed = float("inf")
         for _ in range(self.CATCH_UP_FEEDS):
             self.model.seq_reset(0)
             t0 = time.perf_counter()
-            self.model.step([Rows(0, DECODE, tokens, logits=LOGITS_LAST)])
-            best = min(best, time.perf_counter() - t0)
+            self.model.step([Rows(0, DECODE, history, logits=LOGITS_LAST)])
+            feed = min(feed, time.perf_counter() - t0)
         self.reset()
-        return best / len(tokens)
+        self.draft(0, history, n_max)  # takes the history, drafts after it
+        step = float("inf")
+        for _ in range(self.DRAFT_STEPS):
+            history.append(len(history))  # a bonus after drafts the target did not take
+            t0 = time.perf_counter()
+            self.draft(0, history, n_max)
+            step = min(step, time.perf_counter() - t0)
+        self.reset()
+        return {"catch_up": feed / self.CATCH_UP_PROBE, "drafter": step}
 
     # -- one slot -----------------------------------------------------------------------
     def _settle(self, slot: int, history: List[int], n_committed: int) -> Held:

@@ -370,19 +370,24 @@ def test_auto_decodes_plainly_where_drafting_cannot_pay(files):
         assert arms["plain"]["steps"] > 3 * arms["chain"]["steps"], arms  # the second request starts on plain
 
 
-def test_auto_measures_the_drafters_catch_up_at_load_and_leaves_it_empty(files, monkeypatch):
-    """prepare_auto measures, beside the verify table, what a token of catching up costs
-    the draft-simple model (it prices a cold chooser's first step); a sequence's chooser
-    starts from it, and the drafter's memory is left empty: the output stays plain
-    decoding's."""
+def test_auto_prices_the_drafters_work_at_load_and_leaves_it_empty(files, monkeypatch):
+    """prepare_auto measures, beside the verify table, what the draft-simple model's work
+    costs (a token of catching up, which prices a cold chooser's first step; a drafted
+    step's drafting, which prices the chain before a step of it is timed); a sequence's
+    chooser starts from them, and the drafter's memory is left empty: the output stays
+    plain decoding's."""
     monkeypatch.setenv("DFLASH_AUTO_MEMORY", "off")
     with Engine(files["target"], **OPTIONS) as plain:
         want = plain.generate(TEXTS[0], 24, stop_tokens=()).tokens
     with Engine(files["target"], files["q8"], spec_draft_n_max=3, tree_budget="auto", **OPTIONS) as engine:
-        assert engine.choice.catch_up is None
+        assert engine.choice.draft_prices == {}
         assert engine.prepare_auto()
-        assert engine.choice.catch_up > 0
-        assert engine.choice.auto_for(None).costs.part["catch_up"] == engine.choice.catch_up
+        prices = engine.choice.draft_prices
+        assert set(prices) == {"catch_up", "drafter"} and min(prices.values()) > 0, prices
+        # three drafts cost more than a token's share of a 16-token feed
+        assert prices["drafter"] > prices["catch_up"], prices
+        part = engine.choice.auto_for(None).costs.part
+        assert (part["catch_up"], part["drafter"]) == (prices["catch_up"], prices["drafter"])
         assert engine.generate(TEXTS[0], 24, stop_tokens=()).tokens == want
 
 

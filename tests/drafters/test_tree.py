@@ -845,6 +845,28 @@ def test_auto_decides_after_its_first_timed_chain_step():
     assert arms[:first] == [CHAIN] * first and set(arms[first:]) == {PLAIN}, arms
 
 
+def test_a_cold_chooser_priced_at_load_decides_after_its_probe():
+    """Where the drafter's work a step was priced at load (the `drafter` part), a cold
+    chooser prices the chain before one is timed, at the least it can cost: drafts the
+    target never takes, and it decodes plainly from the step after its probe. A chain
+    that pays at that price is kept until a step of it is timed, as before, and left
+    when the timed step costs more than it pays."""
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
+
+    failing = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
+    auto = AutoBudget(failing.cost, 0, failing.depth + 1, prices={"drafter": failing.drafted})
+    arms = [a for a, _, _ in simulate_auto(failing, steps=AutoBudget.DECIDE_EVERY, auto=auto)]
+    assert arms == [CHAIN] + [PLAIN] * (AutoBudget.DECIDE_EVERY - 1), arms
+    # good drafts priced cheap at load, a drafted step dear when timed (a drafter slower in
+    # use than at load): the chain until its first timed step, then plain decoding
+    dear = SimPair(**{**CPU, "drafted": 5e-3}, **GOOD)
+    assert max(dear.true_rates(()).items(), key=lambda kv: kv[1])[0] == PLAIN
+    auto = AutoBudget(dear.cost, 0, dear.depth + 1, prices={"drafter": CPU["drafted"]})
+    arms = [a for a, _, _ in simulate_auto(dear, steps=AutoBudget.DECIDE_EVERY, auto=auto)]
+    first = AutoBudget.SETTLE + 1
+    assert arms[:first] == [CHAIN] * first and set(arms[first:]) == {PLAIN}, arms
+
+
 def test_a_cold_choosers_first_step_is_a_probe_and_a_warm_ones_is_not():
     """A cold chooser (none before it, or only ones whose sequences ended before their
     first decision: a short warm-up request hands on the chain it started on, not a
@@ -891,7 +913,7 @@ def test_a_drafted_step_catches_the_drafter_up_on_what_it_can_afford():
 
 def test_a_cold_choosers_first_step_catches_up_on_what_a_plain_step_costs():
     """With the drafter's cost a token of catching up measured at load (AutoMemory's
-    catch_up), a cold chooser's first step catches it up on as many tokens as cost one
+    prices), a cold chooser's first step catches it up on as many tokens as cost one
     plain step at the sequence's depth, at least COLD_LAG and at most PROBE_LAG; a prior
     that measured the cost itself keeps its own."""
     from dflash_gguf.speculation.auto import PLAIN, AutoBudget, AutoMemory
@@ -906,7 +928,7 @@ def test_a_cold_choosers_first_step_catches_up_on_what_a_plain_step_costs():
     cost = DeepCost(1e-3, 1e-4)
 
     def first_window(catch_up: float, depth: int = 0) -> int:
-        chooser = AutoMemory(cost, 0, BLOCK, catch_up=catch_up).chooser()
+        chooser = AutoMemory(cost, 0, BLOCK, prices={"catch_up": catch_up}).chooser()
         chooser.at_depth(depth)
         plain = chooser.seconds(PLAIN)
         window = chooser.choose().window
@@ -919,7 +941,7 @@ def test_a_cold_choosers_first_step_catches_up_on_what_a_plain_step_costs():
     assert first_window(1e-7) == AutoBudget.PROBE_LAG
     measured = AutoBudget(cost, 0, BLOCK)
     measured.costs.part["catch_up"] = 2e-5
-    assert AutoBudget(cost, 0, BLOCK, prior=measured, catch_up=1e-3).costs.part["catch_up"] == 2e-5
+    assert AutoBudget(cost, 0, BLOCK, prior=measured, prices={"catch_up": 1e-3}).costs.part["catch_up"] == 2e-5
 
 
 def test_a_probe_is_priced_with_catching_the_drafter_up_until_one_is_measured():
