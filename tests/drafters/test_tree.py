@@ -1365,6 +1365,34 @@ def test_what_depth_adds_is_measured_within_a_round(monkeypatch, slow):
     assert target.n_past == 0  # reset afterwards
 
 
+@pytest.mark.parametrize("slow, rounds, agreed", [((1.6, 1.0), 3, True), ((1.0, 1.6), 3, True),
+                                                 ((1.0, 1.1), 2, True), ((1.0, 1.6, 2.6), 3, False)])
+def test_one_slow_round_gets_another_and_the_floor_seen_twice_is_kept(monkeypatch, slow, rounds, agreed):
+    """Rounds slowed by `slow` in turn (then none): a round 1.6x slow (a busy moment on a
+    noisy VM) makes the table time a third round, and two rounds agreeing keep it, the
+    figure the floor and not the slow round; no two rounds of three agreeing leave the
+    table to its own process, as a busy machine's."""
+    from types import SimpleNamespace
+
+    from dflash_gguf.speculation import verify_cost
+
+    target, calls = _ClockedTarget(), []
+    monkeypatch.setattr(verify_cost, "time", SimpleNamespace(perf_counter=lambda: target.now))
+    time_sizes = verify_cost._time_sizes
+
+    def timed_round(t, sizes, tree, repeats):
+        target.slow = slow[len(calls)] if len(calls) < len(slow) else 1.0
+        calls.append(sizes)
+        return time_sizes(t, sizes, tree, repeats)
+
+    monkeypatch.setattr(verify_cost, "_time_sizes", timed_round)
+    got, ok = verify_cost.measure_verify_cost(target, [1, 4, 8], tree=False)
+    assert (len(calls), ok) == (rounds, agreed)
+    if agreed:
+        # each verify keeps a cell: the least is within a few dozen cells of SHALLOW, far below 1.6x
+        assert got == {n: pytest.approx(n * (1e-2 + 1e-5 * verify_cost.SHALLOW), rel=0.05) for n in (1, 4, 8)}
+
+
 def test_verify_cost_on_a_busy_machine_is_not_cached(pair, tmp_path, monkeypatch):
     """Where a size's two rounds disagree (another process took the cores), the table
     serves the run that measured it and is not written: the next run measures again."""
