@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weightless_replay import replay  # noqa: E402  (a sibling script: the same replay)
+from weightless_replay import proposer_of, replay  # noqa: E402  (a sibling script: the same replay)
 
 from dflash_gguf import Engine  # noqa: E402
 from dflash_gguf.bench.provenance import machine, results_doc, versions, write_results  # noqa: E402
@@ -148,7 +148,7 @@ def real_rows(args, doc: dict) -> None:
                 lengths = chain_lengths(choice, len(prompt), full, DEFAULT_SIMPLE_N_MAX)
                 rows = [{"drafter": "draft-simple", "passes": len(lengths), "al": round(al(lengths), 3)}]
                 for kinds in arms:
-                    got = replay(kinds, [(prompt, out)], cost, args.spec_draft_n_max)
+                    got = replay(proposer_of(kinds, cost, args.spec_draft_n_max), [(prompt, out)], cost)
                     rows.append({"drafter": ",".join(kinds), "passes": got["passes"], "drafted": got["drafted"],
                                  "accepted": got["accepted"],
                                  "al": round((got["accepted"] + got["passes"]) / got["passes"], 3)})
