@@ -425,7 +425,8 @@ class AutoBudget:
         # choice). A cold chooser decides as soon as one chain step is timed (the steps
         # before build graphs): a short first request would otherwise spend most of its
         # steps on an arm that may not pay; and its first step is a probe (choose). Where
-        # the drafter's work was priced at load, it decides after that probe already:
+        # the chain has a price (the drafter's work priced at load, or a drafted step an
+        # earlier sequence timed), it decides after that probe already:
         # the chain priced at the least it can cost may lose to plain decoding from what
         # the probe's drafts say, with no chain step timed (on two cores, a 0.5B drafting
         # for the 1.5B made a chain step cost three plain ones)
@@ -491,10 +492,8 @@ class AutoBudget:
         COLD_LAG before a cost is measured. A drafter cheap beside its target drafts the
         first steps from more context, whose drafts say more of what drafting brings; a
         0.5B beside the 1.5B on two cores catches up on COLD_LAG."""
-        per, plain = self.costs.part["catch_up"], self.seconds(PLAIN)
-        if not per or not plain:
-            return self.COLD_LAG
-        return min(self.PROBE_LAG, max(self.COLD_LAG, int(plain / per)))
+        tokens = self._catch_up_per_plain_step()
+        return self.COLD_LAG if tokens is None else min(self.PROBE_LAG, max(self.COLD_LAG, int(tokens)))
 
     def catch_up_window(self) -> int:
         """The most committed tokens a drafted step catches the drafter up on: all it
@@ -503,15 +502,20 @@ class AutoBudget:
         turn's new prompt behind a chain in use (a tool's output of hundreds of tokens)
         would otherwise cost seconds on a CPU that a short reply never wins back: a 37-token
         reply after 700 new tokens ran at 0.26x plain."""
+        tokens = self._catch_up_per_plain_step()
+        return self.PROBE_LAG if tokens is None else max(self.PROBE_LAG, int(self.DECIDE_EVERY * tokens))
+
+    def _catch_up_per_plain_step(self) -> Optional[float]:
+        """How many committed tokens the drafter catches up on in a plain step's time, at
+        the cost a token measured (None before both are known)."""
         per, plain = self.costs.part["catch_up"], self.seconds(PLAIN)
-        if not per or not plain:
-            return self.PROBE_LAG
-        return max(self.PROBE_LAG, int(self.DECIDE_EVERY * plain / per))
+        return plain / per if per and plain else None
 
     def _first_decision(self) -> int:
-        """The step a cold chooser first decides at: after its first timed chain step,
-        or after its probe where the chain is priced before one is timed."""
-        return 2 if self.costs.part["drafted"] is None and self.costs.drafted() is not None else self.SETTLE + 2
+        """The step a cold chooser first decides at: right after its probe where the
+        chain has a price (a drafted step timed by an earlier sequence, or the drafter's
+        work priced at load), else after its first timed chain step."""
+        return 2 if self.costs.drafted() is not None else self.SETTLE + 2
 
     def _decide(self) -> None:
         self.next_decision = self.steps + self.DECIDE_EVERY

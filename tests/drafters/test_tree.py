@@ -867,6 +867,21 @@ def test_a_cold_chooser_priced_at_load_decides_after_its_probe():
     assert arms[:first] == [CHAIN] * first and set(arms[first:]) == {PLAIN}, arms
 
 
+def test_a_cold_chooser_after_a_timed_chain_decides_after_its_probe():
+    """A cold chooser whose prior timed a drafted step (a short request that ended before
+    its first decision) has the chain's price already: it decides right after its probe,
+    as one priced at load does, instead of timing another chain step first."""
+    from dflash_gguf.speculation.auto import CHAIN, PLAIN, AutoBudget
+
+    failing = SimPair(**CPU, take=(0.0, 0.0, 0.0, 0.0, 1.0))
+    short = AutoBudget(failing.cost, 0, failing.depth + 1)
+    simulate_auto(failing, steps=AutoBudget.SETTLE + 1, auto=short)  # ended before its decision
+    assert not short.decided and short.costs.part["drafted"] is not None
+    auto = AutoBudget(failing.cost, 0, failing.depth + 1, prior=short)
+    arms = [a for a, _, _ in simulate_auto(failing, steps=AutoBudget.DECIDE_EVERY, auto=auto)]
+    assert arms == [CHAIN] + [PLAIN] * (AutoBudget.DECIDE_EVERY - 1), arms
+
+
 def test_a_cold_choosers_first_step_is_a_probe_and_a_warm_ones_is_not():
     """A cold chooser (none before it, or only ones whose sequences ended before their
     first decision: a short warm-up request hands on the chain it started on, not a
