@@ -31,6 +31,10 @@ typedef enum dfl_status {
 /* Message describing the last failure on this thread (never NULL). */
 const char * dfl_last_error(void);
 
+/* Route ggml's own messages to stderr: information, warnings and errors, and its debug
+ * lines only where show_debug != 0 (the import calls it; DFLASH_GGML_DEBUG=1 shows them). */
+void dfl_ggml_log(int show_debug);
+
 /* ---- quantization (used by the converter) ------------------------------------ */
 
 /* Quantize nrows x n_per_row float32 values into ggml type `type` (dst must hold

@@ -5,6 +5,7 @@ declarations have a single source of truth.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -45,6 +46,8 @@ def _load():
 
 
 ffi, lib = _load()
+# ggml's debug lines (a line per matrix the CPU backend repacks at load) only when asked
+lib.dfl_ggml_log(int(os.environ.get("DFLASH_GGML_DEBUG", "0") not in ("", "0")))
 
 
 def check(status: int) -> None:
