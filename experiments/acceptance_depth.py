@@ -204,10 +204,11 @@ def plot(docs: list, path: Path) -> None:
     lines, model = {}, next(d["settings"]["model"] for d in docs)
     for row in (r for d in docs for r in d.get("table") or table(d)):
         label = row["drafter"] + (f", window {row['window'] or 'whole'}" if row["window"] is not None else "")
-        lines.setdefault((row["target"], label), []).append((row["depth"], row["al"]))
+        # a depth two files measured: the later file's (docs in the order given)
+        lines.setdefault((row["target"], label), {})[row["depth"]] = row["al"]
     for (t, label), pts in lines.items():
         ax = axes[0] if t != "demo" else axes[1]
-        xs, ys = zip(*pts)
+        xs, ys = zip(*sorted(pts.items()))
         ax.plot([max(x, 1) for x in xs], ys, marker="o", label=label)
     for ax, title in zip(axes, (f"{model}: replayed over its greedy text",
                                 "demo pair: DFlash run")):

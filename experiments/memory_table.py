@@ -22,6 +22,7 @@ the driver's context.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import sys
 import tempfile
@@ -198,7 +199,9 @@ def moe_table(name: str, target: str, shape: dict, outtype: str) -> tuple[list[s
     return lines + [""], data
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    # no options: the parser gives --help, and refuses an argument rather than ignoring it
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         t27 = str(write_header_only(Path(tmp) / "27b.gguf", QWEN35_27B, "q4_k_m"))
         d27 = str(write_header_only(Path(tmp) / "27b-dflash.gguf", QWEN35_27B_DFLASH, "q8_0"))
