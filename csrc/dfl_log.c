@@ -6,6 +6,8 @@
 #include "ggml.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static int g_show_debug;
 static enum ggml_log_level g_last = GGML_LOG_LEVEL_INFO;  /* a CONT line continues this */
@@ -22,7 +24,8 @@ static void to_stderr(enum ggml_log_level level, const char * text, void * user_
     fflush(stderr);
 }
 
-DFL_API void dfl_ggml_log(int show_debug) {
-    g_show_debug = show_debug;
+DFL_API void dfl_ggml_log(void) {
+    const char * debug = getenv("DFLASH_GGML_DEBUG");
+    g_show_debug = debug && strcmp(debug, "1") == 0;
     ggml_log_set(to_stderr, NULL);
 }

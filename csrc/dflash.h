@@ -32,8 +32,8 @@ typedef enum dfl_status {
 const char * dfl_last_error(void);
 
 /* Route ggml's own messages to stderr: information, warnings and errors, and its debug
- * lines only where show_debug != 0 (the import calls it; DFLASH_GGML_DEBUG=1 shows them). */
-void dfl_ggml_log(int show_debug);
+ * lines only under DFLASH_GGML_DEBUG=1 (the Python binding calls it at import). */
+void dfl_ggml_log(void);
 
 /* ---- quantization (used by the converter) ------------------------------------ */
 

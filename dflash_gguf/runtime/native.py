@@ -5,7 +5,6 @@ declarations have a single source of truth.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def _load():
 
 ffi, lib = _load()
 # ggml's debug lines (a line per matrix the CPU backend repacks at load) only when asked
-lib.dfl_ggml_log(int(os.environ.get("DFLASH_GGML_DEBUG", "0") not in ("", "0")))
+lib.dfl_ggml_log()
 
 
 def check(status: int) -> None:
