@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from weightless_replay import proposer_of, replay  # noqa: E402  (a sibling script: the same replay)
 
 from dflash_gguf import Engine  # noqa: E402
-from dflash_gguf.bench.provenance import machine, results_doc, versions, write_results  # noqa: E402
+from dflash_gguf.bench.provenance import load_average, machine, results_doc, versions, write_results  # noqa: E402
 from dflash_gguf.runtime.demo import demo_paths  # noqa: E402
 from dflash_gguf.runtime.target import LOGITS_ALL, LOGITS_NONE, Target, TargetConfig  # noqa: E402
 from dflash_gguf.speculation.draft_simple import chain_lengths  # noqa: E402
@@ -253,6 +253,7 @@ def main(argv=None) -> int:
         p.error("--depths must be whole 512-token chunks (the engine's prompt chunks)")
     doc = results_doc("experiments/acceptance_depth.py", sys.argv[1:] if argv is None else argv,
                       machine=machine(args.threads, "CPU"), versions=versions(),
+                      load_average={"start": load_average()},  # counts, not times: a busy machine changes none
                       settings={"model": args.model, "simple": args.simple, "depths": args.depths, "arms": args.arms,
                                 "probes": args.probes, "probe_tokens": args.probe_tokens, "n": args.n,
                                 "spec_draft_n_max": args.spec_draft_n_max, "simple_n_max": DEFAULT_SIMPLE_N_MAX,
