@@ -6,6 +6,8 @@ import contextlib
 import os
 from typing import Iterable, List, Optional
 
+from .native import lib
+
 
 @contextlib.contextmanager
 def _quiet_stderr():
@@ -31,6 +33,10 @@ class Tokenizer:
         except ValueError as e:  # llama.cpp refused the file; it says why only in its log
             raise ValueError(f"llama.cpp cannot load the tokenizer of '{gguf_path}' (a corrupt or unsupported "
                              f"vocabulary or pre-tokenizer): {e}") from None
+        finally:
+            # llama_cpp's import pointed ggml's log (one library, shared with ours) at its
+            # own callback, which prints ggml's debug lines: ours goes back
+            lib.dfl_ggml_log()
         self.eos_id: int = self._llama.token_eos()
         self.bos_id: int = self._llama.token_bos()
         meta = self._llama.metadata
