@@ -5,7 +5,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .native import check, ffi, lib
+from .native import check, ffi, lib, own_ggml_log
 
 
 def list_devices() -> List[Dict[str, str]]:
@@ -54,6 +54,7 @@ def matmul_invariance(ggml_type: int, w: np.ndarray, x: np.ndarray, device: Opti
     if w.ndim != 2 or x.ndim != 2 or w.shape[1] != x.shape[1]:
         raise ValueError(f"w [n_out, n_in] and x [n_cols, n_in] expected, got {w.shape} and {x.shape}")
     n_differ, max_diff = ffi.new("int32_t *"), ffi.new("float *")
+    own_ggml_log()
     check(lib.dfl_matmul_invariance((device or "").encode(), int(ggml_type), int(repack),
                                     ffi.from_buffer("float[]", w), w.shape[1], w.shape[0],
                                     ffi.from_buffer("float[]", x), x.shape[0], int(n_threads), n_differ, max_diff))
@@ -72,6 +73,7 @@ def attention_invariance(kv_type: int, head_dim: int, n_head: int, n_head_kv: in
     decoded alone). Returns the rows that differ in any bit and the largest difference (0
     and 0.0 when it is invariant)."""
     n_differ, max_diff = ffi.new("int32_t *"), ffi.new("float *")
+    own_ggml_log()
     check(lib.dfl_attention_invariance((device or "").encode(), int(kv_type), int(head_dim), int(n_head),
                                        int(n_head_kv), int(n_kv), int(n_rows), int(bool(tree)), int(n_threads),
                                        int(seed), n_differ, max_diff))

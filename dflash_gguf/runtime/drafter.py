@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from . import placement
-from .native import NativeObject, check, ffi, lib
+from .native import NativeObject, check, ffi, lib, own_ggml_log
 from .target import KV_TYPES, Target, set_head_tokens
 
 
@@ -132,6 +132,7 @@ class Draft(NativeObject):
         cfg = config or DraftConfig()
         p = draft_params(cfg, path)
         out = ffi.new("dfl_draft **")
+        own_ggml_log()
         check(lib.dfl_draft_load(str(path).encode(), target._handle(), p, out))
         self._ptr = out[0]
         self._target = target  # the drafter borrows the target's weights: keep it alive

@@ -45,8 +45,18 @@ def _load():
 
 
 ffi, lib = _load()
-# ggml's debug lines (a line per matrix the CPU backend repacks at load) only when asked
-lib.dfl_ggml_log()
+
+
+def own_ggml_log() -> None:
+    """ggml's messages through the library's callback: its debug lines (a line per matrix
+    the CPU backend repacks at load) only when DFLASH_GGML_DEBUG=1 asks. Called at import
+    and again before each load or probe, since importing llama-cpp-python (the tokenizer,
+    the benchmarks' provenance) points ggml's log, one library shared with ours, at its
+    own callback, which prints every level."""
+    lib.dfl_ggml_log()
+
+
+own_ggml_log()
 
 
 def check(status: int) -> None:

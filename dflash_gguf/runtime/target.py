@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import placement
-from .native import NativeObject, check, ffi, lib
+from .native import NativeObject, check, ffi, lib, own_ggml_log
 
 LOGITS_NONE, LOGITS_LAST, LOGITS_ALL = 0, 1, 2
 DECODE, CHAIN, TREE = lib.DFL_STEP_DECODE, lib.DFL_STEP_CHAIN, lib.DFL_STEP_TREE
@@ -197,6 +197,7 @@ class Target(NativeObject):
         p, _device = target_params(cfg, path)
         layers = list(cfg.feature_layers)
         out = ffi.new("dfl_target **")
+        own_ggml_log()
         check(lib.dfl_target_load(str(path).encode(), p, out))
         self._ptr = out[0]
         self.path = str(path)

@@ -6,7 +6,7 @@ import contextlib
 import os
 from typing import Iterable, List, Optional
 
-from .native import lib
+from .native import own_ggml_log
 
 
 @contextlib.contextmanager
@@ -34,9 +34,7 @@ class Tokenizer:
             raise ValueError(f"llama.cpp cannot load the tokenizer of '{gguf_path}' (a corrupt or unsupported "
                              f"vocabulary or pre-tokenizer): {e}") from None
         finally:
-            # llama_cpp's import pointed ggml's log (one library, shared with ours) at its
-            # own callback, which prints ggml's debug lines: ours goes back
-            lib.dfl_ggml_log()
+            own_ggml_log()  # llama_cpp's import took ggml's log
         self.eos_id: int = self._llama.token_eos()
         self.bos_id: int = self._llama.token_bos()
         meta = self._llama.metadata
