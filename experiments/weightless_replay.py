@@ -11,13 +11,16 @@ they do while decoding); the modelled speed is plain decoding's time (one row a 
 each at its depth) over the arm's. It counts target passes, drafted and accepted tokens
 exactly, and leaves out what a served request adds (the server, sampling, the step's
 other host work): a comparison of drafting policies, not of engines; dflash-bench
-workload times those. Two arms are
-bounds, not proposers: `oracle` (a drafter that always knows the reply) and `copy-oracle`
+workload times those. Three arms are
+bounds, not proposers: `oracle` (a drafter that always knows the reply), `copy-oracle`
 (one that always finds the longest copy of the reply's next tokens in the text already
-there).
+there) and `match-oracle` (one that copies from where the context's last two tokens
+occurred before, always choosing the occurrence the reply goes on with: the bound for
+drafters keyed on a match, as suffix and the n-gram kinds are).
 
     .venv/bin/python experiments/weightless_replay.py -n 128 --arm suffix --arm ngram-simple \\
-        --out results/weightless-replay-DATE.json [--arm oracle --arm copy-oracle] [--cost-from FILE] \\
+        --out results/weightless-replay-DATE.json [--arm oracle --arm copy-oracle --arm match-oracle] \\
+        [--cost-from FILE] \\
         [--one-server]
 """
 from __future__ import annotations
@@ -46,6 +49,8 @@ from dflash_gguf.speculation.weightless import WeightlessKinds
 
 ORACLE = "oracle"  # an --arm: the bound any drafter could reach (oracle())
 COPY_ORACLE = "copy-oracle"  # an --arm: the bound any drafter that copies could reach (copy_oracle())
+MATCH_ORACLE = "match-oracle"  # an --arm: the bound for drafters that copy after a match (match_oracle())
+MATCH = 2  # the match's tokens match_oracle keys on: suffix's shortest (SuffixConfig.min_match)
 WORKLOAD = Path(dflash_gguf.__file__).parent / "data" / "workloads" / "stdlib.jsonl"
 
 
@@ -77,6 +82,16 @@ def copy_oracle(turns, cost, n_max: int) -> dict:
     return _bounded(turns, cost, n_max, longest_copy)
 
 
+def match_oracle(turns, cost, n_max: int) -> dict:
+    """The bound for drafters that copy after a match, as suffix and the n-gram kinds do:
+    each step drafts, of the places where the context's last MATCH tokens occurred
+    before, the continuation that agrees longest with the reply's next tokens, cut to
+    the size that pays best at the verify cost. Unlike copy_oracle it cannot start a copy
+    before its first MATCH tokens are out (a real drafter also has to guess the
+    occurrence, and drafts that miss)."""
+    return _bounded(turns, cost, n_max, copy_after_match)
+
+
 def _bounded(turns, cost, n_max: int, known) -> dict:
     """A drafter whose every draft is kept: each step it may draft known(text, want) of the
     reply's next tokens `want` (those before the target's own next token), and drafts
@@ -106,6 +121,27 @@ def longest_copy(text: list, want: list) -> int:
     for start in np.flatnonzero(arr == want[0]):
         n = 1
         while n < len(want) and start + n < len(text) and text[start + n] == want[n]:
+            n += 1
+        best = max(best, n)
+        if best == len(want):
+            break
+    return best
+
+
+def copy_after_match(text: list, want: list) -> int:
+    """How many of `want`'s first tokens follow, in order, some earlier occurrence of
+    `text`'s last MATCH tokens (the longest such continuation)."""
+    if not want or len(text) <= MATCH:
+        return 0
+    arr = np.asarray(text)
+    # ends e of the earlier occurrences: text[e - MATCH:e] is the tail, and text[e] exists
+    hits = np.ones(len(arr) - MATCH, dtype=bool)
+    for j in range(MATCH):
+        hits &= arr[j:len(arr) - MATCH + j] == arr[len(arr) - MATCH + j]
+    best = 0
+    for e in np.flatnonzero(hits) + MATCH:
+        n = 0
+        while n < len(want) and e + n < len(text) and text[e + n] == want[n]:
             n += 1
         best = max(best, n)
         if best == len(want):
@@ -163,13 +199,17 @@ def replay(proposer: WeightlessProposer, turns, cost) -> dict:
             "draft_seconds": draft_seconds}
 
 
+BOUNDS = {ORACLE: oracle, COPY_ORACLE: copy_oracle, MATCH_ORACLE: match_oracle}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b", help="a real_models name")
     p.add_argument("--workload", type=Path, default=WORKLOAD)
     p.add_argument("--sessions", help="comma list (default: all)")
-    p.add_argument("--arm", action="append", required=True, help="a --spec-type of weightless kinds, oracle or copy-oracle (repeat)")
+    p.add_argument("--arm", action="append", required=True, help="a --spec-type of weightless kinds, or a bound: oracle, copy-oracle, "
+                   "match-oracle (repeat)")
     p.add_argument("-n", type=int, default=128, help="tokens a turn at most (dflash-bench workload's -n)")
     p.add_argument("--spec-draft-n-max", type=int, default=48)
     p.add_argument("-t", "--threads", type=int, default=2)
@@ -180,7 +220,7 @@ def main(argv=None) -> int:
                         "as in one dflash-server (a repetition of dflash-bench workload); default: each session "
                         "replayed alone")
     args = p.parse_args(argv)
-    arms = [(a,) if a in (ORACLE, COPY_ORACLE) else parse_spec_types(a) for a in args.arm]
+    arms = [(a,) if a in BOUNDS else parse_spec_types(a) for a in args.arm]
     wl = workload.load(args.workload)
     wanted = args.sessions.split(",") if args.sessions else [s.name for s in wl.sessions]
     doc = results_doc("weightless_replay", sys.argv, machine=machine(args.threads, "CPU"), versions=versions(),
@@ -203,7 +243,7 @@ def main(argv=None) -> int:
             plain_s = sum(float(np.sum(cost.chain(1, len(prompt) + np.arange(len(out)))))
                           for prompt, out in turns)
             for kinds in arms:
-                bound = {(ORACLE,): oracle, (COPY_ORACLE,): copy_oracle}.get(kinds, None)
+                bound = BOUNDS.get(kinds[0]) if len(kinds) == 1 else None
                 if bound:
                     got = bound(turns, cost, args.spec_draft_n_max)
                 else:
