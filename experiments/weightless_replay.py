@@ -114,12 +114,16 @@ def _bounded(turns, cost, n_max: int, known) -> dict:
 
 def longest_copy(text: list, want: list) -> int:
     """How many of `want`'s first tokens occur, in order and together, somewhere in `text`."""
-    best = 0
     if not want:
         return 0
-    arr = np.asarray(text)
-    for start in np.flatnonzero(arr == want[0]):
-        n = 1
+    return _longest_from(text, np.flatnonzero(np.asarray(text) == want[0]), want)
+
+
+def _longest_from(text: list, starts, want: list) -> int:
+    """The most of `want`'s first tokens that `text` holds from any of `starts` on."""
+    best = 0
+    for start in starts:
+        n = 0
         while n < len(want) and start + n < len(text) and text[start + n] == want[n]:
             n += 1
         best = max(best, n)
@@ -138,15 +142,7 @@ def copy_after_match(text: list, want: list) -> int:
     hits = np.ones(len(arr) - MATCH, dtype=bool)
     for j in range(MATCH):
         hits &= arr[j:len(arr) - MATCH + j] == arr[len(arr) - MATCH + j]
-    best = 0
-    for e in np.flatnonzero(hits) + MATCH:
-        n = 0
-        while n < len(want) and e + n < len(text) and text[e + n] == want[n]:
-            n += 1
-        best = max(best, n)
-        if best == len(want):
-            break
-    return best
+    return _longest_from(text, np.flatnonzero(hits) + MATCH, want)
 
 
 def proposer_of(kinds, cost, n_max: int) -> WeightlessProposer:
