@@ -211,6 +211,25 @@ def test_arms_pass_any_kind_through_and_the_drafter_only_where_it_is_read():
     assert multiturn.default_kinds(*demo_paths()) == ["ngram-simple", "ngram-mod", "draft-dflash"]
 
 
+def test_the_control_arm_is_plain_decoding_again_checked_and_timed_against_plain():
+    """--control adds a second plain server: its replies must equal plain's like any arm's, and
+    its ratio to plain is the run's own spread (here 0.8x and 1.0x)."""
+    args = multiturn.parse_args(multiturn.parser(), ["-t", "1", "--control"])
+    arms = multiturn.arms_of(["suffix"], (), args.control)
+    assert [a.name for a in arms] == ["plain", "plain-control", "suffix"]
+    cmd = multiturn.server_command(arms[1], 1, args)
+    assert "--no-spec" in cmd and "--spec-type" not in cmd
+    records = []
+    for rep, control_s in enumerate([0.125, 0.1]):
+        records += [turn("plain", "s", rep, 0, "t"), turn("plain-control", "s", rep, 0, "t" if rep else "u",
+                                                          decode_s=control_s), turn("suffix", "s", rep, 0, "t")]
+    (m,) = multiturn.mismatches(records)
+    assert (m["arm"], m["rep"]) == ("plain-control", 0)
+    by = {r["arm"]: r for r in multiturn.rows(records, arms, load_sessions("s"))}
+    assert (by["plain-control"]["vs_plain"]["min"], by["plain-control"]["vs_plain"]["max"]) == pytest.approx((0.8, 1.0))
+    assert [a.name for a in multiturn.arms_of(["suffix"])] == ["plain", "suffix"]
+
+
 def test_llama_server_arms_are_compared_not_failed_and_ours_get_a_ratio_to_its_best():
     """llama-server's ngram-mod ran at 20 tok/s, its ngram-simple at 25 (its best), suffix at
     50: suffix is 2x its best. Its reply that parts from ours is reported, not failed."""

@@ -57,6 +57,7 @@ from .workload import Session, WorkloadError, load
 
 BUNDLED = DATA / "workloads" / "stdlib.jsonl"
 PLAIN = "plain"
+CONTROL = "plain-control"  # --control: a second plain arm, the run's own A/A spread
 LLAMA = "llama-server"
 LLAMA_PLAIN = "none"  # --llama-spec-type none: llama-server decoding without drafts
 DEFAULT_ARMS = ("ngram-simple", "ngram-mod")
@@ -81,6 +82,10 @@ def parser() -> argparse.ArgumentParser:
                    help="an arm beside plain decoding: dflash-server's --spec-type, passed as it is (a comma list "
                         "is one arm drafting with several kinds); repeatable (default: ngram-simple, ngram-mod and, "
                         "with -md, the drafter file's own kind)")
+    p.add_argument("--control", action="store_true",
+                   help=f"add a second plain-decoding arm ({CONTROL}), timed and compared with plain like the "
+                        "others: how far plain against itself strays in this run (an A/A test), the yardstick "
+                        "for the other arms' ratios")
     p.add_argument("--llama-spec-type", action="append", metavar="KINDS",
                    help="an arm of llama.cpp's llama-server with this --spec-type (`none`: its plain decoding); "
                         "repeatable; needs -m and a built llama-server (python scripts/llama_cpp_build.py "
@@ -126,12 +131,13 @@ class Arm:
 
     spec_type: Optional[str] = None
     engine: str = "ours"
+    control: bool = False  # a second plain arm: what plain against itself looks like in this run
 
     @property
     def name(self) -> str:
         if self.engine == LLAMA:
             return f"{LLAMA}:{self.spec_type}" if self.spec_type else LLAMA
-        return self.spec_type or PLAIN
+        return CONTROL if self.control else self.spec_type or PLAIN
 
     @property
     def ours(self) -> bool:
@@ -151,11 +157,11 @@ def default_kinds(model: Optional[str], draft: Optional[str]) -> List[str]:
     return [*DEFAULT_ARMS, *(resolve_spec_types(None, model, draft) if draft else ())]
 
 
-def arms_of(spec_types: Sequence[str], llama_spec_types: Sequence[str] = ()) -> List[Arm]:
-    """Plain decoding first (every other arm is checked against it), then each kind once,
-    then llama-server's."""
+def arms_of(spec_types: Sequence[str], llama_spec_types: Sequence[str] = (), control: bool = False) -> List[Arm]:
+    """Plain decoding first (every other arm is checked against it), the control arm when
+    asked, then each kind once, then llama-server's."""
     llama = [Arm(None if k == LLAMA_PLAIN else k, LLAMA) for k in dict.fromkeys(llama_spec_types)]
-    return [Arm()] + [Arm(k) for k in dict.fromkeys(spec_types)] + llama
+    return [Arm(), *([Arm(control=True)] if control else [])] + [Arm(k) for k in dict.fromkeys(spec_types)] + llama
 
 
 def llama_server_command(arm: Arm, port: int, args) -> List[str]:
@@ -573,7 +579,8 @@ def main(argv=None) -> int:
         p.error(f"{where['path']} has uncommitted changes; a workload run measures a commit (--force runs it "
                 "anyway, recorded in the file)")
     try:
-        arms = arms_of(args.spec_type or default_kinds(args.model, args.model_draft), args.llama_spec_type or ())
+        arms = arms_of(args.spec_type or default_kinds(args.model, args.model_draft), args.llama_spec_type or (),
+                       args.control)
     except ValueError as e:  # config.ConfigError: a -md file that is no drafter's
         p.error(str(e))
     started, load_before = _dt.datetime.now(_dt.timezone.utc), provenance.load_average()
