@@ -22,6 +22,7 @@ from dflash_gguf.runtime.tokenizer import Tokenizer
 
 from helpers.llama_sampler import llama_cpp_oracle, llama_cpp_distribution
 from helpers.loops import speculative_generate
+from helpers.matrix import ci_subset
 from helpers.paths import ROOT
 from helpers.sampling_checks import chi2_critical
 
@@ -253,8 +254,11 @@ def test_the_tests_copy_of_the_rule_is_the_rule(demo, prompt_tokens, monkeypatch
                                          chain_rule="reject")[0] for s in range(20)]
 
 
-@pytest.mark.parametrize("factor,clip", [(1.1, True), (1.0, False)],
-                         ids=["accept 1.1 p over q", "residual without max(0, .)"])
+# CI keeps the subtler change (its statistic nearer the threshold); the unclipped residual,
+# which fails it by more, only under --full (each case is 400 seeded generations: the
+# figures below do not move unless the pair, the rule or this test does)
+@pytest.mark.parametrize("factor,clip", ci_subset([(1.1, True), (1.0, False)], lambda c: c[1],
+                                                  ids=["accept 1.1 p over q", "residual without max(0, .)"]))
 def test_a_slightly_wrong_accept_rule_fails_the_block_test(demo, prompt_tokens, monkeypatch, factor, clip):
     """The block test's power: each change of the rule fails it at the same sample size
     and threshold (measured: the statistic over all rows 42 for 1.1 p / q, 63 for the

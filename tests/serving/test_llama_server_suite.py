@@ -57,26 +57,29 @@ def test_llama_server_suite(tmp_path):
 # run under one of the names (the others send the same requests to the same file again:
 # 20 more, some six minutes of a slow two-core machine). test_calc_result (6 more) checks an
 # answer after a tool's result, which the 1.5B gives under its own template only
-# (docs/serving.md has the whole run's counts beside llama-server's).
-REAL_TOOL_CALLS = ("(Qwen2.5-1.5B and (test_completion_with_required_tool_real_model or test_weather)) or "
-                   "(Qwen2.5-7B and test_hello_world)")
+# (docs/serving.md has the whole run's counts beside llama-server's). CI leaves out
+# hello world (4 tests, a minute of a slow machine): the required calls' python tool asks
+# for code too; pytest --full runs it.
+CI_TOOL_CALLS = "Qwen2.5-1.5B and (test_completion_with_required_tool_real_model or test_weather)"
+REAL_TOOL_CALLS = f"({CI_TOOL_CALLS}) or (Qwen2.5-7B and test_hello_world)"
 
 
 @pytest.mark.real
 @pytest.mark.timeout(2400)
-def test_tool_call_suite_on_the_published_coder(tmp_path):
+def test_tool_call_suite_on_the_published_coder(tmp_path, request):
     from dflash_gguf.tools import real_models
     from dflash_gguf.tools.llama_cpp_tree import source_dir
 
     src = source_dir()
     if src is None or not (src / "tools" / "server" / "tests" / "utils.py").is_file():
         missing_oracle("llama.cpp's server tests (the pinned sdist)")
+    full = request.config.getoption("--full")
     log = tmp_path / "suite.log"
     with open(log, "w") as out:
-        result = run_suite.run(["tool_call"], k=REAL_TOOL_CALLS, log=out, timeout=2300,
+        result = run_suite.run(["tool_call"], k=REAL_TOOL_CALLS if full else CI_TOOL_CALLS, log=out, timeout=2300,
                                model=str(real_models.path("qwen2.5-coder-1.5b")))
     tests = result["tests"]
     print(f"llama.cpp's tool-call suite on Qwen2.5-Coder-1.5B: {run_suite.summary(tests)} in {result['seconds']} s")
-    assert len(tests) == 14, sorted(tests)
+    assert len(tests) == (14 if full else 10), sorted(tests)
     failed = sorted(name for name, outcome in tests.items() if outcome != "passed")
     assert not failed, f"{failed}\n{log.read_text()[-6000:]}"
