@@ -13,12 +13,14 @@ verify of n rows at depth d is priced at shallow(n) + per_cell(n) * (d - SHALLOW
 A measurement on a busy machine is not kept: each size is timed in rounds, and unless two
 of them agree within NOISY (a size's floor seen twice) the table serves this process only
 and the next one measures again. A slow spell that lasts a whole measurement (another guest on
-the host) makes every round agree, so what depth adds is measured within each round, as
-the difference between the same chains at SHALLOW and at the deep point timed one after
-the other: such a spell then slows both alike."""
+the host) makes every round agree, so what depth adds is measured from points timed one
+after the other, from SHALLOW up to the deep point and down again (measure_per_cell):
+such a spell slows them all alike, and a robust fit of the slope lets a busy moment at one
+point pass. A slope below nothing is not kept either."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -34,9 +36,10 @@ from ..runtime.native import _HERE
 from ..runtime.target import LOGITS_LAST, Target
 
 # bumped when measure_verify_cost changes what it measures
-MEASURE_VERSION = 5
+MEASURE_VERSION = 6
 SHALLOW = 64  # cells of context before the table's verifies
-DEEP = 1024  # ... before the depth measurement's (less where the context is shorter)
+DEEP = 2048  # ... before the depth measurement's deepest point (less where the context is shorter)
+STAIRS = 4  # the depth measurement's steps from SHALLOW to its deepest point
 NOISY = 1.25  # rounds' least times further apart than this: the machine was busy
 
 
@@ -111,32 +114,44 @@ def measure_verify_cost(target: Target, sizes: List[int], tree: bool, repeats: i
     return {n: float(min(t)) for n, t in by_round.items()}, _agreed(by_round)
 
 
-def measure_per_cell(target: Target, sizes: List[int], depth: int, repeats: int = 3,
-                     rounds: int = 3) -> Tuple[Dict[int, float], bool]:
-    """Seconds one cell of context adds to a chain verify of each size. Each round times
-    the sizes at SHALLOW cells, prefills on to `depth` and times them again: the two
-    points one after the other, so that a slow spell slows both (timed apart, a deep
-    point 20% slow turned a slope measured over 1K cells 2-3x too steep, depth adding
-    only ~10% there). A size's figure is its median round's difference over the cells
-    between; the second value says whether each point's floor was seen twice (_agreed)."""
+def measure_per_cell(target: Target, sizes: List[int], depth: int, repeats: int = 3) -> Tuple[Dict[int, float], bool]:
+    """Seconds one cell of context adds to a chain verify of each size, from one fill: the
+    sizes timed at STAIRS + 1 depths evenly spaced from SHALLOW to `depth`, on the way up
+    (prefilling from each to the next) and, where the target can take positions back, on
+    the way down again (truncating costs nothing). A depth's two times are averaged: the
+    machine's speed drifting steadily while they are timed then adds the same to every
+    depth, the deepest timed once in the middle. A size's figure is the median of the
+    slopes between every two depths (Theil-Sen), which one depth timed in a busy moment
+    moves little. Two points 1K cells apart, where depth adds a fifth of a one-row
+    verify's time, gave a slope below nothing on a noisy two-core VM in one measurement of
+    three; cached, it priced every depth as shallow, and auto drafted at 8K where drafts
+    lose. The second value says whether every size's slope came out above nothing (else
+    the table is not kept)."""
     target.set_sampling(GREEDY.native())
-    shallow: Dict[int, List[float]] = {n: [] for n in sizes}
-    deep: Dict[int, List[float]] = {n: [] for n in sizes}
-    for _ in range(rounds):
-        target.reset()
-        target.prefill(_filler(0, SHALLOW), LOGITS_LAST)
-        for n, s in _time_sizes(target, sizes, False, repeats).items():
-            shallow[n].append(s)
-        # the deep point's verifies start at `depth` as the shallow ones did at SHALLOW
-        # (each keeps a cell alike), so each pair lies depth - SHALLOW cells apart
-        at = target.info()["n_past"]
-        target.prefill(_filler(at, depth), LOGITS_LAST)
-        for n, s in _time_sizes(target, sizes, False, repeats).items():
-            deep[n].append(s)
     target.reset()
-    cells = depth - SHALLOW
-    per = {n: float(np.median(np.subtract(deep[n], shallow[n]))) / cells for n in sizes}
-    return per, _agreed(shallow) and _agreed(deep)
+    down = target.can_truncate()
+    stairs = [SHALLOW + round(i * (depth - SHALLOW) / STAIRS) for i in range(STAIRS + 1)]
+    times: Dict[int, Dict[int, List[float]]] = {n: {c: [] for c in stairs} for n in sizes}  # by size, by depth
+
+    def time_at(cells: int) -> None:
+        for n, s in _time_sizes(target, sizes, False, repeats).items():
+            times[n][cells].append(s)
+
+    for cells in stairs:
+        target.prefill(_filler(target.info()["n_past"], cells), LOGITS_LAST)
+        time_at(cells)
+    if down:
+        for cells in stairs[-2::-1]:
+            target.seq_truncate(0, cells)
+            time_at(cells)
+    target.reset()
+    per = {n: _theil_sen([(c, float(np.mean(t))) for c, t in by_depth.items()]) for n, by_depth in times.items()}
+    return per, all(v > 0 for v in per.values())
+
+
+def _theil_sen(points: List[Tuple[int, float]]) -> float:
+    """The median of the slopes between every two points."""
+    return float(np.median([(y2 - y1) / (x2 - x1) for (x1, y1), (x2, y2) in itertools.combinations(points, 2)]))
 
 
 def deep_point(target: Target, max_n: int) -> int:
@@ -230,7 +245,7 @@ class VerifyCost(CostTable):
         depth = deep_point(target, max_n)
         if depth and (deep.get("depth") != depth or any(str(n) not in deep.get("per_cell", {}) for n in deep_sizes)):
             missing = True
-            print(f"[verify-cost] timing verifies at {depth} cells of context (once per model, build, device "
+            print(f"[verify-cost] timing verifies from {SHALLOW} to {depth} cells of context (once per model, build, device "
                   "and threads)", file=sys.stderr, flush=True)
             got, ok = measure_per_cell(target, deep_sizes, depth)
             deep = entry["deep"] = {"depth": depth, "per_cell": {str(n): v for n, v in got.items()}}
@@ -242,7 +257,7 @@ class VerifyCost(CostTable):
             tmp.write_text(json.dumps(table, indent=1))
             tmp.replace(path)  # another process reads a whole table or the one before
         elif missing:
-            print("[verify-cost] the machine was busy while timing (its rounds disagreed): the table serves "
-                  "this run only", file=sys.stderr, flush=True)
+            print("[verify-cost] the machine was busy while timing (its rounds disagreed, or depth came out adding "
+                  "nothing): the table serves this run only", file=sys.stderr, flush=True)
         chain = np.array([entry["chain"][str(k)] for k in sizes])
         super().__init__(key, sizes, [entry["tree"][str(k)] for k in sizes], chain, *per_cell(deep))

@@ -1334,7 +1334,7 @@ class _ClockedTarget:
     takes (10 ms + 10 us a cell) a row, times `slow` (a slow spell while it lasts)."""
 
     def __init__(self):
-        self.now, self.n_past, self.slow = 0.0, 0, 1.0
+        self.now, self.n_past, self.slow, self.truncates = 0.0, 0, 1.0, False
 
     def set_sampling(self, sampling):
         pass
@@ -1357,27 +1357,70 @@ class _ClockedTarget:
     def commit(self, n_keep):
         self.n_past += n_keep
 
+    def can_truncate(self):
+        return self.truncates
 
+    def seq_truncate(self, seq, n_past):
+        self.n_past = n_past
+
+
+@pytest.mark.parametrize("truncates", [True, False])
 @pytest.mark.parametrize("slow", [1.0, 1.2])
-def test_what_depth_adds_is_measured_within_a_round(monkeypatch, slow):
-    """What a cell of context adds to a verify is the difference between the same chains
-    timed at SHALLOW and at the deep point one after the other, so that a slow spell
-    lasting the whole measurement (every round agreeing) slows both points alike: the
-    slope comes out `slow` times the true one, as every price does, and not several
-    times steeper as a deep point timed apart from its shallow table did. Rows and
-    depth as in the table: chains of 1, 8 and 48 rows, the deep point 960 cells past
-    the shallow one."""
+def test_what_depth_adds_is_measured_from_points_timed_in_a_row(monkeypatch, slow, truncates):
+    """What a cell of context adds to a verify is the slope through the same chains timed
+    at depths from SHALLOW up to the deep point (and down again where the target can
+    take positions back), one after the other, so that a slow spell lasting the whole
+    measurement slows every point alike: the slope comes out `slow` times the true one,
+    as every price does, and not several times steeper as a deep point timed apart from
+    its shallow table did. Rows and depth as in the table: chains of 1, 8 and 48 rows,
+    the deep point 2K cells in."""
     from types import SimpleNamespace
 
     from dflash_gguf.speculation import verify_cost
 
     target = _ClockedTarget()
-    target.slow = slow
+    target.slow, target.truncates = slow, truncates
     monkeypatch.setattr(verify_cost, "time", SimpleNamespace(perf_counter=lambda: target.now))
-    per, agreed = verify_cost.measure_per_cell(target, [1, 8, 48], verify_cost.SHALLOW + 960)
+    per, agreed = verify_cost.measure_per_cell(target, [1, 8, 48], verify_cost.DEEP)
     assert agreed
     assert per == {n: pytest.approx(slow * n * 1e-5, rel=1e-9) for n in (1, 8, 48)}
     assert target.n_past == 0  # reset afterwards
+
+
+@pytest.mark.parametrize("spell, cell_cost, factor, agreed", [
+    ({4: 1.6}, 1e-5, 1.0, True),  # the deepest point timed in a busy moment
+    ({1: 1.6}, 1e-5, 1.0, True),  # ... or another, one way
+    ({k: 1 + 0.05 * k for k in range(9)}, 1e-5, 1.2, True),  # the machine slowing steadily, to 1.4x
+    ({0: 1.3}, 0.0, None, False),  # depth adding nothing, its first point slow
+])
+def test_a_busy_moment_does_not_move_what_depth_adds(monkeypatch, spell, cell_cost, factor, agreed):
+    """Points of the depth measurement timed slow (by call: up the stairs 0-4, down 5-8).
+    One point 1.6x slow leaves its slope as it was (the difference of two points at 1K
+    cells, each a fifth of a one-row verify apart, came out below nothing on a noisy VM);
+    the machine slowing steadily, up one way and down the other, slows every depth alike,
+    by its average (1.2x), as a spell lasting the whole measurement does, and does not
+    tilt it. A slope of nothing or less is not kept."""
+    from types import SimpleNamespace
+
+    from dflash_gguf.speculation import verify_cost
+
+    target, calls = _ClockedTarget(), []
+    target.truncates = True
+    target.verify = lambda tokens: setattr(
+        target, "now", target.now + target.slow * len(tokens) * (1e-2 + cell_cost * target.n_past))
+    monkeypatch.setattr(verify_cost, "time", SimpleNamespace(perf_counter=lambda: target.now))
+    time_sizes = verify_cost._time_sizes
+
+    def timed_stair(t, sizes, tree, repeats):
+        target.slow = spell.get(len(calls), 1.0)
+        calls.append(target.n_past)
+        return time_sizes(t, sizes, tree, repeats)
+
+    monkeypatch.setattr(verify_cost, "_time_sizes", timed_stair)
+    per, ok = verify_cost.measure_per_cell(target, [1, 8], verify_cost.DEEP)
+    assert len(calls) == 2 * verify_cost.STAIRS + 1 and ok == agreed
+    if factor is not None:
+        assert per == {n: pytest.approx(factor * n * cell_cost, rel=1e-6) for n in (1, 8)}
 
 
 @pytest.mark.parametrize("slow, rounds, agreed", [((1.6, 1.0), 3, True), ((1.0, 1.6), 3, True),
