@@ -245,8 +245,8 @@ class VerifyCost(CostTable):
         depth = deep_point(target, max_n)
         if depth and (deep.get("depth") != depth or any(str(n) not in deep.get("per_cell", {}) for n in deep_sizes)):
             missing = True
-            print(f"[verify-cost] timing verifies from {SHALLOW} to {depth} cells of context (once per model, build, device "
-                  "and threads)", file=sys.stderr, flush=True)
+            print(f"[verify-cost] timing verifies from {SHALLOW} to {depth} cells of context (once per model, "
+                  "build, device and threads)", file=sys.stderr, flush=True)
             got, ok = measure_per_cell(target, deep_sizes, depth)
             deep = entry["deep"] = {"depth": depth, "per_cell": {str(n): v for n, v in got.items()}}
             agreed &= ok
